@@ -1,0 +1,1 @@
+"""sdexec: run processes as transient systemd units (Flux sdexec, standalone)."""

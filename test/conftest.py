@@ -68,7 +68,8 @@ def user_manager():
             f" {started.stderr.strip()} (see scripts/systemd-user-sandbox)",
             pytrace=False,
         )
-    saved = {k: os.environ.get(k) for k in ("XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS")}
+    exported = ("XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS")
+    saved = {key: os.environ.get(key) for key in exported}
     os.environ["XDG_RUNTIME_DIR"] = runtime_dir
     os.environ["DBUS_SESSION_BUS_ADDRESS"] = _bus_address(runtime_dir)
     pid = int(Path(runtime_dir, "manager.pid").read_text())

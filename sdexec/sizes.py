@@ -1,0 +1,69 @@
+"""Memory limit values as systemd writes them: ``512M``, ``95%``, ``infinity``.
+
+One parser serves the configuration checks, the D-Bus property typing and the
+mapper's memory scaling, so they cannot disagree about what a size means.
+Suffixes are base 1024 (``K``, ``M``, ``G``, ``T``; ``1.5G`` is allowed), a
+bare number is bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["MemoryLimit", "parse_size"]
+
+_SUFFIX = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
+_SIZE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<suffix>[KMGT]?)")
+_PERCENT = re.compile(r"(?P<number>\d+(?:\.\d+)?)%")
+
+
+def parse_size(text: str) -> int:
+    """Bytes in a size such as ``4096``, ``512M`` or ``1.5G``.
+
+    ``ValueError`` if the text is not such a size.
+    """
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not a size (a number with K, M, G or T)")
+    return round(float(match["number"]) * 1024 ** _SUFFIX[match["suffix"]])
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """A memory limit: exactly one of bytes, a percentage of physical memory,
+    or infinity (both fields ``None``)."""
+
+    bytes: int | None = None
+    percent: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> MemoryLimit:
+        """Parse ``512M``, ``95%`` or ``infinity``; ``ValueError`` otherwise."""
+        stripped = text.strip()
+        if stripped == "infinity":
+            return cls()
+        percent = _PERCENT.fullmatch(stripped)
+        if percent is not None:
+            value = float(percent["number"])
+            if value > 100:
+                raise ValueError(f"{text!r} is more than 100%")
+            return cls(percent=value)
+        try:
+            return cls(bytes=parse_size(stripped))
+        except ValueError:
+            raise ValueError(
+                f"{text!r} is not a size (a number with K, M, G or T),"
+                " a percentage or 'infinity'"
+            ) from None
+
+    @property
+    def infinite(self) -> bool:
+        return self.bytes is None and self.percent is None
+
+    def __str__(self) -> str:
+        if self.bytes is not None:
+            return str(self.bytes)
+        if self.percent is not None:
+            return f"{self.percent:g}%"
+        return "infinity"

@@ -1,0 +1,156 @@
+"""Unit properties from strings to typed D-Bus values.
+
+Requests and the configuration give unit properties as strings
+(``SDEXEC_PROP_MemoryMax=512M``); ``StartTransientUnit`` wants each one with
+its D-Bus type. Properties whose type is known here are converted (and
+checked) locally; any other property is sent as a string, which systemd
+accepts for many properties and rejects, naming the property, for the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dbus_fast import Variant
+
+from sdexec.idset import IDset
+from sdexec.sizes import MemoryLimit
+
+__all__ = ["PropertyError", "parse_bool", "typed_property"]
+
+UINT64_MAX = 2**64 - 1
+UINT32_MAX = 2**32 - 1
+
+MEMORY_PROPERTIES = frozenset(
+    {"MemoryHigh", "MemoryMax", "MemoryMin", "MemoryLow", "MemorySwapMax"}
+)
+#: Boolean properties of units, services and cgroups that sites commonly set.
+BOOLEAN_PROPERTIES = frozenset(
+    {
+        "SendSIGKILL",
+        "SendSIGHUP",
+        "RemainAfterExit",
+        "CPUAccounting",
+        "MemoryAccounting",
+        "IOAccounting",
+        "BlockIOAccounting",
+        "TasksAccounting",
+        "IPAccounting",
+        "Delegate",
+        "PrivateTmp",
+        "PrivateDevices",
+        "PrivateNetwork",
+        "NoNewPrivileges",
+        "ProtectKernelTunables",
+        "ProtectControlGroups",
+    }
+)
+#: Unsigned 64-bit properties that also accept ``infinity``.
+UINT64_PROPERTIES = frozenset(
+    {
+        "TimeoutStopUSec",
+        "TimeoutStartUSec",
+        "RuntimeMaxUSec",
+        "CPUQuotaPerSecUSec",
+        "CPUWeight",
+        "StartupCPUWeight",
+        "IOWeight",
+        "StartupIOWeight",
+        "TasksMax",
+    }
+)
+INT32_PROPERTIES = frozenset({"OOMScoreAdjust", "Nice"})
+
+_TRUE = frozenset({"1", "yes", "true", "on"})
+_FALSE = frozenset({"0", "no", "false", "off"})
+
+
+class PropertyError(ValueError):
+    """A property value that cannot be converted; the message names it."""
+
+
+def parse_bool(text: str) -> bool:
+    """systemd's booleans: 1|yes|true|on, 0|no|false|off, any case."""
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"{text!r} is not a boolean (yes/no, true/false, on/off, 1/0)")
+
+
+def _uint64_or_infinity(text: str) -> int:
+    if text.strip() == "infinity":
+        return UINT64_MAX
+    value = int(text, 10)
+    if not 0 <= value < UINT64_MAX:
+        raise ValueError(f"{text!r} is out of range")
+    return value
+
+
+def _memory(name: str, text: str) -> tuple[str, Variant]:
+    limit = MemoryLimit.parse(text)
+    if limit.percent is not None:
+        # systemd's own encoding of "N%": a fraction of UINT32_MAX.
+        scale = round(limit.percent / 100 * UINT32_MAX)
+        return f"{name}Scale", Variant("u", scale)
+    return name, Variant("t", UINT64_MAX if limit.infinite else limit.bytes)
+
+
+def _device_allow(text: str) -> list[list[str]]:
+    entries = []
+    for entry in text.split(","):
+        path, _, perms = entry.strip().partition(" ")
+        perms = perms.strip()
+        if not path or not perms or set(perms) - set("rwm"):
+            raise ValueError(f"{entry.strip()!r} is not 'PATH PERMS' (of r, w, m)")
+        entries.append([path, perms])
+    return entries
+
+
+def _int32(text: str) -> int:
+    value = int(text, 10)
+    if not -(2**31) <= value < 2**31:
+        raise ValueError(f"{text!r} is out of range")
+    return value
+
+
+Converter = Callable[[str, str], tuple[str, Variant]]
+
+
+def _typed(signature: str, parse: Callable[[str], object]) -> Converter:
+    return lambda name, text: (name, Variant(signature, parse(text)))
+
+
+def _bitmask(text: str) -> bytes:
+    return IDset.decode(text).bitmask()
+
+
+_CONVERTERS: dict[str, Converter] = {
+    **{name: _typed("b", parse_bool) for name in BOOLEAN_PROPERTIES},
+    **{name: _typed("t", _uint64_or_infinity) for name in UINT64_PROPERTIES},
+    **{name: _typed("i", _int32) for name in INT32_PROPERTIES},
+    **{name: _memory for name in MEMORY_PROPERTIES},
+    "AllowedCPUs": _typed("ay", _bitmask),
+    "AllowedMemoryNodes": _typed("ay", _bitmask),
+    "DeviceAllow": _typed("a(ss)", _device_allow),
+}
+
+
+def typed_property(name: str, value: str) -> tuple[str, Variant]:
+    """``(name, Variant)`` for ``StartTransientUnit``.
+
+    The name may change: a percentage memory limit ``MemoryMax=95%`` becomes
+    ``MemoryMaxScale``, as systemd itself encodes it. ``PropertyError``
+    (``SDEXEC_PROP_<name>: error setting property: <why>``) if the value
+    cannot be converted.
+    """
+    convert = _CONVERTERS.get(name)
+    if convert is None:
+        return name, Variant("s", value)
+    try:
+        return convert(name, value)
+    except ValueError as error:
+        raise PropertyError(
+            f"SDEXEC_PROP_{name}: error setting property: {error}"
+        ) from None

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 import tomllib
 from collections.abc import Callable, Mapping
@@ -40,12 +41,19 @@ from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import MemoryLimit, parse_size
 
 __all__ = [
+    "DEFAULT_CWD",
+    "DEFAULT_JOB_SHELL",
+    "MAX_KILL_INTERVAL",
+    "MEMORY_PROPERTIES",
+    "RESERVED_PROPERTIES",
     "Config",
     "ConfigError",
     "ExecConfig",
+    "MiB",
     "SdexecConfig",
     "SystemdConfig",
     "default_config",
+    "final_kill_attempt",
     "load_config",
     "main",
     "parse_config",
@@ -129,8 +137,8 @@ class ExecConfig:
     max_kill_count: int = 8
     #: ``None`` when unset: ``max_kill_count`` then bounds termination.
     max_kill_timeout: float | None = None
-    term_signal: int = 15  # SIGTERM
-    kill_signal: int = 9  # SIGKILL
+    term_signal: int = signal.SIGTERM.value
+    kill_signal: int = signal.SIGKILL.value
     #: ``0`` disables the start barrier timeout.
     barrier_timeout: float = 1800.0
     max_start_delay_percent: float = 25.0
@@ -152,7 +160,7 @@ class ExecConfig:
         time of the last of ``max_kill_count`` direct kill attempts."""
         if self.max_kill_timeout is not None:
             return self.max_kill_timeout
-        return kill_attempt_times(self.kill_timeout, self.max_kill_count)[-1]
+        return final_kill_attempt(self.kill_timeout, self.max_kill_count)
 
     @property
     def sdexec_stop_timer_sec(self) -> int:
@@ -250,20 +258,26 @@ class Config:
         }
 
 
-def kill_attempt_times(kill_timeout: float, max_kill_count: int) -> list[float]:
-    """Seconds after termination starts at which the job shells are sent
-    ``kill-signal`` directly, per flux-config-exec(5) JOB TERMINATION.
+def final_kill_attempt(kill_timeout: float, max_kill_count: int) -> float:
+    """Seconds after termination starts at which the job shells get their
+    last direct ``kill-signal``, per flux-config-exec(5) JOB TERMINATION.
 
     The first attempt comes at ``5 * kill_timeout``; the wait before the next
     starts at ``kill_timeout`` and doubles after each attempt, capped at
-    :data:`MAX_KILL_INTERVAL`. ``(1.0, 4)`` gives ``[5, 6, 8, 12]``.
+    :data:`MAX_KILL_INTERVAL`. ``(1.0, 4)``: attempts at 5, 6, 8 and 12 s,
+    so 12.0.
     """
-    times = [5 * kill_timeout]
-    interval = kill_timeout
-    for _ in range(max_kill_count - 1):
-        times.append(times[-1] + interval)
-        interval = min(interval * 2, MAX_KILL_INTERVAL)
-    return times
+    at, interval, attempts = 5 * kill_timeout, kill_timeout, 1
+    while attempts < max_kill_count:
+        at += interval
+        attempts += 1
+        doubled = min(interval * 2, MAX_KILL_INTERVAL)
+        if doubled == interval:
+            # At the cap every further attempt adds the same: sum them at
+            # once, so a huge max-kill-count cannot stall a config check.
+            return at + (max_kill_count - attempts) * interval
+        interval = doubled
+    return at
 
 
 def default_config() -> Config:

@@ -23,7 +23,7 @@ from sdexec.config import (
     ConfigError,
     MiB,
     default_config,
-    kill_attempt_times,
+    final_kill_attempt,
     load_config,
     main,
     parse_config,
@@ -349,6 +349,10 @@ def test_document_must_be_tables():
 # --- derived values: the worked examples of flux-config-exec(5) -------------
 
 
+def kill_attempt_times(kill_timeout: float, max_kill_count: int) -> list[float]:
+    return [final_kill_attempt(kill_timeout, n) for n in range(1, max_kill_count + 1)]
+
+
 def test_default_kill_sequence():
     # "(5 * 5) + 5 + 10 + 20 + 40 + 80 + 160 + 300 = 640s"
     assert kill_attempt_times(5.0, 8) == [25, 30, 40, 60, 100, 180, 340, 640]
@@ -402,6 +406,15 @@ def test_interval_capped_at_300s():
     times = kill_attempt_times(5.0, 10)
     gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     assert gaps == [5, 10, 20, 40, 80, 160, 300, 300, 300]
+
+
+def test_kill_timeout_above_the_cap():
+    # The first interval is kill-timeout itself; doubling is what is capped.
+    assert kill_attempt_times(600.0, 4) == [3000, 3600, 3900, 4200]
+
+
+def test_huge_max_kill_count_is_computed_at_once():
+    assert final_kill_attempt(5.0, 10**12) == 640 + (10**12 - 8) * 300
 
 
 def test_max_kill_timeout_takes_precedence_over_count():

@@ -608,9 +608,26 @@ def _parse_toml(text: str, source: str) -> dict:
         raise ConfigError(source, None, f"TOML syntax error: {error}") from None
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """``yaml.safe_load``, but a key given twice in a table is an error (as
+    in TOML) instead of the last one silently winning."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[str] = set()
+        for key, _ in node.value:
+            if not isinstance(key, yaml.ScalarNode):
+                continue  # an unhashable key: pyyaml refuses it itself
+            if key.value in seen:
+                raise yaml.constructor.ConstructorError(
+                    problem=f"duplicate key {key.value}", problem_mark=key.start_mark
+                )
+            seen.add(key.value)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _parse_yaml(text: str, source: str) -> dict:
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_YamlLoader)  # safe: a SafeLoader
     except yaml.YAMLError as error:
         raise ConfigError(
             source, None, f"YAML syntax error: {_yaml_problem(error)}"

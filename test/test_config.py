@@ -687,6 +687,21 @@ def test_yaml_syntax_error_is_one_line(tmp_path):
     assert "\n" not in str(error.value)
 
 
+def test_yaml_duplicate_key_is_an_error_as_in_toml(tmp_path):
+    path = write(tmp_path, "c.yaml", "exec:\n  imp: /a\n  kill-timeout: 5\n  imp: /b\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value) == (
+        f"{path}: YAML syntax error: duplicate key imp (at line 4, column 3)"
+    )
+
+
+def test_yaml_unhashable_key(tmp_path):
+    path = write(tmp_path, "c.yaml", "? [1]\n: 2\n")
+    with pytest.raises(ConfigError, match="YAML syntax error: found unhashable key"):
+        load_config(path)
+
+
 def test_yaml_document_must_be_tables(tmp_path):
     path = write(tmp_path, "c.yaml", "- exec\n")
     with pytest.raises(ConfigError, match="expected a document of tables"):

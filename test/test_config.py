@@ -818,3 +818,17 @@ def test_module_runs_as_a_program(tmp_path):
         )
         assert run.returncode == status, run.stderr
         assert "Traceback" not in run.stderr
+
+
+def test_checking_endpoints_installs_no_reactor():
+    # The service installs the asyncio reactor after reading its config; an
+    # import or an endpoint check that installed the default one would stop it.
+    probe = (
+        "import sys; from sdexec.config import parse_config;"
+        " parse_config({'sdexec': {'listen': 'unix:/tmp/s', 'stats': 'tcp:8490'}});"
+        " sys.exit('twisted.internet.reactor' in sys.modules)"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, check=False
+    )
+    assert run.returncode == 0, run.stderr

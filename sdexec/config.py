@@ -44,6 +44,7 @@ __all__ = [
     "DEFAULT_CWD",
     "DEFAULT_JOB_SHELL",
     "MAX_KILL_INTERVAL",
+    "MAX_STOP_TIMER_SEC",
     "MEMORY_PROPERTIES",
     "RESERVED_PROPERTIES",
     "Config",
@@ -65,6 +66,10 @@ MiB = 1024**2
 
 #: The longest wait between two direct kill attempts of the job shells.
 MAX_KILL_INTERVAL = 300.0
+
+#: The longest stop timer: systemd keeps timeouts as 64-bit microseconds,
+#: the largest value meaning "infinity".
+MAX_STOP_TIMER_SEC = (2**64 - 2) // 10**6
 
 #: Reported as ``bulk-exec.config.default_cwd``: where a process runs when
 #: its command names no working directory.
@@ -316,23 +321,33 @@ def _searchpath(value: object) -> str:
     return value
 
 
-def _integer(minimum: int) -> Callable[[object], int]:
+def _integer(minimum: int, maximum: int | None = None) -> Callable[[object], int]:
+    what = (
+        f"an integer of at least {minimum}"
+        if maximum is None
+        else f"an integer from {minimum} to {maximum}"
+    )
+
     def check(value: object) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise _expected(f"an integer of at least {minimum}", value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _expected(what, value)
+        if value < minimum or (maximum is not None and value > maximum):
+            raise _expected(what, value)
         return value
 
     return check
 
 
 def _percent(value: object) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not 0 <= value < math.inf
-    ):
+    number = math.nan
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # a YAML integer can be too large for a float
+            number = math.inf
+    if not 0 <= number < math.inf:
         raise _expected("a non-negative number", value)
-    return float(value)
+    return number
 
 
 def _positive_duration(value: Any) -> float:
@@ -459,7 +474,7 @@ _EXEC: _Table = {
     "sdexec-constrain-resources": _Key(_boolean),
     "sdexec-properties": _Key(_properties, show=dict),
     "sdexec-stop-timer-sec": _Key(
-        _integer(1), field="sdexec_stop_timer_sec_configured"
+        _integer(1, MAX_STOP_TIMER_SEC), field="sdexec_stop_timer_sec_configured"
     ),
     "sdexec-stop-timer-signal": _Key(parse_signal, show=signal_name),
 }
@@ -553,13 +568,28 @@ def parse_config(data: dict, source: str = "<config>") -> Config:
         if name in data
     }
     config = Config(source=source, warnings=_unknown_tables(data, source), **sections)
-    if config.exec.service == "sdexec" and not config.systemd.enable:
-        raise ConfigError(
-            source, "exec.service", '"sdexec" requires systemd.enable = true'
-        )
+    _check_across_tables(config)
     for warning in config.warnings:
         _log.warn("{warning}", warning=warning)
     return config
+
+
+def _check_across_tables(config: Config) -> None:
+    """The rules that involve more than one key."""
+    if config.exec.service == "sdexec" and not config.systemd.enable:
+        raise ConfigError(
+            config.source, "exec.service", '"sdexec" requires systemd.enable = true'
+        )
+    if config.exec.sdexec_stop_timer_sec > MAX_STOP_TIMER_SEC:
+        # Only a derived value can get here: an explicit one is range-checked.
+        raise ConfigError(
+            config.source,
+            "exec.sdexec-stop-timer-sec",
+            "the default, the effective max-kill-timeout"
+            f" ({config.exec.effective_max_kill_timeout:g} s) rounded up, is more"
+            f" than systemd's limit of {MAX_STOP_TIMER_SEC} s: lower"
+            " max-kill-timeout or kill-timeout, or set sdexec-stop-timer-sec",
+        )
 
 
 def _unknown_tables(data: dict, source: str) -> tuple[str, ...]:

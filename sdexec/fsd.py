@@ -37,7 +37,10 @@ def parse_fsd(value: str | float) -> float:
     if isinstance(value, str):
         seconds = _parse_text(value)
     elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = value
+        try:
+            seconds = float(value)
+        except OverflowError:  # a YAML integer can be too large for a float
+            seconds = math.inf
     else:
         seconds = math.nan
     if not math.isfinite(seconds) or seconds < 0:

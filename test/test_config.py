@@ -18,6 +18,7 @@ import yaml
 from twisted.logger import capturedLogs
 
 from sdexec.config import (
+    MAX_STOP_TIMER_SEC,
     RESERVED_PROPERTIES,
     Config,
     ConfigError,
@@ -34,6 +35,7 @@ EXAMPLES = [ROOT / "etc" / "sdexec.toml", ROOT / "etc" / "sdexec.yaml"]
 
 DURATION = "expected a non-negative number with an optional suffix ms, s, m, h or d"
 BOOLEAN = "Expected true or false"
+STOP_TIMER_RANGE = "expected an integer from 1 to 18446744073709"
 SIGNAL = (
     "is not a signal: expected a signal name such as SIGTERM or TERM,"
     f" or a number from 1 to {signal.NSIG - 1}"
@@ -105,7 +107,7 @@ KEYS = [
         "MemoryMax=95%",
         'expected a table of systemd unit properties, got "MemoryMax=95%"'),
     Key("exec.sdexec-stop-timer-sec", "exec.sdexec_stop_timer_sec", 640, 1800, 1800,
-        30.5, "expected an integer of at least 1, got 30.5"),
+        30.5, f"{STOP_TIMER_RANGE}, got 30.5"),
     Key("exec.sdexec-stop-timer-signal", "exec.sdexec_stop_timer_signal", 10,
         "SIGKILL", 9, "USR9",
         f'"USR9" {SIGNAL}'),
@@ -172,9 +174,14 @@ def test_every_key_is_tested():
         ("exec.max-kill-timeout", 0, "expected a duration greater than 0, got 0"),
         ("exec.max-kill-count", 2.5, "expected an integer of at least 1, got 2.5"),
         ("exec.max-kill-count", True, "expected an integer of at least 1, got true"),
-        ("exec.sdexec-stop-timer-sec", 0, "expected an integer of at least 1, got 0"),
-        ("exec.sdexec-stop-timer-sec", "30s",
-         'expected an integer of at least 1, got "30s"'),
+        ("exec.sdexec-stop-timer-sec", 0, f"{STOP_TIMER_RANGE}, got 0"),
+        ("exec.sdexec-stop-timer-sec", "30s", f'{STOP_TIMER_RANGE}, got "30s"'),
+        ("exec.sdexec-stop-timer-sec", MAX_STOP_TIMER_SEC + 1,
+         f"{STOP_TIMER_RANGE}, got {MAX_STOP_TIMER_SEC + 1}"),
+        ("exec.kill-timeout", 10**400,
+         f'{10**400} is not a valid duration: {DURATION}'),
+        ("exec.max-start-delay-percent", 10**400,
+         f"expected a non-negative number, got {10**400}"),
         ("exec.max-start-delay-percent", -1, "expected a non-negative number, got -1"),
         ("sdexec.mapper", "site..Mapper",
          "expected a fully-qualified class name such as pkg.module.Class,"
@@ -429,6 +436,35 @@ def test_explicit_stop_timer_overrides_default():
     )
     assert config.exec.sdexec_stop_timer_sec == 1800
     assert config.exec.effective_max_kill_timeout == 900.0
+
+
+def test_largest_stop_timer_is_systemds():
+    # 64-bit microseconds, the all-ones value meaning "infinity".
+    assert MAX_STOP_TIMER_SEC == 18446744073709
+    config = configure("exec.sdexec-stop-timer-sec", MAX_STOP_TIMER_SEC)
+    assert config.exec.sdexec_stop_timer_sec == MAX_STOP_TIMER_SEC
+
+
+@pytest.mark.parametrize(
+    ("settings", "seconds"),
+    [({"max-kill-timeout": "1e300s"}, "1e+300"), ({"kill-timeout": "1e14s"}, "6e+14")],
+)
+def test_derived_stop_timer_beyond_systemds_limit(settings, seconds):
+    with pytest.raises(ConfigError) as error:
+        parse_config({"exec": settings})
+    assert str(error.value) == (
+        "<config>: exec.sdexec-stop-timer-sec: the default, the effective"
+        f" max-kill-timeout ({seconds} s) rounded up, is more than systemd's limit"
+        " of 18446744073709 s: lower max-kill-timeout or kill-timeout, or set"
+        " sdexec-stop-timer-sec"
+    )
+
+
+def test_explicit_stop_timer_lifts_the_derived_limit():
+    config = parse_config(
+        {"exec": {"max-kill-timeout": "1e300s", "sdexec-stop-timer-sec": 3600}}
+    )
+    assert config.exec.sdexec_stop_timer_sec == 3600
 
 
 def test_derived_values_follow_replace():

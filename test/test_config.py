@@ -15,6 +15,8 @@ from typing import Any, NamedTuple
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 from twisted.logger import capturedLogs
 
 from sdexec.config import (
@@ -868,3 +870,28 @@ def test_checking_endpoints_installs_no_reactor():
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, check=False
     )
     assert run.returncode == 0, run.stderr
+
+
+ANY_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+@given(st.lists(st.tuples(st.sampled_from([key.path for key in KEYS]), ANY_VALUE)))
+def test_any_value_is_accepted_or_refused_with_config_error(settings):
+    data: dict = {}
+    for path, value in settings:
+        *tables, key = path.split(".")
+        table = data
+        for name in tables:
+            table = table.setdefault(name, {})
+        table[key] = value
+    try:
+        parse_config(data)
+    except ConfigError as error:
+        assert "\n" not in str(error)

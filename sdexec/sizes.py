@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 
 __all__ = ["MemoryLimit", "parse_size"]
 
@@ -26,7 +27,9 @@ def parse_size(text: str) -> int:
     match = _SIZE.fullmatch(text.strip())
     if match is None:
         raise ValueError(f"{text!r} is not a size (a number with K, M, G or T)")
-    return round(float(match["number"]) * 1024 ** _SUFFIX[match["suffix"]])
+    # Decimal, not float: a float has 53 bits, so "9007199254740993" (or a
+    # large fractional "T") would come back off by a few bytes.
+    return round(Decimal(match["number"]) * 1024 ** _SUFFIX[match["suffix"]])
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,704 @@
+"""The service's configuration: the ``[exec]``, ``[sdexec]`` and ``[systemd]``
+tables of flux-config-exec(5), from TOML (``.toml``) or YAML (``.yaml``,
+``.yml``) of the same schema.
+
+A file is checked whole before anything uses it: :func:`load_config` either
+returns a complete, immutable :class:`Config` or raises :class:`ConfigError`
+with one line naming the file, the key path and what was expected, so a bad
+reload can never half-apply. Unknown keys inside these tables are errors
+(a typo must not be silently ignored); unknown tables are ignored with a
+warning, because a Flux system configuration has many tables that are not
+ours.
+
+``python -m sdexec.config FILE`` checks a file the same way and prints the
+effective configuration as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import json
+import math
+import os
+import re
+import signal
+import sys
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+from twisted.internet.endpoints import serverFromString
+from twisted.logger import Logger
+
+from sdexec.fsd import parse_fsd
+from sdexec.signals import parse_signal, signal_name
+from sdexec.sizes import MemoryLimit, parse_size
+
+__all__ = [
+    "DEFAULT_CWD",
+    "DEFAULT_JOB_SHELL",
+    "MAX_KILL_INTERVAL",
+    "MAX_STOP_TIMER_SEC",
+    "MEMORY_PROPERTIES",
+    "RESERVED_PROPERTIES",
+    "Config",
+    "ConfigError",
+    "ExecConfig",
+    "MiB",
+    "SdexecConfig",
+    "SystemdConfig",
+    "default_config",
+    "final_kill_attempt",
+    "load_config",
+    "main",
+    "parse_config",
+]
+
+_log = Logger()
+
+MiB = 1024**2
+
+#: The longest wait between two direct kill attempts of the job shells.
+MAX_KILL_INTERVAL = 300.0
+
+#: The longest stop timer: systemd keeps timeouts as 64-bit microseconds,
+#: the largest value meaning "infinity".
+MAX_STOP_TIMER_SEC = (2**64 - 2) // 10**6
+
+#: Reported as ``bulk-exec.config.default_cwd``: where a process runs when
+#: its command names no working directory.
+DEFAULT_CWD = "/tmp"
+
+#: Reported as ``bulk-exec.config.default_job_shell`` when ``exec.job-shell``
+#: is unset: where Flux packages install the job shell.
+DEFAULT_JOB_SHELL = "/usr/libexec/flux/flux-shell"
+
+#: Unit properties sdexec sets itself; a site value would break unit
+#: handling or resource containment, so ``exec.sdexec-properties`` refuses them.
+RESERVED_PROPERTIES = frozenset(
+    {
+        "AllowedCPUs",
+        "AllowedMemoryNodes",
+        "DeviceAllow",
+        "DevicePolicy",
+        "Description",
+        "Environment",
+        "ExecStart",
+        "KillMode",
+        "RemainAfterExit",
+        "SendSIGKILL",
+        "StandardInputFileDescriptor",
+        "StandardOutputFileDescriptor",
+        "StandardErrorFileDescriptor",
+        "TimeoutStopUSec",
+        "Type",
+        "WorkingDirectory",
+    }
+)
+
+#: Properties whose string value is a memory limit (``512M``, ``95%``,
+#: ``infinity``).
+MEMORY_PROPERTIES = frozenset(
+    {"MemoryMax", "MemoryHigh", "MemoryMin", "MemoryLow", "MemorySwapMax"}
+)
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used, in one line:
+    ``/etc/sdexec.toml: exec.kill-timeout: "5x" is not a valid duration: ...``.
+
+    ``source`` is the file (or ``"<config>"``), ``key`` the dotted key path
+    (``None`` for a problem with the file as a whole), ``reason`` the rest.
+    """
+
+    def __init__(self, source: str, key: str | None, reason: str) -> None:
+        self.source = source
+        self.key = key
+        self.reason = reason
+        where = source if key is None else f"{source}: {key}"
+        super().__init__(f"{where}: {reason}")
+
+
+# --- the configuration objects -------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExecConfig:
+    """The ``[exec]`` table, with ``[exec.testexec]`` and
+    ``[exec.sdexec-properties]``. Durations are in seconds, signals are
+    numbers."""
+
+    imp: str | None = None
+    service: str = "rexec"
+    service_override: bool = False
+    job_shell: str | None = None
+    kill_timeout: float = 5.0
+    max_kill_count: int = 8
+    #: ``None`` when unset: ``max_kill_count`` then bounds termination.
+    max_kill_timeout: float | None = None
+    term_signal: int = signal.SIGTERM.value
+    kill_signal: int = signal.SIGKILL.value
+    #: ``0`` disables the start barrier timeout.
+    barrier_timeout: float = 1800.0
+    max_start_delay_percent: float = 25.0
+    testexec_allow_guests: bool = False
+    sdexec_constrain_resources: bool = False
+    sdexec_properties: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    #: ``exec.sdexec-stop-timer-sec`` as written; ``None`` when unset.
+    #: Read :attr:`sdexec_stop_timer_sec` for the value in force.
+    sdexec_stop_timer_sec_configured: int | None = None
+    #: 10 is SIGUSR1, the IMP's proxy for SIGKILL.
+    sdexec_stop_timer_signal: int = 10
+
+    @property
+    def effective_max_kill_timeout(self) -> float:
+        """Seconds from the start of termination until the nodes of an
+        unkillable job are drained: ``max_kill_timeout`` when set, else the
+        time of the last of ``max_kill_count`` direct kill attempts."""
+        if self.max_kill_timeout is not None:
+            return self.max_kill_timeout
+        return final_kill_attempt(self.kill_timeout, self.max_kill_count)
+
+    @property
+    def sdexec_stop_timer_sec(self) -> int:
+        """The stop timer in force: as configured, else the effective
+        max-kill-timeout rounded up to whole seconds."""
+        if self.sdexec_stop_timer_sec_configured is not None:
+            return self.sdexec_stop_timer_sec_configured
+        # Sums of binary fractions carry noise (0.1 * 3 is 0.30000000000000004);
+        # it must not add a second to the timer.
+        return math.ceil(round(self.effective_max_kill_timeout, 6))
+
+
+@dataclass(frozen=True)
+class SdexecConfig:
+    """The ``[sdexec]`` table: the resource mapper, and the service's own
+    settings (endpoints, rank, topology, frame size)."""
+
+    mapper: str = "sdexec.map.HwlocMapper"
+    #: Colon-separated directories searched for mapper modules.
+    mapper_searchpath: str = ""
+    #: Twisted server endpoint for requests; ``None``: the service's default,
+    #: ``unix:$XDG_RUNTIME_DIR/sdexec/sdexec.sock``.
+    listen: str | None = None
+    #: Twisted server endpoint for HTTP statistics; ``None``: the service's
+    #: default, ``tcp:8490:interface=127.0.0.1``.
+    stats: str | None = None
+    #: This broker's rank, for the mapper and for I/O objects.
+    rank: int = 0
+    #: An hwloc XML file the mapper reads instead of running lstopo.
+    topology: str | None = None
+    #: The largest request or response frame, in bytes.
+    max_frame_size: int = 64 * MiB
+
+    @property
+    def mapper_searchpath_dirs(self) -> list[str]:
+        """``mapper_searchpath`` as a list of directories, empty entries
+        dropped."""
+        return [d for d in self.mapper_searchpath.split(":") if d]
+
+
+@dataclass(frozen=True)
+class SystemdConfig:
+    """The ``[systemd]`` table (flux-config-systemd(5))."""
+
+    enable: bool = False
+    sdexec_debug: bool = False
+    sdbus_debug: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    """A complete, checked configuration."""
+
+    exec: ExecConfig = field(default_factory=ExecConfig)
+    sdexec: SdexecConfig = field(default_factory=SdexecConfig)
+    systemd: SystemdConfig = field(default_factory=SystemdConfig)
+    #: The file it came from, or ``"<config>"`` / ``"<default>"``.
+    source: str = "<default>"
+    #: What was ignored while reading it (unknown tables), one line each.
+    warnings: tuple[str, ...] = ()
+
+    def introspect(self) -> dict[str, Any]:
+        """The configuration part of ``flux module stats job-exec``, shaped as
+        flux-config-exec(5) shows it (the service adds the ``jobs`` entry)."""
+        e = self.exec
+        return {
+            "kill-timeout": e.kill_timeout,
+            "term-signal": signal_name(e.term_signal),
+            "kill-signal": signal_name(e.kill_signal),
+            "max-kill-count": e.max_kill_count,
+            "max-kill-timeout": (
+                -1.0 if e.max_kill_timeout is None else e.max_kill_timeout
+            ),
+            "effective-max-kill-timeout": e.effective_max_kill_timeout,
+            "bulk-exec": {
+                "config": {
+                    "default_cwd": DEFAULT_CWD,
+                    "default_job_shell": e.job_shell or DEFAULT_JOB_SHELL,
+                    "exec_service": e.service,
+                    "exec_service_override": int(e.service_override),
+                    "default_barrier_timeout": e.barrier_timeout,
+                    "sdexec_stop_timer_sec": e.sdexec_stop_timer_sec,
+                    "sdexec_stop_timer_signal": e.sdexec_stop_timer_signal,
+                }
+            },
+        }
+
+    def effective(self) -> dict[str, Any]:
+        """What ``python -m sdexec.config`` prints: :meth:`introspect` plus
+        every key of ``[exec]``, ``[sdexec]`` and ``[systemd]`` with the value
+        in force (defaults and derived values filled in)."""
+        return self.introspect() | {
+            name: _show_table(spec, getattr(self, name))
+            for name, (spec, _) in _SCHEMA.items()
+        }
+
+
+def final_kill_attempt(kill_timeout: float, max_kill_count: int) -> float:
+    """Seconds after termination starts at which the job shells get their
+    last direct ``kill-signal``, per flux-config-exec(5) JOB TERMINATION.
+
+    The first attempt comes at ``5 * kill_timeout``; the wait before the next
+    starts at ``kill_timeout`` and doubles after each attempt, capped at
+    :data:`MAX_KILL_INTERVAL`. ``(1.0, 4)``: attempts at 5, 6, 8 and 12 s,
+    so 12.0.
+    """
+    at, interval, attempts = 5 * kill_timeout, kill_timeout, 1
+    while attempts < max_kill_count:
+        at += interval
+        attempts += 1
+        doubled = min(interval * 2, MAX_KILL_INTERVAL)
+        if doubled == interval:
+            # At the cap every further attempt adds the same: sum them at
+            # once, so a huge max-kill-count cannot stall a config check.
+            return at + (max_kill_count - attempts) * interval
+        interval = doubled
+    return at
+
+
+def default_config() -> Config:
+    """The configuration in force when no file is given."""
+    return Config()
+
+
+# --- value checks: each takes the value as written and returns the value to
+# --- use, or raises ValueError saying what was expected. ------------------
+
+
+def _quote(value: object) -> str:
+    """A value as the admin would write it: ``"5x"``, ``true``, ``12``."""
+    return json.dumps(value, default=str)
+
+
+def _expected(what: str, value: object) -> ValueError:
+    return ValueError(f"expected {what}, got {_quote(value)}")
+
+
+def _boolean(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"Expected true or false, got {_quote(value)}")
+    return value
+
+
+def _string(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise _expected("a non-empty string", value)
+    return value
+
+
+def _searchpath(value: object) -> str:
+    if not isinstance(value, str):
+        raise _expected("a string of colon-separated directories", value)
+    return value
+
+
+def _integer(minimum: int, maximum: int | None = None) -> Callable[[object], int]:
+    what = (
+        f"an integer of at least {minimum}"
+        if maximum is None
+        else f"an integer from {minimum} to {maximum}"
+    )
+
+    def check(value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _expected(what, value)
+        if value < minimum or (maximum is not None and value > maximum):
+            raise _expected(what, value)
+        return value
+
+    return check
+
+
+def _percent(value: object) -> float:
+    number = math.nan
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # a YAML integer can be too large for a float
+            number = math.inf
+    if not 0 <= number < math.inf:
+        raise _expected("a non-negative number", value)
+    return number
+
+
+def _positive_duration(value: Any) -> float:
+    seconds = parse_fsd(value)
+    if seconds == 0:
+        raise _expected("a duration greater than 0", value)
+    return seconds
+
+
+def _class_name(value: Any) -> str:
+    parts = value.split(".") if isinstance(value, str) else []
+    if len(parts) < 2 or not all(part.isidentifier() for part in parts):
+        raise _expected("a fully-qualified class name such as pkg.module.Class", value)
+    return value
+
+
+def _endpoint(value: object) -> str:
+    description = _string(value)
+    try:
+        # Parsing builds an endpoint without touching the reactor, so any
+        # stand-in will do; this catches "tpc:8490" long before a listen.
+        serverFromString(None, description)
+    except (ValueError, TypeError, KeyError) as error:
+        raise ValueError(
+            f"{_quote(value)} is not a Twisted server endpoint"
+            f" such as unix:/path or tcp:PORT ({error})"
+        ) from None
+    return description
+
+
+def _frame_size(value: object) -> int:
+    size = -1  # anything that is not a size
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    elif isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            size = parse_size(value)
+    if size < MiB:
+        raise _expected("a size of at least 1M (bytes, or with K, M or G)", value)
+    return size
+
+
+# systemd's D-Bus property names: CamelCase, letters and digits.
+_PROPERTY_NAME = re.compile(r"[A-Z][A-Za-z0-9]*")
+
+
+class _PropertyError(ValueError):
+    """A bad entry of ``exec.sdexec-properties``: its name extends the key
+    path."""
+
+    def __init__(self, name: object, reason: str) -> None:
+        self.name = str(name)
+        super().__init__(reason)
+
+
+def _properties(value: object) -> Mapping[str, str]:
+    if not isinstance(value, dict):
+        raise _expected("a table of systemd unit properties", value)
+    for name, setting in value.items():
+        _check_property(name, setting)
+    return MappingProxyType(dict(value))
+
+
+def _check_property(name: object, value: object) -> None:
+    if not isinstance(name, str) or _PROPERTY_NAME.fullmatch(name) is None:
+        raise _PropertyError(name, "expected a systemd property name such as MemoryMax")
+    if name in RESERVED_PROPERTIES:
+        raise _PropertyError(name, f"reserved: sdexec sets {name} itself")
+    if not isinstance(value, str):
+        raise _PropertyError(
+            name, f"expected a string (all property values are), got {_quote(value)}"
+        )
+    if name in MEMORY_PROPERTIES:
+        try:
+            MemoryLimit.parse(value)
+        except ValueError:
+            raise _PropertyError(
+                name,
+                f"{_quote(value)} is not a memory limit: expected a size with K, M,"
+                ' G or T, a percentage up to 100% or "infinity"',
+            ) from None
+    elif name == "OOMScoreAdjust" and not _is_oom_score_adjust(value):
+        raise _PropertyError(
+            name, f"expected an integer from -1000 to 1000, got {_quote(value)}"
+        )
+
+
+def _is_oom_score_adjust(text: str) -> bool:
+    return re.fullmatch(r"[+-]?\d+", text.strip()) is not None and (
+        -1000 <= int(text) <= 1000
+    )
+
+
+# --- the schema: one row per key; nested dicts are sub-tables. ------------
+
+
+@dataclass(frozen=True)
+class _Key:
+    """One key: how its value is checked and shown, and where it is kept."""
+
+    check: Callable[[Any], Any]
+    #: The JSON form for :meth:`Config.effective`.
+    show: Callable[[Any], Any] = lambda value: value
+    #: The dataclass field, when it is not the key's own python name (the key
+    #: is then read back through a property of that name).
+    field: str | None = None
+
+
+_Table = dict[str, "_Key | _Table"]
+
+_EXEC: _Table = {
+    "imp": _Key(_string),
+    "service": _Key(_string),
+    "service-override": _Key(_boolean),
+    "job-shell": _Key(_string),
+    "kill-timeout": _Key(_positive_duration),
+    "max-kill-count": _Key(_integer(1)),
+    "max-kill-timeout": _Key(_positive_duration),
+    "term-signal": _Key(parse_signal, show=signal_name),
+    "kill-signal": _Key(parse_signal, show=signal_name),
+    "barrier-timeout": _Key(parse_fsd),
+    "max-start-delay-percent": _Key(_percent),
+    "testexec": {"allow-guests": _Key(_boolean)},
+    "sdexec-constrain-resources": _Key(_boolean),
+    "sdexec-properties": _Key(_properties, show=dict),
+    "sdexec-stop-timer-sec": _Key(
+        _integer(1, MAX_STOP_TIMER_SEC), field="sdexec_stop_timer_sec_configured"
+    ),
+    "sdexec-stop-timer-signal": _Key(parse_signal, show=signal_name),
+}
+
+_SDEXEC: _Table = {
+    "mapper": _Key(_class_name),
+    "mapper-searchpath": _Key(_searchpath),
+    "listen": _Key(_endpoint),
+    "stats": _Key(_endpoint),
+    "rank": _Key(_integer(0)),
+    "topology": _Key(_string),
+    "max-frame-size": _Key(_frame_size),
+}
+
+_SYSTEMD: _Table = {
+    "enable": _Key(_boolean),
+    "sdexec-debug": _Key(_boolean),
+    "sdbus-debug": _Key(_boolean),
+}
+
+_SCHEMA: dict[str, tuple[_Table, type]] = {
+    "exec": (_EXEC, ExecConfig),
+    "sdexec": (_SDEXEC, SdexecConfig),
+    "systemd": (_SYSTEMD, SystemdConfig),
+}
+
+
+def _python_name(key: str) -> str:
+    return key.replace("-", "_")
+
+
+def _read_table(
+    spec: _Table, data: object, path: str, source: str, prefix: str = ""
+) -> dict[str, Any]:
+    """Check one table of the file against its spec; the dataclass fields it
+    sets, sub-tables flattened (``testexec.allow-guests`` sets
+    ``testexec_allow_guests``)."""
+    if not isinstance(data, dict):
+        raise ConfigError(source, path, f"expected a table, got {_quote(data)}")
+    fields: dict[str, Any] = {}
+    for key, value in data.items():
+        key_path = f"{path}.{key}"
+        entry = spec.get(key) if isinstance(key, str) else None
+        if entry is None:
+            raise ConfigError(source, key_path, _unknown_key(key, spec, path))
+        if isinstance(entry, dict):
+            fields |= _read_table(
+                entry, value, key_path, source, f"{prefix}{_python_name(key)}_"
+            )
+            continue
+        try:
+            checked = entry.check(value)
+        except _PropertyError as error:
+            raise ConfigError(source, f"{key_path}.{error.name}", str(error)) from None
+        except ValueError as error:
+            raise ConfigError(source, key_path, str(error)) from None
+        fields[entry.field or prefix + _python_name(key)] = checked
+    return fields
+
+
+def _unknown_key(key: object, spec: _Table, path: str) -> str:
+    reason = f"unknown key in [{path}]"
+    close = difflib.get_close_matches(str(key), spec, n=1)
+    return f"{reason} (did you mean {close[0]}?)" if close else reason
+
+
+def _show_table(spec: _Table, settings: object, prefix: str = "") -> dict[str, Any]:
+    """The JSON form of one table, every key present."""
+    shown: dict[str, Any] = {}
+    for key, entry in spec.items():
+        name = prefix + _python_name(key)
+        if isinstance(entry, dict):
+            shown[key] = _show_table(entry, settings, f"{name}_")
+            continue
+        value = getattr(settings, name)
+        shown[key] = None if value is None else entry.show(value)
+    return shown
+
+
+def parse_config(data: dict, source: str = "<config>") -> Config:
+    """Check a parsed file (tables as dicts) and build its :class:`Config`.
+
+    ``ConfigError`` names the first problem; unknown top-level tables are
+    ignored, logged and listed in ``Config.warnings``.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(source, None, "expected a document of tables")
+    sections = {
+        name: cls(**_read_table(spec, data[name], name, source))
+        for name, (spec, cls) in _SCHEMA.items()
+        if name in data
+    }
+    config = Config(source=source, warnings=_unknown_tables(data, source), **sections)
+    _check_across_tables(config)
+    for warning in config.warnings:
+        _log.warn("{warning}", warning=warning)
+    return config
+
+
+def _check_across_tables(config: Config) -> None:
+    """The rules that involve more than one key."""
+    if config.exec.service == "sdexec" and not config.systemd.enable:
+        raise ConfigError(
+            config.source, "exec.service", '"sdexec" requires systemd.enable = true'
+        )
+    if config.exec.sdexec_stop_timer_sec > MAX_STOP_TIMER_SEC:
+        # Only a derived value can get here: an explicit one is range-checked.
+        raise ConfigError(
+            config.source,
+            "exec.sdexec-stop-timer-sec",
+            "the default, the effective max-kill-timeout"
+            f" ({config.exec.effective_max_kill_timeout:g} s) rounded up, is more"
+            f" than systemd's limit of {MAX_STOP_TIMER_SEC} s: lower"
+            " max-kill-timeout or kill-timeout, or set sdexec-stop-timer-sec",
+        )
+
+
+def _unknown_tables(data: dict, source: str) -> tuple[str, ...]:
+    return tuple(
+        f"{source}: ignoring unknown table [{name}]"
+        for name in data
+        if name not in _SCHEMA
+    )
+
+
+# --- files ---------------------------------------------------------------
+
+_YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read, check and build the configuration in a ``.toml``, ``.yaml`` or
+    ``.yml`` file; ``ConfigError`` naming the file if it cannot be read,
+    does not parse or does not check."""
+    source = os.fspath(path)
+    suffix = Path(source).suffix.lower()
+    if suffix != ".toml" and suffix not in _YAML_SUFFIXES:
+        raise ConfigError(source, None, "expected a .toml, .yaml or .yml file")
+    try:
+        text = Path(source).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(source, None, _read_failure(error)) from None
+    data = (
+        _parse_yaml(text, source)
+        if suffix in _YAML_SUFFIXES
+        else _parse_toml(text, source)
+    )
+    return parse_config(data, source)
+
+
+def _read_failure(error: OSError | UnicodeDecodeError) -> str:
+    if isinstance(error, UnicodeDecodeError):
+        return f"cannot read: not UTF-8 text (byte {error.start})"
+    return f"cannot read: {error.strerror or error}"
+
+
+def _parse_toml(text: str, source: str) -> dict:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(source, None, f"TOML syntax error: {error}") from None
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """``yaml.safe_load``, but a key given twice in a table is an error (as
+    in TOML) instead of the last one silently winning."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[str] = set()
+        for key, _ in node.value:
+            if not isinstance(key, yaml.ScalarNode):
+                continue  # an unhashable key: pyyaml refuses it itself
+            if key.value in seen:
+                raise yaml.constructor.ConstructorError(
+                    problem=f"duplicate key {key.value}", problem_mark=key.start_mark
+                )
+            seen.add(key.value)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _parse_yaml(text: str, source: str) -> dict:
+    try:
+        data = yaml.load(text, Loader=_YamlLoader)  # safe: a SafeLoader
+    except yaml.YAMLError as error:
+        raise ConfigError(
+            source, None, f"YAML syntax error: {_yaml_problem(error)}"
+        ) from None
+    # An empty (or all-comment) file is a configuration of defaults.
+    return {} if data is None else data
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """pyyaml's message spans several lines; keep what and where."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    if mark is None:
+        return problem
+    return f"{problem} (at line {mark.line + 1}, column {mark.column + 1})"
+
+
+# --- python -m sdexec.config FILE ------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Check a configuration file the way the service will; print the
+    effective configuration as JSON and return 0, or print the error and
+    return 1."""
+    parser = argparse.ArgumentParser(
+        prog="python -m sdexec.config",
+        description="Check an sdexec configuration file and print the"
+        " configuration in force as JSON.",
+    )
+    parser.add_argument("file", help="a .toml, .yaml or .yml configuration file")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.file)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 1
+    for warning in config.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(json.dumps(config.effective(), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""RFC 23 Flux Standard Duration: ``"5s"``, ``"30m"``, ``"0.5"``, ``"100ms"``.
+
+A duration is a non-negative number with an optional unit suffix: ``ms``,
+``s``, ``m``, ``h`` or ``d``; no suffix means seconds. Configuration files may
+also hold a bare number (TOML ``kill-timeout = 5``), taken as seconds.
+
+Infinity and NaN are refused: every duration in this project is a timeout
+that must eventually fire.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from decimal import Decimal
+
+__all__ = ["format_fsd", "parse_fsd"]
+
+# Seconds per unit. Formatting tries them in this order, so on a tie in length
+# the plainer unit wins ("0s", not "0d").
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "ms": Decimal("0.001")}
+
+_FSD = re.compile(
+    r"(?P<number>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)(?P<unit>ms|s|m|h|d)?"
+)
+
+_EXPECTED = "a non-negative number with an optional suffix ms, s, m, h or d"
+
+
+def parse_fsd(value: str | float) -> float:
+    """Seconds in a Flux Standard Duration, or in a bare number of seconds.
+
+    ``ValueError`` quoting the value if it is not a finite, non-negative
+    duration.
+    """
+    if isinstance(value, str):
+        seconds = _parse_text(value)
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            seconds = float(value)
+        except OverflowError:  # a YAML integer can be too large for a float
+            seconds = math.inf
+    else:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(
+            f"{_quote(value)} is not a valid duration: expected {_EXPECTED}"
+        )
+    return float(seconds)
+
+
+def format_fsd(seconds: float) -> str:
+    """The shortest duration text that parses back to exactly ``seconds``.
+
+    ``1800`` gives ``"30m"``, ``0.001`` gives ``"1ms"``, ``90`` gives ``"90s"``.
+    """
+    parse_fsd(seconds)  # same domain as parsing: finite and non-negative
+    candidates = (
+        _number_text(seconds / float(per_unit)) + unit
+        for unit, per_unit in _UNITS.items()
+    )
+    # The "s" candidate is the float's own repr, so at least one always fits.
+    return min((c for c in candidates if _round_trips(c, seconds)), key=len)
+
+
+def _parse_text(text: str) -> float:
+    """Seconds in ``text``; NaN if it is not a duration at all."""
+    match = _FSD.fullmatch(text.strip())
+    if match is None:
+        return math.nan
+    # Decimal arithmetic so that "0.1m" is exactly 6 seconds, not 6.000000000000001.
+    try:
+        number = Decimal(match["number"]) * _UNITS[match["unit"] or "s"]
+    except ArithmeticError:  # an exponent too large even for Decimal
+        return math.inf
+    return float(number)
+
+
+def _number_text(number: float) -> str:
+    """The float's shortest exact text, without a redundant ``.0``."""
+    text = repr(number)
+    return text.removesuffix(".0")
+
+
+def _round_trips(text: str, seconds: float) -> bool:
+    try:
+        return parse_fsd(text) == seconds
+    except ValueError:  # overflowed to infinity in a large unit
+        return False
+
+
+def _quote(value: object) -> str:
+    return json.dumps(value, default=str)

@@ -1,0 +1,897 @@
+"""The configuration: every key, the derived values, files and the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import re
+import signal
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+from twisted.logger import capturedLogs
+
+from sdexec.config import (
+    MAX_STOP_TIMER_SEC,
+    RESERVED_PROPERTIES,
+    Config,
+    ConfigError,
+    MiB,
+    default_config,
+    final_kill_attempt,
+    load_config,
+    main,
+    parse_config,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = [ROOT / "etc" / "sdexec.toml", ROOT / "etc" / "sdexec.yaml"]
+
+DURATION = "expected a non-negative number with an optional suffix ms, s, m, h or d"
+BOOLEAN = "Expected true or false"
+STOP_TIMER_RANGE = "expected an integer from 1 to 18446744073709"
+SIGNAL = (
+    "is not a signal: expected a signal name such as SIGTERM or TERM,"
+    f" or a number from 1 to {signal.NSIG - 1}"
+)
+
+
+def nested(path: str, value: Any) -> dict:
+    """``{"exec": {"testexec": {"allow-guests": value}}}`` from a dotted path."""
+    *tables, key = path.split(".")
+    data: dict = {key: value}
+    for table in reversed(tables):
+        data = {table: data}
+    return data
+
+
+def configure(path: str, value: Any) -> Config:
+    """A config with one key set (and systemd enabled, which sdexec needs)."""
+    data = nested(path, value)
+    data.setdefault("systemd", {}).setdefault("enable", True)
+    return parse_config(data)
+
+
+def attribute(config: Config, dotted: str) -> Any:
+    for name in dotted.split("."):
+        config = getattr(config, name)
+    return config
+
+
+class Key(NamedTuple):
+    path: str  # as written in the file
+    attribute: str  # where the Config keeps it
+    default: Any
+    good: Any  # a value as written
+    parsed: Any  # what it becomes
+    bad: Any
+    message: str  # the error for the bad value, after "<config>: PATH: "
+
+
+KEYS = [
+    Key("exec.imp", "exec.imp", None, "/usr/libexec/flux/flux-imp",
+        "/usr/libexec/flux/flux-imp", 5, "expected a non-empty string, got 5"),
+    Key("exec.service", "exec.service", "rexec", "sdexec", "sdexec", "",
+        'expected a non-empty string, got ""'),
+    Key("exec.service-override", "exec.service_override", False, True, True, "yes",
+        f'{BOOLEAN}, got "yes"'),
+    Key("exec.job-shell", "exec.job_shell", None, "/opt/flux-shell", "/opt/flux-shell",
+        ["/opt/flux-shell"], 'expected a non-empty string, got ["/opt/flux-shell"]'),
+    Key("exec.kill-timeout", "exec.kill_timeout", 5.0, "1m", 60.0, "5x",
+        f'"5x" is not a valid duration: {DURATION}'),
+    Key("exec.max-kill-count", "exec.max_kill_count", 8, 4, 4, 0,
+        "expected an integer of at least 1, got 0"),
+    Key("exec.max-kill-timeout", "exec.max_kill_timeout", None, "30m", 1800.0, "-5m",
+        f'"-5m" is not a valid duration: {DURATION}'),
+    Key("exec.term-signal", "exec.term_signal", 15, "SIGUSR2", 12, "SIGFOO",
+        f'"SIGFOO" {SIGNAL}'),
+    Key("exec.kill-signal", "exec.kill_signal", 9, "term", 15, 99,
+        f"99 {SIGNAL}"),
+    Key("exec.barrier-timeout", "exec.barrier_timeout", 1800.0, "0", 0.0, "1y",
+        f'"1y" is not a valid duration: {DURATION}'),
+    Key("exec.max-start-delay-percent", "exec.max_start_delay_percent", 25.0, 50.5,
+        50.5, "25%", 'expected a non-negative number, got "25%"'),
+    Key("exec.testexec.allow-guests", "exec.testexec_allow_guests", False, True, True,
+        "true", f'{BOOLEAN}, got "true"'),
+    Key("exec.sdexec-constrain-resources", "exec.sdexec_constrain_resources", False,
+        True, True, 1, f"{BOOLEAN}, got 1"),
+    Key("exec.sdexec-properties", "exec.sdexec_properties", {},
+        {"MemoryMax": "95%", "CPUWeight": "100"},
+        {"MemoryMax": "95%", "CPUWeight": "100"},
+        "MemoryMax=95%",
+        'expected a table of systemd unit properties, got "MemoryMax=95%"'),
+    Key("exec.sdexec-stop-timer-sec", "exec.sdexec_stop_timer_sec", 640, 1800, 1800,
+        30.5, f"{STOP_TIMER_RANGE}, got 30.5"),
+    Key("exec.sdexec-stop-timer-signal", "exec.sdexec_stop_timer_signal", 10,
+        "SIGKILL", 9, "USR9",
+        f'"USR9" {SIGNAL}'),
+    Key("sdexec.mapper", "sdexec.mapper", "sdexec.map.HwlocMapper",
+        "site.mappers.AccountingMapper", "site.mappers.AccountingMapper", "HwlocMapper",
+        "expected a fully-qualified class name such as pkg.module.Class,"
+        ' got "HwlocMapper"'),
+    Key("sdexec.mapper-searchpath", "sdexec.mapper_searchpath", "",
+        "/etc/flux/mappers:/opt/mappers", "/etc/flux/mappers:/opt/mappers", ["/a"],
+        'expected a string of colon-separated directories, got ["/a"]'),
+    Key("sdexec.listen", "sdexec.listen", None, "unix:/tmp/sdexec.sock",
+        "unix:/tmp/sdexec.sock", "tpc:8490",
+        '"tpc:8490" is not a Twisted server endpoint such as unix:/path or tcp:PORT'
+        " (Unknown endpoint type: 'tpc')"),
+    Key("sdexec.stats", "sdexec.stats", None, "tcp:9000:interface=127.0.0.1",
+        "tcp:9000:interface=127.0.0.1", "tcp:http",
+        '"tcp:http" is not a Twisted server endpoint such as unix:/path or tcp:PORT'
+        " (invalid literal for int() with base 10: 'http')"),
+    Key("sdexec.rank", "sdexec.rank", 0, 3, 3, -1,
+        "expected an integer of at least 0, got -1"),
+    Key("sdexec.topology", "sdexec.topology", None, "/etc/sdexec/topology.xml",
+        "/etc/sdexec/topology.xml", True, "expected a non-empty string, got true"),
+    Key("sdexec.max-frame-size", "sdexec.max_frame_size", 64 * MiB, "16M", 16 * MiB,
+        "512K",
+        'expected a size of at least 1M (bytes, or with K, M or G), got "512K"'),
+    Key("systemd.enable", "systemd.enable", False, True, True, "yes",
+        f'{BOOLEAN}, got "yes"'),
+    Key("systemd.sdexec-debug", "systemd.sdexec_debug", False, True, True, 1,
+        f"{BOOLEAN}, got 1"),
+    Key("systemd.sdbus-debug", "systemd.sdbus_debug", False, True, True, "false",
+        f'{BOOLEAN}, got "false"'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda key: key.path)
+def test_default(key):
+    assert attribute(default_config(), key.attribute) == key.default
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda key: key.path)
+def test_good_value(key):
+    assert attribute(configure(key.path, key.good), key.attribute) == key.parsed
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda key: key.path)
+def test_bad_value_names_key_and_expectation(key):
+    with pytest.raises(ConfigError) as error:
+        configure(key.path, key.bad)
+    assert str(error.value) == f"<config>: {key.path}: {key.message}"
+    assert error.value.key == key.path
+
+
+def test_every_key_is_tested():
+    written = {key.path for key in KEYS}
+    assert written == set(
+        _flatten(default_config().effective(), skip_introspection=True)
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("exec.kill-timeout", "0s", 'expected a duration greater than 0, got "0s"'),
+        ("exec.max-kill-timeout", 0, "expected a duration greater than 0, got 0"),
+        ("exec.max-kill-count", 2.5, "expected an integer of at least 1, got 2.5"),
+        ("exec.max-kill-count", True, "expected an integer of at least 1, got true"),
+        ("exec.sdexec-stop-timer-sec", 0, f"{STOP_TIMER_RANGE}, got 0"),
+        ("exec.sdexec-stop-timer-sec", "30s", f'{STOP_TIMER_RANGE}, got "30s"'),
+        ("exec.sdexec-stop-timer-sec", MAX_STOP_TIMER_SEC + 1,
+         f"{STOP_TIMER_RANGE}, got {MAX_STOP_TIMER_SEC + 1}"),
+        ("exec.kill-timeout", 10**400,
+         f'{10**400} is not a valid duration: {DURATION}'),
+        ("exec.max-start-delay-percent", 10**400,
+         f"expected a non-negative number, got {10**400}"),
+        ("exec.max-start-delay-percent", -1, "expected a non-negative number, got -1"),
+        ("sdexec.mapper", "site..Mapper",
+         "expected a fully-qualified class name such as pkg.module.Class,"
+         ' got "site..Mapper"'),
+        ("sdexec.max-frame-size", 1024, "expected a size of at least 1M (bytes, or"
+         " with K, M or G), got 1024"),
+        ("sdexec.listen", "", 'expected a non-empty string, got ""'),
+        ("systemd.enable", None, f"{BOOLEAN}, got null"),
+    ],
+)  # fmt: skip
+def test_more_bad_values(path, value, message):
+    with pytest.raises(ConfigError) as error:
+        configure(path, value)
+    assert str(error.value) == f"<config>: {path}: {message}"
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "parsed"),
+    [
+        ("exec.kill-timeout", 5, 5.0),  # a bare number is seconds
+        ("exec.kill-timeout", 0.5, 0.5),
+        ("exec.kill-timeout", "100ms", 0.1),
+        ("exec.term-signal", 10, 10),
+        ("exec.term-signal", "15", 15),
+        ("exec.max-start-delay-percent", 0, 0.0),
+        ("sdexec.max-frame-size", 2**24, 16 * MiB),
+        ("sdexec.max-frame-size", "1M", MiB),
+    ],
+)
+def test_more_good_values(path, value, parsed):
+    key = next(key for key in KEYS if key.path == path)
+    assert attribute(configure(path, value), key.attribute) == parsed
+
+
+def test_mapper_searchpath_dirs():
+    config = configure("sdexec.mapper-searchpath", "/etc/flux/mappers::/opt/m:")
+    assert config.sdexec.mapper_searchpath_dirs == ["/etc/flux/mappers", "/opt/m"]
+    assert default_config().sdexec.mapper_searchpath_dirs == []
+
+
+# --- exec.sdexec-properties ------------------------------------------------
+
+MEMORY = ["MemoryMax", "MemoryHigh", "MemoryMin", "MemoryLow", "MemorySwapMax"]
+
+
+def properties(**settings: Any) -> Config:
+    return configure("exec.sdexec-properties", settings)
+
+
+@pytest.mark.parametrize("name", MEMORY)
+@pytest.mark.parametrize("value", ["512M", "1.5G", "4096", "95%", "0", "infinity"])
+def test_memory_property_good(name, value):
+    assert properties(**{name: value}).exec.sdexec_properties == {name: value}
+
+
+@pytest.mark.parametrize("name", MEMORY)
+@pytest.mark.parametrize("value", ["150%", "lots", "5X", "-1G", ""])
+def test_memory_property_bad(name, value):
+    with pytest.raises(ConfigError) as error:
+        properties(**{name: value})
+    assert str(error.value) == (
+        f"<config>: exec.sdexec-properties.{name}: {json.dumps(value)} is not a"
+        " memory limit: expected a size with K, M, G or T, a percentage up to 100%"
+        ' or "infinity"'
+    )
+
+
+@pytest.mark.parametrize("value", ["-1000", "0", "1000", "+5"])
+def test_oom_score_adjust_good(value):
+    assert properties(OOMScoreAdjust=value).exec.sdexec_properties["OOMScoreAdjust"]
+
+
+@pytest.mark.parametrize("value", ["1001", "-1001", "1.5", "low", ""])
+def test_oom_score_adjust_bad(value):
+    with pytest.raises(ConfigError) as error:
+        properties(OOMScoreAdjust=value)
+    assert str(error.value) == (
+        "<config>: exec.sdexec-properties.OOMScoreAdjust: expected an integer from"
+        f" -1000 to 1000, got {json.dumps(value)}"
+    )
+
+
+def test_reserved_list_is_the_specs():
+    assert len(RESERVED_PROPERTIES) == 16
+
+
+@pytest.mark.parametrize("name", sorted(RESERVED_PROPERTIES))
+def test_reserved_property_refused(name):
+    with pytest.raises(ConfigError) as error:
+        properties(**{name: "x"})
+    assert str(error.value) == (
+        f"<config>: exec.sdexec-properties.{name}: reserved: sdexec sets {name} itself"
+    )
+
+
+def test_property_values_must_be_strings():
+    with pytest.raises(ConfigError) as error:
+        properties(CPUWeight=100)
+    assert str(error.value) == (
+        "<config>: exec.sdexec-properties.CPUWeight: expected a string"
+        " (all property values are), got 100"
+    )
+
+
+@pytest.mark.parametrize("name", ["memory max", "MemoryMax=", "cpuWeight", ""])
+def test_property_names_must_look_like_systemd_names(name):
+    with pytest.raises(ConfigError, match="expected a systemd property name"):
+        properties(**{name: "1"})
+
+
+def test_properties_cannot_be_changed_through_the_config():
+    written = {"CPUWeight": "100"}
+    config = configure("exec.sdexec-properties", written)
+    written["CPUWeight"] = "1"
+    assert config.exec.sdexec_properties == {"CPUWeight": "100"}
+    with pytest.raises(TypeError):
+        config.exec.sdexec_properties["CPUWeight"] = "1"  # type: ignore[index]
+
+
+# --- rules across keys -----------------------------------------------------
+
+
+def test_sdexec_service_requires_systemd():
+    with pytest.raises(ConfigError) as error:
+        parse_config({"exec": {"service": "sdexec"}}, source="/etc/sdexec.toml")
+    assert str(error.value) == (
+        '/etc/sdexec.toml: exec.service: "sdexec" requires systemd.enable = true'
+    )
+
+
+def test_sdexec_service_with_systemd():
+    config = parse_config({"exec": {"service": "sdexec"}, "systemd": {"enable": True}})
+    assert config.exec.service == "sdexec"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"exec": {"kill-timeot": "5s"}},
+         "exec.kill-timeot: unknown key in [exec] (did you mean kill-timeout?)"),
+        ({"exec": {"testexec": {"allow-guest": True}}},
+         "exec.testexec.allow-guest: unknown key in [exec.testexec]"
+         " (did you mean allow-guests?)"),
+        ({"systemd": {"enabled": True}},
+         "systemd.enabled: unknown key in [systemd] (did you mean enable?)"),
+        ({"sdexec": {"frobnicate": 1}}, "sdexec.frobnicate: unknown key in [sdexec]"),
+        ({"exec": 5}, "exec: expected a table, got 5"),
+        ({"exec": {"testexec": True}}, "exec.testexec: expected a table, got true"),
+    ],
+)  # fmt: skip
+def test_structure_errors(data, message):
+    with pytest.raises(ConfigError) as error:
+        parse_config(data)
+    assert str(error.value) == f"<config>: {message}"
+
+
+def test_unknown_table_warns_and_is_ignored():
+    with capturedLogs() as events:
+        config = parse_config({"resource": {"noverify": True}, "exec": {}}, "f.toml")
+    assert config.warnings == ("f.toml: ignoring unknown table [resource]",)
+    assert [event["warning"] for event in events] == list(config.warnings)
+    assert dataclasses.replace(config, source="<default>", warnings=()) == (
+        default_config()
+    )
+
+
+def test_document_must_be_tables():
+    with pytest.raises(ConfigError, match=r"^<config>: expected a document of tables$"):
+        parse_config([1, 2])  # type: ignore[arg-type]
+
+
+# --- derived values: the worked examples of flux-config-exec(5) -------------
+
+
+def kill_attempt_times(kill_timeout: float, max_kill_count: int) -> list[float]:
+    return [final_kill_attempt(kill_timeout, n) for n in range(1, max_kill_count + 1)]
+
+
+def test_default_kill_sequence():
+    # "(5 * 5) + 5 + 10 + 20 + 40 + 80 + 160 + 300 = 640s"
+    assert kill_attempt_times(5.0, 8) == [25, 30, 40, 60, 100, 180, 340, 640]
+    assert default_config().exec.effective_max_kill_timeout == 640.0
+    assert default_config().exec.sdexec_stop_timer_sec == 640
+
+
+def test_max_kill_count_4_kill_timeout_1s():
+    # "kill attempts occur at 5s, 6s, 8s, and 12s"
+    assert kill_attempt_times(1.0, 4) == [5, 6, 8, 12]
+    config = parse_config({"exec": {"max-kill-count": 4, "kill-timeout": "1s"}})
+    assert config.exec.effective_max_kill_timeout == 12.0
+
+
+def test_max_kill_timeout_30m():
+    config = parse_config({"exec": {"max-kill-timeout": "30m"}})
+    assert config.exec.effective_max_kill_timeout == 1800.0
+    assert config.exec.sdexec_stop_timer_sec == 1800
+
+
+def test_stop_timer_rounds_up_1220_5():
+    config = parse_config({"exec": {"max-kill-timeout": "1220.5s"}})
+    assert config.exec.sdexec_stop_timer_sec == 1221
+
+
+def test_stop_timer_rounds_half_second_up_to_1():
+    config = parse_config({"exec": {"max-kill-timeout": "0.5"}})
+    assert config.exec.sdexec_stop_timer_sec == 1
+
+
+def test_fractional_effective_timeout_rounds_up():
+    # (5 * 0.3) + 0.3 + 0.6 + 1.2 = 3.6
+    config = parse_config({"exec": {"kill-timeout": "0.3s", "max-kill-count": 4}})
+    assert config.exec.effective_max_kill_timeout == pytest.approx(3.6)
+    assert config.exec.sdexec_stop_timer_sec == 4
+
+
+def test_float_noise_does_not_add_a_second():
+    # The sum is 27.000000000000004 in binary floating point.
+    config = parse_config({"exec": {"kill-timeout": "1.35s", "max-kill-count": 5}})
+    assert config.exec.sdexec_stop_timer_sec == 27
+
+
+def test_small_max_kill_count():
+    # (5 * 0.1) + 0.1 + 0.2 = 0.8
+    config = parse_config({"exec": {"kill-timeout": "0.1s", "max-kill-count": 3}})
+    assert config.exec.effective_max_kill_timeout == pytest.approx(0.8)
+
+
+def test_interval_capped_at_300s():
+    times = kill_attempt_times(5.0, 10)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert gaps == [5, 10, 20, 40, 80, 160, 300, 300, 300]
+
+
+def test_kill_timeout_above_the_cap():
+    # The first interval is kill-timeout itself; doubling is what is capped.
+    assert kill_attempt_times(600.0, 4) == [3000, 3600, 3900, 4200]
+
+
+def test_huge_max_kill_count_is_computed_at_once():
+    assert final_kill_attempt(5.0, 10**12) == 640 + (10**12 - 8) * 300
+
+
+def test_max_kill_timeout_takes_precedence_over_count():
+    config = parse_config({"exec": {"max-kill-count": 2, "max-kill-timeout": "15m"}})
+    assert config.exec.effective_max_kill_timeout == 900.0
+
+
+def test_explicit_stop_timer_overrides_default():
+    # "max-kill-timeout = 15m; sdexec-stop-timer-sec = 1800 # 30 minutes"
+    config = parse_config(
+        {"exec": {"max-kill-timeout": "15m", "sdexec-stop-timer-sec": 1800}}
+    )
+    assert config.exec.sdexec_stop_timer_sec == 1800
+    assert config.exec.effective_max_kill_timeout == 900.0
+
+
+def test_largest_stop_timer_is_systemds():
+    # 64-bit microseconds, the all-ones value meaning "infinity".
+    assert MAX_STOP_TIMER_SEC == 18446744073709
+    config = configure("exec.sdexec-stop-timer-sec", MAX_STOP_TIMER_SEC)
+    assert config.exec.sdexec_stop_timer_sec == MAX_STOP_TIMER_SEC
+
+
+@pytest.mark.parametrize(
+    ("settings", "seconds"),
+    [({"max-kill-timeout": "1e300s"}, "1e+300"), ({"kill-timeout": "1e14s"}, "6e+14")],
+)
+def test_derived_stop_timer_beyond_systemds_limit(settings, seconds):
+    with pytest.raises(ConfigError) as error:
+        parse_config({"exec": settings})
+    assert str(error.value) == (
+        "<config>: exec.sdexec-stop-timer-sec: the default, the effective"
+        f" max-kill-timeout ({seconds} s) rounded up, is more than systemd's limit"
+        " of 18446744073709 s: lower max-kill-timeout or kill-timeout, or set"
+        " sdexec-stop-timer-sec"
+    )
+
+
+def test_explicit_stop_timer_lifts_the_derived_limit():
+    config = parse_config(
+        {"exec": {"max-kill-timeout": "1e300s", "sdexec-stop-timer-sec": 3600}}
+    )
+    assert config.exec.sdexec_stop_timer_sec == 3600
+
+
+def test_derived_values_follow_replace():
+    changed = dataclasses.replace(
+        default_config().exec, kill_timeout=1.0, max_kill_count=4
+    )
+    assert changed.sdexec_stop_timer_sec == 12
+
+
+# --- introspection ---------------------------------------------------------
+
+
+def spec_stats(**changes: Any) -> dict:
+    """The `flux module stats job-exec` example of flux-config-exec(5), less
+    the runtime "jobs" entry and with this project's job shell."""
+    stats = {
+        "kill-timeout": 5.0,
+        "term-signal": "SIGTERM",
+        "kill-signal": "SIGKILL",
+        "max-kill-count": 8,
+        "max-kill-timeout": -1.0,
+        "effective-max-kill-timeout": 640.0,
+        "bulk-exec": {
+            "config": {
+                "default_cwd": "/tmp",
+                "default_job_shell": "/usr/libexec/flux/flux-shell",
+                "exec_service": "rexec",
+                "exec_service_override": 0,
+                "default_barrier_timeout": 1800.0,
+                "sdexec_stop_timer_sec": 640,
+                "sdexec_stop_timer_signal": 10,
+            }
+        },
+    }
+    stats.update(changes)
+    return stats
+
+
+def test_introspect_default_matches_spec_example():
+    stats = default_config().introspect()
+    assert stats == spec_stats()
+    assert json.dumps(stats) == json.dumps(spec_stats())  # types too: 5.0, 0, 640
+
+
+def test_introspect_with_max_kill_timeout_matches_spec_example():
+    stats = parse_config({"exec": {"max-kill-timeout": "30m"}}).introspect()
+    expected = spec_stats(**{"max-kill-timeout": 1800.0})
+    expected["effective-max-kill-timeout"] = 1800.0
+    expected["bulk-exec"]["config"]["sdexec_stop_timer_sec"] = 1800
+    assert json.dumps(stats) == json.dumps(expected)
+
+
+def test_introspect_reports_configured_values():
+    config = parse_config(
+        {
+            "exec": {
+                "service": "sdexec",
+                "service-override": True,
+                "job-shell": "/opt/shell",
+                "term-signal": "USR2",
+                "barrier-timeout": "0",
+            },
+            "systemd": {"enable": True},
+        }
+    )
+    stats = config.introspect()
+    assert stats["term-signal"] == "SIGUSR2"
+    assert stats["bulk-exec"]["config"] == {
+        "default_cwd": "/tmp",
+        "default_job_shell": "/opt/shell",
+        "exec_service": "sdexec",
+        "exec_service_override": 1,
+        "default_barrier_timeout": 0.0,
+        "sdexec_stop_timer_sec": 640,
+        "sdexec_stop_timer_signal": 10,
+    }
+
+
+def test_effective_is_introspection_plus_every_table():
+    effective = default_config().effective()
+    introspection = default_config().introspect()
+    assert {k: effective[k] for k in introspection} == introspection
+    assert set(effective) - set(introspection) == {"exec", "sdexec", "systemd"}
+    assert effective["exec"]["sdexec-stop-timer-sec"] == 640
+    assert effective["exec"]["max-kill-timeout"] is None
+    assert effective["exec"]["term-signal"] == "SIGTERM"
+    assert effective["systemd"] == {
+        "enable": False,
+        "sdexec-debug": False,
+        "sdbus-debug": False,
+    }
+    json.dumps(effective)  # every value is JSON
+
+
+def _flatten(tables: dict, skip_introspection: bool = False, prefix: str = "") -> list:
+    """Dotted key paths of the [exec]/[sdexec]/[systemd] part of effective()
+    (or of a parsed file), sdexec-properties counted as one key."""
+    paths = []
+    for key, value in tables.items():
+        if skip_introspection and key not in ("exec", "sdexec", "systemd"):
+            continue
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and key != "sdexec-properties":
+            paths += _flatten(value, prefix=f"{path}.")
+        else:
+            paths.append(path)
+    return paths
+
+
+# --- files -----------------------------------------------------------------
+
+SAME_CONTENT = {
+    "toml": """
+[exec]
+service = "sdexec"
+kill-timeout = "2s"
+max-kill-count = 4
+term-signal = "SIGUSR2"
+barrier-timeout = 0
+sdexec-constrain-resources = true
+
+[exec.sdexec-properties]
+MemoryMax = "95%"
+OOMScoreAdjust = "-100"
+
+[exec.testexec]
+allow-guests = true
+
+[sdexec]
+mapper = "site.mappers.AccountingMapper"
+mapper-searchpath = "/etc/flux/mappers"
+max-frame-size = "32M"
+
+[systemd]
+enable = true
+sdbus-debug = true
+""",
+    "yaml": """
+exec:
+  service: sdexec
+  kill-timeout: 2s
+  max-kill-count: 4
+  term-signal: SIGUSR2
+  barrier-timeout: 0
+  sdexec-constrain-resources: true
+  sdexec-properties:
+    MemoryMax: "95%"
+    OOMScoreAdjust: "-100"
+  testexec:
+    allow-guests: true
+sdexec:
+  mapper: site.mappers.AccountingMapper
+  mapper-searchpath: /etc/flux/mappers
+  max-frame-size: 32M
+systemd:
+  enable: true
+  sdbus-debug: true
+""",
+}
+
+
+def write(tmp_path: Path, name: str, text: str | bytes) -> Path:
+    path = tmp_path / name
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def without_source(config: Config) -> Config:
+    return dataclasses.replace(config, source="")
+
+
+@pytest.mark.parametrize("yaml_suffix", [".yaml", ".yml"])
+def test_toml_and_yaml_give_the_same_config(tmp_path, yaml_suffix):
+    toml = load_config(write(tmp_path, "c.toml", SAME_CONTENT["toml"]))
+    yml = load_config(write(tmp_path, f"c{yaml_suffix}", SAME_CONTENT["yaml"]))
+    assert without_source(toml) == without_source(yml)
+    assert toml.exec.kill_timeout == 2.0
+    assert toml.sdexec.max_frame_size == 32 * MiB
+    assert toml.source == str(tmp_path / "c.toml")
+
+
+def test_load_accepts_str_and_path(tmp_path):
+    path = write(tmp_path, "c.toml", "")
+    assert load_config(str(path)) == load_config(path)
+
+
+def test_empty_files_are_defaults(tmp_path):
+    for name in ("empty.toml", "empty.yaml"):
+        config = load_config(write(tmp_path, name, "# nothing\n"))
+        assert without_source(config) == without_source(default_config())
+
+
+def test_quoted_yes_is_not_a_boolean(tmp_path):
+    path = write(tmp_path, "c.yaml", 'systemd:\n  enable: "yes"\n')
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value) == f'{path}: systemd.enable: {BOOLEAN}, got "yes"'
+
+
+def test_error_names_the_file(tmp_path):
+    path = write(tmp_path, "sdexec.toml", '[exec]\nkill-timeout = "5x"\n')
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value) == (
+        f'{path}: exec.kill-timeout: "5x" is not a valid duration: {DURATION}'
+    )
+    assert error.value.source == str(path)
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "missing.toml"
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value) == f"{path}: cannot read: No such file or directory"
+    assert error.value.key is None
+
+
+def test_directory_is_not_a_file(tmp_path):
+    path = tmp_path / "dir.toml"
+    path.mkdir()
+    with pytest.raises(ConfigError, match=r"dir\.toml: cannot read: Is a directory$"):
+        load_config(path)
+
+
+def test_not_utf8(tmp_path):
+    path = write(tmp_path, "c.toml", b"[exec]\nimp = '\xff'\n")
+    with pytest.raises(ConfigError, match=r"c\.toml: cannot read: not UTF-8 text"):
+        load_config(path)
+
+
+def test_unknown_suffix(tmp_path):
+    path = write(tmp_path, "c.json", "{}")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value) == f"{path}: expected a .toml, .yaml or .yml file"
+
+
+def test_toml_syntax_error_is_one_line(tmp_path):
+    path = write(tmp_path, "c.toml", "[exec\nimp = 1\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value).startswith(f"{path}: TOML syntax error: ")
+    assert "(at line 1, column 6)" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_yaml_syntax_error_is_one_line(tmp_path):
+    path = write(tmp_path, "c.yaml", "exec:\n  kill-timeout: [5s\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value).startswith(f"{path}: YAML syntax error: ")
+    assert "(at line 3, column 1)" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_yaml_duplicate_key_is_an_error_as_in_toml(tmp_path):
+    path = write(tmp_path, "c.yaml", "exec:\n  imp: /a\n  kill-timeout: 5\n  imp: /b\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value) == (
+        f"{path}: YAML syntax error: duplicate key imp (at line 4, column 3)"
+    )
+
+
+def test_yaml_unhashable_key(tmp_path):
+    path = write(tmp_path, "c.yaml", "? [1]\n: 2\n")
+    with pytest.raises(ConfigError, match="YAML syntax error: found unhashable key"):
+        load_config(path)
+
+
+def test_yaml_document_must_be_tables(tmp_path):
+    path = write(tmp_path, "c.yaml", "- exec\n")
+    with pytest.raises(ConfigError, match="expected a document of tables"):
+        load_config(path)
+
+
+def test_toml_duplicate_key_is_a_syntax_error(tmp_path):
+    path = write(tmp_path, "c.toml", "[exec]\nimp = 'a'\nimp = 'b'\n")
+    with pytest.raises(ConfigError, match="TOML syntax error"):
+        load_config(path)
+
+
+# --- the shipped examples ---------------------------------------------------
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)
+def test_example_loads_clean(path):
+    config = load_config(path)
+    assert config.warnings == ()
+    assert config.exec.service == "sdexec"
+    assert config.systemd.enable is True
+    # Left commented so a real run uses the service's defaults.
+    assert config.sdexec.topology is None
+    assert config.sdexec.listen is None
+
+
+def test_examples_are_equal():
+    toml, yml = (without_source(load_config(path)) for path in EXAMPLES)
+    assert toml == yml
+
+
+# A commented key line: "# kill-timeout = ..." or "  #   MemoryMax: ...".
+COMMENTED_KEY = re.compile(r"^(\s*)# (\s*[A-Za-z-]+ ?[=:](?: |$))", re.MULTILINE)
+
+
+def test_examples_show_every_key_and_uncommented_still_load(tmp_path):
+    uncommented = {}
+    for path in EXAMPLES:
+        text = COMMENTED_KEY.sub(r"\1\2", path.read_text())
+        uncommented[path.suffix] = load_config(write(tmp_path, path.name, text))
+        raw = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+        shown = set(_flatten(raw))
+        assert shown == {key.path for key in KEYS}, path.name
+    assert without_source(uncommented[".toml"]) == without_source(uncommented[".yaml"])
+
+
+SPEC_EXAMPLES = [
+    '[exec]\nimp = "/usr/libexec/flux/flux-imp"\n'
+    'job-shell = "/usr/libexec/flux/flux-shell-special"\n',
+    '[exec]\nservice = "sdexec"\nsdexec-constrain-resources = true\n'
+    '[exec.sdexec-properties]\nMemoryMax = "90%"\n',
+    '[exec]\nservice = "sdexec"\nsdexec-constrain-resources = true\n'
+    '[sdexec]\nmapper = "site.mappers.AccountingMapper"\n'
+    'mapper-searchpath = "/etc/flux/mappers"\n',
+    '[exec]\nmax-kill-timeout = "30m"\nservice = "sdexec"\n',
+    '[exec]\nservice = "sdexec"\nmax-kill-timeout = "15m"\n'
+    "sdexec-stop-timer-sec = 1800 # 30 minutes instead of 15\n",
+    "[exec.testexec]\nallow-guests = true\n",
+]
+
+
+@pytest.mark.parametrize("text", SPEC_EXAMPLES)
+def test_spec_examples_load(tmp_path, text):
+    # The man page's snippets assume [systemd] is configured elsewhere.
+    path = write(tmp_path, "c.toml", text + "[systemd]\nenable = true\n")
+    assert load_config(path).warnings == ()
+
+
+# --- python -m sdexec.config -------------------------------------------------
+
+
+def test_main_prints_effective_config(capsys):
+    assert main([str(EXAMPLES[0])]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == load_config(EXAMPLES[0]).effective()
+    assert out.startswith("{\n  ")  # indented
+    assert err == ""
+
+
+def test_main_reports_error_in_one_line(tmp_path, capsys):
+    path = write(tmp_path, "bad.toml", '[exec]\nkill-timeout = "5x"\n')
+    assert main([str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        f'{path}: exec.kill-timeout: "5x" is not a valid duration: {DURATION}\n'
+    )
+
+
+def test_main_missing_file(tmp_path, capsys):
+    assert main([str(tmp_path / "none.yaml")]) == 1
+    out, err = capsys.readouterr()
+    assert err.endswith("none.yaml: cannot read: No such file or directory\n")
+    assert "Traceback" not in out + err
+
+
+def test_main_prints_warnings_and_succeeds(tmp_path, capsys):
+    path = write(tmp_path, "c.toml", "[resource]\nnoverify = true\n")
+    assert main([str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert err == f"warning: {path}: ignoring unknown table [resource]\n"
+    assert json.loads(out)["exec"]["service"] == "rexec"
+
+
+def test_module_runs_as_a_program(tmp_path):
+    bad = write(tmp_path, "bad.yaml", "exec: [")
+    for path, status in ((EXAMPLES[1], 0), (bad, 1)):
+        run = subprocess.run(
+            [sys.executable, "-m", "sdexec.config", str(path)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert run.returncode == status, run.stderr
+        assert "Traceback" not in run.stderr
+
+
+def test_checking_endpoints_installs_no_reactor():
+    # The service installs the asyncio reactor after reading its config; an
+    # import or an endpoint check that installed the default one would stop it.
+    probe = (
+        "import sys; from sdexec.config import parse_config;"
+        " parse_config({'sdexec': {'listen': 'unix:/tmp/s', 'stats': 'tcp:8490'}});"
+        " sys.exit('twisted.internet.reactor' in sys.modules)"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, check=False
+    )
+    assert run.returncode == 0, run.stderr
+
+
+ANY_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+@given(st.lists(st.tuples(st.sampled_from([key.path for key in KEYS]), ANY_VALUE)))
+def test_any_value_is_accepted_or_refused_with_config_error(settings):
+    data: dict = {}
+    for path, value in settings:
+        *tables, key = path.split(".")
+        table = data
+        for name in tables:
+            table = table.setdefault(name, {})
+        table[key] = value
+    try:
+        parse_config(data)
+    except ConfigError as error:
+        assert "\n" not in str(error)

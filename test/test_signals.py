@@ -1,0 +1,44 @@
+"""Signal names and numbers as configuration writes them."""
+
+import signal
+
+import pytest
+
+from sdexec.signals import parse_signal, signal_name
+
+
+@pytest.mark.parametrize(
+    ("value", "number"),
+    [
+        ("SIGTERM", signal.SIGTERM),
+        ("TERM", signal.SIGTERM),
+        ("term", signal.SIGTERM),
+        ("SigKill", signal.SIGKILL),
+        ("SIGUSR1", signal.SIGUSR1),
+        ("15", 15),
+        (10, 10),
+        ("SIGRTMIN+2", signal.SIGRTMIN + 2),
+        ("rtmax-1", signal.SIGRTMAX - 1),
+    ],
+)
+def test_parse_signal(value, number):
+    assert parse_signal(value) == number
+
+
+@pytest.mark.parametrize(
+    "value", ["SIGFOO", "", "SIG_DFL", 0, -9, signal.NSIG, True, None]
+)
+def test_parse_signal_refuses(value):
+    with pytest.raises(ValueError, match="is not a signal: expected a signal name"):
+        parse_signal(value)
+
+
+def test_signal_name():
+    assert signal_name(signal.SIGTERM) == "SIGTERM"
+    assert signal_name(signal.SIGKILL) == "SIGKILL"
+    assert signal_name(signal.SIGRTMIN + 3) == "SIGRTMIN+3"
+
+
+@pytest.mark.parametrize("number", range(1, signal.NSIG))
+def test_name_parses_back(number):
+    assert parse_signal(signal_name(number)) == number

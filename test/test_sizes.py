@@ -1,0 +1,78 @@
+"""Memory sizes and limits as systemd writes them."""
+
+from decimal import Decimal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sdexec.sizes import MemoryLimit, parse_size
+
+SUFFIXES = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+# Up to three decimals: str(MemoryLimit) keeps six significant digits.
+PERCENTS = st.decimals(min_value=0, max_value=100, places=3)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("0", 0),
+        ("4096", 4096),
+        ("512M", 512 * 1024**2),
+        ("1.5G", 3 * 1024**3 // 2),
+        ("2T", 2 * 1024**4),
+        (" 64 M ", 64 * 1024**2),
+    ],
+)
+def test_parse_size(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "-1", "5X", "5MB", "1.5.5G", "G", "1e3"])
+def test_parse_size_refuses(text):
+    with pytest.raises(ValueError, match="is not a size"):
+        parse_size(text)
+
+
+# systemd keeps sizes in 64 bits; every such size must come back exact.
+UINT64_MAX = 2**64 - 1
+
+
+@given(st.sampled_from(sorted(SUFFIXES)), st.data())
+def test_size_with_suffix_round_trip(suffix, data):
+    number = data.draw(st.integers(0, UINT64_MAX // SUFFIXES[suffix]))
+    assert parse_size(f"{number}{suffix}") == number * SUFFIXES[suffix]
+
+
+@given(st.integers(min_value=0, max_value=UINT64_MAX))
+def test_bytes_limit_round_trip(size):
+    limit = MemoryLimit.parse(str(size))
+    assert limit == MemoryLimit(bytes=size)
+    assert MemoryLimit.parse(str(limit)) == limit
+
+
+@given(PERCENTS)
+def test_percent_limit_round_trip(percent):
+    limit = MemoryLimit.parse(f"{percent:f}%")
+    assert limit.percent == float(percent)
+    assert MemoryLimit.parse(str(limit)) == limit
+
+
+@given(st.decimals(min_value=Decimal("100.001"), max_value=10**6, places=3))
+def test_percent_over_100_refused(percent):
+    with pytest.raises(ValueError, match="more than 100%"):
+        MemoryLimit.parse(f"{percent:f}%")
+
+
+def test_infinity():
+    limit = MemoryLimit.parse("infinity")
+    assert limit.infinite
+    assert str(limit) == "infinity"
+    assert not MemoryLimit.parse("1G").infinite
+    assert not MemoryLimit.parse("0%").infinite
+
+
+@pytest.mark.parametrize("text", ["lots", "-5%", "95 %", "Infinity", ""])
+def test_memory_limit_refuses(text):
+    with pytest.raises(ValueError, match="is not a size"):
+        MemoryLimit.parse(text)

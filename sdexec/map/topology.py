@@ -9,9 +9,12 @@ and over, and a process spawn per job start is the expensive part.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
+import os
 import tempfile
+import weakref
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,14 +62,10 @@ class Topology:
         if self.npus == 0:
             raise ValueError("topology XML: it has no PU objects")
         self._hwloc_calc = _Tool("hwloc-calc")
-        # hwloc-calc reads the topology from a file: write it once, and keep
-        # the file open (not in a with block) so it is deleted exactly when
-        # this object goes away.
-        self._xml_file = tempfile.NamedTemporaryFile(  # noqa: SIM115
-            "w", prefix="sdexec-topology-", suffix=".xml"
-        )
-        self._xml_file.write(xml)
-        self._xml_file.flush()
+        self.xml_path = _write_temporary(xml)
+        # hwloc-calc reads the topology from that file: it goes when this
+        # object does.
+        weakref.finalize(self, _remove, self.xml_path)
         self._cpus_and_memory_nodes = functools.lru_cache(maxsize=CORE_CACHE_SIZE)(
             self._ask_hwloc_calc
         )
@@ -80,7 +79,7 @@ class Topology:
         return self._cpus_and_memory_nodes(cores)
 
     def _ask_hwloc_calc(self, cores: IDset) -> tuple[IDset, IDset]:
-        locations = [f"core:{lo}-{hi}" for lo, hi in cores.ranges()]
+        locations = [f"core:{run}" for run in cores.encode().split(",")]
         return (
             self._intersect("PU", locations),
             self._intersect("NUMAnode", locations),
@@ -89,7 +88,7 @@ class Topology:
     def _intersect(self, kind: str, locations: list[str]) -> IDset:
         output = self._hwloc_calc(
             "--input",
-            self._xml_file.name,
+            self.xml_path,
             "--physical-output",
             "--intersect",
             kind,
@@ -121,6 +120,18 @@ def out_of_range(ids: IDset, count: int, what: str) -> None:
 def live_topology_xml() -> str:
     """This machine's topology as hwloc XML, from ``lstopo-no-graphics``."""
     return _Tool("lstopo-no-graphics")("--of", "xml", "-")
+
+
+def _write_temporary(xml: str) -> str:
+    descriptor, path = tempfile.mkstemp(prefix="sdexec-topology-", suffix=".xml")
+    with os.fdopen(descriptor, "w") as file:
+        file.write(xml)
+    return path
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def _parse(xml: str) -> ET.Element:

@@ -862,6 +862,21 @@ def test_a_failing_constructor_is_a_value_error_naming_the_class(tmp_path):
         create_mapper("needy.Needy", str(tmp_path))
 
 
+def test_construction_errors_name_the_mapper(monkeypatch):
+    with pytest.raises(
+        ValueError, match=r"^mapper 'sdexec\.map\.HwlocMapper': topology XML"
+    ):
+        create_mapper(topology_xml="<nonsense")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(OSError) as failure:
+        create_mapper(topology_xml=SMALL)
+    assert failure.value.errno == errno.ENOENT
+    assert failure.value.strerror == (
+        "mapper 'sdexec.map.HwlocMapper': hwloc-calc not found on PATH"
+        " (it comes with hwloc)"
+    )
+
+
 # --- The CLI -------------------------------------------------------------------
 
 

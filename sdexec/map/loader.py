@@ -84,13 +84,28 @@ def create_mapper(
         OSError: an hwloc tool is missing or failed.
     """
     cls = load_mapper_class(class_name, searchpath)
+    if not issubclass(cls, HwlocMapper):
+        return _construct(class_name, cls, rank=rank)
+    xml = live_topology_xml() if topology_xml is None else topology_xml
+    return _construct(class_name, cls, xml, rank=rank)
+
+
+def _construct(
+    class_name: str, cls: type[ResourceMapper], *args: object, **kwargs: object
+) -> ResourceMapper:
+    """``cls(*args, **kwargs)``, its errors prefixed with the class name.
+
+    OSError stays OSError (the machine is at fault); anything else a
+    constructor raises becomes ValueError (the configuration is).
+    """
     try:
-        if issubclass(cls, HwlocMapper):
-            xml = live_topology_xml() if topology_xml is None else topology_xml
-            return cls(xml, rank=rank)
-        return cls(rank=rank)
-    except (OSError, ValueError):
-        raise  # already say what is wrong
+        return cls(*args, **kwargs)
+    except OSError as error:
+        raise OSError(
+            error.errno, f"mapper {class_name!r}: {error.strerror}"
+        ) from error
+    except ValueError as error:
+        raise ValueError(f"mapper {class_name!r}: {error}") from error
     except Exception as error:
         raise ValueError(
             f"mapper {class_name!r}: constructing it failed:"

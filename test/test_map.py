@@ -274,6 +274,17 @@ def test_hwloc_calc_failure_is_an_os_error_with_its_message():
     assert failure.value.errno == errno.EIO
 
 
+def test_a_core_without_pus_is_an_error_not_an_empty_cpu_set():
+    # hwloc-calc answers such a core with an empty line and exit status 0;
+    # AllowedCPUs="" would let the job use every CPU.
+    core_1_pus = ('type="PU" os_index="1"', 'type="PU" os_index="3"')
+    xml = "\n".join(
+        line for line in SMALL.splitlines() if not any(pu in line for pu in core_1_pus)
+    )
+    with pytest.raises(OSError, match="hwloc-calc finds no PUs in cores 1"):
+        HwlocMapper(xml).map_cores("1")
+
+
 def test_missing_hwloc_calc_is_reported_when_the_mapper_is_built(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(OSError, match="hwloc-calc not found on PATH") as failure:

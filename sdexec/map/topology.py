@@ -25,8 +25,8 @@ from sdexec.idset import IDset
 
 __all__ = ["GPU", "GPU_BACKENDS", "Topology", "live_topology_xml", "out_of_range"]
 
-# hwloc OS-device backends that denote a GPU (hwloc's LevelZero and others
-# are not counted, as in Flux).
+# hwloc OS-device backends whose devices count as GPUs. Others (LevelZero,
+# the Linux backend's bare DRM devices) do not.
 GPU_BACKENDS = frozenset({"CUDA", "NVML", "OpenCL", "RSMI"})
 
 # Distinct core sets remembered per mapper; plenty for any node's job mix,
@@ -82,10 +82,11 @@ class Topology:
 
     def _ask_hwloc_calc(self, cores: IDset) -> tuple[IDset, IDset]:
         locations = [f"core:{run}" for run in cores.encode().split(",")]
-        return (
-            self._intersect("PU", locations),
-            self._intersect("NUMAnode", locations),
-        )
+        cpus = self._intersect("PU", locations)
+        if not cpus:
+            # An empty AllowedCPUs would mean "any CPU" to systemd.
+            raise OSError(errno.EIO, f"hwloc-calc finds no PUs in cores {cores}")
+        return cpus, self._intersect("NUMAnode", locations)
 
     def _intersect(self, kind: str, locations: list[str]) -> IDset:
         output = self._hwloc_calc(

@@ -1,0 +1,84 @@
+"""``python -m sdexec.map``: show the unit properties for resource ids."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from sdexec.map.loader import DEFAULT_MAPPER, create_mapper
+
+__all__ = ["main"]
+
+
+def main(args: Sequence[str] | None = None) -> int:
+    """Print, as JSON, the properties a mapper gives the ids on the command line.
+
+    Exit status 0, or 1 with ``mapper failed: ...`` on stderr when loading,
+    building or running the mapper fails (2 for a usage error).
+    """
+    options = _parser().parse_args(args)
+    try:
+        xml = Path(options.xml).read_text() if options.xml else None
+        mapper = create_mapper(options.mapper, options.searchpath, options.rank, xml)
+        properties = mapper.map(_R(options))
+        output = json.dumps(properties, indent=2)
+    except Exception as error:
+        # A site's mapper can raise anything: say what, never a traceback.
+        print(f"mapper failed: {_describe(error)}", file=sys.stderr)
+        return 1
+    print(output)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sdexec.map",
+        description="Show the systemd unit properties a resource mapper gives"
+        " the cores and GPUs of one rank.",
+    )
+    parser.add_argument("--cores", metavar="IDSET", help="logical core ids, e.g. 0-3")
+    parser.add_argument("--gpus", metavar="IDSET", help="logical GPU ids, e.g. 0-1")
+    parser.add_argument(
+        "--xml",
+        metavar="FILE",
+        help="hwloc topology XML (default: this machine's, from lstopo-no-graphics)",
+    )
+    parser.add_argument(
+        "--mapper",
+        metavar="CLASS",
+        default=DEFAULT_MAPPER,
+        help=f"fully-qualified mapper class (default: {DEFAULT_MAPPER})",
+    )
+    parser.add_argument(
+        "--searchpath",
+        metavar="DIRS",
+        default="",
+        help="colon-separated directories searched first for the mapper's module",
+    )
+    parser.add_argument(
+        "--rank", metavar="N", type=int, default=0, help="broker rank (default: 0)"
+    )
+    return parser
+
+
+def _R(options: argparse.Namespace) -> dict:
+    """R version 1 giving ``--rank`` the ``--cores`` and ``--gpus``."""
+    children = {
+        kind: ids
+        for kind, ids in (("core", options.cores), ("gpu", options.gpus))
+        if ids is not None
+    }
+    R_lite = [{"rank": str(options.rank), "children": children}]
+    return {"version": 1, "execution": {"R_lite": R_lite}}
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        filename = f": {error.filename}" if error.filename else ""
+        return f"{error.strerror}{filename}"
+    if isinstance(error, ValueError):
+        return str(error)
+    return f"{type(error).__name__}: {error}"

@@ -1,0 +1,141 @@
+"""GPU device nodes, found through sysfs and procfs from a PCI bus id.
+
+For a GPU at PCI function ``0000:01:00.0``:
+
+- ``/sys/bus/pci/devices/0000:01:00.0/driver`` links to the driver, whose
+  name picks the vendor rules below;
+- ``/sys/bus/pci/devices/0000:01:00.0/drm/`` lists its DRM nodes
+  (``renderD128``, ``card0``), which live under ``/dev/dri/``.
+
+NVIDIA (driver ``nvidia``): ``/dev/nvidia<minor>``, the minor read from
+``/proc/driver/nvidia/gpus/<pci>/information`` ("Device Minor:"), the DRM
+render node, and the shared ``/dev/nvidiactl``, ``/dev/nvidia-uvm``,
+``/dev/nvidia-uvm-tools``. AMD (driver ``amdgpu``): the DRM render and card
+nodes, and the shared ``/dev/kfd``. Any other driver: the DRM render and card
+nodes.
+
+Paths that do not exist are left out, but each GPU must keep the device that
+makes it usable: NVIDIA's ``/dev/nvidia<minor>``, AMD's ``/dev/kfd`` and a DRM
+node, for other drivers a DRM node. Otherwise the job would start with a GPU
+it cannot open, so that is an ``OSError`` (ENODEV) naming the GPU and the path.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from sdexec.map.topology import GPU
+
+__all__ = ["DeviceFinder"]
+
+NVIDIA_SHARED = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+RENDER = ("renderD",)
+RENDER_AND_CARD = ("renderD", "card")
+
+
+class DeviceFinder:
+    """Looks GPUs' device nodes up under ``root`` (``/`` on a real node).
+
+    ``root`` prefixes the ``/sys``, ``/proc`` and ``/dev`` lookups only: the
+    paths returned are the absolute ``/dev/...`` paths a unit is given.
+    """
+
+    def __init__(self, root: str = "/") -> None:
+        self._root = root
+
+    def device_paths(self, gpus: Iterable[GPU]) -> list[str]:
+        """Device nodes for ``gpus``: each GPU's own, then the shared ones,
+        each path once."""
+        own: list[str] = []
+        shared: list[str] = []
+        for gpu in gpus:
+            gpu_own, gpu_shared = self._devices(gpu)
+            own += gpu_own
+            shared += gpu_shared
+        return list(dict.fromkeys(own + shared))
+
+    def _devices(self, gpu: GPU) -> tuple[list[str], list[str]]:
+        """(the GPU's own device nodes, the shared ones it needs)."""
+        if gpu.pci_busid is None:
+            raise OSError(
+                errno.ENODEV,
+                f"{gpu}: hwloc shows no PCI device above it, so its device"
+                " nodes cannot be found",
+            )
+        driver = self._driver(gpu.pci_busid)
+        if driver == "nvidia":
+            return self._nvidia(gpu), self._existing(NVIDIA_SHARED)
+        drm = self._drm_nodes(gpu.pci_busid, RENDER_AND_CARD)
+        if not drm:
+            raise OSError(
+                errno.ENODEV,
+                f"{gpu}: no DRM node (driver {driver or 'none'}): nothing under"
+                f" {self._sys_pci(gpu.pci_busid, 'drm')} exists in /dev/dri",
+            )
+        if driver == "amdgpu":
+            return drm, [self._required(gpu, "/dev/kfd")]
+        return drm, []
+
+    def _nvidia(self, gpu: GPU) -> list[str]:
+        main = self._required(gpu, f"/dev/nvidia{self._nvidia_minor(gpu)}")
+        return [main, *self._drm_nodes(gpu.pci_busid, RENDER)]
+
+    def _nvidia_minor(self, gpu: GPU) -> int:
+        information = self._host(
+            f"/proc/driver/nvidia/gpus/{gpu.pci_busid}/information"
+        )
+        try:
+            text = Path(information).read_text()
+        except FileNotFoundError:
+            raise OSError(
+                errno.ENODEV, f"{gpu}: {information} does not exist"
+            ) from None
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() != "Device Minor":
+                continue
+            if not value.strip().isdigit():
+                raise OSError(
+                    errno.ENODEV,
+                    f"{gpu}: {information}: Device Minor {value.strip()!r}"
+                    " is not a number",
+                )
+            return int(value)
+        raise OSError(errno.ENODEV, f"{gpu}: {information} has no Device Minor line")
+
+    def _driver(self, pci_busid: str) -> str | None:
+        try:
+            return os.path.basename(os.readlink(self._sys_pci(pci_busid, "driver")))
+        except OSError:
+            return None  # no driver bound: only generic DRM nodes can help
+
+    def _drm_nodes(self, pci_busid: str, prefixes: tuple[str, ...]) -> list[str]:
+        """Existing ``/dev/dri`` nodes of the device, by prefix order, then name."""
+        try:
+            names = os.listdir(self._sys_pci(pci_busid, "drm"))
+        except OSError:
+            return []
+        return self._existing(
+            f"/dev/dri/{name}"
+            for prefix in prefixes
+            for name in sorted(names)
+            if name.startswith(prefix)
+        )
+
+    def _required(self, gpu: GPU, path: str) -> str:
+        if not os.path.exists(self._host(path)):
+            raise OSError(errno.ENODEV, f"{gpu}: {self._host(path)} does not exist")
+        return path
+
+    def _existing(self, paths: Iterable[str]) -> list[str]:
+        return [path for path in paths if os.path.exists(self._host(path))]
+
+    def _sys_pci(self, pci_busid: str, entry: str) -> str:
+        return self._host(f"/sys/bus/pci/devices/{pci_busid}/{entry}")
+
+    def _host(self, path: str) -> str:
+        """``path`` (absolute) as seen under this finder's root."""
+        return os.path.join(self._root, path.lstrip("/"))

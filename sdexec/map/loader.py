@@ -1,0 +1,170 @@
+"""Finding and building the configured mapper.
+
+``[sdexec] mapper`` names a class as ``package.module.Class``. The module is
+looked for first in the ``mapper-searchpath`` directories, as a file
+(``<dir>/package/module.py`` or ``<dir>/package/module/__init__.py``), then on
+the Python path. A searchpath module is loaded from its file under a private
+name, so it cannot clash with an installed module: the spec's own example,
+``site.mappers``, shares its first part with Python's ``site``. It is read
+afresh on every load, so a reconfiguration picks up an edited mapper. It may
+import installed modules, not its own package's siblings.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from sdexec.map.mapper import HwlocMapper, ResourceMapper
+from sdexec.map.topology import live_topology_xml
+
+__all__ = ["DEFAULT_MAPPER", "create_mapper", "load_mapper_class"]
+
+DEFAULT_MAPPER = "sdexec.map.HwlocMapper"
+
+# Prefix of the sys.modules names searchpath modules are loaded under.
+_SEARCHPATH_MODULES = "_sdexec_mapper_searchpath."
+
+
+def load_mapper_class(
+    name: str, searchpath: str | Sequence[str] = ""
+) -> type[ResourceMapper]:
+    """The class ``name`` (``package.module.Class``), a ResourceMapper subclass.
+
+    Args:
+        name: the fully-qualified class name, as ``[sdexec] mapper`` gives it.
+        searchpath: directories searched before the Python path, as a
+            colon-separated string (``[sdexec] mapper-searchpath``) or a list.
+
+    Raises:
+        ValueError: naming the class, when its module cannot be found or
+            fails to load, it has no such class, or the class is not a
+            subclass of :class:`ResourceMapper`.
+    """
+    module_name, _, class_name = name.rpartition(".")
+    if not module_name or not class_name:
+        raise ValueError(
+            f"mapper {name!r}: not a fully-qualified class name (package.module.Class)"
+        )
+    directories = _directories(searchpath)
+    module = _from_searchpath(module_name, directories) or _import(
+        module_name, directories
+    )
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise ValueError(f"mapper {name!r}: {_origin(module)} has no {class_name!r}")
+    if not (isinstance(cls, type) and issubclass(cls, ResourceMapper)):
+        raise ValueError(
+            f"mapper {name!r} ({_origin(module)}) is not a subclass of"
+            " sdexec.map.ResourceMapper"
+        )
+    return cls
+
+
+def create_mapper(
+    class_name: str = DEFAULT_MAPPER,
+    searchpath: str | Sequence[str] = "",
+    rank: int = 0,
+    topology_xml: str | None = None,
+) -> ResourceMapper:
+    """The mapper ``[sdexec] mapper`` asks for, ready to ``map()``.
+
+    The construction rule: a subclass of :class:`HwlocMapper` is built as
+    ``cls(xml, rank=rank)``, with ``topology_xml`` or, when that is None, the
+    live topology from ``lstopo-no-graphics``; any other
+    :class:`ResourceMapper` subclass as ``cls(rank=rank)``.
+
+    Raises:
+        ValueError: the class cannot be loaded (see :func:`load_mapper_class`),
+            the topology XML is not usable, or the constructor failed.
+        OSError: an hwloc tool is missing or failed.
+    """
+    cls = load_mapper_class(class_name, searchpath)
+    if not issubclass(cls, HwlocMapper):
+        return _construct(class_name, cls, rank=rank)
+    xml = live_topology_xml() if topology_xml is None else topology_xml
+    return _construct(class_name, cls, xml, rank=rank)
+
+
+def _construct(
+    class_name: str, cls: type[ResourceMapper], *args: object, **kwargs: object
+) -> ResourceMapper:
+    """``cls(*args, **kwargs)``, its errors prefixed with the class name.
+
+    OSError stays OSError (the machine is at fault); anything else a
+    constructor raises becomes ValueError (the configuration is).
+    """
+    try:
+        return cls(*args, **kwargs)
+    except OSError as error:
+        raise OSError(
+            error.errno, f"mapper {class_name!r}: {error.strerror}"
+        ) from error
+    except ValueError as error:
+        raise ValueError(f"mapper {class_name!r}: {error}") from error
+    except Exception as error:
+        raise ValueError(
+            f"mapper {class_name!r}: constructing it failed:"
+            f" {type(error).__name__}: {error}"
+        ) from error
+
+
+def _directories(searchpath: str | Sequence[str]) -> list[str]:
+    parts = searchpath.split(":") if isinstance(searchpath, str) else searchpath
+    return [part for part in parts if part]
+
+
+def _from_searchpath(module_name: str, directories: list[str]) -> ModuleType | None:
+    relative = module_name.replace(".", os.sep)
+    for directory in directories:
+        for candidate in (
+            os.path.join(directory, relative + ".py"),
+            os.path.join(directory, relative, "__init__.py"),
+        ):
+            if os.path.isfile(candidate):
+                return _load_file(module_name, candidate)
+    return None
+
+
+def _load_file(module_name: str, path: str) -> ModuleType:
+    private_name = _SEARCHPATH_MODULES + module_name
+    spec = importlib.util.spec_from_file_location(private_name, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"mapper module {path}: not loadable as Python")
+    module = importlib.util.module_from_spec(spec)
+    # Registered before running, as import does, so that dataclasses and
+    # pickling in the module can find it by name.
+    sys.modules[private_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[private_name]
+        raise ValueError(
+            f"mapper module {path}: {type(error).__name__}: {error}"
+        ) from error
+    return module
+
+
+def _import(module_name: str, directories: list[str]) -> ModuleType:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name and (module_name + ".").startswith(error.name + "."):
+            searched = ":".join(directories) or "empty"
+            raise ValueError(
+                f"mapper module {module_name!r} is neither in mapper-searchpath"
+                f" ({searched}) nor on the Python path"
+            ) from None
+        raise ValueError(f"mapper module {module_name!r}: {error}") from error
+    except Exception as error:
+        raise ValueError(
+            f"mapper module {module_name!r}: {type(error).__name__}: {error}"
+        ) from error
+
+
+def _origin(module: ModuleType) -> str:
+    return getattr(module, "__file__", None) or module.__name__

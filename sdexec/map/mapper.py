@@ -1,0 +1,239 @@
+"""The mapper classes: :class:`ResourceMapper` and :class:`HwlocMapper`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sdexec.idset import IDset
+from sdexec.map.devices import DeviceFinder
+from sdexec.map.topology import Topology, out_of_range
+from sdexec.rset import ResourceSet
+from sdexec.sizes import MemoryLimit
+
+__all__ = ["HwlocMapper", "ResourceMapper"]
+
+Properties = dict[str, Any]
+
+# Memory caps from extra_properties that HwlocMapper scales by the job's share
+# of the node's PUs. MemoryMin and MemoryLow are protections, not caps: a
+# job's protection should not shrink because it has fewer CPUs.
+_SCALED_MEMORY_PROPS = ("MemoryHigh", "MemoryMax", "MemorySwapMax")
+
+
+class ResourceMapper:
+    """Base class for mappers from a job's resources to systemd unit properties.
+
+    ``map()`` takes this rank's children from R and, for each resource type,
+    calls ``map_<type>s`` with the ids as an idset string: R's ``core``
+    goes to ``map_cores("0-3")``, ``gpu`` to ``map_gpus``, a site's ``fpga``
+    to ``map_fpgas``. Types without such a method are skipped. Subclasses add
+    ``map_<type>s`` methods and may override :meth:`finalize_properties`.
+
+    Args:
+        rank: this broker's rank, whose resources are taken from R.
+    """
+
+    def __init__(self, rank: int = 0) -> None:
+        self._rank = rank
+
+    @property
+    def rank(self) -> int:
+        """The broker rank whose resources this mapper maps."""
+        return self._rank
+
+    def map(
+        self,
+        R: str | Mapping[str, Any] | ResourceSet,
+        extra_properties: Mapping[str, Any] | None = None,
+    ) -> Properties:
+        """Unit properties for this rank's share of ``R``.
+
+        Args:
+            R: the job's resource set, as R JSON, a decoded dict or a
+                :class:`~sdexec.rset.ResourceSet`.
+            extra_properties: the configured ``exec.sdexec-properties``,
+                passed to :meth:`finalize_properties`.
+
+        Raises:
+            ValueError: R is malformed, or holds nothing for this rank (a
+                job must never run unconstrained because of a wrong R).
+            OSError: a resource could not be mapped (see the map methods).
+        """
+        rset = R if isinstance(R, ResourceSet) else ResourceSet(R)
+        if self._rank not in rset:
+            raise ValueError(
+                f"R has no resources for rank {self._rank}"
+                f" (its ranks are {rset.ranks or 'none'})"
+            )
+        properties: Properties = {}
+        for kind, ids in rset.children(self._rank).items():
+            method = getattr(self, f"map_{kind}s", None)
+            if method is not None:
+                _merge(properties, _call(method, ids.encode()), method.__name__)
+        return self.finalize_properties(
+            properties, rset, extra_properties=extra_properties
+        )
+
+    def finalize_properties(
+        self,
+        properties: Properties,
+        R: ResourceSet,
+        extra_properties: Mapping[str, Any] | None = None,
+    ) -> Properties:
+        """Hook for properties not tied to one resource type.
+
+        Called by :meth:`map` after all ``map_<type>s`` methods with the
+        properties they made (to be changed in place *and* returned), the
+        :class:`~sdexec.rset.ResourceSet`, and the ``extra_properties``
+        given to :meth:`map`. This one sets ``DevicePolicy=closed`` when
+        there are properties, so only devices in ``DeviceAllow`` (and the
+        standard pseudo devices) can be opened; an empty dict stays empty,
+        which lets a custom mapper ask for an unconstrained unit. Overrides
+        should call ``super().finalize_properties(...)``.
+        """
+        if properties:
+            properties["DevicePolicy"] = "closed"
+        return properties
+
+
+class HwlocMapper(ResourceMapper):
+    """The default mapper: cores and GPUs through the node's hwloc topology.
+
+    Args:
+        xml: the node's topology as hwloc XML.
+        rank: this broker's rank.
+        root: where ``/sys``, ``/proc`` and ``/dev`` are looked up for GPU
+            device nodes (tests point it at a fake tree); the properties
+            still name ``/dev/...``.
+
+    Raises:
+        ValueError: the XML is not an hwloc topology.
+        OSError: ``hwloc-calc`` is not installed.
+    """
+
+    def __init__(self, xml: str, rank: int = 0, *, root: str = "/") -> None:
+        super().__init__(rank)
+        self._topology = Topology(xml)
+        self._devices = DeviceFinder(root)
+
+    @property
+    def topology(self) -> Topology:
+        """The node's topology (counts of PUs, cores and GPUs)."""
+        return self._topology
+
+    def map_cores(self, cores: str) -> Properties:
+        """``AllowedCPUs`` (OS indices of all PUs of the logical ``cores``) and
+        ``AllowedMemoryNodes`` (their NUMA nodes), as idset strings.
+
+        ``""`` gives ``{}``. ``OSError`` (ENODEV) names cores the topology
+        does not have; ``OSError`` also if ``hwloc-calc`` fails.
+        """
+        ids = _idset(cores, "cores")
+        if not ids:
+            return {}
+        cpus, memory_nodes = self._topology.cpus_and_memory_nodes(ids)
+        return {
+            "AllowedCPUs": cpus.encode(),
+            "AllowedMemoryNodes": memory_nodes.encode(),
+        }
+
+    def map_gpus(self, gpus: str) -> Properties:
+        """``DeviceAllow``: ``"<path> rw"`` for each device node the logical
+        ``gpus`` need, comma-separated.
+
+        Logical GPU n is the n-th GPU in topology order (see
+        :mod:`sdexec.map.topology`). ``""`` gives ``{}``. ``OSError``
+        (ENODEV) names GPUs the topology does not have, and GPUs whose device
+        nodes cannot be found (see :mod:`sdexec.map.devices`).
+        """
+        ids = _idset(gpus, "gpus")
+        if not ids:
+            return {}
+        out_of_range(ids, len(self._topology.gpus), "GPU")
+        paths = self._devices.device_paths(self._topology.gpus[i] for i in ids)
+        return {"DeviceAllow": ",".join(f"{path} rw" for path in paths)}
+
+    def finalize_properties(
+        self,
+        properties: Properties,
+        R: ResourceSet,
+        extra_properties: Mapping[str, Any] | None = None,
+    ) -> Properties:
+        """The base class's ``DevicePolicy``, then memory caps scaled.
+
+        When ``map_cores`` set ``AllowedCPUs``, each of ``MemoryHigh``,
+        ``MemoryMax`` and ``MemorySwapMax`` in ``extra_properties`` is scaled
+        by allocated PUs / the node's PUs: a size becomes integer bytes, a
+        percentage a rounded integer percent (never rounded down to 0%,
+        which would be a zero-byte limit). ``infinity`` and values that do
+        not parse are left out, so the configured value applies as is.
+        ``MemoryMin`` and ``MemoryLow`` are never scaled.
+        """
+        super().finalize_properties(properties, R, extra_properties=extra_properties)
+        if extra_properties and "AllowedCPUs" in properties:
+            cpus = _idset(properties["AllowedCPUs"], "AllowedCPUs")
+            share = len(cpus) / self._topology.npus
+            properties.update(_scaled_memory_caps(extra_properties, share))
+        return properties
+
+
+def _scaled_memory_caps(
+    extra_properties: Mapping[str, Any], share: float
+) -> Properties:
+    scaled: Properties = {}
+    for name in _SCALED_MEMORY_PROPS:
+        if name not in extra_properties:
+            continue
+        try:
+            limit = MemoryLimit.parse(str(extra_properties[name]))
+        except ValueError:
+            continue  # configuration checks report it; nothing to scale
+        if limit.percent is not None:
+            scaled[name] = f"{_scaled_percent(limit.percent, share)}%"
+        elif limit.bytes is not None:
+            scaled[name] = round(limit.bytes * share)
+    return scaled
+
+
+def _scaled_percent(percent: float, share: float) -> int:
+    # 0% would be a zero-byte limit, killing the job at once: a real limit is
+    # never rounded down to it.
+    scaled = round(percent * share)
+    return max(scaled, 1) if percent > 0 else 0
+
+
+def _idset(text: str, what: str) -> IDset:
+    try:
+        return IDset(text)
+    except ValueError as error:
+        raise ValueError(f"{what}: {error}") from None
+
+
+def _call(method: Callable[[str], Any], ids: str) -> Mapping[str, Any]:
+    result = method(ids)
+    if not isinstance(result, Mapping):
+        raise TypeError(
+            f"{method.__name__}({ids!r}) returned {type(result).__name__},"
+            " not a dict of unit properties"
+        )
+    return result
+
+
+def _merge(properties: Properties, mapped: Mapping[str, Any], source: str) -> None:
+    """Add one map method's properties. Two methods may both allow devices
+    (GPUs and a site's FPGAs, say); any other overlap is a mapper bug that
+    must not be settled silently by whichever ran last."""
+    for name, value in mapped.items():
+        if name not in properties:
+            properties[name] = value
+        elif name == "DeviceAllow" and _both_str(properties[name], value):
+            properties[name] = f"{properties[name]},{value}"
+        else:
+            raise ValueError(
+                f"{source}() sets {name}, already set by another map method"
+            )
+
+
+def _both_str(a: object, b: object) -> bool:
+    return isinstance(a, str) and isinstance(b, str)

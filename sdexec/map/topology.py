@@ -1,0 +1,231 @@
+"""The node's hwloc topology: what it counts, and core-to-CPU mapping.
+
+The topology arrives as hwloc XML. Counting (PUs, cores, GPUs) is done here by
+reading the XML; mapping logical cores to CPU and NUMA-node OS indices is left
+to ``hwloc-calc``, the tool that defines those rules, run through ``sh``. Its
+answers are cached per core set because a node sees the same core sets over
+and over, and a process spawn per job start is the expensive part.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import os
+import tempfile
+import weakref
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import sh
+
+from sdexec.idset import IDset
+
+__all__ = ["GPU", "GPU_BACKENDS", "Topology", "live_topology_xml", "out_of_range"]
+
+# hwloc OS-device backends whose devices count as GPUs. Others (LevelZero,
+# the Linux backend's bare DRM devices) do not.
+GPU_BACKENDS = frozenset({"CUDA", "NVML", "OpenCL", "RSMI"})
+
+# Distinct core sets remembered per mapper; plenty for any node's job mix,
+# and a bound on memory for a service that runs for months.
+CORE_CACHE_SIZE = 4096
+
+# Seconds lstopo may take to probe the machine before the mapper gives up.
+# hwloc-calc runs without one: it only reads our XML file, and sh's timeout
+# watcher polls every 0.1 s, which added ~100 ms to every call (measured).
+LSTOPO_TIMEOUT = 60
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One logical GPU: the n-th GPU OS device in topology order."""
+
+    index: int
+    name: str  # hwloc's OS device name, e.g. "cuda0", "rsmi1"
+    backend: str
+    pci_busid: str | None  # "0000:01:00.0"; None when no PCI ancestor
+
+    def __str__(self) -> str:
+        where = self.pci_busid or "no PCI device"
+        return f"GPU {self.index} ({self.name}, {where})"
+
+
+class Topology:
+    """One node's hwloc topology, from its XML."""
+
+    def __init__(self, xml: str) -> None:
+        root = _parse(xml)
+        self.npus = _count(root, "PU")
+        self.ncores = _count(root, "Core")
+        self.gpus = _find_gpus(root)
+        if self.npus == 0:
+            raise ValueError("topology XML: it has no PU objects")
+        self._hwloc_calc = _Tool("hwloc-calc")
+        self.xml_path = _write_temporary(xml)
+        # hwloc-calc reads the topology from that file: it goes when this
+        # object does.
+        weakref.finalize(self, _remove, self.xml_path)
+        self._cpus_and_memory_nodes = functools.lru_cache(maxsize=CORE_CACHE_SIZE)(
+            self._ask_hwloc_calc
+        )
+
+    def cpus_and_memory_nodes(self, cores: IDset) -> tuple[IDset, IDset]:
+        """OS indices of the PUs of logical ``cores``, and of their NUMA nodes.
+
+        ``OSError`` (ENODEV) names the cores the topology does not have.
+        """
+        out_of_range(cores, self.ncores, "core")
+        return self._cpus_and_memory_nodes(cores)
+
+    def _ask_hwloc_calc(self, cores: IDset) -> tuple[IDset, IDset]:
+        locations = [f"core:{run}" for run in cores.encode().split(",")]
+        cpus = self._intersect("PU", locations)
+        if not cpus:
+            # An empty AllowedCPUs would mean "any CPU" to systemd.
+            raise OSError(errno.EIO, f"hwloc-calc finds no PUs in cores {cores}")
+        return cpus, self._intersect("NUMAnode", locations)
+
+    def _intersect(self, kind: str, locations: list[str]) -> IDset:
+        output = self._hwloc_calc(
+            "--input",
+            self.xml_path,
+            "--physical-output",
+            "--intersect",
+            kind,
+            *locations,
+        )
+        try:
+            return IDset(output)
+        except ValueError:
+            raise OSError(
+                errno.EIO,
+                f"hwloc-calc --intersect {kind} {' '.join(locations)}:"
+                f" unexpected output {output.strip()!r}",
+            ) from None
+
+
+def out_of_range(ids: IDset, count: int, what: str) -> None:
+    """``OSError`` (ENODEV) naming the ``ids`` not below ``count``."""
+    missing = ids - IDset(range(count))
+    if missing:
+        plural = "s" if len(missing) > 1 else ""
+        verb = "are" if len(missing) > 1 else "is"
+        raise OSError(
+            errno.ENODEV,
+            f"{what}{plural} {missing} {verb} beyond the topology's"
+            f" {count} {what}{'' if count == 1 else 's'}",
+        )
+
+
+def live_topology_xml() -> str:
+    """This machine's topology as hwloc XML, from ``lstopo-no-graphics``."""
+    return _Tool("lstopo-no-graphics", timeout=LSTOPO_TIMEOUT)("--of", "xml", "-")
+
+
+def _write_temporary(xml: str) -> str:
+    descriptor, path = tempfile.mkstemp(prefix="sdexec-topology-", suffix=".xml")
+    with os.fdopen(descriptor, "w") as file:
+        file.write(xml)
+    return path
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _parse(xml: str) -> ET.Element:
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError as error:
+        raise ValueError(f"topology XML: not well-formed: {error}") from None
+    if root.tag != "topology":
+        raise ValueError(
+            f"topology XML: the root element is <{root.tag}>, not hwloc's <topology>"
+        )
+    return root
+
+
+def _count(root: ET.Element, kind: str) -> int:
+    return sum(1 for obj in root.iter("object") if obj.get("type") == kind)
+
+
+def _find_gpus(root: ET.Element) -> list[GPU]:
+    """GPU OS devices in topology order, one per card.
+
+    A card seen through several backends (CUDA and OpenCL, say) counts once,
+    under the first backend met; devices sharing a PCI function under the
+    *same* backend (AMD partitions) each count.
+    """
+    first_backend: dict[str, str] = {}
+    gpus: list[GPU] = []
+    for obj, pci_busid in _objects_with_pci_ancestor(root):
+        backend = _info(obj, "Backend") if obj.get("type") == "OSDev" else None
+        if backend not in GPU_BACKENDS:
+            continue
+        if pci_busid and first_backend.setdefault(pci_busid, backend) != backend:
+            continue
+        gpus.append(GPU(len(gpus), obj.get("name", "?"), backend, pci_busid))
+    return gpus
+
+
+def _objects_with_pci_ancestor(
+    obj: ET.Element, pci_busid: str | None = None
+) -> Iterator[tuple[ET.Element, str | None]]:
+    """Every object, depth first (hwloc's order), with its nearest PCI device
+    ancestor's bus id (the object's own when it is one)."""
+    if obj.get("type") == "PCIDev":
+        pci_busid = obj.get("pci_busid")
+    yield obj, pci_busid
+    for child in obj.iterfind("object"):
+        yield from _objects_with_pci_ancestor(child, pci_busid)
+
+
+def _info(obj: ET.Element, name: str) -> str | None:
+    for info in obj.iterfind("info"):
+        if info.get("name") == name:
+            return info.get("value")
+    return None
+
+
+class _Tool:
+    """An hwloc command-line tool, run through ``sh``."""
+
+    def __init__(self, name: str, timeout: float | None = None) -> None:
+        self.name = name
+        self._timeout = timeout
+        try:
+            self._command = sh.Command(name)
+        except sh.CommandNotFound:
+            raise OSError(
+                errno.ENOENT, f"{name} not found on PATH (it comes with hwloc)"
+            ) from None
+
+    def __call__(self, *args: str) -> str:
+        """The tool's output; ``OSError`` if it fails, times out, or writes
+        anything to stderr: hwloc-calc exits 0 after warning that an object
+        does not exist, and a partial answer must not become a job's CPU set.
+        """
+        where = " ".join((self.name, *args))
+        try:
+            result = self._command(
+                *args, _tty_out=False, _timeout=self._timeout, _return_cmd=True
+            )
+        except sh.ErrorReturnCode as error:
+            raise OSError(errno.EIO, f"{where}: {_lines(error.stderr)}") from None
+        except sh.TimeoutException:
+            raise OSError(
+                errno.ETIMEDOUT, f"{where}: no answer in {self._timeout}s"
+            ) from None
+        if result.stderr.strip():
+            raise OSError(errno.EIO, f"{where}: {_lines(result.stderr)}")
+        return result.stdout.decode()
+
+
+def _lines(raw: bytes) -> str:
+    """A tool's stderr on one line, for an error message."""
+    text = raw.decode(errors="replace")
+    return " / ".join(line for line in text.splitlines() if line.strip())

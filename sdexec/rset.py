@@ -1,0 +1,192 @@
+"""RFC 20 resource sets (R version 1), as much of them as the mapper needs.
+
+R arrives as JSON, for example::
+
+    {"version": 1,
+     "execution": {"R_lite": [{"rank": "0-1",
+                               "children": {"core": "0-3", "gpu": "0"}}],
+                   "nodelist": ["node[0-1]"],
+                   "starttime": 0, "expiration": 0}}
+
+Each ``R_lite`` entry gives the same children to every rank in its ``rank``
+idset. A :class:`ResourceSet` keeps the children per rank. Anything malformed
+is a ``ValueError`` whose message starts with the path to the offending field
+(``R: execution.R_lite[0].rank: ...``), so an operator can find it in the job's
+R without reading this code.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from sdexec.idset import IDset
+
+__all__ = ["ResourceSet"]
+
+Children = dict[str, IDset]
+
+
+class ResourceSet:
+    """The execution part of an R version 1 resource set, by rank.
+
+    Accepts R as a JSON string or an already decoded dict. The nodelist is
+    not kept: mapping needs no host names, and splitting it by rank would mean
+    decoding RFC 29 hostlists.
+    """
+
+    def __init__(self, R: str | Mapping[str, Any]) -> None:
+        execution = _field(_decode(R), "execution", Mapping, "")
+        self._by_rank = _children_by_rank(
+            _field(execution, "R_lite", list, "execution")
+        )
+        self.starttime: float | None = _optional_number(execution, "starttime")
+        self.expiration: float | None = _optional_number(execution, "expiration")
+
+    @classmethod
+    def _from_ranks(
+        cls,
+        by_rank: dict[int, Children],
+        starttime: float | None,
+        expiration: float | None,
+    ) -> ResourceSet:
+        rset = cls.__new__(cls)
+        rset._by_rank = by_rank
+        rset.starttime = starttime
+        rset.expiration = expiration
+        return rset
+
+    @property
+    def ranks(self) -> IDset:
+        """The broker ranks that hold resources in this set."""
+        return IDset(self._by_rank)
+
+    def children(self, rank: int) -> Children:
+        """Resource type (``"core"``, ``"gpu"``, ...) to ids on ``rank``.
+
+        A rank outside the set has no children: the result is empty.
+        """
+        return dict(self._by_rank.get(rank, {}))
+
+    def copy_ranks(self, ranks: str | IDset | int) -> ResourceSet:
+        """A new set holding only ``ranks`` (an idset string, IDset or rank).
+
+        Ranks not in this set are ignored, as in Flux's ``copy_ranks``.
+        """
+        wanted = IDset([ranks]) if isinstance(ranks, int) else IDset(ranks)
+        kept = {rank: self._by_rank[rank] for rank in wanted if rank in self._by_rank}
+        return self._from_ranks(kept, self.starttime, self.expiration)
+
+    def count(self, kind: str) -> int:
+        """How many resources of type ``kind`` the set holds over all its ranks."""
+        return sum(len(children.get(kind, ())) for children in self._by_rank.values())
+
+    @property
+    def ncores(self) -> int:
+        """Cores over all ranks."""
+        return self.count("core")
+
+    @property
+    def ngpus(self) -> int:
+        """GPUs over all ranks."""
+        return self.count("gpu")
+
+    def __contains__(self, rank: object) -> bool:
+        return rank in self._by_rank
+
+    def __repr__(self) -> str:
+        return f"ResourceSet(ranks={self.ranks.encode()!r})"
+
+
+def _decode(R: str | Mapping[str, Any]) -> Mapping[str, Any]:
+    data: Any = R
+    if isinstance(R, str):
+        try:
+            data = json.loads(R)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"R: not valid JSON: {error}") from None
+    if not isinstance(data, Mapping):
+        raise ValueError(f"R: expected a JSON object, got {_json_type(data)}")
+    version = data.get("version")
+    if version != 1:
+        raise ValueError(f"R: version: expected 1, got {version!r}")
+    return data
+
+
+def _children_by_rank(entries: list[Any]) -> dict[int, Children]:
+    by_rank: dict[int, Children] = {}
+    entry_of_rank: dict[int, int] = {}
+    for index, entry in enumerate(entries):
+        where = f"execution.R_lite[{index}]"
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"R: {where}: expected an object, got {_json_type(entry)}")
+        ranks = _idset_field(entry, "rank", where)
+        children = _children(_field(entry, "children", Mapping, where), where)
+        for rank in ranks:
+            if rank in entry_of_rank:
+                raise ValueError(
+                    f"R: {where}.rank: rank {rank} is already in"
+                    f" execution.R_lite[{entry_of_rank[rank]}]"
+                )
+            entry_of_rank[rank] = index
+            by_rank[rank] = children
+    return by_rank
+
+
+def _children(children: Mapping[str, Any], where: str) -> Children:
+    return {
+        kind: _idset_field(children, kind, f"{where}.children") for kind in children
+    }
+
+
+def _idset_field(obj: Mapping[str, Any], name: str, where: str) -> IDset:
+    text = _field(obj, name, str, where)
+    try:
+        return IDset(text)
+    except ValueError as error:
+        raise ValueError(f"R: {where}.{name}: {error}") from None
+
+
+def _optional_number(execution: Mapping[str, Any], name: str) -> float | None:
+    value = execution.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(
+            f"R: execution.{name}: expected a number, got {_json_type(value)}"
+        )
+    return value
+
+
+# What _field() says it expected, by the type it checks for.
+_EXPECTED: dict[type, str] = {Mapping: "an object", list: "an array", str: "a string"}
+
+
+def _field(obj: Mapping[str, Any], name: str, kind: type, where: str) -> Any:
+    path = f"{where}.{name}" if where else name
+    if name not in obj:
+        raise ValueError(f"R: {path}: missing")
+    value = obj[name]
+    if not isinstance(value, kind):
+        raise ValueError(
+            f"R: {path}: expected {_EXPECTED[kind]}, got {_json_type(value)}"
+        )
+    return value
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a decoded value, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, Mapping):
+        return "an object"
+    return f"a {type(value).__name__}"

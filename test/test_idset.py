@@ -1,0 +1,135 @@
+"""RFC 22 idsets: parsing, canonical encoding, set operations, bitmasks."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sdexec.idset import IDset
+
+ids = st.frozensets(st.integers(min_value=0, max_value=300), max_size=60)
+
+
+@pytest.mark.parametrize(
+    ("text", "members"),
+    [
+        ("", []),
+        ("[]", []),
+        ("7", [7]),
+        ("0-3", [0, 1, 2, 3]),
+        ("0-3,7", [0, 1, 2, 3, 7]),
+        ("[0-3,7]", [0, 1, 2, 3, 7]),
+        (" [ 0-1 , 5 ] ", [0, 1, 5]),
+        ("7,0-2", [0, 1, 2, 7]),
+        ("1-3,2-5", [1, 2, 3, 4, 5]),
+        ("4-4", [4]),
+    ],
+)
+def test_decode(text, members):
+    assert list(IDset.decode(text)) == members
+
+
+@pytest.mark.parametrize(
+    ("members", "text"),
+    [
+        ([], ""),
+        ([5], "5"),
+        ([0, 1], "0-1"),
+        ([3, 0, 1, 2, 7], "0-3,7"),
+        ([0, 2, 4], "0,2,4"),
+        ([9, 10, 11, 20, 21], "9-11,20-21"),
+    ],
+)
+def test_encode_is_canonical(members, text):
+    assert IDset(members).encode() == text
+    assert str(IDset(members)) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ("a", "'a' is not an id"),
+        ("0-", "'' is not an id"),
+        ("-1", "'' is not an id"),
+        ("1,,2", "'' is not an id"),
+        ("3-1", "range '3-1' is descending"),
+        ("1-2-3", "'2-3' is not an id"),
+        ("[0-3", "'[0' is not an id"),
+        ("0x1", "'0x1' is not an id"),
+        # An Arabic-Indic digit one: str.isdigit() says yes, RFC 22 says no.
+        ("\u0661", "'\u0661' is not an id"),
+    ],
+)
+def test_decode_errors_name_the_text_and_the_token(text, complaint):
+    with pytest.raises(ValueError, match="invalid idset") as failure:
+        IDset(text)
+    assert repr(text) in str(failure.value)
+    assert complaint in str(failure.value)
+
+
+@pytest.mark.parametrize("member", [-1, 1.0, "1", True])
+def test_members_must_be_non_negative_integers(member):
+    with pytest.raises(ValueError, match="is not a non-negative integer"):
+        IDset([0, member])
+
+
+@given(ids)
+def test_encode_decode_round_trip(members):
+    encoded = IDset(members).encode()
+    assert IDset(encoded) == IDset(members)
+    assert IDset(f"[{encoded}]") == IDset(members)
+    assert IDset(encoded).encode() == encoded
+
+
+@given(ids)
+def test_iteration_is_ascending_and_length_counts_members(members):
+    idset = IDset(members)
+    assert list(idset) == sorted(members)
+    assert len(idset) == len(members)
+    assert bool(idset) == bool(members)
+    assert all(i in idset for i in members)
+
+
+@given(ids)
+def test_ranges_are_maximal_runs(members):
+    runs = list(IDset(members).ranges())
+    assert [i for lo, hi in runs for i in range(lo, hi + 1)] == sorted(members)
+    # Maximal: consecutive runs are separated by at least one missing id.
+    assert all(next_lo > hi + 1 for (_, hi), (next_lo, _) in pairwise(runs))
+
+
+@given(ids, ids)
+def test_set_operations_agree_with_python_sets(a, b):
+    left, right = IDset(a), IDset(b)
+    assert left | right == IDset(a | b)
+    assert left & right == IDset(a & b)
+    assert left - right == IDset(a - b)
+    assert left ^ right == IDset(a ^ b)
+    assert left.issubset(right) == (a <= b)
+
+
+@given(ids)
+def test_bitmask_round_trip(members):
+    assert IDset.from_bitmask(IDset(members).bitmask()) == IDset(members)
+
+
+def test_bitmask_layout_matches_systemd():
+    # systemd's CPU masks put id i at bit i % 8 of byte i // 8.
+    assert IDset("0,9").bitmask() == bytes([0b00000001, 0b00000010])
+    assert IDset().bitmask() == b""
+
+
+def test_first():
+    assert IDset("9,3-4").first() == 3
+    with pytest.raises(ValueError, match="empty idset"):
+        IDset().first()
+
+
+def test_equal_sets_hash_alike_and_repr_shows_the_encoding():
+    assert hash(IDset("0-2")) == hash(IDset([2, 1, 0]))
+    assert {IDset("0-2"): "x"}[IDset("[0,1,2]")] == "x"
+    assert repr(IDset("0-2,5")) == "IDset('0-2,5')"
+    assert IDset("1") != "1"

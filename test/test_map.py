@@ -1,0 +1,998 @@
+"""sdexec.map: dispatch, hwloc core mapping and its cache, GPU counting and
+device discovery on fake NVIDIA and AMD nodes, memory scaling, the spec's
+custom mappers, loading, the CLI, and this machine's live topology."""
+
+from __future__ import annotations
+
+import errno
+import gc
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sdexec.idset import IDset
+from sdexec.map import (
+    DEFAULT_MAPPER,
+    HwlocMapper,
+    ResourceMapper,
+    create_mapper,
+    live_topology_xml,
+    load_mapper_class,
+    main,
+)
+from sdexec.rset import ResourceSet
+
+DATA = Path(__file__).parent / "data"
+SMALL = (DATA / "small.xml").read_text()
+LARGE = (DATA / "large.xml").read_text()
+NVIDIA_BACKENDS = (DATA / "nvidia-backends.xml").read_text()
+AMD_PARTITIONS = (DATA / "amd-partitions.xml").read_text()
+REPO = Path(__file__).parent.parent
+
+
+def make_R(rank: int = 0, **children: str) -> dict:
+    """R version 1 giving ``rank`` the ``children`` (core="0-1", gpu="0")."""
+    R_lite = [{"rank": str(rank), "children": children}]
+    return {"version": 1, "execution": {"R_lite": R_lite}}
+
+
+class ForkCounter:
+    """Counts processes started (``sh`` starts each with os.fork)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._fork = os.fork
+
+    def __call__(self) -> int:
+        self.count += 1
+        return self._fork()
+
+
+@pytest.fixture
+def forks(monkeypatch) -> ForkCounter:
+    counter = ForkCounter()
+    monkeypatch.setattr(os, "fork", counter)
+    return counter
+
+
+@pytest.fixture(scope="module")
+def small() -> HwlocMapper:
+    return HwlocMapper(SMALL)
+
+
+@pytest.fixture(scope="module")
+def large() -> HwlocMapper:
+    return HwlocMapper(LARGE)
+
+
+# --- ResourceMapper: dispatch and the base finalize_properties --------------
+
+
+class EchoMapper(ResourceMapper):
+    """Shows what each map method was given."""
+
+    def map_cores(self, cores):
+        return {"cores": cores}
+
+    def map_gpus(self, gpus):
+        return {"gpus": gpus}
+
+
+def test_map_dispatches_each_type_with_an_idset_string():
+    result = EchoMapper().map(make_R(core="[3,0-1]", gpu="1"))
+    assert result == {"cores": "0-1,3", "gpus": "1", "DevicePolicy": "closed"}
+
+
+def test_types_without_a_method_are_skipped():
+    result = EchoMapper().map(make_R(core="0", fpga="0-1"))
+    assert result == {"cores": "0", "DevicePolicy": "closed"}
+
+
+def test_nothing_mapped_stays_empty():
+    # An empty dict asks for an unconstrained unit: no DevicePolicy added.
+    assert ResourceMapper().map(make_R(core="0-3")) == {}
+
+
+@pytest.mark.parametrize(
+    "R",
+    [
+        make_R(rank=2, core="1"),
+        json.dumps(make_R(rank=2, core="1")),
+        ResourceSet(make_R(rank=2, core="1")),
+    ],
+)
+def test_map_takes_R_as_dict_json_or_resource_set(R):
+    assert EchoMapper(rank=2).map(R)["cores"] == "1"
+
+
+def test_map_uses_only_the_mappers_rank():
+    R = {
+        "version": 1,
+        "execution": {
+            "R_lite": [
+                {"rank": "0", "children": {"core": "0-1"}},
+                {"rank": "1", "children": {"core": "2-3", "gpu": "0"}},
+            ]
+        },
+    }
+    assert EchoMapper(rank=1).map(R) == {
+        "cores": "2-3",
+        "gpus": "0",
+        "DevicePolicy": "closed",
+    }
+    assert EchoMapper(rank=1).rank == 1
+
+
+def test_a_rank_missing_from_R_is_an_error_not_an_unconstrained_unit():
+    with pytest.raises(
+        ValueError, match=r"R has no resources for rank 0 \(its ranks are 1\)"
+    ):
+        EchoMapper().map(make_R(rank=1, core="0"))
+
+
+def test_malformed_R_is_a_value_error_naming_the_field():
+    with pytest.raises(ValueError, match=r"R: execution.R_lite\[0\].children.core"):
+        EchoMapper().map(make_R(core="zero"))
+
+
+def test_finalize_properties_gets_the_resource_set_and_extra_properties():
+    seen = {}
+
+    class Spy(EchoMapper):
+        def finalize_properties(self, properties, R, extra_properties=None):
+            seen.update(R=R, extra=extra_properties)
+            return super().finalize_properties(properties, R, extra_properties)
+
+    Spy().map(make_R(core="0-3"), extra_properties={"MemoryMax": "1G"})
+    assert isinstance(seen["R"], ResourceSet)
+    assert seen["R"].ncores == 4
+    assert seen["extra"] == {"MemoryMax": "1G"}
+
+
+def test_a_map_method_must_return_a_dict():
+    class ListMapper(ResourceMapper):
+        def map_cores(self, cores):
+            return ["AllowedCPUs", cores]
+
+    with pytest.raises(TypeError, match=r"map_cores\('0'\) returned list"):
+        ListMapper().map(make_R(core="0"))
+
+
+def test_device_allow_from_two_map_methods_is_joined():
+    class FpgaAndGpu(ResourceMapper):
+        def map_gpus(self, gpus):
+            return {"DeviceAllow": "/dev/nvidia0 rw"}
+
+        def map_fpgas(self, fpgas):
+            return {"DeviceAllow": "/dev/fpga0 rw"}
+
+    result = FpgaAndGpu().map(make_R(gpu="0", fpga="0"))
+    assert result["DeviceAllow"] == "/dev/nvidia0 rw,/dev/fpga0 rw"
+
+
+def test_two_map_methods_setting_another_property_is_an_error():
+    class Clash(ResourceMapper):
+        def map_cores(self, cores):
+            return {"CPUWeight": "100"}
+
+        def map_gpus(self, gpus):
+            return {"CPUWeight": "200"}
+
+    with pytest.raises(ValueError, match=r"map_gpus\(\) sets CPUWeight, already set"):
+        Clash().map(make_R(core="0", gpu="0"))
+
+
+# --- HwlocMapper.map_cores ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cores", "cpus", "memory_nodes"),
+    [
+        ("0", "0,2", "0"),
+        ("1", "1,3", "0"),
+        ("0-1", "0-3", "0"),
+        ("[1,0]", "0-3", "0"),
+    ],
+)
+def test_map_cores_small(small, cores, cpus, memory_nodes):
+    assert small.map_cores(cores) == {
+        "AllowedCPUs": cpus,
+        "AllowedMemoryNodes": memory_nodes,
+    }
+
+
+@pytest.mark.parametrize(
+    ("cores", "cpus", "memory_nodes"),
+    [
+        ("0", "0,64", "0"),
+        ("0-3", "0-3,64-67", "0"),
+        ("15-16", "15-16,79-80", "0-1"),
+        ("31-32", "31-32,95-96", "1-2"),
+        ("0,63", "0,63-64,127", "0,3"),
+        ("0,2,4", "0,2,4,64,66,68", "0"),
+        ("0-63", "0-127", "0-3"),
+    ],
+)
+def test_map_cores_large(large, cores, cpus, memory_nodes):
+    assert large.map_cores(cores) == {
+        "AllowedCPUs": cpus,
+        "AllowedMemoryNodes": memory_nodes,
+    }
+
+
+def test_map_cores_empty_is_empty(small):
+    assert small.map_cores("") == {}
+
+
+@pytest.mark.parametrize(
+    ("cores", "message"),
+    [
+        ("2", "core 2 is beyond the topology's 2 cores"),
+        ("1-3,7", "cores 2-3,7 are beyond the topology's 2 cores"),
+    ],
+)
+def test_cores_beyond_the_topology_are_named(small, cores, message):
+    with pytest.raises(OSError) as failure:
+        small.map_cores(cores)
+    assert failure.value.errno == errno.ENODEV
+    assert failure.value.strerror == message
+
+
+def test_map_cores_rejects_a_bad_idset(small):
+    with pytest.raises(ValueError, match="cores: invalid idset 'x'"):
+        small.map_cores("x")
+
+
+def test_a_repeated_core_set_spawns_no_process(forks):
+    mapper = HwlocMapper(LARGE)
+    first = mapper.map_cores("8-11")
+    assert forks.count == 2  # hwloc-calc for PUs, and for NUMA nodes
+    for spelling in ("8-11", "[8-11]", "11,8,9,10"):
+        assert mapper.map_cores(spelling) == first
+    assert forks.count == 2
+    mapper.map_cores("12")
+    assert forks.count == 4
+
+
+def test_map_caches_across_calls(forks):
+    mapper = HwlocMapper(LARGE)
+    results = [mapper.map(make_R(core="0-3")) for _ in range(5)]
+    assert forks.count == 2
+    assert all(result == results[0] for result in results)
+
+
+def test_hwloc_calc_failure_is_an_os_error_with_its_message():
+    # Spoiling the topology file under the mapper makes hwloc-calc fail.
+    mapper = HwlocMapper(SMALL)
+    Path(mapper.topology.xml_path).write_text("<topology>")
+    with pytest.raises(OSError, match="hwloc-calc --input") as failure:
+        mapper.map_cores("0")
+    assert failure.value.errno == errno.EIO
+
+
+def test_a_core_without_pus_is_an_error_not_an_empty_cpu_set():
+    # hwloc-calc answers such a core with an empty line and exit status 0;
+    # AllowedCPUs="" would let the job use every CPU.
+    core_1_pus = ('type="PU" os_index="1"', 'type="PU" os_index="3"')
+    xml = "\n".join(
+        line for line in SMALL.splitlines() if not any(pu in line for pu in core_1_pus)
+    )
+    with pytest.raises(OSError, match="hwloc-calc finds no PUs in cores 1"):
+        HwlocMapper(xml).map_cores("1")
+
+
+def test_missing_hwloc_calc_is_reported_when_the_mapper_is_built(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(OSError, match="hwloc-calc not found on PATH") as failure:
+        HwlocMapper(SMALL)
+    assert failure.value.errno == errno.ENOENT
+
+
+@pytest.mark.parametrize(
+    ("xml", "message"),
+    [
+        ("not xml", "topology XML: not well-formed"),
+        ("<lstopo/>", "the root element is <lstopo>, not hwloc's <topology>"),
+        ("<topology/>", "topology XML: it has no PU objects"),
+    ],
+)
+def test_bad_topology_xml_is_a_value_error(xml, message):
+    with pytest.raises(ValueError, match=message):
+        HwlocMapper(xml)
+
+
+def test_the_topology_file_goes_with_the_mapper():
+    mapper = HwlocMapper(SMALL)
+    path = mapper.topology.xml_path
+    assert Path(path).read_text() == SMALL
+    del mapper
+    gc.collect()
+    assert not Path(path).exists()
+
+
+def test_topology_counts(small, large):
+    assert (small.topology.npus, small.topology.ncores) == (4, 2)
+    assert (large.topology.npus, large.topology.ncores) == (128, 64)
+
+
+# --- GPU counting in the topology ---------------------------------------------
+
+
+def gpu_summary(xml: str) -> list[tuple[str, str | None]]:
+    return [(gpu.name, gpu.pci_busid) for gpu in HwlocMapper(xml).topology.gpus]
+
+
+def test_gpus_behind_a_bridge_are_counted_in_order():
+    assert gpu_summary(SMALL) == [("cuda0", "0000:01:00.0"), ("cuda1", "0000:02:00.0")]
+
+
+def test_a_card_seen_through_several_backends_counts_once():
+    # The second card lists OpenCL first: the first backend met wins.
+    assert gpu_summary(NVIDIA_BACKENDS) == [
+        ("cuda0", "0000:07:00.0"),
+        ("opencl0d1", "0000:85:00.0"),
+    ]
+
+
+def test_partitions_of_one_pci_device_under_one_backend_each_count():
+    assert gpu_summary(AMD_PARTITIONS) == [
+        ("rsmi0", "0000:c1:00.0"),
+        ("rsmi1", "0000:c1:00.0"),
+        ("rsmi2", "0000:c2:00.0"),
+    ]
+
+
+def test_a_topology_without_gpus_has_none(large):
+    assert large.topology.gpus == []
+    with pytest.raises(OSError, match="GPU 0 is beyond the topology's 0 GPUs"):
+        large.map_gpus("0")
+
+
+# --- GPU device discovery on fake nodes ---------------------------------------
+
+
+class FakeNode:
+    """A fake ``/sys``, ``/proc`` and ``/dev`` under a temporary root."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def dev(self, *paths: str) -> None:
+        for path in paths:
+            node = self.root / path.lstrip("/")
+            node.parent.mkdir(parents=True, exist_ok=True)
+            node.touch()
+
+    def pci_device(self, busid: str, driver: str | None, drm: tuple[str, ...]) -> None:
+        device = self.root / "sys/bus/pci/devices" / busid
+        (device / "drm").mkdir(parents=True)
+        for name in drm:
+            (device / "drm" / name).mkdir()
+        if driver is not None:
+            # As in sysfs, a relative link into /sys/bus/pci/drivers.
+            (device / "driver").symlink_to(f"../../../bus/pci/drivers/{driver}")
+
+    def nvidia_information(self, busid: str, text: str) -> None:
+        information = self.root / "proc/driver/nvidia/gpus" / busid / "information"
+        information.parent.mkdir(parents=True)
+        information.write_text(text)
+
+    def nvidia_gpu(self, busid: str, minor: int, render: str, card: str) -> None:
+        self.pci_device(busid, "nvidia", drm=(card, render))
+        self.nvidia_information(
+            busid,
+            f"Model: \t\t NVIDIA H100\nIRQ: \t\t 150\nBus Location: \t {busid}\n"
+            f"Device Minor: \t {minor}\nGPU Excluded:\t No\n",
+        )
+        self.dev(f"/dev/nvidia{minor}", f"/dev/dri/{render}", f"/dev/dri/{card}")
+
+    def amd_gpu(self, busid: str, render: str, card: str) -> None:
+        self.pci_device(busid, "amdgpu", drm=(card, render))
+        self.dev(f"/dev/dri/{render}", f"/dev/dri/{card}")
+
+
+@pytest.fixture
+def nvidia_node(tmp_path) -> FakeNode:
+    """small.xml's two cards; minors deliberately not in PCI order, and no
+    /dev/nvidia-uvm-tools."""
+    node = FakeNode(tmp_path)
+    node.nvidia_gpu("0000:01:00.0", minor=1, render="renderD128", card="card0")
+    node.nvidia_gpu("0000:02:00.0", minor=0, render="renderD129", card="card1")
+    node.dev("/dev/nvidiactl", "/dev/nvidia-uvm")
+    return node
+
+
+@pytest.fixture
+def amd_node(tmp_path) -> FakeNode:
+    """amd-partitions.xml's two PCI devices, with /dev/kfd."""
+    node = FakeNode(tmp_path)
+    node.amd_gpu("0000:c1:00.0", render="renderD128", card="card0")
+    node.amd_gpu("0000:c2:00.0", render="renderD129", card="card1")
+    node.dev("/dev/kfd")
+    return node
+
+
+def device_allow(xml: str, node: FakeNode, gpus: str) -> list[str]:
+    result = HwlocMapper(xml, root=str(node.root)).map_gpus(gpus)
+    return result["DeviceAllow"].split(",")
+
+
+def test_nvidia_gpu_devices(nvidia_node):
+    # The minor comes from /proc, not from the GPU's index; the card node is
+    # not needed for compute; the absent uvm-tools is skipped.
+    assert device_allow(SMALL, nvidia_node, "0") == [
+        "/dev/nvidia1 rw",
+        "/dev/dri/renderD128 rw",
+        "/dev/nvidiactl rw",
+        "/dev/nvidia-uvm rw",
+    ]
+
+
+def test_nvidia_shared_devices_appear_once(nvidia_node):
+    nvidia_node.dev("/dev/nvidia-uvm-tools")
+    assert device_allow(SMALL, nvidia_node, "0-1") == [
+        "/dev/nvidia1 rw",
+        "/dev/dri/renderD128 rw",
+        "/dev/nvidia0 rw",
+        "/dev/dri/renderD129 rw",
+        "/dev/nvidiactl rw",
+        "/dev/nvidia-uvm rw",
+        "/dev/nvidia-uvm-tools rw",
+    ]
+
+
+def test_nvidia_without_a_render_node(nvidia_node):
+    os.unlink(nvidia_node.root / "dev/dri/renderD129")
+    assert device_allow(SMALL, nvidia_node, "1") == [
+        "/dev/nvidia0 rw",
+        "/dev/nvidiactl rw",
+        "/dev/nvidia-uvm rw",
+    ]
+
+
+def test_nvidia_multi_backend_card_maps_to_its_one_device(tmp_path):
+    node = FakeNode(tmp_path)
+    node.nvidia_gpu("0000:85:00.0", minor=7, render="renderD135", card="card7")
+    assert device_allow(NVIDIA_BACKENDS, node, "1") == [
+        "/dev/nvidia7 rw",
+        "/dev/dri/renderD135 rw",
+    ]
+
+
+def enodev(xml: str, node: FakeNode, gpus: str) -> str:
+    """map_gpus's ENODEV message."""
+    with pytest.raises(OSError) as failure:
+        HwlocMapper(xml, root=str(node.root)).map_gpus(gpus)
+    assert failure.value.errno == errno.ENODEV
+    return failure.value.strerror
+
+
+def test_nvidia_missing_information_file_is_enodev(nvidia_node):
+    info = nvidia_node.root / "proc/driver/nvidia/gpus/0000:02:00.0/information"
+    info.unlink()
+    assert enodev(SMALL, nvidia_node, "0-1") == (
+        f"GPU 1 (cuda1, 0000:02:00.0): {info} does not exist"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ("Model: NVIDIA H100\n", "has no Device Minor line"),
+        ("Device Minor: \t n/a\n", "Device Minor 'n/a' is not a number"),
+    ],
+)
+def test_nvidia_information_without_a_minor_is_enodev(tmp_path, text, complaint):
+    node = FakeNode(tmp_path)
+    node.pci_device("0000:01:00.0", "nvidia", drm=())
+    node.nvidia_information("0000:01:00.0", text)
+    assert complaint in enodev(SMALL, node, "0")
+
+
+def test_nvidia_missing_main_device_is_enodev(nvidia_node):
+    os.unlink(nvidia_node.root / "dev/nvidia1")
+    assert enodev(SMALL, nvidia_node, "0") == (
+        f"GPU 0 (cuda0, 0000:01:00.0): {nvidia_node.root}/dev/nvidia1 does not exist"
+    )
+
+
+def test_amd_gpu_devices(amd_node):
+    assert device_allow(AMD_PARTITIONS, amd_node, "2") == [
+        "/dev/dri/renderD129 rw",
+        "/dev/dri/card1 rw",
+        "/dev/kfd rw",
+    ]
+
+
+def test_amd_partitions_share_devices_listed_once(amd_node):
+    assert device_allow(AMD_PARTITIONS, amd_node, "0-2") == [
+        "/dev/dri/renderD128 rw",
+        "/dev/dri/card0 rw",
+        "/dev/dri/renderD129 rw",
+        "/dev/dri/card1 rw",
+        "/dev/kfd rw",
+    ]
+
+
+def test_amd_missing_kfd_is_enodev(amd_node):
+    os.unlink(amd_node.root / "dev/kfd")
+    assert enodev(AMD_PARTITIONS, amd_node, "0") == (
+        f"GPU 0 (rsmi0, 0000:c1:00.0): {amd_node.root}/dev/kfd does not exist"
+    )
+
+
+def test_amd_without_a_drm_node_is_enodev(amd_node):
+    os.unlink(amd_node.root / "dev/dri/renderD129")
+    os.unlink(amd_node.root / "dev/dri/card1")
+    message = enodev(AMD_PARTITIONS, amd_node, "2")
+    assert message.startswith(
+        "GPU 2 (rsmi2, 0000:c2:00.0): no DRM node (driver amdgpu)"
+    )
+
+
+def test_an_unknown_driver_gets_its_drm_nodes(tmp_path):
+    node = FakeNode(tmp_path)
+    node.pci_device("0000:01:00.0", "i915", drm=("card0", "renderD128", "controlD64"))
+    node.dev("/dev/dri/card0", "/dev/dri/renderD128", "/dev/dri/controlD64")
+    assert device_allow(SMALL, node, "0") == [
+        "/dev/dri/renderD128 rw",
+        "/dev/dri/card0 rw",
+    ]
+
+
+def test_a_gpu_with_no_driver_and_no_drm_node_is_enodev(tmp_path):
+    node = FakeNode(tmp_path)
+    assert "no DRM node (driver none)" in enodev(SMALL, node, "0")
+
+
+def test_a_gpu_without_a_pci_device_is_enodev(tmp_path):
+    no_pci = SMALL.replace('type="PCIDev" gp_index="14"', 'type="Misc" gp_index="14"')
+    assert enodev(no_pci, FakeNode(tmp_path), "1") == (
+        "GPU 1 (cuda1, no PCI device): hwloc shows no PCI device above it,"
+        " so its device nodes cannot be found"
+    )
+
+
+def test_map_gpus_empty_is_empty(small):
+    assert small.map_gpus("") == {}
+
+
+@pytest.mark.parametrize(
+    ("gpus", "message"),
+    [
+        ("2", "GPU 2 is beyond the topology's 2 GPUs"),
+        ("0-4", "GPUs 2-4 are beyond the topology's 2 GPUs"),
+    ],
+)
+def test_gpus_beyond_the_topology_are_named(small, gpus, message):
+    with pytest.raises(OSError) as failure:
+        small.map_gpus(gpus)
+    assert failure.value.errno == errno.ENODEV
+    assert failure.value.strerror == message
+
+
+def test_map_with_cores_and_gpus(nvidia_node):
+    mapper = HwlocMapper(SMALL, rank=4, root=str(nvidia_node.root))
+    assert mapper.map(make_R(rank=4, core="1", gpu="1")) == {
+        "AllowedCPUs": "1,3",
+        "AllowedMemoryNodes": "0",
+        "DeviceAllow": "/dev/nvidia0 rw,/dev/dri/renderD129 rw,"
+        "/dev/nvidiactl rw,/dev/nvidia-uvm rw",
+        "DevicePolicy": "closed",
+    }
+
+
+def test_a_job_without_gpus_still_gets_device_policy_closed(small):
+    assert small.map(make_R(core="0"))["DevicePolicy"] == "closed"
+    assert "DeviceAllow" not in small.map(make_R(core="0"))
+
+
+# --- Memory scaling -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pus64() -> HwlocMapper:
+    """A node with 64 PUs (2 per core), as in the documentation's example."""
+    xml = subprocess.run(
+        ["lstopo-no-graphics", "--input", "pack:2 core:16 pu:2", "--of", "xml", "-"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return HwlocMapper(xml)
+
+
+def test_documented_example_95_percent_on_64_pus_for_4_pus_is_6_percent(pus64):
+    result = pus64.map(make_R(core="0-1"), extra_properties={"MemoryMax": "95%"})
+    assert result["AllowedCPUs"] == "0-3"
+    assert result["MemoryMax"] == "6%"
+
+
+@pytest.mark.parametrize(
+    ("configured", "scaled"),
+    [
+        ("64G", 2 * 1024**3),  # 4 of 128 PUs
+        ("1.5G", round(1.5 * 1024**3 / 32)),
+        ("1000", 31),  # bytes, rounded
+        (str(128 * 1024), 4096),
+        ("50%", "2%"),  # 1.5625 rounds to 2
+        ("10%", "1%"),  # 0.3125 would round to 0%: a zero-byte limit
+        ("0%", "0%"),
+    ],
+)
+def test_memory_caps_scale_by_the_pu_share(large, configured, scaled):
+    extra = {name: configured for name in ("MemoryHigh", "MemoryMax", "MemorySwapMax")}
+    result = large.map(make_R(core="0-1"), extra_properties=extra)
+    assert {name: result[name] for name in extra} == dict.fromkeys(extra, scaled)
+
+
+@pytest.mark.parametrize("configured", ["infinity", "lots", "200%", ""])
+def test_infinity_and_unparsable_caps_are_left_out(large, configured):
+    result = large.map(make_R(core="0"), extra_properties={"MemoryMax": configured})
+    assert "MemoryMax" not in result
+
+
+def test_protections_are_never_scaled(large):
+    extra = {"MemoryMin": "1G", "MemoryLow": "50%", "MemoryMax": "64G"}
+    result = large.map(make_R(core="0-1"), extra_properties=extra)
+    assert "MemoryMin" not in result
+    assert "MemoryLow" not in result
+    assert result["MemoryMax"] == 2 * 1024**3
+
+
+def test_no_scaling_without_allowed_cpus(nvidia_node):
+    mapper = HwlocMapper(SMALL, root=str(nvidia_node.root))
+    result = mapper.map(make_R(gpu="0"), extra_properties={"MemoryMax": "64G"})
+    assert "MemoryMax" not in result
+    assert result["DevicePolicy"] == "closed"
+
+
+def test_no_scaling_without_extra_properties(large):
+    assert set(large.map(make_R(core="0"))) == {
+        "AllowedCPUs",
+        "AllowedMemoryNodes",
+        "DevicePolicy",
+    }
+
+
+def test_a_whole_node_gets_the_whole_budget(large):
+    result = large.map(
+        make_R(core="0-63"), extra_properties={"MemoryMax": "95%", "MemoryHigh": "1T"}
+    )
+    assert (result["MemoryMax"], result["MemoryHigh"]) == ("95%", 1024**4)
+
+
+# --- The spec's custom mappers, loaded from a mapper-searchpath ---------------
+
+# The examples as the spec writes them, with sdexec.map for flux.sdexec.map,
+# in the file the spec names: <searchpath>/site/mappers.py.
+SPEC_EXAMPLES = '''
+from sdexec.map import HwlocMapper
+
+
+class AccountingMapper(HwlocMapper):
+    """Enable resource accounting for all jobs."""
+
+    def finalize_properties(self, properties, R, extra_properties=None):
+        properties.update({
+            "CPUAccounting": "true",
+            "MemoryAccounting": "true",
+        })
+        return super().finalize_properties(
+            properties, R, extra_properties=extra_properties
+        )
+
+
+class PerCoreMemoryMapper(HwlocMapper):
+    """Enforce a fixed 8 GB-per-core memory limit."""
+
+    def finalize_properties(self, properties, R, extra_properties=None):
+        super().finalize_properties(
+            properties, R, extra_properties=extra_properties
+        )
+        local = R.copy_ranks(self._rank)
+        # Override after super() so this value wins over any scaled MemoryMax.
+        properties["MemoryMax"] = f"{local.ncores * 8}G"
+        return properties
+
+
+class MyGpuMapper(HwlocMapper):
+    def map_gpus(self, gpus):
+        # custom discovery, e.g. vendor-specific sysfs
+        ...
+        return {"AllowedDevices": [...]}
+
+
+class FpgaMapper(HwlocMapper):
+    def map_fpgas(self, fpgas):
+        ...
+        return {"AllowedDevices": [...]}
+
+
+class CustomMapper(HwlocMapper):
+    def map_gpus(self, gpus):
+        # Custom GPU device discovery
+        if not gpus:
+            return {}
+        return {"DeviceAllow": f"/dev/my-gpu-device rw"}
+'''
+
+
+@pytest.fixture
+def searchpath(tmp_path) -> Path:
+    """A mapper-searchpath directory holding site/mappers.py."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site/mappers.py").write_text(SPEC_EXAMPLES)
+    return tmp_path
+
+
+def spec_mapper(searchpath: Path, name: str, rank: int = 0) -> ResourceMapper:
+    return create_mapper(f"site.mappers.{name}", str(searchpath), rank, SMALL)
+
+
+def test_accounting_mapper(searchpath):
+    result = spec_mapper(searchpath, "AccountingMapper").map(make_R(core="0"))
+    assert result == {
+        "AllowedCPUs": "0,2",
+        "AllowedMemoryNodes": "0",
+        "CPUAccounting": "true",
+        "MemoryAccounting": "true",
+        "DevicePolicy": "closed",
+    }
+
+
+def test_per_core_memory_mapper_overrides_the_scaled_cap(searchpath):
+    mapper = spec_mapper(searchpath, "PerCoreMemoryMapper", rank=3)
+    R = {
+        "version": 1,
+        "execution": {
+            "R_lite": [
+                {"rank": "0-2", "children": {"core": "0"}},
+                {"rank": "3", "children": {"core": "0-1"}},
+            ]
+        },
+    }
+    result = mapper.map(R, extra_properties={"MemoryMax": "95%"})
+    assert result["MemoryMax"] == "16G"  # this rank's 2 cores, not R's 5
+    assert result["AllowedCPUs"] == "0-3"
+
+
+def test_my_gpu_mapper_replaces_gpus_and_keeps_cores(searchpath):
+    result = spec_mapper(searchpath, "MyGpuMapper").map(make_R(core="1", gpu="0"))
+    assert result["AllowedDevices"] == [...]
+    assert result["AllowedCPUs"] == "1,3"
+    assert "DeviceAllow" not in result
+
+
+def test_fpga_mapper_adds_a_resource_type(searchpath):
+    result = spec_mapper(searchpath, "FpgaMapper").map(make_R(core="0", fpga="0-1"))
+    assert result["AllowedDevices"] == [...]
+    assert result["AllowedCPUs"] == "0,2"
+    assert result["DevicePolicy"] == "closed"
+
+
+def test_custom_gpu_device_mapper(searchpath):
+    mapper = spec_mapper(searchpath, "CustomMapper")
+    assert mapper.map(make_R(gpu="0"))["DeviceAllow"] == "/dev/my-gpu-device rw"
+    assert mapper.map_gpus("") == {}
+
+
+def test_a_plain_resource_mapper_subclass_is_built_with_rank_only(tmp_path, forks):
+    (tmp_path / "plain.py").write_text(
+        "from sdexec.map import ResourceMapper\n"
+        "class CoreCount(ResourceMapper):\n"
+        "    def map_cores(self, cores):\n"
+        "        return {'CPUQuota': f'{100 * len(cores.split(\",\"))}%'}\n"
+    )
+    mapper = create_mapper("plain.CoreCount", [str(tmp_path)], rank=5)
+    assert mapper.rank == 5
+    assert forks.count == 0  # no live topology read for a mapper without XML
+    assert mapper.map(make_R(rank=5, core="0,2")) == {
+        "CPUQuota": "200%",
+        "DevicePolicy": "closed",
+    }
+
+
+def test_the_first_searchpath_directory_wins(tmp_path):
+    for directory, value in (("first", "1"), ("second", "2")):
+        (tmp_path / directory).mkdir()
+        (tmp_path / directory / "choice.py").write_text(
+            "from sdexec.map import ResourceMapper\n"
+            "class Mapper(ResourceMapper):\n"
+            f"    VALUE = {value}\n"
+        )
+    searchpath = f"{tmp_path}/missing:{tmp_path}/first:{tmp_path}/second"
+    assert load_mapper_class("choice.Mapper", searchpath).VALUE == 1
+
+
+def test_a_package_directory_on_the_searchpath(tmp_path):
+    (tmp_path / "sitepkg/mappers").mkdir(parents=True)
+    (tmp_path / "sitepkg/mappers/__init__.py").write_text(
+        "from sdexec.map import HwlocMapper\nclass Site(HwlocMapper):\n    pass\n"
+    )
+    assert load_mapper_class("sitepkg.mappers.Site", str(tmp_path)).__name__ == "Site"
+
+
+def test_an_edited_mapper_is_read_again(searchpath):
+    load_mapper_class("site.mappers.AccountingMapper", str(searchpath))
+    (searchpath / "site/mappers.py").write_text(
+        "from sdexec.map import HwlocMapper\nclass Renamed(HwlocMapper):\n    pass\n"
+    )
+    assert load_mapper_class("site.mappers.Renamed", str(searchpath))
+    with pytest.raises(ValueError, match="has no 'AccountingMapper'"):
+        load_mapper_class("site.mappers.AccountingMapper", str(searchpath))
+
+
+def test_installed_mappers_load_from_the_python_path():
+    assert load_mapper_class(DEFAULT_MAPPER) is HwlocMapper
+    assert (
+        load_mapper_class("sdexec.map.ResourceMapper", "/nonexistent") is ResourceMapper
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("HwlocMapper", "not a fully-qualified class name"),
+        ("sdexec.map.", "not a fully-qualified class name"),
+        ("json.JSONDecoder", "'json.JSONDecoder' .* is not a subclass of"),
+        ("sdexec.map.create_mapper", "is not a subclass of sdexec.map.ResourceMapper"),
+        ("sdexec.map.NoSuchMapper", "sdexec.map.NoSuchMapper'.* has no 'NoSuchMapper'"),
+        ("nosuch.module.Mapper", "'nosuch.module' is neither in mapper-searchpath"),
+    ],
+)
+def test_unloadable_mappers_are_refused_clearly(name, message):
+    with pytest.raises(ValueError, match=message):
+        load_mapper_class(name, "/nonexistent/dir")
+
+
+def test_a_searchpath_module_that_fails_to_import_is_named(tmp_path):
+    (tmp_path / "broken.py").write_text("import nosuchmodule\n")
+    with pytest.raises(ValueError) as failure:
+        load_mapper_class("broken.Mapper", str(tmp_path))
+    assert str(failure.value) == (
+        f"mapper module {tmp_path}/broken.py:"
+        " ModuleNotFoundError: No module named 'nosuchmodule'"
+    )
+
+
+def test_a_failing_constructor_is_a_value_error_naming_the_class(tmp_path):
+    (tmp_path / "needy.py").write_text(
+        "from sdexec.map import ResourceMapper\n"
+        "class Needy(ResourceMapper):\n"
+        "    def __init__(self, rank, site):\n"
+        "        super().__init__(rank)\n"
+    )
+    with pytest.raises(
+        ValueError, match=r"mapper 'needy\.Needy': constructing it failed"
+    ):
+        create_mapper("needy.Needy", str(tmp_path))
+
+
+def test_construction_errors_name_the_mapper(monkeypatch):
+    with pytest.raises(
+        ValueError, match=r"^mapper 'sdexec\.map\.HwlocMapper': topology XML"
+    ):
+        create_mapper(topology_xml="<nonsense")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(OSError) as failure:
+        create_mapper(topology_xml=SMALL)
+    assert failure.value.errno == errno.ENOENT
+    assert failure.value.strerror == (
+        "mapper 'sdexec.map.HwlocMapper': hwloc-calc not found on PATH"
+        " (it comes with hwloc)"
+    )
+
+
+# --- The CLI -------------------------------------------------------------------
+
+
+def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sdexec.map", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def test_cli_prints_properties_as_json():
+    run = run_cli("--xml", str(DATA / "large.xml"), "--cores", "0-1")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == {
+        "AllowedCPUs": "0-1,64-65",
+        "AllowedMemoryNodes": "0",
+        "DevicePolicy": "closed",
+    }
+
+
+def test_cli_mapper_error_exits_1_without_a_traceback():
+    run = run_cli("--xml", str(DATA / "small.xml"), "--cores", "0", "--gpus", "5")
+    assert run.returncode == 1
+    assert run.stdout == ""
+    assert run.stderr == "mapper failed: GPU 5 is beyond the topology's 2 GPUs\n"
+
+
+def test_cli_custom_mapper_from_a_searchpath(searchpath):
+    run = run_cli(
+        "--xml",
+        str(DATA / "small.xml"),
+        "--mapper",
+        "site.mappers.AccountingMapper",
+        "--searchpath",
+        str(searchpath),
+        "--rank",
+        "2",
+        "--cores",
+        "1",
+    )
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["CPUAccounting"] == "true"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mapper", "json.JSONDecoder"], "mapper failed: mapper 'json.JSONDecoder'"),
+        (["--xml", "/nonexistent.xml"], "mapper failed: No such file or directory"),
+        (["--xml", str(DATA / "small.xml"), "--cores", "x"], "mapper failed: R: exec"),
+    ],
+)
+def test_cli_failures(capsys, args, message):
+    assert main(args) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith(message)
+    assert "Traceback" not in captured.err
+    assert captured.out == ""
+
+
+def test_cli_reports_an_unexpected_exception_from_a_site_mapper(tmp_path, capsys):
+    (tmp_path / "buggy.py").write_text(
+        "from sdexec.map import ResourceMapper\n"
+        "class Buggy(ResourceMapper):\n"
+        "    def map_cores(self, cores):\n"
+        "        return {}['AllowedCPUs']\n"
+    )
+    args = ["--mapper", "buggy.Buggy", "--searchpath", str(tmp_path), "--cores", "0"]
+    assert main(args) == 1
+    assert capsys.readouterr().err == "mapper failed: KeyError: 'AllowedCPUs'\n"
+
+
+def test_cli_usage_error_exits_2():
+    run = run_cli("--rank", "one")
+    assert run.returncode == 2
+    assert "invalid int value: 'one'" in run.stderr
+
+
+# --- This machine's live topology ---------------------------------------------
+
+
+def online(kind: str) -> IDset:
+    """Online CPUs or NUMA nodes, from sysfs."""
+    return IDset(Path(f"/sys/devices/system/{kind}/online").read_text().strip())
+
+
+def test_live_topology_maps_core_0_to_online_cpus():
+    mapper = create_mapper()  # HwlocMapper on lstopo-no-graphics's XML
+    assert isinstance(mapper, HwlocMapper)
+    result = mapper.map(make_R(core="0"))
+    cpus = IDset(result["AllowedCPUs"])
+    assert cpus
+    assert cpus.issubset(online("cpu"))
+    assert cpus.issubset(IDset(os.sched_getaffinity(0)))
+    assert IDset(result["AllowedMemoryNodes"]).issubset(online("node"))
+
+
+def test_cli_reads_the_live_topology_without_xml():
+    run = run_cli("--cores", "0")
+    assert run.returncode == 0, run.stderr
+    assert IDset(json.loads(run.stdout)["AllowedCPUs"]).issubset(online("cpu"))
+
+
+def test_live_topology_xml_is_hwloc_xml():
+    assert "<topology" in live_topology_xml()

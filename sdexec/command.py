@@ -1,0 +1,137 @@
+"""The RFC 42 command object, checked, and the unit properties it implies."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dbus_fast import Variant
+
+from sdexec.property import typed_property
+
+__all__ = ["PROPERTY_PREFIX", "Command", "CommandError", "unit_properties"]
+
+PROPERTY_PREFIX = "SDEXEC_PROP_"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class CommandError(ValueError):
+    """A command object field is missing or mistyped; the message names it."""
+
+
+def _string_map(value: Any, field_name: str) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise CommandError(f"{field_name}: expected an object of strings")
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise CommandError(f"{field_name}.{key}: expected a string")
+    return value
+
+
+@dataclass(frozen=True)
+class Command:
+    """What to run: RFC 42's ``cmdline``, ``cwd``, ``env``, ``opts``,
+    ``channels``."""
+
+    cmdline: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    opts: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    channels: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, cmd: Any) -> Command:
+        """Check a decoded ``cmd`` object; ``CommandError`` names the field."""
+        if not isinstance(cmd, dict):
+            raise CommandError("cmd: expected an object")
+        cmdline = cmd.get("cmdline")
+        if (
+            not isinstance(cmdline, list)
+            or not cmdline
+            or not all(isinstance(arg, str) for arg in cmdline)
+        ):
+            raise CommandError("cmd.cmdline: expected a non-empty array of strings")
+        cwd = cmd.get("cwd")
+        if cwd is not None and not isinstance(cwd, str):
+            raise CommandError("cmd.cwd: expected a string")
+        channels = cmd.get("channels", [])
+        if not isinstance(channels, list) or not all(
+            isinstance(name, str) for name in channels
+        ):
+            raise CommandError("cmd.channels: expected an array of strings")
+        return cls(
+            cmdline=cmdline,
+            env=_string_map(cmd.get("env", {}), "cmd.env"),
+            opts=_string_map(cmd.get("opts", {}), "cmd.opts"),
+            cwd=cwd,
+            channels=channels,
+        )
+
+    def option(self, name: str, default: str | None = None) -> str | None:
+        return self.opts.get(name, default)
+
+    def requested_properties(self) -> dict[str, str]:
+        """The ``SDEXEC_PROP_<Name>`` options, by ``Name``."""
+        return {
+            key[len(PROPERTY_PREFIX) :]: value
+            for key, value in self.opts.items()
+            if key.startswith(PROPERTY_PREFIX) and len(key) > len(PROPERTY_PREFIX)
+        }
+
+    def resolve_executable(self) -> str | None:
+        """``cmdline[0]`` as execvp(3) would find it with this command's
+        ``PATH`` and ``cwd``; ``None`` if there is no such executable.
+
+        systemd searches only its own fixed path for a bare name, not the
+        client's ``PATH``; resolving here keeps ``sdexec run myscript`` working
+        as it would in the client's shell, and turns a missing command into an
+        immediate ENOENT rather than a failed unit.
+        """
+        name = self.cmdline[0]
+        if "/" in name:
+            path = os.path.join(self.cwd or "/", name)
+            return path if os.path.isfile(path) else None
+        for directory in self.env.get("PATH", os.defpath).split(":"):
+            path = os.path.join(self.cwd or "/", directory or ".", name)
+            if os.path.isfile(path) and os.access(path, os.X_OK):
+                return os.path.normpath(path)
+        return None
+
+
+def _environment(env: Mapping[str, str]) -> list[str]:
+    # systemd refuses the whole unit for a name such as BASH_FUNC_ml(%%):
+    # drop those, as Flux does.
+    return [
+        f"{name}={value}" for name, value in env.items() if _ENV_NAME.fullmatch(name)
+    ]
+
+
+def unit_properties(
+    command: Command,
+    executable: str,
+    properties: Mapping[str, str] = {},
+) -> list[tuple[str, Variant]]:
+    """The ``StartTransientUnit`` properties for ``command`` (all but the three
+    fds, which :meth:`sdexec.systemd.SystemdClient.start_transient_unit`
+    adds).
+
+    ``properties`` are extra ``Name → string`` unit properties, already merged
+    by precedence; each is typed by :func:`sdexec.property.typed_property`
+    (``PropertyError`` names a bad one). ``Type`` defaults to ``exec``, so the
+    unit becomes active only once the command was really executed.
+    """
+    unit = [
+        ("Description", Variant("s", " ".join(command.cmdline)[:200])),
+        ("ExecStart", Variant("a(sasb)", [[executable, command.cmdline, False]])),
+        ("RemainAfterExit", Variant("b", True)),
+        ("Environment", Variant("as", _environment(command.env))),
+    ]
+    if command.cwd is not None:
+        unit.append(("WorkingDirectory", Variant("s", command.cwd)))
+    if "Type" not in properties:
+        unit.append(("Type", Variant("s", "exec")))
+    unit.extend(typed_property(name, value) for name, value in properties.items())
+    return unit

@@ -1,0 +1,52 @@
+"""RFC 24 I/O objects: ``{"stream", "rank", "data", "encoding", "eof"}``.
+
+Data that is valid UTF-8 travels as a plain string; anything else as base64
+with ``"encoding": "base64"``, so arbitrary bytes round-trip exactly.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+__all__ = ["decode_io", "encode_io"]
+
+
+def encode_io(stream: str, rank: str, data: bytes = b"", eof: bool = False) -> dict:
+    """An io object for ``data`` (omitted when empty) and/or ``eof``."""
+    io: dict[str, Any] = {"stream": stream, "rank": rank}
+    if data:
+        try:
+            io["data"] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            io["data"] = base64.b64encode(data).decode("ascii")
+            io["encoding"] = "base64"
+    if eof:
+        io["eof"] = True
+    return io
+
+
+def decode_io(io: Any) -> tuple[str, bytes, bool]:
+    """``(stream, data, eof)`` from an io object; ``ValueError`` names a bad
+    field."""
+    if not isinstance(io, dict):
+        raise ValueError("io: expected an object")
+    stream = io.get("stream")
+    if not isinstance(stream, str):
+        raise ValueError("io.stream: expected a string")
+    text = io.get("data", "")
+    if not isinstance(text, str):
+        raise ValueError("io.data: expected a string")
+    eof = io.get("eof", False)
+    if not isinstance(eof, bool):
+        raise ValueError("io.eof: expected a boolean")
+    encoding = io.get("encoding", "UTF-8")
+    if encoding == "base64":
+        try:
+            return stream, base64.b64decode(text, validate=True), eof
+        except binascii.Error as error:
+            raise ValueError(f"io.data: invalid base64: {error}") from None
+    if encoding.upper() not in ("UTF-8", "UTF8"):
+        raise ValueError(f"io.encoding: {encoding!r} is not UTF-8 or base64")
+    return stream, text.encode("utf-8"), eof

@@ -1,0 +1,185 @@
+"""Unit state: systemd's unit properties read as a process's life.
+
+systemd reports a service unit through ``ActiveState``/``SubState`` and the
+``ExecMain*`` properties; RFC 42 wants *started* (a pid), *finished* (a wait
+status) or an error. :class:`UnitStatus` is that translation, a pure function
+of one merged property snapshot (see :class:`sdexec.systemd.UnitWatch`).
+
+Facts this relies on, observed with systemd 252 and ``Type=exec``,
+``RemainAfterExit=yes``:
+
+- a fast process may go from *activating* straight to *active/exited* or
+  *failed*: no signal ever shows *running*, so "started" is also inferred
+  from a valid exit status;
+- ``ExecMainCode``/``ExecMainStatus`` read 0/0 until the process exits; a
+  valid code is a ``CLD_*`` value (> 0);
+- when systemd itself fails to run the command it exits the forked child with
+  one of its own codes, 200-243 (203 is EXEC: the binary could not be
+  executed), so such a status is a failure to execute, not an exit of the
+  command. Flux treats every status ≥ 200 so; 244-255 are ordinary exits here;
+- a unit that fails before forking reports *failed* with no exit status.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["UnitStatus", "wait_status"]
+
+CLD_EXITED, CLD_KILLED, CLD_DUMPED = 1, 2, 3
+SYSTEMD_EXIT_CODES = range(200, 244)
+
+#: systemd's names for its own exit codes (systemd.exec(5), "Process exit codes").
+SYSTEMD_EXIT_NAMES = {
+    200: "CHDIR",
+    201: "NICE",
+    202: "FDS",
+    203: "EXEC",
+    204: "MEMORY",
+    205: "LIMITS",
+    206: "OOM_ADJUST",
+    207: "SIGNAL_MASK",
+    208: "STDIN",
+    209: "STDOUT",
+    210: "CHROOT",
+    211: "IOPRIO",
+    212: "TIMERSLACK",
+    213: "SECUREBITS",
+    214: "SETSCHEDULER",
+    215: "CPUAFFINITY",
+    216: "GROUP",
+    217: "USER",
+    218: "CAPABILITIES",
+    219: "CGROUP",
+    220: "SETSID",
+    221: "CONFIRM",
+    222: "STDERR",
+    224: "PAM",
+    225: "NETWORK",
+    226: "NAMESPACE",
+    227: "NO_NEW_PRIVILEGES",
+    228: "SECCOMP",
+    229: "SELINUX_CONTEXT",
+    230: "PERSONALITY",
+    231: "APPARMOR_PROFILE",
+    232: "ADDRESS_FAMILIES",
+    233: "RUNTIME_DIRECTORY",
+    235: "CHOWN",
+    236: "SMACK_PROCESS_LABEL",
+    237: "KEYRING",
+    238: "STATE_DIRECTORY",
+    239: "CACHE_DIRECTORY",
+    240: "LOGS_DIRECTORY",
+    241: "CONFIGURATION_DIRECTORY",
+    242: "NUMA_POLICY",
+    243: "CREDENTIALS",
+}
+#: The errno a client sees for a systemd exit code: the binary or the working
+#: directory is missing (or unusable) for EXEC and CHDIR; anything else is a
+#: setup failure of the unit.
+_EXIT_ERRNO = {200: errno.ENOENT, 203: errno.ENOENT}
+
+
+def wait_status(code: int, status: int) -> int:
+    """A UNIX wait status from ``ExecMainCode``/``ExecMainStatus``:
+    exited → ``status << 8``; killed → the signal; dumped → signal | 0x80."""
+    if code == CLD_EXITED:
+        return (status & 0xFF) << 8
+    if code == CLD_KILLED:
+        return status & 0x7F
+    if code == CLD_DUMPED:
+        return (status & 0x7F) | 0x80
+    raise ValueError(f"ExecMainCode {code} is not CLD_EXITED, CLD_KILLED or CLD_DUMPED")
+
+
+@dataclass(frozen=True)
+class UnitStatus:
+    """One snapshot of a unit, read as a process's state."""
+
+    active_state: str = ""
+    sub_state: str = ""
+    pid: int = 0
+    code: int = 0
+    status: int = 0
+    result: str = ""
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[str, Any]) -> UnitStatus:
+        """Build from a merged ``Unit`` + ``Service`` property dict."""
+        return cls(
+            active_state=properties.get("ActiveState", ""),
+            sub_state=properties.get("SubState", ""),
+            pid=properties.get("ExecMainPID", 0),
+            code=properties.get("ExecMainCode", 0),
+            status=properties.get("ExecMainStatus", 0),
+            result=properties.get("Result", ""),
+        )
+
+    @property
+    def _exited(self) -> bool:
+        return self.code in (CLD_EXITED, CLD_KILLED, CLD_DUMPED)
+
+    @property
+    def _systemd_exit(self) -> bool:
+        return self.code == CLD_EXITED and self.status in SYSTEMD_EXIT_CODES
+
+    @property
+    def has_started(self) -> bool:
+        """The command is (or was) running: it has a pid and either runs or
+        ended with a status of its own."""
+        if self.pid <= 0:
+            return False
+        running = self.active_state == "active" and self.sub_state == "running"
+        return running or self.has_finished
+
+    @property
+    def has_finished(self) -> bool:
+        """The command ran and ended: :attr:`wait_status` is valid."""
+        return self._exited and not self._systemd_exit
+
+    @property
+    def wait_status(self) -> int:
+        """The UNIX wait status; only valid when :attr:`has_finished`."""
+        return wait_status(self.code, self.status)
+
+    @property
+    def has_failed(self) -> bool:
+        """systemd could not run the command (see :attr:`failure`)."""
+        if self._systemd_exit:
+            return True
+        return self.active_state == "failed" and not self._exited
+
+    @property
+    def failure(self) -> tuple[int, str]:
+        """``(errno, message)`` for a unit that :attr:`has_failed`."""
+        if self._systemd_exit:
+            name = SYSTEMD_EXIT_NAMES.get(self.status, "unknown")
+            return (
+                _EXIT_ERRNO.get(self.status, errno.EIO),
+                f"systemd could not run the command: exit status {self.status}/{name}"
+                f" (result: {self.result or 'unknown'})",
+            )
+        return errno.EIO, f"unit failed (result: {self.result or 'unknown'})"
+
+    @property
+    def is_inactive(self) -> bool:
+        """The unit is stopped: inactive/dead (its fds are released)."""
+        return self.active_state == "inactive"
+
+    @property
+    def needs_stop(self) -> bool:
+        """Active with the main process gone: ``StopUnit`` releases it."""
+        return self.active_state == "active" and self.sub_state == "exited"
+
+    @property
+    def needs_reset(self) -> bool:
+        """Failed: ``ResetFailedUnit`` lets systemd unload it."""
+        return self.active_state == "failed"
+
+    @property
+    def is_deactivating(self) -> bool:
+        """Stopping with processes left in the cgroup: the stop timer's cue."""
+        return self.active_state == "deactivating"

@@ -34,13 +34,14 @@ def _string_map(value: Any, field_name: str) -> dict[str, str]:
 @dataclass(frozen=True)
 class Command:
     """What to run: RFC 42's ``cmdline``, ``cwd``, ``env``, ``opts``,
-    ``channels``."""
+    ``channels``, and an optional ``label`` to find it by."""
 
     cmdline: list[str]
     env: dict[str, str] = field(default_factory=dict)
     opts: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
     channels: list[str] = field(default_factory=list)
+    label: str | None = None
 
     @classmethod
     def from_json(cls, cmd: Any) -> Command:
@@ -57,6 +58,9 @@ class Command:
         cwd = cmd.get("cwd")
         if cwd is not None and not isinstance(cwd, str):
             raise CommandError("cmd.cwd: expected a string")
+        label = cmd.get("label")
+        if label is not None and not isinstance(label, str):
+            raise CommandError("cmd.label: expected a string")
         channels = cmd.get("channels", [])
         if not isinstance(channels, list) or not all(
             isinstance(name, str) for name in channels
@@ -68,6 +72,7 @@ class Command:
             opts=_string_map(cmd.get("opts", {}), "cmd.opts"),
             cwd=cwd,
             channels=channels,
+            label=label,
         )
 
     def option(self, name: str, default: str | None = None) -> str | None:

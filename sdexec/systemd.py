@@ -242,9 +242,9 @@ class SystemdClient:
 
     def reset_failed_unit(self, name: str) -> Deferred[None]:
         """``ResetFailedUnit``: forget a failed unit so it can be unloaded."""
-        return self._defer(
-            self._manager("ResetFailedUnit", "s", [name])
-        ).addCallback(lambda _: None)
+        return self._defer(self._manager("ResetFailedUnit", "s", [name])).addCallback(
+            lambda _: None
+        )
 
     def list_units_by_patterns(
         self, states: list[str], patterns: list[str]

@@ -1,0 +1,184 @@
+"""I/O channels: the service's ends of the process's stdin/stdout/stderr.
+
+Each channel is a ``socketpair(2)``: systemd gets one end (passed as an fd
+in ``StartTransientUnit``), the service keeps the other and hands it to the
+reactor (``adoptStreamConnection``), so reads and writes are non-blocking
+and flow-controlled like any Twisted connection.
+
+systemd holds its ends until the unit is stopped, so an output channel sees
+EOF only after ``StopUnit`` (or when a failed unit is reset).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+from twisted.internet.interfaces import IPushProducer, IReactorSocket
+from twisted.internet.protocol import Factory, Protocol
+from zope.interface import implementer
+
+__all__ = ["InputChannel", "OutputChannel", "socketpair_for_systemd"]
+
+DEFAULT_OUTPUT_BUFSIZE = 1024 * 1024
+DEFAULT_INPUT_BUFSIZE = 4096
+
+
+def socketpair_for_systemd() -> tuple[socket.socket, socket.socket]:
+    """``(ours, systemd's)``: a stream socketpair; ours is non-blocking."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.setblocking(False)
+    return ours, theirs
+
+
+def _adopt(reactor: IReactorSocket, sock: socket.socket, protocol: Protocol) -> None:
+    # adoptStreamConnection duplicates the fd; the original is ours to close.
+    reactor.adoptStreamConnection(
+        sock.fileno(), socket.AF_UNIX, Factory.forProtocol(lambda: protocol)
+    )
+    sock.close()
+
+
+class OutputChannel(Protocol):
+    """Reads one output stream of the process and hands it on in chunks.
+
+    ``on_data(data)`` gets whole lines when line-buffered (the default) —
+    every complete line of a read in one chunk, a partial line held until its
+    newline, a full buffer, or EOF — or each read as it comes otherwise.
+    ``on_eof()`` is called once, after the last data.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        on_data: Callable[[bytes], None],
+        on_eof: Callable[[], None],
+        line_buffered: bool = True,
+        bufsize: int = DEFAULT_OUTPUT_BUFSIZE,
+    ) -> None:
+        self.name = name
+        self.eof = False
+        self._on_data = on_data
+        self._on_eof = on_eof
+        self._line_buffered = line_buffered
+        self._bufsize = bufsize
+        self._partial: list[bytes] = []
+        self._partial_len = 0
+
+    def adopt(self, reactor: IReactorSocket, sock: socket.socket) -> None:
+        """Start reading ``sock`` (our end of the socketpair)."""
+        _adopt(reactor, sock, self)
+
+    def dataReceived(self, data: bytes) -> None:
+        if not self._line_buffered:
+            self._on_data(data)
+            return
+        last_newline = data.rfind(b"\n")
+        if last_newline < 0:
+            self._hold(data)
+            return
+        self._partial.append(data[: last_newline + 1])
+        self._flush()
+        self._hold(data[last_newline + 1 :])
+
+    def connectionLost(self, reason: object = None) -> None:
+        self._flush()
+        self.eof = True
+        self._on_eof()
+
+    def pause(self) -> None:
+        """Stop reading (the client cannot keep up)."""
+        if self.transport is not None and not self.eof:
+            self.transport.pauseProducing()
+
+    def resume(self) -> None:
+        if self.transport is not None and not self.eof:
+            self.transport.resumeProducing()
+
+    def _hold(self, data: bytes) -> None:
+        if data:
+            self._partial.append(data)
+            self._partial_len += len(data)
+            if self._partial_len >= self._bufsize:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self._partial:
+            data = b"".join(self._partial)
+            self._partial, self._partial_len = [], 0
+            self._on_data(data)
+
+
+@implementer(IPushProducer)
+class InputChannel(Protocol):
+    """Writes the client's data to the process's stdin, with RFC 42 credit.
+
+    Data written before the socket is adopted (systemd has not answered yet)
+    is queued, never lost. Credit for written data is returned through
+    ``on_credit(nbytes)`` as soon as the transport accepts it, and withheld
+    while the transport's buffer is full (it pauses us as a producer), so a
+    client that honours credit never makes the service buffer without bound.
+    """
+
+    def __init__(
+        self, on_credit: Callable[[int], None], bufsize: int = DEFAULT_INPUT_BUFSIZE
+    ) -> None:
+        self.bufsize = bufsize
+        self._on_credit = on_credit
+        self._queued: list[bytes] = []
+        self._eof_requested = False
+        self._paused = False
+        self._owed = 0
+        self._closed = False
+
+    def adopt(self, reactor: IReactorSocket, sock: socket.socket) -> None:
+        """Start writing to ``sock`` and flush what was queued."""
+        _adopt(reactor, sock, self)
+
+    def connectionMade(self) -> None:
+        self.transport.registerProducer(self, True)
+        queued, self._queued = self._queued, []
+        for data in queued:
+            self.write(data)
+        if self._eof_requested:
+            self.close()
+
+    def write(self, data: bytes) -> None:
+        """Write (or queue) ``data``; dropped once the channel is closed."""
+        if self._closed or self._eof_requested:
+            return
+        if self.transport is None:
+            self._queued.append(data)
+            return
+        self.transport.write(data)
+        self._owed += len(data)
+        if not self._paused:
+            self._grant()
+
+    def close(self) -> None:
+        """EOF on the process's stdin, after the queued data."""
+        self._eof_requested = True
+        if self.transport is not None and not self._closed:
+            self.transport.unregisterProducer()
+            self.transport.loseWriteConnection()
+            self._closed = True
+
+    def connectionLost(self, reason: object = None) -> None:
+        self._closed = True
+        self._queued = []
+
+    # IPushProducer: the transport tells us when its write buffer is full.
+    def pauseProducing(self) -> None:
+        self._paused = True
+
+    def resumeProducing(self) -> None:
+        self._paused = False
+        self._grant()
+
+    def stopProducing(self) -> None:
+        self._closed = True
+
+    def _grant(self) -> None:
+        if self._owed:
+            owed, self._owed = self._owed, 0
+            self._on_credit(owed)

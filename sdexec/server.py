@@ -1,0 +1,474 @@
+"""The RPC server: requests in, processes made, responses out.
+
+:class:`SdexecServer` holds what outlives a connection (the systemd client,
+the configuration, the process table, counters, the drain state);
+:class:`ClientProtocol` is one client's connection: it checks who the peer
+is, frames and checks requests, and routes responses back by matchtag. See
+``docs/protocol.md`` for the wire format.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import socket
+import struct
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet import defer
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Factory
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from sdexec.command import Command, CommandError, unit_properties
+from sdexec.config import Config
+from sdexec.framing import JSONLineProtocol
+from sdexec.ioencode import decode_io
+from sdexec.process import (
+    FLAG_CHANNEL,
+    FLAG_WRITE_CREDIT,
+    OutputOptions,
+    Process,
+    StopTimerPolicy,
+)
+from sdexec.property import PropertyError, parse_bool
+from sdexec.signals import parse_signal
+from sdexec.systemd import SystemdClient
+
+__all__ = ["ClientProtocol", "RequestError", "SdexecServer"]
+
+log = Logger()
+
+ALL_FLAGS = 1 | 2 | FLAG_CHANNEL | FLAG_WRITE_CREDIT
+_UNIT_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9:_.\-]")
+
+
+class RequestError(Exception):
+    """A request that cannot be served: ``errnum`` and a message naming why."""
+
+    def __init__(self, errnum: int, errstr: str) -> None:
+        super().__init__(errstr)
+        self.errnum = errnum
+        self.errstr = errstr
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a UNIX socket."""
+    creds = sock.getsockopt(
+        socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
+    )
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+def unit_name_for(command: Command) -> str:
+    """``SDEXEC_NAME`` (``.service`` added), else ``sdexec-[JOBID-]UUID.service``
+    with the job id from ``SDEXEC_JOBID`` or the environment's ``FLUX_JOB_ID``."""
+    name = command.option("SDEXEC_NAME")
+    if name:
+        return name if name.endswith(".service") else f"{name}.service"
+    jobid = command.option("SDEXEC_JOBID") or command.env.get("FLUX_JOB_ID")
+    prefix = f"sdexec-{_UNIT_NAME_UNSAFE.sub('_', jobid)}-" if jobid else "sdexec-"
+    return f"{prefix}{uuid.uuid4().hex}.service"
+
+
+def _int_option(command: Command, name: str, default: int) -> int:
+    value = command.option(name)
+    if value is None:
+        return default
+    try:
+        return int(value, 10)
+    except ValueError:
+        raise RequestError(
+            errno.EINVAL, f"{name}: {value!r} is not an integer"
+        ) from None
+
+
+def _positive_option(command: Command, name: str, default: int) -> int:
+    value = _int_option(command, name, default)
+    if value <= 0:
+        raise RequestError(errno.EINVAL, f"{name}: must be a positive number of bytes")
+    return value
+
+
+def _output_options(command: Command, stream: str) -> OutputOptions:
+    line_buffer = command.option(f"{stream}_LINE_BUFFER", "true")
+    try:
+        line_buffered = parse_bool(line_buffer)
+    except ValueError as error:
+        raise RequestError(errno.EINVAL, f"{stream}_LINE_BUFFER: {error}") from None
+    bufsize = _positive_option(command, f"{stream}_BUFSIZE", OutputOptions.bufsize)
+    return OutputOptions(line_buffered=line_buffered, bufsize=bufsize)
+
+
+class SdexecServer:
+    """The service's state and its request handlers (one per topic)."""
+
+    def __init__(
+        self,
+        systemd: SystemdClient,
+        config: Config,
+        reactor: Any,
+        mapper: Any = None,
+        clock: Any = None,
+    ) -> None:
+        self.systemd = systemd
+        self.config = config
+        self.reactor = reactor
+        self.clock = clock or reactor
+        self.mapper = mapper
+        self._all_reaped: list[defer.Deferred] = []
+        self.processes: dict[tuple[int, int], Process] = {}
+        self.counters: Counter[str] = Counter()
+        self.drain_reason: str | None = None
+        self._next_connection_id = 0
+
+    def new_connection_id(self) -> int:
+        self._next_connection_id += 1
+        return self._next_connection_id
+
+    @property
+    def rank(self) -> str:
+        return str(self.config.sdexec.rank)
+
+    # -- exec --------------------------------------------------------------
+
+    def exec(self, connection_id: int, matchtag: int, payload: dict, responder) -> None:
+        """Start a process for an ``sdexec.exec`` request."""
+        if self.drain_reason is not None:
+            raise RequestError(errno.EBUSY, f"node is drained: {self.drain_reason}")
+        flags = payload.get("flags")
+        if not isinstance(flags, int) or isinstance(flags, bool) or flags & ~ALL_FLAGS:
+            raise RequestError(errno.EINVAL, "flags: expected an integer of 1|2|4|8")
+        try:
+            command = Command.from_json(payload.get("cmd"))
+        except CommandError as error:
+            raise RequestError(errno.EINVAL, str(error)) from None
+        if flags & FLAG_CHANNEL or command.channels:
+            raise RequestError(errno.EINVAL, "auxiliary channels are not supported")
+        key = (connection_id, matchtag)
+        if key in self.processes:
+            raise RequestError(errno.EEXIST, f"matchtag {matchtag} is already in use")
+        process = self._make_process(command, flags, responder, key)
+        self.processes[key] = process
+        process.start()
+
+    def _make_process(
+        self, command: Command, flags: int, responder, key: tuple[int, int]
+    ) -> Process:
+        executable = command.resolve_executable()
+        if executable is None:
+            raise RequestError(errno.ENOENT, f"{command.cmdline[0]}: command not found")
+        try:
+            properties = unit_properties(
+                command, executable, self._unit_property_strings(command)
+            )
+        except PropertyError as error:
+            raise RequestError(errno.EINVAL, str(error)) from None
+        exec_config = self.config.exec
+        stop_timer = StopTimerPolicy(
+            seconds=_int_option(
+                command, "SDEXEC_STOP_TIMER_SEC", exec_config.sdexec_stop_timer_sec
+            ),
+            signal=self._signal_option(command),
+        )
+        return Process(
+            self.systemd,
+            unit_name_for(command),
+            properties,
+            responder,
+            reactor=self.reactor,
+            clock=self.clock,
+            flags=flags,
+            rank=self.rank,
+            stop_timer=stop_timer,
+            output={
+                stream: _output_options(command, stream)
+                for stream in ("stdout", "stderr")
+            },
+            stdin_bufsize=_positive_option(command, "stdin_BUFSIZE", 4096),
+            cmdline=command.cmdline,
+            label=command.label,
+            on_reaped=lambda process: self._reaped(key),
+        )
+
+    def _unit_property_strings(self, command: Command) -> dict[str, str]:
+        """Unit properties by precedence: configuration, then the request."""
+        return {
+            **self.config.exec.sdexec_properties,
+            **command.requested_properties(),
+        }
+
+    def _signal_option(self, command: Command) -> int:
+        value = command.option("SDEXEC_STOP_TIMER_SIGNAL")
+        if value is None:
+            return self.config.exec.sdexec_stop_timer_signal
+        try:
+            return parse_signal(value)
+        except ValueError as error:
+            raise RequestError(
+                errno.EINVAL, f"SDEXEC_STOP_TIMER_SIGNAL: {error}"
+            ) from None
+
+    def _reaped(self, key: tuple[int, int]) -> None:
+        self.processes.pop(key, None)
+        self.counters["reaped"] += 1
+        if not self.processes:
+            waiting, self._all_reaped = self._all_reaped, []
+            for waiter in waiting:
+                waiter.callback(None)
+
+    def shutdown(self, grace: float) -> defer.Deferred:
+        """Abandon every process (their units are stopped) and wait up to
+        ``grace`` seconds for all of them to be reaped."""
+        for process in list(self.processes.values()):
+            process.abandon()
+        if not self.processes:
+            return defer.succeed(None)
+        waiter: defer.Deferred = defer.Deferred()
+        self._all_reaped.append(waiter)
+        waiter.addTimeout(grace, self.clock, onTimeoutCancel=self._shutdown_timeout)
+        return waiter
+
+    def _shutdown_timeout(self, result, timeout) -> None:
+        names = ", ".join(process.unit_name for process in self.processes.values())
+        log.error(
+            "units still not reaped after {timeout}s: {names}",
+            timeout=timeout,
+            names=names,
+        )
+
+    # -- write, kill, list, stats ------------------------------------------------
+
+    def write(self, connection_id: int, payload: dict) -> None:
+        """Client data for a process's stdin; unknown targets are dropped."""
+        matchtag = payload.get("matchtag")
+        if not isinstance(matchtag, int) or isinstance(matchtag, bool):
+            raise RequestError(errno.EINVAL, "matchtag: expected an integer")
+        try:
+            stream, data, eof = decode_io(payload.get("io"))
+        except ValueError as error:
+            raise RequestError(errno.EINVAL, str(error)) from None
+        if stream != "stdin":
+            raise RequestError(errno.EINVAL, f"io.stream: {stream!r} is not stdin")
+        process = self.processes.get((connection_id, matchtag))
+        if process is not None:
+            process.write(data, eof)
+
+    def find(self, pid: int | None = None, label: str | None = None) -> Process | None:
+        for process in self.processes.values():
+            if (pid is not None and process.pid == pid) or (
+                label is not None and process.label == label
+            ):
+                return process
+        return None
+
+    def kill(self, payload: dict):
+        """Signal a process by ``pid`` or ``label``; a Deferred."""
+        signum = payload.get("signum")
+        if not isinstance(signum, int) or isinstance(signum, bool) or signum <= 0:
+            raise RequestError(errno.EINVAL, "signum: expected a positive integer")
+        pid, label = payload.get("pid"), payload.get("label")
+        if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
+            raise RequestError(errno.EINVAL, "pid: expected an integer")
+        if label is not None and not isinstance(label, str):
+            raise RequestError(errno.EINVAL, "label: expected a string")
+        if pid is None and label is None:
+            raise RequestError(errno.EINVAL, "kill needs a pid or a label")
+        process = self.find(pid=pid, label=label)
+        if process is None:
+            target = f"pid={pid}" if pid is not None else f"label={label}"
+            raise RequestError(errno.ESRCH, f"kill {target} not found")
+        return process.kill(signum).addCallback(lambda _: {})
+
+    def list(self) -> dict:
+        return {
+            "rank": self.config.sdexec.rank,
+            "procs": [process.describe() for process in self.processes.values()],
+        }
+
+    def stats(self) -> dict:
+        """What ``sdexec.stats-get`` and ``GET /stats`` report."""
+        return {
+            "requests": dict(self.counters),
+            "procs": self.list()["procs"],
+            "job-exec": self.config.introspect(),
+            "config": {
+                "source": self.config.source,
+                **self.config.effective(),
+            },
+            "drain": {
+                "drained": self.drain_reason is not None,
+                "reason": self.drain_reason,
+            },
+        }
+
+    def drain(self, reason: str) -> None:
+        log.error("draining: {reason}", reason=reason)
+        self.drain_reason = reason
+
+    def undrain(self) -> dict:
+        previous, self.drain_reason = self.drain_reason, None
+        if previous is not None:
+            log.info("undrained (was: {reason})", reason=previous)
+        return {"reason": previous}
+
+
+@implementer(IPushProducer)
+class ClientProtocol(JSONLineProtocol):
+    """One client connection."""
+
+    def __init__(self, server: SdexecServer) -> None:
+        super().__init__()
+        self.server = server
+        self.max_frame = server.config.sdexec.max_frame_size
+        self.connection_id = server.new_connection_id()
+        self.authorized = False
+        self._handlers: dict[str, Callable[[int, dict], Any]] = {
+            "sdexec.exec": self._exec,
+            "sdexec.write": self._write,
+            "sdexec.kill": lambda matchtag, payload: self.server.kill(payload),
+            "sdexec.list": lambda matchtag, payload: self.server.list(),
+            "sdexec.stats-get": lambda matchtag, payload: self.server.stats(),
+            "sdexec.undrain": lambda matchtag, payload: self.server.undrain(),
+        }
+
+    def connectionMade(self) -> None:
+        try:
+            uid = peer_uid(self.transport.getHandle())
+        except OSError as error:
+            log.warn("cannot read peer credentials: {error}", error=error)
+            uid = -1
+        self.authorized = uid == os.getuid()
+        if not self.authorized:
+            log.warn("refusing requests from uid {uid}", uid=uid)
+        self.transport.registerProducer(self, True)
+
+    def connectionLost(self, reason: object = None) -> None:
+        for (connection_id, _), process in list(self.server.processes.items()):
+            if connection_id == self.connection_id:
+                process.abandon()
+
+    def framingError(self, reason: str) -> None:
+        self.server.counters["errors"] += 1
+        self._send_error("", 0, errno.EPROTO, reason)
+        self.transport.loseConnection()
+
+    def messageReceived(self, message: dict) -> None:
+        topic = message.get("topic")
+        matchtag = message.get("matchtag")
+        valid_matchtag = isinstance(matchtag, int) and not isinstance(matchtag, bool)
+        reply_topic = topic if isinstance(topic, str) else ""
+        reply_matchtag = matchtag if valid_matchtag else 0
+        try:
+            result = self._dispatch(message, topic, matchtag, valid_matchtag)
+        except RequestError as error:
+            self.server.counters["errors"] += 1
+            self._send_error(reply_topic, reply_matchtag, error.errnum, error.errstr)
+            return
+        if result is None:
+            return
+        if hasattr(result, "addCallbacks"):
+            result.addCallbacks(
+                lambda payload: self._send(reply_topic, reply_matchtag, payload),
+                lambda failure: self._send_error(
+                    reply_topic, reply_matchtag, errno.EIO, failure.getErrorMessage()
+                ),
+            )
+        else:
+            self._send(reply_topic, reply_matchtag, result)
+
+    def _dispatch(self, message: dict, topic, matchtag, valid_matchtag: bool):
+        if message.get("type") != "request":
+            raise RequestError(errno.EPROTO, 'type: expected "request"')
+        if not isinstance(topic, str):
+            raise RequestError(errno.EINVAL, "topic: expected a string")
+        if not valid_matchtag or matchtag < 0:
+            raise RequestError(errno.EINVAL, "matchtag: expected an integer >= 0")
+        payload = message.get("payload", {})
+        if not isinstance(payload, dict):
+            raise RequestError(errno.EINVAL, "payload: expected an object")
+        if not self.authorized:
+            raise RequestError(errno.EPERM, "only the service's owner may use it")
+        handler = self._handlers.get(topic)
+        if handler is None:
+            raise RequestError(errno.ENOSYS, f"unknown topic {topic!r}")
+        self.server.counters[topic] += 1
+        return handler(matchtag, payload)
+
+    def _exec(self, matchtag: int, payload: dict) -> None:
+        self.server.exec(self.connection_id, matchtag, payload, _Stream(self, matchtag))
+
+    def _write(self, matchtag: int, payload: dict) -> None:
+        self.server.write(self.connection_id, payload)
+
+    def _send(self, topic: str, matchtag: int, payload: dict) -> None:
+        self.sendMessage(
+            {
+                "type": "response",
+                "topic": topic,
+                "matchtag": matchtag,
+                "payload": payload,
+            }
+        )
+
+    def _send_error(self, topic: str, matchtag: int, errnum: int, errstr: str) -> None:
+        self.sendMessage(
+            {
+                "type": "response",
+                "topic": topic,
+                "matchtag": matchtag,
+                "errnum": errnum,
+                "errstr": errstr,
+            }
+        )
+
+    # IPushProducer: when the client reads slowly, stop reading process output.
+    def _own_processes(self):
+        return (
+            process
+            for (connection_id, _), process in self.server.processes.items()
+            if connection_id == self.connection_id
+        )
+
+    def pauseProducing(self) -> None:
+        for process in self._own_processes():
+            process.pause_output()
+
+    def resumeProducing(self) -> None:
+        for process in self._own_processes():
+            process.resume_output()
+
+    def stopProducing(self) -> None:
+        pass
+
+
+class _Stream:
+    """The responder for one exec request on one connection."""
+
+    def __init__(self, protocol: ClientProtocol, matchtag: int) -> None:
+        self._protocol = protocol
+        self._matchtag = matchtag
+
+    def respond(self, payload: dict) -> None:
+        self._protocol._send("sdexec.exec", self._matchtag, payload)
+
+    def error(self, errnum: int, errstr: str) -> None:
+        self._protocol._send_error("sdexec.exec", self._matchtag, errnum, errstr)
+
+
+class ClientFactory(Factory):
+    """Makes a :class:`ClientProtocol` per connection."""
+
+    def __init__(self, server: SdexecServer) -> None:
+        self.server = server
+
+    def buildProtocol(self, addr) -> ClientProtocol:
+        protocol = ClientProtocol(self.server)
+        protocol.factory = self
+        return protocol

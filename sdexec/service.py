@@ -1,0 +1,131 @@
+"""The long-running service: config, systemd, the RPC and stats endpoints.
+
+:class:`SdexecService` is what the twistd plugin runs. Start-up order:
+connect to systemd (a service that cannot reach systemd exits with that
+reason), then listen. ``SIGHUP`` reloads the configuration: a bad file is
+logged and the running configuration stays. Stopping the service stops and
+reaps every unit it started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet import defer
+from twisted.internet.endpoints import serverFromString
+from twisted.logger import Logger
+
+from sdexec.config import Config, ConfigError, load_config
+from sdexec.server import ClientFactory, SdexecServer
+from sdexec.stats import stats_site
+from sdexec.systemd import SystemdClient
+
+__all__ = ["SdexecService", "default_listen_endpoint"]
+
+log = Logger()
+
+DEFAULT_STATS_ENDPOINT = "tcp:8490:interface=127.0.0.1"
+#: How long stopping the service waits for its units to be reaped.
+SHUTDOWN_GRACE_SECONDS = 10.0
+
+
+def default_listen_endpoint() -> str:
+    """``unix:$XDG_RUNTIME_DIR/sdexec/sdexec.sock`` (mode 0600), creating
+    the directory with mode 0700."""
+    runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
+    if not runtime_dir:
+        raise ConfigError(
+            "XDG_RUNTIME_DIR is not set: give --listen or [sdexec] listen"
+        )
+    directory = os.path.join(runtime_dir, "sdexec")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)
+    path = os.path.join(directory, "sdexec.sock").replace(":", r"\:")
+    return f"unix:{path}:mode=600:lockfile=1"
+
+
+class SdexecService(Service):
+    """Runs the sdexec RPC server and its stats endpoint."""
+
+    def __init__(
+        self,
+        config: Config,
+        reactor: Any,
+        listen: str | None = None,
+        stats: str | None = None,
+    ) -> None:
+        self.config = config
+        self.reactor = reactor
+        self.listen = listen or config.sdexec.listen or default_listen_endpoint()
+        self.stats = stats or config.sdexec.stats or DEFAULT_STATS_ENDPOINT
+        self.server: SdexecServer | None = None
+        self.ports: dict[str, Any] = {}
+        self.ready: defer.Deferred = defer.Deferred()
+
+    def startService(self) -> None:
+        super().startService()
+        self._start().addCallbacks(self.ready.callback, self._start_failed)
+
+    @defer.inlineCallbacks
+    def _start(self):
+        systemd = yield SystemdClient.connect()
+        systemd.disconnected.addCallback(self._lost_systemd)
+        self.server = SdexecServer(systemd, self.config, self.reactor)
+        self.ports["listen"] = yield serverFromString(self.reactor, self.listen).listen(
+            ClientFactory(self.server)
+        )
+        self.ports["stats"] = yield serverFromString(self.reactor, self.stats).listen(
+            stats_site(self.server.stats)
+        )
+        self._install_sighup()
+        log.info(
+            "sdexec listening on {listen}, stats on {stats}",
+            listen=self.listen,
+            stats=self.stats,
+        )
+        return self
+
+    def _start_failed(self, failure) -> None:
+        log.failure(
+            "sdexec could not start: {error}", failure, error=failure.getErrorMessage()
+        )
+        self.ready.errback(failure)
+        if self.reactor.running:
+            self.reactor.stop()
+
+    def _lost_systemd(self, _: object) -> None:
+        if self.running:
+            log.error("lost the D-Bus connection to systemd; stopping")
+            self.reactor.stop()
+
+    def _install_sighup(self) -> None:
+        # Called from the reactor thread; the handler only schedules work.
+        signal.signal(
+            signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload)
+        )
+
+    def reload(self, path: str | None = None) -> bool:
+        """Load the configuration again; a bad file keeps the old one."""
+        path = path or self.config.source
+        try:
+            config = load_config(path)
+        except ConfigError as error:
+            log.error("reload refused, old configuration kept: {error}", error=error)
+            return False
+        self.config = config
+        if self.server is not None:
+            self.server.config = config
+        log.info("configuration reloaded from {path}", path=path)
+        return True
+
+    @defer.inlineCallbacks
+    def stopService(self):
+        super().stopService()
+        for port in self.ports.values():
+            yield port.stopListening()
+        if self.server is not None:
+            yield self.server.shutdown(SHUTDOWN_GRACE_SECONDS)
+            self.server.systemd.disconnect()

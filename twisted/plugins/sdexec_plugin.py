@@ -1,0 +1,78 @@
+"""twistd plugin: ``twistd -n sdexec --config FILE [--listen EP] [--stats EP]``.
+
+This file lives in the checkout's ``twisted/plugins/`` directory (no
+``__init__.py`` here, by Twisted's plugin convention); it is found when the
+checkout is on ``sys.path`` (``scripts/install`` makes it so).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from twisted.application.service import IServiceMaker
+from twisted.plugin import IPlugin
+from twisted.python import usage
+from zope.interface import implementer
+
+
+class Options(usage.Options):
+    optParameters = [  # noqa: RUF012 - Twisted's usage.Options convention
+        ["config", "c", None, "configuration file (TOML, or YAML)"],
+        [
+            "listen",
+            "l",
+            None,
+            "endpoint for requests (default: [sdexec] listen, else"
+            " unix:$XDG_RUNTIME_DIR/sdexec/sdexec.sock)",
+        ],
+        [
+            "stats",
+            "s",
+            None,
+            "endpoint for GET /stats (default: [sdexec] stats, else"
+            " tcp:8490:interface=127.0.0.1)",
+        ],
+    ]
+
+    def postOptions(self) -> None:
+        if not self["config"]:
+            raise usage.UsageError("--config FILE is required")
+
+
+def _asyncio_reactor():
+    """The reactor, which must be Twisted's asyncio reactor: dbus-fast is
+    asyncio-based. Installs it if no reactor is installed yet."""
+    if "twisted.internet.reactor" not in sys.modules:
+        from twisted.internet import asyncioreactor
+
+        asyncioreactor.install()
+    from twisted.internet import reactor
+    from twisted.internet.asyncioreactor import AsyncioSelectorReactor
+
+    if not isinstance(reactor, AsyncioSelectorReactor):
+        raise usage.UsageError(
+            f"sdexec needs the asyncio reactor, not {type(reactor).__name__}:"
+            " run twistd with --reactor=asyncio (or without --reactor)"
+        )
+    return reactor
+
+
+@implementer(IServiceMaker, IPlugin)
+class SdexecServiceMaker:
+    tapname = "sdexec"
+    description = "Run processes as transient systemd units (RFC 42 server)"
+    options = Options
+
+    def makeService(self, options: Options):
+        reactor = _asyncio_reactor()
+        from sdexec.config import ConfigError, load_config
+        from sdexec.service import SdexecService
+
+        try:
+            config = load_config(options["config"])
+            return SdexecService(config, reactor, options["listen"], options["stats"])
+        except ConfigError as error:
+            raise SystemExit(f"sdexec: {error}") from None
+
+
+serviceMaker = SdexecServiceMaker()

@@ -198,6 +198,11 @@ class SdexecConfig:
     topology: str | None = None
     #: The largest request or response frame, in bytes.
     max_frame_size: int = 64 * MiB
+    #: What to do when a job's CPU fence is found not enforced: ``"drain"``
+    #: (fail the job, refuse further execs until undrained) or ``"warn"``
+    #: (log it and let the job run: for test nodes whose cgroups cannot
+    #: enforce, by an admin's explicit choice).
+    containment_check: str = "drain"
 
     @property
     def mapper_searchpath_dirs(self) -> list[str]:
@@ -313,6 +318,15 @@ def _string(value: object) -> str:
     if not isinstance(value, str) or not value:
         raise _expected("a non-empty string", value)
     return value
+
+
+def _one_of(*allowed: str) -> Callable[[object], str]:
+    def check(value: object) -> str:
+        if value not in allowed:
+            raise _expected(" or ".join(f'"{choice}"' for choice in allowed), value)
+        return value
+
+    return check
 
 
 def _searchpath(value: object) -> str:
@@ -487,6 +501,7 @@ _SDEXEC: _Table = {
     "rank": _Key(_integer(0)),
     "topology": _Key(_string),
     "max-frame-size": _Key(_frame_size),
+    "containment-check": _Key(_one_of("drain", "warn")),
 }
 
 _SYSTEMD: _Table = {

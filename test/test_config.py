@@ -135,6 +135,8 @@ KEYS = [
     Key("sdexec.max-frame-size", "sdexec.max_frame_size", 64 * MiB, "16M", 16 * MiB,
         "512K",
         'expected a size of at least 1M (bytes, or with K, M or G), got "512K"'),
+    Key("sdexec.containment-check", "sdexec.containment_check", "drain", "warn",
+        "warn", "off", 'expected "drain" or "warn", got "off"'),
     Key("systemd.enable", "systemd.enable", False, True, True, "yes",
         f'{BOOLEAN}, got "yes"'),
     Key("systemd.sdexec-debug", "systemd.sdexec_debug", False, True, True, 1,

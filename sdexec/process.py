@@ -12,6 +12,7 @@ made it, systemd's events drive it, responses leave through its
 from __future__ import annotations
 
 import errno
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -96,6 +97,7 @@ class Process:
         cmdline: list[str] = (),
         label: str | None = None,
         on_reaped: Callable[[Process], None] = lambda process: None,
+        verify: Callable[[dict[str, Any], int], str | None] | None = None,
     ) -> None:
         self.unit_name = unit_name
         self.cmdline = list(cmdline)
@@ -111,6 +113,7 @@ class Process:
         self._rank = rank
         self._stop_timer = stop_timer
         self._on_reaped = on_reaped
+        self._verify = verify
         self._watch: UnitWatch | None = None
         self._timer = None
         self._timer_expiries = 0
@@ -240,7 +243,12 @@ class Process:
         if status.pid > 0 and self.pid is None:
             self.pid = status.pid
         if status.has_started and "started" not in self._sent:
-            self._once("started", {"type": "started", "pid": status.pid})
+            problem = self._verify(properties, status.pid) if self._verify else None
+            if problem is None:
+                self._once("started", {"type": "started", "pid": status.pid})
+            else:
+                self._sent.add("started")  # never: the job is refused instead
+                self._refuse(problem)
             self._output_gate_open = True
             self._resume_unless_client_paused()
         if status.has_finished:
@@ -288,6 +296,13 @@ class Process:
                 self._ended = True
                 self._responder.error(errno.ENODATA, "")
             self._reap()
+
+    def _refuse(self, problem: str) -> None:
+        """The unit runs outside its fence: fail the request, kill it now."""
+        log.error("{unit}: {problem}", unit=self.unit_name, problem=problem)
+        self._fail(errno.EIO, problem)
+        self.kill(signal.SIGKILL).addErrback(self._log_failure, "KillUnit(SIGKILL)")
+        self._stop()
 
     def _fail(self, errnum: int, errstr: str) -> None:
         """End the stream with an error (no more responses follow)."""
@@ -351,7 +366,7 @@ class Process:
         self._timer = None
         self._timer_expiries += 1
         if self._timer_expiries == 1:
-            self._escalate(15)
+            self._escalate(signal.SIGTERM)
         elif self._timer_expiries == 2:
             self._escalate(self._stop_timer.signal)
         else:

@@ -27,7 +27,15 @@ from zope.interface import implementer
 
 from sdexec.command import Command, CommandError, unit_properties
 from sdexec.config import Config
+from sdexec.containment import (
+    R_OPTION,
+    Containment,
+    MapperError,
+    check_cpu_fence,
+    enforced_cpus,
+)
 from sdexec.framing import JSONLineProtocol
+from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
 from sdexec.process import (
     FLAG_CHANNEL,
@@ -114,14 +122,14 @@ class SdexecServer:
         systemd: SystemdClient,
         config: Config,
         reactor: Any,
-        mapper: Any = None,
+        containment: Containment | None = None,
         clock: Any = None,
     ) -> None:
         self.systemd = systemd
         self.config = config
         self.reactor = reactor
         self.clock = clock or reactor
-        self.mapper = mapper
+        self.containment = containment or Containment(config, None)
         self._all_reaped: list[defer.Deferred] = []
         self.processes: dict[tuple[int, int], Process] = {}
         self.counters: Counter[str] = Counter()
@@ -141,7 +149,10 @@ class SdexecServer:
     def exec(self, connection_id: int, matchtag: int, payload: dict, responder) -> None:
         """Start a process for an ``sdexec.exec`` request."""
         if self.drain_reason is not None:
-            raise RequestError(errno.EBUSY, f"node is drained: {self.drain_reason}")
+            raise RequestError(
+                errno.EBUSY,
+                f"node is drained: {self.drain_reason} (sdexec undrain clears it)",
+            )
         flags = payload.get("flags")
         if not isinstance(flags, int) or isinstance(flags, bool) or flags & ~ALL_FLAGS:
             raise RequestError(errno.EINVAL, "flags: expected an integer of 1|2|4|8")
@@ -164,9 +175,16 @@ class SdexecServer:
         executable = command.resolve_executable()
         if executable is None:
             raise RequestError(errno.ENOENT, f"{command.cmdline[0]}: command not found")
+        mapped = self._mapped_properties(command)
         try:
             properties = unit_properties(
-                command, executable, self._unit_property_strings(command)
+                command,
+                executable,
+                {
+                    **self.config.exec.sdexec_properties,
+                    **command.requested_properties(),
+                    **mapped,  # containment wins: a request cannot loosen it
+                },
             )
         except PropertyError as error:
             raise RequestError(errno.EINVAL, str(error)) from None
@@ -195,14 +213,45 @@ class SdexecServer:
             cmdline=command.cmdline,
             label=command.label,
             on_reaped=lambda process: self._reaped(key),
+            verify=self._fence_verifier(mapped),
         )
 
-    def _unit_property_strings(self, command: Command) -> dict[str, str]:
-        """Unit properties by precedence: configuration, then the request."""
-        return {
-            **self.config.exec.sdexec_properties,
-            **command.requested_properties(),
-        }
+    def _mapped_properties(self, command: Command) -> dict[str, str]:
+        try:
+            mapped = self.containment.properties(command)
+        except MapperError as error:
+            cause = error.__cause__
+            errnum = cause.errno if isinstance(cause, OSError) and cause.errno else None
+            raise RequestError(errnum or errno.EINVAL, str(error)) from None
+        if command.option(R_OPTION) is not None and self.containment.enabled:
+            self.counters["mapper"] += 1
+        return mapped
+
+    def _fence_verifier(self, mapped: dict[str, str]):
+        """The check run when the unit starts, if the mapper fenced CPUs."""
+        allowed = mapped.get("AllowedCPUs")
+        if not allowed:
+            return None
+        expected = IDset(allowed)
+        return lambda state, pid: self._verify_fence(expected, state, pid)
+
+    def _verify_fence(self, expected: IDset, state: dict, pid: int) -> str | None:
+        actual = enforced_cpus(state.get("ControlGroup"), pid)
+        if actual is None:
+            log.warn("pid {pid} exited before its CPU fence could be checked", pid=pid)
+            return None
+        problem = check_cpu_fence(expected, actual)
+        if problem is None:
+            return None
+        self.counters["fence-failures"] += 1
+        if self.containment.check == "warn":
+            log.warn(
+                "{problem} (containment-check = warn: job left running)",
+                problem=problem,
+            )
+            return None
+        self.drain(problem)
+        return problem
 
     def _signal_option(self, command: Command) -> int:
         value = command.option("SDEXEC_STOP_TIMER_SIGNAL")
@@ -302,6 +351,7 @@ class SdexecServer:
                 "source": self.config.source,
                 **self.config.effective(),
             },
+            "mapper": self.containment.stats(self.counters["mapper"]),
             "drain": {
                 "drained": self.drain_reason is not None,
                 "reason": self.drain_reason,

@@ -19,6 +19,7 @@ from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
 from sdexec.config import Config, ConfigError, load_config
+from sdexec.containment import Containment
 from sdexec.server import ClientFactory, SdexecServer
 from sdexec.stats import stats_site
 from sdexec.systemd import SystemdClient
@@ -71,9 +72,10 @@ class SdexecService(Service):
 
     @defer.inlineCallbacks
     def _start(self):
+        containment = Containment.from_config(self.config)
         systemd = yield SystemdClient.connect()
         systemd.disconnected.addCallback(self._lost_systemd)
-        self.server = SdexecServer(systemd, self.config, self.reactor)
+        self.server = SdexecServer(systemd, self.config, self.reactor, containment)
         self.ports["listen"] = yield serverFromString(self.reactor, self.listen).listen(
             ClientFactory(self.server)
         )
@@ -108,16 +110,20 @@ class SdexecService(Service):
         )
 
     def reload(self, path: str | None = None) -> bool:
-        """Load the configuration again; a bad file keeps the old one."""
+        """Load the configuration again and rebuild the mapper; a bad file or
+        a mapper that cannot be built keeps the old configuration in force.
+        Running units are not touched; the next request sees the new one."""
         path = path or self.config.source
         try:
             config = load_config(path)
-        except ConfigError as error:
+            containment = Containment.from_config(config)
+        except (ConfigError, ValueError, OSError) as error:
             log.error("reload refused, old configuration kept: {error}", error=error)
             return False
         self.config = config
         if self.server is not None:
             self.server.config = config
+            self.server.containment = containment
         log.info("configuration reloaded from {path}", path=path)
         return True
 

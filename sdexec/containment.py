@@ -1,0 +1,152 @@
+"""Resource containment: Flux's sdexec-mapper, joined to the service.
+
+:class:`Containment` is built once per configuration: it loads the
+configured mapper class (``[sdexec] mapper``, ``mapper-searchpath``) with
+the node's topology, then turns each request's ``SDEXEC_R_LOCAL`` into unit
+properties. After the unit starts, :func:`check_cpu_fence` verifies that the
+CPU set is really enforced: a node whose cpuset controller is not delegated
+to the user manager (any cgroup v1 node, for one) stores ``AllowedCPUs`` but
+does not apply it, and must not keep running jobs unfenced.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from sdexec.command import Command
+from sdexec.config import Config
+from sdexec.idset import IDset
+from sdexec.map import ResourceMapper, create_mapper
+
+__all__ = [
+    "Containment",
+    "MapperError",
+    "check_cpu_fence",
+    "enforced_cpus",
+]
+
+R_OPTION = "SDEXEC_R_LOCAL"
+
+
+class MapperError(Exception):
+    """The mapper failed for one request; the message names the class."""
+
+
+class Containment:
+    """The configured mapper and its statistics."""
+
+    def __init__(self, config: Config, mapper: ResourceMapper | None) -> None:
+        self.enabled = config.exec.sdexec_constrain_resources
+        self.mapper_class = config.sdexec.mapper
+        self.mapper_searchpath = config.sdexec.mapper_searchpath
+        self.extra_properties = dict(config.exec.sdexec_properties)
+        self.check = config.sdexec.containment_check
+        self.mapper = mapper
+
+    @classmethod
+    def from_config(cls, config: Config) -> Containment:
+        """Build the mapper when containment is on (reading the topology
+        once: ``[sdexec] topology`` or the live one from lstopo).
+
+        ``ValueError``/``OSError`` (naming the mapper class) if it cannot be
+        built; the caller refuses the configuration then.
+        """
+        if not config.exec.sdexec_constrain_resources:
+            return cls(config, None)
+        topology = config.sdexec.topology
+        xml = None
+        if topology is not None:
+            try:
+                with open(topology, encoding="utf-8") as file:
+                    xml = file.read()
+            except OSError as error:
+                raise OSError(
+                    error.errno, f"sdexec.topology: {topology}: {error.strerror}"
+                ) from None
+        mapper = create_mapper(
+            config.sdexec.mapper,
+            config.sdexec.mapper_searchpath,
+            config.sdexec.rank,
+            topology_xml=xml,
+        )
+        return cls(config, mapper)
+
+    def properties(self, command: Command) -> dict[str, str]:
+        """The mapper's unit properties for this request (``{}`` when
+        containment is off or the request carries no R)."""
+        resource_set = command.option(R_OPTION)
+        if not self.enabled or resource_set is None or self.mapper is None:
+            return {}
+        try:
+            mapped = self.mapper.map(
+                resource_set, extra_properties=dict(self.extra_properties)
+            )
+        except Exception as error:  # a custom mapper may raise anything
+            raise MapperError(
+                f"mapper {self.mapper_class} failed: {type(error).__name__}: {error}"
+            ) from error
+        if not isinstance(mapped, Mapping):
+            raise MapperError(
+                f"mapper {self.mapper_class} returned"
+                f" {type(mapped).__name__}, not a dict of properties"
+            )
+        # Values reach systemd as strings; a custom mapper may give ints or
+        # booleans (str(True) is "True", which the property parser accepts).
+        return {str(name): str(value) for name, value in mapped.items()}
+
+    def stats(self, requests: int) -> dict[str, Any]:
+        """The module statistics Flux's sdexec-mapper reports."""
+        return {
+            "config": {
+                "mapper_class": self.mapper_class,
+                "mapper_searchpath": self.mapper_searchpath,
+            },
+            "requests": requests,
+        }
+
+
+def enforced_cpus(control_group: str | None, pid: int, root: str = "/") -> IDset | None:
+    """The CPUs a unit's processes may really use, or ``None`` if nothing
+    can be read (the process and its cgroup are gone).
+
+    Read in order: the unit's cgroup v2 ``cpuset.cpus.effective``, its cgroup
+    v1 ``cpuset.cpus``, then the main process's ``Cpus_allowed_list``.
+    """
+    candidates = []
+    if control_group:
+        relative = control_group.lstrip("/")
+        candidates += [
+            os.path.join(root, "sys/fs/cgroup", relative, "cpuset.cpus.effective"),
+            os.path.join(root, "sys/fs/cgroup/cpuset", relative, "cpuset.cpus"),
+        ]
+    for path in candidates:
+        try:
+            with open(path, encoding="ascii") as file:
+                return IDset(file.read().strip())
+        except (OSError, ValueError):
+            continue
+    return _process_cpus(pid, root)
+
+
+def _process_cpus(pid: int, root: str) -> IDset | None:
+    try:
+        with open(os.path.join(root, f"proc/{pid}/status"), encoding="ascii") as file:
+            for line in file:
+                if line.startswith("Cpus_allowed_list:"):
+                    return IDset(line.split(":", 1)[1].strip())
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def check_cpu_fence(expected: IDset, actual: IDset) -> str | None:
+    """``None`` if the fence holds (the usable CPUs are within the allowed
+    ones), else the reason, for the client and the drain record."""
+    if actual.issubset(expected):
+        return None
+    return (
+        f"AllowedCPUs not enforced: expected {expected} got {actual}"
+        " (is the cpuset controller delegated to the user instance?)"
+    )

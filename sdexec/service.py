@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from typing import Any
 
 from twisted.application.service import Service
@@ -22,7 +23,7 @@ from sdexec.config import Config, ConfigError, load_config
 from sdexec.containment import Containment
 from sdexec.server import ClientFactory, SdexecServer
 from sdexec.stats import stats_site
-from sdexec.systemd import SystemdClient
+from sdexec.systemd import SystemdClient, SystemdError
 
 __all__ = ["SdexecService", "default_listen_endpoint"]
 
@@ -48,6 +49,12 @@ def default_listen_endpoint() -> str:
     return f"unix:{path}:mode=600:lockfile=1"
 
 
+def _exit_failed() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
 class SdexecService(Service):
     """Runs the sdexec RPC server and its stats endpoint."""
 
@@ -57,7 +64,12 @@ class SdexecService(Service):
         reactor: Any,
         listen: str | None = None,
         stats: str | None = None,
+        exit_on_failure: bool = False,
     ) -> None:
+        """``exit_on_failure``: a start that fails ends the process with
+        status 1 (what twistd wants; tests keep it off and read
+        :attr:`ready`)."""
+        self.exit_on_failure = exit_on_failure
         self.config = config
         self.reactor = reactor
         self.listen = listen or config.sdexec.listen or default_listen_endpoint()
@@ -91,12 +103,21 @@ class SdexecService(Service):
         return self
 
     def _start_failed(self, failure) -> None:
-        log.failure(
-            "sdexec could not start: {error}", failure, error=failure.getErrorMessage()
-        )
+        if failure.check(SystemdError, ConfigError, ValueError, OSError):
+            log.error(
+                "sdexec could not start: {error}", error=failure.getErrorMessage()
+            )
+        else:
+            log.failure("sdexec could not start", failure)
         self.ready.errback(failure)
-        if self.reactor.running:
-            self.reactor.stop()
+        if self.exit_on_failure:
+            self.reactor.callWhenRunning(self._exit_after_shutdown)
+
+    def _exit_after_shutdown(self) -> None:
+        # twistd has no exit status of its own: leave with 1 once the reactor
+        # has shut down (and the log is flushed).
+        self.reactor.addSystemEventTrigger("after", "shutdown", _exit_failed)
+        self.reactor.stop()
 
     def _lost_systemd(self, _: object) -> None:
         if self.running:

@@ -70,7 +70,13 @@ class SdexecServiceMaker:
 
         try:
             config = load_config(options["config"])
-            return SdexecService(config, reactor, options["listen"], options["stats"])
+            return SdexecService(
+                config,
+                reactor,
+                options["listen"],
+                options["stats"],
+                exit_on_failure=True,
+            )
         except ConfigError as error:
             raise SystemExit(f"sdexec: {error}") from None
 

@@ -159,6 +159,9 @@ class Process:
         }
         self._watch = self._systemd.watch_unit(self.unit_name, self._unit_changed)
         self.stdin.adopt(self._reactor, pairs["stdin"][0])
+        for name in ("stdout", "stderr"):
+            if name not in self._outputs:
+                pairs[name][0].close()  # nobody would read it
         for name, channel in self._outputs.items():
             channel.adopt(self._reactor, pairs[name][0])
             # RFC 42 wants `started` before any output: leave the data in the

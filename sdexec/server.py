@@ -46,6 +46,7 @@ from sdexec.process import (
 )
 from sdexec.property import PropertyError, parse_bool
 from sdexec.signals import parse_signal
+from sdexec.sizes import parse_size
 from sdexec.systemd import SystemdClient
 
 __all__ = ["ClientProtocol", "RequestError", "SdexecServer"]
@@ -97,11 +98,17 @@ def _int_option(command: Command, name: str, default: int) -> int:
         ) from None
 
 
-def _positive_option(command: Command, name: str, default: int) -> int:
-    value = _int_option(command, name, default)
-    if value <= 0:
-        raise RequestError(errno.EINVAL, f"{name}: must be a positive number of bytes")
-    return value
+def _size_option(command: Command, name: str, default: int) -> int:
+    value = command.option(name)
+    if value is None:
+        return default
+    try:
+        size = parse_size(value)
+    except ValueError as error:
+        raise RequestError(errno.EINVAL, f"{name}: {error}") from None
+    if size <= 0:
+        raise RequestError(errno.EINVAL, f"{name}: must be at least one byte")
+    return size
 
 
 def _output_options(command: Command, stream: str) -> OutputOptions:
@@ -110,7 +117,7 @@ def _output_options(command: Command, stream: str) -> OutputOptions:
         line_buffered = parse_bool(line_buffer)
     except ValueError as error:
         raise RequestError(errno.EINVAL, f"{stream}_LINE_BUFFER: {error}") from None
-    bufsize = _positive_option(command, f"{stream}_BUFSIZE", OutputOptions.bufsize)
+    bufsize = _size_option(command, f"{stream}_BUFSIZE", OutputOptions.bufsize)
     return OutputOptions(line_buffered=line_buffered, bufsize=bufsize)
 
 
@@ -209,7 +216,7 @@ class SdexecServer:
                 stream: _output_options(command, stream)
                 for stream in ("stdout", "stderr")
             },
-            stdin_bufsize=_positive_option(command, "stdin_BUFSIZE", 4096),
+            stdin_bufsize=_size_option(command, "stdin_BUFSIZE", 4096),
             cmdline=command.cmdline,
             label=command.label,
             on_reaped=lambda process: self._reaped(key),

@@ -96,7 +96,7 @@ def make_process(seconds: float = 10, second_signal: int = signal.SIGKILL):
 
 
 def test_started_finished_then_stop_requested():
-    process, systemd, responder, _ = make_process()
+    _, systemd, responder, _ = make_process()
     systemd.watch_callback(RUNNING)
     systemd.watch_callback(EXITED)
     assert responder.types() == ["started", "finished"]
@@ -105,7 +105,7 @@ def test_started_finished_then_stop_requested():
 
 
 def test_stream_ends_with_enodata_once_inactive():
-    process, systemd, responder, _ = make_process()
+    _, systemd, responder, _ = make_process()
     for state in (RUNNING, EXITED, INACTIVE):
         systemd.watch_callback(state)
     assert responder.types() == ["started", "finished", errno.ENODATA]
@@ -130,7 +130,7 @@ def test_exec_failure_is_an_error_not_finished():
 
 
 def test_stop_timer_escalates_sigterm_then_signal_then_edeadlk():
-    process, systemd, responder, clock = make_process(seconds=10, second_signal=10)
+    _, systemd, responder, clock = make_process(seconds=10, second_signal=10)
     systemd.watch_callback(RUNNING)
     systemd.watch_callback(DEACTIVATING)
     clock.advance(9.9)

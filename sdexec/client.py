@@ -1,0 +1,441 @@
+"""A Twisted client for the sdexec service (docs/protocol.md).
+
+::
+
+    client = yield connect(reactor, resolve_socket_path())
+    handle = client.exec({"cmdline": ["hostname"], ...}, STDOUT | STDERR, print)
+    yield handle.done  # None once the stream ends with ENODATA
+    yield client.close()
+
+Every error this module raises or errbacks with is a :class:`SdexecError`
+whose ``str()`` is one line that can be shown to a user as it is.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from twisted.internet.defer import Deferred, fail
+from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
+from twisted.internet.interfaces import IConsumer, IPushProducer, IReactorUNIX
+from twisted.internet.protocol import connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from sdexec.framing import JSONLineProtocol
+from sdexec.ioencode import encode_io
+from sdexec.sizes import parse_size
+
+__all__ = [
+    "DEFAULT_STDIN_BUFSIZE",
+    "SOCKET_ENV",
+    "STDERR",
+    "STDOUT",
+    "WRITE_CREDIT",
+    "ConnectionFailed",
+    "ExecHandle",
+    "RPCError",
+    "SdexecClient",
+    "SdexecError",
+    "connect",
+    "default_socket_path",
+    "resolve_socket_path",
+]
+
+#: ``sdexec.exec`` flags (RFC 42).
+STDOUT = 1
+STDERR = 2
+WRITE_CREDIT = 8
+
+#: What a client may send before the first ``add-credit`` (RFC 42) unless the
+#: command's ``stdin_BUFSIZE`` option says otherwise.
+DEFAULT_STDIN_BUFSIZE = 4096
+
+#: The environment variable naming the service's socket.
+SOCKET_ENV = "SDEXEC_SOCKET"
+
+_log = Logger()
+
+
+class SdexecError(Exception):
+    """Any failure of this client; ``str()`` is a one-line message."""
+
+
+class ConnectionFailed(SdexecError):
+    """The service could not be reached, or the connection to it broke."""
+
+
+class RPCError(SdexecError):
+    """An error response: ``errnum`` is a Linux errno, ``errstr`` says why."""
+
+    def __init__(self, errnum: int, errstr: str) -> None:
+        self.errnum = errnum
+        self.errstr = errstr or os.strerror(errnum)
+        super().__init__(self.errstr)
+
+    def __str__(self) -> str:
+        return self.errstr
+
+
+def default_socket_path(environ: Mapping[str, str] | None = None) -> str:
+    """``$XDG_RUNTIME_DIR/sdexec/sdexec.sock``, where the service listens by
+    default. :class:`SdexecError` if ``XDG_RUNTIME_DIR`` is unset."""
+    runtime_dir = (os.environ if environ is None else environ).get("XDG_RUNTIME_DIR")
+    if not runtime_dir:
+        raise SdexecError(
+            f"XDG_RUNTIME_DIR is not set: name the socket with --socket or {SOCKET_ENV}"
+        )
+    return os.path.join(runtime_dir, "sdexec", "sdexec.sock")
+
+
+def resolve_socket_path(
+    option: str | None = None, environ: Mapping[str, str] | None = None
+) -> str:
+    """The socket to use: ``option`` (``--socket``), else ``$SDEXEC_SOCKET``,
+    else :func:`default_socket_path`."""
+    if option:
+        return option
+    from_env = (os.environ if environ is None else environ).get(SOCKET_ENV)
+    return from_env or default_socket_path(environ)
+
+
+def connect(reactor: IReactorUNIX, path: str) -> Deferred[SdexecClient]:
+    """Connect to the service listening on the UNIX socket ``path``.
+
+    Errbacks with :class:`ConnectionFailed` naming the path if there is no
+    socket there or nothing listens on it.
+    """
+    client = SdexecClient(path)
+    connecting = connectProtocol(UNIXClientEndpoint(reactor, path), client)
+    return connecting.addErrback(_connect_failed, path)
+
+
+def _connect_failed(failure: Failure, path: str) -> Failure:
+    code = getattr(failure.value, "osError", None)
+    why = os.strerror(code) if isinstance(code, int) else failure.getErrorMessage()
+    if code in (errno.ENOENT, errno.ECONNREFUSED):
+        why += " (is the sdexec service running?)"
+    return Failure(ConnectionFailed(f"cannot connect to {path}: {why}"))
+
+
+class _Call:
+    """A request answered by one response."""
+
+    streaming = False
+
+    def __init__(self) -> None:
+        self.deferred: Deferred[dict] = Deferred()
+
+    def respond(self, payload: dict) -> None:
+        self.deferred.callback(payload)
+
+    def end(self, error: SdexecError) -> None:
+        self.deferred.errback(error)
+
+
+class SdexecClient(JSONLineProtocol):
+    """One connection to the service. Obtain it with :func:`connect`.
+
+    ``disconnected`` fires ``None`` once the connection is gone, whatever the
+    reason; requests still in flight then errback with :class:`RPCError` if
+    the service said why it closed (e.g. ``EPERM``), else with
+    :class:`ConnectionFailed`.
+    """
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+        self.disconnected: Deferred[None] = Deferred()
+        self._next_matchtag = 1  # 0 is what the service uses when it has none
+        self._pending: dict[int, _Call | ExecHandle] = {}
+        self._lost: SdexecError | None = None
+        self._closing_error: RPCError | None = None
+
+    # -- requests ---------------------------------------------------------
+
+    def rpc(self, topic: str, payload: dict[str, Any]) -> Deferred[dict]:
+        """Send a request; its one response's payload, or :class:`RPCError`."""
+        call = _Call()
+        self._track(self._request(topic, payload), call)
+        return call.deferred
+
+    def exec(
+        self, cmd: dict[str, Any], flags: int, on_response: Callable[[dict], None]
+    ) -> ExecHandle:
+        """Start ``cmd`` (an RFC 42 command object) with ``sdexec.exec``.
+
+        ``on_response`` gets every response payload (``add-credit``,
+        ``started``, ``output``, ``finished``) in order, after the handle has
+        taken note of it (so ``handle.credit`` and ``handle.pid`` are current).
+        The stream's end fires ``handle.done``.
+        """
+        request = self._request("sdexec.exec", {"cmd": cmd, "flags": flags})
+        handle = ExecHandle(self, request["matchtag"], cmd, flags, on_response)
+        self._track(request, handle)
+        return handle
+
+    def kill(
+        self, pid: int | None = None, label: str | None = None, signum: int = 15
+    ) -> Deferred[dict]:
+        """Signal the process with this ``pid`` or ``label`` (give exactly one)."""
+        if (pid is None) == (label is None):
+            raise ValueError("kill: give exactly one of pid and label")
+        target: dict[str, Any] = {"pid": pid} if label is None else {"label": label}
+        return self.rpc("sdexec.kill", {**target, "signum": signum})
+
+    def list(self) -> Deferred[dict]:
+        """``{"rank": R, "procs": [{"pid", "cmdline", "label", "unit",
+        "state"}, ...]}``: the service's tracked processes."""
+        return self.rpc("sdexec.list", {})
+
+    def stats(self) -> Deferred[dict]:
+        """The service's statistics (``sdexec.stats-get``)."""
+        return self.rpc("sdexec.stats-get", {})
+
+    def undrain(self) -> Deferred[dict]:
+        """Clear a drain; ``{"reason": PREVIOUS}``."""
+        return self.rpc("sdexec.undrain", {})
+
+    def close(self) -> Deferred[None]:
+        """Close the connection; fires once it is closed."""
+        if self.transport is not None and self._lost is None:
+            self.transport.loseConnection()
+        return self.disconnected
+
+    def send_no_response(self, topic: str, payload: dict[str, Any]) -> None:
+        """Send a request that gets no response (``sdexec.write``); dropped
+        if the connection is gone."""
+        if self._lost is None:
+            self.sendMessage(self._request(topic, payload))
+
+    def _track(self, request: dict[str, Any], pending: _Call | ExecHandle) -> None:
+        """Send ``request``; its responses go to ``pending``."""
+        if self._lost is not None:
+            pending.end(self._lost)
+            return
+        self._pending[request["matchtag"]] = pending
+        self.sendMessage(request)
+
+    def _request(self, topic: str, payload: dict[str, Any]) -> dict[str, Any]:
+        matchtag, self._next_matchtag = self._next_matchtag, self._next_matchtag + 1
+        return {
+            "type": "request",
+            "topic": topic,
+            "matchtag": matchtag,
+            "payload": payload,
+        }
+
+    # -- responses --------------------------------------------------------
+
+    def messageReceived(self, message: dict[str, Any]) -> None:
+        matchtag = message.get("matchtag")
+        pending = self._pending.get(matchtag) if isinstance(matchtag, int) else None
+        if message.get("type") != "response" or pending is None:
+            self._unexpected(message)
+        elif "errnum" in message:
+            del self._pending[matchtag]
+            pending.end(_rpc_error(message))
+        elif not isinstance(message.get("payload"), dict):
+            _log.warn("sdexec: response without a payload object: {m!r}", m=message)
+        else:
+            if not pending.streaming:
+                del self._pending[matchtag]
+            pending.respond(message["payload"])
+
+    def _unexpected(self, message: dict[str, Any]) -> None:
+        # An error with matchtag 0 answers no request: the service is about to
+        # close the connection (EPERM, EPROTO) and this is why.
+        if message.get("matchtag") == 0 and "errnum" in message:
+            self._closing_error = _rpc_error(message)
+        _log.warn(
+            "sdexec: ignoring a message that answers no request: {m!r}", m=message
+        )
+
+    def framingError(self, reason: str) -> None:
+        self._lost = ConnectionFailed(f"{self.path}: bad message from sdexec: {reason}")
+        self.transport.abortConnection()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self._lost is None:
+            self._lost = self._closing_error or ConnectionFailed(
+                f"connection to {self.path} lost"
+            )
+        pending, self._pending = self._pending, {}
+        for request in pending.values():
+            request.end(self._lost)
+        self.disconnected.callback(None)
+
+
+def _rpc_error(message: dict[str, Any]) -> RPCError:
+    errnum = message.get("errnum")
+    errstr = message.get("errstr")
+    return RPCError(
+        errnum if isinstance(errnum, int) else errno.EPROTO,
+        errstr if isinstance(errstr, str) else "",
+    )
+
+
+@implementer(IConsumer)
+class ExecHandle:
+    """A running ``sdexec.exec`` request: its stdin, signals and end.
+
+    Flow control (RFC 42): ``credit`` is how many more stdin bytes the
+    service's buffer can take. It starts at the buffer size, which may be
+    borrowed before the first ``add-credit``; that first ``add-credit``
+    carries the whole buffer size, so it replaces the borrowed allowance
+    instead of adding to it. ``credit`` is ``None`` without the write-credit
+    flag (no flow control). A push producer registered with
+    :meth:`registerProducer` is paused while credit is exhausted and resumed
+    when it grows, so stdin can be streamed with flow control.
+    """
+
+    streaming = True
+
+    def __init__(
+        self,
+        client: SdexecClient,
+        matchtag: int,
+        cmd: dict[str, Any],
+        flags: int,
+        on_response: Callable[[dict], None],
+    ) -> None:
+        self.matchtag = matchtag
+        #: The process id, once ``started`` has arrived.
+        self.pid: int | None = None
+        #: Fires ``None`` when the stream ends with ENODATA; errbacks with
+        #: :class:`RPCError` for any other error, :class:`ConnectionFailed`
+        #: if the connection goes first.
+        self.done: Deferred[None] = Deferred()
+        self._client = client
+        self._on_response = on_response
+        self._bufsize = _stdin_bufsize(cmd)
+        self._credit = self._bufsize if flags & WRITE_CREDIT else None
+        self._borrowing = True
+        self._ended = False
+        self._producer: IPushProducer | None = None
+        self._paused = False
+        self._early_kills: list[tuple[int, Deferred[dict]]] = []
+
+    @property
+    def credit(self) -> int | None:
+        """Stdin bytes that may be sent now (negative if overdrawn)."""
+        return self._credit
+
+    def write(self, data: bytes) -> None:
+        """Send ``data`` to the process's stdin. After the stream has ended
+        it is dropped, as the service would drop it."""
+        if not data or self._ended:
+            return
+        self._send_stdin(encode_io("stdin", "0", data))
+        if self._credit is not None:
+            self._credit -= len(data)
+            self._pause_if_exhausted()
+
+    def close_stdin(self) -> None:
+        """Close the process's stdin (a write with ``eof``)."""
+        if not self._ended:
+            self._send_stdin(encode_io("stdin", "0", eof=True))
+
+    def kill(self, signum: int) -> Deferred[dict]:
+        """Signal the process. Before ``started`` the signal is held and sent
+        once the pid is known; if the process never starts, errbacks with
+        ESRCH."""
+        if self.pid is not None:
+            return self._client.kill(pid=self.pid, signum=signum)
+        if self._ended:
+            return fail(_never_started())
+        waiting: Deferred[dict] = Deferred()
+        self._early_kills.append((signum, waiting))
+        return waiting
+
+    def registerProducer(self, producer: IPushProducer, streaming: bool) -> None:
+        """Let this handle pause and resume ``producer`` by credit; only push
+        producers (``streaming=True``) are supported."""
+        if not streaming:
+            raise ValueError("ExecHandle: only push producers are supported")
+        self._producer, self._paused = producer, False
+        if self._ended:
+            self._stop_producer()
+        else:
+            self._pause_if_exhausted()
+
+    def unregisterProducer(self) -> None:
+        self._producer = None
+
+    # -- called by SdexecClient -------------------------------------------
+
+    def respond(self, payload: dict) -> None:
+        kind = payload.get("type")
+        if kind == "add-credit":
+            self._add_credit(payload.get("channels"))
+        elif kind == "started" and isinstance(payload.get("pid"), int):
+            self.pid = payload["pid"]
+        try:
+            self._on_response(payload)
+        except Exception:
+            _log.failure("sdexec: exec response callback failed")
+        if kind == "started":
+            self._send_early_kills()
+
+    def end(self, error: SdexecError) -> None:
+        self._ended = True
+        self._stop_producer()
+        self._send_early_kills()
+        if isinstance(error, RPCError) and error.errnum == errno.ENODATA:
+            self.done.callback(None)
+        else:
+            self.done.errback(error)
+
+    # -- internals --------------------------------------------------------
+
+    def _send_stdin(self, io: dict) -> None:
+        payload = {"matchtag": self.matchtag, "io": io}
+        self._client.send_no_response("sdexec.write", payload)
+
+    def _add_credit(self, channels: Any) -> None:
+        amount = channels.get("stdin") if isinstance(channels, dict) else None
+        if self._credit is None or not isinstance(amount, int):
+            return
+        if self._borrowing:
+            self._borrowing = False
+            amount -= self._bufsize
+        self._credit += amount
+        if self._paused and self._credit > 0 and self._producer is not None:
+            self._paused = False
+            self._producer.resumeProducing()
+
+    def _pause_if_exhausted(self) -> None:
+        exhausted = self._credit is not None and self._credit <= 0
+        if exhausted and not self._paused and self._producer is not None:
+            self._paused = True
+            self._producer.pauseProducing()
+
+    def _stop_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.stopProducing()
+
+    def _send_early_kills(self) -> None:
+        kills, self._early_kills = self._early_kills, []
+        for signum, waiting in kills:
+            sent = self.kill(signum) if self.pid is not None else fail(_never_started())
+            sent.chainDeferred(waiting)
+
+
+def _never_started() -> RPCError:
+    return RPCError(errno.ESRCH, "kill: the process never started")
+
+
+def _stdin_bufsize(cmd: dict[str, Any]) -> int:
+    """The stdin buffer the service will use: the command's ``stdin_BUFSIZE``,
+    else the RFC 42 default (a bad value is the service's to refuse)."""
+    opts = cmd.get("opts")
+    value = opts.get("stdin_BUFSIZE") if isinstance(opts, dict) else None
+    try:
+        return parse_size(value) if isinstance(value, str) else DEFAULT_STDIN_BUFSIZE
+    except ValueError:
+        return DEFAULT_STDIN_BUFSIZE

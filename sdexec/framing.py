@@ -37,19 +37,23 @@ class JSONLineProtocol(Protocol):
     max_frame: int = DEFAULT_MAX_FRAME
 
     def __init__(self) -> None:
-        self._chunks: list[bytes] = []
-        self._pending = 0
-        self._broken = False
+        self._frame_chunks: list[bytes] = []
+        self._frame_bytes = 0
+        self._frame_broken = False
 
     def dataReceived(self, data: bytes) -> None:
         start = 0
-        while not self._broken:
+        while not self._frame_broken:
             end = data.find(b"\n", start)
             if end < 0:
                 self._hold(data[start:])
                 return
-            self._chunks.append(data[start:end])
-            line, self._chunks, self._pending = b"".join(self._chunks), [], 0
+            self._frame_chunks.append(data[start:end])
+            line, self._frame_chunks, self._frame_bytes = (
+                b"".join(self._frame_chunks),
+                [],
+                0,
+            )
             start = end + 1
             if len(line) > self.max_frame:
                 self._fail(f"message of {len(line)} bytes exceeds {self.max_frame}")
@@ -68,9 +72,9 @@ class JSONLineProtocol(Protocol):
     def _hold(self, rest: bytes) -> None:
         if not rest:
             return
-        self._chunks.append(rest)
-        self._pending += len(rest)
-        if self._pending > self.max_frame:
+        self._frame_chunks.append(rest)
+        self._frame_bytes += len(rest)
+        if self._frame_bytes > self.max_frame:
             self._fail(f"message exceeds {self.max_frame} bytes")
 
     def _decode(self, line: bytes) -> None:
@@ -85,6 +89,6 @@ class JSONLineProtocol(Protocol):
         self.messageReceived(message)
 
     def _fail(self, reason: str) -> None:
-        self._broken = True
-        self._chunks, self._pending = [], 0
+        self._frame_broken = True
+        self._frame_chunks, self._frame_bytes = [], 0
         self.framingError(reason)

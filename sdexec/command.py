@@ -130,7 +130,13 @@ def unit_properties(
     """
     unit = [
         ("Description", Variant("s", " ".join(command.cmdline)[:200])),
-        ("ExecStart", Variant("a(sasb)", [[executable, command.cmdline, False]])),
+        # ExecStartEx with "no-env-expand": systemd would otherwise expand
+        # $VAR and ${VAR} in the arguments itself, before the command (a
+        # shell, say) sees them. Supported since systemd 243.
+        (
+            "ExecStartEx",
+            Variant("a(sasas)", [[executable, command.cmdline, ["no-env-expand"]]]),
+        ),
         ("RemainAfterExit", Variant("b", True)),
         ("Environment", Variant("as", _environment(command.env))),
     ]

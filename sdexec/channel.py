@@ -86,6 +86,11 @@ class OutputChannel(Protocol):
         self.eof = True
         self._on_eof()
 
+    def close(self) -> None:
+        """Stop reading for good, whatever is left unread."""
+        if self.transport is not None and not self.eof:
+            self.transport.abortConnection()
+
     def pause(self) -> None:
         """Stop reading (the client cannot keep up)."""
         if self.transport is not None and not self.eof:

@@ -256,10 +256,10 @@ class Process:
             self._resume_unless_client_paused()
         if status.has_finished:
             self._once("finished", {"type": "finished", "status": status.wait_status})
-        if status.has_failed and not self._ended:
+        # After `finished`, a reset can show failed/ExecMainCode=0: the
+        # command ran, so that is no failure to run it.
+        if status.has_failed and "finished" not in self._sent and not self._ended:
             self._fail(*status.failure)
-            self._output_gate_open = True  # drain to EOF, discarding
-            self._resume_unless_client_paused()
         if status.needs_stop:
             self._stop()
         if status.needs_reset:
@@ -308,10 +308,13 @@ class Process:
         self._stop()
 
     def _fail(self, errnum: int, errstr: str) -> None:
-        """End the stream with an error (no more responses follow)."""
+        """End the stream with an error (no more responses follow); what
+        output is left is read to EOF and discarded."""
         if not self._ended:
             self._ended = True
             self._responder.error(errnum, errstr)
+        self._output_gate_open = True
+        self._resume_unless_client_paused()
 
     def _reap(self) -> None:
         if "reaped" in self._requested:
@@ -321,6 +324,8 @@ class Process:
         if self._watch is not None:
             self._watch.cancel()
         self.stdin.close()
+        for channel in self._outputs.values():
+            channel.close()  # if systemd still holds its end (EDEADLK)
         self._on_reaped(self)
 
     def _stop(self) -> None:

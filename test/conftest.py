@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import pytest_twisted
 
 SANDBOX = Path(__file__).resolve().parent.parent / "scripts" / "systemd-user-sandbox"
 
@@ -82,3 +83,42 @@ def user_manager():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest_twisted.async_yield_fixture
+async def start_service(user_manager, tmp_path):
+    """``await start_service(config_extra="", clock=None)``: an in-process
+    service; at teardown it is stopped and nothing of it may remain: no
+    process tracked, no unit loaded, no fd open."""
+    from support import RunningService, describe_fds, open_fds, sleep, unit_names
+
+    fds_before = open_fds()
+    started: list[RunningService] = []
+
+    async def start(config_extra: str = "", clock=None) -> RunningService:
+        directory = tmp_path / f"service{len(started)}"
+        directory.mkdir()
+        service = RunningService(directory, config_extra, clock)
+        started.append(service)
+        return await service.start()
+
+    yield start
+    for service in started:
+        await service.stop()
+        assert service.server is None or not service.server.processes
+    leftover = unit_names()
+    for _ in range(50):
+        if not leftover:
+            break
+        await sleep(0.1)
+        leftover = unit_names()
+    assert leftover == [], f"units left behind: {leftover}"
+    await sleep(0.05)  # let closed transports release their fds
+    leaked = open_fds() - fds_before
+    assert not leaked, f"fds left open: {describe_fds(leaked)}"
+
+
+@pytest_twisted.async_yield_fixture
+async def sdexec(start_service):
+    """A service with the default configuration."""
+    yield await start_service()

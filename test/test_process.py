@@ -197,3 +197,16 @@ def test_unenforced_fence_refuses_before_started():
     assert responder.types() == [errno.EIO]
     assert ("kill", "all", signal.SIGKILL) in systemd.calls
     assert ("stop", "sdexec-test.service") in systemd.calls
+
+
+def test_reset_after_finished_is_not_a_failure():
+    _, systemd, responder, _ = make_process()
+    failed = {**EXITED, "ActiveState": "failed", "SubState": "failed",
+              "ExecMainStatus": 244}  # fmt: skip
+    systemd.watch_callback(failed)
+    # ResetFailedUnit clears ExecMain* before the unit leaves "failed"
+    systemd.watch_callback({**failed, "ExecMainCode": 0, "ExecMainStatus": 0,
+                            "Result": "success"})  # fmt: skip
+    systemd.watch_callback({**INACTIVE, "ExecMainCode": 0})
+    assert responder.types() == ["started", "finished", errno.ENODATA]
+    assert responder.responses[1]["status"] == 244 << 8

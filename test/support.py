@@ -1,0 +1,184 @@
+"""Helpers for the service's integration tests (see the fixtures in conftest)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+
+from sdexec.client import RPCError, SdexecClient, connect
+from sdexec.config import load_config
+from sdexec.ioencode import decode_io
+from sdexec.service import SdexecService
+
+FLAGS = 1 | 2 | 8  # stdout, stderr, write-credit
+
+BASE_CONFIG = """
+[systemd]
+enable = true
+[exec]
+service = "sdexec"
+[sdexec]
+listen = "unix:{socket}"
+stats = "tcp:0:interface=127.0.0.1"
+"""
+
+
+def sleep(seconds: float) -> Deferred:
+    return Deferred.fromFuture(asyncio.ensure_future(asyncio.sleep(seconds)))
+
+
+@dataclass
+class Result:
+    """Everything one exec stream said."""
+
+    responses: list[dict] = field(default_factory=list)
+    stdout: bytes = b""
+    stderr: bytes = b""
+    error: RPCError | None = None
+
+    @property
+    def types(self) -> list[str]:
+        return [response["type"] for response in self.responses]
+
+    @property
+    def status(self) -> int | None:
+        finished = [r["status"] for r in self.responses if r["type"] == "finished"]
+        return finished[0] if finished else None
+
+    @property
+    def pid(self) -> int | None:
+        started = [r["pid"] for r in self.responses if r["type"] == "started"]
+        return started[0] if started else None
+
+    def collect(self, response: dict) -> None:
+        self.responses.append(response)
+        if response["type"] == "output":
+            stream, data, _eof = decode_io(response["io"])
+            if stream == "stdout":
+                self.stdout += data
+            else:
+                self.stderr += data
+
+
+def command(cmdline, *, env=None, opts=None, cwd=None, label=None) -> dict:
+    cmd = {
+        "cmdline": list(cmdline),
+        "env": {"PATH": "/usr/bin:/bin"} if env is None else env,
+        "opts": opts or {},
+        "channels": [],
+    }
+    if cwd is not None:
+        cmd["cwd"] = cwd
+    if label is not None:
+        cmd["label"] = label
+    return cmd
+
+
+async def run(
+    client: SdexecClient, cmdline, *, stdin: bytes = b"", flags: int = FLAGS, **kw
+) -> Result:
+    """Run to the end of the stream; stdin is sent at once, then closed."""
+    result = Result()
+    handle = client.exec(command(cmdline, **kw), flags, result.collect)
+    if stdin:
+        handle.write(stdin)
+    handle.close_stdin()
+    try:
+        await handle.done
+    except RPCError as error:
+        result.error = error
+    return result
+
+
+def unit_names(pattern: str = "sdexec-*") -> list[str]:
+    """Units of the test manager matching ``pattern``, loaded in any state."""
+    listed = subprocess.run(
+        ["systemctl", "--user", "list-units", "--all", "--plain", "--no-legend",
+         pattern],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
+
+
+def unit_property(unit: str, name: str) -> str:
+    shown = subprocess.run(
+        ["systemctl", "--user", "show", "-p", name, "--value", unit],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return shown.stdout.strip()
+
+
+def open_fds() -> set[str]:
+    """This process's open fds, but for /dev/null: Twisted's first listening
+    port reserves one on it for the life of the process (``tcp._reservedFD``,
+    so that it can still accept and close a connection at EMFILE)."""
+    fds = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != os.devnull:
+                fds.add(fd)
+        except OSError:
+            continue  # the listing's own fd, closed already
+    return fds
+
+
+def describe_fds(fds: set[str]) -> list[str]:
+    """``fd -> target`` for a failure message."""
+    described = []
+    for fd in sorted(fds, key=int):
+        try:
+            described.append(f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}")
+        except OSError:
+            described.append(f"{fd} (closed since)")
+    return described
+
+
+class RunningService:
+    """An in-process service on a private socket and an ephemeral stats port."""
+
+    def __init__(self, directory: Path, config_text: str = "", clock=None) -> None:
+        self.directory = directory
+        self.socket_path = str(directory / "sdexec.sock")
+        self.config_path = directory / "sdexec.toml"
+        self.write_config(config_text)
+        self.service = SdexecService(load_config(self.config_path), reactor)
+        self.clock = clock
+        self.clients: list[SdexecClient] = []
+
+    def write_config(self, extra: str) -> None:
+        self.config_path.write_text(BASE_CONFIG.format(socket=self.socket_path) + extra)
+
+    async def start(self) -> RunningService:
+        self.service.startService()
+        await self.service.ready
+        if self.clock is not None:
+            self.service.server.clock = self.clock
+        return self
+
+    @property
+    def server(self):
+        return self.service.server
+
+    @property
+    def stats_url(self) -> str:
+        return f"http://127.0.0.1:{self.service.ports['stats'].getHost().port}/stats"
+
+    async def connect(self) -> SdexecClient:
+        client = await connect(reactor, self.socket_path)
+        self.clients.append(client)
+        return client
+
+    def reload(self, extra: str) -> bool:
+        self.write_config(extra)
+        return self.service.reload()
+
+    async def stop(self) -> None:
+        for client in self.clients:
+            await client.close()
+        await self.service.stopService()

@@ -1,0 +1,316 @@
+"""The service against the real systemd user manager, over its real socket."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import socket
+
+import pytest
+import treq
+from pytest_twisted import ensureDeferred
+from support import FLAGS, command, run, sleep, unit_names, unit_property
+
+pytestmark = pytest.mark.systemd
+
+
+@ensureDeferred
+async def test_true_runs_and_stream_is_in_order(sdexec):
+    client = await sdexec.connect()
+    result = await run(client, ["true"])
+    assert result.error is None
+    assert result.types[0] == "add-credit"
+    assert result.types.index("started") < result.types.index("finished")
+    assert result.status == 0
+    eofs = [r["io"]["stream"] for r in result.responses if r.get("io", {}).get("eof")]
+    assert sorted(eofs) == ["stderr", "stdout"]
+
+
+@ensureDeferred
+async def test_false_and_exit_codes(sdexec):
+    client = await sdexec.connect()
+    for code in (1, 127, 199, 244, 255):
+        result = await run(client, ["sh", "-c", f"exit {code}"])
+        assert result.error is None, code
+        assert result.status == code << 8, code
+
+
+@ensureDeferred
+async def test_missing_command_is_enoent(sdexec):
+    client = await sdexec.connect()
+    result = await run(client, ["no-such-command-anywhere"])
+    assert result.error.errnum == errno.ENOENT
+    assert "no-such-command-anywhere" in result.error.errstr
+    assert "finished" not in result.types
+
+
+@ensureDeferred
+async def test_unexecutable_file_fails_with_systemds_reason(sdexec, tmp_path):
+    script = tmp_path / "not-a-program"
+    script.write_bytes(b"\x00\x01garbage")
+    script.chmod(0o755)
+    client = await sdexec.connect()
+    result = await run(client, [str(script)])
+    assert result.error.errnum == errno.ENOENT
+    assert "203/EXEC" in result.error.errstr
+
+
+@ensureDeferred
+async def test_stdout_stderr_apart_and_stdin(sdexec):
+    client = await sdexec.connect()
+    result = await run(
+        client, ["sh", "-c", "cat; echo err >&2; echo out"], stdin=b"in\n"
+    )
+    assert result.stdout == b"in\nout\n"
+    assert result.stderr == b"err\n"
+
+
+@ensureDeferred
+async def test_ten_thousand_lines_out_and_in_byte_exact(sdexec):
+    lines = b"".join(b"%05d" % i + b"x" * 73 + b"\n" for i in range(10_000))
+    assert len(lines) == 10_000 * 79
+    client = await sdexec.connect()
+    result = await run(client, ["cat"], stdin=lines)
+    assert result.stdout == lines
+    produced = await run(
+        client, ["sh", "-c", "for i in $(seq 10000); do printf '%078d\\n' $i; done"]
+    )
+    assert produced.stdout == b"".join(b"%078d\n" % i for i in range(1, 10_001))
+
+
+@ensureDeferred
+async def test_binary_output_round_trips(sdexec, tmp_path):
+    blob = bytes(range(256)) * 64
+    (tmp_path / "blob").write_bytes(blob)
+    client = await sdexec.connect()
+    result = await run(
+        client, ["cat", str(tmp_path / "blob")],
+        opts={"stdout_LINE_BUFFER": "false"},
+    )  # fmt: skip
+    assert result.stdout == blob
+    assert any(r.get("io", {}).get("encoding") == "base64" for r in result.responses)
+
+
+@ensureDeferred
+async def test_cwd_env_and_bad_env_names(sdexec, tmp_path):
+    client = await sdexec.connect()
+    env = {"PATH": "/usr/bin:/bin", "GREETING": "hello", "BASH_FUNC_ml()": "() { :; }"}
+    result = await run(
+        client, ["sh", "-c", "pwd; echo $GREETING; env | grep -c BASH_FUNC || true"],
+        env=env, cwd=str(tmp_path),
+    )  # fmt: skip
+    assert result.stdout.decode().split() == [str(tmp_path), "hello", "0"]
+
+
+@ensureDeferred
+async def test_one_mebibyte_environment(sdexec):
+    env = {f"VAR{i:04d}": "v" * 1024 for i in range(1024)}
+    env["PATH"] = "/usr/bin:/bin"
+    client = await sdexec.connect()
+    result = await run(client, ["sh", "-c", "echo ${#VAR1023}"], env=env)
+    assert result.stdout == b"1024\n"
+
+
+@ensureDeferred
+async def test_sdexec_name_is_the_unit_name(sdexec):
+    client = await sdexec.connect()
+    name = f"sdexec-named-{os.getpid()}"
+    seen: list[list[str]] = []
+    handle = client.exec(
+        command(["sleep", "30"], opts={"SDEXEC_NAME": name}), FLAGS,
+        lambda r: r["type"] == "started" and seen.append(unit_names(name + "*")),
+    )  # fmt: skip
+    while not seen:
+        await sleep(0.05)
+    assert seen[0] == [f"{name}.service"]
+    await handle.kill(15)
+    await handle.done
+
+
+@ensureDeferred
+async def test_properties_reach_the_unit(sdexec):
+    client = await sdexec.connect()
+    opts = {
+        "SDEXEC_PROP_MemoryMax": "512M",
+        "SDEXEC_PROP_AllowedCPUs": "0",
+        "SDEXEC_PROP_DeviceAllow": "/dev/null rw,/dev/zero r",
+        "SDEXEC_PROP_Description": "sdexec property test",
+        "SDEXEC_NAME": f"sdexec-props-{os.getpid()}",
+    }
+    shown = {}
+
+    def on_response(response):
+        if response["type"] == "started":
+            unit = opts["SDEXEC_NAME"] + ".service"
+            for name in ("MemoryMax", "AllowedCPUs", "DeviceAllow", "Description"):
+                shown[name] = unit_property(unit, name)
+
+    handle = client.exec(command(["sleep", "30"], opts=opts), FLAGS, on_response)
+    while not shown:
+        await sleep(0.05)
+    await handle.kill(15)
+    await handle.done
+    assert shown == {
+        "MemoryMax": str(512 * 1024 * 1024),
+        "AllowedCPUs": "0",
+        "DeviceAllow": "/dev/zero r\n/dev/null rw",  # as systemctl lists them
+        "Description": "sdexec property test",
+    }
+
+
+@ensureDeferred
+async def test_bad_property_value_names_the_property(sdexec):
+    client = await sdexec.connect()
+    result = await run(client, ["true"], opts={"SDEXEC_PROP_SendSIGKILL": "maybe"})
+    assert result.error.errnum == errno.EINVAL
+    assert result.error.errstr.startswith("SDEXEC_PROP_SendSIGKILL: error setting")
+    unknown = await run(client, ["true"], opts={"SDEXEC_PROP_NoSuchThing": "1"})
+    assert "NoSuchThing" in unknown.error.errstr
+
+
+@ensureDeferred
+async def test_kill_unknown_pid_is_esrch(sdexec):
+    client = await sdexec.connect()
+    with pytest.raises(Exception) as raised:
+        await client.kill(pid=999_999_999, signum=15)
+    assert raised.value.errnum == errno.ESRCH
+    assert str(raised.value) == "kill pid=999999999 not found"
+
+
+@ensureDeferred
+async def test_list_and_stats_show_a_running_unit(sdexec):
+    client = await sdexec.connect()
+    started = []
+    handle = client.exec(
+        command(["sleep", "30"], label="napper"), FLAGS,
+        lambda r: r["type"] == "started" and started.append(r["pid"]),
+    )  # fmt: skip
+    while not started:
+        await sleep(0.05)
+    listed = (await client.list())["procs"]
+    assert [(p["pid"], p["label"], p["state"]) for p in listed] == [
+        (started[0], "napper", "R")
+    ]
+    unit = listed[0]["unit"]
+    assert unit.startswith("sdexec-") and unit.endswith(".service")
+    stats = await client.stats()
+    assert [p["unit"] for p in stats["procs"]] == [unit]
+    assert stats["job-exec"]["kill-timeout"] == 5.0
+    over_http = json.loads(
+        await treq.text_content(await treq.get(sdexec.stats_url, persistent=False))
+    )
+    assert [p["unit"] for p in over_http["procs"]] == [unit]
+    assert over_http["mapper"]["config"]["mapper_class"] == "sdexec.map.HwlocMapper"
+    await client.kill(label="napper", signum=15)
+    await handle.done
+
+
+@ensureDeferred
+async def test_kill_delivers_the_signal(sdexec):
+    client = await sdexec.connect()
+    result = {}
+    handle = client.exec(
+        command(["sleep", "30"]), FLAGS,
+        lambda r: r["type"] == "finished" and result.update(r),
+    )  # fmt: skip
+    while handle.pid is None:
+        await sleep(0.05)
+    await handle.kill(15)
+    await handle.done
+    assert result["status"] == 15
+
+
+def _raw_exchange(path: str, data: bytes) -> list[dict]:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(10)
+        sock.connect(path)
+        with contextlib.suppress(BrokenPipeError):
+            sock.sendall(data)  # the service may hang up on a bad frame early
+        received = b""
+        with contextlib.suppress(ConnectionResetError):  # the hang-up
+            while chunk := sock.recv(65536):
+                received += chunk
+    return [json.loads(line) for line in received.splitlines()]
+
+
+@pytest.mark.parametrize(
+    ("frame", "errnum", "words"),
+    [
+        (b"this is not json\n", errno.EPROTO, "not valid JSON"),
+        (b"[1, 2]\n", errno.EPROTO, "not a JSON object"),
+    ],
+)
+@ensureDeferred
+async def test_framing_errors_close_only_that_connection(sdexec, frame, errnum, words):
+    from twisted.internet.threads import deferToThread
+
+    bystander = await sdexec.connect()
+    replies = await deferToThread(_raw_exchange, sdexec.socket_path, frame)
+    assert [(r["errnum"], words in r["errstr"]) for r in replies] == [(errnum, True)]
+    assert (await run(bystander, ["true"])).status == 0
+
+
+@pytest.mark.parametrize(
+    ("message", "errnum", "words"),
+    [
+        ({"type": "request", "topic": "sdexec.nope", "matchtag": 1, "payload": {}},
+         errno.ENOSYS, "unknown topic"),
+        ({"type": "request", "topic": "sdexec.exec", "matchtag": 2, "payload": {}},
+         errno.EINVAL, "flags"),
+        ({"type": "request", "topic": "sdexec.exec", "matchtag": 3,
+          "payload": {"flags": 3, "cmd": {"cmdline": []}}},
+         errno.EINVAL, "cmd.cmdline"),
+        ({"type": "request", "topic": "sdexec.exec", "matchtag": 4,
+          "payload": {"flags": 7, "cmd": {"cmdline": ["true"]}}},
+         errno.EINVAL, "auxiliary channels are not supported"),
+        ({"type": "request", "topic": "sdexec.kill", "matchtag": "x", "payload": {}},
+         errno.EINVAL, "matchtag"),
+    ],
+)  # fmt: skip
+@ensureDeferred
+async def test_bad_requests_get_errors_that_name_the_field(
+    sdexec, message, errnum, words
+):
+    from twisted.internet.threads import deferToThread
+
+    def exchange():
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(10)
+            sock.connect(sdexec.socket_path)
+            sock.sendall(json.dumps(message).encode() + b"\n")
+            return json.loads(sock.makefile("rb").readline())
+
+    reply = await deferToThread(exchange)
+    assert reply["errnum"] == errnum
+    assert words in reply["errstr"]
+
+
+@ensureDeferred
+async def test_sixteen_mebibyte_frames_are_accepted(sdexec):
+    # One write of 15 MiB of stdin is a frame of about 16 MiB.
+    data = b"0123456789abcde\n" * (15 * 65536)
+    client = await sdexec.connect()
+    result = await run(client, ["wc", "-c"], stdin=data)
+    assert result.stdout.strip() == str(len(data)).encode()
+
+
+@ensureDeferred
+async def test_frame_over_the_limit_is_eproto(start_service):
+    from twisted.internet.threads import deferToThread
+
+    service = await start_service('max-frame-size = "1M"\n')
+    frame = b'{"type": "request", "payload": "' + b"x" * (2 * 1024 * 1024) + b'"}\n'
+    replies = await deferToThread(_raw_exchange, service.socket_path, frame)
+    assert [r["errnum"] for r in replies] == [errno.EPROTO]
+    assert "exceeds" in replies[0]["errstr"]
+
+
+@ensureDeferred
+async def test_dollar_signs_reach_the_command_verbatim(sdexec):
+    client = await sdexec.connect()
+    result = await run(
+        client, ["sh", "-c", 'echo "$0 ${#1} $HOME_NOT_SET"', "${X}", "$$"]
+    )
+    assert result.stdout == b"${X} 2 \n"

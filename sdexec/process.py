@@ -98,6 +98,7 @@ class Process:
         label: str | None = None,
         on_reaped: Callable[[Process], None] = lambda process: None,
         verify: Callable[[dict[str, Any], int], str | None] | None = None,
+        count: Callable[[str], None] = lambda event: None,
     ) -> None:
         self.unit_name = unit_name
         self.cmdline = list(cmdline)
@@ -114,6 +115,7 @@ class Process:
         self._stop_timer = stop_timer
         self._on_reaped = on_reaped
         self._verify = verify
+        self._count = count  # for the service's statistics
         self._watch: UnitWatch | None = None
         self._timer = None
         self._timer_expiries = 0
@@ -139,7 +141,7 @@ class Process:
     @property
     def state(self) -> str:
         """``R`` while running, ``Z`` once finished but not yet reaped."""
-        return "Z" if self.status.has_finished or self.status.has_failed else "R"
+        return "Z" if self._outcome_known else "R"
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -256,19 +258,33 @@ class Process:
             self._resume_unless_client_paused()
         if status.has_finished:
             self._once("finished", {"type": "finished", "status": status.wait_status})
-        # After `finished`, a reset can show failed/ExecMainCode=0: the
-        # command ran, so that is no failure to run it.
-        if status.has_failed and "finished" not in self._sent and not self._ended:
-            self._fail(*status.failure)
+        self._check_failure(status)
         if status.needs_stop:
             self._stop()
-        if status.needs_reset:
+        # Reset only once the outcome is known: a reset clears ExecMain*.
+        if status.needs_reset and self._outcome_known:
             self._request("reset", self._systemd.reset_failed_unit)
         if status.is_deactivating:
             self._arm_stop_timer()
         if status.is_inactive:
             self._cancel_stop_timer()
         self._maybe_end()
+
+    @property
+    def _outcome_known(self) -> bool:
+        return self._ended or "finished" in self._sent
+
+    def _check_failure(self, status: UnitStatus) -> None:
+        if self._outcome_known:
+            return  # e.g. a reset after `finished` shows failed/ExecMainCode=0
+        if status.has_failed:
+            self._fail(*status.failure)
+        elif status.failed_without_status:
+            if "confirm-failure" in self._requested:
+                self._fail(*status.failure)
+            else:  # perhaps half a change: ask for the whole state
+                self._requested.add("confirm-failure")
+                self._watch.refresh().addErrback(self._log_failure, "GetAll")
 
     def _output(self, stream: str, data: bytes) -> None:
         if self._flags & (FLAG_STDOUT if stream == "stdout" else FLAG_STDERR):
@@ -374,10 +390,13 @@ class Process:
         self._timer = None
         self._timer_expiries += 1
         if self._timer_expiries == 1:
+            self._count("stop-timer-sigterm")
             self._escalate(signal.SIGTERM)
         elif self._timer_expiries == 2:
+            self._count("stop-timer-signal")
             self._escalate(self._stop_timer.signal)
         else:
+            self._count("stop-timer-gave-up")
             log.error(
                 "{unit}: still active after SIGKILL; giving up on it",
                 unit=self.unit_name,

@@ -221,6 +221,7 @@ class SdexecServer:
             label=command.label,
             on_reaped=lambda process: self._reaped(key),
             verify=self._fence_verifier(mapped),
+            count=self.count,
         )
 
     def _mapped_properties(self, command: Command) -> dict[str, str]:
@@ -270,6 +271,10 @@ class SdexecServer:
             raise RequestError(
                 errno.EINVAL, f"SDEXEC_STOP_TIMER_SIGNAL: {error}"
             ) from None
+
+    def count(self, event: str) -> None:
+        """One more ``event`` in the statistics' counters."""
+        self.counters[event] += 1
 
     def _reaped(self, key: tuple[int, int]) -> None:
         self.processes.pop(key, None)

@@ -147,14 +147,22 @@ class UnitStatus:
 
     @property
     def has_failed(self) -> bool:
-        """systemd could not run the command (see :attr:`failure`)."""
-        if self._systemd_exit:
-            return True
+        """systemd could not run the command (see :attr:`failure`): it exited
+        the child with one of its own codes."""
+        return self._systemd_exit
+
+    @property
+    def failed_without_status(self) -> bool:
+        """*failed* with no exit status known. systemd signals the ``Unit``
+        and ``Service`` interfaces separately, so this may be a snapshot
+        whose ``ExecMain*`` half has not arrived yet: confirm it with a
+        fresh ``GetAll`` before believing it."""
         return self.active_state == "failed" and not self._exited
 
     @property
     def failure(self) -> tuple[int, str]:
-        """``(errno, message)`` for a unit that :attr:`has_failed`."""
+        """``(errno, message)`` for a unit that :attr:`has_failed` (or is
+        confirmed :attr:`failed_without_status`)."""
         if self._systemd_exit:
             name = SYSTEMD_EXIT_NAMES.get(self.status, "unknown")
             return (
@@ -162,7 +170,11 @@ class UnitStatus:
                 f"systemd could not run the command: exit status {self.status}/{name}"
                 f" (result: {self.result or 'unknown'})",
             )
-        return errno.EIO, f"unit failed (result: {self.result or 'unknown'})"
+        return (
+            errno.EIO,
+            "unit failed before running the command"
+            f" (result: {self.result or 'unknown'})",
+        )
 
     @property
     def is_inactive(self) -> bool:

@@ -210,3 +210,23 @@ def test_reset_after_finished_is_not_a_failure():
     systemd.watch_callback({**INACTIVE, "ExecMainCode": 0})
     assert responder.types() == ["started", "finished", errno.ENODATA]
     assert responder.responses[1]["status"] == 244 << 8
+
+
+def test_failed_without_status_is_confirmed_before_it_is_believed():
+    _, systemd, responder, _ = make_process()
+    # The Unit interface's change arrives before the Service interface's.
+    systemd.watch_callback({"ActiveState": "failed", "SubState": "failed"})
+    assert responder.types() == []
+    assert not any(call[0] == "reset" for call in systemd.calls)
+    systemd.watch_callback({**EXITED, "ActiveState": "failed", "ExecMainStatus": 127})
+    assert responder.types() == ["started", "finished"]
+    assert ("reset", "sdexec-test.service") in systemd.calls
+
+
+def test_confirmed_failure_without_status_is_eio():
+    _, systemd, responder, _ = make_process()
+    failed = {"ActiveState": "failed", "SubState": "failed", "Result": "resources"}
+    systemd.watch_callback(failed)
+    systemd.watch_callback(failed)  # what the confirming GetAll delivers
+    assert responder.types() == [errno.EIO]
+    assert "resources" in responder.responses[0][1]

@@ -6,7 +6,10 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import socket
+import subprocess
+import tempfile
 
 import pytest
 import treq
@@ -314,3 +317,75 @@ async def test_dollar_signs_reach_the_command_verbatim(sdexec):
         client, ["sh", "-c", 'echo "$0 ${#1} $HOME_NOT_SET"', "${X}", "$$"]
     )
     assert result.stdout == b"${X} 2 \n"
+
+
+def _exchange_as_nobody(path: str) -> dict:
+    """A request over ``path`` from a process running as uid 65534 (with
+    Debian's python3: the test's own interpreter may live where that uid
+    cannot reach)."""
+    script = (
+        "import json, socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+        's.sendall(b\'{"type":"request","topic":"sdexec.exec","matchtag":1,\'\n'
+        '          b\'"payload":{"flags":3,"cmd":{"cmdline":["true"]}}}\\n\')\n'
+        "print(s.makefile('rb').readline().decode())\n"
+    )
+    done = subprocess.run(
+        ["/usr/bin/python3", "-c", script, path],
+        user=65534, group=65534, extra_groups=[],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout)
+
+
+@ensureDeferred
+async def test_another_uid_is_refused(sdexec):
+    from twisted.internet.threads import deferToThread
+
+    # Let uid 65534 reach the socket at all, so that the service's own
+    # SO_PEERCRED check is what refuses it (the 0600 mode would stop it first).
+    public = tempfile.mkdtemp(prefix="sdexec-public.")
+    try:
+        os.chmod(public, 0o755)
+        link = os.path.join(public, "sock")
+        os.link(sdexec.socket_path, link)
+        os.chmod(link, 0o666)
+        reply = await deferToThread(_exchange_as_nobody, link)
+    finally:
+        shutil.rmtree(public)
+    assert reply["errnum"] == errno.EPERM
+    assert sdexec.server.processes == {}
+    assert "sdexec.exec" not in sdexec.server.counters
+
+
+@ensureDeferred
+async def test_stop_timer_escalates_for_real(sdexec):
+    # The main process exits at once; its child ignores SIGTERM, so the unit
+    # stays in deactivating after StopUnit until the timer's second signal.
+    client = await sdexec.connect()
+    result = await run(
+        client, ["sh", "-c", "trap '' TERM; sleep 300 & exit 0"],
+        opts={"SDEXEC_STOP_TIMER_SEC": "1", "SDEXEC_STOP_TIMER_SIGNAL": "KILL"},
+    )  # fmt: skip
+    assert result.error is None
+    assert result.status == 0
+    counters = sdexec.server.counters
+    assert (counters["stop-timer-sigterm"], counters["stop-timer-signal"]) == (1, 1)
+    assert counters["stop-timer-gave-up"] == 0
+
+
+@ensureDeferred
+async def test_vanished_client_takes_its_units_with_it(sdexec):
+    client = await sdexec.connect()
+    handle = client.exec(command(["sleep", "300"]), FLAGS, lambda r: None)
+    while handle.pid is None:
+        await sleep(0.05)
+    unit = sdexec.server.list()["procs"][0]["unit"]
+    assert unit_names(unit) == [unit]
+    await client.close()
+    for _ in range(100):
+        if not unit_names(unit) and not sdexec.server.processes:
+            break
+        await sleep(0.1)
+    assert unit_names(unit) == []
+    assert sdexec.server.processes == {}

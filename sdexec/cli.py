@@ -69,12 +69,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     # ends the client quietly (130) rather than with a KeyboardInterrupt.
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, signal.SIG_DFL)
+    _open_closed_standard_fds()
     try:
         options = parse_args(argv)
         react(_main, [options], _reactor=_install_reactor())
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 1
     return 0  # react always exits; this only satisfies the type checker
+
+
+def _open_closed_standard_fds() -> None:
+    """Put /dev/null on any of fds 0-2 that is closed: else the service's
+    socket could become fd 0 and be read as our stdin."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            # The lowest free fd is this one, as the ones below it are open.
+            os.open(os.devnull, os.O_RDWR)
 
 
 def _install_reactor() -> IReactorCore:
@@ -245,7 +257,7 @@ async def _run(reactor: Any, options: argparse.Namespace) -> int:
     job = _Job(signals.send)
     handle = client.exec(command, _RUN_FLAGS, job.on_response)
     signals.attach(handle)
-    if options.noinput or not _is_open(0):
+    if options.noinput:
         handle.close_stdin()
     else:
         handle.registerProducer(_StdinReader(reactor, handle), streaming=True)
@@ -490,14 +502,6 @@ class _StdinReader:
     def stopProducing(self) -> None:
         self._stopped = True
         self._reactor.removeReader(self)
-
-
-def _is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
 
 
 if __name__ == "__main__":

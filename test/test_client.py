@@ -22,7 +22,7 @@ from twisted.internet.endpoints import UNIXServerEndpoint
 from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
 
-from sdexec.cli import exit_code, kill_target, parse_args
+from sdexec.cli import exit_code, format_procs, kill_target, parse_args
 from sdexec.client import (
     STDOUT,
     WRITE_CREDIT,
@@ -365,6 +365,22 @@ def test_kill_arguments():
     assert (options.signum, options.target) == (15, {"pid": 1234})
     assert parse_args(["kill", "9", "job-7"]).target == {"label": "job-7"}
     assert kill_target("12a") == {"label": "12a"}
+
+
+def test_ps_table():
+    procs = [
+        {
+            "pid": 42,
+            "state": "R",
+            "unit": "u.service",
+            "label": None,
+            "cmdline": ["sh", "-c", "sleep 1"],
+        }
+    ]
+    assert format_procs(procs).splitlines() == [
+        "PID  STATE  UNIT       LABEL  CMDLINE",
+        "42   R      u.service  -      sh -c 'sleep 1'",
+    ]
 
 
 # -- the command line against the peer --------------------------------------

@@ -151,7 +151,7 @@ class SdexecClient(JSONLineProtocol):
         self.path = path
         self.disconnected: Deferred[None] = Deferred()
         self._next_matchtag = 1  # 0 is what the service uses when it has none
-        self._pending: dict[int, _Call | ExecHandle] = {}
+        self._in_flight: dict[int, _Call | ExecHandle] = {}
         self._lost: SdexecError | None = None
         self._closing_error: RPCError | None = None
 
@@ -217,7 +217,7 @@ class SdexecClient(JSONLineProtocol):
         if self._lost is not None:
             pending.end(self._lost)
             return
-        self._pending[request["matchtag"]] = pending
+        self._in_flight[request["matchtag"]] = pending
         self.sendMessage(request)
 
     def _request(self, topic: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -233,17 +233,17 @@ class SdexecClient(JSONLineProtocol):
 
     def messageReceived(self, message: dict[str, Any]) -> None:
         matchtag = message.get("matchtag")
-        pending = self._pending.get(matchtag) if isinstance(matchtag, int) else None
+        pending = self._in_flight.get(matchtag) if isinstance(matchtag, int) else None
         if message.get("type") != "response" or pending is None:
             self._unexpected(message)
         elif "errnum" in message:
-            del self._pending[matchtag]
+            del self._in_flight[matchtag]
             pending.end(_rpc_error(message))
         elif not isinstance(message.get("payload"), dict):
             _log.warn("sdexec: response without a payload object: {m!r}", m=message)
         else:
             if not pending.streaming:
-                del self._pending[matchtag]
+                del self._in_flight[matchtag]
             pending.respond(message["payload"])
 
     def _unexpected(self, message: dict[str, Any]) -> None:
@@ -264,7 +264,7 @@ class SdexecClient(JSONLineProtocol):
             self._lost = self._closing_error or ConnectionFailed(
                 f"connection to {self.path} lost"
             )
-        pending, self._pending = self._pending, {}
+        pending, self._in_flight = self._in_flight, {}
         for request in pending.values():
             request.end(self._lost)
         self.disconnected.callback(None)

@@ -1,0 +1,487 @@
+"""The client library and the ``sdexec`` command against a scripted peer.
+
+``Peer`` plays the service's side of docs/protocol.md by hand: a test reads
+the requests the client sent and answers them. The end-to-end tests against
+the real service live elsewhere; these pin the client's own logic.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import pytest_twisted
+from twisted.internet import defer, protocol, reactor
+from twisted.internet.defer import DeferredQueue
+from twisted.internet.endpoints import UNIXServerEndpoint
+from twisted.internet.interfaces import IPushProducer
+from zope.interface import implementer
+
+from sdexec.cli import exit_code, format_procs, kill_target, parse_args
+from sdexec.client import (
+    STDOUT,
+    WRITE_CREDIT,
+    ConnectionFailed,
+    RPCError,
+    SdexecError,
+    connect,
+    default_socket_path,
+    resolve_socket_path,
+)
+from sdexec.framing import JSONLineProtocol
+from sdexec.ioencode import decode_io, encode_io
+
+REPO = Path(__file__).resolve().parent.parent
+ENODATA = 61
+
+
+class Peer(JSONLineProtocol):
+    """The service's end of one connection, driven by the test."""
+
+    def connectionMade(self) -> None:
+        self.requests: DeferredQueue = DeferredQueue()
+        self.factory.peers.put(self)
+
+    def messageReceived(self, message: dict) -> None:
+        self.requests.put(message)
+
+    def framingError(self, reason: str) -> None:
+        raise AssertionError(f"the client sent a bad frame: {reason}")
+
+    def respond(self, request: dict, payload: dict) -> None:
+        self.sendMessage(_response(request, payload=payload))
+
+    def fail(self, request: dict, errnum: int, errstr: str = "") -> None:
+        self.sendMessage(_response(request, errnum=errnum, errstr=errstr))
+
+
+def _response(request: dict, **fields) -> dict:
+    return {
+        "type": "response",
+        "topic": request["topic"],
+        "matchtag": request["matchtag"],
+        **fields,
+    }
+
+
+@pytest_twisted.async_yield_fixture
+async def served(tmp_path):
+    """``(peer, client)``: a client connected to a peer on a socket in
+    ``tmp_path``; ``peer.factory.peers`` yields later connections' peers."""
+    factory = protocol.Factory.forProtocol(Peer)
+    factory.peers = DeferredQueue()
+    path = str(tmp_path / "sdexec.sock")
+    port = await UNIXServerEndpoint(reactor, path).listen(factory)
+    client = await connect(reactor, path)
+    peer = await factory.peers.get()
+    yield peer, client
+    await client.close()
+    await port.stopListening()
+
+
+# -- socket path -----------------------------------------------------------
+
+
+def test_socket_option_wins_over_environment():
+    environ = {"SDEXEC_SOCKET": "/env.sock", "XDG_RUNTIME_DIR": "/run/user/1"}
+    assert resolve_socket_path("/opt.sock", environ) == "/opt.sock"
+    assert resolve_socket_path(None, environ) == "/env.sock"
+    del environ["SDEXEC_SOCKET"]
+    assert resolve_socket_path(None, environ) == "/run/user/1/sdexec/sdexec.sock"
+
+
+def test_default_socket_needs_xdg_runtime_dir():
+    with pytest.raises(SdexecError, match="XDG_RUNTIME_DIR is not set"):
+        default_socket_path({})
+
+
+@pytest_twisted.inlineCallbacks
+def test_missing_socket_names_the_path(tmp_path):
+    path = str(tmp_path / "absent.sock")
+    with pytest.raises(ConnectionFailed, match=f"cannot connect to {path}: No such"):
+        yield connect(reactor, path)
+
+
+@pytest_twisted.inlineCallbacks
+def test_refused_socket_names_the_path(tmp_path):
+    path = str(tmp_path / "dead.sock")
+    with socket.socket(socket.AF_UNIX) as bound_not_listening:
+        bound_not_listening.bind(path)
+        with pytest.raises(ConnectionFailed, match=f"{path}: Connection refused"):
+            yield connect(reactor, path)
+
+
+# -- requests and responses -------------------------------------------------
+
+
+@pytest_twisted.inlineCallbacks
+def test_rpc_matchtags_count_up_and_route_responses(served):
+    peer, client = served
+    listing, stats = client.list(), client.stats()
+    first, second = (yield peer.requests.get()), (yield peer.requests.get())
+    assert first == {
+        "type": "request",
+        "topic": "sdexec.list",
+        "matchtag": 1,
+        "payload": {},
+    }
+    assert (second["topic"], second["matchtag"]) == ("sdexec.stats-get", 2)
+    peer.respond(second, {"stats": True})
+    peer.respond(first, {"procs": []})
+    assert (yield listing) == {"procs": []}
+    assert (yield stats) == {"stats": True}
+
+
+@pytest_twisted.inlineCallbacks
+def test_rpc_error_response_is_rpc_error(served):
+    peer, client = served
+    killed = client.kill(pid=99, signum=9)
+    request = yield peer.requests.get()
+    assert request["payload"] == {"pid": 99, "signum": 9}
+    peer.fail(request, errno.ESRCH, "kill pid=99 not found")
+    with pytest.raises(RPCError) as caught:
+        yield killed
+    assert (caught.value.errnum, str(caught.value)) == (3, "kill pid=99 not found")
+
+
+@pytest_twisted.inlineCallbacks
+def test_kill_by_label_and_bad_targets(served):
+    peer, client = served
+    client.kill(label="job", signum=2)
+    assert (yield peer.requests.get())["payload"] == {"label": "job", "signum": 2}
+    for bad in ({}, {"pid": 1, "label": "job"}):
+        with pytest.raises(ValueError, match="exactly one"):
+            client.kill(**bad)
+
+
+@pytest_twisted.inlineCallbacks
+def test_unknown_matchtag_is_ignored(served):
+    peer, client = served
+    listing = client.list()
+    request = yield peer.requests.get()
+    peer.respond({**request, "matchtag": 99}, {"stray": True})
+    peer.respond(request, {"procs": []})
+    assert (yield listing) == {"procs": []}
+
+
+# -- exec streams -----------------------------------------------------------
+
+
+def _exec(client, flags=STDOUT, opts=None):
+    responses = []
+    cmd = {"cmdline": ["true"], "env": {}, "opts": opts or {}, "channels": []}
+    return client.exec(cmd, flags, responses.append), responses
+
+
+@pytest_twisted.inlineCallbacks
+def test_exec_stream_in_order_until_enodata(served):
+    peer, client = served
+    handle, responses = _exec(client)
+    request = yield peer.requests.get()
+    assert request["payload"]["flags"] == STDOUT
+    assert request["payload"]["cmd"]["cmdline"] == ["true"]
+    stream = [
+        {"type": "started", "pid": 42},
+        {"type": "output", "pid": 42, "io": encode_io("stdout", "0", b"hi\n")},
+        {"type": "finished", "status": 0},
+        {"type": "output", "pid": 42, "io": encode_io("stdout", "0", eof=True)},
+    ]
+    for payload in stream:
+        peer.respond(request, payload)
+    peer.fail(request, ENODATA)
+    assert (yield handle.done) is None
+    assert responses == stream
+    assert (handle.matchtag, handle.pid) == (request["matchtag"], 42)
+
+
+@pytest_twisted.inlineCallbacks
+def test_exec_error_ends_the_stream(served):
+    peer, client = served
+    handle, _ = _exec(client)
+    peer.fail((yield peer.requests.get()), errno.ENOENT, "nosuch: not found")
+    with pytest.raises(RPCError, match="nosuch: not found") as caught:
+        yield handle.done
+    assert caught.value.errnum == errno.ENOENT
+
+
+@pytest_twisted.inlineCallbacks
+def test_connection_lost_fails_requests_in_flight(served):
+    peer, client = served
+    handle, _ = _exec(client)
+    listing = client.list()
+    request = yield peer.requests.get()
+    peer.respond(request, {"type": "started", "pid": 42})
+    yield peer.requests.get()
+    peer.transport.loseConnection()
+    yield client.disconnected
+    for pending in (handle.done, listing):
+        with pytest.raises(ConnectionFailed, match=f"connection to {client.path} lost"):
+            yield pending
+    with pytest.raises(ConnectionFailed):
+        yield client.stats()
+
+
+@pytest_twisted.inlineCallbacks
+def test_closing_error_explains_the_loss(served):
+    peer, client = served
+    listing = client.list()
+    yield peer.requests.get()
+    peer.fail({"topic": "sdexec", "matchtag": 0}, errno.EPERM, "not the owner")
+    peer.transport.loseConnection()
+    with pytest.raises(RPCError, match="not the owner"):
+        yield listing
+
+
+# -- stdin and credit -------------------------------------------------------
+
+
+@pytest_twisted.inlineCallbacks
+def test_writes_and_credit(served):
+    peer, client = served
+    handle, _ = _exec(client, flags=STDOUT | WRITE_CREDIT)
+    request = yield peer.requests.get()
+    assert handle.credit == 4096  # may be borrowed before the first add-credit
+    handle.write(b"\xff" * 1000)
+    write = yield peer.requests.get()
+    assert write["topic"] == "sdexec.write"
+    assert write["payload"]["matchtag"] == request["matchtag"]
+    assert decode_io(write["payload"]["io"]) == ("stdin", b"\xff" * 1000, False)
+    assert handle.credit == 3096
+    # The first add-credit is the whole buffer: it replaces the borrowing.
+    peer.respond(request, {"type": "add-credit", "channels": {"stdin": 4096}})
+    yield _round_trip(peer, client)
+    assert handle.credit == 3096
+    peer.respond(request, {"type": "add-credit", "channels": {"stdin": 1000}})
+    yield _round_trip(peer, client)
+    assert handle.credit == 4096
+    handle.close_stdin()
+    eof = yield peer.requests.get()
+    assert decode_io(eof["payload"]["io"]) == ("stdin", b"", True)
+
+
+def test_credit_follows_stdin_bufsize_and_flag(served):
+    _, client = served
+    sized, _ = _exec(client, WRITE_CREDIT, opts={"stdin_BUFSIZE": "64K"})
+    unflagged, _ = _exec(client, STDOUT)
+    assert (sized.credit, unflagged.credit) == (65536, None)
+
+
+@implementer(IPushProducer)
+class Producer:
+    def __init__(self):
+        self.calls = []
+
+    def pauseProducing(self):
+        self.calls.append("pause")
+
+    def resumeProducing(self):
+        self.calls.append("resume")
+
+    def stopProducing(self):
+        self.calls.append("stop")
+
+
+@pytest_twisted.inlineCallbacks
+def test_producer_paused_without_credit(served):
+    peer, client = served
+    handle, _ = _exec(client, flags=WRITE_CREDIT)
+    producer = Producer()
+    handle.registerProducer(producer, streaming=True)
+    request = yield peer.requests.get()
+    handle.write(b"x" * 4096)
+    assert producer.calls == ["pause"]
+    peer.respond(request, {"type": "add-credit", "channels": {"stdin": 4096}})
+    peer.respond(request, {"type": "add-credit", "channels": {"stdin": 10}})
+    peer.fail(request, ENODATA)
+    yield handle.done
+    assert producer.calls == ["pause", "resume", "stop"]
+
+
+@pytest_twisted.inlineCallbacks
+def test_kill_before_started_waits_for_the_pid(served):
+    peer, client = served
+    handle, _ = _exec(client)
+    killed = handle.kill(15)
+    request = yield peer.requests.get()
+    peer.respond(request, {"type": "started", "pid": 42})
+    kill = yield peer.requests.get()
+    assert kill["payload"] == {"pid": 42, "signum": 15}
+    peer.respond(kill, {})
+    assert (yield killed) == {}
+
+
+@pytest_twisted.inlineCallbacks
+def test_kill_of_a_process_that_never_started(served):
+    peer, client = served
+    handle, _ = _exec(client)
+    killed = handle.kill(15)
+    peer.fail((yield peer.requests.get()), errno.ENOENT, "not found")
+    with pytest.raises(RPCError, match="never started"):
+        yield killed
+    with pytest.raises(RPCError):
+        yield handle.done
+
+
+@defer.inlineCallbacks
+def _round_trip(peer, client):
+    """Fires once the client has handled everything the peer sent before."""
+    listing = client.list()
+    peer.respond((yield peer.requests.get()), {})
+    yield listing
+
+
+# -- the command line: pure parts -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [(0, 0), (1 << 8, 1), (255 << 8, 255), (15, 143), (0x80 | 11, 139)],
+)
+def test_exit_code_from_wait_status(status, code):
+    assert exit_code(status) == code
+
+
+def test_setopt_splits_on_the_first_equals():
+    options = parse_args(["run", "--setopt", "A=b=c", "--setopt", "E=", "ls", "-l"])
+    assert options.setopt == [("A", "b=c"), ("E", "")]
+    assert (options.cmd, options.args) == ("ls", ["-l"])
+
+
+@pytest.mark.parametrize("bad", ["novalue", "=value"])
+def test_bad_setopt_is_a_usage_error_naming_it(bad, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["run", "--setopt", bad, "true"])
+    assert exit_.value.code == 2
+    assert f"{bad!r} is not KEY=VAL" in capsys.readouterr().err
+
+
+def test_kill_arguments():
+    options = parse_args(["kill", "SIGTERM", "1234"])
+    assert (options.signum, options.target) == (15, {"pid": 1234})
+    assert parse_args(["kill", "9", "job-7"]).target == {"label": "job-7"}
+    assert kill_target("12a") == {"label": "12a"}
+
+
+def test_ps_table():
+    procs = [
+        {
+            "pid": 42,
+            "state": "R",
+            "unit": "u.service",
+            "label": None,
+            "cmdline": ["sh", "-c", "sleep 1"],
+        }
+    ]
+    assert format_procs(procs).splitlines() == [
+        "PID  STATE  UNIT       LABEL  CMDLINE",
+        "42   R      u.service  -      sh -c 'sleep 1'",
+    ]
+
+
+# -- the command line against the peer --------------------------------------
+
+
+class _Collect(protocol.ProcessProtocol):
+    def __init__(self, stdin: bytes):
+        self.stdin = stdin
+        self.out, self.err = bytearray(), bytearray()
+        self.ended = defer.Deferred()
+
+    def connectionMade(self):
+        self.transport.write(self.stdin)
+        self.transport.closeStdin()
+
+    def outReceived(self, data):
+        self.out += data
+
+    def errReceived(self, data):
+        self.err += data
+
+    def processEnded(self, reason):
+        self.ended.callback(reason.value.exitCode)
+
+
+def _spawn_cli(path: str, args: list[str], stdin: bytes = b"") -> _Collect:
+    collected = _Collect(stdin)
+    argv = [sys.executable, "-m", "sdexec.cli", "--socket", path, *args]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    reactor.spawnProcess(collected, sys.executable, argv, env=env, path=str(REPO))
+    return collected
+
+
+@pytest_twisted.inlineCallbacks
+def test_cli_run_streams_and_exits_with_the_status(tmp_path, served):
+    peer, client = served
+    factory_peers = peer.factory.peers
+    cli = _spawn_cli(client.path, ["run", "--setopt", "K=V", "cat"], b"x" * 5000)
+    peer = yield factory_peers.get()
+    request = yield peer.requests.get()
+    cmd = request["payload"]["cmd"]
+    assert (cmd["cmdline"], cmd["opts"], cmd["cwd"]) == (["cat"], {"K": "V"}, str(REPO))
+    assert cmd["env"]["PYTHONPATH"] == str(REPO)
+    assert request["payload"]["flags"] == 11
+    first = yield peer.requests.get()  # the borrowed credit, no more
+    assert len(decode_io(first["payload"]["io"])[1]) == 4096
+    peer.respond(request, {"type": "add-credit", "channels": {"stdin": 4096}})
+    peer.respond(request, {"type": "add-credit", "channels": {"stdin": 4096}})
+    rest, eof = (yield peer.requests.get()), (yield peer.requests.get())
+    assert decode_io(rest["payload"]["io"]) == ("stdin", b"x" * 904, False)
+    assert decode_io(eof["payload"]["io"])[2] is True
+    binary = bytes(range(256)) * 4
+    for payload in (
+        {"type": "started", "pid": 42},
+        {"type": "output", "pid": 42, "io": encode_io("stdout", "0", binary)},
+        {"type": "output", "pid": 42, "io": encode_io("stderr", "0", b"e\n")},
+        {"type": "finished", "status": 7 << 8},
+    ):
+        peer.respond(request, payload)
+    peer.fail(request, ENODATA)
+    assert (yield cli.ended) == 7
+    assert (bytes(cli.out), bytes(cli.err)) == (binary, b"e\n")
+
+
+@pytest_twisted.inlineCallbacks
+def test_cli_missing_command_exits_127(served):
+    peer, client = served
+    cli = _spawn_cli(client.path, ["run", "-n", "nosuch"])
+    peer = yield peer.factory.peers.get()
+    request = yield peer.requests.get()
+    eof = yield peer.requests.get()  # -n: EOF at once
+    assert decode_io(eof["payload"]["io"]) == ("stdin", b"", True)
+    peer.fail(request, errno.ENOENT, "nosuch: No such file or directory")
+    assert (yield cli.ended) == 127
+    assert bytes(cli.err) == b"sdexec: nosuch: No such file or directory\n"
+
+
+@pytest_twisted.inlineCallbacks
+def test_cli_forwards_sigterm_as_kill(served):
+    peer, client = served
+    cli = _spawn_cli(client.path, ["run", "-n", "sleep", "100"])
+    peer = yield peer.factory.peers.get()
+    request = yield peer.requests.get()
+    yield peer.requests.get()  # stdin EOF
+    cli.transport.signalProcess("TERM")  # before started: held until then
+    peer.respond(request, {"type": "started", "pid": 42})
+    kill = yield peer.requests.get()
+    assert (kill["topic"], kill["payload"]) == (
+        "sdexec.kill",
+        {"pid": 42, "signum": 15},
+    )
+    peer.respond(kill, {})
+    peer.respond(request, {"type": "finished", "status": signal.SIGTERM})
+    peer.fail(request, ENODATA)
+    assert (yield cli.ended) == 143
+    assert bytes(cli.err) == b""
+
+
+@pytest_twisted.inlineCallbacks
+def test_cli_missing_socket_is_one_line(tmp_path):
+    cli = _spawn_cli(str(tmp_path / "absent.sock"), ["ps"])
+    assert (yield cli.ended) == 1
+    assert bytes(cli.err).count(b"\n") == 1
+    assert bytes(cli.err).startswith(b"sdexec: cannot connect to ")

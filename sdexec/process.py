@@ -122,6 +122,7 @@ class Process:
         self._sent: set[str] = set()  # response kinds already sent
         self._requested: set[str] = set()  # systemd calls already made
         self._ended = False
+        self._failure_confirmed = False  # by a GetAll after failed/no status
         self._output_gate_open = False  # opened by `started` (or a failure)
         self._client_paused = False
         self.stdin = InputChannel(self._add_credit, stdin_bufsize)
@@ -280,11 +281,19 @@ class Process:
         if status.has_failed:
             self._fail(*status.failure)
         elif status.failed_without_status:
-            if "confirm-failure" in self._requested:
+            if self._failure_confirmed:
                 self._fail(*status.failure)
-            else:  # perhaps half a change: ask for the whole state
+            elif "confirm-failure" not in self._requested:
+                # Perhaps half a change: decide on the whole state, as the
+                # refresh's own answer has it (not on signals in between).
                 self._requested.add("confirm-failure")
-                self._watch.refresh().addErrback(self._log_failure, "GetAll")
+                self._watch.refresh().addCallbacks(
+                    self._failure_refreshed, self._log_failure, errbackArgs=("GetAll",)
+                )
+
+    def _failure_refreshed(self, properties: dict[str, Any]) -> None:
+        self._failure_confirmed = True
+        self._unit_changed(properties)
 
     def _output(self, stream: str, data: bytes) -> None:
         if self._flags & (FLAG_STDOUT if stream == "stdout" else FLAG_STDERR):

@@ -28,6 +28,7 @@ class RecordingSystemd:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
         self.watch_callback = None
+        self.refresh_answer: dict | None = None
 
     def watch_unit(self, name, callback):
         self.watch_callback = callback
@@ -35,7 +36,12 @@ class RecordingSystemd:
 
         class Watch:
             def refresh(self):
-                return defer.succeed({})
+                # As UnitWatch does: deliver the whole state, then fire with
+                # it; with no answer set, the answer is still on its way.
+                if systemd.refresh_answer is None:
+                    return defer.Deferred()
+                callback(systemd.refresh_answer)
+                return defer.succeed(systemd.refresh_answer)
 
             def cancel(self):
                 systemd.calls.append(("cancel",))
@@ -214,7 +220,9 @@ def test_reset_after_finished_is_not_a_failure():
 
 def test_failed_without_status_is_confirmed_before_it_is_believed():
     _, systemd, responder, _ = make_process()
-    # The Unit interface's change arrives before the Service interface's.
+    # The Unit interface's change arrives before the Service interface's,
+    # and another signal before the confirming GetAll's answer.
+    systemd.watch_callback({"ActiveState": "failed", "SubState": "failed"})
     systemd.watch_callback({"ActiveState": "failed", "SubState": "failed"})
     assert responder.types() == []
     assert not any(call[0] == "reset" for call in systemd.calls)
@@ -226,7 +234,7 @@ def test_failed_without_status_is_confirmed_before_it_is_believed():
 def test_confirmed_failure_without_status_is_eio():
     _, systemd, responder, _ = make_process()
     failed = {"ActiveState": "failed", "SubState": "failed", "Result": "resources"}
+    systemd.refresh_answer = failed
     systemd.watch_callback(failed)
-    systemd.watch_callback(failed)  # what the confirming GetAll delivers
     assert responder.types() == [errno.EIO]
     assert "resources" in responder.responses[0][1]

@@ -1,0 +1,168 @@
+"""The ``sdexec`` command against the real service and user manager.
+
+The command runs as a subprocess (it owns its reactor); the service runs in
+the test's process, so the subprocess is driven from a thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from pytest_twisted import ensureDeferred
+from support import sleep, unit_names
+from twisted.internet.defer import Deferred
+from twisted.internet.threads import deferToThread
+
+pytestmark = pytest.mark.systemd
+
+
+def _sdexec_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "sdexec.cli", *args]
+
+
+def _environment(service) -> dict[str, str]:
+    return {**os.environ, "SDEXEC_SOCKET": service.socket_path}
+
+
+def cli(service, *args: str, stdin: bytes = b"") -> Deferred:
+    """Run ``sdexec ARGS`` to completion; a Deferred CompletedProcess."""
+    return deferToThread(
+        subprocess.run,
+        _sdexec_argv(*args),
+        input=stdin,
+        capture_output=True,
+        env=_environment(service),
+        timeout=120,
+    )
+
+
+async def _wait_for_a_process(service):
+    for _ in range(200):
+        procs = service.server.list()["procs"]
+        if procs and procs[0]["pid"] > 0:
+            return procs[0]
+        await sleep(0.05)
+    raise AssertionError("the command never started")
+
+
+@ensureDeferred
+async def test_run_streams_stdin_and_output(sdexec):
+    data = b"".join(b"line %d\n" % i for i in range(2000))
+    done = await cli(sdexec, "run", "sh", "-c", "cat; echo done >&2", stdin=data)
+    assert (done.returncode, done.stdout, done.stderr) == (0, data, b"done\n")
+
+
+@pytest.mark.parametrize("code", [0, 1, 127, 199, 244, 255])
+@ensureDeferred
+async def test_exit_codes(sdexec, code):
+    done = await cli(sdexec, "run", "-n", "sh", "-c", f"exit {code}")
+    assert done.returncode == code
+
+
+@ensureDeferred
+async def test_missing_command_exits_127_with_one_line(sdexec):
+    done = await cli(sdexec, "run", "-n", "no-such-command-xyz")
+    assert done.returncode == 127
+    assert done.stderr.decode().count("\n") == 1
+    assert "no-such-command-xyz" in done.stderr.decode()
+
+
+@ensureDeferred
+async def test_property_error_names_the_property(sdexec):
+    done = await cli(
+        sdexec, "run", "-n", "--setopt", "SDEXEC_PROP_SendSIGKILL=maybe", "true"
+    )
+    assert done.returncode == 1
+    assert done.stderr.decode().startswith("sdexec: SDEXEC_PROP_SendSIGKILL")
+
+
+@ensureDeferred
+async def test_dir_and_environment_travel(sdexec, tmp_path):
+    done = await cli(
+        sdexec, "run", "-n", "--dir", str(tmp_path), "sh", "-c", "pwd; echo $MARK"
+    )
+    assert done.stdout.decode().splitlines() == [str(tmp_path), ""]
+
+
+@ensureDeferred
+async def test_sigterm_to_the_client_exits_143(sdexec):
+    client = subprocess.Popen(
+        _sdexec_argv("run", "-n", "sleep", "300"),
+        env=_environment(sdexec),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        await _wait_for_a_process(sdexec)
+        client.send_signal(signal.SIGTERM)
+        returncode = await deferToThread(client.wait, 60)
+    finally:
+        client.kill()
+        client.wait()
+        client.stderr.close()
+    assert returncode == 143
+
+
+@ensureDeferred
+async def test_killed_client_takes_its_unit_with_it(sdexec):
+    client = subprocess.Popen(
+        _sdexec_argv("run", "-n", "sleep", "300"),
+        env=_environment(sdexec),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    unit = (await _wait_for_a_process(sdexec))["unit"]
+    client.kill()
+    await deferToThread(client.wait, 60)
+    for _ in range(100):
+        if not unit_names(unit) and not sdexec.server.processes:
+            break
+        await sleep(0.1)
+    assert unit_names(unit) == []
+    assert sdexec.server.processes == {}
+
+
+@ensureDeferred
+async def test_ps_kill_and_stats(sdexec):
+    client = subprocess.Popen(
+        _sdexec_argv("run", "-n", "--label", "napper", "sleep", "300"),
+        env=_environment(sdexec),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        proc = await _wait_for_a_process(sdexec)
+        ps = await cli(sdexec, "ps")
+        assert proc["unit"] in ps.stdout.decode()
+        assert "napper" in ps.stdout.decode()
+        stats = json.loads((await cli(sdexec, "stats")).stdout)
+        assert [p["unit"] for p in stats["procs"]] == [proc["unit"]]
+        killed = await cli(sdexec, "kill", "TERM", "napper")
+        assert killed.returncode == 0
+        assert await deferToThread(client.wait, 60) == 143
+    finally:
+        client.kill()
+        client.wait()
+
+
+@ensureDeferred
+async def test_kill_of_an_unknown_pid_is_one_line(sdexec):
+    done = await cli(sdexec, "kill", "15", "999999999")
+    assert done.returncode == 1
+    assert done.stderr == b"sdexec: kill pid=999999999 not found\n"
+
+
+def test_missing_socket_is_one_line(tmp_path):
+    done = subprocess.run(
+        _sdexec_argv("--socket", str(tmp_path / "nothing.sock"), "ps"),
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.decode().count("\n") == 1
+    assert "nothing.sock" in done.stderr.decode()

@@ -120,9 +120,12 @@ class SdexecService(Service):
         self.reactor.stop()
 
     def _lost_systemd(self, _: object) -> None:
-        if self.running:
-            log.error("lost the D-Bus connection to systemd; stopping")
-            self.reactor.stop()
+        if not self.running:
+            return  # our own disconnect, at stop
+        log.error("lost the D-Bus connection to systemd")
+        self.server.drain("lost the D-Bus connection to systemd")
+        if self.exit_on_failure:  # under twistd: let the supervisor restart us
+            self.reactor.callWhenRunning(self._exit_after_shutdown)
 
     def _install_sighup(self) -> None:
         # Called from the reactor thread; the handler only schedules work.

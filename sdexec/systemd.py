@@ -129,7 +129,13 @@ class UnitWatch:
         self.state.update(_unwrap(changed))
         if invalidated:
             # Rare for the properties we read; fetch rather than guess.
-            self.client._defer(self._refresh())
+            self.client._defer(self._refresh()).addErrback(
+                lambda failure: log.warn(
+                    "{unit}: GetAll failed: {error}",
+                    unit=self.unit_name,
+                    error=failure.getErrorMessage(),
+                )
+            )
         else:
             self._deliver()
 

@@ -10,13 +10,14 @@ accepts for many properties and rejects, naming the property, for the rest.
 from __future__ import annotations
 
 from collections.abc import Callable
+from fractions import Fraction
 
 from dbus_fast import Variant
 
 from sdexec.idset import IDset
 from sdexec.sizes import MemoryLimit
 
-__all__ = ["PropertyError", "parse_bool", "typed_property"]
+__all__ = ["PropertyError", "parse_bool", "percent_scale", "typed_property"]
 
 UINT64_MAX = 2**64 - 1
 UINT32_MAX = 2**32 - 1
@@ -88,12 +89,18 @@ def _uint64_or_infinity(text: str) -> int:
     return value
 
 
+def percent_scale(percent: float) -> int:
+    """``percent`` as systemd's ``<Name>Scale``: a fraction of UINT32_MAX,
+    rounded to the closest (half up), exactly as ``UINT32_SCALE_FROM_PERMYRIAD``
+    does; float arithmetic would round 30% down."""
+    exact = Fraction(str(percent)) * UINT32_MAX / 100
+    return int(exact + Fraction(1, 2))
+
+
 def _memory(name: str, text: str) -> tuple[str, Variant]:
     limit = MemoryLimit.parse(text)
     if limit.percent is not None:
-        # systemd's own encoding of "N%": a fraction of UINT32_MAX.
-        scale = round(limit.percent / 100 * UINT32_MAX)
-        return f"{name}Scale", Variant("u", scale)
+        return f"{name}Scale", Variant("u", percent_scale(limit.percent))
     return name, Variant("t", UINT64_MAX if limit.infinite else limit.bytes)
 
 

@@ -9,6 +9,7 @@ accepts for many properties and rejects, naming the property, for the rest.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from fractions import Fraction
 
@@ -62,6 +63,8 @@ UINT64_PROPERTIES = frozenset(
 )
 INT32_PROPERTIES = frozenset({"OOMScoreAdjust", "Nice"})
 
+_UNSIGNED = re.compile(r"[0-9]+")
+_SIGNED = re.compile(r"[-+]?[0-9]+")
 _TRUE = frozenset({"1", "yes", "true", "on"})
 _FALSE = frozenset({"0", "no", "false", "off"})
 
@@ -80,11 +83,18 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"{text!r} is not a boolean (yes/no, true/false, on/off, 1/0)")
 
 
+def _integer(text: str, pattern: re.Pattern[str]) -> int:
+    # int() alone would also take "1_000" and non-ASCII digits.
+    if pattern.fullmatch(text.strip()) is None:
+        raise ValueError(f"{text!r} is not a decimal integer")
+    return int(text)
+
+
 def _uint64_or_infinity(text: str) -> int:
     if text.strip() == "infinity":
         return UINT64_MAX
-    value = int(text, 10)
-    if not 0 <= value < UINT64_MAX:
+    value = _integer(text, _UNSIGNED)
+    if value >= UINT64_MAX:
         raise ValueError(f"{text!r} is out of range")
     return value
 
@@ -116,7 +126,7 @@ def _device_allow(text: str) -> list[list[str]]:
 
 
 def _int32(text: str) -> int:
-    value = int(text, 10)
+    value = _integer(text, _SIGNED)
     if not -(2**31) <= value < 2**31:
         raise ValueError(f"{text!r} is out of range")
     return value

@@ -120,8 +120,10 @@ class UnitWatch:
         return self.client._defer(self._refresh())
 
     def cancel(self) -> None:
-        """Stop delivering changes."""
-        self.client._watches.pop(self.path, None)
+        """Stop delivering changes (to this watch: a newer watch of the same
+        unit stays registered)."""
+        if self.client._watches.get(self.path) is self:
+            del self.client._watches[self.path]
 
     async def _refresh(self, interfaces: tuple[str, ...] = (UNIT, SERVICE)) -> dict:
         for interface in interfaces:
@@ -139,7 +141,7 @@ class UnitWatch:
         self._deliver()
 
     def _deliver(self) -> None:
-        if self.path in self.client._watches:
+        if self.client._watches.get(self.path) is self:
             self._callback(self.state)
 
 

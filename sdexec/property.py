@@ -9,14 +9,16 @@ accepts for many properties and rejects, naming the property, for the rest.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from fractions import Fraction
 
 from dbus_fast import Variant
 
 from sdexec.idset import IDset
 from sdexec.sizes import MemoryLimit
 
-__all__ = ["PropertyError", "parse_bool", "typed_property"]
+__all__ = ["PropertyError", "parse_bool", "percent_scale", "typed_property"]
 
 UINT64_MAX = 2**64 - 1
 UINT32_MAX = 2**32 - 1
@@ -61,6 +63,8 @@ UINT64_PROPERTIES = frozenset(
 )
 INT32_PROPERTIES = frozenset({"OOMScoreAdjust", "Nice"})
 
+_UNSIGNED = re.compile(r"[0-9]+")
+_SIGNED = re.compile(r"[-+]?[0-9]+")
 _TRUE = frozenset({"1", "yes", "true", "on"})
 _FALSE = frozenset({"0", "no", "false", "off"})
 
@@ -79,21 +83,34 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"{text!r} is not a boolean (yes/no, true/false, on/off, 1/0)")
 
 
+def _integer(text: str, pattern: re.Pattern[str]) -> int:
+    # int() alone would also take "1_000" and non-ASCII digits.
+    if pattern.fullmatch(text.strip()) is None:
+        raise ValueError(f"{text!r} is not a decimal integer")
+    return int(text)
+
+
 def _uint64_or_infinity(text: str) -> int:
     if text.strip() == "infinity":
         return UINT64_MAX
-    value = int(text, 10)
-    if not 0 <= value < UINT64_MAX:
+    value = _integer(text, _UNSIGNED)
+    if value >= UINT64_MAX:
         raise ValueError(f"{text!r} is out of range")
     return value
+
+
+def percent_scale(percent: float) -> int:
+    """``percent`` as systemd's ``<Name>Scale``: a fraction of UINT32_MAX,
+    rounded to the closest (half up), exactly as ``UINT32_SCALE_FROM_PERMYRIAD``
+    does; float arithmetic would round 30% down."""
+    exact = Fraction(str(percent)) * UINT32_MAX / 100
+    return int(exact + Fraction(1, 2))
 
 
 def _memory(name: str, text: str) -> tuple[str, Variant]:
     limit = MemoryLimit.parse(text)
     if limit.percent is not None:
-        # systemd's own encoding of "N%": a fraction of UINT32_MAX.
-        scale = round(limit.percent / 100 * UINT32_MAX)
-        return f"{name}Scale", Variant("u", scale)
+        return f"{name}Scale", Variant("u", percent_scale(limit.percent))
     return name, Variant("t", UINT64_MAX if limit.infinite else limit.bytes)
 
 
@@ -109,7 +126,7 @@ def _device_allow(text: str) -> list[list[str]]:
 
 
 def _int32(text: str) -> int:
-    value = int(text, 10)
+    value = _integer(text, _SIGNED)
     if not -(2**31) <= value < 2**31:
         raise ValueError(f"{text!r} is out of range")
     return value

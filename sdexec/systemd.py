@@ -96,7 +96,11 @@ class UnitWatch:
 
     ``callback(state)`` is called with the whole merged dict after every change
     (a ``PropertiesChanged`` signal or a :meth:`refresh`). Properties systemd
-    only *invalidates* are fetched again before the callback runs.
+    only *invalidates* are dropped from the state, not fetched: systemd
+    invalidates ``ExecStart*``, ``Conditions`` and ``Asserts`` with every
+    change of a service, while the state properties (``ActiveState``,
+    ``SubState``, ``ExecMain*``, ``Result``) always come with their values.
+    Call :meth:`refresh` to read the invalidated ones.
     """
 
     def __init__(
@@ -116,8 +120,10 @@ class UnitWatch:
         return self.client._defer(self._refresh())
 
     def cancel(self) -> None:
-        """Stop delivering changes."""
-        self.client._watches.pop(self.path, None)
+        """Stop delivering changes (to this watch: a newer watch of the same
+        unit stays registered)."""
+        if self.client._watches.get(self.path) is self:
+            del self.client._watches[self.path]
 
     async def _refresh(self, interfaces: tuple[str, ...] = (UNIT, SERVICE)) -> dict:
         for interface in interfaces:
@@ -126,21 +132,16 @@ class UnitWatch:
         return self.state
 
     def _changed(self, changed: dict[str, Variant], invalidated: list[str]) -> None:
+        # Fetching invalidated properties would cost two GetAll calls per
+        # signal (systemd invalidates some with every change) and fail, as an
+        # unhandled error, once the unit is unloaded.
+        for name in invalidated:
+            self.state.pop(name, None)
         self.state.update(_unwrap(changed))
-        if invalidated:
-            # Rare for the properties we read; fetch rather than guess.
-            self.client._defer(self._refresh()).addErrback(
-                lambda failure: log.warn(
-                    "{unit}: GetAll failed: {error}",
-                    unit=self.unit_name,
-                    error=failure.getErrorMessage(),
-                )
-            )
-        else:
-            self._deliver()
+        self._deliver()
 
     def _deliver(self) -> None:
-        if self.path in self.client._watches:
+        if self.client._watches.get(self.path) is self:
             self._callback(self.state)
 
 

@@ -11,6 +11,7 @@ skip, so a CI machine without systemd cannot pass by accident.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -78,6 +79,7 @@ def user_manager():
         yield UserManager(runtime_dir, pid=pid)
     finally:
         subprocess.run([str(SANDBOX), "stop", runtime_dir], check=False)
+        shutil.rmtree(runtime_dir, ignore_errors=True)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)

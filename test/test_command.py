@@ -1,0 +1,246 @@
+"""The RFC 42 command object, executable lookup, the unit properties it
+implies, and unit object path escaping (no systemd needed)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+from dbus_fast import Variant
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sdexec.command import Command, CommandError, unit_properties
+from sdexec.property import PropertyError
+from sdexec.systemd import unit_object_path
+
+
+def make_executable(path, mode=0o755):
+    path.write_text("#!/bin/sh\n")
+    path.chmod(mode)
+    return path
+
+
+# -- Command.from_json ---------------------------------------------------------
+
+
+def test_from_json_reads_every_field():
+    command = Command.from_json(
+        {
+            "cmdline": ["hostname", "-s"],
+            "cwd": "/tmp",
+            "env": {"A": "1"},
+            "opts": {"SDEXEC_PROP_MemoryMax": "1G"},
+            "channels": ["PMI_FD"],
+        }
+    )
+    assert command == Command(
+        cmdline=["hostname", "-s"],
+        env={"A": "1"},
+        opts={"SDEXEC_PROP_MemoryMax": "1G"},
+        cwd="/tmp",
+        channels=["PMI_FD"],
+    )
+
+
+def test_from_json_defaults():
+    assert Command.from_json({"cmdline": ["true"]}) == Command(["true"])
+
+
+@pytest.mark.parametrize(
+    ("cmd", "field"),
+    [
+        ([], "cmd"),
+        ({}, "cmd.cmdline"),
+        ({"cmdline": []}, "cmd.cmdline"),
+        ({"cmdline": "true"}, "cmd.cmdline"),
+        ({"cmdline": ["true", 1]}, "cmd.cmdline"),
+        ({"cmdline": ["true"], "cwd": 7}, "cmd.cwd"),
+        ({"cmdline": ["true"], "env": []}, "cmd.env"),
+        ({"cmdline": ["true"], "env": {"A": 1}}, "cmd.env.A"),
+        ({"cmdline": ["true"], "opts": {"X": None}}, "cmd.opts.X"),
+        ({"cmdline": ["true"], "channels": "PMI_FD"}, "cmd.channels"),
+        ({"cmdline": ["true"], "channels": [3]}, "cmd.channels"),
+    ],
+)
+def test_from_json_errors_name_the_field(cmd, field):
+    with pytest.raises(CommandError, match=f"^{re.escape(field)}: expected"):
+        Command.from_json(cmd)
+
+
+def test_requested_properties_strip_the_prefix():
+    command = Command(
+        ["true"],
+        opts={
+            "SDEXEC_PROP_MemoryMax": "1G",
+            "SDEXEC_PROP_": "ignored: no name",
+            "SDEXEC_NAME": "not a property",
+            "sdexec_prop_Lower": "prefix is case-sensitive",
+        },
+    )
+    assert command.requested_properties() == {"MemoryMax": "1G"}
+    assert command.option("SDEXEC_NAME") == "not a property"
+    assert command.option("missing", "default") == "default"
+
+
+# -- resolve_executable ------------------------------------------------------------
+
+
+def test_resolve_searches_the_commands_path(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    make_executable(second / "prog")
+    make_executable(first / "prog", mode=0o644)  # not executable: skipped
+    command = Command(["prog"], env={"PATH": f"{first}:{second}"})
+    assert command.resolve_executable() == str(second / "prog")
+
+
+def test_resolve_relative_path_entries_against_cwd(tmp_path):
+    (tmp_path / "bin").mkdir()
+    make_executable(tmp_path / "bin" / "prog")
+    command = Command(["prog"], env={"PATH": "bin:/nonexistent"}, cwd=str(tmp_path))
+    assert command.resolve_executable() == str(tmp_path / "bin" / "prog")
+
+
+def test_resolve_empty_path_entry_is_cwd(tmp_path):
+    make_executable(tmp_path / "prog")
+    command = Command(["prog"], env={"PATH": ":/nonexistent"}, cwd=str(tmp_path))
+    assert command.resolve_executable() == str(tmp_path / "prog")
+
+
+def test_resolve_without_path_uses_the_default():
+    assert Command(["sh"]).resolve_executable() == os.path.join(
+        os.defpath.split(":")[0], "sh"
+    )
+
+
+def test_resolve_name_with_slash_is_relative_to_cwd(tmp_path):
+    make_executable(tmp_path / "prog")
+    command = Command(["./prog"], cwd=str(tmp_path))
+    assert os.path.samefile(command.resolve_executable(), tmp_path / "prog")
+    assert Command([str(tmp_path / "prog")]).resolve_executable() == str(
+        tmp_path / "prog"
+    )
+
+
+@pytest.mark.parametrize("name", ["no-such-program-sdexec", "/nonexistent/prog", "."])
+def test_resolve_missing_is_none(name):
+    assert Command([name], env={"PATH": "/bin:/usr/bin"}).resolve_executable() is None
+
+
+def test_resolve_skips_directories(tmp_path):
+    (tmp_path / "prog").mkdir()
+    command = Command(["prog"], env={"PATH": str(tmp_path)})
+    assert command.resolve_executable() is None
+
+
+# -- unit_properties ---------------------------------------------------------------
+
+
+def properties_of(command: Command, extra=None) -> dict[str, Variant]:
+    listed = unit_properties(command, "/bin/prog", extra or {})
+    names = [name for name, _ in listed]
+    assert len(names) == len(set(names)), f"duplicate properties: {names}"
+    return dict(listed)
+
+
+def test_unit_properties_types():
+    props = properties_of(Command(["prog", "a b"], env={"A": "1"}, cwd="/tmp"))
+    assert props == {
+        "Description": Variant("s", "prog a b"),
+        "ExecStart": Variant("a(sasb)", [["/bin/prog", ["prog", "a b"], False]]),
+        "RemainAfterExit": Variant("b", True),
+        "Environment": Variant("as", ["A=1"]),
+        "WorkingDirectory": Variant("s", "/tmp"),
+        "Type": Variant("s", "exec"),
+    }
+
+
+def test_no_cwd_no_working_directory():
+    assert "WorkingDirectory" not in properties_of(Command(["prog"]))
+
+
+def test_type_from_the_request_replaces_exec():
+    props = properties_of(Command(["prog"]), {"Type": "simple"})
+    assert props["Type"] == Variant("s", "simple")
+
+
+def test_requested_properties_are_typed():
+    props = properties_of(Command(["prog"]), {"MemoryMax": "50%", "SendSIGKILL": "no"})
+    assert props["MemoryMaxScale"] == Variant("u", 2**31)
+    assert props["SendSIGKILL"] == Variant("b", False)
+
+
+def test_bad_requested_property_names_it():
+    with pytest.raises(PropertyError, match=r"^SDEXEC_PROP_OOMScoreAdjust: "):
+        unit_properties(Command(["prog"]), "/bin/prog", {"OOMScoreAdjust": "high"})
+
+
+def test_description_is_bounded():
+    props = properties_of(Command(["prog", "x" * 500]))
+    assert len(props["Description"].value) == 200
+
+
+def test_environment_drops_names_systemd_refuses():
+    env = {
+        "GOOD_1": "kept",
+        "_x": "kept",
+        "BASH_FUNC_ml()": "() { :; }",
+        "BASH_FUNC_ml%%": "() { :; }",
+        "1ABC": "leading digit",
+        "A-B": "dash",
+        "A.B": "dot",
+        "": "empty",
+        "ÄB": "not ASCII",
+    }
+    props = properties_of(Command(["prog"], env=env))
+    assert props["Environment"] == Variant("as", ["GOOD_1=kept", "_x=kept"])
+
+
+ENV_NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]*", fullmatch=True)
+
+
+@given(st.dictionaries(ENV_NAMES, st.text(max_size=20), max_size=10))
+def test_environment_keeps_every_valid_name_and_value(env):
+    environment = properties_of(Command(["prog"], env=env))["Environment"].value
+    assert environment == [f"{name}={value}" for name, value in env.items()]
+
+
+# -- unit_object_path --------------------------------------------------------------
+
+
+def systemd_escape(name: str) -> str:
+    """systemd's ``bus_label_escape``, restated: ASCII letters kept, digits
+    kept except first, every other byte ``_`` + two lowercase hex digits."""
+    out = []
+    for index, byte in enumerate(name.encode()):
+        letter = 0x41 <= byte <= 0x5A or 0x61 <= byte <= 0x7A
+        digit = 0x30 <= byte <= 0x39
+        out.append(chr(byte) if letter or (digit and index) else f"_{byte:02x}")
+    return "/org/freedesktop/systemd1/unit/" + ("".join(out) or "_")
+
+
+@pytest.mark.parametrize(
+    ("name", "escaped"),
+    [
+        ("a.service", "a_2eservice"),
+        ("sdexec-1.service", "sdexec_2d1_2eservice"),
+        ("9x", "_39x"),
+        ("x9", "x9"),
+        ("a_b", "a_5fb"),
+        ("a@b\\x2d.service", "a_40b_5cx2d_2eservice"),
+        ("é", "_c3_a9"),
+        ("", "_"),
+    ],
+)
+def test_unit_object_path_examples(name, escaped):
+    assert unit_object_path(name) == "/org/freedesktop/systemd1/unit/" + escaped
+
+
+@given(st.text(max_size=40))
+def test_unit_object_path_matches_systemds_algorithm(name):
+    path = unit_object_path(name)
+    assert path == systemd_escape(name)
+    assert re.fullmatch(r"/org/freedesktop/systemd1/unit/[A-Za-z0-9_]+", path)

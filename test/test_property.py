@@ -1,0 +1,182 @@
+"""Unit properties from strings to typed D-Bus values (no systemd needed)."""
+
+from __future__ import annotations
+
+import pytest
+from dbus_fast import Variant
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sdexec.idset import IDset
+from sdexec.property import (
+    BOOLEAN_PROPERTIES,
+    INT32_PROPERTIES,
+    MEMORY_PROPERTIES,
+    UINT32_MAX,
+    UINT64_MAX,
+    UINT64_PROPERTIES,
+    PropertyError,
+    parse_bool,
+    percent_scale,
+    typed_property,
+)
+
+TRUE_SPELLINGS = ["1", "yes", "true", "on", "YES", "True", "oN", " yes "]
+FALSE_SPELLINGS = ["0", "no", "false", "off", "NO", "False", "OFF"]
+
+
+def refused(name: str, value: str) -> str:
+    """The message of the PropertyError for ``name=value``."""
+    with pytest.raises(PropertyError) as error:
+        typed_property(name, value)
+    return str(error.value)
+
+
+@pytest.mark.parametrize("text", TRUE_SPELLINGS)
+def test_parse_bool_true(text):
+    assert parse_bool(text) is True
+
+
+@pytest.mark.parametrize("text", FALSE_SPELLINGS)
+def test_parse_bool_false(text):
+    assert parse_bool(text) is False
+
+
+@pytest.mark.parametrize("text", ["maybe", "", "2", "y", "n", "yess"])
+def test_parse_bool_refuses(text):
+    with pytest.raises(ValueError, match="not a boolean"):
+        parse_bool(text)
+
+
+@pytest.mark.parametrize("name", sorted(BOOLEAN_PROPERTIES))
+def test_boolean_properties_are_b(name):
+    assert typed_property(name, "on") == (name, Variant("b", True))
+    assert typed_property(name, "0") == (name, Variant("b", False))
+
+
+def test_bad_boolean_names_the_property():
+    assert refused("SendSIGKILL", "maybe").startswith(
+        "SDEXEC_PROP_SendSIGKILL: error setting property: 'maybe'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("4096", 4096), ("1K", 1024), ("512M", 512 * 2**20), ("1.5G", 3 * 2**29),
+     ("2T", 2 * 2**40), ("infinity", UINT64_MAX)],
+)  # fmt: skip
+@pytest.mark.parametrize("name", sorted(MEMORY_PROPERTIES))
+def test_memory_sizes_are_t(name, text, size):
+    assert typed_property(name, text) == (name, Variant("t", size))
+
+
+@pytest.mark.parametrize("name", sorted(MEMORY_PROPERTIES))
+def test_memory_percent_becomes_scale(name):
+    assert typed_property(name, "50%") == (f"{name}Scale", Variant("u", 2**31))
+    assert typed_property(name, "100%") == (f"{name}Scale", Variant("u", UINT32_MAX))
+    assert typed_property(name, "0%") == (f"{name}Scale", Variant("u", 0))
+
+
+@given(st.integers(min_value=0, max_value=10_000))
+def test_percent_scale_matches_systemd_permyriad(permyriad):
+    """systemd: UINT32_SCALE_FROM_PERMYRIAD, (p * UINT32_MAX + 5000) / 10000."""
+    percent = float(f"{permyriad // 100}.{permyriad % 100:02d}")
+    assert percent_scale(percent) == (permyriad * UINT32_MAX + 5000) // 10_000
+
+
+def test_thirty_percent_rounds_half_up():
+    # 0.3 * UINT32_MAX is 1288490188.5: systemctl sends ...189.
+    assert percent_scale(30) == 1288490189
+
+
+@pytest.mark.parametrize("text", ["101%", "-1%", "12Q", "1.5.5G", "", "1k", "inf"])
+def test_bad_memory_value_names_the_property(text):
+    assert refused("MemoryHigh", text).startswith(
+        "SDEXEC_PROP_MemoryHigh: error setting property:"
+    )
+
+
+@pytest.mark.parametrize("name", ["AllowedCPUs", "AllowedMemoryNodes"])
+@pytest.mark.parametrize(
+    ("text", "mask"),
+    [("", b""), ("[]", b""), ("0", b"\x01"), ("0-2,9", b"\x07\x02"),
+     ("8", b"\x00\x01"), ("0,57-99,127", IDset("0,57-99,127").bitmask())],
+)  # fmt: skip
+def test_idsets_are_ay_bitmasks(name, text, mask):
+    assert typed_property(name, text) == (name, Variant("ay", mask))
+
+
+@given(st.frozensets(st.integers(min_value=0, max_value=1023), max_size=64))
+def test_bitmask_round_trips_any_idset(ids):
+    _name, variant = typed_property("AllowedCPUs", IDset(ids).encode())
+    assert IDset.from_bitmask(variant.value) == IDset(ids)
+
+
+@pytest.mark.parametrize("text", ["a", "3-1", "1,,2", "-1"])
+def test_bad_idset_names_the_property(text):
+    assert refused("AllowedCPUs", text).startswith("SDEXEC_PROP_AllowedCPUs:")
+
+
+@pytest.mark.parametrize(
+    ("text", "entries"),
+    [
+        ("/dev/null rw", [["/dev/null", "rw"]]),
+        ("/dev/null rw,/dev/zero r", [["/dev/null", "rw"], ["/dev/zero", "r"]]),
+        (
+            " /dev/nvidia0 rwm , char-pts  w",
+            [["/dev/nvidia0", "rwm"], ["char-pts", "w"]],
+        ),
+    ],
+)
+def test_device_allow_is_a_ss(text, entries):
+    assert typed_property("DeviceAllow", text) == (
+        "DeviceAllow",
+        Variant("a(ss)", entries),
+    )
+
+
+@pytest.mark.parametrize(
+    "text", ["/dev/null", "/dev/null rx", "/dev/null rw,", "", " rw", "/dev/null r w"]
+)
+def test_bad_device_allow_names_the_property_and_entry(text):
+    message = refused("DeviceAllow", text)
+    assert message.startswith("SDEXEC_PROP_DeviceAllow: error setting property:")
+    assert "is not 'PATH PERMS'" in message
+
+
+@pytest.mark.parametrize("name", sorted(UINT64_PROPERTIES))
+def test_uint64_properties_are_t(name):
+    assert typed_property(name, "5000000") == (name, Variant("t", 5_000_000))
+    assert typed_property(name, "infinity") == (name, Variant("t", UINT64_MAX))
+
+
+@pytest.mark.parametrize(
+    "text", ["-1", "+5", "1_000", "٣", "1.5", "5s", "", str(UINT64_MAX), "Infinity"]
+)
+def test_bad_uint64_names_the_property(text):
+    assert refused("TimeoutStopUSec", text).startswith(
+        "SDEXEC_PROP_TimeoutStopUSec: error setting property:"
+    )
+
+
+@given(
+    name=st.sampled_from(sorted(INT32_PROPERTIES)),
+    value=st.integers(min_value=-(2**31), max_value=2**31 - 1),
+)
+def test_int32_properties_are_i(name, value):
+    assert typed_property(name, str(value)) == (name, Variant("i", value))
+
+
+@pytest.mark.parametrize("text", [str(2**31), str(-(2**31) - 1), "1_0", "x", ""])
+def test_bad_int32_names_the_property(text):
+    assert refused("OOMScoreAdjust", text).startswith(
+        "SDEXEC_PROP_OOMScoreAdjust: error setting property:"
+    )
+
+
+@given(st.text(max_size=40))
+def test_other_properties_go_as_strings_unchecked(value):
+    assert typed_property("DevicePolicy", value) == (
+        "DevicePolicy",
+        Variant("s", value),
+    )

@@ -1,0 +1,170 @@
+"""The unit state model: wait statuses and UnitStatus over observed states.
+
+The state sequences below are what the merged ``Unit`` + ``Service`` state of
+a watch went through with systemd 252 (``Type=exec``, ``RemainAfterExit=yes``)
+in ``test_systemd.py``; ``PropertiesChanged`` comes per interface, so some
+snapshots mix a new exit status with an old ``ActiveState``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sdexec.unit import CLD_DUMPED, CLD_EXITED, CLD_KILLED, UnitStatus, wait_status
+
+PID = 4242
+
+# Each snapshot: (ActiveState, SubState, ExecMainCode, ExecMainStatus, Result)
+# and the flags expected of it, in FLAGS order.
+FLAGS = ("has_started", "has_finished", "has_failed", "needs_stop", "needs_reset")
+STARTING = (("activating", "start", 0, 0, "success"), (0, 0, 0, 0, 0))
+SEQUENCES = {
+    "echo: exits 0 before running is ever seen": [
+        STARTING,
+        (("activating", "start", CLD_EXITED, 0, "success"), (1, 1, 0, 0, 0)),
+        (("active", "exited", CLD_EXITED, 0, "success"), (1, 1, 0, 1, 0)),
+    ],
+    "exit 3: failed with the command's status": [
+        STARTING,
+        (("active", "running", 0, 0, "success"), (1, 0, 0, 0, 0)),
+        (("active", "running", CLD_EXITED, 3, "exit-code"), (1, 1, 0, 0, 0)),
+        (("failed", "failed", CLD_EXITED, 3, "exit-code"), (1, 1, 0, 0, 1)),
+    ],
+    "missing binary: systemd's 203/EXEC": [
+        STARTING,
+        (("activating", "start", CLD_EXITED, 203, "success"), (0, 0, 1, 0, 0)),
+        (("failed", "failed", CLD_EXITED, 203, "exit-code"), (0, 0, 1, 0, 1)),
+    ],
+    "sleep killed with SIGTERM": [
+        STARTING,
+        (("active", "running", 0, 0, "success"), (1, 0, 0, 0, 0)),
+        (("active", "exited", CLD_KILLED, 15, "success"), (1, 1, 0, 1, 0)),
+    ],
+    "unit failed before forking": [
+        (("failed", "failed", 0, 0, "resources"), (0, 0, 1, 0, 1)),
+    ],
+    "stopped and gone": [
+        (("inactive", "dead", CLD_EXITED, 0, "success"), (1, 1, 0, 0, 0)),
+    ],
+}
+
+
+def status_of(active, sub, code, status, result, pid=PID) -> UnitStatus:
+    return UnitStatus.from_properties(
+        {
+            "ActiveState": active,
+            "SubState": sub,
+            "ExecMainPID": pid,
+            "ExecMainCode": code,
+            "ExecMainStatus": status,
+            "Result": result,
+        }
+    )
+
+
+def exited(status: int) -> UnitStatus:
+    return status_of("failed", "failed", CLD_EXITED, status, "exit-code")
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "flags"),
+    [step for steps in SEQUENCES.values() for step in steps],
+    ids=[f"{seq}/{i}" for seq, steps in SEQUENCES.items() for i in range(len(steps))],
+)
+def test_observed_states_are_classified(snapshot, flags):
+    unit = status_of(*snapshot)
+    assert tuple(int(getattr(unit, flag)) for flag in FLAGS) == flags
+
+
+def test_started_needs_a_pid():
+    assert not status_of("active", "running", 0, 0, "success", pid=0).has_started
+
+
+def test_empty_state_is_nothing():
+    unit = UnitStatus.from_properties({})
+    assert not (unit.has_started or unit.has_finished or unit.has_failed)
+    assert not (unit.is_inactive or unit.needs_stop or unit.needs_reset)
+
+
+def test_inactive_and_deactivating():
+    assert status_of("inactive", "dead", 0, 0, "success").is_inactive
+    stopping = status_of("deactivating", "stop-sigterm", 0, 0, "success")
+    assert stopping.is_deactivating
+    assert not stopping.is_inactive
+
+
+@pytest.mark.parametrize("status", [0, 1, 127, 199, 244, 254, 255])
+def test_statuses_outside_200_243_are_the_commands_own(status):
+    unit = exited(status)
+    assert unit.has_finished and not unit.has_failed
+    assert unit.wait_status == status << 8
+
+
+@pytest.mark.parametrize("status", [200, 203, 204, 223, 242, 243])
+def test_statuses_200_to_243_are_systemd_failures(status):
+    unit = exited(status)
+    assert unit.has_failed and not unit.has_finished and not unit.has_started
+
+
+@pytest.mark.parametrize(
+    ("status", "errnum", "text"),
+    [
+        (203, errno.ENOENT, "exit status 203/EXEC (result: exit-code)"),
+        (200, errno.ENOENT, "exit status 200/CHDIR"),
+        (204, errno.EIO, "exit status 204/MEMORY"),
+        (223, errno.EIO, "exit status 223/unknown"),
+        (243, errno.EIO, "exit status 243/CREDENTIALS"),
+    ],
+)
+def test_failure_names_systemds_exit_code(status, errnum, text):
+    failure_errno, message = exited(status).failure
+    assert failure_errno == errnum
+    assert text in message
+
+
+def test_failure_without_exit_status_gives_the_result():
+    assert status_of("failed", "failed", 0, 0, "resources").failure == (
+        errno.EIO,
+        "unit failed (result: resources)",
+    )
+
+
+def test_killed_is_not_a_failure_even_when_the_unit_failed():
+    unit = status_of("failed", "failed", CLD_KILLED, 9, "signal")
+    assert unit.has_finished and not unit.has_failed
+    assert unit.wait_status == signal.SIGKILL
+
+
+@given(st.integers(min_value=0, max_value=255))
+def test_exited_wait_status(code):
+    status = wait_status(CLD_EXITED, code)
+    assert os.WIFEXITED(status)
+    assert os.WEXITSTATUS(status) == code
+
+
+@given(st.integers(min_value=1, max_value=64))
+def test_killed_wait_status(signum):
+    status = wait_status(CLD_KILLED, signum)
+    assert os.WIFSIGNALED(status)
+    assert os.WTERMSIG(status) == signum
+    assert not os.WCOREDUMP(status)
+
+
+@given(st.integers(min_value=1, max_value=64))
+def test_dumped_wait_status(signum):
+    status = wait_status(CLD_DUMPED, signum)
+    assert os.WIFSIGNALED(status)
+    assert os.WTERMSIG(status) == signum
+    assert os.WCOREDUMP(status)
+
+
+@pytest.mark.parametrize("code", [0, 4, -1])
+def test_wait_status_refuses_other_codes(code):
+    with pytest.raises(ValueError, match=f"ExecMainCode {code} is not CLD_EXITED"):
+        wait_status(code, 0)

@@ -150,7 +150,9 @@ def test_unit_properties_types():
     props = properties_of(Command(["prog", "a b"], env={"A": "1"}, cwd="/tmp"))
     assert props == {
         "Description": Variant("s", "prog a b"),
-        "ExecStart": Variant("a(sasb)", [["/bin/prog", ["prog", "a b"], False]]),
+        "ExecStartEx": Variant(
+            "a(sasas)", [["/bin/prog", ["prog", "a b"], ["no-env-expand"]]]
+        ),
         "RemainAfterExit": Variant("b", True),
         "Environment": Variant("as", ["A=1"]),
         "WorkingDirectory": Variant("s", "/tmp"),

@@ -46,8 +46,10 @@ SEQUENCES = {
         (("active", "running", 0, 0, "success"), (1, 0, 0, 0, 0)),
         (("active", "exited", CLD_KILLED, 15, "success"), (1, 1, 0, 1, 0)),
     ],
+    # No exit status: not a failure to execute until a fresh GetAll confirms
+    # it (see failed_without_status and sdexec.process).
     "unit failed before forking": [
-        (("failed", "failed", 0, 0, "resources"), (0, 0, 1, 0, 1)),
+        (("failed", "failed", 0, 0, "resources"), (0, 0, 0, 0, 1)),
     ],
     "stopped and gone": [
         (("inactive", "dead", CLD_EXITED, 0, "success"), (1, 1, 0, 0, 0)),
@@ -80,6 +82,12 @@ def exited(status: int) -> UnitStatus:
 def test_observed_states_are_classified(snapshot, flags):
     unit = status_of(*snapshot)
     assert tuple(int(getattr(unit, flag)) for flag in FLAGS) == flags
+
+
+def test_failed_without_status_is_told_apart():
+    assert status_of("failed", "failed", 0, 0, "resources").failed_without_status
+    assert not status_of("failed", "failed", 1, 3, "exit-code").failed_without_status
+    assert not status_of("active", "running", 0, 0, "success").failed_without_status
 
 
 def test_started_needs_a_pid():

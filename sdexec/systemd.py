@@ -129,9 +129,20 @@ class UnitWatch:
         self.state.update(_unwrap(changed))
         if invalidated:
             # Rare for the properties we read; fetch rather than guess.
-            self.client._defer(self._refresh())
+            self.client._defer(self._refresh()).addErrback(self._refresh_failed)
         else:
             self._deliver()
+
+    def _refresh_failed(self, failure) -> None:
+        # Nobody waits on this refresh: unhandled, its failure (the
+        # connection closing under it as the service stops, typically) would
+        # be reported as an "Unhandled error in Deferred" at garbage
+        # collection.
+        log.warn(
+            "{unit}: property refresh failed: {error}",
+            unit=self.unit_name,
+            error=failure.getErrorMessage() or failure.type.__name__,
+        )
 
     def _deliver(self) -> None:
         if self.path in self.client._watches:

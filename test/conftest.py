@@ -89,18 +89,27 @@ def user_manager():
 
 @pytest_twisted.async_yield_fixture
 async def start_service(user_manager, tmp_path):
-    """``await start_service(config_extra="", clock=None)``: an in-process
-    service; at teardown it is stopped and nothing of it may remain: no
-    process tracked, no unit loaded, no fd open."""
-    from support import RunningService, describe_fds, open_fds, sleep, unit_names
+    """``await start_service(clock=None, exec="", sdexec="", extra="")``: an
+    in-process service, its configuration the base one with ``exec`` and
+    ``sdexec`` lines added to those tables and ``extra`` tables appended
+    (see ``support.ConfigText``); at teardown it is stopped and nothing of it
+    may remain: no process tracked, no unit loaded, no fd open."""
+    from support import (
+        ConfigText,
+        RunningService,
+        describe_fds,
+        open_fds,
+        sleep,
+        unit_names,
+    )
 
     fds_before = open_fds()
     started: list[RunningService] = []
 
-    async def start(config_extra: str = "", clock=None) -> RunningService:
+    async def start(clock=None, **config_text: str) -> RunningService:
         directory = tmp_path / f"service{len(started)}"
         directory.mkdir()
-        service = RunningService(directory, config_extra, clock)
+        service = RunningService(directory, ConfigText(**config_text), clock)
         started.append(service)
         return await service.start()
 

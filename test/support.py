@@ -23,10 +23,27 @@ BASE_CONFIG = """
 enable = true
 [exec]
 service = "sdexec"
+{exec}
 [sdexec]
 listen = "unix:{socket}"
 stats = "tcp:0:interface=127.0.0.1"
-"""
+{sdexec}
+{extra}"""
+
+
+@dataclass(frozen=True)
+class ConfigText:
+    """What a test adds to :data:`BASE_CONFIG`: lines for its ``[exec]`` and
+    ``[sdexec]`` tables, and whole tables (``extra``) appended at the end."""
+
+    exec: str = ""
+    sdexec: str = ""
+    extra: str = ""
+
+    def render(self, socket_path: str) -> str:
+        return BASE_CONFIG.format(
+            socket=socket_path, exec=self.exec, sdexec=self.sdexec, extra=self.extra
+        )
 
 
 def sleep(seconds: float) -> Deferred:
@@ -114,6 +131,16 @@ def unit_property(unit: str, name: str) -> str:
     return shown.stdout.strip()
 
 
+def unit_properties(unit: str, *names: str) -> dict[str, str]:
+    """Several of a unit's properties at once, as ``systemctl show`` gives
+    them."""
+    shown = subprocess.run(
+        ["systemctl", "--user", "show", unit, *(f"--property={n}" for n in names)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return dict(line.split("=", 1) for line in shown.stdout.splitlines() if line)
+
+
 def open_fds() -> set[str]:
     """This process's open fds, but for /dev/null: Twisted's first listening
     port reserves one on it for the life of the process (``tcp._reservedFD``,
@@ -142,17 +169,19 @@ def describe_fds(fds: set[str]) -> list[str]:
 class RunningService:
     """An in-process service on a private socket and an ephemeral stats port."""
 
-    def __init__(self, directory: Path, config_text: str = "", clock=None) -> None:
+    def __init__(
+        self, directory: Path, config: ConfigText = ConfigText(), clock=None
+    ) -> None:
         self.directory = directory
         self.socket_path = str(directory / "sdexec.sock")
         self.config_path = directory / "sdexec.toml"
-        self.write_config(config_text)
+        self.write_config(config)
         self.service = SdexecService(load_config(self.config_path), reactor)
         self.clock = clock
         self.clients: list[SdexecClient] = []
 
-    def write_config(self, extra: str) -> None:
-        self.config_path.write_text(BASE_CONFIG.format(socket=self.socket_path) + extra)
+    def write_config(self, config: ConfigText) -> None:
+        self.config_path.write_text(config.render(self.socket_path))
 
     async def start(self) -> RunningService:
         self.service.startService()
@@ -174,8 +203,10 @@ class RunningService:
         self.clients.append(client)
         return client
 
-    def reload(self, extra: str) -> bool:
-        self.write_config(extra)
+    def reload(self, **config_text: str) -> bool:
+        """Rewrite the file (``exec=``, ``sdexec=``, ``extra=`` as for
+        ``start_service``) and reload it, as SIGHUP does; False if refused."""
+        self.write_config(ConfigText(**config_text))
         return self.service.reload()
 
     async def stop(self) -> None:

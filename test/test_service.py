@@ -303,7 +303,7 @@ async def test_sixteen_mebibyte_frames_are_accepted(sdexec):
 async def test_frame_over_the_limit_is_eproto(start_service):
     from twisted.internet.threads import deferToThread
 
-    service = await start_service('max-frame-size = "1M"\n')
+    service = await start_service(sdexec='max-frame-size = "1M"')
     frame = b'{"type": "request", "payload": "' + b"x" * (2 * 1024 * 1024) + b'"}\n'
     replies = await deferToThread(_raw_exchange, service.socket_path, frame)
     assert [r["errnum"] for r in replies] == [errno.EPROTO]

@@ -139,7 +139,7 @@ def test_failure_names_systemds_exit_code(status, errnum, text):
 def test_failure_without_exit_status_gives_the_result():
     assert status_of("failed", "failed", 0, 0, "resources").failure == (
         errno.EIO,
-        "unit failed (result: resources)",
+        "unit failed before running the command (result: resources)",
     )
 
 

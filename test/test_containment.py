@@ -1,0 +1,494 @@
+"""Containment end to end (issue 6): R in, mapped properties on the unit,
+the CPU fence verified, the node drained when it is not enforced.
+
+The integration tests run against the real user manager with the fixed
+``small`` topology: one NUMA node, two cores of two PUs each, numbered as
+Linux does, so core 0 is PUs 0 and 2 and core 1 is PUs 1 and 3. This
+machine's cgroups store ``AllowedCPUs`` but do not enforce it, so every
+fenced unit fails the check here: tests that need the unit to keep running
+set ``containment-check = "warn"``; the drain test relies on the failure.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import uuid
+from pathlib import Path
+
+import pytest
+import treq
+from pytest_twisted import ensureDeferred
+from support import (
+    FLAGS,
+    command,
+    run,
+    sleep,
+    unit_names,
+    unit_properties,
+)
+
+from sdexec.command import Command
+from sdexec.config import parse_config
+from sdexec.containment import (
+    R_OPTION,
+    Containment,
+    MapperError,
+    check_cpu_fence,
+    enforced_cpus,
+)
+from sdexec.idset import IDset
+
+SMALL_TOPOLOGY = Path(__file__).resolve().parent / "data" / "small.xml"
+#: The OS CPUs of each logical core of the small topology, as idsets.
+CORE_CPUS = {"0": "0,2", "1": "1,3"}
+FENCE_PROPERTIES = ("AllowedCPUs", "AllowedMemoryNodes", "DevicePolicy")
+DEFAULT_MAPPER_STATS = {
+    "mapper_class": "sdexec.map.HwlocMapper",
+    "mapper_searchpath": "",
+}
+
+ACCOUNTING_MAPPER = '''
+from sdexec.map import HwlocMapper
+
+
+class AccountingMapper(HwlocMapper):
+    """The spec's example: resource accounting for every job."""
+
+    def finalize_properties(self, properties, R, extra_properties=None):
+        properties.update({"CPUAccounting": "true"})
+        return super().finalize_properties(
+            properties, R, extra_properties=extra_properties
+        )
+'''
+
+FLAKY_MAPPER = '''
+from sdexec.map import HwlocMapper
+
+
+class FlakyMapper(HwlocMapper):
+    """Fails for core 1 only."""
+
+    def map_cores(self, cores):
+        if cores == "1":
+            raise RuntimeError("core 1 is cursed")
+        return super().map_cores(cores)
+'''
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def r_local(cores: str) -> str:
+    """This rank's R (rank 0 only), holding ``cores``, as JSON."""
+    return json.dumps(
+        {
+            "version": 1,
+            "execution": {
+                "R_lite": [{"rank": "0", "children": {"core": cores}}],
+                "nodelist": ["localhost"],
+                "starttime": 0,
+                "expiration": 0,
+            },
+        }
+    )
+
+
+def contained(check: str | None = "warn", sdexec: str = "", extra: str = "") -> dict:
+    """``start_service``/``reload`` arguments for containment on with the
+    small topology; ``check`` is ``containment-check`` (None: the default)."""
+    lines = [f'topology = "{SMALL_TOPOLOGY}"', sdexec]
+    if check is not None:
+        lines.append(f'containment-check = "{check}"')
+    return {
+        "exec": "sdexec-constrain-resources = true",
+        "sdexec": "\n".join(lines),
+        "extra": extra,
+    }
+
+
+def custom_mapper(directory: Path, source: str, class_name: str) -> str:
+    """``[sdexec]`` lines loading ``sitemappers.custom.<class_name>``, written
+    to ``directory`` (the mapper-searchpath)."""
+    package = directory / "sitemappers"
+    package.mkdir(exist_ok=True)
+    (package / "custom.py").write_text(source)
+    return (
+        f'mapper = "sitemappers.custom.{class_name}"\nmapper-searchpath = "{directory}"'
+    )
+
+
+def shown_cpus(text: str) -> IDset:
+    """An idset from ``systemctl show`` (it lists CPUs space-separated)."""
+    return IDset(",".join(text.split()))
+
+
+def machine_cpus() -> IDset:
+    return IDset(os.sched_getaffinity(0))
+
+
+async def until(condition, what: str) -> None:
+    """Wait for ``condition()``; a safety bound fails the test, not a hang."""
+    for _ in range(200):
+        if condition():
+            return
+        await sleep(0.05)
+    raise AssertionError(f"never happened: {what}")
+
+
+class RunningUnit:
+    """A ``sleep`` in a named unit, started and then waited on."""
+
+    def __init__(self, client, opts: dict) -> None:
+        self.name = f"sdexec-contain-{uuid.uuid4().hex}"
+        self.unit = f"{self.name}.service"
+        self.handle = client.exec(
+            command(["sleep", "300"], opts={**opts, "SDEXEC_NAME": self.name}),
+            FLAGS,
+            lambda response: None,
+        )
+
+    async def started(self) -> RunningUnit:
+        """Wait for ``started``; an error ending the stream first is raised."""
+        await until(
+            lambda: self.handle.pid is not None or self.handle.done.called,
+            "started or the end of the stream",
+        )
+        if self.handle.pid is None:
+            await self.handle.done  # raises the stream's error
+            raise AssertionError(f"{self.unit} ended without starting")
+        return self
+
+    def show(self, *names: str) -> dict[str, str]:
+        return unit_properties(self.unit, *names)
+
+    async def stop(self) -> None:
+        await self.handle.kill(signal.SIGTERM)
+        await self.handle.done
+
+
+async def shown_while_running(client, opts: dict, *names: str) -> dict[str, str]:
+    """Properties of a unit started with ``opts``, read while it runs."""
+    unit = await RunningUnit(client, opts).started()
+    shown = unit.show(*names)
+    await unit.stop()
+    return shown
+
+
+async def http_stats(service) -> dict:
+    response = await treq.get(service.stats_url, persistent=False)
+    return json.loads(await treq.text_content(response))
+
+
+# -- integration: the real user manager ----------------------------------------
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_one_core_fences_the_unit(start_service):
+    service = await start_service(**contained())
+    client = await service.connect()
+    shown = await shown_while_running(
+        client, {R_OPTION: r_local("1")}, *FENCE_PROPERTIES
+    )
+    assert shown_cpus(shown["AllowedCPUs"]) == IDset(CORE_CPUS["1"])
+    assert shown["AllowedMemoryNodes"] == "0"
+    assert shown["DevicePolicy"] == "closed"
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_memory_cap_scaled_and_request_cannot_loosen(start_service):
+    service = await start_service(
+        **contained(extra='[exec.sdexec-properties]\nMemoryMax = "1G"\n')
+    )
+    client = await service.connect()
+    opts = {
+        R_OPTION: r_local("0"),
+        "SDEXEC_PROP_AllowedCPUs": "0-1",
+        "SDEXEC_PROP_MemoryMax": "2G",
+    }
+    shown = await shown_while_running(client, opts, "AllowedCPUs", "MemoryMax")
+    # 1 core = 2 of the topology's 4 PUs: half the configured gibibyte.
+    assert shown["MemoryMax"] == str(512 * 1024 * 1024)
+    assert shown_cpus(shown["AllowedCPUs"]) == IDset(CORE_CPUS["0"])
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_custom_mapper_from_searchpath_then_reverted(start_service, tmp_path):
+    lines = custom_mapper(tmp_path, ACCOUNTING_MAPPER, "AccountingMapper")
+    service = await start_service(**contained(sdexec=lines))
+    client = await service.connect()
+    opts = {R_OPTION: r_local("0")}
+    custom = await shown_while_running(client, opts, "CPUAccounting", "DevicePolicy")
+    assert custom == {"CPUAccounting": "yes", "DevicePolicy": "closed"}
+    assert (await client.stats())["mapper"]["config"] == {
+        "mapper_class": "sitemappers.custom.AccountingMapper",
+        "mapper_searchpath": str(tmp_path),
+    }
+
+    assert service.reload(**contained())
+    default = await shown_while_running(client, opts, "CPUAccounting", "DevicePolicy")
+    assert default == {"CPUAccounting": "no", "DevicePolicy": "closed"}
+    assert (await client.stats())["mapper"]["config"] == DEFAULT_MAPPER_STATS
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_mapper_that_raises_fails_only_that_request(start_service, tmp_path):
+    lines = custom_mapper(tmp_path, FLAKY_MAPPER, "FlakyMapper")
+    service = await start_service(**contained(sdexec=lines))
+    client = await service.connect()
+    failed = await run(client, ["true"], opts={R_OPTION: r_local("1")})
+    assert failed.error.errnum == errno.EINVAL
+    assert failed.error.errstr == (
+        "mapper sitemappers.custom.FlakyMapper failed: RuntimeError: core 1 is cursed"
+    )
+    assert failed.types == []
+    missing = await run(client, ["true"], opts={R_OPTION: r_local("7")})
+    assert missing.error.errnum == errno.ENODEV  # the mapper's OSError's errno
+    assert missing.error.errstr.startswith(
+        "mapper sitemappers.custom.FlakyMapper failed: OSError:"
+    )
+    served = await run(client, ["echo", "fine"], opts={R_OPTION: r_local("0")})
+    assert (served.error, served.status, served.stdout) == (None, 0, b"fine\n")
+    assert service.server.drain_reason is None
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_containment_off_ignores_r(sdexec):
+    client = await sdexec.connect()
+    shown = await shown_while_running(
+        client, {R_OPTION: r_local("1")}, *FENCE_PROPERTIES
+    )
+    assert shown == {
+        "AllowedCPUs": "",
+        "AllowedMemoryNodes": "",
+        "DevicePolicy": "auto",
+    }
+    assert (await client.stats())["mapper"] == {
+        "config": DEFAULT_MAPPER_STATS,
+        "requests": 0,
+    }
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_unenforced_fence_fails_the_job_and_drains(start_service):
+    service = await start_service(**contained(check=None))  # default: drain
+    client = await service.connect()
+    name = f"sdexec-contain-{uuid.uuid4().hex}"
+    refused = await run(
+        client, ["sleep", "300"], opts={R_OPTION: r_local("1"), "SDEXEC_NAME": name}
+    )
+    reason = (
+        f"AllowedCPUs not enforced: expected {IDset(CORE_CPUS['1'])}"
+        f" got {machine_cpus()}"
+        " (is the cpuset controller delegated to the user instance?)"
+    )
+    assert refused.error.errnum == errno.EIO
+    assert refused.error.errstr == reason
+    assert "started" not in refused.types
+    await until(lambda: not service.server.processes, "the refused unit reaped")
+    assert unit_names(f"{name}*") == []
+
+    drain = {"drained": True, "reason": reason}
+    stats = await client.stats()
+    assert stats["drain"] == drain
+    assert stats["requests"]["fence-failures"] == 1
+    assert (await http_stats(service))["drain"] == drain
+
+    busy = await run(client, ["true"])
+    assert busy.error.errnum == errno.EBUSY
+    assert reason in busy.error.errstr and "undrain" in busy.error.errstr
+
+    assert await client.undrain() == {"reason": reason}
+    assert (await client.stats())["drain"] == {"drained": False, "reason": None}
+    served = await run(client, ["true"])
+    assert (served.error, served.status) == (None, 0)
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_mapper_stats_count_mapped_requests(start_service):
+    service = await start_service(**contained())
+    client = await service.connect()
+    for cores in ("0", "1"):
+        mapped = await run(client, ["true"], opts={R_OPTION: r_local(cores)})
+        assert mapped.status == 0
+    unmapped = await run(client, ["true"])
+    assert unmapped.status == 0
+    expected = {"config": DEFAULT_MAPPER_STATS, "requests": 2}
+    assert (await client.stats())["mapper"] == expected
+    assert (await http_stats(service))["mapper"] == expected
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_bad_reload_keeps_mapper_and_running_unit(start_service, tmp_path):
+    lines = custom_mapper(tmp_path, ACCOUNTING_MAPPER, "AccountingMapper")
+    service = await start_service(**contained(sdexec=lines))
+    client = await service.connect()
+    opts = {R_OPTION: r_local("0")}
+    running = await RunningUnit(client, opts).started()
+
+    assert not service.reload(**contained(sdexec='mapper = "nosuch.module.Mapper"'))
+    assert (await client.stats())["mapper"]["config"]["mapper_class"] == (
+        "sitemappers.custom.AccountingMapper"
+    )
+    assert not running.handle.done.called
+    assert running.show("ActiveState", "CPUAccounting") == {
+        "ActiveState": "active",
+        "CPUAccounting": "yes",
+    }
+    after = await shown_while_running(client, opts, "CPUAccounting")
+    assert after == {"CPUAccounting": "yes"}
+    await running.stop()
+
+
+# -- unit tests: the pure logic, no systemd ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expected", "actual"),
+    [("0-3", "0-3"), ("0-3", "1,2"), ("1,3", "3"), ("5", "5")],
+)
+def test_fence_holds_when_usable_cpus_are_within(expected, actual):
+    assert check_cpu_fence(IDset(expected), IDset(actual)) is None
+
+
+@pytest.mark.parametrize(
+    ("expected", "actual"),
+    [("0-1", "0-3"), ("1,3", "0-1"), ("2", "3"), ("0-3", "0-4")],
+)
+def test_fence_broken_when_any_cpu_is_outside(expected, actual):
+    assert check_cpu_fence(IDset(expected), IDset(actual)) == (
+        f"AllowedCPUs not enforced: expected {expected} got {actual}"
+        " (is the cpuset controller delegated to the user instance?)"
+    )
+
+
+CGROUP = "/user.slice/app.slice/job.service"
+
+
+def _fake_file(root: Path, relative: str, text: str) -> None:
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _fake_tree(root: Path, v2=None, v1=None, status=None) -> None:
+    """A cgroup v2 and v1 cpuset and a /proc/42/status, each if given."""
+    if v2 is not None:
+        _fake_file(root, f"sys/fs/cgroup{CGROUP}/cpuset.cpus.effective", v2)
+    if v1 is not None:
+        _fake_file(root, f"sys/fs/cgroup/cpuset{CGROUP}/cpuset.cpus", v1)
+    if status is not None:
+        _fake_file(
+            root,
+            "proc/42/status",
+            f"Name:\tsleep\nCpus_allowed:\t{status[1]}\n"
+            f"Cpus_allowed_list:\t{status[0]}\nVoluntary_ctxt_switches:\t1\n",
+        )
+
+
+@pytest.mark.parametrize(
+    ("tree", "control_group", "expected"),
+    [
+        ({"v2": "0-1\n", "v1": "2\n", "status": ("3", "8")}, CGROUP, "0-1"),
+        ({"v1": "2,4\n", "status": ("3", "8")}, CGROUP, "2,4"),
+        ({"v2": "garbage\n", "v1": "2\n"}, CGROUP, "2"),
+        ({"status": ("0-3", "f")}, CGROUP, "0-3"),
+        ({"v2": "0-1\n", "status": ("5", "20")}, None, "5"),
+        ({"v2": "0-1\n", "status": ("5", "20")}, "", "5"),
+    ],
+    ids=["v2-first", "v1-next", "unparsable-skipped", "proc-last", "no-cg", "empty-cg"],
+)
+def test_enforced_cpus_reads_in_order(tmp_path, tree, control_group, expected):
+    _fake_tree(tmp_path, **tree)
+    assert enforced_cpus(control_group, 42, root=str(tmp_path)) == IDset(expected)
+
+
+def test_enforced_cpus_none_when_nothing_readable(tmp_path):
+    assert enforced_cpus(CGROUP, 42, root=str(tmp_path)) is None
+    _fake_file(tmp_path, "proc/42/status", "Name:\tsleep\n")
+    assert enforced_cpus(CGROUP, 42, root=str(tmp_path)) is None
+
+
+class FakeMapper:
+    """Returns (or raises) what it is given, and remembers its calls."""
+
+    def __init__(self, result) -> None:
+        self.result = result
+        self.calls: list[tuple] = []
+
+    def map(self, R, extra_properties=None):
+        self.calls.append((R, extra_properties))
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+def _containment(result, constrain: bool = True) -> tuple[Containment, FakeMapper]:
+    config = parse_config(
+        {
+            "exec": {
+                "sdexec-constrain-resources": constrain,
+                "sdexec-properties": {"MemoryMax": "1G"},
+            },
+            "sdexec": {"mapper": "site.mappers.Fake"},
+        }
+    )
+    mapper = FakeMapper(result)
+    return Containment(config, mapper), mapper
+
+
+def _request(with_r: bool = True) -> Command:
+    opts = {R_OPTION: r_local("0")} if with_r else {}
+    return Command.from_json(command(["true"], opts=opts))
+
+
+def test_properties_empty_when_containment_off_or_no_r():
+    off, off_mapper = _containment({"AllowedCPUs": "0"}, constrain=False)
+    assert off.properties(_request()) == {}
+    on, on_mapper = _containment({"AllowedCPUs": "0"})
+    assert on.properties(_request(with_r=False)) == {}
+    assert off_mapper.calls == on_mapper.calls == []
+
+
+def test_properties_pass_r_and_sdexec_properties_and_stringify():
+    containment, mapper = _containment(
+        {"AllowedCPUs": "0,2", "MemoryMax": 536870912, "CPUAccounting": True}
+    )
+    assert containment.properties(_request()) == {
+        "AllowedCPUs": "0,2",
+        "MemoryMax": "536870912",
+        "CPUAccounting": "True",
+    }
+    assert mapper.calls == [(r_local("0"), {"MemoryMax": "1G"})]
+
+
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        (
+            RuntimeError("boom"),
+            "mapper site.mappers.Fake failed: RuntimeError: boom",
+        ),
+        (
+            ["AllowedCPUs=0"],
+            "mapper site.mappers.Fake returned list, not a dict of properties",
+        ),
+        (None, "mapper site.mappers.Fake returned NoneType, not a dict of properties"),
+    ],
+    ids=["raises", "list", "none"],
+)
+def test_mapper_failures_name_the_class(result, message):
+    containment, _ = _containment(result)
+    with pytest.raises(MapperError) as raised:
+        containment.properties(_request())
+    assert str(raised.value) == message

@@ -97,13 +97,17 @@ class Command:
         """
         name = self.cmdline[0]
         if "/" in name:
-            path = os.path.join(self.cwd or "/", name)
-            return path if os.path.isfile(path) else None
+            path = os.path.normpath(os.path.join(self.cwd or "/", name))
+            return path if _is_executable(path) else None
         for directory in self.env.get("PATH", os.defpath).split(":"):
             path = os.path.join(self.cwd or "/", directory or ".", name)
-            if os.path.isfile(path) and os.access(path, os.X_OK):
+            if _is_executable(path):
                 return os.path.normpath(path)
         return None
+
+
+def _is_executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
 def _environment(env: Mapping[str, str]) -> list[str]:

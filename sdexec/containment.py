@@ -124,9 +124,11 @@ def enforced_cpus(control_group: str | None, pid: int, root: str = "/") -> IDset
     for path in candidates:
         try:
             with open(path, encoding="ascii") as file:
-                return IDset(file.read().strip())
+                cpus = IDset(file.read().strip())
         except (OSError, ValueError):
             continue
+        if cpus:  # an empty v1 cpuset.cpus is "not configured", not "none"
+            return cpus
     return _process_cpus(pid, root)
 
 

@@ -235,7 +235,9 @@ class Process:
 
     def _start_refused(self, failure) -> None:
         error = failure.value
-        message = getattr(error, "message", str(error))
+        message = _name_string_properties(
+            getattr(error, "message", str(error)), self._properties
+        )
         log.warn(
             "{unit}: StartTransientUnit failed: {message}",
             unit=self.unit_name,
@@ -354,7 +356,9 @@ class Process:
         self._on_reaped(self)
 
     def _stop(self) -> None:
-        self._request("stop", self._systemd.stop_unit)
+        # "replace": with "fail", systemd refuses to stop a unit whose start
+        # job is still queued, and the unit would be left running.
+        self._request("stop", lambda unit: self._systemd.stop_unit(unit, "replace"))
 
     def _request(self, what: str, call: Callable[[str], Any]) -> None:
         if what not in self._requested:
@@ -432,6 +436,26 @@ class _Nowhere:
 
     def error(self, errnum: int, errstr: str) -> None:
         pass
+
+
+#: Properties sdexec itself sends as strings, from checked sources.
+_OWN_STRING_PROPERTIES = frozenset({"Description", "WorkingDirectory"})
+
+
+def _name_string_properties(message: str, properties) -> str:
+    """systemd refuses a bad string-typed property (``DevicePolicy=bogus``)
+    with a bare "Invalid argument": name the candidates, so the error names
+    the property as every other property error does."""
+    suspects = [
+        f"{name}={variant.value}"
+        for name, variant in properties
+        if variant.signature == "s" and name not in _OWN_STRING_PROPERTIES
+    ]
+    if "Invalid argument" not in message or not suspects:
+        return message
+    if any(suspect.split("=", 1)[0] in message for suspect in suspects):
+        return message
+    return f"{message} (one of the string-valued properties: {', '.join(suspects)})"
 
 
 _DBUS_ERRNO = {

@@ -190,15 +190,19 @@ class SystemdClient:
                 "sdexec.NoBus", f"cannot connect to D-Bus at {address}: {error}"
             ) from error
         client = cls(bus)
-        await client._call(
-            "org.freedesktop.DBus",
-            "/org/freedesktop/DBus",
-            "org.freedesktop.DBus",
-            "AddMatch",
-            "s",
-            [_PROPERTIES_CHANGED_RULE],
-        )
-        await client._manager("Subscribe")
+        try:
+            await client._call(
+                "org.freedesktop.DBus",
+                "/org/freedesktop/DBus",
+                "org.freedesktop.DBus",
+                "AddMatch",
+                "s",
+                [_PROPERTIES_CHANGED_RULE],
+            )
+            await client._manager("Subscribe")
+        except BaseException:
+            bus.disconnect()  # not a usable client: do not leak its socket
+            raise
         return client
 
     def disconnect(self) -> None:

@@ -492,3 +492,16 @@ def test_mapper_failures_name_the_class(result, message):
     with pytest.raises(MapperError) as raised:
         containment.properties(_request())
     assert str(raised.value) == message
+
+
+def test_an_empty_cpuset_file_is_not_a_fence(tmp_path):
+    # cgroup v1 shows an empty cpuset.cpus for a cgroup nobody configured.
+    cpuset = tmp_path / "sys/fs/cgroup/cpuset/app.slice/u.service"
+    cpuset.mkdir(parents=True)
+    (cpuset / "cpuset.cpus").write_text("\n")
+    status = tmp_path / "proc/42"
+    status.mkdir(parents=True)
+    (status / "status").write_text("Name:\tx\nCpus_allowed_list:\t0-3\n")
+    assert enforced_cpus("/app.slice/u.service", 42, root=str(tmp_path)) == IDset(
+        "0-3"
+    )

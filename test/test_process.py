@@ -56,7 +56,7 @@ class RecordingSystemd:
         self.calls.append(call)
         return defer.succeed(None)
 
-    def stop_unit(self, name):
+    def stop_unit(self, name, mode="fail"):
         return self._record("stop", name)
 
     def reset_failed_unit(self, name):

@@ -389,3 +389,11 @@ async def test_vanished_client_takes_its_units_with_it(sdexec):
         await sleep(0.1)
     assert unit_names(unit) == []
     assert sdexec.server.processes == {}
+
+
+@ensureDeferred
+async def test_bad_string_property_is_named(sdexec):
+    client = await sdexec.connect()
+    result = await run(client, ["true"], opts={"SDEXEC_PROP_DevicePolicy": "bogus"})
+    assert result.error.errnum == errno.EINVAL
+    assert "DevicePolicy=bogus" in result.error.errstr

@@ -1,0 +1,145 @@
+"""The service as admins run it: ``twistd -n sdexec``, signals and all."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from support import unit_names
+
+pytestmark = pytest.mark.systemd
+
+REPO = Path(__file__).resolve().parent.parent
+TWISTD = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
+CONFIG = """
+[systemd]
+enable = true
+[exec]
+service = "sdexec"
+kill-timeout = "{kill_timeout}"
+[sdexec]
+listen = "unix:{socket}"
+stats = "tcp:{port}:interface=127.0.0.1"
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _environment() -> dict[str, str]:
+    # The checkout's own twisted/plugins/ must be the one twistd finds.
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def _wait_for(predicate, what: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Twistd:
+    """A ``twistd -n sdexec`` process on a private socket and port."""
+
+    def __init__(self, directory: Path) -> None:
+        self.socket = directory / "sdexec.sock"
+        self.config = directory / "sdexec.toml"
+        self.log = directory / "twistd.log"
+        self.port = _free_port()
+        self.write_config(kill_timeout="5s")
+        self.process = subprocess.Popen(
+            [*TWISTD, "--nodaemon", "--pidfile=", "sdexec", "--config",
+             str(self.config)],
+            cwd=directory, env=_environment(),
+            stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        _wait_for(self.socket.exists, "the service's socket")
+
+    def write_config(self, **values: str) -> None:
+        text = CONFIG.format(socket=self.socket, port=self.port, **values)
+        self.config.write_text(text)
+
+    def stats(self) -> dict:
+        url = f"http://127.0.0.1:{self.port}/stats"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.load(response)
+
+    def sdexec(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "sdexec.cli", "--socket", str(self.socket), *args],
+            capture_output=True, timeout=60, env=_environment(),
+        )  # fmt: skip
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=60)
+
+
+@pytest.fixture
+def twistd(user_manager, tmp_path):
+    service = Twistd(tmp_path)
+    yield service
+    if service.process.poll() is None:
+        service.process.kill()
+        service.process.wait()
+
+
+def test_serves_reloads_on_sighup_and_stops_cleanly(twistd):
+    ran = twistd.sdexec("run", "-n", "echo", "hello")
+    assert (ran.returncode, ran.stdout) == (0, b"hello\n")
+    assert twistd.stats()["job-exec"]["kill-timeout"] == 5.0
+
+    twistd.config.write_text("[exec]\nkill-timeout = \"5x\"\n")
+    twistd.process.send_signal(signal.SIGHUP)
+    _wait_for(lambda: b"reload refused" in twistd.log.read_bytes(), "a refusal")
+    assert twistd.stats()["job-exec"]["kill-timeout"] == 5.0
+
+    twistd.write_config(kill_timeout="7s")
+    twistd.process.send_signal(signal.SIGHUP)
+    _wait_for(lambda: twistd.stats()["job-exec"]["kill-timeout"] == 7.0, "reload")
+    assert twistd.sdexec("run", "-n", "true").returncode == 0
+
+    # twistd leaves by re-raising the SIGTERM it got, as systemd expects.
+    assert twistd.stop() == -signal.SIGTERM
+    assert b"Server Shut Down." in twistd.log.read_bytes()
+    assert not twistd.socket.exists()
+    assert unit_names() == []
+
+
+def test_refuses_a_reactor_other_than_asyncio(user_manager, tmp_path):
+    config = tmp_path / "sdexec.toml"
+    config.write_text("[systemd]\nenable = true\n")
+    done = subprocess.run(
+        [*TWISTD, "--nodaemon", "--pidfile=", "--reactor", "poll", "sdexec",
+         "--config", str(config)],
+        capture_output=True, timeout=60, env=_environment(), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert b"sdexec needs the asyncio reactor" in done.stdout + done.stderr
+
+
+def test_a_bad_configuration_is_one_line_and_exit_1(tmp_path):
+    config = tmp_path / "sdexec.toml"
+    config.write_text('[exec]\nkill-timeout = "5x"\n')
+    done = subprocess.run(
+        [*TWISTD, "--nodaemon", "--pidfile=", "sdexec", "--config", str(config)],
+        capture_output=True, timeout=60, env=_environment(), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert b'exec.kill-timeout: "5x" is not a valid duration' in done.stderr
+    assert b"Traceback" not in done.stderr

@@ -136,7 +136,12 @@ def _parser() -> argparse.ArgumentParser:
         type=kill_target,
         help="a process id, or else a label",
     )
-    commands.add_parser("stats", help="print the service's statistics as JSON")
+    stats = commands.add_parser("stats", help="print the service's statistics as JSON")
+    stats.add_argument(
+        "--url",
+        help="read them from the stats endpoint instead of the socket,"
+        " e.g. http://127.0.0.1:8490/stats",
+    )
     commands.add_parser("undrain", help="let a drained service run processes again")
     return parser
 
@@ -286,8 +291,27 @@ async def _kill(reactor: Any, options: argparse.Namespace) -> int:
 
 
 async def _stats(reactor: Any, options: argparse.Namespace) -> int:
-    print(json.dumps(await _call(reactor, options, SdexecClient.stats), indent=2))
+    if options.url:
+        report = await _http_stats(options.url)
+    else:
+        report = await _call(reactor, options, SdexecClient.stats)
+    print(json.dumps(report, indent=2))
     return 0
+
+
+async def _http_stats(url: str) -> dict:
+    """``GET url`` (the service's stats endpoint), with treq."""
+    import treq  # only this command needs it
+
+    try:
+        response = await treq.get(url, persistent=False, timeout=30)
+        if response.code != 200:
+            raise SdexecError(f"{url}: HTTP {response.code}")
+        return await response.json()
+    except SdexecError:
+        raise
+    except Exception as error:  # refused, timed out, not JSON: one line
+        raise SdexecError(f"cannot read {url}: {error}") from None
 
 
 async def _undrain(reactor: Any, options: argparse.Namespace) -> int:

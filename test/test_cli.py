@@ -142,6 +142,10 @@ async def test_ps_kill_and_stats(sdexec):
         assert "napper" in ps.stdout.decode()
         stats = json.loads((await cli(sdexec, "stats")).stdout)
         assert [p["unit"] for p in stats["procs"]] == [proc["unit"]]
+        over_http = json.loads(
+            (await cli(sdexec, "stats", "--url", sdexec.stats_url)).stdout
+        )
+        assert [p["unit"] for p in over_http["procs"]] == [proc["unit"]]
         killed = await cli(sdexec, "kill", "TERM", "napper")
         assert killed.returncode == 0
         assert await deferToThread(client.wait, 60) == 143
@@ -166,3 +170,11 @@ def test_missing_socket_is_one_line(tmp_path):
     assert done.returncode == 1
     assert done.stderr.decode().count("\n") == 1
     assert "nothing.sock" in done.stderr.decode()
+
+
+@ensureDeferred
+async def test_stats_from_an_unreachable_url_is_one_line(sdexec):
+    done = await cli(sdexec, "stats", "--url", "http://127.0.0.1:1/stats")
+    assert done.returncode == 1
+    assert done.stderr.decode().startswith("sdexec: cannot read http://127.0.0.1:1/")
+    assert done.stderr.decode().count("\n") == 1

@@ -141,6 +141,17 @@ def unit_properties(unit: str, *names: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in shown.stdout.splitlines() if line)
 
 
+async def wait_until_reaped(service, unit: str) -> None:
+    """Wait (up to 10 s) until ``unit`` is unloaded and the service tracks no
+    process, then check both."""
+    for _ in range(100):
+        if not unit_names(unit) and not service.server.processes:
+            break
+        await sleep(0.1)
+    assert unit_names(unit) == []
+    assert service.server.processes == {}
+
+
 def open_fds() -> set[str]:
     """This process's open fds, but for /dev/null: Twisted's first listening
     port reserves one on it for the life of the process (``tcp._reservedFD``,

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import sleep, unit_names
+from support import sleep, wait_until_reaped
 from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThread
 
@@ -38,6 +38,16 @@ def cli(service, *args: str, stdin: bytes = b"") -> Deferred:
         capture_output=True,
         env=_environment(service),
         timeout=120,
+    )
+
+
+def _in_background(service, *args: str, stderr=subprocess.DEVNULL) -> subprocess.Popen:
+    """``sdexec ARGS`` left running; the caller waits for or kills it."""
+    return subprocess.Popen(
+        _sdexec_argv(*args),
+        env=_environment(service),
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
     )
 
 
@@ -91,12 +101,7 @@ async def test_dir_and_environment_travel(sdexec, tmp_path):
 
 @ensureDeferred
 async def test_sigterm_to_the_client_exits_143(sdexec):
-    client = subprocess.Popen(
-        _sdexec_argv("run", "-n", "sleep", "300"),
-        env=_environment(sdexec),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    client = _in_background(sdexec, "run", "-n", "sleep", "300", stderr=subprocess.PIPE)
     try:
         await _wait_for_a_process(sdexec)
         client.send_signal(signal.SIGTERM)
@@ -110,31 +115,16 @@ async def test_sigterm_to_the_client_exits_143(sdexec):
 
 @ensureDeferred
 async def test_killed_client_takes_its_unit_with_it(sdexec):
-    client = subprocess.Popen(
-        _sdexec_argv("run", "-n", "sleep", "300"),
-        env=_environment(sdexec),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    client = _in_background(sdexec, "run", "-n", "sleep", "300")
     unit = (await _wait_for_a_process(sdexec))["unit"]
     client.kill()
     await deferToThread(client.wait, 60)
-    for _ in range(100):
-        if not unit_names(unit) and not sdexec.server.processes:
-            break
-        await sleep(0.1)
-    assert unit_names(unit) == []
-    assert sdexec.server.processes == {}
+    await wait_until_reaped(sdexec, unit)
 
 
 @ensureDeferred
 async def test_ps_kill_and_stats(sdexec):
-    client = subprocess.Popen(
-        _sdexec_argv("run", "-n", "--label", "napper", "sleep", "300"),
-        env=_environment(sdexec),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    client = _in_background(sdexec, "run", "-n", "--label", "napper", "sleep", "300")
     try:
         proc = await _wait_for_a_process(sdexec)
         ps = await cli(sdexec, "ps")

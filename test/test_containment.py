@@ -502,6 +502,4 @@ def test_an_empty_cpuset_file_is_not_a_fence(tmp_path):
     status = tmp_path / "proc/42"
     status.mkdir(parents=True)
     (status / "status").write_text("Name:\tx\nCpus_allowed_list:\t0-3\n")
-    assert enforced_cpus("/app.slice/u.service", 42, root=str(tmp_path)) == IDset(
-        "0-3"
-    )
+    assert enforced_cpus("/app.slice/u.service", 42, root=str(tmp_path)) == IDset("0-3")

@@ -14,7 +14,15 @@ import tempfile
 import pytest
 import treq
 from pytest_twisted import ensureDeferred
-from support import FLAGS, command, run, sleep, unit_names, unit_property
+from support import (
+    FLAGS,
+    command,
+    run,
+    sleep,
+    unit_names,
+    unit_property,
+    wait_until_reaped,
+)
 
 pytestmark = pytest.mark.systemd
 
@@ -383,12 +391,7 @@ async def test_vanished_client_takes_its_units_with_it(sdexec):
     unit = sdexec.server.list()["procs"][0]["unit"]
     assert unit_names(unit) == [unit]
     await client.close()
-    for _ in range(100):
-        if not unit_names(unit) and not sdexec.server.processes:
-            break
-        await sleep(0.1)
-    assert unit_names(unit) == []
-    assert sdexec.server.processes == {}
+    await wait_until_reaped(sdexec, unit)
 
 
 @ensureDeferred

@@ -104,7 +104,7 @@ def test_serves_reloads_on_sighup_and_stops_cleanly(twistd):
     assert (ran.returncode, ran.stdout) == (0, b"hello\n")
     assert twistd.stats()["job-exec"]["kill-timeout"] == 5.0
 
-    twistd.config.write_text("[exec]\nkill-timeout = \"5x\"\n")
+    twistd.config.write_text('[exec]\nkill-timeout = "5x"\n')
     twistd.process.send_signal(signal.SIGHUP)
     _wait_for(lambda: b"reload refused" in twistd.log.read_bytes(), "a refusal")
     assert twistd.stats()["job-exec"]["kill-timeout"] == 5.0

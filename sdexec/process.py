@@ -99,6 +99,7 @@ class Process:
         on_reaped: Callable[[Process], None] = lambda process: None,
         verify: Callable[[dict[str, Any], int], str | None] | None = None,
         count: Callable[[str], None] = lambda event: None,
+        debug: bool = False,
     ) -> None:
         self.unit_name = unit_name
         self.cmdline = list(cmdline)
@@ -116,6 +117,7 @@ class Process:
         self._on_reaped = on_reaped
         self._verify = verify
         self._count = count  # for the service's statistics
+        self._debug = debug  # log every unit state change
         self._watch: UnitWatch | None = None
         self._timer = None
         self._timer_expiries = 0
@@ -248,6 +250,8 @@ class Process:
 
     def _unit_changed(self, properties: dict[str, Any]) -> None:
         status = self.status = UnitStatus.from_properties(properties)
+        if self._debug:
+            log.info("{unit}: {state}", unit=self.unit_name, state=status)
         if status.pid > 0 and self.pid is None:
             self.pid = status.pid
         if status.has_started and "started" not in self._sent:

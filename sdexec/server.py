@@ -222,6 +222,7 @@ class SdexecServer:
             on_reaped=lambda process: self._reaped(key),
             verify=self._fence_verifier(mapped),
             count=self.count,
+            debug=self.config.systemd.sdexec_debug,
         )
 
     def _mapped_properties(self, command: Command) -> dict[str, str]:
@@ -461,6 +462,13 @@ class ClientProtocol(JSONLineProtocol):
         if handler is None:
             raise RequestError(errno.ENOSYS, f"unknown topic {topic!r}")
         self.server.counters[topic] += 1
+        if self.server.config.systemd.sdexec_debug:
+            log.info(
+                "request {topic} matchtag={matchtag} from connection {id}",
+                topic=topic,
+                matchtag=matchtag,
+                id=self.connection_id,
+            )
         return handler(matchtag, payload)
 
     def _exec(self, matchtag: int, payload: dict) -> None:

@@ -86,6 +86,7 @@ class SdexecService(Service):
     def _start(self):
         containment = Containment.from_config(self.config)
         systemd = yield SystemdClient.connect()
+        systemd.debug = self.config.systemd.sdbus_debug
         systemd.disconnected.addCallback(self._lost_systemd)
         self.server = SdexecServer(systemd, self.config, self.reactor, containment)
         self.ports["listen"] = yield serverFromString(self.reactor, self.listen).listen(
@@ -148,6 +149,7 @@ class SdexecService(Service):
         if self.server is not None:
             self.server.config = config
             self.server.containment = containment
+            self.server.systemd.debug = config.systemd.sdbus_debug
         log.info("configuration reloaded from {path}", path=path)
         return True
 

@@ -155,6 +155,8 @@ class SystemdClient:
     def __init__(self, bus: MessageBus) -> None:
         self._bus = bus
         self._watches: dict[str, UnitWatch] = {}
+        #: Log every method call and its outcome (``[systemd] sdbus-debug``).
+        self.debug = False
         self.disconnected: Deferred[None] = Deferred()
         bus.add_message_handler(self._on_message)
         self._defer(bus.wait_for_disconnect()).addBoth(self._on_disconnect)
@@ -311,7 +313,22 @@ class SystemdClient:
             raise SystemdError("sdexec.NoReply", f"{member}: no reply")
         if reply.message_type == MessageType.ERROR:
             text = reply.body[0] if reply.body else reply.error_name
+            if self.debug:
+                log.info(
+                    "sdbus: {member} {path} → {error}: {text}",
+                    member=member,
+                    path=path,
+                    error=reply.error_name,
+                    text=text,
+                )
             raise SystemdError(reply.error_name, text)
+        if self.debug:
+            log.info(
+                "sdbus: {member} {path} {args} → ok",
+                member=member,
+                path=path,
+                args=_brief(body),
+            )
         return reply.body
 
     def _on_message(self, message: Message) -> None:
@@ -329,6 +346,12 @@ class SystemdClient:
     def _on_disconnect(self, result: object) -> None:
         log.info("D-Bus connection to systemd closed")
         self.disconnected.callback(None)
+
+
+def _brief(body: list[Any], limit: int = 200) -> str:
+    """Call arguments for a debug line: long ones (environments) cut short."""
+    text = repr(body)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
 
 
 def _translate_failure(failure):

@@ -21,6 +21,7 @@ FLAGS = 1 | 2 | 8  # stdout, stderr, write-credit
 BASE_CONFIG = """
 [systemd]
 enable = true
+{systemd}
 [exec]
 service = "sdexec"
 {exec}
@@ -33,16 +34,22 @@ stats = "tcp:0:interface=127.0.0.1"
 
 @dataclass(frozen=True)
 class ConfigText:
-    """What a test adds to :data:`BASE_CONFIG`: lines for its ``[exec]`` and
-    ``[sdexec]`` tables, and whole tables (``extra``) appended at the end."""
+    """What a test adds to :data:`BASE_CONFIG`: lines for its ``[systemd]``,
+    ``[exec]`` and ``[sdexec]`` tables, and whole tables (``extra``) appended
+    at the end."""
 
     exec: str = ""
     sdexec: str = ""
+    systemd: str = ""
     extra: str = ""
 
     def render(self, socket_path: str) -> str:
         return BASE_CONFIG.format(
-            socket=socket_path, exec=self.exec, sdexec=self.sdexec, extra=self.extra
+            socket=socket_path,
+            systemd=self.systemd,
+            exec=self.exec,
+            sdexec=self.sdexec,
+            extra=self.extra,
         )
 
 

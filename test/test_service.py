@@ -400,3 +400,25 @@ async def test_bad_string_property_is_named(sdexec):
     result = await run(client, ["true"], opts={"SDEXEC_PROP_DevicePolicy": "bogus"})
     assert result.error.errnum == errno.EINVAL
     assert "DevicePolicy=bogus" in result.error.errstr
+
+
+@ensureDeferred
+async def test_debug_switches_log_requests_units_and_dbus_calls(start_service):
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    lines: list[str] = []
+
+    def observe(event):
+        lines.append(formatEvent(event))
+
+    service = await start_service(systemd="sdexec-debug = true\nsdbus-debug = true")
+    globalLogPublisher.addObserver(observe)
+    try:
+        client = await service.connect()
+        assert (await run(client, ["true"])).status == 0
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    text = "\n".join(lines)
+    assert "request sdexec.exec matchtag=" in text
+    assert "sdbus: StartTransientUnit" in text
+    assert "UnitStatus(active_state=" in text

@@ -95,8 +95,15 @@ class UnitWatch:
     """The merged ``Unit`` + ``Service`` property state of one unit.
 
     ``callback(state)`` is called with the whole merged dict after every change
-    (a ``PropertiesChanged`` signal or a :meth:`refresh`). Properties systemd
-    only *invalidates* are fetched again before the callback runs.
+    (a ``PropertiesChanged`` signal or a :meth:`refresh`).
+
+    Properties a signal only *invalidates* are dropped from the state, not
+    fetched again: systemd 252 sends every property
+    :class:`sdexec.unit.UnitStatus` reads with its value, and invalidates only
+    the bulky ones (the ``Exec*`` command lists, ``Conditions``, ``Asserts``)
+    — in every Service and Unit signal, so fetching both interfaces again cost
+    ~34 ``GetAll`` calls per unit (``scripts/bench-service``). :meth:`refresh`
+    fetches them if wanted.
     """
 
     def __init__(
@@ -127,11 +134,9 @@ class UnitWatch:
 
     def _changed(self, changed: dict[str, Variant], invalidated: list[str]) -> None:
         self.state.update(_unwrap(changed))
-        if invalidated:
-            # Rare for the properties we read; fetch rather than guess.
-            self.client._defer(self._refresh())
-        else:
-            self._deliver()
+        for name in invalidated:
+            self.state.pop(name, None)
+        self._deliver()
 
     def _deliver(self) -> None:
         if self.path in self.client._watches:

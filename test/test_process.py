@@ -35,6 +35,9 @@ class RecordingSystemd:
         systemd = self
 
         class Watch:
+            def __init__(self):
+                self.state = {}  # as UnitWatch: what signals have said so far
+
             def refresh(self):
                 # As UnitWatch does: deliver the whole state, then fire with
                 # it; with no answer set, the answer is still on its way.

@@ -1,0 +1,82 @@
+"""Newline-delimited JSON framing: encoding, splitting, limits."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet.testing import StringTransport
+
+from sdexec.framing import SPLICE_MIN_LENGTH, JSONLineProtocol, encode_message
+
+long_text = st.text(min_size=SPLICE_MIN_LENGTH, max_size=3 * SPLICE_MIN_LENGTH)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text() | long_text,
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=200)
+@given(st.dictionaries(st.text(max_size=8), json_values, max_size=4))
+def test_encode_message_round_trips(message):
+    line = encode_message(message)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert json.loads(line) == message
+
+
+def test_long_text_with_every_escape_round_trips():
+    text = 'quote " backslash \\ tab \t newline \n del \x7f é €\u2028 ' * 200
+    message = {"payload": {"io": {"data": text}}, "matchtag": 7}
+    assert json.loads(encode_message(message)) == message
+
+
+def test_long_text_with_other_control_characters_round_trips():
+    text = "bell \x07 nul \x00 escape \x1b\n" * 400
+    assert json.loads(encode_message({"data": text})) == {"data": text}
+
+
+class Collector(JSONLineProtocol):
+    def __init__(self, max_frame: int = 1024) -> None:
+        super().__init__()
+        self.max_frame = max_frame
+        self.messages: list[dict] = []
+        self.errors: list[str] = []
+
+    def messageReceived(self, message):
+        self.messages.append(message)
+
+    def framingError(self, reason):
+        self.errors.append(reason)
+
+
+def feed(protocol: Collector, *chunks: bytes) -> Collector:
+    protocol.makeConnection(StringTransport())
+    for chunk in chunks:
+        protocol.dataReceived(chunk)
+    return protocol
+
+
+def test_messages_split_across_and_within_reads():
+    received = feed(Collector(), b'{"a":1}\n{"b"', b':2}\n\n{"c":', b"3}\n")
+    assert received.messages == [{"a": 1}, {"b": 2}, {"c": 3}]
+    assert received.errors == []
+
+
+def test_not_json_then_nothing_more():
+    received = feed(Collector(), b'nope\n{"a":1}\n')
+    assert received.messages == []
+    assert len(received.errors) == 1 and "not valid JSON" in received.errors[0]
+
+
+def test_not_an_object():
+    assert "not a JSON object" in feed(Collector(), b"[1]\n").errors[0]
+
+
+def test_a_frame_over_the_limit_is_refused_before_its_end():
+    received = feed(Collector(max_frame=100), b'{"a":"' + b"x" * 200)
+    assert received.errors == ["message exceeds 100 bytes"]

@@ -396,14 +396,10 @@ class Process:
     # -- stop timer (kill escalation) ------------------------------------------
 
     def _arm_stop_timer(self) -> None:
-        if self._timer is None and self._stop_timer.enabled and not self._ended_stop:
+        if self._timer is None and self._stop_timer.enabled:
             self._timer = self._clock.callLater(
                 self._stop_timer.seconds, self._stop_timer_expired
             )
-
-    @property
-    def _ended_stop(self) -> bool:
-        return self._timer_expiries >= 3
 
     def _cancel_stop_timer(self) -> None:
         if self._timer is not None and self._timer.active():
@@ -422,8 +418,9 @@ class Process:
         else:
             self._count("stop-timer-gave-up")
             log.error(
-                "{unit}: still active after SIGKILL; giving up on it",
+                "{unit}: still active after signal {signum}; giving up on it",
                 unit=self.unit_name,
+                signum=self._stop_timer.signal,
             )
             self._fail(errno.EDEADLK, "SIGKILL timeout, unit may still be active")
             self._reap()

@@ -73,15 +73,22 @@ class Containment:
         )
         return cls(config, mapper)
 
+    def applies_to(self, command: Command) -> bool:
+        """Whether this request is mapped: containment is on and it has R."""
+        return (
+            self.enabled
+            and self.mapper is not None
+            and command.option(R_OPTION) is not None
+        )
+
     def properties(self, command: Command) -> dict[str, str]:
-        """The mapper's unit properties for this request (``{}`` when
-        containment is off or the request carries no R)."""
-        resource_set = command.option(R_OPTION)
-        if not self.enabled or resource_set is None or self.mapper is None:
+        """The mapper's unit properties for this request (``{}`` unless it
+        :meth:`applies_to` it)."""
+        if not self.applies_to(command):
             return {}
         try:
             mapped = self.mapper.map(
-                resource_set, extra_properties=dict(self.extra_properties)
+                command.option(R_OPTION), extra_properties=dict(self.extra_properties)
             )
         except Exception as error:  # a custom mapper may raise anything
             raise MapperError(

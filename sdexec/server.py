@@ -28,7 +28,6 @@ from zope.interface import implementer
 from sdexec.command import Command, CommandError, unit_properties
 from sdexec.config import Config
 from sdexec.containment import (
-    R_OPTION,
     Containment,
     MapperError,
     check_cpu_fence,
@@ -232,7 +231,7 @@ class SdexecServer:
             cause = error.__cause__
             errnum = cause.errno if isinstance(cause, OSError) and cause.errno else None
             raise RequestError(errnum or errno.EINVAL, str(error)) from None
-        if command.option(R_OPTION) is not None and self.containment.enabled:
+        if self.containment.applies_to(command):
             self.counters["mapper"] += 1
         return mapped
 

@@ -25,6 +25,7 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from sdexec.channel import DEFAULT_INPUT_BUFSIZE
 from sdexec.command import Command, CommandError, unit_properties
 from sdexec.config import Config
 from sdexec.containment import (
@@ -38,6 +39,8 @@ from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
 from sdexec.process import (
     FLAG_CHANNEL,
+    FLAG_STDERR,
+    FLAG_STDOUT,
     FLAG_WRITE_CREDIT,
     OutputOptions,
     Process,
@@ -52,7 +55,7 @@ __all__ = ["ClientProtocol", "RequestError", "SdexecServer"]
 
 log = Logger()
 
-ALL_FLAGS = 1 | 2 | FLAG_CHANNEL | FLAG_WRITE_CREDIT
+ALL_FLAGS = FLAG_STDOUT | FLAG_STDERR | FLAG_CHANNEL | FLAG_WRITE_CREDIT
 _UNIT_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9:_.\-]")
 
 
@@ -215,7 +218,7 @@ class SdexecServer:
                 stream: _output_options(command, stream)
                 for stream in ("stdout", "stderr")
             },
-            stdin_bufsize=_size_option(command, "stdin_BUFSIZE", 4096),
+            stdin_bufsize=_size_option(command, "stdin_BUFSIZE", DEFAULT_INPUT_BUFSIZE),
             cmdline=command.cmdline,
             label=command.label,
             on_reaped=lambda process: self._reaped(key),

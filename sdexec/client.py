@@ -54,6 +54,8 @@ WRITE_CREDIT = 8
 #: What a client may send before the first ``add-credit`` (RFC 42) unless the
 #: command's ``stdin_BUFSIZE`` option says otherwise.
 DEFAULT_STDIN_BUFSIZE = 4096
+#: Where the service listens by default, under ``$XDG_RUNTIME_DIR``.
+DEFAULT_SOCKET_SUBPATH = os.path.join("sdexec", "sdexec.sock")
 
 #: The environment variable naming the service's socket.
 SOCKET_ENV = "SDEXEC_SOCKET"
@@ -89,7 +91,7 @@ def default_socket_path(environ: Mapping[str, str] | None = None) -> str:
         raise SdexecError(
             f"XDG_RUNTIME_DIR is not set: name the socket with --socket or {SOCKET_ENV}"
         )
-    return os.path.join(runtime_dir, "sdexec", "sdexec.sock")
+    return os.path.join(runtime_dir, DEFAULT_SOCKET_SUBPATH)
 
 
 def resolve_socket_path(

@@ -19,6 +19,7 @@ from twisted.internet import defer
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
+from sdexec.client import DEFAULT_SOCKET_SUBPATH
 from sdexec.config import Config, ConfigError, load_config
 from sdexec.containment import Containment
 from sdexec.server import ClientFactory, SdexecServer
@@ -42,11 +43,12 @@ def default_listen_endpoint() -> str:
         raise ConfigError(
             "XDG_RUNTIME_DIR is not set: give --listen or [sdexec] listen"
         )
-    directory = os.path.join(runtime_dir, "sdexec")
+    path = os.path.join(runtime_dir, DEFAULT_SOCKET_SUBPATH)
+    directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
-    path = os.path.join(directory, "sdexec.sock").replace(":", r"\:")
-    return f"unix:{path}:mode=600:lockfile=1"
+    escaped = path.replace(":", r"\:")  # endpoint strings split on ':'
+    return f"unix:{escaped}:mode=600:lockfile=1"
 
 
 def _exit_failed() -> None:

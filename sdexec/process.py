@@ -308,12 +308,16 @@ class Process:
         self._failure_confirmed = True
         self._unit_changed(properties)
 
+    def _forwarded(self, stream: str) -> bool:
+        """Whether the client asked for this stream (else it is discarded)."""
+        return bool(self._flags & (FLAG_STDOUT if stream == "stdout" else FLAG_STDERR))
+
     def _output(self, stream: str, data: bytes) -> None:
-        if self._flags & (FLAG_STDOUT if stream == "stdout" else FLAG_STDERR):
+        if self._forwarded(stream):
             self._send(self._io(stream, data=data))
 
     def _output_eof(self, stream: str) -> None:
-        if self._flags & (FLAG_STDOUT if stream == "stdout" else FLAG_STDERR):
+        if self._forwarded(stream):
             self._send(self._io(stream, eof=True))
         self._maybe_end()
 

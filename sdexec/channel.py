@@ -18,10 +18,12 @@ from twisted.internet.interfaces import IPushProducer, IReactorSocket
 from twisted.internet.protocol import Factory, Protocol
 from zope.interface import implementer
 
+from sdexec.protocol import DEFAULT_STDIN_BUFSIZE
+
 __all__ = ["InputChannel", "OutputChannel", "socketpair_for_systemd"]
 
 DEFAULT_OUTPUT_BUFSIZE = 1024 * 1024
-DEFAULT_INPUT_BUFSIZE = 4096
+DEFAULT_INPUT_BUFSIZE = DEFAULT_STDIN_BUFSIZE
 
 
 def socketpair_for_systemd() -> tuple[socket.socket, socket.socket]:

@@ -26,8 +26,10 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from sdexec import protocol
 from sdexec.framing import JSONLineProtocol
 from sdexec.ioencode import encode_io
+from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, SOCKET_ENV, ExecFlag
 from sdexec.sizes import parse_size
 
 __all__ = [
@@ -46,19 +48,10 @@ __all__ = [
     "resolve_socket_path",
 ]
 
-#: ``sdexec.exec`` flags (RFC 42).
-STDOUT = 1
-STDERR = 2
-WRITE_CREDIT = 8
-
-#: What a client may send before the first ``add-credit`` (RFC 42) unless the
-#: command's ``stdin_BUFSIZE`` option says otherwise.
-DEFAULT_STDIN_BUFSIZE = 4096
-#: Where the service listens by default, under ``$XDG_RUNTIME_DIR``.
-DEFAULT_SOCKET_SUBPATH = os.path.join("sdexec", "sdexec.sock")
-
-#: The environment variable naming the service's socket.
-SOCKET_ENV = "SDEXEC_SOCKET"
+#: ``sdexec.exec`` flags (RFC 42), kept under their old names.
+STDOUT = ExecFlag.STDOUT
+STDERR = ExecFlag.STDERR
+WRITE_CREDIT = ExecFlag.WRITE_CREDIT
 
 _log = Logger()
 
@@ -86,12 +79,12 @@ class RPCError(SdexecError):
 def default_socket_path(environ: Mapping[str, str] | None = None) -> str:
     """``$XDG_RUNTIME_DIR/sdexec/sdexec.sock``, where the service listens by
     default. :class:`SdexecError` if ``XDG_RUNTIME_DIR`` is unset."""
-    runtime_dir = (os.environ if environ is None else environ).get("XDG_RUNTIME_DIR")
-    if not runtime_dir:
+    path = protocol.default_socket_path(environ)
+    if path is None:
         raise SdexecError(
             f"XDG_RUNTIME_DIR is not set: name the socket with --socket or {SOCKET_ENV}"
         )
-    return os.path.join(runtime_dir, DEFAULT_SOCKET_SUBPATH)
+    return path
 
 
 def resolve_socket_path(

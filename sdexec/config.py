@@ -37,6 +37,7 @@ from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
 from sdexec.fsd import parse_fsd
+from sdexec.protocol import DEFAULT_MAX_FRAME
 from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import MemoryLimit, parse_size
 
@@ -197,7 +198,7 @@ class SdexecConfig:
     #: An hwloc XML file the mapper reads instead of running lstopo.
     topology: str | None = None
     #: The largest request or response frame, in bytes.
-    max_frame_size: int = 64 * MiB
+    max_frame_size: int = DEFAULT_MAX_FRAME
     #: What to do when a job's CPU fence is found not enforced: ``"drain"``
     #: (fail the job, refuse further execs until undrained) or ``"warn"``
     #: (log it and let the job run: for test nodes whose cgroups cannot

@@ -13,9 +13,10 @@ from typing import Any
 
 from twisted.internet.protocol import Protocol
 
+from sdexec.protocol import DEFAULT_MAX_FRAME
+
 __all__ = ["FramingError", "JSONLineProtocol", "encode_message"]
 
-DEFAULT_MAX_FRAME = 64 * 1024 * 1024
 
 
 class FramingError(ValueError):

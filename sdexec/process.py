@@ -29,6 +29,7 @@ from sdexec.channel import (
     socketpair_for_systemd,
 )
 from sdexec.ioencode import encode_io
+from sdexec.protocol import ExecFlag
 from sdexec.systemd import SystemdClient, SystemdError, UnitWatch
 from sdexec.unit import UnitStatus
 
@@ -44,7 +45,8 @@ __all__ = [
 
 log = Logger()
 
-FLAG_STDOUT, FLAG_STDERR, FLAG_CHANNEL, FLAG_WRITE_CREDIT = 1, 2, 4, 8
+FLAG_STDOUT, FLAG_STDERR = ExecFlag.STDOUT, ExecFlag.STDERR
+FLAG_CHANNEL, FLAG_WRITE_CREDIT = ExecFlag.CHANNEL, ExecFlag.WRITE_CREDIT
 
 
 class Responder(Protocol):

@@ -19,9 +19,9 @@ from twisted.internet import defer
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
-from sdexec.client import DEFAULT_SOCKET_SUBPATH
 from sdexec.config import Config, ConfigError, load_config
 from sdexec.containment import Containment
+from sdexec.protocol import default_socket_path
 from sdexec.server import ClientFactory, SdexecServer
 from sdexec.stats import stats_site
 from sdexec.systemd import SystemdClient, SystemdError
@@ -38,12 +38,11 @@ SHUTDOWN_GRACE_SECONDS = 10.0
 def default_listen_endpoint() -> str:
     """``unix:$XDG_RUNTIME_DIR/sdexec/sdexec.sock`` (mode 0600), creating
     the directory with mode 0700."""
-    runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
-    if not runtime_dir:
+    path = default_socket_path()
+    if path is None:
         raise ConfigError(
             "XDG_RUNTIME_DIR is not set: give --listen or [sdexec] listen"
         )
-    path = os.path.join(runtime_dir, DEFAULT_SOCKET_SUBPATH)
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)

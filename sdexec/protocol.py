@@ -1,0 +1,67 @@
+"""The wire protocol's names and defaults, written once (docs/protocol.md).
+
+Everything both ends of a connection must agree on lives here: the
+``sdexec.exec`` flags, the topics, the default stdin credit, the frame size
+limit, the default socket path. The service (``sdexec.server``), the Twisted
+client library (``sdexec.client``), the command line and the tests import
+these names; none of them writes the values again. This module imports
+nothing but the standard library, so a lean client can use it without
+loading Twisted.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Mapping
+
+__all__ = [
+    "DEFAULT_MAX_FRAME",
+    "DEFAULT_SOCKET_SUBPATH",
+    "DEFAULT_STDIN_BUFSIZE",
+    "SOCKET_ENV",
+    "ExecFlag",
+    "Topic",
+    "default_socket_path",
+]
+
+
+class ExecFlag(enum.IntFlag):
+    """The ``flags`` of an ``sdexec.exec`` request (RFC 42)."""
+
+    STDOUT = 1
+    STDERR = 2
+    CHANNEL = 4
+    WRITE_CREDIT = 8
+    WAITABLE = 16
+
+
+class Topic(enum.StrEnum):
+    """Request topics the service answers."""
+
+    EXEC = "sdexec.exec"
+    WRITE = "sdexec.write"
+    KILL = "sdexec.kill"
+    LIST = "sdexec.list"
+    STATS = "sdexec.stats-get"
+    UNDRAIN = "sdexec.undrain"
+
+
+#: What a client may send before the first ``add-credit`` unless the
+#: command's ``stdin_BUFSIZE`` option says otherwise.
+DEFAULT_STDIN_BUFSIZE = 4096
+#: The largest message either end accepts unless configured otherwise.
+DEFAULT_MAX_FRAME = 64 * 1024 * 1024
+#: Where the service listens by default, under ``$XDG_RUNTIME_DIR``.
+DEFAULT_SOCKET_SUBPATH = os.path.join("sdexec", "sdexec.sock")
+#: The environment variable naming the service's socket (clients).
+SOCKET_ENV = "SDEXEC_SOCKET"
+
+
+def default_socket_path(environ: Mapping[str, str] | None = None) -> str | None:
+    """``$XDG_RUNTIME_DIR/sdexec/sdexec.sock``, or ``None`` when
+    ``XDG_RUNTIME_DIR`` is unset (each caller says what that means for it)."""
+    runtime_dir = (os.environ if environ is None else environ).get("XDG_RUNTIME_DIR")
+    if not runtime_dir:
+        return None
+    return os.path.join(runtime_dir, DEFAULT_SOCKET_SUBPATH)

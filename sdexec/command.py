@@ -8,11 +8,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dbus_fast import Variant
+from sdexec.property import UnitProperty, typed_property
 
-from sdexec.property import typed_property
-
-__all__ = ["PROPERTY_PREFIX", "Command", "CommandError", "unit_properties"]
+__all__ = [
+    "OWN_PROPERTIES",
+    "PROPERTY_PREFIX",
+    "Command",
+    "CommandError",
+    "unit_properties",
+]
 
 PROPERTY_PREFIX = "SDEXEC_PROP_"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -122,31 +126,43 @@ def unit_properties(
     command: Command,
     executable: str,
     properties: Mapping[str, str] = {},
-) -> list[tuple[str, Variant]]:
+    sources: Mapping[str, str] = {},
+) -> list[UnitProperty]:
     """The ``StartTransientUnit`` properties for ``command`` (all but the three
     fds, which :meth:`sdexec.systemd.SystemdClient.start_transient_unit`
     adds).
 
     ``properties`` are extra ``Name → string`` unit properties, already merged
-    by precedence; each is typed by :func:`sdexec.property.typed_property`
+    by precedence, ``sources`` says where each came from (``request`` unless
+    named); each is typed by :func:`sdexec.property.typed_property`
     (``PropertyError`` names a bad one). ``Type`` defaults to ``exec``, so the
     unit becomes active only once the command was really executed.
     """
     unit = [
-        ("Description", Variant("s", " ".join(command.cmdline)[:200])),
+        UnitProperty("Description", "s", " ".join(command.cmdline)[:200]),
         # ExecStartEx with "no-env-expand": systemd would otherwise expand
         # $VAR and ${VAR} in the arguments itself, before the command (a
         # shell, say) sees them. Supported since systemd 243.
-        (
+        UnitProperty(
             "ExecStartEx",
-            Variant("a(sasas)", [[executable, command.cmdline, ["no-env-expand"]]]),
+            "a(sasas)",
+            [[executable, command.cmdline, ["no-env-expand"]]],
         ),
-        ("RemainAfterExit", Variant("b", True)),
-        ("Environment", Variant("as", _environment(command.env))),
+        UnitProperty("RemainAfterExit", "b", True),
+        UnitProperty("Environment", "as", _environment(command.env)),
     ]
     if command.cwd is not None:
-        unit.append(("WorkingDirectory", Variant("s", command.cwd)))
+        unit.append(UnitProperty("WorkingDirectory", "s", command.cwd))
     if "Type" not in properties:
-        unit.append(("Type", Variant("s", "exec")))
-    unit.extend(typed_property(name, value) for name, value in properties.items())
+        unit.append(UnitProperty("Type", "s", "exec"))
+    unit.extend(
+        typed_property(name, value, sources.get(name, "request"))
+        for name, value in properties.items()
+    )
     return unit
+
+
+#: The properties :func:`unit_properties` sets itself, whatever the command.
+OWN_PROPERTIES = frozenset(
+    prop.name for prop in unit_properties(Command(["/"], cwd="/"), "/")
+)

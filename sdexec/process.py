@@ -17,21 +17,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from dbus_fast import Variant
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from sdexec.channel import (
+from sdexec.ioencode import encode_io
+from sdexec.property import UnitProperty
+from sdexec.protocol import ExecFlag
+from sdexec.systemd import Manager, UnitStatus, Watch, errno_for, name_string_properties
+from sdexec.systemd.channel import (
     DEFAULT_INPUT_BUFSIZE,
     DEFAULT_OUTPUT_BUFSIZE,
     InputChannel,
     OutputChannel,
     socketpair_for_systemd,
 )
-from sdexec.ioencode import encode_io
-from sdexec.protocol import ExecFlag
-from sdexec.systemd import SystemdClient, SystemdError, UnitWatch
-from sdexec.unit import UnitStatus
 
 __all__ = [
     "FLAG_CHANNEL",
@@ -84,9 +83,9 @@ class Process:
 
     def __init__(
         self,
-        systemd: SystemdClient,
+        systemd: Manager,
         unit_name: str,
-        properties: list[tuple[str, Variant]],
+        properties: list[UnitProperty],
         responder: Responder,
         *,
         reactor: Any,
@@ -120,7 +119,7 @@ class Process:
         self._verify = verify
         self._count = count  # for the service's statistics
         self._debug = debug  # log every unit state change
-        self._watch: UnitWatch | None = None
+        self._watch: Watch | None = None
         self._timer = None
         self._timer_expiries = 0
         self._sent: set[str] = set()  # response kinds already sent
@@ -246,7 +245,7 @@ class Process:
 
     def _start_refused(self, failure) -> None:
         error = failure.value
-        message = _name_string_properties(
+        message = name_string_properties(
             getattr(error, "message", str(error)), self._properties
         )
         log.warn(
@@ -254,7 +253,7 @@ class Process:
             unit=self.unit_name,
             message=message,
         )
-        self._fail(_errno_for(error), message)
+        self._fail(errno_for(error), message)
         self._reap()
 
     def _unit_changed(self, properties: dict[str, Any]) -> None:
@@ -450,36 +449,3 @@ class _Nowhere:
 
     def error(self, errnum: int, errstr: str) -> None:
         pass
-
-
-#: Properties sdexec itself sends as strings, from checked sources.
-_OWN_STRING_PROPERTIES = frozenset({"Description", "WorkingDirectory"})
-
-
-def _name_string_properties(message: str, properties) -> str:
-    """systemd refuses a bad string-typed property (``DevicePolicy=bogus``)
-    with a bare "Invalid argument": name the candidates, so the error names
-    the property as every other property error does."""
-    suspects = [
-        f"{name}={variant.value}"
-        for name, variant in properties
-        if variant.signature == "s" and name not in _OWN_STRING_PROPERTIES
-    ]
-    if "Invalid argument" not in message or not suspects:
-        return message
-    if any(suspect.split("=", 1)[0] in message for suspect in suspects):
-        return message
-    return f"{message} (one of the string-valued properties: {', '.join(suspects)})"
-
-
-_DBUS_ERRNO = {
-    "org.freedesktop.DBus.Error.InvalidArgs": errno.EINVAL,
-    "org.freedesktop.systemd1.UnitExists": errno.EEXIST,
-    "org.freedesktop.DBus.Error.AccessDenied": errno.EPERM,
-}
-
-
-def _errno_for(error: BaseException) -> int:
-    if isinstance(error, SystemdError):
-        return _DBUS_ERRNO.get(error.name, errno.EIO)
-    return errno.EIO

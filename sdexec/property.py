@@ -5,20 +5,31 @@ Requests and the configuration give unit properties as strings
 its D-Bus type. Properties whose type is known here are converted (and
 checked) locally; any other property is sent as a string, which systemd
 accepts for many properties and rejects, naming the property, for the rest.
+
+A converted property is a :class:`UnitProperty`: its name, its D-Bus type
+signature and a plain Python value. Only the systemd layer
+(:mod:`sdexec.systemd`) turns it into a dbus-fast ``Variant``; nothing here
+knows the bus library.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from fractions import Fraction
-
-from dbus_fast import Variant
+from typing import Any
 
 from sdexec.idset import IDset
 from sdexec.sizes import MemoryLimit
 
-__all__ = ["PropertyError", "parse_bool", "percent_scale", "typed_property"]
+__all__ = [
+    "PropertyError",
+    "UnitProperty",
+    "parse_bool",
+    "percent_scale",
+    "typed_property",
+]
 
 UINT64_MAX = 2**64 - 1
 UINT32_MAX = 2**32 - 1
@@ -63,6 +74,20 @@ UINT64_PROPERTIES = frozenset(
 )
 INT32_PROPERTIES = frozenset({"OOMScoreAdjust", "Nice"})
 
+#: The three fds of the process, passed by the systemd layer.
+FD_PROPERTIES = (
+    "StandardInputFileDescriptor",
+    "StandardOutputFileDescriptor",
+    "StandardErrorFileDescriptor",
+)
+#: What resource containment sets (sdexec.map's mappers, the CPU fence).
+CONTAINMENT_PROPERTIES = frozenset(
+    {"AllowedCPUs", "AllowedMemoryNodes", "DeviceAllow", "DevicePolicy"}
+)
+#: What the stop timer relies on: systemd must not kill or time out the
+#: unit's processes on its own while the timer escalates.
+STOP_PROPERTIES = frozenset({"KillMode", "SendSIGKILL", "TimeoutStopUSec"})
+
 _UNSIGNED = re.compile(r"[0-9]+")
 _SIGNED = re.compile(r"[-+]?[0-9]+")
 _TRUE = frozenset({"1", "yes", "true", "on"})
@@ -71,6 +96,20 @@ _FALSE = frozenset({"0", "no", "false", "off"})
 
 class PropertyError(ValueError):
     """A property value that cannot be converted; the message names it."""
+
+
+@dataclass(frozen=True)
+class UnitProperty:
+    """One ``StartTransientUnit`` property: ``name``, its D-Bus type
+    ``signature`` and the ``value`` in the Python form dbus-fast takes for
+    that signature. ``source`` says where it came from (``sdexec``,
+    ``config``, ``request``, ``containment``) for error messages; it is not
+    part of the property's identity."""
+
+    name: str
+    signature: str
+    value: Any
+    source: str = field(default="sdexec", compare=False)
 
 
 def parse_bool(text: str) -> bool:
@@ -107,11 +146,11 @@ def percent_scale(percent: float) -> int:
     return int(exact + Fraction(1, 2))
 
 
-def _memory(name: str, text: str) -> tuple[str, Variant]:
+def _memory(name: str, text: str) -> UnitProperty:
     limit = MemoryLimit.parse(text)
     if limit.percent is not None:
-        return f"{name}Scale", Variant("u", percent_scale(limit.percent))
-    return name, Variant("t", UINT64_MAX if limit.infinite else limit.bytes)
+        return UnitProperty(f"{name}Scale", "u", percent_scale(limit.percent))
+    return UnitProperty(name, "t", UINT64_MAX if limit.infinite else limit.bytes)
 
 
 def _device_allow(text: str) -> list[list[str]]:
@@ -132,11 +171,11 @@ def _int32(text: str) -> int:
     return value
 
 
-Converter = Callable[[str, str], tuple[str, Variant]]
+Converter = Callable[[str, str], UnitProperty]
 
 
 def _typed(signature: str, parse: Callable[[str], object]) -> Converter:
-    return lambda name, text: (name, Variant(signature, parse(text)))
+    return lambda name, text: UnitProperty(name, signature, parse(text))
 
 
 def _bitmask(text: str) -> bytes:
@@ -154,20 +193,21 @@ _CONVERTERS: dict[str, Converter] = {
 }
 
 
-def typed_property(name: str, value: str) -> tuple[str, Variant]:
-    """``(name, Variant)`` for ``StartTransientUnit``.
+def typed_property(name: str, value: str, source: str = "request") -> UnitProperty:
+    """The :class:`UnitProperty` for ``StartTransientUnit``.
 
     The name may change: a percentage memory limit ``MemoryMax=95%`` becomes
     ``MemoryMaxScale``, as systemd itself encodes it. ``PropertyError``
-    (``SDEXEC_PROP_<name>: error setting property: <why>``) if the value
-    cannot be converted.
+    (``SDEXEC_PROP_<name>: error setting property: <why>`` for a request's
+    property) if the value cannot be converted.
     """
     convert = _CONVERTERS.get(name)
-    if convert is None:
-        return name, Variant("s", value)
     try:
-        return convert(name, value)
+        if convert is None:
+            typed = UnitProperty(name, "s", value)
+        else:
+            typed = convert(name, value)
     except ValueError as error:
-        raise PropertyError(
-            f"SDEXEC_PROP_{name}: error setting property: {error}"
-        ) from None
+        label = f"SDEXEC_PROP_{name}" if source == "request" else name
+        raise PropertyError(f"{label}: error setting property: {error}") from None
+    return UnitProperty(typed.name, typed.signature, typed.value, source)

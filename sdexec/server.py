@@ -25,7 +25,6 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from sdexec.channel import DEFAULT_INPUT_BUFSIZE
 from sdexec.command import Command, CommandError, unit_properties
 from sdexec.config import Config
 from sdexec.containment import (
@@ -50,6 +49,7 @@ from sdexec.property import PropertyError, parse_bool
 from sdexec.signals import parse_signal
 from sdexec.sizes import parse_size
 from sdexec.systemd import SystemdClient
+from sdexec.systemd.channel import DEFAULT_INPUT_BUFSIZE
 
 __all__ = ["ClientProtocol", "RequestError", "SdexecServer"]
 

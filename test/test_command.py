@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import os
 import re
+from typing import NamedTuple
 
 import pytest
-from dbus_fast import Variant
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sdexec.command import Command, CommandError, unit_properties
 from sdexec.property import PropertyError
 from sdexec.systemd import unit_object_path
+
+
+class Typed(NamedTuple):
+    signature: str
+    value: object
+
+
 
 
 def make_executable(path, mode=0o755):
@@ -139,24 +146,24 @@ def test_resolve_skips_directories(tmp_path):
 # -- unit_properties ---------------------------------------------------------------
 
 
-def properties_of(command: Command, extra=None) -> dict[str, Variant]:
+def properties_of(command: Command, extra=None) -> dict[str, Typed]:
     listed = unit_properties(command, "/bin/prog", extra or {})
-    names = [name for name, _ in listed]
+    names = [prop.name for prop in listed]
     assert len(names) == len(set(names)), f"duplicate properties: {names}"
-    return dict(listed)
+    return {prop.name: Typed(prop.signature, prop.value) for prop in listed}
 
 
 def test_unit_properties_types():
     props = properties_of(Command(["prog", "a b"], env={"A": "1"}, cwd="/tmp"))
     assert props == {
-        "Description": Variant("s", "prog a b"),
-        "ExecStartEx": Variant(
+        "Description": Typed("s", "prog a b"),
+        "ExecStartEx": Typed(
             "a(sasas)", [["/bin/prog", ["prog", "a b"], ["no-env-expand"]]]
         ),
-        "RemainAfterExit": Variant("b", True),
-        "Environment": Variant("as", ["A=1"]),
-        "WorkingDirectory": Variant("s", "/tmp"),
-        "Type": Variant("s", "exec"),
+        "RemainAfterExit": Typed("b", True),
+        "Environment": Typed("as", ["A=1"]),
+        "WorkingDirectory": Typed("s", "/tmp"),
+        "Type": Typed("s", "exec"),
     }
 
 
@@ -166,13 +173,13 @@ def test_no_cwd_no_working_directory():
 
 def test_type_from_the_request_replaces_exec():
     props = properties_of(Command(["prog"]), {"Type": "simple"})
-    assert props["Type"] == Variant("s", "simple")
+    assert props["Type"] == Typed("s", "simple")
 
 
 def test_requested_properties_are_typed():
     props = properties_of(Command(["prog"]), {"MemoryMax": "50%", "SendSIGKILL": "no"})
-    assert props["MemoryMaxScale"] == Variant("u", 2**31)
-    assert props["SendSIGKILL"] == Variant("b", False)
+    assert props["MemoryMaxScale"] == Typed("u", 2**31)
+    assert props["SendSIGKILL"] == Typed("b", False)
 
 
 def test_bad_requested_property_names_it():
@@ -198,7 +205,7 @@ def test_environment_drops_names_systemd_refuses():
         "ÄB": "not ASCII",
     }
     props = properties_of(Command(["prog"], env=env))
-    assert props["Environment"] == Variant("as", ["GOOD_1=kept", "_x=kept"])
+    assert props["Environment"] == Typed("as", ["GOOD_1=kept", "_x=kept"])
 
 
 ENV_NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]*", fullmatch=True)

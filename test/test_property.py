@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from dbus_fast import Variant
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -16,6 +15,7 @@ from sdexec.property import (
     UINT64_MAX,
     UINT64_PROPERTIES,
     PropertyError,
+    UnitProperty,
     parse_bool,
     percent_scale,
     typed_property,
@@ -50,8 +50,8 @@ def test_parse_bool_refuses(text):
 
 @pytest.mark.parametrize("name", sorted(BOOLEAN_PROPERTIES))
 def test_boolean_properties_are_b(name):
-    assert typed_property(name, "on") == (name, Variant("b", True))
-    assert typed_property(name, "0") == (name, Variant("b", False))
+    assert typed_property(name, "on") == UnitProperty(name, "b", True)
+    assert typed_property(name, "0") == UnitProperty(name, "b", False)
 
 
 def test_bad_boolean_names_the_property():
@@ -67,14 +67,14 @@ def test_bad_boolean_names_the_property():
 )  # fmt: skip
 @pytest.mark.parametrize("name", sorted(MEMORY_PROPERTIES))
 def test_memory_sizes_are_t(name, text, size):
-    assert typed_property(name, text) == (name, Variant("t", size))
+    assert typed_property(name, text) == UnitProperty(name, "t", size)
 
 
 @pytest.mark.parametrize("name", sorted(MEMORY_PROPERTIES))
 def test_memory_percent_becomes_scale(name):
-    assert typed_property(name, "50%") == (f"{name}Scale", Variant("u", 2**31))
-    assert typed_property(name, "100%") == (f"{name}Scale", Variant("u", UINT32_MAX))
-    assert typed_property(name, "0%") == (f"{name}Scale", Variant("u", 0))
+    assert typed_property(name, "50%") == UnitProperty(f"{name}Scale", "u", 2**31)
+    assert typed_property(name, "100%") == UnitProperty(f"{name}Scale", "u", UINT32_MAX)
+    assert typed_property(name, "0%") == UnitProperty(f"{name}Scale", "u", 0)
 
 
 @given(st.integers(min_value=0, max_value=10_000))
@@ -103,13 +103,13 @@ def test_bad_memory_value_names_the_property(text):
      ("8", b"\x00\x01"), ("0,57-99,127", IDset("0,57-99,127").bitmask())],
 )  # fmt: skip
 def test_idsets_are_ay_bitmasks(name, text, mask):
-    assert typed_property(name, text) == (name, Variant("ay", mask))
+    assert typed_property(name, text) == UnitProperty(name, "ay", mask)
 
 
 @given(st.frozensets(st.integers(min_value=0, max_value=1023), max_size=64))
 def test_bitmask_round_trips_any_idset(ids):
-    _name, variant = typed_property("AllowedCPUs", IDset(ids).encode())
-    assert IDset.from_bitmask(variant.value) == IDset(ids)
+    typed = typed_property("AllowedCPUs", IDset(ids).encode())
+    assert IDset.from_bitmask(typed.value) == IDset(ids)
 
 
 @pytest.mark.parametrize("text", ["a", "3-1", "1,,2", "-1"])
@@ -129,9 +129,8 @@ def test_bad_idset_names_the_property(text):
     ],
 )
 def test_device_allow_is_a_ss(text, entries):
-    assert typed_property("DeviceAllow", text) == (
-        "DeviceAllow",
-        Variant("a(ss)", entries),
+    assert typed_property("DeviceAllow", text) == UnitProperty(
+        "DeviceAllow", "a(ss)", entries
     )
 
 
@@ -146,8 +145,8 @@ def test_bad_device_allow_names_the_property_and_entry(text):
 
 @pytest.mark.parametrize("name", sorted(UINT64_PROPERTIES))
 def test_uint64_properties_are_t(name):
-    assert typed_property(name, "5000000") == (name, Variant("t", 5_000_000))
-    assert typed_property(name, "infinity") == (name, Variant("t", UINT64_MAX))
+    assert typed_property(name, "5000000") == UnitProperty(name, "t", 5_000_000)
+    assert typed_property(name, "infinity") == UnitProperty(name, "t", UINT64_MAX)
 
 
 @pytest.mark.parametrize(
@@ -164,7 +163,7 @@ def test_bad_uint64_names_the_property(text):
     value=st.integers(min_value=-(2**31), max_value=2**31 - 1),
 )
 def test_int32_properties_are_i(name, value):
-    assert typed_property(name, str(value)) == (name, Variant("i", value))
+    assert typed_property(name, str(value)) == UnitProperty(name, "i", value)
 
 
 @pytest.mark.parametrize("text", [str(2**31), str(-(2**31) - 1), "1_0", "x", ""])
@@ -176,7 +175,6 @@ def test_bad_int32_names_the_property(text):
 
 @given(st.text(max_size=40))
 def test_other_properties_go_as_strings_unchecked(value):
-    assert typed_property("DevicePolicy", value) == (
-        "DevicePolicy",
-        Variant("s", value),
+    assert typed_property("DevicePolicy", value) == UnitProperty(
+        "DevicePolicy", "s", value
     )

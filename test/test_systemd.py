@@ -33,7 +33,7 @@ from sdexec.command import Command, unit_properties
 from sdexec.idset import IDset
 from sdexec.property import UINT32_MAX, UINT64_MAX, PropertyError, percent_scale
 from sdexec.systemd import SystemdClient, SystemdError, unit_object_path
-from sdexec.unit import UnitStatus
+from sdexec.systemd.unit import UnitStatus
 
 pytestmark = pytest.mark.systemd
 

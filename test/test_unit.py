@@ -16,7 +16,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sdexec.unit import CLD_DUMPED, CLD_EXITED, CLD_KILLED, UnitStatus, wait_status
+from sdexec.systemd.unit import (
+    CLD_DUMPED,
+    CLD_EXITED,
+    CLD_KILLED,
+    UnitStatus,
+    wait_status,
+)
 
 PID = 4242
 

@@ -2,34 +2,32 @@
 
 from __future__ import annotations
 
-from dbus_fast import Variant
+from twisted.internet import defer
 
-from sdexec.systemd import UnitWatch
+from sdexec.systemd.watch import UnitWatch, WatchRegistry
 
-
-class NoCallsClient:
-    """The SystemdClient side a watch uses; any D-Bus call fails the test."""
-
-    def __init__(self) -> None:
-        self._watches: dict[str, UnitWatch] = {}
-
-    def _defer(self, coroutine):
-        coroutine.close()
-        raise AssertionError("the watch made a D-Bus call")
+PATH = "/org/freedesktop/systemd1/unit/x_2eservice"
 
 
-def watch(delivered: list[dict]) -> UnitWatch:
-    client = NoCallsClient()
-    unit_watch = UnitWatch(client, "x.service", lambda s: delivered.append(dict(s)))
-    client._watches[unit_watch.path] = unit_watch
+def no_fetch() -> defer.Deferred:
+    raise AssertionError("the watch made a D-Bus call")
+
+
+def watch(delivered: list[dict], registry: WatchRegistry | None = None) -> UnitWatch:
+    registry = registry or WatchRegistry()
+    unit_watch = UnitWatch(
+        registry, "x.service", PATH, lambda s: delivered.append(dict(s)), no_fetch
+    )
+    registry.register(unit_watch)
     return unit_watch
 
 
 def test_a_change_is_merged_and_delivered():
     delivered: list[dict] = []
-    unit_watch = watch(delivered)
-    unit_watch._changed({"ActiveState": Variant("s", "activating")}, [])
-    unit_watch._changed({"ExecMainPID": Variant("u", 42)}, [])
+    registry = WatchRegistry()
+    watch(delivered, registry)
+    registry.changed(PATH, {"ActiveState": "activating"}, [])
+    registry.changed(PATH, {"ExecMainPID": 42}, [])
     assert delivered[-1] == {"ActiveState": "activating", "ExecMainPID": 42}
 
 
@@ -37,8 +35,8 @@ def test_invalidated_properties_are_dropped_not_fetched():
     delivered: list[dict] = []
     unit_watch = watch(delivered)
     unit_watch.state["ExecStart"] = ["stale"]
-    unit_watch._changed(
-        {"ActiveState": Variant("s", "active"), "SubState": Variant("s", "exited")},
+    unit_watch.changed(
+        {"ActiveState": "active", "SubState": "exited"},
         ["ExecStart", "ExecStartEx", "Conditions"],
     )
     assert delivered == [{"ActiveState": "active", "SubState": "exited"}]
@@ -48,5 +46,33 @@ def test_nothing_is_delivered_after_cancel():
     delivered: list[dict] = []
     unit_watch = watch(delivered)
     unit_watch.cancel()
-    unit_watch._changed({"ActiveState": Variant("s", "inactive")}, ["Asserts"])
+    unit_watch.changed({"ActiveState": "inactive"}, ["Asserts"])
     assert delivered == []
+
+
+def test_a_newer_watch_of_the_unit_replaces_the_older():
+    older: list[dict] = []
+    newer: list[dict] = []
+    registry = WatchRegistry()
+    first = watch(older, registry)
+    watch(newer, registry)
+    first.cancel()  # must not unregister the newer one
+    registry.changed(PATH, {"ActiveState": "active"}, [])
+    assert (older, newer) == ([], [{"ActiveState": "active"}])
+
+
+def test_refresh_merges_the_fetched_state_and_delivers_it():
+    delivered: list[dict] = []
+    registry = WatchRegistry()
+    unit_watch = UnitWatch(
+        registry,
+        "x.service",
+        PATH,
+        delivered.append,
+        lambda: defer.succeed({"ControlGroup": "/x"}),
+    )
+    registry.register(unit_watch)
+    unit_watch.changed({"ActiveState": "active"}, [])
+    fired: list[dict] = []
+    unit_watch.refresh().addCallback(fired.append)
+    assert fired == [{"ActiveState": "active", "ControlGroup": "/x"}]

@@ -1,8 +1,8 @@
 """The systemd client: the Manager and Unit D-Bus API as Deferreds.
 
-This is the one module that sees asyncio. dbus-fast is asyncio-based; Twisted
-runs on its asyncio reactor, so every call here is started as an asyncio task
-and handed back as a :class:`~twisted.internet.defer.Deferred`
+This is the one module that sees asyncio and dbus-fast (a test checks).
+dbus-fast is asyncio-based; Twisted runs on its asyncio reactor, so every
+call here is started as an asyncio task and handed back as a :class:`~twisted.internet.defer.Deferred`
 (``Deferred.fromFuture``). Nothing above this layer imports asyncio or
 dbus-fast (``docs/design.md`` says why dbus-fast and not txdbus).
 
@@ -27,10 +27,15 @@ from dbus_fast.errors import DBusError
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
+from sdexec.property import FD_PROPERTIES, UnitProperty
+from sdexec.systemd.errors import SystemdError
+from sdexec.systemd.watch import UnitWatch, WatchRegistry
+
 __all__ = [
     "SystemdClient",
-    "SystemdError",
     "UnitWatch",
+    "session_bus_address",
+    "to_variants",
     "unit_object_path",
 ]
 
@@ -52,15 +57,6 @@ _PROPERTIES_CHANGED_RULE = (
 _PATH_SAFE = frozenset(string.ascii_letters + string.digits)
 
 
-class SystemdError(Exception):
-    """A D-Bus call failed; ``name`` is the D-Bus error name."""
-
-    def __init__(self, name: str, message: str) -> None:
-        super().__init__(message)
-        self.name = name
-        self.message = message
-
-
 def unit_object_path(unit_name: str) -> str:
     """The D-Bus object path of a unit, escaped as systemd's
     ``bus_path_escape`` does: every byte that is not an ASCII letter or digit
@@ -73,6 +69,11 @@ def unit_object_path(unit_name: str) -> str:
         else:
             escaped.append(f"_{byte:02x}")
     return UNIT_PATH_PREFIX + ("".join(escaped) or "_")
+
+
+def to_variants(properties: list[UnitProperty]) -> list[tuple[str, Variant]]:
+    """Typed properties as the ``a(sv)`` dbus-fast sends."""
+    return [(prop.name, Variant(prop.signature, prop.value)) for prop in properties]
 
 
 def _unwrap(properties: dict[str, Variant]) -> dict[str, Any]:
@@ -91,60 +92,6 @@ def session_bus_address() -> str | None:
     return None
 
 
-class UnitWatch:
-    """The merged ``Unit`` + ``Service`` property state of one unit.
-
-    ``callback(state)`` is called with the whole merged dict after every change
-    (a ``PropertiesChanged`` signal or a :meth:`refresh`). Properties systemd
-    only *invalidates* are dropped from the state, not fetched: systemd
-    invalidates ``ExecStart*``, ``Conditions`` and ``Asserts`` with every
-    change of a service, while the state properties (``ActiveState``,
-    ``SubState``, ``ExecMain*``, ``Result``) always come with their values.
-    Call :meth:`refresh` to read the invalidated ones.
-    """
-
-    def __init__(
-        self,
-        client: SystemdClient,
-        unit_name: str,
-        callback: Callable[[dict[str, Any]], None],
-    ) -> None:
-        self.client = client
-        self.unit_name = unit_name
-        self.path = unit_object_path(unit_name)
-        self.state: dict[str, Any] = {}
-        self._callback = callback
-
-    def refresh(self) -> Deferred[dict[str, Any]]:
-        """Fetch every property of both interfaces, merge and deliver."""
-        return self.client._defer(self._refresh())
-
-    def cancel(self) -> None:
-        """Stop delivering changes (to this watch: a newer watch of the same
-        unit stays registered)."""
-        if self.client._watches.get(self.path) is self:
-            del self.client._watches[self.path]
-
-    async def _refresh(self, interfaces: tuple[str, ...] = (UNIT, SERVICE)) -> dict:
-        for interface in interfaces:
-            self.state.update(await self.client._get_all(self.path, interface))
-        self._deliver()
-        return self.state
-
-    def _changed(self, changed: dict[str, Variant], invalidated: list[str]) -> None:
-        # Fetching invalidated properties would cost two GetAll calls per
-        # signal (systemd invalidates some with every change) and fail, as an
-        # unhandled error, once the unit is unloaded.
-        for name in invalidated:
-            self.state.pop(name, None)
-        self.state.update(_unwrap(changed))
-        self._deliver()
-
-    def _deliver(self) -> None:
-        if self.client._watches.get(self.path) is self:
-            self._callback(self.state)
-
-
 class SystemdClient:
     """A connection to a systemd manager (user or system) over D-Bus.
 
@@ -154,7 +101,7 @@ class SystemdClient:
 
     def __init__(self, bus: MessageBus) -> None:
         self._bus = bus
-        self._watches: dict[str, UnitWatch] = {}
+        self._watches = WatchRegistry()
         #: Log every method call and its outcome (``[systemd] sdbus-debug``).
         self.debug = False
         self.disconnected: Deferred[None] = Deferred()
@@ -216,7 +163,7 @@ class SystemdClient:
     def start_transient_unit(
         self,
         name: str,
-        properties: list[tuple[str, Variant]],
+        properties: list[UnitProperty],
         stdin_fd: int,
         stdout_fd: int,
         stderr_fd: int,
@@ -226,16 +173,16 @@ class SystemdClient:
         properties. Fires with the job's object path once systemd has queued
         the start (the caller may close its copies of the fds then)."""
         fds = [stdin_fd, stdout_fd, stderr_fd]
+        # Each fd property is an index into the message's fds.
         fd_properties = [
-            ("StandardInputFileDescriptor", Variant("h", 0)),
-            ("StandardOutputFileDescriptor", Variant("h", 1)),
-            ("StandardErrorFileDescriptor", Variant("h", 2)),
+            UnitProperty(fd_name, "h", index)
+            for index, fd_name in enumerate(FD_PROPERTIES)
         ]
         return self._defer(
             self._manager(
                 "StartTransientUnit",
                 "ssa(sv)a(sa(sv))",
-                [name, mode, [*properties, *fd_properties], []],
+                [name, mode, to_variants([*properties, *fd_properties]), []],
                 unix_fds=fds,
             )
         ).addCallback(lambda body: body[0])
@@ -275,16 +222,29 @@ class SystemdClient:
         self, name: str, callback: Callable[[dict[str, Any]], None]
     ) -> UnitWatch:
         """Follow a unit's properties; register *before* starting the unit."""
-        watch = UnitWatch(self, name, callback)
-        self._watches[watch.path] = watch
+        path = unit_object_path(name)
+        watch = UnitWatch(
+            self._watches, name, path, callback, lambda: self.get_unit_state(path)
+        )
+        self._watches.register(watch)
         return watch
+
+    def get_unit_state(self, path: str) -> Deferred[dict[str, Any]]:
+        """``GetAll`` of the ``Unit`` and ``Service`` interfaces, merged."""
+        return self._defer(self._get_unit_state(path))
 
     # -- plumbing --------------------------------------------------------
 
-    def _defer(self, coroutine: Coroutine) -> Deferred:
+    def _defer(self, coroutine: Coroutine[Any, Any, Any]) -> Deferred[Any]:
         return Deferred.fromFuture(asyncio.ensure_future(coroutine)).addErrback(
             _translate_failure
         )
+
+    async def _get_unit_state(self, path: str) -> dict[str, Any]:
+        state: dict[str, Any] = {}
+        for interface in (UNIT, SERVICE):
+            state.update(await self._get_all(path, interface))
+        return state
 
     async def _get_all(self, path: str, interface: str) -> dict[str, Any]:
         body = await self._call(SYSTEMD, path, PROPERTIES, "GetAll", "s", [interface])
@@ -338,10 +298,8 @@ class SystemdClient:
             or message.interface != PROPERTIES
         ):
             return
-        watch = self._watches.get(message.path)
-        if watch is not None:
-            _interface, changed, invalidated = message.body
-            watch._changed(changed, invalidated)
+        _interface, changed, invalidated = message.body
+        self._watches.changed(message.path, _unwrap(changed), invalidated)
 
     def _on_disconnect(self, result: object) -> None:
         log.info("D-Bus connection to systemd closed")

@@ -1,0 +1,42 @@
+"""The systemd layer: everything that knows systemd's D-Bus API.
+
+- :mod:`sdexec.systemd.bus`: the bus client (:class:`SystemdClient`) and a
+  unit's property watch (:class:`UnitWatch`); the only module that imports
+  dbus-fast or asyncio.
+- :mod:`sdexec.systemd.errors`: :class:`SystemdError` with its errno, and the
+  reading of systemd's refusals.
+- :mod:`sdexec.systemd.unit`: unit properties read as a process's life
+  (:class:`UnitStatus`).
+- :mod:`sdexec.systemd.channel`: the socketpairs whose ends systemd gets as
+  the process's stdin, stdout and stderr.
+- :mod:`sdexec.systemd.manager`: :class:`Manager`, the surface of the client
+  the service uses (what :mod:`sdexec.testing` fakes).
+
+Property *typing* (strings to D-Bus signatures) is :mod:`sdexec.property`;
+only :func:`~sdexec.systemd.bus.to_variants` here turns it into dbus-fast
+values.
+"""
+
+from sdexec.systemd.bus import (
+    SystemdClient,
+    UnitWatch,
+    session_bus_address,
+    unit_object_path,
+)
+from sdexec.systemd.errors import SystemdError, errno_for, name_string_properties
+from sdexec.systemd.manager import Manager, Watch
+from sdexec.systemd.unit import UnitStatus, wait_status
+
+__all__ = [
+    "Manager",
+    "SystemdClient",
+    "SystemdError",
+    "UnitStatus",
+    "UnitWatch",
+    "Watch",
+    "errno_for",
+    "name_string_properties",
+    "session_bus_address",
+    "unit_object_path",
+    "wait_status",
+]

@@ -1,0 +1,59 @@
+"""systemd's refusals as errnos and messages a client can act on.
+
+A D-Bus error has a name (``org.freedesktop.DBus.Error.InvalidArgs``) and a
+text; RFC 42 clients want an errno. The table and the reading of systemd's
+error text live here, next to the bus client that raises them.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterable
+
+from sdexec.property import UnitProperty
+
+__all__ = ["DBUS_ERRNO", "SystemdError", "errno_for", "name_string_properties"]
+
+#: The errno a client sees for a D-Bus error name; anything else is EIO.
+DBUS_ERRNO = {
+    "org.freedesktop.DBus.Error.InvalidArgs": errno.EINVAL,
+    "org.freedesktop.systemd1.UnitExists": errno.EEXIST,
+    "org.freedesktop.DBus.Error.AccessDenied": errno.EPERM,
+}
+
+
+class SystemdError(Exception):
+    """A D-Bus call failed; ``name`` is the D-Bus error name, ``errno`` what
+    a client is told (from :data:`DBUS_ERRNO`, else EIO)."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+        self.message = message
+        self.errno = DBUS_ERRNO.get(name, errno.EIO)
+
+
+def errno_for(error: BaseException) -> int:
+    """The errno for any failure of a systemd call (EIO unless systemd named
+    one)."""
+    return error.errno if isinstance(error, SystemdError) else errno.EIO
+
+
+#: Properties sdexec itself sends as strings, from checked sources.
+_OWN_STRING_PROPERTIES = frozenset({"Description", "WorkingDirectory"})
+
+
+def name_string_properties(message: str, properties: Iterable[UnitProperty]) -> str:
+    """systemd refuses a bad string-typed property (``DevicePolicy=bogus``)
+    with a bare "Invalid argument": name the candidates, so the error names
+    the property as every other property error does."""
+    suspects = [
+        f"{prop.name}={prop.value}"
+        for prop in properties
+        if prop.signature == "s" and prop.name not in _OWN_STRING_PROPERTIES
+    ]
+    if "Invalid argument" not in message or not suspects:
+        return message
+    if any(suspect.split("=", 1)[0] in message for suspect in suspects):
+        return message
+    return f"{message} (one of the string-valued properties: {', '.join(suspects)})"

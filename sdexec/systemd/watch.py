@@ -1,0 +1,97 @@
+"""A unit's merged property state, followed change by change.
+
+Pure logic, no bus: the bus client (:class:`~sdexec.systemd.bus.SystemdClient`)
+and the fake manager (:mod:`sdexec.testing`) both feed a :class:`UnitWatch`
+through a :class:`WatchRegistry` with already-unwrapped values, so both run
+the same merge rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred
+
+__all__ = ["UnitWatch", "WatchRegistry"]
+
+State = dict[str, Any]
+
+
+class WatchRegistry:
+    """The current watch of each unit object path."""
+
+    def __init__(self) -> None:
+        self._watches: dict[str, UnitWatch] = {}
+
+    def register(self, watch: UnitWatch) -> None:
+        self._watches[watch.path] = watch
+
+    def unregister(self, watch: UnitWatch) -> None:
+        if self._watches.get(watch.path) is watch:
+            del self._watches[watch.path]
+
+    def is_current(self, watch: UnitWatch) -> bool:
+        return self._watches.get(watch.path) is watch
+
+    def changed(self, path: str, changed: State, invalidated: list[str]) -> None:
+        """A ``PropertiesChanged`` for ``path``, values unwrapped."""
+        watch = self._watches.get(path)
+        if watch is not None:
+            watch.changed(changed, invalidated)
+
+
+class UnitWatch:
+    """The merged ``Unit`` + ``Service`` property state of one unit.
+
+    ``callback(state)`` is called with the whole merged dict after every change
+    (a ``PropertiesChanged`` signal or a :meth:`refresh`). Properties systemd
+    only *invalidates* are dropped from the state, not fetched: systemd
+    invalidates ``ExecStart*``, ``Conditions`` and ``Asserts`` with every
+    change of a service, while the state properties (``ActiveState``,
+    ``SubState``, ``ExecMain*``, ``Result``) always come with their values.
+    Call :meth:`refresh` to read the invalidated ones.
+    """
+
+    def __init__(
+        self,
+        registry: WatchRegistry,
+        unit_name: str,
+        path: str,
+        callback: Callable[[State], None],
+        fetch_all: Callable[[], Deferred[State]],
+    ) -> None:
+        self.unit_name = unit_name
+        self.path = path
+        self.state: State = {}
+        self._registry = registry
+        self._callback = callback
+        self._fetch_all = fetch_all
+
+    def refresh(self) -> Deferred[State]:
+        """Fetch every property of the unit, merge and deliver."""
+        return self._fetch_all().addCallback(self._refreshed)
+
+    def cancel(self) -> None:
+        """Stop delivering changes (to this watch: a newer watch of the same
+        unit stays registered)."""
+        self._registry.unregister(self)
+
+    def changed(self, changed: State, invalidated: list[str]) -> None:
+        """Merge one change: drop ``invalidated``, update with ``changed``."""
+        # Fetching invalidated properties would cost two GetAll calls per
+        # signal (systemd invalidates some with every change) and fail, as an
+        # unhandled error, once the unit is unloaded.
+        for name in invalidated:
+            self.state.pop(name, None)
+        self.state.update(changed)
+        self._deliver()
+
+    def _refreshed(self, properties: State) -> State:
+        self.state.update(properties)
+        self._deliver()
+        return self.state
+
+    def _deliver(self) -> None:
+        if self._registry.is_current(self):
+            self._callback(self.state)

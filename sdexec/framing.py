@@ -15,13 +15,7 @@ from twisted.internet.protocol import Protocol
 
 from sdexec.protocol import DEFAULT_MAX_FRAME
 
-__all__ = ["FramingError", "JSONLineProtocol", "encode_message"]
-
-
-
-class FramingError(ValueError):
-    """The peer sent something that is not a message; the stream is unusable."""
-
+__all__ = ["JSONLineProtocol", "encode_message"]
 
 #: Strings this long are escaped by :func:`_string_literal`, not the json
 #: module: output data is most of what the service sends, and CPython's JSON

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import socket
 import struct
-import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from twisted.internet import defer
@@ -25,47 +23,19 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from sdexec.command import Command, CommandError, unit_properties
 from sdexec.config import Config
-from sdexec.containment import (
-    Containment,
-    MapperError,
-    check_cpu_fence,
-    enforced_cpus,
-)
+from sdexec.containment import Containment, check_cpu_fence, enforced_cpus
 from sdexec.framing import JSONLineProtocol
 from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
-from sdexec.process import (
-    FLAG_CHANNEL,
-    FLAG_STDERR,
-    FLAG_STDOUT,
-    FLAG_WRITE_CREDIT,
-    OutputOptions,
-    Process,
-    StopTimerPolicy,
-)
-from sdexec.property import PropertyError, parse_bool
-from sdexec.signals import parse_signal
-from sdexec.sizes import parse_size
-from sdexec.systemd import SystemdClient
-from sdexec.systemd.channel import DEFAULT_INPUT_BUFSIZE
+from sdexec.plan import RequestError, plan_exec
+from sdexec.process import Process, ProcessContext
+from sdexec.protocol import Topic
+from sdexec.systemd import Manager
 
-__all__ = ["ClientProtocol", "RequestError", "SdexecServer"]
+__all__ = ["ClientProtocol", "RequestError", "SdexecServer", "SdexecServerFactory"]
 
 log = Logger()
-
-ALL_FLAGS = FLAG_STDOUT | FLAG_STDERR | FLAG_CHANNEL | FLAG_WRITE_CREDIT
-_UNIT_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9:_.\-]")
-
-
-class RequestError(Exception):
-    """A request that cannot be served: ``errnum`` and a message naming why."""
-
-    def __init__(self, errnum: int, errstr: str) -> None:
-        super().__init__(errstr)
-        self.errnum = errnum
-        self.errstr = errstr
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -77,58 +47,12 @@ def peer_uid(sock: socket.socket) -> int:
     return uid
 
 
-def unit_name_for(command: Command) -> str:
-    """``SDEXEC_NAME`` (``.service`` added), else ``sdexec-[JOBID-]UUID.service``
-    with the job id from ``SDEXEC_JOBID`` or the environment's ``FLUX_JOB_ID``."""
-    name = command.option("SDEXEC_NAME")
-    if name:
-        return name if name.endswith(".service") else f"{name}.service"
-    jobid = command.option("SDEXEC_JOBID") or command.env.get("FLUX_JOB_ID")
-    prefix = f"sdexec-{_UNIT_NAME_UNSAFE.sub('_', jobid)}-" if jobid else "sdexec-"
-    return f"{prefix}{uuid.uuid4().hex}.service"
-
-
-def _int_option(command: Command, name: str, default: int) -> int:
-    value = command.option(name)
-    if value is None:
-        return default
-    try:
-        return int(value, 10)
-    except ValueError:
-        raise RequestError(
-            errno.EINVAL, f"{name}: {value!r} is not an integer"
-        ) from None
-
-
-def _size_option(command: Command, name: str, default: int) -> int:
-    value = command.option(name)
-    if value is None:
-        return default
-    try:
-        size = parse_size(value)
-    except ValueError as error:
-        raise RequestError(errno.EINVAL, f"{name}: {error}") from None
-    if size <= 0:
-        raise RequestError(errno.EINVAL, f"{name}: must be at least one byte")
-    return size
-
-
-def _output_options(command: Command, stream: str) -> OutputOptions:
-    line_buffer = command.option(f"{stream}_LINE_BUFFER", "true")
-    try:
-        line_buffered = parse_bool(line_buffer)
-    except ValueError as error:
-        raise RequestError(errno.EINVAL, f"{stream}_LINE_BUFFER: {error}") from None
-    bufsize = _size_option(command, f"{stream}_BUFSIZE", OutputOptions.bufsize)
-    return OutputOptions(line_buffered=line_buffered, bufsize=bufsize)
-
-
 class SdexecServer:
     """The service's state and its request handlers (one per topic)."""
 
     def __init__(
         self,
-        systemd: SystemdClient,
+        systemd: Manager,
         config: Config,
         reactor: Any,
         containment: Containment | None = None,
@@ -139,7 +63,7 @@ class SdexecServer:
         self.reactor = reactor
         self.clock = clock or reactor
         self.containment = containment or Containment(config, None)
-        self._all_reaped: list[defer.Deferred] = []
+        self._all_reaped: list[defer.Deferred[None]] = []
         self.processes: dict[tuple[int, int], Process] = {}
         self.counters: Counter[str] = Counter()
         self.drain_reason: str | None = None
@@ -153,97 +77,53 @@ class SdexecServer:
     def rank(self) -> str:
         return str(self.config.sdexec.rank)
 
+    def reconfigure(self, config: Config, containment: Containment) -> None:
+        """Use a new configuration from the next request on (running
+        processes keep the plan they were started with)."""
+        self.config = config
+        self.containment = containment
+        self.systemd.debug = config.systemd.sdbus_debug
+
     # -- exec --------------------------------------------------------------
 
-    def exec(self, connection_id: int, matchtag: int, payload: dict, responder) -> None:
+    def exec(
+        self, connection_id: int, matchtag: int, payload: dict, responder: Any
+    ) -> None:
         """Start a process for an ``sdexec.exec`` request."""
         if self.drain_reason is not None:
             raise RequestError(
                 errno.EBUSY,
                 f"node is drained: {self.drain_reason} (sdexec undrain clears it)",
             )
-        flags = payload.get("flags")
-        if not isinstance(flags, int) or isinstance(flags, bool) or flags & ~ALL_FLAGS:
-            raise RequestError(errno.EINVAL, "flags: expected an integer of 1|2|4|8")
-        try:
-            command = Command.from_json(payload.get("cmd"))
-        except CommandError as error:
-            raise RequestError(errno.EINVAL, str(error)) from None
-        if flags & FLAG_CHANNEL or command.channels:
-            raise RequestError(errno.EINVAL, "auxiliary channels are not supported")
+        plan = plan_exec(payload, self.config, self.containment)
         key = (connection_id, matchtag)
         if key in self.processes:
             raise RequestError(errno.EEXIST, f"matchtag {matchtag} is already in use")
-        process = self._make_process(command, flags, responder, key)
+        if plan.mapped:
+            self.count("mapper")
+        process = Process(
+            self.systemd,
+            plan,
+            responder,
+            ProcessContext(
+                reactor=self.reactor,
+                clock=self.clock,
+                rank=self.rank,
+                count=self.count,
+                debug=self.config.systemd.sdexec_debug,
+            ),
+            on_reaped=lambda process: self._reaped(key),
+            verify=self._fence_verifier(plan.fence),
+        )
         self.processes[key] = process
         process.start()
 
-    def _make_process(
-        self, command: Command, flags: int, responder, key: tuple[int, int]
-    ) -> Process:
-        executable = command.resolve_executable()
-        if executable is None:
-            raise RequestError(errno.ENOENT, f"{command.cmdline[0]}: command not found")
-        mapped = self._mapped_properties(command)
-        try:
-            properties = unit_properties(
-                command,
-                executable,
-                {
-                    **self.config.exec.sdexec_properties,
-                    **command.requested_properties(),
-                    **mapped,  # containment wins: a request cannot loosen it
-                },
-            )
-        except PropertyError as error:
-            raise RequestError(errno.EINVAL, str(error)) from None
-        exec_config = self.config.exec
-        stop_timer = StopTimerPolicy(
-            seconds=_int_option(
-                command, "SDEXEC_STOP_TIMER_SEC", exec_config.sdexec_stop_timer_sec
-            ),
-            signal=self._signal_option(command),
-        )
-        return Process(
-            self.systemd,
-            unit_name_for(command),
-            properties,
-            responder,
-            reactor=self.reactor,
-            clock=self.clock,
-            flags=flags,
-            rank=self.rank,
-            stop_timer=stop_timer,
-            output={
-                stream: _output_options(command, stream)
-                for stream in ("stdout", "stderr")
-            },
-            stdin_bufsize=_size_option(command, "stdin_BUFSIZE", DEFAULT_INPUT_BUFSIZE),
-            cmdline=command.cmdline,
-            label=command.label,
-            on_reaped=lambda process: self._reaped(key),
-            verify=self._fence_verifier(mapped),
-            count=self.count,
-            debug=self.config.systemd.sdexec_debug,
-        )
-
-    def _mapped_properties(self, command: Command) -> dict[str, str]:
-        try:
-            mapped = self.containment.properties(command)
-        except MapperError as error:
-            cause = error.__cause__
-            errnum = cause.errno if isinstance(cause, OSError) and cause.errno else None
-            raise RequestError(errnum or errno.EINVAL, str(error)) from None
-        if self.containment.applies_to(command):
-            self.counters["mapper"] += 1
-        return mapped
-
-    def _fence_verifier(self, mapped: dict[str, str]):
+    def _fence_verifier(
+        self, expected: IDset | None
+    ) -> Callable[[dict[str, Any], int], str | None] | None:
         """The check run when the unit starts, if the mapper fenced CPUs."""
-        allowed = mapped.get("AllowedCPUs")
-        if not allowed:
+        if expected is None:
             return None
-        expected = IDset(allowed)
         return lambda state, pid: self._verify_fence(expected, state, pid)
 
     def _verify_fence(self, expected: IDset, state: dict, pid: int) -> str | None:
@@ -263,17 +143,6 @@ class SdexecServer:
             return None
         self.drain(problem)
         return problem
-
-    def _signal_option(self, command: Command) -> int:
-        value = command.option("SDEXEC_STOP_TIMER_SIGNAL")
-        if value is None:
-            return self.config.exec.sdexec_stop_timer_signal
-        try:
-            return parse_signal(value)
-        except ValueError as error:
-            raise RequestError(
-                errno.EINVAL, f"SDEXEC_STOP_TIMER_SIGNAL: {error}"
-            ) from None
 
     def count(self, event: str) -> None:
         """One more ``event`` in the statistics' counters."""
@@ -324,6 +193,14 @@ class SdexecServer:
         if process is not None:
             process.write(data, eof)
 
+    def connection_processes(self, connection_id: int) -> Iterator[Process]:
+        """The processes one connection started."""
+        return (
+            process
+            for (owner, _), process in list(self.processes.items())
+            if owner == connection_id
+        )
+
     def find(self, pid: int | None = None, label: str | None = None) -> Process | None:
         for process in self.processes.values():
             if (pid is not None and process.pid == pid) or (
@@ -332,7 +209,7 @@ class SdexecServer:
                 return process
         return None
 
-    def kill(self, payload: dict):
+    def kill(self, payload: dict) -> defer.Deferred[dict]:
         """Signal a process by ``pid`` or ``label``; a Deferred."""
         signum = payload.get("signum")
         if not isinstance(signum, int) or isinstance(signum, bool) or signum <= 0:
@@ -395,12 +272,12 @@ class ClientProtocol(JSONLineProtocol):
         self.connection_id = server.new_connection_id()
         self.authorized = False
         self._handlers: dict[str, Callable[[int, dict], Any]] = {
-            "sdexec.exec": self._exec,
-            "sdexec.write": self._write,
-            "sdexec.kill": lambda matchtag, payload: self.server.kill(payload),
-            "sdexec.list": lambda matchtag, payload: self.server.list(),
-            "sdexec.stats-get": lambda matchtag, payload: self.server.stats(),
-            "sdexec.undrain": lambda matchtag, payload: self.server.undrain(),
+            Topic.EXEC: self._exec,
+            Topic.WRITE: self._write,
+            Topic.KILL: lambda matchtag, payload: self.server.kill(payload),
+            Topic.LIST: lambda matchtag, payload: self.server.list(),
+            Topic.STATS: lambda matchtag, payload: self.server.stats(),
+            Topic.UNDRAIN: lambda matchtag, payload: self.server.undrain(),
         }
 
     def connectionMade(self) -> None:
@@ -415,12 +292,11 @@ class ClientProtocol(JSONLineProtocol):
         self.transport.registerProducer(self, True)
 
     def connectionLost(self, reason: object = None) -> None:
-        for (connection_id, _), process in list(self.server.processes.items()):
-            if connection_id == self.connection_id:
-                process.abandon()
+        for process in self.server.connection_processes(self.connection_id):
+            process.abandon()
 
     def framingError(self, reason: str) -> None:
-        self.server.counters["errors"] += 1
+        self.server.count("errors")
         self._send_error("", 0, errno.EPROTO, reason)
         self.transport.loseConnection()
 
@@ -433,12 +309,12 @@ class ClientProtocol(JSONLineProtocol):
         try:
             result = self._dispatch(message, topic, matchtag, valid_matchtag)
         except RequestError as error:
-            self.server.counters["errors"] += 1
+            self.server.count("errors")
             self._send_error(reply_topic, reply_matchtag, error.errnum, error.errstr)
             return
         if result is None:
             return
-        if hasattr(result, "addCallbacks"):
+        if isinstance(result, defer.Deferred):
             result.addCallbacks(
                 lambda payload: self._send(reply_topic, reply_matchtag, payload),
                 lambda failure: self._send_error(
@@ -463,7 +339,7 @@ class ClientProtocol(JSONLineProtocol):
         handler = self._handlers.get(topic)
         if handler is None:
             raise RequestError(errno.ENOSYS, f"unknown topic {topic!r}")
-        self.server.counters[topic] += 1
+        self.server.count(topic)
         if self.server.config.systemd.sdexec_debug:
             log.info(
                 "request {topic} matchtag={matchtag} from connection {id}",
@@ -501,19 +377,12 @@ class ClientProtocol(JSONLineProtocol):
         )
 
     # IPushProducer: when the client reads slowly, stop reading process output.
-    def _own_processes(self):
-        return (
-            process
-            for (connection_id, _), process in self.server.processes.items()
-            if connection_id == self.connection_id
-        )
-
     def pauseProducing(self) -> None:
-        for process in self._own_processes():
+        for process in self.server.connection_processes(self.connection_id):
             process.pause_output()
 
     def resumeProducing(self) -> None:
-        for process in self._own_processes():
+        for process in self.server.connection_processes(self.connection_id):
             process.resume_output()
 
     def stopProducing(self) -> None:
@@ -528,14 +397,14 @@ class _Stream:
         self._matchtag = matchtag
 
     def respond(self, payload: dict) -> None:
-        self._protocol._send("sdexec.exec", self._matchtag, payload)
+        self._protocol._send(Topic.EXEC, self._matchtag, payload)
 
     def error(self, errnum: int, errstr: str) -> None:
-        self._protocol._send_error("sdexec.exec", self._matchtag, errnum, errstr)
+        self._protocol._send_error(Topic.EXEC, self._matchtag, errnum, errstr)
 
 
-class ClientFactory(Factory):
-    """Makes a :class:`ClientProtocol` per connection."""
+class SdexecServerFactory(Factory):
+    """The listening side: makes a :class:`ClientProtocol` per connection."""
 
     def __init__(self, server: SdexecServer) -> None:
         self.server = server

@@ -22,7 +22,7 @@ from twisted.logger import Logger
 from sdexec.config import Config, ConfigError, load_config
 from sdexec.containment import Containment
 from sdexec.protocol import default_socket_path
-from sdexec.server import ClientFactory, SdexecServer
+from sdexec.server import SdexecServer, SdexecServerFactory
 from sdexec.stats import stats_site
 from sdexec.systemd import SystemdClient, SystemdError
 
@@ -41,7 +41,9 @@ def default_listen_endpoint() -> str:
     path = default_socket_path()
     if path is None:
         raise ConfigError(
-            "XDG_RUNTIME_DIR is not set: give --listen or [sdexec] listen"
+            "<environment>",
+            "XDG_RUNTIME_DIR",
+            "not set: give --listen or [sdexec] listen",
         )
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -91,7 +93,7 @@ class SdexecService(Service):
         systemd.disconnected.addCallback(self._lost_systemd)
         self.server = SdexecServer(systemd, self.config, self.reactor, containment)
         self.ports["listen"] = yield serverFromString(self.reactor, self.listen).listen(
-            ClientFactory(self.server)
+            SdexecServerFactory(self.server)
         )
         self.ports["stats"] = yield serverFromString(self.reactor, self.stats).listen(
             stats_site(self.server.stats)
@@ -148,9 +150,7 @@ class SdexecService(Service):
             return False
         self.config = config
         if self.server is not None:
-            self.server.config = config
-            self.server.containment = containment
-            self.server.systemd.debug = config.systemd.sdbus_debug
+            self.server.reconfigure(config, containment)
         log.info("configuration reloaded from {path}", path=path)
         return True
 

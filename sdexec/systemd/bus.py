@@ -3,9 +3,8 @@
 This is the one module that sees asyncio and dbus-fast (a test checks).
 dbus-fast is asyncio-based; Twisted runs on its asyncio reactor, so every
 call here is started as an asyncio task and handed back as a
-:class:`~twisted.internet.defer.Deferred` (``Deferred.fromFuture``). Nothing above this layer
-imports asyncio or dbus-fast (``docs/design.md`` says why dbus-fast and not
-txdbus).
+:class:`~twisted.internet.defer.Deferred` (``Deferred.fromFuture``).
+``docs/design.md`` says why dbus-fast and not txdbus.
 
 Unit property changes are followed with *one* match rule, added at connect
 time, for ``PropertiesChanged`` on every object below

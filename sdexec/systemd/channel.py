@@ -12,7 +12,7 @@ EOF only after ``StopUnit`` (or when a failed unit is reset).
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from twisted.internet.interfaces import IPushProducer, IReactorSocket
 from twisted.internet.protocol import Factory, Protocol
@@ -20,7 +20,7 @@ from zope.interface import implementer
 
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE
 
-__all__ = ["InputChannel", "OutputChannel", "socketpair_for_systemd"]
+__all__ = ["InputChannel", "OutputChannel", "OutputGate", "socketpair_for_systemd"]
 
 DEFAULT_OUTPUT_BUFSIZE = 1024 * 1024
 DEFAULT_INPUT_BUFSIZE = DEFAULT_STDIN_BUFSIZE
@@ -114,6 +114,64 @@ class OutputChannel(Protocol):
             data = b"".join(self._partial)
             self._partial, self._partial_len = [], 0
             self._on_data(data)
+
+
+class OutputGate:
+    """When a process's output channels may be read.
+
+    RFC 42 wants ``started`` before any output: the channels stay paused from
+    adoption until :meth:`open` (the data waits in the socket buffer; the
+    process blocks if it fills). A client that reads slowly pauses them too
+    (:meth:`pause`/:meth:`resume`); both must allow reading.
+    """
+
+    def __init__(self, channels: Mapping[str, OutputChannel]) -> None:
+        self.channels = dict(channels)
+        self._open = False
+        self._client_paused = False
+
+    def adopt(
+        self, reactor: IReactorSocket, sockets: Mapping[str, socket.socket]
+    ) -> None:
+        """Hand each channel its socket, paused until :meth:`open`."""
+        for name, channel in self.channels.items():
+            channel.adopt(reactor, sockets[name])
+            channel.pause()
+
+    @property
+    def eof(self) -> bool:
+        """Every channel has reached EOF."""
+        return all(channel.eof for channel in self.channels.values())
+
+    def open(self) -> None:
+        """Output may flow (the process started, or failed)."""
+        self._open = True
+        self._resume_if_allowed()
+
+    def drain(self) -> None:
+        """Nobody reads any more: read everything to EOF (and drop it)."""
+        self._open, self._client_paused = True, False
+        self._resume_if_allowed()
+
+    def pause(self) -> None:
+        """The client reads slowly: stop reading the process's output."""
+        self._client_paused = True
+        for channel in self.channels.values():
+            channel.pause()
+
+    def resume(self) -> None:
+        self._client_paused = False
+        self._resume_if_allowed()
+
+    def close(self) -> None:
+        """Stop reading every channel for good."""
+        for channel in self.channels.values():
+            channel.close()
+
+    def _resume_if_allowed(self) -> None:
+        if self._open and not self._client_paused:
+            for channel in self.channels.values():
+                channel.resume()
 
 
 @implementer(IPushProducer)

@@ -1,0 +1,227 @@
+"""One ``sdexec.exec`` request → one :class:`ExecPlan`, or one
+:class:`RequestError`.
+
+Everything a request asks for is read and checked here, once: the flags, the
+command, the executable, the unit's name and properties (the site's, the
+request's and the mapper's, merged by precedence and typed), the output
+options, the stop timer and the CPU fence to check. The step is pure with
+respect to the service: it reads the configuration and the containment it
+is given and the file system (to find the executable), and changes nothing.
+:class:`~sdexec.process.Process` runs a plan; nothing after this step looks
+at the request's payload again.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sdexec.command import Command, CommandError, unit_properties
+from sdexec.config import Config
+from sdexec.containment import Containment, MapperError
+from sdexec.idset import IDset
+from sdexec.property import PropertyError, UnitProperty, parse_bool
+from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, ExecFlag
+from sdexec.signals import parse_signal
+from sdexec.sizes import parse_size
+from sdexec.stoptimer import StopTimerPolicy
+from sdexec.systemd.channel import DEFAULT_OUTPUT_BUFSIZE
+
+__all__ = [
+    "ExecPlan",
+    "OutputOptions",
+    "RequestError",
+    "plan_exec",
+    "unit_name_for",
+]
+
+#: The flags a request may set (RFC 42's waitable is not served).
+ALL_FLAGS = ExecFlag.STDOUT | ExecFlag.STDERR | ExecFlag.CHANNEL | ExecFlag.WRITE_CREDIT
+OUTPUT_STREAMS = ("stdout", "stderr")
+_UNIT_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9:_.\-]")
+
+
+class RequestError(Exception):
+    """A request that cannot be served: ``errnum`` and a message naming why."""
+
+    def __init__(self, errnum: int, errstr: str) -> None:
+        super().__init__(errstr)
+        self.errnum = errnum
+        self.errstr = errstr
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """How one output stream is read: whole lines or as it comes, and how
+    much is held before it is sent anyway."""
+
+    line_buffered: bool = True
+    bufsize: int = DEFAULT_OUTPUT_BUFSIZE
+
+
+@dataclass(frozen=True)
+class ExecPlan:
+    """Everything needed to run one request's process, checked."""
+
+    command: Command
+    unit_name: str
+    #: Typed, in the order sent; each says where it came from (``source``).
+    properties: tuple[UnitProperty, ...]
+    flags: ExecFlag
+    #: Per output stream; a stream not forwarded is still read (and dropped).
+    output: Mapping[str, OutputOptions]
+    stdin_bufsize: int
+    stop_timer: StopTimerPolicy
+    #: The CPUs the mapper fenced the unit to (checked once it starts).
+    fence: IDset | None
+    #: Whether containment mapped this request (the mapper's statistics).
+    mapped: bool
+
+    @property
+    def cmdline(self) -> list[str]:
+        return self.command.cmdline
+
+    @property
+    def label(self) -> str | None:
+        return self.command.label
+
+    def forwards(self, stream: str) -> bool:
+        """Whether the client asked for this output stream."""
+        flag = ExecFlag.STDOUT if stream == "stdout" else ExecFlag.STDERR
+        return bool(self.flags & flag)
+
+
+def plan_exec(
+    payload: Mapping[str, Any], config: Config, containment: Containment
+) -> ExecPlan:
+    """The plan for an ``sdexec.exec`` payload; :class:`RequestError` names
+    the first thing wrong with it."""
+    flags = _flags(payload.get("flags"))
+    try:
+        command = Command.from_json(payload.get("cmd"))
+    except CommandError as error:
+        raise RequestError(errno.EINVAL, str(error)) from None
+    if flags & ExecFlag.CHANNEL or command.channels:
+        raise RequestError(errno.EINVAL, "auxiliary channels are not supported")
+    executable = command.resolve_executable()
+    if executable is None:
+        raise RequestError(errno.ENOENT, f"{command.cmdline[0]}: command not found")
+    mapped = _mapped_properties(containment, command)
+    properties = _properties(config, command, executable, mapped)
+    stop_timer = _stop_timer(config, command)
+    allowed_cpus = mapped.get("AllowedCPUs")
+    return ExecPlan(
+        command=command,
+        unit_name=unit_name_for(command),
+        properties=properties,
+        flags=flags,
+        output={stream: _output_options(command, stream) for stream in OUTPUT_STREAMS},
+        stdin_bufsize=_size_option(command, "stdin_BUFSIZE", DEFAULT_STDIN_BUFSIZE),
+        stop_timer=stop_timer,
+        fence=IDset(allowed_cpus) if allowed_cpus else None,
+        mapped=containment.applies_to(command),
+    )
+
+
+def unit_name_for(command: Command) -> str:
+    """``SDEXEC_NAME`` (``.service`` added), else ``sdexec-[JOBID-]UUID.service``
+    with the job id from ``SDEXEC_JOBID`` or the environment's ``FLUX_JOB_ID``."""
+    name = command.option("SDEXEC_NAME")
+    if name:
+        return name if name.endswith(".service") else f"{name}.service"
+    jobid = command.option("SDEXEC_JOBID") or command.env.get("FLUX_JOB_ID")
+    prefix = f"sdexec-{_UNIT_NAME_UNSAFE.sub('_', jobid)}-" if jobid else "sdexec-"
+    return f"{prefix}{uuid.uuid4().hex}.service"
+
+
+def _flags(flags: object) -> ExecFlag:
+    if not isinstance(flags, int) or isinstance(flags, bool) or flags & ~ALL_FLAGS:
+        raise RequestError(errno.EINVAL, "flags: expected an integer of 1|2|4|8")
+    return ExecFlag(flags)
+
+
+def _mapped_properties(containment: Containment, command: Command) -> dict[str, str]:
+    try:
+        return containment.properties(command)
+    except MapperError as error:
+        cause = error.__cause__
+        errnum = cause.errno if isinstance(cause, OSError) and cause.errno else None
+        raise RequestError(errnum or errno.EINVAL, str(error)) from None
+
+
+def _properties(
+    config: Config, command: Command, executable: str, mapped: Mapping[str, str]
+) -> tuple[UnitProperty, ...]:
+    """The site's, then the request's, then the mapper's properties: a later
+    source wins, so a request cannot loosen what containment set."""
+    sources: dict[str, str] = {}
+    merged: dict[str, str] = {}
+    for source, properties in (
+        ("config", config.exec.sdexec_properties),
+        ("request", command.requested_properties()),
+        ("containment", mapped),
+    ):
+        merged.update(properties)
+        sources.update(dict.fromkeys(properties, source))
+    try:
+        return tuple(unit_properties(command, executable, merged, sources))
+    except PropertyError as error:
+        raise RequestError(errno.EINVAL, str(error)) from None
+
+
+def _stop_timer(config: Config, command: Command) -> StopTimerPolicy:
+    return StopTimerPolicy(
+        seconds=_int_option(
+            command, "SDEXEC_STOP_TIMER_SEC", config.exec.sdexec_stop_timer_sec
+        ),
+        signal=_signal_option(command, config.exec.sdexec_stop_timer_signal),
+    )
+
+
+def _int_option(command: Command, name: str, default: int) -> int:
+    value = command.option(name)
+    if value is None:
+        return default
+    try:
+        return int(value, 10)
+    except ValueError:
+        raise RequestError(
+            errno.EINVAL, f"{name}: {value!r} is not an integer"
+        ) from None
+
+
+def _signal_option(command: Command, default: int) -> int:
+    value = command.option("SDEXEC_STOP_TIMER_SIGNAL")
+    if value is None:
+        return default
+    try:
+        return parse_signal(value)
+    except ValueError as error:
+        raise RequestError(errno.EINVAL, f"SDEXEC_STOP_TIMER_SIGNAL: {error}") from None
+
+
+def _size_option(command: Command, name: str, default: int) -> int:
+    value = command.option(name)
+    if value is None:
+        return default
+    try:
+        size = parse_size(value)
+    except ValueError as error:
+        raise RequestError(errno.EINVAL, f"{name}: {error}") from None
+    if size <= 0:
+        raise RequestError(errno.EINVAL, f"{name}: must be at least one byte")
+    return size
+
+
+def _output_options(command: Command, stream: str) -> OutputOptions:
+    line_buffer = command.opts.get(f"{stream}_LINE_BUFFER", "true")
+    try:
+        line_buffered = parse_bool(line_buffer)
+    except ValueError as error:
+        raise RequestError(errno.EINVAL, f"{stream}_LINE_BUFFER: {error}") from None
+    bufsize = _size_option(command, f"{stream}_BUFSIZE", DEFAULT_OUTPUT_BUFSIZE)
+    return OutputOptions(line_buffered=line_buffered, bufsize=bufsize)

@@ -37,6 +37,7 @@ from sdexec.client import (
     resolve_socket_path,
 )
 from sdexec.ioencode import decode_io
+from sdexec.protocol import command_object
 from sdexec.signals import parse_signal, signal_name
 
 __all__ = [
@@ -197,16 +198,13 @@ def build_command(
 ) -> dict[str, Any]:
     """The RFC 42 command object for ``sdexec run``: the client's whole
     environment and working directory (``--dir`` relative to ``cwd``)."""
-    command: dict[str, Any] = {
-        "cmdline": [options.cmd, *options.args],
-        "env": dict(environ),
-        "opts": dict(options.setopt),
-        "cwd": os.path.join(cwd, options.dir) if options.dir else cwd,
-        "channels": [],
-    }
-    if options.label is not None:
-        command["label"] = options.label
-    return command
+    return command_object(
+        [options.cmd, *options.args],
+        environ,
+        options.setopt,
+        cwd=os.path.join(cwd, options.dir) if options.dir else cwd,
+        label=options.label,
+    )
 
 
 def exit_code(status: int) -> int:

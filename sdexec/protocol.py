@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
@@ -22,6 +23,7 @@ __all__ = [
     "SOCKET_ENV",
     "ExecFlag",
     "Topic",
+    "command_object",
     "default_socket_path",
 ]
 
@@ -65,3 +67,25 @@ def default_socket_path(environ: Mapping[str, str] | None = None) -> str | None:
     if not runtime_dir:
         return None
     return os.path.join(runtime_dir, DEFAULT_SOCKET_SUBPATH)
+
+
+def command_object(
+    cmdline: Sequence[str],
+    env: Mapping[str, str],
+    opts: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    label: str | None = None,
+) -> dict[str, Any]:
+    """RFC 42's command object (``cmd`` of an ``sdexec.exec`` request);
+    ``cwd`` and ``label`` only when given."""
+    command: dict[str, Any] = {
+        "cmdline": list(cmdline),
+        "env": dict(env),
+        "opts": dict(opts or {}),
+        "channels": [],
+    }
+    if cwd is not None:
+        command["cwd"] = cwd
+    if label is not None:
+        command["label"] = label
+    return command

@@ -14,6 +14,7 @@ from twisted.internet.defer import Deferred
 from sdexec.client import RPCError, SdexecClient, connect
 from sdexec.config import load_config
 from sdexec.ioencode import decode_io
+from sdexec.protocol import command_object
 from sdexec.service import SdexecService
 
 FLAGS = 1 | 2 | 8  # stdout, stderr, write-credit
@@ -91,17 +92,10 @@ class Result:
 
 
 def command(cmdline, *, env=None, opts=None, cwd=None, label=None) -> dict:
-    cmd = {
-        "cmdline": list(cmdline),
-        "env": {"PATH": "/usr/bin:/bin"} if env is None else env,
-        "opts": opts or {},
-        "channels": [],
-    }
-    if cwd is not None:
-        cmd["cwd"] = cwd
-    if label is not None:
-        cmd["label"] = label
-    return cmd
+    """The command object the client sends, with a minimal ``PATH`` unless
+    ``env`` is given."""
+    env = {"PATH": "/usr/bin:/bin"} if env is None else env
+    return command_object(cmdline, env, opts, cwd=cwd, label=label)
 
 
 async def run(

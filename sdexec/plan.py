@@ -39,8 +39,12 @@ __all__ = [
     "unit_name_for",
 ]
 
-#: The flags a request may set (RFC 42's waitable is not served).
-ALL_FLAGS = ExecFlag.STDOUT | ExecFlag.STDERR | ExecFlag.CHANNEL | ExecFlag.WRITE_CREDIT
+#: The flags a request may set (RFC 42's waitable is not served). A plain
+#: int: ``~`` of an IntFlag complements within the flag's own members only,
+#: so ``64 & ~ALL_FLAGS`` would be 0 and an unknown bit would pass.
+ALL_FLAGS = int(
+    ExecFlag.STDOUT | ExecFlag.STDERR | ExecFlag.CHANNEL | ExecFlag.WRITE_CREDIT
+)
 OUTPUT_STREAMS = ("stdout", "stderr")
 _UNIT_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9:_.\-]")
 

@@ -67,6 +67,8 @@ class SdexecServer:
         self.processes: dict[tuple[int, int], Process] = {}
         self.counters: Counter[str] = Counter()
         self.drain_reason: str | None = None
+        #: The only uid whose requests are served: the service's own.
+        self.owner_uid = os.getuid()
         self._next_connection_id = 0
 
     def new_connection_id(self) -> int:
@@ -286,7 +288,7 @@ class ClientProtocol(JSONLineProtocol):
         except OSError as error:
             log.warn("cannot read peer credentials: {error}", error=error)
             uid = -1
-        self.authorized = uid == os.getuid()
+        self.authorized = uid == self.server.owner_uid
         if not self.authorized:
             log.warn("refusing requests from uid {uid}", uid=uid)
         self.transport.registerProducer(self, True)

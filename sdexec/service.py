@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from twisted.application.service import Service
@@ -24,7 +25,7 @@ from sdexec.containment import Containment
 from sdexec.protocol import default_socket_path
 from sdexec.server import SdexecServer, SdexecServerFactory
 from sdexec.stats import stats_site
-from sdexec.systemd import SystemdClient, SystemdError
+from sdexec.systemd import Manager, SystemdClient, SystemdError
 
 __all__ = ["SdexecService", "default_listen_endpoint"]
 
@@ -68,10 +69,13 @@ class SdexecService(Service):
         listen: str | None = None,
         stats: str | None = None,
         exit_on_failure: bool = False,
+        connect: Callable[[], defer.Deferred[Manager]] = SystemdClient.connect,
     ) -> None:
         """``exit_on_failure``: a start that fails ends the process with
         status 1 (what twistd wants; tests keep it off and read
-        :attr:`ready`)."""
+        :attr:`ready`). ``connect`` reaches the systemd manager (offline
+        tests pass one that answers with :class:`sdexec.testing.FakeManager`)."""
+        self._connect = connect
         self.exit_on_failure = exit_on_failure
         self.config = config
         self.reactor = reactor
@@ -88,7 +92,7 @@ class SdexecService(Service):
     @defer.inlineCallbacks
     def _start(self):
         containment = Containment.from_config(self.config)
-        systemd = yield SystemdClient.connect()
+        systemd = yield self._connect()
         systemd.debug = self.config.systemd.sdbus_debug
         systemd.disconnected.addCallback(self._lost_systemd)
         self.server = SdexecServer(systemd, self.config, self.reactor, containment)

@@ -204,7 +204,7 @@ class InputChannel(Protocol):
         self.transport.registerProducer(self, True)
         queued, self._queued = self._queued, []
         for data in queued:
-            self.write(data)
+            self._send(data)  # written before a close: still owed to stdin
         if self._eof_requested:
             self.close()
 
@@ -215,6 +215,9 @@ class InputChannel(Protocol):
         if self.transport is None:
             self._queued.append(data)
             return
+        self._send(data)
+
+    def _send(self, data: bytes) -> None:
         self.transport.write(data)
         self._owed += len(data)
         if not self._paused:

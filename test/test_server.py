@@ -1,0 +1,399 @@
+"""The RPC server offline: the wire protocol, framing errors, the uid check
+and each handler, over an in-memory transport with sdexec.testing's fake
+manager (no systemd). The same paths run against a real manager in
+test_service.py; here every branch is reachable, including those a real
+manager rarely takes."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+
+import pytest
+from pytest_twisted import ensureDeferred
+from twisted.internet import defer, reactor
+from twisted.internet.task import Clock, deferLater
+from twisted.internet.testing import StringTransport
+
+from sdexec.config import parse_config
+from sdexec.ioencode import encode_io
+from sdexec.protocol import ExecFlag
+from sdexec.server import ClientProtocol, SdexecServer, SdexecServerFactory
+from sdexec.systemd import SystemdError
+from sdexec.testing import FakeManager
+
+UNIT = "sdexec-t.service"
+TRUE = {"cmdline": ["/bin/true"], "opts": {"SDEXEC_NAME": "sdexec-t"}}
+FLAGS = int(ExecFlag.STDOUT | ExecFlag.STDERR)
+
+
+class PeerTransport(StringTransport):
+    """An in-memory transport whose handle is a real UNIX socket, so the
+    server's SO_PEERCRED check reads this process's uid."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handle, self.peer = socket.socketpair()
+
+    def getHandle(self) -> socket.socket:
+        return self.handle
+
+    def close(self) -> None:
+        self.handle.close()
+        self.peer.close()
+
+
+class Connection:
+    """One client connection to ``server``, in memory."""
+
+    def __init__(self, server: SdexecServer) -> None:
+        self.transport = PeerTransport()
+        self.protocol = SdexecServerFactory(server).buildProtocol(None)
+        self.protocol.makeConnection(self.transport)
+
+    def send(self, topic: str, payload: dict, matchtag: int = 1) -> None:
+        self.raw(
+            {
+                "type": "request",
+                "topic": topic,
+                "matchtag": matchtag,
+                "payload": payload,
+            }
+        )
+
+    def raw(self, message: object) -> None:
+        self.protocol.dataReceived(json.dumps(message).encode() + b"\n")
+
+    def responses(self) -> list[dict]:
+        lines = self.transport.value().splitlines()
+        return [json.loads(line) for line in lines if line]
+
+    def last(self) -> dict:
+        return self.responses()[-1]
+
+    def close(self) -> None:
+        self.protocol.connectionLost(None)
+        self.transport.close()
+
+
+@pytest.fixture
+def systemd():
+    manager = FakeManager()
+    yield manager
+    manager.close()
+
+
+@pytest.fixture
+def server(systemd):
+    return SdexecServer(systemd, parse_config({}), reactor, clock=Clock())
+
+
+@pytest.fixture
+def connection(server):
+    opened = Connection(server)
+    yield opened
+    opened.close()
+
+
+def error_of(response: dict) -> tuple[int, str]:
+    return response["errnum"], response["errstr"]
+
+
+# -- framing and the request envelope -------------------------------------------
+
+
+def test_invalid_json_is_eproto_and_the_connection_is_closed(server, connection):
+    connection.protocol.dataReceived(b"{not json\n")
+    assert connection.last()["errnum"] == errno.EPROTO
+    assert "not valid JSON" in connection.last()["errstr"]
+    assert connection.transport.disconnecting
+    assert server.counters["errors"] == 1
+
+
+def test_a_frame_over_the_limit_is_refused():
+    config = parse_config({"sdexec": {"max-frame-size": "1M"}})
+    connection = Connection(SdexecServer(FakeManager(), config, reactor))
+    connection.protocol.dataReceived(b"x" * (2 << 20))
+    assert connection.last()["errnum"] == errno.EPROTO
+    assert f"exceeds {1 << 20}" in connection.last()["errstr"]
+    connection.close()
+
+
+@pytest.mark.parametrize(
+    ("message", "errnum", "text"),
+    [
+        ({"type": "event", "topic": "sdexec.list", "matchtag": 1}, errno.EPROTO,
+         'type: expected "request"'),
+        ({"type": "request", "topic": 7, "matchtag": 1}, errno.EINVAL,
+         "topic: expected a string"),
+        ({"type": "request", "topic": "sdexec.list", "matchtag": -1}, errno.EINVAL,
+         "matchtag: expected an integer >= 0"),
+        ({"type": "request", "topic": "sdexec.list", "matchtag": True}, errno.EINVAL,
+         "matchtag: expected an integer >= 0"),
+        ({"type": "request", "topic": "sdexec.list", "matchtag": 1, "payload": []},
+         errno.EINVAL, "payload: expected an object"),
+        ({"type": "request", "topic": "sdexec.nope", "matchtag": 1}, errno.ENOSYS,
+         "unknown topic 'sdexec.nope'"),
+    ],
+)  # fmt: skip
+def test_a_bad_envelope_is_answered_with_an_error(connection, message, errnum, text):
+    connection.raw(message)
+    assert error_of(connection.last()) == (errnum, text)
+    assert not connection.transport.disconnecting  # the connection stays usable
+    connection.send("sdexec.list", {})
+    assert connection.last()["payload"]["procs"] == []
+
+
+def test_another_uid_is_refused(server):
+    server.owner_uid = os.getuid() + 1
+    connection = Connection(server)
+    connection.send("sdexec.list", {})
+    assert error_of(connection.last()) == (
+        errno.EPERM,
+        "only the service's owner may use it",
+    )
+    connection.close()
+
+
+def test_unreadable_credentials_are_refused(server):
+    connection = Connection.__new__(Connection)
+    connection.transport = PeerTransport()
+    connection.transport.handle.close()  # SO_PEERCRED fails: EBADF
+    connection.protocol = ClientProtocol(server)
+    connection.protocol.makeConnection(connection.transport)
+    connection.send("sdexec.list", {})
+    assert connection.last()["errnum"] == errno.EPERM
+    connection.close()
+
+
+# -- list, stats, undrain --------------------------------------------------------
+
+
+def test_list_stats_and_undrain(server, connection):
+    connection.send("sdexec.list", {})
+    assert connection.last()["payload"] == {"rank": 0, "procs": []}
+    server.drain("fence broken")
+    connection.send("sdexec.stats-get", {}, matchtag=2)
+    stats = connection.last()["payload"]
+    assert stats["drain"] == {"drained": True, "reason": "fence broken"}
+    assert stats["requests"] == {"sdexec.list": 1, "sdexec.stats-get": 1}
+    connection.send("sdexec.undrain", {}, matchtag=3)
+    assert connection.last()["payload"] == {"reason": "fence broken"}
+    assert server.drain_reason is None
+
+
+# -- exec --------------------------------------------------------------------------
+
+
+def test_exec_streams_started_finished_then_enodata(systemd, connection):
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    assert ("start", UNIT) in systemd.calls
+    systemd.run(UNIT, pid=99)
+    systemd.exit(UNIT, status=3)
+    payloads = [r.get("payload") for r in connection.responses()]
+    assert payloads == [
+        {"type": "started", "pid": 99},
+        {"type": "finished", "status": 3 << 8},
+    ]
+    assert ("stop", UNIT) in systemd.calls
+    connection.send("sdexec.list", {}, matchtag=2)
+    (proc,) = connection.last()["payload"]["procs"]
+    assert (proc["pid"], proc["unit"], proc["state"]) == (99, UNIT, "Z")
+
+
+@pytest.mark.parametrize(
+    ("payload", "errnum", "text"),
+    [
+        ({"flags": 64, "cmd": TRUE}, errno.EINVAL, "flags: expected an integer"),
+        ({"flags": True, "cmd": TRUE}, errno.EINVAL, "flags: expected an integer"),
+        ({"flags": FLAGS, "cmd": {}}, errno.EINVAL, "cmd.cmdline"),
+        ({"flags": FLAGS | 4, "cmd": TRUE}, errno.EINVAL, "auxiliary channels"),
+        ({"flags": FLAGS, "cmd": {"cmdline": ["no-such-cmd-here"], "env": {}}},
+         errno.ENOENT, "no-such-cmd-here: command not found"),
+        ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SEC": "x"}}},
+         errno.EINVAL, "SDEXEC_STOP_TIMER_SEC: 'x' is not an integer"),
+        ({"flags": FLAGS,
+          "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SIGNAL": "SIGNOPE"}}},
+         errno.EINVAL, "SDEXEC_STOP_TIMER_SIGNAL: "),
+        ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdout_BUFSIZE": "0"}}},
+         errno.EINVAL, "stdout_BUFSIZE: must be at least one byte"),
+        ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdin_BUFSIZE": "lots"}}},
+         errno.EINVAL, "stdin_BUFSIZE: "),
+        ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stderr_LINE_BUFFER": "maybe"}}},
+         errno.EINVAL, "stderr_LINE_BUFFER: 'maybe' is not a boolean"),
+        ({"flags": FLAGS,
+          "cmd": {**TRUE, "opts": {"SDEXEC_PROP_CPUWeight": "heavy"}}},
+         errno.EINVAL, "SDEXEC_PROP_CPUWeight: error setting property"),
+    ],
+)  # fmt: skip
+def test_a_bad_exec_request_names_what_is_wrong(
+    systemd, connection, payload, errnum, text
+):
+    connection.send("sdexec.exec", payload)
+    response = connection.last()
+    assert response["errnum"] == errnum
+    assert text in response["errstr"]
+    assert systemd.calls == []  # nothing reached systemd
+
+
+def test_exec_is_refused_while_drained(server, connection):
+    server.drain("fence broken")
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    assert error_of(connection.last()) == (
+        errno.EBUSY,
+        "node is drained: fence broken (sdexec undrain clears it)",
+    )
+
+
+def test_a_matchtag_in_use_is_eexist(connection):
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    assert error_of(connection.last()) == (errno.EEXIST, "matchtag 1 is already in use")
+
+
+def test_systemds_refusal_becomes_the_streams_error(systemd, server, connection):
+    systemd.refuse_start = SystemdError(
+        "org.freedesktop.DBus.Error.InvalidArgs", "Invalid argument"
+    )
+    opts = {**TRUE["opts"], "SDEXEC_PROP_DevicePolicy": "bogus"}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "opts": opts}})
+    errnum, errstr = error_of(connection.last())
+    assert errnum == errno.EINVAL
+    assert "DevicePolicy=bogus" in errstr
+    assert server.processes == {}
+
+
+def test_the_write_credit_flag_grants_the_stdin_buffer_first(connection):
+    flags = FLAGS | ExecFlag.WRITE_CREDIT
+    opts = {**TRUE["opts"], "stdin_BUFSIZE": "1024"}
+    connection.send("sdexec.exec", {"flags": int(flags), "cmd": {**TRUE, "opts": opts}})
+    assert connection.last()["payload"] == {
+        "type": "add-credit",
+        "channels": {"stdin": 1024},
+    }
+
+
+# -- write, kill ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("payload", "text"),
+    [
+        ({"matchtag": "1", "io": {}}, "matchtag: expected an integer"),
+        ({"matchtag": 1, "io": []}, "io: expected an object"),
+        ({"matchtag": 1, "io": encode_io("stdout", "0", b"x")},
+         "io.stream: 'stdout' is not stdin"),
+    ],
+)  # fmt: skip
+def test_a_bad_write_is_einval(connection, payload, text):
+    connection.send("sdexec.write", payload, matchtag=9)
+    assert error_of(connection.last()) == (errno.EINVAL, text)
+
+
+def test_a_write_to_no_process_is_dropped_silently(connection):
+    io = encode_io("stdin", "0", b"lost", eof=True)
+    connection.send("sdexec.write", {"matchtag": 5, "io": io}, matchtag=9)
+    assert connection.responses() == []
+
+
+@ensureDeferred
+async def test_a_write_reaches_the_process_stdin(systemd, connection):
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    io = encode_io("stdin", "0", b"hello\n", eof=True)
+    connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=9)
+    stdin = systemd.process_fd(UNIT, "stdin")
+    assert await read_to_eof(stdin) == b"hello\n"
+
+
+async def read_to_eof(fd: int) -> bytes:
+    """What the reactor writes to ``fd`` until EOF (up to 10 s)."""
+    os.set_blocking(fd, False)
+    data = b""
+    for _ in range(1000):
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            await deferLater(reactor, 0.01)
+            continue
+        if not chunk:
+            return data
+        data += chunk
+    raise AssertionError(f"no EOF after {data!r}")
+
+
+@pytest.mark.parametrize(
+    ("payload", "text"),
+    [
+        ({"signum": 0, "pid": 1}, "signum: expected a positive integer"),
+        ({"signum": 15, "pid": "1"}, "pid: expected an integer"),
+        ({"signum": 15, "label": 3}, "label: expected a string"),
+        ({"signum": 15}, "kill needs a pid or a label"),
+    ],
+)
+def test_a_bad_kill_is_einval(connection, payload, text):
+    connection.send("sdexec.kill", payload)
+    assert error_of(connection.last()) == (errno.EINVAL, text)
+
+
+def test_kill_by_pid_or_label(systemd, connection):
+    cmd = {**TRUE, "label": "job"}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd})
+    systemd.run(UNIT, pid=77)
+    connection.send("sdexec.kill", {"signum": 10, "pid": 77}, matchtag=2)
+    connection.send("sdexec.kill", {"signum": 12, "label": "job"}, matchtag=3)
+    assert systemd.kills() == [10, 12]
+    assert connection.responses()[-2:] == [
+        {"type": "response", "topic": "sdexec.kill", "matchtag": 2, "payload": {}},
+        {"type": "response", "topic": "sdexec.kill", "matchtag": 3, "payload": {}},
+    ]
+    connection.send("sdexec.kill", {"signum": 15, "pid": 5}, matchtag=4)
+    assert error_of(connection.last()) == (errno.ESRCH, "kill pid=5 not found")
+
+
+def test_a_failed_kill_is_eio(systemd, connection):
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "j"}})
+    systemd.kill_unit = lambda *args: defer.fail(SystemdError("x.Failed", "no"))
+    connection.send("sdexec.kill", {"signum": 15, "label": "j"}, matchtag=2)
+    assert error_of(connection.last()) == (errno.EIO, "no")
+
+
+# -- the connection's processes ---------------------------------------------------
+
+
+def test_a_closed_connection_abandons_its_processes(systemd, server):
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    connection.close()
+    assert ("stop", UNIT) in systemd.calls
+
+
+def test_back_pressure_pauses_and_resumes_the_connections_output(server):
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    (process,) = server.processes.values()
+    stdout = process.output.channels["stdout"].transport
+    process.output.open()  # as `started` does
+    assert stdout in reactor.getReaders()  # not paused once started
+    connection.protocol.pauseProducing()
+    assert stdout not in reactor.getReaders()
+    connection.protocol.resumeProducing()
+    assert stdout in reactor.getReaders()
+    connection.close()
+
+
+def test_shutdown_waits_for_every_process_to_be_reaped(systemd, server, connection):
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    done = server.shutdown(10)
+    assert ("stop", UNIT) in systemd.calls
+    assert not done.called
+    server.clock.advance(10)  # a unit that never stops: given up on, logged
+    assert done.called
+    assert [p.unit_name for p in server.processes.values()] == [UNIT]
+
+
+def test_shutdown_with_nothing_running_is_immediate(server):
+    assert server.shutdown(10).called

@@ -162,7 +162,10 @@ def unit_properties(
     return unit
 
 
-#: The properties :func:`unit_properties` sets itself, whatever the command.
+#: The properties :func:`unit_properties` sets itself, whatever the command,
+#: and ``ExecStart``: the plain form of ``ExecStartEx`` would add a second
+#: command to the unit.
 OWN_PROPERTIES = frozenset(
-    prop.name for prop in unit_properties(Command(["/"], cwd="/"), "/")
+    {"ExecStart"}
+    | {prop.name for prop in unit_properties(Command(["/"], cwd="/"), "/")}
 )

@@ -36,7 +36,16 @@ import yaml
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
+from sdexec.command import OWN_PROPERTIES
 from sdexec.fsd import parse_fsd
+from sdexec.property import (
+    CONTAINMENT_PROPERTIES,
+    FD_PROPERTIES,
+    MEMORY_PROPERTIES,
+    STOP_PROPERTIES,
+    PropertyError,
+    typed_property,
+)
 from sdexec.protocol import DEFAULT_MAX_FRAME
 from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import MemoryLimit, parse_size
@@ -80,33 +89,12 @@ DEFAULT_CWD = "/tmp"
 #: is unset: where Flux packages install the job shell.
 DEFAULT_JOB_SHELL = "/usr/libexec/flux/flux-shell"
 
-#: Unit properties sdexec sets itself; a site value would break unit
-#: handling or resource containment, so ``exec.sdexec-properties`` refuses them.
-RESERVED_PROPERTIES = frozenset(
-    {
-        "AllowedCPUs",
-        "AllowedMemoryNodes",
-        "DeviceAllow",
-        "DevicePolicy",
-        "Description",
-        "Environment",
-        "ExecStart",
-        "KillMode",
-        "RemainAfterExit",
-        "SendSIGKILL",
-        "StandardInputFileDescriptor",
-        "StandardOutputFileDescriptor",
-        "StandardErrorFileDescriptor",
-        "TimeoutStopUSec",
-        "Type",
-        "WorkingDirectory",
-    }
-)
-
-#: Properties whose string value is a memory limit (``512M``, ``95%``,
-#: ``infinity``).
-MEMORY_PROPERTIES = frozenset(
-    {"MemoryMax", "MemoryHigh", "MemoryMin", "MemoryLow", "MemorySwapMax"}
+#: Unit properties sdexec sets itself (the unit's command and its fds),
+#: containment sets, or the stop timer relies on; a site value would break
+#: unit handling or resource containment, so ``exec.sdexec-properties``
+#: refuses them.
+RESERVED_PROPERTIES = (
+    OWN_PROPERTIES | frozenset(FD_PROPERTIES) | CONTAINMENT_PROPERTIES | STOP_PROPERTIES
 )
 
 
@@ -448,6 +436,10 @@ def _check_property(name: object, value: object) -> None:
         raise _PropertyError(
             name, f"expected an integer from -1000 to 1000, got {_quote(value)}"
         )
+    try:  # the typing every request's properties get
+        typed_property(name, value, source="config")
+    except PropertyError as error:
+        raise _PropertyError(name, error.reason) from None
 
 
 def _is_oom_score_adjust(text: str) -> bool:

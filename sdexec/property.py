@@ -95,7 +95,12 @@ _FALSE = frozenset({"0", "no", "false", "off"})
 
 
 class PropertyError(ValueError):
-    """A property value that cannot be converted; the message names it."""
+    """A property value that cannot be converted; the message names it,
+    ``reason`` is the message without the name."""
+
+    def __init__(self, label: str, reason: str) -> None:
+        super().__init__(f"{label}: error setting property: {reason}")
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -209,5 +214,5 @@ def typed_property(name: str, value: str, source: str = "request") -> UnitProper
             typed = convert(name, value)
     except ValueError as error:
         label = f"SDEXEC_PROP_{name}" if source == "request" else name
-        raise PropertyError(f"{label}: error setting property: {error}") from None
+        raise PropertyError(label, str(error)) from None
     return UnitProperty(typed.name, typed.signature, typed.value, source)

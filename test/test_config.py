@@ -268,8 +268,33 @@ def test_oom_score_adjust_bad(value):
     )
 
 
-def test_reserved_list_is_the_specs():
-    assert len(RESERVED_PROPERTIES) == 16
+def test_reserved_are_what_sdexec_sets_itself():
+    # The unit's command, its fds, containment, what the stop timer needs.
+    assert {
+        "ExecStartEx",
+        "ExecStart",
+        "StandardInputFileDescriptor",
+        "AllowedCPUs",
+        "DevicePolicy",
+        "KillMode",
+        "Type",
+    } <= RESERVED_PROPERTIES
+    assert len(RESERVED_PROPERTIES) == 17
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "why"),
+    [
+        ("CPUWeight", "abc", "'abc' is not a decimal integer"),
+        ("SendSIGHUP", "maybe", "'maybe' is not a boolean"),
+        ("AllowedMemoryNodes", "x", ""),
+    ],
+)
+def test_property_typed_as_requests_are(name, value, why):
+    with pytest.raises(ConfigError) as error:
+        properties(**{name: value})
+    assert str(error.value).startswith(f"<config>: exec.sdexec-properties.{name}: ")
+    assert why in str(error.value)
 
 
 @pytest.mark.parametrize("name", sorted(RESERVED_PROPERTIES))

@@ -1,0 +1,88 @@
+"""SdexecService without systemd: start, reload, losing systemd, stop, with
+sdexec.testing's FakeManager (the real-manager paths are test_service.py)."""
+
+from __future__ import annotations
+
+import pytest
+from pytest_twisted import ensureDeferred
+from twisted.internet import defer, reactor
+
+from sdexec.client import connect
+from sdexec.config import ConfigError, load_config, parse_config
+from sdexec.service import SdexecService, default_listen_endpoint
+from sdexec.systemd import SystemdError
+from sdexec.testing import FakeManager
+
+
+def test_no_xdg_runtime_dir_is_a_one_line_config_error(monkeypatch):
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    with pytest.raises(ConfigError) as error:
+        default_listen_endpoint()
+    assert "XDG_RUNTIME_DIR" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_the_default_endpoint_is_a_private_socket(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    endpoint = default_listen_endpoint()
+    assert endpoint == f"unix:{tmp_path}/sdexec/sdexec.sock:mode=600:lockfile=1"
+    assert (tmp_path / "sdexec").stat().st_mode & 0o777 == 0o700
+
+
+def service_for(tmp_path, manager: FakeManager, text: str = "") -> SdexecService:
+    path = tmp_path / "sdexec.toml"
+    path.write_text(text)
+    return SdexecService(
+        load_config(path),
+        reactor,
+        listen=f"unix:{tmp_path}/s.sock",
+        stats="tcp:0:interface=127.0.0.1",
+        connect=lambda: defer.succeed(manager),
+    )
+
+
+@ensureDeferred
+async def test_start_serve_reload_and_stop(tmp_path):
+    manager = FakeManager()
+    service = service_for(tmp_path, manager)
+    service.startService()
+    await service.ready
+    client = await connect(reactor, f"{tmp_path}/s.sock")
+    assert (await client.list())["procs"] == []
+    (tmp_path / "sdexec.toml").write_text("[systemd]\nsdbus-debug = true\n")
+    assert service.reload()
+    assert manager.debug is True
+    (tmp_path / "sdexec.toml").write_text(
+        '[exec]\nsdexec-properties = {CPUWeight = "abc"}\n'
+    )
+    assert not service.reload()  # refused: the old configuration stays
+    assert service.server.config is service.config
+    await client.close()
+    await service.stopService()
+    assert ("disconnect",) in manager.calls
+
+
+@ensureDeferred
+async def test_losing_systemd_drains_the_node(tmp_path):
+    manager = FakeManager()
+    service = service_for(tmp_path, manager)
+    service.startService()
+    await service.ready
+    manager.disconnected.callback(None)
+    assert service.server.drain_reason == "lost the D-Bus connection to systemd"
+    await service.stopService()
+
+
+@ensureDeferred
+async def test_a_start_that_cannot_reach_systemd_fails_ready(tmp_path):
+    service = SdexecService(
+        parse_config({}),
+        reactor,
+        listen=f"unix:{tmp_path}/s.sock",
+        stats="tcp:0:interface=127.0.0.1",
+        connect=lambda: defer.fail(SystemdError("sdexec.NoBus", "no user bus")),
+    )
+    service.startService()
+    with pytest.raises(SystemdError, match="no user bus"):
+        await service.ready
+    await service.stopService()

@@ -228,17 +228,18 @@ class SdexecClient(JSONLineProtocol):
 
     def messageReceived(self, message: dict[str, Any]) -> None:
         matchtag = message.get("matchtag")
-        pending = self._in_flight.get(matchtag) if isinstance(matchtag, int) else None
+        key = matchtag if isinstance(matchtag, int) else -1  # never in flight
+        pending = self._in_flight.get(key)
         if message.get("type") != "response" or pending is None:
             self._unexpected(message)
         elif "errnum" in message:
-            del self._in_flight[matchtag]
+            del self._in_flight[key]
             pending.end(_rpc_error(message))
         elif not isinstance(message.get("payload"), dict):
             _log.warn("sdexec: response without a payload object: {m!r}", m=message)
         else:
             if not pending.streaming:
-                del self._in_flight[matchtag]
+                del self._in_flight[key]
             pending.respond(message["payload"])
 
     def _unexpected(self, message: dict[str, Any]) -> None:
@@ -252,7 +253,8 @@ class SdexecClient(JSONLineProtocol):
 
     def framingError(self, reason: str) -> None:
         self._lost = ConnectionFailed(f"{self.path}: bad message from sdexec: {reason}")
-        self.transport.abortConnection()
+        assert self.transport is not None  # framing errors come from its data
+        self.transport.abortConnection()  # type: ignore[attr-defined]
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self._lost is None:
@@ -347,7 +349,10 @@ class ExecHandle:
         self._early_kills.append((signum, waiting))
         return waiting
 
-    def registerProducer(self, producer: IPushProducer, streaming: bool) -> None:
+    # Narrower than IConsumer's IProducer on purpose: pull producers are refused.
+    def registerProducer(  # type: ignore[override]
+        self, producer: IPushProducer, streaming: bool
+    ) -> None:
         """Let this handle pause and resume ``producer`` by credit; only push
         producers (``streaming=True``) are supported."""
         if not streaming:

@@ -86,9 +86,13 @@ class Containment:
         :meth:`applies_to` it)."""
         if not self.applies_to(command):
             return {}
+        # applies_to: there is a mapper and the request has R.
+        assert self.mapper is not None
+        resources = command.option(R_OPTION)
+        assert resources is not None
         try:
             mapped = self.mapper.map(
-                command.option(R_OPTION), extra_properties=dict(self.extra_properties)
+                resources, extra_properties=dict(self.extra_properties)
             )
         except Exception as error:  # a custom mapper may raise anything
             raise MapperError(

@@ -19,7 +19,13 @@ __all__ = ["format_fsd", "parse_fsd"]
 
 # Seconds per unit. Formatting tries them in this order, so on a tie in length
 # the plainer unit wins ("0s", not "0d").
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "ms": Decimal("0.001")}
+_UNITS: dict[str, Decimal] = {
+    "s": Decimal(1),
+    "m": Decimal(60),
+    "h": Decimal(3600),
+    "d": Decimal(86400),
+    "ms": Decimal("0.001"),
+}
 
 _FSD = re.compile(
     r"(?P<number>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)(?P<unit>ms|s|m|h|d)?"

@@ -41,16 +41,16 @@ class IDset:
 
     def ranges(self) -> Iterator[tuple[int, int]]:
         """Maximal runs of consecutive ids as inclusive ``(first, last)`` pairs."""
-        run_start = prev = None
-        for i in sorted(self._ids):
-            if prev is not None and i == prev + 1:
-                prev = i
-                continue
-            if run_start is not None:
+        ids = sorted(self._ids)
+        if not ids:
+            return
+        run_start = prev = ids[0]
+        for i in ids[1:]:
+            if i != prev + 1:
                 yield run_start, prev
-            run_start = prev = i
-        if run_start is not None:
-            yield run_start, prev
+                run_start = i
+            prev = i
+        yield run_start, prev
 
     def bitmask(self) -> bytes:
         """The set as systemd's CPU/NUMA mask (D-Bus ``ay``): bit ``i % 8`` of

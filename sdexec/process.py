@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import functools
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -120,8 +121,8 @@ class Process:
             {
                 name: OutputChannel(
                     name,
-                    on_data=lambda data, name=name: self._output(name, data),
-                    on_eof=lambda name=name: self._output_eof(name),
+                    on_data=functools.partial(self._output, name),
+                    on_eof=functools.partial(self._output_eof, name),
                     line_buffered=options.line_buffered,
                     bufsize=options.bufsize,
                 )
@@ -170,8 +171,9 @@ class Process:
                 {"type": "add-credit", "channels": {"stdin": self.stdin.bufsize}}
             )
         theirs = [pairs[name][1] for name in STREAMS]
+        stdin, stdout, stderr = (sock.fileno() for sock in theirs)
         started = self._systemd.start_transient_unit(
-            self.unit_name, list(self.plan.properties), *(s.fileno() for s in theirs)
+            self.unit_name, list(self.plan.properties), stdin, stdout, stderr
         )
         # systemd has its copies once it answers (or will never use them).
         started.addBoth(self._close_after_start, theirs)

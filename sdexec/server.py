@@ -267,6 +267,11 @@ class SdexecServer:
 class ClientProtocol(JSONLineProtocol):
     """One client connection."""
 
+    #: A UNIX socket transport once connected. Twisted types it as
+    #: ``ITransport | None``, which lacks the producer and half-close methods
+    #: the socket transport has; Any keeps those calls unchecked, not wrong.
+    transport: Any
+
     def __init__(self, server: SdexecServer) -> None:
         super().__init__()
         self.server = server
@@ -307,7 +312,7 @@ class ClientProtocol(JSONLineProtocol):
         matchtag = message.get("matchtag")
         valid_matchtag = isinstance(matchtag, int) and not isinstance(matchtag, bool)
         reply_topic = topic if isinstance(topic, str) else ""
-        reply_matchtag = matchtag if valid_matchtag else 0
+        reply_matchtag = matchtag if isinstance(matchtag, int) and valid_matchtag else 0
         try:
             result = self._dispatch(message, topic, matchtag, valid_matchtag)
         except RequestError as error:

@@ -25,7 +25,7 @@ from sdexec.containment import Containment
 from sdexec.protocol import default_socket_path
 from sdexec.server import SdexecServer, SdexecServerFactory
 from sdexec.stats import stats_site
-from sdexec.systemd import Manager, SystemdClient, SystemdError
+from sdexec.systemd import SystemdClient, SystemdError
 
 __all__ = ["SdexecService", "default_listen_endpoint"]
 
@@ -69,7 +69,7 @@ class SdexecService(Service):
         listen: str | None = None,
         stats: str | None = None,
         exit_on_failure: bool = False,
-        connect: Callable[[], defer.Deferred[Manager]] = SystemdClient.connect,
+        connect: Callable[[], defer.Deferred[Any]] = SystemdClient.connect,
     ) -> None:
         """``exit_on_failure``: a start that fails ends the process with
         status 1 (what twistd wants; tests keep it off and read
@@ -131,6 +131,7 @@ class SdexecService(Service):
         if not self.running:
             return  # our own disconnect, at stop
         log.error("lost the D-Bus connection to systemd")
+        assert self.server is not None  # made before systemd was watched
         self.server.drain("lost the D-Bus connection to systemd")
         if self.exit_on_failure:  # under twistd: let the supervisor restart us
             self.reactor.callWhenRunning(self._exit_after_shutdown)

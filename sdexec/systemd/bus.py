@@ -281,7 +281,7 @@ class SystemdClient:
                     error=reply.error_name,
                     text=text,
                 )
-            raise SystemdError(reply.error_name, text)
+            raise SystemdError(reply.error_name or "", text or "")
         if self.debug:
             log.info(
                 "sdbus: {member} {path} {args} → ok",
@@ -299,7 +299,7 @@ class SystemdClient:
         ):
             return
         _interface, changed, invalidated = message.body
-        self._watches.changed(message.path, _unwrap(changed), invalidated)
+        self._watches.changed(message.path or "", _unwrap(changed), invalidated)
 
     def _on_disconnect(self, result: object) -> None:
         log.info("D-Bus connection to systemd closed")

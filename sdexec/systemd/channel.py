@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from twisted.internet.interfaces import IPushProducer, IReactorSocket
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.protocol import Protocol, ServerFactory
 from zope.interface import implementer
 
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE
@@ -35,9 +36,8 @@ def socketpair_for_systemd() -> tuple[socket.socket, socket.socket]:
 
 def _adopt(reactor: IReactorSocket, sock: socket.socket, protocol: Protocol) -> None:
     # adoptStreamConnection duplicates the fd; the original is ours to close.
-    reactor.adoptStreamConnection(
-        sock.fileno(), socket.AF_UNIX, Factory.forProtocol(lambda: protocol)
-    )
+    factory: Any = ServerFactory.forProtocol(lambda: protocol)  # one fixed protocol
+    reactor.adoptStreamConnection(sock.fileno(), socket.AF_UNIX, factory)
     sock.close()
 
 
@@ -49,6 +49,11 @@ class OutputChannel(Protocol):
     newline, a full buffer, or EOF — or each read as it comes otherwise.
     ``on_eof()`` is called once, after the last data.
     """
+
+    #: A UNIX socket transport once connected. Twisted types it as
+    #: ``ITransport | None``, which lacks the producer and half-close methods
+    #: the socket transport has; Any keeps those calls unchecked, not wrong.
+    transport: Any
 
     def __init__(
         self,
@@ -184,6 +189,11 @@ class InputChannel(Protocol):
     while the transport's buffer is full (it pauses us as a producer), so a
     client that honours credit never makes the service buffer without bound.
     """
+
+    #: A UNIX socket transport once connected. Twisted types it as
+    #: ``ITransport | None``, which lacks the producer and half-close methods
+    #: the socket transport has; Any keeps those calls unchecked, not wrong.
+    transport: Any
 
     def __init__(
         self, on_credit: Callable[[int], None], bufsize: int = DEFAULT_INPUT_BUFSIZE

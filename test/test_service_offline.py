@@ -29,24 +29,26 @@ def test_the_default_endpoint_is_a_private_socket(monkeypatch, tmp_path):
     assert (tmp_path / "sdexec").stat().st_mode & 0o777 == 0o700
 
 
-def service_for(tmp_path, manager: FakeManager, text: str = "") -> SdexecService:
+async def started_service(tmp_path, manager: FakeManager) -> SdexecService:
+    """A service on ``manager`` with an empty configuration file, started."""
     path = tmp_path / "sdexec.toml"
-    path.write_text(text)
-    return SdexecService(
+    path.write_text("")
+    service = SdexecService(
         load_config(path),
         reactor,
         listen=f"unix:{tmp_path}/s.sock",
         stats="tcp:0:interface=127.0.0.1",
         connect=lambda: defer.succeed(manager),
     )
+    service.startService()
+    await service.ready
+    return service
 
 
 @ensureDeferred
 async def test_start_serve_reload_and_stop(tmp_path):
     manager = FakeManager()
-    service = service_for(tmp_path, manager)
-    service.startService()
-    await service.ready
+    service = await started_service(tmp_path, manager)
     client = await connect(reactor, f"{tmp_path}/s.sock")
     assert (await client.list())["procs"] == []
     (tmp_path / "sdexec.toml").write_text("[systemd]\nsdbus-debug = true\n")
@@ -65,9 +67,7 @@ async def test_start_serve_reload_and_stop(tmp_path):
 @ensureDeferred
 async def test_losing_systemd_drains_the_node(tmp_path):
     manager = FakeManager()
-    service = service_for(tmp_path, manager)
-    service.startService()
-    await service.ready
+    service = await started_service(tmp_path, manager)
     manager.disconnected.callback(None)
     assert service.server.drain_reason == "lost the D-Bus connection to systemd"
     await service.stopService()

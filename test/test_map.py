@@ -31,6 +31,9 @@ SMALL = (DATA / "small.xml").read_text()
 LARGE = (DATA / "large.xml").read_text()
 NVIDIA_BACKENDS = (DATA / "nvidia-backends.xml").read_text()
 AMD_PARTITIONS = (DATA / "amd-partitions.xml").read_text()
+# The real node's lstopo output, unedited (see /work/shared/hardware/h100-vm):
+# its one GPU's OpenCL device sits beside its PCI device, not under it.
+H100_VM = (DATA / "h100-vm.xml").read_text()
 REPO = Path(__file__).parent.parent
 
 
@@ -367,10 +370,15 @@ class FakeNode:
             node.parent.mkdir(parents=True, exist_ok=True)
             node.touch()
 
-    def pci_device(self, busid: str, driver: str | None, drm: tuple[str, ...]) -> None:
+    def pci_device(
+        self, busid: str, driver: str | None, drm: tuple[str, ...] | None
+    ) -> None:
+        """``drm=None``: no ``drm`` directory at all, as without DRM nodes."""
         device = self.root / "sys/bus/pci/devices" / busid
-        (device / "drm").mkdir(parents=True)
-        for name in drm:
+        device.mkdir(parents=True)
+        if drm is not None:
+            (device / "drm").mkdir()
+        for name in drm or ():
             (device / "drm" / name).mkdir()
         if driver is not None:
             # As in sysfs, a relative link into /sys/bus/pci/drivers.
@@ -550,11 +558,140 @@ def test_a_gpu_with_no_driver_and_no_drm_node_is_enodev(tmp_path):
 
 
 def test_a_gpu_without_a_pci_device_is_enodev(tmp_path):
+    # The only other GPU-class device of the vendor is cuda0's: claimed.
     no_pci = SMALL.replace('type="PCIDev" gp_index="14"', 'type="Misc" gp_index="14"')
     assert enodev(no_pci, FakeNode(tmp_path), "1") == (
-        "GPU 1 (cuda1, no PCI device): hwloc shows no PCI device above it,"
-        " so its device nodes cannot be found"
+        "GPU 1 (cuda1, no PCI device): hwloc shows no PCI device above it, and"
+        " no unclaimed GPU-class PCI device of vendor 10de beside it, so its"
+        " device nodes cannot be found"
     )
+
+
+# --- A GPU OS device beside its PCI device (the H100 VM) ----------------------
+
+H100_PCI = "0000:00:06.0"
+H100_PCIDEV = (
+    f'<object type="PCIDev" gp_index="88" pci_busid="{H100_PCI}"'
+    ' pci_type="0302 [10de:2330] [10de:16c1] a1" pci_link_speed="63.015385"/>'
+)
+
+
+def h100_vm_with(extra: str = "", pci_type: str = "0302 [10de:2330]") -> str:
+    """H100_VM with ``extra`` objects added beside the GPU's PCI device, and
+    that device's class and vendor ids replaced by ``pci_type``."""
+    assert H100_PCIDEV in H100_VM
+    changed = H100_PCIDEV.replace("0302 [10de:2330]", pci_type)
+    return H100_VM.replace(H100_PCIDEV, changed + extra)
+
+
+def other_pcidev(
+    busid: str, pci_type: str = "0302 [10de:2330]", inside: str = ""
+) -> str:
+    return (
+        f'<object type="PCIDev" gp_index="1{len(busid)}" pci_busid="{busid}"'
+        f' pci_type="{pci_type} [10de:16c1] a1">{inside}</object>'
+    )
+
+
+CUDA_OSDEV = (
+    '<object type="OSDev" gp_index="200" name="cuda0" subtype="CUDA" osdev_type="5">'
+    '<info name="Backend" value="CUDA"/></object>'
+)
+
+
+@pytest.fixture
+def h100_node(tmp_path) -> FakeNode:
+    """The H100 VM's /sys, /proc and /dev as its README records them: the
+    nvidia driver bound, no drm directory, no /dev/dri."""
+    node = FakeNode(tmp_path)
+    node.pci_device(H100_PCI, "nvidia", drm=None)
+    node.nvidia_information(
+        H100_PCI,
+        "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ: \t\t 37\n"
+        f"Bus Location: \t {H100_PCI}\nDevice Minor: \t 0\n",
+    )
+    node.dev(
+        "/dev/nvidia0",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia-caps/nvidia-cap1",
+    )
+    return node
+
+
+def test_h100_vm_gpu_beside_its_pci_device_is_resolved(h100_node):
+    assert gpu_summary(H100_VM) == [("opencl1d0", H100_PCI)]
+    assert device_allow(H100_VM, h100_node, "0") == [
+        "/dev/nvidia0 rw",
+        "/dev/nvidiactl rw",
+        "/dev/nvidia-uvm rw",
+        "/dev/nvidia-uvm-tools rw",
+    ]
+
+
+def test_h100_vm_map_with_cores_and_gpu(h100_node):
+    mapper = HwlocMapper(H100_VM, root=str(h100_node.root))
+    result = mapper.map(make_R(core="0-3", gpu="0"))
+    assert result["AllowedCPUs"] == "0-3"
+    assert result["DeviceAllow"] == (
+        "/dev/nvidia0 rw,/dev/nvidiactl rw,/dev/nvidia-uvm rw,/dev/nvidia-uvm-tools rw"
+    )
+    assert result["DevicePolicy"] == "closed"
+
+
+def test_two_unclaimed_candidates_are_ambiguous_and_named(h100_node):
+    xml = h100_vm_with(other_pcidev("0000:00:07.0"))
+    assert enodev(xml, h100_node, "0") == (
+        "GPU 0 (opencl1d0, no PCI device): hwloc shows no PCI device above it,"
+        " and 2 unclaimed GPU-class PCI devices of vendor 10de beside it"
+        f" ({H100_PCI}, 0000:00:07.0): ambiguous, so its device nodes cannot"
+        " be found"
+    )
+
+
+def test_a_candidate_claimed_by_another_gpu_is_not_chosen(h100_node):
+    xml = h100_vm_with(other_pcidev("0000:00:07.0", inside=CUDA_OSDEV))
+    assert gpu_summary(xml) == [("cuda0", "0000:00:07.0"), ("opencl1d0", H100_PCI)]
+    assert device_allow(xml, h100_node, "1")[0] == "/dev/nvidia0 rw"
+
+
+@pytest.mark.parametrize(
+    "pci_type",
+    [
+        "0302 [1002:74a1]",  # another vendor's GPU
+        "0207 [10de:1021]",  # the vendor's, but not a display controller
+    ],
+)
+def test_no_matching_candidate_fails_closed(h100_node, pci_type):
+    xml = h100_vm_with(pci_type=pci_type)
+    assert gpu_summary(xml) == [("opencl1d0", None)]
+    assert "no unclaimed GPU-class PCI device of vendor 10de beside it" in (
+        enodev(xml, h100_node, "0")
+    )
+
+
+def test_an_unknown_gpu_vendor_fails_closed(h100_node):
+    xml = H100_VM.replace('value="NVIDIA Corporation"', 'value="Acme GPUs"')
+    assert "its vendor (Acme GPUs) is not one with a known PCI id" in (
+        enodev(xml, h100_node, "0")
+    )
+
+
+def test_the_nearest_level_with_a_candidate_decides(h100_node):
+    # A second unclaimed NVIDIA GPU under another bridge, farther away than
+    # the one beside the OpenCL device: the nearer one is unambiguous.
+    far = (
+        '<object type="Bridge" gp_index="300" bridge_type="0-1" depth="0"'
+        ' bridge_pci="0000:[01-01]">' + other_pcidev("0000:01:00.0") + "</object>"
+    )
+    xml = H100_VM.replace(
+        "</object>\n  </object>\n  <support",
+        "</object>\n" + far + "\n  </object>\n  <support",
+        1,
+    )
+    assert "0000:01:00.0" in xml
+    assert gpu_summary(xml) == [("opencl1d0", H100_PCI)]
 
 
 def test_map_gpus_empty_is_empty(small):

@@ -60,9 +60,10 @@ class DeviceFinder:
     def _devices(self, gpu: GPU) -> tuple[list[str], list[str]]:
         """(the GPU's own device nodes, the shared ones it needs)."""
         if gpu.pci_busid is None:
+            why = f", and {gpu.unresolved}" if gpu.unresolved else ""
             raise OSError(
                 errno.ENODEV,
-                f"{gpu}: hwloc shows no PCI device above it, so its device"
+                f"{gpu}: hwloc shows no PCI device above it{why}, so its device"
                 " nodes cannot be found",
             )
         driver = self._driver(gpu.pci_busid)

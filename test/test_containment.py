@@ -199,10 +199,11 @@ async def test_one_core_fences_the_unit(start_service):
 
 
 @pytest.mark.systemd
+@pytest.mark.parametrize("configured", ["1G", "1g"])  # either case, as upstream
 @ensureDeferred
-async def test_memory_cap_scaled_and_request_cannot_loosen(start_service):
+async def test_memory_cap_scaled_and_request_cannot_loosen(start_service, configured):
     service = await start_service(
-        **contained(extra='[exec.sdexec-properties]\nMemoryMax = "1G"\n')
+        **contained(extra=f'[exec.sdexec-properties]\nMemoryMax = "{configured}"\n')
     )
     client = await service.connect()
     opts = {

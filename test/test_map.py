@@ -303,9 +303,18 @@ def test_missing_hwloc_calc_is_reported_when_the_mapper_is_built(monkeypatch):
         ("<topology/>", "topology XML: it has no PU objects"),
     ],
 )
-def test_bad_topology_xml_is_a_value_error(xml, message):
-    with pytest.raises(ValueError, match=message):
+def test_bad_topology_xml_is_an_os_error(xml, message):
+    # Upstream's contract: hwloc failing to load the XML is an OSError.
+    with pytest.raises(OSError, match=message) as failure:
         HwlocMapper(xml)
+    assert failure.value.errno == errno.EINVAL
+
+
+def test_bad_topology_xml_carries_the_parsers_message():
+    with pytest.raises(
+        OSError, match=r"not well-formed: unclosed token: line 1, column 0$"
+    ):
+        HwlocMapper("<topo")
 
 
 def test_the_topology_file_goes_with_the_mapper():
@@ -752,10 +761,13 @@ def test_documented_example_95_percent_on_64_pus_for_4_pus_is_6_percent(pus64):
 @pytest.mark.parametrize(
     ("configured", "scaled"),
     [
-        ("64G", 2 * 1024**3),  # 4 of 128 PUs
-        ("1.5G", round(1.5 * 1024**3 / 32)),
-        ("1000", 31),  # bytes, rounded
-        (str(128 * 1024), 4096),
+        ("64G", str(2 * 1024**3)),  # 4 of 128 PUs
+        ("64g", str(2 * 1024**3)),  # either case, as upstream
+        ("1.5G", str(round(1.5 * 1024**3 / 32))),
+        ("1000", "31"),  # bytes, rounded
+        (str(128 * 1024), "4096"),
+        ("1P", str(1024**5 // 32)),
+        ("2e", str(2 * 1024**6 // 32)),
         ("50%", "2%"),  # 1.5625 rounds to 2
         ("10%", "1%"),  # 0.3125 would round to 0%: a zero-byte limit
         ("0%", "0%"),
@@ -767,10 +779,24 @@ def test_memory_caps_scale_by_the_pu_share(large, configured, scaled):
     assert {name: result[name] for name in extra} == dict.fromkeys(extra, scaled)
 
 
-@pytest.mark.parametrize("configured", ["infinity", "lots", "200%", ""])
-def test_infinity_and_unparsable_caps_are_left_out(large, configured):
-    result = large.map(make_R(core="0"), extra_properties={"MemoryMax": configured})
-    assert "MemoryMax" not in result
+def test_infinity_passes_through(large):
+    result = large.map(make_R(core="0"), extra_properties={"MemoryMax": "infinity"})
+    assert result["MemoryMax"] == "infinity"
+
+
+@pytest.mark.parametrize("configured", ["lots", "200%", "", "4gb", "16E"])
+def test_a_cap_that_is_not_a_limit_is_an_error_not_dropped(large, configured):
+    # Dropped, the job would run without the cap the admin configured.
+    with pytest.raises(ValueError, match=r"^extra_properties: MemoryMax: "):
+        large.map(make_R(core="0"), extra_properties={"MemoryMax": configured})
+
+
+def test_scaled_values_are_strings_as_all_property_values(large):
+    extra = {"MemoryMax": "4g", "MemoryHigh": "95%", "MemorySwapMax": "infinity"}
+    result = large.map(make_R(core="0-15"), extra_properties=extra)
+    assert all(isinstance(value, str) for value in result.values())
+    assert result["MemoryMax"] == str(1024**3)
+    assert result["MemoryHigh"] == "24%"  # 95% of 32 of 128 PUs: 23.75
 
 
 def test_protections_are_never_scaled(large):
@@ -778,7 +804,7 @@ def test_protections_are_never_scaled(large):
     result = large.map(make_R(core="0-1"), extra_properties=extra)
     assert "MemoryMin" not in result
     assert "MemoryLow" not in result
-    assert result["MemoryMax"] == 2 * 1024**3
+    assert result["MemoryMax"] == str(2 * 1024**3)
 
 
 def test_no_scaling_without_allowed_cpus(nvidia_node):
@@ -800,7 +826,7 @@ def test_a_whole_node_gets_the_whole_budget(large):
     result = large.map(
         make_R(core="0-63"), extra_properties={"MemoryMax": "95%", "MemoryHigh": "1T"}
     )
-    assert (result["MemoryMax"], result["MemoryHigh"]) == ("95%", 1024**4)
+    assert (result["MemoryMax"], result["MemoryHigh"]) == ("95%", str(1024**4))
 
 
 # --- The spec's custom mappers, loaded from a mapper-searchpath ---------------
@@ -1012,7 +1038,7 @@ def test_a_failing_constructor_is_a_value_error_naming_the_class(tmp_path):
 
 def test_construction_errors_name_the_mapper(monkeypatch):
     with pytest.raises(
-        ValueError, match=r"^mapper 'sdexec\.map\.HwlocMapper': topology XML"
+        OSError, match=r"^\[Errno 22\] mapper 'sdexec\.map\.HwlocMapper': topology XML"
     ):
         create_mapper(topology_xml="<nonsense")
     monkeypatch.setenv("PATH", "/nonexistent")

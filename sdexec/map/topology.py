@@ -66,7 +66,7 @@ class Topology:
         self.ncores = _count(root, "Core")
         self.gpus = _find_gpus(root)
         if self.npus == 0:
-            raise ValueError("topology XML: it has no PU objects")
+            raise OSError(errno.EINVAL, "topology XML: it has no PU objects")
         self._hwloc_calc = _Tool("hwloc-calc")
         self.xml_path = _write_temporary(xml)
         # hwloc-calc reads the topology from that file: it goes when this
@@ -142,13 +142,16 @@ def _remove(path: str) -> None:
 
 
 def _parse(xml: str) -> ET.Element:
+    """The XML's root; ``OSError`` (EINVAL) if it is not an hwloc topology, as
+    upstream's mapper fails when hwloc cannot load it."""
     try:
         root = ET.fromstring(xml)
     except ET.ParseError as error:
-        raise ValueError(f"topology XML: not well-formed: {error}") from None
+        raise OSError(errno.EINVAL, f"topology XML: not well-formed: {error}") from None
     if root.tag != "topology":
-        raise ValueError(
-            f"topology XML: the root element is <{root.tag}>, not hwloc's <topology>"
+        raise OSError(
+            errno.EINVAL,
+            f"topology XML: the root element is <{root.tag}>, not hwloc's <topology>",
         )
     return root
 

@@ -680,6 +680,28 @@ def test_no_matching_candidate_fails_closed(h100_node, pci_type):
     )
 
 
+def test_an_opencl_device_without_a_vendor_fails_closed(h100_node):
+    # OpenCL, unlike CUDA or RSMI, implies no vendor.
+    xml = H100_VM.replace('<info name="GPUVendor" value="NVIDIA Corporation"/>', "")
+    assert "its vendor (none given) is not one with a known PCI id" in (
+        enodev(xml, h100_node, "0")
+    )
+
+
+def test_a_cuda_device_without_a_vendor_is_nvidias(h100_node):
+    xml = H100_VM.replace(
+        '<info name="GPUVendor" value="NVIDIA Corporation"/>', ""
+    ).replace(
+        '<info name="Backend" value="OpenCL"/>', '<info name="Backend" value="CUDA"/>'
+    )
+    assert gpu_summary(xml) == [("opencl1d0", H100_PCI)]
+
+
+def test_a_vendor_is_matched_by_whole_words(h100_node):
+    xml = H100_VM.replace('value="NVIDIA Corporation"', 'value="Amdahl Corporation"')
+    assert "its vendor (Amdahl Corporation)" in enodev(xml, h100_node, "0")
+
+
 def test_an_unknown_gpu_vendor_fails_closed(h100_node):
     xml = H100_VM.replace('value="NVIDIA Corporation"', 'value="Acme GPUs"')
     assert "its vendor (Acme GPUs) is not one with a known PCI id" in (

@@ -253,7 +253,7 @@ class _SiblingSearch:
 def _gpu_vendor_id(osdev: ET.Element) -> str | None:
     described = (_info(osdev, "GPUVendor") or "").lower()
     for word, vendor in _VENDOR_IDS.items():
-        if word in described:
+        if re.search(rf"\b{word}\b", described):
             return vendor
     return _BACKEND_VENDOR_IDS.get(_info(osdev, "Backend") or "")
 

@@ -32,6 +32,7 @@ it with :class:`twisted.internet.task.Clock`.
 from __future__ import annotations
 
 import enum
+import json
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ __all__ = [
     "TerminationSequence",
     "TerminationStep",
     "TerminationTarget",
+    "parse_reason",
     "unkillable_reason",
 ]
 
@@ -63,6 +65,18 @@ class TerminationReason(enum.Enum):
 
     CANCEL = "cancel"
     TIMEOUT = "timeout"
+
+
+def parse_reason(value: object) -> TerminationReason:
+    """The ``reason`` of an ``sdexec.terminate`` request; ``ValueError``
+    naming the field and the choices for anything else."""
+    for reason in TerminationReason:
+        if value == reason.value:
+            return reason
+    choices = " or ".join(f'"{reason.value}"' for reason in TerminationReason)
+    raise ValueError(
+        f"reason: expected {choices}, got {json.dumps(value, default=str)}"
+    )
 
 
 class TerminationStep(enum.Enum):

@@ -17,6 +17,7 @@ from sdexec.termination import (
     TerminationReason,
     TerminationSequence,
     TerminationStep,
+    parse_reason,
 )
 
 TERM, KILL, ALRM = signal.SIGTERM, signal.SIGKILL, signal.SIGALRM
@@ -240,3 +241,13 @@ def test_a_failing_signal_does_not_stop_the_schedule():
     run_out(clock, sequence)
     assert target.times("main") == [5.0]
     assert target.times("unkillable") == [5.0]
+
+
+def test_reason_from_a_request():
+    assert parse_reason("cancel") is CANCEL
+    assert parse_reason("timeout") is TIMEOUT
+    for bad in ("kill", None, 1):
+        with pytest.raises(
+            ValueError, match=r'^reason: expected "cancel" or "timeout"'
+        ):
+            parse_reason(bad)

@@ -15,14 +15,14 @@ stderr, interleaved in the order they were produced, within a size from
 - Per stream, the bytes dropped are counted exactly, for the extension key
   ``"dropped": {"stdout": N, "stderr": M}``.
 - The bookkeeping is bounded too: the stream of each run of bytes is kept as
-  one 8-byte entry, and runs are capped at ``size // 32`` (+1). Output that
+  one 8-byte entry, and runs are capped at ``size // 32 + 64``. Output that
   alternates between stdout and stderr in runs averaging under 32 bytes
   therefore keeps fewer than ``size`` bytes: the oldest whole runs go first,
   still counted byte-exactly as dropped.
 
 Memory held: the data, in a ring ``bytearray`` that grows by doubling up to
 exactly ``size`` bytes and no further, and the run table (8 bytes a run, at
-most ``size // 4`` bytes, usually a few entries), plus a few hundred bytes.
+most ``size // 4 + 512`` bytes, usually a few entries), plus a few hundred bytes.
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ DEFAULT_RETAINED: Final = 1024 * 1024
 STREAMS: Final = ("stdout", "stderr")
 #: The smallest average run the bookkeeping is sized for (see module doc).
 _MIN_AVERAGE_RUN: Final = 32
+#: Runs always allowed, so a small buffer keeps short interleaved output
+#: whole (512 bytes of run table at most).
+_MIN_RUNS: Final = 64
 
 
 def parse_retained_size(value: object) -> int:
@@ -80,7 +83,7 @@ class RetainedOutput:
         if size < 0:
             raise ValueError(f"retained output size {size} is negative")
         self.size = size
-        self._max_runs = size // _MIN_AVERAGE_RUN + 1
+        self._max_runs = size // _MIN_AVERAGE_RUN + _MIN_RUNS
         # A ring: held bytes start at _start and wrap around. It grows (by
         # doubling) only up to size, so a quiet process costs little and a
         # noisy one exactly size.
@@ -104,7 +107,7 @@ class RetainedOutput:
 
     @property
     def run_count(self) -> int:
-        """Runs held now (at most ``size // 32 + 1``)."""
+        """Runs held now (at most ``size // 32 + 64``)."""
         return len(self._runs) - self._first_run
 
     def at_eof(self, stream: str) -> bool:

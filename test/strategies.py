@@ -9,6 +9,7 @@ huge strings, unknown keys.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hypothesis import strategies as st
@@ -173,3 +174,41 @@ malformed_requests = st.one_of(
 )
 #: Any request, valid or not.
 requests = valid_requests | malformed_requests
+
+
+def json_line(value: Any) -> bytes:
+    """``value`` as one protocol line (JSON and ``\\n``), however deeply
+    nested: ``json.dumps`` recurses and fails past ~1000 levels, which is
+    exactly what a fuzzer must be able to send. Lone surrogates are written
+    as ``\\udXXX`` escapes, as a hostile client would."""
+    parts: list[str] = []
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Raw):
+            parts.append(item.text)
+        elif isinstance(item, list):
+            stack.append(_Raw("]"))
+            for index, element in reversed(list(enumerate(item))):
+                stack.append(element)
+                if index:
+                    stack.append(_Raw(","))
+            parts.append("[")
+        elif isinstance(item, dict):
+            stack.append(_Raw("}"))
+            for index, (key, element) in reversed(list(enumerate(item.items()))):
+                stack.append(element)
+                stack.append(_Raw(json.dumps(key) + ":"))
+                if index:
+                    stack.append(_Raw(","))
+            parts.append("{")
+        else:
+            parts.append(json.dumps(item))
+    return ("".join(parts) + "\n").encode("ascii")
+
+
+class _Raw:
+    """Text :func:`json_line` emits as it is."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text

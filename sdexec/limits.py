@@ -4,7 +4,8 @@ Three kinds of check, all made before anything is started or tabled
 (issue 16), each refusing with :class:`~sdexec.refusal.RequestRefused`
 naming the field:
 
-- **Text** (:func:`check_text`, :func:`check_command_text`): every string
+- **Text** (:func:`check_text`; for a command object,
+  ``check_texts(command_text(...))``): every string
   that reaches systemd, the process table or a response must encode as UTF-8
   (no lone surrogates: a JSON ``"\\ud800"`` decodes to one) and must not
   contain NUL (a D-Bus string cannot; a bus may drop the connection that
@@ -37,13 +38,11 @@ __all__ = [
     "MAX_START_MESSAGE",
     "SYSTEMD_ENV_RESERVE",
     "arg_max",
-    "check_command_text",
     "check_exec_size",
     "check_start_message",
     "check_text",
     "check_texts",
     "command_text",
-    "start_message_size",
 ]
 
 #: Linux's ``MAX_ARG_STRLEN`` (``32 * PAGE_SIZE``: 131072 with 4 KiB pages):
@@ -68,7 +67,7 @@ _ARG_FLOOR: Final = 128 * 1024
 SYSTEMD_ENV_RESERVE: Final = 4096
 
 #: The largest ``StartTransientUnit`` call sdexec sends, by the estimate of
-#: :func:`start_message_size` (an upper bound): 2.5 MiB.
+#: :func:`check_start_message` (an upper bound): 2.5 MiB.
 #:
 #: Why this number: the limits of the bus are far above it (the D-Bus
 #: protocol's maximum message is 128 MiB, ``DBUS_MAXIMUM_MESSAGE_LENGTH``;
@@ -150,18 +149,6 @@ def command_text(
         yield "cmd.label", label
 
 
-def check_command_text(
-    cmdline: Sequence[str],
-    env: Mapping[str, str],
-    opts: Mapping[str, str],
-    cwd: str | None = None,
-    label: str | None = None,
-) -> None:
-    """:func:`check_text` for every string of a command object
-    (:func:`command_text`); ``EINVAL`` naming the first bad field."""
-    check_texts(command_text(cmdline, env, opts, cwd, label))
-
-
 def arg_max(sysconf_value: int | None = None) -> int:
     """The argument space of an exec, in bytes, as the kernel computes it:
     ``sysconf(_SC_ARG_MAX)`` (a quarter of the stack limit) held between
@@ -199,7 +186,7 @@ def check_exec_size(
     ``env`` is the environment the unit will get (after
     :func:`sdexec.policy.clean_environment` and dropping names systemd
     refuses). ``limit`` is the argument space (default :func:`arg_max`).
-    The text must already have passed :func:`check_command_text`.
+    The text must already have passed :func:`check_texts`.
 
     Counted as ``fs/exec.c`` counts: each string's bytes plus its NUL (the
     executable's path is copied too), plus one pointer per argument and
@@ -231,17 +218,21 @@ def _framed(text: str) -> int:
     return len(text.encode()) + _STRING_FRAMING
 
 
-def start_message_size(
+def check_start_message(
     unit_name: str,
     executable: str,
     cmdline: Sequence[str],
     env: Mapping[str, str],
     properties: Mapping[str, str],
 ) -> int:
-    """An upper bound on the bytes of the ``StartTransientUnit`` call for a
-    command: its unit name, ``ExecStartEx`` (executable and arguments),
-    ``Environment`` and every other property (``Name → string value``: the
-    request's, the configuration's and the mapper's, merged)."""
+    """The bytes of the ``StartTransientUnit`` call for a command, as an
+    upper bound; ``E2BIG`` if that exceeds :data:`MAX_START_MESSAGE`.
+
+    Counted: the unit name, ``ExecStartEx`` (executable and arguments),
+    ``Environment``, and every other property (``Name → string value``: the
+    request's, the configuration's and the mapper's, merged), each string
+    with its D-Bus framing, plus the message header.
+    """
     size = _MESSAGE_BASE + _framed(unit_name) + _framed(executable)
     size += sum(_framed(arg) for arg in cmdline)
     size += sum(length + _STRING_FRAMING for _, length in _environment_strings(env))
@@ -249,22 +240,10 @@ def start_message_size(
         _framed(name) + _framed(value) + _PROPERTY_FRAMING
         for name, value in properties.items()
     )
-    return size
-
-
-def check_start_message(
-    unit_name: str,
-    executable: str,
-    cmdline: Sequence[str],
-    env: Mapping[str, str],
-    properties: Mapping[str, str],
-) -> None:
-    """Refuse with ``E2BIG`` a command whose ``StartTransientUnit`` call
-    (:func:`start_message_size`) would exceed :data:`MAX_START_MESSAGE`."""
-    size = start_message_size(unit_name, executable, cmdline, env, properties)
     if size > MAX_START_MESSAGE:
         raise RequestRefused(
             errno.E2BIG,
             f"cmd: the unit would take a {size}-byte StartTransientUnit message;"
             f" sdexec sends systemd at most {MAX_START_MESSAGE} bytes",
         )
+    return size

@@ -15,14 +15,19 @@ from sdexec.limits import (
     MAX_START_MESSAGE,
     SYSTEMD_ENV_RESERVE,
     arg_max,
-    check_command_text,
     check_exec_size,
     check_start_message,
     check_text,
+    check_texts,
+    command_text,
 )
 from sdexec.refusal import RequestRefused
 
 POINTER = 8
+
+
+def check_command(*args) -> None:
+    check_texts(command_text(*args))
 
 
 def refused(call, *args, **kwargs) -> RequestRefused:
@@ -55,7 +60,7 @@ def test_text_names_the_field_and_the_problem(value: str, why: str) -> None:
 )
 def test_command_text_names_the_field(command: dict, field: str) -> None:
     error = refused(
-        check_command_text,
+        check_command,
         command["cmdline"],
         command.get("env", {}),
         command.get("opts", {}),
@@ -84,9 +89,9 @@ def test_command_text_refuses_exactly_the_bad_strings(command: dict) -> None:
         command.get("label"),
     )
     if all(is_clean(s) for s in strings):
-        check_command_text(*args)
+        check_command(*args)
     else:
-        assert refused(check_command_text, *args).errnum == errno.EINVAL
+        assert refused(check_command, *args).errnum == errno.EINVAL
 
 
 def test_max_arg_strlen_is_linux_value_on_4k_pages() -> None:
@@ -140,7 +145,10 @@ def test_arg_max_is_clamped_to_the_kernel_range() -> None:
 
 
 def test_start_message_cap() -> None:
-    check_start_message("a.service", "/bin/true", ["true"], {"PATH": "/bin"}, {})
+    small = check_start_message(
+        "a.service", "/bin/true", ["true"], {"PATH": "/bin"}, {}
+    )
+    assert len("a.service/bin/truetruePATH=/bin") < small < 4096
     # A megabyte environment is ordinary and must pass.
     check_start_message(
         "a.service", "/bin/true", ["true"], {"BIG": "x" * 1024 * 1024}, {}
@@ -165,7 +173,7 @@ def test_start_message_cap() -> None:
 @given(commands())
 def test_checks_only_ever_refuse_with_request_refused(command: dict) -> None:
     try:
-        check_command_text(command["cmdline"], command["env"], command["opts"])
+        check_command(command["cmdline"], command["env"], command["opts"])
         check_exec_size("/bin/x", command["cmdline"], command["env"])
         check_start_message(
             "u.service", "/bin/x", command["cmdline"], command["env"], command["opts"]

@@ -14,7 +14,7 @@ from strategies import (
     valid_requests,
 )
 
-from sdexec.limits import check_command_text
+from sdexec.limits import check_texts, command_text
 from sdexec.protocol import Topic
 
 
@@ -39,9 +39,8 @@ def test_json_line_writes_nesting_json_dumps_cannot() -> None:
 def test_valid_requests_pass_the_text_checks(request: dict) -> None:
     cmd = request["payload"].get("cmd")
     if cmd is not None:
-        check_command_text(
-            cmd["cmdline"], cmd["env"], cmd["opts"], cmd.get("cwd"), cmd.get("label")
-        )
+        fields = (cmd["cmdline"], cmd["env"], cmd["opts"], cmd.get("cwd"))
+        check_texts(command_text(*fields, cmd.get("label")))
     assert json.loads(json_line(request)) == request
 
 

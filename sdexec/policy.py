@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from sdexec.config import RESERVED_PROPERTIES
+from sdexec.limits import check_text
 from sdexec.property import parse_bool
 from sdexec.refusal import RequestRefused, printable
 from sdexec.sizes import MemoryLimit
@@ -300,7 +301,10 @@ class RequestPolicy:
 
         ``RequestRefused``: ``EPERM`` naming the property and
         :data:`CONFIG_KEY` for a property not allowed or a looser value,
-        ``EINVAL`` for a value that does not parse.
+        ``EINVAL`` for a value that does not parse or is not text. An
+        allowed property outside :data:`TIGHTENING` (one the admin added,
+        such as ``NoNewPrivileges``) is accepted with any value: widening
+        the list is the admin's deliberate choice.
         """
         for name, value in requested.items():
             self._check(name, value)
@@ -319,6 +323,7 @@ class RequestPolicy:
                 f"{option}: requests may not set {printable(name)};"
                 f" an admin may allow it in {CONFIG_KEY}",
             )
+        check_text(option, value)
         if name == "Description" and len(value.encode()) > MAX_DESCRIPTION:
             raise RequestRefused(
                 errno.EINVAL, f"{option}: longer than {MAX_DESCRIPTION} bytes"

@@ -45,6 +45,7 @@ __all__ = [
     "MAX_DESCRIPTION",
     "NEVER_ALLOWED",
     "TIGHTENING",
+    "Ordering",
     "RequestPolicy",
     "clean_environment",
     "dropped_names",
@@ -123,11 +124,14 @@ _NEVER_SUFFIXES: Final = (("Scale", "write the limit as a percentage instead"),)
 
 
 @dataclass(frozen=True)
-class _Order:
-    """How to compare one property's values: ``rank`` maps a value to a
-    number that grows as the value loosens the unit; ``default`` is systemd's
-    value when nothing sets it (``None``: not known here, so a request may
-    only give a value that no baseline can be tighter than)."""
+class Ordering:
+    """How to compare one property's values.
+
+    ``rank(value, physical_memory)`` maps a value to a number that grows as
+    the value loosens the unit (``ValueError`` if it does not parse);
+    ``default`` is systemd's value when nothing sets it (``None``: not known
+    here, so only an accounting switch turned on is accepted without a
+    baseline); ``describe`` says what a valid value is, for ``EINVAL``."""
 
     rank: Callable[[str, int], float]
     default: str | None
@@ -146,12 +150,11 @@ def _memory_rank(text: str, physical_memory: int) -> float:
 
 def _integer_rank(low: int, high: int, sign: int = 1) -> Callable[[str, int], float]:
     def rank(text: str, _memory: int) -> float:
-        if re.fullmatch(r"[-+]?[0-9]+", text.strip()) is None:
+        # int() alone would also take "1_000" and non-ASCII digits.
+        is_integer = re.fullmatch(r"[-+]?[0-9]+", text.strip()) is not None
+        if not is_integer or not low <= int(text) <= high:
             raise ValueError(f"{text!r} is not an integer from {low} to {high}")
-        value = int(text)
-        if not low <= value <= high:
-            raise ValueError(f"{text!r} is not an integer from {low} to {high}")
-        return sign * value
+        return sign * int(text)
 
     return rank
 
@@ -168,32 +171,32 @@ def _switch_rank(text: str, _memory: int) -> float:
     return 0.0 if parse_bool(text) else 1.0
 
 
-_MEMORY = _Order(_memory_rank, "infinity", "a memory limit (512M, 50%, infinity)")
-_WEIGHT = _Order(_integer_rank(1, 10000), "100", "a weight from 1 to 10000")
-_SWITCH = _Order(_switch_rank, None, "a boolean (yes/no)")
+_MEMORY = Ordering(_memory_rank, "infinity", "a memory limit (512M, 50%, infinity)")
+_WEIGHT = Ordering(_integer_rank(1, 10000), "100", "a weight from 1 to 10000")
+_SWITCH = Ordering(_switch_rank, None, "a boolean (yes/no)")
 
 #: The properties a request may only tighten, and how their values compare.
 #: Lower is tighter except for ``Nice`` and ``OOMScoreAdjust`` (higher is
 #: tighter) and the accounting switches (on is tighter). ``MemoryLow`` and
 #: ``MemoryMin`` are protections: raising them takes memory from others.
-TIGHTENING: Final[Mapping[str, _Order]] = {
+TIGHTENING: Final[Mapping[str, Ordering]] = {
     **dict.fromkeys(("MemoryMax", "MemoryHigh", "MemorySwapMax"), _MEMORY),
     **dict.fromkeys(
         ("MemoryLow", "MemoryMin"),
-        _Order(_memory_rank, "0", "a memory limit (512M, 50%, infinity)"),
+        Ordering(_memory_rank, "0", "a memory limit (512M, 50%, infinity)"),
     ),
     **dict.fromkeys(
         ("CPUWeight", "StartupCPUWeight", "IOWeight", "StartupIOWeight"), _WEIGHT
     ),
     **dict.fromkeys(
         ("CPUQuotaPerSecUSec", "RuntimeMaxUSec"),
-        _Order(_usec_rank, "infinity", "microseconds or infinity"),
+        Ordering(_usec_rank, "infinity", "microseconds or infinity"),
     ),
     # The manager's DefaultTasksMax and the service's own OOM score are not
     # known here: the integrator passes them as baselines.
-    "TasksMax": _Order(_usec_rank, None, "a number of tasks or infinity"),
-    "Nice": _Order(_integer_rank(-20, 19, -1), "0", "a nice level from -20 to 19"),
-    "OOMScoreAdjust": _Order(
+    "TasksMax": Ordering(_usec_rank, None, "a number of tasks or infinity"),
+    "Nice": Ordering(_integer_rank(-20, 19, -1), "0", "a nice level from -20 to 19"),
+    "OOMScoreAdjust": Ordering(
         _integer_rank(-1000, 1000, -1), None, "an integer from -1000 to 1000"
     ),
     **dict.fromkeys(
@@ -333,7 +336,7 @@ class RequestPolicy:
             self._check_tightens(option, name, value, order)
 
     def _check_tightens(
-        self, option: str, name: str, value: str, order: _Order
+        self, option: str, name: str, value: str, order: Ordering
     ) -> None:
         try:
             rank = order.rank(value, self.physical_memory)
@@ -359,7 +362,7 @@ class RequestPolicy:
                 f" {name}={baseline}; a request may only tighten it ({CONFIG_KEY})",
             )
 
-    def _baseline_rank(self, baseline: str | None, order: _Order) -> float | None:
+    def _baseline_rank(self, baseline: str | None, order: Ordering) -> float | None:
         if baseline is None:
             return None
         try:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import subprocess
 
 import pytest
 from hypothesis import given, settings
@@ -253,3 +254,34 @@ def test_any_text_is_refused_cleanly_or_accepted(requested: dict[str, str]) -> N
     except RequestRefused as error:
         assert error.errnum in (errno.EPERM, errno.EINVAL)
         error.errstr.encode("utf-8")
+
+
+# What a user manager adds to a job's environment on its own: the user's
+# basics, which a client legitimately passes too, and nothing else.
+USER_BASICS = {"HOME", "LANG", "PATH", "SHELL", "USER", "LOGNAME", "TERM"}
+USER_BASICS |= {"XDG_RUNTIME_DIR", "PWD", "SHLVL", "_", "OLDPWD"}
+
+
+@pytest.mark.systemd
+def test_every_variable_the_manager_adds_is_dropped_or_a_user_basic(
+    user_manager,
+) -> None:
+    """Runs a notify service with a watchdog (the richest environment
+    systemd gives) and checks that every variable it has and its manager
+    has not is either dropped or one of the user's basics."""
+
+    def environment(*command: str) -> set[str]:
+        output = subprocess.run(
+            command, capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+        return {line.partition("=")[0] for line in output.splitlines() if "=" in line}
+
+    manager = environment("systemctl", "--user", "show-environment")
+    job = environment(
+        *("systemd-run", "--user", "--quiet", "--wait", "--pipe"),
+        *("-p", "Type=notify", "-p", "WatchdogSec=100"),
+        *("sh", "-c", "systemd-notify --ready; env"),
+    )
+    added = job - manager - USER_BASICS
+    assert "INVOCATION_ID" in added and "NOTIFY_SOCKET" in added
+    assert added <= DROPPED_ENVIRONMENT, added - DROPPED_ENVIRONMENT

@@ -36,7 +36,7 @@ json_values = st.recursive(
 
 #: Text that is fine for systemd and exec.
 clean_text = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
+    alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="\0"),
     max_size=40,
 )
 #: Text with at least one lone surrogate or NUL somewhere.
@@ -106,7 +106,7 @@ kill_payloads = st.fixed_dictionaries(
     {"signum": st.integers(1, 64)},
     optional={"pid": st.integers(1, 2**22), "label": clean_text},
 )
-empty_payloads = st.just({})
+empty_payloads: st.SearchStrategy[dict[str, Any]] = st.just({})
 
 #: Malformed payloads for each topic: wrong types in every field.
 malformed_exec_payloads = st.fixed_dictionaries(

@@ -15,7 +15,6 @@ from typing import Any, Protocol
 
 from sdexec import protocol
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, SOCKET_ENV
-from sdexec.sizes import parse_size
 
 __all__ = [
     "ConnectionFailed",
@@ -222,7 +221,13 @@ def _stdin_bufsize(cmd: dict[str, Any]) -> int:
     else the RFC 42 default (a bad value is the service's to refuse)."""
     opts = cmd.get("opts")
     value = opts.get("stdin_BUFSIZE") if isinstance(opts, dict) else None
+    if not isinstance(value, str):
+        return DEFAULT_STDIN_BUFSIZE
+    # Only now: sdexec.sizes loads decimal, which the command line's
+    # start-up need not pay for.
+    from sdexec.sizes import parse_size
+
     try:
-        return parse_size(value) if isinstance(value, str) else DEFAULT_STDIN_BUFSIZE
+        return parse_size(value)
     except ValueError:
         return DEFAULT_STDIN_BUFSIZE

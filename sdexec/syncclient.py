@@ -39,7 +39,8 @@ from sdexec.wire import FrameSplitter, FramingError, encode_message
 __all__ = ["Call", "Connection", "Exec", "Loop"]
 
 #: How much is read from the service at a time. The service writes output
-#: in messages of up to 64 KiB; reading several at once halves the reads.
+#: in messages of up to 64 KiB (88 KiB as base64); one read takes one or
+#: more whole.
 _RECV_SIZE = 256 * 1024
 
 Callback = Callable[[int], None]
@@ -166,6 +167,10 @@ class Connection:
         self._requests = Requests(path)
         self._splitter = FrameSplitter()
         self._unsent: list[bytes] = []
+        # Read into one buffer, reused: a fresh 256 KiB bytes per recv() is
+        # memory-mapped and page-faulted anew each time, which cost more
+        # than the JSON decoding (docs/performance.md).
+        self._received = memoryview(bytearray(_RECV_SIZE))
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.connect(path)
@@ -265,19 +270,19 @@ class Connection:
 
     def _receive(self) -> None:
         try:
-            data = self._sock.recv(_RECV_SIZE)
+            size = self._sock.recv_into(self._received)
         except BlockingIOError:
             return
         except OSError as failure:
             if failure.errno != errno.ECONNRESET:
                 self._lose(f"cannot read: {failure.strerror}")
                 return
-            data = b""
-        if not data:
+            size = 0
+        if not size:
             self._lose(None)
             return
         try:
-            for message in self._splitter.feed(data):
+            for message in self._splitter.feed(bytes(self._received[:size])):
                 # A message that answers no request is dropped: the command
                 # line has nowhere better to say so.
                 self._requests.dispatch(message)

@@ -167,10 +167,6 @@ class Connection:
         self._requests = Requests(path)
         self._splitter = FrameSplitter()
         self._unsent: list[bytes] = []
-        # Read into one buffer, reused: a fresh 256 KiB bytes per recv() is
-        # memory-mapped and page-faulted anew each time, which cost more
-        # than the JSON decoding (docs/performance.md).
-        self._received = memoryview(bytearray(_RECV_SIZE))
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.connect(path)
@@ -270,19 +266,19 @@ class Connection:
 
     def _receive(self) -> None:
         try:
-            size = self._sock.recv_into(self._received)
+            data = self._sock.recv(_RECV_SIZE)
         except BlockingIOError:
             return
         except OSError as failure:
             if failure.errno != errno.ECONNRESET:
                 self._lose(f"cannot read: {failure.strerror}")
                 return
-            size = 0
-        if not size:
+            data = b""
+        if not data:
             self._lose(None)
             return
         try:
-            for message in self._splitter.feed(bytes(self._received[:size])):
+            for message in self._splitter.feed(data):
                 # A message that answers no request is dropped: the command
                 # line has nowhere better to say so.
                 self._requests.dispatch(message)

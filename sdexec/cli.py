@@ -233,12 +233,8 @@ def _connect(loop: Loop, options: argparse.Namespace) -> Connection:
 
 def _request(options: argparse.Namespace, topic: str, payload: dict) -> dict:
     """One request on a connection of its own; its response's payload."""
-    loop = Loop()
-    connection = _connect(loop, options)
-    try:
+    with Loop() as loop, _connect(loop, options) as connection:
         return connection.call(topic, payload)
-    finally:
-        connection.close()
 
 
 def _run(options: argparse.Namespace) -> int:
@@ -247,17 +243,14 @@ def _run(options: argparse.Namespace) -> int:
     except OSError as failure:
         why = failure.strerror
         raise SdexecError(f"cannot get the current directory: {why}") from None
-    loop = Loop()
-    job = _Job(loop, options.noinput)
-    # Caught before connecting: a signal that arrives while we start up is
-    # held until the process has started.
-    loop.catch_signals(FORWARDED_SIGNALS, job.forward_signal)
-    connection = _connect(loop, options)
-    try:
-        job.start(connection, command)
-        loop.run_until(job.ended)
-    finally:
-        connection.close()
+    with Loop() as loop:
+        job = _Job(loop, options.noinput)
+        # Caught before connecting: a signal that arrives while we start up
+        # is held until the process has started.
+        loop.catch_signals(FORWARDED_SIGNALS, job.forward_signal)
+        with _connect(loop, options) as connection:
+            job.start(connection, command)
+            loop.run_until(job.ended)
     return job.exit_code()
 
 
@@ -398,7 +391,7 @@ class _Job:
         if stream is None or connection is None or stream.pid is None:
             self._held_signals.append(signum)
         elif not stream.ended:
-            connection.kill(signum, pid=stream.pid, pending=_KillSent(signum))
+            connection.kill(signum, stream.pid, _KillSent(signum))
 
     def _send_held_signals(self) -> None:
         held, self._held_signals = self._held_signals, []

@@ -55,20 +55,22 @@ class Loop:
 
     def __init__(self) -> None:
         self._selector = selectors.PollSelector()
-        self._callbacks: dict[int, tuple[int, Callback]] = {}
+        self._watched: set[int] = set()
+        self._wakeup: tuple[int, int] | None = None
 
     def watch(self, fd: int, events: int, callback: Callback) -> None:
         """Call ``callback(ready_events)`` while ``fd`` is ready for
         ``events`` (``selectors.EVENT_READ`` and/or ``EVENT_WRITE``);
         replaces what was watched on ``fd``."""
-        if fd in self._callbacks:
+        if fd in self._watched:
             self._selector.modify(fd, events, callback)
         else:
             self._selector.register(fd, events, callback)
-        self._callbacks[fd] = (events, callback)
+            self._watched.add(fd)
 
     def unwatch(self, fd: int) -> None:
-        if self._callbacks.pop(fd, None) is not None:
+        if fd in self._watched:
+            self._watched.remove(fd)
             self._selector.unregister(fd)
 
     def catch_signals(self, signums: Iterable[int], on_signal: Callback) -> None:
@@ -76,7 +78,7 @@ class Loop:
         that arrives, instead of acting on it."""
         # The interpreter writes each caught signal's number to the wakeup
         # fd; the handler itself need do nothing.
-        readable, writable = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        readable, writable = self._wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(writable, warn_on_full_buffer=False)
         for signum in signums:
             signal.signal(signum, _ignore)
@@ -93,8 +95,24 @@ class Loop:
         while not done():
             for key, events in self._selector.select():
                 # An earlier callback of this round may have unwatched it.
-                if key.fd in self._callbacks:
+                if key.fd in self._watched:
                     key.data(events)
+
+    def __enter__(self) -> Loop:
+        return self
+
+    def __exit__(self, *_exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop catching signals (their handlers stay, and ignore them)."""
+        if self._wakeup is not None:
+            signal.set_wakeup_fd(-1)
+            self.unwatch(self._wakeup[0])
+            for fd in self._wakeup:
+                os.close(fd)
+            self._wakeup = None
+        self._selector.close()
 
 
 def _ignore(_signum: int, _frame: Any) -> None:
@@ -208,11 +226,10 @@ class Connection:
         assert call.payload is not None
         return call.payload
 
-    def kill(self, signum: int, pid: int | None = None, label: str | None = None,
-             pending: Pending | None = None) -> None:  # fmt: skip
-        """Send ``sdexec.kill`` to ``pid`` or ``label`` (exactly one)."""
-        target: dict[str, Any] = {"pid": pid} if label is None else {"label": label}
-        self.send(Topic.KILL, {**target, "signum": signum}, pending or Call())
+    def kill(self, signum: int, pid: int, pending: Pending) -> None:
+        """Send ``signum`` to process ``pid`` (``sdexec.kill``); the
+        response goes to ``pending``."""
+        self.send(Topic.KILL, {"pid": pid, "signum": signum}, pending)
 
     def write_stdin(self, stream: Exec, data: bytes) -> None:
         """Send ``data`` (``b""``: EOF) to the process's stdin."""
@@ -220,6 +237,12 @@ class Connection:
         self.send_no_response(Topic.WRITE, {"matchtag": stream.matchtag, "io": io})
         if stream.credit is not None:
             stream.credit.spend(len(data))
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *_exc_info: object) -> None:
+        self.close()
 
     def close(self) -> None:
         if self._sock.fileno() >= 0:

@@ -1,7 +1,8 @@
 """twistd plugin: ``twistd -n sdexec --config FILE [--listen EP] [--stats EP]``.
 
-This file lives in the checkout's ``twisted/plugins/`` directory (no
-``__init__.py`` here, by Twisted's plugin convention); it is found when the
+``twisted.plugins`` is a namespace package here (no ``__init__.py``, by
+Twisted's plugin convention): the wheel installs this one file into Twisted's
+own ``twisted/plugins/`` directory; in a checkout it is found when the
 checkout is on ``sys.path`` (``scripts/install`` makes it so).
 """
 

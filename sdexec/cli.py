@@ -38,6 +38,7 @@ from sdexec.client import (
 )
 from sdexec.ioencode import decode_io
 from sdexec.signals import parse_signal, signal_name
+from sdexec.version import add_version_option
 
 __all__ = [
     "build_command",
@@ -114,6 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sdexec", description="Run processes as transient systemd units."
     )
+    add_version_option(parser)
     parser.add_argument(
         "--socket",
         metavar="PATH",

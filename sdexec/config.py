@@ -40,6 +40,7 @@ from sdexec.fsd import parse_fsd
 from sdexec.protocol import DEFAULT_MAX_FRAME
 from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import MemoryLimit, parse_size
+from sdexec.version import add_version_option
 
 __all__ = [
     "DEFAULT_CWD",
@@ -703,6 +704,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Check an sdexec configuration file and print the"
         " configuration in force as JSON.",
     )
+    add_version_option(parser)
     parser.add_argument("file", help="a .toml, .yaml or .yml configuration file")
     args = parser.parse_args(argv)
     try:

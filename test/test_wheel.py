@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -116,10 +117,12 @@ def test_example_files_are_installed(installed):
         assert (examples / name).read_bytes() == (REPO / "etc" / name).read_bytes()
 
 
-def test_twistd_sdexec_help(installed):
+def test_twistd_sdexec_help_and_version(installed):
     helped = installed.run(installed.bin("twistd"), "sdexec", "--help")
     assert helped.returncode == 0, helped.stdout + helped.stderr
     assert "--config=" in helped.stdout
+    shown = installed.run(installed.bin("sdexec"), "--version")
+    assert shown.stdout == f"sdexec {version('sdexec')}\n", shown.stderr
 
 
 def test_the_installed_service_runs_a_process(installed, user_manager):

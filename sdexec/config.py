@@ -36,6 +36,7 @@ import yaml
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
+from sdexec.activation import check_systemd_endpoint, is_systemd_endpoint
 from sdexec.fsd import parse_fsd
 from sdexec.protocol import DEFAULT_MAX_FRAME
 from sdexec.signals import parse_signal, signal_name
@@ -382,6 +383,9 @@ def _class_name(value: Any) -> str:
 
 def _endpoint(value: object) -> str:
     description = _string(value)
+    if is_systemd_endpoint(description):  # its sockets exist only in the unit
+        _check_systemd_endpoint(value, description)
+        return description
     try:
         # Parsing builds an endpoint without touching the reactor, so any
         # stand-in will do; this catches "tpc:8490" long before a listen.
@@ -392,6 +396,16 @@ def _endpoint(value: object) -> str:
             f" such as unix:/path or tcp:PORT ({error})"
         ) from None
     return description
+
+
+def _check_systemd_endpoint(value: object, description: str) -> None:
+    try:
+        check_systemd_endpoint(description)
+    except ValueError as error:
+        raise ValueError(
+            f"{_quote(value)} is not a systemd socket endpoint such as"
+            f" systemd:domain=UNIX:name=sdexec ({error})"
+        ) from None
 
 
 def _frame_size(value: object) -> int:

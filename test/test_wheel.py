@@ -113,7 +113,9 @@ def test_twisted_namespace_is_intact(installed):
 
 def test_example_files_are_installed(installed):
     examples = installed.prefix / "share" / "sdexec" / "examples"
-    for name in ("sdexec.toml", "sdexec.yaml", "sdexec.service"):
+    shipped = ("sdexec.toml", "sdexec.yaml", "sdexec.service",
+               "sdexec-system.service", "sdexec.socket")  # fmt: skip
+    for name in shipped:
         assert (examples / name).read_bytes() == (REPO / "etc" / name).read_bytes()
 
 

@@ -21,6 +21,7 @@ from twisted.logger import Logger
 from sdexec.activation import server_endpoint
 from sdexec.config import Config, ConfigError, load_config
 from sdexec.containment import Containment
+from sdexec.metrics import Metrics
 from sdexec.notify import Readiness, describe_server
 from sdexec.protocol import default_socket_path
 from sdexec.server import ClientFactory, SdexecServer
@@ -81,6 +82,7 @@ class SdexecService(Service):
         self.ready: defer.Deferred = defer.Deferred()
         # sd_notify (a no-op without $NOTIFY_SOCKET): see sdexec/notify.py
         self.readiness = Readiness(reactor, self._status_line)
+        self.metrics = Metrics(reactor, self._server_stats)  # GET /metrics
 
     def startService(self) -> None:
         super().startService()
@@ -93,11 +95,13 @@ class SdexecService(Service):
         systemd.debug = self.config.systemd.sdbus_debug
         systemd.disconnected.addCallback(self._lost_systemd)
         self.server = SdexecServer(systemd, self.config, self.reactor, containment)
+        systemd.on_call = self.metrics.dbus_call
+        self.server.observer = self.metrics
         self.ports["listen"] = yield server_endpoint(self.reactor, self.listen).listen(
             ClientFactory(self.server)
         )
         self.ports["stats"] = yield server_endpoint(self.reactor, self.stats).listen(
-            stats_site(self.server.stats)
+            stats_site(self.server.stats, self.metrics.resource())
         )
         self._install_sighup()
         self.readiness.ready()
@@ -107,6 +111,10 @@ class SdexecService(Service):
             stats=self.stats,
         )
         return self
+
+    def _server_stats(self) -> dict:
+        assert self.server is not None, "the stats endpoint listens after start"
+        return self.server.stats()
 
     def _status_line(self) -> str:
         if self.server is None:
@@ -150,7 +158,9 @@ class SdexecService(Service):
         Running units are not touched; the next request sees the new one."""
         self.readiness.reloading()
         try:
-            return self._reload(path or self.config.source)
+            reloaded = self._reload(path or self.config.source)
+            self.metrics.reloaded(reloaded)
+            return reloaded
         finally:
             self.readiness.reloaded()
 

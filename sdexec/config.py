@@ -206,6 +206,10 @@ class SdexecConfig:
     #: (log it and let the job run: for test nodes whose cgroups cannot
     #: enforce, by an admin's explicit choice).
     containment_check: str = "drain"
+    #: How the service logs under twistd: ``"text"`` (Twisted's lines; with a
+    #: syslog priority prefix when stdout is the journal) or ``"json"``
+    #: (Twisted's JSON log observer, for log shippers). See sdexec/logs.py.
+    log_format: str = "text"
 
     @property
     def mapper_searchpath_dirs(self) -> list[str]:
@@ -518,6 +522,7 @@ _SDEXEC: _Table = {
     "topology": _Key(_string),
     "max-frame-size": _Key(_frame_size),
     "containment-check": _Key(_one_of("drain", "warn")),
+    "log-format": _Key(_one_of("text", "json")),
 }
 
 _SYSTEMD: _Table = {

@@ -8,6 +8,7 @@ checkout is on ``sys.path`` (``scripts/install`` makes it so).
 
 from __future__ import annotations
 
+import os
 import sys
 
 from twisted.application.service import IServiceMaker
@@ -67,11 +68,12 @@ class SdexecServiceMaker:
     def makeService(self, options: Options):
         reactor = _asyncio_reactor()
         from sdexec.config import ConfigError, load_config
+        from sdexec.logs import log_observer, with_observer
         from sdexec.service import SdexecService
 
         try:
             config = load_config(options["config"])
-            return SdexecService(
+            service = SdexecService(
                 config,
                 reactor,
                 options["listen"],
@@ -80,6 +82,9 @@ class SdexecServiceMaker:
             )
         except ConfigError as error:
             raise SystemExit(f"sdexec: {error}") from None
+        # twistd -n logs to stdout: the journal under systemd (sdexec/logs.py).
+        observer = log_observer(config.sdexec.log_format, sys.stdout, os.environ)
+        return with_observer(service, observer)
 
 
 serviceMaker = SdexecServiceMaker()

@@ -111,12 +111,16 @@ def test_twisted_namespace_is_intact(installed):
     assert "'sdexec'" in tapnames and "'web'" in tapnames
 
 
-def test_example_files_are_installed(installed):
+def test_example_files_man_pages_and_completions_are_installed(installed):
     examples = installed.prefix / "share" / "sdexec" / "examples"
     shipped = ("sdexec.toml", "sdexec.yaml", "sdexec.service",
                "sdexec-system.service", "sdexec.socket")  # fmt: skip
     for name in shipped:
         assert (examples / name).read_bytes() == (REPO / "etc" / name).read_bytes()
+    for path in ("share/man/man1/sdexec.1", "share/man/man5/sdexec.toml.5",
+                 "share/bash-completion/completions/sdexec",
+                 "share/zsh/site-functions/_sdexec"):  # fmt: skip
+        assert (installed.prefix / path).read_bytes() == (REPO / path).read_bytes()
 
 
 def test_twistd_sdexec_help_and_version(installed):

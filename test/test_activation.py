@@ -4,6 +4,7 @@ as fd 3 (``LISTEN_FDS``/``LISTEN_PID``), as systemd passes it from a
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
@@ -12,7 +13,16 @@ import sys
 import pytest
 from support import unit_names
 from test_notify import NotifySocket
-from test_twistd import CONFIG, REPO, TWISTD, _environment, _free_port, _wait_for
+from test_twistd import (
+    CONFIG,
+    REPO,
+    TWISTD,
+    _environment,
+    _free_port,
+    _wait_for,
+    reaped,
+    terminate,
+)
 
 from sdexec.activation import check_systemd_endpoint
 from sdexec.config import ConfigError, parse_config
@@ -58,7 +68,7 @@ def test_serves_on_an_inherited_socket_and_notifies(user_manager, tmp_path):
     )
     listener.close()  # the service holds it now, as systemd would
     log = tmp_path / "twistd.log"
-    try:
+    with reaped(service), contextlib.closing(notify):
         ready = _wait_for(notify.messages, "READY=1")
         assert ready[0]["READY"] == "1", log.read_text()
         ran = subprocess.run(
@@ -67,13 +77,7 @@ def test_serves_on_an_inherited_socket_and_notifies(user_manager, tmp_path):
             capture_output=True, timeout=60, env=_environment(),
         )  # fmt: skip
         assert (ran.returncode, ran.stdout) == (0, b"activated\n"), ran.stderr
-        service.send_signal(signal.SIGTERM)
-        assert service.wait(timeout=60) == -signal.SIGTERM
-    finally:
-        if service.poll() is None:
-            service.kill()
-            service.wait()
-        notify.close()
+        assert terminate(service) == -signal.SIGTERM
     assert unit_names() == []
 
 

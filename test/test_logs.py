@@ -10,7 +10,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_twistd import CONFIG, TWISTD, _environment, _free_port, _wait_for
+from test_twistd import (
+    CONFIG,
+    TWISTD,
+    _environment,
+    _free_port,
+    _wait_for,
+    reaped,
+    terminate,
+)
 from twisted.logger import Logger, LogPublisher, eventsFromJSONLogFile
 from twisted.python.failure import Failure
 
@@ -77,17 +85,12 @@ def _run_twistd(tmp_path: Path, extra_config: str, environ: dict) -> str:
             [*TWISTD, "--nodaemon", "--pidfile=", "sdexec", "--config", str(config)],
             cwd=tmp_path, env=environment, stdout=stdout, stderr=subprocess.STDOUT,
         )  # fmt: skip
-    try:
+    with reaped(service):
         _wait_for(socket.exists, "the service's socket")
         config.write_text('[exec]\nkill-timeout = "5x"\n')
         service.send_signal(signal.SIGHUP)
         _wait_for(lambda: b"reload refused" in output.read_bytes(), "a refusal")
-        service.send_signal(signal.SIGTERM)
-        assert service.wait(timeout=60) == -signal.SIGTERM
-    finally:
-        if service.poll() is None:
-            service.kill()
-            service.wait()
+        assert terminate(service) == -signal.SIGTERM
     return output.read_text()
 
 

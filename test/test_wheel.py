@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from support import unit_names
-from test_twistd import CONFIG, _free_port, _wait_for
+from test_twistd import CONFIG, _free_port, _wait_for, reaped, terminate
 
 pytestmark = pytest.mark.systemd
 
@@ -142,16 +142,11 @@ def test_the_installed_service_runs_a_process(installed, user_manager):
         cwd=installed.home, env=_clean_environment(),
         stdout=log.open("wb"), stderr=subprocess.STDOUT,
     )  # fmt: skip
-    try:
+    with reaped(service):
         _wait_for(socket.exists, "the installed service's socket")
         ran = installed.run(installed.bin("sdexec"), "--socket", str(socket),
                             "run", "true")  # fmt: skip
         assert ran.returncode == 0, ran.stderr
-        service.terminate()
-        assert service.wait(timeout=60) == -signal.SIGTERM, log.read_text()
-    finally:
-        if service.poll() is None:
-            service.kill()
-            service.wait()
+        assert terminate(service) == -signal.SIGTERM, log.read_text()
     assert b"Server Shut Down." in log.read_bytes()
     assert unit_names() == []

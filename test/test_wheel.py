@@ -11,6 +11,7 @@ offline from it.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,10 @@ from test_twistd import CONFIG, _free_port, _wait_for, reaped, terminate
 pytestmark = pytest.mark.systemd
 
 REPO = Path(__file__).resolve().parent.parent
+#: Build outputs and caches a checkout may hold, left out of the build.
+NOT_SOURCE = ("build", "dist", "*.egg-info", ".git", "__pycache__", "dropin.cache",
+              ".tox", ".hypothesis", ".mypy_cache", ".ruff_cache",
+              ".pytest_cache")  # fmt: skip
 #: Long enough for a cold pip cache on a slow network, short of hanging CI.
 PIP_TIMEOUT = 300
 
@@ -69,8 +74,12 @@ def installed(tmp_path_factory) -> Installed:
     ``--system-site-packages``: the dev machine's editable install must not
     leak in)."""
     root = tmp_path_factory.mktemp("wheel")
+    # Built from a clean copy: setuptools builds in the source tree and would
+    # ship whatever a stale build/lib of the checkout still holds.
+    source = root / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(*NOT_SOURCE))
     wheelhouse = root / "wheelhouse"
-    _pip("wheel", "-w", str(wheelhouse), str(REPO), cwd=root)
+    _pip("wheel", "-w", str(wheelhouse), str(source), cwd=root)
     prefix = root / "venv"
     subprocess.run(
         [sys.executable, "-m", "venv", str(prefix)],

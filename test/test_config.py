@@ -238,13 +238,15 @@ def properties(**settings: Any) -> Config:
 
 
 @pytest.mark.parametrize("name", MEMORY)
-@pytest.mark.parametrize("value", ["512M", "1.5G", "4096", "95%", "0", "infinity"])
+@pytest.mark.parametrize(
+    "value", ["512M", "1.5G", "4096", "95%", "0", "infinity", "4g", "1P", "2e"]
+)
 def test_memory_property_good(name, value):
     assert properties(**{name: value}).exec.sdexec_properties == {name: value}
 
 
 @pytest.mark.parametrize("name", MEMORY)
-@pytest.mark.parametrize("value", ["150%", "lots", "5X", "-1G", ""])
+@pytest.mark.parametrize("value", ["150%", "lots", "5X", "-1G", "", "16E", "4gb"])
 def test_memory_property_bad(name, value):
     with pytest.raises(ConfigError) as error:
         properties(**{name: value})

@@ -26,9 +26,9 @@ enable = true
 [exec]
 service = "sdexec"
 [sdexec]
-listen = "systemd:domain=UNIX:name=sdexec"
 stats = "tcp:{port}:interface=127.0.0.1"
 """
+ACTIVATED = CONFIG + 'listen = "systemd:domain=UNIX:name=sdexec"\n'
 
 
 def _systemctl(*args: str) -> subprocess.CompletedProcess:
@@ -41,29 +41,52 @@ def _show(unit: str, *properties: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in shown.stdout.splitlines())
 
 
+class Units:
+    """Shipped unit files installed as ``NAME.service``/``NAME.socket`` in
+    the manager's runtime unit directory, with a test drop-in."""
+
+    def __init__(self, runtime_dir: str, directory: Path) -> None:
+        self.socket = Path(runtime_dir) / "sdexec" / "sdexec.sock"  # %t/sdexec/…
+        self.units = Path(runtime_dir) / "systemd" / "user"
+        self.dropins = self.units / f"{NAME}.service.d"
+        self.directory = directory
+
+    def install(self, service: str, socket: str | None, config: str, dropin: str):
+        """``etc/SERVICE`` (and ``etc/SOCKET``) with ``config`` as the
+        configuration; the drop-in runs this checkout's twistd and adds
+        ``dropin`` lines to ``[Service]``."""
+        self.dropins.mkdir(parents=True, exist_ok=True)
+        self._copy(service, f"{NAME}.service")
+        if socket is not None:
+            self._copy(socket, f"{NAME}.socket")
+        path = self.directory / "sdexec.toml"
+        path.write_text(config)
+        twistd = (f"{sys.executable} -c 'from twisted.scripts.twistd import run;"
+                  f" run()' --nodaemon --pidfile= sdexec --config {path}")  # fmt: skip
+        (self.dropins / "test.conf").write_text(
+            f"[Service]\nExecStart=\nExecStart={twistd}\n"
+            f"Environment=PYTHONPATH={REPO}\nWorkingDirectory={self.directory}\n"
+            + dropin
+        )
+        assert _systemctl("daemon-reload").returncode == 0
+
+    def _copy(self, shipped: str, name: str) -> None:
+        (self.units / name).write_bytes((REPO / "etc" / shipped).read_bytes())
+
+    def remove(self) -> None:
+        _systemctl("stop", f"{NAME}.socket", f"{NAME}.service")
+        for path in (self.dropins / "test.conf", self.units / f"{NAME}.service",
+                     self.units / f"{NAME}.socket"):  # fmt: skip
+            path.unlink(missing_ok=True)
+        self.dropins.rmdir()
+        _systemctl("daemon-reload")
+
+
 @pytest.fixture
-def installed_units(user_manager, tmp_path):
-    units = Path(user_manager.runtime_dir) / "systemd" / "user"
-    dropins = units / f"{NAME}.service.d"
-    dropins.mkdir(parents=True, exist_ok=True)
-    (units / f"{NAME}.service").write_bytes((REPO / "etc/sdexec.service").read_bytes())
-    (units / f"{NAME}.socket").write_bytes((REPO / "etc/sdexec.socket").read_bytes())
-    config = tmp_path / "sdexec.toml"
-    config.write_text(CONFIG.format(port=_free_port()))
-    twistd = (f"{sys.executable} -c 'from twisted.scripts.twistd import run; run()'"
-              f" --nodaemon --pidfile= sdexec --config {config}")  # fmt: skip
-    (dropins / "test.conf").write_text(
-        f"[Service]\nExecStart=\nExecStart={twistd}\n"
-        f"Environment=PYTHONPATH={REPO}\nWorkingDirectory={tmp_path}\n"
-    )
-    assert _systemctl("daemon-reload").returncode == 0
-    yield Path(user_manager.runtime_dir) / "sdexec" / "sdexec.sock"
-    _systemctl("stop", f"{NAME}.socket", f"{NAME}.service")
-    for path in (dropins / "test.conf", units / f"{NAME}.service",
-                 units / f"{NAME}.socket"):  # fmt: skip
-        path.unlink()
-    dropins.rmdir()
-    _systemctl("daemon-reload")
+def units(user_manager, tmp_path):
+    installed = Units(user_manager.runtime_dir, tmp_path)
+    yield installed
+    installed.remove()
 
 
 def _sdexec(socket: Path, *args: str) -> subprocess.CompletedProcess:
@@ -73,14 +96,16 @@ def _sdexec(socket: Path, *args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def test_the_shipped_units_activate_notify_reload_and_stop(installed_units):
+def test_the_shipped_units_activate_notify_reload_and_stop(units):
+    units.install("sdexec.service", "sdexec.socket", ACTIVATED.format(
+        port=_free_port()), dropin="")  # fmt: skip
     service = f"{NAME}.service"
     started = _systemctl("start", f"{NAME}.socket")
     assert started.returncode == 0, started.stderr
     assert _show(service, "Type", "NotifyAccess", "ActiveState") == {
         "Type": "notify", "NotifyAccess": "main", "ActiveState": "inactive",
     }  # fmt: skip
-    ran = _sdexec(installed_units, "run", "-n", "echo", "activated")
+    ran = _sdexec(units.socket, "run", "-n", "echo", "activated")
     assert (ran.returncode, ran.stdout) == (0, b"activated\n"), ran.stderr
     assert _show(service, "ActiveState")["ActiveState"] == "active"
     _wait_for(lambda: _show(service, "StatusText")["StatusText"]
@@ -96,6 +121,54 @@ def test_the_shipped_units_activate_notify_reload_and_stop(installed_units):
     assert _show(service, "ActiveState", "Result") == {
         "ActiveState": "inactive", "Result": "success",
     }  # fmt: skip
+
+
+#: The system unit's settings that need a mount, UTS or other namespace for
+#: the unit, which a manager inside some containers cannot make.
+NAMESPACED = ("ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices",
+              "ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs",
+              "ProtectControlGroups", "ProtectClock", "ProtectHostname")  # fmt: skip
+EXIT_NAMESPACE = "226"  # systemd.exec(5): setting up the unit's namespace failed
+
+
+def _start_system_unit(units: Units, bus_address: str, namespaced: bool) -> bool:
+    # Two lines differ from the shipped unit: the bus is the test manager's,
+    # and ProtectHome is read-only because this machine's Python is in /root.
+    dropin = f"Environment=DBUS_SESSION_BUS_ADDRESS={bus_address}\n"
+    dropin += "ProtectHome=read-only\n" if namespaced else "".join(
+        f"{setting}=no\n" for setting in NAMESPACED)  # fmt: skip
+    units.install("sdexec-system.service", None, CONFIG.format(port=_free_port()),
+                  dropin=dropin)  # fmt: skip
+    return _systemctl("start", f"{NAME}.service").returncode == 0
+
+
+def test_the_hardened_system_unit_runs_a_process(units, user_manager):
+    # The system unit under this root-run test manager: its sandbox is
+    # applied as the system manager would apply it. Where this manager
+    # cannot make the unit's namespaces (226/NAMESPACE: containers), the
+    # rest (no capabilities, the system call filter, MemoryDenyWriteExecute,
+    # address families, NoNewPrivileges) is still applied and tested.
+    service = f"{NAME}.service"
+    started = _start_system_unit(units, user_manager.bus_address, namespaced=True)
+    if not started:
+        status = _show(service, "ExecMainStatus")["ExecMainStatus"]
+        assert status == EXIT_NAMESPACE, _systemctl("status", service).stdout
+        _systemctl("stop", service)
+        started = _start_system_unit(units, user_manager.bus_address, False)
+    assert started, _systemctl("status", service).stdout
+    pid = _show(service, "MainPID")["MainPID"]
+    status = dict(line.split(":\t", 1) for line in
+                  Path(f"/proc/{pid}/status").read_text().splitlines())  # fmt: skip
+    assert (status["Seccomp"], status["NoNewPrivs"]) == ("2", "1")  # filtered
+    assert int(status["CapBnd"], 16) == 0  # CapabilityBoundingSet= (none)
+    assert _show(service, "Type", "StatusText") == {
+        "Type": "notify", "StatusText": "serving 0 processes",
+    }  # fmt: skip
+    ran = _sdexec(units.socket, "run", "-n", "echo", "hardened")
+    assert (ran.returncode, ran.stdout) == (0, b"hardened\n"), ran.stderr
+    stopped = _systemctl("stop", service)
+    assert stopped.returncode == 0, stopped.stderr
+    assert _show(service, "Result")["Result"] == "success"
 
 
 @pytest.mark.parametrize(

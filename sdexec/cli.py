@@ -29,6 +29,7 @@ from sdexec.protocol import ExecFlag, Topic
 from sdexec.rpc import RPCError, SdexecError, resolve_socket_path
 from sdexec.signals import parse_signal, signal_name
 from sdexec.syncclient import Call, Connection, Exec, Loop
+from sdexec.version import add_version_option
 
 __all__ = [
     "build_command",
@@ -115,6 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sdexec", description="Run processes as transient systemd units."
     )
+    add_version_option(parser)
     parser.add_argument(
         "--socket",
         metavar="PATH",

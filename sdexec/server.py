@@ -143,6 +143,9 @@ class SdexecServer:
         self.processes: dict[tuple[int, int], Process] = {}
         self.counters: Counter[str] = Counter()
         self.drain_reason: str | None = None
+        #: Metrics hook (sdexec/metrics.py): ``watch_exec(responder)`` wraps
+        #: each exec stream's responder, ``error_sent(topic, errnum)`` sees errors.
+        self.observer: Any = None
         self._next_connection_id = 0
 
     def new_connection_id(self) -> int:
@@ -174,6 +177,8 @@ class SdexecServer:
         key = (connection_id, matchtag)
         if key in self.processes:
             raise RequestError(errno.EEXIST, f"matchtag {matchtag} is already in use")
+        if self.observer is not None:
+            responder = self.observer.watch_exec(responder)
         process = self._make_process(command, flags, responder, key)
         self.processes[key] = process
         process.start()
@@ -490,6 +495,8 @@ class ClientProtocol(JSONLineProtocol):
         )
 
     def _send_error(self, topic: str, matchtag: int, errnum: int, errstr: str) -> None:
+        if self.server.observer is not None:
+            self.server.observer.error_sent(topic, errnum)
         self.sendMessage(
             {
                 "type": "response",

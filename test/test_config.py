@@ -137,6 +137,8 @@ KEYS = [
         'expected a size of at least 1M (bytes, or with K, M or G), got "512K"'),
     Key("sdexec.containment-check", "sdexec.containment_check", "drain", "warn",
         "warn", "off", 'expected "drain" or "warn", got "off"'),
+    Key("sdexec.log-format", "sdexec.log_format", "text", "json", "json", "xml",
+        'expected "text" or "json", got "xml"'),
     Key("systemd.enable", "systemd.enable", False, True, True, "yes",
         f'{BOOLEAN}, got "yes"'),
     Key("systemd.sdexec-debug", "systemd.sdexec_debug", False, True, True, 1,

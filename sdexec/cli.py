@@ -2,6 +2,11 @@
 them, signal them, show the service's statistics (docs/client.md).
 
 Every failure is one line on stderr, ``sdexec: ...``, never a traceback.
+
+It talks to the service with the synchronous :mod:`sdexec.syncclient`, not
+Twisted: the command's time is mostly its own start-up, and Twisted (with
+the OpenSSL it loads) would be most of that. Only ``stats --url`` loads
+Twisted, for treq.
 """
 
 from __future__ import annotations
@@ -12,33 +17,19 @@ import errno
 import json
 import os
 import select
+import selectors
 import shlex
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
-from twisted.internet import error as twisted_error
-from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IPushProducer, IReactorCore, IReadDescriptor
-from twisted.internet.task import react
-from twisted.python.failure import Failure
-from zope.interface import implementer
-
-from sdexec.client import (
-    STDERR,
-    STDOUT,
-    WRITE_CREDIT,
-    ExecHandle,
-    RPCError,
-    SdexecClient,
-    SdexecError,
-    connect,
-    resolve_socket_path,
-)
 from sdexec.ioencode import decode_io
-from sdexec.protocol import command_object
+from sdexec.protocol import ExecFlag, Topic, command_object
+from sdexec.rpc import RPCError, SdexecError, resolve_socket_path
 from sdexec.signals import parse_signal, signal_name
+from sdexec.syncclient import Call, Connection, Exec, Loop
+from sdexec.version import add_version_option
 
 __all__ = [
     "build_command",
@@ -47,6 +38,7 @@ __all__ = [
     "kill_target",
     "main",
     "parse_args",
+    "run_and_exit",
 ]
 
 #: Signals the client passes on to the process instead of dying of them.
@@ -59,24 +51,45 @@ FORWARDED_SIGNALS = (
 )
 #: The exit status of a command that could not be found, as a shell's.
 NOT_FOUND = 127
-_RUN_FLAGS = STDOUT | STDERR | WRITE_CREDIT
+_RUN_FLAGS = ExecFlag.STDOUT | ExecFlag.STDERR | ExecFlag.WRITE_CREDIT
 _READ_SIZE = 64 * 1024
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``sdexec`` command line ``argv`` (default ``sys.argv[1:]``);
     return the exit status."""
-    # Default dispositions until the reactor runs: a ^C while starting up
+    # Default dispositions until `run` catches them: a ^C while starting up
     # ends the client quietly (130) rather than with a KeyboardInterrupt.
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, signal.SIG_DFL)
     _open_closed_standard_fds()
     try:
         options = parse_args(argv)
-        react(_main, [options], _reactor=_install_reactor())
+        return _COMMANDS[options.command](options)
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 1
-    return 0  # react always exits; this only satisfies the type checker
+    except SdexecError as failure:
+        return _fail(str(failure))
+    except Exception as failure:
+        # A bug we did not foresee: still one line, never a traceback.
+        return _fail(f"unexpected error: {type(failure).__name__}: {failure}")
+
+
+def run_and_exit() -> NoReturn:
+    """The ``sdexec`` command: :func:`main`, then exit at once.
+
+    The interpreter's finalization (tearing down every module) would cost
+    the command about a sixth of its CPU time (docs/performance.md);
+    nothing of ours needs it once our output is flushed and the socket is
+    closed.
+    """
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:
+        pass  # a reader that went away: nothing more can be said to it
+    os._exit(code)
 
 
 def _open_closed_standard_fds() -> None:
@@ -88,18 +101,6 @@ def _open_closed_standard_fds() -> None:
         except OSError:
             # The lowest free fd is this one, as the ones below it are open.
             os.open(os.devnull, os.O_RDWR)
-
-
-def _install_reactor() -> IReactorCore:
-    """The asyncio reactor, installed before anything imports the default."""
-    from twisted.internet import asyncioreactor
-
-    # Already installed where main() is called in a process that chose one.
-    with contextlib.suppress(twisted_error.ReactorAlreadyInstalledError):
-        asyncioreactor.install()
-    from twisted.internet import reactor
-
-    return reactor  # type: ignore[return-value]
 
 
 # -- command line ------------------------------------------------------------
@@ -115,6 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sdexec", description="Run processes as transient systemd units."
     )
+    add_version_option(parser)
     parser.add_argument(
         "--socket",
         metavar="PATH",
@@ -215,28 +217,7 @@ def exit_code(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
-# -- running -------------------------------------------------------------------
-
-
-async def _main(reactor: Any, options: argparse.Namespace) -> None:
-    await _running(reactor)
-    try:
-        code = await _COMMANDS[options.command](reactor, options)
-    except SdexecError as failure:
-        code = _fail(str(failure))
-    except Exception as failure:
-        # A bug, or something Twisted raised that we did not foresee: still
-        # one line, never a traceback.
-        code = _fail(f"unexpected error: {type(failure).__name__}: {failure}")
-    raise SystemExit(code)
-
-
-def _running(reactor: Any) -> Deferred[None]:
-    # react() calls main before reactor.run() installs its SIGTERM handler;
-    # ours must come after it.
-    started: Deferred[None] = Deferred()
-    reactor.callWhenRunning(started.callback, None)
-    return started
+# -- the commands --------------------------------------------------------------
 
 
 def _fail(message: str) -> int:
@@ -245,97 +226,88 @@ def _fail(message: str) -> int:
     return 1
 
 
-async def _connected(reactor: Any, options: argparse.Namespace) -> SdexecClient:
-    return await connect(reactor, resolve_socket_path(options.socket))
+def _connect(loop: Loop, options: argparse.Namespace) -> Connection:
+    return Connection(loop, resolve_socket_path(options.socket))
 
 
-async def _run(reactor: Any, options: argparse.Namespace) -> int:
+def _request(options: argparse.Namespace, topic: str, payload: dict) -> dict:
+    """One request on a connection of its own; its response's payload."""
+    with Loop() as loop, _connect(loop, options) as connection:
+        return connection.call(topic, payload)
+
+
+def _run(options: argparse.Namespace) -> int:
     try:
         command = build_command(options, os.environ, os.getcwd())
     except OSError as failure:
         why = failure.strerror
         raise SdexecError(f"cannot get the current directory: {why}") from None
-    signals = _SignalForwarder(reactor)
-    client = await _connected(reactor, options)
-    job = _Job(signals.send)
-    handle = client.exec(command, _RUN_FLAGS, job.on_response)
-    signals.attach(handle)
-    if options.noinput:
-        handle.close_stdin()
-    else:
-        handle.registerProducer(_StdinReader(reactor, handle), streaming=True)
-    try:
-        await handle.done
-    except RPCError as failure:
-        _fail(str(failure))
-        return NOT_FOUND if failure.errnum == errno.ENOENT else 1
-    finally:
-        await client.close()
+    with Loop() as loop:
+        job = _Job(loop, options.noinput)
+        # Caught before connecting: a signal that arrives while we start up
+        # is held until the process has started.
+        loop.catch_signals(FORWARDED_SIGNALS, job.forward_signal)
+        with _connect(loop, options) as connection:
+            job.start(connection, command)
+            loop.run_until(job.ended)
     return job.exit_code()
 
 
-async def _ps(reactor: Any, options: argparse.Namespace) -> int:
-    listing = await _call(reactor, options, SdexecClient.list)
+def _ps(options: argparse.Namespace) -> int:
+    listing = _request(options, Topic.LIST, {})
     print(format_procs(listing.get("procs", [])))
     return 0
 
 
-async def _kill(reactor: Any, options: argparse.Namespace) -> int:
-    def kill(client: SdexecClient) -> Deferred[dict]:
-        return client.kill(**options.target, signum=options.signum)
-
-    await _call(reactor, options, kill)
+def _kill(options: argparse.Namespace) -> int:
+    _request(options, Topic.KILL, {**options.target, "signum": options.signum})
     return 0
 
 
-async def _stats(reactor: Any, options: argparse.Namespace) -> int:
+def _stats(options: argparse.Namespace) -> int:
     if options.url:
-        report = await _http_stats(options.url)
+        report = _http_stats(options.url)
     else:
-        report = await _call(reactor, options, SdexecClient.stats)
+        report = _request(options, Topic.STATS, {})
     print(json.dumps(report, indent=2))
     return 0
 
 
-async def _http_stats(url: str) -> dict:
-    """``GET url`` (the service's stats endpoint), with treq."""
-    import treq  # only this command needs it
+def _http_stats(url: str) -> dict:
+    """``GET url`` (the service's stats endpoint), with treq: the only part
+    of the command that loads Twisted."""
+    from twisted.internet.task import react
 
-    try:
-        response = await treq.get(url, persistent=False, timeout=30)
-        if response.code != 200:
-            raise SdexecError(f"{url}: HTTP {response.code}")
-        return await response.json()
-    except SdexecError:
-        raise
-    except Exception as error:  # refused, timed out, not JSON: one line
-        raise SdexecError(f"cannot read {url}: {error}") from None
+    result: dict[str, Any] = {}
+
+    async def get(_reactor: Any) -> None:
+        import treq
+
+        try:
+            response = await treq.get(url, persistent=False, timeout=30)
+            if response.code != 200:
+                result["error"] = f"{url}: HTTP {response.code}"
+            else:
+                result["report"] = await response.json()
+        except Exception as error:  # refused, timed out, not JSON: one line
+            result["error"] = f"cannot read {url}: {error}"
+
+    with contextlib.suppress(SystemExit):  # react always exits
+        react(get)
+    if "error" in result:
+        raise SdexecError(result["error"])
+    return result["report"]
 
 
-async def _undrain(reactor: Any, options: argparse.Namespace) -> int:
-    reply = await _call(reactor, options, SdexecClient.undrain)
+def _undrain(options: argparse.Namespace) -> int:
+    reply = _request(options, Topic.UNDRAIN, {})
     reason = reply.get("reason")
     print(f"undrained; the drain reason was: {reason}" if reason else "not drained")
     return 0
 
 
-async def _call(
-    reactor: Any,
-    options: argparse.Namespace,
-    request: Callable[[SdexecClient], Deferred[dict]],
-) -> dict:
-    """One request on a connection of its own; its response's payload."""
-    # No process of ours to pass signals to: die of them, as any command does.
-    for signum in FORWARDED_SIGNALS:
-        signal.signal(signum, signal.SIG_DFL)
-    client = await _connected(reactor, options)
-    try:
-        return await request(client)
-    finally:
-        await client.close()
-
-
-_COMMANDS = {
+#: Each command's function: the parsed options in, the exit status out.
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": _run,
     "ps": _ps,
     "kill": _kill,
@@ -374,59 +346,69 @@ def format_procs(procs: Sequence[dict[str, Any]]) -> str:
 # -- the pieces of `sdexec run` -------------------------------------------------
 
 
-class _SignalForwarder:
-    """Passes the forwarded signals to the process as ``kill`` requests.
-
-    Signals that arrive before the exec request is sent are held; the handle
-    itself holds those that arrive before ``started``.
-    """
-
-    def __init__(self, reactor: Any) -> None:
-        self._handle: ExecHandle | None = None
-        self._held: list[int] = []
-        for signum in FORWARDED_SIGNALS:
-            # A Python signal handler runs between bytecodes of the main
-            # thread; callFromThread wakes the reactor to act on it.
-            signal.signal(signum, lambda n, _: reactor.callFromThread(self.send, n))
-
-    def attach(self, handle: ExecHandle) -> None:
-        self._handle = handle
-        held, self._held = self._held, []
-        for signum in held:
-            self.send(signum)
-
-    def send(self, signum: int) -> None:
-        if self._handle is None:
-            self._held.append(signum)
-        else:
-            self._handle.kill(signum).addErrback(_kill_failed, signum)
-
-
-def _kill_failed(failure: Failure, signum: int) -> None:
-    gone = failure.check(RPCError) and failure.value.errnum == errno.ESRCH
-    if not gone:  # a process that has already exited needs no signal
-        _fail(f"kill {signal_name(signum)}: {failure.getErrorMessage()}")
-
-
 class _Job:
-    """What `sdexec run` does with the exec responses: output to our own
-    stdout and stderr, the wait status kept for the exit code."""
+    """What `sdexec run` does with its process: output to our own stdout and
+    stderr, our stdin to its (within the credit), our signals to it, its
+    wait status kept for the exit code."""
 
-    def __init__(self, send_signal: Callable[[int], None]) -> None:
+    def __init__(self, loop: Loop, noinput: bool) -> None:
+        self._loop = loop
+        self._noinput = noinput
         self._outputs = {"stdout": _Output(1), "stderr": _Output(2)}
-        self._send_signal = send_signal
+        self._connection: Connection | None = None
+        self._stream: Exec | None = None
+        self._held_signals: list[int] = []
+        self._stdin_open = not noinput
         self._status: int | None = None
 
-    def on_response(self, payload: dict) -> None:
-        if payload.get("type") == "output":
-            self._output(payload.get("io"))
-        elif payload.get("type") == "finished":
-            self._status = payload.get("status")
+    def start(self, connection: Connection, command: dict[str, Any]) -> None:
+        self._connection = connection
+        self._stream = connection.exec(command, _RUN_FLAGS, self._respond)
+        if self._noinput:
+            connection.write_stdin(self._stream, b"")
+        self._watch_stdin()
+
+    def ended(self) -> bool:
+        return self._stream is not None and self._stream.ended
 
     def exit_code(self) -> int:
+        assert self._stream is not None
+        failure = self._stream.error
+        if failure is not None:
+            _fail(str(failure))
+            enoent = isinstance(failure, RPCError) and failure.errnum == errno.ENOENT
+            return NOT_FOUND if enoent else 1
         if not isinstance(self._status, int):
             return _fail("the service ended the stream without a finished response")
         return exit_code(self._status)
+
+    # -- signals -----------------------------------------------------------
+
+    def forward_signal(self, signum: int) -> None:
+        """Send ``signum`` to the process, once it has started."""
+        stream, connection = self._stream, self._connection
+        if stream is None or connection is None or stream.pid is None:
+            self._held_signals.append(signum)
+        elif not stream.ended:
+            connection.kill(signum, stream.pid, _KillSent(signum))
+
+    def _send_held_signals(self) -> None:
+        held, self._held_signals = self._held_signals, []
+        for signum in held:
+            self.forward_signal(signum)
+
+    # -- responses ---------------------------------------------------------
+
+    def _respond(self, payload: dict) -> None:
+        kind = payload.get("type")
+        if kind == "output":
+            self._output(payload.get("io"))
+        elif kind == "started":
+            self._send_held_signals()
+        elif kind == "add-credit":
+            self._watch_stdin()
+        elif kind == "finished":
+            self._status = payload.get("status")
 
     def _output(self, io: Any) -> None:
         try:
@@ -442,7 +424,59 @@ class _Job:
             # As if the process wrote to our stdout itself: SIGPIPE.
             if problem.errno != errno.EPIPE:
                 _fail(f"cannot write {stream}: {problem.strerror}")
-            self._send_signal(signal.SIGPIPE)
+            self.forward_signal(signal.SIGPIPE)
+
+    # -- stdin ---------------------------------------------------------------
+
+    def _watch_stdin(self) -> None:
+        """Read our stdin while there is credit for it. The fd is left
+        blocking (it may be a terminal shared with the shell): it is only
+        read when the loop says it is readable."""
+        if self._stdin_allowance() > 0:
+            self._loop.watch(0, selectors.EVENT_READ, self._read_stdin)
+        else:
+            self._loop.unwatch(0)
+
+    def _stdin_allowance(self) -> int:
+        """How much of our stdin may be read now: none once it is closed or
+        the stream has ended, no more than the credit."""
+        stream = self._stream
+        if not self._stdin_open or stream is None or stream.ended:
+            return 0
+        if stream.credit is None:
+            return _READ_SIZE
+        return max(0, min(_READ_SIZE, stream.credit.available))
+
+    def _read_stdin(self, _events: int) -> None:
+        assert self._stream is not None and self._connection is not None
+        size = self._stdin_allowance()
+        if size == 0:
+            return
+        try:
+            data = os.read(0, size)
+        except BlockingIOError:
+            return
+        except OSError as failure:
+            _fail(f"cannot read stdin: {failure.strerror}")
+            data = b""
+        if not data:
+            self._stdin_open = False
+        self._connection.write_stdin(self._stream, data)
+        self._watch_stdin()
+
+
+class _KillSent(Call):
+    """A forwarded signal's ``sdexec.kill``: only a failure is worth a line."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__()
+        self._signum = signum
+
+    def end(self, error: SdexecError) -> None:
+        super().end(error)
+        gone = isinstance(error, RPCError) and error.errnum == errno.ESRCH
+        if not gone:  # a process that has already exited needs no signal
+            _fail(f"kill {signal_name(self._signum)}: {error}")
 
 
 class _Output:
@@ -461,7 +495,7 @@ class _Output:
                 view = view[os.write(self.fd, view) :]
             except BlockingIOError:
                 # Someone made our fd non-blocking: wait instead of losing
-                # output. Blocking the reactor here is the back-pressure.
+                # output. Blocking the loop here is the back-pressure.
                 select.select([], [self.fd], [])
             except OSError as failure:
                 self.broken = True
@@ -469,62 +503,5 @@ class _Output:
         return None
 
 
-@implementer(IReadDescriptor, IPushProducer)
-class _StdinReader:
-    """Reads our stdin into the process's, no more at a time than the
-    credit, paused by the handle while there is none; EOF closes the
-    process's stdin.
-
-    The fd is left blocking (it may be a terminal shared with the shell):
-    it is only read when the reactor says it is readable.
-    """
-
-    def __init__(self, reactor: Any, handle: ExecHandle, fd: int = 0) -> None:
-        self._reactor = reactor
-        self._handle = handle
-        self._fd = fd
-        self._stopped = False
-        reactor.addReader(self)
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def logPrefix(self) -> str:
-        return "stdin"
-
-    def doRead(self) -> Exception | None:
-        credit = self._handle.credit
-        size = _READ_SIZE if credit is None else max(1, min(_READ_SIZE, credit))
-        try:
-            data = os.read(self._fd, size)
-        except BlockingIOError:
-            return None
-        except OSError as failure:
-            return failure
-        if not data:
-            return twisted_error.ConnectionDone()
-        self._handle.write(data)
-        return None
-
-    def connectionLost(self, reason: Failure) -> None:
-        # Only the reactor calls this, at EOF or a read error: never after
-        # stopProducing, so the process's stdin is still open.
-        if not reason.check(twisted_error.ConnectionDone):
-            _fail(f"cannot read stdin: {reason.getErrorMessage()}")
-        self._stopped = True
-        self._handle.close_stdin()
-
-    def pauseProducing(self) -> None:
-        self._reactor.removeReader(self)
-
-    def resumeProducing(self) -> None:
-        if not self._stopped:
-            self._reactor.addReader(self)
-
-    def stopProducing(self) -> None:
-        self._stopped = True
-        self._reactor.removeReader(self)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_exit()

@@ -14,8 +14,7 @@ whose ``str()`` is one line that can be shown to a user as it is.
 from __future__ import annotations
 
 import errno
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred, fail
@@ -26,11 +25,21 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from sdexec import protocol
 from sdexec.framing import JSONLineProtocol
 from sdexec.ioencode import encode_io
-from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, SOCKET_ENV, ExecFlag
-from sdexec.sizes import parse_size
+from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, SOCKET_ENV, ExecFlag, Topic
+from sdexec.rpc import (
+    ConnectionFailed,
+    Pending,
+    Requests,
+    RPCError,
+    SdexecError,
+    StdinCredit,
+    cannot_connect,
+    default_socket_path,
+    is_end_of_stream,
+    resolve_socket_path,
+)
 
 __all__ = [
     "DEFAULT_STDIN_BUFSIZE",
@@ -56,48 +65,6 @@ WRITE_CREDIT = ExecFlag.WRITE_CREDIT
 _log = Logger()
 
 
-class SdexecError(Exception):
-    """Any failure of this client; ``str()`` is a one-line message."""
-
-
-class ConnectionFailed(SdexecError):
-    """The service could not be reached, or the connection to it broke."""
-
-
-class RPCError(SdexecError):
-    """An error response: ``errnum`` is a Linux errno, ``errstr`` says why."""
-
-    def __init__(self, errnum: int, errstr: str) -> None:
-        self.errnum = errnum
-        self.errstr = errstr or os.strerror(errnum)
-        super().__init__(self.errstr)
-
-    def __str__(self) -> str:
-        return self.errstr
-
-
-def default_socket_path(environ: Mapping[str, str] | None = None) -> str:
-    """``$XDG_RUNTIME_DIR/sdexec/sdexec.sock``, where the service listens by
-    default. :class:`SdexecError` if ``XDG_RUNTIME_DIR`` is unset."""
-    path = protocol.default_socket_path(environ)
-    if path is None:
-        raise SdexecError(
-            f"XDG_RUNTIME_DIR is not set: name the socket with --socket or {SOCKET_ENV}"
-        )
-    return path
-
-
-def resolve_socket_path(
-    option: str | None = None, environ: Mapping[str, str] | None = None
-) -> str:
-    """The socket to use: ``option`` (``--socket``), else ``$SDEXEC_SOCKET``,
-    else :func:`default_socket_path`."""
-    if option:
-        return option
-    from_env = (os.environ if environ is None else environ).get(SOCKET_ENV)
-    return from_env or default_socket_path(environ)
-
-
 def connect(reactor: IReactorUNIX, path: str) -> Deferred[SdexecClient]:
     """Connect to the service listening on the UNIX socket ``path``.
 
@@ -111,10 +78,8 @@ def connect(reactor: IReactorUNIX, path: str) -> Deferred[SdexecClient]:
 
 def _connect_failed(failure: Failure, path: str) -> Failure:
     code = getattr(failure.value, "osError", None)
-    why = os.strerror(code) if isinstance(code, int) else failure.getErrorMessage()
-    if code in (errno.ENOENT, errno.ECONNREFUSED):
-        why += " (is the sdexec service running?)"
-    return Failure(ConnectionFailed(f"cannot connect to {path}: {why}"))
+    code = code if isinstance(code, int) else None
+    return Failure(cannot_connect(path, code, failure.getErrorMessage()))
 
 
 class _Call:
@@ -145,17 +110,14 @@ class SdexecClient(JSONLineProtocol):
         super().__init__()
         self.path = path
         self.disconnected: Deferred[None] = Deferred()
-        self._next_matchtag = 1  # 0 is what the service uses when it has none
-        self._in_flight: dict[int, _Call | ExecHandle] = {}
-        self._lost: SdexecError | None = None
-        self._closing_error: RPCError | None = None
+        self._requests = Requests(path)
 
     # -- requests ---------------------------------------------------------
 
     def rpc(self, topic: str, payload: dict[str, Any]) -> Deferred[dict]:
         """Send a request; its one response's payload, or :class:`RPCError`."""
         call = _Call()
-        self._track(self._request(topic, payload), call)
+        self._track(self._requests.new(topic, payload), call)
         return call.deferred
 
     def exec(
@@ -168,7 +130,7 @@ class SdexecClient(JSONLineProtocol):
         taken note of it (so ``handle.credit`` and ``handle.pid`` are current).
         The stream's end fires ``handle.done``.
         """
-        request = self._request("sdexec.exec", {"cmd": cmd, "flags": flags})
+        request = self._requests.new(Topic.EXEC, {"cmd": cmd, "flags": flags})
         handle = ExecHandle(self, request["matchtag"], cmd, flags, on_response)
         self._track(request, handle)
         return handle
@@ -180,114 +142,65 @@ class SdexecClient(JSONLineProtocol):
         if (pid is None) == (label is None):
             raise ValueError("kill: give exactly one of pid and label")
         target: dict[str, Any] = {"pid": pid} if label is None else {"label": label}
-        return self.rpc("sdexec.kill", {**target, "signum": signum})
+        return self.rpc(Topic.KILL, {**target, "signum": signum})
 
     def list(self) -> Deferred[dict]:
         """``{"rank": R, "procs": [{"pid", "cmdline", "label", "unit",
         "state"}, ...]}``: the service's tracked processes."""
-        return self.rpc("sdexec.list", {})
+        return self.rpc(Topic.LIST, {})
 
     def stats(self) -> Deferred[dict]:
         """The service's statistics (``sdexec.stats-get``)."""
-        return self.rpc("sdexec.stats-get", {})
+        return self.rpc(Topic.STATS, {})
 
     def undrain(self) -> Deferred[dict]:
         """Clear a drain; ``{"reason": PREVIOUS}``."""
-        return self.rpc("sdexec.undrain", {})
+        return self.rpc(Topic.UNDRAIN, {})
 
     def close(self) -> Deferred[None]:
         """Close the connection; fires once it is closed."""
-        if self.transport is not None and self._lost is None:
+        if self.transport is not None and self._requests.lost is None:
             self.transport.loseConnection()
         return self.disconnected
 
     def send_no_response(self, topic: str, payload: dict[str, Any]) -> None:
         """Send a request that gets no response (``sdexec.write``); dropped
         if the connection is gone."""
-        if self._lost is None:
-            self.sendMessage(self._request(topic, payload))
+        if self._requests.lost is None:
+            self.sendMessage(self._requests.new(topic, payload))
 
-    def _track(self, request: dict[str, Any], pending: _Call | ExecHandle) -> None:
+    def _track(self, request: dict[str, Any], pending: Pending) -> None:
         """Send ``request``; its responses go to ``pending``."""
-        if self._lost is not None:
-            pending.end(self._lost)
-            return
-        self._in_flight[request["matchtag"]] = pending
-        self.sendMessage(request)
-
-    def _request(self, topic: str, payload: dict[str, Any]) -> dict[str, Any]:
-        matchtag, self._next_matchtag = self._next_matchtag, self._next_matchtag + 1
-        return {
-            "type": "request",
-            "topic": topic,
-            "matchtag": matchtag,
-            "payload": payload,
-        }
+        if self._requests.track(request, pending):
+            self.sendMessage(request)
 
     # -- responses --------------------------------------------------------
 
     def messageReceived(self, message: dict[str, Any]) -> None:
-        matchtag = message.get("matchtag")
-        key = matchtag if isinstance(matchtag, int) else -1  # never in flight
-        pending = self._in_flight.get(key)
-        if message.get("type") != "response" or pending is None:
-            self._unexpected(message)
-        elif "errnum" in message:
-            del self._in_flight[key]
-            pending.end(_rpc_error(message))
-        elif not isinstance(message.get("payload"), dict):
-            _log.warn("sdexec: response without a payload object: {m!r}", m=message)
-        else:
-            if not pending.streaming:
-                del self._in_flight[key]
-            pending.respond(message["payload"])
-
-    def _unexpected(self, message: dict[str, Any]) -> None:
-        # An error with matchtag 0 answers no request: the service is about to
-        # close the connection (EPERM, EPROTO) and this is why.
-        if message.get("matchtag") == 0 and "errnum" in message:
-            self._closing_error = _rpc_error(message)
-        _log.warn(
-            "sdexec: ignoring a message that answers no request: {m!r}", m=message
-        )
+        warning = self._requests.dispatch(message)
+        if warning is not None:
+            _log.warn("{warning}", warning=warning)
 
     def framingError(self, reason: str) -> None:
-        self._lost = ConnectionFailed(f"{self.path}: bad message from sdexec: {reason}")
+        self._requests.framing_error(reason)
         assert self.transport is not None  # framing errors come from its data
         self.transport.abortConnection()  # type: ignore[attr-defined]
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        if self._lost is None:
-            self._lost = self._closing_error or ConnectionFailed(
-                f"connection to {self.path} lost"
-            )
-        pending, self._in_flight = self._in_flight, {}
-        for request in pending.values():
-            request.end(self._lost)
+        self._requests.lose()
         self.disconnected.callback(None)
-
-
-def _rpc_error(message: dict[str, Any]) -> RPCError:
-    errnum = message.get("errnum")
-    errstr = message.get("errstr")
-    return RPCError(
-        errnum if isinstance(errnum, int) else errno.EPROTO,
-        errstr if isinstance(errstr, str) else "",
-    )
 
 
 @implementer(IConsumer)
 class ExecHandle:
     """A running ``sdexec.exec`` request: its stdin, signals and end.
 
-    Flow control (RFC 42): ``credit`` is how many more stdin bytes the
-    service's buffer can take. It starts at the buffer size, which may be
-    borrowed before the first ``add-credit``; that first ``add-credit``
-    carries the whole buffer size, so it replaces the borrowed allowance
-    instead of adding to it. ``credit`` is ``None`` without the write-credit
-    flag (no flow control). A push producer registered with
-    :meth:`registerProducer` is paused while credit is exhausted and resumed
-    when it grows, so stdin can be streamed with flow control.
+    Flow control (RFC 42, :class:`sdexec.rpc.StdinCredit`): ``credit`` is
+    how many more stdin bytes the service's buffer can take, ``None``
+    without the write-credit flag (no flow control). A push producer
+    registered with :meth:`registerProducer` is paused while credit is
+    exhausted and resumed when it grows, so stdin can be streamed with flow
+    control.
     """
 
     streaming = True
@@ -309,9 +222,7 @@ class ExecHandle:
         self.done: Deferred[None] = Deferred()
         self._client = client
         self._on_response = on_response
-        self._bufsize = _stdin_bufsize(cmd)
-        self._credit = self._bufsize if flags & WRITE_CREDIT else None
-        self._borrowing = True
+        self._credit = StdinCredit(cmd) if flags & WRITE_CREDIT else None
         self._ended = False
         self._producer: IPushProducer | None = None
         self._paused = False
@@ -320,7 +231,7 @@ class ExecHandle:
     @property
     def credit(self) -> int | None:
         """Stdin bytes that may be sent now (negative if overdrawn)."""
-        return self._credit
+        return None if self._credit is None else self._credit.available
 
     def write(self, data: bytes) -> None:
         """Send ``data`` to the process's stdin. After the stream has ended
@@ -329,7 +240,7 @@ class ExecHandle:
             return
         self._send_stdin(encode_io("stdin", "0", data))
         if self._credit is not None:
-            self._credit -= len(data)
+            self._credit.spend(len(data))
             self._pause_if_exhausted()
 
     def close_stdin(self) -> None:
@@ -385,7 +296,7 @@ class ExecHandle:
         self._ended = True
         self._stop_producer()
         self._send_early_kills()
-        if isinstance(error, RPCError) and error.errnum == errno.ENODATA:
+        if is_end_of_stream(error):
             self.done.callback(None)
         else:
             self.done.errback(error)
@@ -394,22 +305,17 @@ class ExecHandle:
 
     def _send_stdin(self, io: dict) -> None:
         payload = {"matchtag": self.matchtag, "io": io}
-        self._client.send_no_response("sdexec.write", payload)
+        self._client.send_no_response(Topic.WRITE, payload)
 
     def _add_credit(self, channels: Any) -> None:
-        amount = channels.get("stdin") if isinstance(channels, dict) else None
-        if self._credit is None or not isinstance(amount, int):
+        if self._credit is None or not self._credit.add(channels):
             return
-        if self._borrowing:
-            self._borrowing = False
-            amount -= self._bufsize
-        self._credit += amount
-        if self._paused and self._credit > 0 and self._producer is not None:
+        if self._paused and self._credit.available > 0 and self._producer is not None:
             self._paused = False
             self._producer.resumeProducing()
 
     def _pause_if_exhausted(self) -> None:
-        exhausted = self._credit is not None and self._credit <= 0
+        exhausted = self._credit is not None and self._credit.available <= 0
         if exhausted and not self._paused and self._producer is not None:
             self._paused = True
             self._producer.pauseProducing()
@@ -428,14 +334,3 @@ class ExecHandle:
 
 def _never_started() -> RPCError:
     return RPCError(errno.ESRCH, "kill: the process never started")
-
-
-def _stdin_bufsize(cmd: dict[str, Any]) -> int:
-    """The stdin buffer the service will use: the command's ``stdin_BUFSIZE``,
-    else the RFC 42 default (a bad value is the service's to refuse)."""
-    opts = cmd.get("opts")
-    value = opts.get("stdin_BUFSIZE") if isinstance(opts, dict) else None
-    try:
-        return parse_size(value) if isinstance(value, str) else DEFAULT_STDIN_BUFSIZE
-    except ValueError:
-        return DEFAULT_STDIN_BUFSIZE

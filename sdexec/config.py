@@ -36,6 +36,7 @@ import yaml
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
+from sdexec.activation import check_systemd_endpoint, is_systemd_endpoint
 from sdexec.command import OWN_PROPERTIES
 from sdexec.fsd import parse_fsd
 from sdexec.property import (
@@ -49,6 +50,7 @@ from sdexec.property import (
 from sdexec.protocol import DEFAULT_MAX_FRAME
 from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import MemoryLimit, parse_size
+from sdexec.version import add_version_option
 
 __all__ = [
     "DEFAULT_CWD",
@@ -192,6 +194,10 @@ class SdexecConfig:
     #: (log it and let the job run: for test nodes whose cgroups cannot
     #: enforce, by an admin's explicit choice).
     containment_check: str = "drain"
+    #: How the service logs under twistd: ``"text"`` (Twisted's lines; with a
+    #: syslog priority prefix when stdout is the journal) or ``"json"``
+    #: (Twisted's JSON log observer, for log shippers). See sdexec/logs.py.
+    log_format: str = "text"
 
     @property
     def mapper_searchpath_dirs(self) -> list[str]:
@@ -369,6 +375,9 @@ def _class_name(value: Any) -> str:
 
 def _endpoint(value: object) -> str:
     description = _string(value)
+    if is_systemd_endpoint(description):  # its sockets exist only in the unit
+        _check_systemd_endpoint(value, description)
+        return description
     try:
         # Parsing builds an endpoint without touching the reactor, so any
         # stand-in will do; this catches "tpc:8490" long before a listen.
@@ -379,6 +388,16 @@ def _endpoint(value: object) -> str:
             f" such as unix:/path or tcp:PORT ({error})"
         ) from None
     return description
+
+
+def _check_systemd_endpoint(value: object, description: str) -> None:
+    try:
+        check_systemd_endpoint(description)
+    except ValueError as error:
+        raise ValueError(
+            f"{_quote(value)} is not a systemd socket endpoint such as"
+            f" systemd:domain=UNIX:name=sdexec ({error})"
+        ) from None
 
 
 def _frame_size(value: object) -> int:
@@ -495,6 +514,7 @@ _SDEXEC: _Table = {
     "topology": _Key(_string),
     "max-frame-size": _Key(_frame_size),
     "containment-check": _Key(_one_of("drain", "warn")),
+    "log-format": _Key(_one_of("text", "json")),
 }
 
 _SYSTEMD: _Table = {
@@ -695,6 +715,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Check an sdexec configuration file and print the"
         " configuration in force as JSON.",
     )
+    add_version_option(parser)
     parser.add_argument("file", help="a .toml, .yaml or .yml configuration file")
     args = parser.parse_args(argv)
     try:

@@ -84,16 +84,11 @@ class Containment:
     def properties(self, command: Command) -> dict[str, str]:
         """The mapper's unit properties for this request (``{}`` unless it
         :meth:`applies_to` it)."""
-        if not self.applies_to(command):
+        R = command.option(R_OPTION)
+        if self.mapper is None or R is None or not self.applies_to(command):
             return {}
-        # applies_to: there is a mapper and the request has R.
-        assert self.mapper is not None
-        resources = command.option(R_OPTION)
-        assert resources is not None
         try:
-            mapped = self.mapper.map(
-                resources, extra_properties=dict(self.extra_properties)
-            )
+            mapped = self.mapper.map(R, extra_properties=dict(self.extra_properties))
         except Exception as error:  # a custom mapper may raise anything
             raise MapperError(
                 f"mapper {self.mapper_class} failed: {type(error).__name__}: {error}"

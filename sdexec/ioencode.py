@@ -2,13 +2,15 @@
 
 Data that is valid UTF-8 travels as a plain string; anything else as base64
 with ``"encoding": "base64"``, so arbitrary bytes round-trip exactly.
+Imports no Twisted (the command line's client uses it too).
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 from typing import Any
+
+import msgspec
 
 __all__ = ["decode_io", "encode_io"]
 
@@ -43,10 +45,16 @@ def decode_io(io: Any) -> tuple[str, bytes, bool]:
         raise ValueError("io.eof: expected a boolean")
     encoding = io.get("encoding", "UTF-8")
     if encoding == "base64":
-        try:
-            return stream, base64.b64decode(text, validate=True), eof
-        except binascii.Error as error:
-            raise ValueError(f"io.data: invalid base64: {error}") from None
+        return stream, _from_base64(text), eof
     if encoding.upper() not in ("UTF-8", "UTF8"):
         raise ValueError(f"io.encoding: {encoding!r} is not UTF-8 or base64")
     return stream, text.encode("utf-8"), eof
+
+
+def _from_base64(text: str) -> bytes:
+    """Strict base64 (padding, no whitespace), with msgspec's decoder: about
+    4 times faster than the base64 module's (docs/performance.md)."""
+    try:
+        return msgspec.convert(text, bytes)
+    except msgspec.ValidationError:
+        raise ValueError("io.data: invalid base64") from None

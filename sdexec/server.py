@@ -69,6 +69,9 @@ class SdexecServer:
         self.drain_reason: str | None = None
         #: The only uid whose requests are served: the service's own.
         self.owner_uid = os.getuid()
+        #: Metrics hook (sdexec/metrics.py): ``watch_exec(responder)`` wraps
+        #: each exec stream's responder, ``error_sent(topic, errnum)`` sees errors.
+        self.observer: Any = None
         self._next_connection_id = 0
 
     def new_connection_id(self) -> int:
@@ -101,6 +104,8 @@ class SdexecServer:
         key = (connection_id, matchtag)
         if key in self.processes:
             raise RequestError(errno.EEXIST, f"matchtag {matchtag} is already in use")
+        if self.observer is not None:
+            responder = self.observer.watch_exec(responder)
         if plan.mapped:
             self.count("mapper")
         process = Process(
@@ -373,6 +378,8 @@ class ClientProtocol(JSONLineProtocol):
         )
 
     def _send_error(self, topic: str, matchtag: int, errnum: int, errstr: str) -> None:
+        if self.server.observer is not None:
+            self.server.observer.error_sent(topic, errnum)
         self.sendMessage(
             {
                 "type": "response",

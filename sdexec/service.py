@@ -17,11 +17,13 @@ from typing import Any
 
 from twisted.application.service import Service
 from twisted.internet import defer
-from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
+from sdexec.activation import server_endpoint
 from sdexec.config import Config, ConfigError, load_config
 from sdexec.containment import Containment
+from sdexec.metrics import Metrics
+from sdexec.notify import Readiness, describe_server
 from sdexec.protocol import default_socket_path
 from sdexec.server import SdexecServer, SdexecServerFactory
 from sdexec.stats import stats_site
@@ -84,6 +86,9 @@ class SdexecService(Service):
         self.server: SdexecServer | None = None
         self.ports: dict[str, Any] = {}
         self.ready: defer.Deferred = defer.Deferred()
+        # sd_notify (a no-op without $NOTIFY_SOCKET): see sdexec/notify.py
+        self.readiness = Readiness(reactor, self._status_line)
+        self.metrics = Metrics(reactor, self._server_stats)  # GET /metrics
 
     def startService(self) -> None:
         super().startService()
@@ -96,19 +101,31 @@ class SdexecService(Service):
         systemd.debug = self.config.systemd.sdbus_debug
         systemd.disconnected.addCallback(self._lost_systemd)
         self.server = SdexecServer(systemd, self.config, self.reactor, containment)
-        self.ports["listen"] = yield serverFromString(self.reactor, self.listen).listen(
+        systemd.on_call = self.metrics.dbus_call
+        self.server.observer = self.metrics
+        self.ports["listen"] = yield server_endpoint(self.reactor, self.listen).listen(
             SdexecServerFactory(self.server)
         )
-        self.ports["stats"] = yield serverFromString(self.reactor, self.stats).listen(
-            stats_site(self.server.stats)
+        self.ports["stats"] = yield server_endpoint(self.reactor, self.stats).listen(
+            stats_site(self.server.stats, self.metrics.resource())
         )
         self._install_sighup()
+        self.readiness.ready()
         log.info(
             "sdexec listening on {listen}, stats on {stats}",
             listen=self.listen,
             stats=self.stats,
         )
         return self
+
+    def _server_stats(self) -> dict:
+        assert self.server is not None, "the stats endpoint listens after start"
+        return self.server.stats()
+
+    def _status_line(self) -> str:
+        if self.server is None:
+            return "starting"
+        return describe_server(self.server.stats())
 
     def _start_failed(self, failure) -> None:
         if failure.check(SystemdError, ConfigError, ValueError, OSError):
@@ -146,7 +163,15 @@ class SdexecService(Service):
         """Load the configuration again and rebuild the mapper; a bad file or
         a mapper that cannot be built keeps the old configuration in force.
         Running units are not touched; the next request sees the new one."""
-        path = path or self.config.source
+        self.readiness.reloading()
+        try:
+            reloaded = self._reload(path or self.config.source)
+            self.metrics.reloaded(reloaded)
+            return reloaded
+        finally:
+            self.readiness.reloaded()
+
+    def _reload(self, path: str) -> bool:
         try:
             config = load_config(path)
             containment = Containment.from_config(config)
@@ -162,6 +187,7 @@ class SdexecService(Service):
     @defer.inlineCallbacks
     def stopService(self):
         super().stopService()
+        self.readiness.stopping()
         for port in self.ports.values():
             yield port.stopListening()
         if self.server is not None:

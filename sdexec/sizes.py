@@ -2,8 +2,9 @@
 
 One parser serves the configuration checks, the D-Bus property typing and the
 mapper's memory scaling, so they cannot disagree about what a size means.
-Suffixes are base 1024 (``K``, ``M``, ``G``, ``T``; ``1.5G`` is allowed), a
-bare number is bytes.
+Suffixes are base 1024 (``K``, ``M``, ``G``, ``T``, ``P``, ``E``, in either
+case, as Flux's mapper takes them; ``1.5G`` is allowed), a bare number is
+bytes. A size must fit systemd's 64 bits.
 """
 
 from __future__ import annotations
@@ -12,24 +13,30 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal
 
-__all__ = ["MemoryLimit", "parse_size"]
+__all__ = ["UINT64_MAX", "MemoryLimit", "parse_size"]
 
-_SUFFIX = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
-_SIZE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<suffix>[KMGT]?)")
+_SUFFIX = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
+_SIZE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<suffix>[KMGTPE]?)", re.IGNORECASE)
+# systemd keeps sizes in 64 bits.
+UINT64_MAX = 2**64 - 1
 _PERCENT = re.compile(r"(?P<number>\d+(?:\.\d+)?)%")
 
 
 def parse_size(text: str) -> int:
-    """Bytes in a size such as ``4096``, ``512M`` or ``1.5G``.
+    """Bytes in a size such as ``4096``, ``512M``, ``4g`` or ``1.5G``.
 
-    ``ValueError`` if the text is not such a size.
+    ``ValueError`` if the text is not such a size, or it is 16E or more.
     """
     match = _SIZE.fullmatch(text.strip())
     if match is None:
-        raise ValueError(f"{text!r} is not a size (a number with K, M, G or T)")
+        raise ValueError(f"{text!r} is not a size (a number with K, M, G, T, P or E)")
     # Decimal, not float: a float has 53 bits, so "9007199254740993" (or a
     # large fractional "T") would come back off by a few bytes.
-    return round(Decimal(match["number"]) * 1024 ** _SUFFIX[match["suffix"]])
+    power = _SUFFIX[match["suffix"].upper()]
+    size = round(Decimal(match["number"]) * 1024**power)
+    if size > UINT64_MAX:
+        raise ValueError(f"{text!r} is not a size systemd can hold (16E or more)")
+    return size
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,7 @@ class MemoryLimit:
             return cls(bytes=parse_size(stripped))
         except ValueError:
             raise ValueError(
-                f"{text!r} is not a size (a number with K, M, G or T),"
+                f"{text!r} is not a size (a number with K, M, G, T, P or E),"
                 " a percentage or 'infinity'"
             ) from None
 

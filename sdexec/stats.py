@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from twisted.web.resource import Resource
+from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
 
 __all__ = ["stats_site"]
@@ -23,8 +23,11 @@ class _JSONResource(Resource):
         return json.dumps(self._produce(), indent=2).encode() + b"\n"
 
 
-def stats_site(produce: Callable[[], dict]) -> Site:
-    """A site serving ``produce()`` at ``/stats`` (and a 404 elsewhere)."""
+def stats_site(produce: Callable[[], dict], metrics: IResource | None = None) -> Site:
+    """A site serving ``produce()`` at ``/stats``, ``metrics`` (see
+    sdexec/metrics.py) at ``/metrics``, and a 404 elsewhere."""
     root = Resource()
     root.putChild(b"stats", _JSONResource(produce))
+    if metrics is not None:
+        root.putChild(b"metrics", metrics)
     return Site(root)

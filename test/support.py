@@ -132,6 +132,15 @@ def unit_property(unit: str, name: str) -> str:
     return shown.stdout.strip()
 
 
+def manager_property(name: str) -> str:
+    """A property of the test manager itself (``DefaultCPUAccounting``...)."""
+    shown = subprocess.run(
+        ["systemctl", "--user", "show", "-p", name, "--value"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return shown.stdout.strip()
+
+
 def unit_properties(unit: str, *names: str) -> dict[str, str]:
     """Several of a unit's properties at once, as ``systemctl show`` gives
     them."""

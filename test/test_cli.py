@@ -168,3 +168,34 @@ async def test_stats_from_an_unreachable_url_is_one_line(sdexec):
     assert done.returncode == 1
     assert done.stderr.decode().startswith("sdexec: cannot read http://127.0.0.1:1/")
     assert done.stderr.decode().count("\n") == 1
+
+
+@ensureDeferred
+async def test_run_loads_neither_twisted_nor_openssl(sdexec):
+    # -X importtime names every module the command imports, on stderr.
+    done = await deferToThread(
+        subprocess.run,
+        [sys.executable, "-X", "importtime", "-m", "sdexec.cli", "run", "-n", "true"],
+        capture_output=True,
+        env=_environment(sdexec),
+        timeout=120,
+    )
+    assert done.returncode == 0
+    imported = {
+        line.rsplit("|", 1)[1].strip().split(".")[0]
+        for line in done.stderr.decode().splitlines()
+        if line.startswith("import time:") and line.count("|") == 2
+    }
+    assert "sdexec" in imported
+    assert imported.isdisjoint({"twisted", "OpenSSL", "cryptography", "_ssl"})
+
+
+@ensureDeferred
+async def test_binary_output_and_stdin_round_trip(sdexec, tmp_path):
+    data = os.urandom(3 * 1024 * 1024)
+    (tmp_path / "data").write_bytes(data)
+    done = await cli(sdexec, "run", "-n", "cat", str(tmp_path / "data"))
+    assert (done.returncode, done.stdout == data) == (0, True)
+    # Stdin well beyond the 4096 bytes of credit, base64 on the way in.
+    echoed = await cli(sdexec, "run", "cat", stdin=data)
+    assert (echoed.returncode, echoed.stdout == data) == (0, True)

@@ -137,6 +137,8 @@ KEYS = [
         'expected a size of at least 1M (bytes, or with K, M or G), got "512K"'),
     Key("sdexec.containment-check", "sdexec.containment_check", "drain", "warn",
         "warn", "off", 'expected "drain" or "warn", got "off"'),
+    Key("sdexec.log-format", "sdexec.log_format", "text", "json", "json", "xml",
+        'expected "text" or "json", got "xml"'),
     Key("systemd.enable", "systemd.enable", False, True, True, "yes",
         f'{BOOLEAN}, got "yes"'),
     Key("systemd.sdexec-debug", "systemd.sdexec_debug", False, True, True, 1,
@@ -236,13 +238,15 @@ def properties(**settings: Any) -> Config:
 
 
 @pytest.mark.parametrize("name", MEMORY)
-@pytest.mark.parametrize("value", ["512M", "1.5G", "4096", "95%", "0", "infinity"])
+@pytest.mark.parametrize(
+    "value", ["512M", "1.5G", "4096", "95%", "0", "infinity", "4g", "1P", "2e"]
+)
 def test_memory_property_good(name, value):
     assert properties(**{name: value}).exec.sdexec_properties == {name: value}
 
 
 @pytest.mark.parametrize("name", MEMORY)
-@pytest.mark.parametrize("value", ["150%", "lots", "5X", "-1G", ""])
+@pytest.mark.parametrize("value", ["150%", "lots", "5X", "-1G", "", "16E", "4gb"])
 def test_memory_property_bad(name, value):
     with pytest.raises(ConfigError) as error:
         properties(**{name: value})

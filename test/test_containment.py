@@ -3,18 +3,20 @@ the CPU fence verified, the node drained when it is not enforced.
 
 The integration tests run against the real user manager with the fixed
 ``small`` topology: one NUMA node, two cores of two PUs each, numbered as
-Linux does, so core 0 is PUs 0 and 2 and core 1 is PUs 1 and 3. This
-machine's cgroups store ``AllowedCPUs`` but do not enforce it, so every
-fenced unit fails the check here: tests that need the unit to keep running
-set ``containment-check = "warn"``; the drain test relies on the failure.
+Linux does, so core 0 is PUs 0 and 2 and core 1 is PUs 1 and 3. Whether
+the fence holds depends on the node (cgroup v1 machines store
+``AllowedCPUs`` without enforcing it; a cgroup v2 node with cpuset delegated
+enforces it), so tests that need the unit to keep running set
+``containment-check = "warn"``, and the drain test asks for a CPU no node
+has, so that the fence fails everywhere.
 """
 
 from __future__ import annotations
 
 import errno
 import json
-import os
 import signal
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from pytest_twisted import ensureDeferred
 from support import (
     FLAGS,
     command,
+    manager_property,
     run,
     sleep,
     unit_names,
@@ -96,10 +99,15 @@ def r_local(cores: str) -> str:
     )
 
 
-def contained(check: str | None = "warn", sdexec: str = "", extra: str = "") -> dict:
+def contained(
+    check: str | None = "warn",
+    sdexec: str = "",
+    extra: str = "",
+    topology: Path = SMALL_TOPOLOGY,
+) -> dict:
     """``start_service``/``reload`` arguments for containment on with the
     small topology; ``check`` is ``containment-check`` (None: the default)."""
-    lines = [f'topology = "{SMALL_TOPOLOGY}"', sdexec]
+    lines = [f'topology = "{topology}"', sdexec]
     if check is not None:
         lines.append(f'containment-check = "{check}"')
     return {
@@ -123,10 +131,6 @@ def custom_mapper(directory: Path, source: str, class_name: str) -> str:
 def shown_cpus(text: str) -> IDset:
     """An idset from ``systemctl show`` (it lists CPUs space-separated)."""
     return IDset(",".join(text.split()))
-
-
-def machine_cpus() -> IDset:
-    return IDset(os.sched_getaffinity(0))
 
 
 async def until(condition, what: str) -> None:
@@ -199,10 +203,11 @@ async def test_one_core_fences_the_unit(start_service):
 
 
 @pytest.mark.systemd
+@pytest.mark.parametrize("configured", ["1G", "1g"])  # either case, as upstream
 @ensureDeferred
-async def test_memory_cap_scaled_and_request_cannot_loosen(start_service):
+async def test_memory_cap_scaled_and_request_cannot_loosen(start_service, configured):
     service = await start_service(
-        **contained(extra='[exec.sdexec-properties]\nMemoryMax = "1G"\n')
+        **contained(extra=f'[exec.sdexec-properties]\nMemoryMax = "{configured}"\n')
     )
     client = await service.connect()
     opts = {
@@ -232,7 +237,10 @@ async def test_custom_mapper_from_searchpath_then_reverted(start_service, tmp_pa
 
     assert service.reload(**contained())
     default = await shown_while_running(client, opts, "CPUAccounting", "DevicePolicy")
-    assert default == {"CPUAccounting": "no", "DevicePolicy": "closed"}
+    # The manager's default, not "no": cgroup v2 managers default to yes.
+    manager_default = manager_property("DefaultCPUAccounting")
+    assert manager_default in ("yes", "no")
+    assert default == {"CPUAccounting": manager_default, "DevicePolicy": "closed"}
     assert (await client.stats())["mapper"]["config"] == DEFAULT_MAPPER_STATS
 
 
@@ -276,22 +284,47 @@ async def test_containment_off_ignores_r(sdexec):
     }
 
 
+# The CPU no node has: hwloc-calc maps core 1 of this topology to it.
+ABSENT_CPU = 4095
+
+
+def topology_with_an_absent_cpu(directory: Path) -> Path:
+    """A topology whose core 1 is the single PU ``ABSENT_CPU``.
+
+    A unit given ``AllowedCPUs=4095`` cannot be fenced to it on any node: a
+    cgroup v2 kernel refuses the cpuset (or, with no overlap, gives the unit
+    its parent's CPUs) and cgroup v1 never applies it. Either way the unit
+    may use CPUs outside its AllowedCPUs, so the post-start check sees an
+    unenforced fence here and on an enforcing node alike: the drain path is
+    tested through the real manager and the real check, with no stand-in.
+    """
+    xml = subprocess.run(
+        ["lstopo-no-graphics", "--of", "xml", "-",
+         "--input", f"numa:1 core:2 pu:1(indexes=0,{ABSENT_CPU})"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    path = directory / "absent-cpu.xml"
+    path.write_text(xml)
+    return path
+
+
 @pytest.mark.systemd
 @ensureDeferred
-async def test_unenforced_fence_fails_the_job_and_drains(start_service):
-    service = await start_service(**contained(check=None))  # default: drain
+async def test_unenforced_fence_fails_the_job_and_drains(start_service, tmp_path):
+    topology = topology_with_an_absent_cpu(tmp_path)
+    service = await start_service(**contained(check=None, topology=topology))
     client = await service.connect()
     name = f"sdexec-contain-{uuid.uuid4().hex}"
     refused = await run(
         client, ["sleep", "300"], opts={R_OPTION: r_local("1"), "SDEXEC_NAME": name}
     )
-    reason = (
-        f"AllowedCPUs not enforced: expected {IDset(CORE_CPUS['1'])}"
-        f" got {machine_cpus()}"
-        " (is the cpuset controller delegated to the user instance?)"
-    )
     assert refused.error.errnum == errno.EIO
-    assert refused.error.errstr == reason
+    reason = refused.error.errstr
+    prefix = f"AllowedCPUs not enforced: expected {ABSENT_CPU} got "
+    suffix = " (is the cpuset controller delegated to the user instance?)"
+    assert reason.startswith(prefix) and reason.endswith(suffix)
+    usable = IDset(reason[len(prefix) : -len(suffix)])
+    assert usable and ABSENT_CPU not in usable
     assert "started" not in refused.types
     await until(lambda: not service.server.processes, "the refused unit reaped")
     assert unit_names(f"{name}*") == []

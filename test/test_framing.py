@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.testing import StringTransport
 
-from sdexec.framing import SPLICE_MIN_LENGTH, JSONLineProtocol, encode_message
+from sdexec.framing import JSONLineProtocol
+from sdexec.wire import FrameSplitter, FramingError, decode_message, encode_message
 
-# Long enough for the fast path: a short random text repeated (4 KiB of
-# random text is too slow for hypothesis to generate).
+# Output-sized text: a short random text repeated (64 KiB of random text is
+# too slow for hypothesis to generate).
 long_text = st.text(min_size=1, max_size=64).map(
-    lambda piece: piece * (SPLICE_MIN_LENGTH // len(piece) + 1)
+    lambda piece: piece * (64 * 1024 // len(piece) + 1)
 )
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text() | long_text,
@@ -31,6 +33,7 @@ def test_encode_message_round_trips(message):
     line = encode_message(message)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert json.loads(line) == message
+    assert decode_message(line) == message
 
 
 def test_long_text_with_every_escape_round_trips():
@@ -84,3 +87,16 @@ def test_not_an_object():
 def test_a_frame_over_the_limit_is_refused_before_its_end():
     received = feed(Collector(max_frame=100), b'{"a":"' + b"x" * 200)
     assert received.errors == ["message exceeds 100 bytes"]
+
+
+def test_the_splitter_needs_no_twisted():
+    splitter = FrameSplitter(max_frame=100)
+    assert list(splitter.feed(b'{"a":1}\n{"b"')) == [{"a": 1}]
+    assert list(splitter.feed(b':"\xc3\xa9"}\n')) == [{"b": "\u00e9"}]
+    with pytest.raises(FramingError, match="exceeds 100 bytes"):
+        list(splitter.feed(b"x" * 101))
+
+
+def test_invalid_utf8_is_a_framing_error():
+    with pytest.raises(FramingError, match="not valid JSON"):
+        decode_message(b'{"a":"\xff"}')

@@ -31,6 +31,9 @@ SMALL = (DATA / "small.xml").read_text()
 LARGE = (DATA / "large.xml").read_text()
 NVIDIA_BACKENDS = (DATA / "nvidia-backends.xml").read_text()
 AMD_PARTITIONS = (DATA / "amd-partitions.xml").read_text()
+# The real node's lstopo output, unedited (see /work/shared/hardware/h100-vm):
+# its one GPU's OpenCL device sits beside its PCI device, not under it.
+H100_VM = (DATA / "h100-vm.xml").read_text()
 REPO = Path(__file__).parent.parent
 
 
@@ -300,9 +303,18 @@ def test_missing_hwloc_calc_is_reported_when_the_mapper_is_built(monkeypatch):
         ("<topology/>", "topology XML: it has no PU objects"),
     ],
 )
-def test_bad_topology_xml_is_a_value_error(xml, message):
-    with pytest.raises(ValueError, match=message):
+def test_bad_topology_xml_is_an_os_error(xml, message):
+    # Upstream's contract: hwloc failing to load the XML is an OSError.
+    with pytest.raises(OSError, match=message) as failure:
         HwlocMapper(xml)
+    assert failure.value.errno == errno.EINVAL
+
+
+def test_bad_topology_xml_carries_the_parsers_message():
+    with pytest.raises(
+        OSError, match=r"not well-formed: unclosed token: line 1, column 0$"
+    ):
+        HwlocMapper("<topo")
 
 
 def test_the_topology_file_goes_with_the_mapper():
@@ -367,10 +379,15 @@ class FakeNode:
             node.parent.mkdir(parents=True, exist_ok=True)
             node.touch()
 
-    def pci_device(self, busid: str, driver: str | None, drm: tuple[str, ...]) -> None:
+    def pci_device(
+        self, busid: str, driver: str | None, drm: tuple[str, ...] | None
+    ) -> None:
+        """``drm=None``: no ``drm`` directory at all, as without DRM nodes."""
         device = self.root / "sys/bus/pci/devices" / busid
-        (device / "drm").mkdir(parents=True)
-        for name in drm:
+        device.mkdir(parents=True)
+        if drm is not None:
+            (device / "drm").mkdir()
+        for name in drm or ():
             (device / "drm" / name).mkdir()
         if driver is not None:
             # As in sysfs, a relative link into /sys/bus/pci/drivers.
@@ -550,11 +567,162 @@ def test_a_gpu_with_no_driver_and_no_drm_node_is_enodev(tmp_path):
 
 
 def test_a_gpu_without_a_pci_device_is_enodev(tmp_path):
+    # The only other GPU-class device of the vendor is cuda0's: claimed.
     no_pci = SMALL.replace('type="PCIDev" gp_index="14"', 'type="Misc" gp_index="14"')
     assert enodev(no_pci, FakeNode(tmp_path), "1") == (
-        "GPU 1 (cuda1, no PCI device): hwloc shows no PCI device above it,"
-        " so its device nodes cannot be found"
+        "GPU 1 (cuda1, no PCI device): hwloc shows no PCI device above it, and"
+        " no unclaimed GPU-class PCI device of vendor 10de beside it, so its"
+        " device nodes cannot be found"
     )
+
+
+# --- A GPU OS device beside its PCI device (the H100 VM) ----------------------
+
+H100_PCI = "0000:00:06.0"
+H100_PCIDEV = (
+    f'<object type="PCIDev" gp_index="88" pci_busid="{H100_PCI}"'
+    ' pci_type="0302 [10de:2330] [10de:16c1] a1" pci_link_speed="63.015385"/>'
+)
+
+
+def h100_vm_with(extra: str = "", pci_type: str = "0302 [10de:2330]") -> str:
+    """H100_VM with ``extra`` objects added beside the GPU's PCI device, and
+    that device's class and vendor ids replaced by ``pci_type``."""
+    assert H100_PCIDEV in H100_VM
+    changed = H100_PCIDEV.replace("0302 [10de:2330]", pci_type)
+    return H100_VM.replace(H100_PCIDEV, changed + extra)
+
+
+def other_pcidev(
+    busid: str, pci_type: str = "0302 [10de:2330]", inside: str = ""
+) -> str:
+    return (
+        f'<object type="PCIDev" gp_index="1{len(busid)}" pci_busid="{busid}"'
+        f' pci_type="{pci_type} [10de:16c1] a1">{inside}</object>'
+    )
+
+
+CUDA_OSDEV = (
+    '<object type="OSDev" gp_index="200" name="cuda0" subtype="CUDA" osdev_type="5">'
+    '<info name="Backend" value="CUDA"/></object>'
+)
+
+
+@pytest.fixture
+def h100_node(tmp_path) -> FakeNode:
+    """The H100 VM's /sys, /proc and /dev as its README records them: the
+    nvidia driver bound, no drm directory, no /dev/dri."""
+    node = FakeNode(tmp_path)
+    node.pci_device(H100_PCI, "nvidia", drm=None)
+    node.nvidia_information(
+        H100_PCI,
+        "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ: \t\t 37\n"
+        f"Bus Location: \t {H100_PCI}\nDevice Minor: \t 0\n",
+    )
+    node.dev(
+        "/dev/nvidia0",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia-caps/nvidia-cap1",
+    )
+    return node
+
+
+def test_h100_vm_gpu_beside_its_pci_device_is_resolved(h100_node):
+    assert gpu_summary(H100_VM) == [("opencl1d0", H100_PCI)]
+    assert device_allow(H100_VM, h100_node, "0") == [
+        "/dev/nvidia0 rw",
+        "/dev/nvidiactl rw",
+        "/dev/nvidia-uvm rw",
+        "/dev/nvidia-uvm-tools rw",
+    ]
+
+
+def test_h100_vm_map_with_cores_and_gpu(h100_node):
+    mapper = HwlocMapper(H100_VM, root=str(h100_node.root))
+    result = mapper.map(make_R(core="0-3", gpu="0"))
+    assert result["AllowedCPUs"] == "0-3"
+    assert result["DeviceAllow"] == (
+        "/dev/nvidia0 rw,/dev/nvidiactl rw,/dev/nvidia-uvm rw,/dev/nvidia-uvm-tools rw"
+    )
+    assert result["DevicePolicy"] == "closed"
+
+
+def test_two_unclaimed_candidates_are_ambiguous_and_named(h100_node):
+    xml = h100_vm_with(other_pcidev("0000:00:07.0"))
+    assert enodev(xml, h100_node, "0") == (
+        "GPU 0 (opencl1d0, no PCI device): hwloc shows no PCI device above it,"
+        " and 2 unclaimed GPU-class PCI devices of vendor 10de beside it"
+        f" ({H100_PCI}, 0000:00:07.0): ambiguous, so its device nodes cannot"
+        " be found"
+    )
+
+
+def test_a_candidate_claimed_by_another_gpu_is_not_chosen(h100_node):
+    xml = h100_vm_with(other_pcidev("0000:00:07.0", inside=CUDA_OSDEV))
+    assert gpu_summary(xml) == [("cuda0", "0000:00:07.0"), ("opencl1d0", H100_PCI)]
+    assert device_allow(xml, h100_node, "1")[0] == "/dev/nvidia0 rw"
+
+
+@pytest.mark.parametrize(
+    "pci_type",
+    [
+        "0302 [1002:74a1]",  # another vendor's GPU
+        "0207 [10de:1021]",  # the vendor's, but not a display controller
+    ],
+)
+def test_no_matching_candidate_fails_closed(h100_node, pci_type):
+    xml = h100_vm_with(pci_type=pci_type)
+    assert gpu_summary(xml) == [("opencl1d0", None)]
+    assert "no unclaimed GPU-class PCI device of vendor 10de beside it" in (
+        enodev(xml, h100_node, "0")
+    )
+
+
+def test_an_opencl_device_without_a_vendor_fails_closed(h100_node):
+    # OpenCL, unlike CUDA or RSMI, implies no vendor.
+    xml = H100_VM.replace('<info name="GPUVendor" value="NVIDIA Corporation"/>', "")
+    assert "its vendor (none given) is not one with a known PCI id" in (
+        enodev(xml, h100_node, "0")
+    )
+
+
+def test_a_cuda_device_without_a_vendor_is_nvidias(h100_node):
+    xml = H100_VM.replace(
+        '<info name="GPUVendor" value="NVIDIA Corporation"/>', ""
+    ).replace(
+        '<info name="Backend" value="OpenCL"/>', '<info name="Backend" value="CUDA"/>'
+    )
+    assert gpu_summary(xml) == [("opencl1d0", H100_PCI)]
+
+
+def test_a_vendor_is_matched_by_whole_words(h100_node):
+    xml = H100_VM.replace('value="NVIDIA Corporation"', 'value="Amdahl Corporation"')
+    assert "its vendor (Amdahl Corporation)" in enodev(xml, h100_node, "0")
+
+
+def test_an_unknown_gpu_vendor_fails_closed(h100_node):
+    xml = H100_VM.replace('value="NVIDIA Corporation"', 'value="Acme GPUs"')
+    assert "its vendor (Acme GPUs) is not one with a known PCI id" in (
+        enodev(xml, h100_node, "0")
+    )
+
+
+def test_the_nearest_level_with_a_candidate_decides(h100_node):
+    # A second unclaimed NVIDIA GPU under another bridge, farther away than
+    # the one beside the OpenCL device: the nearer one is unambiguous.
+    far = (
+        '<object type="Bridge" gp_index="300" bridge_type="0-1" depth="0"'
+        ' bridge_pci="0000:[01-01]">' + other_pcidev("0000:01:00.0") + "</object>"
+    )
+    xml = H100_VM.replace(
+        "</object>\n  </object>\n  <support",
+        "</object>\n" + far + "\n  </object>\n  <support",
+        1,
+    )
+    assert "0000:01:00.0" in xml
+    assert gpu_summary(xml) == [("opencl1d0", H100_PCI)]
 
 
 def test_map_gpus_empty_is_empty(small):
@@ -615,10 +783,13 @@ def test_documented_example_95_percent_on_64_pus_for_4_pus_is_6_percent(pus64):
 @pytest.mark.parametrize(
     ("configured", "scaled"),
     [
-        ("64G", 2 * 1024**3),  # 4 of 128 PUs
-        ("1.5G", round(1.5 * 1024**3 / 32)),
-        ("1000", 31),  # bytes, rounded
-        (str(128 * 1024), 4096),
+        ("64G", str(2 * 1024**3)),  # 4 of 128 PUs
+        ("64g", str(2 * 1024**3)),  # either case, as upstream
+        ("1.5G", str(round(1.5 * 1024**3 / 32))),
+        ("1000", "31"),  # bytes, rounded
+        (str(128 * 1024), "4096"),
+        ("1P", str(1024**5 // 32)),
+        ("2e", str(2 * 1024**6 // 32)),
         ("50%", "2%"),  # 1.5625 rounds to 2
         ("10%", "1%"),  # 0.3125 would round to 0%: a zero-byte limit
         ("0%", "0%"),
@@ -630,10 +801,24 @@ def test_memory_caps_scale_by_the_pu_share(large, configured, scaled):
     assert {name: result[name] for name in extra} == dict.fromkeys(extra, scaled)
 
 
-@pytest.mark.parametrize("configured", ["infinity", "lots", "200%", ""])
-def test_infinity_and_unparsable_caps_are_left_out(large, configured):
-    result = large.map(make_R(core="0"), extra_properties={"MemoryMax": configured})
-    assert "MemoryMax" not in result
+def test_infinity_passes_through(large):
+    result = large.map(make_R(core="0"), extra_properties={"MemoryMax": "infinity"})
+    assert result["MemoryMax"] == "infinity"
+
+
+@pytest.mark.parametrize("configured", ["lots", "200%", "", "4gb", "16E"])
+def test_a_cap_that_is_not_a_limit_is_an_error_not_dropped(large, configured):
+    # Dropped, the job would run without the cap the admin configured.
+    with pytest.raises(ValueError, match=r"^extra_properties: MemoryMax: "):
+        large.map(make_R(core="0"), extra_properties={"MemoryMax": configured})
+
+
+def test_scaled_values_are_strings_as_all_property_values(large):
+    extra = {"MemoryMax": "4g", "MemoryHigh": "95%", "MemorySwapMax": "infinity"}
+    result = large.map(make_R(core="0-15"), extra_properties=extra)
+    assert all(isinstance(value, str) for value in result.values())
+    assert result["MemoryMax"] == str(1024**3)
+    assert result["MemoryHigh"] == "24%"  # 95% of 32 of 128 PUs: 23.75
 
 
 def test_protections_are_never_scaled(large):
@@ -641,7 +826,7 @@ def test_protections_are_never_scaled(large):
     result = large.map(make_R(core="0-1"), extra_properties=extra)
     assert "MemoryMin" not in result
     assert "MemoryLow" not in result
-    assert result["MemoryMax"] == 2 * 1024**3
+    assert result["MemoryMax"] == str(2 * 1024**3)
 
 
 def test_no_scaling_without_allowed_cpus(nvidia_node):
@@ -663,7 +848,7 @@ def test_a_whole_node_gets_the_whole_budget(large):
     result = large.map(
         make_R(core="0-63"), extra_properties={"MemoryMax": "95%", "MemoryHigh": "1T"}
     )
-    assert (result["MemoryMax"], result["MemoryHigh"]) == ("95%", 1024**4)
+    assert (result["MemoryMax"], result["MemoryHigh"]) == ("95%", str(1024**4))
 
 
 # --- The spec's custom mappers, loaded from a mapper-searchpath ---------------
@@ -875,7 +1060,7 @@ def test_a_failing_constructor_is_a_value_error_naming_the_class(tmp_path):
 
 def test_construction_errors_name_the_mapper(monkeypatch):
     with pytest.raises(
-        ValueError, match=r"^mapper 'sdexec\.map\.HwlocMapper': topology XML"
+        OSError, match=r"^\[Errno 22\] mapper 'sdexec\.map\.HwlocMapper': topology XML"
     ):
         create_mapper(topology_xml="<nonsense")
     monkeypatch.setenv("PATH", "/nonexistent")

@@ -89,7 +89,9 @@ def test_thirty_percent_rounds_half_up():
     assert percent_scale(30) == 1288490189
 
 
-@pytest.mark.parametrize("text", ["101%", "-1%", "12Q", "1.5.5G", "", "1k", "inf"])
+@pytest.mark.parametrize(
+    "text", ["101%", "-1%", "12Q", "1.5.5G", "", "1KB", "16E", "inf"]
+)
 def test_bad_memory_value_names_the_property(text):
     assert refused("MemoryHigh", text).startswith(
         "SDEXEC_PROP_MemoryHigh: error setting property:"

@@ -8,7 +8,15 @@ from hypothesis import strategies as st
 
 from sdexec.sizes import MemoryLimit, parse_size
 
-SUFFIXES = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+SUFFIXES = {
+    "": 1,
+    "K": 1024,
+    "M": 1024**2,
+    "G": 1024**3,
+    "T": 1024**4,
+    "P": 1024**5,
+    "E": 1024**6,
+}
 # Up to three decimals: str(MemoryLimit) keeps six significant digits.
 PERCENTS = st.decimals(min_value=0, max_value=100, places=3)
 
@@ -22,15 +30,26 @@ PERCENTS = st.decimals(min_value=0, max_value=100, places=3)
         ("1.5G", 3 * 1024**3 // 2),
         ("2T", 2 * 1024**4),
         (" 64 M ", 64 * 1024**2),
+        ("4g", 4 * 1024**3),  # either case, as Flux's mapper
+        ("1k", 1024),
+        ("3p", 3 * 1024**5),
+        ("15E", 15 * 1024**6),
+        ("18446744073709551615", 2**64 - 1),
     ],
 )
 def test_parse_size(text, size):
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize("text", ["", "-1", "5X", "5MB", "1.5.5G", "G", "1e3"])
+@pytest.mark.parametrize("text", ["", "-1", "5X", "5MB", "1.5.5G", "G", "1e3", "5z"])
 def test_parse_size_refuses(text):
     with pytest.raises(ValueError, match="is not a size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("text", ["16E", "16384P", "18446744073709551616"])
+def test_sizes_beyond_64_bits_are_refused(text):
+    with pytest.raises(ValueError, match="is not a size systemd can hold"):
         parse_size(text)
 
 
@@ -42,6 +61,7 @@ UINT64_MAX = 2**64 - 1
 def test_size_with_suffix_round_trip(suffix, data):
     number = data.draw(st.integers(0, UINT64_MAX // SUFFIXES[suffix]))
     assert parse_size(f"{number}{suffix}") == number * SUFFIXES[suffix]
+    assert parse_size(f"{number}{suffix.lower()}") == number * SUFFIXES[suffix]
 
 
 @given(st.integers(min_value=0, max_value=UINT64_MAX))

@@ -34,6 +34,7 @@ from sdexec.idset import IDset
 from sdexec.property import UINT32_MAX, UINT64_MAX, PropertyError, percent_scale
 from sdexec.systemd import SystemdClient, SystemdError, unit_object_path
 from sdexec.systemd.unit import UnitStatus
+from sdexec.unitstop import lifecycle_properties
 
 pytestmark = pytest.mark.systemd
 
@@ -550,3 +551,33 @@ async def test_bad_string_value_is_refused_by_systemd_without_its_name(units):
         await units.start(["true"], {"DevicePolicy": "bogus"})
     assert refused.value.name == "org.freedesktop.DBus.Error.InvalidArgs"
     assert await units.client.list_units_by_patterns([], [units.runs[0].name]) == []
+
+
+# -- how a unit ends: the lifecycle properties of sdexec.unitstop -----------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_lifecycle_properties_leave_lingering_processes_to_sdexec(units):
+    """With :func:`lifecycle_properties`, a unit whose main process exited
+    but whose child ignores SIGTERM stays deactivating after ``StopUnit``
+    with no systemd stop timeout or SIGKILL pending: the state the stop
+    timer measures. Only sdexec's own KillUnit ends it."""
+    # A child that ignores SIGTERM and outlives its parent (bounded: even a
+    # failed test leaves nothing behind for long).
+    lingering = "trap '' TERM; sleep 60 & exit 0"
+    run = await units.start(["sh", "-c", lingering], lifecycle_properties())
+    try:
+        status = await run.until(lambda s: s.has_finished, "main process exited")
+        assert status.wait_status == 0
+        props = await service_properties(run)
+        assert props["TimeoutStopUSec"] == UINT64_MAX
+        assert props["SendSIGKILL"] is False
+        assert props["KillMode"] == "control-group"
+        await run.client.stop_unit(run.name, "replace")
+        await run.until(lambda s: s.active_state == "deactivating", "deactivating")
+        await sleep(1.0)  # the ignored SIGTERM changed nothing
+        assert run.status.active_state == "deactivating"
+    finally:
+        # What the stop timer does: KillUnit on every process of the unit.
+        await run.client.kill_unit(run.name, "all", signal.SIGKILL)
+    await run.until(lambda s: s.active_state != "deactivating", "stopped")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -53,6 +54,23 @@ def _wait_for(predicate, what: str, timeout: float = 30.0):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@contextlib.contextmanager
+def reaped(process: subprocess.Popen):
+    """Kill ``process`` on the way out if the test did not stop it."""
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def terminate(process: subprocess.Popen) -> int:
+    """SIGTERM, then its exit status (twistd re-raises it: -SIGTERM)."""
+    process.send_signal(signal.SIGTERM)
+    return process.wait(timeout=60)
+
+
 class Twistd:
     """A ``twistd -n sdexec`` process on a private socket and port."""
 
@@ -86,17 +104,14 @@ class Twistd:
         )  # fmt: skip
 
     def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=60)
+        return terminate(self.process)
 
 
 @pytest.fixture
 def twistd(user_manager, tmp_path):
     service = Twistd(tmp_path)
-    yield service
-    if service.process.poll() is None:
-        service.process.kill()
-        service.process.wait()
+    with reaped(service.process):
+        yield service
 
 
 def test_serves_reloads_on_sighup_and_stops_cleanly(twistd):

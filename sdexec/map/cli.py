@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sdexec.map.loader import DEFAULT_MAPPER, create_mapper
+from sdexec.version import add_version_option
 
 __all__ = ["main"]
 
@@ -39,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Show the systemd unit properties a resource mapper gives"
         " the cores and GPUs of one rank.",
     )
+    add_version_option(parser)
     parser.add_argument("--cores", metavar="IDSET", help="logical core ids, e.g. 0-3")
     parser.add_argument("--gpus", metavar="IDSET", help="logical GPU ids, e.g. 0-1")
     parser.add_argument(

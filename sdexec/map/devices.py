@@ -60,14 +60,15 @@ class DeviceFinder:
     def _devices(self, gpu: GPU) -> tuple[list[str], list[str]]:
         """(the GPU's own device nodes, the shared ones it needs)."""
         if gpu.pci_busid is None:
+            why = f", and {gpu.unresolved}" if gpu.unresolved else ""
             raise OSError(
                 errno.ENODEV,
-                f"{gpu}: hwloc shows no PCI device above it, so its device"
+                f"{gpu}: hwloc shows no PCI device above it{why}, so its device"
                 " nodes cannot be found",
             )
         driver = self._driver(gpu.pci_busid)
         if driver == "nvidia":
-            return self._nvidia(gpu), self._existing(NVIDIA_SHARED)
+            return self._nvidia(gpu, gpu.pci_busid), self._existing(NVIDIA_SHARED)
         drm = self._drm_nodes(gpu.pci_busid, RENDER_AND_CARD)
         if not drm:
             raise OSError(
@@ -79,9 +80,9 @@ class DeviceFinder:
             return drm, [self._required(gpu, "/dev/kfd")]
         return drm, []
 
-    def _nvidia(self, gpu: GPU) -> list[str]:
+    def _nvidia(self, gpu: GPU, pci_busid: str) -> list[str]:
         main = self._required(gpu, f"/dev/nvidia{self._nvidia_minor(gpu)}")
-        return [main, *self._drm_nodes(gpu.pci_busid, RENDER)]
+        return [main, *self._drm_nodes(pci_busid, RENDER)]
 
     def _nvidia_minor(self, gpu: GPU) -> int:
         information = self._host(

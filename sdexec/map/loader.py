@@ -18,6 +18,7 @@ import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 from sdexec.map.mapper import HwlocMapper, ResourceMapper
 from sdexec.map.topology import live_topology_xml
@@ -80,8 +81,9 @@ def create_mapper(
 
     Raises:
         ValueError: the class cannot be loaded (see :func:`load_mapper_class`),
-            the topology XML is not usable, or the constructor failed.
-        OSError: an hwloc tool is missing or failed.
+            or the constructor failed.
+        OSError: an hwloc tool is missing or failed, or the topology XML is
+            not one hwloc could load (EINVAL).
     """
     cls = load_mapper_class(class_name, searchpath)
     if not issubclass(cls, HwlocMapper):
@@ -91,7 +93,7 @@ def create_mapper(
 
 
 def _construct(
-    class_name: str, cls: type[ResourceMapper], *args: object, **kwargs: object
+    class_name: str, cls: type[ResourceMapper], *args: Any, **kwargs: Any
 ) -> ResourceMapper:
     """``cls(*args, **kwargs)``, its errors prefixed with the class name.
 

@@ -57,7 +57,8 @@ class ResourceMapper:
 
         Raises:
             ValueError: R is malformed, or holds nothing for this rank (a
-                job must never run unconstrained because of a wrong R).
+                job must never run unconstrained because of a wrong R), or
+                a scaled memory cap in ``extra_properties`` is malformed.
             OSError: a resource could not be mapped (see the map methods).
         """
         rset = R if isinstance(R, ResourceSet) else ResourceSet(R)
@@ -108,8 +109,8 @@ class HwlocMapper(ResourceMapper):
             still name ``/dev/...``.
 
     Raises:
-        ValueError: the XML is not an hwloc topology.
-        OSError: ``hwloc-calc`` is not installed.
+        OSError: the XML is not an hwloc topology (EINVAL, with the XML
+            parser's message), or ``hwloc-calc`` is not installed.
     """
 
     def __init__(self, xml: str, rank: int = 0, *, root: str = "/") -> None:
@@ -164,11 +165,14 @@ class HwlocMapper(ResourceMapper):
 
         When ``map_cores`` set ``AllowedCPUs``, each of ``MemoryHigh``,
         ``MemoryMax`` and ``MemorySwapMax`` in ``extra_properties`` is scaled
-        by allocated PUs / the node's PUs: a size becomes integer bytes, a
-        percentage a rounded integer percent (never rounded down to 0%,
-        which would be a zero-byte limit). ``infinity`` and values that do
-        not parse are left out, so the configured value applies as is.
-        ``MemoryMin`` and ``MemoryLow`` are never scaled.
+        by allocated PUs / the node's PUs. Values are strings, as all
+        property values are: a size (``4g``, ``1.5G``, ``4096``; suffixes
+        ``K M G T P E`` in either case) becomes a byte count (``"2147483648"``),
+        a percentage a rounded integer percent (``"24%"``; never rounded
+        down to 0%, which would be a zero-byte limit); ``infinity`` passes
+        through unchanged. A value that is not a memory limit is a
+        ``ValueError`` naming the property. ``MemoryMin`` and ``MemoryLow``
+        are never scaled.
         """
         super().finalize_properties(properties, R, extra_properties=extra_properties)
         if extra_properties and "AllowedCPUs" in properties:
@@ -181,18 +185,25 @@ class HwlocMapper(ResourceMapper):
 def _scaled_memory_caps(
     extra_properties: Mapping[str, Any], share: float
 ) -> Properties:
+    """The caps in ``extra_properties`` scaled by ``share``, as strings.
+
+    ``ValueError`` names a cap that is not a memory limit: left out, the job
+    would run without the cap the admin asked for.
+    """
     scaled: Properties = {}
     for name in _SCALED_MEMORY_PROPS:
         if name not in extra_properties:
             continue
         try:
             limit = MemoryLimit.parse(str(extra_properties[name]))
-        except ValueError:
-            continue  # configuration checks report it; nothing to scale
+        except ValueError as error:
+            raise ValueError(f"extra_properties: {name}: {error}") from None
         if limit.percent is not None:
             scaled[name] = f"{_scaled_percent(limit.percent, share)}%"
         elif limit.bytes is not None:
-            scaled[name] = round(limit.bytes * share)
+            scaled[name] = str(round(limit.bytes * share))
+        else:
+            scaled[name] = "infinity"
     return scaled
 
 

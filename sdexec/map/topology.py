@@ -13,6 +13,7 @@ import contextlib
 import errno
 import functools
 import os
+import re
 import tempfile
 import weakref
 import xml.etree.ElementTree as ET
@@ -46,7 +47,10 @@ class GPU:
     index: int
     name: str  # hwloc's OS device name, e.g. "cuda0", "rsmi1"
     backend: str
-    pci_busid: str | None  # "0000:01:00.0"; None when no PCI ancestor
+    pci_busid: str | None  # "0000:01:00.0"; None when none could be found
+    # Why no PCI device was found (None when one was): what the sibling
+    # search saw, for the error that map_gpus raises for this GPU.
+    unresolved: str | None = None
 
     def __str__(self) -> str:
         where = self.pci_busid or "no PCI device"
@@ -62,7 +66,7 @@ class Topology:
         self.ncores = _count(root, "Core")
         self.gpus = _find_gpus(root)
         if self.npus == 0:
-            raise ValueError("topology XML: it has no PU objects")
+            raise OSError(errno.EINVAL, "topology XML: it has no PU objects")
         self._hwloc_calc = _Tool("hwloc-calc")
         self.xml_path = _write_temporary(xml)
         # hwloc-calc reads the topology from that file: it goes when this
@@ -138,13 +142,16 @@ def _remove(path: str) -> None:
 
 
 def _parse(xml: str) -> ET.Element:
+    """The XML's root; ``OSError`` (EINVAL) if it is not an hwloc topology, as
+    upstream's mapper fails when hwloc cannot load it."""
     try:
         root = ET.fromstring(xml)
     except ET.ParseError as error:
-        raise ValueError(f"topology XML: not well-formed: {error}") from None
+        raise OSError(errno.EINVAL, f"topology XML: not well-formed: {error}") from None
     if root.tag != "topology":
-        raise ValueError(
-            f"topology XML: the root element is <{root.tag}>, not hwloc's <topology>"
+        raise OSError(
+            errno.EINVAL,
+            f"topology XML: the root element is <{root.tag}>, not hwloc's <topology>",
         )
     return root
 
@@ -158,18 +165,106 @@ def _find_gpus(root: ET.Element) -> list[GPU]:
 
     A card seen through several backends (CUDA and OpenCL, say) counts once,
     under the first backend met; devices sharing a PCI function under the
-    *same* backend (AMD partitions) each count.
+    *same* backend (AMD partitions) each count. A device without a PCI
+    ancestor is resolved to a PCI device beside it (:class:`_SiblingSearch`).
     """
+    found = [
+        (obj, pci_busid)
+        for obj, pci_busid in _objects_with_pci_ancestor(root)
+        if obj.get("type") == "OSDev" and _info(obj, "Backend") in GPU_BACKENDS
+    ]
+    siblings = _SiblingSearch(root, {busid for _, busid in found if busid})
     first_backend: dict[str, str] = {}
     gpus: list[GPU] = []
-    for obj, pci_busid in _objects_with_pci_ancestor(root):
-        backend = _info(obj, "Backend") if obj.get("type") == "OSDev" else None
-        if backend not in GPU_BACKENDS:
-            continue
+    for obj, pci_busid in found:
+        backend = _info(obj, "Backend") or ""
+        unresolved = None
+        if pci_busid is None:
+            pci_busid, unresolved = siblings.resolve(obj)
         if pci_busid and first_backend.setdefault(pci_busid, backend) != backend:
             continue
-        gpus.append(GPU(len(gpus), obj.get("name", "?"), backend, pci_busid))
+        name = obj.get("name", "?")
+        gpus.append(GPU(len(gpus), name, backend, pci_busid, unresolved))
     return gpus
+
+
+# PCI vendor ids of GPU makers, by a word of hwloc's GPUVendor string (which
+# is the backend's: OpenCL says "NVIDIA Corporation", "Advanced Micro
+# Devices, Inc.", "Intel(R) Corporation").
+_VENDOR_IDS = {
+    "nvidia": "10de",
+    "amd": "1002",
+    "advanced micro": "1002",
+    "intel": "8086",
+}
+# Backends that only ever show one vendor's GPUs, for a device without GPUVendor.
+_BACKEND_VENDOR_IDS = {"CUDA": "10de", "NVML": "10de", "RSMI": "1002"}
+
+
+class _SiblingSearch:
+    """Finds the PCI device of a GPU OS device that hwloc put beside it.
+
+    hwloc sometimes cannot tie an OS device to its PCI function (OpenCL on a
+    VM's GPU, seen on an H100 node) and leaves it under the host bridge, next
+    to the PCI device. Candidates are PCI devices of class 03xx (display
+    controllers) whose vendor id is the GPU's and that no other GPU OS device
+    has claimed (is under, or was resolved to before, in topology order).
+    The search starts with the OS device's parent and its subtree, and widens
+    one ancestor at a time; the first level with any candidate decides, and
+    only a single candidate there is an answer: two are ambiguous, and the
+    GPU stays unresolved (fail closed) with a reason naming what was found.
+    """
+
+    def __init__(self, root: ET.Element, claimed: set[str]) -> None:
+        self._parents = {child: obj for obj in root.iter() for child in obj}
+        self._claimed = set(claimed)
+
+    def resolve(self, osdev: ET.Element) -> tuple[str | None, str | None]:
+        """(the PCI bus id, None), or (None, why none was chosen)."""
+        vendor = _gpu_vendor_id(osdev)
+        if vendor is None:
+            described = _info(osdev, "GPUVendor") or "none given"
+            return None, f"its vendor ({described}) is not one with a known PCI id"
+        scope = self._parents.get(osdev)
+        while scope is not None:
+            candidates = self._candidates(scope, vendor)
+            if len(candidates) == 1:
+                self._claimed.add(candidates[0])
+                return candidates[0], None
+            if candidates:
+                return None, (
+                    f"{len(candidates)} unclaimed GPU-class PCI devices of vendor"
+                    f" {vendor} beside it ({', '.join(candidates)}): ambiguous"
+                )
+            scope = self._parents.get(scope)
+        return None, f"no unclaimed GPU-class PCI device of vendor {vendor} beside it"
+
+    def _candidates(self, scope: ET.Element, vendor: str) -> list[str]:
+        return [
+            busid
+            for obj in scope.iter("object")
+            if (busid := obj.get("pci_busid")) is not None
+            and obj.get("type") == "PCIDev"
+            and busid not in self._claimed
+            and _pci_class_and_vendor(obj) == ("03", vendor)
+        ]
+
+
+def _gpu_vendor_id(osdev: ET.Element) -> str | None:
+    described = (_info(osdev, "GPUVendor") or "").lower()
+    for word, vendor in _VENDOR_IDS.items():
+        if re.search(rf"\b{word}\b", described):
+            return vendor
+    return _BACKEND_VENDOR_IDS.get(_info(osdev, "Backend") or "")
+
+
+def _pci_class_and_vendor(pcidev: ET.Element) -> tuple[str, str] | None:
+    """(class's first two hex digits, vendor id) from hwloc's pci_type,
+    ``"0302 [10de:2330] [10de:16c1] a1"``; None if it is not that shape."""
+    match = re.match(
+        r"([0-9a-f]{2})[0-9a-f]{2} \[([0-9a-f]{4}):", pcidev.get("pci_type", "")
+    )
+    return (match[1], match[2]) if match else None
 
 
 def _objects_with_pci_ancestor(

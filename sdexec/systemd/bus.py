@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import string
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -104,6 +105,9 @@ class SystemdClient:
         self._watches = WatchRegistry()
         #: Log every method call and its outcome (``[systemd] sdbus-debug``).
         self.debug = False
+        #: Metrics hook: ``on_call(member, seconds, ok)`` after every method
+        #: call (sdexec/metrics.py).
+        self.on_call: Callable[[str, float, bool], None] | None = None
         self.disconnected: Deferred[None] = Deferred()
         bus.add_message_handler(self._on_message)
         self._defer(bus.wait_for_disconnect()).addBoth(self._on_disconnect)
@@ -258,6 +262,7 @@ class SystemdClient:
     async def _call(
         self, destination, path, interface, member, signature, body, unix_fds=()
     ) -> list[Any]:
+        started = time.monotonic()
         reply = await self._bus.call(
             Message(
                 destination=destination,
@@ -269,6 +274,9 @@ class SystemdClient:
                 unix_fds=list(unix_fds),
             )
         )
+        if self.on_call is not None:
+            failed = reply is None or reply.message_type == MessageType.ERROR
+            self.on_call(member, time.monotonic() - started, not failed)
         if reply is None:  # only for NO_REPLY_EXPECTED calls, which we never make
             raise SystemdError("sdexec.NoReply", f"{member}: no reply")
         if reply.message_type == MessageType.ERROR:

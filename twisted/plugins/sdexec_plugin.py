@@ -1,12 +1,14 @@
 """twistd plugin: ``twistd -n sdexec --config FILE [--listen EP] [--stats EP]``.
 
-This file lives in the checkout's ``twisted/plugins/`` directory (no
-``__init__.py`` here, by Twisted's plugin convention); it is found when the
+``twisted.plugins`` is a namespace package here (no ``__init__.py``, by
+Twisted's plugin convention): the wheel installs this one file into Twisted's
+own ``twisted/plugins/`` directory; in a checkout it is found when the
 checkout is on ``sys.path`` (``scripts/install`` makes it so).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from twisted.application.service import IServiceMaker
@@ -66,11 +68,12 @@ class SdexecServiceMaker:
     def makeService(self, options: Options):
         reactor = _asyncio_reactor()
         from sdexec.config import ConfigError, load_config
+        from sdexec.logs import log_observer, with_observer
         from sdexec.service import SdexecService
 
         try:
             config = load_config(options["config"])
-            return SdexecService(
+            service = SdexecService(
                 config,
                 reactor,
                 options["listen"],
@@ -79,6 +82,9 @@ class SdexecServiceMaker:
             )
         except ConfigError as error:
             raise SystemExit(f"sdexec: {error}") from None
+        # twistd -n logs to stdout: the journal under systemd (sdexec/logs.py).
+        observer = log_observer(config.sdexec.log_format, sys.stdout, os.environ)
+        return with_observer(service, observer)
 
 
 serviceMaker = SdexecServiceMaker()

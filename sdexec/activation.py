@@ -1,0 +1,76 @@
+"""Socket activation: listening on a socket systemd opened for us.
+
+Twisted's ``systemd:`` server endpoint (``systemd:domain=UNIX:name=sdexec``
+or ``…:index=0``) adopts a socket passed with ``LISTEN_FDS``/``LISTEN_PID``
+(and ``LISTEN_FDNAMES``). Twisted reads those when the endpoint is parsed
+and answers a missing descriptor with a bare ``IndexError``/``KeyError``
+(``LISTEN_FDNAMES`` is required: systemd ≥ 227 always sets it);
+this module turns that into an error that names the endpoint and says what
+was inherited, and checks a ``systemd:`` description's syntax without
+needing the descriptors (so a configuration can be checked outside the
+unit).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IStreamServerEndpoint
+
+__all__ = ["check_systemd_endpoint", "is_systemd_endpoint", "server_endpoint"]
+
+PREFIX = "systemd:"
+
+
+def is_systemd_endpoint(description: str) -> bool:
+    return description.startswith(PREFIX)
+
+
+def _arguments(description: str) -> dict[str, str]:
+    fields = description[len(PREFIX) :].split(":")
+    arguments = {}
+    for field in fields:
+        key, equals, value = field.partition("=")
+        if not equals:
+            raise ValueError(f"{field!r} is not KEY=VALUE")
+        arguments[key] = value
+    return arguments
+
+
+def check_systemd_endpoint(description: str) -> None:
+    """Raise ValueError unless ``description`` is ``systemd:domain=D`` with
+    exactly one of ``index=N`` and ``name=NAME``."""
+    arguments = _arguments(description)
+    unknown = set(arguments) - {"domain", "index", "name"}
+    if unknown:
+        raise ValueError(f"unknown argument {sorted(unknown)[0]!r}")
+    if not hasattr(socket, "AF_" + arguments.get("domain", "")):
+        raise ValueError("domain= must be an address family such as UNIX or INET6")
+    if ("index" in arguments) == ("name" in arguments):
+        raise ValueError("give exactly one of index= and name=")
+    if "index" in arguments and not arguments["index"].isdigit():
+        raise ValueError(f"index={arguments['index']!r} is not a number")
+
+
+#: Twisted reads (and then unsets) LISTEN_PID and LISTEN_FDS when it is
+#: imported, so the error can only say what it needs.
+_WHAT_IS_NEEDED = (
+    "Twisted adopts sockets passed with LISTEN_PID (this process),"
+    " LISTEN_FDS and LISTEN_FDNAMES (one name per socket: the .socket unit's"
+    " FileDescriptorName=), as systemd passes them to a socket-activated unit"
+)
+
+
+def server_endpoint(reactor: Any, description: str) -> IStreamServerEndpoint:
+    """``serverFromString``, with a clear ValueError when a ``systemd:``
+    endpoint names a socket this process did not inherit."""
+    try:
+        return serverFromString(reactor, description)
+    except (IndexError, KeyError):
+        if not is_systemd_endpoint(description):
+            raise
+        raise ValueError(
+            f"{description}: no such inherited socket. {_WHAT_IS_NEEDED}"
+        ) from None

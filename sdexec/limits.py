@@ -1,0 +1,249 @@
+"""What a request's strings must be before they go near D-Bus, systemd or exec.
+
+Three kinds of check, all made before anything is started or tabled
+(issue 16), each refusing with :class:`~sdexec.refusal.RequestRefused`
+naming the field:
+
+- **Text** (:func:`check_text`; for a command object,
+  ``check_texts(command_text(...))``): every string
+  that reaches systemd, the process table or a response must encode as UTF-8
+  (no lone surrogates: a JSON ``"\\ud800"`` decodes to one) and must not
+  contain NUL (a D-Bus string cannot; a bus may drop the connection that
+  sends one). ``EINVAL``.
+- **exec limits** (:func:`check_exec_size`): Linux refuses, with ``E2BIG``,
+  any single argument or environment string of ``MAX_ARG_STRLEN`` bytes or
+  more (NUL included), and an argv + envp larger than its argument space.
+  systemd would only find out after forking (status 203/EXEC); sdexec says
+  ``E2BIG`` at once, naming the string or the totals.
+- **Message size** (:func:`check_start_message`): the whole
+  ``StartTransientUnit`` call must stay under :data:`MAX_START_MESSAGE`, so
+  that the manager is never sent a message that can abort it.
+
+Everything here is pure: no I/O beyond ``sysconf``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Final
+
+from sdexec.refusal import RequestRefused, printable
+
+__all__ = [
+    "KERNEL_ARG_CEILING",
+    "MAX_ARG_STRLEN",
+    "MAX_START_MESSAGE",
+    "SYSTEMD_ENV_RESERVE",
+    "arg_max",
+    "check_exec_size",
+    "check_start_message",
+    "check_text",
+    "check_texts",
+    "command_text",
+]
+
+#: Linux's ``MAX_ARG_STRLEN`` (``32 * PAGE_SIZE``: 131072 with 4 KiB pages):
+#: the most bytes, terminating NUL included, of one argument or environment
+#: string. A string of 131071 bytes can be exec'd; one byte more cannot.
+MAX_ARG_STRLEN: Final = 32 * os.sysconf("SC_PAGE_SIZE")
+
+#: The kernel's ceiling on argv + envp whatever the stack limit: ``fs/exec.c``
+#: allows at most ``_STK_LIM / 4 * 3`` (6 MiB), even with an unlimited stack,
+#: where ``sysconf(_SC_ARG_MAX)`` answers far more.
+KERNEL_ARG_CEILING: Final = 8 * 1024 * 1024 // 4 * 3
+
+#: Linux's ``ARG_MAX`` floor: 32 pages' worth (128 KiB) is always allowed.
+_ARG_FLOOR: Final = 128 * 1024
+
+#: Bytes of argument space left for the variables systemd adds to every
+#: process it spawns (``INVOCATION_ID``, ``SYSTEMD_EXEC_PID``,
+#: ``MANAGERPID``, ``JOURNAL_STREAM``, ``HOME``, ``USER``, ``LOGNAME``,
+#: ``SHELL``, ``PATH``, ``LANG``, ``XDG_RUNTIME_DIR``,
+#: ``MEMORY_PRESSURE_*``...: under 2 KiB together, pointers included), so a
+#: command accepted here is not then refused by exec.
+SYSTEMD_ENV_RESERVE: Final = 4096
+
+#: The largest ``StartTransientUnit`` call sdexec sends, by the estimate of
+#: :func:`check_start_message` (an upper bound): 2.5 MiB.
+#:
+#: Why this number: the limits of the bus are far above it (the D-Bus
+#: protocol's maximum message is 128 MiB, ``DBUS_MAXIMUM_MESSAGE_LENGTH``;
+#: dbus-daemon's default ``max_message_size`` is 32 MiB, raised to ~1 GB by
+#: the stock session.conf; sd-bus accepts up to 128 MiB,
+#: ``BUS_MESSAGE_SIZE_MAX``), but the systemd manager itself is not: a
+#: single 5 MB argument, and 100 arguments of 60 kB, aborted the user
+#: manager (SIGABRT) in issue 16's reproduction, taking every unit with it.
+#: Measured on systemd 252 (a private ``systemd --user``): an ``ExecStart``
+#: whose arguments total 4,194,304 bytes (4 MiB) aborts it, in one argument
+#: or across 100; 4,190,000 bytes and a 4 MiB ``Environment`` do not. The cap
+#: stays well under that (0.6x), and still admits every command a job can
+#: exec with the usual 8 MiB stack limit (its argument space is 2 MiB) plus
+#: the unit's own properties.
+MAX_START_MESSAGE: Final = 2 * 1024 * 1024 + 512 * 1024
+
+#: The D-Bus header of a ``StartTransientUnit`` call (path, interface,
+#: member, destination, signature, serial, fd count) is under 300 bytes;
+#: this also covers the unit name's and mode's framing.
+_MESSAGE_BASE: Final = 1024
+#: A marshalled string: a 4-byte length, the bytes, a NUL, up to 3 bytes of
+#: padding to the next 4-byte boundary.
+_STRING_FRAMING: Final = 8
+#: One ``(sv)`` property beyond its name and string value: struct alignment,
+#: variant signature, and room for a typed value (a CPU bitmask, a device
+#: list) being larger than its string form.
+_PROPERTY_FRAMING: Final = 512
+
+_POINTER: Final = struct.calcsize("P")
+
+
+def _refuse_text(field: str, why: str) -> RequestRefused:
+    return RequestRefused(errno.EINVAL, f"{printable(field)}: {why}")
+
+
+def check_text(field: str, value: str) -> None:
+    """Refuse ``value`` (``EINVAL``, naming ``field``) unless it encodes as
+    UTF-8 and contains no NUL."""
+    if "\0" in value:
+        raise _refuse_text(field, f"contains a NUL character at {value.index(chr(0))}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise _refuse_text(
+            field,
+            f"not valid Unicode text: lone surrogate U+{ord(value[error.start]):04X}"
+            f" at {error.start}",
+        ) from None
+
+
+def check_texts(fields: Iterable[tuple[str, str]]) -> None:
+    """:func:`check_text` for each ``(field, value)``, in order; the first
+    bad one is refused."""
+    for field, value in fields:
+        check_text(field, value)
+
+
+def command_text(
+    cmdline: Sequence[str],
+    env: Mapping[str, str],
+    opts: Mapping[str, str],
+    cwd: str | None = None,
+    label: str | None = None,
+) -> Iterator[tuple[str, str]]:
+    """Every string of an RFC 42 command object with its field name:
+    ``cmd.cmdline[2]``, ``cmd.env`` (a key), ``cmd.env.FOO`` (its value),
+    ``cmd.opts``, ``cmd.opts.SDEXEC_NAME``, ``cmd.cwd``, ``cmd.label``."""
+    for index, arg in enumerate(cmdline):
+        yield f"cmd.cmdline[{index}]", arg
+    for table, mapping in (("cmd.env", env), ("cmd.opts", opts)):
+        for key, value in mapping.items():
+            # The key is checked as a string of its own first, so that the
+            # value's field name below is known to be printable.
+            yield f"{table} (key {printable(key)!r})", key
+            yield f"{table}.{key}", value
+    if cwd is not None:
+        yield "cmd.cwd", cwd
+    if label is not None:
+        yield "cmd.label", label
+
+
+def arg_max(sysconf_value: int | None = None) -> int:
+    """The argument space of an exec, in bytes, as the kernel computes it:
+    ``sysconf(_SC_ARG_MAX)`` (a quarter of the stack limit) held between
+    Linux's 128 KiB floor and its 6 MiB ceiling (:data:`KERNEL_ARG_CEILING`).
+
+    ``sysconf_value`` replaces this process's ``sysconf`` answer (the job's
+    stack limit may differ from the service's)."""
+    value = os.sysconf("SC_ARG_MAX") if sysconf_value is None else sysconf_value
+    return min(max(value, _ARG_FLOOR), KERNEL_ARG_CEILING)
+
+
+def _environment_strings(env: Mapping[str, str]) -> Iterator[tuple[str, int]]:
+    for name, value in env.items():
+        # "NAME=VALUE": the form the kernel copies.
+        yield f"cmd.env.{printable(name)}", len(name.encode()) + 1 + len(value.encode())
+
+
+def _exec_strings(
+    executable: str, cmdline: Sequence[str], env: Mapping[str, str]
+) -> Iterator[tuple[str, int]]:
+    yield "executable", len(executable.encode())
+    for index, arg in enumerate(cmdline):
+        yield f"cmd.cmdline[{index}]", len(arg.encode())
+    yield from _environment_strings(env)
+
+
+def check_exec_size(
+    executable: str,
+    cmdline: Sequence[str],
+    env: Mapping[str, str],
+    limit: int | None = None,
+) -> None:
+    """Refuse with ``E2BIG`` what ``execve(executable, cmdline, env)`` would.
+
+    ``env`` is the environment the unit will get (after
+    :func:`sdexec.policy.clean_environment` and dropping names systemd
+    refuses). ``limit`` is the argument space (default :func:`arg_max`).
+    The text must already have passed :func:`check_texts`.
+
+    Counted as ``fs/exec.c`` counts: each string's bytes plus its NUL (the
+    executable's path is copied too), plus one pointer per argument and
+    environment string, plus :data:`SYSTEMD_ENV_RESERVE` for systemd's own
+    variables. A single string of ``MAX_ARG_STRLEN`` bytes or more (NUL
+    included) is refused first, naming it.
+    """
+    limit = arg_max() if limit is None else limit
+    total = SYSTEMD_ENV_RESERVE + (max(len(cmdline), 1) + len(env)) * _POINTER
+    for field, size in _exec_strings(executable, cmdline, env):
+        if size + 1 > MAX_ARG_STRLEN:
+            raise RequestRefused(
+                errno.E2BIG,
+                f"{field}: {size} bytes; Linux execs no single argument or"
+                f" environment string over {MAX_ARG_STRLEN - 1} bytes"
+                " (MAX_ARG_STRLEN)",
+            )
+        total += size + 1
+    if total > limit:
+        raise RequestRefused(
+            errno.E2BIG,
+            f"cmd.cmdline and cmd.env: {len(cmdline)} arguments and {len(env)}"
+            f" environment variables take {total} bytes; exec allows {limit}"
+            " (ARG_MAX)",
+        )
+
+
+def _framed(text: str) -> int:
+    return len(text.encode()) + _STRING_FRAMING
+
+
+def check_start_message(
+    unit_name: str,
+    executable: str,
+    cmdline: Sequence[str],
+    env: Mapping[str, str],
+    properties: Mapping[str, str],
+) -> int:
+    """The bytes of the ``StartTransientUnit`` call for a command, as an
+    upper bound; ``E2BIG`` if that exceeds :data:`MAX_START_MESSAGE`.
+
+    Counted: the unit name, ``ExecStartEx`` (executable and arguments),
+    ``Environment``, and every other property (``Name → string value``: the
+    request's, the configuration's and the mapper's, merged), each string
+    with its D-Bus framing, plus the message header.
+    """
+    size = _MESSAGE_BASE + _framed(unit_name) + _framed(executable)
+    size += sum(_framed(arg) for arg in cmdline)
+    size += sum(length + _STRING_FRAMING for _, length in _environment_strings(env))
+    size += sum(
+        _framed(name) + _framed(value) + _PROPERTY_FRAMING
+        for name, value in properties.items()
+    )
+    if size > MAX_START_MESSAGE:
+        raise RequestRefused(
+            errno.E2BIG,
+            f"cmd: the unit would take a {size}-byte StartTransientUnit message;"
+            f" sdexec sends systemd at most {MAX_START_MESSAGE} bytes",
+        )
+    return size

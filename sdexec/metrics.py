@@ -1,0 +1,235 @@
+"""``GET /metrics``: the service's counters for Prometheus.
+
+Served next to ``/stats`` by prometheus-client's Twisted resource (content
+negotiation included: the text format, or OpenMetrics when the scraper asks
+for it). Two kinds of metric:
+
+- those ``/stats`` already counts, read from the server's ``stats()`` at
+  each scrape (:class:`_StatsCollector`), so both endpoints agree;
+- those only an observer sees, fed by two optional hooks:
+  ``SystemdClient.on_call`` (every D-Bus method call: its member, duration
+  and whether it succeeded) and ``SdexecServer.observer`` (each exec
+  stream's responses, and every error response).
+
+prometheus-client's resource renders in the reactor's thread pool, while the
+server lives in the reactor thread: the collector takes its snapshot of
+``stats()`` in the reactor thread and waits for it (bounded by
+:data:`SNAPSHOT_TIMEOUT_SECONDS`).
+"""
+
+from __future__ import annotations
+
+import errno
+import queue
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from twisted.python.threadable import isInIOThread
+from twisted.web.resource import IResource
+
+from sdexec.protocol import Topic
+
+__all__ = ["Metrics"]
+
+#: How long a scrape waits for the reactor thread to hand it the counters.
+SNAPSHOT_TIMEOUT_SECONDS = 10.0
+#: Request topics as a label: the service's own, else this one (a client's
+#: misspelt topic must not become a new time series).
+OTHER_TOPIC = "other"
+#: D-Bus calls take around a millisecond; a loaded manager takes seconds.
+DBUS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                0.5, 1.0, 2.5, 5.0, 10.0, 30.0)  # fmt: skip
+#: From an exec request to its ``started`` response: a unit's start.
+START_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                 10.0, 30.0, 60.0)  # fmt: skip
+#: ``/stats`` counters that are events, not request topics, and the metric
+#: (without ``sdexec_`` and ``_total``) each becomes.
+EVENT_COUNTERS = {
+    "errors": ("protocol_errors", "Messages refused before dispatch."),
+    "reaped": ("processes_reaped", "Processes whose unit was stopped and reaped."),
+    "mapper": ("mapper_calls", "Requests the resource mapper fenced."),
+    "fence-failures": ("fence_failures", "Units whose CPU fence did not hold."),
+}
+STOP_TIMER_PREFIX = "stop-timer-"
+
+
+def _topic_label(topic: str) -> str:
+    return topic if topic in Topic._value2member_map_ else OTHER_TOPIC
+
+
+class Metrics:
+    """The service's Prometheus registry and the observers that feed it."""
+
+    def __init__(self, reactor: Any, stats: Callable[[], dict]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_StatsCollector(reactor, stats))
+        self.request_errors = Counter(
+            "sdexec_request_errors", "Error responses, by request topic.",
+            ["topic"], registry=self.registry,
+        )  # fmt: skip
+        self.dbus_calls = Histogram(
+            "sdexec_dbus_call_duration_seconds",
+            "D-Bus method calls to systemd: duration, by method and outcome.",
+            ["method", "outcome"], buckets=DBUS_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.start_latency = Histogram(
+            "sdexec_exec_start_duration_seconds",
+            "From an exec request to its started response.",
+            buckets=START_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.units_started = Counter(
+            "sdexec_units_started", "Units that started (a started response).",
+            registry=self.registry,
+        )  # fmt: skip
+        self.units_failed = Counter(
+            "sdexec_units_failed",
+            "Exec streams that ended in an error (start failed, unit lost).",
+            registry=self.registry,
+        )  # fmt: skip
+        self.output_bytes = Counter(
+            "sdexec_output_bytes", "Process output forwarded to clients, by stream.",
+            ["stream"], registry=self.registry,
+        )  # fmt: skip
+        self.reloads = Counter(
+            "sdexec_config_reloads", "SIGHUP reloads, by outcome (ok, refused).",
+            ["outcome"], registry=self.registry,
+        )  # fmt: skip
+
+    def resource(self) -> IResource:
+        """prometheus-client's Twisted resource for this registry."""
+        from prometheus_client.twisted import MetricsResource
+
+        return cast(IResource, MetricsResource(self.registry))  # it implements it
+
+    # -- hooks ------------------------------------------------------------
+
+    def dbus_call(self, method: str, seconds: float, ok: bool) -> None:
+        """``SystemdClient.on_call``."""
+        outcome = "ok" if ok else "error"
+        self.dbus_calls.labels(method=method, outcome=outcome).observe(seconds)
+
+    def error_sent(self, topic: str, errnum: int) -> None:
+        """``SdexecServer.observer``: an error response went out (not the
+        ENODATA that ends every exec stream)."""
+        if errnum != errno.ENODATA:
+            self.request_errors.labels(topic=_topic_label(topic)).inc()
+
+    def watch_exec(self, responder: Any) -> _ExecWatch:
+        """``SdexecServer.observer``: wrap an exec stream's responder."""
+        return _ExecWatch(self, responder)
+
+    def reloaded(self, ok: bool) -> None:
+        self.reloads.labels(outcome="ok" if ok else "refused").inc()
+
+
+class _ExecWatch:
+    """A responder that notes what passes through it: the start latency,
+    output bytes, and how the stream ended."""
+
+    def __init__(self, metrics: Metrics, responder: Any) -> None:
+        self._metrics = metrics
+        self._responder = responder
+        self._since: float | None = time.monotonic()
+
+    def respond(self, payload: dict) -> None:
+        kind = payload.get("type")
+        if kind == "output":
+            self._output(payload["io"])
+        elif kind == "started" and self._since is not None:
+            self._metrics.start_latency.observe(time.monotonic() - self._since)
+            self._metrics.units_started.inc()
+            self._since = None
+        self._responder.respond(payload)
+
+    def error(self, errnum: int, errstr: str) -> None:
+        if errnum != errno.ENODATA:  # ENODATA: the stream's normal end
+            self._metrics.units_failed.inc()
+        self._responder.error(errnum, errstr)
+
+    def _output(self, io: dict) -> None:
+        data = io.get("data")
+        if not data:
+            return
+        if io.get("encoding") == "base64":
+            size = len(data) * 3 // 4 - data.count("=", -2)
+        else:
+            size = len(data.encode())
+        self._metrics.output_bytes.labels(stream=io["stream"]).inc(size)
+
+
+class _StatsCollector(Collector):
+    """The ``/stats`` numbers as metrics, read at each scrape."""
+
+    def __init__(self, reactor: Any, stats: Callable[[], dict]) -> None:
+        self._reactor = reactor
+        self._stats = stats
+
+    def describe(self) -> list[Metric]:
+        return []  # its families depend on the counters: not pre-described
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._snapshot()
+        counters = stats["requests"]
+        yield _requests(counters)
+        yield from _events(counters)
+        yield _processes(stats["procs"])
+        yield _drained(stats["drain"])
+
+    def _snapshot(self) -> dict:
+        if isInIOThread():
+            return self._stats()
+        answer: queue.Queue = queue.Queue(maxsize=1)
+        self._reactor.callFromThread(lambda: answer.put(self._stats()))
+        return answer.get(timeout=SNAPSHOT_TIMEOUT_SECONDS)
+
+
+def _requests(counters: dict[str, int]) -> Metric:
+    family = CounterMetricFamily(
+        "sdexec_requests", "Requests dispatched, by topic.", labels=["topic"]
+    )
+    for topic in Topic:
+        family.add_metric([topic.value], counters.get(topic.value, 0))
+    return family
+
+
+def _events(counters: dict[str, int]) -> Iterator[Metric]:
+    for key, (name, documentation) in EVENT_COUNTERS.items():
+        yield CounterMetricFamily(
+            f"sdexec_{name}", documentation, value=counters.get(key, 0)
+        )
+    stop_timer = CounterMetricFamily(
+        "sdexec_stop_timer_events",
+        "Stop-timer actions on units left deactivating, by event.",
+        labels=["event"],
+    )
+    for key, count in sorted(counters.items()):
+        if key.startswith(STOP_TIMER_PREFIX):
+            stop_timer.add_metric([key[len(STOP_TIMER_PREFIX) :]], count)
+    yield stop_timer
+
+
+def _processes(procs: list[dict]) -> Metric:
+    family = GaugeMetricFamily(
+        "sdexec_processes", "Processes the service tracks, by state.",
+        labels=["state"],
+    )  # fmt: skip
+    states: dict[str, int] = {}
+    for proc in procs:
+        states[proc["state"]] = states.get(proc["state"], 0) + 1
+    for state, count in sorted(states.items()):
+        family.add_metric([state], count)
+    return family
+
+
+def _drained(drain: dict) -> Metric:
+    family = GaugeMetricFamily(
+        "sdexec_drained",
+        "1 while the node is drained (no new processes), the reason as a label.",
+        labels=["reason"],
+    )
+    family.add_metric([drain["reason"] or ""], 1 if drain["drained"] else 0)
+    return family

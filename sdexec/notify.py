@@ -1,0 +1,140 @@
+"""Telling systemd how the service is: the ``sd_notify`` protocol.
+
+Under ``Type=notify`` systemd sets ``$NOTIFY_SOCKET`` to a datagram socket
+and waits for ``READY=1`` before it calls the service started (and before
+units ordered after it start). :class:`Readiness` sends ``READY=1`` once the
+service listens and is connected to systemd, ``STATUS=`` whenever the
+one-line status changes (``systemctl status`` shows it), ``RELOADING=1``
+around a configuration reload and ``STOPPING=1`` on shutdown. With no
+``$NOTIFY_SOCKET`` (run by hand, by tests, by another supervisor) every
+message is dropped: the protocol is optional by design.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+
+__all__ = ["Readiness", "SystemdNotifier", "describe_server"]
+
+log = Logger()
+
+#: How often the status line is recomputed; it is sent only when it changed.
+STATUS_INTERVAL_SECONDS = 1.0
+
+
+def _socket_address(value: str) -> str | None:
+    """``$NOTIFY_SOCKET`` as an ``AF_UNIX`` address: a path, or ``@name`` for
+    the abstract namespace. Other kinds (``vsock:``) are not for a local
+    daemon: None."""
+    if value.startswith("/"):
+        return value
+    if value.startswith("@"):
+        return "\0" + value[1:]
+    return None
+
+
+class SystemdNotifier:
+    """Sends ``KEY=VALUE`` lines to ``$NOTIFY_SOCKET``; does nothing when it
+    is unset."""
+
+    def __init__(self, environ: Mapping[str, str] = os.environ) -> None:
+        setting = environ.get("NOTIFY_SOCKET", "")
+        self.address = _socket_address(setting) if setting else None
+        if setting and self.address is None:
+            log.warn(
+                "NOTIFY_SOCKET={setting!r} is not a unix socket: not notifying",
+                setting=setting,
+            )
+        self._socket: socket.socket | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.address is not None
+
+    def notify(self, **fields: object) -> None:
+        """One datagram of ``KEY=VALUE`` lines (a key's underscores are
+        sent as they are: ``MONOTONIC_USEC``). A failure is logged, never
+        raised: systemd not listening must not stop the service."""
+        if self.address is None:
+            return
+        message = "\n".join(f"{key}={value}" for key, value in fields.items())
+        try:
+            if self._socket is None:
+                self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                self._socket.setblocking(False)
+            self._socket.sendto(message.encode(), self.address)
+        except OSError as error:
+            log.warn("sd_notify to {address!r} failed: {error}",
+                     address=self.address, error=error)  # fmt: skip
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+
+def describe_server(stats: dict[str, Any]) -> str:
+    """The one-line status from the server's ``stats()``: ``serving N
+    processes``, or ``drained: REASON`` when the node is drained."""
+    drain = stats["drain"]
+    if drain["drained"]:
+        return f"drained: {drain['reason']}"
+    count = len(stats["procs"])
+    return f"serving {count} process{'' if count == 1 else 'es'}"
+
+
+class Readiness:
+    """The service's side of ``Type=notify``.
+
+    ``describe`` gives the current status line; it is polled every
+    :data:`STATUS_INTERVAL_SECONDS` (a reactor timer, so tests drive it with
+    a ``Clock``) and sent only when it changed.
+    """
+
+    def __init__(
+        self,
+        reactor: Any,
+        describe: Callable[[], str],
+        notifier: SystemdNotifier | None = None,
+    ) -> None:
+        self.notifier = notifier or SystemdNotifier()
+        self._describe = describe
+        self._status: str | None = None
+        self._poll = LoopingCall(self._send_status_if_changed)
+        self._poll.clock = reactor
+
+    def ready(self) -> None:
+        """Listening and connected: ``READY=1`` with the first status."""
+        self._status = self._describe()
+        self.notifier.notify(READY=1, STATUS=self._status)
+        if self.notifier.enabled and not self._poll.running:
+            self._poll.start(STATUS_INTERVAL_SECONDS, now=False)
+
+    def reloading(self) -> None:
+        """A reload begins; systemd wants the monotonic time with it."""
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        self.notifier.notify(RELOADING=1, MONOTONIC_USEC=usec)
+
+    def reloaded(self) -> None:
+        """A reload ended, taken or refused: ready again."""
+        self._status = self._describe()
+        self.notifier.notify(READY=1, STATUS=self._status)
+
+    def stopping(self) -> None:
+        if self._poll.running:
+            self._poll.stop()
+        self.notifier.notify(STOPPING=1, STATUS="stopping")
+        self.notifier.close()
+
+    def _send_status_if_changed(self) -> None:
+        status = self._describe()
+        if status != self._status:
+            self._status = status
+            self.notifier.notify(STATUS=status)

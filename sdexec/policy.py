@@ -1,0 +1,431 @@
+"""What a request may ask of its unit: properties, and the environment.
+
+**Properties.** A request sets unit properties with ``SDEXEC_PROP_<Name>``
+options. Only the names in ``[sdexec] request-properties``
+(:data:`CONFIG_KEY`) are accepted; the default, :data:`DEFAULT_ALLOWED`, is
+a set that can only *tighten* the unit. For the properties whose values are
+ordered (:data:`TIGHTENING`), a request's value is accepted only if it is at
+most as permissive as the value the unit would get without it: the
+*baseline*, i.e. what ``[exec.sdexec-properties]`` and the mapper set, else
+systemd's default. ``MemoryMax=infinity`` or ``CPUWeight=10000`` over a
+baseline of ``8G`` or ``100`` is refused. Some names can never be allowed,
+not even by the admin (:data:`NEVER_ALLOWED`): identity, lifecycle, the
+device and CPU fences, and the properties sdexec sets itself. Refusals are
+``EPERM`` naming the property and the key; a value that does not parse is
+``EINVAL``. Containment still wins: the mapper's properties are merged
+after the request's, as before.
+
+**Environment.** The client's environment becomes the unit's, minus the
+variables that describe the *caller's* place in systemd
+(:data:`DROPPED_ENVIRONMENT`): a job holding another unit's
+``NOTIFY_SOCKET`` could send notifications as that unit.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from sdexec.config import RESERVED_PROPERTIES
+from sdexec.limits import check_text
+from sdexec.property import parse_bool
+from sdexec.refusal import RequestRefused, printable
+from sdexec.sizes import MemoryLimit
+
+__all__ = [
+    "CONFIG_KEY",
+    "DEFAULTS_TOKEN",
+    "DEFAULT_ALLOWED",
+    "DROPPED_ENVIRONMENT",
+    "DROPPED_ENVIRONMENT_PREFIXES",
+    "MAX_DESCRIPTION",
+    "NEVER_ALLOWED",
+    "TIGHTENING",
+    "Ordering",
+    "RequestPolicy",
+    "clean_environment",
+    "dropped_names",
+    "never_allowed_reason",
+    "parse_request_properties",
+]
+
+#: The configuration key that lists what a request may set.
+CONFIG_KEY: Final = "[sdexec] request-properties"
+#: An entry of :data:`CONFIG_KEY` that stands for :data:`DEFAULT_ALLOWED`, so
+#: a site can widen the default without restating it:
+#: ``request-properties = ["@default", "Nice"]``.
+DEFAULTS_TOKEN: Final = "@default"
+#: The longest ``Description`` a request may set, in bytes. Older managers
+#: formatted status lines with a long description into fixed buffers and
+#: aborted (systemd issue #8211); sdexec's own is cut at 200 characters.
+MAX_DESCRIPTION: Final = 1024
+
+_LIFECYCLE = "lifecycle: sdexec stops, kills and reaps the unit itself"
+_IDENTITY = "identity: every job runs as the service's own user"
+_FENCE = "a resource fence: containment sets it"
+_SDEXEC = "sdexec sets it itself"
+
+#: Properties no request may set, with the reason; :func:`parse_request_properties`
+#: refuses them in the configuration too.
+NEVER_ALLOWED: Final[Mapping[str, str]] = {
+    **{name: _SDEXEC for name in RESERVED_PROPERTIES - {"Description"}},
+    **dict.fromkeys(
+        ("User", "Group", "DynamicUser", "SupplementaryGroups", "PAMName"), _IDENTITY
+    ),
+    **dict.fromkeys(
+        (
+            "Type",
+            "KillMode",
+            "KillSignal",
+            "FinalKillSignal",
+            "SendSIGKILL",
+            "SendSIGHUP",
+            "TimeoutStopUSec",
+            "TimeoutStopFailureMode",
+            "RemainAfterExit",
+            "Restart",
+            "RestartUSec",
+            "CollectMode",
+            "ExitType",
+            "Slice",
+            "Delegate",
+            "DelegateSubgroup",
+        ),
+        _LIFECYCLE,
+    ),
+    **dict.fromkeys(
+        (
+            "AllowedCPUs",
+            "StartupAllowedCPUs",
+            "AllowedMemoryNodes",
+            "StartupAllowedMemoryNodes",
+            "CPUAffinity",
+            "NUMAPolicy",
+            "NUMAMask",
+            "DeviceAllow",
+            "DevicePolicy",
+        ),
+        _FENCE,
+    ),
+    **dict.fromkeys(
+        ("Environment", "EnvironmentFiles", "PassEnvironment", "UnsetEnvironment"),
+        "the environment is the command's env, cleaned by sdexec",
+    ),
+}
+#: Name prefixes never allowed: the commands (``ExecStart``, ``ExecStopPost``…)
+#: and the standard streams are sdexec's; ``…Scale`` is the percentage form of
+#: a limit that must be written ``MemoryMax=50%`` so it can be compared.
+_NEVER_PREFIXES: Final = (("Exec", _SDEXEC), ("Standard", _SDEXEC))
+_NEVER_SUFFIXES: Final = (("Scale", "write the limit as a percentage instead"),)
+
+
+@dataclass(frozen=True)
+class Ordering:
+    """How to compare one property's values.
+
+    ``rank(value, physical_memory)`` maps a value to a number that grows as
+    the value loosens the unit (``ValueError`` if it does not parse);
+    ``default`` is systemd's value when nothing sets it (``None``: not known
+    here, so only an accounting switch turned on is accepted without a
+    baseline); ``describe`` says what a valid value is, for ``EINVAL``."""
+
+    rank: Callable[[str, int], float]
+    default: str | None
+    describe: str
+
+
+def _memory_rank(text: str, physical_memory: int) -> float:
+    limit = MemoryLimit.parse(text)
+    if limit.infinite:
+        return float("inf")
+    if limit.percent is not None:
+        return limit.percent / 100 * physical_memory
+    assert limit.bytes is not None
+    return float(limit.bytes)
+
+
+def _integer_rank(low: int, high: int, sign: int = 1) -> Callable[[str, int], float]:
+    def rank(text: str, _memory: int) -> float:
+        # int() alone would also take "1_000" and non-ASCII digits.
+        is_integer = re.fullmatch(r"[-+]?[0-9]+", text.strip()) is not None
+        if not is_integer or not low <= int(text) <= high:
+            raise ValueError(f"{text!r} is not an integer from {low} to {high}")
+        return sign * int(text)
+
+    return rank
+
+
+def _usec_rank(text: str, _memory: int) -> float:
+    if text.strip() == "infinity":
+        return float("inf")
+    return _integer_rank(0, 2**64 - 2)(text, _memory)
+
+
+def _switch_rank(text: str, _memory: int) -> float:
+    # On is tighter: turning accounting off would hide the job from the
+    # admin's monitoring.
+    return 0.0 if parse_bool(text) else 1.0
+
+
+_MEMORY = Ordering(_memory_rank, "infinity", "a memory limit (512M, 50%, infinity)")
+_WEIGHT = Ordering(_integer_rank(1, 10000), "100", "a weight from 1 to 10000")
+_SWITCH = Ordering(_switch_rank, None, "a boolean (yes/no)")
+
+#: The properties a request may only tighten, and how their values compare.
+#: Lower is tighter except for ``Nice`` and ``OOMScoreAdjust`` (higher is
+#: tighter) and the accounting switches (on is tighter). ``MemoryLow`` and
+#: ``MemoryMin`` are protections: raising them takes memory from others.
+TIGHTENING: Final[Mapping[str, Ordering]] = {
+    **dict.fromkeys(("MemoryMax", "MemoryHigh", "MemorySwapMax"), _MEMORY),
+    **dict.fromkeys(
+        ("MemoryLow", "MemoryMin"),
+        Ordering(_memory_rank, "0", "a memory limit (512M, 50%, infinity)"),
+    ),
+    **dict.fromkeys(
+        ("CPUWeight", "StartupCPUWeight", "IOWeight", "StartupIOWeight"), _WEIGHT
+    ),
+    **dict.fromkeys(
+        ("CPUQuotaPerSecUSec", "RuntimeMaxUSec"),
+        Ordering(_usec_rank, "infinity", "microseconds or infinity"),
+    ),
+    # The manager's DefaultTasksMax and the service's own OOM score are not
+    # known here: the integrator passes them as baselines.
+    "TasksMax": Ordering(_usec_rank, None, "a number of tasks or infinity"),
+    "Nice": Ordering(_integer_rank(-20, 19, -1), "0", "a nice level from -20 to 19"),
+    "OOMScoreAdjust": Ordering(
+        _integer_rank(-1000, 1000, -1), None, "an integer from -1000 to 1000"
+    ),
+    **dict.fromkeys(
+        (
+            "CPUAccounting",
+            "MemoryAccounting",
+            "IOAccounting",
+            "TasksAccounting",
+            "IPAccounting",
+            "BlockIOAccounting",
+        ),
+        _SWITCH,
+    ),
+}
+
+#: What a request may set unless the admin says otherwise: limits that only
+#: tighten, the description, and the accounting switches.
+DEFAULT_ALLOWED: Final = frozenset(
+    {
+        "MemoryMax",
+        "MemoryHigh",
+        "MemorySwapMax",
+        "CPUWeight",
+        "CPUQuotaPerSecUSec",
+        "Description",
+        "CPUAccounting",
+        "MemoryAccounting",
+        "IOAccounting",
+        "TasksAccounting",
+    }
+)
+
+_PROPERTY_NAME = re.compile(r"[A-Z][A-Za-z0-9]*")
+
+
+def never_allowed_reason(name: str) -> str | None:
+    """Why ``name`` can never be set by a request, or ``None`` if it may be
+    (when the admin allows it)."""
+    if name in NEVER_ALLOWED:
+        return NEVER_ALLOWED[name]
+    for prefix, reason in _NEVER_PREFIXES:
+        if name.startswith(prefix):
+            return reason
+    for suffix, reason in _NEVER_SUFFIXES:
+        if name.endswith(suffix):
+            return reason
+    return None
+
+
+def parse_request_properties(value: object) -> frozenset[str]:
+    """The checked value of :data:`CONFIG_KEY`: an array of property names,
+    where :data:`DEFAULTS_TOKEN` stands for :data:`DEFAULT_ALLOWED`. ``[]``
+    lets requests set nothing.
+
+    ``ValueError`` naming the entry (``request-properties[2]: ...``) for a
+    non-array, a non-name, or a name that can never be allowed.
+    """
+    if not isinstance(value, list):
+        raise ValueError(
+            f"request-properties: expected an array of property names, got {value!r}"
+        )
+    allowed: set[str] = set()
+    for index, entry in enumerate(value):
+        where = f"request-properties[{index}]"
+        if entry == DEFAULTS_TOKEN:
+            allowed |= DEFAULT_ALLOWED
+            continue
+        if not isinstance(entry, str) or _PROPERTY_NAME.fullmatch(entry) is None:
+            raise ValueError(
+                f"{where}: expected a property name such as MemoryMax"
+                f" or {DEFAULTS_TOKEN!r}, got {entry!r}"
+            )
+        reason = never_allowed_reason(entry)
+        if reason is not None:
+            raise ValueError(
+                f"{where}: {entry} can never be set by a request: {reason}"
+            )
+        allowed.add(entry)
+    return frozenset(allowed)
+
+
+def _physical_memory() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class RequestPolicy:
+    """The policy one node applies to its requests' properties.
+
+    ``allowed``: from :func:`parse_request_properties` (default
+    :data:`DEFAULT_ALLOWED`). ``baseline``: the values the unit gets without
+    the request (``[exec.sdexec-properties]`` merged with the mapper's, plus
+    any manager defaults the integrator knows, such as ``TasksMax``).
+    ``physical_memory``: bytes, to compare ``50%`` with ``8G`` as systemd
+    would resolve them.
+    """
+
+    allowed: frozenset[str] = DEFAULT_ALLOWED
+    baseline: Mapping[str, str] = field(default_factory=dict)
+    physical_memory: int = field(default_factory=_physical_memory)
+
+    def accept(self, requested: Mapping[str, str]) -> dict[str, str]:
+        """``requested`` (``Name → value``, from ``SDEXEC_PROP_<Name>``) if
+        every property is allowed and no value loosens its baseline.
+
+        ``RequestRefused``: ``EPERM`` naming the property and
+        :data:`CONFIG_KEY` for a property not allowed or a looser value,
+        ``EINVAL`` for a value that does not parse or is not text. An
+        allowed property outside :data:`TIGHTENING` (one the admin added,
+        such as ``NoNewPrivileges``) is accepted with any value: widening
+        the list is the admin's deliberate choice.
+        """
+        for name, value in requested.items():
+            self._check(name, value)
+        return dict(requested)
+
+    def _check(self, name: str, value: str) -> None:
+        option = f"SDEXEC_PROP_{printable(name)}"
+        reason = never_allowed_reason(name)
+        if reason is not None:
+            raise RequestRefused(
+                errno.EPERM, f"{option}: a request can never set {name}: {reason}"
+            )
+        if name not in self.allowed:
+            raise RequestRefused(
+                errno.EPERM,
+                f"{option}: requests may not set {printable(name)};"
+                f" an admin may allow it in {CONFIG_KEY}",
+            )
+        check_text(option, value)
+        if name == "Description" and len(value.encode()) > MAX_DESCRIPTION:
+            raise RequestRefused(
+                errno.EINVAL, f"{option}: longer than {MAX_DESCRIPTION} bytes"
+            )
+        order = TIGHTENING.get(name)
+        if order is not None:
+            self._check_tightens(option, name, value, order)
+
+    def _check_tightens(
+        self, option: str, name: str, value: str, order: Ordering
+    ) -> None:
+        try:
+            rank = order.rank(value, self.physical_memory)
+        except ValueError:
+            raise RequestRefused(
+                errno.EINVAL,
+                f"{option}: {printable(value)!r} is not {order.describe}",
+            ) from None
+        baseline = self.baseline.get(name, order.default)
+        if order is _SWITCH and rank == 0:
+            return  # on: the tightest value, whatever the baseline
+        baseline_rank = self._baseline_rank(baseline, order)
+        if baseline_rank is None:
+            raise RequestRefused(
+                errno.EPERM,
+                f"{option}: no baseline {name} is known to compare with; the admin"
+                " sets one in [exec.sdexec-properties]",
+            )
+        if rank > baseline_rank:
+            raise RequestRefused(
+                errno.EPERM,
+                f"{option}: {printable(value)!r} is looser than this node's"
+                f" {name}={baseline}; a request may only tighten it ({CONFIG_KEY})",
+            )
+
+    def _baseline_rank(self, baseline: str | None, order: Ordering) -> float | None:
+        if baseline is None:
+            return None
+        try:
+            return order.rank(baseline, self.physical_memory)
+        except ValueError:
+            return None  # e.g. TasksMax=15%: not comparable here, so unknown
+
+
+#: Variables systemd sets in the processes it spawns that describe the
+#: caller's own unit, manager, sockets or directories (systemd.exec(5),
+#: "Environment Variables in Spawned Processes"). Passed on from a client
+#: they would point the job at someone else's notification socket, fds,
+#: journal stream, watchdog or credentials; systemd sets the job's own where
+#: they apply.
+DROPPED_ENVIRONMENT: Final = frozenset(
+    {
+        "NOTIFY_SOCKET",
+        "INVOCATION_ID",
+        "LISTEN_FDS",
+        "LISTEN_PID",
+        "LISTEN_FDNAMES",
+        "JOURNAL_STREAM",
+        "MANAGERPID",
+        "SYSTEMD_EXEC_PID",
+        "MAINPID",
+        "WATCHDOG_PID",
+        "WATCHDOG_USEC",
+        "FDSTORE",
+        "PIDFILE",
+        "MEMORY_PRESSURE_WATCH",
+        "MEMORY_PRESSURE_WRITE",
+        "CREDENTIALS_DIRECTORY",
+        "RUNTIME_DIRECTORY",
+        "STATE_DIRECTORY",
+        "CACHE_DIRECTORY",
+        "LOGS_DIRECTORY",
+        "CONFIGURATION_DIRECTORY",
+        "SERVICE_RESULT",
+        "EXIT_CODE",
+        "EXIT_STATUS",
+        "REMOTE_ADDR",
+        "REMOTE_PORT",
+        "TRIGGER_UNIT",
+        "TRIGGER_PATH",
+        "LOG_NAMESPACE",
+    }
+)
+#: Prefixes of the families of such variables (``MONITOR_SERVICE_RESULT``,
+#: ``TRIGGER_TIMER_REALTIME_USEC``…).
+DROPPED_ENVIRONMENT_PREFIXES: Final = ("MONITOR_", "TRIGGER_TIMER_")
+
+
+def clean_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without :data:`DROPPED_ENVIRONMENT` and the
+    :data:`DROPPED_ENVIRONMENT_PREFIXES` families; order kept."""
+    return {name: value for name, value in env.items() if not _dropped(name)}
+
+
+def _dropped(name: str) -> bool:
+    return name in DROPPED_ENVIRONMENT or name.startswith(DROPPED_ENVIRONMENT_PREFIXES)
+
+
+def dropped_names(env: Iterable[str]) -> list[str]:
+    """The names :func:`clean_environment` would drop from ``env``, for a
+    debug log line."""
+    return [name for name in env if _dropped(name)]

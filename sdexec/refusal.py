@@ -1,0 +1,33 @@
+"""The one exception the request checks raise: an errno and a message.
+
+:mod:`sdexec.limits` and :mod:`sdexec.policy` check a request before anything
+is started or tabled; they refuse it with :class:`RequestRefused`, which the
+server answers as an RFC 6 error response (``errnum``, ``errstr``). The
+message always names the field or property that was wrong, and is always
+encodable as UTF-8 JSON, whatever the request contained (see
+:func:`printable`).
+"""
+
+from __future__ import annotations
+
+__all__ = ["RequestRefused", "printable"]
+
+
+class RequestRefused(Exception):
+    """A request refused before it had any effect.
+
+    ``errnum`` is the Linux errno for the error response, ``errstr`` its
+    one-line message naming what was wrong.
+    """
+
+    def __init__(self, errnum: int, errstr: str) -> None:
+        super().__init__(errstr)
+        self.errnum = errnum
+        self.errstr = errstr
+
+
+def printable(text: str) -> str:
+    """``text`` made safe to quote in an error message: lone surrogates
+    become ``\\udXXX`` escapes, so the message itself can always be encoded
+    (a message quoting a bad ``topic`` verbatim could not be sent)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -1,0 +1,211 @@
+"""The output a background process keeps for ``sdexec.wait`` and ``attach``.
+
+One :class:`RetainedOutput` per process holds the most recent stdout and
+stderr, interleaved in the order they were produced, within a size from
+``[sdexec] retained-output`` (:func:`parse_retained_size`; default 1 MiB,
+``0`` keeps none). When more is produced, the *oldest bytes* are dropped:
+
+- Drops are byte-exact, not whole chunks: the buffer always holds exactly the
+  last ``size`` bytes produced (or all of them, if fewer). Whole-chunk
+  dropping would make what is kept depend on how the pipe happened to be
+  read, and a single chunk larger than the buffer would be either kept whole
+  (unbounded) or lost whole. The cost: the oldest kept bytes may start in the
+  middle of a line or of a UTF-8 character (that piece is then sent base64,
+  as any non-UTF-8 data is).
+- Per stream, the bytes dropped are counted exactly, for the extension key
+  ``"dropped": {"stdout": N, "stderr": M}``.
+- The bookkeeping is bounded too: the stream of each run of bytes is kept as
+  one 8-byte entry, and runs are capped at ``size // 32 + 64``. Output that
+  alternates between stdout and stderr in runs averaging under 32 bytes
+  therefore keeps fewer than ``size`` bytes: the oldest whole runs go first,
+  still counted byte-exactly as dropped.
+
+Memory held: the data, in a ring ``bytearray`` that grows by doubling up to
+exactly ``size`` bytes and no further, and the run table (8 bytes a run, at
+most ``size // 4 + 512`` bytes, usually a few entries), plus a few hundred bytes.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any, Final
+
+from sdexec.ioencode import encode_io
+from sdexec.sizes import parse_size
+
+__all__ = [
+    "CONFIG_KEY",
+    "DEFAULT_RETAINED",
+    "STREAMS",
+    "RetainedOutput",
+    "parse_retained_size",
+]
+
+#: The configuration key for the size.
+CONFIG_KEY: Final = "[sdexec] retained-output"
+#: The default size, bytes per process (1 MiB).
+DEFAULT_RETAINED: Final = 1024 * 1024
+#: The streams kept, in the order of the ``dropped`` key.
+STREAMS: Final = ("stdout", "stderr")
+#: The smallest average run the bookkeeping is sized for (see module doc).
+_MIN_AVERAGE_RUN: Final = 32
+#: Runs always allowed, so a small buffer keeps short interleaved output
+#: whole (512 bytes of run table at most).
+_MIN_RUNS: Final = 64
+
+
+def parse_retained_size(value: object) -> int:
+    """Bytes from the value of :data:`CONFIG_KEY`: a size string (``"1M"``,
+    ``"64K"``, ``"0"``) or a non-negative integer; ``ValueError`` otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"retained-output: expected a size such as 1M, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"retained-output: {value} is negative")
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"retained-output: expected a size such as 1M, got {value!r}")
+    try:
+        return parse_size(value)
+    except ValueError as error:
+        raise ValueError(f"retained-output: {error}") from None
+
+
+class RetainedOutput:
+    """A process's retained stdout and stderr, in production order.
+
+    Runs are stored as signed lengths in an ``array('q')``: positive for
+    stdout, negative for stderr; consecutive output of one stream extends its
+    run.
+    """
+
+    def __init__(self, size: int = DEFAULT_RETAINED) -> None:
+        if size < 0:
+            raise ValueError(f"retained output size {size} is negative")
+        self.size = size
+        self._max_runs = size // _MIN_AVERAGE_RUN + _MIN_RUNS
+        # A ring: held bytes start at _start and wrap around. It grows (by
+        # doubling) only up to size, so a quiet process costs little and a
+        # noisy one exactly size.
+        self._ring = bytearray()
+        self._start = 0
+        self._held = 0
+        self._runs = array("q")
+        self._first_run = 0  # runs before this index are gone (amortized pops)
+        self._dropped = dict.fromkeys(STREAMS, 0)
+        self._eof: set[str] = set()
+
+    @property
+    def held(self) -> int:
+        """Bytes of output held now (never more than :attr:`size`)."""
+        return self._held
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Bytes dropped so far, by stream: the ``dropped`` extension key."""
+        return dict(self._dropped)
+
+    @property
+    def run_count(self) -> int:
+        """Runs held now (at most ``size // 32 + 64``)."""
+        return len(self._runs) - self._first_run
+
+    def at_eof(self, stream: str) -> bool:
+        """Whether ``stream`` has ended."""
+        return stream in self._eof
+
+    def append(self, stream: str, data: bytes) -> None:
+        """Keep ``data``, just produced on ``stream`` (``stdout`` or
+        ``stderr``), dropping the oldest output beyond :attr:`size`.
+        ``ValueError`` for another stream or one already at EOF."""
+        sign = self._sign(stream)
+        if stream in self._eof:
+            raise ValueError(f"{stream} is already at EOF")
+        if not data:
+            return
+        excess = len(data) - self.size
+        if excess > 0:
+            # Never copy in what would be dropped at once.
+            self._dropped[stream] += excess
+            data = data[excess:]
+        if not data:
+            return
+        self._make_room(len(data))
+        self._write(data)
+        if self.run_count and (self._runs[-1] > 0) == (sign > 0):
+            self._runs[-1] += sign * len(data)
+        else:
+            self._runs.append(sign * len(data))
+        self._trim()
+
+    def end(self, stream: str) -> None:
+        """Mark ``stream`` at EOF (idempotent)."""
+        self._sign(stream)
+        self._eof.add(stream)
+
+    def io_objects(self, rank: str) -> list[dict[str, Any]]:
+        """The held output as RFC 24 io objects, oldest first, one per run
+        (data only: EOFs are the caller's, see :meth:`at_eof`)."""
+        data = self._contents()
+        objects = []
+        offset = 0
+        for index in range(self._first_run, len(self._runs)):
+            length = abs(self._runs[index])
+            stream = STREAMS[0] if self._runs[index] > 0 else STREAMS[1]
+            objects.append(encode_io(stream, rank, data[offset : offset + length]))
+            offset += length
+        return objects
+
+    def _contents(self) -> bytes:
+        end = self._start + self._held
+        if end <= len(self._ring):
+            return bytes(self._ring[self._start : end])
+        return bytes(self._ring[self._start :] + self._ring[: end - len(self._ring)])
+
+    def _make_room(self, count: int) -> None:
+        """Drop what ``count`` new bytes displace; grow the ring if it is
+        smaller than both what must be held and ``size``."""
+        excess = self._held + count - self.size
+        if excess > 0:
+            self._drop(excess)
+        needed = self._held + count
+        if needed > len(self._ring):
+            grown = min(self.size, max(needed, 2 * len(self._ring)))
+            self._ring = bytearray(self._contents()) + bytes(grown - self._held)
+            self._start = 0
+
+    def _write(self, data: bytes) -> None:
+        position = (self._start + self._held) % len(self._ring)
+        first = min(len(data), len(self._ring) - position)
+        self._ring[position : position + first] = data[:first]
+        self._ring[: len(data) - first] = data[first:]
+        self._held += len(data)
+
+    @staticmethod
+    def _sign(stream: str) -> int:
+        if stream == STREAMS[0]:
+            return 1
+        if stream == STREAMS[1]:
+            return -1
+        raise ValueError(f"{stream!r} is not stdout or stderr")
+
+    def _trim(self) -> None:
+        while self.run_count > self._max_runs:
+            self._drop(abs(self._runs[self._first_run]))
+        if self._first_run > len(self._runs) // 2:
+            del self._runs[: self._first_run]
+            self._first_run = 0
+
+    def _drop(self, count: int) -> None:
+        """Drop the oldest ``count`` bytes, run by run, counting them."""
+        self._start = (self._start + count) % max(len(self._ring), 1)
+        self._held -= count
+        while count:
+            run = self._runs[self._first_run]
+            taken = min(count, abs(run))
+            self._dropped[STREAMS[0] if run > 0 else STREAMS[1]] += taken
+            count -= taken
+            if taken == abs(run):
+                self._first_run += 1
+            else:
+                self._runs[self._first_run] = run - taken if run > 0 else run + taken

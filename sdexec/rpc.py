@@ -1,0 +1,233 @@
+"""A client's side of the protocol, without Twisted (docs/client.md).
+
+What the Twisted library (``sdexec.client``) and the command line's
+synchronous client (``sdexec.syncclient``) share, so that both answer the
+service alike: the errors they raise, where the socket is, the request
+envelope, how responses find their request, and RFC 42 stdin credit.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from sdexec import protocol
+from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, SOCKET_ENV
+
+__all__ = [
+    "ConnectionFailed",
+    "Pending",
+    "RPCError",
+    "Requests",
+    "SdexecError",
+    "StdinCredit",
+    "cannot_connect",
+    "default_socket_path",
+    "resolve_socket_path",
+]
+
+
+class SdexecError(Exception):
+    """Any failure of a client; ``str()`` is a one-line message."""
+
+
+class ConnectionFailed(SdexecError):
+    """The service could not be reached, or the connection to it broke."""
+
+
+class RPCError(SdexecError):
+    """An error response: ``errnum`` is a Linux errno, ``errstr`` says why."""
+
+    def __init__(self, errnum: int, errstr: str) -> None:
+        self.errnum = errnum
+        self.errstr = errstr or os.strerror(errnum)
+        super().__init__(self.errstr)
+
+    def __str__(self) -> str:
+        return self.errstr
+
+
+def default_socket_path(environ: Mapping[str, str] | None = None) -> str:
+    """``$XDG_RUNTIME_DIR/sdexec/sdexec.sock``, where the service listens by
+    default. :class:`SdexecError` if ``XDG_RUNTIME_DIR`` is unset."""
+    path = protocol.default_socket_path(environ)
+    if path is None:
+        raise SdexecError(
+            f"XDG_RUNTIME_DIR is not set: name the socket with --socket or {SOCKET_ENV}"
+        )
+    return path
+
+
+def resolve_socket_path(
+    option: str | None = None, environ: Mapping[str, str] | None = None
+) -> str:
+    """The socket to use: ``option`` (``--socket``), else ``$SDEXEC_SOCKET``,
+    else :func:`default_socket_path`."""
+    if option:
+        return option
+    from_env = (os.environ if environ is None else environ).get(SOCKET_ENV)
+    return from_env or default_socket_path(environ)
+
+
+def cannot_connect(path: str, code: int | None, why: str = "") -> ConnectionFailed:
+    """The error for a connection to ``path`` that failed with errno
+    ``code`` (or for the reason ``why`` when there is no errno)."""
+    reason = os.strerror(code) if code is not None else why
+    if code in (errno.ENOENT, errno.ECONNREFUSED):
+        reason += " (is the sdexec service running?)"
+    return ConnectionFailed(f"cannot connect to {path}: {reason}")
+
+
+class Pending(Protocol):
+    """A request waiting for its responses."""
+
+    #: Whether more than one response may come (``sdexec.exec``).
+    streaming: bool
+
+    def respond(self, payload: dict) -> None:
+        """A response's payload."""
+
+    def end(self, error: SdexecError) -> None:
+        """The last response was an error (ENODATA ends a stream well), or
+        the connection went first."""
+
+
+class Requests:
+    """The requests of one connection in flight, by matchtag.
+
+    :meth:`new` makes a request's envelope; :meth:`dispatch` gives each
+    response to its request; :meth:`lose` ends them all.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        #: Why the connection is unusable, once it is.
+        self.lost: SdexecError | None = None
+        self._next_matchtag = 1  # 0 is what the service uses when it has none
+        self._in_flight: dict[int, Pending] = {}
+        self._closing_error: RPCError | None = None
+
+    def new(self, topic: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """A request with the next matchtag."""
+        matchtag, self._next_matchtag = self._next_matchtag, self._next_matchtag + 1
+        return {
+            "type": "request",
+            "topic": topic,
+            "matchtag": matchtag,
+            "payload": payload,
+        }
+
+    def track(self, request: dict[str, Any], pending: Pending) -> bool:
+        """Route ``request``'s responses to ``pending``; ``False`` (and
+        ``pending`` ended) if the connection is already lost."""
+        if self.lost is not None:
+            pending.end(self.lost)
+            return False
+        self._in_flight[request["matchtag"]] = pending
+        return True
+
+    def dispatch(self, message: dict[str, Any]) -> str | None:
+        """Give ``message`` to its request; a warning to log if it answers
+        none or is malformed."""
+        matchtag = message.get("matchtag")
+        if not isinstance(matchtag, int) or message.get("type") != "response":
+            return self._unexpected(message)
+        pending = self._in_flight.get(matchtag)
+        if pending is None:
+            return self._unexpected(message)
+        if "errnum" in message:
+            del self._in_flight[matchtag]
+            pending.end(rpc_error(message))
+        elif not isinstance(message.get("payload"), dict):
+            return f"sdexec: response without a payload object: {message!r}"
+        else:
+            if not pending.streaming:
+                del self._in_flight[matchtag]
+            pending.respond(message["payload"])
+        return None
+
+    def framing_error(self, reason: str) -> None:
+        """The service sent something that is not a message."""
+        self.lost = ConnectionFailed(f"{self.path}: bad message from sdexec: {reason}")
+
+    def lose(self, why: str | None = None) -> None:
+        """The connection is gone (``why``, if the client knows): end every
+        request in flight."""
+        if self.lost is None:
+            self.lost = self._closing_error or ConnectionFailed(
+                f"connection to {self.path} lost" + (f": {why}" if why else "")
+            )
+        pending, self._in_flight = self._in_flight, {}
+        for request in pending.values():
+            request.end(self.lost)
+
+    def _unexpected(self, message: dict[str, Any]) -> str:
+        # An error with matchtag 0 answers no request: the service is about to
+        # close the connection (EPERM, EPROTO) and this is why.
+        if message.get("matchtag") == 0 and "errnum" in message:
+            self._closing_error = rpc_error(message)
+        return f"sdexec: ignoring a message that answers no request: {message!r}"
+
+
+def rpc_error(message: dict[str, Any]) -> RPCError:
+    """The :class:`RPCError` of an error response."""
+    errnum = message.get("errnum")
+    errstr = message.get("errstr")
+    return RPCError(
+        errnum if isinstance(errnum, int) else errno.EPROTO,
+        errstr if isinstance(errstr, str) else "",
+    )
+
+
+def is_end_of_stream(error: SdexecError) -> bool:
+    """Whether ``error`` is the ``ENODATA`` that ends a stream well."""
+    return isinstance(error, RPCError) and error.errnum == errno.ENODATA
+
+
+class StdinCredit:
+    """RFC 42 flow control of one process's stdin: how many more bytes the
+    service's buffer can take.
+
+    It starts at the buffer size, which may be borrowed before the first
+    ``add-credit``; that first ``add-credit`` carries the whole buffer size,
+    so it replaces the borrowed allowance instead of adding to it.
+    """
+
+    def __init__(self, cmd: dict[str, Any]) -> None:
+        self._bufsize = _stdin_bufsize(cmd)
+        #: Bytes that may be sent now (negative if overdrawn).
+        self.available = self._bufsize
+        self._borrowing = True
+
+    def spend(self, nbytes: int) -> None:
+        self.available -= nbytes
+
+    def add(self, channels: Any) -> bool:
+        """Take an ``add-credit``'s ``channels``; whether it carried any."""
+        amount = channels.get("stdin") if isinstance(channels, dict) else None
+        if not isinstance(amount, int):
+            return False
+        if self._borrowing:
+            self._borrowing = False
+            amount -= self._bufsize
+        self.available += amount
+        return True
+
+
+def _stdin_bufsize(cmd: dict[str, Any]) -> int:
+    """The stdin buffer the service will use: the command's ``stdin_BUFSIZE``,
+    else the RFC 42 default (a bad value is the service's to refuse)."""
+    opts = cmd.get("opts")
+    value = opts.get("stdin_BUFSIZE") if isinstance(opts, dict) else None
+    if not isinstance(value, str):
+        return DEFAULT_STDIN_BUFSIZE
+    # Only now: sdexec.sizes loads decimal, which the command line's
+    # start-up need not pay for.
+    from sdexec.sizes import parse_size
+
+    try:
+        return parse_size(value)
+    except ValueError:
+        return DEFAULT_STDIN_BUFSIZE

@@ -1,0 +1,315 @@
+"""A synchronous client of the sdexec service, for the command line.
+
+``sdexec run``, ``ps`` and ``kill`` spend most of their life starting up;
+this client imports neither Twisted nor anything that loads OpenSSL, so the
+command starts about as fast as the interpreter does (docs/performance.md).
+It speaks the same protocol as the Twisted library ``sdexec.client``
+through the same modules: :mod:`sdexec.wire` (the format),
+:mod:`sdexec.rpc` (requests, responses, errors, stdin credit) and
+:mod:`sdexec.protocol` (names and defaults).
+
+A :class:`Loop` waits on file descriptors with a selector and calls back;
+a :class:`Connection` is one socket to the service driven by it; the
+requests in flight are :class:`Call` and :class:`Exec` objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import selectors
+import signal
+import socket
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sdexec.ioencode import encode_io
+from sdexec.protocol import ExecFlag, Topic
+from sdexec.rpc import (
+    Pending,
+    Requests,
+    SdexecError,
+    StdinCredit,
+    cannot_connect,
+    is_end_of_stream,
+)
+from sdexec.wire import FrameSplitter, FramingError, encode_message
+
+__all__ = ["Call", "Connection", "Exec", "Loop"]
+
+#: How much is read from the service at a time. The service writes output
+#: in messages of up to 64 KiB (88 KiB as base64); one read takes one or
+#: more whole.
+_RECV_SIZE = 256 * 1024
+
+Callback = Callable[[int], None]
+
+
+class Loop:
+    """Calls back when file descriptors are ready, or signals arrive.
+
+    A poll selector, not epoll: stdin may be a regular file, which epoll
+    refuses and poll reports always readable.
+    """
+
+    def __init__(self) -> None:
+        self._selector = selectors.PollSelector()
+        self._watched: set[int] = set()
+        self._wakeup: tuple[int, int] | None = None
+
+    def watch(self, fd: int, events: int, callback: Callback) -> None:
+        """Call ``callback(ready_events)`` while ``fd`` is ready for
+        ``events`` (``selectors.EVENT_READ`` and/or ``EVENT_WRITE``);
+        replaces what was watched on ``fd``."""
+        if fd in self._watched:
+            self._selector.modify(fd, events, callback)
+        else:
+            self._selector.register(fd, events, callback)
+            self._watched.add(fd)
+
+    def unwatch(self, fd: int) -> None:
+        if fd in self._watched:
+            self._watched.remove(fd)
+            self._selector.unregister(fd)
+
+    def catch_signals(self, signums: Iterable[int], on_signal: Callback) -> None:
+        """Call ``on_signal(signum)`` from the loop for each of ``signums``
+        that arrives, instead of acting on it."""
+        # The interpreter writes each caught signal's number to the wakeup
+        # fd; the handler itself need do nothing.
+        readable, writable = self._wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(writable, warn_on_full_buffer=False)
+        for signum in signums:
+            signal.signal(signum, _ignore)
+
+        def caught(_events: int) -> None:
+            with contextlib.suppress(BlockingIOError):
+                for signum in os.read(readable, 256):
+                    on_signal(signum)
+
+        self.watch(readable, selectors.EVENT_READ, caught)
+
+    def run_until(self, done: Callable[[], bool]) -> None:
+        """Dispatch callbacks until ``done()``."""
+        while not done():
+            for key, events in self._selector.select():
+                # An earlier callback of this round may have unwatched it.
+                if key.fd in self._watched:
+                    key.data(events)
+
+    def __enter__(self) -> Loop:
+        return self
+
+    def __exit__(self, *_exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop catching signals (their handlers stay, and ignore them)."""
+        if self._wakeup is not None:
+            signal.set_wakeup_fd(-1)
+            self.unwatch(self._wakeup[0])
+            for fd in self._wakeup:
+                os.close(fd)
+            self._wakeup = None
+        self._selector.close()
+
+
+def _ignore(_signum: int, _frame: Any) -> None:
+    """A handler that leaves the work to the loop's wakeup fd."""
+
+
+class Call:
+    """A request answered by one response."""
+
+    streaming = False
+
+    def __init__(self) -> None:
+        self.payload: dict | None = None
+        self.error: SdexecError | None = None
+
+    @property
+    def answered(self) -> bool:
+        return self.payload is not None or self.error is not None
+
+    def respond(self, payload: dict) -> None:
+        self.payload = payload
+
+    def end(self, error: SdexecError) -> None:
+        self.error = error
+
+
+class Exec:
+    """An ``sdexec.exec`` stream: each response payload goes to
+    ``on_response`` once ``pid`` and ``credit`` are current."""
+
+    streaming = True
+
+    def __init__(
+        self, cmd: dict[str, Any], flags: int, on_response: Callable[[dict], None]
+    ) -> None:
+        #: Set by :meth:`Connection.exec`.
+        self.matchtag = 0
+        #: The process id, once ``started`` has arrived.
+        self.pid: int | None = None
+        #: Stdin flow control; ``None`` without the write-credit flag.
+        self.credit = StdinCredit(cmd) if flags & ExecFlag.WRITE_CREDIT else None
+        #: Whether the stream has ended, and with what (``None``: ENODATA).
+        self.ended = False
+        self.error: SdexecError | None = None
+        self._on_response = on_response
+
+    def respond(self, payload: dict) -> None:
+        kind = payload.get("type")
+        if kind == "add-credit" and self.credit is not None:
+            self.credit.add(payload.get("channels"))
+        elif kind == "started" and isinstance(payload.get("pid"), int):
+            self.pid = payload["pid"]
+        self._on_response(payload)
+
+    def end(self, error: SdexecError) -> None:
+        self.ended = True
+        self.error = None if is_end_of_stream(error) else error
+
+
+class Connection:
+    """One blocking-free connection to the service's unix socket ``path``.
+
+    :class:`sdexec.rpc.ConnectionFailed` names the path if nothing listens
+    there. Requests are written as the socket takes them; responses are
+    read and given to their requests while the loop runs.
+    """
+
+    def __init__(self, loop: Loop, path: str) -> None:
+        self._loop = loop
+        self._requests = Requests(path)
+        self._splitter = FrameSplitter()
+        self._unsent: list[bytes] = []
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.connect(path)
+        except OSError as failure:
+            self._sock.close()
+            raise cannot_connect(path, failure.errno, str(failure)) from None
+        self._sock.setblocking(False)
+        self._watch()
+
+    def send(self, topic: str, payload: dict[str, Any], pending: Pending) -> int:
+        """Send a request whose responses go to ``pending``; its matchtag."""
+        request = self._requests.new(topic, payload)
+        if self._requests.track(request, pending):
+            self._write(encode_message(request))
+        return request["matchtag"]
+
+    def send_no_response(self, topic: str, payload: dict[str, Any]) -> None:
+        """Send a request that gets no response (``sdexec.write``); dropped
+        if the connection is gone."""
+        if self._requests.lost is None:
+            self._write(encode_message(self._requests.new(topic, payload)))
+
+    def exec(
+        self, cmd: dict[str, Any], flags: int, on_response: Callable[[dict], None]
+    ) -> Exec:
+        """Start ``cmd`` (an RFC 42 command object) with ``sdexec.exec``."""
+        stream = Exec(cmd, flags, on_response)
+        stream.matchtag = self.send(Topic.EXEC, {"cmd": cmd, "flags": flags}, stream)
+        return stream
+
+    def call(self, topic: str, payload: dict[str, Any]) -> dict:
+        """Send a request and wait for its one response's payload;
+        :class:`RPCError` for an error response."""
+        call = Call()
+        self.send(topic, payload, call)
+        self._loop.run_until(lambda: call.answered)
+        if call.error is not None:
+            raise call.error
+        assert call.payload is not None
+        return call.payload
+
+    def kill(self, signum: int, pid: int, pending: Pending) -> None:
+        """Send ``signum`` to process ``pid`` (``sdexec.kill``); the
+        response goes to ``pending``."""
+        self.send(Topic.KILL, {"pid": pid, "signum": signum}, pending)
+
+    def write_stdin(self, stream: Exec, data: bytes) -> None:
+        """Send ``data`` (``b""``: EOF) to the process's stdin."""
+        io = encode_io("stdin", "0", data, eof=not data)
+        self.send_no_response(Topic.WRITE, {"matchtag": stream.matchtag, "io": io})
+        if stream.credit is not None:
+            stream.credit.spend(len(data))
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *_exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._sock.fileno() >= 0:
+            self._loop.unwatch(self._sock.fileno())
+            self._sock.close()
+        self._requests.lose()
+
+    # -- the socket ----------------------------------------------------------
+
+    def _watch(self) -> None:
+        events = selectors.EVENT_READ
+        if self._unsent:
+            events |= selectors.EVENT_WRITE
+        self._loop.watch(self._sock.fileno(), events, self._ready)
+
+    def _write(self, data: bytes) -> None:
+        was_idle = not self._unsent
+        self._unsent.append(data)
+        self._flush()
+        if was_idle and self._unsent:
+            self._watch()
+
+    def _ready(self, events: int) -> None:
+        if events & selectors.EVENT_WRITE:
+            self._flush()
+            if not self._unsent:
+                self._watch()
+        if events & selectors.EVENT_READ:
+            self._receive()
+
+    def _flush(self) -> None:
+        while self._unsent:
+            try:
+                sent = self._sock.send(self._unsent[0])
+            except BlockingIOError:
+                return
+            except OSError as failure:
+                self._lose(f"cannot write: {failure.strerror}")
+                return
+            if sent < len(self._unsent[0]):
+                self._unsent[0] = self._unsent[0][sent:]
+            else:
+                del self._unsent[0]
+
+    def _receive(self) -> None:
+        try:
+            data = self._sock.recv(_RECV_SIZE)
+        except BlockingIOError:
+            return
+        except OSError as failure:
+            if failure.errno != errno.ECONNRESET:
+                self._lose(f"cannot read: {failure.strerror}")
+                return
+            data = b""
+        if not data:
+            self._lose(None)
+            return
+        try:
+            for message in self._splitter.feed(data):
+                # A message that answers no request is dropped: the command
+                # line has nowhere better to say so.
+                self._requests.dispatch(message)
+        except FramingError as error:
+            self._requests.framing_error(str(error))
+            self._lose(None)
+
+    def _lose(self, why: str | None) -> None:
+        self._requests.lose(why)
+        self._unsent.clear()
+        self.close()

@@ -1,0 +1,334 @@
+"""JOB TERMINATION of flux-config-exec(5): how a running job is carried from
+a cancel or a time limit to its exit, or to being declared unkillable.
+
+The sequence, with times from the moment termination begins (``kt`` is
+``kill-timeout``):
+
+1. ``term-signal`` to the job's tasks (``SIGALRM`` instead when the reason is
+   a time limit);
+2. at ``kt``, ``2 kt``, ``3 kt`` and ``4 kt``: ``kill-signal`` to the tasks;
+3. from ``5 kt`` on: ``kill-signal`` to the job shell itself (the unit's main
+   process), instead of to the tasks; the wait before the next attempt
+   starts at ``kt`` and doubles after each attempt, capped at
+   :data:`~sdexec.config.MAX_KILL_INTERVAL` (300 s);
+4. give up, and report the job unkillable, right after the
+   ``max-kill-count``-th direct attempt, or, when ``max-kill-timeout`` is
+   set (it then wins over ``max-kill-count``), once that long has passed
+   since termination began.
+
+With ``max-kill-count = 4, kill-timeout = 1s`` the direct attempts come at
+5, 6, 8 and 12 s and the job is declared unkillable at 12 s; with the
+defaults (8, 5 s) the last attempt and the verdict come at 640 s: both are
+:func:`sdexec.config.final_kill_attempt`, the ``effective-max-kill-timeout``
+the configuration reports.
+
+:class:`TerminationSequence` only keeps time and decides; it acts through a
+:class:`TerminationTarget` the service supplies, and it stops for good as
+soon as the service says the job exited (:meth:`TerminationSequence.job_exited`).
+Every timer is one ``callLater`` on the reactor it is given, so tests drive
+it with :class:`twisted.internet.task.Clock`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+
+from sdexec.config import MAX_KILL_INTERVAL, ExecConfig
+from sdexec.signals import signal_name
+
+__all__ = [
+    "TerminationPolicy",
+    "TerminationReason",
+    "TerminationSequence",
+    "TerminationStep",
+    "TerminationTarget",
+    "parse_reason",
+    "unkillable_reason",
+]
+
+_log = Logger()
+
+#: Direct attempts on the job shell begin after this many kill-timeouts.
+SHELL_PHASE_FACTOR = 5
+
+
+class TerminationReason(enum.Enum):
+    """Why a job is terminated: the ``reason`` of ``sdexec.terminate``."""
+
+    CANCEL = "cancel"
+    TIMEOUT = "timeout"
+
+
+def parse_reason(value: object) -> TerminationReason:
+    """The ``reason`` of an ``sdexec.terminate`` request; ``ValueError``
+    naming the field and the choices for anything else."""
+    for reason in TerminationReason:
+        if value == reason.value:
+            return reason
+    choices = " or ".join(f'"{reason.value}"' for reason in TerminationReason)
+    raise ValueError(
+        f"reason: expected {choices}, got {json.dumps(value, default=str)}"
+    )
+
+
+class TerminationStep(enum.Enum):
+    """Where a job's termination stands, as ``stats`` and ``ps`` show it."""
+
+    #: Step 1 done: term-signal (or SIGALRM) sent, waiting kill-timeout.
+    TERM = "term"
+    #: Step 2: kill-signal sent to the tasks every kill-timeout.
+    KILL_TASKS = "kill-tasks"
+    #: Step 3: kill-signal sent to the job shell with exponential backoff.
+    KILL_SHELL = "kill-shell"
+    #: Step 4: given up; the target was told the job is unkillable.
+    UNKILLABLE = "unkillable"
+    #: The job exited while terminating: the sequence ended there.
+    EXITED = "exited"
+
+
+class TerminationTarget(Protocol):
+    """What the sequence acts on: one job, as the service sees it.
+
+    The calls are open loop (as in flux-core's job-exec): their results are
+    not awaited, and a call that fails must log and return, not raise.
+    """
+
+    def signal_tasks(self, signum: int) -> None:
+        """Send ``signum`` to every process of the job (``KillUnit`` with
+        who=``all``)."""
+
+    def signal_main(self, signum: int) -> None:
+        """Send ``signum`` to the job shell only (``KillUnit`` with
+        who=``main``)."""
+
+    def unkillable(self, reason: str) -> None:
+        """The job outlived the sequence: drain the service with ``reason``
+        if the unit still has processes, and fail the request (EDEADLK)."""
+
+
+def unkillable_reason(job: str) -> str:
+    """The drain reason for a job that outlived its termination sequence."""
+    return f"unkillable user processes for job {job}"
+
+
+@dataclass(frozen=True)
+class TerminationPolicy:
+    """The ``[exec]`` keys that shape the sequence. Seconds and signal
+    numbers, as :class:`~sdexec.config.ExecConfig` holds them."""
+
+    kill_timeout: float = 5.0
+    max_kill_count: int = 8
+    #: ``None``: ``max_kill_count`` bounds the sequence.
+    max_kill_timeout: float | None = None
+    term_signal: int = signal.SIGTERM.value
+    kill_signal: int = signal.SIGKILL.value
+
+    @classmethod
+    def from_config(cls, config: ExecConfig) -> TerminationPolicy:
+        """The policy an ``[exec]`` table configures."""
+        return cls(
+            kill_timeout=config.kill_timeout,
+            max_kill_count=config.max_kill_count,
+            max_kill_timeout=config.max_kill_timeout,
+            term_signal=config.term_signal,
+            kill_signal=config.kill_signal,
+        )
+
+    def first_signal(self, reason: TerminationReason) -> int:
+        """Step 1's signal: SIGALRM for a time limit, else term-signal."""
+        if reason is TerminationReason.TIMEOUT:
+            return signal.SIGALRM.value
+        return self.term_signal
+
+    @property
+    def shell_phase_start(self) -> float:
+        """Seconds from the start until the first direct attempt."""
+        return SHELL_PHASE_FACTOR * self.kill_timeout
+
+
+@dataclass
+class _Progress:
+    """The mutable part of a running sequence, in offsets (seconds since it
+    began)."""
+
+    task_kills: int = 0
+    kill_attempts: int = 0
+    next_attempt_at: float = 0.0
+    interval: float = 0.0
+
+
+class TerminationSequence:
+    """One job's termination: :meth:`begin` starts it, :meth:`job_exited`
+    ends it; between the two it signals ``target`` on schedule and, if the
+    job outlives the schedule, calls ``target.unkillable`` once.
+
+    ``job`` names the job in the unkillable reason (its id, as the client
+    gave it).
+    """
+
+    def __init__(
+        self,
+        reactor: IReactorTime,
+        policy: TerminationPolicy,
+        target: TerminationTarget,
+        job: str,
+    ) -> None:
+        self._reactor = reactor
+        self.policy = policy
+        self._target = target
+        self.job = job
+        #: ``None`` until :meth:`begin`.
+        self.step: TerminationStep | None = None
+        self.reason: TerminationReason | None = None
+        #: Reactor time at which termination began.
+        self.started_at: float | None = None
+        self._progress = _Progress()
+        self._timer: IDelayedCall | None = None
+        self._due = 0.0
+
+    # --- what the service calls -------------------------------------------
+
+    def begin(self, reason: TerminationReason) -> bool:
+        """Step 1, and arm the rest. ``False`` (and nothing done) when the
+        sequence already began or the job already exited: a time limit
+        reached during a cancel does not restart it."""
+        if self.step is not None:
+            return False
+        self.step, self.reason = TerminationStep.TERM, reason
+        self.started_at = self._reactor.seconds()
+        self._progress = _Progress(
+            next_attempt_at=self.policy.shell_phase_start,
+            interval=self.policy.kill_timeout,
+        )
+        self._send(self._target.signal_tasks, self.policy.first_signal(reason))
+        self._arm()
+        return True
+
+    def job_exited(self) -> None:
+        """The job's main process exited (or its unit is gone): stop here.
+        Harmless at any time, also before :meth:`begin` or twice."""
+        self._cancel_timer()
+        if self.step is not TerminationStep.UNKILLABLE:
+            self.step = TerminationStep.EXITED
+
+    @property
+    def active(self) -> bool:
+        """Whether timers are still pending."""
+        return self._timer is not None
+
+    @property
+    def next_at(self) -> float | None:
+        """Reactor time of the next action, ``None`` when none is pending."""
+        if self._timer is None:
+            return None
+        return self._timer.getTime()
+
+    @property
+    def kill_attempts(self) -> int:
+        """Direct kill-signal attempts on the job shell so far."""
+        return self._progress.kill_attempts
+
+    @property
+    def task_kills(self) -> int:
+        """Step 2 kill-signals to the tasks so far."""
+        return self._progress.task_kills
+
+    def stats(self) -> dict[str, Any]:
+        """The termination part of a job's ``stats`` entry."""
+        return {
+            "step": None if self.step is None else self.step.value,
+            "reason": None if self.reason is None else self.reason.value,
+            "started": self.started_at,
+            "task-kills": self.task_kills,
+            "kill-attempts": self.kill_attempts,
+            "next": self.next_at,
+        }
+
+    # --- the schedule -------------------------------------------------------
+
+    def _arm(self) -> None:
+        self._due = self._next_due()
+        assert self.started_at is not None
+        delay = max(0.0, self.started_at + self._due - self._reactor.seconds())
+        self._timer = self._reactor.callLater(delay, self._fire)
+
+    def _next_due(self) -> float:
+        """The offset of the next action: a task kill, a direct attempt or
+        the max-kill-timeout deadline, whichever comes first."""
+        candidates = [self._progress.next_attempt_at]
+        if self._task_phase():
+            candidates.append(self._next_task_kill_at())
+        if self.policy.max_kill_timeout is not None:
+            candidates.append(self.policy.max_kill_timeout)
+        return min(candidates)
+
+    def _task_phase(self) -> bool:
+        return self._progress.task_kills + 1 < SHELL_PHASE_FACTOR
+
+    def _next_task_kill_at(self) -> float:
+        # A multiple, not a running sum, so no rounding error accumulates.
+        return (self._progress.task_kills + 1) * self.policy.kill_timeout
+
+    def _fire(self) -> None:
+        self._timer = None
+        due, progress = self._due, self._progress
+        if self._task_phase() and self._next_task_kill_at() <= due:
+            progress.task_kills += 1
+            self.step = TerminationStep.KILL_TASKS
+            self._send(self._target.signal_tasks, self.policy.kill_signal)
+        if progress.next_attempt_at <= due:
+            self._attempt_on_shell()
+        if self._exhausted(due):
+            self.step = TerminationStep.UNKILLABLE
+            _log.warn(
+                "job {job}: unkillable after {attempts} kill attempts",
+                job=self.job,
+                attempts=progress.kill_attempts,
+            )
+            self._target.unkillable(unkillable_reason(self.job))
+            return
+        self._arm()
+
+    def _attempt_on_shell(self) -> None:
+        progress = self._progress
+        progress.kill_attempts += 1
+        progress.next_attempt_at += progress.interval
+        progress.interval = min(progress.interval * 2, MAX_KILL_INTERVAL)
+        self.step = TerminationStep.KILL_SHELL
+        self._send(self._target.signal_main, self.policy.kill_signal)
+
+    def _exhausted(self, due: float) -> bool:
+        if self.policy.max_kill_timeout is not None:
+            return due >= self.policy.max_kill_timeout
+        return self._progress.kill_attempts >= self.policy.max_kill_count
+
+    def _send(self, send: Callable[[int], None], signum: int) -> None:
+        _log.debug(
+            "job {job}: {signal} ({step})",
+            job=self.job,
+            signal=signal_name(signum),
+            step=self.step,
+        )
+        try:
+            send(signum)
+        except Exception:
+            # The schedule must go on: a lost signal is retried by the next
+            # step, a lost timer would leave the job hanging.
+            _log.failure(
+                "job {job}: sending {signal} failed",
+                job=self.job,
+                signal=signal_name(signum),
+            )
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

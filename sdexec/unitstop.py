@@ -1,0 +1,203 @@
+"""How a unit ends: the stop timer of flux-config-exec(5), and the unit
+properties that leave the ending to it instead of to systemd's defaults.
+
+The stop timer ("SDEXEC AND JOB TERMINATION INTERACTION"): when a unit
+enters *deactivating* (its main process has exited and sdexec asked systemd
+to stop it, but processes remain in its cgroup), wait
+``sdexec-stop-timer-sec``; then send ``sdexec-stop-timer-signal`` to every
+process still in the unit; after as long again, abandon the unit: the
+request fails with EDEADLK and the service drains with a reason naming the
+unit, as the job termination sequence does for an unkillable job.
+
+This is the sequence the service follows, rather than the three steps
+(SIGTERM, SIGKILL, EDEADLK at one period each) of the sdexec design notes
+(spec 000): flux-config-exec(5) is the newer, user-facing statement and
+matches flux-core's current code; systemd's own ``StopUnit`` already
+delivers the unit's ``KillSignal`` (SIGTERM) to every remaining process, so
+a separate SIGTERM step would only repeat it.
+
+:class:`StopTimer` keeps time and decides; it acts through a
+:class:`StopTimerTarget` the service supplies. Its one timer at a time is a
+``callLater`` on the reactor it is given, so tests drive it with a ``Clock``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Protocol
+
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+
+from sdexec.signals import signal_name
+
+__all__ = [
+    "StopTimer",
+    "StopTimerState",
+    "StopTimerTarget",
+    "abandon_reason",
+    "lifecycle_properties",
+]
+
+_log = Logger()
+
+
+def lifecycle_properties() -> dict[str, str]:
+    """The unit properties (name → string, as ``sdexec-properties`` are
+    written) that every unit sdexec starts must carry so that systemd's
+    defaults cannot pre-empt the stop timer and the termination sequence.
+
+    - ``TimeoutStopUSec=infinity``: systemd's own stop timeout
+      (``DefaultTimeoutStopSec``, 90 s) would otherwise end deactivating
+      long before the stop timer (by default the effective max-kill-timeout,
+      640 s) fires, SIGKILLing the unit and marking it failed ("timeout");
+    - ``SendSIGKILL=no``: no ``FinalKillSignal`` from systemd on any stop or
+      abort path; the only escalation is sdexec's (kill-signal, then the
+      stop-timer signal), with the signals the admin configured;
+    - ``KillMode=control-group``: ``StopUnit`` sends ``KillSignal`` to every
+      process left in the unit and systemd keeps the unit deactivating until
+      the cgroup is empty, which is the state the stop timer measures (with
+      ``process`` systemd would forget the leftovers once the main process is
+      gone, so lingering processes would escape both timers). It is
+      systemd's default, set so no drop-in can change it.
+
+    These names are in :data:`sdexec.config.RESERVED_PROPERTIES`, so a site
+    cannot set them; a request must not either (the service applies these
+    last).
+    """
+    return {
+        "TimeoutStopUSec": "infinity",
+        "SendSIGKILL": "no",
+        "KillMode": "control-group",
+    }
+
+
+def abandon_reason(unit: str) -> str:
+    """The drain reason for a unit the stop timer abandoned."""
+    return f"unkillable user processes in unit {unit}"
+
+
+class StopTimerState(enum.Enum):
+    """Where a unit's stop timer stands."""
+
+    #: The unit is not deactivating (yet); nothing is armed.
+    IDLE = "idle"
+    #: Deactivating: the first period runs.
+    ARMED = "armed"
+    #: The stop-timer signal was sent: the second period runs.
+    SIGNALED = "signaled"
+    #: Given up: the target was told to abandon the unit.
+    ABANDONED = "abandoned"
+    #: The unit left deactivating in time (or the timer is disabled and the
+    #: unit stopped): nothing more will happen.
+    STOPPED = "stopped"
+
+
+class StopTimerTarget(Protocol):
+    """What the stop timer acts on: one unit. Calls are open loop: a call
+    that fails must log and return, not raise."""
+
+    def signal_all(self, signum: int) -> None:
+        """Send ``signum`` to every process of the unit (``KillUnit``,
+        who=``all``)."""
+
+    def abandon(self, reason: str) -> None:
+        """Stop waiting for the unit: fail the request with EDEADLK, drain
+        the service with ``reason``, and leave a watch that resets the unit
+        once it leaves deactivating (so abandoned units do not pile up as
+        failed)."""
+
+
+class StopTimer:
+    """One unit's stop timer.
+
+    ``seconds`` is ``sdexec-stop-timer-sec`` (a negative value disables the
+    timer, as ``SDEXEC_STOP_TIMER_SEC=-1`` does), ``signum``
+    ``sdexec-stop-timer-signal``. Call :meth:`deactivating` when the unit
+    enters deactivating and :meth:`stopped` when it leaves it (inactive,
+    failed, or gone); both are harmless when repeated or late.
+    """
+
+    def __init__(
+        self,
+        reactor: IReactorTime,
+        seconds: float,
+        signum: int,
+        unit: str,
+        target: StopTimerTarget,
+    ) -> None:
+        self._reactor = reactor
+        self.seconds = seconds
+        self.signum = signum
+        self.unit = unit
+        self._target = target
+        self.state = StopTimerState.IDLE
+        #: Reactor time at which the unit began deactivating.
+        self.deactivating_since: float | None = None
+        self._timer: IDelayedCall | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the timer acts at all."""
+        return self.seconds >= 0
+
+    @property
+    def next_at(self) -> float | None:
+        """Reactor time of the next action, ``None`` when none is pending."""
+        return None if self._timer is None else self._timer.getTime()
+
+    def deactivating(self) -> None:
+        """The unit entered deactivating: arm the first period."""
+        if self.state is not StopTimerState.IDLE:
+            return
+        self.deactivating_since = self._reactor.seconds()
+        if not self.enabled:
+            return
+        self.state = StopTimerState.ARMED
+        self._timer = self._reactor.callLater(self.seconds, self._first_expiry)
+
+    def stopped(self) -> None:
+        """The unit left deactivating: nothing more to do."""
+        self._cancel()
+        if self.state is not StopTimerState.ABANDONED:
+            self.state = StopTimerState.STOPPED
+
+    def stats(self) -> dict[str, Any]:
+        """The stop-timer part of a process's ``stats`` entry."""
+        return {
+            "state": self.state.value,
+            "deactivating-since": self.deactivating_since,
+            "next": self.next_at,
+        }
+
+    def _first_expiry(self) -> None:
+        _log.info(
+            "{unit}: still deactivating after {seconds:g} s, sending {signal}",
+            unit=self.unit,
+            seconds=self.seconds,
+            signal=signal_name(self.signum),
+        )
+        self.state = StopTimerState.SIGNALED
+        self._timer = self._reactor.callLater(self.seconds, self._second_expiry)
+        try:
+            self._target.signal_all(self.signum)
+        except Exception:
+            # The second period is armed already: the unit is still
+            # abandoned in time even if this signal was lost.
+            _log.failure("{unit}: stop-timer signal failed", unit=self.unit)
+
+    def _second_expiry(self) -> None:
+        self._timer = None
+        self.state = StopTimerState.ABANDONED
+        _log.warn(
+            "{unit}: still deactivating {seconds:g} s after {signal}: abandoned",
+            unit=self.unit,
+            seconds=self.seconds,
+            signal=signal_name(self.signum),
+        )
+        self._target.abandon(abandon_reason(self.unit))
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

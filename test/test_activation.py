@@ -1,0 +1,122 @@
+"""Socket activation: the service serves on a listening socket it inherits
+as fd 3 (``LISTEN_FDS``/``LISTEN_PID``), as systemd passes it from a
+``.socket`` unit, and tells systemd it is ready."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+from support import unit_names
+from test_notify import NotifySocket
+from test_twistd import (
+    CONFIG,
+    REPO,
+    TWISTD,
+    _environment,
+    _free_port,
+    _wait_for,
+    reaped,
+    terminate,
+)
+
+from sdexec.activation import check_systemd_endpoint
+from sdexec.config import ConfigError, parse_config
+
+pytestmark = pytest.mark.systemd
+
+#: Makes the inherited socket fd 3 and LISTEN_PID the pid that twistd will
+#: have (exec keeps the pid), as systemd does.
+TRAMPOLINE = """if True:
+    import os, sys
+    fd = int(sys.argv[1])
+    os.dup2(fd, 3)
+    os.close(fd)
+    os.environ["LISTEN_PID"] = str(os.getpid())
+    os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _twistd_with_inherited(listener: socket.socket, tmp_path, *extra_env):
+    config = tmp_path / "sdexec.toml"
+    config.write_text(CONFIG.format(socket=tmp_path / "unused.sock",
+                                    port=_free_port(), kill_timeout="5s"))  # fmt: skip
+    environment = {**_environment(), "LISTEN_FDS": "1", "LISTEN_FDNAMES": "sdexec",
+                   **dict(extra_env)}  # fmt: skip
+    command = [*TWISTD, "--nodaemon", "--pidfile=", "sdexec", "--config",
+               str(config), "--listen", "systemd:domain=UNIX:index=0"]  # fmt: skip
+    fd = listener.fileno()
+    return subprocess.Popen(
+        [sys.executable, "-c", TRAMPOLINE, str(fd), *command],
+        pass_fds=(fd,), env=environment, cwd=tmp_path,
+        stdout=(tmp_path / "twistd.log").open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def test_serves_on_an_inherited_socket_and_notifies(user_manager, tmp_path):
+    path = tmp_path / "activated.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(16)
+    notify = NotifySocket(tmp_path / "notify")
+    service = _twistd_with_inherited(
+        listener, tmp_path, ("NOTIFY_SOCKET", str(notify.path))
+    )
+    listener.close()  # the service holds it now, as systemd would
+    log = tmp_path / "twistd.log"
+    with reaped(service), contextlib.closing(notify):
+        ready = _wait_for(notify.messages, "READY=1")
+        assert ready[0]["READY"] == "1", log.read_text()
+        ran = subprocess.run(
+            [sys.executable, "-m", "sdexec.cli", "--socket", str(path), "run", "-n",
+             "echo", "activated"],
+            capture_output=True, timeout=60, env=_environment(),
+        )  # fmt: skip
+        assert (ran.returncode, ran.stdout) == (0, b"activated\n"), ran.stderr
+        assert terminate(service) == -signal.SIGTERM
+    assert unit_names() == []
+
+
+def test_no_inherited_socket_is_one_clear_line(user_manager, tmp_path):
+    config = tmp_path / "sdexec.toml"
+    config.write_text(CONFIG.format(socket=tmp_path / "s.sock",
+                                    port=_free_port(), kill_timeout="5s"))  # fmt: skip
+    done = subprocess.run(
+        [*TWISTD, "--nodaemon", "--pidfile=", "sdexec", "--config", str(config),
+         "--listen", "systemd:domain=UNIX:name=sdexec"],
+        capture_output=True, timeout=60, env=_environment(), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert b"systemd:domain=UNIX:name=sdexec: no such inherited socket" in done.stdout
+    assert b"Traceback" not in done.stdout + done.stderr
+
+
+def test_a_systemd_listen_endpoint_is_checked_without_the_socket():
+    config = parse_config({"sdexec": {"listen": "systemd:domain=UNIX:name=sdexec"}})
+    assert config.sdexec.listen == "systemd:domain=UNIX:name=sdexec"
+    with pytest.raises(ConfigError, match=r"sdexec\.listen.*exactly one of index="):
+        parse_config({"sdexec": {"listen": "systemd:domain=UNIX"}})
+
+
+@pytest.mark.parametrize(
+    ("description", "problem"),
+    [
+        ("systemd:domain=UNIX:index=x", "index='x' is not a number"),
+        ("systemd:domain=PIGEON:index=0", "domain= must be an address family"),
+        ("systemd:domain=UNIX:index=0:mode=600", "unknown argument 'mode'"),
+        ("systemd:UNIX", "'UNIX' is not KEY=VALUE"),
+    ],
+)
+def test_bad_systemd_endpoints(description, problem):
+    with pytest.raises(ValueError, match=problem):
+        check_systemd_endpoint(description)
+
+
+def test_the_example_socket_unit_matches_the_endpoint_it_documents():
+    text = (REPO / "etc" / "sdexec.socket").read_text()
+    assert "FileDescriptorName=sdexec" in text
+    assert 'listen = "systemd:domain=UNIX:name=sdexec"' in text

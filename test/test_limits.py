@@ -1,0 +1,182 @@
+"""sdexec.limits: text, exec and message-size checks (issue 16)."""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from strategies import any_text, commands
+
+from sdexec.limits import (
+    KERNEL_ARG_CEILING,
+    MAX_ARG_STRLEN,
+    MAX_START_MESSAGE,
+    SYSTEMD_ENV_RESERVE,
+    arg_max,
+    check_exec_size,
+    check_start_message,
+    check_text,
+    check_texts,
+    command_text,
+)
+from sdexec.refusal import RequestRefused
+
+POINTER = 8
+
+
+def check_command(*args) -> None:
+    check_texts(command_text(*args))
+
+
+def refused(call, *args, **kwargs) -> RequestRefused:
+    with pytest.raises(RequestRefused) as caught:
+        call(*args, **kwargs)
+    json.dumps(caught.value.errstr).encode("utf-8")  # always sendable
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [("a\ud800b", "lone surrogate U+D800 at 1"), ("ab\0", "NUL character at 2")],
+)
+def test_text_names_the_field_and_the_problem(value: str, why: str) -> None:
+    error = refused(check_text, "topic", value)
+    assert error.errnum == errno.EINVAL
+    assert error.errstr.startswith("topic: ") and why in error.errstr
+
+
+@pytest.mark.parametrize(
+    ("command", "field"),
+    [
+        ({"cmdline": ["a", "b", "\ud800"]}, "cmd.cmdline[2]: "),
+        ({"cmdline": ["a"], "env": {"FOO": "x\0"}}, "cmd.env.FOO: "),
+        ({"cmdline": ["a"], "env": {"F\udc80": "x"}}, "cmd.env (key 'F\\\\udc80'): "),
+        ({"cmdline": ["a"], "opts": {"SDEXEC_NAME": "\ud800"}}, "cmd.opts.SDEXEC_NAME"),
+        ({"cmdline": ["a"], "label": "\udfff"}, "cmd.label: "),
+        ({"cmdline": ["a"], "cwd": "/\0"}, "cmd.cwd: "),
+    ],
+)
+def test_command_text_names_the_field(command: dict, field: str) -> None:
+    error = refused(
+        check_command,
+        command["cmdline"],
+        command.get("env", {}),
+        command.get("opts", {}),
+        command.get("cwd"),
+        command.get("label"),
+    )
+    assert error.errnum == errno.EINVAL
+    assert error.errstr.startswith(field), error.errstr
+
+
+def is_clean(text: str) -> bool:
+    return "\0" not in text and not any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(commands(any_text))
+def test_command_text_refuses_exactly_the_bad_strings(command: dict) -> None:
+    strings = [*command["cmdline"], command.get("cwd", ""), command.get("label", "")]
+    for mapping in (command["env"], command["opts"]):
+        strings += [*mapping, *mapping.values()]
+    args = (
+        command["cmdline"],
+        command["env"],
+        command["opts"],
+        command.get("cwd"),
+        command.get("label"),
+    )
+    if all(is_clean(s) for s in strings):
+        check_command(*args)
+    else:
+        assert refused(check_command, *args).errnum == errno.EINVAL
+
+
+def test_max_arg_strlen_is_linux_value_on_4k_pages() -> None:
+    assert MAX_ARG_STRLEN >= 131072
+
+
+def test_an_argument_of_max_arg_strlen_minus_one_bytes_is_accepted() -> None:
+    check_exec_size("/bin/true", ["true", "x" * (MAX_ARG_STRLEN - 1)], {})
+
+
+def test_one_byte_more_is_e2big_naming_the_argument() -> None:
+    error = refused(
+        check_exec_size, "/bin/true", ["true", "é" * (MAX_ARG_STRLEN // 2)], {}
+    )
+    assert error.errnum == errno.E2BIG
+    assert error.errstr.startswith(f"cmd.cmdline[1]: {MAX_ARG_STRLEN} bytes")
+
+
+def test_an_environment_string_counts_name_and_equals() -> None:
+    value = "x" * (MAX_ARG_STRLEN - 1 - len("FOO="))
+    check_exec_size("/bin/true", ["true"], {"FOO": value})
+    error = refused(check_exec_size, "/bin/true", ["true"], {"FOO": value + "x"})
+    assert error.errnum == errno.E2BIG and error.errstr.startswith("cmd.env.FOO: ")
+
+
+def test_total_counted_as_the_kernel_does() -> None:
+    args = ["a" * 99, "b" * 99]
+    env = {"K": "v" * 98}  # "K=" + 98 = 100 bytes
+    exact = SYSTEMD_ENV_RESERVE + 3 * POINTER + len("/x") + 1 + 100 + 100 + 101
+    check_exec_size("/x", args, env, limit=exact)
+    error = refused(check_exec_size, "/x", args, env, limit=exact - 1)
+    assert error.errnum == errno.E2BIG
+    assert "2 arguments and 1 environment variables" in error.errstr
+    assert "(ARG_MAX)" in error.errstr
+
+
+def test_issue_16_reproductions_are_refused_before_systemd() -> None:
+    for cmdline in (
+        ["true", "x" * 10_000_000],
+        ["true", *["y" * 60_000] * 100],
+        ["true", *["z" * 10_000] * 1000],
+    ):
+        assert refused(check_exec_size, "/bin/true", cmdline, {}).errnum == errno.E2BIG
+
+
+def test_arg_max_is_clamped_to_the_kernel_range() -> None:
+    assert arg_max(2**62) == KERNEL_ARG_CEILING
+    assert arg_max(4096) == 128 * 1024
+    assert arg_max(2 * 1024 * 1024) == 2 * 1024 * 1024
+    assert 128 * 1024 <= arg_max() <= KERNEL_ARG_CEILING
+
+
+def test_start_message_cap() -> None:
+    small = check_start_message(
+        "a.service", "/bin/true", ["true"], {"PATH": "/bin"}, {}
+    )
+    assert len("a.service/bin/truetruePATH=/bin") < small < 4096
+    # A megabyte environment is ordinary and must pass.
+    check_start_message(
+        "a.service", "/bin/true", ["true"], {"BIG": "x" * 1024 * 1024}, {}
+    )
+    error = refused(
+        check_start_message,
+        "a.service",
+        "/bin/true",
+        ["true"],
+        {},
+        {"Description": "d" * MAX_START_MESSAGE},
+    )
+    assert error.errnum == errno.E2BIG and "StartTransientUnit" in error.errstr
+
+
+@settings(
+    derandomize=True,
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(commands())
+def test_checks_only_ever_refuse_with_request_refused(command: dict) -> None:
+    try:
+        check_command(command["cmdline"], command["env"], command["opts"])
+        check_exec_size("/bin/x", command["cmdline"], command["env"])
+        check_start_message(
+            "u.service", "/bin/x", command["cmdline"], command["env"], command["opts"]
+        )
+    except RequestRefused as error:
+        assert error.errnum in (errno.EINVAL, errno.E2BIG)

@@ -1,0 +1,104 @@
+"""``GET /metrics``: scraped from a running service and parsed with
+prometheus-client's own parsers, in both formats it negotiates."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import treq
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as parse_openmetrics,
+)
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+from pytest_twisted import ensureDeferred
+from support import run, wait_until_reaped
+
+pytestmark = pytest.mark.systemd
+
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+async def _get(url: str, accept: str | None = None) -> tuple[str, str]:
+    headers = {"Accept": [accept]} if accept else None
+    response = await treq.get(url, headers=headers, persistent=False)
+    assert response.code == 200
+    content_type = response.headers.getRawHeaders("content-type")[0]
+    return content_type, await treq.text_content(response)
+
+
+def _samples(families) -> dict[tuple[str, tuple], float]:
+    """``{(sample name, sorted labels): value}`` of every sample."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in families
+        for sample in family.samples
+    }
+
+
+@ensureDeferred
+async def test_metrics_agree_with_stats_and_observe_latency(sdexec, tmp_path):
+    client = await sdexec.connect()
+    printed = await run(client, ["sh", "-c", "printf 12345; printf ab >&2"])
+    assert printed.status == 0
+    missing = await run(client, ["/nonexistent/command"])  # refused: no unit
+    assert missing.error is not None
+    garbage = tmp_path / "not-a-program"
+    garbage.write_bytes(b"\x00\x01garbage")
+    garbage.chmod(0o755)
+    failed = await run(client, [str(garbage)])  # its unit fails: 203/EXEC
+    assert failed.error is not None
+    await wait_until_reaped(sdexec, "sdexec-*")
+    sdexec.server.drain("fence check failed for sdexec-x.service")
+    assert sdexec.service.reload()
+
+    base = sdexec.stats_url.removesuffix("/stats")
+    stats = json.loads((await _get(sdexec.stats_url))[1])
+    content_type, text = await _get(base + "/metrics")
+    assert content_type.startswith("text/plain; version=")
+    samples = _samples(parse_text(text))
+
+    assert (
+        samples[("sdexec_requests_total", (("topic", "sdexec.exec"),))]
+        == (stats["requests"]["sdexec.exec"])
+    )
+    assert samples[("sdexec_request_errors_total", (("topic", "sdexec.exec"),))] == 2
+    assert samples[("sdexec_processes_reaped_total", ())] == stats["requests"]["reaped"]
+    assert samples[("sdexec_fence_failures_total", ())] == 0
+    drained = (("reason", "fence check failed for sdexec-x.service"),)
+    assert samples[("sdexec_drained", drained)] == 1
+    assert samples[("sdexec_units_started_total", ())] == 1
+    assert samples[("sdexec_units_failed_total", ())] == 1
+    assert samples[("sdexec_output_bytes_total", (("stream", "stdout"),))] == 5
+    assert samples[("sdexec_output_bytes_total", (("stream", "stderr"),))] == 2
+    assert samples[("sdexec_config_reloads_total", (("outcome", "ok"),))] == 1
+    assert samples[("sdexec_exec_start_duration_seconds_count", ())] == 1
+    assert samples[("sdexec_exec_start_duration_seconds_sum", ())] > 0
+    start_calls = (("method", "StartTransientUnit"), ("outcome", "ok"))
+    assert samples[("sdexec_dbus_call_duration_seconds_count", start_calls)] == 2
+    assert samples[("sdexec_dbus_call_duration_seconds_sum", start_calls)] > 0
+
+
+@ensureDeferred
+async def test_openmetrics_is_negotiated(sdexec):
+    base = sdexec.stats_url.removesuffix("/stats")
+    content_type, text = await _get(base + "/metrics", accept=OPENMETRICS)
+    assert content_type.startswith("application/openmetrics-text; version=1.0.0")
+    families = {family.name: family for family in parse_openmetrics(text)}
+    assert families["sdexec_requests"].type == "counter"
+    assert families["sdexec_drained"].type == "gauge"
+    assert _samples([families["sdexec_drained"]]) == {
+        ("sdexec_drained", (("reason", ""),)): 0
+    }
+    assert families["sdexec_dbus_call_duration_seconds"].type == "histogram"
+
+
+@ensureDeferred
+async def test_client_topics_do_not_become_labels(sdexec):
+    client = await sdexec.connect()
+    with pytest.raises(Exception, match="unknown topic"):
+        await client.rpc("made.up.topic", {})
+    base = sdexec.stats_url.removesuffix("/stats")
+    samples = _samples(parse_text((await _get(base + "/metrics"))[1]))
+    assert samples[("sdexec_request_errors_total", (("topic", "other"),))] == 1
+    assert not any("made.up" in str(labels) for _, labels in samples)

@@ -1,0 +1,130 @@
+"""sd_notify: what the service tells systemd, caught on a datagram socket."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from pytest_twisted import ensureDeferred
+from support import ConfigText, RunningService, sleep
+from twisted.internet.task import Clock
+
+from sdexec.notify import Readiness, SystemdNotifier, describe_server
+
+
+class NotifySocket:
+    """The systemd side: a bound datagram socket, read without blocking."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.socket.bind(str(path))
+        self.socket.setblocking(False)
+
+    def messages(self) -> list[dict[str, str]]:
+        """Every datagram received so far, as its KEY=VALUE fields."""
+        received = []
+        while True:
+            try:
+                data = self.socket.recv(4096)
+            except BlockingIOError:
+                return received
+            received.append(dict(line.split("=", 1)
+                                 for line in data.decode().splitlines()))  # fmt: skip
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+@pytest.fixture
+def notify_socket(tmp_path):
+    listener = NotifySocket(tmp_path / "notify")
+    yield listener
+    listener.close()
+
+
+def test_unset_notify_socket_sends_nothing():
+    notifier = SystemdNotifier(environ={})
+    notifier.notify(READY=1)
+    assert not notifier.enabled
+    assert notifier._socket is None
+
+
+def test_abstract_and_path_addresses():
+    assert SystemdNotifier({"NOTIFY_SOCKET": "@sd/notify"}).address == "\0sd/notify"
+    assert SystemdNotifier({"NOTIFY_SOCKET": "/run/x"}).address == "/run/x"
+    assert not SystemdNotifier({"NOTIFY_SOCKET": "vsock:2:1"}).enabled
+
+
+def test_a_missing_listener_is_logged_not_raised(tmp_path):
+    notifier = SystemdNotifier({"NOTIFY_SOCKET": str(tmp_path / "nobody")})
+    notifier.notify(READY=1)  # ENOENT: logged
+    assert notifier.enabled
+
+
+def test_status_is_sent_only_when_it_changes(notify_socket):
+    clock = Clock()
+    status = ["serving 0 processes"]
+    notifier = SystemdNotifier({"NOTIFY_SOCKET": str(notify_socket.path)})
+    readiness = Readiness(clock, lambda: status[0], notifier)
+    readiness.ready()
+    clock.advance(1)
+    clock.advance(1)
+    status[0] = "drained: fence"
+    clock.advance(1)
+    clock.advance(1)
+    readiness.stopping()
+    clock.advance(5)
+    assert notify_socket.messages() == [
+        {"READY": "1", "STATUS": "serving 0 processes"},
+        {"STATUS": "drained: fence"},
+        {"STOPPING": "1", "STATUS": "stopping"},
+    ]
+    assert clock.getDelayedCalls() == []
+
+
+def test_describe_server():
+    stats = {"drain": {"drained": False, "reason": None}, "procs": [{}]}
+    assert describe_server(stats) == "serving 1 process"
+    stats = {"drain": {"drained": True, "reason": "fence failed"}, "procs": []}
+    assert describe_server(stats) == "drained: fence failed"
+
+
+async def _next_messages(listener: NotifySocket, timeout: float = 10.0) -> list:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        received = listener.messages()
+        if received:
+            return received
+        await sleep(0.05)
+    raise AssertionError("no sd_notify message")
+
+
+@ensureDeferred
+async def test_the_service_notifies_ready_status_reload_and_stop(
+    user_manager, tmp_path, notify_socket, monkeypatch
+):
+    monkeypatch.setenv("NOTIFY_SOCKET", str(notify_socket.path))
+    running = RunningService(tmp_path, ConfigText())
+    await running.start()
+    try:
+        assert await _next_messages(notify_socket) == [
+            {"READY": "1", "STATUS": "serving 0 processes"}
+        ]
+        running.server.drain("fence check failed on sdexec-x.service")
+        assert await _next_messages(notify_socket) == [
+            {"STATUS": "drained: fence check failed on sdexec-x.service"}
+        ]
+        running.server.undrain()
+        assert await _next_messages(notify_socket) == [
+            {"STATUS": "serving 0 processes"}
+        ]
+        assert running.reload()
+        reloading, ready = await _next_messages(notify_socket)
+        assert reloading["RELOADING"] == "1" and int(reloading["MONOTONIC_USEC"]) > 0
+        assert ready == {"READY": "1", "STATUS": "serving 0 processes"}
+    finally:
+        await running.stop()
+    assert notify_socket.messages() == [{"STOPPING": "1", "STATUS": "stopping"}]

@@ -1,0 +1,287 @@
+"""sdexec.policy: what a request may set, and the environment it passes on
+(issue 16)."""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import any_text
+
+from sdexec.policy import (
+    CONFIG_KEY,
+    DEFAULT_ALLOWED,
+    DROPPED_ENVIRONMENT,
+    NEVER_ALLOWED,
+    TIGHTENING,
+    RequestPolicy,
+    clean_environment,
+    dropped_names,
+    never_allowed_reason,
+    parse_request_properties,
+)
+from sdexec.refusal import RequestRefused
+
+GIB = 1024**3
+POLICY = RequestPolicy(physical_memory=64 * GIB)
+
+
+def refusal(policy: RequestPolicy, **requested: str) -> RequestRefused:
+    with pytest.raises(RequestRefused) as caught:
+        policy.accept(requested)
+    return caught.value
+
+
+def test_default_set_tightens_with_no_baseline() -> None:
+    requested = {
+        "MemoryMax": "512M",
+        "MemoryHigh": "50%",
+        "MemorySwapMax": "0",
+        "CPUWeight": "50",
+        "CPUQuotaPerSecUSec": "500000",
+        "Description": "my job",
+        "MemoryAccounting": "yes",
+    }
+    assert POLICY.accept(requested) == requested
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "baseline"),
+    [
+        ("MemoryMax", "infinity", "8G"),
+        ("MemoryMax", "9G", "8G"),
+        ("MemoryMax", "50%", "8G"),  # 32 GiB of 64
+        ("MemoryHigh", "8G", "10%"),
+        ("CPUWeight", "10000", None),
+        ("CPUWeight", "200", "150"),
+        ("CPUQuotaPerSecUSec", "infinity", "2000000"),
+    ],
+)
+def test_a_looser_value_is_eperm_naming_property_and_key(
+    name: str, value: str, baseline: str | None
+) -> None:
+    policy = RequestPolicy(
+        baseline={} if baseline is None else {name: baseline},
+        physical_memory=64 * GIB,
+    )
+    error = refusal(policy, **{name: value})
+    assert error.errnum == errno.EPERM
+    assert error.errstr.startswith(f"SDEXEC_PROP_{name}: ")
+    assert "looser" in error.errstr and CONFIG_KEY in error.errstr
+
+
+def test_equal_or_tighter_than_the_baseline_is_accepted() -> None:
+    policy = RequestPolicy(
+        baseline={"MemoryMax": "8G", "CPUWeight": "150"}, physical_memory=64 * GIB
+    )
+    assert policy.accept({"MemoryMax": "8G", "CPUWeight": "150"})
+    assert policy.accept({"MemoryMax": "10%", "CPUWeight": "1"})
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "User",
+        "Group",
+        "DynamicUser",
+        "KillMode",
+        "SendSIGKILL",
+        "TimeoutStopUSec",
+        "Type",
+        "RemainAfterExit",
+        "Slice",
+        "Delegate",
+        "DeviceAllow",
+        "AllowedCPUs",
+        "ExecStartPre",
+        "StandardOutput",
+        "MemoryMaxScale",
+        "Environment",
+    ],
+)
+def test_never_allowed_even_when_the_admin_lists_it(name: str) -> None:
+    policy = RequestPolicy(allowed=DEFAULT_ALLOWED | {name})
+    error = refusal(policy, **{name: "x"})
+    assert error.errnum == errno.EPERM
+    assert error.errstr.startswith(f"SDEXEC_PROP_{name}: a request can never set")
+    with pytest.raises(ValueError, match=rf"request-properties\[1\]: {name} can never"):
+        parse_request_properties(["@default", name])
+
+
+def test_a_property_not_allowed_names_the_key_that_would_allow_it() -> None:
+    error = refusal(POLICY, Nice="5")
+    assert error.errnum == errno.EPERM
+    assert error.errstr == (
+        "SDEXEC_PROP_Nice: requests may not set Nice; an admin may allow it in"
+        " [sdexec] request-properties"
+    )
+
+
+def test_widened_ordered_properties_still_only_tighten() -> None:
+    policy = RequestPolicy(allowed=parse_request_properties(["@default", "Nice"]))
+    assert policy.accept({"Nice": "5"}) == {"Nice": "5"}
+    assert refusal(policy, Nice="-20").errnum == errno.EPERM
+
+
+def test_a_bad_value_is_einval() -> None:
+    error = refusal(POLICY, CPUWeight="lots")
+    assert error.errnum == errno.EINVAL
+    assert error.errstr == (
+        "SDEXEC_PROP_CPUWeight: 'lots' is not a weight from 1 to 10000"
+    )
+    assert refusal(POLICY, MemoryMax="12Q").errnum == errno.EINVAL
+
+
+def test_no_known_baseline_refuses_a_number_but_not_accounting_on() -> None:
+    policy = RequestPolicy(
+        allowed=parse_request_properties(["TasksMax", "IOAccounting"])
+    )
+    assert "no baseline TasksMax" in refusal(policy, TasksMax="10").errstr
+    assert refusal(policy, IOAccounting="no").errnum == errno.EPERM
+    assert policy.accept({"IOAccounting": "yes"})
+    with_baseline = RequestPolicy(policy.allowed, baseline={"TasksMax": "4915"})
+    assert with_baseline.accept({"TasksMax": "100"})
+    assert refusal(with_baseline, TasksMax="infinity").errnum == errno.EPERM
+
+
+def test_description_is_capped() -> None:
+    assert POLICY.accept({"Description": "d" * 1024})
+    assert refusal(POLICY, Description="d" * 1025).errnum == errno.EINVAL
+    error = refusal(POLICY, Description="\ud800")
+    assert error.errnum == errno.EINVAL
+    assert error.errstr.startswith("SDEXEC_PROP_Description: not valid Unicode")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("MemoryMax", "expected an array"),
+        ([5], r"request-properties\[0\]: expected a property name"),
+        (["memorymax"], r"request-properties\[0\]"),
+    ],
+)
+def test_config_value_errors_name_the_entry(value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_request_properties(value)
+
+
+def test_config_value() -> None:
+    assert parse_request_properties([]) == frozenset()
+    assert parse_request_properties(["@default"]) == DEFAULT_ALLOWED
+    assert parse_request_properties(["Nice"]) == {"Nice"}
+
+
+def test_defaults_are_not_forbidden_and_are_ordered() -> None:
+    for name in DEFAULT_ALLOWED:
+        assert never_allowed_reason(name) is None
+        assert name in TIGHTENING or name == "Description"
+
+
+def test_environment_hygiene() -> None:
+    env = {
+        "PATH": "/bin",
+        "NOTIFY_SOCKET": "/run/x",
+        "HOME": "/h",
+        "MONITOR_SERVICE_RESULT": "x",
+        "TRIGGER_TIMER_REALTIME_USEC": "1",
+        **dict.fromkeys(DROPPED_ENVIRONMENT, "v"),
+        "LANG": "C",
+    }
+    assert clean_environment(env) == {"PATH": "/bin", "HOME": "/h", "LANG": "C"}
+    assert list(clean_environment(env)) == ["PATH", "HOME", "LANG"]
+    assert "NOTIFY_SOCKET" in dropped_names(env) and "PATH" not in dropped_names(env)
+    for name in ("NOTIFY_SOCKET", "INVOCATION_ID", "LISTEN_FDS", "LISTEN_PID"):
+        assert name in DROPPED_ENVIRONMENT
+    for name in ("LISTEN_FDNAMES", "JOURNAL_STREAM", "MANAGERPID", "SYSTEMD_EXEC_PID"):
+        assert name in DROPPED_ENVIRONMENT
+
+
+names = st.sampled_from(sorted({*TIGHTENING, *NEVER_ALLOWED, "Description", "Nice"}))
+values = st.sampled_from(
+    ["0", "1", "50", "100", "512M", "8G", "50%", "infinity", "yes", "no", "-5", "x"]
+)
+WIDE = RequestPolicy(allowed=frozenset(TIGHTENING) | {"Description"})
+
+
+def policy_over(baseline: dict[str, str]) -> RequestPolicy:
+    return RequestPolicy(WIDE.allowed, baseline=baseline, physical_memory=64 * GIB)
+
+
+def comparable(name: str, value: str) -> bool:
+    try:
+        TIGHTENING[name].rank(value, 64 * GIB)
+    except ValueError:
+        return False
+    return True
+
+
+ordered_names = st.sampled_from(sorted(TIGHTENING))
+baselines = st.dictionaries(ordered_names, values, max_size=12).map(
+    lambda found: {k: v for k, v in found.items() if comparable(k, v)}
+)
+
+
+@settings(derandomize=True, max_examples=1000, deadline=None)
+@given(st.dictionaries(ordered_names, values, max_size=2), baselines)
+def test_a_request_can_never_loosen_the_baseline(
+    requested: dict[str, str], baseline: dict[str, str]
+) -> None:
+    try:
+        accepted = policy_over(baseline).accept(requested)
+    except RequestRefused as error:
+        assert error.errnum in (errno.EPERM, errno.EINVAL)
+        assert error.errstr.startswith("SDEXEC_PROP_")
+        return
+    assert accepted == requested
+    for name, value in accepted.items():
+        order = TIGHTENING[name]
+        base = baseline.get(name, order.default)
+        rank = order.rank(value, 64 * GIB)
+        if base is None:  # only an accounting switch turned on, the tightest
+            assert name.endswith("Accounting") and rank == 0
+        else:
+            assert rank <= order.rank(base, 64 * GIB)
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(st.dictionaries(names | any_text, values | any_text, max_size=4))
+def test_any_text_is_refused_cleanly_or_accepted(requested: dict[str, str]) -> None:
+    try:
+        assert WIDE.accept(requested) == requested
+    except RequestRefused as error:
+        assert error.errnum in (errno.EPERM, errno.EINVAL)
+        error.errstr.encode("utf-8")
+
+
+# What a user manager adds to a job's environment on its own: the user's
+# basics, which a client legitimately passes too, and nothing else.
+USER_BASICS = {"HOME", "LANG", "PATH", "SHELL", "USER", "LOGNAME", "TERM"}
+USER_BASICS |= {"XDG_RUNTIME_DIR", "PWD", "SHLVL", "_", "OLDPWD"}
+
+
+@pytest.mark.systemd
+def test_every_variable_the_manager_adds_is_dropped_or_a_user_basic(
+    user_manager,
+) -> None:
+    """Runs a notify service with a watchdog (the richest environment
+    systemd gives) and checks that every variable it has and its manager
+    has not is either dropped or one of the user's basics."""
+
+    def environment(*command: str) -> set[str]:
+        output = subprocess.run(
+            command, capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+        return {line.partition("=")[0] for line in output.splitlines() if "=" in line}
+
+    manager = environment("systemctl", "--user", "show-environment")
+    job = environment(
+        *("systemd-run", "--user", "--quiet", "--wait", "--pipe"),
+        *("-p", "Type=notify", "-p", "WatchdogSec=100"),
+        *("sh", "-c", "systemd-notify --ready; env"),
+    )
+    added = job - manager - USER_BASICS
+    assert "INVOCATION_ID" in added and "NOTIFY_SOCKET" in added
+    assert added <= DROPPED_ENVIRONMENT, added - DROPPED_ENVIRONMENT

@@ -1,0 +1,151 @@
+"""sdexec.retained: a background process's bounded output (issue 12)."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sdexec.ioencode import decode_io
+from sdexec.retained import RetainedOutput, parse_retained_size
+
+KIB = 1024
+
+
+def replay(buffer: RetainedOutput) -> list[tuple[str, bytes]]:
+    return [decode_io(io)[:2] for io in buffer.io_objects("0")]
+
+
+def produce(buffer: RetainedOutput, writes: list[tuple[str, bytes]]) -> None:
+    for stream, data in writes:
+        buffer.append(stream, data)
+
+
+def test_100k_through_16k_reports_exactly_what_was_dropped() -> None:
+    buffer = RetainedOutput(16 * KIB)
+    # 100 KiB: 60 KiB of stdout and 40 KiB of stderr, alternating in 4 KiB
+    # writes except for one stdout tail of 20 KiB.
+    writes = [("stdout", b"o" * 4 * KIB), ("stderr", b"e" * 4 * KIB)] * 10
+    writes.append(("stdout", b"O" * 20 * KIB))
+    produce(buffer, writes)
+    assert buffer.held == 16 * KIB
+    # The last 16 KiB are all of the final stdout write, so everything else
+    # (40 KiB of stdout, 40 KiB of stderr, 4 KiB of the tail) was dropped.
+    assert buffer.dropped == {"stdout": 44 * KIB, "stderr": 40 * KIB}
+    assert replay(buffer) == [("stdout", b"O" * 16 * KIB)]
+
+
+def test_interleaving_is_kept_in_production_order() -> None:
+    buffer = RetainedOutput(10)
+    produce(buffer, [("stdout", b"abc"), ("stderr", b"DEF"), ("stdout", b"ghij")])
+    buffer.append("stderr", b"KL")  # drops "ab"
+    assert replay(buffer) == [
+        ("stdout", b"c"),
+        ("stderr", b"DEF"),
+        ("stdout", b"ghij"),
+        ("stderr", b"KL"),
+    ]
+    assert buffer.dropped == {"stdout": 2, "stderr": 0}
+
+
+def test_a_write_larger_than_the_buffer_keeps_its_tail() -> None:
+    buffer = RetainedOutput(4)
+    produce(buffer, [("stderr", b"12"), ("stdout", b"abcdefgh")])
+    assert replay(buffer) == [("stdout", b"efgh")]
+    assert buffer.dropped == {"stdout": 4, "stderr": 2}
+
+
+def test_size_zero_keeps_nothing_but_counts() -> None:
+    buffer = RetainedOutput(0)
+    produce(buffer, [("stdout", b"abc"), ("stderr", b"de")])
+    assert buffer.io_objects("0") == [] and buffer.held == 0
+    assert buffer.dropped == {"stdout": 3, "stderr": 2}
+
+
+def test_binary_and_split_utf8_round_trip_through_io_objects() -> None:
+    buffer = RetainedOutput(4)
+    buffer.append("stdout", "xé€".encode())  # 1 + 2 + 3 bytes: cut inside é
+    ios = buffer.io_objects("3")
+    assert ios[0]["encoding"] == "base64" and ios[0]["rank"] == "3"
+    assert replay(buffer) == [("stdout", "é€".encode()[1:])]
+
+
+def test_eof_per_stream() -> None:
+    buffer = RetainedOutput()
+    buffer.append("stdout", b"x")
+    buffer.end("stdout")
+    buffer.end("stdout")
+    assert buffer.at_eof("stdout") and not buffer.at_eof("stderr")
+    with pytest.raises(ValueError, match="already at EOF"):
+        buffer.append("stdout", b"y")
+    with pytest.raises(ValueError, match="not stdout or stderr"):
+        buffer.append("stdin", b"y")
+
+
+def test_tiny_alternating_runs_are_bounded_too() -> None:
+    buffer = RetainedOutput(64 * KIB)
+    for _ in range(100_000):
+        buffer.append("stdout", b"o")
+        buffer.append("stderr", b"e")
+    assert buffer.run_count <= 64 * KIB // 32 + 64
+    held = replay(buffer)
+    assert sum(len(data) for _, data in held) == buffer.held
+    assert buffer.dropped["stdout"] + buffer.dropped["stderr"] + buffer.held == 200_000
+
+
+def test_200_buffers_of_10_mib_each_stay_within_their_size() -> None:
+    size = 64 * KIB
+    chunk = b"x" * 16 * KIB  # created before tracing: the input is not counted
+    tracemalloc.start()
+    try:
+        buffers = [RetainedOutput(size) for _ in range(200)]
+        for buffer in buffers:
+            for index in range(640):  # 10 MiB
+                buffer.append("stderr" if index % 3 == 0 else "stdout", chunk)
+        held, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    for buffer in buffers:
+        assert buffer.held == size
+        assert sum(buffer.dropped.values()) == 10 * 1024 * KIB - size
+    # Everything allocated while writing: the data, the run tables, the
+    # objects themselves; at most 2 KiB a buffer beyond its size.
+    assert held <= 200 * (size + 2 * KIB), held
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(
+    st.integers(0, 64),
+    st.lists(st.tuples(st.sampled_from(["stdout", "stderr"]), st.binary(max_size=40))),
+)
+def test_kept_is_the_suffix_of_what_was_produced(
+    size: int, writes: list[tuple[str, bytes]]
+) -> None:
+    buffer = RetainedOutput(size)
+    produce(buffer, writes)
+    produced = [(stream, bytes([b])) for stream, data in writes for b in data]
+    kept = [(stream, bytes([b])) for stream, data in replay(buffer) for b in data]
+    assert kept == produced[len(produced) - len(kept) :]
+    assert len(kept) == buffer.held <= size
+    for stream in ("stdout", "stderr"):
+        written = sum(len(data) for s, data in writes if s == stream)
+        held = sum(1 for s, _ in kept if s == stream)
+        assert buffer.dropped[stream] == written - held
+    # With runs averaging at least 32 bytes, all of size is used.
+    if all(len(data) >= 32 for _, data in writes):
+        assert buffer.held == min(size, len(produced))
+
+
+@pytest.mark.parametrize(
+    ("value", "size"), [("1M", 1024 * KIB), ("0", 0), ("16K", 16 * KIB), (512, 512)]
+)
+def test_config_value(value: object, size: int) -> None:
+    assert parse_retained_size(value) == size
+
+
+@pytest.mark.parametrize("value", ["lots", -1, True, None, 1.5])
+def test_bad_config_value_names_the_key(value: object) -> None:
+    with pytest.raises(ValueError, match="retained-output: "):
+        parse_retained_size(value)

@@ -1,0 +1,84 @@
+"""The command line's synchronous client against a scripted peer on a real
+unix socket: what it makes of a service that refuses or misbehaves (the
+real service is in test_cli.py)."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sdexec.rpc import ConnectionFailed, RPCError
+from sdexec.syncclient import Connection, Loop
+from sdexec.wire import FrameSplitter, encode_message
+
+
+@pytest.fixture
+def peer(tmp_path: Path) -> Iterator[tuple[str, list[bytes], list[dict]]]:
+    """A listening socket that reads one request, answers with the lines
+    the test puts in ``replies``, then closes; ``received`` gets what it
+    read."""
+    path = str(tmp_path / "peer.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    replies: list[bytes] = []
+    received: list[dict] = []
+
+    def serve() -> None:
+        connection, _ = server.accept()
+        with connection:
+            splitter = FrameSplitter()
+            while not received:
+                received.extend(splitter.feed(connection.recv(65536)))
+            connection.sendall(b"".join(replies))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield path, replies, received
+    thread.join(10)
+    server.close()
+
+
+def test_a_call_gets_its_response(peer):
+    path, replies, received = peer
+    replies.append(b'{"type":"response","topic":"sdexec.list","matchtag":1,')
+    replies.append(b'"payload":{"procs":[]}}\n')
+    with Loop() as loop, Connection(loop, path) as connection:
+        assert connection.call("sdexec.list", {}) == {"procs": []}
+    assert received[0]["topic"] == "sdexec.list"
+    assert received[0]["matchtag"] == 1
+
+
+def test_the_reason_for_closing_is_the_error(peer):
+    path, replies, _ = peer
+    refusal = {"type": "response", "matchtag": 0, "errnum": errno.EPERM}
+    replies.append(encode_message({**refusal, "errstr": "not yours"}))
+    with (
+        Loop() as loop,
+        Connection(loop, path) as connection,
+        pytest.raises(RPCError) as raised,
+    ):
+        connection.call("sdexec.list", {})
+    assert (raised.value.errnum, str(raised.value)) == (errno.EPERM, "not yours")
+
+
+def test_a_bad_message_breaks_the_connection_with_one_line(peer):
+    path, replies, _ = peer
+    replies.append(b"this is not json\n")
+    with (
+        Loop() as loop,
+        Connection(loop, path) as connection,
+        pytest.raises(ConnectionFailed, match="bad message from sdexec"),
+    ):
+        connection.call("sdexec.list", {})
+
+
+def test_nothing_listening_names_the_path(tmp_path):
+    path = str(tmp_path / "nothing.sock")
+    with Loop() as loop, pytest.raises(ConnectionFailed, match=r"nothing\.sock"):
+        Connection(loop, path)

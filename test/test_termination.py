@@ -1,0 +1,253 @@
+"""The JOB TERMINATION schedule of flux-config-exec(5), driven on a Clock.
+
+A recording target notes every action with the clock's time, so each test
+compares the whole schedule with the one the spec spells out.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from twisted.internet.task import Clock
+
+from sdexec.config import ExecConfig, final_kill_attempt, parse_config
+from sdexec.termination import (
+    TerminationPolicy,
+    TerminationReason,
+    TerminationSequence,
+    TerminationStep,
+    parse_reason,
+)
+
+TERM, KILL, ALRM = signal.SIGTERM, signal.SIGKILL, signal.SIGALRM
+CANCEL, TIMEOUT = TerminationReason.CANCEL, TerminationReason.TIMEOUT
+
+
+class RecordingTarget:
+    """Notes ``(time, action, argument)`` for every call."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.calls: list[tuple[float, str, object]] = []
+
+    def signal_tasks(self, signum: int) -> None:
+        self.calls.append((self.clock.seconds(), "tasks", signum))
+
+    def signal_main(self, signum: int) -> None:
+        self.calls.append((self.clock.seconds(), "main", signum))
+
+    def unkillable(self, reason: str) -> None:
+        self.calls.append((self.clock.seconds(), "unkillable", reason))
+
+    def times(self, action: str) -> list[float]:
+        return [at for at, what, _ in self.calls if what == action]
+
+
+def started(policy: TerminationPolicy, reason=CANCEL, job="f2eA3mVhh"):
+    clock = Clock()
+    target = RecordingTarget(clock)
+    sequence = TerminationSequence(clock, policy, target, job)
+    assert sequence.begin(reason)
+    return clock, target, sequence
+
+
+def run_out(clock: Clock, sequence: TerminationSequence, limit: float = 10**6):
+    """Advance the clock one pending call at a time until none is left."""
+    while sequence.next_at is not None:
+        assert sequence.next_at <= limit, "the sequence never ends"
+        clock.advance(sequence.next_at - clock.seconds())
+
+
+def test_spec_example_four_attempts_one_second():
+    clock, target, sequence = started(
+        TerminationPolicy(kill_timeout=1.0, max_kill_count=4)
+    )
+    run_out(clock, sequence)
+    assert target.calls == [
+        (0.0, "tasks", TERM),
+        (1.0, "tasks", KILL),
+        (2.0, "tasks", KILL),
+        (3.0, "tasks", KILL),
+        (4.0, "tasks", KILL),
+        (5.0, "main", KILL),
+        (6.0, "main", KILL),
+        (8.0, "main", KILL),
+        (12.0, "main", KILL),
+        (12.0, "unkillable", "unkillable user processes for job f2eA3mVhh"),
+    ]
+    assert sequence.step is TerminationStep.UNKILLABLE
+    assert sequence.kill_attempts == 4
+    assert not sequence.active
+
+
+def test_defaults_last_attempt_at_640_seconds():
+    clock, target, sequence = started(TerminationPolicy())
+    run_out(clock, sequence)
+    # (5 * 5) + 5 + 10 + 20 + 40 + 80 + 160 + 300: the doubling is capped.
+    assert target.times("main") == [25.0, 30.0, 40.0, 60.0, 100.0, 180.0, 340.0, 640.0]
+    assert target.times("tasks") == [0.0, 5.0, 10.0, 15.0, 20.0]
+    assert target.times("unkillable") == [640.0]
+    assert target.times("main")[-1] == ExecConfig().effective_max_kill_timeout
+
+
+@pytest.mark.parametrize(
+    ("kill_timeout", "count"), [(1.0, 4), (5.0, 8), (0.1, 3), (2.5, 12), (60.0, 20)]
+)
+def test_verdict_is_the_reported_effective_max_kill_timeout(kill_timeout, count):
+    policy = TerminationPolicy(kill_timeout=kill_timeout, max_kill_count=count)
+    clock, target, sequence = started(policy)
+    run_out(clock, sequence)
+    assert len(target.times("main")) == count
+    assert target.times("unkillable") == [
+        pytest.approx(final_kill_attempt(kill_timeout, count))
+    ]
+
+
+def test_max_kill_timeout_thirty_minutes_wins_over_count():
+    policy = TerminationPolicy(max_kill_count=2, max_kill_timeout=1800.0)
+    clock, target, sequence = started(policy)
+    run_out(clock, sequence)
+    attempts = target.times("main")
+    # The backoff reaches its 300 s cap and keeps going until 30 minutes.
+    assert attempts[:8] == [25.0, 30.0, 40.0, 60.0, 100.0, 180.0, 340.0, 640.0]
+    assert attempts[8:] == [940.0, 1240.0, 1540.0]
+    assert target.times("unkillable") == [1800.0]
+    assert sequence.kill_attempts == 11
+
+
+def test_max_kill_timeout_on_an_attempt_sends_it_then_gives_up():
+    policy = TerminationPolicy(kill_timeout=1.0, max_kill_timeout=8.0)
+    clock, target, sequence = started(policy)
+    run_out(clock, sequence)
+    assert target.times("main") == [5.0, 6.0, 8.0]
+    assert target.calls[-1][:2] == (8.0, "unkillable")
+
+
+def test_max_kill_timeout_before_the_shell_phase():
+    policy = TerminationPolicy(kill_timeout=10.0, max_kill_timeout=25.0)
+    clock, target, sequence = started(policy)
+    run_out(clock, sequence)
+    assert target.times("tasks") == [0.0, 10.0, 20.0]
+    assert target.times("main") == []
+    assert target.times("unkillable") == [25.0]
+
+
+def test_timeout_sends_sigalrm_first():
+    _, target, _ = started(TerminationPolicy(), reason=TIMEOUT)
+    assert target.calls == [(0.0, "tasks", ALRM)]
+
+
+def test_configured_signals_are_used():
+    config = parse_config(
+        {
+            "exec": {
+                "term-signal": "SIGUSR2",
+                "kill-signal": "SIGINT",
+                "kill-timeout": "2s",
+                "max-kill-count": 1,
+            }
+        }
+    ).exec
+    clock, target, sequence = started(TerminationPolicy.from_config(config))
+    run_out(clock, sequence)
+    assert target.calls[:2] == [
+        (0.0, "tasks", signal.SIGUSR2),
+        (2.0, "tasks", signal.SIGINT),
+    ]
+    assert target.calls[-2:-1] == [(10.0, "main", signal.SIGINT)]
+    # SIGALRM replaces term-signal on a timeout, configured or not.
+    _, target, _ = started(TerminationPolicy.from_config(config), reason=TIMEOUT)
+    assert target.calls == [(0.0, "tasks", ALRM)]
+
+
+@pytest.mark.parametrize(
+    ("exit_at", "step", "actions"),
+    [
+        (0.5, TerminationStep.TERM, 1),
+        (2.5, TerminationStep.KILL_TASKS, 3),
+        (7.0, TerminationStep.KILL_SHELL, 7),
+    ],
+)
+def test_job_exiting_mid_sequence_ends_it(exit_at, step, actions):
+    clock, target, sequence = started(
+        TerminationPolicy(kill_timeout=1.0, max_kill_count=4)
+    )
+    clock.advance(exit_at)
+    assert sequence.step is step
+    sequence.job_exited()
+    assert sequence.step is TerminationStep.EXITED
+    assert sequence.next_at is None and clock.getDelayedCalls() == []
+    clock.advance(10**6)
+    assert len(target.calls) == actions
+
+
+def test_begin_twice_does_not_restart():
+    clock, target, sequence = started(TerminationPolicy(kill_timeout=1.0))
+    clock.advance(3)
+    assert not sequence.begin(TIMEOUT)
+    assert sequence.reason is CANCEL
+    assert [call for call in target.calls if call[2] == ALRM] == []
+
+
+def test_exit_before_begin_leaves_nothing_to_start():
+    clock = Clock()
+    sequence = TerminationSequence(
+        clock, TerminationPolicy(), RecordingTarget(clock), "j"
+    )
+    sequence.job_exited()
+    assert not sequence.begin(CANCEL)
+    assert clock.getDelayedCalls() == []
+
+
+def test_stats_show_step_attempts_and_next_time():
+    clock = Clock()
+    clock.advance(100)
+    policy = TerminationPolicy(kill_timeout=1.0, max_kill_count=4)
+    sequence = TerminationSequence(clock, policy, RecordingTarget(clock), "j")
+    assert sequence.stats()["step"] is None
+    sequence.begin(CANCEL)
+    assert sequence.stats() == {
+        "step": "term",
+        "reason": "cancel",
+        "started": 100.0,
+        "task-kills": 0,
+        "kill-attempts": 0,
+        "next": 101.0,
+    }
+    clock.advance(5)
+    assert sequence.stats() | {"started": None} == {
+        "step": "kill-shell",
+        "reason": "cancel",
+        "started": None,
+        "task-kills": 4,
+        "kill-attempts": 1,
+        "next": 106.0,
+    }
+
+
+def test_a_failing_signal_does_not_stop_the_schedule():
+    clock = Clock()
+
+    class Failing(RecordingTarget):
+        def signal_tasks(self, signum: int) -> None:
+            raise OSError("unit gone")
+
+    target = Failing(clock)
+    sequence = TerminationSequence(
+        clock, TerminationPolicy(kill_timeout=1.0, max_kill_count=1), target, "j"
+    )
+    sequence.begin(CANCEL)
+    run_out(clock, sequence)
+    assert target.times("main") == [5.0]
+    assert target.times("unkillable") == [5.0]
+
+
+def test_reason_from_a_request():
+    assert parse_reason("cancel") is CANCEL
+    assert parse_reason("timeout") is TIMEOUT
+    for bad in ("kill", None, 1):
+        with pytest.raises(
+            ValueError, match=r'^reason: expected "cancel" or "timeout"'
+        ):
+            parse_reason(bad)

@@ -1,0 +1,121 @@
+"""The stop timer of flux-config-exec(5) on a Clock, and the lifecycle
+properties that keep systemd's defaults from pre-empting it (their effect on
+a real unit is tested in test_systemd.py)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from twisted.internet.task import Clock
+
+from sdexec.config import RESERVED_PROPERTIES
+from sdexec.property import UINT64_MAX, typed_property
+from sdexec.unitstop import StopTimer, StopTimerState, lifecycle_properties
+
+UNIT = "sdexec-0-f2eA3mVhh.service"
+
+
+class RecordingTarget:
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.calls: list[tuple[float, str, object]] = []
+
+    def signal_all(self, signum: int) -> None:
+        self.calls.append((self.clock.seconds(), "signal", signum))
+
+    def abandon(self, reason: str) -> None:
+        self.calls.append((self.clock.seconds(), "abandon", reason))
+
+
+def timer(seconds: float = 640.0, signum: int = signal.SIGUSR1):
+    clock = Clock()
+    target = RecordingTarget(clock)
+    return clock, target, StopTimer(clock, seconds, signum, UNIT, target)
+
+
+def test_signal_after_one_period_abandon_after_two():
+    clock, target, stop = timer()
+    clock.advance(7)  # the unit ran for a while first
+    stop.deactivating()
+    assert stop.state is StopTimerState.ARMED and stop.next_at == 647.0
+    clock.advance(640)
+    assert target.calls == [(647.0, "signal", signal.SIGUSR1)]
+    assert stop.state is StopTimerState.SIGNALED and stop.next_at == 1287.0
+    clock.advance(640)
+    assert target.calls[1:] == [
+        (1287.0, "abandon", f"unkillable user processes in unit {UNIT}")
+    ]
+    assert stop.state is StopTimerState.ABANDONED
+    assert clock.getDelayedCalls() == []
+
+
+@pytest.mark.parametrize("after", [0.0, 3.0, 639.9, 640.0, 1000.0])
+def test_leaving_deactivating_ends_it(after):
+    clock, target, stop = timer()
+    stop.deactivating()
+    clock.advance(after)
+    stop.stopped()
+    clock.advance(10**6)
+    assert stop.state is StopTimerState.STOPPED
+    assert [what for _, what, _ in target.calls] == (["signal"] if after >= 640 else [])
+    assert clock.getDelayedCalls() == []
+
+
+def test_deactivating_twice_does_not_rearm():
+    clock, target, stop = timer(seconds=3)
+    stop.deactivating()
+    clock.advance(2)
+    stop.deactivating()
+    clock.advance(1)
+    assert target.calls == [(3.0, "signal", signal.SIGUSR1)]
+
+
+def test_disabled_timer_never_acts():
+    clock, target, stop = timer(seconds=-1)
+    stop.deactivating()
+    assert stop.state is StopTimerState.IDLE and clock.getDelayedCalls() == []
+    stop.stopped()
+    assert stop.state is StopTimerState.STOPPED and target.calls == []
+
+
+def test_abandoned_stays_abandoned():
+    clock, _, stop = timer(seconds=1)
+    stop.deactivating()
+    clock.advance(1)
+    clock.advance(1)
+    stop.stopped()
+    stop.deactivating()
+    assert stop.state is StopTimerState.ABANDONED
+
+
+def test_a_failing_signal_still_abandons_in_time():
+    clock = Clock()
+
+    class Failing(RecordingTarget):
+        def signal_all(self, signum: int) -> None:
+            raise OSError("bus gone")
+
+    target = Failing(clock)
+    stop = StopTimer(clock, 5, signal.SIGKILL, UNIT, target)
+    stop.deactivating()
+    clock.advance(5)
+    clock.advance(5)
+    assert [what for _, what, _ in target.calls] == ["abandon"]
+
+
+def test_stats():
+    clock, _, stop = timer(seconds=3)
+    assert stop.stats() == {"state": "idle", "deactivating-since": None, "next": None}
+    clock.advance(1)
+    stop.deactivating()
+    assert stop.stats() == {"state": "armed", "deactivating-since": 1.0, "next": 4.0}
+
+
+def test_lifecycle_properties_are_reserved_and_typed():
+    properties = lifecycle_properties()
+    assert set(properties) <= RESERVED_PROPERTIES
+    typed = {name: typed_property(name, value) for name, value in properties.items()}
+    assert typed["TimeoutStopUSec"].value == UINT64_MAX
+    assert typed["SendSIGKILL"].value is False
+    assert typed["KillMode"].value == "control-group"

@@ -261,7 +261,12 @@ class Tracked:
         cmd = command_object(
             command.cmdline, command.env, command.opts, command.cwd, command.label
         )
-        return {"type": "attached", "pid": self.pid, "cmd": cmd}
+        return {
+            "type": "attached",
+            "pid": self.pid,
+            "cmd": cmd,
+            "dropped": self.retained.dropped,
+        }
 
     def _output(self, stream: str, data: bytes, eof: bool) -> dict[str, Any]:
         return {

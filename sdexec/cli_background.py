@@ -106,6 +106,8 @@ class _Attached:
         kind = payload.get("type")
         if kind == "finished" and isinstance(payload.get("status"), int):
             self.status = payload["status"]
+        elif kind == "attached":
+            _say_dropped(payload.get("dropped"))
         elif kind == "output":
             self._output(payload.get("io"))
 

@@ -349,6 +349,7 @@ async def test_attach_gets_retained_then_live_output_eofs_finished_enodata(
         8,
         ["/bin/true"],
     )
+    assert first["dropped"] == {"stdout": 0, "stderr": 0}
     client.send("sdexec.list", {}, matchtag=3)
     assert client.last()["payload"]["procs"][0]["mode"] == "attached"
     second = Client(server)

@@ -89,8 +89,9 @@ class Tracked:
         self.waitable = waitable
         self.retained = RetainedOutput(retained_size)
         self.process: Process | None = None  # set once it is made
-        #: The wait status, once ``finished`` was seen.
-        self.status: int | None = None
+        #: The ``finished`` response, once seen (replayed to a later attach
+        #: whole, whatever keys it carries).
+        self.finished: dict[str, Any] | None = None
         #: How the stream ended if not well: (errnum, errstr).
         self.failure: tuple[int, str] | None = None
         #: The unit is gone (the process was reaped); only the end remains.
@@ -129,7 +130,7 @@ class Tracked:
         if kind == "started":
             self._started = True
         elif kind == "finished":
-            self.status = payload["status"]
+            self.finished = payload
             self._end_consumed = self.attached
         if self.mode is Mode.BACKGROUND and kind == "started":
             self._answer_exec(payload)
@@ -192,9 +193,9 @@ class Tracked:
             ended = self.reaped or self.retained.at_eof(stream)
             if ended and client.forwards(stream):
                 respond(self._output(stream, b"", eof=True))
-        if self.status is not None:
+        if self.finished is not None:
             self._end_consumed = True
-            respond({"type": "finished", "status": self.status})
+            respond(self.finished)
         if self.reaped:
             self.error(*(self.failure or (errno.ENODATA, "")))
 
@@ -217,14 +218,19 @@ class Tracked:
         attach (else the process is forgotten)."""
         self.reaped = True
         process = self.process
-        if self.status is None and process is not None and process.status.has_finished:
-            # Finished after its client left (a streaming process's responder
-            # is then nobody), or in the same change that ended it.
-            self.status = process.status.wait_status
+        if (
+            self.finished is None
+            and process is not None
+            and process.status.has_finished
+        ):
+            # Finished after its client left: a streaming process's responder
+            # is then nobody.
+            status = process.status.wait_status
+            self.finished = {"type": "finished", "status": status}
         if self._waiter is not None:
             self._answer_waiter()
             return False
-        ended_known = self.status is not None or self.failure is not None
+        ended_known = self.finished is not None or self.failure is not None
         return (
             self.waitable and self._started and ended_known and not self._end_consumed
         )
@@ -244,12 +250,12 @@ class Tracked:
         waiter, self._waiter = self._waiter, None
         assert waiter is not None
         self._end_consumed = True
-        if self.status is None:
+        if self.finished is None:
             waiter.responder.error(*(self.failure or (errno.EIO, "no exit status")))
             return
         waiter.responder.respond(
             {
-                "status": self.status,
+                "status": self.finished["status"],
                 "output": self.retained.io_objects(self._rank),
                 "dropped": self.retained.dropped,
             }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 
 import pytest
 from pytest_twisted import ensureDeferred
@@ -19,7 +20,7 @@ from sdexec.config import parse_config
 from sdexec.ioencode import decode_io
 from sdexec.protocol import ExecFlag
 from sdexec.server import SdexecServer
-from sdexec.testing import FakeManager
+from sdexec.testing import EXITED, FakeManager
 
 WAITABLE = int(ExecFlag.WAITABLE)
 
@@ -303,6 +304,28 @@ async def test_a_streaming_waitable_process_keeps_its_status(systemd, server, cl
     (answer,) = payloads(client.of(2))
     assert answer["status"] == 0
     assert [decode_io(io)[:2] for io in answer["output"]] == [("stdout", b"streamed\n")]
+
+
+@ensureDeferred
+async def test_a_streaming_waitable_process_whose_client_left_keeps_its_status(
+    systemd, server
+):
+    systemd.stop_to_inactive = False
+    client = Client(server)
+    cmd = {**TRUE, "label": "s"}
+    client.send("sdexec.exec", {"flags": FLAGS | WAITABLE, "cmd": cmd})
+    systemd.run(UNIT, pid=5)
+    client.close()
+    assert ("stop", UNIT) in systemd.calls  # a streaming process ends with its client
+    systemd.change(UNIT, {**EXITED, "ExecMainCode": 2, "ExecMainStatus": 15})
+    systemd.release(UNIT)
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    await until(lambda: not server.processes, "reaped")
+    other = Client(server)
+    other.send("sdexec.wait", {"label": "s"})
+    (answer,) = payloads(other.responses())
+    assert answer["status"] == signal.SIGTERM
+    other.close()
 
 
 @ensureDeferred

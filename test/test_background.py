@@ -11,7 +11,10 @@ import os
 import signal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pytest_twisted import ensureDeferred
+from strategies import malformed_target_payloads
 from test_server import FLAGS, TRUE, UNIT, Connection, error_of, read_to_eof
 from twisted.internet import reactor
 from twisted.internet.task import Clock, deferLater
@@ -451,3 +454,20 @@ async def test_attach_to_an_ended_waitable_process_then_it_is_reaped(
     ]  # fmt: skip
     client.send("sdexec.wait", {"label": "z"}, matchtag=3)
     assert payloads(client.of(3)) == [(errno.ENOENT, "label 'z': no such process")]
+
+
+@settings(derandomize=True, max_examples=200, deadline=None)
+@given(topic=st.sampled_from(["sdexec.wait", "sdexec.attach"]),
+       payload=malformed_target_payloads)  # fmt: skip
+def test_any_wait_or_attach_payload_gets_one_clear_error(topic, payload):
+    manager = FakeManager()
+    client = Client(make_server(manager))
+    client.send(topic, payload)
+    (response,) = client.responses()
+    errnum, errstr = error_of(response)
+    if errnum == errno.EPROTO:  # text JSON cannot carry (lone surrogates)
+        return
+    assert errnum in (errno.EINVAL, errno.ENOENT)
+    assert errstr.startswith(("pid", "label", "flags", "wait needs", "attach needs"))
+    client.close()
+    manager.close()

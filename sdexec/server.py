@@ -389,7 +389,7 @@ class ClientProtocol(JSONLineProtocol):
         if not self.authorized:
             raise RequestError(errno.EPERM, "only the service's owner may use it")
         handler = self._handlers.get(topic)
-        if _streaming(message) is False and topic == Topic.EXEC:
+        if not _streaming(message) and topic == Topic.EXEC:
             handler = self._exec_background
         if handler is None:
             raise RequestError(errno.ENOSYS, f"unknown topic {topic!r}")

@@ -146,7 +146,24 @@ def _parser() -> argparse.ArgumentParser:
         " e.g. http://127.0.0.1:8490/stats",
     )
     commands.add_parser("undrain", help="let a drained service run processes again")
+    _add_background_commands(commands)
     return parser
+
+
+def _add_background_commands(commands: Any) -> None:
+    wait = commands.add_parser(
+        "wait", help="wait for a process started with run --bg --waitable"
+    )
+    attach = commands.add_parser(
+        "attach", help="follow a background process's output (Ctrl-C detaches)"
+    )
+    for command in (wait, attach):
+        command.add_argument(
+            "target",
+            metavar="PID|LABEL",
+            type=kill_target,
+            help="a process id, or else a label",
+        )
 
 
 def _add_run(commands: Any) -> None:
@@ -166,6 +183,16 @@ def _add_run(commands: Any) -> None:
         help="a subprocess option, e.g. SDEXEC_PROP_MemoryMax=512M (repeatable)",
     )
     run.add_argument("--label", metavar="L", help="a name for kill and ps")
+    run.add_argument(
+        "--bg",
+        action="store_true",
+        help="run in the background: print the pid and exit (stdin is EOF)",
+    )
+    run.add_argument(
+        "--waitable",
+        action="store_true",
+        help="with --bg: keep the exit status and output for sdexec wait",
+    )
     run.add_argument(
         "--dir", metavar="DIR", help="working directory (default: the current one)"
     )
@@ -242,6 +269,8 @@ def _run(options: argparse.Namespace) -> int:
     except OSError as failure:
         why = failure.strerror
         raise SdexecError(f"cannot get the current directory: {why}") from None
+    if options.bg or options.waitable:
+        return _run_background(options, command)
     with Loop() as loop:
         job = _Job(loop, options.noinput)
         # Caught before connecting: a signal that arrives while we start up
@@ -251,6 +280,26 @@ def _run(options: argparse.Namespace) -> int:
             job.start(connection, command)
             loop.run_until(job.ended)
     return job.exit_code()
+
+
+def _run_background(options: argparse.Namespace, command: dict[str, Any]) -> int:
+    if not options.bg:
+        raise SdexecError("--waitable needs --bg")
+    from sdexec.cli_background import run_background  # only when used
+
+    return run_background(options, command)
+
+
+def _wait(options: argparse.Namespace) -> int:
+    from sdexec.cli_background import wait
+
+    return wait(options)
+
+
+def _attach(options: argparse.Namespace) -> int:
+    from sdexec.cli_background import attach
+
+    return attach(options)
 
 
 def _ps(options: argparse.Namespace) -> int:
@@ -313,29 +362,33 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "kill": _kill,
     "stats": _stats,
     "undrain": _undrain,
+    "wait": _wait,
+    "attach": _attach,
 }
 
 
 def format_procs(procs: Sequence[dict[str, Any]]) -> str:
-    """``sdexec.list`` processes as a table: PID, STATE, UNIT, LABEL, CMDLINE."""
-    rows = [("PID", "STATE", "UNIT", "LABEL", "CMDLINE")]
+    """``sdexec.list`` processes as a table: PID, STATE, MODE, UNIT, LABEL,
+    CMDLINE."""
+    rows = [("PID", "STATE", "MODE", "UNIT", "LABEL", "CMDLINE")]
     for proc in procs:
         cmdline = shlex.join(str(arg) for arg in proc.get("cmdline") or [])
         rows.append(
             (
                 str(proc.get("pid", "")),
                 str(proc.get("state", "")),
+                str(proc.get("mode") or "-"),
                 str(proc.get("unit", "")),
                 str(proc.get("label") or "-"),
                 cmdline,
             )
         )
-    widths = [max(len(row[column]) for row in rows) for column in range(4)]
+    widths = [max(len(row[column]) for row in rows) for column in range(5)]
     lines = (
         "  ".join(
             [
                 *(cell.ljust(width) for cell, width in zip(row, widths, strict=False)),
-                row[4],
+                row[5],
             ]
         )
         for row in rows

@@ -38,6 +38,7 @@ from sdexec.rpc import (
     cannot_connect,
     default_socket_path,
     is_end_of_stream,
+    process_target,
     resolve_socket_path,
 )
 
@@ -46,7 +47,9 @@ __all__ = [
     "SOCKET_ENV",
     "STDERR",
     "STDOUT",
+    "WAITABLE",
     "WRITE_CREDIT",
+    "AttachHandle",
     "ConnectionFailed",
     "ExecHandle",
     "RPCError",
@@ -61,6 +64,7 @@ __all__ = [
 STDOUT = ExecFlag.STDOUT
 STDERR = ExecFlag.STDERR
 WRITE_CREDIT = ExecFlag.WRITE_CREDIT
+WAITABLE = ExecFlag.WAITABLE
 
 _log = Logger()
 
@@ -121,7 +125,13 @@ class SdexecClient(JSONLineProtocol):
         return call.deferred
 
     def exec(
-        self, cmd: dict[str, Any], flags: int, on_response: Callable[[dict], None]
+        self,
+        cmd: dict[str, Any],
+        flags: int,
+        on_response: Callable[[dict], None] = lambda payload: None,
+        *,
+        background: bool = False,
+        waitable: bool = False,
     ) -> ExecHandle:
         """Start ``cmd`` (an RFC 42 command object) with ``sdexec.exec``.
 
@@ -129,9 +139,43 @@ class SdexecClient(JSONLineProtocol):
         ``started``, ``output``, ``finished``) in order, after the handle has
         taken note of it (so ``handle.credit`` and ``handle.pid`` are current).
         The stream's end fires ``handle.done``.
+
+        ``background``: the process runs on without this client (stdin at
+        EOF, output kept for :meth:`wait` and :meth:`attach`); the one
+        response is ``started``, and ``handle.done`` fires once it has come
+        (``handle.pid`` set). ``waitable``: its end is kept for :meth:`wait`.
         """
-        request = self._requests.new(Topic.EXEC, {"cmd": cmd, "flags": flags})
+        if waitable:
+            flags |= ExecFlag.WAITABLE
+        payload = {"cmd": cmd, "flags": int(flags)}
+        request = self._requests.new(
+            Topic.EXEC, payload, streaming=False if background else None
+        )
         handle = ExecHandle(self, request["matchtag"], cmd, flags, on_response)
+        handle.streaming = not background
+        self._track(request, handle)
+        return handle
+
+    def wait(self, pid: int | None = None, label: str | None = None) -> Deferred[dict]:
+        """``sdexec.wait`` for a waitable process (give exactly one of
+        ``pid`` and ``label``): once it has ended, ``{"status", "output",
+        "dropped"}`` (docs/protocol.md)."""
+        return self.rpc(Topic.WAIT, process_target(pid, label))
+
+    def attach(
+        self,
+        pid: int | None = None,
+        label: str | None = None,
+        flags: int = STDOUT | STDERR,
+        on_response: Callable[[dict], None] = lambda payload: None,
+    ) -> AttachHandle:
+        """``sdexec.attach`` to a background process (exactly one of ``pid``
+        and ``label``): ``on_response`` gets ``attached``, the retained and
+        live ``output`` of the streams in ``flags``, and ``finished``;
+        ``handle.done`` fires at the end. Closing the connection detaches."""
+        payload = {**process_target(pid, label), "flags": int(flags)}
+        request = self._requests.new(Topic.ATTACH, payload)
+        handle = AttachHandle(on_response)
         self._track(request, handle)
         return handle
 
@@ -139,10 +183,7 @@ class SdexecClient(JSONLineProtocol):
         self, pid: int | None = None, label: str | None = None, signum: int = 15
     ) -> Deferred[dict]:
         """Signal the process with this ``pid`` or ``label`` (give exactly one)."""
-        if (pid is None) == (label is None):
-            raise ValueError("kill: give exactly one of pid and label")
-        target: dict[str, Any] = {"pid": pid} if label is None else {"label": label}
-        return self.rpc(Topic.KILL, {**target, "signum": signum})
+        return self.rpc(Topic.KILL, {**process_target(pid, label), "signum": signum})
 
     def list(self) -> Deferred[dict]:
         """``{"rank": R, "procs": [{"pid", "cmdline", "label", "unit",
@@ -291,6 +332,8 @@ class ExecHandle:
             _log.failure("sdexec: exec response callback failed")
         if kind == "started":
             self._send_early_kills()
+        if not self.streaming:  # a background exec's one response
+            self.end(RPCError(errno.ENODATA, ""))
 
     def end(self, error: SdexecError) -> None:
         self._ended = True
@@ -330,6 +373,39 @@ class ExecHandle:
         for signum, waiting in kills:
             sent = self.kill(signum) if self.pid is not None else fail(_never_started())
             sent.chainDeferred(waiting)
+
+
+class AttachHandle:
+    """A running ``sdexec.attach`` request."""
+
+    streaming = True
+
+    def __init__(self, on_response: Callable[[dict], None]) -> None:
+        #: The process id, from ``attached``.
+        self.pid: int | None = None
+        #: The wait status, once ``finished`` has come.
+        self.status: int | None = None
+        #: Fires ``None`` when the stream ends with ENODATA; errbacks with
+        #: :class:`RPCError` (ENOENT, EBUSY...) or :class:`ConnectionFailed`.
+        self.done: Deferred[None] = Deferred()
+        self._on_response = on_response
+
+    def respond(self, payload: dict) -> None:
+        kind = payload.get("type")
+        if kind == "attached" and isinstance(payload.get("pid"), int):
+            self.pid = payload["pid"]
+        elif kind == "finished" and isinstance(payload.get("status"), int):
+            self.status = payload["status"]
+        try:
+            self._on_response(payload)
+        except Exception:
+            _log.failure("sdexec: attach response callback failed")
+
+    def end(self, error: SdexecError) -> None:
+        if is_end_of_stream(error):
+            self.done.callback(None)
+        else:
+            self.done.errback(error)
 
 
 def _never_started() -> RPCError:

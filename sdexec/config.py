@@ -48,6 +48,7 @@ from sdexec.property import (
     typed_property,
 )
 from sdexec.protocol import DEFAULT_MAX_FRAME
+from sdexec.retained import DEFAULT_RETAINED, parse_retained_size
 from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import MemoryLimit, parse_size
 from sdexec.version import add_version_option
@@ -198,6 +199,9 @@ class SdexecConfig:
     #: syslog priority prefix when stdout is the journal) or ``"json"``
     #: (Twisted's JSON log observer, for log shippers). See sdexec/logs.py.
     log_format: str = "text"
+    #: Bytes of output kept per background or waitable process for
+    #: ``sdexec.wait`` and ``sdexec.attach`` (sdexec/retained.py); 0 keeps none.
+    retained_output: int = DEFAULT_RETAINED
 
     @property
     def mapper_searchpath_dirs(self) -> list[str]:
@@ -412,6 +416,15 @@ def _frame_size(value: object) -> int:
     return size
 
 
+def _retained_size(value: object) -> int:
+    try:
+        return parse_retained_size(value)
+    except ValueError:
+        raise _expected(
+            "a size ≥ 0 (bytes, or with K, M or G; 0 keeps none)", value
+        ) from None
+
+
 # systemd's D-Bus property names: CamelCase, letters and digits.
 _PROPERTY_NAME = re.compile(r"[A-Z][A-Za-z0-9]*")
 
@@ -515,6 +528,7 @@ _SDEXEC: _Table = {
     "max-frame-size": _Key(_frame_size),
     "containment-check": _Key(_one_of("drain", "warn")),
     "log-format": _Key(_one_of("text", "json")),
+    "retained-output": _Key(_retained_size),
 }
 
 _SYSTEMD: _Table = {

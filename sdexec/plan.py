@@ -39,11 +39,15 @@ __all__ = [
     "unit_name_for",
 ]
 
-#: The flags a request may set (RFC 42's waitable is not served). A plain
+#: The flags a request may set. A plain
 #: int: ``~`` of an IntFlag complements within the flag's own members only,
 #: so ``64 & ~ALL_FLAGS`` would be 0 and an unknown bit would pass.
 ALL_FLAGS = int(
-    ExecFlag.STDOUT | ExecFlag.STDERR | ExecFlag.CHANNEL | ExecFlag.WRITE_CREDIT
+    ExecFlag.STDOUT
+    | ExecFlag.STDERR
+    | ExecFlag.CHANNEL
+    | ExecFlag.WRITE_CREDIT
+    | ExecFlag.WAITABLE
 )
 OUTPUT_STREAMS = ("stdout", "stderr")
 _UNIT_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9:_.\-]")
@@ -144,7 +148,7 @@ def unit_name_for(command: Command) -> str:
 
 def _flags(flags: object) -> ExecFlag:
     if not isinstance(flags, int) or isinstance(flags, bool) or flags & ~ALL_FLAGS:
-        raise RequestError(errno.EINVAL, "flags: expected an integer of 1|2|4|8")
+        raise RequestError(errno.EINVAL, "flags: expected an integer of 1|2|4|8|16")
     return ExecFlag(flags)
 
 

@@ -35,7 +35,7 @@ from sdexec.systemd.channel import (
     socketpair_for_systemd,
 )
 
-__all__ = ["Process", "ProcessContext", "Responder", "Sent", "UnitCall"]
+__all__ = ["OutputTap", "Process", "ProcessContext", "Responder", "Sent", "UnitCall"]
 
 log = Logger()
 
@@ -49,6 +49,11 @@ class Responder(Protocol):
     def respond(self, payload: dict[str, Any]) -> None: ...
 
     def error(self, errnum: int, errstr: str) -> None: ...
+
+
+#: Sees every piece of output as read, forwarded or not: ``(stream, data,
+#: eof)`` (sdexec.background keeps it for ``wait`` and ``attach``).
+OutputTap = Callable[[str, bytes, bool], None]
 
 
 class Sent(enum.Enum):
@@ -92,6 +97,7 @@ class Process:
         *,
         on_reaped: Callable[[Process], None] = lambda process: None,
         verify: Callable[[dict[str, Any], int], str | None] | None = None,
+        tap: OutputTap | None = None,
     ) -> None:
         self.plan = plan
         self.unit_name = plan.unit_name
@@ -102,6 +108,7 @@ class Process:
         self._context = context
         self._on_reaped = on_reaped
         self._verify = verify
+        self._tap = tap
         self._watch: Watch | None = None
         self._sent: set[Sent] = set()
         self._called: set[UnitCall] = set()
@@ -299,10 +306,14 @@ class Process:
         self._unit_changed(properties)
 
     def _output(self, stream: str, data: bytes) -> None:
+        if self._tap is not None:
+            self._tap(stream, data, False)
         if self.plan.forwards(stream):
             self._send(self._io(stream, data=data))
 
     def _output_eof(self, stream: str) -> None:
+        if self._tap is not None:
+            self._tap(stream, b"", True)
         if self.plan.forwards(stream):
             self._send(self._io(stream, eof=True))
         self._maybe_end()

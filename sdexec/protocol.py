@@ -47,6 +47,8 @@ class Topic(enum.StrEnum):
     LIST = "sdexec.list"
     STATS = "sdexec.stats-get"
     UNDRAIN = "sdexec.undrain"
+    WAIT = "sdexec.wait"
+    ATTACH = "sdexec.attach"
 
 
 #: What a client may send before the first ``add-credit`` unless the

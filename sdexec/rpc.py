@@ -25,6 +25,7 @@ __all__ = [
     "StdinCredit",
     "cannot_connect",
     "default_socket_path",
+    "process_target",
     "resolve_socket_path",
 ]
 
@@ -109,15 +110,21 @@ class Requests:
         self._in_flight: dict[int, Pending] = {}
         self._closing_error: RPCError | None = None
 
-    def new(self, topic: str, payload: dict[str, Any]) -> dict[str, Any]:
-        """A request with the next matchtag."""
+    def new(
+        self, topic: str, payload: dict[str, Any], streaming: bool | None = None
+    ) -> dict[str, Any]:
+        """A request with the next matchtag (and the envelope's
+        ``streaming`` when given: false runs an exec in the background)."""
         matchtag, self._next_matchtag = self._next_matchtag, self._next_matchtag + 1
-        return {
+        request = {
             "type": "request",
             "topic": topic,
             "matchtag": matchtag,
             "payload": payload,
         }
+        if streaming is not None:
+            request["streaming"] = streaming
+        return request
 
     def track(self, request: dict[str, Any], pending: Pending) -> bool:
         """Route ``request``'s responses to ``pending``; ``False`` (and
@@ -184,6 +191,14 @@ def rpc_error(message: dict[str, Any]) -> RPCError:
 def is_end_of_stream(error: SdexecError) -> bool:
     """Whether ``error`` is the ``ENODATA`` that ends a stream well."""
     return isinstance(error, RPCError) and error.errnum == errno.ENODATA
+
+
+def process_target(pid: int | None, label: str | None) -> dict[str, Any]:
+    """The ``{"pid"}`` or ``{"label"}`` of a kill, wait or attach;
+    ``ValueError`` unless exactly one is given."""
+    if (pid is None) == (label is None):
+        raise ValueError("give exactly one of pid and label")
+    return {"pid": pid} if label is None else {"label": label}
 
 
 class StdinCredit:

@@ -23,6 +23,7 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from sdexec.background import TrackedProcesses
 from sdexec.config import Config
 from sdexec.containment import Containment, check_cpu_fence, enforced_cpus
 from sdexec.framing import JSONLineProtocol
@@ -65,6 +66,8 @@ class SdexecServer:
         self.containment = containment or Containment(config, None)
         self._all_reaped: list[defer.Deferred[None]] = []
         self.processes: dict[tuple[int, int], Process] = {}
+        #: Background and waitable processes: by pid or label, ended ones kept.
+        self.tracked = TrackedProcesses(self.processes)
         self.counters: Counter[str] = Counter()
         self.drain_reason: str | None = None
         #: The only uid whose requests are served: the service's own.
@@ -92,16 +95,31 @@ class SdexecServer:
     # -- exec --------------------------------------------------------------
 
     def exec(
-        self, connection_id: int, matchtag: int, payload: dict, responder: Any
+        self,
+        connection_id: int,
+        matchtag: int,
+        payload: dict,
+        responder: Any,
+        streaming: bool = True,
     ) -> None:
-        """Start a process for an ``sdexec.exec`` request."""
+        """Start a process for an ``sdexec.exec`` request (``streaming``
+        false: in the background, sdexec/background.py)."""
         if self.drain_reason is not None:
             raise RequestError(
                 errno.EBUSY,
                 f"node is drained: {self.drain_reason} (sdexec undrain clears it)",
             )
         plan = plan_exec(payload, self.config, self.containment)
-        key = (connection_id, matchtag)
+        plan, tracked = self.tracked.prepare(
+            plan,
+            streaming,
+            responder,
+            connection_id,
+            self.config.sdexec.retained_output,
+            self.rank,
+        )
+        responder = tracked if tracked is not None else responder
+        key = (connection_id, matchtag) if streaming else self.tracked.new_key()
         if key in self.processes:
             raise RequestError(errno.EEXIST, f"matchtag {matchtag} is already in use")
         if self.observer is not None:
@@ -121,9 +139,14 @@ class SdexecServer:
             ),
             on_reaped=lambda process: self._reaped(key),
             verify=self._fence_verifier(plan.fence),
+            tap=tracked.tap if tracked is not None else None,
         )
         self.processes[key] = process
+        if tracked is not None:
+            self.tracked.add(process, tracked)
         process.start()
+        if not streaming:
+            process.write(b"", eof=True)  # a background process reads EOF
 
     def _fence_verifier(
         self, expected: IDset | None
@@ -156,7 +179,9 @@ class SdexecServer:
         self.counters[event] += 1
 
     def _reaped(self, key: tuple[int, int]) -> None:
-        self.processes.pop(key, None)
+        process = self.processes.pop(key, None)
+        if process is not None:
+            self.tracked.reaped(process)
         self.counters["reaped"] += 1
         if not self.processes:
             waiting, self._all_reaped = self._all_reaped, []
@@ -237,8 +262,20 @@ class SdexecServer:
     def list(self) -> dict:
         return {
             "rank": self.config.sdexec.rank,
-            "procs": [process.describe() for process in self.processes.values()],
+            "procs": [
+                {**process.describe(), "mode": self.tracked.mode(process)}
+                for process in self.processes.values()
+            ]
+            + self.tracked.describe_ended(),
         }
+
+    def wait(self, connection_id: int, payload: dict, responder: Any) -> None:
+        """``sdexec.wait``: answered once the process has ended."""
+        self.tracked.wait(payload, connection_id, responder)
+
+    def attach(self, connection_id: int, payload: dict, responder: Any) -> None:
+        """``sdexec.attach``: the process's stream goes to ``responder``."""
+        self.tracked.attach(payload, connection_id, responder)
 
     def stats(self) -> dict:
         """What ``sdexec.stats-get`` and ``GET /stats`` report."""
@@ -290,6 +327,8 @@ class ClientProtocol(JSONLineProtocol):
             Topic.LIST: lambda matchtag, payload: self.server.list(),
             Topic.STATS: lambda matchtag, payload: self.server.stats(),
             Topic.UNDRAIN: lambda matchtag, payload: self.server.undrain(),
+            Topic.WAIT: self._wait,
+            Topic.ATTACH: self._attach,
         }
 
     def connectionMade(self) -> None:
@@ -306,6 +345,7 @@ class ClientProtocol(JSONLineProtocol):
     def connectionLost(self, reason: object = None) -> None:
         for process in self.server.connection_processes(self.connection_id):
             process.abandon()
+        self.server.tracked.connection_lost(self.connection_id)
 
     def framingError(self, reason: str) -> None:
         self.server.count("errors")
@@ -349,6 +389,8 @@ class ClientProtocol(JSONLineProtocol):
         if not self.authorized:
             raise RequestError(errno.EPERM, "only the service's owner may use it")
         handler = self._handlers.get(topic)
+        if not _streaming(message) and topic == Topic.EXEC:
+            handler = self._exec_background
         if handler is None:
             raise RequestError(errno.ENOSYS, f"unknown topic {topic!r}")
         self.server.count(topic)
@@ -363,6 +405,18 @@ class ClientProtocol(JSONLineProtocol):
 
     def _exec(self, matchtag: int, payload: dict) -> None:
         self.server.exec(self.connection_id, matchtag, payload, _Stream(self, matchtag))
+
+    def _exec_background(self, matchtag: int, payload: dict) -> None:
+        responder = _Stream(self, matchtag)
+        self.server.exec(self.connection_id, matchtag, payload, responder, False)
+
+    def _wait(self, matchtag: int, payload: dict) -> None:
+        responder = _Stream(self, matchtag, Topic.WAIT)
+        self.server.wait(self.connection_id, payload, responder)
+
+    def _attach(self, matchtag: int, payload: dict) -> None:
+        responder = _Stream(self, matchtag, Topic.ATTACH)
+        self.server.attach(self.connection_id, payload, responder)
 
     def _write(self, matchtag: int, payload: dict) -> None:
         self.server.write(self.connection_id, payload)
@@ -392,29 +446,45 @@ class ClientProtocol(JSONLineProtocol):
 
     # IPushProducer: when the client reads slowly, stop reading process output.
     def pauseProducing(self) -> None:
-        for process in self.server.connection_processes(self.connection_id):
+        for process in self._producing():
             process.pause_output()
 
     def resumeProducing(self) -> None:
-        for process in self.server.connection_processes(self.connection_id):
+        for process in self._producing():
             process.resume_output()
+
+    def _producing(self) -> Iterator[Process]:
+        """The processes whose output comes to this connection."""
+        yield from self.server.connection_processes(self.connection_id)
+        yield from self.server.tracked.attached_to(self.connection_id)
 
     def stopProducing(self) -> None:
         pass
 
 
-class _Stream:
-    """The responder for one exec request on one connection."""
+def _streaming(message: dict) -> bool:
+    """The envelope's ``streaming`` (default true); EINVAL if not a boolean."""
+    streaming = message.get("streaming", True)
+    if not isinstance(streaming, bool):
+        raise RequestError(errno.EINVAL, "streaming: expected a boolean")
+    return streaming
 
-    def __init__(self, protocol: ClientProtocol, matchtag: int) -> None:
+
+class _Stream:
+    """The responder for one exec (wait, attach) request on one connection."""
+
+    def __init__(
+        self, protocol: ClientProtocol, matchtag: int, topic: str = Topic.EXEC
+    ) -> None:
         self._protocol = protocol
         self._matchtag = matchtag
+        self._topic = topic
 
     def respond(self, payload: dict) -> None:
-        self._protocol._send(Topic.EXEC, self._matchtag, payload)
+        self._protocol._send(self._topic, self._matchtag, payload)
 
     def error(self, errnum: int, errstr: str) -> None:
-        self._protocol._send_error(Topic.EXEC, self._matchtag, errnum, errstr)
+        self._protocol._send_error(self._topic, self._matchtag, errnum, errstr)
 
 
 class SdexecServerFactory(Factory):

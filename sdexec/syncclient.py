@@ -140,8 +140,8 @@ class Call:
 
 
 class Exec:
-    """An ``sdexec.exec`` stream: each response payload goes to
-    ``on_response`` once ``pid`` and ``credit`` are current."""
+    """An ``sdexec.exec`` (or ``sdexec.attach``) stream: each response
+    payload goes to ``on_response`` once ``pid`` and ``credit`` are current."""
 
     streaming = True
 
@@ -163,7 +163,7 @@ class Exec:
         kind = payload.get("type")
         if kind == "add-credit" and self.credit is not None:
             self.credit.add(payload.get("channels"))
-        elif kind == "started" and isinstance(payload.get("pid"), int):
+        elif kind in ("started", "attached") and isinstance(payload.get("pid"), int):
             self.pid = payload["pid"]
         self._on_response(payload)
 
@@ -194,9 +194,16 @@ class Connection:
         self._sock.setblocking(False)
         self._watch()
 
-    def send(self, topic: str, payload: dict[str, Any], pending: Pending) -> int:
-        """Send a request whose responses go to ``pending``; its matchtag."""
-        request = self._requests.new(topic, payload)
+    def send(
+        self,
+        topic: str,
+        payload: dict[str, Any],
+        pending: Pending,
+        streaming: bool | None = None,
+    ) -> int:
+        """Send a request whose responses go to ``pending``; its matchtag.
+        ``streaming``: the envelope's (false runs an exec in the background)."""
+        request = self._requests.new(topic, payload, streaming)
         if self._requests.track(request, pending):
             self._write(encode_message(request))
         return request["matchtag"]
@@ -215,16 +222,28 @@ class Connection:
         stream.matchtag = self.send(Topic.EXEC, {"cmd": cmd, "flags": flags}, stream)
         return stream
 
-    def call(self, topic: str, payload: dict[str, Any]) -> dict:
+    def call(
+        self, topic: str, payload: dict[str, Any], streaming: bool | None = None
+    ) -> dict:
         """Send a request and wait for its one response's payload;
         :class:`RPCError` for an error response."""
         call = Call()
-        self.send(topic, payload, call)
+        self.send(topic, payload, call, streaming)
         self._loop.run_until(lambda: call.answered)
         if call.error is not None:
             raise call.error
         assert call.payload is not None
         return call.payload
+
+    def attach(
+        self, target: dict[str, Any], flags: int, on_response: Callable[[dict], None]
+    ) -> Exec:
+        """``sdexec.attach`` to a background process (``target``: its pid or
+        label); a stream like an exec's (``pid`` from ``attached``)."""
+        stream = Exec({}, 0, on_response)
+        payload = {**target, "flags": flags}
+        stream.matchtag = self.send(Topic.ATTACH, payload, stream)
+        return stream
 
     def kill(self, signum: int, pid: int, pending: Pending) -> None:
         """Send ``signum`` to process ``pid`` (``sdexec.kill``); the

@@ -107,6 +107,16 @@ kill_payloads = st.fixed_dictionaries(
     optional={"pid": st.integers(1, 2**22), "label": clean_text},
 )
 empty_payloads: st.SearchStrategy[dict[str, Any]] = st.just({})
+#: wait and attach name a process as kill does (the label wins).
+target_payloads = st.fixed_dictionaries(
+    {}, optional={"pid": st.integers(1, 2**22), "label": clean_text}
+).filter(bool)
+attach_payloads = target_payloads.flatmap(
+    lambda target: st.fixed_dictionaries(
+        {key: st.just(value) for key, value in target.items()},
+        optional={"flags": st.integers(0, 3)},
+    )
+)
 
 #: Malformed payloads for each topic: wrong types in every field.
 malformed_exec_payloads = st.fixed_dictionaries(
@@ -130,6 +140,15 @@ malformed_kill_payloads = st.fixed_dictionaries(
     },
 )
 
+malformed_target_payloads = st.fixed_dictionaries(
+    {},
+    optional={
+        "pid": json_values,
+        "label": json_values | bad_text,
+        "flags": json_values,
+    },
+)
+
 PAYLOADS = {
     Topic.EXEC: (exec_payloads, malformed_exec_payloads),
     Topic.WRITE: (write_payloads, malformed_write_payloads),
@@ -137,6 +156,8 @@ PAYLOADS = {
     Topic.LIST: (empty_payloads, json_values),
     Topic.STATS: (empty_payloads, json_values),
     Topic.UNDRAIN: (empty_payloads, json_values),
+    Topic.WAIT: (target_payloads, malformed_target_payloads),
+    Topic.ATTACH: (attach_payloads, malformed_target_payloads),
 }
 
 valid_requests = st.sampled_from(sorted(PAYLOADS)).flatmap(

@@ -378,9 +378,13 @@ def test_ps_table():
         }
     ]
     assert format_procs(procs).splitlines() == [
-        "PID  STATE  UNIT       LABEL  CMDLINE",
-        "42   R      u.service  -      sh -c 'sleep 1'",
+        "PID  STATE  MODE  UNIT       LABEL  CMDLINE",
+        "42   R      -     u.service  -      sh -c 'sleep 1'",
     ]
+    procs[0]["mode"] = "background"
+    assert format_procs(procs).splitlines()[1] == (
+        "42   R      background  u.service  -      sh -c 'sleep 1'"
+    )
 
 
 # -- the command line against the peer --------------------------------------

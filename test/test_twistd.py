@@ -74,8 +74,9 @@ def terminate(process: subprocess.Popen) -> int:
 class Twistd:
     """A ``twistd -n sdexec`` process on a private socket and port."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, sdexec_lines: str = "") -> None:
         self.socket = directory / "sdexec.sock"
+        self.sdexec_lines = sdexec_lines  # more of the [sdexec] table
         self.config = directory / "sdexec.toml"
         self.log = directory / "twistd.log"
         self.port = _free_port()
@@ -90,7 +91,7 @@ class Twistd:
 
     def write_config(self, **values: str) -> None:
         text = CONFIG.format(socket=self.socket, port=self.port, **values)
-        self.config.write_text(text)
+        self.config.write_text(text + self.sdexec_lines)
 
     def stats(self) -> dict:
         url = f"http://127.0.0.1:{self.port}/stats"

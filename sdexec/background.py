@@ -1,0 +1,435 @@
+"""Processes that outlive their request's stream (RFC 42, current).
+
+- **Background mode**: an ``sdexec.exec`` request whose envelope says
+  ``"streaming": false`` gets one response, ``started`` or an error. The
+  process runs on, with no client, until it ends or the service stops; its
+  stdin is at EOF and its output is kept (bounded, :mod:`sdexec.retained`).
+- **waitable** (flag 16): the process's end is kept after it ends until it
+  is consumed, by ``sdexec.wait`` or by an ``attach`` that sees its
+  ``finished``.
+- **attach**: a client takes a background process's output (retained, then
+  live) and its end as a stream shaped like a streaming exec's; when it
+  disconnects the process goes back to the background.
+
+:class:`Tracked` is what the service keeps of one such process beside its
+:class:`~sdexec.process.Process`: it is the process's responder and output
+tap. :class:`TrackedProcesses` finds processes by pid or label whatever
+their connection, answers ``wait`` and ``attach``, and keeps the ended
+waitable ones. The server's process table keys a background process by
+``(NO_CLIENT, serial)``: it belongs to no connection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import errno
+import itertools
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, TypeVar
+
+from sdexec.ioencode import encode_io
+from sdexec.plan import ExecPlan, RequestError
+from sdexec.process import Process, Responder
+from sdexec.protocol import ExecFlag, command_object
+from sdexec.retained import STREAMS, RetainedOutput
+
+__all__ = [
+    "NO_CLIENT",
+    "Mode",
+    "Tracked",
+    "TrackedProcesses",
+    "parse_target",
+]
+
+#: The connection id of a process with no client (real ids start at 1).
+NO_CLIENT = 0
+_OUTPUT_FLAGS = ExecFlag.STDOUT | ExecFlag.STDERR
+
+ProcessKey = tuple[int, int]
+_T = TypeVar("_T")
+
+
+class Mode(enum.StrEnum):
+    """Who a process's responses go to (``sdexec.list``'s ``mode``)."""
+
+    STREAMING = "streaming"  # the exec request's own stream
+    BACKGROUND = "background"  # nobody: output is retained
+    ATTACHED = "attached"  # an attach request's stream
+
+
+@dataclasses.dataclass
+class _Client:
+    """A request waiting on a tracked process, and the connection it came on."""
+
+    connection_id: int
+    responder: Responder
+    #: The output streams it takes (none for a waiter).
+    flags: ExecFlag
+
+    def forwards(self, stream: str) -> bool:
+        flag = ExecFlag.STDOUT if stream == "stdout" else ExecFlag.STDERR
+        return bool(self.flags & flag)
+
+
+class Tracked:
+    """One background or waitable process: its mode, retained output, end,
+    attached client and waiter. It stands between the
+    :class:`~sdexec.process.Process` and whoever listens now."""
+
+    def __init__(
+        self,
+        mode: Mode,
+        waitable: bool,
+        retained_size: int,
+        rank: str,
+        client: _Client,
+    ) -> None:
+        self.mode = mode
+        self.waitable = waitable
+        self.retained = RetainedOutput(retained_size)
+        self.process: Process | None = None  # set once it is made
+        #: The ``finished`` response, once seen (replayed to a later attach
+        #: whole, whatever keys it carries).
+        self.finished: dict[str, Any] | None = None
+        #: How the stream ended if not well: (errnum, errstr).
+        self.failure: tuple[int, str] | None = None
+        #: The unit is gone (the process was reaped); only the end remains.
+        self.reaped = False
+        self._rank = rank
+        self._started = False
+        # Streaming: the exec stream. Background: the exec request until it
+        # has its one response; then an attach stream, if any.
+        self._client: _Client | None = client
+        self._waiter: _Client | None = None
+        self._end_consumed = False  # an attach stream saw `finished`
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid if self.process and self.process.pid else -1
+
+    @property
+    def label(self) -> str | None:
+        return self.process.label if self.process else None
+
+    @property
+    def attached(self) -> bool:
+        return self.mode is Mode.ATTACHED
+
+    def connected_to(self, connection_id: int) -> bool:
+        """Whether a request of this connection waits on the process."""
+        return any(
+            client is not None and client.connection_id == connection_id
+            for client in (self._client, self._waiter)
+        )
+
+    # -- the Process's responder and tap ------------------------------------
+
+    def respond(self, payload: dict[str, Any]) -> None:
+        kind = payload.get("type")
+        if kind == "started":
+            self._started = True
+        elif kind == "finished":
+            self.finished = payload
+            self._end_consumed = self.attached
+        if self.mode is Mode.BACKGROUND and kind == "started":
+            self._answer_exec(payload)
+        elif self._client is not None and self.mode is not Mode.BACKGROUND:
+            self._client.responder.respond(payload)
+
+    def error(self, errnum: int, errstr: str) -> None:
+        if errnum != errno.ENODATA:
+            self.failure = (errnum, errstr)
+        client, self._client = self._client, None
+        if client is not None:
+            client.responder.error(errnum, errstr)
+        if self.attached:
+            self.mode = Mode.BACKGROUND
+
+    def tap(self, stream: str, data: bytes, eof: bool) -> None:
+        """Output as the process produced it: kept, and forwarded to an
+        attached client that asked for the stream."""
+        if eof:
+            self.retained.end(stream)
+        else:
+            self.retained.append(stream, data)
+        client = self._client
+        if self.attached and client is not None and client.forwards(stream):
+            client.responder.respond(self._output(stream, data, eof))
+
+    # -- requests ------------------------------------------------------------
+
+    def wait(self, waiter: _Client) -> None:
+        """Answer ``waiter`` once the process has ended (now, if it has)."""
+        if not self.waitable:
+            raise RequestError(errno.EINVAL, f"{self._name}: not started waitable")
+        if self._waiter is not None:
+            raise RequestError(errno.EBUSY, f"{self._name}: another wait is pending")
+        if self.attached:
+            raise RequestError(errno.EBUSY, f"{self._name}: a client is attached")
+        self._waiter = waiter
+        if self.reaped:
+            self._answer_waiter()
+
+    def attach(self, client: _Client) -> None:
+        """Make ``client`` the process's stream: ``attached``, the retained
+        output, EOFs of streams that have ended, ``finished`` if known, and
+        the rest as it comes."""
+        if self.mode is Mode.STREAMING and not self.reaped:
+            raise RequestError(errno.EBUSY, f"{self._name}: not in background")
+        if self.attached:
+            raise RequestError(errno.EBUSY, f"{self._name}: already attached")
+        if self._waiter is not None:
+            raise RequestError(errno.EBUSY, f"{self._name}: a wait is pending")
+        if not self._started:
+            raise RequestError(errno.EBUSY, f"{self._name}: not started yet")
+        self.mode, self._client = Mode.ATTACHED, client
+        respond = client.responder.respond
+        respond(self._attached())
+        for io in self.retained.io_objects(self._rank):
+            if client.forwards(io["stream"]):
+                respond({"type": "output", "pid": self.pid, "io": io})
+        for stream in STREAMS:
+            ended = self.reaped or self.retained.at_eof(stream)
+            if ended and client.forwards(stream):
+                respond(self._output(stream, b"", eof=True))
+        if self.finished is not None:
+            self._end_consumed = True
+            respond(self.finished)
+        if self.reaped:
+            self.error(*(self.failure or (errno.ENODATA, "")))
+
+    def drop_client(self, connection_id: int) -> None:
+        """The connection has gone: forget its requests. An attached process
+        goes back to the background; a waiter's status stays for the next."""
+        if self._waiter is not None and self._waiter.connection_id == connection_id:
+            self._waiter = None
+        client = self._client
+        if client is None or client.connection_id != connection_id:
+            return
+        self._client = None
+        if self.attached:
+            self.mode = Mode.BACKGROUND
+            if self.process is not None:
+                self.process.resume_output()  # retained from now on
+
+    def process_reaped(self) -> bool:
+        """The unit is gone; whether its end must be kept for a wait or an
+        attach (else the process is forgotten)."""
+        self.reaped = True
+        process = self.process
+        if (
+            self.finished is None
+            and process is not None
+            and process.status.has_finished
+        ):
+            # Finished after its client left: a streaming process's responder
+            # is then nobody.
+            status = process.status.wait_status
+            self.finished = {"type": "finished", "status": status}
+        if self._waiter is not None:
+            self._answer_waiter()
+            return False
+        ended_known = self.finished is not None or self.failure is not None
+        return (
+            self.waitable and self._started and ended_known and not self._end_consumed
+        )
+
+    # -- responses -------------------------------------------------------------
+
+    @property
+    def _name(self) -> str:
+        return f"pid {self.pid}" if self.pid > 0 else f"label {self.label!r}"
+
+    def _answer_exec(self, started: dict[str, Any]) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.responder.respond(started)
+
+    def _answer_waiter(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        assert waiter is not None
+        self._end_consumed = True
+        if self.finished is None:
+            waiter.responder.error(*(self.failure or (errno.EIO, "no exit status")))
+            return
+        waiter.responder.respond(
+            {
+                "status": self.finished["status"],
+                "output": self.retained.io_objects(self._rank),
+                "dropped": self.retained.dropped,
+            }
+        )
+
+    def _attached(self) -> dict[str, Any]:
+        assert self.process is not None
+        command = self.process.plan.command
+        cmd = command_object(
+            command.cmdline, command.env, command.opts, command.cwd, command.label
+        )
+        return {
+            "type": "attached",
+            "pid": self.pid,
+            "cmd": cmd,
+            "dropped": self.retained.dropped,
+        }
+
+    def _output(self, stream: str, data: bytes, eof: bool) -> dict[str, Any]:
+        return {
+            "type": "output",
+            "pid": self.pid,
+            "io": encode_io(stream, self._rank, data, eof),
+        }
+
+
+class TrackedProcesses:
+    """The service's background and waitable processes: found by pid or
+    label whatever their connection, kept after they end while waitable.
+
+    ``live`` is the server's process table (every process with a unit,
+    tracked or not), read to find processes and never changed here.
+    """
+
+    def __init__(self, live: Mapping[ProcessKey, Process]) -> None:
+        self._live = live
+        self._tracked: dict[Process, Tracked] = {}
+        #: Ended waitable processes, oldest first, until waited for.
+        self._ended: list[Tracked] = []
+        self._serials = itertools.count(1)
+
+    def prepare(
+        self,
+        plan: ExecPlan,
+        streaming: bool,
+        responder: Responder,
+        connection_id: int,
+        retained_size: int,
+        rank: str,
+    ) -> tuple[ExecPlan, Tracked | None]:
+        """The plan to run and the :class:`Tracked` to use as the process's
+        responder and tap, or ``None`` for a plain streaming process.
+
+        A background request's output flags are ignored (everything is
+        retained; an attach chooses), and write-credit is refused: its stdin
+        is at EOF."""
+        waitable = bool(plan.flags & ExecFlag.WAITABLE)
+        if streaming and not waitable:
+            return plan, None
+        if not streaming:
+            if plan.flags & ExecFlag.WRITE_CREDIT:
+                raise RequestError(
+                    errno.EINVAL,
+                    "flags: write-credit (8) needs a streaming request:"
+                    " a background process's stdin is at EOF",
+                )
+            flags = ExecFlag(int(plan.flags) & ~int(_OUTPUT_FLAGS))
+            plan = dataclasses.replace(plan, flags=flags)
+        mode = Mode.STREAMING if streaming else Mode.BACKGROUND
+        client = _Client(connection_id, responder, plan.flags)
+        return plan, Tracked(mode, waitable, retained_size, rank, client)
+
+    def new_key(self) -> ProcessKey:
+        """The process table key of a new background process."""
+        return (NO_CLIENT, next(self._serials))
+
+    def add(self, process: Process, tracked: Tracked) -> None:
+        tracked.process = process
+        self._tracked[process] = tracked
+
+    def reaped(self, process: Process) -> None:
+        """The server reaped ``process``: keep its end if it is waitable."""
+        tracked = self._tracked.pop(process, None)
+        if tracked is not None and tracked.process_reaped():
+            self._ended.append(tracked)
+
+    def mode(self, process: Process) -> Mode:
+        tracked = self._tracked.get(process)
+        return tracked.mode if tracked is not None else Mode.STREAMING
+
+    def describe_ended(self) -> list[dict[str, Any]]:
+        """``sdexec.list`` entries of the ended processes kept for a wait."""
+        return [
+            {**tracked.process.describe(), "mode": tracked.mode}
+            for tracked in self._ended
+            if tracked.process is not None
+        ]
+
+    def attached_to(self, connection_id: int) -> Iterator[Process]:
+        """The processes attached to one connection (its back-pressure)."""
+        for process, tracked in list(self._tracked.items()):
+            if tracked.attached and tracked.connected_to(connection_id):
+                yield process
+
+    def connection_lost(self, connection_id: int) -> None:
+        """Forget the connection's waits and attaches."""
+        for tracked in [*self._tracked.values(), *self._ended]:
+            if tracked.connected_to(connection_id):
+                tracked.drop_client(connection_id)
+
+    # -- wait and attach -----------------------------------------------------------
+
+    def wait(self, payload: Any, connection_id: int, responder: Responder) -> None:
+        """``sdexec.wait``: the response goes to ``responder`` once the
+        process has ended, and the process is then forgotten."""
+        pid, label = parse_target(payload, "wait")
+        tracked = self._find(pid, label, errno.EINVAL, "not started waitable")
+        tracked.wait(_Client(connection_id, responder, ExecFlag(0)))
+        self._forget_if_consumed(tracked)
+
+    def attach(self, payload: Any, connection_id: int, responder: Responder) -> None:
+        """``sdexec.attach``: ``responder`` gets the process's stream."""
+        pid, label = parse_target(payload, "attach")
+        flags = payload.get("flags", int(_OUTPUT_FLAGS))
+        if not isinstance(flags, int) or isinstance(flags, bool) or flags & ~3:
+            raise RequestError(errno.EINVAL, "flags: expected an integer of 1|2")
+        tracked = self._find(pid, label, errno.EBUSY, "not in background")
+        tracked.attach(_Client(connection_id, responder, ExecFlag(flags)))
+        self._forget_if_consumed(tracked)
+
+    def _forget_if_consumed(self, tracked: Tracked) -> None:
+        if tracked.reaped and tracked in self._ended:
+            self._ended.remove(tracked)
+
+    def _find(
+        self, pid: int | None, label: str | None, errnum: int, untracked: str
+    ) -> Tracked:
+        """The process with ``label`` (if given) or else ``pid``, newest
+        first; ENOENT if there is none, ``errnum`` (saying ``untracked``)
+        if it is a plain streaming process."""
+        for process in _newest_first(self._live.values()):
+            if _matches(process.label, process.pid, pid, label):
+                tracked = self._tracked.get(process)
+                if tracked is None:
+                    raise RequestError(errnum, f"{_target(pid, label)}: {untracked}")
+                return tracked
+        for tracked in _newest_first(self._ended):
+            if _matches(tracked.label, tracked.pid, pid, label):
+                return tracked
+        raise RequestError(errno.ENOENT, f"{_target(pid, label)}: no such process")
+
+
+def parse_target(payload: Any, topic: str) -> tuple[int | None, str | None]:
+    """``(pid, label)`` of a ``wait`` or ``attach`` payload; EINVAL names a
+    bad or missing field."""
+    pid, label = payload.get("pid"), payload.get("label")
+    if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
+        raise RequestError(errno.EINVAL, "pid: expected an integer")
+    if label is not None and not isinstance(label, str):
+        raise RequestError(errno.EINVAL, "label: expected a string")
+    if pid is None and label is None:
+        raise RequestError(errno.EINVAL, f"{topic} needs a pid or a label")
+    return (None, label) if label is not None else (pid, None)
+
+
+def _matches(
+    label: str | None, pid: int | None, wanted_pid: int | None, wanted: str | None
+) -> bool:
+    return label == wanted if wanted is not None else pid == wanted_pid
+
+
+def _target(pid: int | None, label: str | None) -> str:
+    return f"label {label!r}" if label is not None else f"pid {pid}"
+
+
+def _newest_first(items: Iterable[_T]) -> list[_T]:
+    return list(reversed(list(items)))

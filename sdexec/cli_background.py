@@ -1,0 +1,131 @@
+"""``sdexec run --bg``, ``sdexec wait`` and ``sdexec attach``: background
+processes from the command line (docs/client.md).
+
+Like the rest of the command line this runs on :mod:`sdexec.syncclient`,
+never Twisted; :mod:`sdexec.cli` loads it only for these commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import signal
+import sys
+from typing import Any
+
+from sdexec.cli import NOT_FOUND, _connect, _fail, _Output, _request, exit_code
+from sdexec.ioencode import decode_io
+from sdexec.protocol import ExecFlag, Topic
+from sdexec.rpc import RPCError
+from sdexec.syncclient import Loop
+
+__all__ = ["attach", "run_background", "wait"]
+
+#: Signals that detach ``sdexec attach`` (the process runs on).
+DETACHING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_BOTH = int(ExecFlag.STDOUT | ExecFlag.STDERR)
+
+
+def run_background(options: argparse.Namespace, command: dict[str, Any]) -> int:
+    """``sdexec run --bg``: start ``command`` in the background and print
+    its pid (and label); 127 if the command cannot be found."""
+    flags = int(ExecFlag.WAITABLE) if options.waitable else 0
+    payload = {"cmd": command, "flags": flags}
+    try:
+        with Loop() as loop, _connect(loop, options) as connection:
+            started = connection.call(Topic.EXEC, payload, streaming=False)
+    except RPCError as failure:
+        if failure.errnum != errno.ENOENT:
+            raise
+        _fail(str(failure))
+        return NOT_FOUND
+    label = command.get("label")
+    print(started["pid"] if label is None else f"{started['pid']} {label}")
+    return 0
+
+
+def wait(options: argparse.Namespace) -> int:
+    """``sdexec wait PID|LABEL``: the retained output to our stdout and
+    stderr, in the order it was produced; the process's exit code."""
+    answer = _request(options, Topic.WAIT, options.target)
+    _say_dropped(answer.get("dropped"))
+    outputs = {"stdout": _Output(1), "stderr": _Output(2)}
+    for io in answer.get("output", []):
+        stream, data, _eof = decode_io(io)
+        output = outputs.get(stream)
+        if output is not None and not output.broken:
+            output.write(data)
+    return exit_code(answer["status"])
+
+
+def _say_dropped(dropped: Any) -> None:
+    """One line on stderr, before the output, if its oldest part was lost."""
+    if not isinstance(dropped, dict) or not any(dropped.values()):
+        return
+    counts = ", ".join(
+        f"{dropped.get(s, 0)} bytes of {s}" for s in ("stdout", "stderr")
+    )
+    print(
+        f"sdexec: {counts} dropped before this (the service's retained-output)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def attach(options: argparse.Namespace) -> int:
+    """``sdexec attach PID|LABEL``: the process's output from its retained
+    part on, to our stdout and stderr; its exit code if it ends. Ctrl-C
+    (SIGINT, SIGTERM, SIGHUP) detaches: the process runs on."""
+    with Loop() as loop:
+        session = _Attached()
+        loop.catch_signals(DETACHING_SIGNALS, session.detach)
+        with _connect(loop, options) as connection:
+            stream = connection.attach(options.target, _BOTH, session.respond)
+            loop.run_until(lambda: stream.ended or session.detached)
+    # Closing the connection is what detaches, on the service's side.
+    if session.detached:
+        pid = stream.pid if stream.pid is not None else "?"
+        print(f"sdexec: detached from pid {pid}; it runs on", file=sys.stderr)
+        return 0
+    if stream.error is not None:
+        return _fail(str(stream.error))
+    if session.status is None:
+        return _fail("the service ended the stream without a finished response")
+    return exit_code(session.status)
+
+
+class _Attached:
+    """What ``sdexec attach`` does with the stream's responses."""
+
+    def __init__(self) -> None:
+        self.outputs = {"stdout": _Output(1), "stderr": _Output(2)}
+        self.status: int | None = None
+        self.detached = False
+
+    def respond(self, payload: dict) -> None:
+        kind = payload.get("type")
+        if kind == "finished" and isinstance(payload.get("status"), int):
+            self.status = payload["status"]
+        elif kind == "attached":
+            _say_dropped(payload.get("dropped"))
+        elif kind == "output":
+            self._output(payload.get("io"))
+
+    def detach(self, _signum: int = 0) -> None:
+        self.detached = True
+
+    def _output(self, io: Any) -> None:
+        try:
+            stream, data, _eof = decode_io(io)
+        except ValueError as failure:
+            _fail(f"bad output from the service: {failure}")
+            return
+        output = self.outputs.get(stream)
+        if output is None or not data or output.broken:
+            return
+        problem = output.write(data)
+        if problem is not None:
+            # Nobody reads our output any more: leave the process be.
+            if problem.errno != errno.EPIPE:
+                _fail(f"cannot write {stream}: {problem.strerror}")
+            self.detach()

@@ -1,0 +1,473 @@
+"""Background mode, waitable, wait and attach offline (sdexec.background):
+the server over in-memory connections with sdexec.testing's fake manager.
+The process's output is real: bytes written to the fake unit's stdout and
+stderr fds are read by the reactor's channels. The same paths run against a
+real manager in test_background_service.py."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pytest_twisted import ensureDeferred
+from strategies import malformed_target_payloads
+from test_server import FLAGS, TRUE, UNIT, Connection, error_of, read_to_eof
+from twisted.internet import reactor
+from twisted.internet.task import Clock, deferLater
+
+from sdexec.config import parse_config
+from sdexec.ioencode import decode_io
+from sdexec.protocol import ExecFlag
+from sdexec.server import SdexecServer
+from sdexec.testing import EXITED, FakeManager
+
+WAITABLE = int(ExecFlag.WAITABLE)
+
+
+@pytest.fixture
+def systemd():
+    manager = FakeManager()
+    manager.stop_to_inactive = True  # StopUnit releases the fds: EOF, reaped
+    yield manager
+    manager.close()
+
+
+def make_server(systemd, **sdexec) -> SdexecServer:
+    return SdexecServer(
+        systemd, parse_config({"sdexec": sdexec}), reactor, clock=Clock()
+    )
+
+
+@pytest.fixture
+def server(systemd):
+    return make_server(systemd)
+
+
+class Client(Connection):
+    """A connection with the requests of this module."""
+
+    def bg(
+        self, flags: int = 0, matchtag: int = 1, label: str | None = None, **opts
+    ) -> None:
+        """A background exec of /bin/true (its unit ``UNIT`` unless
+        ``SDEXEC_NAME`` says otherwise)."""
+        cmd = {**TRUE, "opts": {**TRUE["opts"], **opts}}
+        if label is not None:
+            cmd["label"] = label
+        payload = {"flags": flags, "cmd": cmd}
+        self.raw(
+            {
+                "type": "request",
+                "topic": "sdexec.exec",
+                "matchtag": matchtag,
+                "payload": payload,
+                "streaming": False,
+            }
+        )
+
+    def of(self, matchtag: int) -> list[dict]:
+        return [r for r in self.responses() if r["matchtag"] == matchtag]
+
+    def close(self) -> None:
+        super().close()
+        self.transport.disconnected = True
+
+
+@pytest.fixture
+def client(server):
+    opened = Client(server)
+    yield opened
+    if not getattr(opened.transport, "disconnected", False):
+        opened.close()
+
+
+def payloads(responses: list[dict]) -> list:
+    """Payloads, and errors as (errnum, errstr)."""
+    return [r["payload"] if "payload" in r else error_of(r) for r in responses]
+
+
+def output_of(responses: list[dict]) -> list[tuple[str, bytes, bool]]:
+    return [
+        decode_io(r["payload"]["io"])
+        for r in responses
+        if r.get("payload", {}).get("type") == "output"
+    ]
+
+
+async def until(condition, what: str) -> None:
+    """Let the reactor run until ``condition()`` (data crossing the fake
+    unit's sockets takes a few turns); fail after 10 s."""
+    for _ in range(1000):
+        if condition():
+            return
+        await deferLater(reactor, 0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+def produce(systemd: FakeManager, stream: str, data: bytes) -> None:
+    """The process writes ``data`` to ``stream`` (all of it)."""
+    with os.fdopen(os.dup(systemd.process_fd(UNIT, stream)), "wb") as fd:
+        fd.write(data)
+
+
+def tracked_of(server: SdexecServer):
+    """The one tracked process that has a unit."""
+    (tracked,) = server.tracked._tracked.values()
+    return tracked
+
+
+# -- background mode ---------------------------------------------------------
+
+
+@ensureDeferred
+async def test_background_exec_answers_started_once_and_outlives_its_client(
+    systemd, server, client
+):
+    client.bg(flags=FLAGS, label="bg")
+    assert ("start", UNIT) in systemd.calls
+    # Its stdin is at EOF at once.
+    assert await read_to_eof(systemd.process_fd(UNIT, "stdin")) == b""
+    systemd.run(UNIT, pid=99)
+    client.close()
+    assert ("stop", UNIT) not in systemd.calls
+    produce(systemd, "stdout", b"nobody reads this\n")
+    assert payloads(client.responses()) == [{"type": "started", "pid": 99}]
+    other = Client(server)
+    other.send("sdexec.list", {})
+    (proc,) = other.last()["payload"]["procs"]
+    assert (proc["pid"], proc["label"], proc["mode"], proc["state"]) == (
+        99,
+        "bg",
+        "background",
+        "R",
+    )
+    other.send("sdexec.kill", {"label": "bg", "signum": 15}, matchtag=2)
+    assert other.last()["payload"] == {}
+    assert systemd.kills() == [15]
+    systemd.exit(UNIT, status=0)
+    await until(lambda: not server.processes, "reaped")
+    assert payloads(client.responses()) == [{"type": "started", "pid": 99}]
+    other.close()
+
+
+def test_a_background_start_refused_is_its_one_response(systemd, server, client):
+    from sdexec.systemd import SystemdError
+
+    systemd.refuse_start = SystemdError("org.freedesktop.DBus.Error.Failed", "no")
+    client.bg()
+    assert payloads(client.responses()) == [(errno.EIO, "no")]
+    assert server.processes == {}
+    client.send("sdexec.wait", {"label": "x"}, matchtag=2)
+    assert error_of(client.last())[0] == errno.ENOENT
+
+
+@pytest.mark.parametrize(
+    ("message", "text"),
+    [
+        ({"streaming": "no", "payload": {"flags": 0, "cmd": TRUE}},
+         "streaming: expected a boolean"),
+        ({"streaming": False, "payload": {"flags": 8, "cmd": TRUE}},
+         "flags: write-credit (8) needs a streaming request: a background"
+         " process's stdin is at EOF"),
+    ],
+)  # fmt: skip
+def test_a_bad_background_request_is_einval(systemd, client, message, text):
+    client.raw({"type": "request", "topic": "sdexec.exec", "matchtag": 1, **message})
+    assert error_of(client.last()) == (errno.EINVAL, text)
+    assert systemd.calls == []
+
+
+def test_a_streaming_process_is_still_stopped_with_its_client(systemd, server):
+    client = Client(server)
+    client.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    client.send("sdexec.list", {}, matchtag=2)
+    assert client.last()["payload"]["procs"][0]["mode"] == "streaming"
+    client.close()
+    assert ("stop", UNIT) in systemd.calls
+
+
+@ensureDeferred
+async def test_shutdown_stops_background_processes(systemd, server, client):
+    client.bg()
+    systemd.run(UNIT)
+    client.close()
+    done = server.shutdown(10)
+    assert ("stop", UNIT) in systemd.calls
+    await until(lambda: done.called, "every process reaped")
+    assert server.processes == {}
+
+
+# -- wait ------------------------------------------------------------------------
+
+
+async def finish(systemd, server, status: int = 0) -> None:
+    """The process exits; its unit is stopped and reaped."""
+    systemd.exit(UNIT, status=status)
+    await until(lambda: not server.processes, "reaped")
+
+
+@ensureDeferred
+async def test_wait_returns_status_and_output_in_production_order(
+    systemd, server, client
+):
+    client.bg(flags=WAITABLE, label="w")
+    systemd.run(UNIT, pid=7)
+    # One stream at a time reaches the service before the next is written,
+    # so the interleaving is the order of production.
+    pieces = [("stdout", b"out 1\n"), ("stderr", b"\xff\xfe err\n"), ("stdout", b"2\n")]
+    retained = tracked_of(server).retained
+    for count, (stream, data) in enumerate(pieces, start=1):
+        produce(systemd, stream, data)
+        await until(
+            lambda count=count: len(retained.io_objects("0")) == count,
+            f"{count} pieces retained",
+        )
+    await finish(systemd, server, status=3)
+    client.send("sdexec.list", {}, matchtag=2)
+    (proc,) = client.last()["payload"]["procs"]
+    assert (proc["pid"], proc["state"], proc["mode"]) == (7, "Z", "background")
+    client.send("sdexec.wait", {"pid": 7}, matchtag=3)
+    (answer,) = payloads(client.of(3))
+    assert answer["status"] == 3 << 8
+    assert answer["dropped"] == {"stdout": 0, "stderr": 0}
+    assert [decode_io(io)[:2] for io in answer["output"]] == pieces
+    client.send("sdexec.wait", {"pid": 7}, matchtag=4)
+    assert payloads(client.of(4)) == [(errno.ENOENT, "pid 7: no such process")]
+    client.send("sdexec.attach", {"label": "w"}, matchtag=5)
+    assert payloads(client.of(5)) == [(errno.ENOENT, "label 'w': no such process")]
+
+
+@ensureDeferred
+async def test_a_pending_wait_is_answered_when_the_process_ends(
+    systemd, server, client
+):
+    client.bg(flags=WAITABLE, label="w")
+    systemd.run(UNIT, pid=7)
+    client.send("sdexec.wait", {"label": "w", "pid": 12345}, matchtag=2)  # label wins
+    assert client.of(2) == []
+    await finish(systemd, server, status=0)
+    (answer,) = payloads(client.of(2))
+    assert (answer["status"], answer["output"]) == (0, [])
+    assert server.tracked.describe_ended() == []  # reaped by the wait
+
+
+@ensureDeferred
+async def test_wait_errors(systemd, server, client):
+    client.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "s"}})
+    client.bg(matchtag=2, label="plain", SDEXEC_NAME="sdexec-u")
+    assert ("start", "sdexec-u.service") in systemd.calls
+    client.send("sdexec.wait", {"label": "s"}, matchtag=3)
+    client.send("sdexec.wait", {"label": "plain"}, matchtag=4)
+    client.send("sdexec.wait", {"label": "nope"}, matchtag=5)
+    client.send("sdexec.wait", {}, matchtag=6)
+    client.send("sdexec.wait", {"pid": "7"}, matchtag=7)
+    assert [payloads(client.of(tag)) for tag in range(3, 8)] == [
+        [(errno.EINVAL, "label 's': not started waitable")],
+        [(errno.EINVAL, "label 'plain': not started waitable")],
+        [(errno.ENOENT, "label 'nope': no such process")],
+        [(errno.EINVAL, "wait needs a pid or a label")],
+        [(errno.EINVAL, "pid: expected an integer")],
+    ]
+
+
+@ensureDeferred
+async def test_one_waiter_at_a_time_and_a_waiter_that_leaves_leaves_the_status(
+    systemd, server, client
+):
+    client.bg(flags=WAITABLE, label="w")
+    systemd.run(UNIT, pid=7)
+    first = Client(server)
+    first.send("sdexec.wait", {"label": "w"})
+    client.send("sdexec.wait", {"label": "w"}, matchtag=2)
+    assert payloads(client.of(2)) == [(errno.EBUSY, "pid 7: another wait is pending")]
+    first.close()
+    await finish(systemd, server, status=1)
+    assert payloads(first.responses()) == []
+    client.send("sdexec.wait", {"label": "w"}, matchtag=3)
+    (answer,) = payloads(client.of(3))
+    assert answer["status"] == 1 << 8
+
+
+@ensureDeferred
+async def test_a_streaming_waitable_process_keeps_its_status(systemd, server, client):
+    flags = FLAGS | WAITABLE
+    client.send("sdexec.exec", {"flags": flags, "cmd": {**TRUE, "label": "s"}})
+    systemd.run(UNIT, pid=5)
+    produce(systemd, "stdout", b"streamed\n")
+    await finish(systemd, server, status=0)
+    stream = payloads(client.of(1))
+    assert stream[-1] == (errno.ENODATA, "")
+    assert ("stdout", b"streamed\n", False) in output_of(client.of(1))
+    client.send("sdexec.wait", {"label": "s"}, matchtag=2)
+    (answer,) = payloads(client.of(2))
+    assert answer["status"] == 0
+    assert [decode_io(io)[:2] for io in answer["output"]] == [("stdout", b"streamed\n")]
+
+
+@ensureDeferred
+async def test_a_streaming_waitable_process_whose_client_left_keeps_its_status(
+    systemd, server
+):
+    systemd.stop_to_inactive = False
+    client = Client(server)
+    cmd = {**TRUE, "label": "s"}
+    client.send("sdexec.exec", {"flags": FLAGS | WAITABLE, "cmd": cmd})
+    systemd.run(UNIT, pid=5)
+    client.close()
+    assert ("stop", UNIT) in systemd.calls  # a streaming process ends with its client
+    systemd.change(UNIT, {**EXITED, "ExecMainCode": 2, "ExecMainStatus": 15})
+    systemd.release(UNIT)
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    await until(lambda: not server.processes, "reaped")
+    other = Client(server)
+    other.send("sdexec.wait", {"label": "s"})
+    (answer,) = payloads(other.responses())
+    assert answer["status"] == signal.SIGTERM
+    other.close()
+
+
+@ensureDeferred
+async def test_100k_of_output_through_16k_reports_the_dropped_bytes(systemd):
+    server = make_server(systemd, **{"retained-output": "16K"})
+    client = Client(server)
+    client.bg(flags=WAITABLE, label="w")
+    systemd.run(UNIT, pid=7)
+    retained = tracked_of(server).retained
+    # 60 KiB of stdout, read before 40 KiB of stderr is written, in lines.
+    for stream, size, read in (("stdout", 60, 60), ("stderr", 40, 100)):
+        produce(systemd, stream, (b"x" * 1023 + b"\n") * size)
+        await until(
+            lambda read=read: (
+                retained.held + sum(retained.dropped.values()) == read * 1024
+            ),
+            f"{read} KiB read",
+        )
+    await finish(systemd, server)
+    client.send("sdexec.wait", {"label": "w"}, matchtag=2)
+    (answer,) = payloads(client.of(2))
+    assert answer["dropped"] == {"stdout": 60 * 1024, "stderr": 24 * 1024}
+    assert [decode_io(io)[:2] for io in answer["output"]] == [
+        ("stderr", (b"x" * 1023 + b"\n") * 16)
+    ]
+    client.close()
+
+
+# -- attach -----------------------------------------------------------------------
+
+
+@ensureDeferred
+async def test_attach_gets_retained_then_live_output_eofs_finished_enodata(
+    systemd, server, client
+):
+    client.bg(label="a")
+    systemd.run(UNIT, pid=8)
+    produce(systemd, "stdout", b"before\n")
+    await until(lambda: tracked_of(server).retained.held == 7, "retained")
+    client.send("sdexec.attach", {"label": "a", "flags": FLAGS}, matchtag=2)
+    first = payloads(client.of(2))[0]
+    assert (first["type"], first["pid"], first["cmd"]["cmdline"]) == (
+        "attached",
+        8,
+        ["/bin/true"],
+    )
+    assert first["dropped"] == {"stdout": 0, "stderr": 0}
+    client.send("sdexec.list", {}, matchtag=3)
+    assert client.last()["payload"]["procs"][0]["mode"] == "attached"
+    second = Client(server)
+    second.send("sdexec.attach", {"pid": 8})
+    assert payloads(second.responses()) == [(errno.EBUSY, "pid 8: already attached")]
+    second.send("sdexec.wait", {"pid": 8}, matchtag=2)
+    assert error_of(second.last())[0] == errno.EINVAL  # not waitable
+    produce(systemd, "stderr", b"after\n")
+    await until(lambda: len(output_of(client.of(2))) == 2, "live output")
+    await finish(systemd, server, status=0)
+    stream = client.of(2)
+    outputs = output_of(stream)
+    assert outputs[:2] == [
+        ("stdout", b"before\n", False),
+        ("stderr", b"after\n", False),
+    ]
+    assert sorted(outputs[2:]) == [("stderr", b"", True), ("stdout", b"", True)]
+    kinds = [p["type"] if isinstance(p, dict) else p for p in payloads(stream)]
+    assert kinds[0] == "attached" and kinds[-1] == (errno.ENODATA, "")
+    assert kinds.count("finished") == 1
+    second.close()
+
+
+@ensureDeferred
+async def test_attach_disconnect_attach_again(systemd, server, client):
+    client.bg(label="a")
+    systemd.run(UNIT, pid=8)
+    first = Client(server)
+    first.send("sdexec.attach", {"label": "a", "flags": 1})
+    produce(systemd, "stdout", b"one\n")
+    await until(lambda: output_of(first.responses()), "live output")
+    first.close()  # back to the background: nothing stopped
+    assert ("stop", UNIT) not in systemd.calls
+    client.send("sdexec.list", {}, matchtag=2)
+    assert client.last()["payload"]["procs"][0]["mode"] == "background"
+    produce(systemd, "stdout", b"two\n")
+    await until(lambda: tracked_of(server).retained.held == 8, "retained")
+    client.send("sdexec.attach", {"label": "a", "flags": 1}, matchtag=3)
+    assert output_of(client.of(3)) == [("stdout", b"one\ntwo\n", False)]
+    await finish(systemd, server)
+    assert payloads(client.of(3))[-1] == (errno.ENODATA, "")
+    assert output_of(client.of(3))[-1] == ("stdout", b"", True)
+
+
+@ensureDeferred
+async def test_attach_errors(systemd, server, client):
+    client.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "s"}})
+    systemd.run(UNIT, pid=3)
+    client.send("sdexec.attach", {"pid": 3}, matchtag=2)
+    client.send("sdexec.attach", {"pid": 4}, matchtag=3)
+    client.send("sdexec.attach", {"pid": 3, "flags": 8}, matchtag=4)
+    assert [payloads(client.of(tag)) for tag in (2, 3, 4)] == [
+        [(errno.EBUSY, "pid 3: not in background")],
+        [(errno.ENOENT, "pid 4: no such process")],
+        [(errno.EINVAL, "flags: expected an integer of 1|2")],
+    ]
+
+
+@ensureDeferred
+async def test_attach_to_an_ended_waitable_process_then_it_is_reaped(
+    systemd, server, client
+):
+    client.bg(flags=WAITABLE, label="z")
+    systemd.run(UNIT, pid=9)
+    await finish(systemd, server, status=2)
+    client.send("sdexec.attach", {"label": "z", "flags": FLAGS}, matchtag=2)
+    stream = payloads(client.of(2))
+    assert stream[0]["type"] == "attached"
+    assert stream[1:] == [
+        {"type": "output", "pid": 9, "io": {"stream": "stdout", "rank": "0",
+                                             "eof": True}},
+        {"type": "output", "pid": 9, "io": {"stream": "stderr", "rank": "0",
+                                             "eof": True}},
+        {"type": "finished", "status": 2 << 8},
+        (errno.ENODATA, ""),
+    ]  # fmt: skip
+    client.send("sdexec.wait", {"label": "z"}, matchtag=3)
+    assert payloads(client.of(3)) == [(errno.ENOENT, "label 'z': no such process")]
+
+
+@settings(derandomize=True, max_examples=200, deadline=None)
+@given(topic=st.sampled_from(["sdexec.wait", "sdexec.attach"]),
+       payload=malformed_target_payloads)  # fmt: skip
+def test_any_wait_or_attach_payload_gets_one_clear_error(topic, payload):
+    manager = FakeManager()
+    client = Client(make_server(manager))
+    client.send(topic, payload)
+    (response,) = client.responses()
+    errnum, errstr = error_of(response)
+    if errnum == errno.EPROTO:  # text JSON cannot carry (lone surrogates)
+        return
+    assert errnum in (errno.EINVAL, errno.ENOENT)
+    assert errstr.startswith(("pid", "label", "flags", "wait needs", "attach needs"))
+    client.close()
+    manager.close()

@@ -1,0 +1,234 @@
+"""Background processes, wait and attach against the real user manager,
+through the Twisted client library (``exec(background=True)``, ``wait``,
+``attach``). The fixtures check at teardown that no unit, fd or tracked
+process is left."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+from pytest_twisted import ensureDeferred
+from support import Result, command, sleep, unit_names
+
+from sdexec.client import STDERR, STDOUT, RPCError
+from sdexec.ioencode import decode_io
+
+pytestmark = pytest.mark.systemd
+
+KIB = 1024
+#: Prints "before", then "after" and exits 0 once it gets SIGUSR1.
+ON_SIGNAL = (
+    'trap "echo after; exit 0" USR1; echo before; while :; do sleep 1 & wait $!; done'
+)
+
+
+async def background(client, cmdline, *, waitable=False, label=None, **kw) -> int:
+    """Start ``cmdline`` in the background; its pid."""
+    responses: list[dict] = []
+    handle = client.exec(
+        command(cmdline, label=label, **kw),
+        STDOUT | STDERR,
+        responses.append,
+        background=True,
+        waitable=waitable,
+    )
+    await handle.done
+    assert [r["type"] for r in responses] == ["started"]
+    assert handle.pid == responses[0]["pid"] > 0
+    return handle.pid
+
+
+async def until(condition, what: str) -> None:
+    """Let the reactor run until ``condition()``; fail after 15 s."""
+    for _ in range(300):
+        if condition():
+            return
+        await sleep(0.05)
+    raise AssertionError(f"never happened: {what}")
+
+
+def procs_of(service) -> list[dict]:
+    return service.server.list()["procs"]
+
+
+def streams(output: list[dict]) -> dict[str, bytes]:
+    data = {"stdout": b"", "stderr": b""}
+    for io in output:
+        stream, chunk, _eof = decode_io(io)
+        data[stream] += chunk
+    return data
+
+
+async def attach(client, **target) -> tuple[Result, object]:
+    result = Result()
+    handle = client.attach(on_response=result.collect, **target)
+    return result, handle
+
+
+@ensureDeferred
+async def test_background_sleep_survives_its_client_and_is_killed(sdexec):
+    client = await sdexec.connect()
+    pid = await background(client, ["sleep", "300"], label="nap")
+    await client.close()
+    await sleep(0.2)
+    (proc,) = procs_of(sdexec)
+    assert (proc["pid"], proc["mode"], proc["state"]) == (pid, "background", "R")
+    assert len(unit_names()) == 1
+    other = await sdexec.connect()
+    await other.kill(label="nap", signum=15)
+    await until(lambda: not procs_of(sdexec), "reaped after the kill")
+    assert unit_names() == []
+
+
+@ensureDeferred
+async def test_wait_returns_the_status_and_the_output_byte_exact(sdexec, tmp_path):
+    blob = bytes(range(256)) * 64 + "é ü\n".encode()
+    (tmp_path / "blob").write_bytes(blob)
+    client = await sdexec.connect()
+    pid = await background(
+        client,
+        ["sh", "-c", f"cat {tmp_path}/blob; echo text on stderr >&2; exit 7"],
+        waitable=True,
+    )
+    answer = await client.wait(pid=pid)
+    assert answer["status"] == 7 << 8
+    assert streams(answer["output"]) == {
+        "stdout": blob,
+        "stderr": b"text on stderr\n",
+    }
+    assert answer["dropped"] == {"stdout": 0, "stderr": 0}
+    with pytest.raises(RPCError) as again:
+        await client.wait(pid=pid)
+    assert again.value.errnum == errno.ENOENT
+
+
+@ensureDeferred
+async def test_wait_on_a_process_not_started_waitable_is_einval(sdexec):
+    client = await sdexec.connect()
+    pid = await background(client, ["sleep", "300"], label="plain")
+    with pytest.raises(RPCError) as refused:
+        await client.wait(label="plain")
+    assert (refused.value.errnum, refused.value.errstr) == (
+        errno.EINVAL,
+        f"pid {pid}: not started waitable",
+    )
+    await client.kill(label="plain", signum=9)
+    await until(lambda: not procs_of(sdexec), "reaped")
+
+
+@ensureDeferred
+async def test_attach_gets_retained_then_live_output_eofs_and_the_end(sdexec):
+    client = await sdexec.connect()
+    pid = await background(client, ["sh", "-c", ON_SIGNAL], label="a")
+
+    def before_is_retained():
+        return any(t.retained.held for t in sdexec.server.tracked._tracked.values())
+
+    await until(before_is_retained, "'before' retained")
+    watcher = await sdexec.connect()
+    result, handle = await attach(watcher, label="a")
+    await until(lambda: result.stdout == b"before\n", "retained output")
+    assert result.types[0] == "attached"
+    assert result.responses[0]["pid"] == pid
+    assert result.responses[0]["cmd"]["cmdline"] == ["sh", "-c", ON_SIGNAL]
+    second = await sdexec.connect()
+    with pytest.raises(RPCError) as busy:
+        await second.attach(pid=pid).done
+    assert (busy.value.errnum, busy.value.errstr) == (
+        errno.EBUSY,
+        f"pid {pid}: already attached",
+    )
+    await client.kill(pid=pid, signum=10)  # SIGUSR1: "after", then exit 0
+    await handle.done
+    assert result.stdout == b"before\nafter\n"
+    assert result.status == 0
+    eofs = [
+        r["io"]["stream"]
+        for r in result.responses
+        if r["type"] == "output" and r["io"].get("eof")
+    ]
+    assert sorted(eofs) == ["stderr", "stdout"]
+    await until(lambda: not procs_of(sdexec), "reaped")
+
+
+@ensureDeferred
+async def test_attach_disconnect_attach_again(sdexec):
+    client = await sdexec.connect()
+    pid = await background(client, ["sh", "-c", ON_SIGNAL], label="again")
+    first = await sdexec.connect()
+    result, _handle = await attach(first, pid=pid)
+    await until(lambda: result.stdout == b"before\n", "output")
+    await first.close()  # detached: it runs on in the background
+    await until(lambda: procs_of(sdexec)[0]["mode"] == "background", "detached")
+    second = await sdexec.connect()
+    result, handle = await attach(second, pid=pid)
+    await until(lambda: result.stdout == b"before\n", "retained again")
+    await client.kill(pid=pid, signum=10)
+    await handle.done
+    assert result.stdout == b"before\nafter\n"
+    assert result.types.count("finished") == 1
+    await until(lambda: not procs_of(sdexec), "reaped")
+
+
+@ensureDeferred
+async def test_attach_to_an_ended_waitable_process(sdexec):
+    client = await sdexec.connect()
+    pid = await background(client, ["sh", "-c", "exit 4"], waitable=True, label="z")
+    await until(lambda: procs_of(sdexec)[0]["state"] == "Z", "ended")
+    await until(lambda: not sdexec.server.processes, "its unit reaped")
+    result, handle = await attach(client, label="z")
+    await handle.done
+    assert result.types == ["attached", "output", "output", "finished"]
+    assert [r["io"] for r in result.responses[1:3]] == [
+        {"stream": "stdout", "rank": "0", "eof": True},
+        {"stream": "stderr", "rank": "0", "eof": True},
+    ]
+    assert result.status == 4 << 8
+    with pytest.raises(RPCError) as gone:
+        await client.wait(pid=pid)
+    assert gone.value.errnum == errno.ENOENT
+    assert procs_of(sdexec) == []
+
+
+@pytest.mark.parametrize(
+    ("script", "dropped"),
+    [
+        # 100 KiB of stdout alone: exactly the oldest 84 KiB are dropped.
+        ("head -c 102400 /dev/zero | tr '\\0' x", {"stdout": 84 * KIB, "stderr": 0}),
+        # 60 KiB of stdout and 40 KiB of stderr: 84 KiB dropped in all, each
+        # stream's share exactly what it produced less what is kept.
+        ("head -c 61440 /dev/zero | tr '\\0' o; head -c 40960 /dev/zero | tr '\\0' e"
+         " >&2", None),
+    ],
+)  # fmt: skip
+@ensureDeferred
+async def test_100k_through_16k_reports_exactly_what_was_dropped(
+    start_service, script, dropped
+):
+    service = await start_service(sdexec='retained-output = "16K"')
+    client = await service.connect()
+    pid = await background(client, ["sh", "-c", script], waitable=True)
+    answer = await client.wait(pid=pid)
+    kept = streams(answer["output"])
+    assert len(kept["stdout"]) + len(kept["stderr"]) == 16 * KIB
+    produced = {"stdout": 100 * KIB, "stderr": 0} if dropped else {
+        "stdout": 60 * KIB, "stderr": 40 * KIB}  # fmt: skip
+    assert answer["dropped"] == {
+        stream: produced[stream] - len(kept[stream]) for stream in produced
+    }
+    if dropped is not None:
+        assert answer["dropped"] == dropped
+        assert kept["stdout"] == b"x" * 16 * KIB
+
+
+@ensureDeferred
+async def test_service_shutdown_stops_background_units(start_service):
+    service = await start_service()
+    client = await service.connect()
+    await background(client, ["sleep", "300"])
+    await background(client, ["sleep", "300"], waitable=True)
+    assert len(unit_names()) == 2
+    await service.stop()
+    assert service.server.processes == {}
+    assert unit_names() == []

@@ -1,0 +1,151 @@
+"""``sdexec run --bg``, ``wait``, ``attach`` and ``ps``'s MODE column
+against the real service and user manager (the command in a subprocess, the
+service in the test's process, as in test_cli.py)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+from pytest_twisted import ensureDeferred
+from support import sleep
+from test_background_service import ON_SIGNAL
+from test_cli import _environment, _sdexec_argv, cli
+from twisted.internet.threads import deferToThread
+
+pytestmark = pytest.mark.systemd
+
+
+async def until(condition, what: str) -> None:
+    for _ in range(300):
+        if condition():
+            return
+        await sleep(0.05)
+    raise AssertionError(f"never happened: {what}")
+
+
+def modes(service) -> list[str]:
+    return [proc["mode"] for proc in service.server.list()["procs"]]
+
+
+@ensureDeferred
+async def test_run_bg_prints_the_pid_and_label_and_ps_shows_the_mode(sdexec):
+    done = await cli(sdexec, "run", "--bg", "--label", "nap", "sleep", "300")
+    assert (done.returncode, done.stderr) == (0, b"")
+    pid, label = done.stdout.decode().split()
+    assert label == "nap"
+    (proc,) = sdexec.server.list()["procs"]
+    assert (proc["pid"], proc["mode"]) == (int(pid), "background")
+    ps = await cli(sdexec, "ps")
+    header, row = ps.stdout.decode().splitlines()
+    assert header.split()[:3] == ["PID", "STATE", "MODE"]
+    assert row.split()[:3] == [pid, "R", "background"]
+    killed = await cli(sdexec, "kill", "KILL", "nap")
+    assert killed.returncode == 0
+    await until(lambda: not sdexec.server.list()["procs"], "reaped")
+
+
+@ensureDeferred
+async def test_wait_prints_the_output_and_exits_with_the_code(sdexec):
+    script = "echo out; echo err >&2; printf '\\377\\n'; exit 3"
+    started = await cli(sdexec, "run", "--bg", "--waitable", "sh", "-c", script)
+    pid = started.stdout.decode().strip()
+    waited = await cli(sdexec, "wait", pid)
+    assert waited.returncode == 3
+    assert waited.stdout == b"out\n\xff\n"
+    assert waited.stderr == b"err\n"
+    again = await cli(sdexec, "wait", pid)
+    assert again.returncode == 1
+    assert again.stderr == f"sdexec: pid {pid}: no such process\n".encode()
+
+
+@ensureDeferred
+async def test_wait_maps_a_signal_and_names_dropped_output(start_service):
+    service = await start_service(sdexec='retained-output = "1K"')
+    script = "head -c 3072 /dev/zero | tr '\\0' x; echo; kill -TERM $$"
+    await cli(service, "run", "--bg", "--waitable", "--label", "t", "sh", "-c", script)
+    waited = await cli(service, "wait", "t")
+    assert waited.returncode == 128 + signal.SIGTERM
+    assert waited.stdout == b"x" * 1023 + b"\n"
+    assert waited.stderr == (
+        b"sdexec: 2049 bytes of stdout, 0 bytes of stderr dropped before this"
+        b" (the service's retained-output)\n"
+    )
+
+
+@ensureDeferred
+async def test_run_bg_errors(sdexec):
+    missing = await cli(sdexec, "run", "--bg", "no-such-command-anywhere")
+    assert missing.returncode == 127
+    assert missing.stderr == b"sdexec: no-such-command-anywhere: command not found\n"
+    alone = await cli(sdexec, "run", "--waitable", "true")
+    assert (alone.returncode, alone.stderr) == (1, b"sdexec: --waitable needs --bg\n")
+    nowhere = await cli(sdexec, "attach", "no-such-label")
+    assert nowhere.returncode == 1
+    assert nowhere.stderr == b"sdexec: label 'no-such-label': no such process\n"
+
+
+def _attach(service, target: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        _sdexec_argv("attach", target),
+        env=_environment(service),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+@ensureDeferred
+async def test_attach_streams_to_the_end_and_exits_with_the_code(sdexec):
+    await cli(sdexec, "run", "--bg", "--label", "a", "sh", "-c", ON_SIGNAL)
+    attached = _attach(sdexec, "a")
+    try:
+        await until(lambda: modes(sdexec) == ["attached"], "attached")
+        await cli(sdexec, "kill", "USR1", "a")
+        out, err = await deferToThread(attached.communicate, timeout=60)
+    finally:
+        attached.kill()
+        attached.wait()
+    assert (attached.returncode, out, err) == (0, b"before\nafter\n", b"")
+    await until(lambda: not sdexec.server.list()["procs"], "reaped")
+
+
+@ensureDeferred
+async def test_ctrl_c_detaches_attach_and_the_process_runs_on(sdexec):
+    started = await cli(sdexec, "run", "--bg", "sh", "-c", ON_SIGNAL)
+    pid = started.stdout.decode().strip()
+    attached = _attach(sdexec, pid)
+    try:
+        await until(lambda: modes(sdexec) == ["attached"], "attached")
+        attached.send_signal(signal.SIGINT)
+        out, err = await deferToThread(attached.communicate, timeout=60)
+    finally:
+        attached.kill()
+        attached.wait()
+    assert attached.returncode == 0
+    assert out == b"before\n"
+    assert err == f"sdexec: detached from pid {pid}; it runs on\n".encode()
+    await until(lambda: modes(sdexec) == ["background"], "back in the background")
+    await cli(sdexec, "kill", "KILL", pid)
+    await until(lambda: not sdexec.server.list()["procs"], "reaped")
+
+
+@pytest.mark.parametrize("command", [("run", "--bg", "true"), ("wait", "nothing")])
+@ensureDeferred
+async def test_background_commands_load_no_twisted(sdexec, command):
+    done = await deferToThread(
+        subprocess.run,
+        [sys.executable, "-X", "importtime", "-m", "sdexec.cli", *command],
+        capture_output=True,
+        env=_environment(sdexec),
+        timeout=120,
+    )
+    imported = {
+        line.rsplit("|", 1)[1].strip().split(".")[0]
+        for line in done.stderr.decode().splitlines()
+        if line.startswith("import time:") and line.count("|") == 2
+    }
+    assert "sdexec" in imported
+    assert imported.isdisjoint({"twisted", "OpenSSL", "cryptography", "_ssl"})
+    await until(lambda: not sdexec.server.processes, "reaped")

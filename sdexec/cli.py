@@ -374,6 +374,11 @@ class _Job:
     def exit_code(self) -> int:
         assert self._stream is not None
         failure = self._stream.error
+        if failure is not None and isinstance(self._status, int):
+            # The command finished; what went wrong after (processes it left
+            # behind, say) is the service's business, not the command's.
+            _fail(f"after the command finished: {failure}")
+            return exit_code(self._status)
         if failure is not None:
             _fail(str(failure))
             enoent = isinstance(failure, RPCError) and failure.errnum == errno.ENOENT

@@ -118,6 +118,7 @@ class SdexecServer:
                 rank=self.rank,
                 count=self.count,
                 debug=self.config.systemd.sdexec_debug,
+                drain=self.drain,
             ),
             on_reaped=lambda process: self._reaped(key),
             verify=self._fence_verifier(plan.fence),

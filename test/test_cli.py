@@ -199,3 +199,25 @@ async def test_binary_output_and_stdin_round_trip(sdexec, tmp_path):
     # Stdin well beyond the 4096 bytes of credit, base64 on the way in.
     echoed = await cli(sdexec, "run", "cat", stdin=data)
     assert (echoed.returncode, echoed.stdout == data) == (0, True)
+
+
+@ensureDeferred
+async def test_a_lingering_child_does_not_change_the_exit_code(sdexec):
+    # The command exits 3; its child ignores the stop-timer signal, so the
+    # service abandons the unit (EDEADLK after `finished`): one line on
+    # stderr, and the command's own exit code.
+    done = await cli(
+        sdexec, "run", "-n",
+        "--setopt", "SDEXEC_STOP_TIMER_SEC=1",
+        "--setopt", "SDEXEC_STOP_TIMER_SIGNAL=USR2",
+        "sh", "-c", "trap '' TERM USR2; sleep 300 & exit 3",
+    )  # fmt: skip
+    assert done.returncode == 3
+    unit = sdexec.server.list()["procs"][0]["unit"]
+    assert done.stderr.decode() == (
+        "sdexec: after the command finished: "
+        f"unkillable user processes in unit {unit}\n"
+    )
+    await sdexec.server.systemd.kill_unit(unit, "all", signal.SIGKILL)
+    await wait_until_reaped(sdexec, unit)
+    sdexec.server.undrain()

@@ -367,9 +367,9 @@ async def test_another_uid_is_refused(sdexec):
 
 
 @ensureDeferred
-async def test_stop_timer_escalates_for_real(sdexec):
+async def test_stop_timer_signals_a_lingering_child_for_real(sdexec):
     # The main process exits at once; its child ignores SIGTERM, so the unit
-    # stays in deactivating after StopUnit until the timer's second signal.
+    # stays in deactivating after StopUnit until the stop-timer signal.
     client = await sdexec.connect()
     result = await run(
         client, ["sh", "-c", "trap '' TERM; sleep 300 & exit 0"],
@@ -378,8 +378,32 @@ async def test_stop_timer_escalates_for_real(sdexec):
     assert result.error is None
     assert result.status == 0
     counters = sdexec.server.counters
-    assert (counters["stop-timer-sigterm"], counters["stop-timer-signal"]) == (1, 1)
-    assert counters["stop-timer-gave-up"] == 0
+    assert counters["stop-timer-signal"] == 1
+    assert counters["stop-timer-abandoned"] == 0
+    assert sdexec.server.drain_reason is None
+
+
+@ensureDeferred
+async def test_stop_timer_abandons_a_unit_and_drains_for_real(sdexec):
+    # The child ignores SIGTERM and the stop-timer signal: after two periods
+    # the unit is abandoned. The command's own status still stands.
+    client = await sdexec.connect()
+    result = await run(
+        client, ["sh", "-c", "trap '' TERM USR2; sleep 300 & exit 7"],
+        opts={"SDEXEC_STOP_TIMER_SEC": "1", "SDEXEC_STOP_TIMER_SIGNAL": "USR2"},
+    )  # fmt: skip
+    assert result.status == 7 << 8
+    assert result.error.errnum == errno.EDEADLK
+    unit = sdexec.server.list()["procs"][0]["unit"]
+    reason = f"unkillable user processes in unit {unit}"
+    assert result.error.errstr == reason
+    assert sdexec.server.drain_reason == reason
+    assert sdexec.server.counters["stop-timer-abandoned"] == 1
+    assert unit_property(unit, "ActiveState") == "deactivating"
+    # What an admin does: kill what is left. The unit is then reaped.
+    await sdexec.server.systemd.kill_unit(unit, "all", 9)
+    await wait_until_reaped(sdexec, unit)
+    assert (await client.undrain())["reason"] == reason
 
 
 @ensureDeferred

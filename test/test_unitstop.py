@@ -119,3 +119,15 @@ def test_lifecycle_properties_are_reserved_and_typed():
     assert typed["TimeoutStopUSec"].value == UINT64_MAX
     assert typed["SendSIGKILL"].value is False
     assert typed["KillMode"].value == "control-group"
+
+
+def test_every_plan_carries_the_lifecycle_properties_last():
+    from sdexec.testing import exec_plan
+
+    plan = exec_plan(
+        SDEXEC_PROP_TimeoutStopUSec="5000000", SDEXEC_PROP_SendSIGKILL="yes"
+    )
+    sent = {prop.name: prop for prop in plan.properties}
+    for name, text in lifecycle_properties().items():
+        expected = typed_property(name, text, "sdexec")
+        assert (sent[name].value, sent[name].source) == (expected.value, "sdexec")

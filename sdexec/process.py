@@ -190,6 +190,11 @@ class Process:
         """Signal every process of the unit; a Deferred."""
         return self._systemd.kill_unit(self.unit_name, "all", signum)
 
+    def unkillable(self, reason: str) -> None:
+        """The unit would not die: end the stream with EDEADLK (``reason``
+        says why). The process stays tracked until the unit is gone."""
+        self._fail(errno.EDEADLK, reason)
+
     def abandon(self) -> None:
         """The client has gone: stop the unit and reap it, silently."""
         self._responder = _Nowhere()
@@ -393,7 +398,7 @@ class Process:
         and drain. The process stays tracked until the unit leaves
         deactivating; then it is reset if failed, and reaped, as usual."""
         self._context.count("stop-timer-abandoned")
-        self._fail(errno.EDEADLK, reason)
+        self.unkillable(reason)
         self._context.drain(reason)
 
 

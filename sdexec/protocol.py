@@ -47,6 +47,7 @@ class Topic(enum.StrEnum):
     LIST = "sdexec.list"
     STATS = "sdexec.stats-get"
     UNDRAIN = "sdexec.undrain"
+    TERMINATE = "sdexec.terminate"
 
 
 #: What a client may send before the first ``add-credit`` unless the

@@ -28,6 +28,7 @@ from sdexec.containment import Containment, check_cpu_fence, enforced_cpus
 from sdexec.framing import JSONLineProtocol
 from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
+from sdexec.jobs import Jobs
 from sdexec.plan import RequestError, plan_exec
 from sdexec.process import Process, ProcessContext
 from sdexec.protocol import Topic
@@ -73,6 +74,8 @@ class SdexecServer:
         #: each exec stream's responder, ``error_sent(topic, errnum)`` sees errors.
         self.observer: Any = None
         self._next_connection_id = 0
+        #: The processes that run jobs: time limits, termination, ``jobs``.
+        self.jobs = Jobs(systemd, self.clock, self.drain, self.count)
 
     def new_connection_id(self) -> int:
         self._next_connection_id += 1
@@ -108,6 +111,9 @@ class SdexecServer:
             responder = self.observer.watch_exec(responder)
         if plan.mapped:
             self.count("mapper")
+        job = self.jobs.admit(plan.command, plan.unit_name, self.config.exec)
+        if job is not None:
+            responder = job.watch(responder)
         process = Process(
             self.systemd,
             plan,
@@ -124,6 +130,7 @@ class SdexecServer:
             verify=self._fence_verifier(plan.fence),
         )
         self.processes[key] = process
+        self.jobs.add(job, process)
         process.start()
 
     def _fence_verifier(
@@ -157,7 +164,7 @@ class SdexecServer:
         self.counters[event] += 1
 
     def _reaped(self, key: tuple[int, int]) -> None:
-        self.processes.pop(key, None)
+        self.jobs.forget(self.processes.pop(key, None))
         self.counters["reaped"] += 1
         if not self.processes:
             waiting, self._all_reaped = self._all_reaped, []
@@ -238,7 +245,10 @@ class SdexecServer:
     def list(self) -> dict:
         return {
             "rank": self.config.sdexec.rank,
-            "procs": [process.describe() for process in self.processes.values()],
+            "procs": [
+                {**process.describe(), **self.jobs.describe(process)}
+                for process in self.processes.values()
+            ],
         }
 
     def stats(self) -> dict:
@@ -246,7 +256,7 @@ class SdexecServer:
         return {
             "requests": dict(self.counters),
             "procs": self.list()["procs"],
-            "job-exec": self.config.introspect(),
+            "job-exec": {**self.config.introspect(), "jobs": self.jobs.stats()},
             "config": {
                 "source": self.config.source,
                 **self.config.effective(),
@@ -257,6 +267,10 @@ class SdexecServer:
                 "reason": self.drain_reason,
             },
         }
+
+    def terminate(self, payload: dict) -> dict:
+        """``sdexec.terminate``: begin a job's termination sequence."""
+        return self.jobs.terminate(payload, self.find)
 
     def drain(self, reason: str) -> None:
         log.error("draining: {reason}", reason=reason)
@@ -291,6 +305,7 @@ class ClientProtocol(JSONLineProtocol):
             Topic.LIST: lambda matchtag, payload: self.server.list(),
             Topic.STATS: lambda matchtag, payload: self.server.stats(),
             Topic.UNDRAIN: lambda matchtag, payload: self.server.undrain(),
+            Topic.TERMINATE: lambda matchtag, payload: self.server.terminate(payload),
         }
 
     def connectionMade(self) -> None:

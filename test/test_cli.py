@@ -221,3 +221,39 @@ async def test_a_lingering_child_does_not_change_the_exit_code(sdexec):
     await sdexec.server.systemd.kill_unit(unit, "all", signal.SIGKILL)
     await wait_until_reaped(sdexec, unit)
     sdexec.server.undrain()
+
+
+@ensureDeferred
+async def test_run_as_a_job_ps_and_cancel(sdexec):
+    client = _in_background(sdexec, "run", "-n", "--jobid", "c1", "sleep", "300")
+    try:
+        proc = await _wait_for_a_process(sdexec)
+        ps = (await cli(sdexec, "ps")).stdout.decode().splitlines()
+        assert ps[0].split() == [
+            "PID", "STATE", "UNIT", "LABEL", "JOBID", "STEP", "CMDLINE"
+        ]  # fmt: skip
+        assert ps[1].split() == [
+            str(proc["pid"]), "R", proc["unit"], "-", "c1", "-", "sleep", "300"
+        ]  # fmt: skip
+        done = await cli(sdexec, "cancel", "c1")
+        assert done.stdout == b"job c1: terminating (step term)\n"
+        assert await deferToThread(client.wait, 60) == 128 + signal.SIGTERM
+    finally:
+        client.kill()
+        client.wait()
+
+
+@ensureDeferred
+async def test_run_with_a_time_limit(sdexec):
+    script = "trap 'exit 3' ALRM; while :; do sleep 0.1; done"
+    done = await cli(sdexec, "run", "-n", "--time-limit", "1s", "sh", "-c", script)
+    assert done.returncode == 3  # the shell's own exit, from its ALRM trap
+
+
+@ensureDeferred
+async def test_cancel_of_no_such_job_is_one_line(sdexec):
+    done = await cli(sdexec, "cancel", "nojob")
+    assert (done.returncode, done.stderr) == (
+        1,
+        b"sdexec: terminate label=nojob not found\n",
+    )

@@ -226,22 +226,25 @@ class Jobs:
     """The service's running jobs, by id."""
 
     def __init__(
-        self,
-        systemd: Manager,
-        clock: IReactorTime,
-        drain: Callable[[str], None],
-        count: Callable[[str], None],
+        self, drain: Callable[[str], None], count: Callable[[str], None]
     ) -> None:
-        self._systemd = systemd
-        self._clock = clock
         self._drain = drain
         self._count = count
         self.jobs: dict[str, Job] = {}
 
-    def admit(self, command: Command, unit: str, config: ExecConfig) -> Job | None:
+    def admit(
+        self,
+        command: Command,
+        unit: str,
+        config: ExecConfig,
+        *,
+        systemd: Manager,
+        clock: IReactorTime,
+    ) -> Job | None:
         """The job an exec request runs, ``None`` if it runs none;
         :class:`RequestError` (EINVAL) naming a bad option or R field, or
-        EEXIST for a job id already running here."""
+        EEXIST for a job id already running here. ``systemd`` and ``clock``
+        are the ones its process is given."""
         jobid = command.option(JOBID_OPTION)
         time_limit = command.option(TIME_LIMIT_OPTION)
         if not jobid and time_limit is None:
@@ -249,7 +252,7 @@ class Jobs:
         jobid = jobid or unit
         if jobid in self.jobs:
             raise RequestError(errno.EEXIST, f"{JOBID_OPTION}: job {jobid} is running")
-        received_at = self._clock.seconds()
+        received_at = clock.seconds()
         try:
             rset = _resource_set(command)
             expiration = job_expiration(
@@ -262,8 +265,8 @@ class Jobs:
             received_at=received_at,
             expiration=expiration,
             policy=TerminationPolicy.from_config(config),
-            clock=self._clock,
-            systemd=self._systemd,
+            clock=clock,
+            systemd=systemd,
             drain=self._drain,
             count=self._count,
         )

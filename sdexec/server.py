@@ -75,7 +75,7 @@ class SdexecServer:
         self.observer: Any = None
         self._next_connection_id = 0
         #: The processes that run jobs: time limits, termination, ``jobs``.
-        self.jobs = Jobs(systemd, self.clock, self.drain, self.count)
+        self.jobs = Jobs(self.drain, self.count)
 
     def new_connection_id(self) -> int:
         self._next_connection_id += 1
@@ -111,7 +111,13 @@ class SdexecServer:
             responder = self.observer.watch_exec(responder)
         if plan.mapped:
             self.count("mapper")
-        job = self.jobs.admit(plan.command, plan.unit_name, self.config.exec)
+        job = self.jobs.admit(
+            plan.command,
+            plan.unit_name,
+            self.config.exec,
+            systemd=self.systemd,
+            clock=self.clock,
+        )
         if job is not None:
             responder = job.watch(responder)
         process = Process(

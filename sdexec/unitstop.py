@@ -64,8 +64,8 @@ def lifecycle_properties() -> dict[str, str]:
       systemd's default, set so no drop-in can change it.
 
     These names are in :data:`sdexec.config.RESERVED_PROPERTIES`, so a site
-    cannot set them; a request must not either (the service applies these
-    last).
+    cannot set them; a request may not either (EPERM, see
+    :mod:`sdexec.plan`), and the service applies these last.
     """
     return {
         "TimeoutStopUSec": "infinity",

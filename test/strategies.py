@@ -106,6 +106,12 @@ kill_payloads = st.fixed_dictionaries(
     {"signum": st.integers(1, 64)},
     optional={"pid": st.integers(1, 2**22), "label": clean_text},
 )
+reasons = st.sampled_from(["cancel", "timeout"])
+terminate_payloads = st.one_of(
+    st.fixed_dictionaries({"pid": st.integers(1, 2**22), "reason": reasons}),
+    st.fixed_dictionaries({"label": clean_text, "reason": reasons}),
+    st.fixed_dictionaries({"jobid": clean_text, "reason": reasons}),
+)
 empty_payloads: st.SearchStrategy[dict[str, Any]] = st.just({})
 
 #: Malformed payloads for each topic: wrong types in every field.
@@ -130,6 +136,16 @@ malformed_kill_payloads = st.fixed_dictionaries(
     },
 )
 
+malformed_terminate_payloads = st.fixed_dictionaries(
+    {},
+    optional={
+        "reason": json_values | bad_text,
+        "pid": json_values,
+        "label": json_values | bad_text,
+        "jobid": json_values | bad_text,
+    },
+)
+
 PAYLOADS = {
     Topic.EXEC: (exec_payloads, malformed_exec_payloads),
     Topic.WRITE: (write_payloads, malformed_write_payloads),
@@ -137,6 +153,7 @@ PAYLOADS = {
     Topic.LIST: (empty_payloads, json_values),
     Topic.STATS: (empty_payloads, json_values),
     Topic.UNDRAIN: (empty_payloads, json_values),
+    Topic.TERMINATE: (terminate_payloads, malformed_terminate_payloads),
 }
 
 valid_requests = st.sampled_from(sorted(PAYLOADS)).flatmap(

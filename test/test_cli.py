@@ -85,10 +85,10 @@ async def test_missing_command_exits_127_with_one_line(sdexec):
 @ensureDeferred
 async def test_property_error_names_the_property(sdexec):
     done = await cli(
-        sdexec, "run", "-n", "--setopt", "SDEXEC_PROP_SendSIGKILL=maybe", "true"
+        sdexec, "run", "-n", "--setopt", "SDEXEC_PROP_CPUAccounting=maybe", "true"
     )
     assert done.returncode == 1
-    assert done.stderr.decode().startswith("sdexec: SDEXEC_PROP_SendSIGKILL")
+    assert done.stderr.decode().startswith("sdexec: SDEXEC_PROP_CPUAccounting")
 
 
 @ensureDeferred

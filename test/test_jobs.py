@@ -12,7 +12,9 @@ import json
 import signal
 
 import pytest
+from hypothesis import given, settings
 from pytest_twisted import ensureDeferred
+from strategies import malformed_terminate_payloads
 from test_server import Connection
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock, deferLater
@@ -407,3 +409,13 @@ def test_terminate_over_the_wire_replies_with_the_jobs_state(make_server):
         assert (reply["id"], reply["step"]) == ("f1", "term")
     finally:
         connection.close()
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(malformed_terminate_payloads)
+def test_any_malformed_terminate_is_a_request_error(payload):
+    clock = Clock()
+    server = SdexecServer(FakeManager(), parse_config({}), reactor, clock=clock)
+    with pytest.raises(RequestError) as refused:
+        server.terminate(payload)
+    assert refused.value.errnum in (errno.EINVAL, errno.ESRCH)

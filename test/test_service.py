@@ -178,9 +178,9 @@ async def test_properties_reach_the_unit(sdexec):
 @ensureDeferred
 async def test_bad_property_value_names_the_property(sdexec):
     client = await sdexec.connect()
-    result = await run(client, ["true"], opts={"SDEXEC_PROP_SendSIGKILL": "maybe"})
+    result = await run(client, ["true"], opts={"SDEXEC_PROP_CPUAccounting": "maybe"})
     assert result.error.errnum == errno.EINVAL
-    assert result.error.errstr.startswith("SDEXEC_PROP_SendSIGKILL: error setting")
+    assert result.error.errstr.startswith("SDEXEC_PROP_CPUAccounting: error setting")
     unknown = await run(client, ["true"], opts={"SDEXEC_PROP_NoSuchThing": "1"})
     assert "NoSuchThing" in unknown.error.errstr
 

@@ -22,7 +22,7 @@ from twisted.internet.task import Clock, deferLater
 from sdexec.config import parse_config
 from sdexec.protocol import ExecFlag, Topic
 from sdexec.server import RequestError, SdexecServer
-from sdexec.testing import INACTIVE, FakeManager
+from sdexec.testing import DEACTIVATING, INACTIVE, FakeManager
 
 UNIT = "sdexec-job.service"
 FLAGS = int(ExecFlag.STDOUT | ExecFlag.STDERR)
@@ -419,3 +419,23 @@ def test_any_malformed_terminate_is_a_request_error(payload):
     with pytest.raises(RequestError) as refused:
         server.terminate(payload)
     assert refused.value.errnum in (errno.EINVAL, errno.ESRCH)
+
+
+def test_the_stop_timer_takes_over_once_the_job_shell_died(make_server):
+    # SDEXEC AND JOB TERMINATION INTERACTION: kill-signal ended the main
+    # process, a task lingers in the unit; the sequence stops there and the
+    # unit's stop timer (sdexec-stop-timer-sec, default 640 s) acts.
+    server, systemd, clock = make_server()
+    responder = start_job(server, systemd)
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    clock.pump([1] * 25)
+    systemd.change(UNIT, {"SubState": "exited", "ExecMainCode": 2, "ExecMainStatus": 9})
+    systemd.change(UNIT, DEACTIVATING)
+    assert responder.responses[-1] == {"type": "finished", "status": signal.SIGKILL}
+    before = list(systemd.kills_at)
+    clock.pump([1] * 639)
+    assert systemd.kills_at == before  # the sequence ended with the shell
+    clock.advance(1)
+    assert systemd.kills_at[-1] == (25 + 640, "all", 10)
+    entry = server.stats()["job-exec"]["jobs"]["f1"]
+    assert (entry["step"], entry["stop-timer"]["state"]) == (None, "signaled")

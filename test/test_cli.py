@@ -170,17 +170,22 @@ async def test_stats_from_an_unreachable_url_is_one_line(sdexec):
     assert done.stderr.decode().count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("args", "returncode"),
+    [(["run", "-n", "true"], 0), (["cancel", "no-such-job"], 1)],
+    ids=["run", "cancel"],
+)
 @ensureDeferred
-async def test_run_loads_neither_twisted_nor_openssl(sdexec):
+async def test_run_loads_neither_twisted_nor_openssl(sdexec, args, returncode):
     # -X importtime names every module the command imports, on stderr.
     done = await deferToThread(
         subprocess.run,
-        [sys.executable, "-X", "importtime", "-m", "sdexec.cli", "run", "-n", "true"],
+        [sys.executable, "-X", "importtime", "-m", "sdexec.cli", *args],
         capture_output=True,
         env=_environment(sdexec),
         timeout=120,
     )
-    assert done.returncode == 0
+    assert done.returncode == returncode
     imported = {
         line.rsplit("|", 1)[1].strip().split(".")[0]
         for line in done.stderr.decode().splitlines()

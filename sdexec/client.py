@@ -168,7 +168,8 @@ class SdexecClient(JSONLineProtocol):
 
     def list(self) -> Deferred[dict]:
         """``{"rank": R, "procs": [{"pid", "cmdline", "label", "unit",
-        "state"}, ...]}``: the service's tracked processes."""
+        "state"}, ...]}``: the service's tracked processes (a job's also
+        ``"jobid"`` and ``"step"``)."""
         return self.rpc(Topic.LIST, {})
 
     def stats(self) -> Deferred[dict]:

@@ -231,6 +231,7 @@ class Jobs:
         self._drain = drain
         self._count = count
         self.jobs: dict[str, Job] = {}
+        self._by_process: dict[Process, Job] = {}
 
     def admit(
         self,
@@ -276,20 +277,18 @@ class Jobs:
         if job is not None:
             job.attach(process)
             self.jobs[job.jobid] = job
+            self._by_process[process] = job
 
     def forget(self, process: Process | None) -> None:
         """``process`` was reaped: its job (if any) is gone."""
-        job = self.of(process)
+        job = self._by_process.pop(process, None) if process is not None else None
         if job is not None:
             job.cancel()
             del self.jobs[job.jobid]
 
     def of(self, process: Process | None) -> Job | None:
         """The job ``process`` runs, if any."""
-        for job in self.jobs.values():
-            if process is not None and job.process is process:
-                return job
-        return None
+        return None if process is None else self._by_process.get(process)
 
     def describe(self, process: Process) -> dict[str, Any]:
         """What ``sdexec.list`` adds to a process's entry: its job id and

@@ -122,10 +122,20 @@ class Job:
 
     # -- termination -----------------------------------------------------------
 
+    def _ended(self) -> bool:
+        """Whether the main process exited; also when its ``finished``
+        never reached the job (the client left, and the stream with it):
+        then the job ends here. What the unit still holds is the stop
+        timer's business, not a job's to be declared unkillable."""
+        process = self.process
+        if not self._over and process is not None and process.status.has_finished:
+            self.over()
+        return self._over
+
     def terminate(self, reason: TerminationReason) -> dict[str, Any]:
         """Begin termination (once: a second request changes nothing);
         the job's termination state."""
-        if self._over:
+        if self._ended():
             raise RequestError(errno.ESRCH, f"job {self.jobid} has already exited")
         if not self._started:
             self._pending = self._pending or reason
@@ -134,6 +144,8 @@ class Job:
         return self.describe()
 
     def _timeout(self) -> None:
+        if self._ended():
+            return
         log.info("job {job}: time limit reached", job=self.jobid)
         self._count("job-timeouts")
         self.termination.begin(TerminationReason.TIMEOUT)
@@ -142,15 +154,19 @@ class Job:
 
     def signal_tasks(self, signum: int) -> None:
         """``signum`` to every process of the job's unit."""
-        self._kill("all", signum)
+        if not self._ended():
+            self._kill("all", signum)
 
     def signal_main(self, signum: int) -> None:
         """``signum`` to the job shell: the unit's main process."""
-        self._kill("main", signum)
+        if not self._ended():
+            self._kill("main", signum)
 
     def unkillable(self, reason: str) -> None:
         """The main process outlived the sequence (it has not exited, so the
         unit has processes): drain, and fail the request with EDEADLK."""
+        if self._ended():
+            return
         self._count("jobs-unkillable")
         self._drain(reason)
         if self.process is not None:

@@ -22,6 +22,7 @@ from twisted.internet.task import Clock, deferLater
 from sdexec.config import parse_config
 from sdexec.protocol import ExecFlag, Topic
 from sdexec.server import RequestError, SdexecServer
+from sdexec.termination import TerminationStep
 from sdexec.testing import DEACTIVATING, INACTIVE, FakeManager
 
 UNIT = "sdexec-job.service"
@@ -439,3 +440,22 @@ def test_the_stop_timer_takes_over_once_the_job_shell_died(make_server):
     assert systemd.kills_at[-1] == (25 + 640, "all", 10)
     entry = server.stats()["job-exec"]["jobs"]["f1"]
     assert (entry["step"], entry["stop-timer"]["state"]) == (None, "signaled")
+
+
+def test_a_job_whose_client_left_is_not_declared_unkillable(make_server):
+    # The client goes; its stream (and the job's view of `finished`) with it.
+    # The main process exits; a task lingers. The next step finds the exit
+    # and ends the sequence: no "unkillable job" drain, the stop timer's turn.
+    server, systemd, clock = make_server(**{"kill-timeout": "1s"})
+    connection = Connection(server)
+    connection.send(Topic.EXEC, job_payload())
+    systemd.run(UNIT, pid=77)
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    connection.close()
+    systemd.change(UNIT, {"SubState": "exited", "ExecMainCode": 2, "ExecMainStatus": 9})
+    systemd.change(UNIT, DEACTIVATING)
+    clock.pump([1] * 12)
+    assert kill_times(systemd, "all") == [0]
+    assert server.drain_reason is None
+    assert server.jobs.jobs["f1"].termination.step is TerminationStep.EXITED
+    assert server.jobs.jobs["f1"].termination.next_at is None

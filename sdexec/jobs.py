@@ -99,7 +99,9 @@ class Job:
         self.process = process
 
     def started(self) -> None:
-        """The job's process runs: its time limit starts counting."""
+        """The job's process runs: its time limit is armed (at the absolute
+        expiration admitted with the request; at once if that has passed),
+        and a terminate that came early begins."""
         self._started = True
         if self.expiration is not None:
             self._time_limit = TimeLimit(self._clock, self.expiration, self._timeout)

@@ -33,6 +33,7 @@ from sdexec.version import add_version_option
 
 __all__ = [
     "build_command",
+    "cancel_targets",
     "exit_code",
     "format_procs",
     "kill_target",
@@ -139,6 +140,14 @@ def _parser() -> argparse.ArgumentParser:
         type=kill_target,
         help="a process id, or else a label",
     )
+    cancel = commands.add_parser(
+        "cancel", help="terminate a job (its JOB TERMINATION sequence)"
+    )
+    cancel.add_argument(
+        "target",
+        metavar="PID|LABEL|JOBID",
+        help="a process id, else a job id, else a label",
+    )
     stats = commands.add_parser("stats", help="print the service's statistics as JSON")
     stats.add_argument(
         "--url",
@@ -194,6 +203,16 @@ def _add_run(commands: Any) -> None:
         help="with --bg: keep the exit status and output for sdexec wait",
     )
     run.add_argument(
+        "--jobid",
+        metavar="ID",
+        help="run it as job ID (SDEXEC_JOBID): sdexec cancel ID terminates it",
+    )
+    run.add_argument(
+        "--time-limit",
+        metavar="FSD",
+        help="terminate it after this long, e.g. 30s, 5m (SDEXEC_TIME_LIMIT)",
+    )
+    run.add_argument(
         "--dir", metavar="DIR", help="working directory (default: the current one)"
     )
     run.add_argument("cmd", metavar="CMD", help="the command")
@@ -227,10 +246,18 @@ def build_command(
 ) -> dict[str, Any]:
     """The RFC 42 command object for ``sdexec run``: the client's whole
     environment and working directory (``--dir`` relative to ``cwd``)."""
+    job_options = {
+        name: value
+        for name, value in (
+            ("SDEXEC_JOBID", options.jobid),
+            ("SDEXEC_TIME_LIMIT", options.time_limit),
+        )
+        if value is not None
+    }
     return command_object(
         [options.cmd, *options.args],
         environ,
-        options.setopt,
+        {**dict(options.setopt), **job_options},
         cwd=os.path.join(cwd, options.dir) if options.dir else cwd,
         label=options.label,
     )
@@ -313,6 +340,31 @@ def _kill(options: argparse.Namespace) -> int:
     return 0
 
 
+def cancel_targets(text: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The two ``sdexec.terminate`` targets ``PID|LABEL|JOBID`` may name,
+    in the order tried: all digits is a pid, else a (numeric) job id;
+    anything else a job id, else a label."""
+    if text.isdigit():
+        return {"pid": int(text)}, {"jobid": text}
+    return {"jobid": text}, {"label": text}
+
+
+def _cancel(options: argparse.Namespace) -> int:
+    first, second = cancel_targets(options.target)
+    try:
+        reply = _terminate(options, first)
+    except RPCError as failure:
+        if failure.errnum != errno.ESRCH:
+            raise
+        reply = _terminate(options, second)
+    print(f"job {reply.get('id')}: terminating (step {reply.get('step')})")
+    return 0
+
+
+def _terminate(options: argparse.Namespace, target: dict[str, Any]) -> dict:
+    return _request(options, Topic.TERMINATE, {**target, "reason": "cancel"})
+
+
 def _stats(options: argparse.Namespace) -> int:
     if options.url:
         report = _http_stats(options.url)
@@ -360,6 +412,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": _run,
     "ps": _ps,
     "kill": _kill,
+    "cancel": _cancel,
     "stats": _stats,
     "undrain": _undrain,
     "wait": _wait,
@@ -369,8 +422,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def format_procs(procs: Sequence[dict[str, Any]]) -> str:
     """``sdexec.list`` processes as a table: PID, STATE, MODE, UNIT, LABEL,
-    CMDLINE."""
-    rows = [("PID", "STATE", "MODE", "UNIT", "LABEL", "CMDLINE")]
+    JOBID, STEP (of its termination), CMDLINE."""
+    rows = [("PID", "STATE", "MODE", "UNIT", "LABEL", "JOBID", "STEP", "CMDLINE")]
     for proc in procs:
         cmdline = shlex.join(str(arg) for arg in proc.get("cmdline") or [])
         rows.append(
@@ -380,15 +433,17 @@ def format_procs(procs: Sequence[dict[str, Any]]) -> str:
                 str(proc.get("mode") or "-"),
                 str(proc.get("unit", "")),
                 str(proc.get("label") or "-"),
+                str(proc.get("jobid") or "-"),
+                str(proc.get("step") or "-"),
                 cmdline,
             )
         )
-    widths = [max(len(row[column]) for row in rows) for column in range(5)]
+    widths = [max(len(row[column]) for row in rows) for column in range(7)]
     lines = (
         "  ".join(
             [
                 *(cell.ljust(width) for cell, width in zip(row, widths, strict=False)),
-                row[5],
+                row[7],
             ]
         )
         for row in rows
@@ -427,6 +482,11 @@ class _Job:
     def exit_code(self) -> int:
         assert self._stream is not None
         failure = self._stream.error
+        if failure is not None and isinstance(self._status, int):
+            # The command finished; what went wrong after (processes it left
+            # behind, say) is the service's business, not the command's.
+            _fail(f"after the command finished: {failure}")
+            return exit_code(self._status)
         if failure is not None:
             _fail(str(failure))
             enoent = isinstance(failure, RPCError) and failure.errnum == errno.ENOENT

@@ -185,9 +185,32 @@ class SdexecClient(JSONLineProtocol):
         """Signal the process with this ``pid`` or ``label`` (give exactly one)."""
         return self.rpc(Topic.KILL, {**process_target(pid, label), "signum": signum})
 
+    def terminate(
+        self,
+        *,
+        pid: int | None = None,
+        label: str | None = None,
+        jobid: str | None = None,
+        reason: str = "cancel",
+    ) -> Deferred[dict]:
+        """Begin the termination of a job (``sdexec.terminate``), named by
+        exactly one of ``pid``, ``label`` or ``jobid``; ``reason`` is
+        ``"cancel"`` or ``"timeout"``. Fires with the job's state (``id``,
+        ``step``, ...) once the sequence has begun; the job's own exec stream
+        says how it ends."""
+        given = {
+            key: value
+            for key, value in (("pid", pid), ("label", label), ("jobid", jobid))
+            if value is not None
+        }
+        if len(given) != 1:
+            raise ValueError("terminate: give exactly one of pid, label and jobid")
+        return self.rpc(Topic.TERMINATE, {**given, "reason": reason})
+
     def list(self) -> Deferred[dict]:
         """``{"rank": R, "procs": [{"pid", "cmdline", "label", "unit",
-        "state"}, ...]}``: the service's tracked processes."""
+        "state"}, ...]}``: the service's tracked processes (a job's also
+        ``"jobid"`` and ``"step"``)."""
         return self.rpc(Topic.LIST, {})
 
     def stats(self) -> Deferred[dict]:

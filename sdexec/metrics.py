@@ -53,6 +53,8 @@ EVENT_COUNTERS = {
     "reaped": ("processes_reaped", "Processes whose unit was stopped and reaped."),
     "mapper": ("mapper_calls", "Requests the resource mapper fenced."),
     "fence-failures": ("fence_failures", "Units whose CPU fence did not hold."),
+    "job-timeouts": ("job_timeouts", "Jobs terminated at their time limit."),
+    "jobs-unkillable": ("jobs_unkillable", "Jobs that outlived termination."),
 }
 STOP_TIMER_PREFIX = "stop-timer-"
 

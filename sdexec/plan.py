@@ -28,8 +28,8 @@ from sdexec.property import PropertyError, UnitProperty, parse_bool
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, ExecFlag
 from sdexec.signals import parse_signal
 from sdexec.sizes import parse_size
-from sdexec.stoptimer import StopTimerPolicy
 from sdexec.systemd.channel import DEFAULT_OUTPUT_BUFSIZE
+from sdexec.unitstop import StopTimerPolicy, lifecycle_properties
 
 __all__ = [
     "ExecPlan",
@@ -164,14 +164,19 @@ def _mapped_properties(containment: Containment, command: Command) -> dict[str, 
 def _properties(
     config: Config, command: Command, executable: str, mapped: Mapping[str, str]
 ) -> tuple[UnitProperty, ...]:
-    """The site's, then the request's, then the mapper's properties: a later
-    source wins, so a request cannot loosen what containment set."""
+    """The site's, then the request's, then the mapper's properties, then
+    the lifecycle ones sdexec needs: a later source wins, so a request cannot
+    loosen what containment set nor change how its unit is stopped."""
+    requested = command.requested_properties()
+    _refuse_lifecycle(requested)
     sources: dict[str, str] = {}
     merged: dict[str, str] = {}
     for source, properties in (
         ("config", config.exec.sdexec_properties),
-        ("request", command.requested_properties()),
+        ("request", requested),
         ("containment", mapped),
+        # Last: systemd's stop defaults must not pre-empt the stop timer.
+        ("sdexec", lifecycle_properties()),
     ):
         merged.update(properties)
         sources.update(dict.fromkeys(properties, source))
@@ -179,6 +184,18 @@ def _properties(
         return tuple(unit_properties(command, executable, merged, sources))
     except PropertyError as error:
         raise RequestError(errno.EINVAL, str(error)) from None
+
+
+def _refuse_lifecycle(requested: Mapping[str, str]) -> None:
+    """A request may not set what the stop timer relies on (the site
+    cannot either: they are reserved in the configuration)."""
+    for name in requested:
+        if name in lifecycle_properties():
+            raise RequestError(
+                errno.EPERM,
+                f"SDEXEC_PROP_{name}: sdexec sets {name} itself"
+                " (the stop timer and job termination rely on it)",
+            )
 
 
 def _stop_timer(config: Config, command: Command) -> StopTimerPolicy:

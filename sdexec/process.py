@@ -26,7 +26,6 @@ from twisted.python.failure import Failure
 from sdexec.ioencode import encode_io
 from sdexec.plan import ExecPlan
 from sdexec.protocol import ExecFlag
-from sdexec.stoptimer import StopTimer
 from sdexec.systemd import Manager, UnitStatus, Watch, errno_for, name_string_properties
 from sdexec.systemd.channel import (
     InputChannel,
@@ -34,6 +33,7 @@ from sdexec.systemd.channel import (
     OutputGate,
     socketpair_for_systemd,
 )
+from sdexec.unitstop import StopTimer
 
 __all__ = ["OutputTap", "Process", "ProcessContext", "Responder", "Sent", "UnitCall"]
 
@@ -81,6 +81,7 @@ class ProcessContext:
     rank: str
     count: Callable[[str], None] = lambda event: None  # the statistics
     debug: bool = False  # log every unit state change
+    drain: Callable[[str], None] = lambda reason: None  # refuse new work, why
 
 
 class Process:
@@ -116,12 +117,11 @@ class Process:
         self._reaped = False
         self._failure_confirmed = False  # by a GetAll after failed/no status
         self.stop_timer = StopTimer(
-            plan.stop_timer,
             context.clock,
+            plan.stop_timer.seconds,
+            plan.stop_timer.signal,
             plan.unit_name,
-            kill=self._escalate,
-            give_up=self._gave_up,
-            count=context.count,
+            _UnitStop(self),
         )
         self.stdin = InputChannel(self._add_credit, plan.stdin_bufsize)
         self.output = OutputGate(
@@ -197,6 +197,11 @@ class Process:
         """Signal every process of the unit; a Deferred."""
         return self._systemd.kill_unit(self.unit_name, "all", signum)
 
+    def unkillable(self, reason: str) -> None:
+        """The unit would not die: end the stream with EDEADLK (``reason``
+        says why). The process stays tracked until the unit is gone."""
+        self._fail(errno.EDEADLK, reason)
+
     def abandon(self) -> None:
         """The client has gone: stop the unit and reap it, silently."""
         self._responder = _Nowhere()
@@ -267,9 +272,9 @@ class Process:
         if status.needs_reset and self._outcome_known:
             self._call(UnitCall.RESET, self._systemd.reset_failed_unit)
         if status.is_deactivating:
-            self.stop_timer.arm()
-        if status.is_inactive:
-            self.stop_timer.cancel()
+            self.stop_timer.deactivating()
+        elif self.stop_timer.deactivating_since is not None:
+            self.stop_timer.stopped()
         self._maybe_end()
 
     def _started(self, properties: dict[str, Any], pid: int) -> None:
@@ -358,7 +363,7 @@ class Process:
         if self._reaped:
             return
         self._reaped = True
-        self.stop_timer.cancel()
+        self.stop_timer.stopped()
         if self._watch is not None:
             self._watch.cancel()
         self.stdin.close()
@@ -394,12 +399,31 @@ class Process:
 
     # -- the stop timer's actions -----------------------------------------------
 
-    def _escalate(self, signum: int) -> None:
+    def _signal_lingering(self, signum: int) -> None:
+        self._context.count("stop-timer-signal")
         self.kill(signum).addErrback(self._log_failure, f"KillUnit({signum})")
 
-    def _gave_up(self) -> None:
-        self._fail(errno.EDEADLK, "SIGKILL timeout, unit may still be active")
-        self._reap()
+    def _abandon_unit(self, reason: str) -> None:
+        """The unit outlived the stop timer: end the stream with EDEADLK
+        (after ``finished``, if the main process exited: its status stands)
+        and drain. The process stays tracked until the unit leaves
+        deactivating; then it is reset if failed, and reaped, as usual."""
+        self._context.count("stop-timer-abandoned")
+        self.unkillable(reason)
+        self._context.drain(reason)
+
+
+class _UnitStop:
+    """The :class:`~sdexec.unitstop.StopTimerTarget` of a process's unit."""
+
+    def __init__(self, process: Process) -> None:
+        self._process = process
+
+    def signal_all(self, signum: int) -> None:
+        self._process._signal_lingering(signum)
+
+    def abandon(self, reason: str) -> None:
+        self._process._abandon_unit(reason)
 
 
 class _Nowhere:

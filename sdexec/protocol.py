@@ -49,6 +49,7 @@ class Topic(enum.StrEnum):
     UNDRAIN = "sdexec.undrain"
     WAIT = "sdexec.wait"
     ATTACH = "sdexec.attach"
+    TERMINATE = "sdexec.terminate"
 
 
 #: What a client may send before the first ``add-credit`` unless the

@@ -29,6 +29,7 @@ from sdexec.containment import Containment, check_cpu_fence, enforced_cpus
 from sdexec.framing import JSONLineProtocol
 from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
+from sdexec.jobs import Jobs
 from sdexec.plan import RequestError, plan_exec
 from sdexec.process import Process, ProcessContext
 from sdexec.protocol import Topic
@@ -76,6 +77,8 @@ class SdexecServer:
         #: each exec stream's responder, ``error_sent(topic, errnum)`` sees errors.
         self.observer: Any = None
         self._next_connection_id = 0
+        #: The processes that run jobs: time limits, termination, ``jobs``.
+        self.jobs = Jobs(self.drain, self.count)
 
     def new_connection_id(self) -> int:
         self._next_connection_id += 1
@@ -126,6 +129,15 @@ class SdexecServer:
             responder = self.observer.watch_exec(responder)
         if plan.mapped:
             self.count("mapper")
+        job = self.jobs.admit(
+            plan.command,
+            plan.unit_name,
+            self.config.exec,
+            systemd=self.systemd,
+            clock=self.clock,
+        )
+        if job is not None:
+            responder = job.watch(responder)
         process = Process(
             self.systemd,
             plan,
@@ -136,6 +148,7 @@ class SdexecServer:
                 rank=self.rank,
                 count=self.count,
                 debug=self.config.systemd.sdexec_debug,
+                drain=self.drain,
             ),
             on_reaped=lambda process: self._reaped(key),
             verify=self._fence_verifier(plan.fence),
@@ -144,6 +157,7 @@ class SdexecServer:
         self.processes[key] = process
         if tracked is not None:
             self.tracked.add(process, tracked)
+        self.jobs.add(job, process)
         process.start()
         if not streaming:
             process.write(b"", eof=True)  # a background process reads EOF
@@ -182,6 +196,7 @@ class SdexecServer:
         process = self.processes.pop(key, None)
         if process is not None:
             self.tracked.reaped(process)
+        self.jobs.forget(process)
         self.counters["reaped"] += 1
         if not self.processes:
             waiting, self._all_reaped = self._all_reaped, []
@@ -263,7 +278,11 @@ class SdexecServer:
         return {
             "rank": self.config.sdexec.rank,
             "procs": [
-                {**process.describe(), "mode": self.tracked.mode(process)}
+                {
+                    **process.describe(),
+                    "mode": self.tracked.mode(process),
+                    **self.jobs.describe(process),
+                }
                 for process in self.processes.values()
             ]
             + self.tracked.describe_ended(),
@@ -282,7 +301,7 @@ class SdexecServer:
         return {
             "requests": dict(self.counters),
             "procs": self.list()["procs"],
-            "job-exec": self.config.introspect(),
+            "job-exec": {**self.config.introspect(), "jobs": self.jobs.stats()},
             "config": {
                 "source": self.config.source,
                 **self.config.effective(),
@@ -293,6 +312,10 @@ class SdexecServer:
                 "reason": self.drain_reason,
             },
         }
+
+    def terminate(self, payload: dict) -> dict:
+        """``sdexec.terminate``: begin a job's termination sequence."""
+        return self.jobs.terminate(payload, self.find)
 
     def drain(self, reason: str) -> None:
         log.error("draining: {reason}", reason=reason)
@@ -329,6 +352,7 @@ class ClientProtocol(JSONLineProtocol):
             Topic.UNDRAIN: lambda matchtag, payload: self.server.undrain(),
             Topic.WAIT: self._wait,
             Topic.ATTACH: self._attach,
+            Topic.TERMINATE: lambda matchtag, payload: self.server.terminate(payload),
         }
 
     def connectionMade(self) -> None:

@@ -209,7 +209,8 @@ class TerminationSequence:
             interval=self.policy.kill_timeout,
         )
         self._send(self._target.signal_tasks, self.policy.first_signal(reason))
-        self._arm()
+        if not self._exited:
+            self._arm()
         return True
 
     def job_exited(self) -> None:
@@ -284,8 +285,10 @@ class TerminationSequence:
             progress.task_kills += 1
             self.step = TerminationStep.KILL_TASKS
             self._send(self._target.signal_tasks, self.policy.kill_signal)
-        if progress.next_attempt_at <= due:
+        if progress.next_attempt_at <= due and not self._exited:
             self._attempt_on_shell()
+        if self._exited:
+            return  # the target found out while signalling
         if self._exhausted(due):
             self.step = TerminationStep.UNKILLABLE
             _log.warn(
@@ -296,6 +299,11 @@ class TerminationSequence:
             self._target.unkillable(unkillable_reason(self.job))
             return
         self._arm()
+
+    @property
+    def _exited(self) -> bool:
+        # A target may call job_exited() from inside a signal call.
+        return self.step is TerminationStep.EXITED
 
     def _attempt_on_shell(self) -> None:
         progress = self._progress

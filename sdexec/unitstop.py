@@ -24,6 +24,7 @@ a separate SIGTERM step would only repeat it.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -33,6 +34,7 @@ from sdexec.signals import signal_name
 
 __all__ = [
     "StopTimer",
+    "StopTimerPolicy",
     "StopTimerState",
     "StopTimerTarget",
     "abandon_reason",
@@ -62,14 +64,24 @@ def lifecycle_properties() -> dict[str, str]:
       systemd's default, set so no drop-in can change it.
 
     These names are in :data:`sdexec.config.RESERVED_PROPERTIES`, so a site
-    cannot set them; a request must not either (the service applies these
-    last).
+    cannot set them; a request may not either (EPERM, see
+    :mod:`sdexec.plan`), and the service applies these last.
     """
     return {
         "TimeoutStopUSec": "infinity",
         "SendSIGKILL": "no",
         "KillMode": "control-group",
     }
+
+
+@dataclass(frozen=True)
+class StopTimerPolicy:
+    """One request's stop timer: ``sdexec-stop-timer-sec`` (or the request's
+    ``SDEXEC_STOP_TIMER_SEC``; negative disables it) and
+    ``sdexec-stop-timer-signal`` (or ``SDEXEC_STOP_TIMER_SIGNAL``)."""
+
+    seconds: float
+    signal: int
 
 
 def abandon_reason(unit: str) -> str:

@@ -106,6 +106,12 @@ kill_payloads = st.fixed_dictionaries(
     {"signum": st.integers(1, 64)},
     optional={"pid": st.integers(1, 2**22), "label": clean_text},
 )
+reasons = st.sampled_from(["cancel", "timeout"])
+terminate_payloads = st.one_of(
+    st.fixed_dictionaries({"pid": st.integers(1, 2**22), "reason": reasons}),
+    st.fixed_dictionaries({"label": clean_text, "reason": reasons}),
+    st.fixed_dictionaries({"jobid": clean_text, "reason": reasons}),
+)
 empty_payloads: st.SearchStrategy[dict[str, Any]] = st.just({})
 #: wait and attach name a process as kill does (the label wins).
 target_payloads = st.fixed_dictionaries(
@@ -148,6 +154,15 @@ malformed_target_payloads = st.fixed_dictionaries(
         "flags": json_values,
     },
 )
+malformed_terminate_payloads = st.fixed_dictionaries(
+    {},
+    optional={
+        "reason": json_values | bad_text,
+        "pid": json_values,
+        "label": json_values | bad_text,
+        "jobid": json_values | bad_text,
+    },
+)
 
 PAYLOADS = {
     Topic.EXEC: (exec_payloads, malformed_exec_payloads),
@@ -158,6 +173,7 @@ PAYLOADS = {
     Topic.UNDRAIN: (empty_payloads, json_values),
     Topic.WAIT: (target_payloads, malformed_target_payloads),
     Topic.ATTACH: (attach_payloads, malformed_target_payloads),
+    Topic.TERMINATE: (terminate_payloads, malformed_terminate_payloads),
 }
 
 valid_requests = st.sampled_from(sorted(PAYLOADS)).flatmap(

@@ -85,10 +85,10 @@ async def test_missing_command_exits_127_with_one_line(sdexec):
 @ensureDeferred
 async def test_property_error_names_the_property(sdexec):
     done = await cli(
-        sdexec, "run", "-n", "--setopt", "SDEXEC_PROP_SendSIGKILL=maybe", "true"
+        sdexec, "run", "-n", "--setopt", "SDEXEC_PROP_CPUAccounting=maybe", "true"
     )
     assert done.returncode == 1
-    assert done.stderr.decode().startswith("sdexec: SDEXEC_PROP_SendSIGKILL")
+    assert done.stderr.decode().startswith("sdexec: SDEXEC_PROP_CPUAccounting")
 
 
 @ensureDeferred
@@ -170,17 +170,22 @@ async def test_stats_from_an_unreachable_url_is_one_line(sdexec):
     assert done.stderr.decode().count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("args", "returncode"),
+    [(["run", "-n", "true"], 0), (["cancel", "no-such-job"], 1)],
+    ids=["run", "cancel"],
+)
 @ensureDeferred
-async def test_run_loads_neither_twisted_nor_openssl(sdexec):
+async def test_run_loads_neither_twisted_nor_openssl(sdexec, args, returncode):
     # -X importtime names every module the command imports, on stderr.
     done = await deferToThread(
         subprocess.run,
-        [sys.executable, "-X", "importtime", "-m", "sdexec.cli", "run", "-n", "true"],
+        [sys.executable, "-X", "importtime", "-m", "sdexec.cli", *args],
         capture_output=True,
         env=_environment(sdexec),
         timeout=120,
     )
-    assert done.returncode == 0
+    assert done.returncode == returncode
     imported = {
         line.rsplit("|", 1)[1].strip().split(".")[0]
         for line in done.stderr.decode().splitlines()
@@ -199,3 +204,61 @@ async def test_binary_output_and_stdin_round_trip(sdexec, tmp_path):
     # Stdin well beyond the 4096 bytes of credit, base64 on the way in.
     echoed = await cli(sdexec, "run", "cat", stdin=data)
     assert (echoed.returncode, echoed.stdout == data) == (0, True)
+
+
+@ensureDeferred
+async def test_a_lingering_child_does_not_change_the_exit_code(sdexec):
+    # The command exits 3; its child ignores the stop-timer signal, so the
+    # service abandons the unit (EDEADLK after `finished`): one line on
+    # stderr, and the command's own exit code.
+    done = await cli(
+        sdexec, "run", "-n",
+        "--setopt", "SDEXEC_STOP_TIMER_SEC=1",
+        "--setopt", "SDEXEC_STOP_TIMER_SIGNAL=USR2",
+        "sh", "-c", "trap '' TERM USR2; sleep 300 & exit 3",
+    )  # fmt: skip
+    assert done.returncode == 3
+    unit = sdexec.server.list()["procs"][0]["unit"]
+    assert done.stderr.decode() == (
+        "sdexec: after the command finished: "
+        f"unkillable user processes in unit {unit}\n"
+    )
+    await sdexec.server.systemd.kill_unit(unit, "all", signal.SIGKILL)
+    await wait_until_reaped(sdexec, unit)
+    sdexec.server.undrain()
+
+
+@ensureDeferred
+async def test_run_as_a_job_ps_and_cancel(sdexec):
+    client = _in_background(sdexec, "run", "-n", "--jobid", "c1", "sleep", "300")
+    try:
+        proc = await _wait_for_a_process(sdexec)
+        ps = (await cli(sdexec, "ps")).stdout.decode().splitlines()
+        assert ps[0].split() == [
+            "PID", "STATE", "UNIT", "LABEL", "JOBID", "STEP", "CMDLINE"
+        ]  # fmt: skip
+        assert ps[1].split() == [
+            str(proc["pid"]), "R", proc["unit"], "-", "c1", "-", "sleep", "300"
+        ]  # fmt: skip
+        done = await cli(sdexec, "cancel", "c1")
+        assert done.stdout == b"job c1: terminating (step term)\n"
+        assert await deferToThread(client.wait, 60) == 128 + signal.SIGTERM
+    finally:
+        client.kill()
+        client.wait()
+
+
+@ensureDeferred
+async def test_run_with_a_time_limit(sdexec):
+    script = "trap 'exit 3' ALRM; while :; do sleep 0.1; done"
+    done = await cli(sdexec, "run", "-n", "--time-limit", "1s", "sh", "-c", script)
+    assert done.returncode == 3  # the shell's own exit, from its ALRM trap
+
+
+@ensureDeferred
+async def test_cancel_of_no_such_job_is_one_line(sdexec):
+    done = await cli(sdexec, "cancel", "nojob")
+    assert (done.returncode, done.stderr) == (
+        1,
+        b"sdexec: terminate label=nojob not found\n",
+    )

@@ -22,7 +22,14 @@ from twisted.internet.endpoints import UNIXServerEndpoint
 from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
 
-from sdexec.cli import exit_code, format_procs, kill_target, parse_args
+from sdexec.cli import (
+    build_command,
+    cancel_targets,
+    exit_code,
+    format_procs,
+    kill_target,
+    parse_args,
+)
 from sdexec.client import (
     STDOUT,
     WRITE_CREDIT,
@@ -378,13 +385,35 @@ def test_ps_table():
         }
     ]
     assert format_procs(procs).splitlines() == [
-        "PID  STATE  MODE  UNIT       LABEL  CMDLINE",
-        "42   R      -     u.service  -      sh -c 'sleep 1'",
+        "PID  STATE  MODE  UNIT       LABEL  JOBID  STEP  CMDLINE",
+        "42   R      -     u.service  -      -      -     sh -c 'sleep 1'",
     ]
     procs[0]["mode"] = "background"
     assert format_procs(procs).splitlines()[1] == (
-        "42   R      background  u.service  -      sh -c 'sleep 1'"
+        "42   R      background  u.service  -      -      -     sh -c 'sleep 1'"
     )
+
+
+def test_ps_table_shows_the_job_and_its_termination_step():
+    procs = [
+        {"pid": 42, "state": "R", "unit": "u.service", "label": "x",
+         "jobid": "f1", "step": "kill-tasks", "cmdline": ["job-shell"]},
+    ]  # fmt: skip
+    assert format_procs(procs).splitlines() == [
+        "PID  STATE  MODE  UNIT       LABEL  JOBID  STEP        CMDLINE",
+        "42   R      -     u.service  x      f1     kill-tasks  job-shell",
+    ]
+
+
+def test_run_job_options_and_cancel_targets():
+    options = parse_args(
+        ["run", "--jobid", "f1", "--time-limit", "5m", "--setopt", "A=b", "true"]
+    )
+    opts = build_command(options, {}, "/")["opts"]
+    assert opts == {"A": "b", "SDEXEC_JOBID": "f1", "SDEXEC_TIME_LIMIT": "5m"}
+    assert build_command(parse_args(["run", "true"]), {}, "/")["opts"] == {}
+    assert cancel_targets("1234") == ({"pid": 1234}, {"jobid": "1234"})
+    assert cancel_targets("fA3x") == ({"jobid": "fA3x"}, {"label": "fA3x"})
 
 
 # -- the command line against the peer --------------------------------------

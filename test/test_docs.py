@@ -63,7 +63,7 @@ def _bash_complete(*words: str) -> list[str]:
 
 
 def test_bash_completes_commands_and_options():
-    assert {"run", "ps", "kill", "stats", "undrain"} <= set(
+    assert {"run", "ps", "kill", "cancel", "stats", "undrain"} <= set(
         _bash_complete("sdexec", "")
     )
     assert _bash_complete("sdexec", "un") == ["undrain"]
@@ -73,6 +73,7 @@ def test_bash_completes_commands_and_options():
 def test_zsh_completion_covers_every_command():
     text = (REPO / "share" / "zsh" / "site-functions" / "_sdexec").read_text()
     assert text.startswith("#compdef sdexec\n")
-    for command in ("run", "ps", "kill", "stats", "undrain", "wait", "attach"):
+    commands = ("run", "ps", "kill", "cancel", "stats", "undrain", "wait", "attach")
+    for command in commands:
         assert f"    {command}:'" in text  # the command list
         assert f"        {command}) _arguments" in text  # its options

@@ -65,6 +65,8 @@ async def test_metrics_agree_with_stats_and_observe_latency(sdexec, tmp_path):
     assert samples[("sdexec_request_errors_total", (("topic", "sdexec.exec"),))] == 2
     assert samples[("sdexec_processes_reaped_total", ())] == stats["requests"]["reaped"]
     assert samples[("sdexec_fence_failures_total", ())] == 0
+    assert samples[("sdexec_job_timeouts_total", ())] == 0
+    assert samples[("sdexec_jobs_unkillable_total", ())] == 0
     drained = (("reason", "fence check failed for sdexec-x.service"),)
     assert samples[("sdexec_drained", drained)] == 1
     assert samples[("sdexec_units_started_total", ())] == 1

@@ -16,7 +16,6 @@ from twisted.internet import reactor
 from twisted.internet.task import Clock
 
 from sdexec.process import Process, ProcessContext
-from sdexec.stoptimer import StopTimerState
 from sdexec.testing import (
     DEACTIVATING,
     EXITED,
@@ -25,6 +24,7 @@ from sdexec.testing import (
     FakeManager,
     exec_plan,
 )
+from sdexec.unitstop import StopTimerState
 
 UNIT = "sdexec-test.service"
 
@@ -99,27 +99,71 @@ def test_exec_failure_is_an_error_not_finished():
     assert "203/EXEC" in responder.responses[0][1]
 
 
-def test_stop_timer_escalates_sigterm_then_signal_then_edeadlk():
+def make_drained_process(seconds: float = 10, second_signal: int = signal.SIGKILL):
+    """A process whose context records the drain reasons and counted events."""
+    drained: list[str] = []
+    counted: list[str] = []
     reaped: list[Process] = []
-    process, systemd, responder, clock = make_process(
-        seconds=10, second_signal=10, on_reaped=reaped.append
+    systemd, responder, clock = FakeManager(), Recorder(), Clock()
+    process = Process(
+        systemd,
+        lifecycle_plan(seconds, second_signal),
+        responder,
+        ProcessContext(
+            reactor=reactor, clock=clock, rank="0",
+            count=counted.append, drain=drained.append,
+        ),
+        on_reaped=reaped.append,
+    )  # fmt: skip
+    process.start()
+    return process, systemd, responder, clock, drained, counted, reaped
+
+
+def test_stop_timer_signals_all_then_abandons_and_drains():
+    process, systemd, responder, clock, drained, counted, reaped = make_drained_process(
+        seconds=10, second_signal=10
     )
     systemd.change(UNIT, RUNNING)
+    systemd.change(UNIT, EXITED)  # the main process exited 0, a child lingers
     systemd.change(UNIT, DEACTIVATING)
     clock.advance(9.9)
     assert systemd.kills() == []
     clock.advance(0.1)
-    assert systemd.kills() == [signal.SIGTERM]
+    assert ("kill", "all", 10) in systemd.calls and systemd.kills() == [10]
     systemd.change(UNIT, DEACTIVATING)  # more changes do not re-arm early
     clock.advance(10)
-    assert systemd.kills() == [signal.SIGTERM, 10]
-    clock.advance(10)
-    assert responder.responses[-1] == (
-        errno.EDEADLK,
-        "SIGKILL timeout, unit may still be active",
-    )
+    reason = f"unkillable user processes in unit {UNIT}"
+    assert responder.types() == ["started", "finished", errno.EDEADLK]
+    assert responder.responses[1]["status"] == 0  # the command's own status
+    assert responder.responses[-1] == (errno.EDEADLK, reason)
+    assert drained == [reason]
+    assert counted == ["stop-timer-signal", "stop-timer-abandoned"]
+    assert process.stop_timer.state is StopTimerState.ABANDONED
+    assert clock.getDelayedCalls() == []
+    # Still tracked until the unit leaves deactivating; reset, then reaped.
+    assert reaped == []
+    systemd.change(UNIT, {**DEACTIVATING, "ActiveState": "failed"})
+    assert ("reset", UNIT) in systemd.calls
+    systemd.release(UNIT)
+    systemd.change(UNIT, INACTIVE)
     assert reaped == [process]
-    assert process.stop_timer.state is StopTimerState.GAVE_UP
+    assert responder.types() == ["started", "finished", errno.EDEADLK]
+
+
+def test_lingering_child_that_dies_of_the_stop_signal_ends_normally():
+    process, systemd, responder, clock, drained, counted, reaped = make_drained_process(
+        seconds=3
+    )
+    systemd.change(UNIT, RUNNING)
+    systemd.change(UNIT, {**EXITED, "ExecMainStatus": 3})
+    systemd.change(UNIT, DEACTIVATING)
+    clock.advance(3)
+    assert systemd.kills() == [signal.SIGKILL]
+    systemd.release(UNIT)
+    systemd.change(UNIT, INACTIVE)
+    assert responder.types() == ["started", "finished", errno.ENODATA]
+    assert responder.responses[1]["status"] == 3 << 8
+    assert (drained, counted, reaped) == ([], ["stop-timer-signal"], [process])
     assert clock.getDelayedCalls() == []
 
 

@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -16,6 +17,7 @@ import treq
 from pytest_twisted import ensureDeferred
 from support import (
     FLAGS,
+    Result,
     command,
     run,
     sleep,
@@ -23,6 +25,8 @@ from support import (
     unit_property,
     wait_until_reaped,
 )
+
+from sdexec.client import RPCError
 
 pytestmark = pytest.mark.systemd
 
@@ -174,9 +178,9 @@ async def test_properties_reach_the_unit(sdexec):
 @ensureDeferred
 async def test_bad_property_value_names_the_property(sdexec):
     client = await sdexec.connect()
-    result = await run(client, ["true"], opts={"SDEXEC_PROP_SendSIGKILL": "maybe"})
+    result = await run(client, ["true"], opts={"SDEXEC_PROP_CPUAccounting": "maybe"})
     assert result.error.errnum == errno.EINVAL
-    assert result.error.errstr.startswith("SDEXEC_PROP_SendSIGKILL: error setting")
+    assert result.error.errstr.startswith("SDEXEC_PROP_CPUAccounting: error setting")
     unknown = await run(client, ["true"], opts={"SDEXEC_PROP_NoSuchThing": "1"})
     assert "NoSuchThing" in unknown.error.errstr
 
@@ -367,9 +371,9 @@ async def test_another_uid_is_refused(sdexec):
 
 
 @ensureDeferred
-async def test_stop_timer_escalates_for_real(sdexec):
+async def test_stop_timer_signals_a_lingering_child_for_real(sdexec):
     # The main process exits at once; its child ignores SIGTERM, so the unit
-    # stays in deactivating after StopUnit until the timer's second signal.
+    # stays in deactivating after StopUnit until the stop-timer signal.
     client = await sdexec.connect()
     result = await run(
         client, ["sh", "-c", "trap '' TERM; sleep 300 & exit 0"],
@@ -378,8 +382,32 @@ async def test_stop_timer_escalates_for_real(sdexec):
     assert result.error is None
     assert result.status == 0
     counters = sdexec.server.counters
-    assert (counters["stop-timer-sigterm"], counters["stop-timer-signal"]) == (1, 1)
-    assert counters["stop-timer-gave-up"] == 0
+    assert counters["stop-timer-signal"] == 1
+    assert counters["stop-timer-abandoned"] == 0
+    assert sdexec.server.drain_reason is None
+
+
+@ensureDeferred
+async def test_stop_timer_abandons_a_unit_and_drains_for_real(sdexec):
+    # The child ignores SIGTERM and the stop-timer signal: after two periods
+    # the unit is abandoned. The command's own status still stands.
+    client = await sdexec.connect()
+    result = await run(
+        client, ["sh", "-c", "trap '' TERM USR2; sleep 300 & exit 7"],
+        opts={"SDEXEC_STOP_TIMER_SEC": "1", "SDEXEC_STOP_TIMER_SIGNAL": "USR2"},
+    )  # fmt: skip
+    assert result.status == 7 << 8
+    assert result.error.errnum == errno.EDEADLK
+    unit = sdexec.server.list()["procs"][0]["unit"]
+    reason = f"unkillable user processes in unit {unit}"
+    assert result.error.errstr == reason
+    assert sdexec.server.drain_reason == reason
+    assert sdexec.server.counters["stop-timer-abandoned"] == 1
+    assert unit_property(unit, "ActiveState") == "deactivating"
+    # What an admin does: kill what is left. The unit is then reaped.
+    await sdexec.server.systemd.kill_unit(unit, "all", 9)
+    await wait_until_reaped(sdexec, unit)
+    assert (await client.undrain())["reason"] == reason
 
 
 @ensureDeferred
@@ -422,3 +450,99 @@ async def test_debug_switches_log_requests_units_and_dbus_calls(start_service):
     assert "request sdexec.exec matchtag=" in text
     assert "sdbus: StartTransientUnit" in text
     assert "UnitStatus(active_state=" in text
+
+
+# -- jobs: time limits and JOB TERMINATION against the real manager ------------------
+
+
+async def _start_job(client, cmdline, jobid: str, **opts: str):
+    """Start ``cmdline`` as job ``jobid``; its handle and Result, once it runs."""
+    result = Result()
+    handle = client.exec(
+        command(cmdline, opts={"SDEXEC_JOBID": jobid, **opts}), FLAGS, result.collect
+    )
+    handle.close_stdin()
+    for _ in range(200):
+        if handle.pid is not None:
+            return handle, result
+        await sleep(0.05)
+    raise AssertionError(f"job {jobid} never started")
+
+
+async def _ended(handle, result: Result) -> Result:
+    try:
+        await handle.done
+    except RPCError as error:
+        result.error = error
+    return result
+
+
+@ensureDeferred
+async def test_cancel_a_job_that_traps_term_and_exits(sdexec):
+    client = await sdexec.connect()
+    script = "trap 'exit 5' TERM; while :; do sleep 0.1; done"
+    handle, result = await _start_job(client, ["sh", "-c", script], "trapper")
+    reply = await client.terminate(jobid="trapper")
+    assert (reply["id"], reply["pid"], reply["step"]) == ("trapper", handle.pid, "term")
+    result = await _ended(handle, result)
+    assert result.error is None
+    assert result.status == 5 << 8
+    assert sdexec.server.drain_reason is None
+
+
+@ensureDeferred
+async def test_a_job_ignoring_term_signal_dies_of_kill_signal(start_service):
+    service = await start_service(exec='kill-timeout = "0.5s"')
+    client = await service.connect()
+    handle, result = await _start_job(
+        client, ["sh", "-c", "trap '' TERM; sleep 300"], "stubborn"
+    )
+    await client.terminate(pid=handle.pid)
+    result = await _ended(handle, result)
+    assert result.error is None
+    assert result.status == signal.SIGKILL
+    assert service.server.drain_reason is None
+
+
+@ensureDeferred
+async def test_a_time_limit_sends_sigalrm(sdexec):
+    client = await sdexec.connect()
+    script = "trap 'exit 3' ALRM; while :; do sleep 0.1; done"
+    handle, result = await _start_job(
+        client, ["sh", "-c", script], "limited", SDEXEC_TIME_LIMIT="1s"
+    )
+    result = await _ended(handle, result)
+    assert result.status == 3 << 8
+    assert sdexec.server.counters["job-timeouts"] == 1
+
+
+@ensureDeferred
+async def test_an_unkillable_job_drains_the_node(start_service):
+    # Every signal the sequence sends is SIGUSR2, which the job ignores.
+    service = await start_service(
+        exec='term-signal = "SIGUSR2"\nkill-signal = "SIGUSR2"\n'
+        'kill-timeout = "0.2s"\nmax-kill-count = 2'
+    )
+    client = await service.connect()
+    handle, result = await _start_job(
+        client, ["sh", "-c", "trap '' USR2; sleep 300"], "immortal"
+    )
+    stats = json.loads(
+        await treq.text_content(await treq.get(service.stats_url, persistent=False))
+    )
+    entry = stats["job-exec"]["jobs"]["immortal"]
+    assert (entry["pid"], entry["state"], entry["step"]) == (handle.pid, "R", None)
+    await client.terminate(jobid="immortal")
+    result = await _ended(handle, result)
+    reason = "unkillable user processes for job immortal"
+    assert (result.error.errnum, result.error.errstr) == (errno.EDEADLK, reason)
+    assert service.server.drain_reason == reason
+    entry = (await client.stats())["job-exec"]["jobs"]["immortal"]
+    assert (entry["step"], entry["kill-attempts"]) == ("unkillable", 2)
+    refused = await run(client, ["true"])
+    assert refused.error.errnum == errno.EBUSY
+    # The admin's part: kill it, undrain; the service runs jobs again.
+    await service.server.systemd.kill_unit(entry["unit"], "all", signal.SIGKILL)
+    await wait_until_reaped(service, entry["unit"])
+    assert (await client.undrain())["reason"] == reason
+    assert (await run(client, ["true"])).status == 0

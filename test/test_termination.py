@@ -251,3 +251,40 @@ def test_reason_from_a_request():
             ValueError, match=r'^reason: expected "cancel" or "timeout"'
         ):
             parse_reason(bad)
+
+
+class ExitOnSignal(RecordingTarget):
+    """A target that learns, while sending its ``nth`` signal, that the job
+    has exited (as the service does when the exit was not reported)."""
+
+    def __init__(self, clock: Clock, nth: int) -> None:
+        super().__init__(clock)
+        self.nth = nth
+        self.sequence: TerminationSequence | None = None
+
+    def _noted(self) -> None:
+        if len(self.calls) == self.nth and self.sequence is not None:
+            self.sequence.job_exited()
+
+    def signal_tasks(self, signum: int) -> None:
+        super().signal_tasks(signum)
+        self._noted()
+
+    def signal_main(self, signum: int) -> None:
+        super().signal_main(signum)
+        self._noted()
+
+
+@pytest.mark.parametrize("nth", [1, 2, 5, 6, 7])
+def test_an_exit_found_while_signalling_ends_the_sequence(nth):
+    # nth 5 is the task kill at 20 s, 6 the first attempt at 25 s: a task
+    # kill and an attempt share no time with the defaults, so one call each.
+    clock = Clock()
+    target = ExitOnSignal(clock, nth)
+    sequence = TerminationSequence(clock, TerminationPolicy(), target, "f1")
+    target.sequence = sequence
+    sequence.begin(CANCEL)
+    run_out(clock, sequence)
+    assert len(target.calls) == nth
+    assert sequence.step is TerminationStep.EXITED
+    assert clock.getDelayedCalls() == []

@@ -4,13 +4,16 @@ a real unit is tested in test_systemd.py)."""
 
 from __future__ import annotations
 
+import errno
 import signal
 
 import pytest
 from twisted.internet.task import Clock
 
 from sdexec.config import RESERVED_PROPERTIES
+from sdexec.plan import RequestError
 from sdexec.property import UINT64_MAX, typed_property
+from sdexec.testing import exec_plan
 from sdexec.unitstop import StopTimer, StopTimerState, lifecycle_properties
 
 UNIT = "sdexec-0-f2eA3mVhh.service"
@@ -119,3 +122,23 @@ def test_lifecycle_properties_are_reserved_and_typed():
     assert typed["TimeoutStopUSec"].value == UINT64_MAX
     assert typed["SendSIGKILL"].value is False
     assert typed["KillMode"].value == "control-group"
+
+
+def test_every_plan_carries_the_lifecycle_properties_last():
+    plan = exec_plan()
+    sent = {prop.name: prop for prop in plan.properties}
+    for name, text in lifecycle_properties().items():
+        expected = typed_property(name, text, "sdexec")
+        assert (sent[name].value, sent[name].source) == (expected.value, "sdexec")
+    assert list(sent)[-3:] == list(lifecycle_properties())
+
+
+@pytest.mark.parametrize("name", sorted(lifecycle_properties()))
+def test_a_request_may_not_set_them(name):
+    with pytest.raises(RequestError) as refused:
+        exec_plan(**{f"SDEXEC_PROP_{name}": "5"})
+    assert refused.value.errnum == errno.EPERM
+    assert refused.value.errstr == (
+        f"SDEXEC_PROP_{name}: sdexec sets {name} itself"
+        " (the stop timer and job termination rely on it)"
+    )

@@ -1,0 +1,373 @@
+"""Jobs: exec requests that say they run a job, and what the service does
+for them beyond running a process — their time limit, their termination
+(``sdexec.terminate``, JOB TERMINATION of flux-config-exec(5)) and their
+entry in the ``jobs`` object of ``stats``.
+
+A request is a job when it sets ``SDEXEC_JOBID`` (the job's id, as the
+client names it) or ``SDEXEC_TIME_LIMIT``; without an id, a job is named by
+its unit. Its time limit comes from R (``SDEXEC_R_LOCAL``:
+``execution.expiration``, extended by the start delay, see
+:mod:`sdexec.joblimit`) and/or ``SDEXEC_TIME_LIMIT``. At the limit the job
+is terminated with reason ``timeout``.
+
+The deciding is :mod:`sdexec.termination`'s; a :class:`Job` is its
+:class:`~sdexec.termination.TerminationTarget` and learns about its process
+by watching the process's responses (``started``, ``finished``, the end of
+the stream), so :class:`~sdexec.process.Process` needs to know nothing of
+jobs beyond :meth:`~sdexec.process.Process.unkillable`.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from sdexec.command import Command
+from sdexec.config import ExecConfig
+from sdexec.containment import R_OPTION
+from sdexec.joblimit import TIME_LIMIT_OPTION, TimeLimit, job_expiration
+from sdexec.plan import RequestError
+from sdexec.rset import ResourceSet
+from sdexec.signals import signal_name
+from sdexec.systemd import Manager
+from sdexec.termination import (
+    TerminationPolicy,
+    TerminationReason,
+    TerminationSequence,
+    TerminationStep,
+    parse_reason,
+)
+
+if TYPE_CHECKING:
+    from sdexec.process import Process, Responder
+
+__all__ = ["JOBID_OPTION", "Job", "Jobs"]
+
+log = Logger()
+
+#: The exec option that names the job a request runs.
+JOBID_OPTION = "SDEXEC_JOBID"
+
+
+class Job:
+    """One running job: its process, its time limit, its termination.
+
+    Built before its process (it wraps the process's responder, see
+    :meth:`watch`), then :meth:`attach`-ed to it.
+    """
+
+    def __init__(
+        self,
+        jobid: str,
+        *,
+        received_at: float,
+        expiration: float | None,
+        policy: TerminationPolicy,
+        clock: IReactorTime,
+        systemd: Manager,
+        drain: Callable[[str], None],
+        count: Callable[[str], None],
+    ) -> None:
+        self.jobid = jobid
+        self.received_at = received_at
+        self.expiration = expiration
+        self.process: Process | None = None
+        self.termination = TerminationSequence(clock, policy, self, jobid)
+        self._clock = clock
+        self._systemd = systemd
+        self._drain = drain
+        self._count = count
+        self._time_limit: TimeLimit | None = None
+        self._started = False
+        self._over = False  # the main process exited, or the stream ended
+        #: A terminate that came before the process started.
+        self._pending: TerminationReason | None = None
+
+    # -- the process's life, as its responses tell it ------------------------
+
+    def watch(self, responder: Responder) -> Responder:
+        """The responder the job's process is given: ``responder``, with
+        the job told of ``started``, ``finished`` and the stream's end."""
+        return _JobResponder(self, responder)
+
+    def attach(self, process: Process) -> None:
+        self.process = process
+
+    def started(self) -> None:
+        """The job's process runs: its time limit is armed (at the absolute
+        expiration admitted with the request; at once if that has passed),
+        and a terminate that came early begins."""
+        self._started = True
+        if self.expiration is not None:
+            self._time_limit = TimeLimit(self._clock, self.expiration, self._timeout)
+        if self._pending is not None:
+            self.termination.begin(self._pending)
+
+    def over(self) -> None:
+        """The main process exited (or the stream ended without it): no
+        time limit and no termination step applies any more."""
+        self._over = True
+        self.termination.job_exited()
+        self.cancel()
+
+    def cancel(self) -> None:
+        """Stop every timer of the job (it is forgotten, or has ended)."""
+        if self._time_limit is not None:
+            self._time_limit.cancel()
+        if self.termination.active:
+            self.termination.job_exited()
+
+    # -- termination -----------------------------------------------------------
+
+    def _ended(self) -> bool:
+        """Whether the main process exited; also when its ``finished``
+        never reached the job (the client left, and the stream with it):
+        then the job ends here. What the unit still holds is the stop
+        timer's business, not a job's to be declared unkillable."""
+        process = self.process
+        if not self._over and process is not None and process.status.has_finished:
+            self.over()
+        return self._over
+
+    def terminate(self, reason: TerminationReason) -> dict[str, Any]:
+        """Begin termination (once: a second request changes nothing);
+        the job's termination state."""
+        if self._ended():
+            raise RequestError(errno.ESRCH, f"job {self.jobid} has already exited")
+        if not self._started:
+            self._pending = self._pending or reason
+        else:
+            self.termination.begin(reason)
+        return self.describe()
+
+    def _timeout(self) -> None:
+        if self._ended():
+            return
+        log.info("job {job}: time limit reached", job=self.jobid)
+        self._count("job-timeouts")
+        self.termination.begin(TerminationReason.TIMEOUT)
+
+    # TerminationTarget: open loop, a failure is logged.
+
+    def signal_tasks(self, signum: int) -> None:
+        """``signum`` to every process of the job's unit."""
+        if not self._ended():
+            self._kill("all", signum)
+
+    def signal_main(self, signum: int) -> None:
+        """``signum`` to the job shell: the unit's main process."""
+        if not self._ended():
+            self._kill("main", signum)
+
+    def unkillable(self, reason: str) -> None:
+        """The main process outlived the sequence (it has not exited, so the
+        unit has processes): drain, and fail the request with EDEADLK."""
+        if self._ended():
+            return
+        self._count("jobs-unkillable")
+        self._drain(reason)
+        if self.process is not None:
+            self.process.unkillable(reason)
+
+    def _kill(self, who: str, signum: int) -> None:
+        if self.process is None:
+            return
+        unit = self.process.unit_name
+        self._systemd.kill_unit(unit, who, signum).addErrback(
+            self._kill_failed, who, signum
+        )
+
+    def _kill_failed(self, failure: Failure, who: str, signum: int) -> None:
+        log.warn(
+            "job {job}: KillUnit({who}, {signal}) failed: {error}",
+            job=self.jobid,
+            who=who,
+            signal=signal_name(signum),
+            error=failure.getErrorMessage(),
+        )
+
+    # -- what stats and ps show -------------------------------------------------
+
+    @property
+    def step(self) -> str | None:
+        """The termination step, ``None`` unless terminating."""
+        step = self.termination.step
+        if step is None and self._pending is not None:
+            return "pending"
+        return None if step in (None, TerminationStep.EXITED) else step.value
+
+    def describe(self) -> dict[str, Any]:
+        """The job's entry in ``jobs`` (and the ``terminate`` reply)."""
+        process = self.process
+        return {
+            "id": self.jobid,
+            "pid": -1 if process is None or process.pid is None else process.pid,
+            "unit": None if process is None else process.unit_name,
+            "state": None if process is None else process.state,
+            "step": self.step,
+            "kill-attempts": self.termination.kill_attempts,
+            "time-limit": (
+                None if self.expiration is None else self.expiration - self.received_at
+            ),
+            "expiration": self.expiration,
+            "termination": self.termination.stats(),
+            "stop-timer": None if process is None else process.stop_timer.stats(),
+        }
+
+
+class _JobResponder:
+    """A job process's responder: passes everything on, and tells the job."""
+
+    def __init__(self, job: Job, responder: Responder) -> None:
+        self._job = job
+        self._responder = responder
+
+    def respond(self, payload: dict[str, Any]) -> None:
+        kind = payload.get("type")
+        if kind == "started":
+            self._job.started()
+        elif kind == "finished":
+            self._job.over()
+        self._responder.respond(payload)
+
+    def error(self, errnum: int, errstr: str) -> None:
+        self._job.over()
+        self._responder.error(errnum, errstr)
+
+
+class Jobs:
+    """The service's running jobs, by id."""
+
+    def __init__(
+        self, drain: Callable[[str], None], count: Callable[[str], None]
+    ) -> None:
+        self._drain = drain
+        self._count = count
+        self.jobs: dict[str, Job] = {}
+        self._by_process: dict[Process, Job] = {}
+
+    def admit(
+        self,
+        command: Command,
+        unit: str,
+        config: ExecConfig,
+        *,
+        systemd: Manager,
+        clock: IReactorTime,
+    ) -> Job | None:
+        """The job an exec request runs, ``None`` if it runs none;
+        :class:`RequestError` (EINVAL) naming a bad option or R field, or
+        EEXIST for a job id already running here. ``systemd`` and ``clock``
+        are the ones its process is given."""
+        jobid = command.option(JOBID_OPTION)
+        time_limit = command.option(TIME_LIMIT_OPTION)
+        if not jobid and time_limit is None:
+            return None
+        jobid = jobid or unit
+        if jobid in self.jobs:
+            raise RequestError(errno.EEXIST, f"{JOBID_OPTION}: job {jobid} is running")
+        received_at = clock.seconds()
+        try:
+            rset = _resource_set(command)
+            expiration = job_expiration(
+                received_at, config.max_start_delay_percent, rset, time_limit
+            )
+        except ValueError as error:
+            raise RequestError(errno.EINVAL, str(error)) from None
+        return Job(
+            jobid,
+            received_at=received_at,
+            expiration=expiration,
+            policy=TerminationPolicy.from_config(config),
+            clock=clock,
+            systemd=systemd,
+            drain=self._drain,
+            count=self._count,
+        )
+
+    def add(self, job: Job | None, process: Process) -> None:
+        """Track ``job`` (from :meth:`admit`) as ``process``'s."""
+        if job is not None:
+            job.attach(process)
+            self.jobs[job.jobid] = job
+            self._by_process[process] = job
+
+    def forget(self, process: Process | None) -> None:
+        """``process`` was reaped: its job (if any) is gone."""
+        job = self._by_process.pop(process, None) if process is not None else None
+        if job is not None:
+            job.cancel()
+            del self.jobs[job.jobid]
+
+    def of(self, process: Process | None) -> Job | None:
+        """The job ``process`` runs, if any."""
+        return None if process is None else self._by_process.get(process)
+
+    def describe(self, process: Process) -> dict[str, Any]:
+        """What ``sdexec.list`` adds to a process's entry: its job id and
+        termination step (nothing for a process that runs no job)."""
+        job = self.of(process)
+        return {} if job is None else {"jobid": job.jobid, "step": job.step}
+
+    def stats(self) -> dict[str, Any]:
+        """The ``jobs`` object of ``stats``: one entry per job, by id."""
+        return {jobid: job.describe() for jobid, job in self.jobs.items()}
+
+    def terminate(
+        self,
+        payload: Mapping[str, Any],
+        find: Callable[..., Process | None],
+    ) -> dict[str, Any]:
+        """``sdexec.terminate``: begin the termination of the job named by
+        ``pid``, ``label`` or ``jobid`` (exactly one), for ``reason``."""
+        try:
+            reason = parse_reason(payload.get("reason"))
+        except ValueError as error:
+            raise RequestError(errno.EINVAL, str(error)) from None
+        return self._target(payload, find).terminate(reason)
+
+    def _target(
+        self, payload: Mapping[str, Any], find: Callable[..., Process | None]
+    ) -> Job:
+        keys = [key for key in ("pid", "label", "jobid") if key in payload]
+        if len(keys) != 1:
+            raise RequestError(
+                errno.EINVAL, "terminate needs exactly one of pid, label or jobid"
+            )
+        key, value = keys[0], payload[keys[0]]
+        if key == "pid" and (not isinstance(value, int) or isinstance(value, bool)):
+            raise RequestError(errno.EINVAL, "pid: expected an integer")
+        if key != "pid" and not isinstance(value, str):
+            raise RequestError(errno.EINVAL, f"{key}: expected a string")
+        job = self.jobs.get(value) if key == "jobid" else self._job_of(key, value, find)
+        if job is None:
+            raise RequestError(errno.ESRCH, f"terminate jobid={value} not found")
+        return job
+
+    def _job_of(
+        self, key: str, value: object, find: Callable[..., Process | None]
+    ) -> Job:
+        process = find(**{key: value})
+        if process is None:
+            raise RequestError(errno.ESRCH, f"terminate {key}={value} not found")
+        job = self.of(process)
+        if job is None:
+            raise RequestError(
+                errno.EINVAL, f"{key}={value} runs no job (exec it with {JOBID_OPTION})"
+            )
+        return job
+
+
+def _resource_set(command: Command) -> ResourceSet | None:
+    R = command.option(R_OPTION)
+    if R is None:
+        return None
+    try:
+        return ResourceSet(R)
+    except ValueError as error:
+        raise ValueError(f"{R_OPTION}: {error}") from None

@@ -1,0 +1,461 @@
+"""Jobs in the service, offline: the termination sequence as the server runs
+it (``sdexec.terminate``, time limits), on a ``Clock`` with the fake
+manager; every KillUnit is recorded with the time it was asked for. The
+schedule's own arithmetic is tested in test_termination.py, the limits in
+test_joblimit.py; the same paths run against a real manager in
+test_service.py."""
+
+from __future__ import annotations
+
+import errno
+import json
+import signal
+
+import pytest
+from hypothesis import given, settings
+from pytest_twisted import ensureDeferred
+from strategies import malformed_terminate_payloads
+from test_server import Connection
+from twisted.internet import defer, reactor
+from twisted.internet.task import Clock, deferLater
+
+from sdexec.config import parse_config
+from sdexec.protocol import ExecFlag, Topic
+from sdexec.server import RequestError, SdexecServer
+from sdexec.termination import TerminationStep
+from sdexec.testing import DEACTIVATING, INACTIVE, FakeManager
+
+UNIT = "sdexec-job.service"
+FLAGS = int(ExecFlag.STDOUT | ExecFlag.STDERR)
+START = 1_700_000_000.0  # the clock's epoch time when a request arrives
+
+
+class TimedManager(FakeManager):
+    """A fake manager that also notes when each KillUnit was asked for."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.kills_at: list[tuple[float, str, int]] = []
+
+    def kill_unit(self, name: str, who: str, signal: int) -> defer.Deferred[None]:
+        offset = self.clock.seconds() - START
+        self.kills_at.append((offset, who, signal))
+        return super().kill_unit(name, who, signal)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.responses: list = []
+
+    def respond(self, payload: dict) -> None:
+        self.responses.append(payload)
+
+    def error(self, errnum: int, errstr: str) -> None:
+        self.responses.append((errnum, errstr))
+
+
+@pytest.fixture
+def make_server():
+    """``make_server(**exec_table)``: a server on a Clock at :data:`START`
+    over a :class:`TimedManager`, closed after the test."""
+    managers: list[TimedManager] = []
+
+    def make(**exec_table):
+        clock = Clock()
+        clock.advance(START)
+        systemd = TimedManager(clock)
+        managers.append(systemd)
+        config = parse_config({"exec": exec_table})
+        return SdexecServer(systemd, config, reactor, clock=clock), systemd, clock
+
+    yield make
+    for manager in managers:
+        manager.close()
+
+
+def job_payload(matchtag: int = 1, **opts: str) -> dict:
+    return {
+        "flags": FLAGS,
+        "cmd": {
+            "cmdline": ["/bin/true"],
+            "opts": {"SDEXEC_NAME": "sdexec-job", "SDEXEC_JOBID": "f1", **opts},
+        },
+    }
+
+
+def start_job(server, systemd, **opts: str) -> Recorder:
+    responder = Recorder()
+    server.exec(1, 1, job_payload(**opts), responder)
+    systemd.run(UNIT, pid=77)
+    return responder
+
+
+def run_until_quiet(clock: Clock, limit: float = 4000) -> None:
+    """Advance second by second while anything is scheduled."""
+    while clock.getDelayedCalls() and clock.seconds() - START < limit:
+        clock.advance(1)
+
+
+def kill_times(systemd: TimedManager, who: str) -> list[float]:
+    return [at for at, whom, _ in systemd.kills_at if whom == who]
+
+
+# -- the whole schedule, through the service ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exec_table", "task_kills", "attempts", "drained_at"),
+    [
+        ({}, [5, 10, 15, 20], [25, 30, 40, 60, 100, 180, 340, 640], 640),
+        ({"kill-timeout": "1s", "max-kill-count": 4}, [1, 2, 3, 4], [5, 6, 8, 12], 12),
+        (
+            {"max-kill-timeout": "30m"},
+            [5, 10, 15, 20],
+            [25, 30, 40, 60, 100, 180, 340, 640, 940, 1240, 1540],
+            1800,
+        ),
+    ],
+    ids=["defaults", "four-attempts-one-second", "max-kill-timeout-30m"],
+)
+def test_an_unkillable_job_is_drained_on_schedule(
+    make_server, exec_table, task_kills, attempts, drained_at
+):
+    server, systemd, clock = make_server(**exec_table)
+    responder = start_job(server, systemd)
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    clock.pump([1] * (drained_at - 1))
+    assert server.drain_reason is None
+    clock.advance(1)
+    assert server.drain_reason == "unkillable user processes for job f1"
+    assert clock.getDelayedCalls() == []
+    assert kill_times(systemd, "all") == [0, *task_kills]
+    assert kill_times(systemd, "main") == attempts
+    assert responder.responses[-1] == (
+        errno.EDEADLK,
+        "unkillable user processes for job f1",
+    )
+    assert server.jobs.jobs["f1"].describe()["step"] == "unkillable"
+
+
+def test_unkillable_drains_with_the_exact_reason_and_undrain_restores(make_server):
+    server, systemd, clock = make_server(**{"kill-timeout": "1s", "max-kill-count": 1})
+    start_job(server, systemd)
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    run_until_quiet(clock)
+    assert server.drain_reason == "unkillable user processes for job f1"
+    with pytest.raises(RequestError) as refused:
+        server.exec(1, 2, job_payload(SDEXEC_JOBID="f2"), Recorder())
+    assert refused.value.errnum == errno.EBUSY
+    server.undrain()
+    server.exec(1, 2, job_payload(SDEXEC_JOBID="f2"), Recorder())
+    assert (1, 2) in server.processes
+
+
+# -- signals ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exec_table", "reason", "first", "then"),
+    [
+        ({}, "cancel", signal.SIGTERM, signal.SIGKILL),
+        ({}, "timeout", signal.SIGALRM, signal.SIGKILL),
+        ({"term-signal": "SIGUSR2", "kill-signal": "SIGUSR1"}, "cancel",
+         signal.SIGUSR2, signal.SIGUSR1),
+        ({"term-signal": "SIGUSR2", "kill-signal": "SIGUSR1"}, "timeout",
+         signal.SIGALRM, signal.SIGUSR1),
+    ],
+)  # fmt: skip
+def test_signal_choice(make_server, exec_table, reason, first, then):
+    server, systemd, clock = make_server(**exec_table)
+    start_job(server, systemd)
+    server.terminate({"pid": 77, "reason": reason})
+    clock.advance(5 * server.config.exec.kill_timeout)
+    signals = [(who, signum) for _, who, signum in systemd.kills_at]
+    assert signals[0] == ("all", first)
+    assert set(signals[1:]) == {("all", then), ("main", then)}
+
+
+# -- the job ends the sequence ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("exit_at", [0.5, 3, 27])
+def test_a_job_that_exits_ends_the_sequence_with_its_status(make_server, exit_at):
+    server, systemd, clock = make_server()
+    responder = start_job(server, systemd)
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    clock.advance(exit_at)
+    sent = len(systemd.kills_at)
+    systemd.change(
+        UNIT, {"SubState": "exited", "ExecMainCode": 2, "ExecMainStatus": 15}
+    )
+    run_until_quiet(clock)
+    assert len(systemd.kills_at) == sent
+    assert {"type": "finished", "status": signal.SIGTERM} in responder.responses
+    assert server.drain_reason is None
+    assert clock.getDelayedCalls() == []
+    with pytest.raises(RequestError) as late:
+        server.terminate({"jobid": "f1", "reason": "cancel"})
+    assert (late.value.errnum, late.value.errstr) == (
+        errno.ESRCH,
+        "job f1 has already exited",
+    )
+
+
+def test_a_second_terminate_does_not_restart_it(make_server):
+    server, systemd, clock = make_server()
+    start_job(server, systemd)
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    clock.pump([1] * 7)
+    reply = server.terminate({"jobid": "f1", "reason": "timeout"})
+    assert reply["step"] == "kill-tasks"
+    assert reply["termination"]["reason"] == "cancel"
+    assert kill_times(systemd, "all") == [0, 5]
+
+
+def test_terminate_before_the_job_started_waits_for_it(make_server):
+    server, systemd, _ = make_server()
+    server.exec(1, 1, job_payload(), Recorder())
+    reply = server.terminate({"jobid": "f1", "reason": "cancel"})
+    assert reply["step"] == "pending" and systemd.kills_at == []
+    systemd.run(UNIT, pid=77)
+    assert systemd.kills_at == [(0, "all", signal.SIGTERM)]
+
+
+# -- time limits -----------------------------------------------------------------------
+
+
+def test_time_limit_terminates_with_sigalrm(make_server):
+    server, systemd, clock = make_server()
+    start_job(server, systemd, SDEXEC_TIME_LIMIT="1m")
+    clock.advance(59)
+    assert systemd.kills_at == []
+    clock.advance(1)
+    assert systemd.kills_at == [(60, "all", signal.SIGALRM)]
+    assert server.counters["job-timeouts"] == 1
+    entry = server.stats()["job-exec"]["jobs"]["f1"]
+    assert entry["termination"]["reason"] == "timeout"
+
+
+def r_local(starttime: float, expiration: float) -> str:
+    execution = {
+        "R_lite": [{"rank": "0", "children": {"core": "0"}}],
+        "starttime": starttime,
+        "expiration": expiration,
+    }
+    return json.dumps({"version": 1, "execution": execution})
+
+
+@pytest.mark.parametrize(
+    ("late_by", "expires_after"),
+    [
+        (10, 90),  # 10 s late on a 100 s job: within 25 %, not extended
+        (30, 100),  # 30 s late: beyond 25 %, the whole delay is added back
+    ],
+)
+def test_time_limit_from_r_with_the_start_delay_extension(
+    make_server, late_by, expires_after
+):
+    server, systemd, clock = make_server()
+    R = r_local(START - late_by, START - late_by + 100)
+    start_job(server, systemd, SDEXEC_R_LOCAL=R)
+    entry = server.stats()["job-exec"]["jobs"]["f1"]
+    assert entry["expiration"] == START + expires_after
+    assert entry["time-limit"] == expires_after
+    clock.advance(expires_after - 1)
+    assert systemd.kills_at == []
+    clock.advance(1)
+    assert systemd.kills_at == [(expires_after, "all", signal.SIGALRM)]
+
+
+def test_the_earlier_of_r_and_the_option_wins(make_server):
+    server, systemd, _ = make_server()
+    start_job(server, systemd, SDEXEC_R_LOCAL=r_local(START, START + 100),
+              SDEXEC_TIME_LIMIT="30s")  # fmt: skip
+    assert server.stats()["job-exec"]["jobs"]["f1"]["expiration"] == START + 30
+
+
+# -- what stats and list show ---------------------------------------------------------
+
+
+def test_jobs_in_stats_and_list(make_server):
+    server, systemd, clock = make_server()
+    start_job(server, systemd, SDEXEC_TIME_LIMIT="1h")
+    proc = server.list()["procs"][0]
+    assert (proc["pid"], proc["jobid"], proc["step"]) == (77, "f1", None)
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    clock.advance(26)
+    entry = server.stats()["job-exec"]["jobs"]["f1"]
+    assert {key: entry[key] for key in (
+        "id", "pid", "unit", "state", "step", "kill-attempts", "time-limit",
+        "expiration")} == {
+        "id": "f1", "pid": 77, "unit": UNIT, "state": "R", "step": "kill-shell",
+        "kill-attempts": 1, "time-limit": 3600.0, "expiration": START + 3600,
+    }  # fmt: skip
+    assert entry["termination"]["next"] == START + 30
+    assert entry["stop-timer"]["state"] == "idle"
+    assert server.list()["procs"][0]["step"] == "kill-shell"
+
+
+@ensureDeferred
+async def test_a_reaped_job_is_forgotten_with_its_timers(make_server):
+    server, systemd, clock = make_server()
+    start_job(server, systemd, SDEXEC_TIME_LIMIT="1h")
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    systemd.change(UNIT, {"SubState": "exited", "ExecMainCode": 1, "ExecMainStatus": 0})
+    systemd.release(UNIT)  # the output reaches EOF on the reactor
+    systemd.change(UNIT, INACTIVE)
+    for _ in range(200):
+        if not server.processes:
+            break
+        await deferLater(reactor, 0.01)
+    assert server.processes == {} and server.jobs.stats() == {}
+    assert clock.getDelayedCalls() == []
+
+
+def test_a_process_without_a_job_is_not_one(make_server):
+    server, systemd, _ = make_server()
+    payload = job_payload()
+    del payload["cmd"]["opts"]["SDEXEC_JOBID"]
+    server.exec(1, 1, payload, Recorder())
+    systemd.run(UNIT, pid=77)
+    assert server.stats()["job-exec"]["jobs"] == {}
+    assert "jobid" not in server.list()["procs"][0]
+    with pytest.raises(RequestError) as refused:
+        server.terminate({"pid": 77, "reason": "cancel"})
+    assert refused.value.errnum == errno.EINVAL
+    assert "pid=77 runs no job (exec it with SDEXEC_JOBID)" in refused.value.errstr
+
+
+def test_a_time_limit_alone_makes_a_job_named_by_its_unit(make_server):
+    server, _, _ = make_server()
+    payload = job_payload(SDEXEC_TIME_LIMIT="10s")
+    del payload["cmd"]["opts"]["SDEXEC_JOBID"]
+    server.exec(1, 1, payload, Recorder())
+    assert list(server.stats()["job-exec"]["jobs"]) == [UNIT]
+
+
+# -- bad requests ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("opts", "errnum", "text"),
+    [
+        ({"SDEXEC_TIME_LIMIT": "soon"}, errno.EINVAL, "SDEXEC_TIME_LIMIT: "),
+        ({"SDEXEC_R_LOCAL": "{"}, errno.EINVAL, "SDEXEC_R_LOCAL: "),
+        ({"SDEXEC_R_LOCAL": r_local(START, START - 5)}, errno.EINVAL,
+         "R: execution.expiration: "),
+    ],
+)  # fmt: skip
+def test_a_bad_job_request_names_the_option(make_server, opts, errnum, text):
+    server, _, _ = make_server()
+    with pytest.raises(RequestError) as refused:
+        server.exec(1, 1, job_payload(**opts), Recorder())
+    assert refused.value.errnum == errnum
+    assert refused.value.errstr.startswith(text) or text in refused.value.errstr
+    assert server.processes == {} and server.jobs.stats() == {}
+
+
+def test_a_job_id_already_running_is_eexist(make_server):
+    server, systemd, _ = make_server()
+    start_job(server, systemd)
+    with pytest.raises(RequestError) as refused:
+        server.exec(1, 2, job_payload(SDEXEC_NAME="other"), Recorder())
+    assert (refused.value.errnum, refused.value.errstr) == (
+        errno.EEXIST,
+        "SDEXEC_JOBID: job f1 is running",
+    )
+
+
+@pytest.mark.parametrize(
+    ("payload", "errnum", "text"),
+    [
+        ({"jobid": "f1"}, errno.EINVAL,
+         'reason: expected "cancel" or "timeout", got null'),
+        ({"jobid": "f1", "reason": "bored"}, errno.EINVAL,
+         'reason: expected "cancel" or "timeout", got "bored"'),
+        ({"reason": "cancel"}, errno.EINVAL,
+         "terminate needs exactly one of pid, label or jobid"),
+        ({"pid": 77, "jobid": "f1", "reason": "cancel"}, errno.EINVAL,
+         "terminate needs exactly one of pid, label or jobid"),
+        ({"pid": "77", "reason": "cancel"}, errno.EINVAL, "pid: expected an integer"),
+        ({"jobid": 7, "reason": "cancel"}, errno.EINVAL, "jobid: expected a string"),
+        ({"jobid": "nope", "reason": "cancel"}, errno.ESRCH,
+         "terminate jobid=nope not found"),
+        ({"label": "nope", "reason": "cancel"}, errno.ESRCH,
+         "terminate label=nope not found"),
+    ],
+)  # fmt: skip
+def test_a_bad_terminate_is_answered_over_the_wire(make_server, payload, errnum, text):
+    server, systemd, _ = make_server()
+    start_job(server, systemd)
+    connection = Connection(server)
+    try:
+        connection.send(Topic.TERMINATE, payload, matchtag=9)
+        assert connection.last() == {
+            "type": "response", "topic": Topic.TERMINATE, "matchtag": 9,
+            "errnum": errnum, "errstr": text,
+        }  # fmt: skip
+    finally:
+        connection.close()
+
+
+def test_terminate_over_the_wire_replies_with_the_jobs_state(make_server):
+    server, systemd, _ = make_server()
+    start_job(server, systemd)
+    connection = Connection(server)
+    try:
+        connection.send(Topic.TERMINATE, {"pid": 77, "reason": "cancel"}, matchtag=9)
+        reply = connection.last()["payload"]
+        assert (reply["id"], reply["step"]) == ("f1", "term")
+    finally:
+        connection.close()
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(malformed_terminate_payloads)
+def test_any_malformed_terminate_is_a_request_error(payload):
+    clock = Clock()
+    server = SdexecServer(FakeManager(), parse_config({}), reactor, clock=clock)
+    with pytest.raises(RequestError) as refused:
+        server.terminate(payload)
+    assert refused.value.errnum in (errno.EINVAL, errno.ESRCH)
+
+
+def test_the_stop_timer_takes_over_once_the_job_shell_died(make_server):
+    # SDEXEC AND JOB TERMINATION INTERACTION: kill-signal ended the main
+    # process, a task lingers in the unit; the sequence stops there and the
+    # unit's stop timer (sdexec-stop-timer-sec, default 640 s) acts.
+    server, systemd, clock = make_server()
+    responder = start_job(server, systemd)
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    clock.pump([1] * 25)
+    systemd.change(UNIT, {"SubState": "exited", "ExecMainCode": 2, "ExecMainStatus": 9})
+    systemd.change(UNIT, DEACTIVATING)
+    assert responder.responses[-1] == {"type": "finished", "status": signal.SIGKILL}
+    before = list(systemd.kills_at)
+    clock.pump([1] * 639)
+    assert systemd.kills_at == before  # the sequence ended with the shell
+    clock.advance(1)
+    assert systemd.kills_at[-1] == (25 + 640, "all", 10)
+    entry = server.stats()["job-exec"]["jobs"]["f1"]
+    assert (entry["step"], entry["stop-timer"]["state"]) == (None, "signaled")
+
+
+def test_a_job_whose_client_left_is_not_declared_unkillable(make_server):
+    # The client goes; its stream (and the job's view of `finished`) with it.
+    # The main process exits; a task lingers. The next step finds the exit
+    # and ends the sequence: no "unkillable job" drain, the stop timer's turn.
+    server, systemd, clock = make_server(**{"kill-timeout": "1s"})
+    connection = Connection(server)
+    connection.send(Topic.EXEC, job_payload())
+    systemd.run(UNIT, pid=77)
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    connection.close()
+    systemd.change(UNIT, {"SubState": "exited", "ExecMainCode": 2, "ExecMainStatus": 9})
+    systemd.change(UNIT, DEACTIVATING)
+    clock.pump([1] * 12)
+    assert kill_times(systemd, "all") == [0]
+    assert server.drain_reason is None
+    assert server.jobs.jobs["f1"].termination.step is TerminationStep.EXITED
+    assert server.jobs.jobs["f1"].termination.next_at is None

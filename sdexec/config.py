@@ -206,6 +206,11 @@ class SdexecConfig:
         return [d for d in self.mapper_searchpath.split(":") if d]
 
 
+#: D-Bus calls to the manager in flight at once (``[systemd] max-inflight``):
+#: well below the 128 pending replies a system bus allows a connection.
+DEFAULT_MAX_INFLIGHT = 64
+
+
 @dataclass(frozen=True)
 class SystemdConfig:
     """The ``[systemd]`` table (flux-config-systemd(5))."""
@@ -213,6 +218,8 @@ class SystemdConfig:
     enable: bool = False
     sdexec_debug: bool = False
     sdbus_debug: bool = False
+    #: Method calls awaiting their reply at once; more wait, in order.
+    max_inflight: int = DEFAULT_MAX_INFLIGHT
 
 
 @dataclass(frozen=True)
@@ -521,6 +528,7 @@ _SYSTEMD: _Table = {
     "enable": _Key(_boolean),
     "sdexec-debug": _Key(_boolean),
     "sdbus-debug": _Key(_boolean),
+    "max-inflight": _Key(_integer(1)),
 }
 
 _SCHEMA: dict[str, tuple[_Table, type]] = {

@@ -88,6 +88,7 @@ class SdexecServer:
         self.config = config
         self.containment = containment
         self.systemd.debug = config.systemd.sdbus_debug
+        self.systemd.max_inflight = config.systemd.max_inflight
 
     # -- exec --------------------------------------------------------------
 
@@ -164,24 +165,42 @@ class SdexecServer:
                 waiter.callback(None)
 
     def shutdown(self, grace: float) -> defer.Deferred:
-        """Abandon every process (their units are stopped) and wait up to
-        ``grace`` seconds for all of them to be reaped."""
+        """Abandon every process (their units are stopped) and wait until all
+        of them are reaped, for as long as one more is reaped at least every
+        ``grace`` seconds: stopping thousands of units takes longer than any
+        fixed grace, while a unit that never stops must not hold the exit."""
         for process in list(self.processes.values()):
             process.abandon()
         if not self.processes:
             return defer.succeed(None)
         waiter: defer.Deferred = defer.Deferred()
         self._all_reaped.append(waiter)
-        waiter.addTimeout(grace, self.clock, onTimeoutCancel=self._shutdown_timeout)
+        self._check_shutdown_progress(waiter, grace, self.counters["reaped"])
         return waiter
 
-    def _shutdown_timeout(self, result, timeout) -> None:
+    def _check_shutdown_progress(
+        self, waiter: defer.Deferred, grace: float, reaped_before: int
+    ) -> None:
+        timer = self.clock.callLater(
+            grace, self._shutdown_progress, waiter, grace, reaped_before
+        )
+        waiter.addBoth(lambda result: timer.cancel() if timer.active() else None)
+
+    def _shutdown_progress(
+        self, waiter: defer.Deferred, grace: float, reaped_before: int
+    ) -> None:
+        reaped = self.counters["reaped"]
+        if reaped > reaped_before:
+            self._check_shutdown_progress(waiter, grace, reaped)
+            return
         names = ", ".join(process.unit_name for process in self.processes.values())
         log.error(
-            "units still not reaped after {timeout}s: {names}",
-            timeout=timeout,
+            "units still not reaped, none for {grace}s: {names}",
+            grace=grace,
             names=names,
         )
+        self._all_reaped.remove(waiter)
+        waiter.callback(None)
 
     # -- write, kill, list, stats ------------------------------------------------
 

@@ -99,6 +99,7 @@ class SdexecService(Service):
         containment = Containment.from_config(self.config)
         systemd = yield self._connect()
         systemd.debug = self.config.systemd.sdbus_debug
+        systemd.max_inflight = self.config.systemd.max_inflight
         systemd.disconnected.addCallback(self._lost_systemd)
         self.server = SdexecServer(systemd, self.config, self.reactor, containment)
         systemd.on_call = self.metrics.dbus_call

@@ -23,7 +23,7 @@ from typing import Any
 
 from twisted.internet import defer
 
-from sdexec.config import Config, default_config
+from sdexec.config import DEFAULT_MAX_INFLIGHT, Config, default_config
 from sdexec.containment import Containment
 from sdexec.plan import ExecPlan, plan_exec
 from sdexec.property import UnitProperty
@@ -70,6 +70,7 @@ class FakeManager:
 
     def __init__(self) -> None:
         self.debug = False
+        self.max_inflight = DEFAULT_MAX_INFLIGHT  # answers at once: never full
         self.disconnected: defer.Deferred[None] = defer.Deferred()
         self.calls: list[tuple[Any, ...]] = []
         self.units: dict[str, State] = {}

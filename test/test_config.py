@@ -145,6 +145,8 @@ KEYS = [
         f"{BOOLEAN}, got 1"),
     Key("systemd.sdbus-debug", "systemd.sdbus_debug", False, True, True, "false",
         f'{BOOLEAN}, got "false"'),
+    Key("systemd.max-inflight", "systemd.max_inflight", 64, 16, 16, 0,
+        "expected an integer of at least 1, got 0"),
 ]  # fmt: skip
 
 
@@ -588,6 +590,7 @@ def test_effective_is_introspection_plus_every_table():
         "enable": False,
         "sdexec-debug": False,
         "sdbus-debug": False,
+        "max-inflight": 64,
     }
     json.dumps(effective)  # every value is JSON
 

@@ -17,20 +17,25 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import string
 import time
+from array import array
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from dbus_fast import BusType, Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
+from dbus_fast.aio.message_bus import _MessageWriter
 from dbus_fast.errors import DBusError
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
+from sdexec.config import DEFAULT_MAX_INFLIGHT
 from sdexec.property import FD_PROPERTIES, UnitProperty
 from sdexec.systemd.errors import SystemdError
 from sdexec.systemd.watch import UnitWatch, WatchRegistry
+from sdexec.systemd.window import CallWindow
 
 __all__ = [
     "SystemdClient",
@@ -93,6 +98,59 @@ def session_bus_address() -> str | None:
     return None
 
 
+class _PatientWriter(_MessageWriter):
+    """dbus-fast's writer, but a full socket makes it wait for the socket to
+    be writable instead of closing the connection.
+
+    dbus-fast (5.2, as python-dbus-next, altdesktop/python-dbus-next#153)
+    treats the ``BlockingIOError`` of a non-blocking ``send`` like any other
+    error: a burst of calls that fills the send buffer failed every pending
+    call with EAGAIN and closed the bus. This is its ``write_callback`` with
+    that one case added; the window of calls (:class:`CallWindow`) keeps
+    the queue short, this keeps a full transport from being fatal.
+    """
+
+    def write_callback(self, remove_writer: bool = True) -> None:
+        sock, fd = self.sock, self.fd
+        assert sock is not None and fd is not None  # set before any write
+        try:
+            while True:
+                if self.buf is None:
+                    if not self.messages:
+                        if remove_writer:
+                            self.loop.remove_writer(fd)
+                        return
+                    buf, self.unix_fds, self.fut = self.messages.popleft()
+                    self.buf = memoryview(buf)
+                    self.offset = 0
+                self.offset += self._send(sock, self.buf[self.offset :])
+                if self.offset < len(self.buf):
+                    return  # the rest when the socket is writable again
+                self.buf = None
+                if self.fut is not None and not self.fut.done():
+                    self.fut.set_result(None)
+        except (BlockingIOError, InterruptedError):
+            # Full: write again once the socket is writable.
+            self.loop.add_writer(fd, self.write_callback)
+        except Exception as error:
+            if self.fut is not None and not self.fut.done():
+                if self.bus._user_disconnect:
+                    self.fut.set_result(None)
+                else:
+                    self.fut.set_exception(error)
+            self.bus._finalize(error)
+
+    def _send(self, sock: socket.socket, data: memoryview) -> int:
+        if not (self.unix_fds and self.negotiate_unix_fd):
+            return sock.send(data)
+        # The fds go with the first bytes; a send that raises sent neither,
+        # so they stay for the next try.
+        fds = array("i", self.unix_fds)
+        sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        self.unix_fds = None
+        return sent
+
+
 class SystemdClient:
     """A connection to a systemd manager (user or system) over D-Bus.
 
@@ -109,8 +167,12 @@ class SystemdClient:
         #: call (sdexec/metrics.py).
         self.on_call: Callable[[str, float, bool], None] | None = None
         self.disconnected: Deferred[None] = Deferred()
+        #: Every method call goes through it (``[systemd] max-inflight``).
+        self.window = CallWindow(DEFAULT_MAX_INFLIGHT)
         bus.add_message_handler(self._on_message)
-        self._defer(bus.wait_for_disconnect()).addBoth(self._on_disconnect)
+        Deferred.fromFuture(asyncio.ensure_future(bus.wait_for_disconnect())).addBoth(
+            self._on_disconnect
+        )
 
     @classmethod
     def connect(
@@ -142,6 +204,9 @@ class SystemdClient:
             raise SystemdError(
                 "sdexec.NoBus", f"cannot connect to D-Bus at {address}: {error}"
             ) from error
+        # Nothing was written through dbus-fast's own writer yet (the Hello
+        # goes around it), so it can be swapped for the patient one.
+        bus._writer = _PatientWriter(bus)
         client = cls(bus)
         try:
             await client._call(
@@ -161,6 +226,16 @@ class SystemdClient:
     def disconnect(self) -> None:
         """Close the connection; :attr:`disconnected` fires."""
         self._bus.disconnect()
+
+    @property
+    def max_inflight(self) -> int:
+        """How many method calls may await their reply at once; the others
+        wait, in order, for a slot."""
+        return self.window.limit
+
+    @max_inflight.setter
+    def max_inflight(self, limit: int) -> None:
+        self.window.limit = limit
 
     # -- Manager methods -------------------------------------------------
 
@@ -183,7 +258,7 @@ class SystemdClient:
             for index, fd_name in enumerate(FD_PROPERTIES)
         ]
         return self._defer(
-            self._manager(
+            lambda: self._manager(
                 "StartTransientUnit",
                 "ssa(sv)a(sa(sv))",
                 [name, mode, to_variants([*properties, *fd_properties]), []],
@@ -193,34 +268,34 @@ class SystemdClient:
 
     def stop_unit(self, name: str, mode: str = "fail") -> Deferred[str]:
         """``StopUnit``; fires with the job path."""
-        return self._defer(self._manager("StopUnit", "ss", [name, mode])).addCallback(
-            lambda body: body[0]
-        )
+        return self._defer(
+            lambda: self._manager("StopUnit", "ss", [name, mode])
+        ).addCallback(lambda body: body[0])
 
     def kill_unit(self, name: str, who: str, signal: int) -> Deferred[None]:
         """``KillUnit``: send ``signal`` to ``who`` (``main``, ``control`` or
         ``all``) of the unit."""
         return self._defer(
-            self._manager("KillUnit", "ssi", [name, who, signal])
+            lambda: self._manager("KillUnit", "ssi", [name, who, signal])
         ).addCallback(lambda _: None)
 
     def reset_failed_unit(self, name: str) -> Deferred[None]:
         """``ResetFailedUnit``: forget a failed unit so it can be unloaded."""
-        return self._defer(self._manager("ResetFailedUnit", "s", [name])).addCallback(
-            lambda _: None
-        )
+        return self._defer(
+            lambda: self._manager("ResetFailedUnit", "s", [name])
+        ).addCallback(lambda _: None)
 
     def list_units_by_patterns(
         self, states: list[str], patterns: list[str]
     ) -> Deferred[list[tuple]]:
         """``ListUnitsByPatterns``: the 10-field unit tuples systemd returns."""
         return self._defer(
-            self._manager("ListUnitsByPatterns", "asas", [states, patterns])
+            lambda: self._manager("ListUnitsByPatterns", "asas", [states, patterns])
         ).addCallback(lambda body: [tuple(unit) for unit in body[0]])
 
     def get_all(self, path: str, interface: str) -> Deferred[dict[str, Any]]:
         """``Properties.GetAll`` on an object, values unwrapped."""
-        return self._defer(self._get_all(path, interface))
+        return self._defer(lambda: self._get_all(path, interface))
 
     def watch_unit(
         self, name: str, callback: Callable[[dict[str, Any]], None]
@@ -235,14 +310,15 @@ class SystemdClient:
 
     def get_unit_state(self, path: str) -> Deferred[dict[str, Any]]:
         """``GetAll`` of the ``Unit`` and ``Service`` interfaces, merged."""
-        return self._defer(self._get_unit_state(path))
+        return self._defer(lambda: self._get_unit_state(path))
 
     # -- plumbing --------------------------------------------------------
 
-    def _defer(self, coroutine: Coroutine[Any, Any, Any]) -> Deferred[Any]:
-        return Deferred.fromFuture(asyncio.ensure_future(coroutine)).addErrback(
-            _translate_failure
-        )
+    def _defer(self, call: Callable[[], Coroutine[Any, Any, Any]]) -> Deferred[Any]:
+        """Run ``call()`` once the window has a slot for it."""
+        return self.window.submit(
+            lambda: Deferred.fromFuture(asyncio.ensure_future(call()))
+        ).addErrback(_translate_failure)
 
     async def _get_unit_state(self, path: str) -> dict[str, Any]:
         state: dict[str, Any] = {}

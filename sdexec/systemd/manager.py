@@ -31,6 +31,8 @@ class Manager(Protocol):
     """What the server and its processes ask of systemd."""
 
     debug: bool
+    #: Method calls awaiting a reply at once (``[systemd] max-inflight``).
+    max_inflight: int
     disconnected: Deferred[None]
 
     def watch_unit(

@@ -65,6 +65,8 @@ class SdexecServer:
         self.containment = containment or Containment(config, None)
         self._all_reaped: list[defer.Deferred[None]] = []
         self.processes: dict[tuple[int, int], Process] = {}
+        #: Each unit name has one owner: the process that runs it.
+        self.units: dict[str, Process] = {}
         self.counters: Counter[str] = Counter()
         self.drain_reason: str | None = None
         #: The only uid whose requests are served: the service's own.
@@ -105,6 +107,12 @@ class SdexecServer:
         key = (connection_id, matchtag)
         if key in self.processes:
             raise RequestError(errno.EEXIST, f"matchtag {matchtag} is already in use")
+        if plan.unit_name in self.units:
+            # Refused before anything is made: a second watch or a failed
+            # start must not touch the running unit's stream.
+            raise RequestError(
+                errno.EEXIST, f"unit {plan.unit_name} is already run by this service"
+            )
         if self.observer is not None:
             responder = self.observer.watch_exec(responder)
         if plan.mapped:
@@ -124,6 +132,7 @@ class SdexecServer:
             verify=self._fence_verifier(plan.fence),
         )
         self.processes[key] = process
+        self.units[plan.unit_name] = process
         process.start()
 
     def _fence_verifier(
@@ -157,7 +166,9 @@ class SdexecServer:
         self.counters[event] += 1
 
     def _reaped(self, key: tuple[int, int]) -> None:
-        self.processes.pop(key, None)
+        process = self.processes.pop(key, None)
+        if process is not None:
+            self.units.pop(process.unit_name, None)
         self.counters["reaped"] += 1
         if not self.processes:
             waiting, self._all_reaped = self._all_reaped, []

@@ -206,6 +206,11 @@ class SdexecConfig:
         return [d for d in self.mapper_searchpath.split(":") if d]
 
 
+#: Seconds from systemd's start job to the process's ``started`` before the
+#: request is ended (``[systemd] start-timeout``): longer than systemd's own
+#: ``DefaultTimeoutStartSec`` (90 s), so that systemd's verdict comes first.
+DEFAULT_START_TIMEOUT = 120.0
+
 #: D-Bus calls to the manager in flight at once (``[systemd] max-inflight``):
 #: well below the 128 pending replies a system bus allows a connection.
 DEFAULT_MAX_INFLIGHT = 64
@@ -220,6 +225,8 @@ class SystemdConfig:
     sdbus_debug: bool = False
     #: Method calls awaiting their reply at once; more wait, in order.
     max_inflight: int = DEFAULT_MAX_INFLIGHT
+    #: How long a started unit may take to show a running process.
+    start_timeout: float = DEFAULT_START_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -529,6 +536,7 @@ _SYSTEMD: _Table = {
     "sdexec-debug": _Key(_boolean),
     "sdbus-debug": _Key(_boolean),
     "max-inflight": _Key(_integer(1)),
+    "start-timeout": _Key(_positive_duration),
 }
 
 _SCHEMA: dict[str, tuple[_Table, type]] = {

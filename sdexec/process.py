@@ -19,10 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from sdexec.config import DEFAULT_START_TIMEOUT
 from sdexec.ioencode import encode_io
 from sdexec.plan import ExecPlan
 from sdexec.protocol import ExecFlag
@@ -76,6 +77,10 @@ class ProcessContext:
     rank: str
     count: Callable[[str], None] = lambda event: None  # the statistics
     debug: bool = False  # log every unit state change
+    #: Seconds from the start job to ``started`` before the request is ended
+    #: (``[systemd] start-timeout``): a unit whose states the model does not
+    #: expect (``Type=forking``, no ``ExecMainPID``, …) must not hang it.
+    start_timeout: float = DEFAULT_START_TIMEOUT
 
 
 class Process:
@@ -108,6 +113,7 @@ class Process:
         self._ended = False  # the stream's last response is sent
         self._reaped = False
         self._failure_confirmed = False  # by a GetAll after failed/no status
+        self._start_deadline: IDelayedCall | None = None
         self.stop_timer = StopTimer(
             plan.stop_timer,
             context.clock,
@@ -216,6 +222,9 @@ class Process:
     def _start_accepted(self, job: str) -> None:
         self._called.add(UnitCall.START)
         assert self._watch is not None  # made before the start was asked for
+        self._start_deadline = self._context.clock.callLater(
+            self._context.start_timeout, self._start_overdue
+        )
         if isinstance(self._responder, _Nowhere):
             self._stop()  # the client left while systemd was starting it
             return
@@ -266,6 +275,7 @@ class Process:
         self._maybe_end()
 
     def _started(self, properties: dict[str, Any], pid: int) -> None:
+        self._cancel_start_deadline()
         problem = self._verify(properties, pid) if self._verify else None
         if problem is None:
             self._once(Sent.STARTED, {"type": "started", "pid": pid})
@@ -335,9 +345,35 @@ class Process:
         self.kill(signal.SIGKILL).addErrback(self._log_failure, "KillUnit(SIGKILL)")
         self._stop()
 
+    def _start_overdue(self) -> None:
+        """No ``started`` within the start timeout: the unit's states are
+        not the model's. End the request saying what was seen, stop the
+        unit, and reap it once it is inactive and its outputs closed."""
+        self._start_deadline = None
+        if self._outcome_known:
+            return
+        seen = self.status
+        message = (
+            f"unit {self.unit_name} did not start a process sdexec can follow"
+            f" within {self._context.start_timeout:g} s: last seen"
+            f" {seen.active_state or 'no state'}/{seen.sub_state or '-'},"
+            f" ExecMainPID {seen.pid}, ExecMainCode {seen.code},"
+            f" Result {seen.result or '-'}{_unit_type(self.plan.properties)}"
+        )
+        log.warn("{message}", message=message)
+        self._fail(errno.EIO, message)
+        self._stop()
+        self._maybe_end()
+
+    def _cancel_start_deadline(self) -> None:
+        if self._start_deadline is not None:
+            self._start_deadline.cancel()
+            self._start_deadline = None
+
     def _fail(self, errnum: int, errstr: str) -> None:
         """End the stream with an error (no more responses follow); what
         output is left is read to EOF and discarded."""
+        self._cancel_start_deadline()
         if not self._ended:
             self._ended = True
             self._responder.error(errnum, errstr)
@@ -348,6 +384,7 @@ class Process:
             return
         self._reaped = True
         self.stop_timer.cancel()
+        self._cancel_start_deadline()
         if self._watch is not None:
             self._watch.cancel()
         self.stdin.close()
@@ -389,6 +426,14 @@ class Process:
     def _gave_up(self) -> None:
         self._fail(errno.EDEADLK, "SIGKILL timeout, unit may still be active")
         self._reap()
+
+
+def _unit_type(properties: Any) -> str:
+    """``, Type=X`` when the request set the unit's type, else nothing."""
+    for prop in properties:
+        if prop.name == "Type":
+            return f", Type={prop.value}"
+    return ""
 
 
 class _Nowhere:

@@ -127,6 +127,7 @@ class SdexecServer:
                 rank=self.rank,
                 count=self.count,
                 debug=self.config.systemd.sdexec_debug,
+                start_timeout=self.config.systemd.start_timeout,
             ),
             on_reaped=lambda process: self._reaped(key),
             verify=self._fence_verifier(plan.fence),

@@ -147,6 +147,8 @@ KEYS = [
         f'{BOOLEAN}, got "false"'),
     Key("systemd.max-inflight", "systemd.max_inflight", 64, 16, 16, 0,
         "expected an integer of at least 1, got 0"),
+    Key("systemd.start-timeout", "systemd.start_timeout", 120.0, "5m", 300.0, 0,
+        "expected a duration greater than 0, got 0"),
 ]  # fmt: skip
 
 
@@ -591,6 +593,7 @@ def test_effective_is_introspection_plus_every_table():
         "sdexec-debug": False,
         "sdbus-debug": False,
         "max-inflight": 64,
+        "start-timeout": 120.0,
     }
     json.dumps(effective)  # every value is JSON
 

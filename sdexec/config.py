@@ -180,6 +180,9 @@ class SdexecConfig:
     #: Twisted server endpoint for requests; ``None``: the service's default,
     #: ``unix:$XDG_RUNTIME_DIR/sdexec/sdexec.sock``.
     listen: str | None = None
+    #: The listen backlog of ``listen``; ``None``: the kernel's
+    #: ``net.core.somaxconn``.
+    listen_backlog: int | None = None
     #: Twisted server endpoint for HTTP statistics; ``None``: the service's
     #: default, ``tcp:8490:interface=127.0.0.1``.
     stats: str | None = None
@@ -523,6 +526,7 @@ _SDEXEC: _Table = {
     "mapper": _Key(_class_name),
     "mapper-searchpath": _Key(_searchpath),
     "listen": _Key(_endpoint),
+    "listen-backlog": _Key(_integer(1)),
     "stats": _Key(_endpoint),
     "rank": _Key(_integer(0)),
     "topology": _Key(_string),

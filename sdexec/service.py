@@ -19,7 +19,7 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from sdexec.activation import server_endpoint
+from sdexec.activation import kernel_somaxconn, server_endpoint, with_backlog
 from sdexec.config import Config, ConfigError, load_config
 from sdexec.containment import Containment
 from sdexec.metrics import Metrics
@@ -104,9 +104,9 @@ class SdexecService(Service):
         self.server = SdexecServer(systemd, self.config, self.reactor, containment)
         systemd.on_call = self.metrics.dbus_call
         self.server.observer = self.metrics
-        self.ports["listen"] = yield server_endpoint(self.reactor, self.listen).listen(
-            SdexecServerFactory(self.server)
-        )
+        self.ports["listen"] = yield server_endpoint(
+            self.reactor, with_backlog(self.listen, self._listen_backlog())
+        ).listen(SdexecServerFactory(self.server))
         self.ports["stats"] = yield server_endpoint(self.reactor, self.stats).listen(
             stats_site(self.server.stats, self.metrics.resource())
         )
@@ -118,6 +118,11 @@ class SdexecService(Service):
             stats=self.stats,
         )
         return self
+
+    def _listen_backlog(self) -> int:
+        """``[sdexec] listen-backlog``, else the kernel's cap (Twisted's own
+        default, 50, refused a burst of connects with EAGAIN)."""
+        return self.config.sdexec.listen_backlog or kernel_somaxconn()
 
     def _server_stats(self) -> dict:
         assert self.server is not None, "the stats endpoint listens after start"

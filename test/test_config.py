@@ -124,6 +124,8 @@ KEYS = [
         "unix:/tmp/sdexec.sock", "tpc:8490",
         '"tpc:8490" is not a Twisted server endpoint such as unix:/path or tcp:PORT'
         " (Unknown endpoint type: 'tpc')"),
+    Key("sdexec.listen-backlog", "sdexec.listen_backlog", None, 1024, 1024, "1k",
+        'expected an integer of at least 1, got "1k"'),
     Key("sdexec.stats", "sdexec.stats", None, "tcp:9000:interface=127.0.0.1",
         "tcp:9000:interface=127.0.0.1", "tcp:http",
         '"tcp:http" is not a Twisted server endpoint such as unix:/path or tcp:PORT'

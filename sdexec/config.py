@@ -214,6 +214,10 @@ class SdexecConfig:
 #: ``DefaultTimeoutStartSec`` (90 s), so that systemd's verdict comes first.
 DEFAULT_START_TIMEOUT = 120.0
 
+#: Seconds without systemd before the service drains
+#: (``[systemd] reconnect-timeout``).
+DEFAULT_RECONNECT_TIMEOUT = 60.0
+
 #: D-Bus calls to the manager in flight at once (``[systemd] max-inflight``):
 #: well below the 128 pending replies a system bus allows a connection.
 DEFAULT_MAX_INFLIGHT = 64
@@ -230,6 +234,8 @@ class SystemdConfig:
     max_inflight: int = DEFAULT_MAX_INFLIGHT
     #: How long a started unit may take to show a running process.
     start_timeout: float = DEFAULT_START_TIMEOUT
+    #: How long systemd may be away before the service drains.
+    reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -541,6 +547,7 @@ _SYSTEMD: _Table = {
     "sdbus-debug": _Key(_boolean),
     "max-inflight": _Key(_integer(1)),
     "start-timeout": _Key(_positive_duration),
+    "reconnect-timeout": _Key(_positive_duration),
 }
 
 _SCHEMA: dict[str, tuple[_Table, type]] = {

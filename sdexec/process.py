@@ -35,6 +35,7 @@ from sdexec.systemd.channel import (
     OutputGate,
     socketpair_for_systemd,
 )
+from sdexec.systemd.errors import is_connection_lost
 
 __all__ = ["Process", "ProcessContext", "Responder", "Sent", "UnitCall"]
 
@@ -204,6 +205,17 @@ class Process:
         if UnitCall.START in self._called and UnitCall.RESET not in self._called:
             self._stop()
 
+    def resync(self) -> None:
+        """systemd is back after a loss: read the unit's state afresh (the
+        signals in between were lost) and redo the calls the loss failed.
+        A unit that vanished meanwhile ends the request with an error."""
+        if self._reaped or self._watch is None or UnitCall.START not in self._called:
+            return  # a start lost with the connection ended its request
+        self._called.discard(UnitCall.CONFIRM_FAILURE)  # this refresh confirms
+        self._watch.refresh().addErrback(self._resync_failed)
+        if isinstance(self._responder, _Nowhere):
+            self._stop()  # abandoned while systemd was away
+
     def pause_output(self) -> None:
         """The client reads slowly: stop reading the process's output."""
         self.output.pause()
@@ -251,6 +263,9 @@ class Process:
         self._reap()
 
     def _unit_changed(self, properties: dict[str, Any]) -> None:
+        if properties.get("LoadState") == "not-found" and not self._outcome_known:
+            self._vanished("is gone")
+            return
         status = self.status = UnitStatus.from_properties(properties)
         if self._context.debug:
             log.info("{unit}: {state}", unit=self.unit_name, state=status)
@@ -365,6 +380,19 @@ class Process:
         self._stop()
         self._maybe_end()
 
+    def _resync_failed(self, failure: Failure) -> None:
+        if is_connection_lost(failure.value):
+            return  # lost again: the next restore resyncs
+        self._vanished(f"cannot be read: {failure.getErrorMessage()}")
+
+    def _vanished(self, what: str) -> None:
+        """The unit is no longer systemd's (its manager restarted, or it was
+        unloaded while the connection was down): nothing more will come."""
+        message = f"unit {self.unit_name} {what} (lost while systemd was away)"
+        log.warn("{message}", message=message)
+        self._fail(errno.EIO, message)
+        self._reap()
+
     def _cancel_start_deadline(self) -> None:
         if self._start_deadline is not None:
             self._start_deadline.cancel()
@@ -399,7 +427,12 @@ class Process:
     def _call(self, call: UnitCall, method: Callable[[str], Any]) -> None:
         if call not in self._called:
             self._called.add(call)
-            method(self.unit_name).addErrback(self._log_failure, call.value)
+            method(self.unit_name).addErrback(self._call_failed, call)
+
+    def _call_failed(self, failure: Failure, call: UnitCall) -> None:
+        if is_connection_lost(failure.value):
+            self._called.discard(call)  # made again after the reconnection
+        self._log_failure(failure, call.value)
 
     def _once(self, kind: Sent, payload: dict[str, Any]) -> None:
         if kind not in self._sent:

@@ -103,6 +103,8 @@ class SdexecServer:
                 errno.EBUSY,
                 f"node is drained: {self.drain_reason} (sdexec undrain clears it)",
             )
+        if not self.systemd.connected:
+            raise RequestError(errno.EAGAIN, "reconnecting to systemd")
         plan = plan_exec(payload, self.config, self.containment)
         key = (connection_id, matchtag)
         if key in self.processes:
@@ -161,6 +163,11 @@ class SdexecServer:
             return None
         self.drain(problem)
         return problem
+
+    def systemd_restored(self) -> None:
+        """systemd is back after a loss: every process re-reads its unit."""
+        for process in list(self.processes.values()):
+            process.resync()
 
     def count(self, event: str) -> None:
         """One more ``event`` in the statistics' counters."""

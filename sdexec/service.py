@@ -24,6 +24,7 @@ from sdexec.config import Config, ConfigError, load_config
 from sdexec.containment import Containment
 from sdexec.metrics import Metrics
 from sdexec.notify import Readiness, describe_server
+from sdexec.outage import SystemdOutage
 from sdexec.protocol import default_socket_path
 from sdexec.server import SdexecServer, SdexecServerFactory
 from sdexec.stats import stats_site
@@ -84,6 +85,7 @@ class SdexecService(Service):
         self.listen = listen or config.sdexec.listen or default_listen_endpoint()
         self.stats = stats or config.sdexec.stats or DEFAULT_STATS_ENDPOINT
         self.server: SdexecServer | None = None
+        self.outage: SystemdOutage | None = None
         self.ports: dict[str, Any] = {}
         self.ready: defer.Deferred = defer.Deferred()
         # sd_notify (a no-op without $NOTIFY_SOCKET): see sdexec/notify.py
@@ -100,8 +102,10 @@ class SdexecService(Service):
         systemd = yield self._connect()
         systemd.debug = self.config.systemd.sdbus_debug
         systemd.max_inflight = self.config.systemd.max_inflight
-        systemd.disconnected.addCallback(self._lost_systemd)
         self.server = SdexecServer(systemd, self.config, self.reactor, containment)
+        self.outage = SystemdOutage(self.server)
+        systemd.on_lost = self.outage.lost
+        systemd.on_restored = self.outage.restored
         systemd.on_call = self.metrics.dbus_call
         self.server.observer = self.metrics
         self.ports["listen"] = yield server_endpoint(
@@ -150,15 +154,6 @@ class SdexecService(Service):
         self.reactor.addSystemEventTrigger("after", "shutdown", _exit_failed)
         self.reactor.stop()
 
-    def _lost_systemd(self, _: object) -> None:
-        if not self.running:
-            return  # our own disconnect, at stop
-        log.error("lost the D-Bus connection to systemd")
-        assert self.server is not None  # made before systemd was watched
-        self.server.drain("lost the D-Bus connection to systemd")
-        if self.exit_on_failure:  # under twistd: let the supervisor restart us
-            self.reactor.callWhenRunning(self._exit_after_shutdown)
-
     def _install_sighup(self) -> None:
         # Called from the reactor thread; the handler only schedules work.
         signal.signal(
@@ -196,6 +191,8 @@ class SdexecService(Service):
         self.readiness.stopping()
         for port in self.ports.values():
             yield port.stopListening()
+        if self.outage is not None:
+            self.outage.stop()
         if self.server is not None:
             yield self.server.shutdown(SHUTDOWN_GRACE_SECONDS)
             self.server.systemd.disconnect()

@@ -29,7 +29,7 @@ from sdexec.plan import ExecPlan, plan_exec
 from sdexec.property import UnitProperty
 from sdexec.protocol import ExecFlag
 from sdexec.systemd.bus import unit_object_path
-from sdexec.systemd.errors import SystemdError
+from sdexec.systemd.errors import SystemdError, reconnecting
 from sdexec.systemd.watch import UnitWatch, WatchRegistry
 
 __all__ = [
@@ -71,6 +71,9 @@ class FakeManager:
     def __init__(self) -> None:
         self.debug = False
         self.max_inflight = DEFAULT_MAX_INFLIGHT  # answers at once: never full
+        self.connected = True
+        self.on_lost: Callable[[str], None] | None = None
+        self.on_restored: Callable[[], None] | None = None
         self.disconnected: defer.Deferred[None] = defer.Deferred()
         self.calls: list[tuple[Any, ...]] = []
         self.units: dict[str, State] = {}
@@ -102,6 +105,8 @@ class FakeManager:
         mode: str = "fail",
     ) -> defer.Deferred[str]:
         self.calls.append(("start", name))
+        if not self.connected:
+            return defer.fail(reconnecting())
         if self.refuse_start is not None:
             return defer.fail(self.refuse_start)
         self.properties[name] = list(properties)
@@ -111,6 +116,8 @@ class FakeManager:
 
     def stop_unit(self, name: str, mode: str = "fail") -> defer.Deferred[str]:
         self.calls.append(("stop", name))
+        if not self.connected:
+            return defer.fail(reconnecting())
         if self.stop_to_inactive:
             self.release(name)
             self.change(name, {"ActiveState": "inactive", "SubState": "dead"})
@@ -118,16 +125,34 @@ class FakeManager:
 
     def kill_unit(self, name: str, who: str, signal: int) -> defer.Deferred[None]:
         self.calls.append(("kill", who, signal))
+        if not self.connected:
+            return defer.fail(reconnecting())
         return defer.succeed(None)
 
     def reset_failed_unit(self, name: str) -> defer.Deferred[None]:
         self.calls.append(("reset", name))
+        if not self.connected:
+            return defer.fail(reconnecting())
         return defer.succeed(None)
 
     def disconnect(self) -> None:
         self.calls.append(("disconnect",))
         if not self.disconnected.called:
             self.disconnected.callback(None)
+
+    # -- losing the manager ---------------------------------------------------
+
+    def lose(self, reason: str = "the D-Bus connection closed") -> None:
+        """systemd goes away: calls fail with EAGAIN until :meth:`restore`."""
+        self.connected = False
+        if self.on_lost is not None:
+            self.on_lost(reason)
+
+    def restore(self) -> None:
+        """systemd is back (units keep the state :meth:`change` gave them)."""
+        self.connected = True
+        if self.on_restored is not None:
+            self.on_restored()
 
     # -- driving a unit -------------------------------------------------------
 
@@ -180,6 +205,8 @@ class FakeManager:
 
     def _get_all(self, name: str) -> defer.Deferred[State]:
         self.calls.append(("get-all", name))
+        if not self.connected:
+            return defer.fail(reconnecting())
         if self.hold_refresh:
             answer: defer.Deferred[State] = defer.Deferred()
             self._held.append((name, answer))

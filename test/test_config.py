@@ -151,6 +151,8 @@ KEYS = [
         "expected an integer of at least 1, got 0"),
     Key("systemd.start-timeout", "systemd.start_timeout", 120.0, "5m", 300.0, 0,
         "expected a duration greater than 0, got 0"),
+    Key("systemd.reconnect-timeout", "systemd.reconnect_timeout", 60.0, "10s", 10.0,
+        "0s", 'expected a duration greater than 0, got "0s"'),
 ]  # fmt: skip
 
 
@@ -596,6 +598,7 @@ def test_effective_is_introspection_plus_every_table():
         "sdbus-debug": False,
         "max-inflight": 64,
         "start-timeout": 120.0,
+        "reconnect-timeout": 60.0,
     }
     json.dumps(effective)  # every value is JSON
 

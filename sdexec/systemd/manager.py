@@ -34,6 +34,12 @@ class Manager(Protocol):
     #: Method calls awaiting a reply at once (``[systemd] max-inflight``).
     max_inflight: int
     disconnected: Deferred[None]
+    #: The manager is reachable; while not, calls fail at once with EAGAIN.
+    connected: bool
+    #: ``on_lost(reason)`` when systemd goes away; ``on_restored()`` when it
+    #: is back (re-subscribed: every tracked unit's state should be re-read).
+    on_lost: Callable[[str], None] | None
+    on_restored: Callable[[], None] | None
 
     def watch_unit(
         self, name: str, callback: Callable[[dict[str, Any]], None]

@@ -201,6 +201,9 @@ class SdexecConfig:
     #: syslog priority prefix when stdout is the journal) or ``"json"``
     #: (Twisted's JSON log observer, for log shippers). See sdexec/logs.py.
     log_format: str = "text"
+    #: What to do with units of an earlier run found at start or after a
+    #: reconnection (sdexec/leftovers.py): ``"stop"`` or ``"keep"``.
+    leftover_units: str = "stop"
 
     @property
     def mapper_searchpath_dirs(self) -> list[str]:
@@ -539,6 +542,7 @@ _SDEXEC: _Table = {
     "max-frame-size": _Key(_frame_size),
     "containment-check": _Key(_one_of("drain", "warn")),
     "log-format": _Key(_one_of("text", "json")),
+    "leftover-units": _Key(_one_of("stop", "keep")),
 }
 
 _SYSTEMD: _Table = {

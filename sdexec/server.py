@@ -28,6 +28,7 @@ from sdexec.containment import Containment, check_cpu_fence, enforced_cpus
 from sdexec.framing import JSONLineProtocol
 from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
+from sdexec.leftovers import Leftover, Leftovers, marked
 from sdexec.plan import RequestError, plan_exec
 from sdexec.process import Process, ProcessContext
 from sdexec.protocol import Topic
@@ -67,6 +68,11 @@ class SdexecServer:
         self.processes: dict[tuple[int, int], Process] = {}
         #: Each unit name has one owner: the process that runs it.
         self.units: dict[str, Process] = {}
+        #: Appended to every unit's Description: how the service knows its
+        #: own units after a restart (sdexec/leftovers.py); set by the service.
+        self.unit_mark = ""
+        #: Units of an earlier run (set by the service).
+        self.leftovers: Leftovers | None = None
         self.counters: Counter[str] = Counter()
         self.drain_reason: str | None = None
         #: The only uid whose requests are served: the service's own.
@@ -106,10 +112,14 @@ class SdexecServer:
         if not self.systemd.connected:
             raise RequestError(errno.EAGAIN, "reconnecting to systemd")
         plan = plan_exec(payload, self.config, self.containment)
+        if self.unit_mark:
+            plan = marked(plan, self.unit_mark)
         key = (connection_id, matchtag)
         if key in self.processes:
             raise RequestError(errno.EEXIST, f"matchtag {matchtag} is already in use")
-        if plan.unit_name in self.units:
+        if plan.unit_name in self.units or (
+            self.leftovers is not None and plan.unit_name in self.leftovers.units
+        ):
             # Refused before anything is made: a second watch or a failed
             # start must not touch the running unit's stream.
             raise RequestError(
@@ -168,6 +178,14 @@ class SdexecServer:
         """systemd is back after a loss: every process re-reads its unit."""
         for process in list(self.processes.values()):
             process.resync()
+        if self.leftovers is not None:
+            self.leftovers.scan().addErrback(self._log_scan_failure)
+
+    @staticmethod
+    def _log_scan_failure(failure) -> None:
+        log.warn(
+            "listing leftover units failed: {error}", error=failure.getErrorMessage()
+        )
 
     def count(self, event: str) -> None:
         """One more ``event`` in the statistics' counters."""
@@ -266,7 +284,9 @@ class SdexecServer:
             raise RequestError(errno.EINVAL, "label: expected a string")
         if pid is None and label is None:
             raise RequestError(errno.EINVAL, "kill needs a pid or a label")
-        process = self.find(pid=pid, label=label)
+        process: Process | Leftover | None = self.find(pid=pid, label=label)
+        if process is None and self.leftovers is not None:
+            process = self.leftovers.find(pid, label)
         if process is None:
             target = f"pid={pid}" if pid is not None else f"label={label}"
             raise RequestError(errno.ESRCH, f"kill {target} not found")
@@ -275,7 +295,8 @@ class SdexecServer:
     def list(self) -> dict:
         return {
             "rank": self.config.sdexec.rank,
-            "procs": [process.describe() for process in self.processes.values()],
+            "procs": [process.describe() for process in self.processes.values()]
+            + (self.leftovers.describe() if self.leftovers is not None else []),
         }
 
     def stats(self) -> dict:

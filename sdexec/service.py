@@ -22,6 +22,7 @@ from twisted.logger import Logger
 from sdexec.activation import kernel_somaxconn, server_endpoint, with_backlog
 from sdexec.config import Config, ConfigError, load_config
 from sdexec.containment import Containment
+from sdexec.leftovers import Leftovers, owner_mark
 from sdexec.metrics import Metrics
 from sdexec.notify import Readiness, describe_server
 from sdexec.outage import SystemdOutage
@@ -106,6 +107,10 @@ class SdexecService(Service):
         self.outage = SystemdOutage(self.server)
         systemd.on_lost = self.outage.lost
         systemd.on_restored = self.outage.restored
+        # Before listening: leftovers of an earlier run drain the node first.
+        self.server.unit_mark = owner_mark(self.listen)
+        self.server.leftovers = Leftovers(systemd, self.server, self.server.unit_mark)
+        yield self.server.leftovers.scan()
         systemd.on_call = self.metrics.dbus_call
         self.server.observer = self.metrics
         self.ports["listen"] = yield server_endpoint(

@@ -135,6 +135,28 @@ class FakeManager:
             return defer.fail(reconnecting())
         return defer.succeed(None)
 
+    def list_units_by_patterns(
+        self, states: list[str], patterns: list[str]
+    ) -> defer.Deferred[list[tuple]]:
+        """Every unit (``patterns`` are not matched: a test's units are all
+        services), in systemd's 10-field form."""
+        self.calls.append(("list", tuple(patterns)))
+        if not self.connected:
+            return defer.fail(reconnecting())
+        return defer.succeed([self._listed(name) for name in self.units])
+
+    def _listed(self, name: str) -> tuple:
+        state = self.units[name]
+        description = next(
+            (p.value for p in self.properties.get(name, []) if p.name == "Description"),
+            "",
+        )
+        return (
+            name, description, state.get("LoadState", "loaded"),
+            state.get("ActiveState", ""), state.get("SubState", ""), "",
+            unit_object_path(name), 0, "", "/",
+        )  # fmt: skip
+
     def disconnect(self) -> None:
         self.calls.append(("disconnect",))
         if not self.disconnected.called:

@@ -141,6 +141,8 @@ KEYS = [
         "warn", "off", 'expected "drain" or "warn", got "off"'),
     Key("sdexec.log-format", "sdexec.log_format", "text", "json", "json", "xml",
         'expected "text" or "json", got "xml"'),
+    Key("sdexec.leftover-units", "sdexec.leftover_units", "stop", "keep", "keep",
+        "kill", 'expected "stop" or "keep", got "kill"'),
     Key("systemd.enable", "systemd.enable", False, True, True, "yes",
         f'{BOOLEAN}, got "yes"'),
     Key("systemd.sdexec-debug", "systemd.sdexec_debug", False, True, True, 1,

@@ -32,7 +32,7 @@ from sdexec.leftovers import Leftover, Leftovers, marked
 from sdexec.plan import RequestError, plan_exec
 from sdexec.process import Process, ProcessContext
 from sdexec.protocol import Topic
-from sdexec.systemd import Manager
+from sdexec.systemd import Manager, errno_for
 
 __all__ = ["ClientProtocol", "RequestError", "SdexecServer", "SdexecServerFactory"]
 
@@ -389,7 +389,10 @@ class ClientProtocol(JSONLineProtocol):
             result.addCallbacks(
                 lambda payload: self._send(reply_topic, reply_matchtag, payload),
                 lambda failure: self._send_error(
-                    reply_topic, reply_matchtag, errno.EIO, failure.getErrorMessage()
+                    reply_topic,
+                    reply_matchtag,
+                    errno_for(failure.value),  # EAGAIN while systemd is away
+                    failure.getErrorMessage(),
                 ),
             )
         else:

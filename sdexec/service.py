@@ -3,7 +3,10 @@
 :class:`SdexecService` is what the twistd plugin runs. Start-up order:
 connect to systemd (a service that cannot reach systemd exits with that
 reason), then listen. ``SIGHUP`` reloads the configuration: a bad file is
-logged and the running configuration stays. Stopping the service stops and
+logged and the running configuration stays. Losing systemd is not fatal:
+the client reconnects, the service drains only if that takes longer than
+``[systemd] reconnect-timeout`` (sdexec/outage.py). Units of an earlier run
+are found at start (sdexec/leftovers.py). Stopping the service stops and
 reaps every unit it started.
 """
 

@@ -113,3 +113,11 @@ def test_a_stop_lost_with_the_connection_is_made_again(systemd, server, connecti
     assert systemd.calls.count(("stop", UNIT)) == 1  # failed: EAGAIN
     systemd.restore()
     assert systemd.calls.count(("stop", UNIT)) == 2
+
+
+def test_a_kill_while_away_is_eagain(systemd, server, connection):
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT, pid=99)
+    systemd.lose()
+    connection.send("sdexec.kill", {"pid": 99, "signum": 15}, matchtag=2)
+    assert error_of(connection.last()) == (errno.EAGAIN, "reconnecting to systemd")

@@ -156,8 +156,8 @@ class Leftovers:
         listed = self._systemd.list_units_by_patterns([], ["*.service"])
         return listed.addCallback(self._listed)
 
-    def find(self, pid: int | None, label: str | None) -> Leftover | None:
-        """The leftover with main pid ``pid`` (they have no labels)."""
+    def find(self, pid: int | None) -> Leftover | None:
+        """The leftover with main pid ``pid`` (leftovers have no labels)."""
         if pid is None or pid <= 0:
             return None
         return next((unit for unit in self.units.values() if unit.pid == pid), None)

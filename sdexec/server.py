@@ -286,7 +286,7 @@ class SdexecServer:
             raise RequestError(errno.EINVAL, "kill needs a pid or a label")
         process: Process | Leftover | None = self.find(pid=pid, label=label)
         if process is None and self.leftovers is not None:
-            process = self.leftovers.find(pid, label)
+            process = self.leftovers.find(pid)
         if process is None:
             target = f"pid={pid}" if pid is not None else f"label={label}"
             raise RequestError(errno.ESRCH, f"kill {target} not found")

@@ -13,15 +13,26 @@ unit).
 
 from __future__ import annotations
 
+import re
 import socket
 from typing import Any
 
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IStreamServerEndpoint
 
-__all__ = ["check_systemd_endpoint", "is_systemd_endpoint", "server_endpoint"]
+__all__ = [
+    "check_systemd_endpoint",
+    "is_systemd_endpoint",
+    "kernel_somaxconn",
+    "server_endpoint",
+    "with_backlog",
+]
 
 PREFIX = "systemd:"
+SOMAXCONN_PATH = "/proc/sys/net/core/somaxconn"
+#: An endpoint argument ``backlog=`` (arguments are split on colons that
+#: are not escaped with a backslash).
+_BACKLOG_ARGUMENT = re.compile(r"(?<!\\):backlog=")
 
 
 def is_systemd_endpoint(description: str) -> bool:
@@ -61,6 +72,25 @@ _WHAT_IS_NEEDED = (
     " LISTEN_FDS and LISTEN_FDNAMES (one name per socket: the .socket unit's"
     " FileDescriptorName=), as systemd passes them to a socket-activated unit"
 )
+
+
+def kernel_somaxconn(path: str = SOMAXCONN_PATH) -> int:
+    """The kernel's cap on a listen backlog (``net.core.somaxconn``), or
+    Python's ``socket.SOMAXCONN`` where it cannot be read."""
+    try:
+        with open(path) as sysctl:
+            return int(sysctl.read())
+    except (OSError, ValueError):
+        return socket.SOMAXCONN
+
+
+def with_backlog(description: str, backlog: int) -> str:
+    """``description`` listening with ``backlog``, unless it names its own
+    ``backlog=`` or is a ``systemd:`` socket (whose backlog is the socket
+    unit's ``Backlog=``: it is listening already)."""
+    if is_systemd_endpoint(description) or _BACKLOG_ARGUMENT.search(description):
+        return description
+    return f"{description}:backlog={backlog}"
 
 
 def server_endpoint(reactor: Any, description: str) -> IStreamServerEndpoint:

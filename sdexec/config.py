@@ -181,6 +181,9 @@ class SdexecConfig:
     #: Twisted server endpoint for requests; ``None``: the service's default,
     #: ``unix:$XDG_RUNTIME_DIR/sdexec/sdexec.sock``.
     listen: str | None = None
+    #: The listen backlog of ``listen``; ``None``: the kernel's
+    #: ``net.core.somaxconn``.
+    listen_backlog: int | None = None
     #: Twisted server endpoint for HTTP statistics; ``None``: the service's
     #: default, ``tcp:8490:interface=127.0.0.1``.
     stats: str | None = None
@@ -202,12 +205,29 @@ class SdexecConfig:
     #: Bytes of output kept per background or waitable process for
     #: ``sdexec.wait`` and ``sdexec.attach`` (sdexec/retained.py); 0 keeps none.
     retained_output: int = DEFAULT_RETAINED
+    #: What to do with units of an earlier run found at start or after a
+    #: reconnection (sdexec/leftovers.py): ``"stop"`` or ``"keep"``.
+    leftover_units: str = "stop"
 
     @property
     def mapper_searchpath_dirs(self) -> list[str]:
         """``mapper_searchpath`` as a list of directories, empty entries
         dropped."""
         return [d for d in self.mapper_searchpath.split(":") if d]
+
+
+#: Seconds from systemd's start job to the process's ``started`` before the
+#: request is ended (``[systemd] start-timeout``): longer than systemd's own
+#: ``DefaultTimeoutStartSec`` (90 s), so that systemd's verdict comes first.
+DEFAULT_START_TIMEOUT = 120.0
+
+#: Seconds without systemd before the service drains
+#: (``[systemd] reconnect-timeout``).
+DEFAULT_RECONNECT_TIMEOUT = 60.0
+
+#: D-Bus calls to the manager in flight at once (``[systemd] max-inflight``):
+#: well below the 128 pending replies a system bus allows a connection.
+DEFAULT_MAX_INFLIGHT = 64
 
 
 @dataclass(frozen=True)
@@ -217,6 +237,12 @@ class SystemdConfig:
     enable: bool = False
     sdexec_debug: bool = False
     sdbus_debug: bool = False
+    #: Method calls awaiting their reply at once; more wait, in order.
+    max_inflight: int = DEFAULT_MAX_INFLIGHT
+    #: How long a started unit may take to show a running process.
+    start_timeout: float = DEFAULT_START_TIMEOUT
+    #: How long systemd may be away before the service drains.
+    reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -522,6 +548,7 @@ _SDEXEC: _Table = {
     "mapper": _Key(_class_name),
     "mapper-searchpath": _Key(_searchpath),
     "listen": _Key(_endpoint),
+    "listen-backlog": _Key(_integer(1)),
     "stats": _Key(_endpoint),
     "rank": _Key(_integer(0)),
     "topology": _Key(_string),
@@ -529,12 +556,16 @@ _SDEXEC: _Table = {
     "containment-check": _Key(_one_of("drain", "warn")),
     "log-format": _Key(_one_of("text", "json")),
     "retained-output": _Key(_retained_size),
+    "leftover-units": _Key(_one_of("stop", "keep")),
 }
 
 _SYSTEMD: _Table = {
     "enable": _Key(_boolean),
     "sdexec-debug": _Key(_boolean),
     "sdbus-debug": _Key(_boolean),
+    "max-inflight": _Key(_integer(1)),
+    "start-timeout": _Key(_positive_duration),
+    "reconnect-timeout": _Key(_positive_duration),
 }
 
 _SCHEMA: dict[str, tuple[_Table, type]] = {

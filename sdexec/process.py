@@ -19,10 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from sdexec.config import DEFAULT_START_TIMEOUT
 from sdexec.ioencode import encode_io
 from sdexec.plan import ExecPlan
 from sdexec.protocol import ExecFlag
@@ -33,6 +34,7 @@ from sdexec.systemd.channel import (
     OutputGate,
     socketpair_for_systemd,
 )
+from sdexec.systemd.errors import is_connection_lost
 from sdexec.unitstop import StopTimer
 
 __all__ = ["OutputTap", "Process", "ProcessContext", "Responder", "Sent", "UnitCall"]
@@ -82,6 +84,10 @@ class ProcessContext:
     count: Callable[[str], None] = lambda event: None  # the statistics
     debug: bool = False  # log every unit state change
     drain: Callable[[str], None] = lambda reason: None  # refuse new work, why
+    #: Seconds from the start job to ``started`` before the request is ended
+    #: (``[systemd] start-timeout``): a unit whose states the model does not
+    #: expect (``Type=forking``, no ``ExecMainPID``, …) must not hang it.
+    start_timeout: float = DEFAULT_START_TIMEOUT
 
 
 class Process:
@@ -116,6 +122,7 @@ class Process:
         self._ended = False  # the stream's last response is sent
         self._reaped = False
         self._failure_confirmed = False  # by a GetAll after failed/no status
+        self._start_deadline: IDelayedCall | None = None
         self.stop_timer = StopTimer(
             context.clock,
             plan.stop_timer.seconds,
@@ -210,6 +217,17 @@ class Process:
         if UnitCall.START in self._called and UnitCall.RESET not in self._called:
             self._stop()
 
+    def resync(self) -> None:
+        """systemd is back after a loss: read the unit's state afresh (the
+        signals in between were lost) and redo the calls the loss failed.
+        A unit that vanished meanwhile ends the request with an error."""
+        if self._reaped or self._watch is None or UnitCall.START not in self._called:
+            return  # a start lost with the connection ended its request
+        self._called.discard(UnitCall.CONFIRM_FAILURE)  # this refresh confirms
+        self._watch.refresh().addErrback(self._resync_failed)
+        if isinstance(self._responder, _Nowhere):
+            self._stop()  # abandoned while systemd was away
+
     def pause_output(self) -> None:
         """The client reads slowly: stop reading the process's output."""
         self.output.pause()
@@ -228,6 +246,9 @@ class Process:
     def _start_accepted(self, job: str) -> None:
         self._called.add(UnitCall.START)
         assert self._watch is not None  # made before the start was asked for
+        self._start_deadline = self._context.clock.callLater(
+            self._context.start_timeout, self._start_overdue
+        )
         if isinstance(self._responder, _Nowhere):
             self._stop()  # the client left while systemd was starting it
             return
@@ -254,6 +275,9 @@ class Process:
         self._reap()
 
     def _unit_changed(self, properties: dict[str, Any]) -> None:
+        if properties.get("LoadState") == "not-found" and not self._outcome_known:
+            self._vanished("is gone")
+            return
         status = self.status = UnitStatus.from_properties(properties)
         if self._context.debug:
             log.info("{unit}: {state}", unit=self.unit_name, state=status)
@@ -278,6 +302,7 @@ class Process:
         self._maybe_end()
 
     def _started(self, properties: dict[str, Any], pid: int) -> None:
+        self._cancel_start_deadline()
         problem = self._verify(properties, pid) if self._verify else None
         if problem is None:
             self._once(Sent.STARTED, {"type": "started", "pid": pid})
@@ -351,9 +376,48 @@ class Process:
         self.kill(signal.SIGKILL).addErrback(self._log_failure, "KillUnit(SIGKILL)")
         self._stop()
 
+    def _start_overdue(self) -> None:
+        """No ``started`` within the start timeout: the unit's states are
+        not the model's. End the request saying what was seen, stop the
+        unit, and reap it once it is inactive and its outputs closed."""
+        self._start_deadline = None
+        if self._outcome_known:
+            return
+        seen = self.status
+        message = (
+            f"unit {self.unit_name} did not start a process sdexec can follow"
+            f" within {self._context.start_timeout:g} s: last seen"
+            f" {seen.active_state or 'no state'}/{seen.sub_state or '-'},"
+            f" ExecMainPID {seen.pid}, ExecMainCode {seen.code},"
+            f" Result {seen.result or '-'}{_unit_type(self.plan.properties)}"
+        )
+        log.warn("{message}", message=message)
+        self._fail(errno.EIO, message)
+        self._stop()
+        self._maybe_end()
+
+    def _resync_failed(self, failure: Failure) -> None:
+        if is_connection_lost(failure.value):
+            return  # lost again: the next restore resyncs
+        self._vanished(f"cannot be read: {failure.getErrorMessage()}")
+
+    def _vanished(self, what: str) -> None:
+        """The unit is no longer systemd's (its manager restarted, or it was
+        unloaded while the connection was down): nothing more will come."""
+        message = f"unit {self.unit_name} {what} (lost while systemd was away)"
+        log.warn("{message}", message=message)
+        self._fail(errno.EIO, message)
+        self._reap()
+
+    def _cancel_start_deadline(self) -> None:
+        if self._start_deadline is not None:
+            self._start_deadline.cancel()
+            self._start_deadline = None
+
     def _fail(self, errnum: int, errstr: str) -> None:
         """End the stream with an error (no more responses follow); what
         output is left is read to EOF and discarded."""
+        self._cancel_start_deadline()
         if not self._ended:
             self._ended = True
             self._responder.error(errnum, errstr)
@@ -364,6 +428,7 @@ class Process:
             return
         self._reaped = True
         self.stop_timer.stopped()
+        self._cancel_start_deadline()
         if self._watch is not None:
             self._watch.cancel()
         self.stdin.close()
@@ -378,7 +443,12 @@ class Process:
     def _call(self, call: UnitCall, method: Callable[[str], Any]) -> None:
         if call not in self._called:
             self._called.add(call)
-            method(self.unit_name).addErrback(self._log_failure, call.value)
+            method(self.unit_name).addErrback(self._call_failed, call)
+
+    def _call_failed(self, failure: Failure, call: UnitCall) -> None:
+        if is_connection_lost(failure.value):
+            self._called.discard(call)  # made again after the reconnection
+        self._log_failure(failure, call.value)
 
     def _once(self, kind: Sent, payload: dict[str, Any]) -> None:
         if kind not in self._sent:
@@ -424,6 +494,14 @@ class _UnitStop:
 
     def abandon(self, reason: str) -> None:
         self._process._abandon_unit(reason)
+
+
+def _unit_type(properties: Any) -> str:
+    """``, Type=X`` when the request set the unit's type, else nothing."""
+    for prop in properties:
+        if prop.name == "Type":
+            return f", Type={prop.value}"
+    return ""
 
 
 class _Nowhere:

@@ -30,10 +30,11 @@ from sdexec.framing import JSONLineProtocol
 from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
 from sdexec.jobs import Jobs
+from sdexec.leftovers import Leftover, Leftovers, marked
 from sdexec.plan import RequestError, plan_exec
 from sdexec.process import Process, ProcessContext
 from sdexec.protocol import Topic
-from sdexec.systemd import Manager
+from sdexec.systemd import Manager, errno_for
 
 __all__ = ["ClientProtocol", "RequestError", "SdexecServer", "SdexecServerFactory"]
 
@@ -69,6 +70,13 @@ class SdexecServer:
         self.processes: dict[tuple[int, int], Process] = {}
         #: Background and waitable processes: by pid or label, ended ones kept.
         self.tracked = TrackedProcesses(self.processes)
+        #: Each unit name has one owner: the process that runs it.
+        self.units: dict[str, Process] = {}
+        #: Appended to every unit's Description: how the service knows its
+        #: own units after a restart (sdexec/leftovers.py); set by the service.
+        self.unit_mark = ""
+        #: Units of an earlier run (set by the service).
+        self.leftovers: Leftovers | None = None
         self.counters: Counter[str] = Counter()
         self.drain_reason: str | None = None
         #: The only uid whose requests are served: the service's own.
@@ -94,6 +102,7 @@ class SdexecServer:
         self.config = config
         self.containment = containment
         self.systemd.debug = config.systemd.sdbus_debug
+        self.systemd.max_inflight = config.systemd.max_inflight
 
     # -- exec --------------------------------------------------------------
 
@@ -112,7 +121,11 @@ class SdexecServer:
                 errno.EBUSY,
                 f"node is drained: {self.drain_reason} (sdexec undrain clears it)",
             )
+        if not self.systemd.connected:
+            raise RequestError(errno.EAGAIN, "reconnecting to systemd")
         plan = plan_exec(payload, self.config, self.containment)
+        if self.unit_mark:
+            plan = marked(plan, self.unit_mark)
         plan, tracked = self.tracked.prepare(
             plan,
             streaming,
@@ -125,6 +138,14 @@ class SdexecServer:
         key = (connection_id, matchtag) if streaming else self.tracked.new_key()
         if key in self.processes:
             raise RequestError(errno.EEXIST, f"matchtag {matchtag} is already in use")
+        if plan.unit_name in self.units or (
+            self.leftovers is not None and plan.unit_name in self.leftovers.units
+        ):
+            # Refused before anything is made: a second watch or a failed
+            # start must not touch the running unit's stream.
+            raise RequestError(
+                errno.EEXIST, f"unit {plan.unit_name} is already run by this service"
+            )
         if self.observer is not None:
             responder = self.observer.watch_exec(responder)
         if plan.mapped:
@@ -149,6 +170,7 @@ class SdexecServer:
                 count=self.count,
                 debug=self.config.systemd.sdexec_debug,
                 drain=self.drain,
+                start_timeout=self.config.systemd.start_timeout,
             ),
             on_reaped=lambda process: self._reaped(key),
             verify=self._fence_verifier(plan.fence),
@@ -157,6 +179,7 @@ class SdexecServer:
         self.processes[key] = process
         if tracked is not None:
             self.tracked.add(process, tracked)
+        self.units[plan.unit_name] = process
         self.jobs.add(job, process)
         process.start()
         if not streaming:
@@ -188,6 +211,19 @@ class SdexecServer:
         self.drain(problem)
         return problem
 
+    def systemd_restored(self) -> None:
+        """systemd is back after a loss: every process re-reads its unit."""
+        for process in list(self.processes.values()):
+            process.resync()
+        if self.leftovers is not None:
+            self.leftovers.scan().addErrback(self._log_scan_failure)
+
+    @staticmethod
+    def _log_scan_failure(failure) -> None:
+        log.warn(
+            "listing leftover units failed: {error}", error=failure.getErrorMessage()
+        )
+
     def count(self, event: str) -> None:
         """One more ``event`` in the statistics' counters."""
         self.counters[event] += 1
@@ -195,6 +231,7 @@ class SdexecServer:
     def _reaped(self, key: tuple[int, int]) -> None:
         process = self.processes.pop(key, None)
         if process is not None:
+            self.units.pop(process.unit_name, None)
             self.tracked.reaped(process)
         self.jobs.forget(process)
         self.counters["reaped"] += 1
@@ -204,24 +241,42 @@ class SdexecServer:
                 waiter.callback(None)
 
     def shutdown(self, grace: float) -> defer.Deferred:
-        """Abandon every process (their units are stopped) and wait up to
-        ``grace`` seconds for all of them to be reaped."""
+        """Abandon every process (their units are stopped) and wait until all
+        of them are reaped, for as long as one more is reaped at least every
+        ``grace`` seconds: stopping thousands of units takes longer than any
+        fixed grace, while a unit that never stops must not hold the exit."""
         for process in list(self.processes.values()):
             process.abandon()
         if not self.processes:
             return defer.succeed(None)
         waiter: defer.Deferred = defer.Deferred()
         self._all_reaped.append(waiter)
-        waiter.addTimeout(grace, self.clock, onTimeoutCancel=self._shutdown_timeout)
+        self._check_shutdown_progress(waiter, grace, self.counters["reaped"])
         return waiter
 
-    def _shutdown_timeout(self, result, timeout) -> None:
+    def _check_shutdown_progress(
+        self, waiter: defer.Deferred, grace: float, reaped_before: int
+    ) -> None:
+        timer = self.clock.callLater(
+            grace, self._shutdown_progress, waiter, grace, reaped_before
+        )
+        waiter.addBoth(lambda result: timer.cancel() if timer.active() else None)
+
+    def _shutdown_progress(
+        self, waiter: defer.Deferred, grace: float, reaped_before: int
+    ) -> None:
+        reaped = self.counters["reaped"]
+        if reaped > reaped_before:
+            self._check_shutdown_progress(waiter, grace, reaped)
+            return
         names = ", ".join(process.unit_name for process in self.processes.values())
         log.error(
-            "units still not reaped after {timeout}s: {names}",
-            timeout=timeout,
+            "units still not reaped, none for {grace}s: {names}",
+            grace=grace,
             names=names,
         )
+        self._all_reaped.remove(waiter)
+        waiter.callback(None)
 
     # -- write, kill, list, stats ------------------------------------------------
 
@@ -268,7 +323,9 @@ class SdexecServer:
             raise RequestError(errno.EINVAL, "label: expected a string")
         if pid is None and label is None:
             raise RequestError(errno.EINVAL, "kill needs a pid or a label")
-        process = self.find(pid=pid, label=label)
+        process: Process | Leftover | None = self.find(pid=pid, label=label)
+        if process is None and self.leftovers is not None:
+            process = self.leftovers.find(pid)
         if process is None:
             target = f"pid={pid}" if pid is not None else f"label={label}"
             raise RequestError(errno.ESRCH, f"kill {target} not found")
@@ -285,7 +342,8 @@ class SdexecServer:
                 }
                 for process in self.processes.values()
             ]
-            + self.tracked.describe_ended(),
+            + self.tracked.describe_ended()
+            + (self.leftovers.describe() if self.leftovers is not None else []),
         }
 
     def wait(self, connection_id: int, payload: dict, responder: Any) -> None:
@@ -394,7 +452,10 @@ class ClientProtocol(JSONLineProtocol):
             result.addCallbacks(
                 lambda payload: self._send(reply_topic, reply_matchtag, payload),
                 lambda failure: self._send_error(
-                    reply_topic, reply_matchtag, errno.EIO, failure.getErrorMessage()
+                    reply_topic,
+                    reply_matchtag,
+                    errno_for(failure.value),  # EAGAIN while systemd is away
+                    failure.getErrorMessage(),
                 ),
             )
         else:

@@ -3,7 +3,10 @@
 :class:`SdexecService` is what the twistd plugin runs. Start-up order:
 connect to systemd (a service that cannot reach systemd exits with that
 reason), then listen. ``SIGHUP`` reloads the configuration: a bad file is
-logged and the running configuration stays. Stopping the service stops and
+logged and the running configuration stays. Losing systemd is not fatal:
+the client reconnects, the service drains only if that takes longer than
+``[systemd] reconnect-timeout`` (sdexec/outage.py). Units of an earlier run
+are found at start (sdexec/leftovers.py). Stopping the service stops and
 reaps every unit it started.
 """
 
@@ -19,11 +22,13 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from sdexec.activation import server_endpoint
+from sdexec.activation import kernel_somaxconn, server_endpoint, with_backlog
 from sdexec.config import Config, ConfigError, load_config
 from sdexec.containment import Containment
+from sdexec.leftovers import Leftovers, owner_mark
 from sdexec.metrics import Metrics
 from sdexec.notify import Readiness, describe_server
+from sdexec.outage import SystemdOutage
 from sdexec.protocol import default_socket_path
 from sdexec.server import SdexecServer, SdexecServerFactory
 from sdexec.stats import stats_site
@@ -84,6 +89,7 @@ class SdexecService(Service):
         self.listen = listen or config.sdexec.listen or default_listen_endpoint()
         self.stats = stats or config.sdexec.stats or DEFAULT_STATS_ENDPOINT
         self.server: SdexecServer | None = None
+        self.outage: SystemdOutage | None = None
         self.ports: dict[str, Any] = {}
         self.ready: defer.Deferred = defer.Deferred()
         # sd_notify (a no-op without $NOTIFY_SOCKET): see sdexec/notify.py
@@ -99,13 +105,20 @@ class SdexecService(Service):
         containment = Containment.from_config(self.config)
         systemd = yield self._connect()
         systemd.debug = self.config.systemd.sdbus_debug
-        systemd.disconnected.addCallback(self._lost_systemd)
+        systemd.max_inflight = self.config.systemd.max_inflight
         self.server = SdexecServer(systemd, self.config, self.reactor, containment)
+        self.outage = SystemdOutage(self.server)
+        systemd.on_lost = self.outage.lost
+        systemd.on_restored = self.outage.restored
+        # Before listening: leftovers of an earlier run drain the node first.
+        self.server.unit_mark = owner_mark(self.listen)
+        self.server.leftovers = Leftovers(systemd, self.server, self.server.unit_mark)
+        yield self.server.leftovers.scan()
         systemd.on_call = self.metrics.dbus_call
         self.server.observer = self.metrics
-        self.ports["listen"] = yield server_endpoint(self.reactor, self.listen).listen(
-            SdexecServerFactory(self.server)
-        )
+        self.ports["listen"] = yield server_endpoint(
+            self.reactor, with_backlog(self.listen, self._listen_backlog())
+        ).listen(SdexecServerFactory(self.server))
         self.ports["stats"] = yield server_endpoint(self.reactor, self.stats).listen(
             stats_site(self.server.stats, self.metrics.resource())
         )
@@ -117,6 +130,11 @@ class SdexecService(Service):
             stats=self.stats,
         )
         return self
+
+    def _listen_backlog(self) -> int:
+        """``[sdexec] listen-backlog``, else the kernel's cap (Twisted's own
+        default, 50, refused a burst of connects with EAGAIN)."""
+        return self.config.sdexec.listen_backlog or kernel_somaxconn()
 
     def _server_stats(self) -> dict:
         assert self.server is not None, "the stats endpoint listens after start"
@@ -143,15 +161,6 @@ class SdexecService(Service):
         # has shut down (and the log is flushed).
         self.reactor.addSystemEventTrigger("after", "shutdown", _exit_failed)
         self.reactor.stop()
-
-    def _lost_systemd(self, _: object) -> None:
-        if not self.running:
-            return  # our own disconnect, at stop
-        log.error("lost the D-Bus connection to systemd")
-        assert self.server is not None  # made before systemd was watched
-        self.server.drain("lost the D-Bus connection to systemd")
-        if self.exit_on_failure:  # under twistd: let the supervisor restart us
-            self.reactor.callWhenRunning(self._exit_after_shutdown)
 
     def _install_sighup(self) -> None:
         # Called from the reactor thread; the handler only schedules work.
@@ -190,6 +199,8 @@ class SdexecService(Service):
         self.readiness.stopping()
         for port in self.ports.values():
             yield port.stopListening()
+        if self.outage is not None:
+            self.outage.stop()
         if self.server is not None:
             yield self.server.shutdown(SHUTDOWN_GRACE_SECONDS)
             self.server.systemd.disconnect()

@@ -23,13 +23,13 @@ from typing import Any
 
 from twisted.internet import defer
 
-from sdexec.config import Config, default_config
+from sdexec.config import DEFAULT_MAX_INFLIGHT, Config, default_config
 from sdexec.containment import Containment
 from sdexec.plan import ExecPlan, plan_exec
 from sdexec.property import UnitProperty
 from sdexec.protocol import ExecFlag
 from sdexec.systemd.bus import unit_object_path
-from sdexec.systemd.errors import SystemdError
+from sdexec.systemd.errors import SystemdError, reconnecting
 from sdexec.systemd.watch import UnitWatch, WatchRegistry
 
 __all__ = [
@@ -70,6 +70,10 @@ class FakeManager:
 
     def __init__(self) -> None:
         self.debug = False
+        self.max_inflight = DEFAULT_MAX_INFLIGHT  # answers at once: never full
+        self.connected = True
+        self.on_lost: Callable[[str], None] | None = None
+        self.on_restored: Callable[[], None] | None = None
         self.disconnected: defer.Deferred[None] = defer.Deferred()
         self.calls: list[tuple[Any, ...]] = []
         self.units: dict[str, State] = {}
@@ -101,6 +105,8 @@ class FakeManager:
         mode: str = "fail",
     ) -> defer.Deferred[str]:
         self.calls.append(("start", name))
+        if not self.connected:
+            return defer.fail(reconnecting())
         if self.refuse_start is not None:
             return defer.fail(self.refuse_start)
         self.properties[name] = list(properties)
@@ -110,6 +116,8 @@ class FakeManager:
 
     def stop_unit(self, name: str, mode: str = "fail") -> defer.Deferred[str]:
         self.calls.append(("stop", name))
+        if not self.connected:
+            return defer.fail(reconnecting())
         if self.stop_to_inactive:
             self.release(name)
             self.change(name, {"ActiveState": "inactive", "SubState": "dead"})
@@ -117,16 +125,56 @@ class FakeManager:
 
     def kill_unit(self, name: str, who: str, signal: int) -> defer.Deferred[None]:
         self.calls.append(("kill", who, signal))
+        if not self.connected:
+            return defer.fail(reconnecting())
         return defer.succeed(None)
 
     def reset_failed_unit(self, name: str) -> defer.Deferred[None]:
         self.calls.append(("reset", name))
+        if not self.connected:
+            return defer.fail(reconnecting())
         return defer.succeed(None)
+
+    def list_units_by_patterns(
+        self, states: list[str], patterns: list[str]
+    ) -> defer.Deferred[list[tuple]]:
+        """Every unit (``patterns`` are not matched: a test's units are all
+        services), in systemd's 10-field form."""
+        self.calls.append(("list", tuple(patterns)))
+        if not self.connected:
+            return defer.fail(reconnecting())
+        return defer.succeed([self._listed(name) for name in self.units])
+
+    def _listed(self, name: str) -> tuple:
+        state = self.units[name]
+        description = next(
+            (p.value for p in self.properties.get(name, []) if p.name == "Description"),
+            "",
+        )
+        return (
+            name, description, state.get("LoadState", "loaded"),
+            state.get("ActiveState", ""), state.get("SubState", ""), "",
+            unit_object_path(name), 0, "", "/",
+        )  # fmt: skip
 
     def disconnect(self) -> None:
         self.calls.append(("disconnect",))
         if not self.disconnected.called:
             self.disconnected.callback(None)
+
+    # -- losing the manager ---------------------------------------------------
+
+    def lose(self, reason: str = "the D-Bus connection closed") -> None:
+        """systemd goes away: calls fail with EAGAIN until :meth:`restore`."""
+        self.connected = False
+        if self.on_lost is not None:
+            self.on_lost(reason)
+
+    def restore(self) -> None:
+        """systemd is back (units keep the state :meth:`change` gave them)."""
+        self.connected = True
+        if self.on_restored is not None:
+            self.on_restored()
 
     # -- driving a unit -------------------------------------------------------
 
@@ -179,6 +227,8 @@ class FakeManager:
 
     def _get_all(self, name: str) -> defer.Deferred[State]:
         self.calls.append(("get-all", name))
+        if not self.connected:
+            return defer.fail(reconnecting())
         if self.hold_refresh:
             answer: defer.Deferred[State] = defer.Deferred()
             self._held.append((name, answer))

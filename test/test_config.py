@@ -124,6 +124,8 @@ KEYS = [
         "unix:/tmp/sdexec.sock", "tpc:8490",
         '"tpc:8490" is not a Twisted server endpoint such as unix:/path or tcp:PORT'
         " (Unknown endpoint type: 'tpc')"),
+    Key("sdexec.listen-backlog", "sdexec.listen_backlog", None, 1024, 1024, "1k",
+        'expected an integer of at least 1, got "1k"'),
     Key("sdexec.stats", "sdexec.stats", None, "tcp:9000:interface=127.0.0.1",
         "tcp:9000:interface=127.0.0.1", "tcp:http",
         '"tcp:http" is not a Twisted server endpoint such as unix:/path or tcp:PORT'
@@ -142,12 +144,20 @@ KEYS = [
     Key("sdexec.retained-output", "sdexec.retained_output", MiB, "16K", 16 * 1024,
         "lots",
         'expected a size ≥ 0 (bytes, or with K, M or G; 0 keeps none), got "lots"'),
+    Key("sdexec.leftover-units", "sdexec.leftover_units", "stop", "keep", "keep",
+        "kill", 'expected "stop" or "keep", got "kill"'),
     Key("systemd.enable", "systemd.enable", False, True, True, "yes",
         f'{BOOLEAN}, got "yes"'),
     Key("systemd.sdexec-debug", "systemd.sdexec_debug", False, True, True, 1,
         f"{BOOLEAN}, got 1"),
     Key("systemd.sdbus-debug", "systemd.sdbus_debug", False, True, True, "false",
         f'{BOOLEAN}, got "false"'),
+    Key("systemd.max-inflight", "systemd.max_inflight", 64, 16, 16, 0,
+        "expected an integer of at least 1, got 0"),
+    Key("systemd.start-timeout", "systemd.start_timeout", 120.0, "5m", 300.0, 0,
+        "expected a duration greater than 0, got 0"),
+    Key("systemd.reconnect-timeout", "systemd.reconnect_timeout", 60.0, "10s", 10.0,
+        "0s", 'expected a duration greater than 0, got "0s"'),
 ]  # fmt: skip
 
 
@@ -591,6 +601,9 @@ def test_effective_is_introspection_plus_every_table():
         "enable": False,
         "sdexec-debug": False,
         "sdbus-debug": False,
+        "max-inflight": 64,
+        "start-timeout": 120.0,
+        "reconnect-timeout": 60.0,
     }
     json.dumps(effective)  # every value is JSON
 

@@ -144,11 +144,13 @@ def test_unkillable_drains_with_the_exact_reason_and_undrain_restores(make_serve
     server.terminate({"jobid": "f1", "reason": "cancel"})
     run_until_quiet(clock)
     assert server.drain_reason == "unkillable user processes for job f1"
+    # f1's unit still runs (unkillable): its name stays taken.
+    second = {"SDEXEC_JOBID": "f2", "SDEXEC_NAME": "sdexec-job2"}
     with pytest.raises(RequestError) as refused:
-        server.exec(1, 2, job_payload(SDEXEC_JOBID="f2"), Recorder())
+        server.exec(1, 2, job_payload(**second), Recorder())
     assert refused.value.errnum == errno.EBUSY
     server.undrain()
-    server.exec(1, 2, job_payload(SDEXEC_JOBID="f2"), Recorder())
+    server.exec(1, 2, job_payload(**second), Recorder())
     assert (1, 2) in server.processes
 
 

@@ -395,5 +395,31 @@ def test_shutdown_waits_for_every_process_to_be_reaped(systemd, server, connecti
     assert [p.unit_name for p in server.processes.values()] == [UNIT]
 
 
+@ensureDeferred
+async def test_shutdown_waits_on_while_units_are_being_reaped(systemd, server):
+    """A burst takes longer than the grace; it is waited for while it makes
+    progress, and given up on once a grace passes with none."""
+    connection = Connection(server)
+    for matchtag, name in enumerate(("sdexec-a", "sdexec-b"), start=1):
+        cmd = {"cmdline": ["/bin/true"], "opts": {"SDEXEC_NAME": name}}
+        connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd}, matchtag)
+        systemd.run(f"{name}.service")
+    done = server.shutdown(10)
+    server.clock.advance(9)
+    systemd.release("sdexec-a.service")
+    systemd.change("sdexec-a.service", {"ActiveState": "inactive"})
+    for _ in range(500):  # the outputs' EOF comes through the real reactor
+        if len(server.processes) == 1:
+            break
+        await deferLater(reactor, 0.01)
+    server.clock.advance(9)  # 18 s in: one was reaped within the grace
+    assert not done.called
+    server.clock.advance(10)  # then none for a whole grace
+    assert done.called
+    assert [p.unit_name for p in server.processes.values()] == ["sdexec-b.service"]
+    assert server.clock.getDelayedCalls() == []
+    connection.close()
+
+
 def test_shutdown_with_nothing_running_is_immediate(server):
     assert server.shutdown(10).called

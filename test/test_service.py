@@ -171,7 +171,8 @@ async def test_properties_reach_the_unit(sdexec):
         "MemoryMax": str(512 * 1024 * 1024),
         "AllowedCPUs": "0",
         "DeviceAllow": "/dev/zero r\n/dev/null rw",  # as systemctl lists them
-        "Description": "sdexec property test",
+        # with the mark by which the service knows its units (leftovers.py)
+        "Description": "sdexec property test" + sdexec.server.unit_mark,
     }
 
 

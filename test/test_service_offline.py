@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from pytest_twisted import ensureDeferred
 from twisted.internet import defer, reactor
+from twisted.internet.task import Clock
 
 from sdexec.client import connect
 from sdexec.config import ConfigError, load_config, parse_config
@@ -65,12 +66,21 @@ async def test_start_serve_reload_and_stop(tmp_path):
 
 
 @ensureDeferred
-async def test_losing_systemd_drains_the_node(tmp_path):
+async def test_losing_systemd_drains_only_after_the_reconnect_timeout(tmp_path):
     manager = FakeManager()
     service = await started_service(tmp_path, manager)
-    manager.disconnected.callback(None)
-    assert service.server.drain_reason == "lost the D-Bus connection to systemd"
-    await service.stopService()
+    clock = service.server.clock = Clock()
+    manager.lose("the D-Bus connection closed")
+    assert service.server.drain_reason is None
+    clock.advance(60)
+    assert service.server.drain_reason == (
+        "systemd unreachable for 60 s: the D-Bus connection closed"
+    )
+    manager.restore()
+    assert service.server.drain_reason is None
+    manager.lose()
+    await service.stopService()  # no drain armed past the stop
+    assert clock.getDelayedCalls() == []
 
 
 @ensureDeferred

@@ -397,12 +397,14 @@ async def test_watch_merges_unit_and_service_and_refresh_fetches_all(units):
 
 
 @pytest_twisted.ensureDeferred
-async def test_cancelling_a_stale_watch_keeps_the_new_one(units):
+async def test_a_unit_watched_anew_after_a_cancel_is_followed(units):
     run = await units.start(["sleep", "300"])
     await run.until(lambda s: s.has_started, "started")
     stale = run.watch
-    run.watch = run.client.watch_unit(run.name, run._on_state)
+    with pytest.raises(ValueError, match="already watched"):
+        run.client.watch_unit(run.name, run._on_state)
     stale.cancel()
+    run.watch = run.client.watch_unit(run.name, run._on_state)
     await run.client.kill_unit(run.name, "main", signal.SIGKILL)
     status = await run.until(lambda s: s.has_finished, "finished")
     assert status.wait_status == signal.SIGKILL

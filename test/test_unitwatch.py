@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from twisted.internet import defer
 
 from sdexec.systemd.watch import UnitWatch, WatchRegistry
@@ -50,13 +51,22 @@ def test_nothing_is_delivered_after_cancel():
     assert delivered == []
 
 
-def test_a_newer_watch_of_the_unit_replaces_the_older():
+def test_a_second_watch_of_a_watched_unit_is_refused_the_first_kept():
+    first: list[dict] = []
+    registry = WatchRegistry()
+    watch(first, registry)
+    with pytest.raises(ValueError, match=r"unit x\.service is already watched"):
+        watch([], registry)
+    registry.changed(PATH, {"ActiveState": "active"}, [])
+    assert first == [{"ActiveState": "active"}]
+
+
+def test_a_cancelled_watch_makes_way_for_a_new_one():
     older: list[dict] = []
     newer: list[dict] = []
     registry = WatchRegistry()
-    first = watch(older, registry)
+    watch(older, registry).cancel()
     watch(newer, registry)
-    first.cancel()  # must not unregister the newer one
     registry.changed(PATH, {"ActiveState": "active"}, [])
     assert (older, newer) == ([], [{"ActiveState": "active"}])
 

@@ -16,21 +16,30 @@ its unit is started, so no change is missed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import socket
 import string
 import time
+from array import array
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
-from dbus_fast import BusType, Message, MessageType, Variant
+from dbus_fast import BusType, Message, MessageFlag, MessageType, Variant
 from dbus_fast.aio import MessageBus
+from dbus_fast.aio.message_bus import _MessageWriter
 from dbus_fast.errors import DBusError
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
+from sdexec.config import DEFAULT_MAX_INFLIGHT
 from sdexec.property import FD_PROPERTIES, UnitProperty
-from sdexec.systemd.errors import SystemdError
+from sdexec.systemd.errors import SystemdError, connection_lost, reconnecting
+from sdexec.systemd.retry import Backoff
 from sdexec.systemd.watch import UnitWatch, WatchRegistry
+from sdexec.systemd.window import CallWindow
 
 __all__ = [
     "SystemdClient",
@@ -49,11 +58,23 @@ UNIT = "org.freedesktop.systemd1.Unit"
 SERVICE = "org.freedesktop.systemd1.Service"
 PROPERTIES = "org.freedesktop.DBus.Properties"
 UNIT_PATH_PREFIX = "/org/freedesktop/systemd1/unit/"
+DBUS = "org.freedesktop.DBus"
+DBUS_PATH = "/org/freedesktop/DBus"
+#: Calls to a name nobody owns (the manager is away).
+SERVICE_UNKNOWN = "org.freedesktop.DBus.Error.ServiceUnknown"
+#: ``Subscribe`` of a client a re-executed manager still has.
+ALREADY_SUBSCRIBED = "org.freedesktop.systemd1.AlreadySubscribed"
+#: The callee left the bus before replying.
+NO_REPLY = "org.freedesktop.DBus.Error.NoReply"
 
 _PROPERTIES_CHANGED_RULE = (
     "type='signal',sender='org.freedesktop.systemd1',"
     "interface='org.freedesktop.DBus.Properties',member='PropertiesChanged',"
     "path_namespace='/org/freedesktop/systemd1/unit'"
+)
+_OWNER_CHANGED_RULE = (
+    "type='signal',sender='org.freedesktop.DBus',interface='org.freedesktop.DBus',"
+    "member='NameOwnerChanged',arg0='org.freedesktop.systemd1'"
 )
 _PATH_SAFE = frozenset(string.ascii_letters + string.digits)
 
@@ -93,6 +114,83 @@ def session_bus_address() -> str | None:
     return None
 
 
+async def _open_bus(address: str | None, system: bool) -> MessageBus:
+    """A connected bus (fd passing negotiated) with the patient writer."""
+    if system:
+        bus = MessageBus(bus_type=BusType.SYSTEM, negotiate_unix_fd=True)
+    else:
+        address = address or session_bus_address()
+        if address is None:
+            raise SystemdError(
+                "sdexec.NoBus",
+                "no user bus: set DBUS_SESSION_BUS_ADDRESS or XDG_RUNTIME_DIR",
+            )
+        bus = MessageBus(bus_address=address, negotiate_unix_fd=True)
+    try:
+        await bus.connect()
+    except OSError as error:
+        raise SystemdError(
+            "sdexec.NoBus", f"cannot connect to D-Bus at {address}: {error}"
+        ) from error
+    # Nothing was written through dbus-fast's own writer yet (the Hello
+    # goes around it), so it can be swapped for the patient one.
+    bus._writer = _PatientWriter(bus)
+    return bus
+
+
+class _PatientWriter(_MessageWriter):
+    """dbus-fast's writer, but a full socket makes it wait for the socket to
+    be writable instead of closing the connection.
+
+    dbus-fast (5.2, as python-dbus-next, altdesktop/python-dbus-next#153)
+    treats the ``BlockingIOError`` of a non-blocking ``send`` like any other
+    error: a burst of calls that fills the send buffer failed every pending
+    call with EAGAIN and closed the bus. This is its ``write_callback`` with
+    that one case added; the window of calls (:class:`CallWindow`) keeps
+    the queue short, this keeps a full transport from being fatal.
+    """
+
+    def write_callback(self, remove_writer: bool = True) -> None:
+        sock, fd = self.sock, self.fd
+        assert sock is not None and fd is not None  # set before any write
+        try:
+            while True:
+                if self.buf is None:
+                    if not self.messages:
+                        if remove_writer:
+                            self.loop.remove_writer(fd)
+                        return
+                    buf, self.unix_fds, self.fut = self.messages.popleft()
+                    self.buf = memoryview(buf)
+                    self.offset = 0
+                self.offset += self._send(sock, self.buf[self.offset :])
+                if self.offset < len(self.buf):
+                    return  # the rest when the socket is writable again
+                self.buf = None
+                if self.fut is not None and not self.fut.done():
+                    self.fut.set_result(None)
+        except (BlockingIOError, InterruptedError):
+            # Full: write again once the socket is writable.
+            self.loop.add_writer(fd, self.write_callback)
+        except Exception as error:
+            if self.fut is not None and not self.fut.done():
+                if self.bus._user_disconnect:
+                    self.fut.set_result(None)
+                else:
+                    self.fut.set_exception(error)
+            self.bus._finalize(error)
+
+    def _send(self, sock: socket.socket, data: memoryview) -> int:
+        if not (self.unix_fds and self.negotiate_unix_fd):
+            return sock.send(data)
+        # The fds go with the first bytes; a send that raises sent neither,
+        # so they stay for the next try.
+        fds = array("i", self.unix_fds)
+        sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        self.unix_fds = None
+        return sent
+
+
 class SystemdClient:
     """A connection to a systemd manager (user or system) over D-Bus.
 
@@ -100,17 +198,39 @@ class SystemdClient:
     are :class:`SystemdError`.
     """
 
-    def __init__(self, bus: MessageBus) -> None:
-        self._bus = bus
+    def __init__(
+        self,
+        bus: MessageBus,
+        reopen: Callable[[], Coroutine[Any, Any, MessageBus]],
+        clock: IReactorTime | None = None,
+    ) -> None:
+        """``bus`` is connected; ``reopen()`` connects anew to the same bus.
+        Use :meth:`connect`."""
+        if clock is None:
+            from twisted.internet import reactor  # the one running by now
+
+            clock = cast(IReactorTime, reactor)
+        self._bus: MessageBus | None = None
+        self._reopen = reopen
         self._watches = WatchRegistry()
         #: Log every method call and its outcome (``[systemd] sdbus-debug``).
         self.debug = False
         #: Metrics hook: ``on_call(member, seconds, ok)`` after every method
         #: call (sdexec/metrics.py).
         self.on_call: Callable[[str, float, bool], None] | None = None
+        #: Fires once :meth:`disconnect` has closed the connection for good.
         self.disconnected: Deferred[None] = Deferred()
-        bus.add_message_handler(self._on_message)
-        self._defer(bus.wait_for_disconnect()).addBoth(self._on_disconnect)
+        #: ``on_lost(reason)`` when the bus or the manager goes away, and
+        #: ``on_restored()`` once both are back and subscribed again.
+        self.on_lost: Callable[[str], None] | None = None
+        self.on_restored: Callable[[], None] | None = None
+        #: The bus is up, the manager on it and subscribed: calls are sent.
+        self.connected = False
+        self._closing = False
+        #: Every method call goes through it (``[systemd] max-inflight``).
+        self.window = CallWindow(DEFAULT_MAX_INFLIGHT)
+        self._backoff = Backoff(clock, self._reconnect, "reconnecting to systemd")
+        self._adopt(bus)
 
     @classmethod
     def connect(
@@ -118,49 +238,144 @@ class SystemdClient:
     ) -> Deferred[SystemdClient]:
         """Connect to ``address``, or to the user bus (see
         :func:`session_bus_address`), or with ``system=True`` the system bus;
-        negotiate fd passing, ``Subscribe`` to the manager's signals and add
-        the match rule for unit property changes."""
+        negotiate fd passing, add the match rules for unit property changes
+        and for the manager's bus name, and ``Subscribe``. Once connected,
+        the client reconnects by itself when the bus or the manager goes
+        away (see :attr:`on_lost`)."""
         return Deferred.fromFuture(
             asyncio.ensure_future(cls._connect(address, system))
         ).addErrback(_translate_failure)
 
     @classmethod
     async def _connect(cls, address: str | None, system: bool) -> SystemdClient:
-        if system:
-            bus = MessageBus(bus_type=BusType.SYSTEM, negotiate_unix_fd=True)
-        else:
-            address = address or session_bus_address()
-            if address is None:
-                raise SystemdError(
-                    "sdexec.NoBus",
-                    "no user bus: set DBUS_SESSION_BUS_ADDRESS or XDG_RUNTIME_DIR",
-                )
-            bus = MessageBus(bus_address=address, negotiate_unix_fd=True)
+        reopen = functools.partial(_open_bus, address, system)
+        client = cls(await reopen(), reopen)
         try:
-            await bus.connect()
-        except OSError as error:
-            raise SystemdError(
-                "sdexec.NoBus", f"cannot connect to D-Bus at {address}: {error}"
-            ) from error
-        client = cls(bus)
-        try:
-            await client._call(
-                "org.freedesktop.DBus",
-                "/org/freedesktop/DBus",
-                "org.freedesktop.DBus",
-                "AddMatch",
-                "s",
-                [_PROPERTIES_CHANGED_RULE],
-            )
-            await client._manager("Subscribe")
+            await client._add_matches()
+            # The first time, let the bus wait for the manager (a bus just
+            # socket-activated by this connection has no manager on it yet).
+            await client._subscribe(autostart=True)
         except BaseException:
-            bus.disconnect()  # not a usable client: do not leak its socket
+            client.disconnect()  # not a usable client: do not leak its socket
             raise
+        client.connected = True
         return client
 
     def disconnect(self) -> None:
-        """Close the connection; :attr:`disconnected` fires."""
-        self._bus.disconnect()
+        """Close the connection for good; :attr:`disconnected` fires."""
+        self._closing = True
+        self.connected = False
+        self._backoff.stop()
+        if self._bus is not None:
+            self._bus.disconnect()
+        elif not self.disconnected.called:
+            self.disconnected.callback(None)
+
+    # -- losing systemd and getting it back ------------------------------
+
+    def _adopt(self, bus: MessageBus) -> None:
+        self._bus = bus
+        bus.add_message_handler(self._on_message)
+        Deferred.fromFuture(asyncio.ensure_future(bus.wait_for_disconnect())).addBoth(
+            self._bus_closed, bus
+        )
+
+    async def _add_matches(self) -> None:
+        for rule in (_PROPERTIES_CHANGED_RULE, _OWNER_CHANGED_RULE):
+            await self._call(DBUS, DBUS_PATH, DBUS, "AddMatch", "s", [rule])
+
+    async def _subscribe(self, autostart: bool = False) -> None:
+        try:
+            await self._call(
+                SYSTEMD, MANAGER_PATH, MANAGER, "Subscribe", "", [], (), autostart
+            )
+        except SystemdError as error:
+            # A re-executed manager keeps its subscribers.
+            if error.name != ALREADY_SUBSCRIBED:
+                raise
+
+    def _bus_closed(self, _: object, bus: MessageBus) -> None:
+        if bus is not self._bus:
+            return  # one given up on while reconnecting
+        self._bus = None
+        if self._closing:
+            log.info("D-Bus connection to systemd closed")
+            self.disconnected.callback(None)
+            return
+        self._lose("the D-Bus connection closed")
+        self._backoff.start()
+
+    def _lose(self, reason: str) -> None:
+        """systemd is away: calls queued fail now, new ones at once, until
+        it is back; those in flight fail as their bus or manager does."""
+        if not self.connected:
+            return
+        self.connected = False
+        log.warn("systemd connection lost: {reason}", reason=reason)
+        self.window.fail_queued(Failure(connection_lost(reason)))
+        if self.on_lost is not None:
+            self.on_lost(reason)
+
+    def _reconnect(self) -> Deferred[None]:
+        return Deferred.fromFuture(
+            asyncio.ensure_future(self._reopen_and_resume())
+        ).addErrback(_translate_failure)
+
+    async def _reopen_and_resume(self) -> None:
+        bus = await self._reopen()
+        if self._closing:
+            bus.disconnect()
+            return
+        self._adopt(bus)
+        try:
+            await self._add_matches()
+            await self._subscribe()
+        except SystemdError as error:
+            if error.name == SERVICE_UNKNOWN:
+                # The bus is back, the manager not yet: its NameOwnerChanged
+                # (matched already) resumes.
+                log.info("D-Bus is back; waiting for the systemd manager")
+                return
+            self._give_up(bus)
+            raise
+        except BaseException:
+            self._give_up(bus)
+            raise
+        self._restored()
+
+    def _give_up(self, bus: MessageBus) -> None:
+        if bus is self._bus:
+            self._bus = None  # its close is no news: the backoff retries
+        bus.disconnect()
+
+    def _manager_appeared(self) -> None:
+        if self.connected or self._bus is None:
+            return
+        Deferred.fromFuture(asyncio.ensure_future(self._subscribe())).addCallbacks(
+            lambda _: self._restored(),
+            lambda failure: log.warn(
+                "Subscribe to the returned systemd manager failed: {error}",
+                error=failure.getErrorMessage(),
+            ),
+        )
+
+    def _restored(self) -> None:
+        if self.connected or self._closing:
+            return
+        self.connected = True
+        log.info("systemd connection restored")
+        if self.on_restored is not None:
+            self.on_restored()
+
+    @property
+    def max_inflight(self) -> int:
+        """How many method calls may await their reply at once; the others
+        wait, in order, for a slot."""
+        return self.window.limit
+
+    @max_inflight.setter
+    def max_inflight(self, limit: int) -> None:
+        self.window.limit = limit
 
     # -- Manager methods -------------------------------------------------
 
@@ -183,7 +398,7 @@ class SystemdClient:
             for index, fd_name in enumerate(FD_PROPERTIES)
         ]
         return self._defer(
-            self._manager(
+            lambda: self._manager(
                 "StartTransientUnit",
                 "ssa(sv)a(sa(sv))",
                 [name, mode, to_variants([*properties, *fd_properties]), []],
@@ -193,34 +408,34 @@ class SystemdClient:
 
     def stop_unit(self, name: str, mode: str = "fail") -> Deferred[str]:
         """``StopUnit``; fires with the job path."""
-        return self._defer(self._manager("StopUnit", "ss", [name, mode])).addCallback(
-            lambda body: body[0]
-        )
+        return self._defer(
+            lambda: self._manager("StopUnit", "ss", [name, mode])
+        ).addCallback(lambda body: body[0])
 
     def kill_unit(self, name: str, who: str, signal: int) -> Deferred[None]:
         """``KillUnit``: send ``signal`` to ``who`` (``main``, ``control`` or
         ``all``) of the unit."""
         return self._defer(
-            self._manager("KillUnit", "ssi", [name, who, signal])
+            lambda: self._manager("KillUnit", "ssi", [name, who, signal])
         ).addCallback(lambda _: None)
 
     def reset_failed_unit(self, name: str) -> Deferred[None]:
         """``ResetFailedUnit``: forget a failed unit so it can be unloaded."""
-        return self._defer(self._manager("ResetFailedUnit", "s", [name])).addCallback(
-            lambda _: None
-        )
+        return self._defer(
+            lambda: self._manager("ResetFailedUnit", "s", [name])
+        ).addCallback(lambda _: None)
 
     def list_units_by_patterns(
         self, states: list[str], patterns: list[str]
     ) -> Deferred[list[tuple]]:
         """``ListUnitsByPatterns``: the 10-field unit tuples systemd returns."""
         return self._defer(
-            self._manager("ListUnitsByPatterns", "asas", [states, patterns])
+            lambda: self._manager("ListUnitsByPatterns", "asas", [states, patterns])
         ).addCallback(lambda body: [tuple(unit) for unit in body[0]])
 
     def get_all(self, path: str, interface: str) -> Deferred[dict[str, Any]]:
         """``Properties.GetAll`` on an object, values unwrapped."""
-        return self._defer(self._get_all(path, interface))
+        return self._defer(lambda: self._get_all(path, interface))
 
     def watch_unit(
         self, name: str, callback: Callable[[dict[str, Any]], None]
@@ -235,14 +450,18 @@ class SystemdClient:
 
     def get_unit_state(self, path: str) -> Deferred[dict[str, Any]]:
         """``GetAll`` of the ``Unit`` and ``Service`` interfaces, merged."""
-        return self._defer(self._get_unit_state(path))
+        return self._defer(lambda: self._get_unit_state(path))
 
     # -- plumbing --------------------------------------------------------
 
-    def _defer(self, coroutine: Coroutine[Any, Any, Any]) -> Deferred[Any]:
-        return Deferred.fromFuture(asyncio.ensure_future(coroutine)).addErrback(
-            _translate_failure
-        )
+    def _defer(self, call: Callable[[], Coroutine[Any, Any, Any]]) -> Deferred[Any]:
+        """Run ``call()`` once the window has a slot for it; at once fail
+        with EAGAIN while systemd is away."""
+        if not self.connected:
+            return fail(reconnecting())
+        return self.window.submit(
+            lambda: Deferred.fromFuture(asyncio.ensure_future(call()))
+        ).addErrback(_translate_failure)
 
     async def _get_unit_state(self, path: str) -> dict[str, Any]:
         state: dict[str, Any] = {}
@@ -260,25 +479,43 @@ class SystemdClient:
         )
 
     async def _call(
-        self, destination, path, interface, member, signature, body, unix_fds=()
+        self,
+        destination,
+        path,
+        interface,
+        member,
+        signature,
+        body,
+        unix_fds=(),
+        autostart=False,
     ) -> list[Any]:
+        bus = self._bus
+        if bus is None:
+            raise reconnecting()
         started = time.monotonic()
-        reply = await self._bus.call(
-            Message(
-                destination=destination,
-                path=path,
-                interface=interface,
-                member=member,
-                signature=signature,
-                body=body,
-                unix_fds=list(unix_fds),
-            )
+        message = Message(
+            destination=destination,
+            path=path,
+            interface=interface,
+            member=member,
+            signature=signature,
+            body=body,
+            unix_fds=list(unix_fds),
+            # A manager that is away fails the call at once instead of the
+            # bus trying to activate it (which timed out after 120 s).
+            flags=MessageFlag.NONE if autostart else MessageFlag.NO_AUTOSTART,
         )
+        try:
+            reply = await bus.call(message)
+        except Exception as error:
+            if bus is not self._bus or bus._disconnected:
+                raise connection_lost(str(error) or type(error).__name__) from error
+            raise
+        if reply is None:  # the bus closed before any reply came
+            raise connection_lost()
         if self.on_call is not None:
             failed = reply is None or reply.message_type == MessageType.ERROR
             self.on_call(member, time.monotonic() - started, not failed)
-        if reply is None:  # only for NO_REPLY_EXPECTED calls, which we never make
-            raise SystemdError("sdexec.NoReply", f"{member}: no reply")
         if reply.message_type == MessageType.ERROR:
             text = reply.body[0] if reply.body else reply.error_name
             if self.debug:
@@ -289,6 +526,8 @@ class SystemdClient:
                     error=reply.error_name,
                     text=text,
                 )
+            if reply.error_name == NO_REPLY:  # the manager left mid-call
+                raise connection_lost(text or "")
             raise SystemdError(reply.error_name or "", text or "")
         if self.debug:
             log.info(
@@ -300,18 +539,26 @@ class SystemdClient:
         return reply.body
 
     def _on_message(self, message: Message) -> None:
-        if (
-            message.message_type != MessageType.SIGNAL
-            or message.member != "PropertiesChanged"
-            or message.interface != PROPERTIES
-        ):
+        if message.message_type != MessageType.SIGNAL:
             return
-        _interface, changed, invalidated = message.body
-        self._watches.changed(message.path or "", _unwrap(changed), invalidated)
+        if message.member == "PropertiesChanged" and message.interface == PROPERTIES:
+            _interface, changed, invalidated = message.body
+            self._watches.changed(message.path or "", _unwrap(changed), invalidated)
+        elif (
+            message.member == "NameOwnerChanged"
+            and message.sender == DBUS
+            and message.body[0] == SYSTEMD
+        ):
+            self._owner_changed(message.body[1], message.body[2])
 
-    def _on_disconnect(self, result: object) -> None:
-        log.info("D-Bus connection to systemd closed")
-        self.disconnected.callback(None)
+    def _owner_changed(self, old_owner: str, new_owner: str) -> None:
+        """The manager left the bus (it died), came back, or was replaced
+        (``daemon-reexec``: one owner straight to the next). A new owner
+        knows nothing of our subscription or of what we missed."""
+        if old_owner:
+            self._lose("the systemd manager left the bus")
+        if new_owner:
+            self._manager_appeared()
 
 
 def _brief(body: list[Any], limit: int = 200) -> str:

@@ -12,13 +12,31 @@ from collections.abc import Iterable
 
 from sdexec.property import UnitProperty
 
-__all__ = ["DBUS_ERRNO", "SystemdError", "errno_for", "name_string_properties"]
+__all__ = [
+    "CONNECTION_LOST",
+    "DBUS_ERRNO",
+    "RECONNECTING",
+    "SystemdError",
+    "connection_lost",
+    "errno_for",
+    "is_connection_lost",
+    "name_string_properties",
+    "reconnecting",
+]
+
+#: A call that was sent, or queued, when the bus or the manager went away:
+#: its outcome is unknown. Retrying after the reconnection may succeed.
+CONNECTION_LOST = "sdexec.ConnectionLost"
+#: A call made while the service reconnects: not sent at all.
+RECONNECTING = "sdexec.Reconnecting"
 
 #: The errno a client sees for a D-Bus error name; anything else is EIO.
 DBUS_ERRNO = {
     "org.freedesktop.DBus.Error.InvalidArgs": errno.EINVAL,
     "org.freedesktop.systemd1.UnitExists": errno.EEXIST,
     "org.freedesktop.DBus.Error.AccessDenied": errno.EPERM,
+    CONNECTION_LOST: errno.EAGAIN,
+    RECONNECTING: errno.EAGAIN,
 }
 
 
@@ -31,6 +49,26 @@ class SystemdError(Exception):
         self.name = name
         self.message = message
         self.errno = DBUS_ERRNO.get(name, errno.EIO)
+
+
+def connection_lost(detail: str = "") -> SystemdError:
+    """The error of a call lost with the connection (EAGAIN)."""
+    suffix = f": {detail}" if detail else ""
+    return SystemdError(CONNECTION_LOST, f"systemd connection lost{suffix}")
+
+
+def reconnecting() -> SystemdError:
+    """The error of a call made while reconnecting (EAGAIN)."""
+    return SystemdError(RECONNECTING, "reconnecting to systemd")
+
+
+def is_connection_lost(error: BaseException) -> bool:
+    """Whether a call failed only because systemd was away: it may be made
+    again once the connection is back."""
+    return isinstance(error, SystemdError) and error.name in (
+        CONNECTION_LOST,
+        RECONNECTING,
+    )
 
 
 def errno_for(error: BaseException) -> int:

@@ -31,7 +31,15 @@ class Manager(Protocol):
     """What the server and its processes ask of systemd."""
 
     debug: bool
+    #: Method calls awaiting a reply at once (``[systemd] max-inflight``).
+    max_inflight: int
     disconnected: Deferred[None]
+    #: The manager is reachable; while not, calls fail at once with EAGAIN.
+    connected: bool
+    #: ``on_lost(reason)`` when systemd goes away; ``on_restored()`` when it
+    #: is back (re-subscribed: every tracked unit's state should be re-read).
+    on_lost: Callable[[str], None] | None
+    on_restored: Callable[[], None] | None
 
     def watch_unit(
         self, name: str, callback: Callable[[dict[str, Any]], None]
@@ -52,5 +60,9 @@ class Manager(Protocol):
     def kill_unit(self, name: str, who: str, signal: int) -> Deferred[None]: ...
 
     def reset_failed_unit(self, name: str) -> Deferred[None]: ...
+
+    def list_units_by_patterns(
+        self, states: list[str], patterns: list[str]
+    ) -> Deferred[list[tuple]]: ...
 
     def disconnect(self) -> None: ...

@@ -25,6 +25,11 @@ class WatchRegistry:
         self._watches: dict[str, UnitWatch] = {}
 
     def register(self, watch: UnitWatch) -> None:
+        """Follow ``watch.path`` with ``watch``; a unit has one watch at a
+        time (a second one would silence the first)."""
+        current = self._watches.get(watch.path)
+        if current is not None and current is not watch:
+            raise ValueError(f"unit {watch.unit_name} is already watched")
         self._watches[watch.path] = watch
 
     def unregister(self, watch: UnitWatch) -> None:
@@ -73,8 +78,7 @@ class UnitWatch:
         return self._fetch_all().addCallback(self._refreshed)
 
     def cancel(self) -> None:
-        """Stop delivering changes (to this watch: a newer watch of the same
-        unit stays registered)."""
+        """Stop delivering changes; the unit may be watched anew."""
         self._registry.unregister(self)
 
     def changed(self, changed: State, invalidated: list[str]) -> None:

@@ -1,0 +1,215 @@
+"""Leftover units: units an earlier run of this service started and no
+process of this run tracks (Flux's ``sdmon``).
+
+A service killed with SIGKILL, or one whose start job's reply was lost with
+the connection to systemd, leaves units running that nobody follows. The
+service tells its own units from anyone else's by a mark at the end of
+their ``Description``: `` [sdexec:ID]``, ``ID`` the first 12 hex digits of
+the SHA-256 of the service's listen endpoint (stable across restarts of one
+service, different for two services on one manager; names cannot be used,
+since a request may name its unit with ``SDEXEC_NAME``). Units without the
+mark — other programs', other services' — are never touched.
+
+At start and after every reconnection the service lists the manager's
+services (``ListUnitsByPatterns``) and adopts every marked one it does not
+track: each is logged, listed by ``sdexec.list``/``sdexec ps`` with state
+``O`` (and so in ``stats``), can be signalled by ``sdexec.kill``, and is
+followed until it is unloaded: one that ended is stopped
+(``active/exited``) or reset (``failed``) so it does not stay loaded. With
+``[sdexec] leftover-units = "stop"`` (the default) each is stopped at once
+and the service stays drained, with the reason ``N leftover units from a
+previous run``, until they are gone; ``"keep"`` leaves them running.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from sdexec.plan import ExecPlan
+from sdexec.systemd import Manager, UnitStatus
+from sdexec.systemd.errors import is_connection_lost
+
+if TYPE_CHECKING:
+    from sdexec.server import SdexecServer
+
+__all__ = ["Leftover", "Leftovers", "marked", "owner_mark"]
+
+log = Logger()
+
+#: The ``sdexec.list`` state of a leftover unit.
+LEFTOVER_STATE = "O"
+
+
+def owner_mark(listen: str) -> str:
+    """The mark the ``Description`` of every unit of the service listening
+    on ``listen`` ends with."""
+    digest = hashlib.sha256(listen.encode()).hexdigest()[:12]
+    return f" [sdexec:{digest}]"
+
+
+def marked(plan: ExecPlan, mark: str) -> ExecPlan:
+    """``plan`` with ``mark`` appended to its unit's ``Description``."""
+    properties = tuple(
+        dataclasses.replace(prop, value=f"{prop.value}{mark}")
+        if prop.name == "Description"
+        else prop
+        for prop in plan.properties
+    )
+    return dataclasses.replace(plan, properties=properties)
+
+
+def drain_reason(count: int) -> str:
+    return f"{count} leftover units from a previous run"
+
+
+class Leftover:
+    """One leftover unit, followed until systemd unloads it."""
+
+    def __init__(
+        self, systemd: Manager, name: str, description: str, leftovers: Leftovers
+    ) -> None:
+        self.name = name
+        self.description = description
+        self.pid = -1
+        self._systemd = systemd
+        self._leftovers = leftovers
+        self._stopping = False
+        self._resetting = False
+        self._watch = systemd.watch_unit(name, self._changed)
+
+    def follow(self, stop: bool) -> None:
+        """Read its state (again); stop it if asked to."""
+        self._watch.refresh().addErrback(self._failed, "GetAll")
+        if stop:
+            self.stop()
+
+    def stop(self) -> None:
+        if not self._stopping:
+            self._stopping = True
+            self._systemd.stop_unit(self.name, "replace").addErrback(
+                self._failed, "StopUnit"
+            )
+
+    def kill(self, signum: int) -> defer.Deferred[None]:
+        return self._systemd.kill_unit(self.name, "all", signum)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "cmdline": self.description.split(" "),
+            "label": None,
+            "unit": self.name,
+            "state": LEFTOVER_STATE,
+        }
+
+    def forget(self) -> None:
+        self._watch.cancel()
+
+    def _changed(self, state: dict[str, Any]) -> None:
+        status = UnitStatus.from_properties(state)
+        if status.pid > 0:
+            self.pid = status.pid
+        if state.get("LoadState") == "not-found" or status.is_inactive:
+            self._leftovers.gone(self)
+        elif status.needs_stop:  # it ended: unload it
+            self.stop()
+        elif status.needs_reset and not self._resetting:
+            self._resetting = True
+            self._systemd.reset_failed_unit(self.name).addErrback(
+                self._failed, "ResetFailedUnit"
+            )
+
+    def _failed(self, failure: Failure, what: str) -> None:
+        if is_connection_lost(failure.value):
+            # Made again when the connection is back (Leftovers.scan).
+            self._stopping = self._resetting = False
+            return
+        log.warn(
+            "leftover unit {unit}: {what} failed: {error}",
+            unit=self.name,
+            what=what,
+            error=failure.getErrorMessage(),
+        )
+
+
+class Leftovers:
+    """The leftover units of one service (see the module's docstring)."""
+
+    def __init__(self, systemd: Manager, server: SdexecServer, mark: str) -> None:
+        if not mark:
+            raise ValueError("leftover units need the service's owner mark")
+        self.units: dict[str, Leftover] = {}
+        self._systemd = systemd
+        self._server = server
+        self._mark = mark
+        self._drained_with: str | None = None
+
+    def scan(self) -> defer.Deferred[None]:
+        """List the manager's services, adopt the marked ones nobody tracks,
+        and follow (and, per ``leftover-units``, stop) every leftover."""
+        listed = self._systemd.list_units_by_patterns([], ["*.service"])
+        return listed.addCallback(self._listed)
+
+    def find(self, pid: int | None) -> Leftover | None:
+        """The leftover with main pid ``pid`` (leftovers have no labels)."""
+        if pid is None or pid <= 0:
+            return None
+        return next((unit for unit in self.units.values() if unit.pid == pid), None)
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [unit.describe() for unit in self.units.values()]
+
+    def gone(self, unit: Leftover) -> None:
+        """``unit`` was unloaded: forget it; undrain once none are left."""
+        if self.units.pop(unit.name, None) is None:
+            return
+        unit.forget()
+        log.info("leftover unit {unit} is gone", unit=unit.name)
+        if not self.units and self._drained_with is not None:
+            if self._server.drain_reason == self._drained_with:
+                self._server.undrain()
+            self._drained_with = None
+
+    def _listed(self, listing: list[tuple]) -> None:
+        stop = self._server.config.sdexec.leftover_units == "stop"
+        for name, description, *_ in listing:
+            if self._is_new_leftover(name, description):
+                self._adopt(name, description, stop)
+        if (
+            stop
+            and self.units
+            and self._server.drain_reason
+            in (
+                None,
+                self._drained_with,
+            )
+        ):
+            self._drained_with = drain_reason(len(self.units))
+            self._server.drain(self._drained_with)
+        for unit in list(self.units.values()):
+            unit.follow(stop)
+
+    def _is_new_leftover(self, name: str, description: str) -> bool:
+        return (
+            description.endswith(self._mark)
+            and name not in self.units
+            and name not in self._server.units
+        )
+
+    def _adopt(self, name: str, description: str, stop: bool) -> None:
+        action = "stopping it" if stop else "kept (leftover-units = keep)"
+        log.warn(
+            "leftover unit {unit} from a previous run ({description}): {action}",
+            unit=name,
+            description=description,
+            action=action,
+        )
+        self.units[name] = Leftover(
+            self._systemd, name, description[: -len(self._mark)], self
+        )

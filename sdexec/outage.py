@@ -1,0 +1,64 @@
+"""What the service does while systemd is away.
+
+The systemd client reconnects by itself (``sdexec.systemd.bus``); requests
+meanwhile get EAGAIN "reconnecting to systemd". The service drains only if
+systemd stays away longer than ``[systemd] reconnect-timeout``, and
+undrains itself when systemd is back (unless something else drained it
+since). Once back, every tracked process re-reads its unit.
+
+The one timer is a ``callLater`` on the server's clock: tested on a
+``Clock`` (test/test_outage.py).
+"""
+
+from __future__ import annotations
+
+from twisted.internet.interfaces import IDelayedCall
+from twisted.logger import Logger
+
+from sdexec.server import SdexecServer
+
+__all__ = ["SystemdOutage"]
+
+log = Logger()
+
+
+class SystemdOutage:
+    """Connects a systemd client's ``on_lost``/``on_restored`` to the server."""
+
+    def __init__(self, server: SdexecServer) -> None:
+        self._server = server
+        self._timer: IDelayedCall | None = None
+        self._drain_reason: str | None = None  # the one this drained with
+
+    def lost(self, reason: str) -> None:
+        """systemd went away: drain if it is not back in time."""
+        if self._timer is not None:
+            return
+        timeout = self._server.config.systemd.reconnect_timeout
+        self._timer = self._server.clock.callLater(
+            timeout, self._drain, f"systemd unreachable for {timeout:g} s: {reason}"
+        )
+
+    def restored(self) -> None:
+        """systemd is back: undrain what this drained, resync processes."""
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        if (
+            self._drain_reason is not None
+            and self._server.drain_reason == self._drain_reason
+        ):
+            self._server.undrain()
+        self._drain_reason = None
+        self._server.systemd_restored()
+
+    def stop(self) -> None:
+        """The service stops: no drain later."""
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+    def _drain(self, reason: str) -> None:
+        self._timer = None
+        self._drain_reason = reason
+        self._server.drain(reason)

@@ -1,0 +1,70 @@
+"""Requests that used to hang or silence others, against the real manager:
+a reused unit name, unit types the state model does not expect, a burst
+of connections. Every request must end, and end only its own stream."""
+
+from __future__ import annotations
+
+import errno
+import uuid
+
+import pytest
+from pytest_twisted import ensureDeferred
+from support import FLAGS, command, run
+
+pytestmark = pytest.mark.systemd
+
+
+@ensureDeferred
+async def test_a_unit_name_in_use_is_refused_and_its_owner_runs_on(sdexec):
+    name = f"sdexec-dup-{uuid.uuid4().hex}"
+    client = await sdexec.connect()
+    first: list[dict] = []
+    owner = client.exec(
+        command(["sh", "-c", "read line; echo $line"], opts={"SDEXEC_NAME": name}),
+        FLAGS,
+        first.append,
+    )
+    second = await run(client, ["true"], opts={"SDEXEC_NAME": name})
+    assert second.error.errnum == errno.EEXIST
+    assert f"{name}.service is already run by this service" in second.error.errstr
+    assert second.types == []
+    owner.write(b"still here\n")
+    owner.close_stdin()
+    await owner.done  # ENODATA: the stream ended successfully
+    assert [r["status"] for r in first if r["type"] == "finished"] == [0]
+    assert sdexec.server.units == {}
+
+
+@pytest.mark.parametrize(
+    ("unit_type", "script", "seen"),
+    [
+        # The daemon a forking unit waits for never comes: active/exited, no pid.
+        ("forking", "echo hi; sleep 1", "ExecMainPID 0"),
+        # The start never completes: activating with a pid, never running.
+        ("notify", "sleep 300", "last seen activating/start"),
+        ("oneshot", "sleep 300", "last seen activating/start"),
+    ],
+)
+@ensureDeferred
+async def test_a_unit_type_the_model_does_not_follow_ends_its_request(
+    start_service, unit_type, script, seen
+):
+    service = await start_service(systemd='start-timeout = "2s"')
+    client = await service.connect()
+    opts = {"SDEXEC_PROP_Type": unit_type}
+    result = await run(client, ["sh", "-c", script], opts=opts)
+    assert result.error.errnum == errno.EIO
+    assert "did not start a process sdexec can follow within 2 s" in (
+        result.error.errstr
+    )
+    assert seen in result.error.errstr
+    assert f"Type={unit_type}" in result.error.errstr
+    assert "finished" not in result.types
+
+
+@ensureDeferred
+async def test_a_oneshot_that_ends_is_followed_as_usual(sdexec):
+    client = await sdexec.connect()
+    opts = {"SDEXEC_PROP_Type": "oneshot"}
+    result = await run(client, ["sh", "-c", "echo hi; exit 3"], opts=opts)
+    assert (result.error, result.status, result.stdout) == (None, 3 << 8, b"hi\n")

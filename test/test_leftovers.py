@@ -1,0 +1,126 @@
+"""Leftover units offline (FakeManager): found by their mark, reported,
+stopped or kept, unloaded once ended; other units never touched. The real
+SIGKILL-and-restart is in test_twistd_leftovers.py."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+from test_server import FLAGS, TRUE, UNIT, Connection
+from twisted.internet import reactor
+from twisted.internet.task import Clock
+
+from sdexec.config import parse_config
+from sdexec.leftovers import Leftovers, marked, owner_mark
+from sdexec.property import UnitProperty
+from sdexec.server import SdexecServer
+from sdexec.testing import EXITED, INACTIVE, RUNNING, FakeManager, exec_plan
+
+MARK = owner_mark("unix:/run/user/1000/sdexec/sdexec.sock")
+
+
+def leftover(systemd: FakeManager, name: str, mark: str = MARK, pid: int = 77):
+    """A unit of an earlier run, as the manager lists it."""
+    systemd.units[name] = {**RUNNING, "ExecMainPID": pid}
+    systemd.properties[name] = [UnitProperty("Description", "s", f"sleep 300{mark}")]
+
+
+def make_server(systemd: FakeManager, policy: str = "stop") -> SdexecServer:
+    config = parse_config({"sdexec": {"leftover-units": policy}})
+    server = SdexecServer(systemd, config, reactor, clock=Clock())
+    server.unit_mark = MARK
+    server.leftovers = Leftovers(systemd, server, MARK)
+    return server
+
+
+@pytest.fixture
+def systemd():
+    manager = FakeManager()
+    yield manager
+    manager.close()
+
+
+def test_the_mark_is_stable_per_endpoint_and_differs_between_services():
+    assert owner_mark("unix:/run/user/1000/sdexec/sdexec.sock") == MARK
+    assert owner_mark("unix:/tmp/other.sock") != MARK
+    assert MARK.startswith(" [sdexec:") and len(MARK) == len(" [sdexec:]") + 12
+
+
+def test_every_unit_started_carries_the_mark(systemd):
+    plan = marked(exec_plan(["sleep", "1"]), MARK)
+    [description] = [p.value for p in plan.properties if p.name == "Description"]
+    assert description == f"sleep 1{MARK}"
+    server = make_server(systemd)
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    [sent] = [p.value for p in systemd.properties[UNIT] if p.name == "Description"]
+    assert sent.endswith(MARK)
+    connection.close()
+
+
+def test_stop_leftovers_drain_until_they_are_gone(systemd):
+    leftover(systemd, "sdexec-a.service", pid=71)
+    leftover(systemd, "sdexec-b.service", pid=72)
+    leftover(systemd, "other.service", mark="")  # not ours
+    leftover(systemd, "sdexec-c.service", mark=owner_mark("unix:/other"))
+    server = make_server(systemd)
+    server.leftovers.scan()
+    assert server.drain_reason == "2 leftover units from a previous run"
+    stops = [call for call in systemd.calls if call[0] == "stop"]
+    assert stops == [("stop", "sdexec-a.service"), ("stop", "sdexec-b.service")]
+    assert [(p["unit"], p["pid"], p["state"]) for p in server.list()["procs"]] == [
+        ("sdexec-a.service", 71, "O"),
+        ("sdexec-b.service", 72, "O"),
+    ]
+    systemd.change("sdexec-a.service", INACTIVE)
+    assert server.drain_reason == "2 leftover units from a previous run"
+    systemd.change("sdexec-b.service", INACTIVE)
+    assert server.drain_reason is None
+    assert server.list()["procs"] == []
+
+
+def test_kept_leftovers_run_on_listed_killable_and_unloaded_once_ended(systemd):
+    leftover(systemd, "sdexec-a.service", pid=71)
+    server = make_server(systemd, "keep")
+    server.leftovers.scan()
+    assert server.drain_reason is None
+    assert not [call for call in systemd.calls if call[0] == "stop"]
+    assert [p["state"] for p in server.stats()["procs"]] == ["O"]
+    server.kill({"pid": 71, "signum": 15})
+    assert systemd.kills() == [15]
+    systemd.change("sdexec-a.service", EXITED)  # ended: not left active/exited
+    assert ("stop", "sdexec-a.service") in systemd.calls
+    systemd.change("sdexec-a.service", {"ActiveState": "failed"})
+    assert ("reset", "sdexec-a.service") in systemd.calls
+
+
+def test_a_leftovers_name_is_not_given_to_a_request(systemd):
+    leftover(systemd, "sdexec-t.service")
+    server = make_server(systemd, "keep")
+    server.leftovers.scan()
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    assert connection.last()["errnum"] == errno.EEXIST
+    connection.close()
+
+
+def test_units_tracked_by_this_run_are_not_leftovers(systemd):
+    server = make_server(systemd)
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    server.leftovers.scan()
+    assert server.leftovers.units == {}
+    assert server.drain_reason is None
+    connection.close()
+
+
+def test_a_start_lost_with_the_connection_is_found_after_it(systemd):
+    server = make_server(systemd)
+    leftover(systemd, "sdexec-lost.service")  # started, but its reply was lost
+    systemd.lose()
+    systemd.restore()  # no SystemdOutage here: the server is told directly
+    server.systemd_restored()
+    assert list(server.leftovers.units) == ["sdexec-lost.service"]
+    assert ("stop", "sdexec-lost.service") in systemd.calls

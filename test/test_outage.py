@@ -1,0 +1,123 @@
+"""systemd away and back, offline: requests get EAGAIN, the node drains
+only after ``[systemd] reconnect-timeout`` and undrains on return, every
+process re-reads its unit; a unit gone meanwhile ends its request with an
+error naming it. FakeManager and a Clock; the real bus is in
+test_reconnect.py."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+from test_server import FLAGS, TRUE, UNIT, Connection, error_of
+from twisted.internet import reactor
+from twisted.internet.task import Clock
+
+from sdexec.config import parse_config
+from sdexec.outage import SystemdOutage
+from sdexec.server import SdexecServer
+from sdexec.testing import EXITED, INACTIVE, FakeManager
+
+
+@pytest.fixture
+def systemd():
+    manager = FakeManager()
+    yield manager
+    manager.close()
+
+
+@pytest.fixture
+def server(systemd):
+    config = parse_config({"systemd": {"reconnect-timeout": "10s"}})
+    server = SdexecServer(systemd, config, reactor, clock=Clock())
+    outage = SystemdOutage(server)
+    systemd.on_lost, systemd.on_restored = outage.lost, outage.restored
+    return server
+
+
+@pytest.fixture
+def connection(server):
+    opened = Connection(server)
+    yield opened
+    opened.close()
+
+
+def test_requests_meanwhile_get_eagain_and_succeed_once_back(
+    systemd, server, connection
+):
+    systemd.lose()
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    assert error_of(connection.last()) == (errno.EAGAIN, "reconnecting to systemd")
+    assert ("start", UNIT) not in systemd.calls
+    systemd.restore()
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE}, matchtag=2)
+    assert ("start", UNIT) in systemd.calls
+
+
+def test_drained_only_after_the_timeout_and_undrained_on_return(systemd, server):
+    systemd.lose("the systemd manager left the bus")
+    server.clock.advance(9)
+    assert server.drain_reason is None
+    server.clock.advance(1)
+    assert server.drain_reason == (
+        "systemd unreachable for 10 s: the systemd manager left the bus"
+    )
+    systemd.restore()
+    assert server.drain_reason is None
+
+
+def test_back_in_time_no_drain_at_all(systemd, server):
+    systemd.lose()
+    server.clock.advance(5)
+    systemd.restore()
+    server.clock.advance(60)
+    assert server.drain_reason is None
+
+
+def test_another_drain_is_not_undone_by_the_return(systemd, server):
+    systemd.lose()
+    server.clock.advance(10)
+    server.drain("unkillable user processes in unit x.service")
+    systemd.restore()
+    assert server.drain_reason == "unkillable user processes in unit x.service"
+
+
+def test_a_surviving_unit_keeps_its_stream(systemd, server, connection):
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    systemd.lose()
+    systemd.units[UNIT].update(EXITED)  # while away: no signal comes
+    systemd.restore()  # the resync reads it
+    types = [r["payload"]["type"] for r in connection.responses() if "payload" in r]
+    assert types[-2:] == ["started", "finished"]
+    assert ("stop", UNIT) in systemd.calls
+
+
+def test_a_vanished_unit_ends_its_request_naming_it(systemd, server, connection):
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    systemd.lose()
+    systemd.units[UNIT] = {**INACTIVE, "LoadState": "not-found", "ExecMainCode": 0}
+    systemd.restore()
+    errnum, errstr = error_of(connection.last())
+    assert errnum == errno.EIO
+    assert errstr == f"unit {UNIT} is gone (lost while systemd was away)"
+    assert server.processes == {}
+
+
+def test_a_stop_lost_with_the_connection_is_made_again(systemd, server, connection):
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    systemd.lose()
+    connection.close()  # the client leaves while systemd is away
+    assert systemd.calls.count(("stop", UNIT)) == 1  # failed: EAGAIN
+    systemd.restore()
+    assert systemd.calls.count(("stop", UNIT)) == 2
+
+
+def test_a_kill_while_away_is_eagain(systemd, server, connection):
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT, pid=99)
+    systemd.lose()
+    connection.send("sdexec.kill", {"pid": 99, "signum": 15}, matchtag=2)
+    assert error_of(connection.last()) == (errno.EAGAIN, "reconnecting to systemd")

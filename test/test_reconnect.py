@@ -1,0 +1,144 @@
+"""Losing systemd and getting it back, against the real sandbox manager
+(Flux's t2408 "bus recovery" tests the same): the manager's dbus-daemon
+killed mid-stream, the manager re-executed mid-run. Streams of units that
+survive go on; requests meanwhile get EAGAIN; the service neither exits
+nor drains (it is back well within ``reconnect-timeout``)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+
+import pytest
+from pytest_twisted import ensureDeferred
+from support import FLAGS, command, run, sleep
+
+from sdexec.plan import RequestError
+
+pytestmark = pytest.mark.systemd
+
+#: A cap for the test, not an expectation.
+WAIT_S = 60.0
+
+
+async def until(condition, what: str) -> None:
+    for _ in range(int(WAIT_S / 0.05)):
+        if condition():
+            return
+        await sleep(0.05)
+    raise AssertionError(f"not within {WAIT_S} s: {what}")
+
+
+class Echoes:
+    """``count`` ``cat`` processes on one connection: each echoes what it
+    is sent, and ends when its stdin is closed."""
+
+    def __init__(self, client, count: int) -> None:
+        self.outputs = [b""] * count
+        self.finished: list[int | None] = [None] * count
+        self.handles = [
+            client.exec(command(["cat"]), FLAGS, lambda r, n=n: self._response(n, r))
+            for n in range(count)
+        ]
+
+    def _response(self, n: int, response: dict) -> None:
+        if response["type"] == "output" and response["io"].get("data"):
+            self.outputs[n] += response["io"]["data"].encode()
+        elif response["type"] == "finished":
+            self.finished[n] = response["status"]
+
+    async def echo(self, text: bytes) -> None:
+        for handle in self.handles:
+            handle.write(text)
+        await until(
+            lambda: all(out.endswith(text) for out in self.outputs), f"{text!r} echoed"
+        )
+
+    async def end(self) -> None:
+        for handle in self.handles:
+            handle.close_stdin()
+        for handle in self.handles:
+            await handle.done  # ENODATA: a successful end
+        assert self.finished == [0] * len(self.handles)
+
+
+class LossWatcher:
+    """Wraps the client's ``on_lost``/``on_restored`` to see the outage, and
+    asks for an exec the moment systemd is lost (the outage may be shorter
+    than any poll)."""
+
+    def __init__(self, service) -> None:
+        self.server = service.server
+        self.systemd = service.server.systemd
+        self.lost: list[str] = []
+        self.refused: list[RequestError] = []
+        self.restored = 0
+        lost, restored = self.systemd.on_lost, self.systemd.on_restored
+
+        def on_lost(reason: str) -> None:
+            self.lost.append(reason)
+            lost(reason)
+            self._exec_now()
+
+        def on_restored() -> None:
+            self.restored += 1
+            restored()
+
+        self.systemd.on_lost, self.systemd.on_restored = on_lost, on_restored
+
+    def _exec_now(self) -> None:
+        payload = {"cmd": command(["true"]), "flags": FLAGS}
+        try:
+            self.server.exec(0, 1, payload, None)
+        except RequestError as error:
+            self.refused.append(error)
+
+    async def back(self) -> None:
+        await until(lambda: self.lost and self.systemd.connected, "lost and back")
+        assert [(e.errnum, e.errstr) for e in self.refused] == [
+            (errno.EAGAIN, "reconnecting to systemd")
+        ] * len(self.lost)
+        assert self.restored >= 1
+        assert self.server.drain_reason is None
+
+
+def dbus_daemon_pid() -> int:
+    shown = subprocess.run(
+        ["systemctl", "--user", "show", "-p", "MainPID", "--value", "dbus.service"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return int(shown.stdout)
+
+
+@ensureDeferred
+async def test_the_bus_killed_mid_stream_streams_go_on(sdexec):
+    client = await sdexec.connect()
+    echoes = Echoes(client, 3)
+    await echoes.echo(b"before\n")
+    watcher = LossWatcher(sdexec)
+    pid = dbus_daemon_pid()
+    assert pid > 0
+    os.kill(pid, signal.SIGKILL)
+    await watcher.back()
+    assert "the D-Bus connection closed" in watcher.lost
+    await echoes.echo(b"after\n")  # the fds never went through the bus
+    await echoes.end()  # finished and ENODATA come over the new connection
+    result = await run(client, ["echo", "new"])
+    assert (result.error, result.stdout) == (None, b"new\n")
+
+
+@ensureDeferred
+async def test_the_manager_reexecuted_mid_run_streams_go_on(sdexec):
+    client = await sdexec.connect()
+    echoes = Echoes(client, 3)
+    await echoes.echo(b"before\n")
+    watcher = LossWatcher(sdexec)
+    subprocess.run(["systemctl", "--user", "daemon-reexec"], check=True, timeout=60)
+    await watcher.back()
+    assert watcher.lost == ["the systemd manager left the bus"]
+    await echoes.echo(b"after\n")
+    await echoes.end()
+    result = await run(client, ["echo", "new"])
+    assert (result.error, result.stdout) == (None, b"new\n")

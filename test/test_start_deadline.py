@@ -1,0 +1,71 @@
+"""Every request ends: a unit whose states the model does not expect ends
+its request after ``[systemd] start-timeout``, saying what was seen. Offline,
+on a Clock; the real unit types are in test_faults.py."""
+
+from __future__ import annotations
+
+import errno
+
+from test_process import UNIT, Recorder, lifecycle_plan, make_process
+from twisted.internet import reactor
+from twisted.internet.task import Clock
+
+from sdexec.config import DEFAULT_START_TIMEOUT
+from sdexec.process import Process, ProcessContext
+from sdexec.testing import EXITED, INACTIVE, RUNNING, FakeManager
+
+
+def test_a_unit_that_never_shows_a_process_ends_its_request():
+    # Type=forking whose daemon left: active/exited, no pid, no exit status.
+    _, systemd, responder, clock = make_process()
+    systemd.change(UNIT, {"ActiveState": "activating", "SubState": "start"})
+    systemd.change(UNIT, {"ActiveState": "active", "SubState": "exited"})
+    clock.advance(DEFAULT_START_TIMEOUT - 1)
+    assert responder.responses == []
+    clock.advance(1)
+    [(errnum, errstr)] = responder.responses
+    assert errnum == errno.EIO
+    assert errstr == (
+        f"unit {UNIT} did not start a process sdexec can follow within 120 s:"
+        " last seen active/exited, ExecMainPID 0, ExecMainCode 0, Result -,"
+        " Type=exec"
+    )
+    assert ("stop", UNIT) in systemd.calls
+    assert clock.getDelayedCalls() == []
+
+
+def test_the_unit_is_reaped_once_inactive_after_the_timeout():
+    reaped = []
+    _, systemd, responder, clock = make_process(on_reaped=reaped.append)
+    clock.advance(DEFAULT_START_TIMEOUT)  # a manager that never says anything
+    assert "no state/-" in responder.responses[0][1]
+    assert reaped == []
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    assert len(reaped) == 1
+    assert len(responder.responses) == 1  # no ENODATA after the error
+
+
+def test_a_started_process_is_not_timed_out():
+    _, systemd, responder, clock = make_process()
+    systemd.change(UNIT, RUNNING)
+    assert clock.getDelayedCalls() == []
+    clock.advance(10 * DEFAULT_START_TIMEOUT)
+    systemd.change(UNIT, EXITED)
+    systemd.change(UNIT, INACTIVE)
+    assert responder.types() == ["started", "finished", errno.ENODATA]
+
+
+def test_an_abandoned_process_leaves_no_timer_once_reaped():
+    process, systemd, _, clock = make_process()
+    assert clock.getDelayedCalls()  # armed by the accepted start
+    process.abandon()
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    assert clock.getDelayedCalls() == []
+
+
+def test_the_timeout_is_the_contexts():
+    systemd, responder, clock = FakeManager(), Recorder(), Clock()
+    context = ProcessContext(reactor=reactor, clock=clock, rank="0", start_timeout=5)
+    Process(systemd, lifecycle_plan(), responder, context).start()
+    clock.advance(5)
+    assert "within 5 s" in responder.responses[0][1]

@@ -1,0 +1,116 @@
+"""A service killed with SIGKILL leaves its units running; the next run
+finds them by their mark, reports them and stops them (or keeps them), and
+never touches units that are not its own. Real twistd, real manager."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+from support import unit_names
+from test_twistd import Twistd, _environment, _wait_for, reaped
+
+pytestmark = pytest.mark.systemd
+
+COUNT = 5
+
+
+def clients_with_sleepers(twistd: Twistd) -> list[subprocess.Popen]:
+    """``COUNT`` ``sdexec run sleep 300``, running once this returns."""
+    argv = [sys.executable, "-m", "sdexec.cli", "--socket", str(twistd.socket),
+            "run", "sleep", "300"]  # fmt: skip
+    clients = [
+        subprocess.Popen(
+            argv,
+            env=_environment(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(COUNT)
+    ]
+    _wait_for(lambda: len(twistd.stats()["procs"]) == COUNT, "sleepers running")
+    return clients
+
+
+def killed_with_units_running(twistd: Twistd) -> list[str]:
+    """SIGKILL the service while its sleepers run: their units remain."""
+    clients = clients_with_sleepers(twistd)
+    units = sorted(proc["unit"] for proc in twistd.stats()["procs"])
+    twistd.process.send_signal(signal.SIGKILL)
+    twistd.process.wait(timeout=60)
+    for client in clients:
+        client.wait(timeout=60)  # their connection is gone
+    assert sorted(set(units) & set(unit_names())) == units
+    return units
+
+
+class Restarted(Twistd):
+    """The service again, on the same socket (so with the same mark), with
+    ``sdexec_lines`` added to its ``[sdexec]`` table."""
+
+    def __init__(self, killed: Twistd, sdexec_lines: str = "") -> None:
+        self.sdexec_lines = sdexec_lines
+        killed.socket.unlink(missing_ok=True)  # a SIGKILL leaves it behind
+        super().__init__(killed.config.parent)
+
+    def write_config(self, **values: str) -> None:
+        super().write_config(**values)
+        with self.config.open("a") as config:
+            config.write(self.sdexec_lines + "\n")
+
+
+@pytest.fixture
+def first_run(user_manager, tmp_path):
+    """The service's first run, to be killed."""
+    service = Twistd(tmp_path)
+    with reaped(service.process):
+        yield service
+
+
+@pytest.fixture
+def a_stranger(user_manager):
+    """A unit of another program, with a name like sdexec's own."""
+    name = "sdexec-not-ours.service"
+    subprocess.run(
+        ["systemd-run", "--user", "--unit", name, "--quiet", "sleep", "300"],
+        check=True, timeout=60,
+    )  # fmt: skip
+    yield name
+    subprocess.run(["systemctl", "--user", "stop", name], check=False, timeout=60)
+
+
+def test_leftovers_are_found_reported_and_stopped(first_run, a_stranger):
+    units = killed_with_units_running(first_run)
+    second = Restarted(first_run)
+    with reaped(second.process):
+        _wait_for(lambda: set(unit_names()) == {a_stranger}, "leftovers stopped", 10)
+        log = second.log.read_text()
+        for unit in units:
+            assert f"leftover unit {unit} from a previous run" in log
+        assert "draining: 5 leftover units from a previous run" in log
+        _wait_for(lambda: second.stats()["drain"]["drained"] is False, "undrained")
+        assert second.sdexec("run", "true").returncode == 0
+        assert second.stop() == -signal.SIGTERM
+    assert unit_names() == [a_stranger]
+
+
+def test_kept_leftovers_are_listed_and_killable(first_run, a_stranger):
+    units = killed_with_units_running(first_run)
+    second = Restarted(first_run, 'leftover-units = "keep"')
+    with reaped(second.process):
+        _wait_for(lambda: len(second.stats()["procs"]) == COUNT, "leftovers listed")
+        procs = second.stats()["procs"]
+        assert sorted(p["unit"] for p in procs) == units
+        assert {p["state"] for p in procs} == {"O"}
+        assert second.stats()["drain"]["drained"] is False
+        listed = second.sdexec("ps").stdout.decode().splitlines()[1:]
+        assert sorted(line.split()[1:3] for line in listed) == [["O", u] for u in units]
+        for proc in procs:
+            killed = second.sdexec("kill", "KILL", str(proc["pid"]))
+            assert killed.returncode == 0, killed.stderr
+        _wait_for(lambda: set(unit_names()) == {a_stranger}, "killed and unloaded")
+        assert second.stats()["procs"] == []
+        assert second.stop() == -signal.SIGTERM
+    assert unit_names() == [a_stranger]

@@ -1,0 +1,102 @@
+"""The window of calls to the manager, offline: bounded, in order, every
+call answered, a full window never a failure."""
+
+from __future__ import annotations
+
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.python.failure import Failure
+
+from sdexec.systemd.window import CallWindow
+
+
+class Calls:
+    """Calls whose answers the test gives, in the order they were started."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.pending: dict[str, Deferred[str]] = {}
+
+    def start(self, name: str):
+        def call() -> Deferred[str]:
+            self.started.append(name)
+            self.pending[name] = Deferred()
+            return self.pending[name]
+
+        return call
+
+    def answer(self, name: str) -> None:
+        self.pending.pop(name).callback(f"{name} done")
+
+
+def test_no_more_than_the_limit_in_flight_and_the_rest_in_order():
+    window, calls = CallWindow(2), Calls()
+    results = [window.submit(calls.start(str(n))) for n in range(5)]
+    assert calls.started == ["0", "1"]
+    assert (window.in_flight, window.queued) == (2, 3)
+    calls.answer("1")
+    assert calls.started == ["0", "1", "2"]
+    assert results[1].result == "1 done"
+    for name in ("0", "2", "3", "4"):
+        calls.answer(name)
+    assert calls.started == ["0", "1", "2", "3", "4"]
+    assert [r.result for r in results] == [f"{n} done" for n in range(5)]
+    assert (window.in_flight, window.queued) == (0, 0)
+
+
+def test_a_failed_call_frees_its_slot_and_fails_only_its_caller():
+    window, calls = CallWindow(1), Calls()
+    failing = window.submit(lambda: fail(ValueError("refused")))
+    after = window.submit(calls.start("next"))
+    errors: list[Failure] = []
+    failing.addErrback(errors.append)
+    assert errors[0].check(ValueError)
+    assert calls.started == ["next"]
+    calls.answer("next")
+    assert after.result == "next done"
+
+
+def test_a_call_that_raises_is_a_failure_not_a_stuck_slot():
+    window = CallWindow(1)
+
+    def broken() -> Deferred[str]:
+        raise RuntimeError("no bus")
+
+    errors: list[Failure] = []
+    window.submit(broken).addErrback(errors.append)
+    assert errors[0].check(RuntimeError)
+    assert window.submit(lambda: succeed("ok")).result == "ok"
+    assert window.in_flight == 0
+
+
+def test_calls_answered_at_once_run_in_order_without_recursion():
+    window = CallWindow(1)
+    order: list[int] = []
+    blocker: Deferred[None] = Deferred()
+    window.submit(lambda: blocker)
+    for n in range(5000):  # deeper than Python's recursion limit
+        window.submit(lambda n=n: succeed(n)).addCallback(order.append)
+    blocker.callback(None)
+    assert order == list(range(5000))
+
+
+def test_a_caller_submitting_from_its_callback_queues_behind_the_others():
+    window, calls = CallWindow(1), Calls()
+    first = window.submit(calls.start("first"))
+    window.submit(calls.start("second"))
+    first.addCallback(lambda _: window.submit(calls.start("third")))
+    calls.answer("first")
+    calls.answer("second")
+    assert calls.started == ["first", "second", "third"]
+
+
+def test_fail_queued_fails_what_has_not_started():
+    window, calls = CallWindow(1), Calls()
+    running = window.submit(calls.start("running"))
+    queued = window.submit(calls.start("queued"))
+    errors: list[Failure] = []
+    queued.addErrback(errors.append)
+    window.fail_queued(Failure(ConnectionError("bus lost")))
+    assert errors[0].check(ConnectionError)
+    assert calls.started == ["running"]
+    calls.answer("running")
+    assert running.result == "running done"

@@ -235,10 +235,11 @@ async def test_run_as_a_job_ps_and_cancel(sdexec):
         proc = await _wait_for_a_process(sdexec)
         ps = (await cli(sdexec, "ps")).stdout.decode().splitlines()
         assert ps[0].split() == [
-            "PID", "STATE", "UNIT", "LABEL", "JOBID", "STEP", "CMDLINE"
+            "PID", "STATE", "MODE", "UNIT", "LABEL", "JOBID", "STEP", "CMDLINE"
         ]  # fmt: skip
         assert ps[1].split() == [
-            str(proc["pid"]), "R", proc["unit"], "-", "c1", "-", "sleep", "300"
+            str(proc["pid"]), "R", "streaming", proc["unit"], "-", "c1", "-",
+            "sleep", "300",
         ]  # fmt: skip
         done = await cli(sdexec, "cancel", "c1")
         assert done.stdout == b"job c1: terminating (step term)\n"

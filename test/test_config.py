@@ -139,12 +139,20 @@ KEYS = [
         "warn", "off", 'expected "drain" or "warn", got "off"'),
     Key("sdexec.log-format", "sdexec.log_format", "text", "json", "json", "xml",
         'expected "text" or "json", got "xml"'),
+    Key("sdexec.slice", "sdexec.slice", "sdexec.slice", "flux-jobs.slice",
+        "flux-jobs.slice", "jobs/a.slice",
+        "expected a slice unit name such as sdexec.slice (letters, digits, : _ . -),"
+        ' got "jobs/a.slice"'),
+    Key("sdexec.allow-users", "sdexec.allow_users", (), ["root", 4242], (0, 4242),
+        "root", 'expected a list of user names or uids, got "root"'),
     Key("systemd.enable", "systemd.enable", False, True, True, "yes",
         f'{BOOLEAN}, got "yes"'),
     Key("systemd.sdexec-debug", "systemd.sdexec_debug", False, True, True, 1,
         f"{BOOLEAN}, got 1"),
     Key("systemd.sdbus-debug", "systemd.sdbus_debug", False, True, True, "false",
         f'{BOOLEAN}, got "false"'),
+    Key("systemd.bus", "systemd.bus", "user", "system", "system", "session",
+        'expected "user" or "system", got "session"'),
 ]  # fmt: skip
 
 
@@ -196,6 +204,13 @@ def test_every_key_is_tested():
          " with K, M or G), got 1024"),
         ("sdexec.listen", "", 'expected a non-empty string, got ""'),
         ("systemd.enable", None, f"{BOOLEAN}, got null"),
+        ("sdexec.allow-users", ["no-such-user"], 'no such user: "no-such-user"'),
+        ("sdexec.allow-users", [-1], "expected a user name or a uid (an integer of at"
+         " least 0), got -1"),
+        ("sdexec.allow-users", [True], "expected a user name or a uid (an integer of"
+         " at least 0), got true"),
+        ("sdexec.slice", "sdexec", "expected a slice unit name such as sdexec.slice"
+         ' (letters, digits, : _ . -), got "sdexec"'),
     ],
 )  # fmt: skip
 def test_more_bad_values(path, value, message):
@@ -283,7 +298,7 @@ def test_reserved_are_what_sdexec_sets_itself():
         "KillMode",
         "Type",
     } <= RESERVED_PROPERTIES
-    assert len(RESERVED_PROPERTIES) == 17
+    assert len(RESERVED_PROPERTIES) == 18
 
 
 @pytest.mark.parametrize(
@@ -588,7 +603,9 @@ def test_effective_is_introspection_plus_every_table():
         "enable": False,
         "sdexec-debug": False,
         "sdbus-debug": False,
+        "bus": "user",
     }
+    assert effective["sdexec"]["allow-users"] == []
     json.dumps(effective)  # every value is JSON
 
 

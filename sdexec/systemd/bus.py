@@ -139,8 +139,9 @@ class SystemdClient:
         try:
             await bus.connect()
         except OSError as error:
+            where = "the system bus" if system else f"D-Bus at {address}"
             raise SystemdError(
-                "sdexec.NoBus", f"cannot connect to D-Bus at {address}: {error}"
+                "sdexec.NoBus", f"cannot connect to {where}: {error}"
             ) from error
         client = cls(bus)
         try:

@@ -53,6 +53,7 @@ EVENT_COUNTERS = {
     "reaped": ("processes_reaped", "Processes whose unit was stopped and reaped."),
     "mapper": ("mapper_calls", "Requests the resource mapper fenced."),
     "fence-failures": ("fence_failures", "Units whose CPU fence did not hold."),
+    "oom-kills": ("oom_kills", "Units the OOM killer ended (Result=oom-kill)."),
     "device-fence-failures": (
         "device_fence_failures",
         "Device canaries that found DevicePolicy not enforced (or unverifiable).",

@@ -26,6 +26,7 @@ from twisted.python.failure import Failure
 from sdexec.ioencode import encode_io
 from sdexec.plan import ExecPlan
 from sdexec.protocol import ExecFlag
+from sdexec.receipt import finished_extensions
 from sdexec.stoptimer import StopTimer
 from sdexec.systemd import Manager, UnitStatus, Watch, errno_for, name_string_properties
 from sdexec.systemd.channel import (
@@ -65,6 +66,7 @@ class UnitCall(enum.Enum):
     STOP = "StopUnit"
     RESET = "ResetFailedUnit"
     CONFIRM_FAILURE = "GetAll"
+    RECEIPT = "GetAll (the receipt)"
 
 
 @dataclass(frozen=True)
@@ -250,9 +252,9 @@ class Process:
         if status.has_started and Sent.STARTED not in self._sent:
             self._started(properties, status.pid)
         if status.has_finished:
-            self._once(
-                Sent.FINISHED, {"type": "finished", "status": status.wait_status}
-            )
+            self._finish(status)
+        if self._awaiting_receipt:
+            return  # no stop or reset before it is read: they remove the cgroup
         self._check_failure(status)
         if status.needs_stop:
             self._stop()
@@ -273,6 +275,32 @@ class Process:
             self._sent.add(Sent.STARTED)  # never: the job is refused instead
             self._refuse(problem)
         self.output.open()
+
+    def _finish(self, status: UnitStatus) -> None:
+        """Read the receipt (sdexec/receipt.py) with a ``GetAll``, then send
+        ``finished`` with it."""
+        if UnitCall.RECEIPT not in self._called:
+            self._called.add(UnitCall.RECEIPT)
+            assert self._watch is not None  # every state comes through it
+            self._watch.refresh().addBoth(self._receipt_read, status.wait_status)
+
+    @property
+    def _awaiting_receipt(self) -> bool:
+        return UnitCall.RECEIPT in self._called and Sent.FINISHED not in self._sent
+
+    def _receipt_read(self, state: dict[str, Any] | Failure, wait_status: int) -> None:
+        if isinstance(state, Failure):
+            self._log_failure(state, UnitCall.RECEIPT.value)
+        assert self._watch is not None  # the receipt was asked of it
+        # The wait status is the one first seen: a unit gone meanwhile (the
+        # client left, it was stopped) reads back with none.
+        receipt = finished_extensions(self._watch.state)
+        if receipt.get("result") == "oom-kill" or receipt.get("oom_kills"):
+            self._context.count("oom-kills")
+        self._once(
+            Sent.FINISHED, {"type": "finished", "status": wait_status, **receipt}
+        )
+        self._unit_changed(self._watch.state)
 
     @property
     def _outcome_known(self) -> bool:

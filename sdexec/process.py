@@ -66,7 +66,7 @@ class UnitCall(enum.Enum):
     STOP = "StopUnit"
     RESET = "ResetFailedUnit"
     CONFIRM_FAILURE = "GetAll"
-    RECEIPT = "GetAll (the receipt)"
+    RECEIPT = "GetAll(Service) for the receipt"
 
 
 @dataclass(frozen=True)
@@ -277,24 +277,27 @@ class Process:
         self.output.open()
 
     def _finish(self, status: UnitStatus) -> None:
-        """Read the receipt (sdexec/receipt.py) with a ``GetAll``, then send
-        ``finished`` with it."""
+        """Read the receipt (sdexec/receipt.py) with one ``GetAll``, then
+        send ``finished`` with it."""
         if UnitCall.RECEIPT not in self._called:
             self._called.add(UnitCall.RECEIPT)
-            assert self._watch is not None  # every state comes through it
-            self._watch.refresh().addBoth(self._receipt_read, status.wait_status)
+            read = self._systemd.get_service_properties(self.unit_name)
+            read.addBoth(self._receipt_read, status.wait_status)
 
     @property
     def _awaiting_receipt(self) -> bool:
         return UnitCall.RECEIPT in self._called and Sent.FINISHED not in self._sent
 
-    def _receipt_read(self, state: dict[str, Any] | Failure, wait_status: int) -> None:
-        if isinstance(state, Failure):
-            self._log_failure(state, UnitCall.RECEIPT.value)
-        assert self._watch is not None  # the receipt was asked of it
+    def _receipt_read(self, answer: dict[str, Any] | Failure, wait_status: int) -> None:
+        assert self._watch is not None  # every state comes through it
+        state = dict(self._watch.state)
+        if isinstance(answer, Failure):
+            self._log_failure(answer, UnitCall.RECEIPT.value)
+        else:
+            state.update(answer)
         # The wait status is the one first seen: a unit gone meanwhile (the
         # client left, it was stopped) reads back with none.
-        receipt = finished_extensions(self._watch.state)
+        receipt = finished_extensions(state)
         if receipt.get("result") == "oom-kill" or receipt.get("oom_kills"):
             self._context.count("oom-kills")
         self._once(

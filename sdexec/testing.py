@@ -123,6 +123,10 @@ class FakeManager:
         self.calls.append(("reset", name))
         return defer.succeed(None)
 
+    def get_service_properties(self, name: str) -> defer.Deferred[State]:
+        """The unit's state (a ``GetAll``: held too with ``hold_refresh``)."""
+        return self._get_all(name)
+
     def disconnect(self) -> None:
         self.calls.append(("disconnect",))
         if not self.disconnected.called:

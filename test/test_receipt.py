@@ -229,7 +229,7 @@ def test_an_oom_kill_is_counted():
 
 
 class _GetAllFails(FakeManager):
-    def _get_all(self, name):
+    def get_service_properties(self, name):
         self.calls.append(("get-all", name))
         return defer.fail(SystemdError("org.freedesktop.DBus.Error.NoReply", "late"))
 

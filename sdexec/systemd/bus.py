@@ -234,6 +234,11 @@ class SystemdClient:
         self._watches.register(watch)
         return watch
 
+    def get_service_properties(self, name: str) -> Deferred[dict[str, Any]]:
+        """``GetAll`` of a unit's ``Service`` interface alone: its exit,
+        ``Result``, ``ControlGroup`` and resource counters, in one call."""
+        return self.get_all(unit_object_path(name), SERVICE)
+
     def get_unit_state(self, path: str) -> Deferred[dict[str, Any]]:
         """``GetAll`` of the ``Unit`` and ``Service`` interfaces, merged."""
         return self._defer(self._get_unit_state(path))

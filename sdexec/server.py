@@ -172,12 +172,17 @@ class SdexecServer:
         unenforced CPU fence. Fires with the problem, or None; never fails."""
         if not self.containment.enabled:
             return defer.succeed(None)
+        try:
+            plan = canary_plan(self.config)
+        except RequestError as error:  # no /bin/sh, say
+            problem = f"DevicePolicy could not be verified: {error.errstr}"
+            return defer.succeed(self._judged(problem))
         responder = CanaryResponder(self.config.systemd.bus)
         self._canaries += 1
         key = (0, self._canaries)  # connection 0: the service's own
         process = Process(
             self.systemd,
-            canary_plan(self.config),
+            plan,
             responder,
             self._process_context(),
             on_reaped=lambda process: self._reaped(key),
@@ -193,6 +198,9 @@ class SdexecServer:
         canary = self.processes.get(key)
         if canary is not None:  # stopped and reaped if it timed out; else a no-op
             canary.abandon()
+        return self._judged(problem)
+
+    def _judged(self, problem: str | None) -> str | None:
         self.device_fence = {"enforced": problem is None, "problem": problem}
         if problem is None:
             log.info("device policy verified: a DevicePolicy=strict unit was refused")

@@ -30,6 +30,7 @@ from sdexec.devicefence import (
     canary_plan,
     canary_verdict,
 )
+from sdexec.plan import RequestError
 from sdexec.server import SdexecServer
 from sdexec.systemd import SystemdError
 from sdexec.systemd.unit import wait_status
@@ -196,6 +197,20 @@ async def test_a_canary_systemd_refuses_is_not_a_verified_fence():
     )
     assert server.drain_reason == problem
     assert server.processes == {}
+
+
+def test_a_canary_that_cannot_be_planned_is_not_a_verified_fence(monkeypatch):
+    def no_shell(config):
+        raise RequestError(errno.ENOENT, "/bin/sh: command not found")
+
+    monkeypatch.setattr("sdexec.server.canary_plan", no_shell)
+    server, systemd, _ = offline_server()
+    seen: list = []
+    server.verify_devices().addBoth(seen.append)
+    problem = "DevicePolicy could not be verified: /bin/sh: command not found"
+    assert seen == [problem]
+    assert server.drain_reason == problem
+    assert systemd.calls == []
 
 
 @ensureDeferred

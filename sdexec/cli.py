@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 
 from sdexec.ioencode import decode_io
 from sdexec.protocol import ExecFlag, Topic, command_object
+from sdexec.receipt import Receipt
 from sdexec.rpc import RPCError, SdexecError, resolve_socket_path
 from sdexec.signals import parse_signal, signal_name
 from sdexec.syncclient import Call, Connection, Exec, Loop
@@ -39,6 +40,7 @@ __all__ = [
     "kill_target",
     "main",
     "parse_args",
+    "receipt_lines",
     "run_and_exit",
 ]
 
@@ -213,6 +215,12 @@ def _add_run(commands: Any) -> None:
         help="terminate it after this long, e.g. 30s, 5m (SDEXEC_TIME_LIMIT)",
     )
     run.add_argument(
+        "--usage",
+        action="store_true",
+        help="print the unit's result and resource use to stderr at the end,"
+        " as systemd-run --wait does",
+    )
+    run.add_argument(
         "--dir", metavar="DIR", help="working directory (default: the current one)"
     )
     run.add_argument("cmd", metavar="CMD", help="the command")
@@ -299,7 +307,7 @@ def _run(options: argparse.Namespace) -> int:
     if options.bg or options.waitable:
         return _run_background(options, command)
     with Loop() as loop:
-        job = _Job(loop, options.noinput)
+        job = _Job(loop, options.noinput, options.usage)
         # Caught before connecting: a signal that arrives while we start up
         # is held until the process has started.
         loop.catch_signals(FORWARDED_SIGNALS, job.forward_signal)
@@ -420,6 +428,16 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def receipt_lines(receipt: Receipt, usage: bool) -> list[str]:
+    """What ``sdexec run`` prints on stderr at the end: the receipt with
+    ``--usage``, then, after an OOM kill, ``sdexec: killed by the OOM
+    killer (MemoryMax=…)`` (the exit status alone would say only 137)."""
+    lines = receipt.usage_lines() if usage else []
+    if receipt.oom_killed:
+        lines.append(f"sdexec: {receipt.oom_message()}")
+    return lines
+
+
 def format_procs(procs: Sequence[dict[str, Any]]) -> str:
     """``sdexec.list`` processes as a table: PID, STATE, MODE, UNIT, LABEL,
     JOBID, STEP (of its termination), CMDLINE."""
@@ -459,15 +477,16 @@ class _Job:
     stderr, our stdin to its (within the credit), our signals to it, its
     wait status kept for the exit code."""
 
-    def __init__(self, loop: Loop, noinput: bool) -> None:
+    def __init__(self, loop: Loop, noinput: bool, usage: bool = False) -> None:
         self._loop = loop
         self._noinput = noinput
+        self._usage = usage
         self._outputs = {"stdout": _Output(1), "stderr": _Output(2)}
         self._connection: Connection | None = None
         self._stream: Exec | None = None
         self._held_signals: list[int] = []
         self._stdin_open = not noinput
-        self._status: int | None = None
+        self._receipt: Receipt | None = None
 
     def start(self, connection: Connection, command: dict[str, Any]) -> None:
         self._connection = connection
@@ -482,18 +501,19 @@ class _Job:
     def exit_code(self) -> int:
         assert self._stream is not None
         failure = self._stream.error
-        if failure is not None and isinstance(self._status, int):
-            # The command finished; what went wrong after (processes it left
-            # behind, say) is the service's business, not the command's.
-            _fail(f"after the command finished: {failure}")
-            return exit_code(self._status)
-        if failure is not None:
+        if failure is not None and self._receipt is None:
             _fail(str(failure))
             enoent = isinstance(failure, RPCError) and failure.errnum == errno.ENOENT
             return NOT_FOUND if enoent else 1
-        if not isinstance(self._status, int):
+        if self._receipt is None:
             return _fail("the service ended the stream without a finished response")
-        return exit_code(self._status)
+        if failure is not None:
+            # The command finished; what went wrong after (processes it left
+            # behind, say) is the service's business, not the command's.
+            _fail(f"after the command finished: {failure}")
+        for line in receipt_lines(self._receipt, self._usage):
+            print(line, file=sys.stderr)
+        return exit_code(self._receipt.status)
 
     # -- signals -----------------------------------------------------------
 
@@ -520,8 +540,8 @@ class _Job:
             self._send_held_signals()
         elif kind == "add-credit":
             self._watch_stdin()
-        elif kind == "finished":
-            self._status = payload.get("status")
+        elif kind == "finished" and isinstance(payload.get("status"), int):
+            self._receipt = Receipt.from_finished(payload)
 
     def _output(self, io: Any) -> None:
         try:

@@ -28,6 +28,7 @@ from zope.interface import implementer
 from sdexec.framing import JSONLineProtocol
 from sdexec.ioencode import encode_io
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, SOCKET_ENV, ExecFlag, Topic
+from sdexec.receipt import Receipt
 from sdexec.rpc import (
     ConnectionFailed,
     Pending,
@@ -53,6 +54,7 @@ __all__ = [
     "ConnectionFailed",
     "ExecHandle",
     "RPCError",
+    "Receipt",
     "SdexecClient",
     "SdexecError",
     "connect",
@@ -280,6 +282,9 @@ class ExecHandle:
         self.matchtag = matchtag
         #: The process id, once ``started`` has arrived.
         self.pid: int | None = None
+        #: Once ``finished`` has arrived: its wait status, systemd's result,
+        #: OOM kills and resource usage (:class:`sdexec.receipt.Receipt`).
+        self.receipt: Receipt | None = None
         #: Fires ``None`` when the stream ends with ENODATA; errbacks with
         #: :class:`RPCError` for any other error, :class:`ConnectionFailed`
         #: if the connection goes first.
@@ -349,6 +354,8 @@ class ExecHandle:
             self._add_credit(payload.get("channels"))
         elif kind == "started" and isinstance(payload.get("pid"), int):
             self.pid = payload["pid"]
+        elif kind == "finished" and isinstance(payload.get("status"), int):
+            self.receipt = Receipt.from_finished(payload)
         try:
             self._on_response(payload)
         except Exception:

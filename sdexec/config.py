@@ -22,6 +22,7 @@ import difflib
 import json
 import math
 import os
+import pwd
 import re
 import signal
 import sys
@@ -97,7 +98,11 @@ DEFAULT_JOB_SHELL = "/usr/libexec/flux/flux-shell"
 #: unit handling or resource containment, so ``exec.sdexec-properties``
 #: refuses them.
 RESERVED_PROPERTIES = (
-    OWN_PROPERTIES | frozenset(FD_PROPERTIES) | CONTAINMENT_PROPERTIES | STOP_PROPERTIES
+    OWN_PROPERTIES
+    | frozenset(FD_PROPERTIES)
+    | CONTAINMENT_PROPERTIES
+    | STOP_PROPERTIES
+    | frozenset({"Slice"})  # [sdexec] slice sets it
 )
 
 
@@ -208,6 +213,12 @@ class SdexecConfig:
     #: What to do with units of an earlier run found at start or after a
     #: reconnection (sdexec/leftovers.py): ``"stop"`` or ``"keep"``.
     leftover_units: str = "stop"
+    #: The slice every unit is started in (``Slice``), under either manager.
+    slice: str = "sdexec.slice"
+    #: Uids besides the service's own that may connect (``allow-users``,
+    #: names resolved when the file is read). Under the system manager they
+    #: can run anything as root: list only users trusted with that.
+    allow_users: tuple[int, ...] = ()
 
     @property
     def mapper_searchpath_dirs(self) -> list[str]:
@@ -243,6 +254,10 @@ class SystemdConfig:
     start_timeout: float = DEFAULT_START_TIMEOUT
     #: How long systemd may be away before the service drains.
     reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT
+    #: Which manager runs the units: ``"user"`` (the session bus of the
+    #: service's user) or ``"system"`` (the system bus: the service runs as
+    #: root and device policy is enforced). Chosen at start.
+    bus: str = "user"
 
 
 @dataclass(frozen=True)
@@ -430,6 +445,35 @@ def _check_systemd_endpoint(value: object, description: str) -> None:
         ) from None
 
 
+# A unit name of type slice (systemd's unit_name_is_valid, slices only).
+_SLICE_NAME = re.compile(r"[A-Za-z0-9:_.\-]{1,249}\.slice")
+
+
+def _slice(value: object) -> str:
+    if not isinstance(value, str) or _SLICE_NAME.fullmatch(value) is None:
+        raise _expected(
+            "a slice unit name such as sdexec.slice (letters, digits, : _ . -)", value
+        )
+    return value
+
+
+def _users(value: object) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise _expected("a list of user names or uids", value)
+    return tuple(_uid(user) for user in value)
+
+
+def _uid(user: object) -> int:
+    if isinstance(user, int) and not isinstance(user, bool) and user >= 0:
+        return user
+    if not isinstance(user, str) or not user:
+        raise _expected("a user name or a uid (an integer of at least 0)", user)
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise ValueError(f"no such user: {_quote(user)}") from None
+
+
 def _frame_size(value: object) -> int:
     size = -1  # anything that is not a size
     if isinstance(value, int) and not isinstance(value, bool):
@@ -557,6 +601,8 @@ _SDEXEC: _Table = {
     "log-format": _Key(_one_of("text", "json")),
     "retained-output": _Key(_retained_size),
     "leftover-units": _Key(_one_of("stop", "keep")),
+    "slice": _Key(_slice),
+    "allow-users": _Key(_users, show=list),
 }
 
 _SYSTEMD: _Table = {
@@ -566,6 +612,7 @@ _SYSTEMD: _Table = {
     "max-inflight": _Key(_integer(1)),
     "start-timeout": _Key(_positive_duration),
     "reconnect-timeout": _Key(_positive_duration),
+    "bus": _Key(_one_of("user", "system")),
 }
 
 _SCHEMA: dict[str, tuple[_Table, type]] = {

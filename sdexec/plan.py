@@ -164,15 +164,17 @@ def _mapped_properties(containment: Containment, command: Command) -> dict[str, 
 def _properties(
     config: Config, command: Command, executable: str, mapped: Mapping[str, str]
 ) -> tuple[UnitProperty, ...]:
-    """The site's, then the request's, then the mapper's properties, then
-    the lifecycle ones sdexec needs: a later source wins, so a request cannot
-    loosen what containment set nor change how its unit is stopped."""
+    """The site's (``[sdexec] slice`` among them), then the request's, then
+    the mapper's properties, then the lifecycle ones sdexec needs: a later
+    source wins, so a request cannot loosen what containment set nor change
+    how its unit is stopped."""
     requested = command.requested_properties()
     _refuse_lifecycle(requested)
     sources: dict[str, str] = {}
     merged: dict[str, str] = {}
     for source, properties in (
-        ("config", config.exec.sdexec_properties),
+        # [sdexec] slice is the site's too: a request may name another slice.
+        ("config", {"Slice": config.sdexec.slice, **config.exec.sdexec_properties}),
         ("request", requested),
         ("containment", mapped),
         # Last: systemd's stop defaults must not pre-empt the stop timer.

@@ -27,6 +27,7 @@ from sdexec.config import DEFAULT_START_TIMEOUT
 from sdexec.ioencode import encode_io
 from sdexec.plan import ExecPlan
 from sdexec.protocol import ExecFlag
+from sdexec.receipt import finished_extensions
 from sdexec.systemd import Manager, UnitStatus, Watch, errno_for, name_string_properties
 from sdexec.systemd.channel import (
     InputChannel,
@@ -72,6 +73,7 @@ class UnitCall(enum.Enum):
     STOP = "StopUnit"
     RESET = "ResetFailedUnit"
     CONFIRM_FAILURE = "GetAll"
+    RECEIPT = "GetAll(Service) for the receipt"
 
 
 @dataclass(frozen=True)
@@ -286,9 +288,9 @@ class Process:
         if status.has_started and Sent.STARTED not in self._sent:
             self._started(properties, status.pid)
         if status.has_finished:
-            self._once(
-                Sent.FINISHED, {"type": "finished", "status": status.wait_status}
-            )
+            self._finish(status)
+        if self._awaiting_receipt:
+            return  # no stop or reset before it is read: they remove the cgroup
         self._check_failure(status)
         if status.needs_stop:
             self._stop()
@@ -310,6 +312,35 @@ class Process:
             self._sent.add(Sent.STARTED)  # never: the job is refused instead
             self._refuse(problem)
         self.output.open()
+
+    def _finish(self, status: UnitStatus) -> None:
+        """Read the receipt (sdexec/receipt.py) with one ``GetAll``, then
+        send ``finished`` with it."""
+        if UnitCall.RECEIPT not in self._called:
+            self._called.add(UnitCall.RECEIPT)
+            read = self._systemd.get_service_properties(self.unit_name)
+            read.addBoth(self._receipt_read, status.wait_status)
+
+    @property
+    def _awaiting_receipt(self) -> bool:
+        return UnitCall.RECEIPT in self._called and Sent.FINISHED not in self._sent
+
+    def _receipt_read(self, answer: dict[str, Any] | Failure, wait_status: int) -> None:
+        assert self._watch is not None  # every state comes through it
+        state = dict(self._watch.state)
+        if isinstance(answer, Failure):
+            self._log_failure(answer, UnitCall.RECEIPT.value)
+        else:
+            state.update(answer)
+        # The wait status is the one first seen: a unit gone meanwhile (the
+        # client left, it was stopped) reads back with none.
+        receipt = finished_extensions(state)
+        if receipt.get("result") == "oom-kill" or receipt.get("oom_kills"):
+            self._context.count("oom-kills")
+        self._once(
+            Sent.FINISHED, {"type": "finished", "status": wait_status, **receipt}
+        )
+        self._unit_changed(self._watch.state)
 
     @property
     def _outcome_known(self) -> bool:

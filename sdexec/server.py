@@ -26,6 +26,7 @@ from zope.interface import implementer
 from sdexec.background import TrackedProcesses
 from sdexec.config import Config
 from sdexec.containment import Containment, check_cpu_fence, enforced_cpus
+from sdexec.devicefence import CANARY_TIMEOUT_SECONDS, CanaryResponder, canary_plan
 from sdexec.framing import JSONLineProtocol
 from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
@@ -79,8 +80,10 @@ class SdexecServer:
         self.leftovers: Leftovers | None = None
         self.counters: Counter[str] = Counter()
         self.drain_reason: str | None = None
-        #: The only uid whose requests are served: the service's own.
+        #: The service's own uid; :attr:`allowed_uids` adds ``allow-users``.
         self.owner_uid = os.getuid()
+        #: The device canary's last verdict (``None`` until one has run).
+        self.device_fence: dict[str, Any] | None = None
         #: Metrics hook (sdexec/metrics.py): ``watch_exec(responder)`` wraps
         #: each exec stream's responder, ``error_sent(topic, errnum)`` sees errors.
         self.observer: Any = None
@@ -95,6 +98,12 @@ class SdexecServer:
     @property
     def rank(self) -> str:
         return str(self.config.sdexec.rank)
+
+    @property
+    def allowed_uids(self) -> frozenset[int]:
+        """Whose requests are served: the service's own uid and
+        ``[sdexec] allow-users`` (trusted: they run as the service does)."""
+        return frozenset({self.owner_uid, *self.config.sdexec.allow_users})
 
     def reconfigure(self, config: Config, containment: Containment) -> None:
         """Use a new configuration from the next request on (running
@@ -163,15 +172,7 @@ class SdexecServer:
             self.systemd,
             plan,
             responder,
-            ProcessContext(
-                reactor=self.reactor,
-                clock=self.clock,
-                rank=self.rank,
-                count=self.count,
-                debug=self.config.systemd.sdexec_debug,
-                drain=self.drain,
-                start_timeout=self.config.systemd.start_timeout,
-            ),
+            self._process_context(),
             on_reaped=lambda process: self._reaped(key),
             verify=self._fence_verifier(plan.fence),
             tap=tracked.tap if tracked is not None else None,
@@ -184,6 +185,17 @@ class SdexecServer:
         process.start()
         if not streaming:
             process.write(b"", eof=True)  # a background process reads EOF
+
+    def _process_context(self) -> ProcessContext:
+        return ProcessContext(
+            reactor=self.reactor,
+            clock=self.clock,
+            rank=self.rank,
+            count=self.count,
+            debug=self.config.systemd.sdexec_debug,
+            drain=self.drain,
+            start_timeout=self.config.systemd.start_timeout,
+        )
 
     def _fence_verifier(
         self, expected: IDset | None
@@ -201,12 +213,14 @@ class SdexecServer:
         problem = check_cpu_fence(expected, actual)
         if problem is None:
             return None
-        self.counters["fence-failures"] += 1
+        return self._fence_broken(problem, "fence-failures")
+
+    def _fence_broken(self, problem: str, counter: str) -> str | None:
+        """Count a fence that does not hold and apply ``containment-check``:
+        drain and return the problem, or (``warn``) log it and return None."""
+        self.counters[counter] += 1
         if self.containment.check == "warn":
-            log.warn(
-                "{problem} (containment-check = warn: job left running)",
-                problem=problem,
-            )
+            log.warn("{problem} (containment-check = warn: going on)", problem=problem)
             return None
         self.drain(problem)
         return problem
@@ -223,6 +237,48 @@ class SdexecServer:
         log.warn(
             "listing leftover units failed: {error}", error=failure.getErrorMessage()
         )
+
+    def verify_devices(self) -> defer.Deferred[str | None]:
+        """With containment on, run the device canary (sdexec/devicefence.py)
+        and treat a fence it finds not enforced (or cannot verify) like an
+        unenforced CPU fence. Fires with the problem, or None; never fails."""
+        if not self.containment.enabled:
+            return defer.succeed(None)
+        try:
+            plan = canary_plan(self.config)
+        except RequestError as error:  # no /bin/sh, say
+            problem = f"DevicePolicy could not be verified: {error.errstr}"
+            return defer.succeed(self._judged(problem))
+        responder = CanaryResponder(self.config.systemd.bus)
+        # The service's own process: keyed as background ones are, by no
+        # connection, so that no client's disconnect or key can touch it.
+        key = self.tracked.new_key()
+        process = Process(
+            self.systemd,
+            plan,
+            responder,
+            self._process_context(),
+            on_reaped=lambda process: self._reaped(key),
+        )
+        self.processes[key] = process
+        process.start()
+        verdict = responder.done.addTimeout(
+            CANARY_TIMEOUT_SECONDS, self.clock, onTimeoutCancel=responder.timed_out
+        )
+        return verdict.addCallback(self._device_verdict, key)
+
+    def _device_verdict(self, problem: str | None, key: tuple[int, int]) -> str | None:
+        canary = self.processes.get(key)
+        if canary is not None:  # stopped and reaped if it timed out; else a no-op
+            canary.abandon()
+        return self._judged(problem)
+
+    def _judged(self, problem: str | None) -> str | None:
+        self.device_fence = {"enforced": problem is None, "problem": problem}
+        if problem is None:
+            log.info("device policy verified: a DevicePolicy=strict unit was refused")
+            return None
+        return self._fence_broken(problem, "device-fence-failures")
 
     def count(self, event: str) -> None:
         """One more ``event`` in the statistics' counters."""
@@ -369,6 +425,7 @@ class SdexecServer:
                 "drained": self.drain_reason is not None,
                 "reason": self.drain_reason,
             },
+            "device-fence": self.device_fence,
         }
 
     def terminate(self, payload: dict) -> dict:
@@ -419,7 +476,7 @@ class ClientProtocol(JSONLineProtocol):
         except OSError as error:
             log.warn("cannot read peer credentials: {error}", error=error)
             uid = -1
-        self.authorized = uid == self.server.owner_uid
+        self.authorized = uid in self.server.allowed_uids
         if not self.authorized:
             log.warn("refusing requests from uid {uid}", uid=uid)
         self.transport.registerProducer(self, True)

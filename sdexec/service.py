@@ -76,13 +76,14 @@ class SdexecService(Service):
         listen: str | None = None,
         stats: str | None = None,
         exit_on_failure: bool = False,
-        connect: Callable[[], defer.Deferred[Any]] = SystemdClient.connect,
+        connect: Callable[[], defer.Deferred[Any]] | None = None,
     ) -> None:
         """``exit_on_failure``: a start that fails ends the process with
         status 1 (what twistd wants; tests keep it off and read
         :attr:`ready`). ``connect`` reaches the systemd manager (offline
-        tests pass one that answers with :class:`sdexec.testing.FakeManager`)."""
-        self._connect = connect
+        tests pass one that answers with :class:`sdexec.testing.FakeManager`;
+        by default the manager ``[systemd] bus`` names)."""
+        self._connect = connect or self._connect_systemd
         self.exit_on_failure = exit_on_failure
         self.config = config
         self.reactor = reactor
@@ -116,6 +117,8 @@ class SdexecService(Service):
         yield self.server.leftovers.scan()
         systemd.on_call = self.metrics.dbus_call
         self.server.observer = self.metrics
+        # Before listening: no job runs before the device fence is judged.
+        yield self.server.verify_devices()
         self.ports["listen"] = yield server_endpoint(
             self.reactor, with_backlog(self.listen, self._listen_backlog())
         ).listen(SdexecServerFactory(self.server))
@@ -135,6 +138,11 @@ class SdexecService(Service):
         """``[sdexec] listen-backlog``, else the kernel's cap (Twisted's own
         default, 50, refused a burst of connects with EAGAIN)."""
         return self.config.sdexec.listen_backlog or kernel_somaxconn()
+
+    def _connect_systemd(self) -> defer.Deferred[SystemdClient]:
+        """The user manager (the session bus) or, with ``[systemd] bus =
+        "system"``, the system manager."""
+        return SystemdClient.connect(system=self.config.systemd.bus == "system")
 
     def _server_stats(self) -> dict:
         assert self.server is not None, "the stats endpoint listens after start"
@@ -187,9 +195,20 @@ class SdexecService(Service):
         except (ConfigError, ValueError, OSError) as error:
             log.error("reload refused, old configuration kept: {error}", error=error)
             return False
+        if config.systemd.bus != self.config.systemd.bus:
+            # The connection is made once: the configuration in force must
+            # keep naming the manager the service really talks to.
+            log.error(
+                "reload refused, old configuration kept: {path}: systemd.bus:"
+                " the {old} manager is in use; a new bus needs a restart",
+                path=path,
+                old=self.config.systemd.bus,
+            )
+            return False
         self.config = config
         if self.server is not None:
             self.server.reconfigure(config, containment)
+            self.server.verify_devices()  # judged afresh: containment may be new
         log.info("configuration reloaded from {path}", path=path)
         return True
 

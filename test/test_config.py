@@ -146,6 +146,12 @@ KEYS = [
         'expected a size ≥ 0 (bytes, or with K, M or G; 0 keeps none), got "lots"'),
     Key("sdexec.leftover-units", "sdexec.leftover_units", "stop", "keep", "keep",
         "kill", 'expected "stop" or "keep", got "kill"'),
+    Key("sdexec.slice", "sdexec.slice", "sdexec.slice", "flux-jobs.slice",
+        "flux-jobs.slice", "jobs/a.slice",
+        "expected a slice unit name such as sdexec.slice (letters, digits, : _ . -),"
+        ' got "jobs/a.slice"'),
+    Key("sdexec.allow-users", "sdexec.allow_users", (), ["root", 4242], (0, 4242),
+        "root", 'expected a list of user names or uids, got "root"'),
     Key("systemd.enable", "systemd.enable", False, True, True, "yes",
         f'{BOOLEAN}, got "yes"'),
     Key("systemd.sdexec-debug", "systemd.sdexec_debug", False, True, True, 1,
@@ -158,6 +164,8 @@ KEYS = [
         "expected a duration greater than 0, got 0"),
     Key("systemd.reconnect-timeout", "systemd.reconnect_timeout", 60.0, "10s", 10.0,
         "0s", 'expected a duration greater than 0, got "0s"'),
+    Key("systemd.bus", "systemd.bus", "user", "system", "system", "session",
+        'expected "user" or "system", got "session"'),
 ]  # fmt: skip
 
 
@@ -209,6 +217,13 @@ def test_every_key_is_tested():
          " with K, M or G), got 1024"),
         ("sdexec.listen", "", 'expected a non-empty string, got ""'),
         ("systemd.enable", None, f"{BOOLEAN}, got null"),
+        ("sdexec.allow-users", ["no-such-user"], 'no such user: "no-such-user"'),
+        ("sdexec.allow-users", [-1], "expected a user name or a uid (an integer of at"
+         " least 0), got -1"),
+        ("sdexec.allow-users", [True], "expected a user name or a uid (an integer of"
+         " at least 0), got true"),
+        ("sdexec.slice", "sdexec", "expected a slice unit name such as sdexec.slice"
+         ' (letters, digits, : _ . -), got "sdexec"'),
     ],
 )  # fmt: skip
 def test_more_bad_values(path, value, message):
@@ -296,7 +311,7 @@ def test_reserved_are_what_sdexec_sets_itself():
         "KillMode",
         "Type",
     } <= RESERVED_PROPERTIES
-    assert len(RESERVED_PROPERTIES) == 17
+    assert len(RESERVED_PROPERTIES) == 18
 
 
 @pytest.mark.parametrize(
@@ -604,7 +619,9 @@ def test_effective_is_introspection_plus_every_table():
         "max-inflight": 64,
         "start-timeout": 120.0,
         "reconnect-timeout": 60.0,
+        "bus": "user",
     }
+    assert effective["sdexec"]["allow-users"] == []
     json.dumps(effective)  # every value is JSON
 
 

@@ -314,6 +314,11 @@ async def test_unenforced_fence_fails_the_job_and_drains(start_service, tmp_path
     topology = topology_with_an_absent_cpu(tmp_path)
     service = await start_service(**contained(check=None, topology=topology))
     client = await service.connect()
+    # The device canary judged the node at start (test_devicefence.py): one
+    # whose device policy is not enforced was drained then. Clear that to
+    # reach the CPU fence.
+    device_problem = service.server.stats()["device-fence"]["problem"]
+    assert await client.undrain() == {"reason": device_problem}
     name = f"sdexec-contain-{uuid.uuid4().hex}"
     refused = await run(
         client, ["sleep", "300"], opts={R_OPTION: r_local("1"), "SDEXEC_NAME": name}

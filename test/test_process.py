@@ -235,6 +235,10 @@ def test_failed_without_status_is_confirmed_before_it_is_believed():
     assert responder.types() == []
     assert not any(call[0] == "reset" for call in systemd.calls)
     systemd.change(UNIT, {**EXITED, "ActiveState": "failed", "ExecMainStatus": 127})
+    # finished waits for its receipt's GetAll (held too), and the reset with it
+    assert responder.types() == ["started"]
+    assert not any(call[0] == "reset" for call in systemd.calls)
+    systemd.answer_refreshes()
     assert responder.types() == ["started", "finished"]
     assert ("reset", UNIT) in systemd.calls
 

@@ -131,14 +131,20 @@ NAMESPACED = ("ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices",
 EXIT_NAMESPACE = "226"  # systemd.exec(5): setting up the unit's namespace failed
 
 
+#: What the system unit's configuration says: the system manager's bus.
+SYSTEM_CONFIG = CONFIG.replace("enable = true\n", 'enable = true\nbus = "system"\n')
+
+
 def _start_system_unit(units: Units, bus_address: str, namespaced: bool) -> bool:
-    # Two lines differ from the shipped unit: the bus is the test manager's,
-    # and ProtectHome is read-only because this machine's Python is in /root.
-    dropin = f"Environment=DBUS_SESSION_BUS_ADDRESS={bus_address}\n"
+    # Two lines differ from the shipped unit: the "system" bus is the test
+    # manager's (there is no system manager here; the service connects with
+    # its system-bus code, to this address), and ProtectHome is read-only
+    # because this machine's Python is in /root.
+    dropin = f"Environment=DBUS_SYSTEM_BUS_ADDRESS={bus_address}\n"
     dropin += "ProtectHome=read-only\n" if namespaced else "".join(
         f"{setting}=no\n" for setting in NAMESPACED)  # fmt: skip
-    units.install("sdexec-system.service", None, CONFIG.format(port=_free_port()),
-                  dropin=dropin)  # fmt: skip
+    units.install("sdexec-system.service", None,
+                  SYSTEM_CONFIG.format(port=_free_port()), dropin=dropin)  # fmt: skip
     return _systemctl("start", f"{NAME}.service").returncode == 0
 
 

@@ -86,3 +86,43 @@ def test_refresh_merges_the_fetched_state_and_delivers_it():
     fired: list[dict] = []
     unit_watch.refresh().addCallback(fired.append)
     assert fired == [{"ActiveState": "active", "ControlGroup": "/x"}]
+
+
+def test_a_refresh_answer_does_not_roll_back_a_later_signal():
+    delivered: list[dict] = []
+    answers: list[defer.Deferred] = []
+
+    def fetch() -> defer.Deferred:
+        answers.append(defer.Deferred())
+        return answers[-1]
+
+    registry = WatchRegistry()
+    unit_watch = UnitWatch(
+        registry, "x.service", PATH, lambda s: delivered.append(dict(s)), fetch
+    )
+    registry.register(unit_watch)
+    refreshed = unit_watch.refresh()
+    # The Unit interface was read while activating; the unit moved on.
+    registry.changed(PATH, {"ActiveState": "active", "SubState": "exited"}, [])
+    answers[0].callback(
+        {"ActiveState": "activating", "SubState": "start", "ControlGroup": "/x"}
+    )
+    settled = {"ActiveState": "active", "SubState": "exited", "ControlGroup": "/x"}
+    assert delivered[-1] == settled
+    assert refreshed.result == settled
+    # A refresh asked for after that signal reads it all afresh.
+    unit_watch.refresh()
+    answers[1].callback({"ActiveState": "inactive", "SubState": "dead"})
+    assert delivered[-1] == {**settled, "ActiveState": "inactive", "SubState": "dead"}
+
+
+def test_a_failed_refresh_fails_and_shields_nothing_after():
+    answer: defer.Deferred = defer.Deferred()
+    registry = WatchRegistry()
+    unit_watch = UnitWatch(registry, "x.service", PATH, lambda s: None, lambda: answer)
+    registry.register(unit_watch)
+    failed: list = []
+    unit_watch.refresh().addErrback(failed.append)
+    answer.errback(RuntimeError("no reply"))
+    assert failed and failed[0].check(RuntimeError)
+    assert unit_watch._signalled == []

@@ -129,8 +129,9 @@ async def _open_bus(address: str | None, system: bool) -> MessageBus:
     try:
         await bus.connect()
     except OSError as error:
+        where = "the system bus" if system else f"D-Bus at {address}"
         raise SystemdError(
-            "sdexec.NoBus", f"cannot connect to D-Bus at {address}: {error}"
+            "sdexec.NoBus", f"cannot connect to {where}: {error}"
         ) from error
     # Nothing was written through dbus-fast's own writer yet (the Hello
     # goes around it), so it can be swapped for the patient one.
@@ -447,6 +448,11 @@ class SystemdClient:
         )
         self._watches.register(watch)
         return watch
+
+    def get_service_properties(self, name: str) -> Deferred[dict[str, Any]]:
+        """``GetAll`` of a unit's ``Service`` interface alone: its exit,
+        ``Result``, ``ControlGroup`` and resource counters, in one call."""
+        return self.get_all(unit_object_path(name), SERVICE)
 
     def get_unit_state(self, path: str) -> Deferred[dict[str, Any]]:
         """``GetAll`` of the ``Unit`` and ``Service`` interfaces, merged."""

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
 
 __all__ = ["UnitWatch", "WatchRegistry"]
 
@@ -56,6 +57,12 @@ class UnitWatch:
     change of a service, while the state properties (``ActiveState``,
     ``SubState``, ``ExecMain*``, ``Result``) always come with their values.
     Call :meth:`refresh` to read the invalidated ones.
+
+    A refresh's answer never rolls back what a signal said after the refresh
+    was asked for: it is two ``GetAll`` calls, and a signal that arrives
+    between their answers is newer than the first (seen: a fence check's
+    refresh brought back *activating* after the signal of *active/exited*,
+    and nothing stopped the unit, whose state no later signal corrected).
     """
 
     def __init__(
@@ -72,10 +79,14 @@ class UnitWatch:
         self._registry = registry
         self._callback = callback
         self._fetch_all = fetch_all
+        #: Per refresh in flight, the properties signals have set since.
+        self._signalled: list[set[str]] = []
 
     def refresh(self) -> Deferred[State]:
         """Fetch every property of the unit, merge and deliver."""
-        return self._fetch_all().addCallback(self._refreshed)
+        signalled: set[str] = set()
+        self._signalled.append(signalled)
+        return self._fetch_all().addBoth(self._refreshed, signalled)
 
     def cancel(self) -> None:
         """Stop delivering changes; the unit may be watched anew."""
@@ -89,10 +100,17 @@ class UnitWatch:
         for name in invalidated:
             self.state.pop(name, None)
         self.state.update(changed)
+        for signalled in self._signalled:
+            signalled.update(changed)
         self._deliver()
 
-    def _refreshed(self, properties: State) -> State:
-        self.state.update(properties)
+    def _refreshed(self, properties: State | Failure, signalled: set[str]) -> Any:
+        self._signalled.remove(signalled)
+        if isinstance(properties, Failure):
+            return properties
+        self.state.update(
+            {name: value for name, value in properties.items() if name not in signalled}
+        )
         self._deliver()
         return self.state
 

@@ -1,0 +1,216 @@
+"""The receipt on ``finished``: how the unit ended and what it used.
+
+RFC 42's ``finished`` response carries a wait status. sdexec adds extension
+keys, which clients that do not know them ignore (docs/protocol.md):
+
+- ``result``: systemd's ``Result`` for the unit (``success``, ``exit-code``,
+  ``signal``, ``core-dump``, ``oom-kill``, ``timeout``, …);
+- ``oom_kills``: ``oom_kill`` of the unit cgroup's ``memory.events``
+  (cgroup v2), when that file could still be read;
+- ``memory_max``: the unit's ``MemoryMax`` in bytes, with an OOM kill only
+  (what the limit was), when one was set;
+- ``usage``: what was measured, and only that (a key is absent, never 0,
+  when it was not): ``cpu_usage_nsec`` (``CPUUsageNSec``),
+  ``memory_peak_bytes`` (``MemoryPeak``, else the cgroup's ``memory.peak``),
+  ``io_read_bytes``/``io_write_bytes`` (``IOReadBytes``/``IOWriteBytes``,
+  with IO accounting), ``wall_time_usec`` (from the main process's start to
+  its exit).
+
+Both ends are here: :func:`finished_extensions` makes the keys from a
+unit's property state (read before the unit is stopped: stopping removes
+its cgroup); :class:`Receipt` reads them back for a client and words them.
+Standard library only: the command line imports this module.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["UNSET", "Receipt", "finished_extensions", "format_bytes", "format_usec"]
+
+#: systemd's "not measured" for a 64-bit counter (``[not set]``).
+UNSET = 2**64 - 1
+OOM_KILL = "oom-kill"
+
+#: ``usage`` keys and the systemd property each is read from.
+_USAGE_PROPERTIES = {
+    "cpu_usage_nsec": "CPUUsageNSec",
+    "memory_peak_bytes": "MemoryPeak",
+    "io_read_bytes": "IOReadBytes",
+    "io_write_bytes": "IOWriteBytes",
+}
+
+
+def _measured(value: object) -> int | None:
+    """A counter systemd measured, or ``None`` (absent, not an integer, or
+    its ``[not set]``)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < UNSET:
+        return value
+    return None
+
+
+# -- the service's side ------------------------------------------------------------
+
+
+def finished_extensions(state: Mapping[str, Any], root: str = "/") -> dict[str, Any]:
+    """The extension keys of ``finished`` for a unit in ``state`` (its merged
+    ``Unit`` + ``Service`` properties, fresh from a ``GetAll``); ``root``
+    is where ``/sys`` is found (tests give a fake tree)."""
+    extensions: dict[str, Any] = {}
+    result = state.get("Result")
+    if isinstance(result, str) and result:
+        extensions["result"] = result
+    cgroup = _cgroup_directory(state.get("ControlGroup"), root)
+    oom_kills = _memory_events(cgroup).get("oom_kill")
+    if oom_kills is not None:
+        extensions["oom_kills"] = oom_kills
+    memory_max = _measured(state.get("MemoryMax"))
+    if (result == OOM_KILL or oom_kills) and memory_max is not None:
+        extensions["memory_max"] = memory_max
+    usage = _usage(state, cgroup)
+    if usage:
+        extensions["usage"] = usage
+    return extensions
+
+
+def _usage(state: Mapping[str, Any], cgroup: str | None) -> dict[str, int]:
+    usage = {key: _measured(state.get(name)) for key, name in _USAGE_PROPERTIES.items()}
+    if usage["memory_peak_bytes"] is None:  # systemd < 255 has no MemoryPeak
+        usage["memory_peak_bytes"] = _read_counter(cgroup, "memory.peak")
+    usage["wall_time_usec"] = _wall_time(state)
+    return {key: value for key, value in usage.items() if value is not None}
+
+
+def _wall_time(state: Mapping[str, Any]) -> int | None:
+    start = _measured(state.get("ExecMainStartTimestampMonotonic"))
+    exit_ = _measured(state.get("ExecMainExitTimestampMonotonic"))
+    if not start or not exit_ or exit_ < start:  # 0: never happened
+        return None
+    return exit_ - start
+
+
+def _cgroup_directory(control_group: object, root: str) -> str | None:
+    """The unit's directory in the cgroup v2 hierarchy, if it is there (not
+    on v1, and not once the unit has failed or stopped: systemd removes it)."""
+    if not isinstance(control_group, str) or not control_group:
+        return None
+    directory = os.path.join(root, "sys/fs/cgroup", control_group.lstrip("/"))
+    return (
+        directory if os.path.isfile(os.path.join(directory, "cgroup.procs")) else None
+    )
+
+
+def _memory_events(cgroup: str | None) -> dict[str, int]:
+    if cgroup is None:
+        return {}
+    try:
+        with open(os.path.join(cgroup, "memory.events"), encoding="ascii") as file:
+            fields = (line.split() for line in file)
+            return {f[0]: int(f[1]) for f in fields if len(f) == 2 and f[1].isdigit()}
+    except (OSError, UnicodeDecodeError):
+        return {}  # no memory controller for this cgroup, or it is gone
+
+
+def _read_counter(cgroup: str | None, name: str) -> int | None:
+    if cgroup is None:
+        return None
+    try:
+        with open(os.path.join(cgroup, name), encoding="ascii") as file:
+            return _measured(int(file.read().strip()))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
+# -- the client's side -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """A ``finished`` response read back: the wait status and the extension
+    keys the service sent (``None``/empty where it sent none, or sent
+    something malformed: an older or foreign service is not an error)."""
+
+    status: int
+    result: str | None = None
+    oom_kills: int | None = None
+    memory_max: int | None = None
+    usage: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_finished(cls, payload: Mapping[str, Any]) -> Receipt:
+        """From a ``finished`` payload (its ``status`` must be an integer)."""
+        result = payload.get("result")
+        usage = payload.get("usage")
+        return cls(
+            status=payload["status"],
+            result=result if isinstance(result, str) else None,
+            oom_kills=_measured(payload.get("oom_kills")),
+            memory_max=_measured(payload.get("memory_max")),
+            usage={
+                key: value
+                for key, value in (usage.items() if isinstance(usage, dict) else ())
+                if isinstance(key, str) and _measured(value) is not None
+            },
+        )
+
+    @property
+    def oom_killed(self) -> bool:
+        """systemd says the OOM killer ended the unit, or the cgroup counted
+        a kill."""
+        return self.result == OOM_KILL or bool(self.oom_kills)
+
+    def oom_message(self) -> str:
+        """``killed by the OOM killer (MemoryMax=512M)``, for the user."""
+        limit = (
+            f"MemoryMax={format_bytes(self.memory_max)}"
+            if self.memory_max is not None
+            else "no MemoryMax set"
+        )
+        return f"killed by the OOM killer ({limit})"
+
+    def usage_lines(self) -> list[str]:
+        """The receipt as ``systemd-run --wait`` words it; a line only for
+        what was measured."""
+        usage = self.usage
+        lines = [f"Finished with result: {self.result}"] if self.result else []
+        if "wall_time_usec" in usage:
+            lines.append(f"Service runtime: {format_usec(usage['wall_time_usec'])}")
+        if "cpu_usage_nsec" in usage:
+            cpu = format_usec(usage["cpu_usage_nsec"] // 1000)
+            lines.append(f"CPU time consumed: {cpu}")
+        if "memory_peak_bytes" in usage:
+            lines.append(f"Memory peak: {format_bytes(usage['memory_peak_bytes'])}")
+        io = [
+            f"{what} {format_bytes(usage[key])}"
+            for what, key in (("read", "io_read_bytes"), ("written", "io_write_bytes"))
+            if key in usage
+        ]
+        if io:
+            lines.append(f"IO bytes {', '.join(io)}")
+        return lines
+
+
+def format_bytes(size: int) -> str:
+    """``512B``, ``1.5K``, ``4.0G``: base 1024, one decimal, as systemd's
+    ``FORMAT_BYTES``."""
+    for exponent, suffix in reversed(list(enumerate("KMGTPE", start=1))):
+        factor = 1024**exponent
+        if size >= factor:
+            return f"{size // factor}.{size % factor * 10 // factor}{suffix}"
+    return f"{size}B"
+
+
+def format_usec(usec: int) -> str:
+    """``850us``, ``5ms``, ``1.234s``, ``2min 5.010s``: millisecond
+    accuracy once past a millisecond, as ``systemd-run --wait`` prints."""
+    if usec < 1000:
+        return f"{usec}us"
+    if usec < 1_000_000:
+        return f"{usec // 1000}ms"
+    minutes, usec = divmod(usec, 60_000_000)
+    seconds = f"{usec // 1_000_000}.{usec % 1_000_000 // 1000:03d}".rstrip("0")
+    seconds = seconds.rstrip(".") + "s"
+    return f"{minutes}min {seconds}" if minutes else seconds

@@ -1,0 +1,288 @@
+"""The device fence canary (issue 10, item 2): the verdict from the canary's
+exit, the service's reaction (drain or warn, counters, stats), offline on
+the fake manager; then against the real manager, where the verdict must be
+what the node really does.
+
+On these cgroup v1 machines the user manager stores ``DevicePolicy`` and
+enforces nothing, so the canary finds the fence not enforced; on a node
+whose manager applies device filters (a system manager) it finds it
+enforced. The integration tests measure the node first, with a unit of
+their own, and expect the service to agree.
+"""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+from pathlib import Path
+
+import pytest
+from pytest_twisted import ensureDeferred
+from support import run, sleep
+from twisted.internet import reactor
+from twisted.internet.task import Clock
+
+from sdexec.config import parse_config
+from sdexec.containment import Containment
+from sdexec.devicefence import (
+    CANARY_SCRIPT,
+    CANARY_TIMEOUT_SECONDS,
+    canary_plan,
+    canary_verdict,
+)
+from sdexec.plan import RequestError
+from sdexec.server import SdexecServer
+from sdexec.systemd import SystemdError
+from sdexec.systemd.unit import wait_status
+from sdexec.testing import EXITED, INACTIVE, FakeManager
+
+NOT_ENFORCED = (
+    "DevicePolicy not enforced: the user manager cannot load device filters;"
+    " run sdexec under the system manager"
+)
+
+
+def exited(code: int) -> int:
+    return wait_status(1, code)
+
+
+# -- the verdict -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "stderr", "bus", "verdict"),
+    [
+        (exited(1), "sh: 1: cannot open /dev/zero: Operation not permitted", "user",
+         None),
+        (exited(0), "", "user", NOT_ENFORCED),
+        (exited(0), "", "system", "DevicePolicy not enforced: /dev/zero opened in a"
+         " DevicePolicy=strict unit of the system manager (is the devices controller"
+         " or BPF available?)"),
+        (exited(10), "sh: cannot open /dev/null: Operation not permitted\n", "user",
+         "DevicePolicy could not be verified: the allowed /dev/null could not be"
+         " opened either: sh: cannot open /dev/null: Operation not permitted"),
+        (exited(11), "", "user",
+         "DevicePolicy could not be verified: this node has no /dev/zero to probe"),
+        (exited(2), "", "user",
+         "DevicePolicy could not be verified: the canary exited with status 2"),
+        (9, "", "user",
+         "DevicePolicy could not be verified: the canary was killed by signal 9"),
+        (None, "ENOENT: no such file", "user",
+         "DevicePolicy could not be verified: the canary did not run: ENOENT: no"
+         " such file"),
+    ],
+)  # fmt: skip
+def test_the_verdict_follows_the_canarys_exit(status, stderr, bus, verdict):
+    assert canary_verdict(status, stderr, bus) == verdict
+
+
+def test_the_canary_unit_is_strict_allows_only_dev_null_and_probes_dev_zero():
+    config = parse_config({"sdexec": {"slice": "jobs.slice"}})
+    plan = canary_plan(config)
+    properties = {prop.name: prop.value for prop in plan.properties}
+    assert properties["DevicePolicy"] == "strict"
+    assert properties["DeviceAllow"] == [["/dev/null", "rw"]]
+    assert properties["Slice"] == "jobs.slice"  # where the jobs would run
+    assert properties["ExecStartEx"][0][1] == ["/bin/sh", "-c", CANARY_SCRIPT]
+    assert plan.unit_name.startswith("sdexec-device-canary-")
+    assert plan.fence is None and not plan.mapped
+
+
+# -- the service's reaction, offline ----------------------------------------------
+
+
+def contained_config(check: str = "drain") -> dict:
+    return {
+        "exec": {"sdexec-constrain-resources": True},
+        "sdexec": {"containment-check": check},
+    }
+
+
+def offline_server(check: str = "drain", constrain: bool = True):
+    table = contained_config(check)
+    table["exec"]["sdexec-constrain-resources"] = constrain
+    config = parse_config(table)
+    systemd = FakeManager()
+    systemd.stop_to_inactive = True
+    clock = Clock()
+    server = SdexecServer(
+        systemd, config, reactor, Containment(config, None), clock=clock
+    )
+    return server, systemd, clock
+
+
+def canary_unit(systemd: FakeManager) -> str:
+    (name,) = [call[1] for call in systemd.calls if call[0] == "start"]
+    return name
+
+
+def run_canary(systemd: FakeManager, code: int) -> None:
+    """The canary runs and exits with ``code``, as systemd would report it."""
+    unit = canary_unit(systemd)
+    systemd.run(unit)
+    state = {**EXITED, "ExecMainStatus": code}
+    if code != 0:  # a non-zero exit leaves the unit failed; the reset unloads it
+        state |= {"ActiveState": "failed", "SubState": "failed"}
+    systemd.change(unit, state)
+    systemd.release(unit)
+    systemd.change(unit, INACTIVE)
+
+
+async def reaped(server: SdexecServer) -> None:
+    """Wait (a bounded while) for the canary's output EOF and its reaping."""
+    for _ in range(200):
+        if not server.processes:
+            return
+        await sleep(0.01)
+    assert server.processes == {}
+
+
+def test_no_canary_without_containment():
+    server, systemd, _ = offline_server(constrain=False)
+    seen: list = []
+    server.verify_devices().addBoth(seen.append)
+    assert seen == [None]
+    assert systemd.calls == []
+    assert server.stats()["device-fence"] is None
+
+
+@ensureDeferred
+async def test_an_enforced_fence_is_recorded_and_the_canary_reaped():
+    server, systemd, _ = offline_server()
+    verdict = server.verify_devices()
+    run_canary(systemd, 1)
+    assert await verdict is None
+    assert server.drain_reason is None
+    assert server.stats()["device-fence"] == {"enforced": True, "problem": None}
+    assert ("reset", canary_unit(systemd)) in systemd.calls
+    await reaped(server)
+
+
+@ensureDeferred
+async def test_an_unenforced_fence_drains_the_node_and_is_counted():
+    server, systemd, _ = offline_server()
+    verdict = server.verify_devices()
+    run_canary(systemd, 0)
+    assert await verdict == NOT_ENFORCED
+    stats = server.stats()
+    assert stats["drain"] == {"drained": True, "reason": NOT_ENFORCED}
+    assert stats["requests"]["device-fence-failures"] == 1
+    assert stats["device-fence"] == {"enforced": False, "problem": NOT_ENFORCED}
+    await reaped(server)
+
+
+@ensureDeferred
+async def test_warn_counts_and_logs_but_does_not_drain():
+    server, systemd, _ = offline_server(check="warn")
+    verdict = server.verify_devices()
+    run_canary(systemd, 0)
+    assert await verdict is None  # nothing refused: the admin chose to carry on
+    assert server.drain_reason is None
+    assert server.counters["device-fence-failures"] == 1
+    assert server.stats()["device-fence"]["enforced"] is False
+    await reaped(server)
+
+
+@ensureDeferred
+async def test_a_canary_systemd_refuses_is_not_a_verified_fence():
+    server, systemd, _ = offline_server()
+    systemd.refuse_start = SystemdError(
+        "org.freedesktop.DBus.Error.InvalidArgs",
+        "Unit sdexec-device-canary.service has a bad unit file setting.",
+    )
+    problem = await server.verify_devices()
+    assert problem == (
+        "DevicePolicy could not be verified: the canary did not run:"
+        " Unit sdexec-device-canary.service has a bad unit file setting."
+    )
+    assert server.drain_reason == problem
+    assert server.processes == {}
+
+
+def test_a_canary_that_cannot_be_planned_is_not_a_verified_fence(monkeypatch):
+    def no_shell(config):
+        raise RequestError(errno.ENOENT, "/bin/sh: command not found")
+
+    monkeypatch.setattr("sdexec.server.canary_plan", no_shell)
+    server, systemd, _ = offline_server()
+    seen: list = []
+    server.verify_devices().addBoth(seen.append)
+    problem = "DevicePolicy could not be verified: /bin/sh: command not found"
+    assert seen == [problem]
+    assert server.drain_reason == problem
+    assert systemd.calls == []
+
+
+@ensureDeferred
+async def test_a_canary_with_no_verdict_times_out_and_is_stopped():
+    server, systemd, clock = offline_server()
+    verdict = server.verify_devices()
+    systemd.run(canary_unit(systemd))
+    clock.advance(CANARY_TIMEOUT_SECONDS)
+    problem = await verdict
+    assert problem == (
+        "DevicePolicy could not be verified: the canary gave no verdict in 30 s"
+    )
+    assert ("stop", canary_unit(systemd)) in systemd.calls
+    assert server.drain_reason == problem
+    await reaped(server)  # stopped to inactive, fds released, reaped
+
+
+# -- the real manager ----------------------------------------------------------------
+
+
+def node_enforces_device_policy() -> bool:
+    """Measured apart from the service: can a ``DevicePolicy=strict`` unit
+    of the test manager read one byte of /dev/zero (with ``head``, not the
+    canary's shell redirection)?"""
+    probe = subprocess.run(
+        ["systemd-run", "--user", "--wait", "--pipe", "--quiet",
+         "-p", "DevicePolicy=strict", "-p", "DeviceAllow=/dev/null rw",
+         "head", "-c", "1", "/dev/zero"],
+        capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+    opened = probe.returncode == 0 and probe.stdout == b"\0"
+    refused = probe.returncode != 0 and b"Operation not permitted" in probe.stderr
+    assert opened or refused, f"the probe is inconclusive: {probe}"
+    return refused
+
+
+def contained(check: str = "drain") -> dict[str, str]:
+    """``start_service`` arguments: containment on, the small topology."""
+    topology = Path(__file__).resolve().parent / "data" / "small.xml"
+    return {
+        "exec": "sdexec-constrain-resources = true",
+        "sdexec": f'topology = "{topology}"\ncontainment-check = "{check}"',
+    }
+
+
+@ensureDeferred
+async def test_the_canary_agrees_with_the_node(start_service):
+    enforced = node_enforces_device_policy()
+    service = await start_service(**contained("drain"))
+    stats = service.server.stats()
+    problem = None if enforced else NOT_ENFORCED
+    assert stats["device-fence"] == {"enforced": enforced, "problem": problem}
+    assert stats["drain"] == {"drained": not enforced, "reason": problem}
+    client = await service.connect()
+    result = await run(client, ["/bin/true"])
+    if enforced:
+        assert result.status == 0
+    else:  # drained at start: no job runs on a node whose devices are open
+        assert result.error.errnum == errno.EBUSY
+        assert NOT_ENFORCED in result.error.errstr
+
+
+@ensureDeferred
+async def test_each_reload_runs_the_canary_again(start_service):
+    service = await start_service(**contained("warn"))
+    reaped = service.server.counters["reaped"]
+    assert service.reload(**contained("drain")) is True
+    for _ in range(200):  # the reload's canary runs in the background
+        if service.server.counters["reaped"] > reaped:
+            break
+        await sleep(0.05)
+    failures = service.server.counters["device-fence-failures"]
+    enforced = service.server.stats()["device-fence"]["enforced"]
+    assert failures == (0 if enforced else 2)
+    assert service.server.drain_reason == (None if enforced else NOT_ENFORCED)

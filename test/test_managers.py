@@ -1,0 +1,134 @@
+"""Which manager runs the units (issue 10, item 2): ``[systemd] bus``,
+``[sdexec] slice`` and ``[sdexec] allow-users``.
+
+There is no system manager on these machines (PID 1 is not systemd), so
+the system-bus path is tested against the test's user manager: the service
+connects with the very code it uses for ``bus = "system"`` (dbus-fast's
+system bus, whose address ``DBUS_SYSTEM_BUS_ADDRESS`` overrides), here
+pointed at the user manager's bus. What only a real system manager does
+(units as root, device policy enforced) is not shown here; the device
+canary (test_devicefence.py) reports it on a node that has one.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+
+import pytest
+from pytest_twisted import ensureDeferred
+from support import run
+from twisted.internet import reactor
+from twisted.internet.testing import StringTransport
+
+from sdexec.config import parse_config
+from sdexec.server import SdexecServer, SdexecServerFactory
+from sdexec.service import SdexecService
+from sdexec.systemd import SystemdError
+from sdexec.testing import FakeManager
+
+SYSTEM_BUS = 'bus = "system"'
+CGROUP = ["/bin/sh", "-c", "cat /proc/self/cgroup"]
+
+
+@pytest.fixture
+def system_bus_is_the_user_managers(user_manager, monkeypatch):
+    """The system bus, as dbus-fast finds it, is the test manager's bus."""
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", user_manager.bus_address)
+
+
+def slice_of(cgroup_lines: bytes) -> str:
+    """The slice directory right above the unit in the systemd hierarchy."""
+    line = cgroup_lines.decode().splitlines()[0]  # e.g. 9:name=systemd:/…/x.service
+    return line.rsplit("/", 2)[-2]
+
+
+@ensureDeferred
+async def test_the_system_bus_path_runs_units(
+    system_bus_is_the_user_managers, start_service
+):
+    service = await start_service(systemd=SYSTEM_BUS)
+    assert service.server.config.systemd.bus == "system"
+    client = await service.connect()
+    result = await run(client, CGROUP)
+    assert (result.error, result.status) == (None, 0)
+    assert slice_of(result.stdout) == "sdexec.slice"
+
+
+@ensureDeferred
+async def test_units_start_in_the_configured_slice(start_service):
+    service = await start_service(sdexec='slice = "jobs-test.slice"')
+    client = await service.connect()
+    result = await run(client, CGROUP)
+    assert slice_of(result.stdout) == "jobs-test.slice"
+    # A request may name its own slice (the site's slice is a default).
+    moved = await run(client, CGROUP, opts={"SDEXEC_PROP_Slice": "other.slice"})
+    assert slice_of(moved.stdout) == "other.slice"
+
+
+@ensureDeferred
+async def test_no_system_bus_is_a_one_line_start_failure(monkeypatch, tmp_path):
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/none")
+    config = parse_config({"systemd": {"bus": "system"}})
+    service = SdexecService(config, reactor, listen=f"unix:{tmp_path}/s.sock")
+    service.startService()
+    with pytest.raises(SystemdError) as failure:
+        await service.ready
+    assert str(failure.value).startswith("cannot connect to the system bus: ")
+    assert service.ports == {}  # nothing listened
+
+
+@ensureDeferred
+async def test_a_reload_cannot_change_the_bus(start_service):
+    service = await start_service()
+    assert service.reload(systemd=SYSTEM_BUS) is False
+    assert service.server.config.systemd.bus == "user"
+
+
+# -- allow-users -------------------------------------------------------------------
+
+
+class _PeerTransport(StringTransport):
+    """An in-memory transport over a real socketpair: SO_PEERCRED reads our uid."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handle, self.peer = socket.socketpair()
+
+    def getHandle(self) -> socket.socket:
+        return self.handle
+
+
+def list_as_a_peer(server: SdexecServer) -> dict:
+    transport = _PeerTransport()
+    protocol = SdexecServerFactory(server).buildProtocol(None)
+    protocol.makeConnection(transport)
+    request = {"type": "request", "topic": "sdexec.list", "matchtag": 1}
+    protocol.dataReceived(json.dumps(request).encode() + b"\n")
+    protocol.connectionLost(None)
+    transport.handle.close()
+    transport.peer.close()
+    return json.loads(transport.value().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    ("allow_users", "served"),
+    [([], False), ([os.getuid()], True), ([os.getuid() + 2, os.getuid()], True)],
+)
+def test_allow_users_admits_other_uids(allow_users, served):
+    config = parse_config({"sdexec": {"allow-users": allow_users}})
+    server = SdexecServer(FakeManager(), config, reactor)
+    server.owner_uid = os.getuid() + 1  # the peer is not the owner
+    response = list_as_a_peer(server)
+    if served:
+        assert response["payload"]["procs"] == []
+    else:
+        assert response["errnum"] == errno.EPERM
+    assert server.allowed_uids == {os.getuid() + 1, *allow_users}
+
+
+def test_allow_users_by_name():
+    config = parse_config({"sdexec": {"allow-users": ["root"]}})
+    assert config.sdexec.allow_users == (0,)

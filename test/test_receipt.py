@@ -1,0 +1,307 @@
+"""The receipt on ``finished`` (issue 10, items 3 and 4): systemd's result,
+OOM kills and resource usage, made from a unit's state and cgroup, read back
+by clients, printed by ``sdexec run``.
+
+Pure logic on a fake ``/sys`` tree and the fake manager; then the real
+manager, where what is reported must be what the node measures: these
+cgroup v1 machines account no CPU for a user manager's units and enforce no
+``MemoryMax``, a cgroup v2 node does both, and the tests ask the node first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pytest_twisted import ensureDeferred
+from support import manager_property, run
+from twisted.internet import defer, reactor
+from twisted.internet.task import Clock
+from twisted.internet.threads import deferToThread
+
+from sdexec.cli import receipt_lines
+from sdexec.process import Process, ProcessContext
+from sdexec.receipt import (
+    UNSET,
+    Receipt,
+    finished_extensions,
+    format_bytes,
+    format_usec,
+)
+from sdexec.systemd import SystemdError
+from sdexec.testing import EXITED, FakeManager, exec_plan
+
+UNIT = "sdexec-test.service"
+CGROUP = "/sdexec.slice/sdexec-test.service"
+MiB = 1024**2
+
+
+def cgroup_tree(root: Path, **files: str) -> None:
+    """A unit's cgroup v2 directory under ``root``, with ``files`` in it
+    (``memory_events`` for ``memory.events``, and so on)."""
+    directory = root / "sys/fs/cgroup" / CGROUP.lstrip("/")
+    directory.mkdir(parents=True)
+    (directory / "cgroup.procs").write_text("")
+    for name, text in files.items():
+        (directory / name.replace("_", ".")).write_text(text)
+
+
+STATE = {
+    "Result": "success",
+    "ControlGroup": CGROUP,
+    "CPUUsageNSec": 12_345_678,
+    "MemoryPeak": UNSET,  # systemd < 255, or not accounted
+    "IOReadBytes": UNSET,
+    "IOWriteBytes": 4096,
+    "MemoryMax": UNSET,
+    "ExecMainStartTimestampMonotonic": 1_000_000,
+    "ExecMainExitTimestampMonotonic": 3_500_000,
+}
+
+
+# -- making the keys -----------------------------------------------------------------
+
+
+def test_measured_values_only_and_memory_peak_from_the_cgroup(tmp_path):
+    cgroup_tree(tmp_path, memory_events="low 0\noom 0\noom_kill 0\n",
+                memory_peak=f"{5 * MiB}\n")  # fmt: skip
+    assert finished_extensions(STATE, root=str(tmp_path)) == {
+        "result": "success",
+        "oom_kills": 0,
+        "usage": {
+            "cpu_usage_nsec": 12_345_678,
+            "memory_peak_bytes": 5 * MiB,
+            "io_write_bytes": 4096,
+            "wall_time_usec": 2_500_000,
+        },
+    }
+
+
+def test_systemds_memory_peak_wins_over_the_file(tmp_path):
+    cgroup_tree(tmp_path, memory_peak="1\n")
+    usage = finished_extensions({**STATE, "MemoryPeak": 7 * MiB}, str(tmp_path))
+    assert usage["usage"]["memory_peak_bytes"] == 7 * MiB
+
+
+def test_an_oom_kill_reports_the_count_and_the_limit(tmp_path):
+    cgroup_tree(tmp_path, memory_events="oom 1\noom_kill 1\noom_group_kill 0\n")
+    state = {**STATE, "Result": "oom-kill", "MemoryMax": 256 * MiB}
+    extensions = finished_extensions(state, str(tmp_path))
+    assert extensions["result"] == "oom-kill"
+    assert (extensions["oom_kills"], extensions["memory_max"]) == (1, 256 * MiB)
+
+
+def test_a_gone_cgroup_or_cgroup_v1_reports_no_oom_count(tmp_path):
+    # No cgroup v2 directory: the unit failed (systemd removed it) or v1.
+    extensions = finished_extensions({**STATE, "Result": "oom-kill"}, str(tmp_path))
+    assert "oom_kills" not in extensions
+    assert "memory_max" not in extensions  # none was set (infinity)
+    assert extensions["result"] == "oom-kill"
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        {},
+        {"Result": "", "CPUUsageNSec": UNSET, "ExecMainStartTimestampMonotonic": 0,
+         "ExecMainExitTimestampMonotonic": 10},
+        {"CPUUsageNSec": True, "IOReadBytes": -1, "MemoryPeak": "5",
+         "ExecMainStartTimestampMonotonic": 10, "ExecMainExitTimestampMonotonic": 5},
+    ],
+)  # fmt: skip
+def test_nothing_measured_is_nothing_reported(tmp_path, state):
+    assert finished_extensions(state, str(tmp_path)) == {}
+
+
+# -- reading them back ------------------------------------------------------------
+
+
+def test_a_receipt_reads_the_keys_and_drops_malformed_ones():
+    receipt = Receipt.from_finished({
+        "type": "finished", "status": 9, "result": "oom-kill", "oom_kills": "2",
+        "memory_max": 512 * MiB, "usage": {"wall_time_usec": 5000, "cpu": -1},
+    })  # fmt: skip
+    assert receipt == Receipt(9, "oom-kill", None, 512 * MiB, {"wall_time_usec": 5000})
+    assert receipt.oom_killed
+    assert receipt.oom_message() == "killed by the OOM killer (MemoryMax=512.0M)"
+    plain = Receipt.from_finished({"type": "finished", "status": 0})
+    assert plain == Receipt(0) and not plain.oom_killed
+
+
+def test_run_prints_usage_like_systemd_run_and_the_oom_line_last():
+    receipt = Receipt(9, "oom-kill", 1, None, {
+        "wall_time_usec": 2_005_000, "cpu_usage_nsec": 1_500_000,
+        "memory_peak_bytes": 3 * MiB // 2, "io_read_bytes": 0,
+        "io_write_bytes": 4096})  # fmt: skip
+    assert receipt_lines(receipt, usage=True) == [
+        "Finished with result: oom-kill",
+        "Service runtime: 2.005s",
+        "CPU time consumed: 1ms",
+        "Memory peak: 1.5M",
+        "IO bytes read 0B, written 4.0K",
+        "sdexec: killed by the OOM killer (no MemoryMax set)",
+    ]
+    assert receipt_lines(receipt, usage=False) == [
+        "sdexec: killed by the OOM killer (no MemoryMax set)"
+    ]
+    assert receipt_lines(Receipt(0, "success"), usage=False) == []
+
+
+@pytest.mark.parametrize(
+    ("usec", "text"),
+    [(850, "850us"), (5_400, "5ms"), (1_000_000, "1s"), (1_234_567, "1.234s"),
+     (125_010_000, "2min 5.01s")],
+)  # fmt: skip
+def test_format_usec(usec, text):
+    assert format_usec(usec) == text
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [(0, "0B"), (1023, "1023B"), (1024, "1.0K"), (1536, "1.5K"),
+     (4 * 1024**3, "4.0G"), (UNSET - 1, "15.9E")],
+)  # fmt: skip
+def test_format_bytes(size, text):
+    assert format_bytes(size) == text
+
+
+# -- the process: the receipt is read before the unit is stopped ---------------------
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.responses: list = []
+
+    def respond(self, payload):
+        self.responses.append(payload)
+
+    def error(self, errnum, errstr):
+        self.responses.append((errnum, errstr))
+
+
+def start_process(systemd: FakeManager):
+    responder, counted = Recorder(), []
+    plan = dataclasses.replace(exec_plan(), output={})
+    context = ProcessContext(reactor=reactor, clock=Clock(), rank="0",
+                             count=counted.append)  # fmt: skip
+    Process(systemd, plan, responder, context).start()
+    return responder, counted
+
+
+def test_finished_carries_the_receipt_read_before_the_stop():
+    systemd = FakeManager()
+    responder, counted = start_process(systemd)
+    systemd.change(UNIT, {**EXITED, "Result": "success", "CPUUsageNSec": 77})
+    assert responder.responses[-1] == {
+        "type": "finished", "status": 0, "result": "success",
+        "usage": {"cpu_usage_nsec": 77},
+    }  # fmt: skip
+    calls = [call[0] for call in systemd.calls]
+    assert calls == ["start", "get-all", "stop"]  # one GetAll, before StopUnit
+    assert counted == []
+
+
+def test_nothing_stops_the_unit_while_its_receipt_is_read():
+    systemd = FakeManager()
+    systemd.hold_refresh = True
+    responder, _ = start_process(systemd)
+    systemd.change(UNIT, {**EXITED, "Result": "success"})
+    systemd.change(UNIT, {"Result": "success"})  # another signal meanwhile
+    assert [call[0] for call in systemd.calls] == ["start", "get-all"]
+    assert [r["type"] for r in responder.responses] == ["started"]
+    systemd.answer_refreshes()
+    assert [r["type"] for r in responder.responses] == ["started", "finished"]
+    assert systemd.calls[-1] == ("stop", UNIT)
+
+
+def test_an_oom_kill_is_counted():
+    systemd = FakeManager()
+    responder, counted = start_process(systemd)
+    systemd.change(UNIT, {**EXITED, "ActiveState": "failed", "SubState": "failed",
+                          "ExecMainCode": 2, "ExecMainStatus": 9,
+                          "Result": "oom-kill"})  # fmt: skip
+    assert responder.responses[-1]["status"] == 9
+    assert responder.responses[-1]["result"] == "oom-kill"
+    assert counted == ["oom-kills"]
+
+
+class _GetAllFails(FakeManager):
+    def get_service_properties(self, name):
+        self.calls.append(("get-all", name))
+        return defer.fail(SystemdError("org.freedesktop.DBus.Error.NoReply", "late"))
+
+
+def test_a_failed_receipt_still_sends_finished_with_what_is_known():
+    systemd = _GetAllFails()
+    responder, _ = start_process(systemd)
+    systemd.change(UNIT, {**EXITED, "ExecMainStatus": 4, "Result": "exit-code"})
+    assert responder.responses[-1] == {
+        "type": "finished",
+        "status": 4 << 8,
+        "result": "exit-code",
+    }
+    assert ("stop", UNIT) in systemd.calls
+
+
+# -- the real manager --------------------------------------------------------------
+
+
+def accounts_cpu() -> bool:
+    """Whether the test manager gives units CPU accounting by default (v2
+    managers do; there CPUUsageNSec is measured)."""
+    return manager_property("DefaultCPUAccounting") == "yes"
+
+
+@ensureDeferred
+async def test_a_real_unit_reports_result_and_what_the_node_measures(sdexec):
+    client = await sdexec.connect()
+    done = await run(client, ["/bin/sh", "-c", "exit 3"])
+    (finished,) = [r for r in done.responses if r["type"] == "finished"]
+    assert (finished["status"], finished["result"]) == (3 << 8, "exit-code")
+    usage = finished["usage"]
+    assert usage["wall_time_usec"] > 0  # ExecMain timestamps: every manager
+    assert ("cpu_usage_nsec" in usage) == accounts_cpu()
+    killed = await run(client, ["/bin/sh", "-c", "kill -KILL $$"])
+    assert killed.responses[-1]["result"] == "signal"
+    assert sdexec.server.counters["oom-kills"] == 0
+
+
+def node_kills_at_memory_max() -> bool:
+    """Measured apart from the service: does a 16M MemoryMax end a process
+    that touches 128M? (A v2 node with the memory controller: yes; these
+    cgroup v1 machines: no.)"""
+    probe = subprocess.run(
+        ["systemd-run", "--user", "--wait", "--quiet", "-p", "MemoryMax=16M",
+         "-p", "MemorySwapMax=0", sys.executable, "-c", HOG],
+        capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
+    return probe.returncode != 0
+
+
+HOG = "b = bytearray(128 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096])"
+
+
+@ensureDeferred
+async def test_sdexec_run_reports_an_oom_kill_as_the_node_does(sdexec):
+    enforced = node_kills_at_memory_max()
+    ran = await deferToThread(
+        subprocess.run,
+        [sys.executable, "-m", "sdexec.cli", "--socket", sdexec.socket_path, "run",
+         "-n", "--usage", "--setopt", "SDEXEC_PROP_MemoryMax=16M",
+         "--setopt", "SDEXEC_PROP_MemorySwapMax=0", sys.executable, "-c", HOG],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    lines = ran.stderr.splitlines()
+    if enforced:
+        assert ran.returncode == 137, ran.stderr
+        assert lines[0] == "Finished with result: oom-kill"
+        assert lines[-1] == "sdexec: killed by the OOM killer (MemoryMax=16.0M)"
+        assert sdexec.server.counters["oom-kills"] == 1
+    else:
+        assert ran.returncode == 0, ran.stderr
+        assert lines[0] == "Finished with result: success"
+        assert "OOM" not in ran.stderr
+    assert any(line.startswith("Service runtime: ") for line in lines)

@@ -26,6 +26,7 @@ from sdexec.containment import Containment, MapperError
 from sdexec.idset import IDset
 from sdexec.property import PropertyError, UnitProperty, parse_bool
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, ExecFlag
+from sdexec.refusal import RequestRefused
 from sdexec.signals import parse_signal
 from sdexec.sizes import parse_size
 from sdexec.stoptimer import StopTimerPolicy
@@ -49,13 +50,12 @@ OUTPUT_STREAMS = ("stdout", "stderr")
 _UNIT_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9:_.\-]")
 
 
-class RequestError(Exception):
-    """A request that cannot be served: ``errnum`` and a message naming why."""
+class RequestError(RequestRefused):
+    """A request that cannot be served: ``errnum`` and a message naming why.
 
-    def __init__(self, errnum: int, errstr: str) -> None:
-        super().__init__(errstr)
-        self.errnum = errnum
-        self.errstr = errstr
+    A :class:`~sdexec.refusal.RequestRefused`, as the checks of
+    :mod:`sdexec.limits` and :mod:`sdexec.policy` raise: the server answers
+    both the same way."""
 
 
 @dataclass(frozen=True)

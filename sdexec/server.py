@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import socket
 import struct
 from collections import Counter
@@ -25,13 +26,15 @@ from zope.interface import implementer
 
 from sdexec.config import Config
 from sdexec.containment import Containment, check_cpu_fence, enforced_cpus
-from sdexec.framing import JSONLineProtocol
+from sdexec.framing import FramingError, JSONLineProtocol
 from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
+from sdexec.limits import check_text
 from sdexec.plan import RequestError, plan_exec
 from sdexec.process import Process, ProcessContext
 from sdexec.protocol import Topic
-from sdexec.systemd import Manager
+from sdexec.refusal import RequestRefused, printable
+from sdexec.systemd import Manager, errno_for
 
 __all__ = ["ClientProtocol", "RequestError", "SdexecServer", "SdexecServerFactory"]
 
@@ -219,13 +222,18 @@ class SdexecServer:
     def kill(self, payload: dict) -> defer.Deferred[dict]:
         """Signal a process by ``pid`` or ``label``; a Deferred."""
         signum = payload.get("signum")
-        if not isinstance(signum, int) or isinstance(signum, bool) or signum <= 0:
-            raise RequestError(errno.EINVAL, "signum: expected a positive integer")
+        if not _is_integer(signum) or not 0 < signum < signal.NSIG:
+            raise RequestError(
+                errno.EINVAL,
+                f"signum: expected a signal number from 1 to {signal.NSIG - 1}",
+            )
         pid, label = payload.get("pid"), payload.get("label")
-        if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
+        if pid is not None and not _is_integer(pid):
             raise RequestError(errno.EINVAL, "pid: expected an integer")
         if label is not None and not isinstance(label, str):
             raise RequestError(errno.EINVAL, "label: expected a string")
+        if label is not None:
+            check_text("label", label)
         if pid is None and label is None:
             raise RequestError(errno.EINVAL, "kill needs a pid or a label")
         process = self.find(pid=pid, label=label)
@@ -313,14 +321,20 @@ class ClientProtocol(JSONLineProtocol):
         self.transport.loseConnection()
 
     def messageReceived(self, message: dict) -> None:
+        if self.transport.disconnecting:
+            return  # closing (a refused peer): the rest of its data is ignored
+        if message.get("type") != "request":
+            # Not a request is not a message of this protocol: a framing
+            # error, answered with EPROTO and the connection closed.
+            raise FramingError('type: expected "request"')
         topic = message.get("topic")
         matchtag = message.get("matchtag")
-        valid_matchtag = isinstance(matchtag, int) and not isinstance(matchtag, bool)
-        reply_topic = topic if isinstance(topic, str) else ""
+        valid_matchtag = _is_integer(matchtag)
+        reply_topic = topic if _is_text(topic) else ""
         reply_matchtag = matchtag if isinstance(matchtag, int) and valid_matchtag else 0
         try:
             result = self._dispatch(message, topic, matchtag, valid_matchtag)
-        except RequestError as error:
+        except RequestRefused as error:
             self.server.count("errors")
             self._send_error(reply_topic, reply_matchtag, error.errnum, error.errstr)
             return
@@ -330,24 +344,26 @@ class ClientProtocol(JSONLineProtocol):
             result.addCallbacks(
                 lambda payload: self._send(reply_topic, reply_matchtag, payload),
                 lambda failure: self._send_error(
-                    reply_topic, reply_matchtag, errno.EIO, failure.getErrorMessage()
+                    reply_topic,
+                    reply_matchtag,
+                    errno_for(failure.value),
+                    failure.getErrorMessage(),
                 ),
             )
         else:
             self._send(reply_topic, reply_matchtag, result)
 
     def _dispatch(self, message: dict, topic, matchtag, valid_matchtag: bool):
-        if message.get("type") != "request":
-            raise RequestError(errno.EPROTO, 'type: expected "request"')
         if not isinstance(topic, str):
             raise RequestError(errno.EINVAL, "topic: expected a string")
+        check_text("topic", topic)
         if not valid_matchtag or matchtag < 0:
             raise RequestError(errno.EINVAL, "matchtag: expected an integer >= 0")
         payload = message.get("payload", {})
         if not isinstance(payload, dict):
             raise RequestError(errno.EINVAL, "payload: expected an object")
         if not self.authorized:
-            raise RequestError(errno.EPERM, "only the service's owner may use it")
+            return self._refuse_unauthorized(topic, matchtag)
         handler = self._handlers.get(topic)
         if handler is None:
             raise RequestError(errno.ENOSYS, f"unknown topic {topic!r}")
@@ -360,6 +376,15 @@ class ClientProtocol(JSONLineProtocol):
                 id=self.connection_id,
             )
         return handler(matchtag, payload)
+
+    def _refuse_unauthorized(self, topic: str, matchtag: int) -> None:
+        """EPERM for a peer that may not use the service, then close: a
+        connection that can do nothing must not hold one of our fds."""
+        self.server.count("errors")
+        self._send_error(
+            topic, matchtag, errno.EPERM, "only the service's owner may use it"
+        )
+        self.transport.loseConnection()
 
     def _exec(self, matchtag: int, payload: dict) -> None:
         self.server.exec(self.connection_id, matchtag, payload, _Stream(self, matchtag))
@@ -386,7 +411,8 @@ class ClientProtocol(JSONLineProtocol):
                 "topic": topic,
                 "matchtag": matchtag,
                 "errnum": errnum,
-                "errstr": errstr,
+                # Whatever a message quotes from the request, it is sent.
+                "errstr": printable(errstr),
             }
         )
 
@@ -401,6 +427,21 @@ class ClientProtocol(JSONLineProtocol):
 
     def stopProducing(self) -> None:
         pass
+
+
+def _is_integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_text(value: object) -> bool:
+    """A string that can be echoed back in a response."""
+    if not isinstance(value, str):
+        return False
+    try:
+        check_text("", value)
+    except RequestRefused:
+        return False
+    return True
 
 
 class _Stream:

@@ -42,6 +42,10 @@ def decode_message(line: bytes) -> dict[str, Any]:
         message = _decoder.decode(line)
     except (msgspec.DecodeError, UnicodeDecodeError) as error:
         raise FramingError(f"message is not valid JSON: {error}") from None
+    except RecursionError:
+        # msgspec decodes recursively; a line of a few thousand "[" would
+        # otherwise escape as a RecursionError and drop the connection.
+        raise FramingError("message is nested too deeply") from None
     if not isinstance(message, dict):
         raise FramingError("message is not a JSON object")
     return message

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import socket
 
 import pytest
@@ -124,8 +125,6 @@ def test_a_frame_over_the_limit_is_refused():
 @pytest.mark.parametrize(
     ("message", "errnum", "text"),
     [
-        ({"type": "event", "topic": "sdexec.list", "matchtag": 1}, errno.EPROTO,
-         'type: expected "request"'),
         ({"type": "request", "topic": 7, "matchtag": 1}, errno.EINVAL,
          "topic: expected a string"),
         ({"type": "request", "topic": "sdexec.list", "matchtag": -1}, errno.EINVAL,
@@ -326,7 +325,8 @@ async def read_to_eof(fd: int) -> bytes:
 @pytest.mark.parametrize(
     ("payload", "text"),
     [
-        ({"signum": 0, "pid": 1}, "signum: expected a positive integer"),
+        ({"signum": 0, "pid": 1},
+         f"signum: expected a signal number from 1 to {signal.NSIG - 1}"),
         ({"signum": 15, "pid": "1"}, "pid: expected an integer"),
         ({"signum": 15, "label": 3}, "label: expected a string"),
         ({"signum": 15}, "kill needs a pid or a label"),

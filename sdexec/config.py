@@ -39,6 +39,7 @@ from twisted.logger import Logger
 from sdexec.activation import check_systemd_endpoint, is_systemd_endpoint
 from sdexec.command import OWN_PROPERTIES
 from sdexec.fsd import parse_fsd
+from sdexec.policy import DEFAULT_ALLOWED, parse_request_properties
 from sdexec.property import (
     CONTAINMENT_PROPERTIES,
     FD_PROPERTIES,
@@ -198,6 +199,17 @@ class SdexecConfig:
     #: syslog priority prefix when stdout is the journal) or ``"json"``
     #: (Twisted's JSON log observer, for log shippers). See sdexec/logs.py.
     log_format: str = "text"
+    #: The unit properties a request may set (sdexec/policy.py).
+    request_properties: frozenset[str] = DEFAULT_ALLOWED
+    #: Whether ``GET /stats`` shows command lines and labels.
+    stats_detail: bool = False
+    #: Another endpoint for the HTTP statistics: a UNIX socket path.
+    stats_socket: str | None = None
+    #: The permissions of every UNIX socket the service creates.
+    socket_mode: int = 0o600
+    #: Open connections at once, in all and per peer uid.
+    max_connections: int = 1024
+    max_connections_per_user: int = 64
 
     @property
     def mapper_searchpath_dirs(self) -> list[str]:
@@ -400,6 +412,19 @@ def _check_systemd_endpoint(value: object, description: str) -> None:
         ) from None
 
 
+def _absolute_path(value: object) -> str:
+    if not isinstance(value, str) or not os.path.isabs(value):
+        raise _expected("an absolute path", value)
+    return value
+
+
+def _socket_mode(value: object) -> int:
+    text = value if isinstance(value, str) else ""
+    if re.fullmatch(r"0?[0-7]{3}", text) is None:
+        raise _expected('permissions in octal, as a string such as "0600"', value)
+    return int(text, 8)
+
+
 def _frame_size(value: object) -> int:
     size = -1  # anything that is not a size
     if isinstance(value, int) and not isinstance(value, bool):
@@ -515,6 +540,12 @@ _SDEXEC: _Table = {
     "max-frame-size": _Key(_frame_size),
     "containment-check": _Key(_one_of("drain", "warn")),
     "log-format": _Key(_one_of("text", "json")),
+    "request-properties": _Key(parse_request_properties, show=sorted),
+    "stats-detail": _Key(_boolean),
+    "stats-socket": _Key(_absolute_path),
+    "socket-mode": _Key(_socket_mode, show=lambda mode: f"{mode:04o}"),
+    "max-connections": _Key(_integer(1)),
+    "max-connections-per-user": _Key(_integer(1)),
 }
 
 _SYSTEMD: _Table = {

@@ -20,10 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sdexec.command import Command, CommandError, unit_properties
-from sdexec.config import Config
+from sdexec.command import Command, CommandError, unit_environment, unit_properties
+from sdexec.config import MAX_STOP_TIMER_SEC, Config
 from sdexec.containment import Containment, MapperError
 from sdexec.idset import IDset
+from sdexec.limits import check_exec_size, check_start_message, check_texts, command_text
+from sdexec.policy import RequestPolicy
 from sdexec.property import PropertyError, UnitProperty, parse_bool
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, ExecFlag
 from sdexec.refusal import RequestRefused
@@ -48,6 +50,10 @@ ALL_FLAGS = int(
 )
 OUTPUT_STREAMS = ("stdout", "stderr")
 _UNIT_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9:_.\-]")
+#: The largest ``stdin_BUFSIZE``, ``stdout_BUFSIZE`` and ``stderr_BUFSIZE``:
+#: each is memory the service holds for the process (output is held up to
+#: it; stdin up to a multiple of it, sdexec.systemd.channel).
+MAX_BUFSIZE = 16 * 1024 * 1024
 
 
 class RequestError(RequestRefused):
@@ -102,26 +108,30 @@ class ExecPlan:
 def plan_exec(
     payload: Mapping[str, Any], config: Config, containment: Containment
 ) -> ExecPlan:
-    """The plan for an ``sdexec.exec`` payload; :class:`RequestError` names
-    the first thing wrong with it."""
+    """The plan for an ``sdexec.exec`` payload; :class:`RequestError` (or
+    the :class:`~sdexec.refusal.RequestRefused` of a limit or the property
+    policy) names the first thing wrong with it. Nothing is started or
+    tabled for a refused request."""
     flags = _flags(payload.get("flags"))
-    try:
-        command = Command.from_json(payload.get("cmd"))
-    except CommandError as error:
-        raise RequestError(errno.EINVAL, str(error)) from None
+    command = _command(payload.get("cmd"))
     if flags & ExecFlag.CHANNEL or command.channels:
         raise RequestError(errno.EINVAL, "auxiliary channels are not supported")
+    environment = unit_environment(command.env)
+    # Before the PATH search: a PATH of megabytes would cost as many stats.
+    check_exec_size(command.cmdline[0], command.cmdline, environment)
     executable = command.resolve_executable()
     if executable is None:
         raise RequestError(errno.ENOENT, f"{command.cmdline[0]}: command not found")
     mapped = _mapped_properties(containment, command)
-    properties = _properties(config, command, executable, mapped)
+    merged, sources = _merged_properties(config, command, mapped)
+    unit_name = unit_name_for(command)
+    check_start_message(unit_name, executable, command.cmdline, environment, merged)
     stop_timer = _stop_timer(config, command)
     allowed_cpus = mapped.get("AllowedCPUs")
     return ExecPlan(
         command=command,
-        unit_name=unit_name_for(command),
-        properties=properties,
+        unit_name=unit_name,
+        properties=_typed_properties(command, executable, merged, sources),
         flags=flags,
         output={stream: _output_options(command, stream) for stream in OUTPUT_STREAMS},
         stdin_bufsize=_size_option(command, "stdin_BUFSIZE", DEFAULT_STDIN_BUFSIZE),
@@ -129,6 +139,20 @@ def plan_exec(
         fence=IDset(allowed_cpus) if allowed_cpus else None,
         mapped=containment.applies_to(command),
     )
+
+
+def _command(cmd: object) -> Command:
+    """The command object, its every string checked as text."""
+    try:
+        command = Command.from_json(cmd)
+    except CommandError as error:
+        raise RequestError(errno.EINVAL, str(error)) from None
+    check_texts(
+        command_text(
+            command.cmdline, command.env, command.opts, command.cwd, command.label
+        )
+    )
+    return command
 
 
 def unit_name_for(command: Command) -> str:
@@ -157,20 +181,35 @@ def _mapped_properties(containment: Containment, command: Command) -> dict[str, 
         raise RequestError(errnum or errno.EINVAL, str(error)) from None
 
 
-def _properties(
-    config: Config, command: Command, executable: str, mapped: Mapping[str, str]
-) -> tuple[UnitProperty, ...]:
-    """The site's, then the request's, then the mapper's properties: a later
-    source wins, so a request cannot loosen what containment set."""
+def _merged_properties(
+    config: Config, command: Command, mapped: Mapping[str, str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The site's, then the request's, then the mapper's properties, and
+    where each came from: a later source wins, so a request cannot loosen
+    what containment set. The request's pass the property policy first
+    (``[sdexec] request-properties``; values that only tighten what the site
+    and the mapper set)."""
+    baseline = {**config.exec.sdexec_properties, **mapped}
+    policy = RequestPolicy(config.sdexec.request_properties, baseline)
+    requested = policy.accept(command.requested_properties())
     sources: dict[str, str] = {}
     merged: dict[str, str] = {}
     for source, properties in (
         ("config", config.exec.sdexec_properties),
-        ("request", command.requested_properties()),
+        ("request", requested),
         ("containment", mapped),
     ):
         merged.update(properties)
         sources.update(dict.fromkeys(properties, source))
+    return merged, sources
+
+
+def _typed_properties(
+    command: Command,
+    executable: str,
+    merged: Mapping[str, str],
+    sources: Mapping[str, str],
+) -> tuple[UnitProperty, ...]:
     try:
         return tuple(unit_properties(command, executable, merged, sources))
     except PropertyError as error:
@@ -178,10 +217,17 @@ def _properties(
 
 
 def _stop_timer(config: Config, command: Command) -> StopTimerPolicy:
+    seconds = _int_option(
+        command, "SDEXEC_STOP_TIMER_SEC", config.exec.sdexec_stop_timer_sec
+    )
+    if seconds > MAX_STOP_TIMER_SEC:
+        raise RequestError(
+            errno.EINVAL,
+            f"SDEXEC_STOP_TIMER_SEC: more than systemd's limit of"
+            f" {MAX_STOP_TIMER_SEC} seconds",
+        )
     return StopTimerPolicy(
-        seconds=_int_option(
-            command, "SDEXEC_STOP_TIMER_SEC", config.exec.sdexec_stop_timer_sec
-        ),
+        seconds=seconds,
         signal=_signal_option(command, config.exec.sdexec_stop_timer_signal),
     )
 
@@ -216,8 +262,10 @@ def _size_option(command: Command, name: str, default: int) -> int:
         size = parse_size(value)
     except ValueError as error:
         raise RequestError(errno.EINVAL, f"{name}: {error}") from None
-    if size <= 0:
-        raise RequestError(errno.EINVAL, f"{name}: must be at least one byte")
+    if not 0 < size <= MAX_BUFSIZE:
+        raise RequestError(
+            errno.EINVAL, f"{name}: must be from 1 byte to {MAX_BUFSIZE} bytes"
+        )
     return size
 
 

@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.logger import capturedLogs
 
+from sdexec.policy import DEFAULT_ALLOWED
 from sdexec.config import (
     MAX_STOP_TIMER_SEC,
     RESERVED_PROPERTIES,
@@ -139,6 +140,21 @@ KEYS = [
         "warn", "off", 'expected "drain" or "warn", got "off"'),
     Key("sdexec.log-format", "sdexec.log_format", "text", "json", "json", "xml",
         'expected "text" or "json", got "xml"'),
+    Key("sdexec.request-properties", "sdexec.request_properties", DEFAULT_ALLOWED,
+        ["@default", "Nice"], DEFAULT_ALLOWED | {"Nice"}, ["User"],
+        "request-properties[0]: User can never be set by a request: identity:"
+        " every job runs as the service's own user"),
+    Key("sdexec.stats-detail", "sdexec.stats_detail", False, True, True, "yes",
+        f'{BOOLEAN}, got "yes"'),
+    Key("sdexec.stats-socket", "sdexec.stats_socket", None, "/run/sdexec/stats.sock",
+        "/run/sdexec/stats.sock", "stats.sock",
+        'expected an absolute path, got "stats.sock"'),
+    Key("sdexec.socket-mode", "sdexec.socket_mode", 0o600, "0660", 0o660, 600,
+        'expected permissions in octal, as a string such as "0600", got 600'),
+    Key("sdexec.max-connections", "sdexec.max_connections", 1024, 16, 16, 0,
+        "expected an integer of at least 1, got 0"),
+    Key("sdexec.max-connections-per-user", "sdexec.max_connections_per_user", 64,
+        4, 4, True, "expected an integer of at least 1, got true"),
     Key("systemd.enable", "systemd.enable", False, True, True, "yes",
         f'{BOOLEAN}, got "yes"'),
     Key("systemd.sdexec-debug", "systemd.sdexec_debug", False, True, True, 1,

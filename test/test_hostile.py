@@ -119,7 +119,7 @@ def test_an_out_of_range_signal_is_einval_before_systemd(
         errno.EINVAL,
         f"signum: expected a signal number from 1 to {signal.NSIG - 1}",
     )
-    assert not [call for call in systemd.calls if call[0] == "KillUnit"]
+    assert systemd.kills() == []
 
 
 @pytest.mark.parametrize("label", ["\ud800", "a\0b"])
@@ -147,3 +147,166 @@ def test_a_non_owner_is_answered_eperm_then_closed(server):
     ]
     assert intruder.transport.disconnecting
     intruder.close()
+
+
+# -- exec: every string, the exec limits, the property policy ----------------------
+
+TRUE = {"cmdline": ["/bin/true"], "env": {"PATH": "/bin"}, "opts": {}}
+FLAGS = 3
+
+
+def exec_refused(server, connection, cmd: dict, decoded: bool = False):
+    """Send an exec of ``cmd``; its error, after checking that nothing was
+    started or tabled and that list and stats still work for everyone."""
+    message = {**ENVELOPE, "topic": "sdexec.exec",
+               "payload": {"cmd": cmd, "flags": FLAGS}}  # fmt: skip
+    if decoded:  # surrogates: past what msgspec would decode
+        connection.protocol.messageReceived(message)
+    else:
+        connection.protocol.dataReceived(json_line(message))
+    assert server.processes == {}
+    assert server.systemd.calls == []
+    still_serves(server)
+    return error_of(connection.last())
+
+
+BAD_STRINGS = [
+    ({"cmdline": ["/bin/true", "a\0b"]}, "cmd.cmdline[1]"),
+    ({"env": {"PATH": "/bin", "X": "\0"}}, "cmd.env.X"),
+    ({"env": {"PATH": "/bin", "X\0": "1"}}, "cmd.env (key 'X\\x00')"),
+    ({"opts": {"SDEXEC_NAME": "u\0"}}, "cmd.opts.SDEXEC_NAME"),
+    ({"opts": {"SDEXEC_PROP_Description": "\0"}}, "cmd.opts.SDEXEC_PROP_Description"),
+    ({"cwd": "/tmp\0"}, "cmd.cwd"),
+    ({"label": "l\0"}, "cmd.label"),
+]
+
+
+@pytest.mark.parametrize(("change", "field"), BAD_STRINGS)
+def test_a_nul_in_any_string_is_einval_naming_it(server, connection, change, field):
+    errnum, errstr = exec_refused(server, connection, {**TRUE, **change})
+    assert errnum == errno.EINVAL
+    assert errstr.startswith(f"{field}: contains a NUL character")
+
+
+@pytest.mark.parametrize(("change", "field"), BAD_STRINGS)
+def test_a_surrogate_in_any_string_is_einval_naming_it(
+    server, connection, change, field
+):
+    surrogate = {
+        key: (
+            [v.replace("\0", "\ud800") for v in value] if isinstance(value, list)
+            else {k.replace("\0", "\ud800"): v.replace("\0", "\ud800")
+                  for k, v in value.items()} if isinstance(value, dict)
+            else value.replace("\0", "\ud800")
+        )
+        for key, value in change.items()
+    }  # fmt: skip
+    errnum, errstr = exec_refused(
+        server, connection, {**TRUE, **surrogate}, decoded=True
+    )
+    assert errnum == errno.EINVAL
+    assert errstr.startswith(field.replace("\\x00", "\\ud800"))
+    assert "lone surrogate U+D800" in errstr
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "env", "names"),
+    [
+        (["/bin/true", "x" * 10_000_000], {}, "cmd.cmdline[1]: 10000000 bytes"),
+        (["/bin/true", "x" * 131_072], {}, "MAX_ARG_STRLEN"),
+        (["/bin/true"] + ["x" * 60_000] * 100, {}, "ARG_MAX"),
+        (["/bin/true"] + ["x" * 10_000] * 1000, {}, "ARG_MAX"),
+        (["/bin/true"], {"BIG": "x" * 200_000}, "cmd.env.BIG: 200004 bytes"),
+    ],
+)
+def test_what_exec_cannot_take_is_e2big_and_never_reaches_systemd(
+    server, connection, cmdline, env, names
+):
+    cmd = {**TRUE, "cmdline": cmdline, "env": {"PATH": "/bin", **env}}
+    errnum, errstr = exec_refused(server, connection, cmd)
+    assert errnum == errno.E2BIG
+    assert names in errstr
+
+
+def test_the_largest_single_argument_exec_takes_is_accepted(systemd, connection):
+    from sdexec.limits import MAX_ARG_STRLEN
+
+    cmd = {**TRUE, "cmdline": ["/bin/true", "x" * (MAX_ARG_STRLEN - 1)]}
+    connection.send("sdexec.exec", {"cmd": cmd, "flags": FLAGS})
+    assert systemd.calls[0][0] == "start"
+
+
+def environment_of(systemd: FakeManager, unit: str) -> list[str]:
+    (environment,) = [
+        prop.value for prop in systemd.properties[unit] if prop.name == "Environment"
+    ]
+    return environment
+
+
+def test_the_callers_systemd_variables_never_reach_the_unit(systemd, connection):
+    caller = {
+        name: "from-the-caller"
+        for name in ("NOTIFY_SOCKET", "INVOCATION_ID", "LISTEN_FDS", "LISTEN_PID",
+                     "LISTEN_FDNAMES", "JOURNAL_STREAM", "MANAGERPID",
+                     "SYSTEMD_EXEC_PID")
+    }  # fmt: skip
+    cmd = {**TRUE, "env": {"PATH": "/bin", **caller, "HOME": "/h"},
+           "opts": {"SDEXEC_NAME": "sdexec-env"}}  # fmt: skip
+    connection.send("sdexec.exec", {"cmd": cmd, "flags": FLAGS})
+    assert environment_of(systemd, "sdexec-env.service") == ["PATH=/bin", "HOME=/h"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "text"),
+    [
+        ("User", "root", "a request can never set User: identity"),
+        ("KillMode", "none", "a request can never set KillMode: lifecycle"),
+        ("SendSIGKILL", "no", "a request can never set SendSIGKILL"),
+        ("DeviceAllow", "/dev/mem rwm", "a request can never set DeviceAllow"),
+        ("AllowedCPUs", "0-3", "a request can never set AllowedCPUs"),
+        ("Slice", "x.slice", "a request can never set Slice"),
+        ("Nice", "-20", "requests may not set Nice; an admin may allow it in"
+         " [sdexec] request-properties"),
+        ("NoSuchProperty", "1", "requests may not set NoSuchProperty"),
+        ("MemoryMax", "infinity", "looser than this node's MemoryMax=8G"),
+    ],
+)  # fmt: skip
+def test_a_property_outside_the_policy_is_eperm_naming_it(
+    systemd, name, value, text
+):
+    config = parse_config({"exec": {"sdexec-properties": {"MemoryMax": "8G"}}})
+    server = SdexecServer(systemd, config, reactor, clock=Clock())
+    connection = Connection(server)
+    cmd = {**TRUE, "opts": {f"SDEXEC_PROP_{name}": value}}
+    errnum, errstr = exec_refused(server, connection, cmd)
+    assert errnum == errno.EPERM
+    assert errstr.startswith(f"SDEXEC_PROP_{name}: ") and text in errstr
+    connection.close()
+
+
+def test_tightening_within_the_policy_reaches_systemd(systemd):
+    config = parse_config({"exec": {"sdexec-properties": {"MemoryMax": "8G"}}})
+    connection = Connection(SdexecServer(systemd, config, reactor, clock=Clock()))
+    opts = {"SDEXEC_NAME": "sdexec-tight", "SDEXEC_PROP_MemoryMax": "1G",
+            "SDEXEC_PROP_CPUWeight": "10"}  # fmt: skip
+    connection.send("sdexec.exec", {"cmd": {**TRUE, "opts": opts}, "flags": FLAGS})
+    sent = systemd.properties["sdexec-tight.service"]
+    requested = {(p.name, p.value) for p in sent if p.source == "request"}
+    assert requested == {("MemoryMax", 1 << 30), ("CPUWeight", 10)}
+    connection.close()
+
+
+def test_an_unknown_property_systemd_refuses_is_einval_naming_it(systemd):
+    from sdexec.systemd import SystemdError
+
+    systemd.refuse_start = SystemdError(
+        "org.freedesktop.DBus.Error.PropertyReadOnly",
+        "Cannot set property NoSuchProperty, or unknown property.",
+    )
+    config = parse_config({"sdexec": {"request-properties": ["NoSuchProperty"]}})
+    connection = Connection(SdexecServer(systemd, config, reactor, clock=Clock()))
+    opts = {"SDEXEC_PROP_NoSuchProperty": "1"}
+    connection.send("sdexec.exec", {"cmd": {**TRUE, "opts": opts}, "flags": FLAGS})
+    errnum, errstr = error_of(connection.last())
+    assert errnum == errno.EINVAL and "NoSuchProperty" in errstr
+    connection.close()

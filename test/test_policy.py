@@ -11,15 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import any_text
 
+from sdexec.environment import DROPPED_ENVIRONMENT, clean_environment, dropped_names
 from sdexec.policy import (
     CONFIG_KEY,
     DEFAULT_ALLOWED,
-    DROPPED_ENVIRONMENT,
     NEVER_ALLOWED,
     TIGHTENING,
     RequestPolicy,
-    clean_environment,
-    dropped_names,
     never_allowed_reason,
     parse_request_properties,
 )

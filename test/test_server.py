@@ -217,14 +217,14 @@ def test_exec_streams_started_finished_then_enodata(systemd, connection):
           "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SIGNAL": "SIGNOPE"}}},
          errno.EINVAL, "SDEXEC_STOP_TIMER_SIGNAL: "),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdout_BUFSIZE": "0"}}},
-         errno.EINVAL, "stdout_BUFSIZE: must be at least one byte"),
+         errno.EINVAL, "stdout_BUFSIZE: must be from 1 byte to "),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdin_BUFSIZE": "lots"}}},
          errno.EINVAL, "stdin_BUFSIZE: "),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stderr_LINE_BUFFER": "maybe"}}},
          errno.EINVAL, "stderr_LINE_BUFFER: 'maybe' is not a boolean"),
         ({"flags": FLAGS,
           "cmd": {**TRUE, "opts": {"SDEXEC_PROP_CPUWeight": "heavy"}}},
-         errno.EINVAL, "SDEXEC_PROP_CPUWeight: error setting property"),
+         errno.EINVAL, "SDEXEC_PROP_CPUWeight: 'heavy' is not a weight"),
     ],
 )  # fmt: skip
 def test_a_bad_exec_request_names_what_is_wrong(
@@ -252,16 +252,20 @@ def test_a_matchtag_in_use_is_eexist(connection):
     assert error_of(connection.last()) == (errno.EEXIST, "matchtag 1 is already in use")
 
 
-def test_systemds_refusal_becomes_the_streams_error(systemd, server, connection):
+def test_systemds_refusal_becomes_the_streams_error(systemd):
     systemd.refuse_start = SystemdError(
         "org.freedesktop.DBus.Error.InvalidArgs", "Invalid argument"
     )
-    opts = {**TRUE["opts"], "SDEXEC_PROP_DevicePolicy": "bogus"}
+    config = parse_config({"sdexec": {"request-properties": ["ProtectSystem"]}})
+    server = SdexecServer(systemd, config, reactor, clock=Clock())
+    connection = Connection(server)
+    opts = {**TRUE["opts"], "SDEXEC_PROP_ProtectSystem": "bogus"}
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "opts": opts}})
     errnum, errstr = error_of(connection.last())
     assert errnum == errno.EINVAL
-    assert "DevicePolicy=bogus" in errstr
+    assert "ProtectSystem=bogus" in errstr
     assert server.processes == {}
+    connection.close()
 
 
 def test_the_write_credit_flag_grants_the_stdin_buffer_first(connection):

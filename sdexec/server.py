@@ -24,6 +24,7 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from sdexec.admission import ConnectionCount
 from sdexec.config import Config
 from sdexec.containment import Containment, check_cpu_fence, enforced_cpus
 from sdexec.framing import FramingError, JSONLineProtocol
@@ -76,6 +77,8 @@ class SdexecServer:
         #: each exec stream's responder, ``error_sent(topic, errnum)`` sees errors.
         self.observer: Any = None
         self._next_connection_id = 0
+        #: Open connections per peer uid, against the configured caps.
+        self.connections = ConnectionCount()
 
     def new_connection_id(self) -> int:
         self._next_connection_id += 1
@@ -291,6 +294,8 @@ class ClientProtocol(JSONLineProtocol):
         self.max_frame = server.config.sdexec.max_frame_size
         self.connection_id = server.new_connection_id()
         self.authorized = False
+        #: The peer's uid once its connection was admitted (counted).
+        self._admitted_uid: int | None = None
         self._handlers: dict[str, Callable[[int, dict], Any]] = {
             Topic.EXEC: self._exec,
             Topic.WRITE: self._write,
@@ -310,8 +315,29 @@ class ClientProtocol(JSONLineProtocol):
         if not self.authorized:
             log.warn("refusing requests from uid {uid}", uid=uid)
         self.transport.registerProducer(self, True)
+        self._admit(uid)
+
+    def _admit(self, uid: int) -> None:
+        """Count the connection against the caps, or refuse it (EAGAIN, the
+        connection's only message) and close it."""
+        limits = self.server.config.sdexec
+        refusal = self.server.connections.admit(
+            uid, limits.max_connections, limits.max_connections_per_user
+        )
+        if refusal is None:
+            self._admitted_uid = uid
+            return
+        log.warn(
+            "refusing a connection from uid {uid}: {refusal}", uid=uid, refusal=refusal
+        )
+        self.server.count("errors")
+        self._send_error("", 0, errno.EAGAIN, refusal)
+        self.transport.loseConnection()
 
     def connectionLost(self, reason: object = None) -> None:
+        if self._admitted_uid is not None:
+            self.server.connections.release(self._admitted_uid)
+            self._admitted_uid = None
         for process in self.server.connection_processes(self.connection_id):
             process.abandon()
 

@@ -310,3 +310,44 @@ def test_an_unknown_property_systemd_refuses_is_einval_naming_it(systemd):
     errnum, errstr = error_of(connection.last())
     assert errnum == errno.EINVAL and "NoSuchProperty" in errstr
     connection.close()
+
+
+# -- connections ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("limits", "key"),
+    [
+        ({"max-connections-per-user": 3}, "max-connections-per-user"),
+        ({"max-connections": 3}, "max-connections"),
+    ],
+)
+def test_connections_over_a_cap_are_refused_eagain_and_closed(systemd, limits, key):
+    server = SdexecServer(systemd, parse_config({"sdexec": limits}), reactor)
+    admitted = [Connection(server) for _ in range(3)]
+    refused = Connection(server)
+    (response,) = refused.responses()
+    assert (response["matchtag"], response["errnum"]) == (0, errno.EAGAIN)
+    assert f"[sdexec] {key} allows" in response["errstr"]
+    assert refused.transport.disconnecting
+    refused.send("sdexec.list", {})
+    assert len(refused.responses()) == 1  # nothing more is served
+    refused.close()
+    admitted.pop().close()  # a slot is free again
+    again = Connection(server)
+    again.send("sdexec.list", {})
+    assert "payload" in again.last()
+    for connection in [*admitted, again]:
+        connection.close()
+    assert server.connections.total == 0
+
+
+def test_refused_non_owners_do_not_hold_connections(systemd):
+    server = SdexecServer(systemd, parse_config({}), reactor)
+    server.owner_uid = os.getuid() + 1
+    for _ in range(1000):
+        intruder = Connection(server)
+        intruder.send("sdexec.list", {})
+        assert intruder.transport.disconnecting
+        intruder.close()  # what the reactor does once the EPERM is written
+    assert server.connections.total == 0

@@ -24,7 +24,12 @@ from sdexec.command import Command, CommandError, unit_environment, unit_propert
 from sdexec.config import MAX_STOP_TIMER_SEC, Config
 from sdexec.containment import Containment, MapperError
 from sdexec.idset import IDset
-from sdexec.limits import check_exec_size, check_start_message, check_texts, command_text
+from sdexec.limits import (
+    check_exec_size,
+    check_start_message,
+    check_texts,
+    command_text,
+)
 from sdexec.policy import RequestPolicy
 from sdexec.property import PropertyError, UnitProperty, parse_bool
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, ExecFlag

@@ -16,7 +16,7 @@ import socket
 import struct
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IPushProducer
@@ -251,14 +251,22 @@ class SdexecServer:
             "procs": [process.describe() for process in self.processes.values()],
         }
 
-    def stats(self) -> dict:
-        """What ``sdexec.stats-get`` and ``GET /stats`` report."""
+    def stats(self, detail: bool = True) -> dict:
+        """What ``sdexec.stats-get`` and ``GET /stats`` report. Without
+        ``detail`` (``GET /stats`` unless ``[sdexec] stats-detail``), leave
+        out what may be secret: command lines (``--password=…``), labels and
+        the configuration file's path."""
+        procs = self.list()["procs"]
+        source = {"source": self.config.source}
+        if not detail:
+            procs = [_without(proc, _DETAIL_FIELDS) for proc in procs]
+            source = {}
         return {
             "requests": dict(self.counters),
-            "procs": self.list()["procs"],
+            "procs": procs,
             "job-exec": self.config.introspect(),
             "config": {
-                "source": self.config.source,
+                **source,
                 **self.config.effective(),
             },
             "mapper": self.containment.stats(self.counters["mapper"]),
@@ -437,8 +445,7 @@ class ClientProtocol(JSONLineProtocol):
                 "topic": topic,
                 "matchtag": matchtag,
                 "errnum": errnum,
-                # Whatever a message quotes from the request, it is sent.
-                "errstr": printable(errstr),
+                "errstr": _quotable(errstr),
             }
         )
 
@@ -455,11 +462,31 @@ class ClientProtocol(JSONLineProtocol):
         pass
 
 
-def _is_integer(value: object) -> bool:
+#: The longest ``errstr`` sent: a message quoting a request's value (a
+#: 10 MB option) must not become a frame the client cannot take.
+MAX_ERRSTR = 4096
+
+
+def _quotable(errstr: str) -> str:
+    """``errstr`` as it can always be sent, whatever it quotes from the
+    request: encodable (:func:`~sdexec.refusal.printable`) and bounded."""
+    text = printable(errstr)
+    return text if len(text) <= MAX_ERRSTR else text[: MAX_ERRSTR - 1] + "…"
+
+
+#: What ``stats(detail=False)`` leaves out of each process.
+_DETAIL_FIELDS = frozenset({"cmdline", "label"})
+
+
+def _without(mapping: dict, keys: frozenset[str]) -> dict:
+    return {key: value for key, value in mapping.items() if key not in keys}
+
+
+def _is_integer(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_text(value: object) -> bool:
+def _is_text(value: object) -> TypeGuard[str]:
     """A string that can be echoed back in a response."""
     if not isinstance(value, str):
         return False

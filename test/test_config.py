@@ -19,7 +19,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.logger import capturedLogs
 
-from sdexec.policy import DEFAULT_ALLOWED
 from sdexec.config import (
     MAX_STOP_TIMER_SEC,
     RESERVED_PROPERTIES,
@@ -32,6 +31,7 @@ from sdexec.config import (
     main,
     parse_config,
 )
+from sdexec.policy import DEFAULT_ALLOWED
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = [ROOT / "etc" / "sdexec.toml", ROOT / "etc" / "sdexec.yaml"]

@@ -16,7 +16,7 @@ from twisted.internet import reactor
 from twisted.internet.task import Clock
 
 from sdexec.config import parse_config
-from sdexec.server import SdexecServer
+from sdexec.server import MAX_ERRSTR, SdexecServer
 from sdexec.testing import FakeManager
 
 ENVELOPE = {"type": "request", "topic": "sdexec.list", "matchtag": 4}
@@ -111,9 +111,7 @@ def test_a_topic_that_is_not_text_is_einval(connection, topic):
 @pytest.mark.parametrize(
     "signum", [0, -1, signal.NSIG, 2**31, 2**40, -(2**63), True, "15"]
 )
-def test_an_out_of_range_signal_is_einval_before_systemd(
-    systemd, connection, signum
-):
+def test_an_out_of_range_signal_is_einval_before_systemd(systemd, connection, signum):
     connection.send("sdexec.kill", {"pid": 4242, "signum": signum})
     assert error_of(connection.last()) == (
         errno.EINVAL,
@@ -271,9 +269,7 @@ def test_the_callers_systemd_variables_never_reach_the_unit(systemd, connection)
         ("MemoryMax", "infinity", "looser than this node's MemoryMax=8G"),
     ],
 )  # fmt: skip
-def test_a_property_outside_the_policy_is_eperm_naming_it(
-    systemd, name, value, text
-):
+def test_a_property_outside_the_policy_is_eperm_naming_it(systemd, name, value, text):
     config = parse_config({"exec": {"sdexec-properties": {"MemoryMax": "8G"}}})
     server = SdexecServer(systemd, config, reactor, clock=Clock())
     connection = Connection(server)
@@ -351,3 +347,12 @@ def test_refused_non_owners_do_not_hold_connections(systemd):
         assert intruder.transport.disconnecting
         intruder.close()  # what the reactor does once the EPERM is written
     assert server.connections.total == 0
+
+
+def test_an_error_quoting_a_huge_value_is_bounded(connection):
+    opts = {"SDEXEC_STOP_TIMER_SEC": "x" * 10_000_000}
+    connection.send("sdexec.exec", {"cmd": {**TRUE, "opts": opts}, "flags": FLAGS})
+    errnum, errstr = error_of(connection.last())
+    assert errnum == errno.EINVAL
+    assert errstr.startswith("SDEXEC_STOP_TIMER_SEC: 'xxx")
+    assert len(errstr) == MAX_ERRSTR and errstr.endswith("…")

@@ -10,12 +10,14 @@ import signal
 import sys
 
 import pytest
+from pytest_twisted import ensureDeferred
 from strategies import deeply_nested, json_line
-from test_server import Connection, error_of
+from test_server import Connection, error_of, read_to_eof
 from twisted.internet import reactor
 from twisted.internet.task import Clock
 
 from sdexec.config import parse_config
+from sdexec.ioencode import encode_io
 from sdexec.server import MAX_ERRSTR, SdexecServer
 from sdexec.testing import FakeManager
 
@@ -356,3 +358,26 @@ def test_an_error_quoting_a_huge_value_is_bounded(connection):
     assert errnum == errno.EINVAL
     assert errstr.startswith("SDEXEC_STOP_TIMER_SEC: 'xxx")
     assert len(errstr) == MAX_ERRSTR and errstr.endswith("…")
+
+
+# -- stdin ------------------------------------------------------------------------
+
+
+@ensureDeferred
+async def test_a_client_that_ignores_its_credit_gets_enospc_and_stdin_eof(
+    systemd, server, connection
+):
+    opts = {"SDEXEC_NAME": "sdexec-flood", "stdin_BUFSIZE": "1024"}
+    connection.send("sdexec.exec", {"cmd": {**TRUE, "opts": opts}, "flags": 8})
+    chunk = b"x" * 4096
+    for matchtag in range(100, 200):  # 400 KiB at once; the process reads none
+        io = encode_io("stdin", "0", chunk)
+        connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=matchtag)
+    errors = [r for r in connection.responses() if "errnum" in r]
+    (overrun,) = errors  # once; later writes are dropped
+    assert (overrun["topic"], overrun["errnum"]) == ("sdexec.write", errno.ENOSPC)
+    assert overrun["errstr"].startswith("stdin: the client overran its credit")
+    refused_at = overrun["matchtag"] - 100
+    stdin = systemd.process_fd("sdexec-flood.service", "stdin")
+    assert await read_to_eof(stdin) == chunk * refused_at  # then EOF
+    assert "sdexec-flood.service" in [p.unit_name for p in server.processes.values()]

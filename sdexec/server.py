@@ -129,7 +129,13 @@ class SdexecServer:
             verify=self._fence_verifier(plan.fence),
         )
         self.processes[key] = process
-        process.start()
+        try:
+            process.start()
+        except OSError as error:  # no fds left for its channels (EMFILE)
+            del self.processes[key]  # never a phantom in the table
+            raise RequestError(
+                error.errno or errno.EIO, f"cannot start the process: {error}"
+            ) from None
 
     def _fence_verifier(
         self, expected: IDset | None

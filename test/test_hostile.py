@@ -381,3 +381,17 @@ async def test_a_client_that_ignores_its_credit_gets_enospc_and_stdin_eof(
     stdin = systemd.process_fd("sdexec-flood.service", "stdin")
     assert await read_to_eof(stdin) == chunk * refused_at  # then EOF
     assert "sdexec-flood.service" in [p.unit_name for p in server.processes.values()]
+
+
+def test_no_fds_for_the_channels_is_an_error_and_nothing_is_tabled(
+    server, connection, monkeypatch
+):
+    def exhausted():
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr("sdexec.process.socketpair_for_systemd", exhausted)
+    connection.send("sdexec.exec", {"cmd": TRUE, "flags": FLAGS})
+    errnum, errstr = error_of(connection.last())
+    assert errnum == errno.EMFILE and errstr.startswith("cannot start the process")
+    assert server.processes == {}
+    still_serves(server)

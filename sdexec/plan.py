@@ -30,7 +30,7 @@ from sdexec.limits import (
     check_texts,
     command_text,
 )
-from sdexec.policy import RequestPolicy
+from sdexec.policy import TIGHTENING, RequestPolicy
 from sdexec.property import PropertyError, UnitProperty, parse_bool
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, ExecFlag
 from sdexec.refusal import RequestRefused
@@ -192,17 +192,25 @@ def _merged_properties(
     """The site's, then the request's, then the mapper's properties, and
     where each came from: a later source wins, so a request cannot loosen
     what containment set. The request's pass the property policy first
-    (``[sdexec] request-properties``; values that only tighten what the site
-    and the mapper set)."""
+    (``[sdexec] request-properties``; ordered values only tighten what the
+    site and the mapper set), so an ordered value the mapper also set is
+    the request's (``MemoryMax=256M`` under a mapped 512M): as tight or
+    tighter."""
     baseline = {**config.exec.sdexec_properties, **mapped}
     policy = RequestPolicy(config.sdexec.request_properties, baseline)
     requested = policy.accept(command.requested_properties())
+    tightened = {
+        name: value
+        for name, value in requested.items()
+        if name in mapped and name in TIGHTENING
+    }
     sources: dict[str, str] = {}
     merged: dict[str, str] = {}
     for source, properties in (
         ("config", config.exec.sdexec_properties),
         ("request", requested),
         ("containment", mapped),
+        ("request", tightened),
     ):
         merged.update(properties)
         sources.update(dict.fromkeys(properties, source))

@@ -55,6 +55,9 @@ ALL_FLAGS = int(
 )
 OUTPUT_STREAMS = ("stdout", "stderr")
 _UNIT_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9:_.\-]")
+#: systemd's unit names (unit-name.c): ``UNIT_NAME_MAX`` is 256 with the NUL.
+_UNIT_NAME_MAX = 255
+_UNIT_NAME = re.compile(rf"[A-Za-z0-9:_.\\@\-]{{1,{_UNIT_NAME_MAX}}}")
 #: The largest ``stdin_BUFSIZE``, ``stdout_BUFSIZE`` and ``stderr_BUFSIZE``:
 #: each is memory the service holds for the process (output is held up to
 #: it; stdin up to a multiple of it, sdexec.systemd.channel).
@@ -165,10 +168,23 @@ def unit_name_for(command: Command) -> str:
     with the job id from ``SDEXEC_JOBID`` or the environment's ``FLUX_JOB_ID``."""
     name = command.option("SDEXEC_NAME")
     if name:
-        return name if name.endswith(".service") else f"{name}.service"
+        unit = name if name.endswith(".service") else f"{name}.service"
+        return _checked_unit_name(unit, "SDEXEC_NAME")
     jobid = command.option("SDEXEC_JOBID") or command.env.get("FLUX_JOB_ID")
     prefix = f"sdexec-{_UNIT_NAME_UNSAFE.sub('_', jobid)}-" if jobid else "sdexec-"
-    return f"{prefix}{uuid.uuid4().hex}.service"
+    return _checked_unit_name(f"{prefix}{uuid.uuid4().hex}.service", "SDEXEC_JOBID")
+
+
+def _checked_unit_name(unit: str, option: str) -> str:
+    """``unit`` if systemd takes it as a unit name, else EINVAL naming the
+    option it came from (before systemd is asked)."""
+    if _UNIT_NAME.fullmatch(unit) is None:
+        raise RequestError(
+            errno.EINVAL,
+            f"{option}: {unit!r} is not a unit name systemd takes: at most"
+            f" {_UNIT_NAME_MAX} characters of A-Z a-z 0-9 : _ . \\ @ -",
+        )
+    return unit
 
 
 def _flags(flags: object) -> ExecFlag:

@@ -395,3 +395,28 @@ def test_no_fds_for_the_channels_is_an_error_and_nothing_is_tabled(
     assert errnum == errno.EMFILE and errstr.startswith("cannot start the process")
     assert server.processes == {}
     still_serves(server)
+
+
+@pytest.mark.parametrize(
+    ("opts", "option"),
+    [
+        ({"SDEXEC_NAME": "a b"}, "SDEXEC_NAME"),
+        ({"SDEXEC_NAME": "a/b"}, "SDEXEC_NAME"),
+        ({"SDEXEC_NAME": "é"}, "SDEXEC_NAME"),
+        ({"SDEXEC_NAME": "x" * 248}, "SDEXEC_NAME"),  # 256 with .service
+        ({"SDEXEC_JOBID": "f" * 250}, "SDEXEC_JOBID"),
+    ],
+)
+def test_a_unit_name_systemd_cannot_take_is_einval_before_systemd(
+    server, connection, opts, option
+):
+    errnum, errstr = exec_refused(server, connection, {**TRUE, "opts": opts})
+    assert errnum == errno.EINVAL
+    assert errstr.startswith(f"{option}: ") and "is not a unit name" in errstr
+
+
+def test_the_longest_unit_name_systemd_takes_is_accepted(systemd, connection):
+    name = "x" * 247  # 255 with .service
+    cmd = {**TRUE, "opts": {"SDEXEC_NAME": name}}
+    connection.send("sdexec.exec", {"cmd": cmd, "flags": FLAGS})
+    assert systemd.calls[0] == ("start", f"{name}.service")

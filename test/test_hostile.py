@@ -93,9 +93,11 @@ def test_a_lone_surrogate_escape_is_not_json_for_this_protocol(connection, escap
     # msgspec refuses lone surrogates as invalid JSON: the message is a
     # framing error, so nothing of it reaches a handler.
     line = b'{"type":"request","topic":"sdexec.list","matchtag":1,"payload":{},'
+    at = len(line) + len('"x":"')
     connection.protocol.dataReceived(line + f'"x":"{escape}"}}\n'.encode())
     assert connection.last()["errnum"] == errno.EPROTO
     assert connection.last()["errstr"].startswith("message is not valid JSON")
+    assert f"a lone UTF-16 surrogate escape at byte {at}" in connection.last()["errstr"]
     assert connection.transport.disconnecting
 
 

@@ -13,14 +13,13 @@ own where they apply.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Final
 
 __all__ = [
     "DROPPED_ENVIRONMENT",
     "DROPPED_ENVIRONMENT_PREFIXES",
     "clean_environment",
-    "dropped_names",
 ]
 
 #: Variables systemd sets in the processes it spawns that describe the
@@ -75,9 +74,3 @@ def clean_environment(env: Mapping[str, str]) -> dict[str, str]:
 
 def _dropped(name: str) -> bool:
     return name in DROPPED_ENVIRONMENT or name.startswith(DROPPED_ENVIRONMENT_PREFIXES)
-
-
-def dropped_names(env: Iterable[str]) -> list[str]:
-    """The names :func:`clean_environment` would drop from ``env``, for a
-    debug log line."""
-    return [name for name in env if _dropped(name)]

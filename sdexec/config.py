@@ -207,9 +207,10 @@ class SdexecConfig:
     stats_socket: str | None = None
     #: The permissions of every UNIX socket the service creates.
     socket_mode: int = 0o600
-    #: Open connections at once, in all and per peer uid.
-    max_connections: int = 1024
-    max_connections_per_user: int = 64
+    #: Open connections at once, in all and per peer uid other than the
+    #: service's own (sdexec/admission.py).
+    max_connections: int = 512
+    max_connections_per_user: int = 16
 
     @property
     def mapper_searchpath_dirs(self) -> list[str]:

@@ -335,9 +335,10 @@ class ClientProtocol(JSONLineProtocol):
         """Count the connection against the caps, or refuse it (EAGAIN, the
         connection's only message) and close it."""
         limits = self.server.config.sdexec
-        refusal = self.server.connections.admit(
-            uid, limits.max_connections, limits.max_connections_per_user
+        per_user = (
+            None if uid == self.server.owner_uid else limits.max_connections_per_user
         )
+        refusal = self.server.connections.admit(uid, limits.max_connections, per_user)
         if refusal is None:
             self._admitted_uid = uid
             return

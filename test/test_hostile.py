@@ -316,15 +316,21 @@ def test_an_unknown_property_systemd_refuses_is_einval_naming_it(systemd):
 
 
 @pytest.mark.parametrize(
-    ("limits", "key"),
+    ("limits", "owner", "key"),
     [
-        ({"max-connections-per-user": 3}, "max-connections-per-user"),
-        ({"max-connections": 3}, "max-connections"),
+        ({"max-connections-per-user": 3}, False, "max-connections-per-user"),
+        ({"max-connections": 3}, True, "max-connections"),
+        ({"max-connections": 3}, False, "max-connections"),
     ],
 )
-def test_connections_over_a_cap_are_refused_eagain_and_closed(systemd, limits, key):
+def test_connections_over_a_cap_are_refused_eagain_and_closed(
+    systemd, limits, owner, key
+):
     server = SdexecServer(systemd, parse_config({"sdexec": limits}), reactor)
+    if not owner:
+        server.owner_uid = os.getuid() + 1  # this process is another user
     admitted = [Connection(server) for _ in range(3)]
+    assert all(connection.responses() == [] for connection in admitted)
     refused = Connection(server)
     (response,) = refused.responses()
     assert (response["matchtag"], response["errnum"]) == (0, errno.EAGAIN)
@@ -335,11 +341,20 @@ def test_connections_over_a_cap_are_refused_eagain_and_closed(systemd, limits, k
     refused.close()
     admitted.pop().close()  # a slot is free again
     again = Connection(server)
-    again.send("sdexec.list", {})
-    assert "payload" in again.last()
+    assert again.responses() == []  # admitted
     for connection in [*admitted, again]:
         connection.close()
     assert server.connections.total == 0
+
+
+def test_the_owner_is_bounded_by_the_total_only(systemd):
+    limits = {"max-connections-per-user": 1, "max-connections": 5}
+    server = SdexecServer(systemd, parse_config({"sdexec": limits}), reactor)
+    connections = [Connection(server) for _ in range(5)]
+    for connection in connections:
+        connection.send("sdexec.list", {})
+        assert "payload" in connection.last()
+        connection.close()
 
 
 def test_refused_non_owners_do_not_hold_connections(systemd):

@@ -263,10 +263,12 @@ class ExecHandle:
 
     Flow control (RFC 42, :class:`sdexec.rpc.StdinCredit`): ``credit`` is
     how many more stdin bytes the service's buffer can take, ``None``
-    without the write-credit flag (no flow control). A push producer
+    without the write-credit flag (no flow control). With it, what is
+    written beyond the credit is held here and sent as credit comes (the
+    service refuses a client that overruns it, ENOSPC). A push producer
     registered with :meth:`registerProducer` is paused while credit is
-    exhausted and resumed when it grows, so stdin can be streamed with flow
-    control.
+    exhausted and resumed when it grows, so stdin can be streamed without
+    holding much.
     """
 
     streaming = True
@@ -296,6 +298,9 @@ class ExecHandle:
         self._producer: IPushProducer | None = None
         self._paused = False
         self._early_kills: list[tuple[int, Deferred[dict]]] = []
+        #: Stdin written beyond the credit, and whether EOF follows it.
+        self._held: list[memoryview] = []
+        self._eof_held = False
 
     @property
     def credit(self) -> int | None:
@@ -303,19 +308,27 @@ class ExecHandle:
         return None if self._credit is None else self._credit.available
 
     def write(self, data: bytes) -> None:
-        """Send ``data`` to the process's stdin. After the stream has ended
-        it is dropped, as the service would drop it."""
+        """Send ``data`` to the process's stdin, as far as the credit goes
+        (the rest is sent as credit comes). After the stream has ended it is
+        dropped, as the service would drop it."""
         if not data or self._ended:
             return
-        self._send_stdin(encode_io("stdin", "0", data))
-        if self._credit is not None:
-            self._credit.spend(len(data))
-            self._pause_if_exhausted()
+        if self._credit is None:
+            self._send_stdin(encode_io("stdin", "0", data))
+            return
+        self._held.append(memoryview(data))
+        self._send_held()
+        self._pause_if_exhausted()
 
     def close_stdin(self) -> None:
-        """Close the process's stdin (a write with ``eof``)."""
-        if not self._ended:
-            self._send_stdin(encode_io("stdin", "0", eof=True))
+        """Close the process's stdin (a write with ``eof``), after what is
+        held for credit."""
+        if self._ended:
+            return
+        if self._held:
+            self._eof_held = True
+            return
+        self._send_stdin(encode_io("stdin", "0", eof=True))
 
     def kill(self, signum: int) -> Deferred[dict]:
         """Signal the process. Before ``started`` the signal is held and sent
@@ -367,6 +380,7 @@ class ExecHandle:
 
     def end(self, error: SdexecError) -> None:
         self._ended = True
+        self._held, self._eof_held = [], False  # as the service would drop it
         self._stop_producer()
         self._send_early_kills()
         if is_end_of_stream(error):
@@ -380,9 +394,26 @@ class ExecHandle:
         payload = {"matchtag": self.matchtag, "io": io}
         self._client.send_no_response(Topic.WRITE, payload)
 
+    def _send_held(self) -> None:
+        """Send held stdin while there is credit for it, then a held EOF."""
+        assert self._credit is not None  # only held with flow control
+        while self._held and self._credit.available > 0:
+            view = self._held[0]
+            now = view[: self._credit.available]
+            self._send_stdin(encode_io("stdin", "0", bytes(now)))
+            self._credit.spend(len(now))
+            if len(now) == len(view):
+                self._held.pop(0)
+            else:
+                self._held[0] = view[len(now) :]
+        if self._eof_held and not self._held:
+            self._eof_held = False
+            self._send_stdin(encode_io("stdin", "0", eof=True))
+
     def _add_credit(self, channels: Any) -> None:
         if self._credit is None or not self._credit.add(channels):
             return
+        self._send_held()
         if self._paused and self._credit.available > 0 and self._producer is not None:
             self._paused = False
             self._producer.resumeProducing()

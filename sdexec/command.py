@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sdexec.environment import clean_environment
 from sdexec.property import UnitProperty, typed_property
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "PROPERTY_PREFIX",
     "Command",
     "CommandError",
+    "unit_environment",
     "unit_properties",
 ]
 
@@ -114,12 +116,21 @@ def _is_executable(path: str) -> bool:
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
-def _environment(env: Mapping[str, str]) -> list[str]:
+def unit_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment the unit gets: ``env`` cleaned of the caller's
+    systemd variables (:mod:`sdexec.environment`) and of names systemd
+    refuses."""
     # systemd refuses the whole unit for a name such as BASH_FUNC_ml(%%):
     # drop those, as Flux does.
-    return [
-        f"{name}={value}" for name, value in env.items() if _ENV_NAME.fullmatch(name)
-    ]
+    return {
+        name: value
+        for name, value in clean_environment(env).items()
+        if _ENV_NAME.fullmatch(name)
+    }
+
+
+def _environment(env: Mapping[str, str]) -> list[str]:
+    return [f"{name}={value}" for name, value in unit_environment(env).items()]
 
 
 def unit_properties(

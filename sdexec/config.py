@@ -40,6 +40,7 @@ from twisted.logger import Logger
 from sdexec.activation import check_systemd_endpoint, is_systemd_endpoint
 from sdexec.command import OWN_PROPERTIES
 from sdexec.fsd import parse_fsd
+from sdexec.policy import DEFAULT_ALLOWED, parse_request_properties
 from sdexec.property import (
     CONTAINMENT_PROPERTIES,
     FD_PROPERTIES,
@@ -219,6 +220,18 @@ class SdexecConfig:
     #: names resolved when the file is read). Under the system manager they
     #: can run anything as root: list only users trusted with that.
     allow_users: tuple[int, ...] = ()
+    #: The unit properties a request may set (sdexec/policy.py).
+    request_properties: frozenset[str] = DEFAULT_ALLOWED
+    #: Whether ``GET /stats`` shows command lines and labels.
+    stats_detail: bool = False
+    #: Another endpoint for the HTTP statistics: a UNIX socket path.
+    stats_socket: str | None = None
+    #: The permissions of every UNIX socket the service creates.
+    socket_mode: int = 0o600
+    #: Open connections at once, in all and per peer uid other than the
+    #: service's own (sdexec/admission.py).
+    max_connections: int = 512
+    max_connections_per_user: int = 16
 
     @property
     def mapper_searchpath_dirs(self) -> list[str]:
@@ -472,6 +485,17 @@ def _uid(user: object) -> int:
         return pwd.getpwnam(user).pw_uid
     except KeyError:
         raise ValueError(f"no such user: {_quote(user)}") from None
+def _absolute_path(value: object) -> str:
+    if not isinstance(value, str) or not os.path.isabs(value):
+        raise _expected("an absolute path", value)
+    return value
+
+
+def _socket_mode(value: object) -> int:
+    text = value if isinstance(value, str) else ""
+    if re.fullmatch(r"0?[0-7]{3}", text) is None:
+        raise _expected('permissions in octal, as a string such as "0600"', value)
+    return int(text, 8)
 
 
 def _frame_size(value: object) -> int:
@@ -603,6 +627,12 @@ _SDEXEC: _Table = {
     "leftover-units": _Key(_one_of("stop", "keep")),
     "slice": _Key(_slice),
     "allow-users": _Key(_users, show=list),
+    "request-properties": _Key(parse_request_properties, show=sorted),
+    "stats-detail": _Key(_boolean),
+    "stats-socket": _Key(_absolute_path),
+    "socket-mode": _Key(_socket_mode, show=lambda mode: f"{mode:04o}"),
+    "max-connections": _Key(_integer(1)),
+    "max-connections-per-user": _Key(_integer(1)),
 }
 
 _SYSTEMD: _Table = {

@@ -44,6 +44,8 @@ def decode_io(io: Any) -> tuple[str, bytes, bool]:
     if not isinstance(eof, bool):
         raise ValueError("io.eof: expected a boolean")
     encoding = io.get("encoding", "UTF-8")
+    if not isinstance(encoding, str):
+        raise ValueError('io.encoding: expected "UTF-8" or "base64"')
     if encoding == "base64":
         return stream, _from_base64(text), eof
     if encoding.upper() not in ("UTF-8", "UTF8"):

@@ -141,7 +141,7 @@ def command_text(
         for key, value in mapping.items():
             # The key is checked as a string of its own first, so that the
             # value's field name below is known to be printable.
-            yield f"{table} (key {printable(key)!r})", key
+            yield f"{table} (key {key!r})", key
             yield f"{table}.{key}", value
     if cwd is not None:
         yield "cmd.cwd", cwd

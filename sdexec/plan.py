@@ -20,12 +20,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sdexec.command import Command, CommandError, unit_properties
-from sdexec.config import Config
+from sdexec.command import Command, CommandError, unit_environment, unit_properties
+from sdexec.config import MAX_STOP_TIMER_SEC, Config
 from sdexec.containment import Containment, MapperError
 from sdexec.idset import IDset
+from sdexec.limits import (
+    check_exec_size,
+    check_start_message,
+    check_texts,
+    command_text,
+)
+from sdexec.policy import TIGHTENING, RequestPolicy
 from sdexec.property import PropertyError, UnitProperty, parse_bool
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, ExecFlag
+from sdexec.refusal import RequestRefused
 from sdexec.signals import parse_signal
 from sdexec.sizes import parse_size
 from sdexec.systemd.channel import DEFAULT_OUTPUT_BUFSIZE
@@ -51,15 +59,21 @@ ALL_FLAGS = int(
 )
 OUTPUT_STREAMS = ("stdout", "stderr")
 _UNIT_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9:_.\-]")
+#: systemd's unit names (unit-name.c): ``UNIT_NAME_MAX`` is 256 with the NUL.
+_UNIT_NAME_MAX = 255
+_UNIT_NAME = re.compile(rf"[A-Za-z0-9:_.\\@\-]{{1,{_UNIT_NAME_MAX}}}")
+#: The largest ``stdin_BUFSIZE``, ``stdout_BUFSIZE`` and ``stderr_BUFSIZE``:
+#: each is memory the service holds for the process (output is held up to
+#: it; stdin up to a multiple of it, sdexec.systemd.channel).
+MAX_BUFSIZE = 16 * 1024 * 1024
 
 
-class RequestError(Exception):
-    """A request that cannot be served: ``errnum`` and a message naming why."""
+class RequestError(RequestRefused):
+    """A request that cannot be served: ``errnum`` and a message naming why.
 
-    def __init__(self, errnum: int, errstr: str) -> None:
-        super().__init__(errstr)
-        self.errnum = errnum
-        self.errstr = errstr
+    A :class:`~sdexec.refusal.RequestRefused`, as the checks of
+    :mod:`sdexec.limits` and :mod:`sdexec.policy` raise: the server answers
+    both the same way."""
 
 
 @dataclass(frozen=True)
@@ -106,26 +120,30 @@ class ExecPlan:
 def plan_exec(
     payload: Mapping[str, Any], config: Config, containment: Containment
 ) -> ExecPlan:
-    """The plan for an ``sdexec.exec`` payload; :class:`RequestError` names
-    the first thing wrong with it."""
+    """The plan for an ``sdexec.exec`` payload; :class:`RequestError` (or
+    the :class:`~sdexec.refusal.RequestRefused` of a limit or the property
+    policy) names the first thing wrong with it. Nothing is started or
+    tabled for a refused request."""
     flags = _flags(payload.get("flags"))
-    try:
-        command = Command.from_json(payload.get("cmd"))
-    except CommandError as error:
-        raise RequestError(errno.EINVAL, str(error)) from None
+    command = _command(payload.get("cmd"))
     if flags & ExecFlag.CHANNEL or command.channels:
         raise RequestError(errno.EINVAL, "auxiliary channels are not supported")
+    environment = unit_environment(command.env)
+    # Before the PATH search: a PATH of megabytes would cost as many stats.
+    check_exec_size(command.cmdline[0], command.cmdline, environment)
     executable = command.resolve_executable()
     if executable is None:
         raise RequestError(errno.ENOENT, f"{command.cmdline[0]}: command not found")
     mapped = _mapped_properties(containment, command)
-    properties = _properties(config, command, executable, mapped)
+    merged, sources = _merged_properties(config, command, mapped)
+    unit_name = unit_name_for(command)
+    check_start_message(unit_name, executable, command.cmdline, environment, merged)
     stop_timer = _stop_timer(config, command)
     allowed_cpus = mapped.get("AllowedCPUs")
     return ExecPlan(
         command=command,
-        unit_name=unit_name_for(command),
-        properties=properties,
+        unit_name=unit_name,
+        properties=_typed_properties(command, executable, merged, sources),
         flags=flags,
         output={stream: _output_options(command, stream) for stream in OUTPUT_STREAMS},
         stdin_bufsize=_size_option(command, "stdin_BUFSIZE", DEFAULT_STDIN_BUFSIZE),
@@ -135,15 +153,42 @@ def plan_exec(
     )
 
 
+def _command(cmd: object) -> Command:
+    """The command object, its every string checked as text."""
+    try:
+        command = Command.from_json(cmd)
+    except CommandError as error:
+        raise RequestError(errno.EINVAL, str(error)) from None
+    check_texts(
+        command_text(
+            command.cmdline, command.env, command.opts, command.cwd, command.label
+        )
+    )
+    return command
+
+
 def unit_name_for(command: Command) -> str:
     """``SDEXEC_NAME`` (``.service`` added), else ``sdexec-[JOBID-]UUID.service``
     with the job id from ``SDEXEC_JOBID`` or the environment's ``FLUX_JOB_ID``."""
     name = command.option("SDEXEC_NAME")
     if name:
-        return name if name.endswith(".service") else f"{name}.service"
+        unit = name if name.endswith(".service") else f"{name}.service"
+        return _checked_unit_name(unit, "SDEXEC_NAME")
     jobid = command.option("SDEXEC_JOBID") or command.env.get("FLUX_JOB_ID")
     prefix = f"sdexec-{_UNIT_NAME_UNSAFE.sub('_', jobid)}-" if jobid else "sdexec-"
-    return f"{prefix}{uuid.uuid4().hex}.service"
+    return _checked_unit_name(f"{prefix}{uuid.uuid4().hex}.service", "SDEXEC_JOBID")
+
+
+def _checked_unit_name(unit: str, option: str) -> str:
+    """``unit`` if systemd takes it as a unit name, else EINVAL naming the
+    option it came from (before systemd is asked)."""
+    if _UNIT_NAME.fullmatch(unit) is None:
+        raise RequestError(
+            errno.EINVAL,
+            f"{option}: {unit!r} is not a unit name systemd takes: at most"
+            f" {_UNIT_NAME_MAX} characters of A-Z a-z 0-9 : _ . \\ @ -",
+        )
+    return unit
 
 
 def _flags(flags: object) -> ExecFlag:
@@ -161,50 +206,64 @@ def _mapped_properties(containment: Containment, command: Command) -> dict[str, 
         raise RequestError(errnum or errno.EINVAL, str(error)) from None
 
 
-def _properties(
-    config: Config, command: Command, executable: str, mapped: Mapping[str, str]
-) -> tuple[UnitProperty, ...]:
+def _merged_properties(
+    config: Config, command: Command, mapped: Mapping[str, str]
+) -> tuple[dict[str, str], dict[str, str]]:
     """The site's (``[sdexec] slice`` among them), then the request's, then
-    the mapper's properties, then the lifecycle ones sdexec needs: a later
-    source wins, so a request cannot loosen what containment set nor change
-    how its unit is stopped."""
-    requested = command.requested_properties()
-    _refuse_lifecycle(requested)
+    the mapper's properties, then the lifecycle ones sdexec needs, and where
+    each came from: a later source wins, so a request cannot loosen what
+    containment set nor change how its unit is stopped. The request's pass
+    the property policy first (``[sdexec] request-properties``; ordered
+    values only tighten what the site and the mapper set), so an ordered
+    value the mapper also set is the request's (``MemoryMax=256M`` under a
+    mapped 512M): as tight or tighter."""
+    site = {"Slice": config.sdexec.slice, **config.exec.sdexec_properties}
+    policy = RequestPolicy(config.sdexec.request_properties, {**site, **mapped})
+    requested = policy.accept(command.requested_properties())
+    tightened = {
+        name: value
+        for name, value in requested.items()
+        if name in mapped and name in TIGHTENING
+    }
     sources: dict[str, str] = {}
     merged: dict[str, str] = {}
     for source, properties in (
-        # [sdexec] slice is the site's too: a request may name another slice.
-        ("config", {"Slice": config.sdexec.slice, **config.exec.sdexec_properties}),
+        ("config", site),
         ("request", requested),
         ("containment", mapped),
+        ("request", tightened),
         # Last: systemd's stop defaults must not pre-empt the stop timer.
         ("sdexec", lifecycle_properties()),
     ):
         merged.update(properties)
         sources.update(dict.fromkeys(properties, source))
+    return merged, sources
+
+
+def _typed_properties(
+    command: Command,
+    executable: str,
+    merged: Mapping[str, str],
+    sources: Mapping[str, str],
+) -> tuple[UnitProperty, ...]:
     try:
         return tuple(unit_properties(command, executable, merged, sources))
     except PropertyError as error:
         raise RequestError(errno.EINVAL, str(error)) from None
 
 
-def _refuse_lifecycle(requested: Mapping[str, str]) -> None:
-    """A request may not set what the stop timer relies on (the site
-    cannot either: they are reserved in the configuration)."""
-    for name in requested:
-        if name in lifecycle_properties():
-            raise RequestError(
-                errno.EPERM,
-                f"SDEXEC_PROP_{name}: sdexec sets {name} itself"
-                " (the stop timer and job termination rely on it)",
-            )
-
-
 def _stop_timer(config: Config, command: Command) -> StopTimerPolicy:
+    seconds = _int_option(
+        command, "SDEXEC_STOP_TIMER_SEC", config.exec.sdexec_stop_timer_sec
+    )
+    if seconds > MAX_STOP_TIMER_SEC:
+        raise RequestError(
+            errno.EINVAL,
+            f"SDEXEC_STOP_TIMER_SEC: more than systemd's limit of"
+            f" {MAX_STOP_TIMER_SEC} seconds",
+        )
     return StopTimerPolicy(
-        seconds=_int_option(
-            command, "SDEXEC_STOP_TIMER_SEC", config.exec.sdexec_stop_timer_sec
-        ),
+        seconds=seconds,
         signal=_signal_option(command, config.exec.sdexec_stop_timer_signal),
     )
 
@@ -239,8 +298,10 @@ def _size_option(command: Command, name: str, default: int) -> int:
         size = parse_size(value)
     except ValueError as error:
         raise RequestError(errno.EINVAL, f"{name}: {error}") from None
-    if size <= 0:
-        raise RequestError(errno.EINVAL, f"{name}: must be at least one byte")
+    if not 0 < size <= MAX_BUFSIZE:
+        raise RequestError(
+            errno.EINVAL, f"{name}: must be from 1 byte to {MAX_BUFSIZE} bytes"
+        )
     return size
 
 

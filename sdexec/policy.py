@@ -15,10 +15,7 @@ device and CPU fences, and the properties sdexec sets itself. Refusals are
 ``EINVAL``. Containment still wins: the mapper's properties are merged
 after the request's, as before.
 
-**Environment.** The client's environment becomes the unit's, minus the
-variables that describe the *caller's* place in systemd
-(:data:`DROPPED_ENVIRONMENT`): a job holding another unit's
-``NOTIFY_SOCKET`` could send notifications as that unit.
+The environment a request passes on is cleaned by :mod:`sdexec.environment`.
 """
 
 from __future__ import annotations
@@ -26,13 +23,18 @@ from __future__ import annotations
 import errno
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from sdexec.config import RESERVED_PROPERTIES
+from sdexec.command import OWN_PROPERTIES
 from sdexec.limits import check_text
-from sdexec.property import parse_bool
+from sdexec.property import (
+    CONTAINMENT_PROPERTIES,
+    FD_PROPERTIES,
+    STOP_PROPERTIES,
+    parse_bool,
+)
 from sdexec.refusal import RequestRefused, printable
 from sdexec.sizes import MemoryLimit
 
@@ -40,15 +42,11 @@ __all__ = [
     "CONFIG_KEY",
     "DEFAULTS_TOKEN",
     "DEFAULT_ALLOWED",
-    "DROPPED_ENVIRONMENT",
-    "DROPPED_ENVIRONMENT_PREFIXES",
     "MAX_DESCRIPTION",
     "NEVER_ALLOWED",
     "TIGHTENING",
     "Ordering",
     "RequestPolicy",
-    "clean_environment",
-    "dropped_names",
     "never_allowed_reason",
     "parse_request_properties",
 ]
@@ -72,7 +70,11 @@ _SDEXEC = "sdexec sets it itself"
 #: Properties no request may set, with the reason; :func:`parse_request_properties`
 #: refuses them in the configuration too.
 NEVER_ALLOWED: Final[Mapping[str, str]] = {
-    **{name: _SDEXEC for name in RESERVED_PROPERTIES - {"Description"}},
+    # What sdexec sets, containment sets and the stop timer relies on (the
+    # configuration's reserved list); a request may describe its unit.
+    **dict.fromkeys((OWN_PROPERTIES | set(FD_PROPERTIES)) - {"Description"}, _SDEXEC),
+    **dict.fromkeys(CONTAINMENT_PROPERTIES, _FENCE),
+    **dict.fromkeys(STOP_PROPERTIES, _LIFECYCLE),
     **dict.fromkeys(
         ("User", "Group", "DynamicUser", "SupplementaryGroups", "PAMName"), _IDENTITY
     ),
@@ -369,63 +371,3 @@ class RequestPolicy:
             return order.rank(baseline, self.physical_memory)
         except ValueError:
             return None  # e.g. TasksMax=15%: not comparable here, so unknown
-
-
-#: Variables systemd sets in the processes it spawns that describe the
-#: caller's own unit, manager, sockets or directories (systemd.exec(5),
-#: "Environment Variables in Spawned Processes"). Passed on from a client
-#: they would point the job at someone else's notification socket, fds,
-#: journal stream, watchdog or credentials; systemd sets the job's own where
-#: they apply.
-DROPPED_ENVIRONMENT: Final = frozenset(
-    {
-        "NOTIFY_SOCKET",
-        "INVOCATION_ID",
-        "LISTEN_FDS",
-        "LISTEN_PID",
-        "LISTEN_FDNAMES",
-        "JOURNAL_STREAM",
-        "MANAGERPID",
-        "SYSTEMD_EXEC_PID",
-        "MAINPID",
-        "WATCHDOG_PID",
-        "WATCHDOG_USEC",
-        "FDSTORE",
-        "PIDFILE",
-        "MEMORY_PRESSURE_WATCH",
-        "MEMORY_PRESSURE_WRITE",
-        "CREDENTIALS_DIRECTORY",
-        "RUNTIME_DIRECTORY",
-        "STATE_DIRECTORY",
-        "CACHE_DIRECTORY",
-        "LOGS_DIRECTORY",
-        "CONFIGURATION_DIRECTORY",
-        "SERVICE_RESULT",
-        "EXIT_CODE",
-        "EXIT_STATUS",
-        "REMOTE_ADDR",
-        "REMOTE_PORT",
-        "TRIGGER_UNIT",
-        "TRIGGER_PATH",
-        "LOG_NAMESPACE",
-    }
-)
-#: Prefixes of the families of such variables (``MONITOR_SERVICE_RESULT``,
-#: ``TRIGGER_TIMER_REALTIME_USEC``…).
-DROPPED_ENVIRONMENT_PREFIXES: Final = ("MONITOR_", "TRIGGER_TIMER_")
-
-
-def clean_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` without :data:`DROPPED_ENVIRONMENT` and the
-    :data:`DROPPED_ENVIRONMENT_PREFIXES` families; order kept."""
-    return {name: value for name, value in env.items() if not _dropped(name)}
-
-
-def _dropped(name: str) -> bool:
-    return name in DROPPED_ENVIRONMENT or name.startswith(DROPPED_ENVIRONMENT_PREFIXES)
-
-
-def dropped_names(env: Iterable[str]) -> list[str]:
-    """The names :func:`clean_environment` would drop from ``env``, for a
-    debug log line."""
-    return [name for name in env if _dropped(name)]

@@ -25,7 +25,7 @@ from twisted.python.failure import Failure
 
 from sdexec.config import DEFAULT_START_TIMEOUT
 from sdexec.ioencode import encode_io
-from sdexec.plan import ExecPlan
+from sdexec.plan import ExecPlan, RequestError
 from sdexec.protocol import ExecFlag
 from sdexec.receipt import finished_extensions
 from sdexec.systemd import Manager, UnitStatus, Watch, errno_for, name_string_properties
@@ -33,6 +33,7 @@ from sdexec.systemd.channel import (
     InputChannel,
     OutputChannel,
     OutputGate,
+    StdinOverrun,
     socketpair_for_systemd,
 )
 from sdexec.systemd.errors import is_connection_lost
@@ -196,9 +197,15 @@ class Process:
         started.addCallbacks(self._start_accepted, self._start_refused)
 
     def write(self, data: bytes, eof: bool) -> None:
-        """Client data for stdin (``eof`` closes it)."""
+        """Client data for stdin (``eof`` closes it). A client that overran
+        its credit: stdin is closed after what it had sent before, and
+        ``RequestError`` (ENOSPC) answers the write."""
         if data:
-            self.stdin.write(data)
+            try:
+                self.stdin.write(data)
+            except StdinOverrun as overrun:
+                self.stdin.close()
+                raise RequestError(errno.ENOSPC, str(overrun)) from None
         if eof:
             self.stdin.close()
 

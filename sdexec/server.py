@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import socket
 import struct
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IPushProducer
@@ -23,18 +24,21 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from sdexec.admission import ConnectionCount
 from sdexec.background import TrackedProcesses
 from sdexec.config import Config
 from sdexec.containment import Containment, check_cpu_fence, enforced_cpus
 from sdexec.devicefence import CANARY_TIMEOUT_SECONDS, CanaryResponder, canary_plan
-from sdexec.framing import JSONLineProtocol
+from sdexec.framing import FramingError, JSONLineProtocol
 from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
 from sdexec.jobs import Jobs
 from sdexec.leftovers import Leftover, Leftovers, marked
+from sdexec.limits import check_text
 from sdexec.plan import RequestError, plan_exec
 from sdexec.process import Process, ProcessContext
 from sdexec.protocol import Topic
+from sdexec.refusal import RequestRefused, printable
 from sdexec.systemd import Manager, errno_for
 
 __all__ = ["ClientProtocol", "RequestError", "SdexecServer", "SdexecServerFactory"]
@@ -90,6 +94,8 @@ class SdexecServer:
         self._next_connection_id = 0
         #: The processes that run jobs: time limits, termination, ``jobs``.
         self.jobs = Jobs(self.drain, self.count)
+        #: Open connections per peer uid, against the configured caps.
+        self.connections = ConnectionCount()
 
     def new_connection_id(self) -> int:
         self._next_connection_id += 1
@@ -182,7 +188,13 @@ class SdexecServer:
             self.tracked.add(process, tracked)
         self.units[plan.unit_name] = process
         self.jobs.add(job, process)
-        process.start()
+        try:
+            process.start()
+        except OSError as error:  # no fds left for its channels (EMFILE)
+            self._untable(key)  # never a phantom in the table
+            raise RequestError(
+                error.errno or errno.EIO, f"cannot start the process: {error}"
+            ) from None
         if not streaming:
             process.write(b"", eof=True)  # a background process reads EOF
 
@@ -285,16 +297,20 @@ class SdexecServer:
         self.counters[event] += 1
 
     def _reaped(self, key: tuple[int, int]) -> None:
-        process = self.processes.pop(key, None)
-        if process is not None:
-            self.units.pop(process.unit_name, None)
-            self.tracked.reaped(process)
-        self.jobs.forget(process)
+        self._untable(key)
         self.counters["reaped"] += 1
         if not self.processes:
             waiting, self._all_reaped = self._all_reaped, []
             for waiter in waiting:
                 waiter.callback(None)
+
+    def _untable(self, key: tuple[int, int]) -> None:
+        """Forget a process everywhere it is tabled."""
+        process = self.processes.pop(key, None)
+        if process is not None:
+            self.units.pop(process.unit_name, None)
+            self.tracked.reaped(process)
+        self.jobs.forget(process)
 
     def shutdown(self, grace: float) -> defer.Deferred:
         """Abandon every process (their units are stopped) and wait until all
@@ -370,13 +386,18 @@ class SdexecServer:
     def kill(self, payload: dict) -> defer.Deferred[dict]:
         """Signal a process by ``pid`` or ``label``; a Deferred."""
         signum = payload.get("signum")
-        if not isinstance(signum, int) or isinstance(signum, bool) or signum <= 0:
-            raise RequestError(errno.EINVAL, "signum: expected a positive integer")
+        if not _is_integer(signum) or not 0 < signum < signal.NSIG:
+            raise RequestError(
+                errno.EINVAL,
+                f"signum: expected a signal number from 1 to {signal.NSIG - 1}",
+            )
         pid, label = payload.get("pid"), payload.get("label")
-        if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
+        if pid is not None and not _is_integer(pid):
             raise RequestError(errno.EINVAL, "pid: expected an integer")
         if label is not None and not isinstance(label, str):
             raise RequestError(errno.EINVAL, "label: expected a string")
+        if label is not None:
+            check_text("label", label)
         if pid is None and label is None:
             raise RequestError(errno.EINVAL, "kill needs a pid or a label")
         process: Process | Leftover | None = self.find(pid=pid, label=label)
@@ -410,14 +431,22 @@ class SdexecServer:
         """``sdexec.attach``: the process's stream goes to ``responder``."""
         self.tracked.attach(payload, connection_id, responder)
 
-    def stats(self) -> dict:
-        """What ``sdexec.stats-get`` and ``GET /stats`` report."""
+    def stats(self, detail: bool = True) -> dict:
+        """What ``sdexec.stats-get`` and ``GET /stats`` report. Without
+        ``detail`` (``GET /stats`` unless ``[sdexec] stats-detail``), leave
+        out what may be secret: command lines (``--password=…``), labels and
+        the configuration file's path."""
+        procs = self.list()["procs"]
+        source = {"source": self.config.source}
+        if not detail:
+            procs = [_without(proc, _DETAIL_FIELDS) for proc in procs]
+            source = {}
         return {
             "requests": dict(self.counters),
-            "procs": self.list()["procs"],
+            "procs": procs,
             "job-exec": {**self.config.introspect(), "jobs": self.jobs.stats()},
             "config": {
-                "source": self.config.source,
+                **source,
                 **self.config.effective(),
             },
             "mapper": self.containment.stats(self.counters["mapper"]),
@@ -458,6 +487,8 @@ class ClientProtocol(JSONLineProtocol):
         self.max_frame = server.config.sdexec.max_frame_size
         self.connection_id = server.new_connection_id()
         self.authorized = False
+        #: The peer's uid once its connection was admitted (counted).
+        self._admitted_uid: int | None = None
         self._handlers: dict[str, Callable[[int, dict], Any]] = {
             Topic.EXEC: self._exec,
             Topic.WRITE: self._write,
@@ -480,8 +511,30 @@ class ClientProtocol(JSONLineProtocol):
         if not self.authorized:
             log.warn("refusing requests from uid {uid}", uid=uid)
         self.transport.registerProducer(self, True)
+        self._admit(uid)
+
+    def _admit(self, uid: int) -> None:
+        """Count the connection against the caps, or refuse it (EAGAIN, the
+        connection's only message) and close it."""
+        limits = self.server.config.sdexec
+        per_user = (
+            None if uid == self.server.owner_uid else limits.max_connections_per_user
+        )
+        refusal = self.server.connections.admit(uid, limits.max_connections, per_user)
+        if refusal is None:
+            self._admitted_uid = uid
+            return
+        log.warn(
+            "refusing a connection from uid {uid}: {refusal}", uid=uid, refusal=refusal
+        )
+        self.server.count("errors")
+        self._send_error("", 0, errno.EAGAIN, refusal)
+        self.transport.loseConnection()
 
     def connectionLost(self, reason: object = None) -> None:
+        if self._admitted_uid is not None:
+            self.server.connections.release(self._admitted_uid)
+            self._admitted_uid = None
         for process in self.server.connection_processes(self.connection_id):
             process.abandon()
         self.server.tracked.connection_lost(self.connection_id)
@@ -492,14 +545,20 @@ class ClientProtocol(JSONLineProtocol):
         self.transport.loseConnection()
 
     def messageReceived(self, message: dict) -> None:
+        if self.transport.disconnecting:
+            return  # closing (a refused peer): the rest of its data is ignored
+        if message.get("type") != "request":
+            # Not a request is not a message of this protocol: a framing
+            # error, answered with EPROTO and the connection closed.
+            raise FramingError('type: expected "request"')
         topic = message.get("topic")
         matchtag = message.get("matchtag")
-        valid_matchtag = isinstance(matchtag, int) and not isinstance(matchtag, bool)
-        reply_topic = topic if isinstance(topic, str) else ""
+        valid_matchtag = _is_integer(matchtag)
+        reply_topic = topic if _is_text(topic) else ""
         reply_matchtag = matchtag if isinstance(matchtag, int) and valid_matchtag else 0
         try:
             result = self._dispatch(message, topic, matchtag, valid_matchtag)
-        except RequestError as error:
+        except RequestRefused as error:
             self.server.count("errors")
             self._send_error(reply_topic, reply_matchtag, error.errnum, error.errstr)
             return
@@ -519,17 +578,16 @@ class ClientProtocol(JSONLineProtocol):
             self._send(reply_topic, reply_matchtag, result)
 
     def _dispatch(self, message: dict, topic, matchtag, valid_matchtag: bool):
-        if message.get("type") != "request":
-            raise RequestError(errno.EPROTO, 'type: expected "request"')
         if not isinstance(topic, str):
             raise RequestError(errno.EINVAL, "topic: expected a string")
+        check_text("topic", topic)
         if not valid_matchtag or matchtag < 0:
             raise RequestError(errno.EINVAL, "matchtag: expected an integer >= 0")
         payload = message.get("payload", {})
         if not isinstance(payload, dict):
             raise RequestError(errno.EINVAL, "payload: expected an object")
         if not self.authorized:
-            raise RequestError(errno.EPERM, "only the service's owner may use it")
+            return self._refuse_unauthorized(topic, matchtag)
         handler = self._handlers.get(topic)
         if not _streaming(message) and topic == Topic.EXEC:
             handler = self._exec_background
@@ -544,6 +602,15 @@ class ClientProtocol(JSONLineProtocol):
                 id=self.connection_id,
             )
         return handler(matchtag, payload)
+
+    def _refuse_unauthorized(self, topic: str, matchtag: int) -> None:
+        """EPERM for a peer that may not use the service, then close: a
+        connection that can do nothing must not hold one of our fds."""
+        self.server.count("errors")
+        self._send_error(
+            topic, matchtag, errno.EPERM, "only the service's owner may use it"
+        )
+        self.transport.loseConnection()
 
     def _exec(self, matchtag: int, payload: dict) -> None:
         self.server.exec(self.connection_id, matchtag, payload, _Stream(self, matchtag))
@@ -582,7 +649,7 @@ class ClientProtocol(JSONLineProtocol):
                 "topic": topic,
                 "matchtag": matchtag,
                 "errnum": errnum,
-                "errstr": errstr,
+                "errstr": _quotable(errstr),
             }
         )
 
@@ -610,6 +677,41 @@ def _streaming(message: dict) -> bool:
     if not isinstance(streaming, bool):
         raise RequestError(errno.EINVAL, "streaming: expected a boolean")
     return streaming
+
+
+#: The longest ``errstr`` sent: a message quoting a request's value (a
+#: 10 MB option) must not become a frame the client cannot take.
+MAX_ERRSTR = 4096
+
+
+def _quotable(errstr: str) -> str:
+    """``errstr`` as it can always be sent, whatever it quotes from the
+    request: encodable (:func:`~sdexec.refusal.printable`) and bounded."""
+    text = printable(errstr)
+    return text if len(text) <= MAX_ERRSTR else text[: MAX_ERRSTR - 1] + "…"
+
+
+#: What ``stats(detail=False)`` leaves out of each process.
+_DETAIL_FIELDS = frozenset({"cmdline", "label"})
+
+
+def _without(mapping: dict, keys: frozenset[str]) -> dict:
+    return {key: value for key, value in mapping.items() if key not in keys}
+
+
+def _is_integer(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_text(value: object) -> TypeGuard[str]:
+    """A string that can be echoed back in a response."""
+    if not isinstance(value, str):
+        return False
+    try:
+        check_text("", value)
+    except RequestRefused:
+        return False
+    return True
 
 
 class _Stream:

@@ -31,6 +31,7 @@ from sdexec.notify import Readiness, describe_server
 from sdexec.outage import SystemdOutage
 from sdexec.protocol import default_socket_path
 from sdexec.server import SdexecServer, SdexecServerFactory
+from sdexec.sockets import private_endpoint, private_umask, unix_endpoint
 from sdexec.stats import stats_site
 from sdexec.systemd import SystemdClient, SystemdError
 
@@ -119,12 +120,16 @@ class SdexecService(Service):
         self.server.observer = self.metrics
         # Before listening: no job runs before the device fence is judged.
         yield self.server.verify_devices()
-        self.ports["listen"] = yield server_endpoint(
-            self.reactor, with_backlog(self.listen, self._listen_backlog())
-        ).listen(SdexecServerFactory(self.server))
-        self.ports["stats"] = yield server_endpoint(self.reactor, self.stats).listen(
-            stats_site(self.server.stats, self.metrics.resource())
+        self.ports["listen"] = yield self._listen(
+            with_backlog(self.listen, self._listen_backlog()),
+            SdexecServerFactory(self.server),
         )
+        site = stats_site(self._http_stats, self.metrics.resource())
+        self.ports["stats"] = yield self._listen(self.stats, site)
+        if self.config.sdexec.stats_socket is not None:
+            self.ports["stats-socket"] = yield self._listen(
+                unix_endpoint(self.config.sdexec.stats_socket), site
+            )
         self._install_sighup()
         self.readiness.ready()
         log.info(
@@ -143,6 +148,22 @@ class SdexecService(Service):
         """The user manager (the session bus) or, with ``[systemd] bus =
         "system"``, the system manager."""
         return SystemdClient.connect(system=self.config.systemd.bus == "system")
+
+    def _listen(self, description: str, factory: Any) -> defer.Deferred[Any]:
+        """Listen on an endpoint; a UNIX socket is made private
+        (sdexec/sockets.py): ``[sdexec] socket-mode``, in a directory of
+        ours, bound under a umask that keeps others out from the start."""
+        private = private_endpoint(
+            description, self.config.sdexec.socket_mode, os.getuid()
+        )
+        with private_umask():  # a UNIX socket is bound within listen()
+            return server_endpoint(self.reactor, private).listen(factory)
+
+    def _http_stats(self) -> dict:
+        """``GET /stats``: anyone who can reach it reads it, so command
+        lines and labels only with ``[sdexec] stats-detail``."""
+        assert self.server is not None, "the stats endpoint listens after start"
+        return self.server.stats(detail=self.config.sdexec.stats_detail)
 
     def _server_stats(self) -> dict:
         assert self.server is not None, "the stats endpoint listens after start"

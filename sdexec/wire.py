@@ -14,6 +14,7 @@ docs/performance.md).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,10 +42,32 @@ def decode_message(line: bytes) -> dict[str, Any]:
     try:
         message = _decoder.decode(line)
     except (msgspec.DecodeError, UnicodeDecodeError) as error:
-        raise FramingError(f"message is not valid JSON: {error}") from None
+        raise FramingError(
+            f"message is not valid JSON: {error}{_surrogate_hint(line)}"
+        ) from None
+    except RecursionError:
+        # msgspec decodes recursively; a line of a few thousand "[" would
+        # otherwise escape as a RecursionError and drop the connection.
+        raise FramingError("message is nested too deeply") from None
     if not isinstance(message, dict):
         raise FramingError("message is not a JSON object")
     return message
+
+
+#: A high surrogate escape not followed by a low one, or a lone low one.
+_LONE_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])"
+    rb"|(?<![0-9a-fA-F]{4})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+
+
+def _surrogate_hint(line: bytes) -> str:
+    """msgspec refuses a lone surrogate escape (``"\\ud800"``), a string no
+    UTF-8 can carry, with a message about truncation: say what it is."""
+    match = _LONE_SURROGATE.search(line)
+    if match is None:
+        return ""
+    return f" (a lone UTF-16 surrogate escape at byte {match.start()})"
 
 
 class FrameSplitter:

@@ -62,19 +62,54 @@ def deeply_nested(depth: int) -> Any:
 nested = st.integers(min_value=1, max_value=2000).map(deeply_nested)
 
 
+#: Executables that exist on every test node, and names that do not.
+executables = st.sampled_from(["/bin/true", "true", "sh", "/bin/sh"])
+#: Option names sdexec reads, and property names of every policy class
+#: (allowed by default, ordered, never allowed, unknown to systemd).
+_PROPERTY_NAMES = (
+    "MemoryMax", "MemoryHigh", "CPUWeight", "CPUQuotaPerSecUSec", "Description",
+    "MemoryAccounting", "Nice", "TasksMax", "User", "KillMode", "SendSIGKILL",
+    "DeviceAllow", "AllowedCPUs", "Slice", "Type", "ExecStartPre", "MemoryMaxScale",
+    "NoSuchProperty",
+)  # fmt: skip
+option_names = st.sampled_from(
+    [
+        "SDEXEC_NAME",
+        "SDEXEC_JOBID",
+        "SDEXEC_STOP_TIMER_SEC",
+        "SDEXEC_STOP_TIMER_SIGNAL",
+        "stdin_BUFSIZE",
+        "stdout_BUFSIZE",
+        "stderr_LINE_BUFFER",
+        *(f"SDEXEC_PROP_{name}" for name in _PROPERTY_NAMES),
+    ]
+)
+#: Values for those: sizes, numbers, booleans, signals, and any text.
+option_values = st.sampled_from(
+    ["512M", "50%", "infinity", "0", "-1", "100", "10000", "yes", "no", "SIGKILL",
+     "99999999999999999999999", "1K", ""]
+)  # fmt: skip
+#: The caller's systemd variables, which must never reach a unit.
+systemd_variables = st.sampled_from(
+    ["NOTIFY_SOCKET", "INVOCATION_ID", "LISTEN_FDS", "JOURNAL_STREAM", "MANAGERPID"]
+)
+
+
 def commands(text: st.SearchStrategy[str] = clean_text) -> st.SearchStrategy[dict]:
-    """RFC 42 command objects whose strings come from ``text``."""
+    """RFC 42 command objects whose strings come from ``text``: runnable or
+    not, with options and properties sdexec reads and others."""
     return st.fixed_dictionaries(
         {
-            "cmdline": st.lists(text, min_size=1, max_size=5),
-            "env": st.dictionaries(env_names | text, text, max_size=5),
+            "cmdline": st.builds(
+                lambda first, rest: [first, *rest],
+                executables | text,
+                st.lists(text, max_size=4),
+            ),
+            "env": st.dictionaries(
+                env_names | systemd_variables | text, text, max_size=5
+            ),
             "opts": st.dictionaries(
-                st.sampled_from(
-                    ["SDEXEC_NAME", "SDEXEC_PROP_MemoryMax", "SDEXEC_PROP_User"]
-                )
-                | text,
-                text,
-                max_size=4,
+                option_names | text, option_values | text, max_size=4
             ),
             "channels": st.just([]),
         },

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
 from twisted.internet.testing import StringTransport
 
-from sdexec.systemd.channel import InputChannel, OutputChannel, OutputGate
+from sdexec.systemd.channel import (
+    STDIN_OVERRUN_FACTOR,
+    InputChannel,
+    OutputChannel,
+    OutputGate,
+    StdinOverrun,
+)
 
 
 class HalfCloseTransport(StringTransport):
@@ -31,7 +38,7 @@ def test_data_written_then_closed_before_adoption_reaches_stdin():
     transport = connected_input(channel)
     assert transport.value() == b"early bird"
     assert transport.write_closed  # and EOF after it
-    assert credit == [len(b"early "), len(b"bird")]
+    assert credit == [len(b"early bird")]  # in one add-credit
 
 
 def test_credit_is_withheld_while_the_transport_is_full():
@@ -43,6 +50,34 @@ def test_credit_is_withheld_while_the_transport_is_full():
     assert credit == []
     channel.resumeProducing()
     assert credit == [3]
+
+
+def test_a_client_within_its_credit_is_never_refused():
+    credit: list[int] = []
+    channel = InputChannel(credit.append, bufsize=16)
+    connected_input(channel)
+    channel.pauseProducing()  # the process reads nothing yet
+    channel.write(b"x" * 16)  # the whole first credit
+    assert credit == []  # withheld while the transport is full
+    channel.resumeProducing()  # the process read it
+    assert credit == [16]
+    channel.pauseProducing()
+    channel.write(b"y" * 16)  # the credit returned: taken too
+    assert credit == [16]
+
+
+@pytest.mark.parametrize("adopted", [True, False])
+def test_a_client_that_overruns_is_refused_and_nothing_is_taken(adopted):
+    channel = InputChannel(lambda n: None, bufsize=16)
+    transport = connected_input(channel) if adopted else None
+    if transport is not None:
+        channel.pauseProducing()
+    limit = STDIN_OVERRUN_FACTOR * 16
+    channel.write(b"x" * limit)  # ignoring credit, but within what is held
+    with pytest.raises(StdinOverrun, match=f"holds at most {limit}"):
+        channel.write(b"y")
+    if transport is not None:
+        assert transport.value() == b"x" * limit
 
 
 def test_writes_after_close_are_dropped():

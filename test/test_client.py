@@ -518,3 +518,27 @@ def test_cli_missing_socket_is_one_line(tmp_path):
     assert (yield cli.ended) == 1
     assert bytes(cli.err).count(b"\n") == 1
     assert bytes(cli.err).startswith(b"sdexec: cannot connect to ")
+
+
+@pytest_twisted.inlineCallbacks
+def test_stdin_beyond_the_credit_is_held_and_sent_as_credit_comes(served):
+    peer, client = served
+    handle, _ = _exec(client, flags=WRITE_CREDIT, opts={"stdin_BUFSIZE": "1K"})
+    request = yield peer.requests.get()
+    handle.write(b"a" * 1500)
+    handle.close_stdin()  # EOF only after the held data
+    sent = [(yield peer.requests.get())]  # the borrowed credit, no more
+    assert handle.credit == 0
+    # The first add-credit replaces the borrowing: nothing more yet.
+    peer.respond(request, {"type": "add-credit", "channels": {"stdin": 1024}})
+    peer.respond(request, {"type": "add-credit", "channels": {"stdin": 300}})
+    peer.respond(request, {"type": "add-credit", "channels": {"stdin": 1024}})
+    for _ in range(3):
+        sent.append((yield peer.requests.get()))
+    assert [decode_io(write["payload"]["io"]) for write in sent] == [
+        ("stdin", b"a" * 1024, False),
+        ("stdin", b"a" * 300, False),
+        ("stdin", b"a" * 176, False),
+        ("stdin", b"", True),
+    ]
+    assert handle.credit == 1024 - 176

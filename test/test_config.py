@@ -31,6 +31,7 @@ from sdexec.config import (
     main,
     parse_config,
 )
+from sdexec.policy import DEFAULT_ALLOWED
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = [ROOT / "etc" / "sdexec.toml", ROOT / "etc" / "sdexec.yaml"]
@@ -152,6 +153,21 @@ KEYS = [
         ' got "jobs/a.slice"'),
     Key("sdexec.allow-users", "sdexec.allow_users", (), ["root", 4242], (0, 4242),
         "root", 'expected a list of user names or uids, got "root"'),
+    Key("sdexec.request-properties", "sdexec.request_properties", DEFAULT_ALLOWED,
+        ["@default", "Nice"], DEFAULT_ALLOWED | {"Nice"}, ["User"],
+        "request-properties[0]: User can never be set by a request: identity:"
+        " every job runs as the service's own user"),
+    Key("sdexec.stats-detail", "sdexec.stats_detail", False, True, True, "yes",
+        f'{BOOLEAN}, got "yes"'),
+    Key("sdexec.stats-socket", "sdexec.stats_socket", None, "/run/sdexec/stats.sock",
+        "/run/sdexec/stats.sock", "stats.sock",
+        'expected an absolute path, got "stats.sock"'),
+    Key("sdexec.socket-mode", "sdexec.socket_mode", 0o600, "0660", 0o660, 600,
+        'expected permissions in octal, as a string such as "0600", got 600'),
+    Key("sdexec.max-connections", "sdexec.max_connections", 512, 16, 16, 0,
+        "expected an integer of at least 1, got 0"),
+    Key("sdexec.max-connections-per-user", "sdexec.max_connections_per_user", 16,
+        4, 4, True, "expected an integer of at least 1, got true"),
     Key("systemd.enable", "systemd.enable", False, True, True, "yes",
         f'{BOOLEAN}, got "yes"'),
     Key("systemd.sdexec-debug", "systemd.sdexec_debug", False, True, True, 1,

@@ -210,14 +210,18 @@ async def test_memory_cap_scaled_and_request_cannot_loosen(start_service, config
         **contained(extra=f'[exec.sdexec-properties]\nMemoryMax = "{configured}"\n')
     )
     client = await service.connect()
-    opts = {
-        R_OPTION: r_local("0"),
-        "SDEXEC_PROP_AllowedCPUs": "0-1",
-        "SDEXEC_PROP_MemoryMax": "2G",
-    }
+    opts = {R_OPTION: r_local("0")}
+    for name, value in (("AllowedCPUs", "0-1"), ("MemoryMax", "2G")):
+        loosening = {**opts, f"SDEXEC_PROP_{name}": value}
+        refused = await run(client, ["true"], opts=loosening)
+        assert refused.error.errnum == errno.EPERM, name
     shown = await shown_while_running(client, opts, "AllowedCPUs", "MemoryMax")
     # 1 core = 2 of the topology's 4 PUs: half the configured gibibyte.
     assert shown["MemoryMax"] == str(512 * 1024 * 1024)
+    assert shown_cpus(shown["AllowedCPUs"]) == IDset(CORE_CPUS["0"])
+    tighter = {**opts, "SDEXEC_PROP_MemoryMax": "256M"}
+    shown = await shown_while_running(client, tighter, "AllowedCPUs", "MemoryMax")
+    assert shown["MemoryMax"] == str(256 * 1024 * 1024)  # tighter: the request's
     assert shown_cpus(shown["AllowedCPUs"]) == IDset(CORE_CPUS["0"])
 
 

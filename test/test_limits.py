@@ -52,7 +52,7 @@ def test_text_names_the_field_and_the_problem(value: str, why: str) -> None:
     [
         ({"cmdline": ["a", "b", "\ud800"]}, "cmd.cmdline[2]: "),
         ({"cmdline": ["a"], "env": {"FOO": "x\0"}}, "cmd.env.FOO: "),
-        ({"cmdline": ["a"], "env": {"F\udc80": "x"}}, "cmd.env (key 'F\\\\udc80'): "),
+        ({"cmdline": ["a"], "env": {"F\udc80": "x"}}, "cmd.env (key 'F\\udc80'): "),
         ({"cmdline": ["a"], "opts": {"SDEXEC_NAME": "\ud800"}}, "cmd.opts.SDEXEC_NAME"),
         ({"cmdline": ["a"], "label": "\udfff"}, "cmd.label: "),
         ({"cmdline": ["a"], "cwd": "/\0"}, "cmd.cwd: "),

@@ -145,12 +145,13 @@ async def test_sdexec_name_is_the_unit_name(sdexec):
 
 
 @ensureDeferred
-async def test_properties_reach_the_unit(sdexec):
-    client = await sdexec.connect()
+async def test_properties_reach_the_unit(start_service):
+    service = await start_service(sdexec='request-properties = ["@default", "Nice"]')
+    client = await service.connect()
     opts = {
         "SDEXEC_PROP_MemoryMax": "512M",
-        "SDEXEC_PROP_AllowedCPUs": "0",
-        "SDEXEC_PROP_DeviceAllow": "/dev/null rw,/dev/zero r",
+        "SDEXEC_PROP_CPUWeight": "50",
+        "SDEXEC_PROP_Nice": "5",
         "SDEXEC_PROP_Description": "sdexec property test",
         "SDEXEC_NAME": f"sdexec-props-{os.getpid()}",
     }
@@ -159,7 +160,7 @@ async def test_properties_reach_the_unit(sdexec):
     def on_response(response):
         if response["type"] == "started":
             unit = opts["SDEXEC_NAME"] + ".service"
-            for name in ("MemoryMax", "AllowedCPUs", "DeviceAllow", "Description"):
+            for name in ("MemoryMax", "CPUWeight", "Nice", "Description"):
                 shown[name] = unit_property(unit, name)
 
     handle = client.exec(command(["sleep", "30"], opts=opts), FLAGS, on_response)
@@ -169,21 +170,66 @@ async def test_properties_reach_the_unit(sdexec):
     await handle.done
     assert shown == {
         "MemoryMax": str(512 * 1024 * 1024),
-        "AllowedCPUs": "0",
-        "DeviceAllow": "/dev/zero r\n/dev/null rw",  # as systemctl lists them
+        "CPUWeight": "50",
+        "Nice": "5",
         # with the mark by which the service knows its units (leftovers.py)
-        "Description": "sdexec property test" + sdexec.server.unit_mark,
+        "Description": "sdexec property test" + service.server.unit_mark,
     }
 
 
 @ensureDeferred
 async def test_bad_property_value_names_the_property(sdexec):
     client = await sdexec.connect()
-    result = await run(client, ["true"], opts={"SDEXEC_PROP_CPUAccounting": "maybe"})
+    result = await run(client, ["true"], opts={"SDEXEC_PROP_CPUWeight": "maybe"})
     assert result.error.errnum == errno.EINVAL
-    assert result.error.errstr.startswith("SDEXEC_PROP_CPUAccounting: error setting")
+    assert result.error.errstr.startswith("SDEXEC_PROP_CPUWeight: 'maybe' is not")
+
+
+@ensureDeferred
+async def test_an_unknown_property_is_einval_from_systemd_naming_it(start_service):
+    service = await start_service(sdexec='request-properties = ["NoSuchThing"]')
+    client = await service.connect()
     unknown = await run(client, ["true"], opts={"SDEXEC_PROP_NoSuchThing": "1"})
+    assert unknown.error.errnum == errno.EINVAL
     assert "NoSuchThing" in unknown.error.errstr
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("User", "root"), ("KillMode", "none"), ("DeviceAllow", "/dev/mem rwm"),
+     ("AllowedCPUs", "0"), ("Delegate", "yes"), ("NoSuchThing", "1")],
+)  # fmt: skip
+@ensureDeferred
+async def test_a_property_outside_the_policy_is_eperm_and_never_started(
+    sdexec, name, value
+):
+    client = await sdexec.connect()
+    unit = f"sdexec-policy-{os.getpid()}"
+    opts = {f"SDEXEC_PROP_{name}": value, "SDEXEC_NAME": unit}
+    result = await run(client, ["true"], opts=opts)
+    assert result.error.errnum == errno.EPERM
+    assert result.error.errstr.startswith(f"SDEXEC_PROP_{name}: ")
+    assert f"{unit}.service" not in unit_names()
+
+
+@ensureDeferred
+async def test_an_argument_exec_cannot_take_never_reaches_the_manager(sdexec):
+    client = await sdexec.connect()
+    for cmdline in (["true", "x" * 10_000_000], ["true", *["x" * 60_000] * 100]):
+        result = await run(client, cmdline)
+        assert result.error.errnum == errno.E2BIG
+    assert (await run(client, ["true"])).status == 0  # the manager lives
+
+
+@ensureDeferred
+async def test_the_callers_systemd_variables_do_not_reach_the_job(sdexec):
+    client = await sdexec.connect()
+    env = {"PATH": "/usr/bin:/bin", "NOTIFY_SOCKET": "/run/theirs/notify",
+           "INVOCATION_ID": "0123", "KEEP": "kept"}  # fmt: skip
+    script = 'echo "${NOTIFY_SOCKET-unset} ${INVOCATION_ID:+systemds} $KEEP"'
+    result = await run(client, ["sh", "-c", script], env=env)
+    # systemd sets the job's own INVOCATION_ID; no NOTIFY_SOCKET for Type=exec
+    assert result.stdout == b"unset systemds kept\n"
 
 
 @ensureDeferred
@@ -424,11 +470,12 @@ async def test_vanished_client_takes_its_units_with_it(sdexec):
 
 
 @ensureDeferred
-async def test_bad_string_property_is_named(sdexec):
-    client = await sdexec.connect()
-    result = await run(client, ["true"], opts={"SDEXEC_PROP_DevicePolicy": "bogus"})
+async def test_bad_string_property_is_named(start_service):
+    service = await start_service(sdexec='request-properties = ["ProtectSystem"]')
+    client = await service.connect()
+    result = await run(client, ["true"], opts={"SDEXEC_PROP_ProtectSystem": "bogus"})
     assert result.error.errnum == errno.EINVAL
-    assert "DevicePolicy=bogus" in result.error.errstr
+    assert "ProtectSystem" in result.error.errstr  # by systemd, or by sdexec
 
 
 @ensureDeferred

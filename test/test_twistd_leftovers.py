@@ -51,14 +51,8 @@ class Restarted(Twistd):
     ``sdexec_lines`` added to its ``[sdexec]`` table."""
 
     def __init__(self, killed: Twistd, sdexec_lines: str = "") -> None:
-        self.sdexec_lines = sdexec_lines
         killed.socket.unlink(missing_ok=True)  # a SIGKILL leaves it behind
-        super().__init__(killed.config.parent)
-
-    def write_config(self, **values: str) -> None:
-        super().write_config(**values)
-        with self.config.open("a") as config:
-            config.write(self.sdexec_lines + "\n")
+        super().__init__(killed.config.parent, sdexec_lines + "\n")
 
 
 @pytest.fixture
@@ -106,7 +100,10 @@ def test_kept_leftovers_are_listed_and_killable(first_run, a_stranger):
         assert {p["state"] for p in procs} == {"O"}
         assert second.stats()["drain"]["drained"] is False
         listed = second.sdexec("ps").stdout.decode().splitlines()[1:]
-        assert sorted(line.split()[1:3] for line in listed) == [["O", u] for u in units]
+        rows = (line.split() for line in listed)  # PID STATE MODE UNIT ...
+        assert sorted((row[1], row[2], row[3]) for row in rows) == [
+            ("O", "-", unit) for unit in units
+        ]
         for proc in procs:
             killed = second.sdexec("kill", "KILL", str(proc["pid"]))
             assert killed.returncode == 0, killed.stderr

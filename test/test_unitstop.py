@@ -11,8 +11,8 @@ import pytest
 from twisted.internet.task import Clock
 
 from sdexec.config import RESERVED_PROPERTIES
-from sdexec.plan import RequestError
 from sdexec.property import UINT64_MAX, typed_property
+from sdexec.refusal import RequestRefused
 from sdexec.testing import exec_plan
 from sdexec.unitstop import StopTimer, StopTimerState, lifecycle_properties
 
@@ -135,10 +135,10 @@ def test_every_plan_carries_the_lifecycle_properties_last():
 
 @pytest.mark.parametrize("name", sorted(lifecycle_properties()))
 def test_a_request_may_not_set_them(name):
-    with pytest.raises(RequestError) as refused:
+    with pytest.raises(RequestRefused) as refused:
         exec_plan(**{f"SDEXEC_PROP_{name}": "5"})
     assert refused.value.errnum == errno.EPERM
-    assert refused.value.errstr == (
-        f"SDEXEC_PROP_{name}: sdexec sets {name} itself"
-        " (the stop timer and job termination rely on it)"
+    # The request-property policy refuses them (sdexec/policy.py).
+    assert refused.value.errstr.startswith(
+        f"SDEXEC_PROP_{name}: a request can never set {name}: lifecycle"
     )

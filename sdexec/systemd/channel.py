@@ -21,10 +21,26 @@ from zope.interface import implementer
 
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE
 
-__all__ = ["InputChannel", "OutputChannel", "OutputGate", "socketpair_for_systemd"]
+__all__ = [
+    "STDIN_OVERRUN_FACTOR",
+    "InputChannel",
+    "OutputChannel",
+    "OutputGate",
+    "StdinOverrun",
+    "socketpair_for_systemd",
+]
 
 DEFAULT_OUTPUT_BUFSIZE = 1024 * 1024
 DEFAULT_INPUT_BUFSIZE = DEFAULT_STDIN_BUFSIZE
+#: The most stdin an :class:`InputChannel` holds for its process, in
+#: multiples of its advertised buffer: a client that honours its credit
+#: never makes it hold more than once the buffer.
+STDIN_OVERRUN_FACTOR = 4
+
+
+class StdinOverrun(Exception):
+    """The client sent more stdin than its credit allows, beyond what the
+    service holds; the data was not taken."""
 
 
 def socketpair_for_systemd() -> tuple[socket.socket, socket.socket]:
@@ -186,8 +202,11 @@ class InputChannel(Protocol):
     Data written before the socket is adopted (systemd has not answered yet)
     is queued, never lost. Credit for written data is returned through
     ``on_credit(nbytes)`` as soon as the transport accepts it, and withheld
-    while the transport's buffer is full (it pauses us as a producer), so a
-    client that honours credit never makes the service buffer without bound.
+    while the transport's buffer is full (it pauses us as a producer). Data
+    not yet credited back is bounded: beyond :attr:`limit`
+    (:data:`STDIN_OVERRUN_FACTOR` times ``bufsize``) :meth:`write` raises
+    :class:`StdinOverrun` and takes nothing, so a client that ignores its
+    credit cannot make the service buffer without bound.
     """
 
     #: A UNIX socket transport once connected. Twisted types it as
@@ -203,8 +222,14 @@ class InputChannel(Protocol):
         self._queued: list[bytes] = []
         self._eof_requested = False
         self._paused = False
+        #: Bytes taken (queued or written) and not yet credited back.
         self._owed = 0
         self._closed = False
+
+    @property
+    def limit(self) -> int:
+        """The most bytes held for the process before a write is refused."""
+        return STDIN_OVERRUN_FACTOR * self.bufsize
 
     def adopt(self, reactor: IReactorSocket, sock: socket.socket) -> None:
         """Start writing to ``sock`` and flush what was queued."""
@@ -214,22 +239,28 @@ class InputChannel(Protocol):
         self.transport.registerProducer(self, True)
         queued, self._queued = self._queued, []
         for data in queued:
-            self._send(data)  # written before a close: still owed to stdin
+            self.transport.write(data)  # written before a close: still owed
+        if not self._paused:
+            self._grant()
         if self._eof_requested:
             self.close()
 
     def write(self, data: bytes) -> None:
-        """Write (or queue) ``data``; dropped once the channel is closed."""
+        """Write (or queue) ``data``; dropped once the channel is closed.
+        :class:`StdinOverrun` if that would hold more than :attr:`limit`."""
         if self._closed or self._eof_requested:
             return
+        if self._owed + len(data) > self.limit:
+            raise StdinOverrun(
+                f"stdin: the client overran its credit: {self._owed} bytes held"
+                f" for the process and {len(data)} more sent; the service holds at"
+                f" most {self.limit} ({STDIN_OVERRUN_FACTOR} x stdin_BUFSIZE)"
+            )
+        self._owed += len(data)
         if self.transport is None:
             self._queued.append(data)
             return
-        self._send(data)
-
-    def _send(self, data: bytes) -> None:
         self.transport.write(data)
-        self._owed += len(data)
         if not self._paused:
             self._grant()
 

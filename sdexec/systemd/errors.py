@@ -33,6 +33,9 @@ RECONNECTING = "sdexec.Reconnecting"
 #: The errno a client sees for a D-Bus error name; anything else is EIO.
 DBUS_ERRNO = {
     "org.freedesktop.DBus.Error.InvalidArgs": errno.EINVAL,
+    # An unknown property: "Cannot set property NoSuch, or unknown property."
+    "org.freedesktop.DBus.Error.PropertyReadOnly": errno.EINVAL,
+    "org.freedesktop.DBus.Error.UnknownProperty": errno.EINVAL,
     "org.freedesktop.systemd1.UnitExists": errno.EEXIST,
     "org.freedesktop.DBus.Error.AccessDenied": errno.EPERM,
     CONNECTION_LOST: errno.EAGAIN,

@@ -1,0 +1,53 @@
+"""How many client connections the service keeps open at once.
+
+Every connection holds a file descriptor (and a protocol object) until it
+closes. Without a cap, one local user holding thousands of idle connections
+exhausted the service's fds, and the owner's next ``sdexec run`` failed
+(issue 16). :class:`ConnectionCount` counts open connections per peer uid;
+a connection over ``[sdexec] max-connections`` (everyone's) or
+``max-connections-per-user`` (each other user's: the owner's own
+parallelism is bounded by the total only) is refused (the server answers
+``EAGAIN`` naming the key and closes it).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+__all__ = ["ConnectionCount"]
+
+
+class ConnectionCount:
+    """The open connections, per peer uid."""
+
+    def __init__(self) -> None:
+        self._open: Counter[int] = Counter()
+
+    @property
+    def total(self) -> int:
+        return self._open.total()
+
+    def admit(
+        self, uid: int, total_limit: int, per_user_limit: int | None
+    ) -> str | None:
+        """Count a new connection from ``uid``; or, if that would exceed a
+        limit, count nothing and say which (a message for the client).
+        ``per_user_limit`` ``None``: only the total applies (the owner)."""
+        if self.total >= total_limit:
+            return (
+                f"too many connections: {self.total} open, the most"
+                f" [sdexec] max-connections allows"
+            )
+        if per_user_limit is not None and self._open[uid] >= per_user_limit:
+            return (
+                f"too many connections from uid {uid}: {self._open[uid]} open, the"
+                " most [sdexec] max-connections-per-user allows"
+            )
+        self._open[uid] += 1
+        return None
+
+    def release(self, uid: int) -> None:
+        """A connection :meth:`admit` counted has closed."""
+        self._open[uid] -= 1
+        if self._open[uid] <= 0:
+            del self._open[uid]

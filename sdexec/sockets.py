@@ -1,0 +1,106 @@
+"""The UNIX sockets the service creates: private from the start.
+
+Twisted's ``unix:`` endpoint makes its socket with the default mode 0666
+and ``bind`` s it before it ``chmod`` s it; a ``--listen unix:PATH`` socket
+was world-connectable (issue 16). Every UNIX socket the service creates is
+therefore:
+
+- given ``[sdexec] socket-mode`` (default 0600) unless its endpoint names a
+  ``mode=`` itself (:func:`private_endpoint`);
+- in a directory owned by the service's user that no one else may write to
+  (:func:`check_directory`: others could otherwise replace or remove the
+  socket), created if missing;
+- bound under a umask that leaves only the owner's bits
+  (:func:`private_umask`), so the socket is never connectable by others,
+  not even between ``bind`` and ``chmod``.
+
+Other endpoints (``tcp:``, ``systemd:``) are returned unchanged: systemd
+creates socket-activated sockets with the unit's ``SocketMode=``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = [
+    "check_directory",
+    "private_endpoint",
+    "private_umask",
+    "unix_endpoint",
+    "unix_path",
+]
+
+_UNESCAPED_COLON = re.compile(r"(?<!\\):")
+
+
+def _fields(description: str) -> list[str]:
+    return _UNESCAPED_COLON.split(description)
+
+
+def unix_endpoint(path: str) -> str:
+    """The ``unix:`` endpoint description for a socket path."""
+    return "unix:" + path.replace(":", "\\:")  # descriptions split on ':'
+
+
+def unix_path(description: str) -> str | None:
+    """The socket path of a ``unix:`` endpoint description
+    (``unix:PATH[:k=v…]`` or ``unix:address=PATH``), else ``None``."""
+    kind, *arguments = _fields(description)
+    if kind != "unix":
+        return None
+    for argument in arguments:
+        key, equals, value = argument.partition("=")
+        if not equals:
+            return argument.replace("\\:", ":")
+        if key == "address":
+            return value.replace("\\:", ":")
+    return None
+
+
+def private_endpoint(description: str, mode: int, uid: int) -> str:
+    """``description`` with ``mode=`` added for a ``unix:`` endpoint that
+    has none, after :func:`check_directory` of its socket's directory.
+    ``ValueError`` naming the directory if it is not the service's."""
+    path = unix_path(description)
+    if path is None:
+        return description
+    check_directory(os.path.dirname(os.path.abspath(path)), mode, uid)
+    if any(field.startswith("mode=") for field in _fields(description)[1:]):
+        return description
+    return f"{description}:mode={mode:o}"
+
+
+def check_directory(directory: str, mode: int, uid: int) -> None:
+    """Create ``directory`` (mode 0700, plus search permission for those
+    ``mode`` lets connect) if missing; ``ValueError`` unless it is owned by
+    ``uid`` and writable by no one else."""
+    if not os.path.isdir(directory):
+        search = (mode & 0o060 and 0o010) | (mode & 0o006 and 0o001)
+        os.makedirs(directory, mode=0o700 | search, exist_ok=True)
+    info = os.stat(directory)
+    if info.st_uid != uid:
+        raise ValueError(
+            f"{directory}: a socket's directory must belong to the service's user"
+            f" (uid {uid}), not uid {info.st_uid}"
+        )
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ValueError(
+            f"{directory}: a socket's directory must not be writable by group or"
+            f" others (mode {stat.S_IMODE(info.st_mode):04o}): they could replace"
+            " the socket"
+        )
+
+
+@contextmanager
+def private_umask() -> Iterator[None]:
+    """A umask of 0177 while sockets are bound: they are created 0600 and
+    only then set to their mode."""
+    previous = os.umask(0o177)
+    try:
+        yield
+    finally:
+        os.umask(previous)

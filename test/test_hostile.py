@@ -1,0 +1,439 @@
+"""Hostile and mistaken requests against the server, offline (issue 16):
+each gets an error naming what was wrong, the connection behaves as
+docs/protocol.md says, and nothing is started or tabled."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sys
+
+import pytest
+from pytest_twisted import ensureDeferred
+from strategies import deeply_nested, json_line
+from test_server import Connection, error_of, read_to_eof
+from twisted.internet import reactor
+from twisted.internet.task import Clock
+
+from sdexec.config import parse_config
+from sdexec.ioencode import encode_io
+from sdexec.server import MAX_ERRSTR, SdexecServer
+from sdexec.testing import FakeManager
+
+ENVELOPE = {"type": "request", "topic": "sdexec.list", "matchtag": 4}
+
+
+@pytest.fixture
+def systemd():
+    manager = FakeManager()
+    yield manager
+    manager.close()
+
+
+@pytest.fixture
+def server(systemd):
+    return SdexecServer(systemd, parse_config({}), reactor, clock=Clock())
+
+
+@pytest.fixture
+def connection(server):
+    opened = Connection(server)
+    yield opened
+    opened.close()
+
+
+def still_serves(server: SdexecServer) -> None:
+    """list and stats-get work, for a new client too."""
+    other = Connection(server)
+    other.send("sdexec.list", {})
+    assert "payload" in other.last()
+    other.send("sdexec.stats-get", {}, matchtag=2)
+    assert "payload" in other.last()
+    other.close()
+
+
+@pytest.mark.parametrize("depth", [100, 975, 1000, 5000, 100_000])
+def test_deep_nesting_is_answered_never_a_traceback(server, connection, depth):
+    line = json_line({**ENVELOPE, "payload": {"x": deeply_nested(depth)}})
+    connection.protocol.dataReceived(line)
+    (response,) = connection.responses()
+    if "payload" in response:  # decoded: list ignores what it is given
+        assert depth < sys.getrecursionlimit()
+        assert not connection.transport.disconnecting
+    else:
+        assert error_of(response) == (errno.EPROTO, "message is nested too deeply")
+        assert connection.transport.disconnecting
+    still_serves(server)
+
+
+@pytest.mark.parametrize("kind", ["event", "response", None, 5])
+def test_a_message_that_is_not_a_request_is_a_framing_error(connection, kind):
+    connection.raw({**ENVELOPE, "type": kind})
+    assert error_of(connection.last()) == (errno.EPROTO, 'type: expected "request"')
+    assert connection.last()["matchtag"] == 0
+    assert connection.transport.disconnecting
+    connection.send("sdexec.list", {}, matchtag=5)  # nothing more is read
+    assert len(connection.responses()) == 1
+
+
+@pytest.mark.parametrize("encoding", [None, 5, [], {}, True])
+def test_a_non_string_io_encoding_is_einval(connection, encoding):
+    io = {"stream": "stdin", "data": "x", "encoding": encoding}
+    connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=3)
+    assert error_of(connection.last()) == (
+        errno.EINVAL,
+        'io.encoding: expected "UTF-8" or "base64"',
+    )
+    assert not connection.transport.disconnecting
+
+
+@pytest.mark.parametrize("escape", ["\\ud800", "\\udfff", "\\udc80x"])
+def test_a_lone_surrogate_escape_is_not_json_for_this_protocol(connection, escape):
+    # msgspec refuses lone surrogates as invalid JSON: the message is a
+    # framing error, so nothing of it reaches a handler.
+    line = b'{"type":"request","topic":"sdexec.list","matchtag":1,"payload":{},'
+    at = len(line) + len('"x":"')
+    connection.protocol.dataReceived(line + f'"x":"{escape}"}}\n'.encode())
+    assert connection.last()["errnum"] == errno.EPROTO
+    assert connection.last()["errstr"].startswith("message is not valid JSON")
+    assert f"a lone UTF-16 surrogate escape at byte {at}" in connection.last()["errstr"]
+    assert connection.transport.disconnecting
+
+
+@pytest.mark.parametrize("topic", ["sdexec.list\ud800", "\udfff", "sdexec.li\0st"])
+def test_a_topic_that_is_not_text_is_einval(connection, topic):
+    # Delivered decoded: the checks hold whatever the JSON decoder lets by.
+    connection.protocol.messageReceived({**ENVELOPE, "topic": topic})
+    response = connection.last()
+    assert response["topic"] == ""  # it could not be echoed back
+    assert response["errnum"] == errno.EINVAL
+    assert response["errstr"].startswith("topic: ")
+    assert not connection.transport.disconnecting
+
+
+@pytest.mark.parametrize(
+    "signum", [0, -1, signal.NSIG, 2**31, 2**40, -(2**63), True, "15"]
+)
+def test_an_out_of_range_signal_is_einval_before_systemd(systemd, connection, signum):
+    connection.send("sdexec.kill", {"pid": 4242, "signum": signum})
+    assert error_of(connection.last()) == (
+        errno.EINVAL,
+        f"signum: expected a signal number from 1 to {signal.NSIG - 1}",
+    )
+    assert systemd.kills() == []
+
+
+@pytest.mark.parametrize("label", ["\ud800", "a\0b"])
+def test_a_kill_label_that_is_not_text_is_einval(connection, label):
+    connection.protocol.messageReceived(
+        {**ENVELOPE, "topic": "sdexec.kill",
+         "payload": {"label": label, "signum": 15}}
+    )  # fmt: skip
+    errnum, errstr = error_of(connection.last())
+    assert errnum == errno.EINVAL and errstr.startswith("label: ")
+
+
+def test_a_non_owner_is_answered_eperm_then_closed(server):
+    server.owner_uid = os.getuid() + 1
+    intruder = Connection(server)
+    intruder.send("sdexec.list", {}, matchtag=8)
+    assert intruder.responses() == [
+        {
+            "type": "response",
+            "topic": "sdexec.list",
+            "matchtag": 8,
+            "errnum": errno.EPERM,
+            "errstr": "only the service's owner may use it",
+        }
+    ]
+    assert intruder.transport.disconnecting
+    intruder.close()
+
+
+# -- exec: every string, the exec limits, the property policy ----------------------
+
+TRUE = {"cmdline": ["/bin/true"], "env": {"PATH": "/bin"}, "opts": {}}
+FLAGS = 3
+
+
+def exec_refused(server, connection, cmd: dict, decoded: bool = False):
+    """Send an exec of ``cmd``; its error, after checking that nothing was
+    started or tabled and that list and stats still work for everyone."""
+    message = {**ENVELOPE, "topic": "sdexec.exec",
+               "payload": {"cmd": cmd, "flags": FLAGS}}  # fmt: skip
+    if decoded:  # surrogates: past what msgspec would decode
+        connection.protocol.messageReceived(message)
+    else:
+        connection.protocol.dataReceived(json_line(message))
+    assert server.processes == {}
+    assert server.systemd.calls == []
+    still_serves(server)
+    return error_of(connection.last())
+
+
+BAD_STRINGS = [
+    ({"cmdline": ["/bin/true", "a\0b"]}, "cmd.cmdline[1]"),
+    ({"env": {"PATH": "/bin", "X": "\0"}}, "cmd.env.X"),
+    ({"env": {"PATH": "/bin", "X\0": "1"}}, "cmd.env (key 'X\\x00')"),
+    ({"opts": {"SDEXEC_NAME": "u\0"}}, "cmd.opts.SDEXEC_NAME"),
+    ({"opts": {"SDEXEC_PROP_Description": "\0"}}, "cmd.opts.SDEXEC_PROP_Description"),
+    ({"cwd": "/tmp\0"}, "cmd.cwd"),
+    ({"label": "l\0"}, "cmd.label"),
+]
+
+
+@pytest.mark.parametrize(("change", "field"), BAD_STRINGS)
+def test_a_nul_in_any_string_is_einval_naming_it(server, connection, change, field):
+    errnum, errstr = exec_refused(server, connection, {**TRUE, **change})
+    assert errnum == errno.EINVAL
+    assert errstr.startswith(f"{field}: contains a NUL character")
+
+
+@pytest.mark.parametrize(("change", "field"), BAD_STRINGS)
+def test_a_surrogate_in_any_string_is_einval_naming_it(
+    server, connection, change, field
+):
+    surrogate = {
+        key: (
+            [v.replace("\0", "\ud800") for v in value] if isinstance(value, list)
+            else {k.replace("\0", "\ud800"): v.replace("\0", "\ud800")
+                  for k, v in value.items()} if isinstance(value, dict)
+            else value.replace("\0", "\ud800")
+        )
+        for key, value in change.items()
+    }  # fmt: skip
+    errnum, errstr = exec_refused(
+        server, connection, {**TRUE, **surrogate}, decoded=True
+    )
+    assert errnum == errno.EINVAL
+    assert errstr.startswith(field.replace("\\x00", "\\ud800"))
+    assert "lone surrogate U+D800" in errstr
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "env", "names"),
+    [
+        (["/bin/true", "x" * 10_000_000], {}, "cmd.cmdline[1]: 10000000 bytes"),
+        (["/bin/true", "x" * 131_072], {}, "MAX_ARG_STRLEN"),
+        (["/bin/true"] + ["x" * 60_000] * 100, {}, "ARG_MAX"),
+        (["/bin/true"] + ["x" * 10_000] * 1000, {}, "ARG_MAX"),
+        (["/bin/true"], {"BIG": "x" * 200_000}, "cmd.env.BIG: 200004 bytes"),
+    ],
+)
+def test_what_exec_cannot_take_is_e2big_and_never_reaches_systemd(
+    server, connection, cmdline, env, names
+):
+    cmd = {**TRUE, "cmdline": cmdline, "env": {"PATH": "/bin", **env}}
+    errnum, errstr = exec_refused(server, connection, cmd)
+    assert errnum == errno.E2BIG
+    assert names in errstr
+
+
+def test_the_largest_single_argument_exec_takes_is_accepted(systemd, connection):
+    from sdexec.limits import MAX_ARG_STRLEN
+
+    cmd = {**TRUE, "cmdline": ["/bin/true", "x" * (MAX_ARG_STRLEN - 1)]}
+    connection.send("sdexec.exec", {"cmd": cmd, "flags": FLAGS})
+    assert systemd.calls[0][0] == "start"
+
+
+def environment_of(systemd: FakeManager, unit: str) -> list[str]:
+    (environment,) = [
+        prop.value for prop in systemd.properties[unit] if prop.name == "Environment"
+    ]
+    return environment
+
+
+def test_the_callers_systemd_variables_never_reach_the_unit(systemd, connection):
+    caller = {
+        name: "from-the-caller"
+        for name in ("NOTIFY_SOCKET", "INVOCATION_ID", "LISTEN_FDS", "LISTEN_PID",
+                     "LISTEN_FDNAMES", "JOURNAL_STREAM", "MANAGERPID",
+                     "SYSTEMD_EXEC_PID")
+    }  # fmt: skip
+    cmd = {**TRUE, "env": {"PATH": "/bin", **caller, "HOME": "/h"},
+           "opts": {"SDEXEC_NAME": "sdexec-env"}}  # fmt: skip
+    connection.send("sdexec.exec", {"cmd": cmd, "flags": FLAGS})
+    assert environment_of(systemd, "sdexec-env.service") == ["PATH=/bin", "HOME=/h"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "text"),
+    [
+        ("User", "root", "a request can never set User: identity"),
+        ("KillMode", "none", "a request can never set KillMode: lifecycle"),
+        ("SendSIGKILL", "no", "a request can never set SendSIGKILL"),
+        ("DeviceAllow", "/dev/mem rwm", "a request can never set DeviceAllow"),
+        ("AllowedCPUs", "0-3", "a request can never set AllowedCPUs"),
+        ("Slice", "x.slice", "a request can never set Slice"),
+        ("Nice", "-20", "requests may not set Nice; an admin may allow it in"
+         " [sdexec] request-properties"),
+        ("NoSuchProperty", "1", "requests may not set NoSuchProperty"),
+        ("MemoryMax", "infinity", "looser than this node's MemoryMax=8G"),
+    ],
+)  # fmt: skip
+def test_a_property_outside_the_policy_is_eperm_naming_it(systemd, name, value, text):
+    config = parse_config({"exec": {"sdexec-properties": {"MemoryMax": "8G"}}})
+    server = SdexecServer(systemd, config, reactor, clock=Clock())
+    connection = Connection(server)
+    cmd = {**TRUE, "opts": {f"SDEXEC_PROP_{name}": value}}
+    errnum, errstr = exec_refused(server, connection, cmd)
+    assert errnum == errno.EPERM
+    assert errstr.startswith(f"SDEXEC_PROP_{name}: ") and text in errstr
+    connection.close()
+
+
+def test_tightening_within_the_policy_reaches_systemd(systemd):
+    config = parse_config({"exec": {"sdexec-properties": {"MemoryMax": "8G"}}})
+    connection = Connection(SdexecServer(systemd, config, reactor, clock=Clock()))
+    opts = {"SDEXEC_NAME": "sdexec-tight", "SDEXEC_PROP_MemoryMax": "1G",
+            "SDEXEC_PROP_CPUWeight": "10"}  # fmt: skip
+    connection.send("sdexec.exec", {"cmd": {**TRUE, "opts": opts}, "flags": FLAGS})
+    sent = systemd.properties["sdexec-tight.service"]
+    requested = {(p.name, p.value) for p in sent if p.source == "request"}
+    assert requested == {("MemoryMax", 1 << 30), ("CPUWeight", 10)}
+    connection.close()
+
+
+def test_an_unknown_property_systemd_refuses_is_einval_naming_it(systemd):
+    from sdexec.systemd import SystemdError
+
+    systemd.refuse_start = SystemdError(
+        "org.freedesktop.DBus.Error.PropertyReadOnly",
+        "Cannot set property NoSuchProperty, or unknown property.",
+    )
+    config = parse_config({"sdexec": {"request-properties": ["NoSuchProperty"]}})
+    connection = Connection(SdexecServer(systemd, config, reactor, clock=Clock()))
+    opts = {"SDEXEC_PROP_NoSuchProperty": "1"}
+    connection.send("sdexec.exec", {"cmd": {**TRUE, "opts": opts}, "flags": FLAGS})
+    errnum, errstr = error_of(connection.last())
+    assert errnum == errno.EINVAL and "NoSuchProperty" in errstr
+    connection.close()
+
+
+# -- connections ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("limits", "owner", "key"),
+    [
+        ({"max-connections-per-user": 3}, False, "max-connections-per-user"),
+        ({"max-connections": 3}, True, "max-connections"),
+        ({"max-connections": 3}, False, "max-connections"),
+    ],
+)
+def test_connections_over_a_cap_are_refused_eagain_and_closed(
+    systemd, limits, owner, key
+):
+    server = SdexecServer(systemd, parse_config({"sdexec": limits}), reactor)
+    if not owner:
+        server.owner_uid = os.getuid() + 1  # this process is another user
+    admitted = [Connection(server) for _ in range(3)]
+    assert all(connection.responses() == [] for connection in admitted)
+    refused = Connection(server)
+    (response,) = refused.responses()
+    assert (response["matchtag"], response["errnum"]) == (0, errno.EAGAIN)
+    assert f"[sdexec] {key} allows" in response["errstr"]
+    assert refused.transport.disconnecting
+    refused.send("sdexec.list", {})
+    assert len(refused.responses()) == 1  # nothing more is served
+    refused.close()
+    admitted.pop().close()  # a slot is free again
+    again = Connection(server)
+    assert again.responses() == []  # admitted
+    for connection in [*admitted, again]:
+        connection.close()
+    assert server.connections.total == 0
+
+
+def test_the_owner_is_bounded_by_the_total_only(systemd):
+    limits = {"max-connections-per-user": 1, "max-connections": 5}
+    server = SdexecServer(systemd, parse_config({"sdexec": limits}), reactor)
+    connections = [Connection(server) for _ in range(5)]
+    for connection in connections:
+        connection.send("sdexec.list", {})
+        assert "payload" in connection.last()
+        connection.close()
+
+
+def test_refused_non_owners_do_not_hold_connections(systemd):
+    server = SdexecServer(systemd, parse_config({}), reactor)
+    server.owner_uid = os.getuid() + 1
+    for _ in range(1000):
+        intruder = Connection(server)
+        intruder.send("sdexec.list", {})
+        assert intruder.transport.disconnecting
+        intruder.close()  # what the reactor does once the EPERM is written
+    assert server.connections.total == 0
+
+
+def test_an_error_quoting_a_huge_value_is_bounded(connection):
+    opts = {"SDEXEC_STOP_TIMER_SEC": "x" * 10_000_000}
+    connection.send("sdexec.exec", {"cmd": {**TRUE, "opts": opts}, "flags": FLAGS})
+    errnum, errstr = error_of(connection.last())
+    assert errnum == errno.EINVAL
+    assert errstr.startswith("SDEXEC_STOP_TIMER_SEC: 'xxx")
+    assert len(errstr) == MAX_ERRSTR and errstr.endswith("…")
+
+
+# -- stdin ------------------------------------------------------------------------
+
+
+@ensureDeferred
+async def test_a_client_that_ignores_its_credit_gets_enospc_and_stdin_eof(
+    systemd, server, connection
+):
+    opts = {"SDEXEC_NAME": "sdexec-flood", "stdin_BUFSIZE": "1024"}
+    connection.send("sdexec.exec", {"cmd": {**TRUE, "opts": opts}, "flags": 8})
+    chunk = b"x" * 4096
+    for matchtag in range(100, 200):  # 400 KiB at once; the process reads none
+        io = encode_io("stdin", "0", chunk)
+        connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=matchtag)
+    errors = [r for r in connection.responses() if "errnum" in r]
+    (overrun,) = errors  # once; later writes are dropped
+    assert (overrun["topic"], overrun["errnum"]) == ("sdexec.write", errno.ENOSPC)
+    assert overrun["errstr"].startswith("stdin: the client overran its credit")
+    refused_at = overrun["matchtag"] - 100
+    stdin = systemd.process_fd("sdexec-flood.service", "stdin")
+    assert await read_to_eof(stdin) == chunk * refused_at  # then EOF
+    assert "sdexec-flood.service" in [p.unit_name for p in server.processes.values()]
+
+
+def test_no_fds_for_the_channels_is_an_error_and_nothing_is_tabled(
+    server, connection, monkeypatch
+):
+    def exhausted():
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr("sdexec.process.socketpair_for_systemd", exhausted)
+    connection.send("sdexec.exec", {"cmd": TRUE, "flags": FLAGS})
+    errnum, errstr = error_of(connection.last())
+    assert errnum == errno.EMFILE and errstr.startswith("cannot start the process")
+    assert server.processes == {}
+    still_serves(server)
+
+
+@pytest.mark.parametrize(
+    ("opts", "option"),
+    [
+        ({"SDEXEC_NAME": "a b"}, "SDEXEC_NAME"),
+        ({"SDEXEC_NAME": "a/b"}, "SDEXEC_NAME"),
+        ({"SDEXEC_NAME": "é"}, "SDEXEC_NAME"),
+        ({"SDEXEC_NAME": "x" * 248}, "SDEXEC_NAME"),  # 256 with .service
+        ({"SDEXEC_JOBID": "f" * 250}, "SDEXEC_JOBID"),
+    ],
+)
+def test_a_unit_name_systemd_cannot_take_is_einval_before_systemd(
+    server, connection, opts, option
+):
+    errnum, errstr = exec_refused(server, connection, {**TRUE, "opts": opts})
+    assert errnum == errno.EINVAL
+    assert errstr.startswith(f"{option}: ") and "is not a unit name" in errstr
+
+
+def test_the_longest_unit_name_systemd_takes_is_accepted(systemd, connection):
+    name = "x" * 247  # 255 with .service
+    cmd = {**TRUE, "opts": {"SDEXEC_NAME": name}}
+    connection.send("sdexec.exec", {"cmd": cmd, "flags": FLAGS})
+    assert systemd.calls[0] == ("start", f"{name}.service")

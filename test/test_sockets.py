@@ -1,0 +1,209 @@
+"""The service's UNIX sockets and its stats endpoints, on real sockets with
+sdexec.testing's FakeManager (issue 16): private sockets in the service's
+own directories, another user kept out, the stats site without secrets
+unless asked, and on a UNIX socket too."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from pytest_twisted import ensureDeferred
+from twisted.internet import defer, reactor, threads
+
+from sdexec.client import connect
+from sdexec.config import parse_config
+from sdexec.service import SdexecService
+from sdexec.sockets import private_endpoint, unix_endpoint, unix_path
+from sdexec.testing import FakeManager
+
+NOBODY = 65534
+
+
+async def started(listen: str, manager: FakeManager, **sdexec: object):
+    service = SdexecService(
+        parse_config({"sdexec": sdexec}),
+        reactor,
+        listen=listen,
+        stats="tcp:0:interface=127.0.0.1",
+        connect=lambda: defer.succeed(manager),
+    )
+    service.startService()
+    await service.ready
+    return service
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory of ours that other users may enter (not write)."""
+    directory = tempfile.mkdtemp(prefix="sdexec-sock-")
+    os.chmod(directory, 0o711)
+    yield Path(directory)
+    shutil.rmtree(directory)
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.parametrize(
+    ("description", "expected"),
+    [
+        ("unix:/run/s.sock", "/run/s.sock"),
+        ("unix:/run/s.sock:mode=660:lockfile=1", "/run/s.sock"),
+        ("unix:address=/run/a\\:b.sock:backlog=5", "/run/a:b.sock"),
+        ("tcp:8490", None),
+        ("systemd:domain=UNIX:name=sdexec", None),
+    ],
+)
+def test_unix_path(description, expected):
+    assert unix_path(description) == expected
+
+
+def test_an_endpoint_gets_the_configured_mode_unless_it_names_one(tmp_path):
+    uid = os.getuid()
+    plain = unix_endpoint(f"{tmp_path}/a:b.sock")
+    assert private_endpoint(plain, 0o600, uid) == f"{plain}:mode=600"
+    explicit = f"unix:{tmp_path}/s.sock:mode=660"
+    assert private_endpoint(explicit, 0o600, uid) == explicit
+    assert private_endpoint("tcp:0", 0o600, uid) == "tcp:0"
+
+
+def test_a_missing_directory_is_created_private(tmp_path):
+    private_endpoint(f"unix:{tmp_path}/new/s.sock", 0o600, os.getuid())
+    assert mode_of(tmp_path / "new") == 0o700
+    private_endpoint(f"unix:{tmp_path}/shared/s.sock", 0o666, os.getuid())
+    assert mode_of(tmp_path / "shared") == 0o711  # others may reach the socket
+
+
+def test_a_directory_of_another_user_or_writable_by_others_is_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    with pytest.raises(ValueError, match=r"theirs: .* \(uid 0\), not uid 65534"):
+        private_endpoint(f"unix:{theirs}/s.sock", 0o600, 0)
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o1777)
+    with pytest.raises(ValueError, match=r"open: .* writable by group or others"):
+        private_endpoint(f"unix:{open_dir}/s.sock", 0o600, 0)
+
+
+@ensureDeferred
+async def test_a_listen_socket_is_0600_and_another_user_cannot_connect(shared_dir):
+    manager = FakeManager()
+    umask = os.umask(0o022)
+    service = await started(f"unix:{shared_dir}/s.sock", manager)
+    assert os.umask(umask) == 0o022  # restored after the bind
+    assert mode_of(shared_dir / "s.sock") == 0o600
+    assert await as_nobody(shared_dir / "s.sock") == "connect: EACCES"
+    await service.stopService()
+
+
+@ensureDeferred
+async def test_another_user_on_a_shared_socket_is_answered_eperm_then_closed(
+    shared_dir,
+):
+    manager = FakeManager()
+    service = await started(
+        f"unix:{shared_dir}/s.sock", manager, **{"socket-mode": "0666"}
+    )
+    assert mode_of(shared_dir / "s.sock") == 0o666
+    reply = json.loads(await as_nobody(shared_dir / "s.sock"))
+    assert (reply["errnum"], reply["closed"]) == (1, True)
+    assert service.server.connections.total == 0
+    await service.stopService()
+
+
+def nobody_client(path: Path) -> str:
+    """In a child process as uid 65534: connect, send two requests, read to
+    EOF; what it got."""
+    try:
+        os.setuid(NOBODY)
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(str(path))
+    except OSError as error:
+        return f"connect: {errno.errorcode[error.errno]}"
+    request = {"type": "request", "topic": "sdexec.list", "payload": {}}
+    for matchtag in (1, 2):
+        sock.sendall(json.dumps({**request, "matchtag": matchtag}).encode() + b"\n")
+    sock.settimeout(60)
+    lines = b"".join(iter(lambda: sock.recv(65536), b"")).splitlines()
+    return json.dumps({**json.loads(lines[0]), "closed": len(lines) == 1})
+
+
+async def as_nobody(path: Path) -> str:
+    """What a client running as uid 65534 gets from the socket at ``path``
+    (forked: the interpreter's own files may be out of that user's reach)."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no reactor, no pytest; only this, then _exit
+        status = 1
+        try:
+            os.write(writer, nobody_client(path).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(writer)
+    _, status = await threads.deferToThread(os.waitpid, pid, 0)
+    with os.fdopen(reader) as answer:
+        assert status == 0
+        return answer.read()
+
+
+# -- the stats endpoints ------------------------------------------------------------
+
+
+async def curl(*args: str) -> dict:
+    done = await threads.deferToThread(
+        subprocess.run,
+        ["curl", "-sf", "--max-time", "60", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("detail", [False, True])
+@ensureDeferred
+async def test_http_stats_leave_out_command_lines_unless_configured(tmp_path, detail):
+    manager = FakeManager()
+    manager.stop_to_inactive = True  # the unit goes once the client has gone
+    stats_socket = tmp_path / "stats" / "stats.sock"
+    service = await started(
+        f"unix:{tmp_path}/s.sock",
+        manager,
+        **{"stats-detail": detail, "stats-socket": str(stats_socket)},
+    )
+    client = await connect(reactor, f"{tmp_path}/s.sock")
+    client.exec(
+        {"cmdline": ["/bin/true", "--password=hunter2"], "env": {}, "opts": {},
+         "label": "secret-label"},
+        flags=0,
+        on_response=lambda payload: None,
+    )  # fmt: skip
+    rpc = await client.stats()
+    assert rpc["procs"][0]["cmdline"] == ["/bin/true", "--password=hunter2"]
+    port = service.ports["stats"].getHost().port
+    over_tcp = await curl(f"http://127.0.0.1:{port}/stats")
+    over_unix = await curl("--unix-socket", str(stats_socket), "http://sdexec/stats")
+    assert mode_of(stats_socket) == 0o600
+    for answer in (over_tcp, over_unix):
+        (proc,) = answer["procs"]
+        assert ("cmdline" in proc, "label" in proc) == (detail, detail)
+        assert ("source" in answer["config"]) == detail
+        assert "hunter2" not in json.dumps(answer) or detail
+        assert proc["unit"] == rpc["procs"][0]["unit"]
+    await client.close()
+    await service.stopService()
+    manager.close()

@@ -25,6 +25,7 @@ from typing import Any
 
 from twisted.internet import defer
 
+from sdexec.command import Command
 from sdexec.config import Config
 from sdexec.containment import Containment
 from sdexec.ioencode import decode_io
@@ -77,12 +78,20 @@ def canary_plan(config: Config) -> ExecPlan:
             {"PATH": "/usr/bin:/bin"},
             {
                 "SDEXEC_NAME": f"sdexec-device-canary-{uuid.uuid4().hex}",
-                **{f"SDEXEC_PROP_{k}": v for k, v in CANARY_PROPERTIES.items()},
             },
             cwd="/",
         ),
     }
-    return plan_exec(payload, config, Containment(config, None))
+    return plan_exec(payload, config, _CanaryFence(config, None))
+
+
+class _CanaryFence(Containment):
+    """The canary's device policy, planned as containment's properties: they
+    are the service's own, and a request (whose policy the canary's options
+    pass) may never name a device fence."""
+
+    def properties(self, command: Command) -> dict[str, str]:
+        return dict(CANARY_PROPERTIES)
 
 
 def canary_verdict(status: int | None, stderr: str, bus: str) -> str | None:

@@ -21,7 +21,7 @@ import selectors
 import shlex
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 from sdexec.ioencode import decode_io
@@ -53,6 +53,10 @@ FORWARDED_SIGNALS = (
 NOT_FOUND = 127
 _RUN_FLAGS = ExecFlag.STDOUT | ExecFlag.STDERR | ExecFlag.WRITE_CREDIT
 _READ_SIZE = 64 * 1024
+#: With stdio passthrough the process writes to our stdout itself: let a
+#: closed pipe kill it as it would a local command (systemd ignores SIGPIPE
+#: by default; framed, the client sends SIGPIPE instead).
+_PASSTHROUGH_OPTS = {"SDEXEC_PROP_IgnoreSIGPIPE": "no"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -158,6 +162,13 @@ def _add_run(commands: Any) -> None:
         help="do not send stdin to the process (it reads EOF)",
     )
     run.add_argument(
+        "--no-passthrough",
+        dest="passthrough",
+        action="store_false",
+        help="relay stdin, stdout and stderr through the service instead of"
+        " passing our own file descriptors to the process",
+    )
+    run.add_argument(
         "--setopt",
         metavar="KEY=VAL",
         action="append",
@@ -200,10 +211,11 @@ def build_command(
 ) -> dict[str, Any]:
     """The RFC 42 command object for ``sdexec run``: the client's whole
     environment and working directory (``--dir`` relative to ``cwd``)."""
+    opts = dict(_PASSTHROUGH_OPTS) if options.passthrough else {}
     return command_object(
         [options.cmd, *options.args],
         environ,
-        options.setopt,
+        {**opts, **dict(options.setopt)},
         cwd=os.path.join(cwd, options.dir) if options.dir else cwd,
         label=options.label,
     )
@@ -242,8 +254,8 @@ def _run(options: argparse.Namespace) -> int:
     except OSError as failure:
         why = failure.strerror
         raise SdexecError(f"cannot get the current directory: {why}") from None
-    with Loop() as loop:
-        job = _Job(loop, options.noinput)
+    with Loop() as loop, _stdio(options) as stdio:
+        job = _Job(loop, options.noinput, stdio)
         # Caught before connecting: a signal that arrives while we start up
         # is held until the process has started.
         loop.catch_signals(FORWARDED_SIGNALS, job.forward_signal)
@@ -251,6 +263,23 @@ def _run(options: argparse.Namespace) -> int:
             job.start(connection, command)
             loop.run_until(job.ended)
     return job.exit_code()
+
+
+@contextlib.contextmanager
+def _stdio(options: argparse.Namespace) -> Iterator[dict[str, int]]:
+    """The descriptors `run` passes to the process (none with
+    ``--no-passthrough``): our own, or /dev/null for stdin with ``-n``."""
+    if not options.passthrough:
+        yield {}
+        return
+    if not options.noinput:
+        yield {"stdin": 0, "stdout": 1, "stderr": 2}
+        return
+    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        yield {"stdin": devnull, "stdout": 1, "stderr": 2}
+    finally:
+        os.close(devnull)
 
 
 def _ps(options: argparse.Namespace) -> int:
@@ -351,20 +380,21 @@ class _Job:
     stderr, our stdin to its (within the credit), our signals to it, its
     wait status kept for the exit code."""
 
-    def __init__(self, loop: Loop, noinput: bool) -> None:
+    def __init__(self, loop: Loop, noinput: bool, stdio: Mapping[str, int]) -> None:
         self._loop = loop
         self._noinput = noinput
+        self._passed = dict(stdio)
         self._outputs = {"stdout": _Output(1), "stderr": _Output(2)}
         self._connection: Connection | None = None
         self._stream: Exec | None = None
         self._held_signals: list[int] = []
-        self._stdin_open = not noinput
+        self._stdin_open = not noinput and "stdin" not in stdio
         self._status: int | None = None
 
     def start(self, connection: Connection, command: dict[str, Any]) -> None:
         self._connection = connection
-        self._stream = connection.exec(command, _RUN_FLAGS, self._respond)
-        if self._noinput:
+        self._stream = connection.exec(command, _RUN_FLAGS, self._respond, self._passed)
+        if self._noinput and "stdin" not in self._passed:
             connection.write_stdin(self._stream, b"")
         self._watch_stdin()
 

@@ -25,9 +25,9 @@ from zope.interface import implementer
 
 from sdexec.config import Config
 from sdexec.containment import Containment, check_cpu_fence, enforced_cpus
-from sdexec.framing import JSONLineProtocol
 from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
+from sdexec.passthrough import NO_STDIO, PassedStdio, StdioReceivingProtocol
 from sdexec.plan import RequestError, plan_exec
 from sdexec.process import Process, ProcessContext
 from sdexec.protocol import Topic
@@ -92,15 +92,23 @@ class SdexecServer:
     # -- exec --------------------------------------------------------------
 
     def exec(
-        self, connection_id: int, matchtag: int, payload: dict, responder: Any
+        self,
+        connection_id: int,
+        matchtag: int,
+        payload: dict,
+        responder: Any,
+        stdio: PassedStdio = NO_STDIO,
     ) -> None:
-        """Start a process for an ``sdexec.exec`` request."""
+        """Start a process for an ``sdexec.exec`` request, with the
+        descriptors it brought (``stdio``; the caller closes them if this
+        raises)."""
         if self.drain_reason is not None:
             raise RequestError(
                 errno.EBUSY,
                 f"node is drained: {self.drain_reason} (sdexec undrain clears it)",
             )
         plan = plan_exec(payload, self.config, self.containment)
+        stdio.assign(plan.stdio)
         key = (connection_id, matchtag)
         if key in self.processes:
             raise RequestError(errno.EEXIST, f"matchtag {matchtag} is already in use")
@@ -121,6 +129,7 @@ class SdexecServer:
             ),
             on_reaped=lambda process: self._reaped(key),
             verify=self._fence_verifier(plan.fence),
+            stdio=stdio,
         )
         self.processes[key] = process
         process.start()
@@ -269,7 +278,7 @@ class SdexecServer:
 
 
 @implementer(IPushProducer)
-class ClientProtocol(JSONLineProtocol):
+class ClientProtocol(StdioReceivingProtocol):
     """One client connection."""
 
     #: A UNIX socket transport once connected. Twisted types it as
@@ -304,6 +313,7 @@ class ClientProtocol(JSONLineProtocol):
         self.transport.registerProducer(self, True)
 
     def connectionLost(self, reason: object = None) -> None:
+        super().connectionLost(reason)
         for process in self.server.connection_processes(self.connection_id):
             process.abandon()
 
@@ -362,7 +372,24 @@ class ClientProtocol(JSONLineProtocol):
         return handler(matchtag, payload)
 
     def _exec(self, matchtag: int, payload: dict) -> None:
-        self.server.exec(self.connection_id, matchtag, payload, _Stream(self, matchtag))
+        stdio = PassedStdio(self.take_request_fds())
+        try:
+            self.server.exec(
+                self.connection_id, matchtag, payload, _Stream(self, matchtag), stdio
+            )
+        except BaseException:
+            stdio.close()
+            raise
+
+    def descriptorsRefused(self, message: dict, reason: str) -> None:
+        topic, matchtag = message.get("topic"), message.get("matchtag")
+        self.server.count("errors")
+        self._send_error(
+            topic if isinstance(topic, str) else "",
+            matchtag if type(matchtag) is int else 0,
+            errno.EPROTO,
+            reason,
+        )
 
     def _write(self, matchtag: int, payload: dict) -> None:
         self.server.write(self.connection_id, payload)

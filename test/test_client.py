@@ -418,7 +418,8 @@ def _spawn_cli(path: str, args: list[str], stdin: bytes = b"") -> _Collect:
 def test_cli_run_streams_and_exits_with_the_status(tmp_path, served):
     peer, client = served
     factory_peers = peer.factory.peers
-    cli = _spawn_cli(client.path, ["run", "--setopt", "K=V", "cat"], b"x" * 5000)
+    framed = ["run", "--no-passthrough", "--setopt", "K=V", "cat"]
+    cli = _spawn_cli(client.path, framed, b"x" * 5000)
     peer = yield factory_peers.get()
     request = yield peer.requests.get()
     cmd = request["payload"]["cmd"]
@@ -448,7 +449,7 @@ def test_cli_run_streams_and_exits_with_the_status(tmp_path, served):
 @pytest_twisted.inlineCallbacks
 def test_cli_missing_command_exits_127(served):
     peer, client = served
-    cli = _spawn_cli(client.path, ["run", "-n", "nosuch"])
+    cli = _spawn_cli(client.path, ["run", "--no-passthrough", "-n", "nosuch"])
     peer = yield peer.factory.peers.get()
     request = yield peer.requests.get()
     eof = yield peer.requests.get()  # -n: EOF at once
@@ -461,7 +462,7 @@ def test_cli_missing_command_exits_127(served):
 @pytest_twisted.inlineCallbacks
 def test_cli_forwards_sigterm_as_kill(served):
     peer, client = served
-    cli = _spawn_cli(client.path, ["run", "-n", "sleep", "100"])
+    cli = _spawn_cli(client.path, ["run", "--no-passthrough", "-n", "sleep", "100"])
     peer = yield peer.factory.peers.get()
     request = yield peer.requests.get()
     yield peer.requests.get()  # stdin EOF

@@ -85,7 +85,8 @@ class PassedStdio:
                 f"stdio: the request names {len(streams)} stream(s) but"
                 f" {len(self._fds)} file descriptor(s) came with it",
             )
-        self._by_stream = dict(zip(streams, self._fds, strict=True))
+        if streams:  # (NO_STDIO, shared, is never changed)
+            self._by_stream = dict(zip(streams, self._fds, strict=True))
 
     @property
     def streams(self) -> tuple[str, ...]:
@@ -101,8 +102,9 @@ class PassedStdio:
 
     def close(self) -> None:
         """Close every descriptor (systemd has its copies, or never will)."""
-        fds, self._fds = self._fds, []
-        close_fds(fds)
+        if self._fds:
+            fds, self._fds = self._fds, []
+            close_fds(fds)
 
 
 #: An empty set, for processes whose stdio is all the service's own.

@@ -38,6 +38,7 @@ from sdexec.protocol import Topic
 
 __all__ = [
     "MAX_PASSED_FDS",
+    "NO_STDIO",
     "PassedStdio",
     "StdioReceivingProtocol",
     "close_fds",

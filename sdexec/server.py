@@ -374,8 +374,9 @@ class ClientProtocol(StdioReceivingProtocol):
     def _exec(self, matchtag: int, payload: dict) -> None:
         stdio = PassedStdio(self.take_request_fds())
         try:
+            responder = _Stream(self, matchtag)
             self.server.exec(
-                self.connection_id, matchtag, payload, _Stream(self, matchtag), stdio
+                self.connection_id, matchtag, payload, responder, stdio=stdio
             )
         except BaseException:
             stdio.close()

@@ -1,0 +1,199 @@
+"""Stdio passthrough: a local client's own stdin/stdout/stderr for its
+process, passed as file descriptors with the exec request (docs/protocol.md,
+"Stdio passthrough").
+
+What ``systemd-run --pipe`` does: the client sends its descriptors over the
+unix socket (``SCM_RIGHTS``) and the service hands them to systemd in
+``StartTransientUnit`` in place of its own socketpairs, so the process's
+output never passes through the service.
+
+Matching descriptors with their request. Linux returns the descriptors of
+one ``sendmsg`` with a read that ends inside the bytes sent with them, and
+Twisted calls ``fileDescriptorReceived`` for them before the
+``dataReceived`` of that read. So descriptors belong to the request whose
+frame holds the **last byte of the read they arrived with**: the last frame
+of that read, or the frame still incomplete at its end. A client sends them
+with bytes of the exec request's own frame (any of them: the command line
+sends all with the first, Twisted one with each of the first bytes).
+
+:class:`StdioReceivingProtocol` does that matching for the service's
+connections and refuses what does not match; :class:`PassedStdio` holds one
+request's descriptors until systemd has its copies, and closes them once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from twisted.internet.interfaces import IFileDescriptorReceiver
+from zope.interface import implementer
+
+from sdexec.framing import JSONLineProtocol
+from sdexec.plan import STDIO_STREAMS, RequestError
+from sdexec.protocol import Topic
+
+__all__ = [
+    "MAX_PASSED_FDS",
+    "NO_STDIO",
+    "PassedStdio",
+    "StdioReceivingProtocol",
+    "close_fds",
+    "takes_stdio",
+]
+
+#: The most descriptors one request may bring: one per stream.
+MAX_PASSED_FDS = len(STDIO_STREAMS)
+
+
+def close_fds(fds: Iterable[int]) -> None:
+    """Close each of ``fds`` (one already gone is no error)."""
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def takes_stdio(message: dict[str, Any]) -> bool:
+    """Whether ``message`` is a request that may bring descriptors: a
+    streaming ``sdexec.exec`` whose payload has ``stdio``."""
+    payload = message.get("payload")
+    return (
+        message.get("topic") == Topic.EXEC
+        and message.get("streaming", True) is not False
+        and isinstance(payload, dict)
+        and "stdio" in payload
+    )
+
+
+class PassedStdio:
+    """The descriptors one exec request brought, by stream once
+    :meth:`assign`\\ ed; owned until :meth:`close` (which closes each once,
+    so a number the kernel has since reused is never closed by mistake)."""
+
+    def __init__(self, fds: Sequence[int]) -> None:
+        self._fds = list(fds)
+        self._by_stream: dict[str, int] = {}
+
+    def assign(self, streams: Sequence[str]) -> None:
+        """Give the descriptors to ``streams`` in order; ``EPROTO`` if their
+        number differs."""
+        if len(streams) != len(self._fds):
+            raise RequestError(
+                errno.EPROTO,
+                f"stdio: the request names {len(streams)} stream(s) but"
+                f" {len(self._fds)} file descriptor(s) came with it",
+            )
+        if streams:  # (NO_STDIO, shared, is never changed)
+            self._by_stream = dict(zip(streams, self._fds, strict=True))
+
+    @property
+    def streams(self) -> tuple[str, ...]:
+        """The streams given descriptors (none before :meth:`assign`)."""
+        return tuple(self._by_stream)
+
+    def __contains__(self, stream: object) -> bool:
+        return stream in self._by_stream
+
+    def fd(self, stream: str) -> int:
+        """The descriptor passed for ``stream`` (one of :meth:`assign`'s)."""
+        return self._by_stream[stream]
+
+    def close(self) -> None:
+        """Close every descriptor (systemd has its copies, or never will)."""
+        if self._fds:
+            fds, self._fds = self._fds, []
+            close_fds(fds)
+
+
+#: An empty set, for processes whose stdio is all the service's own.
+NO_STDIO = PassedStdio(())
+
+
+@implementer(IFileDescriptorReceiver)
+class StdioReceivingProtocol(JSONLineProtocol):
+    """A :class:`~sdexec.framing.JSONLineProtocol` that receives
+    descriptors and gives each request the ones its frame brought.
+
+    While :meth:`messageReceived` runs, :attr:`request_fds` holds the
+    request's descriptors; a handler that keeps them takes them with
+    :meth:`take_request_fds`, the rest are closed when it returns. A request
+    that may not bring any (:func:`takes_stdio`) but did is not handled:
+    :meth:`descriptorsRefused` is called instead. No more than
+    :data:`MAX_PASSED_FDS` are held for one frame; any beyond are closed at
+    once and the frame is refused.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.request_fds: list[int] = []
+        self._arrived: list[int] = []  # with the read about to be delivered
+        self._frame_fds: list[int] = []  # for the next frame to complete
+        self._too_many = False
+
+    def fileDescriptorReceived(self, descriptor: int) -> None:
+        os.set_inheritable(descriptor, False)  # recvmsg leaves them inheritable
+        self._arrived.append(descriptor)
+
+    def dataReceived(self, data: bytes) -> None:
+        arrived, self._arrived = self._arrived, []
+        if not arrived:
+            super().dataReceived(data)
+            return
+        # The frames before the one that holds the read's last byte came
+        # without these descriptors: deliver them first.
+        owner_starts = data.rfind(b"\n", 0, len(data) - 1) + 1
+        if owner_starts:
+            super().dataReceived(data[:owner_starts])
+        self._hold_for_frame(arrived)
+        super().dataReceived(data[owner_starts:])
+
+    def _hold_for_frame(self, fds: list[int]) -> None:
+        room = MAX_PASSED_FDS - len(self._frame_fds)
+        if len(fds) > room:
+            self._too_many = True
+            close_fds(fds[max(room, 0) :])
+            fds = fds[: max(room, 0)]
+        self._frame_fds.extend(fds)
+
+    def _deliver(self, message: dict[str, Any]) -> None:
+        fds, self._frame_fds = self._frame_fds, []
+        too_many, self._too_many = self._too_many, False
+        if too_many or (fds and not takes_stdio(message)):
+            close_fds(fds)
+            self.descriptorsRefused(message, _refusal(too_many, len(fds)))
+            return
+        self.request_fds = fds
+        try:
+            self.messageReceived(message)
+        finally:
+            close_fds(self.take_request_fds())
+
+    def take_request_fds(self) -> list[int]:
+        """The current request's descriptors, now the caller's to close."""
+        fds, self.request_fds = self.request_fds, []
+        return fds
+
+    def connectionLost(self, reason: object = None) -> None:
+        """Close descriptors that never reached a complete request."""
+        held = self._arrived + self._frame_fds + self.request_fds
+        self._arrived, self._frame_fds, self.request_fds = [], [], []
+        close_fds(held)
+
+    def descriptorsRefused(self, message: dict[str, Any], reason: str) -> None:
+        """``message`` brought descriptors it may not: answer it with
+        ``EPROTO`` ``reason`` (its descriptors are already closed)."""
+        raise NotImplementedError
+
+
+def _refusal(too_many: bool, count: int) -> str:
+    if too_many:
+        return (
+            f"stdio: more than {MAX_PASSED_FDS} file descriptors came with one request"
+        )
+    return (
+        f"stdio: {count} file descriptor(s) came with a request that takes none"
+        " (only a streaming sdexec.exec with stdio does)"
+    )

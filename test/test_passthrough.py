@@ -1,0 +1,424 @@
+"""Stdio passthrough (sdexec/passthrough.py, docs/protocol.md): a client's
+own descriptors for its process, matched with the exec request they came
+with, handed to systemd, and closed in the service whatever happens.
+
+Offline: the server over an in-memory transport and the fake manager, with
+descriptors delivered as Twisted delivers them (``fileDescriptorReceived``
+before the ``dataReceived`` of the same read). Against the real service and
+manager: the command line and the synchronous client over a real socket.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from pytest_twisted import ensureDeferred
+from support import sleep
+from test_server import Connection
+from twisted.internet import reactor
+from twisted.internet.task import Clock, deferLater
+from twisted.internet.threads import deferToThread
+
+from sdexec.config import default_config, parse_config
+from sdexec.containment import Containment
+from sdexec.plan import RequestError, plan_exec
+from sdexec.protocol import ExecFlag
+from sdexec.server import SdexecServer
+from sdexec.syncclient import Connection as SyncConnection
+from sdexec.syncclient import Loop
+from sdexec.testing import FakeManager
+
+UNIT = "sdexec-t.service"
+TRUE = {"cmdline": ["/bin/true"], "opts": {"SDEXEC_NAME": "sdexec-t"}}
+FLAGS = int(ExecFlag.STDOUT | ExecFlag.STDERR | ExecFlag.WRITE_CREDIT)
+ALL = ["stdin", "stdout", "stderr"]
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def pipes(count: int) -> tuple[list[int], list[int]]:
+    """``count`` pipes: the ends to pass, and the ends the test keeps."""
+    passed, kept = [], []
+    for _ in range(count):
+        read_end, write_end = os.pipe()
+        passed.append(write_end)
+        kept.append(read_end)
+    return passed, kept
+
+
+def request(topic: str, payload: dict, matchtag: int = 1, **envelope) -> bytes:
+    message = {"type": "request", "topic": topic, "matchtag": matchtag}
+    return json.dumps({**message, "payload": payload, **envelope}).encode() + b"\n"
+
+
+def exec_request(stdio=ALL, matchtag: int = 1, **envelope) -> bytes:
+    payload = {"flags": FLAGS, "cmd": TRUE, "stdio": stdio}
+    return request("sdexec.exec", payload, matchtag, **envelope)
+
+
+def deliver(connection: Connection, data: bytes, fds=()) -> None:
+    """One read, as Twisted delivers it: its descriptors, then its data.
+    The protocol owns the descriptors from here on (dups of ``fds``)."""
+    for fd in fds:
+        connection.protocol.fileDescriptorReceived(os.dup(fd))
+    connection.protocol.dataReceived(data)
+
+
+@pytest.fixture
+def systemd():
+    manager = FakeManager()
+    manager.stop_to_inactive = True
+    yield manager
+    manager.close()
+
+
+@pytest.fixture
+def server(systemd):
+    return SdexecServer(systemd, parse_config({}), reactor, clock=Clock())
+
+
+@pytest.fixture
+def ends():
+    passed, kept = pipes(3)
+    yield passed, kept
+    for fd in passed + kept:
+        os.close(fd)
+
+
+@pytest.fixture
+def connection(server):
+    before = open_fds()
+    opened = Connection(server)
+    yield opened
+    opened.close()
+    # Nothing the service received is left open (the fixtures' own fds are
+    # opened before and closed after).
+    assert open_fds() <= before | {str(opened.transport.handle.fileno())}
+
+
+def same_file(fd_a: int, fd_b: int) -> bool:
+    a, b = os.fstat(fd_a), os.fstat(fd_b)
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def errors(connection: Connection) -> list[tuple[int, int, str]]:
+    return [
+        (r["matchtag"], r["errnum"], r["errstr"])
+        for r in connection.responses()
+        if "errnum" in r
+    ]
+
+
+# -- the request field -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "stdio",
+    [[], "stdout", ["stdout", "stdout"], ["stdout", "tty"], [1], [{}], {}, None],
+)
+def test_a_bad_stdio_field_is_einval_naming_it(stdio):
+    config = default_config()
+    payload = {"flags": 0, "cmd": TRUE, "stdio": stdio}
+    with pytest.raises(RequestError) as refused:
+        plan_exec(payload, config, Containment(config, None))
+    assert refused.value.errnum == errno.EINVAL
+    assert refused.value.errstr.startswith("stdio: expected a non-empty list")
+
+
+def test_the_plan_keeps_the_streams_in_order():
+    config = default_config()
+    payload = {"flags": 0, "cmd": TRUE, "stdio": ["stderr", "stdout"]}
+    assert plan_exec(payload, config, Containment(config, None)).stdio == (
+        "stderr",
+        "stdout",
+    )
+
+
+# -- the exec --------------------------------------------------------------------------
+
+
+def test_passed_descriptors_go_to_systemd_and_no_output_comes_back(
+    systemd, connection, ends
+):
+    passed, _ = ends
+    deliver(connection, exec_request(), passed)
+    for stream, fd in zip(ALL, passed, strict=True):
+        assert same_file(systemd.process_fd(UNIT, stream), fd)
+    systemd.run(UNIT, pid=99)
+    systemd.exit(UNIT, status=3)
+    # No add-credit (stdin is the client's), no output, no EOFs: started,
+    # finished, then ENODATA once the stopped unit is inactive.
+    assert [r.get("payload") for r in connection.responses()] == [
+        {"type": "started", "pid": 99},
+        {"type": "finished", "status": 3 << 8},
+        None,
+    ]
+    assert errors(connection) == [(1, errno.ENODATA, "")]
+
+
+def test_an_inactive_unit_that_has_not_run_does_not_end_the_stream(
+    systemd, connection, ends
+):
+    deliver(connection, exec_request(), ends[0])
+    # systemd creates the unit inactive and signals that before starting it.
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    assert connection.responses() == []
+    systemd.run(UNIT)
+    systemd.exit(UNIT)
+    assert errors(connection) == [(1, errno.ENODATA, "")]
+
+
+def test_a_unit_stopped_before_it_ran_is_reaped(server, systemd, connection, ends):
+    deliver(connection, exec_request(), ends[0])
+    server.processes[(connection.protocol.connection_id, 1)].abandon()
+    assert ("stop", UNIT) in systemd.calls
+    assert server.processes == {}
+
+
+@ensureDeferred
+async def test_streams_not_passed_are_framed(systemd, connection, ends):
+    deliver(connection, exec_request(stdio=["stdout"]), ends[0][:1])
+    assert same_file(systemd.process_fd(UNIT, "stdout"), ends[0][0])
+    systemd.run(UNIT, pid=7)
+    os.write(systemd.process_fd(UNIT, "stderr"), b"oops\n")
+    systemd.exit(UNIT)
+    systemd.release(UNIT)  # stopped: the stderr channel reads to EOF
+    for _ in range(1000):
+        if errors(connection):
+            break
+        await deferLater(reactor, 0.01)
+    payloads = [r["payload"] for r in connection.responses() if "payload" in r]
+    assert [p["type"] for p in payloads] == [
+        "add-credit",
+        "started",
+        "finished",
+        "output",
+        "output",
+    ]
+    assert [p["io"] for p in payloads[3:]] == [
+        {"stream": "stderr", "rank": "0", "data": "oops\n"},
+        {"stream": "stderr", "rank": "0", "eof": True},
+    ]
+    assert errors(connection) == [(1, errno.ENODATA, "")]
+
+
+def test_a_write_to_a_passed_stdin_is_einval(connection, ends):
+    deliver(connection, exec_request(), ends[0])
+    io = {"stream": "stdin", "rank": "0", "data": "x"}
+    deliver(connection, request("sdexec.write", {"matchtag": 1, "io": io}, 2))
+    assert errors(connection) == [
+        (2, errno.EINVAL, "io: this process's stdin is the client's own (stdio)")
+    ]
+
+
+# -- matching descriptors with their request ----------------------------------------
+
+
+def test_descriptors_belong_to_the_frame_holding_the_reads_last_byte(
+    systemd, connection, ends
+):
+    # A list request and the exec in one read: the exec's frame ends it.
+    deliver(connection, request("sdexec.list", {}, 5) + exec_request(), ends[0])
+    assert connection.responses()[0]["payload"] == {"rank": 0, "procs": []}
+    assert same_file(systemd.process_fd(UNIT, "stdout"), ends[0][1])
+    assert errors(connection) == []
+
+
+def test_a_frame_split_over_reads_keeps_the_descriptors_of_its_first(
+    systemd, connection, ends
+):
+    frame = exec_request()
+    deliver(connection, request("sdexec.list", {}, 5) + frame[:10], ends[0])
+    deliver(connection, frame[10:40])
+    deliver(connection, frame[40:])
+    assert same_file(systemd.process_fd(UNIT, "stderr"), ends[0][2])
+    assert errors(connection) == []
+
+
+def test_one_descriptor_per_byte_as_twisted_sends_them(systemd, connection, ends):
+    frame = exec_request()
+    for index, fd in enumerate(ends[0]):
+        deliver(connection, frame[index : index + 1], [fd])
+    deliver(connection, frame[3:])
+    assert same_file(systemd.process_fd(UNIT, "stdin"), ends[0][0])
+    assert errors(connection) == []
+
+
+@pytest.mark.parametrize(
+    ("data", "count", "text"),
+    [
+        (request("sdexec.list", {}), 1,
+         "stdio: 1 file descriptor(s) came with a request that takes none"
+         " (only a streaming sdexec.exec with stdio does)"),
+        (request("sdexec.exec", {"flags": FLAGS, "cmd": TRUE}), 3,
+         "stdio: 3 file descriptor(s) came with a request that takes none"
+         " (only a streaming sdexec.exec with stdio does)"),
+        (exec_request(streaming=False), 3,
+         "stdio: 3 file descriptor(s) came with a request that takes none"
+         " (only a streaming sdexec.exec with stdio does)"),
+        (exec_request(), 2,
+         "stdio: the request names 3 stream(s) but 2 file descriptor(s) came with it"),
+        (exec_request(), 0,
+         "stdio: the request names 3 stream(s) but 0 file descriptor(s) came with it"),
+        (exec_request(), 4,
+         "stdio: more than 3 file descriptors came with one request"),
+    ],
+)  # fmt: skip
+def test_mismatched_descriptors_are_eproto_and_closed(
+    server, systemd, connection, data, count, text
+):
+    passed, kept = pipes(4)
+    deliver(connection, data, passed[:count])
+    assert errors(connection) == [(1, errno.EPROTO, text)]
+    assert server.processes == {}
+    assert not [call for call in systemd.calls if call[0] == "start"]
+    for fd in passed:
+        os.close(fd)
+    for fd in kept:  # every copy of the write ends is closed: EOF
+        assert os.read(fd, 1) == b""
+        os.close(fd)
+    # The connection stays usable.
+    deliver(connection, request("sdexec.list", {}, 2))
+    assert connection.last()["payload"]["procs"] == []
+
+
+@pytest.mark.parametrize(
+    "refuse",
+    [
+        lambda server: server.drain("test"),
+        lambda server: setattr(server, "owner_uid", os.getuid() + 1),
+    ],
+)
+def test_a_refused_exec_closes_its_descriptors(refuse, server, ends):
+    refuse(server)
+    before = open_fds()
+    connection = Connection(server)
+    deliver(connection, exec_request(), ends[0])
+    assert errors(connection)[0][1] in (errno.EBUSY, errno.EPERM)
+    connection.close()
+    assert open_fds() <= before
+
+
+def test_descriptors_of_an_incomplete_frame_are_closed_with_the_connection(
+    server, ends
+):
+    before = open_fds()
+    connection = Connection(server)
+    deliver(connection, exec_request()[:20], ends[0])
+    connection.close()
+    assert open_fds() <= before
+    assert server.processes == {}
+
+
+def test_a_bad_command_closes_the_descriptors(connection, ends):
+    payload = {"flags": FLAGS, "cmd": {"cmdline": ["/no/such"]}, "stdio": ALL}
+    deliver(connection, request("sdexec.exec", payload), ends[0])
+    assert errors(connection)[0][1] == errno.ENOENT
+
+
+# -- against the real service ----------------------------------------------------------
+
+real_manager = pytest.mark.systemd
+
+
+def _sdexec(service, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sdexec.cli", *args],
+        env={**os.environ, "SDEXEC_SOCKET": service.socket_path},
+        capture_output=True,
+        timeout=120,
+        **kwargs,
+    )
+
+
+@real_manager
+@ensureDeferred
+async def test_cli_passes_its_stdio_and_leaks_nothing(sdexec, tmp_path):
+    before = open_fds()
+    data = os.urandom(1 << 20)
+    (tmp_path / "data").write_bytes(data)
+    script = 'cat; cat "$0"; echo err >&2; exit 3'
+    done = await deferToThread(
+        _sdexec, sdexec, "run", "sh", "-c", script, str(tmp_path / "data"),
+        input=b"in\n",
+    )  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr) == (3, b"in\n" + data, b"err\n")
+    assert sdexec.server.counters["sdexec.write"] == 0  # stdin was not relayed
+    assert open_fds() <= before
+
+
+@real_manager
+@ensureDeferred
+async def test_cli_no_passthrough_relays_through_the_service(sdexec):
+    done = await deferToThread(
+        _sdexec, sdexec, "run", "--no-passthrough", "cat", input=b"abc"
+    )
+    assert (done.returncode, done.stdout) == (0, b"abc")
+    assert sdexec.server.counters["sdexec.write"] >= 1
+
+
+@real_manager
+@ensureDeferred
+async def test_a_closed_pipe_kills_the_process_with_sigpipe(sdexec):
+    # `sdexec run yes | head -c 2`, as a local command would: 141.
+    reader, writer = os.pipe()
+    client = subprocess.Popen(
+        [sys.executable, "-m", "sdexec.cli", "run", "-n", "yes"],
+        env={**os.environ, "SDEXEC_SOCKET": sdexec.socket_path},
+        stdout=writer,
+    )
+    os.close(writer)
+    assert await deferToThread(os.read, reader, 2) == b"y\n"
+    os.close(reader)
+    assert await deferToThread(client.wait, 120) == 141
+
+
+@real_manager
+@ensureDeferred
+async def test_sync_client_passthrough_over_a_real_socket(sdexec):
+    read_end, write_end = os.pipe()
+    responses: list[dict] = []
+
+    def run() -> None:
+        with Loop() as loop, SyncConnection(loop, sdexec.socket_path) as conn:
+            cmd = {"cmdline": ["echo", "hello"], "env": dict(os.environ),
+                   "opts": {}, "channels": []}  # fmt: skip
+            stream = conn.exec(cmd, FLAGS, responses.append, {"stdout": write_end})
+            loop.run_until(lambda: stream.ended)
+            assert stream.error is None
+
+    await deferToThread(run)
+    os.close(write_end)
+    assert os.read(read_end, 100) == b"hello\n"
+    os.close(read_end)
+    kinds = [payload["type"] for payload in responses]
+    assert kinds == ["add-credit", "started", "finished", "output"]
+    assert responses[3]["io"] == {"stream": "stderr", "rank": "0", "eof": True}
+    for _ in range(100):  # the unit is reaped once ENODATA is sent
+        if not sdexec.server.processes:
+            break
+        await sleep(0.05)
+    assert sdexec.server.processes == {}
+
+
+def test_socket_send_fds_attaches_them_to_the_first_bytes():
+    # The property the matching rests on, on this kernel: a read stops after
+    # the bytes that brought descriptors, and returns them with it.
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(b"before\n")
+        socket.send_fds(left, [b"frame\n"], [left.fileno()])
+        left.sendall(b"after\n")
+        data, fds, _flags, _addr = socket.recv_fds(right, 1024, 4)
+        rest = right.recv(1024)
+        for fd in fds:
+            os.close(fd)
+    assert (data, len(fds), rest) == (b"before\nframe\n", 1, b"after\n")

@@ -21,7 +21,7 @@ import selectors
 import shlex
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 from sdexec.ioencode import decode_io
@@ -56,6 +56,10 @@ FORWARDED_SIGNALS = (
 NOT_FOUND = 127
 _RUN_FLAGS = ExecFlag.STDOUT | ExecFlag.STDERR | ExecFlag.WRITE_CREDIT
 _READ_SIZE = 64 * 1024
+#: With stdio passthrough the process writes to our stdout itself: let a
+#: closed pipe kill it as it would a local command (systemd ignores SIGPIPE
+#: by default; framed, the client sends SIGPIPE instead).
+_PASSTHROUGH_OPTS = {"SDEXEC_PROP_IgnoreSIGPIPE": "no"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -186,6 +190,13 @@ def _add_run(commands: Any) -> None:
         help="do not send stdin to the process (it reads EOF)",
     )
     run.add_argument(
+        "--no-passthrough",
+        dest="passthrough",
+        action="store_false",
+        help="relay stdin, stdout and stderr through the service instead of"
+        " passing our own file descriptors to the process",
+    )
+    run.add_argument(
         "--setopt",
         metavar="KEY=VAL",
         action="append",
@@ -262,10 +273,13 @@ def build_command(
         )
         if value is not None
     }
+    # Passthrough is for a streaming run; a background one has no client.
+    passing = options.passthrough and not options.bg
+    opts = dict(_PASSTHROUGH_OPTS) if passing else {}
     return command_object(
         [options.cmd, *options.args],
         environ,
-        {**dict(options.setopt), **job_options},
+        {**opts, **dict(options.setopt), **job_options},
         cwd=os.path.join(cwd, options.dir) if options.dir else cwd,
         label=options.label,
     )
@@ -306,8 +320,8 @@ def _run(options: argparse.Namespace) -> int:
         raise SdexecError(f"cannot get the current directory: {why}") from None
     if options.bg or options.waitable:
         return _run_background(options, command)
-    with Loop() as loop:
-        job = _Job(loop, options.noinput, options.usage)
+    with Loop() as loop, _stdio(options) as stdio:
+        job = _Job(loop, options.noinput, stdio, options.usage)
         # Caught before connecting: a signal that arrives while we start up
         # is held until the process has started.
         loop.catch_signals(FORWARDED_SIGNALS, job.forward_signal)
@@ -335,6 +349,23 @@ def _attach(options: argparse.Namespace) -> int:
     from sdexec.cli_background import attach
 
     return attach(options)
+
+
+@contextlib.contextmanager
+def _stdio(options: argparse.Namespace) -> Iterator[dict[str, int]]:
+    """The descriptors `run` passes to the process (none with
+    ``--no-passthrough``): our own, or /dev/null for stdin with ``-n``."""
+    if not options.passthrough:
+        yield {}
+        return
+    if not options.noinput:
+        yield {"stdin": 0, "stdout": 1, "stderr": 2}
+        return
+    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        yield {"stdin": devnull, "stdout": 1, "stderr": 2}
+    finally:
+        os.close(devnull)
 
 
 def _ps(options: argparse.Namespace) -> int:
@@ -477,21 +508,28 @@ class _Job:
     stderr, our stdin to its (within the credit), our signals to it, its
     wait status kept for the exit code."""
 
-    def __init__(self, loop: Loop, noinput: bool, usage: bool = False) -> None:
+    def __init__(
+        self,
+        loop: Loop,
+        noinput: bool,
+        stdio: Mapping[str, int],
+        usage: bool = False,
+    ) -> None:
         self._loop = loop
         self._noinput = noinput
+        self._passed = dict(stdio)
         self._usage = usage
         self._outputs = {"stdout": _Output(1), "stderr": _Output(2)}
         self._connection: Connection | None = None
         self._stream: Exec | None = None
         self._held_signals: list[int] = []
-        self._stdin_open = not noinput
+        self._stdin_open = not noinput and "stdin" not in stdio
         self._receipt: Receipt | None = None
 
     def start(self, connection: Connection, command: dict[str, Any]) -> None:
         self._connection = connection
-        self._stream = connection.exec(command, _RUN_FLAGS, self._respond)
-        if self._noinput:
+        self._stream = connection.exec(command, _RUN_FLAGS, self._respond, self._passed)
+        if self._noinput and "stdin" not in self._passed:
             connection.write_stdin(self._stream, b"")
         self._watch_stdin()
 

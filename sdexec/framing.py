@@ -41,10 +41,14 @@ class JSONLineProtocol(Protocol):
             return
         try:
             for message in self._splitter.feed(data):
-                self.messageReceived(message)
+                self._deliver(message)
         except FramingError as error:
             self._frame_broken = True
             self.framingError(str(error))
+
+    def _deliver(self, message: dict[str, Any]) -> None:
+        """Hand one message on (a subclass may look at it first)."""
+        self.messageReceived(message)
 
     def sendMessage(self, message: dict[str, Any]) -> None:
         assert self.transport is not None, "sendMessage before connectionMade"

@@ -40,6 +40,7 @@ from sdexec.systemd.channel import DEFAULT_OUTPUT_BUFSIZE
 from sdexec.unitstop import StopTimerPolicy, lifecycle_properties
 
 __all__ = [
+    "STDIO_STREAMS",
     "ExecPlan",
     "OutputOptions",
     "RequestError",
@@ -58,6 +59,8 @@ ALL_FLAGS = int(
     | ExecFlag.WAITABLE
 )
 OUTPUT_STREAMS = ("stdout", "stderr")
+#: The streams a client may pass as its own descriptors (``stdio``).
+STDIO_STREAMS = ("stdin", "stdout", "stderr")
 _UNIT_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9:_.\-]")
 #: systemd's unit names (unit-name.c): ``UNIT_NAME_MAX`` is 256 with the NUL.
 _UNIT_NAME_MAX = 255
@@ -102,6 +105,9 @@ class ExecPlan:
     fence: IDset | None
     #: Whether containment mapped this request (the mapper's statistics).
     mapped: bool
+    #: The streams whose descriptors the client passed (stdio passthrough),
+    #: in the order the descriptors came; the service makes no channel for them.
+    stdio: tuple[str, ...] = ()
 
     @property
     def cmdline(self) -> list[str]:
@@ -150,6 +156,7 @@ def plan_exec(
         stop_timer=stop_timer,
         fence=IDset(allowed_cpus) if allowed_cpus else None,
         mapped=containment.applies_to(command),
+        stdio=_stdio(payload.get("stdio", ())),
     )
 
 
@@ -195,6 +202,24 @@ def _flags(flags: object) -> ExecFlag:
     if not isinstance(flags, int) or isinstance(flags, bool) or flags & ~ALL_FLAGS:
         raise RequestError(errno.EINVAL, "flags: expected an integer of 1|2|4|8|16")
     return ExecFlag(flags)
+
+
+def _stdio(streams: object) -> tuple[str, ...]:
+    """``stdio``: the streams whose descriptors came with the request."""
+    if streams == ():
+        return ()
+    if (
+        not isinstance(streams, list)
+        or not streams
+        or any(stream not in STDIO_STREAMS for stream in streams)
+        or len(set(streams)) != len(streams)
+    ):
+        raise RequestError(
+            errno.EINVAL,
+            "stdio: expected a non-empty list of distinct stream names"
+            " (stdin, stdout, stderr)",
+        )
+    return tuple(streams)
 
 
 def _mapped_properties(containment: Containment, command: Command) -> dict[str, str]:

@@ -228,6 +228,10 @@ DEFAULT_ALLOWED: Final = frozenset(
         "MemoryAccounting",
         "IOAccounting",
         "TasksAccounting",
+        # Whether the process dies of SIGPIPE (systemd ignores it by
+        # default): how a local command behaves. `sdexec run` sets it when it
+        # passes its own stdout (stdio passthrough); no privilege in it.
+        "IgnoreSIGPIPE",
     }
 )
 

@@ -25,6 +25,7 @@ from twisted.python.failure import Failure
 
 from sdexec.config import DEFAULT_START_TIMEOUT
 from sdexec.ioencode import encode_io
+from sdexec.passthrough import NO_STDIO, PassedStdio
 from sdexec.plan import ExecPlan, RequestError
 from sdexec.protocol import ExecFlag
 from sdexec.receipt import finished_extensions
@@ -108,6 +109,7 @@ class Process:
         on_reaped: Callable[[Process], None] = lambda process: None,
         verify: Callable[[dict[str, Any], int], str | None] | None = None,
         tap: OutputTap | None = None,
+        stdio: PassedStdio = NO_STDIO,
     ) -> None:
         self.plan = plan
         self.unit_name = plan.unit_name
@@ -119,6 +121,8 @@ class Process:
         self._on_reaped = on_reaped
         self._verify = verify
         self._tap = tap
+        #: The client's own descriptors for some streams: no channel for them.
+        self._passed = stdio
         self._watch: Watch | None = None
         self._sent: set[Sent] = set()
         self._called: set[UnitCall] = set()
@@ -144,6 +148,7 @@ class Process:
                     bufsize=options.bufsize,
                 )
                 for name, options in plan.output.items()
+                if name not in stdio
             }
         )
 
@@ -175,31 +180,43 @@ class Process:
 
     def start(self) -> None:
         """Make the channels, watch the unit, ask systemd to start it."""
-        pairs = {name: socketpair_for_systemd() for name in STREAMS}
+        passed = self._passed
+        pairs = {
+            name: socketpair_for_systemd() for name in STREAMS if name not in passed
+        }
         self._watch = self._systemd.watch_unit(self.unit_name, self._unit_changed)
         reactor = self._context.reactor
-        self.stdin.adopt(reactor, pairs["stdin"][0])
+        if "stdin" in pairs:
+            self.stdin.adopt(reactor, pairs["stdin"][0])
         for name in ("stdout", "stderr"):
-            if name not in self.output.channels:
+            if name in pairs and name not in self.output.channels:
                 pairs[name][0].close()  # nobody would read it
         self.output.adopt(reactor, {name: pair[0] for name, pair in pairs.items()})
-        if self.plan.flags & ExecFlag.WRITE_CREDIT:
+        if self.plan.flags & ExecFlag.WRITE_CREDIT and "stdin" not in passed:
             self._send(
                 {"type": "add-credit", "channels": {"stdin": self.stdin.bufsize}}
             )
-        theirs = [pairs[name][1] for name in STREAMS]
-        stdin, stdout, stderr = (sock.fileno() for sock in theirs)
+        theirs = [pair[1] for pair in pairs.values()]
+        stdin, stdout, stderr = (
+            passed.fd(name) if name in passed else pairs[name][1].fileno()
+            for name in STREAMS
+        )
         started = self._systemd.start_transient_unit(
             self.unit_name, list(self.plan.properties), stdin, stdout, stderr
         )
         # systemd has its copies once it answers (or will never use them).
-        started.addBoth(self._close_after_start, theirs)
+        started.addBoth(self._close_after_start, theirs, passed)
         started.addCallbacks(self._start_accepted, self._start_refused)
 
     def write(self, data: bytes, eof: bool) -> None:
-        """Client data for stdin (``eof`` closes it). A client that overran
-        its credit: stdin is closed after what it had sent before, and
-        ``RequestError`` (ENOSPC) answers the write."""
+        """Client data for stdin (``eof`` closes it); ``EINVAL`` if the
+        client passed its own stdin. A client that overran its credit: stdin
+        is closed after what it had sent before, and ``RequestError``
+        (ENOSPC) answers the write."""
+        if "stdin" in self._passed:
+            raise RequestError(
+                errno.EINVAL, "io: this process's stdin is the client's own (stdio)"
+            )
         if data:
             try:
                 self.stdin.write(data)
@@ -247,9 +264,10 @@ class Process:
     # -- systemd's answers and events ----------------------------------------
 
     @staticmethod
-    def _close_after_start(result: Any, sockets: list) -> Any:
+    def _close_after_start(result: Any, sockets: list, passed: PassedStdio) -> Any:
         for sock in sockets:
             sock.close()
+        passed.close()
         return result
 
     def _start_accepted(self, job: str) -> None:
@@ -401,11 +419,21 @@ class Process:
 
     def _maybe_end(self) -> None:
         started = UnitCall.START in self._called
-        if self.status.is_inactive and self.output.eof and started:
+        if self.status.is_inactive and self.output.eof and started and self._left:
             if not self._ended:
                 self._ended = True
                 self._responder.error(errno.ENODATA, "")
             self._reap()
+
+    @property
+    def _left(self) -> bool:
+        """Whether an inactive unit is one that has been and gone, not one
+        yet to start. An output channel's EOF says so (systemd keeps its
+        ends until then); without channels (stdio passthrough) the outcome
+        must be known, or the unit stopped."""
+        if not self._passed.streams:
+            return True
+        return self._outcome_known or UnitCall.STOP in self._called
 
     def _refuse(self, problem: str) -> None:
         """The unit runs outside its fence: fail the request, kill it now."""

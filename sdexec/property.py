@@ -42,6 +42,7 @@ BOOLEAN_PROPERTIES = frozenset(
     {
         "SendSIGKILL",
         "SendSIGHUP",
+        "IgnoreSIGPIPE",
         "RemainAfterExit",
         "CPUAccounting",
         "MemoryAccounting",

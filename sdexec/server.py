@@ -29,12 +29,13 @@ from sdexec.background import TrackedProcesses
 from sdexec.config import Config
 from sdexec.containment import Containment, check_cpu_fence, enforced_cpus
 from sdexec.devicefence import CANARY_TIMEOUT_SECONDS, CanaryResponder, canary_plan
-from sdexec.framing import FramingError, JSONLineProtocol
+from sdexec.framing import FramingError
 from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
 from sdexec.jobs import Jobs
 from sdexec.leftovers import Leftover, Leftovers, marked
 from sdexec.limits import check_text
+from sdexec.passthrough import NO_STDIO, PassedStdio, StdioReceivingProtocol
 from sdexec.plan import RequestError, plan_exec
 from sdexec.process import Process, ProcessContext
 from sdexec.protocol import Topic
@@ -128,9 +129,12 @@ class SdexecServer:
         payload: dict,
         responder: Any,
         streaming: bool = True,
+        stdio: PassedStdio = NO_STDIO,
     ) -> None:
         """Start a process for an ``sdexec.exec`` request (``streaming``
-        false: in the background, sdexec/background.py)."""
+        false: in the background, sdexec/background.py), with the
+        descriptors it brought (``stdio``; the caller closes them if this
+        raises)."""
         if self.drain_reason is not None:
             raise RequestError(
                 errno.EBUSY,
@@ -141,6 +145,7 @@ class SdexecServer:
         plan = plan_exec(payload, self.config, self.containment)
         if self.unit_mark:
             plan = marked(plan, self.unit_mark)
+        stdio.assign(plan.stdio)
         plan, tracked = self.tracked.prepare(
             plan,
             streaming,
@@ -182,6 +187,7 @@ class SdexecServer:
             on_reaped=lambda process: self._reaped(key),
             verify=self._fence_verifier(plan.fence),
             tap=tracked.tap if tracked is not None else None,
+            stdio=stdio,
         )
         self.processes[key] = process
         if tracked is not None:
@@ -473,7 +479,7 @@ class SdexecServer:
 
 
 @implementer(IPushProducer)
-class ClientProtocol(JSONLineProtocol):
+class ClientProtocol(StdioReceivingProtocol):
     """One client connection."""
 
     #: A UNIX socket transport once connected. Twisted types it as
@@ -532,6 +538,7 @@ class ClientProtocol(JSONLineProtocol):
         self.transport.loseConnection()
 
     def connectionLost(self, reason: object = None) -> None:
+        super().connectionLost(reason)
         if self._admitted_uid is not None:
             self.server.connections.release(self._admitted_uid)
             self._admitted_uid = None
@@ -613,7 +620,25 @@ class ClientProtocol(JSONLineProtocol):
         self.transport.loseConnection()
 
     def _exec(self, matchtag: int, payload: dict) -> None:
-        self.server.exec(self.connection_id, matchtag, payload, _Stream(self, matchtag))
+        stdio = PassedStdio(self.take_request_fds())
+        try:
+            responder = _Stream(self, matchtag)
+            self.server.exec(
+                self.connection_id, matchtag, payload, responder, stdio=stdio
+            )
+        except BaseException:
+            stdio.close()
+            raise
+
+    def descriptorsRefused(self, message: dict, reason: str) -> None:
+        topic, matchtag = message.get("topic"), message.get("matchtag")
+        self.server.count("errors")
+        self._send_error(
+            topic if isinstance(topic, str) else "",
+            matchtag if type(matchtag) is int else 0,
+            errno.EPROTO,
+            reason,
+        )
 
     def _exec_background(self, matchtag: int, payload: dict) -> None:
         responder = _Stream(self, matchtag)

@@ -21,7 +21,7 @@ import os
 import selectors
 import signal
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from sdexec.ioencode import encode_io
@@ -184,7 +184,9 @@ class Connection:
         self._loop = loop
         self._requests = Requests(path)
         self._splitter = FrameSplitter()
-        self._unsent: list[bytes] = []
+        #: What the socket has not taken yet, each with the descriptors
+        #: that go with its first byte.
+        self._unsent: list[tuple[bytes, Sequence[int]]] = []
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.connect(path)
@@ -200,12 +202,14 @@ class Connection:
         payload: dict[str, Any],
         pending: Pending,
         streaming: bool | None = None,
+        fds: Sequence[int] = (),
     ) -> int:
-        """Send a request whose responses go to ``pending``; its matchtag.
+        """Send a request whose responses go to ``pending``, with ``fds``
+        (``SCM_RIGHTS``, with the first bytes of its frame); its matchtag.
         ``streaming``: the envelope's (false runs an exec in the background)."""
         request = self._requests.new(topic, payload, streaming)
         if self._requests.track(request, pending):
-            self._write(encode_message(request))
+            self._write(encode_message(request), fds)
         return request["matchtag"]
 
     def send_no_response(self, topic: str, payload: dict[str, Any]) -> None:
@@ -215,11 +219,24 @@ class Connection:
             self._write(encode_message(self._requests.new(topic, payload)))
 
     def exec(
-        self, cmd: dict[str, Any], flags: int, on_response: Callable[[dict], None]
+        self,
+        cmd: dict[str, Any],
+        flags: int,
+        on_response: Callable[[dict], None],
+        stdio: Mapping[str, int] | None = None,
     ) -> Exec:
-        """Start ``cmd`` (an RFC 42 command object) with ``sdexec.exec``."""
+        """Start ``cmd`` (an RFC 42 command object) with ``sdexec.exec``.
+
+        ``stdio`` passes our own descriptors for some of the process's
+        streams (``{"stdout": 1}``; stdio passthrough, docs/protocol.md):
+        the process uses them directly and the service sends no output
+        for them. The rest travel framed, as without it."""
         stream = Exec(cmd, flags, on_response)
-        stream.matchtag = self.send(Topic.EXEC, {"cmd": cmd, "flags": flags}, stream)
+        payload: dict[str, Any] = {"cmd": cmd, "flags": flags}
+        if stdio:
+            payload["stdio"] = list(stdio)
+        fds = list(stdio.values()) if stdio else []
+        stream.matchtag = self.send(Topic.EXEC, payload, stream, fds=fds)
         return stream
 
     def call(
@@ -277,9 +294,9 @@ class Connection:
             events |= selectors.EVENT_WRITE
         self._loop.watch(self._sock.fileno(), events, self._ready)
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes, fds: Sequence[int] = ()) -> None:
         was_idle = not self._unsent
-        self._unsent.append(data)
+        self._unsent.append((data, fds))
         self._flush()
         if was_idle and self._unsent:
             self._watch()
@@ -294,15 +311,19 @@ class Connection:
 
     def _flush(self) -> None:
         while self._unsent:
+            data, fds = self._unsent[0]
             try:
-                sent = self._sock.send(self._unsent[0])
+                if fds:
+                    sent = socket.send_fds(self._sock, [data], fds)
+                else:
+                    sent = self._sock.send(data)
             except BlockingIOError:
                 return
             except OSError as failure:
                 self._lose(f"cannot write: {failure.strerror}")
                 return
-            if sent < len(self._unsent[0]):
-                self._unsent[0] = self._unsent[0][sent:]
+            if sent < len(data):
+                self._unsent[0] = (data[sent:], ())  # the fds went with `sent`
             else:
                 del self._unsent[0]
 

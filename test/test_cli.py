@@ -210,9 +210,10 @@ async def test_binary_output_and_stdin_round_trip(sdexec, tmp_path):
 async def test_a_lingering_child_does_not_change_the_exit_code(sdexec):
     # The command exits 3; its child ignores the stop-timer signal, so the
     # service abandons the unit (EDEADLK after `finished`): one line on
-    # stderr, and the command's own exit code.
+    # stderr, and the command's own exit code. Relayed output: a passed
+    # stdout would stay open in the child, and the harness reads to EOF.
     done = await cli(
-        sdexec, "run", "-n",
+        sdexec, "run", "-n", "--no-passthrough",
         "--setopt", "SDEXEC_STOP_TIMER_SEC=1",
         "--setopt", "SDEXEC_STOP_TIMER_SIGNAL=USR2",
         "sh", "-c", "trap '' TERM USR2; sleep 300 & exit 3",

@@ -407,11 +407,14 @@ def test_ps_table_shows_the_job_and_its_termination_step():
 
 def test_run_job_options_and_cancel_targets():
     options = parse_args(
-        ["run", "--jobid", "f1", "--time-limit", "5m", "--setopt", "A=b", "true"]
+        ["run", "--no-passthrough", "--jobid", "f1", "--time-limit", "5m",
+         "--setopt", "A=b", "true"]
     )
     opts = build_command(options, {}, "/")["opts"]
     assert opts == {"A": "b", "SDEXEC_JOBID": "f1", "SDEXEC_TIME_LIMIT": "5m"}
-    assert build_command(parse_args(["run", "true"]), {}, "/")["opts"] == {}
+    assert build_command(parse_args(["run", "--no-passthrough", "true"]), {}, "/")[
+        "opts"
+    ] == {}
     assert cancel_targets("1234") == ({"pid": 1234}, {"jobid": "1234"})
     assert cancel_targets("fA3x") == ({"jobid": "fA3x"}, {"label": "fA3x"})
 
@@ -451,7 +454,8 @@ def _spawn_cli(path: str, args: list[str], stdin: bytes = b"") -> _Collect:
 def test_cli_run_streams_and_exits_with_the_status(tmp_path, served):
     peer, client = served
     factory_peers = peer.factory.peers
-    cli = _spawn_cli(client.path, ["run", "--setopt", "K=V", "cat"], b"x" * 5000)
+    framed = ["run", "--no-passthrough", "--setopt", "K=V", "cat"]
+    cli = _spawn_cli(client.path, framed, b"x" * 5000)
     peer = yield factory_peers.get()
     request = yield peer.requests.get()
     cmd = request["payload"]["cmd"]
@@ -481,7 +485,7 @@ def test_cli_run_streams_and_exits_with_the_status(tmp_path, served):
 @pytest_twisted.inlineCallbacks
 def test_cli_missing_command_exits_127(served):
     peer, client = served
-    cli = _spawn_cli(client.path, ["run", "-n", "nosuch"])
+    cli = _spawn_cli(client.path, ["run", "--no-passthrough", "-n", "nosuch"])
     peer = yield peer.factory.peers.get()
     request = yield peer.requests.get()
     eof = yield peer.requests.get()  # -n: EOF at once
@@ -494,7 +498,7 @@ def test_cli_missing_command_exits_127(served):
 @pytest_twisted.inlineCallbacks
 def test_cli_forwards_sigterm_as_kill(served):
     peer, client = served
-    cli = _spawn_cli(client.path, ["run", "-n", "sleep", "100"])
+    cli = _spawn_cli(client.path, ["run", "--no-passthrough", "-n", "sleep", "100"])
     peer = yield peer.factory.peers.get()
     request = yield peer.requests.get()
     yield peer.requests.get()  # stdin EOF

@@ -11,6 +11,8 @@ import pytest
 from pytest_twisted import ensureDeferred
 from support import FLAGS, command, run
 
+from sdexec import policy
+
 pytestmark = pytest.mark.systemd
 
 
@@ -35,6 +37,25 @@ async def test_a_unit_name_in_use_is_refused_and_its_owner_runs_on(sdexec):
     assert sdexec.server.units == {}
 
 
+@pytest.fixture
+def type_allowed(monkeypatch):
+    """A policy that lets a request set ``Type``: the default refuses it up
+    front (EPERM, below), but the start deadline must end the request
+    whatever unit type reaches systemd."""
+    monkeypatch.delitem(policy.NEVER_ALLOWED, "Type")
+    return 'request-properties = ["@default", "Type"]'
+
+
+@pytest.mark.parametrize("unit_type", ["forking", "notify", "oneshot"])
+@ensureDeferred
+async def test_a_request_may_not_set_the_unit_type(sdexec, unit_type):
+    client = await sdexec.connect()
+    result = await run(client, ["true"], opts={"SDEXEC_PROP_Type": unit_type})
+    assert result.error.errnum == errno.EPERM
+    assert result.error.errstr.startswith("SDEXEC_PROP_Type: a request can never set")
+    assert result.types == []
+
+
 @pytest.mark.parametrize(
     ("unit_type", "script", "seen"),
     [
@@ -47,9 +68,9 @@ async def test_a_unit_name_in_use_is_refused_and_its_owner_runs_on(sdexec):
 )
 @ensureDeferred
 async def test_a_unit_type_the_model_does_not_follow_ends_its_request(
-    start_service, unit_type, script, seen
+    start_service, type_allowed, unit_type, script, seen
 ):
-    service = await start_service(systemd='start-timeout = "2s"')
+    service = await start_service(systemd='start-timeout = "2s"', sdexec=type_allowed)
     client = await service.connect()
     opts = {"SDEXEC_PROP_Type": unit_type}
     result = await run(client, ["sh", "-c", script], opts=opts)
@@ -63,8 +84,9 @@ async def test_a_unit_type_the_model_does_not_follow_ends_its_request(
 
 
 @ensureDeferred
-async def test_a_oneshot_that_ends_is_followed_as_usual(sdexec):
-    client = await sdexec.connect()
+async def test_a_oneshot_that_ends_is_followed_as_usual(start_service, type_allowed):
+    service = await start_service(sdexec=type_allowed)
+    client = await service.connect()
     opts = {"SDEXEC_PROP_Type": "oneshot"}
     result = await run(client, ["sh", "-c", "echo hi; exit 3"], opts=opts)
     assert (result.error, result.status, result.stdout) == (None, 3 << 8, b"hi\n")

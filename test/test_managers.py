@@ -63,9 +63,10 @@ async def test_units_start_in_the_configured_slice(start_service):
     client = await service.connect()
     result = await run(client, CGROUP)
     assert slice_of(result.stdout) == "jobs-test.slice"
-    # A request may name its own slice (the site's slice is a default).
+    # A request may not move its unit out of the site's slice.
     moved = await run(client, CGROUP, opts={"SDEXEC_PROP_Slice": "other.slice"})
-    assert slice_of(moved.stdout) == "other.slice"
+    assert moved.error.errnum == errno.EPERM
+    assert moved.error.errstr.startswith("SDEXEC_PROP_Slice: a request can never set")
 
 
 @ensureDeferred

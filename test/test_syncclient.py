@@ -5,6 +5,7 @@ real service is in test_cli.py)."""
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -82,3 +83,42 @@ def test_nothing_listening_names_the_path(tmp_path):
     path = str(tmp_path / "nothing.sock")
     with Loop() as loop, pytest.raises(ConnectionFailed, match=r"nothing\.sock"):
         Connection(loop, path)
+
+
+def test_passed_descriptors_go_with_the_first_bytes_of_a_large_frame(tmp_path):
+    # A frame larger than the socket takes at once: the descriptors travel
+    # with its first part only (docs/protocol.md, stdio passthrough).
+    path = str(tmp_path / "peer.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    reads: list[tuple[int, int]] = []  # (offset of the read, descriptors)
+    frame = bytearray()
+
+    def serve() -> None:
+        connection, _ = server.accept()
+        with connection:
+            while not frame.endswith(b"\n"):
+                data, fds, _flags, _ = socket.recv_fds(connection, 65536, 8)
+                reads.append((len(frame), len(fds)))
+                frame.extend(data)
+                for fd in fds:
+                    os.close(fd)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    read_end, write_end = os.pipe()
+    cmd = {"cmdline": ["true"], "env": {"BIG": "x" * (4 << 20)}}
+    with Loop() as loop, Connection(loop, path) as connection:
+        stdio = {"stdout": write_end, "stderr": 2}
+        stream = connection.exec(cmd, 0, lambda _: None, stdio)
+        loop.run_until(lambda: stream.ended)  # the peer closes once it has all
+    thread.join(30)
+    server.close()
+    os.close(read_end)
+    os.close(write_end)
+    assert [count for _, count in reads if count] == [2]
+    assert reads[0] == (0, 2)
+    assert len(reads) > 1  # the frame did span reads
+    request = FrameSplitter(8 << 20).feed(bytes(frame))
+    assert next(request)["payload"]["stdio"] == ["stdout", "stderr"]

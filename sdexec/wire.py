@@ -42,9 +42,7 @@ def decode_message(line: bytes) -> dict[str, Any]:
     try:
         message = _decoder.decode(line)
     except (msgspec.DecodeError, UnicodeDecodeError) as error:
-        raise FramingError(
-            f"message is not valid JSON: {error}{_surrogate_hint(line)}"
-        ) from None
+        message = _decode_lone_surrogates(line, error)
     except RecursionError:
         # msgspec decodes recursively; a line of a few thousand "[" would
         # otherwise escape as a RecursionError and drop the connection.
@@ -61,13 +59,27 @@ _LONE_SURROGATE = re.compile(
 )
 
 
-def _surrogate_hint(line: bytes) -> str:
-    """msgspec refuses a lone surrogate escape (``"\\ud800"``), a string no
-    UTF-8 can carry, with a message about truncation: say what it is."""
+def _decode_lone_surrogates(line: bytes, error: Exception) -> Any:
+    """A line msgspec refused, if only for a lone surrogate escape
+    (``"\\ud800"``: valid JSON, but a string no UTF-8 can carry).
+
+    The json module decodes it, so that the request's own checks refuse the
+    field holding it with EINVAL naming that field (sdexec.limits), as for a
+    NUL, instead of a framing error that says nothing of the field. Any other
+    refusal stays a :class:`FramingError`.
+    """
     match = _LONE_SURROGATE.search(line)
     if match is None:
-        return ""
-    return f" (a lone UTF-16 surrogate escape at byte {match.start()})"
+        raise FramingError(f"message is not valid JSON: {error}") from None
+    import json  # only here: the command line never needs it
+
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):
+        raise FramingError(
+            f"message is not valid JSON: {error} (a lone UTF-16 surrogate"
+            f" escape at byte {match.start()})"
+        ) from None
 
 
 class FrameSplitter:

@@ -89,15 +89,27 @@ def test_a_non_string_io_encoding_is_einval(connection, encoding):
 
 
 @pytest.mark.parametrize("escape", ["\\ud800", "\\udfff", "\\udc80x"])
-def test_a_lone_surrogate_escape_is_not_json_for_this_protocol(connection, escape):
-    # msgspec refuses lone surrogates as invalid JSON: the message is a
-    # framing error, so nothing of it reaches a handler.
-    line = b'{"type":"request","topic":"sdexec.list","matchtag":1,"payload":{},'
-    at = len(line) + len('"x":"')
-    connection.protocol.dataReceived(line + f'"x":"{escape}"}}\n'.encode())
+def test_a_lone_surrogate_escape_is_einval_naming_its_field(server, connection, escape):
+    # Valid JSON that no UTF-8 can carry: msgspec refuses it, the json module
+    # decodes it, and the request's checks name the field.
+    line = '{"type":"request","topic":"sdexec.kill","matchtag":1,'
+    payload = f'"payload":{{"signum":15,"label":"x{escape}"}}}}\n'
+    connection.protocol.dataReceived((line + payload).encode())
+    errnum, errstr = error_of(connection.last())
+    assert errnum == errno.EINVAL
+    assert errstr.startswith("label: ") and "lone surrogate" in errstr
+    assert not connection.transport.disconnecting
+    still_serves(server)
+
+
+def test_a_lone_surrogate_in_a_line_that_is_not_json_is_a_framing_error(connection):
+    line = b'{"type":"request","topic":"sdexec.list","matchtag":1,"x":"\\ud800",}\n'
+    connection.protocol.dataReceived(line)
     assert connection.last()["errnum"] == errno.EPROTO
-    assert connection.last()["errstr"].startswith("message is not valid JSON")
-    assert f"a lone UTF-16 surrogate escape at byte {at}" in connection.last()["errstr"]
+    errstr = connection.last()["errstr"]
+    assert errstr.startswith("message is not valid JSON")
+    at = line.index(b"\\ud800")
+    assert f"a lone UTF-16 surrogate escape at byte {at}" in errstr
     assert connection.transport.disconnecting
 
 
@@ -203,9 +215,7 @@ def test_a_surrogate_in_any_string_is_einval_naming_it(
         )
         for key, value in change.items()
     }  # fmt: skip
-    errnum, errstr = exec_refused(
-        server, connection, {**TRUE, **surrogate}, decoded=True
-    )
+    errnum, errstr = exec_refused(server, connection, {**TRUE, **surrogate})
     assert errnum == errno.EINVAL
     assert errstr.startswith(field.replace("\\x00", "\\ud800"))
     assert "lone surrogate U+D800" in errstr

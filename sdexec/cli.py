@@ -500,6 +500,28 @@ def format_procs(procs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+
+def write_output(
+    outputs: Mapping[str, _Output], io: Any, on_broken: Callable[[], None]
+) -> None:
+    """An ``output`` response's data to our stdout or stderr; ``on_broken``
+    once nobody reads that stream any more (after a line saying why, unless
+    it was EPIPE)."""
+    try:
+        stream, data, _ = decode_io(io)
+    except ValueError as failure:
+        _fail(f"bad output from the service: {failure}")
+        return
+    output = outputs.get(stream)
+    if output is None or not data or output.broken:
+        return
+    problem = output.write(data)
+    if problem is not None:
+        if problem.errno != errno.EPIPE:
+            _fail(f"cannot write {stream}: {problem.strerror}")
+        on_broken()
+
+
 # -- the pieces of `sdexec run` -------------------------------------------------
 
 
@@ -582,20 +604,8 @@ class _Job:
             self._receipt = Receipt.from_finished(payload)
 
     def _output(self, io: Any) -> None:
-        try:
-            stream, data, _ = decode_io(io)
-        except ValueError as failure:
-            _fail(f"bad output from the service: {failure}")
-            return
-        output = self._outputs.get(stream)
-        if output is None or not data or output.broken:
-            return
-        problem = output.write(data)
-        if problem is not None:
-            # As if the process wrote to our stdout itself: SIGPIPE.
-            if problem.errno != errno.EPIPE:
-                _fail(f"cannot write {stream}: {problem.strerror}")
-            self.forward_signal(signal.SIGPIPE)
+        # Nobody reads ours: as if the process wrote to the pipe itself.
+        write_output(self._outputs, io, lambda: self.forward_signal(signal.SIGPIPE))
 
     # -- stdin ---------------------------------------------------------------
 

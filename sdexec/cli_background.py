@@ -13,7 +13,15 @@ import signal
 import sys
 from typing import Any
 
-from sdexec.cli import NOT_FOUND, _connect, _fail, _Output, _request, exit_code
+from sdexec.cli import (
+    NOT_FOUND,
+    _connect,
+    _fail,
+    _Output,
+    _request,
+    exit_code,
+    write_output,
+)
 from sdexec.ioencode import decode_io
 from sdexec.protocol import ExecFlag, Topic
 from sdexec.rpc import RPCError
@@ -115,17 +123,5 @@ class _Attached:
         self.detached = True
 
     def _output(self, io: Any) -> None:
-        try:
-            stream, data, _eof = decode_io(io)
-        except ValueError as failure:
-            _fail(f"bad output from the service: {failure}")
-            return
-        output = self.outputs.get(stream)
-        if output is None or not data or output.broken:
-            return
-        problem = output.write(data)
-        if problem is not None:
-            # Nobody reads our output any more: leave the process be.
-            if problem.errno != errno.EPIPE:
-                _fail(f"cannot write {stream}: {problem.strerror}")
-            self.detach()
+        # Nobody reads our output any more: leave the process be.
+        write_output(self.outputs, io, self.detach)

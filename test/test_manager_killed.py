@@ -15,6 +15,7 @@ sdexec/systemd/bus.py). At the end every process of both sandboxes is gone.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -34,7 +35,11 @@ pytestmark = pytest.mark.systemd
 #: A cap for the test, not an expectation.
 WAIT_S = 60.0
 #: The hierarchies the sandbox puts each manager's cgroup in.
-CGROUP_HIERARCHIES = ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified", "/sys/fs/cgroup")
+CGROUP_HIERARCHIES = (
+    "/sys/fs/cgroup/systemd",
+    "/sys/fs/cgroup/unified",
+    "/sys/fs/cgroup",
+)
 
 
 async def until(condition, what: str) -> None:
@@ -46,7 +51,9 @@ async def until(condition, what: str) -> None:
 
 
 def start_manager(runtime_dir: str) -> int:
-    subprocess.run([str(SANDBOX), "start", runtime_dir], check=True, capture_output=True)
+    subprocess.run(
+        [str(SANDBOX), "start", runtime_dir], check=True, capture_output=True
+    )
     return int(Path(runtime_dir, "manager.pid").read_text())
 
 
@@ -69,10 +76,8 @@ def processes_in(manager_pid: int) -> set[int]:
 def remove_killed_sandbox(manager_pid: int) -> None:
     """SIGKILL what the killed manager left and remove its cgroups."""
     for pid in processes_in(manager_pid):
-        try:
+        with contextlib.suppress(ProcessLookupError):  # gone already
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + WAIT_S
     while processes_in(manager_pid) and time.monotonic() < deadline:
         time.sleep(0.05)  # SIGKILLed, not yet gone: the cgroup is busy

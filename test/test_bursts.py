@@ -68,10 +68,11 @@ async def test_client_gone_stops_every_unit_and_the_service_serves_on(
     assert (result.error, result.stdout) == (None, b"still here\n")
 
 
+@pytest.mark.parametrize("count", [1000, 2000])
 @ensureDeferred
-async def test_stopping_the_service_stops_every_unit_first(start_service):
+async def test_stopping_the_service_stops_every_unit_first(start_service, count):
     service = await start_service()
-    await start_sleepers(service, 1000)
+    await start_sleepers(service, count)
     await service.stop()
     assert service.server.processes == {}
     assert unit_names() == []

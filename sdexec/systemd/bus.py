@@ -30,7 +30,7 @@ from dbus_fast.aio import MessageBus
 from dbus_fast.aio.message_bus import _MessageWriter
 from dbus_fast.errors import DBusError
 from twisted.internet.defer import Deferred, fail
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -77,6 +77,11 @@ _OWNER_CHANGED_RULE = (
     "member='NameOwnerChanged',arg0='org.freedesktop.systemd1'"
 )
 _PATH_SAFE = frozenset(string.ascii_letters + string.digits)
+#: How long the bus may stay up without the manager on it before the client
+#: reconnects to the bus address. A killed manager can leave its
+#: dbus-daemon running as an orphan; a new manager then listens with a new
+#: dbus-daemon at the same path, which only a new connection reaches.
+MANAGER_ABSENT_S = 5.0
 
 
 def unit_object_path(unit_name: str) -> str:
@@ -231,6 +236,8 @@ class SystemdClient:
         #: Every method call goes through it (``[systemd] max-inflight``).
         self.window = CallWindow(DEFAULT_MAX_INFLIGHT)
         self._backoff = Backoff(clock, self._reconnect, "reconnecting to systemd")
+        self._clock = clock
+        self._absent_timer: IDelayedCall | None = None
         self._adopt(bus)
 
     @classmethod
@@ -267,6 +274,7 @@ class SystemdClient:
         self._closing = True
         self.connected = False
         self._backoff.stop()
+        self._cancel_absent_check()
         if self._bus is not None:
             self._bus.disconnect()
         elif not self.disconnected.called:
@@ -336,6 +344,7 @@ class SystemdClient:
                 # The bus is back, the manager not yet: its NameOwnerChanged
                 # (matched already) resumes.
                 log.info("D-Bus is back; waiting for the systemd manager")
+                self._arm_absent_check()
                 return
             self._give_up(bus)
             raise
@@ -360,9 +369,35 @@ class SystemdClient:
             ),
         )
 
+    def _arm_absent_check(self) -> None:
+        """Reconnect to the bus address if the manager is not back on this
+        bus within :data:`MANAGER_ABSENT_S`."""
+        if self._absent_timer is None or not self._absent_timer.active():
+            self._absent_timer = self._clock.callLater(
+                MANAGER_ABSENT_S, self._manager_still_absent
+            )
+
+    def _cancel_absent_check(self) -> None:
+        if self._absent_timer is not None and self._absent_timer.active():
+            self._absent_timer.cancel()
+        self._absent_timer = None
+
+    def _manager_still_absent(self) -> None:
+        self._absent_timer = None
+        bus = self._bus
+        if self.connected or self._closing or bus is None:
+            return
+        log.info(
+            "no systemd manager on the bus for {seconds:g} s: reconnecting to"
+            " the bus address (a new manager may listen there with a new bus)",
+            seconds=MANAGER_ABSENT_S,
+        )
+        bus.disconnect()  # _bus_closed starts the backoff
+
     def _restored(self) -> None:
         if self.connected or self._closing:
             return
+        self._cancel_absent_check()
         self.connected = True
         log.info("systemd connection restored")
         if self.on_restored is not None:
@@ -565,6 +600,8 @@ class SystemdClient:
             self._lose("the systemd manager left the bus")
         if new_owner:
             self._manager_appeared()
+        else:
+            self._arm_absent_check()
 
 
 def _brief(body: list[Any], limit: int = 200) -> str:

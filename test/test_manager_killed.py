@@ -1,0 +1,147 @@
+"""The systemd manager killed (SIGKILL) under a running service, and a new
+one started at the same ``XDG_RUNTIME_DIR``: requests fail fast with EAGAIN
+(not after the bus's 120 s activation timeout), the service drains after
+``[systemd] reconnect-timeout``, and undrains itself once it reaches the new
+manager.
+
+It runs against a private sandbox manager of its own: killing the session's
+shared one would break every other test. The killed manager's dbus-daemon
+lives on as an orphan, still listening on the old (unlinked) socket; the new
+manager listens with a new dbus-daemon at the same path. The client, on the
+orphan bus, sees the manager leave and never come back, and must reconnect
+to the address to reach the new one (``MANAGER_ABSENT_S`` in
+sdexec/systemd/bus.py). At the end every process of both sandboxes is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SANDBOX
+from pytest_twisted import ensureDeferred
+from support import ConfigText, RunningService, run, sleep
+
+pytestmark = pytest.mark.systemd
+
+#: A cap for the test, not an expectation.
+WAIT_S = 60.0
+#: The hierarchies the sandbox puts each manager's cgroup in.
+CGROUP_HIERARCHIES = (
+    "/sys/fs/cgroup/systemd",
+    "/sys/fs/cgroup/unified",
+    "/sys/fs/cgroup",
+)
+
+
+async def until(condition, what: str) -> None:
+    for _ in range(int(WAIT_S / 0.05)):
+        if condition():
+            return
+        await sleep(0.05)
+    raise AssertionError(f"not within {WAIT_S} s: {what}")
+
+
+def start_manager(runtime_dir: str) -> int:
+    subprocess.run(
+        [str(SANDBOX), "start", runtime_dir], check=True, capture_output=True
+    )
+    return int(Path(runtime_dir, "manager.pid").read_text())
+
+
+def sandbox_cgroups(manager_pid: int) -> list[Path]:
+    """The cgroup trees the sandbox made for the manager with this pid."""
+    found = (Path(h, f"sdexec-sandbox-{manager_pid}") for h in CGROUP_HIERARCHIES)
+    return [tree for tree in found if tree.is_dir()]
+
+
+def processes_in(manager_pid: int) -> set[int]:
+    """Every process left in the killed manager's cgroups (its orphaned
+    dbus-daemon, its units' processes)."""
+    pids: set[int] = set()
+    for tree in sandbox_cgroups(manager_pid):
+        for procs in tree.rglob("cgroup.procs"):
+            pids.update(int(line) for line in procs.read_text().split())
+    return pids
+
+
+def remove_killed_sandbox(manager_pid: int) -> None:
+    """SIGKILL what the killed manager left and remove its cgroups."""
+    for pid in processes_in(manager_pid):
+        with contextlib.suppress(ProcessLookupError):  # gone already
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + WAIT_S
+    while processes_in(manager_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)  # SIGKILLed, not yet gone: the cgroup is busy
+    for tree in sandbox_cgroups(manager_pid):
+        for directory in sorted(
+            (d for d in tree.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)
+        ):
+            directory.rmdir()
+        tree.rmdir()
+
+
+@pytest.fixture
+def private_manager(monkeypatch):
+    """A sandbox manager of this test's own, its environment exported;
+    at the end every manager started in it is stopped and what the killed
+    ones left is killed."""
+    runtime_dir = tempfile.mkdtemp(prefix="sdexec-killed.")
+    killed: list[int] = []
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime_dir)
+    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", f"unix:path={runtime_dir}/bus")
+    start_manager(runtime_dir)
+    try:
+        yield runtime_dir, killed
+    finally:
+        subprocess.run([str(SANDBOX), "stop", runtime_dir], check=False)
+        for pid in killed:
+            remove_killed_sandbox(pid)
+        shutil.rmtree(runtime_dir, ignore_errors=True)
+
+
+def kill_manager(runtime_dir: str, killed: list[int]) -> None:
+    pid = int(Path(runtime_dir, "manager.pid").read_text())
+    killed.append(pid)
+    os.kill(pid, signal.SIGKILL)
+
+
+@ensureDeferred
+async def test_manager_killed_fails_fast_drains_and_recovers(private_manager, tmp_path):
+    runtime_dir, killed = private_manager
+    service = RunningService(tmp_path, ConfigText(systemd='reconnect-timeout = "1s"'))
+    await service.start()
+    try:
+        client = await service.connect()
+        before = await run(client, ["echo", "before"])
+        assert (before.error, before.stdout) == (None, b"before\n")
+
+        kill_manager(runtime_dir, killed)
+        systemd = service.server.systemd
+        await until(lambda: not systemd.connected, "the service sees systemd lost")
+        asked = time.monotonic()
+        refused = await run(client, ["true"])
+        assert refused.error is not None and refused.error.errnum == errno.EAGAIN
+        assert time.monotonic() - asked < 10, "not the bus's 120 s timeout"
+
+        await until(
+            lambda: service.server.drain_reason is not None, "drained after 1 s"
+        )
+        assert "systemd unreachable for 1 s" in service.server.drain_reason
+
+        start_manager(runtime_dir)
+        await until(lambda: systemd.connected, "reconnected to the new manager")
+        await until(lambda: service.server.drain_reason is None, "undrained")
+        after = await run(client, ["echo", "after"])
+        assert (after.error, after.stdout) == (None, b"after\n")
+    finally:
+        await service.stop()
+    assert service.server is None or not service.server.processes

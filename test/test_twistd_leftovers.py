@@ -94,7 +94,12 @@ def test_kept_leftovers_are_listed_and_killable(first_run, a_stranger):
     units = killed_with_units_running(first_run)
     second = Restarted(first_run, 'leftover-units = "keep"')
     with reaped(second.process):
-        _wait_for(lambda: len(second.stats()["procs"]) == COUNT, "leftovers listed")
+        # Listed at once; a leftover's pid (-1 until then) once its watch
+        # has read it.
+        _wait_for(
+            lambda: [p["pid"] > 0 for p in second.stats()["procs"]] == [True] * COUNT,
+            "leftovers listed with their pids",
+        )
         procs = second.stats()["procs"]
         assert sorted(p["unit"] for p in procs) == units
         assert {p["state"] for p in procs} == {"O"}

@@ -39,6 +39,7 @@ __all__ = [
     "Mode",
     "Tracked",
     "TrackedProcesses",
+    "check_target",
     "parse_target",
 ]
 
@@ -408,9 +409,9 @@ class TrackedProcesses:
         raise RequestError(errno.ENOENT, f"{_target(pid, label)}: no such process")
 
 
-def parse_target(payload: Any, topic: str) -> tuple[int | None, str | None]:
-    """``(pid, label)`` of a ``wait`` or ``attach`` payload; EINVAL names a
-    bad or missing field."""
+def check_target(payload: Any, topic: str) -> tuple[int | None, str | None]:
+    """The ``pid`` and ``label`` a ``topic`` payload names a process by, as
+    given (at least one); EINVAL names a bad or missing field."""
     pid, label = payload.get("pid"), payload.get("label")
     if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
         raise RequestError(errno.EINVAL, "pid: expected an integer")
@@ -418,6 +419,13 @@ def parse_target(payload: Any, topic: str) -> tuple[int | None, str | None]:
         raise RequestError(errno.EINVAL, "label: expected a string")
     if pid is None and label is None:
         raise RequestError(errno.EINVAL, f"{topic} needs a pid or a label")
+    return pid, label
+
+
+def parse_target(payload: Any, topic: str) -> tuple[int | None, str | None]:
+    """``(pid, label)`` of a ``wait`` or ``attach`` payload, the label winning
+    over the pid; EINVAL names a bad or missing field."""
+    pid, label = check_target(payload, topic)
     return (None, label) if label is not None else (pid, None)
 
 

@@ -25,7 +25,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from sdexec.admission import ConnectionCount
-from sdexec.background import TrackedProcesses
+from sdexec.background import TrackedProcesses, check_target
 from sdexec.config import Config
 from sdexec.containment import Containment, check_cpu_fence, enforced_cpus
 from sdexec.devicefence import CANARY_TIMEOUT_SECONDS, CanaryResponder, canary_plan
@@ -397,15 +397,9 @@ class SdexecServer:
                 errno.EINVAL,
                 f"signum: expected a signal number from 1 to {signal.NSIG - 1}",
             )
-        pid, label = payload.get("pid"), payload.get("label")
-        if pid is not None and not _is_integer(pid):
-            raise RequestError(errno.EINVAL, "pid: expected an integer")
-        if label is not None and not isinstance(label, str):
-            raise RequestError(errno.EINVAL, "label: expected a string")
+        pid, label = check_target(payload, "kill")
         if label is not None:
             check_text("label", label)
-        if pid is None and label is None:
-            raise RequestError(errno.EINVAL, "kill needs a pid or a label")
         process: Process | Leftover | None = self.find(pid=pid, label=label)
         if process is None and self.leftovers is not None:
             process = self.leftovers.find(pid)

@@ -116,12 +116,34 @@ def _open_closed_standard_fds() -> None:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse the command line; ``SystemExit(2)`` with a usage message if it
     is wrong."""
-    return _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return _parser(_named_command(argv)).parse_args(argv)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _named_command(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names, when it names one of ours before anything
+    this scan cannot follow; else ``None``.
+
+    Only that command's parser is then built: argparse spends about a
+    millisecond of gettext lookups and formatters on each parser and
+    argument, a sixth of the command line's start-up for all nine
+    (docs/performance.md). What it parses is the same either way.
+    """
+    args = iter(argv)
+    for arg in args:
+        if arg.startswith("--") and "=" not in arg and "--socket".startswith(arg):
+            next(args, None)  # --socket PATH, or an abbreviation of it
+        elif not arg.startswith("-"):
+            return arg if arg in _SUBCOMMANDS else None
+    return None
+
+
+def _parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line's parser, or with ``only`` that command."""
     parser = argparse.ArgumentParser(
-        prog="sdexec", description="Run processes as transient systemd units."
+        prog="sdexec",
+        description="Run processes as transient systemd units.",
+        formatter_class=_HelpFormatter,
     )
     add_version_option(parser)
     parser.add_argument(
@@ -131,58 +153,75 @@ def _parser() -> argparse.ArgumentParser:
         " $XDG_RUNTIME_DIR/sdexec/sdexec.sock)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_run(commands)
-    commands.add_parser("ps", help="list the service's processes")
-    kill = commands.add_parser("kill", help="signal a process by pid or label")
+    for name, (help_, add_arguments) in _SUBCOMMANDS.items():
+        if only in (None, name):
+            command = commands.add_parser(
+                name, help=help_, formatter_class=_HelpFormatter
+            )
+            add_arguments(command)
+    return parser
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, sized as argparse sizes it (``$COLUMNS``, else
+    the terminal, else 80; less 2) but without ``shutil``, whose import
+    (with ``bz2`` and ``lzma``) would add a twentieth to every command's
+    start-up: argparse makes a formatter for each argument it adds."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=_terminal_columns() - 2)
+
+
+def _terminal_columns() -> int:
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        return os.get_terminal_size(1).columns or 80
+    except OSError:
+        return 80  # not a terminal
+
+
+def _add_kill(kill: argparse.ArgumentParser) -> None:
     kill.add_argument(
         "signum",
         metavar="SIGNUM",
         type=_signal_argument,
         help="a signal name (TERM, SIGTERM) or number",
     )
-    kill.add_argument(
+    _add_target(kill)
+
+
+def _add_target(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
         "target",
         metavar="PID|LABEL",
         type=kill_target,
         help="a process id, or else a label",
     )
-    cancel = commands.add_parser(
-        "cancel", help="terminate a job (its JOB TERMINATION sequence)"
-    )
+
+
+def _add_cancel(cancel: argparse.ArgumentParser) -> None:
     cancel.add_argument(
         "target",
         metavar="PID|LABEL|JOBID",
         help="a process id, else a job id, else a label",
     )
-    stats = commands.add_parser("stats", help="print the service's statistics as JSON")
+
+
+def _add_stats(stats: argparse.ArgumentParser) -> None:
     stats.add_argument(
         "--url",
         help="read them from the stats endpoint instead of the socket,"
         " e.g. http://127.0.0.1:8490/stats",
     )
-    commands.add_parser("undrain", help="let a drained service run processes again")
-    _add_background_commands(commands)
-    return parser
 
 
-def _add_background_commands(commands: Any) -> None:
-    wait = commands.add_parser(
-        "wait", help="wait for a process started with run --bg --waitable"
-    )
-    attach = commands.add_parser(
-        "attach", help="follow a background process's output (Ctrl-C detaches)"
-    )
-    for command in (wait, attach):
-        command.add_argument(
-            "target",
-            metavar="PID|LABEL",
-            type=kill_target,
-            help="a process id, or else a label",
-        )
+def _no_arguments(_command: argparse.ArgumentParser) -> None:
+    pass
 
 
-def _add_run(commands: Any) -> None:
-    run = commands.add_parser("run", help="run a command and wait for it")
+def _add_run(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "-n",
         "--noinput",
@@ -238,6 +277,19 @@ def _add_run(commands: Any) -> None:
     run.add_argument(
         "args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments"
     )
+
+
+#: Each command: its help line, and what adds its arguments to its parser.
+_SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "run": ("run a command and wait for it", _add_run),
+    "ps": ("list the service's processes", _no_arguments),
+    "kill": ("signal a process by pid or label", _add_kill),
+    "cancel": ("terminate a job (its JOB TERMINATION sequence)", _add_cancel),
+    "stats": ("print the service's statistics as JSON", _add_stats),
+    "undrain": ("let a drained service run processes again", _no_arguments),
+    "wait": ("wait for a process started with run --bg --waitable", _add_target),
+    "attach": ("follow a background process's output (Ctrl-C detaches)", _add_target),
+}
 
 
 def _setopt(text: str) -> tuple[str, str]:
@@ -498,7 +550,6 @@ def format_procs(procs: Sequence[dict[str, Any]]) -> str:
         for row in rows
     )
     return "\n".join(lines)
-
 
 
 def write_output(

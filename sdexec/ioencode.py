@@ -10,8 +10,6 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-import msgspec
-
 __all__ = ["decode_io", "encode_io"]
 
 
@@ -55,7 +53,11 @@ def decode_io(io: Any) -> tuple[str, bytes, bool]:
 
 def _from_base64(text: str) -> bytes:
     """Strict base64 (padding, no whitespace), with msgspec's decoder: about
-    4 times faster than the base64 module's (docs/performance.md)."""
+    4 times faster than the base64 module's (docs/performance.md). Imported
+    here, on first use: text output and the command line's start-up do
+    without it."""
+    import msgspec
+
     try:
         return msgspec.convert(text, bytes)
     except msgspec.ValidationError:

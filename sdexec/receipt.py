@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 __all__ = ["UNSET", "Receipt", "finished_extensions", "format_bytes", "format_usec"]
 
@@ -127,17 +127,19 @@ def _read_counter(cgroup: str | None, name: str) -> int | None:
 # -- the client's side -------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Receipt:
+class Receipt(NamedTuple):
     """A ``finished`` response read back: the wait status and the extension
     keys the service sent (``None``/empty where it sent none, or sent
-    something malformed: an older or foreign service is not an error)."""
+    something malformed: an older or foreign service is not an error).
+
+    A named tuple, not a dataclass: ``dataclasses`` would add a fifth to
+    the command line's start-up (docs/performance.md)."""
 
     status: int
     result: str | None = None
     oom_kills: int | None = None
     memory_max: int | None = None
-    usage: Mapping[str, int] = field(default_factory=dict)
+    usage: Mapping[str, int] = MappingProxyType({})
 
     @classmethod
     def from_finished(cls, payload: Mapping[str, Any]) -> Receipt:

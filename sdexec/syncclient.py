@@ -34,7 +34,7 @@ from sdexec.rpc import (
     cannot_connect,
     is_end_of_stream,
 )
-from sdexec.wire import FrameSplitter, FramingError, encode_message
+from sdexec.wire import FrameSplitter, FramingError, encode_small_message
 
 __all__ = ["Call", "Connection", "Exec", "Loop"]
 
@@ -209,14 +209,14 @@ class Connection:
         ``streaming``: the envelope's (false runs an exec in the background)."""
         request = self._requests.new(topic, payload, streaming)
         if self._requests.track(request, pending):
-            self._write(encode_message(request), fds)
+            self._write(encode_small_message(request), fds)
         return request["matchtag"]
 
     def send_no_response(self, topic: str, payload: dict[str, Any]) -> None:
         """Send a request that gets no response (``sdexec.write``); dropped
         if the connection is gone."""
         if self._requests.lost is None:
-            self._write(encode_message(self._requests.new(topic, payload)))
+            self._write(encode_small_message(self._requests.new(topic, payload)))
 
     def exec(
         self,

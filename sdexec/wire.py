@@ -6,26 +6,42 @@ of the protocol: the service and the Twisted client (through
 client (``sdexec.syncclient``). It imports no Twisted, so the command line
 starts without it.
 
-JSON is msgspec's: output data is most of what crosses the socket, and
-msgspec encodes a 64 KiB string about 4 times faster than the json module and
-decodes it about 3 times faster (orjson, measured too, is in between;
-docs/performance.md).
+Two JSON codecs, each where it wins (docs/performance.md):
+
+- msgspec for the bulk: output data is most of what crosses the socket, and
+  msgspec encodes a 64 KiB string about 4 times faster than the json module
+  and decodes it about 3 times faster (orjson, measured too, is in between);
+- the json module for short lines and for the command line's requests: the
+  command line exchanges a handful of small messages, and importing msgspec
+  (with ``typing_extensions``, ``inspect``, ``uuid``…) would cost it more than
+  all of them, about 40 % of its start-up. msgspec is imported when first
+  needed.
+
+Both refuse what is not standard JSON (``NaN``, ``Infinity``), and what one
+accepts the other decodes to the same objects; a test holds them to it.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
-
-import msgspec
 
 from sdexec.protocol import DEFAULT_MAX_FRAME
 
-__all__ = ["FrameSplitter", "FramingError", "decode_message", "encode_message"]
+__all__ = [
+    "FrameSplitter",
+    "FramingError",
+    "decode_message",
+    "encode_message",
+    "encode_small_message",
+]
 
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder()
+#: Lines up to this size are decoded with the json module: below it, its
+#: per-call cost is the smaller one and msgspec need not be imported.
+SMALL_LINE = 4096
 
 
 class FramingError(ValueError):
@@ -33,23 +49,77 @@ class FramingError(ValueError):
 
 
 def encode_message(message: dict[str, Any]) -> bytes:
-    """One message as a line: compact JSON, UTF-8, ``\\n``-terminated."""
-    return _encoder.encode(message) + b"\n"
+    """One message as a line: compact JSON, UTF-8, ``\\n``-terminated
+    (msgspec: for the service, and for anything bulky)."""
+    return _msgspec_codec().encode(message) + b"\n"
+
+
+def encode_small_message(message: dict[str, Any]) -> bytes:
+    """:func:`encode_message` with the json module, for a client that sends
+    only small messages and should not import msgspec: the same line (a
+    float that is not a number is refused here; msgspec writes ``null``)."""
+    text = _json_encoder.encode(message)
+    return text.encode("utf-8") + b"\n"
+
+
+_json_encoder = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), allow_nan=False
+)
 
 
 def decode_message(line: bytes) -> dict[str, Any]:
     """The JSON object on ``line``; :class:`FramingError` if it is not one."""
     try:
-        message = _decoder.decode(line)
-    except (msgspec.DecodeError, UnicodeDecodeError) as error:
-        message = _decode_lone_surrogates(line, error)
+        if len(line) <= SMALL_LINE:
+            message = _decode_with_json(line)
+        else:
+            message = _decode_with_msgspec(line)
     except RecursionError:
-        # msgspec decodes recursively; a line of a few thousand "[" would
+        # Both decode recursively; a line of a few thousand "[" would
         # otherwise escape as a RecursionError and drop the connection.
         raise FramingError("message is nested too deeply") from None
     if not isinstance(message, dict):
         raise FramingError("message is not a JSON object")
     return message
+
+
+def _decode_with_json(line: bytes) -> Any:
+    try:
+        # Decoded first: given bytes, the json module would guess UTF-16/32.
+        return _json_decoder.decode(line.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError too
+        raise FramingError(f"message is not valid JSON: {error}") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_json_decoder = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
+def _decode_with_msgspec(line: bytes) -> Any:
+    decoder = _msgspec_codec()
+    try:
+        return decoder.decode(line)
+    except (decoder.error, UnicodeDecodeError) as error:
+        return _decode_lone_surrogates(line, error)
+
+
+class _Codec:
+    """msgspec's encoder and decoder, made on first use."""
+
+    def __init__(self) -> None:
+        import msgspec
+
+        self.encode: Callable[[Any], bytes] = msgspec.json.Encoder().encode
+        self.decode: Callable[[bytes], Any] = msgspec.json.Decoder().decode
+        self.error: type[Exception] = msgspec.DecodeError
+
+
+@functools.cache
+def _msgspec_codec() -> _Codec:
+    return _Codec()
 
 
 #: A high surrogate escape not followed by a low one, or a lone low one.
@@ -71,10 +141,8 @@ def _decode_lone_surrogates(line: bytes, error: Exception) -> Any:
     match = _LONE_SURROGATE.search(line)
     if match is None:
         raise FramingError(f"message is not valid JSON: {error}") from None
-    import json  # only here: the command line never needs it
-
     try:
-        return json.loads(line)
+        return _json_decoder.decode(line.decode("utf-8"))
     except (ValueError, RecursionError):
         raise FramingError(
             f"message is not valid JSON: {error} (a lone UTF-16 surrogate"

@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 from twisted.internet.testing import StringTransport
 
 from sdexec.framing import JSONLineProtocol
-from sdexec.wire import FrameSplitter, FramingError, decode_message, encode_message
+from sdexec.wire import (
+    SMALL_LINE,
+    FrameSplitter,
+    FramingError,
+    decode_message,
+    encode_message,
+    encode_small_message,
+)
 
 # Output-sized text: a short random text repeated (64 KiB of random text is
 # too slow for hypothesis to generate).
@@ -34,6 +41,35 @@ def test_encode_message_round_trips(message):
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert json.loads(line) == message
     assert decode_message(line) == message
+
+
+def padded(line: bytes) -> bytes:
+    """``line`` made long with JSON whitespace: decoded by msgspec."""
+    return line.rstrip(b"\n") + b" " * SMALL_LINE + b"\n"
+
+
+@settings(max_examples=200)
+@given(st.dictionaries(st.text(max_size=8), json_values, max_size=4))
+def test_both_codecs_agree(message):
+    # The command line encodes with the json module, the service with
+    # msgspec; short lines decode with the one, long ones with the other.
+    for line in (encode_message(message), encode_small_message(message)):
+        assert line.endswith(b"\n") and line.count(b"\n") == 1
+        assert decode_message(line) == message
+        assert decode_message(padded(line)) == message
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+@pytest.mark.parametrize("size", ["short", "long"])
+def test_numbers_that_are_not_json_are_refused_by_both(constant, size):
+    line = b'{"a":' + constant + b"}"
+    with pytest.raises(FramingError, match="not valid JSON"):
+        decode_message(padded(line) if size == "long" else line)
+
+
+def test_a_float_that_is_not_a_number_is_not_sent_by_the_command_line():
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        encode_small_message({"a": float("nan")})
 
 
 def test_long_text_with_every_escape_round_trips():

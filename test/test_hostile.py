@@ -20,6 +20,7 @@ from sdexec.config import parse_config
 from sdexec.ioencode import encode_io
 from sdexec.server import MAX_ERRSTR, SdexecServer
 from sdexec.testing import FakeManager
+from sdexec.wire import SMALL_LINE
 
 ENVELOPE = {"type": "request", "topic": "sdexec.list", "matchtag": 4}
 
@@ -89,10 +90,14 @@ def test_a_non_string_io_encoding_is_einval(connection, encoding):
 
 
 @pytest.mark.parametrize("escape", ["\\ud800", "\\udfff", "\\udc80x"])
-def test_a_lone_surrogate_escape_is_einval_naming_its_field(server, connection, escape):
-    # Valid JSON that no UTF-8 can carry: msgspec refuses it, the json module
-    # decodes it, and the request's checks name the field.
-    line = '{"type":"request","topic":"sdexec.kill","matchtag":1,'
+@pytest.mark.parametrize("padding", [0, SMALL_LINE], ids=["short", "long"])
+def test_a_lone_surrogate_escape_is_einval_naming_its_field(
+    server, connection, escape, padding
+):
+    # Valid JSON that no UTF-8 can carry: the json module decodes it (a long
+    # line after msgspec has refused it), and the request's checks name the
+    # field.
+    line = '{"type":"request","topic":"sdexec.kill","matchtag":1,' + " " * padding
     payload = f'"payload":{{"signum":15,"label":"x{escape}"}}}}\n'
     connection.protocol.dataReceived((line + payload).encode())
     errnum, errstr = error_of(connection.last())
@@ -103,7 +108,21 @@ def test_a_lone_surrogate_escape_is_einval_naming_its_field(server, connection, 
 
 
 def test_a_lone_surrogate_in_a_line_that_is_not_json_is_a_framing_error(connection):
+    # A short line: the json module names the real fault (the comma).
     line = b'{"type":"request","topic":"sdexec.list","matchtag":1,"x":"\\ud800",}\n'
+    connection.protocol.dataReceived(line)
+    assert connection.last()["errnum"] == errno.EPROTO
+    errstr = connection.last()["errstr"]
+    assert errstr.startswith("message is not valid JSON")
+    assert f"(char {line.index(b'}')})" in errstr
+    assert connection.transport.disconnecting
+
+
+def test_a_lone_surrogate_in_a_long_line_that_is_not_json_is_named(connection):
+    # A long line goes to msgspec first, which refuses the surrogate before
+    # the fault: the message says both.
+    line = b'{"type":"request","topic":"sdexec.list","matchtag":1,"x":"\\ud800",'
+    line += b" " * SMALL_LINE + b"}\n"
     connection.protocol.dataReceived(line)
     assert connection.last()["errnum"] == errno.EPROTO
     errstr = connection.last()["errstr"]

@@ -92,6 +92,9 @@ class ProcessContext:
     #: (``[systemd] start-timeout``): a unit whose states the model does not
     #: expect (``Type=forking``, no ``ExecMainPID``, …) must not hang it.
     start_timeout: float = DEFAULT_START_TIMEOUT
+    #: Receipts read the unit's cgroup files (cgroup v2): the unit is not
+    #: stopped until its receipt has been read (sdexec.receipt).
+    receipt_reads_cgroup: bool = True
 
 
 class Process:
@@ -314,13 +317,13 @@ class Process:
             self._started(properties, status.pid)
         if status.has_finished:
             self._finish(status)
-        if self._awaiting_receipt:
-            return  # no stop or reset before it is read: they remove the cgroup
+        if self._awaiting_receipt and not self._may_release_before_receipt(status):
+            return
         self._check_failure(status)
         if status.needs_stop:
             self._stop()
-        # Reset only once the outcome is known: a reset clears ExecMain*.
-        if status.needs_reset and self._outcome_known:
+        # Reset only once the exit status is kept: a reset clears ExecMain*.
+        if status.needs_reset and self._exit_status_kept:
             self._call(UnitCall.RESET, self._systemd.reset_failed_unit)
         if status.is_deactivating:
             self.stop_timer.deactivating()
@@ -349,6 +352,20 @@ class Process:
     @property
     def _awaiting_receipt(self) -> bool:
         return UnitCall.RECEIPT in self._called and Sent.FINISHED not in self._sent
+
+    def _may_release_before_receipt(self, status: UnitStatus) -> bool:
+        """Whether the stop or reset may follow the receipt's ``GetAll``
+        before its answer: systemd answers a connection's calls in order, so
+        the answer still describes the unit before them, and the round trip
+        is saved (docs/performance.md). Not where the receipt reads the
+        unit's cgroup files, which a stop removes; a failed unit has none."""
+        return status.needs_reset or not self._context.receipt_reads_cgroup
+
+    @property
+    def _exit_status_kept(self) -> bool:
+        """``finished`` is sent, or its wait status taken and its receipt
+        asked for."""
+        return self._outcome_known or UnitCall.RECEIPT in self._called
 
     def _receipt_read(self, answer: dict[str, Any] | Failure, wait_status: int) -> None:
         assert self._watch is not None  # every state comes through it
@@ -418,6 +435,8 @@ class Process:
     # -- the end -------------------------------------------------------------
 
     def _maybe_end(self) -> None:
+        if self._awaiting_receipt:
+            return  # `finished` comes first; its answer calls this again
         started = UnitCall.START in self._called
         if self.status.is_inactive and self.output.eof and started and self._left:
             if not self._ended:

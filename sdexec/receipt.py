@@ -29,7 +29,14 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-__all__ = ["UNSET", "Receipt", "finished_extensions", "format_bytes", "format_usec"]
+__all__ = [
+    "UNSET",
+    "Receipt",
+    "finished_extensions",
+    "format_bytes",
+    "format_usec",
+    "reads_unit_cgroups",
+]
 
 #: systemd's "not measured" for a 64-bit counter (``[not set]``).
 UNSET = 2**64 - 1
@@ -74,6 +81,14 @@ def finished_extensions(state: Mapping[str, Any], root: str = "/") -> dict[str, 
     if usage:
         extensions["usage"] = usage
     return extensions
+
+
+def reads_unit_cgroups(root: str = "/") -> bool:
+    """Whether receipts on this node read the unit's cgroup files (cgroup
+    v2, the unified hierarchy): then the unit must not be stopped before its
+    receipt's ``GetAll`` is answered, as the stop removes them. Elsewhere
+    the receipt is systemd's properties alone."""
+    return os.path.isfile(os.path.join(root, "sys/fs/cgroup/cgroup.controllers"))
 
 
 def _usage(state: Mapping[str, Any], cgroup: str | None) -> dict[str, int]:

@@ -39,6 +39,7 @@ from sdexec.passthrough import NO_STDIO, PassedStdio, StdioReceivingProtocol
 from sdexec.plan import RequestError, plan_exec
 from sdexec.process import Process, ProcessContext
 from sdexec.protocol import Topic
+from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import RequestRefused, printable
 from sdexec.systemd import Manager, errno_for
 
@@ -97,6 +98,8 @@ class SdexecServer:
         self.jobs = Jobs(self.drain, self.count)
         #: Open connections per peer uid, against the configured caps.
         self.connections = ConnectionCount()
+        #: Whether a unit must outlive its receipt's GetAll (cgroup v2).
+        self._receipt_reads_cgroup = reads_unit_cgroups()
 
     def new_connection_id(self) -> int:
         self._next_connection_id += 1
@@ -213,6 +216,7 @@ class SdexecServer:
             debug=self.config.systemd.sdexec_debug,
             drain=self.drain,
             start_timeout=self.config.systemd.start_timeout,
+            receipt_reads_cgroup=self._receipt_reads_cgroup,
         )
 
     def _fence_verifier(

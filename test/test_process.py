@@ -235,12 +235,39 @@ def test_failed_without_status_is_confirmed_before_it_is_believed():
     assert responder.types() == []
     assert not any(call[0] == "reset" for call in systemd.calls)
     systemd.change(UNIT, {**EXITED, "ActiveState": "failed", "ExecMainStatus": 127})
-    # finished waits for its receipt's GetAll (held too), and the reset with it
+    # finished waits for its receipt's GetAll (held too); the reset follows
+    # that call at once (answered in order, it cannot change the answer)
     assert responder.types() == ["started"]
-    assert not any(call[0] == "reset" for call in systemd.calls)
+    assert systemd.calls[-2:] == [("get-all", UNIT), ("reset", UNIT)]
     systemd.answer_refreshes()
     assert responder.types() == ["started", "finished"]
-    assert ("reset", UNIT) in systemd.calls
+
+
+def make_held_process(receipt_reads_cgroup: bool):
+    """A process whose receipt's GetAll is held until answered."""
+    systemd, responder = FakeManager(), Recorder()
+    context = ProcessContext(
+        reactor=reactor,
+        clock=Clock(),
+        rank="0",
+        receipt_reads_cgroup=receipt_reads_cgroup,
+    )
+    Process(systemd, lifecycle_plan(), responder, context).start()
+    systemd.hold_refresh = True
+    systemd.change(UNIT, RUNNING)
+    systemd.change(UNIT, EXITED)
+    return systemd, responder
+
+
+def test_the_stop_follows_the_receipts_getall_where_it_reads_no_cgroup():
+    # (Where it does, test_receipt.py: nothing stops the unit meanwhile.)
+    systemd, responder = make_held_process(receipt_reads_cgroup=False)
+    assert systemd.calls[-2:] == [("get-all", UNIT), ("stop", UNIT)]
+    # However early the stop's end is seen, finished comes first.
+    systemd.change(UNIT, INACTIVE)
+    assert responder.types() == ["started"]
+    systemd.answer_refreshes()
+    assert responder.types() == ["started", "finished", errno.ENODATA]
 
 
 def test_confirmed_failure_without_status_is_eio():

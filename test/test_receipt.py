@@ -30,6 +30,7 @@ from sdexec.receipt import (
     finished_extensions,
     format_bytes,
     format_usec,
+    reads_unit_cgroups,
 )
 from sdexec.systemd import SystemdError
 from sdexec.testing import EXITED, FakeManager, exec_plan
@@ -100,6 +101,13 @@ def test_a_gone_cgroup_or_cgroup_v1_reports_no_oom_count(tmp_path):
     assert "oom_kills" not in extensions
     assert "memory_max" not in extensions  # none was set (infinity)
     assert extensions["result"] == "oom-kill"
+
+
+def test_receipts_read_unit_cgroups_on_cgroup_v2_only(tmp_path):
+    assert not reads_unit_cgroups(str(tmp_path))  # v1: no unified root
+    (tmp_path / "sys/fs/cgroup").mkdir(parents=True)
+    (tmp_path / "sys/fs/cgroup/cgroup.controllers").write_text("cpu memory\n")
+    assert reads_unit_cgroups(str(tmp_path))
 
 
 @pytest.mark.parametrize(

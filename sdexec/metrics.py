@@ -161,10 +161,12 @@ class _ExecWatch:
         data = io.get("data")
         if not data:
             return
-        if io.get("encoding") == "base64":
+        if isinstance(data, bytes):  # not yet base64 (encode_io's raw)
+            size = len(data)
+        elif io.get("encoding") == "base64":
             size = len(data) * 3 // 4 - data.count("=", -2)
-        else:
-            size = len(data.encode())
+        else:  # isascii is free; encoding 64 KiB again to count it is not
+            size = len(data) if data.isascii() else len(data.encode())
         self._metrics.output_bytes.labels(stream=io["stream"]).inc(size)
 
 

@@ -425,7 +425,7 @@ class Process:
         return {
             "type": "output",
             "pid": self.pid if self.pid is not None else -1,
-            "io": encode_io(stream, self._context.rank, data, eof),
+            "io": encode_io(stream, self._context.rank, data, eof, raw=True),
         }
 
     def _add_credit(self, nbytes: int) -> None:

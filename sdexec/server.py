@@ -515,6 +515,7 @@ class ClientProtocol(StdioReceivingProtocol):
         if not self.authorized:
             log.warn("refusing requests from uid {uid}", uid=uid)
         self.transport.registerProducer(self, True)
+        self.transport.bufferSize = CLIENT_BUFFER_SIZE
         self._admit(uid)
 
     def _admit(self, uid: int) -> None:
@@ -701,6 +702,15 @@ def _streaming(message: dict) -> bool:
         raise RequestError(errno.EINVAL, "streaming: expected a boolean")
     return streaming
 
+
+#: How many bytes may wait to be written to a client before its processes'
+#: output is paused (Twisted's ``bufferSize``, 64 KiB by default, which is
+#: also the size of its reads, here of small requests). At 64 KiB every output
+#: message (up to 64 KiB of data, more as JSON) paused and resumed every
+#: output channel of the connection, though the socket took the message at
+#: the next loop pass: 28 % of the service's CPU for text output
+#: (docs/performance.md).
+CLIENT_BUFFER_SIZE = 256 * 1024
 
 #: The longest ``errstr`` sent: a message quoting a request's value (a
 #: 10 MB option) must not become a frame the client cannot take.

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from twisted.internet.testing import StringTransport
 
 from sdexec.framing import JSONLineProtocol
+from sdexec.ioencode import decode_io, encode_io
 from sdexec.wire import (
     SMALL_LINE,
     FrameSplitter,
@@ -70,6 +71,20 @@ def test_numbers_that_are_not_json_are_refused_by_both(constant, size):
 def test_a_float_that_is_not_a_number_is_not_sent_by_the_command_line():
     with pytest.raises(ValueError, match="not JSON compliant"):
         encode_small_message({"a": float("nan")})
+
+
+@pytest.mark.parametrize("data", [b"\xff" * 100_000, b"text \xc3\xa9", b"\xc3"])
+def test_raw_io_is_the_same_line_and_reads_back(data):
+    # The service leaves non-UTF-8 output as bytes for msgspec to base64.
+    raw = encode_io("stdout", "0", data, raw=True)
+    encoded = encode_io("stdout", "0", data)
+    assert encode_message({"io": raw}) == encode_message({"io": encoded})
+    assert decode_io(raw) == decode_io(encoded) == ("stdout", data, False)
+
+
+def test_raw_bytes_that_claim_to_be_text_are_refused():
+    with pytest.raises(ValueError, match=r"io\.data: expected a string"):
+        decode_io({"stream": "stdout", "data": b"x"})
 
 
 def test_long_text_with_every_escape_round_trips():

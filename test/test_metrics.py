@@ -39,7 +39,8 @@ def _samples(families) -> dict[tuple[str, tuple], float]:
 @ensureDeferred
 async def test_metrics_agree_with_stats_and_observe_latency(sdexec, tmp_path):
     client = await sdexec.connect()
-    printed = await run(client, ["sh", "-c", "printf 12345; printf ab >&2"])
+    # Bytes, however they travel: not UTF-8 (base64), text beyond ASCII.
+    printed = await run(client, ["sh", "-c", r"printf '12\377\303\251'; printf é >&2"])
     assert printed.status == 0
     missing = await run(client, ["/nonexistent/command"])  # refused: no unit
     assert missing.error is not None

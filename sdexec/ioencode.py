@@ -7,7 +7,7 @@ Imports no Twisted (the command line's client uses it too).
 
 from __future__ import annotations
 
-import base64
+import binascii
 from typing import Any
 
 __all__ = ["decode_io", "encode_io"]
@@ -28,7 +28,7 @@ def encode_io(
         try:
             io["data"] = data.decode("utf-8")
         except UnicodeDecodeError:
-            io["data"] = data if raw else base64.b64encode(data).decode("ascii")
+            io["data"] = data if raw else _to_base64(data)
             io["encoding"] = "base64"
     if eof:
         io["eof"] = True
@@ -61,6 +61,11 @@ def decode_io(io: Any) -> tuple[str, bytes, bool]:
     if encoding.upper() not in ("UTF-8", "UTF8"):
         raise ValueError(f"io.encoding: {encoding!r} is not UTF-8 or base64")
     return stream, text.encode("utf-8"), eof
+
+
+def _to_base64(data: bytes) -> str:
+    # binascii is what the base64 module calls, without its import.
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
 
 
 def _from_base64(text: str) -> bytes:

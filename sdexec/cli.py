@@ -131,9 +131,13 @@ def _named_command(argv: Sequence[str]) -> str | None:
     """
     args = iter(argv)
     for arg in args:
-        if arg.startswith("--") and "=" not in arg and "--socket".startswith(arg):
-            next(args, None)  # --socket PATH, or an abbreviation of it
-        elif not arg.startswith("-"):
+        option, equals, _value = arg.partition("=")
+        if len(option) > 2 and "--socket".startswith(option):
+            if not equals:
+                next(args, None)  # --socket PATH, or an abbreviation of it
+        elif arg.startswith("-"):
+            return None  # --help, --version, --: the whole parser's business
+        else:
             return arg if arg in _SUBCOMMANDS else None
     return None
 

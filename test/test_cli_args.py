@@ -1,0 +1,66 @@
+"""The command line's arguments, offline: building only the parser of the
+command argv names changes nothing argparse does with them."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdexec.cli import _named_command, _parser
+
+ARGVS = [
+    ["run", "-n", "/bin/true"],
+    ["--socket", "/s", "run", "--setopt", "SDEXEC_PROP_MemoryMax=1M", "cat", "-n"],
+    ["--socket=/s", "run", "--label", "x", "--bg", "--waitable", "sleep", "1"],
+    ["run", "--jobid", "j1", "--time-limit", "5m", "--usage", "--dir", "/", "ls"],
+    ["--sock", "/s", "ps"],
+    ["kill", "TERM", "42"],
+    ["kill", "9", "label"],
+    ["cancel", "j1"],
+    ["stats", "--url", "http://127.0.0.1:8490/stats"],
+    ["undrain"],
+    ["wait", "42"],
+    ["attach", "label"],
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["run", "-n", "x"], "run"),
+        (["--socket", "/p", "ps"], "ps"),
+        (["--socket=/p", "kill", "TERM", "1"], "kill"),
+        (["--sock", "ps", "run", "x"], "run"),  # the abbreviation takes a value
+        (["--so=ps", "wait", "1"], "wait"),
+        (["-h", "run"], None),
+        (["--version"], None),
+        (["--", "run"], None),
+        (["bogus"], None),
+        ([], None),
+    ],
+)
+def test_the_command_named(argv, named):
+    assert _named_command(argv) == named
+
+
+@pytest.mark.parametrize("argv", ARGVS, ids=lambda argv: " ".join(argv))
+def test_one_commands_parser_parses_as_the_whole_one(argv):
+    only = _named_command(argv)
+    assert only is not None
+    assert _parser(only).parse_args(argv) == _parser().parse_args(argv)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["run", "--help"], ["kill", "--help"], ["run"], ["kill", "NOSIG", "1"],
+     ["run", "--bogus", "x"], ["wait"]],
+    ids=lambda argv: " ".join(argv),
+)  # fmt: skip
+def test_help_and_errors_are_the_whole_parsers(argv, capsys):
+    printed = []
+    for parser in (_parser(_named_command(argv)), _parser()):
+        with pytest.raises(SystemExit) as exit_:
+            parser.parse_args(argv)
+        out, err = capsys.readouterr()
+        printed.append((exit_.value.code, out, err))
+    assert printed[0] == printed[1]
+    assert printed[0][1] or printed[0][2]

@@ -485,6 +485,8 @@ def _uid(user: object) -> int:
         return pwd.getpwnam(user).pw_uid
     except KeyError:
         raise ValueError(f"no such user: {_quote(user)}") from None
+
+
 def _absolute_path(value: object) -> str:
     if not isinstance(value, str) or not os.path.isabs(value):
         raise _expected("an absolute path", value)

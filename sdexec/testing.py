@@ -156,6 +156,7 @@ class FakeManager:
             state.get("ActiveState", ""), state.get("SubState", ""), "",
             unit_object_path(name), 0, "", "/",
         )  # fmt: skip
+
     def get_service_properties(self, name: str) -> defer.Deferred[State]:
         """The unit's state (a ``GetAll``: held too with ``hold_refresh``)."""
         return self._get_all(name)

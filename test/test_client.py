@@ -407,14 +407,24 @@ def test_ps_table_shows_the_job_and_its_termination_step():
 
 def test_run_job_options_and_cancel_targets():
     options = parse_args(
-        ["run", "--no-passthrough", "--jobid", "f1", "--time-limit", "5m",
-         "--setopt", "A=b", "true"]
+        [
+            "run",
+            "--no-passthrough",
+            "--jobid",
+            "f1",
+            "--time-limit",
+            "5m",
+            "--setopt",
+            "A=b",
+            "true",
+        ]
     )
     opts = build_command(options, {}, "/")["opts"]
     assert opts == {"A": "b", "SDEXEC_JOBID": "f1", "SDEXEC_TIME_LIMIT": "5m"}
-    assert build_command(parse_args(["run", "--no-passthrough", "true"]), {}, "/")[
-        "opts"
-    ] == {}
+    assert (
+        build_command(parse_args(["run", "--no-passthrough", "true"]), {}, "/")["opts"]
+        == {}
+    )
     assert cancel_targets("1234") == ({"pid": 1234}, {"jobid": "1234"})
     assert cancel_targets("fA3x") == ({"jobid": "fA3x"}, {"label": "fA3x"})
 

@@ -21,8 +21,6 @@ class Typed(NamedTuple):
     value: object
 
 
-
-
 def make_executable(path, mode=0o755):
     path.write_text("#!/bin/sh\n")
     path.chmod(mode)

@@ -27,9 +27,7 @@ def imported_modules(path: Path) -> set[str]:
 def test_only_the_bus_module_imports_dbus_fast_or_asyncio():
     offenders = {
         str(path.relative_to(PACKAGE)): sorted(
-            name
-            for name in imported_modules(path)
-            if name.split(".")[0] in BUS_ONLY
+            name for name in imported_modules(path) if name.split(".")[0] in BUS_ONLY
         )
         for path in PACKAGE.rglob("*.py")
         if path not in ALLOWED

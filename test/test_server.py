@@ -329,8 +329,10 @@ async def read_to_eof(fd: int) -> bytes:
 @pytest.mark.parametrize(
     ("payload", "text"),
     [
-        ({"signum": 0, "pid": 1},
-         f"signum: expected a signal number from 1 to {signal.NSIG - 1}"),
+        (
+            {"signum": 0, "pid": 1},
+            f"signum: expected a signal number from 1 to {signal.NSIG - 1}",
+        ),
         ({"signum": 15, "pid": "1"}, "pid: expected an integer"),
         ({"signum": 15, "label": 3}, "label: expected a string"),
         ({"signum": 15}, "kill needs a pid or a label"),

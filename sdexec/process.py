@@ -132,6 +132,8 @@ class Process:
         self._ended = False  # the stream's last response is sent
         self._reaped = False
         self._failure_confirmed = False  # by a GetAll after failed/no status
+        #: Output streams that reached EOF while the receipt was being read.
+        self._eofs_after_finished: list[str] = []
         self._start_deadline: IDelayedCall | None = None
         self.stop_timer = StopTimer(
             context.clock,
@@ -382,6 +384,9 @@ class Process:
         self._once(
             Sent.FINISHED, {"type": "finished", "status": wait_status, **receipt}
         )
+        for stream in self._eofs_after_finished:
+            self._forward_eof(stream)
+        self._eofs_after_finished.clear()
         self._unit_changed(self._watch.state)
 
     @property
@@ -415,11 +420,20 @@ class Process:
             self._send(self._io(stream, data=data))
 
     def _output_eof(self, stream: str) -> None:
+        if self._awaiting_receipt:
+            # The stop that closed it went out right behind the receipt's
+            # GetAll (_may_release_before_receipt): its EOF still follows
+            # `finished`, as where the stop waits for the answer.
+            self._eofs_after_finished.append(stream)
+            return
+        self._forward_eof(stream)
+        self._maybe_end()
+
+    def _forward_eof(self, stream: str) -> None:
         if self._tap is not None:
             self._tap(stream, b"", True)
         if self.plan.forwards(stream):
             self._send(self._io(stream, eof=True))
-        self._maybe_end()
 
     def _io(self, stream: str, data: bytes = b"", eof: bool = False) -> dict:
         return {

@@ -98,8 +98,9 @@ class SdexecServer:
         self.jobs = Jobs(self.drain, self.count)
         #: Open connections per peer uid, against the configured caps.
         self.connections = ConnectionCount()
-        #: Whether a unit must outlive its receipt's GetAll (cgroup v2).
-        self._receipt_reads_cgroup = reads_unit_cgroups()
+        #: Whether a unit must outlive its receipt's GetAll: cgroup v2 (tests
+        #: set it).
+        self.receipt_reads_cgroup = reads_unit_cgroups()
 
     def new_connection_id(self) -> int:
         self._next_connection_id += 1
@@ -216,7 +217,7 @@ class SdexecServer:
             debug=self.config.systemd.sdexec_debug,
             drain=self.drain,
             start_timeout=self.config.systemd.start_timeout,
-            receipt_reads_cgroup=self._receipt_reads_cgroup,
+            receipt_reads_cgroup=self.receipt_reads_cgroup,
         )
 
     def _fence_verifier(

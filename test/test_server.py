@@ -427,5 +427,32 @@ async def test_shutdown_waits_on_while_units_are_being_reaped(systemd, server):
     connection.close()
 
 
+@ensureDeferred
+async def test_eofs_follow_finished_when_the_stop_does_not_wait(systemd, server):
+    # cgroup v1: the stop goes out right behind the receipt's GetAll, and
+    # closes the outputs before that is answered; still the EOFs come after
+    # `finished`, as on cgroup v2, and ENODATA last.
+    server.receipt_reads_cgroup = False
+    systemd.hold_refresh = True
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    (process,) = server.processes.values()
+    systemd.run(UNIT)
+    systemd.exit(UNIT)
+    assert systemd.calls[-2:] == [("get-all", UNIT), ("stop", UNIT)]
+    systemd.release(UNIT)  # the stop closes systemd's ends
+    for _ in range(500):  # the outputs' EOF comes through the real reactor
+        if process.output.eof:
+            break
+        await deferLater(reactor, 0.01)
+    assert [r["payload"]["type"] for r in connection.responses()] == ["started"]
+    systemd.answer_refreshes()
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    kinds = [r["payload"]["type"] if "payload" in r else r["errnum"]
+             for r in connection.responses()]  # fmt: skip
+    assert kinds == ["started", "finished", "output", "output", errno.ENODATA]
+    connection.close()
+
+
 def test_shutdown_with_nothing_running_is_immediate(server):
     assert server.shutdown(10).called

@@ -420,10 +420,11 @@ class Process:
             self._send(self._io(stream, data=data))
 
     def _output_eof(self, stream: str) -> None:
-        if self._awaiting_receipt:
+        if self._awaiting_receipt and UnitCall.STOP in self._called:
             # The stop that closed it went out right behind the receipt's
             # GetAll (_may_release_before_receipt): its EOF still follows
-            # `finished`, as where the stop waits for the answer.
+            # `finished`, as where the stop waits for the answer. (A failed
+            # unit's outputs close as it fails, before either: as ever.)
             self._eofs_after_finished.append(stream)
             return
         self._forward_eof(stream)

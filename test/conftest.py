@@ -1,4 +1,6 @@
-"""Shared fixtures: a real systemd user manager for the integration tests.
+"""Shared fixtures: a real systemd user manager for the integration tests,
+and the offline server (``systemd``, ``server``, ``connection``: a
+FakeManager, a server on a Clock, an in-memory client; test/offline.py).
 
 The ``user_manager`` session fixture uses a manager that is already reachable
 (a developer's desktop session, or a sandbox started by hand with
@@ -133,3 +135,39 @@ async def start_service(user_manager, tmp_path):
 async def sdexec(start_service):
     """A service with the default configuration."""
     yield await start_service()
+
+
+# -- the offline server (test/offline.py) --------------------------------------
+
+
+@pytest.fixture
+def systemd():
+    """A :class:`~sdexec.testing.FakeManager`."""
+    from sdexec.testing import FakeManager
+
+    manager = FakeManager()
+    yield manager
+    manager.close()
+
+
+@pytest.fixture
+def server(systemd):
+    """An :class:`~sdexec.server.SdexecServer` on ``systemd``, its timers on a
+    ``Clock``."""
+    from twisted.internet import reactor
+    from twisted.internet.task import Clock
+
+    from sdexec.config import parse_config
+    from sdexec.server import SdexecServer
+
+    return SdexecServer(systemd, parse_config({}), reactor, clock=Clock())
+
+
+@pytest.fixture
+def connection(server):
+    """A client of ``server``, in memory (``offline.Connection``)."""
+    from offline import Connection
+
+    opened = Connection(server)
+    yield opened
+    opened.close()

@@ -58,6 +58,15 @@ def sleep(seconds: float) -> Deferred:
     return Deferred.fromFuture(asyncio.ensure_future(asyncio.sleep(seconds)))
 
 
+async def until(condition, what: str) -> None:
+    """Let the reactor run until ``condition()``; fail after 15 s."""
+    for _ in range(300):
+        if condition():
+            return
+        await sleep(0.05)
+    raise AssertionError(f"never happened: {what}")
+
+
 @dataclass
 class Result:
     """Everything one exec stream said."""

@@ -13,9 +13,10 @@ import signal
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from offline import Connection, error_of, read_to_eof
 from pytest_twisted import ensureDeferred
 from strategies import malformed_target_payloads
-from test_server import FLAGS, TRUE, UNIT, Connection, error_of, read_to_eof
+from test_server import FLAGS, TRUE, UNIT
 from twisted.internet import reactor
 from twisted.internet.task import Clock, deferLater
 

@@ -9,7 +9,7 @@ import errno
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import Result, command, sleep, unit_names
+from support import Result, command, sleep, unit_names, until
 
 from sdexec.client import STDERR, STDOUT, RPCError
 from sdexec.ioencode import decode_io
@@ -37,15 +37,6 @@ async def background(client, cmdline, *, waitable=False, label=None, **kw) -> in
     assert [r["type"] for r in responses] == ["started"]
     assert handle.pid == responses[0]["pid"] > 0
     return handle.pid
-
-
-async def until(condition, what: str) -> None:
-    """Let the reactor run until ``condition()``; fail after 15 s."""
-    for _ in range(300):
-        if condition():
-            return
-        await sleep(0.05)
-    raise AssertionError(f"never happened: {what}")
 
 
 def procs_of(service) -> list[dict]:

@@ -10,20 +10,12 @@ import sys
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import sleep
+from support import until
 from test_background_service import ON_SIGNAL
 from test_cli import _environment, _sdexec_argv, cli
 from twisted.internet.threads import deferToThread
 
 pytestmark = pytest.mark.systemd
-
-
-async def until(condition, what: str) -> None:
-    for _ in range(300):
-        if condition():
-            return
-        await sleep(0.05)
-    raise AssertionError(f"never happened: {what}")
 
 
 def modes(service) -> list[str]:

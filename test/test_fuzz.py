@@ -17,8 +17,8 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from offline import Connection
 from strategies import json_line, requests
-from test_server import Connection
 from twisted.internet.task import Clock
 
 from sdexec.config import parse_config

@@ -10,9 +10,9 @@ import signal
 import sys
 
 import pytest
+from offline import Connection, error_of, read_to_eof
 from pytest_twisted import ensureDeferred
 from strategies import deeply_nested, json_line
-from test_server import Connection, error_of, read_to_eof
 from twisted.internet import reactor
 from twisted.internet.task import Clock
 
@@ -23,25 +23,6 @@ from sdexec.testing import FakeManager
 from sdexec.wire import SMALL_LINE
 
 ENVELOPE = {"type": "request", "topic": "sdexec.list", "matchtag": 4}
-
-
-@pytest.fixture
-def systemd():
-    manager = FakeManager()
-    yield manager
-    manager.close()
-
-
-@pytest.fixture
-def server(systemd):
-    return SdexecServer(systemd, parse_config({}), reactor, clock=Clock())
-
-
-@pytest.fixture
-def connection(server):
-    opened = Connection(server)
-    yield opened
-    opened.close()
 
 
 def still_serves(server: SdexecServer) -> None:

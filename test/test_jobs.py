@@ -13,9 +13,9 @@ import signal
 
 import pytest
 from hypothesis import given, settings
+from offline import Connection, Recorder
 from pytest_twisted import ensureDeferred
 from strategies import malformed_terminate_payloads
-from test_server import Connection
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock, deferLater
 
@@ -42,17 +42,6 @@ class TimedManager(FakeManager):
         offset = self.clock.seconds() - START
         self.kills_at.append((offset, who, signal))
         return super().kill_unit(name, who, signal)
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.responses: list = []
-
-    def respond(self, payload: dict) -> None:
-        self.responses.append(payload)
-
-    def error(self, errnum: int, errstr: str) -> None:
-        self.responses.append((errnum, errstr))
 
 
 @pytest.fixture

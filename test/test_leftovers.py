@@ -7,7 +7,8 @@ from __future__ import annotations
 import errno
 
 import pytest
-from test_server import FLAGS, TRUE, UNIT, Connection
+from offline import Connection
+from test_server import FLAGS, TRUE, UNIT
 from twisted.internet import reactor
 from twisted.internet.task import Clock
 

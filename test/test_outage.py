@@ -9,21 +9,15 @@ from __future__ import annotations
 import errno
 
 import pytest
-from test_server import FLAGS, TRUE, UNIT, Connection, error_of
+from offline import error_of
+from test_server import FLAGS, TRUE, UNIT
 from twisted.internet import reactor
 from twisted.internet.task import Clock
 
 from sdexec.config import parse_config
 from sdexec.outage import SystemdOutage
 from sdexec.server import SdexecServer
-from sdexec.testing import EXITED, INACTIVE, FakeManager
-
-
-@pytest.fixture
-def systemd():
-    manager = FakeManager()
-    yield manager
-    manager.close()
+from sdexec.testing import EXITED, INACTIVE
 
 
 @pytest.fixture
@@ -33,13 +27,6 @@ def server(systemd):
     outage = SystemdOutage(server)
     systemd.on_lost, systemd.on_restored = outage.lost, outage.restored
     return server
-
-
-@pytest.fixture
-def connection(server):
-    opened = Connection(server)
-    yield opened
-    opened.close()
 
 
 def test_requests_meanwhile_get_eagain_and_succeed_once_back(

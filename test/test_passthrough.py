@@ -18,18 +18,17 @@ import subprocess
 import sys
 
 import pytest
+from offline import Connection
 from pytest_twisted import ensureDeferred
 from support import sleep
-from test_server import Connection
 from twisted.internet import reactor
-from twisted.internet.task import Clock, deferLater
+from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
-from sdexec.config import default_config, parse_config
+from sdexec.config import default_config
 from sdexec.containment import Containment
 from sdexec.plan import RequestError, plan_exec
 from sdexec.protocol import ExecFlag
-from sdexec.server import SdexecServer
 from sdexec.syncclient import Connection as SyncConnection
 from sdexec.syncclient import Loop
 from sdexec.testing import FakeManager
@@ -78,11 +77,6 @@ def systemd():
     manager.stop_to_inactive = True
     yield manager
     manager.close()
-
-
-@pytest.fixture
-def server(systemd):
-    return SdexecServer(systemd, parse_config({}), reactor, clock=Clock())
 
 
 @pytest.fixture

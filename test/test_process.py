@@ -12,6 +12,7 @@ import errno
 import signal
 
 import pytest
+from offline import Recorder
 from twisted.internet import reactor
 from twisted.internet.task import Clock
 
@@ -27,20 +28,6 @@ from sdexec.testing import (
 from sdexec.unitstop import StopTimerState
 
 UNIT = "sdexec-test.service"
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.responses: list = []
-
-    def respond(self, payload):
-        self.responses.append(payload)
-
-    def error(self, errnum, errstr):
-        self.responses.append((errnum, errstr))
-
-    def types(self) -> list:
-        return [r["type"] if isinstance(r, dict) else r[0] for r in self.responses]
 
 
 def lifecycle_plan(seconds: float = 10, second_signal: int = signal.SIGKILL):

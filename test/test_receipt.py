@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from offline import Recorder
 from pytest_twisted import ensureDeferred
 from support import manager_property, run
 from twisted.internet import defer, reactor
@@ -177,17 +178,6 @@ def test_format_bytes(size, text):
 
 
 # -- the process: the receipt is read before the unit is stopped ---------------------
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.responses: list = []
-
-    def respond(self, payload):
-        self.responses.append(payload)
-
-    def error(self, errnum, errstr):
-        self.responses.append((errnum, errstr))
 
 
 def start_process(systemd: FakeManager):

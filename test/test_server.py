@@ -7,99 +7,25 @@ manager rarely takes."""
 from __future__ import annotations
 
 import errno
-import json
 import os
 import signal
-import socket
 
 import pytest
+from offline import Connection, PeerTransport, error_of, read_to_eof
 from pytest_twisted import ensureDeferred
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock, deferLater
-from twisted.internet.testing import StringTransport
 
 from sdexec.config import parse_config
 from sdexec.ioencode import encode_io
 from sdexec.protocol import ExecFlag
-from sdexec.server import ClientProtocol, SdexecServer, SdexecServerFactory
+from sdexec.server import ClientProtocol, SdexecServer
 from sdexec.systemd import SystemdError
 from sdexec.testing import FakeManager
 
 UNIT = "sdexec-t.service"
 TRUE = {"cmdline": ["/bin/true"], "opts": {"SDEXEC_NAME": "sdexec-t"}}
 FLAGS = int(ExecFlag.STDOUT | ExecFlag.STDERR)
-
-
-class PeerTransport(StringTransport):
-    """An in-memory transport whose handle is a real UNIX socket, so the
-    server's SO_PEERCRED check reads this process's uid."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.handle, self.peer = socket.socketpair()
-
-    def getHandle(self) -> socket.socket:
-        return self.handle
-
-    def close(self) -> None:
-        self.handle.close()
-        self.peer.close()
-
-
-class Connection:
-    """One client connection to ``server``, in memory."""
-
-    def __init__(self, server: SdexecServer) -> None:
-        self.transport = PeerTransport()
-        self.protocol = SdexecServerFactory(server).buildProtocol(None)
-        self.protocol.makeConnection(self.transport)
-
-    def send(self, topic: str, payload: dict, matchtag: int = 1) -> None:
-        self.raw(
-            {
-                "type": "request",
-                "topic": topic,
-                "matchtag": matchtag,
-                "payload": payload,
-            }
-        )
-
-    def raw(self, message: object) -> None:
-        self.protocol.dataReceived(json.dumps(message).encode() + b"\n")
-
-    def responses(self) -> list[dict]:
-        lines = self.transport.value().splitlines()
-        return [json.loads(line) for line in lines if line]
-
-    def last(self) -> dict:
-        return self.responses()[-1]
-
-    def close(self) -> None:
-        self.protocol.connectionLost(None)
-        self.transport.close()
-
-
-@pytest.fixture
-def systemd():
-    manager = FakeManager()
-    yield manager
-    manager.close()
-
-
-@pytest.fixture
-def server(systemd):
-    return SdexecServer(systemd, parse_config({}), reactor, clock=Clock())
-
-
-@pytest.fixture
-def connection(server):
-    opened = Connection(server)
-    yield opened
-    opened.close()
-
-
-def error_of(response: dict) -> tuple[int, str]:
-    return response["errnum"], response["errstr"]
 
 
 # -- framing and the request envelope -------------------------------------------
@@ -308,22 +234,6 @@ async def test_a_write_reaches_the_process_stdin(systemd, connection):
     connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=9)
     stdin = systemd.process_fd(UNIT, "stdin")
     assert await read_to_eof(stdin) == b"hello\n"
-
-
-async def read_to_eof(fd: int) -> bytes:
-    """What the reactor writes to ``fd`` until EOF (up to 10 s)."""
-    os.set_blocking(fd, False)
-    data = b""
-    for _ in range(1000):
-        try:
-            chunk = os.read(fd, 65536)
-        except BlockingIOError:
-            await deferLater(reactor, 0.01)
-            continue
-        if not chunk:
-            return data
-        data += chunk
-    raise AssertionError(f"no EOF after {data!r}")
 
 
 @pytest.mark.parametrize(

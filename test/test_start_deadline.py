@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import errno
 
-from test_process import UNIT, Recorder, lifecycle_plan, make_process
+from offline import Recorder
+from test_process import UNIT, lifecycle_plan, make_process
 from twisted.internet import reactor
 from twisted.internet.task import Clock
 

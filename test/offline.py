@@ -1,0 +1,102 @@
+"""Helpers for the offline tests of the server and its processes (systemd is
+a :class:`~sdexec.testing.FakeManager`): an in-memory client connection, a
+responder that records, and reading a pipe to EOF through the reactor. The
+``systemd``, ``server`` and ``connection`` fixtures in conftest.py build on
+them; a test module that needs other ones defines its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
+from twisted.internet.testing import StringTransport
+
+from sdexec.server import SdexecServer, SdexecServerFactory
+
+
+class PeerTransport(StringTransport):
+    """An in-memory transport whose handle is a real UNIX socket, so the
+    server's SO_PEERCRED check reads this process's uid."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handle, self.peer = socket.socketpair()
+
+    def getHandle(self) -> socket.socket:
+        return self.handle
+
+    def close(self) -> None:
+        self.handle.close()
+        self.peer.close()
+
+
+class Connection:
+    """One client connection to ``server``, in memory."""
+
+    def __init__(self, server: SdexecServer) -> None:
+        self.transport = PeerTransport()
+        self.protocol = SdexecServerFactory(server).buildProtocol(None)
+        self.protocol.makeConnection(self.transport)
+
+    def send(self, topic: str, payload: dict, matchtag: int = 1) -> None:
+        self.raw(
+            {
+                "type": "request",
+                "topic": topic,
+                "matchtag": matchtag,
+                "payload": payload,
+            }
+        )
+
+    def raw(self, message: object) -> None:
+        self.protocol.dataReceived(json.dumps(message).encode() + b"\n")
+
+    def responses(self) -> list[dict]:
+        lines = self.transport.value().splitlines()
+        return [json.loads(line) for line in lines if line]
+
+    def last(self) -> dict:
+        return self.responses()[-1]
+
+    def close(self) -> None:
+        self.protocol.connectionLost(None)
+        self.transport.close()
+
+
+def error_of(response: dict) -> tuple[int, str]:
+    return response["errnum"], response["errstr"]
+
+
+async def read_to_eof(fd: int) -> bytes:
+    """What the reactor writes to ``fd`` until EOF (up to 10 s)."""
+    os.set_blocking(fd, False)
+    data = b""
+    for _ in range(1000):
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            await deferLater(reactor, 0.01)
+            continue
+        if not chunk:
+            return data
+        data += chunk
+    raise AssertionError(f"no EOF after {data!r}")
+
+
+class Recorder:
+    """A responder (sdexec.process.Responder) that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.responses: list = []
+
+    def respond(self, payload):
+        self.responses.append(payload)
+
+    def error(self, errnum, errstr):
+        self.responses.append((errnum, errstr))
+
+    def types(self) -> list:
+        return [r["type"] if isinstance(r, dict) else r[0] for r in self.responses]

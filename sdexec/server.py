@@ -36,8 +36,8 @@ from sdexec.jobs import Jobs
 from sdexec.leftovers import Leftover, Leftovers, marked
 from sdexec.limits import check_text
 from sdexec.passthrough import NO_STDIO, PassedStdio, StdioReceivingProtocol
-from sdexec.plan import RequestError, plan_exec
-from sdexec.process import Process, ProcessContext
+from sdexec.plan import ExecPlan, RequestError, plan_exec
+from sdexec.process import OutputTap, Process, ProcessContext, Responder
 from sdexec.protocol import Topic
 from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import RequestRefused, printable
@@ -183,17 +183,14 @@ class SdexecServer:
         )
         if job is not None:
             responder = job.watch(responder)
-        process = Process(
-            self.systemd,
+        process = self._new_process(
+            key,
             plan,
             responder,
-            self._process_context(),
-            on_reaped=lambda process: self._reaped(key),
             verify=self._fence_verifier(plan.fence),
             tap=tracked.tap if tracked is not None else None,
             stdio=stdio,
         )
-        self.processes[key] = process
         if tracked is not None:
             self.tracked.add(process, tracked)
         self.units[plan.unit_name] = process
@@ -207,6 +204,31 @@ class SdexecServer:
             ) from None
         if not streaming:
             process.write(b"", eof=True)  # a background process reads EOF
+
+    def _new_process(
+        self,
+        key: tuple[int, int],
+        plan: ExecPlan,
+        responder: Responder,
+        *,
+        verify: Callable[[dict[str, Any], int], str | None] | None = None,
+        tap: OutputTap | None = None,
+        stdio: PassedStdio = NO_STDIO,
+    ) -> Process:
+        """A :class:`Process` for ``plan``, in :attr:`processes` under ``key``
+        until it is reaped."""
+        process = Process(
+            self.systemd,
+            plan,
+            responder,
+            self._process_context(),
+            on_reaped=lambda process: self._reaped(key),
+            verify=verify,
+            tap=tap,
+            stdio=stdio,
+        )
+        self.processes[key] = process
+        return process
 
     def _process_context(self) -> ProcessContext:
         return ProcessContext(
@@ -276,15 +298,7 @@ class SdexecServer:
         # The service's own process: keyed as background ones are, by no
         # connection, so that no client's disconnect or key can touch it.
         key = self.tracked.new_key()
-        process = Process(
-            self.systemd,
-            plan,
-            responder,
-            self._process_context(),
-            on_reaped=lambda process: self._reaped(key),
-        )
-        self.processes[key] = process
-        process.start()
+        self._new_process(key, plan, responder).start()
         verdict = responder.done.addTimeout(
             CANARY_TIMEOUT_SECONDS, self.clock, onTimeoutCancel=responder.timed_out
         )

@@ -184,6 +184,7 @@ class Connection:
         self._loop = loop
         self._requests = Requests(path)
         self._splitter = FrameSplitter()
+        self._received = bytearray(_RECV_SIZE)
         #: What the socket has not taken yet, each with the descriptors
         #: that go with its first byte.
         self._unsent: list[tuple[bytes, Sequence[int]]] = []
@@ -329,19 +330,22 @@ class Connection:
 
     def _receive(self) -> None:
         try:
-            data = self._sock.recv(_RECV_SIZE)
+            # Into one buffer, read again and again: a fresh 256 KiB object per
+            # read made glibc map (or grow and trim its heap) and fault pages
+            # in each time, a fifth of the client's CPU for framed output.
+            received = self._sock.recv_into(self._received)
         except BlockingIOError:
             return
         except OSError as failure:
             if failure.errno != errno.ECONNRESET:
                 self._lose(f"cannot read: {failure.strerror}")
                 return
-            data = b""
-        if not data:
+            received = 0
+        if not received:
             self._lose(None)
             return
         try:
-            for message in self._splitter.feed(data):
+            for message in self._splitter.feed(self._received, received):
                 # A message that answers no request is dropped: the command
                 # line has nowhere better to say so.
                 self._requests.dispatch(message)

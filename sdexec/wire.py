@@ -67,7 +67,7 @@ _json_encoder = json.JSONEncoder(
 )
 
 
-def decode_message(line: bytes) -> dict[str, Any]:
+def decode_message(line: bytes | memoryview) -> dict[str, Any]:
     """The JSON object on ``line``; :class:`FramingError` if it is not one."""
     try:
         if len(line) <= SMALL_LINE:
@@ -83,10 +83,10 @@ def decode_message(line: bytes) -> dict[str, Any]:
     return message
 
 
-def _decode_with_json(line: bytes) -> Any:
+def _decode_with_json(line: bytes | memoryview) -> Any:
     try:
         # Decoded first: given bytes, the json module would guess UTF-16/32.
-        return _json_decoder.decode(line.decode("utf-8"))
+        return _json_decoder.decode(str(line, "utf-8"))
     except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError too
         raise FramingError(f"message is not valid JSON: {error}") from None
 
@@ -98,7 +98,7 @@ def _refuse_constant(name: str) -> Any:
 _json_decoder = json.JSONDecoder(parse_constant=_refuse_constant)
 
 
-def _decode_with_msgspec(line: bytes) -> Any:
+def _decode_with_msgspec(line: bytes | memoryview) -> Any:
     decoder = _msgspec_codec()
     try:
         return decoder.decode(line)
@@ -113,7 +113,7 @@ class _Codec:
         import msgspec
 
         self.encode: Callable[[Any], bytes] = msgspec.json.Encoder().encode
-        self.decode: Callable[[bytes], Any] = msgspec.json.Decoder().decode
+        self.decode: Callable[[bytes | memoryview], Any] = msgspec.json.Decoder().decode
         self.error: type[Exception] = msgspec.DecodeError
 
 
@@ -129,7 +129,7 @@ _LONE_SURROGATE = re.compile(
 )
 
 
-def _decode_lone_surrogates(line: bytes, error: Exception) -> Any:
+def _decode_lone_surrogates(line: bytes | memoryview, error: Exception) -> Any:
     """A line msgspec refused, if only for a lone surrogate escape
     (``"\\ud800"``: valid JSON, but a string no UTF-8 can carry).
 
@@ -142,12 +142,22 @@ def _decode_lone_surrogates(line: bytes, error: Exception) -> Any:
     if match is None:
         raise FramingError(f"message is not valid JSON: {error}") from None
     try:
-        return _json_decoder.decode(line.decode("utf-8"))
+        return _json_decoder.decode(str(line, "utf-8"))
     except (ValueError, RecursionError):
         raise FramingError(
             f"message is not valid JSON: {error} (a lone UTF-16 surrogate"
             f" escape at byte {match.start()})"
         ) from None
+
+
+#: What ``bytes.strip()`` removes: a line of nothing else carries no message.
+_WHITESPACE = b" \t\n\r\x0b\x0c"
+
+
+def _blank(line: bytes | memoryview) -> bool:
+    """Whether ``line`` is empty or only whitespace (skipped, not refused);
+    a line that starts with anything else is not copied to find out."""
+    return not line or (line[0] in _WHITESPACE and not bytes(line).strip())
 
 
 class FrameSplitter:
@@ -160,29 +170,40 @@ class FrameSplitter:
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self.max_frame = max_frame
-        self._chunks: list[bytes] = []
+        self._chunks: list[bytes | memoryview] = []
         self._held = 0
 
-    def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
-        """The messages ``data`` completes, in order; raises
-        :class:`FramingError` at the first bad or oversized one."""
+    def feed(
+        self, data: bytes | bytearray, length: int | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """The messages ``data[:length]`` completes, in order; raises
+        :class:`FramingError` at the first bad or oversized one.
+
+        ``data`` may be a buffer the caller reads into again (the command
+        line's ``recv_into``): lines are decoded through views of it, and
+        only an incomplete last line is copied, so ``data`` may be reused
+        once the iterator is exhausted.
+        """
+        end_of_data = len(data) if length is None else length
+        view = memoryview(data)
         start = 0
         while True:
-            end = data.find(b"\n", start)
+            end = data.find(b"\n", start, end_of_data)
             if end < 0:
-                self._hold(data[start:])
+                if start < end_of_data:
+                    self._hold(bytes(view[start:end_of_data]))
                 return
-            line = self._line(data[start:end])
+            line = self._line(view[start:end])
             start = end + 1
             if len(line) > self.max_frame:
                 self._chunks, self._held = [], 0
                 raise FramingError(
                     f"message of {len(line)} bytes exceeds {self.max_frame}"
                 )
-            if line.strip():
+            if not _blank(line):
                 yield decode_message(line)
 
-    def _line(self, tail: bytes) -> bytes:
+    def _line(self, tail: memoryview) -> bytes | memoryview:
         if not self._chunks:
             return tail
         self._chunks.append(tail)
@@ -191,8 +212,6 @@ class FrameSplitter:
         return line
 
     def _hold(self, rest: bytes) -> None:
-        if not rest:
-            return
         self._chunks.append(rest)
         self._held += len(rest)
         if self._held > self.max_frame:

@@ -151,3 +151,26 @@ def test_the_splitter_needs_no_twisted():
 def test_invalid_utf8_is_a_framing_error():
     with pytest.raises(FramingError, match="not valid JSON"):
         decode_message(b'{"a":"\xff"}')
+
+
+def test_a_buffer_read_into_again_keeps_what_it_held():
+    """The command line reads into one buffer over and over: a line split
+    across reads must survive the buffer being overwritten, and what lies
+    past the length read (here, whole messages) is never looked at."""
+    buffer = bytearray(b'{"x":0}\n' * 8)
+    splitter = FrameSplitter()
+
+    def read(data: bytes) -> list[dict]:
+        buffer[: len(data)] = data
+        return list(splitter.feed(buffer, len(data)))
+
+    assert read(b'{"a":1}\n{"b":"xy') == [{"a": 1}]
+    assert read(b'z"}\n{"c":[1,') == [{"b": "xyz"}]
+    assert read(b"2]}\n") == [{"c": [1, 2]}]
+
+
+def test_blank_lines_are_skipped_however_long():
+    long_blank = b" \t\r" * SMALL_LINE + b"\n"
+    received = feed(Collector(1 << 20), b"\n  \n" + long_blank + b'{"a":1}\n')
+    assert received.messages == [{"a": 1}]
+    assert received.errors == []

@@ -101,6 +101,9 @@ class Metrics:
             "sdexec_output_bytes", "Process output forwarded to clients, by stream.",
             ["stream"], registry=self.registry,
         )  # fmt: skip
+        #: output_bytes' child per stream: labels() takes a lock and checks
+        #: its arguments, on every output message (stdout, stderr: bounded).
+        self._output_by_stream: dict[str, Any] = {}
         self.reloads = Counter(
             "sdexec_config_reloads", "SIGHUP reloads, by outcome (ok, refused).",
             ["outcome"], registry=self.registry,
@@ -128,6 +131,14 @@ class Metrics:
     def watch_exec(self, responder: Any) -> _ExecWatch:
         """``SdexecServer.observer``: wrap an exec stream's responder."""
         return _ExecWatch(self, responder)
+
+    def count_output(self, stream: str, size: int) -> None:
+        """``size`` bytes of ``stream`` went to a client."""
+        counter = self._output_by_stream.get(stream)
+        if counter is None:
+            counter = self.output_bytes.labels(stream=stream)
+            self._output_by_stream[stream] = counter
+        counter.inc(size)
 
     def reloaded(self, ok: bool) -> None:
         self.reloads.labels(outcome="ok" if ok else "refused").inc()
@@ -167,7 +178,7 @@ class _ExecWatch:
             size = len(data) * 3 // 4 - data.count("=", -2)
         else:  # isascii is free; encoding 64 KiB again to count it is not
             size = len(data) if data.isascii() else len(data.encode())
-        self._metrics.output_bytes.labels(stream=io["stream"]).inc(size)
+        self._metrics.count_output(io["stream"], size)
 
 
 class _StatsCollector(Collector):

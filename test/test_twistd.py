@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -74,7 +75,13 @@ def terminate(process: subprocess.Popen) -> int:
 class Twistd:
     """A ``twistd -n sdexec`` process on a private socket and port."""
 
-    def __init__(self, directory: Path, sdexec_lines: str = "") -> None:
+    def __init__(
+        self,
+        directory: Path,
+        sdexec_lines: str = "",
+        open_files: tuple[int, int] | None = None,
+    ) -> None:
+        """``open_files``: start twistd with this (soft, hard) RLIMIT_NOFILE."""
         self.socket = directory / "sdexec.sock"
         self.sdexec_lines = sdexec_lines  # more of the [sdexec] table
         self.config = directory / "sdexec.toml"
@@ -86,6 +93,9 @@ class Twistd:
              str(self.config)],
             cwd=directory, env=_environment(),
             stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
+            preexec_fn=None if open_files is None else (
+                lambda: resource.setrlimit(resource.RLIMIT_NOFILE, open_files)
+            ),
         )  # fmt: skip
         _wait_for(self.socket.exists, "the service's socket")
 
@@ -135,6 +145,35 @@ def test_serves_reloads_on_sighup_and_stops_cleanly(twistd):
     assert b"Server Shut Down." in twistd.log.read_bytes()
     assert not twistd.socket.exists()
     assert unit_names() == []
+
+
+def test_raises_its_open_file_limit_so_relayed_processes_do_not_run_out(
+    user_manager, tmp_path
+):
+    """Under systemd the soft limit is 1024 (three fds per relayed process):
+    the service raises it to the hard limit. Started at a soft limit of 64,
+    it relays 30 processes (90 fds) all the same."""
+    hard = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 4096)
+    service = Twistd(tmp_path, open_files=(64, hard))
+    with reaped(service.process):
+        assert _open_file_limits(service.process.pid) == (hard, hard)
+        raised = f"raised from 64 to {hard}".encode()
+        _wait_for(lambda: raised in service.log.read_bytes(), "the log line")
+        for _ in range(30):
+            started = service.sdexec("run", "--bg", "--no-passthrough", "sleep", "60")
+            assert started.returncode == 0, started.stderr
+        assert len(unit_names()) == 30
+        assert service.stop() == -signal.SIGTERM
+    assert unit_names() == []
+
+
+def _open_file_limits(pid: int) -> tuple[int, int]:
+    """Max open files (soft, hard) from /proc/PID/limits."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise AssertionError(f"no open-file limit in /proc/{pid}/limits")
 
 
 def test_refuses_a_reactor_other_than_asyncio(user_manager, tmp_path):

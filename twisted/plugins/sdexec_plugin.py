@@ -12,9 +12,12 @@ import os
 import sys
 
 from twisted.application.service import IServiceMaker
+from twisted.logger import Logger
 from twisted.plugin import IPlugin
 from twisted.python import usage
 from zope.interface import implementer
+
+log = Logger()
 
 
 class Options(usage.Options):
@@ -68,6 +71,7 @@ class SdexecServiceMaker:
     def makeService(self, options: Options):
         reactor = _asyncio_reactor()
         from sdexec.config import ConfigError, load_config
+        from sdexec.fdlimit import raise_open_file_limit
         from sdexec.logs import log_observer, with_observer
         from sdexec.service import SdexecService
 
@@ -82,6 +86,13 @@ class SdexecServiceMaker:
             )
         except ConfigError as error:
             raise SystemExit(f"sdexec: {error}") from None
+        raised = raise_open_file_limit()
+        if raised is not None:
+            log.info(
+                "open-file limit (RLIMIT_NOFILE) raised from {old} to {new}",
+                old=raised[0],
+                new=raised[1],
+            )
         # twistd -n logs to stdout: the journal under systemd (sdexec/logs.py).
         observer = log_observer(config.sdexec.log_format, sys.stdout, os.environ)
         return with_observer(service, observer)

@@ -306,14 +306,18 @@ class TrackedProcesses:
         connection_id: int,
         retained_size: int,
         rank: str,
+        max_waitable: int,
     ) -> tuple[ExecPlan, Tracked | None]:
         """The plan to run and the :class:`Tracked` to use as the process's
         responder and tap, or ``None`` for a plain streaming process.
 
         A background request's output flags are ignored (everything is
         retained; an attach chooses), and write-credit is refused: its stdin
-        is at EOF."""
+        is at EOF. A waitable one is refused (EAGAIN) while ``max_waitable``
+        are held already."""
         waitable = bool(plan.flags & ExecFlag.WAITABLE)
+        if waitable:
+            self._check_waitable_room(max_waitable)
         if streaming and not waitable:
             return plan, None
         if not streaming:
@@ -328,6 +332,24 @@ class TrackedProcesses:
         mode = Mode.STREAMING if streaming else Mode.BACKGROUND
         client = _Client(connection_id, responder, plan.flags)
         return plan, Tracked(mode, waitable, retained_size, rank, client)
+
+    def waitable_held(self) -> int:
+        """Waitable processes running, or ended and not yet waited for."""
+        running = sum(1 for tracked in self._tracked.values() if tracked.waitable)
+        return running + len(self._ended)
+
+    def _check_waitable_room(self, max_waitable: int) -> None:
+        # Refused, not evicted: dropping the oldest ended one would lose a
+        # status somebody may still wait for. Each ended one holds up to
+        # retained-output bytes, so this bounds the memory they take.
+        held = self.waitable_held()
+        if held >= max_waitable:
+            raise RequestError(
+                errno.EAGAIN,
+                f"flags: too many waitable processes: {held} running or"
+                " not yet waited for, the most [sdexec] max-waitable allows"
+                " (sdexec wait reaps one)",
+            )
 
     def new_key(self) -> ProcessKey:
         """The process table key of a new background process."""

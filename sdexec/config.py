@@ -232,6 +232,9 @@ class SdexecConfig:
     #: service's own (sdexec/admission.py).
     max_connections: int = 512
     max_connections_per_user: int = 16
+    #: Waitable processes held at once, running or ended and not yet waited
+    #: for: each ended one keeps its status and retained output until then.
+    max_waitable: int = 1024
 
     @property
     def mapper_searchpath_dirs(self) -> list[str]:
@@ -635,6 +638,7 @@ _SDEXEC: _Table = {
     "socket-mode": _Key(_socket_mode, show=lambda mode: f"{mode:04o}"),
     "max-connections": _Key(_integer(1)),
     "max-connections-per-user": _Key(_integer(1)),
+    "max-waitable": _Key(_integer(1)),
 }
 
 _SYSTEMD: _Table = {

@@ -157,6 +157,7 @@ class SdexecServer:
             connection_id,
             self.config.sdexec.retained_output,
             self.rank,
+            self.config.sdexec.max_waitable,
         )
         responder = tracked if tracked is not None else responder
         key = (connection_id, matchtag) if streaming else self.tracked.new_key()

@@ -295,6 +295,34 @@ async def test_one_waiter_at_a_time_and_a_waiter_that_leaves_leaves_the_status(
 
 
 @ensureDeferred
+async def test_waitable_processes_held_are_capped_until_one_is_waited_for(systemd):
+    """An ended waitable process keeps its status and output until waited
+    for: max-waitable bounds how many are held, running or ended."""
+    server = make_server(systemd, **{"max-waitable": 2})
+    client = Client(server)
+    client.bg(flags=WAITABLE, label="ended", matchtag=1)
+    systemd.run(UNIT, pid=7)
+    await finish(systemd, server, status=0)
+    client.bg(flags=WAITABLE, label="running", matchtag=2, SDEXEC_NAME="sdexec-r")
+    client.bg(flags=WAITABLE, matchtag=3, SDEXEC_NAME="sdexec-x")
+    client.bg(matchtag=4, SDEXEC_NAME="sdexec-p")  # not waitable: no limit
+    too_many = (
+        errno.EAGAIN,
+        "flags: too many waitable processes: 2 running or not yet waited for,"
+        " the most [sdexec] max-waitable allows (sdexec wait reaps one)",
+    )
+    assert payloads(client.of(3)) == [too_many]
+    assert ("start", "sdexec-x.service") not in systemd.calls
+    assert ("start", "sdexec-p.service") in systemd.calls
+    client.send("sdexec.wait", {"label": "ended"}, matchtag=5)
+    assert payloads(client.of(5))[0]["status"] == 0
+    client.bg(flags=WAITABLE, matchtag=6, SDEXEC_NAME="sdexec-y")
+    assert ("start", "sdexec-y.service") in systemd.calls
+    assert server.tracked.waitable_held() == 2
+    client.close()
+
+
+@ensureDeferred
 async def test_a_streaming_waitable_process_keeps_its_status(systemd, server, client):
     flags = FLAGS | WAITABLE
     client.send("sdexec.exec", {"flags": flags, "cmd": {**TRUE, "label": "s"}})

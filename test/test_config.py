@@ -168,6 +168,8 @@ KEYS = [
         "expected an integer of at least 1, got 0"),
     Key("sdexec.max-connections-per-user", "sdexec.max_connections_per_user", 16,
         4, 4, True, "expected an integer of at least 1, got true"),
+    Key("sdexec.max-waitable", "sdexec.max_waitable", 1024, 10, 10, -1,
+        "expected an integer of at least 1, got -1"),
     Key("systemd.enable", "systemd.enable", False, True, True, "yes",
         f'{BOOLEAN}, got "yes"'),
     Key("systemd.sdexec-debug", "systemd.sdexec_debug", False, True, True, 1,

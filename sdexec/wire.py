@@ -143,7 +143,7 @@ def _decode_lone_surrogates(line: bytes | memoryview, error: Exception) -> Any:
         raise FramingError(f"message is not valid JSON: {error}") from None
     try:
         return _json_decoder.decode(str(line, "utf-8"))
-    except (ValueError, RecursionError):
+    except ValueError:  # a RecursionError is decode_message's to name
         raise FramingError(
             f"message is not valid JSON: {error} (a lone UTF-16 surrogate"
             f" escape at byte {match.start()})"

@@ -49,6 +49,13 @@ def test_deep_nesting_is_answered_never_a_traceback(server, connection, depth):
     still_serves(server)
 
 
+def test_deep_nesting_beside_a_lone_surrogate_is_still_named_as_such(connection):
+    """msgspec refuses the surrogate, the json module then recurses."""
+    payload = {"s": "\ud800", "x": deeply_nested(100_000)}
+    connection.protocol.dataReceived(json_line({**ENVELOPE, "payload": payload}))
+    assert error_of(connection.last()) == (errno.EPROTO, "message is nested too deeply")
+
+
 @pytest.mark.parametrize("kind", ["event", "response", None, 5])
 def test_a_message_that_is_not_a_request_is_a_framing_error(connection, kind):
     connection.raw({**ENVELOPE, "type": kind})

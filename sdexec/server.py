@@ -22,6 +22,7 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from sdexec.admission import ConnectionCount
@@ -90,6 +91,9 @@ class SdexecServer:
         self.owner_uid = os.getuid()
         #: The device canary's last verdict (``None`` until one has run).
         self.device_fence: dict[str, Any] | None = None
+        #: Canaries awaiting their verdict (a reload may start one while
+        #: another runs): a shutdown cancels them with their timers.
+        self._canaries: set[defer.Deferred[str | None]] = set()
         #: Metrics hook (sdexec/metrics.py): ``watch_exec(responder)`` wraps
         #: each exec stream's responder, ``error_sent(topic, errnum)`` sees errors.
         self.observer: Any = None
@@ -303,7 +307,22 @@ class SdexecServer:
         verdict = responder.done.addTimeout(
             CANARY_TIMEOUT_SECONDS, self.clock, onTimeoutCancel=responder.timed_out
         )
-        return verdict.addCallback(self._device_verdict, key)
+        self._canaries.add(verdict)
+        verdict.addBoth(self._canary_settled, verdict)
+        return verdict.addCallbacks(
+            self._device_verdict, self._canary_cancelled, callbackArgs=(key,)
+        )
+
+    def _canary_settled(self, result: Any, verdict: defer.Deferred) -> Any:
+        self._canaries.discard(verdict)
+        return result
+
+    @staticmethod
+    def _canary_cancelled(failure: Failure) -> None:
+        """A shutdown came first: nothing is judged (the node is not
+        drained for it, nor the fence recorded as holding)."""
+        failure.trap(defer.CancelledError)
+        log.info("device policy not verified: the service stopped first")
 
     def _device_verdict(self, problem: str | None, key: tuple[int, int]) -> str | None:
         canary = self.processes.get(key)
@@ -343,6 +362,8 @@ class SdexecServer:
         of them are reaped, for as long as one more is reaped at least every
         ``grace`` seconds: stopping thousands of units takes longer than any
         fixed grace, while a unit that never stops must not hold the exit."""
+        for verdict in list(self._canaries):
+            verdict.cancel()  # its process is abandoned below, its timer goes
         for process in list(self.processes.values()):
             process.abandon()
         if not self.processes:

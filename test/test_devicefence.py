@@ -228,6 +228,20 @@ async def test_a_canary_with_no_verdict_times_out_and_is_stopped():
     await reaped(server)  # stopped to inactive, fds released, reaped
 
 
+@ensureDeferred
+async def test_a_shutdown_before_the_verdict_cancels_the_canary_and_its_timer():
+    server, systemd, clock = offline_server()
+    verdicts: list = []
+    server.verify_devices().addBoth(verdicts.append)
+    systemd.run(canary_unit(systemd))
+    await server.shutdown(grace=10)  # the canary's unit stopped and reaped
+    assert ("stop", canary_unit(systemd)) in systemd.calls
+    assert verdicts == [None]
+    assert clock.getDelayedCalls() == []  # the 30 s timer went with the canary
+    clock.advance(CANARY_TIMEOUT_SECONDS)
+    assert (server.drain_reason, server.device_fence) == (None, None)
+
+
 # -- the real manager ----------------------------------------------------------------
 
 

@@ -17,20 +17,22 @@ import errno
 import json
 import os
 import select
-import selectors
 import shlex
 import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, NoReturn
 
 from sdexec.ioencode import decode_io
 from sdexec.protocol import ExecFlag, Topic, command_object
 from sdexec.receipt import Receipt
 from sdexec.rpc import RPCError, SdexecError, resolve_socket_path
 from sdexec.signals import parse_signal, signal_name
-from sdexec.syncclient import Call, Connection, Exec, Loop
+from sdexec.syncclient import READABLE, Call, Connection, Exec, Loop
 from sdexec.version import add_version_option
+
+TYPE_CHECKING = False  # not typing's: its import slows the command line
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 __all__ = [
     "build_command",
@@ -669,7 +671,7 @@ class _Job:
         blocking (it may be a terminal shared with the shell): it is only
         read when the loop says it is readable."""
         if self._stdin_allowance() > 0:
-            self._loop.watch(0, selectors.EVENT_READ, self._read_stdin)
+            self._loop.watch(0, READABLE, self._read_stdin)
         else:
             self._loop.unwatch(0)
 

@@ -11,7 +11,6 @@ import argparse
 import errno
 import signal
 import sys
-from typing import Any
 
 from sdexec.cli import (
     NOT_FOUND,
@@ -26,6 +25,10 @@ from sdexec.ioencode import decode_io
 from sdexec.protocol import ExecFlag, Topic
 from sdexec.rpc import RPCError
 from sdexec.syncclient import Loop
+
+TYPE_CHECKING = False  # not typing's: its import slows the command line
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["attach", "run_background", "wait"]
 

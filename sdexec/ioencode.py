@@ -8,7 +8,10 @@ Imports no Twisted (the command line's client uses it too).
 from __future__ import annotations
 
 import binascii
-from typing import Any
+
+TYPE_CHECKING = False  # not typing's: its import slows the command line
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["decode_io", "encode_io"]
 

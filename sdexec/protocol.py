@@ -14,7 +14,10 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+
+TYPE_CHECKING = False  # not typing's: its import slows the command line
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "DEFAULT_MAX_FRAME",

@@ -27,7 +27,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+
+TYPE_CHECKING = False  # not typing's: its import slows the command line
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "UNSET",
@@ -141,20 +144,50 @@ def _read_counter(cgroup: str | None, name: str) -> int | None:
 
 # -- the client's side -------------------------------------------------------------
 
+_NO_USAGE: Mapping[str, int] = MappingProxyType({})
 
-class Receipt(NamedTuple):
+
+class Receipt:
     """A ``finished`` response read back: the wait status and the extension
     keys the service sent (``None``/empty where it sent none, or sent
     something malformed: an older or foreign service is not an error).
 
-    A named tuple, not a dataclass: ``dataclasses`` would add a fifth to
-    the command line's start-up (docs/performance.md)."""
+    A plain class, compared by value: a ``NamedTuple`` or a dataclass
+    compiles code as the class is made, and with its imports that was a
+    tenth of the command line's start-up (docs/performance.md)."""
 
-    status: int
-    result: str | None = None
-    oom_kills: int | None = None
-    memory_max: int | None = None
-    usage: Mapping[str, int] = MappingProxyType({})
+    __slots__ = ("memory_max", "oom_kills", "result", "status", "usage")
+
+    def __init__(
+        self,
+        status: int,
+        result: str | None = None,
+        oom_kills: int | None = None,
+        memory_max: int | None = None,
+        usage: Mapping[str, int] = _NO_USAGE,
+    ) -> None:
+        self.status = status
+        self.result = result
+        self.oom_kills = oom_kills
+        self.memory_max = memory_max
+        self.usage = usage
+
+    def _values(self) -> tuple[object, ...]:
+        return (self.status, self.result, self.oom_kills, self.memory_max, self.usage)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Receipt):
+            return NotImplemented
+        return self._values() == other._values()
+
+    __hash__ = None  # type: ignore[assignment]  # compared by value, mutable
+
+    def __repr__(self) -> str:
+        return (
+            f"Receipt(status={self.status!r}, result={self.result!r},"
+            f" oom_kills={self.oom_kills!r}, memory_max={self.memory_max!r},"
+            f" usage={self.usage!r})"
+        )
 
     @classmethod
     def from_finished(cls, payload: Mapping[str, Any]) -> Receipt:

@@ -11,10 +11,15 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Mapping
-from typing import Any, Protocol
 
 from sdexec import protocol
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, SOCKET_ENV
+
+TYPE_CHECKING = False  # not typing's: its import slows the command line
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+else:
+    Protocol = object  # Pending is for type checkers; at run time a plain base
 
 __all__ = [
     "ConnectionFailed",

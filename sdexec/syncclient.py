@@ -15,14 +15,14 @@ requests in flight are :class:`Call` and :class:`Exec` objects.
 
 from __future__ import annotations
 
+import _socket  # not socket: see Connection
 import contextlib
 import errno
 import os
-import selectors
+import select
 import signal
-import socket
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
 from sdexec.ioencode import encode_io
 from sdexec.protocol import ExecFlag, Topic
@@ -36,7 +36,11 @@ from sdexec.rpc import (
 )
 from sdexec.wire import FrameSplitter, FramingError, encode_small_message
 
-__all__ = ["Call", "Connection", "Exec", "Loop"]
+TYPE_CHECKING = False  # not typing's: its import slows the command line
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["READABLE", "WRITABLE", "Call", "Connection", "Exec", "Loop"]
 
 #: How much is read from the service at a time. The service writes output
 #: in messages of up to 64 KiB (88 KiB as base64); one read takes one or
@@ -46,32 +50,39 @@ _RECV_SIZE = 256 * 1024
 Callback = Callable[[int], None]
 
 
+#: What :meth:`Loop.watch` waits for and reports (the values of
+#: ``READABLE`` and ``EVENT_WRITE``).
+READABLE, WRITABLE = 1, 2
+
+
 class Loop:
     """Calls back when file descriptors are ready, or signals arrive.
 
-    A poll selector, not epoll: stdin may be a regular file, which epoll
-    refuses and poll reports always readable.
+    poll(2), not epoll: stdin may be a regular file, which epoll refuses and
+    poll reports always readable. ``select.poll`` itself, not the selectors
+    module, whose import (a named tuple compiled, ``math``…) the command
+    line's start-up need not pay.
     """
 
     def __init__(self) -> None:
-        self._selector = selectors.PollSelector()
-        self._watched: set[int] = set()
+        self._poll = select.poll()
+        #: Per watched fd: the events it is watched for, and its callback.
+        self._watched: dict[int, tuple[int, Callback]] = {}
         self._wakeup: tuple[int, int] | None = None
 
     def watch(self, fd: int, events: int, callback: Callback) -> None:
         """Call ``callback(ready_events)`` while ``fd`` is ready for
-        ``events`` (``selectors.EVENT_READ`` and/or ``EVENT_WRITE``);
-        replaces what was watched on ``fd``."""
-        if fd in self._watched:
-            self._selector.modify(fd, events, callback)
-        else:
-            self._selector.register(fd, events, callback)
-            self._watched.add(fd)
+        ``events`` (:data:`READABLE` and/or :data:`WRITABLE`); replaces what
+        was watched on ``fd``."""
+        mask = (select.POLLIN if events & READABLE else 0) | (
+            select.POLLOUT if events & WRITABLE else 0
+        )
+        self._poll.register(fd, mask)  # an fd registered again is modified
+        self._watched[fd] = (events, callback)
 
     def unwatch(self, fd: int) -> None:
-        if fd in self._watched:
-            self._watched.remove(fd)
-            self._selector.unregister(fd)
+        if self._watched.pop(fd, None) is not None:
+            self._poll.unregister(fd)
 
     def catch_signals(self, signums: Iterable[int], on_signal: Callback) -> None:
         """Call ``on_signal(signum)`` from the loop for each of ``signums``
@@ -88,15 +99,17 @@ class Loop:
                 for signum in os.read(readable, 256):
                     on_signal(signum)
 
-        self.watch(readable, selectors.EVENT_READ, caught)
+        self.watch(readable, READABLE, caught)
 
     def run_until(self, done: Callable[[], bool]) -> None:
         """Dispatch callbacks until ``done()``."""
         while not done():
-            for key, events in self._selector.select():
+            for fd, polled in self._poll.poll():
                 # An earlier callback of this round may have unwatched it.
-                if key.fd in self._watched:
-                    key.data(events)
+                watched = self._watched.get(fd)
+                if watched is not None:
+                    events, callback = watched
+                    callback(_ready(polled) & events)
 
     def __enter__(self) -> Loop:
         return self
@@ -112,7 +125,24 @@ class Loop:
             for fd in self._wakeup:
                 os.close(fd)
             self._wakeup = None
-        self._selector.close()
+        for fd in list(self._watched):
+            self.unwatch(fd)
+
+
+def _descriptors(fds: Sequence[int]) -> tuple[int, int, bytes]:
+    """The ancillary data that passes ``fds`` (``SCM_RIGHTS``), as
+    ``socket.send_fds`` builds it."""
+    data = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
+    return (_socket.SOL_SOCKET, _socket.SCM_RIGHTS, data)
+
+
+def _ready(polled: int) -> int:
+    """poll's events as :data:`READABLE`/:data:`WRITABLE`: an error or a
+    hang-up wakes readers and writers alike (as the selectors module has it),
+    so that each finds out by reading or writing."""
+    return (READABLE if polled & ~select.POLLOUT else 0) | (
+        WRITABLE if polled & ~select.POLLIN else 0
+    )
 
 
 def _ignore(_signum: int, _frame: Any) -> None:
@@ -188,7 +218,10 @@ class Connection:
         #: What the socket has not taken yet, each with the descriptors
         #: that go with its first byte.
         self._unsent: list[tuple[bytes, Sequence[int]]] = []
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # The socket module's C core: the module itself imports selectors and
+        # builds its enums, a sixth of the command line's imports, for
+        # nothing used here.
+        self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             self._sock.connect(path)
         except OSError as failure:
@@ -290,9 +323,9 @@ class Connection:
     # -- the socket ----------------------------------------------------------
 
     def _watch(self) -> None:
-        events = selectors.EVENT_READ
+        events = READABLE
         if self._unsent:
-            events |= selectors.EVENT_WRITE
+            events |= WRITABLE
         self._loop.watch(self._sock.fileno(), events, self._ready)
 
     def _write(self, data: bytes, fds: Sequence[int] = ()) -> None:
@@ -303,11 +336,11 @@ class Connection:
             self._watch()
 
     def _ready(self, events: int) -> None:
-        if events & selectors.EVENT_WRITE:
+        if events & WRITABLE:
             self._flush()
             if not self._unsent:
                 self._watch()
-        if events & selectors.EVENT_READ:
+        if events & READABLE:
             self._receive()
 
     def _flush(self) -> None:
@@ -315,7 +348,7 @@ class Connection:
             data, fds = self._unsent[0]
             try:
                 if fds:
-                    sent = socket.send_fds(self._sock, [data], fds)
+                    sent = self._sock.sendmsg([data], [_descriptors(fds)])
                 else:
                     sent = self._sock.send(data)
             except BlockingIOError:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+
+TYPE_CHECKING = False  # not typing's: its import slows the command line
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 __all__ = ["add_version_option", "package_version"]
 

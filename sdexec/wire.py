@@ -27,9 +27,12 @@ import functools
 import json
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from sdexec.protocol import DEFAULT_MAX_FRAME
+
+TYPE_CHECKING = False  # not typing's: its import slows the command line
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "FrameSplitter",

@@ -12,15 +12,13 @@ Twisted, for treq.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import json
 import os
 import select
-import shlex
 import signal
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from sdexec.ioencode import decode_io
 from sdexec.protocol import ExecFlag, Topic, command_object
@@ -378,7 +376,7 @@ def _run(options: argparse.Namespace) -> int:
         raise SdexecError(f"cannot get the current directory: {why}") from None
     if options.bg or options.waitable:
         return _run_background(options, command)
-    with Loop() as loop, _stdio(options) as stdio:
+    with Loop() as loop, _Stdio(options) as stdio:
         job = _Job(loop, options.noinput, stdio, options.usage)
         # Caught before connecting: a signal that arrives while we start up
         # is held until the process has started.
@@ -409,21 +407,28 @@ def _attach(options: argparse.Namespace) -> int:
     return attach(options)
 
 
-@contextlib.contextmanager
-def _stdio(options: argparse.Namespace) -> Iterator[dict[str, int]]:
+class _Stdio:
     """The descriptors `run` passes to the process (none with
-    ``--no-passthrough``): our own, or /dev/null for stdin with ``-n``."""
-    if not options.passthrough:
-        yield {}
-        return
-    if not options.noinput:
-        yield {"stdin": 0, "stdout": 1, "stderr": 2}
-        return
-    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        yield {"stdin": devnull, "stdout": 1, "stderr": 2}
-    finally:
-        os.close(devnull)
+    ``--no-passthrough``): our own, or /dev/null for stdin with ``-n``,
+    opened on entry and closed on exit. (A class: contextlib's
+    ``contextmanager`` would be the start-up's one use of contextlib.)"""
+
+    def __init__(self, options: argparse.Namespace) -> None:
+        self._options = options
+        self._devnull: int | None = None
+
+    def __enter__(self) -> dict[str, int]:
+        if not self._options.passthrough:
+            return {}
+        if not self._options.noinput:
+            return {"stdin": 0, "stdout": 1, "stderr": 2}
+        self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        return {"stdin": self._devnull, "stdout": 1, "stderr": 2}
+
+    def __exit__(self, *_exc_info: object) -> None:
+        if self._devnull is not None:
+            os.close(self._devnull)
+            self._devnull = None
 
 
 def _ps(options: argparse.Namespace) -> int:
@@ -490,6 +495,8 @@ def _http_stats(url: str) -> dict:
         except Exception as error:  # refused, timed out, not JSON: one line
             result["error"] = f"cannot read {url}: {error}"
 
+    import contextlib  # with Twisted: this command's start-up is not lean
+
     with contextlib.suppress(SystemExit):  # react always exits
         react(get)
     if "error" in result:
@@ -530,6 +537,8 @@ def receipt_lines(receipt: Receipt, usage: bool) -> list[str]:
 def format_procs(procs: Sequence[dict[str, Any]]) -> str:
     """``sdexec.list`` processes as a table: PID, STATE, MODE, UNIT, LABEL,
     JOBID, STEP (of its termination), CMDLINE."""
+    import shlex  # here: only ps needs it
+
     rows = [("PID", "STATE", "MODE", "UNIT", "LABEL", "JOBID", "STEP", "CMDLINE")]
     for proc in procs:
         cmdline = shlex.join(str(arg) for arg in proc.get("cmdline") or [])

@@ -16,7 +16,6 @@ requests in flight are :class:`Call` and :class:`Exec` objects.
 from __future__ import annotations
 
 import _socket  # not socket: see Connection
-import contextlib
 import errno
 import os
 import select
@@ -95,9 +94,12 @@ class Loop:
             signal.signal(signum, _ignore)
 
         def caught(_events: int) -> None:
-            with contextlib.suppress(BlockingIOError):
-                for signum in os.read(readable, 256):
-                    on_signal(signum)
+            try:
+                signums = os.read(readable, 256)
+            except BlockingIOError:
+                return
+            for signum in signums:
+                on_signal(signum)
 
         self.watch(readable, READABLE, caught)
 

@@ -178,7 +178,7 @@ async def test_stats_from_an_unreachable_url_is_one_line(sdexec):
 #: module (selectors, its enums: the client uses _socket).
 SLOW_IMPORTS = {
     "twisted", "OpenSSL", "cryptography", "_ssl", "msgspec", "dataclasses", "shutil",
-    "typing", "socket", "selectors",
+    "typing", "socket", "selectors", "contextlib", "shlex",
 }  # fmt: skip
 
 

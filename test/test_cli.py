@@ -175,10 +175,11 @@ async def test_stats_from_an_unreachable_url_is_one_line(sdexec):
 #: What the command line must start without (docs/performance.md): Twisted
 #: and the TLS stack it pulls in, msgspec (only bulky output needs it),
 #: modules argparse or a dataclass would drag in, typing, and the socket
-#: module (selectors, its enums: the client uses _socket).
+#: module (selectors, its enums: the client uses _socket). Not contextlib,
+#: which the command line does without but ``python -m`` (runpy) imports.
 SLOW_IMPORTS = {
     "twisted", "OpenSSL", "cryptography", "_ssl", "msgspec", "dataclasses", "shutil",
-    "typing", "socket", "selectors", "contextlib", "shlex",
+    "typing", "socket", "selectors", "shlex",
 }  # fmt: skip
 
 

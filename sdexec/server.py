@@ -359,9 +359,12 @@ class SdexecServer:
 
     def shutdown(self, grace: float) -> defer.Deferred:
         """Abandon every process (their units are stopped) and wait until all
-        of them are reaped, for as long as one more is reaped at least every
-        ``grace`` seconds: stopping thousands of units takes longer than any
-        fixed grace, while a unit that never stops must not hold the exit."""
+        of them are reaped, for as long as there is progress at least every
+        ``grace`` seconds: one more reaped, or one more call answered by
+        systemd. Stopping thousands of units takes longer than any fixed
+        grace (and the first reaps wait for the receipts queued behind every
+        stop in the call window), while a unit that never stops, or a
+        manager that answers nothing, must not hold the exit."""
         for verdict in list(self._canaries):
             verdict.cancel()  # its process is abandoned below, its timer goes
         for process in list(self.processes.values()):
@@ -370,27 +373,32 @@ class SdexecServer:
             return defer.succeed(None)
         waiter: defer.Deferred = defer.Deferred()
         self._all_reaped.append(waiter)
-        self._check_shutdown_progress(waiter, grace, self.counters["reaped"])
+        self._check_shutdown_progress(waiter, grace, self._shutdown_mark())
         return waiter
 
+    def _shutdown_mark(self) -> tuple[int, int]:
+        """What grows while a shutdown progresses."""
+        return self.counters["reaped"], self.systemd.calls_answered
+
     def _check_shutdown_progress(
-        self, waiter: defer.Deferred, grace: float, reaped_before: int
+        self, waiter: defer.Deferred, grace: float, before: tuple[int, int]
     ) -> None:
         timer = self.clock.callLater(
-            grace, self._shutdown_progress, waiter, grace, reaped_before
+            grace, self._shutdown_progress, waiter, grace, before
         )
         waiter.addBoth(lambda result: timer.cancel() if timer.active() else None)
 
     def _shutdown_progress(
-        self, waiter: defer.Deferred, grace: float, reaped_before: int
+        self, waiter: defer.Deferred, grace: float, before: tuple[int, int]
     ) -> None:
-        reaped = self.counters["reaped"]
-        if reaped > reaped_before:
-            self._check_shutdown_progress(waiter, grace, reaped)
+        now = self._shutdown_mark()
+        if now != before:
+            self._check_shutdown_progress(waiter, grace, now)
             return
         names = ", ".join(process.unit_name for process in self.processes.values())
         log.error(
-            "units still not reaped, none for {grace}s: {names}",
+            "units still not reaped, and no unit reaped nor call answered for"
+            " {grace}s: {names}",
             grace=grace,
             names=names,
         )

@@ -87,6 +87,11 @@ class FakeManager:
 
     # -- the Manager protocol -------------------------------------------------
 
+    @property
+    def calls_answered(self) -> int:
+        """Every call is answered at once (GetAll when held: once let go)."""
+        return len(self.calls) - len(self._held)
+
     def watch_unit(self, name: str, callback: Callable[[State], None]) -> UnitWatch:
         path = unit_object_path(name)
         watch = UnitWatch(

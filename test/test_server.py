@@ -311,6 +311,22 @@ def test_shutdown_waits_for_every_process_to_be_reaped(systemd, server, connecti
     assert [p.unit_name for p in server.processes.values()] == [UNIT]
 
 
+def test_shutdown_waits_on_while_systemd_answers_calls(systemd, server, connection):
+    """Before the first reap of a big shutdown, the receipts wait behind
+    every stop in the call window: systemd answering calls is progress."""
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    done = server.shutdown(10)
+    server.clock.advance(9)
+    systemd.stop_unit("sdexec-other.service")  # one more call answered
+    server.clock.advance(1)  # 10 s in: progress in the first grace
+    server.clock.advance(9)
+    assert not done.called
+    server.clock.advance(1)  # 20 s in: a whole grace with neither
+    assert done.called
+    assert [p.unit_name for p in server.processes.values()] == [UNIT]
+
+
 @ensureDeferred
 async def test_shutdown_waits_on_while_units_are_being_reaped(systemd, server):
     """A burst takes longer than the grace; it is waited for while it makes

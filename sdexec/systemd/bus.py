@@ -404,6 +404,11 @@ class SystemdClient:
             self.on_restored()
 
     @property
+    def calls_answered(self) -> int:
+        """Method calls answered so far (or failed)."""
+        return self.window.completed
+
+    @property
     def max_inflight(self) -> int:
         """How many method calls may await their reply at once; the others
         wait, in order, for a slot."""

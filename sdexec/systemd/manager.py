@@ -33,6 +33,9 @@ class Manager(Protocol):
     debug: bool
     #: Method calls awaiting a reply at once (``[systemd] max-inflight``).
     max_inflight: int
+    #: Method calls answered so far (replies and errors): progress while
+    #: a burst of calls waits its turn.
+    calls_answered: int
     disconnected: Deferred[None]
     #: The manager is reachable; while not, calls fail at once with EAGAIN.
     connected: bool

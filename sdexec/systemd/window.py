@@ -31,6 +31,8 @@ class CallWindow:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.in_flight = 0
+        #: Calls answered (or failed) so far: a sign of life of the manager.
+        self.completed = 0
         self._admitting = False  # calls that answer at once must not recurse
         self._queue: deque[tuple[Start, Deferred[Any]]] = deque()
 
@@ -77,6 +79,7 @@ class CallWindow:
 
     def _finished(self, outcome: Any, result: Deferred[Any]) -> None:
         self.in_flight -= 1
+        self.completed += 1
         # Admit the next call before the caller's callbacks run: they may
         # submit more, and must queue behind those already waiting.
         self._admit()

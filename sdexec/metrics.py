@@ -101,9 +101,10 @@ class Metrics:
             "sdexec_output_bytes", "Process output forwarded to clients, by stream.",
             ["stream"], registry=self.registry,
         )  # fmt: skip
-        #: output_bytes' child per stream: labels() takes a lock and checks
-        #: its arguments, on every output message (stdout, stderr: bounded).
-        self._output_by_stream: dict[str, Any] = {}
+        #: Labelled children of the metrics fed per message or per D-Bus
+        #: call, by metric and label values (few: streams, methods and
+        #: outcomes): labels() takes a lock and checks its arguments.
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self.reloads = Counter(
             "sdexec_config_reloads", "SIGHUP reloads, by outcome (ok, refused).",
             ["outcome"], registry=self.registry,
@@ -120,7 +121,7 @@ class Metrics:
     def dbus_call(self, method: str, seconds: float, ok: bool) -> None:
         """``SystemdClient.on_call``."""
         outcome = "ok" if ok else "error"
-        self.dbus_calls.labels(method=method, outcome=outcome).observe(seconds)
+        self._child(self.dbus_calls, method, outcome).observe(seconds)
 
     def error_sent(self, topic: str, errnum: int) -> None:
         """``SdexecServer.observer``: an error response went out (not the
@@ -134,14 +135,18 @@ class Metrics:
 
     def count_output(self, stream: str, size: int) -> None:
         """``size`` bytes of ``stream`` went to a client."""
-        counter = self._output_by_stream.get(stream)
-        if counter is None:
-            counter = self.output_bytes.labels(stream=stream)
-            self._output_by_stream[stream] = counter
-        counter.inc(size)
+        self._child(self.output_bytes, stream).inc(size)
 
     def reloaded(self, ok: bool) -> None:
         self.reloads.labels(outcome="ok" if ok else "refused").inc()
+
+    def _child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, looked up once per label values."""
+        key = (metric, values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
 
 class _ExecWatch:

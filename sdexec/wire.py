@@ -42,8 +42,10 @@ __all__ = [
     "encode_small_message",
 ]
 
-#: Lines up to this size are decoded with the json module: below it, its
-#: per-call cost is the smaller one and msgspec need not be imported.
+#: Lines up to this size are decoded with the json module, so that a
+#: command line exchanging only small messages never imports msgspec. msgspec
+#: is still 4-7x faster per message (about 1 us less for a 50-150 byte
+#: response): nothing next to an import, or to a unit's own cost.
 SMALL_LINE = 4096
 
 

@@ -14,12 +14,18 @@ whose ``str()`` is one line that can be shown to a user as it is.
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
-from twisted.internet.interfaces import IConsumer, IPushProducer, IReactorUNIX
+from twisted.internet.interfaces import (
+    IConsumer,
+    IPushProducer,
+    IReactorUNIX,
+    IUNIXTransport,
+)
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -117,6 +123,9 @@ class SdexecClient(JSONLineProtocol):
         self.path = path
         self.disconnected: Deferred[None] = Deferred()
         self._requests = Requests(path)
+        #: Whether a request has been written: stdio passthrough must come
+        #: first (:meth:`exec`).
+        self._sent = False
 
     # -- requests ---------------------------------------------------------
 
@@ -134,6 +143,7 @@ class SdexecClient(JSONLineProtocol):
         *,
         background: bool = False,
         waitable: bool = False,
+        stdio: Mapping[str, int] | None = None,
     ) -> ExecHandle:
         """Start ``cmd`` (an RFC 42 command object) with ``sdexec.exec``.
 
@@ -146,16 +156,37 @@ class SdexecClient(JSONLineProtocol):
         EOF, output kept for :meth:`wait` and :meth:`attach`); the one
         response is ``started``, and ``handle.done`` fires once it has come
         (``handle.pid`` set). ``waitable``: its end is kept for :meth:`wait`.
+
+        ``stdio`` gives the process some of our own descriptors for its
+        streams (``{"stdout": 1, "stderr": 2}``; stdio passthrough,
+        docs/protocol.md): it uses them directly, and nothing of those
+        streams comes back as ``output``. Twisted sends descriptors with the
+        first bytes queued on the transport, so a passthrough exec must be
+        the first request of its connection (else ``ValueError``): open one
+        with :func:`connect` for it, and keep it open while the process runs
+        (a closed connection stops its processes). The descriptors are
+        duplicated here, so the caller may close its own at once.
         """
         if waitable:
             flags |= ExecFlag.WAITABLE
-        payload = {"cmd": cmd, "flags": int(flags)}
+        payload: dict[str, Any] = {"cmd": cmd, "flags": int(flags)}
+        if stdio:
+            if self._sent:
+                raise ValueError(
+                    "exec: stdio passthrough must be the first request on its"
+                    " connection (Twisted sends descriptors with the first bytes"
+                    " it has queued): open a connection for it with connect()"
+                )
+            payload["stdio"] = list(stdio)
+        passed = _duplicates(stdio) if stdio else []
         request = self._requests.new(
             Topic.EXEC, payload, streaming=False if background else None
         )
-        handle = ExecHandle(self, request["matchtag"], cmd, flags, on_response)
+        handle = ExecHandle(
+            self, request["matchtag"], cmd, flags, on_response, passed=passed
+        )
         handle.streaming = not background
-        self._track(request, handle)
+        self._track(request, handle, passed)
         return handle
 
     def wait(self, pid: int | None = None, label: str | None = None) -> Deferred[dict]:
@@ -233,12 +264,21 @@ class SdexecClient(JSONLineProtocol):
         """Send a request that gets no response (``sdexec.write``); dropped
         if the connection is gone."""
         if self._requests.lost is None:
-            self.sendMessage(self._requests.new(topic, payload))
+            self._send(self._requests.new(topic, payload))
 
-    def _track(self, request: dict[str, Any], pending: Pending) -> None:
-        """Send ``request``; its responses go to ``pending``."""
+    def _track(
+        self, request: dict[str, Any], pending: Pending, fds: Sequence[int] = ()
+    ) -> None:
+        """Send ``request``, with ``fds`` (one with each of its first
+        bytes); its responses go to ``pending``."""
         if self._requests.track(request, pending):
-            self.sendMessage(request)
+            for fd in fds:
+                IUNIXTransport(self.transport).sendFileDescriptor(fd)
+            self._send(request)
+
+    def _send(self, request: dict[str, Any]) -> None:
+        self._sent = True
+        self.sendMessage(request)
 
     # -- responses --------------------------------------------------------
 
@@ -280,6 +320,7 @@ class ExecHandle:
         cmd: dict[str, Any],
         flags: int,
         on_response: Callable[[dict], None],
+        passed: Sequence[int] = (),
     ) -> None:
         self.matchtag = matchtag
         #: The process id, once ``started`` has arrived.
@@ -301,6 +342,10 @@ class ExecHandle:
         #: Stdin written beyond the credit, and whether EOF follows it.
         self._held: list[memoryview] = []
         self._eof_held = False
+        #: Our duplicates of the descriptors passed with the request (stdio
+        #: passthrough): closed once the service has them, which its first
+        #: response shows, or once the request has ended without one.
+        self._passed = list(passed)
 
     @property
     def credit(self) -> int | None:
@@ -362,6 +407,7 @@ class ExecHandle:
     # -- called by SdexecClient -------------------------------------------
 
     def respond(self, payload: dict) -> None:
+        self._close_passed()
         kind = payload.get("type")
         if kind == "add-credit":
             self._add_credit(payload.get("channels"))
@@ -379,6 +425,7 @@ class ExecHandle:
             self.end(RPCError(errno.ENODATA, ""))
 
     def end(self, error: SdexecError) -> None:
+        self._close_passed()
         self._ended = True
         self._held, self._eof_held = [], False  # as the service would drop it
         self._stop_producer()
@@ -389,6 +436,11 @@ class ExecHandle:
             self.done.errback(error)
 
     # -- internals --------------------------------------------------------
+
+    def _close_passed(self) -> None:
+        passed, self._passed = self._passed, []
+        for fd in passed:
+            os.close(fd)
 
     def _send_stdin(self, io: dict) -> None:
         payload = {"matchtag": self.matchtag, "io": io}
@@ -467,6 +519,21 @@ class AttachHandle:
             self.done.callback(None)
         else:
             self.done.errback(error)
+
+
+def _duplicates(stdio: Mapping[str, int]) -> list[int]:
+    """Our own copies of the descriptors of ``stdio``, in its order;
+    ``ValueError`` naming the stream whose descriptor is not open."""
+    copies: list[int] = []
+    for stream, fd in stdio.items():
+        try:
+            copies.append(os.dup(fd))
+        except (OSError, TypeError, OverflowError) as error:
+            for copy in copies:
+                os.close(copy)
+            reason = error.strerror if isinstance(error, OSError) else error
+            raise ValueError(f"exec: stdio: {stream}: {fd!r}: {reason}") from None
+    return copies
 
 
 def _never_started() -> RPCError:

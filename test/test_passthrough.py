@@ -5,7 +5,8 @@ with, handed to systemd, and closed in the service whatever happens.
 Offline: the server over an in-memory transport and the fake manager, with
 descriptors delivered as Twisted delivers them (``fileDescriptorReceived``
 before the ``dataReceived`` of the same read). Against the real service and
-manager: the command line and the synchronous client over a real socket.
+manager: the command line, the synchronous client and the Twisted client
+over a real socket.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
+from sdexec.client import connect
 from sdexec.config import default_config
 from sdexec.containment import Containment
 from sdexec.plan import RequestError, plan_exec
@@ -396,11 +398,64 @@ async def test_sync_client_passthrough_over_a_real_socket(sdexec):
     kinds = [payload["type"] for payload in responses]
     assert kinds == ["add-credit", "started", "finished", "output"]
     assert responses[3]["io"] == {"stream": "stderr", "rank": "0", "eof": True}
+    await _reaped(sdexec)
+
+
+def _echo_both(env: dict) -> dict:
+    script = "echo hello; echo err >&2"
+    return {"cmdline": ["sh", "-c", script], "env": env, "opts": {}, "channels": []}
+
+
+@real_manager
+@ensureDeferred
+async def test_twisted_client_passthrough_over_a_real_socket(sdexec):
+    client = await connect(reactor, sdexec.socket_path)
+    read_end, write_end = os.pipe()
+    before = open_fds()
+    responses: list[dict] = []
+    handle = client.exec(
+        _echo_both(dict(os.environ)), FLAGS, responses.append,
+        stdio={"stdout": write_end},
+    )  # fmt: skip
+    os.close(write_end)  # the client keeps its own copy until the service has it
+    await handle.done
+    await client.close()
+    assert os.read(read_end, 100) == b"hello\n"
+    os.close(read_end)
+    relayed = [r["io"] for r in responses if r["type"] == "output"]
+    assert {io["stream"] for io in relayed} == {"stderr"}
+    assert "".join(io.get("data", "") for io in relayed) == "err\n"
+    assert handle.receipt is not None and handle.receipt.status == 0
+    await _reaped(sdexec)  # the service, in this process, holds some till then
+    assert open_fds() <= before  # our copy of write_end is closed
+
+
+async def _reaped(service) -> None:
     for _ in range(100):  # the unit is reaped once ENODATA is sent
-        if not sdexec.server.processes:
+        if not service.server.processes:
             break
         await sleep(0.05)
-    assert sdexec.server.processes == {}
+    assert service.server.processes == {}
+
+
+@real_manager
+@ensureDeferred
+async def test_twisted_client_passthrough_must_be_first_on_its_connection(sdexec):
+    client = await connect(reactor, sdexec.socket_path)
+    fresh = await connect(reactor, sdexec.socket_path)
+    await client.list()
+    read_end, write_end = os.pipe()
+    before = open_fds()
+    with pytest.raises(ValueError, match="must be the first request on its connection"):
+        client.exec(_echo_both({}), FLAGS, stdio={"stdout": write_end})
+    streams = {"stdout": write_end, "stderr": 999_999}  # not open
+    with pytest.raises(ValueError, match="exec: stdio: stderr: 999999: Bad file"):
+        fresh.exec(_echo_both({}), FLAGS, stdio=streams)
+    assert open_fds() <= before  # the copy of write_end made for fresh is closed
+    os.close(read_end)
+    os.close(write_end)
+    await client.close()
+    await fresh.close()
 
 
 def test_socket_send_fds_attaches_them_to_the_first_bytes():

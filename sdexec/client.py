@@ -170,6 +170,7 @@ class SdexecClient(JSONLineProtocol):
         if waitable:
             flags |= ExecFlag.WAITABLE
         payload: dict[str, Any] = {"cmd": cmd, "flags": int(flags)}
+        passed: list[int] = []
         if stdio:
             if self._sent:
                 raise ValueError(
@@ -178,7 +179,7 @@ class SdexecClient(JSONLineProtocol):
                     " it has queued): open a connection for it with connect()"
                 )
             payload["stdio"] = list(stdio)
-        passed = _duplicates(stdio) if stdio else []
+            passed = _duplicates(stdio)
         request = self._requests.new(
             Topic.EXEC, payload, streaming=False if background else None
         )

@@ -21,7 +21,7 @@ import sys
 import pytest
 from offline import Connection
 from pytest_twisted import ensureDeferred
-from support import sleep
+from support import sleep, until
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
@@ -398,7 +398,11 @@ async def test_sync_client_passthrough_over_a_real_socket(sdexec):
     kinds = [payload["type"] for payload in responses]
     assert kinds == ["add-credit", "started", "finished", "output"]
     assert responses[3]["io"] == {"stream": "stderr", "rank": "0", "eof": True}
-    await _reaped(sdexec)
+    for _ in range(100):  # the unit is reaped once ENODATA is sent
+        if not sdexec.server.processes:
+            break
+        await sleep(0.05)
+    assert sdexec.server.processes == {}
 
 
 def _echo_both(env: dict) -> dict:
@@ -426,16 +430,9 @@ async def test_twisted_client_passthrough_over_a_real_socket(sdexec):
     assert {io["stream"] for io in relayed} == {"stderr"}
     assert "".join(io.get("data", "") for io in relayed) == "err\n"
     assert handle.receipt is not None and handle.receipt.status == 0
-    await _reaped(sdexec)  # the service, in this process, holds some till then
+    # The service, in this process, holds descriptors until the unit is reaped.
+    await until(lambda: not sdexec.server.processes, "the unit reaped")
     assert open_fds() <= before  # our copy of write_end is closed
-
-
-async def _reaped(service) -> None:
-    for _ in range(100):  # the unit is reaped once ENODATA is sent
-        if not service.server.processes:
-            break
-        await sleep(0.05)
-    assert service.server.processes == {}
 
 
 @real_manager

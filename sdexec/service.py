@@ -94,12 +94,16 @@ class SdexecService(Service):
         self.outage: SystemdOutage | None = None
         self.ports: dict[str, Any] = {}
         self.ready: defer.Deferred = defer.Deferred()
+        self.reload_when_started = False  # a SIGHUP came during the start
         # sd_notify (a no-op without $NOTIFY_SOCKET): see sdexec/notify.py
         self.readiness = Readiness(reactor, self._status_line)
         self.metrics = Metrics(reactor, self._server_stats)  # GET /metrics
 
     def startService(self) -> None:
         super().startService()
+        # First: SIGHUP's default action ends the process, and a reload may
+        # be asked for (systemctl reload, kill -HUP) while the start waits.
+        self._install_sighup()
         self._start().addCallbacks(self.ready.callback, self._start_failed)
 
     @defer.inlineCallbacks
@@ -130,13 +134,14 @@ class SdexecService(Service):
             self.ports["stats-socket"] = yield self._listen(
                 unix_endpoint(self.config.sdexec.stats_socket), site
             )
-        self._install_sighup()
         self.readiness.ready()
         log.info(
             "sdexec listening on {listen}, stats on {stats}",
             listen=self.listen,
             stats=self.stats,
         )
+        if self.reload_when_started:
+            self.reload()
         return self
 
     def _listen_backlog(self) -> int:
@@ -194,8 +199,17 @@ class SdexecService(Service):
     def _install_sighup(self) -> None:
         # Called from the reactor thread; the handler only schedules work.
         signal.signal(
-            signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload)
+            signal.SIGHUP, lambda *_: self.reactor.callFromThread(self._sighup)
         )
+
+    def _sighup(self) -> None:
+        """Reload now, or once listening: the start has already built its
+        parts from the configuration it began with."""
+        if self.ready.called:
+            self.reload()
+        else:
+            log.info("reload asked for while starting: it runs once listening")
+            self.reload_when_started = True
 
     def reload(self, path: str | None = None) -> bool:
         """Load the configuration again and rebuild the mapper; a bad file or

@@ -3,8 +3,11 @@ sdexec.testing's FakeManager (the real-manager paths are test_service.py)."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 from pytest_twisted import ensureDeferred
+from support import until
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 
@@ -96,3 +99,34 @@ async def test_a_start_that_cannot_reach_systemd_fails_ready(tmp_path):
     with pytest.raises(SystemdError, match="no user bus"):
         await service.ready
     await service.stopService()
+
+
+@ensureDeferred
+async def test_a_sighup_while_starting_reloads_once_listening(tmp_path):
+    # SIGHUP's default action would end the service: the handler is there
+    # from the start, and the reload waits until the service listens.
+    path = tmp_path / "sdexec.toml"
+    path.write_text("")
+    manager, connected = FakeManager(), defer.Deferred()
+    service = SdexecService(
+        load_config(path),
+        reactor,
+        listen=f"unix:{tmp_path}/s.sock",
+        stats="tcp:0:interface=127.0.0.1",
+        connect=lambda: connected,
+    )
+    previous = signal.getsignal(signal.SIGHUP)
+    try:
+        service.startService()
+        handler = signal.getsignal(signal.SIGHUP)
+        assert callable(handler) and handler is not previous
+        path.write_text("[systemd]\nsdbus-debug = true\n")
+        handler(signal.SIGHUP, None)
+        await until(lambda: service.reload_when_started, "the SIGHUP is handled")
+        assert manager.debug is not True
+        connected.callback(manager)
+        await service.ready
+        assert manager.debug is True
+        await service.stopService()
+    finally:
+        signal.signal(signal.SIGHUP, previous)

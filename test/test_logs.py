@@ -16,6 +16,7 @@ from test_twistd import (
     _environment,
     _free_port,
     _wait_for,
+    _wait_for_text,
     reaped,
     terminate,
 )
@@ -86,10 +87,10 @@ def _run_twistd(tmp_path: Path, extra_config: str, environ: dict) -> str:
             cwd=tmp_path, env=environment, stdout=stdout, stderr=subprocess.STDOUT,
         )  # fmt: skip
     with reaped(service):
-        _wait_for(socket.exists, "the service's socket")
+        _wait_for(socket.exists, "the service's socket", log=output)
         config.write_text('[exec]\nkill-timeout = "5x"\n')
         service.send_signal(signal.SIGHUP)
-        _wait_for(lambda: b"reload refused" in output.read_bytes(), "a refusal")
+        _wait_for_text(output, b"reload refused")
         assert terminate(service) == -signal.SIGTERM
     return output.read_text()
 

@@ -45,14 +45,22 @@ def _environment() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
-def _wait_for(predicate, what: str, timeout: float = 30.0):
+def _wait_for(predicate, what: str, timeout: float = 30.0, log: Path | None = None):
+    """``predicate()`` once true; else fail after ``timeout`` s, with the
+    end of the service's ``log`` to say why."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    tail = "" if log is None else "; its log ends:\n" + log.read_text()[-4000:]
+    raise AssertionError(f"timed out waiting for {what}{tail}")
+
+
+def _wait_for_text(log: Path, text: bytes) -> None:
+    """Wait until the service's ``log`` says ``text``."""
+    _wait_for(lambda: text in log.read_bytes(), repr(text), log=log)
 
 
 @contextlib.contextmanager
@@ -97,7 +105,7 @@ class Twistd:
                 lambda: resource.setrlimit(resource.RLIMIT_NOFILE, open_files)
             ),
         )  # fmt: skip
-        _wait_for(self.socket.exists, "the service's socket")
+        _wait_for(self.socket.exists, "the service's socket", log=self.log)
 
     def write_config(self, **values: str) -> None:
         text = CONFIG.format(socket=self.socket, port=self.port, **values)
@@ -132,7 +140,7 @@ def test_serves_reloads_on_sighup_and_stops_cleanly(twistd):
 
     twistd.config.write_text('[exec]\nkill-timeout = "5x"\n')
     twistd.process.send_signal(signal.SIGHUP)
-    _wait_for(lambda: b"reload refused" in twistd.log.read_bytes(), "a refusal")
+    _wait_for_text(twistd.log, b"reload refused")
     assert twistd.stats()["job-exec"]["kill-timeout"] == 5.0
 
     twistd.write_config(kill_timeout="7s")
@@ -158,7 +166,7 @@ def test_raises_its_open_file_limit_so_relayed_processes_do_not_run_out(
     with reaped(service.process):
         assert _open_file_limits(service.process.pid) == (hard, hard)
         raised = f"raised from 64 to {hard}".encode()
-        _wait_for(lambda: raised in service.log.read_bytes(), "the log line")
+        _wait_for_text(service.log, raised)
         for _ in range(30):
             started = service.sdexec("run", "--bg", "--no-passthrough", "sleep", "60")
             assert started.returncode == 0, started.stderr

@@ -439,9 +439,9 @@ class ExecHandle:
     # -- internals --------------------------------------------------------
 
     def _close_passed(self) -> None:
-        passed, self._passed = self._passed, []
-        for fd in passed:
-            os.close(fd)
+        # Called on every response: nothing to allocate once they are closed.
+        while self._passed:
+            os.close(self._passed.pop())
 
     def _send_stdin(self, io: dict) -> None:
         payload = {"matchtag": self.matchtag, "io": io}

@@ -184,8 +184,18 @@ def _typed(signature: str, parse: Callable[[str], object]) -> Converter:
     return lambda name, text: UnitProperty(name, signature, parse(text))
 
 
+#: systemd refuses a CPU or NUMA node mask naming an id at or above this
+#: (``CPU_SET_MAX_NCPU``, the largest CONFIG_NR_CPUS a kernel may have).
+MASK_IDS = 8192
+
+
 def _bitmask(text: str) -> bytes:
-    return IDset.decode(text).bitmask()
+    ids = IDset.decode(text)
+    if ids and ids.last() >= MASK_IDS:
+        raise ValueError(
+            f"{ids.last()} is beyond systemd's limit: ids must be below {MASK_IDS}"
+        )
+    return ids.bitmask()
 
 
 _CONVERTERS: dict[str, Converter] = {

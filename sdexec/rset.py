@@ -27,32 +27,34 @@ __all__ = ["ResourceSet"]
 
 Children = dict[str, IDset]
 
+#: One ``R_lite`` entry: the ranks it names and the children each of them has.
+Entry = tuple[IDset, Children]
+
 
 class ResourceSet:
     """The execution part of an R version 1 resource set, by rank.
 
     Accepts R as a JSON string or an already decoded dict. The nodelist is
     not kept: mapping needs no host names, and splitting it by rank would mean
-    decoding RFC 29 hostlists.
+    decoding RFC 29 hostlists. Ranks are kept as the entries' idsets, never
+    rank by rank, so a huge rank range costs no more than its text.
     """
 
     def __init__(self, R: str | Mapping[str, Any]) -> None:
         execution = _field(_decode(R), "execution", Mapping, "")
-        self._by_rank = _children_by_rank(
-            _field(execution, "R_lite", list, "execution")
-        )
+        self._entries = _entries(_field(execution, "R_lite", list, "execution"))
         self.starttime: float | None = _optional_number(execution, "starttime")
         self.expiration: float | None = _optional_number(execution, "expiration")
 
     @classmethod
-    def _from_ranks(
+    def _from_entries(
         cls,
-        by_rank: dict[int, Children],
+        entries: list[Entry],
         starttime: float | None,
         expiration: float | None,
     ) -> ResourceSet:
         rset = cls.__new__(cls)
-        rset._by_rank = by_rank
+        rset._entries = entries
         rset.starttime = starttime
         rset.expiration = expiration
         return rset
@@ -60,14 +62,17 @@ class ResourceSet:
     @property
     def ranks(self) -> IDset:
         """The broker ranks that hold resources in this set."""
-        return IDset(self._by_rank)
+        return IDset.union(*(ranks for ranks, _children in self._entries))
 
     def children(self, rank: int) -> Children:
         """Resource type (``"core"``, ``"gpu"``, ...) to ids on ``rank``.
 
         A rank outside the set has no children: the result is empty.
         """
-        return dict(self._by_rank.get(rank, {}))
+        for ranks, children in self._entries:
+            if rank in ranks:
+                return dict(children)
+        return {}
 
     def copy_ranks(self, ranks: str | IDset | int) -> ResourceSet:
         """A new set holding only ``ranks`` (an idset string, IDset or rank).
@@ -75,12 +80,21 @@ class ResourceSet:
         Ranks not in this set are ignored, as in Flux's ``copy_ranks``.
         """
         wanted = IDset([ranks]) if isinstance(ranks, int) else IDset(ranks)
-        kept = {rank: self._by_rank[rank] for rank in wanted if rank in self._by_rank}
-        return self._from_ranks(kept, self.starttime, self.expiration)
+        kept = [
+            (entry_ranks & wanted, children) for entry_ranks, children in self._entries
+        ]
+        return self._from_entries(
+            [(entry_ranks, children) for entry_ranks, children in kept if entry_ranks],
+            self.starttime,
+            self.expiration,
+        )
 
     def count(self, kind: str) -> int:
         """How many resources of type ``kind`` the set holds over all its ranks."""
-        return sum(len(children.get(kind, ())) for children in self._by_rank.values())
+        return sum(
+            len(ranks) * len(children.get(kind, ()))
+            for ranks, children in self._entries
+        )
 
     @property
     def ncores(self) -> int:
@@ -93,7 +107,7 @@ class ResourceSet:
         return self.count("gpu")
 
     def __contains__(self, rank: object) -> bool:
-        return rank in self._by_rank
+        return any(rank in ranks for ranks, _children in self._entries)
 
     def __repr__(self) -> str:
         return f"ResourceSet(ranks={self.ranks.encode()!r})"
@@ -114,24 +128,38 @@ def _decode(R: str | Mapping[str, Any]) -> Mapping[str, Any]:
     return data
 
 
-def _children_by_rank(entries: list[Any]) -> dict[int, Children]:
-    by_rank: dict[int, Children] = {}
-    entry_of_rank: dict[int, int] = {}
-    for index, entry in enumerate(entries):
+def _entries(R_lite: list[Any]) -> list[Entry]:
+    entries: list[Entry] = []
+    for index, entry in enumerate(R_lite):
         where = f"execution.R_lite[{index}]"
         if not isinstance(entry, Mapping):
             raise ValueError(f"R: {where}: expected an object, got {_json_type(entry)}")
         ranks = _idset_field(entry, "rank", where)
         children = _children(_field(entry, "children", Mapping, where), where)
-        for rank in ranks:
-            if rank in entry_of_rank:
-                raise ValueError(
-                    f"R: {where}.rank: rank {rank} is already in"
-                    f" execution.R_lite[{entry_of_rank[rank]}]"
-                )
-            entry_of_rank[rank] = index
-            by_rank[rank] = children
-    return by_rank
+        entries.append((ranks, children))
+    _refuse_repeated_ranks(entries)
+    return entries
+
+
+def _refuse_repeated_ranks(entries: list[Entry]) -> None:
+    """``ValueError`` for a rank in two entries, naming both. One sweep over
+    every entry's runs in order: a run that starts before the furthest end
+    seen so far overlaps the run that reached it."""
+    runs = sorted(
+        (lo, hi, index)
+        for index, (ranks, _children) in enumerate(entries)
+        for lo, hi in ranks.ranges()
+    )
+    reach, reached_by = -1, -1
+    for lo, hi, index in runs:
+        if lo <= reach:
+            later, earlier = max(index, reached_by), min(index, reached_by)
+            raise ValueError(
+                f"R: execution.R_lite[{later}].rank: rank {lo} is already in"
+                f" execution.R_lite[{earlier}]"
+            )
+        if hi > reach:
+            reach, reached_by = hi, index
 
 
 def _children(children: Mapping[str, Any], where: str) -> Children:

@@ -5,6 +5,7 @@ docs/protocol.md says, and nothing is started or tabled."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import sys
@@ -17,11 +18,13 @@ from twisted.internet import reactor
 from twisted.internet.task import Clock
 
 from sdexec.config import parse_config
+from sdexec.idset import MAX_ID
 from sdexec.ioencode import encode_io
 from sdexec.server import MAX_ERRSTR, SdexecServer
 from sdexec.testing import FakeManager
 from sdexec.wire import SMALL_LINE
 
+EVERY_ID = f"0-{MAX_ID}"
 ENVELOPE = {"type": "request", "topic": "sdexec.list", "matchtag": 4}
 
 
@@ -454,3 +457,35 @@ def test_the_longest_unit_name_systemd_takes_is_accepted(systemd, connection):
     cmd = {**TRUE, "opts": {"SDEXEC_NAME": name}}
     connection.send("sdexec.exec", {"cmd": cmd, "flags": FLAGS})
     assert systemd.calls[0] == ("start", f"{name}.service")
+
+
+def _r_local(ranks: str, cores: str) -> str:
+    R_lite = [{"rank": ranks, "children": {"core": cores}}]
+    return json.dumps({"version": 1, "execution": {"R_lite": R_lite}})
+
+
+def test_a_job_whose_R_names_every_id_is_started_and_others_still_served(
+    server, connection, systemd
+):
+    # R is kept by its idsets' runs: "0-4294967293" once exhausted the
+    # service's memory (one int per rank), and with it every client's jobs.
+    opts = {"SDEXEC_JOBID": "f1", "SDEXEC_R_LOCAL": _r_local(EVERY_ID, EVERY_ID)}
+    connection.send("sdexec.exec", {"cmd": {**TRUE, "opts": opts}, "flags": FLAGS})
+    (call,) = systemd.calls
+    assert call[0] == "start" and call[1].startswith("sdexec-f1-")
+    still_serves(server)
+
+
+def test_an_R_repeating_a_rank_is_einval_naming_both_entries(server, connection):
+    R = json.loads(_r_local("0-5", "0"))
+    R["execution"]["R_lite"].append({"rank": "3", "children": {}})
+    errnum, errstr = exec_refused(
+        server,
+        connection,
+        {**TRUE, "opts": {"SDEXEC_JOBID": "f2", "SDEXEC_R_LOCAL": json.dumps(R)}},
+    )
+    assert errnum == errno.EINVAL
+    assert errstr == (
+        "SDEXEC_R_LOCAL: R: execution.R_lite[1].rank: rank 3 is already in"
+        " execution.R_lite[0]"
+    )

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sdexec.idset import IDset
+from sdexec.idset import MAX_ID, IDset
 
 ids = st.frozensets(st.integers(min_value=0, max_value=300), max_size=60)
 
@@ -72,7 +72,7 @@ def test_decode_errors_name_the_text_and_the_token(text, complaint):
 
 @pytest.mark.parametrize("member", [-1, 1.0, "1", True])
 def test_members_must_be_non_negative_integers(member):
-    with pytest.raises(ValueError, match="is not a non-negative integer"):
+    with pytest.raises(ValueError, match="is not an integer from 0 to 4294967293"):
         IDset([0, member])
 
 
@@ -133,3 +133,56 @@ def test_equal_sets_hash_alike_and_repr_shows_the_encoding():
     assert {IDset("0-2"): "x"}[IDset("[0,1,2]")] == "x"
     assert repr(IDset("0-2,5")) == "IDset('0-2,5')"
     assert IDset("1") != "1"
+
+
+def test_last():
+    assert IDset("9,3-4").last() == 9
+    with pytest.raises(ValueError, match="empty idset"):
+        IDset().last()
+
+
+# Sets are kept as runs: each of these would take gigabytes, and minutes, if
+# the ids were held (or walked) one by one.
+EVERY_ID = f"0-{MAX_ID}"
+
+
+def test_a_set_of_every_id_costs_its_text_not_its_ids():
+    every = IDset(EVERY_ID)
+    assert len(every) == MAX_ID + 1
+    assert every.encode() == EVERY_ID
+    assert MAX_ID in every and MAX_ID + 1 not in every and -1 not in every
+    assert list(every.ranges()) == [(0, MAX_ID)]
+    assert IDset(range(MAX_ID + 1)) == every
+
+
+def test_operations_on_huge_sets_work_run_by_run():
+    every, some = IDset(EVERY_ID), IDset("5-9,4000000000-4000000001")
+    assert every - some == IDset(f"0-4,10-3999999999,4000000002-{MAX_ID}")
+    assert every & some == some
+    assert every | some == every
+    assert every ^ some == every - some
+    assert some.issubset(every) and not every.issubset(some)
+    assert IDset.union(some, IDset("10-20"), IDset()) == IDset(
+        "5-20,4000000000-4000000001"
+    )
+
+
+@pytest.mark.parametrize("text", [str(MAX_ID + 1), f"0-{MAX_ID + 1}", "9" * 5000])
+def test_ids_beyond_the_largest_are_refused_naming_it(text):
+    with pytest.raises(ValueError, match=f"is larger than the largest id, {MAX_ID}"):
+        IDset(text)
+
+
+@pytest.mark.parametrize("member", [MAX_ID + 1, 2**64])
+def test_members_beyond_the_largest_are_refused(member):
+    with pytest.raises(ValueError, match=f"is not an integer from 0 to {MAX_ID}"):
+        IDset([member])
+
+
+def test_an_error_quotes_a_long_idset_cut_short():
+    text = ",".join(map(str, range(100_000))) + ",x"
+    with pytest.raises(ValueError) as failure:
+        IDset(text)
+    message = str(failure.value)
+    assert len(message) < 200
+    assert f"({len(text)} chars)" in message and "'x' is not an id" in message

@@ -236,6 +236,8 @@ def test_map_cores_empty_is_empty(small):
     [
         ("2", "core 2 is beyond the topology's 2 cores"),
         ("1-3,7", "cores 2-3,7 are beyond the topology's 2 cores"),
+        # Named by its runs: a hostile R never has its ids listed one by one.
+        ("0-4294967293", "cores 2-4294967293 are beyond the topology's 2 cores"),
     ],
 )
 def test_cores_beyond_the_topology_are_named(small, cores, message):
@@ -734,6 +736,7 @@ def test_map_gpus_empty_is_empty(small):
     [
         ("2", "GPU 2 is beyond the topology's 2 GPUs"),
         ("0-4", "GPUs 2-4 are beyond the topology's 2 GPUs"),
+        ("1-4294967293", "GPUs 2-4294967293 are beyond the topology's 2 GPUs"),
     ],
 )
 def test_gpus_beyond_the_topology_are_named(small, gpus, message):

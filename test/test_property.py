@@ -114,6 +114,21 @@ def test_bitmask_round_trips_any_idset(ids):
     assert IDset.from_bitmask(typed.value) == IDset(ids)
 
 
+@pytest.mark.parametrize("name", ["AllowedCPUs", "AllowedMemoryNodes"])
+@pytest.mark.parametrize("text", ["8192", "0-8192", "0-4294967293"])
+def test_ids_systemd_cannot_mask_are_refused_naming_the_property(name, text):
+    # systemd's CPU_SET_MAX_NCPU: it answers ERANGE for these; the mask for
+    # the last would also take 512 MiB to build.
+    assert refused(name, text) == (
+        f"SDEXEC_PROP_{name}: error setting property: {IDset(text).last()} is"
+        " beyond systemd's limit: ids must be below 8192"
+    )
+
+
+def test_the_largest_id_systemd_masks_is_accepted():
+    assert typed_property("AllowedCPUs", "8191").value == bytes(1023) + b"\x80"
+
+
 @pytest.mark.parametrize("text", ["a", "3-1", "1,,2", "-1"])
 def test_bad_idset_names_the_property(text):
     assert refused("AllowedCPUs", text).startswith("SDEXEC_PROP_AllowedCPUs:")

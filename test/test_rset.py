@@ -166,3 +166,22 @@ def test_malformed_R_names_the_field(R, message):
 def test_copy_ranks_rejects_a_bad_idset():
     with pytest.raises(ValueError, match="invalid idset 'a'"):
         ResourceSet(TWO_ENTRIES).copy_ranks("a")
+
+
+def test_a_huge_rank_range_costs_its_text_not_its_ranks():
+    # Gigabytes and minutes if each rank were held (or walked) one by one.
+    rset = ResourceSet(make_R(("0-4294967292", {"core": "0-3"}), ("4294967293", {})))
+    assert rset.ncores == 4 * 4294967293
+    assert rset.children(4000000000) == {"core": IDset("0-3")}
+    assert rset.copy_ranks(7).ncores == 4
+
+
+def test_a_rank_repeated_among_many_entries_is_found_and_named():
+    entries = [(str(rank), {"core": "0"}) for rank in range(20_000)]
+    entries.append(("19000-19001", {}))
+    with pytest.raises(ValueError) as failure:
+        ResourceSet(make_R(*entries))
+    assert str(failure.value) == (
+        "R: execution.R_lite[20000].rank: rank 19000 is already in"
+        " execution.R_lite[19000]"
+    )

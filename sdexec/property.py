@@ -128,10 +128,17 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"{text!r} is not a boolean (yes/no, true/false, on/off, 1/0)")
 
 
+#: More digits than any property's integer has: refused as out of range
+#: before int() refuses them in words about Python's own settings.
+_MAX_DIGITS = 40
+
+
 def _integer(text: str, pattern: re.Pattern[str]) -> int:
     # int() alone would also take "1_000" and non-ASCII digits.
     if pattern.fullmatch(text.strip()) is None:
         raise ValueError(f"{text!r} is not a decimal integer")
+    if len(text.strip().lstrip("+-").lstrip("0")) > _MAX_DIGITS:
+        raise ValueError(f"{text!r} is out of range")
     return int(text)
 
 

@@ -175,6 +175,23 @@ def test_bad_uint64_names_the_property(text):
     )
 
 
+@pytest.mark.parametrize(
+    ("name", "digits"),
+    [("TimeoutStopUSec", "9" * 41), ("TimeoutStopUSec", "9" * 5000),
+     ("OOMScoreAdjust", "9" * 5000), ("OOMScoreAdjust", "-" + "9" * 5000)],
+    ids=["uint64-41", "uint64-5000", "int32-5000", "int32-negative-5000"],
+)  # fmt: skip
+def test_an_integer_of_thousands_of_digits_is_out_of_range(name, digits):
+    # Not int()'s complaint, which speaks of Python's settings.
+    assert refused(name, digits) == (
+        f"SDEXEC_PROP_{name}: error setting property: {digits!r} is out of range"
+    )
+
+
+def test_leading_zeros_are_no_digits_too_many():
+    assert typed_property("TasksMax", "0" * 100 + "7").value == 7
+
+
 @given(
     name=st.sampled_from(sorted(INT32_PROPERTIES)),
     value=st.integers(min_value=-(2**31), max_value=2**31 - 1),

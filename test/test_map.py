@@ -252,15 +252,44 @@ def test_map_cores_rejects_a_bad_idset(small):
         small.map_cores("x")
 
 
-def test_a_repeated_core_set_spawns_no_process(forks):
+def test_hwloc_calc_runs_twice_per_mapper_whatever_the_core_sets(forks):
+    # Each spawn blocks the service's reactor: every core is asked for at
+    # once, the first time, and job starts after that spawn nothing.
     mapper = HwlocMapper(LARGE)
     first = mapper.map_cores("8-11")
     assert forks.count == 2  # hwloc-calc for PUs, and for NUMA nodes
     for spelling in ("8-11", "[8-11]", "11,8,9,10"):
         assert mapper.map_cores(spelling) == first
+    for cores in ("12", "0-63", "1,5,33-40"):
+        mapper.map_cores(cores)
     assert forks.count == 2
-    mapper.map_cores("12")
-    assert forks.count == 4
+
+
+def hwloc_calc(xml_path: str, kind: str, cores: str) -> str:
+    """hwloc-calc's own answer for a whole core set (a location per run of
+    cores: ``core:0-3 core:7``), as an idset."""
+    locations = [f"core:{run}" for run in IDset(cores).encode().split(",")]
+    answer = subprocess.run(
+        ["hwloc-calc", "--input", xml_path, "--physical-output",
+         "--intersect", kind, *locations],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return IDset(answer).encode()
+
+
+@pytest.mark.parametrize("xml", ["large.xml", "amd-partitions.xml", "h100-vm.xml"])
+def test_a_core_sets_answer_is_hwloc_calcs_for_the_whole_set(xml):
+    mapper = HwlocMapper((DATA / xml).read_text())
+    ncores = mapper.topology.ncores
+    core_sets = {"0", f"{ncores - 1}", f"0-{ncores - 1}", f"1-{ncores // 2}"}
+    core_sets.add(",".join(str(core) for core in range(0, ncores, 3)))
+    for cores in sorted(core_sets):
+        assert mapper.map_cores(cores) == {
+            "AllowedCPUs": hwloc_calc(mapper.topology.xml_path, "PU", cores),
+            "AllowedMemoryNodes": hwloc_calc(
+                mapper.topology.xml_path, "NUMAnode", cores
+            ),
+        }, cores
 
 
 def test_map_caches_across_calls(forks):
@@ -277,6 +306,9 @@ def test_hwloc_calc_failure_is_an_os_error_with_its_message():
     with pytest.raises(OSError, match="hwloc-calc --input") as failure:
         mapper.map_cores("0")
     assert failure.value.errno == errno.EIO
+    # A failure is not remembered: the next job asks again.
+    Path(mapper.topology.xml_path).write_text(SMALL)
+    assert mapper.map_cores("0")["AllowedCPUs"]
 
 
 def test_a_core_without_pus_is_an_error_not_an_empty_cpu_set():

@@ -2,9 +2,13 @@
 
 The topology arrives as hwloc XML. Counting (PUs, cores, GPUs) is done here by
 reading the XML; mapping logical cores to CPU and NUMA-node OS indices is left
-to ``hwloc-calc``, the tool that defines those rules, run through ``sh``. Its
-answers are cached per core set because a node sees the same core sets over
-and over, and a process spawn per job start is the expensive part.
+to ``hwloc-calc``, the tool that defines those rules, run through ``sh``. It
+is asked once per kind, for every core at once (one location per line on its
+standard input), the first time a core set is mapped: a core set's PUs and
+NUMA nodes are the union of its cores' (``--intersect`` reports the objects
+meeting the set's CPUs, and an object meets a union of cores if and only if
+it meets one of them). Job starts after that spawn nothing, whatever their
+core sets: a spawn blocks the service's reactor for 10-20 ms.
 """
 
 from __future__ import annotations
@@ -29,10 +33,6 @@ __all__ = ["GPU", "GPU_BACKENDS", "Topology", "live_topology_xml", "out_of_range
 # hwloc OS-device backends whose devices count as GPUs. Others (LevelZero,
 # the Linux backend's bare DRM devices) do not.
 GPU_BACKENDS = frozenset({"CUDA", "NVML", "OpenCL", "RSMI"})
-
-# Distinct core sets remembered per mapper; plenty for any node's job mix,
-# and a bound on memory for a service that runs for months.
-CORE_CACHE_SIZE = 4096
 
 # Seconds lstopo may take to probe the machine before the mapper gives up.
 # hwloc-calc runs without one: it only reads our XML file, and sh's timeout
@@ -72,42 +72,51 @@ class Topology:
         # hwloc-calc reads the topology from that file: it goes when this
         # object does.
         weakref.finalize(self, _remove, self.xml_path)
-        self._cpus_and_memory_nodes = functools.lru_cache(maxsize=CORE_CACHE_SIZE)(
-            self._ask_hwloc_calc
-        )
 
     def cpus_and_memory_nodes(self, cores: IDset) -> tuple[IDset, IDset]:
         """OS indices of the PUs of logical ``cores``, and of their NUMA nodes.
 
-        ``OSError`` (ENODEV) names the cores the topology does not have.
+        ``OSError`` (ENODEV) names the cores the topology does not have;
+        ``OSError`` also if ``hwloc-calc`` fails (it is asked again next
+        time) or finds no PUs.
         """
         out_of_range(cores, self.ncores, "core")
-        return self._cpus_and_memory_nodes(cores)
-
-    def _ask_hwloc_calc(self, cores: IDset) -> tuple[IDset, IDset]:
-        locations = [f"core:{run}" for run in cores.encode().split(",")]
-        cpus = self._intersect("PU", locations)
+        pus, memory_nodes = self._each_core
+        cpus = IDset.union(*(pus[core] for core in cores))
         if not cpus:
             # An empty AllowedCPUs would mean "any CPU" to systemd.
             raise OSError(errno.EIO, f"hwloc-calc finds no PUs in cores {cores}")
-        return cpus, self._intersect("NUMAnode", locations)
+        return cpus, IDset.union(*(memory_nodes[core] for core in cores))
 
-    def _intersect(self, kind: str, locations: list[str]) -> IDset:
+    @functools.cached_property
+    def _each_core(self) -> tuple[list[IDset], list[IDset]]:
+        """Every core's PUs and NUMA nodes, by logical core index (not
+        cached when hwloc-calc fails)."""
+        locations = [f"core:{core}" for core in range(self.ncores)]
+        return self._intersect("PU", locations), self._intersect("NUMAnode", locations)
+
+    def _intersect(self, kind: str, locations: list[str]) -> list[IDset]:
+        """The OS indices of the ``kind`` objects meeting each location."""
         output = self._hwloc_calc(
             "--input",
             self.xml_path,
             "--physical-output",
             "--intersect",
             kind,
-            *locations,
+            stdin="".join(f"{location}\n" for location in locations),
         )
+        # One answer per location, last; before them, hwloc 2 says that it
+        # is "Waiting for locations to process on stdin...".
+        lines = output.splitlines()
         try:
-            return IDset(output)
+            if len(lines) < len(locations):
+                raise ValueError("fewer lines than locations")
+            return [IDset(line) for line in lines[len(lines) - len(locations) :]]
         except ValueError:
             raise OSError(
                 errno.EIO,
-                f"hwloc-calc --intersect {kind} {' '.join(locations)}:"
-                f" unexpected output {output.strip()!r}",
+                f"hwloc-calc --intersect {kind} of {len(locations)} locations"
+                f" on its standard input: unexpected output {output.strip()[:200]!r}",
             ) from None
 
 
@@ -299,15 +308,20 @@ class _Tool:
                 errno.ENOENT, f"{name} not found on PATH (it comes with hwloc)"
             ) from None
 
-    def __call__(self, *args: str) -> str:
-        """The tool's output; ``OSError`` if it fails, times out, or writes
-        anything to stderr: hwloc-calc exits 0 after warning that an object
-        does not exist, and a partial answer must not become a job's CPU set.
+    def __call__(self, *args: str, stdin: str | None = None) -> str:
+        """The tool's output, given ``stdin``; ``OSError`` if it fails, times
+        out, or writes anything to stderr: hwloc-calc exits 0 after warning
+        that an object does not exist, and a partial answer must not become a
+        job's CPU set.
         """
         where = " ".join((self.name, *args))
         try:
             result = self._command(
-                *args, _tty_out=False, _timeout=self._timeout, _return_cmd=True
+                *args,
+                _in=stdin,
+                _tty_out=False,
+                _timeout=self._timeout,
+                _return_cmd=True,
             )
         except sh.ErrorReturnCode as error:
             raise OSError(errno.EIO, f"{where}: {_lines(error.stderr)}") from None

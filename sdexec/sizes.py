@@ -20,6 +20,10 @@ _SIZE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<suffix>[KMGTPE]?)", re.IGNO
 # systemd keeps sizes in 64 bits.
 UINT64_MAX = 2**64 - 1
 _PERCENT = re.compile(r"(?P<number>\d+(?:\.\d+)?)%")
+#: Digits a size's number may have before and after its point. Every size
+#: below 16E has at most 20 before it; refusing longer numbers first keeps a
+#: request of a million digits from costing seconds of arithmetic.
+_MAX_DIGITS = 20
 
 
 def parse_size(text: str) -> int:
@@ -30,6 +34,11 @@ def parse_size(text: str) -> int:
     match = _SIZE.fullmatch(text.strip())
     if match is None:
         raise ValueError(f"{text!r} is not a size (a number with K, M, G, T, P or E)")
+    whole, _point, fraction = match["number"].partition(".")
+    if len(whole.lstrip("0")) > _MAX_DIGITS:
+        raise ValueError(f"{text!r} is not a size systemd can hold (16E or more)")
+    if len(fraction) > _MAX_DIGITS:
+        raise ValueError(f"{text!r} has more than {_MAX_DIGITS} decimals")
     # Decimal, not float: a float has 53 bits, so "9007199254740993" (or a
     # large fractional "T") would come back off by a few bytes.
     power = _SUFFIX[match["suffix"].upper()]

@@ -489,3 +489,17 @@ def test_an_R_repeating_a_rank_is_einval_naming_both_entries(server, connection)
         "SDEXEC_R_LOCAL: R: execution.R_lite[1].rank: rank 3 is already in"
         " execution.R_lite[0]"
     )
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("SDEXEC_PROP_MemoryMax", "9" * 999_000), ("stdin_BUFSIZE", "9" * 999_990 + "K")],
+)
+def test_a_size_of_a_million_digits_is_einval_at_once(
+    server, connection, option, value
+):
+    # It cost ~22 s of arithmetic on the reactor; a little longer, and a
+    # decimal.Overflow dropped the connection with the requests behind it.
+    errnum, errstr = exec_refused(server, connection, {**TRUE, "opts": {option: value}})
+    assert errnum == errno.EINVAL and errstr.startswith(option)
+    assert not connection.transport.disconnecting

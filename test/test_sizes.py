@@ -96,3 +96,23 @@ def test_infinity():
 def test_memory_limit_refuses(text):
     with pytest.raises(ValueError, match="is not a size"):
         MemoryLimit.parse(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["9" * 21, "1" + "0" * 20 + "K", "9" * 999_000, "9" * 999_990 + "E"]
+)
+def test_a_number_of_more_than_20_digits_is_refused_before_any_arithmetic(text):
+    # A million digits once cost ~22 s of Decimal-to-int conversion, and
+    # past the Decimal context's exponent an Overflow escaped the request.
+    with pytest.raises(ValueError, match="16E or more"):
+        parse_size(text)
+
+
+def test_leading_zeros_are_not_digits_too_many():
+    assert parse_size("0" * 100_000 + "1G") == 2**30
+
+
+def test_more_than_20_decimals_are_refused():
+    assert parse_size("1." + "5" * 20 + "G") == 1670265060
+    with pytest.raises(ValueError, match="more than 20 decimals"):
+        parse_size("1." + "5" * 21)

@@ -18,6 +18,7 @@ R without reading this code.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -117,9 +118,13 @@ def _decode(R: str | Mapping[str, Any]) -> Mapping[str, Any]:
     data: Any = R
     if isinstance(R, str):
         try:
-            data = json.loads(R)
-        except json.JSONDecodeError as error:
+            data = json.loads(
+                R, parse_constant=_refuse_constant, parse_int=_bounded_int
+            )
+        except ValueError as error:  # JSONDecodeError, and the constants
             raise ValueError(f"R: not valid JSON: {error}") from None
+        except RecursionError:
+            raise ValueError("R: not valid JSON: nested too deeply") from None
     if not isinstance(data, Mapping):
         raise ValueError(f"R: expected a JSON object, got {_json_type(data)}")
     version = data.get("version")
@@ -184,7 +189,43 @@ def _optional_number(execution: Mapping[str, Any], name: str) -> float | None:
         raise ValueError(
             f"R: execution.{name}: expected a number, got {_json_type(value)}"
         )
+    try:
+        number = float(value)
+    except OverflowError:  # an int of hundreds of digits
+        number = math.inf
+    if not abs(number) < _MAX_TIME:  # NaN and infinities too
+        # Times are reactor seconds: beyond a float they would fail every
+        # later sum (the timer, each stats request) instead of this one.
+        raise ValueError(f"R: execution.{name}: {_brief(value)} is out of range")
     return value
+
+
+#: Times in R are epoch seconds; this bound keeps every sum and difference
+#: of two of them (a duration, a start delay added) a finite float.
+_MAX_TIME = float(2**62)
+
+
+def _refuse_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON (Flux's jansson refuses them too).
+    raise ValueError(f"{name} is not JSON")
+
+
+#: Digits an integer in R may have: its times and counts need far fewer.
+_MAX_DIGITS = 30
+
+
+def _bounded_int(text: str) -> int:
+    # Refused before int(), whose own refusal (past 4300 digits) advises
+    # changing Python's settings.
+    if len(text.lstrip("-")) > _MAX_DIGITS:
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits")
+    return int(text)
+
+
+def _brief(value: object, limit: int = 40) -> str:
+    """``value`` for an error, cut short: a hostile one may be megabytes."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
 
 
 # What _field() says it expected, by the type it checks for.

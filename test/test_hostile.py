@@ -503,3 +503,22 @@ def test_a_size_of_a_million_digits_is_einval_at_once(
     errnum, errstr = exec_refused(server, connection, {**TRUE, "opts": {option: value}})
     assert errnum == errno.EINVAL and errstr.startswith(option)
     assert not connection.transport.disconnecting
+
+
+@pytest.mark.parametrize(
+    "R",
+    [
+        '{"version": 1, "execution": {"R_lite": [], "expiration": 1e999}}',
+        json.dumps({"version": 1, "execution": {"R_lite": [], "expiration": 10**400}}),
+        "[" * 100_000,
+    ],
+    ids=["infinite", "400-digit", "nested"],
+)
+def test_an_R_the_service_cannot_compute_with_is_einval(server, connection, R):
+    # These escaped as tracebacks, or (the infinite expiration) were accepted
+    # and then failed every stats request, from every client, while the job
+    # ran.
+    opts = {"SDEXEC_JOBID": "f3", "SDEXEC_R_LOCAL": R}
+    errnum, errstr = exec_refused(server, connection, {**TRUE, "opts": opts})
+    assert errnum == errno.EINVAL
+    assert errstr.startswith("SDEXEC_R_LOCAL: R: ")

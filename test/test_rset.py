@@ -152,6 +152,22 @@ def test_empty_R_lite_is_an_empty_set():
             make_R(expiration=True),
             "R: execution.expiration: expected a number, got a boolean",
         ),
+        ("[" * 100_000, "R: not valid JSON: nested too deeply"),
+        ('{"version": 1, "execution": {"expiration": NaN}}', "R: not valid JSON: NaN"),
+        (
+            '{"version": 1, "execution": {"expiration": ' + "9" * 5000 + "}}",
+            "R: not valid JSON: an integer of 5000 digits",
+        ),
+        (
+            make_R(expiration=10**400),
+            "R: execution.expiration: 1000000000000000000000000000000000000000… (401"
+            " chars) is out of range",
+        ),
+        (make_R(starttime=float("inf")), "R: execution.starttime: inf is out of range"),
+        (
+            make_R(starttime=-(2.0**62)),
+            "R: execution.starttime: -4.611686018427388e+18 is out of range",
+        ),
     ],
 )
 def test_malformed_R_names_the_field(R, message):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sdexec.environment import clean_environment
+from sdexec.limits import NAME_MAX
 from sdexec.property import UnitProperty, typed_property
 
 __all__ = [
@@ -105,7 +106,11 @@ class Command:
         if "/" in name:
             path = os.path.normpath(os.path.join(self.cwd or "/", name))
             return path if _is_executable(path) else None
-        for directory in self.env.get("PATH", os.defpath).split(":"):
+        if len(name.encode()) > NAME_MAX:
+            return None  # no file has such a name: no need to look
+        # Each directory once: a PATH of ":" * 100000 is one directory.
+        directories = dict.fromkeys(self.env.get("PATH", os.defpath).split(":"))
+        for directory in directories:
             path = os.path.join(self.cwd or "/", directory or ".", name)
             if _is_executable(path):
                 return os.path.normpath(path)

@@ -18,6 +18,9 @@ naming the field:
 - **Message size** (:func:`check_start_message`): the whole
   ``StartTransientUnit`` call must stay under :data:`MAX_START_MESSAGE`, so
   that the manager is never sent a message that can abort it.
+- **Lengths** (:func:`check_lengths`): ``cwd`` is a path (under
+  :data:`PATH_MAX`), and what every ``list`` and stats answer repeats (the
+  label, the job id) is a name, not a payload (:data:`MAX_NAME`).
 
 Everything here is pure: no I/O beyond ``sysconf``.
 """
@@ -35,10 +38,14 @@ from sdexec.refusal import RequestRefused, printable
 __all__ = [
     "KERNEL_ARG_CEILING",
     "MAX_ARG_STRLEN",
+    "MAX_NAME",
     "MAX_START_MESSAGE",
+    "NAME_MAX",
+    "PATH_MAX",
     "SYSTEMD_ENV_RESERVE",
     "arg_max",
     "check_exec_size",
+    "check_lengths",
     "check_start_message",
     "check_text",
     "check_texts",
@@ -54,6 +61,20 @@ MAX_ARG_STRLEN: Final = 32 * os.sysconf("SC_PAGE_SIZE")
 #: allows at most ``_STK_LIM / 4 * 3`` (6 MiB), even with an unlimited stack,
 #: where ``sysconf(_SC_ARG_MAX)`` answers far more.
 KERNEL_ARG_CEILING: Final = 8 * 1024 * 1024 // 4 * 3
+
+#: Linux's ``PATH_MAX``: no system call takes a path of this many bytes or
+#: more (its NUL included), and systemd refuses such a ``WorkingDirectory``.
+PATH_MAX: Final = 4096
+
+#: Linux's ``NAME_MAX``: the most bytes of one path component; no file has a
+#: longer name, so a bare command name longer than this is found nowhere.
+NAME_MAX: Final = 255
+
+#: The most bytes of a label or a job id. Both are repeated in every
+#: ``sdexec.list`` answer and every stats report, to every client: a 30 MiB
+#: one made each ``list`` 63 MB and each ``stats-get`` 126 MB, past the
+#: clients' own frame limit. (Flux's job ids are at most 30-odd bytes.)
+MAX_NAME: Final = 1024
 
 #: Linux's ``ARG_MAX`` floor: 32 pages' worth (128 KiB) is always allowed.
 _ARG_FLOOR: Final = 128 * 1024
@@ -214,6 +235,24 @@ def check_exec_size(
         )
 
 
+def check_lengths(cwd: str | None, names: Mapping[str, str | None]) -> None:
+    """Refuse a ``cwd`` of :data:`PATH_MAX` bytes or more
+    (``ENAMETOOLONG``), and any of ``names`` (field name → value: the label,
+    the job id) longer than :data:`MAX_NAME` bytes (``EINVAL``)."""
+    if cwd is not None and len(cwd.encode()) >= PATH_MAX:
+        raise RequestRefused(
+            errno.ENAMETOOLONG,
+            f"cmd.cwd: {len(cwd.encode())} bytes; a path is shorter than"
+            f" {PATH_MAX} (PATH_MAX)",
+        )
+    for field, value in names.items():
+        if value is not None and len(value.encode()) > MAX_NAME:
+            raise RequestRefused(
+                errno.EINVAL,
+                f"{field}: {len(value.encode())} bytes; at most {MAX_NAME}",
+            )
+
+
 def _framed(text: str) -> int:
     return len(text.encode()) + _STRING_FRAMING
 
@@ -224,16 +263,20 @@ def check_start_message(
     cmdline: Sequence[str],
     env: Mapping[str, str],
     properties: Mapping[str, str],
+    cwd: str | None = None,
 ) -> int:
     """The bytes of the ``StartTransientUnit`` call for a command, as an
     upper bound; ``E2BIG`` if that exceeds :data:`MAX_START_MESSAGE`.
 
     Counted: the unit name, ``ExecStartEx`` (executable and arguments),
-    ``Environment``, and every other property (``Name → string value``: the
-    request's, the configuration's and the mapper's, merged), each string
-    with its D-Bus framing, plus the message header.
+    ``Environment``, ``WorkingDirectory`` (``cwd``), and every other
+    property (``Name → string value``: the request's, the configuration's
+    and the mapper's, merged), each string with its D-Bus framing, plus the
+    message header.
     """
     size = _MESSAGE_BASE + _framed(unit_name) + _framed(executable)
+    if cwd is not None:
+        size += _framed("WorkingDirectory") + _framed(cwd) + _PROPERTY_FRAMING
     size += sum(_framed(arg) for arg in cmdline)
     size += sum(length + _STRING_FRAMING for _, length in _environment_strings(env))
     size += sum(

@@ -26,6 +26,7 @@ from sdexec.containment import Containment, MapperError
 from sdexec.idset import IDset
 from sdexec.limits import (
     check_exec_size,
+    check_lengths,
     check_start_message,
     check_texts,
     command_text,
@@ -143,7 +144,9 @@ def plan_exec(
     mapped = _mapped_properties(containment, command)
     merged, sources = _merged_properties(config, command, mapped)
     unit_name = unit_name_for(command)
-    check_start_message(unit_name, executable, command.cmdline, environment, merged)
+    check_start_message(
+        unit_name, executable, command.cmdline, environment, merged, command.cwd
+    )
     stop_timer = _stop_timer(config, command)
     allowed_cpus = mapped.get("AllowedCPUs")
     return ExecPlan(
@@ -170,6 +173,11 @@ def _command(cmd: object) -> Command:
         command_text(
             command.cmdline, command.env, command.opts, command.cwd, command.label
         )
+    )
+    # Before the PATH search, which joins cwd to every directory of PATH.
+    check_lengths(
+        command.cwd,
+        {"cmd.label": command.label, "SDEXEC_JOBID": command.option("SDEXEC_JOBID")},
     )
     return command
 

@@ -130,6 +130,23 @@ def test_resolve_name_with_slash_is_relative_to_cwd(tmp_path):
     )
 
 
+def test_each_path_directory_is_looked_in_once(monkeypatch):
+    # ":" * 100000 is one directory (cwd), not a hundred thousand lookups,
+    # each joining cwd: that cost minutes of a reactor with a long cwd.
+    looked = []
+    monkeypatch.setattr("sdexec.command._is_executable", looked.append)
+    path = ":" * 100_000 + "/a:/b:/a"
+    assert Command(["prog"], env={"PATH": path}).resolve_executable() is None
+    assert looked == ["/./prog", "/a/prog", "/b/prog"]
+
+
+def test_a_bare_name_no_file_can_have_is_not_looked_for(monkeypatch):
+    looked = []
+    monkeypatch.setattr("sdexec.command._is_executable", looked.append)
+    assert Command(["x" * 256], env={"PATH": "/a:/b"}).resolve_executable() is None
+    assert looked == []
+
+
 @pytest.mark.parametrize("name", ["no-such-program-sdexec", "/nonexistent/prog", "."])
 def test_resolve_missing_is_none(name):
     assert Command([name], env={"PATH": "/bin:/usr/bin"}).resolve_executable() is None

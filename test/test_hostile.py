@@ -522,3 +522,26 @@ def test_an_R_the_service_cannot_compute_with_is_einval(server, connection, R):
     errnum, errstr = exec_refused(server, connection, {**TRUE, "opts": opts})
     assert errnum == errno.EINVAL
     assert errstr.startswith("SDEXEC_R_LOCAL: R: ")
+
+
+@pytest.mark.parametrize(
+    ("cmd", "errnum", "field"),
+    [
+        ({"cwd": "/" + "a" * 2**20}, errno.ENAMETOOLONG, "cmd.cwd"),
+        # Counted nowhere before: a 20 MiB cwd reached StartTransientUnit.
+        ({"cwd": "/" + "a" * 2**20, "cmdline": ["/bin/true"]}, errno.ENAMETOOLONG,
+         "cmd.cwd"),
+        ({"label": "l" * 2**20}, errno.EINVAL, "cmd.label"),
+        ({"opts": {"SDEXEC_NAME": "n", "SDEXEC_JOBID": "j" * 2**20}}, errno.EINVAL,
+         "SDEXEC_JOBID"),
+    ],
+    ids=["cwd", "cwd-absolute-command", "label", "jobid"],
+)  # fmt: skip
+def test_what_every_list_would_repeat_or_a_path_search_join_is_bounded(
+    server, connection, cmd, errnum, field
+):
+    # A megabyte label or job id is repeated to every client in each list
+    # and stats answer; a megabyte cwd was joined to each PATH directory.
+    command = {**TRUE, "env": {"PATH": ":" * 1000}, "cmdline": ["true"], **cmd}
+    got_errnum, errstr = exec_refused(server, connection, command)
+    assert (got_errnum, errstr.split(":")[0]) == (errnum, field)

@@ -12,10 +12,13 @@ from strategies import any_text, commands
 from sdexec.limits import (
     KERNEL_ARG_CEILING,
     MAX_ARG_STRLEN,
+    MAX_NAME,
     MAX_START_MESSAGE,
+    PATH_MAX,
     SYSTEMD_ENV_RESERVE,
     arg_max,
     check_exec_size,
+    check_lengths,
     check_start_message,
     check_text,
     check_texts,
@@ -162,6 +165,26 @@ def test_start_message_cap() -> None:
         {"Description": "d" * MAX_START_MESSAGE},
     )
     assert error.errnum == errno.E2BIG and "StartTransientUnit" in error.errstr
+
+
+def test_the_working_directory_counts_in_the_start_message() -> None:
+    args = ("a.service", "/bin/true", ["true"], {}, {})
+    without = check_start_message(*args)
+    assert check_start_message(*args, "/" + "d" * 4000) > without + 4000
+
+
+def test_a_cwd_is_a_path_shorter_than_path_max() -> None:
+    check_lengths("/" + "d" * (PATH_MAX - 2), {})
+    error = refused(check_lengths, "/" + "d" * (PATH_MAX - 1), {})
+    assert error.errnum == errno.ENAMETOOLONG
+    assert error.errstr == "cmd.cwd: 4096 bytes; a path is shorter than 4096 (PATH_MAX)"
+
+
+def test_a_label_or_job_id_is_a_name_not_a_payload() -> None:
+    check_lengths(None, {"cmd.label": "é" * (MAX_NAME // 2), "SDEXEC_JOBID": None})
+    error = refused(check_lengths, None, {"cmd.label": "l", "SDEXEC_JOBID": "j" * 1025})
+    assert error.errnum == errno.EINVAL
+    assert error.errstr == "SDEXEC_JOBID: 1025 bytes; at most 1024"
 
 
 @settings(

@@ -13,7 +13,9 @@ __all__ = ["parse_signal", "signal_name"]
 _EXPECTED = (
     f"a signal name such as SIGTERM or TERM, or a number from 1 to {signal.NSIG - 1}"
 )
-_REALTIME = re.compile(r"SIGRT(?P<base>MIN|MAX)(?P<offset>[+-]\d+)")
+_REALTIME = re.compile(r"SIGRT(?P<base>MIN|MAX)(?P<offset>[+-][0-9]{1,3})")
+#: Digits a signal number may have: more name no signal.
+_MAX_DIGITS = 3
 
 
 def parse_signal(value: str | int) -> int:
@@ -49,8 +51,10 @@ def _lookup(value: object) -> int | None:
     if not isinstance(value, str):
         return None
     text = value.strip().upper()
-    if text.isdigit():
-        return int(text)
+    # ASCII digits only ("²" is a digit to str.isdigit), and few of them:
+    # int() refuses thousands in words about Python's own settings.
+    if text.isascii() and text.isdigit():
+        return int(text) if len(text.lstrip("0")) <= _MAX_DIGITS else None
     name = text if text.startswith("SIG") else f"SIG{text}"
     if name in signal.Signals.__members__:
         return signal.Signals[name].value

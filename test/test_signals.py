@@ -19,6 +19,7 @@ from sdexec.signals import parse_signal, signal_name
         (10, 10),
         ("SIGRTMIN+2", signal.SIGRTMIN + 2),
         ("rtmax-1", signal.SIGRTMAX - 1),
+        ("0009", 9),
     ],
 )
 def test_parse_signal(value, number):
@@ -26,8 +27,11 @@ def test_parse_signal(value, number):
 
 
 @pytest.mark.parametrize(
-    "value", ["SIGFOO", "", "SIG_DFL", 0, -9, signal.NSIG, True, None]
-)
+    "value",
+    ["SIGFOO", "", "SIG_DFL", 0, -9, signal.NSIG, True, None,
+     # Not int()'s own complaints ("invalid literal", "Exceeds the limit").
+     "\u00b2", "1" * 5000, "SIGRTMIN+" + "1" * 5000],
+)  # fmt: skip
 def test_parse_signal_refuses(value):
     with pytest.raises(ValueError, match="is not a signal: expected a signal name"):
         parse_signal(value)

@@ -14,9 +14,10 @@ import os
 import signal
 import socket
 import struct
-from collections import Counter
-from collections.abc import Callable, Iterator
-from typing import Any, TypeGuard
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from typing import Any, NamedTuple, TypeGuard
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IPushProducer
@@ -36,7 +37,12 @@ from sdexec.ioencode import decode_io
 from sdexec.jobs import Jobs
 from sdexec.leftovers import Leftover, Leftovers, marked
 from sdexec.limits import check_text
-from sdexec.passthrough import NO_STDIO, PassedStdio, StdioReceivingProtocol
+from sdexec.passthrough import (
+    NO_STDIO,
+    PassedStdio,
+    StdioReceivingProtocol,
+    close_fds,
+)
 from sdexec.plan import ExecPlan, RequestError, plan_exec
 from sdexec.process import OutputTap, Process, ProcessContext, Responder
 from sdexec.protocol import Topic
@@ -549,6 +555,10 @@ class ClientProtocol(StdioReceivingProtocol):
             Topic.ATTACH: self._attach,
             Topic.TERMINATE: lambda matchtag, payload: self.server.terminate(payload),
         }
+        #: Whether the transport has paused us: its buffer of responses is full.
+        self._paused = False
+        #: What was read but not yet handled, oldest first (while paused).
+        self._held: deque[_Held] = deque()
 
     def connectionMade(self) -> None:
         try:
@@ -582,6 +592,8 @@ class ClientProtocol(StdioReceivingProtocol):
         self.transport.loseConnection()
 
     def connectionLost(self, reason: object = None) -> None:
+        held, self._held = self._held, deque()
+        close_fds(fd for request in held for fd in request.fds)
         super().connectionLost(reason)
         if self._admitted_uid is not None:
             self.server.connections.release(self._admitted_uid)
@@ -591,6 +603,9 @@ class ClientProtocol(StdioReceivingProtocol):
         self.server.tracked.connection_lost(self.connection_id)
 
     def framingError(self, reason: str) -> None:
+        self._in_order(partial(self._framing_error, reason))
+
+    def _framing_error(self, reason: str) -> None:
         self.server.count("errors")
         self._send_error("", 0, errno.EPROTO, reason)
         self.transport.loseConnection()
@@ -598,6 +613,12 @@ class ClientProtocol(StdioReceivingProtocol):
     def messageReceived(self, message: dict) -> None:
         if self.transport.disconnecting:
             return  # closing (a refused peer): the rest of its data is ignored
+        if self._holding:
+            self._hold(partial(self._request, message), self.take_request_fds())
+        else:
+            self._request(message)
+
+    def _request(self, message: dict) -> None:
         if message.get("type") != "request":
             # Not a request is not a message of this protocol: a framing
             # error, answered with EPROTO and the connection closed.
@@ -675,6 +696,9 @@ class ClientProtocol(StdioReceivingProtocol):
             raise
 
     def descriptorsRefused(self, message: dict, reason: str) -> None:
+        self._in_order(partial(self._refuse_descriptors, message, reason))
+
+    def _refuse_descriptors(self, message: dict, reason: str) -> None:
         topic, matchtag = message.get("topic"), message.get("matchtag")
         self.server.count("errors")
         self._send_error(
@@ -722,14 +746,65 @@ class ClientProtocol(StdioReceivingProtocol):
             }
         )
 
-    # IPushProducer: when the client reads slowly, stop reading process output.
+    # -- held requests: what was read while paused waits, in order -------------
+
+    @property
+    def _holding(self) -> bool:
+        """Whether what is read now must wait: the connection is paused, or
+        what was read before still waits (responses keep the requests' order)."""
+        return self._paused or bool(self._held)
+
+    def _hold(self, handle: Callable[[], object], fds: Sequence[int] = ()) -> None:
+        self._held.append(_Held(handle, tuple(fds)))
+
+    def _in_order(self, handle: Callable[[], object]) -> None:
+        """``handle()`` now, or after what is held."""
+        if self._holding:
+            self._hold(handle)
+        else:
+            handle()
+
+    def _handle_held(self) -> None:
+        """Handle what was held, oldest first, until paused again."""
+        while self._held and not self._paused and not self.transport.disconnecting:
+            request = self._held.popleft()
+            self.request_fds = list(request.fds)  # as when its frame was read
+            try:
+                request.handle()
+            except FramingError as error:  # not a request: as when it was read
+                self._framing_error(str(error))
+            finally:
+                close_fds(self.take_request_fds())
+
+    # IPushProducer: the transport's buffer of responses is full (the client
+    # reads slowly, or not at all). Reading more requests would only fill it
+    # further, without bound, so both the processes' output and the
+    # connection's requests stop until the client has read everything.
     def pauseProducing(self) -> None:
+        self._paused = True
+        if not self.transport.disconnecting:  # (a closing one reads nothing)
+            self.transport.pauseProducing()  # read no more requests
         for process in self._producing():
             process.pause_output()
 
     def resumeProducing(self) -> None:
+        if self.transport.disconnecting:
+            self._let_close()
+            return
+        self._paused = False
+        self._handle_held()  # before anything newer: in order
+        if self._paused or self.transport.disconnecting:
+            return  # the held requests filled the buffer again, or ended it
         for process in self._producing():
             process.resume_output()
+        self.transport.resumeProducing()
+
+    def _let_close(self) -> None:
+        """Twisted resumes a producer that was paused when its connection was
+        closed, instead of closing the connection, and nothing would ever
+        close it: without a producer, it closes once all is written."""
+        if self.transport.producer is self:
+            self.transport.unregisterProducer()
 
     def _producing(self) -> Iterator[Process]:
         """The processes whose output comes to this connection."""
@@ -790,6 +865,14 @@ def _is_text(value: object) -> TypeGuard[str]:
     except RequestRefused:
         return False
     return True
+
+
+class _Held(NamedTuple):
+    """Something read while the connection was paused: how to handle it, and
+    the descriptors its frame brought (the connection's until handled)."""
+
+    handle: Callable[[], object]
+    fds: tuple[int, ...]
 
 
 class _Stream:

@@ -1,0 +1,430 @@
+"""Back-pressure on requests: a client that sends requests and does not read
+the responses pauses the reading of its own requests, so the service's
+buffers stay bounded whatever it sends (it used to buffer every response:
+100,000 ``sdexec.stats-get`` unread grew the service by 220 MB).
+
+Offline: the pause and resume logic on the in-memory connection (requests
+read while paused wait, in order, with the descriptors they brought).
+Against the real manager: an in-process service and a raw, non-blocking
+client on its real socket; the test drives the reactor itself between
+sends and reads, so no assertion is about time.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+
+import pytest
+import pytest_twisted
+from offline import Connection, error_of
+from pytest_twisted import ensureDeferred
+from support import command, run, sleep, until, wait_until_reaped
+from twisted.internet import reactor
+
+from sdexec.protocol import ExecFlag
+from sdexec.server import CLIENT_BUFFER_SIZE, ClientProtocol, SdexecServerFactory
+
+STATS = "sdexec.stats-get"
+#: A response larger than this would show in the bound; a stats-get answer
+#: with a few processes is about 1 KiB.
+LARGEST_RESPONSE = 64 * 1024
+
+
+def request(topic: str, payload: dict, matchtag: int, **envelope) -> bytes:
+    message = {"type": "request", "topic": topic, "matchtag": matchtag}
+    return json.dumps({**message, "payload": payload, **envelope}).encode() + b"\n"
+
+
+def stats_requests(first: int, count: int) -> bytes:
+    return b"".join(request(STATS, {}, tag) for tag in range(first, first + count))
+
+
+def tags(connection: Connection) -> list[int]:
+    return [response["matchtag"] for response in connection.responses()]
+
+
+def pause_after_writes(connection: Connection, count: int) -> None:
+    """The transport pauses the connection after ``count`` more writes, as
+    a full buffer does."""
+    transport, write = connection.transport, connection.transport.write
+    left = [count]
+
+    def counted(data: bytes) -> None:
+        write(data)
+        left[0] -= 1
+        if left[0] == 0:
+            connection.protocol.pauseProducing()
+
+    transport.write = counted  # type: ignore[method-assign]
+
+
+# -- offline: the pause and resume logic -----------------------------------------
+
+
+def test_requests_read_while_paused_wait_and_are_answered_in_order(connection):
+    connection.protocol.pauseProducing()
+    assert connection.transport.producerState == "paused"  # no more reads
+    connection.send("sdexec.list", {}, matchtag=1)
+    connection.send(STATS, {}, matchtag=2)
+    assert connection.responses() == []
+    connection.protocol.resumeProducing()
+    assert tags(connection) == [1, 2]
+    assert connection.transport.producerState == "producing"
+    connection.send("sdexec.list", {}, matchtag=3)  # read and answered at once
+    assert tags(connection) == [1, 2, 3]
+
+
+def test_a_pause_while_answering_held_requests_holds_the_rest(connection):
+    connection.protocol.pauseProducing()
+    connection.protocol.dataReceived(stats_requests(1, 5))
+    pause_after_writes(connection, 2)
+    connection.protocol.resumeProducing()
+    assert tags(connection) == [1, 2]
+    assert connection.transport.producerState == "paused"  # still not reading
+    connection.protocol.resumeProducing()
+    assert tags(connection) == [1, 2, 3, 4, 5]
+    assert connection.transport.producerState == "producing"
+
+
+@pytest.mark.parametrize(
+    "bad", [b"not json\n", request("sdexec.list", {}, 2).replace(b"request", b"event")]
+)
+def test_a_framing_error_behind_held_requests_comes_after_their_answers(
+    connection, bad
+):
+    connection.protocol.pauseProducing()
+    connection.protocol.dataReceived(stats_requests(1, 1) + bad + stats_requests(3, 1))
+    assert connection.responses() == []
+    connection.protocol.resumeProducing()
+    first, refusal = connection.responses()  # nothing after the framing error
+    assert first["matchtag"] == 1 and "payload" in first
+    assert refusal["matchtag"] == 0 and refusal["errnum"] == errno.EPROTO
+    assert connection.transport.disconnecting
+
+
+def test_a_closing_connection_is_not_left_paused_open(connection):
+    """Twisted resumes a producer paused while its connection closes instead
+    of closing it: the connection gives up its producer, which closes it."""
+    connection.protocol.pauseProducing()
+    connection.protocol.dataReceived(b"not json\n")
+    connection.protocol.resumeProducing()  # the framing error closes it
+    connection.protocol.pauseProducing()  # its EPROTO filled the buffer
+    connection.protocol.resumeProducing()  # the client read it
+    assert connection.transport.producer is None
+
+
+# -- offline: descriptors (stdio passthrough) of held requests -------------------
+
+UNIT = "sdexec-t.service"
+TRUE = {"cmdline": ["/bin/true"], "opts": {"SDEXEC_NAME": "sdexec-t"}}
+FLAGS = int(ExecFlag.STDOUT | ExecFlag.STDERR | ExecFlag.WRITE_CREDIT)
+ALL = ["stdin", "stdout", "stderr"]
+
+
+@pytest.fixture
+def ends():
+    """Pipes: the ends to pass (the service gets dups), the ends kept."""
+    passed, kept = [], []
+    for _ in ALL:
+        read_end, write_end = os.pipe()
+        passed.append(write_end)
+        kept.append(read_end)
+    yield passed, kept
+    for fd in passed + kept:
+        os.close(fd)
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def deliver(connection: Connection, data: bytes, fds=()) -> None:
+    """One read, as Twisted delivers it: its descriptors, then its data."""
+    for fd in fds:
+        connection.protocol.fileDescriptorReceived(os.dup(fd))
+    connection.protocol.dataReceived(data)
+
+
+def same_file(fd_a: int, fd_b: int) -> bool:
+    a, b = os.fstat(fd_a), os.fstat(fd_b)
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def exec_with_stdio(matchtag: int) -> bytes:
+    payload = {"flags": FLAGS, "cmd": TRUE, "stdio": ALL}
+    return request("sdexec.exec", payload, matchtag)
+
+
+def test_a_held_exec_keeps_its_descriptors_until_it_is_handled(
+    server, systemd, connection, ends
+):
+    connection.protocol.pauseProducing()
+    deliver(connection, stats_requests(1, 1) + exec_with_stdio(2), ends[0])
+    assert server.processes == {}  # nothing started while paused
+    connection.protocol.resumeProducing()
+    assert tags(connection) == [1]
+    for stream, fd in zip(ALL, ends[0], strict=True):
+        assert same_file(systemd.process_fd(UNIT, stream), fd)
+
+
+def test_descriptors_refused_while_paused_are_answered_in_order(connection, ends):
+    connection.protocol.pauseProducing()
+    deliver(connection, stats_requests(1, 1))
+    deliver(connection, stats_requests(2, 1), ends[0][:1])  # stats takes none
+    assert connection.responses() == []
+    connection.protocol.resumeProducing()
+    first, refused = connection.responses()
+    assert first["matchtag"] == 1 and "payload" in first
+    assert refused["matchtag"] == 2
+    assert error_of(refused)[0] == errno.EPROTO
+
+
+def test_a_disconnect_while_paused_closes_the_held_descriptors(server, ends):
+    before = open_fds()
+    connection = Connection(server)
+    connection.protocol.pauseProducing()
+    deliver(connection, exec_with_stdio(1), ends[0])
+    assert len(open_fds() - before) > len(ALL)  # the dups, held
+    connection.close()
+    assert open_fds() <= before
+    assert server.processes == {}
+
+
+# -- against the real manager, over the real socket ------------------------------
+
+
+@pytest.fixture
+def protocols(monkeypatch) -> list[ClientProtocol]:
+    """The service's side of every connection made from here on."""
+    made: list[ClientProtocol] = []
+    build = SdexecServerFactory.buildProtocol
+
+    def recording(factory: SdexecServerFactory, addr) -> ClientProtocol:
+        made.append(build(factory, addr))
+        return made[-1]
+
+    monkeypatch.setattr(SdexecServerFactory, "buildProtocol", recording)
+    return made
+
+
+class Flooder:
+    """A raw client on the service's socket that sends without reading; the
+    test lets the reactor run between its sends (it is in this process)."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(path)
+        self.sock.setblocking(False)
+        self.received = b""
+        self.eof = False
+
+    def send_some(self, data: bytes, start: int = 0) -> int:
+        """How much of ``data[start:]`` the socket took now (0 when full)."""
+        if start == len(data):
+            return 0
+        try:
+            return self.sock.send(memoryview(data)[start:])
+        except BlockingIOError:
+            return 0
+
+    def read_some(self) -> list[dict]:
+        """The whole responses readable now (:attr:`eof` once closed)."""
+        try:
+            chunk = self.sock.recv(1024 * 1024)
+        except BlockingIOError:
+            return []
+        self.eof = not chunk
+        *lines, self.received = (self.received + chunk).split(b"\n")
+        return [json.loads(line) for line in lines]
+
+    def send_fds(self, frame: bytes, fds: list[int]) -> bool:
+        """Whether ``frame`` and ``fds`` were sent (not: the socket is full)."""
+        try:
+            sent = socket.send_fds(self.sock, [frame], fds)
+        except BlockingIOError:
+            return False
+        assert sent == len(frame)
+        return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest_twisted.async_yield_fixture
+async def flood(sdexec, protocols):
+    """A :class:`Flooder` on ``sdexec`` and the service's side of it."""
+    flooder = Flooder(sdexec.socket_path)
+    await until(lambda: protocols, "the service accepted the flooder")
+    yield flooder, protocols[0]
+    flooder.close()  # (again: a failed test leaves no fd open)
+
+
+def buffered(protocol: ClientProtocol) -> int:
+    """The bytes the service holds for its client (Twisted's write buffer)."""
+    transport = protocol.transport
+    return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
+
+
+def reading(protocol: ClientProtocol) -> bool:
+    return protocol.transport in reactor.getReaders()
+
+
+async def flood_until_unread(flooder: Flooder, data: bytes, protocol) -> int:
+    """Send ``data`` until the service stops reading it (or all of it); how
+    much was sent. The reactor runs whenever the socket is full."""
+    sent = 0
+    for _ in range(3000):
+        while took := flooder.send_some(data, sent):
+            sent += took
+        if sent == len(data) or not reading(protocol):
+            return sent
+        await sleep(0.005)
+    raise AssertionError("the service neither read nor paused")
+
+
+def assert_bounded(protocol: ClientProtocol, request_size: int) -> None:
+    # Paused at the first write beyond the buffer size, and no request is
+    # handled from then on: one response more at most. What waits unhandled
+    # is at most one read's frames (a read is at most bufferSize bytes).
+    assert not reading(protocol)
+    assert buffered(protocol) <= CLIENT_BUFFER_SIZE + LARGEST_RESPONSE
+    assert len(protocol._held) <= CLIENT_BUFFER_SIZE // request_size
+
+
+async def read_all(
+    flooder: Flooder, data: bytes, sent: int, done, passed=None
+) -> list[dict]:
+    """Read responses until ``done(responses)``, sending the rest of
+    ``data`` meanwhile, then ``passed``: a frame and the descriptors it
+    brings, in one ``sendmsg``."""
+    answered: list[dict] = []
+    for _ in range(20000):
+        sent += flooder.send_some(data, sent)
+        if sent == len(data) and passed is not None and flooder.send_fds(*passed):
+            passed = None
+        answered += flooder.read_some()
+        if done(answered) or flooder.eof:
+            return answered
+        await sleep(0)
+    raise AssertionError(f"only {len(answered)} responses came")
+
+
+def assert_stats_in_order(responses: list[dict], count: int) -> None:
+    assert [(r["matchtag"], r["topic"]) for r in responses[:count]] == [
+        (tag, STATS) for tag in range(count)
+    ]
+    assert all("procs" in r["payload"] for r in responses[:count])
+
+
+def counted(count: int):
+    return lambda responses: len(responses) >= count
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_a_client_flooding_requests_unread_leaves_the_service_bounded(
+    sdexec, flood
+):
+    flooder, protocol = flood
+    count = 20_000
+    data = stats_requests(0, count)
+    sent = await flood_until_unread(flooder, data, protocol)
+    assert sent < len(data)  # the service stopped reading its requests
+    request_size = len(request(STATS, {}, count))
+    assert_bounded(protocol, request_size)
+    # Other clients are served meanwhile, a command run to its end too...
+    other = await sdexec.connect()
+    assert (await other.stats())["procs"] == []
+    result = await run(other, ["true"])
+    assert (result.error, result.status) == (None, 0)
+    # ... and the flooder's buffers have not grown in the meantime.
+    assert flooder.send_some(data, sent) == 0
+    assert_bounded(protocol, request_size)
+    responses = await read_all(flooder, data, sent, counted(count))
+    assert len(responses) == count
+    assert_stats_in_order(responses, count)
+    assert not protocol._held
+    assert reading(protocol)
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_a_flooder_leaving_while_paused_leaves_nothing_behind(sdexec, flood):
+    """Its unit is stopped and reaped, the held requests dropped, and the
+    fixture finds no fd left open."""
+    flooder, protocol = flood
+    unit = "sdexec-backpressure-sleep"
+    cmd = command(["sleep", "600"], opts={"SDEXEC_NAME": unit})
+    assert flooder.send_some(request("sdexec.exec", {"cmd": cmd, "flags": 3}, 1))
+    await until(lambda: sdexec.server.processes, "the sleep was asked for")
+    data = stats_requests(2, 20_000)
+    assert await flood_until_unread(flooder, data, protocol) < len(data)
+    assert protocol._held  # the rest of the read that paused it
+    flooder.close()
+    await until(lambda: protocol.transport.disconnected, "the connection closed")
+    assert not protocol._held
+    await wait_until_reaped(sdexec, f"{unit}.service")
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_a_framing_error_behind_a_flood_ends_with_eproto_then_eof(
+    flood,
+):
+    """The framing error waits behind the flood; after it the connection is
+    closed, though the connection was paused when it was closed."""
+    flooder, protocol = flood
+    count = 20_000
+    data = stats_requests(0, count) + b"not json\n"
+    sent = await flood_until_unread(flooder, data, protocol)
+    assert sent < len(data)
+    responses = await read_all(flooder, data, sent, lambda _: False)
+    assert flooder.eof  # (read_all returns at EOF)
+    assert_stats_in_order(responses, count)
+    assert [(r["matchtag"], r["errnum"]) for r in responses[count:]] == [
+        (0, errno.EPROTO)
+    ]
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_a_passthrough_exec_behind_a_flood_gets_its_descriptors(flood):
+    """Its descriptors come with the read that ends with its frame, whether
+    that frame is handled at once or held."""
+    flooder, protocol = flood
+    count = 20_000
+    data = stats_requests(0, count)
+    sent = await flood_until_unread(flooder, data, protocol)
+    assert sent < len(data)
+    read_end, write_end = os.pipe()
+    cmd = command(["echo", "hi"], opts={"SDEXEC_NAME": "sdexec-backpressure-echo"})
+    payload = {"cmd": cmd, "flags": 0, "stdio": ["stdout"]}
+    passed = (request("sdexec.exec", payload, count), [write_end])
+    try:
+        responses = await read_all(flooder, data, sent, ended(count), passed)
+        os.close(write_end)
+        write_end = -1
+        assert os.read(read_end, 100) == b"hi\n"
+    finally:
+        for fd in (read_end, write_end):
+            if fd >= 0:
+                os.close(fd)
+    assert_stats_in_order(responses, count)
+    assert [r.get("payload", {}).get("type") for r in responses[count:]] == [
+        "started",
+        "finished",
+        None,
+    ]
+    assert responses[-1]["errnum"] == errno.ENODATA
+
+
+def ended(matchtag: int):
+    """Whether an exec stream has ended (its error response came)."""
+    return lambda responses: (
+        responses[-1]["matchtag"] == matchtag and "errnum" in responses[-1]
+        if responses
+        else False
+    )

@@ -286,6 +286,22 @@ def test_a_closed_connection_abandons_its_processes(systemd, server):
     assert ("stop", UNIT) in systemd.calls
 
 
+def test_a_connection_pauses_its_own_processes_only(server):
+    # Found through an index by connection, not a walk of the whole table.
+    mine, other = Connection(server), Connection(server)
+    mine.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    cmd = {**TRUE, "opts": {"SDEXEC_NAME": "sdexec-other"}}
+    other.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd}, matchtag=2)
+    theirs = server.processes[(other.protocol.connection_id, 2)]
+    (process,) = server.connection_processes(mine.protocol.connection_id)
+    assert process is server.processes[(mine.protocol.connection_id, 1)]
+    server._reaped((mine.protocol.connection_id, 1))
+    assert list(server.connection_processes(mine.protocol.connection_id)) == []
+    assert list(server.connection_processes(other.protocol.connection_id)) == [theirs]
+    mine.close()
+    other.close()
+
+
 def test_back_pressure_pauses_and_resumes_the_connections_output(server):
     connection = Connection(server)
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})

@@ -145,7 +145,7 @@ class Tracked:
         if client is not None:
             client.responder.error(errnum, errstr)
         if self.attached:
-            self.mode = Mode.BACKGROUND
+            self._to_background()
 
     def tap(self, stream: str, data: bytes, eof: bool) -> None:
         """Output as the process produced it: kept, and forwarded to an
@@ -210,9 +210,16 @@ class Tracked:
             return
         self._client = None
         if self.attached:
-            self.mode = Mode.BACKGROUND
-            if self.process is not None:
-                self.process.resume_output()  # retained from now on
+            self._to_background()
+
+    def _to_background(self) -> None:
+        """Attached no more: the output is retained from now on, whatever
+        the client's back-pressure had paused. (Its connection resumes only
+        the processes attached to it: one left paused would never read its
+        EOF, and never be reaped.)"""
+        self.mode = Mode.BACKGROUND
+        if self.process is not None:
+            self.process.resume_output()
 
     def process_reaped(self) -> bool:
         """The unit is gone; whether its end must be kept for a wait or an

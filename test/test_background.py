@@ -450,6 +450,31 @@ async def test_attach_disconnect_attach_again(systemd, server, client):
 
 
 @ensureDeferred
+async def test_an_abandoned_process_whose_attached_client_was_paused_is_reaped(
+    systemd, server, client
+):
+    # The stop timer gives up on the unit (EDEADLK to the attached client)
+    # while that client's connection is paused: back in the background, its
+    # output must read on, or its EOF never comes and it is never reaped.
+    client.bg(label="a", SDEXEC_STOP_TIMER_SEC="1")
+    systemd.run(UNIT, pid=8)
+    viewer = Client(server)
+    viewer.send("sdexec.attach", {"label": "a"}, matchtag=2)
+    viewer.protocol.pauseProducing()
+    systemd.exit(UNIT, 0)
+    systemd.deactivate(UNIT)  # a child lingers: deactivating, then abandoned
+    server.clock.advance(1)
+    server.clock.advance(1)
+    assert payloads(viewer.of(2))[-1][0] == errno.EDEADLK
+    viewer.protocol.resumeProducing()
+    systemd.release(UNIT)  # the lingering child is gone at last
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    await until(lambda: not server.processes, "the process reaped")
+    assert server.units == {}
+    viewer.close()
+
+
+@ensureDeferred
 async def test_attach_errors(systemd, server, client):
     client.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "s"}})
     systemd.run(UNIT, pid=3)

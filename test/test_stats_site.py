@@ -1,0 +1,127 @@
+"""The HTTP statistics site against what any local user may send it: a
+body, many idle connections, long request lines. Real TCP sockets; each
+client runs in a thread so the reactor serves meanwhile."""
+
+from __future__ import annotations
+
+import json
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+from pytest_twisted import ensureDeferred
+from twisted.internet import reactor
+from twisted.internet.threads import deferToThread
+from twisted.python import log
+
+from sdexec.stats import MAX_STATS_CONNECTIONS, STATS_TIMEOUT, stats_site
+
+
+@pytest.fixture
+def site_port():
+    """The site on 127.0.0.1 (an ephemeral port); its port number."""
+    site = stats_site(lambda: {"counters": {"started": 1}})
+    port = reactor.listenTCP(0, site, interface="127.0.0.1")
+    yield site, port.getHost().port
+    port.stopListening()
+
+
+def exchange(port: int, request: bytes) -> bytes:
+    """Send ``request``, then read until the site closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request)
+        return _read_to_eof(sock)
+
+
+def _read_to_eof(sock: socket.socket) -> bytes:
+    answer = b""
+    while chunk := sock.recv(65536):
+        answer += chunk
+    return answer
+
+
+GET = b"GET /stats HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+
+
+@ensureDeferred
+async def test_get_stats_answers_json(site_port):
+    _site, port = site_port
+    answer = await deferToThread(exchange, port, GET)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert json.loads(body) == {"counters": {"started": 1}}
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [b"Content-Length: 52428800\r\n", b"Transfer-Encoding: chunked\r\n"],
+    ids=["content-length", "chunked"],
+)
+@ensureDeferred
+async def test_a_request_body_is_refused_unread(site_port, headers):
+    # Twisted would have spooled a 50 MiB body to a temporary file (any
+    # local user, any size): refused on its headers, before any of it.
+    _site, port = site_port
+    spooled_before = set(Path(tempfile.gettempdir()).iterdir())
+    request = b"POST /stats HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n"
+    answer = await deferToThread(exchange, port, request)
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    assert set(Path(tempfile.gettempdir()).iterdir()) <= spooled_before
+
+
+def hold_connections(port: int, count: int) -> list[socket.socket]:
+    return [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
+
+
+def closed_by_the_site(sock: socket.socket) -> bool:
+    sock.settimeout(30)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+@ensureDeferred
+async def test_connections_beyond_the_cap_are_closed_and_the_held_ones_served(
+    site_port,
+):
+    site, port = site_port
+    held = await deferToThread(hold_connections, port, MAX_STATS_CONNECTIONS)
+    extra: list[socket.socket] = []
+    try:
+        extra += await deferToThread(hold_connections, port, 3)
+        assert all([await deferToThread(closed_by_the_site, s) for s in extra])
+        assert len(site.channels) == MAX_STATS_CONNECTIONS
+        held[0].sendall(GET)  # the held connections are served
+        answer = await deferToThread(_read_to_eof, held[0])
+        assert answer.startswith(b"HTTP/1.1 200")
+        # One gone, one more is taken.
+        answer = await deferToThread(exchange, port, GET)
+        assert answer.startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in held + extra:
+            sock.close()
+
+
+def test_idle_connections_are_closed_sooner_than_twisteds_minute(site_port):
+    site, _port = site_port
+    assert site.timeOut == STATS_TIMEOUT < 60
+
+
+@ensureDeferred
+async def test_no_access_log_line_repeats_what_a_request_sent(site_port):
+    _site, port = site_port
+    logged: list[dict] = []
+    log.addObserver(logged.append)
+    try:
+        path = b"/stats?" + b"A" * 7000
+        request = GET.replace(b"/stats", path).replace(
+            b"Host: x", b"Host: x\r\nUser-Agent: " + b"B" * 7000
+        )
+        answer = await deferToThread(exchange, port, request)
+    finally:
+        log.removeObserver(logged.append)
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert not [event for event in logged if "AAAA" in str(event)]
+    assert not [event for event in logged if "BBBB" in str(event)]

@@ -16,6 +16,8 @@ import bisect
 from collections.abc import Callable, Iterable, Iterator
 from itertools import pairwise
 
+from sdexec.refusal import quoted
+
 __all__ = ["MAX_ID", "IDset"]
 
 #: The largest id, as in Flux (its ``IDSET_INVALID_ID`` is ``UINT_MAX - 1``).
@@ -216,7 +218,7 @@ def _parse(text: str) -> Runs:
         hi = _parse_id(last, text) if sep else lo
         if hi < lo:
             raise ValueError(
-                f"invalid idset {_brief(text)}: range {_brief(part)} is descending"
+                f"invalid idset {quoted(text)}: range {quoted(part)} is descending"
             )
         runs.append((lo, hi))
     return _merged(runs)
@@ -228,17 +230,10 @@ _MAX_DIGITS = len(str(MAX_ID))
 
 def _parse_id(token: str, text: str) -> int:
     if not token.isdigit() or not token.isascii():
-        raise ValueError(f"invalid idset {_brief(text)}: {_brief(token)} is not an id")
+        raise ValueError(f"invalid idset {quoted(text)}: {quoted(token)} is not an id")
     if len(token.lstrip("0")) > _MAX_DIGITS or int(token) > MAX_ID:
         raise ValueError(
-            f"invalid idset {_brief(text)}: {_brief(token)} is larger than"
+            f"invalid idset {quoted(text)}: {quoted(token)} is larger than"
             f" the largest id, {MAX_ID}"
         )
     return int(token)
-
-
-def _brief(text: str, limit: int = 40) -> str:
-    """``text`` quoted for an error, cut short: a hostile one may be megabytes."""
-    return (
-        repr(text) if len(text) <= limit else f"{text[:limit]!r}… ({len(text)} chars)"
-    )

@@ -10,7 +10,7 @@ encodable as UTF-8 JSON, whatever the request contained (see
 
 from __future__ import annotations
 
-__all__ = ["RequestRefused", "printable"]
+__all__ = ["RequestRefused", "printable", "quoted"]
 
 
 class RequestRefused(Exception):
@@ -31,3 +31,10 @@ def printable(text: str) -> str:
     become ``\\udXXX`` escapes, so the message itself can always be encoded
     (a message quoting a bad ``topic`` verbatim could not be sent)."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def quoted(value: object, limit: int = 40) -> str:
+    """``repr(value)`` for a message, cut short past ``limit`` characters,
+    with how long it was: a hostile value may be megabytes."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"

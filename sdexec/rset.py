@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sdexec.idset import IDset
+from sdexec.refusal import quoted
 
 __all__ = ["ResourceSet"]
 
@@ -196,7 +197,7 @@ def _optional_number(execution: Mapping[str, Any], name: str) -> float | None:
     if not abs(number) < _MAX_TIME:  # NaN and infinities too
         # Times are reactor seconds: beyond a float they would fail every
         # later sum (the timer, each stats request) instead of this one.
-        raise ValueError(f"R: execution.{name}: {_brief(value)} is out of range")
+        raise ValueError(f"R: execution.{name}: {quoted(value)} is out of range")
     return value
 
 
@@ -220,12 +221,6 @@ def _bounded_int(text: str) -> int:
     if len(text.lstrip("-")) > _MAX_DIGITS:
         raise ValueError(f"an integer of {len(text.lstrip('-'))} digits")
     return int(text)
-
-
-def _brief(value: object, limit: int = 40) -> str:
-    """``value`` for an error, cut short: a hostile one may be megabytes."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
 
 
 # What _field() says it expected, by the type it checks for.

@@ -36,6 +36,7 @@ from twisted.python.failure import Failure
 
 from sdexec.config import DEFAULT_MAX_INFLIGHT
 from sdexec.property import FD_PROPERTIES, UnitProperty
+from sdexec.refusal import quoted
 from sdexec.systemd.errors import SystemdError, connection_lost, reconnecting
 from sdexec.systemd.retry import Backoff
 from sdexec.systemd.watch import UnitWatch, WatchRegistry
@@ -580,7 +581,7 @@ class SystemdClient:
                 "sdbus: {member} {path} {args} → ok",
                 member=member,
                 path=path,
-                args=_brief(body),
+                args=quoted(body, 200),
             )
         return reply.body
 
@@ -607,12 +608,6 @@ class SystemdClient:
             self._manager_appeared()
         else:
             self._arm_absent_check()
-
-
-def _brief(body: list[Any], limit: int = 200) -> str:
-    """Call arguments for a debug line: long ones (environments) cut short."""
-    text = repr(body)
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
 
 
 def _translate_failure(failure):

@@ -38,6 +38,7 @@ from sdexec.refusal import RequestRefused, printable
 __all__ = [
     "KERNEL_ARG_CEILING",
     "MAX_ARG_STRLEN",
+    "MAX_LISTED_CMDLINE",
     "MAX_NAME",
     "MAX_START_MESSAGE",
     "NAME_MAX",
@@ -50,6 +51,7 @@ __all__ = [
     "check_text",
     "check_texts",
     "command_text",
+    "listed_cmdline",
 ]
 
 #: Linux's ``MAX_ARG_STRLEN`` (``32 * PAGE_SIZE``: 131072 with 4 KiB pages):
@@ -75,6 +77,12 @@ NAME_MAX: Final = 255
 #: one made each ``list`` 63 MB and each ``stats-get`` 126 MB, past the
 #: clients' own frame limit. (Flux's job ids are at most 30-odd bytes.)
 MAX_NAME: Final = 1024
+
+#: Characters of a command line that ``sdexec.list`` and the stats show:
+#: each entry is repeated to every client in every answer, and one exec may
+#: take megabytes of arguments (seven such made each ``list`` 77 MB, past
+#: the clients' frame limit).
+MAX_LISTED_CMDLINE: Final = 1024
 
 #: Linux's ``ARG_MAX`` floor: 32 pages' worth (128 KiB) is always allowed.
 _ARG_FLOOR: Final = 128 * 1024
@@ -251,6 +259,21 @@ def check_lengths(cwd: str | None, names: Mapping[str, str | None]) -> None:
                 errno.EINVAL,
                 f"{field}: {len(value.encode())} bytes; at most {MAX_NAME}",
             )
+
+
+def listed_cmdline(cmdline: Sequence[str]) -> list[str]:
+    """``cmdline`` as ``list`` and the stats show it: whole up to
+    :data:`MAX_LISTED_CMDLINE` characters in all; a longer one cut there, its
+    last argument shown ending in ``…``."""
+    listed: list[str] = []
+    left = MAX_LISTED_CMDLINE
+    for arg in cmdline:
+        if len(arg) > left:
+            listed.append(arg[:left] + "…")
+            break
+        listed.append(arg)
+        left -= len(arg)
+    return listed
 
 
 def _framed(text: str) -> int:

@@ -25,6 +25,7 @@ from twisted.python.failure import Failure
 
 from sdexec.config import DEFAULT_START_TIMEOUT
 from sdexec.ioencode import encode_io
+from sdexec.limits import listed_cmdline
 from sdexec.passthrough import NO_STDIO, PassedStdio
 from sdexec.plan import ExecPlan, RequestError
 from sdexec.protocol import ExecFlag
@@ -175,7 +176,7 @@ class Process:
     def describe(self) -> dict[str, Any]:
         return {
             "pid": self.pid if self.pid is not None else -1,
-            "cmdline": self.cmdline,
+            "cmdline": listed_cmdline(self.cmdline),
             "label": self.label,
             "unit": self.unit_name,
             "state": self.state,

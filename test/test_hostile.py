@@ -20,6 +20,7 @@ from twisted.internet.task import Clock
 from sdexec.config import parse_config
 from sdexec.idset import MAX_ID
 from sdexec.ioencode import encode_io
+from sdexec.limits import MAX_ARG_STRLEN, MAX_LISTED_CMDLINE
 from sdexec.server import MAX_ERRSTR, SdexecServer
 from sdexec.testing import FakeManager
 from sdexec.wire import SMALL_LINE
@@ -545,3 +546,15 @@ def test_what_every_list_would_repeat_or_a_path_search_join_is_bounded(
     command = {**TRUE, "env": {"PATH": ":" * 1000}, "cmdline": ["true"], **cmd}
     got_errnum, errstr = exec_refused(server, connection, command)
     assert (got_errnum, errstr.split(":")[0]) == (errnum, field)
+
+
+def test_a_listed_command_line_is_cut_however_long_it_ran(server, connection):
+    # Seven execs of 14 arguments of 128 KiB each made every list (and
+    # stats-get) 77 MB, past the clients' own frame limit.
+    args = ["x" * (MAX_ARG_STRLEN - 1)] * 14
+    connection.send("sdexec.exec", {"cmd": {**TRUE, "cmdline": ["/bin/true", *args]},
+                                    "flags": FLAGS})  # fmt: skip
+    connection.send("sdexec.list", {}, matchtag=2)
+    (entry,) = connection.last()["payload"]["procs"]
+    assert len("".join(entry["cmdline"])) <= MAX_LISTED_CMDLINE + 1
+    assert entry["cmdline"][-1].endswith("…")

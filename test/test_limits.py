@@ -12,6 +12,7 @@ from strategies import any_text, commands
 from sdexec.limits import (
     KERNEL_ARG_CEILING,
     MAX_ARG_STRLEN,
+    MAX_LISTED_CMDLINE,
     MAX_NAME,
     MAX_START_MESSAGE,
     PATH_MAX,
@@ -23,6 +24,7 @@ from sdexec.limits import (
     check_text,
     check_texts,
     command_text,
+    listed_cmdline,
 )
 from sdexec.refusal import RequestRefused
 
@@ -185,6 +187,15 @@ def test_a_label_or_job_id_is_a_name_not_a_payload() -> None:
     error = refused(check_lengths, None, {"cmd.label": "l", "SDEXEC_JOBID": "j" * 1025})
     assert error.errnum == errno.EINVAL
     assert error.errstr == "SDEXEC_JOBID: 1025 bytes; at most 1024"
+
+
+def test_a_listed_command_line_is_whole_up_to_its_limit_then_cut() -> None:
+    short = ["sh", "-c", "x" * (MAX_LISTED_CMDLINE - 4)]
+    assert listed_cmdline(short) == short
+    long = ["sh", "-c", "x" * MAX_ARG_STRLEN, "never shown"]
+    assert listed_cmdline(long) == ["sh", "-c", "x" * (MAX_LISTED_CMDLINE - 4) + "…"]
+    assert listed_cmdline(["a"] * 5000)[-1] == "…"
+    assert len(listed_cmdline(["a"] * 5000)) == MAX_LISTED_CMDLINE + 1
 
 
 @settings(

@@ -161,9 +161,7 @@ class SdexecServer:
             )
         if not self.systemd.connected:
             raise RequestError(errno.EAGAIN, "reconnecting to systemd")
-        plan = plan_exec(payload, self.config, self.containment)
-        if self.unit_mark:
-            plan = marked(plan, self.unit_mark)
+        plan = self._own(plan_exec(payload, self.config, self.containment))
         stdio.assign(plan.stdio)
         plan, tracked = self.tracked.prepare(
             plan,
@@ -220,6 +218,12 @@ class SdexecServer:
             ) from None
         if not streaming:
             process.write(b"", eof=True)  # a background process reads EOF
+
+    def _own(self, plan: ExecPlan) -> ExecPlan:
+        """``plan`` with this service's mark: a restarted service finds the
+        unit among its leftovers (sdexec/leftovers.py), the device canary's
+        too (every unit remains after its process exits, until stopped)."""
+        return marked(plan, self.unit_mark) if self.unit_mark else plan
 
     def _new_process(
         self,
@@ -308,7 +312,7 @@ class SdexecServer:
         if not self.containment.enabled:
             return defer.succeed(None)
         try:
-            plan = canary_plan(self.config)
+            plan = self._own(canary_plan(self.config))
         except RequestError as error:  # no /bin/sh, say
             problem = f"DevicePolicy could not be verified: {error.errstr}"
             return defer.succeed(self._judged(problem))

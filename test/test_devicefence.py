@@ -137,6 +137,23 @@ async def reaped(server: SdexecServer) -> None:
     assert server.processes == {}
 
 
+@ensureDeferred
+async def test_the_canary_carries_the_services_mark():
+    # A service that crashed while it ran finds it among its leftovers: the
+    # unit remains after its probe exits, until someone stops it.
+    server, systemd, _ = offline_server()
+    server.unit_mark = " [sdexec:0123456789ab]"
+    server.verify_devices()
+    (description,) = [
+        prop.value
+        for prop in systemd.properties[canary_unit(systemd)]
+        if prop.name == "Description"
+    ]
+    assert description.endswith(" [sdexec:0123456789ab]")
+    systemd.run(canary_unit(systemd))
+    await server.shutdown(grace=10)
+
+
 def test_no_canary_without_containment():
     server, systemd, _ = offline_server(constrain=False)
     seen: list = []

@@ -304,6 +304,10 @@ class TrackedProcesses:
         #: Ended waitable processes, oldest first, until waited for.
         self._ended: list[Tracked] = []
         self._serials = itertools.count(1)
+        #: Processes by the connection attached to them, for its back-pressure
+        #: (not a walk of every background process at each pause and resume).
+        #: An entry may have detached since: checked, and dropped, on use.
+        self._attached: dict[int, dict[Process, Tracked]] = {}
 
     def prepare(
         self,
@@ -371,6 +375,8 @@ class TrackedProcesses:
         tracked = self._tracked.pop(process, None)
         if tracked is not None and tracked.process_reaped():
             self._ended.append(tracked)
+        for attached in self._attached.values():
+            attached.pop(process, None)
 
     def mode(self, process: Process) -> Mode:
         tracked = self._tracked.get(process)
@@ -386,12 +392,16 @@ class TrackedProcesses:
 
     def attached_to(self, connection_id: int) -> Iterator[Process]:
         """The processes attached to one connection (its back-pressure)."""
-        for process, tracked in list(self._tracked.items()):
+        attached = self._attached.get(connection_id, {})
+        for process, tracked in list(attached.items()):
             if tracked.attached and tracked.connected_to(connection_id):
                 yield process
+            else:
+                del attached[process]
 
     def connection_lost(self, connection_id: int) -> None:
         """Forget the connection's waits and attaches."""
+        self._attached.pop(connection_id, None)
         for tracked in [*self._tracked.values(), *self._ended]:
             if tracked.connected_to(connection_id):
                 tracked.drop_client(connection_id)
@@ -414,6 +424,8 @@ class TrackedProcesses:
             raise RequestError(errno.EINVAL, "flags: expected an integer of 1|2")
         tracked = self._find(pid, label, errno.EBUSY, "not in background")
         tracked.attach(_Client(connection_id, responder, ExecFlag(flags)))
+        if tracked.attached and tracked.process is not None:
+            self._attached.setdefault(connection_id, {})[tracked.process] = tracked
         self._forget_if_consumed(tracked)
 
     def _forget_if_consumed(self, tracked: Tracked) -> None:

@@ -474,6 +474,26 @@ async def test_an_abandoned_process_whose_attached_client_was_paused_is_reaped(
     viewer.close()
 
 
+def test_a_connection_finds_only_the_processes_attached_to_it(systemd, server, client):
+    client.bg(label="a")
+    systemd.run(UNIT, pid=8)
+    client.bg(label="b", matchtag=2, SDEXEC_NAME="sdexec-u2")
+    systemd.run("sdexec-u2.service", pid=9)
+    first, second = Client(server), Client(server)
+    first.send("sdexec.attach", {"label": "a"})
+    second.send("sdexec.attach", {"label": "b"})
+    a, b = (server.units[unit] for unit in (UNIT, "sdexec-u2.service"))
+    tracked = server.tracked
+    assert list(tracked.attached_to(first.protocol.connection_id)) == [a]
+    assert list(tracked.attached_to(second.protocol.connection_id)) == [b]
+    second.close()  # b goes back to the background
+    assert list(tracked.attached_to(second.protocol.connection_id)) == []
+    tracked.reaped(a)  # nothing keeps a reaped process
+    assert list(tracked.attached_to(first.protocol.connection_id)) == []
+    assert all(a not in attached for attached in tracked._attached.values())
+    first.close()
+
+
 @ensureDeferred
 async def test_attach_errors(systemd, server, client):
     client.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "s"}})

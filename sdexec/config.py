@@ -28,7 +28,7 @@ import signal
 import sys
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -725,6 +725,7 @@ def parse_config(data: dict, source: str = "<config>") -> Config:
     }
     config = Config(source=source, warnings=_unknown_tables(data, source), **sections)
     _check_across_tables(config)
+    config = replace(config, warnings=config.warnings + _retained_fits_a_frame(config))
     for warning in config.warnings:
         _log.warn("{warning}", warning=warning)
     return config
@@ -746,6 +747,29 @@ def _check_across_tables(config: Config) -> None:
             f" than systemd's limit of {MAX_STOP_TIMER_SEC} s: lower"
             " max-kill-timeout or kill-timeout, or set sdexec-stop-timer-sec",
         )
+
+
+#: How many times its size the retained output of one process may take as
+#: one ``wait`` answer: 6 bytes of JSON per control character (``\u0001``),
+#: plus up to an io object per 32 bytes on average (sdexec/retained.py).
+RETAINED_JSON_FACTOR = 8
+
+
+def _retained_fits_a_frame(config: Config) -> tuple[str, ...]:
+    """A warning if one process's retained output may not fit one answer:
+    its ``wait`` would then fail at the client. (A warning, not an error: a
+    smaller ``max-frame-size`` alone, accepted before, must not stop the
+    service from starting.)"""
+    retained, frame = config.sdexec.retained_output, config.sdexec.max_frame_size
+    if retained * RETAINED_JSON_FACTOR <= frame:
+        return ()
+    return (
+        f"{config.source}: sdexec.retained-output: {retained} bytes may take"
+        f" {RETAINED_JSON_FACTOR} times as many in one wait answer, more than"
+        f" max-frame-size ({frame}): a wait for a process that wrote that much"
+        f" would fail; lower it to at most {frame // RETAINED_JSON_FACTOR}, or"
+        " raise max-frame-size",
+    )
 
 
 def _unknown_tables(data: dict, source: str) -> tuple[str, ...]:

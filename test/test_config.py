@@ -427,6 +427,23 @@ def test_unknown_table_warns_and_is_ignored():
     )
 
 
+def test_retained_output_that_may_not_fit_a_wait_answer_warns():
+    # 6 bytes of JSON per control character, an io object per run: a wait
+    # answer for a process that wrote that much would pass max-frame-size.
+    with capturedLogs() as events:
+        config = parse_config({"sdexec": {"max-frame-size": "4M"}}, "f.toml")
+    (warning,) = config.warnings
+    assert warning.startswith(
+        "f.toml: sdexec.retained-output: 1048576 bytes may take 8 times as many"
+        " in one wait answer, more than max-frame-size (4194304)"
+    )
+    assert warning.endswith("lower it to at most 524288, or raise max-frame-size")
+    assert [event["warning"] for event in events] == [warning]
+    fits = {"max-frame-size": "4M", "retained-output": "512K"}
+    assert parse_config({"sdexec": fits}).warnings == ()
+    assert default_config().warnings == ()
+
+
 def test_document_must_be_tables():
     with pytest.raises(ConfigError, match=r"^<config>: expected a document of tables$"):
         parse_config([1, 2])  # type: ignore[arg-type]

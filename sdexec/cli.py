@@ -56,10 +56,11 @@ FORWARDED_SIGNALS = (
 NOT_FOUND = 127
 _RUN_FLAGS = ExecFlag.STDOUT | ExecFlag.STDERR | ExecFlag.WRITE_CREDIT
 _READ_SIZE = 64 * 1024
-#: With stdio passthrough the process writes to our stdout itself: let a
-#: closed pipe kill it as it would a local command (systemd ignores SIGPIPE
-#: by default; framed, the client sends SIGPIPE instead).
-_PASSTHROUGH_OPTS = {"SDEXEC_PROP_IgnoreSIGPIPE": "no"}
+#: A closed pipe kills the process as it would a local command: with stdio
+#: passthrough it writes to our stdout itself; framed, the client sends it
+#: SIGPIPE. systemd ignores SIGPIPE by default, and then neither would end
+#: it (``sdexec run --no-passthrough yes | head -1`` ran on for ever).
+_STREAMING_OPTS = {"SDEXEC_PROP_IgnoreSIGPIPE": "no"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -108,6 +109,13 @@ def _open_closed_standard_fds() -> None:
         except OSError:
             # The lowest free fd is this one, as the ones below it are open.
             os.open(os.devnull, os.O_RDWR)
+    # Python made None of the streams whose fd was closed when it started.
+    if sys.stdin is None:
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 (lives as long as we do)
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
 
 
 # -- command line ------------------------------------------------------------
@@ -329,9 +337,8 @@ def build_command(
         )
         if value is not None
     }
-    # Passthrough is for a streaming run; a background one has no client.
-    passing = options.passthrough and not options.bg
-    opts = dict(_PASSTHROUGH_OPTS) if passing else {}
+    # A background run has no client, and no pipe of ours to write to.
+    opts = {} if options.bg else dict(_STREAMING_OPTS)
     return command_object(
         [options.cmd, *options.args],
         environ,
@@ -354,7 +361,10 @@ def exit_code(status: int) -> int:
 
 def _fail(message: str) -> int:
     """Say what went wrong in one line on stderr; the exit status 1."""
-    print(f"sdexec: {message}", file=sys.stderr)
+    try:  # noqa: SIM105 (contextlib is not imported: start-up time)
+        print(f"sdexec: {message}", file=sys.stderr)
+    except OSError:
+        pass  # a stderr that went away: nothing more can be said to it
     return 1
 
 
@@ -534,26 +544,36 @@ def receipt_lines(receipt: Receipt, usage: bool) -> list[str]:
     return lines
 
 
+def _visible(text: str) -> str:
+    """``text`` with its non-printable characters escaped (``\\n``,
+    ``\\x1b``): a label or an argument, chosen by whoever started the
+    process, must not move the cursor or recolour the owner's terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def format_procs(procs: Sequence[dict[str, Any]]) -> str:
     """``sdexec.list`` processes as a table: PID, STATE, MODE, UNIT, LABEL,
     JOBID, STEP (of its termination), CMDLINE."""
     import shlex  # here: only ps needs it
 
-    rows = [("PID", "STATE", "MODE", "UNIT", "LABEL", "JOBID", "STEP", "CMDLINE")]
+    rows: list[tuple[str, ...]] = [
+        ("PID", "STATE", "MODE", "UNIT", "LABEL", "JOBID", "STEP", "CMDLINE")
+    ]
     for proc in procs:
         cmdline = shlex.join(str(arg) for arg in proc.get("cmdline") or [])
-        rows.append(
-            (
-                str(proc.get("pid", "")),
-                str(proc.get("state", "")),
-                str(proc.get("mode") or "-"),
-                str(proc.get("unit", "")),
-                str(proc.get("label") or "-"),
-                str(proc.get("jobid") or "-"),
-                str(proc.get("step") or "-"),
-                cmdline,
-            )
+        cells = (
+            proc.get("pid", ""),
+            proc.get("state", ""),
+            proc.get("mode") or "-",
+            proc.get("unit", ""),
+            proc.get("label") or "-",
+            proc.get("jobid") or "-",
+            proc.get("step") or "-",
+            cmdline,
         )
+        rows.append(tuple(_visible(str(cell)) for cell in cells))
     widths = [max(len(row[column]) for row in rows) for column in range(7)]
     lines = (
         "  ".join(

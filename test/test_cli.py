@@ -84,6 +84,27 @@ async def test_missing_command_exits_127_with_one_line(sdexec):
     assert "no-such-command-xyz" in done.stderr.decode()
 
 
+@pytest.mark.parametrize(
+    ("fd", "args", "code"),
+    [(1, ["sh", "-c", "exit 5"], 5), (2, ["no-such-command-xyz"], 127)],
+    ids=["stdout", "stderr"],
+)
+@ensureDeferred
+async def test_a_closed_standard_stream_changes_no_exit_status(sdexec, fd, args, code):
+    # Python starts with sys.stdout (or stderr) None for a closed fd: the
+    # final flush, or the one-line error, was a traceback and status 1.
+    def closed_and_run() -> int:
+        return subprocess.run(
+            _sdexec_argv("run", "-n", *args),
+            env=_environment(sdexec),
+            stdin=subprocess.DEVNULL,
+            preexec_fn=lambda: os.close(fd),
+            timeout=120,
+        ).returncode
+
+    assert await deferToThread(closed_and_run) == code
+
+
 @ensureDeferred
 async def test_property_error_names_the_property(sdexec):
     done = await cli(

@@ -394,6 +394,18 @@ def test_ps_table():
     )
 
 
+def test_ps_table_escapes_what_a_terminal_would_obey():
+    # Whoever started a process chose its label and arguments: no newline
+    # or escape sequence of theirs reaches the owner's terminal as such.
+    procs = [{"pid": 7, "state": "R", "unit": "u.service",
+              "label": "x\ny\x1b[31mRED",
+              "cmdline": ["printf", "\x1b]0;t\x07"]}]  # fmt: skip
+    (_header, row) = format_procs(procs).splitlines()
+    assert "x\\ny\\x1b[31mRED" in row
+    assert row.endswith("printf '\\x1b]0;t\\x07'")
+    assert row.isprintable()
+
+
 def test_ps_table_shows_the_job_and_its_termination_step():
     procs = [
         {"pid": 42, "state": "R", "unit": "u.service", "label": "x",

@@ -362,12 +362,15 @@ async def test_cli_no_passthrough_relays_through_the_service(sdexec):
 
 
 @real_manager
+@pytest.mark.parametrize("way", [[], ["--no-passthrough"]], ids=["passed", "framed"])
 @ensureDeferred
-async def test_a_closed_pipe_kills_the_process_with_sigpipe(sdexec):
-    # `sdexec run yes | head -c 2`, as a local command would: 141.
+async def test_a_closed_pipe_kills_the_process_with_sigpipe(sdexec, way):
+    # `sdexec run yes | head -c 2`, as a local command would: 141. Framed,
+    # the client sends the SIGPIPE, which the unit ignored (systemd's
+    # default): `yes` ran on for ever, and the client with it.
     reader, writer = os.pipe()
     client = subprocess.Popen(
-        [sys.executable, "-m", "sdexec.cli", "run", "-n", "yes"],
+        [sys.executable, "-m", "sdexec.cli", "run", *way, "-n", "yes"],
         env={**os.environ, "SDEXEC_SOCKET": sdexec.socket_path},
         stdout=writer,
     )

@@ -25,6 +25,7 @@ import os
 import pwd
 import re
 import signal
+import stat
 import sys
 import tomllib
 from collections.abc import Callable, Mapping
@@ -173,7 +174,10 @@ class ExecConfig:
             return self.sdexec_stop_timer_sec_configured
         # Sums of binary fractions carry noise (0.1 * 3 is 0.30000000000000004);
         # it must not add a second to the timer.
-        return math.ceil(round(self.effective_max_kill_timeout, 6))
+        timeout = round(self.effective_max_kill_timeout, 6)
+        if not math.isfinite(timeout):  # kill-timeout = 1e308, times five
+            return MAX_STOP_TIMER_SEC + 1  # refused as above systemd's limit
+        return math.ceil(timeout)
 
 
 @dataclass(frozen=True)
@@ -355,8 +359,43 @@ def default_config() -> Config:
 # --- use, or raises ValueError saying what was expected. ------------------
 
 
+#: Past about 4300 digits, Python will not write an integer in decimal.
+_MAX_QUOTED_INT_BITS = 14_000
+
+#: Characters of a value an error message quotes (a long path whole).
+_QUOTE_LIMIT = 1000
+
+
 def _quote(value: object) -> str:
-    """A value as the admin would write it: ``"5x"``, ``true``, ``12``."""
+    """A value as the admin would write it: ``"5x"``, ``true``, ``12``; cut
+    short past :data:`_QUOTE_LIMIT` characters. A YAML file of a few hundred
+    bytes can alias its way to a billion items, or to itself: only as much
+    of it is written as is shown."""
+    text = _json_prefix(value, _QUOTE_LIMIT + 1, depth=0)
+    return text if len(text) <= _QUOTE_LIMIT else f"{text[:_QUOTE_LIMIT]}…"
+
+
+def _json_prefix(value: object, budget: int, depth: int) -> str:
+    """``value`` as JSON, at least its first ``budget`` characters if it has
+    that many; nesting below 8 levels (a self-alias has no bottom) is "…"."""
+    if isinstance(value, dict | list):
+        if depth >= 8:
+            return "…"
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        parts: list[str] = []
+        used = 2
+        for key, item in items:
+            if used >= budget:
+                break
+            prefix = f"{json.dumps(str(key))}: " if isinstance(value, dict) else ""
+            parts.append(prefix + _json_prefix(item, budget - used, depth + 1))
+            used += len(parts[-1]) + 2
+        ends = "{}" if isinstance(value, dict) else "[]"
+        return ends[0] + ", ".join(parts) + ends[1]
+    if isinstance(value, str):
+        return json.dumps(value[:budget])
+    if isinstance(value, int) and value.bit_length() > _MAX_QUOTED_INT_BITS:
+        return f"<an integer of {value.bit_length()} bits>"
     return json.dumps(value, default=str)
 
 
@@ -443,7 +482,7 @@ def _endpoint(value: object) -> str:
         # Parsing builds an endpoint without touching the reactor, so any
         # stand-in will do; this catches "tpc:8490" long before a listen.
         serverFromString(None, description)
-    except (ValueError, TypeError, KeyError) as error:
+    except (ValueError, TypeError, KeyError, OSError) as error:  # OSError: ssl's key
         raise ValueError(
             f"{_quote(value)} is not a Twisted server endpoint"
             f" such as unix:/path or tcp:PORT ({error})"
@@ -621,7 +660,7 @@ _SDEXEC: _Table = {
     "mapper": _Key(_class_name),
     "mapper-searchpath": _Key(_searchpath),
     "listen": _Key(_endpoint),
-    "listen-backlog": _Key(_integer(1)),
+    "listen-backlog": _Key(_integer(1, 2**31 - 1)),  # listen(2) takes an int
     "stats": _Key(_endpoint),
     "rank": _Key(_integer(0)),
     "topology": _Key(_string),
@@ -794,6 +833,10 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     if suffix != ".toml" and suffix not in _YAML_SUFFIXES:
         raise ConfigError(source, None, "expected a .toml, .yaml or .yml file")
     try:
+        mode = os.stat(source).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a directory: below
+            # A FIFO would block the reader (a reload: the whole service).
+            raise ConfigError(source, None, "cannot read: not a regular file")
         text = Path(source).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(source, None, _read_failure(error)) from None
@@ -816,6 +859,8 @@ def _parse_toml(text: str, source: str) -> dict:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(source, None, f"TOML syntax error: {error}") from None
+    except ValueError as error:  # an integer of thousands of digits
+        raise ConfigError(source, None, _unreadable_number(error)) from None
 
 
 class _YamlLoader(yaml.SafeLoader):
@@ -842,8 +887,18 @@ def _parse_yaml(text: str, source: str) -> dict:
         raise ConfigError(
             source, None, f"YAML syntax error: {_yaml_problem(error)}"
         ) from None
+    except ValueError as error:  # an integer of thousands of digits
+        raise ConfigError(source, None, _unreadable_number(error)) from None
     # An empty (or all-comment) file is a configuration of defaults.
     return {} if data is None else data
+
+
+def _unreadable_number(error: ValueError) -> str:
+    # Python's own words advise changing its settings; the admin's file is
+    # what should change.
+    if "integer string conversion" in str(error):
+        return "a number too long to read (more than 4300 digits)"
+    return f"cannot read: {error}"
 
 
 def _yaml_problem(error: yaml.YAMLError) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 import re
 import signal
 import subprocess
@@ -125,8 +126,8 @@ KEYS = [
         "unix:/tmp/sdexec.sock", "tpc:8490",
         '"tpc:8490" is not a Twisted server endpoint such as unix:/path or tcp:PORT'
         " (Unknown endpoint type: 'tpc')"),
-    Key("sdexec.listen-backlog", "sdexec.listen_backlog", None, 1024, 1024, "1k",
-        'expected an integer of at least 1, got "1k"'),
+    Key("sdexec.listen-backlog", "sdexec.listen_backlog", None, 1024, 1024, 2**31,
+        "expected an integer from 1 to 2147483647, got 2147483648"),
     Key("sdexec.stats", "sdexec.stats", None, "tcp:9000:interface=127.0.0.1",
         "tcp:9000:interface=127.0.0.1", "tcp:http",
         '"tcp:http" is not a Twisted server endpoint such as unix:/path or tcp:PORT'
@@ -442,6 +443,69 @@ def test_retained_output_that_may_not_fit_a_wait_answer_warns():
     fits = {"max-frame-size": "4M", "retained-output": "512K"}
     assert parse_config({"sdexec": fits}).warnings == ()
     assert default_config().warnings == ()
+
+
+SELF_ALIAS = "[[[[[[[[…]]]]]]]]"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # A few hundred bytes that alias to a billion items: the message
+        # writes only what it shows.
+        ("a: &a [1,1,1,1,1,1,1,1,1,1]\n"
+         + "".join(f"{c}: &{c} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n"
+                   for p, c in zip("abcdefgh", "bcdefghi", strict=True))
+         + "exec: {imp: *i}\n",
+         "exec.imp: expected a non-empty string, got [[[[[[[[…"),
+        ("exec: {imp: &s [*s]}\n",
+         f"exec.imp: expected a non-empty string, got {SELF_ALIAS}"),
+        ("exec: &s [*s]\n", f"exec: expected a table, got {SELF_ALIAS}"),
+        ("exec: {max-kill-count: " + "9" * 5000 + "}\n",
+         ": a number too long to read (more than 4300 digits)"),
+    ],
+    ids=["billion-laughs", "self-alias", "self-alias-table", "5000-digits"],
+)  # fmt: skip
+def test_yaml_that_cannot_be_written_back_is_named_briefly(tmp_path, text, message):
+    path = tmp_path / "sdexec.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert message in str(error.value)
+    assert len(str(error.value)) < 1200
+
+
+def test_toml_integer_of_thousands_of_digits_is_named(tmp_path):
+    path = tmp_path / "sdexec.toml"
+    path.write_text("[exec]\nmax-kill-count = " + "9" * 5000 + "\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value) == (
+        f"{path}: a number too long to read (more than 4300 digits)"
+    )
+
+
+def test_a_kill_timeout_past_any_float_is_refused_not_a_traceback():
+    with pytest.raises(ConfigError) as error:
+        parse_config({"exec": {"kill-timeout": 1e308}})
+    assert error.value.key == "exec.sdexec-stop-timer-sec"
+    assert "(inf s)" in str(error.value)
+
+
+def test_an_ssl_endpoint_without_its_key_is_named(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        parse_config({"sdexec": {"listen": f"ssl:443:privateKey={tmp_path}/none"}})
+    assert error.value.key == "sdexec.listen"
+    assert "is not a Twisted server endpoint" in str(error.value)
+
+
+def test_a_fifo_is_not_read(tmp_path):
+    # It would block the reader for ever: at a reload, the whole service.
+    path = tmp_path / "sdexec.toml"
+    os.mkfifo(path)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value) == f"{path}: cannot read: not a regular file"
 
 
 def test_document_must_be_tables():

@@ -95,26 +95,38 @@ class Command:
 
     def resolve_executable(self) -> str | None:
         """``cmdline[0]`` as execvp(3) would find it with this command's
-        ``PATH`` and ``cwd``; ``None`` if there is no such executable.
+        ``PATH`` and ``cwd``; ``None`` if there is no such executable
+        (:meth:`found_unexecutable` then says whether a file of that name
+        was there, but not executable: execvp's EACCES).
 
         systemd searches only its own fixed path for a bare name, not the
         client's ``PATH``; resolving here keeps ``sdexec run myscript`` working
         as it would in the client's shell, and turns a missing command into an
         immediate ENOENT rather than a failed unit.
         """
-        name = self.cmdline[0]
-        if "/" in name:
-            path = os.path.normpath(os.path.join(self.cwd or "/", name))
-            return path if _is_executable(path) else None
-        if len(name.encode()) > NAME_MAX:
-            return None  # no file has such a name: no need to look
-        # Each directory once: a PATH of ":" * 100000 is one directory.
-        directories = dict.fromkeys(self.env.get("PATH", os.defpath).split(":"))
-        for directory in directories:
-            path = os.path.join(self.cwd or "/", directory or ".", name)
+        for path in self._candidates():
             if _is_executable(path):
                 return os.path.normpath(path)
         return None
+
+    def found_unexecutable(self) -> bool:
+        """Whether a file :meth:`resolve_executable` looked at exists but
+        cannot be executed (not executable, or a directory)."""
+        return any(os.path.exists(path) for path in self._candidates())
+
+    def _candidates(self) -> list[str]:
+        """The paths execvp(3) would try for ``cmdline[0]``, in order."""
+        name = self.cmdline[0]
+        if "/" in name:
+            return [os.path.normpath(os.path.join(self.cwd or "/", name))]
+        if len(name.encode()) > NAME_MAX:
+            return []  # no file has such a name: no need to look
+        # Each directory once: a PATH of ":" * 100000 is one directory.
+        directories = dict.fromkeys(self.env.get("PATH", os.defpath).split(":"))
+        return [
+            os.path.join(self.cwd or "/", directory or ".", name)
+            for directory in directories
+        ]
 
 
 def _is_executable(path: str) -> bool:

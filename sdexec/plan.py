@@ -139,6 +139,9 @@ def plan_exec(
     # Before the PATH search: a PATH of megabytes would cost as many stats.
     check_exec_size(command.cmdline[0], command.cmdline, environment)
     executable = command.resolve_executable()
+    if executable is None and command.found_unexecutable():
+        # As execvp(3) (and a shell, whose status is then 126) says it.
+        raise RequestError(errno.EACCES, f"{command.cmdline[0]}: permission denied")
     if executable is None:
         raise RequestError(errno.ENOENT, f"{command.cmdline[0]}: command not found")
     mapped = _mapped_properties(containment, command)

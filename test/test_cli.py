@@ -106,6 +106,17 @@ async def test_a_closed_standard_stream_changes_no_exit_status(sdexec, fd, args,
 
 
 @ensureDeferred
+async def test_a_command_that_cannot_be_executed_exits_126_as_in_a_shell(
+    sdexec, tmp_path
+):
+    script = tmp_path / "not-executable"
+    script.write_text("#!/bin/sh\n")
+    done = await cli(sdexec, "run", "-n", str(script))
+    assert done.returncode == 126
+    assert done.stderr.decode() == f"sdexec: {script}: permission denied\n"
+
+
+@ensureDeferred
 async def test_property_error_names_the_property(sdexec):
     done = await cli(
         sdexec, "run", "-n", "--setopt", "SDEXEC_PROP_CPUAccounting=maybe", "true"

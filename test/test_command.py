@@ -140,6 +140,17 @@ def test_each_path_directory_is_looked_in_once(monkeypatch):
     assert looked == ["/./prog", "/a/prog", "/b/prog"]
 
 
+def test_a_file_that_cannot_be_executed_is_found_unexecutable(tmp_path):
+    make_executable(tmp_path / "prog", mode=0o644)
+    (tmp_path / "dir").mkdir()
+    for name in ("prog", "dir", "./prog"):
+        command = Command([name], env={"PATH": str(tmp_path)}, cwd=str(tmp_path))
+        assert command.resolve_executable() is None
+        assert command.found_unexecutable()
+    missing = Command(["absent"], env={"PATH": str(tmp_path)})
+    assert not missing.found_unexecutable()
+
+
 def test_a_bare_name_no_file_can_have_is_not_looked_for(monkeypatch):
     looked = []
     monkeypatch.setattr("sdexec.command._is_executable", looked.append)

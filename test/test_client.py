@@ -432,11 +432,19 @@ def test_run_job_options_and_cancel_targets():
         ]
     )
     opts = build_command(options, {}, "/")["opts"]
-    assert opts == {"A": "b", "SDEXEC_JOBID": "f1", "SDEXEC_TIME_LIMIT": "5m"}
+    # A closed pipe must end a framed run too (the client forwards SIGPIPE).
+    sigpipe = {"SDEXEC_PROP_IgnoreSIGPIPE": "no"}
+    assert opts == {
+        **sigpipe,
+        "A": "b",
+        "SDEXEC_JOBID": "f1",
+        "SDEXEC_TIME_LIMIT": "5m",
+    }
     assert (
         build_command(parse_args(["run", "--no-passthrough", "true"]), {}, "/")["opts"]
-        == {}
+        == sigpipe
     )
+    assert build_command(parse_args(["run", "--bg", "true"]), {}, "/")["opts"] == {}
     assert cancel_targets("1234") == ({"pid": 1234}, {"jobid": "1234"})
     assert cancel_targets("fA3x") == ({"jobid": "fA3x"}, {"label": "fA3x"})
 
@@ -481,7 +489,8 @@ def test_cli_run_streams_and_exits_with_the_status(tmp_path, served):
     peer = yield factory_peers.get()
     request = yield peer.requests.get()
     cmd = request["payload"]["cmd"]
-    assert (cmd["cmdline"], cmd["opts"], cmd["cwd"]) == (["cat"], {"K": "V"}, str(REPO))
+    assert (cmd["cmdline"], cmd["cwd"]) == (["cat"], str(REPO))
+    assert cmd["opts"] == {"SDEXEC_PROP_IgnoreSIGPIPE": "no", "K": "V"}
     assert cmd["env"]["PYTHONPATH"] == str(REPO)
     assert request["payload"]["flags"] == 11
     first = yield peer.requests.get()  # the borrowed credit, no more

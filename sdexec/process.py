@@ -15,6 +15,7 @@ import enum
 import errno
 import functools
 import signal
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -136,6 +137,8 @@ class Process:
         #: Output streams that reached EOF while the receipt was being read.
         self._eofs_after_finished: list[str] = []
         self._start_deadline: IDelayedCall | None = None
+        #: sdexec decided to stop the unit (a lost StopUnit is made again).
+        self._stop_wanted = False
         self.stop_timer = StopTimer(
             context.clock,
             plan.stop_timer.seconds,
@@ -185,19 +188,19 @@ class Process:
     # -- lifecycle ----------------------------------------------------------
 
     def start(self) -> None:
-        """Make the channels, watch the unit, ask systemd to start it."""
+        """Make the channels, watch the unit, ask systemd to start it. If
+        that fails (EMFILE), nothing of it is left: no socket, no watch."""
         passed = self._passed
-        pairs = {
-            name: socketpair_for_systemd() for name in STREAMS if name not in passed
-        }
-        self._watch = self._systemd.watch_unit(self.unit_name, self._unit_changed)
-        reactor = self._context.reactor
-        if "stdin" in pairs:
-            self.stdin.adopt(reactor, pairs["stdin"][0])
-        for name in ("stdout", "stderr"):
-            if name in pairs and name not in self.output.channels:
-                pairs[name][0].close()  # nobody would read it
-        self.output.adopt(reactor, {name: pair[0] for name, pair in pairs.items()})
+        pairs: dict[str, tuple[socket.socket, socket.socket]] = {}
+        try:
+            for name in STREAMS:
+                if name not in passed:
+                    pairs[name] = socketpair_for_systemd()
+            self._watch = self._systemd.watch_unit(self.unit_name, self._unit_changed)
+            self._adopt_channels(pairs)
+        except BaseException:
+            self._undo_start(pairs)
+            raise
         if self.plan.flags & ExecFlag.WRITE_CREDIT and "stdin" not in passed:
             self._send(
                 {"type": "add-credit", "channels": {"stdin": self.stdin.bufsize}}
@@ -213,6 +216,31 @@ class Process:
         # systemd has its copies once it answers (or will never use them).
         started.addBoth(self._close_after_start, theirs, passed)
         started.addCallbacks(self._start_accepted, self._start_refused)
+
+    def _adopt_channels(
+        self, pairs: dict[str, tuple[socket.socket, socket.socket]]
+    ) -> None:
+        reactor = self._context.reactor
+        if "stdin" in pairs:
+            self.stdin.adopt(reactor, pairs["stdin"][0])
+        for name in ("stdout", "stderr"):
+            if name in pairs and name not in self.output.channels:
+                pairs[name][0].close()  # nobody would read it
+        self.output.adopt(reactor, {name: pair[0] for name, pair in pairs.items()})
+
+    def _undo_start(
+        self, pairs: dict[str, tuple[socket.socket, socket.socket]]
+    ) -> None:
+        """A start that failed part way: close what it made. (A watch left
+        behind would refuse the next unit of this name for good.)"""
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        self.stdin.close()
+        self.output.close()
+        for pair in pairs.values():
+            for sock in pair:
+                sock.close()  # a no-op for one a channel has closed
 
     def write(self, data: bytes, eof: bool) -> None:
         """Client data for stdin (``eof`` closes it); ``EINVAL`` if the
@@ -257,8 +285,10 @@ class Process:
             return  # a start lost with the connection ended its request
         self._called.discard(UnitCall.CONFIRM_FAILURE)  # this refresh confirms
         self._watch.refresh().addErrback(self._resync_failed)
-        if isinstance(self._responder, _Nowhere):
-            self._stop()  # abandoned while systemd was away
+        if self._stop_wanted or isinstance(self._responder, _Nowhere):
+            # A stop the loss failed (a deadline's, a fence's), or a client
+            # that left while systemd was away.
+            self._stop()
 
     def pause_output(self) -> None:
         """The client reads slowly: stop reading the process's output."""
@@ -279,9 +309,13 @@ class Process:
     def _start_accepted(self, job: str) -> None:
         self._called.add(UnitCall.START)
         assert self._watch is not None  # made before the start was asked for
-        self._start_deadline = self._context.clock.callLater(
-            self._context.start_timeout, self._start_overdue
-        )
+        if Sent.STARTED not in self._sent and not self._outcome_known:
+            # Not when the unit's signals came first (dbus-fast delivers
+            # them as it reads them, the answer a few turns later): the
+            # process has started, and nothing would cancel the deadline.
+            self._start_deadline = self._context.clock.callLater(
+                self._context.start_timeout, self._start_overdue
+            )
         if isinstance(self._responder, _Nowhere):
             self._stop()  # the client left while systemd was starting it
             return
@@ -537,6 +571,7 @@ class Process:
         self._on_reaped(self)
 
     def _stop(self) -> None:
+        self._stop_wanted = True  # made again if the connection loses it
         # "replace": with "fail", systemd refuses to stop a unit whose start
         # job is still queued, and the unit would be left running.
         self._call(UnitCall.STOP, lambda unit: self._systemd.stop_unit(unit, "replace"))

@@ -81,6 +81,8 @@ class SdexecServer:
         self.clock = clock or reactor
         self.containment = containment or Containment(config, None)
         self._all_reaped: list[defer.Deferred[None]] = []
+        #: :meth:`shutdown` has begun: no more processes are started.
+        self.stopping = False
         self.processes: dict[tuple[int, int], Process] = {}
         #: The same, by connection id then matchtag: a connection's
         #: back-pressure pauses and resumes its own processes, and it would
@@ -154,6 +156,10 @@ class SdexecServer:
         false: in the background, sdexec/background.py), with the
         descriptors it brought (``stdio``; the caller closes them if this
         raises)."""
+        if self.stopping:
+            # Its unit would outlive the shutdown, which stops only the
+            # processes there when it began.
+            raise RequestError(errno.EAGAIN, "the service is stopping")
         if self.drain_reason is not None:
             raise RequestError(
                 errno.EBUSY,
@@ -216,6 +222,9 @@ class SdexecServer:
             raise RequestError(
                 error.errno or errno.EIO, f"cannot start the process: {error}"
             ) from None
+        except Exception:
+            self._untable(key)
+            raise
         if not streaming:
             process.write(b"", eof=True)  # a background process reads EOF
 
@@ -387,6 +396,7 @@ class SdexecServer:
         grace (and the first reaps wait for the receipts queued behind every
         stop in the call window), while a unit that never stops, or a
         manager that answers nothing, must not hold the exit."""
+        self.stopping = True
         for verdict in list(self._canaries):
             verdict.cancel()  # its process is abandoned below, its timer goes
         for process in list(self.processes.values()):
@@ -645,6 +655,18 @@ class ClientProtocol(StdioReceivingProtocol):
         except RequestRefused as error:
             self.server.count("errors")
             self._send_error(reply_topic, reply_matchtag, error.errnum, error.errstr)
+            return
+        except Exception as error:
+            # A fault of ours: the request is answered and logged, and the
+            # connection (and its other requests) carries on.
+            log.failure("{topic}: unexpected error", topic=reply_topic)
+            self.server.count("errors")
+            self._send_error(
+                reply_topic,
+                reply_matchtag,
+                errno.EIO,
+                f"internal error: {type(error).__name__}: {error}",
+            )
             return
         if result is None:
             return

@@ -15,8 +15,9 @@ from offline import Connection, error_of, read_to_eof
 from pytest_twisted import ensureDeferred
 from strategies import deeply_nested, json_line
 from twisted.internet import reactor
-from twisted.internet.task import Clock
+from twisted.internet.task import Clock, deferLater
 
+import sdexec.process
 from sdexec.config import parse_config
 from sdexec.idset import MAX_ID
 from sdexec.ioencode import encode_io
@@ -558,3 +559,44 @@ def test_a_listed_command_line_is_cut_however_long_it_ran(server, connection):
     (entry,) = connection.last()["payload"]["procs"]
     assert len("".join(entry["cmdline"])) <= MAX_LISTED_CMDLINE + 1
     assert entry["cmdline"][-1].endswith("…")
+
+
+def _fail_second(real):
+    """``real``, except that its second call runs out of descriptors."""
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(*args, **kwargs)
+
+    return failing
+
+
+@pytest.mark.parametrize("where", ["socketpair_for_systemd", "adoptStreamConnection"])
+@ensureDeferred
+async def test_a_start_out_of_descriptors_part_way_leaves_nothing_behind(
+    server, connection, systemd, monkeypatch, where
+):
+    # Its unit's watch stayed registered: the next exec of that name was an
+    # unhandled "already watched", a phantom in every list, fds leaked.
+    fds_before = set(os.listdir("/proc/self/fd"))
+    if where == "socketpair_for_systemd":
+        real = sdexec.process.socketpair_for_systemd
+        monkeypatch.setattr("sdexec.process.socketpair_for_systemd", _fail_second(real))
+    else:
+        monkeypatch.setattr(reactor, where, _fail_second(reactor.adoptStreamConnection))
+    named = {**TRUE, "opts": {"SDEXEC_NAME": "sdexec-q"}}
+    connection.send("sdexec.exec", {"cmd": named, "flags": FLAGS})
+    assert error_of(connection.last())[0] == errno.EMFILE
+    monkeypatch.undo()
+    assert server.processes == {}
+    for _ in range(100):  # an adopted channel closes as the reactor turns
+        if set(os.listdir("/proc/self/fd")) <= fds_before:
+            break
+        await deferLater(reactor, 0.01, lambda: None)
+    assert set(os.listdir("/proc/self/fd")) <= fds_before
+    connection.send("sdexec.exec", {"cmd": named, "flags": FLAGS}, matchtag=2)
+    assert systemd.calls[-1] == ("start", "sdexec-q.service")
+    still_serves(server)

@@ -316,6 +316,39 @@ def test_back_pressure_pauses_and_resumes_the_connections_output(server):
     connection.close()
 
 
+def test_an_exec_during_shutdown_is_eagain_and_starts_nothing(systemd, server):
+    # An open connection's exec once started a unit the shutdown, already
+    # under way, never stopped: it outlived the service.
+    early, late = Connection(server), Connection(server)
+    early.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    server.shutdown(grace=10)
+    other = {**TRUE, "opts": {"SDEXEC_NAME": "sdexec-late"}}
+    late.send("sdexec.exec", {"flags": FLAGS, "cmd": other})
+    assert error_of(late.last()) == (errno.EAGAIN, "the service is stopping")
+    assert ("start", "sdexec-late.service") not in systemd.calls
+    early.close()
+    late.close()
+
+
+def test_a_fault_of_ours_answers_its_request_and_keeps_the_connection(
+    server, connection, monkeypatch
+):
+    def broken() -> dict:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(server, "list", broken)
+    connection.send("sdexec.list", {})
+    assert error_of(connection.last()) == (
+        errno.EIO,
+        "internal error: RuntimeError: boom",
+    )
+    assert not connection.transport.disconnecting
+    monkeypatch.undo()
+    connection.send("sdexec.list", {}, matchtag=2)
+    assert connection.last()["payload"]["procs"] == []
+
+
 def test_shutdown_waits_for_every_process_to_be_reaped(systemd, server, connection):
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT)

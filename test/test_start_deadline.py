@@ -9,6 +9,7 @@ import errno
 from offline import Recorder
 from test_process import UNIT, lifecycle_plan, make_process
 from twisted.internet import reactor
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from sdexec.config import DEFAULT_START_TIMEOUT
@@ -70,3 +71,41 @@ def test_the_timeout_is_the_contexts():
     Process(systemd, lifecycle_plan(), responder, context).start()
     clock.advance(5)
     assert "within 5 s" in responder.responses[0][1]
+
+
+def test_a_start_answered_after_the_units_signals_arms_no_deadline():
+    # dbus-fast delivers signals as it reads them, a call's answer a few
+    # turns later: the process had started, and the deadline armed by the
+    # answer then ended its request mid-run (and stopped the unit).
+    systemd, responder, clock = FakeManager(), Recorder(), Clock()
+    answer: Deferred[str] = Deferred()
+    start = systemd.start_transient_unit
+
+    def answered_late(*args, **kwargs) -> Deferred[str]:
+        start(*args, **kwargs)
+        return answer
+
+    systemd.start_transient_unit = answered_late  # type: ignore[method-assign]
+    context = ProcessContext(reactor=reactor, clock=clock, rank="0")
+    Process(systemd, lifecycle_plan(), responder, context).start()
+    systemd.change(UNIT, RUNNING)
+    answer.callback("/org/freedesktop/systemd1/job/1")
+    assert clock.getDelayedCalls() == []
+    clock.advance(10 * DEFAULT_START_TIMEOUT)
+    systemd.change(UNIT, EXITED)
+    systemd.change(UNIT, INACTIVE)
+    assert responder.types() == ["started", "finished", errno.ENODATA]
+    systemd.close()
+
+
+def test_a_deadlines_stop_lost_with_the_connection_is_made_again():
+    # The stop sdexec decided on went with the connection; only an
+    # abandoned process's was made again, and the unit ran on.
+    process, systemd, responder, clock = make_process()
+    systemd.connected = False
+    clock.advance(DEFAULT_START_TIMEOUT)
+    assert responder.responses[0][0] == errno.EIO
+    stops = [call for call in systemd.calls if call[0] == "stop"]
+    systemd.connected = True
+    process.resync()
+    assert [call for call in systemd.calls if call[0] == "stop"] == [*stops, stops[0]]

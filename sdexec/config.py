@@ -41,6 +41,7 @@ from twisted.logger import Logger
 from sdexec.activation import check_systemd_endpoint, is_systemd_endpoint
 from sdexec.command import OWN_PROPERTIES
 from sdexec.fsd import parse_fsd
+from sdexec.idset import MAX_ID
 from sdexec.policy import DEFAULT_ALLOWED, parse_request_properties
 from sdexec.property import (
     CONTAINMENT_PROPERTIES,
@@ -662,7 +663,7 @@ _SDEXEC: _Table = {
     "listen": _Key(_endpoint),
     "listen-backlog": _Key(_integer(1, 2**31 - 1)),  # listen(2) takes an int
     "stats": _Key(_endpoint),
-    "rank": _Key(_integer(0)),
+    "rank": _Key(_integer(0, MAX_ID)),  # an id R can name
     "topology": _Key(_string),
     "max-frame-size": _Key(_frame_size),
     "containment-check": _Key(_one_of("drain", "warn")),

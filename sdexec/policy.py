@@ -229,8 +229,8 @@ DEFAULT_ALLOWED: Final = frozenset(
         "IOAccounting",
         "TasksAccounting",
         # Whether the process dies of SIGPIPE (systemd ignores it by
-        # default): how a local command behaves. `sdexec run` sets it when it
-        # passes its own stdout (stdio passthrough); no privilege in it.
+        # default): how a local command behaves. `sdexec run` sets it on
+        # every streaming run; no privilege in it.
         "IgnoreSIGPIPE",
     }
 )

@@ -232,7 +232,10 @@ class Process:
         self, pairs: dict[str, tuple[socket.socket, socket.socket]]
     ) -> None:
         """A start that failed part way: close what it made. (A watch left
-        behind would refuse the next unit of this name for good.)"""
+        behind would refuse the next unit of this name for good.) The
+        caller answers the request: the channels closed here say nothing
+        more, not even their EOFs."""
+        self._responder, self._tap, self._ended = _Nowhere(), None, True
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None

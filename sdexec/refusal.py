@@ -36,5 +36,11 @@ def printable(text: str) -> str:
 def quoted(value: object, limit: int = 40) -> str:
     """``repr(value)`` for a message, cut short past ``limit`` characters,
     with how long it was: a hostile value may be megabytes."""
+    if isinstance(value, int) and value.bit_length() > _MAX_WRITABLE_INT_BITS:
+        return f"<an integer of {value.bit_length()} bits>"
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
+
+
+#: Past about 4300 digits, Python will not write an integer in decimal.
+_MAX_WRITABLE_INT_BITS = 14_000

@@ -329,7 +329,12 @@ class SdexecServer:
         # The service's own process: keyed as background ones are, by no
         # connection, so that no client's disconnect or key can touch it.
         key = self.tracked.new_key()
-        self._new_process(key, plan, responder).start()
+        try:
+            self._new_process(key, plan, responder).start()
+        except OSError as error:  # no fds left for its channels (EMFILE)
+            self._untable(key)
+            problem = f"DevicePolicy could not be verified: {error}"
+            return defer.succeed(self._judged(problem))
         verdict = responder.done.addTimeout(
             CANARY_TIMEOUT_SECONDS, self.clock, onTimeoutCancel=responder.timed_out
         )

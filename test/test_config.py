@@ -132,8 +132,8 @@ KEYS = [
         "tcp:9000:interface=127.0.0.1", "tcp:http",
         '"tcp:http" is not a Twisted server endpoint such as unix:/path or tcp:PORT'
         " (invalid literal for int() with base 10: 'http')"),
-    Key("sdexec.rank", "sdexec.rank", 0, 3, 3, -1,
-        "expected an integer of at least 0, got -1"),
+    Key("sdexec.rank", "sdexec.rank", 0, 3, 3, 2**32,
+        "expected an integer from 0 to 4294967293, got 4294967296"),
     Key("sdexec.topology", "sdexec.topology", None, "/etc/sdexec/topology.xml",
         "/etc/sdexec/topology.xml", True, "expected a non-empty string, got true"),
     Key("sdexec.max-frame-size", "sdexec.max_frame_size", 64 * MiB, "16M", 16 * MiB,

@@ -154,6 +154,20 @@ async def test_the_canary_carries_the_services_mark():
     await server.shutdown(grace=10)
 
 
+def test_a_canary_out_of_descriptors_is_not_a_verified_fence(monkeypatch):
+    def exhausted():
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr("sdexec.process.socketpair_for_systemd", exhausted)
+    server, _systemd, _ = offline_server()
+    verdicts: list = []
+    server.verify_devices().addBoth(verdicts.append)
+    assert verdicts == [
+        "DevicePolicy could not be verified: [Errno 24] Too many open files"
+    ]
+    assert server.processes == {}  # nothing for a shutdown to wait on
+
+
 def test_no_canary_without_containment():
     server, systemd, _ = offline_server(constrain=False)
     seen: list = []

@@ -561,32 +561,39 @@ def test_a_listed_command_line_is_cut_however_long_it_ran(server, connection):
     assert entry["cmdline"][-1].endswith("…")
 
 
-def _fail_second(real):
-    """``real``, except that its second call runs out of descriptors."""
+def _fail_nth(real, nth: int):
+    """``real``, except that its ``nth`` call runs out of descriptors."""
     calls = []
 
     def failing(*args, **kwargs):
         calls.append(args)
-        if len(calls) == 2:
+        if len(calls) == nth:
             raise OSError(errno.EMFILE, "Too many open files")
         return real(*args, **kwargs)
 
     return failing
 
 
-@pytest.mark.parametrize("where", ["socketpair_for_systemd", "adoptStreamConnection"])
+@pytest.mark.parametrize(
+    ("where", "nth"),
+    [("socketpair_for_systemd", 2), ("adoptStreamConnection", 2),
+     ("adoptStreamConnection", 3)],
+)  # fmt: skip
 @ensureDeferred
 async def test_a_start_out_of_descriptors_part_way_leaves_nothing_behind(
-    server, connection, systemd, monkeypatch, where
+    server, connection, systemd, monkeypatch, where, nth
 ):
     # Its unit's watch stayed registered: the next exec of that name was an
     # unhandled "already watched", a phantom in every list, fds leaked.
     fds_before = set(os.listdir("/proc/self/fd"))
     if where == "socketpair_for_systemd":
         real = sdexec.process.socketpair_for_systemd
-        monkeypatch.setattr("sdexec.process.socketpair_for_systemd", _fail_second(real))
+        monkeypatch.setattr(
+            "sdexec.process.socketpair_for_systemd", _fail_nth(real, nth)
+        )
     else:
-        monkeypatch.setattr(reactor, where, _fail_second(reactor.adoptStreamConnection))
+        failing = _fail_nth(reactor.adoptStreamConnection, nth)
+        monkeypatch.setattr(reactor, where, failing)
     named = {**TRUE, "opts": {"SDEXEC_NAME": "sdexec-q"}}
     connection.send("sdexec.exec", {"cmd": named, "flags": FLAGS})
     assert error_of(connection.last())[0] == errno.EMFILE
@@ -597,6 +604,8 @@ async def test_a_start_out_of_descriptors_part_way_leaves_nothing_behind(
             break
         await deferLater(reactor, 0.01, lambda: None)
     assert set(os.listdir("/proc/self/fd")) <= fds_before
+    # Its error was its last word: no EOF of a channel closed after it.
+    assert [payloads["errnum"] for payloads in connection.responses()] == [errno.EMFILE]
     connection.send("sdexec.exec", {"cmd": named, "flags": FLAGS}, matchtag=2)
     assert systemd.calls[-1] == ("start", "sdexec-q.service")
     still_serves(server)

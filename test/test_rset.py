@@ -165,6 +165,10 @@ def test_empty_R_lite_is_an_empty_set():
         ),
         (make_R(starttime=float("inf")), "R: execution.starttime: inf is out of range"),
         (
+            make_R(expiration=10**5000),  # past what Python writes in decimal
+            "R: execution.expiration: <an integer of 16610 bits> is out of range",
+        ),
+        (
             make_R(starttime=-(2.0**62)),
             "R: execution.starttime: -4.611686018427388e+18 is out of range",
         ),

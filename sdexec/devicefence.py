@@ -37,6 +37,7 @@ __all__ = [
     "CANARY_PROPERTIES",
     "CANARY_SCRIPT",
     "CANARY_TIMEOUT_SECONDS",
+    "PROBE",
     "CanaryResponder",
     "canary_plan",
     "canary_verdict",
@@ -46,11 +47,17 @@ __all__ = [
 #: fence as not verified (a unit start takes well under a second).
 CANARY_TIMEOUT_SECONDS = 30.0
 
+#: Opens ``{device}``: exit status 0 if it could, 1 if not. Said with an
+#: ``if``, not left to the redirection's own status: that is 2 in dash
+#: (Debian's and Ubuntu's /bin/sh), 1 in bash, and a fence that held read as
+#: "could not be verified" (the node drained at every start).
+PROBE = "if true <{device}; then exit 0; fi; exit 1"
+
 #: The allowed device, then the one outside the allow list. The exit status
 #: is the verdict: 0 opened it (not enforced), 1 refused (enforced), 10 the
 #: allowed device was refused, 11 there is no /dev/zero to probe.
-CANARY_SCRIPT = (
-    "true </dev/null || exit 10; [ -c /dev/zero ] || exit 11; true </dev/zero"
+CANARY_SCRIPT = "true </dev/null || exit 10; [ -c /dev/zero ] || exit 11; " + (
+    PROBE.format(device="/dev/zero")
 )
 CANARY_PROPERTIES = {"DevicePolicy": "strict", "DeviceAllow": "/dev/null rw"}
 OPENED, REFUSED, CONTROL_REFUSED, NO_PROBE = 0, 1, 10, 11

@@ -13,6 +13,7 @@ their own, and expect the service to agree.
 from __future__ import annotations
 
 import errno
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from sdexec.containment import Containment
 from sdexec.devicefence import (
     CANARY_SCRIPT,
     CANARY_TIMEOUT_SECONDS,
+    PROBE,
     canary_plan,
     canary_verdict,
 )
@@ -74,6 +76,21 @@ def exited(code: int) -> int:
 )  # fmt: skip
 def test_the_verdict_follows_the_canarys_exit(status, stderr, bus, verdict):
     assert canary_verdict(status, stderr, bus) == verdict
+
+
+#: The shells a node's /bin/sh may be (those this machine has).
+SHELLS = [shell for shell in ("/bin/sh", "dash", "bash") if shutil.which(shell)]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize(("device", "status"), [("/dev/null", 0), ("/nonexistent", 1)])
+def test_the_probe_says_opened_or_refused_alike_in_every_shell(shell, device, status):
+    # A refused redirection is status 2 in dash, 1 in bash: left to it, a
+    # fence that held read as "could not be verified" where sh is dash.
+    probe = subprocess.run(
+        [shell, "-c", PROBE.format(device=device)], capture_output=True, check=False
+    )
+    assert probe.returncode == status
 
 
 def test_the_canary_unit_is_strict_allows_only_dev_null_and_probes_dev_zero():

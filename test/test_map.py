@@ -864,6 +864,23 @@ def test_protections_are_never_scaled(large):
     assert result["MemoryMax"] == str(2 * 1024**3)
 
 
+@pytest.mark.parametrize(
+    ("children", "held"),
+    [({}, "none"), ({"core": ""}, "core=''"), ({"cores": "0-3"}, "cores='0-3'")],
+    ids=["no-children", "empty-cores", "misspelt"],
+)
+def test_a_rank_with_nothing_to_fence_is_refused_not_unconstrained(
+    large, children, held
+):
+    # Upstream's {} would run the job on every CPU and GPU of the node.
+    with pytest.raises(ValueError) as error:
+        large.map(make_R(**children), extra_properties={"MemoryMax": "95%"})
+    assert str(error.value) == (
+        f"R gives rank 0 no cores and no GPUs to fence (its children: {held}):"
+        " a job is never run unconstrained"
+    )
+
+
 def test_no_scaling_without_allowed_cpus(nvidia_node):
     mapper = HwlocMapper(SMALL, root=str(nvidia_node.root))
     result = mapper.map(make_R(gpu="0"), extra_properties={"MemoryMax": "64G"})

@@ -174,6 +174,16 @@ class HwlocMapper(ResourceMapper):
         ``ValueError`` naming the property. ``MemoryMin`` and ``MemoryLow``
         are never scaled.
         """
+        if not properties:
+            # Upstream's {} would run the job unconstrained: an R whose rank
+            # has no core and no GPU (a typo such as "cores", an empty set)
+            # is refused instead.
+            children = R.children(self.rank)
+            held = ", ".join(f"{kind}={str(ids)!r}" for kind, ids in children.items())
+            raise ValueError(
+                f"R gives rank {self.rank} no cores and no GPUs to fence (its"
+                f" children: {held or 'none'}): a job is never run unconstrained"
+            )
         super().finalize_properties(properties, R, extra_properties=extra_properties)
         if extra_properties and "AllowedCPUs" in properties:
             cpus = _idset(properties["AllowedCPUs"], "AllowedCPUs")

@@ -569,6 +569,18 @@ def test_amd_partitions_share_devices_listed_once(amd_node):
     ]
 
 
+@pytest.mark.parametrize("gpus", ["0", "1", "1-2"])
+def test_a_partition_without_its_siblings_is_enodev(amd_node, gpus):
+    # GPUs 0 and 1 are partitions of one PCI function, whose device nodes
+    # both would get: one job's DeviceAllow would open the other job's GPU.
+    other = "1" if gpus == "0" else "0"
+    assert enodev(AMD_PARTITIONS, amd_node, gpus) == (
+        f"GPUs {gpus} share the device nodes of PCI 0000:c1:00.0 with GPUs"
+        f" {other} the job does not hold: a job holds every GPU of a PCI"
+        " function, or none"
+    )
+
+
 def test_amd_missing_kfd_is_enodev(amd_node):
     os.unlink(amd_node.root / "dev/kfd")
     assert enodev(AMD_PARTITIONS, amd_node, "0") == (

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from sdexec.idset import IDset
 from sdexec.map.devices import DeviceFinder
-from sdexec.map.topology import Topology, out_of_range
+from sdexec.map.topology import GPU, Topology, out_of_range
 from sdexec.rset import ResourceSet
 from sdexec.sizes import MemoryLimit
 
@@ -145,14 +146,18 @@ class HwlocMapper(ResourceMapper):
 
         Logical GPU n is the n-th GPU in topology order (see
         :mod:`sdexec.map.topology`). ``""`` gives ``{}``. ``OSError``
-        (ENODEV) names GPUs the topology does not have, and GPUs whose device
-        nodes cannot be found (see :mod:`sdexec.map.devices`).
+        (ENODEV) names GPUs the topology does not have, GPUs whose device
+        nodes cannot be found (see :mod:`sdexec.map.devices`), and GPUs that
+        share their PCI function, hence their device nodes, with GPUs the
+        job does not hold (AMD partitions, say): one job's ``DeviceAllow``
+        would open the other's GPU.
         """
         ids = _idset(gpus, "gpus")
         if not ids:
             return {}
         out_of_range(ids, len(self._topology.gpus), "GPU")
         paths = self._devices.device_paths(self._topology.gpus[i] for i in ids)
+        _refuse_shared_functions(ids, self._topology.gpus)
         return {"DeviceAllow": ",".join(f"{path} rw" for path in paths)}
 
     def finalize_properties(
@@ -190,6 +195,23 @@ class HwlocMapper(ResourceMapper):
             share = len(cpus) / self._topology.npus
             properties.update(_scaled_memory_caps(extra_properties, share))
         return properties
+
+
+def _refuse_shared_functions(ids: IDset, gpus: list[GPU]) -> None:
+    """``OSError`` (ENODEV) if a GPU of ``ids`` shares its PCI function
+    with a GPU outside them: its device nodes are the function's."""
+    functions = {gpus[i].pci_busid for i in ids if gpus[i].pci_busid}
+    others = IDset(
+        gpu.index for gpu in gpus if gpu.index not in ids and gpu.pci_busid in functions
+    )
+    if others:
+        shared = sorted({gpus[i].pci_busid or "" for i in others})
+        raise OSError(
+            errno.ENODEV,
+            f"GPUs {ids} share the device nodes of PCI {', '.join(shared)} with"
+            f" GPUs {others} the job does not hold: a job holds every GPU of a"
+            " PCI function, or none",
+        )
 
 
 def _scaled_memory_caps(

@@ -1190,8 +1190,12 @@ def test_cli_custom_mapper_from_a_searchpath(searchpath):
         (["--mapper", "json.JSONDecoder"], "mapper failed: mapper 'json.JSONDecoder'"),
         (["--xml", "/nonexistent.xml"], "mapper failed: No such file or directory"),
         (["--xml", str(DATA / "small.xml"), "--cores", "x"], "mapper failed: R: exec"),
+        (["--xml", "/bin/true", "--cores", "0"],
+         "mapper failed: /bin/true: not an XML text file (byte "),
+        (["--xml", str(DATA / "small.xml")],
+         "mapper failed: R gives rank 0 no cores and no GPUs to fence"),
     ],
-)
+)  # fmt: skip
 def test_cli_failures(capsys, args, message):
     assert main(args) == 1
     captured = capsys.readouterr()
@@ -1212,10 +1216,11 @@ def test_cli_reports_an_unexpected_exception_from_a_site_mapper(tmp_path, capsys
     assert capsys.readouterr().err == "mapper failed: KeyError: 'AllowedCPUs'\n"
 
 
-def test_cli_usage_error_exits_2():
-    run = run_cli("--rank", "one")
+@pytest.mark.parametrize("rank", ["one", "-1"])
+def test_cli_usage_error_exits_2(rank):
+    run = run_cli("--rank", rank)
     assert run.returncode == 2
-    assert "invalid int value: 'one'" in run.stderr
+    assert f"argument --rank: '{rank}' is not a rank (0, 1, 2, ...)" in run.stderr
 
 
 # --- This machine's live topology ---------------------------------------------

@@ -22,7 +22,7 @@ def main(args: Sequence[str] | None = None) -> int:
     """
     options = _parser().parse_args(args)
     try:
-        xml = Path(options.xml).read_text() if options.xml else None
+        xml = _read_xml(options.xml) if options.xml else None
         mapper = create_mapper(options.mapper, options.searchpath, options.rank, xml)
         properties = mapper.map(_R(options))
         output = json.dumps(properties, indent=2)
@@ -61,9 +61,22 @@ def _parser() -> argparse.ArgumentParser:
         help="colon-separated directories searched first for the mapper's module",
     )
     parser.add_argument(
-        "--rank", metavar="N", type=int, default=0, help="broker rank (default: 0)"
+        "--rank", metavar="N", type=_rank, default=0, help="broker rank (default: 0)"
     )
     return parser
+
+
+def _rank(text: str) -> int:
+    if not text.isascii() or not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rank (0, 1, 2, ...)")
+    return int(text)
+
+
+def _read_xml(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not an XML text file (byte {error.start})") from None
 
 
 def _R(options: argparse.Namespace) -> dict:

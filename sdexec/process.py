@@ -272,6 +272,12 @@ class Process:
         says why). The process stays tracked until the unit is gone."""
         self._fail(errno.EDEADLK, reason)
 
+    def cancel(self, reason: str) -> None:
+        """The service stops: end the stream with ECANCELED (``reason``
+        says why), then stop the unit and reap it, as :meth:`abandon`."""
+        self._fail(errno.ECANCELED, reason)
+        self.abandon()
+
     def abandon(self) -> None:
         """The client has gone: stop the unit and reap it, silently."""
         self._responder = _Nowhere()

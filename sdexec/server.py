@@ -405,7 +405,8 @@ class SdexecServer:
         for verdict in list(self._canaries):
             verdict.cancel()  # its process is abandoned below, its timer goes
         for process in list(self.processes.values()):
-            process.abandon()
+            # Said to its client, rather than a connection that just closes.
+            process.cancel("the service is stopping: the process's unit is stopped")
         if not self.processes:
             return defer.succeed(None)
         waiter: defer.Deferred = defer.Deferred()

@@ -316,6 +316,20 @@ def test_back_pressure_pauses_and_resumes_the_connections_output(server):
     connection.close()
 
 
+def test_shutdown_tells_each_stream_its_process_is_stopped(systemd, server):
+    # Rather than a connection that just closes: the client can say why.
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    server.shutdown(grace=10)
+    assert error_of(connection.last()) == (
+        errno.ECANCELED,
+        "the service is stopping: the process's unit is stopped",
+    )
+    assert ("stop", UNIT) in systemd.calls
+    connection.close()
+
+
 def test_an_exec_during_shutdown_is_eagain_and_starts_nothing(systemd, server):
     # An open connection's exec once started a unit the shutdown, already
     # under way, never stopped: it outlived the service.

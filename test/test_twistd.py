@@ -155,6 +155,23 @@ def test_serves_reloads_on_sighup_and_stops_cleanly(twistd):
     assert unit_names() == []
 
 
+@pytest.mark.parametrize("way", [[], ["--no-passthrough"]], ids=["passed", "framed"])
+def test_a_client_running_a_command_is_told_when_the_service_stops(twistd, way):
+    client = subprocess.Popen(
+        [sys.executable, "-m", "sdexec.cli", "--socket", str(twistd.socket),
+         "run", *way, "-n", "sleep", "600"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_environment(),
+    )  # fmt: skip
+    _wait_for(lambda: unit_names() != [], "the sleep's unit")
+    assert twistd.stop() == -signal.SIGTERM
+    assert client.wait(timeout=60) == 1
+    assert client.stderr is not None
+    assert client.stderr.read() == (
+        b"sdexec: the service is stopping: the process's unit is stopped\n"
+    )
+    assert unit_names() == []
+
+
 def test_raises_its_open_file_limit_so_relayed_processes_do_not_run_out(
     user_manager, tmp_path
 ):

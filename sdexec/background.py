@@ -26,7 +26,7 @@ import enum
 import errno
 import itertools
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sdexec.ioencode import encode_io
 from sdexec.plan import ExecPlan, RequestError
@@ -42,6 +42,18 @@ __all__ = [
     "check_target",
     "parse_target",
 ]
+
+
+class Bounds(Protocol):
+    """How many processes :class:`TrackedProcesses` may hold (the
+    ``[sdexec]`` table has them)."""
+
+    @property
+    def max_waitable(self) -> int: ...
+
+    @property
+    def max_background(self) -> int: ...
+
 
 #: The connection id of a process with no client (real ids start at 1).
 NO_CLIENT = 0
@@ -317,21 +329,23 @@ class TrackedProcesses:
         connection_id: int,
         retained_size: int,
         rank: str,
-        max_waitable: int,
+        bounds: Bounds,
     ) -> tuple[ExecPlan, Tracked | None]:
         """The plan to run and the :class:`Tracked` to use as the process's
         responder and tap, or ``None`` for a plain streaming process.
 
         A background request's output flags are ignored (everything is
         retained; an attach chooses), and write-credit is refused: its stdin
-        is at EOF. A waitable one is refused (EAGAIN) while ``max_waitable``
-        are held already."""
+        is at EOF. A waitable one is refused (EAGAIN) while
+        ``bounds.max_waitable`` are held already, a background one while
+        ``bounds.max_background`` run."""
         waitable = bool(plan.flags & ExecFlag.WAITABLE)
         if waitable:
-            self._check_waitable_room(max_waitable)
+            self._check_waitable_room(bounds.max_waitable)
         if streaming and not waitable:
             return plan, None
         if not streaming:
+            self._check_background_room(bounds.max_background)
             if plan.flags & ExecFlag.WRITE_CREDIT:
                 raise RequestError(
                     errno.EINVAL,
@@ -360,6 +374,21 @@ class TrackedProcesses:
                 f"flags: too many waitable processes: {held} running or"
                 " not yet waited for, the most [sdexec] max-waitable allows"
                 " (sdexec wait reaps one)",
+            )
+
+    def _check_background_room(self, max_background: int) -> None:
+        # Each holds up to retained-output bytes while it runs: without a
+        # bound on their number, that memory had none.
+        running = sum(
+            1
+            for tracked in self._tracked.values()
+            if tracked.mode is not Mode.STREAMING
+        )
+        if running >= max_background:
+            raise RequestError(
+                errno.EAGAIN,
+                f"too many background processes: {running} running, the most"
+                " [sdexec] max-background allows",
             )
 
     def new_key(self) -> ProcessKey:

@@ -240,6 +240,9 @@ class SdexecConfig:
     #: Waitable processes held at once, running or ended and not yet waited
     #: for: each ended one keeps its status and retained output until then.
     max_waitable: int = 1024
+    #: Background processes running at once: each holds up to
+    #: retained-output bytes of its output.
+    max_background: int = 1024
 
     @property
     def mapper_searchpath_dirs(self) -> list[str]:
@@ -679,6 +682,7 @@ _SDEXEC: _Table = {
     "max-connections": _Key(_integer(1)),
     "max-connections-per-user": _Key(_integer(1)),
     "max-waitable": _Key(_integer(1)),
+    "max-background": _Key(_integer(1)),
 }
 
 _SYSTEMD: _Table = {

@@ -176,7 +176,7 @@ class SdexecServer:
             connection_id,
             self.config.sdexec.retained_output,
             self.rank,
-            self.config.sdexec.max_waitable,
+            self.config.sdexec,
         )
         responder = tracked if tracked is not None else responder
         key = (connection_id, matchtag) if streaming else self.tracked.new_key()

@@ -37,6 +37,10 @@ def systemd():
     manager.close()
 
 
+#: A streaming /bin/true of its own unit.
+STREAMED = {**TRUE, "opts": {"SDEXEC_NAME": "sdexec-s"}}
+
+
 def make_server(systemd, **sdexec) -> SdexecServer:
     return SdexecServer(
         systemd, parse_config({"sdexec": sdexec}), reactor, clock=Clock()
@@ -319,6 +323,33 @@ async def test_waitable_processes_held_are_capped_until_one_is_waited_for(system
     client.bg(flags=WAITABLE, matchtag=6, SDEXEC_NAME="sdexec-y")
     assert ("start", "sdexec-y.service") in systemd.calls
     assert server.tracked.waitable_held() == 2
+    client.close()
+
+
+@ensureDeferred
+async def test_background_processes_running_are_capped(systemd):
+    # Each holds up to retained-output bytes while it runs: their number
+    # was the one thing the memory they take had no bound on.
+    server = make_server(systemd, **{"max-background": 2})
+    client = Client(server)
+    client.bg(matchtag=1)
+    systemd.run(UNIT, pid=7)
+    client.bg(matchtag=2, SDEXEC_NAME="sdexec-b")
+    client.bg(matchtag=3, SDEXEC_NAME="sdexec-c")
+    assert payloads(client.of(3)) == [
+        (
+            errno.EAGAIN,
+            "too many background processes: 2 running, the most [sdexec]"
+            " max-background allows",
+        )
+    ]
+    assert ("start", "sdexec-c.service") not in systemd.calls
+    client.send("sdexec.exec", {"flags": FLAGS, "cmd": STREAMED}, matchtag=4)
+    assert ("start", "sdexec-s.service") in systemd.calls  # streaming: no limit
+    systemd.exit(UNIT, status=0)
+    await until(lambda: UNIT not in server.units, "the first one reaped")
+    client.bg(matchtag=5, SDEXEC_NAME="sdexec-d")
+    assert ("start", "sdexec-d.service") in systemd.calls
     client.close()
 
 

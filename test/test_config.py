@@ -171,6 +171,8 @@ KEYS = [
         4, 4, True, "expected an integer of at least 1, got true"),
     Key("sdexec.max-waitable", "sdexec.max_waitable", 1024, 10, 10, -1,
         "expected an integer of at least 1, got -1"),
+    Key("sdexec.max-background", "sdexec.max_background", 1024, 10, 10, 0,
+        "expected an integer of at least 1, got 0"),
     Key("systemd.enable", "systemd.enable", False, True, True, "yes",
         f'{BOOLEAN}, got "yes"'),
     Key("systemd.sdexec-debug", "systemd.sdexec_debug", False, True, True, 1,

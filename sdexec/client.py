@@ -31,7 +31,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from sdexec.framing import JSONLineProtocol
+from sdexec.framing import JSONLineProtocol, encode_message
 from sdexec.ioencode import encode_io
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, SOCKET_ENV, ExecFlag, Topic
 from sdexec.receipt import Receipt
@@ -187,7 +187,11 @@ class SdexecClient(JSONLineProtocol):
             self, request["matchtag"], cmd, flags, on_response, passed=passed
         )
         handle.streaming = not background
-        self._track(request, handle, passed)
+        try:
+            self._track(request, handle, passed)
+        except BaseException:
+            handle._close_passed()  # not sent: our copies are ours to close
+            raise
         return handle
 
     def wait(self, pid: int | None = None, label: str | None = None) -> Deferred[dict]:
@@ -271,15 +275,22 @@ class SdexecClient(JSONLineProtocol):
         self, request: dict[str, Any], pending: Pending, fds: Sequence[int] = ()
     ) -> None:
         """Send ``request``, with ``fds`` (one with each of its first
-        bytes); its responses go to ``pending``."""
+        bytes); its responses go to ``pending``. A request that cannot be
+        encoded (``TypeError``, ``ValueError``) is neither tracked nor sent,
+        and no descriptor is queued for it."""
+        line = encode_message(request)
         if self._requests.track(request, pending):
             for fd in fds:
                 IUNIXTransport(self.transport).sendFileDescriptor(fd)
-            self._send(request)
+            self._write(line)
 
     def _send(self, request: dict[str, Any]) -> None:
+        self._write(encode_message(request))
+
+    def _write(self, line: bytes) -> None:
+        assert self.transport is not None, "a request before connectionMade"
         self._sent = True
-        self.sendMessage(request)
+        self.transport.write(line)
 
     # -- responses --------------------------------------------------------
 

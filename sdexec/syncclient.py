@@ -244,8 +244,9 @@ class Connection:
         (``SCM_RIGHTS``, with the first bytes of its frame); its matchtag.
         ``streaming``: the envelope's (false runs an exec in the background)."""
         request = self._requests.new(topic, payload, streaming)
+        line = encode_small_message(request)  # first: nothing tracked if not JSON
         if self._requests.track(request, pending):
-            self._write(encode_small_message(request), fds)
+            self._write(line, fds)
         return request["matchtag"]
 
     def send_no_response(self, topic: str, payload: dict[str, Any]) -> None:
@@ -325,6 +326,8 @@ class Connection:
     # -- the socket ----------------------------------------------------------
 
     def _watch(self) -> None:
+        if self._sock.fileno() < 0:
+            return  # lost (a failed write closed it): nothing to watch
         events = READABLE
         if self._unsent:
             events |= WRITABLE
@@ -340,6 +343,8 @@ class Connection:
     def _ready(self, events: int) -> None:
         if events & WRITABLE:
             self._flush()
+            if self._sock.fileno() < 0:
+                return  # the write found the peer gone: the loss is reported
             if not self._unsent:
                 self._watch()
         if events & READABLE:

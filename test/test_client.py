@@ -145,6 +145,27 @@ def test_rpc_matchtags_count_up_and_route_responses(served):
 
 
 @pytest_twisted.inlineCallbacks
+def test_a_request_that_is_not_json_is_neither_tracked_nor_sent(served):
+    # It was tracked (its Deferred never fired), its passed descriptor's
+    # copy leaked, and that copy went out with the next request.
+    peer, client = served
+    read_end, write_end = os.pipe()
+    fds_before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(TypeError):
+        client.exec({"cmdline": ["true"], "env": {"X": object()}}, 1,
+                    stdio={"stdout": write_end})  # fmt: skip
+    assert set(os.listdir("/proc/self/fd")) == fds_before
+    assert client._requests._in_flight == {}
+    listing = client.list()
+    request = yield peer.requests.get()
+    assert (request["topic"], request["matchtag"]) == ("sdexec.list", 2)
+    peer.respond(request, {"procs": []})
+    assert (yield listing) == {"procs": []}
+    os.close(read_end)
+    os.close(write_end)
+
+
+@pytest_twisted.inlineCallbacks
 def test_rpc_error_response_is_rpc_error(served):
     peer, client = served
     killed = client.kill(pid=99, signum=9)

@@ -122,3 +122,50 @@ def test_passed_descriptors_go_with_the_first_bytes_of_a_large_frame(tmp_path):
     assert len(reads) > 1  # the frame did span reads
     request = FrameSplitter(8 << 20).feed(bytes(frame))
     assert next(request)["payload"]["stdio"] == ["stdout", "stderr"]
+
+
+def test_a_write_to_a_peer_that_left_is_connection_failed(tmp_path):
+    # The failed write closed the socket, then watching it again raised
+    # ValueError (fd -1) past every caller's SdexecError handling.
+    path = str(tmp_path / "peer.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def read_a_little_and_leave() -> None:
+        peer, _ = server.accept()
+        peer.recv(10)
+        peer.close()  # unread data: the client's next write fails
+
+    leaver = threading.Thread(target=read_a_little_and_leave)
+    leaver.start()
+    with (
+        Loop() as loop,
+        Connection(loop, path) as connection,
+        pytest.raises(ConnectionFailed),
+    ):
+        connection.call("sdexec.list", {"big": "x" * (8 << 20)})
+    leaver.join()
+    server.close()
+
+
+class _Ignored:
+    streaming = False
+
+    def respond(self, payload: dict) -> None:
+        pass
+
+    def end(self, error: Exception) -> None:
+        pass
+
+
+def test_a_request_that_is_not_json_is_not_tracked(peer):
+    path, replies, received = peer
+    reply = {"type": "response", "topic": "sdexec.list", "matchtag": 2}
+    replies.append(encode_message({**reply, "payload": {"procs": []}}))
+    with Loop() as loop, Connection(loop, path) as connection:
+        with pytest.raises(ValueError):
+            connection.send("sdexec.list", {"x": float("nan")}, _Ignored())
+        assert connection._requests._in_flight == {}  # nothing left waiting
+        assert connection.call("sdexec.list", {}) == {"procs": []}
+    assert [request["matchtag"] for request in received] == [2]

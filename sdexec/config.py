@@ -52,6 +52,7 @@ from sdexec.property import (
     typed_property,
 )
 from sdexec.protocol import DEFAULT_MAX_FRAME
+from sdexec.refusal import quoted
 from sdexec.retained import DEFAULT_RETAINED, parse_retained_size
 from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import MemoryLimit, parse_size
@@ -363,9 +364,6 @@ def default_config() -> Config:
 # --- use, or raises ValueError saying what was expected. ------------------
 
 
-#: Past about 4300 digits, Python will not write an integer in decimal.
-_MAX_QUOTED_INT_BITS = 14_000
-
 #: Characters of a value an error message quotes (a long path whole).
 _QUOTE_LIMIT = 1000
 
@@ -398,8 +396,8 @@ def _json_prefix(value: object, budget: int, depth: int) -> str:
         return ends[0] + ", ".join(parts) + ends[1]
     if isinstance(value, str):
         return json.dumps(value[:budget])
-    if isinstance(value, int) and value.bit_length() > _MAX_QUOTED_INT_BITS:
-        return f"<an integer of {value.bit_length()} bits>"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return quoted(value, limit=budget)  # as JSON writes it, unless too long
     return json.dumps(value, default=str)
 
 

@@ -550,6 +550,9 @@ class Process:
         unloaded while the connection was down): nothing more will come."""
         message = f"unit {self.unit_name} {what} (lost while systemd was away)"
         log.warn("{message}", message=message)
+        # No EOF will come (systemd's ends may never close): what the process
+        # wrote and the service has not read yet goes out before the error.
+        self.output.read_queued()
         self._fail(errno.EIO, message)
         self._reap()
 

@@ -7,6 +7,7 @@ test_reconnect.py."""
 from __future__ import annotations
 
 import errno
+import os
 
 import pytest
 from offline import error_of
@@ -15,6 +16,7 @@ from twisted.internet import reactor
 from twisted.internet.task import Clock
 
 from sdexec.config import parse_config
+from sdexec.ioencode import decode_io
 from sdexec.outage import SystemdOutage
 from sdexec.server import SdexecServer
 from sdexec.testing import EXITED, INACTIVE
@@ -89,6 +91,24 @@ def test_a_vanished_unit_ends_its_request_naming_it(systemd, server, connection)
     errnum, errstr = error_of(connection.last())
     assert errnum == errno.EIO
     assert errstr == f"unit {UNIT} is gone (lost while systemd was away)"
+    assert server.processes == {}
+
+
+def test_a_vanished_unit_s_unread_output_goes_out_before_the_error(
+    systemd, server, connection
+):
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    # Written, not yet read by the service (the reactor does not run here,
+    # as when the client had paused the output): no EOF will ever follow.
+    os.write(systemd.process_fd(UNIT, "stdout"), b"last words\nno newline")
+    systemd.lose()
+    systemd.units[UNIT] = {**INACTIVE, "LoadState": "not-found", "ExecMainCode": 0}
+    systemd.restore()
+    payloads = [r["payload"] for r in connection.responses() if "payload" in r]
+    sent = [decode_io(p["io"])[1] for p in payloads if p.get("type") == "output"]
+    assert b"".join(sent) == b"last words\nno newline"
+    assert error_of(connection.last())[0] == errno.EIO
     assert server.processes == {}
 
 

@@ -11,7 +11,10 @@ EOF only after ``StopUnit`` (or when a failed unit is reset).
 
 from __future__ import annotations
 
+import array
+import fcntl
 import socket
+import termios
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -114,6 +117,29 @@ class OutputChannel(Protocol):
         if self.transport is not None and not self.eof:
             self.transport.abortConnection()
 
+    def read_queued(self) -> None:
+        """Hand on what the socket holds now, without waiting for more.
+
+        For a unit that is gone with no EOF to come (its processes may even
+        live on, outside any unit): only the bytes queued at this moment are
+        read, so a writer that keeps writing cannot hold the reactor, and the
+        amount is bounded by the kernel's socket buffers.
+        """
+        if self.transport is None or self.eof:
+            return
+        sock = self.transport.getHandle()
+        left = _queued_bytes(sock)
+        while left > 0:
+            try:
+                data = sock.recv(min(left, self._bufsize))
+            except OSError:
+                break  # nothing more to read now, or the socket failed
+            if not data:
+                break
+            left -= len(data)
+            self.dataReceived(data)
+        self._flush()
+
     def pause(self) -> None:
         """Stop reading (the client cannot keep up)."""
         if self.transport is not None and not self.eof:
@@ -135,6 +161,16 @@ class OutputChannel(Protocol):
             data = b"".join(self._partial)
             self._partial, self._partial_len = [], 0
             self._on_data(data)
+
+
+def _queued_bytes(sock: socket.socket) -> int:
+    """How many bytes wait in ``sock``'s receive queue (``FIONREAD``)."""
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, count)
+    except OSError:
+        return 0
+    return count[0]
 
 
 class OutputGate:
@@ -183,6 +219,13 @@ class OutputGate:
     def resume(self) -> None:
         self._client_paused = False
         self._resume_if_allowed()
+
+    def read_queued(self) -> None:
+        """Hand on what each channel holds now (see
+        :meth:`OutputChannel.read_queued`), if output may flow at all."""
+        if self._open:
+            for channel in self.channels.values():
+                channel.read_queued()
 
     def close(self) -> None:
         """Stop reading every channel for good."""

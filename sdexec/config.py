@@ -483,13 +483,40 @@ def _endpoint(value: object) -> str:
     try:
         # Parsing builds an endpoint without touching the reactor, so any
         # stand-in will do; this catches "tpc:8490" long before a listen.
-        serverFromString(None, description)
+        endpoint = serverFromString(None, description)
+        _check_endpoint_address(endpoint)
     except (ValueError, TypeError, KeyError, OSError) as error:  # OSError: ssl's key
         raise ValueError(
             f"{_quote(value)} is not a Twisted server endpoint"
             f" such as unix:/path or tcp:PORT ({error})"
         ) from None
     return description
+
+
+#: The longest UNIX socket path bind(2) takes: sun_path less its NUL.
+_MAX_SOCKET_PATH = 107
+
+
+def _check_endpoint_address(endpoint: object) -> None:
+    """What Twisted parses but only a listen would refuse, at start: a port
+    outside 0-65535, a UNIX socket without a path or with one too long.
+    (Its endpoints keep these as ``_port`` and ``_address``.)"""
+    port = getattr(endpoint, "_port", None)
+    if isinstance(port, int) and not 0 <= port <= 65535:
+        raise ValueError(f"port {port} is not from 0 to 65535")
+    path = getattr(endpoint, "_address", None)
+    if isinstance(path, str):
+        if not path:
+            raise ValueError("no socket path")
+        _check_socket_path_length(path)
+
+
+def _check_socket_path_length(path: str) -> None:
+    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+        raise ValueError(
+            f"a socket path is at most {_MAX_SOCKET_PATH} bytes,"
+            f" this one has {len(os.fsencode(path))}"
+        )
 
 
 def _check_systemd_endpoint(value: object, description: str) -> None:
@@ -535,6 +562,12 @@ def _absolute_path(value: object) -> str:
     if not isinstance(value, str) or not os.path.isabs(value):
         raise _expected("an absolute path", value)
     return value
+
+
+def _socket_path(value: object) -> str:
+    path = _absolute_path(value)
+    _check_socket_path_length(path)
+    return path
 
 
 def _socket_mode(value: object) -> int:
@@ -675,7 +708,7 @@ _SDEXEC: _Table = {
     "allow-users": _Key(_users, show=list),
     "request-properties": _Key(parse_request_properties, show=sorted),
     "stats-detail": _Key(_boolean),
-    "stats-socket": _Key(_absolute_path),
+    "stats-socket": _Key(_socket_path),
     "socket-mode": _Key(_socket_mode, show=lambda mode: f"{mode:04o}"),
     "max-connections": _Key(_integer(1)),
     "max-connections-per-user": _Key(_integer(1)),

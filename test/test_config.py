@@ -501,6 +501,37 @@ def test_an_ssl_endpoint_without_its_key_is_named(tmp_path):
     assert "is not a Twisted server endpoint" in str(error.value)
 
 
+@pytest.mark.parametrize(
+    ("endpoint", "problem"),
+    [
+        ("tcp:-5", "port -5 is not from 0 to 65535"),
+        ("tcp:65536:interface=127.0.0.1", "port 65536 is not from 0 to 65535"),
+        ("unix:", "no socket path"),
+        ("unix:/" + "s" * 107, "a socket path is at most 107 bytes, this one has 108"),
+    ],
+)
+def test_an_endpoint_a_listen_would_refuse_is_named_at_load(endpoint, problem):
+    for key in ("listen", "stats"):
+        with pytest.raises(ConfigError) as error:
+            parse_config({"sdexec": {key: endpoint}})
+        assert error.value.key == f"sdexec.{key}"
+        assert str(error.value).endswith(f"({problem})")
+
+
+def test_a_stats_socket_path_too_long_to_bind_is_named():
+    with pytest.raises(ConfigError) as error:
+        parse_config({"sdexec": {"stats-socket": "/" + "s" * 107}})
+    assert error.value.key == "sdexec.stats-socket"
+    assert str(error.value).endswith(
+        "a socket path is at most 107 bytes, this one has 108"
+    )
+
+
+def test_the_longest_socket_path_and_port_zero_load():
+    for endpoint in ("unix:/" + "s" * 106, "tcp:0:interface=127.0.0.1"):
+        assert parse_config({"sdexec": {"listen": endpoint}}).sdexec.listen == endpoint
+
+
 def test_a_fifo_is_not_read(tmp_path):
     # It would block the reader for ever: at a reload, the whole service.
     path = tmp_path / "sdexec.toml"

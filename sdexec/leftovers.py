@@ -7,7 +7,9 @@ service tells its own units from anyone else's by a mark at the end of
 their ``Description``: `` [sdexec:ID]``, ``ID`` the first 12 hex digits of
 the SHA-256 of the service's listen endpoint (stable across restarts of one
 service, different for two services on one manager; names cannot be used,
-since a request may name its unit with ``SDEXEC_NAME``). Units without the
+since a request may name its unit with ``SDEXEC_NAME``). A ``unix:``
+endpoint counts by its socket path alone, so its options (``mode=``,
+``lockfile=``, ``backlog=``) may change between runs. Units without the
 mark — other programs', other services' — are never touched.
 
 At start and after every reconnection the service lists the manager's
@@ -28,6 +30,7 @@ import hashlib
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
+from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -38,7 +41,7 @@ from sdexec.systemd.errors import is_connection_lost
 if TYPE_CHECKING:
     from sdexec.server import SdexecServer
 
-__all__ = ["Leftover", "Leftovers", "marked", "owner_mark"]
+__all__ = ["Leftover", "Leftovers", "marked", "owner_marks"]
 
 log = Logger()
 
@@ -46,10 +49,30 @@ log = Logger()
 LEFTOVER_STATE = "O"
 
 
-def owner_mark(listen: str) -> str:
-    """The mark the ``Description`` of every unit of the service listening
-    on ``listen`` ends with."""
-    digest = hashlib.sha256(listen.encode()).hexdigest()[:12]
+def owner_marks(listen: str) -> tuple[str, ...]:
+    """The marks of the service listening on ``listen``: the first is the one
+    the ``Description`` of every unit it starts ends with; any other is one
+    an earlier version gave its units (the hash of the whole endpoint string,
+    options and all), still recognised as its own."""
+    current = _mark(_endpoint_identity(listen))
+    earlier = _mark(listen)
+    return (current,) if earlier == current else (current, earlier)
+
+
+def _endpoint_identity(listen: str) -> str:
+    """What tells this service's endpoint from another's: a ``unix:``
+    endpoint's socket path, without its options; any other, as written."""
+    if not listen.startswith("unix:"):
+        return listen
+    try:
+        path = getattr(serverFromString(None, listen), "_address", None)
+    except (ValueError, TypeError, KeyError):
+        return listen  # the configuration refuses it; never reached there
+    return f"unix:{path}" if isinstance(path, str) else listen
+
+
+def _mark(identity: str) -> str:
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
     return f" [sdexec:{digest}]"
 
 
@@ -141,13 +164,15 @@ class Leftover:
 class Leftovers:
     """The leftover units of one service (see the module's docstring)."""
 
-    def __init__(self, systemd: Manager, server: SdexecServer, mark: str) -> None:
-        if not mark:
-            raise ValueError("leftover units need the service's owner mark")
+    def __init__(
+        self, systemd: Manager, server: SdexecServer, marks: tuple[str, ...]
+    ) -> None:
+        if isinstance(marks, str) or not marks or not all(marks):
+            raise ValueError("leftover units need the service's owner marks")
         self.units: dict[str, Leftover] = {}
         self._systemd = systemd
         self._server = server
-        self._mark = mark
+        self._marks = marks
         self._drained_with: str | None = None
 
     def scan(self) -> defer.Deferred[None]:
@@ -179,8 +204,9 @@ class Leftovers:
     def _listed(self, listing: list[tuple]) -> None:
         stop = self._server.config.sdexec.leftover_units == "stop"
         for name, description, *_ in listing:
-            if self._is_new_leftover(name, description):
-                self._adopt(name, description, stop)
+            mark = self._mark_of(description)
+            if mark and name not in self.units and name not in self._server.units:
+                self._adopt(name, description[: -len(mark)], stop)
         if (
             stop
             and self.units
@@ -195,12 +221,9 @@ class Leftovers:
         for unit in list(self.units.values()):
             unit.follow(stop)
 
-    def _is_new_leftover(self, name: str, description: str) -> bool:
-        return (
-            description.endswith(self._mark)
-            and name not in self.units
-            and name not in self._server.units
-        )
+    def _mark_of(self, description: str) -> str:
+        """The service's mark ``description`` ends with, or ``""``."""
+        return next((m for m in self._marks if description.endswith(m)), "")
 
     def _adopt(self, name: str, description: str, stop: bool) -> None:
         action = "stopping it" if stop else "kept (leftover-units = keep)"
@@ -210,6 +233,4 @@ class Leftovers:
             description=description,
             action=action,
         )
-        self.units[name] = Leftover(
-            self._systemd, name, description[: -len(self._mark)], self
-        )
+        self.units[name] = Leftover(self._systemd, name, description, self)

@@ -25,7 +25,7 @@ from twisted.logger import Logger
 from sdexec.activation import kernel_somaxconn, server_endpoint, with_backlog
 from sdexec.config import Config, ConfigError, load_config
 from sdexec.containment import Containment
-from sdexec.leftovers import Leftovers, owner_mark
+from sdexec.leftovers import Leftovers, owner_marks
 from sdexec.metrics import Metrics
 from sdexec.notify import Readiness, describe_server
 from sdexec.outage import SystemdOutage
@@ -117,8 +117,9 @@ class SdexecService(Service):
         systemd.on_lost = self.outage.lost
         systemd.on_restored = self.outage.restored
         # Before listening: leftovers of an earlier run drain the node first.
-        self.server.unit_mark = owner_mark(self.listen)
-        self.server.leftovers = Leftovers(systemd, self.server, self.server.unit_mark)
+        marks = owner_marks(self.listen)
+        self.server.unit_mark = marks[0]
+        self.server.leftovers = Leftovers(systemd, self.server, marks)
         yield self.server.leftovers.scan()
         systemd.on_call = self.metrics.dbus_call
         self.server.observer = self.metrics

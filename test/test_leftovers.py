@@ -5,6 +5,7 @@ SIGKILL-and-restart is in test_twistd_leftovers.py."""
 from __future__ import annotations
 
 import errno
+import hashlib
 
 import pytest
 from offline import Connection
@@ -13,12 +14,13 @@ from twisted.internet import reactor
 from twisted.internet.task import Clock
 
 from sdexec.config import parse_config
-from sdexec.leftovers import Leftovers, marked, owner_mark
+from sdexec.leftovers import Leftovers, marked, owner_marks
 from sdexec.property import UnitProperty
 from sdexec.server import SdexecServer
 from sdexec.testing import EXITED, INACTIVE, RUNNING, FakeManager, exec_plan
 
-MARK = owner_mark("unix:/run/user/1000/sdexec/sdexec.sock")
+MARKS = owner_marks("unix:/run/user/1000/sdexec/sdexec.sock")
+[MARK] = MARKS
 
 
 def leftover(systemd: FakeManager, name: str, mark: str = MARK, pid: int = 77):
@@ -31,7 +33,7 @@ def make_server(systemd: FakeManager, policy: str = "stop") -> SdexecServer:
     config = parse_config({"sdexec": {"leftover-units": policy}})
     server = SdexecServer(systemd, config, reactor, clock=Clock())
     server.unit_mark = MARK
-    server.leftovers = Leftovers(systemd, server, MARK)
+    server.leftovers = Leftovers(systemd, server, MARKS)
     return server
 
 
@@ -43,9 +45,38 @@ def systemd():
 
 
 def test_the_mark_is_stable_per_endpoint_and_differs_between_services():
-    assert owner_mark("unix:/run/user/1000/sdexec/sdexec.sock") == MARK
-    assert owner_mark("unix:/tmp/other.sock") != MARK
+    assert owner_marks("unix:/run/user/1000/sdexec/sdexec.sock") == (MARK,)
+    assert owner_marks("unix:/tmp/other.sock")[0] != MARK
     assert MARK.startswith(" [sdexec:") and len(MARK) == len(" [sdexec:]") + 12
+
+
+def test_a_unix_socket_s_options_are_not_part_of_its_mark():
+    listen = "unix:/run/user/1000/sdexec/sdexec.sock:mode=660:lockfile=1"
+    current, earlier = owner_marks(listen)
+    assert current == MARK  # the same service, whatever its socket's options
+    # and an earlier version's mark, of the whole string, is still its own
+    assert earlier == f" [sdexec:{hashlib.sha256(listen.encode()).hexdigest()[:12]}]"
+    assert owner_marks("systemd:domain=UNIX:name=sdexec")[0] != MARK
+
+
+def test_units_marked_by_an_earlier_version_are_still_leftovers(systemd):
+    # Until now the mark hashed the endpoint string, options and all.
+    listen = "unix:/run/user/1000/sdexec/sdexec.sock:mode=660"
+    marks = owner_marks(listen)
+    leftover(systemd, "sdexec-old.service", mark=marks[1])
+    server = SdexecServer(systemd, parse_config({}), reactor, clock=Clock())
+    server.unit_mark = marks[0]
+    server.leftovers = Leftovers(systemd, server, marks)
+    server.leftovers.scan()
+    assert [unit.description for unit in server.leftovers.units.values()] == [
+        "sleep 300"
+    ]
+
+
+def test_a_lone_string_is_not_taken_for_a_set_of_marks(systemd):
+    server = make_server(systemd)
+    with pytest.raises(ValueError):
+        Leftovers(systemd, server, MARK)  # type: ignore[arg-type]
 
 
 def test_every_unit_started_carries_the_mark(systemd):
@@ -64,7 +95,7 @@ def test_stop_leftovers_drain_until_they_are_gone(systemd):
     leftover(systemd, "sdexec-a.service", pid=71)
     leftover(systemd, "sdexec-b.service", pid=72)
     leftover(systemd, "other.service", mark="")  # not ours
-    leftover(systemd, "sdexec-c.service", mark=owner_mark("unix:/other"))
+    leftover(systemd, "sdexec-c.service", mark=owner_marks("unix:/other")[0])
     server = make_server(systemd)
     server.leftovers.scan()
     assert server.drain_reason == "2 leftover units from a previous run"

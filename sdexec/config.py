@@ -179,7 +179,9 @@ class ExecConfig:
         timeout = round(self.effective_max_kill_timeout, 6)
         if not math.isfinite(timeout):  # kill-timeout = 1e308, times five
             return MAX_STOP_TIMER_SEC + 1  # refused as above systemd's limit
-        return math.ceil(timeout)
+        # At least a second, as upstream's ceil() gives for any positive
+        # timeout: 0 would abandon every lingering unit at once.
+        return max(1, math.ceil(timeout))
 
 
 @dataclass(frozen=True)
@@ -812,6 +814,15 @@ def _check_across_tables(config: Config) -> None:
         raise ConfigError(
             config.source, "exec.service", '"sdexec" requires systemd.enable = true'
         )
+    if not math.isfinite(config.exec.effective_max_kill_timeout):
+        # Reported as `Infinity` (not JSON) by the checker and /stats.
+        raise ConfigError(
+            config.source,
+            "exec.kill-timeout",
+            f"{config.exec.kill_timeout:g} s, with max-kill-count"
+            f" {config.exec.max_kill_count}, puts the last kill attempt past any"
+            " time: lower it, or set max-kill-timeout",
+        )
     if config.exec.sdexec_stop_timer_sec > MAX_STOP_TIMER_SEC:
         # Only a derived value can get here: an explicit one is range-checked.
         raise ConfigError(
@@ -820,7 +831,8 @@ def _check_across_tables(config: Config) -> None:
             "the default, the effective max-kill-timeout"
             f" ({config.exec.effective_max_kill_timeout:g} s) rounded up, is more"
             f" than systemd's limit of {MAX_STOP_TIMER_SEC} s: lower"
-            " max-kill-timeout or kill-timeout, or set sdexec-stop-timer-sec",
+            " max-kill-timeout, kill-timeout or max-kill-count, or set"
+            " sdexec-stop-timer-sec",
         )
 
 

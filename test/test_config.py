@@ -487,11 +487,24 @@ def test_toml_integer_of_thousands_of_digits_is_named(tmp_path):
     )
 
 
-def test_a_kill_timeout_past_any_float_is_refused_not_a_traceback():
+@pytest.mark.parametrize("stop_timer", [{}, {"sdexec-stop-timer-sec": 60}])
+def test_a_kill_timeout_past_any_float_is_refused_not_a_traceback(stop_timer):
+    # Even with its own stop timer: the effective max-kill-timeout would be
+    # infinite, and /stats and the checker would print `Infinity` (not JSON).
     with pytest.raises(ConfigError) as error:
-        parse_config({"exec": {"kill-timeout": 1e308}})
-    assert error.value.key == "exec.sdexec-stop-timer-sec"
-    assert "(inf s)" in str(error.value)
+        parse_config({"exec": {"kill-timeout": 1e308, **stop_timer}})
+    assert str(error.value) == (
+        "<config>: exec.kill-timeout: 1e+308 s, with max-kill-count 8, puts the"
+        " last kill attempt past any time: lower it, or set max-kill-timeout"
+    )
+
+
+@pytest.mark.parametrize(
+    "settings", [{"max-kill-timeout": "0.0000004"}, {"kill-timeout": "1e-9"}]
+)
+def test_a_derived_stop_timer_is_at_least_a_second(settings):
+    # As upstream's ceil(): 0 would abandon every lingering unit at once.
+    assert parse_config({"exec": settings}).exec.sdexec_stop_timer_sec == 1
 
 
 def test_an_ssl_endpoint_without_its_key_is_named(tmp_path):
@@ -648,8 +661,8 @@ def test_derived_stop_timer_beyond_systemds_limit(settings, seconds):
     assert str(error.value) == (
         "<config>: exec.sdexec-stop-timer-sec: the default, the effective"
         f" max-kill-timeout ({seconds} s) rounded up, is more than systemd's limit"
-        " of 18446744073709 s: lower max-kill-timeout or kill-timeout, or set"
-        " sdexec-stop-timer-sec"
+        " of 18446744073709 s: lower max-kill-timeout, kill-timeout or"
+        " max-kill-count, or set sdexec-stop-timer-sec"
     )
 
 

@@ -39,7 +39,6 @@ __all__ = [
     "Mode",
     "Tracked",
     "TrackedProcesses",
-    "check_target",
     "parse_target",
 ]
 
@@ -411,6 +410,10 @@ class TrackedProcesses:
         tracked = self._tracked.get(process)
         return tracked.mode if tracked is not None else Mode.STREAMING
 
+    def holds_label(self, label: str) -> bool:
+        """Whether an ended process kept for a wait carries ``label``."""
+        return any(tracked.label == label for tracked in self._ended)
+
     def describe_ended(self) -> list[dict[str, Any]]:
         """``sdexec.list`` entries of the ended processes kept for a wait."""
         return [
@@ -479,7 +482,7 @@ class TrackedProcesses:
         raise RequestError(errno.ENOENT, f"{_target(pid, label)}: no such process")
 
 
-def check_target(payload: Any, topic: str) -> tuple[int | None, str | None]:
+def _check_target(payload: Any, topic: str) -> tuple[int | None, str | None]:
     """The ``pid`` and ``label`` a ``topic`` payload names a process by, as
     given (at least one); EINVAL names a bad or missing field."""
     pid, label = payload.get("pid"), payload.get("label")
@@ -493,9 +496,9 @@ def check_target(payload: Any, topic: str) -> tuple[int | None, str | None]:
 
 
 def parse_target(payload: Any, topic: str) -> tuple[int | None, str | None]:
-    """``(pid, label)`` of a ``wait`` or ``attach`` payload, the label winning
-    over the pid; EINVAL names a bad or missing field."""
-    pid, label = check_target(payload, topic)
+    """``(pid, label)`` of a ``kill``, ``wait`` or ``attach`` payload, the
+    label winning over the pid; EINVAL names a bad or missing field."""
+    pid, label = _check_target(payload, topic)
     return (None, label) if label is not None else (pid, None)
 
 

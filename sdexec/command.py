@@ -66,8 +66,8 @@ class Command:
         if cwd is not None and not isinstance(cwd, str):
             raise CommandError("cmd.cwd: expected a string")
         label = cmd.get("label")
-        if label is not None and not isinstance(label, str):
-            raise CommandError("cmd.label: expected a string")
+        if label is not None and (not isinstance(label, str) or not label):
+            raise CommandError("cmd.label: expected a non-empty string")
         channels = cmd.get("channels", [])
         if not isinstance(channels, list) or not all(
             isinstance(name, str) for name in channels

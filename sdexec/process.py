@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -47,6 +48,9 @@ __all__ = ["OutputTap", "Process", "ProcessContext", "Responder", "Sent", "UnitC
 log = Logger()
 
 STREAMS = ("stdin", "stdout", "stderr")
+#: Signals a process that has not started yet holds for its start; more
+#: are EAGAIN (each is a request's answer, waiting).
+MAX_EARLY_KILLS = 64
 
 
 class Responder(Protocol):
@@ -139,6 +143,8 @@ class Process:
         self._start_deadline: IDelayedCall | None = None
         #: sdexec decided to stop the unit (a lost StopUnit is made again).
         self._stop_wanted = False
+        #: Signals asked for before ``started``, each with its answer.
+        self._early_kills: list[tuple[int, defer.Deferred[None]]] = []
         self.stop_timer = StopTimer(
             context.clock,
             plan.stop_timer.seconds,
@@ -264,8 +270,24 @@ class Process:
             self.stdin.close()
 
     def kill(self, signum: int) -> Any:
-        """Signal every process of the unit; a Deferred."""
-        return self._systemd.kill_unit(self.unit_name, "all", signum)
+        """Signal every process of the unit; a Deferred.
+
+        Before ``started`` the unit has no process yet: systemd would signal
+        nothing and answer success, and the signal would be lost. It waits
+        for the start instead (answered then), and is ESRCH if the process
+        never starts."""
+        if Sent.STARTED in self._sent:
+            return self._systemd.kill_unit(self.unit_name, "all", signum)
+        if self._ended or self._reaped:
+            return defer.fail(_never_started())
+        if len(self._early_kills) >= MAX_EARLY_KILLS:
+            raise RequestError(
+                errno.EAGAIN,
+                f"{MAX_EARLY_KILLS} signals already wait for this process to start",
+            )
+        held: defer.Deferred[None] = defer.Deferred()
+        self._early_kills.append((signum, held))
+        return held
 
     def unkillable(self, reason: str) -> None:
         """The unit would not die: end the stream with EDEADLK (``reason``
@@ -386,6 +408,17 @@ class Process:
             self._sent.add(Sent.STARTED)  # never: the job is refused instead
             self._refuse(problem)
         self.output.open()
+        self._send_early_kills()
+
+    def _send_early_kills(self) -> None:
+        kills, self._early_kills = self._early_kills, []
+        for signum, held in kills:
+            self.kill(signum).chainDeferred(held)
+
+    def _drop_early_kills(self) -> None:
+        kills, self._early_kills = self._early_kills, []
+        for _, held in kills:
+            held.errback(_never_started())
 
     def _finish(self, status: UnitStatus) -> None:
         """Read the receipt (sdexec/receipt.py) with one ``GetAll``, then
@@ -568,12 +601,14 @@ class Process:
         if not self._ended:
             self._ended = True
             self._responder.error(errnum, errstr)
+        self._drop_early_kills()  # if it never started, they never will be
         self.output.open()
 
     def _reap(self) -> None:
         if self._reaped:
             return
         self._reaped = True
+        self._drop_early_kills()
         self.stop_timer.stopped()
         self._cancel_start_deadline()
         if self._watch is not None:
@@ -660,3 +695,7 @@ class _Nowhere:
 
     def error(self, errnum: int, errstr: str) -> None:
         pass
+
+
+def _never_started() -> RequestError:
+    return RequestError(errno.ESRCH, "the process never started")

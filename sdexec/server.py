@@ -27,7 +27,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from sdexec.admission import ConnectionCount
-from sdexec.background import TrackedProcesses, check_target
+from sdexec.background import TrackedProcesses, parse_target
 from sdexec.config import Config
 from sdexec.containment import Containment, check_cpu_fence, enforced_cpus
 from sdexec.devicefence import CANARY_TIMEOUT_SECONDS, CanaryResponder, canary_plan
@@ -168,6 +168,7 @@ class SdexecServer:
         if not self.systemd.connected:
             raise RequestError(errno.EAGAIN, "reconnecting to systemd")
         plan = self._own(plan_exec(payload, self.config, self.containment))
+        self._check_label_free(plan.command.label)
         stdio.assign(plan.stdio)
         plan, tracked = self.tracked.prepare(
             plan,
@@ -227,6 +228,14 @@ class SdexecServer:
             raise
         if not streaming:
             process.write(b"", eof=True)  # a background process reads EOF
+
+    def _check_label_free(self, label: str | None) -> None:
+        """RFC 42: a label names one process (running, or ended and kept for
+        a wait), so that kill, wait and attach by label agree on which."""
+        if label is not None and (
+            self.find(label=label) is not None or self.tracked.holds_label(label)
+        ):
+            raise RequestError(errno.EEXIST, f"label {label!r} is already in use")
 
     def _own(self, plan: ExecPlan) -> ExecPlan:
         """``plan`` with this service's mark: a restarted service finds the
@@ -465,10 +474,13 @@ class SdexecServer:
         return iter(list(self._by_connection.get(connection_id, {}).values()))
 
     def find(self, pid: int | None = None, label: str | None = None) -> Process | None:
+        """The process with ``label`` when one is given (its ``pid`` is then
+        ignored, as RFC 42 says), else the one with ``pid``."""
         for process in self.processes.values():
-            if (pid is not None and process.pid == pid) or (
-                label is not None and process.label == label
-            ):
+            if label is not None:
+                if process.label == label:
+                    return process
+            elif pid is not None and process.pid == pid:
                 return process
         return None
 
@@ -480,14 +492,14 @@ class SdexecServer:
                 errno.EINVAL,
                 f"signum: expected a signal number from 1 to {signal.NSIG - 1}",
             )
-        pid, label = check_target(payload, "kill")
+        pid, label = parse_target(payload, "kill")
         if label is not None:
             check_text("label", label)
         process: Process | Leftover | None = self.find(pid=pid, label=label)
-        if process is None and self.leftovers is not None:
-            process = self.leftovers.find(pid)
+        if process is None and self.leftovers is not None and label is None:
+            process = self.leftovers.find(pid)  # leftovers have no labels
         if process is None:
-            target = f"pid={pid}" if pid is not None else f"label={label}"
+            target = f"label={label}" if label is not None else f"pid={pid}"
             raise RequestError(errno.ESRCH, f"kill {target} not found")
         return process.kill(signum).addCallback(lambda _: {})
 
@@ -682,7 +694,7 @@ class ClientProtocol(StdioReceivingProtocol):
                 lambda failure: self._send_error(
                     reply_topic,
                     reply_matchtag,
-                    errno_for(failure.value),  # EAGAIN while systemd is away
+                    _errno_of(failure.value),
                     failure.getErrorMessage(),
                 ),
             )
@@ -703,6 +715,10 @@ class ClientProtocol(StdioReceivingProtocol):
         handler = self._handlers.get(topic)
         if not _streaming(message) and topic == Topic.EXEC:
             handler = self._exec_background
+        elif not _streaming(message) and topic == Topic.ATTACH:
+            # RFC 6: one answer for a request that is not streaming, and an
+            # attach is nothing but a stream (upstream refuses it too).
+            raise RequestError(errno.EPROTO, "attach request is not streaming")
         if handler is None:
             raise RequestError(errno.ENOSYS, f"unknown topic {topic!r}")
         self.server.count(topic)
@@ -853,6 +869,14 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def stopProducing(self) -> None:
         pass
+
+
+def _errno_of(error: BaseException) -> int:
+    """What a client is told for a handler's failed Deferred: a refusal's
+    own errno, EAGAIN while systemd is away, or systemd's."""
+    if isinstance(error, RequestRefused):
+        return error.errnum
+    return errno_for(error)
 
 
 def _streaming(message: dict) -> bool:

@@ -76,6 +76,8 @@ class FakeManager:
         self.on_restored: Callable[[], None] | None = None
         self.disconnected: defer.Deferred[None] = defer.Deferred()
         self.calls: list[tuple[Any, ...]] = []
+        #: ``(unit, signal)`` of every ``KillUnit``, in order.
+        self.signalled: list[tuple[str, int]] = []
         self.units: dict[str, State] = {}
         self.properties: dict[str, list[UnitProperty]] = {}
         self.refuse_start: SystemdError | None = None
@@ -130,6 +132,7 @@ class FakeManager:
 
     def kill_unit(self, name: str, who: str, signal: int) -> defer.Deferred[None]:
         self.calls.append(("kill", who, signal))
+        self.signalled.append((name, signal))
         if not self.connected:
             return defer.fail(reconnecting())
         return defer.succeed(None)

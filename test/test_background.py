@@ -262,6 +262,20 @@ async def test_a_pending_wait_is_answered_when_the_process_ends(
 
 
 @ensureDeferred
+async def test_an_ended_process_kept_for_a_wait_holds_its_label(
+    systemd, server, client
+):
+    client.bg(flags=WAITABLE, label="w")
+    systemd.run(UNIT, pid=7)
+    await finish(systemd, server, status=0)
+    client.bg(matchtag=2, label="w", SDEXEC_NAME="sdexec-u")
+    assert payloads(client.of(2)) == [(errno.EEXIST, "label 'w' is already in use")]
+    client.send("sdexec.wait", {"label": "w"}, matchtag=3)
+    client.bg(matchtag=4, label="w", SDEXEC_NAME="sdexec-u")  # waited: free again
+    assert ("start", "sdexec-u.service") in systemd.calls
+
+
+@ensureDeferred
 async def test_wait_errors(systemd, server, client):
     client.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "s"}})
     client.bg(matchtag=2, label="plain", SDEXEC_NAME="sdexec-u")
@@ -523,6 +537,20 @@ def test_a_connection_finds_only_the_processes_attached_to_it(systemd, server, c
     assert list(tracked.attached_to(first.protocol.connection_id)) == []
     assert all(a not in attached for attached in tracked._attached.values())
     first.close()
+
+
+def test_an_attach_that_is_not_streaming_is_eproto(systemd, server, client):
+    client.bg(label="b")
+    client.raw(
+        {
+            "type": "request",
+            "topic": "sdexec.attach",
+            "matchtag": 2,
+            "payload": {"label": "b"},
+            "streaming": False,
+        }
+    )
+    assert payloads(client.of(2)) == [(errno.EPROTO, "attach request is not streaming")]
 
 
 @ensureDeferred

@@ -16,7 +16,8 @@ from offline import Recorder
 from twisted.internet import reactor
 from twisted.internet.task import Clock
 
-from sdexec.process import Process, ProcessContext
+from sdexec.plan import RequestError
+from sdexec.process import MAX_EARLY_KILLS, Process, ProcessContext
 from sdexec.testing import (
     DEACTIVATING,
     EXITED,
@@ -28,6 +29,11 @@ from sdexec.testing import (
 from sdexec.unitstop import StopTimerState
 
 UNIT = "sdexec-test.service"
+#: A unit whose command systemd could not execute (203/EXEC).
+FAILED_TO_EXEC = {
+    **{"ActiveState": "failed", "SubState": "failed", "ExecMainPID": 7},
+    **{"ExecMainCode": 1, "ExecMainStatus": 203, "Result": "exit-code"},
+}
 
 
 def lifecycle_plan(seconds: float = 10, second_signal: int = signal.SIGKILL):
@@ -78,10 +84,7 @@ def test_fast_exit_still_sends_started_before_finished():
 
 def test_exec_failure_is_an_error_not_finished():
     _, systemd, responder, _ = make_process()
-    systemd.change(UNIT,
-        {"ActiveState": "failed", "SubState": "failed", "ExecMainPID": 7,
-         "ExecMainCode": 1, "ExecMainStatus": 203, "Result": "exit-code"}
-    )  # fmt: skip
+    systemd.change(UNIT, FAILED_TO_EXEC)
     assert responder.types() == [errno.ENOENT]
     assert "203/EXEC" in responder.responses[0][1]
 
@@ -175,8 +178,47 @@ def test_negative_stop_timer_is_disabled(seconds):
 
 def test_kill_signals_every_process_of_the_unit():
     process, systemd, _, _ = make_process()
+    systemd.change(UNIT, RUNNING)
     process.kill(signal.SIGUSR1)
     assert ("kill", "all", signal.SIGUSR1) in systemd.calls
+
+
+def outcome(deferred):
+    """What a Deferred that has fired holds: its result or its Failure."""
+    results: list = []
+    deferred.addBoth(results.append)
+    [result] = results
+    return result
+
+
+def test_a_signal_before_the_start_waits_for_it():
+    # The unit has no process yet: systemd would signal nothing, say yes.
+    process, systemd, responder, _ = make_process()
+    answers = [process.kill(signal.SIGKILL), process.kill(signal.SIGTERM)]
+    assert systemd.kills() == [] and not any(a.called for a in answers)
+    systemd.change(UNIT, RUNNING)
+    assert responder.types() == ["started"]
+    assert systemd.kills() == [signal.SIGKILL, signal.SIGTERM]
+    assert [outcome(answer) for answer in answers] == [None, None]
+
+
+def test_a_signal_for_a_process_that_never_starts_is_esrch():
+    process, systemd, _, _ = make_process()
+    answer = process.kill(signal.SIGTERM)
+    systemd.change(UNIT, FAILED_TO_EXEC)
+    for late in (answer, process.kill(signal.SIGTERM)):
+        error = outcome(late).value
+        assert (type(error), error.errnum) == (RequestError, errno.ESRCH)
+    assert systemd.kills() == []
+
+
+def test_signals_held_for_the_start_are_bounded():
+    process, _, _, _ = make_process()
+    for _ in range(MAX_EARLY_KILLS):
+        process.kill(signal.SIGTERM)
+    with pytest.raises(RequestError) as error:
+        process.kill(signal.SIGTERM)
+    assert error.value.errnum == errno.EAGAIN
 
 
 def test_abandoned_process_is_stopped_and_silent():

@@ -268,8 +268,69 @@ def test_kill_by_pid_or_label(systemd, connection):
     assert error_of(connection.last()) == (errno.ESRCH, "kill pid=5 not found")
 
 
+def test_a_kill_naming_a_label_ignores_its_pid(systemd, connection):
+    # RFC 42: with a label, the pid SHALL be ignored (Flux's client sends
+    # pid -1 with it; another pid must not pick another process).
+    first, second = "sdexec-first.service", "sdexec-second.service"
+    for matchtag, name in enumerate((first, second), start=1):
+        opts = {"SDEXEC_NAME": name}
+        cmd = {**TRUE, "label": name.split(".")[0], "opts": opts}
+        connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd}, matchtag)
+    systemd.run(first, pid=71)
+    systemd.run(second, pid=72)
+    kill = {"signum": 15, "pid": 71, "label": "sdexec-second"}
+    connection.send("sdexec.kill", kill, matchtag=3)
+    assert systemd.signalled == [(second, 15)]
+    connection.send("sdexec.kill", {**kill, "label": "nosuch"}, matchtag=4)
+    assert error_of(connection.last()) == (errno.ESRCH, "kill label=nosuch not found")
+    assert systemd.signalled == [(second, 15)]
+
+
+def test_a_label_names_one_process(systemd, connection):
+    cmd = {**TRUE, "label": "job"}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd})
+    other = {**cmd, "opts": {"SDEXEC_NAME": "sdexec-other.service"}}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": other}, matchtag=2)
+    in_use = (errno.EEXIST, "label 'job' is already in use")
+    assert error_of(connection.last()) == in_use
+    assert ("start", "sdexec-other.service") not in systemd.calls
+
+
+def test_an_empty_label_is_refused(connection):
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": ""}})
+    assert error_of(connection.last()) == (
+        errno.EINVAL,
+        "cmd.label: expected a non-empty string",
+    )
+
+
+def test_a_kill_before_the_start_is_answered_once_the_signal_is_sent(
+    systemd, connection
+):
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "j"}})
+    connection.send("sdexec.kill", {"signum": 9, "label": "j"}, matchtag=2)
+    assert systemd.kills() == []
+    assert [r for r in connection.responses() if r["matchtag"] == 2] == []
+    systemd.run(UNIT)
+    assert systemd.kills() == [9]
+    assert connection.last() == {
+        "type": "response", "topic": "sdexec.kill", "matchtag": 2, "payload": {}
+    }  # fmt: skip
+
+
+def test_a_kill_of_a_process_that_never_starts_is_esrch(systemd, connection):
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "j"}})
+    connection.send("sdexec.kill", {"signum": 9, "label": "j"}, matchtag=2)
+    failed_to_exec = {"ActiveState": "failed", "ExecMainCode": 1, "ExecMainStatus": 203}
+    systemd.change(UNIT, {**failed_to_exec, "Result": "exit-code"})
+    [answer] = [r for r in connection.responses() if r["matchtag"] == 2]
+    assert error_of(answer) == (errno.ESRCH, "the process never started")
+    assert systemd.kills() == []
+
+
 def test_a_failed_kill_is_eio(systemd, connection):
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "j"}})
+    systemd.run(UNIT)
     systemd.kill_unit = lambda *args: defer.fail(SystemdError("x.Failed", "no"))
     connection.send("sdexec.kill", {"signum": 15, "label": "j"}, matchtag=2)
     assert error_of(connection.last()) == (errno.EIO, "no")

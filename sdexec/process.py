@@ -376,7 +376,9 @@ class Process:
         if properties.get("LoadState") == "not-found" and not self._outcome_known:
             self._vanished("is gone")
             return
-        status = self.status = UnitStatus.from_properties(properties)
+        status = self.status = UnitStatus.from_properties(
+            properties, command_ran=self._command_ran
+        )
         if self._context.debug:
             log.info("{unit}: {state}", unit=self.unit_name, state=status)
         if status.pid > 0 and self.pid is None:
@@ -398,6 +400,14 @@ class Process:
         elif self.stop_timer.deactivating_since is not None:
             self.stop_timer.stopped()
         self._maybe_end()
+
+    @property
+    def _command_ran(self) -> bool:
+        """Whether the command was executed for sure: ``started`` went out,
+        and a ``Type=exec`` unit (every unit's: no one else may set it) is
+        *running* only once the exec succeeded. Its exit of 200-243 is then
+        its own (``exit 203`` in a script), not systemd failing to run it."""
+        return Sent.STARTED in self._sent
 
     def _started(self, properties: dict[str, Any], pid: int) -> None:
         self._cancel_start_deadline()

@@ -89,6 +89,15 @@ def test_exec_failure_is_an_error_not_finished():
     assert "203/EXEC" in responder.responses[0][1]
 
 
+def test_a_command_s_own_exit_of_203_after_it_ran_is_finished():
+    # Type=exec: running means executed, so `exit 203` is the script's own.
+    _, systemd, responder, _ = make_process()
+    systemd.change(UNIT, RUNNING)
+    systemd.change(UNIT, {**FAILED_TO_EXEC, "ExecMainPID": 4242})
+    assert responder.types() == ["started", "finished"]
+    assert responder.responses[1]["status"] == 203 << 8
+
+
 def make_drained_process(seconds: float = 10, second_signal: int = signal.SIGKILL):
     """A process whose context records the drain reasons and counted events."""
     drained: list[str] = []

@@ -53,6 +53,17 @@ async def test_false_and_exit_codes(sdexec):
 
 
 @ensureDeferred
+async def test_a_command_that_ran_owns_its_exit_status_of_200_to_243(sdexec):
+    # systemd's own exit codes when it cannot run a command; once the
+    # command has run (started), the same numbers are the command's.
+    client = await sdexec.connect()
+    for code in (200, 203, 243):
+        result = await run(client, ["sh", "-c", f"sleep 0.3; exit {code}"])
+        assert result.error is None, code
+        assert result.status == code << 8, code
+
+
+@ensureDeferred
 async def test_missing_command_is_enoent(sdexec):
     client = await sdexec.connect()
     result = await run(client, ["no-such-command-anywhere"])

@@ -109,9 +109,15 @@ class UnitStatus:
     code: int = 0
     status: int = 0
     result: str = ""
+    #: The command is known to have been executed (its unit reached
+    #: *running* with a type that says so only after the exec): every exit
+    #: status is then its own, 200-243 too.
+    command_ran: bool = False
 
     @classmethod
-    def from_properties(cls, properties: Mapping[str, Any]) -> UnitStatus:
+    def from_properties(
+        cls, properties: Mapping[str, Any], command_ran: bool = False
+    ) -> UnitStatus:
         """Build from a merged ``Unit`` + ``Service`` property dict."""
         return cls(
             active_state=properties.get("ActiveState", ""),
@@ -120,6 +126,7 @@ class UnitStatus:
             code=properties.get("ExecMainCode", 0),
             status=properties.get("ExecMainStatus", 0),
             result=properties.get("Result", ""),
+            command_ran=command_ran,
         )
 
     @property
@@ -128,7 +135,11 @@ class UnitStatus:
 
     @property
     def _systemd_exit(self) -> bool:
-        return self.code == CLD_EXITED and self.status in SYSTEMD_EXIT_CODES
+        return (
+            not self.command_ran
+            and self.code == CLD_EXITED
+            and self.status in SYSTEMD_EXIT_CODES
+        )
 
     @property
     def has_started(self) -> bool:

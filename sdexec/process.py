@@ -300,6 +300,17 @@ class Process:
         self._fail(errno.ECANCELED, reason)
         self.abandon()
 
+    def client_gone(self) -> None:
+        """The client's connection closed: its process must not outlive it
+        whatever it does with SIGTERM (the stop's signal), so, as Flux's
+        sdexec does, SIGKILL goes to the main process first; then as
+        :meth:`abandon`."""
+        if Sent.STARTED in self._sent and not self._outcome_known:
+            self._systemd.kill_unit(self.unit_name, "main", signal.SIGKILL).addErrback(
+                self._log_failure, "KillUnit(main, SIGKILL)"
+            )
+        self.abandon()
+
     def abandon(self) -> None:
         """The client has gone: stop the unit and reap it, silently."""
         self._responder = _Nowhere()

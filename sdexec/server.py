@@ -639,7 +639,7 @@ class ClientProtocol(StdioReceivingProtocol):
             self.server.connections.release(self._admitted_uid)
             self._admitted_uid = None
         for process in self.server.connection_processes(self.connection_id):
-            process.abandon()
+            process.client_gone()
         self.server.tracked.connection_lost(self.connection_id)
 
     def framingError(self, reason: str) -> None:

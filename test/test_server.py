@@ -344,6 +344,18 @@ def test_a_closed_connection_abandons_its_processes(systemd, server):
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT)
     connection.close()
+    # As Flux's sdexec: SIGKILL to the main process (SIGTERM, the stop's
+    # signal, may be ignored), then the stop for whatever is left.
+    assert systemd.calls[-2:] == [("kill", "main", 9), ("stop", UNIT)]
+
+
+def test_a_closed_connection_s_process_not_yet_started_is_only_stopped(
+    systemd, server
+):
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    connection.close()
+    assert systemd.kills() == []
     assert ("stop", UNIT) in systemd.calls
 
 

@@ -481,6 +481,21 @@ async def test_vanished_client_takes_its_units_with_it(sdexec):
 
 
 @ensureDeferred
+async def test_a_vanished_client_s_process_that_ignores_sigterm_goes_too(sdexec):
+    # The stop's SIGTERM alone left it running until the stop timer (640 s
+    # by default), then drained the node.
+    client = await sdexec.connect()
+    script = "trap '' TERM; while :; do sleep 0.1; done"
+    handle = client.exec(command(["sh", "-c", script]), FLAGS, lambda r: None)
+    while handle.pid is None:
+        await sleep(0.05)
+    unit = sdexec.server.list()["procs"][0]["unit"]
+    await client.close()
+    await wait_until_reaped(sdexec, unit)
+    assert sdexec.server.drain_reason is None
+
+
+@ensureDeferred
 async def test_bad_string_property_is_named(start_service):
     service = await start_service(sdexec='request-properties = ["ProtectSystem"]')
     client = await service.connect()

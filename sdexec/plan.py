@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdexec.command import Command, CommandError, unit_environment, unit_properties
-from sdexec.config import MAX_STOP_TIMER_SEC, Config
+from sdexec.config import Config
 from sdexec.containment import Containment, MapperError
 from sdexec.idset import IDset
 from sdexec.limits import (
@@ -289,14 +289,15 @@ def _typed_properties(
 
 
 def _stop_timer(config: Config, command: Command) -> StopTimerPolicy:
-    seconds = _int_option(
-        command, "SDEXEC_STOP_TIMER_SEC", config.exec.sdexec_stop_timer_sec
-    )
-    if seconds > MAX_STOP_TIMER_SEC:
+    configured = config.exec.sdexec_stop_timer_sec
+    seconds = _int_option(command, "SDEXEC_STOP_TIMER_SEC", configured)
+    if not 0 < seconds <= configured:
+        # The site's safeguard against units that will not die: a request
+        # may shorten it, never lengthen or disable it (Flux's negative).
         raise RequestError(
-            errno.EINVAL,
-            f"SDEXEC_STOP_TIMER_SEC: more than systemd's limit of"
-            f" {MAX_STOP_TIMER_SEC} seconds",
+            errno.EINVAL if seconds == 0 else errno.EPERM,
+            f"SDEXEC_STOP_TIMER_SEC: a request may set from 1 to {configured}"
+            f" seconds (exec.sdexec-stop-timer-sec), not {seconds}",
         )
     return StopTimerPolicy(
         seconds=seconds,

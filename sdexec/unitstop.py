@@ -100,8 +100,7 @@ class StopTimerState(enum.Enum):
     SIGNALED = "signaled"
     #: Given up: the target was told to abandon the unit.
     ABANDONED = "abandoned"
-    #: The unit left deactivating in time (or the timer is disabled and the
-    #: unit stopped): nothing more will happen.
+    #: The unit left deactivating in time: nothing more will happen.
     STOPPED = "stopped"
 
 
@@ -123,8 +122,8 @@ class StopTimerTarget(Protocol):
 class StopTimer:
     """One unit's stop timer.
 
-    ``seconds`` is ``sdexec-stop-timer-sec`` (a negative value disables the
-    timer, as ``SDEXEC_STOP_TIMER_SEC=-1`` does), ``signum``
+    ``seconds`` is ``sdexec-stop-timer-sec`` (or a request's shorter
+    ``SDEXEC_STOP_TIMER_SEC``; never disabled), ``signum``
     ``sdexec-stop-timer-signal``. Call :meth:`deactivating` when the unit
     enters deactivating and :meth:`stopped` when it leaves it (inactive,
     failed, or gone); both are harmless when repeated or late.
@@ -149,11 +148,6 @@ class StopTimer:
         self._timer: IDelayedCall | None = None
 
     @property
-    def enabled(self) -> bool:
-        """Whether the timer acts at all."""
-        return self.seconds >= 0
-
-    @property
     def next_at(self) -> float | None:
         """Reactor time of the next action, ``None`` when none is pending."""
         return None if self._timer is None else self._timer.getTime()
@@ -163,8 +157,6 @@ class StopTimer:
         if self.state is not StopTimerState.IDLE:
             return
         self.deactivating_since = self._reactor.seconds()
-        if not self.enabled:
-            return
         self.state = StopTimerState.ARMED
         self._timer = self._reactor.callLater(self.seconds, self._first_expiry)
 

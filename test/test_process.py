@@ -177,14 +177,6 @@ def test_stop_timer_disarmed_when_the_unit_stops():
     assert clock.getDelayedCalls() == []
 
 
-@pytest.mark.parametrize("seconds", [-1, -30])
-def test_negative_stop_timer_is_disabled(seconds):
-    _, systemd, _, clock = make_process(seconds=seconds)
-    systemd.change(UNIT, RUNNING)
-    systemd.change(UNIT, DEACTIVATING)
-    assert clock.getDelayedCalls() == []
-
-
 def test_kill_signals_every_process_of_the_unit():
     process, systemd, _, _ = make_process()
     systemd.change(UNIT, RUNNING)

@@ -139,6 +139,13 @@ def test_exec_streams_started_finished_then_enodata(systemd, connection):
          errno.ENOENT, "no-such-cmd-here: command not found"),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SEC": "x"}}},
          errno.EINVAL, "SDEXEC_STOP_TIMER_SEC: 'x' is not an integer"),
+        ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SEC": "-1"}}},
+         errno.EPERM, "SDEXEC_STOP_TIMER_SEC: a request may set from 1 to 640"
+         " seconds (exec.sdexec-stop-timer-sec), not -1"),
+        ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SEC": "641"}}},
+         errno.EPERM, "SDEXEC_STOP_TIMER_SEC: a request may set from 1 to 640"),
+        ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SEC": "0"}}},
+         errno.EINVAL, "SDEXEC_STOP_TIMER_SEC: a request may set from 1 to 640"),
         ({"flags": FLAGS,
           "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SIGNAL": "SIGNOPE"}}},
          errno.EINVAL, "SDEXEC_STOP_TIMER_SIGNAL: "),

@@ -74,14 +74,6 @@ def test_deactivating_twice_does_not_rearm():
     assert target.calls == [(3.0, "signal", signal.SIGUSR1)]
 
 
-def test_disabled_timer_never_acts():
-    clock, target, stop = timer(seconds=-1)
-    stop.deactivating()
-    assert stop.state is StopTimerState.IDLE and clock.getDelayedCalls() == []
-    stop.stopped()
-    assert stop.state is StopTimerState.STOPPED and target.calls == []
-
-
 def test_abandoned_stays_abandoned():
     clock, _, stop = timer(seconds=1)
     stop.deactivating()

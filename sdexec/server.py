@@ -584,6 +584,9 @@ class ClientProtocol(StdioReceivingProtocol):
         self.authorized = False
         #: The peer's uid once its connection was admitted (counted).
         self._admitted_uid: int | None = None
+        #: A write refused without a matchtag has been logged (once only:
+        #: the journal is not the client's to fill).
+        self._silent_write_refused = False
         self._handlers: dict[str, Callable[[int, dict], Any]] = {
             Topic.EXEC: self._exec,
             Topic.WRITE: self._write,
@@ -672,6 +675,12 @@ class ClientProtocol(StdioReceivingProtocol):
             result = self._dispatch(message, topic, matchtag, valid_matchtag)
         except RequestRefused as error:
             self.server.count("errors")
+            if topic == Topic.WRITE and reply_matchtag == 0:
+                # A write sent as Flux does (no matchtag: no response
+                # wanted): an error on matchtag 0 would read as the
+                # connection's last words. Logged instead, once.
+                self._log_silent_write_refusal(error.errstr)
+                return
             self._send_error(reply_topic, reply_matchtag, error.errnum, error.errstr)
             return
         except Exception as error:
@@ -700,6 +709,16 @@ class ClientProtocol(StdioReceivingProtocol):
             )
         else:
             self._send(reply_topic, reply_matchtag, result)
+
+    def _log_silent_write_refusal(self, errstr: str) -> None:
+        if not self._silent_write_refused:
+            self._silent_write_refused = True
+            log.warn(
+                "connection {id}: sdexec.write without a matchtag refused"
+                " (later ones are not logged): {errstr}",
+                id=self.connection_id,
+                errstr=errstr,
+            )
 
     def _dispatch(self, message: dict, topic, matchtag, valid_matchtag: bool):
         if not isinstance(topic, str):

@@ -335,6 +335,21 @@ def test_a_kill_of_a_process_that_never_starts_is_esrch(systemd, connection):
     assert systemd.kills() == []
 
 
+def test_a_refused_write_without_a_matchtag_gets_no_response(systemd, connection):
+    # Matchtag 0: Flux's "no response"; an error there would read as the
+    # service closing the connection.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    before = len(connection.responses())
+    io = encode_io("stdout", "0", b"x")
+    connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=0)
+    assert len(connection.responses()) == before
+    connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=7)
+    assert error_of(connection.last()) == (
+        errno.EINVAL,
+        "io.stream: 'stdout' is not stdin",
+    )
+
+
 def test_a_failed_kill_is_eio(systemd, connection):
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "j"}})
     systemd.run(UNIT)
@@ -356,9 +371,7 @@ def test_a_closed_connection_abandons_its_processes(systemd, server):
     assert systemd.calls[-2:] == [("kill", "main", 9), ("stop", UNIT)]
 
 
-def test_a_closed_connection_s_process_not_yet_started_is_only_stopped(
-    systemd, server
-):
+def test_a_closed_connection_s_process_not_yet_started_is_only_stopped(systemd, server):
     connection = Connection(server)
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     connection.close()

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from twisted.application.service import Service
@@ -42,6 +43,16 @@ log = Logger()
 DEFAULT_STATS_ENDPOINT = "tcp:8490:interface=127.0.0.1"
 #: How long stopping the service waits for its units to be reaped.
 SHUTDOWN_GRACE_SECONDS = 10.0
+#: ``[sdexec]`` settings read once, at start (sockets, the log observer): a
+#: reload keeps the values in force, so the configuration shown is true.
+START_ONLY_SETTINGS = (
+    "listen",
+    "listen_backlog",
+    "stats",
+    "stats_socket",
+    "socket_mode",
+    "log_format",
+)
 
 
 def default_listen_endpoint() -> str:
@@ -241,12 +252,33 @@ class SdexecService(Service):
                 old=self.config.systemd.bus,
             )
             return False
+        config = self._keep_start_only_settings(config, path)
         self.config = config
         if self.server is not None:
             self.server.reconfigure(config, containment)
             self.server.verify_devices()  # judged afresh: containment may be new
         log.info("configuration reloaded from {path}", path=path)
         return True
+
+    def _keep_start_only_settings(self, config: Config, path: str) -> Config:
+        """``config`` with the values in force of the settings read only at
+        start, each changed one named in a warning."""
+        kept = {}
+        for name in START_ONLY_SETTINGS:
+            old, new = getattr(self.config.sdexec, name), getattr(config.sdexec, name)
+            if old != new:
+                log.warn(
+                    "{path}: sdexec.{key}: read only at start: {new} takes"
+                    " effect at the next restart, {old} stays in force",
+                    path=path,
+                    key=name.replace("_", "-"),
+                    new=_setting(name, new),
+                    old=_setting(name, old),
+                )
+                kept[name] = old
+        return (
+            replace(config, sdexec=replace(config.sdexec, **kept)) if kept else config
+        )
 
     @defer.inlineCallbacks
     def stopService(self):
@@ -259,3 +291,12 @@ class SdexecService(Service):
         if self.server is not None:
             yield self.server.shutdown(SHUTDOWN_GRACE_SECONDS)
             self.server.systemd.disconnect()
+
+
+def _setting(name: str, value: object) -> str:
+    """A setting's value as the configuration file writes it."""
+    if value is None:
+        return "unset"
+    if name == "socket_mode" and isinstance(value, int):
+        return f'"{value:04o}"'
+    return repr(value)

@@ -69,6 +69,33 @@ async def test_start_serve_reload_and_stop(tmp_path):
 
 
 @ensureDeferred
+async def test_a_reload_keeps_start_only_settings_in_force_and_says_so(tmp_path):
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    manager = FakeManager()
+    service = await started_service(tmp_path, manager)
+    lines: list[str] = []
+    observer = lambda event: lines.append(formatEvent(event))  # noqa: E731
+    globalLogPublisher.addObserver(observer)
+    try:
+        (tmp_path / "sdexec.toml").write_text(
+            '[sdexec]\nlisten = "unix:/run/elsewhere.sock"\nmax-connections = 7\n'
+        )
+        assert service.reload()
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    assert service.config.sdexec.listen is None  # what the service listens on
+    assert service.config.sdexec.max_connections == 7  # applied
+    [warning] = [line for line in lines if "read only at start" in line]
+    assert warning == (
+        f"{tmp_path}/sdexec.toml: sdexec.listen: read only at start:"
+        " 'unix:/run/elsewhere.sock' takes effect at the next restart,"
+        " unset stays in force"
+    )
+    await service.stopService()
+
+
+@ensureDeferred
 async def test_losing_systemd_drains_only_after_the_reconnect_timeout(tmp_path):
     manager = FakeManager()
     service = await started_service(tmp_path, manager)

@@ -973,9 +973,13 @@ def main(argv: list[str] | None = None) -> int:
     add_version_option(parser)
     parser.add_argument("file", help="a .toml, .yaml or .yml configuration file")
     args = parser.parse_args(argv)
+    # Imported here: containment (and the mapper) build on this module.
+    from sdexec.containment import Containment
+
     try:
         config = load_config(args.file)
-    except ConfigError as error:
+        Containment.from_config(config)  # the mapper, as the service builds it
+    except ValueError as error:  # ConfigError (run as __main__: two classes)
         print(error, file=sys.stderr)
         return 1
     for warning in config.warnings:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sdexec.command import Command
-from sdexec.config import Config
+from sdexec.config import Config, ConfigError
 from sdexec.idset import IDset
 from sdexec.map import ResourceMapper, create_mapper
 
@@ -50,7 +50,8 @@ class Containment:
         """Build the mapper when containment is on (reading the topology
         once: ``[sdexec] topology`` or the live one from lstopo).
 
-        ``ValueError``/``OSError`` (naming the mapper class) if it cannot be
+        A :class:`~sdexec.config.ConfigError` naming the file, the key
+        (``sdexec.topology``, ``sdexec.mapper``) and why, if it cannot be
         built; the caller refuses the configuration then.
         """
         if not config.exec.sdexec_constrain_resources:
@@ -61,16 +62,20 @@ class Containment:
             try:
                 with open(topology, encoding="utf-8") as file:
                     xml = file.read()
-            except OSError as error:
-                raise OSError(
-                    error.errno, f"sdexec.topology: {topology}: {error.strerror}"
+            except (OSError, UnicodeDecodeError) as error:
+                why = getattr(error, "strerror", None) or str(error)
+                raise ConfigError(
+                    config.source, "sdexec.topology", f"{topology}: {why}"
                 ) from None
-        mapper = create_mapper(
-            config.sdexec.mapper,
-            config.sdexec.mapper_searchpath,
-            config.sdexec.rank,
-            topology_xml=xml,
-        )
+        try:
+            mapper = create_mapper(
+                config.sdexec.mapper,
+                config.sdexec.mapper_searchpath,
+                config.sdexec.rank,
+                topology_xml=xml,
+            )
+        except (ValueError, OSError) as error:
+            raise ConfigError(config.source, "sdexec.mapper", str(error)) from None
         return cls(config, mapper)
 
     def applies_to(self, command: Command) -> bool:

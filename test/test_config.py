@@ -1067,6 +1067,29 @@ def test_module_runs_as_a_program(tmp_path):
         assert "Traceback" not in run.stderr
 
 
+def test_the_checker_builds_the_mapper_as_the_service_does(tmp_path):
+    # A mapper the service cannot load must not pass the check.
+    bad = write(
+        tmp_path,
+        "mapper.toml",
+        "[exec]\nsdexec-constrain-resources = true\n"
+        '[sdexec]\nmapper = "nosuch.module.Mapper"\n'
+        f'mapper-searchpath = "{tmp_path}"\n',
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "sdexec.config", str(bad)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 1
+    assert run.stderr == (
+        f"{bad}: sdexec.mapper: mapper module 'nosuch.module' is neither in"
+        f" mapper-searchpath ({tmp_path}) nor on the Python path\n"
+    )
+
+
 def test_checking_endpoints_installs_no_reactor():
     # The service installs the asyncio reactor after reading its config; an
     # import or an endpoint check that installed the default one would stop it.

@@ -143,6 +143,9 @@ class Process:
         self._start_deadline: IDelayedCall | None = None
         #: sdexec decided to stop the unit (a lost StopUnit is made again).
         self._stop_wanted = False
+        #: The client left before ``started``: SIGKILL the main process if
+        #: it starts all the same.
+        self._kill_main_when_started = False
         #: Signals asked for before ``started``, each with its answer.
         self._early_kills: list[tuple[int, defer.Deferred[None]]] = []
         self.stop_timer = StopTimer(
@@ -305,10 +308,10 @@ class Process:
         whatever it does with SIGTERM (the stop's signal), so, as Flux's
         sdexec does, SIGKILL goes to the main process first; then as
         :meth:`abandon`."""
-        if Sent.STARTED in self._sent and not self._outcome_known:
-            self._systemd.kill_unit(self.unit_name, "main", signal.SIGKILL).addErrback(
-                self._log_failure, "KillUnit(main, SIGKILL)"
-            )
+        if Sent.STARTED not in self._sent:
+            self._kill_main_when_started = True  # it may be starting now
+        elif not self._outcome_known:
+            self._kill_unit("main", signal.SIGKILL)
         self.abandon()
 
     def abandon(self) -> None:
@@ -430,6 +433,8 @@ class Process:
             self._refuse(problem)
         self.output.open()
         self._send_early_kills()
+        if self._kill_main_when_started and not self._outcome_known:
+            self._kill_unit("main", signal.SIGKILL)
 
     def _send_early_kills(self) -> None:
         kills, self._early_kills = self._early_kills, []
@@ -571,7 +576,7 @@ class Process:
         """The unit runs outside its fence: fail the request, kill it now."""
         log.error("{unit}: {problem}", unit=self.unit_name, problem=problem)
         self._fail(errno.EIO, problem)
-        self.kill(signal.SIGKILL).addErrback(self._log_failure, "KillUnit(SIGKILL)")
+        self._kill_unit("all", signal.SIGKILL)
         self._stop()
 
     def _start_overdue(self) -> None:
@@ -675,7 +680,15 @@ class Process:
 
     def _signal_lingering(self, signum: int) -> None:
         self._context.count("stop-timer-signal")
-        self.kill(signum).addErrback(self._log_failure, f"KillUnit({signum})")
+        # Straight to systemd, not through kill(): a unit never seen started
+        # (its client left, its start overdue) has processes to signal too.
+        self._kill_unit("all", signum)
+
+    def _kill_unit(self, who: str, signum: int) -> None:
+        """``KillUnit`` now, open loop (a failure is logged)."""
+        self._systemd.kill_unit(self.unit_name, who, signum).addErrback(
+            self._log_failure, f"KillUnit({who}, {signum})"
+        )
 
     def _abandon_unit(self, reason: str) -> None:
         """The unit outlived the stop timer: end the stream with EDEADLK

@@ -231,6 +231,25 @@ def test_abandoned_process_is_stopped_and_silent():
     assert ("stop", UNIT) in systemd.calls
 
 
+def test_the_stop_timer_signals_a_unit_never_seen_started():
+    # Its client left while it was starting: the stop's SIGTERM may not end
+    # it, and the stop timer's signal must not wait for a `started`.
+    process, systemd, _, clock = make_process(seconds=5)
+    systemd.change(UNIT, {"ActiveState": "activating", "SubState": "start"})
+    process.client_gone()
+    systemd.change(UNIT, {"ActiveState": "deactivating", "SubState": "stop-sigterm"})
+    clock.advance(5)
+    assert systemd.signalled == [(UNIT, signal.SIGKILL)]  # lifecycle_plan's
+
+
+def test_a_client_that_left_during_the_start_has_the_main_process_killed():
+    process, systemd, _, _ = make_process()
+    process.client_gone()
+    assert systemd.kills() == [] and ("stop", UNIT) in systemd.calls
+    systemd.change(UNIT, RUNNING)  # it started all the same
+    assert ("kill", "main", signal.SIGKILL) in systemd.calls
+
+
 def test_unenforced_fence_refuses_before_started():
     _, systemd, responder, _ = make_process(
         verify=lambda state, pid: "AllowedCPUs not enforced: expected 1 got 0-1",

@@ -65,7 +65,14 @@ STDIO_STREAMS = ("stdin", "stdout", "stderr")
 _UNIT_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9:_.\-]")
 #: systemd's unit names (unit-name.c): ``UNIT_NAME_MAX`` is 256 with the NUL.
 _UNIT_NAME_MAX = 255
-_UNIT_NAME = re.compile(rf"[A-Za-z0-9:_.\\@\-]{{1,{_UNIT_NAME_MAX}}}")
+#: As systemd's unit_name_is_valid(): a prefix, then an instance after the
+#: first ``@`` if there is one (a template, ``a@.service``, cannot run).
+_UNIT_NAME = re.compile(
+    rf"(?=.{{1,{_UNIT_NAME_MAX}}}$)[A-Za-z0-9:_.\\\-]+(@[A-Za-z0-9:_.\\@\-]+)?\.service"
+)
+#: The longest job id a default unit name carries (the rest of the name is
+#: 48 characters): the uuid keeps the name unique, the id only informs.
+_JOBID_IN_NAME_MAX = _UNIT_NAME_MAX - len("sdexec--.service") - 32
 #: The largest ``stdin_BUFSIZE``, ``stdout_BUFSIZE`` and ``stderr_BUFSIZE``:
 #: each is memory the service holds for the process (output is held up to
 #: it; stdin up to a multiple of it, sdexec.systemd.channel).
@@ -193,7 +200,9 @@ def unit_name_for(command: Command) -> str:
         unit = name if name.endswith(".service") else f"{name}.service"
         return _checked_unit_name(unit, "SDEXEC_NAME")
     jobid = command.option("SDEXEC_JOBID") or command.env.get("FLUX_JOB_ID")
-    prefix = f"sdexec-{_UNIT_NAME_UNSAFE.sub('_', jobid)}-" if jobid else "sdexec-"
+    if jobid:
+        jobid = _UNIT_NAME_UNSAFE.sub("_", jobid[:_JOBID_IN_NAME_MAX])
+    prefix = f"sdexec-{jobid}-" if jobid else "sdexec-"
     return _checked_unit_name(f"{prefix}{uuid.uuid4().hex}.service", "SDEXEC_JOBID")
 
 
@@ -204,7 +213,8 @@ def _checked_unit_name(unit: str, option: str) -> str:
         raise RequestError(
             errno.EINVAL,
             f"{option}: {unit!r} is not a unit name systemd takes: at most"
-            f" {_UNIT_NAME_MAX} characters of A-Z a-z 0-9 : _ . \\ @ -",
+            f" {_UNIT_NAME_MAX} characters of A-Z a-z 0-9 : _ . \\ @ -, a"
+            " name before any @ and an instance after it",
         )
     return unit
 

@@ -443,7 +443,9 @@ def test_no_fds_for_the_channels_is_an_error_and_nothing_is_tabled(
         ({"SDEXEC_NAME": "a/b"}, "SDEXEC_NAME"),
         ({"SDEXEC_NAME": "é"}, "SDEXEC_NAME"),
         ({"SDEXEC_NAME": "x" * 248}, "SDEXEC_NAME"),  # 256 with .service
-        ({"SDEXEC_JOBID": "f" * 250}, "SDEXEC_JOBID"),
+        ({"SDEXEC_NAME": "a@"}, "SDEXEC_NAME"),  # a template: no instance
+        ({"SDEXEC_NAME": "@x"}, "SDEXEC_NAME"),  # no name before the @
+        ({"SDEXEC_NAME": ".service"}, "SDEXEC_NAME"),
     ],
 )
 def test_a_unit_name_systemd_cannot_take_is_einval_before_systemd(
@@ -459,6 +461,21 @@ def test_the_longest_unit_name_systemd_takes_is_accepted(systemd, connection):
     cmd = {**TRUE, "opts": {"SDEXEC_NAME": name}}
     connection.send("sdexec.exec", {"cmd": cmd, "flags": FLAGS})
     assert systemd.calls[0] == ("start", f"{name}.service")
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        {**TRUE, "opts": {"SDEXEC_JOBID": "f" * 1024}},  # as long as allowed
+        {**TRUE, "env": {**TRUE["env"], "FLUX_JOB_ID": "f" * 300}},
+    ],
+)
+def test_a_long_job_id_is_cut_short_in_the_unit_name(systemd, connection, cmd):
+    # The uuid keeps the name unique; the id in it only informs.
+    connection.send("sdexec.exec", {"cmd": cmd, "flags": FLAGS})
+    (call, name) = systemd.calls[0]
+    assert call == "start" and len(name) == 255
+    assert name.startswith("sdexec-" + "f" * 207 + "-")
 
 
 def _r_local(ranks: str, cores: str) -> str:

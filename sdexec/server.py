@@ -168,6 +168,8 @@ class SdexecServer:
         if not self.systemd.connected:
             raise RequestError(errno.EAGAIN, "reconnecting to systemd")
         plan = self._own(plan_exec(payload, self.config, self.containment))
+        if plan.mapped:
+            self.count("mapper")  # the mapper ran, whatever is refused next
         self._check_label_free(plan.command.label)
         stdio.assign(plan.stdio)
         plan, tracked = self.tracked.prepare(
@@ -193,8 +195,6 @@ class SdexecServer:
             )
         if self.observer is not None:
             responder = self.observer.watch_exec(responder)
-        if plan.mapped:
-            self.count("mapper")
         job = self.jobs.admit(
             plan.command,
             plan.unit_name,

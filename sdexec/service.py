@@ -12,6 +12,7 @@ reaps every unit it started.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -21,7 +22,9 @@ from typing import Any
 
 from twisted.application.service import Service
 from twisted.internet import defer
+from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from sdexec.activation import kernel_somaxconn, server_endpoint, with_backlog
 from sdexec.config import Config, ConfigError, load_config
@@ -139,12 +142,14 @@ class SdexecService(Service):
         self.ports["listen"] = yield self._listen(
             with_backlog(self.listen, self._listen_backlog()),
             SdexecServerFactory(self.server),
+            "listen",
+            shown=self.listen,
         )
         site = stats_site(self._http_stats, self.metrics.resource())
-        self.ports["stats"] = yield self._listen(self.stats, site)
+        self.ports["stats"] = yield self._listen(self.stats, site, "stats")
         if self.config.sdexec.stats_socket is not None:
             self.ports["stats-socket"] = yield self._listen(
-                unix_endpoint(self.config.sdexec.stats_socket), site
+                unix_endpoint(self.config.sdexec.stats_socket), site, "stats-socket"
             )
         self.readiness.ready()
         log.info(
@@ -166,15 +171,20 @@ class SdexecService(Service):
         "system"``, the system manager."""
         return SystemdClient.connect(system=self.config.systemd.bus == "system")
 
-    def _listen(self, description: str, factory: Any) -> defer.Deferred[Any]:
+    def _listen(
+        self, description: str, factory: Any, setting: str, shown: str = ""
+    ) -> defer.Deferred[Any]:
         """Listen on an endpoint; a UNIX socket is made private
         (sdexec/sockets.py): ``[sdexec] socket-mode``, in a directory of
-        ours, bound under a umask that keeps others out from the start."""
+        ours, bound under a umask that keeps others out from the start. One
+        that cannot be had is a one-line error naming ``setting`` and the
+        endpoint as configured (``shown``, else ``description``)."""
         private = private_endpoint(
             description, self.config.sdexec.socket_mode, os.getuid()
         )
         with private_umask():  # a UNIX socket is bound within listen()
-            return server_endpoint(self.reactor, private).listen(factory)
+            listening = server_endpoint(self.reactor, private).listen(factory)
+        return listening.addErrback(_cannot_listen, shown or description, setting)
 
     def _http_stats(self) -> dict:
         """``GET /stats``: anyone who can reach it reads it, so command
@@ -192,7 +202,7 @@ class SdexecService(Service):
         return describe_server(self.server.stats())
 
     def _start_failed(self, failure) -> None:
-        if failure.check(SystemdError, ConfigError, ValueError, OSError):
+        if failure.check(SystemdError, ConfigError, ValueError, OSError, ListenError):
             log.error(
                 "sdexec could not start: {error}", error=failure.getErrorMessage()
             )
@@ -300,3 +310,20 @@ def _setting(name: str, value: object) -> str:
     if name == "socket_mode" and isinstance(value, int):
         return f'"{value:04o}"'
     return repr(value)
+
+
+def _cannot_listen(failure: Failure, description: str, setting: str) -> None:
+    """A port already taken, told in one line (not Twisted's traceback)."""
+    failure.trap(CannotListenError)
+    error = failure.value
+    why = error.socketError
+    if isinstance(why, str) and "lock" in why:
+        why = f"{why} (another sdexec is serving on it)"
+    elif isinstance(why, OSError) and why.errno == errno.EADDRINUSE:
+        why = f"{why.strerror} (another program, or sdexec, is serving on it)"
+    raise ListenError(f"[sdexec] {setting}: cannot listen on {description}: {why}")
+
+
+class ListenError(Exception):
+    """An endpoint the service cannot listen on (one line: the setting, the
+    endpoint and why)."""

@@ -4,6 +4,7 @@ sdexec.testing's FakeManager (the real-manager paths are test_service.py)."""
 from __future__ import annotations
 
 import signal
+import socket
 
 import pytest
 from pytest_twisted import ensureDeferred
@@ -13,7 +14,7 @@ from twisted.internet.task import Clock
 
 from sdexec.client import connect
 from sdexec.config import ConfigError, load_config, parse_config
-from sdexec.service import SdexecService, default_listen_endpoint
+from sdexec.service import ListenError, SdexecService, default_listen_endpoint
 from sdexec.systemd import SystemdError
 from sdexec.testing import FakeManager
 
@@ -126,6 +127,51 @@ async def test_a_start_that_cannot_reach_systemd_fails_ready(tmp_path):
     with pytest.raises(SystemdError, match="no user bus"):
         await service.ready
     await service.stopService()
+
+
+@ensureDeferred
+async def test_a_port_already_taken_is_one_line_naming_the_setting(tmp_path):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    first = await started_service(tmp_path, FakeManager())
+    second = SdexecService(
+        parse_config({}),
+        reactor,
+        listen=f"unix:{tmp_path}/s.sock",  # the first one's
+        stats="tcp:0:interface=127.0.0.1",
+        connect=lambda: defer.succeed(FakeManager()),
+    )
+    third = SdexecService(
+        parse_config({}),
+        reactor,
+        listen=f"unix:{tmp_path}/t.sock",
+        stats=f"tcp:{port}:interface=127.0.0.1",
+        connect=lambda: defer.succeed(FakeManager()),
+    )
+    try:
+        for service, message in (
+            (
+                second,
+                f"[sdexec] listen: cannot listen on unix:{tmp_path}/s.sock:"
+                " Cannot acquire lock (another sdexec is serving on it)",
+            ),
+            (
+                third,
+                f"[sdexec] stats: cannot listen on tcp:{port}:interface=127.0.0.1:"
+                " Address already in use (another program, or sdexec, is serving"
+                " on it)",
+            ),
+        ):
+            service.startService()
+            with pytest.raises(ListenError) as error:
+                await service.ready
+            assert str(error.value) == message
+            await service.stopService()
+    finally:
+        taken.close()
+        await first.stopService()
 
 
 @ensureDeferred

@@ -82,6 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_.code if isinstance(exit_.code, int) else 1
     except SdexecError as failure:
         return _fail(str(failure))
+    except BrokenPipeError:
+        # `sdexec stats | head -1`: the reader has all it wanted. Quiet, and
+        # the status a shell gives a command SIGPIPE ended.
+        return 128 + signal.SIGPIPE
     except Exception as failure:
         # A bug we did not foresee: still one line, never a traceback.
         return _fail(f"unexpected error: {type(failure).__name__}: {failure}")

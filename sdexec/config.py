@@ -984,7 +984,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for warning in config.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    print(json.dumps(config.effective(), indent=2))
+    try:
+        print(json.dumps(config.effective(), indent=2), flush=True)
+    except BrokenPipeError:
+        # `... | head`: the reader has what it wanted. Quiet (and nothing
+        # left for the interpreter's own flush at exit to fail on).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     return 0
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sdexec.cli import _named_command, _parser
+from sdexec import cli
+from sdexec.cli import _named_command, _parser, main
 
 ARGVS = [
     ["run", "-n", "/bin/true"],
@@ -64,3 +65,25 @@ def test_help_and_errors_are_the_whole_parsers(argv, capsys):
         printed.append((exit_.value.code, out, err))
     assert printed[0] == printed[1]
     assert printed[0][1] or printed[0][2]
+
+
+class _ClosedPipe:
+    """A standard output whose reader has gone (``sdexec ... | head -1``)."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_reader_that_left_ends_the_command_quietly(monkeypatch, capsys):
+    # `sdexec stats | head -1` once said "unexpected error: BrokenPipeError".
+    def stats(options) -> int:
+        print("{}")
+        return 0
+
+    monkeypatch.setitem(cli._COMMANDS, "stats", stats)
+    monkeypatch.setattr("sys.stdout", _ClosedPipe())
+    assert main(["stats"]) == 141  # as a shell says a SIGPIPE'd command
+    assert capsys.readouterr().err == ""

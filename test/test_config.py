@@ -1090,6 +1090,18 @@ def test_the_checker_builds_the_mapper_as_the_service_does(tmp_path):
     )
 
 
+def test_a_reader_that_left_ends_the_checker_quietly():
+    # `python -m sdexec.config FILE | head` printed a traceback.
+    script = (
+        f"{sys.executable} -m sdexec.config {EXAMPLES[0]} | (exec 0<&-; sleep 0.5)"
+        '; echo "$' + '{PIPESTATUS[0]}"'
+    )
+    run = subprocess.run(
+        ["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert (run.stdout, run.stderr) == ("141\n", "")
+
+
 def test_checking_endpoints_installs_no_reactor():
     # The service installs the asyncio reactor after reading its config; an
     # import or an endpoint check that installed the default one would stop it.

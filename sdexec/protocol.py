@@ -64,6 +64,9 @@ DEFAULT_MAX_FRAME = 64 * 1024 * 1024
 DEFAULT_SOCKET_SUBPATH = os.path.join("sdexec", "sdexec.sock")
 #: The environment variable naming the service's socket (clients).
 SOCKET_ENV = "SDEXEC_SOCKET"
+#: Where the system unit (etc/sdexec-system.service) serves: its
+#: ``XDG_RUNTIME_DIR`` is ``/run``.
+SYSTEM_SOCKET = os.path.join("/run", DEFAULT_SOCKET_SUBPATH)
 
 
 def default_socket_path(environ: Mapping[str, str] | None = None) -> str | None:

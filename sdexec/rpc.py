@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 
 from sdexec import protocol
-from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, SOCKET_ENV
+from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, SOCKET_ENV, SYSTEM_SOCKET
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -82,7 +82,18 @@ def cannot_connect(path: str, code: int | None, why: str = "") -> ConnectionFail
     ``code`` (or for the reason ``why`` when there is no errno)."""
     reason = os.strerror(code) if code is not None else why
     if code in (errno.ENOENT, errno.ECONNREFUSED):
-        reason += " (is the sdexec service running?)"
+        reason += " (is the sdexec service running?"
+        if path != SYSTEM_SOCKET and os.path.exists(SYSTEM_SOCKET):
+            reason += (
+                f" the system unit's socket is {SYSTEM_SOCKET}:"
+                f" give --socket or ${SOCKET_ENV}"
+            )
+        reason += ")"
+    elif code == errno.EACCES:
+        reason += (
+            " (another user's service: each serves its owner and its"
+            " [sdexec] allow-users)"
+        )
     return ConnectionFailed(f"cannot connect to {path}: {reason}")
 
 

@@ -755,7 +755,11 @@ class ClientProtocol(StdioReceivingProtocol):
         connection that can do nothing must not hold one of our fds."""
         self.server.count("errors")
         self._send_error(
-            topic, matchtag, errno.EPERM, "only the service's owner may use it"
+            topic,
+            matchtag,
+            errno.EPERM,
+            "only the service's owner may use it (and the users of its"
+            " [sdexec] allow-users)",
         )
         self.transport.loseConnection()
 

@@ -168,7 +168,8 @@ def test_a_non_owner_is_answered_eperm_then_closed(server):
             "topic": "sdexec.list",
             "matchtag": 8,
             "errnum": errno.EPERM,
-            "errstr": "only the service's owner may use it",
+            "errstr": "only the service's owner may use it (and the users of its"
+            " [sdexec] allow-users)",
         }
     ]
     assert intruder.transport.disconnecting

@@ -77,7 +77,8 @@ def test_another_uid_is_refused(server):
     connection.send("sdexec.list", {})
     assert error_of(connection.last()) == (
         errno.EPERM,
-        "only the service's owner may use it",
+        "only the service's owner may use it (and the users of its"
+        " [sdexec] allow-users)",
     )
     connection.close()
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sdexec.rpc import ConnectionFailed, RPCError
+from sdexec import rpc
+from sdexec.rpc import ConnectionFailed, RPCError, cannot_connect
 from sdexec.syncclient import Connection, Loop
 from sdexec.wire import FrameSplitter, encode_message
 
@@ -169,3 +170,24 @@ def test_a_request_that_is_not_json_is_not_tracked(peer):
         assert connection._requests._in_flight == {}  # nothing left waiting
         assert connection.call("sdexec.list", {}) == {"procs": []}
     assert [request["matchtag"] for request in received] == [2]
+
+
+def test_cannot_connect_says_what_to_do(tmp_path, monkeypatch):
+    path = str(tmp_path / "sdexec.sock")
+    monkeypatch.setattr(rpc, "SYSTEM_SOCKET", str(tmp_path / "none.sock"))
+    assert str(cannot_connect(path, errno.ENOENT)) == (
+        f"cannot connect to {path}: No such file or directory"
+        " (is the sdexec service running?)"
+    )
+    system = tmp_path / "system.sock"
+    system.touch()  # the system unit serves, elsewhere than asked
+    monkeypatch.setattr(rpc, "SYSTEM_SOCKET", str(system))
+    assert str(cannot_connect(path, errno.ECONNREFUSED)) == (
+        f"cannot connect to {path}: Connection refused (is the sdexec service"
+        f" running? the system unit's socket is {system}: give --socket or"
+        " $SDEXEC_SOCKET)"
+    )
+    assert str(cannot_connect(path, errno.EACCES)).endswith(
+        "Permission denied (another user's service: each serves its owner and"
+        " its [sdexec] allow-users)"
+    )

@@ -136,8 +136,14 @@ async def _open_bus(address: str | None, system: bool) -> MessageBus:
         await bus.connect()
     except OSError as error:
         where = "the system bus" if system else f"D-Bus at {address}"
+        hint = (
+            " (is dbus running?)"
+            if system
+            else " (is the user's manager running, with dbus-user-session?"
+            ' or set [systemd] bus = "system")'
+        )
         raise SystemdError(
-            "sdexec.NoBus", f"cannot connect to {where}: {error}"
+            "sdexec.NoBus", f"cannot connect to {where}: {error}{hint}"
         ) from error
     # Nothing was written through dbus-fast's own writer yet (the Hello
     # goes around it), so it can be swapped for the patient one.

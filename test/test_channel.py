@@ -99,7 +99,8 @@ def test_output_is_line_buffered_up_to_bufsize():
     channel.dataReceived(b"eeeeeeee")  # the buffer fills: sent without newline
     channel.dataReceived(b"tail")
     channel.connectionLost(None)
-    assert chunks == [b"one\n", b"two\n", b"threeeeeeee", b"tail"]
+    # Never more than bufsize at once (as Flux's channels): 11 bytes held.
+    assert chunks == [b"one\n", b"two\n", b"threeeee", b"eee", b"tail"]
     assert eofs == [True] and channel.eof
 
 
@@ -108,6 +109,20 @@ def test_unbuffered_output_is_sent_as_read():
     channel = OutputChannel("stderr", chunks.append, lambda: None, line_buffered=False)
     channel.dataReceived(b"no newline")
     assert chunks == [b"no newline"]
+
+
+def test_no_chunk_is_larger_than_the_buffer():
+    # A client may size its buffer by <stream>_BUFSIZE (Flux's remote
+    # subprocess client takes a larger message as fatal).
+    for line_buffered in (True, False):
+        chunks: list[bytes] = []
+        channel = OutputChannel(
+            "stdout", chunks.append, lambda: None, line_buffered, bufsize=4
+        )
+        channel.dataReceived(b"0123456789\nab\n")
+        channel.connectionLost(None)
+        assert max(map(len, chunks)) <= 4
+        assert b"".join(chunks) == b"0123456789\nab\n"
 
 
 def test_the_gate_holds_output_until_open_and_while_the_client_is_slow():

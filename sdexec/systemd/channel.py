@@ -65,7 +65,8 @@ class OutputChannel(Protocol):
 
     ``on_data(data)`` gets whole lines when line-buffered (the default) —
     every complete line of a read in one chunk, a partial line held until its
-    newline, a full buffer, or EOF — or each read as it comes otherwise.
+    newline, a full buffer, or EOF — or each read as it comes otherwise;
+    never more than ``bufsize`` bytes at once (longer is split).
     ``on_eof()`` is called once, after the last data.
     """
 
@@ -97,7 +98,7 @@ class OutputChannel(Protocol):
 
     def dataReceived(self, data: bytes) -> None:
         if not self._line_buffered:
-            self._on_data(data)
+            self._hand_on(data)
             return
         last_newline = data.rfind(b"\n")
         if last_newline < 0:
@@ -160,7 +161,18 @@ class OutputChannel(Protocol):
         if self._partial:
             data = b"".join(self._partial)
             self._partial, self._partial_len = [], 0
+            self._hand_on(data)
+
+    def _hand_on(self, data: bytes) -> None:
+        """``data`` in chunks of at most the buffer size, as Flux's channels
+        send it: a client may size its buffer by ``<stream>_BUFSIZE``."""
+        size = self._bufsize
+        if len(data) <= size:
             self._on_data(data)
+            return
+        view = memoryview(data)
+        for start in range(0, len(data), size):
+            self._on_data(bytes(view[start : start + size]))
 
 
 def _queued_bytes(sock: socket.socket) -> int:

@@ -25,7 +25,7 @@ import dataclasses
 import enum
 import errno
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol, TypeVar
 
 from sdexec.ioencode import encode_io
@@ -414,10 +414,13 @@ class TrackedProcesses:
         """Whether an ended process kept for a wait carries ``label``."""
         return any(tracked.label == label for tracked in self._ended)
 
-    def describe_ended(self) -> list[dict[str, Any]]:
-        """``sdexec.list`` entries of the ended processes kept for a wait."""
+    def describe_ended(
+        self, describe: Callable[[Process], dict[str, Any]] = Process.describe
+    ) -> list[dict[str, Any]]:
+        """``sdexec.list`` entries (or others, by ``describe``) of the ended
+        processes kept for a wait."""
         return [
-            {**tracked.process.describe(), "mode": tracked.mode}
+            {**describe(tracked.process), "mode": tracked.mode}
             for tracked in self._ended
             if tracked.process is not None
         ]

@@ -186,12 +186,24 @@ class Process:
         return "Z" if self._outcome_known else "R"
 
     def describe(self) -> dict[str, Any]:
+        """The process's ``sdexec.list`` entry."""
         return {
             "pid": self.pid if self.pid is not None else -1,
             "cmdline": listed_cmdline(self.cmdline),
             "label": self.label,
             "unit": self.unit_name,
             "state": self.state,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Its ``stats`` entry: the list's, with the unit's state as systemd
+        last reported it (``ActiveState.SubState``, as Flux's sdexec shows
+        it) and its stop timer, to tell a unit stuck *deactivating*."""
+        seen = self.status
+        return {
+            **self.describe(),
+            "unit-state": f"{seen.active_state or '-'}.{seen.sub_state or '-'}",
+            "stop-timer": self.stop_timer.stats(),
         }
 
     # -- lifecycle ----------------------------------------------------------

@@ -504,19 +504,26 @@ class SdexecServer:
         return process.kill(signum).addCallback(lambda _: {})
 
     def list(self) -> dict:
-        return {
-            "rank": self.config.sdexec.rank,
-            "procs": [
+        """``sdexec.list``: every process, its own and its leftovers."""
+        return {"rank": self.config.sdexec.rank, "procs": self._entries()}
+
+    def _entries(
+        self, describe: Callable[[Process], dict] = Process.describe
+    ) -> Sequence[dict]:
+        """One entry per process, by ``describe`` (``list``'s or
+        ``stats``'), with its mode and job."""
+        return (
+            [
                 {
-                    **process.describe(),
+                    **describe(process),
                     "mode": self.tracked.mode(process),
                     **self.jobs.describe(process),
                 }
                 for process in self.processes.values()
             ]
-            + self.tracked.describe_ended()
-            + (self.leftovers.describe() if self.leftovers is not None else []),
-        }
+            + self.tracked.describe_ended(describe)
+            + (self.leftovers.describe() if self.leftovers is not None else [])
+        )
 
     def wait(self, connection_id: int, payload: dict, responder: Any) -> None:
         """``sdexec.wait``: answered once the process has ended."""
@@ -531,7 +538,7 @@ class SdexecServer:
         ``detail`` (``GET /stats`` unless ``[sdexec] stats-detail``), leave
         out what may be secret: command lines (``--password=…``), labels and
         the configuration file's path."""
-        procs = self.list()["procs"]
+        procs = self._entries(Process.stats)
         source = {"source": self.config.source}
         if not detail:
             procs = [_without(proc, _DETAIL_FIELDS) for proc in procs]

@@ -110,6 +110,21 @@ def test_list_stats_and_undrain(server, connection):
     assert server.drain_reason is None
 
 
+def test_stats_tell_a_unit_stuck_deactivating(systemd, server, connection):
+    # list stays RFC 42's; stats add systemd's state and the stop timer, as
+    # Flux's sdexec stats show a unit's ActiveState.SubState.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT, pid=99)
+    systemd.deactivate(UNIT)
+    connection.send("sdexec.stats-get", {}, matchtag=2)
+    (proc,) = connection.last()["payload"]["procs"]
+    assert proc["unit-state"] == "deactivating.stop-sigterm"
+    assert proc["stop-timer"]["state"] == "armed"
+    connection.send("sdexec.list", {}, matchtag=3)
+    (listed,) = connection.last()["payload"]["procs"]
+    assert "unit-state" not in listed and "stop-timer" not in listed
+
+
 # -- exec --------------------------------------------------------------------------
 
 

@@ -176,6 +176,27 @@ def test_the_hardened_system_unit_runs_a_process(units, user_manager):
     assert _show(service, "Result")["Result"] == "success"
 
 
+def _settings(unit: Path) -> dict[str, list[str]]:
+    settings: dict[str, list[str]] = {}
+    for line in unit.read_text().splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, value = line.split("=", 1)
+            settings.setdefault(key, []).append(value)
+    return settings
+
+
+def test_the_system_unit_leaves_sdexec_a_writable_temporary_directory():
+    # ProtectSystem=strict makes /tmp read-only without PrivateTmp, and the
+    # mapper writes its topology with mkstemp: the service must not start
+    # where namespaces work and fail only there (this test's manager
+    # cannot make them, so the unit runs here without its sandbox).
+    settings = _settings(REPO / "etc" / "sdexec-system.service")
+    assert settings["ProtectSystem"] == ["strict"]
+    assert "PrivateTmp" not in settings
+    [runtime] = settings["RuntimeDirectory"]
+    assert f"TMPDIR=%t/{runtime}" in settings["Environment"]
+
+
 @pytest.mark.parametrize(
     ("manager", "shipped", "installed_as"),
     [

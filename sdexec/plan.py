@@ -77,6 +77,10 @@ _JOBID_IN_NAME_MAX = _UNIT_NAME_MAX - len("sdexec--.service") - 32
 #: each is memory the service holds for the process (output is held up to
 #: it; stdin up to a multiple of it, sdexec.systemd.channel).
 MAX_BUFSIZE = 16 * 1024 * 1024
+#: The smallest ``stdout_BUFSIZE``/``stderr_BUFSIZE``: no output message is
+#: larger than it, so a tiny one would make a response of every few bytes
+#: (``1``: 65536 per read, the reactor held for all of them).
+MIN_OUTPUT_BUFSIZE = 4096
 
 
 class RequestError(RequestRefused):
@@ -337,7 +341,7 @@ def _signal_option(command: Command, default: int) -> int:
         raise RequestError(errno.EINVAL, f"SDEXEC_STOP_TIMER_SIGNAL: {error}") from None
 
 
-def _size_option(command: Command, name: str, default: int) -> int:
+def _size_option(command: Command, name: str, default: int, least: int = 1) -> int:
     value = command.option(name)
     if value is None:
         return default
@@ -345,9 +349,10 @@ def _size_option(command: Command, name: str, default: int) -> int:
         size = parse_size(value)
     except ValueError as error:
         raise RequestError(errno.EINVAL, f"{name}: {error}") from None
-    if not 0 < size <= MAX_BUFSIZE:
+    if not least <= size <= MAX_BUFSIZE:
+        unit = "byte" if least == 1 else "bytes"
         raise RequestError(
-            errno.EINVAL, f"{name}: must be from 1 byte to {MAX_BUFSIZE} bytes"
+            errno.EINVAL, f"{name}: must be from {least} {unit} to {MAX_BUFSIZE} bytes"
         )
     return size
 
@@ -358,5 +363,7 @@ def _output_options(command: Command, stream: str) -> OutputOptions:
         line_buffered = parse_bool(line_buffer)
     except ValueError as error:
         raise RequestError(errno.EINVAL, f"{stream}_LINE_BUFFER: {error}") from None
-    bufsize = _size_option(command, f"{stream}_BUFSIZE", DEFAULT_OUTPUT_BUFSIZE)
+    bufsize = _size_option(
+        command, f"{stream}_BUFSIZE", DEFAULT_OUTPUT_BUFSIZE, MIN_OUTPUT_BUFSIZE
+    )
     return OutputOptions(line_buffered=line_buffered, bufsize=bufsize)

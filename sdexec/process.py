@@ -82,6 +82,7 @@ class UnitCall(enum.Enum):
     RESET = "ResetFailedUnit"
     CONFIRM_FAILURE = "GetAll"
     RECEIPT = "GetAll(Service) for the receipt"
+    KILL_MAIN = "KillUnit(main, SIGKILL) for a client that left"
 
 
 @dataclass(frozen=True)
@@ -143,9 +144,8 @@ class Process:
         self._start_deadline: IDelayedCall | None = None
         #: sdexec decided to stop the unit (a lost StopUnit is made again).
         self._stop_wanted = False
-        #: The client left before ``started``: SIGKILL the main process if
-        #: it starts all the same.
-        self._kill_main_when_started = False
+        #: The client left: SIGKILL the main process (when it runs).
+        self._kill_main_wanted = False
         #: Signals asked for before ``started``, each with its answer.
         self._early_kills: list[tuple[int, defer.Deferred[None]]] = []
         self.stop_timer = StopTimer(
@@ -320,11 +320,20 @@ class Process:
         whatever it does with SIGTERM (the stop's signal), so, as Flux's
         sdexec does, SIGKILL goes to the main process first; then as
         :meth:`abandon`."""
-        if Sent.STARTED not in self._sent:
-            self._kill_main_when_started = True  # it may be starting now
-        elif not self._outcome_known:
-            self._kill_unit("main", signal.SIGKILL)
+        self._kill_main_wanted = True
+        self._kill_main_if_wanted()  # else once started: it may be starting
         self.abandon()
+
+    def _kill_main_if_wanted(self) -> None:
+        """SIGKILL the main process of a client that left, once it is known
+        to run (made again if the connection to systemd loses it)."""
+        started = Sent.STARTED in self._sent
+        # Not once the outcome is known: the main process has exited.
+        if self._kill_main_wanted and started and not self._outcome_known:
+            self._call(
+                UnitCall.KILL_MAIN,
+                lambda unit: self._systemd.kill_unit(unit, "main", signal.SIGKILL),
+            )
 
     def abandon(self) -> None:
         """The client has gone: stop the unit and reap it, silently."""
@@ -346,6 +355,7 @@ class Process:
             # A stop the loss failed (a deadline's, a fence's), or a client
             # that left while systemd was away.
             self._stop()
+        self._kill_main_if_wanted()  # one the loss failed is made again
 
     def pause_output(self) -> None:
         """The client reads slowly: stop reading the process's output."""
@@ -442,11 +452,11 @@ class Process:
             self._once(Sent.STARTED, {"type": "started", "pid": pid})
         else:
             self._sent.add(Sent.STARTED)  # never: the job is refused instead
+        self._send_early_kills()  # it did start, refused or not
+        if problem is not None:
             self._refuse(problem)
         self.output.open()
-        self._send_early_kills()
-        if self._kill_main_when_started and not self._outcome_known:
-            self._kill_unit("main", signal.SIGKILL)
+        self._kill_main_if_wanted()
 
     def _send_early_kills(self) -> None:
         kills, self._early_kills = self._early_kills, []

@@ -118,8 +118,10 @@ def test_a_stop_lost_with_the_connection_is_made_again(systemd, server, connecti
     systemd.lose()
     connection.close()  # the client leaves while systemd is away
     assert systemd.calls.count(("stop", UNIT)) == 1  # failed: EAGAIN
+    assert systemd.calls.count(("kill", "main", 9)) == 1  # failed too
     systemd.restore()
     assert systemd.calls.count(("stop", UNIT)) == 2
+    assert systemd.calls.count(("kill", "main", 9)) == 2
 
 
 def test_a_kill_while_away_is_eagain(systemd, server, connection):

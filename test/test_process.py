@@ -98,6 +98,15 @@ def test_a_command_s_own_exit_of_203_after_it_ran_is_finished():
     assert responder.responses[1]["status"] == 203 << 8
 
 
+def test_running_and_an_exit_of_203_in_one_snapshot_is_the_command_s():
+    # The Unit interface's change has not come yet: still running beside the
+    # Service interface's exit. Running says the exec succeeded.
+    _, systemd, responder, _ = make_process()
+    systemd.change(UNIT, {**RUNNING, "ExecMainCode": 1, "ExecMainStatus": 203})
+    assert responder.types() == ["started", "finished"]
+    assert responder.responses[1]["status"] == 203 << 8
+
+
 def make_drained_process(seconds: float = 10, second_signal: int = signal.SIGKILL):
     """A process whose context records the drain reasons and counted events."""
     drained: list[str] = []
@@ -248,6 +257,15 @@ def test_a_client_that_left_during_the_start_has_the_main_process_killed():
     assert systemd.kills() == [] and ("stop", UNIT) in systemd.calls
     systemd.change(UNIT, RUNNING)  # it started all the same
     assert ("kill", "main", signal.SIGKILL) in systemd.calls
+
+
+def test_a_signal_held_for_a_start_the_fence_refuses_is_sent():
+    # The process did start (and is killed): not "never started".
+    process, systemd, _, _ = make_process(verify=lambda state, pid: "not fenced")
+    answer = process.kill(signal.SIGTERM)
+    systemd.change(UNIT, RUNNING)
+    assert outcome(answer) is None
+    assert systemd.kills() == [signal.SIGTERM, signal.SIGKILL]
 
 
 def test_unenforced_fence_refuses_before_started():

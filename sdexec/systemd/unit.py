@@ -109,9 +109,9 @@ class UnitStatus:
     code: int = 0
     status: int = 0
     result: str = ""
-    #: The command is known to have been executed (its unit reached
-    #: *running* with a type that says so only after the exec): every exit
-    #: status is then its own, 200-243 too.
+    #: The command is known to have been executed (its ``Type=exec`` unit
+    #: was seen *running*, here or before): every exit status is then its
+    #: own, 200-243 too.
     command_ran: bool = False
 
     @classmethod
@@ -135,11 +135,18 @@ class UnitStatus:
 
     @property
     def _systemd_exit(self) -> bool:
+        # A snapshot may show the unit still running beside the exit (the
+        # Unit and Service interfaces signal apart): running already says
+        # the exec succeeded, as command_ran does.
         return (
-            not self.command_ran
+            not (self.command_ran or self._running)
             and self.code == CLD_EXITED
             and self.status in SYSTEMD_EXIT_CODES
         )
+
+    @property
+    def _running(self) -> bool:
+        return self.active_state == "active" and self.sub_state == "running"
 
     @property
     def has_started(self) -> bool:
@@ -147,8 +154,7 @@ class UnitStatus:
         ended with a status of its own."""
         if self.pid <= 0:
             return False
-        running = self.active_state == "active" and self.sub_state == "running"
-        return running or self.has_finished
+        return self._running or self.has_finished
 
     @property
     def has_finished(self) -> bool:

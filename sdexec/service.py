@@ -104,6 +104,11 @@ class SdexecService(Service):
         self.reactor = reactor
         self.listen = listen or config.sdexec.listen or default_listen_endpoint()
         self.stats = stats or config.sdexec.stats or DEFAULT_STATS_ENDPOINT
+        #: Settings the command line gave (--listen, --stats): the file's
+        #: value is not the one in force, now or after a restart.
+        self._from_command_line = frozenset(
+            name for name, value in (("listen", listen), ("stats", stats)) if value
+        )
         self.server: SdexecServer | None = None
         self.outage: SystemdOutage | None = None
         self.ports: dict[str, Any] = {}
@@ -274,16 +279,17 @@ class SdexecService(Service):
         """``config`` with the values in force of the settings read only at
         start, each changed one named in a warning."""
         kept = {}
+        in_force = {"listen": self.listen, "stats": self.stats}
         for name in START_ONLY_SETTINGS:
             old, new = getattr(self.config.sdexec, name), getattr(config.sdexec, name)
-            if old != new:
+            if old != new and name not in self._from_command_line:
                 log.warn(
                     "{path}: sdexec.{key}: read only at start: {new} takes"
                     " effect at the next restart, {old} stays in force",
                     path=path,
                     key=name.replace("_", "-"),
                     new=_setting(name, new),
-                    old=_setting(name, old),
+                    old=_setting(name, in_force.get(name, old)),
                 )
                 kept[name] = old
         return (

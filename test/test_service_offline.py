@@ -80,20 +80,43 @@ async def test_a_reload_keeps_start_only_settings_in_force_and_says_so(tmp_path)
     globalLogPublisher.addObserver(observer)
     try:
         (tmp_path / "sdexec.toml").write_text(
-            '[sdexec]\nlisten = "unix:/run/elsewhere.sock"\nmax-connections = 7\n'
+            '[sdexec]\nsocket-mode = "0660"\nmax-connections = 7\n'
+            # --listen gave it: the file's value is never the one in force
+            'listen = "unix:/run/elsewhere.sock"\n'
         )
         assert service.reload()
     finally:
         globalLogPublisher.removeObserver(observer)
-    assert service.config.sdexec.listen is None  # what the service listens on
+    assert service.config.sdexec.socket_mode == 0o600  # what its sockets have
     assert service.config.sdexec.max_connections == 7  # applied
     [warning] = [line for line in lines if "read only at start" in line]
     assert warning == (
-        f"{tmp_path}/sdexec.toml: sdexec.listen: read only at start:"
-        " 'unix:/run/elsewhere.sock' takes effect at the next restart,"
-        " unset stays in force"
+        f"{tmp_path}/sdexec.toml: sdexec.socket-mode: read only at start:"
+        ' "0660" takes effect at the next restart, "0600" stays in force'
     )
     await service.stopService()
+
+
+def test_a_reload_names_the_endpoint_in_force(tmp_path, monkeypatch):
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    path = tmp_path / "sdexec.toml"
+    path.write_text("")
+    service = SdexecService(load_config(path), reactor)  # listen: the default
+    path.write_text('[sdexec]\nlisten = "unix:/run/elsewhere.sock"\n')
+    lines: list[str] = []
+    observer = lambda event: lines.append(formatEvent(event))  # noqa: E731
+    globalLogPublisher.addObserver(observer)
+    try:
+        assert service.reload()
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    [warning] = [line for line in lines if "read only at start" in line]
+    assert warning.endswith(
+        f" takes effect at the next restart, 'unix:{tmp_path}/sdexec/sdexec.sock:"
+        "mode=600:lockfile=1' stays in force"
+    )
 
 
 @ensureDeferred

@@ -328,8 +328,9 @@ class Process:
         """SIGKILL the main process of a client that left, once it is known
         to run (made again if the connection to systemd loses it)."""
         started = Sent.STARTED in self._sent
-        # Not once the outcome is known: the main process has exited.
-        if self._kill_main_wanted and started and not self._outcome_known:
+        # Not once it has exited (its status seen, or the outcome known).
+        exited = self._outcome_known or self.status.has_finished
+        if self._kill_main_wanted and started and not exited:
             self._call(
                 UnitCall.KILL_MAIN,
                 lambda unit: self._systemd.kill_unit(unit, "main", signal.SIGKILL),

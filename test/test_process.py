@@ -259,6 +259,16 @@ def test_a_client_that_left_during_the_start_has_the_main_process_killed():
     assert ("kill", "main", signal.SIGKILL) in systemd.calls
 
 
+def test_no_sigkill_for_a_main_process_that_has_exited():
+    # Its exit seen, its receipt still being read: no main process to kill.
+    process, systemd, _, _ = make_process()
+    systemd.hold_refresh = True  # the receipt's GetAll is not answered yet
+    systemd.change(UNIT, RUNNING)
+    systemd.change(UNIT, EXITED)
+    process.client_gone()
+    assert systemd.kills() == []
+
+
 def test_a_signal_held_for_a_start_the_fence_refuses_is_sent():
     # The process did start (and is killed): not "never started".
     process, systemd, _, _ = make_process(verify=lambda state, pid: "not fenced")

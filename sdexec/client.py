@@ -218,10 +218,17 @@ class SdexecClient(JSONLineProtocol):
         return handle
 
     def kill(
-        self, pid: int | None = None, label: str | None = None, signum: int = 15
+        self,
+        pid: int | None = None,
+        label: str | None = None,
+        signum: int = 15,
+        who: str = "all",
     ) -> Deferred[dict]:
-        """Signal the process with this ``pid`` or ``label`` (give exactly one)."""
-        return self.rpc(Topic.KILL, {**process_target(pid, label), "signum": signum})
+        """Signal the process with this ``pid`` or ``label`` (give exactly
+        one): every process of its unit, or with ``who="main"`` its main
+        process only."""
+        target = {**process_target(pid, label), "signum": signum}
+        return self.rpc(Topic.KILL, target if who == "all" else {**target, "who": who})
 
     def terminate(
         self,

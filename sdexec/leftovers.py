@@ -119,8 +119,8 @@ class Leftover:
                 self._failed, "StopUnit"
             )
 
-    def kill(self, signum: int) -> defer.Deferred[None]:
-        return self._systemd.kill_unit(self.name, "all", signum)
+    def kill(self, signum: int, who: str = "all") -> defer.Deferred[None]:
+        return self._systemd.kill_unit(self.name, who, signum)
 
     def describe(self) -> dict[str, Any]:
         return {

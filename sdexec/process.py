@@ -146,8 +146,8 @@ class Process:
         self._stop_wanted = False
         #: The client left: SIGKILL the main process (when it runs).
         self._kill_main_wanted = False
-        #: Signals asked for before ``started``, each with its answer.
-        self._early_kills: list[tuple[int, defer.Deferred[None]]] = []
+        #: Signals asked for before ``started`` (signal, who), with answers.
+        self._early_kills: list[tuple[int, str, defer.Deferred[None]]] = []
         self.stop_timer = StopTimer(
             context.clock,
             plan.stop_timer.seconds,
@@ -284,15 +284,16 @@ class Process:
         if eof:
             self.stdin.close()
 
-    def kill(self, signum: int) -> Any:
-        """Signal every process of the unit; a Deferred.
+    def kill(self, signum: int, who: str = "all") -> Any:
+        """Signal every process of the unit (``who`` ``"main"``: its main
+        process only, as Flux's sdexec does); a Deferred.
 
         Before ``started`` the unit has no process yet: systemd would signal
         nothing and answer success, and the signal would be lost. It waits
         for the start instead (answered then), and is ESRCH if the process
         never starts."""
         if Sent.STARTED in self._sent:
-            return self._systemd.kill_unit(self.unit_name, "all", signum)
+            return self._systemd.kill_unit(self.unit_name, who, signum)
         if self._ended or self._reaped:
             return defer.fail(_never_started())
         if len(self._early_kills) >= MAX_EARLY_KILLS:
@@ -301,7 +302,7 @@ class Process:
                 f"{MAX_EARLY_KILLS} signals already wait for this process to start",
             )
         held: defer.Deferred[None] = defer.Deferred()
-        self._early_kills.append((signum, held))
+        self._early_kills.append((signum, who, held))
         return held
 
     def unkillable(self, reason: str) -> None:
@@ -461,12 +462,12 @@ class Process:
 
     def _send_early_kills(self) -> None:
         kills, self._early_kills = self._early_kills, []
-        for signum, held in kills:
-            self.kill(signum).chainDeferred(held)
+        for signum, who, held in kills:
+            self.kill(signum, who).chainDeferred(held)
 
     def _drop_early_kills(self) -> None:
         kills, self._early_kills = self._early_kills, []
-        for _, held in kills:
+        for _, _, held in kills:
             held.errback(_never_started())
 
     def _finish(self, status: UnitStatus) -> None:

@@ -492,6 +492,9 @@ class SdexecServer:
                 errno.EINVAL,
                 f"signum: expected a signal number from 1 to {signal.NSIG - 1}",
             )
+        who = payload.get("who", "all")
+        if who not in ("all", "main"):
+            raise RequestError(errno.EINVAL, 'who: expected "all" or "main"')
         pid, label = parse_target(payload, "kill")
         if label is not None:
             check_text("label", label)
@@ -501,7 +504,7 @@ class SdexecServer:
         if process is None:
             target = f"label={label}" if label is not None else f"pid={pid}"
             raise RequestError(errno.ESRCH, f"kill {target} not found")
-        return process.kill(signum).addCallback(lambda _: {})
+        return process.kill(signum, who).addCallback(lambda _: {})
 
     def list(self) -> dict:
         """``sdexec.list``: every process, its own and its leftovers."""

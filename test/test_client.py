@@ -182,6 +182,12 @@ def test_kill_by_label_and_bad_targets(served):
     peer, client = served
     client.kill(label="job", signum=2)
     assert (yield peer.requests.get())["payload"] == {"label": "job", "signum": 2}
+    client.kill(label="job", signum=2, who="main")  # the job shell only
+    assert (yield peer.requests.get())["payload"] == {
+        "label": "job",
+        "signum": 2,
+        "who": "main",
+    }
     for bad in ({}, {"pid": 1, "label": "job"}):
         with pytest.raises(ValueError, match="exactly one"):
             client.kill(**bad)

@@ -293,6 +293,21 @@ def test_kill_by_pid_or_label(systemd, connection):
     assert error_of(connection.last()) == (errno.ESRCH, "kill pid=5 not found")
 
 
+def test_a_kill_may_signal_the_main_process_only(systemd, connection):
+    # As Flux's sdexec does: a job shell forwards to its tasks itself.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "j"}})
+    connection.send("sdexec.kill", {"signum": 2, "label": "j", "who": "main"}, 2)
+    systemd.run(UNIT)  # held for the start, with its target
+    connection.send("sdexec.kill", {"signum": 15, "label": "j"}, matchtag=3)
+    kills = [call for call in systemd.calls if call[0] == "kill"]
+    assert kills == [("kill", "main", 2), ("kill", "all", 15)]
+    connection.send("sdexec.kill", {"signum": 15, "label": "j", "who": "x"}, 4)
+    assert error_of(connection.last()) == (
+        errno.EINVAL,
+        'who: expected "all" or "main"',
+    )
+
+
 def test_a_kill_naming_a_label_ignores_its_pid(systemd, connection):
     # RFC 42: with a label, the pid SHALL be ignored (Flux's client sends
     # pid -1 with it; another pid must not pick another process).

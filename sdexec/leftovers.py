@@ -30,11 +30,11 @@ import hashlib
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
-from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sdexec.plan import ExecPlan
+from sdexec.sockets import unix_path
 from sdexec.systemd import Manager, UnitStatus
 from sdexec.systemd.errors import is_connection_lost
 
@@ -62,13 +62,8 @@ def owner_marks(listen: str) -> tuple[str, ...]:
 def _endpoint_identity(listen: str) -> str:
     """What tells this service's endpoint from another's: a ``unix:``
     endpoint's socket path, without its options; any other, as written."""
-    if not listen.startswith("unix:"):
-        return listen
-    try:
-        path = getattr(serverFromString(None, listen), "_address", None)
-    except (ValueError, TypeError, KeyError):
-        return listen  # the configuration refuses it; never reached there
-    return f"unix:{path}" if isinstance(path, str) else listen
+    path = unix_path(listen)
+    return listen if path is None else f"unix:{path}"
 
 
 def _mark(identity: str) -> str:

@@ -742,9 +742,10 @@ class ClientProtocol(StdioReceivingProtocol):
         if not self.authorized:
             return self._refuse_unauthorized(topic, matchtag)
         handler = self._handlers.get(topic)
-        if not _streaming(message) and topic == Topic.EXEC:
+        streaming = _streaming(message)
+        if not streaming and topic == Topic.EXEC:
             handler = self._exec_background
-        elif not _streaming(message) and topic == Topic.ATTACH:
+        elif not streaming and topic == Topic.ATTACH:
             # RFC 6: one answer for a request that is not streaming, and an
             # attach is nothing but a stream (upstream refuses it too).
             raise RequestError(errno.EPROTO, "attach request is not streaming")

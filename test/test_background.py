@@ -216,6 +216,14 @@ async def finish(systemd, server, status: int = 0) -> None:
     await until(lambda: not server.processes, "reaped")
 
 
+async def an_ended_waitable(systemd, server, client, label, pid, status) -> None:
+    """A waitable background process (unit ``UNIT``) that ran and ended,
+    kept for a wait."""
+    client.bg(flags=WAITABLE, label=label)
+    systemd.run(UNIT, pid=pid)
+    await finish(systemd, server, status=status)
+
+
 @ensureDeferred
 async def test_wait_returns_status_and_output_in_production_order(
     systemd, server, client
@@ -265,9 +273,7 @@ async def test_a_pending_wait_is_answered_when_the_process_ends(
 async def test_an_ended_process_kept_for_a_wait_holds_its_label(
     systemd, server, client
 ):
-    client.bg(flags=WAITABLE, label="w")
-    systemd.run(UNIT, pid=7)
-    await finish(systemd, server, status=0)
+    await an_ended_waitable(systemd, server, client, "w", 7, 0)
     client.bg(matchtag=2, label="w", SDEXEC_NAME="sdexec-u")
     assert payloads(client.of(2)) == [(errno.EEXIST, "label 'w' is already in use")]
     client.send("sdexec.wait", {"label": "w"}, matchtag=3)
@@ -318,9 +324,7 @@ async def test_waitable_processes_held_are_capped_until_one_is_waited_for(system
     for: max-waitable bounds how many are held, running or ended."""
     server = make_server(systemd, **{"max-waitable": 2})
     client = Client(server)
-    client.bg(flags=WAITABLE, label="ended", matchtag=1)
-    systemd.run(UNIT, pid=7)
-    await finish(systemd, server, status=0)
+    await an_ended_waitable(systemd, server, client, "ended", 7, 0)
     client.bg(flags=WAITABLE, label="running", matchtag=2, SDEXEC_NAME="sdexec-r")
     client.bg(flags=WAITABLE, matchtag=3, SDEXEC_NAME="sdexec-x")
     client.bg(matchtag=4, SDEXEC_NAME="sdexec-p")  # not waitable: no limit
@@ -571,9 +575,7 @@ async def test_attach_errors(systemd, server, client):
 async def test_attach_to_an_ended_waitable_process_then_it_is_reaped(
     systemd, server, client
 ):
-    client.bg(flags=WAITABLE, label="z")
-    systemd.run(UNIT, pid=9)
-    await finish(systemd, server, status=2)
+    await an_ended_waitable(systemd, server, client, "z", 9, 2)
     client.send("sdexec.attach", {"label": "z", "flags": FLAGS}, matchtag=2)
     stream = payloads(client.of(2))
     assert stream[0]["type"] == "attached"

@@ -1053,16 +1053,21 @@ def test_main_prints_warnings_and_succeeds(tmp_path, capsys):
     assert json.loads(out)["exec"]["service"] == "rexec"
 
 
+def run_checker(path) -> subprocess.CompletedProcess:
+    """``python -m sdexec.config PATH``, as an admin runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "sdexec.config", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
 def test_module_runs_as_a_program(tmp_path):
     bad = write(tmp_path, "bad.yaml", "exec: [")
     for path, status in ((EXAMPLES[1], 0), (bad, 1)):
-        run = subprocess.run(
-            [sys.executable, "-m", "sdexec.config", str(path)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        run = run_checker(path)
         assert run.returncode == status, run.stderr
         assert "Traceback" not in run.stderr
 
@@ -1076,13 +1081,7 @@ def test_the_checker_builds_the_mapper_as_the_service_does(tmp_path):
         '[sdexec]\nmapper = "nosuch.module.Mapper"\n'
         f'mapper-searchpath = "{tmp_path}"\n',
     )
-    run = subprocess.run(
-        [sys.executable, "-m", "sdexec.config", str(bad)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    run = run_checker(bad)
     assert run.returncode == 1
     assert run.stderr == (
         f"{bad}: sdexec.mapper: mapper module 'nosuch.module' is neither in"

@@ -48,6 +48,16 @@ __all__ = [
 #: response): nothing next to an import, or to a unit's own cost.
 SMALL_LINE = 4096
 
+#: The deepest a message may nest (the message object is level 1; a request
+#: needs five). Both decoders recurse, and where they give up depends on the
+#: interpreter (about 1000 levels on Python 3.11, several times that on 3.12,
+#: whose C code has its own limit) and on which decoder the line's length
+#: picks: checked after decoding, this one limit holds for every message on
+#: every interpreter.
+MAX_NESTING = 512
+
+_TOO_DEEP = f"message is nested too deeply (more than {MAX_NESTING} levels)"
+
 
 class FramingError(ValueError):
     """The peer sent something that is not a message; the stream is unusable."""
@@ -82,10 +92,32 @@ def decode_message(line: bytes | memoryview) -> dict[str, Any]:
     except RecursionError:
         # Both decode recursively; a line of a few thousand "[" would
         # otherwise escape as a RecursionError and drop the connection.
-        raise FramingError("message is nested too deeply") from None
+        raise FramingError(_TOO_DEEP) from None
     if not isinstance(message, dict):
         raise FramingError("message is not a JSON object")
+    if _nests_deeper(message, MAX_NESTING):
+        raise FramingError(_TOO_DEEP)
     return message
+
+
+def _nests_deeper(message: dict[str, Any], limit: int) -> bool:
+    """Whether ``message`` holds containers more than ``limit`` levels deep.
+
+    A walk with a stack, not a recursion: it must not fail where the
+    decoders did not. It visits each container's members once, as the
+    decoder already did, so a request (a handful of containers) costs
+    microseconds whatever the size of its strings.
+    """
+    pending: list[tuple[dict | list, int]] = [(message, 1)]
+    while pending:
+        container, depth = pending.pop()
+        members = container.values() if isinstance(container, dict) else container
+        for member in members:
+            if isinstance(member, dict | list):
+                if depth == limit:
+                    return True
+                pending.append((member, depth + 1))
+    return False
 
 
 def _decode_with_json(line: bytes | memoryview) -> Any:

@@ -12,6 +12,7 @@ from twisted.internet.testing import StringTransport
 from sdexec.framing import JSONLineProtocol
 from sdexec.ioencode import decode_io, encode_io
 from sdexec.wire import (
+    MAX_NESTING,
     SMALL_LINE,
     FrameSplitter,
     FramingError,
@@ -33,6 +34,22 @@ json_values = st.recursive(
     ),
     max_leaves=8,
 )
+
+
+def nested_objects(levels: int, padding: int = 0) -> bytes:
+    """A message ``levels`` deep, objects and arrays by turns, with a
+    sibling at every level (the walk must look past the first member)."""
+    text = "0"
+    for level in range(levels - 1, 0, -1):
+        text = f'{{"s":1,"k":{text}}}' if level % 2 else f"[1,{text}]"
+    return f'{{"pad":"{"p" * padding}","k":{text}}}\n'.encode()
+
+
+@pytest.mark.parametrize("padding", [0, SMALL_LINE], ids=["json", "msgspec"])
+def test_nesting_is_limited_the_same_by_both_decoders(padding):
+    assert decode_message(nested_objects(MAX_NESTING, padding))
+    with pytest.raises(FramingError, match=f"more than {MAX_NESTING} levels"):
+        decode_message(nested_objects(MAX_NESTING + 1, padding))
 
 
 @settings(max_examples=200)

@@ -8,7 +8,6 @@ import errno
 import json
 import os
 import signal
-import sys
 
 import pytest
 from offline import Connection, error_of, read_to_eof
@@ -24,7 +23,7 @@ from sdexec.ioencode import encode_io
 from sdexec.limits import MAX_ARG_STRLEN, MAX_LISTED_CMDLINE
 from sdexec.server import MAX_ERRSTR, SdexecServer
 from sdexec.testing import FakeManager
-from sdexec.wire import SMALL_LINE
+from sdexec.wire import MAX_NESTING, SMALL_LINE
 
 EVERY_ID = f"0-{MAX_ID}"
 ENVELOPE = {"type": "request", "topic": "sdexec.list", "matchtag": 4}
@@ -40,16 +39,28 @@ def still_serves(server: SdexecServer) -> None:
     other.close()
 
 
-@pytest.mark.parametrize("depth", [100, 975, 1000, 5000, 100_000])
-def test_deep_nesting_is_answered_never_a_traceback(server, connection, depth):
-    line = json_line({**ENVELOPE, "payload": {"x": deeply_nested(depth)}})
-    connection.protocol.dataReceived(line)
+TOO_DEEP = (
+    errno.EPROTO,
+    f"message is nested too deeply (more than {MAX_NESTING} levels)",
+)
+
+
+# The envelope, its payload and "x" hold deeply_nested(depth)'s depth + 1
+# arrays: depth + 3 levels in all. The limit is the same for a short line
+# (the json module) and a long one (msgspec), on every interpreter.
+@pytest.mark.parametrize("padding", [0, SMALL_LINE], ids=["short", "long"])
+@pytest.mark.parametrize(
+    "depth", [100, MAX_NESTING - 3, MAX_NESTING - 2, 975, 1000, 5000, 100_000]
+)
+def test_deep_nesting_is_answered_never_a_traceback(server, connection, depth, padding):
+    payload = {"x": deeply_nested(depth), "pad": "p" * padding}
+    connection.protocol.dataReceived(json_line({**ENVELOPE, "payload": payload}))
     (response,) = connection.responses()
-    if "payload" in response:  # decoded: list ignores what it is given
-        assert depth < sys.getrecursionlimit()
+    if depth + 3 <= MAX_NESTING:  # decoded: list ignores what it is given
+        assert "payload" in response
         assert not connection.transport.disconnecting
     else:
-        assert error_of(response) == (errno.EPROTO, "message is nested too deeply")
+        assert error_of(response) == TOO_DEEP
         assert connection.transport.disconnecting
     still_serves(server)
 
@@ -58,7 +69,7 @@ def test_deep_nesting_beside_a_lone_surrogate_is_still_named_as_such(connection)
     """msgspec refuses the surrogate, the json module then recurses."""
     payload = {"s": "\ud800", "x": deeply_nested(100_000)}
     connection.protocol.dataReceived(json_line({**ENVELOPE, "payload": payload}))
-    assert error_of(connection.last()) == (errno.EPROTO, "message is nested too deeply")
+    assert error_of(connection.last()) == TOO_DEEP
 
 
 @pytest.mark.parametrize("kind", ["event", "response", None, 5])

@@ -118,7 +118,10 @@ def test_a_lone_surrogate_in_a_line_that_is_not_json_is_a_framing_error(connecti
     assert connection.last()["errnum"] == errno.EPROTO
     errstr = connection.last()["errstr"]
     assert errstr.startswith("message is not valid JSON")
-    assert f"(char {line.index(b'}')})" in errstr
+    comma = line.index(b",}")
+    # Python 3.13 points at the trailing comma, earlier ones at the brace.
+    assert any(f"(char {at})" in errstr for at in (comma, comma + 1))
+    assert "surrogate" not in errstr
     assert connection.transport.disconnecting
 
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from itertools import chain, compress
 
 from sdexec.protocol import DEFAULT_MAX_FRAME
 
@@ -103,21 +104,30 @@ def decode_message(line: bytes | memoryview) -> dict[str, Any]:
 def _nests_deeper(message: dict[str, Any], limit: int) -> bool:
     """Whether ``message`` holds containers more than ``limit`` levels deep.
 
-    A walk with a stack, not a recursion: it must not fail where the
-    decoders did not. It visits each container's members once, as the
-    decoder already did, so a request (a handful of containers) costs
-    microseconds whatever the size of its strings.
+    Level by level, not a recursion (it must not fail where the decoders
+    did not), and each level's containers are picked out by C code
+    (``compress`` over the members' types): a request costs a few
+    microseconds, and a hostile line of millions of members a fraction of
+    a second per 32 MB, a small multiple of its decoding.
     """
-    pending: list[tuple[dict | list, int]] = [(message, 1)]
-    while pending:
-        container, depth = pending.pop()
-        members = container.values() if isinstance(container, dict) else container
-        for member in members:
-            if isinstance(member, dict | list):
-                if depth == limit:
-                    return True
-                pending.append((member, depth + 1))
-    return False
+    level: list[Any] = [message]
+    for _ in range(limit):
+        if len(level) == 1:  # the usual case: no copy of the members
+            members = _members(level[0])
+        else:
+            members = list(chain.from_iterable(_members(c) for c in level))
+        level = list(compress(members, map(_is_container, map(type, members))))
+        if not level:
+            return False
+    return True
+
+
+def _members(container: dict | list) -> Iterable[Any]:
+    return container.values() if type(container) is dict else container
+
+
+#: JSON decoders make exactly these (no subclasses): ``type`` is enough.
+_is_container = frozenset((dict, list)).__contains__
 
 
 def _decode_with_json(line: bytes | memoryview) -> Any:

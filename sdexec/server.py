@@ -681,14 +681,20 @@ class ClientProtocol(StdioReceivingProtocol):
         valid_matchtag = _is_integer(matchtag)
         reply_topic = topic if _is_text(topic) else ""
         reply_matchtag = matchtag if isinstance(matchtag, int) and valid_matchtag else 0
+        if not self.authorized:
+            # Before any other check: a stranger learns nothing from us
+            # but EPERM, and keeps no connection open by sending bad ones.
+            self._refuse_unauthorized(reply_topic, reply_matchtag)
+            return
         try:
             result = self._dispatch(message, topic, matchtag, valid_matchtag)
         except RequestRefused as error:
             self.server.count("errors")
-            if topic == Topic.WRITE and reply_matchtag == 0:
+            if topic == Topic.WRITE and not (valid_matchtag and matchtag > 0):
                 # A write sent as Flux does (no matchtag: no response
-                # wanted): an error on matchtag 0 would read as the
-                # connection's last words. Logged instead, once.
+                # wanted), or with one no response could carry: an error
+                # on matchtag 0 would read as the connection's last words.
+                # Logged instead, once.
                 self._log_silent_write_refusal(error.errstr)
                 return
             self._send_error(reply_topic, reply_matchtag, error.errnum, error.errstr)
@@ -739,8 +745,6 @@ class ClientProtocol(StdioReceivingProtocol):
         payload = message.get("payload", {})
         if not isinstance(payload, dict):
             raise RequestError(errno.EINVAL, "payload: expected an object")
-        if not self.authorized:
-            return self._refuse_unauthorized(topic, matchtag)
         handler = self._handlers.get(topic)
         streaming = _streaming(message)
         if not streaming and topic == Topic.EXEC:

@@ -190,6 +190,28 @@ def test_a_non_owner_is_answered_eperm_then_closed(server):
     intruder.close()
 
 
+@pytest.mark.parametrize(
+    "malformed",
+    [
+        {"type": "request", "matchtag": 1, "payload": {}},
+        {"type": "request", "topic": "sdexec.list", "matchtag": -5},
+        {"type": "request", "topic": "sdexec.list", "matchtag": 2, "payload": []},
+        {"type": "request", "topic": "sdexec.nope", "matchtag": 3},
+    ],
+    ids=["no-topic", "bad-matchtag", "bad-payload", "unknown-topic"],
+)
+def test_a_non_owners_malformed_request_is_eperm_and_closes_too(server, malformed):
+    """A stranger gets EPERM to whatever it sends first, and no more: not
+    EINVAL on a connection it could keep open with bad requests."""
+    server.owner_uid = os.getuid() + 1
+    intruder = Connection(server)
+    intruder.raw(malformed)
+    [answer] = intruder.responses()
+    assert answer["errnum"] == errno.EPERM
+    assert intruder.transport.disconnecting
+    intruder.close()
+
+
 # -- exec: every string, the exec limits, the property policy ----------------------
 
 TRUE = {"cmdline": ["/bin/true"], "env": {"PATH": "/bin"}, "opts": {}}

@@ -375,6 +375,8 @@ def test_a_refused_write_without_a_matchtag_gets_no_response(systemd, connection
     before = len(connection.responses())
     io = encode_io("stdout", "0", b"x")
     connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=0)
+    connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=-1)
+    connection.raw({"type": "request", "topic": "sdexec.write", "matchtag": "x"})
     assert len(connection.responses()) == before
     connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=7)
     assert error_of(connection.last()) == (

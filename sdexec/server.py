@@ -690,7 +690,7 @@ class ClientProtocol(StdioReceivingProtocol):
             result = self._dispatch(message, topic, matchtag, valid_matchtag)
         except RequestRefused as error:
             self.server.count("errors")
-            if topic == Topic.WRITE and not (valid_matchtag and matchtag > 0):
+            if topic == Topic.WRITE and not (_is_integer(matchtag) and matchtag > 0):
                 # A write sent as Flux does (no matchtag: no response
                 # wanted), or with one no response could carry: an error
                 # on matchtag 0 would read as the connection's last words.

@@ -96,10 +96,14 @@ class Tracked:
         retained_size: int,
         rank: str,
         client: _Client,
+        bufsizes: Mapping[str, int] | None = None,
     ) -> None:
         self.mode = mode
         self.waitable = waitable
         self.retained = RetainedOutput(retained_size)
+        #: Each output stream's ``<stream>_BUFSIZE``: an attach's replay is
+        #: split as live output is.
+        self.bufsizes = dict(bufsizes or {})
         self.process: Process | None = None  # set once it is made
         #: The ``finished`` response, once seen (replayed to a later attach
         #: whole, whatever keys it carries).
@@ -198,7 +202,7 @@ class Tracked:
         self.mode, self._client = Mode.ATTACHED, client
         respond = client.responder.respond
         respond(self._attached())
-        for io in self.retained.io_objects(self._rank):
+        for io in self.retained.io_objects(self._rank, self.bufsizes):
             if client.forwards(io["stream"]):
                 respond({"type": "output", "pid": self.pid, "io": io})
         for stream in STREAMS:
@@ -355,7 +359,9 @@ class TrackedProcesses:
             plan = dataclasses.replace(plan, flags=flags)
         mode = Mode.STREAMING if streaming else Mode.BACKGROUND
         client = _Client(connection_id, responder, plan.flags)
-        return plan, Tracked(mode, waitable, retained_size, rank, client)
+        bufsizes = {name: options.bufsize for name, options in plan.output.items()}
+        tracked = Tracked(mode, waitable, retained_size, rank, client, bufsizes)
+        return plan, tracked
 
     def waitable_held(self) -> int:
         """Waitable processes running, or ended and not yet waited for."""

@@ -28,6 +28,7 @@ most ``size // 4 + 512`` bytes, usually a few entries), plus a few hundred bytes
 from __future__ import annotations
 
 from array import array
+from collections.abc import Mapping
 from typing import Any, Final
 
 from sdexec.ioencode import encode_io
@@ -143,16 +144,23 @@ class RetainedOutput:
         self._sign(stream)
         self._eof.add(stream)
 
-    def io_objects(self, rank: str) -> list[dict[str, Any]]:
+    def io_objects(
+        self, rank: str, bufsizes: Mapping[str, int] | None = None
+    ) -> list[dict[str, Any]]:
         """The held output as RFC 24 io objects, oldest first, one per run
-        (data only: EOFs are the caller's, see :meth:`at_eof`)."""
+        (data only: EOFs are the caller's, see :meth:`at_eof`); with
+        ``bufsizes``, a run longer than its stream's is split, as live output
+        is (a client may size its buffer by ``<stream>_BUFSIZE``)."""
         data = self._contents()
         objects = []
         offset = 0
         for index in range(self._first_run, len(self._runs)):
             length = abs(self._runs[index])
             stream = STREAMS[0] if self._runs[index] > 0 else STREAMS[1]
-            objects.append(encode_io(stream, rank, data[offset : offset + length]))
+            step = max((bufsizes or {}).get(stream, length), 1)
+            for start in range(offset, offset + length, step):
+                chunk = data[start : min(start + step, offset + length)]
+                objects.append(encode_io(stream, rank, chunk))
             offset += length
         return objects
 

@@ -478,6 +478,21 @@ async def test_attach_gets_retained_then_live_output_eofs_finished_enodata(
 
 
 @ensureDeferred
+async def test_an_attach_replays_retained_output_split_at_the_streams_bufsize(
+    systemd, server, client
+):
+    """As live output is: no ``output`` carries more than ``stdout_BUFSIZE``."""
+    client.bg(label="a", stdout_BUFSIZE="4096", stdout_LINE_BUFFER="false")
+    systemd.run(UNIT, pid=8)
+    produce(systemd, "stdout", b"a" * 10_000)
+    await until(lambda: tracked_of(server).retained.held == 10_000, "retained")
+    client.send("sdexec.attach", {"label": "a", "flags": FLAGS}, matchtag=2)
+    replayed = output_of(client.of(2))
+    assert [len(data) for _, data, _ in replayed] == [4096, 4096, 1808]
+    assert b"".join(data for _, data, _ in replayed) == b"a" * 10_000
+
+
+@ensureDeferred
 async def test_attach_disconnect_attach_again(systemd, server, client):
     client.bg(label="a")
     systemd.run(UNIT, pid=8)

@@ -72,6 +72,21 @@ def test_binary_and_split_utf8_round_trip_through_io_objects() -> None:
     assert replay(buffer) == [("stdout", "é€".encode()[1:])]
 
 
+def test_runs_are_split_at_each_streams_bufsize() -> None:
+    buffer = RetainedOutput()
+    produce(buffer, [("stdout", b"o" * 10), ("stderr", b"e" * 4), ("stdout", b"p")])
+    ios = buffer.io_objects("0", {"stdout": 4, "stderr": 4})
+    assert [decode_io(io)[:2] for io in ios] == [
+        ("stdout", b"oooo"),
+        ("stdout", b"oooo"),
+        ("stdout", b"oo"),
+        ("stderr", b"eeee"),
+        ("stdout", b"p"),
+    ]
+    assert replay(buffer) == [("stdout", b"o" * 10), ("stderr", b"e" * 4),
+                              ("stdout", b"p")]  # fmt: skip
+
+
 def test_eof_per_stream() -> None:
     buffer = RetainedOutput()
     buffer.append("stdout", b"x")

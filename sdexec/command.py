@@ -93,9 +93,10 @@ class Command:
             if key.startswith(PROPERTY_PREFIX) and len(key) > len(PROPERTY_PREFIX)
         }
 
-    def resolve_executable(self) -> str | None:
+    def resolve_executable(self, default_cwd: str = "/") -> str | None:
         """``cmdline[0]`` as execvp(3) would find it with this command's
-        ``PATH`` and ``cwd``; ``None`` if there is no such executable
+        ``PATH`` and ``cwd`` (else ``default_cwd``: where the manager runs a
+        unit that names none); ``None`` if there is no such executable
         (:meth:`found_unexecutable` then says whether a file of that name
         was there, but not executable: execvp's EACCES).
 
@@ -104,29 +105,28 @@ class Command:
         as it would in the client's shell, and turns a missing command into an
         immediate ENOENT rather than a failed unit.
         """
-        for path in self._candidates():
+        for path in self._candidates(default_cwd):
             if _is_executable(path):
                 return os.path.normpath(path)
         return None
 
-    def found_unexecutable(self) -> bool:
+    def found_unexecutable(self, default_cwd: str = "/") -> bool:
         """Whether a file :meth:`resolve_executable` looked at exists but
         cannot be executed (not executable, or a directory)."""
-        return any(os.path.exists(path) for path in self._candidates())
+        return any(os.path.exists(path) for path in self._candidates(default_cwd))
 
-    def _candidates(self) -> list[str]:
-        """The paths execvp(3) would try for ``cmdline[0]``, in order."""
+    def _candidates(self, default_cwd: str) -> list[str]:
+        """The paths execvp(3) would try for ``cmdline[0]``, in order, run
+        in the directory the process will run in."""
         name = self.cmdline[0]
+        cwd = self.cwd or default_cwd
         if "/" in name:
-            return [os.path.normpath(os.path.join(self.cwd or "/", name))]
+            return [os.path.normpath(os.path.join(cwd, name))]
         if len(name.encode()) > NAME_MAX:
             return []  # no file has such a name: no need to look
         # Each directory once: a PATH of ":" * 100000 is one directory.
         directories = dict.fromkeys(self.env.get("PATH", os.defpath).split(":"))
-        return [
-            os.path.join(self.cwd or "/", directory or ".", name)
-            for directory in directories
-        ]
+        return [os.path.join(cwd, directory or ".", name) for directory in directories]
 
 
 def _is_executable(path: str) -> bool:

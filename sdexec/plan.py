@@ -14,6 +14,9 @@ at the request's payload again.
 from __future__ import annotations
 
 import errno
+import functools
+import os
+import pwd
 import re
 import uuid
 from collections.abc import Mapping
@@ -149,8 +152,9 @@ def plan_exec(
     environment = unit_environment(command.env)
     # Before the PATH search: a PATH of megabytes would cost as many stats.
     check_exec_size(command.cmdline[0], command.cmdline, environment)
-    executable = command.resolve_executable()
-    if executable is None and command.found_unexecutable():
+    default_cwd = manager_working_directory(config)
+    executable = command.resolve_executable(default_cwd)
+    if executable is None and command.found_unexecutable(default_cwd):
         # As execvp(3) (and a shell, whose status is then 126) says it.
         raise RequestError(errno.EACCES, f"{command.cmdline[0]}: permission denied")
     if executable is None:
@@ -175,6 +179,26 @@ def plan_exec(
         mapped=containment.applies_to(command),
         stdio=_stdio(payload.get("stdio", ())),
     )
+
+
+def manager_working_directory(config: Config) -> str:
+    """Where systemd runs a unit without ``WorkingDirectory``: ``/`` under
+    the system manager, the user's home under a user manager
+    (systemd.exec(5)), so that a relative command is found where it runs."""
+    if config.systemd.bus == "system":
+        return "/"
+    return _home_directory()
+
+
+@functools.cache
+def _home_directory() -> str:
+    # The user manager is this service's user's (the bus lets no other in).
+    # Read once: on a node whose passwd is in LDAP, a lookup per request
+    # would cost a round trip.
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir or "/"
+    except KeyError:
+        return "/"
 
 
 def _command(cmd: object) -> Command:

@@ -11,9 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import sdexec.plan
 from sdexec.command import Command, CommandError, unit_properties
+from sdexec.config import default_config, parse_config
 from sdexec.property import PropertyError
 from sdexec.systemd import unit_object_path
+from sdexec.testing import exec_plan
 
 
 class Typed(NamedTuple):
@@ -119,6 +122,33 @@ def test_resolve_without_path_uses_the_default():
     assert Command(["sh"]).resolve_executable() == os.path.join(
         os.defpath.split(":")[0], "sh"
     )
+
+
+def test_without_cwd_a_relative_command_is_found_where_the_unit_runs(tmp_path):
+    """The manager's working directory (the user's home under a user
+    manager), as execvp would run in it: not ``/``."""
+    (tmp_path / "bin").mkdir()
+    make_executable(tmp_path / "bin" / "prog")
+    command = Command(["bin/prog"])
+    assert command.resolve_executable(default_cwd=str(tmp_path)) == str(
+        tmp_path / "bin" / "prog"
+    )
+    in_path = Command(["prog"], env={"PATH": "bin"})
+    assert in_path.resolve_executable(default_cwd=str(tmp_path)) == str(
+        tmp_path / "bin" / "prog"
+    )
+    assert Command(["bin/prog"], cwd="/").resolve_executable(str(tmp_path)) is None
+
+
+def test_the_default_working_directory_is_the_managers(monkeypatch, tmp_path):
+    monkeypatch.setattr(sdexec.plan, "_home_directory", lambda: str(tmp_path))
+    make_executable(tmp_path / "prog")
+    plan = exec_plan(["./prog"])
+    exec_start = {prop.name: prop.value for prop in plan.properties}["ExecStartEx"]
+    assert exec_start[0][0] == str(tmp_path / "prog")
+    system = parse_config({"systemd": {"bus": "system"}})
+    assert sdexec.plan.manager_working_directory(system) == "/"
+    assert sdexec.plan.manager_working_directory(default_config()) == str(tmp_path)
 
 
 def test_resolve_name_with_slash_is_relative_to_cwd(tmp_path):

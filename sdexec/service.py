@@ -33,6 +33,7 @@ from sdexec.leftovers import Leftovers, owner_marks
 from sdexec.metrics import Metrics
 from sdexec.notify import Readiness, describe_server
 from sdexec.outage import SystemdOutage
+from sdexec.ownerlock import AlreadyServed, OwnerLock
 from sdexec.protocol import default_socket_path
 from sdexec.server import SdexecServer, SdexecServerFactory
 from sdexec.sockets import private_endpoint, private_umask, unix_endpoint
@@ -110,6 +111,7 @@ class SdexecService(Service):
             name for name, value in (("listen", listen), ("stats", stats)) if value
         )
         self.server: SdexecServer | None = None
+        self.owner_lock: OwnerLock | None = None
         self.outage: SystemdOutage | None = None
         self.ports: dict[str, Any] = {}
         self.ready: defer.Deferred = defer.Deferred()
@@ -128,6 +130,12 @@ class SdexecService(Service):
     @defer.inlineCallbacks
     def _start(self):
         containment = Containment.from_config(self.config)
+        marks = owner_marks(self.listen)
+        # First of all: a second service on this endpoint would take the
+        # first one's running units for leftovers (sdexec/ownerlock.py).
+        mode = self.config.sdexec.socket_mode
+        self.owner_lock = OwnerLock(self.listen, marks[0], mode)
+        self.owner_lock.take()
         systemd = yield self._connect()
         systemd.debug = self.config.systemd.sdbus_debug
         systemd.max_inflight = self.config.systemd.max_inflight
@@ -136,7 +144,6 @@ class SdexecService(Service):
         systemd.on_lost = self.outage.lost
         systemd.on_restored = self.outage.restored
         # Before listening: leftovers of an earlier run drain the node first.
-        marks = owner_marks(self.listen)
         self.server.unit_mark = marks[0]
         self.server.leftovers = Leftovers(systemd, self.server, marks)
         yield self.server.leftovers.scan()
@@ -207,7 +214,10 @@ class SdexecService(Service):
         return describe_server(self.server.stats())
 
     def _start_failed(self, failure) -> None:
-        if failure.check(SystemdError, ConfigError, ValueError, OSError, ListenError):
+        if self.owner_lock is not None:
+            self.owner_lock.release()
+        expected = (SystemdError, ConfigError, ValueError, OSError, ListenError)
+        if failure.check(*expected, AlreadyServed):
             log.error(
                 "sdexec could not start: {error}", error=failure.getErrorMessage()
             )
@@ -304,9 +314,13 @@ class SdexecService(Service):
             yield port.stopListening()
         if self.outage is not None:
             self.outage.stop()
-        if self.server is not None:
-            yield self.server.shutdown(SHUTDOWN_GRACE_SECONDS)
-            self.server.systemd.disconnect()
+        try:
+            if self.server is not None:
+                yield self.server.shutdown(SHUTDOWN_GRACE_SECONDS)
+                self.server.systemd.disconnect()
+        finally:
+            if self.owner_lock is not None:
+                self.owner_lock.release()  # its units are stopped: the next may
 
 
 def _setting(name: str, value: object) -> str:

@@ -3,6 +3,7 @@ sdexec.testing's FakeManager (the real-manager paths are test_service.py)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 
@@ -14,6 +15,7 @@ from twisted.internet.task import Clock
 
 from sdexec.client import connect
 from sdexec.config import ConfigError, load_config, parse_config
+from sdexec.ownerlock import AlreadyServed, OwnerLock
 from sdexec.service import ListenError, SdexecService, default_listen_endpoint
 from sdexec.systemd import SystemdError
 from sdexec.testing import FakeManager
@@ -32,6 +34,46 @@ def test_the_default_endpoint_is_a_private_socket(monkeypatch, tmp_path):
     endpoint = default_listen_endpoint()
     assert endpoint == f"unix:{tmp_path}/sdexec/sdexec.sock:mode=600:lockfile=1"
     assert (tmp_path / "sdexec").stat().st_mode & 0o777 == 0o700
+
+
+@ensureDeferred
+async def test_a_second_service_on_the_same_endpoint_touches_nothing(tmp_path):
+    """It would take the first one's running units for leftovers of an
+    earlier run and stop them: it stops before it reaches systemd."""
+    first = await started_service(tmp_path, FakeManager())
+    reached = []
+    second = SdexecService(
+        parse_config({}),
+        reactor,
+        listen=f"unix:{tmp_path}/s.sock:mode=600",  # the first one's socket
+        stats="tcp:0:interface=127.0.0.1",
+        connect=lambda: reached.append("systemd") or defer.succeed(FakeManager()),
+    )
+    second.startService()
+    with pytest.raises(AlreadyServed) as error:
+        await second.ready
+    assert reached == []
+    lock = first.owner_lock.path
+    assert os.path.dirname(lock) == str(tmp_path)
+    assert str(error.value) == (
+        f"[sdexec] listen: another sdexec (pid {os.getpid()}) serves"
+        f" unix:{tmp_path}/s.sock:mode=600: it holds {lock}; not starting,"
+        " and none of its units touched"
+    )
+    await second.stopService()
+    assert os.path.islink(lock)  # the first one's still
+    await first.stopService()
+    assert not os.path.lexists(lock)
+    await (await started_service(tmp_path, FakeManager())).stopService()
+
+
+def test_a_lock_left_by_a_service_that_died_is_taken_over(tmp_path):
+    lock = OwnerLock(f"unix:{tmp_path}/s.sock", " [sdexec:0123456789ab]", 0o600)
+    os.symlink(str(2**22 + 1), lock.path)  # above the largest pid_max: none
+    lock.take()
+    assert os.readlink(lock.path) == str(os.getpid())
+    lock.release()
+    assert not os.path.lexists(lock.path)
 
 
 async def started_service(tmp_path, manager: FakeManager) -> SdexecService:
@@ -162,10 +204,11 @@ async def test_a_port_already_taken_is_one_line_naming_the_setting(tmp_path):
     second = SdexecService(
         parse_config({}),
         reactor,
-        listen=f"unix:{tmp_path}/s.sock",  # the first one's
+        listen=f"unix:{tmp_path}/u.sock",
         stats="tcp:0:interface=127.0.0.1",
         connect=lambda: defer.succeed(FakeManager()),
     )
+    (tmp_path / "u.sock.lock").symlink_to("1")  # pid 1 is alive
     third = SdexecService(
         parse_config({}),
         reactor,
@@ -177,7 +220,7 @@ async def test_a_port_already_taken_is_one_line_naming_the_setting(tmp_path):
         for service, message in (
             (
                 second,
-                f"[sdexec] listen: cannot listen on unix:{tmp_path}/s.sock:"
+                f"[sdexec] listen: cannot listen on unix:{tmp_path}/u.sock:"
                 " Cannot acquire lock (another sdexec is serving on it)",
             ),
             (

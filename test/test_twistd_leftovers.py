@@ -10,7 +10,7 @@ import sys
 
 import pytest
 from support import unit_names
-from test_twistd import Twistd, _environment, _wait_for, reaped
+from test_twistd import TWISTD, Twistd, _environment, _wait_for, reaped
 
 pytestmark = pytest.mark.systemd
 
@@ -116,3 +116,27 @@ def test_kept_leftovers_are_listed_and_killable(first_run, a_stranger):
         assert second.stats()["procs"] == []
         assert second.stop() == -signal.SIGTERM
     assert unit_names() == [a_stranger]
+
+
+def test_a_second_service_on_the_same_socket_leaves_the_first_ones_units(
+    first_run,
+):
+    """An admin trying the configuration by hand while the service runs:
+    the second twistd must not take the first one's units for leftovers."""
+    clients = clients_with_sleepers(first_run)
+    units = sorted(proc["unit"] for proc in first_run.stats()["procs"])
+    second = subprocess.run(
+        [*TWISTD, "--nodaemon", "--pidfile=", "sdexec", "--config",
+         str(first_run.config)],
+        cwd=first_run.config.parent, env=_environment(),
+        capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert second.returncode == 1
+    said = f"another sdexec (pid {first_run.process.pid}) serves"
+    assert said.encode() in second.stdout, second.stdout
+    assert b"leftover" not in second.stdout
+    assert sorted(proc["unit"] for proc in first_run.stats()["procs"]) == units
+    assert set(units) <= set(unit_names())
+    assert first_run.stop() == -signal.SIGTERM
+    for client in clients:
+        client.wait(timeout=60)

@@ -85,6 +85,9 @@ MiB = 1024**2
 #: The longest wait between two direct kill attempts of the job shells.
 MAX_KILL_INTERVAL = 300.0
 
+#: ``[sdexec] socket-mode``'s default: the owner alone may connect.
+DEFAULT_SOCKET_MODE = 0o600
+
 #: The longest stop timer: systemd keeps timeouts as 64-bit microseconds,
 #: the largest value meaning "infinity".
 MAX_STOP_TIMER_SEC = (2**64 - 2) // 10**6
@@ -235,7 +238,7 @@ class SdexecConfig:
     #: Another endpoint for the HTTP statistics: a UNIX socket path.
     stats_socket: str | None = None
     #: The permissions of every UNIX socket the service creates.
-    socket_mode: int = 0o600
+    socket_mode: int = DEFAULT_SOCKET_MODE
     #: Open connections at once, in all and per peer uid other than the
     #: service's own (sdexec/admission.py).
     max_connections: int = 512
@@ -802,7 +805,8 @@ def parse_config(data: dict, source: str = "<config>") -> Config:
     }
     config = Config(source=source, warnings=_unknown_tables(data, source), **sections)
     _check_across_tables(config)
-    config = replace(config, warnings=config.warnings + _retained_fits_a_frame(config))
+    later = _retained_fits_a_frame(config) + _allowed_users_can_connect(config)
+    config = replace(config, warnings=config.warnings + later)
     for warning in config.warnings:
         _log.warn("{warning}", warning=warning)
     return config
@@ -856,6 +860,21 @@ def _retained_fits_a_frame(config: Config) -> tuple[str, ...]:
         f" max-frame-size ({frame}): a wait for a process that wrote that much"
         f" would fail; lower it to at most {frame // RETAINED_JSON_FACTOR}, or"
         " raise max-frame-size",
+    )
+
+
+def _allowed_users_can_connect(config: Config) -> tuple[str, ...]:
+    """A warning if ``allow-users`` names users whom ``socket-mode`` keeps
+    out of every socket the service makes: they would get EACCES, not the
+    service's EPERM, and nothing would say why."""
+    if not config.sdexec.allow_users or config.sdexec.socket_mode & 0o066:
+        return ()
+    return (
+        f"{config.source}: sdexec.allow-users: the users listed cannot connect:"
+        f" socket-mode {config.sdexec.socket_mode:04o} lets only the owner in"
+        ' (give "0660" with a group they share, or "0666"), unless listen'
+        " names its own mode=; they also need search permission on the"
+        " socket's directories",
     )
 
 

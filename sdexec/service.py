@@ -27,7 +27,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sdexec.activation import kernel_somaxconn, server_endpoint, with_backlog
-from sdexec.config import Config, ConfigError, load_config
+from sdexec.config import DEFAULT_SOCKET_MODE, Config, ConfigError, load_config
 from sdexec.containment import Containment
 from sdexec.leftovers import Leftovers, owner_marks
 from sdexec.metrics import Metrics
@@ -36,7 +36,12 @@ from sdexec.outage import SystemdOutage
 from sdexec.ownerlock import AlreadyServed, OwnerLock
 from sdexec.protocol import default_socket_path
 from sdexec.server import SdexecServer, SdexecServerFactory
-from sdexec.sockets import private_endpoint, private_umask, unix_endpoint
+from sdexec.sockets import (
+    directory_mode,
+    private_endpoint,
+    private_umask,
+    unix_endpoint,
+)
 from sdexec.stats import stats_site
 from sdexec.systemd import SystemdClient, SystemdError
 
@@ -59,9 +64,11 @@ START_ONLY_SETTINGS = (
 )
 
 
-def default_listen_endpoint() -> str:
-    """``unix:$XDG_RUNTIME_DIR/sdexec/sdexec.sock`` (mode 0600), creating
-    the directory with mode 0700."""
+def default_listen_endpoint(socket_mode: int = DEFAULT_SOCKET_MODE) -> str:
+    """``unix:$XDG_RUNTIME_DIR/sdexec/sdexec.sock`` (its mode ``[sdexec]
+    socket-mode``, applied when it listens), its directory made private:
+    mode 0700, plus search permission for those ``socket_mode`` lets
+    connect (``allow-users``)."""
     path = default_socket_path()
     if path is None:
         raise ConfigError(
@@ -70,10 +77,11 @@ def default_listen_endpoint() -> str:
             "not set: give --listen or [sdexec] listen",
         )
     directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    os.chmod(directory, 0o700)
+    mode = directory_mode(socket_mode)
+    os.makedirs(directory, mode=mode, exist_ok=True)
+    os.chmod(directory, mode)
     escaped = path.replace(":", r"\:")  # endpoint strings split on ':'
-    return f"unix:{escaped}:mode=600:lockfile=1"
+    return f"unix:{escaped}:lockfile=1"
 
 
 def _exit_failed() -> None:
@@ -103,7 +111,11 @@ class SdexecService(Service):
         self.exit_on_failure = exit_on_failure
         self.config = config
         self.reactor = reactor
-        self.listen = listen or config.sdexec.listen or default_listen_endpoint()
+        self.listen = (
+            listen
+            or config.sdexec.listen
+            or default_listen_endpoint(config.sdexec.socket_mode)
+        )
         self.stats = stats or config.sdexec.stats or DEFAULT_STATS_ENDPOINT
         #: Settings the command line gave (--listen, --stats): the file's
         #: value is not the one in force, now or after a restart.

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 
 __all__ = [
     "check_directory",
+    "directory_mode",
     "private_endpoint",
     "private_umask",
     "unix_endpoint",
@@ -79,8 +80,7 @@ def check_directory(directory: str, mode: int, uid: int) -> None:
     ``mode`` lets connect) if missing; ``ValueError`` unless it is owned by
     ``uid`` and writable by no one else."""
     if not os.path.isdir(directory):
-        search = (mode & 0o060 and 0o010) | (mode & 0o006 and 0o001)
-        os.makedirs(directory, mode=0o700 | search, exist_ok=True)
+        os.makedirs(directory, mode=directory_mode(mode), exist_ok=True)
     info = os.stat(directory)
     if info.st_uid != uid:
         raise ValueError(
@@ -93,6 +93,12 @@ def check_directory(directory: str, mode: int, uid: int) -> None:
             f" others (mode {stat.S_IMODE(info.st_mode):04o}): they could replace"
             " the socket"
         )
+
+
+def directory_mode(socket_mode: int) -> int:
+    """0700, with search permission for the group or others if
+    ``socket_mode`` lets them connect."""
+    return 0o700 | (socket_mode & 0o060 and 0o010) | (socket_mode & 0o006 and 0o001)
 
 
 @contextmanager

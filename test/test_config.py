@@ -447,6 +447,21 @@ def test_retained_output_that_may_not_fit_a_wait_answer_warns():
     assert default_config().warnings == ()
 
 
+@pytest.mark.parametrize(
+    ("mode", "warned"), [(None, True), ("0600", True), ("0660", False), ("0606", False)]
+)
+def test_allowed_users_the_socket_mode_keeps_out_are_warned_of(mode, warned):
+    table = {"allow-users": [0], **({"socket-mode": mode} if mode else {})}
+    warnings = parse_config({"sdexec": table}, "f.toml").warnings
+    assert bool(warnings) == warned
+    if warned:
+        assert warnings[0].startswith(
+            "f.toml: sdexec.allow-users: the users listed cannot connect:"
+            " socket-mode 0600 lets only the owner in"
+        )
+    assert parse_config({"sdexec": {"socket-mode": "0600"}}).warnings == ()
+
+
 SELF_ALIAS = "[[[[[[[[…]]]]]]]]"
 
 

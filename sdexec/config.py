@@ -55,7 +55,7 @@ from sdexec.protocol import DEFAULT_MAX_FRAME
 from sdexec.refusal import quoted
 from sdexec.retained import DEFAULT_RETAINED, parse_retained_size
 from sdexec.signals import parse_signal, signal_name
-from sdexec.sizes import MemoryLimit, parse_size
+from sdexec.sizes import SUFFIXES, MemoryLimit, parse_size
 from sdexec.version import add_version_option
 
 __all__ = [
@@ -590,7 +590,7 @@ def _frame_size(value: object) -> int:
         with contextlib.suppress(ValueError):
             size = parse_size(value)
     if size < MiB:
-        raise _expected("a size of at least 1M (bytes, or with K, M or G)", value)
+        raise _expected(f"a size of at least 1M (bytes, or with {SUFFIXES})", value)
     return size
 
 
@@ -599,7 +599,7 @@ def _retained_size(value: object) -> int:
         return parse_retained_size(value)
     except ValueError:
         raise _expected(
-            "a size ≥ 0 (bytes, or with K, M or G; 0 keeps none)", value
+            f"a size ≥ 0 (bytes, or with {SUFFIXES}; 0 keeps none)", value
         ) from None
 
 
@@ -639,8 +639,8 @@ def _check_property(name: object, value: object) -> None:
         except ValueError:
             raise _PropertyError(
                 name,
-                f"{_quote(value)} is not a memory limit: expected a size with K, M,"
-                ' G or T, a percentage up to 100% or "infinity"',
+                f"{_quote(value)} is not a memory limit: expected a size with"
+                f' {SUFFIXES}, a percentage up to 100% or "infinity"',
             ) from None
     elif name == "OOMScoreAdjust" and not _is_oom_score_adjust(value):
         raise _PropertyError(

@@ -13,9 +13,11 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal
 
-__all__ = ["UINT64_MAX", "MemoryLimit", "parse_size"]
+__all__ = ["SUFFIXES", "UINT64_MAX", "MemoryLimit", "parse_size"]
 
 _SUFFIX = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
+#: The suffixes a size may have, as error messages name them.
+SUFFIXES = "K, M, G, T, P or E"
 _SIZE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<suffix>[KMGTPE]?)", re.IGNORECASE)
 # systemd keeps sizes in 64 bits.
 UINT64_MAX = 2**64 - 1
@@ -33,7 +35,7 @@ def parse_size(text: str) -> int:
     """
     match = _SIZE.fullmatch(text.strip())
     if match is None:
-        raise ValueError(f"{text!r} is not a size (a number with K, M, G, T, P or E)")
+        raise ValueError(f"{text!r} is not a size (a number with {SUFFIXES})")
     whole, _point, fraction = match["number"].partition(".")
     if len(whole.lstrip("0")) > _MAX_DIGITS:
         raise ValueError(f"{text!r} is not a size systemd can hold (16E or more)")

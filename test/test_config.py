@@ -138,14 +138,16 @@ KEYS = [
         "/etc/sdexec/topology.xml", True, "expected a non-empty string, got true"),
     Key("sdexec.max-frame-size", "sdexec.max_frame_size", 64 * MiB, "16M", 16 * MiB,
         "512K",
-        'expected a size of at least 1M (bytes, or with K, M or G), got "512K"'),
+        "expected a size of at least 1M (bytes, or with K, M, G, T, P or E),"
+        ' got "512K"'),
     Key("sdexec.containment-check", "sdexec.containment_check", "drain", "warn",
         "warn", "off", 'expected "drain" or "warn", got "off"'),
     Key("sdexec.log-format", "sdexec.log_format", "text", "json", "json", "xml",
         'expected "text" or "json", got "xml"'),
     Key("sdexec.retained-output", "sdexec.retained_output", MiB, "16K", 16 * 1024,
         "lots",
-        'expected a size ≥ 0 (bytes, or with K, M or G; 0 keeps none), got "lots"'),
+        "expected a size ≥ 0 (bytes, or with K, M, G, T, P or E; 0 keeps none),"
+        ' got "lots"'),
     Key("sdexec.leftover-units", "sdexec.leftover_units", "stop", "keep", "keep",
         "kill", 'expected "stop" or "keep", got "kill"'),
     Key("sdexec.slice", "sdexec.slice", "sdexec.slice", "flux-jobs.slice",
@@ -235,7 +237,7 @@ def test_every_key_is_tested():
          "expected a fully-qualified class name such as pkg.module.Class,"
          ' got "site..Mapper"'),
         ("sdexec.max-frame-size", 1024, "expected a size of at least 1M (bytes, or"
-         " with K, M or G), got 1024"),
+         " with K, M, G, T, P or E), got 1024"),
         ("sdexec.listen", "", 'expected a non-empty string, got ""'),
         ("systemd.enable", None, f"{BOOLEAN}, got null"),
         ("sdexec.allow-users", ["no-such-user"], 'no such user: "no-such-user"'),
@@ -301,8 +303,8 @@ def test_memory_property_bad(name, value):
         properties(**{name: value})
     assert str(error.value) == (
         f"<config>: exec.sdexec-properties.{name}: {json.dumps(value)} is not a"
-        " memory limit: expected a size with K, M, G or T, a percentage up to 100%"
-        ' or "infinity"'
+        " memory limit: expected a size with K, M, G, T, P or E, a percentage up to"
+        ' 100% or "infinity"'
     )
 
 

@@ -57,7 +57,7 @@ NOT_FOUND = 127
 #: A shell's exit status for a command it cannot execute.
 NOT_EXECUTABLE = 126
 #: The exit status for a command the service could not start, by errno.
-_EXEC_FAILURES = {errno.ENOENT: NOT_FOUND, errno.EACCES: NOT_EXECUTABLE}
+EXEC_FAILURES = {errno.ENOENT: NOT_FOUND, errno.EACCES: NOT_EXECUTABLE}
 _RUN_FLAGS = ExecFlag.STDOUT | ExecFlag.STDERR | ExecFlag.WRITE_CREDIT
 _READ_SIZE = 64 * 1024
 #: A closed pipe kills the process as it would a local command: with stdio
@@ -658,7 +658,7 @@ class _Job:
         if failure is not None and self._receipt is None:
             _fail(str(failure))
             errnum = failure.errnum if isinstance(failure, RPCError) else 0
-            return _EXEC_FAILURES.get(errnum, 1)
+            return EXEC_FAILURES.get(errnum, 1)
         if self._receipt is None:
             return _fail("the service ended the stream without a finished response")
         if failure is not None:

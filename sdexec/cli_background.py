@@ -8,12 +8,11 @@ never Twisted; :mod:`sdexec.cli` loads it only for these commands.
 from __future__ import annotations
 
 import argparse
-import errno
 import signal
 import sys
 
 from sdexec.cli import (
-    NOT_FOUND,
+    EXEC_FAILURES,
     _connect,
     _fail,
     _Output,
@@ -39,17 +38,18 @@ _BOTH = int(ExecFlag.STDOUT | ExecFlag.STDERR)
 
 def run_background(options: argparse.Namespace, command: dict[str, Any]) -> int:
     """``sdexec run --bg``: start ``command`` in the background and print
-    its pid (and label); 127 if the command cannot be found."""
+    its pid (and label); as a shell, 127 if the command cannot be found,
+    126 if it cannot be executed."""
     flags = int(ExecFlag.WAITABLE) if options.waitable else 0
     payload = {"cmd": command, "flags": flags}
     try:
         with Loop() as loop, _connect(loop, options) as connection:
             started = connection.call(Topic.EXEC, payload, streaming=False)
     except RPCError as failure:
-        if failure.errnum != errno.ENOENT:
+        if failure.errnum not in EXEC_FAILURES:
             raise
         _fail(str(failure))
-        return NOT_FOUND
+        return EXEC_FAILURES[failure.errnum]  # as the foreground run's
     label = command.get("label")
     print(started["pid"] if label is None else f"{started['pid']} {label}")
     return 0

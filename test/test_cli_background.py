@@ -72,6 +72,11 @@ async def test_run_bg_errors(sdexec):
     missing = await cli(sdexec, "run", "--bg", "no-such-command-anywhere")
     assert missing.returncode == 127
     assert missing.stderr == b"sdexec: no-such-command-anywhere: command not found\n"
+    directory = await cli(sdexec, "run", "--bg", "/")  # as the foreground run
+    assert (directory.returncode, directory.stderr) == (
+        126,
+        b"sdexec: /: permission denied\n",
+    )
     alone = await cli(sdexec, "run", "--waitable", "true")
     assert (alone.returncode, alone.stderr) == (1, b"sdexec: --waitable needs --bg\n")
     nowhere = await cli(sdexec, "attach", "no-such-label")

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol, TypeVar
 
 from sdexec.ioencode import encode_io
+from sdexec.limits import check_text
 from sdexec.plan import ExecPlan, RequestError
 from sdexec.process import Process, Responder
 from sdexec.protocol import ExecFlag, command_object
@@ -499,6 +500,8 @@ def _check_target(payload: Any, topic: str) -> tuple[int | None, str | None]:
         raise RequestError(errno.EINVAL, "pid: expected an integer")
     if label is not None and not isinstance(label, str):
         raise RequestError(errno.EINVAL, "label: expected a string")
+    if label is not None:
+        check_text("label", label)  # a NUL or lone surrogate: EINVAL, as exec's
     if pid is None and label is None:
         raise RequestError(errno.EINVAL, f"{topic} needs a pid or a label")
     return pid, label

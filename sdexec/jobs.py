@@ -31,6 +31,7 @@ from sdexec.command import Command
 from sdexec.config import ExecConfig
 from sdexec.containment import R_OPTION
 from sdexec.joblimit import TIME_LIMIT_OPTION, TimeLimit, job_expiration
+from sdexec.limits import check_text
 from sdexec.plan import RequestError
 from sdexec.rset import ResourceSet
 from sdexec.signals import signal_name
@@ -344,6 +345,8 @@ class Jobs:
             raise RequestError(errno.EINVAL, "pid: expected an integer")
         if key != "pid" and not isinstance(value, str):
             raise RequestError(errno.EINVAL, f"{key}: expected a string")
+        if key != "pid":
+            check_text(key, value)
         job = self.jobs.get(value) if key == "jobid" else self._job_of(key, value, find)
         if job is None:
             raise RequestError(errno.ESRCH, f"terminate jobid={value} not found")

@@ -496,8 +496,6 @@ class SdexecServer:
         if who not in ("all", "main"):
             raise RequestError(errno.EINVAL, 'who: expected "all" or "main"')
         pid, label = parse_target(payload, "kill")
-        if label is not None:
-            check_text("label", label)
         process: Process | Leftover | None = self.find(pid=pid, label=label)
         if process is None and self.leftovers is not None and label is None:
             process = self.leftovers.find(pid)  # leftovers have no labels

@@ -163,13 +163,26 @@ def test_an_out_of_range_signal_is_einval_before_systemd(systemd, connection, si
 
 
 @pytest.mark.parametrize("label", ["\ud800", "a\0b"])
-def test_a_kill_label_that_is_not_text_is_einval(connection, label):
+@pytest.mark.parametrize(
+    ("topic", "payload", "field"),
+    [
+        ("sdexec.kill", {"signum": 15}, "label"),
+        ("sdexec.wait", {}, "label"),
+        ("sdexec.attach", {}, "label"),
+        ("sdexec.terminate", {"reason": "cancel"}, "label"),
+        ("sdexec.terminate", {"reason": "cancel"}, "jobid"),
+    ],
+)
+def test_a_target_that_is_not_text_is_einval_naming_it(
+    connection, label, topic, payload, field
+):
+    """On every topic, as in exec: not an ENOENT or ESRCH for a name that
+    can never be found."""
     connection.protocol.messageReceived(
-        {**ENVELOPE, "topic": "sdexec.kill",
-         "payload": {"label": label, "signum": 15}}
-    )  # fmt: skip
+        {**ENVELOPE, "topic": topic, "payload": {**payload, field: label}}
+    )
     errnum, errstr = error_of(connection.last())
-    assert errnum == errno.EINVAL and errstr.startswith("label: ")
+    assert errnum == errno.EINVAL and errstr.startswith(f"{field}: ")
 
 
 def test_a_non_owner_is_answered_eperm_then_closed(server):

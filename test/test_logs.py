@@ -7,6 +7,7 @@ import io
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,9 +73,11 @@ def test_text_outside_the_journal_is_twistds_own(tmp_path):
         assert log_observer("text", stream, {}) is None
 
 
-def _run_twistd(tmp_path: Path, extra_config: str, environ: dict) -> str:
-    """Start twistd with stdout on a file, run a refused reload (an error)
-    and stop it; its output."""
+def _run_twistd(
+    tmp_path: Path, extra_config: str, environ: Callable, logfile: Path | None = None
+) -> str:
+    """Start twistd with stdout on a file (and ``--logfile``, if given), run
+    a refused reload (an error) and stop it; its output."""
     config = tmp_path / "sdexec.toml"
     socket = tmp_path / "sdexec.sock"
     text = CONFIG.format(socket=socket, port=_free_port(), kill_timeout="5s")
@@ -83,14 +86,16 @@ def _run_twistd(tmp_path: Path, extra_config: str, environ: dict) -> str:
     with output.open("wb") as stdout:
         environment = {**_environment(), **environ(output)}
         service = subprocess.Popen(
-            [*TWISTD, "--nodaemon", "--pidfile=", "sdexec", "--config", str(config)],
+            [*TWISTD, "--nodaemon", "--pidfile=",
+             *([f"--logfile={logfile}"] if logfile else []),
+             "sdexec", "--config", str(config)],
             cwd=tmp_path, env=environment, stdout=stdout, stderr=subprocess.STDOUT,
         )  # fmt: skip
     with reaped(service):
         _wait_for(socket.exists, "the service's socket", log=output)
         config.write_text('[exec]\nkill-timeout = "5x"\n')
         service.send_signal(signal.SIGHUP)
-        _wait_for_text(output, b"reload refused")
+        _wait_for_text(logfile or output, b"reload refused")
         assert terminate(service) == -signal.SIGTERM
     return output.read_text()
 
@@ -116,3 +121,15 @@ def test_twistd_json_log_format(user_manager, tmp_path):
     assert "sdexec.service" in namespaces
     refused = [e for e in events if "reload refused" in e.get("log_format", "")]
     assert refused and refused[0]["log_level"].name == "error"
+
+
+@pytest.mark.systemd
+def test_a_log_file_twistd_is_given_gets_the_log_as_text(user_manager, tmp_path):
+    """log-format is for standard output: it must not take the place of
+    --logfile (a daemon's standard output goes nowhere)."""
+    logfile = tmp_path / "twistd.log"
+    stdout = _run_twistd(tmp_path, 'log-format = "json"\n', lambda _: {}, logfile)
+    text = logfile.read_text()
+    assert "[sdexec.service#info] sdexec listening on" in text
+    assert "sdexec.log-format = 'json' applies to standard output" in text
+    assert "\x1e" not in text + stdout  # no JSON record anywhere

@@ -93,9 +93,32 @@ class SdexecServiceMaker:
                 old=raised[0],
                 new=raised[1],
             )
+        if not _twistd_logs_to_stdout(options):
+            # twistd's own observer writes its --logfile: log-format, which
+            # writes to standard output, would take its place, and a daemon's
+            # standard output goes nowhere.
+            if config.sdexec.log_format != "text":
+                log.warn(
+                    "sdexec.log-format = {chosen!r} applies to standard output"
+                    " (twistd -n without --logfile): twistd writes its log file"
+                    " as text",
+                    chosen=config.sdexec.log_format,
+                )
+            return service
         # twistd -n logs to stdout: the journal under systemd (sdexec/logs.py).
         observer = log_observer(config.sdexec.log_format, sys.stdout, os.environ)
         return with_observer(service, observer)
+
+
+def _twistd_logs_to_stdout(options: Options) -> bool:
+    """Whether twistd logs to standard output, as it decides it: ``--logfile
+    -``, or ``-n`` without ``--logfile`` (the unit files' way). Without
+    twistd's options (a plugin made by hand), standard output."""
+    twistd = getattr(options, "parent", None)
+    if twistd is None:
+        return True
+    logfile = twistd.get("logfile")
+    return logfile == "-" or (not logfile and bool(twistd.get("nodaemon")))
 
 
 serviceMaker = SdexecServiceMaker()

@@ -1137,6 +1137,26 @@ def test_construction_errors_name_the_mapper(monkeypatch):
     )
 
 
+# Well-formed, with a <topology> root and a PU: only hwloc itself finds that
+# its Machine has no cpuset.
+HWLOC_REJECTS = (
+    '<topology><object type="Machine"><object type="Core" os_index="0">'
+    '<object type="PU" os_index="0"/></object></object></topology>'
+)
+
+
+def test_a_topology_hwloc_rejects_is_refused_when_the_mapper_is_built():
+    """Not at every job's first core set: the service and the checker
+    refuse such a configuration."""
+    with pytest.raises(OSError) as failure:
+        create_mapper(topology_xml=HWLOC_REJECTS)
+    assert failure.value.errno == errno.EIO
+    assert failure.value.strerror.startswith(
+        "mapper 'sdexec.map.HwlocMapper': hwloc-calc --input "
+    )
+    assert HwlocMapper(HWLOC_REJECTS).topology.npus == 1  # Python's parse is fine
+
+
 # --- The CLI -------------------------------------------------------------------
 
 

@@ -89,7 +89,15 @@ def create_mapper(
     if not issubclass(cls, HwlocMapper):
         return _construct(class_name, cls, rank=rank)
     xml = live_topology_xml() if topology_xml is None else topology_xml
-    return _construct(class_name, cls, xml, rank=rank)
+    mapper = _construct(class_name, cls, xml, rank=rank)
+    assert isinstance(mapper, HwlocMapper)  # cls is one
+    try:
+        # hwloc reads it now: a file it rejects fails the configuration (and
+        # the checker), not every job; the first job's pause goes too.
+        mapper.topology.load()
+    except OSError as error:
+        raise OSError(error.errno, f"mapper {class_name!r}: {error.strerror}") from None
+    return mapper
 
 
 def _construct(

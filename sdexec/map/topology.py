@@ -73,6 +73,14 @@ class Topology:
         # object does.
         weakref.finalize(self, _remove, self.xml_path)
 
+    def load(self) -> None:
+        """Have hwloc read the topology now, as the first core set mapped
+        would: ``OSError`` if ``hwloc-calc`` cannot (an XML hwloc rejects,
+        or one of a newer hwloc), so that a mapper is refused when it is
+        built rather than failing every job."""
+        if self.ncores:
+            self._each_core  # noqa: B018 - computed (and cached) for its check
+
     def cpus_and_memory_nodes(self, cores: IDset) -> tuple[IDset, IDset]:
         """OS indices of the PUs of logical ``cores``, and of their NUMA nodes.
 

@@ -711,6 +711,34 @@ def test_a_candidate_claimed_by_another_gpu_is_not_chosen(h100_node):
     assert device_allow(xml, h100_node, "1")[0] == "/dev/nvidia0 rw"
 
 
+H100_WITH_CUDA = H100_PCIDEV.replace("/>", f">{CUDA_OSDEV}</object>")
+
+
+def test_a_card_seen_under_and_beside_its_pci_device_counts_once(h100_node):
+    """What an hwloc with the CUDA backend would show on the H100 node: the
+    CUDA device under the card, the OpenCL one still beside it."""
+    xml = H100_VM.replace(H100_PCIDEV, H100_WITH_CUDA)
+    assert gpu_summary(xml) == [("cuda0", H100_PCI)]
+    assert device_allow(xml, h100_node, "0")[0] == "/dev/nvidia0 rw"
+
+
+def test_the_orphan_first_in_topology_order_does_not_take_gpu_0(h100_node):
+    opencl = H100_VM[H100_VM.index('<object type="OSDev" gp_index="94"') :]
+    opencl = opencl[: opencl.index("</object>") + len("</object>")]
+    xml = H100_VM.replace(H100_PCIDEV, "").replace(opencl, opencl + H100_WITH_CUDA)
+    assert xml.index("opencl1d0") < xml.index("cuda0")
+    assert gpu_summary(xml) == [("cuda0", H100_PCI)]
+
+
+def test_two_orphans_of_one_card_count_once(h100_node):
+    nvml = (
+        '<object type="OSDev" gp_index="201" name="nvml0" subtype="NVML"'
+        ' osdev_type="5"><info name="Backend" value="NVML"/></object>'
+    )
+    xml = H100_VM.replace(H100_PCIDEV, H100_PCIDEV + nvml)
+    assert gpu_summary(xml) == [("nvml0", H100_PCI)]
+
+
 @pytest.mark.parametrize(
     "pci_type",
     [

@@ -190,13 +190,17 @@ def _find_gpus(root: ET.Element) -> list[GPU]:
         for obj, pci_busid in _objects_with_pci_ancestor(root)
         if obj.get("type") == "OSDev" and _info(obj, "Backend") in GPU_BACKENDS
     ]
-    siblings = _SiblingSearch(root, {busid for _, busid in found if busid})
+    siblings = _SiblingSearch(
+        root, [(busid, _info(obj, "Backend") or "") for obj, busid in found if busid]
+    )
     first_backend: dict[str, str] = {}
     gpus: list[GPU] = []
     for obj, pci_busid in found:
         backend = _info(obj, "Backend") or ""
         unresolved = None
         if pci_busid is None:
+            if siblings.seen_through_another_backend(obj):
+                continue
             pci_busid, unresolved = siblings.resolve(obj)
         if pci_busid and first_backend.setdefault(pci_busid, backend) != backend:
             continue
@@ -232,9 +236,12 @@ class _SiblingSearch:
     GPU stays unresolved (fail closed) with a reason naming what was found.
     """
 
-    def __init__(self, root: ET.Element, claimed: set[str]) -> None:
+    def __init__(self, root: ET.Element, claims: list[tuple[str, str]]) -> None:
         self._parents = {child: obj for obj in root.iter() for child in obj}
-        self._claimed = set(claimed)
+        #: The backends of the GPU OS devices that claim each PCI device.
+        self._claimed: dict[str, set[str]] = {}
+        for busid, backend in claims:
+            self._claimed.setdefault(busid, set()).add(backend)
 
     def resolve(self, osdev: ET.Element) -> tuple[str | None, str | None]:
         """(the PCI bus id, None), or (None, why none was chosen)."""
@@ -242,29 +249,46 @@ class _SiblingSearch:
         if vendor is None:
             described = _info(osdev, "GPUVendor") or "none given"
             return None, f"its vendor ({described}) is not one with a known PCI id"
-        scope = self._parents.get(osdev)
-        while scope is not None:
-            candidates = self._candidates(scope, vendor)
+        for devices in self._levels(osdev, vendor):
+            candidates = [busid for busid in devices if busid not in self._claimed]
             if len(candidates) == 1:
-                self._claimed.add(candidates[0])
+                self._claimed[candidates[0]] = {_info(osdev, "Backend") or ""}
                 return candidates[0], None
             if candidates:
                 return None, (
                     f"{len(candidates)} unclaimed GPU-class PCI devices of vendor"
                     f" {vendor} beside it ({', '.join(candidates)}): ambiguous"
                 )
-            scope = self._parents.get(scope)
         return None, f"no unclaimed GPU-class PCI device of vendor {vendor} beside it"
 
-    def _candidates(self, scope: ET.Element, vendor: str) -> list[str]:
-        return [
-            busid
-            for obj in scope.iter("object")
-            if (busid := obj.get("pci_busid")) is not None
-            and obj.get("type") == "PCIDev"
-            and busid not in self._claimed
-            and _pci_class_and_vendor(obj) == ("03", vendor)
-        ]
+    def seen_through_another_backend(self, osdev: ET.Element) -> bool:
+        """Whether ``osdev`` is a card already counted under another backend:
+        the nearest GPU-class PCI devices of its vendor are all claimed, each
+        by a device of a backend other than its own (an OpenCL device beside
+        the card whose CUDA device is under it). Counted again, it would be
+        a GPU of no device, and would shift the ids of the GPUs after it."""
+        vendor = _gpu_vendor_id(osdev)
+        backend = _info(osdev, "Backend") or ""
+        for devices in self._levels(osdev, vendor) if vendor else ():
+            claims = [self._claimed.get(busid) for busid in devices]
+            return all(claim and backend not in claim for claim in claims)
+        return False
+
+    def _levels(self, osdev: ET.Element, vendor: str) -> Iterator[list[str]]:
+        """From the device's parent outwards, one ancestor at a time, the
+        GPU-class PCI devices of ``vendor`` in each scope that has any."""
+        scope = self._parents.get(osdev)
+        while scope is not None:
+            devices = [
+                busid
+                for obj in scope.iter("object")
+                if (busid := obj.get("pci_busid")) is not None
+                and obj.get("type") == "PCIDev"
+                and _pci_class_and_vendor(obj) == ("03", vendor)
+            ]
+            if devices:
+                yield devices
+            scope = self._parents.get(scope)
 
 
 def _gpu_vendor_id(osdev: ET.Element) -> str | None:

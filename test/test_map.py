@@ -862,6 +862,8 @@ def test_documented_example_95_percent_on_64_pus_for_4_pus_is_6_percent(pus64):
         ("64g", str(2 * 1024**3)),  # either case, as upstream
         ("1.5G", str(round(1.5 * 1024**3 / 32))),
         ("1000", "31"),  # bytes, rounded
+        ("10", "1"),  # 0.3125 would round to 0: a zero-byte limit
+        ("0", "0"),
         (str(128 * 1024), "4096"),
         ("1P", str(1024**5 // 32)),
         ("2e", str(2 * 1024**6 // 32)),

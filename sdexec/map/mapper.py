@@ -233,7 +233,8 @@ def _scaled_memory_caps(
         if limit.percent is not None:
             scaled[name] = f"{_scaled_percent(limit.percent, share)}%"
         elif limit.bytes is not None:
-            scaled[name] = str(round(limit.bytes * share))
+            # As a percentage: a real limit never becomes a zero-byte one.
+            scaled[name] = str(max(round(limit.bytes * share), min(limit.bytes, 1)))
         else:
             scaled[name] = "infinity"
     return scaled

@@ -328,6 +328,9 @@ class SdexecServer:
         and treat a fence it finds not enforced (or cannot verify) like an
         unenforced CPU fence. Fires with the problem, or None; never fails."""
         if not self.containment.enabled:
+            # No verdict is in force: one from before a reload that turned
+            # containment off would describe jobs no longer fenced.
+            self.device_fence = None
             return defer.succeed(None)
         try:
             plan = self._own(canary_plan(self.config))

@@ -336,6 +336,14 @@ async def test_the_canary_agrees_with_the_node(start_service):
 
 
 @ensureDeferred
+async def test_a_reload_that_turns_containment_off_drops_the_verdict(start_service):
+    service = await start_service(**contained("warn"))
+    assert service.server.stats()["device-fence"] is not None
+    assert service.reload() is True  # no containment
+    assert service.server.stats()["device-fence"] is None
+
+
+@ensureDeferred
 async def test_each_reload_runs_the_canary_again(start_service):
     service = await start_service(**contained("warn"))
     reaped = service.server.counters["reaped"]

@@ -55,7 +55,10 @@ EVENT_COUNTERS = {
     "fence-failures": ("fence_failures", "Units whose CPU fence did not hold."),
     "job-timeouts": ("job_timeouts", "Jobs terminated at their time limit."),
     "jobs-unkillable": ("jobs_unkillable", "Jobs that outlived termination."),
-    "oom-kills": ("oom_kills", "Units the OOM killer ended (Result=oom-kill)."),
+    "oom-kills": (
+        "oom_kills",
+        "Units the OOM killer ended (Result=oom-kill, or memory.events counted one).",
+    ),
     "device-fence-failures": (
         "device_fence_failures",
         "Device canaries that found DevicePolicy not enforced (or unverifiable).",

@@ -21,10 +21,12 @@ from sdexec.idset import IDset
 from sdexec.map import ResourceMapper, create_mapper
 
 __all__ = [
+    "MEMORY_NOT_ENFORCED",
     "Containment",
     "MapperError",
     "check_cpu_fence",
     "enforced_cpus",
+    "memory_cap_in_force",
 ]
 
 R_OPTION = "SDEXEC_R_LOCAL"
@@ -152,6 +154,71 @@ def _process_cpus(pid: int, root: str) -> IDset | None:
     except (OSError, ValueError):
         pass
     return None
+
+
+#: cgroup v1's memory.limit_in_bytes when no limit is set (PAGE_COUNTER_MAX
+#: pages); anything from 2**62 up is "none".
+_V1_UNLIMITED = 2**62
+
+
+def memory_cap_in_force(
+    control_group: str | None, pid: int, root: str = "/"
+) -> bool | None:
+    """Whether the kernel holds a unit to a memory limit; ``None`` if
+    nothing can be read (the process and its cgroup are gone).
+
+    cgroup v1 (a ``memory`` line in the main process's ``/proc/PID/cgroup``):
+    that memory cgroup must be the unit's own, with a limit in
+    ``memory.limit_in_bytes``; a user manager's units have none of their
+    own there (they sit in the session's, or a container's). cgroup v2: the
+    unit's ``memory.max`` is a number; it is absent when the memory
+    controller is not delegated to the manager, and ``max`` when no limit
+    took.
+    """
+    v1_path, v2_path = _process_cgroups(pid, root)
+    if v1_path is not None:
+        if control_group and v1_path.rstrip("/") != control_group.rstrip("/"):
+            # Not the unit's own: a limit there (a container's, say) is not
+            # the one the unit asked for.
+            return False
+        limit = _read(root, "sys/fs/cgroup/memory", v1_path, "memory.limit_in_bytes")
+        return limit is not None and limit.isdigit() and int(limit) < _V1_UNLIMITED
+    unit = (control_group or v2_path or "").lstrip("/")
+    if not unit or not os.path.isdir(os.path.join(root, "sys/fs/cgroup", unit)):
+        return None
+    limit = _read(root, "sys/fs/cgroup", unit, "memory.max")
+    return limit is not None and limit.isdigit()
+
+
+def _process_cgroups(pid: int, root: str) -> tuple[str | None, str | None]:
+    """(the cgroup v1 memory controller's path, the v2 path) of ``pid``."""
+    v1 = v2 = None
+    try:
+        with open(os.path.join(root, f"proc/{pid}/cgroup"), encoding="utf-8") as file:
+            for line in file:
+                _hierarchy, controllers, path = line.rstrip("\n").split(":", 2)
+                if "memory" in controllers.split(","):
+                    v1 = path
+                elif not controllers:
+                    v2 = path
+    except (OSError, ValueError):
+        pass
+    return v1, v2
+
+
+def _read(root: str, base: str, relative: str, name: str) -> str | None:
+    path = os.path.join(root, base, relative.lstrip("/"), name)
+    try:
+        with open(path, encoding="ascii") as file:
+            return file.read().strip()
+    except (OSError, ValueError):
+        return None
+
+
+MEMORY_NOT_ENFORCED = (
+    "MemoryMax not enforced: the unit's cgroup has no memory limit (is the"
+    " memory controller delegated to the user instance?)"
+)
 
 
 def check_cpu_fence(expected: IDset, actual: IDset) -> str | None:

@@ -52,7 +52,10 @@ EVENT_COUNTERS = {
     "errors": ("protocol_errors", "Messages refused before dispatch."),
     "reaped": ("processes_reaped", "Processes whose unit was stopped and reaped."),
     "mapper": ("mapper_calls", "Requests the resource mapper fenced."),
-    "fence-failures": ("fence_failures", "Units whose CPU fence did not hold."),
+    "fence-failures": (
+        "fence_failures",
+        "Units whose CPU fence or memory cap did not hold.",
+    ),
     "job-timeouts": ("job_timeouts", "Jobs terminated at their time limit."),
     "jobs-unkillable": ("jobs_unkillable", "Jobs that outlived termination."),
     "oom-kills": (

@@ -29,7 +29,13 @@ from zope.interface import implementer
 from sdexec.admission import ConnectionCount
 from sdexec.background import TrackedProcesses, parse_target
 from sdexec.config import Config
-from sdexec.containment import Containment, check_cpu_fence, enforced_cpus
+from sdexec.containment import (
+    MEMORY_NOT_ENFORCED,
+    Containment,
+    check_cpu_fence,
+    enforced_cpus,
+    memory_cap_in_force,
+)
 from sdexec.devicefence import CANARY_TIMEOUT_SECONDS, CanaryResponder, canary_plan
 from sdexec.framing import FramingError
 from sdexec.idset import IDset
@@ -48,6 +54,7 @@ from sdexec.process import OutputTap, Process, ProcessContext, Responder
 from sdexec.protocol import Topic
 from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import RequestRefused, printable
+from sdexec.sizes import UINT64_MAX
 from sdexec.systemd import Manager, errno_for
 
 __all__ = ["ClientProtocol", "RequestError", "SdexecServer", "SdexecServerFactory"]
@@ -208,7 +215,7 @@ class SdexecServer:
             key,
             plan,
             responder,
-            verify=self._fence_verifier(plan.fence),
+            verify=self._fence_verifier(plan.fence, _memory_capped(plan)),
             tap=tracked.tap if tracked is not None else None,
             stdio=stdio,
         )
@@ -283,19 +290,31 @@ class SdexecServer:
         )
 
     def _fence_verifier(
-        self, expected: IDset | None
+        self, expected: IDset | None, memory_capped: bool
     ) -> Callable[[dict[str, Any], int], str | None] | None:
-        """The check run when the unit starts, if the mapper fenced CPUs."""
+        """The check run when the unit starts, if the mapper fenced CPUs:
+        they, and a memory cap if the unit has one."""
         if expected is None:
             return None
-        return lambda state, pid: self._verify_fence(expected, state, pid)
+        return lambda state, pid: self._verify_fence(
+            expected, memory_capped, state, pid
+        )
 
-    def _verify_fence(self, expected: IDset, state: dict, pid: int) -> str | None:
-        actual = enforced_cpus(state.get("ControlGroup"), pid)
+    def _verify_fence(
+        self, expected: IDset, memory_capped: bool, state: dict, pid: int
+    ) -> str | None:
+        control_group = state.get("ControlGroup")
+        actual = enforced_cpus(control_group, pid)
         if actual is None:
             log.warn("pid {pid} exited before its CPU fence could be checked", pid=pid)
             return None
         problem = check_cpu_fence(expected, actual)
+        if problem is None and memory_capped:
+            in_force = memory_cap_in_force(control_group, pid)
+            if in_force is None:
+                log.warn("pid {pid} exited before its memory cap was checked", pid=pid)
+            elif not in_force:
+                problem = MEMORY_NOT_ENFORCED
         if problem is None:
             return None
         return self._fence_broken(problem, "fence-failures")
@@ -953,6 +972,16 @@ _DETAIL_FIELDS = frozenset({"cmdline", "label"})
 
 def _without(mapping: dict, keys: frozenset[str]) -> dict:
     return {key: value for key, value in mapping.items() if key not in keys}
+
+
+def _memory_capped(plan: ExecPlan) -> bool:
+    """Whether the unit gets a memory limit (``MemoryMax``, in bytes or as
+    a share of the node's memory), so that the fence check looks for it."""
+    return any(
+        (prop.name == "MemoryMax" and prop.value != UINT64_MAX)
+        or prop.name == "MemoryMaxScale"
+        for prop in plan.properties
+    )
 
 
 def _is_integer(value: object) -> TypeGuard[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -243,3 +244,19 @@ class RunningService:
         for client in self.clients:
             await client.close()
         await self.service.stopService()
+
+
+#: A Python program that touches 128 MiB.
+HOG = "b = bytearray(128 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096])"
+
+
+def node_kills_at_memory_max() -> bool:
+    """Measured apart from the service: does a 16M MemoryMax end a process
+    that touches 128M? (A v2 node with the memory controller: yes; these
+    cgroup v1 machines: no.)"""
+    probe = subprocess.run(
+        ["systemd-run", "--user", "--wait", "--quiet", "-p", "MemoryMax=16M",
+         "-p", "MemorySwapMax=0", sys.executable, "-c", HOG],
+        capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
+    return probe.returncode != 0

@@ -27,20 +27,24 @@ from support import (
     FLAGS,
     command,
     manager_property,
+    node_kills_at_memory_max,
     run,
     sleep,
     unit_names,
     unit_properties,
 )
 
+from sdexec.client import RPCError
 from sdexec.command import Command
 from sdexec.config import parse_config
 from sdexec.containment import (
+    MEMORY_NOT_ENFORCED,
     R_OPTION,
     Containment,
     MapperError,
     check_cpu_fence,
     enforced_cpus,
+    memory_cap_in_force,
 )
 from sdexec.idset import IDset
 
@@ -356,6 +360,37 @@ async def test_unenforced_fence_fails_the_job_and_drains(start_service, tmp_path
 
 @pytest.mark.systemd
 @ensureDeferred
+async def test_a_memory_cap_the_node_does_not_enforce_fails_and_drains(
+    start_service,
+):
+    """Cores 0-1 are every CPU of the small topology, so the CPU fence holds
+    on any node; whether the memory cap does is measured apart from the
+    service (a v2 node with the memory controller delegated: yes; cgroup v1,
+    or v2 without it: no), and the service must agree."""
+    enforced = node_kills_at_memory_max()
+    memory = '[exec.sdexec-properties]\nMemoryMax = "50%"\n'
+    service = await start_service(**contained(check=None, extra=memory))
+    client = await service.connect()
+    if service.server.drain_reason is not None:  # the device canary's
+        await client.undrain()
+    # A process that lives until it is checked (sleep, as the CPU test's).
+    unit = RunningUnit(client, {R_OPTION: r_local("0-1")})
+    if enforced:
+        await (await unit.started()).stop()
+        assert service.server.drain_reason is None
+    else:
+        with pytest.raises(RPCError) as refused:
+            await unit.started()
+        assert (refused.value.errnum, refused.value.errstr) == (
+            errno.EIO,
+            MEMORY_NOT_ENFORCED,
+        )
+        assert service.server.drain_reason == MEMORY_NOT_ENFORCED
+        assert (await client.stats())["requests"]["fence-failures"] == 1
+
+
+@pytest.mark.systemd
+@ensureDeferred
 async def test_mapper_stats_count_mapped_requests(start_service):
     service = await start_service(**contained())
     client = await service.connect()
@@ -453,6 +488,40 @@ def _fake_tree(root: Path, v2=None, v1=None, status=None) -> None:
 def test_enforced_cpus_reads_in_order(tmp_path, tree, control_group, expected):
     _fake_tree(tmp_path, **tree)
     assert enforced_cpus(control_group, 42, root=str(tmp_path)) == IDset(expected)
+
+
+V1_UNLIMITED = "9223372036854771712"
+V2_UNIT = "sys/fs/cgroup" + CGROUP
+
+
+@pytest.mark.parametrize(
+    ("files", "in_force"),
+    [
+        # cgroup v1: the main process's memory cgroup, whatever the unit's
+        ({"proc": f"9:memory:{CGROUP}\n0::{CGROUP}",
+          f"sys/fs/cgroup/memory{CGROUP}/memory.limit_in_bytes": "536870912"},
+         True),
+        ({"proc": f"9:memory:{CGROUP}\n0::{CGROUP}",
+          f"sys/fs/cgroup/memory{CGROUP}/memory.limit_in_bytes": V1_UNLIMITED},
+         False),
+        # a memory cgroup not the unit's: a container's limit is not its own
+        ({"proc": "9:memory:/user.slice\n0::" + CGROUP,
+          "sys/fs/cgroup/memory/user.slice/memory.limit_in_bytes": "536870912"},
+         False),
+        ({"proc": f"4:cpu,memory:{CGROUP}\n"}, False),  # no limit file to read
+        # cgroup v2: the unit's memory.max
+        ({"proc": "0::" + CGROUP, f"{V2_UNIT}/memory.max": "536870912"}, True),
+        ({"proc": "0::" + CGROUP, f"{V2_UNIT}/memory.max": "max"}, False),
+        ({"proc": "0::" + CGROUP, f"{V2_UNIT}/cgroup.procs": "42"}, False),
+        ({}, None),  # the process and its cgroup are gone
+    ],
+    ids=["v1-limit", "v1-unlimited", "v1-not-the-units", "v1-unreadable",
+         "v2-limit", "v2-max", "v2-no-controller", "gone"],
+)  # fmt: skip
+def test_memory_cap_in_force_reads_the_nodes_cgroups(tmp_path, files, in_force):
+    for relative, text in files.items():
+        _fake_file(tmp_path, "proc/42/cgroup" if relative == "proc" else relative, text)
+    assert memory_cap_in_force(CGROUP, 42, root=str(tmp_path)) is in_force
 
 
 def test_enforced_cpus_none_when_nothing_readable(tmp_path):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from offline import Recorder
 from pytest_twisted import ensureDeferred
-from support import manager_property, run
+from support import HOG, manager_property, node_kills_at_memory_max, run
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 from twisted.internet.threads import deferToThread
@@ -265,21 +265,6 @@ async def test_a_real_unit_reports_result_and_what_the_node_measures(sdexec):
     killed = await run(client, ["/bin/sh", "-c", "kill -KILL $$"])
     assert killed.responses[-1]["result"] == "signal"
     assert sdexec.server.counters["oom-kills"] == 0
-
-
-def node_kills_at_memory_max() -> bool:
-    """Measured apart from the service: does a 16M MemoryMax end a process
-    that touches 128M? (A v2 node with the memory controller: yes; these
-    cgroup v1 machines: no.)"""
-    probe = subprocess.run(
-        ["systemd-run", "--user", "--wait", "--quiet", "-p", "MemoryMax=16M",
-         "-p", "MemorySwapMax=0", sys.executable, "-c", HOG],
-        capture_output=True, timeout=120, check=False,
-    )  # fmt: skip
-    return probe.returncode != 0
-
-
-HOG = "b = bytearray(128 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096])"
 
 
 @ensureDeferred

@@ -164,8 +164,8 @@ _V1_UNLIMITED = 2**62
 def memory_cap_in_force(
     control_group: str | None, pid: int, root: str = "/"
 ) -> bool | None:
-    """Whether the kernel holds a unit to a memory limit; ``None`` if
-    nothing can be read (the process and its cgroup are gone).
+    """Whether the kernel holds a unit to a memory limit; ``None`` if it
+    cannot be told (the process, or its cgroup, went while it was read).
 
     cgroup v1 (a ``memory`` line in the main process's ``/proc/PID/cgroup``):
     that memory cgroup must be the unit's own, with a limit in
@@ -173,25 +173,31 @@ def memory_cap_in_force(
     own there (they sit in the session's, or a container's). cgroup v2: the
     unit's ``memory.max`` is a number; it is absent when the memory
     controller is not delegated to the manager, and ``max`` when no limit
-    took.
+    took. A node with no memory controller at all holds no limit.
     """
-    v1_path, v2_path = _process_cgroups(pid, root)
+    cgroups = _process_cgroups(pid, root)
+    if cgroups is None:
+        return None
+    v1_path, v2_path = cgroups
     if v1_path is not None:
         if control_group and v1_path.rstrip("/") != control_group.rstrip("/"):
             # Not the unit's own: a limit there (a container's, say) is not
             # the one the unit asked for.
             return False
         limit = _read(root, "sys/fs/cgroup/memory", v1_path, "memory.limit_in_bytes")
-        return limit is not None and limit.isdigit() and int(limit) < _V1_UNLIMITED
-    unit = (control_group or v2_path or "").lstrip("/")
-    if not unit or not os.path.isdir(os.path.join(root, "sys/fs/cgroup", unit)):
-        return None
-    limit = _read(root, "sys/fs/cgroup", unit, "memory.max")
-    return limit is not None and limit.isdigit()
+        in_force = limit is not None and limit.isdigit() and int(limit) < _V1_UNLIMITED
+    else:
+        unit = (control_group or v2_path or "").lstrip("/")
+        limit = _read(root, "sys/fs/cgroup", unit, "memory.max") if unit else None
+        in_force = limit is not None and limit.isdigit()
+    if not in_force and not os.path.exists(os.path.join(root, f"proc/{pid}")):
+        return None  # it ended while we read: nothing to judge by
+    return in_force
 
 
-def _process_cgroups(pid: int, root: str) -> tuple[str | None, str | None]:
-    """(the cgroup v1 memory controller's path, the v2 path) of ``pid``."""
+def _process_cgroups(pid: int, root: str) -> tuple[str | None, str | None] | None:
+    """(the cgroup v1 memory controller's path, the v2 path) of ``pid``;
+    ``None`` if its ``/proc/PID/cgroup`` cannot be read (it is gone)."""
     v1 = v2 = None
     try:
         with open(os.path.join(root, f"proc/{pid}/cgroup"), encoding="utf-8") as file:
@@ -202,7 +208,7 @@ def _process_cgroups(pid: int, root: str) -> tuple[str | None, str | None]:
                 elif not controllers:
                     v2 = path
     except (OSError, ValueError):
-        pass
+        return None
     return v1, v2
 
 

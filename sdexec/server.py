@@ -54,7 +54,6 @@ from sdexec.process import OutputTap, Process, ProcessContext, Responder
 from sdexec.protocol import Topic
 from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import RequestRefused, printable
-from sdexec.sizes import UINT64_MAX
 from sdexec.systemd import Manager, errno_for
 
 __all__ = ["ClientProtocol", "RequestError", "SdexecServer", "SdexecServerFactory"]
@@ -215,7 +214,7 @@ class SdexecServer:
             key,
             plan,
             responder,
-            verify=self._fence_verifier(plan.fence, _memory_capped(plan)),
+            verify=self._fence_verifier(plan.fence, self._admin_caps_memory()),
             tap=tracked.tap if tracked is not None else None,
             stdio=stdio,
         )
@@ -288,6 +287,14 @@ class SdexecServer:
             start_timeout=self.config.systemd.start_timeout,
             receipt_reads_cgroup=self.receipt_reads_cgroup,
         )
+
+    def _admin_caps_memory(self) -> bool:
+        """Whether ``[exec.sdexec-properties]`` caps memory (``MemoryMax``,
+        scaled by the mapper): the cap the fence check looks for. A
+        request's own cap is its business: one the node cannot hold must
+        not let any client drain the node."""
+        configured = self.config.exec.sdexec_properties.get("MemoryMax")
+        return configured is not None and str(configured).lower() != "infinity"
 
     def _fence_verifier(
         self, expected: IDset | None, memory_capped: bool
@@ -972,16 +979,6 @@ _DETAIL_FIELDS = frozenset({"cmdline", "label"})
 
 def _without(mapping: dict, keys: frozenset[str]) -> dict:
     return {key: value for key, value in mapping.items() if key not in keys}
-
-
-def _memory_capped(plan: ExecPlan) -> bool:
-    """Whether the unit gets a memory limit (``MemoryMax``, in bytes or as
-    a share of the node's memory), so that the fence check looks for it."""
-    return any(
-        (prop.name == "MemoryMax" and prop.value != UINT64_MAX)
-        or prop.name == "MemoryMaxScale"
-        for prop in plan.properties
-    )
 
 
 def _is_integer(value: object) -> TypeGuard[int]:

@@ -391,6 +391,20 @@ async def test_a_memory_cap_the_node_does_not_enforce_fails_and_drains(
 
 @pytest.mark.systemd
 @ensureDeferred
+async def test_a_requests_own_memory_cap_is_not_the_fence(start_service):
+    """Requests may set MemoryMax; one the node cannot hold is the
+    request's business, not a reason for any client to drain the node."""
+    service = await start_service(**contained(check=None))
+    client = await service.connect()
+    if service.server.drain_reason is not None:  # the device canary's
+        await client.undrain()
+    opts = {R_OPTION: r_local("0-1"), "SDEXEC_PROP_MemoryMax": "1G"}
+    await (await RunningUnit(client, opts).started()).stop()
+    assert service.server.drain_reason is None
+
+
+@pytest.mark.systemd
+@ensureDeferred
 async def test_mapper_stats_count_mapped_requests(start_service):
     service = await start_service(**contained())
     client = await service.connect()
@@ -513,10 +527,11 @@ V2_UNIT = "sys/fs/cgroup" + CGROUP
         ({"proc": "0::" + CGROUP, f"{V2_UNIT}/memory.max": "536870912"}, True),
         ({"proc": "0::" + CGROUP, f"{V2_UNIT}/memory.max": "max"}, False),
         ({"proc": "0::" + CGROUP, f"{V2_UNIT}/cgroup.procs": "42"}, False),
+        ({"proc": "0::" + CGROUP}, False),  # no memory controller anywhere
         ({}, None),  # the process and its cgroup are gone
     ],
     ids=["v1-limit", "v1-unlimited", "v1-not-the-units", "v1-unreadable",
-         "v2-limit", "v2-max", "v2-no-controller", "gone"],
+         "v2-limit", "v2-max", "v2-no-controller", "no-memory-controller", "gone"],
 )  # fmt: skip
 def test_memory_cap_in_force_reads_the_nodes_cgroups(tmp_path, files, in_force):
     for relative, text in files.items():

@@ -400,6 +400,10 @@ class SdexecServer:
         return self._judged(problem)
 
     def _judged(self, problem: str | None) -> str | None:
+        if not self.containment.enabled:
+            # A canary of before a reload that turned containment off: its
+            # verdict is about jobs no longer fenced.
+            return None
         self.device_fence = {"enforced": problem is None, "problem": problem}
         if problem is None:
             log.info("device policy verified: a DevicePolicy=strict unit was refused")
@@ -821,6 +825,12 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def _refuse_descriptors(self, message: dict, reason: str) -> None:
         topic, matchtag = message.get("topic"), message.get("matchtag")
+        if not self.authorized:  # a stranger learns nothing but EPERM
+            self._refuse_unauthorized(
+                topic if _is_text(topic) else "",
+                matchtag if _is_integer(matchtag) and matchtag >= 0 else 0,
+            )
+            return
         self.server.count("errors")
         self._send_error(
             topic if isinstance(topic, str) else "",

@@ -286,6 +286,24 @@ def test_mismatched_descriptors_are_eproto_and_closed(
     assert connection.last()["payload"]["procs"] == []
 
 
+def test_a_strangers_descriptors_get_eperm_and_the_connection_closes(server):
+    """Not the detail of what is wrong with them, on a connection kept open."""
+    server.owner_uid = os.getuid() + 1
+    stranger = Connection(server)
+    passed, kept = pipes(1)
+    deliver(stranger, request("sdexec.list", {}, 3), passed)
+    assert errors(stranger) == [(3, errno.EPERM, STRANGER)]
+    assert stranger.transport.disconnecting
+    for fd in passed + kept:
+        os.close(fd)
+    stranger.close()
+
+
+STRANGER = (
+    "only the service's owner may use it (and the users of its [sdexec] allow-users)"
+)
+
+
 @pytest.mark.parametrize(
     "refuse",
     [

@@ -14,6 +14,7 @@ so one left by a service that died is taken over.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 
@@ -39,7 +40,17 @@ class OwnerLock:
         self._lock = FilesystemLock(self.path)
 
     def take(self) -> None:
-        """Hold the lock, or :class:`AlreadyServed` if a live process does."""
+        """Hold the lock, or :class:`AlreadyServed` if another sdexec does.
+
+        A lock whose pid is gone is taken over (Twisted's lock does that);
+        so is one whose pid now names another program: a pid of another
+        user (sdexec runs as this one), this process's own when it holds no
+        such lock (a container restarted with the same pids), or one whose
+        command line does not mention sdexec.
+        """
+        if _stale(self.path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
         if not self._lock.lock():
             holder = _holder(self.path)
             raise AlreadyServed(
@@ -47,11 +58,38 @@ class OwnerLock:
                 f" {self.listen}: it holds {self.path}; not starting, and none"
                 " of its units touched"
             )
+        _HELD.add(self.path)
 
     def release(self) -> None:
         """Let the lock go (idempotent)."""
         if self._lock.locked:
             self._lock.unlock()
+            _HELD.discard(self.path)
+
+
+#: The locks this process holds (two services in one process: tests).
+_HELD: set[str] = set()
+
+
+def _stale(path: str) -> bool:
+    """Whether the lock at ``path`` names a process that is no sdexec."""
+    try:
+        pid = int(os.readlink(path))
+    except (OSError, ValueError):
+        return False  # none, or not a pid: Twisted's lock decides
+    if pid == os.getpid():
+        return path not in _HELD
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # another user's process
+    except ProcessLookupError:
+        return False  # gone: Twisted's lock takes it over
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            return b"sdexec" not in file.read()
+    except OSError:
+        return False
 
 
 def _lock_directory(listen: str, socket_mode: int) -> str:
@@ -62,9 +100,15 @@ def _lock_directory(listen: str, socket_mode: int) -> str:
         check_directory(directory, socket_mode, os.getuid())
         return directory
     # systemd's RuntimeDirectory= (the system unit's /run/sdexec), else the
-    # user's runtime directory.
-    runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
-    return runtime or os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    # user's runtime directory, else a directory of the user's own in /tmp
+    # (a name there anyone could take first).
+    systemds = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    runtime = systemds or os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return runtime
+    private = os.path.join(tempfile.gettempdir(), f"sdexec-{os.getuid()}")
+    check_directory(private, 0o600, os.getuid())
+    return private
 
 
 def _holder(path: str) -> str:

@@ -73,6 +73,21 @@ async def test_a_second_service_on_the_same_endpoint_touches_nothing(tmp_path):
     await (await started_service(tmp_path, FakeManager())).stopService()
 
 
+@pytest.mark.parametrize(
+    "holder",
+    [
+        "own",  # this process, which holds no such lock: a container's restart
+        "init",  # pid 1: another user's, or (as root) a program that is no sdexec
+    ],
+)
+def test_a_lock_naming_a_process_that_is_no_sdexec_is_taken_over(tmp_path, holder):
+    lock = OwnerLock(f"unix:{tmp_path}/s.sock", " [sdexec:0123456789ab]", 0o600)
+    os.symlink(str(os.getpid() if holder == "own" else 1), lock.path)
+    lock.take()
+    assert os.readlink(lock.path) == str(os.getpid())
+    lock.release()
+
+
 def test_a_lock_left_by_a_service_that_died_is_taken_over(tmp_path):
     lock = OwnerLock(f"unix:{tmp_path}/s.sock", " [sdexec:0123456789ab]", 0o600)
     os.symlink(str(2**22 + 1), lock.path)  # above the largest pid_max: none

@@ -867,11 +867,12 @@ def _allowed_users_can_connect(config: Config) -> tuple[str, ...]:
     """A warning if ``allow-users`` names users whom ``socket-mode`` keeps
     out of every socket the service makes: they would get EACCES, not the
     service's EPERM, and nothing would say why."""
-    if not config.sdexec.allow_users or config.sdexec.socket_mode & 0o066:
+    # Connecting to a UNIX socket takes write permission on it.
+    if not config.sdexec.allow_users or config.sdexec.socket_mode & 0o022:
         return ()
     return (
         f"{config.source}: sdexec.allow-users: the users listed cannot connect:"
-        f" socket-mode {config.sdexec.socket_mode:04o} lets only the owner in"
+        f" socket-mode {config.sdexec.socket_mode:04o} lets only the owner connect"
         ' (give "0660" with a group they share, or "0666"), unless listen'
         " names its own mode=; they also need search permission on the"
         " socket's directories",

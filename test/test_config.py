@@ -450,7 +450,15 @@ def test_retained_output_that_may_not_fit_a_wait_answer_warns():
 
 
 @pytest.mark.parametrize(
-    ("mode", "warned"), [(None, True), ("0600", True), ("0660", False), ("0606", False)]
+    ("mode", "warned"),
+    [
+        (None, True),
+        ("0600", True),
+        ("0640", True),
+        ("0644", True),
+        ("0660", False),
+        ("0606", False),
+    ],
 )
 def test_allowed_users_the_socket_mode_keeps_out_are_warned_of(mode, warned):
     table = {"allow-users": [0], **({"socket-mode": mode} if mode else {})}
@@ -459,7 +467,7 @@ def test_allowed_users_the_socket_mode_keeps_out_are_warned_of(mode, warned):
     if warned:
         assert warnings[0].startswith(
             "f.toml: sdexec.allow-users: the users listed cannot connect:"
-            " socket-mode 0600 lets only the owner in"
+            f" socket-mode {mode or '0600'} lets only the owner connect"
         )
     assert parse_config({"sdexec": {"socket-mode": "0600"}}).warnings == ()
 

@@ -133,3 +133,21 @@ def test_a_log_file_twistd_is_given_gets_the_log_as_text(user_manager, tmp_path)
     assert "[sdexec.service#info] sdexec listening on" in text
     assert "sdexec.log-format = 'json' applies to standard output" in text
     assert "\x1e" not in text + stdout  # no JSON record anywhere
+
+
+@pytest.mark.parametrize(
+    ("twistd", "to_stdout"),
+    [
+        ({"nodaemon": True, "logfile": None}, True),
+        ({"nodaemon": True, "logfile": "-"}, True),
+        ({"nodaemon": True, "logfile": "/var/log/sdexec.log"}, False),
+        ({"nodaemon": True, "logfile": None, "syslog": True}, False),
+        ({"nodaemon": False, "logfile": None}, False),  # twistd.log
+    ],
+)
+def test_log_format_applies_only_where_twistd_logs_to_stdout(twistd, to_stdout):
+    from twisted.plugins.sdexec_plugin import Options, _twistd_logs_to_stdout
+
+    options = Options()
+    options.parent = twistd
+    assert _twistd_logs_to_stdout(options) is to_stdout

@@ -112,11 +112,14 @@ class SdexecServiceMaker:
 
 def _twistd_logs_to_stdout(options: Options) -> bool:
     """Whether twistd logs to standard output, as it decides it: ``--logfile
-    -``, or ``-n`` without ``--logfile`` (the unit files' way). Without
-    twistd's options (a plugin made by hand), standard output."""
+    -``, or ``-n`` without ``--logfile`` or ``--syslog`` (the unit files'
+    way). Without twistd's options (a plugin made by hand), standard
+    output."""
     twistd = getattr(options, "parent", None)
     if twistd is None:
         return True
+    if twistd.get("syslog"):
+        return False
     logfile = twistd.get("logfile")
     return logfile == "-" or (not logfile and bool(twistd.get("nodaemon")))
 

@@ -97,6 +97,11 @@ def create_mapper(
         mapper.topology.load()
     except OSError as error:
         raise OSError(error.errno, f"mapper {class_name!r}: {error.strerror}") from None
+    except Exception as error:  # a subclass's own topology, say
+        raise ValueError(
+            f"mapper {class_name!r}: reading its topology failed:"
+            f" {type(error).__name__}: {error}"
+        ) from error
     return mapper
 
 

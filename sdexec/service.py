@@ -45,7 +45,7 @@ from sdexec.sockets import (
 from sdexec.stats import stats_site
 from sdexec.systemd import SystemdClient, SystemdError
 
-__all__ = ["SdexecService", "default_listen_endpoint"]
+__all__ = ["EX_CONFIG", "SdexecService", "default_listen_endpoint"]
 
 log = Logger()
 
@@ -84,10 +84,16 @@ def default_listen_endpoint(socket_mode: int = DEFAULT_SOCKET_MODE) -> str:
     return f"unix:{escaped}:lockfile=1"
 
 
-def _exit_failed() -> None:
+#: The exit status of a start refused for its configuration (sysexits'
+#: EX_CONFIG, as systemd's own tools use it): the units do not restart it,
+#: since the same file would fail again every 5 s.
+EX_CONFIG = 78
+
+
+def _exit_failed(status: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(1)
+    os._exit(status)
 
 
 class SdexecService(Service):
@@ -237,12 +243,13 @@ class SdexecService(Service):
             log.failure("sdexec could not start", failure)
         self.ready.errback(failure)
         if self.exit_on_failure:
-            self.reactor.callWhenRunning(self._exit_after_shutdown)
+            status = EX_CONFIG if failure.check(ConfigError) else 1
+            self.reactor.callWhenRunning(self._exit_after_shutdown, status)
 
-    def _exit_after_shutdown(self) -> None:
-        # twistd has no exit status of its own: leave with 1 once the reactor
-        # has shut down (and the log is flushed).
-        self.reactor.addSystemEventTrigger("after", "shutdown", _exit_failed)
+    def _exit_after_shutdown(self, status: int) -> None:
+        # twistd has no exit status of its own: leave with it once the
+        # reactor has shut down (and the log is flushed).
+        self.reactor.addSystemEventTrigger("after", "shutdown", _exit_failed, status)
         self.reactor.stop()
 
     def _install_sighup(self) -> None:

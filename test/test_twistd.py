@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from support import unit_names
 
+from sdexec.service import EX_CONFIG
+
 pytestmark = pytest.mark.systemd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -213,13 +215,30 @@ def test_refuses_a_reactor_other_than_asyncio(user_manager, tmp_path):
     assert b"sdexec needs the asyncio reactor" in done.stdout + done.stderr
 
 
-def test_a_bad_configuration_is_one_line_and_exit_1(tmp_path):
+def test_a_bad_configuration_is_one_line_and_ex_config(tmp_path):
     config = tmp_path / "sdexec.toml"
     config.write_text('[exec]\nkill-timeout = "5x"\n')
     done = subprocess.run(
         [*TWISTD, "--nodaemon", "--pidfile=", "sdexec", "--config", str(config)],
         capture_output=True, timeout=60, env=_environment(), cwd=tmp_path,
     )  # fmt: skip
-    assert done.returncode == 1
+    assert done.returncode == EX_CONFIG  # 78: the units do not restart it
     assert b'exec.kill-timeout: "5x" is not a valid duration' in done.stderr
     assert b"Traceback" not in done.stderr
+
+
+def test_a_mapper_that_cannot_be_built_at_start_is_ex_config(user_manager, tmp_path):
+    """Found once the service starts (the topology is read then): the same
+    status, so the units do not restart it either."""
+    config = tmp_path / "sdexec.toml"
+    config.write_text(
+        "[exec]\nsdexec-constrain-resources = true\n[sdexec]\n"
+        f'listen = "unix:{tmp_path}/s.sock"\nstats = "tcp:0:interface=127.0.0.1"\n'
+        f'topology = "{tmp_path}/nonexistent.xml"\n'
+    )
+    done = subprocess.run(
+        [*TWISTD, "--nodaemon", "--pidfile=", "sdexec", "--config", str(config)],
+        capture_output=True, timeout=60, env=_environment(), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == EX_CONFIG, done.stdout
+    assert b"sdexec.topology" in done.stdout and b"Traceback" not in done.stdout

@@ -73,7 +73,7 @@ class SdexecServiceMaker:
         from sdexec.config import ConfigError, load_config
         from sdexec.fdlimit import raise_open_file_limit
         from sdexec.logs import log_observer, with_observer
-        from sdexec.service import SdexecService
+        from sdexec.service import EX_CONFIG, SdexecService
 
         try:
             config = load_config(options["config"])
@@ -85,7 +85,10 @@ class SdexecServiceMaker:
                 exit_on_failure=True,
             )
         except ConfigError as error:
-            raise SystemExit(f"sdexec: {error}") from None
+            # One line, and EX_CONFIG: the units do not restart a file that
+            # would fail again (sdexec.service.EX_CONFIG).
+            print(f"sdexec: {error}", file=sys.stderr)
+            raise SystemExit(EX_CONFIG) from None
         raised = raise_open_file_limit()
         if raised is not None:
             log.info(

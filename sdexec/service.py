@@ -81,7 +81,10 @@ def default_listen_endpoint(socket_mode: int = DEFAULT_SOCKET_MODE) -> str:
     os.makedirs(directory, mode=mode, exist_ok=True)
     os.chmod(directory, mode)
     escaped = path.replace(":", r"\:")  # endpoint strings split on ':'
-    return f"unix:{escaped}:lockfile=1"
+    # The mode written out, as before socket-mode applied here: with the
+    # default it is the same string, so units an old version marked with
+    # the whole string's hash are still found as its leftovers.
+    return f"unix:{escaped}:mode={socket_mode:o}:lockfile=1"
 
 
 #: The exit status of a start refused for its configuration (sysexits'

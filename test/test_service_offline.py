@@ -17,7 +17,6 @@ from sdexec.client import connect
 from sdexec.config import ConfigError, load_config, parse_config
 from sdexec.ownerlock import AlreadyServed, OwnerLock
 from sdexec.service import ListenError, SdexecService, default_listen_endpoint
-from sdexec.sockets import private_endpoint
 from sdexec.systemd import SystemdError
 from sdexec.testing import FakeManager
 
@@ -33,12 +32,13 @@ def test_no_xdg_runtime_dir_is_a_one_line_config_error(monkeypatch):
 def test_the_default_endpoint_is_a_private_socket(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     endpoint = default_listen_endpoint()
-    assert endpoint == f"unix:{tmp_path}/sdexec/sdexec.sock:lockfile=1"
+    # The very string of old versions, which marked units with its hash:
+    # their leftovers are still recognised (sdexec.leftovers.owner_marks).
+    assert endpoint == f"unix:{tmp_path}/sdexec/sdexec.sock:mode=600:lockfile=1"
     assert (tmp_path / "sdexec").stat().st_mode & 0o777 == 0o700
-    # socket-mode is applied when it listens (sdexec.sockets), to this one
-    # too: users of allow-users need it, and search on its directory.
-    assert private_endpoint(endpoint, 0o666, os.getuid()).endswith(":mode=666")
-    default_listen_endpoint(0o660)
+    # socket-mode applies to this one too: users of allow-users need it,
+    # and search on its directory.
+    assert default_listen_endpoint(0o660).endswith(":mode=660:lockfile=1")
     assert (tmp_path / "sdexec").stat().st_mode & 0o777 == 0o710
 
 
@@ -178,7 +178,7 @@ def test_a_reload_names_the_endpoint_in_force(tmp_path, monkeypatch):
     [warning] = [line for line in lines if "read only at start" in line]
     assert warning.endswith(
         f" takes effect at the next restart, 'unix:{tmp_path}/sdexec/sdexec.sock:"
-        "lockfile=1' stays in force"
+        "mode=600:lockfile=1' stays in force"
     )
 
 

@@ -7,18 +7,19 @@ service started with the same ``listen`` (an admin trying a configuration
 by hand while the unit runs) would take the first one's running jobs for
 leftovers and stop them, and only then fail to listen. So the first thing a
 service does is take a lock named after its mark: a second one refuses to
-start, naming the first, with nothing touched. The lock is a symbolic link
-holding the pid (Twisted's :class:`~twisted.python.lockfile.FilesystemLock`),
-so one left by a service that died is taken over.
+start, naming the first, with nothing touched. The lock is ``flock(2)`` on
+a file beside the socket, held by an open descriptor for the service's
+life: the kernel lets it go when the process ends, however it ends, so a
+lock is never stale, and no pid (which the kernel may give to another
+program) is trusted. The file holds the holder's pid, for the message only.
 """
 
 from __future__ import annotations
 
-import contextlib
+import errno
+import fcntl
 import os
 import tempfile
-
-from twisted.python.lockfile import FilesystemLock
 
 from sdexec.sockets import check_directory, unix_path
 
@@ -37,59 +38,52 @@ class OwnerLock:
         self.listen = listen
         name = f"sdexec-{mark.strip(' []').removeprefix('sdexec:')}.lock"
         self.path = os.path.join(_lock_directory(listen, socket_mode), name)
-        self._lock = FilesystemLock(self.path)
+        self._fd: int | None = None
 
     def take(self) -> None:
-        """Hold the lock, or :class:`AlreadyServed` if another sdexec does.
-
-        A lock whose pid is gone is taken over (Twisted's lock does that);
-        so is one whose pid now names another program: a pid of another
-        user (sdexec runs as this one), this process's own when it holds no
-        such lock (a container restarted with the same pids), or one whose
-        command line does not mention sdexec.
-        """
-        if _stale(self.path):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
-        if not self._lock.lock():
-            holder = _holder(self.path)
+        """Hold the lock, or :class:`AlreadyServed` if another process does
+        (another service in this process too: each take opens the file)."""
+        if self._fd is not None:
+            return
+        fd = _open(self.path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
             raise AlreadyServed(
                 f"[sdexec] listen: another sdexec ({holder}) serves"
                 f" {self.listen}: it holds {self.path}; not starting, and none"
                 " of its units touched"
-            )
-        _HELD.add(self.path)
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
 
     def release(self) -> None:
-        """Let the lock go (idempotent)."""
-        if self._lock.locked:
-            self._lock.unlock()
-            _HELD.discard(self.path)
+        """Let the lock go (idempotent). The file stays: removing it could
+        let two services lock two files of one name."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
-#: The locks this process holds (two services in one process: tests).
-_HELD: set[str] = set()
-
-
-def _stale(path: str) -> bool:
-    """Whether the lock at ``path`` names a process that is no sdexec."""
+def _open(path: str) -> int:
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        pid = int(os.readlink(path))
-    except (OSError, ValueError):
-        return False  # none, or not a pid: Twisted's lock decides
-    if pid == os.getpid():
-        return path not in _HELD
-    try:
-        os.kill(pid, 0)
-    except PermissionError:
-        return True  # another user's process
-    except ProcessLookupError:
-        return False  # gone: Twisted's lock takes it over
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as file:
-            return b"sdexec" not in file.read()
-    except OSError:
-        return False
+        return os.open(path, flags, 0o600)
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+    # A symbolic link: the pid link of the first version of this lock
+    # (never released by a version that made one). Not followed.
+    os.unlink(path)
+    return os.open(path, flags, 0o600)
+
+
+def _holder(fd: int) -> str:
+    pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    return f"pid {pid}" if pid.isdigit() else "pid unknown"
 
 
 def _lock_directory(listen: str, socket_mode: int) -> str:
@@ -109,10 +103,3 @@ def _lock_directory(listen: str, socket_mode: int) -> str:
     private = os.path.join(tempfile.gettempdir(), f"sdexec-{os.getuid()}")
     check_directory(private, 0o600, os.getuid())
     return private
-
-
-def _holder(path: str) -> str:
-    try:
-        return f"pid {os.readlink(path)}"
-    except OSError:
-        return "pid unknown"

@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from pytest_twisted import ensureDeferred
@@ -67,34 +70,49 @@ async def test_a_second_service_on_the_same_endpoint_touches_nothing(tmp_path):
         " and none of its units touched"
     )
     await second.stopService()
-    assert os.path.islink(lock)  # the first one's still
+    with pytest.raises(AlreadyServed):  # the first one's still
+        OwnerLock(first.listen, first.server.unit_mark, 0o600).take()
     await first.stopService()
-    assert not os.path.lexists(lock)
     await (await started_service(tmp_path, FakeManager())).stopService()
 
 
-@pytest.mark.parametrize(
-    "holder",
-    [
-        "own",  # this process, which holds no such lock: a container's restart
-        "init",  # pid 1: another user's, or (as root) a program that is no sdexec
-    ],
-)
-def test_a_lock_naming_a_process_that_is_no_sdexec_is_taken_over(tmp_path, holder):
+HOLD = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, b"%d" % os.getpid())
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_lock_is_held_while_its_process_lives_and_no_longer(tmp_path):
+    """flock: the kernel lets it go when the holder dies, however it dies,
+    and a pid the kernel gave to another program is never trusted."""
     lock = OwnerLock(f"unix:{tmp_path}/s.sock", " [sdexec:0123456789ab]", 0o600)
-    os.symlink(str(os.getpid() if holder == "own" else 1), lock.path)
-    lock.take()
-    assert os.readlink(lock.path) == str(os.getpid())
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, lock.path], stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        with pytest.raises(
+            AlreadyServed, match=f"another sdexec \\(pid {holder.pid}\\)"
+        ):
+            lock.take()
+    finally:
+        holder.kill()
+        holder.wait()
+    lock.take()  # a SIGKILL left the file, and no lock
+    assert Path(lock.path).read_text() == f"{os.getpid()}\n"
     lock.release()
 
 
-def test_a_lock_left_by_a_service_that_died_is_taken_over(tmp_path):
+def test_a_lock_of_the_first_version_a_pid_link_is_replaced(tmp_path):
     lock = OwnerLock(f"unix:{tmp_path}/s.sock", " [sdexec:0123456789ab]", 0o600)
-    os.symlink(str(2**22 + 1), lock.path)  # above the largest pid_max: none
+    os.symlink("1", lock.path)  # never followed: no file named 1 is made
     lock.take()
-    assert os.readlink(lock.path) == str(os.getpid())
+    assert not os.path.islink(lock.path) and not (tmp_path / "1").exists()
     lock.release()
-    assert not os.path.lexists(lock.path)
 
 
 async def started_service(tmp_path, manager: FakeManager) -> SdexecService:

@@ -119,12 +119,17 @@ class ConfigError(ValueError):
 
     ``source`` is the file (or ``"<config>"``), ``key`` the dotted key path
     (``None`` for a problem with the file as a whole), ``reason`` the rest.
+    ``transient``: the machine failed while using it (a tool that timed
+    out, no memory), so the same file may load on a later try.
     """
 
-    def __init__(self, source: str, key: str | None, reason: str) -> None:
+    def __init__(
+        self, source: str, key: str | None, reason: str, transient: bool = False
+    ) -> None:
         self.source = source
         self.key = key
         self.reason = reason
+        self.transient = transient
         where = source if key is None else f"{source}: {key}"
         super().__init__(f"{where}: {reason}")
 

@@ -11,6 +11,7 @@ does not apply it, and must not keep running jobs unfenced.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -30,6 +31,19 @@ __all__ = [
 ]
 
 R_OPTION = "SDEXEC_R_LOCAL"
+
+#: Failures of the machine, not of the file, while a mapper is built (lstopo
+#: timing out at boot, no memory or descriptors): a later start may succeed.
+_PASSING = frozenset(
+    {
+        errno.ETIMEDOUT,
+        errno.EAGAIN,
+        errno.EINTR,
+        errno.ENOMEM,
+        errno.EMFILE,
+        errno.ENFILE,
+    }
+)
 
 
 class MapperError(Exception):
@@ -77,7 +91,10 @@ class Containment:
                 topology_xml=xml,
             )
         except (ValueError, OSError) as error:
-            raise ConfigError(config.source, "sdexec.mapper", str(error)) from None
+            transient = isinstance(error, OSError) and error.errno in _PASSING
+            raise ConfigError(
+                config.source, "sdexec.mapper", str(error), transient=transient
+            ) from None
         return cls(config, mapper)
 
     def applies_to(self, command: Command) -> bool:
@@ -177,7 +194,9 @@ def memory_cap_in_force(
     """
     cgroups = _process_cgroups(pid, root)
     if cgroups is None:
-        return None
+        if not os.path.exists(os.path.join(root, f"proc/{pid}")):
+            return None
+        cgroups = (None, None)  # /proc/PID/cgroup hidden (hidepid): the unit's
     v1_path, v2_path = cgroups
     if v1_path is not None:
         if control_group and v1_path.rstrip("/") != control_group.rstrip("/"):

@@ -54,6 +54,7 @@ from sdexec.process import OutputTap, Process, ProcessContext, Responder
 from sdexec.protocol import Topic
 from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import RequestRefused, printable
+from sdexec.sizes import UINT64_MAX, MemoryLimit
 from sdexec.systemd import Manager, errno_for
 
 __all__ = ["ClientProtocol", "RequestError", "SdexecServer", "SdexecServerFactory"]
@@ -294,7 +295,14 @@ class SdexecServer:
         request's own cap is its business: one the node cannot hold must
         not let any client drain the node."""
         configured = self.config.exec.sdexec_properties.get("MemoryMax")
-        return configured is not None and str(configured).lower() != "infinity"
+        if configured is None:
+            return False
+        # Read as the configuration and the mapper read it (" infinity" is
+        # infinity; so is systemd's numeric 2**64-1).
+        limit = MemoryLimit.parse(str(configured))
+        return limit.percent is not None or (
+            limit.bytes is not None and limit.bytes < UINT64_MAX
+        )
 
     def _fence_verifier(
         self, expected: IDset | None, memory_capped: bool

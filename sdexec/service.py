@@ -246,7 +246,8 @@ class SdexecService(Service):
             log.failure("sdexec could not start", failure)
         self.ready.errback(failure)
         if self.exit_on_failure:
-            status = EX_CONFIG if failure.check(ConfigError) else 1
+            fixed = failure.check(ConfigError) and not failure.value.transient
+            status = EX_CONFIG if fixed else 1
             self.reactor.callWhenRunning(self._exit_after_shutdown, status)
 
     def _exit_after_shutdown(self, status: int) -> None:

@@ -17,6 +17,7 @@ import errno
 import json
 import signal
 import subprocess
+import types
 import uuid
 from pathlib import Path
 
@@ -34,9 +35,10 @@ from support import (
     unit_properties,
 )
 
+import sdexec.containment
 from sdexec.client import RPCError
 from sdexec.command import Command
-from sdexec.config import parse_config
+from sdexec.config import ConfigError, parse_config
 from sdexec.containment import (
     MEMORY_NOT_ENFORCED,
     R_OPTION,
@@ -47,6 +49,7 @@ from sdexec.containment import (
     memory_cap_in_force,
 )
 from sdexec.idset import IDset
+from sdexec.server import SdexecServer
 
 SMALL_TOPOLOGY = Path(__file__).resolve().parent / "data" / "small.xml"
 #: The OS CPUs of each logical core of the small topology, as idsets.
@@ -629,3 +632,43 @@ def test_an_empty_cpuset_file_is_not_a_fence(tmp_path):
     status.mkdir(parents=True)
     (status / "status").write_text("Name:\tx\nCpus_allowed_list:\t0-3\n")
     assert enforced_cpus("/app.slice/u.service", 42, root=str(tmp_path)) == IDset("0-3")
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (OSError(errno.ETIMEDOUT, "lstopo-no-graphics: no answer in 30s"), True),
+        (OSError(errno.ENOMEM, "fork: no memory"), True),
+        (OSError(errno.ENOENT, "hwloc-calc not found on PATH"), False),
+        (OSError(errno.EIO, "hwloc-calc: XML component discovery failed"), False),
+        (ValueError("mapper 'x.Y': constructing it failed"), False),
+    ],
+)
+def test_a_mapper_the_machine_failed_to_build_is_a_transient_config_error(
+    monkeypatch, error, transient
+):
+    """The service exits 1 (restarted) for those, 78 (not) for the rest."""
+
+    def fails(*_args, **_kwargs):
+        raise error
+
+    monkeypatch.setattr(sdexec.containment, "create_mapper", fails)
+    config = parse_config({"exec": {"sdexec-constrain-resources": True}})
+    with pytest.raises(ConfigError) as refused:
+        Containment.from_config(config)
+    assert refused.value.transient is transient
+    assert refused.value.key == "sdexec.mapper"
+
+
+@pytest.mark.parametrize(
+    ("configured", "capped"),
+    [(None, False), ("1G", True), ("50%", True), (" infinity", False),
+     ("infinity", False), (str(2**64 - 1), False)],
+)  # fmt: skip
+def test_the_fence_check_looks_for_the_sites_real_memory_cap(configured, capped):
+    table = (
+        {} if configured is None else {"sdexec-properties": {"MemoryMax": configured}}
+    )
+    config = parse_config({"exec": table})
+    server = types.SimpleNamespace(config=config)
+    assert SdexecServer._admin_caps_memory(server) is capped

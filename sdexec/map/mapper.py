@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable, Mapping
+from fractions import Fraction
 from typing import Any
 
 from sdexec.idset import IDset
@@ -192,7 +193,9 @@ class HwlocMapper(ResourceMapper):
         super().finalize_properties(properties, R, extra_properties=extra_properties)
         if extra_properties and "AllowedCPUs" in properties:
             cpus = _idset(properties["AllowedCPUs"], "AllowedCPUs")
-            share = len(cpus) / self._topology.npus
+            # Exact: a float turned 2**64-1 bytes (systemd's infinity) into
+            # 2**64, which no property can hold.
+            share = Fraction(len(cpus), self._topology.npus)
             properties.update(_scaled_memory_caps(extra_properties, share))
         return properties
 
@@ -215,7 +218,7 @@ def _refuse_shared_functions(ids: IDset, gpus: list[GPU]) -> None:
 
 
 def _scaled_memory_caps(
-    extra_properties: Mapping[str, Any], share: float
+    extra_properties: Mapping[str, Any], share: Fraction
 ) -> Properties:
     """The caps in ``extra_properties`` scaled by ``share``, as strings.
 
@@ -240,7 +243,7 @@ def _scaled_memory_caps(
     return scaled
 
 
-def _scaled_percent(percent: float, share: float) -> int:
+def _scaled_percent(percent: float, share: Fraction) -> int:
     # 0% would be a zero-byte limit, killing the job at once: a real limit is
     # never rounded down to it.
     scaled = round(percent * share)

@@ -20,6 +20,7 @@ from sdexec.command import Command
 from sdexec.config import Config, ConfigError
 from sdexec.idset import IDset
 from sdexec.map import ResourceMapper, create_mapper
+from sdexec.sizes import UINT64_MAX, MemoryLimit
 
 __all__ = [
     "MEMORY_NOT_ENFORCED",
@@ -60,6 +61,11 @@ class Containment:
         self.extra_properties = dict(config.exec.sdexec_properties)
         self.check = config.sdexec.containment_check
         self.mapper = mapper
+        #: Whether the site caps memory (``[exec.sdexec-properties]
+        #: MemoryMax``, scaled by the mapper): the cap the fence check looks
+        #: for. A request's own cap is its business: one the node cannot
+        #: hold must not let any client drain the node.
+        self.caps_memory = _caps_memory(self.extra_properties.get("MemoryMax"))
 
     @classmethod
     def from_config(cls, config: Config) -> Containment:
@@ -171,6 +177,17 @@ def _process_cpus(pid: int, root: str) -> IDset | None:
     except (OSError, ValueError):
         pass
     return None
+
+
+def _caps_memory(configured: object) -> bool:
+    if configured is None:
+        return False
+    # Read as the configuration and the mapper read it (" infinity" is
+    # infinity; so is systemd's numeric 2**64-1).
+    limit = MemoryLimit.parse(str(configured))
+    return limit.percent is not None or (
+        limit.bytes is not None and limit.bytes < UINT64_MAX
+    )
 
 
 #: cgroup v1's memory.limit_in_bytes when no limit is set (PAGE_COUNTER_MAX

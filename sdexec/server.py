@@ -54,7 +54,6 @@ from sdexec.process import OutputTap, Process, ProcessContext, Responder
 from sdexec.protocol import Topic
 from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import RequestRefused, printable
-from sdexec.sizes import UINT64_MAX, MemoryLimit
 from sdexec.systemd import Manager, errno_for
 
 __all__ = ["ClientProtocol", "RequestError", "SdexecServer", "SdexecServerFactory"]
@@ -215,7 +214,7 @@ class SdexecServer:
             key,
             plan,
             responder,
-            verify=self._fence_verifier(plan.fence, self._admin_caps_memory()),
+            verify=self._fence_verifier(plan.fence, self.containment.caps_memory),
             tap=tracked.tap if tracked is not None else None,
             stdio=stdio,
         )
@@ -287,21 +286,6 @@ class SdexecServer:
             drain=self.drain,
             start_timeout=self.config.systemd.start_timeout,
             receipt_reads_cgroup=self.receipt_reads_cgroup,
-        )
-
-    def _admin_caps_memory(self) -> bool:
-        """Whether ``[exec.sdexec-properties]`` caps memory (``MemoryMax``,
-        scaled by the mapper): the cap the fence check looks for. A
-        request's own cap is its business: one the node cannot hold must
-        not let any client drain the node."""
-        configured = self.config.exec.sdexec_properties.get("MemoryMax")
-        if configured is None:
-            return False
-        # Read as the configuration and the mapper read it (" infinity" is
-        # infinity; so is systemd's numeric 2**64-1).
-        limit = MemoryLimit.parse(str(configured))
-        return limit.percent is not None or (
-            limit.bytes is not None and limit.bytes < UINT64_MAX
         )
 
     def _fence_verifier(

@@ -17,7 +17,6 @@ import errno
 import json
 import signal
 import subprocess
-import types
 import uuid
 from pathlib import Path
 
@@ -49,7 +48,6 @@ from sdexec.containment import (
     memory_cap_in_force,
 )
 from sdexec.idset import IDset
-from sdexec.server import SdexecServer
 
 SMALL_TOPOLOGY = Path(__file__).resolve().parent / "data" / "small.xml"
 #: The OS CPUs of each logical core of the small topology, as idsets.
@@ -669,6 +667,4 @@ def test_the_fence_check_looks_for_the_sites_real_memory_cap(configured, capped)
     table = (
         {} if configured is None else {"sdexec-properties": {"MemoryMax": configured}}
     )
-    config = parse_config({"exec": table})
-    server = types.SimpleNamespace(config=config)
-    assert SdexecServer._admin_caps_memory(server) is capped
+    assert Containment(parse_config({"exec": table}), None).caps_memory is capped

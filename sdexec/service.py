@@ -237,8 +237,7 @@ class SdexecService(Service):
     def _start_failed(self, failure) -> None:
         if self.owner_lock is not None:
             self.owner_lock.release()
-        expected = (SystemdError, ConfigError, ValueError, OSError, ListenError)
-        if failure.check(*expected, AlreadyServed):
+        if failure.check(*_TOLD_IN_ONE_LINE):
             log.error(
                 "sdexec could not start: {error}", error=failure.getErrorMessage()
             )
@@ -370,3 +369,15 @@ def _cannot_listen(failure: Failure, description: str, setting: str) -> None:
 class ListenError(Exception):
     """An endpoint the service cannot listen on (one line: the setting, the
     endpoint and why)."""
+
+
+#: Start failures whose message says it all: logged as one line, not with
+#: a traceback (which is kept for faults of the service's own).
+_TOLD_IN_ONE_LINE = (
+    SystemdError,
+    ConfigError,
+    ValueError,
+    OSError,
+    ListenError,
+    AlreadyServed,
+)

@@ -2,15 +2,18 @@
 
 The site is open to every local user (by default TCP on 127.0.0.1), so it
 asks nothing of the service a stranger could abuse: it serves a bounded
-number of connections, drops idle ones, refuses any request body before
-reading it, and writes no access log.
+number of connections (a new one takes the place of the one that has waited
+longest for a complete request), drops idle ones, refuses any request body
+before reading it, and writes no access log.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import cast
 
+from twisted.internet.interfaces import ITCPTransport
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel, Request
@@ -19,9 +22,12 @@ from twisted.web.server import Site
 
 __all__ = ["MAX_STATS_CONNECTIONS", "STATS_TIMEOUT", "stats_site"]
 
-#: Connections the site serves at once; more are closed as they come. Each
-#: holds a descriptor, and the service's processes need theirs: 400 idle
-#: ones once left an exec no descriptor for its channels.
+#: Connections the site serves at once. Each holds a descriptor, and the
+#: service's processes need theirs: 400 idle ones once left an exec no
+#: descriptor for its channels. One more closes the connection that has
+#: gone longest without completing a request: refusing the newcomer instead
+#: let 64 connections trickling a byte each 9 s (under the idle timeout)
+#: keep every scrape out.
 MAX_STATS_CONNECTIONS = 64
 
 #: Seconds a connection may be idle before it is closed (Twisted's default,
@@ -52,11 +58,19 @@ class _StatsChannel(HTTPChannel):
 
     def connectionMade(self) -> None:
         super().connectionMade()
-        self.site.channels.add(self)
+        self.site.channels[self] = None
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self.site.channels.discard(self)
+        self.site.channels.pop(self, None)
         super().connectionLost(reason)
+
+    def requestDone(self, request: Request) -> None:
+        # Served: it now waits for its next request, the newest to wait.
+        channels = self.site.channels
+        if self in channels:  # not already closed to make room
+            del channels[self]
+            channels[self] = None
+        super().requestDone(request)
 
     def allHeadersReceived(self) -> None:
         # Only GET is served, and Twisted would keep a body however large
@@ -76,12 +90,20 @@ class _StatsSite(Site):
 
     def __init__(self, resource: IResource) -> None:
         super().__init__(resource, timeout=STATS_TIMEOUT)
-        self.channels: set[_StatsChannel] = set()
+        #: The open connections, in the order they began to wait for a
+        #: request (when they connected, or were last served): an ordered set.
+        self.channels: dict[_StatsChannel, None] = {}
 
     def buildProtocol(self, addr):
         if len(self.channels) >= MAX_STATS_CONNECTIONS:
-            return None  # Twisted closes the connection at once
+            self._close_the_longest_waiting()
         return super().buildProtocol(addr)
+
+    def _close_the_longest_waiting(self) -> None:
+        longest = next(iter(self.channels))
+        del self.channels[longest]  # uncounted now: it closes a pass later
+        # TCP's, or a UNIX socket's (stats-socket), which has it too.
+        cast(ITCPTransport, longest.transport).abortConnection()
 
     def log(self, request: Request) -> None:
         """No access log: each request's path and headers would reach the

@@ -82,25 +82,66 @@ def closed_by_the_site(sock: socket.socket) -> bool:
         return True
 
 
+def hold_trickling_connections(port: int, count: int) -> list[socket.socket]:
+    """``count`` connections, each with a request begun and not finished,
+    as a client trickling a byte now and then under the idle timeout."""
+    held = hold_connections(port, count)
+    for sock in held:
+        sock.sendall(b"GET /stats HTTP/1.1\r\n")
+    return held
+
+
+def finish_keeping_alive(sock: socket.socket) -> bytes:
+    """Finish the request begun by hold_trickling_connections, keeping the
+    connection open (HTTP/1.1's default); the answer's head."""
+    sock.sendall(b"Host: x\r\n\r\n")
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += sock.recv(65536)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head
+
+
+def client_ports(site) -> set[int]:
+    """The client-side ports of the connections the site holds open."""
+    return {channel.transport.getPeer().port for channel in site.channels}
+
+
+def port_of(sock: socket.socket) -> int:
+    return sock.getsockname()[1]
+
+
 @ensureDeferred
-async def test_connections_beyond_the_cap_are_closed_and_the_held_ones_served(
-    site_port,
-):
+async def test_a_new_connection_takes_the_place_of_the_longest_waiting(site_port):
+    # Refusing newcomers once full let 64 trickling connections keep every
+    # scrape out for as long as they cared to.
     site, port = site_port
-    held = await deferToThread(hold_connections, port, MAX_STATS_CONNECTIONS)
-    extra: list[socket.socket] = []
+    held = await deferToThread(hold_trickling_connections, port, MAX_STATS_CONNECTIONS)
     try:
-        extra += await deferToThread(hold_connections, port, 3)
-        assert all([await deferToThread(closed_by_the_site, s) for s in extra])
-        assert len(site.channels) == MAX_STATS_CONNECTIONS
-        held[0].sendall(GET)  # the held connections are served
-        answer = await deferToThread(_read_to_eof, held[0])
-        assert answer.startswith(b"HTTP/1.1 200")
-        # One gone, one more is taken.
+        # The second one is served, and waits anew as the newest.
+        head = await deferToThread(finish_keeping_alive, held[1])
+        assert head.startswith(b"HTTP/1.1 200")
         answer = await deferToThread(exchange, port, GET)
         assert answer.startswith(b"HTTP/1.1 200")
+        assert port_of(held[0]) not in client_ports(site)
+        assert await deferToThread(closed_by_the_site, held[0])
+        # Full again (accepted in order, before the newcomer); the next
+        # newcomer passes held[1] over for held[2].
+        held += await deferToThread(hold_trickling_connections, port, 1)
+        answer = await deferToThread(exchange, port, GET)
+        assert answer.startswith(b"HTTP/1.1 200")
+        assert port_of(held[2]) not in client_ports(site)
+        assert {port_of(sock) for sock in [held[1], *held[3:]]} == client_ports(site)
+        assert await deferToThread(closed_by_the_site, held[2])
+        # The others are still served.
+        held[3].sendall(b"Host: x\r\nConnection: close\r\n\r\n")
+        answer = await deferToThread(_read_to_eof, held[3])
+        assert answer.startswith(b"HTTP/1.1 200")
     finally:
-        for sock in held + extra:
+        for sock in held:
             sock.close()
 
 

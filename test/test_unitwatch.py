@@ -126,3 +126,15 @@ def test_a_failed_refresh_fails_and_shields_nothing_after():
     answer.errback(RuntimeError("no reply"))
     assert failed and failed[0].check(RuntimeError)
     assert unit_watch._signalled == []
+
+
+def test_the_registry_follows_a_path_while_a_watch_is_registered_there():
+    # The bus client unwraps a unit's signal only for a path followed: its
+    # one match rule brings every unit's changes on the manager.
+    registry = WatchRegistry()
+    assert not registry.follows(PATH)
+    unit_watch = watch([], registry)
+    assert registry.follows(PATH)
+    assert not registry.follows(PATH + "_2e")
+    unit_watch.cancel()
+    assert not registry.follows(PATH)

@@ -595,8 +595,10 @@ class SystemdClient:
         if message.message_type != MessageType.SIGNAL:
             return
         if message.member == "PropertiesChanged" and message.interface == PROPERTIES:
-            _interface, changed, invalidated = message.body
-            self._watches.changed(message.path or "", _unwrap(changed), invalidated)
+            path = message.path or ""
+            if self._watches.follows(path):  # the match rule takes every unit's
+                _interface, changed, invalidated = message.body
+                self._watches.changed(path, _unwrap(changed), invalidated)
         elif (
             message.member == "NameOwnerChanged"
             and message.sender == DBUS

@@ -40,6 +40,10 @@ class WatchRegistry:
     def is_current(self, watch: UnitWatch) -> bool:
         return self._watches.get(watch.path) is watch
 
+    def follows(self, path: str) -> bool:
+        """Whether a watch follows the unit at object path ``path``."""
+        return path in self._watches
+
     def changed(self, path: str, changed: State, invalidated: list[str]) -> None:
         """A ``PropertiesChanged`` for ``path``, values unwrapped."""
         watch = self._watches.get(path)

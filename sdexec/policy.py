@@ -39,6 +39,7 @@ from sdexec.refusal import RequestRefused, printable
 from sdexec.sizes import MemoryLimit
 
 __all__ = [
+    "ALWAYS_ALLOWED",
     "CONFIG_KEY",
     "DEFAULTS_TOKEN",
     "DEFAULT_ALLOWED",
@@ -214,9 +215,16 @@ TIGHTENING: Final[Mapping[str, Ordering]] = {
     ),
 }
 
+#: What a request may set whatever ``request-properties`` says. Whether the
+#: process starts with SIGPIPE ignored (systemd's default) is its own
+#: business: it may change that itself at any time. ``sdexec run`` sets it
+#: on every streaming run (a closed pipe ends the command as it would a
+#: local one), so a site that narrowed the list refused every run.
+ALWAYS_ALLOWED: Final = frozenset({"IgnoreSIGPIPE"})
+
 #: What a request may set unless the admin says otherwise: limits that only
-#: tighten, the description, and the accounting switches.
-DEFAULT_ALLOWED: Final = frozenset(
+#: tighten, the description, the accounting switches, and the above.
+DEFAULT_ALLOWED: Final = ALWAYS_ALLOWED | frozenset(
     {
         "MemoryMax",
         "MemoryHigh",
@@ -228,10 +236,6 @@ DEFAULT_ALLOWED: Final = frozenset(
         "MemoryAccounting",
         "IOAccounting",
         "TasksAccounting",
-        # Whether the process dies of SIGPIPE (systemd ignores it by
-        # default): how a local command behaves. `sdexec run` sets it on
-        # every streaming run; no privilege in it.
-        "IgnoreSIGPIPE",
     }
 )
 
@@ -254,8 +258,8 @@ def never_allowed_reason(name: str) -> str | None:
 
 def parse_request_properties(value: object) -> frozenset[str]:
     """The checked value of :data:`CONFIG_KEY`: an array of property names,
-    where :data:`DEFAULTS_TOKEN` stands for :data:`DEFAULT_ALLOWED`. ``[]``
-    lets requests set nothing.
+    where :data:`DEFAULTS_TOKEN` stands for :data:`DEFAULT_ALLOWED`, plus
+    :data:`ALWAYS_ALLOWED`. ``[]`` lets requests set nothing else.
 
     ``ValueError`` naming the entry (``request-properties[2]: ...``) for a
     non-array, a non-name, or a name that can never be allowed.
@@ -281,7 +285,7 @@ def parse_request_properties(value: object) -> frozenset[str]:
                 f"{where}: {entry} can never be set by a request: {reason}"
             )
         allowed.add(entry)
-    return frozenset(allowed)
+    return ALWAYS_ALLOWED | allowed
 
 
 def _physical_memory() -> int:

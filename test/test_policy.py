@@ -168,9 +168,20 @@ def test_config_value_errors_name_the_entry(value: object, message: str) -> None
 
 
 def test_config_value() -> None:
-    assert parse_request_properties([]) == frozenset()
+    assert parse_request_properties([]) == {"IgnoreSIGPIPE"}
     assert parse_request_properties(["@default"]) == DEFAULT_ALLOWED
-    assert parse_request_properties(["Nice"]) == {"Nice"}
+    assert parse_request_properties(["Nice"]) == {"Nice", "IgnoreSIGPIPE"}
+
+
+@pytest.mark.parametrize("listed", [[], ["MemoryMax"]])
+def test_a_narrowed_list_still_lets_sdexec_run_set_ignoresigpipe(listed) -> None:
+    # `sdexec run` sets IgnoreSIGPIPE=no on every run: a site that narrowed
+    # the list had every run refused, naming a property nobody had given.
+    policy = RequestPolicy(allowed=parse_request_properties(listed))
+    assert policy.accept({"IgnoreSIGPIPE": "no"}) == {"IgnoreSIGPIPE": "no"}
+    with pytest.raises(RequestRefused) as refused:
+        policy.accept({"Description": "x"})
+    assert refused.value.errnum == errno.EPERM
 
 
 def test_defaults_are_not_forbidden_and_are_ordered() -> None:

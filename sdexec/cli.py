@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from sdexec.ioencode import decode_io
-from sdexec.protocol import ExecFlag, Topic, command_object
+from sdexec.protocol import ExecFlag, Topic, command_object, terminate_not_found
 from sdexec.receipt import Receipt
 from sdexec.rpc import RPCError, SdexecError, resolve_socket_path
 from sdexec.signals import parse_signal, signal_name
@@ -225,7 +225,8 @@ def _add_cancel(cancel: argparse.ArgumentParser) -> None:
     cancel.add_argument(
         "target",
         metavar="PID|LABEL|JOBID",
-        help="a process id, else a job id, else a label",
+        help="all digits: a process id, else a job id; otherwise a job id,"
+        " else a label",
     )
 
 
@@ -474,11 +475,24 @@ def _cancel(options: argparse.Namespace) -> int:
     try:
         reply = _terminate(options, first)
     except RPCError as failure:
-        if failure.errnum != errno.ESRCH:
-            raise
-        reply = _terminate(options, second)
+        if not _names_nothing(failure, first):
+            raise  # found: "job J has already exited" says more than a retry
+        try:
+            reply = _terminate(options, second)
+        except RPCError as again:
+            if not _names_nothing(again, second):
+                raise
+            raise RPCError(errno.ESRCH, f"{failure}; {again}") from None
     print(f"job {reply.get('id')}: terminating (step {reply.get('step')})")
     return 0
+
+
+def _names_nothing(failure: RPCError, target: dict[str, Any]) -> bool:
+    """Whether ``failure`` says that ``target`` names no job."""
+    ((key, value),) = target.items()
+    return failure.errnum == errno.ESRCH and failure.errstr == terminate_not_found(
+        key, value
+    )
 
 
 def _terminate(options: argparse.Namespace, target: dict[str, Any]) -> dict:

@@ -33,6 +33,7 @@ from sdexec.containment import R_OPTION
 from sdexec.joblimit import TIME_LIMIT_OPTION, TimeLimit, job_expiration
 from sdexec.limits import check_text
 from sdexec.plan import RequestError
+from sdexec.protocol import terminate_not_found
 from sdexec.rset import ResourceSet
 from sdexec.signals import signal_name
 from sdexec.systemd import Manager
@@ -349,7 +350,7 @@ class Jobs:
             check_text(key, value)
         job = self.jobs.get(value) if key == "jobid" else self._job_of(key, value, find)
         if job is None:
-            raise RequestError(errno.ESRCH, f"terminate jobid={value} not found")
+            raise RequestError(errno.ESRCH, terminate_not_found("jobid", value))
         return job
 
     def _job_of(
@@ -357,7 +358,7 @@ class Jobs:
     ) -> Job:
         process = find(**{key: value})
         if process is None:
-            raise RequestError(errno.ESRCH, f"terminate {key}={value} not found")
+            raise RequestError(errno.ESRCH, terminate_not_found(key, value))
         job = self.of(process)
         if job is None:
             raise RequestError(

@@ -98,3 +98,10 @@ def command_object(
     if label is not None:
         command["label"] = label
     return command
+
+
+def terminate_not_found(key: str, value: object) -> str:
+    """The ``errstr`` (with ``ESRCH``) of an ``sdexec.terminate`` whose
+    target names no job. ``sdexec cancel`` tells it from a job that was
+    found and has ended (``ESRCH`` too), which it must not hide."""
+    return f"terminate {key}={value} not found"

@@ -310,5 +310,5 @@ async def test_cancel_of_no_such_job_is_one_line(sdexec):
     done = await cli(sdexec, "cancel", "nojob")
     assert (done.returncode, done.stderr) == (
         1,
-        b"sdexec: terminate label=nojob not found\n",
+        b"sdexec: terminate jobid=nojob not found; terminate label=nojob not found\n",
     )

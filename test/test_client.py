@@ -22,6 +22,7 @@ from twisted.internet.endpoints import UNIXServerEndpoint
 from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
 
+from sdexec import cli
 from sdexec.cli import (
     build_command,
     cancel_targets,
@@ -42,6 +43,7 @@ from sdexec.client import (
 )
 from sdexec.framing import JSONLineProtocol
 from sdexec.ioencode import decode_io, encode_io
+from sdexec.protocol import terminate_not_found
 
 REPO = Path(__file__).resolve().parent.parent
 ENODATA = 61
@@ -474,6 +476,55 @@ def test_run_job_options_and_cancel_targets():
     assert build_command(parse_args(["run", "--bg", "true"]), {}, "/")["opts"] == {}
     assert cancel_targets("1234") == ({"pid": 1234}, {"jobid": "1234"})
     assert cancel_targets("fA3x") == ({"jobid": "fA3x"}, {"label": "fA3x"})
+
+
+def _cancel_against(monkeypatch, answers: dict) -> list[tuple]:
+    """Make ``sdexec cancel`` meet a service answering ``answers``
+    (``(key, value)`` → a reply dict or an RPCError); the targets tried."""
+    tried: list[tuple] = []
+
+    def terminate(_options, target):
+        ((key, value),) = target.items()
+        tried.append((key, value))
+        answer = answers.get(
+            (key, value), RPCError(errno.ESRCH, terminate_not_found(key, value))
+        )
+        if isinstance(answer, RPCError):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(cli, "_terminate", terminate)
+    return tried
+
+
+def test_cancel_of_a_pid_whose_job_has_ended_says_so(monkeypatch, capsys):
+    # It used to try the job id next and say "terminate jobid=4242 not found".
+    ended = RPCError(errno.ESRCH, "job j1 has already exited")
+    tried = _cancel_against(monkeypatch, {("pid", 4242): ended})
+    assert cli.main(["cancel", "4242"]) == 1
+    assert capsys.readouterr().err == "sdexec: job j1 has already exited\n"
+    assert tried == [("pid", 4242)]
+
+
+def test_cancel_tries_the_second_target_when_the_first_names_nothing(
+    monkeypatch, capsys
+):
+    ended = RPCError(errno.ESRCH, "job 4242 has already exited")
+    tried = _cancel_against(monkeypatch, {("jobid", "4242"): ended})
+    assert cli.main(["cancel", "4242"]) == 1
+    assert capsys.readouterr().err == "sdexec: job 4242 has already exited\n"
+    assert tried == [("pid", 4242), ("jobid", "4242")]
+    _cancel_against(monkeypatch, {("label", "n"): {"id": "f1", "step": "term"}})
+    assert cli.main(["cancel", "n"]) == 0
+    assert capsys.readouterr().out == "job f1: terminating (step term)\n"
+
+
+def test_cancel_of_nothing_names_both_targets(monkeypatch, capsys):
+    _cancel_against(monkeypatch, {})
+    assert cli.main(["cancel", "4242"]) == 1
+    assert capsys.readouterr().err == (
+        "sdexec: terminate pid=4242 not found; terminate jobid=4242 not found\n"
+    )
 
 
 # -- the command line against the peer --------------------------------------

@@ -253,14 +253,42 @@ def format_bytes(size: int) -> str:
     return f"{size}B"
 
 
+#: systemd's time units, largest first (``format_timespan``'s table).
+_TIMESPAN_UNITS = (
+    ("y", 31_557_600_000_000),
+    ("month", 2_629_800_000_000),
+    ("w", 604_800_000_000),
+    ("d", 86_400_000_000),
+    ("h", 3_600_000_000),
+    ("min", 60_000_000),
+    ("s", 1_000_000),
+    ("ms", 1_000),
+    ("us", 1),
+)
+_USEC_PER_MINUTE = 60_000_000
+#: ``systemd-run --wait`` prints its times to the millisecond.
+_ACCURACY_USEC = 1_000
+
+
 def format_usec(usec: int) -> str:
-    """``850us``, ``5ms``, ``1.234s``, ``2min 5.010s``: millisecond
-    accuracy once past a millisecond, as ``systemd-run --wait`` prints."""
-    if usec < 1000:
-        return f"{usec}us"
-    if usec < 1_000_000:
-        return f"{usec // 1000}ms"
-    minutes, usec = divmod(usec, 60_000_000)
-    seconds = f"{usec // 1_000_000}.{usec % 1_000_000 // 1000:03d}".rstrip("0")
-    seconds = seconds.rstrip(".") + "s"
-    return f"{minutes}min {seconds}" if minutes else seconds
+    """``850us``, ``5ms``, ``1.210s``, ``5s``, ``2min 5.010s``, ``1h 2min``:
+    as ``systemd-run --wait`` prints a time (systemd's ``format_timespan``
+    to the millisecond): under a minute, a unit with a remainder is written
+    with three decimals; larger spans as units down to the millisecond."""
+    if usec <= 0:
+        return "0"
+    parts: list[str] = []
+    for suffix, unit in _TIMESPAN_UNITS:
+        if usec <= 0 or (usec < _ACCURACY_USEC and parts):
+            break
+        if usec < unit:
+            continue
+        whole, rest = divmod(usec, unit)
+        decimals = len(str(unit)) - len(str(_ACCURACY_USEC))
+        if usec < _USEC_PER_MINUTE and rest > 0 and decimals > 0:
+            fraction = rest // _ACCURACY_USEC
+            parts.append(f"{whole}.{fraction:0{decimals}d}{suffix}")
+            break
+        parts.append(f"{whole}{suffix}")
+        usec = rest
+    return " ".join(parts)

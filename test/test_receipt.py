@@ -161,8 +161,12 @@ def test_run_prints_usage_like_systemd_run_and_the_oom_line_last():
 
 @pytest.mark.parametrize(
     ("usec", "text"),
-    [(850, "850us"), (5_400, "5ms"), (1_000_000, "1s"), (1_234_567, "1.234s"),
-     (125_010_000, "2min 5.01s")],
+    # As systemd-run --wait prints them (format_timespan, to the millisecond).
+    [(0, "0"), (850, "850us"), (5_400, "5ms"), (1_000_000, "1s"),
+     (1_234_567, "1.234s"), (1_210_000, "1.210s"), (5_000_400, "5.000s"),
+     (59_999_999, "59.999s"), (60_000_000, "1min"), (125_010_000, "2min 5.010s"),
+     (3_600_000_001, "1h"), (3_723_000_000, "1h 2min 3s"),
+     (90_061_500_000, "1d 1h 1min 1.500s")],
 )  # fmt: skip
 def test_format_usec(usec, text):
     assert format_usec(usec) == text

@@ -60,8 +60,12 @@ def default_socket_path(environ: Mapping[str, str] | None = None) -> str:
     default. :class:`SdexecError` if ``XDG_RUNTIME_DIR`` is unset."""
     path = protocol.default_socket_path(environ)
     if path is None:
+        hint = ""
+        if os.path.exists(SYSTEM_SOCKET):  # as under sudo, on a system unit's node
+            hint = f" (the system unit's socket is {SYSTEM_SOCKET})"
         raise SdexecError(
-            f"XDG_RUNTIME_DIR is not set: name the socket with --socket or {SOCKET_ENV}"
+            "XDG_RUNTIME_DIR is not set: name the socket with --socket or"
+            f" {SOCKET_ENV}{hint}"
         )
     return path
 

@@ -22,7 +22,7 @@ from twisted.internet.endpoints import UNIXServerEndpoint
 from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
 
-from sdexec import cli
+from sdexec import cli, rpc
 from sdexec.cli import (
     build_command,
     cancel_targets,
@@ -104,9 +104,20 @@ def test_socket_option_wins_over_environment():
     assert resolve_socket_path(None, environ) == "/run/user/1/sdexec/sdexec.sock"
 
 
-def test_default_socket_needs_xdg_runtime_dir():
-    with pytest.raises(SdexecError, match="XDG_RUNTIME_DIR is not set"):
+def test_default_socket_needs_xdg_runtime_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(rpc, "SYSTEM_SOCKET", str(tmp_path / "none.sock"))
+    with pytest.raises(SdexecError) as failure:
         default_socket_path({})
+    assert str(failure.value) == (
+        "XDG_RUNTIME_DIR is not set: name the socket with --socket or SDEXEC_SOCKET"
+    )
+    # Under sudo on a node whose system unit serves: where it is.
+    system = tmp_path / "system.sock"
+    system.touch()
+    monkeypatch.setattr(rpc, "SYSTEM_SOCKET", str(system))
+    with pytest.raises(SdexecError) as failure:
+        default_socket_path({})
+    assert str(failure.value).endswith(f" (the system unit's socket is {system})")
 
 
 @pytest_twisted.inlineCallbacks

@@ -133,7 +133,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse the command line; ``SystemExit(2)`` with a usage message if it
     is wrong."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    return _parser(_named_command(argv)).parse_args(argv)
+    parser = _parser(_named_command(argv))
+    options = parser.parse_args(argv)
+    if options.command == "run" and options.waitable and not options.bg:
+        parser.error("--waitable needs --bg")
+    return options
 
 
 def _named_command(argv: Sequence[str]) -> str | None:
@@ -393,8 +397,10 @@ def _run(options: argparse.Namespace) -> int:
     except OSError as failure:
         why = failure.strerror
         raise SdexecError(f"cannot get the current directory: {why}") from None
-    if options.bg or options.waitable:
-        return _run_background(options, command)
+    if options.bg:
+        from sdexec.cli_background import run_background  # only when used
+
+        return run_background(options, command)
     with Loop() as loop, _Stdio(options) as stdio:
         job = _Job(loop, options.noinput, stdio, options.usage)
         # Caught before connecting: a signal that arrives while we start up
@@ -404,14 +410,6 @@ def _run(options: argparse.Namespace) -> int:
             job.start(connection, command)
             loop.run_until(job.ended)
     return job.exit_code()
-
-
-def _run_background(options: argparse.Namespace, command: dict[str, Any]) -> int:
-    if not options.bg:
-        raise SdexecError("--waitable needs --bg")
-    from sdexec.cli_background import run_background  # only when used
-
-    return run_background(options, command)
 
 
 def _wait(options: argparse.Namespace) -> int:

@@ -87,3 +87,9 @@ def test_a_reader_that_left_ends_the_command_quietly(monkeypatch, capsys):
     monkeypatch.setattr("sys.stdout", _ClosedPipe())
     assert main(["stats"]) == 141  # as a shell says a SIGPIPE'd command
     assert capsys.readouterr().err == ""
+
+
+def test_waitable_without_bg_is_a_usage_error(capsys):
+    # It was exit 1, as a refusal of the service; usage errors are 2.
+    assert main(["run", "--waitable", "true"]) == 2
+    assert capsys.readouterr().err.endswith("sdexec: error: --waitable needs --bg\n")

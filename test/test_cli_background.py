@@ -77,8 +77,6 @@ async def test_run_bg_errors(sdexec):
         126,
         b"sdexec: /: permission denied\n",
     )
-    alone = await cli(sdexec, "run", "--waitable", "true")
-    assert (alone.returncode, alone.stderr) == (1, b"sdexec: --waitable needs --bg\n")
     nowhere = await cli(sdexec, "attach", "no-such-label")
     assert nowhere.returncode == 1
     assert nowhere.stderr == b"sdexec: label 'no-such-label': no such process\n"

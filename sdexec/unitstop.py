@@ -77,7 +77,7 @@ def lifecycle_properties() -> dict[str, str]:
 @dataclass(frozen=True)
 class StopTimerPolicy:
     """One request's stop timer: ``sdexec-stop-timer-sec`` (or the request's
-    ``SDEXEC_STOP_TIMER_SEC``; negative disables it) and
+    shorter ``SDEXEC_STOP_TIMER_SEC``; it is never disabled) and
     ``sdexec-stop-timer-signal`` (or ``SDEXEC_STOP_TIMER_SIGNAL``)."""
 
     seconds: float

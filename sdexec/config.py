@@ -10,7 +10,7 @@ reload can never half-apply. Unknown keys inside these tables are errors
 warning, because a Flux system configuration has many tables that are not
 ours.
 
-``python -m sdexec.config FILE`` checks a file the same way and prints the
+``python3 -m sdexec.config FILE`` checks a file the same way and prints the
 effective configuration as JSON.
 """
 
@@ -334,7 +334,7 @@ class Config:
         }
 
     def effective(self) -> dict[str, Any]:
-        """What ``python -m sdexec.config`` prints: :meth:`introspect` plus
+        """What ``python3 -m sdexec.config`` prints: :meth:`introspect` plus
         every key of ``[exec]``, ``[sdexec]`` and ``[systemd]`` with the value
         in force (defaults and derived values filled in)."""
         return self.introspect() | {
@@ -983,7 +983,7 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
     return f"{problem} (at line {mark.line + 1}, column {mark.column + 1})"
 
 
-# --- python -m sdexec.config FILE ------------------------------------------
+# --- python3 -m sdexec.config FILE ------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -991,7 +991,7 @@ def main(argv: list[str] | None = None) -> int:
     effective configuration as JSON and return 0, or print the error and
     return 1."""
     parser = argparse.ArgumentParser(
-        prog="python -m sdexec.config",
+        prog="python3 -m sdexec.config",
         description="Check an sdexec configuration file and print the"
         " configuration in force as JSON.",
     )

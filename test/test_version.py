@@ -24,8 +24,8 @@ def test_the_metadata_is_pyprojects_version():
     ("module", "prog"),
     [
         ("sdexec.cli", "sdexec"),
-        ("sdexec.config", "python -m sdexec.config"),
-        ("sdexec.map", "python -m sdexec.map"),
+        ("sdexec.config", "python3 -m sdexec.config"),
+        ("sdexec.map", "python3 -m sdexec.map"),
     ],
 )
 def test_version(module, prog):

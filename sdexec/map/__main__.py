@@ -1,4 +1,4 @@
-"""Run the mapper CLI: ``python -m sdexec.map --help``."""
+"""Run the mapper CLI: ``python3 -m sdexec.map --help``."""
 
 from sdexec.map.cli import main
 

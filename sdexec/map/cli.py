@@ -1,4 +1,4 @@
-"""``python -m sdexec.map``: show the unit properties for resource ids."""
+"""``python3 -m sdexec.map``: show the unit properties for resource ids."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def main(args: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m sdexec.map",
+        prog="python3 -m sdexec.map",
         description="Show the systemd unit properties a resource mapper gives"
         " the cores and GPUs of one rank.",
     )

@@ -738,7 +738,8 @@ class _UnitStop:
 
 
 def _unit_type(properties: Any) -> str:
-    """``, Type=X`` when the request set the unit's type, else nothing."""
+    """``, Type=X``: the unit's type as sent (``exec``, unless a request set
+    it, which only a test's policy allows: the deadline must hold for any)."""
     for prop in properties:
         if prop.name == "Type":
             return f", Type={prop.value}"

@@ -121,7 +121,7 @@ class FakeManager:
         self.units.setdefault(name, {})
         return defer.succeed(f"/org/freedesktop/systemd1/job/{len(self.calls)}")
 
-    def stop_unit(self, name: str, mode: str = "fail") -> defer.Deferred[str]:
+    def stop_unit(self, name: str, mode: str = "replace") -> defer.Deferred[str]:
         self.calls.append(("stop", name))
         if not self.connected:
             return defer.fail(reconnecting())

@@ -1,8 +1,13 @@
 """The systemd layer: everything that knows systemd's D-Bus API.
 
-- :mod:`sdexec.systemd.bus`: the bus client (:class:`SystemdClient`) and a
-  unit's property watch (:class:`UnitWatch`); the only module that imports
-  dbus-fast or asyncio.
+- :mod:`sdexec.systemd.bus`: the bus client (:class:`SystemdClient`); the
+  only module that imports dbus-fast or asyncio.
+- :mod:`sdexec.systemd.watch`: a unit's property watch (:class:`UnitWatch`)
+  and the registry that dispatches each signal to it.
+- :mod:`sdexec.systemd.window`: :class:`CallWindow`, the bound on method
+  calls awaiting their reply (``max-inflight``).
+- :mod:`sdexec.systemd.retry`: the backoff of the reconnection to a bus or
+  manager that went away.
 - :mod:`sdexec.systemd.errors`: :class:`SystemdError` with its errno, and the
   reading of systemd's refusals.
 - :mod:`sdexec.systemd.unit`: unit properties read as a process's life

@@ -87,7 +87,7 @@ MANAGER_ABSENT_S = 5.0
 
 def unit_object_path(unit_name: str) -> str:
     """The D-Bus object path of a unit, escaped as systemd's
-    ``bus_path_escape`` does: every byte that is not an ASCII letter or digit
+    ``bus_label_escape`` does: every byte that is not an ASCII letter or digit
     (and a leading digit) becomes ``_`` and two lowercase hex digits."""
     escaped = []
     for position, byte in enumerate(unit_name.encode()):
@@ -454,8 +454,9 @@ class SystemdClient:
             )
         ).addCallback(lambda body: body[0])
 
-    def stop_unit(self, name: str, mode: str = "fail") -> Deferred[str]:
-        """``StopUnit``; fires with the job path."""
+    def stop_unit(self, name: str, mode: str = "replace") -> Deferred[str]:
+        """``StopUnit``; fires with the job path. ``replace``: systemd refuses
+        ``fail`` while the unit's start job is still queued."""
         return self._defer(
             lambda: self._manager("StopUnit", "ss", [name, mode])
         ).addCallback(lambda body: body[0])

@@ -22,13 +22,24 @@ class Watch(Protocol):
 
     state: dict[str, Any]
 
-    def refresh(self) -> Deferred[dict[str, Any]]: ...
+    def refresh(self) -> Deferred[dict[str, Any]]:
+        """Fetch every property of the unit (after systemd was away), merge
+        and deliver; fires with the merged state."""
+        ...
 
-    def cancel(self) -> None: ...
+    def cancel(self) -> None:
+        """Stop following the unit."""
+        ...
 
 
 class Manager(Protocol):
-    """What the server and its processes ask of systemd."""
+    """What the server and its processes ask of systemd.
+
+    Every call's Deferred fails with
+    :class:`~sdexec.systemd.errors.SystemdError` (its ``errno`` set) when
+    systemd refuses it, and at once with ``EAGAIN`` while the manager is
+    unreachable (``connected`` false).
+    """
 
     debug: bool
     #: Method calls awaiting a reply at once (``[systemd] max-inflight``).
@@ -46,7 +57,11 @@ class Manager(Protocol):
 
     def watch_unit(
         self, name: str, callback: Callable[[dict[str, Any]], None]
-    ) -> Watch: ...
+    ) -> Watch:
+        """Follow the unit's properties: ``callback(state)`` with the merged
+        state after each change. Register before starting the unit, so that
+        no change is missed."""
+        ...
 
     def start_transient_unit(
         self,
@@ -56,17 +71,35 @@ class Manager(Protocol):
         stdout_fd: int,
         stderr_fd: int,
         mode: str = "fail",
-    ) -> Deferred[str]: ...
+    ) -> Deferred[str]:
+        """``StartTransientUnit`` with the three fds as the process's stdio;
+        fires with the job path once systemd has queued the start (the
+        caller may close its copies of the fds then)."""
+        ...
 
-    def stop_unit(self, name: str, mode: str = "fail") -> Deferred[str]: ...
+    def stop_unit(self, name: str, mode: str = "replace") -> Deferred[str]:
+        """``StopUnit``; fires with the job path."""
+        ...
 
-    def kill_unit(self, name: str, who: str, signal: int) -> Deferred[None]: ...
+    def kill_unit(self, name: str, who: str, signal: int) -> Deferred[None]:
+        """``KillUnit``: ``signal`` to ``who`` (``main``, ``control``, ``all``)."""
+        ...
 
-    def reset_failed_unit(self, name: str) -> Deferred[None]: ...
+    def reset_failed_unit(self, name: str) -> Deferred[None]:
+        """``ResetFailedUnit``: forget a failed unit so it can be unloaded."""
+        ...
 
     def list_units_by_patterns(
         self, states: list[str], patterns: list[str]
-    ) -> Deferred[list[tuple]]: ...
-    def get_service_properties(self, name: str) -> Deferred[dict[str, Any]]: ...
+    ) -> Deferred[list[tuple]]:
+        """``ListUnitsByPatterns``: the 10-field tuples of the units matching
+        ``patterns`` in ``states`` (any state if empty)."""
+        ...
 
-    def disconnect(self) -> None: ...
+    def get_service_properties(self, name: str) -> Deferred[dict[str, Any]]:
+        """``GetAll`` of the unit's ``Service`` interface, values unwrapped."""
+        ...
+
+    def disconnect(self) -> None:
+        """Close the connection for good; ``disconnected`` fires."""
+        ...

@@ -14,7 +14,7 @@ Facts this relies on, observed with systemd 252 and ``Type=exec``,
 - ``ExecMainCode``/``ExecMainStatus`` read 0/0 until the process exits; a
   valid code is a ``CLD_*`` value (> 0);
 - ``PropertiesChanged`` comes per interface, ``Service`` (the exit status)
-  before ``Unit`` (``ActiveState``), so a merged snapshot may read
+  and ``Unit`` (``ActiveState``), in either order, so a merged snapshot may read
   *activating/start* or *active/running* with the exit status already set:
   the exit status decides, the states settle one signal later;
 - when systemd itself fails to run the command it exits the forked child with

@@ -255,12 +255,6 @@ class SdexecConfig:
     #: retained-output bytes of its output.
     max_background: int = 1024
 
-    @property
-    def mapper_searchpath_dirs(self) -> list[str]:
-        """``mapper_searchpath`` as a list of directories, empty entries
-        dropped."""
-        return [d for d in self.mapper_searchpath.split(":") if d]
-
 
 #: Seconds from systemd's start job to the process's ``started`` before the
 #: request is ended (``[systemd] start-timeout``): longer than systemd's own

@@ -88,12 +88,6 @@ class IDset:
             if byte & (1 << bit)
         )
 
-    def first(self) -> int:
-        """The smallest id; ``ValueError`` on the empty set."""
-        if not self._runs:
-            raise ValueError("empty idset has no first id")
-        return self._runs[0][0]
-
     def last(self) -> int:
         """The largest id; ``ValueError`` on the empty set."""
         if not self._runs:

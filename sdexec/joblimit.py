@@ -106,7 +106,6 @@ class TimeLimit:
         expiration: float,
         on_expired: Callable[[], object],
     ) -> None:
-        self._reactor = reactor
         self.expiration = expiration
         self._on_expired = on_expired
         delay = max(0.0, expiration - reactor.seconds())
@@ -116,10 +115,6 @@ class TimeLimit:
     def active(self) -> bool:
         """Whether the limit is still ahead."""
         return self._timer is not None
-
-    def remaining(self) -> float:
-        """Seconds until expiration (0 once it has passed)."""
-        return max(0.0, self.expiration - self._reactor.seconds())
 
     def cancel(self) -> None:
         """The job ended: the limit no longer applies. Harmless twice."""

@@ -273,12 +273,6 @@ def test_more_good_values(path, value, parsed):
     assert attribute(configure(path, value), key.attribute) == parsed
 
 
-def test_mapper_searchpath_dirs():
-    config = configure("sdexec.mapper-searchpath", "/etc/flux/mappers::/opt/m:")
-    assert config.sdexec.mapper_searchpath_dirs == ["/etc/flux/mappers", "/opt/m"]
-    assert default_config().sdexec.mapper_searchpath_dirs == []
-
-
 # --- exec.sdexec-properties ------------------------------------------------
 
 MEMORY = ["MemoryMax", "MemoryHigh", "MemoryMin", "MemoryLow", "MemorySwapMax"]

@@ -122,12 +122,6 @@ def test_bitmask_layout_matches_systemd():
     assert IDset().bitmask() == b""
 
 
-def test_first():
-    assert IDset("9,3-4").first() == 3
-    with pytest.raises(ValueError, match="empty idset"):
-        IDset().first()
-
-
 def test_equal_sets_hash_alike_and_repr_shows_the_encoding():
     assert hash(IDset("0-2")) == hash(IDset([2, 1, 0]))
     assert {IDset("0-2"): "x"}[IDset("[0,1,2]")] == "x"

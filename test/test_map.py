@@ -1086,6 +1086,9 @@ def test_the_first_searchpath_directory_wins(tmp_path):
         )
     searchpath = f"{tmp_path}/missing:{tmp_path}/first:{tmp_path}/second"
     assert load_mapper_class("choice.Mapper", searchpath).VALUE == 1
+    # Empty entries are skipped, not read as the current directory.
+    searchpath = f"::{tmp_path}/second::{tmp_path}/first:"
+    assert load_mapper_class("choice.Mapper", searchpath).VALUE == 2
 
 
 def test_a_package_directory_on_the_searchpath(tmp_path):

@@ -162,17 +162,7 @@ class SdexecServer:
         false: in the background, sdexec/background.py), with the
         descriptors it brought (``stdio``; the caller closes them if this
         raises)."""
-        if self.stopping:
-            # Its unit would outlive the shutdown, which stops only the
-            # processes there when it began.
-            raise RequestError(errno.EAGAIN, "the service is stopping")
-        if self.drain_reason is not None:
-            raise RequestError(
-                errno.EBUSY,
-                f"node is drained: {self.drain_reason} (sdexec undrain clears it)",
-            )
-        if not self.systemd.connected:
-            raise RequestError(errno.EAGAIN, "reconnecting to systemd")
+        self._refuse_if_unavailable()
         plan = self._own(plan_exec(payload, self.config, self.containment))
         if plan.mapped:
             self.count("mapper")  # the mapper ran, whatever is refused next
@@ -189,16 +179,8 @@ class SdexecServer:
         )
         responder = tracked if tracked is not None else responder
         key = (connection_id, matchtag) if streaming else self.tracked.new_key()
-        if key in self.processes:
-            raise RequestError(errno.EEXIST, f"matchtag {matchtag} is already in use")
-        if plan.unit_name in self.units or (
-            self.leftovers is not None and plan.unit_name in self.leftovers.units
-        ):
-            # Refused before anything is made: a second watch or a failed
-            # start must not touch the running unit's stream.
-            raise RequestError(
-                errno.EEXIST, f"unit {plan.unit_name} is already run by this service"
-            )
+        self._check_unique(key, plan.unit_name)
+        # Every check is passed: from here on, the process is tabled.
         if self.observer is not None:
             responder = self.observer.watch_exec(responder)
         job = self.jobs.admit(
@@ -222,18 +204,50 @@ class SdexecServer:
             self.tracked.add(process, tracked)
         self.units[plan.unit_name] = process
         self.jobs.add(job, process)
+        self._start(key, process)
+        if not streaming:
+            process.write(b"", eof=True)  # a background process reads EOF
+
+    def _refuse_if_unavailable(self) -> None:
+        """Refuse an exec the service cannot take now, before any work."""
+        if self.stopping:
+            # Its unit would outlive the shutdown, which stops only the
+            # processes there when it began.
+            raise RequestError(errno.EAGAIN, "the service is stopping")
+        if self.drain_reason is not None:
+            raise RequestError(
+                errno.EBUSY,
+                f"node is drained: {self.drain_reason} (sdexec undrain clears it)",
+            )
+        if not self.systemd.connected:
+            raise RequestError(errno.EAGAIN, "reconnecting to systemd")
+
+    def _check_unique(self, key: tuple[int, int], unit_name: str) -> None:
+        """EEXIST for a key (connection, matchtag) or a unit already in use:
+        refused before anything is made, so that a second watch or a failed
+        start never touches the running unit's stream."""
+        if key in self.processes:
+            raise RequestError(errno.EEXIST, f"matchtag {key[1]} is already in use")
+        if unit_name in self.units or (
+            self.leftovers is not None and unit_name in self.leftovers.units
+        ):
+            raise RequestError(
+                errno.EEXIST, f"unit {unit_name} is already run by this service"
+            )
+
+    def _start(self, key: tuple[int, int], process: Process) -> None:
+        """Start a tabled process; a start that fails untables it (never a
+        phantom in the table)."""
         try:
             process.start()
         except OSError as error:  # no fds left for its channels (EMFILE)
-            self._untable(key)  # never a phantom in the table
+            self._untable(key)
             raise RequestError(
                 error.errno or errno.EIO, f"cannot start the process: {error}"
             ) from None
         except Exception:
             self._untable(key)
             raise
-        if not streaming:
-            process.write(b"", eof=True)  # a background process reads EOF
 
     def _check_label_free(self, label: str | None) -> None:
         """RFC 42: a label names one process (running, or ended and kept for

@@ -40,7 +40,7 @@ from sdexec.systemd.channel import (
     StdinOverrun,
     socketpair_for_systemd,
 )
-from sdexec.systemd.errors import is_connection_lost
+from sdexec.systemd.errors import is_connection_lost, is_unit_gone
 from sdexec.unitstop import StopTimer
 
 __all__ = ["OutputTap", "Process", "ProcessContext", "Responder", "Sent", "UnitCall"]
@@ -83,6 +83,11 @@ class UnitCall(enum.Enum):
     CONFIRM_FAILURE = "GetAll"
     RECEIPT = "GetAll(Service) for the receipt"
     KILL_MAIN = "KillUnit(main, SIGKILL) for a client that left"
+
+
+#: Calls with nothing left to do once the unit is unloaded: their failure
+#: then is no news (a client gone in a burst logged one per unit).
+_MOOT_ONCE_GONE = frozenset({UnitCall.STOP, UnitCall.RESET, UnitCall.KILL_MAIN})
 
 
 @dataclass(frozen=True)
@@ -681,6 +686,8 @@ class Process:
     def _call_failed(self, failure: Failure, call: UnitCall) -> None:
         if is_connection_lost(failure.value):
             self._called.discard(call)  # made again after the reconnection
+        elif is_unit_gone(failure.value) and call in _MOOT_ONCE_GONE:
+            return  # it ended and was unloaded first: the watch sees it go
         self._log_failure(failure, call.value)
 
     def _once(self, kind: Sent, payload: dict[str, Any]) -> None:

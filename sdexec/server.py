@@ -55,6 +55,7 @@ from sdexec.protocol import Topic
 from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import RequestRefused, printable
 from sdexec.systemd import Manager, errno_for
+from sdexec.systemd.errors import is_unit_gone
 
 __all__ = ["ClientProtocol", "RequestError", "SdexecServer", "SdexecServerFactory"]
 
@@ -68,6 +69,16 @@ def peer_uid(sock: socket.socket) -> int:
     )
     _pid, uid, _gid = struct.unpack("3i", creds)
     return uid
+
+
+def _log_straggler_kill_failure(failure: Failure, unit: str) -> None:
+    if is_unit_gone(failure.value):
+        return  # it went meanwhile
+    log.warn(
+        "shutdown: SIGKILL to {unit} failed: {error}",
+        unit=unit,
+        error=failure.getErrorMessage(),
+    )
 
 
 class SdexecServer:
@@ -448,7 +459,10 @@ class SdexecServer:
         systemd. Stopping thousands of units takes longer than any fixed
         grace (and the first reaps wait for the receipts queued behind every
         stop in the call window), while a unit that never stops, or a
-        manager that answers nothing, must not hold the exit."""
+        manager that answers nothing, must not hold the exit. The first
+        grace without progress sends SIGKILL to every process of the units
+        left (their SIGTERM did not end them: left running, they would keep
+        the next run drained); the second gives up."""
         self.stopping = True
         for verdict in list(self._canaries):
             verdict.cancel()  # its process is abandoned below, its timer goes
@@ -467,21 +481,37 @@ class SdexecServer:
         return self.counters["reaped"], self.systemd.calls_answered
 
     def _check_shutdown_progress(
-        self, waiter: defer.Deferred, grace: float, before: tuple[int, int]
+        self,
+        waiter: defer.Deferred,
+        grace: float,
+        before: tuple[int, int],
+        killed: bool = False,
     ) -> None:
         timer = self.clock.callLater(
-            grace, self._shutdown_progress, waiter, grace, before
+            grace, self._shutdown_progress, waiter, grace, before, killed
         )
         waiter.addBoth(lambda result: timer.cancel() if timer.active() else None)
 
     def _shutdown_progress(
-        self, waiter: defer.Deferred, grace: float, before: tuple[int, int]
+        self,
+        waiter: defer.Deferred,
+        grace: float,
+        before: tuple[int, int],
+        killed: bool,
     ) -> None:
         now = self._shutdown_mark()
         if now != before:
-            self._check_shutdown_progress(waiter, grace, now)
+            self._check_shutdown_progress(waiter, grace, now, killed)
             return
         names = ", ".join(process.unit_name for process in self.processes.values())
+        if not killed:
+            self._kill_stragglers(grace, names)
+            # Marked after the kills; answers that come later count as
+            # progress once more, at most a grace more.
+            self._check_shutdown_progress(
+                waiter, grace, self._shutdown_mark(), killed=True
+            )
+            return
         log.error(
             "units still not reaped, and no unit reaped nor call answered for"
             " {grace}s: {names}",
@@ -490,6 +520,18 @@ class SdexecServer:
         )
         self._all_reaped.remove(waiter)
         waiter.callback(None)
+
+    def _kill_stragglers(self, grace: float, names: str) -> None:
+        log.warn(
+            "units not stopped {grace}s after SIGTERM, nothing reaped since:"
+            " SIGKILL to all their processes: {names}",
+            grace=grace,
+            names=names,
+        )
+        for process in list(self.processes.values()):
+            self.systemd.kill_unit(process.unit_name, "all", signal.SIGKILL).addErrback(
+                _log_straggler_kill_failure, process.unit_name
+            )
 
     # -- write, kill, list, stats ------------------------------------------------
 

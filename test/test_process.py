@@ -13,11 +13,14 @@ import signal
 
 import pytest
 from offline import Recorder
-from twisted.internet import reactor
+from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
+from twisted.logger import globalLogPublisher
 
 from sdexec.plan import RequestError
 from sdexec.process import MAX_EARLY_KILLS, Process, ProcessContext
+from sdexec.systemd import SystemdError
+from sdexec.systemd.errors import NO_SUCH_UNIT
 from sdexec.testing import (
     DEACTIVATING,
     EXITED,
@@ -257,6 +260,31 @@ def test_a_client_that_left_during_the_start_has_the_main_process_killed():
     assert systemd.kills() == [] and ("stop", UNIT) in systemd.calls
     systemd.change(UNIT, RUNNING)  # it started all the same
     assert ("kill", "main", signal.SIGKILL) in systemd.calls
+
+
+@pytest.mark.parametrize(
+    ("error", "logged"),
+    [(NO_SUCH_UNIT, False), ("org.freedesktop.DBus.Error.AccessDenied", True)],
+    ids=["unit-gone", "refused"],
+)
+def test_a_kill_for_a_client_that_left_is_quiet_once_the_unit_is_gone(
+    monkeypatch, error, logged
+):
+    # A client gone in a burst logged "KillUnit ... not loaded" per unit:
+    # the unit had ended and been unloaded first, nothing was left to kill.
+    process, systemd, _, _ = make_process()
+    monkeypatch.setattr(
+        systemd, "kill_unit", lambda *_: defer.fail(SystemdError(error, "no"))
+    )
+    warnings: list[dict] = []
+    globalLogPublisher.addObserver(warnings.append)
+    try:
+        process.client_gone()
+        systemd.change(UNIT, RUNNING)
+    finally:
+        globalLogPublisher.removeObserver(warnings.append)
+    failed = [e for e in warnings if "failed" in e.get("log_format", "")]
+    assert bool(failed) is logged
 
 
 def test_no_sigkill_for_a_main_process_that_has_exited():

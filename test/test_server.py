@@ -497,7 +497,13 @@ def test_shutdown_waits_for_every_process_to_be_reaped(systemd, server, connecti
     done = server.shutdown(10)
     assert ("stop", UNIT) in systemd.calls
     assert not done.called
-    server.clock.advance(10)  # a unit that never stops: given up on, logged
+    # A unit that SIGTERM did not stop: SIGKILL to all of it (left running,
+    # it kept the next run drained for ever), then one more grace.
+    server.clock.advance(10)
+    assert systemd.calls[-1] == ("kill", "all", signal.SIGKILL)
+    assert (UNIT, signal.SIGKILL) in systemd.signalled
+    assert not done.called
+    server.clock.advance(10)  # still there: given up on, logged
     assert done.called
     assert [p.unit_name for p in server.processes.values()] == [UNIT]
 
@@ -513,7 +519,9 @@ def test_shutdown_waits_on_while_systemd_answers_calls(systemd, server, connecti
     server.clock.advance(1)  # 10 s in: progress in the first grace
     server.clock.advance(9)
     assert not done.called
-    server.clock.advance(1)  # 20 s in: a whole grace with neither
+    server.clock.advance(1)  # 20 s in: a whole grace with neither: SIGKILL
+    assert not done.called
+    server.clock.advance(10)  # and a grace more
     assert done.called
     assert [p.unit_name for p in server.processes.values()] == [UNIT]
 
@@ -537,7 +545,9 @@ async def test_shutdown_waits_on_while_units_are_being_reaped(systemd, server):
         await deferLater(reactor, 0.01)
     server.clock.advance(9)  # 18 s in: one was reaped within the grace
     assert not done.called
-    server.clock.advance(10)  # then none for a whole grace
+    server.clock.advance(10)  # then none for a whole grace: SIGKILL
+    assert not done.called
+    server.clock.advance(10)  # and none for one more
     assert done.called
     assert [p.unit_name for p in server.processes.values()] == ["sdexec-b.service"]
     assert server.clock.getDelayedCalls() == []

@@ -15,11 +15,13 @@ from sdexec.property import UnitProperty
 __all__ = [
     "CONNECTION_LOST",
     "DBUS_ERRNO",
+    "NO_SUCH_UNIT",
     "RECONNECTING",
     "SystemdError",
     "connection_lost",
     "errno_for",
     "is_connection_lost",
+    "is_unit_gone",
     "name_string_properties",
     "reconnecting",
 ]
@@ -29,6 +31,9 @@ __all__ = [
 CONNECTION_LOST = "sdexec.ConnectionLost"
 #: A call made while the service reconnects: not sent at all.
 RECONNECTING = "sdexec.Reconnecting"
+#: A call on a unit systemd no longer has loaded ("Unit X not loaded."): it
+#: ended and was unloaded meanwhile.
+NO_SUCH_UNIT = "org.freedesktop.systemd1.NoSuchUnit"
 
 #: The errno a client sees for a D-Bus error name; anything else is EIO.
 DBUS_ERRNO = {
@@ -38,6 +43,8 @@ DBUS_ERRNO = {
     "org.freedesktop.DBus.Error.UnknownProperty": errno.EINVAL,
     "org.freedesktop.systemd1.UnitExists": errno.EEXIST,
     "org.freedesktop.DBus.Error.AccessDenied": errno.EPERM,
+    # A signal for a process whose unit is gone: as kill(2) says of a pid.
+    NO_SUCH_UNIT: errno.ESRCH,
     CONNECTION_LOST: errno.EAGAIN,
     RECONNECTING: errno.EAGAIN,
 }
@@ -72,6 +79,12 @@ def is_connection_lost(error: BaseException) -> bool:
         CONNECTION_LOST,
         RECONNECTING,
     )
+
+
+def is_unit_gone(error: BaseException) -> bool:
+    """Whether a call failed because its unit is no longer loaded: nothing
+    is left to signal or stop."""
+    return isinstance(error, SystemdError) and error.name == NO_SUCH_UNIT
 
 
 def errno_for(error: BaseException) -> int:

@@ -21,6 +21,13 @@ followed until it is unloaded: one that ended is stopped
 ``[sdexec] leftover-units = "stop"`` (the default) each is stopped at once
 and the service stays drained, with the reason ``N leftover units from a
 previous run``, until they are gone; ``"keep"`` leaves them running.
+
+A leftover that stays *deactivating* (a process that ignores the stop's
+SIGTERM: its units have ``SendSIGKILL=no`` and no stop timeout, so systemd
+waits for ever) gets the site's stop timer, as a tracked process's unit
+does (sdexec/unitstop.py): ``sdexec-stop-timer-signal`` to every process
+after ``sdexec-stop-timer-sec``, and after as long again it is abandoned
+and the node drained with ``unkillable user processes in unit NAME``.
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ from twisted.python.failure import Failure
 from sdexec.plan import ExecPlan
 from sdexec.sockets import unix_path
 from sdexec.systemd import Manager, UnitStatus
-from sdexec.systemd.errors import is_connection_lost
+from sdexec.systemd.errors import is_connection_lost, is_unit_gone
+from sdexec.unitstop import StopTimer
 
 if TYPE_CHECKING:
     from sdexec.server import SdexecServer
@@ -99,6 +107,14 @@ class Leftover:
         self._leftovers = leftovers
         self._stopping = False
         self._resetting = False
+        exec_config = leftovers.server.config.exec
+        self.stop_timer = StopTimer(
+            leftovers.server.clock,
+            exec_config.sdexec_stop_timer_sec,
+            exec_config.sdexec_stop_timer_signal,
+            name,
+            _LeftoverStop(self, leftovers.server),
+        )
         self._watch = systemd.watch_unit(name, self._changed)
 
     def follow(self, stop: bool) -> None:
@@ -128,11 +144,16 @@ class Leftover:
 
     def forget(self) -> None:
         self._watch.cancel()
+        self.stop_timer.stopped()
 
     def _changed(self, state: dict[str, Any]) -> None:
         status = UnitStatus.from_properties(state)
         if status.pid > 0:
             self.pid = status.pid
+        if status.is_deactivating:
+            self.stop_timer.deactivating()
+        elif self.stop_timer.deactivating_since is not None:
+            self.stop_timer.stopped()
         if state.get("LoadState") == "not-found" or status.is_inactive:
             self._leftovers.gone(self)
         elif status.needs_stop:  # it ended: unload it
@@ -148,12 +169,33 @@ class Leftover:
             # Made again when the connection is back (Leftovers.scan).
             self._stopping = self._resetting = False
             return
+        if is_unit_gone(failure.value):
+            return  # unloaded meanwhile: the watch sees it go
         log.warn(
             "leftover unit {unit}: {what} failed: {error}",
             unit=self.name,
             what=what,
             error=failure.getErrorMessage(),
         )
+
+
+class _LeftoverStop:
+    """The :class:`~sdexec.unitstop.StopTimerTarget` of a leftover unit:
+    no request to fail, only the node to drain."""
+
+    def __init__(self, unit: Leftover, server: SdexecServer) -> None:
+        self._unit = unit
+        self._server = server
+
+    def signal_all(self, signum: int) -> None:
+        self._server.count("stop-timer-signal")
+        self._unit.kill(signum).addErrback(
+            self._unit._failed, f"KillUnit(all, {signum})"
+        )
+
+    def abandon(self, reason: str) -> None:
+        self._server.count("stop-timer-abandoned")
+        self._server.drain(reason)
 
 
 class Leftovers:
@@ -166,7 +208,7 @@ class Leftovers:
             raise ValueError("leftover units need the service's owner marks")
         self.units: dict[str, Leftover] = {}
         self._systemd = systemd
-        self._server = server
+        self.server = server
         self._marks = marks
         self._drained_with: str | None = None
 
@@ -192,27 +234,27 @@ class Leftovers:
         unit.forget()
         log.info("leftover unit {unit} is gone", unit=unit.name)
         if not self.units and self._drained_with is not None:
-            if self._server.drain_reason == self._drained_with:
-                self._server.undrain()
+            if self.server.drain_reason == self._drained_with:
+                self.server.undrain()
             self._drained_with = None
 
     def _listed(self, listing: list[tuple]) -> None:
-        stop = self._server.config.sdexec.leftover_units == "stop"
+        stop = self.server.config.sdexec.leftover_units == "stop"
         for name, description, *_ in listing:
             mark = self._mark_of(description)
-            if mark and name not in self.units and name not in self._server.units:
+            if mark and name not in self.units and name not in self.server.units:
                 self._adopt(name, description[: -len(mark)], stop)
         if (
             stop
             and self.units
-            and self._server.drain_reason
+            and self.server.drain_reason
             in (
                 None,
                 self._drained_with,
             )
         ):
             self._drained_with = drain_reason(len(self.units))
-            self._server.drain(self._drained_with)
+            self.server.drain(self._drained_with)
         for unit in list(self.units.values()):
             unit.follow(stop)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import signal
 
 import pytest
 from offline import Connection
@@ -110,6 +111,50 @@ def test_stop_leftovers_drain_until_they_are_gone(systemd):
     systemd.change("sdexec-b.service", INACTIVE)
     assert server.drain_reason is None
     assert server.list()["procs"] == []
+
+
+DEACTIVATING = {"ActiveState": "deactivating", "SubState": "stop-sigterm"}
+
+
+def make_server_with_stop_timer(systemd: FakeManager, seconds: int) -> SdexecServer:
+    config = parse_config({"exec": {"sdexec-stop-timer-sec": seconds}})
+    server = SdexecServer(systemd, config, reactor, clock=Clock())
+    server.leftovers = Leftovers(systemd, server, MARKS)
+    return server
+
+
+def test_a_leftover_that_will_not_stop_gets_the_stop_timer(systemd):
+    # It ignored the stop's SIGTERM: with SendSIGKILL=no and no stop timeout
+    # systemd waits for ever, and the node stayed drained for ever.
+    leftover(systemd, "sdexec-a.service")
+    server = make_server_with_stop_timer(systemd, 30)
+    server.leftovers.scan()
+    systemd.change("sdexec-a.service", DEACTIVATING)
+    server.clock.advance(29)
+    assert systemd.signalled == []
+    server.clock.advance(1)
+    assert systemd.signalled == [("sdexec-a.service", signal.SIGUSR1)]
+    assert server.counters["stop-timer-signal"] == 1
+    server.clock.advance(30)
+    assert server.drain_reason == "unkillable user processes in unit sdexec-a.service"
+    assert server.counters["stop-timer-abandoned"] == 1
+    systemd.change("sdexec-a.service", INACTIVE)  # gone at last: still drained
+    assert server.leftovers.units == {}
+    assert server.drain_reason == "unkillable user processes in unit sdexec-a.service"
+    assert server.clock.getDelayedCalls() == []
+
+
+def test_a_leftover_that_stops_in_time_is_not_signalled(systemd):
+    leftover(systemd, "sdexec-a.service")
+    server = make_server_with_stop_timer(systemd, 30)
+    server.leftovers.scan()
+    systemd.change("sdexec-a.service", DEACTIVATING)
+    server.clock.advance(10)
+    systemd.change("sdexec-a.service", INACTIVE)
+    server.clock.advance(60)
+    assert systemd.signalled == []
+    assert server.drain_reason is None
+    assert server.clock.getDelayedCalls() == []
 
 
 def test_kept_leftovers_run_on_listed_killable_and_unloaded_once_ended(systemd):

@@ -32,7 +32,14 @@ from sdexec.passthrough import NO_STDIO, PassedStdio
 from sdexec.plan import ExecPlan, RequestError
 from sdexec.protocol import ExecFlag
 from sdexec.receipt import finished_extensions
-from sdexec.systemd import Manager, UnitStatus, Watch, errno_for, name_string_properties
+from sdexec.systemd import (
+    Manager,
+    UnitStatus,
+    Watch,
+    errno_for,
+    is_not_ours_any_more,
+    name_string_properties,
+)
 from sdexec.systemd.channel import (
     InputChannel,
     OutputChannel,
@@ -416,7 +423,7 @@ class Process:
         self._reap()
 
     def _unit_changed(self, properties: dict[str, Any]) -> None:
-        if properties.get("LoadState") == "not-found" and not self._outcome_known:
+        if is_not_ours_any_more(properties) and not self._outcome_known:
             self._vanished("is gone")
             return
         status = self.status = UnitStatus.from_properties(
@@ -588,8 +595,16 @@ class Process:
         if self.status.is_inactive and self.output.eof and started and self._left:
             if not self._ended:
                 self._ended = True
-                self._responder.error(errno.ENODATA, "")
+                self._responder.error(*self._end_of_stream())
             self._reap()
+
+    def _end_of_stream(self) -> tuple[int, str]:
+        """ENODATA after ``finished``; EIO for a process that started and
+        whose exit status never came (RFC 42 has ``finished`` before the
+        end: a stream must not end as a success without one)."""
+        if Sent.STARTED in self._sent and Sent.FINISHED not in self._sent:
+            return errno.EIO, f"unit {self.unit_name} ended without an exit status"
+        return errno.ENODATA, ""
 
     @property
     def _left(self) -> bool:

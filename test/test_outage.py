@@ -94,6 +94,26 @@ def test_a_vanished_unit_ends_its_request_naming_it(systemd, server, connection)
     assert server.processes == {}
 
 
+@pytest.mark.parametrize("load_state", ["bad-setting", "error", "masked"])
+def test_a_unit_a_restarted_manager_reloaded_from_its_file_is_gone(
+    systemd, server, connection, load_state
+):
+    # A manager killed and started again reads the transient unit file the
+    # dead one left: the unit is there, bad-setting and inactive, its
+    # process outside it. It used to end the stream as a success (ENODATA,
+    # no finished): the exit status lost, unnoticed.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    systemd.lose()
+    systemd.units[UNIT] = {**INACTIVE, "LoadState": load_state, "ExecMainCode": 0}
+    systemd.restore()
+    assert error_of(connection.last()) == (
+        errno.EIO,
+        f"unit {UNIT} is gone (lost while systemd was away)",
+    )
+    assert server.processes == {}
+
+
 def test_a_vanished_unit_s_unread_output_goes_out_before_the_error(
     systemd, server, connection
 ):

@@ -581,5 +581,34 @@ async def test_eofs_follow_finished_when_the_stop_does_not_wait(systemd, server)
     connection.close()
 
 
+@ensureDeferred
+async def test_a_stream_never_ends_as_a_success_without_finished(systemd, server):
+    # RFC 42 has `finished` before ENODATA. A unit seen started that ends
+    # with no exit status (systemd lost it) once ended its stream with
+    # ENODATA alone: a client took it for success, its status unknown.
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    (process,) = server.processes.values()
+    systemd.run(UNIT)
+    systemd.release(UNIT)
+    for _ in range(500):  # the outputs' EOF comes through the real reactor
+        if process.output.eof:
+            break
+        await deferLater(reactor, 0.01)
+    systemd.change(
+        UNIT,
+        {"ActiveState": "inactive", "SubState": "dead", "Result": "success",
+         "ExecMainCode": 0, "ExecMainStatus": 0},
+    )  # fmt: skip
+    assert error_of(connection.last()) == (
+        errno.EIO,
+        f"unit {UNIT} ended without an exit status",
+    )
+    assert "finished" not in [
+        r["payload"]["type"] for r in connection.responses() if "payload" in r
+    ]
+    connection.close()
+
+
 def test_shutdown_with_nothing_running_is_immediate(server):
     assert server.shutdown(10).called

@@ -12,13 +12,23 @@ a file beside the socket, held by an open descriptor for the service's
 life: the kernel lets it go when the process ends, however it ends, so a
 lock is never stale, and no pid (which the kernel may give to another
 program) is trusted. The file holds the holder's pid, for the message only.
+
+Held, it makes what an earlier run left at a ``unix:`` endpoint stale by
+definition, and :meth:`OwnerLock.take` clears it: the socket file, and the
+pid link Twisted's ``lockfile=1`` keeps beside it (``PATH.lock``). Twisted
+judges that link by whether its pid lives: the killed service still a
+zombie, or its pid reused, refused a restart as "another sdexec is serving
+on it", after it had begun stopping the leftovers it had found.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
+import socket
+import stat
 import tempfile
 
 from sdexec.sockets import check_directory, unix_path
@@ -59,6 +69,7 @@ class OwnerLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
+        _clear_stale_socket(self.listen)
 
     def release(self) -> None:
         """Let the lock go (idempotent). The file stays: removing it could
@@ -66,6 +77,35 @@ class OwnerLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _clear_stale_socket(listen: str) -> None:
+    """Remove an earlier run's socket and Twisted's pid link at a ``unix:``
+    endpoint: only a socket nothing listens on (never a file someone
+    mistyped the path of, nor another program's live socket)."""
+    path = unix_path(listen)
+    if path is None or _is_live_or_not_a_socket(path):
+        return
+    for name in (path, f"{path}.lock"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+
+
+def _is_live_or_not_a_socket(path: str) -> bool:
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return True
+    except FileNotFoundError:
+        return False  # no socket: a pid link alone is stale as well
+    with socket.socket(socket.AF_UNIX) as probe:
+        probe.setblocking(False)
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            return False
+        except OSError:  # EAGAIN: served, its backlog full; or not ours
+            return True
+    return True
 
 
 def _open(path: str) -> int:

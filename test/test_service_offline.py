@@ -115,6 +115,40 @@ def test_a_lock_of_the_first_version_a_pid_link_is_replaced(tmp_path):
     lock.release()
 
 
+@ensureDeferred
+async def test_a_socket_and_pid_link_an_earlier_run_left_do_not_refuse_a_start(
+    tmp_path,
+):
+    # Twisted's lockfile=1 judged its pid link by whether the pid lived: the
+    # killed service still a zombie, or its pid reused (here: 1), refused
+    # the restart after it had begun stopping the leftovers it found.
+    left = socket.socket(socket.AF_UNIX)
+    left.bind(str(tmp_path / "s.sock"))  # bound, no longer served
+    left.close()
+    os.symlink("1", tmp_path / "s.sock.lock")
+    typo = tmp_path / "not-a-socket"
+    typo.write_text("kept")
+    service = SdexecService(
+        parse_config({}),
+        reactor,
+        listen=f"unix:{tmp_path}/s.sock:lockfile=1",
+        stats="tcp:0:interface=127.0.0.1",
+        connect=lambda: defer.succeed(FakeManager()),
+    )
+    service.startService()
+    await service.ready
+    client = await connect(reactor, f"{tmp_path}/s.sock")
+    assert (await client.list())["procs"] == []
+    assert os.readlink(tmp_path / "s.sock.lock") == str(os.getpid())
+    await client.close()
+    await service.stopService()
+    # Only a socket is ever removed, never a file at a mistyped path.
+    lock = OwnerLock(f"unix:{typo}", " [sdexec:0123456789ab]", 0o600)
+    lock.take()
+    assert typo.read_text() == "kept"
+    lock.release()
+
+
 async def started_service(tmp_path, manager: FakeManager) -> SdexecService:
     """A service on ``manager`` with an empty configuration file, started."""
     path = tmp_path / "sdexec.toml"
@@ -247,7 +281,12 @@ async def test_a_port_already_taken_is_one_line_naming_the_setting(tmp_path):
         stats="tcp:0:interface=127.0.0.1",
         connect=lambda: defer.succeed(FakeManager()),
     )
-    (tmp_path / "u.sock.lock").symlink_to("1")  # pid 1 is alive
+    # Served by a program of some other kind, whose pid link names pid 1
+    # (alive): left alone, and Twisted's own lock refuses.
+    served = socket.socket(socket.AF_UNIX)
+    served.bind(str(tmp_path / "u.sock"))
+    served.listen()
+    (tmp_path / "u.sock.lock").symlink_to("1")
     third = SdexecService(
         parse_config({}),
         reactor,
@@ -276,6 +315,7 @@ async def test_a_port_already_taken_is_one_line_naming_the_setting(tmp_path):
             await service.stopService()
     finally:
         taken.close()
+        served.close()
         await first.stopService()
 
 

@@ -9,7 +9,8 @@ the SHA-256 of the service's listen endpoint (stable across restarts of one
 service, different for two services on one manager; names cannot be used,
 since a request may name its unit with ``SDEXEC_NAME``). A ``unix:``
 endpoint counts by its socket path alone, so its options (``mode=``,
-``lockfile=``, ``backlog=``) may change between runs. Units without the
+``lockfile=``, ``backlog=``) may change between runs, and by one spelling of
+that path (``//``, ``./`` and symlinked directories resolved). Units without the
 mark — other programs', other services' — are never touched.
 
 At start and after every reconnection the service lists the manager's
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
@@ -60,18 +62,23 @@ LEFTOVER_STATE = "O"
 def owner_marks(listen: str) -> tuple[str, ...]:
     """The marks of the service listening on ``listen``: the first is the one
     the ``Description`` of every unit it starts ends with; any other is one
-    an earlier version gave its units (the hash of the whole endpoint string,
-    options and all), still recognised as its own."""
-    current = _mark(_endpoint_identity(listen))
-    earlier = _mark(listen)
-    return (current,) if earlier == current else (current, earlier)
-
-
-def _endpoint_identity(listen: str) -> str:
-    """What tells this service's endpoint from another's: a ``unix:``
-    endpoint's socket path, without its options; any other, as written."""
+    an earlier version gave its units, still recognised as its own (the
+    hash of the socket path as written, or of the whole endpoint string,
+    options and all)."""
     path = unix_path(listen)
-    return listen if path is None else f"unix:{path}"
+    identities = [listen] if path is None else [
+        f"unix:{_canonical(path)}",
+        f"unix:{path}",
+        listen,
+    ]  # fmt: skip
+    return tuple(dict.fromkeys(_mark(identity) for identity in identities))
+
+
+def _canonical(path: str) -> str:
+    """One spelling of a socket path (``//``, ``./``, a symlinked directory:
+    the same socket, the same service)."""
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.path.join(os.path.realpath(directory), name)
 
 
 def _mark(identity: str) -> str:

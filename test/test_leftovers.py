@@ -60,6 +60,20 @@ def test_a_unix_socket_s_options_are_not_part_of_its_mark():
     assert owner_marks("systemd:domain=UNIX:name=sdexec")[0] != MARK
 
 
+def test_one_socket_spelled_two_ways_is_one_service(tmp_path):
+    # A restart with `//` in listen once found none of the units it had run.
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    [mark] = owner_marks(f"unix:{tmp_path}/real/s.sock")
+    for spelling in (f"{tmp_path}//real/s.sock", f"{tmp_path}/./real/s.sock",
+                     f"{tmp_path}/link/s.sock"):  # fmt: skip
+        marks = owner_marks(f"unix:{spelling}")
+        assert marks[0] == mark
+        # and the mark an earlier version gave that spelling is still its own
+        legacy = hashlib.sha256(f"unix:{spelling}".encode()).hexdigest()[:12]
+        assert f" [sdexec:{legacy}]" in marks
+
+
 def test_units_marked_by_an_earlier_version_are_still_leftovers(systemd):
     # Until now the mark hashed the endpoint string, options and all.
     listen = "unix:/run/user/1000/sdexec/sdexec.sock:mode=660"

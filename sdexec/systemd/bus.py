@@ -563,7 +563,7 @@ class SystemdClient:
             reply = await bus.call(message)
         except Exception as error:
             if bus is not self._bus or bus._disconnected:
-                raise connection_lost(str(error) or type(error).__name__) from error
+                raise connection_lost(_why_lost(error)) from error
             raise
         if reply is None:  # the bus closed before any reply came
             raise connection_lost()
@@ -617,6 +617,17 @@ class SystemdClient:
             self._manager_appeared()
         else:
             self._arm_absent_check()
+
+
+def _why_lost(error: Exception) -> str:
+    """What a client is told of a call lost with its connection: the
+    error's own words, else what its kind means (dbus-fast raises a bare
+    EOFError when the bus closes), never a Python class name alone."""
+    if str(error):
+        return str(error)
+    if isinstance(error, (EOFError, ConnectionError)):
+        return "the D-Bus connection closed"
+    return f"the D-Bus connection failed ({type(error).__name__})"
 
 
 def _translate_failure(failure):

@@ -44,7 +44,7 @@ from twisted.python.failure import Failure
 
 from sdexec.plan import ExecPlan
 from sdexec.sockets import unix_path
-from sdexec.systemd import Manager, UnitStatus, is_not_ours_any_more
+from sdexec.systemd import Manager, UnitStatus
 from sdexec.systemd.errors import is_connection_lost, is_unit_gone
 from sdexec.unitstop import StopTimer
 
@@ -161,7 +161,7 @@ class Leftover:
             self.stop_timer.deactivating()
         elif self.stop_timer.deactivating_since is not None:
             self.stop_timer.stopped()
-        if is_not_ours_any_more(state) or status.is_inactive:
+        if state.get("LoadState") == "not-found" or status.is_inactive:
             self._leftovers.gone(self)
         elif status.needs_stop:  # it ended: unload it
             self.stop()

@@ -32,14 +32,7 @@ from sdexec.passthrough import NO_STDIO, PassedStdio
 from sdexec.plan import ExecPlan, RequestError
 from sdexec.protocol import ExecFlag
 from sdexec.receipt import finished_extensions
-from sdexec.systemd import (
-    Manager,
-    UnitStatus,
-    Watch,
-    errno_for,
-    is_not_ours_any_more,
-    name_string_properties,
-)
+from sdexec.systemd import Manager, UnitStatus, Watch, errno_for, name_string_properties
 from sdexec.systemd.channel import (
     InputChannel,
     OutputChannel,
@@ -151,6 +144,8 @@ class Process:
         self._ended = False  # the stream's last response is sent
         self._reaped = False
         self._failure_confirmed = False  # by a GetAll after failed/no status
+        #: The unit's InvocationID, first seen once it started.
+        self._invocation: bytes | None = None
         #: Output streams that reached EOF while the receipt was being read.
         self._eofs_after_finished: list[str] = []
         self._start_deadline: IDelayedCall | None = None
@@ -422,8 +417,28 @@ class Process:
         self._fail(errno_for(error), message)
         self._reap()
 
+    def _is_gone(self, properties: dict[str, Any]) -> bool:
+        """Whether the unit is no longer the one started: unloaded
+        (``not-found``), or another invocation under its name. A manager
+        killed and started again makes one from the unit file the dead one
+        left (``bad-setting``, inactive, its process outside it, its exit
+        status never to come), while one re-executed keeps ours running
+        (``bad-setting`` too, the same ``InvocationID``)."""
+        if properties.get("LoadState") == "not-found":
+            return True
+        invocation = properties.get("InvocationID")
+        if invocation is None or Sent.STARTED not in self._sent:
+            return False
+        if self._invocation is None:
+            self._note_invocation(properties)  # ours: first seen since
+            return False
+        return bytes(invocation) != self._invocation
+
+    def _note_invocation(self, properties: dict[str, Any]) -> None:
+        self._invocation = bytes(properties.get("InvocationID") or b"") or None
+
     def _unit_changed(self, properties: dict[str, Any]) -> None:
-        if is_not_ours_any_more(properties) and not self._outcome_known:
+        if self._is_gone(properties) and not self._outcome_known:
             self._vanished("is gone")
             return
         status = self.status = UnitStatus.from_properties(
@@ -461,6 +476,7 @@ class Process:
 
     def _started(self, properties: dict[str, Any], pid: int) -> None:
         self._cancel_start_deadline()
+        self._note_invocation(properties)
         problem = self._verify(properties, pid) if self._verify else None
         if problem is None:
             self._once(Sent.STARTED, {"type": "started", "pid": pid})

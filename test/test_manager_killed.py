@@ -29,6 +29,7 @@ import pytest
 from conftest import SANDBOX
 from pytest_twisted import ensureDeferred
 from support import ConfigText, RunningService, run, sleep
+from twisted.internet.defer import Deferred
 
 pytestmark = pytest.mark.systemd
 
@@ -123,6 +124,12 @@ async def test_manager_killed_fails_fast_drains_and_recovers(private_manager, tm
         client = await service.connect()
         before = await run(client, ["echo", "before"])
         assert (before.error, before.stdout) == (None, b"before\n")
+        # Running when the manager dies: its exit status will never come.
+        lost = Deferred.fromCoroutine(run(client, ["sh", "-c", "sleep 3; exit 7"]))
+        await until(
+            lambda: [p for p in service.server.processes.values() if p.pid],
+            "the long one started",
+        )
 
         kill_manager(runtime_dir, killed)
         systemd = service.server.systemd
@@ -142,6 +149,14 @@ async def test_manager_killed_fails_fast_drains_and_recovers(private_manager, tm
         await until(lambda: service.server.drain_reason is None, "undrained")
         after = await run(client, ["echo", "after"])
         assert (after.error, after.stdout) == (None, b"after\n")
+        # The new manager made a unit of its name from the file the dead one
+        # left (bad-setting, inactive): not ours. It once ended as a
+        # success, ENODATA and no finished, the exit 7 lost.
+        outcome = await lost
+        assert outcome.error is not None
+        assert outcome.error.errnum == errno.EIO, outcome.error.errstr
+        assert outcome.error.errstr.endswith(" is gone (lost while systemd was away)")
+        assert "finished" not in outcome.types
     finally:
         await service.stop()
     assert service.server is None or not service.server.processes

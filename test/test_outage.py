@@ -94,24 +94,40 @@ def test_a_vanished_unit_ends_its_request_naming_it(systemd, server, connection)
     assert server.processes == {}
 
 
-@pytest.mark.parametrize("load_state", ["bad-setting", "error", "masked"])
+OURS, ANOTHER = {"InvocationID": b"\x01" * 16}, {"InvocationID": b""}
+
+
 def test_a_unit_a_restarted_manager_reloaded_from_its_file_is_gone(
-    systemd, server, connection, load_state
+    systemd, server, connection
 ):
     # A manager killed and started again reads the transient unit file the
-    # dead one left: the unit is there, bad-setting and inactive, its
-    # process outside it. It used to end the stream as a success (ENODATA,
-    # no finished): the exit status lost, unnoticed.
+    # dead one left: a unit of that name, bad-setting and inactive, never
+    # started (no InvocationID), our process outside it. It used to end the
+    # stream as a success (ENODATA, no finished), the exit status lost.
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT)
+    systemd.change(UNIT, OURS)
     systemd.lose()
-    systemd.units[UNIT] = {**INACTIVE, "LoadState": load_state, "ExecMainCode": 0}
+    systemd.units[UNIT] = {**INACTIVE, "LoadState": "bad-setting", **ANOTHER}
     systemd.restore()
     assert error_of(connection.last()) == (
         errno.EIO,
         f"unit {UNIT} is gone (lost while systemd was away)",
     )
     assert server.processes == {}
+
+
+def test_a_unit_a_reexecuted_manager_kept_goes_on(systemd, server, connection):
+    # daemon-reexec: the unit reads bad-setting too (its transient file
+    # cannot be parsed back), but it runs on, the same invocation.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    systemd.change(UNIT, OURS)
+    systemd.lose()
+    systemd.units[UNIT]["LoadState"] = "bad-setting"
+    systemd.restore()
+    assert "errnum" not in connection.last()
+    assert [p.unit_name for p in server.processes.values()] == [UNIT]
 
 
 def test_a_vanished_unit_s_unread_output_goes_out_before_the_error(

@@ -30,7 +30,7 @@ from sdexec.systemd.bus import (
 )
 from sdexec.systemd.errors import SystemdError, errno_for, name_string_properties
 from sdexec.systemd.manager import Manager, Watch
-from sdexec.systemd.unit import UnitStatus, is_not_ours_any_more, wait_status
+from sdexec.systemd.unit import UnitStatus, wait_status
 
 __all__ = [
     "Manager",
@@ -40,7 +40,6 @@ __all__ = [
     "UnitWatch",
     "Watch",
     "errno_for",
-    "is_not_ours_any_more",
     "name_string_properties",
     "session_bus_address",
     "unit_object_path",

@@ -31,20 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["UnitStatus", "is_not_ours_any_more", "wait_status"]
-
-#: Load states of a unit that is not the one sdexec started: none
-#: (``not-found``: unloaded), or one a restarted manager made from the unit
-#: file a killed one left in ``transient/`` (``bad-setting``, ``error``), or
-#: masked meanwhile. sdexec's own units are ``loaded`` while they exist.
-_NOT_OURS_LOAD_STATES = frozenset({"not-found", "bad-setting", "error", "masked"})
-
-
-def is_not_ours_any_more(properties: dict) -> bool:
-    """Whether a unit's properties are those of a unit systemd no longer
-    runs as it was started: its process, if any, is not followed any more."""
-    return properties.get("LoadState") in _NOT_OURS_LOAD_STATES
-
+__all__ = ["UnitStatus", "wait_status"]
 
 CLD_EXITED, CLD_KILLED, CLD_DUMPED = 1, 2, 3
 SYSTEMD_EXIT_CODES = range(200, 244)

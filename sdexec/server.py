@@ -54,6 +54,7 @@ from sdexec.process import OutputTap, Process, ProcessContext, Responder
 from sdexec.protocol import Topic
 from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import RequestRefused, printable
+from sdexec.signals import signal_name
 from sdexec.systemd import Manager, errno_for
 from sdexec.systemd.errors import is_unit_gone
 
@@ -71,11 +72,12 @@ def peer_uid(sock: socket.socket) -> int:
     return uid
 
 
-def _log_straggler_kill_failure(failure: Failure, unit: str) -> None:
+def _log_straggler_kill_failure(failure: Failure, unit: str, signum: int) -> None:
     if is_unit_gone(failure.value):
         return  # it went meanwhile
     log.warn(
-        "shutdown: SIGKILL to {unit} failed: {error}",
+        "shutdown: {signal} to {unit} failed: {error}",
+        signal=signal_name(signum),
         unit=unit,
         error=failure.getErrorMessage(),
     )
@@ -522,16 +524,25 @@ class SdexecServer:
         waiter.callback(None)
 
     def _kill_stragglers(self, grace: float, names: str) -> None:
+        """Each unit's stop-timer signal (``sdexec-stop-timer-signal``, or
+        its request's: the IMP's proxy for SIGKILL where guests' processes
+        are out of the manager's reach), then SIGKILL, to all its
+        processes."""
+        if not self.systemd.connected:
+            log.warn("units not stopped, systemd away: {names}", names=names)
+            return
         log.warn(
-            "units not stopped {grace}s after SIGTERM, nothing reaped since:"
-            " SIGKILL to all their processes: {names}",
+            "units not stopped by SIGTERM, nothing reaped nor answered for"
+            " {grace}s: their stop-timer signal, then SIGKILL, to all their"
+            " processes: {names}",
             grace=grace,
             names=names,
         )
         for process in list(self.processes.values()):
-            self.systemd.kill_unit(process.unit_name, "all", signal.SIGKILL).addErrback(
-                _log_straggler_kill_failure, process.unit_name
-            )
+            for signum in dict.fromkeys((process.stop_timer.signum, signal.SIGKILL)):
+                self.systemd.kill_unit(process.unit_name, "all", signum).addErrback(
+                    _log_straggler_kill_failure, process.unit_name, signum
+                )
 
     # -- write, kill, list, stats ------------------------------------------------
 

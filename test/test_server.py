@@ -497,15 +497,29 @@ def test_shutdown_waits_for_every_process_to_be_reaped(systemd, server, connecti
     done = server.shutdown(10)
     assert ("stop", UNIT) in systemd.calls
     assert not done.called
-    # A unit that SIGTERM did not stop: SIGKILL to all of it (left running,
-    # it kept the next run drained for ever), then one more grace.
+    # A unit that SIGTERM did not stop: its stop-timer signal (the IMP's
+    # proxy for SIGKILL, SIGUSR1 by default), then SIGKILL, to all of it
+    # (left running, it kept the next run drained for ever); one more grace.
     server.clock.advance(10)
-    assert systemd.calls[-1] == ("kill", "all", signal.SIGKILL)
-    assert (UNIT, signal.SIGKILL) in systemd.signalled
+    assert systemd.calls[-2:] == [
+        ("kill", "all", signal.SIGUSR1),
+        ("kill", "all", signal.SIGKILL),
+    ]
     assert not done.called
     server.clock.advance(10)  # still there: given up on, logged
     assert done.called
     assert [p.unit_name for p in server.processes.values()] == [UNIT]
+
+
+def test_shutdown_with_systemd_away_sends_nothing_more(systemd, server, connection):
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    systemd.lose()
+    done = server.shutdown(10)
+    server.clock.advance(10)  # no progress: nothing can be sent, none tried
+    server.clock.advance(10)
+    assert done.called
+    assert systemd.kills() == []
 
 
 def test_shutdown_waits_on_while_systemd_answers_calls(systemd, server, connection):

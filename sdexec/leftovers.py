@@ -209,8 +209,15 @@ class Leftovers:
     """The leftover units of one service (see the module's docstring)."""
 
     def __init__(
-        self, systemd: Manager, server: SdexecServer, marks: tuple[str, ...]
+        self,
+        systemd: Manager,
+        server: SdexecServer,
+        marks: tuple[str, ...],
+        hold_stops: bool = False,
     ) -> None:
+        """``hold_stops``: adopt and drain, but stop nothing until
+        :meth:`release_stops` (the service's start, once it listens: a start
+        that then fails must not have stopped units it leaves unfollowed)."""
         if isinstance(marks, str) or not marks or not all(marks):
             raise ValueError("leftover units need the service's owner marks")
         self.units: dict[str, Leftover] = {}
@@ -218,6 +225,26 @@ class Leftovers:
         self.server = server
         self._marks = marks
         self._drained_with: str | None = None
+        self._stops_held = hold_stops
+
+    def release_stops(self) -> None:
+        """Stop the leftovers held so far (``leftover-units = "stop"``), and
+        any found later at once."""
+        self._stops_held = False
+        if self._stopping:
+            for unit in list(self.units.values()):
+                unit.stop()
+
+    def close(self) -> None:
+        """The service stops: follow nothing more (watches and stop timers
+        go; the next run finds what is left)."""
+        for unit in self.units.values():
+            unit.forget()
+        self.units.clear()
+
+    @property
+    def _stopping(self) -> bool:
+        return self.server.config.sdexec.leftover_units == "stop"
 
     def scan(self) -> defer.Deferred[None]:
         """List the manager's services, adopt the marked ones nobody tracks,
@@ -246,7 +273,7 @@ class Leftovers:
             self._drained_with = None
 
     def _listed(self, listing: list[tuple]) -> None:
-        stop = self.server.config.sdexec.leftover_units == "stop"
+        stop = self._stopping
         for name, description, *_ in listing:
             mark = self._mark_of(description)
             if mark and name not in self.units and name not in self.server.units:
@@ -263,7 +290,7 @@ class Leftovers:
             self._drained_with = drain_reason(len(self.units))
             self.server.drain(self._drained_with)
         for unit in list(self.units.values()):
-            unit.follow(stop)
+            unit.follow(stop and not self._stops_held)
 
     def _mark_of(self, description: str) -> str:
         """The service's mark ``description`` ends with, or ``""``."""

@@ -33,7 +33,7 @@ import tempfile
 
 from sdexec.sockets import check_directory, unix_path
 
-__all__ = ["AlreadyServed", "OwnerLock"]
+__all__ = ["AlreadyServed", "OwnerLock", "clear_stale_socket"]
 
 
 class AlreadyServed(Exception):
@@ -69,7 +69,7 @@ class OwnerLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
-        _clear_stale_socket(self.listen)
+        clear_stale_socket(self.listen)
 
     def release(self) -> None:
         """Let the lock go (idempotent). The file stays: removing it could
@@ -79,10 +79,12 @@ class OwnerLock:
             self._fd = None
 
 
-def _clear_stale_socket(listen: str) -> None:
+def clear_stale_socket(listen: str) -> None:
     """Remove an earlier run's socket and Twisted's pid link at a ``unix:``
     endpoint: only a socket nothing listens on (never a file someone
-    mistyped the path of, nor another program's live socket)."""
+    mistyped the path of, nor another program's live socket). The service
+    calls it for each of its UNIX sockets (``stats-socket`` too: Twisted
+    keeps a pid link beside every one)."""
     path = unix_path(listen)
     if path is None or _is_live_or_not_a_socket(path):
         return

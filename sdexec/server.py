@@ -462,12 +462,15 @@ class SdexecServer:
         grace (and the first reaps wait for the receipts queued behind every
         stop in the call window), while a unit that never stops, or a
         manager that answers nothing, must not hold the exit. The first
-        grace without progress sends SIGKILL to every process of the units
-        left (their SIGTERM did not end them: left running, they would keep
-        the next run drained); the second gives up."""
+        grace without progress sends each unit left its stop-timer signal,
+        then SIGKILL (their SIGTERM did not end them: left running, they
+        would keep the next run drained); the second gives up. Leftovers
+        are no longer followed (the next run finds what is left)."""
         self.stopping = True
         for verdict in list(self._canaries):
             verdict.cancel()  # its process is abandoned below, its timer goes
+        if self.leftovers is not None:
+            self.leftovers.close()
         for process in list(self.processes.values()):
             # Said to its client, rather than a connection that just closes.
             process.cancel("the service is stopping: the process's unit is stopped")

@@ -33,7 +33,7 @@ from sdexec.leftovers import Leftovers, owner_marks
 from sdexec.metrics import Metrics
 from sdexec.notify import Readiness, describe_server
 from sdexec.outage import SystemdOutage
-from sdexec.ownerlock import AlreadyServed, OwnerLock
+from sdexec.ownerlock import AlreadyServed, OwnerLock, clear_stale_socket
 from sdexec.protocol import default_socket_path
 from sdexec.server import SdexecServer, SdexecServerFactory
 from sdexec.sockets import (
@@ -166,7 +166,7 @@ class SdexecService(Service):
         systemd.on_restored = self.outage.restored
         # Before listening: leftovers of an earlier run drain the node first.
         self.server.unit_mark = marks[0]
-        self.server.leftovers = Leftovers(systemd, self.server, marks)
+        self.server.leftovers = Leftovers(systemd, self.server, marks, hold_stops=True)
         yield self.server.leftovers.scan()
         systemd.on_call = self.metrics.dbus_call
         self.server.observer = self.metrics
@@ -184,6 +184,7 @@ class SdexecService(Service):
             self.ports["stats-socket"] = yield self._listen(
                 unix_endpoint(self.config.sdexec.stats_socket), site, "stats-socket"
             )
+        self.server.leftovers.release_stops()  # the start can fail no more
         self.readiness.ready()
         log.info(
             "sdexec listening on {listen}, stats on {stats}",
@@ -215,6 +216,7 @@ class SdexecService(Service):
         private = private_endpoint(
             description, self.config.sdexec.socket_mode, os.getuid()
         )
+        clear_stale_socket(private)
         with private_umask():  # a UNIX socket is bound within listen()
             listening = server_endpoint(self.reactor, private).listen(factory)
         return listening.addErrback(_cannot_listen, shown or description, setting)

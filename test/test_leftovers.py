@@ -171,6 +171,32 @@ def test_a_leftover_that_stops_in_time_is_not_signalled(systemd):
     assert server.clock.getDelayedCalls() == []
 
 
+def test_stops_held_until_the_service_listens(systemd):
+    # A start that failed after the scan (its stats port taken) had stopped
+    # the leftovers it then left unfollowed.
+    leftover(systemd, "sdexec-a.service")
+    server = make_server(systemd)
+    server.leftovers = Leftovers(systemd, server, MARKS, hold_stops=True)
+    server.leftovers.scan()
+    assert server.drain_reason == "1 leftover units from a previous run"
+    assert not [call for call in systemd.calls if call[0] == "stop"]
+    server.leftovers.release_stops()
+    assert ("stop", "sdexec-a.service") in systemd.calls
+    leftover(systemd, "sdexec-b.service")  # found later: stopped at once
+    server.leftovers.scan()
+    assert ("stop", "sdexec-b.service") in systemd.calls
+
+
+def test_a_stopping_service_follows_its_leftovers_no_more(systemd):
+    leftover(systemd, "sdexec-a.service")
+    server = make_server_with_stop_timer(systemd, 30)
+    server.leftovers.scan()
+    systemd.change("sdexec-a.service", DEACTIVATING)  # its stop timer runs
+    server.shutdown(10)
+    assert server.leftovers.units == {}
+    assert server.clock.getDelayedCalls() == []
+
+
 def test_kept_leftovers_run_on_listed_killable_and_unloaded_once_ended(systemd):
     leftover(systemd, "sdexec-a.service", pid=71)
     server = make_server(systemd, "keep")

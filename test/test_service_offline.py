@@ -18,10 +18,12 @@ from twisted.internet.task import Clock
 
 from sdexec.client import connect
 from sdexec.config import ConfigError, load_config, parse_config
+from sdexec.leftovers import owner_marks
 from sdexec.ownerlock import AlreadyServed, OwnerLock
+from sdexec.property import UnitProperty
 from sdexec.service import ListenError, SdexecService, default_listen_endpoint
 from sdexec.systemd import SystemdError
-from sdexec.testing import FakeManager
+from sdexec.testing import RUNNING, FakeManager
 
 
 def test_no_xdg_runtime_dir_is_a_one_line_config_error(monkeypatch):
@@ -122,14 +124,15 @@ async def test_a_socket_and_pid_link_an_earlier_run_left_do_not_refuse_a_start(
     # Twisted's lockfile=1 judged its pid link by whether the pid lived: the
     # killed service still a zombie, or its pid reused (here: 1), refused
     # the restart after it had begun stopping the leftovers it found.
-    left = socket.socket(socket.AF_UNIX)
-    left.bind(str(tmp_path / "s.sock"))  # bound, no longer served
-    left.close()
-    os.symlink("1", tmp_path / "s.sock.lock")
+    for name in ("s.sock", "stats.sock"):  # stats-socket has a link too
+        left = socket.socket(socket.AF_UNIX)
+        left.bind(str(tmp_path / name))  # bound, no longer served
+        left.close()
+        os.symlink("1", tmp_path / f"{name}.lock")
     typo = tmp_path / "not-a-socket"
     typo.write_text("kept")
     service = SdexecService(
-        parse_config({}),
+        parse_config({"sdexec": {"stats-socket": f"{tmp_path}/stats.sock"}}),
         reactor,
         listen=f"unix:{tmp_path}/s.sock:lockfile=1",
         stats="tcp:0:interface=127.0.0.1",
@@ -147,6 +150,36 @@ async def test_a_socket_and_pid_link_an_earlier_run_left_do_not_refuse_a_start(
     lock.take()
     assert typo.read_text() == "kept"
     lock.release()
+
+
+@ensureDeferred
+async def test_a_start_that_fails_to_listen_stops_no_leftover(tmp_path):
+    # It adopted them, stopped them, then failed: they ran on unfollowed,
+    # or stopped, until some later start.
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    listen = f"unix:{tmp_path}/v.sock"
+    manager = FakeManager()
+    manager.units["sdexec-left.service"] = dict(RUNNING)
+    manager.properties["sdexec-left.service"] = [
+        UnitProperty("Description", "s", f"sleep 300{owner_marks(listen)[0]}")
+    ]
+    service = SdexecService(
+        parse_config({}),
+        reactor,
+        listen=listen,
+        stats=f"tcp:{taken.getsockname()[1]}:interface=127.0.0.1",
+        connect=lambda: defer.succeed(manager),
+    )
+    try:
+        service.startService()
+        with pytest.raises(ListenError):
+            await service.ready
+        assert ("stop", "sdexec-left.service") not in manager.calls
+        await service.stopService()
+    finally:
+        taken.close()
 
 
 async def started_service(tmp_path, manager: FakeManager) -> SdexecService:

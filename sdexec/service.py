@@ -181,8 +181,13 @@ class SdexecService(Service):
         site = stats_site(self._http_stats, self.metrics.resource())
         self.ports["stats"] = yield self._listen(self.stats, site, "stats")
         if self.config.sdexec.stats_socket is not None:
+            # A site (and a connection cap) of its own: strangers on TCP
+            # must not close a trusted scraper's private connections.
+            private_site = stats_site(self._http_stats, self.metrics.resource())
             self.ports["stats-socket"] = yield self._listen(
-                unix_endpoint(self.config.sdexec.stats_socket), site, "stats-socket"
+                unix_endpoint(self.config.sdexec.stats_socket),
+                private_site,
+                "stats-socket",
             )
         self.server.leftovers.release_stops()  # the start can fail no more
         self.readiness.ready()

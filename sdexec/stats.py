@@ -34,6 +34,9 @@ MAX_STATS_CONNECTIONS = 64
 #: 60 s, let a byte a minute hold one for ever).
 STATS_TIMEOUT = 10
 
+#: A connection waits for a request, or is being served (``channels``).
+_WAITING, _SERVING = False, True
+
 _TOO_LARGE = (
     b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 )
@@ -58,7 +61,7 @@ class _StatsChannel(HTTPChannel):
 
     def connectionMade(self) -> None:
         super().connectionMade()
-        self.site.channels[self] = None
+        self.site.channels[self] = _WAITING
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self.site.channels.pop(self, None)
@@ -69,7 +72,7 @@ class _StatsChannel(HTTPChannel):
         channels = self.site.channels
         if self in channels:  # not already closed to make room
             del channels[self]
-            channels[self] = None
+            channels[self] = _WAITING
         super().requestDone(request)
 
     def allHeadersReceived(self) -> None:
@@ -80,6 +83,10 @@ class _StatsChannel(HTTPChannel):
             self.transport.write(_TOO_LARGE)
             self.transport.loseConnection()
             return
+        if self in self.site.channels:
+            # Being served (/metrics renders in a thread): not to be closed
+            # for a newcomer until its answer is written.
+            self.site.channels[self] = _SERVING
         super().allHeadersReceived()
 
 
@@ -91,19 +98,21 @@ class _StatsSite(Site):
     def __init__(self, resource: IResource) -> None:
         super().__init__(resource, timeout=STATS_TIMEOUT)
         #: The open connections, in the order they began to wait for a
-        #: request (when they connected, or were last served): an ordered set.
-        self.channels: dict[_StatsChannel, None] = {}
+        #: request (when they connected, or were last served), each with
+        #: whether it is being served now.
+        self.channels: dict[_StatsChannel, bool] = {}
 
     def buildProtocol(self, addr):
         if len(self.channels) >= MAX_STATS_CONNECTIONS:
-            self._close_the_longest_waiting()
+            longest = next(
+                (c for c, serving in self.channels.items() if not serving), None
+            )
+            if longest is None:
+                return None  # every one is being served: Twisted closes this one
+            del self.channels[longest]  # uncounted now: it closes a pass later
+            # TCP's, or a UNIX socket's (stats-socket), which has it too.
+            cast(ITCPTransport, longest.transport).abortConnection()
         return super().buildProtocol(addr)
-
-    def _close_the_longest_waiting(self) -> None:
-        longest = next(iter(self.channels))
-        del self.channels[longest]  # uncounted now: it closes a pass later
-        # TCP's, or a UNIX socket's (stats-socket), which has it too.
-        cast(ITCPTransport, longest.transport).abortConnection()
 
     def log(self, request: Request) -> None:
         """No access log: each request's path and headers would reach the

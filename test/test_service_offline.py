@@ -143,6 +143,9 @@ async def test_a_socket_and_pid_link_an_earlier_run_left_do_not_refuse_a_start(
     client = await connect(reactor, f"{tmp_path}/s.sock")
     assert (await client.list())["procs"] == []
     assert os.readlink(tmp_path / "s.sock.lock") == str(os.getpid())
+    # Each stats endpoint has a site, and a connection cap, of its own:
+    # strangers on TCP cannot close the private socket's connections.
+    assert service.ports["stats"].factory is not service.ports["stats-socket"].factory
     await client.close()
     await service.stopService()
     # Only a socket is ever removed, never a file at a mistyped path.

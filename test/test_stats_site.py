@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 from pytest_twisted import ensureDeferred
 from twisted.internet import reactor
+from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.python import log
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
 
 from sdexec.stats import MAX_STATS_CONNECTIONS, STATS_TIMEOUT, stats_site
 
@@ -143,6 +146,48 @@ async def test_a_new_connection_takes_the_place_of_the_longest_waiting(site_port
     finally:
         for sock in held:
             sock.close()
+
+
+class _Held(Resource):
+    """A resource answered later, as /metrics is (rendered in a thread)."""
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list = []
+
+    def render_GET(self, request):
+        self.requests.append(request)
+        return NOT_DONE_YET
+
+
+@ensureDeferred
+async def test_a_connection_being_served_is_not_closed_for_a_newcomer():
+    held = _Held()
+    site = stats_site(lambda: {}, metrics=held)
+    listening = reactor.listenTCP(0, site, interface="127.0.0.1")
+    port = listening.getHost().port
+    scraper = await deferToThread(hold_connections, port, 1)
+    others: list[socket.socket] = []
+    try:
+        scraper[0].sendall(GET.replace(b"/stats", b"/metrics"))
+        while not held.requests:  # complete, and now being answered
+            await deferLater(reactor, 0.01)
+        others = await deferToThread(
+            hold_trickling_connections, port, MAX_STATS_CONNECTIONS - 1
+        )
+        answer = await deferToThread(exchange, port, GET)
+        assert answer.startswith(b"HTTP/1.1 200")
+        assert port_of(others[0]) not in client_ports(site)  # not the scraper
+        assert port_of(scraper[0]) in client_ports(site)
+        held.requests[0].write(b"metrics\n")
+        held.requests[0].finish()
+        assert b"metrics" in await deferToThread(_read_to_eof, scraper[0])
+    finally:
+        for sock in scraper + others:
+            sock.close()
+        await listening.stopListening()
 
 
 def test_idle_connections_are_closed_sooner_than_twisteds_minute(site_port):

@@ -54,6 +54,8 @@ __all__ = [
 
 #: The configuration key that lists what a request may set.
 CONFIG_KEY: Final = "[sdexec] request-properties"
+#: Where the admin sets the properties every unit gets.
+SITE_PROPERTIES_KEY: Final = "[exec.sdexec-properties]"
 #: An entry of :data:`CONFIG_KEY` that stands for :data:`DEFAULT_ALLOWED`, so
 #: a site can widen the default without restating it:
 #: ``request-properties = ["@default", "Nice"]``.
@@ -215,11 +217,12 @@ TIGHTENING: Final[Mapping[str, Ordering]] = {
     ),
 }
 
-#: What a request may set whatever ``request-properties`` says. Whether the
-#: process starts with SIGPIPE ignored (systemd's default) is its own
-#: business: it may change that itself at any time. ``sdexec run`` sets it
-#: on every streaming run (a closed pipe ends the command as it would a
-#: local one), so a site that narrowed the list refused every run.
+#: What a request may set whatever ``request-properties`` says, unless
+#: ``[exec.sdexec-properties]`` sets it (the admin's value then stands).
+#: Whether the process starts with SIGPIPE ignored (systemd's default) is
+#: its own business: it may change that itself at any time. ``sdexec run``
+#: sets it on every streaming run (a closed pipe ends the command as it
+#: would a local one), so a site that narrowed the list refused every run.
 ALWAYS_ALLOWED: Final = frozenset({"IgnoreSIGPIPE"})
 
 #: What a request may set unless the admin says otherwise: limits that only
@@ -258,8 +261,8 @@ def never_allowed_reason(name: str) -> str | None:
 
 def parse_request_properties(value: object) -> frozenset[str]:
     """The checked value of :data:`CONFIG_KEY`: an array of property names,
-    where :data:`DEFAULTS_TOKEN` stands for :data:`DEFAULT_ALLOWED`, plus
-    :data:`ALWAYS_ALLOWED`. ``[]`` lets requests set nothing else.
+    where :data:`DEFAULTS_TOKEN` stands for :data:`DEFAULT_ALLOWED`. ``[]``
+    lets requests set nothing but :data:`ALWAYS_ALLOWED`.
 
     ``ValueError`` naming the entry (``request-properties[2]: ...``) for a
     non-array, a non-name, or a name that can never be allowed.
@@ -285,7 +288,7 @@ def parse_request_properties(value: object) -> frozenset[str]:
                 f"{where}: {entry} can never be set by a request: {reason}"
             )
         allowed.add(entry)
-    return ALWAYS_ALLOWED | allowed
+    return frozenset(allowed)
 
 
 def _physical_memory() -> int:
@@ -330,11 +333,11 @@ class RequestPolicy:
             raise RequestRefused(
                 errno.EPERM, f"{option}: a request can never set {name}: {reason}"
             )
-        if name not in self.allowed:
+        if name not in self.allowed and not self._always_allowed(name):
             raise RequestRefused(
                 errno.EPERM,
-                f"{option}: requests may not set {printable(name)};"
-                f" an admin may allow it in {CONFIG_KEY}",
+                f"{option}: requests may not set {printable(name)}"
+                f"{self._set_by_site(name)}; an admin may allow it in {CONFIG_KEY}",
             )
         check_text(option, value)
         if name == "Description" and len(value.encode()) > MAX_DESCRIPTION:
@@ -344,6 +347,14 @@ class RequestPolicy:
         order = TIGHTENING.get(name)
         if order is not None:
             self._check_tightens(option, name, value, order)
+
+    def _always_allowed(self, name: str) -> bool:
+        return name in ALWAYS_ALLOWED and name not in self.baseline
+
+    def _set_by_site(self, name: str) -> str:
+        if name in ALWAYS_ALLOWED and name in self.baseline:
+            return f" (set to {self.baseline[name]} by {SITE_PROPERTIES_KEY})"
+        return ""
 
     def _check_tightens(
         self, option: str, name: str, value: str, order: Ordering

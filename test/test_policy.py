@@ -168,9 +168,9 @@ def test_config_value_errors_name_the_entry(value: object, message: str) -> None
 
 
 def test_config_value() -> None:
-    assert parse_request_properties([]) == {"IgnoreSIGPIPE"}
+    assert parse_request_properties([]) == frozenset()
     assert parse_request_properties(["@default"]) == DEFAULT_ALLOWED
-    assert parse_request_properties(["Nice"]) == {"Nice", "IgnoreSIGPIPE"}
+    assert parse_request_properties(["Nice"]) == {"Nice"}
 
 
 @pytest.mark.parametrize("listed", [[], ["MemoryMax"]])
@@ -182,6 +182,22 @@ def test_a_narrowed_list_still_lets_sdexec_run_set_ignoresigpipe(listed) -> None
     with pytest.raises(RequestRefused) as refused:
         policy.accept({"Description": "x"})
     assert refused.value.errnum == errno.EPERM
+
+
+def test_the_site_s_ignoresigpipe_stands_unless_the_admin_lets_requests_change_it():
+    # Always allowed, it let a request override the admin's own value.
+    site = {"IgnoreSIGPIPE": "yes"}
+    narrowed = RequestPolicy(allowed=parse_request_properties([]), baseline=site)
+    with pytest.raises(RequestRefused) as refused:
+        narrowed.accept({"IgnoreSIGPIPE": "no"})
+    assert (refused.value.errnum, refused.value.errstr) == (
+        errno.EPERM,
+        "SDEXEC_PROP_IgnoreSIGPIPE: requests may not set IgnoreSIGPIPE (set to"
+        " yes by [exec.sdexec-properties]); an admin may allow it in"
+        " [sdexec] request-properties",
+    )
+    listed = RequestPolicy(allowed=DEFAULT_ALLOWED, baseline=site)
+    assert listed.accept({"IgnoreSIGPIPE": "no"}) == {"IgnoreSIGPIPE": "no"}
 
 
 def test_defaults_are_not_forbidden_and_are_ordered() -> None:

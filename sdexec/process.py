@@ -85,6 +85,9 @@ class UnitCall(enum.Enum):
     KILL_MAIN = "KillUnit(main, SIGKILL) for a client that left"
 
 
+#: How a unit the manager lost is reported.
+_LOST = "is gone (lost while systemd was away)"
+
 #: Calls with nothing left to do once the unit is unloaded: their failure
 #: then is no news (a client gone in a burst logged one per unit).
 _MOOT_ONCE_GONE = frozenset({UnitCall.STOP, UnitCall.RESET, UnitCall.KILL_MAIN})
@@ -417,29 +420,33 @@ class Process:
         self._fail(errno_for(error), message)
         self._reap()
 
-    def _is_gone(self, properties: dict[str, Any]) -> bool:
-        """Whether the unit is no longer the one started: unloaded
+    def _is_gone(self, properties: dict[str, Any]) -> str | None:
+        """How the unit is no longer the one started, or ``None``: unloaded
         (``not-found``), or another invocation under its name. A manager
         killed and started again makes one from the unit file the dead one
-        left (``bad-setting``, inactive, its process outside it, its exit
-        status never to come), while one re-executed keeps ours running
-        (``bad-setting`` too, the same ``InvocationID``)."""
+        left (``bad-setting``, inactive, never started: no ``InvocationID``,
+        its process outside it, its exit status never to come), while one
+        re-executed keeps ours running (``bad-setting`` too, the same
+        ``InvocationID``); one started again by hand has a new one."""
         if properties.get("LoadState") == "not-found":
-            return True
+            return _LOST
         invocation = properties.get("InvocationID")
         if invocation is None or Sent.STARTED not in self._sent:
-            return False
+            return None
         if self._invocation is None:
             self._note_invocation(properties)  # ours: first seen since
-            return False
-        return bytes(invocation) != self._invocation
+            return None
+        if bytes(invocation) == self._invocation:
+            return None
+        return "was started again outside sdexec" if invocation else _LOST
 
     def _note_invocation(self, properties: dict[str, Any]) -> None:
         self._invocation = bytes(properties.get("InvocationID") or b"") or None
 
     def _unit_changed(self, properties: dict[str, Any]) -> None:
-        if self._is_gone(properties) and not self._outcome_known:
-            self._vanished("is gone")
+        gone = self._is_gone(properties)
+        if gone is not None and not self._outcome_known:
+            self._vanished(gone)
             return
         status = self.status = UnitStatus.from_properties(
             properties, command_ran=self._command_ran
@@ -662,12 +669,15 @@ class Process:
     def _resync_failed(self, failure: Failure) -> None:
         if is_connection_lost(failure.value):
             return  # lost again: the next restore resyncs
-        self._vanished(f"cannot be read: {failure.getErrorMessage()}")
+        self._vanished(
+            f"cannot be read: {failure.getErrorMessage()} (lost while systemd was away)"
+        )
 
     def _vanished(self, what: str) -> None:
-        """The unit is no longer systemd's (its manager restarted, or it was
-        unloaded while the connection was down): nothing more will come."""
-        message = f"unit {self.unit_name} {what} (lost while systemd was away)"
+        """The unit is no longer the one started (its manager restarted, it
+        was unloaded while the connection was down, or started again by
+        hand): nothing more will come of ours."""
+        message = f"unit {self.unit_name} {what}"
         log.warn("{message}", message=message)
         # No EOF will come (systemd's ends may never close): what the process
         # wrote and the service has not read yet goes out before the error.

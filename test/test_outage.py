@@ -117,6 +117,21 @@ def test_a_unit_a_restarted_manager_reloaded_from_its_file_is_gone(
     assert server.processes == {}
 
 
+def test_a_unit_started_again_by_hand_is_not_ours_any_more(
+    systemd, server, connection
+):
+    # systemd there all along: not "lost while systemd was away".
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    systemd.change(UNIT, OURS)
+    systemd.change(UNIT, {"InvocationID": b"\x02" * 16})
+    assert error_of(connection.last()) == (
+        errno.EIO,
+        f"unit {UNIT} was started again outside sdexec",
+    )
+    assert server.processes == {}
+
+
 def test_a_unit_a_reexecuted_manager_kept_goes_on(systemd, server, connection):
     # daemon-reexec: the unit reads bad-setting too (its transient file
     # cannot be parsed back), but it runs on, the same invocation.

@@ -71,6 +71,7 @@ __all__ = [
     "MiB",
     "SdexecConfig",
     "SystemdConfig",
+    "check_endpoint_option",
     "default_config",
     "final_kill_attempt",
     "load_config",
@@ -495,6 +496,18 @@ def _endpoint(value: object) -> str:
             f" such as unix:/path or tcp:PORT ({error})"
         ) from None
     return description
+
+
+def check_endpoint_option(option: str, value: str | None) -> str | None:
+    """A ``--listen`` or ``--stats`` of twistd's command line, checked as the
+    file's ``listen`` and ``stats`` are (a malformed one ended in a
+    traceback at the listen): :class:`ConfigError` naming the option."""
+    if value is None:
+        return None
+    try:
+        return _endpoint(value)
+    except ValueError as error:
+        raise ConfigError("<command line>", option, str(error)) from None
 
 
 #: The longest UNIX socket path bind(2) takes: sun_path less its NUL.

@@ -117,9 +117,7 @@ def test_a_unit_a_restarted_manager_reloaded_from_its_file_is_gone(
     assert server.processes == {}
 
 
-def test_a_unit_started_again_by_hand_is_not_ours_any_more(
-    systemd, server, connection
-):
+def test_a_unit_started_again_by_hand_is_not_ours_any_more(systemd, server, connection):
     # systemd there all along: not "lost while systemd was away".
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT)

@@ -227,6 +227,26 @@ def test_a_bad_configuration_is_one_line_and_ex_config(tmp_path):
     assert b"Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--listen", "unix:path=/tmp/x.sock"), ("--stats", "tcp:8490:bogus=1")],
+)
+def test_a_bad_endpoint_option_is_one_line_and_ex_config(tmp_path, option, value):
+    # The same value in the file was refused so; on the command line it
+    # ended in a traceback at the listen.
+    config = tmp_path / "sdexec.toml"
+    config.write_text("")
+    done = subprocess.run(
+        [*TWISTD, "--nodaemon", "--pidfile=", "sdexec", "--config", str(config),
+         option, value],
+        capture_output=True, timeout=60, env=_environment(), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == EX_CONFIG
+    assert done.stderr.startswith(f"sdexec: <command line>: {option}: ".encode())
+    assert b"is not a Twisted server endpoint" in done.stderr
+    assert b"Traceback" not in done.stderr
+
+
 def test_a_mapper_that_cannot_be_built_at_start_is_ex_config(user_manager, tmp_path):
     """Found once the service starts (the topology is read then): the same
     status, so the units do not restart it either."""

@@ -70,7 +70,7 @@ class SdexecServiceMaker:
 
     def makeService(self, options: Options):
         reactor = _asyncio_reactor()
-        from sdexec.config import ConfigError, load_config
+        from sdexec.config import ConfigError, check_endpoint_option, load_config
         from sdexec.fdlimit import raise_open_file_limit
         from sdexec.logs import log_observer, with_observer
         from sdexec.service import EX_CONFIG, SdexecService
@@ -80,8 +80,8 @@ class SdexecServiceMaker:
             service = SdexecService(
                 config,
                 reactor,
-                options["listen"],
-                options["stats"],
+                check_endpoint_option("--listen", options["listen"]),
+                check_endpoint_option("--stats", options["stats"]),
                 exit_on_failure=True,
             )
         except ConfigError as error:

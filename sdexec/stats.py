@@ -63,8 +63,13 @@ class _StatsChannel(HTTPChannel):
         super().connectionMade()
         self.site.channels[self] = _WAITING
 
+    #: Closed to make room, and not gone yet (its descriptor is still open).
+    evicted = False
+
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self.site.channels.pop(self, None)
+        if self.evicted:
+            self.site.closing -= 1
         super().connectionLost(reason)
 
     def requestDone(self, request: Request) -> None:
@@ -101,15 +106,21 @@ class _StatsSite(Site):
         #: request (when they connected, or were last served), each with
         #: whether it is being served now.
         self.channels: dict[_StatsChannel, bool] = {}
+        #: Connections closed to make room whose descriptors close a reactor
+        #: pass later: a burst of connects accepted in one pass must not
+        #: hold more than twice the cap.
+        self.closing = 0
 
     def buildProtocol(self, addr):
         if len(self.channels) >= MAX_STATS_CONNECTIONS:
             longest = next(
                 (c for c, serving in self.channels.items() if not serving), None
             )
-            if longest is None:
-                return None  # every one is being served: Twisted closes this one
-            del self.channels[longest]  # uncounted now: it closes a pass later
+            if longest is None or self.closing >= MAX_STATS_CONNECTIONS:
+                return None  # Twisted closes this one at once
+            del self.channels[longest]
+            longest.evicted = True
+            self.closing += 1
             # TCP's, or a UNIX socket's (stats-socket), which has it too.
             cast(ITCPTransport, longest.transport).abortConnection()
         return super().buildProtocol(addr)

@@ -131,6 +131,7 @@ async def test_a_new_connection_takes_the_place_of_the_longest_waiting(site_port
         assert answer.startswith(b"HTTP/1.1 200")
         assert port_of(held[0]) not in client_ports(site)
         assert await deferToThread(closed_by_the_site, held[0])
+        assert site.closing == 0  # its descriptor is closed: none pending
         # Full again (accepted in order, before the newcomer); the next
         # newcomer passes held[1] over for held[2].
         held += await deferToThread(hold_trickling_connections, port, 1)

@@ -44,10 +44,25 @@ class OwnerLock:
     """The lock of the service whose units carry ``mark``: beside a
     ``unix:`` endpoint's socket, else in the runtime directory."""
 
-    def __init__(self, listen: str, mark: str, socket_mode: int) -> None:
+    def __init__(
+        self,
+        listen: str,
+        mark: str,
+        socket_mode: int,
+        earlier_marks: tuple[str, ...] = (),
+    ) -> None:
+        """``earlier_marks``: the service's other marks (as an earlier
+        version named its units, and its lock: the socket path as written,
+        before it was taken in one spelling). A service still running under
+        one of them must refuse this one too."""
         self.listen = listen
-        name = f"sdexec-{mark.strip(' []').removeprefix('sdexec:')}.lock"
-        self.path = os.path.join(_lock_directory(listen, socket_mode), name)
+        directory = _lock_directory(listen, socket_mode)
+        self.path = os.path.join(directory, _lock_name(mark))
+        self._earlier = [
+            os.path.join(directory, _lock_name(earlier))
+            for earlier in earlier_marks
+            if _lock_name(earlier) != _lock_name(mark)
+        ]
         self._fd: int | None = None
 
     def take(self) -> None:
@@ -55,17 +70,14 @@ class OwnerLock:
         (another service in this process too: each take opens the file)."""
         if self._fd is not None:
             return
-        fd = _open(self.path)
+        fd = _locked(self.path, self.listen)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(fd)
+            for earlier in self._earlier:
+                if os.path.exists(earlier):
+                    os.close(_locked(earlier, self.listen))  # free: let it go
+        except AlreadyServed:
             os.close(fd)
-            raise AlreadyServed(
-                f"[sdexec] listen: another sdexec ({holder}) serves"
-                f" {self.listen}: it holds {self.path}; not starting, and none"
-                " of its units touched"
-            ) from None
+            raise
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
@@ -77,6 +89,26 @@ class OwnerLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _lock_name(mark: str) -> str:
+    return f"sdexec-{mark.strip(' []').removeprefix('sdexec:')}.lock"
+
+
+def _locked(path: str, listen: str) -> int:
+    """A descriptor of ``path`` holding its lock; :class:`AlreadyServed`
+    naming the holder if another process holds it."""
+    fd = _open(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise AlreadyServed(
+            f"[sdexec] listen: another sdexec ({holder}) serves {listen}: it"
+            f" holds {path}; not starting, and none of its units touched"
+        ) from None
+    return fd
 
 
 def clear_stale_socket(listen: str) -> None:

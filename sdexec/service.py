@@ -155,7 +155,7 @@ class SdexecService(Service):
         # First of all: a second service on this endpoint would take the
         # first one's running units for leftovers (sdexec/ownerlock.py).
         mode = self.config.sdexec.socket_mode
-        self.owner_lock = OwnerLock(self.listen, marks[0], mode)
+        self.owner_lock = OwnerLock(self.listen, marks[0], mode, marks[1:])
         self.owner_lock.take()
         systemd = yield self._connect()
         systemd.debug = self.config.systemd.sdbus_debug

@@ -109,6 +109,26 @@ def test_a_lock_is_held_while_its_process_lives_and_no_longer(tmp_path):
     lock.release()
 
 
+def test_a_service_holding_the_lock_of_an_earlier_spelling_refuses_this_one(
+    tmp_path,
+):
+    # Before the socket path was taken in one spelling, a service listening
+    # on "..././s.sock" locked a file of that spelling's name: a new one on
+    # it, locking another name, would stop the running one's units.
+    spelled = f"unix:{tmp_path}/./s.sock"
+    current, *earlier = owner_marks(spelled)
+    old = OwnerLock(spelled, earlier[0], 0o600)
+    old.take()
+    new = OwnerLock(spelled, current, 0o600, tuple(earlier))
+    try:
+        with pytest.raises(AlreadyServed, match=f"holds {old.path}"):
+            new.take()
+    finally:
+        old.release()
+    new.take()  # once it is gone
+    new.release()
+
+
 def test_a_lock_of_the_first_version_a_pid_link_is_replaced(tmp_path):
     lock = OwnerLock(f"unix:{tmp_path}/s.sock", " [sdexec:0123456789ab]", 0o600)
     os.symlink("1", lock.path)  # never followed: no file named 1 is made

@@ -11,13 +11,16 @@ import signal
 import pytest
 from offline import Connection
 from test_server import FLAGS, TRUE, UNIT
-from twisted.internet import reactor
+from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
+from twisted.logger import globalLogPublisher
 
 from sdexec.config import parse_config
 from sdexec.leftovers import Leftovers, marked, owner_marks
 from sdexec.property import UnitProperty
 from sdexec.server import SdexecServer
+from sdexec.systemd import SystemdError
+from sdexec.systemd.errors import NO_SUCH_UNIT
 from sdexec.testing import EXITED, INACTIVE, RUNNING, FakeManager, exec_plan
 
 MARKS = owner_marks("unix:/run/user/1000/sdexec/sdexec.sock")
@@ -195,6 +198,19 @@ def test_a_stopping_service_follows_its_leftovers_no_more(systemd):
     server.shutdown(10)
     assert server.leftovers.units == {}
     assert server.clock.getDelayedCalls() == []
+
+
+def test_a_leftover_unloaded_before_its_stop_is_no_warning(systemd, monkeypatch):
+    leftover(systemd, "sdexec-a.service")
+    gone = SystemdError(NO_SUCH_UNIT, "Unit sdexec-a.service not loaded.")
+    monkeypatch.setattr(systemd, "stop_unit", lambda *_: defer.fail(gone))
+    warnings: list[dict] = []
+    globalLogPublisher.addObserver(warnings.append)
+    try:
+        make_server(systemd).leftovers.scan()
+    finally:
+        globalLogPublisher.removeObserver(warnings.append)
+    assert not [e for e in warnings if "failed" in e.get("log_format", "")]
 
 
 def test_kept_leftovers_run_on_listed_killable_and_unloaded_once_ended(systemd):

@@ -12,13 +12,15 @@ import os
 import pytest
 from offline import error_of
 from test_server import FLAGS, TRUE, UNIT
-from twisted.internet import reactor
+from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 
 from sdexec.config import parse_config
 from sdexec.ioencode import decode_io
 from sdexec.outage import SystemdOutage
 from sdexec.server import SdexecServer
+from sdexec.systemd import SystemdError
+from sdexec.systemd.errors import NO_SUCH_UNIT
 from sdexec.testing import EXITED, INACTIVE
 
 
@@ -171,6 +173,18 @@ def test_a_stop_lost_with_the_connection_is_made_again(systemd, server, connecti
     systemd.restore()
     assert systemd.calls.count(("stop", UNIT)) == 2
     assert systemd.calls.count(("kill", "main", 9)) == 2
+
+
+def test_a_kill_of_a_process_whose_unit_was_unloaded_is_esrch(
+    systemd, server, connection, monkeypatch
+):
+    # Its end not yet seen: systemd says "Unit ... not loaded." (was EIO).
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT, pid=99)
+    gone = SystemdError(NO_SUCH_UNIT, f"Unit {UNIT} not loaded.")
+    monkeypatch.setattr(systemd, "kill_unit", lambda *_: defer.fail(gone))
+    connection.send("sdexec.kill", {"pid": 99, "signum": 15}, matchtag=2)
+    assert error_of(connection.last()) == (errno.ESRCH, f"Unit {UNIT} not loaded.")
 
 
 def test_a_kill_while_away_is_eagain(systemd, server, connection):

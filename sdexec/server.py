@@ -72,6 +72,12 @@ def peer_uid(sock: socket.socket) -> int:
     return uid
 
 
+#: The signals the units a shutdown cannot stop get, one per grace without
+#: progress (their stop-timer signal, then SIGKILL), before it gives up;
+#: with systemd away it gives up at once.
+_STRAGGLER_STEPS = 2
+
+
 def _log_straggler_kill_failure(failure: Failure, unit: str, signum: int) -> None:
     if is_unit_gone(failure.value):
         return  # it went meanwhile
@@ -490,10 +496,10 @@ class SdexecServer:
         waiter: defer.Deferred,
         grace: float,
         before: tuple[int, int],
-        killed: bool = False,
+        signalled: int = 0,
     ) -> None:
         timer = self.clock.callLater(
-            grace, self._shutdown_progress, waiter, grace, before, killed
+            grace, self._shutdown_progress, waiter, grace, before, signalled
         )
         waiter.addBoth(lambda result: timer.cancel() if timer.active() else None)
 
@@ -502,19 +508,20 @@ class SdexecServer:
         waiter: defer.Deferred,
         grace: float,
         before: tuple[int, int],
-        killed: bool,
+        signalled: int,
     ) -> None:
+        """``signalled``: how many of the stragglers' signals went out."""
         now = self._shutdown_mark()
         if now != before:
-            self._check_shutdown_progress(waiter, grace, now, killed)
+            self._check_shutdown_progress(waiter, grace, now, signalled)
             return
         names = ", ".join(process.unit_name for process in self.processes.values())
-        if not killed:
-            self._kill_stragglers(grace, names)
-            # Marked after the kills; answers that come later count as
+        if self.systemd.connected and signalled < _STRAGGLER_STEPS:
+            self._signal_stragglers(signalled == 0, grace, names)
+            # Marked after the calls; answers that come later count as
             # progress once more, at most a grace more.
             self._check_shutdown_progress(
-                waiter, grace, self._shutdown_mark(), killed=True
+                waiter, grace, self._shutdown_mark(), signalled + 1
             )
             return
         log.error(
@@ -526,26 +533,27 @@ class SdexecServer:
         self._all_reaped.remove(waiter)
         waiter.callback(None)
 
-    def _kill_stragglers(self, grace: float, names: str) -> None:
-        """Each unit's stop-timer signal (``sdexec-stop-timer-signal``, or
-        its request's: the IMP's proxy for SIGKILL where guests' processes
-        are out of the manager's reach), then SIGKILL, to all its
-        processes."""
-        if not self.systemd.connected:
-            log.warn("units not stopped, systemd away: {names}", names=names)
-            return
+    def _signal_stragglers(self, first: bool, grace: float, names: str) -> None:
+        """To all the processes of every unit left: ``first``, its stop-timer
+        signal (``sdexec-stop-timer-signal``, or its request's: the IMP's
+        proxy for SIGKILL where a guest's processes are out of the manager's
+        reach); then SIGKILL, to those whose stop-timer signal was another."""
         log.warn(
-            "units not stopped by SIGTERM, nothing reaped nor answered for"
-            " {grace}s: their stop-timer signal, then SIGKILL, to all their"
-            " processes: {names}",
+            "units not stopped, nothing reaped nor answered for {grace}s:"
+            " {which} to all their processes: {names}",
             grace=grace,
+            which="their stop-timer signal" if first else "SIGKILL",
             names=names,
         )
         for process in list(self.processes.values()):
-            for signum in dict.fromkeys((process.stop_timer.signum, signal.SIGKILL)):
-                self.systemd.kill_unit(process.unit_name, "all", signum).addErrback(
-                    _log_straggler_kill_failure, process.unit_name, signum
-                )
+            signum = process.stop_timer.signum
+            if not first:
+                if signum == signal.SIGKILL:
+                    continue  # sent already, as its stop-timer signal
+                signum = signal.SIGKILL
+            self.systemd.kill_unit(process.unit_name, "all", signum).addErrback(
+                _log_straggler_kill_failure, process.unit_name, signum
+            )
 
     # -- write, kill, list, stats ------------------------------------------------
 

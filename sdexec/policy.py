@@ -333,7 +333,7 @@ class RequestPolicy:
             raise RequestRefused(
                 errno.EPERM, f"{option}: a request can never set {name}: {reason}"
             )
-        if name not in self.allowed and not self._always_allowed(name):
+        if name not in self.allowed and not self._always_allowed(name, value):
             raise RequestRefused(
                 errno.EPERM,
                 f"{option}: requests may not set {printable(name)}"
@@ -348,8 +348,17 @@ class RequestPolicy:
         if order is not None:
             self._check_tightens(option, name, value, order)
 
-    def _always_allowed(self, name: str) -> bool:
-        return name in ALWAYS_ALLOWED and name not in self.baseline
+    def _always_allowed(self, name: str, value: str) -> bool:
+        """Allowed where the site does not set it, or asked as the site has
+        it (``sdexec run``'s ``IgnoreSIGPIPE=no`` where the site says no)."""
+        if name not in ALWAYS_ALLOWED:
+            return False
+        if name not in self.baseline:
+            return True
+        try:
+            return parse_bool(value) == parse_bool(self.baseline[name])
+        except ValueError:
+            return False  # refused below as not allowed (the value is moot)
 
     def _set_by_site(self, name: str) -> str:
         if name in ALWAYS_ALLOWED and name in self.baseline:

@@ -198,6 +198,10 @@ def test_the_site_s_ignoresigpipe_stands_unless_the_admin_lets_requests_change_i
     )
     listed = RequestPolicy(allowed=DEFAULT_ALLOWED, baseline=site)
     assert listed.accept({"IgnoreSIGPIPE": "no"}) == {"IgnoreSIGPIPE": "no"}
+    # Asked as the site has it (sdexec run's "no" where the site says no):
+    # nothing to refuse.
+    same = RequestPolicy(allowed=frozenset(), baseline={"IgnoreSIGPIPE": "false"})
+    assert same.accept({"IgnoreSIGPIPE": "no"}) == {"IgnoreSIGPIPE": "no"}
 
 
 def test_defaults_are_not_forbidden_and_are_ordered() -> None:

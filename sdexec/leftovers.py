@@ -157,7 +157,7 @@ class Leftover:
         status = UnitStatus.from_properties(state)
         if status.pid > 0:
             self.pid = status.pid
-        if status.is_deactivating:
+        if status.is_deactivating and not self._leftovers.stops_held:
             self.stop_timer.deactivating()
         elif self.stop_timer.deactivating_since is not None:
             self.stop_timer.stopped()
@@ -226,21 +226,29 @@ class Leftovers:
         self._marks = marks
         self._drained_with: str | None = None
         self._stops_held = hold_stops
+        self._closed = False
 
     def release_stops(self) -> None:
         """Stop the leftovers held so far (``leftover-units = "stop"``), and
-        any found later at once."""
+        any found later at once; read each again, so that one already
+        deactivating gets its stop timer now."""
         self._stops_held = False
-        if self._stopping:
-            for unit in list(self.units.values()):
-                unit.stop()
+        for unit in list(self.units.values()):
+            unit.follow(self._stopping)
 
     def close(self) -> None:
         """The service stops: follow nothing more (watches and stop timers
-        go; the next run finds what is left)."""
+        go; the next run finds what is left), nor adopt anything (a
+        reconnection's scan, or one still in flight)."""
+        self._closed = True
         for unit in self.units.values():
             unit.forget()
         self.units.clear()
+
+    @property
+    def stops_held(self) -> bool:
+        """Whether stops (and stop timers) wait for the service to listen."""
+        return self._stops_held
 
     @property
     def _stopping(self) -> bool:
@@ -273,6 +281,8 @@ class Leftovers:
             self._drained_with = None
 
     def _listed(self, listing: list[tuple]) -> None:
+        if self._closed:
+            return
         stop = self._stopping
         for name, description, *_ in listing:
             mark = self._mark_of(description)
@@ -297,7 +307,12 @@ class Leftovers:
         return next((m for m in self._marks if description.endswith(m)), "")
 
     def _adopt(self, name: str, description: str, stop: bool) -> None:
-        action = "stopping it" if stop else "kept (leftover-units = keep)"
+        if not stop:
+            action = "kept (leftover-units = keep)"
+        elif self._stops_held:
+            action = "to be stopped once the service listens"
+        else:
+            action = "stopping it"
         log.warn(
             "leftover unit {unit} from a previous run ({description}): {action}",
             unit=name,

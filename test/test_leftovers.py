@@ -198,6 +198,24 @@ def test_a_stopping_service_follows_its_leftovers_no_more(systemd):
     server.shutdown(10)
     assert server.leftovers.units == {}
     assert server.clock.getDelayedCalls() == []
+    server.systemd_restored()  # a reconnection while it stops: adopts none
+    assert server.leftovers.units == {}
+    assert server.clock.getDelayedCalls() == []
+
+
+def test_no_stop_timer_for_a_leftover_while_stops_are_held(systemd):
+    # Found already stopping while the start may still fail: nothing is
+    # sent to it until the service listens; then its timer starts.
+    leftover(systemd, "sdexec-a.service")
+    systemd.units["sdexec-a.service"].update(DEACTIVATING)
+    server = make_server_with_stop_timer(systemd, 30)
+    server.leftovers = Leftovers(systemd, server, MARKS, hold_stops=True)
+    server.leftovers.scan()
+    server.clock.advance(60)
+    assert systemd.signalled == []
+    server.leftovers.release_stops()
+    server.clock.advance(30)
+    assert systemd.signalled == [("sdexec-a.service", signal.SIGUSR1)]
 
 
 def test_a_leftover_unloaded_before_its_stop_is_no_warning(systemd, monkeypatch):

@@ -176,6 +176,27 @@ async def test_a_socket_and_pid_link_an_earlier_run_left_do_not_refuse_a_start(
 
 
 @ensureDeferred
+async def test_a_start_that_listens_stops_the_leftovers_it_held(tmp_path):
+    listen = f"unix:{tmp_path}/v.sock"
+    manager = FakeManager()
+    manager.units["sdexec-left.service"] = dict(RUNNING)
+    manager.properties["sdexec-left.service"] = [
+        UnitProperty("Description", "s", f"sleep 300{owner_marks(listen)[0]}")
+    ]
+    service = SdexecService(
+        parse_config({}),
+        reactor,
+        listen=listen,
+        stats="tcp:0:interface=127.0.0.1",
+        connect=lambda: defer.succeed(manager),
+    )
+    service.startService()
+    await service.ready
+    assert ("stop", "sdexec-left.service") in manager.calls
+    await service.stopService()
+
+
+@ensureDeferred
 async def test_a_start_that_fails_to_listen_stops_no_leftover(tmp_path):
     # It adopted them, stopped them, then failed: they ran on unfollowed,
     # or stopped, until some later start.

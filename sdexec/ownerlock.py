@@ -64,6 +64,7 @@ class OwnerLock:
             if _lock_name(earlier) != _lock_name(mark)
         ]
         self._fd: int | None = None
+        self._earlier_fds: list[int] = []
 
     def take(self) -> None:
         """Hold the lock, or :class:`AlreadyServed` if another process does
@@ -72,10 +73,8 @@ class OwnerLock:
             return
         fd = _locked(self.path, self.listen)
         try:
-            for earlier in self._earlier:
-                if os.path.exists(earlier):
-                    os.close(_locked(earlier, self.listen))  # free: let it go
-        except AlreadyServed:
+            self._take_earlier()
+        except BaseException:
             os.close(fd)
             raise
         os.ftruncate(fd, 0)
@@ -83,9 +82,26 @@ class OwnerLock:
         self._fd = fd
         clear_stale_socket(self.listen)
 
+    def _take_earlier(self) -> None:
+        """The locks of the earlier marks, held too for the service's life:
+        an earlier version started later on this endpoint is refused as
+        well. One that cannot be opened (not a file; another user's) is no
+        service's of ours."""
+        try:
+            for earlier in self._earlier:
+                if os.path.isfile(earlier):
+                    with contextlib.suppress(PermissionError):
+                        self._earlier_fds.append(_locked(earlier, self.listen))
+        except BaseException:
+            self.release()
+            raise
+
     def release(self) -> None:
         """Let the lock go (idempotent). The file stays: removing it could
         let two services lock two files of one name."""
+        for fd in self._earlier_fds:
+            os.close(fd)
+        self._earlier_fds = []
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -126,6 +126,16 @@ def test_a_service_holding_the_lock_of_an_earlier_spelling_refuses_this_one(
     finally:
         old.release()
     new.take()  # once it is gone
+    # Held for the service's life: the earlier version started later is
+    # refused in turn.
+    with pytest.raises(AlreadyServed):
+        OwnerLock(spelled, earlier[0], 0o600).take()
+    new.release()
+    # Something else at that name (not a file) is no service's: no refusal,
+    # and no descriptor held.
+    os.unlink(old.path)
+    os.mkdir(old.path)
+    new.take()
     new.release()
 
 

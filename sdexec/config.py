@@ -502,8 +502,8 @@ def check_endpoint_option(option: str, value: str | None) -> str | None:
     """A ``--listen`` or ``--stats`` of twistd's command line, checked as the
     file's ``listen`` and ``stats`` are (a malformed one ended in a
     traceback at the listen): :class:`ConfigError` naming the option."""
-    if value is None:
-        return None
+    if not value:
+        return value  # none given: the file's (an empty one, as before)
     try:
         return _endpoint(value)
     except ValueError as error:

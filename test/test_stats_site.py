@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 from pytest_twisted import ensureDeferred
 from twisted.internet import reactor
+from twisted.internet.error import ConnectionDone
 from twisted.internet.task import deferLater
+from twisted.internet.testing import StringTransport
 from twisted.internet.threads import deferToThread
 from twisted.python import log
+from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
@@ -189,6 +192,25 @@ async def test_a_connection_being_served_is_not_closed_for_a_newcomer():
         for sock in scraper + others:
             sock.close()
         await listening.stopListening()
+
+
+def test_connections_closed_to_make_room_count_until_they_are_gone():
+    # Their descriptors close a reactor pass later: a burst accepted in one
+    # pass must not hold more than twice the cap.
+    site = stats_site(lambda: {})
+    held = []
+    for _ in range(2 * MAX_STATS_CONNECTIONS):
+        channel = site.buildProtocol(None)
+        channel.makeConnection(StringTransport())
+        held.append(channel)
+    assert site.closing == MAX_STATS_CONNECTIONS
+    assert site.buildProtocol(None) is None  # refused: too many closing
+    for channel in held[:MAX_STATS_CONNECTIONS]:
+        assert channel.transport.disconnecting  # aborted
+        channel.connectionLost(Failure(ConnectionDone()))
+    assert site.closing == 0
+    assert len(site.channels) == MAX_STATS_CONNECTIONS
+    assert site.buildProtocol(None) is not None
 
 
 def test_idle_connections_are_closed_sooner_than_twisteds_minute(site_port):

@@ -106,6 +106,8 @@ class SdexecServer:
         self.clock = clock or reactor
         self.containment = containment or Containment(config, None)
         self._all_reaped: list[defer.Deferred[None]] = []
+        #: Answers to the shutdown's own signals: not progress of the stop.
+        self._straggler_answers = 0
         #: :meth:`shutdown` has begun: no more processes are started.
         self.stopping = False
         self.processes: dict[tuple[int, int], Process] = {}
@@ -468,10 +470,11 @@ class SdexecServer:
         grace (and the first reaps wait for the receipts queued behind every
         stop in the call window), while a unit that never stops, or a
         manager that answers nothing, must not hold the exit. The first
-        grace without progress sends each unit left its stop-timer signal,
-        then SIGKILL (their SIGTERM did not end them: left running, they
-        would keep the next run drained); the second gives up. Leftovers
-        are no longer followed (the next run finds what is left)."""
+        grace without progress sends each unit left its stop-timer signal
+        (their SIGTERM did not end them: left running, they would keep the
+        next run drained), the second SIGKILL, the third gives up (and a
+        stall with systemd away, at once). Leftovers are no longer followed
+        (the next run finds what is left)."""
         self.stopping = True
         for verdict in list(self._canaries):
             verdict.cancel()  # its process is abandoned below, its timer goes
@@ -488,8 +491,10 @@ class SdexecServer:
         return waiter
 
     def _shutdown_mark(self) -> tuple[int, int]:
-        """What grows while a shutdown progresses."""
-        return self.counters["reaped"], self.systemd.calls_answered
+        """What grows while a shutdown progresses (systemd's answers to the
+        shutdown's own signals aside: they say nothing of the units)."""
+        answered = self.systemd.calls_answered - self._straggler_answers
+        return self.counters["reaped"], answered
 
     def _check_shutdown_progress(
         self,
@@ -516,13 +521,10 @@ class SdexecServer:
             self._check_shutdown_progress(waiter, grace, now, signalled)
             return
         names = ", ".join(process.unit_name for process in self.processes.values())
-        if self.systemd.connected and signalled < _STRAGGLER_STEPS:
-            self._signal_stragglers(signalled == 0, grace, names)
-            # Marked after the calls; answers that come later count as
-            # progress once more, at most a grace more.
-            self._check_shutdown_progress(
-                waiter, grace, self._shutdown_mark(), signalled + 1
-            )
+        may_signal = self.systemd.connected and signalled < _STRAGGLER_STEPS
+        # (None left to send, either, once every stop-timer signal was SIGKILL.)
+        if may_signal and self._signal_stragglers(signalled == 0, grace, names):
+            self._check_shutdown_progress(waiter, grace, now, signalled + 1)
             return
         log.error(
             "units still not reaped, and no unit reaped nor call answered for"
@@ -533,11 +535,19 @@ class SdexecServer:
         self._all_reaped.remove(waiter)
         waiter.callback(None)
 
-    def _signal_stragglers(self, first: bool, grace: float, names: str) -> None:
+    def _signal_stragglers(self, first: bool, grace: float, names: str) -> bool:
         """To all the processes of every unit left: ``first``, its stop-timer
         signal (``sdexec-stop-timer-signal``, or its request's: the IMP's
         proxy for SIGKILL where a guest's processes are out of the manager's
-        reach); then SIGKILL, to those whose stop-timer signal was another."""
+        reach); then SIGKILL, to those whose stop-timer signal was another.
+        Whether any was sent."""
+        sends = [
+            (process.unit_name, process.stop_timer.signum if first else signal.SIGKILL)
+            for process in self.processes.values()
+            if first or process.stop_timer.signum != signal.SIGKILL
+        ]
+        if not sends:
+            return False
         log.warn(
             "units not stopped, nothing reaped nor answered for {grace}s:"
             " {which} to all their processes: {names}",
@@ -545,15 +555,15 @@ class SdexecServer:
             which="their stop-timer signal" if first else "SIGKILL",
             names=names,
         )
-        for process in list(self.processes.values()):
-            signum = process.stop_timer.signum
-            if not first:
-                if signum == signal.SIGKILL:
-                    continue  # sent already, as its stop-timer signal
-                signum = signal.SIGKILL
-            self.systemd.kill_unit(process.unit_name, "all", signum).addErrback(
-                _log_straggler_kill_failure, process.unit_name, signum
-            )
+        for unit, signum in sends:
+            sent = self.systemd.kill_unit(unit, "all", signum)
+            sent.addBoth(self._straggler_answered)
+            sent.addErrback(_log_straggler_kill_failure, unit, signum)
+        return True
+
+    def _straggler_answered(self, result: Any) -> Any:
+        self._straggler_answers += 1
+        return result
 
     # -- write, kill, list, stats ------------------------------------------------
 

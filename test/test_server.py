@@ -511,6 +511,50 @@ def test_shutdown_waits_for_every_process_to_be_reaped(systemd, server, connecti
     assert [p.unit_name for p in server.processes.values()] == [UNIT]
 
 
+def test_the_answers_to_the_shutdown_s_own_signals_are_not_progress(
+    systemd, server, connection, monkeypatch
+):
+    # Answered after the mark was taken (a real bus answers later), they
+    # put the SIGKILL a grace later than said, and the end two.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    done = server.shutdown(10)
+    answers: list[defer.Deferred] = []
+
+    def kill_unit(name, who, signum):
+        systemd.signalled.append((name, signum))
+        answer: defer.Deferred = defer.Deferred()
+        # systemd.calls_answered counts it when it is answered.
+        answer.addCallback(lambda _: systemd.calls.append(("kill", who, signum)))
+        answers.append(answer)
+        return answer
+
+    monkeypatch.setattr(systemd, "kill_unit", kill_unit)
+    server.clock.advance(10)  # the stop-timer signal
+    server.clock.advance(5)
+    answers[0].callback(None)
+    server.clock.advance(5)  # a grace with nothing else: SIGKILL
+    assert [signum for _, signum in systemd.signalled] == [
+        signal.SIGUSR1, signal.SIGKILL
+    ]  # fmt: skip
+    answers[1].callback(None)
+    server.clock.advance(10)
+    assert done.called
+
+
+def test_shutdown_sends_no_second_sigkill(systemd, server, connection):
+    # The stop-timer signal was SIGKILL: the second step has nothing to send
+    # and the wait ends at once, not a grace later.
+    cmd = {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SIGNAL": "SIGKILL"}}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd})
+    systemd.run(UNIT)
+    done = server.shutdown(10)
+    server.clock.advance(10)
+    server.clock.advance(10)
+    assert systemd.kills() == [signal.SIGKILL]
+    assert done.called
+
+
 def test_shutdown_with_systemd_away_sends_nothing_more(systemd, server, connection):
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT)

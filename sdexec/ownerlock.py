@@ -74,11 +74,15 @@ class OwnerLock:
         fd = _locked(self.path, self.listen)
         try:
             self._take_earlier()
+            for held in (fd, *self._earlier_fds):
+                # Who holds it, for the refusal's message (a full /run fails
+                # here: the lock is let go, never leaked).
+                os.ftruncate(held, 0)
+                os.pwrite(held, f"{os.getpid()}\n".encode(), 0)
         except BaseException:
+            self.release()
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
         clear_stale_socket(self.listen)
 

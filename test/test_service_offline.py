@@ -3,6 +3,7 @@ sdexec.testing's FakeManager (the real-manager paths are test_service.py)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -127,8 +128,8 @@ def test_a_service_holding_the_lock_of_an_earlier_spelling_refuses_this_one(
         old.release()
     new.take()  # once it is gone
     # Held for the service's life: the earlier version started later is
-    # refused in turn.
-    with pytest.raises(AlreadyServed):
+    # refused in turn, told who holds it.
+    with pytest.raises(AlreadyServed, match=f"\\(pid {os.getpid()}\\)"):
         OwnerLock(spelled, earlier[0], 0o600).take()
     new.release()
     # Something else at that name (not a file) is no service's: no refusal,
@@ -137,6 +138,22 @@ def test_a_service_holding_the_lock_of_an_earlier_spelling_refuses_this_one(
     os.mkdir(old.path)
     new.take()
     new.release()
+
+
+def test_a_lock_whose_pid_cannot_be_written_is_let_go(tmp_path, monkeypatch):
+    # A full /run: the descriptor holding the lock leaked, and a retake in
+    # the same process was refused by it.
+    lock = OwnerLock(f"unix:{tmp_path}/s.sock", " [sdexec:0123456789ab]", 0o600)
+
+    def full(*_args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(OSError, match="No space"):
+        lock.take()
+    monkeypatch.undo()
+    lock.take()
+    lock.release()
 
 
 def test_a_lock_of_the_first_version_a_pid_link_is_replaced(tmp_path):

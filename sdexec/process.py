@@ -28,6 +28,7 @@ from twisted.python.failure import Failure
 from sdexec.config import DEFAULT_START_TIMEOUT
 from sdexec.ioencode import encode_io
 from sdexec.limits import listed_cmdline
+from sdexec.orphans import kill_lost_unit
 from sdexec.passthrough import NO_STDIO, PassedStdio
 from sdexec.plan import ExecPlan, RequestError
 from sdexec.protocol import ExecFlag
@@ -446,6 +447,8 @@ class Process:
     def _unit_changed(self, properties: dict[str, Any]) -> None:
         gone = self._is_gone(properties)
         if gone is not None and not self._outcome_known:
+            if gone == _LOST:
+                self._kill_what_it_left()
             self._vanished(gone)
             return
         status = self.status = UnitStatus.from_properties(
@@ -672,6 +675,19 @@ class Process:
         self._vanished(
             f"cannot be read: {failure.getErrorMessage()} (lost while systemd was away)"
         )
+
+    def _kill_what_it_left(self) -> None:
+        """Its manager lost the unit, and its processes run on outside any
+        unit, followed by no one: SIGKILL them (sdexec/orphans.py)."""
+        if not self.pid or self.pid <= 0:
+            return
+        killed = kill_lost_unit(self.unit_name, self.pid)
+        if killed:
+            log.warn(
+                "{unit}: {count} processes left outside any unit: killed",
+                unit=self.unit_name,
+                count=killed,
+            )
 
     def _vanished(self, what: str) -> None:
         """The unit is no longer the one started (its manager restarted, it

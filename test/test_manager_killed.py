@@ -109,6 +109,15 @@ def private_manager(monkeypatch):
         shutil.rmtree(runtime_dir, ignore_errors=True)
 
 
+def running(pid: int | None) -> bool:
+    """Whether ``pid`` runs (exists and is no zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def kill_manager(runtime_dir: str, killed: list[int]) -> None:
     pid = int(Path(runtime_dir, "manager.pid").read_text())
     killed.append(pid)
@@ -125,7 +134,7 @@ async def test_manager_killed_fails_fast_drains_and_recovers(private_manager, tm
         before = await run(client, ["echo", "before"])
         assert (before.error, before.stdout) == (None, b"before\n")
         # Running when the manager dies: its exit status will never come.
-        lost = Deferred.fromCoroutine(run(client, ["sh", "-c", "sleep 3; exit 7"]))
+        lost = Deferred.fromCoroutine(run(client, ["sh", "-c", "sleep 300; exit 7"]))
         await until(
             lambda: [p for p in service.server.processes.values() if p.pid],
             "the long one started",
@@ -157,6 +166,8 @@ async def test_manager_killed_fails_fast_drains_and_recovers(private_manager, tm
         assert outcome.error.errnum == errno.EIO, outcome.error.errstr
         assert outcome.error.errstr.endswith(" is gone (lost while systemd was away)")
         assert "finished" not in outcome.types
+        # Its process ran on outside any unit, followed by no one: killed.
+        await until(lambda: not running(outcome.pid), "the lost unit's shell killed")
     finally:
         await service.stop()
     assert service.server is None or not service.server.processes

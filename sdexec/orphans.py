@@ -1,0 +1,90 @@
+"""The processes of a unit its manager lost: killed, not left running.
+
+A systemd manager killed with SIGKILL leaves its units' processes running,
+outside any unit a new manager knows (sdexec/process.py reports the stream
+as lost). Nothing else will ever stop them, and nobody follows them. They
+still sit in the dead manager's cgroup of the unit, which the kernel keeps
+while they live: the main process's ``/proc/PID/cgroup`` names it, and its
+``cgroup.procs`` lists them all.
+
+Each is signalled through a pidfd opened before its cgroup is checked, so a
+pid the kernel gave to another program since (or a pid of another
+namespace, where the service and the manager do not share one) is never
+signalled: only a process whose cgroup is still the unit's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+__all__ = ["kill_lost_unit"]
+
+#: Where each hierarchy that names a unit's cgroup may be mounted: cgroup
+#: v2's unified tree (alone, or beside v1 on a hybrid node), and v1's
+#: name=systemd one.
+_HIERARCHIES = {
+    "": ("sys/fs/cgroup", "sys/fs/cgroup/unified"),
+    "name=systemd": ("sys/fs/cgroup/systemd",),
+}
+
+
+def kill_lost_unit(unit: str, main_pid: int, root: str = "/") -> int:
+    """SIGKILL every process still in the cgroup of ``unit`` whose main
+    process was ``main_pid``; how many were signalled (0 when the main
+    process is gone, or no longer in that unit's cgroup)."""
+    found = _unit_cgroup(unit, main_pid, root)
+    if found is None:
+        return 0
+    procs, cgroup = found
+    return sum(_kill_if_in(pid, cgroup, root) for pid in procs)
+
+
+def _unit_cgroup(unit: str, pid: int, root: str) -> tuple[list[int], str] | None:
+    """The pids in the unit's cgroup (as ``pid``'s cgroup file names it),
+    and that cgroup's path; ``None`` unless ``pid`` is in the unit's."""
+    for controllers, path in _cgroups(pid, root):
+        if unit not in path.split("/"):
+            continue
+        for base in _HIERARCHIES.get(controllers, ()):
+            procs = os.path.join(root, base, path.lstrip("/"), "cgroup.procs")
+            try:
+                with open(procs, encoding="ascii") as file:
+                    return [int(line) for line in file if line.strip()], path
+            except (OSError, ValueError):
+                continue
+    return None
+
+
+def _cgroups(pid: int, root: str) -> list[tuple[str, str]]:
+    """(controllers, path) of each line of ``/proc/PID/cgroup``."""
+    try:
+        with open(os.path.join(root, f"proc/{pid}/cgroup"), encoding="utf-8") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return []
+    entries = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            entries.append((parts[1], parts[2]))
+    return entries
+
+
+def _kill_if_in(pid: int, cgroup: str, root: str) -> bool:
+    """SIGKILL ``pid`` if it is (still) in ``cgroup``: checked after its
+    pidfd is open, so the check and the signal are of one process."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return False  # gone already
+    try:
+        if cgroup not in (path for _, path in _cgroups(pid, root)):
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            return True
+        return False
+    finally:
+        os.close(pidfd)

@@ -7,15 +7,17 @@ still sit in the dead manager's cgroup of the unit, which the kernel keeps
 while they live: the main process's ``/proc/PID/cgroup`` names it, and its
 ``cgroup.procs`` lists them all.
 
-Each is signalled through a pidfd opened before its cgroup is checked, so a
-pid the kernel gave to another program since (or a pid of another
-namespace, where the service and the manager do not share one) is never
-signalled: only a process whose cgroup is still the unit's.
+Only the unit's own cgroup counts (its name is the path's last component,
+not any component: a request may name its unit ``user@1000``), and each
+process is signalled through a pidfd opened before its cgroup is checked,
+so a pid the kernel gave to another program since is signalled only if it
+sits in that very cgroup. A pid is read in the service's pid namespace:
+where the manager's differs, only that check stands between the number and
+another process.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 
@@ -45,7 +47,7 @@ def _unit_cgroup(unit: str, pid: int, root: str) -> tuple[list[int], str] | None
     """The pids in the unit's cgroup (as ``pid``'s cgroup file names it),
     and that cgroup's path; ``None`` unless ``pid`` is in the unit's."""
     for controllers, path in _cgroups(pid, root):
-        if unit not in path.split("/"):
+        if path.rsplit("/", 1)[-1] != unit:
             continue
         for base in _HIERARCHIES.get(controllers, ()):
             procs = os.path.join(root, base, path.lstrip("/"), "cgroup.procs")
@@ -82,9 +84,9 @@ def _kill_if_in(pid: int, cgroup: str, root: str) -> bool:
     try:
         if cgroup not in (path for _, path in _cgroups(pid, root)):
             return False
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            return True
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        return True
+    except OSError:  # gone meanwhile, or not ours to signal (EPERM)
         return False
     finally:
         os.close(pidfd)

@@ -447,7 +447,9 @@ class Process:
     def _unit_changed(self, properties: dict[str, Any]) -> None:
         gone = self._is_gone(properties)
         if gone is not None and not self._outcome_known:
-            if gone == _LOST:
+            if gone == _LOST and properties.get("LoadState") != "not-found":
+                # A unit its manager knows and never started (no invocation):
+                # a new manager's, made from the file a killed one left.
                 self._kill_what_it_left()
             self._vanished(gone)
             return
@@ -681,7 +683,11 @@ class Process:
         unit, followed by no one: SIGKILL them (sdexec/orphans.py)."""
         if not self.pid or self.pid <= 0:
             return
-        killed = kill_lost_unit(self.unit_name, self.pid)
+        try:
+            killed = kill_lost_unit(self.unit_name, self.pid)
+        except Exception:  # the request must end all the same
+            log.failure("{unit}: killing what it left failed", unit=self.unit_name)
+            return
         if killed:
             log.warn(
                 "{unit}: {count} processes left outside any unit: killed",

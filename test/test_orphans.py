@@ -4,6 +4,7 @@ and a stand-in for /proc and /sys/fs/cgroup that says where they are."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from pathlib import Path
 
@@ -59,6 +60,37 @@ def test_every_process_left_in_the_unit_s_cgroup_is_killed(
     assert kill_lost_unit(UNIT, main.pid, root=str(tmp_path)) == 2
     assert main.wait(timeout=30) == child.wait(timeout=30) == -9
     assert moved.poll() is None
+
+
+def test_only_the_unit_s_own_cgroup_counts(tmp_path, processes):
+    # A request may name its unit user@1000.service: a reused pid in a
+    # cgroup below one of that name is not the unit's.
+    other = processes()
+    place(tmp_path, other.pid, f"0::{CGROUP}/app.slice/pipewire.service")
+    members(tmp_path, "sys/fs/cgroup", [other.pid])
+    assert kill_lost_unit(UNIT, other.pid, root=str(tmp_path)) == 0
+    assert other.poll() is None
+
+
+def test_one_that_may_not_be_signalled_does_not_spare_the_rest(
+    tmp_path, processes, monkeypatch
+):
+    main, child = processes(), processes()
+    for process in (main, child):
+        place(tmp_path, process.pid, f"0::{CGROUP}")
+    members(tmp_path, "sys/fs/cgroup", [main.pid, child.pid])
+    send = signal.pidfd_send_signal
+    refused: list[int] = []
+
+    def once_refused(pidfd, signum):
+        if not refused:
+            refused.append(pidfd)
+            raise PermissionError(1, "Operation not permitted")
+        send(pidfd, signum)
+
+    monkeypatch.setattr(signal, "pidfd_send_signal", once_refused)
+    assert kill_lost_unit(UNIT, main.pid, root=str(tmp_path)) == 1
+    assert child.wait(timeout=30) == -9
 
 
 def test_a_main_process_not_in_the_unit_s_cgroup_kills_nothing(tmp_path, processes):

@@ -15,13 +15,14 @@ from test_server import FLAGS, TRUE, UNIT
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 
+import sdexec.process
 from sdexec.config import parse_config
 from sdexec.ioencode import decode_io
 from sdexec.outage import SystemdOutage
 from sdexec.server import SdexecServer
 from sdexec.systemd import SystemdError
 from sdexec.systemd.errors import NO_SUCH_UNIT
-from sdexec.testing import EXITED, INACTIVE
+from sdexec.testing import EXITED, INACTIVE, RUNNING
 
 
 @pytest.fixture
@@ -84,7 +85,9 @@ def test_a_surviving_unit_keeps_its_stream(systemd, server, connection):
     assert ("stop", UNIT) in systemd.calls
 
 
-def test_a_vanished_unit_ends_its_request_naming_it(systemd, server, connection):
+def test_a_vanished_unit_ends_its_request_naming_it(
+    systemd, server, connection, orphan_kills
+):
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT)
     systemd.lose()
@@ -94,13 +97,26 @@ def test_a_vanished_unit_ends_its_request_naming_it(systemd, server, connection)
     assert errnum == errno.EIO
     assert errstr == f"unit {UNIT} is gone (lost while systemd was away)"
     assert server.processes == {}
+    # Unloaded is not proof that its manager lost it (a reset from outside,
+    # a bus-only outage): nothing is killed.
+    assert orphan_kills == []
 
 
 OURS, ANOTHER = {"InvocationID": b"\x01" * 16}, {"InvocationID": b""}
 
 
+@pytest.fixture
+def orphan_kills(monkeypatch):
+    """The lost units whose processes would be killed: (unit, main pid)."""
+    kills: list[tuple[str, int]] = []
+    monkeypatch.setattr(
+        sdexec.process, "kill_lost_unit", lambda *unit: kills.append(unit) or 0
+    )
+    return kills
+
+
 def test_a_unit_a_restarted_manager_reloaded_from_its_file_is_gone(
-    systemd, server, connection
+    systemd, server, connection, orphan_kills
 ):
     # A manager killed and started again reads the transient unit file the
     # dead one left: a unit of that name, bad-setting and inactive, never
@@ -117,9 +133,13 @@ def test_a_unit_a_restarted_manager_reloaded_from_its_file_is_gone(
         f"unit {UNIT} is gone (lost while systemd was away)",
     )
     assert server.processes == {}
+    # What it left runs outside any unit: killed (sdexec/orphans.py).
+    assert orphan_kills == [(UNIT, RUNNING["ExecMainPID"])]
 
 
-def test_a_unit_started_again_by_hand_is_not_ours_any_more(systemd, server, connection):
+def test_a_unit_started_again_by_hand_is_not_ours_any_more(
+    systemd, server, connection, orphan_kills
+):
     # systemd there all along: not "lost while systemd was away".
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT)
@@ -130,6 +150,7 @@ def test_a_unit_started_again_by_hand_is_not_ours_any_more(systemd, server, conn
         f"unit {UNIT} was started again outside sdexec",
     )
     assert server.processes == {}
+    assert orphan_kills == []  # the new invocation is not ours to kill
 
 
 def test_a_unit_a_reexecuted_manager_kept_goes_on(systemd, server, connection):

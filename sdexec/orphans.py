@@ -7,6 +7,8 @@ still sit in the dead manager's cgroup of the unit, which the kernel keeps
 while they live: the main process's ``/proc/PID/cgroup`` names it, and its
 ``cgroup.procs`` lists them all.
 
+The main process is known by its pid and its start time, read when the
+unit started: its pid given to another program since is not taken for it.
 Only the unit's own cgroup counts (its name is the path's last component,
 not any component: a request may name its unit ``user@1000``), and each
 process is signalled through a pidfd opened before its cgroup is checked,
@@ -21,7 +23,7 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["kill_lost_unit"]
+__all__ = ["kill_lost_unit", "start_time"]
 
 #: Where each hierarchy that names a unit's cgroup may be mounted: cgroup
 #: v2's unified tree (alone, or beside v1 on a hybrid node), and v1's
@@ -32,11 +34,34 @@ _HIERARCHIES = {
 }
 
 
-def kill_lost_unit(unit: str, main_pid: int, root: str = "/") -> int:
+def start_time(pid: int, root: str = "/") -> int | None:
+    """When process ``pid`` started (clock ticks since boot, the 22nd field
+    of ``/proc/PID/stat``): with the pid, which process it is. ``None`` if
+    it is gone."""
+    try:
+        with open(os.path.join(root, f"proc/{pid}/stat"), encoding="utf-8") as file:
+            stat = file.read()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def kill_lost_unit(unit: str, main_pid: int, main_started: int, root: str = "/") -> int:
     """SIGKILL every process still in the cgroup of ``unit`` whose main
-    process was ``main_pid``; how many were signalled (0 when the main
-    process is gone, or no longer in that unit's cgroup)."""
-    found = _unit_cgroup(unit, main_pid, root)
+    process was ``main_pid``, started at ``main_started`` (:func:`start_time`,
+    read when the unit started); how many were signalled. None when the main
+    process is gone, or its pid is another process's now (the cgroup is read
+    from it), or it is no longer in the unit's own cgroup."""
+    try:
+        pidfd = os.pidfd_open(main_pid)  # holds it while it is looked at
+    except OSError:
+        return 0
+    try:
+        if start_time(main_pid, root) != main_started:
+            return 0
+        found = _unit_cgroup(unit, main_pid, root)
+    finally:
+        os.close(pidfd)
     if found is None:
         return 0
     procs, cgroup = found

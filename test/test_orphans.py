@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sdexec.orphans import kill_lost_unit
+from sdexec.orphans import kill_lost_unit, start_time
 
 UNIT = "sdexec-lost.service"
 CGROUP = f"/user.slice/user@0.service/app.slice/{UNIT}"
@@ -20,10 +20,17 @@ def sleeper() -> subprocess.Popen:
     return subprocess.Popen(["sleep", "300"])
 
 
-def place(root: Path, pid: int, line: str) -> None:
-    """Say, in the stand-in /proc, that ``pid``'s cgroup is ``line``."""
+#: When the stand-in /proc says each process started.
+STARTED = 4711
+
+
+def place(root: Path, pid: int, line: str, started: int = STARTED) -> None:
+    """Say, in the stand-in /proc, that ``pid``'s cgroup is ``line``, and
+    that it started at ``started`` (the 22nd field of its stat)."""
     (root / f"proc/{pid}").mkdir(parents=True, exist_ok=True)
     (root / f"proc/{pid}/cgroup").write_text(f"{line}\n")
+    fields = ["S", *["0"] * 18, str(started), *["0"] * 30]
+    (root / f"proc/{pid}/stat").write_text(f"{pid} (sleep) {' '.join(fields)}\n")
 
 
 def members(root: Path, base: str, pids: list[int]) -> None:
@@ -57,9 +64,27 @@ def test_every_process_left_in_the_unit_s_cgroup_is_killed(
     # Listed, but in another cgroup by the time it is checked: untouched.
     place(tmp_path, moved.pid, "0::/user.slice/other.service")
     members(tmp_path, base, [main.pid, child.pid, moved.pid])
-    assert kill_lost_unit(UNIT, main.pid, root=str(tmp_path)) == 2
+    assert kill_lost_unit(UNIT, main.pid, STARTED, root=str(tmp_path)) == 2
     assert main.wait(timeout=30) == child.wait(timeout=30) == -9
     assert moved.poll() is None
+
+
+def test_a_main_pid_that_is_another_process_now_kills_nothing(tmp_path, processes):
+    # The main process exited while systemd was away, and the kernel gave
+    # its pid to another program: the cgroup it is read from is not the
+    # unit's, whatever it is named.
+    reused = processes()
+    place(tmp_path, reused.pid, f"0::{CGROUP}", started=STARTED + 1)
+    members(tmp_path, "sys/fs/cgroup", [reused.pid])
+    assert kill_lost_unit(UNIT, reused.pid, STARTED, root=str(tmp_path)) == 0
+    assert reused.poll() is None
+
+
+def test_the_start_time_is_the_kernel_s(processes):
+    process = processes()
+    stat = Path(f"/proc/{process.pid}/stat").read_text()
+    assert start_time(process.pid) == int(stat.rsplit(")", 1)[1].split()[19])
+    assert start_time(2**22 + 1) is None
 
 
 def test_only_the_unit_s_own_cgroup_counts(tmp_path, processes):
@@ -68,7 +93,7 @@ def test_only_the_unit_s_own_cgroup_counts(tmp_path, processes):
     other = processes()
     place(tmp_path, other.pid, f"0::{CGROUP}/app.slice/pipewire.service")
     members(tmp_path, "sys/fs/cgroup", [other.pid])
-    assert kill_lost_unit(UNIT, other.pid, root=str(tmp_path)) == 0
+    assert kill_lost_unit(UNIT, other.pid, STARTED, root=str(tmp_path)) == 0
     assert other.poll() is None
 
 
@@ -89,7 +114,7 @@ def test_one_that_may_not_be_signalled_does_not_spare_the_rest(
         send(pidfd, signum)
 
     monkeypatch.setattr(signal, "pidfd_send_signal", once_refused)
-    assert kill_lost_unit(UNIT, main.pid, root=str(tmp_path)) == 1
+    assert kill_lost_unit(UNIT, main.pid, STARTED, root=str(tmp_path)) == 1
     assert child.wait(timeout=30) == -9
 
 
@@ -98,9 +123,11 @@ def test_a_main_process_not_in_the_unit_s_cgroup_kills_nothing(tmp_path, process
     other = processes()
     place(tmp_path, other.pid, "0::/user.slice/somebody-else.service")
     members(tmp_path, "sys/fs/cgroup", [other.pid])
-    assert kill_lost_unit(UNIT, other.pid, root=str(tmp_path)) == 0
+    assert kill_lost_unit(UNIT, other.pid, STARTED, root=str(tmp_path)) == 0
     assert other.poll() is None
 
 
 def test_a_main_process_gone_kills_nothing(tmp_path):
-    assert kill_lost_unit(UNIT, 2**22 + 1, root=str(tmp_path)) == 0  # no such pid
+    assert (
+        kill_lost_unit(UNIT, 2**22 + 1, STARTED, root=str(tmp_path)) == 0
+    )  # no such pid

@@ -107,8 +107,10 @@ OURS, ANOTHER = {"InvocationID": b"\x01" * 16}, {"InvocationID": b""}
 
 @pytest.fixture
 def orphan_kills(monkeypatch):
-    """The lost units whose processes would be killed: (unit, main pid)."""
-    kills: list[tuple[str, int]] = []
+    """The lost units whose processes would be killed: (unit, main pid, its
+    start time), every main process said to have started at 77."""
+    kills: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(sdexec.process, "start_time", lambda pid: 77)
     monkeypatch.setattr(
         sdexec.process, "kill_lost_unit", lambda *unit: kills.append(unit) or 0
     )
@@ -134,7 +136,7 @@ def test_a_unit_a_restarted_manager_reloaded_from_its_file_is_gone(
     )
     assert server.processes == {}
     # What it left runs outside any unit: killed (sdexec/orphans.py).
-    assert orphan_kills == [(UNIT, RUNNING["ExecMainPID"])]
+    assert orphan_kills == [(UNIT, RUNNING["ExecMainPID"], 77)]
 
 
 def test_a_unit_started_again_by_hand_is_not_ours_any_more(

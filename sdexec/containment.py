@@ -20,6 +20,7 @@ from sdexec.command import Command
 from sdexec.config import Config, ConfigError
 from sdexec.idset import IDset
 from sdexec.map import ResourceMapper, create_mapper
+from sdexec.procfs import process_cgroups
 from sdexec.sizes import UINT64_MAX, MemoryLimit
 
 __all__ = [
@@ -234,17 +235,15 @@ def memory_cap_in_force(
 def _process_cgroups(pid: int, root: str) -> tuple[str | None, str | None] | None:
     """(the cgroup v1 memory controller's path, the v2 path) of ``pid``;
     ``None`` if its ``/proc/PID/cgroup`` cannot be read (it is gone)."""
-    v1 = v2 = None
-    try:
-        with open(os.path.join(root, f"proc/{pid}/cgroup"), encoding="utf-8") as file:
-            for line in file:
-                _hierarchy, controllers, path = line.rstrip("\n").split(":", 2)
-                if "memory" in controllers.split(","):
-                    v1 = path
-                elif not controllers:
-                    v2 = path
-    except (OSError, ValueError):
+    entries = process_cgroups(pid, root)
+    if entries is None:
         return None
+    v1 = v2 = None
+    for controllers, path in entries:
+        if "memory" in controllers.split(","):
+            v1 = path
+        elif not controllers:
+            v2 = path
     return v1, v2
 
 

@@ -23,7 +23,9 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["kill_lost_unit", "start_time"]
+from sdexec.procfs import process_cgroups, start_time
+
+__all__ = ["kill_lost_unit"]
 
 #: Where each hierarchy that names a unit's cgroup may be mounted: cgroup
 #: v2's unified tree (alone, or beside v1 on a hybrid node), and v1's
@@ -32,18 +34,6 @@ _HIERARCHIES = {
     "": ("sys/fs/cgroup", "sys/fs/cgroup/unified"),
     "name=systemd": ("sys/fs/cgroup/systemd",),
 }
-
-
-def start_time(pid: int, root: str = "/") -> int | None:
-    """When process ``pid`` started (clock ticks since boot, the 22nd field
-    of ``/proc/PID/stat``): with the pid, which process it is. ``None`` if
-    it is gone."""
-    try:
-        with open(os.path.join(root, f"proc/{pid}/stat"), encoding="utf-8") as file:
-            stat = file.read()
-        return int(stat.rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def kill_lost_unit(unit: str, main_pid: int, main_started: int, root: str = "/") -> int:
@@ -71,7 +61,7 @@ def kill_lost_unit(unit: str, main_pid: int, main_started: int, root: str = "/")
 def _unit_cgroup(unit: str, pid: int, root: str) -> tuple[list[int], str] | None:
     """The pids in the unit's cgroup (as ``pid``'s cgroup file names it),
     and that cgroup's path; ``None`` unless ``pid`` is in the unit's."""
-    for controllers, path in _cgroups(pid, root):
+    for controllers, path in process_cgroups(pid, root) or ():
         if path.rsplit("/", 1)[-1] != unit:
             continue
         for base in _HIERARCHIES.get(controllers, ()):
@@ -84,21 +74,6 @@ def _unit_cgroup(unit: str, pid: int, root: str) -> tuple[list[int], str] | None
     return None
 
 
-def _cgroups(pid: int, root: str) -> list[tuple[str, str]]:
-    """(controllers, path) of each line of ``/proc/PID/cgroup``."""
-    try:
-        with open(os.path.join(root, f"proc/{pid}/cgroup"), encoding="utf-8") as file:
-            lines = file.read().splitlines()
-    except OSError:
-        return []
-    entries = []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) == 3:
-            entries.append((parts[1], parts[2]))
-    return entries
-
-
 def _kill_if_in(pid: int, cgroup: str, root: str) -> bool:
     """SIGKILL ``pid`` if it is (still) in ``cgroup``: checked after its
     pidfd is open, so the check and the signal are of one process."""
@@ -107,7 +82,7 @@ def _kill_if_in(pid: int, cgroup: str, root: str) -> bool:
     except OSError:
         return False  # gone already
     try:
-        if cgroup not in (path for _, path in _cgroups(pid, root)):
+        if cgroup not in (path for _, path in process_cgroups(pid, root) or ()):
             return False
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         return True

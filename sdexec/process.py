@@ -28,9 +28,10 @@ from twisted.python.failure import Failure
 from sdexec.config import DEFAULT_START_TIMEOUT
 from sdexec.ioencode import encode_io
 from sdexec.limits import listed_cmdline
-from sdexec.orphans import kill_lost_unit, start_time
+from sdexec.orphans import kill_lost_unit
 from sdexec.passthrough import NO_STDIO, PassedStdio
 from sdexec.plan import ExecPlan, RequestError
+from sdexec.procfs import start_time
 from sdexec.protocol import ExecFlag
 from sdexec.receipt import finished_extensions
 from sdexec.systemd import Manager, UnitStatus, Watch, errno_for, name_string_properties

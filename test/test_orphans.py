@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sdexec.orphans import kill_lost_unit, start_time
+from sdexec.orphans import kill_lost_unit
+from sdexec.procfs import start_time
 
 UNIT = "sdexec-lost.service"
 CGROUP = f"/user.slice/user@0.service/app.slice/{UNIT}"

@@ -1,0 +1,39 @@
+"""What ``/proc`` says of a process: its cgroups, and when it started.
+
+``root`` stands for ``/`` (tests give a stand-in tree).
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["process_cgroups", "start_time"]
+
+
+def process_cgroups(pid: int, root: str = "/") -> list[tuple[str, str]] | None:
+    """``(controllers, path)`` of each line of ``/proc/PID/cgroup`` (v2's
+    controllers are ``""``, v1's ``memory``, ``name=systemd``…); ``None``
+    if it cannot be read (the process is gone, or hidden by ``hidepid``)."""
+    try:
+        with open(os.path.join(root, f"proc/{pid}/cgroup"), encoding="utf-8") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return None
+    entries = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            entries.append((parts[1], parts[2]))
+    return entries
+
+
+def start_time(pid: int, root: str = "/") -> int | None:
+    """When process ``pid`` started (clock ticks since boot, the 22nd field
+    of ``/proc/PID/stat``): with the pid, which process it is. ``None`` if
+    it is gone."""
+    try:
+        with open(os.path.join(root, f"proc/{pid}/stat"), encoding="utf-8") as file:
+            stat = file.read()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None

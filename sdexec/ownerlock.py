@@ -12,13 +12,9 @@ a file beside the socket, held by an open descriptor for the service's
 life: the kernel lets it go when the process ends, however it ends, so a
 lock is never stale, and no pid (which the kernel may give to another
 program) is trusted. The file holds the holder's pid, for the message only.
-
-Held, it makes what an earlier run left at a ``unix:`` endpoint stale by
-definition, and :meth:`OwnerLock.take` clears it: the socket file, and the
-pid link Twisted's ``lockfile=1`` keeps beside it (``PATH.lock``). Twisted
-judges that link by whether its pid lives: the killed service still a
-zombie, or its pid reused, refused a restart as "another sdexec is serving
-on it", after it had begun stopping the leftovers it had found.
+Held, it makes what an earlier run left at the service's ``unix:``
+endpoints stale: :func:`sdexec.sockets.clear_stale_socket` clears it as each
+is listened on.
 """
 
 from __future__ import annotations
@@ -27,13 +23,11 @@ import contextlib
 import errno
 import fcntl
 import os
-import socket
-import stat
 import tempfile
 
 from sdexec.sockets import check_directory, unix_path
 
-__all__ = ["AlreadyServed", "OwnerLock", "clear_stale_socket"]
+__all__ = ["AlreadyServed", "OwnerLock"]
 
 
 class AlreadyServed(Exception):
@@ -84,21 +78,16 @@ class OwnerLock:
             os.close(fd)
             raise
         self._fd = fd
-        clear_stale_socket(self.listen)
 
     def _take_earlier(self) -> None:
         """The locks of the earlier marks, held too for the service's life:
         an earlier version started later on this endpoint is refused as
         well. One that cannot be opened (not a file; another user's) is no
         service's of ours."""
-        try:
-            for earlier in self._earlier:
-                if os.path.isfile(earlier):
-                    with contextlib.suppress(PermissionError):
-                        self._earlier_fds.append(_locked(earlier, self.listen))
-        except BaseException:
-            self.release()
-            raise
+        for earlier in self._earlier:  # on failure, take() lets all go
+            if os.path.isfile(earlier):
+                with contextlib.suppress(PermissionError):
+                    self._earlier_fds.append(_locked(earlier, self.listen))
 
     def release(self) -> None:
         """Let the lock go (idempotent). The file stays: removing it could
@@ -129,37 +118,6 @@ def _locked(path: str, listen: str) -> int:
             f" holds {path}; not starting, and none of its units touched"
         ) from None
     return fd
-
-
-def clear_stale_socket(listen: str) -> None:
-    """Remove an earlier run's socket and Twisted's pid link at a ``unix:``
-    endpoint: only a socket nothing listens on (never a file someone
-    mistyped the path of, nor another program's live socket). The service
-    calls it for each of its UNIX sockets (``stats-socket`` too: Twisted
-    keeps a pid link beside every one)."""
-    path = unix_path(listen)
-    if path is None or _is_live_or_not_a_socket(path):
-        return
-    for name in (path, f"{path}.lock"):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name)
-
-
-def _is_live_or_not_a_socket(path: str) -> bool:
-    try:
-        if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            return True
-    except FileNotFoundError:
-        return False  # no socket: a pid link alone is stale as well
-    with socket.socket(socket.AF_UNIX) as probe:
-        probe.setblocking(False)
-        try:
-            probe.connect(path)
-        except ConnectionRefusedError:
-            return False
-        except OSError:  # EAGAIN: served, its backlog full; or not ours
-            return True
-    return True
 
 
 def _open(path: str) -> int:

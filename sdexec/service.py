@@ -33,10 +33,11 @@ from sdexec.leftovers import Leftovers, owner_marks
 from sdexec.metrics import Metrics
 from sdexec.notify import Readiness, describe_server
 from sdexec.outage import SystemdOutage
-from sdexec.ownerlock import AlreadyServed, OwnerLock, clear_stale_socket
+from sdexec.ownerlock import AlreadyServed, OwnerLock
 from sdexec.protocol import default_socket_path
 from sdexec.server import SdexecServer, SdexecServerFactory
 from sdexec.sockets import (
+    clear_stale_socket,
     directory_mode,
     private_endpoint,
     private_umask,

@@ -20,14 +20,17 @@ creates socket-activated sockets with the unit's ``SocketMode=``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import socket
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 __all__ = [
     "check_directory",
+    "clear_stale_socket",
     "directory_mode",
     "private_endpoint",
     "private_umask",
@@ -110,3 +113,37 @@ def private_umask() -> Iterator[None]:
         yield
     finally:
         os.umask(previous)
+
+
+def clear_stale_socket(listen: str) -> None:
+    """Remove an earlier run's socket and Twisted's pid link at a ``unix:``
+    endpoint: only a socket nothing listens on (never a file someone
+    mistyped the path of, nor another program's live socket). The service
+    calls it for each of its UNIX sockets as it listens, holding its owner
+    lock (sdexec/ownerlock.py). Twisted keeps a pid link (``PATH.lock``,
+    ``lockfile=1``) beside every one and judges it by whether its pid lives:
+    the killed service still a zombie, or its pid reused, refused a restart
+    as "another sdexec is serving on it"."""
+    path = unix_path(listen)
+    if path is None or _is_live_or_not_a_socket(path):
+        return
+    for name in (path, f"{path}.lock"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+
+
+def _is_live_or_not_a_socket(path: str) -> bool:
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return True
+    except FileNotFoundError:
+        return False  # no socket: a pid link alone is stale as well
+    with socket.socket(socket.AF_UNIX) as probe:
+        probe.setblocking(False)
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            return False
+        except OSError:  # EAGAIN: served, its backlog full; or not ours
+            return True
+    return True

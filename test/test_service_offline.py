@@ -23,6 +23,7 @@ from sdexec.leftovers import owner_marks
 from sdexec.ownerlock import AlreadyServed, OwnerLock
 from sdexec.property import UnitProperty
 from sdexec.service import ListenError, SdexecService, default_listen_endpoint
+from sdexec.sockets import clear_stale_socket
 from sdexec.systemd import SystemdError
 from sdexec.testing import RUNNING, FakeManager
 
@@ -196,10 +197,8 @@ async def test_a_socket_and_pid_link_an_earlier_run_left_do_not_refuse_a_start(
     await client.close()
     await service.stopService()
     # Only a socket is ever removed, never a file at a mistyped path.
-    lock = OwnerLock(f"unix:{typo}", " [sdexec:0123456789ab]", 0o600)
-    lock.take()
+    clear_stale_socket(f"unix:{typo}")
     assert typo.read_text() == "kept"
-    lock.release()
 
 
 @ensureDeferred

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from pytest_twisted import ensureDeferred
 from support import until
+from test_leftovers import leftover
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 
@@ -21,11 +22,10 @@ from sdexec.client import connect
 from sdexec.config import ConfigError, load_config, parse_config
 from sdexec.leftovers import owner_marks
 from sdexec.ownerlock import AlreadyServed, OwnerLock
-from sdexec.property import UnitProperty
 from sdexec.service import ListenError, SdexecService, default_listen_endpoint
 from sdexec.sockets import clear_stale_socket
 from sdexec.systemd import SystemdError
-from sdexec.testing import RUNNING, FakeManager
+from sdexec.testing import FakeManager
 
 
 def test_no_xdg_runtime_dir_is_a_one_line_config_error(monkeypatch):
@@ -179,12 +179,10 @@ async def test_a_socket_and_pid_link_an_earlier_run_left_do_not_refuse_a_start(
         os.symlink("1", tmp_path / f"{name}.lock")
     typo = tmp_path / "not-a-socket"
     typo.write_text("kept")
-    service = SdexecService(
-        parse_config({"sdexec": {"stats-socket": f"{tmp_path}/stats.sock"}}),
-        reactor,
-        listen=f"unix:{tmp_path}/s.sock:lockfile=1",
-        stats="tcp:0:interface=127.0.0.1",
-        connect=lambda: defer.succeed(FakeManager()),
+    service = service_on(
+        FakeManager(),
+        f"unix:{tmp_path}/s.sock:lockfile=1",
+        {"sdexec": {"stats-socket": f"{tmp_path}/stats.sock"}},
     )
     service.startService()
     await service.ready
@@ -201,21 +199,35 @@ async def test_a_socket_and_pid_link_an_earlier_run_left_do_not_refuse_a_start(
     assert typo.read_text() == "kept"
 
 
+def service_on(
+    manager: FakeManager,
+    listen: str,
+    config: dict | None = None,
+    stats: str = "tcp:0:interface=127.0.0.1",
+) -> SdexecService:
+    """A service on ``manager``, not started."""
+    return SdexecService(
+        parse_config(config or {}),
+        reactor,
+        listen=listen,
+        stats=stats,
+        connect=lambda: defer.succeed(manager),
+    )
+
+
+def with_a_leftover(listen: str) -> FakeManager:
+    """A manager running ``sdexec-left.service``, of an earlier run of the
+    service on ``listen``."""
+    manager = FakeManager()
+    leftover(manager, "sdexec-left.service", mark=owner_marks(listen)[0])
+    return manager
+
+
 @ensureDeferred
 async def test_a_start_that_listens_stops_the_leftovers_it_held(tmp_path):
     listen = f"unix:{tmp_path}/v.sock"
-    manager = FakeManager()
-    manager.units["sdexec-left.service"] = dict(RUNNING)
-    manager.properties["sdexec-left.service"] = [
-        UnitProperty("Description", "s", f"sleep 300{owner_marks(listen)[0]}")
-    ]
-    service = SdexecService(
-        parse_config({}),
-        reactor,
-        listen=listen,
-        stats="tcp:0:interface=127.0.0.1",
-        connect=lambda: defer.succeed(manager),
-    )
+    manager = with_a_leftover(listen)
+    service = service_on(manager, listen)
     service.startService()
     await service.ready
     assert ("stop", "sdexec-left.service") in manager.calls
@@ -230,17 +242,9 @@ async def test_a_start_that_fails_to_listen_stops_no_leftover(tmp_path):
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     listen = f"unix:{tmp_path}/v.sock"
-    manager = FakeManager()
-    manager.units["sdexec-left.service"] = dict(RUNNING)
-    manager.properties["sdexec-left.service"] = [
-        UnitProperty("Description", "s", f"sleep 300{owner_marks(listen)[0]}")
-    ]
-    service = SdexecService(
-        parse_config({}),
-        reactor,
-        listen=listen,
-        stats=f"tcp:{taken.getsockname()[1]}:interface=127.0.0.1",
-        connect=lambda: defer.succeed(manager),
+    manager = with_a_leftover(listen)
+    service = service_on(
+        manager, listen, stats=f"tcp:{taken.getsockname()[1]}:interface=127.0.0.1"
     )
     try:
         service.startService()

@@ -157,10 +157,10 @@ class Leftover:
         status = UnitStatus.from_properties(state)
         if status.pid > 0:
             self.pid = status.pid
-        if status.is_deactivating and not self._leftovers.stops_held:
-            self.stop_timer.deactivating()
-        elif self.stop_timer.deactivating_since is not None:
-            self.stop_timer.stopped()
+        # Not while stops are held: the start may yet fail.
+        self.stop_timer.follow(
+            status.is_deactivating and not self._leftovers.stops_held
+        )
         if state.get("LoadState") == "not-found" or status.is_inactive:
             self._leftovers.gone(self)
         elif status.needs_stop:  # it ended: unload it

@@ -475,10 +475,7 @@ class Process:
         # Reset only once the exit status is kept: a reset clears ExecMain*.
         if status.needs_reset and self._exit_status_kept:
             self._call(UnitCall.RESET, self._systemd.reset_failed_unit)
-        if status.is_deactivating:
-            self.stop_timer.deactivating()
-        elif self.stop_timer.deactivating_since is not None:
-            self.stop_timer.stopped()
+        self.stop_timer.follow(status.is_deactivating)
         self._maybe_end()
 
     @property

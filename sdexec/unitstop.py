@@ -160,6 +160,14 @@ class StopTimer:
         self.state = StopTimerState.ARMED
         self._timer = self._reactor.callLater(self.seconds, self._first_expiry)
 
+    def follow(self, deactivating: bool) -> None:
+        """Each state the unit is seen in: arm on entering deactivating,
+        end on leaving it."""
+        if deactivating:
+            self.deactivating()
+        elif self.deactivating_since is not None:
+            self.stopped()
+
     def stopped(self) -> None:
         """The unit left deactivating: nothing more to do."""
         self._cancel()

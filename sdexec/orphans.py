@@ -4,28 +4,35 @@ A systemd manager killed with SIGKILL leaves its units' processes running,
 outside any unit a new manager knows (sdexec/process.py reports the stream
 as lost). Nothing else will ever stop them, and nobody follows them. They
 still sit in the dead manager's cgroup of the unit, which the kernel keeps
-while they live: the main process's ``/proc/PID/cgroup`` names it, and its
-``cgroup.procs`` lists them all.
+while they live, and its ``cgroup.procs`` (with those of any groups below
+it, which a unit given ``Delegate`` may make) lists them all.
 
-The main process is known by its pid and its start time, read when the
-unit started: its pid given to another program since is not taken for it.
-Only the unit's own cgroup counts (its name is the path's last component,
-not any component: a request may name its unit ``user@1000``), and each
-process is signalled through a pidfd opened before its cgroup is checked,
-so a pid the kernel gave to another program since is signalled only if it
-sits in that very cgroup. A pid is read in the service's pid namespace:
-where the manager's differs, only that check stands between the number and
-another process.
+That cgroup is noted when the unit starts (:func:`unit_cgroups`), from the
+main process's ``/proc/PID/cgroup``: then the pid is the unit's (a pid
+given to another program meanwhile sits in no cgroup named like the unit),
+and the main process may exit later, leaving the others behind, without
+the cgroup being lost with it. Only the unit's own cgroup counts (its name
+is the path's last component, not any component: a request may name its
+unit ``user@1000``). Each process is signalled through a pidfd opened
+before its cgroup is checked, so a pid the kernel gave to another program
+since is signalled only if it sits in that very cgroup. A pid is read in
+the service's pid namespace: where the manager's differs, only that check
+stands between the number and another process.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator, Sequence
 
-from sdexec.procfs import process_cgroups, start_time
+from sdexec.procfs import process_cgroups
 
-__all__ = ["kill_lost_unit"]
+__all__ = ["UnitCgroup", "kill_lost_unit", "unit_cgroups"]
+
+#: A hierarchy's controllers (``""`` for v2's, ``name=systemd`` for v1's
+#: own) and the unit's cgroup path in it, as ``/proc/PID/cgroup`` says.
+UnitCgroup = tuple[str, str]
 
 #: Where each hierarchy that names a unit's cgroup may be mounted: cgroup
 #: v2's unified tree (alone, or beside v1 on a hybrid node), and v1's
@@ -36,53 +43,60 @@ _HIERARCHIES = {
 }
 
 
-def kill_lost_unit(unit: str, main_pid: int, main_started: int, root: str = "/") -> int:
-    """SIGKILL every process still in the cgroup of ``unit`` whose main
-    process was ``main_pid``, started at ``main_started`` (:func:`start_time`,
-    read when the unit started); how many were signalled. None when the main
-    process is gone, or its pid is another process's now (the cgroup is read
-    from it), or it is no longer in the unit's own cgroup."""
+def unit_cgroups(unit: str, main_pid: int, root: str = "/") -> tuple[UnitCgroup, ...]:
+    """The cgroups of ``unit`` that its main process ``main_pid`` sits in,
+    read when the unit starts; none if it has exited already (or its pid
+    is another program's), or the hierarchy names no unit's cgroup."""
+    return tuple(
+        (controllers, path)
+        for controllers, path in process_cgroups(main_pid, root) or ()
+        if controllers in _HIERARCHIES and path.rsplit("/", 1)[-1] == unit
+    )
+
+
+def kill_lost_unit(cgroups: Sequence[UnitCgroup], root: str = "/") -> int:
+    """SIGKILL every process still in the unit's ``cgroups`` (as
+    :func:`unit_cgroups` noted them) or in a group below them; how many
+    were signalled."""
+    killed: set[int] = set()  # on a hybrid node, one process is in two
+    for controllers, path in cgroups:
+        for pid in _members(controllers, path, root):
+            if pid not in killed and _kill_if_in(pid, controllers, path, root):
+                killed.add(pid)
+    return len(killed)
+
+
+def _members(controllers: str, path: str, root: str) -> Iterator[int]:
+    """The pids listed in ``path`` and every group below it, in the first
+    mount of its hierarchy that has it."""
+    for base in _HIERARCHIES[controllers]:
+        top = os.path.join(root, base, path.lstrip("/"))
+        if os.path.isdir(top):
+            for directory, _, _ in os.walk(top):
+                yield from _listed(os.path.join(directory, "cgroup.procs"))
+            return
+
+
+def _listed(procs: str) -> list[int]:
+    """The pids a ``cgroup.procs`` lists; none if it is gone meanwhile."""
     try:
-        pidfd = os.pidfd_open(main_pid)  # holds it while it is looked at
-    except OSError:
-        return 0
-    try:
-        if start_time(main_pid, root) != main_started:
-            return 0
-        found = _unit_cgroup(unit, main_pid, root)
-    finally:
-        os.close(pidfd)
-    if found is None:
-        return 0
-    procs, cgroup = found
-    return sum(_kill_if_in(pid, cgroup, root) for pid in procs)
+        with open(procs, encoding="ascii") as file:
+            return [int(line) for line in file if line.strip()]
+    except (OSError, ValueError):
+        return []
 
 
-def _unit_cgroup(unit: str, pid: int, root: str) -> tuple[list[int], str] | None:
-    """The pids in the unit's cgroup (as ``pid``'s cgroup file names it),
-    and that cgroup's path; ``None`` unless ``pid`` is in the unit's."""
-    for controllers, path in process_cgroups(pid, root) or ():
-        if path.rsplit("/", 1)[-1] != unit:
-            continue
-        for base in _HIERARCHIES.get(controllers, ()):
-            procs = os.path.join(root, base, path.lstrip("/"), "cgroup.procs")
-            try:
-                with open(procs, encoding="ascii") as file:
-                    return [int(line) for line in file if line.strip()], path
-            except (OSError, ValueError):
-                continue
-    return None
-
-
-def _kill_if_in(pid: int, cgroup: str, root: str) -> bool:
-    """SIGKILL ``pid`` if it is (still) in ``cgroup``: checked after its
-    pidfd is open, so the check and the signal are of one process."""
+def _kill_if_in(pid: int, controllers: str, cgroup: str, root: str) -> bool:
+    """SIGKILL ``pid`` if it is (still) in ``cgroup`` of the hierarchy of
+    ``controllers``, or below it: checked after its pidfd is open, so the
+    check and the signal are of one process."""
     try:
         pidfd = os.pidfd_open(pid)
     except OSError:
         return False  # gone already
     try:
-        if cgroup not in (path for _, path in process_cgroups(pid, root) or ()):
+        paths = (p for c, p in process_cgroups(pid, root) or () if c == controllers)
+        if not any(path == cgroup or path.startswith(f"{cgroup}/") for path in paths):
             return False
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         return True

@@ -28,10 +28,9 @@ from twisted.python.failure import Failure
 from sdexec.config import DEFAULT_START_TIMEOUT
 from sdexec.ioencode import encode_io
 from sdexec.limits import listed_cmdline
-from sdexec.orphans import kill_lost_unit
+from sdexec.orphans import UnitCgroup, kill_lost_unit, unit_cgroups
 from sdexec.passthrough import NO_STDIO, PassedStdio
 from sdexec.plan import ExecPlan, RequestError
-from sdexec.procfs import start_time
 from sdexec.protocol import ExecFlag
 from sdexec.receipt import finished_extensions
 from sdexec.systemd import Manager, UnitStatus, Watch, errno_for, name_string_properties
@@ -151,8 +150,8 @@ class Process:
         self._failure_confirmed = False  # by a GetAll after failed/no status
         #: The unit's InvocationID, first seen once it started.
         self._invocation: bytes | None = None
-        #: The main process's start time (sdexec.orphans.start_time).
-        self._main_started: int | None = None
+        #: The unit's cgroups, noted when it started (sdexec.orphans).
+        self._cgroups: tuple[UnitCgroup, ...] = ()
         #: Output streams that reached EOF while the receipt was being read.
         self._eofs_after_finished: list[str] = []
         self._start_deadline: IDelayedCall | None = None
@@ -489,9 +488,9 @@ class Process:
     def _started(self, properties: dict[str, Any], pid: int) -> None:
         self._cancel_start_deadline()
         self._note_invocation(properties)
-        # Which process the pid is: should its manager lose the unit, what
-        # it left is found from this one, and only from this one.
-        self._main_started = start_time(pid) if pid > 0 else None
+        # Where its processes are: should its manager lose the unit, what
+        # it left is found there, even once the main process has exited.
+        self._cgroups = unit_cgroups(self.unit_name, pid) if pid > 0 else ()
         problem = self._verify(properties, pid) if self._verify else None
         if problem is None:
             self._once(Sent.STARTED, {"type": "started", "pid": pid})
@@ -684,10 +683,10 @@ class Process:
     def _kill_what_it_left(self) -> None:
         """Its manager lost the unit, and its processes run on outside any
         unit, followed by no one: SIGKILL them (sdexec/orphans.py)."""
-        if not self.pid or self.pid <= 0 or self._main_started is None:
+        if not self._cgroups:
             return
         try:
-            killed = kill_lost_unit(self.unit_name, self.pid, self._main_started)
+            killed = kill_lost_unit(self._cgroups)
         except Exception:  # the request must end all the same
             log.failure("{unit}: killing what it left failed", unit=self.unit_name)
             return

@@ -1,4 +1,4 @@
-"""What ``/proc`` says of a process: its cgroups, and when it started.
+"""What ``/proc`` says of a process: its cgroups.
 
 ``root`` stands for ``/`` (tests give a stand-in tree).
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["process_cgroups", "start_time"]
+__all__ = ["process_cgroups"]
 
 
 def process_cgroups(pid: int, root: str = "/") -> list[tuple[str, str]] | None:
@@ -25,15 +25,3 @@ def process_cgroups(pid: int, root: str = "/") -> list[tuple[str, str]] | None:
         if len(parts) == 3:
             entries.append((parts[1], parts[2]))
     return entries
-
-
-def start_time(pid: int, root: str = "/") -> int | None:
-    """When process ``pid`` started (clock ticks since boot, the 22nd field
-    of ``/proc/PID/stat``): with the pid, which process it is. ``None`` if
-    it is gone."""
-    try:
-        with open(os.path.join(root, f"proc/{pid}/stat"), encoding="utf-8") as file:
-            stat = file.read()
-        return int(stat.rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None

@@ -135,10 +135,17 @@ async def test_manager_killed_fails_fast_drains_and_recovers(private_manager, tm
         assert (before.error, before.stdout) == (None, b"before\n")
         # Running when the manager dies: its exit status will never come.
         lost = Deferred.fromCoroutine(run(client, ["sh", "-c", "sleep 300; exit 7"]))
-        await until(
-            lambda: [p for p in service.server.processes.values() if p.pid],
-            "the long one started",
+        # Its shell exits while the manager is away, leaving a child behind
+        # in the unit's cgroup.
+        child_pid = tmp_path / "child.pid"
+        left = Deferred.fromCoroutine(
+            run(client, ["sh", "-c", f"sleep 300 & echo $! >{child_pid}; sleep 2"])
         )
+        await until(
+            lambda: len([p for p in service.server.processes.values() if p.pid]) == 2,
+            "both long ones started",
+        )
+        await until(child_pid.exists, "the child's pid written")
 
         kill_manager(runtime_dir, killed)
         systemd = service.server.systemd
@@ -153,6 +160,12 @@ async def test_manager_killed_fails_fast_drains_and_recovers(private_manager, tm
         )
         assert "systemd unreachable for 1 s" in service.server.drain_reason
 
+        shell = next(
+            p.pid
+            for p in service.server.processes.values()
+            if p.pid and f"{child_pid}" in " ".join(p.cmdline)
+        )
+        await until(lambda: not running(shell), "the shell that left a child exited")
         start_manager(runtime_dir)
         await until(lambda: systemd.connected, "reconnected to the new manager")
         await until(lambda: service.server.drain_reason is None, "undrained")
@@ -168,6 +181,11 @@ async def test_manager_killed_fails_fast_drains_and_recovers(private_manager, tm
         assert "finished" not in outcome.types
         # Its process ran on outside any unit, followed by no one: killed.
         await until(lambda: not running(outcome.pid), "the lost unit's shell killed")
+        # And what a lost unit's exited shell left, found in the cgroup the
+        # unit started in.
+        assert (await left).error.errnum == errno.EIO
+        child = int(child_pid.read_text())
+        await until(lambda: not running(child), "the exited shell's child killed")
     finally:
         await service.stop()
     assert service.server is None or not service.server.processes

@@ -1,6 +1,7 @@
-"""The processes a lost unit left: found through the main process's cgroup,
-and only those still in it signalled (sdexec/orphans.py). Real processes,
-and a stand-in for /proc and /sys/fs/cgroup that says where they are."""
+"""The processes a lost unit left: found through the cgroup its main
+process sat in when the unit started, and only those still in it (or below
+it) signalled (sdexec/orphans.py). Real processes, and a stand-in for /proc
+and /sys/fs/cgroup that says where they are."""
 
 from __future__ import annotations
 
@@ -10,32 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from sdexec.orphans import kill_lost_unit
-from sdexec.procfs import start_time
+from sdexec.orphans import kill_lost_unit, unit_cgroups
 
 UNIT = "sdexec-lost.service"
 CGROUP = f"/user.slice/user@0.service/app.slice/{UNIT}"
+HYBRID = f"1:name=systemd:{CGROUP}\n0::{CGROUP}"
 
 
-def sleeper() -> subprocess.Popen:
-    return subprocess.Popen(["sleep", "300"])
-
-
-#: When the stand-in /proc says each process started.
-STARTED = 4711
-
-
-def place(root: Path, pid: int, line: str, started: int = STARTED) -> None:
-    """Say, in the stand-in /proc, that ``pid``'s cgroup is ``line``, and
-    that it started at ``started`` (the 22nd field of its stat)."""
+def place(root: Path, pid: int, lines: str) -> None:
+    """Say, in the stand-in /proc, that ``pid``'s cgroups are ``lines``."""
     (root / f"proc/{pid}").mkdir(parents=True, exist_ok=True)
-    (root / f"proc/{pid}/cgroup").write_text(f"{line}\n")
-    fields = ["S", *["0"] * 18, str(started), *["0"] * 30]
-    (root / f"proc/{pid}/stat").write_text(f"{pid} (sleep) {' '.join(fields)}\n")
+    (root / f"proc/{pid}/cgroup").write_text(f"{lines}\n")
 
 
-def members(root: Path, base: str, pids: list[int]) -> None:
-    procs = root / base / CGROUP.lstrip("/") / "cgroup.procs"
+def members(root: Path, base: str, pids: list[int], cgroup: str = CGROUP) -> None:
+    procs = root / base / cgroup.lstrip("/") / "cgroup.procs"
     procs.parent.mkdir(parents=True, exist_ok=True)
     procs.write_text("".join(f"{pid}\n" for pid in pids))
 
@@ -43,7 +33,7 @@ def members(root: Path, base: str, pids: list[int]) -> None:
 @pytest.fixture
 def processes():
     started: list[subprocess.Popen] = []
-    yield lambda: started.append(sleeper()) or started[-1]
+    yield lambda: started.append(subprocess.Popen(["sleep", "300"])) or started[-1]
     for process in started:
         process.kill()
         process.wait()
@@ -62,40 +52,67 @@ def test_every_process_left_in_the_unit_s_cgroup_is_killed(
     main, child, moved = processes(), processes(), processes()
     for process in (main, child):
         place(tmp_path, process.pid, line)
+    cgroups = unit_cgroups(UNIT, main.pid, root=str(tmp_path))
     # Listed, but in another cgroup by the time it is checked: untouched.
     place(tmp_path, moved.pid, "0::/user.slice/other.service")
     members(tmp_path, base, [main.pid, child.pid, moved.pid])
-    assert kill_lost_unit(UNIT, main.pid, STARTED, root=str(tmp_path)) == 2
+    assert kill_lost_unit(cgroups, root=str(tmp_path)) == 2
     assert main.wait(timeout=30) == child.wait(timeout=30) == -9
     assert moved.poll() is None
 
 
-def test_a_main_pid_that_is_another_process_now_kills_nothing(tmp_path, processes):
-    # The main process exited while systemd was away, and the kernel gave
-    # its pid to another program: the cgroup it is read from is not the
-    # unit's, whatever it is named.
-    reused = processes()
-    place(tmp_path, reused.pid, f"0::{CGROUP}", started=STARTED + 1)
-    members(tmp_path, "sys/fs/cgroup", [reused.pid])
-    assert kill_lost_unit(UNIT, reused.pid, STARTED, root=str(tmp_path)) == 0
-    assert reused.poll() is None
+def test_what_an_exited_main_process_left_is_killed(tmp_path, processes):
+    # The job shell exited while systemd was away; its children live on
+    # in the unit's cgroup, in groups of their own below it (Delegate).
+    main = processes()
+    place(tmp_path, main.pid, HYBRID)
+    cgroups = unit_cgroups(UNIT, main.pid, root=str(tmp_path))
+    main.kill()
+    main.wait()
+    child, grandchild = processes(), processes()
+    place(tmp_path, child.pid, HYBRID)
+    below = f"{CGROUP}/task-0"
+    place(tmp_path, grandchild.pid, f"1:name=systemd:{below}\n0::{below}")
+    for base in ("sys/fs/cgroup/unified", "sys/fs/cgroup/systemd"):
+        members(tmp_path, base, [child.pid])
+        members(tmp_path, base, [grandchild.pid], below)
+    assert kill_lost_unit(cgroups, root=str(tmp_path)) == 2
+    assert child.wait(timeout=30) == grandchild.wait(timeout=30) == -9
 
 
-def test_the_start_time_is_the_kernel_s(processes):
-    process = processes()
-    stat = Path(f"/proc/{process.pid}/stat").read_text()
-    assert start_time(process.pid) == int(stat.rsplit(")", 1)[1].split()[19])
-    assert start_time(2**22 + 1) is None
+def test_the_cgroups_noted_are_the_unit_s_own(tmp_path, processes):
+    main = processes()
+    place(tmp_path, main.pid, f"12:memory:/user.slice\n{HYBRID}")
+    assert unit_cgroups(UNIT, main.pid, root=str(tmp_path)) == (
+        ("name=systemd", CGROUP),
+        ("", CGROUP),
+    )
+    # Its own /proc, read for real: this test's process is in no such unit.
+    assert unit_cgroups(UNIT, main.pid) == ()
 
 
-def test_only_the_unit_s_own_cgroup_counts(tmp_path, processes):
-    # A request may name its unit user@1000.service: a reused pid in a
-    # cgroup below one of that name is not the unit's.
+@pytest.mark.parametrize(
+    "line",
+    # A request may name its unit user@1000.service: a process below a
+    # cgroup of that name is not the unit's main process.
+    [f"0::{CGROUP}/app.slice/pipewire.service",
+     # The pid was another program's by the time the unit started.
+     "0::/user.slice/somebody-else.service"],
+    ids=["below-a-namesake", "another-unit"],
+)  # fmt: skip
+def test_a_main_pid_outside_the_unit_s_cgroup_notes_none(tmp_path, processes, line):
     other = processes()
-    place(tmp_path, other.pid, f"0::{CGROUP}/app.slice/pipewire.service")
-    members(tmp_path, "sys/fs/cgroup", [other.pid])
-    assert kill_lost_unit(UNIT, other.pid, STARTED, root=str(tmp_path)) == 0
-    assert other.poll() is None
+    place(tmp_path, other.pid, line)
+    assert unit_cgroups(UNIT, other.pid, root=str(tmp_path)) == ()
+    assert kill_lost_unit((), root=str(tmp_path)) == 0
+
+
+def test_a_main_process_gone_at_start_notes_none(tmp_path):
+    assert unit_cgroups(UNIT, 2**22 + 1, root=str(tmp_path)) == ()
+
+
+def test_a_cgroup_gone_meanwhile_kills_nothing(tmp_path):
+    assert kill_lost_unit((("", CGROUP),), root=str(tmp_path)) == 0
 
 
 def test_one_that_may_not_be_signalled_does_not_spare_the_rest(
@@ -115,20 +132,5 @@ def test_one_that_may_not_be_signalled_does_not_spare_the_rest(
         send(pidfd, signum)
 
     monkeypatch.setattr(signal, "pidfd_send_signal", once_refused)
-    assert kill_lost_unit(UNIT, main.pid, STARTED, root=str(tmp_path)) == 1
+    assert kill_lost_unit((("", CGROUP),), root=str(tmp_path)) == 1
     assert child.wait(timeout=30) == -9
-
-
-def test_a_main_process_not_in_the_unit_s_cgroup_kills_nothing(tmp_path, processes):
-    # Its pid given to another program, or one of another pid namespace.
-    other = processes()
-    place(tmp_path, other.pid, "0::/user.slice/somebody-else.service")
-    members(tmp_path, "sys/fs/cgroup", [other.pid])
-    assert kill_lost_unit(UNIT, other.pid, STARTED, root=str(tmp_path)) == 0
-    assert other.poll() is None
-
-
-def test_a_main_process_gone_kills_nothing(tmp_path):
-    assert (
-        kill_lost_unit(UNIT, 2**22 + 1, STARTED, root=str(tmp_path)) == 0
-    )  # no such pid

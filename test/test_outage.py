@@ -107,12 +107,14 @@ OURS, ANOTHER = {"InvocationID": b"\x01" * 16}, {"InvocationID": b""}
 
 @pytest.fixture
 def orphan_kills(monkeypatch):
-    """The lost units whose processes would be killed: (unit, main pid, its
-    start time), every main process said to have started at 77."""
-    kills: list[tuple[str, int, int]] = []
-    monkeypatch.setattr(sdexec.process, "start_time", lambda pid: 77)
+    """The cgroups of each lost unit whose processes would be killed, as
+    noted when it started: every unit's said to be ``/UNIT@PID``."""
+    kills: list[tuple[tuple[str, str], ...]] = []
     monkeypatch.setattr(
-        sdexec.process, "kill_lost_unit", lambda *unit: kills.append(unit) or 0
+        sdexec.process, "unit_cgroups", lambda unit, pid: (("", f"/{unit}@{pid}"),)
+    )
+    monkeypatch.setattr(
+        sdexec.process, "kill_lost_unit", lambda cgroups: kills.append(cgroups) or 0
     )
     return kills
 
@@ -136,7 +138,7 @@ def test_a_unit_a_restarted_manager_reloaded_from_its_file_is_gone(
     )
     assert server.processes == {}
     # What it left runs outside any unit: killed (sdexec/orphans.py).
-    assert orphan_kills == [(UNIT, RUNNING["ExecMainPID"], 77)]
+    assert orphan_kills == [(("", f"/{UNIT}@{RUNNING['ExecMainPID']}"),)]
 
 
 def test_a_unit_started_again_by_hand_is_not_ours_any_more(

@@ -21,7 +21,8 @@ followed until it is unloaded: one that ended is stopped
 (``active/exited``) or reset (``failed``) so it does not stay loaded. With
 ``[sdexec] leftover-units = "stop"`` (the default) each is stopped at once
 and the service stays drained, with the reason ``N leftover units from a
-previous run``, until they are gone; ``"keep"`` leaves them running.
+previous run`` (``N leftover units`` once a reconnection's scan has found
+one of this run's own), until they are gone; ``"keep"`` leaves them running.
 
 A leftover that stays *deactivating* (a process that ignores the stop's
 SIGTERM: its units have ``SendSIGKILL=no`` and no stop timeout, so systemd
@@ -97,8 +98,12 @@ def marked(plan: ExecPlan, mark: str) -> ExecPlan:
     return dataclasses.replace(plan, properties=properties)
 
 
-def drain_reason(count: int) -> str:
-    return f"{count} leftover units from a previous run"
+def drain_reason(count: int, all_previous: bool) -> str:
+    """Why the node is drained while ``count`` leftovers are being stopped;
+    ``all_previous``: all were found at start (none after a reconnection)."""
+    units = "unit" if count == 1 else "units"
+    origin = " from a previous run" if all_previous else ""
+    return f"{count} leftover {units}{origin}"
 
 
 class Leftover:
@@ -225,6 +230,11 @@ class Leftovers:
         self.server = server
         self._marks = marks
         self._drained_with: str | None = None
+        #: Listed once: what a later scan adopts is this run's own, a unit
+        #: whose start's answer was lost with the connection to systemd.
+        self._listed_once = False
+        #: The leftovers adopted by a later scan.
+        self._this_runs: set[str] = set()
         self._stops_held = hold_stops
         self._closed = False
 
@@ -273,6 +283,7 @@ class Leftovers:
         """``unit`` was unloaded: forget it; undrain once none are left."""
         if self.units.pop(unit.name, None) is None:
             return
+        self._this_runs.discard(unit.name)
         unit.forget()
         log.info("leftover unit {unit} is gone", unit=unit.name)
         if not self.units and self._drained_with is not None:
@@ -288,16 +299,10 @@ class Leftovers:
             mark = self._mark_of(description)
             if mark and name not in self.units and name not in self.server.units:
                 self._adopt(name, description[: -len(mark)], stop)
-        if (
-            stop
-            and self.units
-            and self.server.drain_reason
-            in (
-                None,
-                self._drained_with,
-            )
-        ):
-            self._drained_with = drain_reason(len(self.units))
+        self._listed_once = True
+        undrained = self.server.drain_reason in (None, self._drained_with)
+        if stop and self.units and undrained:
+            self._drained_with = drain_reason(len(self.units), not self._this_runs)
             self.server.drain(self._drained_with)
         for unit in list(self.units.values()):
             unit.follow(stop and not self._stops_held)
@@ -313,9 +318,15 @@ class Leftovers:
             action = "to be stopped once the service listens"
         else:
             action = "stopping it"
+        if self._listed_once:
+            self._this_runs.add(name)
+            origin = "of this run, its start's answer lost with systemd"
+        else:
+            origin = "from a previous run"
         log.warn(
-            "leftover unit {unit} from a previous run ({description}): {action}",
+            "leftover unit {unit} {origin} ({description}): {action}",
             unit=name,
+            origin=origin,
             description=description,
             action=action,
         )

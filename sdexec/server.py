@@ -678,7 +678,9 @@ class SdexecServer:
         return self.jobs.terminate(payload, self.find)
 
     def drain(self, reason: str) -> None:
-        log.error("draining: {reason}", reason=reason)
+        """Refuse new work, for ``reason`` (logged once while it stands)."""
+        if reason != self.drain_reason:
+            log.error("draining: {reason}", reason=reason)
         self.drain_reason = reason
 
     def undrain(self) -> dict:

@@ -13,7 +13,7 @@ from offline import Connection
 from test_server import FLAGS, TRUE, UNIT
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
-from twisted.logger import globalLogPublisher
+from twisted.logger import formatEvent, globalLogPublisher
 
 from sdexec.config import parse_config
 from sdexec.leftovers import Leftovers, marked, owner_marks
@@ -181,7 +181,7 @@ def test_stops_held_until_the_service_listens(systemd):
     server = make_server(systemd)
     server.leftovers = Leftovers(systemd, server, MARKS, hold_stops=True)
     server.leftovers.scan()
-    assert server.drain_reason == "1 leftover units from a previous run"
+    assert server.drain_reason == "1 leftover unit from a previous run"
     assert not [call for call in systemd.calls if call[0] == "stop"]
     server.leftovers.release_stops()
     assert ("stop", "sdexec-a.service") in systemd.calls
@@ -229,6 +229,50 @@ def test_a_leftover_unloaded_before_its_stop_is_no_warning(systemd, monkeypatch)
     finally:
         globalLogPublisher.removeObserver(warnings.append)
     assert not [e for e in warnings if "failed" in e.get("log_format", "")]
+
+
+def logged_during(action) -> list[str]:
+    """The log lines ``action()`` writes."""
+    events: list[dict] = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        action()
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+    return [formatEvent(event) for event in events]
+
+
+def test_a_lost_start_found_after_a_reconnection_is_not_called_a_previous_run_s(
+    systemd,
+):
+    # A start whose answer was lost with systemd: this run's own unit,
+    # found by the scan after the reconnection. It was logged (and the node
+    # drained) as a leftover "from a previous run".
+    leftover(systemd, "sdexec-a.service")
+    server = make_server(systemd)
+    assert "draining: 1 leftover unit from a previous run" in logged_during(
+        server.leftovers.scan
+    )
+    leftover(systemd, "sdexec-b.service")
+    lines = logged_during(server.leftovers.scan)
+    assert (
+        "leftover unit sdexec-b.service of this run, its start's answer lost"
+        " with systemd (sleep 300): stopping it"
+    ) in lines
+    assert server.drain_reason == "2 leftover units"
+    systemd.change("sdexec-b.service", INACTIVE)
+    systemd.change("sdexec-a.service", INACTIVE)
+    assert server.drain_reason is None
+
+
+def test_a_scan_that_finds_nothing_new_does_not_drain_again(systemd):
+    # A reconnection during the start-up scan logged "draining" twice.
+    leftover(systemd, "sdexec-a.service")
+    server = make_server(systemd)
+    server.leftovers.scan()
+    lines = logged_during(server.leftovers.scan)
+    assert not [line for line in lines if line.startswith("draining")]
+    assert server.drain_reason == "1 leftover unit from a previous run"
 
 
 def test_kept_leftovers_run_on_listed_killable_and_unloaded_once_ended(systemd):

@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
@@ -52,7 +53,7 @@ from sdexec.unitstop import StopTimer
 if TYPE_CHECKING:
     from sdexec.server import SdexecServer
 
-__all__ = ["Leftover", "Leftovers", "marked", "owner_marks"]
+__all__ = ["STARTED_AGAIN", "Leftover", "Leftovers", "marked", "owner_marks"]
 
 log = Logger()
 
@@ -96,6 +97,13 @@ def marked(plan: ExecPlan, mark: str) -> ExecPlan:
         for prop in plan.properties
     )
     return dataclasses.replace(plan, properties=properties)
+
+
+#: How the log names a leftover found after a reconnection: this run's own,
+#: whose start's answer was lost with the connection to systemd.
+LOST_START = "of this run, its start's answer lost with systemd"
+#: How it names one whose unit was started again outside sdexec.
+STARTED_AGAIN = "of this run, started again outside sdexec"
 
 
 def drain_reason(count: int, all_previous: bool) -> str:
@@ -264,11 +272,13 @@ class Leftovers:
     def _stopping(self) -> bool:
         return self.server.config.sdexec.leftover_units == "stop"
 
-    def scan(self) -> defer.Deferred[None]:
+    def scan(self, origins: Mapping[str, str] | None = None) -> defer.Deferred[None]:
         """List the manager's services, adopt the marked ones nobody tracks,
-        and follow (and, per ``leftover-units``, stop) every leftover."""
+        and follow (and, per ``leftover-units``, stop) every leftover.
+        ``origins``: how the log names some of this run's own, by name
+        (else: a previous run's at the first scan, a lost start's after)."""
         listed = self._systemd.list_units_by_patterns([], ["*.service"])
-        return listed.addCallback(self._listed)
+        return listed.addCallback(self._listed, origins or {})
 
     def find(self, pid: int | None) -> Leftover | None:
         """The leftover with main pid ``pid`` (leftovers have no labels)."""
@@ -291,14 +301,14 @@ class Leftovers:
                 self.server.undrain()
             self._drained_with = None
 
-    def _listed(self, listing: list[tuple]) -> None:
+    def _listed(self, listing: list[tuple], origins: Mapping[str, str]) -> None:
         if self._closed:
             return
         stop = self._stopping
         for name, description, *_ in listing:
             mark = self._mark_of(description)
             if mark and name not in self.units and name not in self.server.units:
-                self._adopt(name, description[: -len(mark)], stop)
+                self._adopt(name, description[: -len(mark)], stop, origins.get(name))
         self._listed_once = True
         undrained = self.server.drain_reason in (None, self._drained_with)
         if stop and self.units and undrained:
@@ -311,18 +321,20 @@ class Leftovers:
         """The service's mark ``description`` ends with, or ``""``."""
         return next((m for m in self._marks if description.endswith(m)), "")
 
-    def _adopt(self, name: str, description: str, stop: bool) -> None:
+    def _adopt(
+        self, name: str, description: str, stop: bool, origin: str | None
+    ) -> None:
         if not stop:
             action = "kept (leftover-units = keep)"
         elif self._stops_held:
             action = "to be stopped once the service listens"
         else:
             action = "stopping it"
-        if self._listed_once:
-            self._this_runs.add(name)
-            origin = "of this run, its start's answer lost with systemd"
-        else:
+        if origin is None and not self._listed_once:
             origin = "from a previous run"
+        else:  # this run's own
+            self._this_runs.add(name)
+            origin = origin or LOST_START
         log.warn(
             "leftover unit {unit} {origin} ({description}): {action}",
             unit=name,

@@ -148,6 +148,9 @@ class Process:
         self._ended = False  # the stream's last response is sent
         self._reaped = False
         self._failure_confirmed = False  # by a GetAll after failed/no status
+        #: Its unit was started again outside sdexec: a new invocation,
+        #: carrying the mark, that only a leftover scan can follow.
+        self.started_again = False
         #: The unit's InvocationID, first seen once it started.
         self._invocation: bytes | None = None
         #: The unit's cgroups, noted when it started (sdexec.orphans).
@@ -441,6 +444,7 @@ class Process:
             return None
         if bytes(invocation) == self._invocation:
             return None
+        self.started_again = bool(invocation)
         return "was started again outside sdexec" if invocation else _LOST
 
     def _note_invocation(self, properties: dict[str, Any]) -> None:

@@ -41,7 +41,7 @@ from sdexec.framing import FramingError
 from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
 from sdexec.jobs import Jobs
-from sdexec.leftovers import Leftover, Leftovers, marked
+from sdexec.leftovers import STARTED_AGAIN, Leftover, Leftovers, marked
 from sdexec.limits import check_text
 from sdexec.passthrough import (
     NO_STDIO,
@@ -442,8 +442,14 @@ class SdexecServer:
         self.counters[event] += 1
 
     def _reaped(self, key: tuple[int, int]) -> None:
+        process = self.processes.get(key)
         self._untable(key)
         self.counters["reaped"] += 1
+        if process is not None and process.started_again and self.leftovers is not None:
+            # Its unit runs on, a new invocation with the mark: followed
+            # (and stopped) as a leftover now, not at the next reconnection.
+            scan = self.leftovers.scan({process.unit_name: STARTED_AGAIN})
+            scan.addErrback(self._log_scan_failure)
         if not self.processes:
             waiting, self._all_reaped = self._all_reaped, []
             for waiter in waiting:

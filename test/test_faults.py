@@ -5,11 +5,13 @@ of connections. Every request must end, and end only its own stream."""
 from __future__ import annotations
 
 import errno
+import subprocess
 import uuid
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import FLAGS, command, run
+from support import FLAGS, command, run, unit_names, until
+from twisted.internet.defer import Deferred
 
 from sdexec import policy
 
@@ -90,3 +92,24 @@ async def test_a_oneshot_that_ends_is_followed_as_usual(start_service, type_allo
     opts = {"SDEXEC_PROP_Type": "oneshot"}
     result = await run(client, ["sh", "-c", "echo hi; exit 3"], opts=opts)
     assert (result.error, result.status, result.stdout) == (None, 3 << 8, b"hi\n")
+
+
+@ensureDeferred
+async def test_a_unit_restarted_by_hand_ends_its_stream_and_is_stopped(sdexec):
+    # `systemctl restart` of a running unit: its stream ends, and the new
+    # invocation (which carries the service's mark) is followed as a
+    # leftover at once and stopped, not left running until a reconnection.
+    name = f"sdexec-restarted-{uuid.uuid4().hex}"
+    unit = f"{name}.service"
+    client = await sdexec.connect()
+    outcome = Deferred.fromCoroutine(
+        run(client, ["sleep", "300"], opts={"SDEXEC_NAME": name})
+    )
+    await until(lambda: sdexec.server.units.get(unit), "the unit started")
+    await until(lambda: sdexec.server.units[unit].pid, "its process started")
+    subprocess.run(["systemctl", "--user", "restart", unit], check=True)
+    result = await outcome
+    assert result.error.errnum == errno.EIO
+    assert result.error.errstr == f"unit {unit} was started again outside sdexec"
+    await until(lambda: not unit_names(unit), "the new invocation stopped")
+    await until(lambda: sdexec.server.drain_reason is None, "undrained")

@@ -275,6 +275,26 @@ def test_a_scan_that_finds_nothing_new_does_not_drain_again(systemd):
     assert server.drain_reason == "1 leftover unit from a previous run"
 
 
+def test_a_unit_started_again_by_hand_is_followed_as_a_leftover_at_once(systemd):
+    # `systemctl restart` of a running unit: the stream ends (EIO), and the
+    # new invocation, carrying the mark, ran on unfollowed until the next
+    # reconnection's scan.
+    server = make_server(systemd)
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    systemd.change(UNIT, {"InvocationID": b"\x01" * 16})
+    lines = logged_during(lambda: systemd.change(UNIT, {"InvocationID": b"\x02" * 16}))
+    assert server.processes == {}
+    assert list(server.leftovers.units) == [UNIT]
+    assert f"leftover unit {UNIT} of this run, started again outside sdexec" in (
+        " ".join(lines)
+    )
+    assert ("stop", UNIT) in systemd.calls
+    assert server.drain_reason == "1 leftover unit"
+    connection.close()
+
+
 def test_kept_leftovers_run_on_listed_killable_and_unloaded_once_ended(systemd):
     leftover(systemd, "sdexec-a.service", pid=71)
     server = make_server(systemd, "keep")

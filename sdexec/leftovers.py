@@ -99,9 +99,12 @@ def marked(plan: ExecPlan, mark: str) -> ExecPlan:
     return dataclasses.replace(plan, properties=properties)
 
 
-#: How the log names a leftover found after a reconnection: this run's own,
-#: whose start's answer was lost with the connection to systemd.
-LOST_START = "of this run, its start's answer lost with systemd"
+#: How the log names a leftover found after the first scan: this run's own,
+#: that it no longer follows.
+UNFOLLOWED = (
+    "of this run, no longer followed (a start whose answer was lost with"
+    " systemd, or a unit given up)"
+)
 #: How it names one whose unit was started again outside sdexec.
 STARTED_AGAIN = "of this run, started again outside sdexec"
 
@@ -334,7 +337,7 @@ class Leftovers:
             origin = "from a previous run"
         else:  # this run's own
             self._this_runs.add(name)
-            origin = origin or LOST_START
+            origin = origin or UNFOLLOWED
         log.warn(
             "leftover unit {unit} {origin} ({description}): {action}",
             unit=name,

@@ -1,80 +1,156 @@
-"""The processes of a unit its manager lost: killed, not left running.
+"""The processes of a unit its manager lost: ended, not left running.
 
 A systemd manager killed with SIGKILL leaves its units' processes running,
 outside any unit a new manager knows (sdexec/process.py reports the stream
 as lost). Nothing else will ever stop them, and nobody follows them. They
 still sit in the dead manager's cgroup of the unit, which the kernel keeps
-while they live, and its ``cgroup.procs`` (with those of any groups below
-it, which a unit given ``Delegate`` may make) lists them all.
+while they live; its ``cgroup.procs``, and those of any groups below it
+(which a unit given ``Delegate`` may make), list them all.
 
-That cgroup is noted when the unit starts (:func:`unit_cgroups`), from the
-main process's ``/proc/PID/cgroup``: then the pid is the unit's (a pid
-given to another program meanwhile sits in no cgroup named like the unit),
-and the main process may exit later, leaving the others behind, without
-the cgroup being lost with it. Only the unit's own cgroup counts (its name
-is the path's last component, not any component: a request may name its
-unit ``user@1000``). Each process is signalled through a pidfd opened
-before its cgroup is checked, so a pid the kernel gave to another program
-since is signalled only if it sits in that very cgroup. A pid is read in
-the service's pid namespace: where the manager's differs, only that check
-stands between the number and another process.
+That cgroup is noted while the unit runs: from ``ControlGroup`` where a
+``GetAll`` read it (the fence check, the receipt), else from the main
+process's ``/proc/PID/cgroup`` when the unit starts (:func:`unit_cgroup`).
+There it is trusted only at the place systemd gives the unit's cgroup: in
+the manager's own cgroup, below nothing but slices. A user may name a
+cgroup of theirs like the unit, but only the manager makes one there; and
+the main process may have been in a group below it (``DelegateSubgroup``).
+
+The processes found there first get the unit's stop-timer signal (for a
+job under Flux's IMP, its proxy for SIGKILL: the IMP ends what its user
+owns, which the service may not signal), then, after :data:`GRACE_S`,
+SIGKILL, pass after pass until a pass finds no process it has not seen
+(one may fork while the group is read). Each is signalled through a pidfd
+opened before its cgroup is checked, so a pid the kernel gave to another
+program since is signalled only if it sits in that very cgroup. What may
+not be signalled (another user's, without an IMP) is told: the node
+drains, as for a unit the stop timer abandons.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
 
 from sdexec.procfs import process_cgroups
+from sdexec.signals import signal_name
 
-__all__ = ["UnitCgroup", "kill_lost_unit", "unit_cgroups"]
+__all__ = [
+    "GRACE_S",
+    "LostUnitKill",
+    "lost_unit_reason",
+    "signal_cgroup",
+    "unit_cgroup",
+]
 
-#: A hierarchy's controllers (``""`` for v2's, ``name=systemd`` for v1's
-#: own) and the unit's cgroup path in it, as ``/proc/PID/cgroup`` says.
-UnitCgroup = tuple[str, str]
+log = Logger()
+
+#: Seconds between the stop-timer signal and SIGKILL: long enough for an
+#: IMP to act on its signal, which it does at once.
+GRACE_S = 2.0
+#: SIGKILL passes at most: each finds what forked during the one before.
+_PASSES = 16
 
 #: Where each hierarchy that names a unit's cgroup may be mounted: cgroup
 #: v2's unified tree (alone, or beside v1 on a hybrid node), and v1's
-#: name=systemd one.
+#: name=systemd one. systemd makes the unit's cgroup at one path in each.
 _HIERARCHIES = {
     "": ("sys/fs/cgroup", "sys/fs/cgroup/unified"),
     "name=systemd": ("sys/fs/cgroup/systemd",),
 }
 
 
-def unit_cgroups(unit: str, main_pid: int, root: str = "/") -> tuple[UnitCgroup, ...]:
-    """The cgroups of ``unit`` that its main process ``main_pid`` sits in,
-    read when the unit starts; none if it has exited already (or its pid
-    is another program's), or the hierarchy names no unit's cgroup."""
-    return tuple(
-        (controllers, path)
-        for controllers, path in process_cgroups(main_pid, root) or ()
-        if controllers in _HIERARCHIES and path.rsplit("/", 1)[-1] == unit
-    )
+def unit_cgroup(
+    unit: str, main_pid: int, manager_cgroup: str | None, root: str = "/"
+) -> str | None:
+    """The cgroup of ``unit``, from the cgroup of its main process
+    ``main_pid`` (the unit's, or a group below it) when the unit starts;
+    ``None`` if the process is gone, or is not in the unit's cgroup where
+    the manager (its own cgroup ``manager_cgroup``) would have made it."""
+    if manager_cgroup is None:
+        return None
+    for controllers, path in process_cgroups(main_pid, root) or ():
+        if controllers in _HIERARCHIES:
+            found = _unit_path(path, unit, manager_cgroup.rstrip("/"))
+            if found is not None:
+                return found
+    return None
 
 
-def kill_lost_unit(cgroups: Sequence[UnitCgroup], root: str = "/") -> int:
-    """SIGKILL every process still in the unit's ``cgroups`` (as
-    :func:`unit_cgroups` noted them) or in a group below them; how many
-    were signalled."""
-    killed: set[int] = set()  # on a hybrid node, one process is in two
-    for controllers, path in cgroups:
-        for pid in _members(controllers, path, root):
-            if pid not in killed and _kill_if_in(pid, controllers, path, root):
-                killed.add(pid)
-    return len(killed)
+def _unit_path(path: str, unit: str, manager: str) -> str | None:
+    """``path`` cut after the unit's own group, which must follow the
+    manager's cgroup and nothing but slices; else ``None``."""
+    if not path.startswith(f"{manager}/"):
+        return None
+    parts = path[len(manager) + 1 :].split("/")
+    for index, part in enumerate(parts):
+        # systemd escapes a cgroup name the kernel would take for its own
+        # (``cpu.service``) with a leading underscore.
+        if part in (unit, f"_{unit}"):
+            return "/".join([manager, *parts[: index + 1]])
+        if not part.endswith(".slice"):
+            return None
+    return None
 
 
-def _members(controllers: str, path: str, root: str) -> Iterator[int]:
-    """The pids listed in ``path`` and every group below it, in the first
-    mount of its hierarchy that has it."""
-    for base in _HIERARCHIES[controllers]:
-        top = os.path.join(root, base, path.lstrip("/"))
-        if os.path.isdir(top):
-            for directory, _, _ in os.walk(top):
-                yield from _listed(os.path.join(directory, "cgroup.procs"))
-            return
+@dataclass
+class Signalled:
+    """What one :func:`signal_cgroup` did."""
+
+    sent: set[int] = field(default_factory=set)
+    #: Processes of the cgroup it may not signal (EPERM).
+    refused: set[int] = field(default_factory=set)
+
+
+def signal_cgroup(cgroup: str, signum: int, root: str = "/") -> Signalled:
+    """Send ``signum`` to every process in ``cgroup`` or below it; with
+    SIGKILL, again to what a pass finds new, until none is."""
+    done = Signalled()
+    seen: set[int] = set()
+    for _ in range(_PASSES if signum == signal.SIGKILL else 1):
+        new = [pid for pid in _members(cgroup, root) if pid not in seen]
+        if not new:
+            break
+        seen.update(new)
+        for pid in new:
+            outcome = _signal_if_in(pid, cgroup, signum, root)
+            if outcome == 0:
+                done.sent.add(pid)
+            elif outcome == errno.EPERM:
+                done.refused.add(pid)
+    return done
+
+
+def _members(cgroup: str, root: str) -> Iterator[int]:
+    """The pids listed in ``cgroup`` and every group below it, in each
+    hierarchy that has it (a hybrid node lists a process in two)."""
+    for mounts in _HIERARCHIES.values():
+        for base in mounts:
+            top = os.path.join(root, base, cgroup.lstrip("/"))
+            if os.path.isdir(top):
+                for directory in _groups(top):
+                    yield from _listed(os.path.join(directory, "cgroup.procs"))
+                break
+
+
+def _groups(top: str) -> Iterator[str]:
+    """``top`` and every directory below it, without recursion (a delegated
+    tree may be deeper than Python's stack), not following links."""
+    pending = [top]
+    while pending:
+        directory = pending.pop()
+        yield directory
+        try:
+            with os.scandir(directory) as entries:
+                below = [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue  # removed meanwhile
+        pending.extend(below)
 
 
 def _listed(procs: str) -> list[int]:
@@ -86,21 +162,85 @@ def _listed(procs: str) -> list[int]:
         return []
 
 
-def _kill_if_in(pid: int, controllers: str, cgroup: str, root: str) -> bool:
-    """SIGKILL ``pid`` if it is (still) in ``cgroup`` of the hierarchy of
-    ``controllers``, or below it: checked after its pidfd is open, so the
-    check and the signal are of one process."""
+def _signal_if_in(pid: int, cgroup: str, signum: int, root: str) -> int | None:
+    """Send ``signum`` to ``pid`` if it is (still) in ``cgroup`` or below:
+    checked after its pidfd is open, so the check and the signal are of one
+    process. 0 if sent, the errno if refused, ``None`` if not ours or gone."""
     try:
         pidfd = os.pidfd_open(pid)
     except OSError:
-        return False  # gone already
+        return None  # gone already
     try:
-        paths = (p for c, p in process_cgroups(pid, root) or () if c == controllers)
+        paths = (path for _, path in process_cgroups(pid, root) or ())
         if not any(path == cgroup or path.startswith(f"{cgroup}/") for path in paths):
-            return False
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        return True
-    except OSError:  # gone meanwhile, or not ours to signal (EPERM)
-        return False
+            return None
+        signal.pidfd_send_signal(pidfd, signum)
+        return 0
+    except OSError as error:  # gone meanwhile, or not ours to signal
+        return error.errno if error.errno == errno.EPERM else None
     finally:
         os.close(pidfd)
+
+
+def lost_unit_reason(unit: str) -> str:
+    """The drain reason for processes of a lost unit that may not be
+    signalled."""
+    return f"unkillable user processes left by lost unit {unit}"
+
+
+class LostUnitKill:
+    """Ends what a lost unit left in ``cgroup``: ``stop_signal`` at once,
+    SIGKILL :data:`GRACE_S` later (at once if ``stop_signal`` is SIGKILL);
+    ``drain(reason)`` if some may not be signalled."""
+
+    def __init__(
+        self,
+        unit: str,
+        cgroup: str,
+        stop_signal: int,
+        clock: IReactorTime,
+        drain: Callable[[str], None],
+        root: str = "/",
+    ) -> None:
+        self.unit = unit
+        self.cgroup = cgroup
+        self._stop_signal = stop_signal
+        self._clock = clock
+        self._drain = drain
+        self._root = root
+
+    def start(self) -> None:
+        if self._stop_signal == signal.SIGKILL:
+            self._kill()
+            return
+        found = self._signal(self._stop_signal)
+        if found.sent or found.refused:
+            self._clock.callLater(GRACE_S, self._kill)
+
+    def _kill(self) -> None:
+        done = self._signal(signal.SIGKILL)
+        if done.refused:
+            reason = lost_unit_reason(self.unit)
+            log.error(
+                "{unit}: {count} processes left outside any unit may not be"
+                " signalled: {reason}",
+                unit=self.unit,
+                count=len(done.refused),
+                reason=reason,
+            )
+            self._drain(reason)
+
+    def _signal(self, signum: int) -> Signalled:
+        try:
+            done = signal_cgroup(self.cgroup, signum, self._root)
+        except Exception:  # what is left must still be tried, and told
+            log.failure("{unit}: signalling what it left failed", unit=self.unit)
+            return Signalled()
+        if done.sent:
+            log.warn(
+                "{unit}: {count} processes left outside any unit: {signal} sent",
+                unit=self.unit,
+                count=len(done.sent),
+                signal=signal_name(signum),
+            )
+        return done

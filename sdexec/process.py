@@ -28,7 +28,7 @@ from twisted.python.failure import Failure
 from sdexec.config import DEFAULT_START_TIMEOUT
 from sdexec.ioencode import encode_io
 from sdexec.limits import listed_cmdline
-from sdexec.orphans import UnitCgroup, kill_lost_unit, unit_cgroups
+from sdexec.orphans import LostUnitKill, unit_cgroup
 from sdexec.passthrough import NO_STDIO, PassedStdio
 from sdexec.plan import ExecPlan, RequestError
 from sdexec.protocol import ExecFlag
@@ -153,8 +153,9 @@ class Process:
         self.started_again = False
         #: The unit's InvocationID, first seen once it started.
         self._invocation: bytes | None = None
-        #: The unit's cgroups, noted when it started (sdexec.orphans).
-        self._cgroups: tuple[UnitCgroup, ...] = ()
+        #: The unit's cgroup, noted while it runs (sdexec.orphans).
+        self._cgroup: str | None = None
+        self._orphans_ended = False
         #: Output streams that reached EOF while the receipt was being read.
         self._eofs_after_finished: list[str] = []
         self._start_deadline: IDelayedCall | None = None
@@ -452,11 +453,12 @@ class Process:
 
     def _unit_changed(self, properties: dict[str, Any]) -> None:
         gone = self._is_gone(properties)
+        if gone == _LOST and properties.get("LoadState") != "not-found":
+            # A unit its manager knows and never started (no invocation): a
+            # new manager's, made from the file a killed one left. Also once
+            # its outcome is known: what ignored the stop runs on.
+            self._end_what_it_left()
         if gone is not None and not self._outcome_known:
-            if gone == _LOST and properties.get("LoadState") != "not-found":
-                # A unit its manager knows and never started (no invocation):
-                # a new manager's, made from the file a killed one left.
-                self._kill_what_it_left()
             self._vanished(gone)
             return
         status = self.status = UnitStatus.from_properties(
@@ -492,9 +494,7 @@ class Process:
     def _started(self, properties: dict[str, Any], pid: int) -> None:
         self._cancel_start_deadline()
         self._note_invocation(properties)
-        # Where its processes are: should its manager lose the unit, what
-        # it left is found there, even once the main process has exited.
-        self._cgroups = unit_cgroups(self.unit_name, pid) if pid > 0 else ()
+        self._note_cgroup(properties, pid)
         problem = self._verify(properties, pid) if self._verify else None
         if problem is None:
             self._once(Sent.STARTED, {"type": "started", "pid": pid})
@@ -549,6 +549,7 @@ class Process:
             self._log_failure(answer, UnitCall.RECEIPT.value)
         else:
             state.update(answer)
+            self._note_cgroup(answer)  # its main process may have gone early
         # The wait status is the one first seen: a unit gone meanwhile (the
         # client left, it was stopped) reads back with none.
         receipt = finished_extensions(state)
@@ -684,22 +685,32 @@ class Process:
             f"cannot be read: {failure.getErrorMessage()} (lost while systemd was away)"
         )
 
-    def _kill_what_it_left(self) -> None:
+    def _note_cgroup(self, state: dict[str, Any], pid: int = 0) -> None:
+        """Where its processes are: should its manager lose the unit, what
+        it left is found there, even once the main process has exited. The
+        unit's ``ControlGroup`` where a ``GetAll`` read it, else its main
+        process's (sdexec/orphans.py)."""
+        if self._cgroup is None:
+            control_group = state.get("ControlGroup")
+            if isinstance(control_group, str) and control_group:
+                self._cgroup = control_group
+            elif pid > 0:
+                manager = self._systemd.control_group
+                self._cgroup = unit_cgroup(self.unit_name, pid, manager)
+
+    def _end_what_it_left(self) -> None:
         """Its manager lost the unit, and its processes run on outside any
-        unit, followed by no one: SIGKILL them (sdexec/orphans.py)."""
-        if not self._cgroups:
+        unit, followed by no one: end them (sdexec/orphans.py)."""
+        if self._cgroup is None or self._orphans_ended:
             return
-        try:
-            killed = kill_lost_unit(self._cgroups)
-        except Exception:  # the request must end all the same
-            log.failure("{unit}: killing what it left failed", unit=self.unit_name)
-            return
-        if killed:
-            log.warn(
-                "{unit}: {count} processes left outside any unit: killed",
-                unit=self.unit_name,
-                count=killed,
-            )
+        self._orphans_ended = True
+        LostUnitKill(
+            self.unit_name,
+            self._cgroup,
+            self.stop_timer.signum,
+            self._context.clock,
+            self._context.drain,
+        ).start()
 
     def _vanished(self, what: str) -> None:
         """The unit is no longer the one started (its manager restarted, it

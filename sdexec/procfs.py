@@ -15,8 +15,12 @@ def process_cgroups(pid: int, root: str = "/") -> list[tuple[str, str]] | None:
     controllers are ``""``, v1's ``memory``, ``name=systemd``…); ``None``
     if it cannot be read (the process is gone, or hidden by ``hidepid``)."""
     try:
-        with open(os.path.join(root, f"proc/{pid}/cgroup"), encoding="utf-8") as file:
-            lines = file.read().splitlines()
+        # A cgroup's name is any bytes but "/" and newline: one that is not
+        # UTF-8 must not make the others unreadable, nor may one holding a
+        # form feed or the like read as two lines (str.splitlines would).
+        path = os.path.join(root, f"proc/{pid}/cgroup")
+        with open(path, encoding="utf-8", errors="surrogateescape") as file:
+            lines = file.read().split("\n")
     except OSError:
         return None
     entries = []

@@ -72,6 +72,8 @@ class FakeManager:
         self.debug = False
         self.max_inflight = DEFAULT_MAX_INFLIGHT  # answers at once: never full
         self.connected = True
+        #: As a user manager's would read; no real process is below it.
+        self.control_group: str | None = "/user.slice/user-0.slice/fake@0.service"
         self.on_lost: Callable[[str], None] | None = None
         self.on_restored: Callable[[], None] | None = None
         self.disconnected: defer.Deferred[None] = defer.Deferred()

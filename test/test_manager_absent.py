@@ -21,7 +21,8 @@ SYSTEMD = "org.freedesktop.systemd1"
 
 class FakeBus:
     """What SystemdClient uses of a connected dbus-fast MessageBus; every
-    method call (the Subscribe to a returned manager) succeeds."""
+    method call (the Subscribe to a returned manager, the Get of its
+    cgroup) succeeds."""
 
     def __init__(self) -> None:
         self.handlers: list = []
@@ -106,7 +107,9 @@ async def test_a_manager_back_in_time_keeps_the_bus():
     clock.advance(MANAGER_ABSENT_S / 2)
     bus.owner_changed("", ":1.9")
     await until(lambda: restored, "the Subscribe's reply")
-    assert (bus.calls, restored, client.connected) == (["Subscribe"], [True], True)
+    # Subscribed again, and its cgroup read (where a lost unit's is).
+    assert bus.calls == ["Subscribe", "Get"]
+    assert (restored, client.connected) == ([True], True)
     assert clock.getDelayedCalls() == []
     clock.advance(MANAGER_ABSENT_S)
     assert not bus.disconnected

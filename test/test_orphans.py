@@ -1,21 +1,37 @@
-"""The processes a lost unit left: found through the cgroup its main
-process sat in when the unit started, and only those still in it (or below
-it) signalled (sdexec/orphans.py). Real processes, and a stand-in for /proc
-and /sys/fs/cgroup that says where they are."""
+"""What a lost unit left: its cgroup, trusted only where its manager makes
+the unit's, and every process in it or below it given the stop-timer
+signal, then SIGKILL (sdexec/orphans.py). Real processes, and a stand-in
+for /proc and /sys/fs/cgroup that says where they are."""
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from twisted.internet.task import Clock
 
-from sdexec.orphans import kill_lost_unit, unit_cgroups
+from sdexec import orphans
+from sdexec.orphans import (
+    GRACE_S,
+    LostUnitKill,
+    lost_unit_reason,
+    signal_cgroup,
+    unit_cgroup,
+)
+from sdexec.procfs import process_cgroups
 
 UNIT = "sdexec-lost.service"
-CGROUP = f"/user.slice/user@0.service/app.slice/{UNIT}"
+MANAGER = "/user.slice/user-0.slice/user@0.service"
+CGROUP = f"{MANAGER}/app.slice/{UNIT}"
 HYBRID = f"1:name=systemd:{CGROUP}\n0::{CGROUP}"
+#: A program that ignores SIGUSR1, and says so once it does.
+DEAF = "import signal, time; signal.signal(signal.SIGUSR1, signal.SIG_IGN);"
+DEAF += " print(flush=True); time.sleep(300)"
 
 
 def place(root: Path, pid: int, lines: str) -> None:
@@ -33,104 +49,244 @@ def members(root: Path, base: str, pids: list[int], cgroup: str = CGROUP) -> Non
 @pytest.fixture
 def processes():
     started: list[subprocess.Popen] = []
-    yield lambda: started.append(subprocess.Popen(["sleep", "300"])) or started[-1]
+
+    def start(deaf: bool = False) -> subprocess.Popen:
+        if deaf:
+            process = subprocess.Popen(
+                [sys.executable, "-c", DEAF], stdout=subprocess.PIPE
+            )
+            assert process.stdout is not None
+            process.stdout.readline()  # SIGUSR1 ignored from here on
+        else:
+            process = subprocess.Popen(["sleep", "300"])
+        started.append(process)
+        return process
+
+    yield start
     for process in started:
         process.kill()
         process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+# -- where the unit's cgroup is ------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("line", "base"),
-    [(f"0::{CGROUP}", "sys/fs/cgroup"),
-     (f"0::{CGROUP}", "sys/fs/cgroup/unified"),
-     (f"1:name=systemd:{CGROUP}", "sys/fs/cgroup/systemd")],
+    "lines",
+    [f"0::{CGROUP}", HYBRID, f"3:memory:/user.slice\n1:name=systemd:{CGROUP}"],
+    ids=["v2", "hybrid", "v1"],
+)
+def test_the_main_process_s_cgroup_is_the_unit_s(tmp_path, processes, lines):
+    main = processes()
+    place(tmp_path, main.pid, lines)
+    assert unit_cgroup(UNIT, main.pid, MANAGER, root=str(tmp_path)) == CGROUP
+
+
+@pytest.mark.parametrize(
+    ("path", "found"),
+    [
+        # DelegateSubgroup, or a delegated job that moved its main process:
+        # the unit's own group is found above it.
+        (f"{CGROUP}/supervisor", CGROUP),
+        # Nested slices, as systemd names their directories.
+        (f"{MANAGER}/a.slice/a-b.slice/{UNIT}", f"{MANAGER}/a.slice/a-b.slice/{UNIT}"),
+        # A name the kernel would take for its own, escaped by systemd.
+        (f"{MANAGER}/app.slice/_{UNIT}", f"{MANAGER}/app.slice/_{UNIT}"),
+        # A cgroup named like the unit below another unit (a user's own, in
+        # their delegated tree): not where the manager makes the unit's.
+        (f"{MANAGER}/app.slice/other.service/{UNIT}", None),
+        (f"/user.slice/user-1000.slice/user@1000.service/app.slice/{UNIT}", None),
+        # Another manager's (whose cgroup merely begins like this one's).
+        (f"{MANAGER}x/app.slice/{UNIT}", None),
+        (f"{MANAGER}/app.slice/{UNIT}x", None),
+    ],
+    ids=["subgroup", "nested", "escaped", "below-a-unit", "elsewhere", "prefix",
+         "longer-name"],
+)  # fmt: skip
+def test_the_unit_s_cgroup_is_trusted_only_where_its_manager_makes_it(
+    tmp_path, processes, path, found
+):
+    main = processes()
+    place(tmp_path, main.pid, f"0::{path}")
+    assert unit_cgroup(UNIT, main.pid, MANAGER, root=str(tmp_path)) == found
+
+
+def test_a_system_manager_s_units_are_found_below_the_root(tmp_path, processes):
+    main = processes()
+    place(tmp_path, main.pid, f"0::/system.slice/{UNIT}")
+    assert (
+        unit_cgroup(UNIT, main.pid, "/", root=str(tmp_path)) == f"/system.slice/{UNIT}"
+    )
+    assert (
+        unit_cgroup(UNIT, main.pid, "", root=str(tmp_path)) == f"/system.slice/{UNIT}"
+    )
+
+
+def test_no_cgroup_without_the_manager_s_or_the_process(tmp_path, processes):
+    main = processes()
+    place(tmp_path, main.pid, f"0::{CGROUP}")
+    assert unit_cgroup(UNIT, main.pid, None, root=str(tmp_path)) is None
+    assert unit_cgroup(UNIT, 2**22 + 1, MANAGER, root=str(tmp_path)) is None
+    # Its own /proc, read for real: this test's process is in no such unit.
+    assert unit_cgroup(UNIT, main.pid, MANAGER) is None
+
+
+def test_a_cgroup_name_cannot_forge_a_line(tmp_path, processes):
+    # A user's cgroup may be named with any bytes but "/" and newline: not
+    # UTF-8, or holding a form feed that str.splitlines would split on.
+    main = processes()
+    path = tmp_path / f"proc/{main.pid}/cgroup"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(f"0::/user.slice/\xff/x\x0c0::{CGROUP}\n".encode("latin-1"))
+    assert unit_cgroup(UNIT, main.pid, MANAGER, root=str(tmp_path)) is None
+    [(_, read)] = process_cgroups(main.pid, str(tmp_path))
+    assert read.endswith(CGROUP) and read != CGROUP
+
+
+# -- signalling what is there --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bases",
+    [["sys/fs/cgroup"], ["sys/fs/cgroup/unified", "sys/fs/cgroup/systemd"],
+     ["sys/fs/cgroup/systemd"]],
     ids=["v2", "hybrid", "v1"],
 )  # fmt: skip
-def test_every_process_left_in_the_unit_s_cgroup_is_killed(
-    tmp_path, processes, line, base
-):
-    main, child, moved = processes(), processes(), processes()
+def test_every_process_in_the_cgroup_or_below_is_killed(tmp_path, processes, bases):
+    main, child, below, moved = processes(), processes(), processes(), processes()
     for process in (main, child):
-        place(tmp_path, process.pid, line)
-    cgroups = unit_cgroups(UNIT, main.pid, root=str(tmp_path))
+        place(tmp_path, process.pid, HYBRID)
+    place(tmp_path, below.pid, f"0::{CGROUP}/task-0")
     # Listed, but in another cgroup by the time it is checked: untouched.
     place(tmp_path, moved.pid, "0::/user.slice/other.service")
-    members(tmp_path, base, [main.pid, child.pid, moved.pid])
-    assert kill_lost_unit(cgroups, root=str(tmp_path)) == 2
-    assert main.wait(timeout=30) == child.wait(timeout=30) == -9
+    for base in bases:
+        members(tmp_path, base, [main.pid, child.pid, moved.pid])
+        members(tmp_path, base, [below.pid], f"{CGROUP}/task-0")
+    done = signal_cgroup(CGROUP, signal.SIGKILL, root=str(tmp_path))
+    assert done.sent == {main.pid, child.pid, below.pid}
+    assert main.wait(timeout=30) == child.wait(timeout=30) == below.wait(30) == -9
     assert moved.poll() is None
 
 
-def test_what_an_exited_main_process_left_is_killed(tmp_path, processes):
-    # The job shell exited while systemd was away; its children live on
-    # in the unit's cgroup, in groups of their own below it (Delegate).
-    main = processes()
-    place(tmp_path, main.pid, HYBRID)
-    cgroups = unit_cgroups(UNIT, main.pid, root=str(tmp_path))
-    main.kill()
-    main.wait()
-    child, grandchild = processes(), processes()
-    place(tmp_path, child.pid, HYBRID)
-    below = f"{CGROUP}/task-0"
-    place(tmp_path, grandchild.pid, f"1:name=systemd:{below}\n0::{below}")
-    for base in ("sys/fs/cgroup/unified", "sys/fs/cgroup/systemd"):
-        members(tmp_path, base, [child.pid])
-        members(tmp_path, base, [grandchild.pid], below)
-    assert kill_lost_unit(cgroups, root=str(tmp_path)) == 2
-    assert child.wait(timeout=30) == grandchild.wait(timeout=30) == -9
-
-
-def test_the_cgroups_noted_are_the_unit_s_own(tmp_path, processes):
-    main = processes()
-    place(tmp_path, main.pid, f"12:memory:/user.slice\n{HYBRID}")
-    assert unit_cgroups(UNIT, main.pid, root=str(tmp_path)) == (
-        ("name=systemd", CGROUP),
-        ("", CGROUP),
-    )
-    # Its own /proc, read for real: this test's process is in no such unit.
-    assert unit_cgroups(UNIT, main.pid) == ()
-
-
-@pytest.mark.parametrize(
-    "line",
-    # A request may name its unit user@1000.service: a process below a
-    # cgroup of that name is not the unit's main process.
-    [f"0::{CGROUP}/app.slice/pipewire.service",
-     # The pid was another program's by the time the unit started.
-     "0::/user.slice/somebody-else.service"],
-    ids=["below-a-namesake", "another-unit"],
-)  # fmt: skip
-def test_a_main_pid_outside_the_unit_s_cgroup_notes_none(tmp_path, processes, line):
-    other = processes()
-    place(tmp_path, other.pid, line)
-    assert unit_cgroups(UNIT, other.pid, root=str(tmp_path)) == ()
-    assert kill_lost_unit((), root=str(tmp_path)) == 0
-
-
-def test_a_main_process_gone_at_start_notes_none(tmp_path):
-    assert unit_cgroups(UNIT, 2**22 + 1, root=str(tmp_path)) == ()
-
-
-def test_a_cgroup_gone_meanwhile_kills_nothing(tmp_path):
-    assert kill_lost_unit((("", CGROUP),), root=str(tmp_path)) == 0
-
-
-def test_one_that_may_not_be_signalled_does_not_spare_the_rest(
+def test_what_forks_while_the_group_is_read_is_killed_too(
     tmp_path, processes, monkeypatch
 ):
-    main, child = processes(), processes()
-    for process in (main, child):
+    first, forked = processes(), processes()
+    for process in (first, forked):
         place(tmp_path, process.pid, f"0::{CGROUP}")
-    members(tmp_path, "sys/fs/cgroup", [main.pid, child.pid])
+    members(tmp_path, "sys/fs/cgroup", [first.pid])
+    send = signal.pidfd_send_signal
+
+    def forks_as_it_dies(pidfd, signum):
+        send(pidfd, signum)
+        members(tmp_path, "sys/fs/cgroup", [first.pid, forked.pid])
+
+    monkeypatch.setattr(signal, "pidfd_send_signal", forks_as_it_dies)
+    done = signal_cgroup(CGROUP, signal.SIGKILL, root=str(tmp_path))
+    assert done.sent == {first.pid, forked.pid}
+
+
+def test_one_that_may_not_be_signalled_is_told_and_spares_no_other(
+    tmp_path, processes, monkeypatch
+):
+    guest, child = processes(), processes()
+    for process in (guest, child):
+        place(tmp_path, process.pid, f"0::{CGROUP}")
+    members(tmp_path, "sys/fs/cgroup", [guest.pid, child.pid])
     send = signal.pidfd_send_signal
     refused: list[int] = []
 
     def once_refused(pidfd, signum):
         if not refused:
             refused.append(pidfd)
-            raise PermissionError(1, "Operation not permitted")
+            raise PermissionError(errno.EPERM, "Operation not permitted")
         send(pidfd, signum)
 
     monkeypatch.setattr(signal, "pidfd_send_signal", once_refused)
-    assert kill_lost_unit((("", CGROUP),), root=str(tmp_path)) == 1
+    done = signal_cgroup(CGROUP, signal.SIGKILL, root=str(tmp_path))
+    assert done.refused == {guest.pid} and done.sent == {child.pid}
     assert child.wait(timeout=30) == -9
+
+
+def test_a_deep_delegated_tree_is_walked_without_recursion(tmp_path, processes):
+    deep = processes()
+    path = CGROUP + "/d" * 1100  # deeper than Python's recursion limit
+    place(tmp_path, deep.pid, f"0::{path}")
+    # pathlib, os.makedirs and shutil.rmtree recurse: one level at a time.
+    top = str(tmp_path / "sys/fs/cgroup")
+    made = [top]
+    os.makedirs(top)
+    for part in path.split("/")[1:]:
+        made.append(os.path.join(made[-1], part))
+        os.mkdir(made[-1])
+    procs = os.path.join(made[-1], "cgroup.procs")
+    Path(procs).write_text(f"{deep.pid}\n")
+    try:
+        done = signal_cgroup(CGROUP, signal.SIGKILL, root=str(tmp_path))
+        assert done.sent == {deep.pid}
+    finally:
+        os.unlink(procs)
+        for directory in reversed(made):
+            os.rmdir(directory)
+
+
+def test_a_cgroup_gone_meanwhile_signals_nothing(tmp_path):
+    assert signal_cgroup(CGROUP, signal.SIGKILL, root=str(tmp_path)).sent == set()
+
+
+# -- the sequence --------------------------------------------------------------
+
+
+def test_the_stop_timer_signal_comes_first_then_sigkill(tmp_path, processes):
+    # Under Flux's IMP the stop-timer signal is its proxy for SIGKILL: it
+    # ends what its user owns, which the service may not signal; SIGKILL
+    # at once would end the IMP first.
+    deaf = processes(deaf=True)
+    place(tmp_path, deaf.pid, f"0::{CGROUP}")
+    members(tmp_path, "sys/fs/cgroup", [deaf.pid])
+    clock, drains = Clock(), []
+    kill = LostUnitKill(UNIT, CGROUP, signal.SIGUSR1, clock, drains.append)
+    kill_root(kill, tmp_path).start()
+    with pytest.raises(subprocess.TimeoutExpired):
+        deaf.wait(timeout=0.2)  # ignored it
+    clock.advance(GRACE_S)
+    assert deaf.wait(timeout=30) == -9
+    assert drains == []
+
+
+def test_what_may_not_be_signalled_drains_the_node(tmp_path, processes, monkeypatch):
+    guest = processes()
+    place(tmp_path, guest.pid, f"0::{CGROUP}")
+    members(tmp_path, "sys/fs/cgroup", [guest.pid])
+
+    def refused(pidfd, signum):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(signal, "pidfd_send_signal", refused)
+    clock, drains = Clock(), []
+    kill_root(LostUnitKill(UNIT, CGROUP, signal.SIGUSR1, clock, drains.append),
+              tmp_path).start()  # fmt: skip
+    clock.advance(GRACE_S)
+    assert drains == [lost_unit_reason(UNIT)]
+    assert lost_unit_reason(UNIT) == (
+        f"unkillable user processes left by lost unit {UNIT}"
+    )
+
+
+def test_nothing_there_arms_nothing(tmp_path):
+    clock = Clock()
+    kill_root(LostUnitKill(UNIT, CGROUP, signal.SIGUSR1, clock, print),
+              tmp_path).start()  # fmt: skip
+    assert clock.getDelayedCalls() == []
+
+
+def kill_root(kill: LostUnitKill, root: Path) -> LostUnitKill:
+    """``kill`` reading the stand-in tree at ``root``."""
+    kill._root = str(root)
+    return kill
+
+
+def test_the_module_names_what_it_offers():
+    assert set(orphans.__all__) >= {"unit_cgroup", "signal_cgroup", "LostUnitKill"}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 
 import pytest
 from offline import error_of
@@ -22,7 +23,7 @@ from sdexec.outage import SystemdOutage
 from sdexec.server import SdexecServer
 from sdexec.systemd import SystemdError
 from sdexec.systemd.errors import NO_SUCH_UNIT
-from sdexec.testing import EXITED, INACTIVE, RUNNING
+from sdexec.testing import DEACTIVATING, EXITED, INACTIVE, RUNNING
 
 
 @pytest.fixture
@@ -103,20 +104,34 @@ def test_a_vanished_unit_ends_its_request_naming_it(
 
 
 OURS, ANOTHER = {"InvocationID": b"\x01" * 16}, {"InvocationID": b""}
+GONE = 2**22 + 1
 
 
 @pytest.fixture
 def orphan_kills(monkeypatch):
-    """The cgroups of each lost unit whose processes would be killed, as
-    noted when it started: every unit's said to be ``/UNIT@PID``."""
-    kills: list[tuple[tuple[str, str], ...]] = []
-    monkeypatch.setattr(
-        sdexec.process, "unit_cgroups", lambda unit, pid: (("", f"/{unit}@{pid}"),)
-    )
-    monkeypatch.setattr(
-        sdexec.process, "kill_lost_unit", lambda cgroups: kills.append(cgroups) or 0
-    )
+    """``(unit, cgroup, signal)`` of each lost unit whose processes would be
+    ended (sdexec/orphans.py): every main process said to be in
+    ``MANAGER/app.slice/UNIT@PID``, but pid ``GONE``, which has exited."""
+    kills: list[tuple[str, str, int]] = []
+
+    def cgroup_of(unit, pid, manager):
+        return None if pid == GONE else f"{manager}/app.slice/{unit}@{pid}"
+
+    class Recorded:
+        def __init__(self, unit, cgroup, stop_signal, clock, drain):
+            self.noted = (unit, cgroup, stop_signal)
+
+        def start(self):
+            kills.append(self.noted)
+
+    monkeypatch.setattr(sdexec.process, "unit_cgroup", cgroup_of)
+    monkeypatch.setattr(sdexec.process, "LostUnitKill", Recorded)
     return kills
+
+
+def noted_cgroup(systemd, pid: int = RUNNING["ExecMainPID"]) -> str:
+    """The cgroup ``orphan_kills`` says a unit of ``systemd`` started in."""
+    return f"{systemd.control_group}/app.slice/{UNIT}@{pid}"
 
 
 def test_a_unit_a_restarted_manager_reloaded_from_its_file_is_gone(
@@ -137,8 +152,43 @@ def test_a_unit_a_restarted_manager_reloaded_from_its_file_is_gone(
         f"unit {UNIT} is gone (lost while systemd was away)",
     )
     assert server.processes == {}
-    # What it left runs outside any unit: killed (sdexec/orphans.py).
-    assert orphan_kills == [(("", f"/{UNIT}@{RUNNING['ExecMainPID']}"),)]
+    # What it left runs outside any unit: ended (sdexec/orphans.py), with
+    # the stop-timer signal first (an IMP's proxy for SIGKILL).
+    assert orphan_kills == [(UNIT, noted_cgroup(systemd), signal.SIGUSR1)]
+
+
+def test_a_unit_lost_after_its_exit_still_has_what_it_left_ended(
+    systemd, server, connection, orphan_kills
+):
+    # Its main process exited (finished sent), others ignored the stop's
+    # SIGTERM (deactivating), and then the manager was killed: the new one
+    # reads the unit inactive, and the stop timer had nothing left to time.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    systemd.change(UNIT, OURS)
+    systemd.exit(UNIT)
+    systemd.change(UNIT, DEACTIVATING)
+    systemd.lose()
+    systemd.units[UNIT] = {**INACTIVE, "LoadState": "bad-setting", **ANOTHER}
+    systemd.restore()
+    assert orphan_kills == [(UNIT, noted_cgroup(systemd), signal.SIGUSR1)]
+
+
+def test_the_unit_s_own_control_group_is_noted_where_read(
+    systemd, server, connection, orphan_kills
+):
+    # The main process was gone before its cgroup could be read from
+    # /proc: the receipt's GetAll names the unit's.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT, pid=GONE)
+    systemd.change(UNIT, OURS)
+    systemd.units[UNIT]["ControlGroup"] = "/app.slice/the-unit-s-own"
+    systemd.change(UNIT, EXITED)
+    systemd.change(UNIT, DEACTIVATING)
+    systemd.lose()
+    systemd.units[UNIT] = {**INACTIVE, "LoadState": "bad-setting", **ANOTHER}
+    systemd.restore()
+    assert orphan_kills == [(UNIT, "/app.slice/the-unit-s-own", signal.SIGUSR1)]
 
 
 def test_a_unit_started_again_by_hand_is_not_ours_any_more(

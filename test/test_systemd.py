@@ -31,6 +31,7 @@ from twisted.internet.defer import Deferred
 
 from sdexec.command import Command, unit_properties
 from sdexec.idset import IDset
+from sdexec.orphans import unit_cgroup
 from sdexec.property import UINT32_MAX, UINT64_MAX, PropertyError, percent_scale
 from sdexec.systemd import SystemdClient, SystemdError, unit_object_path
 from sdexec.systemd.unit import UnitStatus
@@ -412,6 +413,22 @@ async def test_a_unit_watched_anew_after_a_cancel_is_followed(units):
 
 
 # -- names and listing --------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_manager_s_own_cgroup_is_read_and_holds_its_units(units):
+    # Where a lost unit's cgroup is trusted (sdexec/orphans.py).
+    shown = subprocess.run(
+        ["systemctl", "--user", "show", "-p", "ControlGroup", "--value"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert units.client.control_group == shown.stdout.strip()
+    run = await units.start(["sleep", "30"])
+    status = await run.until(lambda s: s.pid > 0, "running")
+    path = (await service_properties(run))["ControlGroup"]
+    assert path.startswith(f"{units.client.control_group.rstrip('/')}/")
+    assert unit_cgroup(run.name, status.pid, units.client.control_group) == path
+    await run.finish()
 
 
 @pytest_twisted.ensureDeferred

@@ -239,6 +239,8 @@ class SystemdClient:
         self.on_restored: Callable[[], None] | None = None
         #: The bus is up, the manager on it and subscribed: calls are sent.
         self.connected = False
+        #: The manager's own cgroup, read at each (re)connection.
+        self.control_group: str | None = None
         self._closing = False
         #: Every method call goes through it (``[systemd] max-inflight``).
         self.window = CallWindow(DEFAULT_MAX_INFLIGHT)
@@ -309,6 +311,21 @@ class SystemdClient:
             # A re-executed manager keeps its subscribers.
             if error.name != ALREADY_SUBSCRIBED:
                 raise
+        self.control_group = await self._manager_cgroup()
+
+    async def _manager_cgroup(self) -> str | None:
+        """The manager's ``ControlGroup``; ``None`` if it cannot be read (a
+        manager too old to have it): what a lost unit leaves is then found
+        only where a ``GetAll`` read the unit's own."""
+        try:
+            asked = [MANAGER, "ControlGroup"]
+            body = await self._call(
+                SYSTEMD, MANAGER_PATH, PROPERTIES, "Get", "ss", asked
+            )
+        except SystemdError:
+            return None
+        value = body[0].value if body and isinstance(body[0], Variant) else None
+        return value if isinstance(value, str) else None
 
     def _bus_closed(self, _: object, bus: MessageBus) -> None:
         if bus is not self._bus:

@@ -54,6 +54,10 @@ class Manager(Protocol):
     #: is back (re-subscribed: every tracked unit's state should be re-read).
     on_lost: Callable[[str], None] | None
     on_restored: Callable[[], None] | None
+    #: The manager's own cgroup (its ``ControlGroup``, as
+    #: ``/proc/PID/cgroup`` writes paths), read at each (re)connection:
+    #: its units' cgroups are below it. ``None`` if it could not be read.
+    control_group: str | None
 
     def watch_unit(
         self, name: str, callback: Callable[[dict[str, Any]], None]

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from sdexec import protocol
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, SOCKET_ENV, SYSTEM_SOCKET
+from sdexec.refusal import quoted
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -195,7 +196,9 @@ class Requests:
         # close the connection (EPERM, EPROTO) and this is why.
         if message.get("matchtag") == 0 and "errnum" in message:
             self._closing_error = rpc_error(message)
-        return f"sdexec: ignoring a message that answers no request: {message!r}"
+        # Quoted short: a confused or hostile peer's message may be megabytes.
+        shown = quoted(message, 200)
+        return f"sdexec: ignoring a message that answers no request: {shown}"
 
 
 def rpc_error(message: dict[str, Any]) -> RPCError:

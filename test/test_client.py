@@ -216,6 +216,14 @@ def test_unknown_matchtag_is_ignored(served):
     assert (yield listing) == {"procs": []}
 
 
+def test_a_stray_message_is_logged_short():
+    # A confused or hostile peer's message may be megabytes.
+    requests = rpc.Requests("/run/sdexec.sock")
+    warning = requests.dispatch({"type": "response", "matchtag": 7, "x": "y" * 10**6})
+    assert warning is not None and len(warning) < 400
+    assert "chars)" in warning
+
+
 # -- exec streams -----------------------------------------------------------
 
 

@@ -18,6 +18,10 @@ naming the field:
 - **Message size** (:func:`check_start_message`): the whole
   ``StartTransientUnit`` call must stay under :data:`MAX_START_MESSAGE`, so
   that the manager is never sent a message that can abort it.
+- **Command size** (:func:`check_command_size`): every string of the command
+  object, what systemd is sent and what it is not (options, environment
+  names it refuses), counted against :data:`MAX_COMMAND`: the process keeps
+  its command for its life. ``E2BIG``.
 - **Lengths** (:func:`check_lengths`): ``cwd`` is a path (under
   :data:`PATH_MAX`), and what every ``list`` and stats answer repeats (the
   label, the job id) is a name, not a payload (:data:`MAX_NAME`).
@@ -38,6 +42,7 @@ from sdexec.refusal import RequestRefused, printable
 __all__ = [
     "KERNEL_ARG_CEILING",
     "MAX_ARG_STRLEN",
+    "MAX_COMMAND",
     "MAX_LISTED_CMDLINE",
     "MAX_NAME",
     "MAX_START_MESSAGE",
@@ -45,6 +50,7 @@ __all__ = [
     "PATH_MAX",
     "SYSTEMD_ENV_RESERVE",
     "arg_max",
+    "check_command_size",
     "check_exec_size",
     "check_lengths",
     "check_start_message",
@@ -126,6 +132,22 @@ _STRING_FRAMING: Final = 8
 _PROPERTY_FRAMING: Final = 512
 
 _POINTER: Final = struct.calcsize("P")
+
+#: The most bytes the strings of one command object may take, as
+#: :func:`check_command_size` counts them: every argument, every environment
+#: name and value (those sdexec drops included), every option name and value,
+#: ``cwd``, ``label`` and every channel name, each framed as a marshalled
+#: string. The process keeps its command for its life (``attached`` echoes
+#: it), so this bounds what each one holds of its request. Without it,
+#: options and the environment names systemd refuses were counted by no
+#: check: a 31.7 MB request was accepted, and each such background process
+#: held 45 MB. The same 2.5 MiB as :data:`MAX_START_MESSAGE`: what a command
+#: sends systemd is capped there already, and what it does not send (a few
+#: options, the odd exported shell function) is small.
+MAX_COMMAND: Final = MAX_START_MESSAGE
+#: The longest environment variable or option name an ``E2BIG`` of
+#: :func:`check_command_size` quotes whole.
+_QUOTED_NAME: Final = 64
 
 
 def _refuse_text(field: str, why: str) -> RequestRefused:
@@ -313,3 +335,90 @@ def check_start_message(
             f" sdexec sends systemd at most {MAX_START_MESSAGE} bytes",
         )
     return size
+
+
+def check_command_size(
+    cmdline: Sequence[str],
+    env: Mapping[str, str],
+    opts: Mapping[str, str],
+    cwd: str | None = None,
+    label: str | None = None,
+    channels: Sequence[str] = (),
+) -> int:
+    """The bytes of a command object's strings, each with a marshalled
+    string's framing; ``E2BIG`` if that exceeds :data:`MAX_COMMAND`, naming
+    the part (``cmd.env``, ``cmd.opts``...) that takes the most and its
+    largest entry.
+
+    Every string counts, whether systemd is sent it or not: ``env`` is the
+    request's whole environment, before the names systemd refuses and the
+    caller's systemd variables are dropped. The text must already have
+    passed :func:`check_texts`.
+    """
+    parts: dict[str, _Part] = {}
+    for part, entry, size in _command_entries(cmdline, env, opts, cwd, label, channels):
+        parts.setdefault(part, _Part()).add(entry, size)
+    total = sum(part.size for part in parts.values())
+    if total > MAX_COMMAND:
+        name, most = max(parts.items(), key=lambda item: item[1].size)
+        raise RequestRefused(
+            errno.E2BIG,
+            f"cmd: its strings take {total} bytes, more than the {MAX_COMMAND}"
+            f" a command may take (each string counted with {_STRING_FRAMING} bytes"
+            f" of framing); the most of them in {name}: {most.size} bytes in"
+            f" {most.count} {'entry' if most.count == 1 else 'entries'}, the"
+            f" largest {_entry_name(name, most.largest)} ({most.largest_size} bytes)",
+        )
+    return total
+
+
+class _Part:
+    """One part of a command object (``cmd.env``, ``cmd.opts``...) as
+    :func:`check_command_size` counts it."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.count = 0
+        self.largest: str | int | None = None
+        self.largest_size = -1
+
+    def add(self, entry: str | int | None, size: int) -> None:
+        self.size += size
+        self.count += 1
+        if size > self.largest_size:
+            self.largest, self.largest_size = entry, size
+
+
+def _command_entries(
+    cmdline: Sequence[str],
+    env: Mapping[str, str],
+    opts: Mapping[str, str],
+    cwd: str | None,
+    label: str | None,
+    channels: Sequence[str],
+) -> Iterator[tuple[str, str | int | None, int]]:
+    """``(part, entry, bytes)`` of every entry of a command object: an
+    argument or a channel by its index, a variable or an option by its name
+    (name and value counted together), ``cwd`` and ``label`` as a whole."""
+    for index, arg in enumerate(cmdline):
+        yield "cmd.cmdline", index, _framed(arg)
+    for part, mapping in (("cmd.env", env), ("cmd.opts", opts)):
+        for name, value in mapping.items():
+            yield part, name, _framed(name) + _framed(value)
+    for part, text in (("cmd.cwd", cwd), ("cmd.label", label)):
+        if text is not None:
+            yield part, None, _framed(text)
+    for index, channel in enumerate(channels):
+        yield "cmd.channels", index, _framed(channel)
+
+
+def _entry_name(part: str, entry: str | int | None) -> str:
+    """``cmd.cmdline[2]``, ``cmd.env.FOO``, ``cmd.cwd``: a long name cut, so
+    that the message stays short whatever the request named."""
+    if entry is None:
+        return part
+    if isinstance(entry, int):
+        return f"{part}[{entry}]"
+    if len(entry) > _QUOTED_NAME:
+        entry = entry[:_QUOTED_NAME] + "…"
+    return f"{part}.{printable(entry)}"

@@ -28,6 +28,7 @@ from sdexec.config import Config
 from sdexec.containment import Containment, MapperError
 from sdexec.idset import IDset
 from sdexec.limits import (
+    check_command_size,
     check_exec_size,
     check_lengths,
     check_start_message,
@@ -152,6 +153,17 @@ def plan_exec(
     environment = unit_environment(command.env)
     # Before the PATH search: a PATH of megabytes would cost as many stats.
     check_exec_size(command.cmdline[0], command.cmdline, environment)
+    # After the exec checks, which name one string exec refuses more
+    # precisely: this one counts what they do not (options, the names
+    # dropped from env), all of which the process keeps for its life.
+    check_command_size(
+        command.cmdline,
+        command.env,
+        command.opts,
+        command.cwd,
+        command.label,
+        command.channels,
+    )
     default_cwd = manager_working_directory(config)
     executable = command.resolve_executable(default_cwd)
     if executable is None and command.found_unexecutable(default_cwd):

@@ -302,6 +302,47 @@ def test_what_exec_cannot_take_is_e2big_and_never_reaches_systemd(
     assert names in errstr
 
 
+#: Larger than the command budget (docs/protocol.md, 2.5 MiB), in strings
+#: that systemd is never sent: each used to be accepted, and kept whole by
+#: its process for its life.
+OVER_BUDGET = 3 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [
+        # An option sdexec does not read.
+        ({"opts": {"x": "y" * OVER_BUDGET}}, "cmd.opts: 3145745 bytes in 1 entry"),
+        # Names systemd refuses: dropped from the unit's environment.
+        (
+            {"env": {f"0bad{k}": "z" * 100 for k in range(30_000)}},
+            "cmd.env: 3738890 bytes in 30000 entries",
+        ),
+        # The caller's systemd variables: dropped too.
+        ({"env": {"NOTIFY_SOCKET": "n" * OVER_BUDGET}}, "cmd.env.NOTIFY_SOCKET ("),
+    ],
+)
+def test_what_systemd_is_not_sent_still_counts_against_the_command_budget(
+    server, connection, change, names
+):
+    errnum, errstr = exec_refused(server, connection, {**TRUE, **change})
+    assert errnum == errno.E2BIG
+    assert errstr.startswith("cmd: its strings take ")
+    assert names in errstr
+
+
+def test_a_large_ordinary_command_is_within_the_budget(systemd, connection):
+    """A 100 KiB environment, exported shell functions (dropped), many
+    options, a long command line: well within the budget."""
+    env = {f"VAR_{k}": "v" * 1000 for k in range(100)}
+    env["BASH_FUNC_module%%"] = "() { eval $($LMOD_CMD bash $*); }" * 100
+    opts = {f"opt{k}": "o" * 100 for k in range(500)}
+    cmd = {"cmdline": ["/bin/true", *["arg"] * 10_000], "env": env,
+           "opts": {**opts, "SDEXEC_NAME": "sdexec-big"}}  # fmt: skip
+    connection.send("sdexec.exec", {"cmd": cmd, "flags": FLAGS})
+    assert systemd.calls[0] == ("start", "sdexec-big.service")
+
+
 def test_the_largest_single_argument_exec_takes_is_accepted(systemd, connection):
     from sdexec.limits import MAX_ARG_STRLEN
 
@@ -441,7 +482,8 @@ def test_refused_non_owners_do_not_hold_connections(systemd):
 
 
 def test_an_error_quoting_a_huge_value_is_bounded(connection):
-    opts = {"SDEXEC_STOP_TIMER_SEC": "x" * 10_000_000}
+    # 2 MB: within the command's budget (larger is E2BIG before it is read).
+    opts = {"SDEXEC_STOP_TIMER_SEC": "x" * 2_000_000}
     connection.send("sdexec.exec", {"cmd": {**TRUE, "opts": opts}, "flags": FLAGS})
     errnum, errstr = error_of(connection.last())
     assert errnum == errno.EINVAL

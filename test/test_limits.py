@@ -12,12 +12,14 @@ from strategies import any_text, commands
 from sdexec.limits import (
     KERNEL_ARG_CEILING,
     MAX_ARG_STRLEN,
+    MAX_COMMAND,
     MAX_LISTED_CMDLINE,
     MAX_NAME,
     MAX_START_MESSAGE,
     PATH_MAX,
     SYSTEMD_ENV_RESERVE,
     arg_max,
+    check_command_size,
     check_exec_size,
     check_lengths,
     check_start_message,
@@ -169,6 +171,48 @@ def test_start_message_cap() -> None:
     assert error.errnum == errno.E2BIG and "StartTransientUnit" in error.errstr
 
 
+#: What a marshalled string adds to its bytes, as the budget counts it.
+FRAMING = 8
+
+
+def test_every_string_of_a_command_counts_once_with_its_framing() -> None:
+    size = check_command_size(
+        ["ab", "c"], {"E": "vv"}, {"O": "w"}, "/d", "l", channels=["ch"]
+    )
+    strings = ["ab", "c", "E", "vv", "O", "w", "/d", "l", "ch"]
+    assert size == sum(len(text) + FRAMING for text in strings)
+    assert check_command_size(["é"], {}, {}) == 2 + FRAMING  # bytes, not characters
+
+
+def test_a_command_of_exactly_the_budget_is_taken_one_byte_more_is_e2big() -> None:
+    value = "x" * (MAX_COMMAND - len("/bin/true") - len("K") - 3 * FRAMING)
+    assert check_command_size(["/bin/true"], {}, {"K": value}) == MAX_COMMAND
+    error = refused(check_command_size, ["/bin/true"], {}, {"K": value + "x"})
+    assert error.errnum == errno.E2BIG
+    assert error.errstr.startswith(
+        f"cmd: its strings take {MAX_COMMAND + 1} bytes, more than the {MAX_COMMAND}"
+    )
+    assert f"the largest cmd.opts.K ({MAX_COMMAND - 16} bytes)" in error.errstr
+
+
+def test_the_refusal_names_the_part_that_takes_the_most() -> None:
+    many = {f"A{k}": "" for k in range(MAX_COMMAND // 16)}  # 2 strings each
+    error = refused(
+        check_command_size, ["/bin/true", "y" * 100_000], many, {"O": "z" * 200_000}
+    )
+    assert "the most of them in cmd.env: " in error.errstr
+    assert f"in {len(many)} entries, the largest cmd.env.A" in error.errstr
+    error = refused(check_command_size, ["a"] * (MAX_COMMAND // 9 + 1), {}, {})
+    assert "the largest cmd.cmdline[0] (9 bytes)" in error.errstr
+
+
+def test_a_long_name_is_cut_in_the_refusal() -> None:
+    name = "N" * 100_000
+    error = refused(check_command_size, ["a"], {name: "v" * MAX_COMMAND}, {})
+    assert f"cmd.env.{'N' * 64}… (" in error.errstr
+    assert len(error.errstr) < 400
+
+
 def test_the_working_directory_counts_in_the_start_message() -> None:
     args = ("a.service", "/bin/true", ["true"], {}, {})
     without = check_start_message(*args)
@@ -209,6 +253,7 @@ def test_checks_only_ever_refuse_with_request_refused(command: dict) -> None:
     try:
         check_command(command["cmdline"], command["env"], command["opts"])
         check_exec_size("/bin/x", command["cmdline"], command["env"])
+        check_command_size(command["cmdline"], command["env"], command["opts"])
         check_start_message(
             "u.service", "/bin/x", command["cmdline"], command["env"], command["opts"]
         )

@@ -17,6 +17,13 @@ tap. :class:`TrackedProcesses` finds processes by pid or label whatever
 their connection, answers ``wait`` and ``attach``, and keeps the ended
 waitable ones. The server's process table keys a background process by
 ``(NO_CLIENT, serial)``: it belongs to no connection.
+
+A ``wait`` answer and an ``attach`` replay are written whole, up to 8 times
+``retained-output`` as JSON, whether the client reads them or not. So that
+``max-waitable`` and ``max-background`` still bound that memory, a process
+forgotten while what was last sent of it waits unread in a paused
+connection's buffer keeps its slots counted until that connection has
+written everything (it resumes) or has closed.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import enum
 import errno
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 from sdexec.ioencode import encode_io
 from sdexec.limits import check_text
@@ -61,6 +68,18 @@ _OUTPUT_FLAGS = ExecFlag.STDOUT | ExecFlag.STDERR
 
 ProcessKey = tuple[int, int]
 _T = TypeVar("_T")
+
+
+class _Slot(NamedTuple):
+    """The caps a forgotten process still counts against while its last
+    responses wait unread."""
+
+    waitable: bool
+    background: bool
+
+
+#: A field of :class:`_Slot`: ``max-waitable``'s or ``max-background``'s.
+_Cap = Literal["waitable", "background"]
 
 
 class Mode(enum.StrEnum):
@@ -101,6 +120,11 @@ class Tracked:
     ) -> None:
         self.mode = mode
         self.waitable = waitable
+        #: Started in the background (counted against max-background).
+        self.background = mode is Mode.BACKGROUND
+        #: The connection last sent a response about the process: what it
+        #: was sent may still wait there, unread, once the process is gone.
+        self.sent_to: int | None = None
         self.retained = RetainedOutput(retained_size)
         #: Each output stream's ``<stream>_BUFSIZE``: an attach's replay is
         #: split as live output is.
@@ -152,13 +176,14 @@ class Tracked:
         if self.mode is Mode.BACKGROUND and kind == "started":
             self._answer_exec(payload)
         elif self._client is not None and self.mode is not Mode.BACKGROUND:
-            self._client.responder.respond(payload)
+            self._send(self._client, payload)
 
     def error(self, errnum: int, errstr: str) -> None:
         if errnum != errno.ENODATA:
             self.failure = (errnum, errstr)
         client, self._client = self._client, None
         if client is not None:
+            self.sent_to = client.connection_id
             client.responder.error(errnum, errstr)
         if self.attached:
             self._to_background()
@@ -172,7 +197,7 @@ class Tracked:
             self.retained.append(stream, data)
         client = self._client
         if self.attached and client is not None and client.forwards(stream):
-            client.responder.respond(self._output(stream, data, eof))
+            self._send(client, self._output(stream, data, eof))
 
     # -- requests ------------------------------------------------------------
 
@@ -201,18 +226,17 @@ class Tracked:
         if not self._started:
             raise RequestError(errno.EBUSY, f"{self._name}: not started yet")
         self.mode, self._client = Mode.ATTACHED, client
-        respond = client.responder.respond
-        respond(self._attached())
+        self._send(client, self._attached())
         for io in self.retained.io_objects(self._rank, self.bufsizes):
             if client.forwards(io["stream"]):
-                respond({"type": "output", "pid": self.pid, "io": io})
+                self._send(client, {"type": "output", "pid": self.pid, "io": io})
         for stream in STREAMS:
             ended = self.reaped or self.retained.at_eof(stream)
             if ended and client.forwards(stream):
-                respond(self._output(stream, b"", eof=True))
+                self._send(client, self._output(stream, b"", eof=True))
         if self.finished is not None:
             self._end_consumed = True
-            respond(self.finished)
+            self._send(client, self.finished)
         if self.reaped:
             self.error(*(self.failure or (errno.ENODATA, "")))
 
@@ -265,15 +289,20 @@ class Tracked:
     def _name(self) -> str:
         return f"pid {self.pid}" if self.pid > 0 else f"label {self.label!r}"
 
+    def _send(self, client: _Client, payload: dict[str, Any]) -> None:
+        self.sent_to = client.connection_id
+        client.responder.respond(payload)
+
     def _answer_exec(self, started: dict[str, Any]) -> None:
         client, self._client = self._client, None
         if client is not None:
-            client.responder.respond(started)
+            self._send(client, started)
 
     def _answer_waiter(self) -> None:
         waiter, self._waiter = self._waiter, None
         assert waiter is not None
         self._end_consumed = True
+        self.sent_to = waiter.connection_id
         if self.finished is None:
             waiter.responder.error(*(self.failure or (errno.EIO, "no exit status")))
             return
@@ -324,6 +353,11 @@ class TrackedProcesses:
         #: (not a walk of every background process at each pause and resume).
         #: An entry may have detached since: checked, and dropped, on use.
         self._attached: dict[int, dict[Process, Tracked]] = {}
+        #: Connections whose buffer of responses is full (paused).
+        self._paused: set[int] = set()
+        #: By paused connection, the slots of the processes forgotten while
+        #: what was last sent of them waits there unread.
+        self._unread: dict[int, list[_Slot]] = {}
 
     def prepare(
         self,
@@ -365,37 +399,53 @@ class TrackedProcesses:
         return plan, tracked
 
     def waitable_held(self) -> int:
-        """Waitable processes running, or ended and not yet waited for."""
+        """Waitable processes running, ended and not yet waited for, or
+        whose end was sent to a client that has not read it yet."""
         running = sum(1 for tracked in self._tracked.values() if tracked.waitable)
-        return running + len(self._ended)
+        return running + len(self._ended) + self._unread_slots("waitable")
 
     def _check_waitable_room(self, max_waitable: int) -> None:
         # Refused, not evicted: dropping the oldest ended one would lose a
         # status somebody may still wait for. Each ended one holds up to
-        # retained-output bytes, so this bounds the memory they take.
+        # retained-output bytes, and each answer not yet read up to 8 times
+        # that as JSON, so this bounds the memory they take.
         held = self.waitable_held()
         if held >= max_waitable:
             raise RequestError(
                 errno.EAGAIN,
                 f"flags: too many waitable processes: {held} running or"
-                " not yet waited for, the most [sdexec] max-waitable allows"
-                " (sdexec wait reaps one)",
+                f" not yet waited for{self._unread_note('waitable', 'answered')},"
+                " the most [sdexec] max-waitable allows (sdexec wait reaps one)",
             )
 
     def _check_background_room(self, max_background: int) -> None:
-        # Each holds up to retained-output bytes while it runs: without a
-        # bound on their number, that memory had none.
-        running = sum(
-            1
-            for tracked in self._tracked.values()
-            if tracked.mode is not Mode.STREAMING
-        )
+        # Each holds up to retained-output bytes while it runs, and an
+        # attach's replay not yet read up to 8 times that: without a bound
+        # on their number, that memory had none.
+        running = sum(1 for tracked in self._tracked.values() if tracked.background)
+        running += self._unread_slots("background")
         if running >= max_background:
             raise RequestError(
                 errno.EAGAIN,
-                f"too many background processes: {running} running, the most"
+                f"too many background processes: {running} running"
+                f"{self._unread_note('background', 'ended')}, the most"
                 " [sdexec] max-background allows",
             )
+
+    def _unread_slots(self, cap: _Cap) -> int:
+        """Forgotten processes still counted against ``cap`` (a
+        :class:`_Slot` field): their last responses are not yet read."""
+        return sum(
+            getattr(slot, cap) for slots in self._unread.values() for slot in slots
+        )
+
+    def _unread_note(self, cap: _Cap, done: str) -> str:
+        """What the refusal of ``cap`` says of the slots it counts for
+        responses not yet read (nothing if none)."""
+        unread = self._unread_slots(cap)
+        if not unread:
+            return ""
+        return f" ({unread} of them {done}, not yet read by the client)"
 
     def new_key(self) -> ProcessKey:
         """The process table key of a new background process."""
@@ -408,10 +458,32 @@ class TrackedProcesses:
     def reaped(self, process: Process) -> None:
         """The server reaped ``process``: keep its end if it is waitable."""
         tracked = self._tracked.pop(process, None)
-        if tracked is not None and tracked.process_reaped():
-            self._ended.append(tracked)
+        if tracked is not None:
+            if tracked.process_reaped():
+                self._ended.append(tracked)
+            else:
+                self._forget(tracked)
         for attached in self._attached.values():
             attached.pop(process, None)
+
+    def _forget(self, tracked: Tracked) -> None:
+        """``tracked`` is done with; while what was last sent of it waits
+        unread in a paused connection, its slots stay counted."""
+        connection_id = tracked.sent_to
+        if connection_id is not None and connection_id in self._paused:
+            slot = _Slot(tracked.waitable, tracked.background)
+            self._unread.setdefault(connection_id, []).append(slot)
+
+    def connection_paused(self, connection_id: int) -> None:
+        """The connection's buffer of responses is full: what is sent to it
+        now waits there, unread."""
+        self._paused.add(connection_id)
+
+    def connection_resumed(self, connection_id: int) -> None:
+        """The connection has written out everything it was sent: the
+        processes forgotten meanwhile count no more."""
+        self._paused.discard(connection_id)
+        self._unread.pop(connection_id, None)
 
     def mode(self, process: Process) -> Mode:
         tracked = self._tracked.get(process)
@@ -442,7 +514,9 @@ class TrackedProcesses:
                 del attached[process]
 
     def connection_lost(self, connection_id: int) -> None:
-        """Forget the connection's waits and attaches."""
+        """Forget the connection's waits and attaches, and what it had not
+        yet written."""
+        self.connection_resumed(connection_id)
         self._attached.pop(connection_id, None)
         for tracked in [*self._tracked.values(), *self._ended]:
             if tracked.connected_to(connection_id):
@@ -473,6 +547,7 @@ class TrackedProcesses:
     def _forget_if_consumed(self, tracked: Tracked) -> None:
         if tracked.reaped and tracked in self._ended:
             self._ended.remove(tracked)
+            self._forget(tracked)
 
     def _find(
         self, pid: int | None, label: str | None, errnum: int, untracked: str

@@ -1001,12 +1001,16 @@ class ClientProtocol(StdioReceivingProtocol):
     # connection's requests stop until the client has read everything.
     def pauseProducing(self) -> None:
         self._paused = True
+        self.server.tracked.connection_paused(self.connection_id)
         if not self.transport.disconnecting:  # (a closing one reads nothing)
             self.transport.pauseProducing()  # read no more requests
         for process in self._producing():
             process.pause_output()
 
     def resumeProducing(self) -> None:
+        # Everything sent is written out (Twisted resumes a producer only
+        # once its buffer is empty).
+        self.server.tracked.connection_resumed(self.connection_id)
         if self.transport.disconnecting:
             self._let_close()
             return

@@ -33,11 +33,47 @@ class PeerTransport(StringTransport):
         self.peer.close()
 
 
-class Connection:
-    """One client connection to ``server``, in memory."""
+class BufferingTransport(PeerTransport):
+    """A :class:`PeerTransport` whose buffer fills as a socket transport's
+    does: once more than ``bufferSize`` bytes wait unread, its streaming
+    producer (the connection) is paused; :meth:`read` takes everything and
+    resumes it, as Twisted does once its buffer is empty."""
 
-    def __init__(self, server: SdexecServer) -> None:
-        self.transport = PeerTransport()
+    bufferSize = 64 * 1024
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: Bytes written that the client has not read.
+        self.unread = 0
+        self._producer_paused = False
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        self.unread += len(data)
+        if (
+            self.unread > self.bufferSize
+            and self.streaming
+            and not self._producer_paused
+        ):
+            self._producer_paused = True
+            self.producer.pauseProducing()
+
+    def read(self) -> None:
+        """The client reads all that waits."""
+        self.unread = 0
+        if self._producer_paused:
+            self._producer_paused = False
+            self.producer.resumeProducing()
+
+
+class Connection:
+    """One client connection to ``server``, in memory (on ``transport``,
+    else a :class:`PeerTransport`, which never fills)."""
+
+    def __init__(
+        self, server: SdexecServer, transport: PeerTransport | None = None
+    ) -> None:
+        self.transport = transport or PeerTransport()
         self.protocol = SdexecServerFactory(server).buildProtocol(None)
         self.protocol.makeConnection(self.transport)
 

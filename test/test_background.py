@@ -13,7 +13,7 @@ import signal
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from offline import Connection, error_of, read_to_eof
+from offline import BufferingTransport, Connection, error_of, read_to_eof
 from pytest_twisted import ensureDeferred
 from strategies import malformed_target_payloads
 from test_server import FLAGS, TRUE, UNIT
@@ -113,9 +113,9 @@ async def until(condition, what: str) -> None:
     raise AssertionError(f"never happened: {what}")
 
 
-def produce(systemd: FakeManager, stream: str, data: bytes) -> None:
+def produce(systemd: FakeManager, stream: str, data: bytes, unit: str = UNIT) -> None:
     """The process writes ``data`` to ``stream`` (all of it)."""
-    with os.fdopen(os.dup(systemd.process_fd(UNIT, stream)), "wb") as fd:
+    with os.fdopen(os.dup(systemd.process_fd(unit, stream)), "wb") as fd:
         fd.write(data)
 
 
@@ -341,6 +341,140 @@ async def test_waitable_processes_held_are_capped_until_one_is_waited_for(system
     client.bg(flags=WAITABLE, matchtag=6, SDEXEC_NAME="sdexec-y")
     assert ("start", "sdexec-y.service") in systemd.calls
     assert server.tracked.waitable_held() == 2
+    client.close()
+
+
+#: A line that is 6 times its size as JSON (``\u0001`` a byte): an answer
+#: carrying it fills a connection's 256 KiB buffer.
+CONTROL_BYTES = b"\x01" * (64 * 1024 - 1) + b"\n"
+
+
+def unreading_client(server: SdexecServer) -> Client:
+    """A client that reads nothing until its test says so
+    (``transport.read()``): its connection pauses once its buffer is full."""
+    return Client(server, BufferingTransport())
+
+
+async def ended_with_output(systemd, server, client, units: list[str]) -> list[str]:
+    """Waitable background processes of ``units`` (labelled by unit), each
+    of which wrote :data:`CONTROL_BYTES` and ended, kept for a wait: those
+    whose exec was not refused."""
+    for unit in units:
+        client.bg(flags=WAITABLE, label=unit, SDEXEC_NAME=unit)
+    started = [unit for unit in units if ("start", f"{unit}.service") in systemd.calls]
+    for pid, unit in enumerate(started, start=10):
+        systemd.run(f"{unit}.service", pid=pid)
+        produce(systemd, "stdout", CONTROL_BYTES, unit=f"{unit}.service")
+    retained = [tracked.retained for tracked in server.tracked._tracked.values()]
+    await until(
+        lambda: all(kept.held == len(CONTROL_BYTES) for kept in retained), "kept"
+    )
+    for unit in started:
+        systemd.exit(f"{unit}.service", status=0)
+    await until(lambda: not server.processes, "reaped")
+    return started
+
+
+@ensureDeferred
+async def test_wait_answers_not_yet_read_keep_their_waitable_slots(systemd):
+    """Audit (bounds) finding 2: an answered wait freed its slot though its
+    answer, 6 times the output as JSON, still sat unread in the buffer of a
+    client that never reads: the next waitable processes could be waited
+    for by another such client, and so on (72 MiB held against the 4 MiB
+    that max-waitable x retained-output promised)."""
+    server = make_server(systemd, **{"max-waitable": 2, "retained-output": "64K"})
+    client, sleeper = Client(server), unreading_client(server)
+    await ended_with_output(systemd, server, client, ["sdexec-w1", "sdexec-w2"])
+    sleeper.send("sdexec.wait", {"label": "sdexec-w1"}, matchtag=1)
+    sleeper.send("sdexec.wait", {"label": "sdexec-w2"}, matchtag=2)  # held: paused
+    assert sleeper.transport.unread > 6 * len(CONTROL_BYTES)
+    client.bg(flags=WAITABLE, matchtag=3, SDEXEC_NAME="sdexec-x")
+    assert payloads(client.of(3)) == [
+        (
+            errno.EAGAIN,
+            "flags: too many waitable processes: 2 running or not yet waited for"
+            " (1 of them answered, not yet read by the client), the most"
+            " [sdexec] max-waitable allows (sdexec wait reaps one)",
+        )
+    ]
+    sleeper.transport.read()  # the first answer read; the second is sent
+    assert sleeper.transport.unread > 6 * len(CONTROL_BYTES)
+    assert server.tracked.waitable_held() == 1
+    sleeper.transport.read()
+    assert server.tracked.waitable_held() == 0
+    client.bg(flags=WAITABLE, matchtag=4, SDEXEC_NAME="sdexec-y")
+    assert ("start", "sdexec-y.service") in systemd.calls
+    assert [r["payload"]["status"] for r in sleeper.responses()] == [0, 0]
+    sleeper.close()
+    client.close()
+
+
+@ensureDeferred
+async def test_the_memory_of_unread_wait_answers_stays_within_max_waitable(systemd):
+    """The audit's reproduction: round after round of waits answered to
+    clients that never read. Only the first round's processes can be held."""
+    server = make_server(systemd, **{"max-waitable": 2, "retained-output": "64K"})
+    client = Client(server)
+    sleepers = []
+    for turn in range(3):
+        units = [f"sdexec-r{turn}-{index}" for index in range(2)]
+        started = await ended_with_output(systemd, server, client, units)
+        sleeper = unreading_client(server)
+        for matchtag, unit in enumerate(started, start=1):
+            sleeper.send("sdexec.wait", {"label": unit}, matchtag=matchtag)
+        sleepers.append(sleeper)
+    unread = sum(sleeper.transport.unread for sleeper in sleepers)
+    # Each answer is at most 8 times the retained output as JSON.
+    assert 6 * len(CONTROL_BYTES) < unread <= 2 * 8 * len(CONTROL_BYTES)
+    assert len([call for call in systemd.calls if call[0] == "start"]) == 2
+    for sleeper in sleepers:
+        sleeper.close()
+    client.close()
+
+
+@ensureDeferred
+async def test_an_attach_replay_not_yet_read_keeps_the_slot_of_the_end_it_took(
+    systemd,
+):
+    server = make_server(systemd, **{"max-waitable": 1, "retained-output": "64K"})
+    client, viewer = Client(server), unreading_client(server)
+    await ended_with_output(systemd, server, client, ["sdexec-w"])
+    viewer.send("sdexec.attach", {"label": "sdexec-w"}, matchtag=1)
+    assert payloads(viewer.of(1))[-1] == (errno.ENODATA, "")  # it took the end
+    client.bg(flags=WAITABLE, matchtag=2, SDEXEC_NAME="sdexec-x")
+    assert error_of(client.last())[0] == errno.EAGAIN
+    viewer.close()  # what it had not read is gone with it
+    client.bg(flags=WAITABLE, matchtag=3, SDEXEC_NAME="sdexec-y")
+    assert ("start", "sdexec-y.service") in systemd.calls
+    client.close()
+
+
+@ensureDeferred
+async def test_a_background_process_whose_replay_is_unread_counts_after_it_ends(
+    systemd,
+):
+    server = make_server(systemd, **{"max-background": 1, "retained-output": "64K"})
+    client, viewer = Client(server), unreading_client(server)
+    client.bg(label="a")
+    systemd.run(UNIT, pid=8)
+    produce(systemd, "stdout", CONTROL_BYTES)
+    systemd.release(UNIT)  # both streams at EOF: nothing left to pause
+    retained = tracked_of(server).retained
+    await until(lambda: retained.at_eof("stdout") and retained.at_eof("stderr"), "EOF")
+    viewer.send("sdexec.attach", {"label": "a"}, matchtag=1)
+    await finish(systemd, server)
+    client.bg(matchtag=2, SDEXEC_NAME="sdexec-b")
+    assert payloads(client.of(2)) == [
+        (
+            errno.EAGAIN,
+            "too many background processes: 1 running (1 of them ended, not yet"
+            " read by the client), the most [sdexec] max-background allows",
+        )
+    ]
+    viewer.transport.read()
+    client.bg(matchtag=3, SDEXEC_NAME="sdexec-c")
+    assert ("start", "sdexec-c.service") in systemd.calls
+    viewer.close()
     client.close()
 
 

@@ -222,10 +222,10 @@ class LostUnitKill:
         if done.refused:
             reason = lost_unit_reason(self.unit)
             log.error(
-                "{unit}: {count} processes left outside any unit may not be"
+                "{unit}: {processes} left outside any unit may not be"
                 " signalled: {reason}",
                 unit=self.unit,
-                count=len(done.refused),
+                processes=_processes(len(done.refused)),
                 reason=reason,
             )
             self._drain(reason)
@@ -238,9 +238,13 @@ class LostUnitKill:
             return Signalled()
         if done.sent:
             log.warn(
-                "{unit}: {count} processes left outside any unit: {signal} sent",
+                "{unit}: {processes} left outside any unit: {signal} sent",
                 unit=self.unit,
-                count=len(done.sent),
+                processes=_processes(len(done.sent)),
                 signal=signal_name(signum),
             )
         return done
+
+
+def _processes(count: int) -> str:
+    return f"{count} process" if count == 1 else f"{count} processes"

@@ -13,9 +13,10 @@ import pytest
 from pytest_twisted import ensureDeferred
 from twisted.internet import reactor
 from twisted.internet.error import ConnectionDone
-from twisted.internet.task import deferLater
+from twisted.internet.task import Clock, deferLater
 from twisted.internet.testing import StringTransport
 from twisted.internet.threads import deferToThread
+from twisted.logger import globalLogPublisher
 from twisted.python import log
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
@@ -216,6 +217,28 @@ def test_connections_closed_to_make_room_count_until_they_are_gone():
 def test_idle_connections_are_closed_sooner_than_twisteds_minute(site_port):
     site, _port = site_port
     assert site.timeOut == STATS_TIMEOUT < 60
+
+
+def test_idle_connections_are_closed_without_a_log_line():
+    # Twisted's "Timing out client" for each: any local user could put 64
+    # lines in the journal every STATS_TIMEOUT seconds, for ever.
+    clock, logged = Clock(), []
+    site = stats_site(lambda: {})
+    idle = [site.buildProtocol(None) for _ in range(3)]
+    globalLogPublisher.addObserver(logged.append)
+    try:
+        for channel in idle:
+            channel.callLater = clock.callLater  # as the site gives it its reactor's
+            channel.makeConnection(StringTransport())
+        clock.advance(STATS_TIMEOUT)
+    finally:
+        globalLogPublisher.removeObserver(logged.append)
+    assert all(channel.transport.disconnecting for channel in idle)
+    assert logged == []
+    assert clock.getDelayedCalls() == []  # no later abort (nor its log line)
+    for channel in idle:
+        channel.connectionLost(Failure(ConnectionDone()))
+    assert site.channels == {}
 
 
 @ensureDeferred

@@ -26,7 +26,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from sdexec.admission import ConnectionCount
+from sdexec.admission import ConnectionCount, RefusalLog
 from sdexec.background import TrackedProcesses, parse_target
 from sdexec.config import Config
 from sdexec.containment import (
@@ -71,6 +71,10 @@ def peer_uid(sock: socket.socket) -> int:
     _pid, uid, _gid = struct.unpack("3i", creds)
     return uid
 
+
+#: Seconds between two log lines about one uid's refused connections (a peer
+#: that may not use the service): each refusal is counted under ``errors``.
+STRANGER_LOG_INTERVAL = 60.0
 
 #: The signals the units a shutdown cannot stop get, one per grace without
 #: progress (their stop-timer signal, then SIGKILL), before it gives up;
@@ -142,6 +146,8 @@ class SdexecServer:
         self.jobs = Jobs(self.drain, self.count)
         #: Open connections per peer uid, against the configured caps.
         self.connections = ConnectionCount()
+        #: Connections refused to peers that may not use the service.
+        self.strangers = RefusalLog(STRANGER_LOG_INTERVAL)
         #: Whether a unit must outlive its receipt's GetAll: cgroup v2 (tests
         #: set it).
         self.receipt_reads_cgroup = reads_unit_cgroups()
@@ -710,7 +716,6 @@ class ClientProtocol(StdioReceivingProtocol):
         self.server = server
         self.max_frame = server.config.sdexec.max_frame_size
         self.connection_id = server.new_connection_id()
-        self.authorized = False
         #: The peer's uid once its connection was admitted (counted).
         self._admitted_uid: int | None = None
         #: A write refused without a matchtag has been logged (once only:
@@ -738,12 +743,34 @@ class ClientProtocol(StdioReceivingProtocol):
         except OSError as error:
             log.warn("cannot read peer credentials: {error}", error=error)
             uid = -1
-        self.authorized = uid in self.server.allowed_uids
-        if not self.authorized:
-            log.warn("refusing requests from uid {uid}", uid=uid)
+        if uid not in self.server.allowed_uids:
+            self._refuse_stranger(uid)
+            return
         self.transport.registerProducer(self, True)
         self.transport.bufferSize = CLIENT_BUFFER_SIZE
         self._admit(uid)
+
+    def _refuse_stranger(self, uid: int) -> None:
+        """EPERM (matchtag 0, the connection's only message) for a peer that
+        may not use the service, and close, before it is counted against
+        the caps: a connection that can do nothing must not hold one of our
+        fds, nor a slot, waiting for a request it may never send."""
+        self.server.count("errors")
+        if self.server.strangers.first(uid, self.server.clock.seconds()):
+            log.warn(
+                "refusing connections from uid {uid}: neither the service's owner"
+                " nor in [sdexec] allow-users (logged once per {interval:g}s)",
+                uid=uid,
+                interval=self.server.strangers.interval,
+            )
+        self._send_error(
+            "",
+            0,
+            errno.EPERM,
+            "only the service's owner may use it (and the users of its"
+            " [sdexec] allow-users)",
+        )
+        self.transport.loseConnection()
 
     def _admit(self, uid: int) -> None:
         """Count the connection against the caps, or refuse it (EAGAIN, the
@@ -800,11 +827,6 @@ class ClientProtocol(StdioReceivingProtocol):
         valid_matchtag = _is_integer(matchtag)
         reply_topic = topic if _is_text(topic) else ""
         reply_matchtag = matchtag if isinstance(matchtag, int) and valid_matchtag else 0
-        if not self.authorized:
-            # Before any other check: a stranger learns nothing from us
-            # but EPERM, and keeps no connection open by sending bad ones.
-            self._refuse_unauthorized(reply_topic, reply_matchtag)
-            return
         try:
             result = self._dispatch(message, topic, matchtag, valid_matchtag)
         except RequestRefused as error:
@@ -884,19 +906,6 @@ class ClientProtocol(StdioReceivingProtocol):
             )
         return handler(matchtag, payload)
 
-    def _refuse_unauthorized(self, topic: str, matchtag: int) -> None:
-        """EPERM for a peer that may not use the service, then close: a
-        connection that can do nothing must not hold one of our fds."""
-        self.server.count("errors")
-        self._send_error(
-            topic,
-            matchtag,
-            errno.EPERM,
-            "only the service's owner may use it (and the users of its"
-            " [sdexec] allow-users)",
-        )
-        self.transport.loseConnection()
-
     def _exec(self, matchtag: int, payload: dict) -> None:
         stdio = PassedStdio(self.take_request_fds())
         try:
@@ -912,13 +921,9 @@ class ClientProtocol(StdioReceivingProtocol):
         self._in_order(partial(self._refuse_descriptors, message, reason))
 
     def _refuse_descriptors(self, message: dict, reason: str) -> None:
+        if self.transport.disconnecting:
+            return  # closing (a refused peer): as in messageReceived
         topic, matchtag = message.get("topic"), message.get("matchtag")
-        if not self.authorized:  # a stranger learns nothing but EPERM
-            self._refuse_unauthorized(
-                topic if _is_text(topic) else "",
-                matchtag if _is_integer(matchtag) and matchtag >= 0 else 0,
-            )
-            return
         self.server.count("errors")
         self._send_error(
             topic if isinstance(topic, str) else "",

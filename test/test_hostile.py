@@ -15,13 +15,14 @@ from pytest_twisted import ensureDeferred
 from strategies import deeply_nested, json_line
 from twisted.internet import reactor
 from twisted.internet.task import Clock, deferLater
+from twisted.logger import formatEvent, globalLogPublisher
 
 import sdexec.process
 from sdexec.config import parse_config
 from sdexec.idset import MAX_ID
 from sdexec.ioencode import encode_io
 from sdexec.limits import MAX_ARG_STRLEN, MAX_LISTED_CMDLINE
-from sdexec.server import MAX_ERRSTR, SdexecServer
+from sdexec.server import MAX_ERRSTR, STRANGER_LOG_INTERVAL, SdexecServer
 from sdexec.testing import FakeManager
 from sdexec.wire import MAX_NESTING, SMALL_LINE
 
@@ -188,12 +189,12 @@ def test_a_target_that_is_not_text_is_einval_naming_it(
 def test_a_non_owner_is_answered_eperm_then_closed(server):
     server.owner_uid = os.getuid() + 1
     intruder = Connection(server)
-    intruder.send("sdexec.list", {}, matchtag=8)
+    intruder.send("sdexec.list", {}, matchtag=8)  # too late: not served
     assert intruder.responses() == [
         {
             "type": "response",
-            "topic": "sdexec.list",
-            "matchtag": 8,
+            "topic": "",
+            "matchtag": 0,
             "errnum": errno.EPERM,
             "errstr": "only the service's owner may use it (and the users of its"
             " [sdexec] allow-users)",
@@ -439,7 +440,8 @@ def test_an_unknown_property_systemd_refuses_is_einval_naming_it(systemd):
 def test_connections_over_a_cap_are_refused_eagain_and_closed(
     systemd, limits, owner, key
 ):
-    server = SdexecServer(systemd, parse_config({"sdexec": limits}), reactor)
+    allowed = {"allow-users": [os.getuid()]}  # another user, let in
+    server = SdexecServer(systemd, parse_config({"sdexec": limits | allowed}), reactor)
     if not owner:
         server.owner_uid = os.getuid() + 1  # this process is another user
     admitted = [Connection(server) for _ in range(3)]
@@ -479,6 +481,48 @@ def test_refused_non_owners_do_not_hold_connections(systemd):
         assert intruder.transport.disconnecting
         intruder.close()  # what the reactor does once the EPERM is written
     assert server.connections.total == 0
+
+
+def test_a_stranger_that_sends_nothing_is_refused_at_once_and_not_counted(systemd):
+    # A stranger's idle connections held an fd and a cap slot each, for
+    # ever: ceil(max-connections / 16) users locked the owner out.
+    limits = {"max-connections": 4, "max-connections-per-user": 2}
+    server = SdexecServer(systemd, parse_config({"sdexec": limits}), reactor)
+    server.owner_uid = os.getuid() + 1  # this process is a stranger
+    strangers = [Connection(server) for _ in range(10)]
+    for stranger in strangers:
+        (refusal,) = stranger.responses()  # before it sent anything
+        assert (refusal["matchtag"], refusal["errnum"]) == (0, errno.EPERM)
+        assert stranger.transport.disconnecting
+    assert server.connections.total == 0
+    assert server.counters["errors"] == 10
+    server.owner_uid = os.getuid()  # the owner's next connection is served
+    owner = Connection(server)
+    owner.send("sdexec.list", {})
+    assert owner.last()["payload"]["procs"] == []
+    for connection in [*strangers, owner]:
+        connection.close()
+    assert server.connections.total == 0
+
+
+def test_a_strangers_refusals_are_logged_once_per_interval(systemd):
+    clock, logged = Clock(), []
+    server = SdexecServer(systemd, parse_config({}), reactor, clock=clock)
+    server.owner_uid = os.getuid() + 1
+    globalLogPublisher.addObserver(logged.append)
+    try:
+        for _ in range(3):
+            for _ in range(100):
+                Connection(server).close()
+            clock.advance(STRANGER_LOG_INTERVAL)
+    finally:
+        globalLogPublisher.removeObserver(logged.append)
+    line = (
+        f"refusing connections from uid {os.getuid()}: neither the service's"
+        " owner nor in [sdexec] allow-users (logged once per 60s)"
+    )
+    assert [formatEvent(event) for event in logged] == [line] * 3
+    assert server.counters["errors"] == 300
 
 
 def test_an_error_quoting_a_huge_value_is_bounded(connection):

@@ -287,12 +287,13 @@ def test_mismatched_descriptors_are_eproto_and_closed(
 
 
 def test_a_strangers_descriptors_get_eperm_and_the_connection_closes(server):
-    """Not the detail of what is wrong with them, on a connection kept open."""
+    """Not the detail of what is wrong with them, on a connection kept open:
+    refused when it connected, it is answered nothing more."""
     server.owner_uid = os.getuid() + 1
     stranger = Connection(server)
     passed, kept = pipes(1)
     deliver(stranger, request("sdexec.list", {}, 3), passed)
-    assert errors(stranger) == [(3, errno.EPERM, STRANGER)]
+    assert errors(stranger) == [(0, errno.EPERM, STRANGER)]
     assert stranger.transport.disconnecting
     for fd in passed + kept:
         os.close(fd)

@@ -734,7 +734,10 @@ class ClientProtocol(StdioReceivingProtocol):
         }
         #: Whether the transport has paused us: its buffer of responses is full.
         self._paused = False
-        #: What was read but not yet handled, oldest first (while paused).
+        #: Requests whose answer is a Deferred not fired yet (kills).
+        self._unanswered = 0
+        #: What was read but not yet handled, oldest first (while paused, or
+        #: at the cap of requests awaiting their answer).
         self._held: deque[_Held] = deque()
 
     def connectionMade(self) -> None:
@@ -855,17 +858,34 @@ class ClientProtocol(StdioReceivingProtocol):
         if result is None:
             return
         if isinstance(result, defer.Deferred):
-            result.addCallbacks(
-                lambda payload: self._send(reply_topic, reply_matchtag, payload),
-                lambda failure: self._send_error(
-                    reply_topic,
-                    reply_matchtag,
-                    _errno_of(failure.value),
-                    failure.getErrorMessage(),
-                ),
-            )
+            self._answer_later(result, reply_topic, reply_matchtag)
         else:
             self._send(reply_topic, reply_matchtag, result)
+
+    def _answer_later(self, answer: defer.Deferred, topic: str, matchtag: int) -> None:
+        """Send ``answer``'s outcome once it comes; until then the request
+        counts against :data:`MAX_UNANSWERED`, and at the cap no more of the
+        connection's requests are read."""
+        answer.addCallbacks(
+            lambda payload: self._send(topic, matchtag, payload),
+            lambda failure: self._send_error(
+                topic, matchtag, _errno_of(failure.value), failure.getErrorMessage()
+            ),
+        )
+        if answer.called:
+            return  # answered at once
+        self._unanswered += 1
+        answer.addBoth(self._answered)
+        if self._too_many_unanswered:
+            self.transport.pauseProducing()  # read no more requests
+
+    def _answered(self, result: object) -> object:
+        was_full = self._too_many_unanswered
+        self._unanswered -= 1
+        if was_full:
+            self._handle_held()  # before anything newer: in order
+            self._resume_reading()
+        return result  # a failure to send the answer is still reported
 
     def _log_silent_write_refusal(self, errstr: str) -> None:
         if not self._silent_write_refused:
@@ -975,8 +995,18 @@ class ClientProtocol(StdioReceivingProtocol):
     @property
     def _holding(self) -> bool:
         """Whether what is read now must wait: the connection is paused, or
-        what was read before still waits (responses keep the requests' order)."""
-        return self._paused or bool(self._held)
+        has too many requests awaiting their answer, or what was read
+        before still waits (responses keep the requests' order)."""
+        return self._paused or self._too_many_unanswered or bool(self._held)
+
+    @property
+    def _too_many_unanswered(self) -> bool:
+        return self._unanswered >= MAX_UNANSWERED
+
+    def _resume_reading(self) -> None:
+        """Read requests again, unless something still holds them."""
+        if not self._holding:
+            self.transport.resumeProducing()
 
     def _hold(self, handle: Callable[[], object], fds: Sequence[int] = ()) -> None:
         self._held.append(_Held(handle, tuple(fds)))
@@ -989,8 +1019,13 @@ class ClientProtocol(StdioReceivingProtocol):
             handle()
 
     def _handle_held(self) -> None:
-        """Handle what was held, oldest first, until paused again."""
-        while self._held and not self._paused and not self.transport.disconnecting:
+        """Handle what was held, oldest first, until paused again (or at
+        the cap of requests awaiting their answer)."""
+        while (
+            self._held
+            and not (self._paused or self._too_many_unanswered)
+            and not self.transport.disconnecting
+        ):
             request = self._held.popleft()
             self.request_fds = list(request.fds)  # as when its frame was read
             try:
@@ -1025,7 +1060,7 @@ class ClientProtocol(StdioReceivingProtocol):
             return  # the held requests filled the buffer again, or ended it
         for process in self._producing():
             process.resume_output()
-        self.transport.resumeProducing()
+        self._resume_reading()
 
     def _let_close(self) -> None:
         """Twisted resumes a producer that was paused when its connection was
@@ -1067,6 +1102,17 @@ def _streaming(message: dict) -> bool:
 #: the next loop pass: 28 % of the service's CPU for text output
 #: (docs/performance.md).
 CLIENT_BUFFER_SIZE = 256 * 1024
+
+#: Requests of one connection that may await their answer at once: kills,
+#: answered once systemd has (or, before the process's ``started``, once it
+#: has started). Such a request sends nothing until then, so the response
+#: back-pressure never stopped a client sending them: one connection queued
+#: 100,000 ``KillUnit`` calls (224 MB) in the call window every client
+#: shares, ahead of every other client's ``StartTransientUnit``. At the cap
+#: its requests are no longer read until one is answered: nothing is lost,
+#: the client is slowed. 64: the window's own default (``[systemd]
+#: max-inflight``), and as many kills as one process holds for its start.
+MAX_UNANSWERED = 64
 
 #: The longest ``errstr`` sent: a message quoting a request's value (a
 #: 10 MB option) must not become a frame the client cannot take.

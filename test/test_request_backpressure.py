@@ -1,7 +1,9 @@
 """Back-pressure on requests: a client that sends requests and does not read
 the responses pauses the reading of its own requests, so the service's
 buffers stay bounded whatever it sends (it used to buffer every response:
-100,000 ``sdexec.stats-get`` unread grew the service by 220 MB).
+100,000 ``sdexec.stats-get`` unread grew the service by 220 MB). So does
+one with too many requests awaiting systemd's answer, which send nothing
+until then (100,000 kills queued as many calls to systemd: 224 MB).
 
 Offline: the pause and resume logic on the in-memory connection (requests
 read while paused wait, in order, with the descriptors they brought).
@@ -22,10 +24,15 @@ import pytest_twisted
 from offline import Connection, error_of
 from pytest_twisted import ensureDeferred
 from support import command, run, sleep, until, wait_until_reaped
-from twisted.internet import reactor
+from twisted.internet import defer, reactor
 
 from sdexec.protocol import ExecFlag
-from sdexec.server import CLIENT_BUFFER_SIZE, ClientProtocol, SdexecServerFactory
+from sdexec.server import (
+    CLIENT_BUFFER_SIZE,
+    MAX_UNANSWERED,
+    ClientProtocol,
+    SdexecServerFactory,
+)
 
 STATS = "sdexec.stats-get"
 #: A response larger than this would show in the bound; a stats-get answer
@@ -191,6 +198,119 @@ def test_a_disconnect_while_paused_closes_the_held_descriptors(server, ends):
     connection.close()
     assert open_fds() <= before
     assert server.processes == {}
+
+
+# -- offline: requests awaiting systemd's answer ---------------------------------
+
+KILL = "sdexec.kill"
+
+
+@pytest.fixture
+def kills_held(systemd, monkeypatch) -> list[defer.Deferred]:
+    """systemd's answers to ``KillUnit``, not given until a test fires them."""
+    held: list[defer.Deferred] = []
+
+    def kill_unit(name: str, who: str, signal: int) -> defer.Deferred:
+        systemd.calls.append(("kill", who, signal))
+        held.append(defer.Deferred())
+        return held[-1]
+
+    monkeypatch.setattr(systemd, "kill_unit", kill_unit)
+    return held
+
+
+def running(systemd, connection: Connection) -> None:
+    """A process of ``connection`` that runs (pid 77): kills go to systemd."""
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE}, matchtag=1)
+    systemd.run(UNIT, pid=77)
+
+
+def kills(first: int, count: int) -> bytes:
+    payload = {"signum": 10, "pid": 77}
+    return b"".join(request(KILL, payload, tag) for tag in range(first, first + count))
+
+
+def kill_tags(connection: Connection) -> list[int]:
+    return [r["matchtag"] for r in connection.responses() if r["topic"] == KILL]
+
+
+def test_kills_awaiting_systemd_stop_the_reading_at_the_cap(
+    systemd, connection, kills_held
+):
+    # Each kill sent nothing until systemd answered, so nothing paused a
+    # client sending them: 100,000 were queued in the call window.
+    running(systemd, connection)
+    first = 100
+    for tag in range(first, first + MAX_UNANSWERED + 10):
+        deliver(connection, kills(tag, 1))
+    deliver(connection, request("sdexec.list", {}, 2))
+    assert len(kills_held) == MAX_UNANSWERED  # the rest not handled: held
+    assert connection.transport.producerState == "paused"  # no more reads
+    assert kill_tags(connection) == [] and 2 not in tags(connection)
+    kills_held[0].callback(None)  # one answered: the next held one is handled
+    assert kill_tags(connection) == [first]
+    assert len(kills_held) == MAX_UNANSWERED + 1
+    assert connection.transport.producerState == "paused"  # at the cap again
+    for answer in kills_held[1:10]:  # until every held kill went to systemd
+        answer.callback(None)
+    assert 2 not in tags(connection)
+    kills_held[10].callback(None)  # below the cap: the list, then reading on
+    assert tags(connection)[-1] == 2
+    assert connection.transport.producerState == "producing"
+    for answer in kills_held[11:]:
+        answer.callback(None)
+    assert kill_tags(connection) == list(range(first, first + MAX_UNANSWERED + 10))
+
+
+def test_kills_answered_at_once_are_not_counted(systemd, connection):
+    running(systemd, connection)
+    deliver(connection, kills(100, 2 * MAX_UNANSWERED))
+    assert len(kill_tags(connection)) == 2 * MAX_UNANSWERED
+    assert connection.transport.producerState == "producing"
+
+
+def test_kills_awaiting_a_start_count_too(systemd, connection):
+    # Before started, a kill by label waits for the start (answered then).
+    cmd = {**TRUE, "label": "job"}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd}, matchtag=1)
+    early = {"signum": 10, "label": "job"}
+    early_kills = b"".join(request(KILL, early, 100 + n) for n in range(MAX_UNANSWERED))
+    deliver(connection, early_kills + request("sdexec.list", {}, 2))
+    assert connection.transport.producerState == "paused"
+    assert 2 not in tags(connection)
+    systemd.run(UNIT, pid=77)  # started: every held kill is sent, and answered
+    assert len(kill_tags(connection)) == MAX_UNANSWERED
+    assert 2 in tags(connection)
+    assert connection.transport.producerState == "producing"
+
+
+def test_reading_resumes_only_once_both_the_reader_and_the_answers_allow(
+    systemd, connection, kills_held
+):
+    running(systemd, connection)
+    deliver(connection, kills(100, MAX_UNANSWERED) + request("sdexec.list", {}, 2))
+    connection.protocol.pauseProducing()  # and the client stopped reading
+    connection.protocol.resumeProducing()  # it read everything
+    assert connection.transport.producerState == "paused"  # the cap still holds
+    connection.protocol.pauseProducing()  # it stopped reading again
+    for answer in kills_held:
+        answer.callback(None)
+    assert len(kill_tags(connection)) == MAX_UNANSWERED  # answers are written
+    assert 2 not in tags(connection)  # but the client does not read them
+    assert connection.transport.producerState == "paused"
+    connection.protocol.resumeProducing()
+    assert tags(connection)[-1] == 2
+    assert connection.transport.producerState == "producing"
+
+
+def test_answers_after_the_client_left_are_harmless(systemd, server, kills_held):
+    connection = Connection(server)
+    running(systemd, connection)
+    deliver(connection, kills(100, MAX_UNANSWERED + 1))
+    connection.close()
+    for answer in list(kills_held):
+        answer.callback(None)
+    assert systemd.kills().count(10) == MAX_UNANSWERED  # the held one: dropped
 
 
 # -- against the real manager, over the real socket ------------------------------

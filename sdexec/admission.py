@@ -8,15 +8,14 @@ a connection over ``[sdexec] max-connections`` (everyone's) or
 ``max-connections-per-user`` (each other user's: the owner's own
 parallelism is bounded by the total only) is refused (the server answers
 ``EAGAIN`` naming the key and closes it). A peer that may not use the
-service at all is refused before it is counted; :class:`RefusalLog` keeps
-its refusals from filling the journal.
+service at all is refused before it is counted.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-__all__ = ["ConnectionCount", "RefusalLog"]
+__all__ = ["ConnectionCount"]
 
 
 class ConnectionCount:
@@ -53,31 +52,3 @@ class ConnectionCount:
         self._open[uid] -= 1
         if self._open[uid] <= 0:
             del self._open[uid]
-
-
-class RefusalLog:
-    """Which refused connections to log: the first of each uid, then none
-    of that uid for ``interval`` seconds. A peer may connect in a loop, each
-    refusal costs it nothing, and a line for each would fill the journal.
-    What it holds is bounded by the uids refused within ``interval``."""
-
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
-        #: uid → when its refusal was last logged, oldest first.
-        self._logged: dict[int, float] = {}
-
-    def first(self, uid: int, now: float) -> bool:
-        """Whether a refusal of ``uid`` at ``now`` is to be logged (none of
-        its refusals was in the ``interval`` before)."""
-        self._forget_before(now - self.interval)
-        if uid in self._logged:
-            return False
-        self._logged[uid] = now
-        return True
-
-    def _forget_before(self, moment: float) -> None:
-        while self._logged:
-            uid, logged_at = next(iter(self._logged.items()))
-            if logged_at > moment:
-                return
-            del self._logged[uid]

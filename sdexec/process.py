@@ -104,6 +104,11 @@ class ProcessContext:
     count: Callable[[str], None] = lambda event: None  # the statistics
     debug: bool = False  # log every unit state change
     drain: Callable[[str], None] = lambda reason: None  # refuse new work, why
+    #: ``(kind, text, **fields)``: a warning a client can cause in a loop,
+    #: logged at a bounded rate (the server's sdexec.lograte.LogRate).
+    client_warning: Callable[..., None] = lambda kind, text, **fields: log.warn(
+        text, **fields
+    )
     #: Seconds from the start job to ``started`` before the request is ended
     #: (``[systemd] start-timeout``): a unit whose states the model does not
     #: expect (``Type=forking``, no ``ExecMainPID``, …) must not hang it.
@@ -419,7 +424,8 @@ class Process:
         message = name_string_properties(
             getattr(error, "message", str(error)), self.plan.properties
         )
-        log.warn(
+        self._context.client_warning(
+            "start refused",
             "{unit}: StartTransientUnit failed: {message}",
             unit=self.unit_name,
             message=message,

@@ -26,7 +26,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from sdexec.admission import ConnectionCount, RefusalLog
+from sdexec.admission import ConnectionCount
 from sdexec.background import TrackedProcesses, parse_target
 from sdexec.config import Config
 from sdexec.containment import (
@@ -43,6 +43,7 @@ from sdexec.ioencode import decode_io
 from sdexec.jobs import Jobs
 from sdexec.leftovers import STARTED_AGAIN, Leftover, Leftovers, marked
 from sdexec.limits import check_text
+from sdexec.lograte import LogRate
 from sdexec.passthrough import (
     NO_STDIO,
     PassedStdio,
@@ -71,10 +72,6 @@ def peer_uid(sock: socket.socket) -> int:
     _pid, uid, _gid = struct.unpack("3i", creds)
     return uid
 
-
-#: Seconds between two log lines about one uid's refused connections (a peer
-#: that may not use the service): each refusal is counted under ``errors``.
-STRANGER_LOG_INTERVAL = 60.0
 
 #: The signals the units a shutdown cannot stop get, one per grace without
 #: progress (their stop-timer signal, then SIGKILL), before it gives up;
@@ -146,8 +143,8 @@ class SdexecServer:
         self.jobs = Jobs(self.drain, self.count)
         #: Open connections per peer uid, against the configured caps.
         self.connections = ConnectionCount()
-        #: Connections refused to peers that may not use the service.
-        self.strangers = RefusalLog(STRANGER_LOG_INTERVAL)
+        #: Warnings a client can cause in a loop, at a bounded rate.
+        self.log_rate = LogRate(log, self.clock)
         #: Whether a unit must outlive its receipt's GetAll: cgroup v2 (tests
         #: set it).
         self.receipt_reads_cgroup = reads_unit_cgroups()
@@ -325,6 +322,7 @@ class SdexecServer:
             count=self.count,
             debug=self.config.systemd.sdexec_debug,
             drain=self.drain,
+            client_warning=self.log_rate.warn,
             start_timeout=self.config.systemd.start_timeout,
             receipt_reads_cgroup=self.receipt_reads_cgroup,
         )
@@ -346,13 +344,21 @@ class SdexecServer:
         control_group = state.get("ControlGroup")
         actual = enforced_cpus(control_group, pid)
         if actual is None:
-            log.warn("pid {pid} exited before its CPU fence could be checked", pid=pid)
+            self.log_rate.warn(
+                "fence unchecked",
+                "pid {pid} exited before its CPU fence could be checked",
+                pid=pid,
+            )
             return None
         problem = check_cpu_fence(expected, actual)
         if problem is None and memory_capped:
             in_force = memory_cap_in_force(control_group, pid)
             if in_force is None:
-                log.warn("pid {pid} exited before its memory cap was checked", pid=pid)
+                self.log_rate.warn(
+                    "fence unchecked",
+                    "pid {pid} exited before its memory cap was checked",
+                    pid=pid,
+                )
             elif not in_force:
                 problem = MEMORY_NOT_ENFORCED
         if problem is None:
@@ -759,13 +765,12 @@ class ClientProtocol(StdioReceivingProtocol):
         the caps: a connection that can do nothing must not hold one of our
         fds, nor a slot, waiting for a request it may never send."""
         self.server.count("errors")
-        if self.server.strangers.first(uid, self.server.clock.seconds()):
-            log.warn(
-                "refusing connections from uid {uid}: neither the service's owner"
-                " nor in [sdexec] allow-users (logged once per {interval:g}s)",
-                uid=uid,
-                interval=self.server.strangers.interval,
-            )
+        self.server.log_rate.warn(
+            "stranger",
+            "refusing connections from uid {uid}: neither the service's owner"
+            " nor in [sdexec] allow-users",
+            uid=uid,
+        )
         self._send_error(
             "",
             0,
@@ -786,8 +791,11 @@ class ClientProtocol(StdioReceivingProtocol):
         if refusal is None:
             self._admitted_uid = uid
             return
-        log.warn(
-            "refusing a connection from uid {uid}: {refusal}", uid=uid, refusal=refusal
+        self.server.log_rate.warn(
+            "connection cap",
+            "refusing a connection from uid {uid}: {refusal}",
+            uid=uid,
+            refusal=refusal,
         )
         self.server.count("errors")
         self._send_error("", 0, errno.EAGAIN, refusal)
@@ -890,9 +898,10 @@ class ClientProtocol(StdioReceivingProtocol):
     def _log_silent_write_refusal(self, errstr: str) -> None:
         if not self._silent_write_refused:
             self._silent_write_refused = True
-            log.warn(
+            self.server.log_rate.warn(
+                "write refused",
                 "connection {id}: sdexec.write without a matchtag refused"
-                " (later ones are not logged): {errstr}",
+                " (later ones of this connection are not logged): {errstr}",
                 id=self.connection_id,
                 errstr=errstr,
             )

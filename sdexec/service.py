@@ -348,6 +348,7 @@ class SdexecService(Service):
             if self.server is not None:
                 yield self.server.shutdown(SHUTDOWN_GRACE_SECONDS)
                 self.server.systemd.disconnect()
+                self.server.log_rate.stop()  # what it held back is said now
         finally:
             if self.owner_lock is not None:
                 self.owner_lock.release()  # its units are stopped: the next may

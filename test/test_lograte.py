@@ -1,0 +1,62 @@
+"""Log lines a client can cause come at a bounded rate (sdexec/lograte.py)."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.internet.task import Clock
+from twisted.logger import Logger, LogLevel, formatEvent
+
+from sdexec.lograte import BURST, WINDOW_S, LogRate
+
+
+@pytest.fixture
+def logged():
+    """The lines logged, and a LogRate logging them on a Clock."""
+    lines: list[tuple[LogLevel, str]] = []
+    log = Logger(observer=lambda e: lines.append((e["log_level"], formatEvent(e))))
+    clock = Clock()
+    return lines, LogRate(log, clock), clock
+
+
+def test_a_burst_is_logged_and_the_rest_summed_up_once_the_window_closes(logged):
+    lines, rate, clock = logged
+    for n in range(BURST + 500):
+        rate.warn("refused", "refusing connection {n}", n=n)
+    assert [text for _, text in lines] == [
+        f"refusing connection {n}" for n in range(BURST)
+    ]
+    clock.advance(WINDOW_S)
+    assert lines[-1] == (
+        LogLevel.warn,
+        f"500 more like it in {WINDOW_S:g} s not logged;"
+        f" the last: refusing connection {BURST + 499}",
+    )
+    rate.warn("refused", "refusing connection {n}", n="again")
+    assert lines[-1][1] == "refusing connection again"  # a new window
+
+
+def test_each_kind_has_its_own_share(logged):
+    lines, rate, _ = logged
+    for _ in range(BURST):
+        rate.warn("a", "a")
+    rate.emit(LogLevel.info, "b", "b")
+    assert len(lines) == BURST + 1
+
+
+def test_a_window_with_nothing_suppressed_closes_silently(logged):
+    lines, rate, clock = logged
+    rate.warn("a", "a")
+    clock.advance(WINDOW_S)
+    assert lines == [(LogLevel.warn, "a")] and clock.getDelayedCalls() == []
+
+
+def test_stop_says_what_was_suppressed_and_arms_nothing(logged):
+    lines, rate, clock = logged
+    for _ in range(BURST + 1):
+        rate.emit(LogLevel.error, "a", "a")
+    rate.stop()
+    assert lines[-1] == (
+        LogLevel.error,
+        f"1 more like it in {WINDOW_S:g} s not logged; the last: a",
+    )
+    assert clock.getDelayedCalls() == []

@@ -43,7 +43,7 @@ from sdexec.sockets import (
     private_umask,
     unix_endpoint,
 )
-from sdexec.stats import stats_site
+from sdexec.stats import recent, stats_site
 from sdexec.systemd import SystemdClient, SystemdError
 
 __all__ = ["EX_CONFIG", "SdexecService", "default_listen_endpoint"]
@@ -140,7 +140,8 @@ class SdexecService(Service):
         self.reload_when_started = False  # a SIGHUP came during the start
         # sd_notify (a no-op without $NOTIFY_SOCKET): see sdexec/notify.py
         self.readiness = Readiness(reactor, self._status_line)
-        self.metrics = Metrics(reactor, self._server_stats)  # GET /metrics
+        # GET /metrics: as GET /stats, made at most once a second.
+        self.metrics = Metrics(reactor, recent(self._server_stats, reactor))
 
     def startService(self) -> None:
         super().startService()
@@ -179,12 +180,14 @@ class SdexecService(Service):
             "listen",
             shown=self.listen,
         )
-        site = stats_site(self._http_stats, self.metrics.resource())
+        site = stats_site(self._http_stats, self.metrics.resource(), self.reactor)
         self.ports["stats"] = yield self._listen(self.stats, site, "stats")
         if self.config.sdexec.stats_socket is not None:
             # A site (and a connection cap) of its own: strangers on TCP
             # must not close a trusted scraper's private connections.
-            private_site = stats_site(self._http_stats, self.metrics.resource())
+            private_site = stats_site(
+                self._http_stats, self.metrics.resource(), self.reactor
+            )
             self.ports["stats-socket"] = yield self._listen(
                 unix_endpoint(self.config.sdexec.stats_socket),
                 private_site,

@@ -11,16 +11,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import cast
+from typing import TypeVar, cast
 
-from twisted.internet.interfaces import ITCPTransport
+from twisted.internet.interfaces import IReactorTime, ITCPTransport
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel, Request
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
 
-__all__ = ["MAX_STATS_CONNECTIONS", "STATS_TIMEOUT", "stats_site"]
+__all__ = [
+    "MAX_STATS_CONNECTIONS",
+    "STATS_REUSE_S",
+    "STATS_TIMEOUT",
+    "recent",
+    "stats_site",
+]
 
 #: Connections the site serves at once. Each holds a descriptor, and the
 #: service's processes need theirs: 400 idle ones once left an exec no
@@ -42,16 +48,42 @@ _TOO_LARGE = (
 )
 
 
+#: Seconds an answer is given again before it is made anew. Any local user
+#: may ask back to back, and with thousands of processes an answer held the
+#: reactor 85 ms: made at most once a second, that is a bounded share.
+STATS_REUSE_S = 1.0
+
+_T = TypeVar("_T")
+
+
+def recent(
+    produce: Callable[[], _T], clock: IReactorTime, seconds: float = STATS_REUSE_S
+) -> Callable[[], _T]:
+    """``produce``, made anew at most every ``seconds`` (by ``clock``) and
+    given again meanwhile."""
+    made: list[tuple[float, _T]] = []
+
+    def fresh_enough() -> _T:
+        now = clock.seconds()
+        if not made or not made[0][0] <= now < made[0][0] + seconds:
+            made[:] = [(now, produce())]
+        return made[0][1]
+
+    return fresh_enough
+
+
 class _JSONResource(Resource):
     isLeaf = True
 
-    def __init__(self, produce: Callable[[], dict]) -> None:
+    def __init__(self, produce: Callable[[], dict], clock: IReactorTime) -> None:
         super().__init__()
-        self._produce = produce
+        self._body = recent(
+            lambda: json.dumps(produce(), indent=2).encode() + b"\n", clock
+        )
 
     def render_GET(self, request) -> bytes:
         request.setHeader(b"content-type", b"application/json")
-        return json.dumps(self._produce(), indent=2).encode() + b"\n"
+        return self._body()
 
 
 class _StatsChannel(HTTPChannel):
@@ -140,11 +172,20 @@ class _StatsSite(Site):
         scraper's every 15 s)."""
 
 
-def stats_site(produce: Callable[[], dict], metrics: IResource | None = None) -> Site:
-    """A site serving ``produce()`` at ``/stats``, ``metrics`` (see
-    sdexec/metrics.py) at ``/metrics``, and a 404 elsewhere."""
+def stats_site(
+    produce: Callable[[], dict],
+    metrics: IResource | None = None,
+    clock: IReactorTime | None = None,
+) -> Site:
+    """A site serving ``produce()`` at ``/stats`` (made at most once every
+    :data:`STATS_REUSE_S` by ``clock``, the reactor by default), ``metrics``
+    (see sdexec/metrics.py) at ``/metrics``, and a 404 elsewhere."""
+    if clock is None:
+        from twisted.internet import reactor
+
+        clock = cast(IReactorTime, reactor)
     root = Resource()
-    root.putChild(b"stats", _JSONResource(produce))
+    root.putChild(b"stats", _JSONResource(produce, clock))
     if metrics is not None:
         root.putChild(b"metrics", metrics)
     return _StatsSite(root)

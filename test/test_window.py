@@ -100,3 +100,16 @@ def test_fail_queued_fails_what_has_not_started():
     assert calls.started == ["running"]
     calls.answer("running")
     assert running.result == "running done"
+
+
+def test_a_raised_limit_starts_what_it_makes_room_for_at_once():
+    # A reload raising [systemd] max-inflight used to wait for the next
+    # call asked for or answered.
+    window, calls = CallWindow(1), Calls()
+    for n in range(4):
+        window.submit(calls.start(str(n)))
+    window.limit = 3
+    assert calls.started == ["0", "1", "2"]
+    window.limit = 1  # lowered: nothing in flight is touched
+    calls.answer("0")
+    assert calls.started == ["0", "1", "2"]

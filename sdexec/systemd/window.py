@@ -29,12 +29,24 @@ class CallWindow:
     :attr:`limit` others are in flight."""
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit
+        self._limit = limit
         self.in_flight = 0
         #: Calls answered (or failed) so far: a sign of life of the manager.
         self.completed = 0
         self._admitting = False  # calls that answer at once must not recurse
         self._queue: deque[tuple[Start, Deferred[Any]]] = deque()
+
+    @property
+    def limit(self) -> int:
+        """Calls in flight at most."""
+        return self._limit
+
+    @limit.setter
+    def limit(self, limit: int) -> None:
+        """A new limit (a reload): raised, the calls it makes room for
+        start now, not when the next call is asked for or answered."""
+        self._limit = limit
+        self._admit()
 
     @property
     def queued(self) -> int:

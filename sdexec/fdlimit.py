@@ -11,10 +11,18 @@ epoll, never ``select(2)``, so descriptors above 1023 are safe to use.
 
 from __future__ import annotations
 
+import os
 import resource
 
-__all__ = ["raise_open_file_limit"]
+__all__ = ["FDS_PER_PROCESS", "no_room_for_a_process", "raise_open_file_limit"]
 
+#: Descriptors the service holds per process whose output it relays: its
+#: ends of the three stdio socketpairs (and, until systemd has taken them,
+#: the unit's three).
+FDS_PER_PROCESS = 3
+#: Descriptors kept free beyond a start's: for connections to accept, the
+#: stats sites', a reconnection to systemd.
+RESERVE = 64
 
 def raise_open_file_limit() -> tuple[int, int] | None:
     """Raise the soft ``RLIMIT_NOFILE`` to the hard one; ``(old, new)`` if
@@ -29,3 +37,25 @@ def raise_open_file_limit() -> tuple[int, int] | None:
     except (ValueError, OSError):
         return None
     return soft, hard
+
+
+
+def no_room_for_a_process(processes: int, connections: int) -> str | None:
+    """Why a process cannot be started now, if the open-file limit has no
+    room for its descriptors and :data:`RESERVE` besides: at ``EMFILE`` an
+    exec would fail halfway, and so would accepting connections and
+    reconnecting to systemd. The descriptors are counted (``/proc/self/fd``)
+    only once the ``processes`` and ``connections`` held come near it."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    if FDS_PER_PROCESS * processes + connections + RESERVE < soft // 2:
+        return None  # far from it: no count
+    in_use = len(os.listdir("/proc/self/fd"))
+    if in_use + 2 * FDS_PER_PROCESS + RESERVE <= soft:
+        return None
+    return (
+        f"too many processes: {processes} held, and {in_use} of the"
+        f" {soft} descriptors the service's open-file limit allows in use"
+        " (raise LimitNOFILE)"
+    )

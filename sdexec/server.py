@@ -37,6 +37,7 @@ from sdexec.containment import (
     memory_cap_in_force,
 )
 from sdexec.devicefence import CANARY_TIMEOUT_SECONDS, CanaryResponder, canary_plan
+from sdexec.fdlimit import no_room_for_a_process
 from sdexec.framing import FramingError
 from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
@@ -245,6 +246,14 @@ class SdexecServer:
             )
         if not self.systemd.connected:
             raise RequestError(errno.EAGAIN, "reconnecting to systemd")
+        self._check_descriptor_room()
+
+    def _check_descriptor_room(self) -> None:
+        """EAGAIN while the open-file limit has no room for another process
+        (sdexec/fdlimit.py)."""
+        why = no_room_for_a_process(len(self.processes), self.connections.total)
+        if why is not None:
+            raise RequestError(errno.EAGAIN, why)
 
     def _check_unique(self, key: tuple[int, int], unit_name: str) -> None:
         """EEXIST for a key (connection, matchtag) or a unit already in use:

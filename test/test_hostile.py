@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import resource
 import signal
 
 import pytest
@@ -19,6 +20,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 import sdexec.process
 from sdexec.config import parse_config
+from sdexec.fdlimit import FDS_PER_PROCESS, RESERVE
 from sdexec.idset import MAX_ID
 from sdexec.ioencode import encode_io
 from sdexec.limits import MAX_ARG_STRLEN, MAX_LISTED_CMDLINE
@@ -766,3 +768,34 @@ async def test_a_start_out_of_descriptors_part_way_leaves_nothing_behind(
     connection.send("sdexec.exec", {"cmd": named, "flags": FLAGS}, matchtag=2)
     assert systemd.calls[-1] == ("start", "sdexec-q.service")
     still_serves(server)
+
+
+def test_past_the_open_file_limit_s_room_an_exec_is_refused_up_front(
+    systemd, server, connection, monkeypatch
+):
+    # At EMFILE an exec failed halfway, and accepting connections and
+    # reaching systemd failed with it: refused before, naming the limit.
+    in_use = len(os.listdir("/proc/self/fd"))
+    # Room for two processes' descriptors (each start's six, then three).
+    soft = in_use + 2 * FDS_PER_PROCESS + RESERVE + 2 * FDS_PER_PROCESS
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (soft, soft))
+    for n in range(3):
+        opts = {"SDEXEC_NAME": f"sdexec-room-{n}"}
+        payload = {"cmd": {**TRUE, "opts": opts}, "flags": FLAGS}
+        connection.send("sdexec.exec", payload, matchtag=n + 1)
+    errnum, errstr = error_of(connection.last())
+    assert errnum == errno.EAGAIN
+    assert errstr.startswith("too many processes: 2 held, and ")
+    assert errstr.endswith(
+        f" of the {soft} descriptors the service's open-file limit allows in use"
+        " (raise LimitNOFILE)"
+    )
+    assert len(server.processes) == 2
+
+
+def test_far_from_the_open_file_limit_nothing_is_counted(
+    systemd, server, connection, monkeypatch
+):
+    monkeypatch.setattr(os, "listdir", None)  # would raise if called
+    connection.send("sdexec.exec", {"cmd": TRUE, "flags": FLAGS})
+    assert len(server.processes) == 1

@@ -24,6 +24,7 @@ FDS_PER_PROCESS = 3
 #: stats sites', a reconnection to systemd.
 RESERVE = 64
 
+
 def raise_open_file_limit() -> tuple[int, int] | None:
     """Raise the soft ``RLIMIT_NOFILE`` to the hard one; ``(old, new)`` if
     it rose, ``None`` if it was there already (or cannot be raised)."""
@@ -37,7 +38,6 @@ def raise_open_file_limit() -> tuple[int, int] | None:
     except (ValueError, OSError):
         return None
     return soft, hard
-
 
 
 def no_room_for_a_process(processes: int, connections: int) -> str | None:

@@ -361,29 +361,40 @@ class Connection:
             except BlockingIOError:
                 return
             except OSError as failure:
-                self._lose(f"cannot write: {failure.strerror}")
+                if failure.errno in (errno.EPIPE, errno.ECONNRESET):
+                    self._read_what_is_left()
+                if self._sock.fileno() >= 0:  # not lost with a reason read
+                    self._lose(f"cannot write: {failure.strerror}")
                 return
             if sent < len(data):
                 self._unsent[0] = (data[sent:], ())  # the fds went with `sent`
             else:
                 del self._unsent[0]
 
-    def _receive(self) -> None:
+    def _read_what_is_left(self) -> None:
+        """The service closed the connection: what it wrote first (why: an
+        error on matchtag 0, EPERM for a user it refuses) is read, so that
+        the loss is reported with it."""
+        while self._sock.fileno() >= 0 and self._receive():
+            pass
+
+    def _receive(self) -> bool:
+        """Read once and dispatch what came; whether anything came."""
         try:
             # Into one buffer, read again and again: a fresh 256 KiB object per
             # read made glibc map (or grow and trim its heap) and fault pages
             # in each time, a fifth of the client's CPU for framed output.
             received = self._sock.recv_into(self._received)
         except BlockingIOError:
-            return
+            return False
         except OSError as failure:
             if failure.errno != errno.ECONNRESET:
                 self._lose(f"cannot read: {failure.strerror}")
-                return
+                return False
             received = 0
         if not received:
             self._lose(None)
-            return
+            return False
         try:
             for message in self._splitter.feed(self._received, received):
                 # A message that answers no request is dropped: the command
@@ -392,6 +403,8 @@ class Connection:
         except FramingError as error:
             self._requests.framing_error(str(error))
             self._lose(None)
+            return False
+        return True
 
     def _lose(self, why: str | None) -> None:
         self._requests.lose(why)

@@ -69,6 +69,25 @@ def test_the_reason_for_closing_is_the_error(peer):
     assert (raised.value.errnum, str(raised.value)) == (errno.EPERM, "not yours")
 
 
+def test_a_refusal_before_the_first_write_is_still_the_reason(tmp_path):
+    # The service refuses a user it does not serve as it connects: answer
+    # and close before the client writes. The write then fails (EPIPE),
+    # and the client reported "Broken pipe", the EPERM unread.
+    path = str(tmp_path / "refusing.sock")
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listening.bind(path)
+    listening.listen(1)
+    with Loop() as loop, Connection(loop, path) as connection:
+        accepted, _ = listening.accept()
+        refusal = {"type": "response", "matchtag": 0, "errnum": errno.EPERM}
+        accepted.sendall(encode_message({**refusal, "errstr": "not yours"}))
+        accepted.close()
+        with pytest.raises(RPCError) as raised:
+            connection.call("sdexec.list", {})
+    listening.close()
+    assert (raised.value.errnum, str(raised.value)) == (errno.EPERM, "not yours")
+
+
 def test_a_bad_message_breaks_the_connection_with_one_line(peer):
     path, replies, _ = peer
     replies.append(b"this is not json\n")

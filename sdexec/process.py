@@ -306,6 +306,12 @@ class Process:
         if eof:
             self.stdin.close()
 
+    @property
+    def signals_wait_for_start(self) -> bool:
+        """Whether a :meth:`kill` now waits for the process to start (no
+        call to systemd until then)."""
+        return Sent.STARTED not in self._sent and not (self._ended or self._reaped)
+
     def kill(self, signum: int, who: str = "all") -> Any:
         """Signal every process of the unit (``who`` ``"main"``: its main
         process only, as Flux's sdexec does); a Deferred.

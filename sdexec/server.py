@@ -624,7 +624,7 @@ class SdexecServer:
                 return process
         return None
 
-    def kill(self, payload: dict) -> defer.Deferred[dict]:
+    def kill(self, payload: dict) -> defer.Deferred[dict] | AwaitingStart:
         """Signal a process by ``pid`` or ``label``; a Deferred."""
         signum = payload.get("signum")
         if not _is_integer(signum) or not 0 < signum < signal.NSIG:
@@ -642,7 +642,11 @@ class SdexecServer:
         if process is None:
             target = f"label={label}" if label is not None else f"pid={pid}"
             raise RequestError(errno.ESRCH, f"kill {target} not found")
-        return process.kill(signum, who).addCallback(lambda _: {})
+        waits = isinstance(process, Process) and process.signals_wait_for_start
+        answer: defer.Deferred[dict] = process.kill(signum, who).addCallback(
+            lambda _: {}
+        )
+        return AwaitingStart(answer) if waits else answer
 
     def list(self) -> dict:
         """``sdexec.list``: every process, its own and its leftovers."""
@@ -874,23 +878,28 @@ class ClientProtocol(StdioReceivingProtocol):
             return
         if result is None:
             return
-        if isinstance(result, defer.Deferred):
+        if isinstance(result, AwaitingStart):
+            self._answer_later(result.answer, reply_topic, reply_matchtag, False)
+        elif isinstance(result, defer.Deferred):
             self._answer_later(result, reply_topic, reply_matchtag)
         else:
             self._send(reply_topic, reply_matchtag, result)
 
-    def _answer_later(self, answer: defer.Deferred, topic: str, matchtag: int) -> None:
-        """Send ``answer``'s outcome once it comes; until then the request
-        counts against :data:`MAX_UNANSWERED`, and at the cap no more of the
-        connection's requests are read."""
+    def _answer_later(
+        self, answer: defer.Deferred, topic: str, matchtag: int, counted: bool = True
+    ) -> None:
+        """Send ``answer``'s outcome once it comes; until then a request
+        ``counted`` (it waits for systemd) counts against
+        :data:`MAX_UNANSWERED`, and at the cap no more of the connection's
+        requests are read."""
         answer.addCallbacks(
             lambda payload: self._send(topic, matchtag, payload),
             lambda failure: self._send_error(
                 topic, matchtag, _errno_of(failure.value), failure.getErrorMessage()
             ),
         )
-        if answer.called:
-            return  # answered at once
+        if answer.called or not counted:
+            return  # answered at once, or not waiting for systemd
         self._unanswered += 1
         answer.addBoth(self._answered)
         if self._too_many_unanswered:
@@ -1165,6 +1174,17 @@ def _is_text(value: object) -> TypeGuard[str]:
     except RequestRefused:
         return False
     return True
+
+
+class AwaitingStart(NamedTuple):
+    """An answer that waits for a process to start, not for systemd: it
+    places no call meanwhile (a process holds at most ``MAX_EARLY_KILLS``
+    such signals), so it does not count against :data:`MAX_UNANSWERED`.
+    Counted, 64 kills of processes slow to start stopped the reading of
+    their connection for as long as ``start-timeout``: on a connection that
+    carries every job of a node, the kill of a running job too."""
+
+    answer: defer.Deferred
 
 
 class _Held(NamedTuple):

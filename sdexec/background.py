@@ -21,9 +21,12 @@ waitable ones. The server's process table keys a background process by
 A ``wait`` answer and an ``attach`` replay are written whole, up to 8 times
 ``retained-output`` as JSON, whether the client reads them or not. So that
 ``max-waitable`` and ``max-background`` still bound that memory, a process
-forgotten while what was last sent of it waits unread in a paused
-connection's buffer keeps its slots counted until that connection has
-written everything (it resumes) or has closed.
+forgotten while its answer or replay waits unread in a paused connection
+(paused when it was written, and not resumed since) keeps the slot it held
+counted until that connection has written everything (it resumes) or has
+closed: an ended one kept for a wait held a waitable slot only. Other
+responses count nothing: a connection paused for other reasons holds no
+slot of the background processes it merely started.
 """
 
 from __future__ import annotations
@@ -122,9 +125,12 @@ class Tracked:
         self.waitable = waitable
         #: Started in the background (counted against max-background).
         self.background = mode is Mode.BACKGROUND
-        #: The connection last sent a response about the process: what it
-        #: was sent may still wait there, unread, once the process is gone.
+        #: The connection last sent what is written whatever its client
+        #: reads (a wait answer, an attach's replay).
         self.sent_to: int | None = None
+        #: That connection and its pause (see TrackedProcesses), if it was
+        #: paused once that was written: it may wait there unread.
+        self.unread: tuple[int, int] | None = None
         self.retained = RetainedOutput(retained_size)
         #: Each output stream's ``<stream>_BUFSIZE``: an attach's replay is
         #: split as live output is.
@@ -183,7 +189,6 @@ class Tracked:
             self.failure = (errnum, errstr)
         client, self._client = self._client, None
         if client is not None:
-            self.sent_to = client.connection_id
             client.responder.error(errnum, errstr)
         if self.attached:
             self._to_background()
@@ -226,6 +231,8 @@ class Tracked:
         if not self._started:
             raise RequestError(errno.EBUSY, f"{self._name}: not started yet")
         self.mode, self._client = Mode.ATTACHED, client
+        # The replay is written whatever the client reads (sent_to).
+        self.sent_to = client.connection_id
         self._send(client, self._attached())
         for io in self.retained.io_objects(self._rank, self.bufsizes):
             if client.forwards(io["stream"]):
@@ -289,8 +296,8 @@ class Tracked:
     def _name(self) -> str:
         return f"pid {self.pid}" if self.pid > 0 else f"label {self.label!r}"
 
-    def _send(self, client: _Client, payload: dict[str, Any]) -> None:
-        self.sent_to = client.connection_id
+    @staticmethod
+    def _send(client: _Client, payload: dict[str, Any]) -> None:
         client.responder.respond(payload)
 
     def _answer_exec(self, started: dict[str, Any]) -> None:
@@ -355,6 +362,9 @@ class TrackedProcesses:
         self._attached: dict[int, dict[Process, Tracked]] = {}
         #: Connections whose buffer of responses is full (paused).
         self._paused: set[int] = set()
+        #: By connection, how many times it has resumed: what was written
+        #: before its last resume has been read.
+        self._resumes: dict[int, int] = {}
         #: By paused connection, the slots of the processes forgotten while
         #: what was last sent of them waits there unread.
         self._unread: dict[int, list[_Slot]] = {}
@@ -459,19 +469,31 @@ class TrackedProcesses:
         """The server reaped ``process``: keep its end if it is waitable."""
         tracked = self._tracked.pop(process, None)
         if tracked is not None:
-            if tracked.process_reaped():
+            kept = tracked.process_reaped()  # a waiter may be answered now
+            self._note_unread(tracked)
+            if kept:
                 self._ended.append(tracked)
             else:
-                self._forget(tracked)
+                self._forget(tracked, _Slot(tracked.waitable, tracked.background))
         for attached in self._attached.values():
             attached.pop(process, None)
 
-    def _forget(self, tracked: Tracked) -> None:
-        """``tracked`` is done with; while what was last sent of it waits
-        unread in a paused connection, its slots stay counted."""
+    def _note_unread(self, tracked: Tracked) -> None:
+        """What was just written of ``tracked`` whatever its client reads
+        went to a paused connection: it may wait there unread."""
         connection_id = tracked.sent_to
         if connection_id is not None and connection_id in self._paused:
-            slot = _Slot(tracked.waitable, tracked.background)
+            tracked.unread = (connection_id, self._resumes.get(connection_id, 0))
+
+    def _forget(self, tracked: Tracked, slot: _Slot) -> None:
+        """``tracked`` is done with; while its wait answer or replay waits
+        unread in a paused connection (paused since it was written), the
+        ``slot`` it held stays counted."""
+        if tracked.unread is None:
+            return
+        connection_id, resumes = tracked.unread
+        unread = self._resumes.get(connection_id, 0) == resumes
+        if unread and connection_id in self._paused:
             self._unread.setdefault(connection_id, []).append(slot)
 
     def connection_paused(self, connection_id: int) -> None:
@@ -482,7 +504,9 @@ class TrackedProcesses:
     def connection_resumed(self, connection_id: int) -> None:
         """The connection has written out everything it was sent: the
         processes forgotten meanwhile count no more."""
-        self._paused.discard(connection_id)
+        if connection_id in self._paused:
+            self._paused.discard(connection_id)
+            self._resumes[connection_id] = self._resumes.get(connection_id, 0) + 1
         self._unread.pop(connection_id, None)
 
     def mode(self, process: Process) -> Mode:
@@ -517,6 +541,7 @@ class TrackedProcesses:
         """Forget the connection's waits and attaches, and what it had not
         yet written."""
         self.connection_resumed(connection_id)
+        self._resumes.pop(connection_id, None)
         self._attached.pop(connection_id, None)
         for tracked in [*self._tracked.values(), *self._ended]:
             if tracked.connected_to(connection_id):
@@ -530,6 +555,7 @@ class TrackedProcesses:
         pid, label = parse_target(payload, "wait")
         tracked = self._find(pid, label, errno.EINVAL, "not started waitable")
         tracked.wait(_Client(connection_id, responder, ExecFlag(0)))
+        self._note_unread(tracked)
         self._forget_if_consumed(tracked)
 
     def attach(self, payload: Any, connection_id: int, responder: Responder) -> None:
@@ -540,6 +566,7 @@ class TrackedProcesses:
             raise RequestError(errno.EINVAL, "flags: expected an integer of 1|2")
         tracked = self._find(pid, label, errno.EBUSY, "not in background")
         tracked.attach(_Client(connection_id, responder, ExecFlag(flags)))
+        self._note_unread(tracked)
         if tracked.attached and tracked.process is not None:
             self._attached.setdefault(connection_id, {})[tracked.process] = tracked
         self._forget_if_consumed(tracked)
@@ -547,7 +574,8 @@ class TrackedProcesses:
     def _forget_if_consumed(self, tracked: Tracked) -> None:
         if tracked.reaped and tracked in self._ended:
             self._ended.remove(tracked)
-            self._forget(tracked)
+            # Ended, it held a waitable slot only.
+            self._forget(tracked, _Slot(waitable=True, background=False))
 
     def _find(
         self, pid: int | None, label: str | None, errnum: int, untracked: str

@@ -755,3 +755,46 @@ def test_any_wait_or_attach_payload_gets_one_clear_error(topic, payload):
     assert errstr.startswith(("pid", "label", "flags", "wait needs", "attach needs"))
     client.close()
     manager.close()
+
+
+@ensureDeferred
+async def test_a_connection_paused_for_other_reasons_keeps_no_slot(systemd):
+    # Only a wait answer or an attach replay is written whatever the client
+    # reads: a background exec's `started` is a few bytes. Its connection,
+    # paused by answers it has not read, kept the slots of the background
+    # processes it had started once they ended, for as long as it did not
+    # read: another client was refused.
+    server = make_server(systemd, **{"max-background": 2})
+    slow, other = unreading_client(server), Client(server)
+    slow.bg(matchtag=1, SDEXEC_NAME="sdexec-a")
+    slow.bg(matchtag=2, SDEXEC_NAME="sdexec-b")
+    systemd.run("sdexec-a.service", pid=10)
+    systemd.run("sdexec-b.service", pid=11)
+    matchtag = 100
+    while not slow.protocol._paused:  # answers it does not read
+        matchtag += 1
+        slow.send("sdexec.stats-get", {}, matchtag=matchtag)
+    for unit in ("sdexec-a.service", "sdexec-b.service"):
+        systemd.exit(unit, status=0)
+    await until(lambda: not server.processes, "reaped")
+    other.bg(matchtag=3, SDEXEC_NAME="sdexec-c")
+    assert ("start", "sdexec-c.service") in systemd.calls
+    slow.close()
+    other.close()
+
+
+@ensureDeferred
+async def test_an_unread_wait_answer_takes_no_background_slot(systemd):
+    # Kept for a wait, the ended process held a waitable slot only; its
+    # answer unread, it took a background slot as well.
+    server = make_server(
+        systemd, **{"max-background": 1, "max-waitable": 4, "retained-output": "64K"}
+    )
+    client, sleeper = Client(server), unreading_client(server)
+    await ended_with_output(systemd, server, client, ["sdexec-w1"])
+    sleeper.send("sdexec.wait", {"label": "sdexec-w1"}, matchtag=1)
+    assert server.tracked.waitable_held() == 1  # the answer, unread
+    client.bg(matchtag=3, SDEXEC_NAME="sdexec-x")
+    assert ("start", "sdexec-x.service") in systemd.calls
+    sleeper.close()
+    client.close()

@@ -136,7 +136,7 @@ _POINTER: Final = struct.calcsize("P")
 #: The most bytes the strings of one command object may take, as
 #: :func:`check_command_size` counts them: every argument, every environment
 #: name and value (those sdexec drops included), every option name and value,
-#: ``cwd``, ``label`` and every channel name, each framed as a marshalled
+#: ``cwd`` and ``label`` (channels are refused), each framed as a marshalled
 #: string. The process keeps its command for its life (``attached`` echoes
 #: it), so this bounds what each one holds of its request. Without it,
 #: options and the environment names systemd refuses were counted by no
@@ -343,7 +343,6 @@ def check_command_size(
     opts: Mapping[str, str],
     cwd: str | None = None,
     label: str | None = None,
-    channels: Sequence[str] = (),
 ) -> int:
     """The bytes of a command object's strings, each with a marshalled
     string's framing; ``E2BIG`` if that exceeds :data:`MAX_COMMAND`, naming
@@ -356,7 +355,7 @@ def check_command_size(
     passed :func:`check_texts`.
     """
     parts: dict[str, _Part] = {}
-    for part, entry, size in _command_entries(cmdline, env, opts, cwd, label, channels):
+    for part, entry, size in _command_entries(cmdline, env, opts, cwd, label):
         parts.setdefault(part, _Part()).add(entry, size)
     total = sum(part.size for part in parts.values())
     if total > MAX_COMMAND:
@@ -395,11 +394,11 @@ def _command_entries(
     opts: Mapping[str, str],
     cwd: str | None,
     label: str | None,
-    channels: Sequence[str],
 ) -> Iterator[tuple[str, str | int | None, int]]:
     """``(part, entry, bytes)`` of every entry of a command object: an
-    argument or a channel by its index, a variable or an option by its name
-    (name and value counted together), ``cwd`` and ``label`` as a whole."""
+    argument by its index, a variable or an option by its name (name and
+    value counted together), ``cwd`` and ``label`` as a whole (channels are
+    refused before)."""
     for index, arg in enumerate(cmdline):
         yield "cmd.cmdline", index, _framed(arg)
     for part, mapping in (("cmd.env", env), ("cmd.opts", opts)):
@@ -408,8 +407,6 @@ def _command_entries(
     for part, text in (("cmd.cwd", cwd), ("cmd.label", label)):
         if text is not None:
             yield part, None, _framed(text)
-    for index, channel in enumerate(channels):
-        yield "cmd.channels", index, _framed(channel)
 
 
 def _entry_name(part: str, entry: str | int | None) -> str:

@@ -7,7 +7,7 @@ the journal (harm to the node, and it buries everything else). A
 :class:`LogRate` lets through :data:`BURST` lines of one kind (a key: the
 call site, not the client's words) per :data:`WINDOW_S` seconds; the rest
 are counted, and once the window closes one line says how many were
-suppressed and quotes the last.
+suppressed and quotes the last (cut at :data:`MAX_QUOTED` characters).
 
 Timing is by the clock it is given (``reactor.callLater``), so tests drive
 it with a ``Clock``.
@@ -21,12 +21,14 @@ from typing import Any
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger, LogLevel, formatEvent
 
-__all__ = ["BURST", "WINDOW_S", "LogRate"]
+__all__ = ["BURST", "MAX_QUOTED", "WINDOW_S", "LogRate"]
 
 #: Lines of one kind let through per window.
 BURST = 10
 #: Seconds a window lasts, from the first line of a kind.
 WINDOW_S = 60.0
+#: Characters of the last suppressed line the summary quotes.
+MAX_QUOTED = 1024
 
 
 @dataclass
@@ -34,9 +36,12 @@ class _Window:
     """One kind's lines in the current window."""
 
     level: LogLevel
+    opened: float
     logged: int = 0
     suppressed: int = 0
-    last: str = ""
+    #: The last suppressed line's format and fields, formatted only if the
+    #: summary quotes it.
+    last: tuple[str, dict[str, Any]] = ("", {})
     closing: IDelayedCall | None = field(default=None, repr=False)
 
 
@@ -48,6 +53,7 @@ class LogRate:
         self._log = log
         self._clock = clock
         self._windows: dict[str, _Window] = {}
+        self._stopped = False
 
     def warn(self, key: str, text: str, **fields: Any) -> None:
         """``log.warn(text, **fields)``, unless ``key`` has had its share."""
@@ -55,33 +61,41 @@ class LogRate:
 
     def emit(self, level: LogLevel, key: str, text: str, **fields: Any) -> None:
         """``log.emit(level, text, **fields)``, unless ``key`` has had its
-        share of the window."""
+        share of the window. Once stopped, every line is logged."""
+        if self._stopped:
+            self._log.emit(level, text, **fields)
+            return
         window = self._windows.get(key)
         if window is None:
-            window = self._windows[key] = _Window(level)
+            window = self._windows[key] = _Window(level, self._clock.seconds())
             window.closing = self._clock.callLater(WINDOW_S, self._close, key)
         if window.logged < BURST:
             window.logged += 1
             self._log.emit(level, text, **fields)
             return
         window.suppressed += 1
-        window.last = formatEvent({"log_format": text, **fields})
+        window.last = (text, fields)
 
     def _close(self, key: str) -> None:
         window = self._windows.pop(key)
-        if window.suppressed:
-            self._log.emit(
-                window.level,
-                "{suppressed} more like it in {seconds:g} s not logged;"
-                " the last: {last}",
-                suppressed=window.suppressed,
-                seconds=WINDOW_S,
-                last=window.last,
-            )
+        if not window.suppressed:
+            return
+        text, fields = window.last
+        last = formatEvent({"log_format": text, **fields})
+        if len(last) > MAX_QUOTED:
+            last = f"{last[:MAX_QUOTED]}…"
+        self._log.emit(
+            window.level,
+            "{suppressed} more like it in {seconds:.0f} s not logged; the last: {last}",
+            suppressed=window.suppressed,
+            seconds=self._clock.seconds() - window.opened,
+            last=last,
+        )
 
     def stop(self) -> None:
-        """Say what is suppressed now, and arm nothing more (the service
-        stops)."""
+        """Say what is suppressed now, and hold nothing back from now on
+        (the service stops: no timer would fire)."""
+        self._stopped = True
         for key, window in list(self._windows.items()):
             if window.closing is not None and window.closing.active():
                 window.closing.cancel()

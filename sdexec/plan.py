@@ -157,12 +157,7 @@ def plan_exec(
     # precisely: this one counts what they do not (options, the names
     # dropped from env), all of which the process keeps for its life.
     check_command_size(
-        command.cmdline,
-        command.env,
-        command.opts,
-        command.cwd,
-        command.label,
-        command.channels,
+        command.cmdline, command.env, command.opts, command.cwd, command.label
     )
     default_cwd = manager_working_directory(config)
     executable = command.resolve_executable(default_cwd)

@@ -763,7 +763,11 @@ class ClientProtocol(StdioReceivingProtocol):
         try:
             uid = peer_uid(self.transport.getHandle())
         except OSError as error:
-            log.warn("cannot read peer credentials: {error}", error=error)
+            self.server.log_rate.warn(
+                "peer credentials",
+                "cannot read peer credentials: {error}",
+                error=error,
+            )
             uid = -1
         if uid not in self.server.allowed_uids:
             self._refuse_stranger(uid)

@@ -176,10 +176,8 @@ FRAMING = 8
 
 
 def test_every_string_of_a_command_counts_once_with_its_framing() -> None:
-    size = check_command_size(
-        ["ab", "c"], {"E": "vv"}, {"O": "w"}, "/d", "l", channels=["ch"]
-    )
-    strings = ["ab", "c", "E", "vv", "O", "w", "/d", "l", "ch"]
+    size = check_command_size(["ab", "c"], {"E": "vv"}, {"O": "w"}, "/d", "l")
+    strings = ["ab", "c", "E", "vv", "O", "w", "/d", "l"]
     assert size == sum(len(text) + FRAMING for text in strings)
     assert check_command_size(["é"], {}, {}) == 2 + FRAMING  # bytes, not characters
 

@@ -6,7 +6,7 @@ import pytest
 from twisted.internet.task import Clock
 from twisted.logger import Logger, LogLevel, formatEvent
 
-from sdexec.lograte import BURST, WINDOW_S, LogRate
+from sdexec.lograte import BURST, MAX_QUOTED, WINDOW_S, LogRate
 
 
 @pytest.fixture
@@ -50,13 +50,26 @@ def test_a_window_with_nothing_suppressed_closes_silently(logged):
     assert lines == [(LogLevel.warn, "a")] and clock.getDelayedCalls() == []
 
 
-def test_stop_says_what_was_suppressed_and_arms_nothing(logged):
+def test_stop_says_what_was_suppressed_and_holds_nothing_back_after(logged):
     lines, rate, clock = logged
     for _ in range(BURST + 1):
         rate.emit(LogLevel.error, "a", "a")
+    clock.advance(5)
     rate.stop()
     assert lines[-1] == (
         LogLevel.error,
-        f"1 more like it in {WINDOW_S:g} s not logged; the last: a",
+        "1 more like it in 5 s not logged; the last: a",
     )
+    for _ in range(BURST + 1):
+        rate.warn("a", "after")
+    assert lines[-1] == (LogLevel.warn, "after") and len(lines) == 2 * BURST + 2
     assert clock.getDelayedCalls() == []
+
+
+def test_the_summary_quotes_the_last_line_cut_short(logged):
+    lines, rate, clock = logged
+    for _ in range(BURST + 1):
+        rate.warn("a", "{what}", what="x" * 10**6)
+    clock.advance(WINDOW_S)
+    assert lines[-1][1].endswith("x" * MAX_QUOTED + "…")
+    assert len(lines[-1][1]) < MAX_QUOTED + 100

@@ -783,7 +783,7 @@ class ClientProtocol(StdioReceivingProtocol):
         fds, nor a slot, waiting for a request it may never send."""
         self.server.count("errors")
         self.server.log_rate.warn(
-            "stranger",
+            f"stranger {uid}",  # each user's own share: one cannot hide another
             "refusing connections from uid {uid}: neither the service's owner"
             " nor in [sdexec] allow-users",
             uid=uid,

@@ -19,6 +19,7 @@ from twisted.internet.task import Clock, deferLater
 from twisted.logger import formatEvent, globalLogPublisher
 
 import sdexec.process
+import sdexec.server
 from sdexec.config import parse_config
 from sdexec.fdlimit import FDS_PER_PROCESS, RESERVE
 from sdexec.idset import MAX_ID
@@ -529,6 +530,23 @@ def test_a_strangers_refusals_are_logged_at_a_bounded_rate(systemd):
     )
     assert [formatEvent(event) for event in logged] == ([line] * BURST + [summary]) * 3
     assert server.counters["errors"] == 300
+
+
+def test_one_stranger_s_refusals_do_not_hide_another_s(systemd, monkeypatch):
+    server = SdexecServer(systemd, parse_config({}), reactor, clock=Clock())
+    server.owner_uid = 0
+    uids = iter([4242] * 100 + [4343])
+    monkeypatch.setattr(sdexec.server, "peer_uid", lambda sock: next(uids))
+    logged: list[dict] = []
+    globalLogPublisher.addObserver(logged.append)
+    try:
+        for _ in range(101):
+            Connection(server).close()
+    finally:
+        globalLogPublisher.removeObserver(logged.append)
+    refused = [formatEvent(e) for e in logged if "refusing" in e.get("log_format", "")]
+    assert len(refused) == BURST + 1
+    assert refused[-1].startswith("refusing connections from uid 4343:")
 
 
 def test_an_error_quoting_a_huge_value_is_bounded(connection):

@@ -241,6 +241,10 @@ class Leftovers:
         self.server = server
         self._marks = marks
         self._drained_with: str | None = None
+        #: A scan is in flight; the callers (and origins) of the next one.
+        self._scanning = False
+        self._asked: list[defer.Deferred[None]] = []
+        self._origins: dict[str, str] = {}
         #: Listed once: what a later scan adopts is this run's own, a unit
         #: whose start's answer was lost with the connection to systemd.
         self._listed_once = False
@@ -279,9 +283,36 @@ class Leftovers:
         """List the manager's services, adopt the marked ones nobody tracks,
         and follow (and, per ``leftover-units``, stop) every leftover.
         ``origins``: how the log names some of this run's own, by name
-        (else: a previous run's at the first scan, a lost start's after)."""
+        (else: a previous run's at the first scan, a lost start's after).
+
+        Asked while a scan is in flight (units restarted by hand one after
+        another, a reconnection meanwhile), it waits for one more scan
+        after it, which answers every caller that asked meanwhile: a list
+        of every service of the manager is not made once per caller."""
+        asked: defer.Deferred[None] = defer.Deferred()
+        self._asked.append(asked)
+        self._origins.update(origins or {})
+        if not self._scanning:
+            self._scan_now()
+        return asked
+
+    def _scan_now(self) -> None:
+        asked, self._asked = self._asked, []
+        origins, self._origins = self._origins, {}
+        self._scanning = True
         listed = self._systemd.list_units_by_patterns([], ["*.service"])
-        return listed.addCallback(self._listed, origins or {})
+        listed.addCallback(self._listed, origins)
+        listed.addBoth(self._scanned, asked)
+
+    def _scanned(self, outcome: object, asked: list[defer.Deferred[None]]) -> None:
+        self._scanning = False
+        for each in asked:
+            if isinstance(outcome, Failure):
+                each.errback(outcome)
+            else:
+                each.callback(None)
+        if self._asked:  # asked meanwhile: that listing may predate it
+            self._scan_now()
 
     def find(self, pid: int | None) -> Leftover | None:
         """The leftover with main pid ``pid`` (leftovers have no labels)."""

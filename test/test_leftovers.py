@@ -340,3 +340,48 @@ def test_a_start_lost_with_the_connection_is_found_after_it(systemd):
     server.systemd_restored()
     assert list(server.leftovers.units) == ["sdexec-lost.service"]
     assert ("stop", "sdexec-lost.service") in systemd.calls
+
+
+def test_scans_asked_while_one_is_in_flight_are_made_once_after_it(
+    systemd, monkeypatch
+):
+    # Units restarted by hand one after another each asked for a list of
+    # every service of the manager.
+    listings: list[defer.Deferred] = []
+    listed = systemd.list_units_by_patterns
+
+    def held(states, patterns):
+        listings.append(defer.Deferred())
+        return listings[-1].addCallback(lambda _: listed(states, patterns))
+
+    monkeypatch.setattr(systemd, "list_units_by_patterns", held)
+    server = make_server(systemd)
+    first = server.leftovers.scan()
+    leftover(systemd, "sdexec-a.service")
+    later = [
+        server.leftovers.scan({"sdexec-a.service": "of this run"}) for _ in range(3)
+    ]
+    assert len(listings) == 1
+    listings[0].callback(None)
+    assert first.called and not any(scan.called for scan in later)
+    assert len(listings) == 2  # one more, for all three
+    listings[1].callback(None)
+    assert all(scan.called for scan in later)
+    assert list(server.leftovers.units) == ["sdexec-a.service"]
+
+
+def test_a_failed_scan_fails_its_callers_and_the_next_goes_on(systemd, monkeypatch):
+    listings: list[defer.Deferred] = []
+    monkeypatch.setattr(
+        systemd,
+        "list_units_by_patterns",
+        lambda *_: listings.append(defer.Deferred()) or listings[-1],
+    )
+    server = make_server(systemd)
+    first, second = server.leftovers.scan(), server.leftovers.scan()
+    failures: list = []
+    first.addErrback(failures.append)
+    listings[0].errback(SystemdError(NO_SUCH_UNIT, "gone"))
+    assert len(failures) == 1 and len(listings) == 2
+    listings[1].callback([])
+    assert second.called

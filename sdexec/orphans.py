@@ -43,6 +43,7 @@ from sdexec.signals import signal_name
 __all__ = [
     "GRACE_S",
     "LostUnitKill",
+    "expected_unit_cgroup",
     "lost_unit_reason",
     "signal_cgroup",
     "unit_cgroup",
@@ -96,6 +97,55 @@ def _unit_path(path: str, unit: str, manager: str) -> str | None:
         if not part.endswith(".slice"):
             return None
     return None
+
+
+def expected_unit_cgroup(
+    manager_cgroup: str | None, slice_name: object, unit: str
+) -> str | None:
+    """Where the manager whose cgroup is ``manager_cgroup`` makes the cgroup
+    of ``unit`` in ``slice_name`` (``a-b.slice`` is ``/a.slice/a-b.slice``,
+    ``-.slice`` the manager's own), with systemd's escape of the unit's
+    name; ``None`` without both."""
+    if manager_cgroup is None or not isinstance(slice_name, str) or not slice_name:
+        return None
+    path = manager_cgroup.rstrip("/")
+    if slice_name != "-.slice":
+        parts = slice_name.removesuffix(".slice").split("-")
+        for n in range(len(parts)):
+            path += f"/{_cg_escape('-'.join(parts[: n + 1]) + '.slice')}"
+    return f"{path}/{_cg_escape(unit)}"
+
+
+#: The controllers whose names systemd will not let a cgroup's name begin
+#: with (``cpu.service`` is made ``_cpu.service``: cg_escape).
+_CONTROLLERS = frozenset(
+    [
+        "cpu",
+        "cpuacct",
+        "cpuset",
+        "io",
+        "blkio",
+        "memory",
+        "devices",
+        "pids",
+        "bpf-firewall",
+        "bpf-devices",
+        "bpf-foreign",
+        "bpf-socket-bind",
+        "bpf-restrict-network-interfaces",
+    ]
+)
+
+
+def _cg_escape(name: str) -> str:
+    """systemd's ``cg_escape``: a leading ``_`` where the kernel could take
+    the name for one of its own files."""
+    special = name[:1] in ("", "_", ".") or name.startswith("cgroup.")
+    special = special or name in ("notify_on_release", "release_agent", "tasks")
+    prefix, dot, _ = name.rpartition(".")
+    if special or (dot and prefix in _CONTROLLERS):
+        return f"_{name}"
+    return name
 
 
 @dataclass

@@ -28,7 +28,7 @@ from twisted.python.failure import Failure
 from sdexec.config import DEFAULT_START_TIMEOUT
 from sdexec.ioencode import encode_io
 from sdexec.limits import listed_cmdline
-from sdexec.orphans import LostUnitKill, unit_cgroup
+from sdexec.orphans import LostUnitKill, expected_unit_cgroup, unit_cgroup
 from sdexec.passthrough import NO_STDIO, PassedStdio
 from sdexec.plan import ExecPlan, RequestError
 from sdexec.protocol import ExecFlag
@@ -158,8 +158,10 @@ class Process:
         self.started_again = False
         #: The unit's InvocationID, first seen once it started.
         self._invocation: bytes | None = None
-        #: The unit's cgroup, noted while it runs (sdexec.orphans).
+        #: The unit's cgroup, noted while it runs (sdexec.orphans), and the
+        #: cgroup of the manager asked to start it.
         self._cgroup: str | None = None
+        self._manager_cgroup: str | None = None
         self._orphans_ended = False
         #: Output streams that reached EOF while the receipt was being read.
         self._eofs_after_finished: list[str] = []
@@ -234,6 +236,7 @@ class Process:
         """Make the channels, watch the unit, ask systemd to start it. If
         that fails (EMFILE), nothing of it is left: no socket, no watch."""
         passed = self._passed
+        self._manager_cgroup = self._systemd.control_group
         pairs: dict[str, tuple[socket.socket, socket.socket]] = {}
         try:
             for name in STREAMS:
@@ -469,7 +472,7 @@ class Process:
             # A unit its manager knows and never started (no invocation): a
             # new manager's, made from the file a killed one left. Also once
             # its outcome is known: what ignored the stop runs on.
-            self._end_what_it_left()
+            self._end_what_it_left(properties)
         if gone is not None and not self._outcome_known:
             self._vanished(gone)
             return
@@ -710,15 +713,22 @@ class Process:
                 manager = self._systemd.control_group
                 self._cgroup = unit_cgroup(self.unit_name, pid, manager)
 
-    def _end_what_it_left(self) -> None:
+    def _end_what_it_left(self, state: dict[str, Any]) -> None:
         """Its manager lost the unit, and its processes run on outside any
-        unit, followed by no one: end them (sdexec/orphans.py)."""
-        if self._cgroup is None or self._orphans_ended:
+        unit, followed by no one: end them (sdexec/orphans.py). Where no
+        cgroup was noted (its main process gone before it could be read),
+        where the manager made it: in its own cgroup, noted when the start
+        was asked for, and the unit's slice (the new manager loads the
+        same, from the same file)."""
+        cgroup = self._cgroup or expected_unit_cgroup(
+            self._manager_cgroup, state.get("Slice"), self.unit_name
+        )
+        if cgroup is None or self._orphans_ended:
             return
         self._orphans_ended = True
         LostUnitKill(
             self.unit_name,
-            self._cgroup,
+            cgroup,
             self.stop_timer.signum,
             self._context.clock,
             self._context.drain,

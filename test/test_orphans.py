@@ -19,6 +19,7 @@ from sdexec import orphans
 from sdexec.orphans import (
     GRACE_S,
     LostUnitKill,
+    expected_unit_cgroup,
     lost_unit_reason,
     signal_cgroup,
     unit_cgroup,
@@ -290,3 +291,23 @@ def kill_root(kill: LostUnitKill, root: Path) -> LostUnitKill:
 
 def test_the_module_names_what_it_offers():
     assert set(orphans.__all__) >= {"unit_cgroup", "signal_cgroup", "LostUnitKill"}
+
+
+@pytest.mark.parametrize(
+    ("manager", "slice_name", "unit", "path"),
+    [
+        (MANAGER, "app.slice", UNIT, CGROUP),
+        ("/", "system.slice", UNIT, f"/system.slice/{UNIT}"),
+        ("", "a-b-c.slice", UNIT, f"/a.slice/a-b.slice/a-b-c.slice/{UNIT}"),
+        (MANAGER, "-.slice", UNIT, f"{MANAGER}/{UNIT}"),
+        (MANAGER, "app.slice", "cpu.service", f"{MANAGER}/app.slice/_cpu.service"),
+        (MANAGER, "app.slice", "_x.service", f"{MANAGER}/app.slice/__x.service"),
+        (None, "app.slice", UNIT, None),
+        (MANAGER, "", UNIT, None),
+        (MANAGER, None, UNIT, None),
+    ],
+)
+def test_where_a_manager_makes_a_unit_s_cgroup(manager, slice_name, unit, path):
+    # For a unit whose main process was gone before its cgroup was read:
+    # the new manager loads the unit's slice from the same file.
+    assert expected_unit_cgroup(manager, slice_name, unit) == path

@@ -191,6 +191,29 @@ def test_the_unit_s_own_control_group_is_noted_where_read(
     assert orphan_kills == [(UNIT, "/app.slice/the-unit-s-own", signal.SIGUSR1)]
 
 
+def test_with_no_cgroup_noted_it_is_found_where_the_manager_made_it(
+    systemd, server, connection, orphan_kills
+):
+    # The main process was gone before its cgroup could be read, and no
+    # GetAll read the unit's: the manager (its cgroup noted when the start
+    # was asked for) made it in the unit's slice, which the new manager
+    # loads from the same file.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT, pid=GONE)
+    systemd.change(UNIT, OURS)
+    systemd.lose()
+    systemd.units[UNIT] = {
+        **INACTIVE,
+        "LoadState": "bad-setting",
+        "Slice": "app.slice",
+        **ANOTHER,
+    }
+    systemd.restore()
+    assert orphan_kills == [
+        (UNIT, f"{systemd.control_group}/app.slice/{UNIT}", signal.SIGUSR1)
+    ]
+
+
 def test_a_unit_started_again_by_hand_is_not_ours_any_more(
     systemd, server, connection, orphan_kills
 ):

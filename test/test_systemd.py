@@ -31,7 +31,7 @@ from twisted.internet.defer import Deferred
 
 from sdexec.command import Command, unit_properties
 from sdexec.idset import IDset
-from sdexec.orphans import unit_cgroup
+from sdexec.orphans import expected_unit_cgroup, unit_cgroup
 from sdexec.property import UINT32_MAX, UINT64_MAX, PropertyError, percent_scale
 from sdexec.systemd import SystemdClient, SystemdError, unit_object_path
 from sdexec.systemd.unit import UnitStatus
@@ -425,9 +425,12 @@ async def test_the_manager_s_own_cgroup_is_read_and_holds_its_units(units):
     assert units.client.control_group == shown.stdout.strip()
     run = await units.start(["sleep", "30"])
     status = await run.until(lambda s: s.pid > 0, "running")
-    path = (await service_properties(run))["ControlGroup"]
+    service = await service_properties(run)
+    path = service["ControlGroup"]
     assert path.startswith(f"{units.client.control_group.rstrip('/')}/")
     assert unit_cgroup(run.name, status.pid, units.client.control_group) == path
+    manager = units.client.control_group
+    assert expected_unit_cgroup(manager, service["Slice"], run.name) == path
     await run.finish()
 
 

@@ -1,5 +1,6 @@
-"""Leftover units: units an earlier run of this service started and no
-process of this run tracks (Flux's ``sdmon``).
+"""Leftover units: units of this service that no process of this run
+tracks (Flux's ``sdmon``): an earlier run's, or this run's lost starts,
+units given up and units restarted by hand.
 
 A service killed with SIGKILL, or one whose start job's reply was lost with
 the connection to systemd, leaves units running that nobody follows. The
@@ -13,16 +14,17 @@ endpoint counts by its socket path alone, so its options (``mode=``,
 that path (``//``, ``./`` and symlinked directories resolved). Units without the
 mark — other programs', other services' — are never touched.
 
-At start and after every reconnection the service lists the manager's
-services (``ListUnitsByPatterns``) and adopts every marked one it does not
-track: each is logged, listed by ``sdexec.list``/``sdexec ps`` with state
-``O`` (and so in ``stats``), can be signalled by ``sdexec.kill``, and is
-followed until it is unloaded: one that ended is stopped
-(``active/exited``) or reset (``failed``) so it does not stay loaded. With
-``[sdexec] leftover-units = "stop"`` (the default) each is stopped at once
-and the service stays drained, with the reason ``N leftover units from a
-previous run`` (``N leftover units`` once a reconnection's scan has found
-one of this run's own), until they are gone; ``"keep"`` leaves them running.
+At start, after every reconnection and when a unit restarted by hand is
+reaped, the service lists the manager's services (``ListUnitsByPatterns``)
+and adopts every marked one it does not track: each is logged, listed by
+``sdexec.list``/``sdexec ps`` with state ``O`` (and so in ``stats``), can
+be signalled by ``sdexec.kill``, and is followed until it is unloaded: one
+that ended is stopped (``active/exited``) or reset (``failed``) so it does
+not stay loaded. With ``[sdexec] leftover-units = "stop"`` (the default)
+each is stopped at once and the service stays drained, with the reason ``N
+leftover units from a previous run`` (``1 leftover unit`` for one; without
+"from a previous run" while one of this run's is among them), until they
+are gone; ``"keep"`` leaves them running.
 
 A leftover that stays *deactivating* (a process that ignores the stop's
 SIGTERM: its units have ``SendSIGKILL=no`` and no stop timeout, so systemd
@@ -283,7 +285,7 @@ class Leftovers:
         """List the manager's services, adopt the marked ones nobody tracks,
         and follow (and, per ``leftover-units``, stop) every leftover.
         ``origins``: how the log names some of this run's own, by name
-        (else: a previous run's at the first scan, a lost start's after).
+        (else: a previous run's at the first scan, :data:`UNFOLLOWED` after).
 
         Asked while a scan is in flight (units restarted by hand one after
         another, a reconnection meanwhile), it waits for one more scan

@@ -5,7 +5,8 @@ negotiation included: the text format, or OpenMetrics when the scraper asks
 for it). Two kinds of metric:
 
 - those ``/stats`` already counts, read from the server's ``stats()`` at
-  each scrape (:class:`_StatsCollector`), so both endpoints agree;
+  a scrape (:class:`_StatsCollector`; the service reuses a reading as
+  sdexec/stats.py ``recent`` says), so both endpoints agree;
 - those only an observer sees, fed by two optional hooks:
   ``SystemdClient.on_call`` (every D-Bus method call: its member, duration
   and whether it succeeded) and ``SdexecServer.observer`` (each exec
@@ -193,7 +194,8 @@ class _ExecWatch:
 
 
 class _StatsCollector(Collector):
-    """The ``/stats`` numbers as metrics, read at each scrape."""
+    """The ``/stats`` numbers as metrics, read at a scrape (reused as the
+    ``stats`` callable it is given says)."""
 
     def __init__(self, reactor: Any, stats: Callable[[], dict]) -> None:
         self._reactor = reactor

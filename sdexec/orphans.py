@@ -14,12 +14,17 @@ There it is trusted only at the place systemd gives the unit's cgroup: in
 the manager's own cgroup, below nothing but slices. A user may name a
 cgroup of theirs like the unit, but only the manager makes one there; and
 the main process may have been in a group below it (``DelegateSubgroup``).
+Where neither was read (the main process was gone first), it is where the
+manager makes it (:func:`expected_unit_cgroup`): the manager's cgroup when
+the start was asked for, the unit's ``Slice`` and its name, escaped as
+systemd does.
 
 The processes found there first get the unit's stop-timer signal (for a
 job under Flux's IMP, its proxy for SIGKILL: the IMP ends what its user
-owns, which the service may not signal), then, after :data:`GRACE_S`,
-SIGKILL, pass after pass until a pass finds no process it has not seen
-(one may fork while the group is read). Each is signalled through a pidfd
+owns, which the service may not signal), then, after :data:`GRACE_S` (at
+once if that signal is SIGKILL), SIGKILL, pass after pass (at most 16)
+until a pass finds no process it has not seen (one may fork while the
+group is read). Each is signalled through a pidfd
 opened before its cgroup is checked, so a pid the kernel gave to another
 program since is signalled only if it sits in that very cgroup. What may
 not be signalled (another user's, without an IMP) is told: the node

@@ -625,7 +625,8 @@ class SdexecServer:
         return None
 
     def kill(self, payload: dict) -> defer.Deferred[dict] | AwaitingStart:
-        """Signal a process by ``pid`` or ``label``; a Deferred."""
+        """Signal a process by ``pid`` or ``label``: a Deferred, or an
+        :class:`AwaitingStart` around one while the process has not started."""
         signum = payload.get("signum")
         if not _is_integer(signum) or not 0 < signum < signal.NSIG:
             raise RequestError(
@@ -1134,9 +1135,10 @@ def _streaming(message: dict) -> bool:
 #: (docs/performance.md).
 CLIENT_BUFFER_SIZE = 256 * 1024
 
-#: Requests of one connection that may await their answer at once: kills,
-#: answered once systemd has (or, before the process's ``started``, once it
-#: has started). Such a request sends nothing until then, so the response
+#: Requests of one connection that may await their answer at once: kills
+#: of a started process (or a leftover), answered once systemd has; a kill
+#: held for a start (:class:`AwaitingStart`) is not counted. Such a request
+#: sends nothing until then, so the response
 #: back-pressure never stopped a client sending them: one connection queued
 #: 100,000 ``KillUnit`` calls (224 MB) in the call window every client
 #: shares, ahead of every other client's ``StartTransientUnit``. At the cap

@@ -49,7 +49,7 @@ _TOO_LARGE = (
 )
 
 
-#: The most of the service's time answers to the site may take: an answer
+#: The most of the service's time each answer of the site may take: one
 #: that took T to make is given again for T / STATS_SHARE before it is made
 #: anew. Any local user may ask back to back, and with 2000 jobs one /stats
 #: answer held the reactor 85 ms; a small table's is fresh within ms.

@@ -383,7 +383,8 @@ class Process:
         if self._reaped or self._watch is None or UnitCall.START not in self._called:
             return  # a start lost with the connection ended its request
         self._called.discard(UnitCall.CONFIRM_FAILURE)  # this refresh confirms
-        self._watch.refresh().addErrback(self._resync_failed)
+        refreshed = self._watch.refresh()
+        refreshed.addCallbacks(self._lost_before_started, self._resync_failed)
         if self._stop_wanted or isinstance(self._responder, _Nowhere):
             # A stop the loss failed (a deadline's, a fence's), or a client
             # that left while systemd was away.
@@ -692,6 +693,22 @@ class Process:
         self._fail(errno.EIO, message)
         self._stop()
         self._maybe_end()
+
+    def _lost_before_started(self, state: dict[str, Any]) -> None:
+        """Read again after an outage, a unit whose start systemd accepted
+        and that sdexec never saw start has no start job, no invocation and
+        runs nothing: its manager was killed before the start was followed
+        (the new one loaded the unit from the dead one's file), and will
+        never start it. The request would wait out ``start-timeout``, and
+        its process, if it ran, runs on outside any unit."""
+        if Sent.STARTED in self._sent or self._ended or self._reaped:
+            return
+        job = state.get("Job")
+        no_job = isinstance(job, (list, tuple)) and len(job) == 2 and job[0] == 0
+        never_started = not state.get("InvocationID") and no_job
+        if never_started and state.get("ActiveState") == "inactive":
+            self._end_what_it_left(state)
+            self._vanished(_LOST)
 
     def _resync_failed(self, failure: Failure) -> None:
         if is_connection_lost(failure.value):

@@ -214,6 +214,55 @@ def test_with_no_cgroup_noted_it_is_found_where_the_manager_made_it(
     ]
 
 
+NEVER_STARTED = {
+    "ActiveState": "inactive",
+    "SubState": "dead",
+    "ExecMainPID": 0,
+    "ExecMainCode": 0,
+    "LoadState": "bad-setting",
+    "Slice": "app.slice",
+    "Job": [0, "/"],
+    **ANOTHER,
+}
+
+
+def test_a_unit_lost_before_its_start_was_followed_is_gone_at_once(
+    systemd, server, connection, orphan_kills
+):
+    # The manager was killed after it ran the command and before sdexec
+    # saw the unit start (a burst of starts keeps it busy): the request
+    # waited out start-timeout, and the process ran on.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.lose()
+    systemd.units[UNIT] = dict(NEVER_STARTED)
+    systemd.restore()
+    assert error_of(connection.last()) == (
+        errno.EIO,
+        f"unit {UNIT} is gone (lost while systemd was away)",
+    )
+    assert server.processes == {}
+    assert orphan_kills == [
+        (UNIT, f"{systemd.control_group}/app.slice/{UNIT}", signal.SIGUSR1)
+    ]
+
+
+def test_a_start_still_queued_after_an_outage_is_waited_for(
+    systemd, server, connection, orphan_kills
+):
+    # The bus went, the manager stayed: its start job is still there.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.lose()
+    systemd.units[UNIT] = {
+        **NEVER_STARTED,
+        "Job": [7, "/org/freedesktop/systemd1/job/7"],
+    }
+    systemd.restore()
+    assert [p.unit_name for p in server.processes.values()] == [UNIT]
+    assert orphan_kills == []
+    systemd.run(UNIT)
+    assert connection.responses()[-1]["payload"]["type"] == "started"
+
+
 def test_a_unit_started_again_by_hand_is_not_ours_any_more(
     systemd, server, connection, orphan_kills
 ):

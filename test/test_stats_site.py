@@ -27,6 +27,7 @@ from sdexec.stats import (
     MAX_STATS_CONNECTIONS,
     STATS_SHARE,
     STATS_TIMEOUT,
+    _rendered,
     recent,
     stats_site,
 )
@@ -307,3 +308,11 @@ async def test_no_access_log_line_repeats_what_a_request_sent(site_port):
     assert answer.startswith(b"HTTP/1.1 200")
     assert not [event for event in logged if "AAAA" in str(event)]
     assert not [event for event in logged if "BBBB" in str(event)]
+
+
+def test_stats_are_rendered_as_indented_json():
+    stats = {"procs": [{"pid": 7, "cmdline": "é ☃ \x01", "cpu": 0.25, "job": None}]}
+    body = _rendered(stats)
+    assert json.loads(body) == stats
+    assert body.startswith(b'{\n  "procs": [\n    {\n      "pid": 7,')
+    assert body.endswith(b"\n}\n")

@@ -211,7 +211,11 @@ class Tracked:
         if not self.waitable:
             raise RequestError(errno.EINVAL, f"{self._name}: not started waitable")
         if self._waiter is not None:
-            raise RequestError(errno.EBUSY, f"{self._name}: another wait is pending")
+            # EINVAL and these words as upstream's subprocess server, which
+            # Flux's own tests look for.
+            raise RequestError(
+                errno.EINVAL, f"{self._name}: process is already being waited on"
+            )
         if self.attached:
             raise RequestError(errno.EBUSY, f"{self._name}: a client is attached")
         self._waiter = waiter

@@ -46,6 +46,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from sdexec.limits import listed_name
 from sdexec.plan import ExecPlan
 from sdexec.sockets import unix_path
 from sdexec.systemd import Manager, UnitStatus
@@ -159,9 +160,11 @@ class Leftover:
         return self._systemd.kill_unit(self.name, who, signum)
 
     def describe(self) -> dict[str, Any]:
+        cmdline = self.description.split(" ")
         return {
             "pid": self.pid,
-            "cmdline": self.description.split(" "),
+            "cmd": listed_name(cmdline),
+            "cmdline": cmdline,
             "label": None,
             "unit": self.name,
             "state": LEFTOVER_STATE,

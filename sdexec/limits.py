@@ -44,6 +44,7 @@ __all__ = [
     "MAX_ARG_STRLEN",
     "MAX_COMMAND",
     "MAX_LISTED_CMDLINE",
+    "MAX_LISTED_NAME",
     "MAX_NAME",
     "MAX_START_MESSAGE",
     "NAME_MAX",
@@ -58,6 +59,7 @@ __all__ = [
     "check_texts",
     "command_text",
     "listed_cmdline",
+    "listed_name",
 ]
 
 #: Linux's ``MAX_ARG_STRLEN`` (``32 * PAGE_SIZE``: 131072 with 4 KiB pages):
@@ -281,6 +283,24 @@ def check_lengths(cwd: str | None, names: Mapping[str, str | None]) -> None:
                 errno.EINVAL,
                 f"{field}: {len(value.encode())} bytes; at most {MAX_NAME}",
             )
+
+
+#: The longest ``cmd`` of a ``list`` entry, as upstream's subprocess server
+#: cuts it (a 64-byte buffer).
+MAX_LISTED_NAME: Final = 63
+
+
+def listed_name(cmdline: Sequence[str]) -> str:
+    """The ``cmd`` of a ``list`` entry, as upstream's subprocess server
+    gives it: the program, and for ``flux`` (every Flux command begins so)
+    its subcommand too (``flux module-exec``), cut at
+    :data:`MAX_LISTED_NAME` characters."""
+    if not cmdline:
+        return ""
+    name = cmdline[0]
+    if name == "flux" and len(cmdline) > 1:
+        name = f"flux {cmdline[1]}"
+    return name[:MAX_LISTED_NAME]
 
 
 def listed_cmdline(cmdline: Sequence[str]) -> list[str]:

@@ -27,7 +27,7 @@ from twisted.python.failure import Failure
 
 from sdexec.config import DEFAULT_START_TIMEOUT
 from sdexec.ioencode import encode_io
-from sdexec.limits import listed_cmdline
+from sdexec.limits import listed_cmdline, listed_name
 from sdexec.orphans import LostUnitKill, expected_unit_cgroup, unit_cgroup
 from sdexec.passthrough import NO_STDIO, PassedStdio
 from sdexec.plan import ExecPlan, RequestError
@@ -213,6 +213,7 @@ class Process:
         """The process's ``sdexec.list`` entry."""
         return {
             "pid": self.pid if self.pid is not None else -1,
+            "cmd": listed_name(self.cmdline),
             "cmdline": listed_cmdline(self.cmdline),
             "label": self.label,
             "unit": self.unit_name,

@@ -1160,7 +1160,7 @@ def _quotable(errstr: str) -> str:
 
 
 #: What ``stats(detail=False)`` leaves out of each process.
-_DETAIL_FIELDS = frozenset({"cmdline", "label"})
+_DETAIL_FIELDS = frozenset({"cmd", "cmdline", "label"})
 
 
 def _without(mapping: dict, keys: frozenset[str]) -> dict:

@@ -14,6 +14,7 @@ from sdexec.limits import (
     MAX_ARG_STRLEN,
     MAX_COMMAND,
     MAX_LISTED_CMDLINE,
+    MAX_LISTED_NAME,
     MAX_NAME,
     MAX_START_MESSAGE,
     PATH_MAX,
@@ -27,6 +28,7 @@ from sdexec.limits import (
     check_texts,
     command_text,
     listed_cmdline,
+    listed_name,
 )
 from sdexec.refusal import RequestRefused
 
@@ -257,3 +259,11 @@ def test_checks_only_ever_refuse_with_request_refused(command: dict) -> None:
         )
     except RequestRefused as error:
         assert error.errnum in (errno.EINVAL, errno.E2BIG)
+
+
+def test_a_listed_name_is_upstream_s_cmd() -> None:
+    assert listed_name(["/bin/sleep", "30"]) == "/bin/sleep"
+    assert listed_name(["flux", "module-exec", "x"]) == "flux module-exec"
+    assert listed_name(["flux"]) == "flux"
+    assert listed_name([]) == ""
+    assert listed_name(["x" * 100]) == "x" * MAX_LISTED_NAME

@@ -110,6 +110,17 @@ def test_list_stats_and_undrain(server, connection):
     assert server.drain_reason is None
 
 
+def test_a_list_entry_has_upstream_s_fields(systemd, server, connection):
+    # Flux's subprocess server lists {pid, cmd, label, state}: a client
+    # written for it finds them here too, beside sdexec's own.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT, pid=99)
+    connection.send("sdexec.list", {}, matchtag=2)
+    (listed,) = connection.last()["payload"]["procs"]
+    assert listed["cmd"] == "/bin/true" and listed["cmdline"] == ["/bin/true"]
+    assert {"pid": 99, "state": "R"}.items() <= listed.items()
+
+
 def test_stats_tell_a_unit_stuck_deactivating(systemd, server, connection):
     # list stays RFC 42's; stats add systemd's state and the stop timer, as
     # Flux's sdexec stats show a unit's ActiveState.SubState.

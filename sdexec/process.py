@@ -172,6 +172,8 @@ class Process:
         self._kill_main_wanted = False
         #: Signals asked for before ``started`` (signal, who), with answers.
         self._early_kills: list[tuple[int, str, defer.Deferred[None]]] = []
+        #: Fired once those signals have gone out (:meth:`signals_go_out`).
+        self._signals_out: list[defer.Deferred[None]] = []
         self.stop_timer = StopTimer(
             context.clock,
             plan.stop_timer.seconds,
@@ -336,6 +338,13 @@ class Process:
         held: defer.Deferred[None] = defer.Deferred()
         self._early_kills.append((signum, who, held))
         return held
+
+    def signals_go_out(self) -> defer.Deferred[None]:
+        """Fires once the signals held for the start have been sent (their
+        calls to systemd made); never if the process never starts."""
+        out: defer.Deferred[None] = defer.Deferred()
+        self._signals_out.append(out)
+        return out
 
     def unkillable(self, reason: str) -> None:
         """The unit would not die: end the stream with EDEADLK (``reason``
@@ -525,11 +534,15 @@ class Process:
 
     def _send_early_kills(self) -> None:
         kills, self._early_kills = self._early_kills, []
+        out, self._signals_out = self._signals_out, []
         for signum, who, held in kills:
             self.kill(signum, who).chainDeferred(held)
+        for each in out:
+            each.callback(None)
 
     def _drop_early_kills(self) -> None:
         kills, self._early_kills = self._early_kills, []
+        self._signals_out = []  # they never go out
         for _, _, held in kills:
             held.errback(_never_started())
 

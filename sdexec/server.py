@@ -643,11 +643,12 @@ class SdexecServer:
         if process is None:
             target = f"label={label}" if label is not None else f"pid={pid}"
             raise RequestError(errno.ESRCH, f"kill {target} not found")
-        waits = isinstance(process, Process) and process.signals_wait_for_start
         answer: defer.Deferred[dict] = process.kill(signum, who).addCallback(
             lambda _: {}
         )
-        return AwaitingStart(answer) if waits else answer
+        if isinstance(process, Process) and process.signals_wait_for_start:
+            return AwaitingStart(answer, process.signals_go_out())
+        return answer
 
     def list(self) -> dict:
         """``sdexec.list``: every process, its own and its leftovers."""
@@ -884,27 +885,37 @@ class ClientProtocol(StdioReceivingProtocol):
         if result is None:
             return
         if isinstance(result, AwaitingStart):
-            self._answer_later(result.answer, reply_topic, reply_matchtag, False)
+            self._answer_later(result.answer, reply_topic, reply_matchtag, result.sent)
         elif isinstance(result, defer.Deferred):
             self._answer_later(result, reply_topic, reply_matchtag)
         else:
             self._send(reply_topic, reply_matchtag, result)
 
     def _answer_later(
-        self, answer: defer.Deferred, topic: str, matchtag: int, counted: bool = True
+        self,
+        answer: defer.Deferred,
+        topic: str,
+        matchtag: int,
+        sent: defer.Deferred | None = None,
     ) -> None:
-        """Send ``answer``'s outcome once it comes; until then a request
-        ``counted`` (it waits for systemd) counts against
-        :data:`MAX_UNANSWERED`, and at the cap no more of the connection's
-        requests are read."""
+        """Send ``answer``'s outcome once it comes. While it waits for
+        systemd (from when its call is ``sent``, if that comes later) it
+        counts against :data:`MAX_UNANSWERED`, and at the cap no more of
+        the connection's requests are read."""
         answer.addCallbacks(
             lambda payload: self._send(topic, matchtag, payload),
             lambda failure: self._send_error(
                 topic, matchtag, _errno_of(failure.value), failure.getErrorMessage()
             ),
         )
-        if answer.called or not counted:
-            return  # answered at once, or not waiting for systemd
+        if sent is None:
+            self._count_unanswered(answer)
+        else:
+            sent.addCallback(lambda _: self._count_unanswered(answer))
+
+    def _count_unanswered(self, answer: defer.Deferred) -> None:
+        if answer.called:
+            return  # answered at once
         self._unanswered += 1
         answer.addBoth(self._answered)
         if self._too_many_unanswered:
@@ -1137,7 +1148,8 @@ CLIENT_BUFFER_SIZE = 256 * 1024
 
 #: Requests of one connection that may await their answer at once: kills
 #: of a started process (or a leftover), answered once systemd has; a kill
-#: held for a start (:class:`AwaitingStart`) is not counted. Such a request
+#: held for a start (:class:`AwaitingStart`) counts once it has gone out.
+#: Such a request
 #: sends nothing until then, so the response
 #: back-pressure never stopped a client sending them: one connection queued
 #: 100,000 ``KillUnit`` calls (224 MB) in the call window every client
@@ -1183,14 +1195,17 @@ def _is_text(value: object) -> TypeGuard[str]:
 
 
 class AwaitingStart(NamedTuple):
-    """An answer that waits for a process to start, not for systemd: it
-    places no call meanwhile (a process holds at most ``MAX_EARLY_KILLS``
-    such signals), so it does not count against :data:`MAX_UNANSWERED`.
-    Counted, 64 kills of processes slow to start stopped the reading of
+    """An answer that waits for a process to start before it waits for
+    systemd: it places no call meanwhile (a process holds at most
+    ``MAX_EARLY_KILLS`` such signals), so it counts against
+    :data:`MAX_UNANSWERED` only once its call is ``sent``. Counted from the
+    request, 64 kills of processes slow to start stopped the reading of
     their connection for as long as ``start-timeout``: on a connection that
-    carries every job of a node, the kill of a running job too."""
+    carries every job of a node, the kill of a running job too. Never
+    counted, each starting process let 64 more calls into the window."""
 
     answer: defer.Deferred
+    sent: defer.Deferred
 
 
 class _Held(NamedTuple):

@@ -285,6 +285,24 @@ def test_kills_awaiting_a_start_do_not_count(systemd, connection):
     assert len(kill_tags(connection)) == MAX_UNANSWERED
 
 
+def test_kills_held_for_a_start_count_once_they_go_out(systemd, connection, kills_held):
+    # Never counted, each starting process let its 64 held kills into the
+    # call window at once, the flood the cap is for.
+    cmd = {**TRUE, "label": "job"}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd}, matchtag=1)
+    early = {"signum": 10, "label": "job"}
+    early_kills = b"".join(request(KILL, early, 100 + n) for n in range(MAX_UNANSWERED))
+    deliver(connection, early_kills)
+    assert connection.transport.producerState == "producing"
+    systemd.run(UNIT, pid=77)  # started: they go to systemd, unanswered
+    assert len(kills_held) == MAX_UNANSWERED
+    assert connection.transport.producerState == "paused"
+    for answer in kills_held:
+        answer.callback(None)
+    assert connection.transport.producerState == "producing"
+    assert len(kill_tags(connection)) == MAX_UNANSWERED
+
+
 def test_reading_resumes_only_once_both_the_reader_and_the_answers_allow(
     systemd, connection, kills_held
 ):

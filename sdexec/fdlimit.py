@@ -44,14 +44,18 @@ def no_room_for_a_process(processes: int, connections: int) -> str | None:
     """Why a process cannot be started now, if the open-file limit has no
     room for its descriptors and :data:`RESERVE` besides: at ``EMFILE`` an
     exec would fail halfway, and so would accepting connections and
-    reconnecting to systemd. The descriptors are counted (``/proc/self/fd``)
-    only once the ``processes`` and ``connections`` held come near it."""
+    reconnecting to systemd. The descriptors are counted each time where
+    the kernel tells their number at no cost; elsewhere (``/proc/self/fd``
+    listed) only once the ``processes`` and ``connections`` held come near
+    the limit."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return None
-    if FDS_PER_PROCESS * processes + connections + RESERVE < soft // 2:
-        return None  # far from it: no count
-    in_use = len(os.listdir("/proc/self/fd"))
+    in_use = _descriptors_counted()
+    if in_use is None:
+        if FDS_PER_PROCESS * processes + connections + RESERVE < soft // 2:
+            return None  # far from it: no listing
+        in_use = _descriptors_listed(soft)
     if in_use + 2 * FDS_PER_PROCESS + RESERVE <= soft:
         return None
     return (
@@ -59,3 +63,22 @@ def no_room_for_a_process(processes: int, connections: int) -> str | None:
         f" {soft} descriptors the service's open-file limit allows in use"
         " (raise LimitNOFILE)"
     )
+
+
+def _descriptors_counted() -> int | None:
+    """The open descriptors, as the size of ``/proc/self/fd`` (Linux 6.2
+    and later: their number, kept by the kernel, and no descriptor needed to
+    read it); ``None`` where it says nothing (0)."""
+    try:
+        return os.stat("/proc/self/fd").st_size or None
+    except OSError:
+        return None
+
+
+def _descriptors_listed(soft: int) -> int:
+    """The open descriptors, listed (it costs one per descriptor, and one
+    descriptor of its own: none left means the table is full)."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return soft

@@ -18,6 +18,7 @@ from twisted.internet import reactor
 from twisted.internet.task import Clock, deferLater
 from twisted.logger import formatEvent, globalLogPublisher
 
+import sdexec.fdlimit
 import sdexec.process
 import sdexec.server
 from sdexec.config import parse_config
@@ -811,9 +812,38 @@ def test_past_the_open_file_limit_s_room_an_exec_is_refused_up_front(
     assert len(server.processes) == 2
 
 
-def test_far_from_the_open_file_limit_nothing_is_counted(
-    systemd, server, connection, monkeypatch
+@pytest.fixture
+def no_count_from_the_kernel(monkeypatch):
+    """A kernel older than 6.2: /proc/self/fd has no size, it is listed."""
+    monkeypatch.setattr(sdexec.fdlimit, "_descriptors_counted", lambda: None)
+
+
+def test_far_from_the_open_file_limit_nothing_is_listed(
+    systemd, server, connection, monkeypatch, no_count_from_the_kernel
 ):
     monkeypatch.setattr(os, "listdir", None)  # would raise if called
     connection.send("sdexec.exec", {"cmd": TRUE, "flags": FLAGS})
     assert len(server.processes) == 1
+
+
+def test_a_table_too_full_to_list_is_full(
+    systemd, server, connection, monkeypatch, no_count_from_the_kernel
+):
+    # Listing /proc/self/fd takes a descriptor of its own: with none left
+    # it failed, and every exec got EIO "internal error" and a traceback.
+    def full(path):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "listdir", full)
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (120, 120))
+    connection.send("sdexec.exec", {"cmd": TRUE, "flags": FLAGS})
+    errnum, errstr = error_of(connection.last())
+    assert errnum == errno.EAGAIN
+    assert errstr.startswith("too many processes: 0 held, and 120 of the 120")
+    assert server.processes == {}
+
+
+def test_the_kernel_s_count_of_descriptors_is_read():
+    # Linux 6.2 and later; elsewhere (0) the table is listed instead.
+    counted = sdexec.fdlimit._descriptors_counted()
+    assert counted is None or 0 < counted <= len(os.listdir("/proc/self/fd"))

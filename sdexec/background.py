@@ -485,7 +485,9 @@ class TrackedProcesses:
     def _note_unread(self, tracked: Tracked) -> None:
         """What was just written of ``tracked`` whatever its client reads
         went to a paused connection: it may wait there unread."""
-        connection_id = tracked.sent_to
+        # Taken: a later call (a wait not answered yet) must not find an
+        # old replay's connection there.
+        connection_id, tracked.sent_to = tracked.sent_to, None
         if connection_id is not None and connection_id in self._paused:
             tracked.unread = (connection_id, self._resumes.get(connection_id, 0))
 

@@ -316,7 +316,12 @@ class Leftovers:
                 each.errback(outcome)
             else:
                 each.callback(None)
-        if self._asked:  # asked meanwhile: that listing may predate it
+        if not self._asked or self._scanning:
+            return  # none asked meanwhile, or a caller's callback scanned
+        if self._closed:  # nothing more is adopted: answer them at once
+            asked, self._asked = self._asked, []
+            self._scanned(None, asked)
+        else:  # asked meanwhile: that listing may predate it
             self._scan_now()
 
     def find(self, pid: int | None) -> Leftover | None:
@@ -347,7 +352,9 @@ class Leftovers:
         for name, description, *_ in listing:
             mark = self._mark_of(description)
             if mark and name not in self.units and name not in self.server.units:
-                self._adopt(name, description[: -len(mark)], stop, origins.get(name))
+                # An origin asked for by a scan still waiting counts too.
+                origin = origins.get(name) or self._origins.get(name)
+                self._adopt(name, description[: -len(mark)], stop, origin)
         self._listed_once = True
         undrained = self.server.drain_reason in (None, self._drained_with)
         if stop and self.units and undrained:

@@ -144,11 +144,13 @@ _CONTROLLERS = frozenset(
 
 def _cg_escape(name: str) -> str:
     """systemd's ``cg_escape``: a leading ``_`` where the kernel could take
-    the name for one of its own files."""
+    the name for one of its own files. Current systemd escapes any name
+    that begins with a controller's name and a dot (``cpu.job.service``);
+    older ones only where that is all before the last dot, a subset."""
     special = name[:1] in ("", "_", ".") or name.startswith("cgroup.")
     special = special or name in ("notify_on_release", "release_agent", "tasks")
-    prefix, dot, _ = name.rpartition(".")
-    if special or (dot and prefix in _CONTROLLERS):
+    controller, dot, _ = name.partition(".")
+    if special or (dot and controller in _CONTROLLERS):
         return f"_{name}"
     return name
 

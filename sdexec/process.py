@@ -161,7 +161,7 @@ class Process:
         #: The unit's cgroup, noted while it runs (sdexec.orphans), and the
         #: cgroup of the manager asked to start it.
         self._cgroup: str | None = None
-        self._manager_cgroup: str | None = None
+        self._start_manager_cgroup: str | None = None
         self._orphans_ended = False
         #: Output streams that reached EOF while the receipt was being read.
         self._eofs_after_finished: list[str] = []
@@ -239,7 +239,7 @@ class Process:
         """Make the channels, watch the unit, ask systemd to start it. If
         that fails (EMFILE), nothing of it is left: no socket, no watch."""
         passed = self._passed
-        self._manager_cgroup = self._systemd.control_group
+        self._start_manager_cgroup = self._systemd.control_group
         pairs: dict[str, tuple[socket.socket, socket.socket]] = {}
         try:
             for name in STREAMS:
@@ -717,6 +717,8 @@ class Process:
         its process, if it ran, runs on outside any unit."""
         if Sent.STARTED in self._sent or self._ended or self._reaped:
             return
+        if state.get("LoadState") == "not-found":
+            return  # unloaded is no proof its manager lost it: _unit_changed
         job = state.get("Job")
         no_job = isinstance(job, (list, tuple)) and len(job) == 2 and job[0] == 0
         never_started = not state.get("InvocationID") and no_job
@@ -752,7 +754,7 @@ class Process:
         was asked for, and the unit's slice (the new manager loads the
         same, from the same file)."""
         cgroup = self._cgroup or expected_unit_cgroup(
-            self._manager_cgroup, state.get("Slice"), self.unit_name
+            self._start_manager_cgroup, state.get("Slice"), self.unit_name
         )
         if cgroup is None or self._orphans_ended:
             return

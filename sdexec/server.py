@@ -811,7 +811,7 @@ class ClientProtocol(StdioReceivingProtocol):
             self._admitted_uid = uid
             return
         self.server.log_rate.warn(
-            "connection cap",
+            f"connection cap {uid}",  # each user's own share of lines
             "refusing a connection from uid {uid}: {refusal}",
             uid=uid,
             refusal=refusal,

@@ -385,3 +385,41 @@ def test_a_failed_scan_fails_its_callers_and_the_next_goes_on(systemd, monkeypat
     assert len(failures) == 1 and len(listings) == 2
     listings[1].callback([])
     assert second.called
+
+
+def test_no_scan_is_listed_after_close(systemd, monkeypatch):
+    listings: list[defer.Deferred] = []
+    monkeypatch.setattr(
+        systemd,
+        "list_units_by_patterns",
+        lambda *_: listings.append(defer.Deferred()) or listings[-1],
+    )
+    server = make_server(systemd)
+    first, queued = server.leftovers.scan(), server.leftovers.scan()
+    server.leftovers.close()
+    listings[0].callback([])
+    assert first.called and queued.called and len(listings) == 1
+
+
+def test_callers_scanning_again_from_their_callbacks_make_one_scan_at_a_time(
+    systemd, monkeypatch
+):
+    listings: list[defer.Deferred] = []
+    monkeypatch.setattr(
+        systemd,
+        "list_units_by_patterns",
+        lambda *_: listings.append(defer.Deferred()) or listings[-1],
+    )
+    server = make_server(systemd)
+    server.leftovers.scan()
+    again: list[defer.Deferred] = []
+    for _ in range(2):  # both wait for the next scan, answered together
+        server.leftovers.scan().addCallback(
+            lambda _: again.append(server.leftovers.scan())
+        )
+    listings[0].callback([])
+    listings[1].callback([])  # answers both: each asks again
+    while in_flight := [listing for listing in listings if not listing.called]:
+        assert len(in_flight) == 1  # two were listed at once
+        in_flight[0].callback([])
+    assert len(again) == 2 and all(scan.called for scan in again)

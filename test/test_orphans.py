@@ -302,6 +302,13 @@ def test_the_module_names_what_it_offers():
         (MANAGER, "-.slice", UNIT, f"{MANAGER}/{UNIT}"),
         (MANAGER, "app.slice", "cpu.service", f"{MANAGER}/app.slice/_cpu.service"),
         (MANAGER, "app.slice", "_x.service", f"{MANAGER}/app.slice/__x.service"),
+        (
+            MANAGER,
+            "app.slice",
+            "cpu.job.service",
+            f"{MANAGER}/app.slice/_cpu.job.service",
+        ),
+        (MANAGER, "app.slice", "cpus.service", f"{MANAGER}/app.slice/cpus.service"),
         (None, "app.slice", UNIT, None),
         (MANAGER, "", UNIT, None),
         (MANAGER, None, UNIT, None),

@@ -24,6 +24,7 @@ from twisted.web.server import NOT_DONE_YET
 from twisted.web.test.requesthelper import DummyRequest
 
 from sdexec.stats import (
+    MAX_REUSE_S,
     MAX_STATS_CONNECTIONS,
     STATS_SHARE,
     STATS_TIMEOUT,
@@ -84,6 +85,15 @@ def test_an_answer_takes_a_bounded_share_of_the_service_s_time():
     assert answer() == {"n": 1}
     clock.advance(0.001)
     assert answer() == {"n": 2} and produce.made == 2
+
+
+def test_an_answer_made_across_a_stall_is_not_kept_for_ten_times_it():
+    # A 60 s stall while it was made kept /stats stale for 10 minutes.
+    clock, produce = Clock(), Costly(60.0)
+    answer = recent(produce, clock, produce.timer)
+    answer()
+    clock.advance(MAX_REUSE_S)
+    assert answer() == {"n": 2}
 
 
 def test_a_cheap_answer_is_made_anew_at_once():

@@ -39,7 +39,7 @@ import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from sdexec.procfs import process_cgroups
@@ -265,6 +265,12 @@ class LostUnitKill:
         self._clock = clock
         self._drain = drain
         self._root = root
+        self._sigkill: IDelayedCall | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Whether SIGKILL is still to come."""
+        return self._sigkill is not None and self._sigkill.active()
 
     def start(self) -> None:
         if self._stop_signal == signal.SIGKILL:
@@ -272,7 +278,15 @@ class LostUnitKill:
             return
         found = self._signal(self._stop_signal)
         if found.sent or found.refused:
-            self._clock.callLater(GRACE_S, self._kill)
+            self._sigkill = self._clock.callLater(GRACE_S, self._kill)
+
+    def finish(self) -> None:
+        """SIGKILL now, if it is still to come (the service stops: its
+        timer would never fire)."""
+        if self.pending:
+            assert self._sigkill is not None
+            self._sigkill.cancel()
+            self._kill()
 
     def _kill(self) -> None:
         done = self._signal(signal.SIGKILL)

@@ -17,7 +17,7 @@ import functools
 import signal
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from twisted.internet import defer
@@ -113,6 +113,9 @@ class ProcessContext:
     #: (``[systemd] start-timeout``): a unit whose states the model does not
     #: expect (``Type=forking``, no ``ExecMainPID``, …) must not hang it.
     start_timeout: float = DEFAULT_START_TIMEOUT
+    #: The lost units' kills whose SIGKILL is still to come (the server's:
+    #: a service that stops finishes them).
+    lost_unit_kills: set[LostUnitKill] = field(default_factory=set)
     #: Receipts read the unit's cgroup files (cgroup v2): the unit is not
     #: stopped until its receipt has been read (sdexec.receipt).
     receipt_reads_cgroup: bool = True
@@ -759,13 +762,19 @@ class Process:
         if cgroup is None or self._orphans_ended:
             return
         self._orphans_ended = True
-        LostUnitKill(
+        kill = LostUnitKill(
             self.unit_name,
             cgroup,
             self.stop_timer.signum,
             self._context.clock,
             self._context.drain,
-        ).start()
+        )
+        kill.start()
+        pending = self._context.lost_unit_kills
+        for done in [each for each in pending if not each.pending]:
+            pending.discard(done)
+        if kill.pending:
+            pending.add(kill)  # the service finishes it if it stops first
 
     def _vanished(self, what: str) -> None:
         """The unit is no longer the one started (its manager restarted, it

@@ -45,6 +45,7 @@ from sdexec.jobs import Jobs
 from sdexec.leftovers import STARTED_AGAIN, Leftover, Leftovers, marked
 from sdexec.limits import check_text
 from sdexec.lograte import LogRate
+from sdexec.orphans import LostUnitKill
 from sdexec.passthrough import (
     NO_STDIO,
     PassedStdio,
@@ -144,6 +145,8 @@ class SdexecServer:
         self.jobs = Jobs(self.drain, self.count)
         #: Open connections per peer uid, against the configured caps.
         self.connections = ConnectionCount()
+        #: Lost units' kills whose SIGKILL is still to come (sdexec/orphans.py).
+        self.lost_unit_kills: set[LostUnitKill] = set()
         #: Warnings a client can cause in a loop, at a bounded rate.
         self.log_rate = LogRate(log, self.clock)
         #: Whether a unit must outlive its receipt's GetAll: cgroup v2 (tests
@@ -334,6 +337,7 @@ class SdexecServer:
             client_warning=self.log_rate.warn,
             start_timeout=self.config.systemd.start_timeout,
             receipt_reads_cgroup=self.receipt_reads_cgroup,
+            lost_unit_kills=self.lost_unit_kills,
         )
 
     def _fence_verifier(
@@ -503,6 +507,8 @@ class SdexecServer:
         stall with systemd away, at once). Leftovers are no longer followed
         (the next run finds what is left)."""
         self.stopping = True
+        for kill in list(self.lost_unit_kills):
+            kill.finish()  # its timer would never fire: what it left ends now
         for verdict in list(self._canaries):
             verdict.cancel()  # its process is abandoned below, its timer goes
         if self.leftovers is not None:

@@ -318,3 +318,18 @@ def test_where_a_manager_makes_a_unit_s_cgroup(manager, slice_name, unit, path):
     # For a unit whose main process was gone before its cgroup was read:
     # the new manager loads the unit's slice from the same file.
     assert expected_unit_cgroup(manager, slice_name, unit) == path
+
+
+def test_a_service_that_stops_sends_the_sigkill_still_to_come(tmp_path, processes):
+    # Its timer would never fire: what ignored the stop-timer signal ran on.
+    deaf = processes(deaf=True)
+    place(tmp_path, deaf.pid, f"0::{CGROUP}")
+    members(tmp_path, "sys/fs/cgroup", [deaf.pid])
+    clock = Clock()
+    kill = kill_root(LostUnitKill(UNIT, CGROUP, signal.SIGUSR1, clock, print), tmp_path)
+    kill.start()
+    assert kill.pending
+    kill.finish()
+    assert deaf.wait(timeout=30) == -9
+    assert not kill.pending and clock.getDelayedCalls() == []
+    kill.finish()  # done: nothing more

@@ -118,6 +118,8 @@ def orphan_kills(monkeypatch):
         return None if pid == GONE else f"{manager}/app.slice/{unit}@{pid}"
 
     class Recorded:
+        pending = False
+
         def __init__(self, unit, cgroup, stop_signal, clock, drain):
             self.noted = (unit, cgroup, stop_signal)
 
@@ -340,3 +342,29 @@ def test_a_kill_while_away_is_eagain(systemd, server, connection):
     systemd.lose()
     connection.send("sdexec.kill", {"pid": 99, "signum": 15}, matchtag=2)
     assert error_of(connection.last()) == (errno.EAGAIN, "reconnecting to systemd")
+
+
+def test_a_shutdown_finishes_the_lost_units_kills_still_to_come(systemd, server):
+    class Pending:
+        finished = 0
+
+        def finish(self):
+            self.finished += 1
+
+    kill = Pending()
+    server.lost_unit_kills.add(kill)
+    server.shutdown(10)
+    assert kill.finished == 1
+
+
+def test_a_lost_unit_s_kill_still_to_come_is_the_server_s_to_finish(
+    systemd, server, connection, orphan_kills, monkeypatch
+):
+    monkeypatch.setattr(sdexec.process.LostUnitKill, "pending", True)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    systemd.change(UNIT, OURS)
+    systemd.lose()
+    systemd.units[UNIT] = {**INACTIVE, "LoadState": "bad-setting", **ANOTHER}
+    systemd.restore()
+    assert [kill.noted[0] for kill in server.lost_unit_kills] == [UNIT]

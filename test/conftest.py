@@ -24,6 +24,23 @@ import pytest_twisted
 SANDBOX = Path(__file__).resolve().parent.parent / "scripts" / "systemd-user-sandbox"
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """A test that needs the real manager carries the ``systemd`` marker, so
+    that ``-m "not systemd"`` runs no manager: one without it is an error at
+    collection, not a sandbox started (or a failure) where none was asked."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if "user_manager" in getattr(item, "fixturenames", ())
+        and item.get_closest_marker("systemd") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "tests that use the real manager lack @pytest.mark.systemd: "
+            + ", ".join(unmarked)
+        )
+
+
 def _manager_reachable() -> bool:
     """Whether ``systemctl --user`` can talk to a manager. (Not
     ``is-system-running``: it says "offline" also when nothing answers.)"""

@@ -318,6 +318,7 @@ def contained(check: str = "drain") -> dict[str, str]:
     }
 
 
+@pytest.mark.systemd
 @ensureDeferred
 async def test_the_canary_agrees_with_the_node(start_service):
     enforced = node_enforces_device_policy()
@@ -335,6 +336,7 @@ async def test_the_canary_agrees_with_the_node(start_service):
         assert NOT_ENFORCED in result.error.errstr
 
 
+@pytest.mark.systemd
 @ensureDeferred
 async def test_a_reload_that_turns_containment_off_drops_the_verdict(start_service):
     service = await start_service(**contained("warn"))
@@ -343,6 +345,7 @@ async def test_a_reload_that_turns_containment_off_drops_the_verdict(start_servi
     assert service.server.stats()["device-fence"] is None
 
 
+@pytest.mark.systemd
 @ensureDeferred
 async def test_each_reload_runs_the_canary_again(start_service):
     service = await start_service(**contained("warn"))

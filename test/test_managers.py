@@ -45,6 +45,7 @@ def slice_of(cgroup_lines: bytes) -> str:
     return line.rsplit("/", 2)[-2]
 
 
+@pytest.mark.systemd
 @ensureDeferred
 async def test_the_system_bus_path_runs_units(
     system_bus_is_the_user_managers, start_service
@@ -57,6 +58,7 @@ async def test_the_system_bus_path_runs_units(
     assert slice_of(result.stdout) == "sdexec.slice"
 
 
+@pytest.mark.systemd
 @ensureDeferred
 async def test_units_start_in_the_configured_slice(start_service):
     service = await start_service(sdexec='slice = "jobs-test.slice"')
@@ -81,6 +83,7 @@ async def test_no_system_bus_is_a_one_line_start_failure(monkeypatch, tmp_path):
     assert service.ports == {}  # nothing listened
 
 
+@pytest.mark.systemd
 @ensureDeferred
 async def test_a_reload_cannot_change_the_bus(start_service):
     service = await start_service()

@@ -102,6 +102,7 @@ async def _next_messages(listener: NotifySocket, timeout: float = 10.0) -> list:
     raise AssertionError("no sd_notify message")
 
 
+@pytest.mark.systemd
 @ensureDeferred
 async def test_the_service_notifies_ready_status_reload_and_stop(
     user_manager, tmp_path, notify_socket, monkeypatch

@@ -257,6 +257,7 @@ def accounts_cpu() -> bool:
     return manager_property("DefaultCPUAccounting") == "yes"
 
 
+@pytest.mark.systemd
 @ensureDeferred
 async def test_a_real_unit_reports_result_and_what_the_node_measures(sdexec):
     client = await sdexec.connect()
@@ -271,6 +272,7 @@ async def test_a_real_unit_reports_result_and_what_the_node_measures(sdexec):
     assert sdexec.server.counters["oom-kills"] == 0
 
 
+@pytest.mark.systemd
 @ensureDeferred
 async def test_sdexec_run_reports_an_oom_kill_as_the_node_does(sdexec):
     enforced = node_kills_at_memory_max()

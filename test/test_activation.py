@@ -45,16 +45,17 @@ def _twistd_with_inherited(listener: socket.socket, tmp_path, *extra_env):
     config = tmp_path / "sdexec.toml"
     config.write_text(CONFIG.format(socket=tmp_path / "unused.sock",
                                     port=_free_port(), kill_timeout="5s"))  # fmt: skip
-    environment = {**_environment(), "LISTEN_FDS": "1", "LISTEN_FDNAMES": "sdexec",
-                   **dict(extra_env)}  # fmt: skip
+    environment = {**_environment(tmp_path), "LISTEN_FDS": "1",
+                   "LISTEN_FDNAMES": "sdexec", **dict(extra_env)}  # fmt: skip
     command = [*TWISTD, "--nodaemon", "--pidfile=", "sdexec", "--config",
                str(config), "--listen", "systemd:domain=UNIX:index=0"]  # fmt: skip
     fd = listener.fileno()
-    return subprocess.Popen(
-        [sys.executable, "-c", TRAMPOLINE, str(fd), *command],
-        pass_fds=(fd,), env=environment, cwd=tmp_path,
-        stdout=(tmp_path / "twistd.log").open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    with (tmp_path / "twistd.log").open("wb") as log:  # the child's
+        return subprocess.Popen(
+            [sys.executable, "-c", TRAMPOLINE, str(fd), *command],
+            pass_fds=(fd,), env=environment, cwd=tmp_path,
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
 
 
 def test_serves_on_an_inherited_socket_and_notifies(user_manager, tmp_path):

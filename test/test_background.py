@@ -773,10 +773,12 @@ async def test_a_connection_paused_for_other_reasons_keeps_no_slot(systemd):
     slow.bg(matchtag=2, SDEXEC_NAME="sdexec-b")
     systemd.run("sdexec-a.service", pid=10)
     systemd.run("sdexec-b.service", pid=11)
-    matchtag = 100
-    while not slow.protocol._paused:  # answers it does not read
-        matchtag += 1
+    for matchtag in range(101, 10_000):  # answers it does not read
+        if slow.protocol._paused:
+            break
         slow.send("sdexec.stats-get", {}, matchtag=matchtag)
+    else:
+        raise AssertionError("the connection never paused")
     for unit in ("sdexec-a.service", "sdexec-b.service"):
         systemd.exit(unit, status=0)
     await until(lambda: not server.processes, "reaped")

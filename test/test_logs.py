@@ -84,7 +84,7 @@ def _run_twistd(
     config.write_text(text + extra_config)
     output = tmp_path / "stdout"
     with output.open("wb") as stdout:
-        environment = {**_environment(), **environ(output)}
+        environment = {**_environment(tmp_path), **environ(output)}
         service = subprocess.Popen(
             [*TWISTD, "--nodaemon", "--pidfile=",
              *([f"--logfile={logfile}"] if logfile else []),

@@ -240,19 +240,30 @@ def test_a_cgroup_gone_meanwhile_signals_nothing(tmp_path):
 # -- the sequence --------------------------------------------------------------
 
 
-def test_the_stop_timer_signal_comes_first_then_sigkill(tmp_path, processes):
+def test_the_stop_timer_signal_comes_first_then_sigkill(
+    tmp_path, processes, monkeypatch
+):
     # Under Flux's IMP the stop-timer signal is its proxy for SIGKILL: it
     # ends what its user owns, which the service may not signal; SIGKILL
     # at once would end the IMP first.
     deaf = processes(deaf=True)
     place(tmp_path, deaf.pid, f"0::{CGROUP}")
     members(tmp_path, "sys/fs/cgroup", [deaf.pid])
+    sent: list[int] = []
+    send = signal.pidfd_send_signal
+
+    def recorded(pidfd, signum):
+        sent.append(signum)
+        send(pidfd, signum)
+
+    monkeypatch.setattr(signal, "pidfd_send_signal", recorded)
     clock, drains = Clock(), []
     kill = LostUnitKill(UNIT, CGROUP, signal.SIGUSR1, clock, drains.append)
     kill_root(kill, tmp_path).start()
-    with pytest.raises(subprocess.TimeoutExpired):
-        deaf.wait(timeout=0.2)  # ignored it
+    assert sent == [signal.SIGUSR1]
+    assert deaf.poll() is None  # it ignores it
     clock.advance(GRACE_S)
+    assert sent == [signal.SIGUSR1, signal.SIGKILL]
     assert deaf.wait(timeout=30) == -9
     assert drains == []
 

@@ -23,6 +23,7 @@ from support import (
     sleep,
     unit_names,
     unit_property,
+    until,
     wait_until_reaped,
 )
 
@@ -148,8 +149,7 @@ async def test_sdexec_name_is_the_unit_name(sdexec):
         command(["sleep", "30"], opts={"SDEXEC_NAME": name}), FLAGS,
         lambda r: r["type"] == "started" and seen.append(unit_names(name + "*")),
     )  # fmt: skip
-    while not seen:
-        await sleep(0.05)
+    await until(lambda: seen, "started")
     assert seen[0] == [f"{name}.service"]
     await handle.kill(15)
     await handle.done
@@ -175,8 +175,7 @@ async def test_properties_reach_the_unit(start_service):
                 shown[name] = unit_property(unit, name)
 
     handle = client.exec(command(["sleep", "30"], opts=opts), FLAGS, on_response)
-    while not shown:
-        await sleep(0.05)
+    await until(lambda: shown, "started")
     await handle.kill(15)
     await handle.done
     assert shown == {
@@ -260,8 +259,7 @@ async def test_list_and_stats_show_a_running_unit(sdexec):
         command(["sleep", "30"], label="napper"), FLAGS,
         lambda r: r["type"] == "started" and started.append(r["pid"]),
     )  # fmt: skip
-    while not started:
-        await sleep(0.05)
+    await until(lambda: started, "started")
     listed = (await client.list())["procs"]
     assert [(p["pid"], p["label"], p["state"]) for p in listed] == [
         (started[0], "napper", "R")
@@ -288,8 +286,7 @@ async def test_kill_delivers_the_signal(sdexec):
         command(["sleep", "30"]), FLAGS,
         lambda r: r["type"] == "finished" and result.update(r),
     )  # fmt: skip
-    while handle.pid is None:
-        await sleep(0.05)
+    await until(lambda: handle.pid is not None, "started")
     await handle.kill(15)
     await handle.done
     assert result["status"] == 15
@@ -473,8 +470,7 @@ async def test_stop_timer_abandons_a_unit_and_drains_for_real(sdexec):
 async def test_vanished_client_takes_its_units_with_it(sdexec):
     client = await sdexec.connect()
     handle = client.exec(command(["sleep", "300"]), FLAGS, lambda r: None)
-    while handle.pid is None:
-        await sleep(0.05)
+    await until(lambda: handle.pid is not None, "started")
     unit = sdexec.server.list()["procs"][0]["unit"]
     assert unit_names(unit) == [unit]
     await client.close()
@@ -488,8 +484,7 @@ async def test_a_vanished_client_s_process_that_ignores_sigterm_goes_too(sdexec)
     client = await sdexec.connect()
     script = "trap '' TERM; while :; do sleep 0.1; done"
     handle = client.exec(command(["sh", "-c", script]), FLAGS, lambda r: None)
-    while handle.pid is None:
-        await sleep(0.05)
+    await until(lambda: handle.pid is not None, "started")
     unit = sdexec.server.list()["procs"][0]["unit"]
     await client.close()
     await wait_until_reaped(sdexec, unit)

@@ -42,9 +42,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _environment() -> dict[str, str]:
-    # The checkout's own twisted/plugins/ must be the one twistd finds.
-    return {**os.environ, "PYTHONPATH": str(REPO)}
+def _environment(directory: Path | None = None) -> dict[str, str]:
+    """The checkout's own twisted/plugins/ must be the one twistd finds;
+    with ``directory``, its temporary files (the mapper's topology) go
+    there, since a service the test SIGKILLs cannot remove them."""
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    if directory is not None:
+        environment["TMPDIR"] = str(directory)
+    return environment
 
 
 def _wait_for(predicate, what: str, timeout: float = 30.0, log: Path | None = None):
@@ -98,15 +103,16 @@ class Twistd:
         self.log = directory / "twistd.log"
         self.port = _free_port()
         self.write_config(kill_timeout="5s")
-        self.process = subprocess.Popen(
-            [*TWISTD, "--nodaemon", "--pidfile=", "sdexec", "--config",
-             str(self.config)],
-            cwd=directory, env=_environment(),
-            stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
-            preexec_fn=None if open_files is None else (
-                lambda: resource.setrlimit(resource.RLIMIT_NOFILE, open_files)
-            ),
-        )  # fmt: skip
+        with self.log.open("wb") as log:  # the child's: ours closed after
+            self.process = subprocess.Popen(
+                [*TWISTD, "--nodaemon", "--pidfile=", "sdexec", "--config",
+                 str(self.config)],
+                cwd=directory, env=_environment(directory),
+                stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=None if open_files is None else (
+                    lambda: resource.setrlimit(resource.RLIMIT_NOFILE, open_files)
+                ),
+            )  # fmt: skip
         _wait_for(self.socket.exists, "the service's socket", log=self.log)
 
     def write_config(self, **values: str) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import run, sleep
+from support import run, sleep, until
 from twisted.internet import reactor
 from twisted.internet.task import Clock
 
@@ -348,14 +348,17 @@ async def test_a_reload_that_turns_containment_off_drops_the_verdict(start_servi
 @pytest.mark.systemd
 @ensureDeferred
 async def test_each_reload_runs_the_canary_again(start_service):
+    enforced = node_enforces_device_policy()  # the node's, not the service's
     service = await start_service(**contained("warn"))
+    await until(lambda: not service.server.processes, "the first canary reaped")
     reaped = service.server.counters["reaped"]
     assert service.reload(**contained("drain")) is True
-    for _ in range(200):  # the reload's canary runs in the background
-        if service.server.counters["reaped"] > reaped:
-            break
-        await sleep(0.05)
+    # The reload's canary runs in the background: one more unit reaped (on
+    # an enforcing node its verdict alone would not show it ran again).
+    await until(
+        lambda: service.server.counters["reaped"] == reaped + 1, "a second canary"
+    )
     failures = service.server.counters["device-fence-failures"]
-    enforced = service.server.stats()["device-fence"]["enforced"]
+    assert service.server.stats()["device-fence"]["enforced"] is enforced
     assert failures == (0 if enforced else 2)
     assert service.server.drain_reason == (None if enforced else NOT_ENFORCED)

@@ -192,3 +192,26 @@ def connection(server):
     opened = Connection(server)
     yield opened
     opened.close()
+
+
+@pytest.fixture
+def private_manager(monkeypatch):
+    """A sandbox manager of the test's own, its environment exported, for
+    tests that kill or re-execute it (a manager the session reused, a
+    developer's own, must never suffer that); ``(runtime_dir, killed)``:
+    at the end every manager started in it is stopped and what the killed
+    ones (their pids put in ``killed``) left is killed."""
+    from support import remove_killed_sandbox, start_manager
+
+    runtime_dir = tempfile.mkdtemp(prefix="sdexec-killed.")
+    killed: list[int] = []
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime_dir)
+    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", f"unix:path={runtime_dir}/bus")
+    start_manager(runtime_dir)
+    try:
+        yield runtime_dir, killed
+    finally:
+        subprocess.run([str(SANDBOX), "stop", runtime_dir], check=False)
+        for pid in killed:
+            remove_killed_sandbox(pid)
+        shutil.rmtree(runtime_dir, ignore_errors=True)

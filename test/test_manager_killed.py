@@ -15,32 +15,20 @@ sdexec/systemd/bus.py). At the end every process of both sandboxes is gone.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import shutil
 import signal
-import subprocess
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
-from conftest import SANDBOX
 from pytest_twisted import ensureDeferred
-from support import ConfigText, RunningService, run, sleep
+from support import ConfigText, RunningService, run, sleep, start_manager
 from twisted.internet.defer import Deferred
 
 pytestmark = pytest.mark.systemd
 
 #: A cap for the test, not an expectation.
 WAIT_S = 60.0
-#: The hierarchies the sandbox puts each manager's cgroup in.
-CGROUP_HIERARCHIES = (
-    "/sys/fs/cgroup/systemd",
-    "/sys/fs/cgroup/unified",
-    "/sys/fs/cgroup",
-)
 
 
 async def until(condition, what: str) -> None:
@@ -49,64 +37,6 @@ async def until(condition, what: str) -> None:
             return
         await sleep(0.05)
     raise AssertionError(f"not within {WAIT_S} s: {what}")
-
-
-def start_manager(runtime_dir: str) -> int:
-    subprocess.run(
-        [str(SANDBOX), "start", runtime_dir], check=True, capture_output=True
-    )
-    return int(Path(runtime_dir, "manager.pid").read_text())
-
-
-def sandbox_cgroups(manager_pid: int) -> list[Path]:
-    """The cgroup trees the sandbox made for the manager with this pid."""
-    found = (Path(h, f"sdexec-sandbox-{manager_pid}") for h in CGROUP_HIERARCHIES)
-    return [tree for tree in found if tree.is_dir()]
-
-
-def processes_in(manager_pid: int) -> set[int]:
-    """Every process left in the killed manager's cgroups (its orphaned
-    dbus-daemon, its units' processes)."""
-    pids: set[int] = set()
-    for tree in sandbox_cgroups(manager_pid):
-        for procs in tree.rglob("cgroup.procs"):
-            pids.update(int(line) for line in procs.read_text().split())
-    return pids
-
-
-def remove_killed_sandbox(manager_pid: int) -> None:
-    """SIGKILL what the killed manager left and remove its cgroups."""
-    for pid in processes_in(manager_pid):
-        with contextlib.suppress(ProcessLookupError):  # gone already
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + WAIT_S
-    while processes_in(manager_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)  # SIGKILLed, not yet gone: the cgroup is busy
-    for tree in sandbox_cgroups(manager_pid):
-        for directory in sorted(
-            (d for d in tree.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)
-        ):
-            directory.rmdir()
-        tree.rmdir()
-
-
-@pytest.fixture
-def private_manager(monkeypatch):
-    """A sandbox manager of this test's own, its environment exported;
-    at the end every manager started in it is stopped and what the killed
-    ones left is killed."""
-    runtime_dir = tempfile.mkdtemp(prefix="sdexec-killed.")
-    killed: list[int] = []
-    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime_dir)
-    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", f"unix:path={runtime_dir}/bus")
-    start_manager(runtime_dir)
-    try:
-        yield runtime_dir, killed
-    finally:
-        subprocess.run([str(SANDBOX), "stop", runtime_dir], check=False)
-        for pid in killed:
-            remove_killed_sandbox(pid)
-        shutil.rmtree(runtime_dir, ignore_errors=True)
 
 
 def running(pid: int | None) -> bool:

@@ -12,8 +12,9 @@ import signal
 import subprocess
 
 import pytest
+import pytest_twisted
 from pytest_twisted import ensureDeferred
-from support import FLAGS, command, run, sleep
+from support import FLAGS, ConfigText, RunningService, command, run, sleep
 
 from sdexec.plan import RequestError
 
@@ -112,8 +113,20 @@ def dbus_daemon_pid() -> int:
     return int(shown.stdout)
 
 
+@pytest_twisted.async_yield_fixture
+async def own_service(private_manager, tmp_path):
+    """A service on a sandbox manager of the test's own: these tests kill
+    its dbus-daemon and re-execute it, which a manager the session reused
+    (a developer's own) must never suffer."""
+    service = RunningService(tmp_path, ConfigText())
+    await service.start()
+    yield service
+    await service.stop()
+
+
 @ensureDeferred
-async def test_the_bus_killed_mid_stream_streams_go_on(sdexec):
+async def test_the_bus_killed_mid_stream_streams_go_on(own_service):
+    sdexec = own_service
     client = await sdexec.connect()
     echoes = Echoes(client, 3)
     await echoes.echo(b"before\n")
@@ -130,7 +143,8 @@ async def test_the_bus_killed_mid_stream_streams_go_on(sdexec):
 
 
 @ensureDeferred
-async def test_the_manager_reexecuted_mid_run_streams_go_on(sdexec):
+async def test_the_manager_reexecuted_mid_run_streams_go_on(own_service):
+    sdexec = own_service
     client = await sdexec.connect()
     echoes = Echoes(client, 3)
     await echoes.echo(b"before\n")

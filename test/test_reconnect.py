@@ -1,5 +1,5 @@
-"""Losing systemd and getting it back, against the real sandbox manager
-(Flux's t2408 "bus recovery" tests the same): the manager's dbus-daemon
+"""Losing systemd and getting it back, against a sandbox manager of each
+test's own (Flux's t2408 "bus recovery" tests the same): the manager's dbus-daemon
 killed mid-stream, the manager re-executed mid-run. Streams of units that
 survive go on; requests meanwhile get EAGAIN; the service neither exits
 nor drains (it is back well within ``reconnect-timeout``)."""

@@ -35,6 +35,20 @@ def server(systemd):
     return server
 
 
+OURS, ANOTHER = {"InvocationID": b"\x01" * 16}, {"InvocationID": b""}
+#: The unit as a manager killed and started again loads it from the file
+#: the dead one left: bad-setting, inactive, never started by it.
+RELOADED = {**INACTIVE, "LoadState": "bad-setting", **ANOTHER}
+
+
+def away_and_back(systemd, unit_state: dict) -> None:
+    """systemd goes away, and is back with the unit in ``unit_state`` (no
+    signal said so: the resync reads it)."""
+    systemd.lose()
+    systemd.units[UNIT] = dict(unit_state)
+    systemd.restore()
+
+
 def test_requests_meanwhile_get_eagain_and_succeed_once_back(
     systemd, server, connection
 ):
@@ -91,9 +105,7 @@ def test_a_vanished_unit_ends_its_request_naming_it(
 ):
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT)
-    systemd.lose()
-    systemd.units[UNIT] = {**INACTIVE, "LoadState": "not-found", "ExecMainCode": 0}
-    systemd.restore()
+    away_and_back(systemd, {**INACTIVE, "LoadState": "not-found", "ExecMainCode": 0})
     errnum, errstr = error_of(connection.last())
     assert errnum == errno.EIO
     assert errstr == f"unit {UNIT} is gone (lost while systemd was away)"
@@ -103,7 +115,6 @@ def test_a_vanished_unit_ends_its_request_naming_it(
     assert orphan_kills == []
 
 
-OURS, ANOTHER = {"InvocationID": b"\x01" * 16}, {"InvocationID": b""}
 GONE = 2**22 + 1
 
 
@@ -146,9 +157,7 @@ def test_a_unit_a_restarted_manager_reloaded_from_its_file_is_gone(
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT)
     systemd.change(UNIT, OURS)
-    systemd.lose()
-    systemd.units[UNIT] = {**INACTIVE, "LoadState": "bad-setting", **ANOTHER}
-    systemd.restore()
+    away_and_back(systemd, RELOADED)
     assert error_of(connection.last()) == (
         errno.EIO,
         f"unit {UNIT} is gone (lost while systemd was away)",
@@ -170,9 +179,7 @@ def test_a_unit_lost_after_its_exit_still_has_what_it_left_ended(
     systemd.change(UNIT, OURS)
     systemd.exit(UNIT)
     systemd.change(UNIT, DEACTIVATING)
-    systemd.lose()
-    systemd.units[UNIT] = {**INACTIVE, "LoadState": "bad-setting", **ANOTHER}
-    systemd.restore()
+    away_and_back(systemd, RELOADED)
     assert orphan_kills == [(UNIT, noted_cgroup(systemd), signal.SIGUSR1)]
 
 
@@ -187,9 +194,7 @@ def test_the_unit_s_own_control_group_is_noted_where_read(
     systemd.units[UNIT]["ControlGroup"] = "/app.slice/the-unit-s-own"
     systemd.change(UNIT, EXITED)
     systemd.change(UNIT, DEACTIVATING)
-    systemd.lose()
-    systemd.units[UNIT] = {**INACTIVE, "LoadState": "bad-setting", **ANOTHER}
-    systemd.restore()
+    away_and_back(systemd, RELOADED)
     assert orphan_kills == [(UNIT, "/app.slice/the-unit-s-own", signal.SIGUSR1)]
 
 
@@ -203,14 +208,7 @@ def test_with_no_cgroup_noted_it_is_found_where_the_manager_made_it(
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT, pid=GONE)
     systemd.change(UNIT, OURS)
-    systemd.lose()
-    systemd.units[UNIT] = {
-        **INACTIVE,
-        "LoadState": "bad-setting",
-        "Slice": "app.slice",
-        **ANOTHER,
-    }
-    systemd.restore()
+    away_and_back(systemd, {**RELOADED, "Slice": "app.slice"})
     assert orphan_kills == [
         (UNIT, f"{systemd.control_group}/app.slice/{UNIT}", signal.SIGUSR1)
     ]
@@ -235,9 +233,7 @@ def test_a_unit_lost_before_its_start_was_followed_is_gone_at_once(
     # saw the unit start (a burst of starts keeps it busy): the request
     # waited out start-timeout, and the process ran on.
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
-    systemd.lose()
-    systemd.units[UNIT] = dict(NEVER_STARTED)
-    systemd.restore()
+    away_and_back(systemd, NEVER_STARTED)
     assert error_of(connection.last()) == (
         errno.EIO,
         f"unit {UNIT} is gone (lost while systemd was away)",
@@ -253,12 +249,13 @@ def test_a_start_still_queued_after_an_outage_is_waited_for(
 ):
     # The bus went, the manager stayed: its start job is still there.
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
-    systemd.lose()
-    systemd.units[UNIT] = {
-        **NEVER_STARTED,
-        "Job": [7, "/org/freedesktop/systemd1/job/7"],
-    }
-    systemd.restore()
+    away_and_back(
+        systemd,
+        {
+            **NEVER_STARTED,
+            "Job": [7, "/org/freedesktop/systemd1/job/7"],
+        },
+    )
     assert [p.unit_name for p in server.processes.values()] == [UNIT]
     assert orphan_kills == []
     systemd.run(UNIT)
@@ -302,9 +299,7 @@ def test_a_vanished_unit_s_unread_output_goes_out_before_the_error(
     # Written, not yet read by the service (the reactor does not run here,
     # as when the client had paused the output): no EOF will ever follow.
     os.write(systemd.process_fd(UNIT, "stdout"), b"last words\nno newline")
-    systemd.lose()
-    systemd.units[UNIT] = {**INACTIVE, "LoadState": "not-found", "ExecMainCode": 0}
-    systemd.restore()
+    away_and_back(systemd, {**INACTIVE, "LoadState": "not-found", "ExecMainCode": 0})
     payloads = [r["payload"] for r in connection.responses() if "payload" in r]
     sent = [decode_io(p["io"])[1] for p in payloads if p.get("type") == "output"]
     assert b"".join(sent) == b"last words\nno newline"
@@ -364,7 +359,5 @@ def test_a_lost_unit_s_kill_still_to_come_is_the_server_s_to_finish(
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT)
     systemd.change(UNIT, OURS)
-    systemd.lose()
-    systemd.units[UNIT] = {**INACTIVE, "LoadState": "bad-setting", **ANOTHER}
-    systemd.restore()
+    away_and_back(systemd, RELOADED)
     assert [kill.noted[0] for kill in server.lost_unit_kills] == [UNIT]

@@ -342,19 +342,24 @@ def test_a_start_lost_with_the_connection_is_found_after_it(systemd):
     assert ("stop", "sdexec-lost.service") in systemd.calls
 
 
-def test_scans_asked_while_one_is_in_flight_are_made_once_after_it(
-    systemd, monkeypatch
-):
-    # Units restarted by hand one after another each asked for a list of
-    # every service of the manager.
-    listings: list[defer.Deferred] = []
+@pytest.fixture
+def listings(systemd, monkeypatch) -> list[defer.Deferred]:
+    """The manager's listings of its services, each answered (with what it
+    lists then) only once the test fires it, or failed with what it fails."""
+    held: list[defer.Deferred] = []
     listed = systemd.list_units_by_patterns
 
-    def held(states, patterns):
-        listings.append(defer.Deferred())
-        return listings[-1].addCallback(lambda _: listed(states, patterns))
+    def held_listing(states, patterns):
+        held.append(defer.Deferred())
+        return held[-1].addCallback(lambda _: listed(states, patterns))
 
-    monkeypatch.setattr(systemd, "list_units_by_patterns", held)
+    monkeypatch.setattr(systemd, "list_units_by_patterns", held_listing)
+    return held
+
+
+def test_scans_asked_while_one_is_in_flight_are_made_once_after_it(systemd, listings):
+    # Units restarted by hand one after another each asked for a list of
+    # every service of the manager.
     server = make_server(systemd)
     first = server.leftovers.scan()
     leftover(systemd, "sdexec-a.service")
@@ -370,13 +375,7 @@ def test_scans_asked_while_one_is_in_flight_are_made_once_after_it(
     assert list(server.leftovers.units) == ["sdexec-a.service"]
 
 
-def test_a_failed_scan_fails_its_callers_and_the_next_goes_on(systemd, monkeypatch):
-    listings: list[defer.Deferred] = []
-    monkeypatch.setattr(
-        systemd,
-        "list_units_by_patterns",
-        lambda *_: listings.append(defer.Deferred()) or listings[-1],
-    )
+def test_a_failed_scan_fails_its_callers_and_the_next_goes_on(systemd, listings):
     server = make_server(systemd)
     first, second = server.leftovers.scan(), server.leftovers.scan()
     failures: list = []
@@ -387,13 +386,7 @@ def test_a_failed_scan_fails_its_callers_and_the_next_goes_on(systemd, monkeypat
     assert second.called
 
 
-def test_no_scan_is_listed_after_close(systemd, monkeypatch):
-    listings: list[defer.Deferred] = []
-    monkeypatch.setattr(
-        systemd,
-        "list_units_by_patterns",
-        lambda *_: listings.append(defer.Deferred()) or listings[-1],
-    )
+def test_no_scan_is_listed_after_close(systemd, listings):
     server = make_server(systemd)
     first, queued = server.leftovers.scan(), server.leftovers.scan()
     server.leftovers.close()
@@ -402,14 +395,8 @@ def test_no_scan_is_listed_after_close(systemd, monkeypatch):
 
 
 def test_callers_scanning_again_from_their_callbacks_make_one_scan_at_a_time(
-    systemd, monkeypatch
+    systemd, listings
 ):
-    listings: list[defer.Deferred] = []
-    monkeypatch.setattr(
-        systemd,
-        "list_units_by_patterns",
-        lambda *_: listings.append(defer.Deferred()) or listings[-1],
-    )
     server = make_server(systemd)
     server.leftovers.scan()
     again: list[defer.Deferred] = []

@@ -248,7 +248,9 @@ def lost_unit_reason(unit: str) -> str:
 class LostUnitKill:
     """Ends what a lost unit left in ``cgroup``: ``stop_signal`` at once,
     SIGKILL :data:`GRACE_S` later (at once if ``stop_signal`` is SIGKILL);
-    ``drain(reason)`` if some may not be signalled."""
+    ``drain(reason)`` if some may not be signalled. While its SIGKILL is
+    still to come it is in ``pending``, the service's: one that stops first
+    sends it then (:meth:`finish`)."""
 
     def __init__(
         self,
@@ -257,6 +259,7 @@ class LostUnitKill:
         stop_signal: int,
         clock: IReactorTime,
         drain: Callable[[str], None],
+        pending: set[LostUnitKill],
         root: str = "/",
     ) -> None:
         self.unit = unit
@@ -264,6 +267,7 @@ class LostUnitKill:
         self._stop_signal = stop_signal
         self._clock = clock
         self._drain = drain
+        self._pending = pending
         self._root = root
         self._sigkill: IDelayedCall | None = None
 
@@ -279,6 +283,7 @@ class LostUnitKill:
         found = self._signal(self._stop_signal)
         if found.sent or found.refused:
             self._sigkill = self._clock.callLater(GRACE_S, self._kill)
+            self._pending.add(self)
 
     def finish(self) -> None:
         """SIGKILL now, if it is still to come (the service stops: its
@@ -289,6 +294,7 @@ class LostUnitKill:
             self._kill()
 
     def _kill(self) -> None:
+        self._pending.discard(self)
         done = self._signal(signal.SIGKILL)
         if done.refused:
             reason = lost_unit_reason(self.unit)

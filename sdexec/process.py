@@ -113,8 +113,8 @@ class ProcessContext:
     #: (``[systemd] start-timeout``): a unit whose states the model does not
     #: expect (``Type=forking``, no ``ExecMainPID``, …) must not hang it.
     start_timeout: float = DEFAULT_START_TIMEOUT
-    #: The lost units' kills whose SIGKILL is still to come (the server's:
-    #: a service that stops finishes them).
+    #: Where lost units' kills wait while their SIGKILL is still to come
+    #: (the server's: a service that stops finishes them).
     lost_unit_kills: set[LostUnitKill] = field(default_factory=set)
     #: Receipts read the unit's cgroup files (cgroup v2): the unit is not
     #: stopped until its receipt has been read (sdexec.receipt).
@@ -746,7 +746,7 @@ class Process:
             if isinstance(control_group, str) and control_group:
                 self._cgroup = control_group
             elif pid > 0:
-                manager = self._systemd.control_group
+                manager = self._start_manager_cgroup  # the one that ran it
                 self._cgroup = unit_cgroup(self.unit_name, pid, manager)
 
     def _end_what_it_left(self, state: dict[str, Any]) -> None:
@@ -762,19 +762,14 @@ class Process:
         if cgroup is None or self._orphans_ended:
             return
         self._orphans_ended = True
-        kill = LostUnitKill(
+        LostUnitKill(
             self.unit_name,
             cgroup,
             self.stop_timer.signum,
             self._context.clock,
             self._context.drain,
-        )
-        kill.start()
-        pending = self._context.lost_unit_kills
-        for done in [each for each in pending if not each.pending]:
-            pending.discard(done)
-        if kill.pending:
-            pending.add(kill)  # the service finishes it if it stops first
+            self._context.lost_unit_kills,
+        ).start()
 
     def _vanished(self, what: str) -> None:
         """The unit is no longer the one started (its manager restarted, it

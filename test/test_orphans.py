@@ -258,7 +258,7 @@ def test_the_stop_timer_signal_comes_first_then_sigkill(
 
     monkeypatch.setattr(signal, "pidfd_send_signal", recorded)
     clock, drains = Clock(), []
-    kill = LostUnitKill(UNIT, CGROUP, signal.SIGUSR1, clock, drains.append)
+    kill = LostUnitKill(UNIT, CGROUP, signal.SIGUSR1, clock, drains.append, set())
     kill_root(kill, tmp_path).start()
     assert sent == [signal.SIGUSR1]
     assert deaf.poll() is None  # it ignores it
@@ -278,7 +278,7 @@ def test_what_may_not_be_signalled_drains_the_node(tmp_path, processes, monkeypa
 
     monkeypatch.setattr(signal, "pidfd_send_signal", refused)
     clock, drains = Clock(), []
-    kill_root(LostUnitKill(UNIT, CGROUP, signal.SIGUSR1, clock, drains.append),
+    kill_root(LostUnitKill(UNIT, CGROUP, signal.SIGUSR1, clock, drains.append, set()),
               tmp_path).start()  # fmt: skip
     clock.advance(GRACE_S)
     assert drains == [lost_unit_reason(UNIT)]
@@ -289,7 +289,7 @@ def test_what_may_not_be_signalled_drains_the_node(tmp_path, processes, monkeypa
 
 def test_nothing_there_arms_nothing(tmp_path):
     clock = Clock()
-    kill_root(LostUnitKill(UNIT, CGROUP, signal.SIGUSR1, clock, print),
+    kill_root(LostUnitKill(UNIT, CGROUP, signal.SIGUSR1, clock, print, set()),
               tmp_path).start()  # fmt: skip
     assert clock.getDelayedCalls() == []
 
@@ -336,11 +336,12 @@ def test_a_service_that_stops_sends_the_sigkill_still_to_come(tmp_path, processe
     deaf = processes(deaf=True)
     place(tmp_path, deaf.pid, f"0::{CGROUP}")
     members(tmp_path, "sys/fs/cgroup", [deaf.pid])
-    clock = Clock()
-    kill = kill_root(LostUnitKill(UNIT, CGROUP, signal.SIGUSR1, clock, print), tmp_path)
-    kill.start()
-    assert kill.pending
+    clock, pending = Clock(), set()
+    kill = LostUnitKill(UNIT, CGROUP, signal.SIGUSR1, clock, print, pending)
+    kill_root(kill, tmp_path).start()
+    assert kill.pending and pending == {kill}  # the service's to finish
     kill.finish()
     assert deaf.wait(timeout=30) == -9
     assert not kill.pending and clock.getDelayedCalls() == []
+    assert pending == set()
     kill.finish()  # done: nothing more

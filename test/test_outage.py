@@ -129,13 +129,15 @@ def orphan_kills(monkeypatch):
         return None if pid == GONE else f"{manager}/app.slice/{unit}@{pid}"
 
     class Recorded:
-        pending = False
+        """A kill whose SIGKILL is to come: it waits in ``pending``."""
 
-        def __init__(self, unit, cgroup, stop_signal, clock, drain):
+        def __init__(self, unit, cgroup, stop_signal, clock, drain, pending):
             self.noted = (unit, cgroup, stop_signal)
+            self._pending = pending
 
         def start(self):
             kills.append(self.noted)
+            self._pending.add(self)
 
     monkeypatch.setattr(sdexec.process, "unit_cgroup", cgroup_of)
     monkeypatch.setattr(sdexec.process, "LostUnitKill", Recorded)
@@ -353,9 +355,8 @@ def test_a_shutdown_finishes_the_lost_units_kills_still_to_come(systemd, server)
 
 
 def test_a_lost_unit_s_kill_still_to_come_is_the_server_s_to_finish(
-    systemd, server, connection, orphan_kills, monkeypatch
+    systemd, server, connection, orphan_kills
 ):
-    monkeypatch.setattr(sdexec.process.LostUnitKill, "pending", True)
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT)
     systemd.change(UNIT, OURS)

@@ -124,10 +124,18 @@ class Leftover:
     """One leftover unit, followed until systemd unloads it."""
 
     def __init__(
-        self, systemd: Manager, name: str, description: str, leftovers: Leftovers
+        self,
+        systemd: Manager,
+        name: str,
+        description: str,
+        leftovers: Leftovers,
+        of_this_run: bool,
     ) -> None:
         self.name = name
         self.description = description
+        #: This run's own unit (a lost start, one given up or restarted by
+        #: hand), not a previous run's.
+        self.of_this_run = of_this_run
         self.pid = -1
         self._systemd = systemd
         self._leftovers = leftovers
@@ -253,8 +261,6 @@ class Leftovers:
         #: Listed once: what a later scan adopts is this run's own, a unit
         #: whose start's answer was lost with the connection to systemd.
         self._listed_once = False
-        #: The leftovers adopted by a later scan.
-        self._this_runs: set[str] = set()
         self._stops_held = hold_stops
         self._closed = False
 
@@ -337,7 +343,6 @@ class Leftovers:
         """``unit`` was unloaded: forget it; undrain once none are left."""
         if self.units.pop(unit.name, None) is None:
             return
-        self._this_runs.discard(unit.name)
         unit.forget()
         log.info("leftover unit {unit} is gone", unit=unit.name)
         if not self.units and self._drained_with is not None:
@@ -358,7 +363,8 @@ class Leftovers:
         self._listed_once = True
         undrained = self.server.drain_reason in (None, self._drained_with)
         if stop and self.units and undrained:
-            self._drained_with = drain_reason(len(self.units), not self._this_runs)
+            previous = not any(unit.of_this_run for unit in self.units.values())
+            self._drained_with = drain_reason(len(self.units), previous)
             self.server.drain(self._drained_with)
         for unit in list(self.units.values()):
             unit.follow(stop and not self._stops_held)
@@ -376,16 +382,12 @@ class Leftovers:
             action = "to be stopped once the service listens"
         else:
             action = "stopping it"
-        if origin is None and not self._listed_once:
-            origin = "from a previous run"
-        else:  # this run's own
-            self._this_runs.add(name)
-            origin = origin or UNFOLLOWED
+        of_this_run = origin is not None or self._listed_once
         log.warn(
             "leftover unit {unit} {origin} ({description}): {action}",
             unit=name,
-            origin=origin,
+            origin=origin or (UNFOLLOWED if of_this_run else "from a previous run"),
             description=description,
             action=action,
         )
-        self.units[name] = Leftover(self._systemd, name, description, self)
+        self.units[name] = Leftover(self._systemd, name, description, self, of_this_run)

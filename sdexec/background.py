@@ -182,7 +182,7 @@ class Tracked:
         if self.mode is Mode.BACKGROUND and kind == "started":
             self._answer_exec(payload)
         elif self._client is not None and self.mode is not Mode.BACKGROUND:
-            self._send(self._client, payload)
+            self._client.responder.respond(payload)
 
     def error(self, errnum: int, errstr: str) -> None:
         if errnum != errno.ENODATA:
@@ -202,7 +202,7 @@ class Tracked:
             self.retained.append(stream, data)
         client = self._client
         if self.attached and client is not None and client.forwards(stream):
-            self._send(client, self._output(stream, data, eof))
+            client.responder.respond(self._output(stream, data, eof))
 
     # -- requests ------------------------------------------------------------
 
@@ -237,17 +237,17 @@ class Tracked:
         self.mode, self._client = Mode.ATTACHED, client
         # The replay is written whatever the client reads (sent_to).
         self.sent_to = client.connection_id
-        self._send(client, self._attached())
+        client.responder.respond(self._attached())
         for io in self.retained.io_objects(self._rank, self.bufsizes):
             if client.forwards(io["stream"]):
-                self._send(client, {"type": "output", "pid": self.pid, "io": io})
+                client.responder.respond({"type": "output", "pid": self.pid, "io": io})
         for stream in STREAMS:
             ended = self.reaped or self.retained.at_eof(stream)
             if ended and client.forwards(stream):
-                self._send(client, self._output(stream, b"", eof=True))
+                client.responder.respond(self._output(stream, b"", eof=True))
         if self.finished is not None:
             self._end_consumed = True
-            self._send(client, self.finished)
+            client.responder.respond(self.finished)
         if self.reaped:
             self.error(*(self.failure or (errno.ENODATA, "")))
 
@@ -300,14 +300,10 @@ class Tracked:
     def _name(self) -> str:
         return f"pid {self.pid}" if self.pid > 0 else f"label {self.label!r}"
 
-    @staticmethod
-    def _send(client: _Client, payload: dict[str, Any]) -> None:
-        client.responder.respond(payload)
-
     def _answer_exec(self, started: dict[str, Any]) -> None:
         client, self._client = self._client, None
         if client is not None:
-            self._send(client, started)
+            client.responder.respond(started)
 
     def _answer_waiter(self) -> None:
         waiter, self._waiter = self._waiter, None

@@ -173,7 +173,7 @@ class Leftover:
             "pid": self.pid,
             "cmd": listed_name(cmdline),
             "cmdline": cmdline,
-            "label": None,
+            "label": "",
             "unit": self.name,
             "state": LEFTOVER_STATE,
         }

@@ -220,7 +220,9 @@ class Process:
             "pid": self.pid if self.pid is not None else -1,
             "cmd": listed_name(self.cmdline),
             "cmdline": listed_cmdline(self.cmdline),
-            "label": self.label,
+            # "" for none, as upstream's servers list it (its C clients
+            # unpack the label as a string; null would fail them).
+            "label": self.label or "",
             "unit": self.unit_name,
             "state": self.state,
         }

@@ -428,7 +428,7 @@ def test_ps_table():
             "pid": 42,
             "state": "R",
             "unit": "u.service",
-            "label": None,
+            "label": "",
             "cmdline": ["sh", "-c", "sleep 1"],
         }
     ]

@@ -274,6 +274,7 @@ def test_jobs_in_stats_and_list(make_server):
     start_job(server, systemd, SDEXEC_TIME_LIMIT="1h")
     proc = server.list()["procs"][0]
     assert (proc["pid"], proc["jobid"], proc["step"]) == (77, "f1", None)
+    assert proc["label"] == ""  # none: a string, as upstream's C clients unpack it
     server.terminate({"jobid": "f1", "reason": "cancel"})
     clock.advance(26)
     entry = server.stats()["job-exec"]["jobs"]["f1"]

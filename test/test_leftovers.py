@@ -119,9 +119,11 @@ def test_stop_leftovers_drain_until_they_are_gone(systemd):
     assert server.drain_reason == "2 leftover units from a previous run"
     stops = [call for call in systemd.calls if call[0] == "stop"]
     assert stops == [("stop", "sdexec-a.service"), ("stop", "sdexec-b.service")]
-    assert [(p["unit"], p["pid"], p["state"]) for p in server.list()["procs"]] == [
-        ("sdexec-a.service", 71, "O"),
-        ("sdexec-b.service", 72, "O"),
+    assert [
+        (p["unit"], p["pid"], p["state"], p["label"]) for p in server.list()["procs"]
+    ] == [
+        ("sdexec-a.service", 71, "O", ""),
+        ("sdexec-b.service", 72, "O", ""),
     ]
     systemd.change("sdexec-a.service", INACTIVE)
     assert server.drain_reason == "2 leftover units from a previous run"

@@ -44,7 +44,9 @@ from sdexec.containment import (
     Containment,
     MapperError,
     check_cpu_fence,
+    check_memory_node_fence,
     enforced_cpus,
+    enforced_mems,
     memory_cap_in_force,
 )
 from sdexec.idset import IDset
@@ -449,17 +451,22 @@ async def test_bad_reload_keeps_mapper_and_running_unit(start_service, tmp_path)
     ("expected", "actual"),
     [("0-3", "0-3"), ("0-3", "1,2"), ("1,3", "3"), ("5", "5")],
 )
-def test_fence_holds_when_usable_cpus_are_within(expected, actual):
-    assert check_cpu_fence(IDset(expected), IDset(actual)) is None
+@pytest.mark.parametrize("check", [check_cpu_fence, check_memory_node_fence])
+def test_fence_holds_when_usable_ids_are_within(check, expected, actual):
+    assert check(IDset(expected), IDset(actual)) is None
 
 
 @pytest.mark.parametrize(
     ("expected", "actual"),
     [("0-1", "0-3"), ("1,3", "0-1"), ("2", "3"), ("0-3", "0-4")],
 )
-def test_fence_broken_when_any_cpu_is_outside(expected, actual):
-    assert check_cpu_fence(IDset(expected), IDset(actual)) == (
-        f"AllowedCPUs not enforced: expected {expected} got {actual}"
+@pytest.mark.parametrize(
+    ("check", "name"),
+    [(check_cpu_fence, "AllowedCPUs"), (check_memory_node_fence, "AllowedMemoryNodes")],
+)
+def test_fence_broken_when_any_id_is_outside(check, name, expected, actual):
+    assert check(IDset(expected), IDset(actual)) == (
+        f"{name} not enforced: expected {expected} got {actual}"
         " (is the cpuset controller delegated to the user instance?)"
     )
 
@@ -473,21 +480,29 @@ def _fake_file(root: Path, relative: str, text: str) -> None:
     path.write_text(text)
 
 
-def _fake_tree(root: Path, v2=None, v1=None, status=None) -> None:
-    """A cgroup v2 and v1 cpuset and a /proc/42/status, each if given."""
+#: The cpuset readers, by what they read: ``cpuset.cpus`` or ``cpuset.mems``.
+READERS = {"cpus": enforced_cpus, "mems": enforced_mems}
+
+
+def _fake_tree(root: Path, kind: str, v2=None, v1=None, status=None) -> None:
+    """A cgroup v2 and v1 cpuset of ``kind`` and a /proc/42/status, each if
+    given (the status has the same ``(list, mask)`` for CPUs and nodes)."""
     if v2 is not None:
-        _fake_file(root, f"sys/fs/cgroup{CGROUP}/cpuset.cpus.effective", v2)
+        _fake_file(root, f"sys/fs/cgroup{CGROUP}/cpuset.{kind}.effective", v2)
     if v1 is not None:
-        _fake_file(root, f"sys/fs/cgroup/cpuset{CGROUP}/cpuset.cpus", v1)
+        _fake_file(root, f"sys/fs/cgroup/cpuset{CGROUP}/cpuset.{kind}", v1)
     if status is not None:
+        listed, mask = status
         _fake_file(
             root,
             "proc/42/status",
-            f"Name:\tsleep\nCpus_allowed:\t{status[1]}\n"
-            f"Cpus_allowed_list:\t{status[0]}\nVoluntary_ctxt_switches:\t1\n",
+            f"Name:\tsleep\nCpus_allowed:\t{mask}\nCpus_allowed_list:\t{listed}\n"
+            f"Mems_allowed:\t{mask}\nMems_allowed_list:\t{listed}\n"
+            "Voluntary_ctxt_switches:\t1\n",
         )
 
 
+@pytest.mark.parametrize("kind", READERS)
 @pytest.mark.parametrize(
     ("tree", "control_group", "expected"),
     [
@@ -500,9 +515,19 @@ def _fake_tree(root: Path, v2=None, v1=None, status=None) -> None:
     ],
     ids=["v2-first", "v1-next", "unparsable-skipped", "proc-last", "no-cg", "empty-cg"],
 )
-def test_enforced_cpus_reads_in_order(tmp_path, tree, control_group, expected):
-    _fake_tree(tmp_path, **tree)
-    assert enforced_cpus(control_group, 42, root=str(tmp_path)) == IDset(expected)
+def test_enforced_cpuset_reads_in_order(tmp_path, kind, tree, control_group, expected):
+    _fake_tree(tmp_path, kind, **tree)
+    assert READERS[kind](control_group, 42, root=str(tmp_path)) == IDset(expected)
+
+
+def test_each_reader_reads_its_own_cpuset(tmp_path):
+    _fake_file(tmp_path, f"sys/fs/cgroup{CGROUP}/cpuset.cpus.effective", "0-7")
+    _fake_file(tmp_path, f"sys/fs/cgroup{CGROUP}/cpuset.mems.effective", "1")
+    _fake_file(tmp_path, "proc/42/status", "Cpus_allowed_list:\t0-15\n")
+    assert enforced_cpus(CGROUP, 42, root=str(tmp_path)) == IDset("0-7")
+    assert enforced_mems(CGROUP, 42, root=str(tmp_path)) == IDset("1")
+    # The status's CPUs are not its nodes: with none listed, nothing is known.
+    assert enforced_mems(None, 42, root=str(tmp_path)) is None
 
 
 V1_UNLIMITED = "9223372036854771712"
@@ -540,10 +565,11 @@ def test_memory_cap_in_force_reads_the_nodes_cgroups(tmp_path, files, in_force):
     assert memory_cap_in_force(CGROUP, 42, root=str(tmp_path)) is in_force
 
 
-def test_enforced_cpus_none_when_nothing_readable(tmp_path):
-    assert enforced_cpus(CGROUP, 42, root=str(tmp_path)) is None
+@pytest.mark.parametrize("kind", READERS)
+def test_enforced_cpuset_none_when_nothing_readable(tmp_path, kind):
+    assert READERS[kind](CGROUP, 42, root=str(tmp_path)) is None
     _fake_file(tmp_path, "proc/42/status", "Name:\tsleep\n")
-    assert enforced_cpus(CGROUP, 42, root=str(tmp_path)) is None
+    assert READERS[kind](CGROUP, 42, root=str(tmp_path)) is None
 
 
 class FakeMapper:
@@ -621,15 +647,12 @@ def test_mapper_failures_name_the_class(result, message):
     assert str(raised.value) == message
 
 
-def test_an_empty_cpuset_file_is_not_a_fence(tmp_path):
-    # cgroup v1 shows an empty cpuset.cpus for a cgroup nobody configured.
-    cpuset = tmp_path / "sys/fs/cgroup/cpuset/app.slice/u.service"
-    cpuset.mkdir(parents=True)
-    (cpuset / "cpuset.cpus").write_text("\n")
-    status = tmp_path / "proc/42"
-    status.mkdir(parents=True)
-    (status / "status").write_text("Name:\tx\nCpus_allowed_list:\t0-3\n")
-    assert enforced_cpus("/app.slice/u.service", 42, root=str(tmp_path)) == IDset("0-3")
+@pytest.mark.parametrize("kind", READERS)
+def test_an_empty_cpuset_file_is_not_a_fence(tmp_path, kind):
+    # cgroup v1 shows an empty cpuset.cpus (and .mems) for a cgroup nobody
+    # configured.
+    _fake_tree(tmp_path, kind, v1="\n", status=("0-3", "f"))
+    assert READERS[kind](CGROUP, 42, root=str(tmp_path)) == IDset("0-3")
 
 
 @pytest.mark.parametrize(

@@ -216,10 +216,11 @@ class SdexecConfig:
     topology: str | None = None
     #: The largest request or response frame, in bytes.
     max_frame_size: int = DEFAULT_MAX_FRAME
-    #: What to do when a job's CPU fence is found not enforced: ``"drain"``
-    #: (fail the job, refuse further execs until undrained) or ``"warn"``
-    #: (log it and let the job run: for test nodes whose cgroups cannot
-    #: enforce, by an admin's explicit choice).
+    #: What to do when a fence (a job's CPUs, memory nodes or memory cap,
+    #: the device canary's) is found not enforced: ``"drain"`` (fail the
+    #: job, refuse further execs until undrained) or ``"warn"`` (log it and
+    #: let the job run: for test nodes whose cgroups cannot enforce, by an
+    #: admin's explicit choice).
     containment_check: str = "drain"
     #: How the service logs under twistd: ``"text"`` (Twisted's lines; with a
     #: syslog priority prefix when stdout is the journal) or ``"json"``

@@ -3,10 +3,12 @@
 :class:`Containment` is built once per configuration: it loads the
 configured mapper class (``[sdexec] mapper``, ``mapper-searchpath``) with
 the node's topology, then turns each request's ``SDEXEC_R_LOCAL`` into unit
-properties. After the unit starts, :func:`check_cpu_fence` verifies that the
-CPU set is really enforced: a node whose cpuset controller is not delegated
-to the user manager (any cgroup v1 node, for one) stores ``AllowedCPUs`` but
-does not apply it, and must not keep running jobs unfenced.
+properties. After the unit starts, :func:`check_cpu_fence` and
+:func:`check_memory_node_fence` verify that the CPU and NUMA node sets are
+really enforced: a node whose cpuset controller is not delegated to the user
+manager (any cgroup v1 node, for one) stores ``AllowedCPUs`` and
+``AllowedMemoryNodes`` but applies neither, and must not keep running jobs
+unfenced.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ __all__ = [
     "Containment",
     "MapperError",
     "check_cpu_fence",
+    "check_memory_node_fence",
     "enforced_cpus",
+    "enforced_mems",
     "memory_cap_in_force",
 ]
 
@@ -151,29 +155,49 @@ def enforced_cpus(control_group: str | None, pid: int, root: str = "/") -> IDset
     Read in order: the unit's cgroup v2 ``cpuset.cpus.effective``, its cgroup
     v1 ``cpuset.cpus``, then the main process's ``Cpus_allowed_list``.
     """
+    return _enforced_cpuset("cpus", "Cpus_allowed_list", control_group, pid, root)
+
+
+def enforced_mems(control_group: str | None, pid: int, root: str = "/") -> IDset | None:
+    """The NUMA nodes a unit's processes may really allocate memory on, or
+    ``None`` if nothing can be read (the process and its cgroup are gone).
+
+    Read as :func:`enforced_cpus` reads the CPUs: the unit's cgroup v2
+    ``cpuset.mems.effective``, its cgroup v1 ``cpuset.mems``, then the main
+    process's ``Mems_allowed_list``.
+    """
+    return _enforced_cpuset("mems", "Mems_allowed_list", control_group, pid, root)
+
+
+def _enforced_cpuset(
+    kind: str, status_key: str, control_group: str | None, pid: int, root: str
+) -> IDset | None:
+    """The cpuset ``kind`` (``cpus`` or ``mems``) in force for a unit, from
+    its cgroup if it has one that says, else from ``/proc/PID/status``."""
     candidates = []
     if control_group:
         relative = control_group.lstrip("/")
         candidates += [
-            os.path.join(root, "sys/fs/cgroup", relative, "cpuset.cpus.effective"),
-            os.path.join(root, "sys/fs/cgroup/cpuset", relative, "cpuset.cpus"),
+            os.path.join(root, "sys/fs/cgroup", relative, f"cpuset.{kind}.effective"),
+            os.path.join(root, "sys/fs/cgroup/cpuset", relative, f"cpuset.{kind}"),
         ]
     for path in candidates:
         try:
             with open(path, encoding="ascii") as file:
-                cpus = IDset(file.read().strip())
+                ids = IDset(file.read().strip())
         except (OSError, ValueError):
             continue
-        if cpus:  # an empty v1 cpuset.cpus is "not configured", not "none"
-            return cpus
-    return _process_cpus(pid, root)
+        if ids:  # an empty v1 cpuset file is "not configured", not "none"
+            return ids
+    return _process_cpuset(pid, root, status_key)
 
 
-def _process_cpus(pid: int, root: str) -> IDset | None:
+def _process_cpuset(pid: int, root: str, status_key: str) -> IDset | None:
+    """``status_key`` (``Cpus_allowed_list``, say) of ``/proc/PID/status``."""
     try:
         with open(os.path.join(root, f"proc/{pid}/status"), encoding="ascii") as file:
             for line in file:
-                if line.startswith("Cpus_allowed_list:"):
+                if line.startswith(f"{status_key}:"):
                     return IDset(line.split(":", 1)[1].strip())
     except (OSError, ValueError):
         pass
@@ -265,9 +289,20 @@ MEMORY_NOT_ENFORCED = (
 def check_cpu_fence(expected: IDset, actual: IDset) -> str | None:
     """``None`` if the fence holds (the usable CPUs are within the allowed
     ones), else the reason, for the client and the drain record."""
+    return _check_cpuset("AllowedCPUs", expected, actual)
+
+
+def check_memory_node_fence(expected: IDset, actual: IDset) -> str | None:
+    """``None`` if the fence holds (the usable NUMA nodes are within the
+    allowed ones), else the reason, for the client and the drain record."""
+    return _check_cpuset("AllowedMemoryNodes", expected, actual)
+
+
+def _check_cpuset(name: str, expected: IDset, actual: IDset) -> str | None:
     if actual.issubset(expected):
         return None
+    # Both fences are cpuset's: a manager without the controller holds neither.
     return (
-        f"AllowedCPUs not enforced: expected {expected} got {actual}"
+        f"{name} not enforced: expected {expected} got {actual}"
         " (is the cpuset controller delegated to the user instance?)"
     )

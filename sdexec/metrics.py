@@ -55,7 +55,7 @@ EVENT_COUNTERS = {
     "mapper": ("mapper_calls", "Requests the resource mapper fenced."),
     "fence-failures": (
         "fence_failures",
-        "Units whose CPU fence or memory cap did not hold.",
+        "Units whose CPU or memory node fence, or memory cap, did not hold.",
     ),
     "job-timeouts": ("job_timeouts", "Jobs terminated at their time limit."),
     "jobs-unkillable": ("jobs_unkillable", "Jobs that outlived termination."),

@@ -4,9 +4,10 @@
 Everything a request asks for is read and checked here, once: the flags, the
 command, the executable, the unit's name and properties (the site's, the
 request's and the mapper's, merged by precedence and typed), the output
-options, the stop timer and the CPU fence to check. The step is pure with
-respect to the service: it reads the configuration and the containment it
-is given and the file system (to find the executable), and changes nothing.
+options, the stop timer and the CPU and memory node fences to check. The
+step is pure with respect to the service: it reads the configuration and
+the containment it is given and the file system (to find the executable),
+and changes nothing.
 :class:`~sdexec.process.Process` runs a plan; nothing after this step looks
 at the request's payload again.
 """
@@ -119,6 +120,8 @@ class ExecPlan:
     stop_timer: StopTimerPolicy
     #: The CPUs the mapper fenced the unit to (checked once it starts).
     fence: IDset | None
+    #: The NUMA nodes it fenced the unit's memory to (checked with the CPUs).
+    fence_mems: IDset | None
     #: Whether containment mapped this request (the mapper's statistics).
     mapped: bool
     #: The streams whose descriptors the client passed (stdio passthrough),
@@ -174,6 +177,7 @@ def plan_exec(
     )
     stop_timer = _stop_timer(config, command)
     allowed_cpus = mapped.get("AllowedCPUs")
+    allowed_mems = mapped.get("AllowedMemoryNodes")
     return ExecPlan(
         command=command,
         unit_name=unit_name,
@@ -183,6 +187,7 @@ def plan_exec(
         stdin_bufsize=_size_option(command, "stdin_BUFSIZE", DEFAULT_STDIN_BUFSIZE),
         stop_timer=stop_timer,
         fence=IDset(allowed_cpus) if allowed_cpus else None,
+        fence_mems=IDset(allowed_mems) if allowed_mems else None,
         mapped=containment.applies_to(command),
         stdio=_stdio(payload.get("stdio", ())),
     )

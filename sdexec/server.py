@@ -33,7 +33,9 @@ from sdexec.containment import (
     MEMORY_NOT_ENFORCED,
     Containment,
     check_cpu_fence,
+    check_memory_node_fence,
     enforced_cpus,
+    enforced_mems,
     memory_cap_in_force,
 )
 from sdexec.devicefence import CANARY_TIMEOUT_SECONDS, CanaryResponder, canary_plan
@@ -224,7 +226,9 @@ class SdexecServer:
             key,
             plan,
             responder,
-            verify=self._fence_verifier(plan.fence, self.containment.caps_memory),
+            verify=self._fence_verifier(
+                plan.fence, plan.fence_mems, self.containment.caps_memory
+            ),
             tap=tracked.tap if tracked is not None else None,
             stdio=stdio,
         )
@@ -341,42 +345,64 @@ class SdexecServer:
         )
 
     def _fence_verifier(
-        self, expected: IDset | None, memory_capped: bool
+        self, cpus: IDset | None, mems: IDset | None, memory_capped: bool
     ) -> Callable[[dict[str, Any], int], str | None] | None:
         """The check run when the unit starts, if the mapper fenced CPUs:
-        they, and a memory cap if the unit has one."""
-        if expected is None:
+        they, the memory nodes if it fenced those, and a memory cap if the
+        unit has one."""
+        if cpus is None:
             return None
         return lambda state, pid: self._verify_fence(
-            expected, memory_capped, state, pid
+            cpus, mems, memory_capped, state, pid
         )
 
     def _verify_fence(
-        self, expected: IDset, memory_capped: bool, state: dict, pid: int
+        self,
+        cpus: IDset,
+        mems: IDset | None,
+        memory_capped: bool,
+        state: dict,
+        pid: int,
     ) -> str | None:
+        """CPUs, then memory nodes, then the memory cap: the first that does
+        not hold is the problem, counted and met by ``containment-check``."""
         control_group = state.get("ControlGroup")
-        actual = enforced_cpus(control_group, pid)
-        if actual is None:
-            self.log_rate.warn(
-                "fence unchecked",
-                "pid {pid} exited before its CPU fence could be checked",
-                pid=pid,
+        fences = [(cpus, enforced_cpus, check_cpu_fence, "its CPU fence")]
+        if mems is not None:
+            fences.append(
+                (mems, enforced_mems, check_memory_node_fence, "its memory node fence")
             )
+        for expected, enforced, check, what in fences:
+            actual = enforced(control_group, pid)
+            if actual is None:
+                # The process went: nothing later can be read either.
+                self._fence_unchecked(pid, what)
+                return None
+            problem = check(expected, actual)
+            if problem is not None:
+                return self._fence_broken(problem, "fence-failures")
+        if memory_capped:
+            return self._verify_memory_cap(control_group, pid)
+        return None
+
+    def _verify_memory_cap(self, control_group: str | None, pid: int) -> str | None:
+        in_force = memory_cap_in_force(control_group, pid)
+        if in_force is None:
+            self._fence_unchecked(pid, "its memory cap")
             return None
-        problem = check_cpu_fence(expected, actual)
-        if problem is None and memory_capped:
-            in_force = memory_cap_in_force(control_group, pid)
-            if in_force is None:
-                self.log_rate.warn(
-                    "fence unchecked",
-                    "pid {pid} exited before its memory cap was checked",
-                    pid=pid,
-                )
-            elif not in_force:
-                problem = MEMORY_NOT_ENFORCED
-        if problem is None:
+        if in_force:
             return None
-        return self._fence_broken(problem, "fence-failures")
+        return self._fence_broken(MEMORY_NOT_ENFORCED, "fence-failures")
+
+    def _fence_unchecked(self, pid: int, what: str) -> None:
+        """Log (at a bounded rate) a fence not judged: no failure, as a
+        process that exits at once (``true``) is no sign of a broken fence."""
+        self.log_rate.warn(
+            "fence unchecked",
+            "pid {pid} exited before {what} could be checked",
+            pid=pid,
+            what=what,
+        )
 
     def _fence_broken(self, problem: str, counter: str) -> str | None:
         """Count a fence that does not hold and apply ``containment-check``:

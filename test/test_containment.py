@@ -1,14 +1,15 @@
 """Containment end to end (issue 6): R in, mapped properties on the unit,
-the CPU fence verified, the node drained when it is not enforced.
+the CPU and memory node fences verified, the node drained when one is not
+enforced.
 
 The integration tests run against the real user manager with the fixed
 ``small`` topology: one NUMA node, two cores of two PUs each, numbered as
 Linux does, so core 0 is PUs 0 and 2 and core 1 is PUs 1 and 3. Whether
 the fence holds depends on the node (cgroup v1 machines store
-``AllowedCPUs`` without enforcing it; a cgroup v2 node with cpuset delegated
-enforces it), so tests that need the unit to keep running set
-``containment-check = "warn"``, and the drain test asks for a CPU no node
-has, so that the fence fails everywhere.
+``AllowedCPUs`` and ``AllowedMemoryNodes`` without enforcing them; a cgroup
+v2 node with cpuset delegated enforces them), so tests that need the unit to
+keep running set ``containment-check = "warn"``, and the drain tests ask for
+a CPU, or a NUMA node, no node has, so that the fence fails everywhere.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import treq
+from offline import Connection, error_of
 from pytest_twisted import ensureDeferred
 from support import (
     FLAGS,
@@ -33,8 +35,12 @@ from support import (
     unit_names,
     unit_properties,
 )
+from twisted.internet import reactor
+from twisted.internet.task import Clock
+from twisted.logger import formatEvent, globalLogPublisher
 
 import sdexec.containment
+import sdexec.server
 from sdexec.client import RPCError
 from sdexec.command import Command
 from sdexec.config import ConfigError, parse_config
@@ -44,10 +50,15 @@ from sdexec.containment import (
     Containment,
     MapperError,
     check_cpu_fence,
+    check_memory_node_fence,
     enforced_cpus,
+    enforced_mems,
     memory_cap_in_force,
 )
 from sdexec.idset import IDset
+from sdexec.protocol import ExecFlag
+from sdexec.server import SdexecServer
+from sdexec.testing import FakeManager
 
 SMALL_TOPOLOGY = Path(__file__).resolve().parent / "data" / "small.xml"
 #: The OS CPUs of each logical core of the small topology, as idsets.
@@ -317,6 +328,21 @@ def topology_with_an_absent_cpu(directory: Path) -> Path:
     return path
 
 
+def unenforced_reason(refused, name: str, absent: int) -> str:
+    """The reason a job fenced (``name``) to ``absent``, which no node has,
+    was refused: EIO, naming what the unit could really use (never
+    ``absent``), and before it was said to have started."""
+    assert refused.error.errnum == errno.EIO
+    reason = refused.error.errstr
+    prefix = f"{name} not enforced: expected {absent} got "
+    suffix = " (is the cpuset controller delegated to the user instance?)"
+    assert reason.startswith(prefix) and reason.endswith(suffix)
+    usable = IDset(reason[len(prefix) : -len(suffix)])
+    assert usable and absent not in usable
+    assert "started" not in refused.types
+    return reason
+
+
 @pytest.mark.systemd
 @ensureDeferred
 async def test_unenforced_fence_fails_the_job_and_drains(start_service, tmp_path):
@@ -332,14 +358,7 @@ async def test_unenforced_fence_fails_the_job_and_drains(start_service, tmp_path
     refused = await run(
         client, ["sleep", "300"], opts={R_OPTION: r_local("1"), "SDEXEC_NAME": name}
     )
-    assert refused.error.errnum == errno.EIO
-    reason = refused.error.errstr
-    prefix = f"AllowedCPUs not enforced: expected {ABSENT_CPU} got "
-    suffix = " (is the cpuset controller delegated to the user instance?)"
-    assert reason.startswith(prefix) and reason.endswith(suffix)
-    usable = IDset(reason[len(prefix) : -len(suffix)])
-    assert usable and ABSENT_CPU not in usable
-    assert "started" not in refused.types
+    reason = unenforced_reason(refused, "AllowedCPUs", ABSENT_CPU)
     await until(lambda: not service.server.processes, "the refused unit reaped")
     assert unit_names(f"{name}*") == []
 
@@ -359,15 +378,59 @@ async def test_unenforced_fence_fails_the_job_and_drains(start_service, tmp_path
     assert (served.error, served.status) == (None, 0)
 
 
+#: A NUMA node no machine has (Linux has at most 1024): a fence to it never
+#: holds, whatever the node enforces.
+ABSENT_NODE = 4095
+
+
+def topology_with_an_absent_node(directory: Path) -> tuple[Path, int]:
+    """A topology of every CPU this node has online, one core each, in the
+    single NUMA node ``ABSENT_NODE``; (its path, its number of cores).
+
+    Its cores fence a unit to every CPU there is, which holds on any node;
+    its memory node cannot hold on any: a cgroup v2 kernel refuses the
+    cpuset (the unit keeps its parent's nodes) and cgroup v1 never applies
+    it. So the memory node check is the one that fails, here and on an
+    enforcing node alike.
+    """
+    cpus = list(IDset(Path("/sys/devices/system/cpu/online").read_text().strip()))
+    indexes = ",".join(map(str, cpus))
+    xml = subprocess.run(
+        ["lstopo-no-graphics", "--of", "xml", "-", "--input",
+         f"numa:1(indexes={ABSENT_NODE}) core:{len(cpus)} pu:1(indexes={indexes})"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    path = directory / "absent-node.xml"
+    path.write_text(xml)
+    return path, len(cpus)
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_unenforced_memory_nodes_fail_the_job_and_drain(start_service, tmp_path):
+    topology, cores = topology_with_an_absent_node(tmp_path)
+    service = await start_service(**contained(check=None, topology=topology))
+    client = await service.connect()
+    if service.server.drain_reason is not None:  # the device canary's
+        await client.undrain()
+    opts = {R_OPTION: r_local(f"0-{cores - 1}")}
+    refused = await run(client, ["sleep", "300"], opts=opts)
+    reason = unenforced_reason(refused, "AllowedMemoryNodes", ABSENT_NODE)
+    assert service.server.drain_reason == reason
+    assert (await client.stats())["requests"]["fence-failures"] == 1
+
+
 @pytest.mark.systemd
 @ensureDeferred
 async def test_a_memory_cap_the_node_does_not_enforce_fails_and_drains(
     start_service,
 ):
-    """Cores 0-1 are every CPU of the small topology, so the CPU fence holds
-    on any node; whether the memory cap does is measured apart from the
-    service (a v2 node with the memory controller delegated: yes; cgroup v1,
-    or v2 without it: no), and the service must agree."""
+    """Cores 0-1 are every CPU of the small topology and node 0 its one
+    NUMA node, so the cpuset fences hold on these machines (two CPUs, one
+    node) and on any node that enforces them; whether the memory cap does is
+    measured apart from the service (a v2 node with the memory controller
+    delegated: yes; cgroup v1, or v2 without it: no), and the service must
+    agree."""
     enforced = node_kills_at_memory_max()
     memory = '[exec.sdexec-properties]\nMemoryMax = "50%"\n'
     service = await start_service(**contained(check=None, extra=memory))
@@ -449,17 +512,22 @@ async def test_bad_reload_keeps_mapper_and_running_unit(start_service, tmp_path)
     ("expected", "actual"),
     [("0-3", "0-3"), ("0-3", "1,2"), ("1,3", "3"), ("5", "5")],
 )
-def test_fence_holds_when_usable_cpus_are_within(expected, actual):
-    assert check_cpu_fence(IDset(expected), IDset(actual)) is None
+@pytest.mark.parametrize("check", [check_cpu_fence, check_memory_node_fence])
+def test_fence_holds_when_usable_ids_are_within(check, expected, actual):
+    assert check(IDset(expected), IDset(actual)) is None
 
 
 @pytest.mark.parametrize(
     ("expected", "actual"),
     [("0-1", "0-3"), ("1,3", "0-1"), ("2", "3"), ("0-3", "0-4")],
 )
-def test_fence_broken_when_any_cpu_is_outside(expected, actual):
-    assert check_cpu_fence(IDset(expected), IDset(actual)) == (
-        f"AllowedCPUs not enforced: expected {expected} got {actual}"
+@pytest.mark.parametrize(
+    ("check", "name"),
+    [(check_cpu_fence, "AllowedCPUs"), (check_memory_node_fence, "AllowedMemoryNodes")],
+)
+def test_fence_broken_when_any_id_is_outside(check, name, expected, actual):
+    assert check(IDset(expected), IDset(actual)) == (
+        f"{name} not enforced: expected {expected} got {actual}"
         " (is the cpuset controller delegated to the user instance?)"
     )
 
@@ -473,21 +541,29 @@ def _fake_file(root: Path, relative: str, text: str) -> None:
     path.write_text(text)
 
 
-def _fake_tree(root: Path, v2=None, v1=None, status=None) -> None:
-    """A cgroup v2 and v1 cpuset and a /proc/42/status, each if given."""
+#: The cpuset readers, by what they read: ``cpuset.cpus`` or ``cpuset.mems``.
+READERS = {"cpus": enforced_cpus, "mems": enforced_mems}
+
+
+def _fake_tree(root: Path, kind: str, v2=None, v1=None, status=None) -> None:
+    """A cgroup v2 and v1 cpuset of ``kind`` and a /proc/42/status, each if
+    given (the status has the same ``(list, mask)`` for CPUs and nodes)."""
     if v2 is not None:
-        _fake_file(root, f"sys/fs/cgroup{CGROUP}/cpuset.cpus.effective", v2)
+        _fake_file(root, f"sys/fs/cgroup{CGROUP}/cpuset.{kind}.effective", v2)
     if v1 is not None:
-        _fake_file(root, f"sys/fs/cgroup/cpuset{CGROUP}/cpuset.cpus", v1)
+        _fake_file(root, f"sys/fs/cgroup/cpuset{CGROUP}/cpuset.{kind}", v1)
     if status is not None:
+        listed, mask = status
         _fake_file(
             root,
             "proc/42/status",
-            f"Name:\tsleep\nCpus_allowed:\t{status[1]}\n"
-            f"Cpus_allowed_list:\t{status[0]}\nVoluntary_ctxt_switches:\t1\n",
+            f"Name:\tsleep\nCpus_allowed:\t{mask}\nCpus_allowed_list:\t{listed}\n"
+            f"Mems_allowed:\t{mask}\nMems_allowed_list:\t{listed}\n"
+            "Voluntary_ctxt_switches:\t1\n",
         )
 
 
+@pytest.mark.parametrize("kind", READERS)
 @pytest.mark.parametrize(
     ("tree", "control_group", "expected"),
     [
@@ -500,9 +576,19 @@ def _fake_tree(root: Path, v2=None, v1=None, status=None) -> None:
     ],
     ids=["v2-first", "v1-next", "unparsable-skipped", "proc-last", "no-cg", "empty-cg"],
 )
-def test_enforced_cpus_reads_in_order(tmp_path, tree, control_group, expected):
-    _fake_tree(tmp_path, **tree)
-    assert enforced_cpus(control_group, 42, root=str(tmp_path)) == IDset(expected)
+def test_enforced_cpuset_reads_in_order(tmp_path, kind, tree, control_group, expected):
+    _fake_tree(tmp_path, kind, **tree)
+    assert READERS[kind](control_group, 42, root=str(tmp_path)) == IDset(expected)
+
+
+def test_each_reader_reads_its_own_cpuset(tmp_path):
+    _fake_file(tmp_path, f"sys/fs/cgroup{CGROUP}/cpuset.cpus.effective", "0-7")
+    _fake_file(tmp_path, f"sys/fs/cgroup{CGROUP}/cpuset.mems.effective", "1")
+    _fake_file(tmp_path, "proc/42/status", "Cpus_allowed_list:\t0-15\n")
+    assert enforced_cpus(CGROUP, 42, root=str(tmp_path)) == IDset("0-7")
+    assert enforced_mems(CGROUP, 42, root=str(tmp_path)) == IDset("1")
+    # The status's CPUs are not its nodes: with none listed, nothing is known.
+    assert enforced_mems(None, 42, root=str(tmp_path)) is None
 
 
 V1_UNLIMITED = "9223372036854771712"
@@ -540,10 +626,11 @@ def test_memory_cap_in_force_reads_the_nodes_cgroups(tmp_path, files, in_force):
     assert memory_cap_in_force(CGROUP, 42, root=str(tmp_path)) is in_force
 
 
-def test_enforced_cpus_none_when_nothing_readable(tmp_path):
-    assert enforced_cpus(CGROUP, 42, root=str(tmp_path)) is None
+@pytest.mark.parametrize("kind", READERS)
+def test_enforced_cpuset_none_when_nothing_readable(tmp_path, kind):
+    assert READERS[kind](CGROUP, 42, root=str(tmp_path)) is None
     _fake_file(tmp_path, "proc/42/status", "Name:\tsleep\n")
-    assert enforced_cpus(CGROUP, 42, root=str(tmp_path)) is None
+    assert READERS[kind](CGROUP, 42, root=str(tmp_path)) is None
 
 
 class FakeMapper:
@@ -621,15 +708,125 @@ def test_mapper_failures_name_the_class(result, message):
     assert str(raised.value) == message
 
 
-def test_an_empty_cpuset_file_is_not_a_fence(tmp_path):
-    # cgroup v1 shows an empty cpuset.cpus for a cgroup nobody configured.
-    cpuset = tmp_path / "sys/fs/cgroup/cpuset/app.slice/u.service"
-    cpuset.mkdir(parents=True)
-    (cpuset / "cpuset.cpus").write_text("\n")
-    status = tmp_path / "proc/42"
-    status.mkdir(parents=True)
-    (status / "status").write_text("Name:\tx\nCpus_allowed_list:\t0-3\n")
-    assert enforced_cpus("/app.slice/u.service", 42, root=str(tmp_path)) == IDset("0-3")
+@pytest.mark.parametrize("kind", READERS)
+def test_an_empty_cpuset_file_is_not_a_fence(tmp_path, kind):
+    # cgroup v1 shows an empty cpuset.cpus (and .mems) for a cgroup nobody
+    # configured.
+    _fake_tree(tmp_path, kind, v1="\n", status=("0-3", "f"))
+    assert READERS[kind](CGROUP, 42, root=str(tmp_path)) == IDset("0-3")
+
+
+# -- the fence check in the service, offline ------------------------------------
+
+UNIT = "sdexec-fenced.service"
+#: Output streamed, no write credit: the responses are the job's life only.
+STREAMS = int(ExecFlag.STDOUT | ExecFlag.STDERR)
+
+
+@pytest.fixture
+def main_process():
+    """A real process to stand for the unit's main one: the fence check
+    reads its /proc/PID/status (the fake manager gives no ControlGroup)."""
+    process = subprocess.Popen(["sleep", "300"])
+    yield process.pid
+    process.kill()
+    process.wait()
+
+
+def fenced_exec(mapped: dict, pid: int, check: str = "drain"):
+    """An exec whose mapper sets ``mapped``, on a server with the fake
+    manager; the unit starts with ``pid`` as its main process.
+    (server, the connection's responses)."""
+    config = parse_config(
+        {
+            "exec": {"sdexec-constrain-resources": True},
+            "sdexec": {"containment-check": check},
+        }
+    )
+    systemd = FakeManager()
+    server = SdexecServer(
+        systemd, config, reactor, Containment(config, FakeMapper(mapped)), clock=Clock()
+    )
+    connection = Connection(server)
+    opts = {R_OPTION: r_local("0"), "SDEXEC_NAME": UNIT}
+    request = {"flags": STREAMS, "cmd": command(["true"], opts=opts)}
+    connection.send("sdexec.exec", request)
+    systemd.run(UNIT, pid=pid)
+    responses = connection.responses()
+    connection.close()
+    systemd.close()
+    return server, responses
+
+
+def own_fences(pid: int) -> dict[str, str]:
+    """A mapper's fence that holds for ``pid``: the CPUs and nodes it has."""
+    cpus, mems = enforced_cpus(None, pid), enforced_mems(None, pid)
+    assert cpus is not None and mems is not None
+    return {"AllowedCPUs": str(cpus), "AllowedMemoryNodes": str(mems)}
+
+
+@pytest.mark.parametrize(
+    ("broken", "named"),
+    [(["AllowedMemoryNodes"], "AllowedMemoryNodes"),
+     (["AllowedCPUs"], "AllowedCPUs"),
+     (["AllowedCPUs", "AllowedMemoryNodes"], "AllowedCPUs")],
+    ids=["nodes", "cpus", "both-cpus-first"],
+)  # fmt: skip
+def test_a_fence_the_node_does_not_hold_fails_the_job_and_drains(
+    main_process, broken, named
+):
+    held = own_fences(main_process)
+    fences = {**held, **dict.fromkeys(broken, str(ABSENT_NODE))}
+    server, responses = fenced_exec(fences, main_process)
+    reason = (
+        f"{named} not enforced: expected {ABSENT_NODE} got {held[named]}"
+        " (is the cpuset controller delegated to the user instance?)"
+    )
+    assert [error_of(response) for response in responses] == [(errno.EIO, reason)]
+    assert server.stats()["drain"] == {"drained": True, "reason": reason}
+    assert server.counters["fence-failures"] == 1
+
+
+def test_memory_nodes_not_held_under_warn_are_counted_and_the_job_runs(
+    main_process,
+):
+    fences = {**own_fences(main_process), "AllowedMemoryNodes": str(ABSENT_NODE)}
+    server, responses = fenced_exec(fences, main_process, check="warn")
+    assert [r["payload"] for r in responses] == [
+        {"type": "started", "pid": main_process}
+    ]
+    assert server.drain_reason is None
+    assert server.counters["fence-failures"] == 1
+
+
+@pytest.mark.parametrize("nodes", [True, False], ids=["nodes", "no-nodes"])
+def test_fences_that_hold_let_the_job_start(main_process, nodes):
+    fences = own_fences(main_process)
+    if not nodes:  # a custom mapper may fence CPUs only
+        del fences["AllowedMemoryNodes"]
+    server, responses = fenced_exec(fences, main_process)
+    assert [r["payload"] for r in responses] == [
+        {"type": "started", "pid": main_process}
+    ]
+    assert server.drain_reason is None
+    assert server.counters["fence-failures"] == 0
+
+
+def test_memory_nodes_unreadable_are_logged_not_a_failure(main_process, monkeypatch):
+    # The process went between the two reads: nothing to judge by.
+    monkeypatch.setattr(sdexec.server, "enforced_mems", lambda *_: None)
+    events: list[dict] = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        server, responses = fenced_exec(own_fences(main_process), main_process)
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+    assert [r["payload"]["type"] for r in responses] == ["started"]
+    assert server.drain_reason is None
+    assert server.counters["fence-failures"] == 0
+    logged = [formatEvent(event) for event in events]
+    unchecked = "exited before its memory node fence could be checked"
+    assert f"pid {main_process} {unchecked}" in logged
 
 
 @pytest.mark.parametrize(

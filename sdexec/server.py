@@ -347,10 +347,10 @@ class SdexecServer:
     def _fence_verifier(
         self, cpus: IDset | None, mems: IDset | None, memory_capped: bool
     ) -> Callable[[dict[str, Any], int], str | None] | None:
-        """The check run when the unit starts, if the mapper fenced CPUs:
-        they, the memory nodes if it fenced those, and a memory cap if the
-        unit has one."""
-        if cpus is None:
+        """The check run when the unit starts, if the mapper fenced CPUs or
+        memory nodes (a custom mapper may set either alone): those, and a
+        memory cap if the unit has one."""
+        if cpus is None and mems is None:
             return None
         return lambda state, pid: self._verify_fence(
             cpus, mems, memory_capped, state, pid
@@ -358,7 +358,7 @@ class SdexecServer:
 
     def _verify_fence(
         self,
-        cpus: IDset,
+        cpus: IDset | None,
         mems: IDset | None,
         memory_capped: bool,
         state: dict,
@@ -367,7 +367,9 @@ class SdexecServer:
         """CPUs, then memory nodes, then the memory cap: the first that does
         not hold is the problem, counted and met by ``containment-check``."""
         control_group = state.get("ControlGroup")
-        fences = [(cpus, enforced_cpus, check_cpu_fence, "its CPU fence")]
+        fences = []
+        if cpus is not None:
+            fences.append((cpus, enforced_cpus, check_cpu_fence, "its CPU fence"))
         if mems is not None:
             fences.append(
                 (mems, enforced_mems, check_memory_node_fence, "its memory node fence")

@@ -787,6 +787,16 @@ def test_a_fence_the_node_does_not_hold_fails_the_job_and_drains(
     assert server.counters["fence-failures"] == 1
 
 
+def test_a_mapper_fencing_memory_nodes_alone_has_them_checked(main_process):
+    # A custom mapper may set AllowedMemoryNodes without AllowedCPUs.
+    server, responses = fenced_exec(
+        {"AllowedMemoryNodes": str(ABSENT_NODE)}, main_process
+    )
+    assert [error_of(response)[0] for response in responses] == [errno.EIO]
+    assert server.drain_reason.startswith("AllowedMemoryNodes not enforced")
+    assert server.counters["fence-failures"] == 1
+
+
 def test_memory_nodes_not_held_under_warn_are_counted_and_the_job_runs(
     main_process,
 ):

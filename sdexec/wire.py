@@ -96,9 +96,31 @@ def decode_message(line: bytes | memoryview) -> dict[str, Any]:
         raise FramingError(_TOO_DEEP) from None
     if not isinstance(message, dict):
         raise FramingError("message is not a JSON object")
-    if _nests_deeper(message, MAX_NESTING):
+    if _may_nest_deeper(line) and _nests_deeper(message, MAX_NESTING):
         raise FramingError(_TOO_DEEP)
     return message
+
+
+def _may_nest_deeper(line: bytes | memoryview) -> bool:
+    """Whether ``line`` has room for more than :data:`MAX_NESTING` levels,
+    each of which takes an opening bracket and a closing one.
+
+    Counting a short line's brackets (C code) costs a fraction of walking
+    its message: 1.6 against 3.8 us for an ``exec`` with 60 variables. On a
+    long line it costs more (31 against 1.3 us for 64 KiB of output), so a
+    long line is walked whatever it holds.
+    """
+    if len(line) <= 2 * MAX_NESTING + 1:
+        return False  # most responses and requests: not even the brackets
+    if len(line) > SMALL_LINE:
+        return True
+    data = _as_bytes(line)
+    return data.count(b"[") + data.count(b"{") > MAX_NESTING
+
+
+def _as_bytes(line: bytes | memoryview) -> bytes:
+    """``line`` itself, or a view's copy: a view has no ``count``."""
+    return line if type(line) is bytes else bytes(line)
 
 
 def _nests_deeper(message: dict[str, Any], limit: int) -> bool:

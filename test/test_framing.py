@@ -191,3 +191,33 @@ def test_blank_lines_are_skipped_however_long():
     received = feed(Collector(1 << 20), b"\n  \n" + long_blank + b'{"a":1}\n')
     assert received.messages == [{"a": 1}]
     assert received.errors == []
+
+
+def test_a_short_line_nested_too_deeply_is_refused_by_its_brackets():
+    # Short lines count their brackets instead of walking the message: the
+    # same limit, a bracket short of it or one past.
+    for levels in (MAX_NESTING, MAX_NESTING + 1):
+        line = b'{"a":' + b"[" * (levels - 1) + b"]" * (levels - 1) + b"}"
+        assert 2 * MAX_NESTING < len(line) <= SMALL_LINE
+        if levels > MAX_NESTING:
+            with pytest.raises(FramingError, match="nested too deeply"):
+                decode_message(line)
+        else:
+            assert decode_message(line)
+
+
+def test_brackets_in_strings_only_make_a_short_line_walked():
+    line = b'{"a":"' + b"[{" * MAX_NESTING + b'","b":[[1]]}'
+    assert len(line) <= SMALL_LINE
+    assert decode_message(line)["b"] == [[1]]
+
+
+@settings(max_examples=100)
+@given(st.integers(1, 2 * MAX_NESTING), st.integers(0, 2 * MAX_NESTING))
+def test_nesting_is_judged_the_same_however_long_the_line(levels, padding):
+    line = nested_objects(levels, padding)
+    if levels > MAX_NESTING:
+        with pytest.raises(FramingError, match="nested too deeply"):
+            decode_message(line)
+    else:
+        assert decode_message(line)

@@ -120,6 +120,10 @@ class SdexecClient(JSONLineProtocol):
 
     def __init__(self, path: str) -> None:
         super().__init__()
+        # The service's answers are not a stranger's requests: a list of
+        # thousands of processes may hold more values than any request may.
+        # The frame size bounds what they cost.
+        self.max_values = None
         self.path = path
         self.disconnected: Deferred[None] = Deferred()
         self._requests = Requests(path)

@@ -36,6 +36,15 @@ class JSONLineProtocol(Protocol):
     def max_frame(self, size: int) -> None:
         self._splitter.max_frame = size
 
+    @property
+    def max_values(self) -> int | None:
+        """The most JSON values a message may hold (``None``: any number)."""
+        return self._splitter.max_values
+
+    @max_values.setter
+    def max_values(self, values: int | None) -> None:
+        self._splitter.max_values = values
+
     def dataReceived(self, data: bytes) -> None:
         if self._frame_broken:
             return

@@ -215,7 +215,8 @@ class Connection:
     def __init__(self, loop: Loop, path: str) -> None:
         self._loop = loop
         self._requests = Requests(path)
-        self._splitter = FrameSplitter()
+        # Any number of values, as the Twisted client (sdexec.client).
+        self._splitter = FrameSplitter(max_values=None)
         self._received = bytearray(_RECV_SIZE)
         #: What the socket has not taken yet, each with the descriptors
         #: that go with its first byte.

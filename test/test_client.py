@@ -44,6 +44,7 @@ from sdexec.client import (
 from sdexec.framing import JSONLineProtocol
 from sdexec.ioencode import decode_io, encode_io
 from sdexec.protocol import terminate_not_found
+from sdexec.wire import MAX_VALUES
 
 REPO = Path(__file__).resolve().parent.parent
 ENODATA = 61
@@ -155,6 +156,17 @@ def test_rpc_matchtags_count_up_and_route_responses(served):
     peer.respond(first, {"procs": []})
     assert (yield listing) == {"procs": []}
     assert (yield stats) == {"stats": True}
+
+
+@pytest_twisted.inlineCallbacks
+def test_an_answer_of_more_values_than_a_request_may_hold_is_read(served):
+    # A list of thousands of processes may: the service bounds requests,
+    # the frame size bounds what the client reads.
+    peer, client = served
+    listing = client.list()
+    procs = [[]] * MAX_VALUES
+    peer.respond((yield peer.requests.get()), {"procs": procs})
+    assert (yield listing) == {"procs": procs}
 
 
 @pytest_twisted.inlineCallbacks

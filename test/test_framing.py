@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
@@ -11,11 +13,14 @@ from twisted.internet.testing import StringTransport
 
 from sdexec.framing import JSONLineProtocol
 from sdexec.ioencode import decode_io, encode_io
+from sdexec.limits import MAX_COMMAND, check_command_size
 from sdexec.wire import (
     MAX_NESTING,
+    MAX_VALUES,
     SMALL_LINE,
     FrameSplitter,
     FramingError,
+    count_values,
     decode_message,
     encode_message,
     encode_small_message,
@@ -191,3 +196,228 @@ def test_blank_lines_are_skipped_however_long():
     received = feed(Collector(1 << 20), b"\n  \n" + long_blank + b'{"a":1}\n')
     assert received.messages == [{"a": 1}]
     assert received.errors == []
+
+
+def test_a_short_line_nested_too_deeply_is_refused_by_its_brackets():
+    # Short lines count their brackets instead of walking the message: the
+    # same limit, a bracket short of it or one past.
+    for levels in (MAX_NESTING, MAX_NESTING + 1):
+        line = b'{"a":' + b"[" * (levels - 1) + b"]" * (levels - 1) + b"}"
+        assert 2 * MAX_NESTING < len(line) <= SMALL_LINE
+        if levels > MAX_NESTING:
+            with pytest.raises(FramingError, match="nested too deeply"):
+                decode_message(line)
+        else:
+            assert decode_message(line)
+
+
+def test_brackets_in_strings_only_make_a_short_line_walked():
+    line = b'{"a":"' + b"[{" * MAX_NESTING + b'","b":[[1]]}'
+    assert len(line) <= SMALL_LINE
+    assert decode_message(line)["b"] == [[1]]
+
+
+@settings(max_examples=100)
+@given(st.integers(1, 2 * MAX_NESTING), st.integers(0, 2 * MAX_NESTING))
+def test_nesting_is_judged_the_same_however_long_the_line(levels, padding):
+    line = nested_objects(levels, padding)
+    if levels > MAX_NESTING:
+        with pytest.raises(FramingError, match="nested too deeply"):
+            decode_message(line)
+    else:
+        assert decode_message(line)
+
+
+# -- the values a line holds -----------------------------------------------------
+
+
+def reference_count(value) -> int:
+    """What :func:`count_values` counts, from the decoded value: every value
+    and key, and each empty array or object once more."""
+    if isinstance(value, dict):
+        inner = sum(1 + reference_count(member) for member in value.values())
+        return 1 + inner + (not value)
+    if isinstance(value, list):
+        return 1 + sum(map(reference_count, value)) + (not value)
+    return 1
+
+
+#: Text made mostly of what a counter could take for JSON's own syntax (no
+#: lone surrogates: no UTF-8 line can carry one unescaped).
+syntax_text = st.text(
+    alphabet=st.sampled_from('",:[]{}\\/ \n\tu')
+    | st.characters(exclude_categories=["Cs"])
+)
+counted_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+counted_values = st.recursive(
+    counted_scalars | syntax_text,
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(syntax_text, children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300)
+@given(counted_values, st.sampled_from([(",", ":"), (", ", ": ")]), st.booleans())
+def test_values_are_counted_outside_strings_exactly(value, separators, ascii_only):
+    message = {"v": value}
+    expected = reference_count(message)
+    lines = [
+        json.dumps(message, separators=separators, ensure_ascii=ascii_only).encode(),
+        encode_message(message),
+    ]
+    for line in lines:
+        assert count_values(line, len(line)) == expected
+        with patch("sdexec.wire._STRINGS_A_ROUND", 3):
+            assert count_values(line, len(line)) == expected
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (rb'{"a":"\\"}', 3),  # an escaped backslash ends before the quote
+        (rb'{"a":"\",[{:"}', 3),  # an escaped quote does not end the string
+        (rb'{"a":"\\\",:"}', 3),
+        (rb'{"a":"\\","b":[]}', 6),
+        (rb'{"a":[[],{}],"b":"\u005c"}', 9),
+        (rb'{ "a" : [ 1 , 2 ] }', 5),
+        (rb'{"a":"\ud800[","b":0}', 5),  # a lone surrogate, escaped
+    ],
+)
+def test_escapes_are_read_as_json_reads_them(line, expected):
+    assert count_values(line, len(line)) == expected
+    assert reference_count(json.loads(line)) == expected
+
+
+def test_a_string_left_open_is_counted_to_the_line_s_end_once():
+    # Tried from each of its quotes again, a string that never ends made
+    # the count quadratic: a 1 MB line of them would not finish.
+    line = b'{"a":[],"b":"' + b'\\",' * 250_000
+    assert count_values(line, len(line)) == 6
+
+
+@pytest.mark.parametrize("string", ["x", "\\"], ids=["plain", "escape-at-end"])
+def test_past_most_strings_none_is_counted(string):
+    # Plain strings are too many by their quotes alone; those ending in an
+    # escaped backslash (\\") only once found.
+    line = json.dumps({"a": [string] * 10}).encode()
+    assert count_values(line, 11) == 13
+    assert count_values(line, 10) is None
+
+
+def strings_in(value) -> int:
+    """The strings of a decoded value, keys included."""
+    if isinstance(value, dict):
+        return len(value) + sum(map(strings_in, value.values()))
+    if isinstance(value, list):
+        return sum(map(strings_in, value))
+    return isinstance(value, str)
+
+
+def test_strings_are_taken_out_a_round_at_a_time(monkeypatch):
+    monkeypatch.setattr("sdexec.wire._STRINGS_A_ROUND", 2)
+    for value in (["a", "b"], ["a", "b", "c"], {"k": ["\\", '"', ",:[{"], "l": {}}):
+        message = {"v": value}
+        line, strings = json.dumps(message).encode(), strings_in(message)
+        assert count_values(line, strings) == reference_count(message)
+        assert count_values(line, strings - 1) is None
+
+
+def hostile(item: bytes, count: int) -> bytes:
+    """``{"a":[item,item,...]}``: ``count`` items."""
+    return b'{"a":[' + b",".join([item] * count) + b"]}"
+
+
+def test_a_line_of_empty_arrays_past_the_limit_is_refused_naming_both():
+    line = hostile(b"[]", MAX_VALUES // 2 + 1)
+    values = 2 * (MAX_VALUES // 2 + 1) + 3  # the object, its key, its array
+    assert count_values(line, len(line)) == values
+    message = (
+        f"message holds too many JSON values: {values}, keys included"
+        f" (at most {MAX_VALUES})"
+    )
+    with pytest.raises(FramingError) as refusal:
+        decode_message(line)
+    assert str(refusal.value) == message
+    # One value under the limit, it decodes.
+    assert decode_message(hostile(b"[]", MAX_VALUES // 2 - 2))
+
+
+def test_a_line_of_more_strings_than_values_allowed_is_refused_unread():
+    with pytest.raises(FramingError) as refusal:
+        decode_message(hostile(b'"ab"', 1001), max_values=1000)
+    assert str(refusal.value) == (
+        "message holds too many JSON values: more than 1000 strings alone"
+        " (at most 1000)"
+    )
+
+
+@pytest.mark.parametrize("item", [b"0", b"{}", b'{"k":[]}', b"[[],[[]]]"])
+def test_the_limit_is_the_same_for_every_shape(item):
+    line = hostile(item, 300)
+    values = count_values(line, len(line))
+    assert values == reference_count(json.loads(line))
+    assert decode_message(line, max_values=values)
+    with pytest.raises(FramingError, match=f"{values}, keys included"):
+        decode_message(line, max_values=values - 1)
+
+
+def test_the_splitter_refuses_past_its_own_limit_and_none_means_any():
+    line = hostile(b"[]", 100) + b"\n"
+    with pytest.raises(FramingError, match="too many JSON values"):
+        list(FrameSplitter(max_values=100).feed(line))
+    assert list(FrameSplitter(max_values=None).feed(line)) == [json.loads(line)]
+    received = Collector()
+    received.max_values = 100
+    assert received.max_values == 100
+    feed(received, line)
+    assert received.errors == [
+        "message holds too many JSON values: 203, keys included (at most 100)"
+    ]
+
+
+def csv_write(rows: int) -> dict:
+    """A stdin write of CSV full of JSON's syntax, escapes included: far
+    more commas and brackets in its data than values allowed."""
+    row = '1,"two",[3],{"4":5},\\,\\\\"\n'
+    io = {"stream": "stdin", "rank": "0", "data": row * rows}
+    return {"type": "request", "topic": "sdexec.write", "matchtag": 0,
+            "payload": {"matchtag": 1, "io": io}}  # fmt: skip
+
+
+@pytest.mark.parametrize("encode", [encode_message, encode_small_message])
+def test_a_long_write_full_of_syntax_is_decoded(encode):
+    message = csv_write(MAX_VALUES // 6)
+    line = encode(message)
+    syntax = sum(map(line.count, (b",", b":", b"[", b"{")))
+    assert syntax > MAX_VALUES  # the upper bound says no...
+    assert decode_message(line) == message  # ...the exact count says yes
+
+
+def test_a_command_at_its_budget_holds_far_fewer_values_than_allowed():
+    # Empty arguments: the most values a byte of the budget can buy (each
+    # string counted with 8 bytes of framing).
+    args = [""] * ((MAX_COMMAND - len("/bin/true") - 8) // 8)
+    assert check_command_size(["/bin/true", *args], {}, {}) <= MAX_COMMAND
+    cmd = {"cmdline": ["/bin/true", *args], "env": {}, "opts": {}}
+    line = encode_message({"type": "request", "payload": {"cmd": cmd}})
+    assert decode_message(line)["payload"]["cmd"] == cmd
+    assert count_values(line, len(line)) < MAX_VALUES / 6
+
+
+def _never(*args: object) -> None:
+    raise AssertionError("a line shorter than the limit was counted")
+
+
+@pytest.mark.parametrize(
+    "data", [b"[{,:" * 16384, base64.b64encode(bytes(range(256)) * 192)],
+    ids=["syntax", "base64"],
+)  # fmt: skip
+def test_output_frames_are_never_counted(data, monkeypatch):
+    # Shorter than the limit: what they hold costs no count, and no answer
+    # of the service's output can be refused for it.
+    monkeypatch.setattr("sdexec.wire._check_values", _never)
+    message = {"type": "response", "payload": {"io": encode_io("stdout", "0", data)}}
+    assert decode_message(encode_message(message)) == message

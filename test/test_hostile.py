@@ -29,7 +29,7 @@ from sdexec.limits import MAX_ARG_STRLEN, MAX_LISTED_CMDLINE
 from sdexec.lograte import BURST, WINDOW_S
 from sdexec.server import MAX_ERRSTR, SdexecServer
 from sdexec.testing import FakeManager
-from sdexec.wire import MAX_NESTING, SMALL_LINE
+from sdexec.wire import MAX_NESTING, MAX_VALUES, SMALL_LINE
 
 EVERY_ID = f"0-{MAX_ID}"
 ENVELOPE = {"type": "request", "topic": "sdexec.list", "matchtag": 4}
@@ -76,6 +76,36 @@ def test_deep_nesting_beside_a_lone_surrogate_is_still_named_as_such(connection)
     payload = {"s": "\ud800", "x": deeply_nested(100_000)}
     connection.protocol.dataReceived(json_line({**ENVELOPE, "payload": payload}))
     assert error_of(connection.last()) == TOO_DEEP
+
+
+def test_a_line_of_more_values_than_allowed_is_refused_before_decoding(
+    server, connection
+):
+    # Within the frame, but 3 bytes of "[]," decode to ~64: a 64 MiB line
+    # of them took 1.7 GB.
+    arrays = ",".join(["[]"] * (MAX_VALUES // 2))
+    line = f'{{"type":"request","topic":"sdexec.list","matchtag":4,"x":[{arrays}]}}\n'
+    connection.protocol.dataReceived(line.encode())
+    values = MAX_VALUES + 9  # the envelope's 4 keys and values, "x"'s array
+    assert error_of(connection.last()) == (
+        errno.EPROTO,
+        f"message holds too many JSON values: {values}, keys included"
+        f" (at most {MAX_VALUES})",
+    )
+    assert connection.last()["matchtag"] == 0
+    assert connection.transport.disconnecting
+    still_serves(server)
+
+
+def test_a_long_write_full_of_json_s_syntax_is_taken(server, connection):
+    # More commas and brackets than values allowed, all in its data: counted
+    # again outside strings, the write is handled (to no process: dropped).
+    data = '{"a":[1,2],"b":"\\"x\\\\"},' * (MAX_VALUES // 5)
+    io = {"stream": "stdin", "rank": "0", "data": data}
+    connection.send("sdexec.write", {"matchtag": 99, "io": io}, matchtag=5)
+    assert connection.responses() == []
+    assert not connection.transport.disconnecting
+    still_serves(server)
 
 
 @pytest.mark.parametrize("kind", ["event", "response", None, 5])

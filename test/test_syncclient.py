@@ -16,7 +16,7 @@ import pytest
 from sdexec import rpc
 from sdexec.rpc import ConnectionFailed, RPCError, cannot_connect
 from sdexec.syncclient import Connection, Loop
-from sdexec.wire import FrameSplitter, encode_message
+from sdexec.wire import MAX_VALUES, FrameSplitter, encode_message
 
 
 @pytest.fixture
@@ -67,6 +67,17 @@ def test_the_reason_for_closing_is_the_error(peer):
     ):
         connection.call("sdexec.list", {})
     assert (raised.value.errnum, str(raised.value)) == (errno.EPERM, "not yours")
+
+
+def test_an_answer_of_more_values_than_a_request_may_hold_is_read(peer):
+    # A list of thousands of processes may: the service bounds requests,
+    # the frame size bounds what the client reads.
+    path, replies, _ = peer
+    procs = [[]] * MAX_VALUES
+    answer = {"type": "response", "topic": "sdexec.list", "matchtag": 1}
+    replies.append(encode_message({**answer, "payload": {"procs": procs}}))
+    with Loop() as loop, Connection(loop, path) as connection:
+        assert connection.call("sdexec.list", {}) == {"procs": procs}
 
 
 def test_a_refusal_before_the_first_write_is_still_the_reason(tmp_path):

@@ -305,16 +305,20 @@ def listed_name(cmdline: Sequence[str]) -> str:
 
 def listed_cmdline(cmdline: Sequence[str]) -> list[str]:
     """``cmdline`` as ``list`` and the stats show it: whole up to
-    :data:`MAX_LISTED_CMDLINE` characters in all; a longer one cut there, its
-    last argument shown ending in ``…``."""
+    :data:`MAX_LISTED_CMDLINE` characters in all, each argument counting as
+    one at least; a longer one cut there, its last argument shown ending in
+    ``…``."""
     listed: list[str] = []
     left = MAX_LISTED_CMDLINE
     for arg in cmdline:
-        if len(arg) > left:
+        # An empty argument counts too: 200 000 of them (ARG_MAX allows it)
+        # were all listed, 700 KB in every client's every list.
+        cost = max(len(arg), 1)
+        if cost > left:
             listed.append(arg[:left] + "…")
             break
         listed.append(arg)
-        left -= len(arg)
+        left -= cost
     return listed
 
 

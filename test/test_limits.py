@@ -240,6 +240,8 @@ def test_a_listed_command_line_is_whole_up_to_its_limit_then_cut() -> None:
     assert listed_cmdline(long) == ["sh", "-c", "x" * (MAX_LISTED_CMDLINE - 4) + "…"]
     assert listed_cmdline(["a"] * 5000)[-1] == "…"
     assert len(listed_cmdline(["a"] * 5000)) == MAX_LISTED_CMDLINE + 1
+    empties = listed_cmdline([""] * 200_000)  # each counts as a character
+    assert (len(empties), empties[-1]) == (MAX_LISTED_CMDLINE + 1, "…")
 
 
 @settings(

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 import pytest_twisted
 from pytest_twisted import ensureDeferred
-from support import FLAGS, ConfigText, RunningService, command, run, sleep
+from support import FLAGS, ConfigText, Result, RunningService, command, run, sleep
 
 from sdexec.plan import RequestError
 
@@ -156,3 +156,30 @@ async def test_the_manager_reexecuted_mid_run_streams_go_on(own_service):
     await echoes.end()
     result = await run(client, ["echo", "new"])
     assert (result.error, result.stdout) == (None, b"new\n")
+
+
+@ensureDeferred
+async def test_a_daemon_reload_mid_run_is_no_loss(own_service):
+    """``systemctl daemon-reload`` (an admin's unit file edit) keeps the
+    manager on the bus and its transient units: nothing is lost, nothing
+    resynchronised, no leftover found, and a unit that ends across the
+    reload reports its own status."""
+    sdexec = own_service
+    client = await sdexec.connect()
+    echoes = Echoes(client, 3)
+    await echoes.echo(b"before\n")
+    watcher = LossWatcher(sdexec)
+    ending = Result()
+    handle = client.exec(
+        command(["sh", "-c", "sleep 0.5; exit 7"]), FLAGS, ending.collect
+    )
+    handle.close_stdin()
+    await until(lambda: "started" in ending.types, "the unit started")
+    subprocess.run(["systemctl", "--user", "daemon-reload"], check=True, timeout=60)
+    await handle.done
+    assert ending.status == 7 << 8
+    await echoes.echo(b"after\n")
+    await echoes.end()
+    assert (watcher.lost, watcher.restored) == ([], 0)
+    assert sdexec.server.drain_reason is None
+    assert (await client.list())["procs"] == []

@@ -5,6 +5,7 @@ of connections. Every request must end, and end only its own stream."""
 from __future__ import annotations
 
 import errno
+import signal
 import subprocess
 import uuid
 
@@ -113,3 +114,24 @@ async def test_a_unit_restarted_by_hand_ends_its_stream_and_is_stopped(sdexec):
     assert result.error.errstr == f"unit {unit} was started again outside sdexec"
     await until(lambda: not unit_names(unit), "the new invocation stopped")
     await until(lambda: sdexec.server.drain_reason is None, "undrained")
+
+
+@ensureDeferred
+async def test_a_unit_stopped_by_hand_ends_as_killed_by_its_signal(sdexec):
+    # `systemctl stop` of a running job unit (an admin's): the process gets
+    # the unit's KillSignal and its stream ends as any killed process's,
+    # with nothing left behind and the node not drained.
+    name = f"sdexec-stopped-{uuid.uuid4().hex}"
+    unit = f"{name}.service"
+    client = await sdexec.connect()
+    outcome = Deferred.fromCoroutine(
+        run(client, ["sleep", "300"], opts={"SDEXEC_NAME": name})
+    )
+    await until(lambda: sdexec.server.units.get(unit), "the unit started")
+    await until(lambda: sdexec.server.units[unit].pid, "its process started")
+    subprocess.run(["systemctl", "--user", "stop", unit], check=True)
+    result = await outcome
+    assert (result.error, result.status) == (None, signal.SIGTERM)
+    await until(lambda: not unit_names(unit), "the unit gone")
+    assert sdexec.server.drain_reason is None
+    assert (await client.list())["procs"] == []

@@ -555,7 +555,10 @@ class TrackedProcesses:
         """``sdexec.wait``: the response goes to ``responder`` once the
         process has ended, and the process is then forgotten."""
         pid, label = parse_target(payload, "wait")
-        tracked = self._find(pid, label, errno.EINVAL, "not started waitable")
+        # ESRCH for none, as upstream's subprocess servers answer a wait.
+        tracked = self._find(
+            pid, label, errno.EINVAL, "not started waitable", missing=errno.ESRCH
+        )
         tracked.wait(_Client(connection_id, responder, ExecFlag(0)))
         self._note_unread(tracked)
         self._forget_if_consumed(tracked)
@@ -580,11 +583,16 @@ class TrackedProcesses:
             self._forget(tracked, _Slot(waitable=True, background=False))
 
     def _find(
-        self, pid: int | None, label: str | None, errnum: int, untracked: str
+        self,
+        pid: int | None,
+        label: str | None,
+        errnum: int,
+        untracked: str,
+        missing: int = errno.ENOENT,
     ) -> Tracked:
         """The process with ``label`` (if given) or else ``pid``, newest
-        first; ENOENT if there is none, ``errnum`` (saying ``untracked``)
-        if it is a plain streaming process."""
+        first; ``missing`` (RFC 42's ENOENT for an attach) if there is none,
+        ``errnum`` (saying ``untracked``) if it is a plain streaming process."""
         for process in _newest_first(self._live.values()):
             if _matches(process.label, process.pid, pid, label):
                 tracked = self._tracked.get(process)
@@ -594,7 +602,7 @@ class TrackedProcesses:
         for tracked in _newest_first(self._ended):
             if _matches(tracked.label, tracked.pid, pid, label):
                 return tracked
-        raise RequestError(errno.ENOENT, f"{_target(pid, label)}: no such process")
+        raise RequestError(missing, f"{_target(pid, label)}: no such process")
 
 
 def _check_target(payload: Any, topic: str) -> tuple[int | None, str | None]:

@@ -167,7 +167,7 @@ def test_a_background_start_refused_is_its_one_response(systemd, server, client)
     assert payloads(client.responses()) == [(errno.EIO, "no")]
     assert server.processes == {}
     client.send("sdexec.wait", {"label": "x"}, matchtag=2)
-    assert error_of(client.last())[0] == errno.ENOENT
+    assert error_of(client.last())[0] == errno.ESRCH
 
 
 @pytest.mark.parametrize(
@@ -250,7 +250,7 @@ async def test_wait_returns_status_and_output_in_production_order(
     assert answer["dropped"] == {"stdout": 0, "stderr": 0}
     assert [decode_io(io)[:2] for io in answer["output"]] == pieces
     client.send("sdexec.wait", {"pid": 7}, matchtag=4)
-    assert payloads(client.of(4)) == [(errno.ENOENT, "pid 7: no such process")]
+    assert payloads(client.of(4)) == [(errno.ESRCH, "pid 7: no such process")]
     client.send("sdexec.attach", {"label": "w"}, matchtag=5)
     assert payloads(client.of(5)) == [(errno.ENOENT, "label 'w': no such process")]
 
@@ -294,7 +294,7 @@ async def test_wait_errors(systemd, server, client):
     assert [payloads(client.of(tag)) for tag in range(3, 8)] == [
         [(errno.EINVAL, "label 's': not started waitable")],
         [(errno.EINVAL, "label 'plain': not started waitable")],
-        [(errno.ENOENT, "label 'nope': no such process")],
+        [(errno.ESRCH, "label 'nope': no such process")],
         [(errno.EINVAL, "wait needs a pid or a label")],
         [(errno.EINVAL, "pid: expected an integer")],
     ]
@@ -740,7 +740,7 @@ async def test_attach_to_an_ended_waitable_process_then_it_is_reaped(
         (errno.ENODATA, ""),
     ]  # fmt: skip
     client.send("sdexec.wait", {"label": "z"}, matchtag=3)
-    assert payloads(client.of(3)) == [(errno.ENOENT, "label 'z': no such process")]
+    assert payloads(client.of(3)) == [(errno.ESRCH, "label 'z': no such process")]
 
 
 @settings(derandomize=True, max_examples=200, deadline=None)
@@ -754,7 +754,7 @@ def test_any_wait_or_attach_payload_gets_one_clear_error(topic, payload):
     errnum, errstr = error_of(response)
     if errnum == errno.EPROTO:  # text JSON cannot carry (lone surrogates)
         return
-    assert errnum in (errno.EINVAL, errno.ENOENT)
+    assert errnum in (errno.EINVAL, errno.ENOENT, errno.ESRCH)
     assert errstr.startswith(("pid", "label", "flags", "wait needs", "attach needs"))
     client.close()
     manager.close()

@@ -91,7 +91,7 @@ async def test_wait_returns_the_status_and_the_output_byte_exact(sdexec, tmp_pat
     assert answer["dropped"] == {"stdout": 0, "stderr": 0}
     with pytest.raises(RPCError) as again:
         await client.wait(pid=pid)
-    assert again.value.errnum == errno.ENOENT
+    assert again.value.errnum == errno.ESRCH
 
 
 @ensureDeferred
@@ -178,7 +178,7 @@ async def test_attach_to_an_ended_waitable_process(sdexec):
     assert result.status == 4 << 8
     with pytest.raises(RPCError) as gone:
         await client.wait(pid=pid)
-    assert gone.value.errnum == errno.ENOENT
+    assert gone.value.errnum == errno.ESRCH
     assert procs_of(sdexec) == []
 
 

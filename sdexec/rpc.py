@@ -168,12 +168,19 @@ class Requests:
         if "errnum" in message:
             del self._in_flight[matchtag]
             pending.end(rpc_error(message))
-        elif not isinstance(message.get("payload"), dict):
-            return f"sdexec: response without a payload object: {message!r}"
-        else:
-            if not pending.streaming:
-                del self._in_flight[matchtag]
-            pending.respond(message["payload"])
+            return None
+        # RFC 6: a response may carry no payload (RFC 42's kill answer has
+        # none); it reads as an empty one.
+        payload = message.get("payload", {})
+        if not isinstance(payload, dict):
+            # Ended, not left waiting for an answer that has come.
+            del self._in_flight[matchtag]
+            pending.end(RPCError(errno.EPROTO, "response payload is not an object"))
+            shown = quoted(message, 200)
+            return f"sdexec: response payload is not an object: {shown}"
+        if not pending.streaming:
+            del self._in_flight[matchtag]
+        pending.respond(payload)
         return None
 
     def framing_error(self, reason: str) -> None:

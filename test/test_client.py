@@ -13,6 +13,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import pytest_twisted
@@ -234,6 +235,34 @@ def test_a_stray_message_is_logged_short():
     warning = requests.dispatch({"type": "response", "matchtag": 7, "x": "y" * 10**6})
     assert warning is not None and len(warning) < 400
     assert "chars)" in warning
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_response_without_a_payload_reads_as_an_empty_one(served):
+    # RFC 6 allows it, and RFC 42's kill answer has none.
+    peer, client = served
+    killed = client.kill(pid=42)
+    request = yield peer.requests.get()
+    peer.sendMessage(_response(request))
+    assert (yield killed) == {}
+
+
+def test_a_payload_that_is_not_an_object_ends_its_request():
+    requests = rpc.Requests("/run/sdexec.sock")
+    ended: list[Exception] = []
+    pending = SimpleNamespace(streaming=False, end=ended.append, respond=None)
+    request = requests.new("sdexec.list", {})
+    requests.track(request, pending)
+    warning = requests.dispatch(
+        {"type": "response", "matchtag": request["matchtag"], "payload": [1] * 10**5}
+    )
+    assert warning is not None and len(warning) < 400
+    (error,) = ended
+    assert (error.errnum, error.errstr) == (
+        errno.EPROTO,
+        "response payload is not an object",
+    )
+    assert requests.dispatch({"type": "response", "matchtag": request["matchtag"]})
 
 
 # -- exec streams -----------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from sdexec.command import Command
@@ -28,12 +29,16 @@ from sdexec.sizes import UINT64_MAX, MemoryLimit
 __all__ = [
     "MEMORY_NOT_ENFORCED",
     "Containment",
+    "FenceVerdict",
+    "Fences",
     "MapperError",
     "check_cpu_fence",
     "check_memory_node_fence",
     "enforced_cpus",
     "enforced_mems",
+    "judge_fences",
     "memory_cap_in_force",
+    "process_exists",
 ]
 
 R_OPTION = "SDEXEC_R_LOCAL"
@@ -193,15 +198,92 @@ def _enforced_cpuset(
 
 
 def _process_cpuset(pid: int, root: str, status_key: str) -> IDset | None:
-    """``status_key`` (``Cpus_allowed_list``, say) of ``/proc/PID/status``."""
+    """``status_key`` (``Cpus_allowed_list``, say) of ``/proc/PID/status``;
+    ``None`` if the file cannot be read or lacks it (a kernel without
+    cpusets has no ``Mems_allowed_list``)."""
+    key = f"{status_key}:".encode()
     try:
-        with open(os.path.join(root, f"proc/{pid}/status"), encoding="ascii") as file:
+        # Bytes: the Name line is the command's name as the kernel keeps it,
+        # which need not be ASCII (read as ASCII, "größe" hid every fence).
+        with open(os.path.join(root, f"proc/{pid}/status"), "rb") as file:
             for line in file:
-                if line.startswith(f"{status_key}:"):
-                    return IDset(line.split(":", 1)[1].strip())
+                if line.startswith(key):
+                    return IDset(line[len(key) :].strip().decode("ascii"))
     except (OSError, ValueError):
         pass
     return None
+
+
+def process_exists(pid: int, root: str = "/") -> bool:
+    """Whether ``/proc/PID`` is there: a read that failed while it is was
+    not the process exiting."""
+    return os.path.exists(os.path.join(root, f"proc/{pid}"))
+
+
+@dataclass(frozen=True)
+class Fences:
+    """What a unit was fenced to, to be checked once it runs: the mapper's
+    CPUs and memory nodes (either may be absent), and whether the site
+    caps its memory."""
+
+    cpus: IDset | None = None
+    mems: IDset | None = None
+    memory_capped: bool = False
+
+    def __bool__(self) -> bool:
+        return self.cpus is not None or self.mems is not None
+
+
+@dataclass
+class FenceVerdict:
+    """What :func:`judge_fences` found: the fences that do not hold (their
+    reasons, in the order checked), those it could not read, and whether
+    that was because the process had exited."""
+
+    problems: list[str] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)
+    exited: bool = False
+
+
+def judge_fences(
+    fences: Fences,
+    control_group: str | None,
+    pid: int,
+    first_only: bool = True,
+    root: str = "/",
+) -> FenceVerdict:
+    """Check ``fences`` against what the kernel holds the unit to: CPUs,
+    then memory nodes, then the memory cap; with ``first_only``, stop at
+    the first that does not hold. A fence that cannot be read is left
+    unchecked (and the rest with it if the process has exited)."""
+    verdict = FenceVerdict()
+    cpusets = [
+        ("its CPU fence", fences.cpus, enforced_cpus, check_cpu_fence),
+        ("its memory node fence", fences.mems, enforced_mems, check_memory_node_fence),
+    ]
+    for what, expected, enforced, check in cpusets:
+        if expected is None:
+            continue
+        actual = enforced(control_group, pid, root)
+        if actual is None:
+            verdict.unchecked.append(what)
+            if not process_exists(pid, root):
+                verdict.exited = True
+                return verdict
+            continue
+        problem = check(expected, actual)
+        if problem is not None:
+            verdict.problems.append(problem)
+            if first_only:
+                return verdict
+    if fences.memory_capped:
+        in_force = memory_cap_in_force(control_group, pid, root)
+        if in_force is None:
+            verdict.unchecked.append("its memory cap")
+            verdict.exited = True
+        elif not in_force:
+            verdict.problems.append(MEMORY_NOT_ENFORCED)
+    return verdict
 
 
 def _caps_memory(configured: object) -> bool:
@@ -236,7 +318,7 @@ def memory_cap_in_force(
     """
     cgroups = _process_cgroups(pid, root)
     if cgroups is None:
-        if not os.path.exists(os.path.join(root, f"proc/{pid}")):
+        if not process_exists(pid, root):
             return None
         cgroups = (None, None)  # /proc/PID/cgroup hidden (hidepid): the unit's
     v1_path, v2_path = cgroups
@@ -251,7 +333,7 @@ def memory_cap_in_force(
         unit = (control_group or v2_path or "").lstrip("/")
         limit = _read(root, "sys/fs/cgroup", unit, "memory.max") if unit else None
         in_force = limit is not None and limit.isdigit()
-    if not in_force and not os.path.exists(os.path.join(root, f"proc/{pid}")):
+    if not in_force and not process_exists(pid, root):
         return None  # it ended while we read: nothing to judge by
     return in_force
 

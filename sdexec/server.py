@@ -29,15 +29,7 @@ from zope.interface import implementer
 from sdexec.admission import ConnectionCount
 from sdexec.background import TrackedProcesses, parse_target
 from sdexec.config import Config
-from sdexec.containment import (
-    MEMORY_NOT_ENFORCED,
-    Containment,
-    check_cpu_fence,
-    check_memory_node_fence,
-    enforced_cpus,
-    enforced_mems,
-    memory_cap_in_force,
-)
+from sdexec.containment import Containment, Fences, judge_fences
 from sdexec.devicefence import CANARY_TIMEOUT_SECONDS, CanaryResponder, canary_plan
 from sdexec.fdlimit import no_room_for_a_process
 from sdexec.framing import FramingError
@@ -350,71 +342,49 @@ class SdexecServer:
         """The check run when the unit starts, if the mapper fenced CPUs or
         memory nodes (a custom mapper may set either alone): those, and a
         memory cap if the unit has one."""
-        if cpus is None and mems is None:
+        fences = Fences(cpus, mems, memory_capped)
+        if not fences:
             return None
-        return lambda state, pid: self._verify_fence(
-            cpus, mems, memory_capped, state, pid
+        return lambda state, pid: self._verify_fence(fences, state, pid)
+
+    def _verify_fence(self, fences: Fences, state: dict, pid: int) -> str | None:
+        """Judge the fences (sdexec/containment.py): under ``drain`` the
+        first that does not hold is the problem; under ``warn`` each is
+        logged."""
+        verdict = judge_fences(
+            fences,
+            state.get("ControlGroup"),
+            pid,
+            first_only=self.containment.check != "warn",
         )
-
-    def _verify_fence(
-        self,
-        cpus: IDset | None,
-        mems: IDset | None,
-        memory_capped: bool,
-        state: dict,
-        pid: int,
-    ) -> str | None:
-        """CPUs, then memory nodes, then the memory cap: the first that does
-        not hold is the problem, counted and met by ``containment-check``."""
-        control_group = state.get("ControlGroup")
-        fences = []
-        if cpus is not None:
-            fences.append((cpus, enforced_cpus, check_cpu_fence, "its CPU fence"))
-        if mems is not None:
-            fences.append(
-                (mems, enforced_mems, check_memory_node_fence, "its memory node fence")
-            )
-        for expected, enforced, check, what in fences:
-            actual = enforced(control_group, pid)
-            if actual is None:
-                # The process went: nothing later can be read either.
-                self._fence_unchecked(pid, what)
-                return None
-            problem = check(expected, actual)
-            if problem is not None:
-                return self._fence_broken(problem, "fence-failures")
-        if memory_capped:
-            return self._verify_memory_cap(control_group, pid)
-        return None
-
-    def _verify_memory_cap(self, control_group: str | None, pid: int) -> str | None:
-        in_force = memory_cap_in_force(control_group, pid)
-        if in_force is None:
-            self._fence_unchecked(pid, "its memory cap")
+        for what in verdict.unchecked:
+            self._fence_unchecked(pid, what, verdict.exited)
+        if not verdict.problems:
             return None
-        if in_force:
-            return None
-        return self._fence_broken(MEMORY_NOT_ENFORCED, "fence-failures")
+        return self._fence_broken(verdict.problems, "fence-failures")
 
-    def _fence_unchecked(self, pid: int, what: str) -> None:
+    def _fence_unchecked(self, pid: int, what: str, exited: bool) -> None:
         """Log (at a bounded rate) a fence not judged: no failure, as a
         process that exits at once (``true``) is no sign of a broken fence."""
-        self.log_rate.warn(
-            "fence unchecked",
-            "pid {pid} exited before {what} could be checked",
-            pid=pid,
-            what=what,
-        )
+        if exited:
+            message = "pid {pid} exited before {what} could be checked"
+        else:
+            message = "pid {pid}: {what} could not be read, so it is not checked"
+        self.log_rate.warn("fence unchecked", message, pid=pid, what=what)
 
-    def _fence_broken(self, problem: str, counter: str) -> str | None:
-        """Count a fence that does not hold and apply ``containment-check``:
-        drain and return the problem, or (``warn``) log it and return None."""
+    def _fence_broken(self, problems: Sequence[str], counter: str) -> str | None:
+        """Count a unit whose fences do not hold and apply
+        ``containment-check``: drain and return the first problem, or
+        (``warn``) log each and return None."""
         self.counters[counter] += 1
         if self.containment.check == "warn":
-            log.warn("{problem} (containment-check = warn: going on)", problem=problem)
+            for problem in problems:
+                log.warn(
+                    "{problem} (containment-check = warn: going on)", problem=problem
+                )
             return None
-        self.drain(problem)
-        return problem
+        self.drain(problems[0])
+        return problems[0]
 
     def systemd_restored(self) -> None:
         """systemd is back after a loss: every process re-reads its unit."""
@@ -488,7 +458,7 @@ class SdexecServer:
         if problem is None:
             log.info("device policy verified: a DevicePolicy=strict unit was refused")
             return None
-        return self._fence_broken(problem, "device-fence-failures")
+        return self._fence_broken([problem], "device-fence-failures")
 
     def count(self, event: str) -> None:
         """One more ``event`` in the statistics' counters."""

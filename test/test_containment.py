@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import errno
 import json
+import shutil
 import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -40,7 +42,6 @@ from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
 
 import sdexec.containment
-import sdexec.server
 from sdexec.client import RPCError
 from sdexec.command import Command
 from sdexec.config import ConfigError, parse_config
@@ -48,11 +49,14 @@ from sdexec.containment import (
     MEMORY_NOT_ENFORCED,
     R_OPTION,
     Containment,
+    Fences,
+    FenceVerdict,
     MapperError,
     check_cpu_fence,
     check_memory_node_fence,
     enforced_cpus,
     enforced_mems,
+    judge_fences,
     memory_cap_in_force,
 )
 from sdexec.idset import IDset
@@ -822,21 +826,92 @@ def test_fences_that_hold_let_the_job_start(main_process, nodes):
     assert server.counters["fence-failures"] == 0
 
 
-def test_memory_nodes_unreadable_are_logged_not_a_failure(main_process, monkeypatch):
-    # The process went between the two reads: nothing to judge by.
-    monkeypatch.setattr(sdexec.server, "enforced_mems", lambda *_: None)
+def logged_during(action) -> list[str]:
+    """The log lines written while ``action()`` runs, and its result."""
     events: list[dict] = []
     globalLogPublisher.addObserver(events.append)
     try:
-        server, responses = fenced_exec(own_fences(main_process), main_process)
+        result = action()
     finally:
         globalLogPublisher.removeObserver(events.append)
+    return [formatEvent(event) for event in events], result
+
+
+def test_memory_nodes_unreadable_of_a_live_process_are_logged_not_a_failure(
+    main_process, monkeypatch
+):
+    # A kernel without cpusets lists no Mems_allowed_list: nothing to judge
+    # the nodes by, and the checks after them still run.
+    monkeypatch.setattr(sdexec.containment, "enforced_mems", lambda *_: None)
+    logged, (server, responses) = logged_during(
+        lambda: fenced_exec(own_fences(main_process), main_process)
+    )
     assert [r["payload"]["type"] for r in responses] == ["started"]
     assert server.drain_reason is None
     assert server.counters["fence-failures"] == 0
-    logged = [formatEvent(event) for event in events]
-    unchecked = "exited before its memory node fence could be checked"
-    assert f"pid {main_process} {unchecked}" in logged
+    unread = "its memory node fence could not be read, so it is not checked"
+    assert f"pid {main_process}: {unread}" in logged
+
+
+def test_a_process_gone_before_its_fence_is_read_is_logged_not_a_failure(
+    main_process, monkeypatch
+):
+    monkeypatch.setattr(sdexec.containment, "enforced_cpus", lambda *_: None)
+    monkeypatch.setattr(sdexec.containment, "process_exists", lambda *_: False)
+    logged, (server, responses) = logged_during(
+        lambda: fenced_exec(own_fences(main_process), main_process)
+    )
+    assert [r["payload"]["type"] for r in responses] == ["started"]
+    assert server.counters["fence-failures"] == 0
+    gone = f"pid {main_process} exited before its CPU fence could be checked"
+    assert [line for line in logged if "could" in line] == [gone]
+
+
+@pytest.fixture
+def oddly_named_process(tmp_path):
+    """A live process whose name is not ASCII: the kernel shows it as is
+    in the Name line of /proc/PID/status."""
+    program = tmp_path / "größe"
+    shutil.copy("/bin/sleep", program)
+    process = subprocess.Popen([str(program), "300"])
+    yield process.pid
+    process.kill()
+    process.wait()
+
+
+def test_a_process_not_named_in_ascii_has_its_fence_checked(oddly_named_process):
+    pid = oddly_named_process
+    for _ in range(200):  # the name is the program's once it has exec'd
+        if "größe".encode() in Path(f"/proc/{pid}/status").read_bytes():
+            break
+        time.sleep(0.01)
+    held = own_fences(pid)
+    server, responses = fenced_exec({**held, "AllowedCPUs": str(ABSENT_NODE)}, pid)
+    assert [error_of(response)[0] for response in responses] == [errno.EIO]
+    assert server.drain_reason.startswith("AllowedCPUs not enforced")
+
+
+def test_under_warn_every_fence_that_does_not_hold_is_logged(main_process):
+    broken = dict.fromkeys(("AllowedCPUs", "AllowedMemoryNodes"), str(ABSENT_NODE))
+    logged, (server, responses) = logged_during(
+        lambda: fenced_exec(broken, main_process, check="warn")
+    )
+    assert [r["payload"]["type"] for r in responses] == ["started"]
+    assert server.counters["fence-failures"] == 1  # a unit, counted once
+    warned = [line.split(" not enforced")[0] for line in logged if "warn:" in line]
+    assert warned == ["AllowedCPUs", "AllowedMemoryNodes"]
+
+
+def test_judging_goes_on_to_the_memory_cap_past_unread_nodes(tmp_path):
+    # /proc/42/status without Mems_allowed_list (no cpusets in the kernel),
+    # a cgroup v2 unit with no memory limit.
+    _fake_file(tmp_path, "proc/42/status", "Name:\tx\nCpus_allowed_list:\t0-1\n")
+    _fake_file(tmp_path, "proc/42/cgroup", "0::" + CGROUP)
+    fences = Fences(IDset("0-1"), IDset("0"), memory_capped=True)
+    verdict = judge_fences(fences, CGROUP, 42, root=str(tmp_path))
+    assert verdict == FenceVerdict(
+        problems=[MEMORY_NOT_ENFORCED], unchecked=["its memory node fence"]
+    )
 
 
 @pytest.mark.parametrize(

@@ -65,10 +65,11 @@ _TOO_DEEP = f"message is nested too deeply (more than {MAX_NESTING} levels)"
 #: :func:`count_values` counts them before decoding. ``max-frame-size``
 #: bounds a line's bytes, not what they decode into: ``[],`` is 3 bytes on
 #: the wire and 64 decoded, and a 64 MiB line of them took 1.7 GB. At this
-#: limit the values take at most about 150 MB, whatever the frame size (the
-#: costliest shape measured, objects of short keys and strings, 70 bytes a
-#: value with msgspec; 93 with the json module, which decodes a long line
-#: only if it holds a lone surrogate escape). The largest command the
+#: limit the values' objects take about 210 MB at most (the costliest shape
+#: measured, objects of short keys and strings, about 100 bytes a value),
+#: and strings' text up to 4 bytes a character besides (one character
+#: outside the BMP makes a whole string so): a message holds at most about
+#: 210 MB + 4 x its line, where it held 25 x its line. The largest command the
 #: budget allows (:data:`sdexec.limits.MAX_COMMAND`: 2.5 MiB of empty
 #: strings, 8 bytes each) holds 0.33 Mi values, a sixth of it; a stdin
 #: write holds a dozen, however long its data.
@@ -77,7 +78,8 @@ MAX_VALUES = 2 * 1024 * 1024
 #: A JSON string, its escapes included. The closing quote is optional: a
 #: string a line that is not JSON leaves open ends at the line's end, so no
 #: match is tried again from a later quote (which made the search quadratic).
-_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"?', re.DOTALL)
+#: Compiled when first needed: the command line never counts.
+_STRING = rb'"(?:[^"\\]++|\\.)*+"?'
 #: Strings :func:`count_values` takes out at a time: a substitution keeps
 #: every piece until its end, about 200 bytes a string (2 Mi strings took
 #: 486 MB). Each round copies the rest of the line: larger rounds, less time.
@@ -140,8 +142,9 @@ def _check_values(line: bytes | memoryview, limit: int) -> None:
     Its commas, colons and opening brackets counted wherever they are give
     an upper bound at C speed (about 1 GB/s for the four, as fast as msgspec
     decodes a long string). Only a line above the limit that way is counted
-    exactly, its strings taken out (0.2-0.3 GB/s), so that a long stdin
-    write full of commas is never refused, only checked more slowly.
+    exactly, its strings taken out (0.3 GB/s for a few long strings, 0.065
+    for 2 Mi short ones: about 1 s for 64 MiB at worst), so that a long
+    stdin write full of commas is never refused, only checked more slowly.
     """
     data = _as_bytes(line)
     if 1 + _separators(data) <= limit:
@@ -175,12 +178,17 @@ def count_values(line: bytes, most_strings: int) -> int | None:
         return None
     outside, strings = line, 0
     while True:
-        outside, found = _STRING.subn(b"", outside, count=_STRINGS_A_ROUND)
+        outside, found = _string_pattern().subn(b"", outside, count=_STRINGS_A_ROUND)
         strings += found
         if strings > most_strings:
             return None
         if found < _STRINGS_A_ROUND:
             return 1 + _separators(outside)
+
+
+@functools.cache
+def _string_pattern() -> re.Pattern[bytes]:
+    return re.compile(_STRING, re.DOTALL)
 
 
 def _separators(data: bytes) -> int:
@@ -294,7 +302,11 @@ def _decode_lone_surrogates(line: bytes | memoryview, error: Exception) -> Any:
     NUL, instead of a framing error that says nothing of the field. Any other
     refusal stays a :class:`FramingError`.
     """
-    match = _LONE_SURROGATE.search(line)
+    # JSON escapes are lower case: without "\u" there is no surrogate escape,
+    # and a long line of garbage is told at C speed (the search took 1 s
+    # for 64 MiB whatever the line held).
+    data = _as_bytes(line)
+    match = _LONE_SURROGATE.search(data) if b"\\u" in data else None
     if match is None:
         raise FramingError(f"message is not valid JSON: {error}") from None
     try:

@@ -382,6 +382,14 @@ async def test_unenforced_fence_fails_the_job_and_drains(start_service, tmp_path
     assert (served.error, served.status) == (None, 0)
 
 
+def own_cpu_mask() -> IDset:
+    """This process's ``Cpus_allowed_list``, as the kernel shows it."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return IDset(line.split(":", 1)[1].strip())
+    raise AssertionError("no Cpus_allowed_list in /proc/self/status")
+
+
 #: A NUMA node no machine has (Linux has at most 1024): a fence to it never
 #: holds, whatever the node enforces.
 ABSENT_NODE = 4095
@@ -395,9 +403,12 @@ def topology_with_an_absent_node(directory: Path) -> tuple[Path, int]:
     its memory node cannot hold on any: a cgroup v2 kernel refuses the
     cpuset (the unit keeps its parent's nodes) and cgroup v1 never applies
     it. So the memory node check is the one that fails, here and on an
-    enforcing node alike.
+    enforcing node alike. "Every CPU" is the online ones and those of this
+    process's affinity mask, which the manager's units inherit where
+    cpuset does not apply (a VM's mask may list possible CPUs not online).
     """
-    cpus = list(IDset(Path("/sys/devices/system/cpu/online").read_text().strip()))
+    online = IDset(Path("/sys/devices/system/cpu/online").read_text().strip())
+    cpus = sorted(online | own_cpu_mask())
     indexes = ",".join(map(str, cpus))
     xml = subprocess.run(
         ["lstopo-no-graphics", "--of", "xml", "-", "--input",

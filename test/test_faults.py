@@ -129,7 +129,7 @@ async def test_a_unit_stopped_by_hand_ends_as_killed_by_its_signal(sdexec):
     )
     await until(lambda: sdexec.server.units.get(unit), "the unit started")
     await until(lambda: sdexec.server.units[unit].pid, "its process started")
-    subprocess.run(["systemctl", "--user", "stop", unit], check=True)
+    subprocess.run(["systemctl", "--user", "stop", unit], check=True, timeout=60)
     result = await outcome
     assert (result.error, result.status) == (None, signal.SIGTERM)
     await until(lambda: not unit_names(unit), "the unit gone")

@@ -278,6 +278,15 @@ CGROUP_HIERARCHIES = (
 KILLED_WAIT_S = 60.0
 
 
+def running(pid: int | None) -> bool:
+    """Whether ``pid`` runs (exists and is no zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def start_manager(runtime_dir: str) -> int:
     subprocess.run(
         [str(SANDBOX), "start", runtime_dir], check=True, capture_output=True

@@ -95,20 +95,27 @@ async def test_a_oneshot_that_ends_is_followed_as_usual(start_service, type_allo
     assert (result.error, result.status, result.stdout) == (None, 3 << 8, b"hi\n")
 
 
-@ensureDeferred
-async def test_a_unit_restarted_by_hand_ends_its_stream_and_is_stopped(sdexec):
-    # `systemctl restart` of a running unit: its stream ends, and the new
-    # invocation (which carries the service's mark) is followed as a
-    # leftover at once and stopped, not left running until a reconnection.
-    name = f"sdexec-restarted-{uuid.uuid4().hex}"
+async def sleeping_unit(sdexec, client, kind: str) -> tuple[str, Deferred]:
+    """A ``sleep 300`` unit of a name of its own, running: (its unit name,
+    its request's outcome to come)."""
+    name = f"sdexec-{kind}-{uuid.uuid4().hex}"
     unit = f"{name}.service"
-    client = await sdexec.connect()
     outcome = Deferred.fromCoroutine(
         run(client, ["sleep", "300"], opts={"SDEXEC_NAME": name})
     )
     await until(lambda: sdexec.server.units.get(unit), "the unit started")
     await until(lambda: sdexec.server.units[unit].pid, "its process started")
-    subprocess.run(["systemctl", "--user", "restart", unit], check=True)
+    return unit, outcome
+
+
+@ensureDeferred
+async def test_a_unit_restarted_by_hand_ends_its_stream_and_is_stopped(sdexec):
+    # `systemctl restart` of a running unit: its stream ends, and the new
+    # invocation (which carries the service's mark) is followed as a
+    # leftover at once and stopped, not left running until a reconnection.
+    client = await sdexec.connect()
+    unit, outcome = await sleeping_unit(sdexec, client, "restarted")
+    subprocess.run(["systemctl", "--user", "restart", unit], check=True, timeout=60)
     result = await outcome
     assert result.error.errnum == errno.EIO
     assert result.error.errstr == f"unit {unit} was started again outside sdexec"
@@ -121,14 +128,8 @@ async def test_a_unit_stopped_by_hand_ends_as_killed_by_its_signal(sdexec):
     # `systemctl stop` of a running job unit (an admin's): the process gets
     # the unit's KillSignal and its stream ends as any killed process's,
     # with nothing left behind and the node not drained.
-    name = f"sdexec-stopped-{uuid.uuid4().hex}"
-    unit = f"{name}.service"
     client = await sdexec.connect()
-    outcome = Deferred.fromCoroutine(
-        run(client, ["sleep", "300"], opts={"SDEXEC_NAME": name})
-    )
-    await until(lambda: sdexec.server.units.get(unit), "the unit started")
-    await until(lambda: sdexec.server.units[unit].pid, "its process started")
+    unit, outcome = await sleeping_unit(sdexec, client, "stopped")
     subprocess.run(["systemctl", "--user", "stop", unit], check=True, timeout=60)
     result = await outcome
     assert (result.error, result.status) == (None, signal.SIGTERM)

@@ -12,23 +12,21 @@ from __future__ import annotations
 import errno
 import signal
 import subprocess
-from pathlib import Path
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import SANDBOX, ConfigText, RunningService, run, start_manager, until
+from support import (
+    SANDBOX,
+    ConfigText,
+    RunningService,
+    run,
+    running,
+    start_manager,
+    until,
+)
 from twisted.internet.defer import Deferred
 
 pytestmark = pytest.mark.systemd
-
-
-def running(pid: int | None) -> bool:
-    """Whether ``pid`` runs (exists and is no zombie)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @ensureDeferred

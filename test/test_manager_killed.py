@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import ConfigText, RunningService, run, sleep, start_manager
+from support import ConfigText, RunningService, run, running, sleep, start_manager
 from twisted.internet.defer import Deferred
 
 pytestmark = pytest.mark.systemd
@@ -37,15 +37,6 @@ async def until(condition, what: str) -> None:
             return
         await sleep(0.05)
     raise AssertionError(f"not within {WAIT_S} s: {what}")
-
-
-def running(pid: int | None) -> bool:
-    """Whether ``pid`` runs (exists and is no zombie)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def kill_manager(runtime_dir: str, killed: list[int]) -> None:

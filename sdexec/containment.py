@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,8 +154,8 @@ class Containment:
 
 
 def enforced_cpus(control_group: str | None, pid: int, root: str = "/") -> IDset | None:
-    """The CPUs a unit's processes may really use, or ``None`` if nothing
-    can be read (the process and its cgroup are gone).
+    """The CPUs a unit's processes may really use, or ``None`` if they
+    cannot be read (the process is gone, or its status hidden).
 
     Read in order: the unit's cgroup v2 ``cpuset.cpus.effective``, its cgroup
     v1 ``cpuset.cpus``, then the main process's ``Cpus_allowed_list``.
@@ -165,20 +165,30 @@ def enforced_cpus(control_group: str | None, pid: int, root: str = "/") -> IDset
 
 def enforced_mems(control_group: str | None, pid: int, root: str = "/") -> IDset | None:
     """The NUMA nodes a unit's processes may really allocate memory on, or
-    ``None`` if nothing can be read (the process and its cgroup are gone).
+    ``None`` if they cannot be read (the process is gone, or its status
+    hidden).
 
     Read as :func:`enforced_cpus` reads the CPUs: the unit's cgroup v2
     ``cpuset.mems.effective``, its cgroup v1 ``cpuset.mems``, then the main
-    process's ``Mems_allowed_list``.
+    process's ``Mems_allowed_list``; a kernel without cpusets has none,
+    and its processes may use every node.
     """
-    return _enforced_cpuset("mems", "Mems_allowed_list", control_group, pid, root)
+    return _enforced_cpuset(
+        "mems", "Mems_allowed_list", control_group, pid, root, _every_node
+    )
 
 
 def _enforced_cpuset(
-    kind: str, status_key: str, control_group: str | None, pid: int, root: str
+    kind: str,
+    status_key: str,
+    control_group: str | None,
+    pid: int,
+    root: str,
+    unlisted: Callable[[str], IDset | None] = lambda root: None,
 ) -> IDset | None:
     """The cpuset ``kind`` (``cpus`` or ``mems``) in force for a unit, from
-    its cgroup if it has one that says, else from ``/proc/PID/status``."""
+    its cgroup if it has one that says, else from ``/proc/PID/status``
+    (``unlisted(root)`` if the status has no ``status_key``)."""
     candidates = []
     if control_group:
         relative = control_group.lstrip("/")
@@ -194,30 +204,60 @@ def _enforced_cpuset(
             continue
         if ids:  # an empty v1 cpuset file is "not configured", not "none"
             return ids
-    return _process_cpuset(pid, root, status_key)
-
-
-def _process_cpuset(pid: int, root: str, status_key: str) -> IDset | None:
-    """``status_key`` (``Cpus_allowed_list``, say) of ``/proc/PID/status``;
-    ``None`` if the file cannot be read or lacks it (a kernel without
-    cpusets has no ``Mems_allowed_list``)."""
-    key = f"{status_key}:".encode()
+    status = _process_status(pid, root)
+    if status is None:
+        return None
+    listed = status.get(status_key.encode())
+    if listed is None:
+        return unlisted(root)
     try:
-        # Bytes: the Name line is the command's name as the kernel keeps it,
-        # which need not be ASCII (read as ASCII, "größe" hid every fence).
+        return IDset(listed.decode("ascii"))
+    except ValueError:
+        return None
+
+
+def _process_status(pid: int, root: str) -> dict[bytes, bytes] | None:
+    """``/proc/PID/status`` as its keys and values, or ``None`` if it
+    cannot be read. Bytes: the Name line is the command's name as the
+    kernel keeps it, which need not be ASCII (read as ASCII, a command
+    named "größe" hid every fence)."""
+    try:
         with open(os.path.join(root, f"proc/{pid}/status"), "rb") as file:
-            for line in file:
-                if line.startswith(key):
-                    return IDset(line[len(key) :].strip().decode("ascii"))
+            lines = file.read().split(b"\n")
+    except OSError:
+        return None
+    fields = (line.partition(b":") for line in lines)
+    return {key: value.strip() for key, _, value in fields}
+
+
+def _every_node(root: str) -> IDset | None:
+    """The NUMA nodes the kernel has: ``node/online``; a kernel without
+    NUMA support has only node 0."""
+    try:
+        path = os.path.join(root, "sys/devices/system/node/online")
+        with open(path, encoding="ascii") as file:
+            return IDset(file.read().strip())
+    except FileNotFoundError:
+        return IDset("0")
     except (OSError, ValueError):
-        pass
-    return None
+        return None
 
 
 def process_exists(pid: int, root: str = "/") -> bool:
-    """Whether ``/proc/PID`` is there: a read that failed while it is was
-    not the process exiting."""
-    return os.path.exists(os.path.join(root, f"proc/{pid}"))
+    """Whether process ``pid`` is there: a read that failed while it is was
+    not the process exiting. ``/proc/PID``, else (``hidepid=2`` hides
+    other users' processes, such as a job shell an IMP started) a signal 0."""
+    if os.path.exists(os.path.join(root, f"proc/{pid}")):
+        return True
+    if root != "/":  # a test's tree: no real process to ask
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @dataclass(frozen=True)
@@ -237,12 +277,11 @@ class Fences:
 @dataclass
 class FenceVerdict:
     """What :func:`judge_fences` found: the fences that do not hold (their
-    reasons, in the order checked), those it could not read, and whether
-    that was because the process had exited."""
+    reasons, in the order checked), and the first it could not check
+    because the process had exited (then none after it was)."""
 
     problems: list[str] = field(default_factory=list)
-    unchecked: list[str] = field(default_factory=list)
-    exited: bool = False
+    unchecked: str | None = None
 
 
 def judge_fences(
@@ -254,24 +293,24 @@ def judge_fences(
 ) -> FenceVerdict:
     """Check ``fences`` against what the kernel holds the unit to: CPUs,
     then memory nodes, then the memory cap; with ``first_only``, stop at
-    the first that does not hold. A fence that cannot be read is left
-    unchecked (and the rest with it if the process has exited)."""
+    the first that does not hold. A fence that cannot be read while the
+    process lives does not hold (it cannot be verified, as the device
+    canary's); once the process has exited, nothing more is checked."""
     verdict = FenceVerdict()
     cpusets = [
-        ("its CPU fence", fences.cpus, enforced_cpus, check_cpu_fence),
-        ("its memory node fence", fences.mems, enforced_mems, check_memory_node_fence),
+        ("AllowedCPUs", fences.cpus, enforced_cpus, check_cpu_fence),
+        ("AllowedMemoryNodes", fences.mems, enforced_mems, check_memory_node_fence),
     ]
-    for what, expected, enforced, check in cpusets:
+    for name, expected, enforced, check in cpusets:
         if expected is None:
             continue
         actual = enforced(control_group, pid, root)
-        if actual is None:
-            verdict.unchecked.append(what)
-            if not process_exists(pid, root):
-                verdict.exited = True
-                return verdict
-            continue
-        problem = check(expected, actual)
+        if actual is None and not process_exists(pid, root):
+            verdict.unchecked = f"its {_FENCE_NAMES[name]}"
+            return verdict
+        problem = (
+            check(expected, actual) if actual is not None else _unverified(name, pid)
+        )
         if problem is not None:
             verdict.problems.append(problem)
             if first_only:
@@ -279,11 +318,21 @@ def judge_fences(
     if fences.memory_capped:
         in_force = memory_cap_in_force(control_group, pid, root)
         if in_force is None:
-            verdict.unchecked.append("its memory cap")
-            verdict.exited = True
+            verdict.unchecked = "its memory cap"
         elif not in_force:
             verdict.problems.append(MEMORY_NOT_ENFORCED)
     return verdict
+
+
+_FENCE_NAMES = {"AllowedCPUs": "CPU fence", "AllowedMemoryNodes": "memory node fence"}
+
+
+def _unverified(name: str, pid: int) -> str:
+    return (
+        f"{name} could not be verified: neither the unit's cgroup nor"
+        f" /proc/{pid}/status says which it may use (is /proc mounted"
+        " hidepid?)"
+    )
 
 
 def _caps_memory(configured: object) -> bool:

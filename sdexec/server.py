@@ -349,39 +349,35 @@ class SdexecServer:
 
     def _verify_fence(self, fences: Fences, state: dict, pid: int) -> str | None:
         """Judge the fences (sdexec/containment.py): under ``drain`` the
-        first that does not hold is the problem; under ``warn`` each is
-        logged."""
+        first that does not hold is the problem; under ``warn`` all that do
+        not are logged, in one line."""
         verdict = judge_fences(
             fences,
             state.get("ControlGroup"),
             pid,
             first_only=self.containment.check != "warn",
         )
-        for what in verdict.unchecked:
-            self._fence_unchecked(pid, what, verdict.exited)
+        if verdict.unchecked is not None:
+            self.log_rate.warn(
+                "fence unchecked",
+                "pid {pid} exited before {what} could be checked",
+                pid=pid,
+                what=verdict.unchecked,
+            )
         if not verdict.problems:
             return None
         return self._fence_broken(verdict.problems, "fence-failures")
 
-    def _fence_unchecked(self, pid: int, what: str, exited: bool) -> None:
-        """Log (at a bounded rate) a fence not judged: no failure, as a
-        process that exits at once (``true``) is no sign of a broken fence."""
-        if exited:
-            message = "pid {pid} exited before {what} could be checked"
-        else:
-            message = "pid {pid}: {what} could not be read, so it is not checked"
-        self.log_rate.warn("fence unchecked", message, pid=pid, what=what)
-
     def _fence_broken(self, problems: Sequence[str], counter: str) -> str | None:
         """Count a unit whose fences do not hold and apply
         ``containment-check``: drain and return the first problem, or
-        (``warn``) log each and return None."""
+        (``warn``) log them, in one line, and return None."""
         self.counters[counter] += 1
         if self.containment.check == "warn":
-            for problem in problems:
-                log.warn(
-                    "{problem} (containment-check = warn: going on)", problem=problem
-                )
+            log.warn(
+                "{problems} (containment-check = warn: going on)",
+                problems="; ".join(problems),
+            )
             return None
         self.drain(problems[0])
         return problems[0]

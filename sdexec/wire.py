@@ -287,10 +287,16 @@ def _msgspec_codec() -> _Codec:
 
 
 #: A high surrogate escape not followed by a low one, or a lone low one.
-_LONE_SURROGATE = re.compile(
+_LONE_SURROGATE = (
     rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])"
     rb"|(?<![0-9a-fA-F]{4})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
 )
+
+
+@functools.cache
+def _lone_surrogate_pattern() -> re.Pattern[bytes]:
+    # Compiled when first needed, as _STRING: the command line never is.
+    return re.compile(_LONE_SURROGATE)
 
 
 def _decode_lone_surrogates(line: bytes | memoryview, error: Exception) -> Any:
@@ -306,7 +312,7 @@ def _decode_lone_surrogates(line: bytes | memoryview, error: Exception) -> Any:
     # and a long line of garbage is told at C speed (the search took 1 s
     # for 64 MiB whatever the line held).
     data = _as_bytes(line)
-    match = _LONE_SURROGATE.search(data) if b"\\u" in data else None
+    match = _lone_surrogate_pattern().search(data) if b"\\u" in data else None
     if match is None:
         raise FramingError(f"message is not valid JSON: {error}") from None
     try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -58,6 +59,7 @@ from sdexec.containment import (
     enforced_mems,
     judge_fences,
     memory_cap_in_force,
+    process_exists,
 )
 from sdexec.idset import IDset
 from sdexec.protocol import ExecFlag
@@ -396,16 +398,18 @@ ABSENT_NODE = 4095
 
 
 def topology_with_an_absent_node(directory: Path) -> tuple[Path, int]:
-    """A topology of every CPU this node has online, one core each, in the
-    single NUMA node ``ABSENT_NODE``; (its path, its number of cores).
+    """A topology of every CPU this node has (online, or in this process's
+    affinity mask), one core each, in the single NUMA node
+    ``ABSENT_NODE``; (its path, its number of cores).
 
     Its cores fence a unit to every CPU there is, which holds on any node;
     its memory node cannot hold on any: a cgroup v2 kernel refuses the
     cpuset (the unit keeps its parent's nodes) and cgroup v1 never applies
     it. So the memory node check is the one that fails, here and on an
-    enforcing node alike. "Every CPU" is the online ones and those of this
-    process's affinity mask, which the manager's units inherit where
-    cpuset does not apply (a VM's mask may list possible CPUs not online).
+    enforcing node alike. Where cpuset does not apply, a unit may use the
+    CPUs of its manager's affinity mask, which the suite's sandbox manager
+    took from this process; a VM's mask may list possible CPUs that are not
+    online.
     """
     online = IDset(Path("/sys/devices/system/cpu/online").read_text().strip())
     cpus = sorted(online | own_cpu_mask())
@@ -602,8 +606,10 @@ def test_each_reader_reads_its_own_cpuset(tmp_path):
     _fake_file(tmp_path, "proc/42/status", "Cpus_allowed_list:\t0-15\n")
     assert enforced_cpus(CGROUP, 42, root=str(tmp_path)) == IDset("0-7")
     assert enforced_mems(CGROUP, 42, root=str(tmp_path)) == IDset("1")
-    # The status's CPUs are not its nodes: with none listed, nothing is known.
-    assert enforced_mems(None, 42, root=str(tmp_path)) is None
+    # The status's CPUs are not its nodes: with none listed (a kernel
+    # without cpusets), every node the kernel has may be used.
+    _fake_file(tmp_path, "sys/devices/system/node/online", "0-3\n")
+    assert enforced_mems(None, 42, root=str(tmp_path)) == IDset("0-3")
 
 
 V1_UNLIMITED = "9223372036854771712"
@@ -644,8 +650,24 @@ def test_memory_cap_in_force_reads_the_nodes_cgroups(tmp_path, files, in_force):
 @pytest.mark.parametrize("kind", READERS)
 def test_enforced_cpuset_none_when_nothing_readable(tmp_path, kind):
     assert READERS[kind](CGROUP, 42, root=str(tmp_path)) is None
+
+
+def test_a_process_exists_until_it_is_reaped():
+    process = subprocess.Popen(["true"])
+    assert process_exists(os.getpid()) and process_exists(process.pid)
+    process.wait()
+    assert not process_exists(process.pid)
+
+
+def test_without_cpusets_every_node_may_be_used(tmp_path):
+    _fake_file(tmp_path, "proc/42/status", "Name:\tsleep\nCpus_allowed_list:\t0\n")
+    # No node/online: a kernel without NUMA has node 0 alone.
+    assert enforced_mems(CGROUP, 42, root=str(tmp_path)) == IDset("0")
+    _fake_file(tmp_path, "sys/devices/system/node/online", "0-1\n")
+    assert enforced_mems(CGROUP, 42, root=str(tmp_path)) == IDset("0-1")
+    # A status without even its CPUs says nothing of them.
     _fake_file(tmp_path, "proc/42/status", "Name:\tsleep\n")
-    assert READERS[kind](CGROUP, 42, root=str(tmp_path)) is None
+    assert enforced_cpus(CGROUP, 42, root=str(tmp_path)) is None
 
 
 class FakeMapper:
@@ -848,20 +870,21 @@ def logged_during(action) -> list[str]:
     return [formatEvent(event) for event in events], result
 
 
-def test_memory_nodes_unreadable_of_a_live_process_are_logged_not_a_failure(
+def test_a_fence_unreadable_while_the_process_lives_does_not_hold(
     main_process, monkeypatch
 ):
-    # A kernel without cpusets lists no Mems_allowed_list: nothing to judge
-    # the nodes by, and the checks after them still run.
+    # A status hidden (hidepid) and no cpuset in the unit's cgroup: the
+    # fence cannot be verified, which is no fence, as the device canary's.
     monkeypatch.setattr(sdexec.containment, "enforced_mems", lambda *_: None)
-    logged, (server, responses) = logged_during(
-        lambda: fenced_exec(own_fences(main_process), main_process)
+    server, responses = fenced_exec(own_fences(main_process), main_process)
+    (error,) = [error_of(response) for response in responses]
+    assert error == (errno.EIO, server.drain_reason)
+    assert server.drain_reason == (
+        "AllowedMemoryNodes could not be verified: neither the unit's cgroup"
+        f" nor /proc/{main_process}/status says which it may use (is /proc"
+        " mounted hidepid?)"
     )
-    assert [r["payload"]["type"] for r in responses] == ["started"]
-    assert server.drain_reason is None
-    assert server.counters["fence-failures"] == 0
-    unread = "its memory node fence could not be read, so it is not checked"
-    assert f"pid {main_process}: {unread}" in logged
+    assert server.counters["fence-failures"] == 1
 
 
 def test_a_process_gone_before_its_fence_is_read_is_logged_not_a_failure(
@@ -909,20 +932,20 @@ def test_under_warn_every_fence_that_does_not_hold_is_logged(main_process):
     )
     assert [r["payload"]["type"] for r in responses] == ["started"]
     assert server.counters["fence-failures"] == 1  # a unit, counted once
-    warned = [line.split(" not enforced")[0] for line in logged if "warn:" in line]
-    assert warned == ["AllowedCPUs", "AllowedMemoryNodes"]
+    (warned,) = [line for line in logged if "warn:" in line]
+    assert warned.startswith("AllowedCPUs not enforced")
+    assert "; AllowedMemoryNodes not enforced" in warned
 
 
-def test_judging_goes_on_to_the_memory_cap_past_unread_nodes(tmp_path):
-    # /proc/42/status without Mems_allowed_list (no cpusets in the kernel),
-    # a cgroup v2 unit with no memory limit.
+def test_judging_goes_on_to_the_memory_cap_on_a_kernel_without_cpusets(tmp_path):
+    # /proc/42/status without Mems_allowed_list: every node may be used,
+    # which a fence to all of them (node 0 here) allows; a cgroup v2 unit
+    # with no memory limit.
     _fake_file(tmp_path, "proc/42/status", "Name:\tx\nCpus_allowed_list:\t0-1\n")
     _fake_file(tmp_path, "proc/42/cgroup", "0::" + CGROUP)
     fences = Fences(IDset("0-1"), IDset("0"), memory_capped=True)
     verdict = judge_fences(fences, CGROUP, 42, root=str(tmp_path))
-    assert verdict == FenceVerdict(
-        problems=[MEMORY_NOT_ENFORCED], unchecked=["its memory node fence"]
-    )
+    assert verdict == FenceVerdict(problems=[MEMORY_NOT_ENFORCED])
 
 
 @pytest.mark.parametrize(

@@ -63,9 +63,9 @@ def sleep(seconds: float) -> Deferred:
     return Deferred.fromFuture(asyncio.ensure_future(asyncio.sleep(seconds)))
 
 
-async def until(condition, what: str) -> None:
-    """Let the reactor run until ``condition()``; fail after 15 s."""
-    for _ in range(300):
+async def until(condition, what: str, cap_s: float = 15) -> None:
+    """Let the reactor run until ``condition()``; fail after ``cap_s``."""
+    for _ in range(int(cap_s / 0.05)):
         if condition():
             return
         await sleep(0.05)

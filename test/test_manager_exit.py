@@ -10,8 +10,8 @@ Against a private sandbox manager of its own."""
 from __future__ import annotations
 
 import errno
+import os
 import signal
-import subprocess
 
 import pytest
 from pytest_twisted import ensureDeferred
@@ -25,6 +25,7 @@ from support import (
     until,
 )
 from twisted.internet.defer import Deferred
+from twisted.internet.utils import getProcessValue
 
 pytestmark = pytest.mark.systemd
 
@@ -45,8 +46,10 @@ async def test_a_manager_that_exits_takes_its_jobs_and_the_service_waits(
         await until(child_pid.exists, "the job's child started")
         child = int(child_pid.read_text())
         # The sandbox's stop: SIGTERM to the manager, which stops its units
-        # and its dbus-daemon, then exits.
-        subprocess.run([str(SANDBOX), "stop", runtime_dir], check=True, timeout=60)
+        # and its dbus-daemon, then exits; the service serving meanwhile.
+        stopped = getProcessValue(str(SANDBOX), ["stop", runtime_dir], env=os.environ)
+        await until(lambda: stopped.called, "the manager stopped", 60)
+        assert await stopped == 0
         await until(lambda: not running(child), "the job's child killed")
         await until(
             lambda: service.server.drain_reason is not None, "drained after 1 s"
@@ -59,6 +62,7 @@ async def test_a_manager_that_exits_takes_its_jobs_and_the_service_waits(
 
         start_manager(runtime_dir)
         await until(lambda: service.server.drain_reason is None, "undrained")
+        await until(lambda: job.called, "the job's request ended", 60)
         outcome = await job
         if announced:
             assert (outcome.error, outcome.status) == (None, signal.SIGTERM)

@@ -179,6 +179,7 @@ async def test_a_daemon_reload_mid_run_is_no_loss(own_service):
     # Not subprocess.run: the service goes on serving while it reloads.
     reloaded = getProcessValue("systemctl", ["--user", "daemon-reload"], env=os.environ)
     handle.close_stdin()
+    await until(lambda: reloaded.called, "daemon-reload done")
     assert await reloaded == 0
     await handle.done
     assert ending.status == 7 << 8

@@ -116,6 +116,7 @@ async def test_a_unit_restarted_by_hand_ends_its_stream_and_is_stopped(sdexec):
     client = await sdexec.connect()
     unit, outcome = await sleeping_unit(sdexec, client, "restarted")
     subprocess.run(["systemctl", "--user", "restart", unit], check=True, timeout=60)
+    await until(lambda: outcome.called, "the request ended", 60)
     result = await outcome
     assert result.error.errnum == errno.EIO
     assert result.error.errstr == f"unit {unit} was started again outside sdexec"
@@ -123,16 +124,24 @@ async def test_a_unit_restarted_by_hand_ends_its_stream_and_is_stopped(sdexec):
     await until(lambda: sdexec.server.drain_reason is None, "undrained")
 
 
+@pytest.mark.parametrize(
+    ("action", "signum"),
+    [(["stop"], signal.SIGTERM), (["kill", "--signal=KILL"], signal.SIGKILL)],
+    ids=["stop", "kill"],
+)
 @ensureDeferred
-async def test_a_unit_stopped_by_hand_ends_as_killed_by_its_signal(sdexec):
-    # `systemctl stop` of a running job unit (an admin's): the process gets
-    # the unit's KillSignal and its stream ends as any killed process's,
-    # with nothing left behind and the node not drained.
+async def test_a_unit_stopped_by_hand_ends_as_killed_by_its_signal(
+    sdexec, action, signum
+):
+    # `systemctl stop` of a running job unit (an admin's) sends the unit's
+    # KillSignal, `systemctl kill` the one named: the stream ends as any
+    # killed process's, with nothing left behind and the node not drained.
     client = await sdexec.connect()
-    unit, outcome = await sleeping_unit(sdexec, client, "stopped")
-    subprocess.run(["systemctl", "--user", "stop", unit], check=True, timeout=60)
+    unit, outcome = await sleeping_unit(sdexec, client, action[0])
+    subprocess.run(["systemctl", "--user", *action, unit], check=True, timeout=60)
+    await until(lambda: outcome.called, "the request ended", 60)
     result = await outcome
-    assert (result.error, result.status) == (None, signal.SIGTERM)
+    assert (result.error, result.status) == (None, signum)
     await until(lambda: not unit_names(unit), "the unit gone")
     assert sdexec.server.drain_reason is None
     assert (await client.list())["procs"] == []

@@ -23,7 +23,7 @@ from sdexec.command import Command
 from sdexec.config import Config, ConfigError
 from sdexec.idset import IDset
 from sdexec.map import ResourceMapper, create_mapper
-from sdexec.procfs import process_cgroups
+from sdexec.procfs import process_cgroups, process_exists, process_status
 from sdexec.sizes import UINT64_MAX, MemoryLimit
 
 __all__ = [
@@ -38,7 +38,6 @@ __all__ = [
     "enforced_mems",
     "judge_fences",
     "memory_cap_in_force",
-    "process_exists",
 ]
 
 R_OPTION = "SDEXEC_R_LOCAL"
@@ -204,7 +203,7 @@ def _enforced_cpuset(
             continue
         if ids:  # an empty v1 cpuset file is "not configured", not "none"
             return ids
-    status = _process_status(pid, root)
+    status = process_status(pid, root)
     if status is None:
         return None
     listed = status.get(status_key.encode())
@@ -214,20 +213,6 @@ def _enforced_cpuset(
         return IDset(listed.decode("ascii"))
     except ValueError:
         return None
-
-
-def _process_status(pid: int, root: str) -> dict[bytes, bytes] | None:
-    """``/proc/PID/status`` as its keys and values, or ``None`` if it
-    cannot be read. Bytes: the Name line is the command's name as the
-    kernel keeps it, which need not be ASCII (read as ASCII, a command
-    named "größe" hid every fence)."""
-    try:
-        with open(os.path.join(root, f"proc/{pid}/status"), "rb") as file:
-            lines = file.read().split(b"\n")
-    except OSError:
-        return None
-    fields = (line.partition(b":") for line in lines)
-    return {key: value.strip() for key, _, value in fields}
 
 
 def _every_node(root: str) -> IDset | None:
@@ -241,23 +226,6 @@ def _every_node(root: str) -> IDset | None:
         return IDset("0")
     except (OSError, ValueError):
         return None
-
-
-def process_exists(pid: int, root: str = "/") -> bool:
-    """Whether process ``pid`` is there: a read that failed while it is was
-    not the process exiting. ``/proc/PID``, else (``hidepid=2`` hides
-    other users' processes, such as a job shell an IMP started) a signal 0."""
-    if os.path.exists(os.path.join(root, f"proc/{pid}")):
-        return True
-    if root != "/":  # a test's tree: no real process to ask
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass(frozen=True)
@@ -298,15 +266,21 @@ def judge_fences(
     canary's); once the process has exited, nothing more is checked."""
     verdict = FenceVerdict()
     cpusets = [
-        ("AllowedCPUs", fences.cpus, enforced_cpus, check_cpu_fence),
-        ("AllowedMemoryNodes", fences.mems, enforced_mems, check_memory_node_fence),
+        ("AllowedCPUs", "its CPU fence", fences.cpus, enforced_cpus, check_cpu_fence),
+        (
+            "AllowedMemoryNodes",
+            "its memory node fence",
+            fences.mems,
+            enforced_mems,
+            check_memory_node_fence,
+        ),
     ]
-    for name, expected, enforced, check in cpusets:
+    for name, what, expected, enforced, check in cpusets:
         if expected is None:
             continue
         actual = enforced(control_group, pid, root)
         if actual is None and not process_exists(pid, root):
-            verdict.unchecked = f"its {_FENCE_NAMES[name]}"
+            verdict.unchecked = what
             return verdict
         problem = (
             check(expected, actual) if actual is not None else _unverified(name, pid)
@@ -322,9 +296,6 @@ def judge_fences(
         elif not in_force:
             verdict.problems.append(MEMORY_NOT_ENFORCED)
     return verdict
-
-
-_FENCE_NAMES = {"AllowedCPUs": "CPU fence", "AllowedMemoryNodes": "memory node fence"}
 
 
 def _unverified(name: str, pid: int) -> str:

@@ -1,4 +1,5 @@
-"""What ``/proc`` says of a process: its cgroups.
+"""What ``/proc`` says of a process: its cgroups, its status, whether it is
+there.
 
 ``root`` stands for ``/`` (tests give a stand-in tree).
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["process_cgroups"]
+__all__ = ["process_cgroups", "process_exists", "process_status"]
 
 
 def process_cgroups(pid: int, root: str = "/") -> list[tuple[str, str]] | None:
@@ -29,3 +30,34 @@ def process_cgroups(pid: int, root: str = "/") -> list[tuple[str, str]] | None:
         if len(parts) == 3:
             entries.append((parts[1], parts[2]))
     return entries
+
+
+def process_status(pid: int, root: str = "/") -> dict[bytes, bytes] | None:
+    """``/proc/PID/status`` as its keys and values, or ``None`` if it
+    cannot be read. Bytes: the Name line is the command's name as the
+    kernel keeps it, which need not be ASCII (read as ASCII, a command
+    named "größe" hid every fence)."""
+    try:
+        with open(os.path.join(root, f"proc/{pid}/status"), "rb") as file:
+            lines = file.read().split(b"\n")
+    except OSError:
+        return None
+    fields = (line.partition(b":") for line in lines)
+    return {key: value.strip() for key, _, value in fields}
+
+
+def process_exists(pid: int, root: str = "/") -> bool:
+    """Whether process ``pid`` is there: a read that failed while it is was
+    not the process exiting. ``/proc/PID``, else (``hidepid=2`` hides
+    other users' processes, such as a job shell an IMP started) a signal 0."""
+    if os.path.exists(os.path.join(root, f"proc/{pid}")):
+        return True
+    if root != "/":  # a test's tree: no real process to ask
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

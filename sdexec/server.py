@@ -1149,9 +1149,8 @@ CLIENT_BUFFER_SIZE = 256 * 1024
 #: Requests of one connection that may await their answer at once: kills
 #: of a started process (or a leftover), answered once systemd has; a kill
 #: held for a start (:class:`AwaitingStart`) counts once it has gone out.
-#: Such a request
-#: sends nothing until then, so the response
-#: back-pressure never stopped a client sending them: one connection queued
+#: Such a request sends nothing until then, so the response back-pressure
+#: never stopped a client sending them: one connection queued
 #: 100,000 ``KillUnit`` calls (224 MB) in the call window every client
 #: shares, ahead of every other client's ``StartTransientUnit``. At the cap
 #: its requests are no longer read until one is answered: nothing is lost,

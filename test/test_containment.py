@@ -59,9 +59,9 @@ from sdexec.containment import (
     enforced_mems,
     judge_fences,
     memory_cap_in_force,
-    process_exists,
 )
 from sdexec.idset import IDset
+from sdexec.procfs import process_exists
 from sdexec.protocol import ExecFlag
 from sdexec.server import SdexecServer
 from sdexec.testing import FakeManager

@@ -22,7 +22,7 @@ from sdexec.cli import (
 )
 from sdexec.ioencode import decode_io
 from sdexec.protocol import ExecFlag, Topic
-from sdexec.rpc import RPCError
+from sdexec.rpc import RPCError, background_pid
 from sdexec.syncclient import Loop
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
@@ -50,8 +50,9 @@ def run_background(options: argparse.Namespace, command: dict[str, Any]) -> int:
             raise
         _fail(str(failure))
         return EXEC_FAILURES[failure.errnum]  # as the foreground run's
+    pid = background_pid(started)
     label = command.get("label")
-    print(started["pid"] if label is None else f"{started['pid']} {label}")
+    print(pid if label is None else f"{pid} {label}")
     return 0
 
 

@@ -42,6 +42,7 @@ from sdexec.rpc import (
     RPCError,
     SdexecError,
     StdinCredit,
+    background_pid,
     cannot_connect,
     default_socket_path,
     is_end_of_stream,
@@ -445,7 +446,7 @@ class ExecHandle:
         if kind == "started":
             self._send_early_kills()
         if not self.streaming:  # a background exec's one response
-            self.end(RPCError(errno.ENODATA, ""))
+            self.end(_background_end(payload))
 
     def end(self, error: SdexecError) -> None:
         self._close_passed()
@@ -509,6 +510,16 @@ class ExecHandle:
         for signum, waiting in kills:
             sent = self.kill(signum) if self.pid is not None else fail(_never_started())
             sent.chainDeferred(waiting)
+
+
+def _background_end(answer: dict) -> SdexecError:
+    """How a background exec's one answer ends its handle: well if it is
+    ``started`` with a pid, else with the EPROTO that says what came."""
+    try:
+        background_pid(answer)
+    except RPCError as error:
+        return error
+    return RPCError(errno.ENODATA, "")
 
 
 class AttachHandle:

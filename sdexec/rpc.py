@@ -29,6 +29,7 @@ __all__ = [
     "Requests",
     "SdexecError",
     "StdinCredit",
+    "background_pid",
     "cannot_connect",
     "default_socket_path",
     "process_target",
@@ -221,6 +222,19 @@ def rpc_error(message: dict[str, Any]) -> RPCError:
 def is_end_of_stream(error: SdexecError) -> bool:
     """Whether ``error`` is the ``ENODATA`` that ends a stream well."""
     return isinstance(error, RPCError) and error.errnum == errno.ENODATA
+
+
+def background_pid(answer: dict[str, Any]) -> int:
+    """The pid in the answer to a background ``exec`` (its ``started``);
+    :class:`RPCError` ``EPROTO`` naming what came instead, so that a broken
+    service is reported as one and not as a missing key later."""
+    pid = answer.get("pid")
+    if answer.get("type") == "started" and type(pid) is int and pid > 0:
+        return pid
+    shown = quoted(answer, 200)
+    raise RPCError(
+        errno.EPROTO, f"background exec: expected a started pid, got {shown}"
+    )
 
 
 def process_target(pid: int | None, label: str | None) -> dict[str, Any]:

@@ -306,6 +306,35 @@ def test_exec_error_ends_the_stream(served):
 
 
 @pytest_twisted.inlineCallbacks
+def test_a_background_exec_ends_with_its_started_pid(served):
+    peer, client = served
+    handle = client.exec({"cmdline": ["true"]}, 0, background=True)
+    peer.respond((yield peer.requests.get()), {"type": "started", "pid": 42})
+    assert (yield handle.done) is None
+    assert handle.pid == 42
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {},
+        {"type": "started"},
+        {"type": "started", "pid": "42"},
+        {"type": "output", "pid": 42},
+    ],
+)
+@pytest_twisted.inlineCallbacks
+def test_a_background_exec_answered_without_a_pid_is_eproto(served, answer):
+    # Only a broken service answers so; said as such, not a pid of None.
+    peer, client = served
+    handle = client.exec({"cmdline": ["true"]}, 0, background=True)
+    peer.respond((yield peer.requests.get()), answer)
+    with pytest.raises(RPCError, match="expected a started pid") as caught:
+        yield handle.done
+    assert caught.value.errnum == errno.EPROTO
+
+
+@pytest_twisted.inlineCallbacks
 def test_connection_lost_fails_requests_in_flight(served):
     peer, client = served
     handle, _ = _exec(client)
@@ -692,6 +721,27 @@ def test_cli_forwards_sigterm_as_kill(served):
     peer.fail(request, ENODATA)
     assert (yield cli.ended) == 143
     assert bytes(cli.err) == b""
+
+
+@pytest.mark.parametrize(
+    ("answer", "printed"),
+    [({"type": "started", "pid": 42}, b"42\n"), ({"type": "started"}, b"")],
+)
+@pytest_twisted.inlineCallbacks
+def test_cli_background_run_prints_the_pid_or_says_none_came(served, answer, printed):
+    peer, client = served
+    cli = _spawn_cli(client.path, ["run", "--bg", "sleep", "100"])
+    peer = yield peer.factory.peers.get()
+    request = yield peer.requests.get()
+    assert request["streaming"] is False
+    peer.respond(request, answer)
+    assert (yield cli.ended) == (0 if printed else 1)
+    assert bytes(cli.out) == printed
+    if not printed:
+        assert bytes(cli.err) == (
+            b"sdexec: background exec: expected a started pid,"
+            b" got {'type': 'started'}\n"
+        )
 
 
 @pytest_twisted.inlineCallbacks

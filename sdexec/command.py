@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,6 +150,32 @@ def _environment(env: Mapping[str, str]) -> list[str]:
     return [f"{name}={value}" for name, value in unit_environment(env).items()]
 
 
+#: How :func:`describe` writes the characters a unit's file cannot hold as
+#: they are, C-style as systemd-run does (``\\n``), and the backslash that
+#: would then be ambiguous.
+_DESCRIPTION_ESCAPES = {
+    **{code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F)},
+    ord("\t"): "\\t",
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\\"): "\\\\",
+}
+#: The most characters of the command line a unit's Description shows.
+DESCRIPTION_LENGTH = 200
+
+
+def describe(cmdline: Sequence[str]) -> str:
+    """The ``Description`` of a unit running ``cmdline``: the command line,
+    its control characters and backslashes escaped, cut at
+    :data:`DESCRIPTION_LENGTH` characters. A multi-line ``sh -c`` script
+    would otherwise break the unit's file
+    (:func:`sdexec.property.unit_file_problem`); a cut that leaves a
+    backslash at the end drops it (it would join the next setting to this
+    one)."""
+    text = " ".join(cmdline).translate(_DESCRIPTION_ESCAPES)
+    return text[:DESCRIPTION_LENGTH].rstrip("\\")
+
+
 def unit_properties(
     command: Command,
     executable: str,
@@ -167,7 +193,7 @@ def unit_properties(
     unit becomes active only once the command was really executed.
     """
     unit = [
-        UnitProperty("Description", "s", " ".join(command.cmdline)[:200]),
+        UnitProperty("Description", "s", describe(command.cmdline)),
         # ExecStartEx with "no-env-expand": systemd would otherwise expand
         # $VAR and ${VAR} in the arguments itself, before the command (a
         # shell, say) sees them. Supported since systemd 243.

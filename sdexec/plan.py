@@ -37,7 +37,7 @@ from sdexec.limits import (
     command_text,
 )
 from sdexec.policy import TIGHTENING, RequestPolicy
-from sdexec.property import PropertyError, UnitProperty, parse_bool
+from sdexec.property import PropertyError, UnitProperty, parse_bool, unit_file_problem
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, ExecFlag
 from sdexec.refusal import RequestRefused
 from sdexec.signals import parse_signal
@@ -224,6 +224,9 @@ def _command(cmd: object) -> Command:
             command.cmdline, command.env, command.opts, command.cwd, command.label
         )
     )
+    cwd_problem = unit_file_problem(command.cwd) if command.cwd else None
+    if cwd_problem is not None:  # sent as the unit's WorkingDirectory
+        raise RequestError(errno.EINVAL, f"cmd.cwd: {cwd_problem}")
     # Before the PATH search, which joins cwd to every directory of PATH.
     check_lengths(
         command.cwd,

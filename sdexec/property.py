@@ -29,6 +29,7 @@ __all__ = [
     "parse_bool",
     "percent_scale",
     "typed_property",
+    "unit_file_problem",
 ]
 
 UINT64_MAX = 2**64 - 1
@@ -89,6 +90,9 @@ CONTAINMENT_PROPERTIES = frozenset(
 #: unit's processes on its own while the timer escalates.
 STOP_PROPERTIES = frozenset({"KillMode", "SendSIGKILL", "TimeoutStopUSec"})
 
+#: A control character other than tab: one systemd would write verbatim
+#: into a unit's file (a line break there starts a new setting).
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _UNSIGNED = re.compile(r"[0-9]+")
 _SIGNED = re.compile(r"[-+]?[0-9]+")
 _TRUE = frozenset({"1", "yes", "true", "on"})
@@ -216,6 +220,32 @@ _CONVERTERS: dict[str, Converter] = {
 }
 
 
+def unit_file_problem(value: str) -> str | None:
+    """Why systemd could not keep ``value`` as one setting of a unit's
+    file, or ``None``.
+
+    systemd writes a transient unit's settings into its file in
+    ``/run/…/transient/`` as they came (escaping ``%`` alone, but for the
+    command and the environment), and reads that file again at every
+    ``daemon-reload``. A line break in a value starts a new setting or
+    section there, and a backslash at its end joins the next setting to it
+    (systemd issue #30187: the running command then vanishes from the
+    unit)."""
+    control = _CONTROL.search(value)
+    if control is not None:
+        return (
+            f"control character {control.group()!r} at {control.start()}: systemd"
+            " writes the value unescaped into the unit's file, which holds one"
+            " setting per line of text"
+        )
+    if value.endswith("\\"):
+        return (
+            "ends with a backslash: systemd writes the value unescaped into the"
+            " unit's file, where it would join the next setting to this one"
+        )
+    return None
+
+
 def typed_property(name: str, value: str, source: str = "request") -> UnitProperty:
     """The :class:`UnitProperty` for ``StartTransientUnit``.
 
@@ -226,6 +256,9 @@ def typed_property(name: str, value: str, source: str = "request") -> UnitProper
     """
     convert = _CONVERTERS.get(name)
     try:
+        problem = unit_file_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         if convert is None:
             typed = UnitProperty(name, "s", value)
         else:

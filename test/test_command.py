@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import sdexec.plan
 from sdexec.command import Command, CommandError, unit_properties
 from sdexec.config import default_config, parse_config
-from sdexec.property import PropertyError
+from sdexec.property import PropertyError, unit_file_problem
 from sdexec.systemd import unit_object_path
 from sdexec.testing import exec_plan
 
@@ -246,6 +246,23 @@ def test_bad_requested_property_names_it():
 def test_description_is_bounded():
     props = properties_of(Command(["prog", "x" * 500]))
     assert len(props["Description"].value) == 200
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "description"),
+    [
+        (["sh", "-c", "set -e\n[ -f x ]\r\tok"], "sh -c set -e\\n[ -f x ]\\r\\tok"),
+        (["printf", "%s\\n", "\x1b[2J\x7f"], "printf %s\\\\n \\x1b[2J\\x7f"),
+        (["echo", "x" * 194 + "\\"], "echo " + "x" * 194),
+    ],
+)
+def test_description_holds_one_line_of_a_unit_file(cmdline, description):
+    # systemd writes it unescaped into the transient unit's file: a
+    # multi-line script would add settings of its own there (systemd issue
+    # #30187), a backslash at the cut would join the next setting to it.
+    value = properties_of(Command(cmdline))["Description"].value
+    assert value == description
+    assert unit_file_problem(value) is None
 
 
 def test_environment_drops_names_systemd_refuses():

@@ -300,6 +300,24 @@ def test_a_nul_in_any_string_is_einval_naming_it(server, connection, change, fie
     assert errstr.startswith(f"{field}: contains a NUL character")
 
 
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"opts": {"SDEXEC_PROP_Description": "j\n[Service]\nDelegate=yes"}},
+         "SDEXEC_PROP_Description: error setting property"),
+        ({"cwd": "-/nonexistent\n[Service]\nDelegate=yes"}, "cmd.cwd"),
+    ],
+)  # fmt: skip
+def test_a_line_break_for_the_unit_s_file_is_einval_naming_it(
+    server, connection, change, field
+):
+    # systemd writes these unescaped into the transient unit's file, where
+    # the request would add settings of its own (read at daemon-reload).
+    errnum, errstr = exec_refused(server, connection, {**TRUE, **change})
+    assert errnum == errno.EINVAL
+    assert errstr.startswith(f"{field}: control character '\\n' at ")
+
+
 @pytest.mark.parametrize(("change", "field"), BAD_STRINGS)
 def test_a_surrogate_in_any_string_is_einval_naming_it(
     server, connection, change, field

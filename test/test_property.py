@@ -19,7 +19,11 @@ from sdexec.property import (
     parse_bool,
     percent_scale,
     typed_property,
+    unit_file_problem,
 )
+
+#: The control characters a unit's file cannot hold (all but tab).
+CONTROL = "".join(chr(code) for code in (*range(0x20), 0x7F) if code != 0x09)
 
 TRUE_SPELLINGS = ["1", "yes", "true", "on", "YES", "True", "oN", " yes "]
 FALSE_SPELLINGS = ["0", "no", "false", "off", "NO", "False", "OFF"]
@@ -207,8 +211,34 @@ def test_bad_int32_names_the_property(text):
     )
 
 
-@given(st.text(max_size=40))
+#: Text a unit's file holds as one setting: no control character but tab,
+#: no backslash at the end.
+ONE_LINE = st.text(
+    st.characters(blacklist_categories=["Cs"], blacklist_characters=CONTROL),
+    max_size=40,
+).filter(lambda text: not text.endswith("\\"))
+
+
+@given(ONE_LINE)
 def test_other_properties_go_as_strings_unchecked(value):
     assert typed_property("DevicePolicy", value) == UnitProperty(
         "DevicePolicy", "s", value
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("job\n[Service]\nDelegate=yes", "control character '\\n' at 3:"),
+        ("a\rb", "control character '\\r' at 1:"),
+        ("\x1b[2J", "control character '\\x1b' at 0:"),
+        ("C:\\", "ends with a backslash:"),
+    ],
+)
+def test_a_value_a_unit_file_cannot_hold_is_refused_naming_why(value, why):
+    # systemd writes it unescaped into the transient unit's file (issue
+    # #30187): a line break there would be a setting of the request's own.
+    assert refused("Description", value).startswith(
+        f"SDEXEC_PROP_Description: error setting property: {why}"
+    )
+    assert unit_file_problem("tab\there") is None

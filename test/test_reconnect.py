@@ -15,7 +15,7 @@ import pytest
 import pytest_twisted
 from pytest_twisted import ensureDeferred
 from support import FLAGS, ConfigText, Result, RunningService, command, run, sleep
-from twisted.internet.utils import getProcessValue
+from twisted.internet.utils import getProcessOutput, getProcessValue
 
 from sdexec.plan import RequestError
 
@@ -188,3 +188,34 @@ async def test_a_daemon_reload_mid_run_is_no_loss(own_service):
     assert (watcher.lost, watcher.restored) == ([], 0)
     assert sdexec.server.drain_reason is None
     assert (await client.list())["procs"] == []
+
+
+@ensureDeferred
+async def test_a_multi_line_script_adds_no_setting_at_a_daemon_reload(own_service):
+    """systemd writes the unit's Description into its transient file
+    unescaped and reads the file again at ``daemon-reload`` (systemd issue
+    #30187). A script's lines that read as settings must stay the
+    command's: escaped in the Description, they set nothing, and the unit
+    runs on to its own status."""
+    client = await own_service.connect()
+    ending = Result()
+    script = "read line\n[Service]\nCPUWeight=7\nexit 7"
+    handle = client.exec(command(["sh", "-c", script]), FLAGS, ending.collect)
+    await until(lambda: "started" in ending.types, "the unit started")
+    [unit] = [proc["unit"] for proc in (await client.list())["procs"]]
+    reloaded = getProcessValue("systemctl", ["--user", "daemon-reload"], env=os.environ)
+    await until(lambda: reloaded.called, "daemon-reload done")
+    assert await reloaded == 0
+    shown = await getProcessOutput(
+        "systemctl",
+        ["--user", "show", "--property=Description,CPUWeight", unit],
+        env=os.environ,
+    )
+    assert sorted(shown.decode().splitlines()) == [
+        "CPUWeight=[not set]",
+        f"Description=sh -c read line\\n[Service]\\nCPUWeight=7\\nexit 7"
+        f"{own_service.server.unit_mark}",
+    ]
+    handle.close_stdin()
+    await handle.done
+    assert ending.status == 7 << 8

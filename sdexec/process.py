@@ -434,14 +434,16 @@ class Process:
             )
         if isinstance(self._responder, _Nowhere):
             self._stop()  # the client left while systemd was starting it
-            return
-        if self._verify is not None:
+        elif self._verify is not None:
             # The fence check reads ControlGroup, which no signal carries.
             self._watch.refresh().addErrback(self._log_failure, "GetAll")
-        elif self._watch.state:
+            return
+        if self._watch.state:
             # Signals carry every state the lifecycle needs (the watch was
             # registered before the start); some may have come before this
-            # answer, and the stream may only end now that it has.
+            # answer, and the stream may only end now that it has. So may
+            # a process whose client left: a unit already gone sends no
+            # more signals, and it would stay tabled.
             self._unit_changed(self._watch.state)
 
     def _start_refused(self, failure: Failure) -> None:

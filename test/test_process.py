@@ -262,6 +262,30 @@ def test_a_client_that_left_during_the_start_has_the_main_process_killed():
     assert ("kill", "main", signal.SIGKILL) in systemd.calls
 
 
+def test_a_start_answered_after_its_unit_ended_with_the_client_gone_is_reaped():
+    # dbus-fast hands the unit's signals over as it reads them, the start's
+    # answer a few turns later: with its client gone the process ended
+    # before the answer, and no signal comes once it has been handled.
+    systemd, clock, reaped = FakeManager(), Clock(), []
+    start, held = systemd.start_transient_unit, defer.Deferred()
+    systemd.start_transient_unit = lambda *args, **kw: (start(*args, **kw), held)[1]
+    process = Process(
+        systemd,
+        lifecycle_plan(),
+        Recorder(),
+        ProcessContext(reactor=reactor, clock=clock, rank="0"),
+        on_reaped=reaped.append,
+    )
+    process.start()
+    process.client_gone()
+    systemd.change(UNIT, FAILED_TO_EXEC)
+    systemd.change(UNIT, INACTIVE)
+    assert reaped == []
+    held.callback("/org/freedesktop/systemd1/job/1")
+    assert reaped == [process]
+    assert clock.getDelayedCalls() == []
+
+
 @pytest.mark.parametrize(
     ("error", "logged"),
     [(NO_SUCH_UNIT, False), ("org.freedesktop.DBus.Error.AccessDenied", True)],

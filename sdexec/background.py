@@ -280,12 +280,11 @@ class Tracked:
         if (
             self.finished is None
             and process is not None
-            and process.status.has_finished
+            and process.exit_status is not None
         ):
             # Finished after its client left: a streaming process's responder
             # is then nobody.
-            status = process.status.wait_status
-            self.finished = {"type": "finished", "status": status}
+            self.finished = {"type": "finished", "status": process.exit_status}
         if self._waiter is not None:
             self._answer_waiter()
             return False

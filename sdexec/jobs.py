@@ -132,7 +132,7 @@ class Job:
         then the job ends here. What the unit still holds is the stop
         timer's business, not a job's to be declared unkillable."""
         process = self.process
-        if not self._over and process is not None and process.status.has_finished:
+        if not self._over and process is not None and process.exit_status is not None:
             self.over()
         return self._over
 

@@ -142,6 +142,10 @@ class Process:
         self.unit_name = plan.unit_name
         self.pid: int | None = None
         self.status = UnitStatus()
+        #: The wait status of the main process's exit, as first seen (what
+        #: ``finished`` says), kept whatever the unit's later states say
+        #: (a reset may clear ExecMain*); ``None`` until it has exited.
+        self.exit_status: int | None = None
         self._systemd = systemd
         self._responder = responder
         self._context = context
@@ -558,6 +562,7 @@ class Process:
         send ``finished`` with it."""
         if UnitCall.RECEIPT not in self._called:
             self._called.add(UnitCall.RECEIPT)
+            self.exit_status = status.wait_status
             read = self._systemd.get_service_properties(self.unit_name)
             read.addBoth(self._receipt_read, status.wait_status)
 

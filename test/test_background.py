@@ -547,6 +547,33 @@ async def test_a_streaming_waitable_process_whose_client_left_keeps_its_status(
 
 
 @ensureDeferred
+async def test_a_waitable_process_whose_client_left_keeps_the_status_a_reset_clears(
+    systemd, server
+):
+    # Its client gone, its main process is SIGKILLed: the unit fails and is
+    # reset. Should the reset clear ExecMain* (the model the service keeps),
+    # the wait still answers the status first seen.
+    client = Client(server)
+    client.send(
+        "sdexec.exec", {"flags": FLAGS | WAITABLE, "cmd": {**TRUE, "label": "s"}}
+    )
+    systemd.run(UNIT, pid=5)
+    client.close()
+    failed = {**EXITED, "ActiveState": "failed", "SubState": "failed"}
+    systemd.change(UNIT, {**failed, "ExecMainCode": 2, "ExecMainStatus": 9})
+    assert ("reset", UNIT) in systemd.calls
+    systemd.change(UNIT, {**failed, "ExecMainCode": 0, "ExecMainStatus": 0})
+    systemd.release(UNIT)
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    await until(lambda: not server.processes, "reaped")
+    other = Client(server)
+    other.send("sdexec.wait", {"label": "s"})
+    (answer,) = payloads(other.responses())
+    assert answer["status"] == signal.SIGKILL
+    other.close()
+
+
+@ensureDeferred
 async def test_100k_of_output_through_16k_reports_the_dropped_bytes(systemd):
     server = make_server(systemd, **{"retained-output": "16K"})
     client = Client(server)

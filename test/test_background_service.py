@@ -223,3 +223,23 @@ async def test_service_shutdown_stops_background_units(start_service):
     await service.stop()
     assert service.server.processes == {}
     assert unit_names() == []
+
+
+@ensureDeferred
+async def test_a_streaming_waitable_process_keeps_its_status_when_its_client_leaves(
+    sdexec,
+):
+    # Its client gone, its main process is killed (SIGKILL) and the unit
+    # ends failed, then is reset: the status the wait answers is the one
+    # systemd reported before the reset.
+    client = await sdexec.connect()
+    running = Result()
+    client.exec(
+        command(["sleep", "300"], label="s"), STDOUT, running.collect, waitable=True
+    )
+    await until(lambda: "started" in running.types, "started")
+    await client.close()
+    await until(lambda: not sdexec.server.processes, "its unit reaped")
+    other = await sdexec.connect()
+    answer = await other.wait(label="s")
+    assert answer["status"] == 9

@@ -23,7 +23,12 @@ from sdexec.command import Command
 from sdexec.config import Config, ConfigError
 from sdexec.idset import IDset
 from sdexec.map import ResourceMapper, create_mapper
-from sdexec.procfs import process_cgroups, process_exists, process_status
+from sdexec.procfs import (
+    cgroup_value,
+    process_cgroups,
+    process_exists,
+    process_status,
+)
 from sdexec.sizes import UINT64_MAX, MemoryLimit
 
 __all__ = [
@@ -347,11 +352,15 @@ def memory_cap_in_force(
             # Not the unit's own: a limit there (a container's, say) is not
             # the one the unit asked for.
             return False
-        limit = _read(root, "sys/fs/cgroup/memory", v1_path, "memory.limit_in_bytes")
+        limit = cgroup_value(
+            root, "sys/fs/cgroup/memory", v1_path, "memory.limit_in_bytes"
+        )
         in_force = limit is not None and limit.isdigit() and int(limit) < _V1_UNLIMITED
     else:
         unit = (control_group or v2_path or "").lstrip("/")
-        limit = _read(root, "sys/fs/cgroup", unit, "memory.max") if unit else None
+        limit = (
+            cgroup_value(root, "sys/fs/cgroup", unit, "memory.max") if unit else None
+        )
         in_force = limit is not None and limit.isdigit()
     if not in_force and not process_exists(pid, root):
         return None  # it ended while we read: nothing to judge by
@@ -371,15 +380,6 @@ def _process_cgroups(pid: int, root: str) -> tuple[str | None, str | None] | Non
         elif not controllers:
             v2 = path
     return v1, v2
-
-
-def _read(root: str, base: str, relative: str, name: str) -> str | None:
-    path = os.path.join(root, base, relative.lstrip("/"), name)
-    try:
-        with open(path, encoding="ascii") as file:
-            return file.read().strip()
-    except (OSError, ValueError):
-        return None
 
 
 MEMORY_NOT_ENFORCED = (

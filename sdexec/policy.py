@@ -21,12 +21,12 @@ The environment a request passes on is cleaned by :mod:`sdexec.environment`.
 from __future__ import annotations
 
 import errno
-import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from sdexec import nodememory
 from sdexec.command import OWN_PROPERTIES
 from sdexec.limits import check_text
 from sdexec.property import (
@@ -132,29 +132,32 @@ _NEVER_SUFFIXES: Final = (("Scale", "write the limit as a percentage instead"),)
 class Ordering:
     """How to compare one property's values.
 
-    ``rank(value, physical_memory)`` maps a value to a number that grows as
-    the value loosens the unit (``ValueError`` if it does not parse);
+    ``rank(value, memory)`` maps a value to a number that grows as
+    the value loosens the unit (``memory()``: the node's bytes, asked for
+    only to rank a percentage) (``ValueError`` if it does not parse);
     ``default`` is systemd's value when nothing sets it (``None``: not known
     here, so only an accounting switch turned on is accepted without a
     baseline); ``describe`` says what a valid value is, for ``EINVAL``."""
 
-    rank: Callable[[str, int], float]
+    rank: Callable[[str, Callable[[], int]], float]
     default: str | None
     describe: str
 
 
-def _memory_rank(text: str, physical_memory: int) -> float:
+def _memory_rank(text: str, memory: Callable[[], int]) -> float:
     limit = MemoryLimit.parse(text)
     if limit.infinite:
         return float("inf")
     if limit.percent is not None:
-        return limit.percent / 100 * physical_memory
+        return limit.percent / 100 * memory()
     assert limit.bytes is not None
     return float(limit.bytes)
 
 
-def _integer_rank(low: int, high: int, sign: int = 1) -> Callable[[str, int], float]:
-    def rank(text: str, _memory: int) -> float:
+def _integer_rank(
+    low: int, high: int, sign: int = 1
+) -> Callable[[str, Callable[[], int]], float]:
+    def rank(text: str, _memory: Callable[[], int]) -> float:
         # int() alone would also take "1_000" and non-ASCII digits.
         is_integer = re.fullmatch(r"[-+]?[0-9]+", text.strip()) is not None
         if not is_integer or not low <= int(text) <= high:
@@ -164,13 +167,13 @@ def _integer_rank(low: int, high: int, sign: int = 1) -> Callable[[str, int], fl
     return rank
 
 
-def _usec_rank(text: str, _memory: int) -> float:
+def _usec_rank(text: str, _memory: Callable[[], int]) -> float:
     if text.strip() == "infinity":
         return float("inf")
     return _integer_rank(0, 2**64 - 2)(text, _memory)
 
 
-def _switch_rank(text: str, _memory: int) -> float:
+def _switch_rank(text: str, _memory: Callable[[], int]) -> float:
     # On is tighter: turning accounting off would hide the job from the
     # admin's monitoring.
     return 0.0 if parse_bool(text) else 1.0
@@ -291,10 +294,6 @@ def parse_request_properties(value: object) -> frozenset[str]:
     return frozenset(allowed)
 
 
-def _physical_memory() -> int:
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 @dataclass(frozen=True)
 class RequestPolicy:
     """The policy one node applies to its requests' properties.
@@ -304,12 +303,14 @@ class RequestPolicy:
     the request (``[exec.sdexec-properties]`` merged with the mapper's, plus
     any manager defaults the integrator knows, such as ``TasksMax``).
     ``physical_memory``: bytes, to compare ``50%`` with ``8G`` as systemd
-    would resolve them.
+    would resolve them; ``None``: this node's as systemd counts it
+    (sdexec/nodememory.py: the smaller of its RAM and a container's limit),
+    read only when a percentage is compared.
     """
 
     allowed: frozenset[str] = DEFAULT_ALLOWED
     baseline: Mapping[str, str] = field(default_factory=dict)
-    physical_memory: int = field(default_factory=_physical_memory)
+    physical_memory: int | None = None
 
     def accept(self, requested: Mapping[str, str]) -> dict[str, str]:
         """``requested`` (``Name → value``, from ``SDEXEC_PROP_<Name>``) if
@@ -369,7 +370,7 @@ class RequestPolicy:
         self, option: str, name: str, value: str, order: Ordering
     ) -> None:
         try:
-            rank = order.rank(value, self.physical_memory)
+            rank = order.rank(value, self._memory)
         except ValueError:
             raise RequestRefused(
                 errno.EINVAL,
@@ -392,10 +393,15 @@ class RequestPolicy:
                 f" {name}={baseline}; a request may only tighten it ({CONFIG_KEY})",
             )
 
+    def _memory(self) -> int:
+        if self.physical_memory is not None:
+            return self.physical_memory
+        return nodememory.physical_memory()
+
     def _baseline_rank(self, baseline: str | None, order: Ordering) -> float | None:
         if baseline is None:
             return None
         try:
-            return order.rank(baseline, self.physical_memory)
+            return order.rank(baseline, self._memory)
         except ValueError:
             return None  # e.g. TasksMax=15%: not comparable here, so unknown

@@ -1,5 +1,5 @@
 """What ``/proc`` says of a process: its cgroups, its status, whether it is
-there.
+there; and what a cgroup's file under ``/sys/fs/cgroup`` holds.
 
 ``root`` stands for ``/`` (tests give a stand-in tree).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["process_cgroups", "process_exists", "process_status"]
+__all__ = ["cgroup_value", "process_cgroups", "process_exists", "process_status"]
 
 
 def process_cgroups(pid: int, root: str = "/") -> list[tuple[str, str]] | None:
@@ -61,3 +61,15 @@ def process_exists(pid: int, root: str = "/") -> bool:
     except PermissionError:
         return True
     return True
+
+
+def cgroup_value(root: str, base: str, cgroup: str, name: str) -> str | None:
+    """The value in file ``name`` of ``cgroup`` under the hierarchy mounted
+    at ``base`` (``sys/fs/cgroup``, ``sys/fs/cgroup/memory``), stripped;
+    ``None`` if it cannot be read (no such cgroup, or no such file)."""
+    path = os.path.join(root, base, cgroup.lstrip("/"), name)
+    try:
+        with open(path, encoding="ascii") as file:
+            return file.read().strip()
+    except (OSError, ValueError):
+        return None

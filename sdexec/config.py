@@ -552,11 +552,25 @@ _SLICE_NAME = re.compile(r"[A-Za-z0-9:_.\-]{1,249}\.slice")
 
 
 def _slice(value: object) -> str:
-    if not isinstance(value, str) or _SLICE_NAME.fullmatch(value) is None:
+    if not isinstance(value, str) or not _is_slice_name(value):
         raise _expected(
-            "a slice unit name such as sdexec.slice (letters, digits, : _ . -)", value
+            "a slice unit name such as sdexec.slice (letters, digits, : _ . -;"
+            " a dash only between two names, as in jobs-gpu.slice)",
+            value,
         )
     return value
+
+
+def _is_slice_name(name: str) -> bool:
+    """Whether systemd takes ``name`` for a slice: a dash in it nests the
+    slice in its parent (``jobs-gpu.slice`` in ``jobs.slice``), so none may
+    lead, trail or follow another, but ``-.slice``, the root slice."""
+    if _SLICE_NAME.fullmatch(name) is None:
+        return False
+    stem = name.removesuffix(".slice")
+    return stem == "-" or not (
+        stem.startswith("-") or stem.endswith("-") or "--" in stem
+    )
 
 
 def _users(value: object) -> tuple[int, ...]:

@@ -181,6 +181,10 @@ def _switch_rank(text: str, _memory: Callable[[], int]) -> float:
 
 _MEMORY = Ordering(_memory_rank, "infinity", "a memory limit (512M, 50%, infinity)")
 _WEIGHT = Ordering(_integer_rank(1, 10000), "100", "a weight from 1 to 10000")
+#: 0 is idle, the tightest: only idle tightens an idle baseline.
+_CPU_WEIGHT = Ordering(
+    _integer_rank(0, 10000), "100", "a weight from 1 to 10000, or 0 (idle)"
+)
 _SWITCH = Ordering(_switch_rank, None, "a boolean (yes/no)")
 
 #: The properties a request may only tighten, and how their values compare.
@@ -193,9 +197,8 @@ TIGHTENING: Final[Mapping[str, Ordering]] = {
         ("MemoryLow", "MemoryMin"),
         Ordering(_memory_rank, "0", "a memory limit (512M, 50%, infinity)"),
     ),
-    **dict.fromkeys(
-        ("CPUWeight", "StartupCPUWeight", "IOWeight", "StartupIOWeight"), _WEIGHT
-    ),
+    **dict.fromkeys(("CPUWeight", "StartupCPUWeight"), _CPU_WEIGHT),
+    **dict.fromkeys(("IOWeight", "StartupIOWeight"), _WEIGHT),
     **dict.fromkeys(
         ("CPUQuotaPerSecUSec", "RuntimeMaxUSec"),
         Ordering(_usec_rank, "infinity", "microseconds or infinity"),

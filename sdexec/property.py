@@ -155,6 +155,29 @@ def _uint64_or_infinity(text: str) -> int:
     return value
 
 
+#: systemd's range for these (its D-Bus setters refuse a value outside it:
+#: "Value specified in TasksMax is out of range"), ``infinity`` aside, and
+#: how to say it. A CPU weight of 0 is ``idle``.
+_RANGES: dict[str, tuple[int, int, str]] = {
+    "CPUQuotaPerSecUSec": (1, UINT64_MAX - 1, "1 or more, or infinity"),
+    "TasksMax": (1, UINT64_MAX - 1, "1 or more, or infinity"),
+    **dict.fromkeys(
+        ("CPUWeight", "StartupCPUWeight"), (0, 10000, "1 to 10000, or 0 (idle)")
+    ),
+    **dict.fromkeys(("IOWeight", "StartupIOWeight"), (1, 10000, "1 to 10000")),
+}
+#: Memory limits systemd takes from 1 byte, where 0 would be no memory at all.
+_NONZERO_MEMORY = frozenset({"MemoryMax", "MemoryHigh"})
+
+
+def _uint64_in_range(name: str, text: str) -> UnitProperty:
+    value = _uint64_or_infinity(text)
+    low, high, takes = _RANGES.get(name, (0, UINT64_MAX, ""))
+    if value != UINT64_MAX and not low <= value <= high:
+        raise ValueError(f"{text!r} is out of range: systemd takes {takes}")
+    return UnitProperty(name, "t", value)
+
+
 def percent_scale(percent: float) -> int:
     """``percent`` as systemd's ``<Name>Scale``: a fraction of UINT32_MAX,
     rounded to the closest (half up), exactly as ``UINT32_SCALE_FROM_PERMYRIAD``
@@ -165,6 +188,11 @@ def percent_scale(percent: float) -> int:
 
 def _memory(name: str, text: str) -> UnitProperty:
     limit = MemoryLimit.parse(text)
+    if name in _NONZERO_MEMORY and 0 in (limit.bytes, limit.percent):
+        raise ValueError(
+            f"{text!r} is out of range: systemd takes {name} from 1 byte"
+            " (infinity for none)"
+        )
     if limit.percent is not None:
         return UnitProperty(f"{name}Scale", "u", percent_scale(limit.percent))
     return UnitProperty(name, "t", UINT64_MAX if limit.infinite else limit.bytes)
@@ -211,7 +239,7 @@ def _bitmask(text: str) -> bytes:
 
 _CONVERTERS: dict[str, Converter] = {
     **{name: _typed("b", parse_bool) for name in BOOLEAN_PROPERTIES},
-    **{name: _typed("t", _uint64_or_infinity) for name in UINT64_PROPERTIES},
+    **dict.fromkeys(UINT64_PROPERTIES, _uint64_in_range),
     **{name: _typed("i", _int32) for name in INT32_PROPERTIES},
     **{name: _memory for name in MEMORY_PROPERTIES},
     "AllowedCPUs": _typed("ay", _bitmask),

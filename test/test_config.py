@@ -152,8 +152,8 @@ KEYS = [
         "kill", 'expected "stop" or "keep", got "kill"'),
     Key("sdexec.slice", "sdexec.slice", "sdexec.slice", "flux-jobs.slice",
         "flux-jobs.slice", "jobs/a.slice",
-        "expected a slice unit name such as sdexec.slice (letters, digits, : _ . -),"
-        ' got "jobs/a.slice"'),
+        "expected a slice unit name such as sdexec.slice (letters, digits, : _ . -;"
+        ' a dash only between two names, as in jobs-gpu.slice), got "jobs/a.slice"'),
     Key("sdexec.allow-users", "sdexec.allow_users", (), ["root", 4242], (0, 4242),
         "root", 'expected a list of user names or uids, got "root"'),
     Key("sdexec.request-properties", "sdexec.request_properties", DEFAULT_ALLOWED,
@@ -245,8 +245,11 @@ def test_every_key_is_tested():
          " least 0), got -1"),
         ("sdexec.allow-users", [True], "expected a user name or a uid (an integer of"
          " at least 0), got true"),
-        ("sdexec.slice", "sdexec", "expected a slice unit name such as sdexec.slice"
-         ' (letters, digits, : _ . -), got "sdexec"'),
+        *(("sdexec.slice", name, "expected a slice unit name such as sdexec.slice"
+           " (letters, digits, : _ . -; a dash only between two names, as in"
+           f' jobs-gpu.slice), got "{name}"')
+          # systemd refuses them: the slice, and every unit in it, fails.
+          for name in ("sdexec", "a--b.slice", "-jobs.slice", "jobs-.slice")),
     ],
 )  # fmt: skip
 def test_more_bad_values(path, value, message):
@@ -284,9 +287,45 @@ def properties(**settings: Any) -> Config:
 
 @pytest.mark.parametrize("name", MEMORY)
 @pytest.mark.parametrize(
-    "value", ["512M", "1.5G", "4096", "95%", "0", "infinity", "4g", "1P", "2e"]
+    "value", ["512M", "1.5G", "4096", "95%", "1", "infinity", "4g", "1P", "2e"]
 )
 def test_memory_property_good(name, value):
+    assert properties(**{name: value}).exec.sdexec_properties == {name: value}
+
+
+@pytest.mark.parametrize("name", ["MemoryMin", "MemoryLow", "MemorySwapMax"])
+@pytest.mark.parametrize("value", ["0", "0%"])
+def test_a_memory_protection_or_swap_may_be_none(name, value):
+    assert properties(**{name: value}).exec.sdexec_properties == {name: value}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "takes"),
+    [
+        ("MemoryMax", "0", "MemoryMax from 1 byte (infinity for none)"),
+        ("MemoryHigh", "0%", "MemoryHigh from 1 byte (infinity for none)"),
+        ("TasksMax", "0", "1 or more, or infinity"),
+        ("CPUQuotaPerSecUSec", "0", "1 or more, or infinity"),
+        ("CPUWeight", "20000", "1 to 10000, or 0 (idle)"),
+        ("IOWeight", "0", "1 to 10000"),
+    ],
+)
+def test_a_value_systemd_refuses_for_every_unit_is_refused_here(name, value, takes):
+    # Else every exec would fail, and the device canary drain the node.
+    with pytest.raises(ConfigError) as error:
+        properties(**{name: value})
+    assert str(error.value) == (
+        f"<config>: exec.sdexec-properties.{name}: {value!r} is out of range:"
+        f" systemd takes {takes}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("CPUWeight", "0"), ("CPUWeight", "10000"), ("TasksMax", "infinity"),
+     ("IOWeight", "1"), ("CPUQuotaPerSecUSec", "1")],
+)  # fmt: skip
+def test_the_ends_of_systemd_s_ranges_are_taken(name, value):
     assert properties(**{name: value}).exec.sdexec_properties == {name: value}
 
 

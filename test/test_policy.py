@@ -80,6 +80,17 @@ def test_equal_or_tighter_than_the_baseline_is_accepted() -> None:
     assert policy.accept({"MemoryMax": "10%", "CPUWeight": "1"})
 
 
+def test_an_idle_cpu_weight_is_the_tightest() -> None:
+    # CPUWeight=0 is systemd's idle: only idle tightens it, and a baseline
+    # of 0 is one the admin set, not an unknown one.
+    policy = RequestPolicy(baseline={"CPUWeight": "0"})
+    assert policy.accept({"CPUWeight": "0"})
+    error = refusal(policy, CPUWeight="1")
+    assert error.errnum == errno.EPERM
+    assert "looser than this node's CPUWeight=0" in error.errstr
+    assert RequestPolicy(baseline={"CPUWeight": "100"}).accept({"CPUWeight": "0"})
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -129,7 +140,7 @@ def test_a_bad_value_is_einval() -> None:
     error = refusal(POLICY, CPUWeight="lots")
     assert error.errnum == errno.EINVAL
     assert error.errstr == (
-        "SDEXEC_PROP_CPUWeight: 'lots' is not a weight from 1 to 10000"
+        "SDEXEC_PROP_CPUWeight: 'lots' is not a weight from 1 to 10000, or 0 (idle)"
     )
     assert refusal(POLICY, MemoryMax="12Q").errnum == errno.EINVAL
 

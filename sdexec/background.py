@@ -144,7 +144,9 @@ class Tracked:
         #: The unit is gone (the process was reaped); only the end remains.
         self.reaped = False
         self._rank = rank
-        self._started = False
+        #: The Process has ended its stream (it sends its end once): an
+        #: attach from now on gets that end after its replay.
+        self._stream_ended = False
         # Streaming: the exec stream. Background: the exec request until it
         # has its one response; then an attach stream, if any.
         self._client: _Client | None = client
@@ -158,6 +160,12 @@ class Tracked:
     @property
     def label(self) -> str | None:
         return self.process.label if self.process else None
+
+    @property
+    def _started(self) -> bool:
+        """Its command ran (also where the ``started`` went to nobody: a
+        streaming client that left first)."""
+        return self.process is not None and self.process.ran
 
     @property
     def attached(self) -> bool:
@@ -174,9 +182,7 @@ class Tracked:
 
     def respond(self, payload: dict[str, Any]) -> None:
         kind = payload.get("type")
-        if kind == "started":
-            self._started = True
-        elif kind == "finished":
+        if kind == "finished":
             self.finished = payload
             self._end_consumed = self.attached
         if self.mode is Mode.BACKGROUND and kind == "started":
@@ -185,6 +191,7 @@ class Tracked:
             self._client.responder.respond(payload)
 
     def error(self, errnum: int, errstr: str) -> None:
+        self._stream_ended = True
         if errnum != errno.ENODATA:
             self.failure = (errnum, errstr)
         client, self._client = self._client, None
@@ -248,7 +255,11 @@ class Tracked:
         if self.finished is not None:
             self._end_consumed = True
             client.responder.respond(self.finished)
-        if self.reaped:
+        if self.reaped or self._stream_ended:
+            # Ended (its unit may linger, abandoned to the stop timer or a
+            # job's unkillable processes): this attach has the end, and the
+            # process is forgotten once reaped.
+            self._end_consumed = True
             self.error(*(self.failure or (errno.ENODATA, "")))
 
     def drop_client(self, connection_id: int) -> None:
@@ -573,6 +584,10 @@ class TrackedProcesses:
         self._note_unread(tracked)
         if tracked.attached and tracked.process is not None:
             self._attached.setdefault(connection_id, {})[tracked.process] = tracked
+            if connection_id in self._paused:
+                # Its replay filled the connection (which paused before the
+                # process was its own): the live output waits too.
+                tracked.process.pause_output()
         self._forget_if_consumed(tracked)
 
     def _forget_if_consumed(self, tracked: Tracked) -> None:

@@ -142,6 +142,9 @@ class Process:
         self.unit_name = plan.unit_name
         self.pid: int | None = None
         self.status = UnitStatus()
+        #: Its command ran, inside its fence if it has one: ``started`` was
+        #: sent, or would have been to a client that has gone.
+        self.ran = False
         #: The wait status of the main process's exit, as first seen (what
         #: ``finished`` says), kept whatever the unit's later states say
         #: (a reset may clear ExecMain*); ``None`` until it has exited.
@@ -534,6 +537,7 @@ class Process:
         self._note_cgroup(properties, pid)
         problem = self._verify(properties, pid) if self._verify else None
         if problem is None:
+            self.ran = True
             self._once(Sent.STARTED, {"type": "started", "pid": pid})
         else:
             self._sent.add(Sent.STARTED)  # never: the job is refused instead

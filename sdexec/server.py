@@ -615,8 +615,10 @@ class SdexecServer:
 
     def find(self, pid: int | None = None, label: str | None = None) -> Process | None:
         """The process with ``label`` when one is given (its ``pid`` is then
-        ignored, as RFC 42 says), else the one with ``pid``."""
-        for process in self.processes.values():
+        ignored, as RFC 42 says), else the newest with ``pid``: an older one
+        lingers only after its main process exited (its pid may have been
+        reused), and wait and attach name the newest too."""
+        for process in reversed(self.processes.values()):
             if label is not None:
                 if process.label == label:
                     return process

@@ -830,3 +830,119 @@ async def test_an_unread_wait_answer_takes_no_background_slot(systemd):
     assert ("start", "sdexec-x.service") in systemd.calls
     sleeper.close()
     client.close()
+
+
+# -- found by a review (notes/review-session26-B.md) ------------------------
+
+
+def abandoned(systemd, server, client, flags: int, label: str) -> None:
+    """A background process whose unit the stop timer gave up on: its
+    stream ended (EDEADLK, nobody attached), its unit still there."""
+    systemd.stop_to_inactive = True
+    client.bg(flags=flags, label=label, SDEXEC_STOP_TIMER_SEC="1")
+    systemd.run(UNIT, pid=8)
+    systemd.exit(UNIT, 0)
+    systemd.deactivate(UNIT)  # a child lingers
+    server.clock.advance(1)
+    server.clock.advance(1)
+    assert server.drain_reason is not None
+
+
+@pytest.mark.parametrize("flags", [0, WAITABLE], ids=["background", "waitable"])
+@ensureDeferred
+async def test_an_attach_after_the_stream_ended_gets_its_end_at_once(
+    systemd, server, client, flags
+):
+    # The Process sends its end once: an attach after it, its unit still
+    # lingering, got the replay and then nothing, ever (a waitable one
+    # stayed attached, its wait EBUSY).
+    abandoned(systemd, server, client, flags, "a")
+    viewer = Client(server)
+    viewer.send("sdexec.attach", {"label": "a", "flags": 3}, matchtag=1)
+    stream = payloads(viewer.of(1))
+    # (No EOFs: the lingering child holds the outputs open.)
+    assert [p["type"] for p in stream[:-1]] == ["attached", "finished"]
+    assert stream[-1][0] == errno.EDEADLK
+    systemd.release(UNIT)
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    await until(lambda: not server.processes, "reaped")
+    client.send("sdexec.wait", {"label": "a"}, matchtag=2)
+    assert payloads(client.of(2))[0][0] == errno.ESRCH  # the attach had its end
+    assert server.list()["procs"] == []
+    viewer.close()
+
+
+@ensureDeferred
+async def test_an_attach_to_an_unkillable_job_gets_its_edeadlk(systemd, server, client):
+    systemd.stop_to_inactive = True
+    client.bg(flags=WAITABLE, label="j", SDEXEC_JOBID="f1")
+    systemd.run(UNIT, pid=8)
+    server.units[UNIT].unkillable("unkillable user processes for job f1")
+    viewer = Client(server)
+    viewer.send("sdexec.attach", {"label": "j"}, matchtag=1)
+    assert payloads(viewer.of(1))[-1] == (
+        errno.EDEADLK,
+        "unkillable user processes for job f1",
+    )
+    systemd.release(UNIT)
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    await until(lambda: not server.processes, "reaped")
+    assert server.list()["procs"] == []
+    viewer.close()
+
+
+def test_kill_wait_and_attach_by_a_reused_pid_name_the_newest(systemd, server, client):
+    client.bg(label="old", matchtag=1)
+    systemd.run(UNIT, pid=100)
+    systemd.exit(UNIT, 0)
+    systemd.deactivate(UNIT)  # a child lingers: the unit stays, its pid free
+    client.bg(label="new", matchtag=2, SDEXEC_NAME="sdexec-new")
+    systemd.run("sdexec-new.service", pid=100)  # the pid, reused
+    viewer = Client(server)
+    viewer.send("sdexec.attach", {"pid": 100, "flags": 0}, matchtag=1)
+    assert payloads(viewer.of(1))[0]["cmd"]["label"] == "new"
+    client.send("sdexec.kill", {"pid": 100, "signum": 10}, matchtag=4)
+    assert systemd.signalled[-1] == ("sdexec-new.service", 10)
+    viewer.close()
+
+
+@ensureDeferred
+async def test_a_waitable_process_whose_client_left_before_started_keeps_its_end(
+    systemd, server
+):
+    client = Client(server)
+    client.send(
+        "sdexec.exec", {"flags": FLAGS | WAITABLE, "cmd": {**TRUE, "label": "s"}}
+    )
+    client.close()  # before started: SIGKILLed once it runs
+    systemd.run(UNIT, pid=5)  # it did run
+    systemd.change(UNIT, {**EXITED, "ExecMainCode": 2, "ExecMainStatus": 9})
+    systemd.release(UNIT)
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    await until(lambda: not server.processes, "reaped")
+    other = Client(server)
+    other.send("sdexec.wait", {"label": "s"})
+    assert payloads(other.responses())[0]["status"] == signal.SIGKILL
+    other.close()
+
+
+@ensureDeferred
+async def test_an_attach_whose_replay_fills_its_connection_pauses_the_process(
+    systemd, server, client
+):
+    # The connection paused while the replay was written, before the
+    # process was its own: the live output must wait as well.
+    client.bg(label="a")
+    systemd.run(UNIT, pid=8)
+    tracked = tracked_of(server)
+    line = b"y" * 1023 + b"\n"
+    for count in range(1, 6):  # 300 KiB: more than the connection's 256 KiB
+        produce(systemd, "stdout", line * 60)
+        await until(
+            lambda count=count: tracked.retained.held == count * 60 * 1024, "retained"
+        )
+    viewer = unreading_client(server)
+    viewer.send("sdexec.attach", {"label": "a", "flags": 1}, matchtag=1)
+    assert viewer.protocol._paused
+    assert server.units[UNIT].output._client_paused
+    viewer.close()

@@ -18,8 +18,9 @@ their connection, answers ``wait`` and ``attach``, and keeps the ended
 waitable ones. The server's process table keys a background process by
 ``(NO_CLIENT, serial)``: it belongs to no connection.
 
-A ``wait`` answer and an ``attach`` replay are written whole, up to 8 times
-``retained-output`` as JSON, whether the client reads them or not. So that
+A ``wait`` answer and an ``attach`` replay are written whole, up to 8 and 11
+times ``retained-output`` as JSON (a replay is a message per run of one
+stream), whether the client reads them or not. So that
 ``max-waitable`` and ``max-background`` still bound that memory, a process
 forgotten while its answer or replay waits unread in a paused connection
 (paused when it was written, and not resumed since) keeps the slot it held
@@ -427,8 +428,8 @@ class TrackedProcesses:
     def _check_waitable_room(self, max_waitable: int) -> None:
         # Refused, not evicted: dropping the oldest ended one would lose a
         # status somebody may still wait for. Each ended one holds up to
-        # retained-output bytes, and each answer not yet read up to 8 times
-        # that as JSON, so this bounds the memory they take.
+        # retained-output bytes, and each answer (or replay) not yet read up
+        # to 8 (11) times that as JSON, so this bounds the memory they take.
         held = self.waitable_held()
         if held >= max_waitable:
             raise RequestError(
@@ -440,7 +441,7 @@ class TrackedProcesses:
 
     def _check_background_room(self, max_background: int) -> None:
         # Each holds up to retained-output bytes while it runs, and an
-        # attach's replay not yet read up to 8 times that: without a bound
+        # attach's replay not yet read up to 11 times that: without a bound
         # on their number, that memory had none.
         running = sum(1 for tracked in self._tracked.values() if tracked.background)
         running += self._unread_slots("background")

@@ -21,8 +21,9 @@ stderr, interleaved in the order they were produced, within a size from
   still counted byte-exactly as dropped.
 
 Memory held: the data, in a ring ``bytearray`` that grows by doubling up to
-exactly ``size`` bytes and no further, and the run table (8 bytes a run, at
-most ``size // 4 + 512`` bytes, usually a few entries), plus a few hundred bytes.
+exactly ``size`` bytes and no further, and the run table (8 bytes a run; the
+runs already dropped stay until they are half of it, so at most
+``size // 2 + 1024`` bytes, usually a few entries), plus a few hundred bytes.
 """
 
 from __future__ import annotations

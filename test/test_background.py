@@ -946,3 +946,21 @@ async def test_an_attach_whose_replay_fills_its_connection_pauses_the_process(
     assert viewer.protocol._paused
     assert server.units[UNIT].output._client_paused
     viewer.close()
+
+
+def test_an_attach_replay_stays_within_11_times_retained_output(systemd):
+    # A message per run: output alternating streams in 32-byte runs of
+    # control characters is the costliest replay (docs/protocol.md).
+    size = 64 * 1024
+    server = make_server(systemd, **{"retained-output": str(size)})
+    client = Client(server)
+    client.bg(label="a")
+    systemd.run(UNIT, pid=8)
+    run = b"\x01" * 31 + b"\n"
+    for index in range(size // len(run) * 2):
+        tracked_of(server).retained.append(("stdout", "stderr")[index % 2], run)
+    viewer = Client(server)
+    viewer.send("sdexec.attach", {"label": "a"}, matchtag=1)
+    assert 8 * size < len(viewer.transport.value()) <= 11 * size
+    viewer.close()
+    client.close()

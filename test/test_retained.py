@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sdexec.ioencode import decode_io
-from sdexec.retained import RetainedOutput, parse_retained_size
+from sdexec.retained import STREAMS, RetainedOutput, parse_retained_size
 
 KIB = 1024
 
@@ -164,3 +164,14 @@ def test_config_value(value: object, size: int) -> None:
 def test_bad_config_value_names_the_key(value: object) -> None:
     with pytest.raises(ValueError, match="retained-output: "):
         parse_retained_size(value)
+
+
+def test_the_run_table_stays_within_its_documented_bound():
+    # Dropped runs stay until they are half the table: twice the runs kept.
+    size = 1 << 20
+    buffer = RetainedOutput(size)
+    most = 0
+    for index in range(200_000):
+        buffer.append(STREAMS[index % 2], b"x")
+        most = max(most, len(buffer._runs) * buffer._runs.itemsize)
+    assert size // 4 < most <= size // 2 + 1024

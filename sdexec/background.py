@@ -36,8 +36,8 @@ import dataclasses
 import enum
 import errno
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Literal, NamedTuple, Protocol, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Literal, NamedTuple, Protocol
 
 from sdexec.ioencode import encode_io
 from sdexec.limits import check_text
@@ -71,7 +71,6 @@ NO_CLIENT = 0
 _OUTPUT_FLAGS = ExecFlag.STDOUT | ExecFlag.STDERR
 
 ProcessKey = tuple[int, int]
-_T = TypeVar("_T")
 
 
 class _Slot(NamedTuple):
@@ -605,19 +604,39 @@ class TrackedProcesses:
         untracked: str,
         missing: int = errno.ENOENT,
     ) -> Tracked:
-        """The process with ``label`` (if given) or else ``pid``, newest
-        first; ``missing`` (RFC 42's ENOENT for an attach) if there is none,
-        ``errnum`` (saying ``untracked``) if it is a plain streaming process."""
-        for process in _newest_first(self._live.values()):
-            if _matches(process.label, process.pid, pid, label):
-                tracked = self._tracked.get(process)
-                if tracked is None:
-                    raise RequestError(errnum, f"{_target(pid, label)}: {untracked}")
-                return tracked
-        for tracked in _newest_first(self._ended):
-            if _matches(tracked.label, tracked.pid, pid, label):
-                return tracked
-        raise RequestError(missing, f"{_target(pid, label)}: no such process")
+        """The process with ``label`` (if given) or else the newest with
+        ``pid``, running or ended; ``missing`` (RFC 42's ENOENT for an
+        attach) if there is none, ``errnum`` (saying ``untracked``) if it is
+        a plain streaming process."""
+        newest = self._newest(pid, label)
+        if newest is None:
+            raise RequestError(missing, f"{_target(pid, label)}: no such process")
+        tracked = self._tracked.get(newest) or self._ended_of(newest)
+        if tracked is None:
+            raise RequestError(errnum, f"{_target(pid, label)}: {untracked}")
+        return tracked
+
+    def newest_is_ended(self, process: Process) -> bool:
+        """Whether an ended process kept here was made after ``process``
+        with its pid (reused: ``process`` is not the one that pid names)."""
+        newest = self._newest(process.pid, None)
+        return newest is not None and newest.serial > process.serial
+
+    def _newest(self, pid: int | None, label: str | None) -> Process | None:
+        """The newest process, running or ended and kept, with ``label`` (if
+        given) or else ``pid``."""
+        processes = [
+            *self._live.values(),
+            *(tracked.process for tracked in self._ended if tracked.process),
+        ]
+        return max(
+            (p for p in processes if _matches(p.label, p.pid, pid, label)),
+            key=lambda process: process.serial,
+            default=None,
+        )
+
+    def _ended_of(self, process: Process) -> Tracked | None:
+        return next((t for t in self._ended if t.process is process), None)
 
 
 def _check_target(payload: Any, topic: str) -> tuple[int | None, str | None]:
@@ -650,7 +669,3 @@ def _matches(
 
 def _target(pid: int | None, label: str | None) -> str:
     return f"label {label!r}" if label is not None else f"pid {pid}"
-
-
-def _newest_first(items: Iterable[_T]) -> list[_T]:
-    return list(reversed(list(items)))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import errno
 import functools
+import itertools
 import signal
 import socket
 from collections.abc import Callable
@@ -52,6 +53,10 @@ STREAMS = ("stdin", "stdout", "stderr")
 #: Signals a process that has not started yet holds for its start; more
 #: are EAGAIN (each is a request's answer, waiting).
 MAX_EARLY_KILLS = 64
+
+
+#: Each Process's place in the order they were made (:attr:`Process.serial`).
+_MADE = itertools.count()
 
 
 class Responder(Protocol):
@@ -142,6 +147,9 @@ class Process:
         self.unit_name = plan.unit_name
         self.pid: int | None = None
         self.status = UnitStatus()
+        #: The order it was made in: the newest of processes sharing a pid
+        #: (one reused while an older unit lingers) has the highest.
+        self.serial = next(_MADE)
         #: Its command ran, inside its fence if it has one: ``started`` was
         #: sent, or would have been to a client that has gone.
         self.ran = False

@@ -614,17 +614,21 @@ class SdexecServer:
         return iter(list(self._by_connection.get(connection_id, {}).values()))
 
     def find(self, pid: int | None = None, label: str | None = None) -> Process | None:
-        """The process with ``label`` when one is given (its ``pid`` is then
-        ignored, as RFC 42 says), else the newest with ``pid``: an older one
-        lingers only after its main process exited (its pid may have been
-        reused), and wait and attach name the newest too."""
-        for process in reversed(self.processes.values()):
-            if label is not None:
-                if process.label == label:
-                    return process
-            elif pid is not None and process.pid == pid:
-                return process
-        return None
+        """The running process with ``label`` when one is given (its ``pid``
+        is then ignored, as RFC 42 says), else the newest with ``pid``; none
+        if the newest with that pid has ended (kept for a wait). An older
+        one lingers only after its main process exited, and its pid may have
+        been reused: wait and attach name the newest too."""
+        if label is not None:
+            return next((p for p in self.processes.values() if p.label == label), None)
+        newest = max(
+            (p for p in self.processes.values() if p.pid == pid),
+            key=lambda process: process.serial,
+            default=None,
+        )
+        if newest is None or self.tracked.newest_is_ended(newest):
+            return None
+        return newest
 
     def kill(self, payload: dict) -> defer.Deferred[dict] | AwaitingStart:
         """Signal a process by ``pid`` or ``label``: a Deferred, or an

@@ -907,6 +907,27 @@ def test_kill_wait_and_attach_by_a_reused_pid_name_the_newest(systemd, server, c
 
 
 @ensureDeferred
+async def test_a_reused_pid_names_the_newest_also_once_it_has_ended(
+    systemd, server, client
+):
+    # The newest with pid 100 ended (kept for a wait): wait and attach name
+    # it, and a kill must not signal the older unit lingering with that pid.
+    client.bg(label="old", matchtag=1)
+    systemd.run(UNIT, pid=100)
+    systemd.exit(UNIT, 0)
+    systemd.deactivate(UNIT)  # a child lingers: the unit stays, its pid free
+    client.bg(flags=WAITABLE, label="new", matchtag=2, SDEXEC_NAME="sdexec-new")
+    systemd.run("sdexec-new.service", pid=100)
+    systemd.exit("sdexec-new.service", 3)
+    await until(lambda: len(server.processes) == 1, "the new one reaped")
+    client.send("sdexec.kill", {"pid": 100, "signum": 10}, matchtag=3)
+    assert payloads(client.of(3))[0][0] == errno.ESRCH
+    assert systemd.signalled == []
+    client.send("sdexec.wait", {"pid": 100}, matchtag=4)
+    assert payloads(client.of(4))[0]["status"] == 3 << 8
+
+
+@ensureDeferred
 async def test_a_waitable_process_whose_client_left_before_started_keeps_its_end(
     systemd, server
 ):

@@ -90,9 +90,8 @@ CONTAINMENT_PROPERTIES = frozenset(
 #: unit's processes on its own while the timer escalates.
 STOP_PROPERTIES = frozenset({"KillMode", "SendSIGKILL", "TimeoutStopUSec"})
 
-#: A control character other than tab: one systemd would write verbatim
-#: into a unit's file (a line break there starts a new setting).
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+#: What ends a line of a unit's file for systemd's reader.
+_LINE_BREAK = re.compile(r"[\n\r]")
 _UNSIGNED = re.compile(r"[0-9]+")
 _SIGNED = re.compile(r"[-+]?[0-9]+")
 _TRUE = frozenset({"1", "yes", "true", "on"})
@@ -259,14 +258,16 @@ def unit_file_problem(value: str) -> str | None:
     section there, and a backslash at its end joins the next setting to it
     (systemd issue #30187: the running command then vanishes from the
     unit)."""
-    control = _CONTROL.search(value)
-    if control is not None:
+    line_break = _LINE_BREAK.search(value)
+    if line_break is not None:
         return (
-            f"control character {control.group()!r} at {control.start()}: systemd"
-            " writes the value unescaped into the unit's file, which holds one"
-            " setting per line of text"
+            f"line break {line_break.group()!r} at {line_break.start()}: systemd"
+            " writes the value unescaped into the unit's file, where the rest"
+            " would be a setting of its own"
         )
-    if value.endswith("\\"):
+    # systemd's reader joins the next line to one that ends in an escape:
+    # an odd run of backslashes.
+    if (len(value) - len(value.rstrip("\\"))) % 2:
         return (
             "ends with a backslash: systemd writes the value unescaped into the"
             " unit's file, where it would join the next setting to this one"

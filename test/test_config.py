@@ -376,7 +376,7 @@ def test_reserved_are_what_sdexec_sets_itself():
         ("CPUWeight", "abc", "'abc' is not a decimal integer"),
         ("SendSIGHUP", "maybe", "'maybe' is not a boolean"),
         ("AllowedMemoryNodes", "x", ""),
-        ("ProtectSystem", "strict\n[Service]", "control character '\\n' at 6"),
+        ("ProtectSystem", "strict\n[Service]", "line break '\\n' at 6"),
     ],
 )
 def test_property_typed_as_requests_are(name, value, why):

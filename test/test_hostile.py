@@ -315,7 +315,7 @@ def test_a_line_break_for_the_unit_s_file_is_einval_naming_it(
     # the request would add settings of its own (read at daemon-reload).
     errnum, errstr = exec_refused(server, connection, {**TRUE, **change})
     assert errnum == errno.EINVAL
-    assert errstr.startswith(f"{field}: control character '\\n' at ")
+    assert errstr.startswith(f"{field}: line break '\\n' at ")
 
 
 @pytest.mark.parametrize(("change", "field"), BAD_STRINGS)

@@ -58,7 +58,11 @@ def _root_cgroup(root: str, unified: bool) -> str | None:
     entries = process_cgroups(1, root)
     if entries is None:
         return None
-    hybrid = os.path.isdir(os.path.join(root, "sys/fs/cgroup/unified"))
+    # A v2 hierarchy mounted there, as systemd checks (not the bare
+    # directory a container's template may hold).
+    hybrid = os.path.exists(
+        os.path.join(root, "sys/fs/cgroup/unified/cgroup.controllers")
+    )
     wanted = "" if unified or hybrid else "name=systemd"
     path = next((path for controllers, path in entries if controllers == wanted), None)
     if path is None:

@@ -451,3 +451,27 @@ def test_a_job_whose_client_left_is_not_declared_unkillable(make_server):
     assert server.drain_reason is None
     assert server.jobs.jobs["f1"].termination.step is TerminationStep.EXITED
     assert server.jobs.jobs["f1"].termination.next_at is None
+
+
+def test_a_job_whose_exit_a_reset_cleared_has_still_exited(make_server):
+    # Its client gone (so its `finished` reaches nobody), its unit failed
+    # and was reset; should the reset clear ExecMain* (the model the
+    # service keeps), the job has exited all the same: no termination
+    # sequence for it, while a child still holds its outputs.
+    server, systemd, clock = make_server()
+    start_job(server, systemd)
+    server.units[UNIT].client_gone()
+    systemd.kills_at.clear()  # the main process's SIGKILL
+    failed = {"ActiveState": "failed", "SubState": "failed", "Result": "exit-code"}
+    systemd.change(UNIT, {**failed, "ExecMainCode": 1, "ExecMainStatus": 1})
+    assert ("reset", UNIT) in systemd.calls
+    systemd.change(UNIT, {**failed, "ExecMainCode": 0, "ExecMainStatus": 0})
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    assert server.processes  # its outputs still open
+    with pytest.raises(RequestError) as late:
+        server.terminate({"jobid": "f1", "reason": "cancel"})
+    assert (late.value.errnum, late.value.errstr) == (
+        errno.ESRCH,
+        "job f1 has already exited",
+    )
+    assert systemd.kills_at == []

@@ -60,7 +60,17 @@ def test_a_v1_limit_is_read_where_name_systemd_puts_pid1(tmp_path):
 
 def test_a_hybrid_node_finds_pid1_on_its_v2_line(tmp_path):
     pid1 = "1:name=systemd:/other\n0::/lxc/c2/init.scope\n"
-    files = {"memory/lxc/c2/memory.limit_in_bytes": f"{LIMIT}"}
+    files = {
+        "memory/lxc/c2/memory.limit_in_bytes": f"{LIMIT}",
+        "unified/cgroup.controllers": "",
+    }
+    assert physical_memory(tree(tmp_path, pid1, files)) == LIMIT // PAGE * PAGE
+
+
+def test_a_bare_unified_directory_is_not_a_hybrid_node(tmp_path):
+    # No v2 hierarchy mounted there: systemd takes name=systemd's path.
+    pid1 = "1:name=systemd:/lxc/c3\n0::/elsewhere\n"
+    files = {"memory/lxc/c3/memory.limit_in_bytes": f"{LIMIT}"}
     root = tree(tmp_path, pid1, files, dirs=["unified"])
     assert physical_memory(root) == LIMIT // PAGE * PAGE
 

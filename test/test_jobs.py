@@ -458,7 +458,7 @@ def test_a_job_whose_exit_a_reset_cleared_has_still_exited(make_server):
     # and was reset; should the reset clear ExecMain* (the model the
     # service keeps), the job has exited all the same: no termination
     # sequence for it, while a child still holds its outputs.
-    server, systemd, clock = make_server()
+    server, systemd, _ = make_server()
     start_job(server, systemd)
     server.units[UNIT].client_gone()
     systemd.kills_at.clear()  # the main process's SIGKILL

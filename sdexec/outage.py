@@ -60,5 +60,15 @@ class SystemdOutage:
 
     def _drain(self, reason: str) -> None:
         self._timer = None
+        if self._server.drain_reason is not None:
+            # Drained already, for what only an admin clears (unkillable
+            # processes, a fence not enforced) or leftovers clear: the
+            # return must not undo that by undoing this.
+            log.warn(
+                "{reason}; the node stays drained: {drained}",
+                reason=reason,
+                drained=self._server.drain_reason,
+            )
+            return
         self._drain_reason = reason
         self._server.drain(reason)

@@ -89,6 +89,15 @@ def test_another_drain_is_not_undone_by_the_return(systemd, server):
     assert server.drain_reason == "unkillable user processes in unit x.service"
 
 
+def test_a_drain_from_before_a_long_outage_outlives_its_return(systemd, server):
+    # The outage's drain used to replace it, and the return to clear that.
+    server.drain("unkillable user processes in unit x.service")
+    systemd.lose()
+    server.clock.advance(10)
+    systemd.restore()
+    assert server.drain_reason == "unkillable user processes in unit x.service"
+
+
 def test_a_surviving_unit_keeps_its_stream(systemd, server, connection):
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT)

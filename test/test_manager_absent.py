@@ -22,11 +22,13 @@ SYSTEMD = "org.freedesktop.systemd1"
 class FakeBus:
     """What SystemdClient uses of a connected dbus-fast MessageBus; every
     method call (the Subscribe to a returned manager, the Get of its
-    cgroup) succeeds."""
+    cgroup) succeeds, but those ``answers`` script (member → a function of
+    the call, returning the reply)."""
 
-    def __init__(self) -> None:
+    def __init__(self, answers: dict | None = None) -> None:
         self.handlers: list = []
         self.calls: list[str] = []
+        self.answers = dict(answers or {})
         self._closed = asyncio.get_running_loop().create_future()
 
     @property
@@ -35,6 +37,9 @@ class FakeBus:
 
     async def call(self, message: Message) -> Message:
         self.calls.append(message.member)
+        answer = self.answers.get(message.member)
+        if answer is not None:
+            return answer(message)
         return Message(message_type=MessageType.METHOD_RETURN, reply_serial=1)
 
     @property
@@ -114,3 +119,62 @@ async def test_a_manager_back_in_time_keeps_the_bus():
     clock.advance(MANAGER_ABSENT_S)
     assert not bus.disconnected
     client.disconnect()
+
+
+def failed(name: str) -> Message:
+    return Message(
+        message_type=MessageType.ERROR, reply_serial=1, error_name=name,
+        signature="s", body=[name],
+    )  # fmt: skip
+
+
+@ensureDeferred
+async def test_a_manager_that_leaves_while_being_subscribed_is_not_back():
+    # A crash loop: the manager answers Subscribe, then leaves before the
+    # Get of its cgroup is answered. Taken for back, the client cancelled
+    # the absent check and never subscribed the next manager.
+    def get_then_leave(message: Message) -> Message:
+        del bus.answers["Get"]  # the next manager answers it
+        bus.owner_changed(":1.9", "")
+        return failed("org.freedesktop.DBus.Error.NoReply")
+
+    bus, clock = FakeBus({"Get": get_then_leave}), Clock()
+    client = connected_client(bus, clock)
+    restored: list[bool] = []
+    client.on_restored = lambda: restored.append(True)
+    bus.owner_changed(":1.5", "")
+    bus.owner_changed("", ":1.9")
+    await until(lambda: bus.calls == ["Subscribe", "Get"], "subscribed, then left")
+    assert not client.connected and restored == []
+    assert client._absent_timer is not None and client._absent_timer.active()
+    bus.owner_changed("", ":1.10")  # one comes back for good
+    await until(lambda: restored, "the next manager subscribed")
+    assert client.connected and bus.calls.count("Subscribe") == 2
+
+
+@ensureDeferred
+async def test_a_re_executed_manager_whose_subscribe_fails_is_tried_again():
+    # Its owner goes straight from the old to the new: no departure arms
+    # the absent check, and nothing else would have retried.
+    bus, clock = FakeBus({"Subscribe": lambda _: failed("org.example.Busy")}), Clock()
+    client = connected_client(bus, clock)
+    bus.owner_changed(":1.5", ":1.9")
+    await until(lambda: bus.calls == ["Subscribe"], "the Subscribe failed")
+    assert not client.connected
+    clock.advance(MANAGER_ABSENT_S)
+    assert bus.disconnected  # the backoff reconnects to the bus address
+
+
+@ensureDeferred
+async def test_a_call_on_a_bus_closed_but_not_yet_heard_of_fails_at_once():
+    # dbus-fast closes the bus a loop pass or two before the client hears
+    # of it: a call sent meanwhile would never be answered, its window slot
+    # taken for good.
+    bus, clock = FakeBus(), Clock()
+    client = connected_client(bus, clock)
+    bus.disconnect()
+    outcome = []
+    client.kill_unit("x.service", "all", 15).addBoth(outcome.append)
+    await until(lambda: outcome, "the call ended")
+    assert "reconnecting to systemd" in str(outcome[0].value)
+    assert client.window.in_flight == 0

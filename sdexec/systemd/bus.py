@@ -37,7 +37,12 @@ from twisted.python.failure import Failure
 from sdexec.config import DEFAULT_MAX_INFLIGHT
 from sdexec.property import FD_PROPERTIES, UnitProperty
 from sdexec.refusal import quoted
-from sdexec.systemd.errors import SystemdError, connection_lost, reconnecting
+from sdexec.systemd.errors import (
+    SystemdError,
+    connection_lost,
+    is_connection_lost,
+    reconnecting,
+)
 from sdexec.systemd.retry import Backoff
 from sdexec.systemd.watch import UnitWatch, WatchRegistry
 from sdexec.systemd.window import CallWindow
@@ -247,6 +252,9 @@ class SystemdClient:
         self._backoff = Backoff(clock, self._reconnect, "reconnecting to systemd")
         self._clock = clock
         self._absent_timer: IDelayedCall | None = None
+        #: How many times a manager has left the bus: a subscription made
+        #: while one left again is not a manager back.
+        self._departures = 0
         self._adopt(bus)
 
     @classmethod
@@ -322,7 +330,9 @@ class SystemdClient:
             body = await self._call(
                 SYSTEMD, MANAGER_PATH, PROPERTIES, "Get", "ss", asked
             )
-        except SystemdError:
+        except SystemdError as error:
+            if is_connection_lost(error) or error.name == SERVICE_UNKNOWN:
+                raise  # the manager itself is gone, not its property
             return None
         value = body[0].value if body and isinstance(body[0], Variant) else None
         return value if isinstance(value, str) else None
@@ -360,6 +370,7 @@ class SystemdClient:
             bus.disconnect()
             return
         self._adopt(bus)
+        departures = self._departures
         try:
             await self._add_matches()
             await self._subscribe()
@@ -375,7 +386,7 @@ class SystemdClient:
         except BaseException:
             self._give_up(bus)
             raise
-        self._restored()
+        self._subscribed(departures)
 
     def _give_up(self, bus: MessageBus) -> None:
         if bus is self._bus:
@@ -385,13 +396,27 @@ class SystemdClient:
     def _manager_appeared(self) -> None:
         if self.connected or self._bus is None:
             return
+        departures = self._departures
         Deferred.fromFuture(asyncio.ensure_future(self._subscribe())).addCallbacks(
-            lambda _: self._restored(),
-            lambda failure: log.warn(
-                "Subscribe to the returned systemd manager failed: {error}",
-                error=failure.getErrorMessage(),
-            ),
+            lambda _: self._subscribed(departures), self._subscribe_failed
         )
+
+    def _subscribed(self, departures: int) -> None:
+        """Subscribed to a manager: back, unless a manager left the bus
+        meanwhile (a crash loop); then the next one is waited for."""
+        if self._departures != departures:
+            self._arm_absent_check()
+            return
+        self._restored()
+
+    def _subscribe_failed(self, failure: Failure) -> None:
+        log.warn(
+            "Subscribe to the returned systemd manager failed: {error}",
+            error=failure.getErrorMessage(),
+        )
+        # Nothing else would try again where the owner stays (a re-executed
+        # manager): the absent check reconnects to the bus address.
+        self._arm_absent_check()
 
     def _arm_absent_check(self) -> None:
         """Reconnect to the bus address if the manager is not back on this
@@ -561,7 +586,10 @@ class SystemdClient:
         autostart=False,
     ) -> list[Any]:
         bus = self._bus
-        if bus is None:
+        # A bus dbus-fast has closed, before _bus_closed hears of it (a
+        # loop pass or two): its reply would never come, and the call's
+        # window slot would stay taken.
+        if bus is None or bus._disconnected:
             raise reconnecting()
         started = time.monotonic()
         message = Message(
@@ -629,6 +657,7 @@ class SystemdClient:
         (``daemon-reexec``: one owner straight to the next). A new owner
         knows nothing of our subscription or of what we missed."""
         if old_owner:
+            self._departures += 1
             self._lose("the systemd manager left the bus")
         if new_owner:
             self._manager_appeared()

@@ -414,7 +414,11 @@ class SdexecServer:
         # connection, so that no client's disconnect or key can touch it.
         key = self.tracked.new_key()
         try:
-            self._new_process(key, plan, responder).start()
+            canary = self._new_process(key, plan, responder)
+            # Its unit carries the service's mark: a leftover scan while it
+            # runs must know it for the service's own.
+            self.units[plan.unit_name] = canary
+            canary.start()
         except OSError as error:  # no fds left for its channels (EMFILE)
             self._untable(key)
             problem = f"DevicePolicy could not be verified: {error}"

@@ -32,11 +32,13 @@ from sdexec.devicefence import (
     canary_plan,
     canary_verdict,
 )
+from sdexec.leftovers import Leftovers, owner_marks
 from sdexec.plan import RequestError
+from sdexec.property import UnitProperty
 from sdexec.server import SdexecServer
 from sdexec.systemd import SystemdError
 from sdexec.systemd.unit import wait_status
-from sdexec.testing import EXITED, INACTIVE, FakeManager
+from sdexec.testing import EXITED, INACTIVE, RUNNING, FakeManager
 
 NOT_ENFORCED = (
     "DevicePolicy not enforced: the user manager cannot load device filters;"
@@ -274,6 +276,29 @@ async def test_a_canary_with_no_verdict_times_out_and_is_stopped():
     assert ("stop", canary_unit(systemd)) in systemd.calls
     assert server.drain_reason == problem
     await reaped(server)  # stopped to inactive, fds released, reaped
+
+
+@ensureDeferred
+async def test_a_leftover_scan_while_the_canary_runs_knows_it_for_its_own():
+    # It carries the service's mark: a scan (after a reconnection, say)
+    # took it for a leftover, failed on its watch, and adopted nothing.
+    server, systemd, _ = offline_server()
+    marks = owner_marks("unix:/run/user/1000/sdexec/sdexec.sock")
+    server.unit_mark = marks[0]
+    server.leftovers = Leftovers(systemd, server, marks)
+    server.verify_devices()
+    canary = canary_unit(systemd)
+    systemd.run(canary)
+    systemd.units["old.service"] = {**RUNNING, "ExecMainPID": 77}
+    systemd.properties["old.service"] = [
+        UnitProperty("Description", "s", f"sleep 300{marks[0]}")
+    ]
+    outcome: list = []
+    server.leftovers.scan().addBoth(outcome.append)
+    assert outcome == [None]
+    stopped = [unit for call, unit, *_ in systemd.calls if call == "stop"]
+    assert stopped == ["old.service"]
+    await server.shutdown(grace=10)
 
 
 @ensureDeferred

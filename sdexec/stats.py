@@ -116,6 +116,17 @@ class _StatsChannel(HTTPChannel):
 
     #: Closed to make room, and not gone yet (its descriptor is still open).
     evicted = False
+    #: Its transport holds more unwritten than it takes at once (it paused
+    #: this producer): the client is not reading its answers.
+    answers_unread = False
+
+    def pauseProducing(self) -> None:
+        self.answers_unread = True
+        super().pauseProducing()
+
+    def resumeProducing(self) -> None:
+        self.answers_unread = False
+        super().resumeProducing()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self.site.channels.pop(self, None)
@@ -134,10 +145,17 @@ class _StatsChannel(HTTPChannel):
     def allHeadersReceived(self) -> None:
         # Only GET is served, and Twisted would keep a body however large
         # (in a temporary file from 100 kB on): refused unread, and closed.
+        assert self.transport is not None  # headers came through it
         if self.length != 0:  # a Content-Length, or None: chunked
-            assert self.transport is not None  # headers came through it
             self.transport.write(_TOO_LARGE)
             self.transport.loseConnection()
+            return
+        if self.answers_unread:
+            # Requests sent ahead (pipelined) while the answers go unread:
+            # Twisted would answer every one it has read into the write
+            # buffer, a copy of the whole table each (a 64 KiB write of
+            # requests held 2800). Closed instead.
+            cast(ITCPTransport, self.transport).abortConnection()
             return
         if self in self.site.channels:
             # Being served (/metrics renders in a thread): not to be closed

@@ -333,3 +333,37 @@ def test_stats_are_rendered_as_indented_json():
     assert json.loads(body) == stats
     assert body.startswith(b'{\n  "procs": [\n    {\n      "pid": 7,')
     assert body.endswith(b"\n}\n")
+
+
+@ensureDeferred
+async def test_requests_sent_ahead_of_unread_answers_close_the_connection():
+    # A 64 KiB write of pipelined requests, never read: Twisted answered
+    # each into the write buffer, a copy of the table per request.
+    site = stats_site(lambda: {"table": "x" * 100_000})
+    built: list = []
+    build = site.buildProtocol
+    site.buildProtocol = lambda addr: built.append(addr) or build(addr)
+    port = reactor.listenTCP(0, site, interface="127.0.0.1")
+    client = socket.socket()
+    try:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(("127.0.0.1", port.getHost().port))
+        request = b"GET /stats HTTP/1.1\r\n\r\n"
+        client.sendall(request * (65536 // len(request)))
+        for _ in range(500):
+            if built and not site.channels:
+                break
+            await deferLater(reactor, 0.01)
+        # Closed, not answering into the buffer (it held 283 MB in 0.5 s).
+        assert built and site.channels == {}
+    finally:
+        client.close()
+        await port.stopListening()
+
+
+@ensureDeferred
+async def test_pipelined_requests_whose_answers_are_read_are_all_answered(site_port):
+    _site, port = site_port
+    ahead = b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n" * 3 + GET
+    answer = await deferToThread(exchange, port, ahead)
+    assert answer.count(b"HTTP/1.1 200") == 4

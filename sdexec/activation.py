@@ -19,6 +19,7 @@ from typing import Any
 
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IStreamServerEndpoint
+from zope.interface import implementer
 
 __all__ = [
     "check_systemd_endpoint",
@@ -95,12 +96,42 @@ def with_backlog(description: str, backlog: int) -> str:
 
 def server_endpoint(reactor: Any, description: str) -> IStreamServerEndpoint:
     """``serverFromString``, with a clear ValueError when a ``systemd:``
-    endpoint names a socket this process did not inherit."""
+    endpoint names a socket this process did not inherit; an inherited
+    socket's path is left in place when it stops listening."""
     try:
-        return serverFromString(reactor, description)
+        endpoint = serverFromString(reactor, description)
     except (IndexError, KeyError):
         if not is_systemd_endpoint(description):
             raise
         raise ValueError(
             f"{description}: no such inherited socket. {_WHAT_IS_NEEDED}"
         ) from None
+    return _Inherited(endpoint) if is_systemd_endpoint(description) else endpoint
+
+
+@implementer(IStreamServerEndpoint)
+class _Inherited:
+    """A ``systemd:`` endpoint whose socket goes on listening, at its path,
+    once the service stops listening: it is the ``.socket`` unit's, there
+    for the next start (a stopped service shut it down and unlinked its
+    path: nobody could connect, nor start the service again)."""
+
+    def __init__(self, endpoint: IStreamServerEndpoint) -> None:
+        self._endpoint = endpoint
+
+    def listen(self, factory: Any) -> Any:
+        return self._endpoint.listen(factory).addCallback(_keep_path)
+
+
+def _keep_path(port: Any) -> Any:
+    # When a Twisted port stops listening it shuts its socket down, which
+    # stops it listening for every holder of it, systemd's copy too; and a
+    # UNIX port unlinks the path it is bound to (unix.Port.connectionLost),
+    # an adopted socket's too, but leaves an abstract name alone.
+    port._shouldShutdown = False
+    bound = getattr(port, "_bindPath", None)
+    if isinstance(bound, str) and bound[:1] != "\0":
+        port._bindPath = "\0" + bound
+    elif isinstance(bound, bytes) and bound[:1] != b"\0":
+        port._bindPath = b"\0" + bound
+    return port

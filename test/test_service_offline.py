@@ -16,7 +16,9 @@ from pytest_twisted import ensureDeferred
 from support import until
 from test_leftovers import leftover
 from twisted.internet import defer, reactor
+from twisted.internet.endpoints import _SystemdParser
 from twisted.internet.task import Clock
+from twisted.python.systemd import ListenFDs
 
 from sdexec.client import connect
 from sdexec.config import ConfigError, load_config, parse_config
@@ -455,3 +457,33 @@ async def test_a_sighup_while_starting_reloads_once_listening(tmp_path):
         await service.stopService()
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+@ensureDeferred
+async def test_a_stop_leaves_the_inherited_socket_listening_at_its_path(
+    tmp_path, monkeypatch
+):
+    # The socket is the .socket unit's, there for the next start: a stop
+    # shut it down and unlinked its path (no client could connect, and
+    # activation could never start the service again).
+    path = tmp_path / "sdexec.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # systemd's
+    listener.bind(str(path))
+    listener.listen(16)
+    inherited = os.dup(listener.fileno())
+    monkeypatch.setattr(_SystemdParser, "_sddaemon", ListenFDs([inherited], ["sdexec"]))
+    service = SdexecService(
+        parse_config({}),
+        reactor,
+        listen="systemd:domain=UNIX:name=sdexec",
+        stats="tcp:0:interface=127.0.0.1",
+        connect=lambda: defer.succeed(FakeManager()),
+    )
+    try:
+        service.startService()
+        await service.ready
+        await service.stopService()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(str(path))  # refused, or no such file, before
+    finally:
+        listener.close()

@@ -64,7 +64,9 @@ class SystemdNotifier:
         raised: systemd not listening must not stop the service."""
         if self.address is None:
             return
-        message = "\n".join(f"{key}={value}" for key, value in fields.items())
+        message = "\n".join(
+            f"{key}={_one_line(value)}" for key, value in fields.items()
+        )
         try:
             if self._socket is None:
                 self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -78,6 +80,12 @@ class SystemdNotifier:
         if self._socket is not None:
             self._socket.close()
             self._socket = None
+
+
+def _one_line(value: object) -> str:
+    """A value as one line: systemd reads a line per assignment, and a
+    status may quote request text (a drain naming a job id)."""
+    return str(value).replace("\r", "\\r").replace("\n", "\\n")
 
 
 def describe_server(stats: dict[str, Any]) -> str:

@@ -85,6 +85,16 @@ def test_status_is_sent_only_when_it_changes(notify_socket):
     assert clock.getDelayedCalls() == []
 
 
+def test_a_status_quoting_a_line_break_stays_one_assignment(notify_socket):
+    # A drain reason names a job id a request gave: its line break would
+    # have been an assignment of its own (STOPPING=1, READY=1…).
+    notifier = SystemdNotifier({"NOTIFY_SOCKET": str(notify_socket.path)})
+    notifier.notify(STATUS="drained: unkillable job f1\nSTOPPING=1")
+    assert notify_socket.messages() == [
+        {"STATUS": "drained: unkillable job f1\\nSTOPPING=1"}
+    ]
+
+
 def test_describe_server():
     stats = {"drain": {"drained": False, "reason": None}, "procs": [{}]}
     assert describe_server(stats) == "serving 1 process"

@@ -956,6 +956,12 @@ def _parse_toml(text: str, source: str) -> dict:
         raise ConfigError(source, None, f"TOML syntax error: {error}") from None
     except ValueError as error:  # an integer of thousands of digits
         raise ConfigError(source, None, _unreadable_number(error)) from None
+    except RecursionError:  # the parser recurses per nesting level
+        raise ConfigError(source, None, _TOO_DEEP) from None
+
+
+#: A file of arrays or tables nested past what the parsers can follow.
+_TOO_DEEP = "nested too deeply to read (arrays or tables within each other)"
 
 
 class _YamlLoader(yaml.SafeLoader):
@@ -984,6 +990,8 @@ def _parse_yaml(text: str, source: str) -> dict:
         ) from None
     except ValueError as error:  # an integer of thousands of digits
         raise ConfigError(source, None, _unreadable_number(error)) from None
+    except RecursionError:  # the composer recurses per nesting level
+        raise ConfigError(source, None, _TOO_DEEP) from None
     # An empty (or all-comment) file is a configuration of defaults.
     return {} if data is None else data
 

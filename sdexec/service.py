@@ -79,8 +79,15 @@ def default_listen_endpoint(socket_mode: int = DEFAULT_SOCKET_MODE) -> str:
         )
     directory = os.path.dirname(path)
     mode = directory_mode(socket_mode)
-    os.makedirs(directory, mode=mode, exist_ok=True)
-    os.chmod(directory, mode)
+    try:
+        os.makedirs(directory, mode=mode, exist_ok=True)
+        os.chmod(directory, mode)
+    except OSError as error:  # a file there, another user's directory…
+        raise ConfigError(
+            "<environment>",
+            "XDG_RUNTIME_DIR",
+            f"{directory}: {error.strerror}: give --listen or [sdexec] listen",
+        ) from None
     escaped = path.replace(":", r"\:")  # endpoint strings split on ':'
     # The mode written out, as before socket-mode applied here: with the
     # default it is the same string, so units an old version marked with

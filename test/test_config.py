@@ -546,6 +546,25 @@ def test_toml_integer_of_thousands_of_digits_is_named(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("c.toml", "a = " + "[" * 5000 + "]" * 5000 + "\n"),
+        ("c.yaml", "a: " + "[" * 5000),
+    ],
+)
+def test_a_file_nested_past_what_its_parser_follows_is_named(tmp_path, name, text):
+    # The parsers recurse per level: a RecursionError was a traceback at
+    # start and an unhandled error at a reload.
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value) == (
+        f"{path}: nested too deeply to read (arrays or tables within each other)"
+    )
+
+
 @pytest.mark.parametrize("stop_timer", [{}, {"sdexec-stop-timer-sec": 60}])
 def test_a_kill_timeout_past_any_float_is_refused_not_a_traceback(stop_timer):
     # Even with its own stop timer: the effective max-kill-timeout would be

@@ -38,6 +38,21 @@ def test_no_xdg_runtime_dir_is_a_one_line_config_error(monkeypatch):
     assert "\n" not in str(error.value)
 
 
+def test_an_unusable_runtime_directory_is_a_one_line_config_error(
+    monkeypatch, tmp_path
+):
+    # A file where its directory goes: a traceback and exit 1 had the unit
+    # restart it every 5 s.
+    (tmp_path / "sdexec").write_text("")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    with pytest.raises(ConfigError) as error:
+        default_listen_endpoint()
+    assert str(error.value) == (
+        f"<environment>: XDG_RUNTIME_DIR: {tmp_path}/sdexec: File exists: give"
+        " --listen or [sdexec] listen"
+    )
+
+
 def test_the_default_endpoint_is_a_private_socket(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     endpoint = default_listen_endpoint()

@@ -145,6 +145,9 @@ class SdexecService(Service):
         self.ports: dict[str, Any] = {}
         self.ready: defer.Deferred = defer.Deferred()
         self.reload_when_started = False  # a SIGHUP came during the start
+        #: Started (listening, READY=1 sent) and not stopping: what a
+        #: reload needs.
+        self.serving = False
         # sd_notify (a no-op without $NOTIFY_SOCKET): see sdexec/notify.py
         self.readiness = Readiness(reactor, self._status_line)
         # GET /metrics: as GET /stats, made at most once a second.
@@ -167,6 +170,9 @@ class SdexecService(Service):
         self.owner_lock = OwnerLock(self.listen, marks[0], mode, marks[1:])
         self.owner_lock.take()
         systemd = yield self._connect()
+        if not self.running:
+            systemd.disconnect()  # the stop found no server to close it
+        self._check_still_starting()
         systemd.debug = self.config.systemd.sdbus_debug
         systemd.max_inflight = self.config.systemd.max_inflight
         self.server = SdexecServer(systemd, self.config, self.reactor, containment)
@@ -177,10 +183,12 @@ class SdexecService(Service):
         self.server.unit_mark = marks[0]
         self.server.leftovers = Leftovers(systemd, self.server, marks, hold_stops=True)
         yield self.server.leftovers.scan()
+        self._check_still_starting()
         systemd.on_call = self.metrics.dbus_call
         self.server.observer = self.metrics
         # Before listening: no job runs before the device fence is judged.
         yield self.server.verify_devices()
+        self._check_still_starting()
         self.ports["listen"] = yield self._listen(
             with_backlog(self.listen, self._listen_backlog()),
             SdexecServerFactory(self.server),
@@ -201,6 +209,7 @@ class SdexecService(Service):
                 "stats-socket",
             )
         self.server.leftovers.release_stops()  # the start can fail no more
+        self.serving = True
         self.readiness.ready()
         log.info(
             "sdexec listening on {listen}, stats on {stats}",
@@ -252,9 +261,19 @@ class SdexecService(Service):
             return "starting"
         return describe_server(self.server.stats())
 
+    def _check_still_starting(self) -> None:
+        """After each wait of the start: a stop that came meanwhile ends it
+        (it would listen after the stop, its READY=1 after STOPPING=1)."""
+        if not self.running:
+            raise StoppedWhileStarting("the service was stopped while starting")
+
     def _start_failed(self, failure) -> None:
         if self.owner_lock is not None:
             self.owner_lock.release()
+        if failure.check(StoppedWhileStarting):
+            log.info("sdexec stopped while starting")
+            self.ready.errback(failure)
+            return  # stopping as asked: no failure to exit with
         if failure.check(*_TOLD_IN_ONE_LINE):
             log.error(
                 "sdexec could not start: {error}", error=failure.getErrorMessage()
@@ -281,9 +300,13 @@ class SdexecService(Service):
 
     def _sighup(self) -> None:
         """Reload now, or once listening: the start has already built its
-        parts from the configuration it began with."""
-        if self.ready.called:
+        parts from the configuration it began with. Not while stopping, nor
+        after a start that failed (a reload would start a device canary and
+        tell systemd READY=1)."""
+        if self.serving:
             self.reload()
+        elif not self.running or self.ready.called:
+            log.info("reload ignored: the service is not serving")
         else:
             log.info("reload asked for while starting: it runs once listening")
             self.reload_when_started = True
@@ -349,6 +372,7 @@ class SdexecService(Service):
     @defer.inlineCallbacks
     def stopService(self):
         super().stopService()
+        self.serving = False
         self.readiness.stopping()
         for port in self.ports.values():
             yield port.stopListening()
@@ -383,6 +407,10 @@ def _cannot_listen(failure: Failure, description: str, setting: str) -> None:
     elif isinstance(why, OSError) and why.errno == errno.EADDRINUSE:
         why = f"{why.strerror} (another program, or sdexec, is serving on it)"
     raise ListenError(f"[sdexec] {setting}: cannot listen on {description}: {why}")
+
+
+class StoppedWhileStarting(Exception):
+    """A stop came before the start was done: ``ready`` fails with it."""
 
 
 class ListenError(Exception):

@@ -296,7 +296,7 @@ async def test_a_leftover_scan_while_the_canary_runs_knows_it_for_its_own():
     outcome: list = []
     server.leftovers.scan().addBoth(outcome.append)
     assert outcome == [None]
-    stopped = [unit for call, unit, *_ in systemd.calls if call == "stop"]
+    stopped = [call[1] for call in systemd.calls if call[0] == "stop"]
     assert stopped == ["old.service"]
     await server.shutdown(grace=10)
 

@@ -24,10 +24,15 @@ from sdexec.client import connect
 from sdexec.config import ConfigError, load_config, parse_config
 from sdexec.leftovers import owner_marks
 from sdexec.ownerlock import AlreadyServed, OwnerLock
-from sdexec.service import ListenError, SdexecService, default_listen_endpoint
+from sdexec.service import (
+    ListenError,
+    SdexecService,
+    StoppedWhileStarting,
+    default_listen_endpoint,
+)
 from sdexec.sockets import clear_stale_socket
 from sdexec.systemd import SystemdError
-from sdexec.testing import FakeManager
+from sdexec.testing import EXITED, INACTIVE, FakeManager
 
 
 def test_no_xdg_runtime_dir_is_a_one_line_config_error(monkeypatch):
@@ -502,3 +507,107 @@ async def test_a_stop_leaves_the_inherited_socket_listening_at_its_path(
             client.connect(str(path))  # refused, or no such file, before
     finally:
         listener.close()
+
+
+# -- the start, a stop and a SIGHUP out of turn (notes/review-session26-F.md) --
+
+
+class RecordedNotes:
+    """A SystemdNotifier that keeps what it would send."""
+
+    enabled = True
+
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+
+    def notify(self, **fields) -> None:
+        self.sent.append(fields)
+
+    def close(self) -> None:
+        pass
+
+    def names(self) -> list[str]:
+        return [next(iter(fields)) for fields in self.sent]
+
+
+def contained_service(tmp_path, manager: FakeManager) -> SdexecService:
+    """A service with containment on (its start waits for the device
+    canary), recording its sd_notify messages."""
+    topology = Path(__file__).resolve().parent / "data" / "small.xml"
+    path = tmp_path / "sdexec.toml"
+    path.write_text(
+        "[exec]\nsdexec-constrain-resources = true\n"
+        f'[sdexec]\ntopology = "{topology}"\ncontainment-check = "warn"\n'
+    )
+    service = SdexecService(
+        load_config(path),
+        reactor,
+        listen=f"unix:{tmp_path}/s.sock",
+        stats="tcp:0:interface=127.0.0.1",
+        connect=lambda: defer.succeed(manager),
+    )
+    service.readiness.notifier = RecordedNotes()
+    return service
+
+
+def started_units(manager: FakeManager) -> list[str]:
+    return [call[1] for call in manager.calls if call[0] == "start"]
+
+
+@ensureDeferred
+async def test_a_stop_during_the_start_leaves_nothing_listening(tmp_path):
+    manager = FakeManager()
+    manager.stop_to_inactive = True
+    service = contained_service(tmp_path, manager)
+    service.startService()
+    [canary] = started_units(manager)  # the start waits for its verdict
+    manager.run(canary)
+    await service.stopService()  # SIGTERM while activating
+    with pytest.raises(StoppedWhileStarting):
+        await service.ready
+    assert service.ports == {}
+    assert not os.path.exists(f"{tmp_path}/s.sock")
+    assert service.readiness.notifier.names() == ["STOPPING"]
+
+
+@ensureDeferred
+async def test_a_sighup_during_the_stop_starts_no_canary_and_says_nothing(tmp_path):
+    manager = FakeManager()
+    service = contained_service(tmp_path, manager)
+    service.startService()
+    [canary] = started_units(manager)
+    manager.run(canary)
+    manager.change(canary, {**EXITED, "ExecMainStatus": 1})
+    manager.release(canary)
+    manager.change(canary, INACTIVE)
+    await service.ready
+    stopping = service.stopService()
+    service._sighup()  # what the handler schedules (logrotate, kill -HUP)
+    await stopping
+    assert started_units(manager) == [canary]
+    assert service.readiness.notifier.names()[-1] == "STOPPING"
+
+
+@ensureDeferred
+async def test_a_sighup_after_a_failed_start_says_nothing(tmp_path):
+    manager = FakeManager()
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    service = SdexecService(
+        parse_config({}),
+        reactor,
+        listen=f"unix:{tmp_path}/s.sock",
+        stats=f"tcp:{taken.getsockname()[1]}:interface=127.0.0.1",
+        connect=lambda: defer.succeed(manager),
+    )
+    notes = service.readiness.notifier = RecordedNotes()
+    try:
+        service.startService()
+        with pytest.raises(ListenError):
+            await service.ready
+        service._sighup()
+        await service.stopService()
+    finally:
+        taken.close()
+    assert "READY" not in notes.names()

@@ -135,9 +135,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser(_named_command(argv))
     options = parser.parse_args(argv)
-    if options.command == "run" and options.waitable and not options.bg:
-        parser.error("--waitable needs --bg")
+    if options.command == "run":
+        _check_run(parser, options)
     return options
+
+
+def _check_run(parser: argparse.ArgumentParser, options: argparse.Namespace) -> None:
+    if options.cmdline[:1] == ["--"]:  # `run -- CMD`: options end there
+        del options.cmdline[0]
+    if not options.cmdline:
+        parser.error("run: a command is required")
+    if options.waitable and not options.bg:
+        parser.error("--waitable needs --bg")
 
 
 def _named_command(argv: Sequence[str]) -> str | None:
@@ -298,9 +307,13 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--dir", metavar="DIR", help="working directory (default: the current one)"
     )
-    run.add_argument("cmd", metavar="CMD", help="the command")
+    # One positional taking all the rest as it is: argparse drops a "--"
+    # right after a positional of its own (`run rm -- -rf` ran `rm -rf`).
     run.add_argument(
-        "args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments"
+        "cmdline",
+        metavar="CMD [ARGS...]",
+        nargs=argparse.REMAINDER,
+        help="the command and its arguments",
     )
 
 
@@ -353,7 +366,7 @@ def build_command(
     # A background run has no client, and no pipe of ours to write to.
     opts = {} if options.bg else dict(_STREAMING_OPTS)
     return command_object(
-        [options.cmd, *options.args],
+        options.cmdline,
         environ,
         {**opts, **dict(options.setopt), **job_options},
         cwd=os.path.join(cwd, options.dir) if options.dir else cwd,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sdexec import cli
-from sdexec.cli import _named_command, _parser, main
+from sdexec.cli import _named_command, _parser, main, parse_args
 
 ARGVS = [
     ["run", "-n", "/bin/true"],
@@ -52,8 +52,8 @@ def test_one_commands_parser_parses_as_the_whole_one(argv):
 
 @pytest.mark.parametrize(
     "argv",
-    [["run", "--help"], ["kill", "--help"], ["run"], ["kill", "NOSIG", "1"],
-     ["run", "--bogus", "x"], ["wait"]],
+    [["run", "--help"], ["kill", "--help"], ["run", "--setopt"],
+     ["kill", "NOSIG", "1"], ["run", "--bogus", "x"], ["wait"]],
     ids=lambda argv: " ".join(argv),
 )  # fmt: skip
 def test_help_and_errors_are_the_whole_parsers(argv, capsys):
@@ -93,3 +93,24 @@ def test_waitable_without_bg_is_a_usage_error(capsys):
     # It was exit 1, as a refusal of the service; usage errors are 2.
     assert main(["run", "--waitable", "true"]) == 2
     assert capsys.readouterr().err.endswith("sdexec: error: --waitable needs --bg\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "cmdline"),
+    [
+        (["run", "rm", "--", "-rf"], ["rm", "--", "-rf"]),
+        (["run", "--bg", "kill", "--", "-1234"], ["kill", "--", "-1234"]),
+        (["run", "--", "rm", "--", "-rf"], ["rm", "--", "-rf"]),
+        (["run", "-n", "ls", "-l", "--", "x"], ["ls", "-l", "--", "x"]),
+    ],
+)
+def test_the_command_line_after_cmd_is_passed_as_it_is(argv, cmdline):
+    # argparse dropped a "--" right after CMD: `run rm -- -rf` ran `rm -rf`.
+    assert parse_args(argv).cmdline == cmdline
+
+
+def test_run_without_a_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["run", "-n"])
+    assert exit_.value.code == 2
+    assert "run: a command is required" in capsys.readouterr().err

@@ -474,7 +474,7 @@ def test_exit_code_from_wait_status(status, code):
 def test_setopt_splits_on_the_first_equals():
     options = parse_args(["run", "--setopt", "A=b=c", "--setopt", "E=", "ls", "-l"])
     assert options.setopt == [("A", "b=c"), ("E", "")]
-    assert (options.cmd, options.args) == ("ls", ["-l"])
+    assert options.cmdline == ["ls", "-l"]
 
 
 @pytest.mark.parametrize("bad", ["novalue", "=value"])

@@ -365,13 +365,54 @@ def build_command(
     }
     # A background run has no client, and no pipe of ours to write to.
     opts = {} if options.bg else dict(_STREAMING_OPTS)
+    directory = os.path.join(cwd, options.dir) if options.dir else cwd
+    _check_utf8(
+        [
+            *((f"argument {i}", arg) for i, arg in enumerate(options.cmdline)),
+            ("the working directory", directory),
+            *((f"--setopt {key}", f"{key}={value}") for key, value in options.setopt),
+            ("--label", options.label or ""),
+        ]
+    )
     return command_object(
         options.cmdline,
-        environ,
+        _utf8_environment(environ),
         {**opts, **dict(options.setopt), **job_options},
-        cwd=os.path.join(cwd, options.dir) if options.dir else cwd,
+        cwd=directory,
         label=options.label,
     )
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # bytes os.fsdecode kept as surrogates
+        return False
+    return True
+
+
+def _check_utf8(fields: Sequence[tuple[str, str]]) -> None:
+    """The protocol carries text: a string that is not UTF-8 is refused,
+    named, with its bytes shown."""
+    for field, text in fields:
+        if not _is_utf8(text):
+            raise SdexecError(
+                f"{field} is not UTF-8 text, which the service takes only:"
+                f" {os.fsencode(text)!r}"
+            )
+
+
+def _utf8_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without its variables that are not UTF-8 (the protocol
+    cannot carry them), each named on stderr: one such variable of a
+    shell's (an OLDPWD, a module's path) must not stop every run."""
+    kept = {}
+    for name, value in environ.items():
+        if _is_utf8(name) and _is_utf8(value):
+            kept[name] = value
+        else:
+            _warn(f"not passing {os.fsencode(name)!r}: not UTF-8 text")
+    return kept
 
 
 def exit_code(status: int) -> int:
@@ -387,11 +428,16 @@ def exit_code(status: int) -> int:
 
 def _fail(message: str) -> int:
     """Say what went wrong in one line on stderr; the exit status 1."""
+    _warn(message)
+    return 1
+
+
+def _warn(message: str) -> None:
+    """One line on stderr."""
     try:  # noqa: SIM105 (contextlib is not imported: start-up time)
         print(f"sdexec: {message}", file=sys.stderr)
     except OSError:
         pass  # a stderr that went away: nothing more can be said to it
-    return 1
 
 
 def _connect(loop: Loop, options: argparse.Namespace) -> Connection:

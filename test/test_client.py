@@ -544,6 +544,33 @@ def test_ps_table_shows_the_job_and_its_termination_step():
     ]
 
 
+def test_a_variable_that_is_not_utf8_is_left_out_and_named(capsys):
+    # One such variable of a shell (an OLDPWD) failed every run with an
+    # "unexpected error" about a position in a JSON line.
+    latin1 = os.fsdecode(b"caf\xe9")
+    env = {"PATH": "/bin", "OLDPWD": latin1, latin1: "x"}
+    command = build_command(parse_args(["run", "true"]), env, "/")
+    assert command["env"] == {"PATH": "/bin"}
+    assert capsys.readouterr().err == (
+        "sdexec: not passing b'OLDPWD': not UTF-8 text\n"
+        "sdexec: not passing b'caf\\xe9': not UTF-8 text\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "cwd", "named"),
+    [
+        (["run", "cat", os.fsdecode(b"caf\xe9")], "/", "argument 1"),
+        (["run", "true"], os.fsdecode(b"/tmp/caf\xe9"), "the working directory"),
+    ],
+)
+def test_an_argument_or_directory_that_is_not_utf8_is_refused_named(argv, cwd, named):
+    with pytest.raises(SdexecError) as error:
+        build_command(parse_args(argv), {}, cwd)
+    assert str(error.value).startswith(f"{named} is not UTF-8 text")
+    assert "\\xe9" in str(error.value)
+
+
 def test_run_job_options_and_cancel_targets():
     options = parse_args(
         [

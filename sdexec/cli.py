@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _open_closed_standard_fds()
     try:
         options = parse_args(argv)
-        return _COMMANDS[options.command](options)
+        return _flushed(_COMMANDS[options.command](options))
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 1
     except SdexecError as failure:
@@ -89,6 +89,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as failure:
         # A bug we did not foresee: still one line, never a traceback.
         return _fail(f"unexpected error: {type(failure).__name__}: {failure}")
+
+
+def _flushed(status: int) -> int:
+    """``status``, once what the command printed is written: a stdout that
+    cannot take it (a full disk) is a failure said in one line, not a
+    `run --bg` pid lost with exit 0. A reader gone (EPIPE) is the caller's
+    quiet 141."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        return _fail(f"cannot write stdout: {error.strerror}")
+    return status
 
 
 def run_and_exit() -> NoReturn:
@@ -207,7 +221,7 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 def _terminal_columns() -> int:
     columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
+    if _is_number(columns) and int(columns) > 0:
         return int(columns)
     try:
         return os.get_terminal_size(1).columns or 80
@@ -347,7 +361,13 @@ def _signal_argument(text: str) -> int:
 def kill_target(text: str) -> dict[str, Any]:
     """The ``sdexec.kill`` target for ``PID|LABEL``: all digits is a pid,
     anything else a label."""
-    return {"pid": int(text)} if text.isdigit() else {"label": text}
+    return {"pid": int(text)} if _is_number(text) else {"label": text}
+
+
+def _is_number(text: str) -> bool:
+    """ASCII digits only: str.isdigit alone takes "١٢" (a label, read as
+    pid 12) and "²" (which int() refuses)."""
+    return text.isascii() and text.isdigit()
 
 
 def build_command(
@@ -522,7 +542,7 @@ def cancel_targets(text: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The two ``sdexec.terminate`` targets ``PID|LABEL|JOBID`` may name,
     in the order tried: all digits is a pid, else a (numeric) job id;
     anything else a job id, else a label."""
-    if text.isdigit():
+    if _is_number(text):
         return {"pid": int(text)}, {"jobid": text}
     return {"jobid": text}, {"label": text}
 

@@ -8,6 +8,7 @@ never Twisted; :mod:`sdexec.cli` loads it only for these commands.
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import sys
 
@@ -62,12 +63,19 @@ def wait(options: argparse.Namespace) -> int:
     answer = _request(options, Topic.WAIT, options.target)
     _say_dropped(answer.get("dropped"))
     outputs = {"stdout": _Output(1), "stderr": _Output(2)}
+    lost = False
     for io in answer.get("output", []):
         stream, data, _eof = decode_io(io)
         output = outputs.get(stream)
         if output is not None and not output.broken:
-            output.write(data)
-    return exit_code(answer["status"])
+            problem = output.write(data)
+            # Waited for once, the output cannot be had again: its loss is
+            # said, and fails the command (a reader gone is not a loss).
+            if problem is not None and problem.errno != errno.EPIPE:
+                _fail(f"cannot write {stream}: {problem.strerror}")
+                lost = True
+    code = exit_code(answer["status"])
+    return (code or 1) if lost else code
 
 
 def _say_dropped(dropped: Any) -> None:

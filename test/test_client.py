@@ -490,6 +490,9 @@ def test_kill_arguments():
     assert (options.signum, options.target) == (15, {"pid": 1234})
     assert parse_args(["kill", "9", "job-7"]).target == {"label": "job-7"}
     assert kill_target("12a") == {"label": "12a"}
+    # Digits of other scripts are a label: "١٢" was pid 12, "²" a traceback.
+    assert kill_target("١٢") == {"label": "١٢"}
+    assert cancel_targets("²") == ({"jobid": "²"}, {"label": "²"})
 
 
 def test_ps_table():
@@ -675,11 +678,19 @@ class _Collect(protocol.ProcessProtocol):
         self.ended.callback(reason.value.exitCode)
 
 
-def _spawn_cli(path: str, args: list[str], stdin: bytes = b"") -> _Collect:
+def _spawn_cli(
+    path: str, args: list[str], stdin: bytes = b"", stdout: int | None = None
+) -> _Collect:
+    """The command line as a user runs it (no PYTHONUNBUFFERED: a shell has
+    none), its stdout collected, or on the descriptor ``stdout``."""
     collected = _Collect(stdin)
     argv = [sys.executable, "-m", "sdexec.cli", "--socket", path, *args]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    reactor.spawnProcess(collected, sys.executable, argv, env=env, path=str(REPO))
+    env.pop("PYTHONUNBUFFERED", None)
+    fds = {0: "w", 1: "r" if stdout is None else stdout, 2: "r"}
+    reactor.spawnProcess(
+        collected, sys.executable, argv, env=env, path=str(REPO), childFDs=fds
+    )
     return collected
 
 
@@ -769,6 +780,30 @@ def test_cli_background_run_prints_the_pid_or_says_none_came(served, answer, pri
             b"sdexec: background exec: expected a started pid,"
             b" got {'type': 'started'}\n"
         )
+
+
+@pytest.mark.parametrize(
+    ("args", "answer"),
+    [
+        (["run", "--bg", "sleep", "100"], {"type": "started", "pid": 42}),
+        (["wait", "w"], {"status": 0, "output": [encode_io("stdout", "0", b"x\n")]}),
+    ],
+    ids=["run --bg", "wait"],
+)
+@pytest_twisted.inlineCallbacks
+def test_output_a_full_disk_refuses_is_a_failure_said(served, args, answer):
+    # The pid of `run --bg > pidfile`, the output of a process waited for
+    # once: lost with exit 0 and not a word.
+    peer, client = served
+    full = os.open("/dev/full", os.O_WRONLY)
+    try:
+        cli = _spawn_cli(client.path, args, stdout=full)
+    finally:
+        os.close(full)
+    peer = yield peer.factory.peers.get()
+    peer.respond((yield peer.requests.get()), answer)
+    assert (yield cli.ended) == 1
+    assert bytes(cli.err) == b"sdexec: cannot write stdout: No space left on device\n"
 
 
 @pytest_twisted.inlineCallbacks

@@ -278,17 +278,22 @@ async def test_a_start_that_fails_to_listen_stops_no_leftover(tmp_path):
         taken.close()
 
 
-async def started_service(tmp_path, manager: FakeManager) -> SdexecService:
-    """A service on ``manager`` with an empty configuration file, started."""
+def service_with_file(tmp_path, manager: FakeManager, text: str = "") -> SdexecService:
+    """A service on ``manager`` with a configuration file of ``text``."""
     path = tmp_path / "sdexec.toml"
-    path.write_text("")
-    service = SdexecService(
+    path.write_text(text)
+    return SdexecService(
         load_config(path),
         reactor,
         listen=f"unix:{tmp_path}/s.sock",
         stats="tcp:0:interface=127.0.0.1",
         connect=lambda: defer.succeed(manager),
     )
+
+
+async def started_service(tmp_path, manager: FakeManager) -> SdexecService:
+    """A service on ``manager`` with an empty configuration file, started."""
+    service = service_with_file(tmp_path, manager)
     service.startService()
     await service.ready
     return service
@@ -534,17 +539,11 @@ def contained_service(tmp_path, manager: FakeManager) -> SdexecService:
     """A service with containment on (its start waits for the device
     canary), recording its sd_notify messages."""
     topology = Path(__file__).resolve().parent / "data" / "small.xml"
-    path = tmp_path / "sdexec.toml"
-    path.write_text(
+    service = service_with_file(
+        tmp_path,
+        manager,
         "[exec]\nsdexec-constrain-resources = true\n"
-        f'[sdexec]\ntopology = "{topology}"\ncontainment-check = "warn"\n'
-    )
-    service = SdexecService(
-        load_config(path),
-        reactor,
-        listen=f"unix:{tmp_path}/s.sock",
-        stats="tcp:0:interface=127.0.0.1",
-        connect=lambda: defer.succeed(manager),
+        f'[sdexec]\ntopology = "{topology}"\ncontainment-check = "warn"\n',
     )
     service.readiness.notifier = RecordedNotes()
     return service

@@ -119,6 +119,8 @@ class _StatsChannel(HTTPChannel):
     #: Its transport holds more unwritten than it takes at once (it paused
     #: this producer): the client is not reading its answers.
     answers_unread = False
+    #: Closing, the requests it sent ahead unanswered (allHeadersReceived).
+    refused_ahead = False
 
     def pauseProducing(self) -> None:
         self.answers_unread = True
@@ -154,14 +156,26 @@ class _StatsChannel(HTTPChannel):
             # Requests sent ahead (pipelined) while the answers go unread:
             # Twisted would answer every one it has read into the write
             # buffer, a copy of the whole table each (a 64 KiB write of
-            # requests held 2800). Closed instead.
-            cast(ITCPTransport, self.transport).abortConnection()
+            # requests held 2800). The answers made are still written, the
+            # rest unanswered: a client that reads asks again; one that
+            # does not is closed by the idle timeout.
+            self.refused_ahead = True
+            self.clearLineBuffer()
+            # A paused producer would be resumed once all is written,
+            # instead of the connection closed.
+            self.transport.unregisterProducer()
+            self.transport.loseConnection()
             return
         if self in self.site.channels:
             # Being served (/metrics renders in a thread): not to be closed
             # for a newcomer until its answer is written.
             self.site.channels[self] = _SERVING
         super().allHeadersReceived()
+
+    def allContentReceived(self) -> None:
+        # Twisted calls it for a GET whatever allHeadersReceived did.
+        if not self.refused_ahead:
+            super().allContentReceived()
 
     def timeoutConnection(self) -> None:
         """Close an idle connection at once, and silently. Twisted's logs

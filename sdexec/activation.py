@@ -13,10 +13,14 @@ unit).
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 import socket
+import stat
 from typing import Any
 
+from twisted.internet import tcp
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IStreamServerEndpoint
 from zope.interface import implementer
@@ -111,27 +115,44 @@ def server_endpoint(reactor: Any, description: str) -> IStreamServerEndpoint:
 
 @implementer(IStreamServerEndpoint)
 class _Inherited:
-    """A ``systemd:`` endpoint whose socket goes on listening, at its path,
-    once the service stops listening: it is the ``.socket`` unit's, there
-    for the next start (a stopped service shut it down and unlinked its
-    path: nobody could connect, nor start the service again)."""
+    """A ``systemd:`` endpoint whose socket goes on listening, at its path
+    and with its mode, once the service stops listening: it is the
+    ``.socket`` unit's, there for the next start (a stopped service shut it
+    down and unlinked its path: nobody could connect, nor start the
+    service again)."""
 
     def __init__(self, endpoint: IStreamServerEndpoint) -> None:
         self._endpoint = endpoint
 
     def listen(self, factory: Any) -> Any:
-        return self._endpoint.listen(factory).addCallback(_keep_path)
+        mode = _path_mode(getattr(self._endpoint, "fileno", None))
+        return self._endpoint.listen(factory).addCallback(_keep_socket, mode)
 
 
-def _keep_path(port: Any) -> Any:
-    # When a Twisted port stops listening it shuts its socket down, which
-    # stops it listening for every holder of it, systemd's copy too; and a
-    # UNIX port unlinks the path it is bound to (unix.Port.connectionLost),
-    # an adopted socket's too, but leaves an abstract name alone.
+def _path_mode(fd: int | None) -> tuple[str, int] | None:
+    """The path a UNIX socket ``fd`` is bound to, and its permissions."""
+    if fd is None:
+        return None
+    try:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            path = sock.getsockname()
+        if not isinstance(path, str) or not path.startswith("/"):
+            return None  # TCP, or an abstract name
+        return path, stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None
+
+
+def _keep_socket(port: Any, mode: tuple[str, int] | None) -> Any:
+    # A Twisted port that stops listening shuts its socket down, which
+    # stops it listening for every holder of it, systemd's copy too.
     port._shouldShutdown = False
-    bound = getattr(port, "_bindPath", None)
-    if isinstance(bound, str) and bound[:1] != "\0":
-        port._bindPath = "\0" + bound
-    elif isinstance(bound, bytes) and bound[:1] != b"\0":
-        port._bindPath = b"\0" + bound
+    if mode is not None:
+        path, permissions = mode
+        # Twisted's UNIX port made it 0666 as it began to listen, and would
+        # unlink it as it stops (unix.Port.connectionLost): the unit's
+        # SocketMode= stays, and the path; what else it does on a close is
+        # its TCP base's (tcp.Port.connectionLost).
+        os.chmod(path, permissions)
+        port.connectionLost = functools.partial(tcp.Port.connectionLost, port)
     return port

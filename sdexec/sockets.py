@@ -15,7 +15,8 @@ therefore:
   not even between ``bind`` and ``chmod``.
 
 Other endpoints (``tcp:``, ``systemd:``) are returned unchanged: systemd
-creates socket-activated sockets with the unit's ``SocketMode=``.
+creates socket-activated sockets with the unit's ``SocketMode=`` (which
+Twisted's adoption would make 0666: sdexec/activation.py puts it back).
 """
 
 from __future__ import annotations

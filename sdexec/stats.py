@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TypeVar, cast
 
 import msgspec
-from twisted.internet.interfaces import IReactorTime, ITCPTransport
+from twisted.internet.interfaces import IConsumer, IReactorTime, ITCPTransport
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel, Request
@@ -163,8 +163,8 @@ class _StatsChannel(HTTPChannel):
             self.clearLineBuffer()
             # A paused producer would be resumed once all is written,
             # instead of the connection closed.
-            self.transport.unregisterProducer()
-            self.transport.loseConnection()
+            cast(IConsumer, self.transport).unregisterProducer()
+            cast(ITCPTransport, self.transport).loseConnection()
             return
         if self in self.site.channels:
             # Being served (/metrics renders in a thread): not to be closed

@@ -7,6 +7,7 @@ import errno
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -494,6 +495,7 @@ async def test_a_stop_leaves_the_inherited_socket_listening_at_its_path(
     path = tmp_path / "sdexec.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # systemd's
     listener.bind(str(path))
+    os.chmod(path, 0o600)  # the unit's SocketMode=
     listener.listen(16)
     inherited = os.dup(listener.fileno())
     monkeypatch.setattr(_SystemdParser, "_sddaemon", ListenFDs([inherited], ["sdexec"]))
@@ -507,9 +509,11 @@ async def test_a_stop_leaves_the_inherited_socket_listening_at_its_path(
     try:
         service.startService()
         await service.ready
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600  # Twisted's 0666
         await service.stopService()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
             client.connect(str(path))  # refused, or no such file, before
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     finally:
         listener.close()
 

@@ -779,7 +779,7 @@ def _read_table(
         raise ConfigError(source, path, f"expected a table, got {_quote(data)}")
     fields: dict[str, Any] = {}
     for key, value in data.items():
-        key_path = f"{path}.{key}"
+        key_path = f"{path}.{_key_text(key)}"
         entry = spec.get(key) if isinstance(key, str) else None
         if entry is None:
             raise ConfigError(source, key_path, _unknown_key(key, spec, path))
@@ -791,11 +791,19 @@ def _read_table(
         try:
             checked = entry.check(value)
         except _PropertyError as error:
-            raise ConfigError(source, f"{key_path}.{error.name}", str(error)) from None
+            name = _key_text(error.name)
+            raise ConfigError(source, f"{key_path}.{name}", str(error)) from None
         except ValueError as error:
             raise ConfigError(source, key_path, str(error)) from None
         fields[entry.field or prefix + _python_name(key)] = checked
     return fields
+
+
+def _key_text(key: object) -> str:
+    """A key as a message names it: as written, or quoted (as TOML quotes
+    one) where it holds what would break the line."""
+    text = str(key)
+    return text if text.isprintable() else json.dumps(text)
 
 
 def _unknown_key(key: object, spec: _Table, path: str) -> str:

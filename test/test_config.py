@@ -1216,3 +1216,20 @@ def test_any_value_is_accepted_or_refused_with_config_error(settings):
         parse_config(data)
     except ConfigError as error:
         assert "\n" not in str(error)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"exec": {"sdexec-properties": {"\n": None}}},
+         'exec.sdexec-properties."\\n": expected a systemd property name'),
+        ({"exec": {"a\nb": 1}}, 'exec."a\\nb": unknown key in [exec]'),
+    ],
+)  # fmt: skip
+def test_a_key_that_would_break_the_line_is_quoted(settings, message):
+    # The hypothesis test of any value found it now and then: the suite
+    # was flaky, and the error two lines.
+    with pytest.raises(ConfigError) as error:
+        parse_config(settings)
+    assert str(error.value).startswith(f"<config>: {message}")
+    assert "\n" not in str(error.value)

@@ -78,6 +78,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         options = parse_args(argv)
         return _flushed(_COMMANDS[options.command](options))
+    except UnicodeEncodeError as error:
+        # Text an option took from the command line, past what build_command
+        # names (a target, a job id): the service takes UTF-8 only.
+        shown = error.object[error.start : error.end].encode("utf-8", "surrogateescape")
+        return _fail(
+            f"an argument is not UTF-8 text, which the service takes only: {shown!r}"
+        )
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 1
     except SdexecError as failure:
@@ -158,7 +165,10 @@ def _check_run(parser: argparse.ArgumentParser, options: argparse.Namespace) -> 
     if options.cmdline[:1] == ["--"]:  # `run -- CMD`: options end there
         del options.cmdline[0]
     if not options.cmdline:
-        parser.error("run: a command is required")
+        # As argparse says a required argument is missing, with run's usage.
+        run = argparse.ArgumentParser(prog="sdexec run", formatter_class=_HelpFormatter)
+        _add_run(run)
+        run.error("the following arguments are required: CMD")
     if options.waitable and not options.bg:
         parser.error("--waitable needs --bg")
 
@@ -270,6 +280,8 @@ def _no_arguments(_command: argparse.ArgumentParser) -> None:
 
 
 def _add_run(run: argparse.ArgumentParser) -> None:
+    # argparse writes the command line (one REMAINDER, below) as "...".
+    run.usage = "%(prog)s [options] CMD [ARGS...]"
     run.add_argument(
         "-n",
         "--noinput",

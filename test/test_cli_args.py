@@ -113,4 +113,7 @@ def test_run_without_a_command_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_:
         parse_args(["run", "-n"])
     assert exit_.value.code == 2
-    assert "run: a command is required" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "usage: sdexec run [options] CMD [ARGS...]\n"
+        "sdexec run: error: the following arguments are required: CMD\n"
+    )

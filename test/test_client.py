@@ -807,6 +807,17 @@ def test_output_a_full_disk_refuses_is_a_failure_said(served, args, answer):
 
 
 @pytest_twisted.inlineCallbacks
+def test_cli_a_target_that_is_not_utf8_is_named(served):
+    _, client = served
+    cli = _spawn_cli(client.path, ["kill", "15", os.fsdecode(b"f\xe9")])
+    assert (yield cli.ended) == 1
+    assert bytes(cli.err) == (
+        b"sdexec: an argument is not UTF-8 text, which the service takes only:"
+        b" b'\\xe9'\n"
+    )
+
+
+@pytest_twisted.inlineCallbacks
 def test_cli_missing_socket_is_one_line(tmp_path):
     cli = _spawn_cli(str(tmp_path / "absent.sock"), ["ps"])
     assert (yield cli.ended) == 1

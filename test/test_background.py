@@ -74,6 +74,11 @@ class Client(Connection):
             }
         )
 
+    def streaming_waitable(self, label: str) -> None:
+        """A streaming, waitable exec of /bin/true labelled ``label``."""
+        cmd = {**TRUE, "label": label}
+        self.send("sdexec.exec", {"flags": FLAGS | WAITABLE, "cmd": cmd})
+
     def of(self, matchtag: int) -> list[dict]:
         return [r for r in self.responses() if r["matchtag"] == matchtag]
 
@@ -524,26 +529,31 @@ async def test_a_streaming_waitable_process_keeps_its_status(systemd, server, cl
     assert [decode_io(io)[:2] for io in answer["output"]] == [("stdout", b"streamed\n")]
 
 
+async def gone_then_waited(systemd, server, label: str) -> dict:
+    """The unit gone (its outputs closed, inactive), reaped: what a wait by
+    ``label`` from another client answers."""
+    systemd.release(UNIT)
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    await until(lambda: not server.processes, "reaped")
+    other = Client(server)
+    other.send("sdexec.wait", {"label": label})
+    (answer,) = payloads(other.responses())
+    other.close()
+    return answer
+
+
 @ensureDeferred
 async def test_a_streaming_waitable_process_whose_client_left_keeps_its_status(
     systemd, server
 ):
     systemd.stop_to_inactive = False
     client = Client(server)
-    cmd = {**TRUE, "label": "s"}
-    client.send("sdexec.exec", {"flags": FLAGS | WAITABLE, "cmd": cmd})
+    client.streaming_waitable("s")
     systemd.run(UNIT, pid=5)
     client.close()
     assert ("stop", UNIT) in systemd.calls  # a streaming process ends with its client
     systemd.change(UNIT, {**EXITED, "ExecMainCode": 2, "ExecMainStatus": 15})
-    systemd.release(UNIT)
-    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
-    await until(lambda: not server.processes, "reaped")
-    other = Client(server)
-    other.send("sdexec.wait", {"label": "s"})
-    (answer,) = payloads(other.responses())
-    assert answer["status"] == signal.SIGTERM
-    other.close()
+    assert (await gone_then_waited(systemd, server, "s"))["status"] == signal.SIGTERM
 
 
 @ensureDeferred
@@ -554,23 +564,14 @@ async def test_a_waitable_process_whose_client_left_keeps_the_status_a_reset_cle
     # reset. Should the reset clear ExecMain* (the model the service keeps),
     # the wait still answers the status first seen.
     client = Client(server)
-    client.send(
-        "sdexec.exec", {"flags": FLAGS | WAITABLE, "cmd": {**TRUE, "label": "s"}}
-    )
+    client.streaming_waitable("s")
     systemd.run(UNIT, pid=5)
     client.close()
     failed = {**EXITED, "ActiveState": "failed", "SubState": "failed"}
     systemd.change(UNIT, {**failed, "ExecMainCode": 2, "ExecMainStatus": 9})
     assert ("reset", UNIT) in systemd.calls
     systemd.change(UNIT, {**failed, "ExecMainCode": 0, "ExecMainStatus": 0})
-    systemd.release(UNIT)
-    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
-    await until(lambda: not server.processes, "reaped")
-    other = Client(server)
-    other.send("sdexec.wait", {"label": "s"})
-    (answer,) = payloads(other.responses())
-    assert answer["status"] == signal.SIGKILL
-    other.close()
+    assert (await gone_then_waited(systemd, server, "s"))["status"] == signal.SIGKILL
 
 
 @ensureDeferred
@@ -932,19 +933,11 @@ async def test_a_waitable_process_whose_client_left_before_started_keeps_its_end
     systemd, server
 ):
     client = Client(server)
-    client.send(
-        "sdexec.exec", {"flags": FLAGS | WAITABLE, "cmd": {**TRUE, "label": "s"}}
-    )
+    client.streaming_waitable("s")
     client.close()  # before started: SIGKILLed once it runs
     systemd.run(UNIT, pid=5)  # it did run
     systemd.change(UNIT, {**EXITED, "ExecMainCode": 2, "ExecMainStatus": 9})
-    systemd.release(UNIT)
-    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
-    await until(lambda: not server.processes, "reaped")
-    other = Client(server)
-    other.send("sdexec.wait", {"label": "s"})
-    assert payloads(other.responses())[0]["status"] == signal.SIGKILL
-    other.close()
+    assert (await gone_then_waited(systemd, server, "s"))["status"] == signal.SIGKILL
 
 
 @ensureDeferred

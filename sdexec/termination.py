@@ -193,6 +193,11 @@ class TerminationSequence:
         self._progress = _Progress()
         self._timer: IDelayedCall | None = None
         self._due = 0.0
+        #: When the last step ran, and its offset: the next one is due its
+        #: interval after it, however late it ran (a reactor stall, a clock
+        #: step), so that each signal has its time to work.
+        self._fired_at = 0.0
+        self._fired_due = 0.0
 
     # --- what the service calls -------------------------------------------
 
@@ -203,7 +208,8 @@ class TerminationSequence:
         if self.step is not None:
             return False
         self.step, self.reason = TerminationStep.TERM, reason
-        self.started_at = self._reactor.seconds()
+        self.started_at = self._fired_at = self._reactor.seconds()
+        self._fired_due = 0.0
         self._progress = _Progress(
             next_attempt_at=self.policy.shell_phase_start,
             interval=self.policy.kill_timeout,
@@ -257,8 +263,8 @@ class TerminationSequence:
 
     def _arm(self) -> None:
         self._due = self._next_due()
-        assert self.started_at is not None
-        delay = max(0.0, self.started_at + self._due - self._reactor.seconds())
+        due_at = self._fired_at + self._due - self._fired_due
+        delay = max(0.0, due_at - self._reactor.seconds())
         self._timer = self._reactor.callLater(delay, self._fire)
 
     def _next_due(self) -> float:
@@ -281,6 +287,7 @@ class TerminationSequence:
     def _fire(self) -> None:
         self._timer = None
         due, progress = self._due, self._progress
+        self._fired_at, self._fired_due = self._reactor.seconds(), due
         if self._task_phase() and self._next_task_kill_at() <= due:
             progress.task_kills += 1
             self.step = TerminationStep.KILL_TASKS

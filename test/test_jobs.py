@@ -161,7 +161,7 @@ def test_signal_choice(make_server, exec_table, reason, first, then):
     server, systemd, clock = make_server(**exec_table)
     start_job(server, systemd)
     server.terminate({"pid": 77, "reason": reason})
-    clock.advance(5 * server.config.exec.kill_timeout)
+    clock.pump([0.5] * int(10 * server.config.exec.kill_timeout))
     signals = [(who, signum) for _, who, signum in systemd.kills_at]
     assert signals[0] == ("all", first)
     assert set(signals[1:]) == {("all", then), ("main", then)}
@@ -276,7 +276,7 @@ def test_jobs_in_stats_and_list(make_server):
     assert (proc["pid"], proc["jobid"], proc["step"]) == (77, "f1", None)
     assert proc["label"] == ""  # none: a string, as upstream's C clients unpack it
     server.terminate({"jobid": "f1", "reason": "cancel"})
-    clock.advance(26)
+    clock.pump([0.5] * 52)
     entry = server.stats()["job-exec"]["jobs"]["f1"]
     assert {key: entry[key] for key in (
         "id", "pid", "unit", "state", "step", "kill-attempts", "time-limit",

@@ -173,13 +173,31 @@ def test_job_exiting_mid_sequence_ends_it(exit_at, step, actions):
     clock, target, sequence = started(
         TerminationPolicy(kill_timeout=1.0, max_kill_count=4)
     )
-    clock.advance(exit_at)
+    clock.pump([0.5] * int(exit_at / 0.5))  # time as it passes, step by step
     assert sequence.step is step
     sequence.job_exited()
     assert sequence.step is TerminationStep.EXITED
     assert sequence.next_at is None and clock.getDelayedCalls() == []
     clock.advance(10**6)
     assert len(target.calls) == actions
+
+
+def test_a_late_timer_runs_one_step_and_gives_the_next_its_time():
+    # The schedule was counted from the beginning: a wake-up 700 s late (a
+    # stalled reactor, a clock step) sent every kill-signal left and gave
+    # the verdict in the same instant, the job no time to die.
+    clock, target, sequence = started(
+        TerminationPolicy(kill_timeout=1.0, max_kill_count=4)
+    )
+    clock.advance(700)
+    assert [call[:2] for call in target.calls] == [(0.0, "tasks"), (700.0, "tasks")]
+    assert sequence.next_at == 701.0
+    run_out(clock, sequence)
+    # Each step in turn, as it would have gone from the start (at most a
+    # task kill and a shell attempt due together).
+    times = [call[0] for call in target.calls]
+    assert max(times.count(at) for at in times) <= 2
+    assert times[-1] - 700 >= 10
 
 
 def test_begin_twice_does_not_restart():
@@ -215,7 +233,7 @@ def test_stats_show_step_attempts_and_next_time():
         "kill-attempts": 0,
         "next": 101.0,
     }
-    clock.advance(5)
+    clock.pump([0.5] * 10)
     assert sequence.stats() | {"started": None} == {
         "step": "kill-shell",
         "reason": "cancel",

@@ -150,9 +150,10 @@ class Job:
     def _timeout(self) -> None:
         if self._ended():
             return
-        log.info("job {job}: time limit reached", job=self.jobid)
-        self._count("job-timeouts")
-        self.termination.begin(TerminationReason.TIMEOUT)
+        if self.termination.begin(TerminationReason.TIMEOUT):
+            log.info("job {job}: time limit reached", job=self.jobid)
+            self._count("job-timeouts")
+        # else a cancel is terminating it already: not a timeout
 
     # TerminationTarget: open loop, a failure is logged.
 

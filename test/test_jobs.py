@@ -228,6 +228,16 @@ def test_time_limit_terminates_with_sigalrm(make_server):
     assert entry["termination"]["reason"] == "timeout"
 
 
+def test_a_time_limit_reached_while_cancelled_is_not_a_timeout(make_server):
+    server, systemd, clock = make_server()
+    start_job(server, systemd, SDEXEC_TIME_LIMIT="1m")
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    clock.advance(60)
+    assert server.counters.get("job-timeouts", 0) == 0
+    entry = server.stats()["job-exec"]["jobs"]["f1"]
+    assert entry["termination"]["reason"] == "cancel"
+
+
 def r_local(starttime: float, expiration: float) -> str:
     execution = {
         "R_lite": [{"rank": "0", "children": {"core": "0"}}],

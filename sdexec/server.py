@@ -999,7 +999,7 @@ class ClientProtocol(StdioReceivingProtocol):
         topic, matchtag = message.get("topic"), message.get("matchtag")
         self.server.count("errors")
         self._send_error(
-            topic if isinstance(topic, str) else "",
+            topic if _is_text(topic) else "",  # as _request: it is echoed
             matchtag if type(matchtag) is int else 0,
             errno.EPROTO,
             reason,

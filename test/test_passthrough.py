@@ -286,6 +286,19 @@ def test_mismatched_descriptors_are_eproto_and_closed(
     assert connection.last()["payload"]["procs"] == []
 
 
+def test_refused_descriptors_of_a_topic_that_is_not_text_are_eproto(connection, ends):
+    # The refusal echoed the topic: a lone surrogate in it could not be
+    # encoded, and the error escaped the protocol (the connection dropped).
+    passed, _ = ends
+    deliver(connection, request("\ud800", {}, 3), passed[:1])
+    assert errors(connection) == [
+        (3, errno.EPROTO, "stdio: 1 file descriptor(s) came with a request that"
+         " takes none (only a streaming sdexec.exec with stdio does)")
+    ]  # fmt: skip
+    deliver(connection, request("sdexec.list", {}, 4))
+    assert connection.last()["matchtag"] == 4
+
+
 def test_a_strangers_descriptors_get_eperm_and_the_connection_closes(server):
     """Not the detail of what is wrong with them, on a connection kept open:
     refused when it connected, it is answered nothing more."""

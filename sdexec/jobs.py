@@ -23,7 +23,7 @@ import errno
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -89,6 +89,10 @@ class Job:
         self._over = False  # the main process exited, or the stream ended
         #: A terminate that came before the process started.
         self._pending: TerminationReason | None = None
+        #: The sequence ran out while systemd was away (its kill-signals
+        #: may all have been lost): judged once it is back.
+        self._held_verdict: str | None = None
+        self._verdict_timer: IDelayedCall | None = None
 
     # -- the process's life, as its responses tell it ------------------------
 
@@ -121,6 +125,8 @@ class Job:
         """Stop every timer of the job (it is forgotten, or has ended)."""
         if self._time_limit is not None:
             self._time_limit.cancel()
+        if self._verdict_timer is not None and self._verdict_timer.active():
+            self._verdict_timer.cancel()
         if self.termination.active:
             self.termination.job_exited()
 
@@ -172,10 +178,31 @@ class Job:
         unit has processes): drain, and fail the request with EDEADLK."""
         if self._ended():
             return
+        if not self._systemd.connected:
+            log.warn(
+                "job {job}: its termination ran out while systemd is away:"
+                " judged once systemd is back",
+                job=self.jobid,
+            )
+            self._held_verdict = reason
+            return
         self._count("jobs-unkillable")
         self._drain(reason)
         if self.process is not None:
             self.process.unkillable(reason)
+
+    def systemd_restored(self) -> None:
+        """systemd is back: a verdict held for it comes after one more
+        kill-signal to the job shell and kill-timeout, unless the job has
+        exited by then (what its unit shows once re-read)."""
+        reason, self._held_verdict = self._held_verdict, None
+        if reason is None:
+            return
+        policy = self.termination.policy
+        self.signal_main(policy.kill_signal)
+        self._verdict_timer = self._clock.callLater(
+            policy.kill_timeout, self.unkillable, reason
+        )
 
     def _kill(self, who: str, signum: int) -> None:
         if self.process is None:
@@ -306,6 +333,11 @@ class Jobs:
         if job is not None:
             job.cancel()
             del self.jobs[job.jobid]
+
+    def systemd_restored(self) -> None:
+        """systemd is back: verdicts held while it was away are judged."""
+        for job in list(self.jobs.values()):
+            job.systemd_restored()
 
     def of(self, process: Process | None) -> Job | None:
         """The job ``process`` runs, if any."""

@@ -386,6 +386,7 @@ class SdexecServer:
         """systemd is back after a loss: every process re-reads its unit."""
         for process in list(self.processes.values()):
             process.resync()
+        self.jobs.systemd_restored()
         if self.leftovers is not None:
             self.leftovers.scan().addErrback(self._log_scan_failure)
 

@@ -20,10 +20,11 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import Clock, deferLater
 
 from sdexec.config import parse_config
+from sdexec.outage import SystemdOutage
 from sdexec.protocol import ExecFlag, Topic
 from sdexec.server import RequestError, SdexecServer
 from sdexec.termination import TerminationStep
-from sdexec.testing import DEACTIVATING, INACTIVE, FakeManager
+from sdexec.testing import DEACTIVATING, EXITED, INACTIVE, FakeManager
 
 UNIT = "sdexec-job.service"
 FLAGS = int(ExecFlag.STDOUT | ExecFlag.STDERR)
@@ -485,3 +486,40 @@ def test_a_job_whose_exit_a_reset_cleared_has_still_exited(make_server):
         "job f1 has already exited",
     )
     assert systemd.kills_at == []
+
+
+# -- a termination that runs out while systemd is away ---------------------
+
+
+def outage_server(make_server):
+    """A server whose systemd may be lost and restored, its outage handled
+    as the service handles it."""
+    server, systemd, clock = make_server(**{"kill-timeout": "1s", "max-kill-count": 4})
+    outage = SystemdOutage(server)
+    systemd.on_lost, systemd.on_restored = outage.lost, outage.restored
+    return server, systemd, clock
+
+
+@pytest.mark.parametrize("exits_meanwhile", [False, True], ids=["runs", "exited"])
+def test_a_termination_run_out_while_systemd_is_away_is_judged_once_back(
+    make_server, exits_meanwhile
+):
+    # Every KillUnit failed with systemd: the job was declared unkillable
+    # and the node drained for good, whether it had been signalled at all
+    # or had exited meanwhile.
+    server, systemd, clock = outage_server(make_server)
+    responder = start_job(server, systemd)
+    systemd.lose()
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    clock.pump([0.5] * 26)  # the 12 s of the sequence, and a second
+    assert server.drain_reason is None and len(responder.responses) == 1
+    if exits_meanwhile:
+        systemd.units[UNIT].update({**EXITED, "ExecMainStatus": 0})
+    systemd.restore()  # its unit re-read
+    clock.pump([0.5] * 4)
+    if exits_meanwhile:
+        assert server.drain_reason is None
+        assert {"type": "finished", "status": 0} in responder.responses
+    else:
+        assert systemd.kills_at[-1][1:] == ("main", signal.SIGKILL)  # once more
+        assert server.drain_reason == "unkillable user processes for job f1"

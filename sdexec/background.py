@@ -608,7 +608,7 @@ class TrackedProcesses:
         ``pid``, running or ended; ``missing`` (RFC 42's ENOENT for an
         attach) if there is none, ``errnum`` (saying ``untracked``) if it is
         a plain streaming process."""
-        newest = self._newest(pid, label)
+        newest = self.newest(pid, label)
         if newest is None:
             raise RequestError(missing, f"{_target(pid, label)}: no such process")
         tracked = self._tracked.get(newest) or self._ended_of(newest)
@@ -616,15 +616,10 @@ class TrackedProcesses:
             raise RequestError(errnum, f"{_target(pid, label)}: {untracked}")
         return tracked
 
-    def newest_is_ended(self, process: Process) -> bool:
-        """Whether an ended process kept here was made after ``process``
-        with its pid (reused: ``process`` is not the one that pid names)."""
-        newest = self._newest(process.pid, None)
-        return newest is not None and newest.serial > process.serial
-
-    def _newest(self, pid: int | None, label: str | None) -> Process | None:
+    def newest(self, pid: int | None, label: str | None) -> Process | None:
         """The newest process, running or ended and kept, with ``label`` (if
-        given) or else ``pid``."""
+        given) or else ``pid``: an older one with the pid lingers only after
+        its main process exited, and the pid may have been reused."""
         processes = [
             *self._live.values(),
             *(tracked.process for tracked in self._ended if tracked.process),

@@ -619,20 +619,14 @@ class SdexecServer:
         return iter(list(self._by_connection.get(connection_id, {}).values()))
 
     def find(self, pid: int | None = None, label: str | None = None) -> Process | None:
-        """The running process with ``label`` when one is given (its ``pid``
-        is then ignored, as RFC 42 says), else the newest with ``pid``; none
-        if the newest with that pid has ended (kept for a wait). An older
-        one lingers only after its main process exited, and its pid may have
-        been reused: wait and attach name the newest too."""
-        if label is not None:
-            return next((p for p in self.processes.values() if p.label == label), None)
-        newest = max(
-            (p for p in self.processes.values() if p.pid == pid),
-            key=lambda process: process.serial,
-            default=None,
-        )
-        if newest is None or self.tracked.newest_is_ended(newest):
+        """The process with ``label`` when one is given (its ``pid`` is then
+        ignored, as RFC 42 says), else the newest with ``pid``, as wait and
+        attach find it; none if that one has ended (kept for a wait)."""
+        if pid is None and label is None:
             return None
+        newest = self.tracked.newest(pid, label)
+        if newest is None or self.units.get(newest.unit_name) is not newest:
+            return None  # ended: no unit of the service's runs it now
         return newest
 
     def kill(self, payload: dict) -> defer.Deferred[dict] | AwaitingStart:

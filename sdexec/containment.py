@@ -193,21 +193,9 @@ def _enforced_cpuset(
     """The cpuset ``kind`` (``cpus`` or ``mems``) in force for a unit, from
     its cgroup if it has one that says, else from ``/proc/PID/status``
     (``unlisted(root)`` if the status has no ``status_key``)."""
-    candidates = []
-    if control_group:
-        relative = control_group.lstrip("/")
-        candidates += [
-            os.path.join(root, "sys/fs/cgroup", relative, f"cpuset.{kind}.effective"),
-            os.path.join(root, "sys/fs/cgroup/cpuset", relative, f"cpuset.{kind}"),
-        ]
-    for path in candidates:
-        try:
-            with open(path, encoding="ascii") as file:
-                ids = IDset(file.read().strip())
-        except (OSError, ValueError):
-            continue
-        if ids:  # an empty v1 cpuset file is "not configured", not "none"
-            return ids
+    ids = _cgroup_cpuset(kind, control_group, root) if control_group else None
+    if ids is not None:
+        return ids
     status = process_status(pid, root)
     if status is None:
         return None
@@ -218,6 +206,23 @@ def _enforced_cpuset(
         return IDset(listed.decode("ascii"))
     except ValueError:
         return None
+
+
+def _cgroup_cpuset(kind: str, control_group: str, root: str) -> IDset | None:
+    """The cpuset ``kind`` a unit's cgroup holds it to: v2's effective set,
+    else v1's; ``None`` if neither says."""
+    for base, name in (
+        ("sys/fs/cgroup", f"cpuset.{kind}.effective"),
+        ("sys/fs/cgroup/cpuset", f"cpuset.{kind}"),
+    ):
+        text = cgroup_value(root, base, control_group, name)
+        try:
+            ids = IDset(text) if text is not None else None
+        except ValueError:
+            continue
+        if ids:  # an empty v1 cpuset file is "not configured", not "none"
+            return ids
+    return None
 
 
 def _every_node(root: str) -> IDset | None:

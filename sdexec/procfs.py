@@ -59,7 +59,7 @@ def process_exists(pid: int, root: str = "/") -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # there, another user's
     return True
 
 

@@ -703,23 +703,27 @@ def format_procs(procs: Sequence[dict[str, Any]]) -> str:
 
 def write_output(
     outputs: Mapping[str, _Output], io: Any, on_broken: Callable[[], None]
-) -> None:
+) -> bool:
     """An ``output`` response's data to our stdout or stderr; ``on_broken``
     once nobody reads that stream any more (after a line saying why, unless
-    it was EPIPE)."""
+    it was EPIPE). Whether the data was lost to a write that failed (a full
+    disk, say: not a reader gone)."""
     try:
         stream, data, _ = decode_io(io)
     except ValueError as failure:
         _fail(f"bad output from the service: {failure}")
-        return
+        return False
     output = outputs.get(stream)
     if output is None or not data or output.broken:
-        return
+        return False
     problem = output.write(data)
-    if problem is not None:
-        if problem.errno != errno.EPIPE:
-            _fail(f"cannot write {stream}: {problem.strerror}")
-        on_broken()
+    if problem is None:
+        return False
+    lost = problem.errno != errno.EPIPE
+    if lost:
+        _fail(f"cannot write {stream}: {problem.strerror}")
+    on_broken()
+    return lost
 
 
 # -- the pieces of `sdexec run` -------------------------------------------------

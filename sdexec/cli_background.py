@@ -8,7 +8,6 @@ never Twisted; :mod:`sdexec.cli` loads it only for these commands.
 from __future__ import annotations
 
 import argparse
-import errno
 import signal
 import sys
 
@@ -21,7 +20,6 @@ from sdexec.cli import (
     exit_code,
     write_output,
 )
-from sdexec.ioencode import decode_io
 from sdexec.protocol import ExecFlag, Topic
 from sdexec.rpc import RPCError, background_pid
 from sdexec.syncclient import Loop
@@ -65,15 +63,9 @@ def wait(options: argparse.Namespace) -> int:
     outputs = {"stdout": _Output(1), "stderr": _Output(2)}
     lost = False
     for io in answer.get("output", []):
-        stream, data, _eof = decode_io(io)
-        output = outputs.get(stream)
-        if output is not None and not output.broken:
-            problem = output.write(data)
-            # Waited for once, the output cannot be had again: its loss is
-            # said, and fails the command (a reader gone is not a loss).
-            if problem is not None and problem.errno != errno.EPIPE:
-                _fail(f"cannot write {stream}: {problem.strerror}")
-                lost = True
+        # Waited for once, the output cannot be had again: its loss is
+        # said, and fails the command (a reader gone is not a loss).
+        lost = write_output(outputs, io, lambda: None) or lost
     code = exit_code(answer["status"])
     return (code or 1) if lost else code
 

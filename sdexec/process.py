@@ -576,7 +576,7 @@ class Process:
             self._called.add(UnitCall.RECEIPT)
             self.exit_status = status.wait_status
             read = self._systemd.get_service_properties(self.unit_name)
-            read.addBoth(self._receipt_read, status.wait_status)
+            read.addBoth(self._receipt_read)
 
     @property
     def _awaiting_receipt(self) -> bool:
@@ -596,7 +596,7 @@ class Process:
         asked for."""
         return self._outcome_known or UnitCall.RECEIPT in self._called
 
-    def _receipt_read(self, answer: dict[str, Any] | Failure, wait_status: int) -> None:
+    def _receipt_read(self, answer: dict[str, Any] | Failure) -> None:
         assert self._watch is not None  # every state comes through it
         state = dict(self._watch.state)
         if isinstance(answer, Failure):
@@ -604,14 +604,13 @@ class Process:
         else:
             state.update(answer)
             self._note_cgroup(answer)  # its main process may have gone early
-        # The wait status is the one first seen: a unit gone meanwhile (the
-        # client left, it was stopped) reads back with none.
+        # The wait status is the one first seen (exit_status): a unit gone
+        # meanwhile (the client left, it was stopped) reads back with none.
         receipt = finished_extensions(state)
         if receipt.get("result") == "oom-kill" or receipt.get("oom_kills"):
             self._context.count("oom-kills")
-        self._once(
-            Sent.FINISHED, {"type": "finished", "status": wait_status, **receipt}
-        )
+        finished = {"type": "finished", "status": self.exit_status, **receipt}
+        self._once(Sent.FINISHED, finished)
         for stream in self._eofs_after_finished:
             self._forward_eof(stream)
         self._eofs_after_finished.clear()

@@ -883,18 +883,21 @@ RETAINED_JSON_FACTOR = 8
 
 def _retained_fits_a_frame(config: Config) -> tuple[str, ...]:
     """A warning if one process's retained output may not fit one answer:
-    its ``wait`` would then fail at the client. (A warning, not an error: a
-    smaller ``max-frame-size`` alone, accepted before, must not stop the
-    service from starting.)"""
-    retained, frame = config.sdexec.retained_output, config.sdexec.max_frame_size
-    if retained * RETAINED_JSON_FACTOR <= frame:
+    its ``wait`` would then fail at the client, which reads answers of up
+    to :data:`DEFAULT_MAX_FRAME` whatever ``max-frame-size`` says (that
+    key bounds what the service reads). A warning, not an error: a larger
+    ``retained-output`` alone, accepted before, must not stop the service
+    from starting."""
+    retained = config.sdexec.retained_output
+    if retained * RETAINED_JSON_FACTOR <= DEFAULT_MAX_FRAME:
         return ()
     return (
         f"{config.source}: sdexec.retained-output: {retained} bytes may take"
         f" {RETAINED_JSON_FACTOR} times as many in one wait answer, more than"
-        f" max-frame-size ({frame}): a wait for a process that wrote that much"
-        f" would fail; lower it to at most {frame // RETAINED_JSON_FACTOR}, or"
-        " raise max-frame-size",
+        f" the {DEFAULT_MAX_FRAME} bytes a client reads in one answer: a wait"
+        " for a process that wrote that much would fail at the client, after"
+        " its status was handed out; lower it to at most"
+        f" {DEFAULT_MAX_FRAME // RETAINED_JSON_FACTOR}",
     )
 
 

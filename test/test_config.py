@@ -468,19 +468,31 @@ def test_unknown_table_warns_and_is_ignored():
 
 def test_retained_output_that_may_not_fit_a_wait_answer_warns():
     # 6 bytes of JSON per control character, an io object per run: a wait
-    # answer for a process that wrote that much would pass max-frame-size.
+    # answer for a process that wrote that much would pass the 64 MiB a
+    # client reads in one answer.
     with capturedLogs() as events:
-        config = parse_config({"sdexec": {"max-frame-size": "4M"}}, "f.toml")
+        config = parse_config({"sdexec": {"retained-output": "9M"}}, "f.toml")
     (warning,) = config.warnings
     assert warning.startswith(
-        "f.toml: sdexec.retained-output: 1048576 bytes may take 8 times as many"
-        " in one wait answer, more than max-frame-size (4194304)"
+        "f.toml: sdexec.retained-output: 9437184 bytes may take 8 times as many"
+        " in one wait answer, more than the 67108864 bytes a client reads in"
+        " one answer"
     )
-    assert warning.endswith("lower it to at most 524288, or raise max-frame-size")
+    assert warning.endswith("lower it to at most 8388608")
     assert [event["warning"] for event in events] == [warning]
-    fits = {"max-frame-size": "4M", "retained-output": "512K"}
-    assert parse_config({"sdexec": fits}).warnings == ()
+    assert parse_config({"sdexec": {"retained-output": "8M"}}).warnings == ()
     assert default_config().warnings == ()
+
+
+def test_max_frame_size_bounds_requests_not_the_wait_answer():
+    # The service's read limit says nothing of what clients read: a small
+    # one with the default retained output is no reason to warn, and a
+    # large one does not let a larger retained output fit the clients.
+    small = {"max-frame-size": "1M"}
+    assert parse_config({"sdexec": small}).warnings == ()
+    large = {"max-frame-size": "256M", "retained-output": "32M"}
+    (warning,) = parse_config({"sdexec": large}).warnings
+    assert "more than the 67108864 bytes a client reads" in warning
 
 
 @pytest.mark.parametrize(

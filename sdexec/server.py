@@ -1080,6 +1080,17 @@ class ClientProtocol(StdioReceivingProtocol):
                 request.handle()
             except FramingError as error:  # not a request: as when it was read
                 self._framing_error(str(error))
+            except Exception:
+                # A fault of ours that escaped the request's own handling
+                # (sending its answer, say): what Twisted does with one
+                # raised by a request read at once, also where no transport
+                # call is below us (an answer from systemd let these run),
+                # rather than leaving the rest held on a connection that
+                # reads nothing more.
+                log.failure(
+                    "connection {id}: a held request failed", id=self.connection_id
+                )
+                self.transport.loseConnection()
             finally:
                 close_fds(self.take_request_fds())
 

@@ -25,6 +25,7 @@ from offline import Connection, error_of
 from pytest_twisted import ensureDeferred
 from support import command, run, sleep, until, wait_until_reaped
 from twisted.internet import defer, reactor
+from twisted.logger import capturedLogs
 
 from sdexec.protocol import ExecFlag
 from sdexec.server import (
@@ -110,6 +111,31 @@ def test_a_framing_error_behind_held_requests_comes_after_their_answers(
     assert first["matchtag"] == 1 and "payload" in first
     assert refusal["matchtag"] == 0 and refusal["errnum"] == errno.EPROTO
     assert connection.transport.disconnecting
+
+
+def test_a_held_request_that_fails_past_its_handling_closes_the_connection(
+    connection,
+):
+    """As Twisted closes one whose request raised when read at once: the
+    failure is logged, nothing escapes into whoever resumed the connection
+    (an answer from systemd, a Deferred), and nothing is left held on a
+    connection that would read nothing more."""
+    send = connection.protocol._send
+
+    def failing(topic: str, matchtag: int, payload: dict) -> None:
+        if matchtag == 2:
+            raise RuntimeError("cannot send it")
+        send(topic, matchtag, payload)
+
+    connection.protocol._send = failing
+    connection.protocol.pauseProducing()
+    connection.protocol.dataReceived(stats_requests(1, 3))
+    with capturedLogs() as events:
+        connection.protocol.resumeProducing()
+    assert tags(connection) == [1]
+    assert connection.transport.disconnecting
+    (failure,) = [event for event in events if event.get("log_failure")]
+    assert failure["log_failure"].getErrorMessage() == "cannot send it"
 
 
 def test_a_closing_connection_is_not_left_paused_open(connection):

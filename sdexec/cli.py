@@ -17,6 +17,7 @@ import json
 import os
 import select
 import signal
+import stat
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
@@ -493,13 +494,18 @@ def _run(options: argparse.Namespace) -> int:
 
         return run_background(options, command)
     with Loop() as loop, _Stdio(options) as stdio:
-        job = _Job(loop, options.noinput, stdio, options.usage)
+        job = _Job(
+            loop, options.noinput, stdio, lambda: _connect(loop, options), options.usage
+        )
         # Caught before connecting: a signal that arrives while we start up
         # is held until the process has started.
         loop.catch_signals(FORWARDED_SIGNALS, job.forward_signal)
-        with _connect(loop, options) as connection:
-            job.start(connection, command)
-            loop.run_until(job.ended)
+        try:
+            with _connect(loop, options) as connection:
+                job.start(connection, command)
+                loop.run_until(job.ended)
+        finally:
+            close_outputs(job.outputs)
     return job.exit_code()
 
 
@@ -726,6 +732,19 @@ def write_output(
     return lost
 
 
+def _never() -> bool:
+    return False
+
+
+def _nothing() -> None:
+    pass
+
+
+def close_outputs(outputs: Mapping[str, _Output]) -> None:
+    for output in outputs.values():
+        output.close()
+
+
 # -- the pieces of `sdexec run` -------------------------------------------------
 
 
@@ -739,13 +758,15 @@ class _Job:
         loop: Loop,
         noinput: bool,
         stdio: Mapping[str, int],
+        reconnect: Callable[[], Connection],
         usage: bool = False,
     ) -> None:
         self._loop = loop
+        self._reconnect = reconnect
         self._noinput = noinput
         self._passed = dict(stdio)
         self._usage = usage
-        self._outputs = {"stdout": _Output(1), "stderr": _Output(2)}
+        self.outputs = {"stdout": _Output(1, loop), "stderr": _Output(2, loop)}
         self._connection: Connection | None = None
         self._stream: Exec | None = None
         self._held_signals: list[int] = []
@@ -786,8 +807,24 @@ class _Job:
         stream, connection = self._stream, self._connection
         if stream is None or connection is None or stream.pid is None:
             self._held_signals.append(signum)
-        elif not stream.ended:
+        elif stream.ended:
+            pass
+        elif not any(output.waiting for output in self.outputs.values()):
             connection.kill(signum, stream.pid, _KillSent(signum))
+        else:
+            self._kill_aside(signum, stream.pid)
+
+    def _kill_aside(self, signum: int, pid: int) -> None:
+        """The kill on a connection of its own, closed once answered: while
+        an output write waits for our reader, the service has stopped
+        reading our connection's requests (its answers to us wait unread),
+        and a kill sent there would wait with them."""
+        try:
+            aside = self._reconnect()
+        except SdexecError as failure:
+            _fail(f"kill {signal_name(signum)}: {failure}")
+            return
+        aside.kill(signum, pid, _KillSent(signum, answered=aside.close))
 
     def _send_held_signals(self) -> None:
         held, self._held_signals = self._held_signals, []
@@ -809,7 +846,7 @@ class _Job:
 
     def _output(self, io: Any) -> None:
         # Nobody reads ours: as if the process wrote to the pipe itself.
-        write_output(self._outputs, io, lambda: self.forward_signal(signal.SIGPIPE))
+        write_output(self.outputs, io, lambda: self.forward_signal(signal.SIGPIPE))
 
     # -- stdin ---------------------------------------------------------------
 
@@ -851,41 +888,103 @@ class _Job:
 
 
 class _KillSent(Call):
-    """A forwarded signal's ``sdexec.kill``: only a failure is worth a line."""
+    """A forwarded signal's ``sdexec.kill``: only a failure is worth a line.
+    ``answered()`` is called once the answer (or the failure) is in."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, answered: Callable[[], None] = _nothing) -> None:
         super().__init__()
         self._signum = signum
+        self._answered = answered
+
+    def respond(self, payload: dict) -> None:
+        super().respond(payload)
+        self._answered()
 
     def end(self, error: SdexecError) -> None:
         super().end(error)
         gone = isinstance(error, RPCError) and error.errnum == errno.ESRCH
         if not gone:  # a process that has already exited needs no signal
             _fail(f"kill {signal_name(self._signum)}: {error}")
+        self._answered()
 
 
 class _Output:
-    """One of our output fds, written whole even if it is non-blocking."""
+    """One of our output fds, written whole even if it is non-blocking.
 
-    def __init__(self, fd: int) -> None:
+    Given the ``loop`` (commands that catch signals: ``run``, ``attach``),
+    a pipe or terminal is written through a non-blocking descriptor of its
+    own, so that a write waiting for a slow reader (or a terminal paused
+    with Ctrl-S) serves the signals that come meanwhile: ``run`` forwards
+    them, ``attach`` detaches. ``gave_up()`` true: the rest of the data is
+    not wanted (detached)."""
+
+    def __init__(
+        self, fd: int, loop: Loop | None = None, gave_up: Callable[[], bool] = _never
+    ) -> None:
         self.fd = fd
         self.broken = False
+        self._loop = loop
+        self._gave_up = gave_up
+        #: The descriptor written to, chosen at the first write.
+        self._writer: int | None = None
+        #: Whether a write waits for a reader now.
+        self.waiting = False
 
     def write(self, data: bytes) -> OSError | None:
         """Write all of ``data``; the error if the fd cannot take it (after
         which this output is broken and writes nothing)."""
+        writer = self._writer_fd()
         view = memoryview(data)
-        while view:
+        while view and not self._gave_up():
             try:
-                view = view[os.write(self.fd, view) :]
+                view = view[os.write(writer, view) :]
             except BlockingIOError:
-                # Someone made our fd non-blocking: wait instead of losing
-                # output. Blocking the loop here is the back-pressure.
-                select.select([], [self.fd], [])
+                # Waiting, rather than losing output, is the back-pressure:
+                # nothing more is read from the service meanwhile.
+                self._wait(writer)
             except OSError as failure:
                 self.broken = True
                 return failure
         return None
+
+    def close(self) -> None:
+        """Close the descriptor opened for the writes, if one was."""
+        if self._writer is not None and self._writer != self.fd:
+            os.close(self._writer)
+        self._writer = None
+
+    def _wait(self, writer: int) -> None:
+        if self._loop is None:
+            select.select([], [writer], [])
+            return
+        self.waiting = True
+        try:
+            self._loop.wait_writable(writer, self._gave_up)
+        finally:
+            self.waiting = False
+
+    def _writer_fd(self) -> int:
+        if self._writer is None:
+            self._writer = self.fd if self._loop is None else _nonblocking_twin(self.fd)
+        return self._writer
+
+
+def _nonblocking_twin(fd: int) -> int:
+    """A non-blocking descriptor of the pipe or terminal ``fd`` writes to,
+    opened anew: ``O_NONBLOCK`` on ``fd`` itself would be set on a file
+    description we share with the shell and the rest of the pipeline. ``fd``
+    itself where a write cannot wait long (a file), where it is
+    non-blocking already, or where it cannot be opened again (a socket, a
+    pipe of another user): there a write may block the loop, as before."""
+    try:
+        mode = os.fstat(fd).st_mode
+        waits = stat.S_ISFIFO(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))
+        if not waits or not os.get_blocking(fd):
+            return fd
+        flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+        return os.open(f"/proc/self/fd/{fd}", flags)
+    except OSError:
+        return fd
 
 
 if __name__ == "__main__":

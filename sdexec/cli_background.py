@@ -17,6 +17,7 @@ from sdexec.cli import (
     _fail,
     _Output,
     _request,
+    close_outputs,
     exit_code,
     write_output,
 )
@@ -89,11 +90,14 @@ def attach(options: argparse.Namespace) -> int:
     part on, to our stdout and stderr; its exit code if it ends. Ctrl-C
     (SIGINT, SIGTERM, SIGHUP) detaches: the process runs on."""
     with Loop() as loop:
-        session = _Attached()
+        session = _Attached(loop)
         loop.catch_signals(DETACHING_SIGNALS, session.detach)
-        with _connect(loop, options) as connection:
-            stream = connection.attach(options.target, _BOTH, session.respond)
-            loop.run_until(lambda: stream.ended or session.detached)
+        try:
+            with _connect(loop, options) as connection:
+                stream = connection.attach(options.target, _BOTH, session.respond)
+                loop.run_until(lambda: stream.ended or session.detached)
+        finally:
+            close_outputs(session.outputs)
     # Closing the connection is what detaches, on the service's side.
     if session.detached:
         pid = stream.pid if stream.pid is not None else "?"
@@ -109,8 +113,12 @@ def attach(options: argparse.Namespace) -> int:
 class _Attached:
     """What ``sdexec attach`` does with the stream's responses."""
 
-    def __init__(self) -> None:
-        self.outputs = {"stdout": _Output(1), "stderr": _Output(2)}
+    def __init__(self, loop: Loop) -> None:
+        # A detach ends a write that waits for a reader.
+        self.outputs = {
+            "stdout": _Output(1, loop, self._gave_up),
+            "stderr": _Output(2, loop, self._gave_up),
+        }
         self.status: int | None = None
         self.detached = False
 
@@ -125,6 +133,9 @@ class _Attached:
 
     def detach(self, _signum: int = 0) -> None:
         self.detached = True
+
+    def _gave_up(self) -> bool:
+        return self.detached
 
     def _output(self, io: Any) -> None:
         # Nobody reads our output any more: leave the process be.

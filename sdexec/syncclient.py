@@ -68,6 +68,7 @@ class Loop:
         #: Per watched fd: the events it is watched for, and its callback.
         self._watched: dict[int, tuple[int, Callback]] = {}
         self._wakeup: tuple[int, int] | None = None
+        self._on_signal: Callback | None = None
 
     def watch(self, fd: int, events: int, callback: Callback) -> None:
         """Call ``callback(ready_events)`` while ``fd`` is ready for
@@ -92,16 +93,33 @@ class Loop:
         signal.set_wakeup_fd(writable, warn_on_full_buffer=False)
         for signum in signums:
             signal.signal(signum, _ignore)
+        self._on_signal = on_signal
+        self.watch(readable, READABLE, self._serve_signals)
 
-        def caught(_events: int) -> None:
-            try:
-                signums = os.read(readable, 256)
-            except BlockingIOError:
+    def _serve_signals(self, _events: int = READABLE) -> None:
+        """Call the signal callback for each signal caught since the last."""
+        assert self._wakeup is not None and self._on_signal is not None
+        try:
+            signums = os.read(self._wakeup[0], 256)
+        except BlockingIOError:
+            return
+        for signum in signums:
+            self._on_signal(signum)
+
+    def wait_writable(self, fd: int, gave_up: Callable[[], bool]) -> None:
+        """Wait until ``fd`` can be written (or fails), serving the signals
+        caught meanwhile, and nothing else: the caller is in the middle of
+        a callback (the output of a response being dispatched), and what it
+        read waits for the write. Returns early once ``gave_up()``."""
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        if self._wakeup is not None:
+            poll.register(self._wakeup[0], select.POLLIN)
+        while not gave_up():
+            ready = [ready_fd for ready_fd, _ in poll.poll()]
+            if fd in ready:
                 return
-            for signum in signums:
-                on_signal(signum)
-
-        self.watch(readable, READABLE, caught)
+            self._serve_signals()
 
     def run_until(self, done: Callable[[], bool]) -> None:
         """Dispatch callbacks until ``done()``."""

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +73,23 @@ async def until(condition, what: str, cap_s: float = 15) -> None:
             return
         await sleep(0.05)
     raise AssertionError(f"never happened: {what}")
+
+
+async def until_pipe_full(r: int) -> None:
+    """Let the reactor run until the pipe whose read end is ``r`` is full
+    (a page short at most): its writer now waits for a reader."""
+    capacity = fcntl.fcntl(r, fcntl.F_GETPIPE_SZ)
+    await until(lambda: _unread(r) >= capacity - 4096, "the pipe filled", 60)
+
+
+def _unread(r: int) -> int:
+    return struct.unpack("i", fcntl.ioctl(r, termios.FIONREAD, b"\0" * 4))[0]
+
+
+def read_to_end(r: int) -> bytes:
+    """What is left to read on ``r`` until EOF (blocking); closes it."""
+    with open(r, "rb") as reader:
+        return reader.read()
 
 
 @dataclass

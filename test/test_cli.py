@@ -14,7 +14,7 @@ import sys
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import sleep, wait_until_reaped
+from support import read_to_end, sleep, until, until_pipe_full, wait_until_reaped
 from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThread
 
@@ -145,6 +145,40 @@ async def test_sigterm_to_the_client_exits_143(sdexec):
         client.wait()
         client.stderr.close()
     assert returncode == 143
+
+
+@ensureDeferred
+async def test_a_signal_reaches_the_process_while_the_client_waits_for_a_reader(
+    sdexec,
+):
+    """``--no-passthrough`` output to a pipe nobody reads: the service stops
+    reading the client's connection (its answers wait), so the client sends
+    the kill on one of its own, and the process dies of it at once."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    client = subprocess.Popen(
+        _sdexec_argv("run", "--no-passthrough", "-n", "yes"),
+        env=_environment(sdexec),
+        stdout=w,
+        stderr=subprocess.PIPE,
+    )
+    os.close(w)
+    try:
+        await _wait_for_a_process(sdexec)
+        await until_pipe_full(r)
+        client.send_signal(signal.SIGTERM)
+        await until(
+            lambda: [p["state"] for p in sdexec.server.list()["procs"]] == ["Z"],
+            "the process died of the forwarded SIGTERM, its output unread",
+        )
+        out = await deferToThread(read_to_end, r)
+        returncode = await deferToThread(client.wait, 60)
+    finally:
+        client.kill()
+        client.wait()
+        stderr = client.stderr.read()
+        client.stderr.close()
+    assert (returncode, stderr) == (143, b"")
+    assert out and set(out.splitlines()) == {b"y"}
 
 
 @ensureDeferred

@@ -17,10 +17,12 @@ from types import SimpleNamespace
 
 import pytest
 import pytest_twisted
+from support import read_to_end, until_pipe_full
 from twisted.internet import defer, protocol, reactor
 from twisted.internet.defer import DeferredQueue
 from twisted.internet.endpoints import UNIXServerEndpoint
 from twisted.internet.interfaces import IPushProducer
+from twisted.internet.threads import deferToThread
 from zope.interface import implementer
 
 from sdexec import cli, rpc
@@ -759,6 +761,95 @@ def test_cli_forwards_sigterm_as_kill(served):
     peer.fail(request, ENODATA)
     assert (yield cli.ended) == 143
     assert bytes(cli.err) == b""
+
+
+#: Output that fills a pipe many times over, each line numbered: what
+#: reaches the reader shows whether anything was lost or reordered.
+_FLOOD = [
+    b"".join(b"%07d\n" % line for line in range(start, start + 8192))
+    for start in range(0, 16 * 8192, 8192)
+]
+
+
+def _flood(peer: Peer, request: dict) -> None:
+    for data in _FLOOD:
+        io = encode_io("stdout", "0", data)
+        peer.respond(request, {"type": "output", "pid": 42, "io": io})
+
+
+@pytest_twisted.inlineCallbacks
+def test_cli_forwards_sigterm_while_its_stdout_waits_for_a_reader(served):
+    # A write that waits for a reader used to hold the signal with it: the
+    # process ran on until somebody read. The kill goes on a connection of
+    # its own: the service reads no requests from one whose answers wait.
+    peer, client = served
+    peers = peer.factory.peers
+    r, w = os.pipe2(os.O_CLOEXEC)  # its stdout, nobody reading yet
+    argv = ["run", "--no-passthrough", "-n", "yes"]
+    cli = _spawn_cli(client.path, argv, stdout=w)
+    os.close(w)
+    peer = yield peers.get()
+    request = yield peer.requests.get()
+    yield peer.requests.get()  # stdin EOF
+    peer.respond(request, {"type": "started", "pid": 42})
+    _flood(peer, request)
+    yield defer.ensureDeferred(until_pipe_full(r))
+    cli.transport.signalProcess("TERM")
+    aside = yield peers.get().addTimeout(30, reactor)
+    kill = yield aside.requests.get()
+    assert (kill["topic"], kill["payload"]) == (
+        "sdexec.kill",
+        {"pid": 42, "signum": 15},
+    )
+    aside.respond(kill, {})
+    peer.respond(request, {"type": "finished", "status": signal.SIGTERM})
+    peer.fail(request, ENODATA)
+    out = yield deferToThread(read_to_end, r)
+    assert out == b"".join(_FLOOD)  # all of it, in order, once
+    assert (yield cli.ended) == 143
+    assert bytes(cli.err) == b""  # the kill's answer came, on its connection
+
+
+def test_a_terminal_is_written_through_a_non_blocking_descriptor_of_its_own():
+    # O_NONBLOCK on the shell's own file description of its terminal would
+    # surprise the shell and every other process writing to it.
+    controller, terminal = os.openpty()
+    twin = cli._nonblocking_twin(terminal)
+    try:
+        assert twin != terminal
+        assert not os.get_blocking(twin) and os.get_blocking(terminal)
+        os.write(twin, b"through the twin")
+        assert os.read(controller, 64) == b"through the twin"
+    finally:
+        for fd in {controller, terminal, twin}:
+            os.close(fd)
+
+
+def test_a_file_or_a_socket_is_written_through_its_own_descriptor(tmp_path):
+    with open(tmp_path / "out", "wb") as file:
+        assert cli._nonblocking_twin(file.fileno()) == file.fileno()
+    left, right = socket.socketpair()
+    with left, right:
+        assert cli._nonblocking_twin(left.fileno()) == left.fileno()
+
+
+@pytest_twisted.inlineCallbacks
+def test_cli_attach_detaches_while_its_stdout_waits_for_a_reader(served):
+    peer, client = served
+    r, w = os.pipe2(os.O_CLOEXEC)  # its stdout, nobody reading yet
+    cli = _spawn_cli(client.path, ["attach", "42"], stdout=w)
+    os.close(w)
+    try:
+        peer = yield peer.factory.peers.get()
+        request = yield peer.requests.get()
+        peer.respond(request, {"type": "attached", "pid": 42})
+        _flood(peer, request)
+        yield defer.ensureDeferred(until_pipe_full(r))
+        cli.transport.signalProcess("INT")
+        assert (yield cli.ended.addTimeout(30, reactor)) == 0
+    finally:
+        os.close(r)
+    assert bytes(cli.err) == b"sdexec: detached from pid 42; it runs on\n"
 
 
 @pytest.mark.parametrize(

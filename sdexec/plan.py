@@ -136,6 +136,12 @@ class ExecPlan:
     def label(self) -> str | None:
         return self.command.label
 
+    @property
+    def executable(self) -> str:
+        """The path systemd is given to execute (``cmdline[0]`` resolved)."""
+        (start,) = (p for p in self.properties if p.name == "ExecStartEx")
+        return str(start.value[0][0])
+
     def forwards(self, stream: str) -> bool:
         """Whether the client asked for this output stream."""
         flag = ExecFlag.STDOUT if stream == "stdout" else ExecFlag.STDERR

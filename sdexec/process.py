@@ -623,18 +623,21 @@ class Process:
     def _check_failure(self, status: UnitStatus) -> None:
         if self._outcome_known:
             return  # e.g. a reset after `finished` shows failed/ExecMainCode=0
-        if status.has_failed:
-            self._fail(*status.failure)
-        elif status.failed_without_status:
-            if self._failure_confirmed:
-                self._fail(*status.failure)
-            elif UnitCall.CONFIRM_FAILURE not in self._called and self._watch:
-                # Perhaps half a change: decide on the whole state, as the
-                # refresh's own answer has it (not on signals in between).
-                self._called.add(UnitCall.CONFIRM_FAILURE)
-                self._watch.refresh().addCallbacks(
-                    self._failure_refreshed, self._log_failure, errbackArgs=("GetAll",)
-                )
+        if status.has_failed or (
+            status.failed_without_status and self._failure_confirmed
+        ):
+            self._fail(*status.failure(self.plan.executable, self.plan.command.cwd))
+        elif (
+            status.failed_without_status
+            and UnitCall.CONFIRM_FAILURE not in self._called
+            and self._watch
+        ):
+            # Perhaps half a change: decide on the whole state, as the
+            # refresh's own answer has it (not on signals in between).
+            self._called.add(UnitCall.CONFIRM_FAILURE)
+            self._watch.refresh().addCallbacks(
+                self._failure_refreshed, self._log_failure, errbackArgs=("GetAll",)
+            )
 
     def _failure_refreshed(self, properties: dict[str, Any]) -> None:
         self._failure_confirmed = True

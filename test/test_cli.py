@@ -117,6 +117,29 @@ async def test_a_command_that_cannot_be_executed_exits_126_as_in_a_shell(
 
 
 @ensureDeferred
+async def test_what_systemd_could_not_execute_is_named(sdexec, tmp_path):
+    # Executable, so the service's own check passes; not a format Linux
+    # runs, and no #!: systemd's exec fails (203/EXEC).
+    program = tmp_path / "not-a-program"
+    program.write_bytes(b"\x7fELF" + bytes(60))
+    program.chmod(0o755)
+    done = await cli(sdexec, "run", "-n", str(program))
+    assert done.returncode == 127
+    assert f": cannot execute {program} (the manager's log" in done.stderr.decode()
+
+
+@ensureDeferred
+async def test_a_working_directory_systemd_could_not_enter_is_named(sdexec, tmp_path):
+    missing = tmp_path / "gone"
+    done = await cli(sdexec, "run", "-n", "--dir", str(missing), "/bin/true")
+    assert done.returncode == 127
+    assert done.stderr.decode() == (
+        "sdexec: systemd could not run the command: exit status 200/CHDIR"
+        f" (result: exit-code): cannot enter {missing}\n"
+    )
+
+
+@ensureDeferred
 async def test_property_error_names_the_property(sdexec):
     done = await cli(
         sdexec, "run", "-n", "--setopt", "SDEXEC_PROP_CPUAccounting=maybe", "true"

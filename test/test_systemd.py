@@ -364,8 +364,9 @@ async def test_missing_binary_fails_and_is_reset(units):
     assert (status.active_state, status.code, status.status) == ("failed", 1, 203)
     assert status.has_failed
     assert not status.has_finished
-    assert status.failure[0] == errno.ENOENT
-    assert "203/EXEC" in status.failure[1]
+    errnum, message = status.failure(missing, None)
+    assert errnum == errno.ENOENT
+    assert f"203/EXEC (result: exit-code): cannot execute {missing} (" in message
     await run.client.reset_failed_unit(run.name)
     assert await run.client.list_units_by_patterns([], [run.name]) == []
 

@@ -129,21 +129,37 @@ def test_statuses_200_to_243_are_systemd_failures(status):
 @pytest.mark.parametrize(
     ("status", "errnum", "text"),
     [
-        (203, errno.ENOENT, "exit status 203/EXEC (result: exit-code)"),
-        (200, errno.ENOENT, "exit status 200/CHDIR"),
-        (204, errno.EIO, "exit status 204/MEMORY"),
-        (223, errno.EIO, "exit status 223/unknown"),
-        (243, errno.EIO, "exit status 243/CREDENTIALS"),
+        (
+            203,
+            errno.ENOENT,
+            "exit status 203/EXEC (result: exit-code): cannot execute /opt/x"
+            " (the manager's log says why: a missing #! interpreter, a binary"
+            " for another machine...)",
+        ),
+        (
+            200,
+            errno.ENOENT,
+            "exit status 200/CHDIR (result: exit-code): cannot enter /w",
+        ),
+        (204, errno.EIO, "exit status 204/MEMORY (result: exit-code)"),
+        (223, errno.EIO, "exit status 223/unknown (result: exit-code)"),
+        (243, errno.EIO, "exit status 243/CREDENTIALS (result: exit-code)"),
     ],
 )
 def test_failure_names_systemds_exit_code(status, errnum, text):
-    failure_errno, message = exited(status).failure
+    # And, for the two a client can act on, what systemd was given.
+    failure_errno, message = exited(status).failure("/opt/x", "/w")
     assert failure_errno == errnum
-    assert text in message
+    assert message == f"systemd could not run the command: {text}"
+
+
+def test_a_chdir_failure_without_a_cwd_names_the_default():
+    _, message = exited(200).failure("/opt/x", None)
+    assert message.endswith(": cannot enter its default working directory")
 
 
 def test_failure_without_exit_status_gives_the_result():
-    assert status_of("failed", "failed", 0, 0, "resources").failure == (
+    assert status_of("failed", "failed", 0, 0, "resources").failure("/x", None) == (
         errno.EIO,
         "unit failed before running the command (result: resources)",
     )

@@ -84,7 +84,8 @@ SYSTEMD_EXIT_NAMES = {
 #: The errno a client sees for a systemd exit code: the binary or the working
 #: directory is missing (or unusable) for EXEC and CHDIR; anything else is a
 #: setup failure of the unit.
-_EXIT_ERRNO = {200: errno.ENOENT, 203: errno.ENOENT}
+EXIT_CHDIR, EXIT_EXEC = 200, 203
+_EXIT_ERRNO = {EXIT_CHDIR: errno.ENOENT, EXIT_EXEC: errno.ENOENT}
 
 
 def wait_status(code: int, status: int) -> int:
@@ -180,22 +181,33 @@ class UnitStatus:
         fresh ``GetAll`` before believing it."""
         return self.active_state == "failed" and not self._exited
 
-    @property
-    def failure(self) -> tuple[int, str]:
+    def failure(self, executable: str, cwd: str | None) -> tuple[int, str]:
         """``(errno, message)`` for a unit that :attr:`has_failed` (or is
-        confirmed :attr:`failed_without_status`)."""
-        if self._systemd_exit:
-            name = SYSTEMD_EXIT_NAMES.get(self.status, "unknown")
+        confirmed :attr:`failed_without_status`). For the two failures a
+        client can act on, the message names what systemd was given: the
+        ``executable`` it could not execute (203/EXEC: the plan found the
+        file executable, so the exec itself failed), the working directory
+        ``cwd`` it could not enter (200/CHDIR; ``None``: the manager's
+        default)."""
+        if not self._systemd_exit:
             return (
-                _EXIT_ERRNO.get(self.status, errno.EIO),
-                f"systemd could not run the command: exit status {self.status}/{name}"
+                errno.EIO,
+                "unit failed before running the command"
                 f" (result: {self.result or 'unknown'})",
             )
-        return (
-            errno.EIO,
-            "unit failed before running the command"
-            f" (result: {self.result or 'unknown'})",
+        name = SYSTEMD_EXIT_NAMES.get(self.status, "unknown")
+        message = (
+            f"systemd could not run the command: exit status {self.status}/{name}"
+            f" (result: {self.result or 'unknown'})"
         )
+        if self.status == EXIT_EXEC:
+            message += (
+                f": cannot execute {executable} (the manager's log says why: a"
+                " missing #! interpreter, a binary for another machine...)"
+            )
+        elif self.status == EXIT_CHDIR:
+            message += f": cannot enter {cwd or 'its default working directory'}"
+        return _EXIT_ERRNO.get(self.status, errno.EIO), message
 
     @property
     def is_inactive(self) -> bool:

@@ -129,6 +129,10 @@ class CanaryResponder:
 
     def __init__(self, bus: str) -> None:
         self.done: defer.Deferred[str | None] = defer.Deferred()
+        #: Whether the canary could not run because systemd was away (its
+        #: start failed with EAGAIN: reconnecting, or the connection lost):
+        #: then its verdict says nothing of the fence.
+        self.systemd_away = False
         self._bus = bus
         self._status: int | None = None
         self._stderr = b""
@@ -147,6 +151,7 @@ class CanaryResponder:
         stderr = self._stderr.decode(errors="replace")
         if errnum != errno.ENODATA:
             stderr = f"{errstr} {stderr}".strip()
+            self.systemd_away = self._status is None and errnum == errno.EAGAIN
         if not self.done.called:  # a timed-out canary ends after its verdict
             self.done.callback(canary_verdict(self._status, stderr, self._bus))
 

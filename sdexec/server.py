@@ -131,6 +131,8 @@ class SdexecServer:
         #: Canaries awaiting their verdict (a reload may start one while
         #: another runs): a shutdown cancels them with their timers.
         self._canaries: set[defer.Deferred[str | None]] = set()
+        #: Whether a canary is owed: systemd was away when one was to run.
+        self._devices_unverified = False
         #: Metrics hook (sdexec/metrics.py): ``watch_exec(responder)`` wraps
         #: each exec stream's responder, ``error_sent(topic, errnum)`` sees errors.
         self.observer: Any = None
@@ -389,6 +391,9 @@ class SdexecServer:
         self.jobs.systemd_restored()
         if self.leftovers is not None:
             self.leftovers.scan().addErrback(self._log_scan_failure)
+        if self._devices_unverified:
+            self._devices_unverified = False
+            self.verify_devices()
 
     @staticmethod
     def _log_scan_failure(failure) -> None:
@@ -404,6 +409,9 @@ class SdexecServer:
             # No verdict is in force: one from before a reload that turned
             # containment off would describe jobs no longer fenced.
             self.device_fence = None
+            return defer.succeed(None)
+        if not self.systemd.connected:
+            self._verify_devices_later()
             return defer.succeed(None)
         try:
             plan = self._own(canary_plan(self.config))
@@ -430,8 +438,15 @@ class SdexecServer:
         self._canaries.add(verdict)
         verdict.addBoth(self._canary_settled, verdict)
         return verdict.addCallbacks(
-            self._device_verdict, self._canary_cancelled, callbackArgs=(key,)
+            self._device_verdict, self._canary_cancelled, callbackArgs=(key, responder)
         )
+
+    def _verify_devices_later(self) -> None:
+        """systemd is away (a reload during an outage, say): a canary could
+        not run, and that says nothing of the fence. It runs once systemd
+        is back (:meth:`systemd_restored`); the verdict in force stands."""
+        self._devices_unverified = True
+        log.info("device policy not verified: systemd is away; verified once back")
 
     def _canary_settled(self, result: Any, verdict: defer.Deferred) -> Any:
         self._canaries.discard(verdict)
@@ -444,10 +459,15 @@ class SdexecServer:
         failure.trap(defer.CancelledError)
         log.info("device policy not verified: the service stopped first")
 
-    def _device_verdict(self, problem: str | None, key: tuple[int, int]) -> str | None:
+    def _device_verdict(
+        self, problem: str | None, key: tuple[int, int], responder: CanaryResponder
+    ) -> str | None:
         canary = self.processes.get(key)
         if canary is not None:  # stopped and reaped if it timed out; else a no-op
             canary.abandon()
+        if responder.systemd_away:
+            self._verify_devices_later()
+            return None
         return self._judged(problem)
 
     def _judged(self, problem: str | None) -> str | None:

@@ -37,6 +37,7 @@ from sdexec.plan import RequestError
 from sdexec.property import UnitProperty
 from sdexec.server import SdexecServer
 from sdexec.systemd import SystemdError
+from sdexec.systemd.errors import connection_lost
 from sdexec.systemd.unit import wait_status
 from sdexec.testing import EXITED, INACTIVE, RUNNING, FakeManager
 
@@ -135,9 +136,14 @@ def canary_unit(systemd: FakeManager) -> str:
     return name
 
 
-def run_canary(systemd: FakeManager, code: int) -> None:
-    """The canary runs and exits with ``code``, as systemd would report it."""
-    unit = canary_unit(systemd)
+def last_canary_unit(systemd: FakeManager) -> str:
+    return [call[1] for call in systemd.calls if call[0] == "start"][-1]
+
+
+def run_canary(systemd: FakeManager, code: int, unit: str | None = None) -> None:
+    """The canary (the only one, unless ``unit``) runs and exits with
+    ``code``, as systemd would report it."""
+    unit = unit or canary_unit(systemd)
     systemd.run(unit)
     state = {**EXITED, "ExecMainStatus": code}
     if code != 0:  # a non-zero exit leaves the unit failed; the reset unloads it
@@ -247,6 +253,28 @@ async def test_a_canary_systemd_refuses_is_not_a_verified_fence():
     )
     assert server.drain_reason == problem
     assert server.processes == {}
+
+
+@pytest.mark.parametrize("away", ["before the canary", "during its start"])
+@ensureDeferred
+async def test_a_canary_systemd_was_away_for_runs_again_once_it_is_back(away):
+    # A SIGHUP during a daemon-reexec used to drain the node for a canary
+    # that could not run ("DevicePolicy could not be verified"), and the
+    # outage's end did not lift it: jobs were refused until an undrain.
+    server, systemd, _ = offline_server()
+    if away == "before the canary":
+        systemd.lose()
+    else:  # the connection lost while its start was on the bus
+        systemd.refuse_start = connection_lost("the D-Bus connection closed")
+    assert await server.verify_devices() is None
+    assert (server.drain_reason, server.device_fence) == (None, None)
+    systemd.refuse_start = None
+    systemd.restore()
+    server.systemd_restored()
+    run_canary(systemd, 0, unit=last_canary_unit(systemd))
+    await until(lambda: server.drain_reason is not None, "the canary's verdict")
+    assert server.drain_reason == NOT_ENFORCED
+    await reaped(server)
 
 
 def test_a_canary_that_cannot_be_planned_is_not_a_verified_fence(monkeypatch):

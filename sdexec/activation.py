@@ -30,6 +30,7 @@ __all__ = [
     "is_systemd_endpoint",
     "kernel_somaxconn",
     "server_endpoint",
+    "systemd_endpoint_domain",
     "with_backlog",
 ]
 
@@ -68,6 +69,11 @@ def check_systemd_endpoint(description: str) -> None:
         raise ValueError("give exactly one of index= and name=")
     if "index" in arguments and not arguments["index"].isdigit():
         raise ValueError(f"index={arguments['index']!r} is not a number")
+
+
+def systemd_endpoint_domain(description: str) -> str | None:
+    """The address family a ``systemd:`` endpoint names (``UNIX``...)."""
+    return _arguments(description).get("domain")
 
 
 #: Twisted reads (and then unsets) LISTEN_PID and LISTEN_FDS when it is

@@ -35,10 +35,14 @@ from types import MappingProxyType
 from typing import Any
 
 import yaml
-from twisted.internet.endpoints import serverFromString
+from twisted.internet.endpoints import UNIXServerEndpoint, serverFromString
 from twisted.logger import Logger
 
-from sdexec.activation import check_systemd_endpoint, is_systemd_endpoint
+from sdexec.activation import (
+    check_systemd_endpoint,
+    is_systemd_endpoint,
+    systemd_endpoint_domain,
+)
 from sdexec.command import OWN_PROPERTIES
 from sdexec.fsd import parse_fsd
 from sdexec.idset import MAX_ID
@@ -499,14 +503,33 @@ def _endpoint(value: object) -> str:
     return description
 
 
+def _listen_endpoint(value: object) -> str:
+    """``listen``: an endpoint on a UNIX socket. The service knows who a
+    client is by its uid (``SO_PEERCRED``, docs/operating.md); over TCP
+    there is none, and every connection, the owner's too, was refused."""
+    description = _endpoint(value)
+    if is_systemd_endpoint(description):
+        unix = systemd_endpoint_domain(description) == "UNIX"
+    else:
+        unix = isinstance(serverFromString(None, description), UNIXServerEndpoint)
+    if not unix:
+        raise ValueError(
+            f"{_quote(value)}: requests are served on a UNIX socket only (the"
+            " service knows its clients by their uid, which a TCP connection"
+            " does not carry): give unix:PATH, or systemd:domain=UNIX:name=NAME"
+        )
+    return description
+
+
 def check_endpoint_option(option: str, value: str | None) -> str | None:
     """A ``--listen`` or ``--stats`` of twistd's command line, checked as the
     file's ``listen`` and ``stats`` are (a malformed one ended in a
     traceback at the listen): :class:`ConfigError` naming the option."""
     if not value:
         return value  # none given: the file's (an empty one, as before)
+    check = _listen_endpoint if option == "--listen" else _endpoint
     try:
-        return _endpoint(value)
+        return check(value)
     except ValueError as error:
         raise ConfigError("<command line>", option, str(error)) from None
 
@@ -726,7 +749,7 @@ _EXEC: _Table = {
 _SDEXEC: _Table = {
     "mapper": _Key(_class_name),
     "mapper-searchpath": _Key(_searchpath),
-    "listen": _Key(_endpoint),
+    "listen": _Key(_listen_endpoint),
     "listen-backlog": _Key(_integer(1, 2**31 - 1)),  # listen(2) takes an int
     "stats": _Key(_endpoint),
     "rank": _Key(_integer(0, MAX_ID)),  # an id R can name

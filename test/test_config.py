@@ -26,6 +26,7 @@ from sdexec.config import (
     Config,
     ConfigError,
     MiB,
+    check_endpoint_option,
     default_config,
     final_kill_attempt,
     load_config,
@@ -631,8 +632,31 @@ def test_a_stats_socket_path_too_long_to_bind_is_named():
 
 
 def test_the_longest_socket_path_and_port_zero_load():
-    for endpoint in ("unix:/" + "s" * 106, "tcp:0:interface=127.0.0.1"):
-        assert parse_config({"sdexec": {"listen": endpoint}}).sdexec.listen == endpoint
+    sdexec = parse_config(
+        {"sdexec": {"listen": "unix:/" + "s" * 106, "stats": "tcp:0"}}
+    ).sdexec
+    assert (sdexec.listen, sdexec.stats) == ("unix:/" + "s" * 106, "tcp:0")
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["tcp:9000", "tcp6:9000", "systemd:domain=INET:index=0"]
+)
+def test_requests_are_served_on_a_unix_socket_only(endpoint):
+    # Clients are known by their uid (SO_PEERCRED), which TCP does not carry:
+    # such a service started, said it listened, and refused its own owner.
+    with pytest.raises(ConfigError) as error:
+        parse_config({"sdexec": {"listen": endpoint}})
+    assert str(error.value) == (
+        f'<config>: sdexec.listen: "{endpoint}": requests are served on a UNIX'
+        " socket only (the service knows its clients by their uid, which a TCP"
+        " connection does not carry): give unix:PATH, or"
+        " systemd:domain=UNIX:name=NAME"
+    )
+    with pytest.raises(ConfigError, match=r"^<command line>: --listen: "):
+        check_endpoint_option("--listen", endpoint)
+    assert check_endpoint_option("--stats", "tcp:9000") == "tcp:9000"
+    systemd = "systemd:domain=UNIX:name=sdexec"
+    assert parse_config({"sdexec": {"listen": systemd}}).sdexec.listen == systemd
 
 
 def test_a_fifo_is_not_read(tmp_path):

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from twisted.logger import LogLevel, capturedLogs, formatEvent
 
 from sdexec.idset import IDset
 from sdexec.map import (
@@ -1293,6 +1294,30 @@ def test_live_topology_maps_core_0_to_online_cpus():
     assert cpus.issubset(online("cpu"))
     assert cpus.issubset(IDset(os.sched_getaffinity(0)))
     assert IDset(result["AllowedMemoryNodes"]).issubset(online("node"))
+
+
+@pytest.mark.parametrize("status", [0, 1])
+def test_lstopo_is_judged_by_its_exit_status_not_its_warnings(
+    tmp_path, monkeypatch, status
+):
+    # lstopo shows hwloc's non-critical messages itself: on every Intel VMD
+    # node (the H100 NVL's among them) this one, with whole XML on stdout.
+    # Taken for a failure, it made containment refuse to start (exit 78).
+    warning = "hwloc/linux: Ignoring PCI device with non-16bit domain."
+    fake = tmp_path / "lstopo-no-graphics"
+    xml = DATA / "h100-vm.xml"
+    fake.write_text(f"#!/bin/sh\necho '{warning}' >&2\ncat '{xml}'\nexit {status}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with capturedLogs() as events:
+        if status:
+            with pytest.raises(OSError, match=f"^.*{warning}"):
+                create_mapper()
+            return
+        mapper = create_mapper()
+    assert mapper.topology.npus == 16
+    (logged,) = [event for event in events if event["log_level"] == LogLevel.warn]
+    assert formatEvent(logged) == f"lstopo-no-graphics --of xml -: {warning}"
 
 
 def test_cli_reads_the_live_topology_without_xml():

@@ -25,10 +25,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import sh
+from twisted.logger import Logger
 
 from sdexec.idset import IDset
 
 __all__ = ["GPU", "GPU_BACKENDS", "Topology", "live_topology_xml", "out_of_range"]
+
+_log = Logger()
 
 # hwloc OS-device backends whose devices count as GPUs. Others (LevelZero,
 # the Linux backend's bare DRM devices) do not.
@@ -142,8 +145,14 @@ def out_of_range(ids: IDset, count: int, what: str) -> None:
 
 
 def live_topology_xml() -> str:
-    """This machine's topology as hwloc XML, from ``lstopo-no-graphics``."""
-    return _Tool("lstopo-no-graphics", timeout=LSTOPO_TIMEOUT)("--of", "xml", "-")
+    """This machine's topology as hwloc XML, from ``lstopo-no-graphics``.
+
+    Its exit status and the XML decide, not its stderr: lstopo shows hwloc's
+    non-critical messages itself (an Intel VMD PCI domain ignored, a
+    firmware's topology complaints) on nodes whose XML is whole, so they
+    are logged, not taken for a failure."""
+    lstopo = _Tool("lstopo-no-graphics", timeout=LSTOPO_TIMEOUT, warns=True)
+    return lstopo("--of", "xml", "-")
 
 
 def _write_temporary(xml: str) -> str:
@@ -328,11 +337,15 @@ def _info(obj: ET.Element, name: str) -> str | None:
 
 
 class _Tool:
-    """An hwloc command-line tool, run through ``sh``."""
+    """An hwloc command-line tool, run through ``sh``. ``warns``: what it
+    writes to stderr is logged, not a failure."""
 
-    def __init__(self, name: str, timeout: float | None = None) -> None:
+    def __init__(
+        self, name: str, timeout: float | None = None, warns: bool = False
+    ) -> None:
         self.name = name
         self._timeout = timeout
+        self._warns = warns
         try:
             self._command = sh.Command(name)
         except sh.CommandNotFound:
@@ -342,9 +355,9 @@ class _Tool:
 
     def __call__(self, *args: str, stdin: str | None = None) -> str:
         """The tool's output, given ``stdin``; ``OSError`` if it fails, times
-        out, or writes anything to stderr: hwloc-calc exits 0 after warning
-        that an object does not exist, and a partial answer must not become a
-        job's CPU set.
+        out, or (unless it ``warns``) writes anything to stderr: hwloc-calc
+        exits 0 after warning that an object does not exist, and a partial
+        answer must not become a job's CPU set.
         """
         where = " ".join((self.name, *args))
         try:
@@ -361,8 +374,10 @@ class _Tool:
             raise OSError(
                 errno.ETIMEDOUT, f"{where}: no answer in {self._timeout}s"
             ) from None
-        if result.stderr.strip():
+        if result.stderr.strip() and not self._warns:
             raise OSError(errno.EIO, f"{where}: {_lines(result.stderr)}")
+        if result.stderr.strip():
+            _log.warn("{where}: {said}", where=where, said=_lines(result.stderr))
         return result.stdout.decode()
 
 

@@ -161,8 +161,14 @@ def enforced_cpus(control_group: str | None, pid: int, root: str = "/") -> IDset
     """The CPUs a unit's processes may really use, or ``None`` if they
     cannot be read (the process is gone, or its status hidden).
 
-    Read in order: the unit's cgroup v2 ``cpuset.cpus.effective``, its cgroup
-    v1 ``cpuset.cpus``, then the main process's ``Cpus_allowed_list``.
+    Read in order: cgroup v2's ``cpuset.cpus.effective`` of the unit's
+    cgroup, or of its nearest ancestor that has one (the cpuset controller
+    need not reach the unit's: its processes are held to the ancestor's);
+    cgroup v1's ``cpuset.cpus`` of the cpuset cgroup the main process is in
+    (systemd makes none for a unit there); only where the kernel has no
+    cpuset at all, the main process's ``Cpus_allowed_list``. Not before:
+    that is an affinity the process may narrow itself (a Flux job shell
+    binds itself to its cores), which proves no fence.
     """
     return _enforced_cpuset("cpus", "Cpus_allowed_list", control_group, pid, root)
 
@@ -172,10 +178,11 @@ def enforced_mems(control_group: str | None, pid: int, root: str = "/") -> IDset
     ``None`` if they cannot be read (the process is gone, or its status
     hidden).
 
-    Read as :func:`enforced_cpus` reads the CPUs: the unit's cgroup v2
-    ``cpuset.mems.effective``, its cgroup v1 ``cpuset.mems``, then the main
-    process's ``Mems_allowed_list``; a kernel without cpusets has none,
-    and its processes may use every node.
+    Read as :func:`enforced_cpus` reads the CPUs: cgroup v2's
+    ``cpuset.mems.effective`` (the unit's, or its nearest ancestor's),
+    cgroup v1's ``cpuset.mems``, then the main process's
+    ``Mems_allowed_list``; a kernel without cpusets has none, and its
+    processes may use every node.
     """
     return _enforced_cpuset(
         "mems", "Mems_allowed_list", control_group, pid, root, _every_node
@@ -193,7 +200,7 @@ def _enforced_cpuset(
     """The cpuset ``kind`` (``cpus`` or ``mems``) in force for a unit, from
     its cgroup if it has one that says, else from ``/proc/PID/status``
     (``unlisted(root)`` if the status has no ``status_key``)."""
-    ids = _cgroup_cpuset(kind, control_group, root) if control_group else None
+    ids = _cgroup_cpuset(kind, control_group, pid, root)
     if ids is not None:
         return ids
     status = process_status(pid, root)
@@ -208,21 +215,46 @@ def _enforced_cpuset(
         return None
 
 
-def _cgroup_cpuset(kind: str, control_group: str, root: str) -> IDset | None:
-    """The cpuset ``kind`` a unit's cgroup holds it to: v2's effective set,
-    else v1's; ``None`` if neither says."""
-    for base, name in (
-        ("sys/fs/cgroup", f"cpuset.{kind}.effective"),
-        ("sys/fs/cgroup/cpuset", f"cpuset.{kind}"),
-    ):
-        text = cgroup_value(root, base, control_group, name)
-        try:
-            ids = IDset(text) if text is not None else None
-        except ValueError:
-            continue
-        if ids:  # an empty v1 cpuset file is "not configured", not "none"
-            return ids
+def _cgroup_cpuset(
+    kind: str, control_group: str | None, pid: int, root: str
+) -> IDset | None:
+    """The cpuset ``kind`` a unit's processes are held to: v2's effective
+    set of the unit's cgroup or its nearest ancestor's, else v1's of the
+    main process's cpuset cgroup; ``None`` if neither says."""
+    if control_group:
+        for cgroup in _self_and_ancestors(control_group):
+            name = f"cpuset.{kind}.effective"
+            ids = _ids(cgroup_value(root, "sys/fs/cgroup", cgroup, name))
+            if ids is not None:
+                return ids
+    v1_cgroup = _v1_cpuset_cgroup(pid, root)
+    if v1_cgroup is None:
+        return None
+    return _ids(cgroup_value(root, "sys/fs/cgroup/cpuset", v1_cgroup, f"cpuset.{kind}"))
+
+
+def _self_and_ancestors(cgroup: str) -> list[str]:
+    """``/a/b.slice/c.service``, ``/a/b.slice``, ``/a``, ``/``."""
+    parts = [part for part in cgroup.split("/") if part]
+    return ["/" + "/".join(parts[:end]) for end in range(len(parts), -1, -1)]
+
+
+def _v1_cpuset_cgroup(pid: int, root: str) -> str | None:
+    """The cgroup v1 cpuset cgroup process ``pid`` is in, if it has one."""
+    for controllers, path in process_cgroups(pid, root) or ():
+        if "cpuset" in controllers.split(","):
+            return path
     return None
+
+
+def _ids(text: str | None) -> IDset | None:
+    """A cpuset file's IDs; ``None`` if unreadable, unparsable or empty (an
+    empty v1 cpuset file is "not configured", not "none")."""
+    try:
+        ids = IDset(text) if text is not None else None
+    except ValueError:
+        return None
+    return ids or None
 
 
 def _every_node(root: str) -> IDset | None:

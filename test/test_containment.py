@@ -564,13 +564,24 @@ def _fake_file(root: Path, relative: str, text: str) -> None:
 READERS = {"cpus": enforced_cpus, "mems": enforced_mems}
 
 
-def _fake_tree(root: Path, kind: str, v2=None, v1=None, status=None) -> None:
-    """A cgroup v2 and v1 cpuset of ``kind`` and a /proc/42/status, each if
-    given (the status has the same ``(list, mask)`` for CPUs and nodes)."""
+def _fake_tree(
+    root: Path, kind: str, v2=None, v1=None, status=None, v2_parent=None, v1_root=None
+) -> None:
+    """A cgroup v2 cpuset of ``kind`` for the unit (or for its parent
+    only), a v1 one for the unit's cgroup (or for the root cpuset cgroup
+    only) with process 42 in it, and a /proc/42/status, each if given (the
+    status has the same ``(list, mask)`` for CPUs and nodes)."""
     if v2 is not None:
         _fake_file(root, f"sys/fs/cgroup{CGROUP}/cpuset.{kind}.effective", v2)
+    if v2_parent is not None:
+        parent = CGROUP.rsplit("/", 1)[0]
+        _fake_file(root, f"sys/fs/cgroup{parent}/cpuset.{kind}.effective", v2_parent)
     if v1 is not None:
         _fake_file(root, f"sys/fs/cgroup/cpuset{CGROUP}/cpuset.{kind}", v1)
+        _fake_file(root, "proc/42/cgroup", f"7:cpuset:{CGROUP}\n1:name=systemd:/\n")
+    if v1_root is not None:
+        _fake_file(root, f"sys/fs/cgroup/cpuset/cpuset.{kind}", v1_root)
+        _fake_file(root, "proc/42/cgroup", f"7:cpuset:/\n1:name=systemd:{CGROUP}\n")
     if status is not None:
         listed, mask = status
         _fake_file(
@@ -592,8 +603,21 @@ def _fake_tree(root: Path, kind: str, v2=None, v1=None, status=None) -> None:
         ({"status": ("0-3", "f")}, CGROUP, "0-3"),
         ({"v2": "0-1\n", "status": ("5", "20")}, None, "5"),
         ({"v2": "0-1\n", "status": ("5", "20")}, "", "5"),
+        # The process's own affinity proves no fence: it may have narrowed
+        # it itself, as a Flux job shell binds itself to its cores.
+        ({"v2_parent": "0-15\n", "status": ("4-5", "30")}, CGROUP, "0-15"),
+        ({"v1_root": "0-15\n", "status": ("4-5", "30")}, CGROUP, "0-15"),
     ],
-    ids=["v2-first", "v1-next", "unparsable-skipped", "proc-last", "no-cg", "empty-cg"],
+    ids=[
+        "v2-first",
+        "v1-next",
+        "unparsable-skipped",
+        "proc-last",
+        "no-cg",
+        "empty-cg",
+        "v2-ancestor-not-affinity",
+        "v1-process-cpuset-not-affinity",
+    ],
 )
 def test_enforced_cpuset_reads_in_order(tmp_path, kind, tree, control_group, expected):
     _fake_tree(tmp_path, kind, **tree)

@@ -225,9 +225,12 @@ _MAX_DIGITS = len(str(MAX_ID))
 def _parse_id(token: str, text: str) -> int:
     if not token.isdigit() or not token.isascii():
         raise ValueError(f"invalid idset {quoted(text)}: {quoted(token)} is not an id")
-    if len(token.lstrip("0")) > _MAX_DIGITS or int(token) > MAX_ID:
+    # Without its leading zeros: Python refuses to convert more than 4300
+    # digits, zeros included, in words no request should see.
+    digits = token.lstrip("0") or "0"
+    if len(digits) > _MAX_DIGITS or int(digits) > MAX_ID:
         raise ValueError(
             f"invalid idset {quoted(text)}: {quoted(token)} is larger than"
             f" the largest id, {MAX_ID}"
         )
-    return int(token)
+    return int(digits)

@@ -167,6 +167,15 @@ def test_ids_beyond_the_largest_are_refused_naming_it(text):
         IDset(text)
 
 
+def test_leading_zeros_are_any_number_of_zeros():
+    # Python converts no more than 4300 digits, zeros included: its advice
+    # to raise that limit was a request's error.
+    assert IDset("0" * 5000 + "7") == IDset("7")
+    assert IDset("0" * 5000) == IDset("0")
+    with pytest.raises(ValueError, match=f"is larger than the largest id, {MAX_ID}"):
+        IDset("0" * 5000 + str(MAX_ID + 1))
+
+
 @pytest.mark.parametrize("member", [MAX_ID + 1, 2**64])
 def test_members_beyond_the_largest_are_refused(member):
     with pytest.raises(ValueError, match=f"is not an integer from 0 to {MAX_ID}"):

@@ -56,7 +56,7 @@ from sdexec.property import (
     typed_property,
 )
 from sdexec.protocol import DEFAULT_MAX_FRAME
-from sdexec.refusal import quoted
+from sdexec.refusal import json_quoted
 from sdexec.retained import DEFAULT_RETAINED, parse_retained_size
 from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import SUFFIXES, MemoryLimit, parse_size
@@ -380,35 +380,8 @@ _QUOTE_LIMIT = 1000
 
 def _quote(value: object) -> str:
     """A value as the admin would write it: ``"5x"``, ``true``, ``12``; cut
-    short past :data:`_QUOTE_LIMIT` characters. A YAML file of a few hundred
-    bytes can alias its way to a billion items, or to itself: only as much
-    of it is written as is shown."""
-    text = _json_prefix(value, _QUOTE_LIMIT + 1, depth=0)
-    return text if len(text) <= _QUOTE_LIMIT else f"{text[:_QUOTE_LIMIT]}…"
-
-
-def _json_prefix(value: object, budget: int, depth: int) -> str:
-    """``value`` as JSON, at least its first ``budget`` characters if it has
-    that many; nesting below 8 levels (a self-alias has no bottom) is "…"."""
-    if isinstance(value, dict | list):
-        if depth >= 8:
-            return "…"
-        items = value.items() if isinstance(value, dict) else enumerate(value)
-        parts: list[str] = []
-        used = 2
-        for key, item in items:
-            if used >= budget:
-                break
-            prefix = f"{json.dumps(str(key))}: " if isinstance(value, dict) else ""
-            parts.append(prefix + _json_prefix(item, budget - used, depth + 1))
-            used += len(parts[-1]) + 2
-        ends = "{}" if isinstance(value, dict) else "[]"
-        return ends[0] + ", ".join(parts) + ends[1]
-    if isinstance(value, str):
-        return json.dumps(value[:budget])
-    if isinstance(value, int) and not isinstance(value, bool):
-        return quoted(value, limit=budget)  # as JSON writes it, unless too long
-    return json.dumps(value, default=str)
+    short past :data:`_QUOTE_LIMIT` characters (:func:`json_quoted`)."""
+    return json_quoted(value, _QUOTE_LIMIT)
 
 
 def _expected(what: str, value: object) -> ValueError:

@@ -10,10 +10,11 @@ that must eventually fire.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from decimal import Decimal
+
+from sdexec.refusal import json_quoted
 
 __all__ = ["format_fsd", "parse_fsd"]
 
@@ -51,7 +52,7 @@ def parse_fsd(value: str | float) -> float:
         seconds = math.nan
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(
-            f"{_quote(value)} is not a valid duration: expected {_EXPECTED}"
+            f"{json_quoted(value)} is not a valid duration: expected {_EXPECTED}"
         )
     return float(seconds)
 
@@ -94,7 +95,3 @@ def _round_trips(text: str, seconds: float) -> bool:
         return parse_fsd(text) == seconds
     except ValueError:  # overflowed to infinity in a large unit
         return False
-
-
-def _quote(value: object) -> str:
-    return json.dumps(value, default=str)

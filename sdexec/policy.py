@@ -35,7 +35,7 @@ from sdexec.property import (
     STOP_PROPERTIES,
     parse_bool,
 )
-from sdexec.refusal import RequestRefused, printable
+from sdexec.refusal import RequestRefused, json_quoted, printable
 from sdexec.sizes import MemoryLimit
 
 __all__ = [
@@ -275,7 +275,8 @@ def parse_request_properties(value: object) -> frozenset[str]:
     """
     if not isinstance(value, list):
         raise ValueError(
-            f"request-properties: expected an array of property names, got {value!r}"
+            "request-properties: expected an array of property names,"
+            f" got {json_quoted(value)}"
         )
     allowed: set[str] = set()
     for index, entry in enumerate(value):
@@ -286,7 +287,7 @@ def parse_request_properties(value: object) -> frozenset[str]:
         if not isinstance(entry, str) or _PROPERTY_NAME.fullmatch(entry) is None:
             raise ValueError(
                 f"{where}: expected a property name such as MemoryMax"
-                f" or {DEFAULTS_TOKEN!r}, got {entry!r}"
+                f" or {DEFAULTS_TOKEN!r}, got {json_quoted(entry)}"
             )
         reason = never_allowed_reason(entry)
         if reason is not None:

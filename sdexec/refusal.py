@@ -10,7 +10,9 @@ encodable as UTF-8 JSON, whatever the request contained (see
 
 from __future__ import annotations
 
-__all__ = ["RequestRefused", "printable", "quoted"]
+import json
+
+__all__ = ["RequestRefused", "json_quoted", "printable", "quoted"]
 
 
 class RequestRefused(Exception):
@@ -44,3 +46,36 @@ def quoted(value: object, limit: int = 40) -> str:
 
 #: Past about 4300 digits, Python will not write an integer in decimal.
 _MAX_WRITABLE_INT_BITS = 14_000
+
+
+def json_quoted(value: object, limit: int = 1000) -> str:
+    """A configuration value as the admin would write it: ``"5x"``,
+    ``true``, ``12``; cut short past ``limit`` characters. A YAML file of a
+    few hundred bytes can alias its way to a billion items, or to itself:
+    only as much of it is written as is shown."""
+    text = _json_prefix(value, limit + 1, depth=0)
+    return text if len(text) <= limit else f"{text[:limit]}…"
+
+
+def _json_prefix(value: object, budget: int, depth: int) -> str:
+    """``value`` as JSON, at least its first ``budget`` characters if it has
+    that many; nesting below 8 levels (a self-alias has no bottom) is "…"."""
+    if isinstance(value, dict | list):
+        if depth >= 8:
+            return "…"
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        parts: list[str] = []
+        used = 2
+        for key, item in items:
+            if used >= budget:
+                break
+            prefix = f"{json.dumps(str(key))}: " if isinstance(value, dict) else ""
+            parts.append(prefix + _json_prefix(item, budget - used, depth + 1))
+            used += len(parts[-1]) + 2
+        ends = "{}" if isinstance(value, dict) else "[]"
+        return ends[0] + ", ".join(parts) + ends[1]
+    if isinstance(value, str):
+        return json.dumps(value[:budget])
+    if isinstance(value, int) and not isinstance(value, bool):
+        return quoted(value, limit=budget)  # as JSON writes it, unless too long
+    return json.dumps(value, default=str)

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from sdexec.ioencode import encode_io
+from sdexec.refusal import json_quoted
 from sdexec.sizes import parse_size
 
 __all__ = [
@@ -60,13 +61,17 @@ def parse_retained_size(value: object) -> int:
     """Bytes from the value of :data:`CONFIG_KEY`: a size string (``"1M"``,
     ``"64K"``, ``"0"``) or a non-negative integer; ``ValueError`` otherwise."""
     if isinstance(value, bool):
-        raise ValueError(f"retained-output: expected a size such as 1M, got {value!r}")
+        raise ValueError(
+            f"retained-output: expected a size such as 1M, got {json_quoted(value)}"
+        )
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"retained-output: {value} is negative")
         return value
     if not isinstance(value, str):
-        raise ValueError(f"retained-output: expected a size such as 1M, got {value!r}")
+        raise ValueError(
+            f"retained-output: expected a size such as 1M, got {json_quoted(value)}"
+        )
     try:
         return parse_size(value)
     except ValueError as error:

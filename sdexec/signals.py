@@ -4,9 +4,10 @@
 
 from __future__ import annotations
 
-import json
 import re
 import signal
+
+from sdexec.refusal import json_quoted
 
 __all__ = ["parse_signal", "signal_name"]
 
@@ -26,8 +27,7 @@ def parse_signal(value: str | int) -> int:
     """
     number = _lookup(value)
     if number is None or not 1 <= number < signal.NSIG:
-        quoted = json.dumps(value, default=str)
-        raise ValueError(f"{quoted} is not a signal: expected {_EXPECTED}")
+        raise ValueError(f"{json_quoted(value)} is not a signal: expected {_EXPECTED}")
     return number
 
 

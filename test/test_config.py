@@ -520,6 +520,11 @@ def test_allowed_users_the_socket_mode_keeps_out_are_warned_of(mode, warned):
 
 
 SELF_ALIAS = "[[[[[[[[…]]]]]]]]"
+#: A few hundred bytes of YAML that alias to a billion items: ``*i``.
+LAUGHS = "a: &a [1,1,1,1,1,1,1,1,1,1]\n" + "".join(
+    f"{c}: &{c} [{','.join([f'*{p}'] * 10)}]\n"
+    for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+)
 
 
 @pytest.mark.parametrize(
@@ -527,18 +532,34 @@ SELF_ALIAS = "[[[[[[[[…]]]]]]]]"
     [
         # A few hundred bytes that alias to a billion items: the message
         # writes only what it shows.
-        ("a: &a [1,1,1,1,1,1,1,1,1,1]\n"
-         + "".join(f"{c}: &{c} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n"
-                   for p, c in zip("abcdefgh", "bcdefghi", strict=True))
-         + "exec: {imp: *i}\n",
+        (LAUGHS + "exec: {imp: *i}\n",
          "exec.imp: expected a non-empty string, got [[[[[[[[…"),
+        # The checkers of other modules' values quote as briefly (they
+        # wrote a 72 MB line, or ran out of memory, for the same file).
+        (LAUGHS + "exec: {kill-timeout: *i}\n",
+         "exec.kill-timeout: [[[[[[[[…"),
+        (LAUGHS + "exec: {term-signal: *i}\n", "exec.term-signal: [[[[[[[[…"),
+        (LAUGHS + "sdexec: {request-properties: [*i]}\n",
+         "sdexec.request-properties: request-properties[0]: expected a property"
+         " name such as MemoryMax or '@default', got [[[[[[[[…"),
+        (LAUGHS + "sdexec: {retained-output: *i}\n",
+         "sdexec.retained-output: expected a size"),
         ("exec: {imp: &s [*s]}\n",
          f"exec.imp: expected a non-empty string, got {SELF_ALIAS}"),
         ("exec: &s [*s]\n", f"exec: expected a table, got {SELF_ALIAS}"),
         ("exec: {max-kill-count: " + "9" * 5000 + "}\n",
          ": a number too long to read (more than 4300 digits)"),
     ],
-    ids=["billion-laughs", "self-alias", "self-alias-table", "5000-digits"],
+    ids=[
+        "billion-laughs",
+        "duration",
+        "signal",
+        "request-properties",
+        "retained-output",
+        "self-alias",
+        "self-alias-table",
+        "5000-digits",
+    ],
 )  # fmt: skip
 def test_yaml_that_cannot_be_written_back_is_named_briefly(tmp_path, text, message):
     path = tmp_path / "sdexec.yaml"

@@ -601,7 +601,16 @@ def _socket_path(value: object) -> str:
 def _socket_mode(value: object) -> int:
     text = value if isinstance(value, str) else ""
     if re.fullmatch(r"0?[0-7]{3}", text) is None:
-        raise _expected('permissions in octal, as a string such as "0600"', value)
+        error = _expected('permissions in octal, as a string such as "0600"', value)
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and 0 <= value <= 0o777
+        ):
+            # YAML reads an unquoted 0600, TOML 0o600, as the number 384.
+            hint = f" (the number 0{value:o} in octal: quote it)"
+            raise ValueError(f"{error}{hint}")
+        raise error
     return int(text, 8)
 
 

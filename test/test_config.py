@@ -519,6 +519,25 @@ def test_allowed_users_the_socket_mode_keeps_out_are_warned_of(mode, warned):
     assert parse_config({"sdexec": {"socket-mode": "0600"}}).warnings == ()
 
 
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("c.yaml", "sdexec:\n  socket-mode: 0600\n"),
+        ("c.toml", "[sdexec]\nsocket-mode = 0o600\n"),
+    ],
+)
+def test_an_unquoted_octal_socket_mode_is_named_as_written(tmp_path, name, text):
+    # Both read it as the number 384, which the admin never wrote.
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value) == (
+        f"{path}: sdexec.socket-mode: expected permissions in octal, as a string"
+        ' such as "0600", got 384 (the number 0600 in octal: quote it)'
+    )
+
+
 SELF_ALIAS = "[[[[[[[[…]]]]]]]]"
 #: A few hundred bytes of YAML that alias to a billion items: ``*i``.
 LAUGHS = "a: &a [1,1,1,1,1,1,1,1,1,1]\n" + "".join(

@@ -317,8 +317,10 @@ class SdexecClient(JSONLineProtocol):
         self.transport.abortConnection()  # type: ignore[attr-defined]
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self._requests.lose()
-        self.disconnected.callback(None)
+        try:
+            self._requests.lose()
+        finally:  # whatever a request's end did: close() waits for this
+            self.disconnected.callback(None)
 
 
 @implementer(IConsumer)
@@ -492,18 +494,18 @@ class ExecHandle:
         self._send_held()
         if self._paused and self._credit.available > 0 and self._producer is not None:
             self._paused = False
-            self._producer.resumeProducing()
+            _tell_producer(self._producer.resumeProducing)
 
     def _pause_if_exhausted(self) -> None:
         exhausted = self._credit is not None and self._credit.available <= 0
         if exhausted and not self._paused and self._producer is not None:
             self._paused = True
-            self._producer.pauseProducing()
+            _tell_producer(self._producer.pauseProducing)
 
     def _stop_producer(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            producer.stopProducing()
+            _tell_producer(producer.stopProducing)
 
     def _send_early_kills(self) -> None:
         kills, self._early_kills = self._early_kills, []
@@ -553,6 +555,16 @@ class AttachHandle:
             self.done.callback(None)
         else:
             self.done.errback(error)
+
+
+def _tell_producer(call: Callable[[], object]) -> None:
+    """Call the caller's stdin producer, as its response callback is called:
+    a failure is logged, and ends neither this stream (``done`` still
+    fires) nor the connection and the others' requests."""
+    try:
+        call()
+    except Exception:
+        _log.failure("sdexec: the stdin producer failed")
 
 
 def _duplicates(stdio: Mapping[str, int]) -> list[int]:

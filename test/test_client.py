@@ -23,6 +23,7 @@ from twisted.internet.defer import DeferredQueue
 from twisted.internet.endpoints import UNIXServerEndpoint
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.threads import deferToThread
+from twisted.logger import capturedLogs
 from zope.interface import implementer
 
 from sdexec import cli, rpc
@@ -427,6 +428,64 @@ def test_producer_paused_without_credit(served):
     peer.fail(request, ENODATA)
     yield handle.done
     assert producer.calls == ["pause", "resume", "stop"]
+
+
+class FailingProducer(Producer):
+    """A producer that fails each call, as one stopped after it finished
+    might (an assertion, a closed file)."""
+
+    def pauseProducing(self):
+        super().pauseProducing()
+        raise RuntimeError("pause")
+
+    def resumeProducing(self):
+        super().resumeProducing()
+        raise RuntimeError("resume")
+
+    def stopProducing(self):
+        super().stopProducing()
+        raise RuntimeError("stop")
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_failing_producer_is_logged_and_ends_nothing_else(served):
+    # As a failing response callback: the stream still ends (its done used
+    # to never fire), and the connection and its other requests go on.
+    peer, client = served
+    handle, _ = _exec(client, flags=WRITE_CREDIT)
+    producer = FailingProducer()
+    handle.registerProducer(producer, streaming=True)
+    request = yield peer.requests.get()
+    with capturedLogs() as events:
+        handle.write(b"x" * 4096)
+        peer.respond(request, {"type": "add-credit", "channels": {"stdin": 4096}})
+        peer.respond(request, {"type": "add-credit", "channels": {"stdin": 10}})
+        peer.fail(request, ENODATA)
+        yield handle.done
+        assert producer.calls == ["pause", "resume", "stop"]
+    assert not client.disconnected.called  # the connection serves on
+    failures = [
+        e["log_failure"].getErrorMessage() for e in events if "log_failure" in e
+    ]
+    assert failures == ["pause", "resume", "stop"]
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_failing_producer_at_a_lost_connection_ends_every_request(served):
+    peer, client = served
+    handle, _ = _exec(client, flags=WRITE_CREDIT)
+    handle.registerProducer(FailingProducer(), streaming=True)
+    yield peer.requests.get()
+    other, _ = _exec(client)
+    listing = client.list()
+    yield peer.requests.get()
+    yield peer.requests.get()
+    with capturedLogs():
+        peer.transport.loseConnection()
+        yield client.disconnected
+    for request in (handle.done, other.done, listing):
+        with pytest.raises(rpc.ConnectionFailed):
+            yield request
 
 
 @pytest_twisted.inlineCallbacks

@@ -239,6 +239,10 @@ class Connection:
         #: What the socket has not taken yet, each with the descriptors
         #: that go with its first byte.
         self._unsent: list[tuple[bytes, Sequence[int]]] = []
+        #: Whether a read's messages are being dispatched, and a write the
+        #: peer's close refused meanwhile (:meth:`_peer_left`).
+        self._dispatching = False
+        self._write_failure: OSError | None = None
         # The socket module's C core: the module itself imports selectors and
         # builds its enums, a sixth of the command line's imports, for
         # nothing used here.
@@ -381,8 +385,8 @@ class Connection:
                 return
             except OSError as failure:
                 if failure.errno in (errno.EPIPE, errno.ECONNRESET):
-                    self._read_what_is_left()
-                if self._sock.fileno() >= 0:  # not lost with a reason read
+                    self._peer_left(failure)
+                else:
                     self._lose(f"cannot write: {failure.strerror}")
                 return
             if sent < len(data):
@@ -390,12 +394,20 @@ class Connection:
             else:
                 del self._unsent[0]
 
-    def _read_what_is_left(self) -> None:
+    def _peer_left(self, failure: OSError) -> None:
         """The service closed the connection: what it wrote first (why: an
         error on matchtag 0, EPERM for a user it refuses) is read, so that
-        the loss is reported with it."""
+        the loss is reported with it. After the read being dispatched, if
+        this runs from one of its messages' callbacks (a signal forwarded
+        on ``started``): that read's later messages come first."""
+        self._unsent.clear()
+        if self._dispatching:
+            self._write_failure = failure
+            return
         while self._sock.fileno() >= 0 and self._receive():
             pass
+        if self._sock.fileno() >= 0:  # not lost with a reason read
+            self._lose(f"cannot write: {failure.strerror}")
 
     def _receive(self) -> bool:
         """Read once and dispatch what came; whether anything came."""
@@ -414,6 +426,7 @@ class Connection:
         if not received:
             self._lose(None)
             return False
+        self._dispatching = True
         try:
             for message in self._splitter.feed(self._received, received):
                 # A message that answers no request is dropped: the command
@@ -423,6 +436,11 @@ class Connection:
             self._requests.framing_error(str(error))
             self._lose(None)
             return False
+        finally:
+            self._dispatching = False
+        refused, self._write_failure = self._write_failure, None
+        if refused is not None:
+            self._peer_left(refused)
         return True
 
     def _lose(self, why: str | None) -> None:

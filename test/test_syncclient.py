@@ -180,6 +180,48 @@ def test_a_write_to_a_peer_that_left_is_connection_failed(tmp_path):
     server.close()
 
 
+def test_a_request_a_callback_sends_to_a_peer_gone_loses_nothing_received(tmp_path):
+    # `sdexec run` forwards a Ctrl-C held for the start from the `started`
+    # callback. The service had sent the whole stream and closed: the
+    # kill's failed write read the rest at once, inside the dispatch of
+    # `started`, and lost every later message of that read (the output,
+    # `finished`): run printed nothing and exited 1.
+    path = str(tmp_path / "peer.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def response(**fields) -> bytes:
+        return encode_message(
+            {"type": "response", "topic": "sdexec.exec", "matchtag": 1, **fields}
+        )
+
+    output = {"stream": "stdout", "rank": "0", "data": "hello\n"}
+    stream_then_close = b"".join([
+        response(payload={"type": "started", "pid": 42}),
+        response(payload={"type": "output", "pid": 42, "io": output}),
+        response(payload={"type": "finished", "status": 0}),
+        response(errnum=errno.ENODATA, errstr=""),
+    ])  # fmt: skip
+    seen: list[str] = []
+    with Loop() as loop, Connection(loop, path) as connection:
+
+        def on_response(payload: dict) -> None:
+            seen.append(payload["type"])
+            if payload["type"] == "started":
+                connection.kill(15, 42, _Ignored())
+
+        stream = connection.exec({"cmdline": ["true"]}, 3, on_response)
+        accepted, _ = server.accept()
+        accepted.recv(65536)  # the exec
+        accepted.sendall(stream_then_close)
+        accepted.close()  # before the client reads any of it
+        loop.run_until(lambda: stream.ended)
+    server.close()
+    assert seen == ["started", "output", "finished"]
+    assert stream.error is None
+
+
 class _Ignored:
     streaming = False
 

@@ -387,7 +387,9 @@ class ExecHandle:
         if self._credit is None:
             self._send_stdin(encode_io("stdin", "0", data))
             return
-        self._held.append(memoryview(data))
+        # A copy of a mutable buffer: a caller that reads into it again
+        # (a readinto loop) would change what is held.
+        self._held.append(memoryview(data if type(data) is bytes else bytes(data)))
         self._send_held()
         self._pause_if_exhausted()
 

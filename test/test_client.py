@@ -430,6 +430,26 @@ def test_producer_paused_without_credit(served):
     assert producer.calls == ["pause", "resume", "stop"]
 
 
+@pytest_twisted.inlineCallbacks
+def test_stdin_held_for_credit_is_what_was_written_when_written(served):
+    # A caller reading into one bytearray again and again: what waits for
+    # credit was a view of it, and went out as the buffer's later contents.
+    peer, client = served
+    handle, _ = _exec(client, flags=WRITE_CREDIT)
+    request = yield peer.requests.get()
+    buffer = bytearray(b"A" * 8192)
+    handle.write(buffer)  # 4096 go at once, 4096 wait for credit
+    buffer[:] = b"B" * 8192
+    buffer.extend(b"resized")  # the held part no longer pins it
+    peer.respond(request, {"type": "add-credit", "channels": {"stdin": 4096}})
+    peer.respond(request, {"type": "add-credit", "channels": {"stdin": 4096}})
+    first, second = (yield peer.requests.get()), (yield peer.requests.get())
+    sent = decode_io(first["payload"]["io"])[1] + decode_io(second["payload"]["io"])[1]
+    assert sent == b"A" * 8192
+    peer.fail(request, ENODATA)
+    yield handle.done
+
+
 class FailingProducer(Producer):
     """A producer that fails each call, as one stopped after it finished
     might (an assertion, a closed file)."""

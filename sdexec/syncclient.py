@@ -156,6 +156,18 @@ def _descriptors(fds: Sequence[int]) -> tuple[int, int, bytes]:
     return (_socket.SOL_SOCKET, _socket.SCM_RIGHTS, data)
 
 
+def _check_open(stdio: Mapping[str, int]) -> None:
+    """``ValueError`` naming the stream whose descriptor is not open, as
+    the Twisted client says it: sent, it would fail the write, and with it
+    the connection and every request on it."""
+    for stream, fd in stdio.items():
+        try:
+            os.fstat(fd)
+        except (OSError, TypeError, OverflowError) as error:
+            reason = error.strerror if isinstance(error, OSError) else error
+            raise ValueError(f"exec: stdio: {stream}: {fd!r}: {reason}") from None
+
+
 def _ready(polled: int) -> int:
     """poll's events as :data:`READABLE`/:data:`WRITABLE`: an error or a
     hang-up wakes readers and writers alike (as the selectors module has it),
@@ -295,6 +307,7 @@ class Connection:
         payload: dict[str, Any] = {"cmd": cmd, "flags": flags}
         if stdio:
             payload["stdio"] = list(stdio)
+            _check_open(stdio)
         fds = list(stdio.values()) if stdio else []
         stream.matchtag = self.send(Topic.EXEC, payload, stream, fds=fds)
         return stream

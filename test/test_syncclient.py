@@ -222,6 +222,26 @@ def test_a_request_a_callback_sends_to_a_peer_gone_loses_nothing_received(tmp_pa
     assert stream.error is None
 
 
+@pytest.mark.parametrize("fd", ["closed", 2**40, "1"])
+def test_a_stdio_descriptor_not_open_is_refused_before_anything_is_sent(peer, fd):
+    # As the Twisted client refuses it. Sent, a closed one failed the write
+    # and with it the connection; one past a C int stayed at the head of
+    # the queue and failed every later request.
+    path, replies, received = peer
+    replies.append(
+        encode_message({"type": "response", "matchtag": 1, "payload": {"procs": []}})
+    )
+    with Loop() as loop, Connection(loop, path) as connection:
+        if fd == "closed":  # now: its number is not the connection's
+            fd, other = os.pipe()
+            os.close(fd)
+            os.close(other)
+        with pytest.raises(ValueError, match=rf"^exec: stdio: stdout: {fd!r}: "):
+            connection.exec({"cmdline": ["true"]}, 3, print, {"stdout": fd})
+        assert connection.call("sdexec.list", {}) == {"procs": []}
+    assert [message["topic"] for message in received] == ["sdexec.list"]
+
+
 class _Ignored:
     streaming = False
 

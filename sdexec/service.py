@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from twisted.application.service import Service
-from twisted.internet import defer
+from twisted.internet import defer, threads
 from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -145,6 +145,8 @@ class SdexecService(Service):
         self.ports: dict[str, Any] = {}
         self.ready: defer.Deferred = defer.Deferred()
         self.reload_when_started = False  # a SIGHUP came during the start
+        #: One reload at a time: each builds the mapper in a thread.
+        self._reloads = defer.DeferredLock()
         #: Started (listening, READY=1 sent) and not stopping: what a
         #: reload needs.
         self.serving = False
@@ -311,24 +313,42 @@ class SdexecService(Service):
             log.info("reload asked for while starting: it runs once listening")
             self.reload_when_started = True
 
-    def reload(self, path: str | None = None) -> bool:
+    def reload(self, path: str | None = None) -> defer.Deferred[bool]:
         """Load the configuration again and rebuild the mapper; a bad file or
         a mapper that cannot be built keeps the old configuration in force.
-        Running units are not touched; the next request sees the new one."""
+        Fires with whether the new one is in force. Reloads run one at a
+        time, in the order asked. Running units are not touched; the next
+        request sees the new configuration."""
+        return self._reloads.run(
+            lambda: defer.Deferred.fromCoroutine(self._reload_once(path))
+        )
+
+    async def _reload_once(self, path: str | None) -> bool:
         self.readiness.reloading()
         try:
-            reloaded = self._reload(path or self.config.source)
+            reloaded = await self._reload(path or self.config.source)
             self.metrics.reloaded(reloaded)
             return reloaded
         finally:
             self.readiness.reloaded()
 
-    def _reload(self, path: str) -> bool:
+    async def _reload(self, path: str) -> bool:
+        was_running = self.running
         try:
             config = load_config(path)
-            containment = Containment.from_config(config)
+            # In a thread: lstopo (and a site's mapper) can take seconds on
+            # a GPU node, and every stream and timer would wait for them.
+            containment = await threads.deferToThreadPool(
+                self.reactor,
+                self.reactor.getThreadPool(),
+                Containment.from_config,
+                config,
+            )
         except (ConfigError, ValueError, OSError) as error:
             log.error("reload refused, old configuration kept: {error}", error=error)
+            return False
+        if was_running and not self.running:
+            log.info("reload dropped: the service stopped meanwhile")
             return False
         if config.systemd.bus != self.config.systemd.bus:
             # The connection is made once: the configuration in force must

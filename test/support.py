@@ -258,7 +258,7 @@ class RunningService:
         self.clients.append(client)
         return client
 
-    def reload(self, **config_text: str) -> bool:
+    def reload(self, **config_text: str) -> Deferred[bool]:
         """Rewrite the file (``exec=``, ``sdexec=``, ``extra=`` as for
         ``start_service``) and reload it, as SIGHUP does; False if refused."""
         self.write_config(ConfigText(**config_text))

@@ -261,7 +261,7 @@ async def test_custom_mapper_from_searchpath_then_reverted(start_service, tmp_pa
         "mapper_searchpath": str(tmp_path),
     }
 
-    assert service.reload(**contained())
+    assert await service.reload(**contained())
     default = await shown_while_running(client, opts, "CPUAccounting", "DevicePolicy")
     # The manager's default, not "no": cgroup v2 managers default to yes.
     manager_default = manager_property("DefaultCPUAccounting")
@@ -510,7 +510,9 @@ async def test_bad_reload_keeps_mapper_and_running_unit(start_service, tmp_path)
     opts = {R_OPTION: r_local("0")}
     running = await RunningUnit(client, opts).started()
 
-    assert not service.reload(**contained(sdexec='mapper = "nosuch.module.Mapper"'))
+    assert not await service.reload(
+        **contained(sdexec='mapper = "nosuch.module.Mapper"')
+    )
     assert (await client.stats())["mapper"]["config"]["mapper_class"] == (
         "sitemappers.custom.AccountingMapper"
     )

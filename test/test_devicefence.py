@@ -394,7 +394,7 @@ async def test_the_canary_agrees_with_the_node(start_service):
 async def test_a_reload_that_turns_containment_off_drops_the_verdict(start_service):
     service = await start_service(**contained("warn"))
     assert service.server.stats()["device-fence"] is not None
-    assert service.reload() is True  # no containment
+    assert await service.reload() is True  # no containment
     assert service.server.stats()["device-fence"] is None
 
 
@@ -405,7 +405,7 @@ async def test_each_reload_runs_the_canary_again(start_service):
     service = await start_service(**contained("warn"))
     await until(lambda: not service.server.processes, "the first canary reaped")
     reaped = service.server.counters["reaped"]
-    assert service.reload(**contained("drain")) is True
+    assert await service.reload(**contained("drain")) is True
     # The reload's canary runs in the background: one more unit reaped (on
     # an enforcing node its verdict alone would not show it ran again).
     await until(

@@ -87,7 +87,7 @@ async def test_no_system_bus_is_a_one_line_start_failure(monkeypatch, tmp_path):
 @ensureDeferred
 async def test_a_reload_cannot_change_the_bus(start_service):
     service = await start_service()
-    assert service.reload(systemd=SYSTEM_BUS) is False
+    assert await service.reload(systemd=SYSTEM_BUS) is False
     assert service.server.config.systemd.bus == "user"
 
 

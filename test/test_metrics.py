@@ -51,7 +51,7 @@ async def test_metrics_agree_with_stats_and_observe_latency(sdexec, tmp_path):
     assert failed.error is not None
     await wait_until_reaped(sdexec, "sdexec-*")
     sdexec.server.drain("fence check failed for sdexec-x.service")
-    assert sdexec.service.reload()
+    assert await sdexec.service.reload()
 
     base = sdexec.stats_url.removesuffix("/stats")
     stats = json.loads((await _get(sdexec.stats_url))[1])

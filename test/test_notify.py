@@ -132,7 +132,7 @@ async def test_the_service_notifies_ready_status_reload_and_stop(
         assert await _next_messages(notify_socket) == [
             {"STATUS": "serving 0 processes"}
         ]
-        assert running.reload()
+        assert await running.reload()
         reloading, ready = await _next_messages(notify_socket)
         assert reloading["RELOADING"] == "1" and int(reloading["MONOTONIC_USEC"]) > 0
         assert ready == {"READY": "1", "STATUS": "serving 0 processes"}

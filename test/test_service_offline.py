@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from pytest_twisted import ensureDeferred
 from support import until
+from test_devicefence import run_canary
 from test_leftovers import leftover
 from twisted.internet import defer, reactor
 from twisted.internet.endpoints import _SystemdParser
@@ -307,16 +308,50 @@ async def test_start_serve_reload_and_stop(tmp_path):
     client = await connect(reactor, f"{tmp_path}/s.sock")
     assert (await client.list())["procs"] == []
     (tmp_path / "sdexec.toml").write_text("[systemd]\nsdbus-debug = true\n")
-    assert service.reload()
+    assert await service.reload()
     assert manager.debug is True
     (tmp_path / "sdexec.toml").write_text(
         '[exec]\nsdexec-properties = {CPUWeight = "abc"}\n'
     )
-    assert not service.reload()  # refused: the old configuration stays
+    assert not await service.reload()  # refused: the old configuration stays
     assert service.server.config is service.config
     await client.close()
     await service.stopService()
     assert ("disconnect",) in manager.calls
+
+
+@ensureDeferred
+async def test_a_reload_builds_the_mapper_while_the_service_serves_on(
+    tmp_path, monkeypatch
+):
+    # lstopo takes seconds on a GPU node: run in the reactor, every stream
+    # and timer waited for it. Here it waits until the test lets it go,
+    # which the test can do only while the reactor runs.
+    gate = tmp_path / "gate"
+    xml = Path(__file__).parent / "data" / "small.xml"
+    fake = tmp_path / "bin" / "lstopo-no-graphics"
+    fake.parent.mkdir()
+    fake.write_text(
+        f"#!/bin/sh\ntouch '{gate}.running'\n"
+        f"for i in $(seq 300); do [ -e '{gate}' ] && exec cat '{xml}'\n"
+        "sleep 0.1; done\n"
+        "exit 1\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    manager = FakeManager()
+    service = await started_service(tmp_path, manager)
+    (tmp_path / "sdexec.toml").write_text("[exec]\nsdexec-constrain-resources = true\n")
+    reloaded = service.reload()
+    await until(lambda: Path(f"{gate}.running").exists(), "lstopo runs")
+    # The reactor is free while it runs; the old configuration in force.
+    assert not service.config.exec.sdexec_constrain_resources
+    gate.touch()
+    assert await reloaded is True
+    assert service.server.containment.mapper is not None
+    run_canary(manager, 1)  # the reload's device canary: the fence holds
+    await until(lambda: not service.server.processes, "the canary reaped")
+    await service.stopService()
 
 
 @ensureDeferred
@@ -334,7 +369,7 @@ async def test_a_reload_keeps_start_only_settings_in_force_and_says_so(tmp_path)
             # --listen gave it: the file's value is never the one in force
             'listen = "unix:/run/elsewhere.sock"\n'
         )
-        assert service.reload()
+        assert await service.reload()
     finally:
         globalLogPublisher.removeObserver(observer)
     assert service.config.sdexec.socket_mode == 0o600  # what its sockets have
@@ -347,7 +382,8 @@ async def test_a_reload_keeps_start_only_settings_in_force_and_says_so(tmp_path)
     await service.stopService()
 
 
-def test_a_reload_names_the_endpoint_in_force(tmp_path, monkeypatch):
+@ensureDeferred
+async def test_a_reload_names_the_endpoint_in_force(tmp_path, monkeypatch):
     from twisted.logger import formatEvent, globalLogPublisher
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
@@ -359,7 +395,7 @@ def test_a_reload_names_the_endpoint_in_force(tmp_path, monkeypatch):
     observer = lambda event: lines.append(formatEvent(event))  # noqa: E731
     globalLogPublisher.addObserver(observer)
     try:
-        assert service.reload()
+        assert await service.reload()
     finally:
         globalLogPublisher.removeObserver(observer)
     [warning] = [line for line in lines if "read only at start" in line]
@@ -479,7 +515,7 @@ async def test_a_sighup_while_starting_reloads_once_listening(tmp_path):
         assert manager.debug is not True
         connected.callback(manager)
         await service.ready
-        assert manager.debug is True
+        await until(lambda: manager.debug is True, "the reload, once listening")
         await service.stopService()
     finally:
         signal.signal(signal.SIGHUP, previous)

@@ -414,20 +414,47 @@ class Producer:
         self.calls.append("stop")
 
 
+class FailingProducer(Producer):
+    """A producer that fails each call, as one stopped after it finished
+    might (an assertion, a closed file)."""
+
+    def pauseProducing(self):
+        super().pauseProducing()
+        raise RuntimeError("pause")
+
+    def resumeProducing(self):
+        super().resumeProducing()
+        raise RuntimeError("resume")
+
+    def stopProducing(self):
+        super().stopProducing()
+        raise RuntimeError("stop")
+
+
+@pytest.mark.parametrize("kind", [Producer, FailingProducer])
 @pytest_twisted.inlineCallbacks
-def test_producer_paused_without_credit(served):
+def test_producer_paused_without_credit(served, kind):
+    # One that fails is logged, as a failing response callback is: the
+    # stream still ends (its done used to never fire), and the connection
+    # and its other requests go on.
     peer, client = served
     handle, _ = _exec(client, flags=WRITE_CREDIT)
-    producer = Producer()
+    producer = kind()
     handle.registerProducer(producer, streaming=True)
     request = yield peer.requests.get()
-    handle.write(b"x" * 4096)
-    assert producer.calls == ["pause"]
-    peer.respond(request, {"type": "add-credit", "channels": {"stdin": 4096}})
-    peer.respond(request, {"type": "add-credit", "channels": {"stdin": 10}})
-    peer.fail(request, ENODATA)
-    yield handle.done
+    with capturedLogs() as events:
+        handle.write(b"x" * 4096)
+        assert producer.calls == ["pause"]
+        peer.respond(request, {"type": "add-credit", "channels": {"stdin": 4096}})
+        peer.respond(request, {"type": "add-credit", "channels": {"stdin": 10}})
+        peer.fail(request, ENODATA)
+        yield handle.done
     assert producer.calls == ["pause", "resume", "stop"]
+    failures = [
+        e["log_failure"].getErrorMessage() for e in events if "log_failure" in e
+    ]
+    assert failures == ([] if kind is Producer else ["pause", "resume", "stop"])
+    assert not client.disconnected.called
 
 
 @pytest_twisted.inlineCallbacks
@@ -448,46 +475,6 @@ def test_stdin_held_for_credit_is_what_was_written_when_written(served):
     assert sent == b"A" * 8192
     peer.fail(request, ENODATA)
     yield handle.done
-
-
-class FailingProducer(Producer):
-    """A producer that fails each call, as one stopped after it finished
-    might (an assertion, a closed file)."""
-
-    def pauseProducing(self):
-        super().pauseProducing()
-        raise RuntimeError("pause")
-
-    def resumeProducing(self):
-        super().resumeProducing()
-        raise RuntimeError("resume")
-
-    def stopProducing(self):
-        super().stopProducing()
-        raise RuntimeError("stop")
-
-
-@pytest_twisted.inlineCallbacks
-def test_a_failing_producer_is_logged_and_ends_nothing_else(served):
-    # As a failing response callback: the stream still ends (its done used
-    # to never fire), and the connection and its other requests go on.
-    peer, client = served
-    handle, _ = _exec(client, flags=WRITE_CREDIT)
-    producer = FailingProducer()
-    handle.registerProducer(producer, streaming=True)
-    request = yield peer.requests.get()
-    with capturedLogs() as events:
-        handle.write(b"x" * 4096)
-        peer.respond(request, {"type": "add-credit", "channels": {"stdin": 4096}})
-        peer.respond(request, {"type": "add-credit", "channels": {"stdin": 10}})
-        peer.fail(request, ENODATA)
-        yield handle.done
-        assert producer.calls == ["pause", "resume", "stop"]
-    assert not client.disconnected.called  # the connection serves on
-    failures = [
-        e["log_failure"].getErrorMessage() for e in events if "log_failure" in e
-    ]
-    assert failures == ["pause", "resume", "stop"]
 
 
 @pytest_twisted.inlineCallbacks

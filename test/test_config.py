@@ -528,11 +528,8 @@ def test_allowed_users_the_socket_mode_keeps_out_are_warned_of(mode, warned):
 )
 def test_an_unquoted_octal_socket_mode_is_named_as_written(tmp_path, name, text):
     # Both read it as the number 384, which the admin never wrote.
-    path = tmp_path / name
-    path.write_text(text)
-    with pytest.raises(ConfigError) as error:
-        load_config(path)
-    assert str(error.value) == (
+    path, refused = refusal(tmp_path, name, text)
+    assert refused == (
         f"{path}: sdexec.socket-mode: expected permissions in octal, as a string"
         ' such as "0600", got 384 (the number 0600 in octal: quote it)'
     )
@@ -581,12 +578,9 @@ LAUGHS = "a: &a [1,1,1,1,1,1,1,1,1,1]\n" + "".join(
     ],
 )  # fmt: skip
 def test_yaml_that_cannot_be_written_back_is_named_briefly(tmp_path, text, message):
-    path = tmp_path / "sdexec.yaml"
-    path.write_text(text)
-    with pytest.raises(ConfigError) as error:
-        load_config(path)
-    assert message in str(error.value)
-    assert len(str(error.value)) < 1200
+    _, refused = refusal(tmp_path, "sdexec.yaml", text)
+    assert message in refused
+    assert len(refused) < 1200
 
 
 def test_toml_integer_of_thousands_of_digits_is_named(tmp_path):
@@ -609,11 +603,8 @@ def test_toml_integer_of_thousands_of_digits_is_named(tmp_path):
 def test_a_file_nested_past_what_its_parser_follows_is_named(tmp_path, name, text):
     # The parsers recurse per level: a RecursionError was a traceback at
     # start and an unhandled error at a reload.
-    path = tmp_path / name
-    path.write_text(text)
-    with pytest.raises(ConfigError) as error:
-        load_config(path)
-    assert str(error.value) == (
+    path, refused = refusal(tmp_path, name, text)
+    assert refused == (
         f"{path}: nested too deeply to read (arrays or tables within each other)"
     )
 
@@ -989,6 +980,14 @@ systemd:
   sdbus-debug: true
 """,
 }
+
+
+def refusal(tmp_path: Path, name: str, text: str) -> tuple[Path, str]:
+    """The file ``name`` of ``text``, and why loading it is refused."""
+    path = write(tmp_path, name, text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    return path, str(error.value)
 
 
 def write(tmp_path: Path, name: str, text: str | bytes) -> Path:

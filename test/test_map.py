@@ -1320,6 +1320,25 @@ def test_lstopo_is_judged_by_its_exit_status_not_its_warnings(
     assert formatEvent(logged) == f"lstopo-no-graphics --of xml -: {warning}"
 
 
+@pytest.mark.parametrize(
+    ("ending", "said"),
+    [
+        ("kill -SYS $$", "killed by SIGSYS (a system call filter refused it a call)"),
+        ("exit 3", "exited with status 3, saying nothing"),
+    ],
+)
+def test_lstopo_ending_silently_is_named(tmp_path, monkeypatch, ending, said):
+    # Killed by a unit's system call filter, it left "lstopo-no-graphics
+    # --of xml -:" and nothing after it as containment's refusal.
+    fake = tmp_path / "lstopo-no-graphics"
+    fake.write_text(f"#!/bin/sh\n{ending}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(OSError) as raised:
+        create_mapper()
+    assert raised.value.strerror.endswith(f"lstopo-no-graphics --of xml -: {said}")
+
+
 def test_cli_reads_the_live_topology_without_xml():
     run = run_cli("--cores", "0")
     assert run.returncode == 0, run.stderr

@@ -18,6 +18,7 @@ import errno
 import functools
 import os
 import re
+import signal
 import tempfile
 import weakref
 import xml.etree.ElementTree as ET
@@ -369,7 +370,8 @@ class _Tool:
                 _return_cmd=True,
             )
         except sh.ErrorReturnCode as error:
-            raise OSError(errno.EIO, f"{where}: {_lines(error.stderr)}") from None
+            said = _lines(error.stderr) or _how_it_ended(error.exit_code)
+            raise OSError(errno.EIO, f"{where}: {said}") from None
         except sh.TimeoutException:
             raise OSError(
                 errno.ETIMEDOUT, f"{where}: no answer in {self._timeout}s"
@@ -379,6 +381,19 @@ class _Tool:
         if result.stderr.strip():
             _log.warn("{where}: {said}", where=where, said=_lines(result.stderr))
         return result.stdout.decode()
+
+
+def _how_it_ended(exit_code: int) -> str:
+    """A tool's end that it said nothing of (sh gives a signal as -N)."""
+    if exit_code >= 0:
+        return f"exited with status {exit_code}, saying nothing"
+    try:
+        name = signal.Signals(-exit_code).name
+    except ValueError:
+        name = f"signal {-exit_code}"
+    # SIGSYS: a seccomp filter (a unit's SystemCallFilter=) refused a call.
+    hint = " (a system call filter refused it a call)" if name == "SIGSYS" else ""
+    return f"killed by {name}{hint}"
 
 
 def _lines(raw: bytes) -> str:

@@ -500,6 +500,12 @@ class Process:
         self._invocation = bytes(properties.get("InvocationID") or b"") or None
 
     def _unit_changed(self, properties: dict[str, Any]) -> None:
+        if UnitCall.START not in self._called:
+            # Until systemd has accepted the start, a unit of this name may
+            # be another program's (an SDEXEC_NAME systemd will refuse with
+            # UnitExists): its states are kept in the watch, and acted on
+            # once the start is ours (_start_accepted reads them then).
+            return
         gone = self._is_gone(properties)
         if gone == _LOST and properties.get("LoadState") != "not-found":
             # A unit its manager knows and never started (no invocation): a

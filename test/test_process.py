@@ -85,6 +85,48 @@ def test_fast_exit_still_sends_started_before_finished():
     assert ("reset", UNIT) in systemd.calls
 
 
+def held_start(systemd: FakeManager) -> defer.Deferred[str]:
+    """The start's answer, on its way until the test fires it."""
+    answer: defer.Deferred[str] = defer.Deferred()
+
+    def start(name: str, *args: object, **kwargs: object) -> defer.Deferred[str]:
+        systemd.calls.append(("start", name))
+        return answer
+
+    systemd.start_transient_unit = start  # type: ignore[method-assign]
+    return answer
+
+
+def test_a_unit_of_its_name_is_not_acted_on_before_the_start_is_ours():
+    # SDEXEC_NAME may name another program's unit, which systemd refuses
+    # with UnitExists. Its changes while the start was on its way were the
+    # request's: started and finished with its pid and status, and a
+    # StopUnit sent to it.
+    systemd, responder, clock = FakeManager(), Recorder(), Clock()
+    answer = held_start(systemd)
+    context = ProcessContext(reactor=reactor, clock=clock, rank="0")
+    Process(systemd, lifecycle_plan(10, signal.SIGKILL), responder, context).start()
+    systemd.change(UNIT, RUNNING)
+    systemd.change(UNIT, {**EXITED, "ExecMainStatus": 3})
+    assert responder.types() == []
+    exists = SystemdError("org.freedesktop.systemd1.UnitExists", f"{UNIT} exists")
+    answer.errback(exists)
+    assert responder.types() == [errno.EEXIST]
+    assert [call for call in systemd.calls if call[1] == UNIT] == [("start", UNIT)]
+
+
+def test_states_seen_before_the_start_was_answered_are_acted_on_once_it_is():
+    systemd, responder, clock = FakeManager(), Recorder(), Clock()
+    answer = held_start(systemd)
+    context = ProcessContext(reactor=reactor, clock=clock, rank="0")
+    Process(systemd, lifecycle_plan(10, signal.SIGKILL), responder, context).start()
+    systemd.change(UNIT, RUNNING)
+    systemd.change(UNIT, EXITED)
+    answer.callback("/org/freedesktop/systemd1/job/1")
+    assert responder.types() == ["started", "finished"]
+    assert ("stop", UNIT) in systemd.calls
+
+
 def test_exec_failure_is_an_error_not_finished():
     _, systemd, responder, _ = make_process()
     systemd.change(UNIT, FAILED_TO_EXEC)

@@ -148,6 +148,7 @@ class Leftover:
             exec_config.sdexec_stop_timer_signal,
             name,
             _LeftoverStop(self, leftovers.server),
+            lambda: systemd.connected,
         )
         self._watch = systemd.watch_unit(name, self._changed)
 
@@ -156,6 +157,16 @@ class Leftover:
         self._watch.refresh().addErrback(self._failed, "GetAll")
         if stop:
             self.stop()
+
+    def systemd_restored(self) -> None:
+        """systemd is back: read its state again, then send the stop-timer
+        signal the loss may have taken (:meth:`StopTimer.systemd_restored`)."""
+        refreshed = self._watch.refresh()
+        refreshed.addCallbacks(
+            lambda _: self.stop_timer.systemd_restored(),
+            self._failed,
+            errbackArgs=("GetAll",),
+        )
 
     def stop(self) -> None:
         if not self._stopping:
@@ -263,6 +274,13 @@ class Leftovers:
         self._listed_once = False
         self._stops_held = hold_stops
         self._closed = False
+
+    def systemd_restored(self) -> None:
+        """systemd is back after a loss: each leftover's stop timer sends
+        what the loss may have taken (the scan that follows a reconnection
+        finds the rest)."""
+        for unit in list(self.units.values()):
+            unit.systemd_restored()
 
     def release_stops(self) -> None:
         """Stop the leftovers held so far (``leftover-units = "stop"``), and

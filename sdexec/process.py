@@ -198,6 +198,7 @@ class Process:
             plan.stop_timer.signal,
             plan.unit_name,
             _UnitStop(self),
+            lambda: systemd.connected,
         )
         self.stdin = InputChannel(self._add_credit, plan.stdin_bufsize)
         self.output = OutputGate(
@@ -415,6 +416,8 @@ class Process:
         self._called.discard(UnitCall.CONFIRM_FAILURE)  # this refresh confirms
         refreshed = self._watch.refresh()
         refreshed.addCallbacks(self._lost_before_started, self._resync_failed)
+        # After the state read: a unit that stopped meanwhile has no timer.
+        refreshed.addCallback(lambda _: self.stop_timer.systemd_restored())
         if self._stop_wanted or isinstance(self._responder, _Nowhere):
             # A stop the loss failed (a deadline's, a fence's), or a client
             # that left while systemd was away.

@@ -24,6 +24,7 @@ a separate SIGTERM step would only repeat it.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -98,6 +99,9 @@ class StopTimerState(enum.Enum):
     ARMED = "armed"
     #: The stop-timer signal was sent: the second period runs.
     SIGNALED = "signaled"
+    #: A period ran out while systemd was away: no signal could go out,
+    #: and no verdict is given, until it is back (:meth:`StopTimer.systemd_restored`).
+    HELD = "held"
     #: Given up: the target was told to abandon the unit.
     ABANDONED = "abandoned"
     #: The unit left deactivating in time: nothing more will happen.
@@ -127,6 +131,13 @@ class StopTimer:
     ``sdexec-stop-timer-signal``. Call :meth:`deactivating` when the unit
     enters deactivating and :meth:`stopped` when it leaves it (inactive,
     failed, or gone); both are harmless when repeated or late.
+
+    ``connected()`` says whether systemd is there. A period that runs out
+    while it is not gives no verdict (the signal could not go out, and
+    the unit may have stopped meanwhile): once systemd is back and the
+    unit read again, :meth:`systemd_restored` sends the signal once more
+    and the verdict comes one period later, as the job termination
+    sequence does (docs/termination.md).
     """
 
     def __init__(
@@ -136,12 +147,14 @@ class StopTimer:
         signum: int,
         unit: str,
         target: StopTimerTarget,
+        connected: Callable[[], bool],
     ) -> None:
         self._reactor = reactor
         self.seconds = seconds
         self.signum = signum
         self.unit = unit
         self._target = target
+        self._connected = connected
         self.state = StopTimerState.IDLE
         #: Reactor time at which the unit began deactivating.
         self.deactivating_since: float | None = None
@@ -174,6 +187,15 @@ class StopTimer:
         if self.state is not StopTimerState.ABANDONED:
             self.state = StopTimerState.STOPPED
 
+    def systemd_restored(self) -> None:
+        """systemd is back after a loss, and the unit was read again: a
+        signal the loss may have taken (or an expiry it held) is sent
+        again, and the second period counts from now."""
+        held = self.state in (StopTimerState.SIGNALED, StopTimerState.HELD)
+        if held and self._connected():  # (not lost again meanwhile)
+            self._cancel()
+            self._signal()
+
     def stats(self) -> dict[str, Any]:
         """The stop-timer part of a process's ``stats`` entry."""
         return {
@@ -183,12 +205,18 @@ class StopTimer:
         }
 
     def _first_expiry(self) -> None:
+        self._timer = None
+        if self._held_for_systemd():
+            return
         _log.info(
             "{unit}: still deactivating after {seconds:g} s, sending {signal}",
             unit=self.unit,
             seconds=self.seconds,
             signal=signal_name(self.signum),
         )
+        self._signal()
+
+    def _signal(self) -> None:
         self.state = StopTimerState.SIGNALED
         self._timer = self._reactor.callLater(self.seconds, self._second_expiry)
         try:
@@ -198,8 +226,23 @@ class StopTimer:
             # abandoned in time even if this signal was lost.
             _log.failure("{unit}: stop-timer signal failed", unit=self.unit)
 
+    def _held_for_systemd(self) -> bool:
+        """Whether systemd is away: the timer then waits for it (HELD)."""
+        if self._connected():
+            return False
+        self.state = StopTimerState.HELD
+        _log.info(
+            "{unit}: still deactivating, and systemd is away: {signal} and"
+            " the verdict wait until it is back",
+            unit=self.unit,
+            signal=signal_name(self.signum),
+        )
+        return True
+
     def _second_expiry(self) -> None:
         self._timer = None
+        if self._held_for_systemd():
+            return
         self.state = StopTimerState.ABANDONED
         _log.warn(
             "{unit}: still deactivating {seconds:g} s after {signal}: abandoned",

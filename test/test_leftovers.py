@@ -163,6 +163,26 @@ def test_a_leftover_that_will_not_stop_gets_the_stop_timer(systemd):
     assert server.clock.getDelayedCalls() == []
 
 
+def test_a_leftover_s_stop_timer_waits_for_systemd_to_be_back(systemd):
+    # As a process's: its signal failed while systemd was away and was
+    # never sent again, and it was abandoned, the node drained, all the same.
+    leftover(systemd, "sdexec-a.service")
+    server = make_server_with_stop_timer(systemd, 30)
+    server.leftovers.scan()
+    systemd.change("sdexec-a.service", DEACTIVATING)
+    systemd.lose()
+    server.clock.advance(90)
+    assert systemd.signalled == []
+    assert server.drain_reason == "1 leftover unit from a previous run"
+    systemd.restore()
+    server.systemd_restored()
+    assert systemd.signalled == [("sdexec-a.service", signal.SIGUSR1)]
+    server.clock.advance(29)
+    assert server.drain_reason == "1 leftover unit from a previous run"
+    server.clock.advance(1)
+    assert server.drain_reason == "unkillable user processes in unit sdexec-a.service"
+
+
 def test_a_leftover_that_stops_in_time_is_not_signalled(systemd):
     leftover(systemd, "sdexec-a.service")
     server = make_server_with_stop_timer(systemd, 30)

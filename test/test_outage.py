@@ -24,6 +24,7 @@ from sdexec.server import SdexecServer
 from sdexec.systemd import SystemdError
 from sdexec.systemd.errors import NO_SUCH_UNIT
 from sdexec.testing import DEACTIVATING, EXITED, INACTIVE, RUNNING
+from sdexec.unitstop import StopTimerState
 
 
 @pytest.fixture
@@ -371,3 +372,48 @@ def test_a_lost_unit_s_kill_still_to_come_is_the_server_s_to_finish(
     systemd.change(UNIT, OURS)
     away_and_back(systemd, RELOADED)
     assert [kill.noted[0] for kill in server.lost_unit_kills] == [UNIT]
+
+
+#: A process whose stop timer runs 30 s a period.
+LINGERING = {**TRUE, "opts": {**TRUE["opts"], "SDEXEC_STOP_TIMER_SEC": "30"}}
+
+
+def deactivating_with_processes_left(systemd, connection) -> None:
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": LINGERING})
+    systemd.run(UNIT, pid=99)
+    systemd.exit(UNIT)
+    systemd.deactivate(UNIT)
+
+
+def test_the_stop_timer_gives_no_verdict_while_systemd_is_away(
+    systemd, server, connection
+):
+    # Its signal failed at once (EAGAIN) and was never sent again, and the
+    # unit was abandoned a period later: EDEADLK, and the node drained
+    # "unkillable" for processes nothing had signalled.
+    deactivating_with_processes_left(systemd, connection)
+    server.clock.advance(29)
+    systemd.lose()
+    server.clock.advance(1 + 30 + 5)  # both periods run out while away
+    assert systemd.signalled == []
+    systemd.restore()  # still deactivating: the signal goes now
+    assert systemd.signalled == [(UNIT, signal.SIGUSR1)]
+    assert server.drain_reason is None
+    server.clock.advance(30)  # and the verdict a period later
+    assert error_of(connection.last())[0] == errno.EDEADLK
+    assert server.drain_reason == f"unkillable user processes in unit {UNIT}"
+
+
+def test_a_unit_that_stopped_while_systemd_was_away_is_not_unkillable(
+    systemd, server, connection
+):
+    deactivating_with_processes_left(systemd, connection)
+    systemd.lose()
+    server.clock.advance(120)
+    systemd.release(UNIT)
+    away_and_back(systemd, INACTIVE)  # it emptied and stopped meanwhile
+    assert systemd.signalled == []
+    assert server.drain_reason is None
+    assert [r for r in connection.responses() if "errnum" in r] == []  # no EDEADLK
+    (process,) = server.processes.values()
+    assert process.stop_timer.state is StopTimerState.STOPPED

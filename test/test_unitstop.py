@@ -14,7 +14,12 @@ from sdexec.config import RESERVED_PROPERTIES
 from sdexec.property import UINT64_MAX, typed_property
 from sdexec.refusal import RequestRefused
 from sdexec.testing import exec_plan
-from sdexec.unitstop import StopTimer, StopTimerState, lifecycle_properties
+from sdexec.unitstop import (
+    StopTimer,
+    StopTimerState,
+    abandon_reason,
+    lifecycle_properties,
+)
 
 UNIT = "sdexec-0-f2eA3mVhh.service"
 
@@ -31,10 +36,19 @@ class RecordingTarget:
         self.calls.append((self.clock.seconds(), "abandon", reason))
 
 
-def timer(seconds: float = 640.0, signum: int = signal.SIGUSR1):
+class Systemd:
+    """Whether systemd is there, as the timer asks it."""
+
+    def __init__(self) -> None:
+        self.connected = True
+
+
+def timer(seconds: float = 640.0, signum: int = signal.SIGUSR1, systemd=None):
     clock = Clock()
     target = RecordingTarget(clock)
-    return clock, target, StopTimer(clock, seconds, signum, UNIT, target)
+    there = systemd or Systemd()
+    stop = StopTimer(clock, seconds, signum, UNIT, target, lambda: there.connected)
+    return clock, target, stop
 
 
 def test_signal_after_one_period_abandon_after_two():
@@ -92,7 +106,7 @@ def test_a_failing_signal_still_abandons_in_time():
             raise OSError("bus gone")
 
     target = Failing(clock)
-    stop = StopTimer(clock, 5, signal.SIGKILL, UNIT, target)
+    stop = StopTimer(clock, 5, signal.SIGKILL, UNIT, target, lambda: True)
     stop.deactivating()
     clock.advance(5)
     clock.advance(5)
@@ -134,3 +148,52 @@ def test_a_request_may_not_set_them(name):
     assert refused.value.errstr.startswith(
         f"SDEXEC_PROP_{name}: a request can never set {name}: lifecycle"
     )
+
+
+def test_a_period_that_runs_out_while_systemd_is_away_waits_for_it():
+    # Its signal could not go out (KillUnit fails at once while systemd is
+    # away), yet the unit was abandoned a period later: EDEADLK, and the
+    # node drained for processes nothing had signalled.
+    systemd = Systemd()
+    clock, target, stop = timer(seconds=30, systemd=systemd)
+    stop.deactivating()
+    clock.advance(29)
+    systemd.connected = False  # a daemon-reexec
+    clock.advance(1)
+    assert (stop.state, target.calls) == (StopTimerState.HELD, [])
+    clock.advance(300)
+    assert target.calls == []  # no verdict while it is away
+    systemd.connected = True
+    stop.systemd_restored()  # back, the unit read again: still deactivating
+    assert target.calls == [(330, "signal", signal.SIGUSR1)]
+    clock.advance(30)
+    assert target.calls[1:] == [(360, "abandon", abandon_reason(UNIT))]
+
+
+def test_a_signal_an_outage_may_have_taken_is_sent_again_and_the_period_restarts():
+    systemd = Systemd()
+    clock, target, stop = timer(seconds=30, systemd=systemd)
+    stop.deactivating()
+    clock.advance(30)  # signalled; then systemd goes and comes back
+    clock.advance(10)
+    stop.systemd_restored()
+    assert target.calls == [
+        (30, "signal", signal.SIGUSR1),
+        (40, "signal", signal.SIGUSR1),
+    ]
+    clock.advance(29)
+    assert stop.state is StopTimerState.SIGNALED
+    clock.advance(1)
+    assert target.calls[2:] == [(70, "abandon", abandon_reason(UNIT))]
+
+
+def test_a_unit_that_stopped_while_systemd_was_away_is_not_abandoned():
+    systemd = Systemd()
+    clock, target, stop = timer(seconds=30, systemd=systemd)
+    stop.deactivating()
+    systemd.connected = False
+    clock.advance(120)  # both periods would have run out
+    systemd.connected = True
+    stop.follow(False)  # read again: it is inactive
+    stop.systemd_restored()
+    assert (stop.state, target.calls) == (StopTimerState.STOPPED, [])

@@ -51,7 +51,7 @@ from sdexec.plan import ExecPlan
 from sdexec.sockets import unix_path
 from sdexec.systemd import Manager, UnitStatus
 from sdexec.systemd.errors import is_connection_lost, is_unit_gone
-from sdexec.unitstop import StopTimer
+from sdexec.unitstop import StopTimer, StopTimerState
 
 if TYPE_CHECKING:
     from sdexec.server import SdexecServer
@@ -188,6 +188,11 @@ class Leftover:
             "unit": self.name,
             "state": LEFTOVER_STATE,
         }
+
+    @property
+    def abandoned(self) -> bool:
+        """Whether its stop timer gave it up (the node drained for it)."""
+        return self.stop_timer.state is StopTimerState.ABANDONED
 
     def forget(self) -> None:
         self._watch.cancel()
@@ -380,9 +385,13 @@ class Leftovers:
                 self._adopt(name, description[: -len(mark)], stop, origin)
         self._listed_once = True
         undrained = self.server.drain_reason in (None, self._drained_with)
-        if stop and self.units and undrained:
-            previous = not any(unit.of_this_run for unit in self.units.values())
-            self._drained_with = drain_reason(len(self.units), previous)
+        # Not for those the stop timer abandoned: drained for already, and
+        # the admin's once undrained (as an abandoned process's unit is):
+        # each scan after an undrain drained for them again.
+        stopping = [unit for unit in self.units.values() if not unit.abandoned]
+        if stop and stopping and undrained:
+            previous = not any(unit.of_this_run for unit in stopping)
+            self._drained_with = drain_reason(len(stopping), previous)
             self.server.drain(self._drained_with)
         for unit in list(self.units.values()):
             unit.follow(stop and not self._stops_held)

@@ -183,6 +183,24 @@ def test_a_leftover_s_stop_timer_waits_for_systemd_to_be_back(systemd):
     assert server.drain_reason == "unkillable user processes in unit sdexec-a.service"
 
 
+def test_an_undrain_of_an_abandoned_leftover_holds_at_the_next_scan(systemd):
+    # The admin's undrain was undone at each reconnection: the scan drained
+    # again for a leftover the stop timer had given up ("1 leftover unit").
+    leftover(systemd, "sdexec-a.service")
+    server = make_server_with_stop_timer(systemd, 30)
+    server.leftovers.scan()
+    systemd.change("sdexec-a.service", DEACTIVATING)
+    server.clock.advance(30)  # its signal
+    server.clock.advance(30)  # and its abandon
+    assert server.leftovers.units["sdexec-a.service"].abandoned
+    server.undrain()
+    server.leftovers.scan()
+    assert server.drain_reason is None
+    leftover(systemd, "sdexec-b.service")  # a new one drains as before
+    server.leftovers.scan()
+    assert server.drain_reason == "1 leftover unit"  # (found later: this run's)
+
+
 def test_a_leftover_that_stops_in_time_is_not_signalled(systemd):
     leftover(systemd, "sdexec-a.service")
     server = make_server_with_stop_timer(systemd, 30)

@@ -113,7 +113,10 @@ class Twistd:
                     lambda: resource.setrlimit(resource.RLIMIT_NOFILE, open_files)
                 ),
             )  # fmt: skip
-        _wait_for(self.socket.exists, "the service's socket", log=self.log)
+        # Its last words of the start: its stats port listens a few turns
+        # after its socket exists, and a test reading the stats at once
+        # was refused on a loaded machine.
+        _wait_for_text(self.log, b"sdexec listening on")
 
     def write_config(self, **values: str) -> None:
         text = CONFIG.format(socket=self.socket, port=self.port, **values)

@@ -165,12 +165,13 @@ def enforced_cpus(control_group: str | None, pid: int, root: str = "/") -> IDset
     cgroup, or of its nearest ancestor that has one (the cpuset controller
     need not reach the unit's: its processes are held to the ancestor's);
     cgroup v1's ``cpuset.cpus`` of the cpuset cgroup the main process is in
-    (systemd makes none for a unit there); only where the kernel has no
-    cpuset at all, the main process's ``Cpus_allowed_list``. Not before:
-    that is an affinity the process may narrow itself (a Flux job shell
-    binds itself to its cores), which proves no fence.
+    (systemd makes none for a unit there). Where none is seen (a kernel
+    without cpusets, a container the controller is not delegated to),
+    nothing holds them: every online CPU. Never the main process's
+    ``Cpus_allowed_list``: an affinity it may narrow itself (a Flux job
+    shell binds itself to its cores), which proves no fence.
     """
-    return _enforced_cpuset("cpus", "Cpus_allowed_list", control_group, pid, root)
+    return _enforced_cpuset("cpus", None, control_group, pid, root, _every_cpu)
 
 
 def enforced_mems(control_group: str | None, pid: int, root: str = "/") -> IDset | None:
@@ -180,9 +181,10 @@ def enforced_mems(control_group: str | None, pid: int, root: str = "/") -> IDset
 
     Read as :func:`enforced_cpus` reads the CPUs: cgroup v2's
     ``cpuset.mems.effective`` (the unit's, or its nearest ancestor's),
-    cgroup v1's ``cpuset.mems``, then the main process's
-    ``Mems_allowed_list``; a kernel without cpusets has none, and its
-    processes may use every node.
+    cgroup v1's ``cpuset.mems``; where none is seen, the main process's
+    ``Mems_allowed_list``, which the kernel's cpuset sets and the process
+    cannot change; a kernel without cpusets has none, and its processes
+    may use every node.
     """
     return _enforced_cpuset(
         "mems", "Mems_allowed_list", control_group, pid, root, _every_node
@@ -191,22 +193,23 @@ def enforced_mems(control_group: str | None, pid: int, root: str = "/") -> IDset
 
 def _enforced_cpuset(
     kind: str,
-    status_key: str,
+    status_key: str | None,
     control_group: str | None,
     pid: int,
     root: str,
-    unlisted: Callable[[str], IDset | None] = lambda root: None,
+    unlisted: Callable[[str], IDset | None],
 ) -> IDset | None:
     """The cpuset ``kind`` (``cpus`` or ``mems``) in force for a unit, from
-    its cgroup if it has one that says, else from ``/proc/PID/status``
-    (``unlisted(root)`` if the status has no ``status_key``)."""
+    its cgroup if it has one that says, else from ``/proc/PID/status``'s
+    ``status_key`` (if any), else ``unlisted(root)``; ``None`` if the
+    process is gone."""
     ids = _cgroup_cpuset(kind, control_group, pid, root)
     if ids is not None:
         return ids
     status = process_status(pid, root)
     if status is None:
         return None
-    listed = status.get(status_key.encode())
+    listed = status.get(status_key.encode()) if status_key else None
     if listed is None:
         return unlisted(root)
     try:
@@ -257,15 +260,25 @@ def _ids(text: str | None) -> IDset | None:
     return ids or None
 
 
+def _every_cpu(root: str) -> IDset | None:
+    """The CPUs the kernel has online."""
+    return _online(root, "cpu")
+
+
 def _every_node(root: str) -> IDset | None:
     """The NUMA nodes the kernel has: ``node/online``; a kernel without
     NUMA support has only node 0."""
+    return _online(root, "node", missing=IDset("0"))
+
+
+def _online(root: str, what: str, missing: IDset | None = None) -> IDset | None:
+    """``/sys/devices/system/WHAT/online``; ``missing`` if there is none."""
     try:
-        path = os.path.join(root, "sys/devices/system/node/online")
+        path = os.path.join(root, f"sys/devices/system/{what}/online")
         with open(path, encoding="ascii") as file:
             return IDset(file.read().strip())
     except FileNotFoundError:
-        return IDset("0")
+        return missing
     except (OSError, ValueError):
         return None
 

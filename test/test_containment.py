@@ -586,6 +586,7 @@ def _fake_tree(
         _fake_file(root, "proc/42/cgroup", f"7:cpuset:/\n1:name=systemd:{CGROUP}\n")
     if status is not None:
         listed, mask = status
+        _fake_file(root, "sys/devices/system/cpu/online", "0-15\n")
         _fake_file(
             root,
             "proc/42/status",
@@ -602,13 +603,17 @@ def _fake_tree(
         ({"v2": "0-1\n", "v1": "2\n", "status": ("3", "8")}, CGROUP, "0-1"),
         ({"v1": "2,4\n", "status": ("3", "8")}, CGROUP, "2,4"),
         ({"v2": "garbage\n", "v1": "2\n"}, CGROUP, "2"),
-        ({"status": ("0-3", "f")}, CGROUP, "0-3"),
-        ({"v2": "0-1\n", "status": ("5", "20")}, None, "5"),
-        ({"v2": "0-1\n", "status": ("5", "20")}, "", "5"),
+        # No cpuset seen: nothing holds the CPUs (the affinity is the
+        # process's own); the nodes are what its cpuset gave it.
+        ({"status": ("0-3", "f")}, CGROUP, ("0-15", "0-3")),
+        ({"v2": "0-1\n", "status": ("5", "20")}, None, ("0-15", "5")),
+        ({"v2": "0-1\n", "status": ("5", "20")}, "", ("0-15", "5")),
         # The process's own affinity proves no fence: it may have narrowed
         # it itself, as a Flux job shell binds itself to its cores.
         ({"v2_parent": "0-15\n", "status": ("4-5", "30")}, CGROUP, "0-15"),
         ({"v1_root": "0-15\n", "status": ("4-5", "30")}, CGROUP, "0-15"),
+        # A container the cpuset controller is not delegated to: no file.
+        ({"status": ("4-5", "30")}, CGROUP, ("0-15", "4-5")),
     ],
     ids=[
         "v2-first",
@@ -619,10 +624,13 @@ def _fake_tree(
         "empty-cg",
         "v2-ancestor-not-affinity",
         "v1-process-cpuset-not-affinity",
+        "no-cpuset-seen-not-affinity",
     ],
 )
 def test_enforced_cpuset_reads_in_order(tmp_path, kind, tree, control_group, expected):
     _fake_tree(tmp_path, kind, **tree)
+    if isinstance(expected, tuple):  # (cpus, mems)
+        expected = expected[list(READERS).index(kind)]
     assert READERS[kind](control_group, 42, root=str(tmp_path)) == IDset(expected)
 
 
@@ -776,7 +784,8 @@ def test_an_empty_cpuset_file_is_not_a_fence(tmp_path, kind):
     # cgroup v1 shows an empty cpuset.cpus (and .mems) for a cgroup nobody
     # configured.
     _fake_tree(tmp_path, kind, v1="\n", status=("0-3", "f"))
-    assert READERS[kind](CGROUP, 42, root=str(tmp_path)) == IDset("0-3")
+    expected = "0-15" if kind == "cpus" else "0-3"  # as with no cpuset at all
+    assert READERS[kind](CGROUP, 42, root=str(tmp_path)) == IDset(expected)
 
 
 # -- the fence check in the service, offline ------------------------------------
@@ -968,6 +977,7 @@ def test_judging_goes_on_to_the_memory_cap_on_a_kernel_without_cpusets(tmp_path)
     # which a fence to all of them (node 0 here) allows; a cgroup v2 unit
     # with no memory limit.
     _fake_file(tmp_path, "proc/42/status", "Name:\tx\nCpus_allowed_list:\t0-1\n")
+    _fake_file(tmp_path, "sys/devices/system/cpu/online", "0-1\n")
     _fake_file(tmp_path, "proc/42/cgroup", "0::" + CGROUP)
     fences = Fences(IDset("0-1"), IDset("0"), memory_capped=True)
     verdict = judge_fences(fences, CGROUP, 42, root=str(tmp_path))

@@ -150,6 +150,8 @@ class SdexecService(Service):
         #: Started (listening, READY=1 sent) and not stopping: what a
         #: reload needs.
         self.serving = False
+        #: The stop has begun: nothing more is reloaded or told to systemd.
+        self.stopped = False
         # sd_notify (a no-op without $NOTIFY_SOCKET): see sdexec/notify.py
         self.readiness = Readiness(reactor, self._status_line)
         # GET /metrics: as GET /stats, made at most once a second.
@@ -324,16 +326,19 @@ class SdexecService(Service):
         )
 
     async def _reload_once(self, path: str | None) -> bool:
+        if self.stopped:  # one that waited for another, the stop between
+            log.info("reload dropped: the service is stopping")
+            return False
         self.readiness.reloading()
         try:
             reloaded = await self._reload(path or self.config.source)
             self.metrics.reloaded(reloaded)
             return reloaded
         finally:
-            self.readiness.reloaded()
+            if not self.stopped:  # nothing after STOPPING=1
+                self.readiness.reloaded()
 
     async def _reload(self, path: str) -> bool:
-        was_running = self.running
         try:
             config = load_config(path)
             # In a thread: lstopo (and a site's mapper) can take seconds on
@@ -347,7 +352,7 @@ class SdexecService(Service):
         except (ConfigError, ValueError, OSError) as error:
             log.error("reload refused, old configuration kept: {error}", error=error)
             return False
-        if was_running and not self.running:
+        if self.stopped:
             log.info("reload dropped: the service stopped meanwhile")
             return False
         if config.systemd.bus != self.config.systemd.bus:
@@ -392,6 +397,7 @@ class SdexecService(Service):
     @defer.inlineCallbacks
     def stopService(self):
         super().stopService()
+        self.stopped = True
         self.serving = False
         self.readiness.stopping()
         for port in self.ports.values():

@@ -320,13 +320,9 @@ async def test_start_serve_reload_and_stop(tmp_path):
     assert ("disconnect",) in manager.calls
 
 
-@ensureDeferred
-async def test_a_reload_builds_the_mapper_while_the_service_serves_on(
-    tmp_path, monkeypatch
-):
-    # lstopo takes seconds on a GPU node: run in the reactor, every stream
-    # and timer waited for it. Here it waits until the test lets it go,
-    # which the test can do only while the reactor runs.
+def gated_lstopo(tmp_path: Path, monkeypatch) -> Path:
+    """An lstopo on PATH that touches GATE.running, then waits until the
+    test makes GATE (the gate's path, returned) to print a topology."""
     gate = tmp_path / "gate"
     xml = Path(__file__).parent / "data" / "small.xml"
     fake = tmp_path / "bin" / "lstopo-no-graphics"
@@ -339,6 +335,39 @@ async def test_a_reload_builds_the_mapper_while_the_service_serves_on(
     )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    return gate
+
+
+@ensureDeferred
+async def test_reloads_the_stop_overtakes_are_dropped_and_say_nothing(
+    tmp_path, monkeypatch
+):
+    # One in its thread and one waiting for it when the stop came: the
+    # second ran after the stop (a canary started on a stopped service),
+    # and both told systemd READY=1 after STOPPING=1.
+    gate = gated_lstopo(tmp_path, monkeypatch)
+    manager = FakeManager()
+    service = await started_service(tmp_path, manager)
+    notes = service.readiness.notifier = RecordedNotes()
+    (tmp_path / "sdexec.toml").write_text("[exec]\nsdexec-constrain-resources = true\n")
+    first, second = service.reload(), service.reload()
+    await until(lambda: Path(f"{gate}.running").exists(), "lstopo runs")
+    stopping = service.stopService()
+    gate.touch()
+    assert (await first, await second) == (False, False)
+    await stopping
+    assert notes.names() == ["RELOADING", "STOPPING"]
+    assert started_units(manager) == []
+
+
+@ensureDeferred
+async def test_a_reload_builds_the_mapper_while_the_service_serves_on(
+    tmp_path, monkeypatch
+):
+    # lstopo takes seconds on a GPU node: run in the reactor, every stream
+    # and timer waited for it. Here it waits until the test lets it go,
+    # which the test can do only while the reactor runs.
+    gate = gated_lstopo(tmp_path, monkeypatch)
     manager = FakeManager()
     service = await started_service(tmp_path, manager)
     (tmp_path / "sdexec.toml").write_text("[exec]\nsdexec-constrain-resources = true\n")

@@ -133,6 +133,9 @@ class SdexecServer:
         self._canaries: set[defer.Deferred[str | None]] = set()
         #: Whether a canary is owed: systemd was away when one was to run.
         self._devices_unverified = False
+        #: systemd's returns after a loss: a canary that ran across one
+        #: gives no verdict.
+        self._restorations = 0
         #: Metrics hook (sdexec/metrics.py): ``watch_exec(responder)`` wraps
         #: each exec stream's responder, ``error_sent(topic, errnum)`` sees errors.
         self.observer: Any = None
@@ -386,6 +389,7 @@ class SdexecServer:
 
     def systemd_restored(self) -> None:
         """systemd is back after a loss: every process re-reads its unit."""
+        self._restorations += 1
         for process in list(self.processes.values()):
             process.resync()
         self.jobs.systemd_restored()
@@ -439,7 +443,9 @@ class SdexecServer:
         self._canaries.add(verdict)
         verdict.addBoth(self._canary_settled, verdict)
         return verdict.addCallbacks(
-            self._device_verdict, self._canary_cancelled, callbackArgs=(key, responder)
+            self._device_verdict,
+            self._canary_cancelled,
+            callbackArgs=(key, responder, self._restorations),
         )
 
     def _verify_devices_later(self) -> None:
@@ -461,12 +467,23 @@ class SdexecServer:
         log.info("device policy not verified: the service stopped first")
 
     def _device_verdict(
-        self, problem: str | None, key: tuple[int, int], responder: CanaryResponder
+        self,
+        problem: str | None,
+        key: tuple[int, int],
+        responder: CanaryResponder,
+        restorations: int,
     ) -> str | None:
         canary = self.processes.get(key)
         if canary is not None:  # stopped and reaped if it timed out; else a no-op
             canary.abandon()
-        if responder.systemd_away:
+        # systemd away while it ran (its start refused, no answer in time,
+        # its unit lost with a manager that restarted): no verdict.
+        back_since = restorations != self._restorations and self.systemd.connected
+        if back_since:
+            log.info("device policy not verified: systemd was away; verifying again")
+            self.verify_devices()
+            return None
+        if responder.systemd_away or not self.systemd.connected:
             self._verify_devices_later()
             return None
         return self._judged(problem)

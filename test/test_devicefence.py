@@ -277,6 +277,36 @@ async def test_a_canary_systemd_was_away_for_runs_again_once_it_is_back(away):
     await reaped(server)
 
 
+@pytest.mark.parametrize("outage_kind", ["longer than its timeout", "its unit lost"])
+@ensureDeferred
+async def test_a_canary_that_ran_across_an_outage_is_run_again(outage_kind):
+    # Its start accepted, then systemd away: past the canary's 30 s (a slow
+    # daemon-reexec), or restarted and its unit lost. Either was taken for
+    # a verdict ("could not be verified"), and the node stayed drained.
+    server, systemd, clock = offline_server()
+    verdict = server.verify_devices()
+    unit = canary_unit(systemd)
+    systemd.lose()
+    if outage_kind == "longer than its timeout":
+        clock.advance(CANARY_TIMEOUT_SECONDS + 1)
+        assert await verdict is None
+        systemd.restore()
+        server.systemd_restored()
+    else:  # a new manager that never heard of the transient unit
+        systemd.units[unit] = {"LoadState": "not-found", "ActiveState": "inactive"}
+        systemd.release(unit)
+        systemd.restore()
+        server.systemd_restored()
+        assert await verdict is None
+    assert server.drain_reason is None
+    again = last_canary_unit(systemd)
+    assert again != unit
+    run_canary(systemd, 1, unit=again)
+    await until(lambda: server.device_fence is not None, "the new canary's verdict")
+    assert server.device_fence == {"enforced": True, "problem": None}
+    await reaped(server)
+
+
 def test_a_canary_that_cannot_be_planned_is_not_a_verified_fence(monkeypatch):
     def no_shell(config):
         raise RequestError(errno.ENOENT, "/bin/sh: command not found")

@@ -969,17 +969,24 @@ class _Output:
         return self._writer
 
 
+#: A pty master's device (``/dev/ptmx``): opening it again makes a new
+#: pty, whose output nobody reads.
+_PTMX = os.makedev(5, 2)
+
+
 def _nonblocking_twin(fd: int) -> int:
     """A non-blocking descriptor of the pipe or terminal ``fd`` writes to,
     opened anew: ``O_NONBLOCK`` on ``fd`` itself would be set on a file
     description we share with the shell and the rest of the pipeline. ``fd``
     itself where a write cannot wait long (a file), where it is
     non-blocking already, or where it cannot be opened again (a socket, a
-    pipe of another user): there a write may block the loop, as before."""
+    pipe of another user, a pty master): there a write may block the loop,
+    as before."""
     try:
-        mode = os.fstat(fd).st_mode
+        status = os.fstat(fd)
+        mode = status.st_mode
         waits = stat.S_ISFIFO(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))
-        if not waits or not os.get_blocking(fd):
+        if not waits or not os.get_blocking(fd) or status.st_rdev == _PTMX:
             return fd
         flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
         return os.open(f"/proc/self/fd/{fd}", flags)

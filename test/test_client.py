@@ -891,12 +891,21 @@ def test_a_terminal_is_written_through_a_non_blocking_descriptor_of_its_own():
             os.close(fd)
 
 
-def test_a_file_or_a_socket_is_written_through_its_own_descriptor(tmp_path):
+def test_a_file_a_socket_or_a_pty_master_is_written_through_its_own_descriptor(
+    tmp_path,
+):
+    # A pty master opened again is a new pty: what went to it, nobody read.
     with open(tmp_path / "out", "wb") as file:
         assert cli._nonblocking_twin(file.fileno()) == file.fileno()
     left, right = socket.socketpair()
     with left, right:
         assert cli._nonblocking_twin(left.fileno()) == left.fileno()
+    controller, terminal = os.openpty()
+    try:
+        assert cli._nonblocking_twin(controller) == controller
+    finally:
+        os.close(controller)
+        os.close(terminal)
 
 
 @pytest_twisted.inlineCallbacks

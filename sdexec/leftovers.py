@@ -161,9 +161,10 @@ class Leftover:
     def systemd_restored(self) -> None:
         """systemd is back: read its state again, then send the stop-timer
         signal the loss may have taken (:meth:`StopTimer.systemd_restored`)."""
+        back_at = self._leftovers.server.clock.seconds()
         refreshed = self._watch.refresh()
         refreshed.addCallbacks(
-            lambda _: self.stop_timer.systemd_restored(),
+            lambda _: self.stop_timer.systemd_restored(back_at),
             self._failed,
             errbackArgs=("GetAll",),
         )

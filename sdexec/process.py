@@ -417,7 +417,8 @@ class Process:
         refreshed = self._watch.refresh()
         refreshed.addCallbacks(self._lost_before_started, self._resync_failed)
         # After the state read: a unit that stopped meanwhile has no timer.
-        refreshed.addCallback(lambda _: self.stop_timer.systemd_restored())
+        back_at = self._context.clock.seconds()
+        refreshed.addCallback(lambda _: self.stop_timer.systemd_restored(back_at))
         if self._stop_wanted or isinstance(self._responder, _Nowhere):
             # A stop the loss failed (a deadline's, a fence's), or a client
             # that left while systemd was away.

@@ -155,6 +155,8 @@ class StopTimer:
         self.unit = unit
         self._target = target
         self._connected = connected
+        #: Reactor time the stop-timer signal was last sent.
+        self._signalled_at = 0.0
         self.state = StopTimerState.IDLE
         #: Reactor time at which the unit began deactivating.
         self.deactivating_since: float | None = None
@@ -187,12 +189,14 @@ class StopTimer:
         if self.state is not StopTimerState.ABANDONED:
             self.state = StopTimerState.STOPPED
 
-    def systemd_restored(self) -> None:
-        """systemd is back after a loss, and the unit was read again: a
-        signal the loss may have taken (or an expiry it held) is sent
-        again, and the second period counts from now."""
-        held = self.state in (StopTimerState.SIGNALED, StopTimerState.HELD)
-        if held and self._connected():  # (not lost again meanwhile)
+    def systemd_restored(self, back_at: float) -> None:
+        """systemd is back (since reactor time ``back_at``) after a loss, and
+        the unit was read again: a signal the loss may have taken (sent
+        before ``back_at``), or an expiry it held, is sent again, and the
+        second period counts from now."""
+        lost = self.state is StopTimerState.SIGNALED and self._signalled_at < back_at
+        held = self.state is StopTimerState.HELD
+        if (lost or held) and self._connected():  # (not lost again meanwhile)
             self._cancel()
             self._signal()
 
@@ -218,6 +222,7 @@ class StopTimer:
 
     def _signal(self) -> None:
         self.state = StopTimerState.SIGNALED
+        self._signalled_at = self._reactor.seconds()
         self._timer = self._reactor.callLater(self.seconds, self._second_expiry)
         try:
             self._target.signal_all(self.signum)

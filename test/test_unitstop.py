@@ -164,7 +164,7 @@ def test_a_period_that_runs_out_while_systemd_is_away_waits_for_it():
     clock.advance(300)
     assert target.calls == []  # no verdict while it is away
     systemd.connected = True
-    stop.systemd_restored()  # back, the unit read again: still deactivating
+    stop.systemd_restored(back_at=330)  # the unit read again: deactivating
     assert target.calls == [(330, "signal", signal.SIGUSR1)]
     clock.advance(30)
     assert target.calls[1:] == [(360, "abandon", abandon_reason(UNIT))]
@@ -176,7 +176,7 @@ def test_a_signal_an_outage_may_have_taken_is_sent_again_and_the_period_restarts
     stop.deactivating()
     clock.advance(30)  # signalled; then systemd goes and comes back
     clock.advance(10)
-    stop.systemd_restored()
+    stop.systemd_restored(back_at=38)
     assert target.calls == [
         (30, "signal", signal.SIGUSR1),
         (40, "signal", signal.SIGUSR1),
@@ -187,6 +187,18 @@ def test_a_signal_an_outage_may_have_taken_is_sent_again_and_the_period_restarts
     assert target.calls[2:] == [(70, "abandon", abandon_reason(UNIT))]
 
 
+def test_a_signal_sent_since_systemd_came_back_is_not_sent_again():
+    # The first period ran out between the return and the unit's re-read:
+    # the signal went out then, with systemd there; it went twice.
+    clock, target, stop = timer(seconds=30)
+    stop.deactivating()
+    clock.advance(30)
+    stop.systemd_restored(back_at=29)
+    assert target.calls == [(30, "signal", signal.SIGUSR1)]
+    clock.advance(30)
+    assert target.calls[1:] == [(60, "abandon", abandon_reason(UNIT))]
+
+
 def test_a_unit_that_stopped_while_systemd_was_away_is_not_abandoned():
     systemd = Systemd()
     clock, target, stop = timer(seconds=30, systemd=systemd)
@@ -195,5 +207,5 @@ def test_a_unit_that_stopped_while_systemd_was_away_is_not_abandoned():
     clock.advance(120)  # both periods would have run out
     systemd.connected = True
     stop.follow(False)  # read again: it is inactive
-    stop.systemd_restored()
+    stop.systemd_restored(back_at=120)
     assert (stop.state, target.calls) == (StopTimerState.STOPPED, [])

@@ -85,8 +85,10 @@ def test_fast_exit_still_sends_started_before_finished():
     assert ("reset", UNIT) in systemd.calls
 
 
-def held_start(systemd: FakeManager) -> defer.Deferred[str]:
-    """The start's answer, on its way until the test fires it."""
+def process_with_its_start_held() -> tuple[FakeManager, Recorder, defer.Deferred]:
+    """A started process whose start's answer is on its way until the test
+    fires it (``answer``), and its unit seen running, then exited."""
+    systemd, responder, clock = FakeManager(), Recorder(), Clock()
     answer: defer.Deferred[str] = defer.Deferred()
 
     def start(name: str, *args: object, **kwargs: object) -> defer.Deferred[str]:
@@ -94,7 +96,11 @@ def held_start(systemd: FakeManager) -> defer.Deferred[str]:
         return answer
 
     systemd.start_transient_unit = start  # type: ignore[method-assign]
-    return answer
+    context = ProcessContext(reactor=reactor, clock=clock, rank="0")
+    Process(systemd, lifecycle_plan(10, signal.SIGKILL), responder, context).start()
+    systemd.change(UNIT, RUNNING)
+    systemd.change(UNIT, {**EXITED, "ExecMainStatus": 3})
+    return systemd, responder, answer
 
 
 def test_a_unit_of_its_name_is_not_acted_on_before_the_start_is_ours():
@@ -102,12 +108,7 @@ def test_a_unit_of_its_name_is_not_acted_on_before_the_start_is_ours():
     # with UnitExists. Its changes while the start was on its way were the
     # request's: started and finished with its pid and status, and a
     # StopUnit sent to it.
-    systemd, responder, clock = FakeManager(), Recorder(), Clock()
-    answer = held_start(systemd)
-    context = ProcessContext(reactor=reactor, clock=clock, rank="0")
-    Process(systemd, lifecycle_plan(10, signal.SIGKILL), responder, context).start()
-    systemd.change(UNIT, RUNNING)
-    systemd.change(UNIT, {**EXITED, "ExecMainStatus": 3})
+    systemd, responder, answer = process_with_its_start_held()
     assert responder.types() == []
     exists = SystemdError("org.freedesktop.systemd1.UnitExists", f"{UNIT} exists")
     answer.errback(exists)
@@ -116,14 +117,10 @@ def test_a_unit_of_its_name_is_not_acted_on_before_the_start_is_ours():
 
 
 def test_states_seen_before_the_start_was_answered_are_acted_on_once_it_is():
-    systemd, responder, clock = FakeManager(), Recorder(), Clock()
-    answer = held_start(systemd)
-    context = ProcessContext(reactor=reactor, clock=clock, rank="0")
-    Process(systemd, lifecycle_plan(10, signal.SIGKILL), responder, context).start()
-    systemd.change(UNIT, RUNNING)
-    systemd.change(UNIT, EXITED)
+    systemd, responder, answer = process_with_its_start_held()
     answer.callback("/org/freedesktop/systemd1/job/1")
     assert responder.types() == ["started", "finished"]
+    assert responder.responses[1]["status"] == 3 << 8
     assert ("stop", UNIT) in systemd.calls
 
 

@@ -338,6 +338,18 @@ def gated_lstopo(tmp_path: Path, monkeypatch) -> Path:
     return gate
 
 
+async def reloading_into_containment(
+    tmp_path: Path, monkeypatch
+) -> tuple[Path, FakeManager, SdexecService]:
+    """A started service whose file now turns containment on, with
+    :func:`gated_lstopo`'s lstopo: the gate, the manager, the service."""
+    gate = gated_lstopo(tmp_path, monkeypatch)
+    manager = FakeManager()
+    service = await started_service(tmp_path, manager)
+    (tmp_path / "sdexec.toml").write_text("[exec]\nsdexec-constrain-resources = true\n")
+    return gate, manager, service
+
+
 @ensureDeferred
 async def test_reloads_the_stop_overtakes_are_dropped_and_say_nothing(
     tmp_path, monkeypatch
@@ -345,11 +357,8 @@ async def test_reloads_the_stop_overtakes_are_dropped_and_say_nothing(
     # One in its thread and one waiting for it when the stop came: the
     # second ran after the stop (a canary started on a stopped service),
     # and both told systemd READY=1 after STOPPING=1.
-    gate = gated_lstopo(tmp_path, monkeypatch)
-    manager = FakeManager()
-    service = await started_service(tmp_path, manager)
+    gate, manager, service = await reloading_into_containment(tmp_path, monkeypatch)
     notes = service.readiness.notifier = RecordedNotes()
-    (tmp_path / "sdexec.toml").write_text("[exec]\nsdexec-constrain-resources = true\n")
     first, second = service.reload(), service.reload()
     await until(lambda: Path(f"{gate}.running").exists(), "lstopo runs")
     stopping = service.stopService()
@@ -367,10 +376,7 @@ async def test_a_reload_builds_the_mapper_while_the_service_serves_on(
     # lstopo takes seconds on a GPU node: run in the reactor, every stream
     # and timer waited for it. Here it waits until the test lets it go,
     # which the test can do only while the reactor runs.
-    gate = gated_lstopo(tmp_path, monkeypatch)
-    manager = FakeManager()
-    service = await started_service(tmp_path, manager)
-    (tmp_path / "sdexec.toml").write_text("[exec]\nsdexec-constrain-resources = true\n")
+    gate, manager, service = await reloading_into_containment(tmp_path, monkeypatch)
     reloaded = service.reload()
     await until(lambda: Path(f"{gate}.running").exists(), "lstopo runs")
     # The reactor is free while it runs; the old configuration in force.

@@ -221,7 +221,7 @@ class SdexecService(Service):
             stats=self.stats,
         )
         if self.reload_when_started:
-            self.reload()
+            self._reload_on_signal()
         return self
 
     def _listen_backlog(self) -> int:
@@ -308,12 +308,17 @@ class SdexecService(Service):
         after a start that failed (a reload would start a device canary and
         tell systemd READY=1)."""
         if self.serving:
-            self.reload()
+            self._reload_on_signal()
         elif not self.running or self.ready.called:
             log.info("reload ignored: the service is not serving")
         else:
             log.info("reload asked for while starting: it runs once listening")
             self.reload_when_started = True
+
+    def _reload_on_signal(self) -> None:
+        """A SIGHUP's reload, whose outcome nobody waits for: a fault of
+        ours in it is logged now, not when its Deferred is collected."""
+        self.reload().addErrback(lambda failure: log.failure("reload failed", failure))
 
     def reload(self, path: str | None = None) -> defer.Deferred[bool]:
         """Load the configuration again and rebuild the mapper; a bad file or

@@ -24,6 +24,7 @@ from twisted.python.systemd import ListenFDs
 
 from sdexec.client import connect
 from sdexec.config import ConfigError, load_config, parse_config
+from sdexec.containment import Containment
 from sdexec.leftovers import owner_marks
 from sdexec.ownerlock import AlreadyServed, OwnerLock
 from sdexec.service import (
@@ -367,6 +368,29 @@ async def test_reloads_the_stop_overtakes_are_dropped_and_say_nothing(
     await stopping
     assert notes.names() == ["RELOADING", "STOPPING"]
     assert started_units(manager) == []
+
+
+@ensureDeferred
+async def test_a_fault_in_a_signal_s_reload_is_logged_as_it_happens(
+    tmp_path, monkeypatch
+):
+    # Nobody waits for a SIGHUP's reload: its failure was an "Unhandled
+    # error in Deferred" when the Deferred was collected, naming nothing.
+    from twisted.logger import capturedLogs
+
+    service = await started_service(tmp_path, FakeManager())
+
+    def broken(config):
+        raise RuntimeError("a fault of ours")
+
+    monkeypatch.setattr(Containment, "from_config", staticmethod(broken))
+    with capturedLogs() as events:
+        service._sighup()
+        await until(lambda: any("log_failure" in e for e in events), "logged")
+    [logged] = [e for e in events if "log_failure" in e]
+    assert logged["log_format"] == "reload failed"
+    assert logged["log_failure"].getErrorMessage() == "a fault of ours"
+    await service.stopService()
 
 
 @ensureDeferred

@@ -207,8 +207,14 @@ class Leftover:
         self.stop_timer.follow(
             status.is_deactivating and not self._leftovers.stops_held
         )
-        if state.get("LoadState") == "not-found" or status.is_inactive:
+        if state.get("LoadState") == "not-found":
             self._leftovers.gone(self)
+        elif status.is_inactive:
+            # With a job queued: the middle of a `systemctl restart`, whose
+            # new run is followed on. Without: gone, and its new run (a
+            # restart whose job was not seen) looked for.
+            if not _has_job(state):
+                self._leftovers.gone(self, maybe_restarting=True)
         elif status.needs_stop:  # it ended: unload it
             self.stop()
         elif status.needs_reset and not self._resetting:
@@ -363,8 +369,10 @@ class Leftovers:
     def describe(self) -> list[dict[str, Any]]:
         return [unit.describe() for unit in self.units.values()]
 
-    def gone(self, unit: Leftover) -> None:
-        """``unit`` was unloaded: forget it; undrain once none are left."""
+    def gone(self, unit: Leftover, maybe_restarting: bool = False) -> None:
+        """``unit`` was unloaded (or is inactive: ``maybe_restarting``, and
+        then looked for again, a restart's new run followed as its own):
+        forget it; undrain once none are left."""
         if self.units.pop(unit.name, None) is None:
             return
         unit.forget()
@@ -373,29 +381,73 @@ class Leftovers:
             if self.server.drain_reason == self._drained_with:
                 self.server.undrain()
             self._drained_with = None
+        if maybe_restarting and not self._closed:
+            # That unit alone (a scan would read every leftover again: for
+            # hundreds ending together, hundreds of times each).
+            listed = self._systemd.list_units_by_patterns([], [unit.name])
+            listed.addCallback(self._adopt_listed, {unit.name: STARTED_AGAIN})
+            listed.addErrback(_log_rescan_failure, unit.name)
 
     def _listed(self, listing: list[tuple], origins: Mapping[str, str]) -> None:
         if self._closed:
             return
-        stop = self._stopping
-        for name, description, *_ in listing:
+        self._adopt_new(listing, origins)
+        self._listed_once = True
+        self._drain_for_stopping()
+        for unit in list(self.units.values()):
+            unit.follow(self._stopping and not self._stops_held)
+
+    def _adopt_listed(self, listing: list[tuple], origins: Mapping[str, str]) -> None:
+        """Adopt what ``listing`` holds that nobody follows, and follow it
+        (not the leftovers followed already)."""
+        if self._closed:
+            return
+        new = self._adopt_new(listing, origins)
+        if new:
+            self._drain_for_stopping()
+        for unit in new:
+            unit.follow(self._stopping and not self._stops_held)
+
+    def _adopt_new(
+        self, listing: list[tuple], origins: Mapping[str, str]
+    ) -> list[Leftover]:
+        """The marked units of ``listing`` nobody follows, adopted."""
+        new = []
+        for (
+            name,
+            description,
+            _load,
+            active,
+            _sub,
+            _following,
+            _path,
+            job,
+            *_,
+        ) in listing:
             mark = self._mark_of(description)
-            if mark and name not in self.units and name not in self.server.units:
+            # Not one inactive with no job: it has ended, and is unloading
+            # (nothing to stop; adopted, its end would be looked for again).
+            # With one, a restart's start is on its way.
+            ours = mark and (active != "inactive" or job != 0)
+            if ours and name not in self.units and name not in self.server.units:
                 # An origin asked for by a scan still waiting counts too.
                 origin = origins.get(name) or self._origins.get(name)
-                self._adopt(name, description[: -len(mark)], stop, origin)
-        self._listed_once = True
+                self._adopt(name, description[: -len(mark)], self._stopping, origin)
+                new.append(self.units[name])
+        return new
+
+    def _drain_for_stopping(self) -> None:
+        """With ``leftover-units = "stop"``, drain while any is stopping
+        (the count said afresh), unless drained for something else."""
         undrained = self.server.drain_reason in (None, self._drained_with)
         # Not for those the stop timer abandoned: drained for already, and
         # the admin's once undrained (as an abandoned process's unit is):
         # each scan after an undrain drained for them again.
         stopping = [unit for unit in self.units.values() if not unit.abandoned]
-        if stop and stopping and undrained:
+        if self._stopping and stopping and undrained:
             previous = not any(unit.of_this_run for unit in stopping)
             self._drained_with = drain_reason(len(stopping), previous)
             self.server.drain(self._drained_with)
-        for unit in list(self.units.values()):
-            unit.follow(stop and not self._stops_held)
 
     def _mark_of(self, description: str) -> str:
         """The service's mark ``description`` ends with, or ``""``."""
@@ -419,3 +471,18 @@ class Leftovers:
             action=action,
         )
         self.units[name] = Leftover(self._systemd, name, description, self, of_this_run)
+
+
+def _log_rescan_failure(failure: Failure, unit: str) -> None:
+    log.warn(
+        "looking for a new run of leftover unit {unit} failed: {error}",
+        unit=unit,
+        error=failure.getErrorMessage(),
+    )
+
+
+def _has_job(state: dict[str, Any]) -> bool:
+    """Whether the unit has a job queued (its ``Job`` is ``(id, path)``,
+    id 0 for none): an inactive unit being restarted has its start's."""
+    job = state.get("Job")
+    return isinstance(job, (list, tuple)) and len(job) == 2 and job[0] != 0

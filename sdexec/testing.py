@@ -161,10 +161,11 @@ class FakeManager:
             (p.value for p in self.properties.get(name, []) if p.name == "Description"),
             "",
         )
+        job_id, job_path = state.get("Job", (0, "/"))  # the Unit's Job property
         return (
             name, description, state.get("LoadState", "loaded"),
             state.get("ActiveState", ""), state.get("SubState", ""), "",
-            unit_object_path(name), 0, "", "/",
+            unit_object_path(name), job_id, "start" if job_id else "", job_path,
         )  # fmt: skip
 
     def get_service_properties(self, name: str) -> defer.Deferred[State]:

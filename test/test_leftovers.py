@@ -201,6 +201,61 @@ def test_an_undrain_of_an_abandoned_leftover_holds_at_the_next_scan(systemd):
     assert server.drain_reason == "1 leftover unit"  # (found later: this run's)
 
 
+#: What a leftover goes through when an admin runs `systemctl restart`:
+#: the restart's job is queued all along; the new run has a new invocation.
+RESTARTING = {"Job": (7, "/org/freedesktop/systemd1/job/7")}
+
+
+def restart_by_hand(systemd: FakeManager, name: str) -> None:
+    systemd.change(name, {**DEACTIVATING, **RESTARTING})
+    systemd.change(name, {**INACTIVE, **RESTARTING})
+    systemd.change(name, {"ActiveState": "activating", "SubState": "start"})
+    new_run = {**RUNNING, "ExecMainPID": 88, "InvocationID": b"\x02" * 16}
+    systemd.change(name, {**new_run, "Job": (0, "/")})
+
+
+@pytest.mark.parametrize("policy", ["keep", "stop"])
+def test_a_leftover_restarted_by_hand_is_followed_through_its_new_run(systemd, policy):
+    # It passed through inactive and was forgotten: its new run, with the
+    # mark, was listed by no one, not stopped or unloaded once ended, and
+    # under "stop" the node undrained while it ran.
+    leftover(systemd, "sdexec-a.service", pid=71)
+    server = make_server(systemd, policy)
+    server.leftovers.scan()
+    restart_by_hand(systemd, "sdexec-a.service")
+    assert [(p["unit"], p["pid"]) for p in server.list()["procs"]] == [
+        ("sdexec-a.service", 88)
+    ]
+    if policy == "stop":
+        assert server.drain_reason == "1 leftover unit from a previous run"
+    stops = systemd.calls.count(("stop", "sdexec-a.service"))
+    systemd.change("sdexec-a.service", EXITED)  # ended: unloaded
+    assert systemd.calls.count(("stop", "sdexec-a.service")) == stops + (
+        policy == "keep"  # (under "stop", its stop was asked for already)
+    )
+    systemd.change("sdexec-a.service", INACTIVE)
+    assert server.list()["procs"] == [] and server.drain_reason is None
+
+
+def test_the_new_run_of_a_restart_whose_job_was_not_seen_is_looked_for(
+    systemd, monkeypatch
+):
+    leftover(systemd, "sdexec-a.service", pid=71)
+    server = make_server(systemd, "keep")
+    server.leftovers.scan()
+    listed = systemd.list_units_by_patterns
+
+    def restarted_meanwhile(states: list[str], patterns: list[str]):
+        systemd.units["sdexec-a.service"].update(ActiveState="activating")
+        return listed(states, patterns)
+
+    monkeypatch.setattr(systemd, "list_units_by_patterns", restarted_meanwhile)
+    systemd.change("sdexec-a.service", INACTIVE)  # no job seen: gone, looked for
+    assert ("list", ("sdexec-a.service",)) in systemd.calls
+    systemd.change("sdexec-a.service", {**RUNNING, "ExecMainPID": 88})
+    assert [p["pid"] for p in server.list()["procs"]] == [88]
+
+
 def test_a_leftover_that_stops_in_time_is_not_signalled(systemd):
     leftover(systemd, "sdexec-a.service")
     server = make_server_with_stop_timer(systemd, 30)

@@ -116,7 +116,25 @@ def server_endpoint(reactor: Any, description: str) -> IStreamServerEndpoint:
         raise ValueError(
             f"{description}: no such inherited socket. {_WHAT_IS_NEEDED}"
         ) from None
-    return _Inherited(endpoint) if is_systemd_endpoint(description) else endpoint
+    if not is_systemd_endpoint(description):
+        return endpoint
+    _check_family(description, endpoint.fileno)
+    return _Inherited(endpoint)
+
+
+def _check_family(description: str, fd: int) -> None:
+    """ValueError unless the inherited socket ``fd`` is of the address
+    family ``description`` names: Twisted would take a TCP socket passed
+    as ``domain=UNIX`` for a UNIX one, and the service refused every
+    client of it (a TCP peer has no uid)."""
+    wanted = socket.AddressFamily[f"AF_{systemd_endpoint_domain(description)}"]
+    with socket.socket(fileno=os.dup(fd)) as sock:
+        passed = sock.family
+    if passed != wanted:
+        raise ValueError(
+            f"{description}: the socket passed is {passed.name}, not"
+            f" {wanted.name} (the .socket unit's ListenStream=)"
+        )
 
 
 @implementer(IStreamServerEndpoint)

@@ -96,6 +96,24 @@ def test_no_inherited_socket_is_one_clear_line(user_manager, tmp_path):
     assert b"Traceback" not in done.stdout + done.stderr
 
 
+def test_a_tcp_socket_passed_for_a_unix_one_is_one_clear_line(user_manager, tmp_path):
+    # Twisted adopted it as AF_UNIX: the service started, said it listened,
+    # and refused every client (a TCP peer has no uid).
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    with listener:
+        service = _twistd_with_inherited(listener, tmp_path)
+        with reaped(service):
+            assert service.wait(60) == 1
+    said = (tmp_path / "twistd.log").read_bytes()
+    assert (
+        b"systemd:domain=UNIX:index=0: the socket passed is AF_INET, not AF_UNIX"
+        b" (the .socket unit's ListenStream=)"
+    ) in said
+    assert b"Traceback" not in said
+
+
 def test_a_systemd_listen_endpoint_is_checked_without_the_socket():
     config = parse_config({"sdexec": {"listen": "systemd:domain=UNIX:name=sdexec"}})
     assert config.sdexec.listen == "systemd:domain=UNIX:name=sdexec"

@@ -60,7 +60,30 @@ def sdexec_1() -> str:
 
 
 def completion(shell: str) -> str:
-    return shtab.complete(_parser(), shell=shell)
+    script = shtab.complete(_parser(), shell=shell)
+    return _remainder_ends_options(script) if shell == "bash" else script
+
+
+#: Where shtab's bash loop looks at each word typed before the one being
+#: completed.
+_EACH_WORD = """    local this_word="${COMP_WORDS[$word_index]}"
+"""
+#: shtab's bash offered `run`'s options after the command word too (`sdexec
+#: run ls -<TAB>` gave --dir, --bg...), which would go to the command: its
+#: zsh script stops there. Once a word fills a positional that takes the
+#: rest of the line (argparse's REMAINDER, nargs "..."), what follows is
+#: treated as after "--".
+_REMAINDER_STOP = """    if [[ $current_action_is_positional = true &&
+          "$current_action_nargs" == "..." && "$this_word" != -* ]]; then
+      pos_only=1 # the command word: the rest of the line is the command's
+    fi
+"""
+
+
+def _remainder_ends_options(script: str) -> str:
+    if _EACH_WORD not in script:
+        raise SystemExit("gen_docs: shtab's bash script changed: see _EACH_WORD")
+    return script.replace(_EACH_WORD, _EACH_WORD + _REMAINDER_STOP, 1)
 
 
 # -- docs/configuration.md to sdexec.toml(5) ------------------------------

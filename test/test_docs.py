@@ -70,6 +70,13 @@ def test_bash_completes_commands_and_options():
     assert "--noinput" in _bash_complete("sdexec", "run", "--")
 
 
+def test_bash_offers_no_run_option_after_the_command_word():
+    # They would go to the command: `sdexec run ls --dir` lists a "--dir".
+    assert _bash_complete("sdexec", "run", "ls", "-") == []
+    assert _bash_complete("sdexec", "run", "-n", "ls", "--d") == []
+    assert "--label" in _bash_complete("sdexec", "run", "--dir", "/tmp", "--")
+
+
 def test_zsh_completion_covers_every_command():
     text = (REPO / "share" / "zsh" / "site-functions" / "_sdexec").read_text()
     assert text.startswith("#compdef sdexec\n")

@@ -49,7 +49,7 @@ from twisted.python.failure import Failure
 from sdexec.limits import listed_name
 from sdexec.plan import ExecPlan
 from sdexec.sockets import unix_path
-from sdexec.systemd import Manager, UnitStatus
+from sdexec.systemd import Manager, UnitStatus, queued_job
 from sdexec.systemd.errors import is_connection_lost, is_unit_gone
 from sdexec.unitstop import StopTimer, StopTimerState
 
@@ -152,22 +152,19 @@ class Leftover:
         )
         self._watch = systemd.watch_unit(name, self._changed)
 
-    def follow(self, stop: bool) -> None:
-        """Read its state (again); stop it if asked to."""
-        self._watch.refresh().addErrback(self._failed, "GetAll")
+    def follow(self, stop: bool, restored_at: float | None = None) -> None:
+        """Read its state (again); stop it if asked to. ``restored_at``:
+        systemd came back then, and once the state is read, the stop-timer
+        signal the loss may have taken goes again
+        (:meth:`StopTimer.systemd_restored`)."""
+        refreshed = self._watch.refresh()
+        if restored_at is not None:
+            refreshed.addCallback(
+                lambda _: self.stop_timer.systemd_restored(restored_at)
+            )
+        refreshed.addErrback(self._failed, "GetAll")
         if stop:
             self.stop()
-
-    def systemd_restored(self) -> None:
-        """systemd is back: read its state again, then send the stop-timer
-        signal the loss may have taken (:meth:`StopTimer.systemd_restored`)."""
-        back_at = self._leftovers.server.clock.seconds()
-        refreshed = self._watch.refresh()
-        refreshed.addCallbacks(
-            lambda _: self.stop_timer.systemd_restored(back_at),
-            self._failed,
-            errbackArgs=("GetAll",),
-        )
 
     def stop(self) -> None:
         if not self._stopping:
@@ -213,7 +210,7 @@ class Leftover:
             # With a job queued: the middle of a `systemctl restart`, whose
             # new run is followed on. Without: gone, and its new run (a
             # restart whose job was not seen) looked for.
-            if not _has_job(state):
+            if not queued_job(state):
                 self._leftovers.gone(self, maybe_restarting=True)
         elif status.needs_stop:  # it ended: unload it
             self.stop()
@@ -286,13 +283,15 @@ class Leftovers:
         self._listed_once = False
         self._stops_held = hold_stops
         self._closed = False
+        #: When systemd came back, until the scan that follows reads each
+        #: leftover again (:meth:`systemd_restored`).
+        self._restored_at: float | None = None
 
-    def systemd_restored(self) -> None:
-        """systemd is back after a loss: each leftover's stop timer sends
-        what the loss may have taken (the scan that follows a reconnection
-        finds the rest)."""
-        for unit in list(self.units.values()):
-            unit.systemd_restored()
+    def systemd_restored(self) -> defer.Deferred[None]:
+        """systemd is back after a loss: scan, and once each leftover is
+        read again, its stop timer sends what the loss may have taken."""
+        self._restored_at = self.server.clock.seconds()
+        return self.scan()
 
     def release_stops(self) -> None:
         """Stop the leftovers held so far (``leftover-units = "stop"``), and
@@ -394,8 +393,9 @@ class Leftovers:
         self._adopt_new(listing, origins)
         self._listed_once = True
         self._drain_for_stopping()
+        restored_at, self._restored_at = self._restored_at, None
         for unit in list(self.units.values()):
-            unit.follow(self._stopping and not self._stops_held)
+            unit.follow(self._stopping and not self._stops_held, restored_at)
 
     def _adopt_listed(self, listing: list[tuple], origins: Mapping[str, str]) -> None:
         """Adopt what ``listing`` holds that nobody follows, and follow it
@@ -413,17 +413,8 @@ class Leftovers:
     ) -> list[Leftover]:
         """The marked units of ``listing`` nobody follows, adopted."""
         new = []
-        for (
-            name,
-            description,
-            _load,
-            active,
-            _sub,
-            _following,
-            _path,
-            job,
-            *_,
-        ) in listing:
+        for listed in listing:  # ListUnits' (name, description, ..., job id, ...)
+            name, description, active, job = listed[0], listed[1], listed[3], listed[7]
             mark = self._mark_of(description)
             # Not one inactive with no job: it has ended, and is unloading
             # (nothing to stop; adopted, its end would be looked for again).
@@ -479,10 +470,3 @@ def _log_rescan_failure(failure: Failure, unit: str) -> None:
         unit=unit,
         error=failure.getErrorMessage(),
     )
-
-
-def _has_job(state: dict[str, Any]) -> bool:
-    """Whether the unit has a job queued (its ``Job`` is ``(id, path)``,
-    id 0 for none): an inactive unit being restarted has its start's."""
-    job = state.get("Job")
-    return isinstance(job, (list, tuple)) and len(job) == 2 and job[0] != 0

@@ -34,7 +34,14 @@ from sdexec.passthrough import NO_STDIO, PassedStdio
 from sdexec.plan import ExecPlan, RequestError
 from sdexec.protocol import ExecFlag
 from sdexec.receipt import finished_extensions
-from sdexec.systemd import Manager, UnitStatus, Watch, errno_for, name_string_properties
+from sdexec.systemd import (
+    Manager,
+    UnitStatus,
+    Watch,
+    errno_for,
+    name_string_properties,
+    queued_job,
+)
 from sdexec.systemd.channel import (
     InputChannel,
     OutputChannel,
@@ -755,9 +762,7 @@ class Process:
             return
         if state.get("LoadState") == "not-found":
             return  # unloaded is no proof its manager lost it: _unit_changed
-        job = state.get("Job")
-        no_job = isinstance(job, (list, tuple)) and len(job) == 2 and job[0] == 0
-        never_started = not state.get("InvocationID") and no_job
+        never_started = not state.get("InvocationID") and queued_job(state) == 0
         if never_started and state.get("ActiveState") == "inactive":
             self._end_what_it_left(state)
             self._vanished(_LOST)

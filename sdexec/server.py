@@ -394,8 +394,7 @@ class SdexecServer:
             process.resync()
         self.jobs.systemd_restored()
         if self.leftovers is not None:
-            self.leftovers.systemd_restored()
-            self.leftovers.scan().addErrback(self._log_scan_failure)
+            self.leftovers.systemd_restored().addErrback(self._log_scan_failure)
         if self._devices_unverified:
             self._devices_unverified = False
             self.verify_devices()

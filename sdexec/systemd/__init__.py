@@ -30,7 +30,7 @@ from sdexec.systemd.bus import (
 )
 from sdexec.systemd.errors import SystemdError, errno_for, name_string_properties
 from sdexec.systemd.manager import Manager, Watch
-from sdexec.systemd.unit import UnitStatus, wait_status
+from sdexec.systemd.unit import UnitStatus, queued_job, wait_status
 
 __all__ = [
     "Manager",
@@ -41,6 +41,7 @@ __all__ = [
     "Watch",
     "errno_for",
     "name_string_properties",
+    "queued_job",
     "session_bus_address",
     "unit_object_path",
     "wait_status",

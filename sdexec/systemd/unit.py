@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["UnitStatus", "wait_status"]
+__all__ = ["UnitStatus", "queued_job", "wait_status"]
 
 CLD_EXITED, CLD_KILLED, CLD_DUMPED = 1, 2, 3
 SYSTEMD_EXIT_CODES = range(200, 244)
@@ -86,6 +86,15 @@ SYSTEMD_EXIT_NAMES = {
 #: setup failure of the unit.
 EXIT_CHDIR, EXIT_EXEC = 200, 203
 _EXIT_ERRNO = {EXIT_CHDIR: errno.ENOENT, EXIT_EXEC: errno.ENOENT}
+
+
+def queued_job(state: Mapping[str, Any]) -> int | None:
+    """The id of the job queued for a unit (0: none), from its ``Job``
+    property, ``(id, path)``; ``None`` if that was not read."""
+    job = state.get("Job")
+    if isinstance(job, (list, tuple)) and len(job) == 2 and isinstance(job[0], int):
+        return job[0]
+    return None
 
 
 def wait_status(code: int, status: int) -> int:

@@ -36,6 +36,7 @@ from sdexec.ioencode import encode_io
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, SOCKET_ENV, ExecFlag, Topic
 from sdexec.receipt import Receipt
 from sdexec.rpc import (
+    BAD_DESCRIPTOR,
     ConnectionFailed,
     Pending,
     Requests,
@@ -43,6 +44,7 @@ from sdexec.rpc import (
     SdexecError,
     StdinCredit,
     background_pid,
+    bad_stdio,
     cannot_connect,
     default_socket_path,
     is_end_of_stream,
@@ -576,11 +578,10 @@ def _duplicates(stdio: Mapping[str, int]) -> list[int]:
     for stream, fd in stdio.items():
         try:
             copies.append(os.dup(fd))
-        except (OSError, TypeError, OverflowError) as error:
+        except BAD_DESCRIPTOR as error:
             for copy in copies:
                 os.close(copy)
-            reason = error.strerror if isinstance(error, OSError) else error
-            raise ValueError(f"exec: stdio: {stream}: {fd!r}: {reason}") from None
+            raise bad_stdio(stream, fd, error) from None
     return copies
 
 

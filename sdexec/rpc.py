@@ -23,6 +23,7 @@ else:
     Protocol = object  # Pending is for type checkers; at run time a plain base
 
 __all__ = [
+    "BAD_DESCRIPTOR",
     "ConnectionFailed",
     "Pending",
     "RPCError",
@@ -30,6 +31,7 @@ __all__ = [
     "SdexecError",
     "StdinCredit",
     "background_pid",
+    "bad_stdio",
     "cannot_connect",
     "default_socket_path",
     "process_target",
@@ -207,6 +209,18 @@ class Requests:
         # Quoted short: a confused or hostile peer's message may be megabytes.
         shown = quoted(message, 200)
         return f"sdexec: ignoring a message that answers no request: {shown}"
+
+
+#: What an ``os.dup``/``os.fstat`` of a caller's stdio descriptor may
+#: raise when it is not an open descriptor (closed, not a C int, not an int).
+BAD_DESCRIPTOR = (OSError, TypeError, OverflowError)
+
+
+def bad_stdio(stream: str, fd: object, error: Exception) -> ValueError:
+    """The error, for the caller, of a stdio descriptor (stdio passthrough)
+    that is not open: both clients say it the same way, before sending."""
+    reason = error.strerror if isinstance(error, OSError) else error
+    return ValueError(f"exec: stdio: {stream}: {fd!r}: {reason}")
 
 
 def rpc_error(message: dict[str, Any]) -> RPCError:

@@ -26,10 +26,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from sdexec.ioencode import encode_io
 from sdexec.protocol import ExecFlag, Topic
 from sdexec.rpc import (
+    BAD_DESCRIPTOR,
     Pending,
     Requests,
     SdexecError,
     StdinCredit,
+    bad_stdio,
     cannot_connect,
     is_end_of_stream,
 )
@@ -163,9 +165,8 @@ def _check_open(stdio: Mapping[str, int]) -> None:
     for stream, fd in stdio.items():
         try:
             os.fstat(fd)
-        except (OSError, TypeError, OverflowError) as error:
-            reason = error.strerror if isinstance(error, OSError) else error
-            raise ValueError(f"exec: stdio: {stream}: {fd!r}: {reason}") from None
+        except BAD_DESCRIPTOR as error:
+            raise bad_stdio(stream, fd, error) from None
 
 
 def _ready(polled: int) -> int:

@@ -808,11 +808,11 @@ class _Job:
         if stream is None or connection is None or stream.pid is None:
             self._held_signals.append(signum)
         elif stream.ended:
-            pass
-        elif not any(output.waiting for output in self.outputs.values()):
-            connection.kill(signum, stream.pid, _KillSent(signum))
-        else:
+            return  # nothing left to signal
+        elif any(output.waiting for output in self.outputs.values()):
             self._kill_aside(signum, stream.pid)
+        else:
+            connection.kill(signum, stream.pid, _KillSent(signum))
 
     def _kill_aside(self, signum: int, pid: int) -> None:
         """The kill on a connection of its own, closed once answered: while

@@ -374,23 +374,13 @@ def default_config() -> Config:
 # --- use, or raises ValueError saying what was expected. ------------------
 
 
-#: Characters of a value an error message quotes (a long path whole).
-_QUOTE_LIMIT = 1000
-
-
-def _quote(value: object) -> str:
-    """A value as the admin would write it: ``"5x"``, ``true``, ``12``; cut
-    short past :data:`_QUOTE_LIMIT` characters (:func:`json_quoted`)."""
-    return json_quoted(value, _QUOTE_LIMIT)
-
-
 def _expected(what: str, value: object) -> ValueError:
-    return ValueError(f"expected {what}, got {_quote(value)}")
+    return ValueError(f"expected {what}, got {json_quoted(value)}")
 
 
 def _boolean(value: object) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"Expected true or false, got {_quote(value)}")
+        raise ValueError(f"Expected true or false, got {json_quoted(value)}")
     return value
 
 
@@ -470,7 +460,7 @@ def _endpoint(value: object) -> str:
         _check_endpoint_address(endpoint)
     except (ValueError, TypeError, KeyError, OSError) as error:  # OSError: ssl's key
         raise ValueError(
-            f"{_quote(value)} is not a Twisted server endpoint"
+            f"{json_quoted(value)} is not a Twisted server endpoint"
             f" such as unix:/path or tcp:PORT ({error})"
         ) from None
     return description
@@ -487,7 +477,7 @@ def _listen_endpoint(value: object) -> str:
         unix = isinstance(serverFromString(None, description), UNIXServerEndpoint)
     if not unix:
         raise ValueError(
-            f"{_quote(value)}: requests are served on a UNIX socket only (the"
+            f"{json_quoted(value)}: requests are served on a UNIX socket only (the"
             " service knows its clients by their uid, which a TCP connection"
             " does not carry): give unix:PATH, or systemd:domain=UNIX:name=NAME"
         )
@@ -538,7 +528,7 @@ def _check_systemd_endpoint(value: object, description: str) -> None:
         check_systemd_endpoint(description)
     except ValueError as error:
         raise ValueError(
-            f"{_quote(value)} is not a systemd socket endpoint such as"
+            f"{json_quoted(value)} is not a systemd socket endpoint such as"
             f" systemd:domain=UNIX:name=sdexec ({error})"
         ) from None
 
@@ -583,7 +573,7 @@ def _uid(user: object) -> int:
     try:
         return pwd.getpwnam(user).pw_uid
     except KeyError:
-        raise ValueError(f"no such user: {_quote(user)}") from None
+        raise ValueError(f"no such user: {json_quoted(user)}") from None
 
 
 def _absolute_path(value: object) -> str:
@@ -663,7 +653,8 @@ def _check_property(name: object, value: object) -> None:
         raise _PropertyError(name, f"reserved: sdexec sets {name} itself")
     if not isinstance(value, str):
         raise _PropertyError(
-            name, f"expected a string (all property values are), got {_quote(value)}"
+            name,
+            f"expected a string (all property values are), got {json_quoted(value)}",
         )
     if name in MEMORY_PROPERTIES:
         try:
@@ -671,12 +662,12 @@ def _check_property(name: object, value: object) -> None:
         except ValueError:
             raise _PropertyError(
                 name,
-                f"{_quote(value)} is not a memory limit: expected a size with"
+                f"{json_quoted(value)} is not a memory limit: expected a size with"
                 f' {SUFFIXES}, a percentage up to 100% or "infinity"',
             ) from None
     elif name == "OOMScoreAdjust" and not _is_oom_score_adjust(value):
         raise _PropertyError(
-            name, f"expected an integer from -1000 to 1000, got {_quote(value)}"
+            name, f"expected an integer from -1000 to 1000, got {json_quoted(value)}"
         )
     try:  # the typing every request's properties get
         typed_property(name, value, source="config")
@@ -781,7 +772,7 @@ def _read_table(
     sets, sub-tables flattened (``testexec.allow-guests`` sets
     ``testexec_allow_guests``)."""
     if not isinstance(data, dict):
-        raise ConfigError(source, path, f"expected a table, got {_quote(data)}")
+        raise ConfigError(source, path, f"expected a table, got {json_quoted(data)}")
     fields: dict[str, Any] = {}
     for key, value in data.items():
         key_path = f"{path}.{_key_text(key)}"

@@ -48,7 +48,12 @@ def quoted(value: object, limit: int = 40) -> str:
 _MAX_WRITABLE_INT_BITS = 14_000
 
 
-def json_quoted(value: object, limit: int = 1000) -> str:
+#: Characters of a configuration value an error message quotes (a long
+#: path whole).
+JSON_QUOTE_LIMIT = 1000
+
+
+def json_quoted(value: object, limit: int = JSON_QUOTE_LIMIT) -> str:
     """A configuration value as the admin would write it: ``"5x"``,
     ``true``, ``12``; cut short past ``limit`` characters. A YAML file of a
     few hundred bytes can alias its way to a billion items, or to itself:

@@ -75,7 +75,7 @@ __all__ = [
     "MiB",
     "SdexecConfig",
     "SystemdConfig",
-    "check_endpoint_option",
+    "check_command_line_option",
     "default_config",
     "final_kill_attempt",
     "load_config",
@@ -399,6 +399,10 @@ def _one_of(*allowed: str) -> Callable[[object], str]:
     return check
 
 
+#: ``[systemd] bus``, and twistd's ``--bus``.
+_BUS = _one_of("user", "system")
+
+
 def _searchpath(value: object) -> str:
     if not isinstance(value, str):
         raise _expected("a string of colon-separated directories", value)
@@ -484,15 +488,23 @@ def _listen_endpoint(value: object) -> str:
     return description
 
 
-def check_endpoint_option(option: str, value: str | None) -> str | None:
-    """A ``--listen`` or ``--stats`` of twistd's command line, checked as the
-    file's ``listen`` and ``stats`` are (a malformed one ended in a
-    traceback at the listen): :class:`ConfigError` naming the option."""
+#: The options of twistd's command line that stand for a key of the file.
+_COMMAND_LINE_CHECKS: dict[str, Callable[[object], str]] = {
+    "--listen": _listen_endpoint,
+    "--stats": _endpoint,
+    "--bus": _BUS,
+}
+
+
+def check_command_line_option(option: str, value: str | None) -> str | None:
+    """A ``--listen``, ``--stats`` or ``--bus`` of twistd's command line,
+    checked as the file's ``listen``, ``stats`` and ``bus`` are (a
+    malformed endpoint ended in a traceback at the listen):
+    :class:`ConfigError` naming the option."""
     if not value:
         return value  # none given: the file's (an empty one, as before)
-    check = _listen_endpoint if option == "--listen" else _endpoint
     try:
-        return check(value)
+        return _COMMAND_LINE_CHECKS[option](value)
     except ValueError as error:
         raise ConfigError("<command line>", option, str(error)) from None
 
@@ -751,7 +763,7 @@ _SYSTEMD: _Table = {
     "max-inflight": _Key(_integer(1)),
     "start-timeout": _Key(_positive_duration),
     "reconnect-timeout": _Key(_positive_duration),
-    "bus": _Key(_one_of("user", "system")),
+    "bus": _Key(_BUS),
 }
 
 _SCHEMA: dict[str, tuple[_Table, type]] = {

@@ -101,6 +101,14 @@ def default_listen_endpoint(socket_mode: int = DEFAULT_SOCKET_MODE) -> str:
 EX_CONFIG = 78
 
 
+def _with_bus(config: Config, bus: str | None) -> Config:
+    """``config`` with ``[systemd] bus`` set to ``bus`` (the command
+    line's), if one is given."""
+    if not bus:
+        return config
+    return replace(config, systemd=replace(config.systemd, bus=bus))
+
+
 def _exit_failed(status: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
@@ -118,15 +126,18 @@ class SdexecService(Service):
         stats: str | None = None,
         exit_on_failure: bool = False,
         connect: Callable[[], defer.Deferred[Any]] | None = None,
+        bus: str | None = None,
     ) -> None:
         """``exit_on_failure``: a start that fails ends the process with
         status 1 (what twistd wants; tests keep it off and read
         :attr:`ready`). ``connect`` reaches the systemd manager (offline
         tests pass one that answers with :class:`sdexec.testing.FakeManager`;
-        by default the manager ``[systemd] bus`` names)."""
+        by default the manager ``[systemd] bus`` names). ``listen``,
+        ``stats`` and ``bus`` (twistd's ``--bus``) override the file's
+        settings, also across reloads."""
         self._connect = connect or self._connect_systemd
         self.exit_on_failure = exit_on_failure
-        self.config = config
+        self.config = _with_bus(config, bus)
         self.reactor = reactor
         self.listen = (
             listen
@@ -134,10 +145,12 @@ class SdexecService(Service):
             or default_listen_endpoint(config.sdexec.socket_mode)
         )
         self.stats = stats or config.sdexec.stats or DEFAULT_STATS_ENDPOINT
-        #: Settings the command line gave (--listen, --stats): the file's
+        #: Settings the command line gave (--listen, --stats, --bus): the file's
         #: value is not the one in force, now or after a restart.
         self._from_command_line = frozenset(
-            name for name, value in (("listen", listen), ("stats", stats)) if value
+            name
+            for name, value in (("listen", listen), ("stats", stats), ("bus", bus))
+            if value
         )
         self.server: SdexecServer | None = None
         self.owner_lock: OwnerLock | None = None
@@ -360,7 +373,9 @@ class SdexecService(Service):
         if self.stopped:
             log.info("reload dropped: the service stopped meanwhile")
             return False
-        if config.systemd.bus != self.config.systemd.bus:
+        if "bus" in self._from_command_line:
+            config = _with_bus(config, self.config.systemd.bus)
+        elif config.systemd.bus != self.config.systemd.bus:
             # The connection is made once: the configuration in force must
             # keep naming the manager the service really talks to.
             log.error(

@@ -26,7 +26,7 @@ from sdexec.config import (
     Config,
     ConfigError,
     MiB,
-    check_endpoint_option,
+    check_command_line_option,
     default_config,
     final_kill_attempt,
     load_config,
@@ -684,8 +684,8 @@ def test_requests_are_served_on_a_unix_socket_only(endpoint):
         " systemd:domain=UNIX:name=NAME"
     )
     with pytest.raises(ConfigError, match=r"^<command line>: --listen: "):
-        check_endpoint_option("--listen", endpoint)
-    assert check_endpoint_option("--stats", "tcp:9000") == "tcp:9000"
+        check_command_line_option("--listen", endpoint)
+    assert check_command_line_option("--stats", "tcp:9000") == "tcp:9000"
     systemd = "systemd:domain=UNIX:name=sdexec"
     assert parse_config({"sdexec": {"listen": systemd}}).sdexec.listen == systemd
 

@@ -23,7 +23,7 @@ from support import run
 from twisted.internet import reactor
 from twisted.internet.testing import StringTransport
 
-from sdexec.config import parse_config
+from sdexec.config import load_config, parse_config
 from sdexec.server import SdexecServer, SdexecServerFactory
 from sdexec.service import SdexecService
 from sdexec.systemd import SystemdError
@@ -71,11 +71,19 @@ async def test_units_start_in_the_configured_slice(start_service):
     assert moved.error.errstr.startswith("SDEXEC_PROP_Slice: a request can never set")
 
 
+@pytest.mark.parametrize(
+    ("file", "option"), [("system", None), ("user", "system")], ids=["file", "option"]
+)
 @ensureDeferred
-async def test_no_system_bus_is_a_one_line_start_failure(monkeypatch, tmp_path):
+async def test_no_system_bus_is_a_one_line_start_failure(
+    monkeypatch, tmp_path, file, option
+):
+    # twistd's --bus (the system unit gives "system") outweighs the file's.
     monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/none")
-    config = parse_config({"systemd": {"bus": "system"}})
-    service = SdexecService(config, reactor, listen=f"unix:{tmp_path}/s.sock")
+    config = parse_config({"systemd": {"bus": file}})
+    service = SdexecService(
+        config, reactor, listen=f"unix:{tmp_path}/s.sock", bus=option
+    )
     service.startService()
     with pytest.raises(SystemdError) as failure:
         await service.ready
@@ -89,6 +97,26 @@ async def test_a_reload_cannot_change_the_bus(start_service):
     service = await start_service()
     assert await service.reload(systemd=SYSTEM_BUS) is False
     assert service.server.config.systemd.bus == "user"
+
+
+@ensureDeferred
+async def test_the_command_line_s_bus_stays_in_force_across_reloads(tmp_path):
+    # The system unit gives --bus system, so that the example file (bus left
+    # at "user") does not send root to a session bus it lacks: exit 1, and
+    # a restart every 5 s for ever. A reload must neither refuse the file
+    # for it nor switch.
+    path = tmp_path / "sdexec.toml"
+    path.write_text('[systemd]\nbus = "user"\n')
+    service = SdexecService(
+        load_config(path), reactor, listen=f"unix:{tmp_path}/s.sock", bus="system"
+    )
+    assert service.config.systemd.bus == "system"
+    path.write_text('[systemd]\nbus = "user"\nsdbus-debug = true\n')
+    assert await service.reload() is True
+    assert (service.config.systemd.bus, service.config.systemd.sdbus_debug) == (
+        "system",
+        True,
+    )
 
 
 # -- allow-users -------------------------------------------------------------------

@@ -237,12 +237,16 @@ def test_a_bad_configuration_is_one_line_and_ex_config(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("option", "value"),
-    [("--listen", "unix:path=/tmp/x.sock"), ("--stats", "tcp:8490:bogus=1")],
+    ("option", "value", "reason"),
+    [
+        ("--listen", "unix:path=/tmp/x.sock", b"is not a Twisted server endpoint"),
+        ("--stats", "tcp:8490:bogus=1", b"is not a Twisted server endpoint"),
+        ("--bus", "session", b'expected "user" or "system", got "session"'),
+    ],
 )
-def test_a_bad_endpoint_option_is_one_line_and_ex_config(tmp_path, option, value):
-    # The same value in the file was refused so; on the command line it
-    # ended in a traceback at the listen.
+def test_a_bad_option_is_one_line_and_ex_config(tmp_path, option, value, reason):
+    # The same value in the file was refused so; on the command line an
+    # endpoint ended in a traceback at the listen.
     config = tmp_path / "sdexec.toml"
     config.write_text("")
     done = subprocess.run(
@@ -252,7 +256,7 @@ def test_a_bad_endpoint_option_is_one_line_and_ex_config(tmp_path, option, value
     )  # fmt: skip
     assert done.returncode == EX_CONFIG
     assert done.stderr.startswith(f"sdexec: <command line>: {option}: ".encode())
-    assert b"is not a Twisted server endpoint" in done.stderr
+    assert reason in done.stderr
     assert b"Traceback" not in done.stderr
 
 

@@ -10,6 +10,7 @@ replaces only ``ExecStart`` (this checkout's twistd, a test configuration).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,7 +63,7 @@ class Units:
         path = self.directory / "sdexec.toml"
         path.write_text(config)
         twistd = (f"{sys.executable} -c 'from twisted.scripts.twistd import run;"
-                  f" run()' --nodaemon --pidfile= sdexec --config {path}")  # fmt: skip
+                  f" run()' {_shipped_arguments(service, path)}")  # fmt: skip
         (self.dropins / "test.conf").write_text(
             f"[Service]\nExecStart=\nExecStart={twistd}\n"
             f"Environment=PYTHONPATH={REPO}\nWorkingDirectory={self.directory}\n"
@@ -80,6 +81,14 @@ class Units:
             path.unlink(missing_ok=True)
         self.dropins.rmdir()
         _systemctl("daemon-reload")
+
+
+def _shipped_arguments(service: str, config: Path) -> str:
+    """twistd's arguments in ``etc/SERVICE``'s ExecStart, with ``config``
+    for its ``--config``."""
+    text = (REPO / "etc" / service).read_text()
+    [command] = re.findall(r"^ExecStart=\S+ twistd (.*)$", text, re.MULTILINE)
+    return re.sub(r"--config \S+", f"--config {config}", command)
 
 
 @pytest.fixture
@@ -133,15 +142,11 @@ NAMESPACED = ("ProtectSystem", "ProtectHome", "ProtectKernelTunables",
 EXIT_NAMESPACE = "226"  # systemd.exec(5): setting up the unit's namespace failed
 
 
-#: What the system unit's configuration says: the system manager's bus.
-SYSTEM_CONFIG = CONFIG.replace("enable = true\n", 'enable = true\nbus = "system"\n')
-
-
 #: Containment on, as a GPU node has it: the mapper runs lstopo (which
 #: binds itself to each CPU on x86) under the unit's system call filter.
 #: "warn": this manager is not a system manager, and cannot fence devices.
 CONTAINED = (
-    SYSTEM_CONFIG.replace(
+    CONFIG.replace(
         'service = "sdexec"\n',
         'service = "sdexec"\nsdexec-constrain-resources = true\n',
     )
@@ -154,8 +159,13 @@ def _start_system_unit(
 ) -> bool:
     # One line differs from the shipped unit: the "system" bus is the test
     # manager's (there is no system manager here; the service connects with
-    # its system-bus code, to this address).
-    dropin = f"Environment=DBUS_SYSTEM_BUS_ADDRESS={bus_address}\n"
+    # its system-bus code, to this address). The configuration leaves
+    # [systemd] bus at "user", as the example file does: the unit's --bus
+    # must choose, and a session bus is not there to be found instead.
+    dropin = (
+        f"Environment=DBUS_SYSTEM_BUS_ADDRESS={bus_address}\n"
+        "Environment=DBUS_SESSION_BUS_ADDRESS=unix:path=/nonexistent\n"
+    )
     if not namespaced:
         dropin += "".join(f"{setting}=no\n" for setting in NAMESPACED)
     units.install("sdexec-system.service", None,
@@ -163,9 +173,7 @@ def _start_system_unit(
     return _systemctl("start", f"{NAME}.service").returncode == 0
 
 
-@pytest.mark.parametrize(
-    "config", [SYSTEM_CONFIG, CONTAINED], ids=["plain", "contained"]
-)
+@pytest.mark.parametrize("config", [CONFIG, CONTAINED], ids=["plain", "contained"])
 def test_the_hardened_system_unit_runs_a_process(units, user_manager, config):
     # The system unit under this root-run test manager: its sandbox is
     # applied as the system manager would apply it. Where this manager

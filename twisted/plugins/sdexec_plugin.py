@@ -1,4 +1,5 @@
-"""twistd plugin: ``twistd -n sdexec --config FILE [--listen EP] [--stats EP]``.
+"""twistd plugin: ``twistd -n sdexec --config FILE [--listen EP] [--stats EP]
+[--bus user|system]``.
 
 ``twisted.plugins`` is a namespace package here (no ``__init__.py``, by
 Twisted's plugin convention): the wheel installs this one file into Twisted's
@@ -37,6 +38,13 @@ class Options(usage.Options):
             "endpoint for GET /stats (default: [sdexec] stats, else"
             " tcp:8490:interface=127.0.0.1)",
         ],
+        [
+            "bus",
+            "b",
+            None,
+            "the manager that runs the units, user or system (default:"
+            " [systemd] bus, else user); the system unit gives system",
+        ],
     ]
 
     def postOptions(self) -> None:
@@ -70,7 +78,7 @@ class SdexecServiceMaker:
 
     def makeService(self, options: Options):
         reactor = _asyncio_reactor()
-        from sdexec.config import ConfigError, check_endpoint_option, load_config
+        from sdexec.config import ConfigError, check_command_line_option, load_config
         from sdexec.fdlimit import raise_open_file_limit
         from sdexec.logs import log_observer, with_observer
         from sdexec.service import EX_CONFIG, SdexecService
@@ -80,9 +88,10 @@ class SdexecServiceMaker:
             service = SdexecService(
                 config,
                 reactor,
-                check_endpoint_option("--listen", options["listen"]),
-                check_endpoint_option("--stats", options["stats"]),
+                check_command_line_option("--listen", options["listen"]),
+                check_command_line_option("--stats", options["stats"]),
                 exit_on_failure=True,
+                bus=check_command_line_option("--bus", options["bus"]),
             )
         except ConfigError as error:
             # One line, and EX_CONFIG: the units do not restart a file that

@@ -32,6 +32,7 @@ from sdexec.limits import check_text
 from sdexec.property import (
     CONTAINMENT_PROPERTIES,
     FD_PROPERTIES,
+    RANGES,
     STOP_PROPERTIES,
     parse_bool,
 )
@@ -180,11 +181,15 @@ def _switch_rank(text: str, _memory: Callable[[], int]) -> float:
 
 
 _MEMORY = Ordering(_memory_rank, "infinity", "a memory limit (512M, 50%, infinity)")
-_WEIGHT = Ordering(_integer_rank(1, 10000), "100", "a weight from 1 to 10000")
-#: 0 is idle, the tightest: only idle tightens an idle baseline.
-_CPU_WEIGHT = Ordering(
-    _integer_rank(0, 10000), "100", "a weight from 1 to 10000, or 0 (idle)"
-)
+
+
+def _weight(name: str) -> Ordering:
+    """A weight, within the range systemd takes for ``name`` (for the CPU
+    weights 0 is idle, the tightest: only idle tightens an idle baseline)."""
+    low, high, takes = RANGES[name]
+    return Ordering(_integer_rank(low, high), "100", f"a weight from {takes}")
+
+
 _SWITCH = Ordering(_switch_rank, None, "a boolean (yes/no)")
 
 #: The properties a request may only tighten, and how their values compare.
@@ -197,8 +202,10 @@ TIGHTENING: Final[Mapping[str, Ordering]] = {
         ("MemoryLow", "MemoryMin"),
         Ordering(_memory_rank, "0", "a memory limit (512M, 50%, infinity)"),
     ),
-    **dict.fromkeys(("CPUWeight", "StartupCPUWeight"), _CPU_WEIGHT),
-    **dict.fromkeys(("IOWeight", "StartupIOWeight"), _WEIGHT),
+    **{
+        name: _weight(name)
+        for name in ("CPUWeight", "StartupCPUWeight", "IOWeight", "StartupIOWeight")
+    },
     **dict.fromkeys(
         ("CPUQuotaPerSecUSec", "RuntimeMaxUSec"),
         Ordering(_usec_rank, "infinity", "microseconds or infinity"),

@@ -156,8 +156,9 @@ def _uint64_or_infinity(text: str) -> int:
 
 #: systemd's range for these (its D-Bus setters refuse a value outside it:
 #: "Value specified in TasksMax is out of range"), ``infinity`` aside, and
-#: how to say it. A CPU weight of 0 is ``idle``.
-_RANGES: dict[str, tuple[int, int, str]] = {
+#: how to say it. A CPU weight of 0 is ``idle``. The request policy ranks
+#: weights within the same ranges (``sdexec.policy``).
+RANGES: dict[str, tuple[int, int, str]] = {
     "CPUQuotaPerSecUSec": (1, UINT64_MAX - 1, "1 or more, or infinity"),
     "TasksMax": (1, UINT64_MAX - 1, "1 or more, or infinity"),
     **dict.fromkeys(
@@ -171,7 +172,7 @@ _NONZERO_MEMORY = frozenset({"MemoryMax", "MemoryHigh"})
 
 def _uint64_in_range(name: str, text: str) -> UnitProperty:
     value = _uint64_or_infinity(text)
-    low, high, takes = _RANGES.get(name, (0, UINT64_MAX, ""))
+    low, high, takes = RANGES.get(name, (0, UINT64_MAX, ""))
     if value != UINT64_MAX and not low <= value <= high:
         raise ValueError(f"{text!r} is out of range: systemd takes {takes}")
     return UnitProperty(name, "t", value)

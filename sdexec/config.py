@@ -453,10 +453,16 @@ def _class_name(value: Any) -> str:
 
 
 def _endpoint(value: object) -> str:
+    return _server_endpoint(value)[0]
+
+
+def _server_endpoint(value: object) -> tuple[str, object | None]:
+    """An endpoint's description, checked, and what Twisted makes of it
+    (``None`` for a ``systemd:`` one, whose sockets exist only in the unit)."""
     description = _string(value)
-    if is_systemd_endpoint(description):  # its sockets exist only in the unit
+    if is_systemd_endpoint(description):
         _check_systemd_endpoint(value, description)
-        return description
+        return description, None
     try:
         # Parsing builds an endpoint without touching the reactor, so any
         # stand-in will do; this catches "tpc:8490" long before a listen.
@@ -467,18 +473,18 @@ def _endpoint(value: object) -> str:
             f"{json_quoted(value)} is not a Twisted server endpoint"
             f" such as unix:/path or tcp:PORT ({error})"
         ) from None
-    return description
+    return description, endpoint
 
 
 def _listen_endpoint(value: object) -> str:
     """``listen``: an endpoint on a UNIX socket. The service knows who a
     client is by its uid (``SO_PEERCRED``, docs/operating.md); over TCP
     there is none, and every connection, the owner's too, was refused."""
-    description = _endpoint(value)
-    if is_systemd_endpoint(description):
+    description, endpoint = _server_endpoint(value)
+    if endpoint is None:
         unix = systemd_endpoint_domain(description) == "UNIX"
     else:
-        unix = isinstance(serverFromString(None, description), UNIXServerEndpoint)
+        unix = isinstance(endpoint, UNIXServerEndpoint)
     if not unix:
         raise ValueError(
             f"{json_quoted(value)}: requests are served on a UNIX socket only (the"

@@ -141,16 +141,21 @@ class Leftover:
         self._leftovers = leftovers
         self._stopping = False
         self._resetting = False
-        exec_config = leftovers.server.config.exec
-        self.stop_timer = StopTimer(
-            leftovers.server.clock,
-            exec_config.sdexec_stop_timer_sec,
-            exec_config.sdexec_stop_timer_signal,
-            name,
-            _LeftoverStop(self, leftovers.server),
-            lambda: systemd.connected,
-        )
+        #: Inactive with a job queued: a restart's new run is on its way.
+        self._new_run_queued = False
+        self.stop_timer = self._new_stop_timer()
         self._watch = systemd.watch_unit(name, self._changed)
+
+    def _new_stop_timer(self) -> StopTimer:
+        server = self._leftovers.server
+        return StopTimer(
+            server.clock,
+            server.config.exec.sdexec_stop_timer_sec,
+            server.config.exec.sdexec_stop_timer_signal,
+            self.name,
+            _LeftoverStop(self, server),
+            lambda: self._systemd.connected,
+        )
 
     def follow(self, stop: bool, restored_at: float | None = None) -> None:
         """Read its state (again); stop it if asked to. ``restored_at``:
@@ -198,6 +203,8 @@ class Leftover:
 
     def _changed(self, state: dict[str, Any]) -> None:
         status = UnitStatus.from_properties(state)
+        if self._new_run_queued and not status.is_inactive:
+            self._begin_new_run()
         if status.pid > 0:
             self.pid = status.pid
         # Not while stops are held: the start may yet fail.
@@ -210,7 +217,9 @@ class Leftover:
             # With a job queued: the middle of a `systemctl restart`, whose
             # new run is followed on. Without: gone, and its new run (a
             # restart whose job was not seen) looked for.
-            if not queued_job(state):
+            if queued_job(state):
+                self._new_run_queued = True
+            else:
                 self._leftovers.gone(self, maybe_restarting=True)
         elif status.needs_stop:  # it ended: unload it
             self.stop()
@@ -219,6 +228,15 @@ class Leftover:
             self._systemd.reset_failed_unit(self.name).addErrback(
                 self._failed, "ResetFailedUnit"
             )
+
+    def _begin_new_run(self) -> None:
+        """A restart (by hand) started it again: the first run's stop timer
+        (spent) and stop (done) are not the new run's."""
+        self._new_run_queued = False
+        self.stop_timer.stopped()
+        self.stop_timer = self._new_stop_timer()
+        self._stopping = self._resetting = False
+        self._leftovers.started_again(self)
 
     def _failed(self, failure: Failure, what: str) -> None:
         if is_connection_lost(failure.value):
@@ -387,6 +405,18 @@ class Leftovers:
             listed.addCallback(self._adopt_listed, {unit.name: STARTED_AGAIN})
             listed.addErrback(_log_rescan_failure, unit.name)
 
+    def started_again(self, unit: Leftover) -> None:
+        """``unit``'s restart started a new run: kept or stopped as an
+        adopted one would be."""
+        log.warn(
+            "leftover unit {unit} was started again outside sdexec: {action}",
+            unit=unit.name,
+            action=self._action(self._stopping),
+        )
+        self._drain_for_stopping()
+        if self._stopping and not self._stops_held:
+            unit.stop()
+
     def _listed(self, listing: list[tuple], origins: Mapping[str, str]) -> None:
         if self._closed:
             return
@@ -440,6 +470,14 @@ class Leftovers:
             self._drained_with = drain_reason(len(stopping), previous)
             self.server.drain(self._drained_with)
 
+    def _action(self, stop: bool) -> str:
+        """What becomes of a leftover found now, for the log."""
+        if not stop:
+            return "kept (leftover-units = keep)"
+        if self._stops_held:
+            return "to be stopped once the service listens"
+        return "stopping it"
+
     def _mark_of(self, description: str) -> str:
         """The service's mark ``description`` ends with, or ``""``."""
         return next((m for m in self._marks if description.endswith(m)), "")
@@ -447,12 +485,7 @@ class Leftovers:
     def _adopt(
         self, name: str, description: str, stop: bool, origin: str | None
     ) -> None:
-        if not stop:
-            action = "kept (leftover-units = keep)"
-        elif self._stops_held:
-            action = "to be stopped once the service listens"
-        else:
-            action = "stopping it"
+        action = self._action(stop)
         of_this_run = origin is not None or self._listed_once
         log.warn(
             "leftover unit {unit} {origin} ({description}): {action}",

@@ -237,6 +237,28 @@ def test_a_leftover_restarted_by_hand_is_followed_through_its_new_run(systemd, p
     assert server.list()["procs"] == [] and server.drain_reason is None
 
 
+@pytest.mark.parametrize("policy", ["keep", "stop"])
+def test_a_restarted_leftover_s_new_run_has_a_stop_and_stop_timer_of_its_own(
+    systemd, policy
+):
+    # The first run's were kept: its stop timer, spent as that run left
+    # deactivating, never armed for the new run, and under "stop" the new
+    # run was never stopped, the node drained while it ran.
+    leftover(systemd, "sdexec-a.service", pid=71)
+    server = make_server(systemd, policy)
+    server.leftovers.scan()
+    stops = systemd.calls.count(("stop", "sdexec-a.service"))
+    restart_by_hand(systemd, "sdexec-a.service")
+    assert systemd.calls.count(("stop", "sdexec-a.service")) == stops + (
+        policy == "stop"
+    )
+    systemd.change("sdexec-a.service", DEACTIVATING)  # it ignores SIGTERM
+    server.clock.advance(server.config.exec.sdexec_stop_timer_sec)
+    assert systemd.signalled == [("sdexec-a.service", signal.SIGUSR1)]
+    server.clock.advance(server.config.exec.sdexec_stop_timer_sec)
+    assert server.drain_reason == "unkillable user processes in unit sdexec-a.service"
+
+
 def test_the_new_run_of_a_restart_whose_job_was_not_seen_is_looked_for(
     systemd, monkeypatch
 ):

@@ -364,6 +364,10 @@ class Leftovers:
 
     def _scanned(self, outcome: object, asked: list[defer.Deferred[None]]) -> None:
         self._scanning = False
+        if isinstance(outcome, Failure) and not self._closed:
+            # Nothing adopted, but a return's re-read is owed all the same:
+            # a stop timer held while systemd was away waits for it.
+            self._follow_each()
         for each in asked:
             if isinstance(outcome, Failure):
                 each.errback(outcome)
@@ -423,6 +427,11 @@ class Leftovers:
         self._adopt_new(listing, origins)
         self._listed_once = True
         self._drain_for_stopping()
+        self._follow_each()
+
+    def _follow_each(self) -> None:
+        """Read each leftover again (the first time: adopted), stopping it
+        per ``leftover-units``, with systemd's return if one is owed."""
         restored_at, self._restored_at = self._restored_at, None
         for unit in list(self.units.values()):
             unit.follow(self._stopping and not self._stops_held, restored_at)

@@ -214,6 +214,24 @@ def restart_by_hand(systemd: FakeManager, name: str) -> None:
     systemd.change(name, {**new_run, "Job": (0, "/")})
 
 
+def test_a_leftover_s_timer_resumes_after_systemd_s_return_if_its_scan_fails(
+    systemd, monkeypatch
+):
+    # The re-read rode on the scan's listing alone: one that failed (a
+    # manager busy after its re-exec) left the timer held for ever.
+    leftover(systemd, "sdexec-a.service")
+    server = make_server_with_stop_timer(systemd, 30)
+    server.leftovers.scan()
+    systemd.change("sdexec-a.service", DEACTIVATING)
+    systemd.lose()
+    server.clock.advance(90)
+    systemd.restore()
+    failed = defer.fail(SystemdError("org.freedesktop.DBus.Error.NoMemory", "No"))
+    monkeypatch.setattr(systemd, "list_units_by_patterns", lambda *_: failed)
+    server.leftovers.systemd_restored().addErrback(lambda _: None)
+    assert systemd.signalled == [("sdexec-a.service", signal.SIGUSR1)]
+
+
 @pytest.mark.parametrize("policy", ["keep", "stop"])
 def test_a_leftover_restarted_by_hand_is_followed_through_its_new_run(systemd, policy):
     # It passed through inactive and was forgotten: its new run, with the

@@ -136,6 +136,9 @@ class SdexecServer:
         #: systemd's returns after a loss: a canary that ran across one
         #: gives no verdict.
         self._restorations = 0
+        #: Canaries begun: only the latest one's verdict is judged (a
+        #: reload's, or systemd's return's, supersedes one still running).
+        self._canaries_begun = 0
         #: Metrics hook (sdexec/metrics.py): ``watch_exec(responder)`` wraps
         #: each exec stream's responder, ``error_sent(topic, errnum)`` sees errors.
         self.observer: Any = None
@@ -409,6 +412,8 @@ class SdexecServer:
         """With containment on, run the device canary (sdexec/devicefence.py)
         and treat a fence it finds not enforced (or cannot verify) like an
         unenforced CPU fence. Fires with the problem, or None; never fails."""
+        if self.stopping:  # no unit is started after the stop began
+            return defer.succeed(None)
         if not self.containment.enabled:
             # No verdict is in force: one from before a reload that turned
             # containment off would describe jobs no longer fenced.
@@ -417,6 +422,7 @@ class SdexecServer:
         if not self.systemd.connected:
             self._verify_devices_later()
             return defer.succeed(None)
+        self._canaries_begun += 1
         try:
             plan = self._own(canary_plan(self.config))
         except RequestError as error:  # no /bin/sh, say
@@ -444,7 +450,7 @@ class SdexecServer:
         return verdict.addCallbacks(
             self._device_verdict,
             self._canary_cancelled,
-            callbackArgs=(key, responder, self._restorations),
+            callbackArgs=(key, responder, self._restorations, self._canaries_begun),
         )
 
     def _verify_devices_later(self) -> None:
@@ -471,10 +477,13 @@ class SdexecServer:
         key: tuple[int, int],
         responder: CanaryResponder,
         restorations: int,
+        begun: int,
     ) -> str | None:
         canary = self.processes.get(key)
         if canary is not None:  # stopped and reaped if it timed out; else a no-op
             canary.abandon()
+        if begun != self._canaries_begun:
+            return None  # a later canary gives the verdict
         # systemd away while it ran (its start refused, no answer in time,
         # its unit lost with a manager that restarted): no verdict.
         back_since = restorations != self._restorations and self.systemd.connected

@@ -307,6 +307,40 @@ async def test_a_canary_that_ran_across_an_outage_is_run_again(outage_kind):
     await reaped(server)
 
 
+@ensureDeferred
+async def test_one_return_of_systemd_runs_one_canary_and_judges_it_once():
+    # One canary owed by a reload during the outage, and one that ran
+    # across it: both ran again, both were judged, the failure counted twice.
+    server, systemd, _ = offline_server()
+    server.verify_devices()
+    across = canary_unit(systemd)
+    systemd.run(across)
+    systemd.lose()
+    server.verify_devices()  # a reload's, owed
+    systemd.restore()
+    server.systemd_restored()
+    run_canary(systemd, 0, unit=across)
+    await until(lambda: across not in server.units, "the first canary's end")
+    starts = [call[1] for call in systemd.calls if call[0] == "start"]
+    assert len(starts) == 2
+    run_canary(systemd, 0, unit=starts[1])
+    await until(lambda: server.device_fence is not None, "the verdict")
+    assert server.counters["device-fence-failures"] == 1
+    await reaped(server)
+
+
+def test_no_canary_starts_once_the_service_is_stopping():
+    # One owed for systemd's return was started during the shutdown: a unit
+    # begun after STOPPING=1, which the shutdown then waited for.
+    server, systemd, _ = offline_server()
+    systemd.lose()
+    server.verify_devices()  # a reload's, owed
+    server.shutdown(10)
+    systemd.restore()
+    server.systemd_restored()
+    assert [call for call in systemd.calls if call[0] == "start"] == []
+
+
 def test_a_canary_that_cannot_be_planned_is_not_a_verified_fence(monkeypatch):
     def no_shell(config):
         raise RequestError(errno.ENOENT, "/bin/sh: command not found")

@@ -118,22 +118,40 @@ def server_endpoint(reactor: Any, description: str) -> IStreamServerEndpoint:
         ) from None
     if not is_systemd_endpoint(description):
         return endpoint
-    _check_family(description, endpoint.fileno)
+    _check_socket(description, endpoint.fileno)
     return _Inherited(endpoint)
 
 
-def _check_family(description: str, fd: int) -> None:
-    """ValueError unless the inherited socket ``fd`` is of the address
-    family ``description`` names: Twisted would take a TCP socket passed
-    as ``domain=UNIX`` for a UNIX one, and the service refused every
-    client of it (a TCP peer has no uid)."""
-    wanted = socket.AddressFamily[f"AF_{systemd_endpoint_domain(description)}"]
-    with socket.socket(fileno=os.dup(fd)) as sock:
-        passed = sock.family
-    if passed != wanted:
+def _check_socket(description: str, fd: int) -> None:
+    """ValueError unless the inherited ``fd`` is a stream socket of the
+    address family ``description`` names. Twisted adopts any descriptor:
+    given a TCP socket as ``domain=UNIX`` (a TCP peer has no uid) or a
+    SOCK_SEQPACKET one, the service said it listened and refused every
+    client; a datagram socket or a FIFO failed the start naming nothing."""
+    try:
+        is_socket = stat.S_ISSOCK(os.fstat(fd).st_mode)
+    except OSError as error:
+        raise ValueError(f"{description}: the descriptor passed: {error}") from None
+    if not is_socket:
         raise ValueError(
-            f"{description}: the socket passed is {passed.name}, not"
-            f" {wanted.name} (the .socket unit's ListenStream=)"
+            f"{description}: the descriptor passed is not a socket"
+            " (the .socket unit's ListenStream= makes one)"
+        )
+    wanted = (
+        socket.AddressFamily[f"AF_{systemd_endpoint_domain(description)}"],
+        socket.SOCK_STREAM,
+    )
+    with socket.socket(fileno=os.dup(fd)) as sock:
+        passed = (sock.family, sock.type)
+    differ = [
+        (have, want) for have, want in zip(passed, wanted, strict=True) if have != want
+    ]
+    if differ:
+        raise ValueError(
+            f"{description}: the socket passed is"
+            f" {' '.join(have.name for have, _ in differ)}, not"
+            f" {' '.join(want.name for _, want in differ)}"
+            " (the .socket unit's ListenStream=)"
         )
 
 

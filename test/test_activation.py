@@ -5,6 +5,7 @@ as fd 3 (``LISTEN_FDS``/``LISTEN_PID``), as systemd passes it from a
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -23,8 +24,11 @@ from test_twistd import (
     reaped,
     terminate,
 )
+from twisted.internet import reactor
+from twisted.internet.endpoints import _SystemdParser
+from twisted.python.systemd import ListenFDs
 
-from sdexec.activation import check_systemd_endpoint
+from sdexec.activation import check_systemd_endpoint, server_endpoint
 from sdexec.config import ConfigError, parse_config
 
 pytestmark = pytest.mark.systemd
@@ -112,6 +116,55 @@ def test_a_tcp_socket_passed_for_a_unix_one_is_one_clear_line(user_manager, tmp_
         b" (the .socket unit's ListenStream=)"
     ) in said
     assert b"Traceback" not in said
+
+
+ENDPOINT = "systemd:domain=UNIX:name=sdexec"
+
+
+def _passed(monkeypatch, descriptor: int) -> None:
+    """``descriptor`` inherited as the socket named sdexec."""
+    inherited = ListenFDs([descriptor], ["sdexec"])
+    monkeypatch.setattr(_SystemdParser, "_sddaemon", inherited)
+
+
+@pytest.mark.parametrize(
+    ("kind", "problem"),
+    [
+        (socket.SOCK_SEQPACKET, "the socket passed is SOCK_SEQPACKET, not SOCK_STREAM"),
+        (socket.SOCK_DGRAM, "the socket passed is SOCK_DGRAM, not SOCK_STREAM"),
+    ],
+)
+def test_a_unix_socket_of_another_type_is_refused_naming_it(
+    monkeypatch, tmp_path, kind, problem
+):
+    # SOCK_SEQPACKET was adopted, and every stream client refused with
+    # EPROTOTYPE; SOCK_DGRAM failed the start with a bare EOPNOTSUPP.
+    with socket.socket(socket.AF_UNIX, kind) as passed:
+        passed.bind(str(tmp_path / "s.sock"))
+        _passed(monkeypatch, passed.fileno())
+        with pytest.raises(ValueError) as error:
+            server_endpoint(reactor, ENDPOINT)
+    assert str(error.value) == (
+        f"{ENDPOINT}: {problem} (the .socket unit's ListenStream=)"
+    )
+
+
+def test_a_descriptor_that_is_no_socket_is_refused_and_left_as_it_was(monkeypatch):
+    # It failed the start with a bare ENOTSOCK, and a copy of it stayed open.
+    read, write = os.pipe()
+    _passed(monkeypatch, read)
+    try:
+        before = os.listdir("/proc/self/fd")
+        with pytest.raises(ValueError) as error:
+            server_endpoint(reactor, ENDPOINT)
+        assert os.listdir("/proc/self/fd") == before
+    finally:
+        os.close(read)
+        os.close(write)
+    assert str(error.value) == (
+        f"{ENDPOINT}: the descriptor passed is not a socket"
+        " (the .socket unit's ListenStream= makes one)"
+    )
 
 
 def test_a_systemd_listen_endpoint_is_checked_without_the_socket():

@@ -338,7 +338,9 @@ def judge_fences(
             verdict.unchecked = what
             return verdict
         problem = (
-            check(expected, actual) if actual is not None else _unverified(name, pid)
+            check(expected, actual)
+            if actual is not None
+            else _unverified(name, pid, root)
         )
         if problem is not None:
             verdict.problems.append(problem)
@@ -353,11 +355,24 @@ def judge_fences(
     return verdict
 
 
-def _unverified(name: str, pid: int) -> str:
+#: Where each fence is read when the unit's cgroup has no cpuset.
+_UNLISTED_SOURCES = {
+    "AllowedCPUs": "/sys/devices/system/cpu/online",
+    "AllowedMemoryNodes": "Mems_allowed_list in /proc/{pid}/status, or"
+    " /sys/devices/system/node/online",
+}
+
+
+def _unverified(name: str, pid: int, root: str) -> str:
+    """Why fence ``name`` of a living process could not be read: its
+    status hidden, or what stands in for a cpuset unreadable."""
+    if process_status(pid, root) is None:
+        why = f"/proc/{pid}/status cannot be read (is /proc mounted hidepid?)"
+    else:
+        why = f"{_UNLISTED_SOURCES[name].format(pid=pid)} cannot be read"
     return (
-        f"{name} could not be verified: neither the unit's cgroup nor"
-        f" /proc/{pid}/status says which it may use (is /proc mounted"
-        " hidepid?)"
+        f"{name} could not be verified: no cpuset of the unit's cgroup says"
+        f" which it may use, and {why}"
     )
 
 

@@ -911,13 +911,14 @@ def test_a_fence_unreadable_while_the_process_lives_does_not_hold(
     # A status hidden (hidepid) and no cpuset in the unit's cgroup: the
     # fence cannot be verified, which is no fence, as the device canary's.
     monkeypatch.setattr(sdexec.containment, "enforced_mems", lambda *_: None)
+    monkeypatch.setattr(sdexec.containment, "process_status", lambda *_: None)
     server, responses = fenced_exec(own_fences(main_process), main_process)
     (error,) = [error_of(response) for response in responses]
     assert error == (errno.EIO, server.drain_reason)
     assert server.drain_reason == (
-        "AllowedMemoryNodes could not be verified: neither the unit's cgroup"
-        f" nor /proc/{main_process}/status says which it may use (is /proc"
-        " mounted hidepid?)"
+        "AllowedMemoryNodes could not be verified: no cpuset of the unit's"
+        f" cgroup says which it may use, and /proc/{main_process}/status"
+        " cannot be read (is /proc mounted hidepid?)"
     )
     assert server.counters["fence-failures"] == 1
 
@@ -970,6 +971,18 @@ def test_under_warn_every_fence_that_does_not_hold_is_logged(main_process):
     (warned,) = [line for line in logged if "warn:" in line]
     assert warned.startswith("AllowedCPUs not enforced")
     assert "; AllowedMemoryNodes not enforced" in warned
+
+
+def test_an_unreadable_list_of_online_cpus_is_named_as_what_failed(tmp_path):
+    # The reason blamed /proc/PID/status and hidepid, read fine, for a
+    # /sys/devices/system/cpu/online a container had masked.
+    _fake_file(tmp_path, "proc/42/status", "Name:\tx\nCpus_allowed_list:\t0-1\n")
+    _fake_file(tmp_path, "proc/42/cgroup", "0::" + CGROUP)
+    verdict = judge_fences(Fences(IDset("0-1")), CGROUP, 42, root=str(tmp_path))
+    assert verdict.problems == [
+        "AllowedCPUs could not be verified: no cpuset of the unit's cgroup says"
+        " which it may use, and /sys/devices/system/cpu/online cannot be read"
+    ]
 
 
 def test_judging_goes_on_to_the_memory_cap_on_a_kernel_without_cpusets(tmp_path):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import binascii
 
+from sdexec.refusal import lone_surrogate
+
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
     from typing import Any
@@ -63,7 +65,10 @@ def decode_io(io: Any) -> tuple[str, bytes, bool]:
         return stream, _from_base64(text), eof
     if encoding.upper() not in ("UTF-8", "UTF8"):
         raise ValueError(f"io.encoding: {encoding!r} is not UTF-8 or base64")
-    return stream, text.encode("utf-8"), eof
+    try:
+        return stream, text.encode("utf-8"), eof
+    except UnicodeEncodeError as error:
+        raise ValueError(f"io.data: {lone_surrogate(text, error)}") from None
 
 
 def _to_base64(data: bytes) -> str:

@@ -37,7 +37,7 @@ import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final
 
-from sdexec.refusal import RequestRefused, printable
+from sdexec.refusal import RequestRefused, lone_surrogate, printable
 
 __all__ = [
     "KERNEL_ARG_CEILING",
@@ -164,11 +164,7 @@ def check_text(field: str, value: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise _refuse_text(
-            field,
-            f"not valid Unicode text: lone surrogate U+{ord(value[error.start]):04X}"
-            f" at {error.start}",
-        ) from None
+        raise _refuse_text(field, lone_surrogate(value, error)) from None
 
 
 def check_texts(fields: Iterable[tuple[str, str]]) -> None:

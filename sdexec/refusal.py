@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["RequestRefused", "json_quoted", "printable", "quoted"]
+__all__ = ["RequestRefused", "json_quoted", "lone_surrogate", "printable", "quoted"]
 
 
 class RequestRefused(Exception):
@@ -33,6 +33,16 @@ def printable(text: str) -> str:
     become ``\\udXXX`` escapes, so the message itself can always be encoded
     (a message quoting a bad ``topic`` verbatim could not be sent)."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def lone_surrogate(value: str, error: UnicodeEncodeError) -> str:
+    """Why ``value`` did not encode as UTF-8 (``error``), for a message
+    that names its field: the one thing a JSON string can hold that UTF-8
+    cannot."""
+    return (
+        f"not valid Unicode text: lone surrogate U+{ord(value[error.start]):04X}"
+        f" at {error.start}"
+    )
 
 
 def quoted(value: object, limit: int = 40) -> str:

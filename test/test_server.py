@@ -250,6 +250,9 @@ def test_the_write_credit_flag_grants_the_stdin_buffer_first(connection):
         ({"matchtag": 1, "io": []}, "io: expected an object"),
         ({"matchtag": 1, "io": encode_io("stdout", "0", b"x")},
          "io.stream: 'stdout' is not stdin"),
+        # Python's codec message named no field, and counted code points.
+        ({"matchtag": 1, "io": {"stream": "stdin", "rank": "0", "data": "ab\ud800"}},
+         "io.data: not valid Unicode text: lone surrogate U+D800 at 2"),
     ],
 )  # fmt: skip
 def test_a_bad_write_is_einval(connection, payload, text):

@@ -259,7 +259,19 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-_json_decoder = json.JSONDecoder(parse_constant=_refuse_constant)
+def _finite_float(text: str) -> float:
+    # Past a double's range the json module makes inf where msgspec refuses
+    # the line: one message would decode two ways, by its length.
+    value = float(text)
+    if value in (_INFINITY, -_INFINITY):
+        raise ValueError(f"Number out of range: {text[:40]}")
+    return value
+
+
+_INFINITY = float("inf")
+_json_decoder = json.JSONDecoder(
+    parse_constant=_refuse_constant, parse_float=_finite_float
+)
 
 
 def _decode_with_msgspec(line: bytes | memoryview) -> Any:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import os
 import re
-from collections.abc import Mapping, Sequence
+import stat
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sdexec.environment import clean_environment
-from sdexec.limits import NAME_MAX
+from sdexec.limits import NAME_MAX, search_directories
 from sdexec.property import UnitProperty, typed_property
 
 __all__ = [
@@ -94,43 +97,77 @@ class Command:
         }
 
     def resolve_executable(self, default_cwd: str = "/") -> str | None:
+        """``cmdline[0]`` as execvp(3) would find it: :meth:`find_executable`'s
+        path."""
+        return self.find_executable(default_cwd)[0]
+
+    def find_executable(self, default_cwd: str = "/") -> tuple[str | None, bool]:
         """``cmdline[0]`` as execvp(3) would find it with this command's
         ``PATH`` and ``cwd`` (else ``default_cwd``: where the manager runs a
-        unit that names none); ``None`` if there is no such executable
-        (:meth:`found_unexecutable` then says whether a file of that name
-        was there, but not executable: execvp's EACCES).
+        unit that names none), or ``None``; and whether a file it looked at
+        exists but cannot be executed (execvp's EACCES).
 
         systemd searches only its own fixed path for a bare name, not the
         client's ``PATH``; resolving here keeps ``sdexec run myscript`` working
         as it would in the client's shell, and turns a missing command into an
-        immediate ENOENT rather than a failed unit.
+        immediate ENOENT rather than a failed unit. One pass, each candidate
+        looked up from the working directory opened once (a relative PATH
+        entry under a deep ``cwd`` walked all of it again for each).
         """
-        for path in self._candidates(default_cwd):
-            if _is_executable(path):
-                return os.path.normpath(path)
-        return None
-
-    def found_unexecutable(self, default_cwd: str = "/") -> bool:
-        """Whether a file :meth:`resolve_executable` looked at exists but
-        cannot be executed (not executable, or a directory)."""
-        return any(os.path.exists(path) for path in self._candidates(default_cwd))
-
-    def _candidates(self, default_cwd: str) -> list[str]:
-        """The paths execvp(3) would try for ``cmdline[0]``, in order, run
-        in the directory the process will run in."""
-        name = self.cmdline[0]
         cwd = self.cwd or default_cwd
+        unexecutable = False
+        with _opened_directory(cwd) as cwd_fd:
+            for candidate in self._candidates():
+                found = _lookup(candidate, cwd_fd)
+                if found is _Found.EXECUTABLE:
+                    return os.path.normpath(os.path.join(cwd, candidate)), False
+                unexecutable = unexecutable or found is _Found.UNEXECUTABLE
+        return None, unexecutable
+
+    def _candidates(self) -> list[str]:
+        """The paths execvp(3) would try for ``cmdline[0]``, in order,
+        relative to the directory the process will run in."""
+        name = self.cmdline[0]
         if "/" in name:
-            return [os.path.normpath(os.path.join(cwd, name))]
+            return [name]
         if len(name.encode()) > NAME_MAX:
             return []  # no file has such a name: no need to look
-        # Each directory once: a PATH of ":" * 100000 is one directory.
-        directories = dict.fromkeys(self.env.get("PATH", os.defpath).split(":"))
-        return [os.path.join(cwd, directory or ".", name) for directory in directories]
+        path = self.env.get("PATH", os.defpath)
+        return [os.path.join(directory, name) for directory in search_directories(path)]
 
 
-def _is_executable(path: str) -> bool:
-    return os.path.isfile(path) and os.access(path, os.X_OK)
+class _Found(enum.Enum):
+    ABSENT = "absent"
+    EXECUTABLE = "executable"
+    UNEXECUTABLE = "unexecutable"  # a directory, or no x permission
+
+
+def _lookup(path: str, cwd_fd: int | None) -> _Found:
+    """What ``path`` (relative to ``cwd_fd``; ``None``: a working directory
+    that is not there) is, as execvp(3) would take it."""
+    if cwd_fd is None and not os.path.isabs(path):
+        return _Found.ABSENT
+    try:
+        mode = os.stat(path, dir_fd=cwd_fd).st_mode
+    except (OSError, ValueError):  # ValueError: a NUL (refused before, anyway)
+        return _Found.ABSENT
+    if stat.S_ISREG(mode) and os.access(path, os.X_OK, dir_fd=cwd_fd):
+        return _Found.EXECUTABLE
+    return _Found.UNEXECUTABLE
+
+
+@contextlib.contextmanager
+def _opened_directory(path: str) -> Iterator[int | None]:
+    """``path`` opened as a directory to look names up from, or ``None``."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        yield None
+        return
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def unit_environment(env: Mapping[str, str]) -> dict[str, str]:

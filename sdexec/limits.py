@@ -22,6 +22,9 @@ naming the field:
   object, what systemd is sent and what it is not (options, environment
   names it refuses), counted against :data:`MAX_COMMAND`: the process keeps
   its command for its life. ``E2BIG``.
+- **The command search** (:func:`search_directories`): a bare command
+  name is looked for in at most :data:`MAX_SEARCH_DIRECTORIES` of PATH's
+  directories, each one stat on the reactor every client shares. ``E2BIG``.
 - **Lengths** (:func:`check_lengths`): ``cwd`` is a path (under
   :data:`PATH_MAX`), and what every ``list`` and stats answer repeats (the
   label, the job id) is a name, not a payload (:data:`MAX_NAME`).
@@ -150,6 +153,28 @@ MAX_COMMAND: Final = MAX_START_MESSAGE
 #: The longest environment variable or option name an ``E2BIG`` of
 #: :func:`check_command_size` quotes whole.
 _QUOTED_NAME: Final = 64
+
+
+#: The most distinct PATH directories a bare command name is looked for in
+#: (:func:`search_directories`). A PATH under ``MAX_ARG_STRLEN`` holds
+#: 30,000 short ones; looking in each held the reactor for tens of
+#: milliseconds a request. Module systems and conda stack tens.
+MAX_SEARCH_DIRECTORIES: Final = 1024
+
+
+def search_directories(path: str) -> list[str]:
+    """PATH's directories in order, each once (``""`` is the working
+    directory: ``"."``); ``E2BIG`` naming ``cmd.env.PATH`` past
+    :data:`MAX_SEARCH_DIRECTORIES`."""
+    directories = list(dict.fromkeys(entry or "." for entry in path.split(":")))
+    if len(directories) > MAX_SEARCH_DIRECTORIES:
+        raise RequestRefused(
+            errno.E2BIG,
+            f"cmd.env.PATH: {len(directories)} directories; a command name is"
+            f" looked for in at most {MAX_SEARCH_DIRECTORIES} (give the"
+            " command's path instead)",
+        )
+    return directories
 
 
 def _refuse_text(field: str, why: str) -> RequestRefused:

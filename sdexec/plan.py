@@ -169,8 +169,8 @@ def plan_exec(
         command.cmdline, command.env, command.opts, command.cwd, command.label
     )
     default_cwd = manager_working_directory(config)
-    executable = command.resolve_executable(default_cwd)
-    if executable is None and command.found_unexecutable(default_cwd):
+    executable, unexecutable = command.find_executable(default_cwd)
+    if executable is None and unexecutable:
         # As execvp(3) (and a shell, whose status is then 126) says it.
         raise RequestError(errno.EACCES, f"{command.cmdline[0]}: permission denied")
     if executable is None:

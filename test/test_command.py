@@ -3,6 +3,7 @@ implies, and unit object path escaping (no systemd needed)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from typing import NamedTuple
@@ -11,10 +12,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import sdexec.command
 import sdexec.plan
 from sdexec.command import Command, CommandError, unit_properties
 from sdexec.config import default_config, parse_config
+from sdexec.limits import MAX_SEARCH_DIRECTORIES
 from sdexec.property import PropertyError, unit_file_problem
+from sdexec.refusal import RequestRefused
 from sdexec.systemd import unit_object_path
 from sdexec.testing import exec_plan
 
@@ -160,14 +164,49 @@ def test_resolve_name_with_slash_is_relative_to_cwd(tmp_path):
     )
 
 
+def looked_up(monkeypatch) -> list[tuple[str, bool]]:
+    """Each lookup the search makes: its path, and whether it was made from
+    the working directory opened."""
+    looked: list[tuple[str, bool]] = []
+
+    def lookup(path: str, cwd_fd: int | None):
+        looked.append((path, cwd_fd is not None))
+        return sdexec.command._Found.ABSENT
+
+    monkeypatch.setattr("sdexec.command._lookup", lookup)
+    return looked
+
+
 def test_each_path_directory_is_looked_in_once(monkeypatch):
     # ":" * 100000 is one directory (cwd), not a hundred thousand lookups,
     # each joining cwd: that cost minutes of a reactor with a long cwd.
-    looked = []
-    monkeypatch.setattr("sdexec.command._is_executable", looked.append)
-    path = ":" * 100_000 + "/a:/b:/a"
+    looked = looked_up(monkeypatch)
+    path = ":" * 100_000 + "/a:/b:/a:."
     assert Command(["prog"], env={"PATH": path}).resolve_executable() is None
-    assert looked == ["/./prog", "/a/prog", "/b/prog"]
+    assert looked == [("./prog", True), ("/a/prog", True), ("/b/prog", True)]
+
+
+def test_a_relative_path_entry_is_looked_up_from_the_opened_cwd(monkeypatch):
+    # Joined to cwd, each walked all of it again: a cwd of 2000 "/."
+    # components and 20,000 relative entries held the reactor 3 s.
+    looked = looked_up(monkeypatch)
+    cwd = "/." * 2000
+    Command(["prog"], env={"PATH": "bin:/usr/bin"}, cwd=cwd).resolve_executable()
+    assert looked == [("bin/prog", True), ("/usr/bin/prog", True)]
+
+
+def test_a_path_of_too_many_directories_is_e2big_naming_it():
+    path = ":".join(f"/d{index}" for index in range(MAX_SEARCH_DIRECTORIES + 1))
+    with pytest.raises(RequestRefused) as refused:
+        Command(["prog"], env={"PATH": path}).resolve_executable()
+    assert (refused.value.errnum, refused.value.errstr) == (
+        errno.E2BIG,
+        f"cmd.env.PATH: {MAX_SEARCH_DIRECTORIES + 1} directories; a command name"
+        f" is looked for in at most {MAX_SEARCH_DIRECTORIES} (give the command's"
+        " path instead)",
+    )
+    at_most = ":".join(f"/d{index}" for index in range(MAX_SEARCH_DIRECTORIES))
+    assert Command(["prog"], env={"PATH": at_most}).resolve_executable() is None
 
 
 def test_a_file_that_cannot_be_executed_is_found_unexecutable(tmp_path):
@@ -175,15 +214,24 @@ def test_a_file_that_cannot_be_executed_is_found_unexecutable(tmp_path):
     (tmp_path / "dir").mkdir()
     for name in ("prog", "dir", "./prog"):
         command = Command([name], env={"PATH": str(tmp_path)}, cwd=str(tmp_path))
-        assert command.resolve_executable() is None
-        assert command.found_unexecutable()
+        assert command.find_executable() == (None, True)
     missing = Command(["absent"], env={"PATH": str(tmp_path)})
-    assert not missing.found_unexecutable()
+    assert missing.find_executable() == (None, False)
+
+
+def test_a_missing_cwd_finds_only_what_absolute_paths_name(tmp_path):
+    make_executable(tmp_path / "prog")
+    path = f"bin:{tmp_path}"
+    command = Command(["prog"], env={"PATH": path}, cwd=str(tmp_path / "gone"))
+    assert command.resolve_executable() == str(tmp_path / "prog")
+    assert Command(["./prog"], cwd=str(tmp_path / "gone")).find_executable() == (
+        None,
+        False,
+    )
 
 
 def test_a_bare_name_no_file_can_have_is_not_looked_for(monkeypatch):
-    looked = []
-    monkeypatch.setattr("sdexec.command._is_executable", looked.append)
+    looked = looked_up(monkeypatch)
     assert Command(["x" * 256], env={"PATH": "/a:/b"}).resolve_executable() is None
     assert looked == []
 

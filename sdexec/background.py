@@ -36,13 +36,13 @@ import dataclasses
 import enum
 import errno
 import itertools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple, Protocol
 
 from sdexec.ioencode import encode_io
 from sdexec.limits import check_text
 from sdexec.plan import ExecPlan, RequestError
-from sdexec.process import Process, Responder
+from sdexec.process import OutputValve, Process, Responder
 from sdexec.protocol import ExecFlag, command_object
 from sdexec.retained import STREAMS, RetainedOutput
 
@@ -281,6 +281,7 @@ class Tracked:
         EOF, and never be reaped.)"""
         self.mode = Mode.BACKGROUND
         if self.process is not None:
+            self.process.detach_valve()
             self.process.resume_output()
 
     def process_reaped(self) -> bool:
@@ -366,10 +367,6 @@ class TrackedProcesses:
         #: Ended waitable processes, oldest first, until waited for.
         self._ended: list[Tracked] = []
         self._serials = itertools.count(1)
-        #: Processes by the connection attached to them, for its back-pressure
-        #: (not a walk of every background process at each pause and resume).
-        #: An entry may have detached since: checked, and dropped, on use.
-        self._attached: dict[int, dict[Process, Tracked]] = {}
         #: Connections whose buffer of responses is full (paused).
         self._paused: set[int] = set()
         #: By connection, how many times it has resumed: what was written
@@ -485,8 +482,6 @@ class TrackedProcesses:
                 self._ended.append(tracked)
             else:
                 self._forget(tracked, _Slot(tracked.waitable, tracked.background))
-        for attached in self._attached.values():
-            attached.pop(process, None)
 
     def _note_unread(self, tracked: Tracked) -> None:
         """What was just written of ``tracked`` whatever its client reads
@@ -540,21 +535,11 @@ class TrackedProcesses:
             if tracked.process is not None
         ]
 
-    def attached_to(self, connection_id: int) -> Iterator[Process]:
-        """The processes attached to one connection (its back-pressure)."""
-        attached = self._attached.get(connection_id, {})
-        for process, tracked in list(attached.items()):
-            if tracked.attached and tracked.connected_to(connection_id):
-                yield process
-            else:
-                del attached[process]
-
     def connection_lost(self, connection_id: int) -> None:
         """Forget the connection's waits and attaches, and what it had not
         yet written."""
         self.connection_resumed(connection_id)
         self._resumes.pop(connection_id, None)
-        self._attached.pop(connection_id, None)
         for tracked in [*self._tracked.values(), *self._ended]:
             if tracked.connected_to(connection_id):
                 tracked.drop_client(connection_id)
@@ -573,8 +558,15 @@ class TrackedProcesses:
         self._note_unread(tracked)
         self._forget_if_consumed(tracked)
 
-    def attach(self, payload: Any, connection_id: int, responder: Responder) -> None:
-        """``sdexec.attach``: ``responder`` gets the process's stream."""
+    def attach(
+        self,
+        payload: Any,
+        connection_id: int,
+        responder: Responder,
+        valve: OutputValve | None = None,
+    ) -> None:
+        """``sdexec.attach``: ``responder`` gets the process's stream, its
+        output held back by ``valve``, the connection's."""
         pid, label = parse_target(payload, "attach")
         flags = payload.get("flags", int(_OUTPUT_FLAGS))
         if not isinstance(flags, int) or isinstance(flags, bool) or flags & ~3:
@@ -582,12 +574,11 @@ class TrackedProcesses:
         tracked = self._find(pid, label, errno.EBUSY, "not in background")
         tracked.attach(_Client(connection_id, responder, ExecFlag(flags)))
         self._note_unread(tracked)
-        if tracked.attached and tracked.process is not None:
-            self._attached.setdefault(connection_id, {})[tracked.process] = tracked
-            if connection_id in self._paused:
-                # Its replay filled the connection (which paused before the
-                # process was its own): the live output waits too.
-                tracked.process.pause_output()
+        if tracked.attached and tracked.process is not None and valve is not None:
+            tracked.process.valve = valve
+            # Its replay may have filled the connection: the live output
+            # waits too.
+            valve.wrote(tracked.process)
         self._forget_if_consumed(tracked)
 
     def _forget_if_consumed(self, tracked: Tracked) -> None:

@@ -47,7 +47,7 @@ from sdexec.passthrough import (
     close_fds,
 )
 from sdexec.plan import ExecPlan, RequestError, plan_exec
-from sdexec.process import OutputTap, Process, ProcessContext, Responder
+from sdexec.process import OutputTap, OutputValve, Process, ProcessContext, Responder
 from sdexec.protocol import Topic
 from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import RequestRefused, printable
@@ -187,11 +187,12 @@ class SdexecServer:
         responder: Any,
         streaming: bool = True,
         stdio: PassedStdio = NO_STDIO,
+        valve: OutputValve | None = None,
     ) -> None:
         """Start a process for an ``sdexec.exec`` request (``streaming``
         false: in the background, sdexec/background.py), with the
         descriptors it brought (``stdio``; the caller closes them if this
-        raises)."""
+        raises); its output held back by ``valve``, its connection's."""
         self._refuse_if_unavailable()
         plan = self._own(plan_exec(payload, self.config, self.containment))
         if plan.mapped:
@@ -232,6 +233,7 @@ class SdexecServer:
             tap=tracked.tap if tracked is not None else None,
             stdio=stdio,
         )
+        process.valve = valve if streaming else None
         if tracked is not None:
             self.tracked.add(process, tracked)
         self.units[plan.unit_name] = process
@@ -727,9 +729,16 @@ class SdexecServer:
         """``sdexec.wait``: answered once the process has ended."""
         self.tracked.wait(payload, connection_id, responder)
 
-    def attach(self, connection_id: int, payload: dict, responder: Any) -> None:
-        """``sdexec.attach``: the process's stream goes to ``responder``."""
-        self.tracked.attach(payload, connection_id, responder)
+    def attach(
+        self,
+        connection_id: int,
+        payload: dict,
+        responder: Any,
+        valve: OutputValve | None = None,
+    ) -> None:
+        """``sdexec.attach``: the process's stream goes to ``responder``,
+        held back by ``valve``, its connection's."""
+        self.tracked.attach(payload, connection_id, responder, valve)
 
     def stats(self, detail: bool = True) -> dict:
         """What ``sdexec.stats-get`` and ``GET /stats`` report. Without
@@ -806,6 +815,8 @@ class ClientProtocol(StdioReceivingProtocol):
         }
         #: Whether the transport has paused us: its buffer of responses is full.
         self._paused = False
+        #: Holds back the output of the processes writing to it meanwhile.
+        self.valve = OutputValve()
         #: Requests whose answer is a Deferred not fired yet (kills).
         self._unanswered = 0
         #: What was read but not yet handled, oldest first (while paused, or
@@ -1025,7 +1036,12 @@ class ClientProtocol(StdioReceivingProtocol):
         try:
             responder = _Stream(self, matchtag)
             self.server.exec(
-                self.connection_id, matchtag, payload, responder, stdio=stdio
+                self.connection_id,
+                matchtag,
+                payload,
+                responder,
+                stdio=stdio,
+                valve=self.valve,
             )
         except BaseException:
             stdio.close()
@@ -1056,7 +1072,7 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def _attach(self, matchtag: int, payload: dict) -> None:
         responder = _Stream(self, matchtag, Topic.ATTACH)
-        self.server.attach(self.connection_id, payload, responder)
+        self.server.attach(self.connection_id, payload, responder, self.valve)
 
     def _write(self, matchtag: int, payload: dict) -> None:
         self.server.write(self.connection_id, payload)
@@ -1149,8 +1165,7 @@ class ClientProtocol(StdioReceivingProtocol):
         self.server.tracked.connection_paused(self.connection_id)
         if not self.transport.disconnecting:  # (a closing one reads nothing)
             self.transport.pauseProducing()  # read no more requests
-        for process in self._producing():
-            process.pause_output()
+        self.valve.pause()  # each process as it writes
 
     def resumeProducing(self) -> None:
         # Everything sent is written out (Twisted resumes a producer only
@@ -1163,8 +1178,7 @@ class ClientProtocol(StdioReceivingProtocol):
         self._handle_held()  # before anything newer: in order
         if self._paused or self.transport.disconnecting:
             return  # the held requests filled the buffer again, or ended it
-        for process in self._producing():
-            process.resume_output()
+        self.valve.resume()
         self._resume_reading()
 
     def _let_close(self) -> None:
@@ -1173,11 +1187,6 @@ class ClientProtocol(StdioReceivingProtocol):
         close it: without a producer, it closes once all is written."""
         if self.transport.producer is self:
             self.transport.unregisterProducer()
-
-    def _producing(self) -> Iterator[Process]:
-        """The processes whose output comes to this connection."""
-        yield from self.server.connection_processes(self.connection_id)
-        yield from self.server.tracked.attached_to(self.connection_id)
 
     def stopProducing(self) -> None:
         pass

@@ -703,7 +703,10 @@ async def test_an_abandoned_process_whose_attached_client_was_paused_is_reaped(
     viewer.close()
 
 
-def test_a_connection_finds_only_the_processes_attached_to_it(systemd, server, client):
+@ensureDeferred
+async def test_an_attached_process_is_held_back_by_its_own_connection_only(
+    systemd, server, client
+):
     client.bg(label="a")
     systemd.run(UNIT, pid=8)
     client.bg(label="b", matchtag=2, SDEXEC_NAME="sdexec-u2")
@@ -712,14 +715,13 @@ def test_a_connection_finds_only_the_processes_attached_to_it(systemd, server, c
     first.send("sdexec.attach", {"label": "a"})
     second.send("sdexec.attach", {"label": "b"})
     a, b = (server.units[unit] for unit in (UNIT, "sdexec-u2.service"))
-    tracked = server.tracked
-    assert list(tracked.attached_to(first.protocol.connection_id)) == [a]
-    assert list(tracked.attached_to(second.protocol.connection_id)) == [b]
-    second.close()  # b goes back to the background
-    assert list(tracked.attached_to(second.protocol.connection_id)) == []
-    tracked.reaped(a)  # nothing keeps a reaped process
-    assert list(tracked.attached_to(first.protocol.connection_id)) == []
-    assert all(a not in attached for attached in tracked._attached.values())
+    assert (a.valve, b.valve) == (first.protocol.valve, second.protocol.valve)
+    second.protocol.pauseProducing()
+    os.write(systemd.process_fd("sdexec-u2.service", "stdout"), b"more\n")
+    await until(lambda: b.output._client_paused, "b held back as it writes")
+    assert not a.output._client_paused
+    second.close()  # b goes back to the background, its output read on
+    assert b.valve is None and not b.output._client_paused
     first.close()
 
 

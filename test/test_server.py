@@ -444,17 +444,29 @@ def test_a_connection_pauses_its_own_processes_only(server):
     other.close()
 
 
-def test_back_pressure_pauses_and_resumes_the_connections_output(server):
+def test_back_pressure_holds_back_each_process_as_it_writes_and_resumes_it(
+    server,
+):
+    # Every process of the connection was paused and resumed at each pause,
+    # writing or not: with 1000 idle ones, one process's output ran 15
+    # times slower, each cycle holding the reactor 27-80 ms.
     connection = Connection(server)
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
-    (process,) = server.processes.values()
-    stdout = process.output.channels["stdout"].transport
-    process.output.open()  # as `started` does
-    assert stdout in reactor.getReaders()  # not paused once started
+    other = {**TRUE, "opts": {"SDEXEC_NAME": "sdexec-u"}}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": other}, matchtag=2)
+    writer, idle = server.processes.values()
+    readers = {}
+    for process in (writer, idle):
+        process.output.open()  # as `started` does
+        readers[process] = process.output.channels["stdout"].transport
+        assert readers[process] in reactor.getReaders()  # not paused once started
     connection.protocol.pauseProducing()
-    assert stdout not in reactor.getReaders()
+    assert readers[writer] in reactor.getReaders()  # until it writes
+    writer.output.channels["stdout"].dataReceived(b"one read\n")
+    assert readers[writer] not in reactor.getReaders()
+    assert readers[idle] in reactor.getReaders()  # never touched
     connection.protocol.resumeProducing()
-    assert stdout in reactor.getReaders()
+    assert readers[writer] in reactor.getReaders()
     connection.close()
 
 

@@ -357,15 +357,21 @@ class TrackedProcesses:
     """The service's background and waitable processes: found by pid or
     label whatever their connection, kept after they end while waitable.
 
-    ``live`` is the server's process table (every process with a unit,
-    tracked or not), read to find processes and never changed here.
+    Every process the server tables is findable (:meth:`findable`, then
+    :meth:`pid_known`) until it is reaped, or, kept for a wait, until its
+    end is consumed: found by label or pid in an index, not a walk of every
+    process (a read of kills by pid held the reactor a second at 2000).
     """
 
-    def __init__(self, live: Mapping[ProcessKey, Process]) -> None:
-        self._live = live
+    def __init__(self) -> None:
         self._tracked: dict[Process, Tracked] = {}
         #: Ended waitable processes, oldest first, until waited for.
-        self._ended: list[Tracked] = []
+        self._ended: dict[Process, Tracked] = {}
+        #: The findable processes by label (one each, RFC 42), and by pid
+        #: (an older one lingers after its main process exited; a pid may
+        #: be reused).
+        self._by_label: dict[str, Process] = {}
+        self._by_pid: dict[int, dict[Process, None]] = {}
         self._serials = itertools.count(1)
         #: Connections whose buffer of responses is full (paused).
         self._paused: set[int] = set()
@@ -468,6 +474,25 @@ class TrackedProcesses:
         """The process table key of a new background process."""
         return (NO_CLIENT, next(self._serials))
 
+    def findable(self, process: Process) -> None:
+        """``process`` (just tabled) may be found by its label, and by its
+        pid once that is known."""
+        if process.label is not None:
+            self._by_label[process.label] = process
+
+    def pid_known(self, process: Process) -> None:
+        assert process.pid is not None
+        self._by_pid.setdefault(process.pid, {})[process] = None
+
+    def _unfindable(self, process: Process) -> None:
+        if process.label is not None and self._by_label.get(process.label) is process:
+            del self._by_label[process.label]
+        same_pid = self._by_pid.get(process.pid or 0)
+        if same_pid is not None:
+            same_pid.pop(process, None)
+            if not same_pid:
+                del self._by_pid[process.pid or 0]
+
     def add(self, process: Process, tracked: Tracked) -> None:
         tracked.process = process
         self._tracked[process] = tracked
@@ -479,9 +504,10 @@ class TrackedProcesses:
             kept = tracked.process_reaped()  # a waiter may be answered now
             self._note_unread(tracked)
             if kept:
-                self._ended.append(tracked)
-            else:
-                self._forget(tracked, _Slot(tracked.waitable, tracked.background))
+                self._ended[process] = tracked
+                return
+            self._forget(tracked, _Slot(tracked.waitable, tracked.background))
+        self._unfindable(process)
 
     def _note_unread(self, tracked: Tracked) -> None:
         """What was just written of ``tracked`` whatever its client reads
@@ -522,7 +548,8 @@ class TrackedProcesses:
 
     def holds_label(self, label: str) -> bool:
         """Whether an ended process kept for a wait carries ``label``."""
-        return any(tracked.label == label for tracked in self._ended)
+        process = self._by_label.get(label)
+        return process is not None and process in self._ended
 
     def describe_ended(
         self, describe: Callable[[Process], dict[str, Any]] = Process.describe
@@ -530,9 +557,8 @@ class TrackedProcesses:
         """``sdexec.list`` entries (or others, by ``describe``) of the ended
         processes kept for a wait."""
         return [
-            {**describe(tracked.process), "mode": tracked.mode}
-            for tracked in self._ended
-            if tracked.process is not None
+            {**describe(process), "mode": tracked.mode}
+            for process, tracked in self._ended.items()
         ]
 
     def connection_lost(self, connection_id: int) -> None:
@@ -540,7 +566,7 @@ class TrackedProcesses:
         yet written."""
         self.connection_resumed(connection_id)
         self._resumes.pop(connection_id, None)
-        for tracked in [*self._tracked.values(), *self._ended]:
+        for tracked in [*self._tracked.values(), *self._ended.values()]:
             if tracked.connected_to(connection_id):
                 tracked.drop_client(connection_id)
 
@@ -582,8 +608,10 @@ class TrackedProcesses:
         self._forget_if_consumed(tracked)
 
     def _forget_if_consumed(self, tracked: Tracked) -> None:
-        if tracked.reaped and tracked in self._ended:
-            self._ended.remove(tracked)
+        process = tracked.process
+        if tracked.reaped and process is not None and process in self._ended:
+            del self._ended[process]
+            self._unfindable(process)
             # Ended, it held a waitable slot only.
             self._forget(tracked, _Slot(waitable=True, background=False))
 
@@ -602,7 +630,7 @@ class TrackedProcesses:
         newest = self.newest(pid, label)
         if newest is None:
             raise RequestError(missing, f"{_target(pid, label)}: no such process")
-        tracked = self._tracked.get(newest) or self._ended_of(newest)
+        tracked = self._tracked.get(newest) or self._ended.get(newest)
         if tracked is None:
             raise RequestError(errnum, f"{_target(pid, label)}: {untracked}")
         return tracked
@@ -611,18 +639,10 @@ class TrackedProcesses:
         """The newest process, running or ended and kept, with ``label`` (if
         given) or else ``pid``: an older one with the pid lingers only after
         its main process exited, and the pid may have been reused."""
-        processes = [
-            *self._live.values(),
-            *(tracked.process for tracked in self._ended if tracked.process),
-        ]
-        return max(
-            (p for p in processes if _matches(p.label, p.pid, pid, label)),
-            key=lambda process: process.serial,
-            default=None,
-        )
-
-    def _ended_of(self, process: Process) -> Tracked | None:
-        return next((t for t in self._ended if t.process is process), None)
+        if label is not None:
+            return self._by_label.get(label)
+        same_pid = self._by_pid.get(pid) if pid is not None else None
+        return max(same_pid or (), key=lambda process: process.serial, default=None)
 
 
 def _check_target(payload: Any, topic: str) -> tuple[int | None, str | None]:
@@ -645,12 +665,6 @@ def parse_target(payload: Any, topic: str) -> tuple[int | None, str | None]:
     label winning over the pid; EINVAL names a bad or missing field."""
     pid, label = _check_target(payload, topic)
     return (None, label) if label is not None else (pid, None)
-
-
-def _matches(
-    label: str | None, pid: int | None, wanted_pid: int | None, wanted: str | None
-) -> bool:
-    return label == wanted if wanted is not None else pid == wanted_pid
 
 
 def _target(pid: int | None, label: str | None) -> str:

@@ -175,6 +175,9 @@ class ProcessContext:
     #: Receipts read the unit's cgroup files (cgroup v2): the unit is not
     #: stopped until its receipt has been read (sdexec.receipt).
     receipt_reads_cgroup: bool = True
+    #: The process's main pid has become known (the server finds processes
+    #: by pid through an index of them).
+    pid_known: Callable[[Process], None] = lambda process: None
 
 
 class Process:
@@ -586,6 +589,7 @@ class Process:
             log.info("{unit}: {state}", unit=self.unit_name, state=status)
         if status.pid > 0 and self.pid is None:
             self.pid = status.pid
+            self._context.pid_known(self)
         if status.has_started and Sent.STARTED not in self._sent:
             self._started(properties, status.pid)
         if status.has_finished:

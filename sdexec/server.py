@@ -114,7 +114,7 @@ class SdexecServer:
         #: one process's framed output ran at 0.78x).
         self._by_connection: dict[int, dict[int, Process]] = {}
         #: Background and waitable processes: by pid or label, ended ones kept.
-        self.tracked = TrackedProcesses(self.processes)
+        self.tracked = TrackedProcesses()
         #: Each unit name has one owner: the process that runs it.
         self.units: dict[str, Process] = {}
         #: Appended to every unit's Description: how the service knows its
@@ -328,6 +328,7 @@ class SdexecServer:
             stdio=stdio,
         )
         self.processes[key] = process
+        self.tracked.findable(process)
         connection_id, matchtag = key
         self._by_connection.setdefault(connection_id, {})[matchtag] = process
         return process
@@ -344,6 +345,7 @@ class SdexecServer:
             start_timeout=self.config.systemd.start_timeout,
             receipt_reads_cgroup=self.receipt_reads_cgroup,
             lost_unit_kills=self.lost_unit_kills,
+            pid_known=self.tracked.pid_known,
         )
 
     def _fence_verifier(

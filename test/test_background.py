@@ -931,6 +931,28 @@ async def test_a_reused_pid_names_the_newest_also_once_it_has_ended(
 
 
 @ensureDeferred
+async def test_a_process_is_findable_until_reaped_or_its_end_is_consumed(
+    systemd, server, client
+):
+    # Found through an index by pid and label (a walk of every process per
+    # kill held the reactor a second for a read of kills at 2000): each
+    # leaves it when nothing can name it any more.
+    client.bg(flags=WAITABLE, label="kept", matchtag=1)
+    systemd.run(UNIT, pid=100)
+    client.bg(label="plain", matchtag=2, SDEXEC_NAME="sdexec-plain")
+    systemd.run("sdexec-plain.service", pid=200)
+    assert server.find(pid=200).label == "plain"
+    for unit in (UNIT, "sdexec-plain.service"):
+        systemd.exit(unit, 0)
+    await until(lambda: not server.processes, "both reaped")
+    assert server.tracked.newest(200, None) is None  # reaped, not kept
+    client.send("sdexec.wait", {"label": "kept"}, matchtag=3)  # consumes it
+    assert payloads(client.of(3))[0]["status"] == 0
+    assert server.tracked.newest(100, None) is None
+    assert (server.tracked._by_pid, server.tracked._by_label) == ({}, {})
+
+
+@ensureDeferred
 async def test_a_waitable_process_whose_client_left_before_started_keeps_its_end(
     systemd, server
 ):

@@ -425,7 +425,11 @@ class Process:
 
     def unkillable(self, reason: str) -> None:
         """The unit would not die: end the stream with EDEADLK (``reason``
-        says why). The process stays tracked until the unit is gone."""
+        says why), after ``finished`` if the exit status is known (its
+        receipt may still be on its way: it goes without). The process
+        stays tracked until the unit is gone."""
+        if self._awaiting_receipt:
+            self._send_finished({})
         self._fail(errno.EDEADLK, reason)
 
     def cancel(self, reason: str) -> None:
@@ -597,9 +601,12 @@ class Process:
         if self._awaiting_receipt and not self._may_release_before_receipt(status):
             return
         self._check_failure(status)
-        if status.needs_stop:
+        # Stop or reset only once the exit status is kept: a reset clears
+        # ExecMain*, and the Unit's signal may come before the Service's
+        # (active/exited, no status yet): a stop then would overtake the
+        # receipt, which a cgroup v2 receipt reads from the unit's cgroup.
+        if status.needs_stop and self._exit_status_kept:
             self._stop()
-        # Reset only once the exit status is kept: a reset clears ExecMain*.
         if status.needs_reset and self._exit_status_kept:
             self._call(UnitCall.RESET, self._systemd.reset_failed_unit)
         self.stop_timer.follow(status.is_deactivating)
@@ -683,12 +690,17 @@ class Process:
         receipt = finished_extensions(state)
         if receipt.get("result") == "oom-kill" or receipt.get("oom_kills"):
             self._context.count("oom-kills")
+        self._send_finished(receipt)
+        self._unit_changed(self._watch.state)
+
+    def _send_finished(self, receipt: dict[str, Any]) -> None:
+        """``finished`` with the wait status first seen, once, and the EOFs
+        held back for it."""
         finished = {"type": "finished", "status": self.exit_status, **receipt}
         self._once(Sent.FINISHED, finished)
         for stream in self._eofs_after_finished:
             self._forward_eof(stream)
         self._eofs_after_finished.clear()
-        self._unit_changed(self._watch.state)
 
     @property
     def _outcome_known(self) -> bool:

@@ -438,6 +438,51 @@ def test_the_stop_follows_the_receipts_getall_where_it_reads_no_cgroup():
     assert responder.types() == ["started", "finished", errno.ENODATA]
 
 
+@pytest.mark.parametrize("reads_cgroup", [True, False])
+def test_a_unit_seen_exited_before_its_status_is_stopped_after_the_receipt(
+    reads_cgroup,
+):
+    # The Unit's signal first (active/exited), the Service's (the status)
+    # after: the stop went out at once, ahead of the receipt's GetAll, which
+    # on cgroup v2 reads the cgroup the stop removes.
+    systemd, responder = FakeManager(), Recorder()
+    context = ProcessContext(
+        reactor=reactor, clock=Clock(), rank="0", receipt_reads_cgroup=reads_cgroup
+    )
+    Process(systemd, lifecycle_plan(), responder, context).start()
+    systemd.hold_refresh = True
+    systemd.change(UNIT, RUNNING)
+    systemd.change(UNIT, {"ActiveState": "active", "SubState": "exited"})
+    assert ("stop", UNIT) not in systemd.calls
+    systemd.change(UNIT, EXITED)
+    calls = [call for call in systemd.calls if call[0] in ("get-all", "stop")]
+    assert calls[0] == ("get-all", UNIT)
+    systemd.answer_refreshes()
+    assert ("stop", UNIT) in systemd.calls
+
+
+def test_a_unit_abandoned_while_its_receipt_is_read_gets_finished_first():
+    # cgroup v1: the stop timer runs while the receipt's GetAll waits in a
+    # busy window; abandoned, the stream ended with EDEADLK alone, its
+    # known exit status never sent.
+    systemd, responder, clock = FakeManager(), Recorder(), Clock()
+    plan = lifecycle_plan(seconds=1)
+    context = ProcessContext(
+        reactor=reactor, clock=clock, rank="0", receipt_reads_cgroup=False
+    )
+    Process(systemd, plan, responder, context).start()
+    systemd.hold_refresh = True
+    systemd.change(UNIT, RUNNING)
+    lingering = {"ActiveState": "deactivating", "SubState": "stop-sigterm"}
+    systemd.change(UNIT, {**EXITED, "ExecMainStatus": 3, **lingering})
+    clock.advance(1)
+    clock.advance(1)
+    assert responder.types() == ["started", "finished", errno.EDEADLK]
+    assert responder.responses[1]["status"] == 3 << 8
+    systemd.answer_refreshes()  # the receipt, too late: nothing more
+    assert responder.types() == ["started", "finished", errno.EDEADLK]
+
+
 def test_confirmed_failure_without_status_is_eio():
     _, systemd, responder, _ = make_process()
     failed = {"ActiveState": "failed", "SubState": "failed", "Result": "resources"}

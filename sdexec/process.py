@@ -238,6 +238,9 @@ class Process:
         #: Output streams that reached EOF while the receipt was being read.
         self._eofs_after_finished: list[str] = []
         self._start_deadline: IDelayedCall | None = None
+        #: The start timeout ran out while systemd was away: judged again
+        #: once it is back.
+        self._start_deadline_held = False
         #: sdexec decided to stop the unit (a lost StopUnit is made again).
         self._stop_wanted = False
         #: The client left: SIGKILL the main process (when it runs).
@@ -477,6 +480,7 @@ class Process:
         self._called.discard(UnitCall.CONFIRM_FAILURE)  # this refresh confirms
         refreshed = self._watch.refresh()
         refreshed.addCallbacks(self._lost_before_started, self._resync_failed)
+        refreshed.addCallback(lambda _: self._start_deadline_after_return())
         # After the state read: a unit that stopped meanwhile has no timer.
         back_at = self._context.clock.seconds()
         refreshed.addCallback(lambda _: self.stop_timer.systemd_restored(back_at))
@@ -515,9 +519,7 @@ class Process:
             # Not when the unit's signals came first (dbus-fast delivers
             # them as it reads them, the answer a few turns later): the
             # process has started, and nothing would cancel the deadline.
-            self._start_deadline = self._context.clock.callLater(
-                self._context.start_timeout, self._start_overdue
-            )
+            self._arm_start_deadline()
         if isinstance(self._responder, _Nowhere):
             self._stop()  # the client left while systemd was starting it
         elif self._verify is not None:
@@ -802,12 +804,23 @@ class Process:
         self._kill_unit("all", signal.SIGKILL)
         self._stop()
 
+    def _arm_start_deadline(self) -> None:
+        self._start_deadline = self._context.clock.callLater(
+            self._context.start_timeout, self._start_overdue
+        )
+
     def _start_overdue(self) -> None:
         """No ``started`` within the start timeout: the unit's states are
         not the model's. End the request saying what was seen, stop the
-        unit, and reap it once it is inactive and its outputs closed."""
+        unit, and reap it once it is inactive and its outputs closed. Not
+        while systemd is away: what the unit did meanwhile is not known
+        (its signals were lost), and it is judged a whole timeout after
+        systemd's return instead (:meth:`resync`)."""
         self._start_deadline = None
         if self._outcome_known:
+            return
+        if not self._systemd.connected:
+            self._start_deadline_held = True
             return
         seen = self.status
         message = (
@@ -837,6 +850,13 @@ class Process:
         if never_started and state.get("ActiveState") == "inactive":
             self._end_what_it_left(state)
             self._vanished(_LOST)
+
+    def _start_deadline_after_return(self) -> None:
+        """A start timeout that ran out while systemd was away counts again
+        from now, unless the unit has been seen to start meanwhile."""
+        held, self._start_deadline_held = self._start_deadline_held, False
+        if held and Sent.STARTED not in self._sent and not self._outcome_known:
+            self._arm_start_deadline()
 
     def _resync_failed(self, failure: Failure) -> None:
         if is_connection_lost(failure.value):

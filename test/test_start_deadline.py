@@ -9,11 +9,12 @@ import errno
 from offline import Recorder
 from test_process import UNIT, lifecycle_plan, make_process
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
 
 from sdexec.config import DEFAULT_START_TIMEOUT
 from sdexec.process import Process, ProcessContext
+from sdexec.systemd.errors import reconnecting
 from sdexec.testing import EXITED, INACTIVE, RUNNING, FakeManager
 
 
@@ -98,14 +99,47 @@ def test_a_start_answered_after_the_units_signals_arms_no_deadline():
     systemd.close()
 
 
-def test_a_deadlines_stop_lost_with_the_connection_is_made_again():
+def test_a_deadlines_stop_lost_with_the_connection_is_made_again(monkeypatch):
     # The stop sdexec decided on went with the connection; only an
     # abandoned process's was made again, and the unit ran on.
     process, systemd, responder, clock = make_process()
-    systemd.connected = False
+    stop = systemd.stop_unit
+
+    def lost(name: str, mode: str = "replace"):
+        systemd.calls.append(("stop", name))
+        return fail(reconnecting())
+
+    monkeypatch.setattr(systemd, "stop_unit", lost)
     clock.advance(DEFAULT_START_TIMEOUT)
     assert responder.responses[0][0] == errno.EIO
-    stops = [call for call in systemd.calls if call[0] == "stop"]
+    monkeypatch.setattr(systemd, "stop_unit", stop)
+    process.resync()
+    assert [call for call in systemd.calls if call[0] == "stop"] == [("stop", UNIT)] * 2
+
+
+def test_the_start_timeout_waits_for_systemd_and_counts_again_from_its_return():
+    # It gave its verdict while systemd was away: a unit that had started
+    # meanwhile (its signals lost) got EIO "did not start a process sdexec
+    # can follow", and was stopped once systemd came back.
+    process, systemd, responder, clock = make_process()
+    systemd.connected = False
+    clock.advance(DEFAULT_START_TIMEOUT)
+    assert responder.responses == []
+    systemd.connected = True
+    process.resync()  # the unit is read again: not started yet
+    clock.advance(DEFAULT_START_TIMEOUT - 1)
+    assert responder.responses == []
+    clock.advance(1)
+    assert responder.responses[0][0] == errno.EIO
+
+
+def test_a_unit_that_started_while_systemd_was_away_is_not_timed_out():
+    process, systemd, responder, clock = make_process()
+    systemd.connected = False
+    clock.advance(DEFAULT_START_TIMEOUT)
+    systemd.units[UNIT] = {**RUNNING}  # no signal: systemd was away
     systemd.connected = True
     process.resync()
-    assert [call for call in systemd.calls if call[0] == "stop"] == [*stops, stops[0]]
+    clock.advance(10 * DEFAULT_START_TIMEOUT)
+    assert responder.types() == ["started"]
+    assert ("stop", UNIT) not in systemd.calls

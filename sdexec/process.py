@@ -792,9 +792,14 @@ class Process:
         """Whether an inactive unit is one that has been and gone, not one
         yet to start. An output channel's EOF says so (systemd keeps its
         ends until then); without channels (stdio passthrough) the outcome
-        must be known, or the unit stopped."""
+        must be known, or the unit stopped, and no job be queued for it."""
         if not self._passed.streams:
             return True
+        # Not one with a job queued (the stop's, or a start it replaced, may
+        # be read from before the stop: the start's answer reads the
+        # signals that came ahead of it).
+        if self._watch is not None and queued_job(self._watch.state):
+            return False
         return self._outcome_known or UnitCall.STOP in self._called
 
     def _refuse(self, problem: str) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import pytest
 from offline import Connection
 from pytest_twisted import ensureDeferred
 from support import sleep, until
-from twisted.internet import reactor
+from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
@@ -33,7 +34,7 @@ from sdexec.plan import RequestError, plan_exec
 from sdexec.protocol import ExecFlag
 from sdexec.syncclient import Connection as SyncConnection
 from sdexec.syncclient import Loop
-from sdexec.testing import FakeManager
+from sdexec.testing import INACTIVE, RUNNING, FakeManager
 
 UNIT = "sdexec-t.service"
 TRUE = {"cmdline": ["/bin/true"], "opts": {"SDEXEC_NAME": "sdexec-t"}}
@@ -176,6 +177,32 @@ def test_a_unit_stopped_before_it_ran_is_reaped(server, systemd, connection, end
     deliver(connection, exec_request(), ends[0])
     server.processes[(connection.protocol.connection_id, 1)].abandon()
     assert ("stop", UNIT) in systemd.calls
+    assert server.processes == {}
+
+
+def test_a_client_gone_during_the_start_is_followed_past_a_stale_inactive(
+    server, systemd, ends, monkeypatch
+):
+    # At the start's answer the process read the "inactive, start job
+    # queued" that came ahead of it as the unit having been and gone, and
+    # was reaped: a start that went on ran its command with nobody
+    # following it (no SIGKILL to its main process, no stop timer).
+    systemd.stop_to_inactive = False
+    answer = defer.Deferred()
+    start = systemd.start_transient_unit
+    monkeypatch.setattr(
+        systemd, "start_transient_unit", lambda *args: start(*args) and answer
+    )
+    connection = Connection(server)
+    deliver(connection, exec_request(), ends[0])
+    queued = {"ActiveState": "inactive", "SubState": "dead", "Job": (7, "/j/7")}
+    systemd.change(UNIT, queued)
+    connection.close()  # the client leaves
+    answer.callback("/j/7")
+    assert ("stop", UNIT) in systemd.calls and server.processes
+    systemd.change(UNIT, {**RUNNING, "Job": (8, "/j/8")})  # it started after all
+    assert ("kill", "main", signal.SIGKILL) in systemd.calls
+    systemd.change(UNIT, {**INACTIVE, "Job": (0, "/")})  # the stop's end
     assert server.processes == {}
 
 

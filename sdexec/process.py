@@ -275,6 +275,12 @@ class Process:
         )
 
     @property
+    def stream_ended(self) -> bool:
+        """Its request's stream has had its last response (the unit may
+        linger: abandoned, or refused, until it is gone)."""
+        return self._ended
+
+    @property
     def cmdline(self) -> list[str]:
         return self.plan.cmdline
 

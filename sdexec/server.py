@@ -10,6 +10,7 @@ is, frames and checks requests, and routes responses back by matchtag. See
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import signal
 import socket
@@ -113,6 +114,10 @@ class SdexecServer:
         #: otherwise walk the whole table each time (with 900 others running,
         #: one process's framed output ran at 0.78x).
         self._by_connection: dict[int, dict[int, Process]] = {}
+        #: Processes whose ended stream's matchtag was used again, by the
+        #: key they are tabled under since (:meth:`_retire_key`).
+        self._retired_keys: dict[Process, tuple[int, int]] = {}
+        self._retired_serials = itertools.count(1)
         #: Background and waitable processes: by pid or label, ended ones kept.
         self.tracked = TrackedProcesses()
         #: Each unit name has one owner: the process that runs it.
@@ -268,7 +273,10 @@ class SdexecServer:
         """EEXIST for a key (connection, matchtag) or a unit already in use:
         refused before anything is made, so that a second watch or a failed
         start never touches the running unit's stream."""
-        if key in self.processes:
+        tabled = self.processes.get(key)
+        if tabled is not None and tabled.stream_ended:
+            self._retire_key(key)  # the request is over: its matchtag is free
+        elif tabled is not None:
             raise RequestError(errno.EEXIST, f"matchtag {key[1]} is already in use")
         if unit_name in self.units or (
             self.leftovers is not None and unit_name in self.leftovers.units
@@ -276,6 +284,20 @@ class SdexecServer:
             raise RequestError(
                 errno.EEXIST, f"unit {unit_name} is already run by this service"
             )
+
+    def _retire_key(self, key: tuple[int, int]) -> None:
+        """Table the process of ``key``, whose stream has ended while its
+        unit lingers, under a key no request can name (a negative
+        matchtag, on the same connection: its leaving still stops it), so
+        that the client may use the matchtag again, as RFC 6 lets it."""
+        process = self.processes.pop(key)
+        connection_id, matchtag = key
+        retired = (connection_id, -next(self._retired_serials))
+        self.processes[retired] = process
+        of_connection = self._by_connection[connection_id]
+        del of_connection[matchtag]
+        of_connection[retired[1]] = process
+        self._retired_keys[process] = retired
 
     def _start(self, key: tuple[int, int], process: Process) -> None:
         """Start a tabled process; a start that fails untables it (never a
@@ -322,7 +344,9 @@ class SdexecServer:
             plan,
             responder,
             self._process_context(),
-            on_reaped=lambda process: self._reaped(key),
+            on_reaped=lambda process: self._reaped(
+                self._retired_keys.pop(process, key)
+            ),
             verify=verify,
             tap=tap,
             stdio=stdio,
@@ -661,8 +685,8 @@ class SdexecServer:
         if stream != "stdin":
             raise RequestError(errno.EINVAL, f"io.stream: {stream!r} is not stdin")
         process = self.processes.get((connection_id, matchtag))
-        if process is not None:
-            process.write(data, eof)
+        if process is not None and not process.stream_ended:
+            process.write(data, eof)  # (an ended request's is no one's)
 
     def connection_processes(self, connection_id: int) -> Iterator[Process]:
         """The processes one connection started."""

@@ -13,6 +13,7 @@ import signal
 import pytest
 from offline import Connection, PeerTransport, error_of, read_to_eof
 from pytest_twisted import ensureDeferred
+from support import until
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock, deferLater
 
@@ -273,6 +274,40 @@ async def test_a_write_reaches_the_process_stdin(systemd, connection):
     connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=9)
     stdin = systemd.process_fd(UNIT, "stdin")
     assert await read_to_eof(stdin) == b"hello\n"
+
+
+@ensureDeferred
+async def test_the_matchtag_of_a_stream_ended_while_its_unit_lingers_is_free(
+    systemd, server, connection
+):
+    # EDEADLK (abandoned) ends the request, its unit lingering: a new exec
+    # on that matchtag got EEXIST, and a write on it went to the old
+    # unit's stdin.
+    old = {**TRUE, "opts": {"SDEXEC_NAME": "sdexec-t", "SDEXEC_STOP_TIMER_SEC": "1"}}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": old})
+    systemd.run(UNIT)
+    systemd.exit(UNIT)
+    systemd.deactivate(UNIT)  # a child ignores the stop's SIGTERM
+    server.clock.advance(1)
+    server.clock.advance(1)
+    assert error_of(connection.last())[0] == errno.EDEADLK
+    server.undrain()
+    answered = len(connection.responses())
+    new = {**TRUE, "opts": {"SDEXEC_NAME": "sdexec-u"}}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": new})
+    io = encode_io("stdin", "0", b"for the new one\n", eof=True)
+    connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=0)
+    assert len(connection.responses()) == answered  # no EEXIST
+    assert await read_to_eof(systemd.process_fd("sdexec-u.service", "stdin")) == (
+        b"for the new one\n"
+    )
+    os.set_blocking(systemd.process_fd(UNIT, "stdin"), False)
+    with pytest.raises(BlockingIOError):  # nothing reached the old one
+        os.read(systemd.process_fd(UNIT, "stdin"), 100)
+    systemd.release(UNIT)  # the lingering child is gone at last
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    await until(lambda: len(server.processes) == 1, "the old one reaped")
+    assert list(server.processes) == [(connection.protocol.connection_id, 1)]
 
 
 @pytest.mark.parametrize(

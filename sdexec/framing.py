@@ -26,6 +26,9 @@ class JSONLineProtocol(Protocol):
     def __init__(self) -> None:
         self._splitter = FrameSplitter()
         self._frame_broken = False
+        #: Reads not decoded yet, each with what came with it (see
+        #: :meth:`inputHeld`), oldest first; ``None`` while decoding.
+        self._undecoded: list[tuple[bytes, Any]] | None = None
 
     @property
     def max_frame(self) -> int:
@@ -48,12 +51,47 @@ class JSONLineProtocol(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self._frame_broken:
             return
+        if self._undecoded is not None:
+            self._undecoded.append((data, None))
+            return
         try:
             for message in self._splitter.feed(data):
                 self._deliver(message)
+                if self.inputHeld():
+                    self._keep_undecoded(data[self._splitter.consumed :])
+                    return
         except FramingError as error:
             self._frame_broken = True
             self.framingError(str(error))
+
+    def inputHeld(self) -> bool:
+        """Whether what is read now must wait: the rest of the read being
+        decoded is kept as bytes (decoded, a read of small messages takes
+        a hundred times its size) until :meth:`decodeHeldInput`."""
+        return False
+
+    def _keep_undecoded(self, rest: bytes, extra: Any = None) -> None:
+        """Keep ``rest`` of a read (and ``extra``, what came with it) for
+        :meth:`decodeHeldInput`."""
+        if self._undecoded is None:
+            self._undecoded = []
+        if rest or extra:
+            self._undecoded.append((rest, extra))
+
+    def decodeHeldInput(self) -> None:
+        """Decode what was read while input was held, oldest first, until
+        it is held again."""
+        while self._undecoded is not None and not self.inputHeld():
+            undecoded, self._undecoded = self._undecoded, None
+            for index, (data, extra) in enumerate(undecoded):
+                self._receive_again(data, extra)
+                if self._undecoded is not None:  # held again meanwhile
+                    self._undecoded.extend(undecoded[index + 1 :])
+                    break
+
+    def _receive_again(self, data: bytes, extra: Any) -> None:
+        """Receive ``data`` as it was read (``extra``: what came with it)."""
+        self.dataReceived(data)
 
     def _deliver(self, message: dict[str, Any]) -> None:
         """Hand one message on (a subclass may look at it first)."""

@@ -142,13 +142,23 @@ class StdioReceivingProtocol(JSONLineProtocol):
         if not arrived:
             super().dataReceived(data)
             return
+        if self._undecoded is not None:  # held: kept with its descriptors
+            self._keep_undecoded(data, arrived)
+            return
         # The frames before the one that holds the read's last byte came
         # without these descriptors: deliver them first.
         owner_starts = data.rfind(b"\n", 0, len(data) - 1) + 1
         if owner_starts:
             super().dataReceived(data[:owner_starts])
+        if self._undecoded is not None:  # held by one of those frames
+            self._keep_undecoded(data[owner_starts:], arrived)
+            return
         self._hold_for_frame(arrived)
         super().dataReceived(data[owner_starts:])
+
+    def _receive_again(self, data: bytes, extra: Any) -> None:
+        self._arrived = list(extra or ())
+        self.dataReceived(data)
 
     def _hold_for_frame(self, fds: list[int]) -> None:
         room = MAX_PASSED_FDS - len(self._frame_fds)
@@ -178,8 +188,10 @@ class StdioReceivingProtocol(JSONLineProtocol):
 
     def connectionLost(self, reason: object = None) -> None:
         """Close descriptors that never reached a complete request."""
-        held = self._arrived + self._frame_fds + self.request_fds
+        undecoded = [fd for _, fds in self._undecoded or () for fd in fds or ()]
+        held = self._arrived + self._frame_fds + self.request_fds + undecoded
         self._arrived, self._frame_fds, self.request_fds = [], [], []
+        self._undecoded = None
         close_fds(held)
 
     def descriptorsRefused(self, message: dict[str, Any], reason: str) -> None:

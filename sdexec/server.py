@@ -1140,9 +1140,27 @@ class ClientProtocol(StdioReceivingProtocol):
         return self._unanswered >= MAX_UNANSWERED
 
     def _resume_reading(self) -> None:
-        """Read requests again, unless something still holds them."""
+        """Read requests again (what was read and not decoded first),
+        unless something still holds them."""
         if not self._holding:
+            try:
+                self.decodeHeldInput()
+            except Exception:
+                self._held_request_failed()
+        if not (self._holding or self.transport.disconnecting):
             self.transport.resumeProducing()
+
+    def _held_request_failed(self) -> None:
+        """A fault of ours that escaped a held request's own handling
+        (sending its answer, say): what Twisted does with one raised by a
+        request read at once, also where no transport call is below us (an
+        answer from systemd let it run), rather than leaving the rest held
+        on a connection that reads nothing more."""
+        log.failure("connection {id}: a held request failed", id=self.connection_id)
+        self.transport.loseConnection()
+
+    def inputHeld(self) -> bool:
+        return self._holding
 
     def _hold(self, handle: Callable[[], object], fds: Sequence[int] = ()) -> None:
         self._held.append(_Held(handle, tuple(fds)))
@@ -1169,16 +1187,7 @@ class ClientProtocol(StdioReceivingProtocol):
             except FramingError as error:  # not a request: as when it was read
                 self._framing_error(str(error))
             except Exception:
-                # A fault of ours that escaped the request's own handling
-                # (sending its answer, say): what Twisted does with one
-                # raised by a request read at once, also where no transport
-                # call is below us (an answer from systemd let these run),
-                # rather than leaving the rest held on a connection that
-                # reads nothing more.
-                log.failure(
-                    "connection {id}: a held request failed", id=self.connection_id
-                )
-                self.transport.loseConnection()
+                self._held_request_failed()
             finally:
                 close_fds(self.take_request_fds())
 

@@ -360,6 +360,9 @@ class FrameSplitter:
     ) -> None:
         self.max_frame = max_frame
         self.max_values = max_values
+        #: Where in the data being fed the message just yielded ended: the
+        #: rest is ``data[consumed:]`` for a caller that stops there.
+        self.consumed = 0
         self._chunks: list[bytes | memoryview] = []
         self._held = 0
 
@@ -391,6 +394,7 @@ class FrameSplitter:
                     f"message of {len(line)} bytes exceeds {self.max_frame}"
                 )
             if not _blank(line):
+                self.consumed = start
                 yield decode_message(line, self.max_values)
 
     def _line(self, tail: memoryview) -> bytes | memoryview:

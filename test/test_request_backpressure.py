@@ -15,9 +15,11 @@ sends and reads, so no assertion is about time.
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import os
 import socket
+import tracemalloc
 
 import pytest
 import pytest_twisted
@@ -201,6 +203,37 @@ def test_a_held_exec_keeps_its_descriptors_until_it_is_handled(
     assert tags(connection) == [1]
     for stream, fd in zip(ALL, ends[0], strict=True):
         assert same_file(systemd.process_fd(UNIT, stream), fd)
+
+
+def test_descriptors_stay_with_their_frame_when_the_hold_begins_mid_read(
+    server, systemd, connection, ends
+):
+    # The first frame's answer fills the buffer: the rest of the read waits
+    # undecoded, the descriptors with the frame that holds its last byte.
+    pause_after_writes(connection, 1)
+    deliver(connection, stats_requests(1, 1) + exec_with_stdio(2), ends[0])
+    assert tags(connection) == [1] and server.processes == {}
+    connection.protocol.resumeProducing()
+    for stream, fd in zip(ALL, ends[0], strict=True):
+        assert same_file(systemd.process_fd(UNIT, stream), fd)
+
+
+def test_a_paused_connection_keeps_the_rest_of_a_read_as_bytes(connection):
+    # Decoded, 256 KiB of "{}" lines held 34 MB (a hundred times the read)
+    # until the client read its answers: 17 GB at the default connection cap.
+    pause_after_writes(connection, 1)
+    tiny = b"{}\n" * ((CLIENT_BUFFER_SIZE - 200) // 3)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        connection.protocol.dataReceived(stats_requests(1, 1) + tiny)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert grown < 4 * CLIENT_BUFFER_SIZE  # the read, and its rest kept
+    connection.protocol.resumeProducing()  # then decoded, in order
+    assert error_of(connection.last())[0] == errno.EPROTO  # "{}" is no request
 
 
 def test_descriptors_refused_while_paused_are_answered_in_order(connection, ends):

@@ -490,6 +490,8 @@ def assert_bounded(protocol: ClientProtocol, request_size: int) -> None:
     assert not reading(protocol)
     assert buffered(protocol) <= CLIENT_BUFFER_SIZE + LARGEST_RESPONSE
     assert len(protocol._held) <= CLIENT_BUFFER_SIZE // request_size
+    undecoded = sum(len(data) for data, _ in protocol._undecoded or ())
+    assert undecoded <= CLIENT_BUFFER_SIZE  # the rest of a read, as bytes
 
 
 async def read_all(
@@ -560,10 +562,10 @@ async def test_a_flooder_leaving_while_paused_leaves_nothing_behind(sdexec, floo
     await until(lambda: sdexec.server.processes, "the sleep was asked for")
     data = stats_requests(2, 20_000)
     assert await flood_until_unread(flooder, data, protocol) < len(data)
-    assert protocol._held  # the rest of the read that paused it
+    assert protocol._undecoded  # the rest of the read that paused it
     flooder.close()
     await until(lambda: protocol.transport.disconnected, "the connection closed")
-    assert not protocol._held
+    assert not protocol._held and protocol._undecoded is None
     await wait_until_reaped(sdexec, f"{unit}.service")
 
 

@@ -163,15 +163,22 @@ def test_a_leftover_that_will_not_stop_gets_the_stop_timer(systemd):
     assert server.clock.getDelayedCalls() == []
 
 
-def test_a_leftover_s_stop_timer_waits_for_systemd_to_be_back(systemd):
-    # As a process's: its signal failed while systemd was away and was
-    # never sent again, and it was abandoned, the node drained, all the same.
+def deactivating_while_systemd_is_away(systemd: FakeManager) -> SdexecServer:
+    """A leftover deactivating (a 30 s stop timer) while systemd is away,
+    both periods run out meanwhile."""
     leftover(systemd, "sdexec-a.service")
     server = make_server_with_stop_timer(systemd, 30)
     server.leftovers.scan()
     systemd.change("sdexec-a.service", DEACTIVATING)
     systemd.lose()
     server.clock.advance(90)
+    return server
+
+
+def test_a_leftover_s_stop_timer_waits_for_systemd_to_be_back(systemd):
+    # As a process's: its signal failed while systemd was away and was
+    # never sent again, and it was abandoned, the node drained, all the same.
+    server = deactivating_while_systemd_is_away(systemd)
     assert systemd.signalled == []
     assert server.drain_reason == "1 leftover unit from a previous run"
     systemd.restore()
@@ -219,12 +226,7 @@ def test_a_leftover_s_timer_resumes_after_systemd_s_return_if_its_scan_fails(
 ):
     # The re-read rode on the scan's listing alone: one that failed (a
     # manager busy after its re-exec) left the timer held for ever.
-    leftover(systemd, "sdexec-a.service")
-    server = make_server_with_stop_timer(systemd, 30)
-    server.leftovers.scan()
-    systemd.change("sdexec-a.service", DEACTIVATING)
-    systemd.lose()
-    server.clock.advance(90)
+    server = deactivating_while_systemd_is_away(systemd)
     systemd.restore()
     failed = defer.fail(SystemdError("org.freedesktop.DBus.Error.NoMemory", "No"))
     monkeypatch.setattr(systemd, "list_units_by_patterns", lambda *_: failed)

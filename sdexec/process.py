@@ -238,9 +238,11 @@ class Process:
         #: Output streams that reached EOF while the receipt was being read.
         self._eofs_after_finished: list[str] = []
         self._start_deadline: IDelayedCall | None = None
-        #: The start timeout ran out while systemd was away: judged again
-        #: once it is back.
+        #: The start timeout ran out while systemd was away, or before the
+        #: unit was read again after its return: judged again after that.
         self._start_deadline_held = False
+        #: systemd is back and the unit's re-read has not answered yet.
+        self._rereading = False
         #: sdexec decided to stop the unit (a lost StopUnit is made again).
         self._stop_wanted = False
         #: The client left: SIGKILL the main process (when it runs).
@@ -484,6 +486,7 @@ class Process:
         if self._reaped or self._watch is None or UnitCall.START not in self._called:
             return  # a start lost with the connection ended its request
         self._called.discard(UnitCall.CONFIRM_FAILURE)  # this refresh confirms
+        self._rereading = True
         refreshed = self._watch.refresh()
         refreshed.addCallbacks(self._lost_before_started, self._resync_failed)
         refreshed.addCallback(lambda _: self._start_deadline_after_return())
@@ -824,13 +827,14 @@ class Process:
         """No ``started`` within the start timeout: the unit's states are
         not the model's. End the request saying what was seen, stop the
         unit, and reap it once it is inactive and its outputs closed. Not
-        while systemd is away: what the unit did meanwhile is not known
-        (its signals were lost), and it is judged a whole timeout after
-        systemd's return instead (:meth:`resync`)."""
+        while systemd is away, nor before the unit is read again after its
+        return: what the unit did meanwhile is not known (its signals were
+        lost), and it is judged a whole timeout after that read instead
+        (:meth:`resync`)."""
         self._start_deadline = None
         if self._outcome_known:
             return
-        if not self._systemd.connected:
+        if self._rereading or not self._systemd.connected:
             self._start_deadline_held = True
             return
         seen = self.status
@@ -865,6 +869,7 @@ class Process:
     def _start_deadline_after_return(self) -> None:
         """A start timeout that ran out while systemd was away counts again
         from now, unless the unit has been seen to start meanwhile."""
+        self._rereading = False
         held, self._start_deadline_held = self._start_deadline_held, False
         if held and Sent.STARTED not in self._sent and not self._outcome_known:
             self._arm_start_deadline()

@@ -143,3 +143,21 @@ def test_a_unit_that_started_while_systemd_was_away_is_not_timed_out():
     clock.advance(10 * DEFAULT_START_TIMEOUT)
     assert responder.types() == ["started"]
     assert ("stop", UNIT) not in systemd.calls
+
+
+def test_the_start_timeout_waits_for_the_re_read_after_systemd_s_return():
+    # Run out between the return and the unit's re-read (thousands queued
+    # in the call window): judged on the state from before the outage.
+    process, systemd, responder, clock = make_process()
+    systemd.connected = False
+    clock.advance(DEFAULT_START_TIMEOUT - 1)
+    systemd.connected = True
+    systemd.hold_refresh = True
+    systemd.units[UNIT] = {**RUNNING}  # it started while systemd was away
+    process.resync()
+    clock.advance(1)  # the timeout runs out before the re-read answers
+    assert responder.responses == []
+    systemd.answer_refreshes()
+    clock.advance(10 * DEFAULT_START_TIMEOUT)
+    assert responder.types() == ["started"]
+    assert ("stop", UNIT) not in systemd.calls

@@ -120,7 +120,7 @@ class Command:
             for candidate in self._candidates():
                 found = _lookup(candidate, cwd_fd)
                 if found is _Found.EXECUTABLE:
-                    return os.path.normpath(os.path.join(cwd, candidate)), False
+                    return _path_found(cwd, candidate, cwd_fd), False
                 unexecutable = unexecutable or found is _Found.UNEXECUTABLE
         return None, unexecutable
 
@@ -156,11 +156,38 @@ def _lookup(path: str, cwd_fd: int | None) -> _Found:
     return _Found.UNEXECUTABLE
 
 
+def _path_found(cwd: str, candidate: str, cwd_fd: int | None) -> str:
+    """The absolute path of the file ``candidate`` names from ``cwd``, as
+    the lookup found it. Normalised as written, unless it goes up a
+    directory: ``..`` after a symlink is the link target's parent (for
+    execvp as for the lookup), where a lexical ``normpath`` drops both;
+    that directory is then the one the kernel resolves, and the name is
+    kept as given (a symlinked command keeps its name)."""
+    joined = os.path.join(cwd, candidate)
+    if ".." not in joined.split("/"):
+        return os.path.normpath(joined)
+    directory, name = os.path.split(candidate)
+    try:
+        fd = os.open(directory or ".", _DIRECTORY_FLAGS, dir_fd=cwd_fd)
+    except (OSError, ValueError):
+        return os.path.normpath(joined)
+    try:
+        return os.path.join(os.readlink(f"/proc/self/fd/{fd}"), name)
+    except OSError:  # no /proc
+        return os.path.normpath(joined)
+    finally:
+        os.close(fd)
+
+
+#: A directory opened to look names up from, not to read.
+_DIRECTORY_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+
+
 @contextlib.contextmanager
 def _opened_directory(path: str) -> Iterator[int | None]:
     """``path`` opened as a directory to look names up from, or ``None``."""
     try:
-        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(path, _DIRECTORY_FLAGS)
     except (OSError, ValueError):
         yield None
         return

@@ -219,6 +219,21 @@ def test_a_file_that_cannot_be_executed_is_found_unexecutable(tmp_path):
     assert missing.find_executable() == (None, False)
 
 
+@pytest.mark.parametrize("name", ["link/../prog", "../prog"])
+def test_a_path_up_through_a_symlink_is_the_file_the_lookup_found(tmp_path, name):
+    # The lookup resolves "link/.." as the kernel does (the link target's
+    # parent), but systemd was given the lexical normpath: another file,
+    # or none.
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "other" / "sub").mkdir(parents=True)
+    (tmp_path / "cwd" / "link").symlink_to(tmp_path / "other" / "sub")
+    (tmp_path / "linked").symlink_to(tmp_path / "other" / "sub")
+    make_executable(tmp_path / "other" / "prog")
+    cwd = tmp_path / ("cwd" if name.startswith("link") else "linked")
+    found = Command([name], cwd=str(cwd)).resolve_executable()
+    assert found == str(tmp_path / "other" / "prog")
+
+
 def test_a_missing_cwd_finds_only_what_absolute_paths_name(tmp_path):
     make_executable(tmp_path / "prog")
     path = f"bin:{tmp_path}"

@@ -601,10 +601,10 @@ class TrackedProcesses:
         tracked.attach(_Client(connection_id, responder, ExecFlag(flags)))
         self._note_unread(tracked)
         if tracked.attached and tracked.process is not None and valve is not None:
-            tracked.process.valve = valve
+            tracked.process.join_valve(valve)
             # Its replay may have filled the connection: the live output
             # waits too.
-            valve.wrote(tracked.process)
+            valve.wrote(tracked.process, 0)
         self._forget_if_consumed(tracked)
 
     def _forget_if_consumed(self, tracked: Tracked) -> None:

@@ -74,40 +74,72 @@ MAX_EARLY_KILLS = 64
 _MADE = itertools.count()
 
 
+#: How much output (in bytes read) the processes of a paused connection
+#: may still hand it, each before it is held back, until every one of them
+#: is held back at once: what waits stays within this and one read more
+#: (Twisted reads 64 KiB) of where the connection paused, however many
+#: processes write to it. One read: a single busy process beside idle ones
+#: never makes a pause walk them all.
+LAZY_OUTPUT = 64 * 1024
+
+
 class OutputValve:
     """One connection's back-pressure on the output of the processes that
-    write to it (each :attr:`Process.valve`).
+    write to it (those that :meth:`join` it: :attr:`Process.valve`).
 
-    Paused lazily: a process is paused when it writes while the connection
-    is paused (one read more, at most, waits in the connection's buffer),
-    and only those are resumed. Pausing every process of the connection
-    at each pause cost a cycle O(processes): with 1000 idle ones beside
-    it, one process's output ran 15 times slower, each cycle holding the
-    reactor 27-80 ms."""
+    Paused lazily: a process is held back when it writes while the
+    connection is paused (that read joins the responses waiting), and only
+    those are resumed. Pausing every process of the connection at each
+    pause cost a cycle O(processes): with 1000 idle ones beside it, one
+    process's output ran 15 times slower, each cycle holding the reactor
+    27-80 ms. Once :data:`LAZY_OUTPUT` has come in so during one pause
+    (many processes writing at once, each adding a read), all of them
+    are held back: the wait stays bounded."""
 
     def __init__(self) -> None:
         self.paused = False
+        self._members: dict[Process, None] = {}
         self._held: dict[Process, None] = {}  # in the order they were paused
+        self._lazy_left = LAZY_OUTPUT
+
+    def join(self, process: Process) -> None:
+        self._members[process] = None
+        if self._lazy_left < 0:  # (joined while every member is held back)
+            self._hold(process)
+
+    def release(self, process: Process) -> None:
+        """``process`` writes to this connection no more: this valve no
+        longer holds or resumes it (another connection may by then)."""
+        self._members.pop(process, None)
+        self._held.pop(process, None)
 
     def pause(self) -> None:
         self.paused = True
+        self._lazy_left = LAZY_OUTPUT
 
     def resume(self) -> None:
         self.paused = False
+        self._lazy_left = LAZY_OUTPUT
         held, self._held = self._held, {}
         for process in held:
             process.resume_output()
 
-    def wrote(self, process: Process) -> None:
-        """``process`` wrote to the connection: held back if it is paused."""
-        if self.paused and process not in self._held:
+    def wrote(self, process: Process, size: int) -> None:
+        """``process`` wrote ``size`` bytes to the connection: held back if
+        it is paused (every member, once too much came so)."""
+        if not self.paused:
+            return
+        self._hold(process)
+        if self._lazy_left >= 0:
+            self._lazy_left -= size
+            if self._lazy_left < 0:
+                for member in list(self._members):
+                    self._hold(member)
+
+    def _hold(self, process: Process) -> None:
+        if process not in self._held:
             self._held[process] = None
             process.pause_output()
-
-    def release(self, process: Process) -> None:
-        """``process`` writes to this connection no more: this valve no
-        longer resumes it (another connection may hold it by then)."""
-        self._held.pop(process, None)
 
 
 class Responder(Protocol):
@@ -506,6 +538,12 @@ class Process:
     def resume_output(self) -> None:
         self.output.resume()
 
+    def join_valve(self, valve: OutputValve) -> None:
+        """Its output goes to ``valve``'s connection from now on."""
+        self.detach_valve()
+        self.valve = valve
+        valve.join(self)
+
     def detach_valve(self) -> None:
         """Its output goes to no connection any more: none holds it back."""
         if self.valve is not None:
@@ -746,7 +784,7 @@ class Process:
         if self.plan.forwards(stream):
             self._send(self._io(stream, data=data))
         if self.valve is not None:
-            self.valve.wrote(self)
+            self.valve.wrote(self, len(data))
 
     def _output_eof(self, stream: str) -> None:
         if self._awaiting_receipt and UnitCall.STOP in self._called:
@@ -947,6 +985,7 @@ class Process:
         if self._reaped:
             return
         self._reaped = True
+        self.detach_valve()
         self._drop_early_kills()
         self.stop_timer.stopped()
         self._cancel_start_deadline()

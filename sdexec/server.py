@@ -238,7 +238,8 @@ class SdexecServer:
             tap=tracked.tap if tracked is not None else None,
             stdio=stdio,
         )
-        process.valve = valve if streaming else None
+        if streaming and valve is not None:
+            process.join_valve(valve)
         if tracked is not None:
             self.tracked.add(process, tracked)
         self.units[plan.unit_name] = process

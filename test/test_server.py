@@ -11,16 +11,23 @@ import os
 import signal
 
 import pytest
-from offline import Connection, PeerTransport, error_of, read_to_eof
+from offline import (
+    BufferingTransport,
+    Connection,
+    PeerTransport,
+    error_of,
+    read_to_eof,
+)
 from pytest_twisted import ensureDeferred
-from support import until
+from support import sleep, until
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock, deferLater
 
 from sdexec.config import parse_config
 from sdexec.ioencode import encode_io
+from sdexec.process import LAZY_OUTPUT
 from sdexec.protocol import ExecFlag
-from sdexec.server import ClientProtocol, SdexecServer
+from sdexec.server import CLIENT_BUFFER_SIZE, ClientProtocol, SdexecServer
 from sdexec.systemd import SystemdError
 from sdexec.testing import FakeManager
 
@@ -502,6 +509,33 @@ def test_back_pressure_holds_back_each_process_as_it_writes_and_resumes_it(
     assert readers[idle] in reactor.getReaders()  # never touched
     connection.protocol.resumeProducing()
     assert readers[writer] in reactor.getReaders()
+    connection.close()
+
+
+@ensureDeferred
+async def test_a_paused_connection_takes_a_bounded_rest_however_many_write(
+    systemd, server
+):
+    # Held back lazily, each of 100 writing processes added one read to the
+    # responses waiting for a client that reads nothing: 6.8 MB, where
+    # pausing them all at once left about the 256 KiB threshold.
+    transport = BufferingTransport()
+    transport.bufferSize = CLIENT_BUFFER_SIZE
+    connection = Connection(server, transport)
+    names = [f"sdexec-w{index}" for index in range(100)]
+    for matchtag, name in enumerate(names, 1):
+        cmd = {**TRUE, "opts": {"SDEXEC_NAME": name}}
+        connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd}, matchtag=matchtag)
+        systemd.run(f"{name}.service", pid=1000 + matchtag)
+    transport.read()
+    lines = b"x" * 1023 + b"\n"
+    for _ in range(3):
+        for name in names:
+            os.write(systemd.process_fd(f"{name}.service", "stdout"), lines * 64)
+        await until(lambda: transport._producer_paused, "the connection paused")
+        await sleep(0.1)  # what can still come in, comes
+    # The threshold, LAZY_OUTPUT, one read more, and their JSON framing.
+    assert transport.unread < CLIENT_BUFFER_SIZE + LAZY_OUTPUT + 96 * 1024
     connection.close()
 
 

@@ -143,6 +143,9 @@ class Leftover:
         self._resetting = False
         #: Inactive with a job queued: a restart's new run is on its way.
         self._new_run_queued = False
+        #: Seen other than inactive: a start queued from now on is a new run
+        #: (one adopted before its first start has none to replace).
+        self._has_run = False
         self.stop_timer = self._new_stop_timer()
         self._watch = systemd.watch_unit(name, self._changed)
 
@@ -205,6 +208,7 @@ class Leftover:
         status = UnitStatus.from_properties(state)
         if self._new_run_queued and not status.is_inactive:
             self._begin_new_run()
+        self._has_run = self._has_run or not status.is_inactive
         if status.pid > 0:
             self.pid = status.pid
         # Not while stops are held: the start may yet fail.
@@ -218,7 +222,7 @@ class Leftover:
             # new run is followed on. Without: gone, and its new run (a
             # restart whose job was not seen) looked for.
             if queued_job(state):
-                self._new_run_queued = True
+                self._new_run_queued = self._has_run
             else:
                 self._leftovers.gone(self, maybe_restarting=True)
         elif status.needs_stop:  # it ended: unload it

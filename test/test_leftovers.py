@@ -279,6 +279,24 @@ def test_a_restarted_leftover_s_new_run_has_a_stop_and_stop_timer_of_its_own(
     assert server.drain_reason == "unkillable user processes in unit sdexec-a.service"
 
 
+def test_a_leftover_adopted_before_its_first_start_is_not_started_again(systemd):
+    # Its own start job still queued (a start whose answer was lost): when
+    # it ran, the log said "started again outside sdexec", and it was
+    # stopped a second time.
+    systemd.units["sdexec-a.service"] = {**INACTIVE, **RESTARTING}
+    systemd.properties["sdexec-a.service"] = [
+        UnitProperty("Description", "s", f"sleep 300{MARK}")
+    ]
+    server = make_server(systemd, "stop")
+    server.leftovers.scan()
+    stops = systemd.calls.count(("stop", "sdexec-a.service"))
+    logged = logged_during(
+        lambda: systemd.change("sdexec-a.service", {**RUNNING, "Job": (0, "/")})
+    )
+    assert not any("started again" in line for line in logged)
+    assert systemd.calls.count(("stop", "sdexec-a.service")) == stops
+
+
 def test_the_new_run_of_a_restart_whose_job_was_not_seen_is_looked_for(
     systemd, monkeypatch
 ):

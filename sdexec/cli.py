@@ -466,9 +466,10 @@ def _fail(message: str) -> int:
 
 
 def _warn(message: str) -> None:
-    """One line on stderr."""
+    """One line on stderr (what the service said may quote what a client
+    chose: escaped, it cannot act on the terminal)."""
     try:  # noqa: SIM105 (contextlib is not imported: start-up time)
-        print(f"sdexec: {message}", file=sys.stderr)
+        print(f"sdexec: {_visible(message)}", file=sys.stderr)
     except OSError:
         pass  # a stderr that went away: nothing more can be said to it
 
@@ -634,7 +635,8 @@ def _http_stats(url: str) -> dict:
 def _undrain(options: argparse.Namespace) -> int:
     reply = _request(options, Topic.UNDRAIN, {})
     reason = reply.get("reason")
-    print(f"undrained; the drain reason was: {reason}" if reason else "not drained")
+    said = f"undrained; the drain reason was: {_visible(reason)}" if reason else None
+    print(said or "not drained")
     return 0
 
 

@@ -39,7 +39,7 @@ from sdexec.limits import (
 from sdexec.policy import TIGHTENING, RequestPolicy
 from sdexec.property import PropertyError, UnitProperty, parse_bool, unit_file_problem
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, ExecFlag
-from sdexec.refusal import RequestRefused
+from sdexec.refusal import RequestRefused, json_quoted
 from sdexec.signals import parse_signal
 from sdexec.sizes import parse_size
 from sdexec.systemd.channel import DEFAULT_OUTPUT_BUFSIZE
@@ -234,10 +234,15 @@ def _command(cmd: object) -> Command:
     if cwd_problem is not None:  # sent as the unit's WorkingDirectory
         raise RequestError(errno.EINVAL, f"cmd.cwd: {cwd_problem}")
     # Before the PATH search, which joins cwd to every directory of PATH.
-    check_lengths(
-        command.cwd,
-        {"cmd.label": command.label, "SDEXEC_JOBID": command.option("SDEXEC_JOBID")},
-    )
+    jobid = command.option("SDEXEC_JOBID")
+    check_lengths(command.cwd, {"cmd.label": command.label, "SDEXEC_JOBID": jobid})
+    if jobid and not jobid.isprintable():
+        # It names the job in drain reasons, the log and every refusal a
+        # drained node gives: a terminal would act on its escapes.
+        raise RequestError(
+            errno.EINVAL,
+            f"SDEXEC_JOBID: {json_quoted(jobid)}: a job id is printable text",
+        )
     return command
 
 

@@ -94,6 +94,19 @@ def kill_times(systemd: TimedManager, who: str) -> list[float]:
 # -- the whole schedule, through the service ------------------------------------
 
 
+def test_a_job_id_that_is_not_printable_is_einval(make_server):
+    # It became the drain reason every later refusal, `sdexec undrain` and
+    # the journal print: its escapes acted on terminals, its newline split
+    # the journal's entry.
+    server, _, _ = make_server()
+    with pytest.raises(RequestError) as refused:
+        server.exec(1, 1, job_payload(SDEXEC_JOBID="f1\x1b[2J\n"), Recorder())
+    assert (refused.value.errnum, refused.value.errstr) == (
+        errno.EINVAL,
+        'SDEXEC_JOBID: "f1\\u001b[2J\\n": a job id is printable text',
+    )
+
+
 @pytest.mark.parametrize(
     ("exec_table", "task_kills", "attempts", "drained_at"),
     [

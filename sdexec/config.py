@@ -343,6 +343,18 @@ class Config:
         }
 
 
+#: The most ``max-kill-count`` takes: past it, the time of the last attempt
+#: is beyond what a float holds (a 400-digit count was a traceback).
+MAX_KILL_COUNT = 2**31 - 1
+
+
+def exact_seconds(seconds: float) -> float:
+    """``seconds`` to the nanosecond: a sum of decimal timeouts drifts in
+    binary floating point (1.1 s over four attempts is 13.200000000000001),
+    past a limit written as the same decimal."""
+    return round(seconds, 9)
+
+
 def final_kill_attempt(kill_timeout: float, max_kill_count: int) -> float:
     """Seconds after termination starts at which the job shells get their
     last direct ``kill-signal``, per flux-config-exec(5) JOB TERMINATION.
@@ -354,13 +366,13 @@ def final_kill_attempt(kill_timeout: float, max_kill_count: int) -> float:
     """
     at, interval, attempts = 5 * kill_timeout, kill_timeout, 1
     while attempts < max_kill_count:
-        at += interval
+        at = exact_seconds(at + interval)
         attempts += 1
         doubled = min(interval * 2, MAX_KILL_INTERVAL)
         if doubled == interval:
             # At the cap every further attempt adds the same: sum them at
             # once, so a huge max-kill-count cannot stall a config check.
-            return at + (max_kill_count - attempts) * interval
+            return exact_seconds(at + (max_kill_count - attempts) * interval)
         interval = doubled
     return at
 
@@ -722,7 +734,7 @@ _EXEC: _Table = {
     "service-override": _Key(_boolean),
     "job-shell": _Key(_string),
     "kill-timeout": _Key(_positive_duration),
-    "max-kill-count": _Key(_integer(1)),
+    "max-kill-count": _Key(_integer(1, MAX_KILL_COUNT)),
     "max-kill-timeout": _Key(_positive_duration),
     "term-signal": _Key(parse_signal, show=signal_name),
     "kill-signal": _Key(parse_signal, show=signal_name),

@@ -41,7 +41,7 @@ from typing import Any, Protocol
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-from sdexec.config import MAX_KILL_INTERVAL, ExecConfig
+from sdexec.config import MAX_KILL_INTERVAL, ExecConfig, exact_seconds
 from sdexec.signals import signal_name
 
 __all__ = [
@@ -315,7 +315,11 @@ class TerminationSequence:
     def _attempt_on_shell(self) -> None:
         progress = self._progress
         progress.kill_attempts += 1
-        progress.next_attempt_at += progress.interval
+        # Rounded: a running sum of 1.1 s drifted to 13.200000000000001,
+        # past a max-kill-timeout of 13.2, and that attempt was never sent.
+        progress.next_attempt_at = exact_seconds(
+            progress.next_attempt_at + progress.interval
+        )
         progress.interval = min(progress.interval * 2, MAX_KILL_INTERVAL)
         self.step = TerminationStep.KILL_SHELL
         self._send(self._target.signal_main, self.policy.kill_signal)

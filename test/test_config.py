@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from twisted.logger import capturedLogs
 
 from sdexec.config import (
+    MAX_KILL_COUNT,
     MAX_STOP_TIMER_SEC,
     RESERVED_PROPERTIES,
     Config,
@@ -41,6 +42,7 @@ EXAMPLES = [ROOT / "etc" / "sdexec.toml", ROOT / "etc" / "sdexec.yaml"]
 DURATION = "expected a non-negative number with an optional suffix ms, s, m, h or d"
 BOOLEAN = "Expected true or false"
 STOP_TIMER_RANGE = "expected an integer from 1 to 18446744073709"
+KILL_COUNT_RANGE = f"expected an integer from 1 to {MAX_KILL_COUNT}"
 SIGNAL = (
     "is not a signal: expected a signal name such as SIGTERM or TERM,"
     f" or a number from 1 to {signal.NSIG - 1}"
@@ -91,7 +93,7 @@ KEYS = [
     Key("exec.kill-timeout", "exec.kill_timeout", 5.0, "1m", 60.0, "5x",
         f'"5x" is not a valid duration: {DURATION}'),
     Key("exec.max-kill-count", "exec.max_kill_count", 8, 4, 4, 0,
-        "expected an integer of at least 1, got 0"),
+        f"{KILL_COUNT_RANGE}, got 0"),
     Key("exec.max-kill-timeout", "exec.max_kill_timeout", None, "30m", 1800.0, "-5m",
         f'"-5m" is not a valid duration: {DURATION}'),
     Key("exec.term-signal", "exec.term_signal", 15, "SIGUSR2", 12, "SIGFOO",
@@ -223,8 +225,10 @@ def test_every_key_is_tested():
     [
         ("exec.kill-timeout", "0s", 'expected a duration greater than 0, got "0s"'),
         ("exec.max-kill-timeout", 0, "expected a duration greater than 0, got 0"),
-        ("exec.max-kill-count", 2.5, "expected an integer of at least 1, got 2.5"),
-        ("exec.max-kill-count", True, "expected an integer of at least 1, got true"),
+        ("exec.max-kill-count", 2.5, f"{KILL_COUNT_RANGE}, got 2.5"),
+        ("exec.max-kill-count", True, f"{KILL_COUNT_RANGE}, got true"),
+        # Its last attempt's time overflowed a float: a traceback.
+        ("exec.max-kill-count", 10**400, f"{KILL_COUNT_RANGE}, got {10**400}"),
         ("exec.sdexec-stop-timer-sec", 0, f"{STOP_TIMER_RANGE}, got 0"),
         ("exec.sdexec-stop-timer-sec", "30s", f'{STOP_TIMER_RANGE}, got "30s"'),
         ("exec.sdexec-stop-timer-sec", MAX_STOP_TIMER_SEC + 1,

@@ -124,6 +124,16 @@ def test_max_kill_timeout_on_an_attempt_sends_it_then_gives_up():
     assert target.calls[-1][:2] == (8.0, "unkillable")
 
 
+def test_an_attempt_on_a_decimal_max_kill_timeout_is_sent():
+    # 1.1 s summed drifted to 13.200000000000001: past a max-kill-timeout of
+    # 13.2, that attempt was never sent.
+    policy = TerminationPolicy(kill_timeout=1.1, max_kill_timeout=13.2)
+    clock, target, sequence = started(policy)
+    run_out(clock, sequence)
+    assert target.times("main") == [5.5, 6.6, 8.8, 13.2]
+    assert final_kill_attempt(1.1, 4) == 13.2
+
+
 def test_max_kill_timeout_before_the_shell_phase():
     policy = TerminationPolicy(kill_timeout=10.0, max_kill_timeout=25.0)
     clock, target, sequence = started(policy)

@@ -148,6 +148,30 @@ class ExecPlan:
         return bool(self.flags & flag)
 
 
+#: RFC 42's ``local_flags`` bit: the client's own stdio, inherited.
+STDIO_FALLTHROUGH = 1
+
+
+def check_local_flags(local_flags: object, streaming: bool) -> None:
+    """RFC 42's ``local_flags``: an integer; stdio-fallthrough is an error
+    in the background (RFC 42), and in a stream sdexec relays the output
+    instead (its ``stdio`` field passes descriptors: docs/protocol.md)."""
+    if (
+        not isinstance(local_flags, int)
+        or isinstance(local_flags, bool)
+        or local_flags < 0
+    ):
+        raise RequestError(
+            errno.EINVAL,
+            f"local_flags: expected an integer >= 0, got {json_quoted(local_flags)}",
+        )
+    if local_flags & STDIO_FALLTHROUGH and not streaming:
+        raise RequestError(
+            errno.EINVAL,
+            "local_flags: stdio-fallthrough (1) is not allowed in background mode",
+        )
+
+
 def plan_exec(
     payload: Mapping[str, Any], config: Config, containment: Containment
 ) -> ExecPlan:

@@ -47,7 +47,7 @@ from sdexec.passthrough import (
     StdioReceivingProtocol,
     close_fds,
 )
-from sdexec.plan import ExecPlan, RequestError, plan_exec
+from sdexec.plan import ExecPlan, RequestError, check_local_flags, plan_exec
 from sdexec.process import OutputTap, OutputValve, Process, ProcessContext, Responder
 from sdexec.protocol import Topic
 from sdexec.receipt import reads_unit_cgroups
@@ -199,6 +199,7 @@ class SdexecServer:
         descriptors it brought (``stdio``; the caller closes them if this
         raises); its output held back by ``valve``, its connection's."""
         self._refuse_if_unavailable()
+        check_local_flags(payload.get("local_flags", 0), streaming)
         plan = self._own(plan_exec(payload, self.config, self.containment))
         if plan.mapped:
             self.count("mapper")  # the mapper ran, whatever is refused next
@@ -1038,6 +1039,14 @@ class ClientProtocol(StdioReceivingProtocol):
         payload = message.get("payload", {})
         if not isinstance(payload, dict):
             raise RequestError(errno.EINVAL, "payload: expected an object")
+        if "signature" in payload:
+            # RFC 42: the signature is the authoritative payload, and a
+            # server that cannot check it refuses the request with EPERM.
+            raise RequestError(
+                errno.EPERM,
+                "signature: signed requests are not supported (sdexec has no"
+                " flux-security to verify them)",
+            )
         handler = self._handlers.get(topic)
         streaming = _streaming(message)
         if not streaming and topic == Topic.EXEC:

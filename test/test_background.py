@@ -183,6 +183,9 @@ def test_a_background_start_refused_is_its_one_response(systemd, server, client)
         ({"streaming": False, "payload": {"flags": 8, "cmd": TRUE}},
          "flags: write-credit (8) needs a streaming request: a background"
          " process's stdin is at EOF"),
+        # RFC 42: an error, which ran all the same.
+        ({"streaming": False, "payload": {"flags": 0, "cmd": TRUE, "local_flags": 1}},
+         "local_flags: stdio-fallthrough (1) is not allowed in background mode"),
     ],
 )  # fmt: skip
 def test_a_bad_background_request_is_einval(systemd, client, message, text):

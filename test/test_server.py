@@ -195,6 +195,15 @@ def test_exec_streams_started_finished_then_enodata(systemd, connection):
         ({"flags": FLAGS,
           "cmd": {**TRUE, "opts": {"SDEXEC_PROP_CPUWeight": "heavy"}}},
          errno.EINVAL, "SDEXEC_PROP_CPUWeight: 'heavy' is not a weight"),
+        # RFC 42's local_flags went unread: a string passed.
+        ({"flags": FLAGS, "cmd": TRUE, "local_flags": "x"},
+         errno.EINVAL, 'local_flags: expected an integer >= 0, got "x"'),
+        # A signed request ran from its unsigned fields, the signature
+        # unread: RFC 42 has a server without flux-security say EPERM.
+        ({"flags": FLAGS, "cmd": TRUE, "signature": "not.a.signature"},
+         errno.EPERM, "signature: signed requests are not supported"),
+        ({"signature": "only.this"},
+         errno.EPERM, "signature: signed requests are not supported"),
     ],
 )  # fmt: skip
 def test_a_bad_exec_request_names_what_is_wrong(

@@ -22,7 +22,13 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from sdexec.ioencode import decode_io
-from sdexec.protocol import ExecFlag, Topic, command_object, terminate_not_found
+from sdexec.protocol import (
+    ExecFlag,
+    Topic,
+    command_object,
+    terminate_not_found,
+    terminate_runs_no_job,
+)
 from sdexec.receipt import Receipt
 from sdexec.rpc import RPCError, SdexecError, resolve_socket_path
 from sdexec.signals import parse_signal, signal_name
@@ -584,10 +590,13 @@ def _cancel(options: argparse.Namespace) -> int:
 
 
 def _names_nothing(failure: RPCError, target: dict[str, Any]) -> bool:
-    """Whether ``failure`` says that ``target`` names no job."""
+    """Whether ``failure`` says that ``target`` names no job: nothing by
+    that name, or a process that runs none (pid N of a plain run, beside a
+    job whose id is N)."""
     ((key, value),) = target.items()
-    return failure.errnum == errno.ESRCH and failure.errstr == terminate_not_found(
-        key, value
+    return (failure.errnum, failure.errstr) in (
+        (errno.ESRCH, terminate_not_found(key, value)),
+        (errno.EINVAL, terminate_runs_no_job(key, value)),
     )
 
 

@@ -33,7 +33,7 @@ from sdexec.containment import R_OPTION
 from sdexec.joblimit import TIME_LIMIT_OPTION, TimeLimit, job_expiration
 from sdexec.limits import check_text
 from sdexec.plan import RequestError
-from sdexec.protocol import terminate_not_found
+from sdexec.protocol import terminate_not_found, terminate_runs_no_job
 from sdexec.rset import ResourceSet
 from sdexec.signals import signal_name
 from sdexec.systemd import Manager
@@ -394,9 +394,7 @@ class Jobs:
             raise RequestError(errno.ESRCH, terminate_not_found(key, value))
         job = self.of(process)
         if job is None:
-            raise RequestError(
-                errno.EINVAL, f"{key}={value} runs no job (exec it with {JOBID_OPTION})"
-            )
+            raise RequestError(errno.EINVAL, terminate_runs_no_job(key, value))
         return job
 
 

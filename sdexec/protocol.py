@@ -100,6 +100,12 @@ def command_object(
     return command
 
 
+def terminate_runs_no_job(key: str, value: object) -> str:
+    """The ``errstr`` (with ``EINVAL``) of an ``sdexec.terminate`` whose
+    process target runs no job: ``sdexec cancel N`` then tries job id N."""
+    return f"{key}={value} runs no job (exec it with SDEXEC_JOBID)"
+
+
 def terminate_not_found(key: str, value: object) -> str:
     """The ``errstr`` (with ``ESRCH``) of an ``sdexec.terminate`` whose
     target names no job. ``sdexec cancel`` tells it from a job that was

@@ -47,7 +47,7 @@ from sdexec.client import (
 )
 from sdexec.framing import JSONLineProtocol
 from sdexec.ioencode import decode_io, encode_io
-from sdexec.protocol import terminate_not_found
+from sdexec.protocol import terminate_not_found, terminate_runs_no_job
 from sdexec.wire import MAX_VALUES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -713,6 +713,18 @@ def test_cancel_tries_the_second_target_when_the_first_names_nothing(
     _cancel_against(monkeypatch, {("label", "n"): {"id": "f1", "step": "term"}})
     assert cli.main(["cancel", "n"]) == 0
     assert capsys.readouterr().out == "job f1: terminating (step term)\n"
+
+
+def test_cancel_of_a_number_tries_the_job_when_that_pid_runs_none(monkeypatch, capsys):
+    # Pid 4242 a plain run's, job 4242 another's: the job was never tried.
+    plain = RPCError(errno.EINVAL, terminate_runs_no_job("pid", 4242))
+    tried = _cancel_against(
+        monkeypatch,
+        {("pid", 4242): plain, ("jobid", "4242"): {"id": "4242", "step": "term"}},
+    )
+    assert cli.main(["cancel", "4242"]) == 0
+    assert tried == [("pid", 4242), ("jobid", "4242")]
+    assert capsys.readouterr().out == "job 4242: terminating (step term)\n"
 
 
 def test_cancel_of_nothing_names_both_targets(monkeypatch, capsys):

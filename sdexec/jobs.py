@@ -86,12 +86,15 @@ class Job:
         self._count = count
         self._time_limit: TimeLimit | None = None
         self._started = False
-        self._over = False  # the main process exited, or the stream ended
+        #: The main process exited, or the stream ended (not as unkillable).
+        self._over = False
         #: A terminate that came before the process started.
         self._pending: TerminationReason | None = None
         #: The sequence ran out while systemd was away (its kill-signals
         #: may all have been lost): judged once it is back.
         self._held_verdict: str | None = None
+        #: The node was drained for it: the verdict given, not held.
+        self._verdict_given = False
         self._verdict_timer: IDelayedCall | None = None
 
     # -- the process's life, as its responses tell it ------------------------
@@ -178,25 +181,44 @@ class Job:
         unit has processes): drain, and fail the request with EDEADLK."""
         if self._ended():
             return
-        if not self._systemd.connected:
+        if not self._knows_its_unit():
             log.warn(
-                "job {job}: its termination ran out while systemd is away:"
-                " judged once systemd is back",
+                "job {job}: its termination ran out while systemd is away (or"
+                " before its unit was read again): judged once it is",
                 job=self.jobid,
             )
             self._held_verdict = reason
+            if self._systemd.connected:  # back: after this unit's read
+                self._after_reread()
             return
+        self._verdict_given = True
         self._count("jobs-unkillable")
         self._drain(reason)
         if self.process is not None:
             self.process.unkillable(reason)
 
+    def _knows_its_unit(self) -> bool:
+        process = self.process
+        if process is None:
+            return self._systemd.connected
+        return process.knows_its_unit
+
     def systemd_restored(self) -> None:
         """systemd is back: a verdict held for it comes after one more
-        kill-signal to the job shell and kill-timeout, unless the job has
-        exited by then (what its unit shows once re-read)."""
+        kill-signal to the job shell and kill-timeout, counted from when
+        its unit has been read again, unless the job has exited by then."""
+        if self._held_verdict is not None:
+            self._after_reread()
+
+    def _after_reread(self) -> None:
+        if self.process is None:
+            self._give_held_verdict()
+        else:
+            self.process.when_reread().addCallback(lambda _: self._give_held_verdict())
+
+    def _give_held_verdict(self) -> None:
         reason, self._held_verdict = self._held_verdict, None
-        if reason is None:
+        if reason is None or self._ended():
             return
         policy = self.termination.policy
         self.signal_main(policy.kill_signal)
@@ -229,6 +251,9 @@ class Job:
         step = self.termination.step
         if step is None and self._pending is not None:
             return "pending"
+        if step is TerminationStep.UNKILLABLE and not self._verdict_given:
+            # Held for systemd: the job shell gets kill-signal once more.
+            step = TerminationStep.EXITED if self._over else TerminationStep.KILL_SHELL
         return None if step in (None, TerminationStep.EXITED) else step.value
 
     def describe(self) -> dict[str, Any]:
@@ -266,7 +291,11 @@ class _JobResponder:
         self._responder.respond(payload)
 
     def error(self, errnum: int, errstr: str) -> None:
-        self._job.over()
+        if errnum != errno.EDEADLK:
+            # Not its own verdict (or the stop timer's): the main process
+            # has not exited, and the job goes on being one, for terminate
+            # and ps, until it does.
+            self._job.over()
         self._responder.error(errnum, errstr)
 
 

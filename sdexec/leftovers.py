@@ -143,6 +143,9 @@ class Leftover:
         self._resetting = False
         #: Inactive with a job queued: a restart's new run is on its way.
         self._new_run_queued = False
+        #: systemd is back, and the unit not read again yet: its stop timer
+        #: gives no verdict on what was seen before (its signals were lost).
+        self.rereading = False
         #: Seen other than inactive: a start queued from now on is a new run
         #: (one adopted before its first start has none to replace).
         self._has_run = False
@@ -157,7 +160,7 @@ class Leftover:
             server.config.exec.sdexec_stop_timer_signal,
             self.name,
             _LeftoverStop(self, server),
-            lambda: self._systemd.connected,
+            lambda: self._systemd.connected and not self.rereading,
         )
 
     def follow(self, stop: bool, restored_at: float | None = None) -> None:
@@ -167,12 +170,16 @@ class Leftover:
         (:meth:`StopTimer.systemd_restored`)."""
         refreshed = self._watch.refresh()
         if restored_at is not None:
-            refreshed.addCallback(
-                lambda _: self.stop_timer.systemd_restored(restored_at)
-            )
+            refreshed.addBoth(self._reread, restored_at)
         refreshed.addErrback(self._failed, "GetAll")
         if stop:
             self.stop()
+
+    def _reread(self, result: object, restored_at: float) -> object:
+        self.rereading = False
+        if not isinstance(result, Failure):
+            self.stop_timer.systemd_restored(restored_at)
+        return result
 
     def stop(self) -> None:
         if not self._stopping:
@@ -313,6 +320,8 @@ class Leftovers:
         """systemd is back after a loss: scan, and once each leftover is
         read again, its stop timer sends what the loss may have taken."""
         self._restored_at = self.server.clock.seconds()
+        for unit in self.units.values():
+            unit.rereading = True  # until the scan's (or its fallback's) read
         return self.scan()
 
     def release_stops(self) -> None:

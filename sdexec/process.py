@@ -255,6 +255,7 @@ class Process:
         self._sent: set[Sent] = set()
         self._called: set[UnitCall] = set()
         self._ended = False  # the stream's last response is sent
+        self._declared_unkillable = False
         self._reaped = False
         self._failure_confirmed = False  # by a GetAll after failed/no status
         #: Its unit was started again outside sdexec: a new invocation,
@@ -273,8 +274,10 @@ class Process:
         #: The start timeout ran out while systemd was away, or before the
         #: unit was read again after its return: judged again after that.
         self._start_deadline_held = False
-        #: systemd is back and the unit's re-read has not answered yet.
+        #: systemd is back and the unit's re-read has not answered yet: no
+        #: verdict is given on what was seen before (:attr:`knows_its_unit`).
         self._rereading = False
+        self._reread_waiters: list[defer.Deferred[None]] = []
         #: sdexec decided to stop the unit (a lost StopUnit is made again).
         self._stop_wanted = False
         #: The client left: SIGKILL the main process (when it runs).
@@ -289,7 +292,7 @@ class Process:
             plan.stop_timer.signal,
             plan.unit_name,
             _UnitStop(self),
-            lambda: systemd.connected,
+            lambda: self.knows_its_unit,
         )
         self.stdin = InputChannel(self._add_credit, plan.stdin_bufsize)
         #: The back-pressure of the connection its output goes to, if any.
@@ -326,7 +329,10 @@ class Process:
 
     @property
     def state(self) -> str:
-        """``R`` while running, ``Z`` once finished but not yet reaped."""
+        """``R`` while running, ``Z`` once finished but not yet reaped (a
+        stream ended as unkillable is ``R`` until its main process exits)."""
+        if self._declared_unkillable and self.exit_status is None:
+            return "R"
         return "Z" if self._outcome_known else "R"
 
     def describe(self) -> dict[str, Any]:
@@ -473,6 +479,7 @@ class Process:
         stays tracked until the unit is gone."""
         if self._awaiting_receipt:
             self._send_finished({})
+        self._declared_unkillable = True
         self._fail(errno.EDEADLK, reason)
 
     def cancel(self, reason: str) -> None:
@@ -521,7 +528,7 @@ class Process:
         self._rereading = True
         refreshed = self._watch.refresh()
         refreshed.addCallbacks(self._lost_before_started, self._resync_failed)
-        refreshed.addCallback(lambda _: self._start_deadline_after_return())
+        refreshed.addCallback(lambda _: self._reread_done())
         # After the state read: a unit that stopped meanwhile has no timer.
         back_at = self._context.clock.seconds()
         refreshed.addCallback(lambda _: self.stop_timer.systemd_restored(back_at))
@@ -872,7 +879,7 @@ class Process:
         self._start_deadline = None
         if self._outcome_known:
             return
-        if self._rereading or not self._systemd.connected:
+        if not self.knows_its_unit:
             self._start_deadline_held = True
             return
         seen = self.status
@@ -904,13 +911,33 @@ class Process:
             self._end_what_it_left(state)
             self._vanished(_LOST)
 
-    def _start_deadline_after_return(self) -> None:
-        """A start timeout that ran out while systemd was away counts again
+    @property
+    def knows_its_unit(self) -> bool:
+        """Whether what was seen of the unit may be judged: systemd is
+        there, and the unit has been read again since it came back (the
+        signals of the outage were lost). A verdict due meanwhile (the
+        start timeout, the stop timer's, a job's) waits for that read."""
+        return self._systemd.connected and not self._rereading
+
+    def when_reread(self) -> defer.Deferred[None]:
+        """Fires once the unit has been read again after systemd's return
+        (at once if no such read is pending)."""
+        if not self._rereading:
+            return defer.succeed(None)
+        waiter: defer.Deferred[None] = defer.Deferred()
+        self._reread_waiters.append(waiter)
+        return waiter
+
+    def _reread_done(self) -> None:
+        """Read again: a start timeout that ran out before counts again
         from now, unless the unit has been seen to start meanwhile."""
         self._rereading = False
         held, self._start_deadline_held = self._start_deadline_held, False
         if held and Sent.STARTED not in self._sent and not self._outcome_known:
             self._arm_start_deadline()
+        waiters, self._reread_waiters = self._reread_waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
 
     def _resync_failed(self, failure: Failure) -> None:
         if is_connection_lost(failure.value):

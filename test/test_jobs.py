@@ -513,6 +513,81 @@ def outage_server(make_server):
     return server, systemd, clock
 
 
+@pytest.mark.parametrize("ran_out", ["while away", "before the re-read"])
+def test_a_job_s_verdict_waits_for_its_unit_s_re_read(make_server, ran_out):
+    # Given once systemd was connected again, but before the unit was read
+    # (thousands of re-reads queue in the call window): a job that exited
+    # during the outage drained the node, EDEADLK for its stream.
+    server, systemd, clock = outage_server(make_server)  # the verdict at 12 s
+    responder = start_job(server, systemd)
+    systemd.lose()
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    clock.pump([0.5] * (26 if ran_out == "while away" else 23))
+    systemd.units[UNIT].update({**EXITED, "ExecMainStatus": 0})  # meanwhile
+    systemd.hold_refresh = True
+    systemd.restore()
+    clock.pump([0.5] * 4)  # past the verdict and a kill-timeout
+    assert server.drain_reason is None
+    systemd.answer_refreshes()  # the re-read
+    systemd.answer_refreshes()  # the receipt it asks for
+    clock.pump([0.5] * 4)
+    assert server.drain_reason is None
+    assert {"type": "finished", "status": 0} in responder.responses
+
+
+def test_the_stop_timer_waits_for_the_unit_s_re_read(make_server):
+    # Its second period ended after the return, before the re-read: a unit
+    # whose lingering child died during the outage was abandoned.
+    server, systemd, clock = make_server(**{"sdexec-stop-timer-sec": 10})
+    outage = SystemdOutage(server)
+    systemd.on_lost, systemd.on_restored = outage.lost, outage.restored
+    start_job(server, systemd)
+    systemd.change(UNIT, {**EXITED, "ExecMainStatus": 0})
+    systemd.change(UNIT, DEACTIVATING)  # a child lingers
+    clock.pump([1] * 10)  # the stop-timer signal
+    systemd.lose()
+    clock.pump([1] * 9)
+    systemd.units[UNIT].update(INACTIVE)  # the child died meanwhile
+    systemd.hold_refresh = True
+    systemd.restore()
+    clock.pump([0.5] * 2)  # the second period's end
+    assert server.drain_reason is None
+    systemd.answer_refreshes()
+    assert server.drain_reason is None
+    assert server.units == {} or server.units[UNIT].stop_timer.state.value == "stopped"
+
+
+def test_a_job_declared_unkillable_is_still_running_for_terminate_and_ps(
+    make_server,
+):
+    # It was taken for exited: terminate said "has already exited", ps "Z".
+    server, systemd, clock = make_server(**{"kill-timeout": "1s", "max-kill-count": 1})
+    start_job(server, systemd)
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    run_until_quiet(clock)
+    assert server.drain_reason == "unkillable user processes for job f1"
+    (listed,) = server.list()["procs"]
+    assert (listed["state"], listed["step"]) == ("R", "unkillable")
+    assert server.terminate({"jobid": "f1", "reason": "cancel"})["step"] == (
+        "unkillable"
+    )
+
+
+def test_a_verdict_held_for_systemd_is_no_unkillable_step(make_server):
+    # Held (systemd away), ps said "unkillable", and still so once the job
+    # exited after systemd's return: the node was never drained.
+    server, systemd, clock = outage_server(make_server)
+    start_job(server, systemd)
+    systemd.lose()
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    clock.pump([0.5] * 26)
+    assert server.list()["procs"][0]["step"] == "kill-shell"
+    systemd.restore()
+    systemd.change(UNIT, {**EXITED, "ExecMainStatus": 9})
+    assert server.drain_reason is None
+    assert server.list()["procs"][0].get("step") is None
+
+
 @pytest.mark.parametrize("exits_meanwhile", [False, True], ids=["runs", "exited"])
 def test_a_termination_run_out_while_systemd_is_away_is_judged_once_back(
     make_server, exits_meanwhile

@@ -221,6 +221,28 @@ def restart_by_hand(systemd: FakeManager, name: str) -> None:
     systemd.change(name, {**new_run, "Job": (0, "/")})
 
 
+def test_a_leftover_s_stop_timer_waits_for_its_re_read_after_systemd_s_return(
+    systemd, monkeypatch
+):
+    # Its second period ended after the return, before the scan's read: a
+    # leftover whose processes ended during the outage was abandoned.
+    leftover(systemd, "sdexec-a.service")
+    server = make_server_with_stop_timer(systemd, 30)
+    server.leftovers.scan()
+    systemd.change("sdexec-a.service", DEACTIVATING)
+    server.clock.advance(30)  # the stop-timer signal
+    systemd.lose()
+    server.clock.advance(29)
+    systemd.units["sdexec-a.service"].update(INACTIVE)  # ended meanwhile
+    systemd.hold_refresh = True
+    systemd.restore()
+    server.systemd_restored()
+    server.clock.advance(1)  # the second period's end
+    assert server.drain_reason == "1 leftover unit from a previous run"
+    systemd.answer_refreshes()
+    assert server.drain_reason is None
+
+
 def test_a_leftover_s_timer_resumes_after_systemd_s_return_if_its_scan_fails(
     systemd, monkeypatch
 ):

@@ -553,7 +553,7 @@ class _Stdio:
 
 
 def _ps(options: argparse.Namespace) -> int:
-    listing = _request(options, Topic.LIST, {})
+    listing = _request(options, Topic.LIST, {"detail": True})
     print(format_procs(listing.get("procs", [])))
     return 0
 

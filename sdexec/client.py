@@ -259,11 +259,12 @@ class SdexecClient(JSONLineProtocol):
             raise ValueError("terminate: give exactly one of pid, label and jobid")
         return self.rpc(Topic.TERMINATE, {**given, "reason": reason})
 
-    def list(self) -> Deferred[dict]:
-        """``{"rank": R, "procs": [{"pid", "cmdline", "label", "unit",
-        "state"}, ...]}``: the service's tracked processes (a job's also
-        ``"jobid"`` and ``"step"``)."""
-        return self.rpc(Topic.LIST, {})
+    def list(self, detail: bool = True) -> Deferred[dict]:
+        """``{"rank": R, "procs": [{"pid", "cmd", "cmdline", "label",
+        "unit", "state", "mode"}, ...]}``: the service's tracked processes
+        (a job's also ``"jobid"`` and ``"step"``); without ``detail``, only
+        upstream's ``pid``, ``cmd``, ``label`` and ``state``."""
+        return self.rpc(Topic.LIST, {"detail": detail})
 
     def stats(self) -> Deferred[dict]:
         """The service's statistics (``sdexec.stats-get``)."""

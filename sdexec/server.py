@@ -51,7 +51,7 @@ from sdexec.plan import ExecPlan, RequestError, check_local_flags, plan_exec
 from sdexec.process import OutputTap, OutputValve, Process, ProcessContext, Responder
 from sdexec.protocol import Topic
 from sdexec.receipt import reads_unit_cgroups
-from sdexec.refusal import RequestRefused, printable
+from sdexec.refusal import RequestRefused, json_quoted, printable
 from sdexec.signals import signal_name
 from sdexec.systemd import Manager, errno_for
 from sdexec.systemd.errors import is_unit_gone
@@ -731,9 +731,15 @@ class SdexecServer:
             return AwaitingStart(answer, process.signals_go_out())
         return answer
 
-    def list(self) -> dict:
-        """``sdexec.list``: every process, its own and its leftovers."""
-        return {"rank": self.config.sdexec.rank, "procs": self._entries()}
+    def list(self, detail: bool = True) -> dict:
+        """``sdexec.list``: every process, its own and its leftovers; without
+        ``detail``, each as upstream's servers list it (:data:`LIST_FIELDS`:
+        flux-core's Python client builds a dataclass of exactly those keys,
+        and failed on any other)."""
+        procs = self._entries()
+        if not detail:
+            procs = [{key: proc[key] for key in LIST_FIELDS} for proc in procs]
+        return {"rank": self.config.sdexec.rank, "procs": procs}
 
     def _entries(
         self, describe: Callable[[Process], dict] = Process.describe
@@ -834,7 +840,7 @@ class ClientProtocol(StdioReceivingProtocol):
             Topic.EXEC: self._exec,
             Topic.WRITE: self._write,
             Topic.KILL: lambda matchtag, payload: self.server.kill(payload),
-            Topic.LIST: lambda matchtag, payload: self.server.list(),
+            Topic.LIST: lambda matchtag, payload: self.server.list(_detail(payload)),
             Topic.STATS: lambda matchtag, payload: self.server.stats(),
             Topic.UNDRAIN: lambda matchtag, payload: self.server.undrain(),
             Topic.WAIT: self._wait,
@@ -1288,6 +1294,19 @@ def _quotable(errstr: str) -> str:
 
 #: What ``stats(detail=False)`` leaves out of each process.
 _DETAIL_FIELDS = frozenset({"cmd", "cmdline", "label"})
+
+#: What upstream's subprocess servers give for each process of a ``list``.
+LIST_FIELDS = ("pid", "cmd", "label", "state")
+
+
+def _detail(payload: dict) -> bool:
+    """``sdexec.list``'s ``detail``: sdexec's own fields too."""
+    detail = payload.get("detail", False)
+    if not isinstance(detail, bool):
+        raise RequestError(
+            errno.EINVAL, f"detail: expected true or false, got {json_quoted(detail)}"
+        )
+    return detail
 
 
 def _without(mapping: dict, keys: frozenset[str]) -> dict:

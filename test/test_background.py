@@ -147,7 +147,7 @@ async def test_background_exec_answers_started_once_and_outlives_its_client(
     produce(systemd, "stdout", b"nobody reads this\n")
     assert payloads(client.responses()) == [{"type": "started", "pid": 99}]
     other = Client(server)
-    other.send("sdexec.list", {})
+    other.send("sdexec.list", {"detail": True})
     (proc,) = other.last()["payload"]["procs"]
     assert (proc["pid"], proc["label"], proc["mode"], proc["state"]) == (
         99,
@@ -198,7 +198,7 @@ def test_a_streaming_process_is_still_stopped_with_its_client(systemd, server):
     client = Client(server)
     client.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT)
-    client.send("sdexec.list", {}, matchtag=2)
+    client.send("sdexec.list", {"detail": True}, matchtag=2)
     assert client.last()["payload"]["procs"][0]["mode"] == "streaming"
     client.close()
     assert ("stop", UNIT) in systemd.calls
@@ -249,7 +249,7 @@ async def test_wait_returns_status_and_output_in_production_order(
             f"{count} pieces retained",
         )
     await finish(systemd, server, status=3)
-    client.send("sdexec.list", {}, matchtag=2)
+    client.send("sdexec.list", {"detail": True}, matchtag=2)
     (proc,) = client.last()["payload"]["procs"]
     assert (proc["pid"], proc["state"], proc["mode"]) == (7, "Z", "background")
     client.send("sdexec.wait", {"pid": 7}, matchtag=3)
@@ -622,7 +622,7 @@ async def test_attach_gets_retained_then_live_output_eofs_finished_enodata(
         ["/bin/true"],
     )
     assert first["dropped"] == {"stdout": 0, "stderr": 0}
-    client.send("sdexec.list", {}, matchtag=3)
+    client.send("sdexec.list", {"detail": True}, matchtag=3)
     assert client.last()["payload"]["procs"][0]["mode"] == "attached"
     second = Client(server)
     second.send("sdexec.attach", {"pid": 8})
@@ -670,7 +670,7 @@ async def test_attach_disconnect_attach_again(systemd, server, client):
     await until(lambda: output_of(first.responses()), "live output")
     first.close()  # back to the background: nothing stopped
     assert ("stop", UNIT) not in systemd.calls
-    client.send("sdexec.list", {}, matchtag=2)
+    client.send("sdexec.list", {"detail": True}, matchtag=2)
     assert client.last()["payload"]["procs"][0]["mode"] == "background"
     produce(systemd, "stdout", b"two\n")
     await until(lambda: tracked_of(server).retained.held == 8, "retained")

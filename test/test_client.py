@@ -153,7 +153,7 @@ def test_rpc_matchtags_count_up_and_route_responses(served):
         "type": "request",
         "topic": "sdexec.list",
         "matchtag": 1,
-        "payload": {},
+        "payload": {"detail": True},
     }
     assert (second["topic"], second["matchtag"]) == ("sdexec.stats-get", 2)
     peer.respond(second, {"stats": True})

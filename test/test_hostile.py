@@ -781,7 +781,7 @@ def test_a_listed_command_line_is_cut_however_long_it_ran(server, connection):
     args = ["x" * (MAX_ARG_STRLEN - 1)] * 14
     connection.send("sdexec.exec", {"cmd": {**TRUE, "cmdline": ["/bin/true", *args]},
                                     "flags": FLAGS})  # fmt: skip
-    connection.send("sdexec.list", {}, matchtag=2)
+    connection.send("sdexec.list", {"detail": True}, matchtag=2)
     (entry,) = connection.last()["payload"]["procs"]
     assert len("".join(entry["cmdline"])) <= MAX_LISTED_CMDLINE + 1
     assert entry["cmdline"][-1].endswith("…")

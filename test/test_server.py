@@ -118,15 +118,25 @@ def test_list_stats_and_undrain(server, connection):
     assert server.drain_reason is None
 
 
-def test_a_list_entry_has_upstream_s_fields(systemd, server, connection):
-    # Flux's subprocess server lists {pid, cmd, label, state}: a client
-    # written for it finds them here too, beside sdexec's own.
+def test_a_list_entry_has_upstream_s_fields_alone_unless_detail_is_asked(
+    systemd, server, connection
+):
+    # Flux's subprocess servers list {pid, cmd, label, state}, and its
+    # Python client makes a dataclass of exactly those keys: sdexec's own
+    # beside them (cmdline, unit, mode) made it fail with a TypeError.
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT, pid=99)
     connection.send("sdexec.list", {}, matchtag=2)
     (listed,) = connection.last()["payload"]["procs"]
-    assert listed["cmd"] == "/bin/true" and listed["cmdline"] == ["/bin/true"]
-    assert {"pid": 99, "state": "R"}.items() <= listed.items()
+    assert listed == {"pid": 99, "cmd": "/bin/true", "label": "", "state": "R"}
+    connection.send("sdexec.list", {"detail": True}, matchtag=3)
+    (listed,) = connection.last()["payload"]["procs"]
+    assert listed["cmdline"] == ["/bin/true"] and listed["mode"] == "streaming"
+    connection.send("sdexec.list", {"detail": 1}, matchtag=4)
+    assert error_of(connection.last()) == (
+        errno.EINVAL,
+        "detail: expected true or false, got 1",
+    )
 
 
 def test_stats_tell_a_unit_stuck_deactivating(systemd, server, connection):
@@ -158,7 +168,7 @@ def test_exec_streams_started_finished_then_enodata(systemd, connection):
         {"type": "finished", "status": 3 << 8},
     ]
     assert ("stop", UNIT) in systemd.calls
-    connection.send("sdexec.list", {}, matchtag=2)
+    connection.send("sdexec.list", {"detail": True}, matchtag=2)
     (proc,) = connection.last()["payload"]["procs"]
     assert (proc["pid"], proc["unit"], proc["state"]) == (99, UNIT, "Z")
 
@@ -580,7 +590,7 @@ def test_an_exec_during_shutdown_is_eagain_and_starts_nothing(systemd, server):
 def test_a_fault_of_ours_answers_its_request_and_keeps_the_connection(
     server, connection, monkeypatch
 ):
-    def broken() -> dict:
+    def broken(detail: bool) -> dict:
         raise RuntimeError("boom")
 
     monkeypatch.setattr(server, "list", broken)

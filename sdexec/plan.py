@@ -38,7 +38,7 @@ from sdexec.limits import (
 )
 from sdexec.policy import TIGHTENING, RequestPolicy
 from sdexec.property import PropertyError, UnitProperty, parse_bool, unit_file_problem
-from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, ExecFlag
+from sdexec.protocol import DEFAULT_MAX_FRAME, DEFAULT_STDIN_BUFSIZE, ExecFlag
 from sdexec.refusal import RequestRefused, json_quoted
 from sdexec.signals import parse_signal
 from sdexec.sizes import parse_size
@@ -214,7 +214,7 @@ def plan_exec(
         properties=_typed_properties(command, executable, merged, sources),
         flags=flags,
         output={stream: _output_options(command, stream) for stream in OUTPUT_STREAMS},
-        stdin_bufsize=_size_option(command, "stdin_BUFSIZE", DEFAULT_STDIN_BUFSIZE),
+        stdin_bufsize=_stdin_bufsize(command, config.sdexec.max_frame_size),
         stop_timer=stop_timer,
         fence=IDset(allowed_cpus) if allowed_cpus else None,
         fence_mems=IDset(allowed_mems) if allowed_mems else None,
@@ -415,7 +415,14 @@ def _signal_option(command: Command, default: int) -> int:
         raise RequestError(errno.EINVAL, f"SDEXEC_STOP_TIMER_SIGNAL: {error}") from None
 
 
-def _size_option(command: Command, name: str, default: int, least: int = 1) -> int:
+def _size_option(
+    command: Command, name: str, default: int, least: int, frame: int, whose: str
+) -> int:
+    """A ``<stream>_BUFSIZE``: at most :data:`MAX_BUFSIZE`, and no more than
+    one message of ``frame`` bytes (``whose``) holds: the data of a write
+    within credit, or of one output response, is JSON, up to 6 bytes a
+    byte (a control character is ``\u0001``). 16 MiB of NULs made a 96 MiB
+    line: the reader dropped the connection, and its processes with it."""
     value = command.option(name)
     if value is None:
         return default
@@ -423,12 +430,35 @@ def _size_option(command: Command, name: str, default: int, least: int = 1) -> i
         size = parse_size(value)
     except ValueError as error:
         raise RequestError(errno.EINVAL, f"{name}: {error}") from None
-    if not least <= size <= MAX_BUFSIZE:
+    most = min(MAX_BUFSIZE, (frame - _ENVELOPE) // _JSON_PER_BYTE)
+    if not least <= size <= most:
         unit = "byte" if least == 1 else "bytes"
+        held = (
+            ""
+            if most == MAX_BUFSIZE
+            else f": one {whose}, at most {frame} bytes, holds that much as JSON"
+        )
         raise RequestError(
-            errno.EINVAL, f"{name}: must be from {least} {unit} to {MAX_BUFSIZE} bytes"
+            errno.EINVAL, f"{name}: must be from {least} {unit} to {most} bytes{held}"
         )
     return size
+
+
+#: Bytes of JSON one byte of a message's data may take (``\u0001``), and
+#: what a message holds besides its data, at most.
+_JSON_PER_BYTE = 6
+_ENVELOPE = 64 * 1024
+
+
+def _stdin_bufsize(command: Command, max_frame: int) -> int:
+    return _size_option(
+        command,
+        "stdin_BUFSIZE",
+        DEFAULT_STDIN_BUFSIZE,
+        1,
+        max_frame,
+        "request ([sdexec] max-frame-size)",
+    )
 
 
 def _output_options(command: Command, stream: str) -> OutputOptions:
@@ -438,6 +468,11 @@ def _output_options(command: Command, stream: str) -> OutputOptions:
     except ValueError as error:
         raise RequestError(errno.EINVAL, f"{stream}_LINE_BUFFER: {error}") from None
     bufsize = _size_option(
-        command, f"{stream}_BUFSIZE", DEFAULT_OUTPUT_BUFSIZE, MIN_OUTPUT_BUFSIZE
+        command,
+        f"{stream}_BUFSIZE",
+        DEFAULT_OUTPUT_BUFSIZE,
+        MIN_OUTPUT_BUFSIZE,
+        DEFAULT_MAX_FRAME,
+        "response a client reads",
     )
     return OutputOptions(line_buffered=line_buffered, bufsize=bufsize)

@@ -200,6 +200,14 @@ def test_exec_streams_started_finished_then_enodata(systemd, connection):
          errno.EINVAL, "stdin_BUFSIZE: must be from 1 byte to "),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdin_BUFSIZE": "lots"}}},
          errno.EINVAL, "stdin_BUFSIZE: "),
+        # 16 MiB of NULs is a 96 MiB line: the client dropped the connection.
+        ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdout_BUFSIZE": "16M"}}},
+         errno.EINVAL, "stdout_BUFSIZE: must be from 4096 bytes to 11173888 bytes:"
+         " one response a client reads, at most 67108864 bytes, holds that much"
+         " as JSON"),
+        ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdin_BUFSIZE": "16M"}}},
+         errno.EINVAL, "stdin_BUFSIZE: must be from 1 byte to 11173888 bytes:"
+         " one request ([sdexec] max-frame-size), at most 67108864 bytes"),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stderr_LINE_BUFFER": "maybe"}}},
          errno.EINVAL, "stderr_LINE_BUFFER: 'maybe' is not a boolean"),
         ({"flags": FLAGS,

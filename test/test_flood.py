@@ -76,7 +76,7 @@ def test_a_gib_of_stdin_beyond_the_credit_is_refused_in_bounded_memory(
         write = {"matchtag": 1, "io": {"stream": "stdin", "data": "x" * CHUNK}}
         for matchtag in range(2, 2 + FLOOD // CHUNK):  # sleep reads none of it
             client.send("sdexec.write", matchtag, write)
-        client.send("sdexec.list", 0, {})  # answered once every write was read
+        client.send("sdexec.list", 0, {"detail": True})  # once every write was read
         overrun = client.receive()
         assert (overrun["topic"], overrun["errnum"]) == ("sdexec.write", errno.ENOSPC)
         (proc,) = client.receive()["payload"]["procs"]

@@ -431,12 +431,19 @@ class Process:
             )
         if data:
             try:
-                self.stdin.write(data)
+                self.stdin.write(data, credited=self.credits_stdin)
             except StdinOverrun as overrun:
                 self.stdin.close()
                 raise RequestError(errno.ENOSPC, str(overrun)) from None
         if eof:
             self.stdin.close()
+
+    @property
+    def credits_stdin(self) -> bool:
+        """Its client asked for write credit (RFC 42's flag 8): a write
+        beyond it is refused. Without, writes are taken and the client's
+        connection waits while stdin is :attr:`InputChannel.backlogged`."""
+        return bool(self.plan.flags & ExecFlag.WRITE_CREDIT)
 
     @property
     def signals_wait_for_start(self) -> bool:

@@ -675,8 +675,9 @@ class SdexecServer:
 
     # -- write, kill, list, stats ------------------------------------------------
 
-    def write(self, connection_id: int, payload: dict) -> None:
-        """Client data for a process's stdin; unknown targets are dropped."""
+    def write(self, connection_id: int, payload: dict) -> Process | None:
+        """Client data for a process's stdin; unknown targets are dropped.
+        The process written to, if any."""
         matchtag = payload.get("matchtag")
         if not isinstance(matchtag, int) or isinstance(matchtag, bool):
             raise RequestError(errno.EINVAL, "matchtag: expected an integer")
@@ -687,8 +688,10 @@ class SdexecServer:
         if stream != "stdin":
             raise RequestError(errno.EINVAL, f"io.stream: {stream!r} is not stdin")
         process = self.processes.get((connection_id, matchtag))
-        if process is not None and not process.stream_ended:
-            process.write(data, eof)  # (an ended request's is no one's)
+        if process is None or process.stream_ended:
+            return None  # (an ended request's is no one's)
+        process.write(data, eof)
+        return process
 
     def connection_processes(self, connection_id: int) -> Iterator[Process]:
         """The processes one connection started."""
@@ -851,6 +854,9 @@ class ClientProtocol(StdioReceivingProtocol):
         self._paused = False
         #: Holds back the output of the processes writing to it meanwhile.
         self.valve = OutputValve()
+        #: Processes whose stdin holds more than its limit of this client's
+        #: writes (no credit asked): its requests wait until they drain.
+        self._stdin_backlogged: set[Process] = set()
         #: Requests whose answer is a Deferred not fired yet (kills).
         self._unanswered = 0
         #: What was read but not yet handled, oldest first (while paused, or
@@ -1117,7 +1123,21 @@ class ClientProtocol(StdioReceivingProtocol):
         self.server.attach(self.connection_id, payload, responder, self.valve)
 
     def _write(self, matchtag: int, payload: dict) -> None:
-        self.server.write(self.connection_id, payload)
+        process = self.server.write(self.connection_id, payload)
+        if process is not None and process.stdin.backlogged:
+            # A client without credit wrote ahead of the process: nothing
+            # more is read from it until the process has read that down.
+            self._stdin_backlogged.add(process)
+            self.transport.pauseProducing()
+            process.stdin.when_drained().addCallback(
+                lambda _: self._stdin_drained(process)
+            )
+
+    def _stdin_drained(self, process: Process) -> None:
+        self._stdin_backlogged.discard(process)
+        if not self._stdin_backlogged and not self.transport.disconnecting:
+            self._handle_held()  # before anything newer: in order
+            self._resume_reading()
 
     def _send(self, topic: str, matchtag: int, payload: dict) -> None:
         self.sendMessage(
@@ -1149,7 +1169,14 @@ class ClientProtocol(StdioReceivingProtocol):
         """Whether what is read now must wait: the connection is paused, or
         has too many requests awaiting their answer, or what was read
         before still waits (responses keep the requests' order)."""
-        return self._paused or self._too_many_unanswered or bool(self._held)
+        return self._blocked or bool(self._held)
+
+    @property
+    def _blocked(self) -> bool:
+        """Whether no request may be handled now: the client reads too
+        slowly, has too many awaiting systemd, or wrote too far ahead of a
+        process's stdin."""
+        return self._paused or self._too_many_unanswered or bool(self._stdin_backlogged)
 
     @property
     def _too_many_unanswered(self) -> bool:
@@ -1191,11 +1218,7 @@ class ClientProtocol(StdioReceivingProtocol):
     def _handle_held(self) -> None:
         """Handle what was held, oldest first, until paused again (or at
         the cap of requests awaiting their answer)."""
-        while (
-            self._held
-            and not (self._paused or self._too_many_unanswered)
-            and not self.transport.disconnecting
-        ):
+        while self._held and not self._blocked and not self.transport.disconnecting:
             request = self._held.popleft()
             self.request_fds = list(request.fds)  # as when its frame was read
             try:

@@ -344,6 +344,24 @@ async def test_the_matchtag_of_a_stream_ended_while_its_unit_lingers_is_free(
     assert list(server.processes) == [(connection.protocol.connection_id, 1)]
 
 
+@ensureDeferred
+async def test_a_client_without_credit_is_slowed_not_refused(systemd, connection):
+    # RFC 42 makes credit optional (upstream sdexec takes no flag 8): a
+    # write of over 16 KiB was refused with ENOSPC, stdin closed, and sent
+    # as Flux sends it (matchtag 0) the loss was silent.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    data = bytes(range(256)) * 4096  # 1 MiB
+    io = encode_io("stdin", "0", data, eof=True)
+    connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=0)
+    protocol = connection.protocol
+    assert protocol._holding  # nothing more is read meanwhile
+    connection.send("sdexec.list", {}, matchtag=5)
+    assert connection.responses() == []
+    assert await read_to_eof(systemd.process_fd(UNIT, "stdin")) == data
+    await until(lambda: connection.responses(), "the list answered once drained")
+    assert connection.last()["matchtag"] == 5 and not protocol._holding
+
+
 @pytest.mark.parametrize(
     ("payload", "text"),
     [

@@ -18,6 +18,7 @@ import termios
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IPushProducer, IReactorSocket
 from twisted.internet.protocol import Protocol, ServerFactory
 from zope.interface import implementer
@@ -261,7 +262,11 @@ class InputChannel(Protocol):
     not yet credited back is bounded: beyond :attr:`limit`
     (:data:`STDIN_OVERRUN_FACTOR` times ``bufsize``) :meth:`write` raises
     :class:`StdinOverrun` and takes nothing, so a client that ignores its
-    credit cannot make the service buffer without bound.
+    credit cannot make the service buffer without bound. A client that
+    asked for no credit (RFC 42 makes it optional) is not refused: its
+    write is taken, and the channel is :attr:`backlogged` until the
+    process has read it down (:meth:`when_drained`), while its connection
+    reads no more requests.
     """
 
     #: A UNIX socket transport once connected. Twisted types it as
@@ -280,6 +285,7 @@ class InputChannel(Protocol):
         #: Bytes taken (queued or written) and not yet credited back.
         self._owed = 0
         self._closed = False
+        self._drained: list[Deferred[None]] = []
 
     @property
     def limit(self) -> int:
@@ -300,12 +306,28 @@ class InputChannel(Protocol):
         if self._eof_requested:
             self.close()
 
-    def write(self, data: bytes) -> None:
+    @property
+    def backlogged(self) -> bool:
+        """More than :attr:`limit` is held for the process (a client
+        without credit wrote ahead of it)."""
+        return self._owed > self.limit and not self._closed
+
+    def when_drained(self) -> Deferred[None]:
+        """Fires once no longer :attr:`backlogged` (at once if it is not)."""
+        if not self.backlogged:
+            return succeed(None)
+        drained: Deferred[None] = Deferred()
+        self._drained.append(drained)
+        return drained
+
+    def write(self, data: bytes, credited: bool = True) -> None:
         """Write (or queue) ``data``; dropped once the channel is closed.
-        :class:`StdinOverrun` if that would hold more than :attr:`limit`."""
+        :class:`StdinOverrun` if that would hold more than :attr:`limit`,
+        for a client that was given ``credited`` writes (else taken, and
+        :attr:`backlogged`)."""
         if self._closed or self._eof_requested:
             return
-        if self._owed + len(data) > self.limit:
+        if credited and self._owed + len(data) > self.limit:
             raise StdinOverrun(
                 f"stdin: the client overran its credit: {self._owed} bytes held"
                 f" for the process and {len(data)} more sent; the service holds at"
@@ -320,16 +342,21 @@ class InputChannel(Protocol):
             self._grant()
 
     def close(self) -> None:
-        """EOF on the process's stdin, after the queued data."""
+        """EOF on the process's stdin, after the queued data (once the
+        process has read a backlog down: its client waits until then)."""
         self._eof_requested = True
+        if self.backlogged:
+            return  # closed by _grant, as the transport drains
         if self.transport is not None and not self._closed:
             self.transport.unregisterProducer()
             self.transport.loseWriteConnection()
             self._closed = True
+            self._fire_drained()  # what is held is written: nothing more comes
 
     def connectionLost(self, reason: object = None) -> None:
         self._closed = True
         self._queued = []
+        self._fire_drained()
 
     # IPushProducer: the transport tells us when its write buffer is full.
     def pauseProducing(self) -> None:
@@ -341,8 +368,17 @@ class InputChannel(Protocol):
 
     def stopProducing(self) -> None:
         self._closed = True
+        self._fire_drained()
 
     def _grant(self) -> None:
         if self._owed:
             owed, self._owed = self._owed, 0
             self._on_credit(owed)
+            self._fire_drained()
+            if self._eof_requested:
+                self.close()
+
+    def _fire_drained(self) -> None:
+        drained, self._drained = self._drained, []
+        for each in drained:
+            each.callback(None)

@@ -125,7 +125,9 @@ class Job:
         self.cancel()
 
     def cancel(self) -> None:
-        """Stop every timer of the job (it is forgotten, or has ended)."""
+        """Stop every timer of the job (it is forgotten, or has ended), and
+        drop a verdict held for systemd: nothing is left to judge."""
+        self._held_verdict = None
         if self._time_limit is not None:
             self._time_limit.cancel()
         if self._verdict_timer is not None and self._verdict_timer.active():

@@ -1013,6 +1013,7 @@ class Process:
             self._ended = True
             self._responder.error(errnum, errstr)
         self._drop_early_kills()  # if it never started, they never will be
+        self.stdin.discard()  # a backlog would hold its client's connection
         self.output.open()
 
     def _reap(self) -> None:
@@ -1025,7 +1026,7 @@ class Process:
         self._cancel_start_deadline()
         if self._watch is not None:
             self._watch.cancel()
-        self.stdin.close()
+        self.stdin.discard()
         self.output.close()  # if systemd still holds its ends (EDEADLK)
         self._on_reaped(self)
 

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from offline import Connection, Recorder
 from pytest_twisted import ensureDeferred
 from strategies import malformed_terminate_payloads
+from support import until
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock, deferLater
 
@@ -533,6 +534,27 @@ def test_a_job_s_verdict_waits_for_its_unit_s_re_read(make_server, ran_out):
     clock.pump([0.5] * 4)
     assert server.drain_reason is None
     assert {"type": "finished", "status": 0} in responder.responses
+
+
+@ensureDeferred
+async def test_a_held_verdict_dies_with_its_job(make_server):
+    # Reaped (its client left) before its re-read answered: the verdict
+    # held for systemd still came, and drained the node for a job gone.
+    server, systemd, clock = outage_server(make_server)
+    connection = Connection(server)
+    connection.send(Topic.EXEC, job_payload())
+    systemd.run(UNIT, pid=77)
+    systemd.lose()
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    clock.pump([0.5] * 26)  # held
+    connection.close()
+    systemd.hold_refresh = True
+    systemd.stop_to_inactive = True
+    systemd.restore()
+    await until(lambda: not server.processes, "reaped")
+    systemd.answer_refreshes()
+    clock.pump([0.5] * 10)
+    assert server.drain_reason is None
 
 
 def test_the_stop_timer_waits_for_the_unit_s_re_read(make_server):

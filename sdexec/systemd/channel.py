@@ -353,6 +353,14 @@ class InputChannel(Protocol):
             self._closed = True
             self._fire_drained()  # what is held is written: nothing more comes
 
+    def discard(self) -> None:
+        """Nobody waits for the process to read what is held any more (its
+        request is over): drop it, and close stdin, at once."""
+        if self.backlogged and self.transport is not None:
+            self.transport.abortConnection()
+        self._owed = 0
+        self.close()
+
     def connectionLost(self, reason: object = None) -> None:
         self._closed = True
         self._queued = []

@@ -364,7 +364,7 @@ def final_kill_attempt(kill_timeout: float, max_kill_count: int) -> float:
     :data:`MAX_KILL_INTERVAL`. ``(1.0, 4)``: attempts at 5, 6, 8 and 12 s,
     so 12.0.
     """
-    at, interval, attempts = 5 * kill_timeout, kill_timeout, 1
+    at, interval, attempts = exact_seconds(5 * kill_timeout), kill_timeout, 1
     while attempts < max_kill_count:
         at = exact_seconds(at + interval)
         attempts += 1

@@ -173,12 +173,18 @@ def check_local_flags(local_flags: object, streaming: bool) -> None:
 
 
 def plan_exec(
-    payload: Mapping[str, Any], config: Config, containment: Containment
+    payload: Mapping[str, Any],
+    config: Config,
+    containment: Containment,
+    request_frame: int | None = None,
 ) -> ExecPlan:
     """The plan for an ``sdexec.exec`` payload; :class:`RequestError` (or
     the :class:`~sdexec.refusal.RequestRefused` of a limit or the property
     policy) names the first thing wrong with it. Nothing is started or
-    tabled for a refused request."""
+    tabled for a refused request.
+    ``request_frame``: the largest message the requesting connection reads
+    (a connection keeps the ``max-frame-size`` it was made with, across
+    reloads): a write within the stdin credit must fit it."""
     flags = _flags(payload.get("flags"))
     command = _command(payload.get("cmd"))
     if flags & ExecFlag.CHANNEL or command.channels:
@@ -214,7 +220,9 @@ def plan_exec(
         properties=_typed_properties(command, executable, merged, sources),
         flags=flags,
         output={stream: _output_options(command, stream) for stream in OUTPUT_STREAMS},
-        stdin_bufsize=_stdin_bufsize(command, config.sdexec.max_frame_size),
+        stdin_bufsize=_stdin_bufsize(
+            command, request_frame or config.sdexec.max_frame_size
+        ),
         stop_timer=stop_timer,
         fence=IDset(allowed_cpus) if allowed_cpus else None,
         fence_mems=IDset(allowed_mems) if allowed_mems else None,

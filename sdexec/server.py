@@ -193,6 +193,7 @@ class SdexecServer:
         streaming: bool = True,
         stdio: PassedStdio = NO_STDIO,
         valve: OutputValve | None = None,
+        request_frame: int | None = None,
     ) -> None:
         """Start a process for an ``sdexec.exec`` request (``streaming``
         false: in the background, sdexec/background.py), with the
@@ -200,7 +201,9 @@ class SdexecServer:
         raises); its output held back by ``valve``, its connection's."""
         self._refuse_if_unavailable()
         check_local_flags(payload.get("local_flags", 0), streaming)
-        plan = self._own(plan_exec(payload, self.config, self.containment))
+        plan = self._own(
+            plan_exec(payload, self.config, self.containment, request_frame)
+        )
         if plan.mapped:
             self.count("mapper")  # the mapper ran, whatever is refused next
         self._check_label_free(plan.command.label)
@@ -1090,6 +1093,7 @@ class ClientProtocol(StdioReceivingProtocol):
                 responder,
                 stdio=stdio,
                 valve=self.valve,
+                request_frame=self.max_frame,
             )
         except BaseException:
             stdio.close()

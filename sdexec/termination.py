@@ -151,7 +151,7 @@ class TerminationPolicy:
     @property
     def shell_phase_start(self) -> float:
         """Seconds from the start until the first direct attempt."""
-        return SHELL_PHASE_FACTOR * self.kill_timeout
+        return exact_seconds(SHELL_PHASE_FACTOR * self.kill_timeout)
 
 
 @dataclass

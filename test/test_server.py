@@ -343,6 +343,18 @@ async def test_the_matchtag_of_a_stream_ended_while_its_unit_lingers_is_free(
     assert list(server.processes) == [(connection.protocol.connection_id, 1)]
 
 
+def test_stdin_credit_is_bounded_by_the_connection_s_own_frame(connection):
+    # A connection keeps the max-frame-size it was made with: one made under
+    # 1M was granted 2 MiB of credit after a reload to 64M, and a write
+    # within it was a framing error that ended the connection.
+    connection.protocol.max_frame = 1024 * 1024
+    cmd = {**TRUE, "opts": {"SDEXEC_NAME": "sdexec-t", "stdin_BUFSIZE": "2M"}}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd})
+    errnum, errstr = error_of(connection.last())
+    assert errnum == errno.EINVAL
+    assert errstr.startswith("stdin_BUFSIZE: must be from 1 byte to 163840 bytes")
+
+
 @ensureDeferred
 async def test_a_client_without_credit_is_slowed_not_refused(systemd, connection):
     # RFC 42 makes credit optional (upstream sdexec takes no flag 8): a

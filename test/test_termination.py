@@ -134,6 +134,16 @@ def test_an_attempt_on_a_decimal_max_kill_timeout_is_sent():
     assert final_kill_attempt(1.1, 4) == 13.2
 
 
+def test_the_first_attempt_on_a_decimal_max_kill_timeout_is_sent():
+    # 5 x 0.14 is 0.7000000000000001: past a max-kill-timeout of 0.7 the
+    # job was unkillable after no attempt at all.
+    policy = TerminationPolicy(kill_timeout=0.14, max_kill_timeout=0.7)
+    clock, target, sequence = started(policy)
+    run_out(clock, sequence)
+    assert target.times("main") == [0.7]
+    assert final_kill_attempt(0.14, 1) == 0.7
+
+
 def test_max_kill_timeout_before_the_shell_phase():
     policy = TerminationPolicy(kill_timeout=10.0, max_kill_timeout=25.0)
     clock, target, sequence = started(policy)

@@ -376,7 +376,7 @@ class Process:
         except BaseException:
             self._undo_start(pairs)
             raise
-        if self.plan.flags & ExecFlag.WRITE_CREDIT and "stdin" not in passed:
+        if self.credits_stdin and "stdin" not in passed:
             self._send(
                 {"type": "add-credit", "channels": {"stdin": self.stdin.bufsize}}
             )
@@ -825,7 +825,7 @@ class Process:
         }
 
     def _add_credit(self, nbytes: int) -> None:
-        if self.plan.flags & ExecFlag.WRITE_CREDIT:
+        if self.credits_stdin:
             self._send({"type": "add-credit", "channels": {"stdin": nbytes}})
 
     # -- the end -------------------------------------------------------------

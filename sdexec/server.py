@@ -1030,9 +1030,14 @@ class ClientProtocol(StdioReceivingProtocol):
         was_full = self._too_many_unanswered
         self._unanswered -= 1
         if was_full:
-            self._handle_held()  # before anything newer: in order
-            self._resume_reading()
+            self._unblocked()
         return result  # a failure to send the answer is still reported
+
+    def _unblocked(self) -> None:
+        """What kept requests from being handled has gone: those held
+        first, in order, then reading again (unless blocked anew)."""
+        self._handle_held()
+        self._resume_reading()
 
     def _log_silent_write_refusal(self, errstr: str) -> None:
         if not self._silent_write_refused:
@@ -1140,8 +1145,7 @@ class ClientProtocol(StdioReceivingProtocol):
     def _stdin_drained(self, process: Process) -> None:
         self._stdin_backlogged.discard(process)
         if not self._stdin_backlogged and not self.transport.disconnecting:
-            self._handle_held()  # before anything newer: in order
-            self._resume_reading()
+            self._unblocked()
 
     def _send(self, topic: str, matchtag: int, payload: dict) -> None:
         self.sendMessage(

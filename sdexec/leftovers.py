@@ -350,6 +350,11 @@ class Leftovers:
     def _stopping(self) -> bool:
         return self.server.config.sdexec.leftover_units == "stop"
 
+    @property
+    def _stop_now(self) -> bool:
+        """Whether a leftover found or followed now is stopped now."""
+        return self._stopping and not self._stops_held
+
     def scan(self, origins: Mapping[str, str] | None = None) -> defer.Deferred[None]:
         """List the manager's services, adopt the marked ones nobody tracks,
         and follow (and, per ``leftover-units``, stop) every leftover.
@@ -431,7 +436,7 @@ class Leftovers:
             action=self._action(self._stopping),
         )
         self._drain_for_stopping()
-        if self._stopping and not self._stops_held:
+        if self._stop_now:
             unit.stop()
 
     def _listed(self, listing: list[tuple], origins: Mapping[str, str]) -> None:
@@ -447,7 +452,7 @@ class Leftovers:
         per ``leftover-units``, with systemd's return if one is owed."""
         restored_at, self._restored_at = self._restored_at, None
         for unit in list(self.units.values()):
-            unit.follow(self._stopping and not self._stops_held, restored_at)
+            unit.follow(self._stop_now, restored_at)
 
     def _adopt_listed(self, listing: list[tuple], origins: Mapping[str, str]) -> None:
         """Adopt what ``listing`` holds that nobody follows, and follow it
@@ -458,7 +463,7 @@ class Leftovers:
         if new:
             self._drain_for_stopping()
         for unit in new:
-            unit.follow(self._stopping and not self._stops_held)
+            unit.follow(self._stop_now)
 
     def _adopt_new(
         self, listing: list[tuple], origins: Mapping[str, str]

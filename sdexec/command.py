@@ -167,16 +167,11 @@ def _path_found(cwd: str, candidate: str, cwd_fd: int | None) -> str:
     if ".." not in joined.split("/"):
         return os.path.normpath(joined)
     directory, name = os.path.split(candidate)
-    try:
-        fd = os.open(directory or ".", _DIRECTORY_FLAGS, dir_fd=cwd_fd)
-    except (OSError, ValueError):
-        return os.path.normpath(joined)
-    try:
-        return os.path.join(os.readlink(f"/proc/self/fd/{fd}"), name)
-    except OSError:  # no /proc
-        return os.path.normpath(joined)
-    finally:
-        os.close(fd)
+    with _opened_directory(directory or ".", cwd_fd) as fd:
+        if fd is not None:
+            with contextlib.suppress(OSError):  # no /proc
+                return os.path.join(os.readlink(f"/proc/self/fd/{fd}"), name)
+    return os.path.normpath(joined)
 
 
 #: A directory opened to look names up from, not to read.
@@ -184,10 +179,11 @@ _DIRECTORY_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 @contextlib.contextmanager
-def _opened_directory(path: str) -> Iterator[int | None]:
-    """``path`` opened as a directory to look names up from, or ``None``."""
+def _opened_directory(path: str, dir_fd: int | None = None) -> Iterator[int | None]:
+    """``path`` (relative to ``dir_fd``) opened as a directory to look names
+    up from, or ``None``."""
     try:
-        fd = os.open(path, _DIRECTORY_FLAGS)
+        fd = os.open(path, _DIRECTORY_FLAGS, dir_fd=dir_fd)
     except (OSError, ValueError):
         yield None
         return

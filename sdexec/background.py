@@ -604,7 +604,7 @@ class TrackedProcesses:
             tracked.process.join_valve(valve)
             # Its replay may have filled the connection: the live output
             # waits too.
-            valve.wrote(tracked.process, 0)
+            valve.hold_if_paused(tracked.process)
         self._forget_if_consumed(tracked)
 
     def _forget_if_consumed(self, tracked: Tracked) -> None:

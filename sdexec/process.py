@@ -136,6 +136,12 @@ class OutputValve:
                 for member in list(self._members):
                     self._hold(member)
 
+    def hold_if_paused(self, process: Process) -> None:
+        """Hold ``process``'s output back while the connection is paused
+        (one that joined a paused connection, say)."""
+        if self.paused:
+            self._hold(process)
+
     def _hold(self, process: Process) -> None:
         if process not in self._held:
             self._held[process] = None

@@ -84,7 +84,7 @@ class SystemdNotifier:
 
 def _one_line(value: object) -> str:
     """A value as one line: systemd reads a line per assignment, and a
-    status may quote request text (a drain naming a job id)."""
+    status may quote systemd's error text (a drain's reason)."""
     return str(value).replace("\r", "\\r").replace("\n", "\\n")
 
 

@@ -281,8 +281,10 @@ class TerminationSequence:
         return self._progress.task_kills + 1 < SHELL_PHASE_FACTOR
 
     def _next_task_kill_at(self) -> float:
-        # A multiple, not a running sum, so no rounding error accumulates.
-        return (self._progress.task_kills + 1) * self.policy.kill_timeout
+        # A multiple, not a running sum, so no rounding error accumulates;
+        # rounded all the same: 3 * 0.1 is 0.30000000000000004, past a
+        # max-kill-timeout of 0.3, and the kill due then was never sent.
+        return exact_seconds((self._progress.task_kills + 1) * self.policy.kill_timeout)
 
     def _fire(self) -> None:
         self._timer = None

@@ -144,6 +144,18 @@ def test_the_first_attempt_on_a_decimal_max_kill_timeout_is_sent():
     assert final_kill_attempt(0.14, 1) == 0.7
 
 
+@pytest.mark.parametrize("kill_timeout", [0.1, 1.1])
+def test_a_task_kill_on_a_decimal_max_kill_timeout_is_sent(kill_timeout):
+    # 3 x 0.1 is 0.30000000000000004 (3 x 1.1, 3.3000000000000003): past a
+    # max-kill-timeout of 0.3 the third kill of the tasks was never sent.
+    deadline = round(3 * kill_timeout, 9)
+    policy = TerminationPolicy(kill_timeout=kill_timeout, max_kill_timeout=deadline)
+    clock, target, sequence = started(policy)
+    run_out(clock, sequence)
+    expected = [0.0, kill_timeout, 2 * kill_timeout, deadline]
+    assert target.times("tasks") == pytest.approx(expected)
+
+
 def test_max_kill_timeout_before_the_shell_phase():
     policy = TerminationPolicy(kill_timeout=10.0, max_kill_timeout=25.0)
     clock, target, sequence = started(policy)

@@ -441,8 +441,17 @@ class Process:
             except StdinOverrun as overrun:
                 self.stdin.close()
                 raise RequestError(errno.ENOSPC, str(overrun)) from None
+            self._drop_backlog_once_exited()
         if eof:
             self.stdin.close()
+
+    def _drop_backlog_once_exited(self) -> None:
+        """Once ``finished`` is sent its main process reads nothing more: a
+        stdin backlog would hold its client's connection until the unit is
+        gone (a lingering child, the whole stop timer), so it is dropped and
+        stdin closed."""
+        if Sent.FINISHED in self._sent and self.stdin.backlogged:
+            self.stdin.discard()
 
     @property
     def credits_stdin(self) -> bool:
@@ -767,6 +776,7 @@ class Process:
         held back for it."""
         finished = {"type": "finished", "status": self.exit_status, **receipt}
         self._once(Sent.FINISHED, finished)
+        self._drop_backlog_once_exited()
         for stream in self._eofs_after_finished:
             self._forward_eof(stream)
         self._eofs_after_finished.clear()

@@ -388,6 +388,44 @@ async def test_a_stream_that_ends_drops_its_stdin_backlog(systemd, server, conne
     await until(lambda: connection.last().get("matchtag") == 5, "the list answered")
 
 
+def _finished(connection) -> bool:
+    return any(
+        r.get("payload", {}).get("type") == "finished" for r in connection.responses()
+    )
+
+
+@ensureDeferred
+async def test_a_process_that_exited_drops_its_stdin_backlog(
+    systemd, server, connection
+):
+    # Its main process gone without reading, a child lingering on its unit:
+    # the backlog held the connection's every request for the stop timer.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT, pid=4242)
+    io = encode_io("stdin", "0", b"x" * (1024 * 1024), eof=True)
+    connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=0)
+    assert connection.protocol._holding
+    systemd.exit(UNIT)
+    await until(lambda: _finished(connection), "finished sent")
+    systemd.deactivate(UNIT)  # lingers
+    connection.send("sdexec.list", {}, matchtag=5)
+    await until(lambda: connection.last().get("matchtag") == 5, "the list answered")
+
+
+@ensureDeferred
+async def test_a_write_after_finished_does_not_backlog(systemd, server, connection):
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT, pid=4242)
+    systemd.exit(UNIT)
+    await until(lambda: _finished(connection), "finished sent")
+    systemd.deactivate(UNIT)
+    io = encode_io("stdin", "0", b"x" * (1024 * 1024), eof=False)
+    connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=0)
+    assert not connection.protocol._holding
+    connection.send("sdexec.list", {}, matchtag=5)
+    assert connection.last().get("matchtag") == 5
+
+
 @pytest.mark.parametrize(
     ("payload", "text"),
     [

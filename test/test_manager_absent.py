@@ -2,7 +2,8 @@
 that stays up without the manager, the client drops the bus after
 ``MANAGER_ABSENT_S`` so that its backoff reconnects to the bus address,
 where a new manager may listen with a new bus (test_manager_killed.py runs
-that against real managers). A fake bus and a Clock drive it here."""
+that against real managers). A fake bus and a Clock drive it here, and
+the manager's bus name, whose signals alone the client takes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pytest_twisted import ensureDeferred
 from support import until
 from twisted.internet.task import Clock
 
-from sdexec.systemd.bus import MANAGER_ABSENT_S, SystemdClient
+from sdexec.systemd.bus import MANAGER_ABSENT_S, SystemdClient, unit_object_path
 
 DBUS = "org.freedesktop.DBus"
 SYSTEMD = "org.freedesktop.systemd1"
@@ -23,10 +24,12 @@ SYSTEMD = "org.freedesktop.systemd1"
 class FakeBus:
     """What SystemdClient uses of a connected dbus-fast MessageBus; every
     method call (the Subscribe to a returned manager, the Get of its
-    cgroup) succeeds, but those ``answers`` script (member → a function of
-    the call, returning the reply)."""
+    cgroup) succeeds, ``GetNameOwner`` names the manager's :attr:`owner`,
+    but those ``answers`` script (member → a function of the call,
+    returning the reply)."""
 
     def __init__(self, answers: dict | None = None) -> None:
+        self.owner = ":1.5"
         self.handlers: list = []
         self.calls: list[str] = []
         self.answers = dict(answers or {})
@@ -41,6 +44,13 @@ class FakeBus:
         answer = self.answers.get(message.member)
         if answer is not None:
             return answer(message)
+        if message.member == "GetNameOwner":
+            if not self.owner:
+                return failed("org.freedesktop.DBus.Error.NameHasNoOwner")
+            return Message(
+                message_type=MessageType.METHOD_RETURN, reply_serial=1,
+                signature="s", body=[self.owner],
+            )  # fmt: skip
         return Message(message_type=MessageType.METHOD_RETURN, reply_serial=1)
 
     @property
@@ -58,10 +68,20 @@ class FakeBus:
             self._closed.set_result(None)
 
     def owner_changed(self, old: str, new: str) -> None:
+        self.owner = new
         signal = Message(
             message_type=MessageType.SIGNAL, sender=DBUS, path="/org/freedesktop/DBus",
             interface=DBUS, member="NameOwnerChanged", signature="sss",
             body=[SYSTEMD, old, new],
+        )  # fmt: skip
+        for handler in self.handlers:
+            handler(signal)
+
+    def properties_changed(self, unit: str, changed: dict, sender: str) -> None:
+        signal = Message(
+            message_type=MessageType.SIGNAL, sender=sender, path=unit_object_path(unit),
+            interface="org.freedesktop.DBus.Properties", member="PropertiesChanged",
+            signature="sa{sv}as", body=["org.freedesktop.systemd1.Unit", changed, []],
         )  # fmt: skip
         for handler in self.handlers:
             handler(signal)
@@ -114,7 +134,7 @@ async def test_a_manager_back_in_time_keeps_the_bus():
     bus.owner_changed("", ":1.9")
     await until(lambda: restored, "the Subscribe's reply")
     # Subscribed again, and its cgroup read (where a lost unit's is).
-    assert bus.calls == ["Subscribe", "Get"]
+    assert bus.calls == ["Subscribe", "GetNameOwner", "Get"]
     assert (restored, client.connected) == ([True], True)
     assert clock.getDelayedCalls() == []
     clock.advance(MANAGER_ABSENT_S)
@@ -155,7 +175,10 @@ async def test_a_manager_that_leaves_while_being_subscribed_is_not_back(
     client.on_restored = lambda: restored.append(True)
     bus.owner_changed(":1.5", "")
     bus.owner_changed("", ":1.9")
-    await until(lambda: bus.calls == ["Subscribe", "Get"], "subscribed, then left")
+    await until(
+        lambda: bus.calls == ["Subscribe", "GetNameOwner", "Get"],
+        "subscribed, then left",
+    )
     assert not client.connected and restored == []
     assert client._absent_timer is not None and client._absent_timer.active()
     bus.owner_changed("", ":1.10")  # one comes back for good
@@ -189,3 +212,26 @@ async def test_a_call_on_a_bus_closed_but_not_yet_heard_of_fails_at_once():
     await until(lambda: outcome, "the call ended")
     assert "reconnecting to systemd" in str(outcome[0].value)
     assert client.window.in_flight == 0
+
+
+@ensureDeferred
+async def test_only_the_managers_own_signals_are_taken():
+    # Any peer may send a signal to the client's unique name (the system
+    # bus lets every local user): a forged "exited" finished a running job
+    # with a made-up status and stopped it.
+    bus, clock = FakeBus(), Clock()
+    client = connected_client(bus, clock)
+    bus.owner_changed(":1.5", ":1.9")  # re-executed: subscribed anew
+    await until(lambda: client.connected and "Get" in bus.calls, "subscribed")
+    seen: list[str] = []
+    client.watch_unit("job.service", lambda state: seen.append(state["SubState"]))
+    for sender, state in [(":1.666", "exited"), (":1.9", "running"), (None, "dead")]:
+        bus.properties_changed("job.service", {"SubState": Variant("s", state)}, sender)
+    assert seen == ["running"]
+    bus.owner_changed(":1.9", "")  # it died; a new one came
+    bus.owner_changed("", ":1.10")
+    await until(lambda: client.connected, "subscribed to the new one")
+    bus.properties_changed("job.service", {"SubState": Variant("s", "failed")}, ":1.9")
+    bus.properties_changed("job.service", {"SubState": Variant("s", "dead")}, ":1.10")
+    assert seen == ["running", "dead"]
+    client.disconnect()

@@ -68,6 +68,8 @@ DBUS = "org.freedesktop.DBus"
 DBUS_PATH = "/org/freedesktop/DBus"
 #: Calls to a name nobody owns (the manager is away).
 SERVICE_UNKNOWN = "org.freedesktop.DBus.Error.ServiceUnknown"
+#: ``GetNameOwner`` of a name nobody owns.
+NAME_HAS_NO_OWNER = "org.freedesktop.DBus.Error.NameHasNoOwner"
 #: ``Subscribe`` of a client a re-executed manager still has.
 ALREADY_SUBSCRIBED = "org.freedesktop.systemd1.AlreadySubscribed"
 #: The callee left the bus before replying.
@@ -255,6 +257,12 @@ class SystemdClient:
         #: How many times a manager has left the bus: a subscription made
         #: while one left again is not a manager back.
         self._departures = 0
+        #: The manager's unique bus name: only its ``PropertiesChanged``
+        #: are taken. The match rule asks for the manager's broadcasts, but
+        #: any peer may send a signal to this connection by name (the system
+        #: bus lets every local user), and a forged "exited" would end a
+        #: running job.
+        self._manager_owner: str | None = None
         self._adopt(bus)
 
     @classmethod
@@ -301,6 +309,7 @@ class SystemdClient:
 
     def _adopt(self, bus: MessageBus) -> None:
         self._bus = bus
+        self._manager_owner = None  # a name on another bus: learnt anew
         bus.add_message_handler(self._on_message)
         Deferred.fromFuture(asyncio.ensure_future(bus.wait_for_disconnect())).addBoth(
             self._bus_closed, bus
@@ -319,7 +328,15 @@ class SystemdClient:
             # A re-executed manager keeps its subscribers.
             if error.name != ALREADY_SUBSCRIBED:
                 raise
+        self._manager_owner = await self._name_owner(SYSTEMD)
         self.control_group = await self._manager_cgroup()
+
+    async def _name_owner(self, name: str) -> str:
+        """The unique bus name that owns ``name`` now."""
+        body = await self._call(DBUS, DBUS_PATH, DBUS, "GetNameOwner", "s", [name])
+        if not body or not isinstance(body[0], str):
+            raise SystemdError(NAME_HAS_NO_OWNER, f"GetNameOwner: no owner of {name}")
+        return body[0]
 
     async def _manager_cgroup(self) -> str | None:
         """The manager's ``ControlGroup``; ``None`` if it cannot be read (a
@@ -641,6 +658,8 @@ class SystemdClient:
         if message.message_type != MessageType.SIGNAL:
             return
         if message.member == "PropertiesChanged" and message.interface == PROPERTIES:
+            if message.sender is None or message.sender != self._manager_owner:
+                return  # not the manager's (see _manager_owner)
             path = message.path or ""
             if self._watches.follows(path):  # the match rule takes every unit's
                 _interface, changed, invalidated = message.body
@@ -656,6 +675,7 @@ class SystemdClient:
         """The manager left the bus (it died), came back, or was replaced
         (``daemon-reexec``: one owner straight to the next). A new owner
         knows nothing of our subscription or of what we missed."""
+        self._manager_owner = new_owner or None
         if old_owner:
             self._departures += 1
             self._lose("the systemd manager left the bus")

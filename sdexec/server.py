@@ -34,6 +34,7 @@ from sdexec.containment import Containment, Fences, judge_fences
 from sdexec.devicefence import CANARY_TIMEOUT_SECONDS, CanaryResponder, canary_plan
 from sdexec.fdlimit import no_room_for_a_process
 from sdexec.framing import FramingError
+from sdexec.hangup import HangupWatcher
 from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
 from sdexec.jobs import Jobs
@@ -102,6 +103,8 @@ class SdexecServer:
         self.config = config
         self.reactor = reactor
         self.clock = clock or reactor
+        #: Sees clients close connections that are not read meanwhile.
+        self.hangups = HangupWatcher(reactor)
         self.containment = containment or Containment(config, None)
         self._all_reaped: list[defer.Deferred[None]] = []
         #: Answers to the shutdown's own signals: not progress of the stop.
@@ -860,6 +863,9 @@ class ClientProtocol(StdioReceivingProtocol):
         #: Processes whose stdin holds more than its limit of this client's
         #: writes (no credit asked): its requests wait until they drain.
         self._stdin_backlogged: set[Process] = set()
+        #: The socket watched for the client's close meanwhile (it is not
+        #: read, so Twisted would not see it).
+        self._hangup_fd: int | None = None
         #: Requests whose answer is a Deferred not fired yet (kills).
         self._unanswered = 0
         #: What was read but not yet handled, oldest first (while paused, or
@@ -926,6 +932,7 @@ class ClientProtocol(StdioReceivingProtocol):
         self.transport.loseConnection()
 
     def connectionLost(self, reason: object = None) -> None:
+        self._unwatch_hangup()
         held, self._held = self._held, deque()
         close_fds(fd for request in held for fd in request.fds)
         super().connectionLost(reason)
@@ -1138,14 +1145,38 @@ class ClientProtocol(StdioReceivingProtocol):
             # more is read from it until the process has read that down.
             self._stdin_backlogged.add(process)
             self.transport.pauseProducing()
+            self._watch_hangup()
             process.stdin.when_drained().addCallback(
                 lambda _: self._stdin_drained(process)
             )
 
     def _stdin_drained(self, process: Process) -> None:
         self._stdin_backlogged.discard(process)
-        if not self._stdin_backlogged and not self.transport.disconnecting:
-            self._unblocked()
+        if not self._stdin_backlogged:
+            self._unwatch_hangup()
+            if not self.transport.disconnecting:
+                self._unblocked()
+
+    def _watch_hangup(self) -> None:
+        if self._hangup_fd is None:
+            self._hangup_fd = self.transport.getHandle().fileno()
+            self.server.hangups.watch(self._hangup_fd, self._hung_up)
+
+    def _unwatch_hangup(self) -> None:
+        if self._hangup_fd is not None:
+            self.server.hangups.unwatch(self._hangup_fd)
+            self._hangup_fd = None
+
+    def _hung_up(self) -> None:
+        """The client closed the connection while its requests waited for a
+        process to read its stdin: it is gone, and so are they."""
+        self._hangup_fd = None
+        log.info(
+            "connection {id}: the client closed it while it waited for a "
+            "process to read its stdin",
+            id=self.connection_id,
+        )
+        self.transport.abortConnection()
 
     def _send(self, topic: str, matchtag: int, payload: dict) -> None:
         self.sendMessage(

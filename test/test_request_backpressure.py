@@ -391,6 +391,58 @@ def test_answers_after_the_client_left_are_harmless(systemd, server, kills_held)
     assert systemd.kills().count(10) == MAX_UNANSWERED  # the held one: dropped
 
 
+# -- a client that closes a connection not read meanwhile --------------------
+
+
+NO_CREDIT = int(ExecFlag.STDOUT | ExecFlag.STDERR)
+
+
+async def send_all(sock: socket.socket, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view) :]
+        except BlockingIOError:
+            await sleep(0.01)
+
+
+@ensureDeferred
+async def test_a_client_that_closes_a_connection_held_for_stdin_is_seen_gone(
+    systemd, server, tmp_path
+):
+    # Not read while its process's stdin is backlogged (no credit asked),
+    # with nothing to write to it, the socket was polled for nothing: the
+    # close went unseen, the process ran on, the connection's slot was held.
+    from twisted.internet.endpoints import UNIXServerEndpoint
+
+    from sdexec.ioencode import encode_io
+
+    path = str(tmp_path / "sdexec.sock")
+    port = await UNIXServerEndpoint(reactor, path).listen(SdexecServerFactory(server))
+    client = socket.socket(socket.AF_UNIX)
+    client.connect(path)
+    client.setblocking(False)
+    try:
+        cmd = {"cmdline": ["/bin/true"], "opts": {"SDEXEC_NAME": "sdexec-t"}}
+        await send_all(
+            client, request("sdexec.exec", {"flags": NO_CREDIT, "cmd": cmd}, 1)
+        )
+        await until(lambda: server.processes, "the exec handled")
+        systemd.run("sdexec-t.service", pid=4242)  # runs, never reads stdin
+        (process,) = server.processes.values()
+        io = encode_io("stdin", "0", b"x" * (4 << 20), eof=False)
+        await send_all(client, request("sdexec.write", {"matchtag": 1, "io": io}, 0))
+        await until(lambda: process.stdin.backlogged, "stdin backlogged")
+        assert server.connections.total == 1
+        client.close()
+        await until(lambda: server.connections.total == 0, "the connection released")
+        assert ("stop", "sdexec-t.service") in systemd.calls
+        assert server.hangups.fileno() == -1  # nothing left watched
+    finally:
+        client.close()
+        await port.stopListening()
+
+
 # -- against the real manager, over the real socket ------------------------------
 
 

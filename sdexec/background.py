@@ -184,7 +184,7 @@ class Tracked:
         kind = payload.get("type")
         if kind == "finished":
             self.finished = payload
-            self._end_consumed = self.attached
+            self._end_consumed = self._end_consumed or self.attached
         if self.mode is Mode.BACKGROUND and kind == "started":
             self._answer_exec(payload)
         elif self._client is not None and self.mode is not Mode.BACKGROUND:
@@ -198,6 +198,7 @@ class Tracked:
         if client is not None:
             client.responder.error(errnum, errstr)
         if self.attached:
+            self._end_consumed = True  # as an attach made after it would
             self._to_background()
 
     def tap(self, stream: str, data: bytes, eof: bool) -> None:
@@ -225,6 +226,8 @@ class Tracked:
             )
         if self.attached:
             raise RequestError(errno.EBUSY, f"{self._name}: a client is attached")
+        if self._end_consumed:
+            raise RequestError(errno.ESRCH, self._end_went_to_an_attach)
         self._waiter = waiter
         if self.reaped:
             self._answer_waiter()
@@ -241,6 +244,10 @@ class Tracked:
             raise RequestError(errno.EBUSY, f"{self._name}: a wait is pending")
         if not self._started:
             raise RequestError(errno.EBUSY, f"{self._name}: not started yet")
+        if self._end_consumed:
+            # Its unit lingers on (a child, the stop timer), but RFC 42: an
+            # end delivered to an attached client is not delivered again.
+            raise RequestError(errno.ENOENT, self._end_went_to_an_attach)
         self.mode, self._client = Mode.ATTACHED, client
         # The replay is written whatever the client reads (sent_to).
         self.sent_to = client.connection_id
@@ -310,6 +317,10 @@ class Tracked:
     @property
     def _name(self) -> str:
         return f"pid {self.pid}" if self.pid > 0 else f"label {self.label!r}"
+
+    @property
+    def _end_went_to_an_attach(self) -> str:
+        return f"{self._name}: has ended, and its end went to an attached client"
 
     def _answer_exec(self, started: dict[str, Any]) -> None:
         client, self._client = self._client, None

@@ -1005,3 +1005,80 @@ def test_an_attach_replay_stays_within_11_times_retained_output(systemd):
     assert 8 * size < len(viewer.transport.value()) <= 11 * size
     viewer.close()
     client.close()
+
+
+# -- found by a review (notes/review-session29-AB.md) ------------------------
+
+
+def lingering_waitable(systemd, client, label: str) -> None:
+    """A waitable background process that exited 3, a child keeping its
+    unit (deactivating, tabled)."""
+    systemd.stop_to_inactive = True
+    client.bg(flags=WAITABLE, label=label)
+    systemd.run(UNIT, pid=8)
+    systemd.exit(UNIT, 3)
+    systemd.deactivate(UNIT)
+
+
+def attached_once(server, label: str) -> list:
+    viewer = Client(server)
+    viewer.send("sdexec.attach", {"label": label}, matchtag=1)
+    stream = payloads(viewer.of(1))
+    viewer.close()
+    return stream
+
+
+@ensureDeferred
+async def test_an_end_an_attach_consumed_is_not_waited_for_while_the_unit_lingers(
+    systemd, server, client
+):
+    # RFC 42: a waitable process whose `finished` reached an attached client
+    # "SHALL NOT be waited on or attached to again"; a wait still got it.
+    lingering_waitable(systemd, client, "w")
+    assert {"type": "finished", "status": 3 << 8}.items() <= attached_once(server, "w")[
+        1
+    ].items()
+    client.send("sdexec.wait", {"label": "w"}, matchtag=2)
+    assert payloads(client.of(2)) == [
+        (errno.ESRCH, "pid 8: has ended, and its end went to an attached client")
+    ]
+    again = attached_once(server, "w")
+    assert again == [
+        (errno.ENOENT, "pid 8: has ended, and its end went to an attached client")
+    ]
+    systemd.release(UNIT)
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    await until(lambda: not server.processes, "reaped")
+    assert server.list()["procs"] == []
+
+
+@pytest.mark.parametrize("flags", [0, WAITABLE], ids=["background", "waitable"])
+def test_one_attach_has_the_replay_of_an_ended_stream_whose_unit_lingers(
+    systemd, server, client, flags
+):
+    # Each attach got the whole replay and detached at once: any number of
+    # connections could hold one unread, past max-background's bound.
+    abandoned(systemd, server, client, flags, "a")
+    first = attached_once(server, "a")
+    assert first[0]["type"] == "attached" and first[-1][0] == errno.EDEADLK
+    assert attached_once(server, "a") == [
+        (errno.ENOENT, "pid 8: has ended, and its end went to an attached client")
+    ]
+
+
+@ensureDeferred
+async def test_an_error_end_an_attached_client_saw_is_not_kept(systemd, server, client):
+    # Only `finished` counted as delivered: an EDEADLK seen live kept the
+    # process, and its max-waitable slot, for a wait to get it again.
+    systemd.stop_to_inactive = True
+    client.bg(flags=WAITABLE, label="j", SDEXEC_JOBID="f1")
+    systemd.run(UNIT, pid=8)
+    viewer = Client(server)
+    viewer.send("sdexec.attach", {"label": "j"}, matchtag=1)
+    server.units[UNIT].unkillable("unkillable user processes for job f1")
+    assert payloads(viewer.of(1))[-1][0] == errno.EDEADLK
+    systemd.release(UNIT)
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    await until(lambda: not server.processes, "reaped")
+    assert server.list()["procs"] == []
+    viewer.close()

@@ -29,10 +29,13 @@ class SystemdOutage:
         self._server = server
         self._timer: IDelayedCall | None = None
         self._drain_reason: str | None = None  # the one this drained with
+        self._stopped = False
 
     def lost(self, reason: str) -> None:
-        """systemd went away: drain if it is not back in time."""
-        if self._timer is not None:
+        """systemd went away: drain if it is not back in time (not once the
+        service stops: it waits for its units meanwhile, and would drain a
+        stopped server)."""
+        if self._timer is not None or self._stopped:
             return
         timeout = self._server.config.systemd.reconnect_timeout
         self._timer = self._server.clock.callLater(
@@ -54,6 +57,7 @@ class SystemdOutage:
 
     def stop(self) -> None:
         """The service stops: no drain later."""
+        self._stopped = True
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None

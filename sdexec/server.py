@@ -588,8 +588,7 @@ class SdexecServer:
         stall with systemd away, at once). Leftovers are no longer followed
         (the next run finds what is left)."""
         self.stopping = True
-        for kill in list(self.lost_unit_kills):
-            kill.finish()  # its timer would never fire: what it left ends now
+        self._finish_lost_unit_kills()
         for verdict in list(self._canaries):
             verdict.cancel()  # its process is abandoned below, its timer goes
         if self.leftovers is not None:
@@ -602,7 +601,15 @@ class SdexecServer:
         waiter: defer.Deferred = defer.Deferred()
         self._all_reaped.append(waiter)
         self._check_shutdown_progress(waiter, grace, self._shutdown_mark())
-        return waiter
+        # Also those begun meanwhile (a unit found lost once systemd is back).
+        return waiter.addBoth(self._finish_lost_unit_kills)
+
+    def _finish_lost_unit_kills(self, result: object = None) -> object:
+        """SIGKILL now what lost units left: the service stops, and their
+        timers would never fire."""
+        for kill in list(self.lost_unit_kills):
+            kill.finish()
+        return result
 
     def _shutdown_mark(self) -> tuple[int, int]:
         """What grows while a shutdown progresses (systemd's answers to the

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 from dbus_fast import Message, MessageType, Variant
 from pytest_twisted import ensureDeferred
-from support import until
+from support import sleep, until
 from twisted.internet.task import Clock
 
 from sdexec.systemd.bus import MANAGER_ABSENT_S, SystemdClient, unit_object_path
@@ -43,7 +43,8 @@ class FakeBus:
         self.calls.append(message.member)
         answer = self.answers.get(message.member)
         if answer is not None:
-            return answer(message)
+            reply = answer(message)
+            return await reply if asyncio.iscoroutine(reply) else reply
         if message.member == "GetNameOwner":
             if not self.owner:
                 return failed("org.freedesktop.DBus.Error.NameHasNoOwner")
@@ -235,3 +236,24 @@ async def test_only_the_managers_own_signals_are_taken():
     bus.properties_changed("job.service", {"SubState": Variant("s", "dead")}, ":1.10")
     assert seen == ["running", "dead"]
     client.disconnect()
+
+
+@ensureDeferred
+async def test_no_absent_check_is_armed_once_disconnected():
+    # A returning manager's Subscribe cut short by disconnect() failed, and
+    # armed the check disconnect() had just cancelled.
+    cut_short = asyncio.get_running_loop().create_future()
+
+    async def subscribe(message):
+        await cut_short
+        return failed("org.freedesktop.DBus.Error.Disconnected")
+
+    bus, clock = FakeBus({"Subscribe": subscribe}), Clock()
+    client = connected_client(bus, clock)
+    bus.owner_changed(":1.5", ":1.9")  # re-executed: Subscribe goes out
+    await until(lambda: bus.calls == ["Subscribe"], "the Subscribe sent")
+    client.disconnect()
+    cut_short.set_result(None)
+    await until(lambda: client.disconnected.called, "closed")
+    await sleep(0.01)  # the Subscribe's failure handled
+    assert clock.getDelayedCalls() == []

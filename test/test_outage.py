@@ -11,11 +11,14 @@ import os
 import signal
 
 import pytest
+import pytest_twisted
 from offline import error_of
+from support import until
 from test_server import FLAGS, TRUE, UNIT
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 
+import sdexec.orphans
 import sdexec.process
 from sdexec.config import parse_config
 from sdexec.ioencode import decode_io
@@ -362,6 +365,53 @@ def test_a_shutdown_finishes_the_lost_units_kills_still_to_come(systemd, server)
     server.lost_unit_kills.add(kill)
     server.shutdown(10)
     assert kill.finished == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_lost_unit_found_during_the_shutdown_is_sigkilled_before_it_ends(
+    systemd, server, connection, monkeypatch
+):
+    # The shutdown finished the kills pending when it began; one begun while
+    # it waited (systemd back, the unit reloaded) had its SIGKILL on a timer
+    # that died with the reactor: what ignored the first signal ran on.
+    sent: list[int] = []
+
+    def signal_cgroup(cgroup, signum, root="/"):
+        sent.append(signum)
+        return sdexec.orphans.Signalled(sent={4242})
+
+    monkeypatch.setattr(sdexec.orphans, "signal_cgroup", signal_cgroup)
+    monkeypatch.setattr(
+        sdexec.process, "unit_cgroup", lambda unit, pid, m: f"{m}/app.slice/{unit}"
+    )
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    systemd.change(UNIT, OURS)
+    done: list = []
+    server.shutdown(10).addBoth(done.append)
+    away_and_back(systemd, RELOADED)
+    systemd.release(UNIT)  # what lingers holds no output end
+    await until(lambda: done, "the shutdown's end")
+    assert sent == [signal.SIGUSR1, signal.SIGKILL]
+    assert server.lost_unit_kills == set()
+
+
+def test_systemd_lost_while_the_service_stops_drains_nothing_later(systemd, connection):
+    # stopService stops the outage before the shutdown waits for the units:
+    # a loss meanwhile armed a drain timer that outlived the stop, and
+    # "drained" a stopped server reconnect-timeout later.
+    config = parse_config({"systemd": {"reconnect-timeout": "10s"}})
+    server = connection.protocol.server
+    outage = SystemdOutage(server)
+    systemd.on_lost = outage.lost
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    outage.stop()
+    server.shutdown(5)
+    systemd.lose()
+    server.clock.advance(config.systemd.reconnect_timeout + 5)
+    assert server.drain_reason is None
+    assert [call for call in server.clock.getDelayedCalls() if call.active()] == []
 
 
 def test_a_lost_unit_s_kill_still_to_come_is_the_server_s_to_finish(

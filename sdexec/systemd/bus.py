@@ -437,7 +437,11 @@ class SystemdClient:
 
     def _arm_absent_check(self) -> None:
         """Reconnect to the bus address if the manager is not back on this
-        bus within :data:`MANAGER_ABSENT_S`."""
+        bus within :data:`MANAGER_ABSENT_S` (not once :meth:`disconnect`
+        closed it for good: a Subscribe that cut short fails, and armed it
+        again)."""
+        if self._closing:
+            return
         if self._absent_timer is None or not self._absent_timer.active():
             self._absent_timer = self._clock.callLater(
                 MANAGER_ABSENT_S, self._manager_still_absent

@@ -9,7 +9,7 @@ import errno
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import Result, command, sleep, unit_names, until
+from support import Result, command, unit_names, until
 
 from sdexec.client import STDERR, STDOUT, RPCError
 from sdexec.ioencode import decode_io
@@ -62,7 +62,7 @@ async def test_background_sleep_survives_its_client_and_is_killed(sdexec):
     client = await sdexec.connect()
     pid = await background(client, ["sleep", "300"], label="nap")
     await client.close()
-    await sleep(0.2)
+    await until(lambda: sdexec.server.connections.total == 0, "the client gone")
     (proc,) = procs_of(sdexec)
     assert (proc["pid"], proc["mode"], proc["state"]) == (pid, "background", "R")
     assert len(unit_names()) == 1

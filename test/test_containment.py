@@ -955,6 +955,8 @@ def test_a_process_not_named_in_ascii_has_its_fence_checked(oddly_named_process)
         if "größe".encode() in Path(f"/proc/{pid}/status").read_bytes():
             break
         time.sleep(0.01)
+    else:
+        raise AssertionError("the oddly named program never ran")
     held = own_fences(pid)
     server, responses = fenced_exec({**held, "AllowedCPUs": str(ABSENT_NODE)}, pid)
     assert [error_of(response)[0] for response in responses] == [errno.EIO]

@@ -40,9 +40,15 @@ def system_bus_is_the_user_managers(user_manager, monkeypatch):
 
 
 def slice_of(cgroup_lines: bytes) -> str:
-    """The slice directory right above the unit in the systemd hierarchy."""
-    line = cgroup_lines.decode().splitlines()[0]  # e.g. 9:name=systemd:/…/x.service
-    return line.rsplit("/", 2)[-2]
+    """The slice directory right above the unit in a hierarchy systemd
+    places it in: the unified one (``0::``) or ``name=systemd``. Not the
+    first line: on a hybrid node that may be a v1 controller's, where a
+    user manager places nothing."""
+    for line in cgroup_lines.decode().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers in ("", "name=systemd") and path.endswith(".service"):
+            return path.rsplit("/", 2)[-2]
+    raise AssertionError(f"the unit is in no systemd hierarchy: {cgroup_lines!r}")
 
 
 @pytest.mark.systemd

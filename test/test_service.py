@@ -20,7 +20,6 @@ from support import (
     Result,
     command,
     run,
-    sleep,
     unit_names,
     unit_property,
     until,
@@ -30,6 +29,10 @@ from support import (
 from sdexec.client import RPCError
 
 pytestmark = pytest.mark.systemd
+
+#: What a script says once its trap is set: signalled as soon as it had a
+#: pid, a shell on a slow node died of the signal before reading its trap.
+ARMED = "echo armed"
 
 
 @ensureDeferred
@@ -59,9 +62,20 @@ async def test_a_command_that_ran_owns_its_exit_status_of_200_to_243(sdexec):
     # command has run (started), the same numbers are the command's.
     client = await sdexec.connect()
     for code in (200, 203, 243):
-        result = await run(client, ["sh", "-c", f"sleep 0.3; exit {code}"])
+        result = await _exit_once_started(client, code)
         assert result.error is None, code
         assert result.status == code << 8, code
+
+
+async def _exit_once_started(client, code: int) -> Result:
+    """``exit code`` once ``started`` is seen (a sleep before it raced the
+    service's seeing the unit run, on a slow node)."""
+    result = Result()
+    script = f"read line; exit {code}"
+    handle = client.exec(command(["sh", "-c", script]), FLAGS, result.collect)
+    await until(lambda: "started" in result.types, "started")
+    handle.close_stdin()
+    return await _ended(handle, result)
 
 
 @ensureDeferred
@@ -482,9 +496,10 @@ async def test_a_vanished_client_s_process_that_ignores_sigterm_goes_too(sdexec)
     # The stop's SIGTERM alone left it running until the stop timer (640 s
     # by default), then drained the node.
     client = await sdexec.connect()
-    script = "trap '' TERM; while :; do sleep 0.1; done"
-    handle = client.exec(command(["sh", "-c", script]), FLAGS, lambda r: None)
-    await until(lambda: handle.pid is not None, "started")
+    script = f"trap '' TERM; {ARMED}; while :; do sleep 0.1; done"
+    result = Result()
+    client.exec(command(["sh", "-c", script]), FLAGS, result.collect)
+    await until(lambda: result.stdout == b"armed\n", "its trap set")
     unit = sdexec.server.list()["procs"][0]["unit"]
     await client.close()
     await wait_until_reaped(sdexec, unit)
@@ -526,17 +541,17 @@ async def test_debug_switches_log_requests_units_and_dbus_calls(start_service):
 
 
 async def _start_job(client, cmdline, jobid: str, **opts: str):
-    """Start ``cmdline`` as job ``jobid``; its handle and Result, once it runs."""
+    """Start ``cmdline`` as job ``jobid``; its handle and Result, once it
+    runs (and once it has said it is armed, if its script says so)."""
     result = Result()
     handle = client.exec(
         command(cmdline, opts={"SDEXEC_JOBID": jobid, **opts}), FLAGS, result.collect
     )
     handle.close_stdin()
-    for _ in range(200):
-        if handle.pid is not None:
-            return handle, result
-        await sleep(0.05)
-    raise AssertionError(f"job {jobid} never started")
+    await until(lambda: handle.pid is not None, f"job {jobid} started")
+    if ARMED in cmdline[-1]:
+        await until(lambda: result.stdout == b"armed\n", f"job {jobid} armed")
+    return handle, result
 
 
 async def _ended(handle, result: Result) -> Result:
@@ -550,7 +565,7 @@ async def _ended(handle, result: Result) -> Result:
 @ensureDeferred
 async def test_cancel_a_job_that_traps_term_and_exits(sdexec):
     client = await sdexec.connect()
-    script = "trap 'exit 5' TERM; while :; do sleep 0.1; done"
+    script = f"trap 'exit 5' TERM; {ARMED}; while :; do sleep 0.1; done"
     handle, result = await _start_job(client, ["sh", "-c", script], "trapper")
     reply = await client.terminate(jobid="trapper")
     assert (reply["id"], reply["pid"], reply["step"]) == ("trapper", handle.pid, "term")
@@ -565,7 +580,7 @@ async def test_a_job_ignoring_term_signal_dies_of_kill_signal(start_service):
     service = await start_service(exec='kill-timeout = "0.5s"')
     client = await service.connect()
     handle, result = await _start_job(
-        client, ["sh", "-c", "trap '' TERM; sleep 300"], "stubborn"
+        client, ["sh", "-c", f"trap '' TERM; {ARMED}; sleep 300"], "stubborn"
     )
     await client.terminate(pid=handle.pid)
     result = await _ended(handle, result)
@@ -595,7 +610,7 @@ async def test_an_unkillable_job_drains_the_node(start_service):
     )
     client = await service.connect()
     handle, result = await _start_job(
-        client, ["sh", "-c", "trap '' USR2; sleep 300"], "immortal"
+        client, ["sh", "-c", f"trap '' USR2; {ARMED}; sleep 300"], "immortal"
     )
     stats = json.loads(
         await treq.text_content(await treq.get(service.stats_url, persistent=False))

@@ -31,6 +31,7 @@ from twisted.internet.defer import Deferred
 
 from sdexec.command import Command, unit_properties
 from sdexec.idset import IDset
+from sdexec.nodememory import physical_memory
 from sdexec.orphans import expected_unit_cgroup, unit_cgroup
 from sdexec.property import UINT32_MAX, UINT64_MAX, PropertyError, percent_scale
 from sdexec.systemd import SystemdClient, SystemdError, unit_object_path
@@ -505,9 +506,10 @@ UNLIMITED = {
 
 def physical_memory_scale(scale: int) -> int:
     """What systemd reads back for ``<Name>Scale``: its
-    ``physical_memory_scale`` (whole pages of physical memory)."""
+    ``physical_memory_scale`` (whole pages of its physical memory, which is
+    its root cgroup's limit where that is less than the RAM: a container)."""
     page = os.sysconf("SC_PAGE_SIZE")
-    return os.sysconf("SC_PHYS_PAGES") * scale // UINT32_MAX * page
+    return physical_memory() // page * scale // UINT32_MAX * page
 
 
 @pytest_twisted.ensureDeferred

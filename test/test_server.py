@@ -19,7 +19,7 @@ from offline import (
     read_to_eof,
 )
 from pytest_twisted import ensureDeferred
-from support import sleep, until
+from support import until
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock, deferLater
 
@@ -621,6 +621,11 @@ def test_back_pressure_holds_back_each_process_as_it_writes_and_resumes_it(
     connection.close()
 
 
+def reading(process) -> bool:
+    """Whether the reactor reads the process's stdout now."""
+    return process.output.channels["stdout"].transport in reactor.getReaders()
+
+
 @ensureDeferred
 async def test_a_paused_connection_takes_a_bounded_rest_however_many_write(
     systemd, server
@@ -642,7 +647,9 @@ async def test_a_paused_connection_takes_a_bounded_rest_however_many_write(
         for name in names:
             os.write(systemd.process_fd(f"{name}.service", "stdout"), lines * 64)
         await until(lambda: transport._producer_paused, "the connection paused")
-        await sleep(0.1)  # what can still come in, comes
+        # Nothing more comes in once every writer is held back (a fixed
+        # sleep here let a slow node pass by reading less meanwhile).
+        await until(lambda: not any(map(reading, server.processes.values())), "held")
     # The threshold, LAZY_OUTPUT, one read more, and their JSON framing.
     assert transport.unread < CLIENT_BUFFER_SIZE + LAZY_OUTPUT + 96 * 1024
     connection.close()

@@ -444,10 +444,12 @@ def _setting(name: str, value: object) -> str:
 
 
 def _cannot_listen(failure: Failure, description: str, setting: str) -> None:
-    """A port already taken, told in one line (not Twisted's traceback)."""
-    failure.trap(CannotListenError)
+    """A port already taken, told in one line (not Twisted's traceback);
+    also an error of the pid link's check (``EPERM``: the link of a socket
+    something serves names another user's process)."""
+    failure.trap(CannotListenError, OSError)
     error = failure.value
-    why = error.socketError
+    why = error.socketError if isinstance(error, CannotListenError) else error
     if isinstance(why, str) and "lock" in why:
         why = f"{why} (another sdexec is serving on it)"
     elif isinstance(why, OSError) and why.errno == errno.EADDRINUSE:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import twisted.python.lockfile
 from pytest_twisted import ensureDeferred
 from support import until
 from test_devicefence import run_canary
@@ -511,12 +512,13 @@ async def test_a_port_already_taken_is_one_line_naming_the_setting(tmp_path):
         stats="tcp:0:interface=127.0.0.1",
         connect=lambda: defer.succeed(FakeManager()),
     )
-    # Served by a program of some other kind, whose pid link names pid 1
-    # (alive): left alone, and Twisted's own lock refuses.
+    # Served by a program of some other kind, whose pid link names a live
+    # process (this one: pid 1 is another user's where the suite does not
+    # run as root): left alone, and Twisted's own lock refuses.
     served = socket.socket(socket.AF_UNIX)
     served.bind(str(tmp_path / "u.sock"))
     served.listen()
-    (tmp_path / "u.sock.lock").symlink_to("1")
+    (tmp_path / "u.sock.lock").symlink_to(str(os.getpid()))
     third = SdexecService(
         parse_config({}),
         reactor,
@@ -547,6 +549,39 @@ async def test_a_port_already_taken_is_one_line_naming_the_setting(tmp_path):
         taken.close()
         served.close()
         await first.stopService()
+
+
+@ensureDeferred
+async def test_a_pid_link_naming_another_users_process_is_one_line(
+    tmp_path, monkeypatch
+):
+    # Twisted's check of the link (kill(pid, 0)) is EPERM for a process of
+    # another user, and it raises that: the start ended in a traceback.
+    def not_permitted(pid, signum):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(twisted.python.lockfile, "kill", not_permitted)
+    served = socket.socket(socket.AF_UNIX)
+    served.bind(str(tmp_path / "u.sock"))
+    served.listen()
+    (tmp_path / "u.sock.lock").symlink_to("1")
+    service = SdexecService(
+        parse_config({}),
+        reactor,
+        listen=f"unix:{tmp_path}/u.sock",
+        connect=lambda: defer.succeed(FakeManager()),
+    )
+    try:
+        service.startService()
+        with pytest.raises(ListenError) as error:
+            await service.ready
+        assert str(error.value) == (
+            f"[sdexec] listen: cannot listen on unix:{tmp_path}/u.sock:"
+            " [Errno 1] Operation not permitted"
+        )
+        await service.stopService()
+    finally:
+        served.close()
 
 
 @ensureDeferred

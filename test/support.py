@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -277,13 +278,19 @@ HOG = "b = bytearray(128 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096])"
 def node_kills_at_memory_max() -> bool:
     """Measured apart from the service: does a 16M MemoryMax end a process
     that touches 128M? (A v2 node with the memory controller: yes; these
-    cgroup v1 machines: no.)"""
+    cgroup v1 machines: no.) Told by systemd's result, ``oom-kill`` or
+    ``success``: any other end of the probe (a property refused, the
+    interpreter not reachable by the manager) says nothing of the node, and
+    fails the test that asked."""
     probe = subprocess.run(
-        ["systemd-run", "--user", "--wait", "--quiet", "-p", "MemoryMax=16M",
+        ["systemd-run", "--user", "--wait", "-p", "MemoryMax=16M",
          "-p", "MemorySwapMax=0", sys.executable, "-c", HOG],
-        capture_output=True, timeout=120, check=False,
+        capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
-    return probe.returncode != 0
+    results = re.findall(r"^Finished with result: (\S+)$", probe.stderr, re.M)
+    if results not in (["oom-kill"], ["success"]):
+        raise AssertionError(f"memory probe inconclusive: {probe.stderr.strip()!r}")
+    return results == ["oom-kill"]
 
 
 # -- a sandbox manager of a test's own -----------------------------------------

@@ -47,6 +47,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sdexec.limits import listed_name
+from sdexec.orphans import LostUnitKill
 from sdexec.plan import ExecPlan
 from sdexec.sockets import unix_path
 from sdexec.systemd import Manager, UnitStatus, queued_job
@@ -149,6 +150,12 @@ class Leftover:
         #: Seen other than inactive: a start queued from now on is a new run
         #: (one adopted before its first start has none to replace).
         self._has_run = False
+        #: Its run's ``InvocationID`` and ``ControlGroup`` as read: a
+        #: manager killed and started again loads it from the dead one's
+        #: file, never started (no invocation), and what it left runs on
+        #: there, outside any unit, unless ended (sdexec/orphans.py).
+        self._invocation: bytes | None = None
+        self._cgroup: str | None = None
         self.stop_timer = self._new_stop_timer()
         self._watch = systemd.watch_unit(name, self._changed)
 
@@ -212,6 +219,10 @@ class Leftover:
         self.stop_timer.stopped()
 
     def _changed(self, state: dict[str, Any]) -> None:
+        if self._lost_with_its_manager(state):
+            self._end_what_it_left()
+            self._leftovers.gone(self)
+            return
         status = UnitStatus.from_properties(state)
         if self._new_run_queued and not status.is_inactive:
             self._begin_new_run()
@@ -240,9 +251,41 @@ class Leftover:
                 self._failed, "ResetFailedUnit"
             )
 
+    def _lost_with_its_manager(self, state: dict[str, Any]) -> bool:
+        """Whether the run it was is known, and the unit now one its
+        manager never started (its processes lost with the manager that
+        ran them); notes the run and its cgroup as they are read."""
+        control_group = state.get("ControlGroup")
+        if self._cgroup is None and isinstance(control_group, str) and control_group:
+            self._cgroup = control_group
+        invocation = state.get("InvocationID")
+        if invocation is None or state.get("LoadState") == "not-found":
+            return False
+        if bytes(invocation):
+            self._invocation = self._invocation or bytes(invocation)
+            return False
+        return self._invocation is not None
+
+    def _end_what_it_left(self) -> None:
+        """Its processes run on in the dead manager's cgroup: the stop-timer
+        signal, then SIGKILL (the node drained if they may not be)."""
+        log.warn("leftover unit {unit} was lost with its manager", unit=self.name)
+        if self._cgroup is None:
+            return
+        server = self._leftovers.server
+        LostUnitKill(
+            self.name,
+            self._cgroup,
+            self.stop_timer.signum,
+            server.clock,
+            server.drain,
+            server.lost_unit_kills,
+        ).start()
+
     def _begin_new_run(self) -> None:
         """A restart (by hand) started it again: the first run's stop timer
         (spent) and stop (done) are not the new run's."""
+        self._invocation = None  # the new run's is noted as it is read
         self._new_run_queued = False
         self.stop_timer.stopped()
         self.stop_timer = self._new_stop_timer()

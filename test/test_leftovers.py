@@ -15,6 +15,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
 
+import sdexec.orphans
 from sdexec.config import parse_config
 from sdexec.leftovers import Leftovers, marked, owner_marks
 from sdexec.property import UnitProperty
@@ -587,3 +588,49 @@ def test_callers_scanning_again_from_their_callbacks_make_one_scan_at_a_time(
         assert len(in_flight) == 1  # two were listed at once
         in_flight[0].callback([])
     assert len(again) == 2 and all(scan.called for scan in again)
+
+
+# -- found by a review (notes/review-session29-AC.md) ------------------------
+
+
+def test_a_leftover_lost_with_its_manager_has_what_it_left_ended(systemd, monkeypatch):
+    # Deactivating (a process ignoring the stop's SIGTERM), its manager is
+    # killed and started again: the new one's copy (from the dead one's
+    # file, never started) read as "gone", the node was undrained, and the
+    # process ran on in the dead manager's cgroup, signalled by no one.
+    cgroup = "/user.slice/user-0.slice/user@0.service/app.slice/sdexec-a.service"
+    sent: list[tuple[str, int]] = []
+
+    def signal_cgroup(group, signum, root="/"):
+        sent.append((group, signum))
+        return sdexec.orphans.Signalled(sent={4242})
+
+    monkeypatch.setattr(sdexec.orphans, "signal_cgroup", signal_cgroup)
+    leftover(systemd, "sdexec-a.service")
+    systemd.units["sdexec-a.service"].update(
+        InvocationID=b"\x01" * 16, ControlGroup=cgroup
+    )
+    server = make_server(systemd)
+    server.leftovers.scan()
+    systemd.change("sdexec-a.service", {"ActiveState": "deactivating"})
+    systemd.lose("the systemd manager left the bus")
+    reloaded = {**INACTIVE, "LoadState": "bad-setting", "InvocationID": b""}
+    systemd.units["sdexec-a.service"] = reloaded
+    systemd.restore()
+    server.leftovers.scan()  # as the return does
+    assert sent == [(cgroup, signal.SIGUSR1)]
+    server.clock.advance(2)
+    assert sent[-1] == (cgroup, signal.SIGKILL)
+    assert list(server.leftovers.units) == []
+
+
+def test_a_leftover_that_stops_keeps_its_invocation_and_is_simply_gone(
+    systemd, monkeypatch
+):
+    monkeypatch.setattr(sdexec.orphans, "signal_cgroup", pytest.fail)
+    leftover(systemd, "sdexec-a.service")
+    systemd.units["sdexec-a.service"]["InvocationID"] = b"\x01" * 16
+    server = make_server(systemd)
+    server.leftovers.scan()
+    systemd.change("sdexec-a.service", {**INACTIVE, "InvocationID": b"\x01" * 16})
+    assert list(server.leftovers.units) == []

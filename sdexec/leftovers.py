@@ -47,7 +47,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sdexec.limits import listed_name
-from sdexec.orphans import LostUnitKill
+from sdexec.orphans import LostUnitKill, expected_unit_cgroup
 from sdexec.plan import ExecPlan
 from sdexec.sockets import unix_path
 from sdexec.systemd import Manager, UnitStatus, queued_job
@@ -486,6 +486,7 @@ class Leftovers:
         if self._closed:
             return
         self._adopt_new(listing, origins)
+        self._end_what_unstarted_units_left(listing)
         self._listed_once = True
         self._drain_for_stopping()
         self._follow_each()
@@ -527,6 +528,41 @@ class Leftovers:
                 new.append(self.units[name])
         return new
 
+    def _end_what_unstarted_units_left(self, listing: list[tuple]) -> None:
+        """A marked unit nobody follows, inactive with no job, in a full
+        scan: where its manager was killed, the new one loaded it from the
+        file the dead one left and never started it, while its processes
+        may run on in the dead one's cgroup of it (a start whose answer was
+        lost with that manager: nothing else knows of them). Whatever is
+        there is ended (for a unit that simply ended, nothing is)."""
+        for listed in listing:
+            name, description, active, job = listed[0], listed[1], listed[3], listed[7]
+            unstarted = active == "inactive" and job == 0
+            if unstarted and self._mark_of(description) and not self._followed(name):
+                read = self._systemd.get_service_properties(name)
+                read.addCallback(self._end_what_it_left, name)
+                read.addErrback(_log_unstarted_read_failure, name)
+
+    def _followed(self, name: str) -> bool:
+        return name in self.units or name in self.server.units
+
+    def _end_what_it_left(self, properties: dict[str, Any], name: str) -> None:
+        if self._followed(name):
+            return  # adopted or started meanwhile: its own follower's now
+        cgroup = expected_unit_cgroup(
+            self._systemd.control_group, properties.get("Slice"), name
+        )
+        if cgroup is not None:
+            server = self.server
+            LostUnitKill(
+                name,
+                cgroup,
+                server.config.exec.sdexec_stop_timer_signal,
+                server.clock,
+                server.drain,
+                server.lost_unit_kills,
+            ).start()
+
     def _drain_for_stopping(self) -> None:
         """With ``leftover-units = "stop"``, drain while any is stopping
         (the count said afresh), unless drained for something else."""
@@ -565,6 +601,15 @@ class Leftovers:
             action=action,
         )
         self.units[name] = Leftover(self._systemd, name, description, self, of_this_run)
+
+
+def _log_unstarted_read_failure(failure: Failure, unit: str) -> None:
+    if not is_unit_gone(failure.value):  # unloaded meanwhile: nothing left
+        log.warn(
+            "reading inactive unit {unit} failed: {error}",
+            unit=unit,
+            error=failure.getErrorMessage(),
+        )
 
 
 def _log_rescan_failure(failure: Failure, unit: str) -> None:

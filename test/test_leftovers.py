@@ -9,7 +9,7 @@ import hashlib
 import signal
 
 import pytest
-from offline import Connection
+from offline import Connection, error_of
 from test_server import FLAGS, TRUE, UNIT
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
@@ -21,7 +21,7 @@ from sdexec.leftovers import Leftovers, marked, owner_marks
 from sdexec.property import UnitProperty
 from sdexec.server import SdexecServer
 from sdexec.systemd import SystemdError
-from sdexec.systemd.errors import NO_SUCH_UNIT
+from sdexec.systemd.errors import NO_SUCH_UNIT, connection_lost
 from sdexec.testing import EXITED, INACTIVE, RUNNING, FakeManager, exec_plan
 
 MARKS = owner_marks("unix:/run/user/1000/sdexec/sdexec.sock")
@@ -634,3 +634,41 @@ def test_a_leftover_that_stops_keeps_its_invocation_and_is_simply_gone(
     server.leftovers.scan()
     systemd.change("sdexec-a.service", {**INACTIVE, "InvocationID": b"\x01" * 16})
     assert list(server.leftovers.units) == []
+
+
+def test_a_start_lost_with_its_killed_manager_has_what_it_forked_ended(
+    systemd, monkeypatch
+):
+    # The manager forked the command, and was killed before its answer
+    # left: the request ended with EAGAIN and the process was reaped, and
+    # the new manager's copy (inactive, never started) was no leftover:
+    # the command ran on in the dead manager's cgroup, followed by no one.
+    sent: list[tuple[str, int]] = []
+
+    def signal_cgroup(group, signum, root="/"):
+        sent.append((group, signum))
+        return sdexec.orphans.Signalled(sent={4242})
+
+    monkeypatch.setattr(sdexec.orphans, "signal_cgroup", signal_cgroup)
+    server = make_server(systemd)
+    start = systemd.start_transient_unit
+
+    def forked_then_killed(name, *args, **kwargs):
+        start(name, *args, **kwargs)
+        systemd.run(name)
+        return defer.fail(connection_lost("Message recipient disconnected"))
+
+    monkeypatch.setattr(systemd, "start_transient_unit", forked_then_killed)
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    assert error_of(connection.last())[0] == errno.EAGAIN
+    assert server.units == {}
+    systemd.lose("the systemd manager left the bus")
+    systemd.units[UNIT] = {**INACTIVE, "LoadState": "bad-setting", "Slice": "app.slice"}
+    systemd.restore()
+    server.leftovers.scan()  # as the return does
+    cgroup = f"{systemd.control_group}/app.slice/{UNIT}"
+    assert sent == [(cgroup, signal.SIGUSR1)]
+    server.clock.advance(2)
+    assert sent[-1] == (cgroup, signal.SIGKILL)
+    assert server.leftovers.units == {}

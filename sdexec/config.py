@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import errno
 import json
 import math
 import os
@@ -965,11 +966,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     if suffix != ".toml" and suffix not in _YAML_SUFFIXES:
         raise ConfigError(source, None, "expected a .toml, .yaml or .yml file")
     try:
-        mode = os.stat(source).st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a directory: below
-            # A FIFO would block the reader (a reload: the whole service).
-            raise ConfigError(source, None, "cannot read: not a regular file")
-        text = Path(source).read_text(encoding="utf-8")
+        text = read_text_file(source)
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(source, None, _read_failure(error)) from None
     data = (
@@ -978,6 +975,30 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         else _parse_toml(text, source)
     )
     return parse_config(data, source)
+
+
+#: The most bytes read from a file the configuration is or names (the
+#: topology): a large node's hwloc XML is a few MB, a device never ends.
+MAX_FILE_BYTES = 64 * 1024 * 1024
+
+
+def read_text_file(path: str) -> str:
+    """The UTF-8 text of the regular file ``path``: ``OSError`` if it cannot
+    be read, is not a regular file (a FIFO would block the reader, at a
+    reload the whole service; a device may never end) or holds more than
+    :data:`MAX_FILE_BYTES`; ``UnicodeDecodeError`` if it is not UTF-8."""
+    # Not blocking: opening a FIFO waits for a writer.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as file:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        data = file.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise OSError(errno.EFBIG, f"larger than {MAX_FILE_BYTES} bytes")
+    return data.decode("utf-8")
 
 
 def _read_failure(error: OSError | UnicodeDecodeError) -> str:

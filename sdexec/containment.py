@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sdexec.command import Command
-from sdexec.config import Config, ConfigError
+from sdexec.config import Config, ConfigError, read_text_file
 from sdexec.idset import IDset
 from sdexec.map import ResourceMapper, create_mapper
 from sdexec.procfs import (
@@ -96,8 +96,7 @@ class Containment:
         xml = None
         if topology is not None:
             try:
-                with open(topology, encoding="utf-8") as file:
-                    xml = file.read()
+                xml = read_text_file(topology)
             except (OSError, UnicodeDecodeError) as error:
                 why = getattr(error, "strerror", None) or str(error)
                 raise ConfigError(

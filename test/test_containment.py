@@ -42,6 +42,7 @@ from twisted.internet import reactor
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
 
+import sdexec.config
 import sdexec.containment
 from sdexec.client import RPCError
 from sdexec.command import Command
@@ -1023,6 +1024,36 @@ def test_a_mapper_the_machine_failed_to_build_is_a_transient_config_error(
         Containment.from_config(config)
     assert refused.value.transient is transient
     assert refused.value.key == "sdexec.mapper"
+
+
+def _topology_refusal(topology: str) -> str:
+    config = parse_config(
+        {
+            "exec": {"sdexec-constrain-resources": True},
+            "sdexec": {"topology": topology},
+        }
+    )
+    with pytest.raises(ConfigError) as refused:
+        Containment.from_config(config)
+    assert refused.value.key == "sdexec.topology"
+    return str(refused.value)
+
+
+def test_a_topology_that_is_a_fifo_or_a_device_is_refused_not_read(tmp_path):
+    # Opened and read as it was, a FIFO blocked the start, the checker and
+    # every reload (systemd left "reloading", each later SIGHUP queued
+    # behind it); /dev/zero read until memory ran out.
+    fifo = tmp_path / "topology.xml"
+    os.mkfifo(fifo)
+    assert _topology_refusal(str(fifo)).endswith(f"{fifo}: not a regular file")
+    assert _topology_refusal("/dev/zero").endswith("/dev/zero: not a regular file")
+
+
+def test_a_topology_larger_than_any_node_s_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(sdexec.config, "MAX_FILE_BYTES", 1024)
+    big = tmp_path / "topology.xml"
+    big.write_text("<topology>" + " " * 2000 + "</topology>")
+    assert _topology_refusal(str(big)).endswith(f"{big}: larger than 1024 bytes")
 
 
 @pytest.mark.parametrize(

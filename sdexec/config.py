@@ -47,7 +47,11 @@ from sdexec.activation import (
 from sdexec.command import OWN_PROPERTIES
 from sdexec.fsd import parse_fsd
 from sdexec.idset import MAX_ID
-from sdexec.policy import DEFAULT_ALLOWED, parse_request_properties
+from sdexec.policy import (
+    DEFAULT_ALLOWED,
+    parse_request_properties,
+    unit_handling_reason,
+)
 from sdexec.property import (
     CONTAINMENT_PROPERTIES,
     FD_PROPERTIES,
@@ -682,6 +686,9 @@ def _check_property(name: object, value: object) -> None:
         raise _PropertyError(name, "expected a systemd property name such as MemoryMax")
     if name in RESERVED_PROPERTIES:
         raise _PropertyError(name, f"reserved: sdexec sets {name} itself")
+    reason = unit_handling_reason(name)
+    if reason is not None:
+        raise _PropertyError(name, f"reserved: {reason}")
     if not isinstance(value, str):
         raise _PropertyError(
             name,

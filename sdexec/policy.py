@@ -272,6 +272,16 @@ def never_allowed_reason(name: str) -> str | None:
     return None
 
 
+def unit_handling_reason(name: str) -> str | None:
+    """Why no site may set ``name`` either, or ``None``: the unit's
+    lifecycle (``Restart`` would run a failed job again behind sdexec's
+    back), its commands and its standard streams are sdexec's. (Identity,
+    the environment and the fences are the site's to set, or the
+    configuration's reserved list.)"""
+    reason = never_allowed_reason(name)
+    return reason if reason in (_LIFECYCLE, _SDEXEC) else None
+
+
 def parse_request_properties(value: object) -> frozenset[str]:
     """The checked value of :data:`CONFIG_KEY`: an array of property names,
     where :data:`DEFAULTS_TOKEN` stands for :data:`DEFAULT_ALLOWED`. ``[]``

@@ -379,7 +379,7 @@ def test_reserved_are_what_sdexec_sets_itself():
     ("name", "value", "why"),
     [
         ("CPUWeight", "abc", "'abc' is not a decimal integer"),
-        ("SendSIGHUP", "maybe", "'maybe' is not a boolean"),
+        ("CPUAccounting", "maybe", "'maybe' is not a boolean"),
         ("AllowedMemoryNodes", "x", ""),
         ("ProtectSystem", "strict\n[Service]", "line break '\\n' at 6"),
     ],
@@ -398,6 +398,29 @@ def test_reserved_property_refused(name):
     assert str(error.value) == (
         f"<config>: exec.sdexec-properties.{name}: reserved: sdexec sets {name} itself"
     )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Restart",
+        "KillSignal",
+        "CollectMode",
+        "ExitType",
+        "ExecStartPre",
+        "StandardOutput",
+    ],
+)
+def test_what_drives_the_unit_is_reserved_for_sdexec_too(name):
+    # Accepted, they reached every unit: Restart beside RemainAfterExit ran
+    # a failed job again; KillSignal and Exec… went out as strings systemd
+    # refuses, failing every job (and the device canary: the node drained).
+    with pytest.raises(ConfigError) as error:
+        properties(**{name: "x"})
+    assert str(error.value).startswith(
+        f"<config>: exec.sdexec-properties.{name}: reserved: "
+    )
+    assert "sdexec" in str(error.value)
 
 
 def test_property_values_must_be_strings():

@@ -551,6 +551,7 @@ def _check_endpoint_address(endpoint: object) -> None:
 
 
 def _check_socket_path_length(path: str) -> None:
+    _check_no_nul(path)
     if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
         raise ValueError(
             f"a socket path is at most {_MAX_SOCKET_PATH} bytes,"
@@ -612,9 +613,20 @@ def _uid(user: object) -> int:
 
 
 def _absolute_path(value: object) -> str:
+    """A path that means one file whatever the working directory: the
+    service reads its files again at each reload, after twistd may have
+    changed it (``-d``, ``--chroot``)."""
     if not isinstance(value, str) or not os.path.isabs(value):
         raise _expected("an absolute path", value)
+    _check_no_nul(value)
     return value
+
+
+def _check_no_nul(path: str) -> None:
+    # The system's calls end a path at its first NUL: Python refuses it
+    # ("embedded null byte", naming neither the file nor the key).
+    if "\0" in path:
+        raise ValueError(f"a path cannot hold a NUL character: {json_quoted(path)}")
 
 
 def _socket_path(value: object) -> str:
@@ -764,7 +776,7 @@ _SDEXEC: _Table = {
     "listen-backlog": _Key(_integer(1, 2**31 - 1)),  # listen(2) takes an int
     "stats": _Key(_endpoint),
     "rank": _Key(_integer(0, MAX_ID)),  # an id R can name
-    "topology": _Key(_string),
+    "topology": _Key(_absolute_path),
     "max-frame-size": _Key(_frame_size),
     "containment-check": _Key(_one_of("drain", "warn")),
     "log-format": _Key(_one_of("text", "json")),
@@ -968,7 +980,9 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     """Read, check and build the configuration in a ``.toml``, ``.yaml`` or
     ``.yml`` file; ``ConfigError`` naming the file if it cannot be read,
     does not parse or does not check."""
-    source = os.fspath(path)
+    # Absolute: a reload reads it again, after twistd may have changed the
+    # working directory (-d, --chroot).
+    source = os.path.abspath(os.fspath(path))
     suffix = Path(source).suffix.lower()
     if suffix != ".toml" and suffix not in _YAML_SUFFIXES:
         raise ConfigError(source, None, "expected a .toml, .yaml or .yml file")

@@ -138,7 +138,8 @@ KEYS = [
     Key("sdexec.rank", "sdexec.rank", 0, 3, 3, 2**32,
         "expected an integer from 0 to 4294967293, got 4294967296"),
     Key("sdexec.topology", "sdexec.topology", None, "/etc/sdexec/topology.xml",
-        "/etc/sdexec/topology.xml", True, "expected a non-empty string, got true"),
+        "/etc/sdexec/topology.xml", "topology.xml",
+        'expected an absolute path, got "topology.xml"'),
     Key("sdexec.max-frame-size", "sdexec.max_frame_size", 64 * MiB, "16M", 16 * MiB,
         "512K",
         "expected a size of at least 1M (bytes, or with K, M, G, T, P or E),"
@@ -715,6 +716,31 @@ def test_requests_are_served_on_a_unix_socket_only(endpoint):
     assert check_command_line_option("--stats", "tcp:9000") == "tcp:9000"
     systemd = "systemd:domain=UNIX:name=sdexec"
     assert parse_config({"sdexec": {"listen": systemd}}).sdexec.listen == systemd
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("topology", "/etc/sdexec/top\0ology.xml"),
+        ("stats-socket", "/run/sdexec/st\0ats.sock"),
+        ("listen", "unix:/run/sdexec/sd\0exec.sock"),
+    ],
+)
+def test_a_nul_in_a_path_is_refused_naming_the_key(key, value):
+    # Passed on, it failed later as a bare "embedded null byte" (for
+    # listen, a start that exited 1 and was restarted every 5 s).
+    with pytest.raises(ConfigError) as error:
+        parse_config({"sdexec": {key: value}})
+    assert str(error.value).startswith(f"<config>: sdexec.{key}: ")
+    assert "a path cannot hold a NUL character" in str(error.value)
+
+
+def test_a_relative_file_is_kept_as_an_absolute_path(tmp_path, monkeypatch):
+    # twistd -d changes the directory after the file is read: each reload
+    # read "sdexec.toml" from there, and was refused.
+    (tmp_path / "sdexec.toml").write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert load_config("sdexec.toml").source == str(tmp_path / "sdexec.toml")
 
 
 def test_a_fifo_is_not_read(tmp_path):

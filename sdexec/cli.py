@@ -79,8 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return the exit status."""
     # Default dispositions until `run` catches them: a ^C while starting up
     # ends the client quietly (130) rather than with a KeyboardInterrupt.
+    # Not one the caller ignores (nohup; `&` in a script): it stays ignored.
     for signum in FORWARDED_SIGNALS:
-        signal.signal(signum, signal.SIG_DFL)
+        if signal.getsignal(signum) != signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
     _open_closed_standard_fds()
     try:
         options = parse_args(argv)

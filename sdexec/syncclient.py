@@ -88,13 +88,16 @@ class Loop:
 
     def catch_signals(self, signums: Iterable[int], on_signal: Callback) -> None:
         """Call ``on_signal(signum)`` from the loop for each of ``signums``
-        that arrives, instead of acting on it."""
+        that arrives, instead of acting on it; not for one ignored now: the
+        caller's (``nohup sdexec run JOB`` must not hang JOB up at logout,
+        nor ``sdexec run JOB &`` in a script hand it the script's ^C)."""
         # The interpreter writes each caught signal's number to the wakeup
         # fd; the handler itself need do nothing.
         readable, writable = self._wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(writable, warn_on_full_buffer=False)
         for signum in signums:
-            signal.signal(signum, _ignore)
+            if signal.getsignal(signum) != signal.SIG_IGN:
+                signal.signal(signum, _ignore)
         self._on_signal = on_signal
         self.watch(readable, READABLE, self._serve_signals)
 

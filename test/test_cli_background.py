@@ -144,3 +144,63 @@ async def test_background_commands_load_no_twisted(sdexec, command):
     assert "sdexec" in imported
     assert imported.isdisjoint({"twisted", "OpenSSL", "cryptography", "_ssl"})
     await until(lambda: not sdexec.server.processes, "reaped")
+
+
+def _ignoring_sighup() -> None:
+    """As nohup leaves the command it runs."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def _nohup(service, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        _sdexec_argv(*args),
+        env=_environment(service),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_ignoring_sighup,
+    )
+
+
+#: Says which signals reached it, once its traps are set.
+TRAPS = (
+    "trap 'echo HUP' HUP; trap 'echo TERM; exit 0' TERM; echo armed;"
+    " while :; do sleep 1 & wait $!; done"
+)
+
+
+@ensureDeferred
+async def test_nohup_run_does_not_hang_the_process_up(sdexec):
+    # The client caught every signal it forwards, ignored or not: the job
+    # of `nohup sdexec run JOB` got SIGHUP at logout.
+    client = _nohup(sdexec, "run", "-n", "sh", "-c", TRAPS)
+    try:
+        assert await deferToThread(client.stdout.readline) == b"armed\n"
+        client.send_signal(signal.SIGHUP)
+        client.send_signal(signal.SIGTERM)  # forwarded, and ends it
+        out, err = await deferToThread(client.communicate, timeout=60)
+    finally:
+        client.kill()
+        client.wait()
+    assert (client.returncode, out, err) == (0, b"TERM\n", b"")
+    assert sdexec.server.counters["sdexec.kill"] == 1  # not the SIGHUP
+
+
+@pytest.mark.parametrize("command", ["wait", "attach"])
+@ensureDeferred
+async def test_nohup_wait_and_attach_keep_on_through_a_hangup(sdexec, command):
+    # `nohup sdexec wait 7 > log &`, then logging out: wait died of the
+    # SIGHUP it was given back, attach detached: the log got nothing.
+    await cli(
+        sdexec, "run", "--bg", "--waitable", "--label", "w", "sh", "-c", ON_SIGNAL
+    )
+    client = _nohup(sdexec, command, "w")
+    try:
+        await until(lambda: sdexec.server.counters[f"sdexec.{command}"], "asked")
+        client.send_signal(signal.SIGHUP)
+        await cli(sdexec, "kill", "USR1", "w")
+        out, err = await deferToThread(client.communicate, timeout=60)
+    finally:
+        client.kill()
+        client.wait()
+    assert (client.returncode, out, err) == (0, b"before\nafter\n", b"")
+    await until(lambda: not sdexec.server.list()["procs"], "reaped")

@@ -476,8 +476,15 @@ def _fail(message: str) -> int:
 def _warn(message: str) -> None:
     """One line on stderr (what the service said may quote what a client
     chose: escaped, it cannot act on the terminal)."""
+    _say(f"sdexec: {_visible(message)}")
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr, if it can be written: a stderr gone (a closed
+    pipe, a full disk) must not change the exit status or end the command
+    before its output."""
     try:  # noqa: SIM105 (contextlib is not imported: start-up time)
-        print(f"sdexec: {_visible(message)}", file=sys.stderr)
+        print(line, file=sys.stderr, flush=True)
     except OSError:
         pass  # a stderr that went away: nothing more can be said to it
 
@@ -785,6 +792,7 @@ class _Job:
         self._held_signals: list[int] = []
         self._stdin_open = not noinput and "stdin" not in stdio
         self._receipt: Receipt | None = None
+        self._output_lost = False
 
     def start(self, connection: Connection, command: dict[str, Any]) -> None:
         self._connection = connection
@@ -810,8 +818,11 @@ class _Job:
             # behind, say) is the service's business, not the command's.
             _fail(f"after the command finished: {failure}")
         for line in receipt_lines(self._receipt, self._usage):
-            print(line, file=sys.stderr)
-        return exit_code(self._receipt.status)
+            _say(line)
+        code = exit_code(self._receipt.status)
+        # Output lost to a failed write (a full disk) after the process had
+        # finished: nothing else fails the command, as a local one would.
+        return (code or 1) if self._output_lost else code
 
     # -- signals -----------------------------------------------------------
 
@@ -825,7 +836,7 @@ class _Job:
         elif any(output.waiting for output in self.outputs.values()):
             self._kill_aside(signum, stream.pid)
         else:
-            connection.kill(signum, stream.pid, _KillSent(signum))
+            connection.kill(signum, stream.pid, _KillSent(signum, self.ended))
 
     def _kill_aside(self, signum: int, pid: int) -> None:
         """The kill on a connection of its own, closed once answered: while
@@ -837,7 +848,7 @@ class _Job:
         except SdexecError as failure:
             _fail(f"kill {signal_name(signum)}: {failure}")
             return
-        aside.kill(signum, pid, _KillSent(signum, answered=aside.close))
+        aside.kill(signum, pid, _KillSent(signum, self.ended, answered=aside.close))
 
     def _send_held_signals(self) -> None:
         held, self._held_signals = self._held_signals, []
@@ -859,7 +870,10 @@ class _Job:
 
     def _output(self, io: Any) -> None:
         # Nobody reads ours: as if the process wrote to the pipe itself.
-        write_output(self.outputs, io, lambda: self.forward_signal(signal.SIGPIPE))
+        lost = write_output(
+            self.outputs, io, lambda: self.forward_signal(signal.SIGPIPE)
+        )
+        self._output_lost = lost or self._output_lost
 
     # -- stdin ---------------------------------------------------------------
 
@@ -901,12 +915,22 @@ class _Job:
 
 
 class _KillSent(Call):
-    """A forwarded signal's ``sdexec.kill``: only a failure is worth a line.
-    ``answered()`` is called once the answer (or the failure) is in."""
+    """A forwarded signal's ``sdexec.kill``: only a failure is worth a line,
+    and not one that came after the stream ended (``stream_ended()``): its
+    process needs no signal, and the connection closed before the answer
+    (``run --no-passthrough cat FILE | head -1``: the SIGPIPE sent as the
+    last output was written). ``answered()`` is called once the answer (or
+    the failure) is in."""
 
-    def __init__(self, signum: int, answered: Callable[[], None] = _nothing) -> None:
+    def __init__(
+        self,
+        signum: int,
+        stream_ended: Callable[[], bool],
+        answered: Callable[[], None] = _nothing,
+    ) -> None:
         super().__init__()
         self._signum = signum
+        self._stream_ended = stream_ended
         self._answered = answered
 
     def respond(self, payload: dict) -> None:
@@ -916,7 +940,7 @@ class _KillSent(Call):
     def end(self, error: SdexecError) -> None:
         super().end(error)
         gone = isinstance(error, RPCError) and error.errnum == errno.ESRCH
-        if not gone:  # a process that has already exited needs no signal
+        if not (gone or self._stream_ended()):  # an exited process needs none
             _fail(f"kill {signal_name(self._signum)}: {error}")
         self._answered()
 

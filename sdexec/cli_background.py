@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 
 from sdexec.cli import (
     EXEC_FAILURES,
@@ -17,6 +16,7 @@ from sdexec.cli import (
     _fail,
     _Output,
     _request,
+    _say,
     close_outputs,
     exit_code,
     write_output,
@@ -78,11 +78,7 @@ def _say_dropped(dropped: Any) -> None:
     counts = ", ".join(
         f"{dropped.get(s, 0)} bytes of {s}" for s in ("stdout", "stderr")
     )
-    print(
-        f"sdexec: {counts} dropped before this (the service's retained-output)",
-        file=sys.stderr,
-        flush=True,
-    )
+    _say(f"sdexec: {counts} dropped before this (the service's retained-output)")
 
 
 def attach(options: argparse.Namespace) -> int:
@@ -101,7 +97,7 @@ def attach(options: argparse.Namespace) -> int:
     # Closing the connection is what detaches, on the service's side.
     if session.detached:
         pid = stream.pid if stream.pid is not None else "?"
-        print(f"sdexec: detached from pid {pid}; it runs on", file=sys.stderr)
+        _say(f"sdexec: detached from pid {pid}; it runs on")
         return 0
     if stream.error is not None:
         return _fail(str(stream.error))

@@ -1,0 +1,183 @@
+"""The command line against a scripted service (a thread on a UNIX socket
+that answers as the test says): what the real service rarely does on cue,
+such as output that arrives with the process's end, or a kill it never
+answers. The command runs in a subprocess, as a user runs it."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from sdexec.ioencode import encode_io
+from sdexec.wire import FrameSplitter, encode_message
+
+#: What a script does with one request: the messages it sends back.
+Script = Callable[[dict], list[dict]]
+
+
+def response(request: dict, payload: dict) -> dict:
+    return {
+        "type": "response",
+        "topic": request["topic"],
+        "matchtag": request["matchtag"],
+        "payload": payload,
+    }
+
+
+def failure(request: dict, errnum: int, errstr: str = "") -> dict:
+    return {
+        "type": "response",
+        "topic": request["topic"],
+        "matchtag": request["matchtag"],
+        "errnum": errnum,
+        "errstr": errstr,
+    }
+
+
+class ScriptedService:
+    """Answers every request on every connection with ``script(request)``
+    (a kill nobody answers: ``[]``)."""
+
+    def __init__(self, path: str, script: Script) -> None:
+        self._script = script
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(path)
+        self._listener.listen(8)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(
+                target=self._serve, args=(connection,), daemon=True
+            ).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        splitter = FrameSplitter()
+        with connection:
+            while data := connection.recv(65536):
+                for request in splitter.feed(data):
+                    for message in self._script(request):
+                        connection.sendall(encode_message(message))
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[[Script], str]]:
+    """Start a scripted service; its socket's path."""
+    services: list[ScriptedService] = []
+
+    def start(script: Script) -> str:
+        path = str(tmp_path / f"s{len(services)}.sock")
+        services.append(ScriptedService(path, script))
+        return path
+
+    yield start
+    for service in services:
+        service.close()
+
+
+def sdexec(path: str, *args: str, **popen) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if key != "SDEXEC_SOCKET"}
+    return subprocess.run(
+        [sys.executable, "-m", "sdexec.cli", "--socket", path, *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+        **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen},
+    )
+
+
+def ran(text: bytes, status: int = 0, usage: bool = False) -> Script:
+    """An exec that printed ``text`` and ended with wait status ``status``,
+    all in one read; kills never answered."""
+
+    def script(request: dict) -> list[dict]:
+        if request["topic"] != "sdexec.exec":
+            return []
+        finished = {"type": "finished", "status": status}
+        if usage:
+            finished["usage"] = {"wall_time_usec": 1_000_000}
+        io = encode_io("stdout", "0", text)
+        return [
+            response(request, {"type": "started", "pid": 42}),
+            response(request, {"type": "output", "pid": 42, "io": io}),
+            response(request, finished),
+            failure(request, errno.ENODATA),
+        ]
+
+    return script
+
+
+def test_output_lost_to_a_full_disk_fails_the_run(serve):
+    # Written after the process had finished, its loss changed nothing:
+    # `run --no-passthrough echo hello > /dev/full` exited 0.
+    path = serve(ran(b"hello\n"))
+    with open("/dev/full", "wb") as full:
+        done = sdexec(
+            path, "run", "--no-passthrough", "-n", "echo", "hello", stdout=full
+        )
+    assert (done.returncode, done.stderr) == (
+        1,
+        b"sdexec: cannot write stdout: No space left on device\n",
+    )
+
+
+def test_a_reader_gone_after_the_process_ended_is_quiet(serve):
+    # The SIGPIPE sent for it was still unanswered when the stream ended:
+    # "sdexec: kill SIGPIPE: connection to ... lost".
+    path = serve(ran(b"1\n2\n3\n"))
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        done = sdexec(path, "run", "--no-passthrough", "-n", "seq", "3", stdout=writer)
+    finally:
+        os.close(writer)
+    assert (done.returncode, done.stderr) == (0, b"")
+
+
+@pytest.mark.parametrize("usage", [True, False], ids=["usage", "oom-line"])
+def test_a_stderr_that_cannot_be_written_leaves_the_exit_status(serve, usage):
+    # Its receipt lines (or the OOM one) printed unguarded: 1 or 141, not 3.
+    script = ran(b"", status=3 << 8, usage=usage)
+    if not usage:
+        oom = script
+
+        def script(request: dict) -> list[dict]:
+            messages = oom(request)
+            for message in messages:
+                if message.get("payload", {}).get("type") == "finished":
+                    message["payload"].update(result="oom-kill", oom_kills=1)
+            return messages
+
+    path = serve(script)
+    args = ["run", "-n", *(["--usage"] if usage else []), "job"]
+    with open("/dev/full", "wb") as full:
+        done = sdexec(path, *args, stderr=full)
+    assert done.returncode == 3
+
+
+def test_wait_writes_its_output_though_stderr_is_full(serve):
+    # The dropped-bytes notice failed first: the once-only output was lost.
+    def script(request: dict) -> list[dict]:
+        io = encode_io("stdout", "0", b"precious\n")
+        dropped = {"stdout": 10, "stderr": 0}
+        return [response(request, {"status": 0, "output": [io], "dropped": dropped})]
+
+    path = serve(script)
+    with open("/dev/full", "wb") as full:
+        done = sdexec(path, "wait", "7", stderr=full)
+    assert (done.returncode, done.stdout) == (0, b"precious\n")

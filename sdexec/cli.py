@@ -395,7 +395,8 @@ def build_command(
     options: argparse.Namespace, environ: Mapping[str, str], cwd: str
 ) -> dict[str, Any]:
     """The RFC 42 command object for ``sdexec run``: the client's whole
-    environment and working directory (``--dir`` relative to ``cwd``)."""
+    environment and working directory (``--dir`` relative to ``cwd``; and
+    ``PWD`` then names it, not the client's)."""
     job_options = {
         name: value
         for name, value in (
@@ -415,6 +416,8 @@ def build_command(
             ("--label", options.label or ""),
         ]
     )
+    if options.dir:
+        environ = {**environ, "PWD": os.path.normpath(directory)}
     return command_object(
         options.cmdline,
         _utf8_environment(environ),
@@ -501,7 +504,11 @@ def _request(options: argparse.Namespace, topic: str, payload: dict) -> dict:
 
 def _run(options: argparse.Namespace) -> int:
     try:
-        command = build_command(options, os.environ, os.getcwd())
+        # An absolute --dir needs no current directory (one deleted, say).
+        absolute = options.dir and os.path.isabs(options.dir)
+        command = build_command(
+            options, os.environ, options.dir if absolute else os.getcwd()
+        )
     except OSError as failure:
         why = failure.strerror
         raise SdexecError(f"cannot get the current directory: {why}") from None

@@ -181,3 +181,23 @@ def test_wait_writes_its_output_though_stderr_is_full(serve):
     with open("/dev/full", "wb") as full:
         done = sdexec(path, "wait", "7", stderr=full)
     assert (done.returncode, done.stdout) == (0, b"precious\n")
+
+
+def test_an_absolute_dir_needs_no_current_directory(serve, tmp_path):
+    # Asked for first, a deleted one failed `run --bg --dir /tmp true`.
+    def script(request: dict) -> list[dict]:
+        assert request["payload"]["cmd"]["cwd"] == "/tmp"
+        return [response(request, {"type": "started", "pid": 42})]
+
+    path = serve(script)
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    argv = [sys.executable, "-m", "sdexec.cli", "--socket", path]
+    shell = f'cd "{gone}" && rmdir "{gone}" && exec "$@"'
+    done = subprocess.run(
+        ["sh", "-c", shell, "sh", *argv, "run", "--bg", "--dir", "/tmp", "true"],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        capture_output=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"42\n", b"")

@@ -628,6 +628,15 @@ def test_a_variable_that_is_not_utf8_is_left_out_and_named(capsys):
     )
 
 
+def test_dir_is_the_process_s_pwd_too():
+    # The client's own PWD went with its environment: a program that takes
+    # $PWD at its word saw the wrong directory.
+    options = parse_args(["run", "--dir", "sub/../job", "true"])
+    command = build_command(options, {"PWD": "/home/u", "PATH": "/bin"}, "/scratch")
+    assert command["cwd"] == "/scratch/sub/../job"
+    assert command["env"] == {"PWD": "/scratch/job", "PATH": "/bin"}
+
+
 @pytest.mark.parametrize(
     ("argv", "cwd", "named"),
     [

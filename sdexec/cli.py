@@ -30,7 +30,7 @@ from sdexec.protocol import (
     terminate_runs_no_job,
 )
 from sdexec.receipt import Receipt
-from sdexec.rpc import RPCError, SdexecError, resolve_socket_path
+from sdexec.rpc import RPCError, SdexecError, listed_processes, resolve_socket_path
 from sdexec.signals import parse_signal, signal_name
 from sdexec.syncclient import READABLE, Call, Connection, Exec, Loop
 from sdexec.version import add_version_option
@@ -570,7 +570,7 @@ class _Stdio:
 
 def _ps(options: argparse.Namespace) -> int:
     listing = _request(options, Topic.LIST, {"detail": True})
-    print(format_procs(listing.get("procs", [])))
+    print(format_procs(listed_processes(listing)))
     return 0
 
 
@@ -660,7 +660,9 @@ def _http_stats(url: str) -> dict:
 def _undrain(options: argparse.Namespace) -> int:
     reply = _request(options, Topic.UNDRAIN, {})
     reason = reply.get("reason")
-    said = f"undrained; the drain reason was: {_visible(reason)}" if reason else None
+    said = (
+        f"undrained; the drain reason was: {_visible(str(reason))}" if reason else None
+    )
     print(said or "not drained")
     return 0
 

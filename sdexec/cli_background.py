@@ -22,7 +22,7 @@ from sdexec.cli import (
     write_output,
 )
 from sdexec.protocol import ExecFlag, Topic
-from sdexec.rpc import RPCError, background_pid
+from sdexec.rpc import RPCError, background_pid, wait_status
 from sdexec.syncclient import Loop
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
@@ -60,6 +60,7 @@ def wait(options: argparse.Namespace) -> int:
     """``sdexec wait PID|LABEL``: the retained output to our stdout and
     stderr, in the order it was produced; the process's exit code."""
     answer = _request(options, Topic.WAIT, options.target)
+    status = wait_status(answer)
     _say_dropped(answer.get("dropped"))
     outputs = {"stdout": _Output(1), "stderr": _Output(2)}
     lost = False
@@ -67,7 +68,7 @@ def wait(options: argparse.Namespace) -> int:
         # Waited for once, the output cannot be had again: its loss is
         # said, and fails the command (a reader gone is not a loss).
         lost = write_output(outputs, io, lambda: None) or lost
-    code = exit_code(answer["status"])
+    code = exit_code(status)
     return (code or 1) if lost else code
 
 

@@ -251,6 +251,27 @@ def background_pid(answer: dict[str, Any]) -> int:
     )
 
 
+def listed_processes(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    """The processes in the answer to ``sdexec.list``: :class:`RPCError`
+    ``EPROTO`` naming what came instead of a list of objects."""
+    procs = answer.get("procs")
+    if isinstance(procs, list) and all(isinstance(proc, dict) for proc in procs):
+        return procs
+    shown = quoted(procs, 200)
+    raise RPCError(errno.EPROTO, f"list: expected a list of processes, got {shown}")
+
+
+def wait_status(answer: dict[str, Any]) -> int:
+    """The wait status in the answer to a ``wait``: a 16-bit one, as
+    ``waitpid`` gives; :class:`RPCError` ``EPROTO`` naming what came
+    instead (a broken service, not a ``KeyError`` later)."""
+    status = answer.get("status")
+    if type(status) is int and 0 <= status <= 0xFFFF:
+        return status
+    shown = quoted(answer.get("status"), 200)
+    raise RPCError(errno.EPROTO, f"wait: expected a wait status, got {shown}")
+
+
 def process_target(pid: int | None, label: str | None) -> dict[str, Any]:
     """The ``{"pid"}`` or ``{"label"}`` of a kill, wait or attach;
     ``ValueError`` unless exactly one is given."""

@@ -201,3 +201,38 @@ def test_an_absolute_dir_needs_no_current_directory(serve, tmp_path):
         timeout=60,
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, b"42\n", b"")
+
+
+def answering(payload: dict) -> Script:
+    return lambda request: [response(request, payload)]
+
+
+@pytest.mark.parametrize(
+    ("args", "payload", "said"),
+    [
+        (["wait", "7"], {"output": []}, b"wait: expected a wait status, got None"),
+        (["wait", "7"], {"status": "0"}, b"wait: expected a wait status, got '0'"),
+        (
+            ["wait", "7"],
+            {"status": 2**70},
+            b"wait: expected a wait status, got 1180591",
+        ),
+        (["ps"], {"procs": "x"}, b"list: expected a list of processes, got 'x'"),
+        (["ps"], {"procs": [1]}, b"list: expected a list of processes, got [1]"),
+    ],
+)
+def test_a_malformed_answer_is_one_line_naming_what_came(serve, args, payload, said):
+    # Was "unexpected error: KeyError: 'status'" (TypeError, OverflowError),
+    # after the once-only wait was spent.
+    done = sdexec(serve(answering(payload)), *args)
+    assert done.returncode == 1
+    assert done.stderr.startswith(b"sdexec: " + said)
+    assert done.stderr.count(b"\n") == 1
+
+
+def test_an_undrain_reason_that_is_not_text_is_printed(serve):
+    done = sdexec(serve(answering({"reason": 5})), "undrain")
+    assert (done.returncode, done.stdout) == (
+        0,
+        b"undrained; the drain reason was: 5\n",
+    )

@@ -51,17 +51,18 @@ class ScriptedService:
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(path)
         self._listener.listen(8)
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
 
     def _accept(self) -> None:
         while True:
             try:
                 connection, _ = self._listener.accept()
             except OSError:
-                return  # closed
-            threading.Thread(
-                target=self._serve, args=(connection,), daemon=True
-            ).start()
+                return  # shut down
+            serving = threading.Thread(target=self._serve, args=(connection,))
+            self._threads.append(serving)
+            serving.start()
 
     def _serve(self, connection: socket.socket) -> None:
         splitter = FrameSplitter()
@@ -72,6 +73,11 @@ class ScriptedService:
                         connection.sendall(encode_message(message))
 
     def close(self) -> None:
+        """Stop, and wait for every thread: one left running would open and
+        close descriptors under a later test that counts them."""
+        self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        for thread in self._threads:
+            thread.join(10)
         self._listener.close()
 
 

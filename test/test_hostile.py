@@ -5,7 +5,6 @@ docs/protocol.md says, and nothing is started or tabled."""
 from __future__ import annotations
 
 import errno
-import gc
 import json
 import os
 import resource
@@ -843,9 +842,6 @@ def test_past_the_open_file_limit_s_room_an_exec_is_refused_up_front(
 ):
     # At EMFILE an exec failed halfway, and accepting connections and
     # reaching systemd failed with it: refused before, naming the limit.
-    # (Collected first: an earlier test's socket closed by the collector
-    # during the execs made room for a third.)
-    gc.collect()
     in_use = len(os.listdir("/proc/self/fd"))
     # Room for two processes' descriptors (each start's six, then three).
     soft = in_use + 2 * FDS_PER_PROCESS + RESERVE + 2 * FDS_PER_PROCESS

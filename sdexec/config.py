@@ -421,8 +421,15 @@ _BUS = _one_of("user", "system")
 
 
 def _searchpath(value: object) -> str:
+    """Colon-separated absolute directories (read again at each reload,
+    after twistd may have changed the working directory); empty entries
+    are skipped."""
     if not isinstance(value, str):
         raise _expected("a string of colon-separated directories", value)
+    for directory in filter(None, value.split(":")):
+        if not os.path.isabs(directory):
+            raise ValueError(f"{json_quoted(directory)} is not an absolute directory")
+        _check_no_nul(directory)
     return value
 
 
@@ -980,13 +987,14 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     """Read, check and build the configuration in a ``.toml``, ``.yaml`` or
     ``.yml`` file; ``ConfigError`` naming the file if it cannot be read,
     does not parse or does not check."""
-    # Absolute: a reload reads it again, after twistd may have changed the
-    # working directory (-d, --chroot).
-    source = os.path.abspath(os.fspath(path))
+    source = os.fspath(path)
     suffix = Path(source).suffix.lower()
     if suffix != ".toml" and suffix not in _YAML_SUFFIXES:
         raise ConfigError(source, None, "expected a .toml, .yaml or .yml file")
     try:
+        # Absolute: a reload reads it again, after twistd may have changed
+        # the working directory (-d, --chroot).
+        source = os.path.abspath(source)
         text = read_text_file(source)
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(source, None, _read_failure(error)) from None

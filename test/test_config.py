@@ -735,6 +735,31 @@ def test_a_nul_in_a_path_is_refused_naming_the_key(key, value):
     assert "a path cannot hold a NUL character" in str(error.value)
 
 
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("/etc/flux/mappers:mappers", '"mappers" is not an absolute directory'),
+        ("/etc/fl\0ux", "a path cannot hold a NUL character"),
+    ],
+)
+def test_a_mapper_searchpath_of_relative_directories_is_refused(value, why):
+    # Read again at each reload, after twistd -d changed the directory.
+    with pytest.raises(ConfigError) as error:
+        parse_config({"sdexec": {"mapper-searchpath": value}})
+    assert str(error.value).startswith("<config>: sdexec.mapper-searchpath: ")
+    assert why in str(error.value)
+
+
+def test_a_relative_file_from_a_deleted_directory_is_one_line(tmp_path, monkeypatch):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    with pytest.raises(ConfigError) as error:
+        load_config("sdexec.toml")
+    assert str(error.value) == "sdexec.toml: cannot read: No such file or directory"
+
+
 def test_a_relative_file_is_kept_as_an_absolute_path(tmp_path, monkeypatch):
     # twistd -d changes the directory after the file is read: each reload
     # read "sdexec.toml" from there, and was refused.

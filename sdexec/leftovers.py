@@ -47,7 +47,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sdexec.limits import listed_name
-from sdexec.orphans import LostUnitKill, expected_unit_cgroup
+from sdexec.orphans import expected_unit_cgroup
 from sdexec.plan import ExecPlan
 from sdexec.sockets import unix_path
 from sdexec.systemd import Manager, UnitStatus, queued_job
@@ -270,17 +270,11 @@ class Leftover:
         """Its processes run on in the dead manager's cgroup: the stop-timer
         signal, then SIGKILL (the node drained if they may not be)."""
         log.warn("leftover unit {unit} was lost with its manager", unit=self.name)
-        if self._cgroup is None:
-            return
-        server = self._leftovers.server
-        LostUnitKill(
-            self.name,
-            self._cgroup,
-            self.stop_timer.signum,
-            server.clock,
-            server.drain,
-            server.lost_unit_kills,
-        ).start()
+        if self._cgroup is not None:
+            server = self._leftovers.server
+            server.end_what_lost_unit_left(
+                self.name, self._cgroup, self.stop_timer.signum
+            )
 
     def _begin_new_run(self) -> None:
         """A restart (by hand) started it again: the first run's stop timer
@@ -547,21 +541,17 @@ class Leftovers:
         return name in self.units or name in self.server.units
 
     def _end_what_it_left(self, properties: dict[str, Any], name: str) -> None:
-        if self._followed(name):
-            return  # adopted or started meanwhile: its own follower's now
+        if self._closed or self._followed(name):
+            # The service stops (nothing more is started), or it is adopted
+            # or started meanwhile: its own follower's now.
+            return
         cgroup = expected_unit_cgroup(
             self._systemd.control_group, properties.get("Slice"), name
         )
         if cgroup is not None:
             server = self.server
-            LostUnitKill(
-                name,
-                cgroup,
-                server.config.exec.sdexec_stop_timer_signal,
-                server.clock,
-                server.drain,
-                server.lost_unit_kills,
-            ).start()
+            signum = server.config.exec.sdexec_stop_timer_signal
+            server.end_what_lost_unit_left(name, cgroup, signum)
 
     def _drain_for_stopping(self) -> None:
         """With ``leftover-units = "stop"``, drain while any is stopping

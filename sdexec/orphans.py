@@ -250,7 +250,9 @@ class LostUnitKill:
     SIGKILL :data:`GRACE_S` later (at once if ``stop_signal`` is SIGKILL);
     ``drain(reason)`` if some may not be signalled. While its SIGKILL is
     still to come it is in ``pending``, the service's: one that stops first
-    sends it then (:meth:`finish`)."""
+    sends it then (:meth:`finish`). No SIGKILL once ``in_use(unit)``: a unit
+    of that name started (or adopted) meanwhile has the same cgroup, and
+    what runs there now is its own."""
 
     def __init__(
         self,
@@ -261,6 +263,7 @@ class LostUnitKill:
         drain: Callable[[str], None],
         pending: set[LostUnitKill],
         root: str = "/",
+        in_use: Callable[[str], bool] = lambda unit: False,
     ) -> None:
         self.unit = unit
         self.cgroup = cgroup
@@ -269,6 +272,7 @@ class LostUnitKill:
         self._drain = drain
         self._pending = pending
         self._root = root
+        self._in_use = in_use
         self._sigkill: IDelayedCall | None = None
 
     @property
@@ -295,6 +299,12 @@ class LostUnitKill:
 
     def _kill(self) -> None:
         self._pending.discard(self)
+        if self._in_use(self.unit):
+            log.info(
+                "{unit} runs again: what its lost run left there is its own now",
+                unit=self.unit,
+            )
+            return
         done = self._signal(signal.SIGKILL)
         if done.refused:
             reason = lost_unit_reason(self.unit)

@@ -18,7 +18,7 @@ import itertools
 import signal
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from twisted.internet import defer
@@ -29,7 +29,7 @@ from twisted.python.failure import Failure
 from sdexec.config import DEFAULT_START_TIMEOUT
 from sdexec.ioencode import encode_io
 from sdexec.limits import listed_cmdline, listed_name
-from sdexec.orphans import LostUnitKill, expected_unit_cgroup, unit_cgroup
+from sdexec.orphans import expected_unit_cgroup, unit_cgroup
 from sdexec.passthrough import NO_STDIO, PassedStdio
 from sdexec.plan import ExecPlan, RequestError
 from sdexec.protocol import ExecFlag
@@ -207,9 +207,10 @@ class ProcessContext:
     #: (``[systemd] start-timeout``): a unit whose states the model does not
     #: expect (``Type=forking``, no ``ExecMainPID``, …) must not hang it.
     start_timeout: float = DEFAULT_START_TIMEOUT
-    #: Where lost units' kills wait while their SIGKILL is still to come
-    #: (the server's: a service that stops finishes them).
-    lost_unit_kills: set[LostUnitKill] = field(default_factory=set)
+    #: ``end_lost_unit(unit, cgroup, signum)``: its manager lost the unit,
+    #: and what it ran lives on in ``cgroup`` (the server's
+    #: ``end_what_lost_unit_left``, sdexec/orphans.py).
+    end_lost_unit: Callable[[str, str, int], None] = lambda unit, cgroup, signum: None
     #: Receipts read the unit's cgroup files (cgroup v2): the unit is not
     #: stopped until its receipt has been read (sdexec.receipt).
     receipt_reads_cgroup: bool = True
@@ -995,14 +996,7 @@ class Process:
         if cgroup is None or self._orphans_ended:
             return
         self._orphans_ended = True
-        LostUnitKill(
-            self.unit_name,
-            cgroup,
-            self.stop_timer.signum,
-            self._context.clock,
-            self._context.drain,
-            self._context.lost_unit_kills,
-        ).start()
+        self._context.end_lost_unit(self.unit_name, cgroup, self.stop_timer.signum)
 
     def _vanished(self, what: str) -> None:
         """The unit is no longer the one started (its manager restarted, it

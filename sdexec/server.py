@@ -376,7 +376,7 @@ class SdexecServer:
             client_warning=self.log_rate.warn,
             start_timeout=self.config.systemd.start_timeout,
             receipt_reads_cgroup=self.receipt_reads_cgroup,
-            lost_unit_kills=self.lost_unit_kills,
+            end_lost_unit=self.end_what_lost_unit_left,
             pid_known=self.tracked.pid_known,
         )
 
@@ -603,6 +603,25 @@ class SdexecServer:
         self._check_shutdown_progress(waiter, grace, self._shutdown_mark())
         # Also those begun meanwhile (a unit found lost once systemd is back).
         return waiter.addBoth(self._finish_lost_unit_kills)
+
+    def end_what_lost_unit_left(self, unit: str, cgroup: str, signum: int) -> None:
+        """Its manager lost ``unit``, and what it ran may live on outside
+        any unit in ``cgroup``: ``signum``, then SIGKILL (sdexec/orphans.py),
+        unless a unit of that name runs there again by then."""
+        LostUnitKill(
+            unit,
+            cgroup,
+            signum,
+            self.clock,
+            self.drain,
+            self.lost_unit_kills,
+            in_use=self._unit_followed,
+        ).start()
+
+    def _unit_followed(self, unit: str) -> bool:
+        """Whether a process or a leftover of the service's has that unit."""
+        leftovers = self.leftovers
+        return unit in self.units or (leftovers is not None and unit in leftovers.units)
 
     def _finish_lost_unit_kills(self, result: object = None) -> object:
         """SIGKILL now what lost units left: the service stops, and their

@@ -672,3 +672,61 @@ def test_a_start_lost_with_its_killed_manager_has_what_it_forked_ended(
     server.clock.advance(2)
     assert sent[-1] == (cgroup, signal.SIGKILL)
     assert server.leftovers.units == {}
+
+
+@pytest.fixture
+def orphans_signalled(monkeypatch) -> list[tuple[str, int]]:
+    """``(cgroup, signal)`` of each pass of a lost unit's kill."""
+    sent: list[tuple[str, int]] = []
+
+    def signal_cgroup(group, signum, root="/"):
+        sent.append((group, signum))
+        return sdexec.orphans.Signalled(sent={4242})
+
+    monkeypatch.setattr(sdexec.orphans, "signal_cgroup", signal_cgroup)
+    return sent
+
+
+def never_started(systemd: FakeManager, name: str = UNIT) -> None:
+    """The new manager's copy of a marked unit whose start was lost."""
+    systemd.units[name] = {**INACTIVE, "Slice": "app.slice"}
+    systemd.properties[name] = [UnitProperty("Description", "s", f"true{MARK}")]
+
+
+def test_a_unit_started_again_under_the_name_gets_no_sigkill(
+    systemd, orphans_signalled
+):
+    # The SIGKILL 2 s after the stop signal went to whatever was in the
+    # cgroup then: a retry under the same SDEXEC_NAME runs in that path.
+    never_started(systemd)
+    server = make_server(systemd)
+    server.leftovers.scan()
+    cgroup = f"{systemd.control_group}/app.slice/{UNIT}"
+    assert orphans_signalled == [(cgroup, signal.SIGUSR1)]
+    del systemd.units[UNIT]  # collected; the client tries again
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT, pid=5151)
+    server.clock.advance(2)
+    assert orphans_signalled == [(cgroup, signal.SIGUSR1)]
+    assert server.lost_unit_kills == set()
+    connection.close()
+
+
+def test_a_scan_answered_after_the_stop_ends_nothing(
+    systemd, orphans_signalled, monkeypatch
+):
+    never_started(systemd)
+    server = make_server(systemd)
+    held: list[defer.Deferred] = []
+
+    def read_later(name: str) -> defer.Deferred:
+        held.append(defer.Deferred())
+        return held[-1]
+
+    monkeypatch.setattr(systemd, "get_service_properties", read_later)
+    server.leftovers.scan()
+    assert server.shutdown(10).called  # nothing tracked: over at once
+    held[0].callback({"Slice": "app.slice"})
+    assert orphans_signalled == []
+    assert server.clock.getDelayedCalls() == []

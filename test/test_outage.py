@@ -20,6 +20,7 @@ from twisted.internet.task import Clock
 
 import sdexec.orphans
 import sdexec.process
+import sdexec.server
 from sdexec.config import parse_config
 from sdexec.ioencode import decode_io
 from sdexec.outage import SystemdOutage
@@ -144,7 +145,7 @@ def orphan_kills(monkeypatch):
     class Recorded:
         """A kill whose SIGKILL is to come: it waits in ``pending``."""
 
-        def __init__(self, unit, cgroup, stop_signal, clock, drain, pending):
+        def __init__(self, unit, cgroup, stop_signal, clock, drain, pending, **_):
             self.noted = (unit, cgroup, stop_signal)
             self._pending = pending
 
@@ -153,7 +154,7 @@ def orphan_kills(monkeypatch):
             self._pending.add(self)
 
     monkeypatch.setattr(sdexec.process, "unit_cgroup", cgroup_of)
-    monkeypatch.setattr(sdexec.process, "LostUnitKill", Recorded)
+    monkeypatch.setattr(sdexec.server, "LostUnitKill", Recorded)
     return kills
 
 

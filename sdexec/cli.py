@@ -417,7 +417,9 @@ def build_command(
         ]
     )
     if options.dir:
-        environ = {**environ, "PWD": os.path.normpath(directory)}
+        # Where the process runs: `..` after a symbolic link is its target's
+        # parent, which a normalized path is not.
+        environ = {**environ, "PWD": os.path.realpath(directory)}
     return command_object(
         options.cmdline,
         _utf8_environment(environ),

@@ -628,13 +628,15 @@ def test_a_variable_that_is_not_utf8_is_left_out_and_named(capsys):
     )
 
 
-def test_dir_is_the_process_s_pwd_too():
+def test_dir_is_the_process_s_pwd_too(tmp_path):
     # The client's own PWD went with its environment: a program that takes
     # $PWD at its word saw the wrong directory.
-    options = parse_args(["run", "--dir", "sub/../job", "true"])
-    command = build_command(options, {"PWD": "/home/u", "PATH": "/bin"}, "/scratch")
-    assert command["cwd"] == "/scratch/sub/../job"
-    assert command["env"] == {"PWD": "/scratch/job", "PATH": "/bin"}
+    (tmp_path / "a" / "job").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "a" / "job")
+    options = parse_args(["run", "--dir", "link/..", "true"])
+    command = build_command(options, {"PWD": "/home/u", "PATH": "/bin"}, str(tmp_path))
+    assert command["cwd"] == f"{tmp_path}/link/.."
+    assert command["env"] == {"PWD": str(tmp_path / "a"), "PATH": "/bin"}
 
 
 @pytest.mark.parametrize(

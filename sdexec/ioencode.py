@@ -87,3 +87,24 @@ def _from_base64(text: str) -> bytes:
         return msgspec.convert(text, bytes)
     except msgspec.ValidationError:
         raise ValueError("io.data: invalid base64") from None
+
+
+def line_chunks(data: bytes, size: int) -> list[bytes]:
+    """``data`` in chunks of at most ``size`` bytes, each ending at a line's
+    end: whole lines packed together, a line longer than ``size`` alone
+    split. A line that fits is never cut between two messages (Flux's
+    channels send one line a message: a client whose buffer is
+    ``<stream>_BUFSIZE`` and that takes whole lines out of it is overrun by
+    a message after a partial line, which ends its subprocess)."""
+    if len(data) <= size:
+        return [data]
+    chunks = []
+    start = 0
+    while len(data) - start > size:
+        cut = data.rfind(b"\n", start, start + size) + 1
+        if cut <= start:  # a line longer than the buffer
+            cut = start + size
+        chunks.append(data[start:cut])
+        start = cut
+    chunks.append(data[start:])
+    return chunks

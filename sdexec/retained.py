@@ -32,7 +32,7 @@ from array import array
 from collections.abc import Mapping
 from typing import Any, Final
 
-from sdexec.ioencode import encode_io
+from sdexec.ioencode import encode_io, line_chunks
 from sdexec.refusal import json_quoted
 from sdexec.sizes import parse_size
 
@@ -155,8 +155,9 @@ class RetainedOutput:
     ) -> list[dict[str, Any]]:
         """The held output as RFC 24 io objects, oldest first, one per run
         (data only: EOFs are the caller's, see :meth:`at_eof`); with
-        ``bufsizes``, a run longer than its stream's is split, as live output
-        is (a client may size its buffer by ``<stream>_BUFSIZE``)."""
+        ``bufsizes``, a run longer than its stream's is split at line ends,
+        as live output is (a client may size its buffer by
+        ``<stream>_BUFSIZE``: :func:`sdexec.ioencode.line_chunks`)."""
         data = self._contents()
         objects = []
         offset = 0
@@ -164,8 +165,7 @@ class RetainedOutput:
             length = abs(self._runs[index])
             stream = STREAMS[0] if self._runs[index] > 0 else STREAMS[1]
             step = max((bufsizes or {}).get(stream, length), 1)
-            for start in range(offset, offset + length, step):
-                chunk = data[start : min(start + step, offset + length)]
+            for chunk in line_chunks(data[offset : offset + length], step):
                 objects.append(encode_io(stream, rank, chunk))
             offset += length
         return objects

@@ -99,9 +99,23 @@ def test_output_is_line_buffered_up_to_bufsize():
     channel.dataReceived(b"eeeeeeee")  # the buffer fills: sent without newline
     channel.dataReceived(b"tail")
     channel.connectionLost(None)
-    # Never more than bufsize at once (as Flux's channels): 11 bytes held.
-    assert chunks == [b"one\n", b"two\n", b"threeeee", b"eee", b"tail"]
+    # Never more than bufsize at once (as Flux's channels): of the 11 bytes
+    # held, a buffer goes, the rest waits for its newline (or EOF).
+    assert chunks == [b"one\n", b"two\n", b"threeeee", b"eeetail"]
     assert eofs == [True] and channel.eof
+
+
+def test_a_line_that_fits_the_buffer_is_never_cut():
+    # The lines of a read were cut every bufsize bytes, wherever that fell:
+    # a Flux client sized by stdout_BUFSIZE, taking whole lines out of its
+    # buffer, was overrun by the next message (its subprocess failed), and
+    # a cut inside a character sent valid text as base64.
+    chunks: list[bytes] = []
+    channel = OutputChannel("stdout", chunks.append, lambda: None, bufsize=16)
+    lines = [b"\xc3\xa9" * 4 + b"\n", b"0123456789\n", b"x" * 20 + b"\n", b"ok\n"]
+    channel.dataReceived(b"".join(lines))
+    assert chunks == [lines[0], lines[1], b"x" * 16, b"xxxx\nok\n"]
+    assert all(len(chunk) <= 16 for chunk in chunks)
 
 
 def test_unbuffered_output_is_sent_as_read():

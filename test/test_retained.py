@@ -87,6 +87,15 @@ def test_runs_are_split_at_each_streams_bufsize() -> None:
                               ("stdout", b"p")]  # fmt: skip
 
 
+def test_a_replay_cuts_no_line_that_fits_the_buffer() -> None:
+    # Cut every bufsize bytes, as live output was: 24 of 25 replayed
+    # messages of 100-byte lines ended mid-line.
+    buffer = RetainedOutput()
+    produce(buffer, [("stdout", b"ab\ncdefg\nhi\n")])
+    ios = buffer.io_objects("0", {"stdout": 6})
+    assert [decode_io(io)[1] for io in ios] == [b"ab\n", b"cdefg\n", b"hi\n"]
+
+
 def test_eof_per_stream() -> None:
     buffer = RetainedOutput()
     buffer.append("stdout", b"x")

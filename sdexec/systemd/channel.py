@@ -23,6 +23,7 @@ from twisted.internet.interfaces import IPushProducer, IReactorSocket
 from twisted.internet.protocol import Protocol, ServerFactory
 from zope.interface import implementer
 
+from sdexec.ioencode import line_chunks
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE
 
 __all__ = [
@@ -65,9 +66,11 @@ class OutputChannel(Protocol):
     """Reads one output stream of the process and hands it on in chunks.
 
     ``on_data(data)`` gets whole lines when line-buffered (the default) —
-    every complete line of a read in one chunk, a partial line held until its
-    newline, a full buffer, or EOF — or each read as it comes otherwise;
-    never more than ``bufsize`` bytes at once (longer is split).
+    the complete lines of a read packed in chunks of up to ``bufsize``
+    bytes, a partial line held until its newline, EOF, or ``bufsize`` bytes
+    of it (a line longer than the buffer is sent a buffer at a time) — or
+    each read as it comes otherwise; never more than ``bufsize`` bytes at
+    once.
     ``on_eof()`` is called once, after the last data.
     """
 
@@ -156,13 +159,22 @@ class OutputChannel(Protocol):
             self._partial.append(data)
             self._partial_len += len(data)
             if self._partial_len >= self._bufsize:
-                self._flush()
+                self._flush_full_buffers()
+
+    def _flush_full_buffers(self) -> None:
+        """A partial line of a buffer or more: whole buffers of it go, the
+        rest waits for its newline (as Flux's channels hold it)."""
+        data = b"".join(self._partial)
+        kept = len(data) % self._bufsize
+        self._partial, self._partial_len = ([data[-kept:]] if kept else []), kept
+        self._hand_on(data[: len(data) - kept])
 
     def _flush(self) -> None:
         if self._partial:
             data = b"".join(self._partial)
             self._partial, self._partial_len = [], 0
-            self._hand_on(data)
+            for chunk in line_chunks(data, self._bufsize):
+                self._on_data(chunk)
 
     def _hand_on(self, data: bytes) -> None:
         """``data`` in chunks of at most the buffer size, as Flux's channels

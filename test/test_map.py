@@ -509,10 +509,25 @@ def test_nvidia_without_a_render_node(nvidia_node):
 def test_nvidia_multi_backend_card_maps_to_its_one_device(tmp_path):
     node = FakeNode(tmp_path)
     node.nvidia_gpu("0000:85:00.0", minor=7, render="renderD135", card="card7")
+    node.dev("/dev/nvidiactl", "/dev/nvidia-uvm")
     assert device_allow(NVIDIA_BACKENDS, node, "1") == [
         "/dev/nvidia7 rw",
         "/dev/dri/renderD135 rw",
+        "/dev/nvidiactl rw",
+        "/dev/nvidia-uvm rw",
     ]
+
+
+@pytest.mark.parametrize("missing", ["/dev/nvidiactl", "/dev/nvidia-uvm"])
+def test_a_gpu_job_without_cuda_s_shared_devices_is_enodev(nvidia_node, missing):
+    # /dev/nvidia-uvm appears once the module is loaded, often at a CUDA
+    # program's first use: left out, a job fenced with DevicePolicy=closed
+    # could neither create nor open it, and started with a GPU CUDA cannot use.
+    path = nvidia_node.root / missing.lstrip("/")
+    path.unlink()
+    said = enodev(SMALL, nvidia_node, "0")
+    assert said.startswith(f"GPU 0 (cuda0, 0000:01:00.0): {path} does not exist")
+    assert ("nvidia-modprobe -u" in said) == missing.endswith("-uvm")
 
 
 def enodev(xml: str, node: FakeNode, gpus: str) -> str:

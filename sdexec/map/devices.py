@@ -14,10 +14,12 @@ render node, and the shared ``/dev/nvidiactl``, ``/dev/nvidia-uvm``,
 nodes, and the shared ``/dev/kfd``. Any other driver: the DRM render and card
 nodes.
 
-Paths that do not exist are left out, but each GPU must keep the device that
-makes it usable: NVIDIA's ``/dev/nvidia<minor>``, AMD's ``/dev/kfd`` and a DRM
-node, for other drivers a DRM node. Otherwise the job would start with a GPU
-it cannot open, so that is an ``OSError`` (ENODEV) naming the GPU and the path.
+Paths that do not exist are left out, but each GPU must keep the devices
+that make it usable: NVIDIA's ``/dev/nvidia<minor>``, ``/dev/nvidiactl`` and
+``/dev/nvidia-uvm`` (CUDA's; a fenced job cannot create it on first use, as
+``nvidia-modprobe`` would), AMD's ``/dev/kfd`` and a DRM node, for other
+drivers a DRM node. Otherwise the job would start with a GPU it cannot use,
+so that is an ``OSError`` (ENODEV) naming the GPU and the path.
 """
 
 from __future__ import annotations
@@ -31,7 +33,14 @@ from sdexec.map.topology import GPU
 
 __all__ = ["DeviceFinder"]
 
-NVIDIA_SHARED = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+#: NVIDIA's shared nodes every GPU job needs (CUDA's), and those it may use.
+NVIDIA_SHARED = ("/dev/nvidiactl", "/dev/nvidia-uvm")
+NVIDIA_OPTIONAL = ("/dev/nvidia-uvm-tools",)
+#: Why a missing /dev/nvidia-uvm fails the job rather than the job's CUDA.
+_NO_UVM = (
+    ": CUDA needs it, and a job fenced with DevicePolicy=closed cannot create"
+    " it on first use; load the module at boot (nvidia-modprobe -u -c=0)"
+)
 RENDER = ("renderD",)
 RENDER_AND_CARD = ("renderD", "card")
 
@@ -68,7 +77,12 @@ class DeviceFinder:
             )
         driver = self._driver(gpu.pci_busid)
         if driver == "nvidia":
-            return self._nvidia(gpu, gpu.pci_busid), self._existing(NVIDIA_SHARED)
+            own = self._nvidia(gpu, gpu.pci_busid)
+            shared = [
+                self._required(gpu, path, _NO_UVM if path.endswith("-uvm") else "")
+                for path in NVIDIA_SHARED
+            ]
+            return own, shared + self._existing(NVIDIA_OPTIONAL)
         drm = self._drm_nodes(gpu.pci_busid, RENDER_AND_CARD)
         if not drm:
             raise OSError(
@@ -126,9 +140,11 @@ class DeviceFinder:
             if name.startswith(prefix)
         )
 
-    def _required(self, gpu: GPU, path: str) -> str:
+    def _required(self, gpu: GPU, path: str, why: str = "") -> str:
         if not os.path.exists(self._host(path)):
-            raise OSError(errno.ENODEV, f"{gpu}: {self._host(path)} does not exist")
+            raise OSError(
+                errno.ENODEV, f"{gpu}: {self._host(path)} does not exist{why}"
+            )
         return path
 
     def _existing(self, paths: Iterable[str]) -> list[str]:

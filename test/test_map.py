@@ -1362,3 +1362,22 @@ def test_cli_reads_the_live_topology_without_xml():
 
 def test_live_topology_xml_is_hwloc_xml():
     assert "<topology" in live_topology_xml()
+
+
+def test_a_card_hwloc_counts_no_gpu_of_is_named_when_gpus_are_missing():
+    # Without a GPU backend for it (no OpenCL plugin or ICD, say), the real
+    # node's card is only a PCI device, and a job given GPU 0 was told
+    # "GPU 0 is beyond the topology's 0 GPUs", naming neither it nor why.
+    start = H100_VM.index('<object type="OSDev" gp_index="94"')
+    end = H100_VM.index("</object>", start) + len("</object>")
+    with pytest.raises(OSError) as refused:
+        HwlocMapper(H100_VM[:start] + H100_VM[end:]).map_gpus("0")
+    assert refused.value.strerror == (
+        "GPU 0 is beyond the topology's 0 GPUs; hwloc shows GPU-class PCI devices"
+        " 0000:00:06.0 [10de:2330] with no CUDA, NVML, OpenCL or RSMI device:"
+        " is hwloc's GPU backend installed for lstopo?"
+    )
+    # (A card it counts names nothing more.)
+    with pytest.raises(OSError) as refused:
+        HwlocMapper(H100_VM).map_gpus("1")
+    assert refused.value.strerror == "GPU 1 is beyond the topology's 1 GPU"

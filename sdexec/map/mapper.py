@@ -9,7 +9,7 @@ from typing import Any
 
 from sdexec.idset import IDset
 from sdexec.map.devices import DeviceFinder
-from sdexec.map.topology import GPU, Topology, out_of_range
+from sdexec.map.topology import GPU, Topology, out_of_range, uncounted_gpus_hint
 from sdexec.rset import ResourceSet
 from sdexec.sizes import MemoryLimit
 
@@ -156,7 +156,9 @@ class HwlocMapper(ResourceMapper):
         ids = _idset(gpus, "gpus")
         if not ids:
             return {}
-        out_of_range(ids, len(self._topology.gpus), "GPU")
+        topology = self._topology
+        hint = uncounted_gpus_hint(topology.uncounted_gpu_devices)
+        out_of_range(ids, len(topology.gpus), "GPU", hint)
         paths = self._devices.device_paths(self._topology.gpus[i] for i in ids)
         _refuse_shared_functions(ids, self._topology.gpus)
         return {"DeviceAllow": ",".join(f"{path} rw" for path in paths)}

@@ -69,6 +69,10 @@ class Topology:
         self.npus = _count(root, "PU")
         self.ncores = _count(root, "Core")
         self.gpus = _find_gpus(root)
+        #: GPU makers' display-class PCI devices no GPU above is: a card hwloc
+        #: saw, but through no GPU backend of its own (named when a job asks
+        #: for more GPUs than were counted).
+        self.uncounted_gpu_devices = _uncounted_gpu_devices(root, self.gpus)
         if self.npus == 0:
             raise OSError(errno.EINVAL, "topology XML: it has no PU objects")
         self._hwloc_calc = _Tool("hwloc-calc")
@@ -132,8 +136,9 @@ class Topology:
             ) from None
 
 
-def out_of_range(ids: IDset, count: int, what: str) -> None:
-    """``OSError`` (ENODEV) naming the ``ids`` not below ``count``."""
+def out_of_range(ids: IDset, count: int, what: str, hint: str = "") -> None:
+    """``OSError`` (ENODEV) naming the ``ids`` not below ``count`` (and
+    ``hint``, what may explain it)."""
     missing = ids - IDset(range(count))
     if missing:
         plural = "s" if len(missing) > 1 else ""
@@ -141,8 +146,20 @@ def out_of_range(ids: IDset, count: int, what: str) -> None:
         raise OSError(
             errno.ENODEV,
             f"{what}{plural} {missing} {verb} beyond the topology's"
-            f" {count} {what}{'' if count == 1 else 's'}",
+            f" {count} {what}{'' if count == 1 else 's'}{hint}",
         )
+
+
+def uncounted_gpus_hint(devices: list[str]) -> str:
+    """Why a topology may count fewer GPUs than the node has: the cards
+    hwloc shows only as PCI devices."""
+    if not devices:
+        return ""
+    return (
+        f"; hwloc shows GPU-class PCI devices {', '.join(devices)} with no"
+        " CUDA, NVML, OpenCL or RSMI device: is hwloc's GPU backend"
+        " installed for lstopo?"
+    )
 
 
 def live_topology_xml() -> str:
@@ -299,6 +316,23 @@ class _SiblingSearch:
             if devices:
                 yield devices
             scope = self._parents.get(scope)
+
+
+def _uncounted_gpu_devices(root: ET.Element, gpus: list[GPU]) -> list[str]:
+    """``BUSID [VENDOR:DEVICE]`` of each display-class PCI device of a GPU
+    maker that no GPU in ``gpus`` is (a BMC's VGA is not one)."""
+    counted = {gpu.pci_busid for gpu in gpus}
+    makers = set(_VENDOR_IDS.values())
+    found = []
+    for obj in root.iter("object"):
+        busid = obj.get("pci_busid")
+        kind = _pci_class_and_vendor(obj)
+        if obj.get("type") != "PCIDev" or busid in counted or kind is None:
+            continue
+        if kind[0] == "03" and kind[1] in makers:
+            ids = obj.get("pci_type", "").split(" ")[1]
+            found.append(f"{busid} {ids}")
+    return found
 
 
 def _gpu_vendor_id(osdev: ET.Element) -> str | None:

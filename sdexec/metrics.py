@@ -50,7 +50,12 @@ START_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 #: ``/stats`` counters that are events, not request topics, and the metric
 #: (without ``sdexec_`` and ``_total``) each becomes.
 EVENT_COUNTERS = {
-    "errors": ("protocol_errors", "Messages refused before dispatch."),
+    "errors": (
+        "requests_refused",
+        "Requests refused at once: malformed or unknown ones, and those their"
+        " handler refused (a kill of a pid that has exited, an exec on a"
+        " drained node).",
+    ),
     "reaped": ("processes_reaped", "Processes whose unit was stopped and reaped."),
     "mapper": ("mapper_calls", "Requests the resource mapper fenced."),
     "fence-failures": (
@@ -79,6 +84,7 @@ class Metrics:
     """The service's Prometheus registry and the observers that feed it."""
 
     def __init__(self, reactor: Any, stats: Callable[[], dict]) -> None:
+        self._reactor = reactor
         self.registry = CollectorRegistry()
         self.registry.register(_StatsCollector(reactor, stats))
         self.request_errors = Counter(
@@ -118,10 +124,22 @@ class Metrics:
         )  # fmt: skip
 
     def resource(self) -> IResource:
-        """prometheus-client's Twisted resource for this registry."""
-        from prometheus_client.twisted import MetricsResource
+        """prometheus-client's exposition of this registry, rendered in the
+        reactor's thread pool (as its Twisted resource does); ``HEAD`` is
+        answered as ``GET`` (its app refused it, 405, where ``/stats`` takes
+        it), the body left out by Twisted."""
+        from prometheus_client.exposition import make_wsgi_app
+        from twisted.web.wsgi import WSGIResource
 
-        return cast(IResource, MetricsResource(self.registry))  # it implements it
+        app = make_wsgi_app(self.registry)
+
+        def head_as_get(environ: dict, start_response: Any) -> Any:
+            if environ.get("REQUEST_METHOD") == "HEAD":
+                environ = {**environ, "REQUEST_METHOD": "GET"}
+            return app(environ, start_response)
+
+        pool = self._reactor.getThreadPool()
+        return cast(IResource, WSGIResource(self._reactor, pool, head_as_get))
 
     # -- hooks ------------------------------------------------------------
 
@@ -202,15 +220,13 @@ class _StatsCollector(Collector):
         self._stats = stats
 
     def describe(self) -> list[Metric]:
-        return []  # its families depend on the counters: not pre-described
+        # Its families are fixed (only their samples are not): named, so a
+        # scrape that asks for some by name (?name[]=...) gets them.
+        nothing: dict = {"requests": {}, "procs": [], "drain": _NOT_DRAINED}
+        return list(_families(nothing))
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._snapshot()
-        counters = stats["requests"]
-        yield _requests(counters)
-        yield from _events(counters)
-        yield _processes(stats["procs"])
-        yield _drained(stats["drain"])
+        yield from _families(self._snapshot())
 
     def _snapshot(self) -> dict:
         if isInIOThread():
@@ -218,6 +234,18 @@ class _StatsCollector(Collector):
         answer: queue.Queue = queue.Queue(maxsize=1)
         self._reactor.callFromThread(lambda: answer.put(self._stats()))
         return answer.get(timeout=SNAPSHOT_TIMEOUT_SECONDS)
+
+
+_NOT_DRAINED = {"drained": False, "reason": None}
+
+
+def _families(stats: dict) -> Iterator[Metric]:
+    """The ``/stats`` numbers' metric families."""
+    counters = stats["requests"]
+    yield _requests(counters)
+    yield from _events(counters)
+    yield _processes(stats["procs"])
+    yield _drained(stats["drain"])
 
 
 def _requests(counters: dict[str, int]) -> Metric:

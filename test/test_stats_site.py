@@ -398,3 +398,61 @@ async def test_a_reader_sending_ahead_gets_the_answers_made_then_the_close():
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"x" * 100_000 in body
     assert answer.count(b"HTTP/1.1 200") == 1
+
+
+# -- GET /metrics, offline: the registry over stand-in counters -----------------
+
+
+@pytest.fixture
+def metrics_port():
+    """``/metrics`` of a registry whose ``/stats`` has 3 execs, 2 refused
+    requests, a drained node and one running process."""
+    from sdexec.metrics import Metrics
+
+    stats = {
+        "requests": {"sdexec.exec": 3, "errors": 2, "oom-kills": 1},
+        "procs": [{"state": "R"}],
+        "drain": {"drained": True, "reason": "maintenance"},
+    }
+    metrics = Metrics(reactor, lambda: stats)
+    site = stats_site(lambda: stats, metrics.resource())
+    port = reactor.listenTCP(0, site, interface="127.0.0.1")
+    yield port.getHost().port
+    port.stopListening()
+
+
+def _metrics_request(method: str, query: str = "") -> bytes:
+    return (
+        f"{method} /metrics{query} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    ).encode()
+
+
+@ensureDeferred
+async def test_metrics_named_in_the_query_include_those_of_stats(metrics_port):
+    # prometheus-client never asked the collector of the /stats numbers for
+    # a filtered scrape (it described no family): a slimmed scrape of
+    # sdexec_drained and sdexec_oom_kills_total got nothing, its alerts never fired.
+    names = "sdexec_drained", "sdexec_oom_kills_total", "sdexec_requests_total"
+    query = "?" + "&".join(f"name[]={name}" for name in names)
+    answer = await deferToThread(exchange, metrics_port, _metrics_request("GET", query))
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert b'sdexec_drained{reason="maintenance"} 1.0' in answer
+    assert b"sdexec_oom_kills_total 1.0" in answer
+    assert b'sdexec_requests_total{topic="sdexec.exec"} 3.0' in answer
+    assert b"sdexec_processes" not in answer
+
+
+@ensureDeferred
+async def test_metrics_answer_head_as_stats_does(metrics_port):
+    answer = await deferToThread(exchange, metrics_port, _metrics_request("HEAD"))
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert answer.endswith(b"\r\n\r\n") and b"sdexec_" not in answer  # no body
+
+
+@ensureDeferred
+async def test_refused_requests_are_not_called_protocol_errors(metrics_port):
+    # "Messages refused before dispatch" counted a kill of an exited pid and
+    # every exec of a drained node: an alert on protocol errors paged then.
+    answer = await deferToThread(exchange, metrics_port, _metrics_request("GET"))
+    assert b"sdexec_requests_refused_total 2.0" in answer
+    assert b"protocol_errors" not in answer

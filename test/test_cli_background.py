@@ -91,19 +91,25 @@ def _attach(service, target: str) -> subprocess.Popen:
     )
 
 
+async def _ended_by_usr1(sdexec, client: subprocess.Popen, target: str) -> None:
+    """``client`` (a wait or an attach of ON_SIGNAL's process ``target``)
+    exits 0 with all the output once the process is told to end."""
+    try:
+        await cli(sdexec, "kill", "USR1", target)
+        out, err = await deferToThread(client.communicate, timeout=60)
+    finally:
+        client.kill()
+        client.wait()
+    assert (client.returncode, out, err) == (0, b"before\nafter\n", b"")
+    await until(lambda: not sdexec.server.list()["procs"], "reaped")
+
+
 @ensureDeferred
 async def test_attach_streams_to_the_end_and_exits_with_the_code(sdexec):
     await cli(sdexec, "run", "--bg", "--label", "a", "sh", "-c", ON_SIGNAL)
     attached = _attach(sdexec, "a")
-    try:
-        await until(lambda: modes(sdexec) == ["attached"], "attached")
-        await cli(sdexec, "kill", "USR1", "a")
-        out, err = await deferToThread(attached.communicate, timeout=60)
-    finally:
-        attached.kill()
-        attached.wait()
-    assert (attached.returncode, out, err) == (0, b"before\nafter\n", b"")
-    await until(lambda: not sdexec.server.list()["procs"], "reaped")
+    await until(lambda: modes(sdexec) == ["attached"], "attached")
+    await _ended_by_usr1(sdexec, attached, "a")
 
 
 @ensureDeferred
@@ -194,13 +200,6 @@ async def test_nohup_wait_and_attach_keep_on_through_a_hangup(sdexec, command):
         sdexec, "run", "--bg", "--waitable", "--label", "w", "sh", "-c", ON_SIGNAL
     )
     client = _nohup(sdexec, command, "w")
-    try:
-        await until(lambda: sdexec.server.counters[f"sdexec.{command}"], "asked")
-        client.send_signal(signal.SIGHUP)
-        await cli(sdexec, "kill", "USR1", "w")
-        out, err = await deferToThread(client.communicate, timeout=60)
-    finally:
-        client.kill()
-        client.wait()
-    assert (client.returncode, out, err) == (0, b"before\nafter\n", b"")
-    await until(lambda: not sdexec.server.list()["procs"], "reaped")
+    await until(lambda: sdexec.server.counters[f"sdexec.{command}"], "asked")
+    client.send_signal(signal.SIGHUP)
+    await _ended_by_usr1(sdexec, client, "w")

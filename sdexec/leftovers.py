@@ -273,7 +273,7 @@ class Leftover:
         if self._cgroup is not None:
             server = self._leftovers.server
             server.end_what_lost_unit_left(
-                self.name, self._cgroup, self.stop_timer.signum
+                self.name, self._cgroup, self.stop_timer.signum, self
             )
 
     def _begin_new_run(self) -> None:

@@ -207,10 +207,12 @@ class ProcessContext:
     #: (``[systemd] start-timeout``): a unit whose states the model does not
     #: expect (``Type=forking``, no ``ExecMainPID``, …) must not hang it.
     start_timeout: float = DEFAULT_START_TIMEOUT
-    #: ``end_lost_unit(unit, cgroup, signum)``: its manager lost the unit,
-    #: and what it ran lives on in ``cgroup`` (the server's
+    #: ``end_lost_unit(unit, cgroup, signum, process)``: its manager lost the
+    #: process's unit, and what it ran lives on in ``cgroup`` (the server's
     #: ``end_what_lost_unit_left``, sdexec/orphans.py).
-    end_lost_unit: Callable[[str, str, int], None] = lambda unit, cgroup, signum: None
+    end_lost_unit: Callable[[str, str, int, Process], None] = (
+        lambda unit, cgroup, signum, process: None
+    )
     #: Receipts read the unit's cgroup files (cgroup v2): the unit is not
     #: stopped until its receipt has been read (sdexec.receipt).
     receipt_reads_cgroup: bool = True
@@ -996,7 +998,8 @@ class Process:
         if cgroup is None or self._orphans_ended:
             return
         self._orphans_ended = True
-        self._context.end_lost_unit(self.unit_name, cgroup, self.stop_timer.signum)
+        signum = self.stop_timer.signum
+        self._context.end_lost_unit(self.unit_name, cgroup, signum, self)
 
     def _vanished(self, what: str) -> None:
         """The unit is no longer the one started (its manager restarted, it

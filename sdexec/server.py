@@ -604,10 +604,17 @@ class SdexecServer:
         # Also those begun meanwhile (a unit found lost once systemd is back).
         return waiter.addBoth(self._finish_lost_unit_kills)
 
-    def end_what_lost_unit_left(self, unit: str, cgroup: str, signum: int) -> None:
-        """Its manager lost ``unit``, and what it ran may live on outside
-        any unit in ``cgroup``: ``signum``, then SIGKILL (sdexec/orphans.py),
-        unless a unit of that name runs there again by then."""
+    def end_what_lost_unit_left(
+        self, unit: str, cgroup: str, signum: int, lost_by: object = None
+    ) -> None:
+        """Its manager lost ``unit`` (followed by ``lost_by``, a process or a
+        leftover, if anyone), and what it ran may live on outside any unit
+        in ``cgroup``: ``signum``, then SIGKILL (sdexec/orphans.py), unless
+        a unit of that name runs there again by then, someone else's."""
+
+        def in_use(name: str) -> bool:
+            return self._unit_follower(name) not in (None, lost_by)
+
         LostUnitKill(
             unit,
             cgroup,
@@ -615,13 +622,16 @@ class SdexecServer:
             self.clock,
             self.drain,
             self.lost_unit_kills,
-            in_use=self._unit_followed,
+            in_use=in_use,
         ).start()
 
-    def _unit_followed(self, unit: str) -> bool:
-        """Whether a process or a leftover of the service's has that unit."""
+    def _unit_follower(self, unit: str) -> object:
+        """The process or the leftover of the service's that has that unit."""
         leftovers = self.leftovers
-        return unit in self.units or (leftovers is not None and unit in leftovers.units)
+        follower = self.units.get(unit)
+        if follower is None and leftovers is not None:
+            return leftovers.units.get(unit)
+        return follower
 
     def _finish_lost_unit_kills(self, result: object = None) -> object:
         """SIGKILL now what lost units left: the service stops, and their

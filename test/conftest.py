@@ -195,6 +195,22 @@ def connection(server):
 
 
 @pytest.fixture
+def orphans_signalled(monkeypatch) -> list[tuple[str, int]]:
+    """``(cgroup, signal)`` of each pass of a lost unit's kill
+    (sdexec/orphans.py), none of them sent."""
+    import sdexec.orphans
+
+    sent: list[tuple[str, int]] = []
+
+    def signal_cgroup(group, signum, root="/"):
+        sent.append((group, signum))
+        return sdexec.orphans.Signalled(sent={4242})
+
+    monkeypatch.setattr(sdexec.orphans, "signal_cgroup", signal_cgroup)
+    return sent
+
+
+@pytest.fixture
 def private_manager(monkeypatch):
     """A sandbox manager of the test's own, its environment exported, for
     tests that kill or re-execute it (a manager the session reused, a

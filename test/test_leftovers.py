@@ -34,8 +34,15 @@ def leftover(systemd: FakeManager, name: str, mark: str = MARK, pid: int = 77):
     systemd.properties[name] = [UnitProperty("Description", "s", f"sleep 300{mark}")]
 
 
-def make_server(systemd: FakeManager, policy: str = "stop") -> SdexecServer:
-    config = parse_config({"sdexec": {"leftover-units": policy}})
+def make_server(
+    systemd: FakeManager, policy: str = "stop", stop_signal: str = "SIGUSR1"
+) -> SdexecServer:
+    config = parse_config(
+        {
+            "sdexec": {"leftover-units": policy},
+            "exec": {"sdexec-stop-timer-signal": stop_signal},
+        }
+    )
     server = SdexecServer(systemd, config, reactor, clock=Clock())
     server.unit_mark = MARK
     server.leftovers = Leftovers(systemd, server, MARKS)
@@ -593,24 +600,20 @@ def test_callers_scanning_again_from_their_callbacks_make_one_scan_at_a_time(
 # -- found by a review (notes/review-session29-AC.md) ------------------------
 
 
-def test_a_leftover_lost_with_its_manager_has_what_it_left_ended(systemd, monkeypatch):
+@pytest.mark.parametrize("stop_signal", ["SIGUSR1", "SIGKILL"])
+def test_a_leftover_lost_with_its_manager_has_what_it_left_ended(
+    systemd, orphans_signalled, stop_signal
+):
     # Deactivating (a process ignoring the stop's SIGTERM), its manager is
     # killed and started again: the new one's copy (from the dead one's
     # file, never started) read as "gone", the node was undrained, and the
     # process ran on in the dead manager's cgroup, signalled by no one.
     cgroup = "/user.slice/user-0.slice/user@0.service/app.slice/sdexec-a.service"
-    sent: list[tuple[str, int]] = []
-
-    def signal_cgroup(group, signum, root="/"):
-        sent.append((group, signum))
-        return sdexec.orphans.Signalled(sent={4242})
-
-    monkeypatch.setattr(sdexec.orphans, "signal_cgroup", signal_cgroup)
     leftover(systemd, "sdexec-a.service")
     systemd.units["sdexec-a.service"].update(
         InvocationID=b"\x01" * 16, ControlGroup=cgroup
     )
-    server = make_server(systemd)
+    server = make_server(systemd, stop_signal=stop_signal)
     server.leftovers.scan()
     systemd.change("sdexec-a.service", {"ActiveState": "deactivating"})
     systemd.lose("the systemd manager left the bus")
@@ -618,9 +621,10 @@ def test_a_leftover_lost_with_its_manager_has_what_it_left_ended(systemd, monkey
     systemd.units["sdexec-a.service"] = reloaded
     systemd.restore()
     server.leftovers.scan()  # as the return does
-    assert sent == [(cgroup, signal.SIGUSR1)]
     server.clock.advance(2)
-    assert sent[-1] == (cgroup, signal.SIGKILL)
+    # (Not spared as "in use" by the very leftover that lost it.)
+    first = [(cgroup, signal.SIGUSR1)] if stop_signal == "SIGUSR1" else []
+    assert orphans_signalled == [*first, (cgroup, signal.SIGKILL)]
     assert list(server.leftovers.units) == []
 
 
@@ -637,19 +641,13 @@ def test_a_leftover_that_stops_keeps_its_invocation_and_is_simply_gone(
 
 
 def test_a_start_lost_with_its_killed_manager_has_what_it_forked_ended(
-    systemd, monkeypatch
+    systemd, monkeypatch, orphans_signalled
 ):
     # The manager forked the command, and was killed before its answer
     # left: the request ended with EAGAIN and the process was reaped, and
     # the new manager's copy (inactive, never started) was no leftover:
     # the command ran on in the dead manager's cgroup, followed by no one.
-    sent: list[tuple[str, int]] = []
-
-    def signal_cgroup(group, signum, root="/"):
-        sent.append((group, signum))
-        return sdexec.orphans.Signalled(sent={4242})
-
-    monkeypatch.setattr(sdexec.orphans, "signal_cgroup", signal_cgroup)
+    sent = orphans_signalled
     server = make_server(systemd)
     start = systemd.start_transient_unit
 
@@ -672,19 +670,6 @@ def test_a_start_lost_with_its_killed_manager_has_what_it_forked_ended(
     server.clock.advance(2)
     assert sent[-1] == (cgroup, signal.SIGKILL)
     assert server.leftovers.units == {}
-
-
-@pytest.fixture
-def orphans_signalled(monkeypatch) -> list[tuple[str, int]]:
-    """``(cgroup, signal)`` of each pass of a lost unit's kill."""
-    sent: list[tuple[str, int]] = []
-
-    def signal_cgroup(group, signum, root="/"):
-        sent.append((group, signum))
-        return sdexec.orphans.Signalled(sent={4242})
-
-    monkeypatch.setattr(sdexec.orphans, "signal_cgroup", signal_cgroup)
-    return sent
 
 
 def never_started(systemd: FakeManager, name: str = UNIT) -> None:

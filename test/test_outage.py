@@ -370,21 +370,11 @@ def test_a_shutdown_finishes_the_lost_units_kills_still_to_come(systemd, server)
 
 @pytest_twisted.ensureDeferred
 async def test_a_lost_unit_found_during_the_shutdown_is_sigkilled_before_it_ends(
-    systemd, server, connection, monkeypatch
+    systemd, server, connection, lost_cgroup, orphans_signalled
 ):
     # The shutdown finished the kills pending when it began; one begun while
     # it waited (systemd back, the unit reloaded) had its SIGKILL on a timer
     # that died with the reactor: what ignored the first signal ran on.
-    sent: list[int] = []
-
-    def signal_cgroup(cgroup, signum, root="/"):
-        sent.append(signum)
-        return sdexec.orphans.Signalled(sent={4242})
-
-    monkeypatch.setattr(sdexec.orphans, "signal_cgroup", signal_cgroup)
-    monkeypatch.setattr(
-        sdexec.process, "unit_cgroup", lambda unit, pid, m: f"{m}/app.slice/{unit}"
-    )
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT)
     systemd.change(UNIT, OURS)
@@ -393,8 +383,52 @@ async def test_a_lost_unit_found_during_the_shutdown_is_sigkilled_before_it_ends
     away_and_back(systemd, RELOADED)
     systemd.release(UNIT)  # what lingers holds no output end
     await until(lambda: done, "the shutdown's end")
-    assert sent == [signal.SIGUSR1, signal.SIGKILL]
+    assert orphans_signalled == [
+        (lost_cgroup, signal.SIGUSR1),
+        (lost_cgroup, signal.SIGKILL),
+    ]
     assert server.lost_unit_kills == set()
+
+
+@pytest.fixture
+def lost_cgroup(systemd, monkeypatch) -> str:
+    """Where each unit's processes are said to be (its cgroup as noted at
+    its start)."""
+    monkeypatch.setattr(
+        sdexec.process, "unit_cgroup", lambda unit, pid, m: f"{m}/app.slice/{unit}"
+    )
+    return f"{systemd.control_group}/app.slice/{UNIT}"
+
+
+def test_a_sigkill_stop_signal_ends_what_a_lost_unit_left(
+    systemd, server, connection, lost_cgroup, orphans_signalled
+):
+    # The lost unit's own process, still tabled as the kill began, read as
+    # a unit of that name running again: nothing was sent at all.
+    cmd = {**TRUE, "opts": {**TRUE["opts"], "SDEXEC_STOP_TIMER_SIGNAL": "SIGKILL"}}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd})
+    systemd.run(UNIT)
+    systemd.change(UNIT, OURS)
+    away_and_back(systemd, RELOADED)
+    assert orphans_signalled == [(lost_cgroup, signal.SIGKILL)]
+
+
+def test_a_unit_lost_after_its_exit_gets_its_sigkill(
+    systemd, server, connection, lost_cgroup, orphans_signalled
+):
+    # Its outcome known, its process stays tabled while the unit lingers:
+    # read as the name's new run, it spared what ignored the stop signal.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    systemd.change(UNIT, OURS)
+    systemd.exit(UNIT)
+    systemd.change(UNIT, DEACTIVATING)
+    away_and_back(systemd, RELOADED)
+    server.clock.advance(2)
+    assert orphans_signalled == [
+        (lost_cgroup, signal.SIGUSR1),
+        (lost_cgroup, signal.SIGKILL),
+    ]
 
 
 def test_systemd_lost_while_the_service_stops_drains_nothing_later(systemd, connection):

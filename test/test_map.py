@@ -518,16 +518,29 @@ def test_nvidia_multi_backend_card_maps_to_its_one_device(tmp_path):
     ]
 
 
-@pytest.mark.parametrize("missing", ["/dev/nvidiactl", "/dev/nvidia-uvm"])
-def test_a_gpu_job_without_cuda_s_shared_devices_is_enodev(nvidia_node, missing):
-    # /dev/nvidia-uvm appears once the module is loaded, often at a CUDA
-    # program's first use: left out, a job fenced with DevicePolicy=closed
-    # could neither create nor open it, and started with a GPU CUDA cannot use.
-    path = nvidia_node.root / missing.lstrip("/")
+def test_a_gpu_job_without_nvidiactl_is_enodev(nvidia_node):
+    # Every use of an NVIDIA GPU opens it (nvidia-smi too).
+    path = nvidia_node.root / "dev/nvidiactl"
     path.unlink()
-    said = enodev(SMALL, nvidia_node, "0")
-    assert said.startswith(f"GPU 0 (cuda0, 0000:01:00.0): {path} does not exist")
-    assert ("nvidia-modprobe -u" in said) == missing.endswith("-uvm")
+    assert enodev(SMALL, nvidia_node, "0") == (
+        f"GPU 0 (cuda0, 0000:01:00.0): {path} does not exist"
+    )
+
+
+def test_a_missing_nvidia_uvm_is_said_once_not_left_out_silently(nvidia_node):
+    # It appears once its module is loaded, often at a CUDA program's first
+    # use, which a job fenced with DevicePolicy=closed cannot do: its CUDA
+    # failed with nothing said. (Jobs without CUDA, nvidia-smi, still run.)
+    path = nvidia_node.root / "dev/nvidia-uvm"
+    path.unlink()
+    mapper = HwlocMapper(SMALL, root=str(nvidia_node.root))
+    with capturedLogs() as events:
+        for _ in range(2):
+            allowed = mapper.map_gpus("0")["DeviceAllow"]
+    assert allowed == "/dev/nvidia1 rw,/dev/dri/renderD128 rw,/dev/nvidiactl rw"
+    (said,) = [formatEvent(event) for event in events]
+    assert said.startswith(f"{path} does not exist: GPU jobs are given no CUDA")
+    assert "nvidia-modprobe -u -c=0" in said
 
 
 def enodev(xml: str, node: FakeNode, gpus: str) -> str:

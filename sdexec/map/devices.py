@@ -15,11 +15,13 @@ nodes, and the shared ``/dev/kfd``. Any other driver: the DRM render and card
 nodes.
 
 Paths that do not exist are left out, but each GPU must keep the devices
-that make it usable: NVIDIA's ``/dev/nvidia<minor>``, ``/dev/nvidiactl`` and
-``/dev/nvidia-uvm`` (CUDA's; a fenced job cannot create it on first use, as
-``nvidia-modprobe`` would), AMD's ``/dev/kfd`` and a DRM node, for other
-drivers a DRM node. Otherwise the job would start with a GPU it cannot use,
-so that is an ``OSError`` (ENODEV) naming the GPU and the path.
+that make it usable: NVIDIA's ``/dev/nvidia<minor>`` and ``/dev/nvidiactl``,
+AMD's ``/dev/kfd`` and a DRM node, for other drivers a DRM node. Otherwise
+the job would start with a GPU it cannot open, so that is an ``OSError``
+(ENODEV) naming the GPU and the path. ``/dev/nvidia-uvm`` is CUDA's alone
+(``nvidia-smi`` does without): missing, it is left out with a warning, once,
+since a fenced job cannot create it on first use as ``nvidia-modprobe``
+would, and its CUDA will fail.
 """
 
 from __future__ import annotations
@@ -29,18 +31,17 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from twisted.logger import Logger
+
 from sdexec.map.topology import GPU
 
 __all__ = ["DeviceFinder"]
 
-#: NVIDIA's shared nodes every GPU job needs (CUDA's), and those it may use.
-NVIDIA_SHARED = ("/dev/nvidiactl", "/dev/nvidia-uvm")
-NVIDIA_OPTIONAL = ("/dev/nvidia-uvm-tools",)
-#: Why a missing /dev/nvidia-uvm fails the job rather than the job's CUDA.
-_NO_UVM = (
-    ": CUDA needs it, and a job fenced with DevicePolicy=closed cannot create"
-    " it on first use; load the module at boot (nvidia-modprobe -u -c=0)"
-)
+#: NVIDIA's shared node every GPU job needs, and those CUDA's jobs need.
+NVIDIA_CONTROL = "/dev/nvidiactl"
+NVIDIA_UVM = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+_log = Logger()
 RENDER = ("renderD",)
 RENDER_AND_CARD = ("renderD", "card")
 
@@ -54,6 +55,7 @@ class DeviceFinder:
 
     def __init__(self, root: str = "/") -> None:
         self._root = root
+        self._said_no_uvm = False
 
     def device_paths(self, gpus: Iterable[GPU]) -> list[str]:
         """Device nodes for ``gpus``: each GPU's own, then the shared ones,
@@ -78,11 +80,10 @@ class DeviceFinder:
         driver = self._driver(gpu.pci_busid)
         if driver == "nvidia":
             own = self._nvidia(gpu, gpu.pci_busid)
-            shared = [
-                self._required(gpu, path, _NO_UVM if path.endswith("-uvm") else "")
-                for path in NVIDIA_SHARED
-            ]
-            return own, shared + self._existing(NVIDIA_OPTIONAL)
+            uvm = self._existing(NVIDIA_UVM)
+            if NVIDIA_UVM[0] not in uvm:
+                self._say_no_uvm()
+            return own, [self._required(gpu, NVIDIA_CONTROL), *uvm]
         drm = self._drm_nodes(gpu.pci_busid, RENDER_AND_CARD)
         if not drm:
             raise OSError(
@@ -140,12 +141,20 @@ class DeviceFinder:
             if name.startswith(prefix)
         )
 
-    def _required(self, gpu: GPU, path: str, why: str = "") -> str:
+    def _required(self, gpu: GPU, path: str) -> str:
         if not os.path.exists(self._host(path)):
-            raise OSError(
-                errno.ENODEV, f"{gpu}: {self._host(path)} does not exist{why}"
-            )
+            raise OSError(errno.ENODEV, f"{gpu}: {self._host(path)} does not exist")
         return path
+
+    def _say_no_uvm(self) -> None:
+        if not self._said_no_uvm:
+            self._said_no_uvm = True
+            _log.warn(
+                "{path} does not exist: GPU jobs are given no CUDA (a job fenced"
+                " with DevicePolicy=closed cannot create it on first use); load"
+                " nvidia-uvm at boot (nvidia-modprobe -u -c=0)",
+                path=self._host(NVIDIA_UVM[0]),
+            )
 
     def _existing(self, paths: Iterable[str]) -> list[str]:
         return [path for path in paths if os.path.exists(self._host(path))]

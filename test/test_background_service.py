@@ -6,6 +6,7 @@ process is left."""
 from __future__ import annotations
 
 import errno
+import sys
 
 import pytest
 from pytest_twisted import ensureDeferred
@@ -18,9 +19,20 @@ pytestmark = pytest.mark.systemd
 
 KIB = 1024
 #: Prints "before", then "after" and exits 0 once it gets SIGUSR1.
-ON_SIGNAL = (
-    'trap "echo after; exit 0" USR1; echo before; while :; do sleep 1 & wait $!; done'
-)
+#: Says "before", and "after" once it gets SIGUSR1, then exits 0. (Not a
+#: shell loop: a child it forks gets the unit's signals too, its trap still
+#: set for a moment, and may say "after" as well.)
+ON_SIGNAL = [
+    sys.executable,
+    "-c",
+    "import signal, sys, time\n"
+    "def after(*_):\n"
+    "    print('after', flush=True)\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGUSR1, after)\n"
+    "print('before', flush=True)\n"
+    "time.sleep(300)\n",
+]
 
 
 async def background(client, cmdline, *, waitable=False, label=None, **kw) -> int:
@@ -111,7 +123,7 @@ async def test_wait_on_a_process_not_started_waitable_is_einval(sdexec):
 @ensureDeferred
 async def test_attach_gets_retained_then_live_output_eofs_and_the_end(sdexec):
     client = await sdexec.connect()
-    pid = await background(client, ["sh", "-c", ON_SIGNAL], label="a")
+    pid = await background(client, ON_SIGNAL, label="a")
 
     def before_is_retained():
         return any(t.retained.held for t in sdexec.server.tracked._tracked.values())
@@ -122,7 +134,7 @@ async def test_attach_gets_retained_then_live_output_eofs_and_the_end(sdexec):
     await until(lambda: result.stdout == b"before\n", "retained output")
     assert result.types[0] == "attached"
     assert result.responses[0]["pid"] == pid
-    assert result.responses[0]["cmd"]["cmdline"] == ["sh", "-c", ON_SIGNAL]
+    assert result.responses[0]["cmd"]["cmdline"] == ON_SIGNAL
     second = await sdexec.connect()
     with pytest.raises(RPCError) as busy:
         await second.attach(pid=pid).done
@@ -146,7 +158,7 @@ async def test_attach_gets_retained_then_live_output_eofs_and_the_end(sdexec):
 @ensureDeferred
 async def test_attach_disconnect_attach_again(sdexec):
     client = await sdexec.connect()
-    pid = await background(client, ["sh", "-c", ON_SIGNAL], label="again")
+    pid = await background(client, ON_SIGNAL, label="again")
     first = await sdexec.connect()
     result, _handle = await attach(first, pid=pid)
     await until(lambda: result.stdout == b"before\n", "output")

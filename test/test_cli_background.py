@@ -106,7 +106,7 @@ async def _ended_by_usr1(sdexec, client: subprocess.Popen, target: str) -> None:
 
 @ensureDeferred
 async def test_attach_streams_to_the_end_and_exits_with_the_code(sdexec):
-    await cli(sdexec, "run", "--bg", "--label", "a", "sh", "-c", ON_SIGNAL)
+    await cli(sdexec, "run", "--bg", "--label", "a", *ON_SIGNAL)
     attached = _attach(sdexec, "a")
     await until(lambda: modes(sdexec) == ["attached"], "attached")
     await _ended_by_usr1(sdexec, attached, "a")
@@ -114,7 +114,7 @@ async def test_attach_streams_to_the_end_and_exits_with_the_code(sdexec):
 
 @ensureDeferred
 async def test_ctrl_c_detaches_attach_and_the_process_runs_on(sdexec):
-    started = await cli(sdexec, "run", "--bg", "sh", "-c", ON_SIGNAL)
+    started = await cli(sdexec, "run", "--bg", *ON_SIGNAL)
     pid = started.stdout.decode().strip()
     attached = _attach(sdexec, pid)
     try:
@@ -208,9 +208,7 @@ async def test_nohup_run_does_not_hang_the_process_up(sdexec):
 async def test_nohup_wait_and_attach_keep_on_through_a_hangup(sdexec, command):
     # `nohup sdexec wait 7 > log &`, then logging out: wait died of the
     # SIGHUP it was given back, attach detached: the log got nothing.
-    await cli(
-        sdexec, "run", "--bg", "--waitable", "--label", "w", "sh", "-c", ON_SIGNAL
-    )
+    await cli(sdexec, "run", "--bg", "--waitable", "--label", "w", *ON_SIGNAL)
     counters, topic = sdexec.server.counters, f"sdexec.{command}"
     asked = counters[topic]  # the service's since it started
     client = _nohup(sdexec, command, "w")

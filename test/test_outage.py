@@ -184,18 +184,25 @@ def test_a_unit_a_restarted_manager_reloaded_from_its_file_is_gone(
     assert orphan_kills == [(UNIT, noted_cgroup(systemd), signal.SIGUSR1)]
 
 
-def test_a_unit_lost_after_its_exit_still_has_what_it_left_ended(
-    systemd, server, connection, orphan_kills
-):
-    # Its main process exited (finished sent), others ignored the stop's
-    # SIGTERM (deactivating), and then the manager was killed: the new one
-    # reads the unit inactive, and the stop timer had nothing left to time.
+def lost_after_its_exit(systemd, connection) -> None:
+    """A process whose main process exited (finished sent), others ignoring
+    the stop's SIGTERM (deactivating), then its manager killed: the new one
+    reads the unit from the file the dead one left."""
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT)
     systemd.change(UNIT, OURS)
     systemd.exit(UNIT)
     systemd.change(UNIT, DEACTIVATING)
     away_and_back(systemd, RELOADED)
+
+
+def test_a_unit_lost_after_its_exit_still_has_what_it_left_ended(
+    systemd, server, connection, orphan_kills
+):
+    # Its main process exited (finished sent), others ignored the stop's
+    # SIGTERM (deactivating), and then the manager was killed: the new one
+    # reads the unit inactive, and the stop timer had nothing left to time.
+    lost_after_its_exit(systemd, connection)
     assert orphan_kills == [(UNIT, noted_cgroup(systemd), signal.SIGUSR1)]
 
 
@@ -418,12 +425,7 @@ def test_a_unit_lost_after_its_exit_gets_its_sigkill(
 ):
     # Its outcome known, its process stays tabled while the unit lingers:
     # read as the name's new run, it spared what ignored the stop signal.
-    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
-    systemd.run(UNIT)
-    systemd.change(UNIT, OURS)
-    systemd.exit(UNIT)
-    systemd.change(UNIT, DEACTIVATING)
-    away_and_back(systemd, RELOADED)
+    lost_after_its_exit(systemd, connection)
     server.clock.advance(2)
     assert orphans_signalled == [
         (lost_cgroup, signal.SIGUSR1),

@@ -169,8 +169,9 @@ class Requests:
         if pending is None:
             return self._unexpected(message)
         if "errnum" in message:
+            error = rpc_error(message)  # made first: it may not strand the request
             del self._in_flight[matchtag]
-            pending.end(rpc_error(message))
+            pending.end(error)
             return None
         # RFC 6: a response may carry no payload (RFC 42's kill answer has
         # none); it reads as an empty one.
@@ -223,14 +224,21 @@ def bad_stdio(stream: str, fd: object, error: Exception) -> ValueError:
     return ValueError(f"exec: stdio: {stream}: {fd!r}: {reason}")
 
 
+#: Linux's errnos are below it (a larger number, or one no C int holds, is
+#: no errno: ``os.strerror`` raised for those).
+MAX_ERRNO = 4096
+
+
 def rpc_error(message: dict[str, Any]) -> RPCError:
-    """The :class:`RPCError` of an error response."""
+    """The :class:`RPCError` of an error response (``EPROTO``, naming it, if
+    its ``errnum`` is no errno)."""
     errnum = message.get("errnum")
     errstr = message.get("errstr")
-    return RPCError(
-        errnum if isinstance(errnum, int) else errno.EPROTO,
-        errstr if isinstance(errstr, str) else "",
-    )
+    errstr = errstr if isinstance(errstr, str) else ""
+    if type(errnum) is int and 0 < errnum < MAX_ERRNO:
+        return RPCError(errnum, errstr)
+    said = f"errnum {quoted(errnum, 40)} is no errno"
+    return RPCError(errno.EPROTO, f"{said}: {errstr}" if errstr else said)
 
 
 def is_end_of_stream(error: SdexecError) -> bool:

@@ -206,6 +206,22 @@ def test_rpc_error_response_is_rpc_error(served):
     assert (caught.value.errnum, str(caught.value)) == (3, "kill pid=99 not found")
 
 
+@pytest.mark.parametrize("errnum", [2**31, -(2**40), 0, True, "2"])
+@pytest_twisted.inlineCallbacks
+def test_an_error_whose_errnum_is_no_errno_still_ends_its_request(served, errnum):
+    # os.strerror raised for one no C int holds, after the request was
+    # untabled: its Deferred never fired, and the connection dropped.
+    peer, client = served
+    listed = client.list()
+    peer.fail((yield peer.requests.get()), errnum)
+    with pytest.raises(RPCError) as caught:
+        yield listed
+    assert caught.value.errnum == errno.EPROTO
+    assert str(caught.value).startswith("errnum ")
+    assert str(caught.value).endswith(" is no errno")
+    assert client._requests.lost is None  # the connection carries on
+
+
 @pytest_twisted.inlineCallbacks
 def test_kill_by_label_and_bad_targets(served):
     peer, client = served

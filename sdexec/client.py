@@ -16,13 +16,15 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
-from twisted.internet.defer import Deferred, fail
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.interfaces import (
     IConsumer,
+    IDelayedCall,
     IPushProducer,
+    IReactorTime,
     IReactorUNIX,
     IUNIXTransport,
 )
@@ -80,13 +82,20 @@ WAITABLE = ExecFlag.WAITABLE
 _log = Logger()
 
 
+#: How long :meth:`SdexecClient.close` lets what was written go out before
+#: it drops it: stdin the service takes no more of (it does not read a
+#: connection while a process without write credit is behind) would hold
+#: the close, and the processes it stops, for ever.
+CLOSE_GRACE_S = 5.0
+
+
 def connect(reactor: IReactorUNIX, path: str) -> Deferred[SdexecClient]:
     """Connect to the service listening on the UNIX socket ``path``.
 
     Errbacks with :class:`ConnectionFailed` naming the path if there is no
     socket there or nothing listens on it.
     """
-    client = SdexecClient(path)
+    client = SdexecClient(path, cast(IReactorTime, reactor))
     connecting = connectProtocol(UNIXClientEndpoint(reactor, path), client)
     return connecting.addErrback(_connect_failed, path)
 
@@ -112,6 +121,7 @@ class _Call:
         self.deferred.errback(error)
 
 
+@implementer(IPushProducer)
 class SdexecClient(JSONLineProtocol):
     """One connection to the service. Obtain it with :func:`connect`.
 
@@ -119,10 +129,19 @@ class SdexecClient(JSONLineProtocol):
     reason; requests still in flight then errback with :class:`RPCError` if
     the service said why it closed (e.g. ``EPERM``), else with
     :class:`ConnectionFailed`.
+
+    It is its transport's producer: while what it has written waits to go
+    out, the stdin producers registered with its handles are paused (the
+    service slows a client without write credit by not reading it).
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, clock: IReactorTime | None = None) -> None:
         super().__init__()
+        if clock is None:
+            from twisted.internet import reactor
+
+            clock = cast(IReactorTime, reactor)
+        self._clock = clock
         # The service's answers are not a stranger's requests: a list of
         # thousands of processes may hold more values than any request may.
         # The frame size bounds what they cost.
@@ -133,6 +152,18 @@ class SdexecClient(JSONLineProtocol):
         #: Whether a request has been written: stdio passthrough must come
         #: first (:meth:`exec`).
         self._sent = False
+        #: The transport holds more than it wants: stdin producers wait.
+        self.transport_full = False
+        #: Handles whose stdin producer is registered (paused and resumed
+        #: with the transport).
+        self._producing: set[ExecHandle] = set()
+        self._closing: IDelayedCall | None = None
+        self._close_waiters: list[Deferred[None]] = []
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        assert self.transport is not None
+        IConsumer(self.transport).registerProducer(self, True)
 
     # -- requests ---------------------------------------------------------
 
@@ -275,10 +306,48 @@ class SdexecClient(JSONLineProtocol):
         return self.rpc(Topic.UNDRAIN, {})
 
     def close(self) -> Deferred[None]:
-        """Close the connection; fires once it is closed."""
+        """Close the connection (which stops its streaming processes); a
+        Deferred of its own that fires ``None`` once it is closed. Requests
+        made from now on fail at once with :class:`ConnectionFailed`, unsent.
+        What was written and is not out after :data:`CLOSE_GRACE_S` (stdin
+        the service takes no more of) is dropped."""
+        if self.disconnected.called:
+            return succeed(None)
         if self.transport is not None and self._requests.lost is None:
+            self._requests.lost = ConnectionFailed(
+                f"{self.path}: closed by this client"
+            )
             self.transport.loseConnection()
-        return self.disconnected
+            self._closing = self._clock.callLater(CLOSE_GRACE_S, self._abort)
+        waiter: Deferred[None] = Deferred()
+        self._close_waiters.append(waiter)
+        return waiter
+
+    def _abort(self) -> None:
+        self._closing = None
+        if self.transport is not None:
+            self.transport.abortConnection()  # type: ignore[attr-defined]
+
+    # IPushProducer: the transport's buffer is full, or empty again.
+    def pauseProducing(self) -> None:
+        self.transport_full = True
+        for handle in list(self._producing):
+            handle.pace_producer()
+
+    def resumeProducing(self) -> None:
+        self.transport_full = False
+        for handle in list(self._producing):
+            handle.pace_producer()
+
+    def stopProducing(self) -> None:
+        pass  # the connection is going: connectionLost ends every handle
+
+    def producing(self, handle: ExecHandle, registered: bool) -> None:
+        """``handle`` has a stdin producer now (or no more)."""
+        if registered:
+            self._producing.add(handle)
+        else:
+            self._producing.discard(handle)
 
     def send_no_response(self, topic: str, payload: dict[str, Any]) -> None:
         """Send a request that gets no response (``sdexec.write``); dropped
@@ -320,10 +389,16 @@ class SdexecClient(JSONLineProtocol):
         self.transport.abortConnection()  # type: ignore[attr-defined]
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self._closing is not None and self._closing.active():
+            self._closing.cancel()
+        self._closing = None
         try:
             self._requests.lose()
         finally:  # whatever a request's end did: close() waits for this
             self.disconnected.callback(None)
+            waiters, self._close_waiters = self._close_waiters, []
+            for waiter in waiters:
+                waiter.callback(None)
 
 
 @implementer(IConsumer)
@@ -394,7 +469,7 @@ class ExecHandle:
         # (a readinto loop) would change what is held.
         self._held.append(memoryview(data if type(data) is bytes else bytes(data)))
         self._send_held()
-        self._pause_if_exhausted()
+        self.pace_producer()
 
     def close_stdin(self) -> None:
         """Close the process's stdin (a write with ``eof``), after what is
@@ -422,18 +497,38 @@ class ExecHandle:
     def registerProducer(  # type: ignore[override]
         self, producer: IPushProducer, streaming: bool
     ) -> None:
-        """Let this handle pause and resume ``producer`` by credit; only push
-        producers (``streaming=True``) are supported."""
+        """Let this handle pause and resume ``producer`` (by credit, and while
+        the connection's transport is full); only push producers
+        (``streaming=True``) are supported."""
         if not streaming:
             raise ValueError("ExecHandle: only push producers are supported")
         self._producer, self._paused = producer, False
         if self._ended:
             self._stop_producer()
         else:
-            self._pause_if_exhausted()
+            self._client.producing(self, True)
+            self.pace_producer()
 
     def unregisterProducer(self) -> None:
         self._producer = None
+        self._client.producing(self, False)
+
+    def pace_producer(self) -> None:
+        """Pause the stdin producer while there is no credit for it, or the
+        connection's transport is full (without credit, the service slows a
+        client that writes ahead of its process by not reading it: what is
+        written meanwhile waits here, unbounded, unless the producer waits
+        too); resume it once neither holds."""
+        if self._producer is None:
+            return
+        exhausted = self._credit is not None and self._credit.available <= 0
+        wait = exhausted or self._client.transport_full
+        if wait != self._paused:
+            self._paused = wait
+            producer = self._producer
+            _tell_producer(
+                producer.pauseProducing if wait else producer.resumeProducing
+            )
 
     # -- called by SdexecClient -------------------------------------------
 
@@ -497,18 +592,11 @@ class ExecHandle:
         if self._credit is None or not self._credit.add(channels):
             return
         self._send_held()
-        if self._paused and self._credit.available > 0 and self._producer is not None:
-            self._paused = False
-            _tell_producer(self._producer.resumeProducing)
-
-    def _pause_if_exhausted(self) -> None:
-        exhausted = self._credit is not None and self._credit.available <= 0
-        if exhausted and not self._paused and self._producer is not None:
-            self._paused = True
-            _tell_producer(self._producer.pauseProducing)
+        self.pace_producer()
 
     def _stop_producer(self) -> None:
         producer, self._producer = self._producer, None
+        self._client.producing(self, False)
         if producer is not None:
             _tell_producer(producer.stopProducing)
 

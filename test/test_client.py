@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import pytest_twisted
-from support import read_to_end, until_pipe_full
+from support import read_to_end, sleep, until, until_pipe_full
 from twisted.internet import defer, protocol, reactor
 from twisted.internet.defer import DeferredQueue
 from twisted.internet.endpoints import UNIXServerEndpoint
@@ -1052,3 +1052,93 @@ def test_stdin_beyond_the_credit_is_held_and_sent_as_credit_comes(served):
         ("stdin", b"", True),
     ]
     assert handle.credit == 1024 - 176
+
+
+# -- closing, and a transport the service reads no more of (review 29-AM) -----
+
+
+@pytest_twisted.async_yield_fixture
+async def served_on_a_clock(tmp_path):
+    """``(peer, client, clock)``: as ``served``, the client's timers on a
+    Clock."""
+    from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
+    from twisted.internet.task import Clock
+
+    from sdexec.client import SdexecClient
+
+    factory = protocol.Factory.forProtocol(Peer)
+    factory.peers = DeferredQueue()
+    path = str(tmp_path / "sdexec.sock")
+    port = await UNIXServerEndpoint(reactor, path).listen(factory)
+    clock = Clock()
+    client = SdexecClient(path, clock)
+    await connectProtocol(UNIXClientEndpoint(reactor, path), client)
+    peer = await factory.peers.get()
+    yield peer, client, clock
+    client.transport.abortConnection()
+    await client.disconnected
+    await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_close_the_service_reads_nothing_of_ends_after_its_grace(
+    served_on_a_clock,
+):
+    # Stdin written without credit to a process that reads none: the
+    # service reads nothing more of the connection, the transport never
+    # drained, and close() (done, disconnected) never fired.
+    from sdexec.client import CLOSE_GRACE_S
+
+    peer, client, clock = served_on_a_clock
+    handle, _ = _exec(client)
+    await peer.requests.get()
+    peer.transport.pauseProducing()
+    handle.write(b"x" * (8 << 20))
+    closed = client.close()
+    await sleep(0.1)
+    assert not closed.called
+    clock.advance(CLOSE_GRACE_S)
+    await closed
+    with pytest.raises(ConnectionFailed):
+        await handle.done
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_request_after_close_fails_at_once_unsent(served_on_a_clock):
+    # Sent all the same and carried out, it was reported failed: a retried
+    # background exec ran twice.
+    peer, client, _ = served_on_a_clock
+    closed = client.close()
+    killed = client.kill(pid=7, signum=15)
+    with pytest.raises(ConnectionFailed, match="closed by this client"):
+        await killed
+    await closed
+    assert peer.requests.pending == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_each_close_gets_its_own_deferred(served_on_a_clock):
+    _, client, _ = served_on_a_clock
+    first, second = client.close(), client.close()
+    first.addCallback(lambda _: 1 / 0).addErrback(lambda _: None)
+    assert first is not second and first is not client.disconnected
+    assert await second is None
+    assert await client.close() is None  # (also once closed)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_producer_without_credit_waits_while_the_transport_is_full(
+    served_on_a_clock,
+):
+    # Never paused without credit: while the service read nothing, 64 MiB
+    # piled up in the client's transport, and nothing bounded it.
+    peer, client, _ = served_on_a_clock
+    handle, _ = _exec(client)
+    await peer.requests.get()
+    producer = Producer()
+    handle.registerProducer(producer, streaming=True)
+    peer.transport.pauseProducing()
+    handle.write(b"x" * (1 << 20))
+    assert producer.calls == ["pause"]
+    peer.transport.resumeProducing()
+    await until(lambda: producer.calls == ["pause", "resume"], "resumed once drained")

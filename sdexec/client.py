@@ -14,6 +14,7 @@ whose ``str()`` is one line that can be shown to a user as it is.
 from __future__ import annotations
 
 import errno
+import operator
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
@@ -50,8 +51,10 @@ from sdexec.rpc import (
     cannot_connect,
     default_socket_path,
     is_end_of_stream,
+    listed_processes,
     process_target,
     resolve_socket_path,
+    wait_status,
 )
 
 __all__ = [
@@ -205,6 +208,9 @@ class SdexecClient(JSONLineProtocol):
         (a closed connection stops its processes). The descriptors are
         duplicated here, so the caller may close its own at once.
         """
+        if not isinstance(cmd, dict):
+            # (Before any descriptor is duplicated: a refusal leaks none.)
+            raise ValueError(f"exec: cmd: expected a command object, got {cmd!r:.80}")
         if waitable:
             flags |= ExecFlag.WAITABLE
         payload: dict[str, Any] = {"cmd": cmd, "flags": int(flags)}
@@ -235,8 +241,10 @@ class SdexecClient(JSONLineProtocol):
     def wait(self, pid: int | None = None, label: str | None = None) -> Deferred[dict]:
         """``sdexec.wait`` for a waitable process (give exactly one of
         ``pid`` and ``label``): once it has ended, ``{"status", "output",
-        "dropped"}`` (docs/protocol.md)."""
-        return self.rpc(Topic.WAIT, process_target(pid, label))
+        "dropped"}`` (docs/protocol.md); ``RPCError`` ``EPROTO`` if the
+        answer carries no wait status."""
+        answered = self.rpc(Topic.WAIT, process_target(pid, label))
+        return answered.addCallback(_with_wait_status)
 
     def attach(
         self,
@@ -264,8 +272,8 @@ class SdexecClient(JSONLineProtocol):
     ) -> Deferred[dict]:
         """Signal the process with this ``pid`` or ``label`` (give exactly
         one): every process of its unit, or with ``who="main"`` its main
-        process only."""
-        target = {**process_target(pid, label), "signum": signum}
+        process only. ``signum`` is an integer (``signal.SIGTERM`` too)."""
+        target = {**process_target(pid, label), "signum": _signal_number(signum)}
         return self.rpc(Topic.KILL, target if who == "all" else {**target, "who": who})
 
     def terminate(
@@ -294,8 +302,10 @@ class SdexecClient(JSONLineProtocol):
         """``{"rank": R, "procs": [{"pid", "cmd", "cmdline", "label",
         "unit", "state", "mode"}, ...]}``: the service's tracked processes
         (a job's also ``"jobid"`` and ``"step"``); without ``detail``, only
-        upstream's ``pid``, ``cmd``, ``label`` and ``state``."""
-        return self.rpc(Topic.LIST, {"detail": detail})
+        upstream's ``pid``, ``cmd``, ``label`` and ``state``; ``RPCError``
+        ``EPROTO`` if ``procs`` is not a list of them."""
+        listed = self.rpc(Topic.LIST, {"detail": detail})
+        return listed.addCallback(_with_processes)
 
     def stats(self) -> Deferred[dict]:
         """The service's statistics (``sdexec.stats-get``)."""
@@ -440,6 +450,11 @@ class ExecHandle:
         self._on_response = on_response
         self._credit = StdinCredit(cmd) if flags & WRITE_CREDIT else None
         self._ended = False
+        #: Ended with ENODATA: the process finished, its unit is gone.
+        self._ended_well = False
+        #: close_stdin() was called: later writes are dropped, whatever the
+        #: credit held back meanwhile.
+        self._stdin_closed = False
         self._producer: IPushProducer | None = None
         self._paused = False
         self._early_kills: list[tuple[int, Deferred[dict]]] = []
@@ -458,9 +473,10 @@ class ExecHandle:
 
     def write(self, data: bytes) -> None:
         """Send ``data`` to the process's stdin, as far as the credit goes
-        (the rest is sent as credit comes). After the stream has ended it is
-        dropped, as the service would drop it."""
-        if not data or self._ended:
+        (the rest is sent as credit comes). After :meth:`close_stdin`, or
+        once the stream has ended, it is dropped, as the service would drop
+        it."""
+        if not data or self._ended or self._stdin_closed:
             return
         if self._credit is None:
             self._send_stdin(encode_io("stdin", "0", data))
@@ -474,8 +490,9 @@ class ExecHandle:
     def close_stdin(self) -> None:
         """Close the process's stdin (a write with ``eof``), after what is
         held for credit."""
-        if self._ended:
+        if self._ended or self._stdin_closed:
             return
+        self._stdin_closed = True
         if self._held:
             self._eof_held = True
             return
@@ -484,7 +501,11 @@ class ExecHandle:
     def kill(self, signum: int) -> Deferred[dict]:
         """Signal the process. Before ``started`` the signal is held and sent
         once the pid is known; if the process never starts, errbacks with
-        ESRCH."""
+        ESRCH, as it does once the stream has ended well (the process and
+        its unit are gone: its pid may be another's by now)."""
+        signum = _signal_number(signum)  # at once, not when started comes
+        if self._ended_well and self.streaming:
+            return fail(RPCError(errno.ESRCH, f"kill: pid {self.pid} has ended"))
         if self.pid is not None:
             return self._client.kill(pid=self.pid, signum=signum)
         if self._ended:
@@ -553,9 +574,10 @@ class ExecHandle:
     def end(self, error: SdexecError) -> None:
         self._close_passed()
         self._ended = True
+        self._ended_well = is_end_of_stream(error)
         self._held, self._eof_held = [], False  # as the service would drop it
         self._stop_producer()
-        self._send_early_kills()
+        self._send_early_kills(error)
         if is_end_of_stream(error):
             self.done.callback(None)
         else:
@@ -600,10 +622,18 @@ class ExecHandle:
         if producer is not None:
             _tell_producer(producer.stopProducing)
 
-    def _send_early_kills(self) -> None:
+    def _send_early_kills(self, ended: SdexecError | None = None) -> None:
+        """The kills held for ``started``: sent now that it has come; else
+        (the stream ``ended`` first) ESRCH, or the connection's loss (the
+        process may well have started)."""
         kills, self._early_kills = self._early_kills, []
         for signum, waiting in kills:
-            sent = self.kill(signum) if self.pid is not None else fail(_never_started())
+            if self.pid is not None:
+                sent = self._client.kill(pid=self.pid, signum=signum)
+            elif isinstance(ended, RPCError) or ended is None:
+                sent = fail(_never_started())
+            else:
+                sent = fail(ended)
             sent.chainDeferred(waiting)
 
 
@@ -672,6 +702,23 @@ def _duplicates(stdio: Mapping[str, int]) -> list[int]:
                 os.close(copy)
             raise bad_stdio(stream, fd, error) from None
     return copies
+
+
+def _signal_number(signum: object) -> int:
+    """``signum`` as the integer a request carries (``signal.SIGTERM`` is an
+    enum, which the encoder refuses); ``TypeError`` for a non-integer, at
+    the call, not when a held kill goes out."""
+    return int(operator.index(signum))  # type: ignore[arg-type]
+
+
+def _with_wait_status(answer: dict) -> dict:
+    wait_status(answer)
+    return answer
+
+
+def _with_processes(answer: dict) -> dict:
+    listed_processes(answer)
+    return answer
 
 
 def _never_started() -> RPCError:

@@ -168,7 +168,7 @@ def test_an_answer_of_more_values_than_a_request_may_hold_is_read(served):
     # the frame size bounds what the client reads.
     peer, client = served
     listing = client.list()
-    procs = [[]] * MAX_VALUES
+    procs = [{}] * MAX_VALUES
     peer.respond((yield peer.requests.get()), {"procs": procs})
     assert (yield listing) == {"procs": procs}
 
@@ -540,7 +540,7 @@ def test_kill_of_a_process_that_never_started(served):
 def _round_trip(peer, client):
     """Fires once the client has handled everything the peer sent before."""
     listing = client.list()
-    peer.respond((yield peer.requests.get()), {})
+    peer.respond((yield peer.requests.get()), {"procs": []})
     yield listing
 
 
@@ -1142,3 +1142,89 @@ async def test_a_producer_without_credit_waits_while_the_transport_is_full(
     assert producer.calls == ["pause"]
     peer.transport.resumeProducing()
     await until(lambda: producer.calls == ["pause", "resume"], "resumed once drained")
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_held_kill_fails_with_the_connection_s_loss(served):
+    # It said ESRCH "never started" while the process may well have: its
+    # started could be on the way.
+    peer, client = served
+    handle, _ = _exec(client)
+    killed = handle.kill(15)
+    yield peer.requests.get()
+    peer.transport.loseConnection()
+    with pytest.raises(ConnectionFailed):
+        yield killed
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_signal_is_taken_as_its_number_at_once(served):
+    # signal.SIGTERM (an enum) was held as it came: the encoder refused it
+    # as started arrived, and dropped the connection and the other kills.
+    peer, client = served
+    handle, _ = _exec(client)
+    request = yield peer.requests.get()
+    held = handle.kill(signal.SIGTERM)
+    with pytest.raises(TypeError):
+        handle.kill("15")
+    peer.respond(request, {"type": "started", "pid": 42})
+    kill = yield peer.requests.get()
+    assert kill["payload"] == {"pid": 42, "signum": 15}
+    peer.respond(kill, {})
+    assert (yield held) == {}
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_kill_after_the_process_ended_is_not_sent(served):
+    # Sent by the old pid, which may be another unit's by now.
+    peer, client = served
+    handle, _ = _exec(client)
+    request = yield peer.requests.get()
+    peer.respond(request, {"type": "started", "pid": 42})
+    peer.fail(request, ENODATA)
+    yield handle.done
+    with pytest.raises(RPCError) as caught:
+        yield handle.kill(9)
+    assert (caught.value.errnum, str(caught.value)) == (
+        errno.ESRCH,
+        "kill: pid 42 has ended",
+    )
+    yield _round_trip(peer, client)  # (the next request is the list's)
+
+
+@pytest_twisted.inlineCallbacks
+def test_stdin_written_after_close_stdin_is_dropped(served):
+    # It reached the process only if earlier stdin still waited for credit.
+    peer, client = served
+    handle, _ = _exec(client, flags=WRITE_CREDIT)
+    request = yield peer.requests.get()
+    handle.write(b"x" * 5000)  # 4096 go, the rest waits for credit
+    handle.close_stdin()
+    handle.write(b"AFTER")
+    for _ in range(2):  # the first replaces what was borrowed; then room
+        peer.respond(request, {"type": "add-credit", "channels": {"stdin": 4096}})
+    writes = []
+    for _ in range(3):
+        writes.append((yield peer.requests.get()))
+    data = b"".join(decode_io(w["payload"]["io"])[1] for w in writes)
+    assert data == b"x" * 5000
+    assert writes[-1]["payload"]["io"]["eof"] is True
+
+
+@pytest.mark.parametrize("answer", [{}, {"status": "0"}, {"status": -1}])
+@pytest_twisted.inlineCallbacks
+def test_a_wait_answer_without_a_wait_status_is_eproto(served, answer):
+    peer, client = served
+    waited = client.wait(pid=7)
+    peer.respond((yield peer.requests.get()), answer)
+    with pytest.raises(RPCError) as caught:
+        yield waited
+    assert caught.value.errnum == errno.EPROTO
+
+
+def test_a_passthrough_exec_of_no_command_object_leaks_no_descriptor(served):
+    _, client = served
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(ValueError, match="exec: cmd: expected a command object"):
+        client.exec(["cat"], STDOUT | WRITE_CREDIT, stdio={"stdout": 1})
+    assert set(os.listdir("/proc/self/fd")) == before

@@ -186,6 +186,11 @@ _LOST = "is gone (lost while systemd was away)"
 #: Calls with nothing left to do once the unit is unloaded: their failure
 #: then is no news (a client gone in a burst logged one per unit).
 _MOOT_ONCE_GONE = frozenset({UnitCall.STOP, UnitCall.RESET, UnitCall.KILL_MAIN})
+#: Calls the unit needs until they are made: one systemd refused for any
+#: other reason (LimitsExceeded of a busy bus, say) is made again, this
+#: long after, doubling to the last (nothing else would: the unit lingers,
+#: its process tabled, its name taken).
+CALL_RETRY_S = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0)
 
 
 @dataclass(frozen=True)
@@ -289,6 +294,9 @@ class Process:
         self._reread_waiters: list[defer.Deferred[None]] = []
         #: sdexec decided to stop the unit (a lost StopUnit is made again).
         self._stop_wanted = False
+        #: Calls systemd refused and that were made again (their backoff).
+        self._retries = 0
+        self._retry_timers: list[IDelayedCall] = []
         #: The client left: SIGKILL the main process (when it runs).
         self._kill_main_wanted = False
         #: Signals asked for before ``started`` (signal, who), with answers.
@@ -542,6 +550,10 @@ class Process:
         # A failed unit is being reset instead; anything else is stopped.
         if UnitCall.START in self._called and UnitCall.RESET not in self._called:
             self._stop()
+        # No EOF may come to say the unit is over (stdio passthrough), nor a
+        # deadline (the stream's end cancelled it): an inactive unit that
+        # never ran ends now.
+        self._maybe_end()
 
     def resync(self) -> None:
         """systemd is back after a loss: read the unit's state afresh (the
@@ -1037,6 +1049,9 @@ class Process:
         self._drop_early_kills()
         self.stop_timer.stopped()
         self._cancel_start_deadline()
+        for timer in self._retry_timers:
+            if timer.active():
+                timer.cancel()
         if self._watch is not None:
             self._watch.cancel()
         self.stdin.discard()
@@ -1059,7 +1074,25 @@ class Process:
             self._called.discard(call)  # made again after the reconnection
         elif is_unit_gone(failure.value) and call in _MOOT_ONCE_GONE:
             return  # it ended and was unloaded first: the watch sees it go
+        elif call in (UnitCall.STOP, UnitCall.RESET) and not self._reaped:
+            self._retry_later(call)
         self._log_failure(failure, call.value)
+
+    def _retry_later(self, call: UnitCall) -> None:
+        delay = CALL_RETRY_S[min(self._retries, len(CALL_RETRY_S) - 1)]
+        self._retries += 1
+        self._retry_timers = [t for t in self._retry_timers if t.active()]
+        self._retry_timers.append(
+            self._context.clock.callLater(delay, self._retry, call)
+        )
+
+    def _retry(self, call: UnitCall) -> None:
+        """Make ``call`` again, if the unit still needs it."""
+        self._called.discard(call)
+        if call is UnitCall.STOP and self._stop_wanted:
+            self._stop()
+        elif self._watch is not None:
+            self._unit_changed(self._watch.state)
 
     def _once(self, kind: Sent, payload: dict[str, Any]) -> None:
         if kind not in self._sent:

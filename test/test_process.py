@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import os
 import signal
 
 import pytest
@@ -17,6 +18,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
 
+from sdexec.passthrough import PassedStdio
 from sdexec.plan import RequestError
 from sdexec.process import MAX_EARLY_KILLS, Process, ProcessContext
 from sdexec.systemd import SystemdError
@@ -489,3 +491,55 @@ def test_confirmed_failure_without_status_is_eio():
     systemd.change(UNIT, failed)
     assert responder.types() == [errno.EIO]
     assert "resources" in responder.responses[0][1]
+
+
+# -- found by a review (notes/review-session29-AN.md) ------------------------
+
+
+def test_a_stop_systemd_refused_is_made_again_and_its_retry_ends_with_the_unit(
+    monkeypatch,
+):
+    # Refused for any reason but a lost connection (a busy bus's
+    # LimitsExceeded), it was never made again: the unit lingered with its
+    # children, the process stayed tabled, its name taken.
+    reaped: list[Process] = []
+    process, systemd, responder, clock = make_process(on_reaped=reaped.append)
+    stop = systemd.stop_unit
+    busy = SystemdError("org.freedesktop.DBus.Error.LimitsExceeded", "too many")
+    monkeypatch.setattr(systemd, "stop_unit", lambda *_: defer.fail(busy))
+    systemd.change(UNIT, RUNNING)
+    systemd.change(UNIT, EXITED)  # main exited; its children linger
+    assert responder.types() == ["started", "finished"]
+    monkeypatch.setattr(systemd, "stop_unit", stop)
+    clock.advance(1)
+    assert systemd.calls.count(("stop", UNIT)) == 1  # made again, taken
+    systemd.change(UNIT, INACTIVE)
+    assert reaped == [process] and clock.getDelayedCalls() == []
+
+
+def test_a_passthrough_process_cancelled_before_it_ran_is_reaped():
+    # Its start job replaced (a systemctl stop), the unit inactive with no
+    # job: the service's stop cancelled the start deadline, no EOF could
+    # come (the client's own stdio), and the shutdown waited on it for ever.
+    stdio = PassedStdio([os.open("/dev/null", os.O_RDWR) for _ in range(3)])
+    stdio.assign(["stdin", "stdout", "stderr"])
+    systemd, responder, reaped = FakeManager(), Recorder(), []
+    process = Process(
+        systemd,
+        exec_plan(),
+        responder,
+        ProcessContext(reactor=reactor, clock=Clock(), rank="0"),
+        on_reaped=reaped.append,
+        stdio=stdio,
+    )
+    process.start()
+    systemd.change(
+        UNIT, {"ActiveState": "activating", "SubState": "start", "Job": (5, "/j/5")}
+    )
+    systemd.change(
+        UNIT, {"ActiveState": "inactive", "SubState": "dead", "Job": (0, "/")}
+    )
+    assert reaped == []  # the client still waits, as for any start
+    process.cancel("the service is stopping")
+    assert responder.types() == [errno.ECANCELED]
+    assert reaped == [process]

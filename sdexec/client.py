@@ -168,6 +168,8 @@ class SdexecClient(JSONLineProtocol):
         super().connectionMade()
         assert self.transport is not None
         IConsumer(self.transport).registerProducer(self, True)
+        if self._requests.lost is not None:  # closed before it was made
+            self._close_transport()
 
     # -- requests ---------------------------------------------------------
 
@@ -324,15 +326,30 @@ class SdexecClient(JSONLineProtocol):
         the service takes no more of) is dropped."""
         if self.disconnected.called:
             return succeed(None)
-        if self.transport is not None and self._requests.lost is None:
+        if self._requests.lost is None:
             self._requests.lost = ConnectionFailed(
                 f"{self.path}: closed by this client"
             )
-            self.transport.loseConnection()
-            self._closing = self._clock.callLater(CLOSE_GRACE_S, self._abort)
+            if self.transport is not None:
+                self._close_transport()
         waiter: Deferred[None] = Deferred()
         self._close_waiters.append(waiter)
         return waiter
+
+    def _close_transport(self) -> None:
+        assert self.transport is not None
+        # Not its producer any more: Twisted resumes a producer it paused
+        # once its buffer drains, instead of closing (the close waited out
+        # its grace, and the handles' producers were resumed).
+        IConsumer(self.transport).unregisterProducer()
+        self.transport.loseConnection()
+        self._closing = self._clock.callLater(CLOSE_GRACE_S, self._abort)
+
+    @property
+    def lost(self) -> SdexecError | None:
+        """Why no request goes out any more (the connection was closed, or
+        lost), or ``None`` while it serves."""
+        return self._requests.lost
 
     def _abort(self) -> None:
         self._closing = None
@@ -453,6 +470,7 @@ class ExecHandle:
         self._ended = False
         #: Ended with ENODATA: the process finished, its unit is gone.
         self._ended_well = False
+        self._end_error: SdexecError | None = None
         #: close_stdin() was called: later writes are dropped, whatever the
         #: credit held back meanwhile.
         self._stdin_closed = False
@@ -510,7 +528,7 @@ class ExecHandle:
         if self.pid is not None:
             return self._client.kill(pid=self.pid, signum=signum)
         if self._ended:
-            return fail(_never_started())
+            return fail(self._unstarted_kill_error(self._end_error))
         waiting: Deferred[dict] = Deferred()
         self._early_kills.append((signum, waiting))
         return waiting
@@ -575,6 +593,7 @@ class ExecHandle:
     def end(self, error: SdexecError) -> None:
         self._close_passed()
         self._ended = True
+        self._end_error = error
         self._ended_well = is_end_of_stream(error)
         self._held, self._eof_held = deque(), False  # as the service would drop it
         self._stop_producer()
@@ -631,11 +650,18 @@ class ExecHandle:
         for signum, waiting in kills:
             if self.pid is not None:
                 sent = self._client.kill(pid=self.pid, signum=signum)
-            elif isinstance(ended, RPCError) or ended is None:
-                sent = fail(_never_started())
             else:
-                sent = fail(ended)
+                sent = fail(self._unstarted_kill_error(ended))
             sent.chainDeferred(waiting)
+
+    def _unstarted_kill_error(self, ended: SdexecError | None) -> SdexecError:
+        """Why a kill of a process not known to have started is not sent:
+        ESRCH if its request was refused; the connection's end if that is
+        what ended it (the process may well have started)."""
+        lost = self._client.lost
+        if lost is not None and (ended is lost or not isinstance(ended, RPCError)):
+            return lost
+        return _never_started()
 
 
 def _background_end(answer: dict) -> SdexecError:

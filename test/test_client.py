@@ -1228,3 +1228,55 @@ def test_a_passthrough_exec_of_no_command_object_leaks_no_descriptor(served):
     with pytest.raises(ValueError, match="exec: cmd: expected a command object"):
         client.exec(["cat"], STDOUT | WRITE_CREDIT, stdio={"stdout": 1})
     assert set(os.listdir("/proc/self/fd")) == before
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_close_behind_a_full_transport_ends_once_it_drains(served_on_a_clock):
+    # The client, its transport's producer, was resumed when the buffer
+    # drained instead of the close going on: it waited out its grace, its
+    # processes ran on meanwhile, the handles' producers were resumed.
+    peer, client, _ = served_on_a_clock
+    handle, _ = _exec(client)
+    await peer.requests.get()
+    producer = Producer()
+    handle.registerProducer(producer, streaming=True)
+    peer.transport.pauseProducing()
+    handle.write(b"x" * (2 << 20))
+    assert producer.calls == ["pause"]
+    closed = client.close()
+    peer.transport.resumeProducing()
+    await until(lambda: closed.called, "closed once drained (the clock stands still)")
+    assert "resume" not in producer.calls
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_kill_not_sent_for_a_lost_connection_says_so(served):
+    # ESRCH "never started" while the process (a background one, say) may
+    # well be running.
+    peer, client = served
+    handle, _ = _exec(client)
+    await peer.requests.get()
+    peer.transport.loseConnection()
+    with pytest.raises(ConnectionFailed):
+        await handle.done
+    with pytest.raises(ConnectionFailed):
+        await handle.kill(15)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_closed_before_it_is_connected_closes_once_it_is(tmp_path):
+    from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
+
+    from sdexec.client import SdexecClient
+
+    factory = protocol.Factory.forProtocol(Peer)
+    factory.peers = DeferredQueue()
+    path = str(tmp_path / "sdexec.sock")
+    port = await UNIXServerEndpoint(reactor, path).listen(factory)
+    client = SdexecClient(path)
+    closed = client.close()
+    with pytest.raises(ConnectionFailed, match="closed by this client"):
+        await client.list()
+    await connectProtocol(UNIXClientEndpoint(reactor, path), client)
+    await closed
+    await port.stopListening()

@@ -1280,3 +1280,21 @@ async def test_a_client_closed_before_it_is_connected_closes_once_it_is(tmp_path
     await connectProtocol(UNIXClientEndpoint(reactor, path), client)
     await closed
     await port.stopListening()
+
+
+@pytest.mark.parametrize("answer", [{}, {"procs": "x"}, {"procs": [1]}])
+@pytest_twisted.inlineCallbacks
+def test_a_list_answer_that_is_no_list_of_processes_is_eproto(served, answer):
+    peer, client = served
+    listed = client.list()
+    peer.respond((yield peer.requests.get()), answer)
+    with pytest.raises(RPCError) as caught:
+        yield listed
+    assert caught.value.errnum == errno.EPROTO
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_close_that_completes_leaves_no_timer(served_on_a_clock):
+    _, client, clock = served_on_a_clock
+    await client.close()
+    assert clock.getDelayedCalls() == []

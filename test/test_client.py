@@ -511,11 +511,16 @@ def test_a_failing_producer_at_a_lost_connection_ends_every_request(served):
             yield request
 
 
+@pytest.mark.parametrize("signum", [15, signal.SIGTERM])
 @pytest_twisted.inlineCallbacks
-def test_kill_before_started_waits_for_the_pid(served):
+def test_kill_before_started_waits_for_the_pid(served, signum):
+    # signal.SIGTERM (an enum) was held as it came: the encoder refused it
+    # as started arrived, and dropped the connection and the other kills.
     peer, client = served
     handle, _ = _exec(client)
-    killed = handle.kill(15)
+    killed = handle.kill(signum)
+    with pytest.raises(TypeError):
+        handle.kill("15")  # not a number: at the call, not when started comes
     request = yield peer.requests.get()
     peer.respond(request, {"type": "started", "pid": 42})
     kill = yield peer.requests.get()
@@ -1080,6 +1085,19 @@ async def served_on_a_clock(tmp_path):
     await port.stopListening()
 
 
+async def _writing_to_a_service_that_stopped_reading(peer, client) -> Producer:
+    """An exec without credit whose stdin producer the client paused: the
+    service reads nothing more, and 2 MiB of stdin fill the transport."""
+    handle, _ = _exec(client)
+    await peer.requests.get()
+    producer = Producer()
+    handle.registerProducer(producer, streaming=True)
+    peer.transport.pauseProducing()
+    handle.write(b"x" * (2 << 20))
+    assert producer.calls == ["pause"]
+    return producer
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_close_the_service_reads_nothing_of_ends_after_its_grace(
     served_on_a_clock,
@@ -1133,13 +1151,7 @@ async def test_a_producer_without_credit_waits_while_the_transport_is_full(
     # Never paused without credit: while the service read nothing, 64 MiB
     # piled up in the client's transport, and nothing bounded it.
     peer, client, _ = served_on_a_clock
-    handle, _ = _exec(client)
-    await peer.requests.get()
-    producer = Producer()
-    handle.registerProducer(producer, streaming=True)
-    peer.transport.pauseProducing()
-    handle.write(b"x" * (1 << 20))
-    assert producer.calls == ["pause"]
+    producer = await _writing_to_a_service_that_stopped_reading(peer, client)
     peer.transport.resumeProducing()
     await until(lambda: producer.calls == ["pause", "resume"], "resumed once drained")
 
@@ -1155,23 +1167,6 @@ def test_a_held_kill_fails_with_the_connection_s_loss(served):
     peer.transport.loseConnection()
     with pytest.raises(ConnectionFailed):
         yield killed
-
-
-@pytest_twisted.inlineCallbacks
-def test_a_signal_is_taken_as_its_number_at_once(served):
-    # signal.SIGTERM (an enum) was held as it came: the encoder refused it
-    # as started arrived, and dropped the connection and the other kills.
-    peer, client = served
-    handle, _ = _exec(client)
-    request = yield peer.requests.get()
-    held = handle.kill(signal.SIGTERM)
-    with pytest.raises(TypeError):
-        handle.kill("15")
-    peer.respond(request, {"type": "started", "pid": 42})
-    kill = yield peer.requests.get()
-    assert kill["payload"] == {"pid": 42, "signum": 15}
-    peer.respond(kill, {})
-    assert (yield held) == {}
 
 
 @pytest_twisted.inlineCallbacks
@@ -1211,14 +1206,25 @@ def test_stdin_written_after_close_stdin_is_dropped(served):
     assert writes[-1]["payload"]["io"]["eof"] is True
 
 
-@pytest.mark.parametrize("answer", [{}, {"status": "0"}, {"status": -1}])
+@pytest.mark.parametrize(
+    ("asked", "answer"),
+    [
+        ("wait", {}),
+        ("wait", {"status": "0"}),
+        ("wait", {"status": -1}),
+        ("list", {}),
+        ("list", {"procs": "x"}),
+        ("list", {"procs": [1]}),
+    ],
+)
 @pytest_twisted.inlineCallbacks
-def test_a_wait_answer_without_a_wait_status_is_eproto(served, answer):
+def test_a_wait_or_list_answer_not_of_its_shape_is_eproto(served, asked, answer):
+    # Handed on unchecked, the caller met a KeyError later.
     peer, client = served
-    waited = client.wait(pid=7)
+    pending = client.wait(pid=7) if asked == "wait" else client.list()
     peer.respond((yield peer.requests.get()), answer)
     with pytest.raises(RPCError) as caught:
-        yield waited
+        yield pending
     assert caught.value.errnum == errno.EPROTO
 
 
@@ -1236,13 +1242,7 @@ async def test_a_close_behind_a_full_transport_ends_once_it_drains(served_on_a_c
     # drained instead of the close going on: it waited out its grace, its
     # processes ran on meanwhile, the handles' producers were resumed.
     peer, client, _ = served_on_a_clock
-    handle, _ = _exec(client)
-    await peer.requests.get()
-    producer = Producer()
-    handle.registerProducer(producer, streaming=True)
-    peer.transport.pauseProducing()
-    handle.write(b"x" * (2 << 20))
-    assert producer.calls == ["pause"]
+    producer = await _writing_to_a_service_that_stopped_reading(peer, client)
     closed = client.close()
     peer.transport.resumeProducing()
     await until(lambda: closed.called, "closed once drained (the clock stands still)")
@@ -1280,17 +1280,6 @@ async def test_a_client_closed_before_it_is_connected_closes_once_it_is(tmp_path
     await connectProtocol(UNIXClientEndpoint(reactor, path), client)
     await closed
     await port.stopListening()
-
-
-@pytest.mark.parametrize("answer", [{}, {"procs": "x"}, {"procs": [1]}])
-@pytest_twisted.inlineCallbacks
-def test_a_list_answer_that_is_no_list_of_processes_is_eproto(served, answer):
-    peer, client = served
-    listed = client.list()
-    peer.respond((yield peer.requests.get()), answer)
-    with pytest.raises(RPCError) as caught:
-        yield listed
-    assert caught.value.errnum == errno.EPROTO
 
 
 @pytest_twisted.ensureDeferred

@@ -515,7 +515,7 @@ class Leftovers:
             # (nothing to stop; adopted, its end would be looked for again).
             # With one, a restart's start is on its way.
             ours = mark and (active != "inactive" or job != 0)
-            if ours and name not in self.units and name not in self.server.units:
+            if ours and self.server.unit_follower(name) is None:
                 # An origin asked for by a scan still waiting counts too.
                 origin = origins.get(name) or self._origins.get(name)
                 self._adopt(name, description[: -len(mark)], self._stopping, origin)
@@ -532,16 +532,14 @@ class Leftovers:
         for listed in listing:
             name, description, active, job = listed[0], listed[1], listed[3], listed[7]
             unstarted = active == "inactive" and job == 0
-            if unstarted and self._mark_of(description) and not self._followed(name):
+            followed = self.server.unit_follower(name) is not None
+            if unstarted and self._mark_of(description) and not followed:
                 read = self._systemd.get_service_properties(name)
                 read.addCallback(self._end_what_it_left, name)
                 read.addErrback(_log_unstarted_read_failure, name)
 
-    def _followed(self, name: str) -> bool:
-        return name in self.units or name in self.server.units
-
     def _end_what_it_left(self, properties: dict[str, Any], name: str) -> None:
-        if self._closed or self._followed(name):
+        if self._closed or self.server.unit_follower(name) is not None:
             # The service stops (nothing more is started), or it is adopted
             # or started meanwhile: its own follower's now.
             return

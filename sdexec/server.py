@@ -613,7 +613,7 @@ class SdexecServer:
         a unit of that name runs there again by then, someone else's."""
 
         def in_use(name: str) -> bool:
-            return self._unit_follower(name) not in (None, lost_by)
+            return self.unit_follower(name) not in (None, lost_by)
 
         LostUnitKill(
             unit,
@@ -625,8 +625,9 @@ class SdexecServer:
             in_use=in_use,
         ).start()
 
-    def _unit_follower(self, unit: str) -> object:
-        """The process or the leftover of the service's that has that unit."""
+    def unit_follower(self, unit: str) -> object:
+        """The process or the leftover of the service's that has that unit
+        (``None``: nobody's)."""
         leftovers = self.leftovers
         follower = self.units.get(unit)
         if follower is None and leftovers is not None:

@@ -159,8 +159,8 @@ class HwlocMapper(ResourceMapper):
         topology = self._topology
         hint = uncounted_gpus_hint(topology.uncounted_gpu_devices)
         out_of_range(ids, len(topology.gpus), "GPU", hint)
-        paths = self._devices.device_paths(self._topology.gpus[i] for i in ids)
-        _refuse_shared_functions(ids, self._topology.gpus)
+        paths = self._devices.device_paths(topology.gpus[i] for i in ids)
+        _refuse_shared_functions(ids, topology.gpus)
         return {"DeviceAllow": ",".join(f"{path} rw" for path in paths)}
 
     def finalize_properties(

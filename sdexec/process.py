@@ -296,7 +296,7 @@ class Process:
         self._stop_wanted = False
         #: Calls systemd refused and that were made again (their backoff).
         self._retries = 0
-        self._retry_timers: list[IDelayedCall] = []
+        self._retry_timers: dict[UnitCall, IDelayedCall] = {}
         #: The client left: SIGKILL the main process (when it runs).
         self._kill_main_wanted = False
         #: Signals asked for before ``started`` (signal, who), with answers.
@@ -1049,7 +1049,7 @@ class Process:
         self._drop_early_kills()
         self.stop_timer.stopped()
         self._cancel_start_deadline()
-        for timer in self._retry_timers:
+        for timer in self._retry_timers.values():
             if timer.active():
                 timer.cancel()
         if self._watch is not None:
@@ -1081,10 +1081,8 @@ class Process:
     def _retry_later(self, call: UnitCall) -> None:
         delay = CALL_RETRY_S[min(self._retries, len(CALL_RETRY_S) - 1)]
         self._retries += 1
-        self._retry_timers = [t for t in self._retry_timers if t.active()]
-        self._retry_timers.append(
-            self._context.clock.callLater(delay, self._retry, call)
-        )
+        clock = self._context.clock
+        self._retry_timers[call] = clock.callLater(delay, self._retry, call)
 
     def _retry(self, call: UnitCall) -> None:
         """Make ``call`` again, if the unit still needs it."""

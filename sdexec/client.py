@@ -18,7 +18,7 @@ import operator
 import os
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, SupportsIndex, cast
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
@@ -731,11 +731,11 @@ def _duplicates(stdio: Mapping[str, int]) -> list[int]:
     return copies
 
 
-def _signal_number(signum: object) -> int:
+def _signal_number(signum: SupportsIndex) -> int:
     """``signum`` as the integer a request carries (``signal.SIGTERM`` is an
     enum, which the encoder refuses); ``TypeError`` for a non-integer, at
     the call, not when a held kill goes out."""
-    return int(operator.index(signum))  # type: ignore[arg-type]
+    return int(operator.index(signum))
 
 
 def _with_wait_status(answer: dict) -> dict:

@@ -251,8 +251,9 @@ class Tracked:
         self.mode, self._client = Mode.ATTACHED, client
         # The replay is written whatever the client reads (sent_to).
         self.sent_to = client.connection_id
-        client.responder.respond(self._attached())
-        for io in self.retained.io_objects(self._rank, self.bufsizes):
+        replay, dropped = self.retained.replay(self._rank, self.bufsizes)
+        client.responder.respond(self._attached(dropped))
+        for io in replay:
             if client.forwards(io["stream"]):
                 client.responder.respond({"type": "output", "pid": self.pid, "io": io})
         for stream in STREAMS:
@@ -343,7 +344,7 @@ class Tracked:
             }
         )
 
-    def _attached(self) -> dict[str, Any]:
+    def _attached(self, dropped: dict[str, int]) -> dict[str, Any]:
         assert self.process is not None
         command = self.process.plan.command
         cmd = command_object(
@@ -353,7 +354,7 @@ class Tracked:
             "type": "attached",
             "pid": self.pid,
             "cmd": cmd,
-            "dropped": self.retained.dropped,
+            "dropped": dropped,
         }
 
     def _output(self, stream: str, data: bytes, eof: bool) -> dict[str, Any]:

@@ -14,6 +14,10 @@ stderr, interleaved in the order they were produced, within a size from
   as any non-UTF-8 data is).
 - Per stream, the bytes dropped are counted exactly, for the extension key
   ``"dropped": {"stdout": N, "stderr": M}``.
+- An ``attach`` replay (:meth:`RetainedOutput.replay`) of a stream whose
+  oldest kept bytes are part-way into a line leaves out the start of what is
+  kept, up to where a live message could start (see there), and counts it
+  as dropped too: less than the stream's buffer size.
 - The bookkeeping is bounded too: the stream of each run of bytes is kept as
   one 8-byte entry, and runs are capped at ``size // 32 + 64``. Output that
   alternates between stdout and stderr in runs averaging under 32 bytes
@@ -29,7 +33,7 @@ runs already dropped stay until they are half of it, so at most
 from __future__ import annotations
 
 from array import array
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from sdexec.ioencode import encode_io, line_chunks
@@ -100,6 +104,9 @@ class RetainedOutput:
         self._runs = array("q")
         self._first_run = 0  # runs before this index are gone (amortized pops)
         self._dropped = dict.fromkeys(STREAMS, 0)
+        # How far into its line each stream's oldest kept byte is: bytes
+        # dropped since the stream's last dropped newline (for replay).
+        self._line_offset = dict.fromkeys(STREAMS, 0)
         self._eof: set[str] = set()
 
     @property
@@ -132,8 +139,10 @@ class RetainedOutput:
             return
         excess = len(data) - self.size
         if excess > 0:
-            # Never copy in what would be dropped at once.
-            self._dropped[stream] += excess
+            # Never copy in what would be dropped at once. All that is held
+            # goes first: it is older (the line offsets follow the order).
+            self._drop(self._held)
+            self._forget(stream, data, 0, excess)
             data = data[excess:]
         if not data:
             return
@@ -150,25 +159,56 @@ class RetainedOutput:
         self._sign(stream)
         self._eof.add(stream)
 
-    def io_objects(
-        self, rank: str, bufsizes: Mapping[str, int] | None = None
-    ) -> list[dict[str, Any]]:
+    def io_objects(self, rank: str) -> list[dict[str, Any]]:
         """The held output as RFC 24 io objects, oldest first, one per run
-        (data only: EOFs are the caller's, see :meth:`at_eof`); with
-        ``bufsizes``, a run longer than its stream's is split at line ends,
-        as live output is (a client may size its buffer by
-        ``<stream>_BUFSIZE``: :func:`sdexec.ioencode.line_chunks`)."""
-        data = self._contents()
+        (data only: EOFs are the caller's, see :meth:`at_eof`): a ``wait``
+        answer's ``output``, with :attr:`dropped`."""
+        return [encode_io(stream, rank, data) for stream, data in self._held_runs()]
+
+    def replay(
+        self, rank: str, bufsizes: Mapping[str, int]
+    ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        """An ``attach``'s replay: the held output as RFC 24 io objects,
+        oldest first, and the bytes dropped before it, by stream.
+
+        A run longer than its stream's ``bufsizes`` entry is split at line
+        ends, as live output is (:func:`sdexec.ioencode.line_chunks`): a
+        client may size its buffer by ``<stream>_BUFSIZE``, and takes whole
+        lines or a full buffer out of it. Live output sends a long line in
+        whole buffers from the line's start; where a stream's oldest kept
+        byte is part-way into a line, its replay starts where a live message
+        could: after that line's end or at the next multiple of the buffer
+        size into it, whichever comes first. What it leaves out (less than
+        a buffer) is counted in the dropped bytes. (Started anywhere else,
+        the client would hold a piece of line that the next live buffer of
+        that line overruns.)
+        """
+        skip = {stream: self._misalignment(stream, bufsizes) for stream in STREAMS}
+        dropped = self.dropped
         objects = []
+        for stream, data in self._held_runs():
+            cut, skip[stream] = _line_up(data, skip[stream])
+            dropped[stream] += cut
+            if cut < len(data):
+                step = max(bufsizes.get(stream, len(data)), 1)
+                for chunk in line_chunks(data[cut:], step):
+                    objects.append(encode_io(stream, rank, chunk))
+        return objects, dropped
+
+    def _misalignment(self, stream: str, bufsizes: Mapping[str, int]) -> int:
+        """Bytes from the stream's oldest kept byte to where its line's next
+        buffer would start (0 where it starts one, or is not split)."""
+        bufsize = bufsizes.get(stream, 0)
+        return -self._line_offset[stream] % bufsize if bufsize > 0 else 0
+
+    def _held_runs(self) -> Iterator[tuple[str, bytes]]:
+        data = self._contents()
         offset = 0
         for index in range(self._first_run, len(self._runs)):
             length = abs(self._runs[index])
             stream = STREAMS[0] if self._runs[index] > 0 else STREAMS[1]
-            step = max((bufsizes or {}).get(stream, length), 1)
-            for chunk in line_chunks(data[offset : offset + length], step):
-                objects.append(encode_io(stream, rank, chunk))
+            yield stream, data[offset : offset + length]
             offset += length
-        return objects
 
     def _contents(self) -> bytes:
         end = self._start + self._held
@@ -212,14 +252,48 @@ class RetainedOutput:
 
     def _drop(self, count: int) -> None:
         """Drop the oldest ``count`` bytes, run by run, counting them."""
+        position = self._start
         self._start = (self._start + count) % max(len(self._ring), 1)
         self._held -= count
         while count:
             run = self._runs[self._first_run]
             taken = min(count, abs(run))
-            self._dropped[STREAMS[0] if run > 0 else STREAMS[1]] += taken
+            self._forget_held(STREAMS[0] if run > 0 else STREAMS[1], position, taken)
+            position = (position + taken) % len(self._ring)
             count -= taken
             if taken == abs(run):
                 self._first_run += 1
             else:
                 self._runs[self._first_run] = run - taken if run > 0 else run + taken
+
+    def _forget_held(self, stream: str, position: int, count: int) -> None:
+        """:meth:`_forget` the ``count`` bytes of the ring at ``position``
+        (they may wrap round)."""
+        first = min(count, len(self._ring) - position)
+        self._forget(stream, self._ring, position, position + first)
+        if count > first:
+            self._forget(stream, self._ring, 0, count - first)
+
+    def _forget(
+        self, stream: str, data: bytes | bytearray, start: int, end: int
+    ) -> None:
+        """Count ``data[start:end]``, the oldest of ``stream``'s output, as
+        dropped, and note how far into its line the stream's next byte is."""
+        self._dropped[stream] += end - start
+        newline = data.rfind(b"\n", start, end)
+        if newline < 0:
+            self._line_offset[stream] += end - start
+        else:
+            self._line_offset[stream] = end - newline - 1
+
+
+def _line_up(data: bytes, skip: int) -> tuple[int, int]:
+    """``(cut, left)``: how much of ``data``, a stream's next run, a replay
+    leaves out to start where its live output could (up to ``skip`` bytes,
+    or to the first newline within them), and how much more of the stream's
+    next runs it must then leave out."""
+    newline = data.find(b"\n", 0, skip)
+    if newline >= 0:
+        return newline + 1, 0
+    cut = min(skip, len(data))
+    return cut, skip - cut

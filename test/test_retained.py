@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from sdexec.ioencode import decode_io
 from sdexec.retained import STREAMS, RetainedOutput, parse_retained_size
+from sdexec.systemd.channel import OutputChannel
 
 KIB = 1024
 
@@ -75,7 +76,7 @@ def test_binary_and_split_utf8_round_trip_through_io_objects() -> None:
 def test_runs_are_split_at_each_streams_bufsize() -> None:
     buffer = RetainedOutput()
     produce(buffer, [("stdout", b"o" * 10), ("stderr", b"e" * 4), ("stdout", b"p")])
-    ios = buffer.io_objects("0", {"stdout": 4, "stderr": 4})
+    ios, _dropped = buffer.replay("0", {"stdout": 4, "stderr": 4})
     assert [decode_io(io)[:2] for io in ios] == [
         ("stdout", b"oooo"),
         ("stdout", b"oooo"),
@@ -92,8 +93,159 @@ def test_a_replay_cuts_no_line_that_fits_the_buffer() -> None:
     # messages of 100-byte lines ended mid-line.
     buffer = RetainedOutput()
     produce(buffer, [("stdout", b"ab\ncdefg\nhi\n")])
-    ios = buffer.io_objects("0", {"stdout": 6})
+    ios, _dropped = buffer.replay("0", {"stdout": 6})
     assert [decode_io(io)[1] for io in ios] == [b"ab\n", b"cdefg\n", b"hi\n"]
+
+
+class FluxClient:
+    """A client's buffer for one stream, as Flux's: ``size`` bytes
+    (``<stream>_BUFSIZE``), whole lines taken out after each message, or
+    the whole buffer once full; a message that does not fit is fatal."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.buf, self.out = size, b"", b""
+
+    def feed(self, chunk: bytes) -> None:
+        assert chunk, "an empty output message"
+        assert len(self.buf) + len(chunk) <= self.size, (
+            f"overrun: {len(self.buf)} held + {len(chunk)} > {self.size}"
+        )
+        self.buf += chunk
+        lines = self.buf.rfind(b"\n") + 1
+        if not lines and len(self.buf) == self.size:
+            lines = self.size
+        self.out, self.buf = self.out + self.buf[:lines], self.buf[lines:]
+
+
+def attach_replay(
+    buffer: RetainedOutput, bufsizes: dict[str, int]
+) -> tuple[list[tuple[str, bytes]], dict[str, int]]:
+    """What an attach is sent: the replayed pieces, and the dropped counts."""
+    ios, dropped = buffer.replay("0", bufsizes)
+    return [decode_io(io)[:2] for io in ios], dropped
+
+
+def test_a_replay_trimmed_mid_line_then_live_output_fits_the_client() -> None:
+    # Live, a long line goes in whole buffers from its start; the replay of
+    # its kept tail was cut from where the trim fell, so the client held a
+    # piece (1904 bytes) that the next live buffer (4096) overran.
+    size = 4096
+    retained, client = RetainedOutput(6000), FluxClient(size)
+    attached = False
+
+    def on_data(data: bytes) -> None:
+        if attached:
+            client.feed(data)
+        else:
+            retained.append("stdout", data)
+
+    channel = OutputChannel("stdout", on_data, lambda: None, bufsize=size)
+    channel.dataReceived(b"x" * 10_000)  # 2 buffers go, 1808 bytes held
+    pieces, dropped = attach_replay(retained, {"stdout": size})
+    for _, data in pieces:
+        client.feed(data)
+    attached = True
+    channel.dataReceived(b"x" * 2300 + b"\n")
+    # It starts where a live buffer did: the 1904 bytes before are dropped.
+    assert pieces == [("stdout", b"x" * 4096)]
+    assert dropped == {"stdout": 4096, "stderr": 0}
+    assert client.out == b"x" * (4096 + 1808 + 2300) + b"\n" and client.buf == b""
+
+
+def test_a_trimmed_replay_starts_after_the_end_of_its_first_line() -> None:
+    buffer = RetainedOutput(9)
+    produce(buffer, [("stdout", b"abcdef\n"), ("stderr", b"E"), ("stdout", b"gh\n")])
+    buffer.append("stdout", b"ij")  # drops "abcd": "ef\n" ends a cut line
+    assert attach_replay(buffer, {"stdout": 8, "stderr": 8}) == (
+        [("stderr", b"E"), ("stdout", b"gh\nij")],
+        {"stdout": 7, "stderr": 0},
+    )
+    # A wait's answer, one message, keeps it all.
+    assert replay(buffer)[0] == ("stdout", b"ef\n")
+    assert buffer.dropped == {"stdout": 4, "stderr": 0}
+
+
+def test_an_untrimmed_replay_is_split_as_before() -> None:
+    buffer = RetainedOutput(64)
+    produce(buffer, [("stdout", b"x" * 10), ("stderr", b"ab\ncd"), ("stdout", b"y\n")])
+    assert attach_replay(buffer, {"stdout": 4, "stderr": 4}) == (
+        [("stdout", b"xxxx"), ("stdout", b"xxxx"), ("stdout", b"xx"),
+         ("stderr", b"ab\n"), ("stderr", b"cd"), ("stdout", b"y\n")],
+        {"stdout": 0, "stderr": 0},
+    )  # fmt: skip
+
+
+#: Reads of mostly long lines: a byte is a newline one time in five.
+reads = st.lists(
+    st.tuples(
+        st.sampled_from(STREAMS),
+        st.binary(min_size=1, max_size=30).map(
+            lambda b: bytes(10 if c % 5 == 0 else 120 for c in b)
+        ),
+    ),
+    max_size=20,
+)
+
+
+def without_heads(
+    pieces: list[tuple[str, bytes]], heads: dict[str, int]
+) -> list[tuple[str, int]]:
+    """``pieces`` byte by byte, less the first ``heads[stream]`` bytes of
+    each stream."""
+    left = dict.fromkeys(STREAMS, 0) | heads
+    kept = []
+    for stream, data in pieces:
+        cut = min(left[stream], len(data))
+        left[stream] -= cut
+        kept.extend((stream, byte) for byte in data[cut:])
+    return kept
+
+
+@settings(derandomize=True, max_examples=1000, deadline=None)
+@given(st.integers(1, 9), st.integers(0, 48), reads, reads)
+def test_an_attach_replay_then_live_output_fits_a_client_of_the_bufsize(
+    size: int,
+    kept: int,
+    before: list[tuple[str, bytes]],
+    after: list[tuple[str, bytes]],
+) -> None:
+    buffer = RetainedOutput(kept)
+    clients = {stream: FluxClient(size) for stream in STREAMS}
+    sent = dict.fromkeys(STREAMS, b"")  # what the channels handed on
+    attached = False
+
+    def on_data(stream: str, data: bytes) -> None:
+        if attached:
+            clients[stream].feed(data)
+        else:
+            sent[stream] += data
+            buffer.append(stream, data)
+
+    channels = {
+        stream: OutputChannel(
+            stream, lambda data, s=stream: on_data(s, data), lambda: None, bufsize=size
+        )
+        for stream in STREAMS
+    }
+    for stream, data in before:
+        channels[stream].dataReceived(data)
+    pieces, dropped = attach_replay(buffer, dict.fromkeys(STREAMS, size))
+    for stream, data in pieces:
+        clients[stream].feed(data)
+    attached = True
+    for stream, data in after:
+        channels[stream].dataReceived(data)
+    for channel in channels.values():
+        channel.connectionLost(None)
+    # Every byte replayed or counted, in production order; what the replay
+    # leaves out beyond the trim is less than a buffer, and only where a
+    # stream was trimmed.
+    left_out = {s: dropped[s] - buffer.dropped[s] for s in STREAMS}
+    assert without_heads(pieces, {}) == without_heads(replay(buffer), left_out)
+    for stream in STREAMS:
+        assert 0 <= left_out[stream] < (size if buffer.dropped[stream] else 1)
+        replayed = sum(len(data) for s, data in pieces if s == stream)
+        assert dropped[stream] + replayed == len(sent[stream])
 
 
 def test_eof_per_stream() -> None:

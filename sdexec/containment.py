@@ -222,14 +222,21 @@ def _cgroup_cpuset(
 ) -> IDset | None:
     """The cpuset ``kind`` a unit's processes are held to: v2's effective
     set of the unit's cgroup or its nearest ancestor's, else v1's of the
-    main process's cpuset cgroup; ``None`` if neither says."""
-    if control_group:
-        for cgroup in _self_and_ancestors(control_group):
+    main process's cpuset cgroup; ``None`` if neither says.
+
+    The unit's cgroup is ``ControlGroup`` or, before that is known (the
+    check may run on the unit's signals, ahead of the GetAll that brings
+    it), the main process's own v2 cgroup: without it, an enforcing v2
+    node read as one whose cpuset holds nothing."""
+    cgroups = process_cgroups(pid, root) or []
+    unit_cgroup = control_group or _v2_cgroup(cgroups)
+    if unit_cgroup:
+        for cgroup in _self_and_ancestors(unit_cgroup):
             name = f"cpuset.{kind}.effective"
             ids = _ids(cgroup_value(root, "sys/fs/cgroup", cgroup, name))
             if ids is not None:
                 return ids
-    v1_cgroup = _v1_cpuset_cgroup(pid, root)
+    v1_cgroup = _v1_cpuset_cgroup(cgroups)
     if v1_cgroup is None:
         return None
     return _ids(cgroup_value(root, "sys/fs/cgroup/cpuset", v1_cgroup, f"cpuset.{kind}"))
@@ -241,9 +248,14 @@ def _self_and_ancestors(cgroup: str) -> list[str]:
     return ["/" + "/".join(parts[:end]) for end in range(len(parts), -1, -1)]
 
 
-def _v1_cpuset_cgroup(pid: int, root: str) -> str | None:
-    """The cgroup v1 cpuset cgroup process ``pid`` is in, if it has one."""
-    for controllers, path in process_cgroups(pid, root) or ():
+def _v2_cgroup(cgroups: list[tuple[str, str]]) -> str | None:
+    """The v2 (unified) cgroup among a process's ``(controllers, path)``."""
+    return next((path for controllers, path in cgroups if not controllers), None)
+
+
+def _v1_cpuset_cgroup(cgroups: list[tuple[str, str]]) -> str | None:
+    """The cgroup v1 cpuset cgroup among a process's ``(controllers, path)``."""
+    for controllers, path in cgroups:
         if "cpuset" in controllers.split(","):
             return path
     return None

@@ -647,6 +647,25 @@ def test_each_reader_reads_its_own_cpuset(tmp_path):
     assert enforced_mems(None, 42, root=str(tmp_path)) == IDset("0-3")
 
 
+@pytest.mark.parametrize("kind", ["cpus", "mems"])
+def test_a_v2_cpuset_is_read_from_the_process_cgroup_without_controlgroup(
+    tmp_path, kind
+):
+    # Seen on an enforcing v2 node: the fence check ran on the unit's
+    # signals before GetAll brought ControlGroup, and the CPUs read as every
+    # online one ("AllowedCPUs not enforced: expected 0-3 got 0-15"), which
+    # drained the node on its first job. The main process's own v2 cgroup
+    # is the unit's.
+    _fake_file(tmp_path, "proc/42/cgroup", f"0::{CGROUP}\n")
+    _fake_file(tmp_path, "proc/42/status", "Name:\tx\nMems_allowed_list:\t0-1\n")
+    _fake_file(tmp_path, f"sys/fs/cgroup{CGROUP}/cpuset.{kind}.effective", "1\n")
+    _fake_file(tmp_path, f"sys/fs/cgroup/cpuset.{kind}.effective", "0-15\n")
+    _fake_file(tmp_path, f"sys/devices/system/{kind[:-1]}/online", "0-15\n")
+    assert READERS[kind](None, 42, root=str(tmp_path)) == IDset("1")
+    fences = Fences(IDset("1"), None) if kind == "cpus" else Fences(None, IDset("1"))
+    assert judge_fences(fences, None, 42, root=str(tmp_path)).problems == []
+
+
 V1_UNLIMITED = "9223372036854771712"
 V2_UNIT = "sys/fs/cgroup" + CGROUP
 
@@ -911,9 +930,11 @@ def test_a_fence_unreadable_while_the_process_lives_does_not_hold(
 ):
     # A status hidden (hidepid) and no cpuset in the unit's cgroup: the
     # fence cannot be verified, which is no fence, as the device canary's.
+    # The fence the mapper would set is read before /proc is hidden.
+    fences = own_fences(main_process)
     monkeypatch.setattr(sdexec.containment, "enforced_mems", lambda *_: None)
     monkeypatch.setattr(sdexec.containment, "process_status", lambda *_: None)
-    server, responses = fenced_exec(own_fences(main_process), main_process)
+    server, responses = fenced_exec(fences, main_process)
     (error,) = [error_of(response) for response in responses]
     assert error == (errno.EIO, server.drain_reason)
     assert server.drain_reason == (

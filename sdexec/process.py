@@ -614,7 +614,9 @@ class Process:
         if isinstance(self._responder, _Nowhere):
             self._stop()  # the client left while systemd was starting it
         elif self._verify is not None:
-            # The fence check reads ControlGroup, which no signal carries.
+            # ControlGroup, which no signal carries, for the fence check and
+            # the receipt; a check that runs first, on the signals, reads
+            # the main process's own cgroup (sdexec/containment.py).
             self._watch.refresh().addErrback(self._log_failure, "GetAll")
             return
         if self._watch.state:

@@ -226,6 +226,26 @@ async def test_one_core_fences_the_unit(start_service):
 
 
 @pytest.mark.systemd
+@ensureDeferred
+async def test_a_units_fence_reads_the_same_before_its_controlgroup_is_known(
+    start_service,
+):
+    # The fence check may run before ControlGroup is known (the unit's
+    # signals can come before the GetAll that brings it): what it reads
+    # then must be what it reads with it, on whatever cgroup layout the node
+    # has (on an enforcing v2 node it was every online CPU).
+    service = await start_service(**contained())
+    client = await service.connect()
+    unit = await RunningUnit(client, {R_OPTION: r_local("1")}).started()
+    control_group = unit.show("ControlGroup")["ControlGroup"]
+    for reader in (enforced_cpus, enforced_mems):
+        with_it = reader(control_group, unit.handle.pid)
+        assert with_it is not None
+        assert reader(None, unit.handle.pid) == with_it, reader.__name__
+    await unit.stop()
+
+
+@pytest.mark.systemd
 @pytest.mark.parametrize("configured", ["1G", "1g"])  # either case, as upstream
 @ensureDeferred
 async def test_memory_cap_scaled_and_request_cannot_loosen(start_service, configured):

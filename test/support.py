@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import os
 import re
-import signal
 import struct
 import subprocess
 import sys
 import termios
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -295,15 +292,6 @@ def node_kills_at_memory_max() -> bool:
 
 # -- a sandbox manager of a test's own -----------------------------------------
 
-#: The hierarchies the sandbox puts each manager's cgroup in.
-CGROUP_HIERARCHIES = (
-    "/sys/fs/cgroup/systemd",
-    "/sys/fs/cgroup/unified",
-    "/sys/fs/cgroup",
-)
-#: How long a killed manager's processes may take to go.
-KILLED_WAIT_S = 60.0
-
 
 def running(pid: int | None) -> bool:
     """Whether ``pid`` runs (exists and is no zombie)."""
@@ -321,33 +309,7 @@ def start_manager(runtime_dir: str) -> int:
     return int(Path(runtime_dir, "manager.pid").read_text())
 
 
-def sandbox_cgroups(manager_pid: int) -> list[Path]:
-    """The cgroup trees the sandbox made for the manager with this pid."""
-    found = (Path(h, f"sdexec-sandbox-{manager_pid}") for h in CGROUP_HIERARCHIES)
-    return [tree for tree in found if tree.is_dir()]
-
-
-def processes_in(manager_pid: int) -> set[int]:
-    """Every process left in the killed manager's cgroups (its orphaned
-    dbus-daemon, its units' processes)."""
-    pids: set[int] = set()
-    for tree in sandbox_cgroups(manager_pid):
-        for procs in tree.rglob("cgroup.procs"):
-            pids.update(int(line) for line in procs.read_text().split())
-    return pids
-
-
 def remove_killed_sandbox(manager_pid: int) -> None:
-    """SIGKILL what the killed manager left and remove its cgroups."""
-    for pid in processes_in(manager_pid):
-        with contextlib.suppress(ProcessLookupError):  # gone already
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + KILLED_WAIT_S
-    while processes_in(manager_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)  # SIGKILLed, not yet gone: the cgroup is busy
-    for tree in sandbox_cgroups(manager_pid):
-        for directory in sorted(
-            (d for d in tree.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)
-        ):
-            directory.rmdir()
-        tree.rmdir()
+    """SIGKILL what the killed manager left and remove its cgroups (the
+    sandbox's ``clean``; it says what will not go, and fails)."""
+    subprocess.run([str(SANDBOX), "clean", str(manager_pid)], check=True)

@@ -230,7 +230,7 @@ def _cgroup_cpuset(
     node read as one whose cpuset holds nothing."""
     cgroups = process_cgroups(pid, root) or []
     unit_cgroup = control_group or _v2_cgroup(cgroups)
-    if unit_cgroup:
+    if unit_cgroup and _is_v2_cgroup(unit_cgroup, root):
         for cgroup in _self_and_ancestors(unit_cgroup):
             name = f"cpuset.{kind}.effective"
             ids = _ids(cgroup_value(root, "sys/fs/cgroup", cgroup, name))
@@ -240,6 +240,14 @@ def _cgroup_cpuset(
     if v1_cgroup is None:
         return None
     return _ids(cgroup_value(root, "sys/fs/cgroup/cpuset", v1_cgroup, f"cpuset.{kind}"))
+
+
+def _is_v2_cgroup(cgroup: str, root: str) -> bool:
+    """Whether ``cgroup`` is there in the v2 hierarchy: one systemd pruned
+    (its processes gone), or a path of another layout (a hybrid node's), is
+    not, and its ancestors say nothing of it."""
+    path = os.path.join(root, "sys/fs/cgroup", cgroup.lstrip("/"), "cgroup.procs")
+    return os.path.isfile(path)
 
 
 def _self_and_ancestors(cgroup: str) -> list[str]:
@@ -329,7 +337,8 @@ def judge_fences(
     then memory nodes, then the memory cap; with ``first_only``, stop at
     the first that does not hold. A fence that cannot be read while the
     process lives does not hold (it cannot be verified, as the device
-    canary's); once the process has exited, nothing more is checked."""
+    canary's); once the process has exited, nothing more is checked, and
+    what was read as it went is not trusted."""
     verdict = FenceVerdict()
     cpusets = [
         ("AllowedCPUs", "its CPU fence", fences.cpus, enforced_cpus, check_cpu_fence),
@@ -345,7 +354,10 @@ def judge_fences(
         if expected is None:
             continue
         actual = enforced(control_group, pid, root)
-        if actual is None and not process_exists(pid, root):
+        # Asked after the read, whatever it gave: a process that ended may
+        # have taken its unit's cgroup with it (systemd prunes an emptied
+        # unit's as it leaves running), and an ancestor's set was read.
+        if not process_exists(pid, root):
             verdict.unchecked = what
             return verdict
         problem = (

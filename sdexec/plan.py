@@ -142,6 +142,12 @@ class ExecPlan:
         (start,) = (p for p in self.properties if p.name == "ExecStartEx")
         return str(start.value[0][0])
 
+    @property
+    def slice(self) -> str | None:
+        """The slice the unit is started in (``[sdexec] slice``, or the
+        request's where the site lets it choose)."""
+        return next((str(p.value) for p in self.properties if p.name == "Slice"), None)
+
     def forwards(self, stream: str) -> bool:
         """Whether the client asked for this output stream."""
         flag = ExecFlag.STDOUT if stream == "stdout" else ExecFlag.STDERR

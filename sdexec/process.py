@@ -239,7 +239,7 @@ class Process:
         context: ProcessContext,
         *,
         on_reaped: Callable[[Process], None] = lambda process: None,
-        verify: Callable[[dict[str, Any], int], str | None] | None = None,
+        verify: Callable[[str | None, int], str | None] | None = None,
         tap: OutputTap | None = None,
         stdio: PassedStdio = NO_STDIO,
     ) -> None:
@@ -677,7 +677,7 @@ class Process:
             # A unit its manager knows and never started (no invocation): a
             # new manager's, made from the file a killed one left. Also once
             # its outcome is known: what ignored the stop runs on.
-            self._end_what_it_left(properties)
+            self._end_what_it_left()
         if gone is not None and not self._outcome_known:
             self._vanished(gone)
             return
@@ -719,7 +719,7 @@ class Process:
         self._cancel_start_deadline()
         self._note_invocation(properties)
         self._note_cgroup(properties, pid)
-        problem = self._verify(properties, pid) if self._verify else None
+        problem = self._verify(self._unit_cgroup(), pid) if self._verify else None
         if problem is None:
             self.ran = True
             self._once(Sent.STARTED, {"type": "started", "pid": pid})
@@ -948,7 +948,7 @@ class Process:
             return  # unloaded is no proof its manager lost it: _unit_changed
         never_started = not state.get("InvocationID") and queued_job(state) == 0
         if never_started and state.get("ActiveState") == "inactive":
-            self._end_what_it_left(state)
+            self._end_what_it_left()
             self._vanished(_LOST)
 
     @property
@@ -999,16 +999,24 @@ class Process:
                 manager = self._start_manager_cgroup  # the one that ran it
                 self._cgroup = unit_cgroup(self.unit_name, pid, manager)
 
-    def _end_what_it_left(self, state: dict[str, Any]) -> None:
+    def _unit_cgroup(self) -> str | None:
+        """The unit's cgroup: as noted (``ControlGroup``, or its main
+        process's, checked to be where the manager makes it), else where
+        the manager makes it, from its own cgroup (noted when the start was
+        asked for) and the unit's slice: a ``/proc`` hidden from the service
+        (hidepid) or a main process already gone need not leave it unknown."""
+        return self._cgroup or expected_unit_cgroup(
+            self._start_manager_cgroup, self.plan.slice, self.unit_name
+        )
+
+    def _end_what_it_left(self) -> None:
         """Its manager lost the unit, and its processes run on outside any
         unit, followed by no one: end them (sdexec/orphans.py). Where no
         cgroup was noted (its main process gone before it could be read),
         where the manager made it: in its own cgroup, noted when the start
         was asked for, and the unit's slice (the new manager loads the
         same, from the same file)."""
-        cgroup = self._cgroup or expected_unit_cgroup(
-            self._start_manager_cgroup, state.get("Slice"), self.unit_name
-        )
+        cgroup = self._unit_cgroup()
         if cgroup is None or self._orphans_ended:
             return
         self._orphans_ended = True

@@ -341,7 +341,7 @@ class SdexecServer:
         plan: ExecPlan,
         responder: Responder,
         *,
-        verify: Callable[[dict[str, Any], int], str | None] | None = None,
+        verify: Callable[[str | None, int], str | None] | None = None,
         tap: OutputTap | None = None,
         stdio: PassedStdio = NO_STDIO,
     ) -> Process:
@@ -382,24 +382,22 @@ class SdexecServer:
 
     def _fence_verifier(
         self, cpus: IDset | None, mems: IDset | None, memory_capped: bool
-    ) -> Callable[[dict[str, Any], int], str | None] | None:
-        """The check run when the unit starts, if the mapper fenced CPUs or
-        memory nodes (a custom mapper may set either alone): those, and a
-        memory cap if the unit has one."""
+    ) -> Callable[[str | None, int], str | None] | None:
+        """The check run when the unit starts (given its cgroup, if known,
+        and its main process), if the mapper fenced CPUs or memory nodes (a
+        custom mapper may set either alone): those, and a memory cap if the
+        unit has one."""
         fences = Fences(cpus, mems, memory_capped)
         if not fences:
             return None
-        return lambda state, pid: self._verify_fence(fences, state, pid)
+        return lambda cgroup, pid: self._verify_fence(fences, cgroup, pid)
 
-    def _verify_fence(self, fences: Fences, state: dict, pid: int) -> str | None:
+    def _verify_fence(self, fences: Fences, cgroup: str | None, pid: int) -> str | None:
         """Judge the fences (sdexec/containment.py): under ``drain`` the
         first that does not hold is the problem; under ``warn`` all that do
         not are logged, in one line."""
         verdict = judge_fences(
-            fences,
-            state.get("ControlGroup"),
-            pid,
-            first_only=self.containment.check != "warn",
+            fences, cgroup, pid, first_only=self.containment.check != "warn"
         )
         if verdict.unchecked is not None:
             self.log_rate.warn(

@@ -44,6 +44,8 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 import sdexec.config
 import sdexec.containment
+import sdexec.orphans
+import sdexec.server
 from sdexec.client import RPCError
 from sdexec.command import Command
 from sdexec.config import ConfigError, parse_config
@@ -583,6 +585,12 @@ def _fake_file(root: Path, relative: str, text: str) -> None:
     path.write_text(text)
 
 
+def _fake_v2_unit(root: Path) -> None:
+    """The unit's v2 cgroup, with process 42 in it (whether it has cpuset
+    files or not)."""
+    _fake_file(root, f"sys/fs/cgroup{CGROUP}/cgroup.procs", "42\n")
+
+
 #: The cpuset readers, by what they read: ``cpuset.cpus`` or ``cpuset.mems``.
 READERS = {"cpus": enforced_cpus, "mems": enforced_mems}
 
@@ -594,6 +602,8 @@ def _fake_tree(
     only), a v1 one for the unit's cgroup (or for the root cpuset cgroup
     only) with process 42 in it, and a /proc/42/status, each if given (the
     status has the same ``(list, mask)`` for CPUs and nodes)."""
+    if v2 is not None or v2_parent is not None:
+        _fake_v2_unit(root)
     if v2 is not None:
         _fake_file(root, f"sys/fs/cgroup{CGROUP}/cpuset.{kind}.effective", v2)
     if v2_parent is not None:
@@ -656,6 +666,7 @@ def test_enforced_cpuset_reads_in_order(tmp_path, kind, tree, control_group, exp
 
 
 def test_each_reader_reads_its_own_cpuset(tmp_path):
+    _fake_v2_unit(tmp_path)
     _fake_file(tmp_path, f"sys/fs/cgroup{CGROUP}/cpuset.cpus.effective", "0-7")
     _fake_file(tmp_path, f"sys/fs/cgroup{CGROUP}/cpuset.mems.effective", "1")
     _fake_file(tmp_path, "proc/42/status", "Cpus_allowed_list:\t0-15\n")
@@ -676,6 +687,7 @@ def test_a_v2_cpuset_is_read_from_the_process_cgroup_without_controlgroup(
     # online one ("AllowedCPUs not enforced: expected 0-3 got 0-15"), which
     # drained the node on its first job. The main process's own v2 cgroup
     # is the unit's.
+    _fake_v2_unit(tmp_path)
     _fake_file(tmp_path, "proc/42/cgroup", f"0::{CGROUP}\n")
     _fake_file(tmp_path, "proc/42/status", "Name:\tx\nMems_allowed_list:\t0-1\n")
     _fake_file(tmp_path, f"sys/fs/cgroup{CGROUP}/cpuset.{kind}.effective", "1\n")
@@ -684,6 +696,18 @@ def test_a_v2_cpuset_is_read_from_the_process_cgroup_without_controlgroup(
     assert READERS[kind](None, 42, root=str(tmp_path)) == IDset("1")
     fences = Fences(IDset("1"), None) if kind == "cpus" else Fences(None, IDset("1"))
     assert judge_fences(fences, None, 42, root=str(tmp_path)).problems == []
+
+
+def test_a_fence_read_after_the_job_exited_is_unchecked_not_broken(tmp_path):
+    # A job that exits at once: systemd prunes the unit's emptied cgroup as
+    # it leaves running (RemainAfterExit=yes), so the read finds the
+    # slice's cpuset, every CPU of the node. That was a broken fence, and a
+    # drained node; the job is gone, and its fence went unchecked.
+    slice_cgroup = CGROUP.rsplit("/", 1)[0]
+    _fake_file(tmp_path, f"sys/fs/cgroup{slice_cgroup}/cpuset.cpus.effective", "0-15\n")
+    _fake_file(tmp_path, "sys/devices/system/cpu/online", "0-15\n")
+    verdict = judge_fences(Fences(IDset("0-3")), CGROUP, 42, root=str(tmp_path))
+    assert (verdict.problems, verdict.unchecked) == ([], "its CPU fence")
 
 
 V1_UNLIMITED = "9223372036854771712"
@@ -963,6 +987,27 @@ def test_a_fence_unreadable_while_the_process_lives_does_not_hold(
         " cannot be read (is /proc mounted hidepid?)"
     )
     assert server.counters["fence-failures"] == 1
+
+
+def test_a_hidden_main_process_is_fenced_where_the_manager_makes_its_cgroup(
+    main_process, monkeypatch
+):
+    # /proc hidden (hidepid, a job of another user) and ControlGroup not yet
+    # known: the unit's cgroup is where its manager makes it, not unknown
+    # (unknown, the check read nothing and drained the node).
+    monkeypatch.setattr(sdexec.orphans, "process_cgroups", lambda *_: None)
+    judged = []
+    real_judge = sdexec.server.judge_fences
+    monkeypatch.setattr(
+        sdexec.server,
+        "judge_fences",
+        lambda fences, cgroup, pid, **kw: (
+            judged.append(cgroup) or real_judge(fences, cgroup, pid, **kw)
+        ),
+    )
+    fenced_exec(own_fences(main_process), main_process)
+    manager = FakeManager().control_group
+    assert judged == [f"{manager}/sdexec.slice/{UNIT}"]
 
 
 def test_a_process_gone_before_its_fence_is_read_is_logged_not_a_failure(

@@ -364,7 +364,7 @@ def test_no_sigkill_for_a_main_process_that_has_exited():
 
 def test_a_signal_held_for_a_start_the_fence_refuses_is_sent():
     # The process did start (and is killed): not "never started".
-    process, systemd, _, _ = make_process(verify=lambda state, pid: "not fenced")
+    process, systemd, _, _ = make_process(verify=lambda cgroup, pid: "not fenced")
     answer = process.kill(signal.SIGTERM)
     systemd.change(UNIT, RUNNING)
     assert outcome(answer) is None
@@ -373,7 +373,7 @@ def test_a_signal_held_for_a_start_the_fence_refuses_is_sent():
 
 def test_unenforced_fence_refuses_before_started():
     _, systemd, responder, _ = make_process(
-        verify=lambda state, pid: "AllowedCPUs not enforced: expected 1 got 0-1",
+        verify=lambda cgroup, pid: "AllowedCPUs not enforced: expected 1 got 0-1",
     )
     systemd.change(UNIT, RUNNING)
     systemd.change(UNIT, EXITED)

@@ -36,7 +36,7 @@ import dataclasses
 import enum
 import errno
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal, NamedTuple, Protocol
 
 from sdexec.ioencode import encode_io
@@ -120,6 +120,7 @@ class Tracked:
         rank: str,
         client: _Client,
         bufsizes: Mapping[str, int] | None = None,
+        line_buffered: Collection[str] = (),
     ) -> None:
         self.mode = mode
         self.waitable = waitable
@@ -135,6 +136,8 @@ class Tracked:
         #: Each output stream's ``<stream>_BUFSIZE``: an attach's replay is
         #: split as live output is.
         self.bufsizes = dict(bufsizes or {})
+        #: The output streams that are line-buffered (split at line ends).
+        self.line_buffered = frozenset(line_buffered)
         self.process: Process | None = None  # set once it is made
         #: The ``finished`` response, once seen (replayed to a later attach
         #: whole, whatever keys it carries).
@@ -251,7 +254,9 @@ class Tracked:
         self.mode, self._client = Mode.ATTACHED, client
         # The replay is written whatever the client reads (sent_to).
         self.sent_to = client.connection_id
-        replay, dropped = self.retained.replay(self._rank, self.bufsizes)
+        replay, dropped = self.retained.replay(
+            self._rank, self.bufsizes, self.line_buffered
+        )
         client.responder.respond(self._attached(dropped))
         for io in replay:
             if client.forwards(io["stream"]):
@@ -430,7 +435,12 @@ class TrackedProcesses:
         mode = Mode.STREAMING if streaming else Mode.BACKGROUND
         client = _Client(connection_id, responder, plan.flags)
         bufsizes = {name: options.bufsize for name, options in plan.output.items()}
-        tracked = Tracked(mode, waitable, retained_size, rank, client, bufsizes)
+        line_buffered = [
+            name for name, options in plan.output.items() if options.line_buffered
+        ]
+        tracked = Tracked(
+            mode, waitable, retained_size, rank, client, bufsizes, line_buffered
+        )
         return plan, tracked
 
     def waitable_held(self) -> int:

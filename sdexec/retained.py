@@ -33,7 +33,7 @@ runs already dropped stay until they are half of it, so at most
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any, Final
 
 from sdexec.ioencode import encode_io, line_chunks
@@ -166,7 +166,7 @@ class RetainedOutput:
         return [encode_io(stream, rank, data) for stream, data in self._held_runs()]
 
     def replay(
-        self, rank: str, bufsizes: Mapping[str, int]
+        self, rank: str, bufsizes: Mapping[str, int], line_buffered: Collection[str]
     ) -> tuple[list[dict[str, Any]], dict[str, int]]:
         """An ``attach``'s replay: the held output as RFC 24 io objects,
         oldest first, and the bytes dropped before it, by stream.
@@ -174,16 +174,24 @@ class RetainedOutput:
         A run longer than its stream's ``bufsizes`` entry is split at line
         ends, as live output is (:func:`sdexec.ioencode.line_chunks`): a
         client may size its buffer by ``<stream>_BUFSIZE``, and takes whole
-        lines or a full buffer out of it. Live output sends a long line in
-        whole buffers from the line's start; where a stream's oldest kept
-        byte is part-way into a line, its replay starts where a live message
-        could: after that line's end or at the next multiple of the buffer
-        size into it, whichever comes first. What it leaves out (less than
-        a buffer) is counted in the dropped bytes. (Started anywhere else,
+        lines or a full buffer out of it. Live output of a stream in
+        ``line_buffered`` sends a long line in whole buffers from the line's
+        start; where such a stream's oldest kept byte is part-way into a
+        line, its replay starts where a live message could: after that
+        line's end or at the next multiple of the buffer size into it,
+        whichever comes first. What it leaves out (less than a buffer, which
+        is all a stream kept where the retained output is no larger than
+        its buffer) is counted in the dropped bytes. (Started anywhere else,
         the client would hold a piece of line that the next live buffer of
-        that line overruns.)
+        that line overruns. A client of a stream not line-buffered holds no
+        piece of line: its replay leaves nothing out.)
         """
-        skip = {stream: self._misalignment(stream, bufsizes) for stream in STREAMS}
+        skip = {
+            stream: self._misalignment(stream, bufsizes)
+            if stream in line_buffered
+            else 0
+            for stream in STREAMS
+        }
         dropped = self.dropped
         objects = []
         for stream, data in self._held_runs():

@@ -76,7 +76,7 @@ def test_binary_and_split_utf8_round_trip_through_io_objects() -> None:
 def test_runs_are_split_at_each_streams_bufsize() -> None:
     buffer = RetainedOutput()
     produce(buffer, [("stdout", b"o" * 10), ("stderr", b"e" * 4), ("stdout", b"p")])
-    ios, _dropped = buffer.replay("0", {"stdout": 4, "stderr": 4})
+    ios, _dropped = buffer.replay("0", {"stdout": 4, "stderr": 4}, STREAMS)
     assert [decode_io(io)[:2] for io in ios] == [
         ("stdout", b"oooo"),
         ("stdout", b"oooo"),
@@ -93,7 +93,7 @@ def test_a_replay_cuts_no_line_that_fits_the_buffer() -> None:
     # messages of 100-byte lines ended mid-line.
     buffer = RetainedOutput()
     produce(buffer, [("stdout", b"ab\ncdefg\nhi\n")])
-    ios, _dropped = buffer.replay("0", {"stdout": 6})
+    ios, _dropped = buffer.replay("0", {"stdout": 6}, STREAMS)
     assert [decode_io(io)[1] for io in ios] == [b"ab\n", b"cdefg\n", b"hi\n"]
 
 
@@ -118,11 +118,22 @@ class FluxClient:
 
 
 def attach_replay(
-    buffer: RetainedOutput, bufsizes: dict[str, int]
+    buffer: RetainedOutput, bufsizes: dict[str, int], line_buffered=STREAMS
 ) -> tuple[list[tuple[str, bytes]], dict[str, int]]:
-    """What an attach is sent: the replayed pieces, and the dropped counts."""
-    ios, dropped = buffer.replay("0", bufsizes)
+    """What an attach is sent: the replayed pieces, and the dropped counts
+    (the streams line-buffered unless said)."""
+    ios, dropped = buffer.replay("0", bufsizes, line_buffered)
     return [decode_io(io)[:2] for io in ios], dropped
+
+
+def test_a_trimmed_replay_of_a_stream_not_line_buffered_leaves_nothing_out() -> None:
+    # Sent read by read, such a stream's client holds no piece of line:
+    # there is nothing to line up with, and the kept bytes were replayed.
+    buffer = RetainedOutput(6000)
+    buffer.append("stdout", b"x" * 10000)
+    pieces, dropped = attach_replay(buffer, {"stdout": 4096}, line_buffered=())
+    assert b"".join(data for _, data in pieces) == b"x" * 6000
+    assert dropped == {"stdout": 4000, "stderr": 0}
 
 
 def test_a_replay_trimmed_mid_line_then_live_output_fits_the_client() -> None:

@@ -14,10 +14,10 @@ stderr, interleaved in the order they were produced, within a size from
   as any non-UTF-8 data is).
 - Per stream, the bytes dropped are counted exactly, for the extension key
   ``"dropped": {"stdout": N, "stderr": M}``.
-- An ``attach`` replay (:meth:`RetainedOutput.replay`) of a stream whose
-  oldest kept bytes are part-way into a line leaves out the start of what is
-  kept, up to where a live message could start (see there), and counts it
-  as dropped too: less than the stream's buffer size.
+- An ``attach`` replay (:meth:`RetainedOutput.replay`) of a line-buffered
+  stream whose oldest kept bytes are part-way into a line leaves out the
+  start of what is kept, up to where a live message could start (see
+  there), and counts it as dropped too: less than the stream's buffer size.
 - The bookkeeping is bounded too: the stream of each run of bytes is kept as
   one 8-byte entry, and runs are capped at ``size // 32 + 64``. Output that
   alternates between stdout and stderr in runs averaging under 32 bytes

@@ -17,7 +17,7 @@ import functools
 import itertools
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,7 +33,7 @@ from sdexec.orphans import expected_unit_cgroup, unit_cgroup
 from sdexec.passthrough import NO_STDIO, PassedStdio
 from sdexec.plan import ExecPlan, RequestError
 from sdexec.protocol import ExecFlag
-from sdexec.receipt import finished_extensions
+from sdexec.receipt import finished_extensions, unit_cgroup_exists
 from sdexec.systemd import (
     Manager,
     UnitStatus,
@@ -677,7 +677,7 @@ class Process:
             # A unit its manager knows and never started (no invocation): a
             # new manager's, made from the file a killed one left. Also once
             # its outcome is known: what ignored the stop runs on.
-            self._end_what_it_left()
+            self._end_what_it_left(properties)
         if gone is not None and not self._outcome_known:
             self._vanished(gone)
             return
@@ -762,9 +762,14 @@ class Process:
         """Whether the stop or reset may follow the receipt's ``GetAll``
         before its answer: systemd answers a connection's calls in order, so
         the answer still describes the unit before them, and the round trip
-        is saved (docs/performance.md). Not where the receipt reads the
-        unit's cgroup files, which a stop removes; a failed unit has none."""
-        return status.needs_reset or not self._context.receipt_reads_cgroup
+        is saved (docs/performance.md). Not while the unit's cgroup is there
+        for the receipt to read (cgroup v2), which a stop removes: systemd
+        has removed an emptied unit's already, as it left running (only
+        processes that outlive the main one keep it), and a failed one's."""
+        if status.needs_reset or not self._context.receipt_reads_cgroup:
+            return True
+        cgroup = self._unit_cgroup(self._watch.state if self._watch else None)
+        return cgroup is not None and not unit_cgroup_exists(cgroup)
 
     @property
     def _exit_status_kept(self) -> bool:
@@ -948,7 +953,7 @@ class Process:
             return  # unloaded is no proof its manager lost it: _unit_changed
         never_started = not state.get("InvocationID") and queued_job(state) == 0
         if never_started and state.get("ActiveState") == "inactive":
-            self._end_what_it_left()
+            self._end_what_it_left(state)
             self._vanished(_LOST)
 
     @property
@@ -999,24 +1004,26 @@ class Process:
                 manager = self._start_manager_cgroup  # the one that ran it
                 self._cgroup = unit_cgroup(self.unit_name, pid, manager)
 
-    def _unit_cgroup(self) -> str | None:
+    def _unit_cgroup(self, state: Mapping[str, Any] | None = None) -> str | None:
         """The unit's cgroup: as noted (``ControlGroup``, or its main
         process's, checked to be where the manager makes it), else where
         the manager makes it, from its own cgroup (noted when the start was
-        asked for) and the unit's slice: a ``/proc`` hidden from the service
-        (hidepid) or a main process already gone need not leave it unknown."""
+        asked for) and the unit's slice (its ``Slice`` in ``state``, else the
+        one asked for): a ``/proc`` hidden from the service (hidepid) or a
+        main process already gone need not leave it unknown."""
+        slice_name = (state or {}).get("Slice") or self.plan.slice
         return self._cgroup or expected_unit_cgroup(
-            self._start_manager_cgroup, self.plan.slice, self.unit_name
+            self._start_manager_cgroup, slice_name, self.unit_name
         )
 
-    def _end_what_it_left(self) -> None:
+    def _end_what_it_left(self, state: Mapping[str, Any]) -> None:
         """Its manager lost the unit, and its processes run on outside any
         unit, followed by no one: end them (sdexec/orphans.py). Where no
         cgroup was noted (its main process gone before it could be read),
         where the manager made it: in its own cgroup, noted when the start
         was asked for, and the unit's slice (the new manager loads the
         same, from the same file)."""
-        cgroup = self._unit_cgroup()
+        cgroup = self._unit_cgroup(state)
         if cgroup is None or self._orphans_ended:
             return
         self._orphans_ended = True

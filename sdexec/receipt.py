@@ -17,8 +17,9 @@ keys, which clients that do not know them ignore (docs/protocol.md):
   its exit).
 
 Both ends are here: :func:`finished_extensions` makes the keys from a
-unit's property state (read before the unit is stopped: stopping removes
-its cgroup); :class:`Receipt` reads them back for a client and words them.
+unit's property state (read before the unit is stopped, where its
+processes outlived the main one and kept its cgroup: stopping removes it);
+:class:`Receipt` reads them back for a client and words them.
 Standard library only: the command line imports this module.
 """
 
@@ -39,6 +40,7 @@ __all__ = [
     "format_bytes",
     "format_usec",
     "reads_unit_cgroups",
+    "unit_cgroup_exists",
 ]
 
 #: systemd's "not measured" for a 64-bit counter (``[not set]``).
@@ -108,6 +110,13 @@ def _wall_time(state: Mapping[str, Any]) -> int | None:
     if not start or not exit_ or exit_ < start:  # 0: never happened
         return None
     return exit_ - start
+
+
+def unit_cgroup_exists(control_group: str, root: str = "/") -> bool:
+    """Whether the unit's cgroup is there in the v2 hierarchy, for the
+    receipt to read: systemd removes an emptied unit's as the unit leaves
+    running (its processes gone with the main one), a failed one's at once."""
+    return _cgroup_directory(control_group, root) is not None
 
 
 def _cgroup_directory(control_group: object, root: str) -> str | None:

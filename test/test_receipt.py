@@ -23,6 +23,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 from twisted.internet.threads import deferToThread
 
+import sdexec.process
 from sdexec.cli import receipt_lines
 from sdexec.process import Process, ProcessContext
 from sdexec.receipt import (
@@ -206,7 +207,9 @@ def test_finished_carries_the_receipt_read_before_the_stop():
     assert counted == []
 
 
-def test_nothing_stops_the_unit_while_its_receipt_is_read():
+def test_nothing_stops_the_unit_while_its_receipt_is_read(monkeypatch):
+    # Its processes outlived the main one: the cgroup is still there.
+    monkeypatch.setattr(sdexec.process, "unit_cgroup_exists", lambda *_: True)
     systemd = FakeManager()
     systemd.hold_refresh = True
     responder, _ = start_process(systemd)
@@ -217,6 +220,22 @@ def test_nothing_stops_the_unit_while_its_receipt_is_read():
     systemd.answer_refreshes()
     assert [r["type"] for r in responder.responses] == ["started", "finished"]
     assert systemd.calls[-1] == ("stop", UNIT)
+
+
+def test_a_unit_whose_cgroup_is_gone_is_stopped_before_its_receipt_comes(
+    monkeypatch,
+):
+    # systemd prunes an emptied unit's cgroup as it leaves running, before
+    # its signals go out: there is nothing for a stop to take from the
+    # receipt, and waiting for it only cost a round trip per unit.
+    monkeypatch.setattr(sdexec.process, "unit_cgroup_exists", lambda *_: False)
+    systemd = FakeManager()
+    systemd.hold_refresh = True
+    responder, _ = start_process(systemd)
+    systemd.change(UNIT, {**EXITED, "Result": "success"})
+    assert [call[0] for call in systemd.calls] == ["start", "get-all", "stop"]
+    systemd.answer_refreshes()
+    assert [r["type"] for r in responder.responses] == ["started", "finished"]
 
 
 def test_an_oom_kill_is_counted():

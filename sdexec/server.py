@@ -41,6 +41,7 @@ from sdexec.jobs import Jobs
 from sdexec.leftovers import STARTED_AGAIN, Leftover, Leftovers, marked
 from sdexec.limits import check_text
 from sdexec.lograte import LogRate
+from sdexec.managerversion import version_problem
 from sdexec.orphans import LostUnitKill
 from sdexec.passthrough import (
     NO_STDIO,
@@ -141,6 +142,9 @@ class SdexecServer:
         self._canaries: set[defer.Deferred[str | None]] = set()
         #: Whether a canary is owed: systemd was away when one was to run.
         self._devices_unverified = False
+        #: The drain a manager too old for sdexec's units caused, if any: a
+        #: newer one (a restart into an upgrade) lifts it.
+        self._version_drain: str | None = None
         #: systemd's returns after a loss: a canary that ran across one
         #: gives no verdict.
         self._restorations = 0
@@ -424,8 +428,28 @@ class SdexecServer:
         self.drain(problems[0])
         return problems[0]
 
+    def check_manager_version(self) -> None:
+        """Say which systemd serves, and drain the node while it is too old
+        for the units sdexec asks of it (sdexec/managerversion.py): every
+        start would fail, naming a property rather than the version."""
+        version = self.systemd.version
+        log.info("systemd manager {version}", version=version or "(no Version)")
+        problem = version_problem(version, self.containment.enabled)
+        if problem is not None and self.drain_reason not in (None, problem):
+            # Drained already, for what this must not undo by lifting its own.
+            log.warn("{problem}; the node stays drained: {drained}",
+                     problem=problem, drained=self.drain_reason)  # fmt: skip
+        elif problem is not None:
+            self._version_drain = problem
+            self.drain(problem)
+        elif self._version_drain is not None:
+            if self.drain_reason == self._version_drain:
+                self.undrain()
+            self._version_drain = None
+
     def systemd_restored(self) -> None:
         """systemd is back after a loss: every process re-reads its unit."""
+        self.check_manager_version()
         self._restorations += 1
         for process in list(self.processes.values()):
             process.resync()

@@ -193,6 +193,7 @@ class SdexecService(Service):
         systemd.debug = self.config.systemd.sdbus_debug
         systemd.max_inflight = self.config.systemd.max_inflight
         self.server = SdexecServer(systemd, self.config, self.reactor, containment)
+        self.server.check_manager_version()
         self.outage = SystemdOutage(self.server)
         systemd.on_lost = self.outage.lost
         systemd.on_restored = self.outage.restored
@@ -389,7 +390,9 @@ class SdexecService(Service):
         self.config = config
         if self.server is not None:
             self.server.reconfigure(config, containment)
-            self.server.verify_devices()  # judged afresh: containment may be new
+            # judged afresh: containment may be new
+            self.server.check_manager_version()
+            self.server.verify_devices()
         log.info("configuration reloaded from {path}", path=path)
         return True
 

@@ -74,6 +74,7 @@ class FakeManager:
         self.connected = True
         #: As a user manager's would read; no real process is below it.
         self.control_group: str | None = "/user.slice/user-0.slice/fake@0.service"
+        self.version: str | None = "252.38-1~deb12u1"
         self.on_lost: Callable[[str], None] | None = None
         self.on_restored: Callable[[], None] | None = None
         self.disconnected: defer.Deferred[None] = defer.Deferred()

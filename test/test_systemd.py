@@ -31,6 +31,7 @@ from twisted.internet.defer import Deferred
 
 from sdexec.command import Command, unit_properties
 from sdexec.idset import IDset
+from sdexec.managerversion import version_problem
 from sdexec.nodememory import physical_memory
 from sdexec.orphans import expected_unit_cgroup, unit_cgroup
 from sdexec.property import UINT32_MAX, UINT64_MAX, PropertyError, percent_scale
@@ -415,6 +416,16 @@ async def test_a_unit_watched_anew_after_a_cancel_is_followed(units):
 
 
 # -- names and listing --------------------------------------------------------------
+
+
+def test_the_manager_s_version_is_read_as_systemctl_shows_it(units):
+    # What the service checks against the oldest systemd it serves.
+    shown = subprocess.run(
+        ["systemctl", "--user", "show", "-p", "Version", "--value"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert units.client.version == shown.stdout.strip()
+    assert version_problem(units.client.version, fenced=True) is None
 
 
 @pytest_twisted.ensureDeferred

@@ -248,6 +248,7 @@ class SystemdClient:
         self.connected = False
         #: The manager's own cgroup, read at each (re)connection.
         self.control_group: str | None = None
+        self.version: str | None = None
         self._closing = False
         #: Every method call goes through it (``[systemd] max-inflight``).
         self.window = CallWindow(DEFAULT_MAX_INFLIGHT)
@@ -329,7 +330,8 @@ class SystemdClient:
             if error.name != ALREADY_SUBSCRIBED:
                 raise
         self._manager_owner = await self._name_owner(SYSTEMD)
-        self.control_group = await self._manager_cgroup()
+        self.control_group = await self._manager_string("ControlGroup")
+        self.version = await self._manager_string("Version")
 
     async def _name_owner(self, name: str) -> str:
         """The unique bus name that owns ``name`` now."""
@@ -338,12 +340,13 @@ class SystemdClient:
             raise SystemdError(NAME_HAS_NO_OWNER, f"GetNameOwner: no owner of {name}")
         return body[0]
 
-    async def _manager_cgroup(self) -> str | None:
-        """The manager's ``ControlGroup``; ``None`` if it cannot be read (a
-        manager too old to have it): what a lost unit leaves is then found
-        only where a ``GetAll`` read the unit's own."""
+    async def _manager_string(self, name: str) -> str | None:
+        """The manager's property ``name`` (``ControlGroup``, ``Version``);
+        ``None`` if it cannot be read (a manager too old to have it: what a
+        lost unit leaves is then found only where a ``GetAll`` read the
+        unit's own cgroup)."""
         try:
-            asked = [MANAGER, "ControlGroup"]
+            asked = [MANAGER, name]
             body = await self._call(
                 SYSTEMD, MANAGER_PATH, PROPERTIES, "Get", "ss", asked
             )

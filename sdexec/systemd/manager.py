@@ -58,6 +58,9 @@ class Manager(Protocol):
     #: ``/proc/PID/cgroup`` writes paths), read at each (re)connection:
     #: its units' cgroups are below it. ``None`` if it could not be read.
     control_group: str | None
+    #: The manager's ``Version`` (``252.38-1~deb12u1``), read at each
+    #: (re)connection; ``None`` if it could not be read.
+    version: str | None
 
     def watch_unit(
         self, name: str, callback: Callable[[dict[str, Any]], None]

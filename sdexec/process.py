@@ -39,7 +39,7 @@ from sdexec.systemd import (
     UnitStatus,
     Watch,
     errno_for,
-    name_string_properties,
+    explain_start_refusal,
     queued_job,
 )
 from sdexec.systemd.channel import (
@@ -629,7 +629,7 @@ class Process:
 
     def _start_refused(self, failure: Failure) -> None:
         error = failure.value
-        message = name_string_properties(
+        message = explain_start_refusal(
             getattr(error, "message", str(error)), self.plan.properties
         )
         self._context.client_warning(
@@ -711,7 +711,7 @@ class Process:
     def _command_ran(self) -> bool:
         """Whether the command was executed for sure: ``started`` went out,
         and a ``Type=exec`` unit (every unit's: no one else may set it) is
-        *running* only once the exec succeeded. Its exit of 200-243 is then
+        *running* only once the exec succeeded. Its exit of 200-245 is then
         its own (``exit 203`` in a script), not systemd failing to run it."""
         return Sent.STARTED in self._sent
 

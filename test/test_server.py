@@ -265,6 +265,24 @@ def test_systemds_refusal_becomes_the_streams_error(systemd):
     connection.close()
 
 
+def test_an_environment_an_old_systemd_refuses_names_the_variable(systemd):
+    # systemd before 247 refuses a whole unit for one control character in
+    # one value (ESC, as a dotfile's LESS_TERMCAP_md holds), naming nothing.
+    systemd.refuse_start = SystemdError(
+        "org.freedesktop.DBus.Error.InvalidArgs", "Invalid environment block."
+    )
+    server = SdexecServer(systemd, parse_config({}), reactor, clock=Clock())
+    connection = Connection(server)
+    env = {"PATH": "/usr/bin:/bin", "LESS_TERMCAP_md": "\x1b[01;31m", "TAB": "a\tb"}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "env": env}})
+    assert error_of(connection.last()) == (
+        errno.EINVAL,
+        "Invalid environment block. (LESS_TERMCAP_md has a control character"
+        " in its value, which systemd before 247 refuses)",
+    )
+    connection.close()
+
+
 def test_the_write_credit_flag_grants_the_stdin_buffer_first(connection):
     flags = FLAGS | ExecFlag.WRITE_CREDIT
     opts = {**TRUE["opts"], "stdin_BUFSIZE": "1024"}

@@ -28,7 +28,7 @@ from sdexec.systemd.bus import (
     session_bus_address,
     unit_object_path,
 )
-from sdexec.systemd.errors import SystemdError, errno_for, name_string_properties
+from sdexec.systemd.errors import SystemdError, errno_for, explain_start_refusal
 from sdexec.systemd.manager import Manager, Watch
 from sdexec.systemd.unit import UnitStatus, queued_job, wait_status
 
@@ -40,7 +40,7 @@ __all__ = [
     "UnitWatch",
     "Watch",
     "errno_for",
-    "name_string_properties",
+    "explain_start_refusal",
     "queued_job",
     "session_bus_address",
     "unit_object_path",

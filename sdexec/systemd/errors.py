@@ -20,9 +20,9 @@ __all__ = [
     "SystemdError",
     "connection_lost",
     "errno_for",
+    "explain_start_refusal",
     "is_connection_lost",
     "is_unit_gone",
-    "name_string_properties",
     "reconnecting",
 ]
 
@@ -97,7 +97,42 @@ def errno_for(error: BaseException) -> int:
 _OWN_STRING_PROPERTIES = frozenset({"Description", "WorkingDirectory"})
 
 
-def name_string_properties(message: str, properties: Iterable[UnitProperty]) -> str:
+def explain_start_refusal(message: str, properties: Iterable[UnitProperty]) -> str:
+    """systemd's refusal of a ``StartTransientUnit``, with what it leaves
+    unnamed named: the string-valued property it calls an "Invalid
+    argument", the environment variable it calls an "Invalid environment
+    block"."""
+    properties = list(properties)
+    return _name_control_characters(
+        _name_string_properties(message, properties), properties
+    )
+
+
+def _name_control_characters(message: str, properties: list[UnitProperty]) -> str:
+    """systemd before 247 refuses a whole unit whose environment has a
+    value with a control character but tab and newline (the ESC a dotfile's
+    ``LESS_TERMCAP_md`` or ``PS1`` holds) as an "Invalid environment block":
+    name the first such variable."""
+    if "Invalid environment block" not in message:
+        return message
+    for prop in properties:
+        if prop.name != "Environment":
+            continue
+        for entry in prop.value:
+            name, _, value = str(entry).partition("=")
+            if any(_is_refused_control(character) for character in value):
+                return (
+                    f"{message} ({name} has a control character in its value,"
+                    " which systemd before 247 refuses)"
+                )
+    return message
+
+
+def _is_refused_control(character: str) -> bool:
+    return (character < " " and character not in "\t\n") or character == "\x7f"
+
+
+def _name_string_properties(message: str, properties: list[UnitProperty]) -> str:
     """systemd refuses a bad string-typed property (``DevicePolicy=bogus``)
     with a bare "Invalid argument": name the candidates, so the error names
     the property as every other property error does."""

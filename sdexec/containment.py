@@ -224,13 +224,15 @@ def _cgroup_cpuset(
     set of the unit's cgroup or its nearest ancestor's, else v1's of the
     main process's cpuset cgroup; ``None`` if neither says.
 
-    The unit's cgroup is ``ControlGroup`` or, before that is known (the
-    check may run on the unit's signals, ahead of the GetAll that brings
-    it), the main process's own v2 cgroup: without it, an enforcing v2
-    node read as one whose cpuset holds nothing."""
+    The unit's cgroup is ``control_group`` (the caller's best knowledge of
+    it) where that is there, else the main process's own v2 cgroup: without
+    one, an enforcing v2 node read as one whose cpuset holds nothing. Only
+    from a cgroup that is there are its ancestors read: one systemd pruned
+    (its processes gone), or a path that is not the unit's, says nothing."""
     cgroups = process_cgroups(pid, root) or []
-    unit_cgroup = control_group or _v2_cgroup(cgroups)
-    if unit_cgroup and _is_v2_cgroup(unit_cgroup, root):
+    candidates = (control_group, _v2_cgroup(cgroups))
+    unit_cgroup = next((c for c in candidates if c and _is_v2_cgroup(c, root)), None)
+    if unit_cgroup is not None:
         for cgroup in _self_and_ancestors(unit_cgroup):
             name = f"cpuset.{kind}.effective"
             ids = _ids(cgroup_value(root, "sys/fs/cgroup", cgroup, name))

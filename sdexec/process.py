@@ -615,8 +615,8 @@ class Process:
             self._stop()  # the client left while systemd was starting it
         elif self._verify is not None:
             # ControlGroup, which no signal carries, for the fence check and
-            # the receipt; a check that runs first, on the signals, reads
-            # the main process's own cgroup (sdexec/containment.py).
+            # the receipt; a check that runs first, on the signals, is given
+            # the cgroup noted from the main process (_unit_cgroup).
             self._watch.refresh().addErrback(self._log_failure, "GetAll")
             return
         if self._watch.state:

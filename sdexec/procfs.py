@@ -46,10 +46,27 @@ def process_status(pid: int, root: str = "/") -> dict[bytes, bytes] | None:
     return {key: value.strip() for key, _, value in fields}
 
 
+def _process_state(pid: int, root: str) -> str | None:
+    """The state letter of ``/proc/PID/stat`` (after the command's name,
+    which may hold any character, ")" too); ``None`` if it cannot be read."""
+    try:
+        with open(os.path.join(root, f"proc/{pid}/stat"), "rb") as file:
+            after_name = file.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    return after_name[0].decode("ascii", "replace") if after_name else None
+
+
 def process_exists(pid: int, root: str = "/") -> bool:
-    """Whether process ``pid`` is there: a read that failed while it is was
-    not the process exiting. ``/proc/PID``, else (``hidepid=2`` hides
-    other users' processes, such as a job shell an IMP started) a signal 0."""
+    """Whether process ``pid`` is there and has not exited: a read that
+    failed (or gave an ancestor's cgroup) while it is was not the process
+    exiting. Not a zombie: systemd removes an exited unit's cgroup before it
+    reaps the main process. ``/proc/PID/stat``'s state, else ``/proc/PID``,
+    else (``hidepid=2`` hides other users' processes, such as a job shell an
+    IMP started) a signal 0."""
+    state = _process_state(pid, root)
+    if state is not None:
+        return state not in ("Z", "X")
     if os.path.exists(os.path.join(root, f"proc/{pid}")):
         return True
     if root != "/":  # a test's tree: no real process to ask

@@ -698,6 +698,19 @@ def test_a_v2_cpuset_is_read_from_the_process_cgroup_without_controlgroup(
     assert judge_fences(fences, None, 42, root=str(tmp_path)).problems == []
 
 
+def test_a_cgroup_that_is_not_there_is_passed_over_not_its_ancestors_read(tmp_path):
+    # A unit cgroup path that is not there (pruned, or not the unit's: a
+    # manager of another layout): its ancestors say nothing of the unit;
+    # the main process's own cgroup does.
+    own = "/elsewhere.slice/job.service"
+    _fake_file(tmp_path, "proc/42/cgroup", f"0::{own}\n")
+    _fake_file(tmp_path, f"sys/fs/cgroup{own}/cgroup.procs", "42\n")
+    _fake_file(tmp_path, f"sys/fs/cgroup{own}/cpuset.cpus.effective", "2-3\n")
+    slice_cgroup = CGROUP.rsplit("/", 1)[0]
+    _fake_file(tmp_path, f"sys/fs/cgroup{slice_cgroup}/cpuset.cpus.effective", "0-15\n")
+    assert enforced_cpus(CGROUP, 42, root=str(tmp_path)) == IDset("2-3")
+
+
 def test_a_fence_read_after_the_job_exited_is_unchecked_not_broken(tmp_path):
     # A job that exits at once: systemd prunes the unit's emptied cgroup as
     # it leaves running (RemainAfterExit=yes), so the read finds the
@@ -706,6 +719,19 @@ def test_a_fence_read_after_the_job_exited_is_unchecked_not_broken(tmp_path):
     slice_cgroup = CGROUP.rsplit("/", 1)[0]
     _fake_file(tmp_path, f"sys/fs/cgroup{slice_cgroup}/cpuset.cpus.effective", "0-15\n")
     _fake_file(tmp_path, "sys/devices/system/cpu/online", "0-15\n")
+    verdict = judge_fences(Fences(IDset("0-3")), CGROUP, 42, root=str(tmp_path))
+    assert (verdict.problems, verdict.unchecked) == ([], "its CPU fence")
+
+
+def test_a_zombie_main_process_is_gone_for_the_fence_check(tmp_path):
+    # systemd removes an exited unit's cgroup before it reaps the main
+    # process: read then, the slice's cpuset is every CPU, and the zombie
+    # still has a /proc entry.
+    slice_cgroup = CGROUP.rsplit("/", 1)[0]
+    _fake_file(tmp_path, f"sys/fs/cgroup{slice_cgroup}/cpuset.cpus.effective", "0-15\n")
+    _fake_file(tmp_path, "proc/42/cgroup", f"0::{CGROUP}\n")
+    _fake_file(tmp_path, "proc/42/stat", "42 (a) job) Z 1 42 42 0 -1\n")
+    _fake_file(tmp_path, "proc/42/status", "Name:\tjob\nState:\tZ (zombie)\n")
     verdict = judge_fences(Fences(IDset("0-3")), CGROUP, 42, root=str(tmp_path))
     assert (verdict.problems, verdict.unchecked) == ([], "its CPU fence")
 

@@ -23,10 +23,10 @@ SYSTEMD = "org.freedesktop.systemd1"
 
 class FakeBus:
     """What SystemdClient uses of a connected dbus-fast MessageBus; every
-    method call (the Subscribe to a returned manager, the Get of its
-    cgroup, of its version) succeeds, ``GetNameOwner`` names the manager's :attr:`owner`,
-    but those ``answers`` script (member → a function of the call,
-    returning the reply)."""
+    method call (the Subscribe to a returned manager, the Gets of its
+    cgroup and version) succeeds, ``GetNameOwner`` names the manager's
+    :attr:`owner`, but those ``answers`` script (member → a function of the
+    call, returning the reply)."""
 
     def __init__(self, answers: dict | None = None) -> None:
         self.owner = ":1.5"
@@ -157,8 +157,9 @@ async def test_a_manager_that_leaves_while_being_subscribed_is_not_back(
     get_answered,
 ):
     # A crash loop: the manager answers Subscribe, then leaves before the
-    # Get of its cgroup is answered (then its version's). Taken for back, the client cancelled
-    # the absent check and never subscribed the next manager.
+    # Get of its cgroup is answered (its version's then follows). Taken for
+    # back, the client cancelled the absent check and never subscribed the
+    # next manager.
     # Its Get lost with it, or answered, its departure read in the same
     # pass (both then in the client's hands before the subscription ends).
     def get_then_leave(message: Message) -> Message:

@@ -776,9 +776,18 @@ def test_enforced_cpuset_none_when_nothing_readable(tmp_path, kind):
     assert READERS[kind](CGROUP, 42, root=str(tmp_path)) is None
 
 
-def test_a_process_exists_until_it_is_reaped():
-    process = subprocess.Popen(["true"])
+def test_a_process_exists_until_it_exits_not_until_it_is_reaped():
+    # A zombie is gone: systemd removes an exited unit's cgroup before it
+    # reaps the main process.
+    process = subprocess.Popen(["sleep", "300"])
     assert process_exists(os.getpid()) and process_exists(process.pid)
+    process.kill()
+    for _ in range(200):  # a zombie, unreaped, once the kill has landed
+        if not process_exists(process.pid):
+            break
+        time.sleep(0.01)
+    assert not process_exists(process.pid)
+    assert os.path.exists(f"/proc/{process.pid}")  # not reaped yet
     process.wait()
     assert not process_exists(process.pid)
 

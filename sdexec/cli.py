@@ -661,11 +661,14 @@ def _http_stats(url: str) -> dict:
 
 def _undrain(options: argparse.Namespace) -> int:
     reply = _request(options, Topic.UNDRAIN, {})
-    reason = reply.get("reason")
-    said = (
-        f"undrained; the drain reason was: {_visible(str(reason))}" if reason else None
-    )
-    print(said or "not drained")
+    reason, still = reply.get("reason"), reply.get("still")
+    if reason:
+        print(f"undrained; the drain reason was: {_visible(str(reason))}")
+    if still:
+        # What lifts itself once it is over: no undrain clears it.
+        print(f"still drained, until that is over: {_visible(str(still))}")
+    if not reason and not still:
+        print("not drained")
     return 0
 
 

@@ -46,6 +46,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from sdexec.drain import SelfLifting
 from sdexec.limits import listed_name
 from sdexec.orphans import expected_unit_cgroup
 from sdexec.plan import ExecPlan
@@ -318,6 +319,8 @@ class _LeftoverStop:
     def abandon(self, reason: str) -> None:
         self._server.count("stop-timer-abandoned")
         self._server.drain(reason)
+        if self._server.leftovers is not None:  # it is stopping no more
+            self._server.leftovers.drain_while_stopping()
 
 
 class Leftovers:
@@ -339,7 +342,6 @@ class Leftovers:
         self._systemd = systemd
         self.server = server
         self._marks = marks
-        self._drained_with: str | None = None
         #: A scan is in flight; the callers (and origins) of the next one.
         self._scanning = False
         self._asked: list[defer.Deferred[None]] = []
@@ -453,10 +455,7 @@ class Leftovers:
             return
         unit.forget()
         log.info("leftover unit {unit} is gone", unit=unit.name)
-        if not self.units and self._drained_with is not None:
-            if self.server.drain_reason == self._drained_with:
-                self.server.undrain()
-            self._drained_with = None
+        self.drain_while_stopping()  # the count said afresh, or lifted
         if maybe_restarting and not self._closed:
             # That unit alone (a scan would read every leftover again: for
             # hundreds ending together, hundreds of times each).
@@ -472,7 +471,7 @@ class Leftovers:
             unit=unit.name,
             action=self._action(self._stopping),
         )
-        self._drain_for_stopping()
+        self.drain_while_stopping()
         if self._stop_now:
             unit.stop()
 
@@ -482,7 +481,7 @@ class Leftovers:
         self._adopt_new(listing, origins)
         self._end_what_unstarted_units_left(listing)
         self._listed_once = True
-        self._drain_for_stopping()
+        self.drain_while_stopping()
         self._follow_each()
 
     def _follow_each(self) -> None:
@@ -499,7 +498,7 @@ class Leftovers:
             return
         new = self._adopt_new(listing, origins)
         if new:
-            self._drain_for_stopping()
+            self.drain_while_stopping()
         for unit in new:
             unit.follow(self._stop_now)
 
@@ -551,18 +550,19 @@ class Leftovers:
             signum = server.config.exec.sdexec_stop_timer_signal
             server.end_what_lost_unit_left(name, cgroup, signum)
 
-    def _drain_for_stopping(self) -> None:
+    def drain_while_stopping(self) -> None:
         """With ``leftover-units = "stop"``, drain while any is stopping
-        (the count said afresh), unless drained for something else."""
-        undrained = self.server.drain_reason in (None, self._drained_with)
-        # Not for those the stop timer abandoned: drained for already, and
-        # the admin's once undrained (as an abandoned process's unit is):
-        # each scan after an undrain drained for them again.
+        (the count said afresh each time), and lift that drain, and no
+        other, once none is (sdexec/drain.py)."""
+        # Not for those the stop timer abandoned: drained for already, for
+        # the admin to clear (as an abandoned process's unit is).
         stopping = [unit for unit in self.units.values() if not unit.abandoned]
-        if self._stopping and stopping and undrained:
+        if self._stopping and stopping:
             previous = not any(unit.of_this_run for unit in stopping)
-            self._drained_with = drain_reason(len(stopping), previous)
-            self.server.drain(self._drained_with)
+            reason = drain_reason(len(stopping), previous)
+            self.server.drain(reason, SelfLifting.LEFTOVERS)
+        else:
+            self.server.lift(SelfLifting.LEFTOVERS)
 
     def _action(self, stop: bool) -> str:
         """What becomes of a leftover found now, for the log."""

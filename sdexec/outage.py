@@ -2,9 +2,9 @@
 
 The systemd client reconnects by itself (``sdexec.systemd.bus``); requests
 meanwhile get EAGAIN "reconnecting to systemd". The service drains only if
-systemd stays away longer than ``[systemd] reconnect-timeout``, and
-undrains itself when systemd is back (unless something else drained it
-since). Once back, every tracked process re-reads its unit.
+systemd stays away longer than ``[systemd] reconnect-timeout``, and lifts
+that drain, and no other, when systemd is back (sdexec/drain.py). Once
+back, every tracked process re-reads its unit.
 
 The one timer is a ``callLater`` on the server's clock: tested on a
 ``Clock`` (test/test_outage.py).
@@ -13,13 +13,11 @@ The one timer is a ``callLater`` on the server's clock: tested on a
 from __future__ import annotations
 
 from twisted.internet.interfaces import IDelayedCall
-from twisted.logger import Logger
 
+from sdexec.drain import SelfLifting
 from sdexec.server import SdexecServer
 
 __all__ = ["SystemdOutage"]
-
-log = Logger()
 
 
 class SystemdOutage:
@@ -28,7 +26,6 @@ class SystemdOutage:
     def __init__(self, server: SdexecServer) -> None:
         self._server = server
         self._timer: IDelayedCall | None = None
-        self._drain_reason: str | None = None  # the one this drained with
         self._stopped = False
 
     def lost(self, reason: str) -> None:
@@ -47,12 +44,7 @@ class SystemdOutage:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
-        if (
-            self._drain_reason is not None
-            and self._server.drain_reason == self._drain_reason
-        ):
-            self._server.undrain()
-        self._drain_reason = None
+        self._server.lift(SelfLifting.OUTAGE)
         self._server.systemd_restored()
 
     def stop(self) -> None:
@@ -64,15 +56,4 @@ class SystemdOutage:
 
     def _drain(self, reason: str) -> None:
         self._timer = None
-        if self._server.drain_reason is not None:
-            # Drained already, for what only an admin clears (unkillable
-            # processes, a fence not enforced) or leftovers clear: the
-            # return must not undo that by undoing this.
-            log.warn(
-                "{reason}; the node stays drained: {drained}",
-                reason=reason,
-                drained=self._server.drain_reason,
-            )
-            return
-        self._drain_reason = reason
-        self._server.drain(reason)
+        self._server.drain(reason, SelfLifting.OUTAGE)

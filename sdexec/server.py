@@ -32,6 +32,7 @@ from sdexec.background import TrackedProcesses, parse_target
 from sdexec.config import Config
 from sdexec.containment import Containment, Fences, judge_fences
 from sdexec.devicefence import CANARY_TIMEOUT_SECONDS, CanaryResponder, canary_plan
+from sdexec.drain import Drains, SelfLifting
 from sdexec.fdlimit import no_room_for_a_process
 from sdexec.framing import FramingError
 from sdexec.hangup import HangupWatcher
@@ -132,7 +133,8 @@ class SdexecServer:
         #: Units of an earlier run (set by the service).
         self.leftovers: Leftovers | None = None
         self.counters: Counter[str] = Counter()
-        self.drain_reason: str | None = None
+        #: Why the node is drained: each cause in force (sdexec/drain.py).
+        self.drains = Drains()
         #: The service's own uid; :attr:`allowed_uids` adds ``allow-users``.
         self.owner_uid = os.getuid()
         #: The device canary's last verdict (``None`` until one has run).
@@ -142,9 +144,6 @@ class SdexecServer:
         self._canaries: set[defer.Deferred[str | None]] = set()
         #: Whether a canary is owed: systemd was away when one was to run.
         self._devices_unverified = False
-        #: The drain a manager too old for sdexec's units caused, if any: a
-        #: newer one (a restart into an upgrade) lifts it.
-        self._version_drain: str | None = None
         #: systemd's returns after a loss: a canary that ran across one
         #: gives no verdict.
         self._restorations = 0
@@ -265,10 +264,14 @@ class SdexecServer:
             # Its unit would outlive the shutdown, which stops only the
             # processes there when it began.
             raise RequestError(errno.EAGAIN, "the service is stopping")
-        if self.drain_reason is not None:
+        if self.drains:
+            how = (
+                "lifted once that is over"
+                if self.drains.only_self_lifting
+                else "sdexec undrain clears it"
+            )
             raise RequestError(
-                errno.EBUSY,
-                f"node is drained: {self.drain_reason} (sdexec undrain clears it)",
+                errno.EBUSY, f"node is drained: {self.drain_reason} ({how})"
             )
         if not self.systemd.connected:
             raise RequestError(errno.EAGAIN, "reconnecting to systemd")
@@ -433,19 +436,17 @@ class SdexecServer:
         for the units sdexec asks of it (sdexec/managerversion.py): every
         start would fail, naming a property rather than the version."""
         version = self.systemd.version
-        log.info("systemd manager {version}", version=version or "(no Version)")
+        if version is None:
+            # Not read (a failed Get): what was judged of the manager stands.
+            log.info("systemd manager: its Version could not be read")
+            return
+        log.info("systemd manager {version}", version=version)
         problem = version_problem(version, self.containment.enabled)
-        if problem is not None and self.drain_reason not in (None, problem):
-            # Drained already, for what this must not undo by lifting its own.
-            log.warn("{problem}; the node stays drained: {drained}",
-                     problem=problem, drained=self.drain_reason)  # fmt: skip
-        elif problem is not None:
-            self._version_drain = problem
-            self.drain(problem)
-        elif self._version_drain is not None:
-            if self.drain_reason == self._version_drain:
-                self.undrain()
-            self._version_drain = None
+        if problem is not None:
+            self.drain(problem, SelfLifting.VERSION)
+        elif self.lift(SelfLifting.VERSION) and self._devices_unverified:
+            self._devices_unverified = False
+            self.verify_devices()  # not run while the manager was too old
 
     def systemd_restored(self) -> None:
         """systemd is back after a loss: every process re-reads its unit."""
@@ -478,7 +479,11 @@ class SdexecServer:
             self.device_fence = None
             return defer.succeed(None)
         if not self.systemd.connected:
-            self._verify_devices_later()
+            self._verify_devices_later("systemd is away")
+            return defer.succeed(None)
+        if self.drains.holds(SelfLifting.VERSION):
+            # Its refusal of the canary's unit would blame the device fence.
+            self._verify_devices_later("the manager is too old to run its unit")
             return defer.succeed(None)
         self._canaries_begun += 1
         try:
@@ -511,12 +516,13 @@ class SdexecServer:
             callbackArgs=(key, responder, self._restorations, self._canaries_begun),
         )
 
-    def _verify_devices_later(self) -> None:
-        """systemd is away (a reload during an outage, say): a canary could
-        not run, and that says nothing of the fence. It runs once systemd
-        is back (:meth:`systemd_restored`); the verdict in force stands."""
+    def _verify_devices_later(self, why: str) -> None:
+        """A canary cannot run now (``why``: systemd is away, a reload
+        during an outage, say; or its manager is too old), and that says
+        nothing of the fence. It runs once one can (:meth:`systemd_restored`,
+        :meth:`check_manager_version`); the verdict in force stands."""
         self._devices_unverified = True
-        log.info("device policy not verified: systemd is away; verified once back")
+        log.info("device policy not verified: {why}; verified once it can be", why=why)
 
     def _canary_settled(self, result: Any, verdict: defer.Deferred) -> Any:
         self._canaries.discard(verdict)
@@ -550,7 +556,7 @@ class SdexecServer:
             self.verify_devices()
             return None
         if responder.systemd_away or not self.systemd.connected:
-            self._verify_devices_later()
+            self._verify_devices_later("systemd was away while it ran")
             return None
         return self._judged(problem)
 
@@ -872,17 +878,36 @@ class SdexecServer:
         """``sdexec.terminate``: begin a job's termination sequence."""
         return self.jobs.terminate(payload, self.find)
 
-    def drain(self, reason: str) -> None:
-        """Refuse new work, for ``reason`` (logged once while it stands)."""
-        if reason != self.drain_reason:
+    @property
+    def drain_reason(self) -> str | None:
+        """Why the node is drained (every cause in force), or ``None``."""
+        return self.drains.reason
+
+    def drain(self, reason: str, kind: SelfLifting | None = None) -> None:
+        """Refuse new work, for ``reason`` (logged once while it stands);
+        ``kind``: a cause that lifts itself (:meth:`lift`), else one only
+        an admin's undrain clears."""
+        if self.drains.add(reason, kind):
             log.error("draining: {reason}", reason=reason)
-        self.drain_reason = reason
+
+    def lift(self, kind: SelfLifting) -> bool:
+        """A self-lifting cause is over: its drain goes, and no other;
+        whether it was in force."""
+        reason = self.drains.lift(kind)
+        if reason is not None:
+            log.info("drain lifted (was: {reason})", reason=reason)
+        return reason is not None
 
     def undrain(self) -> dict:
-        previous, self.drain_reason = self.drain_reason, None
+        """An admin's undrain: ``{"reason": what it cleared}``, and
+        ``"still"``: the causes that lift themselves, in force until then."""
+        previous = self.drains.clear_admins()
         if previous is not None:
             log.info("undrained (was: {reason})", reason=previous)
-        return {"reason": previous}
+        reply: dict[str, str | None] = {"reason": previous}
+        if self.drains:
+            reply["still"] = self.drain_reason
+        return reply
 
 
 @implementer(IPushProducer)

@@ -242,3 +242,18 @@ def test_an_undrain_reason_that_is_not_text_is_printed(serve):
         0,
         b"undrained; the drain reason was: 5\n",
     )
+
+
+def test_an_undrain_says_what_still_holds(serve):
+    # An admin's undrain clears only what an admin must; a cause that lifts
+    # itself (systemd away, a manager too old, leftovers) stands till then.
+    reply = {
+        "reason": "unkillable user processes for job f1",
+        "still": "1 leftover unit",
+    }
+    done = sdexec(serve(answering(reply)), "undrain")
+    assert (done.returncode, done.stdout) == (
+        0,
+        b"undrained; the drain reason was: unkillable user processes for job f1\n"
+        b"still drained, until that is over: 1 leftover unit\n",
+    )

@@ -93,6 +93,7 @@ def test_an_upgraded_manager_lifts_that_drain_and_no_other(systemd, server):
     server.drain("unkillable processes")  # an admin's to clear
     systemd.version = "239"
     server.check_manager_version()
+    assert server.drain_reason == f"unkillable processes; {TOO_OLD}"
     systemd.version = "252"
     server.check_manager_version()
     assert server.drain_reason == "unkillable processes"
@@ -103,3 +104,12 @@ def test_a_manager_new_enough_or_silent_is_served(systemd, server):
         systemd.version = version
         server.check_manager_version()
         assert server.drain_reason is None
+
+
+def test_a_version_not_read_leaves_the_judgement_standing(systemd, server):
+    # A Get of Version that failed (NoReply) says nothing of the manager.
+    systemd.version = "239"
+    server.check_manager_version()
+    systemd.version = None
+    server.check_manager_version()
+    assert server.drain_reason == TOO_OLD

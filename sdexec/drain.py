@@ -1,0 +1,73 @@
+"""Why the node is drained: each cause in force, not one string.
+
+Several things drain the node. Some only an admin may clear (`sdexec
+undrain`): a fence found not enforced, an unkillable job, an abandoned
+unit. Others lift themselves once they no longer hold: systemd unreachable
+past ``reconnect-timeout`` (sdexec/outage.py), a manager too old for
+sdexec's units (sdexec/managerversion.py), leftovers still being stopped
+(sdexec/leftovers.py). Kept as one string, a second drain replaced the
+first: a cause still present was forgotten, lifted by a self-lift that
+found "its" reason gone, or cleared by an undrain meant for another. Here
+each cause is kept under its own key, a self-lifting cause lifts only its
+own, and an admin's undrain clears only what an admin must.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+__all__ = ["Drains", "SelfLifting"]
+
+
+class SelfLifting(Enum):
+    """The causes that lift themselves, each while it holds."""
+
+    OUTAGE = "outage"
+    VERSION = "version"
+    LEFTOVERS = "leftovers"
+
+
+class Drains:
+    """The drain causes in force, in the order they came."""
+
+    def __init__(self) -> None:
+        #: An admin's cause is keyed by its reason; a self-lifting one by
+        #: its kind (its reason may change: a leftover count said afresh).
+        self._causes: dict[str | SelfLifting, str] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._causes)
+
+    @property
+    def reason(self) -> str | None:
+        """Every cause in force, in the order they came; ``None`` if none."""
+        return "; ".join(self._causes.values()) or None
+
+    @property
+    def only_self_lifting(self) -> bool:
+        """Whether every cause in force lifts itself (none is the admin's)."""
+        return bool(self._causes) and all(
+            isinstance(key, SelfLifting) for key in self._causes
+        )
+
+    def holds(self, kind: SelfLifting) -> bool:
+        """Whether the self-lifting cause ``kind`` is in force."""
+        return kind in self._causes
+
+    def add(self, reason: str, kind: SelfLifting | None = None) -> bool:
+        """Drain for ``reason`` (of ``kind``, if it lifts itself); whether
+        that is news (a reason not in force already)."""
+        key = kind or reason
+        news = self._causes.get(key) != reason
+        self._causes[key] = reason
+        return news
+
+    def lift(self, kind: SelfLifting) -> str | None:
+        """A self-lifting cause is over: its reason, if it was in force."""
+        return self._causes.pop(kind, None)
+
+    def clear_admins(self) -> str | None:
+        """An admin's undrain: the causes only an admin clears go; the
+        reasons they had, if any."""
+        cleared = [key for key in self._causes if not isinstance(key, SelfLifting)]
+        return "; ".join(self._causes.pop(key) for key in cleared) or None

@@ -1,0 +1,144 @@
+"""The node's drain: each cause kept apart (sdexec/drain.py). A cause that
+lifts itself (systemd away, a manager too old, leftovers stopping) lifts
+only its own drain; an admin's undrain clears only what an admin must, and
+says what still holds. Kept as one string, a second cause replaced the
+first, and a cause still present was lost. Offline: FakeManager, a Clock."""
+
+from __future__ import annotations
+
+import errno
+
+from offline import Connection, error_of
+from pytest_twisted import ensureDeferred
+from test_devicefence import offline_server
+from test_leftovers import (
+    DEACTIVATING,
+    leftover,
+    make_server,
+    make_server_with_stop_timer,
+)
+from test_server import FLAGS, TRUE
+
+from sdexec.config import parse_config
+from sdexec.containment import Containment
+from sdexec.drain import Drains, SelfLifting
+from sdexec.managerversion import version_problem
+from sdexec.outage import SystemdOutage
+from sdexec.systemd import SystemdError
+from sdexec.testing import INACTIVE
+
+UNKILLABLE = "unkillable user processes for job f42"
+#: What systemd 239 answers a unit with ExecStartEx.
+UNKNOWN_EXECSTARTEX = SystemdError(
+    "org.freedesktop.DBus.Error.PropertyReadOnly",
+    "Cannot set property ExecStartEx, or unknown property.",
+)
+
+
+def test_causes_are_kept_apart_and_cleared_by_whom_they_belong_to():
+    drains = Drains()
+    assert (drains.reason, bool(drains)) == (None, False)
+    drains.add("systemd unreachable for 60 s", SelfLifting.OUTAGE)
+    assert drains.only_self_lifting
+    drains.add(UNKILLABLE)
+    assert drains.reason == f"systemd unreachable for 60 s; {UNKILLABLE}"
+    assert not drains.only_self_lifting
+    assert drains.clear_admins() == UNKILLABLE
+    assert drains.reason == "systemd unreachable for 60 s"
+    assert drains.lift(SelfLifting.VERSION) is None  # not in force: nothing
+    assert drains.lift(SelfLifting.OUTAGE) == "systemd unreachable for 60 s"
+    assert not drains
+
+
+def test_a_self_lifting_cause_is_said_afresh_not_twice():
+    drains = Drains()
+    assert drains.add("2 leftover units", SelfLifting.LEFTOVERS)
+    assert drains.add("1 leftover unit", SelfLifting.LEFTOVERS)
+    assert not drains.add("1 leftover unit", SelfLifting.LEFTOVERS)
+    assert drains.reason == "1 leftover unit"
+
+
+def reload_with_containment(server, on: bool) -> None:
+    """What a reload does to the server (service.reload)."""
+    config = parse_config({"exec": {"sdexec-constrain-resources": on}})
+    server.reconfigure(config, Containment(config, None))
+    server.check_manager_version()
+    server.verify_devices()
+
+
+@ensureDeferred
+async def test_a_manager_too_old_is_named_and_no_canary_blames_the_fence():
+    server, systemd, _ = offline_server()
+    outage = SystemdOutage(server)
+    systemd.on_lost, systemd.on_restored = outage.lost, outage.restored
+    systemd.version = "239 (239-78.el8)"
+    systemd.refuse_start = UNKNOWN_EXECSTARTEX
+    server.check_manager_version()  # the start: this, then the canary
+    await server.verify_devices()
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    assert error_of(connection.last()) == (
+        errno.EBUSY,
+        f"node is drained: {version_problem('239', fenced=True)}"
+        " (lifted once that is over)",
+    )
+    connection.close()
+    assert [call for call in systemd.calls if call[0] == "start"] == []
+    systemd.lose()  # upgraded, the manager restarted
+    systemd.version, systemd.refuse_start = "252", None
+    systemd.restore()
+    assert server.drain_reason is None
+    assert [call[0] for call in systemd.calls].count("start") == 1  # the canary
+
+
+def test_a_version_problem_found_while_drained_outlives_the_admins_undrain(
+    systemd, server
+):
+    systemd.version = "243"  # runs units; fences need 244
+    server.drain(UNKILLABLE)
+    reload_with_containment(server, on=True)
+    problem = version_problem("243", fenced=True)
+    assert server.undrain() == {"reason": UNKILLABLE, "still": problem}
+    assert server.drain_reason == problem
+    reload_with_containment(server, on=False)
+    assert server.drain_reason is None
+
+
+def test_leftovers_still_stopping_outlive_the_undrain_of_another_cause(systemd):
+    leftover(systemd, "sdexec-a.service")
+    server = make_server(systemd)
+    server.leftovers.scan()
+    server.drain(UNKILLABLE)
+    still = "1 leftover unit from a previous run"
+    assert server.undrain() == {"reason": UNKILLABLE, "still": still}
+    systemd.change("sdexec-a.service", INACTIVE)
+    assert server.drain_reason is None
+
+
+def test_an_outage_past_its_timeout_drains_though_drained_already(systemd, server):
+    outage = SystemdOutage(server)
+    systemd.on_lost, systemd.on_restored = outage.lost, outage.restored
+    server.drain(UNKILLABLE)
+    systemd.lose("the manager left the bus")
+    server.clock.advance(60)
+    server.undrain()
+    assert server.stats()["drain"]["drained"]  # systemd is still away
+    systemd.restore()
+    assert server.drain_reason is None
+
+
+def test_the_leftover_drain_lifts_though_an_abandoned_leftover_remains(systemd):
+    leftover(systemd, "sdexec-a.service")
+    server = make_server_with_stop_timer(systemd, 30)
+    server.leftovers.scan()
+    systemd.change("sdexec-a.service", DEACTIVATING)
+    server.clock.advance(30)  # its signal
+    server.clock.advance(30)  # and its abandon: drained for it
+    assert server.leftovers.units["sdexec-a.service"].abandoned
+    server.undrain()  # the admin accepts its unkillable processes
+    assert server.drain_reason is None
+    leftover(systemd, "sdexec-b.service")  # a unit restarted by hand, say
+    server.leftovers.scan()
+    assert server.drain_reason == "1 leftover unit"
+    systemd.change("sdexec-b.service", INACTIVE)
+    assert server.drain_reason is None

@@ -385,14 +385,14 @@ def test_unenforced_fence_refuses_before_started():
 def test_reset_after_finished_is_not_a_failure():
     _, systemd, responder, _ = make_process()
     failed = {**EXITED, "ActiveState": "failed", "SubState": "failed",
-              "ExecMainStatus": 246}  # fmt: skip
+              "ExecMainStatus": 244}  # fmt: skip
     systemd.change(UNIT, failed)
     # ResetFailedUnit clears ExecMain* before the unit leaves "failed"
     systemd.change(UNIT, {**failed, "ExecMainCode": 0, "ExecMainStatus": 0,
                             "Result": "success"})  # fmt: skip
     systemd.change(UNIT, {**INACTIVE, "ExecMainCode": 0})
     assert responder.types() == ["started", "finished", errno.ENODATA]
-    assert responder.responses[1]["status"] == 246 << 8
+    assert responder.responses[1]["status"] == 244 << 8
 
 
 def test_failed_without_status_is_confirmed_before_it_is_believed():

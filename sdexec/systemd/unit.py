@@ -18,10 +18,9 @@ Facts this relies on, observed with systemd 252 and ``Type=exec``,
   *activating/start* or *active/running* with the exit status already set:
   the exit status decides, the states settle one signal later;
 - when systemd itself fails to run the command it exits the forked child with
-  one of its own codes, 200-245 (203 is EXEC: the binary could not be
-  executed; 244 and 245 are newer managers'), so such a status is a failure
-  to execute, not an exit of the command. Flux treats every status ≥ 200
-  so; 246-255 are ordinary exits here;
+  one of its own codes, 200-243 (203 is EXEC: the binary could not be
+  executed), so such a status is a failure to execute, not an exit of the
+  command. Flux treats every status ≥ 200 so; 244-255 are ordinary exits here;
 - a unit that fails before forking reports *failed* with no exit status.
 """
 
@@ -35,7 +34,7 @@ from typing import Any
 __all__ = ["UnitStatus", "queued_job", "wait_status"]
 
 CLD_EXITED, CLD_KILLED, CLD_DUMPED = 1, 2, 3
-SYSTEMD_EXIT_CODES = range(200, 246)
+SYSTEMD_EXIT_CODES = range(200, 244)
 
 #: systemd's names for its own exit codes (systemd.exec(5), "Process exit codes").
 SYSTEMD_EXIT_NAMES = {
@@ -81,8 +80,6 @@ SYSTEMD_EXIT_NAMES = {
     241: "CONFIGURATION_DIRECTORY",
     242: "NUMA_POLICY",
     243: "CREDENTIALS",
-    244: "BPF",  # systemd 250: RestrictFileSystems= could not be set up
-    245: "KSM",  # systemd 254: MemoryKSM=
 }
 #: The errno a client sees for a systemd exit code: the binary or the working
 #: directory is missing (or unusable) for EXEC and CHDIR; anything else is a
@@ -124,7 +121,7 @@ class UnitStatus:
     result: str = ""
     #: The command is known to have been executed (its ``Type=exec`` unit
     #: was seen *running*, here or before): every exit status is then its
-    #: own, 200-245 too.
+    #: own, 200-243 too.
     command_ran: bool = False
 
     @classmethod

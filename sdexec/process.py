@@ -630,7 +630,9 @@ class Process:
     def _start_refused(self, failure: Failure) -> None:
         error = failure.value
         message = explain_start_refusal(
-            getattr(error, "message", str(error)), self.plan.properties
+            getattr(error, "message", str(error)),
+            self.plan.properties,
+            self._systemd.version,
         )
         self._context.client_warning(
             "start refused",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 from collections.abc import Iterable
 
+from sdexec.managerversion import version_number
 from sdexec.property import UnitProperty
 
 __all__ = [
@@ -97,19 +98,28 @@ def errno_for(error: BaseException) -> int:
 _OWN_STRING_PROPERTIES = frozenset({"Description", "WorkingDirectory"})
 
 
-def explain_start_refusal(message: str, properties: Iterable[UnitProperty]) -> str:
+def explain_start_refusal(
+    message: str, properties: Iterable[UnitProperty], manager_version: str | None
+) -> str:
     """systemd's refusal of a ``StartTransientUnit``, with what it leaves
     unnamed named: the string-valued property it calls an "Invalid
     argument", the environment variable it calls an "Invalid environment
-    block"."""
+    block" (on a manager of ``manager_version`` that refuses control
+    characters there, or one whose version is not known)."""
     properties = list(properties)
-    return _name_control_characters(
-        _name_string_properties(message, properties), properties
-    )
+    message = _name_string_properties(message, properties)
+    number = version_number(manager_version)
+    if number is None or number < _CONTROL_CHARACTERS_TAKEN:
+        message = _name_control_characters(message, properties)
+    return message
+
+
+#: The first systemd that takes control characters in environment values.
+_CONTROL_CHARACTERS_TAKEN = 248
 
 
 def _name_control_characters(message: str, properties: list[UnitProperty]) -> str:
-    """systemd before 247 refuses a whole unit whose environment has a
+    """systemd before 248 refuses a whole unit whose environment has a
     value with a control character but tab and newline (the ESC a dotfile's
     ``LESS_TERMCAP_md`` or ``PS1`` holds) as an "Invalid environment block":
     name the first such variable."""
@@ -123,7 +133,7 @@ def _name_control_characters(message: str, properties: list[UnitProperty]) -> st
             if any(_is_refused_control(character) for character in value):
                 return (
                     f"{message} ({name} has a control character in its value,"
-                    " which systemd before 247 refuses)"
+                    " which systemd before 248 refuses)"
                 )
     return message
 

@@ -11,12 +11,7 @@ import errno
 from offline import Connection, error_of
 from pytest_twisted import ensureDeferred
 from test_devicefence import offline_server
-from test_leftovers import (
-    DEACTIVATING,
-    leftover,
-    make_server,
-    make_server_with_stop_timer,
-)
+from test_leftovers import leftover, make_server, server_with_an_abandoned_leftover
 from test_server import FLAGS, TRUE
 
 from sdexec.config import parse_config
@@ -128,13 +123,7 @@ def test_an_outage_past_its_timeout_drains_though_drained_already(systemd, serve
 
 
 def test_the_leftover_drain_lifts_though_an_abandoned_leftover_remains(systemd):
-    leftover(systemd, "sdexec-a.service")
-    server = make_server_with_stop_timer(systemd, 30)
-    server.leftovers.scan()
-    systemd.change("sdexec-a.service", DEACTIVATING)
-    server.clock.advance(30)  # its signal
-    server.clock.advance(30)  # and its abandon: drained for it
-    assert server.leftovers.units["sdexec-a.service"].abandoned
+    server = server_with_an_abandoned_leftover(systemd)
     server.undrain()  # the admin accepts its unkillable processes
     assert server.drain_reason is None
     leftover(systemd, "sdexec-b.service")  # a unit restarted by hand, say

@@ -198,9 +198,9 @@ def test_a_leftover_s_stop_timer_waits_for_systemd_to_be_back(systemd):
     assert server.drain_reason == "unkillable user processes in unit sdexec-a.service"
 
 
-def test_an_undrain_of_an_abandoned_leftover_holds_at_the_next_scan(systemd):
-    # The admin's undrain was undone at each reconnection: the scan drained
-    # again for a leftover the stop timer had given up ("1 leftover unit").
+def server_with_an_abandoned_leftover(systemd):
+    """A server whose leftover ``sdexec-a.service`` would not stop: its
+    stop timer (30 s) signalled it, then abandoned it and drained."""
     leftover(systemd, "sdexec-a.service")
     server = make_server_with_stop_timer(systemd, 30)
     server.leftovers.scan()
@@ -208,6 +208,13 @@ def test_an_undrain_of_an_abandoned_leftover_holds_at_the_next_scan(systemd):
     server.clock.advance(30)  # its signal
     server.clock.advance(30)  # and its abandon
     assert server.leftovers.units["sdexec-a.service"].abandoned
+    return server
+
+
+def test_an_undrain_of_an_abandoned_leftover_holds_at_the_next_scan(systemd):
+    # The admin's undrain was undone at each reconnection: the scan drained
+    # again for a leftover the stop timer had given up ("1 leftover unit").
+    server = server_with_an_abandoned_leftover(systemd)
     server.undrain()
     server.leftovers.scan()
     assert server.drain_reason is None

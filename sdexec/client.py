@@ -315,7 +315,9 @@ class SdexecClient(JSONLineProtocol):
         return self.rpc(Topic.STATS, {})
 
     def undrain(self) -> Deferred[dict]:
-        """Clear a drain; ``{"reason": PREVIOUS}``."""
+        """Clear the drain causes only an admin clears: ``{"reason":
+        CLEARED}``, and ``"still"``: the causes that lift themselves, in
+        force until they are over (docs/protocol.md)."""
         return self.rpc(Topic.UNDRAIN, {})
 
     def close(self) -> Deferred[None]:

@@ -54,13 +54,26 @@ class Drains:
         """Whether the self-lifting cause ``kind`` is in force."""
         return kind in self._causes
 
-    def add(self, reason: str, kind: SelfLifting | None = None) -> bool:
-        """Drain for ``reason`` (of ``kind``, if it lifts itself); whether
-        that is news (a reason not in force already)."""
+    @property
+    def who_clears(self) -> str:
+        """How the drain goes, for a refused client: by an undrain, by
+        itself, or partly each."""
+        if self.only_self_lifting:
+            return "lifted once that is over"
+        if any(isinstance(key, SelfLifting) for key in self._causes):
+            return "sdexec undrain clears what does not lift itself"
+        return "sdexec undrain clears it"
+
+    def add(self, reason: str, kind: SelfLifting | None = None) -> str | None:
+        """Drain for ``reason`` (of ``kind``, if it lifts itself): ``"new"``
+        for a cause not in force, ``"restated"`` for one in force whose
+        reason changed (a leftover count), ``None`` if nothing changed."""
         key = kind or reason
-        news = self._causes.get(key) != reason
+        before = self._causes.get(key)
         self._causes[key] = reason
-        return news
+        if before is None:
+            return "new"
+        return "restated" if before != reason else None
 
     def lift(self, kind: SelfLifting) -> str | None:
         """A self-lifting cause is over: its reason, if it was in force."""

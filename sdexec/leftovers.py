@@ -450,7 +450,7 @@ class Leftovers:
     def gone(self, unit: Leftover, maybe_restarting: bool = False) -> None:
         """``unit`` was unloaded (or is inactive: ``maybe_restarting``, and
         then looked for again, a restart's new run followed as its own):
-        forget it; undrain once none are left."""
+        forget it; the drain for those stopping is said afresh, or lifted."""
         if self.units.pop(unit.name, None) is None:
             return
         unit.forget()

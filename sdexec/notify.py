@@ -88,12 +88,22 @@ def _one_line(value: object) -> str:
     return str(value).replace("\r", "\\r").replace("\n", "\\n")
 
 
+#: The most of a drain's reason the status line carries: systemd drops a
+#: notify message of 4096 bytes or more whole (STATUS= and READY=1 with
+#: it), and a reason joins every cause in force (/stats has it all).
+STATUS_REASON_MAX = 1024
+
+
 def describe_server(stats: dict[str, Any]) -> str:
     """The one-line status from the server's ``stats()``: ``serving N
-    processes``, or ``drained: REASON`` when the node is drained."""
+    processes``, or ``drained: REASON`` when the node is drained (a long
+    reason cut, saying so)."""
     drain = stats["drain"]
     if drain["drained"]:
-        return f"drained: {drain['reason']}"
+        reason = str(drain["reason"])
+        if len(reason) > STATUS_REASON_MAX:
+            reason = reason[:STATUS_REASON_MAX] + "… (the rest in /stats)"
+        return f"drained: {reason}"
     count = len(stats["procs"])
     return f"serving {count} process{'' if count == 1 else 'es'}"
 

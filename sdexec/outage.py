@@ -40,7 +40,7 @@ class SystemdOutage:
         )
 
     def restored(self) -> None:
-        """systemd is back: undrain what this drained, resync processes."""
+        """systemd is back: lift this drain (no other), resync processes."""
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None

@@ -187,6 +187,8 @@ class SdexecServer:
         self.containment = containment
         self.systemd.debug = config.systemd.sdbus_debug
         self.systemd.max_inflight = config.systemd.max_inflight
+        if self.leftovers is not None:  # leftover-units may have changed
+            self.leftovers.drain_while_stopping()
 
     # -- exec --------------------------------------------------------------
 
@@ -265,11 +267,7 @@ class SdexecServer:
             # processes there when it began.
             raise RequestError(errno.EAGAIN, "the service is stopping")
         if self.drains:
-            how = (
-                "lifted once that is over"
-                if self.drains.only_self_lifting
-                else "sdexec undrain clears it"
-            )
+            how = self.drains.who_clears
             raise RequestError(
                 errno.EBUSY, f"node is drained: {self.drain_reason} ({how})"
             )
@@ -450,8 +448,10 @@ class SdexecServer:
 
     def systemd_restored(self) -> None:
         """systemd is back after a loss: every process re-reads its unit."""
-        self.check_manager_version()
+        # Counted first: a canary the manager's version lets run now runs
+        # after this return, and is judged.
         self._restorations += 1
+        self.check_manager_version()
         for process in list(self.processes.values()):
             process.resync()
         self.jobs.systemd_restored()
@@ -887,8 +887,11 @@ class SdexecServer:
         """Refuse new work, for ``reason`` (logged once while it stands);
         ``kind``: a cause that lifts itself (:meth:`lift`), else one only
         an admin's undrain clears."""
-        if self.drains.add(reason, kind):
+        change = self.drains.add(reason, kind)
+        if change == "new":
             log.error("draining: {reason}", reason=reason)
+        elif change == "restated":  # a cause in force, said afresh
+            log.info("still drained: {reason}", reason=reason)
 
     def lift(self, kind: SelfLifting) -> bool:
         """A self-lifting cause is over: its drain goes, and no other;

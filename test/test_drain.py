@@ -11,7 +11,12 @@ import errno
 from offline import Connection, error_of
 from pytest_twisted import ensureDeferred
 from test_devicefence import offline_server
-from test_leftovers import leftover, make_server, server_with_an_abandoned_leftover
+from test_leftovers import (
+    leftover,
+    logged_during,
+    make_server,
+    server_with_an_abandoned_leftover,
+)
 from test_server import FLAGS, TRUE
 
 from sdexec.config import parse_config
@@ -130,4 +135,38 @@ def test_the_leftover_drain_lifts_though_an_abandoned_leftover_remains(systemd):
     server.leftovers.scan()
     assert server.drain_reason == "1 leftover unit"
     systemd.change("sdexec-b.service", INACTIVE)
+    assert server.drain_reason is None
+
+
+def test_a_refusal_says_who_clears_the_drain():
+    drains = Drains()
+    drains.add("1 leftover unit", SelfLifting.LEFTOVERS)
+    assert drains.who_clears == "lifted once that is over"
+    drains.add(UNKILLABLE)
+    assert drains.who_clears == "sdexec undrain clears what does not lift itself"
+    drains.lift(SelfLifting.LEFTOVERS)
+    assert drains.who_clears == "sdexec undrain clears it"
+
+
+def test_a_restated_cause_is_not_logged_as_a_new_drain(systemd):
+    leftover(systemd, "sdexec-a.service", pid=71)
+    leftover(systemd, "sdexec-b.service", pid=72)
+    server = make_server(systemd)
+    logged = logged_during(server.leftovers.scan)
+    logged_after = logged_during(lambda: systemd.change("sdexec-a.service", INACTIVE))
+    assert [line for line in logged if "draining" in line] == [
+        "draining: 2 leftover units from a previous run"
+    ]
+    assert [line for line in logged_after if "drain" in line] == [
+        "still drained: 1 leftover unit from a previous run"
+    ]
+
+
+def test_a_reload_to_keep_leftovers_lifts_their_drain(systemd):
+    leftover(systemd, "sdexec-a.service")
+    server = make_server(systemd)
+    server.leftovers.scan()
+    assert server.drain_reason == "1 leftover unit from a previous run"
+    config = parse_config({"sdexec": {"leftover-units": "keep"}})
+    server.reconfigure(config, Containment(config, None))
     assert server.drain_reason is None

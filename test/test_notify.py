@@ -102,6 +102,17 @@ def test_describe_server():
     assert describe_server(stats) == "drained: fence failed"
 
 
+def test_a_drain_of_many_causes_still_fits_a_notify_message():
+    # A reason joins every cause in force: 100 unkillable jobs made 4.7 KB,
+    # and systemd drops a notify message of 4096 bytes or more, whole.
+    reason = "; ".join(f"unkillable user processes for job f{n:04}" for n in range(100))
+    stats = {"drain": {"drained": True, "reason": reason}, "procs": []}
+    status = describe_server(stats)
+    assert status.startswith(f"drained: {reason[:100]}")
+    assert status.endswith("… (the rest in /stats)")
+    assert len(f"STATUS={status}\nREADY=1".encode()) < 4096
+
+
 async def _next_messages(listener: NotifySocket, timeout: float = 10.0) -> list:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

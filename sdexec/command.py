@@ -151,9 +151,34 @@ def _lookup(path: str, cwd_fd: int | None) -> _Found:
         mode = os.stat(path, dir_fd=cwd_fd).st_mode
     except (OSError, ValueError):  # ValueError: a NUL (refused before, anyway)
         return _Found.ABSENT
-    if stat.S_ISREG(mode) and os.access(path, os.X_OK, dir_fd=cwd_fd):
+    if stat.S_ISREG(mode) and _may_execute(path, mode, cwd_fd):
         return _Found.EXECUTABLE
     return _Found.UNEXECUTABLE
+
+
+def _may_execute(path: str, mode: int, cwd_fd: int | None) -> bool:
+    """Whether the unit could execute the regular file ``path``. A root
+    service in the hardened system unit has no ``CAP_DAC_OVERRIDE`` (it
+    reads and searches: ``CAP_DAC_READ_SEARCH``), but the root jobs it
+    starts do, and they may execute a file with any execute bit (a 0700
+    script of another user), unless its file system is mounted noexec."""
+    if os.access(path, os.X_OK, dir_fd=cwd_fd):
+        return True
+    if os.geteuid() != 0 or not mode & 0o111:
+        return False
+    try:
+        flags = os.statvfs(_dir_fd_path(path, cwd_fd)).f_flag
+    except OSError:
+        return False
+    return not flags & os.ST_NOEXEC
+
+
+def _dir_fd_path(path: str, cwd_fd: int | None) -> str:
+    """``path`` as statvfs(2) takes it (it has no ``dir_fd``): through the
+    working directory's descriptor where it is relative."""
+    if cwd_fd is None or os.path.isabs(path):
+        return path
+    return f"/proc/self/fd/{cwd_fd}/{path}"
 
 
 def _path_found(cwd: str, candidate: str, cwd_fd: int | None) -> str:

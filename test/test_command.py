@@ -219,6 +219,31 @@ def test_a_file_that_cannot_be_executed_is_found_unexecutable(tmp_path):
     assert missing.find_executable() == (None, False)
 
 
+class _NoExecFlags(NamedTuple):
+    f_flag: int
+
+
+@pytest.mark.parametrize("relative", [False, True])
+def test_root_without_dac_override_finds_what_its_root_jobs_may_execute(
+    tmp_path, monkeypatch, relative
+):
+    # The hardened system unit's root has CAP_DAC_READ_SEARCH, not
+    # CAP_DAC_OVERRIDE: access(X_OK) refused another user's 0700 script
+    # ("permission denied") that the root job would run.
+    monkeypatch.setattr(sdexec.command.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(sdexec.command.os, "access", lambda *_a, **_k: False)
+    make_executable(tmp_path / "script", mode=0o700)
+    make_executable(tmp_path / "data", mode=0o600)
+    name = "./script" if relative else str(tmp_path / "script")
+    found = Command([name], cwd=str(tmp_path)).find_executable()
+    assert found == (str(tmp_path / "script"), False)
+    assert Command(["./data"], cwd=str(tmp_path)).find_executable() == (None, True)
+    # ... unless its file system is mounted noexec
+    noexec = _NoExecFlags(os.ST_NOEXEC)
+    monkeypatch.setattr(sdexec.command.os, "statvfs", lambda _path: noexec)
+    assert Command([name], cwd=str(tmp_path)).find_executable() == (None, True)
+
+
 @pytest.mark.parametrize("name", ["link/../prog", "../prog"])
 def test_a_path_up_through_a_symlink_is_the_file_the_lookup_found(tmp_path, name):
     # The lookup resolves "link/.." as the kernel does (the link target's

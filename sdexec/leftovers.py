@@ -371,6 +371,16 @@ class Leftovers:
         for unit in list(self.units.values()):
             unit.follow(self._stopping)
 
+    def reconfigured(self) -> None:
+        """A reload may have changed ``leftover-units``: under ``stop`` now,
+        the leftovers kept so far are stopped (a drain for units nothing
+        stops would only lift at the next scan); under ``keep``, the drain
+        for them lifts."""
+        if self._stop_now:
+            for unit in list(self.units.values()):
+                unit.follow(True)  # read again; a stop already sent is not sent again
+        self.drain_while_stopping()
+
     def close(self) -> None:
         """The service stops: follow nothing more (watches and stop timers
         go; the next run finds what is left), nor adopt anything (a

@@ -188,7 +188,7 @@ class SdexecServer:
         self.systemd.debug = config.systemd.sdbus_debug
         self.systemd.max_inflight = config.systemd.max_inflight
         if self.leftovers is not None:  # leftover-units may have changed
-            self.leftovers.drain_while_stopping()
+            self.leftovers.reconfigured()
 
     # -- exec --------------------------------------------------------------
 

@@ -170,3 +170,18 @@ def test_a_reload_to_keep_leftovers_lifts_their_drain(systemd):
     config = parse_config({"sdexec": {"leftover-units": "keep"}})
     server.reconfigure(config, Containment(config, None))
     assert server.drain_reason is None
+
+
+def test_a_reload_to_stop_leftovers_stops_those_kept_and_drains(systemd):
+    # Drained for units nothing stopped: the drain, which no undrain
+    # clears, would have lasted till the next scan.
+    leftover(systemd, "sdexec-a.service")
+    server = make_server(systemd, policy="keep")
+    server.leftovers.scan()
+    assert server.drain_reason is None
+    config = parse_config({"sdexec": {"leftover-units": "stop"}})
+    server.reconfigure(config, Containment(config, None))
+    assert ("stop", "sdexec-a.service") in systemd.calls
+    assert server.drain_reason == "1 leftover unit from a previous run"
+    systemd.change("sdexec-a.service", INACTIVE)
+    assert server.drain_reason is None

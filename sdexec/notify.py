@@ -88,7 +88,8 @@ def _one_line(value: object) -> str:
     return str(value).replace("\r", "\\r").replace("\n", "\\n")
 
 
-#: The most of a drain's reason the status line carries: systemd drops a
+#: The most bytes of a drain's reason the status line carries (escaped for
+#: one line, at most twice that: well under 4096): systemd drops a
 #: notify message of 4096 bytes or more whole (STATUS= and READY=1 with
 #: it), and a reason joins every cause in force (/stats has it all).
 STATUS_REASON_MAX = 1024
@@ -101,8 +102,9 @@ def describe_server(stats: dict[str, Any]) -> str:
     drain = stats["drain"]
     if drain["drained"]:
         reason = str(drain["reason"])
-        if len(reason) > STATUS_REASON_MAX:
-            reason = reason[:STATUS_REASON_MAX] + "… (the rest in /stats)"
+        cut = reason.encode()[:STATUS_REASON_MAX].decode(errors="ignore")
+        if cut != reason:  # bytes counted: 4-byte characters are 4
+            reason = cut + "… (the rest in /stats)"
         return f"drained: {reason}"
     count = len(stats["procs"])
     return f"serving {count} process{'' if count == 1 else 'es'}"

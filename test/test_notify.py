@@ -111,6 +111,8 @@ def test_a_drain_of_many_causes_still_fits_a_notify_message():
     assert status.startswith(f"drained: {reason[:100]}")
     assert status.endswith("… (the rest in /stats)")
     assert len(f"STATUS={status}\nREADY=1".encode()) < 4096
+    wide = {"drain": {"drained": True, "reason": "\U0001f600" * 1000}, "procs": []}
+    assert len(f"STATUS={describe_server(wide)}\nREADY=1".encode()) < 4096
 
 
 async def _next_messages(listener: NotifySocket, timeout: float = 10.0) -> list:

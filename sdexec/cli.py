@@ -359,7 +359,7 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
     "kill": ("signal a process by pid or label", _add_kill),
     "cancel": ("terminate a job (its JOB TERMINATION sequence)", _add_cancel),
     "stats": ("print the service's statistics as JSON", _add_stats),
-    "undrain": ("let a drained service run processes again", _no_arguments),
+    "undrain": ("clear what drained the service, but what lifts itself", _no_arguments),
     "wait": ("wait for a process started with run --bg --waitable", _add_target),
     "attach": ("follow a background process's output (Ctrl-C detaches)", _add_target),
 }

@@ -378,7 +378,7 @@ class Leftovers:
         for them lifts."""
         if self._stop_now:
             for unit in list(self.units.values()):
-                unit.follow(True)  # read again; a stop already sent is not sent again
+                unit.stop()  # followed already; a stop sent is not sent again
         self.drain_while_stopping()
 
     def close(self) -> None:

@@ -713,7 +713,7 @@ class Process:
     def _command_ran(self) -> bool:
         """Whether the command was executed for sure: ``started`` went out,
         and a ``Type=exec`` unit (every unit's: no one else may set it) is
-        *running* only once the exec succeeded. Its exit of 200-245 is then
+        *running* only once the exec succeeded. Its exit of 200-243 is then
         its own (``exit 203`` in a script), not systemd failing to run it."""
         return Sent.STARTED in self._sent
 

@@ -182,7 +182,8 @@ class SdexecServer:
 
     def reconfigure(self, config: Config, containment: Containment) -> None:
         """Use a new configuration from the next request on (running
-        processes keep the plan they were started with)."""
+        processes keep the plan they were started with); leftovers follow
+        a changed ``leftover-units`` (:meth:`Leftovers.reconfigured`)."""
         self.config = config
         self.containment = containment
         self.systemd.debug = config.systemd.sdbus_debug

@@ -338,8 +338,10 @@ class SdexecService(Service):
         """Load the configuration again and rebuild the mapper; a bad file or
         a mapper that cannot be built keeps the old configuration in force.
         Fires with whether the new one is in force. Reloads run one at a
-        time, in the order asked. Running units are not touched; the next
-        request sees the new configuration."""
+        time, in the order asked. Running processes are not touched (but
+        leftovers, under a ``leftover-units`` changed to ``stop``); the next
+        request sees the new configuration, and the drain is judged afresh
+        (the manager's version, the device canary, the leftovers)."""
         return self._reloads.run(
             lambda: defer.Deferred.fromCoroutine(self._reload_once(path))
         )

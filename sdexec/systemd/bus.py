@@ -342,9 +342,10 @@ class SystemdClient:
 
     async def _manager_string(self, name: str) -> str | None:
         """The manager's property ``name`` (``ControlGroup``, ``Version``);
-        ``None`` if it cannot be read (a manager too old to have it: what a
-        lost unit leaves is then found only where a ``GetAll`` read the
-        unit's own cgroup)."""
+        ``None`` if it cannot be read (a manager too old to have it, a call
+        that failed): without ``ControlGroup`` what a lost unit leaves is
+        found only where a ``GetAll`` read the unit's own cgroup; without
+        ``Version`` what was judged of the manager stands."""
         try:
             asked = [MANAGER, name]
             body = await self._call(

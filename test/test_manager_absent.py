@@ -190,6 +190,7 @@ async def test_a_manager_that_leaves_while_being_subscribed_is_not_back(
     bus.owner_changed("", ":1.10")  # one comes back for good
     await until(lambda: restored, "the next manager subscribed")
     assert client.connected and bus.calls.count("Subscribe") == 2
+    client.disconnect()  # its bus's wait for a disconnect ends with it
 
 
 @ensureDeferred

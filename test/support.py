@@ -20,6 +20,7 @@ from twisted.internet.defer import Deferred
 from sdexec.client import RPCError, SdexecClient, connect
 from sdexec.config import load_config
 from sdexec.ioencode import decode_io
+from sdexec.procfs import process_exists
 from sdexec.protocol import command_object
 from sdexec.service import SdexecService
 
@@ -294,12 +295,9 @@ def node_kills_at_memory_max() -> bool:
 
 
 def running(pid: int | None) -> bool:
-    """Whether ``pid`` runs (exists and is no zombie)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    """Whether ``pid`` runs (exists and is no zombie), as the service's
+    fence check asks it."""
+    return pid is not None and process_exists(pid)
 
 
 def start_manager(runtime_dir: str) -> int:

@@ -84,7 +84,7 @@ def check_directory(directory: str, mode: int, uid: int) -> None:
     ``mode`` lets connect) if missing; ``ValueError`` unless it is owned by
     ``uid`` and writable by no one else."""
     if not os.path.isdir(directory):
-        os.makedirs(directory, mode=directory_mode(mode), exist_ok=True)
+        _make_directories(directory, directory_mode(mode))
     info = os.stat(directory)
     if info.st_uid != uid:
         raise ValueError(
@@ -97,6 +97,20 @@ def check_directory(directory: str, mode: int, uid: int) -> None:
             f" others (mode {stat.S_IMODE(info.st_mode):04o}): they could replace"
             " the socket"
         )
+
+
+def _make_directories(directory: str, mode: int) -> None:
+    """``directory`` and those missing above it, each of ``mode`` whatever
+    the umask (a unit's ``UMask=0077`` masked mkdir's, and stripped the
+    search bit the group needs to reach a socket below)."""
+    parent = os.path.dirname(directory)
+    if parent != directory and not os.path.isdir(parent):
+        _make_directories(parent, mode)
+    try:
+        os.mkdir(directory, mode)
+    except FileExistsError:
+        return  # made meanwhile; check_directory judges it as it is
+    os.chmod(directory, mode)
 
 
 def directory_mode(socket_mode: int) -> int:

@@ -85,6 +85,18 @@ def test_a_missing_directory_is_created_private(tmp_path):
     assert mode_of(tmp_path / "shared") == 0o711  # others may reach the socket
 
 
+def test_a_missing_directory_gets_its_search_bits_whatever_the_umask(tmp_path):
+    # The system unit's UMask=0077 masked mkdir's mode: a new socket
+    # directory (and those above it) stayed 0700, closed to the group that
+    # socket-mode 0660 lets connect.
+    previous = os.umask(0o077)
+    try:
+        private_endpoint(f"unix:{tmp_path}/a/b/s.sock", 0o660, os.getuid())
+    finally:
+        os.umask(previous)
+    assert (mode_of(tmp_path / "a"), mode_of(tmp_path / "a" / "b")) == (0o710, 0o710)
+
+
 def test_a_directory_of_another_user_or_writable_by_others_is_refused(tmp_path):
     theirs = tmp_path / "theirs"
     theirs.mkdir()

@@ -238,7 +238,7 @@ def _cgroup_cpuset(
             ids = _ids(cgroup_value(root, "sys/fs/cgroup", cgroup, name))
             if ids is not None:
                 return ids
-    v1_cgroup = _v1_cpuset_cgroup(cgroups)
+    v1_cgroup = _v1_cgroup(cgroups, "cpuset")
     if v1_cgroup is None:
         return None
     return _ids(cgroup_value(root, "sys/fs/cgroup/cpuset", v1_cgroup, f"cpuset.{kind}"))
@@ -263,12 +263,13 @@ def _v2_cgroup(cgroups: list[tuple[str, str]]) -> str | None:
     return next((path for controllers, path in cgroups if not controllers), None)
 
 
-def _v1_cpuset_cgroup(cgroups: list[tuple[str, str]]) -> str | None:
-    """The cgroup v1 cpuset cgroup among a process's ``(controllers, path)``."""
-    for controllers, path in cgroups:
-        if "cpuset" in controllers.split(","):
-            return path
-    return None
+def _v1_cgroup(cgroups: list[tuple[str, str]], controller: str) -> str | None:
+    """The cgroup v1 ``controller`` cgroup (``cpuset``, ``memory``) among a
+    process's ``(controllers, path)``."""
+    return next(
+        (path for controllers, path in cgroups if controller in controllers.split(",")),
+        None,
+    )
 
 
 def _ids(text: str | None) -> IDset | None:
@@ -463,13 +464,7 @@ def _process_cgroups(pid: int, root: str) -> tuple[str | None, str | None] | Non
     entries = process_cgroups(pid, root)
     if entries is None:
         return None
-    v1 = v2 = None
-    for controllers, path in entries:
-        if "memory" in controllers.split(","):
-            v1 = path
-        elif not controllers:
-            v2 = path
-    return v1, v2
+    return _v1_cgroup(entries, "memory"), _v2_cgroup(entries)
 
 
 MEMORY_NOT_ENFORCED = (

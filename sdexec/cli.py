@@ -63,6 +63,9 @@ FORWARDED_SIGNALS = (
 NOT_FOUND = 127
 #: A shell's exit status for a command it cannot execute.
 NOT_EXECUTABLE = 126
+#: ``undrain``'s exit status while a cause that lifts itself still drains
+#: the service (2 is a usage error's).
+STILL_DRAINED = 3
 #: The exit status for a command the service could not start, by errno.
 EXEC_FAILURES = {errno.ENOENT: NOT_FOUND, errno.EACCES: NOT_EXECUTABLE}
 _RUN_FLAGS = ExecFlag.STDOUT | ExecFlag.STDERR | ExecFlag.WRITE_CREDIT
@@ -661,15 +664,28 @@ def _http_stats(url: str) -> dict:
 
 def _undrain(options: argparse.Namespace) -> int:
     reply = _request(options, Topic.UNDRAIN, {})
-    reason, still = reply.get("reason"), reply.get("still")
-    if reason:
-        print(f"undrained; the drain reason was: {_visible(str(reason))}")
-    if still:
+    cleared = _drain_causes(reply, "cleared", "reason")
+    remaining = _drain_causes(reply, "remaining", "still")
+    if len(cleared) == 1:
+        print(f"undrained; the drain reason was: {cleared[0]}")
+    elif cleared:
+        print("undrained; the drain reasons were:", *cleared, sep="\n  ")
+    for cause in remaining:
         # What lifts itself once it is over: no undrain clears it.
-        print(f"still drained, until that is over: {_visible(str(still))}")
-    if not reason and not still:
+        print(f"still drained, until that is over: {cause}")
+    if not cleared and not remaining:
         print("not drained")
-    return 0
+    # A script's `sdexec undrain && …` must not go on as if it could run.
+    return STILL_DRAINED if remaining else 0
+
+
+def _drain_causes(reply: dict, each: str, joined: str) -> list[str]:
+    """An undrain reply's causes under ``each`` (a list), else under
+    ``joined`` (one string: a service from before the lists), printable."""
+    causes = reply.get(each)
+    if not isinstance(causes, list):
+        causes = [reply[joined]] if reply.get(joined) else []
+    return [_visible(str(cause)) for cause in causes]
 
 
 #: Each command's function: the parsed options in, the exit status out.

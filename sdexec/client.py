@@ -316,8 +316,9 @@ class SdexecClient(JSONLineProtocol):
 
     def undrain(self) -> Deferred[dict]:
         """Clear the drain causes only an admin clears: ``{"reason":
-        CLEARED}``, and ``"still"``: the causes that lift themselves, in
-        force until they are over (docs/protocol.md)."""
+        CLEARED, "cleared": [...]}``, and ``"still"``, ``"remaining"``: the
+        causes that lift themselves, in force until they are over
+        (docs/protocol.md)."""
         return self.rpc(Topic.UNDRAIN, {})
 
     def close(self) -> Deferred[None]:

@@ -44,6 +44,16 @@ class Drains:
         return "; ".join(self._causes.values()) or None
 
     @property
+    def causes(self) -> list[dict[str, str | bool]]:
+        """Each cause in force, in the order they came: ``reason``, and
+        ``lifts-itself`` (false: only an undrain clears it). A reason may
+        hold "; ", so the joined :attr:`reason` cannot be split back."""
+        return [
+            {"reason": reason, "lifts-itself": isinstance(key, SelfLifting)}
+            for key, reason in self._causes.items()
+        ]
+
+    @property
     def only_self_lifting(self) -> bool:
         """Whether every cause in force lifts itself (none is the admin's)."""
         return bool(self._causes) and all(
@@ -79,8 +89,8 @@ class Drains:
         """A self-lifting cause is over: its reason, if it was in force."""
         return self._causes.pop(kind, None)
 
-    def clear_admins(self) -> str | None:
+    def clear_admins(self) -> list[str]:
         """An admin's undrain: the causes only an admin clears go; the
-        reasons they had, if any."""
+        reasons they had, in the order they came."""
         cleared = [key for key in self._causes if not isinstance(key, SelfLifting)]
-        return "; ".join(self._causes.pop(key) for key in cleared) or None
+        return [self._causes.pop(key) for key in cleared]

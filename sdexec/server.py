@@ -871,6 +871,7 @@ class SdexecServer:
             "drain": {
                 "drained": self.drain_reason is not None,
                 "reason": self.drain_reason,
+                "causes": self.drains.causes,
             },
             "device-fence": self.device_fence,
         }
@@ -903,14 +904,17 @@ class SdexecServer:
         return reason is not None
 
     def undrain(self) -> dict:
-        """An admin's undrain: ``{"reason": what it cleared}``, and
-        ``"still"``: the causes that lift themselves, in force until then."""
-        previous = self.drains.clear_admins()
+        """An admin's undrain: ``{"reason": what it cleared, "cleared": its
+        causes}``, and ``"still"``, ``"remaining"``: the causes that lift
+        themselves, in force until then (joined, and each)."""
+        cleared = self.drains.clear_admins()
+        previous = "; ".join(cleared) or None
         if previous is not None:
             log.info("undrained (was: {reason})", reason=previous)
-        reply: dict[str, str | None] = {"reason": previous}
+        reply: dict[str, Any] = {"reason": previous, "cleared": cleared}
         if self.drains:
             reply["still"] = self.drain_reason
+            reply["remaining"] = [cause["reason"] for cause in self.drains.causes]
         return reply
 
 

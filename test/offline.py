@@ -136,3 +136,14 @@ class Recorder:
 
     def types(self) -> list:
         return [r["type"] if isinstance(r, dict) else r[0] for r in self.responses]
+
+
+#: The stats' ``drain`` object of a service that is not drained.
+NOT_DRAINED = {"drained": False, "reason": None, "causes": []}
+
+
+def drained_by(reason: str) -> dict:
+    """The stats' ``drain`` object of a service drained for one cause, which
+    only an admin's undrain clears."""
+    cause = {"reason": reason, "lifts-itself": False}
+    return {"drained": True, "reason": reason, "causes": [cause]}

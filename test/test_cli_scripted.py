@@ -244,16 +244,41 @@ def test_an_undrain_reason_that_is_not_text_is_printed(serve):
     )
 
 
-def test_an_undrain_says_what_still_holds(serve):
+def test_an_undrain_says_what_still_holds_and_exits_3(serve):
     # An admin's undrain clears only what an admin must; a cause that lifts
-    # itself (systemd away, a manager too old, leftovers) stands till then.
+    # itself (systemd away, a manager too old, leftovers) stands till then,
+    # and `sdexec undrain && …` in a script must not go on (was exit 0).
     reply = {
         "reason": "unkillable user processes for job f1",
         "still": "1 leftover unit",
     }
     done = sdexec(serve(answering(reply)), "undrain")
     assert (done.returncode, done.stdout) == (
-        0,
+        3,
         b"undrained; the drain reason was: unkillable user processes for job f1\n"
         b"still drained, until that is over: 1 leftover unit\n",
     )
+
+
+def test_an_undrain_prints_each_cause_though_a_reason_holds_the_separator(serve):
+    # Joined with "; ", these two read as three; the lists keep them apart.
+    reply = {
+        "reason": "fence: a; b; unkillable user processes for job f1",
+        "cleared": ["fence: a; b", "unkillable user processes for job f1"],
+        "still": "1 leftover unit; systemd unreachable for 60 s",
+        "remaining": ["1 leftover unit", "systemd unreachable for 60 s"],
+    }
+    done = sdexec(serve(answering(reply)), "undrain")
+    assert (done.returncode, done.stdout) == (
+        3,
+        b"undrained; the drain reasons were:\n"
+        b"  fence: a; b\n"
+        b"  unkillable user processes for job f1\n"
+        b"still drained, until that is over: 1 leftover unit\n"
+        b"still drained, until that is over: systemd unreachable for 60 s\n",
+    )
+
+
+def test_an_undrain_of_a_node_not_drained_exits_0(serve):
+    done = sdexec(serve(answering({"reason": None, "cleared": []})), "undrain")
+    assert (done.returncode, done.stdout) == (0, b"not drained\n")

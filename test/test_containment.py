@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import treq
-from offline import Connection, error_of
+from offline import NOT_DRAINED, Connection, drained_by, error_of
 from pytest_twisted import ensureDeferred
 from support import (
     FLAGS,
@@ -382,7 +382,7 @@ async def test_unenforced_fence_fails_the_job_and_drains(start_service, tmp_path
     # whose device policy is not enforced was drained then. Clear that to
     # reach the CPU fence.
     device_problem = service.server.stats()["device-fence"]["problem"]
-    assert await client.undrain() == {"reason": device_problem}
+    assert (await client.undrain())["cleared"] == [device_problem]
     name = f"sdexec-contain-{uuid.uuid4().hex}"
     refused = await run(
         client, ["sleep", "300"], opts={R_OPTION: r_local("1"), "SDEXEC_NAME": name}
@@ -391,7 +391,7 @@ async def test_unenforced_fence_fails_the_job_and_drains(start_service, tmp_path
     await until(lambda: not service.server.processes, "the refused unit reaped")
     assert unit_names(f"{name}*") == []
 
-    drain = {"drained": True, "reason": reason}
+    drain = drained_by(reason)
     stats = await client.stats()
     assert stats["drain"] == drain
     assert stats["requests"]["fence-failures"] == 1
@@ -401,8 +401,8 @@ async def test_unenforced_fence_fails_the_job_and_drains(start_service, tmp_path
     assert busy.error.errnum == errno.EBUSY
     assert reason in busy.error.errstr and "undrain" in busy.error.errstr
 
-    assert await client.undrain() == {"reason": reason}
-    assert (await client.stats())["drain"] == {"drained": False, "reason": None}
+    assert await client.undrain() == {"reason": reason, "cleared": [reason]}
+    assert (await client.stats())["drain"] == NOT_DRAINED
     served = await run(client, ["true"])
     assert (served.error, served.status) == (None, 0)
 
@@ -954,7 +954,7 @@ def test_a_fence_the_node_does_not_hold_fails_the_job_and_drains(
         " (is the cpuset controller delegated to the user instance?)"
     )
     assert [error_of(response) for response in responses] == [(errno.EIO, reason)]
-    assert server.stats()["drain"] == {"drained": True, "reason": reason}
+    assert server.stats()["drain"] == drained_by(reason)
     assert server.counters["fence-failures"] == 1
 
 

@@ -18,6 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from offline import NOT_DRAINED, drained_by
 from pytest_twisted import ensureDeferred
 from support import run, sleep, until
 from twisted.internet import reactor
@@ -221,7 +222,7 @@ async def test_an_unenforced_fence_drains_the_node_and_is_counted():
     run_canary(systemd, 0)
     assert await verdict == NOT_ENFORCED
     stats = server.stats()
-    assert stats["drain"] == {"drained": True, "reason": NOT_ENFORCED}
+    assert stats["drain"] == drained_by(NOT_ENFORCED)
     assert stats["requests"]["device-fence-failures"] == 1
     assert stats["device-fence"] == {"enforced": False, "problem": NOT_ENFORCED}
     await reaped(server)
@@ -443,7 +444,7 @@ async def test_the_canary_agrees_with_the_node(start_service):
     stats = service.server.stats()
     problem = None if enforced else NOT_ENFORCED
     assert stats["device-fence"] == {"enforced": enforced, "problem": problem}
-    assert stats["drain"] == {"drained": not enforced, "reason": problem}
+    assert stats["drain"] == (drained_by(problem) if problem else NOT_DRAINED)
     client = await service.connect()
     result = await run(client, ["/bin/true"])
     if enforced:

@@ -43,7 +43,11 @@ def test_causes_are_kept_apart_and_cleared_by_whom_they_belong_to():
     drains.add(UNKILLABLE)
     assert drains.reason == f"systemd unreachable for 60 s; {UNKILLABLE}"
     assert not drains.only_self_lifting
-    assert drains.clear_admins() == UNKILLABLE
+    assert drains.causes == [
+        {"reason": "systemd unreachable for 60 s", "lifts-itself": True},
+        {"reason": UNKILLABLE, "lifts-itself": False},
+    ]
+    assert drains.clear_admins() == [UNKILLABLE]
     assert drains.reason == "systemd unreachable for 60 s"
     assert drains.lift(SelfLifting.VERSION) is None  # not in force: nothing
     assert drains.lift(SelfLifting.OUTAGE) == "systemd unreachable for 60 s"
@@ -98,7 +102,12 @@ def test_a_version_problem_found_while_drained_outlives_the_admins_undrain(
     server.drain(UNKILLABLE)
     reload_with_containment(server, on=True)
     problem = version_problem("243", fenced=True)
-    assert server.undrain() == {"reason": UNKILLABLE, "still": problem}
+    assert server.undrain() == {
+        "reason": UNKILLABLE,
+        "cleared": [UNKILLABLE],
+        "still": problem,
+        "remaining": [problem],
+    }
     assert server.drain_reason == problem
     reload_with_containment(server, on=False)
     assert server.drain_reason is None
@@ -110,7 +119,12 @@ def test_leftovers_still_stopping_outlive_the_undrain_of_another_cause(systemd):
     server.leftovers.scan()
     server.drain(UNKILLABLE)
     still = "1 leftover unit from a previous run"
-    assert server.undrain() == {"reason": UNKILLABLE, "still": still}
+    assert server.undrain() == {
+        "reason": UNKILLABLE,
+        "cleared": [UNKILLABLE],
+        "still": still,
+        "remaining": [still],
+    }
     systemd.change("sdexec-a.service", INACTIVE)
     assert server.drain_reason is None
 

@@ -15,6 +15,7 @@ from offline import (
     BufferingTransport,
     Connection,
     PeerTransport,
+    drained_by,
     error_of,
     read_to_eof,
 )
@@ -111,10 +112,13 @@ def test_list_stats_and_undrain(server, connection):
     server.drain("fence broken")
     connection.send("sdexec.stats-get", {}, matchtag=2)
     stats = connection.last()["payload"]
-    assert stats["drain"] == {"drained": True, "reason": "fence broken"}
+    assert stats["drain"] == drained_by("fence broken")
     assert stats["requests"] == {"sdexec.list": 1, "sdexec.stats-get": 1}
     connection.send("sdexec.undrain", {}, matchtag=3)
-    assert connection.last()["payload"] == {"reason": "fence broken"}
+    assert connection.last()["payload"] == {
+        "reason": "fence broken",
+        "cleared": ["fence broken"],
+    }
     assert server.drain_reason is None
 
 

@@ -7,6 +7,7 @@ there; and what a cgroup's file under ``/sys/fs/cgroup`` holds.
 from __future__ import annotations
 
 import os
+import select
 
 __all__ = ["cgroup_value", "process_cgroups", "process_exists", "process_status"]
 
@@ -61,16 +62,21 @@ def process_exists(pid: int, root: str = "/") -> bool:
     """Whether process ``pid`` is there and has not exited: a read that
     failed (or gave an ancestor's cgroup) while it is was not the process
     exiting. Not a zombie: systemd removes an exited unit's cgroup before it
-    reaps the main process. ``/proc/PID/stat``'s state, else ``/proc/PID``,
-    else (``hidepid=2`` hides other users' processes, such as a job shell an
-    IMP started) a signal 0."""
+    reaps the main process. ``/proc/PID/stat``'s state; where that cannot
+    be read (``hidepid=2`` hides other users' processes, such as a job
+    shell an IMP started), a pidfd, which tells a zombie too; on a kernel
+    without pidfds (< 5.3), ``/proc/PID``, else a signal 0, which take a
+    zombie for alive."""
     state = _process_state(pid, root)
     if state is not None:
         return state not in ("Z", "X")
-    if os.path.exists(os.path.join(root, f"proc/{pid}")):
-        return True
     if root != "/":  # a test's tree: no real process to ask
-        return False
+        return os.path.exists(os.path.join(root, f"proc/{pid}"))
+    exited = _exited_by_pidfd(pid)
+    if exited is not None:
+        return not exited
+    if os.path.exists(f"/proc/{pid}"):
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -78,6 +84,24 @@ def process_exists(pid: int, root: str = "/") -> bool:
     except PermissionError:
         pass  # there, another user's
     return True
+
+
+def _exited_by_pidfd(pid: int) -> bool | None:
+    """Whether ``pid`` has exited (a zombie has), as a pidfd of it says:
+    one is readable once its process has exited, and opening one needs no
+    permission over the process. ``None`` where pidfds cannot be had."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True  # reaped
+    except OSError:
+        return None  # ENOSYS (Linux < 5.3), EMFILE: the slower ways
+    try:
+        poller = select.poll()  # not select(): the fd may be past 1023
+        poller.register(pidfd, select.POLLIN)
+        return bool(poller.poll(0))
+    finally:
+        os.close(pidfd)
 
 
 def cgroup_value(root: str, base: str, cgroup: str, name: str) -> str | None:

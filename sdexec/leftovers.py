@@ -48,6 +48,7 @@ from twisted.python.failure import Failure
 
 from sdexec.drain import SelfLifting
 from sdexec.limits import listed_name
+from sdexec.managerversion import version_number
 from sdexec.orphans import expected_unit_cgroup
 from sdexec.plan import ExecPlan
 from sdexec.sockets import unix_path
@@ -553,7 +554,10 @@ class Leftovers:
             # or started meanwhile: its own follower's now.
             return
         cgroup = expected_unit_cgroup(
-            self._systemd.control_group, properties.get("Slice"), name
+            self._systemd.control_group,
+            properties.get("Slice"),
+            name,
+            version_number(self._systemd.version),
         )
         if cgroup is not None:
             server = self.server

@@ -105,21 +105,32 @@ def _unit_path(path: str, unit: str, manager: str) -> str | None:
 
 
 def expected_unit_cgroup(
-    manager_cgroup: str | None, slice_name: object, unit: str
+    manager_cgroup: str | None,
+    slice_name: object,
+    unit: str,
+    manager_version: int | None = None,
 ) -> str | None:
     """Where the manager whose cgroup is ``manager_cgroup`` makes the cgroup
     of ``unit`` in ``slice_name`` (``a-b.slice`` is ``/a.slice/a-b.slice``,
-    ``-.slice`` the manager's own), with systemd's escape of the unit's
-    name; ``None`` without both."""
+    ``-.slice`` the manager's own), with the escape of names that systemd
+    ``manager_version`` applies (the current one's if not known); ``None``
+    without both."""
     if manager_cgroup is None or not isinstance(slice_name, str) or not slice_name:
         return None
+    by_prefix = manager_version is None or manager_version >= ESCAPES_BY_PREFIX
     path = manager_cgroup.rstrip("/")
     if slice_name != "-.slice":
         parts = slice_name.removesuffix(".slice").split("-")
         for n in range(len(parts)):
-            path += f"/{_cg_escape('-'.join(parts[: n + 1]) + '.slice')}"
-    return f"{path}/{_cg_escape(unit)}"
+            name = "-".join(parts[: n + 1]) + ".slice"
+            path += f"/{_cg_escape(name, by_prefix)}"
+    return f"{path}/{_cg_escape(unit, by_prefix)}"
 
+
+#: The first systemd whose ``cg_escape`` escapes every name that begins with
+#: a controller's name and a dot (``cpu.job.service``; systemd PR 27356).
+#: Before it only a name whose part before its last dot is a controller's.
+ESCAPES_BY_PREFIX = 254
 
 #: The controllers whose names systemd will not let a cgroup's name begin
 #: with (``cpu.service`` is made ``_cpu.service``: cg_escape).
@@ -142,14 +153,18 @@ _CONTROLLERS = frozenset(
 )
 
 
-def _cg_escape(name: str) -> str:
+def _cg_escape(name: str, by_prefix: bool) -> str:
     """systemd's ``cg_escape``: a leading ``_`` where the kernel could take
-    the name for one of its own files. Current systemd escapes any name
-    that begins with a controller's name and a dot (``cpu.job.service``);
-    older ones only where that is all before the last dot, a subset."""
+    the name for one of its own files. ``by_prefix``: as systemd 254 and
+    later (:data:`ESCAPES_BY_PREFIX`), which escape any name that begins
+    with a controller's name and a dot; else only where that is all before
+    the last dot."""
     special = name[:1] in ("", "_", ".") or name.startswith("cgroup.")
     special = special or name in ("notify_on_release", "release_agent", "tasks")
-    controller, dot, _ = name.partition(".")
+    if by_prefix:
+        controller, dot, _ = name.partition(".")
+    else:
+        controller, dot, _ = name.rpartition(".")
     if special or (dot and controller in _CONTROLLERS):
         return f"_{name}"
     return name

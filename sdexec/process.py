@@ -29,6 +29,7 @@ from twisted.python.failure import Failure
 from sdexec.config import DEFAULT_START_TIMEOUT
 from sdexec.ioencode import encode_io
 from sdexec.limits import listed_cmdline, listed_name
+from sdexec.managerversion import version_number
 from sdexec.orphans import expected_unit_cgroup, unit_cgroup
 from sdexec.passthrough import NO_STDIO, PassedStdio
 from sdexec.plan import ExecPlan, RequestError
@@ -1015,7 +1016,10 @@ class Process:
         main process already gone need not leave it unknown."""
         slice_name = (state or {}).get("Slice") or self.plan.slice
         return self._cgroup or expected_unit_cgroup(
-            self._start_manager_cgroup, slice_name, self.unit_name
+            self._start_manager_cgroup,
+            slice_name,
+            self.unit_name,
+            version_number(self._systemd.version),
         )
 
     def _end_what_it_left(self, state: Mapping[str, Any]) -> None:

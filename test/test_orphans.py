@@ -320,6 +320,7 @@ def test_the_module_names_what_it_offers():
             f"{MANAGER}/app.slice/_cpu.job.service",
         ),
         (MANAGER, "app.slice", "cpus.service", f"{MANAGER}/app.slice/cpus.service"),
+        (MANAGER, "cpu-x.slice", UNIT, f"{MANAGER}/_cpu.slice/cpu-x.slice/{UNIT}"),
         (None, "app.slice", UNIT, None),
         (MANAGER, "", UNIT, None),
         (MANAGER, None, UNIT, None),
@@ -329,6 +330,23 @@ def test_where_a_manager_makes_a_unit_s_cgroup(manager, slice_name, unit, path):
     # For a unit whose main process was gone before its cgroup was read:
     # the new manager loads the unit's slice from the same file.
     assert expected_unit_cgroup(manager, slice_name, unit) == path
+
+
+@pytest.mark.parametrize(
+    ("unit", "escaped"),
+    [
+        ("cpu.service", "_cpu.service"),
+        ("cpu.job.service", "cpu.job.service"),
+        ("memory.x.y.service", "memory.x.y.service"),
+        ("_x.service", "__x.service"),
+    ],
+)
+def test_a_manager_before_254_escapes_only_a_controller_before_the_last_dot(
+    unit, escaped
+):
+    # As systemd 252 names them (test_systemd.py checks the manager at hand).
+    path = expected_unit_cgroup(MANAGER, "app.slice", unit, 253)
+    assert path == f"{MANAGER}/app.slice/{escaped}"
 
 
 def test_a_service_that_stops_sends_the_sigkill_still_to_come(tmp_path, processes):

@@ -31,7 +31,7 @@ from twisted.internet.defer import Deferred
 
 from sdexec.command import Command, unit_properties
 from sdexec.idset import IDset
-from sdexec.managerversion import version_problem
+from sdexec.managerversion import version_number, version_problem
 from sdexec.nodememory import physical_memory
 from sdexec.orphans import expected_unit_cgroup, unit_cgroup
 from sdexec.property import UINT32_MAX, UINT64_MAX, PropertyError, percent_scale
@@ -444,6 +444,21 @@ async def test_the_manager_s_own_cgroup_is_read_and_holds_its_units(units):
     assert unit_cgroup(run.name, status.pid, units.client.control_group) == path
     manager = units.client.control_group
     assert expected_unit_cgroup(manager, service["Slice"], run.name) == path
+    await run.finish()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_unit_named_like_a_controller_s_file_is_found_where_made(units):
+    # systemd 254 escapes every name that begins with "cpu." (review AR F5:
+    # 252 does not escape this one, and a lost unit's cgroup was missed).
+    name = f"cpu.job-{uuid.uuid4().hex}.service"
+    run = await units.start(["sleep", "30"], name=name)
+    await run.until(lambda s: s.pid > 0, "running")
+    service = await service_properties(run)
+    version = version_number(units.client.version)
+    manager = units.client.control_group
+    expected = expected_unit_cgroup(manager, service["Slice"], name, version)
+    assert expected == service["ControlGroup"]
     await run.finish()
 
 

@@ -62,21 +62,22 @@ def process_exists(pid: int, root: str = "/") -> bool:
     """Whether process ``pid`` is there and has not exited: a read that
     failed (or gave an ancestor's cgroup) while it is was not the process
     exiting. Not a zombie: systemd removes an exited unit's cgroup before it
-    reaps the main process. ``/proc/PID/stat``'s state; where that cannot
-    be read (``hidepid=2`` hides other users' processes, such as a job
-    shell an IMP started), a pidfd, which tells a zombie too; on a kernel
-    without pidfds (< 5.3), ``/proc/PID``, else a signal 0, which take a
-    zombie for alive."""
+    reaps the main process. A pidfd says, which needs no permission over the
+    process (``hidepid=2`` hides other users' processes, such as a job shell
+    an IMP started) and, as systemd does, counts a leader that exited while
+    its other threads run as alive. Where none can be had (a kernel before
+    5.3, no fd left), ``/proc/PID/stat``'s state, else ``/proc/PID``, else a
+    signal 0, which take a hidden zombie for alive."""
+    exited = _exited_by_pidfd(pid) if root == "/" else None
+    if exited is not None:
+        return not exited
     state = _process_state(pid, root)
     if state is not None:
         return state not in ("Z", "X")
-    if root != "/":  # a test's tree: no real process to ask
-        return os.path.exists(os.path.join(root, f"proc/{pid}"))
-    exited = _exited_by_pidfd(pid)
-    if exited is not None:
-        return not exited
-    if os.path.exists(f"/proc/{pid}"):
+    if os.path.exists(os.path.join(root, f"proc/{pid}")):
         return True
+    if root != "/":  # a test's tree: no real process to ask
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -88,14 +89,17 @@ def process_exists(pid: int, root: str = "/") -> bool:
 
 def _exited_by_pidfd(pid: int) -> bool | None:
     """Whether ``pid`` has exited (a zombie has), as a pidfd of it says:
-    one is readable once its process has exited, and opening one needs no
-    permission over the process. ``None`` where pidfds cannot be had."""
+    one is readable once its whole process has exited. ``None`` where
+    pidfds cannot be had."""
+    pidfd_open = getattr(os, "pidfd_open", None)  # a Python built without
+    if pidfd_open is None:
+        return None
     try:
-        pidfd = os.pidfd_open(pid)
+        pidfd = pidfd_open(pid)
     except ProcessLookupError:
         return True  # reaped
     except OSError:
-        return None  # ENOSYS (Linux < 5.3), EMFILE: the slower ways
+        return None  # ENOSYS (Linux < 5.3), EMFILE, a seccomp filter
     try:
         poller = select.poll()  # not select(): the fd may be past 1023
         poller.register(pidfd, select.POLLIN)

@@ -109,22 +109,52 @@ def expected_unit_cgroup(
     slice_name: object,
     unit: str,
     manager_version: int | None = None,
+    root: str = "/",
 ) -> str | None:
     """Where the manager whose cgroup is ``manager_cgroup`` makes the cgroup
     of ``unit`` in ``slice_name`` (``a-b.slice`` is ``/a.slice/a-b.slice``,
-    ``-.slice`` the manager's own), with the escape of names that systemd
-    ``manager_version`` applies (the current one's if not known); ``None``
-    without both."""
+    ``-.slice`` the manager's own), its names escaped as systemd
+    ``manager_version`` does (the current one's if not known); ``None``
+    without both. Where that is not there but another spelling of it is,
+    that one: the manager that made it may have been another systemd (the
+    package upgraded before the manager was lost), whose rule or list of
+    controllers (``cpuset`` from 244, ``cpuacct`` gone in 258) differs."""
     if manager_cgroup is None or not isinstance(slice_name, str) or not slice_name:
         return None
     by_prefix = manager_version is None or manager_version >= ESCAPES_BY_PREFIX
+    slices = [
+        _slice_path(manager_cgroup, slice_name, rule)
+        for rule in (by_prefix, not by_prefix)
+    ]
+    if unit.startswith("_"):  # escaped by every systemd: "__x.service"
+        names = [f"_{unit}"]
+    else:  # "_X" is only ever X escaped: either spelling is X's
+        names = [_cg_escape(unit, by_prefix), unit, f"_{unit}"]
+    spellings = dict.fromkeys(f"{path}/{name}" for path in slices for name in names)
+    expected = next(iter(spellings))
+    return next((cgroup for cgroup in spellings if _is_there(cgroup, root)), expected)
+
+
+def _slice_path(manager_cgroup: str, slice_name: str, by_prefix: bool) -> str:
+    """The cgroup of ``slice_name`` in the manager's, escaped by the rule
+    ``by_prefix`` picks (:func:`_cg_escape`)."""
     path = manager_cgroup.rstrip("/")
     if slice_name != "-.slice":
         parts = slice_name.removesuffix(".slice").split("-")
         for n in range(len(parts)):
             name = "-".join(parts[: n + 1]) + ".slice"
             path += f"/{_cg_escape(name, by_prefix)}"
-    return f"{path}/{_cg_escape(unit, by_prefix)}"
+    return path
+
+
+def _is_there(cgroup: str, root: str) -> bool:
+    """Whether ``cgroup`` is a directory of any hierarchy systemd tracks
+    processes in."""
+    return any(
+        os.path.isdir(os.path.join(root, base, cgroup.lstrip("/")))
+        for mounts in _HIERARCHIES.values()
+        for base in mounts
+    )
 
 
 #: The first systemd whose ``cg_escape`` escapes every name that begins with

@@ -349,6 +349,29 @@ def test_a_manager_before_254_escapes_only_a_controller_before_the_last_dot(
     assert path == f"{MANAGER}/app.slice/{escaped}"
 
 
+@pytest.mark.parametrize(
+    ("made", "version"),
+    [
+        ("cpu.job.service", 254),  # by 252, before an upgrade to 254
+        ("_cpu.job.service", 252),  # by 254, and the package downgraded
+        ("_cpuset.service", 243),  # 243 had no cpuset controller to escape
+        ("cpu.x.slice/job.service", 254),  # a slice of an admin's, by 252
+    ],
+)
+def test_a_lost_unit_s_cgroup_is_found_as_the_manager_that_made_it_spelt_it(
+    tmp_path, made, version
+):
+    # The manager now is not the one that made it (review session 31 A F1).
+    if "/" not in made:
+        made = f"app.slice/{made}"
+    slice_name, unit = made.split("/")
+    cgroup = f"{MANAGER}/{made}"
+    os.makedirs(tmp_path / "sys/fs/cgroup" / cgroup.lstrip("/"))
+    name = unit.removeprefix("_")
+    root = str(tmp_path)
+    assert expected_unit_cgroup(MANAGER, slice_name, name, version, root) == cgroup
+
+
 def test_a_service_that_stops_sends_the_sigkill_still_to_come(tmp_path, processes):
     # Its timer would never fire: what ignored the stop-timer signal ran on.
     deaf = processes(deaf=True)

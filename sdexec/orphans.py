@@ -268,20 +268,29 @@ def _signal_if_in(pid: int, cgroup: str, signum: int, root: str) -> int | None:
     """Send ``signum`` to ``pid`` if it is (still) in ``cgroup`` or below:
     checked after its pidfd is open, so the check and the signal are of one
     process. 0 if sent, the errno if refused, ``None`` if not ours or gone."""
+    pidfd_open = getattr(os, "pidfd_open", None)  # a Python built without
+    pidfd = None
     try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
+        if pidfd_open is not None:
+            pidfd = pidfd_open(pid)
+    except ProcessLookupError:
         return None  # gone already
+    except OSError:
+        pass  # ENOSYS (Linux < 5.3), EMFILE: signalled by pid, just checked
     try:
         paths = (path for _, path in process_cgroups(pid, root) or ())
         if not any(path == cgroup or path.startswith(f"{cgroup}/") for path in paths):
             return None
-        signal.pidfd_send_signal(pidfd, signum)
+        if pidfd is None:
+            os.kill(pid, signum)
+        else:
+            signal.pidfd_send_signal(pidfd, signum)
         return 0
     except OSError as error:  # gone meanwhile, or not ours to signal
         return error.errno if error.errno == errno.EPERM else None
     finally:
-        os.close(pidfd)
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 def lost_unit_reason(unit: str) -> str:

@@ -171,6 +171,25 @@ def test_every_process_in_the_cgroup_or_below_is_killed(tmp_path, processes, bas
     assert moved.poll() is None
 
 
+def test_without_pidfds_what_is_in_the_cgroup_is_killed_by_pid(
+    tmp_path, processes, monkeypatch
+):
+    # A kernel before 5.3, or no descriptor left: was taken for "gone" and
+    # left running.
+    def no_pidfds(pid):
+        raise OSError(errno.ENOSYS, "no pidfd_open")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfds)
+    main, moved = processes(), processes()
+    place(tmp_path, main.pid, f"0::{CGROUP}")
+    place(tmp_path, moved.pid, "0::/user.slice/other.service")
+    members(tmp_path, "sys/fs/cgroup", [main.pid, moved.pid])
+    done = signal_cgroup(CGROUP, signal.SIGKILL, root=str(tmp_path))
+    assert done.sent == {main.pid}
+    assert main.wait(timeout=30) == -9
+    assert moved.poll() is None
+
+
 def test_what_forks_while_the_group_is_read_is_killed_too(
     tmp_path, processes, monkeypatch
 ):

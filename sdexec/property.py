@@ -15,13 +15,14 @@ knows the bus library.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
 from sdexec.idset import IDset
-from sdexec.sizes import MemoryLimit
+from sdexec.sizes import MemoryLimit, parse_size
 
 __all__ = [
     "PropertyError",
@@ -74,7 +75,41 @@ UINT64_PROPERTIES = frozenset(
         "TasksMax",
     }
 )
-INT32_PROPERTIES = frozenset({"OOMScoreAdjust", "Nice"})
+#: Resource limits (``setrlimit``), each typed ``t``, in bytes where the
+#: resource is a size (``64K`` taken, as in a unit's file).
+RLIMIT_SIZES = frozenset(
+    {"FSIZE", "DATA", "STACK", "CORE", "RSS", "AS", "MEMLOCK", "MSGQUEUE"}
+)
+RLIMITS = RLIMIT_SIZES | {
+    "CPU",
+    "NOFILE",
+    "NPROC",
+    "LOCKS",
+    "SIGPENDING",
+    "NICE",
+    "RTPRIO",
+    "RTTIME",
+}
+#: Path lists, typed ``as``: whitespace-separated, quoted as a shell would.
+PATH_LIST_PROPERTIES = frozenset(
+    {"ReadOnlyPaths", "ReadWritePaths", "InaccessiblePaths", "ExecPaths", "NoExecPaths"}
+)
+#: Integer properties, typed ``i``: the names a unit's file may give
+#: instead of a number, and the numbers systemd takes.
+INTEGER_PROPERTIES: dict[str, tuple[dict[str, int], range]] = {
+    "Nice": ({}, range(-20, 20)),
+    "OOMScoreAdjust": ({}, range(-1000, 1001)),
+    "CPUSchedulingPolicy": (
+        {"other": 0, "fifo": 1, "rr": 2, "batch": 3, "idle": 5},
+        range(0, 0),  # only the policies named, by name or number
+    ),
+    "CPUSchedulingPriority": ({}, range(0, 100)),
+    "IOSchedulingClass": (
+        {"none": 0, "realtime": 1, "best-effort": 2, "idle": 3},
+        range(0, 4),
+    ),
+    "IOSchedulingPriority": ({}, range(0, 8)),
+}
 
 #: The three fds of the process, passed by the systemd layer.
 FD_PROPERTIES = (
@@ -209,13 +244,6 @@ def _device_allow(text: str) -> list[list[str]]:
     return entries
 
 
-def _int32(text: str) -> int:
-    value = _integer(text, _SIGNED)
-    if not -(2**31) <= value < 2**31:
-        raise ValueError(f"{text!r} is out of range")
-    return value
-
-
 Converter = Callable[[str, str], UnitProperty]
 
 
@@ -237,10 +265,50 @@ def _bitmask(text: str) -> bytes:
     return ids.bitmask()
 
 
+def _rlimit(name: str, text: str) -> UnitProperty:
+    """``Limit<RESOURCE>`` (the hard limit, and the soft one unless
+    ``Limit<RESOURCE>Soft`` is given too) or ``Limit<RESOURCE>Soft``."""
+    resource = name.removeprefix("Limit").removesuffix("Soft")
+    if ":" in text:
+        raise ValueError(
+            f"{text!r}: give the soft limit as Limit{resource}Soft; over D-Bus"
+            f" Limit{resource} is the hard limit alone"
+        )
+    if text.strip() == "infinity":
+        return UnitProperty(name, "t", UINT64_MAX)
+    if resource in RLIMIT_SIZES:
+        return UnitProperty(name, "t", parse_size(text))
+    return UnitProperty(name, "t", _uint64_or_infinity(text))
+
+
+def _bounded_integer(name: str, text: str) -> UnitProperty:
+    names, numbers = INTEGER_PROPERTIES[name]
+    word = text.strip().lower()
+    if word in names:
+        return UnitProperty(name, "i", names[word])
+    value = _integer(text, _SIGNED)
+    if value not in numbers and value not in names.values():
+        takes = ", ".join(names) if names else f"{numbers[0]} to {numbers[-1]}"
+        raise ValueError(f"{text!r} is out of range: systemd takes {takes}")
+    return UnitProperty(name, "i", value)
+
+
+def _path_list(text: str) -> list[str]:
+    try:
+        paths = shlex.split(text)
+    except ValueError as error:  # an unclosed quote
+        raise ValueError(f"{text!r}: {error}") from None
+    if not paths:
+        raise ValueError("no path given")
+    return paths
+
+
 _CONVERTERS: dict[str, Converter] = {
     **{name: _typed("b", parse_bool) for name in BOOLEAN_PROPERTIES},
     **dict.fromkeys(UINT64_PROPERTIES, _uint64_in_range),
-    **{name: _typed("i", _int32) for name in INT32_PROPERTIES},
+    **dict.fromkeys(INTEGER_PROPERTIES, _bounded_integer),
+    **{f"Limit{r}{soft}": _rlimit for r in RLIMITS for soft in ("", "Soft")},
+    **{name: _typed("as", _path_list) for name in PATH_LIST_PROPERTIES},
     **{name: _memory for name in MEMORY_PROPERTIES},
     "AllowedCPUs": _typed("ay", _bitmask),
     "AllowedMemoryNodes": _typed("ay", _bitmask),

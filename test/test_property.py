@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from sdexec.idset import IDset
 from sdexec.property import (
     BOOLEAN_PROPERTIES,
-    INT32_PROPERTIES,
+    INTEGER_PROPERTIES,
     MEMORY_PROPERTIES,
     UINT32_MAX,
     UINT64_MAX,
@@ -197,18 +197,72 @@ def test_leading_zeros_are_no_digits_too_many():
     assert typed_property("TasksMax", "0" * 100 + "7").value == 7
 
 
-@given(
-    name=st.sampled_from(sorted(INT32_PROPERTIES)),
-    value=st.integers(min_value=-(2**31), max_value=2**31 - 1),
-)
-def test_int32_properties_are_i(name, value):
+@given(st.data())
+def test_integer_properties_are_i_within_systemd_s_range(data):
+    name = data.draw(st.sampled_from(sorted(INTEGER_PROPERTIES)))
+    names, numbers = INTEGER_PROPERTIES[name]
+    value = data.draw(st.sampled_from([*numbers, *names.values()]))
     assert typed_property(name, str(value)) == UnitProperty(name, "i", value)
 
 
-@pytest.mark.parametrize("text", [str(2**31), str(-(2**31) - 1), "1_0", "x", ""])
-def test_bad_int32_names_the_property(text):
-    assert refused("OOMScoreAdjust", text).startswith(
-        "SDEXEC_PROP_OOMScoreAdjust: error setting property:"
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        (
+            "OOMScoreAdjust",
+            "1001",
+            "'1001' is out of range: systemd takes -1000 to 1000",
+        ),
+        ("Nice", "20", "'20' is out of range: systemd takes -20 to 19"),
+        ("CPUSchedulingPolicy", "4", "'4' is out of range: systemd takes other,"),
+        ("IOSchedulingPriority", "8", "'8' is out of range: systemd takes 0 to 7"),
+        ("OOMScoreAdjust", "1_0", "'1_0' is not a decimal integer"),
+        ("Nice", "x", "'x' is not a decimal integer"),
+        ("Nice", "", "'' is not a decimal integer"),
+    ],
+)
+def test_an_integer_systemd_would_refuse_names_the_property(name, text, said):
+    # systemd refused a string-typed one with "Unexpected message contents"
+    # for every job, or a Nice of 20 with "Invalid Nice value" (review
+    # session 31 B F1).
+    assert refused(name, text).startswith(
+        f"SDEXEC_PROP_{name}: error setting property: {said}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "typed"),
+    [
+        ("CPUSchedulingPolicy", "batch", ("i", 3)),
+        ("IOSchedulingClass", "best-effort", ("i", 2)),
+        ("LimitMEMLOCK", "infinity", ("t", 2**64 - 1)),
+        ("LimitMEMLOCK", "64K", ("t", 65536)),
+        ("LimitNOFILE", "1024", ("t", 1024)),
+        ("LimitNOFILESoft", "512", ("t", 512)),
+        ("LimitCORE", "0", ("t", 0)),
+        ("ReadOnlyPaths", "/a '/b c' -/d", ("as", ["/a", "/b c", "-/d"])),
+    ],
+)
+def test_properties_systemd_types_are_sent_with_their_type(name, text, typed):
+    # As strings, systemd refused each for every job: "Failed to set unit
+    # properties: Unexpected message contents", naming none.
+    assert typed_property(name, text) == UnitProperty(name, *typed)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        ("LimitNOFILE", "1024:4096", "give the soft limit as LimitNOFILESoft"),
+        ("LimitNOFILE", "64K", "'64K' is not a decimal integer"),
+        ("LimitMEMLOCK", "lots", "'lots' is not a size"),
+        ("ReadOnlyPaths", "'/a", "No closing quotation"),
+        ("ReadOnlyPaths", " ", "no path given"),
+    ],
+)
+def test_a_limit_or_path_list_systemd_would_refuse_names_the_property(name, text, said):
+    assert said in refused(name, text)
+    assert refused(name, text).startswith(
+        f"SDEXEC_PROP_{name}: error setting property:"
     )
 
 

@@ -202,6 +202,37 @@ async def test_properties_reach_the_unit(start_service):
 
 
 @ensureDeferred
+async def test_site_limits_and_a_scheduling_policy_reach_the_job(start_service):
+    # Sent as strings, systemd refused each for every job: "Failed to set
+    # unit properties: Unexpected message contents" (review session 31 B F1).
+    # Limits below the defaults, which any manager may set.
+    site = (
+        '[exec.sdexec-properties]\nLimitNOFILE = "1000"\nLimitNOFILESoft = "900"\n'
+        'LimitMEMLOCK = "64K"\nCPUSchedulingPolicy = "batch"\n'
+    )
+    service = await start_service(extra=site)
+    client = await service.connect()
+    script = "ulimit -Sn; ulimit -Hn; ulimit -l; cut -d' ' -f41 /proc/self/stat"
+    result = await run(client, ["sh", "-c", script])
+    assert (result.error, result.status) == (None, 0)
+    # 64 KiB of locked memory, which ulimit shows in KiB; policy 3 is batch.
+    assert result.stdout.split() == [b"900", b"1000", b"64", b"3"]
+
+
+@ensureDeferred
+async def test_a_site_property_systemd_types_otherwise_is_named(start_service):
+    # sdexec does not know CPUSchedulingResetOnFork's type (a boolean) and
+    # sends it as a string: systemd's refusal named none.
+    site = '[exec.sdexec-properties]\nCPUSchedulingResetOnFork = "yes"\n'
+    service = await start_service(extra=site)
+    client = await service.connect()
+    result = await run(client, ["true"])
+    assert result.error is not None
+    assert "Unexpected message contents" in result.error.errstr
+    assert "CPUSchedulingResetOnFork=yes" in result.error.errstr
+
+
+@ensureDeferred
 async def test_bad_property_value_names_the_property(sdexec):
     client = await sdexec.connect()
     result = await run(client, ["true"], opts={"SDEXEC_PROP_CPUWeight": "maybe"})

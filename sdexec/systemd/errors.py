@@ -144,15 +144,23 @@ def _is_refused_control(character: str) -> bool:
 
 def _name_string_properties(message: str, properties: list[UnitProperty]) -> str:
     """systemd refuses a bad string-typed property (``DevicePolicy=bogus``)
-    with a bare "Invalid argument": name the candidates, so the error names
-    the property as every other property error does."""
+    with a bare "Invalid argument", and a property it types otherwise that
+    came as a string (one sdexec does not know the type of) with
+    "Unexpected message contents", for every unit: name the candidates, so
+    the error names the property as every other property error does."""
     suspects = [
         f"{prop.name}={prop.value}"
         for prop in properties
         if prop.signature == "s" and prop.name not in _OWN_STRING_PROPERTIES
     ]
-    if "Invalid argument" not in message or not suspects:
+    if not suspects or any(s.split("=", 1)[0] in message for s in suspects):
         return message
-    if any(suspect.split("=", 1)[0] in message for suspect in suspects):
-        return message
-    return f"{message} (one of the string-valued properties: {', '.join(suspects)})"
+    if "Invalid argument" in message:
+        return f"{message} (one of the string-valued properties: {', '.join(suspects)})"
+    if "Unexpected message contents" in message:
+        return (
+            f"{message} (systemd types one of these otherwise, and sdexec sent it"
+            f" as a string: {', '.join(suspects)}; docs/configuration.md lists the"
+            " properties sdexec types)"
+        )
+    return message

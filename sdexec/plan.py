@@ -40,7 +40,7 @@ from sdexec.policy import TIGHTENING, RequestPolicy
 from sdexec.property import PropertyError, UnitProperty, parse_bool, unit_file_problem
 from sdexec.protocol import DEFAULT_MAX_FRAME, DEFAULT_STDIN_BUFSIZE, ExecFlag
 from sdexec.refusal import RequestRefused, json_quoted
-from sdexec.signals import parse_signal
+from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import parse_size
 from sdexec.systemd.channel import DEFAULT_OUTPUT_BUFSIZE
 from sdexec.unitstop import StopTimerPolicy, lifecycle_properties
@@ -419,14 +419,26 @@ def _int_option(command: Command, name: str, default: int) -> int:
         ) from None
 
 
-def _signal_option(command: Command, default: int) -> int:
+def _signal_option(command: Command, configured: int) -> int:
     value = command.option("SDEXEC_STOP_TIMER_SIGNAL")
     if value is None:
-        return default
+        return configured
     try:
-        return parse_signal(value)
+        signum = parse_signal(value)
     except ValueError as error:
         raise RequestError(errno.EINVAL, f"SDEXEC_STOP_TIMER_SIGNAL: {error}") from None
+    if signum != configured:
+        # The site's choice: another signal (SIGCONT; SIGKILL where an IMP
+        # ends another user's processes) would leave what lingers running,
+        # and the node drained. Flux's job-exec sends the one it is given
+        # by this same key.
+        raise RequestError(
+            errno.EPERM,
+            f"SDEXEC_STOP_TIMER_SIGNAL: a request may only repeat the configured"
+            f" {signal_name(configured)} (exec.sdexec-stop-timer-signal),"
+            f" not {signal_name(signum)}",
+        )
+    return signum
 
 
 def _size_option(

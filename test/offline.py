@@ -147,3 +147,19 @@ def drained_by(reason: str) -> dict:
     only an admin's undrain clears."""
     cause = {"reason": reason, "lifts-itself": False}
     return {"drained": True, "reason": reason, "causes": [cause]}
+
+
+def sigkill_for_stop_timer(server: SdexecServer) -> None:
+    """Make SIGKILL the site's stop-timer signal (a request may only repeat
+    it), the rest of ``server``'s configuration kept."""
+    import dataclasses
+    import signal
+
+    from sdexec.containment import Containment
+
+    config = server.config
+    exec_config = dataclasses.replace(
+        config.exec, sdexec_stop_timer_signal=signal.SIGKILL
+    )
+    config = dataclasses.replace(config, exec=exec_config)
+    server.reconfigure(config, Containment(config, None))

@@ -12,7 +12,7 @@ import signal
 
 import pytest
 import pytest_twisted
-from offline import error_of
+from offline import error_of, sigkill_for_stop_timer
 from support import until
 from test_server import FLAGS, TRUE, UNIT
 from twisted.internet import defer, reactor
@@ -412,8 +412,8 @@ def test_a_sigkill_stop_signal_ends_what_a_lost_unit_left(
 ):
     # The lost unit's own process, still tabled as the kill began, read as
     # a unit of that name running again: nothing was sent at all.
-    cmd = {**TRUE, "opts": {**TRUE["opts"], "SDEXEC_STOP_TIMER_SIGNAL": "SIGKILL"}}
-    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd})
+    sigkill_for_stop_timer(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT)
     systemd.change(UNIT, OURS)
     away_and_back(systemd, RELOADED)

@@ -18,6 +18,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
 
+from sdexec.config import parse_config
 from sdexec.passthrough import PassedStdio
 from sdexec.plan import RequestError
 from sdexec.process import MAX_EARLY_KILLS, Process, ProcessContext
@@ -43,10 +44,9 @@ FAILED_TO_EXEC = {
 
 def lifecycle_plan(seconds: float = 10, second_signal: int = signal.SIGKILL):
     """A plan with no output channels: the lifecycle alone, synchronously."""
-    plan = exec_plan(
-        SDEXEC_STOP_TIMER_SEC=str(int(seconds)),
-        SDEXEC_STOP_TIMER_SIGNAL=str(second_signal),
-    )
+    # The site's signal: a request may only repeat it.
+    config = parse_config({"exec": {"sdexec-stop-timer-signal": second_signal}})
+    plan = exec_plan(config=config, SDEXEC_STOP_TIMER_SEC=str(int(seconds)))
     return dataclasses.replace(plan, output={})
 
 

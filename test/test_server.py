@@ -18,6 +18,7 @@ from offline import (
     drained_by,
     error_of,
     read_to_eof,
+    sigkill_for_stop_timer,
 )
 from pytest_twisted import ensureDeferred
 from support import until
@@ -198,6 +199,15 @@ def test_exec_streams_started_finished_then_enodata(systemd, connection):
         ({"flags": FLAGS,
           "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SIGNAL": "SIGNOPE"}}},
          errno.EINVAL, "SDEXEC_STOP_TIMER_SIGNAL: "),
+        # SIGCONT for the site's signal: what lingers ran on, and the node
+        # drained for everyone (review session 31 B F2, C F3).
+        ({"flags": FLAGS,
+          "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SIGNAL": "SIGCONT"}}},
+         errno.EPERM, "SDEXEC_STOP_TIMER_SIGNAL: a request may only repeat the"
+         " configured SIGUSR1 (exec.sdexec-stop-timer-signal), not SIGCONT"),
+        ({"flags": FLAGS,
+          "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SIGNAL": "KILL"}}},
+         errno.EPERM, "SDEXEC_STOP_TIMER_SIGNAL: a request may only repeat"),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdout_BUFSIZE": "4095"}}},
          errno.EINVAL, "stdout_BUFSIZE: must be from 4096 bytes to "),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdin_BUFSIZE": "0"}}},
@@ -789,8 +799,8 @@ def test_the_answers_to_the_shutdown_s_own_signals_are_not_progress(
 def test_shutdown_sends_no_second_sigkill(systemd, server, connection):
     # The stop-timer signal was SIGKILL: the second step has nothing to send
     # and the wait ends at once, not a grace later.
-    cmd = {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SIGNAL": "SIGKILL"}}
-    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd})
+    sigkill_for_stop_timer(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     systemd.run(UNIT)
     done = server.shutdown(10)
     server.clock.advance(10)

@@ -472,9 +472,10 @@ async def test_another_uid_is_refused(sdexec):
 
 
 @ensureDeferred
-async def test_stop_timer_signals_a_lingering_child_for_real(sdexec):
+async def test_stop_timer_signals_a_lingering_child_for_real(start_service):
     # The main process exits at once; its child ignores SIGTERM, so the unit
     # stays in deactivating after StopUnit until the stop-timer signal.
+    sdexec = await start_service(exec='sdexec-stop-timer-signal = "SIGKILL"')
     client = await sdexec.connect()
     result = await run(
         client, ["sh", "-c", "trap '' TERM; sleep 300 & exit 0"],
@@ -490,12 +491,13 @@ async def test_stop_timer_signals_a_lingering_child_for_real(sdexec):
 
 @ensureDeferred
 async def test_stop_timer_abandons_a_unit_and_drains_for_real(sdexec):
-    # The child ignores SIGTERM and the stop-timer signal: after two periods
-    # the unit is abandoned. The command's own status still stands.
+    # The child ignores SIGTERM and the stop-timer signal (the default,
+    # SIGUSR1): after two periods the unit is abandoned. The command's own
+    # status still stands.
     client = await sdexec.connect()
     result = await run(
-        client, ["sh", "-c", "trap '' TERM USR2; sleep 300 & exit 7"],
-        opts={"SDEXEC_STOP_TIMER_SEC": "1", "SDEXEC_STOP_TIMER_SIGNAL": "USR2"},
+        client, ["sh", "-c", "trap '' TERM USR1; sleep 300 & exit 7"],
+        opts={"SDEXEC_STOP_TIMER_SEC": "1"},
     )  # fmt: skip
     assert result.status == 7 << 8
     assert result.error.errnum == errno.EDEADLK

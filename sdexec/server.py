@@ -350,14 +350,16 @@ class SdexecServer:
         verify: Callable[[str | None, int], str | None] | None = None,
         tap: OutputTap | None = None,
         stdio: PassedStdio = NO_STDIO,
+        findable: bool = True,
     ) -> Process:
         """A :class:`Process` for ``plan``, in :attr:`processes` under ``key``
-        until it is reaped."""
+        until it is reaped; ``findable``: by its pid and label, for a
+        client's kill, wait, attach (not the service's own)."""
         process = Process(
             self.systemd,
             plan,
             responder,
-            self._process_context(),
+            self._process_context(findable),
             on_reaped=lambda process: self._reaped(
                 self._retired_keys.pop(process, key)
             ),
@@ -366,12 +368,13 @@ class SdexecServer:
             stdio=stdio,
         )
         self.processes[key] = process
-        self.tracked.findable(process)
+        if findable:
+            self.tracked.findable(process)
         connection_id, matchtag = key
         self._by_connection.setdefault(connection_id, {})[matchtag] = process
         return process
 
-    def _process_context(self) -> ProcessContext:
+    def _process_context(self, findable: bool) -> ProcessContext:
         return ProcessContext(
             reactor=self.reactor,
             clock=self.clock,
@@ -383,7 +386,7 @@ class SdexecServer:
             start_timeout=self.config.systemd.start_timeout,
             receipt_reads_cgroup=self.receipt_reads_cgroup,
             end_lost_unit=self.end_what_lost_unit_left,
-            pid_known=self.tracked.pid_known,
+            pid_known=self.tracked.pid_known if findable else _unindexed,
         )
 
     def _fence_verifier(
@@ -497,7 +500,8 @@ class SdexecServer:
         # connection, so that no client's disconnect or key can touch it.
         key = self.tracked.new_key()
         try:
-            canary = self._new_process(key, plan, responder)
+            # Not findable: a client's kill of it by pid drained the node.
+            canary = self._new_process(key, plan, responder, findable=False)
             # Its unit carries the service's mark: a leftover scan while it
             # runs must know it for the service's own.
             self.units[plan.unit_name] = canary
@@ -1395,6 +1399,10 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def stopProducing(self) -> None:
         pass
+
+
+def _unindexed(_process: Process) -> None:
+    """``pid_known`` of a process no client may find (the device canary)."""
 
 
 def _errno_of(error: BaseException) -> int:

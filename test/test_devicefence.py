@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from offline import NOT_DRAINED, drained_by
+from offline import NOT_DRAINED, Connection, drained_by, error_of
 from pytest_twisted import ensureDeferred
 from support import run, sleep, until
 from twisted.internet import reactor
@@ -212,6 +212,26 @@ async def test_an_enforced_fence_is_recorded_and_the_canary_reaped():
     assert server.drain_reason is None
     assert server.stats()["device-fence"] == {"enforced": True, "problem": None}
     assert ("reset", canary_unit(systemd)) in systemd.calls
+    await reaped(server)
+
+
+@ensureDeferred
+async def test_no_client_can_kill_the_canary():
+    # sdexec.list showed its pid, and a kill by it drained the node: "could
+    # not be verified: the canary was killed by signal 9" (review session 31
+    # C F2).
+    server, systemd, _ = offline_server()
+    verdict = server.verify_devices()
+    unit = canary_unit(systemd)
+    systemd.run(unit)
+    connection = Connection(server)
+    connection.send("sdexec.kill", {"pid": RUNNING["ExecMainPID"], "signum": 9})
+    assert error_of(connection.last())[0] == errno.ESRCH
+    assert systemd.signalled == []
+    run_canary(systemd, 1, unit)  # the device refused it: enforced
+    assert await verdict is None
+    assert server.drain_reason is None
+    connection.close()
     await reaped(server)
 
 

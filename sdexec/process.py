@@ -379,9 +379,10 @@ class Process:
 
     # -- lifecycle ----------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self) -> defer.Deferred[None]:
         """Make the channels, watch the unit, ask systemd to start it. If
-        that fails (EMFILE), nothing of it is left: no socket, no watch."""
+        that fails (EMFILE), nothing of it is left: no socket, no watch.
+        Fires ``None`` once systemd has answered, either way."""
         passed = self._passed
         self._start_manager_cgroup = self._systemd.control_group
         pairs: dict[str, tuple[socket.socket, socket.socket]] = {}
@@ -408,7 +409,10 @@ class Process:
         )
         # systemd has its copies once it answers (or will never use them).
         started.addBoth(self._close_after_start, theirs, passed)
+        answered: defer.Deferred[None] = defer.Deferred()
+        started.addBoth(_passing_on, answered)
         started.addCallbacks(self._start_accepted, self._start_refused)
+        return answered
 
     def _adopt_channels(
         self, pairs: dict[str, tuple[socket.socket, socket.socket]]
@@ -1190,3 +1194,9 @@ class _Nowhere:
 
 def _never_started() -> RequestError:
     return RequestError(errno.ESRCH, "the process never started")
+
+
+def _passing_on(result: object, answered: defer.Deferred[None]) -> object:
+    """Fire ``answered`` on the way, and hand ``result`` on unchanged."""
+    answered.callback(None)
+    return result

@@ -203,11 +203,12 @@ class SdexecServer:
         stdio: PassedStdio = NO_STDIO,
         valve: OutputValve | None = None,
         request_frame: int | None = None,
-    ) -> None:
+    ) -> defer.Deferred[None]:
         """Start a process for an ``sdexec.exec`` request (``streaming``
         false: in the background, sdexec/background.py), with the
         descriptors it brought (``stdio``; the caller closes them if this
-        raises); its output held back by ``valve``, its connection's."""
+        raises); its output held back by ``valve``, its connection's. Fires
+        once systemd has answered its start."""
         self._refuse_if_unavailable()
         check_local_flags(payload.get("local_flags", 0), streaming)
         plan = self._own(
@@ -257,9 +258,10 @@ class SdexecServer:
             self.tracked.add(process, tracked)
         self.units[plan.unit_name] = process
         self.jobs.add(job, process)
-        self._start(key, process)
+        answered = self._start(key, process)
         if not streaming:
             process.write(b"", eof=True)  # a background process reads EOF
+        return answered
 
     def _refuse_if_unavailable(self) -> None:
         """Refuse an exec the service cannot take now, before any work."""
@@ -313,11 +315,11 @@ class SdexecServer:
         of_connection[retired[1]] = process
         self._retired_keys[process] = retired
 
-    def _start(self, key: tuple[int, int], process: Process) -> None:
+    def _start(self, key: tuple[int, int], process: Process) -> defer.Deferred[None]:
         """Start a tabled process; a start that fails untables it (never a
-        phantom in the table)."""
+        phantom in the table). Fires once systemd has answered the start."""
         try:
-            process.start()
+            return process.start()
         except OSError as error:  # no fds left for its channels (EMFILE)
             self._untable(key)
             raise RequestError(
@@ -1194,7 +1196,7 @@ class ClientProtocol(StdioReceivingProtocol):
         stdio = PassedStdio(self.take_request_fds())
         try:
             responder = _Stream(self, matchtag)
-            self.server.exec(
+            answered = self.server.exec(
                 self.connection_id,
                 matchtag,
                 payload,
@@ -1206,6 +1208,7 @@ class ClientProtocol(StdioReceivingProtocol):
         except BaseException:
             stdio.close()
             raise
+        self._count_unanswered(answered)
 
     def descriptorsRefused(self, message: dict, reason: str) -> None:
         self._in_order(partial(self._refuse_descriptors, message, reason))
@@ -1224,7 +1227,10 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def _exec_background(self, matchtag: int, payload: dict) -> None:
         responder = _Stream(self, matchtag)
-        self.server.exec(self.connection_id, matchtag, payload, responder, False)
+        answered = self.server.exec(
+            self.connection_id, matchtag, payload, responder, False
+        )
+        self._count_unanswered(answered)
 
     def _wait(self, matchtag: int, payload: dict) -> None:
         responder = _Stream(self, matchtag, Topic.WAIT)
@@ -1432,7 +1438,9 @@ CLIENT_BUFFER_SIZE = 256 * 1024
 
 #: Requests of one connection that may await their answer at once: kills
 #: of a started process (or a leftover), answered once systemd has; a kill
-#: held for a start (:class:`AwaitingStart`) counts once it has gone out.
+#: held for a start (:class:`AwaitingStart`) counts once it has gone out;
+#: an exec until systemd has answered its start (each holds its command,
+#: up to 2.5 MiB, meanwhile).
 #: Such a request sends nothing until then, so the response back-pressure
 #: never stopped a client sending them: one connection queued
 #: 100,000 ``KillUnit`` calls (224 MB) in the call window every client

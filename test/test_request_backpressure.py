@@ -278,6 +278,53 @@ def kills_held(systemd, monkeypatch) -> list[defer.Deferred]:
     return held
 
 
+@pytest.fixture
+def starts_held(systemd, monkeypatch) -> list[defer.Deferred]:
+    """systemd's answers to ``StartTransientUnit``, not given until a test
+    fires them (each with what the fake manager answered)."""
+    held: list[defer.Deferred] = []
+    start = systemd.start_transient_unit
+
+    def start_held(*args, **kwargs) -> defer.Deferred:
+        answered: list = []
+        start(*args, **kwargs).addBoth(answered.append)
+        held.append(defer.Deferred())
+        held[-1].addCallback(lambda _: answered[0])
+        return held[-1]
+
+    monkeypatch.setattr(systemd, "start_transient_unit", start_held)
+    return held
+
+
+def test_execs_awaiting_their_start_stop_the_reading_at_the_cap(
+    server, connection, starts_held
+):
+    # Each exec sent nothing until its start was answered: one connection
+    # queued any number of starts (each holding its command, up to 2.5 MiB)
+    # ahead of every other client's (review session 31 C F1).
+    true = {"cmdline": ["/bin/true"]}  # each its own unit
+    execs = b"".join(
+        request("sdexec.exec", {"flags": FLAGS, "cmd": true}, tag)
+        for tag in range(100, 100 + MAX_UNANSWERED + 5)
+    )
+    deliver(connection, execs + request("sdexec.list", {}, 2))
+    assert len(starts_held) == MAX_UNANSWERED  # the rest not handled: held
+    assert connection.transport.producerState == "paused"  # no more reads
+    another = Connection(server)
+    another.send("sdexec.exec", {"flags": FLAGS, "cmd": true}, matchtag=1)
+    assert len(starts_held) == MAX_UNANSWERED + 1  # not queued behind them
+    starts_held[0].callback(None)  # one answered: the next held exec goes
+    assert len(starts_held) == MAX_UNANSWERED + 2
+    for answer in starts_held[1:6]:
+        answer.callback(None)
+    assert len(starts_held) == MAX_UNANSWERED + 6  # every exec handled
+    assert tags(connection)[-1] == 2  # then the list, and reading on
+    assert connection.transport.producerState == "producing"
+    for answer in starts_held[6:]:
+        answer.callback(None)
+    another.close()
+
+
 def running(systemd, connection: Connection) -> None:
     """A process of ``connection`` that runs (pid 77): kills go to systemd."""
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE}, matchtag=1)

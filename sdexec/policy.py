@@ -422,6 +422,9 @@ class RequestPolicy:
     def _baseline_rank(self, baseline: str | None, order: Ordering) -> float | None:
         if baseline is None:
             return None
+        if baseline.strip() == "infinity" and order.default not in (None, "infinity"):
+            # A weight set to "infinity" is unset: systemd's default applies.
+            baseline = order.default
         try:
             return order.rank(baseline, self._memory)
         except ValueError:

@@ -215,6 +215,20 @@ def test_the_site_s_ignoresigpipe_stands_unless_the_admin_lets_requests_change_i
     assert same.accept({"IgnoreSIGPIPE": "no"}) == {"IgnoreSIGPIPE": "no"}
 
 
+@pytest.mark.parametrize("value", ["50", "100"])
+def test_a_weight_the_site_unsets_with_infinity_is_tightened_from_the_default(value):
+    # "infinity" is documented for the weights (unset: systemd's 100), and
+    # every request CPUWeight was refused: "no baseline CPUWeight is known
+    # to compare with; the admin sets one" (review session 31 B F5).
+    policy = RequestPolicy(baseline={"CPUWeight": "infinity"})
+    assert policy.accept({"CPUWeight": value}) == {"CPUWeight": value}
+    with pytest.raises(RequestRefused) as refused:
+        policy.accept({"CPUWeight": "101"})
+    assert refused.value.errstr.startswith(
+        "SDEXEC_PROP_CPUWeight: '101' is looser than this node's CPUWeight=infinity"
+    )
+
+
 def test_defaults_are_not_forbidden_and_are_ordered() -> None:
     for name in DEFAULT_ALLOWED:
         assert never_allowed_reason(name) is None

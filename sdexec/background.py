@@ -573,6 +573,11 @@ class TrackedProcesses:
         process = self._by_label.get(label)
         return process is not None and process in self._ended
 
+    @property
+    def ended_count(self) -> int:
+        """How many ended processes are kept for a wait."""
+        return len(self._ended)
+
     def describe_ended(
         self, describe: Callable[[Process], dict[str, Any]] = Process.describe
     ) -> list[dict[str, Any]]:

@@ -822,6 +822,12 @@ class SdexecServer:
             procs = [{key: proc[key] for key in LIST_FIELDS} for proc in procs]
         return {"rank": self.config.sdexec.rank, "procs": procs}
 
+    @property
+    def listed_count(self) -> int:
+        """How many entries :meth:`list` has, without making them."""
+        leftovers = len(self.leftovers.units) if self.leftovers is not None else 0
+        return len(self.processes) + self.tracked.ended_count + leftovers
+
     def _entries(
         self, describe: Callable[[Process], dict] = Process.describe
     ) -> Sequence[dict]:

@@ -294,9 +294,14 @@ def unit_properties(
         unit.append(UnitProperty("WorkingDirectory", "s", command.cwd))
     if "Type" not in properties:
         unit.append(UnitProperty("Type", "s", "exec"))
+    # systemd checks a priority against the policy it has so far (before
+    # 254: refused for every job if the policy comes after it).
+    ordered = sorted(
+        properties.items(), key=lambda item: item[0] != "CPUSchedulingPolicy"
+    )
     unit.extend(
         typed_property(name, value, sources.get(name, "request"))
-        for name, value in properties.items()
+        for name, value in ordered
     )
     return unit
 

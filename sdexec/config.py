@@ -58,6 +58,7 @@ from sdexec.property import (
     MEMORY_PROPERTIES,
     STOP_PROPERTIES,
     PropertyError,
+    properties_together_problem,
     typed_property,
 )
 from sdexec.protocol import DEFAULT_MAX_FRAME
@@ -697,6 +698,9 @@ def _properties(value: object) -> Mapping[str, str]:
         raise _expected("a table of systemd unit properties", value)
     for name, setting in value.items():
         _check_property(name, setting)
+    problem = properties_together_problem(value)
+    if problem is not None:
+        raise _PropertyError(*problem)
     return MappingProxyType(dict(value))
 
 

@@ -281,16 +281,26 @@ def _signal_if_in(pid: int, cgroup: str, signum: int, root: str) -> int | None:
         paths = (path for _, path in process_cgroups(pid, root) or ())
         if not any(path == cgroup or path.startswith(f"{cgroup}/") for path in paths):
             return None
-        if pidfd is None:
-            os.kill(pid, signum)
-        else:
-            signal.pidfd_send_signal(pidfd, signum)
+        _send(pid, pidfd, signum)
         return 0
     except OSError as error:  # gone meanwhile, or not ours to signal
         return error.errno if error.errno == errno.EPERM else None
     finally:
         if pidfd is not None:
             os.close(pidfd)
+
+
+def _send(pid: int, pidfd: int | None, signum: int) -> None:
+    """``signum`` to the process, through its pidfd where one is open and
+    the kernel (or a seccomp filter) lets it be used, else by pid."""
+    if pidfd is not None:
+        try:
+            signal.pidfd_send_signal(pidfd, signum)
+            return
+        except OSError as error:
+            if error.errno not in (errno.ENOSYS, errno.EINVAL):
+                raise  # gone meanwhile, or not ours to signal
+    os.kill(pid, signum)
 
 
 def lost_unit_reason(unit: str) -> str:

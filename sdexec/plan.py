@@ -37,7 +37,13 @@ from sdexec.limits import (
     command_text,
 )
 from sdexec.policy import TIGHTENING, RequestPolicy
-from sdexec.property import PropertyError, UnitProperty, parse_bool, unit_file_problem
+from sdexec.property import (
+    PropertyError,
+    UnitProperty,
+    parse_bool,
+    properties_together_problem,
+    unit_file_problem,
+)
 from sdexec.protocol import DEFAULT_MAX_FRAME, DEFAULT_STDIN_BUFSIZE, ExecFlag
 from sdexec.refusal import RequestRefused, json_quoted
 from sdexec.signals import parse_signal, signal_name
@@ -213,6 +219,12 @@ def plan_exec(
         raise RequestError(errno.ENOENT, f"{command.cmdline[0]}: command not found")
     mapped = _mapped_properties(containment, command)
     merged, sources = _merged_properties(config, command, mapped)
+    problem = properties_together_problem(merged)
+    if problem is not None:
+        name, why = problem
+        raise RequestError(
+            errno.EINVAL, f"{name}: {why} (the site's and the request's together)"
+        )
     unit_name = unit_name_for(command)
     check_start_message(
         unit_name, executable, command.cmdline, environment, merged, command.cwd

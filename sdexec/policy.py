@@ -143,6 +143,8 @@ class Ordering:
     rank: Callable[[str, Callable[[], int]], float]
     default: str | None
     describe: str
+    #: ``infinity`` unsets it (a weight), so systemd's ``default`` applies.
+    unset_by_infinity: bool = False
 
 
 def _memory_rank(text: str, memory: Callable[[], int]) -> float:
@@ -187,7 +189,12 @@ def _weight(name: str) -> Ordering:
     """A weight, within the range systemd takes for ``name`` (for the CPU
     weights 0 is idle, the tightest: only idle tightens an idle baseline)."""
     low, high, takes = RANGES[name]
-    return Ordering(_integer_rank(low, high), "100", f"a weight from {takes}")
+    return Ordering(
+        _integer_rank(low, high),
+        "100",
+        f"a weight from {takes}",
+        unset_by_infinity=True,
+    )
 
 
 _SWITCH = Ordering(_switch_rank, None, "a boolean (yes/no)")
@@ -422,9 +429,8 @@ class RequestPolicy:
     def _baseline_rank(self, baseline: str | None, order: Ordering) -> float | None:
         if baseline is None:
             return None
-        if baseline.strip() == "infinity" and order.default not in (None, "infinity"):
-            # A weight set to "infinity" is unset: systemd's default applies.
-            baseline = order.default
+        if order.unset_by_infinity and baseline.strip() == "infinity":
+            baseline = order.default or baseline
         try:
             return order.rank(baseline, self._memory)
         except ValueError:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -89,6 +89,12 @@ RLIMITS = RLIMIT_SIZES | {
     "NICE",
     "RTPRIO",
     "RTTIME",
+}
+#: What a limit takes over D-Bus where a unit file's spelling differs.
+_RLIMIT_UNITS = {
+    "CPU": "seconds, a number (a unit file's 1h is 3600 here)",
+    "RTTIME": "microseconds, a number (a unit file's 1s is 1000000 here)",
+    "NICE": "the rlimit itself, 0 to 40 (a unit file's nice level -5 is 25 here)",
 }
 #: Path lists, typed ``as``: whitespace-separated, quoted as a shell would.
 PATH_LIST_PROPERTIES = frozenset(
@@ -278,7 +284,11 @@ def _rlimit(name: str, text: str) -> UnitProperty:
         return UnitProperty(name, "t", UINT64_MAX)
     if resource in RLIMIT_SIZES:
         return UnitProperty(name, "t", parse_size(text))
-    return UnitProperty(name, "t", _uint64_or_infinity(text))
+    try:
+        return UnitProperty(name, "t", _uint64_or_infinity(text))
+    except ValueError as error:
+        hint = _RLIMIT_UNITS.get(resource)
+        raise ValueError(f"{error}{f': {hint}' if hint else ''}") from None
 
 
 def _bounded_integer(name: str, text: str) -> UnitProperty:
@@ -300,6 +310,10 @@ def _path_list(text: str) -> list[str]:
         raise ValueError(f"{text!r}: {error}") from None
     if not paths:
         raise ValueError("no path given")
+    for path in paths:
+        # "-" (ignore if missing) and "+" (below RootDirectory) may lead.
+        if not path.lstrip("-+").startswith("/"):
+            raise ValueError(f"{path!r} is not an absolute path")
     return paths
 
 
@@ -314,6 +328,69 @@ _CONVERTERS: dict[str, Converter] = {
     "AllowedMemoryNodes": _typed("ay", _bitmask),
     "DeviceAllow": _typed("a(ss)", _device_allow),
 }
+
+
+#: The policies whose threads have a real-time priority (1 to 99).
+_REAL_TIME_POLICIES = frozenset({1, 2})  # fifo, rr
+
+
+def properties_together_problem(
+    properties: Mapping[str, str],
+) -> tuple[str, str] | None:
+    """``(name, why)`` for a property systemd refuses, or cannot apply at
+    the job's start, beside the others in ``properties`` (each valid
+    alone); ``None`` if there is none. A priority needs its policy, and a
+    soft limit its hard one (over D-Bus, a soft limit given alone sets the
+    hard limit to the same value)."""
+    return _priority_problem(properties) or next(
+        filter(None, (_rlimit_problem(properties, r) for r in sorted(RLIMITS))), None
+    )
+
+
+def _value(name: str, properties: Mapping[str, str]) -> Any:
+    """The typed value of ``name`` in ``properties``, or ``None`` if it is
+    not there or not valid (which its own check says)."""
+    if name not in properties:
+        return None
+    try:
+        return typed_property(name, properties[name]).value
+    except ValueError:
+        return None
+
+
+def _priority_problem(properties: Mapping[str, str]) -> tuple[str, str] | None:
+    priority = _value("CPUSchedulingPriority", properties)
+    if priority is None:
+        return None
+    policy = _value("CPUSchedulingPolicy", properties) or 0
+    if policy in _REAL_TIME_POLICIES and priority == 0:
+        why = "0 is no priority of the fifo and rr policies, which take 1 to 99"
+    elif policy not in _REAL_TIME_POLICIES and priority != 0:
+        why = (
+            f"{priority} needs CPUSchedulingPolicy fifo or rr (other, the"
+            " default, batch and idle take 0 alone)"
+        )
+    else:
+        return None
+    return "CPUSchedulingPriority", why
+
+
+def _rlimit_problem(
+    properties: Mapping[str, str], resource: str
+) -> tuple[str, str] | None:
+    hard_name, soft_name = f"Limit{resource}", f"Limit{resource}Soft"
+    soft = _value(soft_name, properties)
+    if soft is None:
+        return None
+    if hard_name not in properties:
+        return soft_name, (
+            f"give {hard_name} too: over D-Bus a soft limit alone sets the hard"
+            " limit to the same value"
+        )
+    hard = _value(hard_name, properties)
+    if hard is not None and soft > hard:
+        return soft_name, f"above {hard_name}, which setrlimit refuses at every start"
+    return None
 
 
 def unit_file_problem(value: str) -> str | None:

@@ -723,10 +723,10 @@ class SdexecServer:
 
     def _signal_stragglers(self, first: bool, grace: float, names: str) -> bool:
         """To all the processes of every unit left: ``first``, its stop-timer
-        signal (``sdexec-stop-timer-signal``, or its request's: the IMP's
-        proxy for SIGKILL where a guest's processes are out of the manager's
-        reach); then SIGKILL, to those whose stop-timer signal was another.
-        Whether any was sent."""
+        signal (``sdexec-stop-timer-signal``, which a request may only
+        repeat: the IMP's proxy for SIGKILL where a guest's processes are out
+        of the manager's reach); then SIGKILL, to those whose stop-timer
+        signal was another. Whether any was sent."""
         sends = [
             (process.unit_name, process.stop_timer.signum if first else signal.SIGKILL)
             for process in self.processes.values()

@@ -414,3 +414,26 @@ def test_unit_object_path_matches_systemds_algorithm(name):
     path = unit_object_path(name)
     assert path == systemd_escape(name)
     assert re.fullmatch(r"/org/freedesktop/systemd1/unit/[A-Za-z0-9_]+", path)
+
+
+def test_a_scheduling_policy_goes_before_its_priority():
+    # Before 254 systemd checks a priority against the policy it has so far:
+    # in the file's order, every job was refused (review session 31 D F1).
+    site = {"CPUSchedulingPriority": "50", "CPUSchedulingPolicy": "fifo"}
+    config = parse_config({"exec": {"sdexec-properties": site}})
+    names = [prop.name for prop in exec_plan(config=config).properties]
+    assert names.index("CPUSchedulingPolicy") < names.index("CPUSchedulingPriority")
+
+
+def test_a_request_soft_limit_above_the_site_s_hard_one_is_einval():
+    table = {
+        "exec": {"sdexec-properties": {"LimitNOFILE": "1000"}},
+        "sdexec": {"request-properties": ["LimitNOFILESoft"]},
+    }
+    with pytest.raises(sdexec.plan.RequestError) as refused:
+        exec_plan(config=parse_config(table), SDEXEC_PROP_LimitNOFILESoft="2000")
+    assert refused.value.errnum == errno.EINVAL
+    assert refused.value.errstr == (
+        "LimitNOFILESoft: above LimitNOFILE, which setrlimit refuses at every"
+        " start (the site's and the request's together)"
+    )

@@ -327,6 +327,39 @@ def test_a_value_systemd_refuses_for_every_unit_is_refused_here(name, value, tak
 
 
 @pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        # Before 254 systemd checks a priority against the policy so far;
+        # after, sched_setscheduler refuses it at every start.
+        ({"CPUSchedulingPriority": "50"},
+         "CPUSchedulingPriority: 50 needs CPUSchedulingPolicy fifo or rr"),
+        ({"CPUSchedulingPolicy": "rr", "CPUSchedulingPriority": "0"},
+         "CPUSchedulingPriority: 0 is no priority of the fifo and rr policies"),
+        # setrlimit refuses a soft limit above the hard one at every start.
+        ({"LimitNOFILE": "1000", "LimitNOFILESoft": "2000"},
+         "LimitNOFILESoft: above LimitNOFILE"),
+        # Alone it sets the hard limit too: raising the soft one lowered it.
+        ({"LimitNOFILESoft": "4096"}, "LimitNOFILESoft: give LimitNOFILE too"),
+    ],
+)  # fmt: skip
+def test_properties_systemd_refuses_together_are_refused_here(table, said):
+    # Each valid alone, they failed every job (review session 31 D F1-F3).
+    with pytest.raises(ConfigError) as error:
+        properties(**table)
+    assert str(error.value).startswith(f"<config>: exec.sdexec-properties.{said}")
+
+
+def test_a_priority_with_its_policy_and_limits_in_order_are_taken():
+    table = {
+        "CPUSchedulingPriority": "50",
+        "CPUSchedulingPolicy": "fifo",
+        "LimitNOFILESoft": "1024",
+        "LimitNOFILE": "4096",
+    }
+    assert properties(**table).exec.sdexec_properties == table
+
+
+@pytest.mark.parametrize(
     ("name", "value"),
     [("CPUWeight", "0"), ("CPUWeight", "10000"), ("TasksMax", "infinity"),
      ("IOWeight", "1"), ("CPUQuotaPerSecUSec", "1")],

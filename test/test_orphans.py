@@ -190,6 +190,23 @@ def test_without_pidfds_what_is_in_the_cgroup_is_killed_by_pid(
     assert moved.poll() is None
 
 
+def test_a_pidfd_the_kernel_will_not_signal_through_falls_back_to_the_pid(
+    tmp_path, processes, monkeypatch
+):
+    # A seccomp filter that allows pidfd_open and not pidfd_send_signal: the
+    # process was taken for gone and left running (review session 31 D F10).
+    def refused(pidfd, signum):
+        raise OSError(errno.ENOSYS, "no pidfd_send_signal")
+
+    monkeypatch.setattr(signal, "pidfd_send_signal", refused)
+    main = processes()
+    place(tmp_path, main.pid, f"0::{CGROUP}")
+    members(tmp_path, "sys/fs/cgroup", [main.pid])
+    done = signal_cgroup(CGROUP, signal.SIGKILL, root=str(tmp_path))
+    assert done.sent == {main.pid}
+    assert main.wait(timeout=30) == -9
+
+
 def test_what_forks_while_the_group_is_read_is_killed_too(
     tmp_path, processes, monkeypatch
 ):

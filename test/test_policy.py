@@ -229,6 +229,15 @@ def test_a_weight_the_site_unsets_with_infinity_is_tightened_from_the_default(va
     )
 
 
+def test_a_protection_the_site_sets_to_infinity_takes_any_request_value():
+    # The weights' "infinity" is unset; a protection's is the most there is
+    # (a regression of the weights' fix, review session 31 D F7).
+    policy = RequestPolicy(
+        allowed=frozenset({"MemoryLow"}), baseline={"MemoryLow": "infinity"}
+    )
+    assert policy.accept({"MemoryLow": "1G"}) == {"MemoryLow": "1G"}
+
+
 def test_defaults_are_not_forbidden_and_are_ordered() -> None:
     for name in DEFAULT_ALLOWED:
         assert never_allowed_reason(name) is None

@@ -257,6 +257,8 @@ def test_properties_systemd_types_are_sent_with_their_type(name, text, typed):
         ("LimitMEMLOCK", "lots", "'lots' is not a size"),
         ("ReadOnlyPaths", "'/a", "No closing quotation"),
         ("ReadOnlyPaths", " ", "no path given"),
+        ("ReadOnlyPaths", "/a relative", "'relative' is not an absolute path"),
+        ("LimitCPU", "1h", "seconds, a number (a unit file's 1h is 3600 here)"),
     ],
 )
 def test_a_limit_or_path_list_systemd_would_refuse_names_the_property(name, text, said):

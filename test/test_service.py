@@ -230,6 +230,7 @@ async def test_a_site_property_systemd_types_otherwise_is_named(start_service):
     assert result.error is not None
     assert "Unexpected message contents" in result.error.errstr
     assert "CPUSchedulingResetOnFork=yes" in result.error.errstr
+    assert "Type=exec" not in result.error.errstr  # sdexec's own: no suspect
 
 
 @ensureDeferred

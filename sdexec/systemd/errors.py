@@ -95,7 +95,7 @@ def errno_for(error: BaseException) -> int:
 
 
 #: Properties sdexec itself sends as strings, from checked sources.
-_OWN_STRING_PROPERTIES = frozenset({"Description", "WorkingDirectory"})
+_OWN_STRING_PROPERTIES = frozenset({"Description", "WorkingDirectory", "Slice"})
 
 
 def explain_start_refusal(
@@ -151,7 +151,9 @@ def _name_string_properties(message: str, properties: list[UnitProperty]) -> str
     suspects = [
         f"{prop.name}={prop.value}"
         for prop in properties
-        if prop.signature == "s" and prop.name not in _OWN_STRING_PROPERTIES
+        if prop.signature == "s"
+        and prop.source in ("config", "request")  # not sdexec's own
+        and prop.name not in _OWN_STRING_PROPERTIES
     ]
     if not suspects or any(s.split("=", 1)[0] in message for s in suspects):
         return message

@@ -294,8 +294,8 @@ def unit_properties(
         unit.append(UnitProperty("WorkingDirectory", "s", command.cwd))
     if "Type" not in properties:
         unit.append(UnitProperty("Type", "s", "exec"))
-    # systemd checks a priority against the policy it has so far (before
-    # 254: refused for every job if the policy comes after it).
+    # systemd before 252 checks a priority against the policy it has so
+    # far: one sent before its policy was refused for every job.
     ordered = sorted(
         properties.items(), key=lambda item: item[0] != "CPUSchedulingPolicy"
     )

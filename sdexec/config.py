@@ -700,7 +700,8 @@ def _properties(value: object) -> Mapping[str, str]:
         _check_property(name, setting)
     problem = properties_together_problem(value)
     if problem is not None:
-        raise _PropertyError(*problem)
+        names, why = problem
+        raise _PropertyError(names[0], why)
     return MappingProxyType(dict(value))
 
 

@@ -219,12 +219,7 @@ def plan_exec(
         raise RequestError(errno.ENOENT, f"{command.cmdline[0]}: command not found")
     mapped = _mapped_properties(containment, command)
     merged, sources = _merged_properties(config, command, mapped)
-    problem = properties_together_problem(merged)
-    if problem is not None:
-        name, why = problem
-        raise RequestError(
-            errno.EINVAL, f"{name}: {why} (the site's and the request's together)"
-        )
+    _check_together(merged, sources)
     unit_name = unit_name_for(command)
     check_start_message(
         unit_name, executable, command.cmdline, environment, merged, command.cwd
@@ -400,6 +395,21 @@ def _typed_properties(
         return tuple(unit_properties(command, executable, merged, sources))
     except PropertyError as error:
         raise RequestError(errno.EINVAL, str(error)) from None
+
+
+def _check_together(merged: Mapping[str, str], sources: Mapping[str, str]) -> None:
+    """EINVAL for properties systemd refuses together, named as the request
+    gave them (the site's were checked together at load)."""
+    problem = properties_together_problem(merged)
+    if problem is None:
+        return
+    names, why = problem
+    name = next((n for n in names if sources.get(n) == "request"), names[0])
+    if sources.get(name) == "request":
+        raise RequestError(errno.EINVAL, f"SDEXEC_PROP_{name}: {why}")
+    raise RequestError(
+        errno.EINVAL, f"{name} of [exec.sdexec-properties]: {why}, with the request's"
+    )
 
 
 def _stop_timer(config: Config, command: Command) -> StopTimerPolicy:

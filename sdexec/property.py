@@ -296,6 +296,8 @@ def _bounded_integer(name: str, text: str) -> UnitProperty:
     word = text.strip().lower()
     if word in names:
         return UnitProperty(name, "i", names[word])
+    if names and not _SIGNED.fullmatch(word):
+        raise ValueError(f"{text!r} is none of {', '.join(names)}, or their numbers")
     value = _integer(text, _SIGNED)
     if value not in numbers and value not in names.values():
         takes = ", ".join(names) if names else f"{numbers[0]} to {numbers[-1]}"
@@ -311,8 +313,8 @@ def _path_list(text: str) -> list[str]:
     if not paths:
         raise ValueError("no path given")
     for path in paths:
-        # "-" (ignore if missing) and "+" (below RootDirectory) may lead.
-        if not path.lstrip("-+").startswith("/"):
+        # "-" (ignore if missing), then "+" (below RootDirectory), may lead.
+        if not path.removeprefix("-").removeprefix("+").startswith("/"):
             raise ValueError(f"{path!r} is not an absolute path")
     return paths
 
@@ -336,10 +338,10 @@ _REAL_TIME_POLICIES = frozenset({1, 2})  # fifo, rr
 
 def properties_together_problem(
     properties: Mapping[str, str],
-) -> tuple[str, str] | None:
-    """``(name, why)`` for a property systemd refuses, or cannot apply at
-    the job's start, beside the others in ``properties`` (each valid
-    alone); ``None`` if there is none. A priority needs its policy, and a
+) -> tuple[tuple[str, ...], str] | None:
+    """``(names, why)`` for properties systemd refuses together, or cannot
+    apply at the job's start (each valid alone), the one at fault first;
+    ``None`` if there are none. A priority needs its policy, and a
     soft limit its hard one (over D-Bus, a soft limit given alone sets the
     hard limit to the same value)."""
     return _priority_problem(properties) or next(
@@ -358,11 +360,16 @@ def _value(name: str, properties: Mapping[str, str]) -> Any:
         return None
 
 
-def _priority_problem(properties: Mapping[str, str]) -> tuple[str, str] | None:
+def _priority_problem(
+    properties: Mapping[str, str],
+) -> tuple[tuple[str, ...], str] | None:
     priority = _value("CPUSchedulingPriority", properties)
     if priority is None:
         return None
-    policy = _value("CPUSchedulingPolicy", properties) or 0
+    policy = _value("CPUSchedulingPolicy", properties)
+    if policy is None and "CPUSchedulingPolicy" in properties:
+        return None  # a policy that is not one: its own check says so
+    policy = policy or 0
     if policy in _REAL_TIME_POLICIES and priority == 0:
         why = "0 is no priority of the fifo and rr policies, which take 1 to 99"
     elif policy not in _REAL_TIME_POLICIES and priority != 0:
@@ -372,24 +379,28 @@ def _priority_problem(properties: Mapping[str, str]) -> tuple[str, str] | None:
         )
     else:
         return None
-    return "CPUSchedulingPriority", why
+    return ("CPUSchedulingPriority", "CPUSchedulingPolicy"), why
 
 
 def _rlimit_problem(
     properties: Mapping[str, str], resource: str
-) -> tuple[str, str] | None:
+) -> tuple[tuple[str, ...], str] | None:
     hard_name, soft_name = f"Limit{resource}", f"Limit{resource}Soft"
     soft = _value(soft_name, properties)
     if soft is None:
         return None
     if hard_name not in properties:
-        return soft_name, (
+        return (soft_name,), (
             f"give {hard_name} too: over D-Bus a soft limit alone sets the hard"
             " limit to the same value"
         )
     hard = _value(hard_name, properties)
     if hard is not None and soft > hard:
-        return soft_name, f"above {hard_name}, which setrlimit refuses at every start"
+        why = (
+            f"{soft_name}={properties[soft_name]} above {hard_name}="
+            f"{properties[hard_name]}, which setrlimit refuses at every start"
+        )
+        return (soft_name, hard_name), why
     return None
 
 

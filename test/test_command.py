@@ -417,7 +417,7 @@ def test_unit_object_path_matches_systemds_algorithm(name):
 
 
 def test_a_scheduling_policy_goes_before_its_priority():
-    # Before 254 systemd checks a priority against the policy it has so far:
+    # Before 252 systemd checks a priority against the policy it has so far:
     # in the file's order, every job was refused (review session 31 D F1).
     site = {"CPUSchedulingPriority": "50", "CPUSchedulingPolicy": "fifo"}
     config = parse_config({"exec": {"sdexec-properties": site}})
@@ -434,6 +434,37 @@ def test_a_request_soft_limit_above_the_site_s_hard_one_is_einval():
         exec_plan(config=parse_config(table), SDEXEC_PROP_LimitNOFILESoft="2000")
     assert refused.value.errnum == errno.EINVAL
     assert refused.value.errstr == (
-        "LimitNOFILESoft: above LimitNOFILE, which setrlimit refuses at every"
-        " start (the site's and the request's together)"
+        "SDEXEC_PROP_LimitNOFILESoft: LimitNOFILESoft=2000 above LimitNOFILE=1000,"
+        " which setrlimit refuses at every start"
     )
+
+
+def test_a_request_hard_limit_below_the_site_s_soft_one_is_named():
+    # The request's lower LimitNOFILE is at fault, not the site's soft one.
+    table = {
+        "exec": {
+            "sdexec-properties": {"LimitNOFILE": "4096", "LimitNOFILESoft": "2048"}
+        },
+        "sdexec": {"request-properties": ["LimitNOFILE"]},
+    }
+    with pytest.raises(sdexec.plan.RequestError) as refused:
+        exec_plan(config=parse_config(table), SDEXEC_PROP_LimitNOFILE="1024")
+    assert refused.value.errstr == (
+        "SDEXEC_PROP_LimitNOFILE: LimitNOFILESoft=2048 above LimitNOFILE=1024,"
+        " which setrlimit refuses at every start"
+    )
+
+
+def test_a_request_s_bad_policy_is_named_not_the_site_s_priority():
+    table = {
+        "exec": {
+            "sdexec-properties": {
+                "CPUSchedulingPolicy": "fifo",
+                "CPUSchedulingPriority": "50",
+            }
+        },
+        "sdexec": {"request-properties": ["CPUSchedulingPolicy"]},
+    }
+    with pytest.raises(sdexec.plan.RequestError) as refused:
+        exec_plan(config=parse_config(table), SDEXEC_PROP_CPUSchedulingPolicy="fifoo")
+    assert refused.value.errstr.startswith("SDEXEC_PROP_CPUSchedulingPolicy:")

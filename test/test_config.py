@@ -329,15 +329,15 @@ def test_a_value_systemd_refuses_for_every_unit_is_refused_here(name, value, tak
 @pytest.mark.parametrize(
     ("table", "said"),
     [
-        # Before 254 systemd checks a priority against the policy so far;
-        # after, sched_setscheduler refuses it at every start.
+        # Before 252 systemd checks a priority against the policy so far;
+        # since, sched_setscheduler refuses it at every start (214).
         ({"CPUSchedulingPriority": "50"},
          "CPUSchedulingPriority: 50 needs CPUSchedulingPolicy fifo or rr"),
         ({"CPUSchedulingPolicy": "rr", "CPUSchedulingPriority": "0"},
          "CPUSchedulingPriority: 0 is no priority of the fifo and rr policies"),
         # setrlimit refuses a soft limit above the hard one at every start.
         ({"LimitNOFILE": "1000", "LimitNOFILESoft": "2000"},
-         "LimitNOFILESoft: above LimitNOFILE"),
+         "LimitNOFILESoft: LimitNOFILESoft=2000 above LimitNOFILE=1000"),
         # Alone it sets the hard limit too: raising the soft one lowered it.
         ({"LimitNOFILESoft": "4096"}, "LimitNOFILESoft: give LimitNOFILE too"),
     ],

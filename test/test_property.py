@@ -259,6 +259,8 @@ def test_properties_systemd_types_are_sent_with_their_type(name, text, typed):
         ("ReadOnlyPaths", " ", "no path given"),
         ("ReadOnlyPaths", "/a relative", "'relative' is not an absolute path"),
         ("LimitCPU", "1h", "seconds, a number (a unit file's 1h is 3600 here)"),
+        ("ReadOnlyPaths", "+-/a", "'+-/a' is not an absolute path"),
+        ("CPUSchedulingPolicy", "fifoo", "is none of other, fifo, rr, batch, idle"),
     ],
 )
 def test_a_limit_or_path_list_systemd_would_refuse_names_the_property(name, text, said):

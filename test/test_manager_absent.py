@@ -8,6 +8,7 @@ the manager's bus name, whose signals alone the client takes."""
 from __future__ import annotations
 
 import asyncio
+import errno
 
 import pytest
 from dbus_fast import Message, MessageType, Variant
@@ -16,6 +17,7 @@ from support import sleep, until
 from twisted.internet.task import Clock
 
 from sdexec.systemd.bus import MANAGER_ABSENT_S, SystemdClient, unit_object_path
+from sdexec.systemd.errors import errno_for, is_connection_lost
 
 DBUS = "org.freedesktop.DBus"
 SYSTEMD = "org.freedesktop.systemd1"
@@ -263,3 +265,59 @@ async def test_no_absent_check_is_armed_once_disconnected():
     await until(lambda: client.disconnected.called, "closed")
     await sleep(0.01)  # the Subscribe's failure handled
     assert clock.getDelayedCalls() == []
+
+
+#: What dbus-daemon (seen: 1.14, the manager killed) and dbus-broker answer
+#: a call without auto-start to a name nobody owns.
+NO_OWNER = "org.freedesktop.DBus.Error.NameHasNoOwner"
+
+
+@pytest.mark.parametrize(
+    "answer", [NO_OWNER, "org.freedesktop.DBus.Error.ServiceUnknown"]
+)
+@ensureDeferred
+async def test_back_on_a_bus_without_the_manager_it_waits_there(answer):
+    # Only ServiceUnknown (an auto-start's answer) was known: with the real
+    # NameHasNoOwner the client dropped that bus and reconnected every
+    # 0.1-5 s, hearing the manager's return up to 5 s late (review session
+    # 31 G F3).
+    clock, first, buses = Clock(), FakeBus(), []
+
+    async def reopen():
+        buses.append(FakeBus({"Subscribe": lambda message: failed(answer)}))
+        buses[-1].owner = ""
+        return buses[-1]
+
+    client = SystemdClient(first, reopen, clock)  # type: ignore[arg-type]
+    client.connected = True
+    restored: list[bool] = []
+    client.on_restored = lambda: restored.append(True)
+    first.disconnect()
+    await until(lambda: buses and "Subscribe" in buses[0].calls, "back on the bus")
+    await sleep(0.01)  # the Subscribe's failure handled
+    del buses[0].answers["Subscribe"]
+    buses[0].owner = ":1.9"
+    buses[0].owner_changed("", ":1.9")
+    await until(lambda: restored, "the manager's return heard on that bus")
+    assert not buses[0].disconnected and len(buses) == 1
+    client.disconnect()
+
+
+@ensureDeferred
+async def test_a_call_answered_as_the_manager_leaves_is_eagain():
+    # The bus answers a call sent as the manager left, before its
+    # NameOwnerChanged reached the client: it was EIO, a start refused and
+    # a kill for a client that left never made again (review session 31 G F3).
+    def gone(message: Message) -> Message:
+        bus.owner_changed(":1.5", "")
+        return failed(NO_OWNER)
+
+    bus, clock = FakeBus({"KillUnit": gone}), Clock()
+    client = connected_client(bus, clock)
+    outcome: list = []
+    client.kill_unit("x.service", "all", 15).addBoth(outcome.append)
+    await until(lambda: outcome, "answered")
+    error = outcome[0].value
+    assert is_connection_lost(error) and errno_for(error) == errno.EAGAIN
+    assert "the manager is not on the bus" in str(error)
+    client.disconnect()

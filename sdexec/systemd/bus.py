@@ -38,9 +38,11 @@ from sdexec.config import DEFAULT_MAX_INFLIGHT
 from sdexec.property import FD_PROPERTIES, UnitProperty
 from sdexec.refusal import quoted
 from sdexec.systemd.errors import (
+    MANAGER_AWAY,
     SystemdError,
     connection_lost,
     is_connection_lost,
+    manager_away,
     reconnecting,
 )
 from sdexec.systemd.retry import Backoff
@@ -66,10 +68,13 @@ PROPERTIES = "org.freedesktop.DBus.Properties"
 UNIT_PATH_PREFIX = "/org/freedesktop/systemd1/unit/"
 DBUS = "org.freedesktop.DBus"
 DBUS_PATH = "/org/freedesktop/DBus"
-#: Calls to a name nobody owns (the manager is away).
+#: An auto-starting call to a name nobody owns and none may activate.
 SERVICE_UNKNOWN = "org.freedesktop.DBus.Error.ServiceUnknown"
-#: ``GetNameOwner`` of a name nobody owns.
+#: ``GetNameOwner`` of a name nobody owns, and the answer of dbus-daemon and
+#: dbus-broker to a call without auto-start to it (seen here on
+#: dbus-daemon 1.14 with the manager killed).
 NAME_HAS_NO_OWNER = "org.freedesktop.DBus.Error.NameHasNoOwner"
+_NO_MANAGER = frozenset({SERVICE_UNKNOWN, NAME_HAS_NO_OWNER})
 #: ``Subscribe`` of a client a re-executed manager still has.
 ALREADY_SUBSCRIBED = "org.freedesktop.systemd1.AlreadySubscribed"
 #: The callee left the bus before replying.
@@ -352,7 +357,7 @@ class SystemdClient:
                 SYSTEMD, MANAGER_PATH, PROPERTIES, "Get", "ss", asked
             )
         except SystemdError as error:
-            if is_connection_lost(error) or error.name == SERVICE_UNKNOWN:
+            if is_connection_lost(error):
                 raise  # the manager itself is gone, not its property
             return None
         value = body[0].value if body and isinstance(body[0], Variant) else None
@@ -396,7 +401,7 @@ class SystemdClient:
             await self._add_matches()
             await self._subscribe()
         except SystemdError as error:
-            if error.name == SERVICE_UNKNOWN:
+            if error.name == MANAGER_AWAY:
                 # The bus is back, the manager not yet: its NameOwnerChanged
                 # (matched already) resumes.
                 log.info("D-Bus is back; waiting for the systemd manager")
@@ -652,6 +657,10 @@ class SystemdClient:
                 )
             if reply.error_name == NO_REPLY:  # the manager left mid-call
                 raise connection_lost(text or "")
+            if destination == SYSTEMD and reply.error_name in _NO_MANAGER:
+                # The bus answers so a call sent as the manager left, before
+                # its NameOwnerChanged reached us, or while it is not back.
+                raise manager_away(text or "")
             raise SystemdError(reply.error_name or "", text or "")
         if self.debug:
             log.info(

@@ -16,6 +16,7 @@ from sdexec.property import UnitProperty
 __all__ = [
     "CONNECTION_LOST",
     "DBUS_ERRNO",
+    "MANAGER_AWAY",
     "NO_SUCH_UNIT",
     "RECONNECTING",
     "SystemdError",
@@ -24,6 +25,7 @@ __all__ = [
     "explain_start_refusal",
     "is_connection_lost",
     "is_unit_gone",
+    "manager_away",
     "reconnecting",
 ]
 
@@ -32,6 +34,10 @@ __all__ = [
 CONNECTION_LOST = "sdexec.ConnectionLost"
 #: A call made while the service reconnects: not sent at all.
 RECONNECTING = "sdexec.Reconnecting"
+#: A call the bus answered for a manager not on it (``NameHasNoOwner``, or
+#: ``ServiceUnknown`` where it may activate it): the manager left, or has
+#: not come back yet. Retrying once it is back may succeed.
+MANAGER_AWAY = "sdexec.ManagerAway"
 #: A call on a unit systemd no longer has loaded ("Unit X not loaded."): it
 #: ended and was unloaded meanwhile.
 NO_SUCH_UNIT = "org.freedesktop.systemd1.NoSuchUnit"
@@ -48,6 +54,7 @@ DBUS_ERRNO = {
     NO_SUCH_UNIT: errno.ESRCH,
     CONNECTION_LOST: errno.EAGAIN,
     RECONNECTING: errno.EAGAIN,
+    MANAGER_AWAY: errno.EAGAIN,
 }
 
 
@@ -68,6 +75,15 @@ def connection_lost(detail: str = "") -> SystemdError:
     return SystemdError(CONNECTION_LOST, f"systemd connection lost{suffix}")
 
 
+def manager_away(detail: str) -> SystemdError:
+    """The error of a call the bus answered for a manager not on it
+    (EAGAIN)."""
+    return SystemdError(
+        MANAGER_AWAY,
+        f"systemd connection lost: the manager is not on the bus ({detail})",
+    )
+
+
 def reconnecting() -> SystemdError:
     """The error of a call made while reconnecting (EAGAIN)."""
     return SystemdError(RECONNECTING, "reconnecting to systemd")
@@ -79,6 +95,7 @@ def is_connection_lost(error: BaseException) -> bool:
     return isinstance(error, SystemdError) and error.name in (
         CONNECTION_LOST,
         RECONNECTING,
+        MANAGER_AWAY,
     )
 
 

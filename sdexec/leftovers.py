@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -51,6 +52,7 @@ from sdexec.limits import listed_name
 from sdexec.managerversion import version_number
 from sdexec.orphans import expected_unit_cgroup
 from sdexec.plan import ExecPlan
+from sdexec.process import CALL_RETRY_S
 from sdexec.sockets import unix_path
 from sdexec.systemd import Manager, UnitStatus, queued_job
 from sdexec.systemd.errors import is_connection_lost, is_unit_gone
@@ -144,6 +146,10 @@ class Leftover:
         self._leftovers = leftovers
         self._stopping = False
         self._resetting = False
+        #: A StopUnit or ResetFailedUnit systemd refused (LimitsExceeded of a
+        #: busy bus, say) is made again on a backoff, as a process's are.
+        self._retries = 0
+        self._retry: IDelayedCall | None = None
         #: Inactive with a job queued: a restart's new run is on its way.
         self._new_run_queued = False
         #: systemd is back, and the unit not read again yet: its stop timer
@@ -219,6 +225,8 @@ class Leftover:
     def forget(self) -> None:
         self._watch.cancel()
         self.stop_timer.stopped()
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
 
     def _changed(self, state: dict[str, Any]) -> None:
         if self._lost_with_its_manager(state):
@@ -295,12 +303,25 @@ class Leftover:
             return
         if is_unit_gone(failure.value):
             return  # unloaded meanwhile: the watch sees it go
+        retried = what in ("StopUnit", "ResetFailedUnit")
         log.warn(
-            "leftover unit {unit}: {what} failed: {error}",
+            "leftover unit {unit}: {what} failed: {error}{again}",
             unit=self.name,
             what=what,
             error=failure.getErrorMessage(),
+            again="; made again later" if retried else "",
         )
+        if retried and (self._retry is None or not self._retry.active()):
+            # Else nothing would make it again: the unit ran on, or stayed
+            # failed, and the node drained for it for good.
+            delay = CALL_RETRY_S[min(self._retries, len(CALL_RETRY_S) - 1)]
+            self._retries += 1
+            self._retry = self._leftovers.server.clock.callLater(delay, self._try_again)
+
+    def _try_again(self) -> None:
+        """Read the unit again, and stop or reset it if it still needs it."""
+        self._stopping = self._resetting = False
+        self.follow(self._leftovers.stop_now)
 
 
 class _LeftoverStop:
@@ -377,7 +398,7 @@ class Leftovers:
         the leftovers kept so far are stopped (a drain for units nothing
         stops would only lift at the next scan); under ``keep``, the drain
         for them lifts."""
-        if self._stop_now:
+        if self.stop_now:
             for unit in list(self.units.values()):
                 unit.stop()  # followed already; a stop sent is not sent again
         self.drain_while_stopping()
@@ -401,7 +422,7 @@ class Leftovers:
         return self.server.config.sdexec.leftover_units == "stop"
 
     @property
-    def _stop_now(self) -> bool:
+    def stop_now(self) -> bool:
         """Whether a leftover found or followed now is stopped now."""
         return self._stopping and not self._stops_held
 
@@ -483,7 +504,7 @@ class Leftovers:
             action=self._action(self._stopping),
         )
         self.drain_while_stopping()
-        if self._stop_now:
+        if self.stop_now:
             unit.stop()
 
     def _listed(self, listing: list[tuple], origins: Mapping[str, str]) -> None:
@@ -500,7 +521,7 @@ class Leftovers:
         per ``leftover-units``, with systemd's return if one is owed."""
         restored_at, self._restored_at = self._restored_at, None
         for unit in list(self.units.values()):
-            unit.follow(self._stop_now, restored_at)
+            unit.follow(self.stop_now, restored_at)
 
     def _adopt_listed(self, listing: list[tuple], origins: Mapping[str, str]) -> None:
         """Adopt what ``listing`` holds that nobody follows, and follow it
@@ -511,7 +532,7 @@ class Leftovers:
         if new:
             self.drain_while_stopping()
         for unit in new:
-            unit.follow(self._stop_now)
+            unit.follow(self.stop_now)
 
     def _adopt_new(
         self, listing: list[tuple], origins: Mapping[str, str]

@@ -722,3 +722,40 @@ def test_a_scan_answered_after_the_stop_ends_nothing(
     held[0].callback({"Slice": "app.slice"})
     assert orphans_signalled == []
     assert server.clock.getDelayedCalls() == []
+
+
+def refused_once(systemd: FakeManager, method: str, kind: str) -> None:
+    """``method`` of ``systemd`` refused the first time (LimitsExceeded of a
+    busy bus), as asked afterwards."""
+    real = getattr(systemd, method)
+    refusals = [SystemdError("org.freedesktop.DBus.Error.LimitsExceeded", "busy")]
+
+    def once_refused(name, *args):
+        if refusals:
+            systemd.calls.append((kind, name))
+            return defer.fail(refusals.pop())
+        return real(name, *args)
+
+    setattr(systemd, method, once_refused)
+
+
+@pytest.mark.parametrize("failed", [False, True], ids=["running", "failed"])
+def test_a_stop_or_reset_systemd_refused_is_made_again(systemd, failed):
+    # Made once, it was never made again: the unit ran on (or stayed
+    # failed) and the node stayed drained for it (review session 31 G F2).
+    leftover(systemd, "sdexec-a.service")
+    if failed:
+        systemd.units["sdexec-a.service"].update(
+            {"ActiveState": "failed", "SubState": "failed", "Result": "exit-code"}
+        )
+    method, kind = ("reset_failed_unit", "reset") if failed else ("stop_unit", "stop")
+    refused_once(systemd, method, kind)
+    server = make_server(systemd)
+    server.leftovers.scan()
+    assert server.drain_reason == "1 leftover unit from a previous run"
+    assert [c for c in systemd.calls if c[0] == kind] == [(kind, "sdexec-a.service")]
+    server.clock.advance(1.0)  # the first retry's delay (CALL_RETRY_S)
+    assert len([c for c in systemd.calls if c[0] == kind]) == 2
+    systemd.change("sdexec-a.service", INACTIVE)
+    assert server.drain_reason is None
+    assert server.clock.getDelayedCalls() == []

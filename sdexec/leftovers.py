@@ -115,6 +115,8 @@ UNFOLLOWED = (
 )
 #: How it names one whose unit was started again outside sdexec.
 STARTED_AGAIN = "of this run, started again outside sdexec"
+#: The origin of one found when a start of its name was refused.
+NAME_TAKEN = "of this run, found when a start of its name was refused"
 
 
 def drain_reason(count: int, all_previous: bool) -> str:
@@ -488,12 +490,19 @@ class Leftovers:
         unit.forget()
         log.info("leftover unit {unit} is gone", unit=unit.name)
         self.drain_while_stopping()  # the count said afresh, or lifted
-        if maybe_restarting and not self._closed:
+        if maybe_restarting:
             # That unit alone (a scan would read every leftover again: for
             # hundreds ending together, hundreds of times each).
-            listed = self._systemd.list_units_by_patterns([], [unit.name])
-            listed.addCallback(self._adopt_listed, {unit.name: STARTED_AGAIN})
-            listed.addErrback(_log_rescan_failure, unit.name)
+            self.look_for(unit.name, STARTED_AGAIN)
+
+    def look_for(self, name: str, origin: str) -> None:
+        """Adopt the unit ``name`` if it is one of this service's that
+        nobody follows (logged as ``origin``)."""
+        if self._closed:
+            return
+        listed = self._systemd.list_units_by_patterns([], [name])
+        listed.addCallback(self._adopt_listed, {name: origin})
+        listed.addErrback(_log_rescan_failure, name)
 
     def started_again(self, unit: Leftover) -> None:
         """``unit``'s restart started a new run: kept or stopped as an

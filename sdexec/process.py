@@ -50,7 +50,7 @@ from sdexec.systemd.channel import (
     StdinOverrun,
     socketpair_for_systemd,
 )
-from sdexec.systemd.errors import is_connection_lost, is_unit_gone
+from sdexec.systemd.errors import UNIT_EXISTS, is_connection_lost, is_unit_gone
 from sdexec.unitstop import StopTimer
 
 __all__ = [
@@ -276,6 +276,10 @@ class Process:
         #: Its unit was started again outside sdexec: a new invocation,
         #: carrying the mark, that only a leftover scan can follow.
         self.started_again = False
+        #: Its start was refused as a unit of its name exists: one of this
+        #: service's, maybe, whose start's answer was lost with systemd and
+        #: which nobody follows (looked for once this one is reaped).
+        self.name_taken = False
         #: The unit's InvocationID, first seen once it started.
         self._invocation: bytes | None = None
         #: The unit's cgroup, noted while it runs (sdexec.orphans), and the
@@ -645,6 +649,7 @@ class Process:
             unit=self.unit_name,
             message=message,
         )
+        self.name_taken = getattr(error, "name", None) == UNIT_EXISTS
         self._fail(errno_for(error), message)
         self._reap()
 

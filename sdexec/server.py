@@ -39,7 +39,7 @@ from sdexec.hangup import HangupWatcher
 from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
 from sdexec.jobs import Jobs
-from sdexec.leftovers import STARTED_AGAIN, Leftover, Leftovers, marked
+from sdexec.leftovers import NAME_TAKEN, STARTED_AGAIN, Leftover, Leftovers, marked
 from sdexec.limits import check_text
 from sdexec.lograte import LogRate
 from sdexec.managerversion import version_problem
@@ -591,6 +591,11 @@ class SdexecServer:
             # (and stopped) as a leftover now, not at the next reconnection.
             scan = self.leftovers.scan({process.unit_name: STARTED_AGAIN})
             scan.addErrback(self._log_scan_failure)
+        elif process is not None and process.name_taken and self.leftovers is not None:
+            # A retry of a start whose answer was lost may take its name
+            # while the return's scan is still queued, which then passes
+            # over the first one as followed: it would run on unfollowed.
+            self.leftovers.look_for(process.unit_name, NAME_TAKEN)
         if not self.processes:
             waiting, self._all_reaped = self._all_reaped, []
             for waiter in waiting:

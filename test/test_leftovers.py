@@ -18,10 +18,11 @@ from twisted.logger import formatEvent, globalLogPublisher
 import sdexec.orphans
 from sdexec.config import parse_config
 from sdexec.leftovers import Leftovers, marked, owner_marks
+from sdexec.outage import SystemdOutage
 from sdexec.property import UnitProperty
 from sdexec.server import SdexecServer
 from sdexec.systemd import SystemdError
-from sdexec.systemd.errors import NO_SUCH_UNIT, connection_lost
+from sdexec.systemd.errors import NO_SUCH_UNIT, UNIT_EXISTS, connection_lost
 from sdexec.testing import EXITED, INACTIVE, RUNNING, FakeManager, exec_plan
 
 MARKS = owner_marks("unix:/run/user/1000/sdexec/sdexec.sock")
@@ -759,3 +760,42 @@ def test_a_stop_or_reset_systemd_refused_is_made_again(systemd, failed):
     systemd.change("sdexec-a.service", INACTIVE)
     assert server.drain_reason is None
     assert server.clock.getDelayedCalls() == []
+
+
+def test_a_lost_start_retried_by_name_while_the_scan_is_queued_is_found(systemd):
+    # The retry took the name while the return's scan was queued, the scan
+    # passed over the first unit as followed, and the retry was refused:
+    # the first ran on, followed by nobody (review session 31 G F1).
+    server = make_server(systemd)
+    outage = SystemdOutage(server)
+    systemd.on_lost, systemd.on_restored = outage.lost, outage.restored
+    connection = Connection(server)
+    start, listing = systemd.start_transient_unit, systemd.list_units_by_patterns
+
+    def started_then_lost(name, properties, *fds, **kwargs):
+        start(name, properties, *fds, **kwargs)  # systemd ran it...
+        systemd.units[name].update(RUNNING)
+        systemd.lose()  # ...and its answer was lost
+        return defer.fail(connection_lost("the D-Bus connection closed"))
+
+    systemd.start_transient_unit = started_then_lost
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE}, matchtag=1)
+    assert error_of(connection.last())[0] == errno.EAGAIN
+    held_list: list[defer.Deferred] = []
+
+    def list_held(*args):
+        held_list.append(defer.Deferred().addCallback(lambda _: listing(*args)))
+        return held_list[-1]
+
+    systemd.list_units_by_patterns = list_held
+    systemd.restore()  # the return's scan, queued
+    held_start = defer.Deferred()
+    systemd.start_transient_unit = lambda *args, **kwargs: held_start
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE}, matchtag=2)
+    held_list.pop().callback(None)  # the scan's list: the retry follows it
+    systemd.list_units_by_patterns = listing
+    held_start.errback(SystemdError(UNIT_EXISTS, f"Unit {UNIT} already exists."))
+    assert error_of(connection.last())[0] == errno.EEXIST
+    assert UNIT in server.leftovers.units  # found, and stopped
+    assert ("stop", UNIT) in systemd.calls
+    connection.close()

@@ -19,6 +19,7 @@ __all__ = [
     "MANAGER_AWAY",
     "NO_SUCH_UNIT",
     "RECONNECTING",
+    "UNIT_EXISTS",
     "SystemdError",
     "connection_lost",
     "errno_for",
@@ -38,6 +39,8 @@ RECONNECTING = "sdexec.Reconnecting"
 #: ``ServiceUnknown`` where it may activate it): the manager left, or has
 #: not come back yet. Retrying once it is back may succeed.
 MANAGER_AWAY = "sdexec.ManagerAway"
+#: A start of a unit whose name a loaded unit has.
+UNIT_EXISTS = "org.freedesktop.systemd1.UnitExists"
 #: A call on a unit systemd no longer has loaded ("Unit X not loaded."): it
 #: ended and was unloaded meanwhile.
 NO_SUCH_UNIT = "org.freedesktop.systemd1.NoSuchUnit"
@@ -48,7 +51,7 @@ DBUS_ERRNO = {
     # An unknown property: "Cannot set property NoSuch, or unknown property."
     "org.freedesktop.DBus.Error.PropertyReadOnly": errno.EINVAL,
     "org.freedesktop.DBus.Error.UnknownProperty": errno.EINVAL,
-    "org.freedesktop.systemd1.UnitExists": errno.EEXIST,
+    UNIT_EXISTS: errno.EEXIST,
     "org.freedesktop.DBus.Error.AccessDenied": errno.EPERM,
     # A signal for a process whose unit is gone: as kill(2) says of a pid.
     NO_SUCH_UNIT: errno.ESRCH,

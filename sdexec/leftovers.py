@@ -201,9 +201,15 @@ class Leftover:
     def stop(self) -> None:
         if not self._stopping:
             self._stopping = True
-            self._systemd.stop_unit(self.name, "replace").addErrback(
-                self._failed, "StopUnit"
-            )
+            self._call(self._systemd.stop_unit(self.name, "replace"), "StopUnit")
+
+    def _call(self, answer: defer.Deferred[Any], what: str) -> None:
+        """Follow a call's ``answer``: one that went through ends the
+        backoff of those refused before it."""
+        answer.addCallbacks(self._answered, self._failed, errbackArgs=(what,))
+
+    def _answered(self, _: object) -> None:
+        self._retries = 0
 
     def kill(self, signum: int, who: str = "all") -> defer.Deferred[None]:
         return self._systemd.kill_unit(self.name, who, signum)
@@ -259,9 +265,7 @@ class Leftover:
             self.stop()
         elif status.needs_reset and not self._resetting:
             self._resetting = True
-            self._systemd.reset_failed_unit(self.name).addErrback(
-                self._failed, "ResetFailedUnit"
-            )
+            self._call(self._systemd.reset_failed_unit(self.name), "ResetFailedUnit")
 
     def _lost_with_its_manager(self, state: dict[str, Any]) -> bool:
         """Whether the run it was is known, and the unit now one its
@@ -313,17 +317,30 @@ class Leftover:
             error=failure.getErrorMessage(),
             again="; made again later" if retried else "",
         )
-        if retried and (self._retry is None or not self._retry.active()):
+        if retried and self._followed and not (self._retry and self._retry.active()):
             # Else nothing would make it again: the unit ran on, or stayed
             # failed, and the node drained for it for good.
             delay = CALL_RETRY_S[min(self._retries, len(CALL_RETRY_S) - 1)]
             self._retries += 1
             self._retry = self._leftovers.server.clock.callLater(delay, self._try_again)
 
+    @property
+    def _followed(self) -> bool:
+        """Whether this is the leftover of its name still followed (not one
+        gone, nor one of a service that stopped): a call made again for
+        one gone could stop a job started since under that name."""
+        return self._leftovers.units.get(self.name) is self
+
     def _try_again(self) -> None:
-        """Read the unit again, and stop or reset it if it still needs it."""
+        """Stop or reset the unit if it still needs it, as last seen (its
+        signals keep that current: no GetAll, which the busy bus that
+        refused the call may refuse too)."""
+        if not self._followed:
+            return
         self._stopping = self._resetting = False
-        self.follow(self._leftovers.stop_now)
+        if self._leftovers.stop_now:
+            self.stop()
+        self._changed(self._watch.state)
 
 
 class _LeftoverStop:

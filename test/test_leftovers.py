@@ -799,3 +799,31 @@ def test_a_lost_start_retried_by_name_while_the_scan_is_queued_is_found(systemd)
     assert UNIT in server.leftovers.units  # found, and stopped
     assert ("stop", UNIT) in systemd.calls
     connection.close()
+
+
+def test_a_refused_stop_is_not_made_again_for_a_unit_gone_since(systemd):
+    # The refusal came after the unit had gone: made again by name, the
+    # stop could end a job started since under that name (review session
+    # 31 H F1).
+    leftover(systemd, "sdexec-a.service")
+    answer: defer.Deferred = defer.Deferred()
+    systemd.stop_unit = lambda name, mode="replace": answer
+    server = make_server(systemd)
+    server.leftovers.scan()
+    systemd.change("sdexec-a.service", INACTIVE)  # it ended: gone
+    assert "sdexec-a.service" not in server.leftovers.units
+    answer.errback(SystemdError("org.freedesktop.DBus.Error.LimitsExceeded", "busy"))
+    assert server.clock.getDelayedCalls() == []
+
+
+def test_a_stop_made_again_reads_nothing_first(systemd):
+    # A GetAll first, on the busy bus that refused the stop, could be refused
+    # too, and then nothing was made again (review session 31 H F2).
+    leftover(systemd, "sdexec-a.service")
+    refused_once(systemd, "stop_unit", "stop")
+    server = make_server(systemd)
+    server.leftovers.scan()
+    reads = len([c for c in systemd.calls if c[0] == "get-all"])
+    server.clock.advance(1.0)
+    assert len([c for c in systemd.calls if c[0] == "stop"]) == 2
+    assert len([c for c in systemd.calls if c[0] == "get-all"]) == reads

@@ -146,10 +146,11 @@ async def test_a_manager_back_in_time_keeps_the_bus():
     client.disconnect()
 
 
-def failed(name: str) -> Message:
+def failed(name: str, sender: str = DBUS) -> Message:
+    """An error reply, by default the bus's own."""
     return Message(
         message_type=MessageType.ERROR, reply_serial=1, error_name=name,
-        signature="s", body=[name],
+        signature="s", body=[name], sender=sender,
     )  # fmt: skip
 
 
@@ -320,4 +321,20 @@ async def test_a_call_answered_as_the_manager_leaves_is_eagain():
     error = outcome[0].value
     assert is_connection_lost(error) and errno_for(error) == errno.EAGAIN
     assert "the manager is not on the bus" in str(error)
+    client.disconnect()
+
+
+@ensureDeferred
+async def test_the_manager_s_own_no_owner_answer_is_its_error():
+    # libsystemd turns ENXIO into NameHasNoOwner: from the manager itself it
+    # is that call's failure, not the manager gone (review session 31 H F4).
+    def refused(message: Message) -> Message:
+        return failed(NO_OWNER, sender=":1.5")
+
+    bus, clock = FakeBus({"KillUnit": refused}), Clock()
+    client = connected_client(bus, clock)
+    outcome: list = []
+    client.kill_unit("x.service", "all", 15).addBoth(outcome.append)
+    await until(lambda: outcome, "answered")
+    assert not is_connection_lost(outcome[0].value)
     client.disconnect()

@@ -294,6 +294,17 @@ class SystemdClient:
             # The first time, let the bus wait for the manager (a bus just
             # socket-activated by this connection has no manager on it yet).
             await client._subscribe(autostart=True)
+        except SystemdError as error:
+            client.disconnect()
+            if error.name != MANAGER_AWAY:
+                raise
+            raise SystemdError(
+                error.name,
+                "no systemd manager on this bus: a user's runs while the user"
+                " is logged in, or always with `loginctl enable-linger`; the"
+                ' system\'s is [systemd] bus = "system"'
+                f" ({error.message.rpartition('(')[2].rstrip(')')})",
+            ) from None
         except BaseException:
             client.disconnect()  # not a usable client: do not leak its socket
             raise
@@ -657,7 +668,11 @@ class SystemdClient:
                 )
             if reply.error_name == NO_REPLY:  # the manager left mid-call
                 raise connection_lost(text or "")
-            if destination == SYSTEMD and reply.error_name in _NO_MANAGER:
+            if (
+                destination == SYSTEMD
+                and reply.sender == DBUS
+                and reply.error_name in _NO_MANAGER
+            ):
                 # The bus answers so a call sent as the manager left, before
                 # its NameOwnerChanged reached us, or while it is not back.
                 raise manager_away(text or "")

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
+from sdexec.clocks import wall_seconds
 from sdexec.fsd import parse_fsd
 from sdexec.rset import ResourceSet
 
@@ -108,7 +109,8 @@ class TimeLimit:
     ) -> None:
         self.expiration = expiration
         self._on_expired = on_expired
-        delay = max(0.0, expiration - reactor.seconds())
+        # An epoch: from it, a delay on the reactor's own clock.
+        delay = max(0.0, expiration - wall_seconds(reactor))
         self._timer: IDelayedCall | None = reactor.callLater(delay, self._expired)
 
     @property

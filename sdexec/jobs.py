@@ -27,6 +27,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from sdexec.clocks import wall_seconds
 from sdexec.command import Command
 from sdexec.config import ExecConfig
 from sdexec.containment import R_OPTION
@@ -332,7 +333,7 @@ class Jobs:
         jobid = jobid or unit
         if jobid in self.jobs:
             raise RequestError(errno.EEXIST, f"{JOBID_OPTION}: job {jobid} is running")
-        received_at = clock.seconds()
+        received_at = wall_seconds(clock)  # R's times are the epoch
         try:
             rset = _resource_set(command)
             expiration = job_expiration(

@@ -27,6 +27,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sdexec.activation import kernel_somaxconn, server_endpoint, with_backlog
+from sdexec.clocks import timers_clock
 from sdexec.config import DEFAULT_SOCKET_MODE, Config, ConfigError, load_config
 from sdexec.containment import Containment
 from sdexec.leftovers import Leftovers, owner_marks
@@ -192,7 +193,13 @@ class SdexecService(Service):
         self._check_still_starting()
         systemd.debug = self.config.systemd.sdbus_debug
         systemd.max_inflight = self.config.systemd.max_inflight
-        self.server = SdexecServer(systemd, self.config, self.reactor, containment)
+        self.server = SdexecServer(
+            systemd,
+            self.config,
+            self.reactor,
+            containment,
+            clock=timers_clock(self.reactor),
+        )
         self.server.check_manager_version()
         self.outage = SystemdOutage(self.server)
         systemd.on_lost = self.outage.lost

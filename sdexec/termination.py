@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
+from sdexec.clocks import as_wall, wall_seconds
 from sdexec.config import MAX_KILL_INTERVAL, ExecConfig, exact_seconds
 from sdexec.signals import signal_name
 
@@ -208,7 +209,8 @@ class TerminationSequence:
         if self.step is not None:
             return False
         self.step, self.reason = TerminationStep.TERM, reason
-        self.started_at = self._fired_at = self._reactor.seconds()
+        self.started_at = wall_seconds(self._reactor)  # for stats: the epoch
+        self._fired_at = self._reactor.seconds()
         self._fired_due = 0.0
         self._progress = _Progress(
             next_attempt_at=self.policy.shell_phase_start,
@@ -256,7 +258,7 @@ class TerminationSequence:
             "started": self.started_at,
             "task-kills": self.task_kills,
             "kill-attempts": self.kill_attempts,
-            "next": self.next_at,
+            "next": as_wall(self._reactor, self.next_at),
         }
 
     # --- the schedule -------------------------------------------------------

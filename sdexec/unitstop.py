@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
+from sdexec.clocks import as_wall, wall_seconds
 from sdexec.signals import signal_name
 
 __all__ = [
@@ -171,7 +172,7 @@ class StopTimer:
         """The unit entered deactivating: arm the first period."""
         if self.state is not StopTimerState.IDLE:
             return
-        self.deactivating_since = self._reactor.seconds()
+        self.deactivating_since = wall_seconds(self._reactor)  # the epoch
         self.state = StopTimerState.ARMED
         self._timer = self._reactor.callLater(self.seconds, self._first_expiry)
 
@@ -205,7 +206,7 @@ class StopTimer:
         return {
             "state": self.state.value,
             "deactivating-since": self.deactivating_since,
-            "next": self.next_at,
+            "next": as_wall(self._reactor, self.next_at),
         }
 
     def _first_expiry(self) -> None:

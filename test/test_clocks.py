@@ -1,0 +1,106 @@
+"""The service's timers on a monotonic clock (sdexec/clocks.py): a wall
+clock stepped moves none of them (it moved all: review session 31 F F1),
+while what is reported as the epoch stays the epoch."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from pytest_twisted import ensureDeferred
+from support import sleep, until
+from twisted.internet import reactor
+from twisted.internet.error import AlreadyCalled, AlreadyCancelled
+from twisted.internet.task import Clock
+from twisted.logger import capturedLogs
+
+from sdexec.clocks import MonotonicClock, as_wall, timers_clock, wall_seconds
+from sdexec.joblimit import TimeLimit
+
+
+def monotonic() -> MonotonicClock:
+    clock = timers_clock(reactor)
+    assert isinstance(clock, MonotonicClock)  # the service's, on asyncio
+    return clock
+
+
+@ensureDeferred
+async def test_a_timer_fires_once_and_a_cancelled_one_never():
+    clock, fired = monotonic(), []
+    clock.callLater(0.01, fired.append, "a")
+    cancelled = clock.callLater(0.01, fired.append, "b")
+    cancelled.cancel()
+    assert not cancelled.active()
+    with pytest.raises(AlreadyCancelled):
+        cancelled.cancel()
+    await until(lambda: fired, "the timer")
+    await sleep(0.05)
+    assert fired == ["a"] and clock.getDelayedCalls() == []
+
+
+@ensureDeferred
+async def test_a_timer_moved_fires_when_moved_to():
+    clock, fired = monotonic(), []
+    later = clock.callLater(0.01, fired.append, "later")
+    later.delay(60)
+    assert later.getTime() == pytest.approx(clock.seconds() + 60, abs=1)
+    await sleep(0.05)
+    assert fired == []
+    later.reset(0.01)
+    await until(lambda: fired, "the timer reset")
+    with pytest.raises(AlreadyCalled):
+        later.reset(1)
+
+
+@ensureDeferred
+async def test_a_wall_clock_step_moves_no_timer(monkeypatch):
+    # An NTP step, an admin's date -s: an hour forward fired a cancel's
+    # SIGKILL a second after its SIGTERM, and a time limit at once.
+    clock, fired = monotonic(), []
+    clock.callLater(0.2, fired.append, "due")
+    stepped = time.time() + 3600
+    monkeypatch.setattr(time, "time", lambda: stepped)
+    await sleep(0.05)
+    assert fired == []
+    await until(lambda: fired, "the timer, at its own time")
+    assert wall_seconds(clock) == stepped  # the epoch, stepped as it is
+
+
+@ensureDeferred
+async def test_an_exception_of_a_timer_is_logged_and_goes_no_further():
+    clock = monotonic()
+
+    def fails() -> None:
+        raise RuntimeError("boom")
+
+    with capturedLogs() as events:
+        clock.callLater(0, fails)
+        await sleep(0.05)
+    assert any(event.get("log_failure") for event in events)
+
+
+def test_a_time_limit_counts_from_its_arming_whatever_the_wall_clock_does():
+    class SteppedClock(Clock):
+        offset = 1_000_000.0
+
+        def wall_seconds(self) -> float:
+            return self.seconds() + self.offset
+
+    clock, expired = SteppedClock(), []
+    limit = TimeLimit(clock, wall_seconds(clock) + 3600, lambda: expired.append(1))
+    clock.offset += 7200  # stepped two hours forward after the arming
+    clock.advance(3599)
+    assert expired == [] and limit.active
+    clock.advance(1)
+    assert expired == [1]
+
+
+def test_a_report_of_a_clock_time_is_the_epoch():
+    clock = monotonic()
+    assert as_wall(clock, clock.seconds() + 10) == pytest.approx(
+        time.time() + 10, abs=1
+    )
+    assert as_wall(clock, None) is None
+    plain = Clock()  # a test's: its seconds stand for the epoch too
+    plain.advance(5)
+    assert (wall_seconds(plain), as_wall(plain, 7.0)) == (5.0, 7.0)

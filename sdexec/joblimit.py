@@ -12,8 +12,9 @@ later than ``starttime`` by more than that percentage of the job's duration
 (``expiration - starttime``), the effective expiration moves later by the
 whole delay, so a short job is not robbed of its run time by a busy system.
 
-Times are the reactor's (``reactor.seconds()``: the epoch for the real
-reactor, as R's times are), so tests drive the timer on a ``Clock``.
+Expirations are the epoch, as R's times are (:func:`sdexec.clocks.wall_seconds`
+of the clock); the timer runs on the clock's own time (monotonic for the
+service's), so tests drive it on a ``Clock``.
 """
 
 from __future__ import annotations
@@ -98,8 +99,9 @@ def job_expiration(
 
 
 class TimeLimit:
-    """Calls ``on_expired()`` once, at ``expiration`` (reactor time), or at
-    once if that has passed; :meth:`cancel` when the job ends first."""
+    """Calls ``on_expired()`` once, at ``expiration`` (the epoch, turned
+    into a delay when armed), or at once if that has passed; :meth:`cancel`
+    when the job ends first."""
 
     def __init__(
         self,

@@ -253,7 +253,10 @@ class SdexecService(Service):
     def _connect_systemd(self) -> defer.Deferred[SystemdClient]:
         """The user manager (the session bus) or, with ``[systemd] bus =
         "system"``, the system manager."""
-        return SystemdClient.connect(system=self.config.systemd.bus == "system")
+        return SystemdClient.connect(
+            system=self.config.systemd.bus == "system",
+            clock=timers_clock(self.reactor),  # reconnecting too: sdexec/clocks.py
+        )
 
     def _listen(
         self, description: str, factory: Any, setting: str, shown: str = ""

@@ -189,14 +189,14 @@ class TerminationSequence:
         #: ``None`` until :meth:`begin`.
         self.step: TerminationStep | None = None
         self.reason: TerminationReason | None = None
-        #: Reactor time at which termination began.
+        #: When the sequence began (the epoch, for stats).
         self.started_at: float | None = None
         self._progress = _Progress()
         self._timer: IDelayedCall | None = None
         self._due = 0.0
         #: When the last step ran, and its offset: the next one is due its
-        #: interval after it, however late it ran (a reactor stall, a clock
-        #: step), so that each signal has its time to work.
+        #: interval after it, however late it ran (a reactor stall), so
+        #: that each signal has its time to work (the clock's own time).
         self._fired_at = 0.0
         self._fired_due = 0.0
 

@@ -55,14 +55,19 @@ async def test_a_timer_moved_fires_when_moved_to():
 @ensureDeferred
 async def test_a_wall_clock_step_moves_no_timer(monkeypatch):
     # An NTP step, an admin's date -s: an hour forward fired a cancel's
-    # SIGKILL a second after its SIGTERM, and a time limit at once.
+    # SIGKILL a second after its SIGTERM, and a time limit at once. The
+    # reactor's own timers read its seconds(), the wall clock: stepped, its
+    # call runs at once, the monotonic clock's at its time.
     clock, fired = monotonic(), []
-    clock.callLater(0.2, fired.append, "due")
+    clock.callLater(0.3, fired.append, "monotonic")
+    reactor.callLater(0.3, fired.append, "reactor")
     stepped = time.time() + 3600
+    monkeypatch.setattr(reactor, "seconds", lambda: stepped)
     monkeypatch.setattr(time, "time", lambda: stepped)
-    await sleep(0.05)
-    assert fired == []
-    await until(lambda: fired, "the timer, at its own time")
+    reactor.callLater(0, lambda: None)  # the reactor looks at its calls again
+    await sleep(0.1)
+    assert fired == ["reactor"]  # the step fired it early
+    await until(lambda: len(fired) == 2, "the timer, at its own time")
     assert wall_seconds(clock) == stepped  # the epoch, stepped as it is
 
 

@@ -273,22 +273,29 @@ class SystemdClient:
 
     @classmethod
     def connect(
-        cls, address: str | None = None, *, system: bool = False
+        cls,
+        address: str | None = None,
+        *,
+        system: bool = False,
+        clock: IReactorTime | None = None,
     ) -> Deferred[SystemdClient]:
         """Connect to ``address``, or to the user bus (see
         :func:`session_bus_address`), or with ``system=True`` the system bus;
         negotiate fd passing, add the match rules for unit property changes
         and for the manager's bus name, and ``Subscribe``. Once connected,
         the client reconnects by itself when the bus or the manager goes
-        away (see :attr:`on_lost`)."""
+        away (see :attr:`on_lost`), on ``clock``'s timers (the reactor's
+        if not given)."""
         return Deferred.fromFuture(
-            asyncio.ensure_future(cls._connect(address, system))
+            asyncio.ensure_future(cls._connect(address, system, clock))
         ).addErrback(_translate_failure)
 
     @classmethod
-    async def _connect(cls, address: str | None, system: bool) -> SystemdClient:
+    async def _connect(
+        cls, address: str | None, system: bool, clock: IReactorTime | None
+    ) -> SystemdClient:
         reopen = functools.partial(_open_bus, address, system)
-        client = cls(await reopen(), reopen)
+        client = cls(await reopen(), reopen, clock)
         try:
             await client._add_matches()
             # The first time, let the bus wait for the manager (a bus just

@@ -463,10 +463,17 @@ def _percent(value: object) -> float:
     return number
 
 
+#: The shortest timeout taken: shorter ones act as 0 (a kill-timeout of
+#: 1e-320 s sent every signal of a sequence, and its verdict, at once).
+MIN_TIMEOUT_S = 0.001
+
+
 def _positive_duration(value: Any) -> float:
     seconds = parse_fsd(value)
     if seconds == 0:
         raise _expected("a duration greater than 0", value)
+    if seconds < MIN_TIMEOUT_S:
+        raise _expected("a duration of at least 1ms", value)
     return seconds
 
 

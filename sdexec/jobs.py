@@ -97,6 +97,8 @@ class Job:
         #: The node was drained for it: the verdict given, not held.
         self._verdict_given = False
         self._verdict_timer: IDelayedCall | None = None
+        #: The reason of the verdict that timer gives.
+        self._pending_verdict: str | None = None
 
     # -- the process's life, as its responses tell it ------------------------
 
@@ -209,7 +211,13 @@ class Job:
     def systemd_restored(self) -> None:
         """systemd is back: a verdict held for it comes after one more
         kill-signal to the job shell and kill-timeout, counted from when
-        its unit has been read again, unless the job has exited by then."""
+        its unit has been read again, unless the job has exited by then.
+        So does one whose last kill-signal went out before this loss: it
+        may have been lost with systemd."""
+        timer = self._verdict_timer
+        if timer is not None and timer.active():
+            timer.cancel()
+            self._held_verdict = self._pending_verdict
         if self._held_verdict is not None:
             self._after_reread()
 
@@ -220,11 +228,17 @@ class Job:
             self.process.when_reread().addCallback(lambda _: self._give_held_verdict())
 
     def _give_held_verdict(self) -> None:
+        if not self._knows_its_unit():
+            # systemd left again before the unit's read came (which then
+            # fired its waiters all the same): its kill-signal would go
+            # nowhere; the next return takes the verdict up again.
+            return
         reason, self._held_verdict = self._held_verdict, None
         if reason is None or self._ended():
             return
         policy = self.termination.policy
         self.signal_main(policy.kill_signal)
+        self._pending_verdict = reason
         self._verdict_timer = self._clock.callLater(
             policy.kill_timeout, self.unkillable, reason
         )

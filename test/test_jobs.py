@@ -24,6 +24,7 @@ from sdexec.config import parse_config
 from sdexec.outage import SystemdOutage
 from sdexec.protocol import ExecFlag, Topic
 from sdexec.server import RequestError, SdexecServer
+from sdexec.systemd.errors import reconnecting
 from sdexec.termination import TerminationStep
 from sdexec.testing import DEACTIVATING, EXITED, INACTIVE, FakeManager
 
@@ -534,6 +535,54 @@ def test_a_job_s_verdict_waits_for_its_unit_s_re_read(make_server, ran_out):
     clock.pump([0.5] * 4)
     assert server.drain_reason is None
     assert {"type": "finished", "status": 0} in responder.responses
+
+
+def test_a_held_verdict_waits_again_when_systemd_leaves_during_the_re_read(
+    make_server,
+):
+    # The failed re-read fired its waiters as if read: the "once more"
+    # kill-signal went nowhere, and the node drained after the next return
+    # with no signal sent since (review session 31 F F2).
+    server, systemd, clock = outage_server(make_server)
+    start_job(server, systemd)
+    systemd.lose()
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    clock.pump([0.5] * 26)  # the sequence ran out while away: held
+    systemd.hold_refresh = True
+    systemd.restore()  # back: the unit's re-read is asked for...
+    systemd.lose()  # ...and lost with the connection before it answers
+    held, systemd._held = systemd._held, []
+    for _, answer in held:
+        answer.errback(reconnecting())
+    clock.advance(0.3)
+    systemd.hold_refresh = False
+    sent = len(systemd.kills_at)
+    systemd.restore()  # back again: read at once
+    clock.pump([0.1] * 5)
+    assert server.drain_reason is None
+    assert [who for _, who, _ in systemd.kills_at[sent:]] == ["main"]
+    clock.pump([0.1] * 10)  # kill-timeout (1 s) after that signal
+    assert server.drain_reason == "unkillable user processes for job f1"
+
+
+def test_a_verdict_due_after_a_new_loss_waits_for_the_return(make_server):
+    # Its last kill-signal went out before systemd left again, and may have
+    # been lost with it: the verdict came all the same once back.
+    server, systemd, clock = outage_server(make_server)
+    start_job(server, systemd)
+    systemd.lose()
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    clock.pump([0.5] * 26)  # held
+    systemd.restore()
+    clock.pump([0.1] * 2)  # the once-more signal sent, the verdict armed
+    sent = len(systemd.kills_at)
+    systemd.lose()
+    systemd.restore()
+    clock.pump([0.1] * 5)
+    assert server.drain_reason is None
+    assert [who for _, who, _ in systemd.kills_at[sent:]] == ["main"]
+    clock.pump([0.1] * 10)
+    assert server.drain_reason == "unkillable user processes for job f1"
 
 
 @ensureDeferred

@@ -97,8 +97,10 @@ class Job:
         #: The node was drained for it: the verdict given, not held.
         self._verdict_given = False
         self._verdict_timer: IDelayedCall | None = None
-        #: The reason of the verdict that timer gives.
+        #: The reason of the verdict that timer gives, and whether a return
+        #: of systemd has put it off already.
         self._pending_verdict: str | None = None
+        self._verdict_rearmed = False
 
     # -- the process's life, as its responses tell it ------------------------
 
@@ -215,7 +217,10 @@ class Job:
         So does one whose last kill-signal went out before this loss: it
         may have been lost with systemd."""
         timer = self._verdict_timer
-        if timer is not None and timer.active():
+        if timer is not None and timer.active() and not self._verdict_rearmed:
+            # Once: a systemd that keeps leaving and coming back faster
+            # than kill-timeout would put the verdict off for ever.
+            self._verdict_rearmed = True
             timer.cancel()
             self._held_verdict = self._pending_verdict
         if self._held_verdict is not None:

@@ -59,8 +59,8 @@ async def test_a_wall_clock_step_moves_no_timer(monkeypatch):
     # reactor's own timers read its seconds(), the wall clock: stepped, its
     # call runs at once, the monotonic clock's at its time.
     clock, fired = monotonic(), []
-    clock.callLater(0.3, fired.append, "monotonic")
-    reactor.callLater(0.3, fired.append, "reactor")
+    clock.callLater(1.0, fired.append, "monotonic")
+    reactor.callLater(1.0, fired.append, "reactor")
     stepped = time.time() + 3600
     monkeypatch.setattr(reactor, "seconds", lambda: stepped)
     monkeypatch.setattr(time, "time", lambda: stepped)

@@ -585,6 +585,24 @@ def test_a_verdict_due_after_a_new_loss_waits_for_the_return(make_server):
     assert server.drain_reason == "unkillable user processes for job f1"
 
 
+def test_a_systemd_that_keeps_coming_back_puts_a_verdict_off_once(make_server):
+    # Each return put the verdict off by a whole kill-timeout: a manager
+    # leaving and returning faster than that never let it come, and an
+    # unkillable job never drained the node (review session 31 J F1).
+    server, systemd, clock = outage_server(make_server)  # kill-timeout 1 s
+    start_job(server, systemd)
+    systemd.lose()
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    clock.pump([0.5] * 26)  # the sequence ran out while away: held
+    systemd.restore()  # the once-more signal, the verdict 1 s later
+    clock.pump([0.25] * 2)
+    for _ in range(10):  # away and back every 0.5 s
+        systemd.lose()
+        systemd.restore()
+        clock.pump([0.25] * 2)
+    assert server.drain_reason == "unkillable user processes for job f1"
+
+
 @ensureDeferred
 async def test_a_held_verdict_dies_with_its_job(make_server):
     # Reaped (its client left) before its re-read answered: the verdict

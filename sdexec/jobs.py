@@ -152,6 +152,16 @@ class Job:
             self.over()
         return self._over
 
+    def in_use(self, option: str) -> str:
+        """Why a new job may not take this one's id yet: it runs, or it has
+        exited and what its unit still holds is being stopped."""
+        if self._ended():
+            return (
+                f"{option}: job {self.jobid} has exited, and its unit is still"
+                " being stopped: its id is free once the unit is gone"
+            )
+        return f"{option}: job {self.jobid} is running"
+
     def terminate(self, reason: TerminationReason) -> dict[str, Any]:
         """Begin termination (once: a second request changes nothing);
         the job's termination state."""
@@ -351,7 +361,7 @@ class Jobs:
             return None
         jobid = jobid or unit
         if jobid in self.jobs:
-            raise RequestError(errno.EEXIST, f"{JOBID_OPTION}: job {jobid} is running")
+            raise RequestError(errno.EEXIST, self.jobs[jobid].in_use(JOBID_OPTION))
         received_at = wall_seconds(clock)  # R's times are the epoch
         try:
             rset = _resource_set(command)

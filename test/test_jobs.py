@@ -383,6 +383,16 @@ def test_a_job_id_already_running_is_eexist(make_server):
         errno.EEXIST,
         "SDEXEC_JOBID: job f1 is running",
     )
+    # Exited, its unit lingering: it said "is running" (review session 31
+    # F F4).
+    systemd.change(UNIT, {"SubState": "exited", "ExecMainCode": 1, "ExecMainStatus": 0})
+    systemd.change(UNIT, DEACTIVATING)
+    with pytest.raises(RequestError) as refused:
+        server.exec(1, 3, job_payload(SDEXEC_NAME="other"), Recorder())
+    assert refused.value.errstr == (
+        "SDEXEC_JOBID: job f1 has exited, and its unit is still being stopped:"
+        " its id is free once the unit is gone"
+    )
 
 
 @pytest.mark.parametrize(

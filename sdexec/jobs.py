@@ -220,19 +220,21 @@ class Job:
             return self._systemd.connected
         return process.knows_its_unit
 
-    def systemd_restored(self) -> None:
-        """systemd is back: a verdict held for it comes after one more
-        kill-signal to the job shell and kill-timeout, counted from when
-        its unit has been read again, unless the job has exited by then.
-        So does one whose last kill-signal went out before this loss: it
-        may have been lost with systemd."""
+    def systemd_lost(self) -> None:
+        """systemd went away: a verdict due after a kill-signal that may be
+        lost with it is held for its return, once (a systemd that keeps
+        leaving and coming back faster than kill-timeout would put the
+        verdict off for ever)."""
         timer = self._verdict_timer
         if timer is not None and timer.active() and not self._verdict_rearmed:
-            # Once: a systemd that keeps leaving and coming back faster
-            # than kill-timeout would put the verdict off for ever.
             self._verdict_rearmed = True
             timer.cancel()
             self._held_verdict = self._pending_verdict
+
+    def systemd_restored(self) -> None:
+        """systemd is back: a verdict held for it comes after one more
+        kill-signal to the job shell and kill-timeout, counted from when
+        its unit has been read again, unless the job has exited by then."""
         if self._held_verdict is not None:
             self._after_reread()
 
@@ -394,6 +396,12 @@ class Jobs:
         if job is not None:
             job.cancel()
             del self.jobs[job.jobid]
+
+    def systemd_lost(self) -> None:
+        """systemd went away: verdicts that may rest on a lost kill-signal
+        wait for its return."""
+        for job in list(self.jobs.values()):
+            job.systemd_lost()
 
     def systemd_restored(self) -> None:
         """systemd is back: verdicts held while it was away are judged."""

@@ -32,6 +32,7 @@ class SystemdOutage:
         """systemd went away: drain if it is not back in time (not once the
         service stops: it waits for its units meanwhile, and would drain a
         stopped server)."""
+        self._server.jobs.systemd_lost()
         if self._timer is not None or self._stopped:
             return
         timeout = self._server.config.systemd.reconnect_timeout

@@ -297,6 +297,9 @@ class Process:
         #: verdict is given on what was seen before (:attr:`knows_its_unit`).
         self._rereading = False
         self._reread_waiters: list[defer.Deferred[None]] = []
+        #: Re-reads asked for so far: only the latest one's answer ends the
+        #: re-reading (an earlier one's failure may come after it was asked).
+        self._rereads = 0
         #: sdexec decided to stop the unit (a lost StopUnit is made again).
         self._stop_wanted = False
         #: Calls systemd refused and that were made again (their backoff).
@@ -572,9 +575,10 @@ class Process:
             return  # a start lost with the connection ended its request
         self._called.discard(UnitCall.CONFIRM_FAILURE)  # this refresh confirms
         self._rereading = True
+        self._rereads += 1
         refreshed = self._watch.refresh()
         refreshed.addCallbacks(self._lost_before_started, self._resync_failed)
-        refreshed.addCallback(lambda _: self._reread_done())
+        refreshed.addCallback(self._reread_done, self._rereads)
         # After the state read: a unit that stopped meanwhile has no timer.
         back_at = self._context.clock.seconds()
         refreshed.addCallback(lambda _: self.stop_timer.systemd_restored(back_at))
@@ -985,9 +989,13 @@ class Process:
         self._reread_waiters.append(waiter)
         return waiter
 
-    def _reread_done(self) -> None:
+    def _reread_done(self, outcome: object, reread: int) -> None:
         """Read again: a start timeout that ran out before counts again
-        from now, unless the unit has been seen to start meanwhile."""
+        from now, unless the unit has been seen to start meanwhile. Not a
+        read lost with systemd again (the next return reads it), nor one a
+        later re-read has replaced."""
+        if outcome is _LOST_AGAIN or reread != self._rereads:
+            return
         self._rereading = False
         held, self._start_deadline_held = self._start_deadline_held, False
         if held and Sent.STARTED not in self._sent and not self._outcome_known:
@@ -996,12 +1004,13 @@ class Process:
         for waiter in waiters:
             waiter.callback(None)
 
-    def _resync_failed(self, failure: Failure) -> None:
+    def _resync_failed(self, failure: Failure) -> object:
         if is_connection_lost(failure.value):
-            return  # lost again: the next restore resyncs
+            return _LOST_AGAIN  # the next restore resyncs
         self._vanished(
             f"cannot be read: {failure.getErrorMessage()} (lost while systemd was away)"
         )
+        return None
 
     def _note_cgroup(self, state: dict[str, Any], pid: int = 0) -> None:
         """Where its processes are: should its manager lose the unit, what
@@ -1199,6 +1208,10 @@ class _Nowhere:
 
 def _never_started() -> RequestError:
     return RequestError(errno.ESRCH, "the process never started")
+
+
+#: What a re-read lost with systemd again hands on: no read was made.
+_LOST_AGAIN = object()
 
 
 def _passing_on(result: object, answered: defer.Deferred[None]) -> object:

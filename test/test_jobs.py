@@ -595,6 +595,31 @@ def test_a_verdict_due_after_a_new_loss_waits_for_the_return(make_server):
     assert server.drain_reason == "unkillable user processes for job f1"
 
 
+def test_a_re_read_lost_late_does_not_stand_for_the_one_after_it(make_server):
+    # The first re-read's failure came after systemd's second return: it
+    # ended the re-reading, and the verdict drained the node for a job that
+    # had exited meanwhile (review session 31 J F2).
+    server, systemd, clock = outage_server(make_server)
+    start_job(server, systemd)
+    systemd.lose()
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    clock.pump([0.5] * 26)  # held
+    systemd.hold_refresh = True
+    systemd.restore()  # the first re-read, held
+    systemd.lose()
+    first, systemd._held = systemd._held, []
+    systemd.restore()  # the second, held
+    systemd.units[UNIT].update({**EXITED, "ExecMainStatus": 0})  # meanwhile
+    for _, answer in first:
+        answer.errback(reconnecting())  # the first one's failure, late
+    clock.pump([0.1] * 15)
+    assert server.drain_reason is None
+    systemd.answer_refreshes()  # the second re-read: it has exited
+    systemd.answer_refreshes()  # the receipt it asks for
+    clock.pump([0.1] * 15)
+    assert server.drain_reason is None
+
+
 def test_a_systemd_that_keeps_coming_back_puts_a_verdict_off_once(make_server):
     # Each return put the verdict off by a whole kill-timeout: a manager
     # leaving and returning faster than that never let it come, and an

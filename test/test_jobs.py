@@ -547,17 +547,34 @@ def test_a_job_s_verdict_waits_for_its_unit_s_re_read(make_server, ran_out):
     assert {"type": "finished", "status": 0} in responder.responses
 
 
+def held_verdict(make_server):
+    """A job cancelled while systemd is away (kill-timeout 1 s), whose
+    sequence ran out then: its verdict held for systemd's return."""
+    server, systemd, clock = outage_server(make_server)
+    start_job(server, systemd)
+    systemd.lose()
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    clock.pump([0.5] * 26)
+    return server, systemd, clock
+
+
+def signalled_once_then_drained(server, systemd, clock, sent: int) -> None:
+    """One kill-signal to the job shell since ``sent``, then, kill-timeout
+    later, the verdict."""
+    clock.pump([0.1] * 5)
+    assert server.drain_reason is None
+    assert [who for _, who, _ in systemd.kills_at[sent:]] == ["main"]
+    clock.pump([0.1] * 10)
+    assert server.drain_reason == "unkillable user processes for job f1"
+
+
 def test_a_held_verdict_waits_again_when_systemd_leaves_during_the_re_read(
     make_server,
 ):
     # The failed re-read fired its waiters as if read: the "once more"
     # kill-signal went nowhere, and the node drained after the next return
     # with no signal sent since (review session 31 F F2).
-    server, systemd, clock = outage_server(make_server)
-    start_job(server, systemd)
-    systemd.lose()
-    server.terminate({"jobid": "f1", "reason": "cancel"})
-    clock.pump([0.5] * 26)  # the sequence ran out while away: held
+    server, systemd, clock = held_verdict(make_server)
     systemd.hold_refresh = True
     systemd.restore()  # back: the unit's re-read is asked for...
     systemd.lose()  # ...and lost with the connection before it answers
@@ -568,42 +585,26 @@ def test_a_held_verdict_waits_again_when_systemd_leaves_during_the_re_read(
     systemd.hold_refresh = False
     sent = len(systemd.kills_at)
     systemd.restore()  # back again: read at once
-    clock.pump([0.1] * 5)
-    assert server.drain_reason is None
-    assert [who for _, who, _ in systemd.kills_at[sent:]] == ["main"]
-    clock.pump([0.1] * 10)  # kill-timeout (1 s) after that signal
-    assert server.drain_reason == "unkillable user processes for job f1"
+    signalled_once_then_drained(server, systemd, clock, sent)
 
 
 def test_a_verdict_due_after_a_new_loss_waits_for_the_return(make_server):
     # Its last kill-signal went out before systemd left again, and may have
     # been lost with it: the verdict came all the same once back.
-    server, systemd, clock = outage_server(make_server)
-    start_job(server, systemd)
-    systemd.lose()
-    server.terminate({"jobid": "f1", "reason": "cancel"})
-    clock.pump([0.5] * 26)  # held
+    server, systemd, clock = held_verdict(make_server)
     systemd.restore()
     clock.pump([0.1] * 2)  # the once-more signal sent, the verdict armed
     sent = len(systemd.kills_at)
     systemd.lose()
     systemd.restore()
-    clock.pump([0.1] * 5)
-    assert server.drain_reason is None
-    assert [who for _, who, _ in systemd.kills_at[sent:]] == ["main"]
-    clock.pump([0.1] * 10)
-    assert server.drain_reason == "unkillable user processes for job f1"
+    signalled_once_then_drained(server, systemd, clock, sent)
 
 
 def test_a_re_read_lost_late_does_not_stand_for_the_one_after_it(make_server):
     # The first re-read's failure came after systemd's second return: it
     # ended the re-reading, and the verdict drained the node for a job that
     # had exited meanwhile (review session 31 J F2).
-    server, systemd, clock = outage_server(make_server)
-    start_job(server, systemd)
-    systemd.lose()
-    server.terminate({"jobid": "f1", "reason": "cancel"})
-    clock.pump([0.5] * 26)  # held
+    server, systemd, clock = held_verdict(make_server)
     systemd.hold_refresh = True
     systemd.restore()  # the first re-read, held
     systemd.lose()
@@ -624,11 +625,7 @@ def test_a_systemd_that_keeps_coming_back_puts_a_verdict_off_once(make_server):
     # Each return put the verdict off by a whole kill-timeout: a manager
     # leaving and returning faster than that never let it come, and an
     # unkillable job never drained the node (review session 31 J F1).
-    server, systemd, clock = outage_server(make_server)  # kill-timeout 1 s
-    start_job(server, systemd)
-    systemd.lose()
-    server.terminate({"jobid": "f1", "reason": "cancel"})
-    clock.pump([0.5] * 26)  # the sequence ran out while away: held
+    server, systemd, clock = held_verdict(make_server)
     systemd.restore()  # the once-more signal, the verdict 1 s later
     clock.pump([0.25] * 2)
     for _ in range(10):  # away and back every 0.5 s

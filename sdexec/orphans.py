@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-from sdexec.procfs import process_cgroups
+from sdexec.procfs import open_pidfd, process_cgroups
 from sdexec.signals import signal_name
 
 __all__ = [
@@ -268,15 +268,10 @@ def _signal_if_in(pid: int, cgroup: str, signum: int, root: str) -> int | None:
     """Send ``signum`` to ``pid`` if it is (still) in ``cgroup`` or below:
     checked after its pidfd is open, so the check and the signal are of one
     process. 0 if sent, the errno if refused, ``None`` if not ours or gone."""
-    pidfd_open = getattr(os, "pidfd_open", None)  # a Python built without
-    pidfd = None
     try:
-        if pidfd_open is not None:
-            pidfd = pidfd_open(pid)
+        pidfd = open_pidfd(pid)  # None: signalled by pid, just checked
     except ProcessLookupError:
         return None  # gone already
-    except OSError:
-        pass  # ENOSYS (Linux < 5.3), EMFILE: signalled by pid, just checked
     try:
         paths = (path for _, path in process_cgroups(pid, root) or ())
         if not any(path == cgroup or path.startswith(f"{cgroup}/") for path in paths):

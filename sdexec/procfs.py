@@ -9,7 +9,13 @@ from __future__ import annotations
 import os
 import select
 
-__all__ = ["cgroup_value", "process_cgroups", "process_exists", "process_status"]
+__all__ = [
+    "cgroup_value",
+    "open_pidfd",
+    "process_cgroups",
+    "process_exists",
+    "process_status",
+]
 
 
 def process_cgroups(pid: int, root: str = "/") -> list[tuple[str, str]] | None:
@@ -87,19 +93,32 @@ def process_exists(pid: int, root: str = "/") -> bool:
     return True
 
 
+def open_pidfd(pid: int) -> int | None:
+    """A pidfd of process ``pid`` (the caller closes it); ``None`` where
+    none can be had: a Python built without ``os.pidfd_open``, Linux
+    before 5.3 (ENOSYS), no descriptor left, a seccomp filter.
+    ``ProcessLookupError`` if there is no such process (reaped)."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        return pidfd_open(pid)
+    except ProcessLookupError:
+        raise
+    except OSError:
+        return None
+
+
 def _exited_by_pidfd(pid: int) -> bool | None:
     """Whether ``pid`` has exited (a zombie has), as a pidfd of it says:
     one is readable once its whole process has exited. ``None`` where
     pidfds cannot be had."""
-    pidfd_open = getattr(os, "pidfd_open", None)  # a Python built without
-    if pidfd_open is None:
-        return None
     try:
-        pidfd = pidfd_open(pid)
+        pidfd = open_pidfd(pid)
     except ProcessLookupError:
         return True  # reaped
-    except OSError:
-        return None  # ENOSYS (Linux < 5.3), EMFILE, a seccomp filter
+    if pidfd is None:
+        return None
     try:
         poller = select.poll()  # not select(): the fd may be past 1023
         poller.register(pidfd, select.POLLIN)

@@ -29,6 +29,7 @@ from sdexec.procfs import (
     process_exists,
     process_status,
 )
+from sdexec.receipt import unit_cgroup_exists
 from sdexec.sizes import UINT64_MAX, MemoryLimit
 
 __all__ = [
@@ -231,7 +232,11 @@ def _cgroup_cpuset(
     (its processes gone), or a path that is not the unit's, says nothing."""
     cgroups = process_cgroups(pid, root) or []
     candidates = (control_group, _v2_cgroup(cgroups))
-    unit_cgroup = next((c for c in candidates if c and _is_v2_cgroup(c, root)), None)
+    # One systemd pruned (its processes gone), or a path of another layout
+    # (a hybrid node's), is not there, and its ancestors say nothing of it.
+    unit_cgroup = next(
+        (c for c in candidates if c and unit_cgroup_exists(c, root)), None
+    )
     if unit_cgroup is not None:
         for cgroup in _self_and_ancestors(unit_cgroup):
             name = f"cpuset.{kind}.effective"
@@ -242,14 +247,6 @@ def _cgroup_cpuset(
     if v1_cgroup is None:
         return None
     return _ids(cgroup_value(root, "sys/fs/cgroup/cpuset", v1_cgroup, f"cpuset.{kind}"))
-
-
-def _is_v2_cgroup(cgroup: str, root: str) -> bool:
-    """Whether ``cgroup`` is there in the v2 hierarchy: one systemd pruned
-    (its processes gone), or a path of another layout (a hybrid node's), is
-    not, and its ancestors say nothing of it."""
-    path = os.path.join(root, "sys/fs/cgroup", cgroup.lstrip("/"), "cgroup.procs")
-    return os.path.isfile(path)
 
 
 def _self_and_ancestors(cgroup: str) -> list[str]:

@@ -150,11 +150,7 @@ def _slice_path(manager_cgroup: str, slice_name: str, by_prefix: bool) -> str:
 def _is_there(cgroup: str, root: str) -> bool:
     """Whether ``cgroup`` is a directory of any hierarchy systemd tracks
     processes in."""
-    return any(
-        os.path.isdir(os.path.join(root, base, cgroup.lstrip("/")))
-        for mounts in _HIERARCHIES.values()
-        for base in mounts
-    )
+    return any(_directories(cgroup, root))
 
 
 #: The first systemd whose ``cg_escape`` escapes every name that begins with
@@ -231,12 +227,19 @@ def signal_cgroup(cgroup: str, signum: int, root: str = "/") -> Signalled:
 def _members(cgroup: str, root: str) -> Iterator[int]:
     """The pids listed in ``cgroup`` and every group below it, in each
     hierarchy that has it (a hybrid node lists a process in two)."""
+    for top in _directories(cgroup, root):
+        for directory in _groups(top):
+            yield from _listed(os.path.join(directory, "cgroup.procs"))
+
+
+def _directories(cgroup: str, root: str) -> Iterator[str]:
+    """``cgroup``'s directory in each hierarchy that has it (the first of
+    its mounts that does)."""
     for mounts in _HIERARCHIES.values():
         for base in mounts:
             top = os.path.join(root, base, cgroup.lstrip("/"))
             if os.path.isdir(top):
-                for directory in _groups(top):
-                    yield from _listed(os.path.join(directory, "cgroup.procs"))
+                yield top
                 break
 
 

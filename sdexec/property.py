@@ -345,8 +345,12 @@ def properties_together_problem(
     soft limit its hard one (over D-Bus, a soft limit given alone sets the
     hard limit to the same value)."""
     return _priority_problem(properties) or next(
-        filter(None, (_rlimit_problem(properties, r) for r in sorted(RLIMITS))), None
+        filter(None, (_rlimit_problem(properties, r) for r in _RLIMIT_ORDER)), None
     )
+
+
+#: The limits in the order their problems are told (every exec asks).
+_RLIMIT_ORDER = tuple(sorted(RLIMITS))
 
 
 def _value(name: str, properties: Mapping[str, str]) -> Any:

@@ -338,3 +338,28 @@ async def test_the_manager_s_own_no_owner_answer_is_its_error():
     await until(lambda: outcome, "answered")
     assert not is_connection_lost(outcome[0].value)
     client.disconnect()
+
+
+@ensureDeferred
+async def test_disconnect_while_reconnecting_fires_disconnected():
+    # disconnect() as a reconnection's AddMatch was in flight: the call
+    # failed first (dbus-fast fails a closed bus's calls in the pass that
+    # ends its wait for a disconnect), the reconnection gave the bus up,
+    # and its close was then ignored as "one given up on": disconnected
+    # never fired, and a service stopping waited on it for ever.
+    clock, first, buses = Clock(), FakeBus(), []
+
+    async def add_match(message):
+        await buses[-1]._closed  # answered only as the bus closes
+        raise EOFError()
+
+    async def reopen():
+        buses.append(FakeBus({"AddMatch": add_match}))
+        return buses[-1]
+
+    client = SystemdClient(first, reopen, clock)  # type: ignore[arg-type]
+    client.connected = True
+    first.disconnect()
+    await until(lambda: buses and "AddMatch" in buses[0].calls, "reconnecting")
+    client.disconnect()
+    await until(lambda: client.disconnected.called, "disconnected fired")

@@ -382,15 +382,24 @@ class SystemdClient:
         return value if isinstance(value, str) else None
 
     def _bus_closed(self, _: object, bus: MessageBus) -> None:
+        if self._closing:
+            self._closed_for_good(bus)
+            return
         if bus is not self._bus:
             return  # one given up on while reconnecting
         self._bus = None
-        if self._closing:
-            log.info("D-Bus connection to systemd closed")
-            self.disconnected.callback(None)
-            return
         self._lose("the D-Bus connection closed")
         self._backoff.start()
+
+    def _closed_for_good(self, bus: MessageBus) -> None:
+        """A bus closed after :meth:`disconnect`: :attr:`disconnected`
+        fires once none is left, also where a reconnection's failed call
+        gave its bus up before the close was heard."""
+        if bus is self._bus:
+            self._bus = None
+        if self._bus is None and not self.disconnected.called:
+            log.info("D-Bus connection to systemd closed")
+            self.disconnected.callback(None)
 
     def _lose(self, reason: str) -> None:
         """systemd is away: calls queued fail now, new ones at once, until

@@ -222,7 +222,12 @@ class _StatsCollector(Collector):
     def describe(self) -> list[Metric]:
         # Its families are fixed (only their samples are not): named, so a
         # scrape that asks for some by name (?name[]=...) gets them.
-        nothing: dict = {"requests": {}, "procs": [], "drain": _NOT_DRAINED}
+        nothing: dict = {
+            "requests": {},
+            "procs": [],
+            "drain": _NOT_DRAINED,
+            "systemd": _NO_SYSTEMD,
+        }
         return list(_families(nothing))
 
     def collect(self) -> Iterator[Metric]:
@@ -237,6 +242,10 @@ class _StatsCollector(Collector):
 
 
 _NOT_DRAINED = {"drained": False, "reason": None}
+_NO_SYSTEMD = {
+    "connected": False,
+    "calls": {"unanswered": 0, "queued": 0, "oldest": None},
+}
 
 
 def _families(stats: dict) -> Iterator[Metric]:
@@ -246,6 +255,7 @@ def _families(stats: dict) -> Iterator[Metric]:
     yield from _events(counters)
     yield _processes(stats["procs"])
     yield _drained(stats["drain"])
+    yield from _systemd(stats["systemd"])
 
 
 def _requests(counters: dict[str, int]) -> Metric:
@@ -294,3 +304,26 @@ def _drained(drain: dict) -> Metric:
     )
     family.add_metric([drain["reason"] or ""], 1 if drain["drained"] else 0)
     return family
+
+
+def _systemd(systemd: dict) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        "sdexec_systemd_connected",
+        "1 while the systemd manager is reachable and subscribed.",
+        value=1 if systemd["connected"] else 0,
+    )
+    calls = systemd["calls"]
+    waiting = GaugeMetricFamily(
+        "sdexec_systemd_calls_waiting",
+        "D-Bus calls to the manager sent and unanswered, or queued for a slot.",
+        labels=["state"],
+    )
+    for state in ("unanswered", "queued"):
+        waiting.add_metric([state], calls[state])
+    yield waiting
+    oldest = calls["oldest"]
+    yield GaugeMetricFamily(
+        "sdexec_systemd_oldest_call_seconds",
+        "How long the oldest unanswered call to the manager has waited (0: none).",
+        value=0 if oldest is None else oldest["seconds"],
+    )

@@ -21,6 +21,8 @@ from typing import Any
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
+from sdexec.systemd.unanswered import Silence
+
 __all__ = ["Readiness", "SystemdNotifier", "describe_server"]
 
 log = Logger()
@@ -95,18 +97,25 @@ def _one_line(value: object) -> str:
 STATUS_REASON_MAX = 1024
 
 
-def describe_server(drain_reason: str | None, count: int) -> str:
+def describe_server(
+    drain_reason: str | None, count: int, silence: Silence | None = None
+) -> str:
     """The one-line status: ``serving N processes`` (``count``, as listed),
     or ``drained: REASON`` when the node is drained (a long reason cut,
-    saying so). Polled every second: from two figures, not from ``stats()``,
-    which describes every process (30 ms with 2000 of them)."""
+    saying so), and what systemd has left unanswered for long (``silence``).
+    Polled every second: from these, not from ``stats()``, which describes
+    every process (30 ms with 2000 of them)."""
     if drain_reason is not None:
         reason = drain_reason
         cut = reason.encode()[:STATUS_REASON_MAX].decode(errors="ignore")
         if cut != reason:  # bytes counted: 4-byte characters are 4
             reason = cut + "… (the rest in /stats)"
-        return f"drained: {reason}"
-    return f"serving {count} process{'' if count == 1 else 'es'}"
+        status = f"drained: {reason}"
+    else:
+        status = f"serving {count} process{'' if count == 1 else 'es'}"
+    if silence is not None:
+        status += f"; {silence.describe()}"
+    return status
 
 
 class Readiness:

@@ -891,6 +891,11 @@ class SdexecServer:
                 "causes": self.drains.causes,
             },
             "device-fence": self.device_fence,
+            "systemd": {
+                "connected": self.systemd.connected,
+                "version": self.systemd.version,
+                "calls": self.systemd.calls_waiting(),
+            },
         }
 
     def terminate(self, payload: dict) -> dict:

@@ -287,7 +287,10 @@ class SdexecService(Service):
     def _status_line(self) -> str:
         if self.server is None:
             return "starting"
-        return describe_server(self.server.drain_reason, self.server.listed_count)
+        server = self.server
+        return describe_server(
+            server.drain_reason, server.listed_count, server.systemd.silence()
+        )
 
     def _check_still_starting(self) -> None:
         """After each wait of the start: a stop that came meanwhile ends it

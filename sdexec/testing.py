@@ -30,6 +30,7 @@ from sdexec.property import UnitProperty
 from sdexec.protocol import ExecFlag
 from sdexec.systemd.bus import unit_object_path
 from sdexec.systemd.errors import SystemdError, reconnecting
+from sdexec.systemd.unanswered import Silence, calls_waiting
 from sdexec.systemd.watch import UnitWatch, WatchRegistry
 
 __all__ = [
@@ -86,6 +87,8 @@ class FakeManager:
         self.refuse_start: SystemdError | None = None
         self.hold_refresh = False
         self.stop_to_inactive = False
+        #: What :meth:`silence` says: a test's silent manager.
+        self.silent: Silence | None = None
         self._held: list[tuple[str, defer.Deferred[State]]] = []
         self._fds: dict[str, list[int]] = {}
         self._watches = WatchRegistry()
@@ -96,6 +99,13 @@ class FakeManager:
     def calls_answered(self) -> int:
         """Every call is answered at once (GetAll when held: once let go)."""
         return len(self.calls) - len(self._held)
+
+    def silence(self) -> Silence | None:
+        return self.silent
+
+    def calls_waiting(self) -> dict[str, Any]:
+        """Only held ``GetAll`` answers wait (the silence is :attr:`silent`)."""
+        return calls_waiting(len(self._held), 0, self.silent)
 
     def watch_unit(self, name: str, callback: Callable[[State], None]) -> UnitWatch:
         path = unit_object_path(name)

@@ -18,6 +18,7 @@ from twisted.internet.task import Clock
 
 from sdexec.systemd.bus import MANAGER_ABSENT_S, SystemdClient, unit_object_path
 from sdexec.systemd.errors import errno_for, is_connection_lost
+from sdexec.systemd.unanswered import SILENT_AFTER_S
 
 DBUS = "org.freedesktop.DBus"
 SYSTEMD = "org.freedesktop.systemd1"
@@ -363,3 +364,36 @@ async def test_disconnect_while_reconnecting_fires_disconnected():
     await until(lambda: buses and "AddMatch" in buses[0].calls, "reconnecting")
     client.disconnect()
     await until(lambda: client.disconnected.called, "disconnected fired")
+
+
+@ensureDeferred
+async def test_a_manager_that_does_not_answer_is_told_not_lost():
+    # A wedged manager: on the bus, subscribed, answering nothing. Calls
+    # have no timeout (a start it took goes on anyway); it is told.
+    answer = asyncio.get_running_loop().create_future()
+
+    async def stop_unit(message):
+        return await answer
+
+    bus, clock = FakeBus({"StopUnit": stop_unit}), Clock()
+    client = connected_client(bus, clock)
+    stopped = client.stop_unit("job.service")
+    await until(lambda: bus.calls == ["StopUnit"], "the call sent")
+    clock.advance(SILENT_AFTER_S)
+    silence = client.silence()
+    assert silence is not None and (silence.member, silence.waiting) == ("StopUnit", 1)
+    assert client.calls_waiting() == {
+        "unanswered": 1,
+        "queued": 0,
+        "oldest": {"call": "StopUnit", "seconds": SILENT_AFTER_S},
+    }
+    assert client.connected  # not lost: nothing is failed or drained
+    reply = Message(
+        message_type=MessageType.METHOD_RETURN, reply_serial=1,
+        signature="o", body=["/org/freedesktop/systemd1/job/7"],
+    )  # fmt: skip
+    answer.set_result(reply)
+    assert await stopped == "/org/freedesktop/systemd1/job/7"
+    assert client.silence() is None and client.calls_waiting()["unanswered"] == 0
+    assert clock.getDelayedCalls() == []
+    client.disconnect()

@@ -80,6 +80,10 @@ async def test_metrics_agree_with_stats_and_observe_latency(sdexec, tmp_path):
     start_calls = (("method", "StartTransientUnit"), ("outcome", "ok"))
     assert samples[("sdexec_dbus_call_duration_seconds_count", start_calls)] == 2
     assert samples[("sdexec_dbus_call_duration_seconds_sum", start_calls)] > 0
+    assert samples[("sdexec_systemd_connected", ())] == 1
+    waiting = ("sdexec_systemd_calls_waiting", (("state", "queued"),))
+    assert samples[waiting] == stats["systemd"]["calls"]["queued"] == 0
+    assert samples[("sdexec_systemd_oldest_call_seconds", ())] >= 0
 
 
 @ensureDeferred

@@ -31,6 +31,7 @@ from sdexec.process import LAZY_OUTPUT
 from sdexec.protocol import ExecFlag
 from sdexec.server import CLIENT_BUFFER_SIZE, ClientProtocol, SdexecServer
 from sdexec.systemd import SystemdError
+from sdexec.systemd.unanswered import Silence
 from sdexec.testing import FakeManager
 
 UNIT = "sdexec-t.service"
@@ -121,6 +122,21 @@ def test_list_stats_and_undrain(server, connection):
         "cleared": ["fence broken"],
     }
     assert server.drain_reason is None
+
+
+def test_stats_tell_the_manager_s_calls_unanswered(systemd, server, connection):
+    # A wedged manager answers nothing and is not lost: the stats say
+    # what waits for it, and since when.
+    connection.send("sdexec.stats-get", {})
+    assert connection.last()["payload"]["systemd"] == {
+        "connected": True,
+        "version": systemd.version,
+        "calls": {"unanswered": 0, "queued": 0, "oldest": None},
+    }
+    systemd.silent = Silence("StartTransientUnit", 31.5, 2)
+    connection.send("sdexec.stats-get", {}, matchtag=2)
+    calls = connection.last()["payload"]["systemd"]["calls"]
+    assert calls["oldest"] == {"call": "StartTransientUnit", "seconds": 31.5}
 
 
 def test_a_list_entry_has_upstream_s_fields_alone_unless_detail_is_asked(

@@ -36,6 +36,7 @@ from sdexec.service import (
 )
 from sdexec.sockets import clear_stale_socket
 from sdexec.systemd import SystemdError
+from sdexec.systemd.unanswered import Silence
 from sdexec.testing import EXITED, INACTIVE, FakeManager
 
 
@@ -301,6 +302,20 @@ async def started_service(tmp_path, manager: FakeManager) -> SdexecService:
     service.startService()
     await service.ready
     return service
+
+
+@ensureDeferred
+async def test_the_status_line_tells_a_manager_that_does_not_answer(tmp_path):
+    manager = FakeManager()
+    service = await started_service(tmp_path, manager)
+    notes = service.readiness.notifier = RecordedNotes()
+    manager.silent = Silence("StartTransientUnit", 40, 3)
+    service.readiness.reloaded()  # sends the status line as it is now
+    assert notes.sent[-1]["STATUS"] == (
+        "serving 0 processes; systemd has not answered StartTransientUnit"
+        " for 40 s (3 calls waiting)"
+    )
+    await service.stopService()
 
 
 @ensureDeferred

@@ -406,13 +406,23 @@ async def test_a_reader_sending_ahead_gets_the_answers_made_then_the_close():
 @pytest.fixture
 def metrics_port():
     """``/metrics`` of a registry whose ``/stats`` has 3 execs, 2 refused
-    requests, a drained node and one running process."""
+    requests, a drained node, one running process and a manager that has
+    not answered a start for 40 s."""
     from sdexec.metrics import Metrics
 
     stats = {
         "requests": {"sdexec.exec": 3, "errors": 2, "oom-kills": 1},
         "procs": [{"state": "R"}],
         "drain": {"drained": True, "reason": "maintenance"},
+        "systemd": {
+            "connected": True,
+            "version": "252",
+            "calls": {
+                "unanswered": 3,
+                "queued": 1,
+                "oldest": {"call": "StartTransientUnit", "seconds": 40.5},
+            },
+        },
     }
     metrics = Metrics(reactor, lambda: stats)
     site = stats_site(lambda: stats, metrics.resource())
@@ -440,6 +450,15 @@ async def test_metrics_named_in_the_query_include_those_of_stats(metrics_port):
     assert b"sdexec_oom_kills_total 1.0" in answer
     assert b'sdexec_requests_total{topic="sdexec.exec"} 3.0' in answer
     assert b"sdexec_processes" not in answer
+
+
+@ensureDeferred
+async def test_metrics_tell_a_manager_that_does_not_answer(metrics_port):
+    answer = await deferToThread(exchange, metrics_port, _metrics_request("GET"))
+    assert b"sdexec_systemd_connected 1.0" in answer
+    assert b'sdexec_systemd_calls_waiting{state="unanswered"} 3.0' in answer
+    assert b'sdexec_systemd_calls_waiting{state="queued"} 1.0' in answer
+    assert b"sdexec_systemd_oldest_call_seconds 40.5" in answer
 
 
 @ensureDeferred

@@ -46,6 +46,7 @@ from sdexec.systemd.errors import (
     reconnecting,
 )
 from sdexec.systemd.retry import Backoff
+from sdexec.systemd.unanswered import Silence, UnansweredCalls, calls_waiting
 from sdexec.systemd.watch import UnitWatch, WatchRegistry
 from sdexec.systemd.window import CallWindow
 
@@ -257,6 +258,8 @@ class SystemdClient:
         self._closing = False
         #: Every method call goes through it (``[systemd] max-inflight``).
         self.window = CallWindow(DEFAULT_MAX_INFLIGHT)
+        #: Every call sent and not answered yet (a silent manager is told).
+        self._unanswered = UnansweredCalls(clock)
         self._backoff = Backoff(clock, self._reconnect, "reconnecting to systemd")
         self._clock = clock
         self._absent_timer: IDelayedCall | None = None
@@ -324,6 +327,7 @@ class SystemdClient:
         self.connected = False
         self._backoff.stop()
         self._cancel_absent_check()
+        self._unanswered.stop()
         if self._bus is not None:
             self._bus.disconnect()
         elif not self.disconnected.called:
@@ -524,6 +528,17 @@ class SystemdClient:
     def max_inflight(self, limit: int) -> None:
         self.window.limit = limit
 
+    def silence(self) -> Silence | None:
+        """The oldest call sent and unanswered for
+        :data:`~sdexec.systemd.unanswered.SILENT_AFTER_S` or more, else
+        ``None``."""
+        return self._unanswered.silence()
+
+    def calls_waiting(self) -> dict[str, Any]:
+        """For the stats (:func:`~sdexec.systemd.unanswered.calls_waiting`)."""
+        unanswered = self._unanswered
+        return calls_waiting(len(unanswered), self.window.queued, unanswered.oldest())
+
     # -- Manager methods -------------------------------------------------
 
     def start_transient_unit(
@@ -661,12 +676,15 @@ class SystemdClient:
             # bus trying to activate it (which timed out after 120 s).
             flags=MessageFlag.NONE if autostart else MessageFlag.NO_AUTOSTART,
         )
+        token = self._unanswered.sent(member)
         try:
             reply = await bus.call(message)
         except Exception as error:
             if bus is not self._bus or bus._disconnected:
                 raise connection_lost(_why_lost(error)) from error
             raise
+        finally:
+            self._unanswered.answered(token)
         if reply is None:  # the bus closed before any reply came
             raise connection_lost()
         if self.on_call is not None:

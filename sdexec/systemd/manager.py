@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from twisted.internet.defer import Deferred
 
 from sdexec.property import UnitProperty
+from sdexec.systemd.unanswered import Silence
 
 __all__ = ["Manager", "Watch"]
 
@@ -105,6 +106,16 @@ class Manager(Protocol):
 
     def get_service_properties(self, name: str) -> Deferred[dict[str, Any]]:
         """``GetAll`` of the unit's ``Service`` interface, values unwrapped."""
+        ...
+
+    def silence(self) -> Silence | None:
+        """The oldest call unanswered for ``SILENT_AFTER_S`` or more (the
+        manager may be wedged), else ``None``."""
+        ...
+
+    def calls_waiting(self) -> dict[str, Any]:
+        """For the stats: ``unanswered`` and ``queued`` calls, and the
+        ``oldest`` unanswered one's ``call`` and ``seconds`` (or ``None``)."""
         ...
 
     def disconnect(self) -> None:

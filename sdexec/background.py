@@ -107,6 +107,11 @@ class _Client:
         return bool(self.flags & flag)
 
 
+#: Who may have had a process's end (:attr:`Tracked._end_taken_by`).
+_BY_ATTACH = "an attached client"
+_BY_WAIT = "a wait"
+
+
 class Tracked:
     """One background or waitable process: its mode, retained output, end,
     attached client and waiter. It stands between the
@@ -154,7 +159,10 @@ class Tracked:
         # has its one response; then an attach stream, if any.
         self._client: _Client | None = client
         self._waiter: _Client | None = None
-        self._end_consumed = False  # an attach stream saw `finished`
+        #: Who has had the process's end (an attach stream saw
+        #: ``finished`` or its error, or a wait was answered): ``None``
+        #: while nobody has. RFC 42: an end is delivered once.
+        self._end_taken_by: str | None = None
 
     @property
     def pid(self) -> int:
@@ -187,7 +195,8 @@ class Tracked:
         kind = payload.get("type")
         if kind == "finished":
             self.finished = payload
-            self._end_consumed = self._end_consumed or self.attached
+            if self.attached:
+                self._take_end(_BY_ATTACH)
         if self.mode is Mode.BACKGROUND and kind == "started":
             self._answer_exec(payload)
         elif self._client is not None and self.mode is not Mode.BACKGROUND:
@@ -201,8 +210,12 @@ class Tracked:
         if client is not None:
             client.responder.error(errnum, errstr)
         if self.attached:
-            self._end_consumed = True  # as an attach made after it would
+            self._take_end(_BY_ATTACH)  # as an attach made after it would
             self._to_background()
+        if self._waiter is not None and self._started:
+            # Its unit may linger (a child the stop timer gave up on, a
+            # job's unkillable processes): the end is known now.
+            self._answer_waiter()
 
     def tap(self, stream: str, data: bytes, eof: bool) -> None:
         """Output as the process produced it: kept, and forwarded to an
@@ -229,10 +242,10 @@ class Tracked:
             )
         if self.attached:
             raise RequestError(errno.EBUSY, f"{self._name}: a client is attached")
-        if self._end_consumed:
-            raise RequestError(errno.ESRCH, self._end_went_to_an_attach)
+        if self._end_taken_by is not None:
+            raise RequestError(errno.ESRCH, self._end_gone)
         self._waiter = waiter
-        if self.reaped:
+        if self.reaped or self._stream_ended:
             self._answer_waiter()
 
     def attach(self, client: _Client) -> None:
@@ -247,10 +260,10 @@ class Tracked:
             raise RequestError(errno.EBUSY, f"{self._name}: a wait is pending")
         if not self._started:
             raise RequestError(errno.EBUSY, f"{self._name}: not started yet")
-        if self._end_consumed:
+        if self._end_taken_by is not None:
             # Its unit lingers on (a child, the stop timer), but RFC 42: an
-            # end delivered to an attached client is not delivered again.
-            raise RequestError(errno.ENOENT, self._end_went_to_an_attach)
+            # end delivered is not delivered again.
+            raise RequestError(errno.ENOENT, self._end_gone)
         self.mode, self._client = Mode.ATTACHED, client
         # The replay is written whatever the client reads (sent_to).
         self.sent_to = client.connection_id
@@ -266,13 +279,13 @@ class Tracked:
             if ended and client.forwards(stream):
                 client.responder.respond(self._output(stream, b"", eof=True))
         if self.finished is not None:
-            self._end_consumed = True
+            self._take_end(_BY_ATTACH)
             client.responder.respond(self.finished)
         if self.reaped or self._stream_ended:
             # Ended (its unit may linger, abandoned to the stop timer or a
             # job's unkillable processes): this attach has the end, and the
             # process is forgotten once reaped.
-            self._end_consumed = True
+            self._take_end(_BY_ATTACH)
             self.error(*(self.failure or (errno.ENODATA, "")))
 
     def drop_client(self, connection_id: int) -> None:
@@ -315,7 +328,10 @@ class Tracked:
             return False
         ended_known = self.finished is not None or self.failure is not None
         return (
-            self.waitable and self._started and ended_known and not self._end_consumed
+            self.waitable
+            and self._started
+            and ended_known
+            and self._end_taken_by is None
         )
 
     # -- responses -------------------------------------------------------------
@@ -325,8 +341,13 @@ class Tracked:
         return f"pid {self.pid}" if self.pid > 0 else f"label {self.label!r}"
 
     @property
-    def _end_went_to_an_attach(self) -> str:
-        return f"{self._name}: has ended, and its end went to an attached client"
+    def _end_gone(self) -> str:
+        return f"{self._name}: has ended, and its end went to {self._end_taken_by}"
+
+    def _take_end(self, by: str) -> None:
+        """The end is delivered to ``by``; the first to have it keeps it."""
+        if self._end_taken_by is None:
+            self._end_taken_by = by
 
     def _answer_exec(self, started: dict[str, Any]) -> None:
         client, self._client = self._client, None
@@ -336,7 +357,7 @@ class Tracked:
     def _answer_waiter(self) -> None:
         waiter, self._waiter = self._waiter, None
         assert waiter is not None
-        self._end_consumed = True
+        self._take_end(_BY_WAIT)
         self.sent_to = waiter.connection_id
         if self.finished is None:
             waiter.responder.error(*(self.failure or (errno.EIO, "no exit status")))

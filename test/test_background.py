@@ -897,6 +897,52 @@ async def test_an_attach_to_an_unkillable_job_gets_its_edeadlk(systemd, server, 
     viewer.close()
 
 
+@ensureDeferred
+async def test_a_wait_made_while_the_unit_lingers_is_answered_at_once(
+    systemd, server, client
+):
+    # The stop timer gave up on a child (the main process exited 0): the
+    # wait was answered only at reap, so never while the child lived, and
+    # every attach meanwhile was EBUSY "a wait is pending".
+    abandoned(systemd, server, client, WAITABLE, "a")
+    waiter = Client(server)
+    waiter.send("sdexec.wait", {"label": "a"}, matchtag=1)
+    assert payloads(waiter.of(1))[0]["status"] == 0
+    viewer = Client(server)
+    viewer.send("sdexec.attach", {"label": "a"}, matchtag=1)
+    assert payloads(viewer.of(1)) == [
+        (errno.ENOENT, "pid 8: has ended, and its end went to a wait")
+    ]
+    waiter.send("sdexec.wait", {"label": "a"}, matchtag=2)
+    assert payloads(waiter.of(2)) == [
+        (errno.ESRCH, "pid 8: has ended, and its end went to a wait")
+    ]
+    systemd.release(UNIT)
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    await until(lambda: not server.processes, "reaped")
+    assert server.list()["procs"] == []
+
+
+@ensureDeferred
+async def test_a_pending_wait_gets_an_unkillable_job_s_edeadlk(systemd, server, client):
+    # docs/protocol.md names this EDEADLK as what a wait answers; it waited
+    # for a reap that the job's unkillable processes never let come.
+    systemd.stop_to_inactive = True
+    client.bg(flags=WAITABLE, label="j", SDEXEC_JOBID="f1")
+    systemd.run(UNIT, pid=8)
+    waiter = Client(server)
+    waiter.send("sdexec.wait", {"label": "j"}, matchtag=1)
+    assert payloads(waiter.of(1)) == []  # running: the wait waits
+    server.units[UNIT].unkillable("unkillable user processes for job f1")
+    assert payloads(waiter.of(1)) == [
+        (errno.EDEADLK, "unkillable user processes for job f1")
+    ]
+    systemd.release(UNIT)
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    await until(lambda: not server.processes, "reaped")
+    assert server.list()["procs"] == []
+
+
 def test_kill_wait_and_attach_by_a_reused_pid_name_the_newest(systemd, server, client):
     client.bg(label="old", matchtag=1)
     systemd.run(UNIT, pid=100)

@@ -59,6 +59,9 @@ FORWARDED_SIGNALS = (
     signal.SIGUSR1,
     signal.SIGUSR2,
 )
+#: The signals that end a command that has not started yet (a local one
+#: would die of them before its exec), instead of being held for it.
+INTERRUPTING_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 #: The exit status of a command that could not be found, as a shell's.
 NOT_FOUND = 127
 #: A shell's exit status for a command it cannot execute.
@@ -526,14 +529,21 @@ def _run(options: argparse.Namespace) -> int:
             loop, options.noinput, stdio, lambda: _connect(loop, options), options.usage
         )
         # Caught before connecting: a signal that arrives while we start up
-        # is held until the process has started.
+        # is held until the process has started, or interrupts it.
         loop.catch_signals(FORWARDED_SIGNALS, job.forward_signal)
         try:
             with _connect(loop, options) as connection:
                 job.start(connection, command)
                 loop.run_until(job.ended)
+        except SdexecError:
+            # A signal that cut the connect short (an unconnected socket
+            # for the first write) is what to report, not the write.
+            loop.serve_caught_signals()
+            if job.interrupted is None:
+                raise
         finally:
             close_outputs(job.outputs)
+        loop.serve_caught_signals()  # one the loop had no turn to serve
     return job.exit_code()
 
 
@@ -823,6 +833,8 @@ class _Job:
         self._stdin_open = not noinput and "stdin" not in stdio
         self._receipt: Receipt | None = None
         self._output_lost = False
+        #: The signal that ended the command before its process started.
+        self.interrupted: int | None = None
 
     def start(self, connection: Connection, command: dict[str, Any]) -> None:
         self._connection = connection
@@ -832,9 +844,15 @@ class _Job:
         self._watch_stdin()
 
     def ended(self) -> bool:
+        if self.interrupted is not None:
+            return True
         return self._stream is not None and self._stream.ended
 
     def exit_code(self) -> int:
+        if self.interrupted is not None:
+            name = signal_name(self.interrupted)
+            _fail(f"interrupted by {name} before the process started")
+            return 128 + self.interrupted  # as a shell reports a signal death
         assert self._stream is not None
         failure = self._stream.error
         if failure is not None and self._receipt is None:
@@ -857,16 +875,30 @@ class _Job:
     # -- signals -----------------------------------------------------------
 
     def forward_signal(self, signum: int) -> None:
-        """Send ``signum`` to the process, once it has started."""
+        """Send ``signum`` to the process, once it has started; before, one
+        of :data:`INTERRUPTING_SIGNALS` gives the command up, others wait."""
         stream, connection = self._stream, self._connection
         if stream is None or connection is None or stream.pid is None:
-            self._held_signals.append(signum)
+            self._before_start(signum)
         elif stream.ended:
             return  # nothing left to signal
         elif any(output.waiting for output in self.outputs.values()):
             self._kill_aside(signum, stream.pid)
         else:
             connection.kill(signum, stream.pid, _KillSent(signum, self.ended))
+
+    def _before_start(self, signum: int) -> None:
+        """A signal before the start, which may take minutes (``[systemd]
+        start-timeout``, a manager away): one of
+        :data:`INTERRUPTING_SIGNALS` gives the command up (our connection's
+        close makes the service stop the unit, should it start anyway);
+        another waits for the start."""
+        if signum not in INTERRUPTING_SIGNALS:
+            self._held_signals.append(signum)
+        elif self.interrupted is None:
+            self.interrupted = signum
+            if self._connection is not None:
+                self._connection.close()
 
     def _kill_aside(self, signum: int, pid: int) -> None:
         """The kill on a connection of its own, closed once answered: while

@@ -101,6 +101,12 @@ class Loop:
         self._on_signal = on_signal
         self.watch(readable, READABLE, self._serve_signals)
 
+    def serve_caught_signals(self) -> None:
+        """Call the signal callback now for each signal caught and not yet
+        served (the loop serves them only while it runs)."""
+        if self._wakeup is not None:
+            self._serve_signals()
+
     def _serve_signals(self, _events: int = READABLE) -> None:
         """Call the signal callback for each signal caught since the last."""
         assert self._wakeup is not None and self._on_signal is not None

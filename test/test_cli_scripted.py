@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -282,3 +284,64 @@ def test_an_undrain_prints_each_cause_though_a_reason_holds_the_separator(serve)
 def test_an_undrain_of_a_node_not_drained_exits_0(serve):
     done = sdexec(serve(answering({"reason": None, "cleared": []})), "undrain")
     assert (done.returncode, done.stdout) == (0, b"not drained\n")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_before_the_start_ends_the_command(serve, signum):
+    # Held until `started`, which may take minutes (start-timeout, a
+    # manager away): ^C did nothing however often pressed, and a resource
+    # manager's SIGTERM nothing until its SIGKILL (review session 32 N F1).
+    asked = threading.Event()
+
+    def never_started(request: dict) -> list[dict]:
+        asked.set()
+        return []
+
+    path = serve(never_started)
+    client = subprocess.Popen(
+        [sys.executable, "-m", "sdexec.cli", "--socket", path, "run", "-n", "true"],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert asked.wait(30), "the exec was never sent"
+    client.send_signal(signum)
+    _, stderr = client.communicate(timeout=30)
+    assert client.returncode == 128 + signum
+    name = signal.Signals(signum).name
+    assert (
+        stderr == f"sdexec: interrupted by {name} before the process started\n".encode()
+    )
+
+
+def waiting_in_connect(pid: int) -> None:
+    """Wait until ``pid`` waits in connect(2) for room in a full backlog."""
+    for _ in range(600):
+        if Path(f"/proc/{pid}/wchan").read_text() == "unix_wait_for_peer":
+            return
+        time.sleep(0.05)
+    raise AssertionError("the command never waited in connect(2)")
+
+
+def test_a_signal_during_a_connect_that_waits_is_an_interruption(tmp_path):
+    # The service's backlog full (a wedged service): connect() waits, and a
+    # ^C returned it unconnected; the first write then said "connection
+    # lost: cannot write: Transport endpoint is not connected", exit 1.
+    path = str(tmp_path / "full.sock")
+    with (
+        socket.socket(socket.AF_UNIX) as listener,
+        socket.socket(socket.AF_UNIX) as first,
+    ):
+        listener.bind(path)
+        listener.listen(0)
+        first.setblocking(False)
+        first.connect(path)  # fills the backlog
+        client = subprocess.Popen(
+            [sys.executable, "-m", "sdexec.cli", "--socket", path, "run", "true"],
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        waiting_in_connect(client.pid)
+        client.send_signal(signal.SIGINT)
+        _, stderr = client.communicate(timeout=30)
+    assert client.returncode == 130
+    assert stderr == b"sdexec: interrupted by SIGINT before the process started\n"

@@ -22,6 +22,10 @@ Properties = dict[str, Any]
 # job's protection should not shrink because it has fewer CPUs.
 _SCALED_MEMORY_PROPS = ("MemoryHigh", "MemoryMax", "MemorySwapMax")
 
+# The resource types HwlocMapper fences (map_cores, map_gpus): a rank with
+# neither would run on the whole node.
+_FENCED_KINDS = ("core", "gpu")
+
 
 class ResourceMapper:
     """Base class for mappers from a job's resources to systemd unit properties.
@@ -181,17 +185,11 @@ class HwlocMapper(ResourceMapper):
         through unchanged. A value that is not a memory limit is a
         ``ValueError`` naming the property. ``MemoryMin`` and ``MemoryLow``
         are never scaled.
+
+        Raises ``ValueError`` if R gives this rank no core and no GPU, even
+        when an override has already added properties of its own.
         """
-        if not properties:
-            # Upstream's {} would run the job unconstrained: an R whose rank
-            # has no core and no GPU (a typo such as "cores", an empty set)
-            # is refused instead.
-            children = R.children(self.rank)
-            held = ", ".join(f"{kind}={str(ids)!r}" for kind, ids in children.items())
-            raise ValueError(
-                f"R gives rank {self.rank} no cores and no GPUs to fence (its"
-                f" children: {held or 'none'}): a job is never run unconstrained"
-            )
+        _refuse_nothing_to_fence(R, self.rank)
         super().finalize_properties(properties, R, extra_properties=extra_properties)
         if extra_properties and "AllowedCPUs" in properties:
             cpus = _idset(properties["AllowedCPUs"], "AllowedCPUs")
@@ -200,6 +198,25 @@ class HwlocMapper(ResourceMapper):
             share = Fraction(len(cpus), self._topology.npus)
             properties.update(_scaled_memory_caps(extra_properties, share))
         return properties
+
+
+def _refuse_nothing_to_fence(R: ResourceSet, rank: int) -> None:
+    """``ValueError`` if R gives ``rank`` no core and no GPU (a typo such as
+    "cores", an empty set, no children): upstream's mapper returns {} there,
+    and the job runs on every CPU and device of the node.
+
+    Judged from R, not from the properties made so far: a subclass may add
+    its own (accounting, say) before calling ``finalize_properties``, and
+    those fence nothing.
+    """
+    children = R.children(rank)
+    if any(children.get(kind) for kind in _FENCED_KINDS):
+        return
+    held = ", ".join(f"{kind}={str(ids)!r}" for kind, ids in children.items())
+    raise ValueError(
+        f"R gives rank {rank} no cores and no GPUs to fence (its"
+        f" children: {held or 'none'}): a job is never run unconstrained"
+    )
 
 
 def _refuse_shared_functions(ids: IDset, gpus: list[GPU]) -> None:

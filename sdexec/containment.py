@@ -231,12 +231,7 @@ def _cgroup_cpuset(
     from a cgroup that is there are its ancestors read: one systemd pruned
     (its processes gone), or a path that is not the unit's, says nothing."""
     cgroups = process_cgroups(pid, root) or []
-    candidates = (control_group, _v2_cgroup(cgroups))
-    # One systemd pruned (its processes gone), or a path of another layout
-    # (a hybrid node's), is not there, and its ancestors say nothing of it.
-    unit_cgroup = next(
-        (c for c in candidates if c and unit_cgroup_exists(c, root)), None
-    )
+    unit_cgroup = _unit_v2_cgroup(control_group, cgroups, root)
     if unit_cgroup is not None:
         for cgroup in _self_and_ancestors(unit_cgroup):
             name = f"cpuset.{kind}.effective"
@@ -247,6 +242,17 @@ def _cgroup_cpuset(
     if v1_cgroup is None:
         return None
     return _ids(cgroup_value(root, "sys/fs/cgroup/cpuset", v1_cgroup, f"cpuset.{kind}"))
+
+
+def _unit_v2_cgroup(
+    control_group: str | None, cgroups: list[tuple[str, str]], root: str
+) -> str | None:
+    """The unit's v2 cgroup: ``control_group`` where that is there, else
+    the main process's own (``cgroups``, its ``(controllers, path)``)."""
+    candidates = (control_group, _v2_cgroup(cgroups))
+    # One systemd pruned (its processes gone), or a path of another layout
+    # (a hybrid node's), is not there, and its ancestors say nothing of it.
+    return next((c for c in candidates if c and unit_cgroup_exists(c, root)), None)
 
 
 def _self_and_ancestors(cgroup: str) -> list[str]:
@@ -332,25 +338,27 @@ def judge_fences(
     pid: int,
     first_only: bool = True,
     root: str = "/",
+    bus: str = "user",
 ) -> FenceVerdict:
     """Check ``fences`` against what the kernel holds the unit to: CPUs,
     then memory nodes, then the memory cap; with ``first_only``, stop at
     the first that does not hold. A fence that cannot be read while the
     process lives does not hold (it cannot be verified, as the device
     canary's); once the process has exited, nothing more is checked, and
-    what was read as it went is not trusted."""
+    what was read as it went is not trusted. ``bus`` names the manager that
+    runs the unit (``[systemd] bus``), for the reasons' hints."""
     verdict = FenceVerdict()
     cpusets = [
-        ("AllowedCPUs", "its CPU fence", fences.cpus, enforced_cpus, check_cpu_fence),
+        ("cpus", "its CPU fence", fences.cpus, enforced_cpus, check_cpu_fence),
         (
-            "AllowedMemoryNodes",
+            "mems",
             "its memory node fence",
             fences.mems,
             enforced_mems,
             check_memory_node_fence,
         ),
     ]
-    for name, what, expected, enforced, check in cpusets:
+    for kind, what, expected, enforced, check in cpusets:
         if expected is None:
             continue
         actual = enforced(control_group, pid, root)
@@ -360,11 +368,17 @@ def judge_fences(
         if not process_exists(pid, root):
             verdict.unchecked = what
             return verdict
-        problem = (
-            check(expected, actual)
-            if actual is not None
-            else _unverified(name, pid, root)
-        )
+        if actual is None:
+            problem: str | None = _unverified(_FENCE_NAMES[kind], pid, root)
+        else:
+            problem = check(expected, actual, bus)
+            if problem is not None:
+                # The controller's delegation is the usual cause, but not
+                # when the slice's own set left the unit nothing of its own.
+                slice_reason = _slice_reason(
+                    kind, expected, actual, control_group, pid, root
+                )
+                problem = slice_reason or problem
         if problem is not None:
             verdict.problems.append(problem)
             if first_only:
@@ -374,8 +388,43 @@ def judge_fences(
         if in_force is None:
             verdict.unchecked = "its memory cap"
         elif not in_force:
-            verdict.problems.append(MEMORY_NOT_ENFORCED)
+            verdict.problems.append(MEMORY_NOT_ENFORCED[bus])
     return verdict
+
+
+#: The property each cpuset fence (its ``cpus`` or ``mems``) comes from.
+_FENCE_NAMES = {"cpus": "AllowedCPUs", "mems": "AllowedMemoryNodes"}
+
+
+def _slice_reason(
+    kind: str,
+    expected: IDset,
+    actual: IDset,
+    control_group: str | None,
+    pid: int,
+    root: str,
+) -> str | None:
+    """The reason cpuset fence ``kind`` does not hold when the unit's slice
+    broke it: the controller reaches the unit's own cgroup, but the
+    parent's effective set lacks some of ``expected``. (The kernel gives a
+    cgroup whose set has nothing in common with its parent's the parent's
+    whole set: a slice that keeps housekeeping CPUs from jobs, against an R
+    that still lists them.) ``None`` if the slice is not the cause."""
+    unit = _unit_v2_cgroup(control_group, process_cgroups(pid, root) or [], root)
+    if unit is None or unit == "/":
+        return None
+    name = f"cpuset.{kind}.effective"
+    if _ids(cgroup_value(root, "sys/fs/cgroup", unit, name)) is None:
+        return None  # no controller there: its delegation is the cause
+    parent = _self_and_ancestors(unit)[1]
+    held = _ids(cgroup_value(root, "sys/fs/cgroup", parent, name))
+    if held is None or expected.issubset(held):
+        return None
+    why = (
+        f"the slice's own cpuset is the cause: {parent} has {name}"
+        f" {held}, without the job's {expected - held}"
+    )
+    return _not_enforced(_FENCE_NAMES[kind], expected, actual, why)
 
 
 #: Where each fence is read when the unit's cgroup has no cpuset.
@@ -464,29 +513,48 @@ def _process_cgroups(pid: int, root: str) -> tuple[str | None, str | None] | Non
     return _v1_cgroup(entries, "memory"), _v2_cgroup(entries)
 
 
-MEMORY_NOT_ENFORCED = (
-    "MemoryMax not enforced: the unit's cgroup has no memory limit (is the"
-    " memory controller delegated to the user instance?)"
-)
+def _controller_hint(controller: str, bus: str) -> str:
+    """Where to look when ``controller`` does not hold a unit of the
+    manager on ``bus``, as the device canary words its reason by bus: a
+    user manager has only what is delegated to it."""
+    if bus == "system":
+        return (
+            f"does the system manager have the {controller} controller? a"
+            " container must be delegated it"
+        )
+    return f"is the {controller} controller delegated to the user instance?"
 
 
-def check_cpu_fence(expected: IDset, actual: IDset) -> str | None:
+#: The reason a unit's memory cap does not hold, by ``[systemd] bus``.
+MEMORY_NOT_ENFORCED = {
+    bus: "MemoryMax not enforced: the unit's cgroup has no memory limit"
+    f" ({_controller_hint('memory', bus)})"
+    for bus in ("user", "system")
+}
+
+
+def check_cpu_fence(expected: IDset, actual: IDset, bus: str = "user") -> str | None:
     """``None`` if the fence holds (the usable CPUs are within the allowed
-    ones), else the reason, for the client and the drain record."""
-    return _check_cpuset("AllowedCPUs", expected, actual)
+    ones), else the reason, for the client and the drain record; its hint
+    is worded for the manager on ``bus``."""
+    return _check_cpuset("AllowedCPUs", expected, actual, bus)
 
 
-def check_memory_node_fence(expected: IDset, actual: IDset) -> str | None:
+def check_memory_node_fence(
+    expected: IDset, actual: IDset, bus: str = "user"
+) -> str | None:
     """``None`` if the fence holds (the usable NUMA nodes are within the
-    allowed ones), else the reason, for the client and the drain record."""
-    return _check_cpuset("AllowedMemoryNodes", expected, actual)
+    allowed ones), else the reason, for the client and the drain record;
+    its hint is worded for the manager on ``bus``."""
+    return _check_cpuset("AllowedMemoryNodes", expected, actual, bus)
 
 
-def _check_cpuset(name: str, expected: IDset, actual: IDset) -> str | None:
+def _check_cpuset(name: str, expected: IDset, actual: IDset, bus: str) -> str | None:
     if actual.issubset(expected):
         return None
     # Both fences are cpuset's: a manager without the controller holds neither.
-    return (
-        f"{name} not enforced: expected {expected} got {actual}"
-        " (is the cpuset controller delegated to the user instance?)"
-    )
+    return _not_enforced(name, expected, actual, _controller_hint("cpuset", bus))
+
+
+def _not_enforced(name: str, expected: IDset, actual: IDset, why: str) -> str:
+    return f"{name} not enforced: expected {expected} got {actual} ({why})"

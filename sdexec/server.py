@@ -408,7 +408,11 @@ class SdexecServer:
         first that does not hold is the problem; under ``warn`` all that do
         not are logged, in one line."""
         verdict = judge_fences(
-            fences, cgroup, pid, first_only=self.containment.check != "warn"
+            fences,
+            cgroup,
+            pid,
+            first_only=self.containment.check != "warn",
+            bus=self.config.systemd.bus,
         )
         if verdict.unchecked is not None:
             self.log_rate.warn(

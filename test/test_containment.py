@@ -491,9 +491,9 @@ async def test_a_memory_cap_the_node_does_not_enforce_fails_and_drains(
             await unit.started()
         assert (refused.value.errnum, refused.value.errstr) == (
             errno.EIO,
-            MEMORY_NOT_ENFORCED,
+            MEMORY_NOT_ENFORCED["user"],
         )
-        assert service.server.drain_reason == MEMORY_NOT_ENFORCED
+        assert service.server.drain_reason == MEMORY_NOT_ENFORCED["user"]
         assert (await client.stats())["requests"]["fence-failures"] == 1
 
 
@@ -942,14 +942,15 @@ def main_process():
     process.wait()
 
 
-def fenced_exec(mapped: dict, pid: int, check: str = "drain"):
+def fenced_exec(mapped: dict, pid: int, check: str = "drain", bus: str = "user"):
     """An exec whose mapper sets ``mapped``, on a server with the fake
-    manager; the unit starts with ``pid`` as its main process.
+    manager of ``bus``; the unit starts with ``pid`` as its main process.
     (server, the connection's responses)."""
     config = parse_config(
         {
             "exec": {"sdexec-constrain-resources": True},
             "sdexec": {"containment-check": check},
+            "systemd": {"bus": bus},
         }
     )
     systemd = FakeManager()
@@ -994,6 +995,17 @@ def test_a_fence_the_node_does_not_hold_fails_the_job_and_drains(
     assert [error_of(response) for response in responses] == [(errno.EIO, reason)]
     assert server.stats()["drain"] == drained_by(reason)
     assert server.counters["fence-failures"] == 1
+
+
+def test_the_service_words_a_fence_s_hint_for_the_system_manager(main_process):
+    held = own_fences(main_process)
+    fences = {**held, "AllowedCPUs": str(ABSENT_NODE)}
+    _, responses = fenced_exec(fences, main_process, bus="system")
+    [(errnum, reason)] = [error_of(response) for response in responses]
+    assert errnum == errno.EIO and reason.endswith(
+        "(does the system manager have the cpuset controller? a container"
+        " must be delegated it)"
+    )
 
 
 def test_a_mapper_fencing_memory_nodes_alone_has_them_checked(main_process):
@@ -1156,7 +1168,7 @@ def test_judging_goes_on_to_the_memory_cap_on_a_kernel_without_cpusets(tmp_path)
     _fake_file(tmp_path, "proc/42/cgroup", "0::" + CGROUP)
     fences = Fences(IDset("0-1"), IDset("0"), memory_capped=True)
     verdict = judge_fences(fences, CGROUP, 42, root=str(tmp_path))
-    assert verdict == FenceVerdict(problems=[MEMORY_NOT_ENFORCED])
+    assert verdict == FenceVerdict(problems=[MEMORY_NOT_ENFORCED["user"]])
 
 
 @pytest.mark.parametrize(
@@ -1225,3 +1237,95 @@ def test_the_fence_check_looks_for_the_sites_real_memory_cap(configured, capped)
         {} if configured is None else {"sdexec-properties": {"MemoryMax": configured}}
     )
     assert Containment(parse_config({"exec": table}), None).caps_memory is capped
+
+
+# --- Reasons worded for the manager and the slice (review 32 L, F2) ----------
+
+SYSTEM_CGROUP = "/sdexec.slice/job.service"
+
+
+def _fake_system_unit(root: Path, cpus: str, mems: str, memory_max: str) -> None:
+    """Process 42 in a system manager's unit under sdexec.slice, with the
+    unit's own cpuset effective sets and memory.max."""
+    unit = f"sys/fs/cgroup{SYSTEM_CGROUP}"
+    _fake_file(root, "proc/42/stat", "42 (flux-shell) S 1 42 42 0 -1\n")
+    _fake_file(root, "proc/42/status", "Name:\tflux-shell\nMems_allowed_list:\t0\n")
+    _fake_file(root, "proc/42/cgroup", f"0::{SYSTEM_CGROUP}\n")
+    _fake_file(root, f"{unit}/cgroup.procs", "42\n")
+    _fake_file(root, f"{unit}/cpuset.cpus.effective", cpus)
+    _fake_file(root, f"{unit}/cpuset.mems.effective", mems)
+    _fake_file(root, f"{unit}/memory.max", memory_max)
+
+
+@pytest.mark.parametrize(
+    ("fences", "kind", "held", "reason"),
+    [
+        (Fences(IDset("0-1"), IDset("0")), "cpus", "2-15",
+         "AllowedCPUs not enforced: expected 0-1 got 2-15 (the slice's own"
+         " cpuset is the cause: /sdexec.slice has cpuset.cpus.effective 2-15,"
+         " without the job's 0-1)"),
+        (Fences(IDset("0-3"), IDset("0")), "mems", "1",
+         "AllowedMemoryNodes not enforced: expected 0 got 1 (the slice's own"
+         " cpuset is the cause: /sdexec.slice has cpuset.mems.effective 1,"
+         " without the job's 0)"),
+    ],
+    ids=["cpus", "mems"],
+)  # fmt: skip
+@pytest.mark.parametrize("bus", ["user", "system"])
+def test_a_slice_cpuset_excluding_the_job_is_named_as_the_cause(
+    tmp_path, fences, kind, held, reason, bus
+):
+    # sdexec.slice keeps housekeeping CPUs (or a NUMA node) from jobs while
+    # R still lists them: the unit's set has nothing in common with its
+    # slice's, so the kernel gives it the slice's. The reason blamed the
+    # cpuset controller's delegation to the user instance, even under the
+    # system manager, with cpuset enabled on the unit.
+    _fake_system_unit(tmp_path, "0-3\n", "0\n", "max\n")
+    _fake_file(tmp_path, f"sys/fs/cgroup{SYSTEM_CGROUP}/cpuset.{kind}.effective", held)
+    _fake_file(tmp_path, f"sys/fs/cgroup/sdexec.slice/cpuset.{kind}.effective", held)
+    verdict = judge_fences(fences, SYSTEM_CGROUP, 42, root=str(tmp_path), bus=bus)
+    assert verdict.problems == [reason]
+
+
+def test_a_slice_that_includes_the_job_is_not_blamed(tmp_path):
+    # The controller reaches the unit, and the slice holds all of the job's
+    # CPUs: something else (the unit's own set never written) is the cause.
+    _fake_system_unit(tmp_path, "0-15\n", "0\n", "max\n")
+    _fake_file(tmp_path, "sys/fs/cgroup/sdexec.slice/cpuset.cpus.effective", "0-15\n")
+    verdict = judge_fences(
+        Fences(IDset("0-1")), SYSTEM_CGROUP, 42, root=str(tmp_path), bus="system"
+    )
+    assert verdict.problems == [
+        "AllowedCPUs not enforced: expected 0-1 got 0-15 (does the system manager"
+        " have the cpuset controller? a container must be delegated it)"
+    ]
+
+
+@pytest.mark.parametrize("bus", ["user", "system"])
+def test_an_undelegated_controller_is_hinted_for_the_manager_that_runs_the_unit(
+    tmp_path, bus
+):
+    # No cpuset in the unit's cgroup (the controller does not reach it): its
+    # slice's set, which excludes the job, is read, and the controller is
+    # the cause, not the slice. Under the system manager no user instance is
+    # involved.
+    _fake_system_unit(tmp_path, "0-3\n", "0\n", "max\n")
+    for kind in ("cpus", "mems"):
+        (tmp_path / f"sys/fs/cgroup{SYSTEM_CGROUP}/cpuset.{kind}.effective").unlink()
+    _fake_file(tmp_path, "sys/fs/cgroup/sdexec.slice/cpuset.cpus.effective", "2-15\n")
+    _fake_file(tmp_path, "sys/fs/cgroup/sdexec.slice/cpuset.mems.effective", "0\n")
+    fences = Fences(IDset("0-1"), IDset("0"), memory_capped=True)
+    verdict = judge_fences(
+        fences, SYSTEM_CGROUP, 42, first_only=False, root=str(tmp_path), bus=bus
+    )
+    hint = {
+        "user": "is the {} controller delegated to the user instance?",
+        "system": "does the system manager have the {} controller? a container"
+        " must be delegated it",
+    }[bus]
+    assert verdict.problems == [
+        f"AllowedCPUs not enforced: expected 0-1 got 2-15 ({hint.format('cpuset')})",
+        "MemoryMax not enforced: the unit's cgroup has no memory limit"
+        f" ({hint.format('memory')})",
+    ]
+    assert verdict.problems[1] == MEMORY_NOT_ENFORCED[bus]

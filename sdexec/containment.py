@@ -82,6 +82,14 @@ class Containment:
         #: hold must not let any client drain the node.
         self.caps_memory = _caps_memory(self.extra_properties.get("MemoryMax"))
 
+    def checks_memory_cap(self, memory_max: str | None) -> bool:
+        """Whether the fence check looks for the cap of a unit given
+        ``memory_max`` (its final ``MemoryMax``): the site caps memory, and
+        the unit's is a cap. A mapper may lift the site's for some jobs
+        (``infinity``: the spec lets its values win), and the kernel then
+        holds the unit to no limit, as asked."""
+        return self.caps_memory and _caps_memory(memory_max)
+
     @classmethod
     def from_config(cls, config: Config) -> Containment:
         """Build the mapper when containment is on (reading the topology

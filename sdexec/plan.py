@@ -130,6 +130,9 @@ class ExecPlan:
     fence_mems: IDset | None
     #: Whether containment mapped this request (the mapper's statistics).
     mapped: bool
+    #: Whether the fence check looks for the unit's memory cap (the site's,
+    #: not lifted by the mapper).
+    memory_capped: bool
     #: The streams whose descriptors the client passed (stdio passthrough),
     #: in the order the descriptors came; the service makes no channel for them.
     stdio: tuple[str, ...] = ()
@@ -240,6 +243,7 @@ def plan_exec(
         fence=IDset(allowed_cpus) if allowed_cpus else None,
         fence_mems=IDset(allowed_mems) if allowed_mems else None,
         mapped=containment.applies_to(command),
+        memory_capped=containment.checks_memory_cap(merged.get("MemoryMax")),
         stdio=_stdio(payload.get("stdio", ())),
     )
 

@@ -247,7 +247,7 @@ class SdexecServer:
             plan,
             responder,
             verify=self._fence_verifier(
-                plan.fence, plan.fence_mems, self.containment.caps_memory
+                plan.fence, plan.fence_mems, plan.memory_capped
             ),
             tap=tracked.tap if tracked is not None else None,
             stdio=stdio,

@@ -66,6 +66,7 @@ from sdexec.containment import (
     memory_cap_in_force,
 )
 from sdexec.idset import IDset
+from sdexec.plan import plan_exec
 from sdexec.procfs import process_exists
 from sdexec.protocol import ExecFlag
 from sdexec.server import SdexecServer
@@ -1237,6 +1238,31 @@ def test_the_fence_check_looks_for_the_sites_real_memory_cap(configured, capped)
         {} if configured is None else {"sdexec-properties": {"MemoryMax": configured}}
     )
     assert Containment(parse_config({"exec": table}), None).caps_memory is capped
+
+
+@pytest.mark.parametrize(
+    ("mapped", "checked"),
+    [("536870912", True), ("infinity", False)],
+    ids=["scaled", "lifted"],
+)
+def test_the_cap_checked_is_the_one_the_unit_was_given(mapped, checked):
+    # A site mapper may lift the site's MemoryMax for some jobs (its values
+    # win, the spec says); the kernel then holds the unit to no limit, as
+    # asked, and the check that looked for the site's cap drained the node
+    # (review session 32 L F3).
+    config = parse_config(
+        {
+            "exec": {
+                "sdexec-constrain-resources": True,
+                "sdexec-properties": {"MemoryMax": "90%"},
+            }
+        }
+    )
+    mapper = FakeMapper({"AllowedCPUs": "0", "MemoryMax": mapped})
+    opts = {R_OPTION: r_local("0")}
+    payload = {"flags": STREAMS, "cmd": command(["true"], opts=opts)}
+    plan = plan_exec(payload, config, Containment(config, mapper))
+    assert plan.memory_capped is checked
 
 
 # --- Reasons worded for the manager and the slice (review 32 L, F2) ----------

@@ -26,6 +26,7 @@ Standard library only: the command line imports this module.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -222,13 +223,26 @@ class Receipt:
         return self.result == OOM_KILL or bool(self.oom_kills)
 
     def oom_message(self) -> str:
-        """``killed by the OOM killer (MemoryMax=512M)``, for the user."""
+        """``killed by the OOM killer (MemoryMax=512M)``, for the user; or,
+        where the command itself was not (the cgroup counted a kill of
+        another of its processes: a child, a task of a job shell), ``the
+        OOM killer ended 1 process of its unit (…)``."""
         limit = (
             f"MemoryMax={format_bytes(self.memory_max)}"
             if self.memory_max is not None
             else "no MemoryMax set"
         )
-        return f"killed by the OOM killer ({limit})"
+        if self.result == OOM_KILL or self._killed_by_sigkill:
+            return f"killed by the OOM killer ({limit})"
+        count = self.oom_kills or 0
+        processes = "process" if count == 1 else "processes"
+        return f"the OOM killer ended {count} {processes} of its unit ({limit})"
+
+    @property
+    def _killed_by_sigkill(self) -> bool:
+        """The OOM killer's signal ended the command itself."""
+        status = self.status
+        return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
 
     def usage_lines(self) -> list[str]:
         """The receipt as ``systemd-run --wait`` words it; a line only for

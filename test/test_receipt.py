@@ -141,6 +141,27 @@ def test_a_receipt_reads_the_keys_and_drops_malformed_ones():
     assert plain == Receipt(0) and not plain.oom_killed
 
 
+@pytest.mark.parametrize(
+    ("status", "result", "said"),
+    [
+        (9, "oom-kill", "killed by the OOM killer (MemoryMax=1.0G)"),
+        (9, "signal", "killed by the OOM killer (MemoryMax=1.0G)"),
+        (0, "success", "the OOM killer ended 1 process of its unit (MemoryMax=1.0G)"),
+        (
+            1 << 8,
+            "exit-code",
+            "the OOM killer ended 1 process of its unit (MemoryMax=1.0G)",
+        ),
+    ],
+)
+def test_the_oom_line_says_whether_the_command_itself_was_killed(status, result, said):
+    # The cgroup counts a kill of any of the unit's processes (a child, a
+    # task of a job shell): a command that exited 0 was said to be killed
+    # (review session 32 N F2).
+    receipt = Receipt(status, result, 1, 1024 * MiB)
+    assert receipt.oom_killed and receipt.oom_message() == said
+
+
 def test_run_prints_usage_like_systemd_run_and_the_oom_line_last():
     receipt = Receipt(9, "oom-kill", 1, None, {
         "wall_time_usec": 2_005_000, "cpu_usage_nsec": 1_500_000,

@@ -94,3 +94,18 @@ def test_the_status_line_tells_a_silence():
     assert describe_server("fence failed", 0, Silence("StopUnit", 30, 1)) == (
         "drained: fence failed; systemd has not answered StopUnit for 30 s"
     )
+
+
+def test_one_timer_at_most_is_left_to_stop():
+    # After a silence, a young call still waiting had a second timer armed
+    # beside its own, which stop() left behind (review session 32 S1).
+    clock = Clock()
+    calls = UnansweredCalls(clock)
+    first = calls.sent("StopUnit")
+    clock.advance(SILENT_AFTER_S)  # silent; no timer now
+    calls.sent("KillUnit")  # arms one for itself
+    clock.advance(5)
+    calls.answered(first)  # answers again: the young call is watched
+    assert len(clock.getDelayedCalls()) == 1
+    calls.stop()
+    assert clock.getDelayedCalls() == []

@@ -122,6 +122,7 @@ class UnansweredCalls:
         self._timer = None
 
     def _arm(self, delay: float) -> None:
+        self.stop()  # one timer at most: the oldest call's
         self._timer = self._clock.callLater(delay, self._check)
 
     def _check(self) -> None:

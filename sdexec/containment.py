@@ -426,11 +426,13 @@ def _slice_reason(
         return None  # no controller there: its delegation is the cause
     parent = _self_and_ancestors(unit)[1]
     held = _ids(cgroup_value(root, "sys/fs/cgroup", parent, name))
-    if held is None or expected.issubset(held):
+    # Only a set with nothing in common: the kernel gives a unit what it
+    # asked that its parent has, so one that overlaps was never written.
+    if held is None or expected & held:
         return None
     why = (
         f"the slice's own cpuset is the cause: {parent} has {name}"
-        f" {held}, without the job's {expected - held}"
+        f" {held}, none of the job's {expected}"
     )
     return _not_enforced(_FENCE_NAMES[kind], expected, actual, why)
 

@@ -243,7 +243,11 @@ def plan_exec(
         fence=IDset(allowed_cpus) if allowed_cpus else None,
         fence_mems=IDset(allowed_mems) if allowed_mems else None,
         mapped=containment.applies_to(command),
-        memory_capped=containment.checks_memory_cap(merged.get("MemoryMax")),
+        memory_capped=containment.checks_memory_cap(
+            # The site's cap as the mapper left it: a request's own, tighter
+            # one is its business (one the node cannot hold must not drain it).
+            mapped.get("MemoryMax", config.exec.sdexec_properties.get("MemoryMax"))
+        ),
         stdio=_stdio(payload.get("stdio", ())),
     )
 

@@ -1263,6 +1263,12 @@ def test_the_cap_checked_is_the_one_the_unit_was_given(mapped, checked):
     payload = {"flags": STREAMS, "cmd": command(["true"], opts=opts)}
     plan = plan_exec(payload, config, Containment(config, mapper))
     assert plan.memory_capped is checked
+    # A request's own, tighter cap is its business: one the node cannot
+    # hold must not drain it (review session 32 S5).
+    opts["SDEXEC_PROP_MemoryMax"] = "256M"
+    payload = {"flags": STREAMS, "cmd": command(["true"], opts=opts)}
+    plan = plan_exec(payload, config, Containment(config, mapper))
+    assert plan.memory_capped is checked
 
 
 # --- Reasons worded for the manager and the slice (review 32 L, F2) ----------
@@ -1289,11 +1295,11 @@ def _fake_system_unit(root: Path, cpus: str, mems: str, memory_max: str) -> None
         (Fences(IDset("0-1"), IDset("0")), "cpus", "2-15",
          "AllowedCPUs not enforced: expected 0-1 got 2-15 (the slice's own"
          " cpuset is the cause: /sdexec.slice has cpuset.cpus.effective 2-15,"
-         " without the job's 0-1)"),
+         " none of the job's 0-1)"),
         (Fences(IDset("0-3"), IDset("0")), "mems", "1",
          "AllowedMemoryNodes not enforced: expected 0 got 1 (the slice's own"
          " cpuset is the cause: /sdexec.slice has cpuset.mems.effective 1,"
-         " without the job's 0)"),
+         " none of the job's 0)"),
     ],
     ids=["cpus", "mems"],
 )  # fmt: skip
@@ -1323,6 +1329,21 @@ def test_a_slice_that_includes_the_job_is_not_blamed(tmp_path):
     )
     assert verdict.problems == [
         "AllowedCPUs not enforced: expected 0-1 got 0-15 (does the system manager"
+        " have the cpuset controller? a container must be delegated it)"
+    ]
+
+
+def test_a_slice_that_shares_some_of_the_job_s_cpus_is_not_blamed(tmp_path):
+    # Job 0-3, slice 2-15: a fence written would give the unit 2-3, within
+    # it; a unit holding the slice's whole set never had its own written
+    # (review session 32 S3).
+    _fake_system_unit(tmp_path, "2-15\n", "0\n", "max\n")
+    _fake_file(tmp_path, "sys/fs/cgroup/sdexec.slice/cpuset.cpus.effective", "2-15\n")
+    verdict = judge_fences(
+        Fences(IDset("0-3")), SYSTEM_CGROUP, 42, root=str(tmp_path), bus="system"
+    )
+    assert verdict.problems == [
+        "AllowedCPUs not enforced: expected 0-3 got 2-15 (does the system manager"
         " have the cpuset controller? a container must be delegated it)"
     ]
 

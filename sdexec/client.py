@@ -92,13 +92,31 @@ _log = Logger()
 #: the close, and the processes it stops, for ever.
 CLOSE_GRACE_S = 5.0
 
+#: The most stdin data one ``sdexec.write`` carries: its JSON is at most 6
+#: bytes a byte (``\u0001``), so 768 KiB and the envelope fit the smallest
+#: ``max-frame-size`` a service may have (1M). A larger write is sent in
+#: pieces of it: one longer message made the service drop the connection,
+#: and every process on it.
+WRITE_PIECE = 128 * 1024
+
+#: The longest socket path a connection takes, in bytes: ``sun_path`` holds
+#: 108, the terminating NUL included.
+MAX_SOCKET_PATH = 107
+
 
 def connect(reactor: IReactorUNIX, path: str) -> Deferred[SdexecClient]:
     """Connect to the service listening on the UNIX socket ``path``.
 
     Errbacks with :class:`ConnectionFailed` naming the path if there is no
-    socket there or nothing listens on it.
+    socket there, nothing listens on it, or the path is longer than
+    :data:`MAX_SOCKET_PATH`.
     """
+    size = len(os.fsencode(path))
+    if size > MAX_SOCKET_PATH:
+        # Said at once: Twisted logged a TypeError for it and reported a
+        # timeout 30 s later.
+        why = f"AF_UNIX path too long ({size} bytes, at most {MAX_SOCKET_PATH})"
+        return fail(cannot_connect(path, None, why))
     client = SdexecClient(path, cast(IReactorTime, reactor))
     connecting = connectProtocol(UNIXClientEndpoint(reactor, path), client)
     return connecting.addErrback(_connect_failed, path)
@@ -108,6 +126,27 @@ def _connect_failed(failure: Failure, path: str) -> Failure:
     code = getattr(failure.value, "osError", None)
     code = code if isinstance(code, int) else None
     return Failure(cannot_connect(path, code, failure.getErrorMessage()))
+
+
+class _StdinRefusals:
+    """Where the service's refusal of an exec's stdin goes.
+
+    The service answers a write only to refuse it, on the write's matchtag
+    (docs/protocol.md, ``sdexec.write``): every write of one exec carries
+    the matchtag of its first, which is tracked while the exec runs (one
+    per write would be tracked for ever: a write taken is never answered).
+    """
+
+    streaming = True  # as many writes as the process reads, none answered
+
+    def __init__(self, handle: ExecHandle) -> None:
+        self._handle = handle
+
+    def respond(self, payload: dict) -> None:
+        pass  # a write taken is not answered; one that is has nothing to say
+
+    def end(self, error: SdexecError) -> None:
+        self._handle.stdin_refused(error)
 
 
 class _Call:
@@ -231,7 +270,13 @@ class SdexecClient(JSONLineProtocol):
             Topic.EXEC, payload, streaming=False if background else None
         )
         handle = ExecHandle(
-            self, request["matchtag"], cmd, flags, on_response, passed=passed
+            self,
+            request["matchtag"],
+            cmd,
+            flags,
+            on_response,
+            passed=passed,
+            stdin_passed=stdio is not None and "stdin" in stdio,
         )
         handle.streaming = not background
         try:
@@ -380,11 +425,27 @@ class SdexecClient(JSONLineProtocol):
         else:
             self._producing.discard(handle)
 
-    def send_no_response(self, topic: str, payload: dict[str, Any]) -> None:
-        """Send a request that gets no response (``sdexec.write``); dropped
-        if the connection is gone."""
-        if self._requests.lost is None:
-            self._send(self._requests.new(topic, payload))
+    def send_write(self, handle: ExecHandle, io: dict) -> None:
+        """Send ``io`` to ``handle``'s stdin (``sdexec.write``); dropped if
+        the connection is gone. A refusal of it goes to
+        :meth:`ExecHandle.stdin_refused` (:class:`_StdinRefusals`)."""
+        if self._requests.lost is not None:
+            return
+        payload = {"matchtag": handle.matchtag, "io": io}
+        if handle.write_matchtag is not None:
+            write = self._requests.new(
+                Topic.WRITE, payload, matchtag=handle.write_matchtag
+            )
+            self._send(write)
+            return
+        write = self._requests.new(Topic.WRITE, payload)
+        self._track(write, _StdinRefusals(handle))
+        handle.write_matchtag = write["matchtag"]
+
+    def forget_writes(self, handle: ExecHandle) -> None:
+        """``handle`` has ended: a refusal of its writes answers nothing now."""
+        if handle.write_matchtag is not None:
+            self._requests.forget(handle.write_matchtag)
 
     def _track(
         self, request: dict[str, Any], pending: Pending, fds: Sequence[int] = ()
@@ -444,6 +505,10 @@ class ExecHandle:
     registered with :meth:`registerProducer` is paused while credit is
     exhausted and resumed when it grows, so stdin can be streamed without
     holding much.
+
+    A write the service refuses (:meth:`stdin_refused`) ends stdin there:
+    ``stdin_error`` says why, and ``done`` fails with it once the stream
+    has ended well.
     """
 
     streaming = True
@@ -456,6 +521,7 @@ class ExecHandle:
         flags: int,
         on_response: Callable[[dict], None],
         passed: Sequence[int] = (),
+        stdin_passed: bool = False,
     ) -> None:
         self.matchtag = matchtag
         #: The process id, once ``started`` has arrived.
@@ -474,9 +540,17 @@ class ExecHandle:
         #: Ended with ENODATA: the process finished, its unit is gone.
         self._ended_well = False
         self._end_error: SdexecError | None = None
-        #: close_stdin() was called: later writes are dropped, whatever the
-        #: credit held back meanwhile.
+        #: close_stdin() was called, or a write refused: later writes are
+        #: dropped, whatever the credit held back meanwhile.
         self._stdin_closed = False
+        #: The process's stdin is a descriptor passed with ``stdio``: the
+        #: service refuses writes to it.
+        self._stdin_passed = stdin_passed
+        #: The matchtag every write of this exec carries (that of the first).
+        self.write_matchtag: int | None = None
+        #: The service's refusal of a write (:class:`RPCError`: ``ENOSPC``
+        #: for an overrun of the credit, ``EINVAL``), once one has come.
+        self.stdin_error: SdexecError | None = None
         self._producer: IPushProducer | None = None
         self._paused = False
         self._early_kills: list[tuple[int, Deferred[dict]]] = []
@@ -495,30 +569,38 @@ class ExecHandle:
 
     def write(self, data: bytes) -> None:
         """Send ``data`` to the process's stdin, as far as the credit goes
-        (the rest is sent as credit comes). After :meth:`close_stdin`, or
-        once the stream has ended, it is dropped, as the service would drop
-        it."""
+        (the rest is sent as credit comes), in writes of at most
+        :data:`WRITE_PIECE` bytes. After :meth:`close_stdin`, a refused
+        write, or once the stream has ended, it is dropped, as the service
+        would drop it. ``ValueError`` if the process's stdin was passed
+        with ``stdio``."""
+        self._check_stdin_is_ours("write")
         if not data or self._ended or self._stdin_closed:
             return
+        # Bytes, as encode_io takes them; a copy of a mutable buffer, as a
+        # caller that reads into it again (a readinto loop) would change
+        # what is held.
+        view = memoryview(data if type(data) is bytes else bytes(data))
         if self._credit is None:
-            self._send_stdin(encode_io("stdin", "0", data))
+            for start in range(0, len(view), WRITE_PIECE):
+                piece = view[start : start + WRITE_PIECE]
+                self._client.send_write(self, encode_io("stdin", "0", bytes(piece)))
             return
-        # A copy of a mutable buffer: a caller that reads into it again
-        # (a readinto loop) would change what is held.
-        self._held.append(memoryview(data if type(data) is bytes else bytes(data)))
+        self._held.append(view)
         self._send_held()
         self.pace_producer()
 
     def close_stdin(self) -> None:
         """Close the process's stdin (a write with ``eof``), after what is
-        held for credit."""
+        held for credit. ``ValueError`` if it was passed with ``stdio``."""
+        self._check_stdin_is_ours("close_stdin")
         if self._ended or self._stdin_closed:
             return
         self._stdin_closed = True
         if self._held:
             self._eof_held = True
             return
-        self._send_stdin(encode_io("stdin", "0", eof=True))
+        self._client.send_write(self, encode_io("stdin", "0", eof=True))
 
     def kill(self, signum: int) -> Deferred[dict]:
         """Signal the process. Before ``started`` the signal is held and sent
@@ -546,7 +628,7 @@ class ExecHandle:
         if not streaming:
             raise ValueError("ExecHandle: only push producers are supported")
         self._producer, self._paused = producer, False
-        if self._ended:
+        if self._ended or self.stdin_error is not None:
             self._stop_producer()
         else:
             self._client.producing(self, True)
@@ -600,11 +682,34 @@ class ExecHandle:
         self._ended_well = is_end_of_stream(error)
         self._held, self._eof_held = deque(), False  # as the service would drop it
         self._stop_producer()
+        self._client.forget_writes(self)
         self._send_early_kills(error)
-        if is_end_of_stream(error):
+        failed = self.stdin_error if self._ended_well else error
+        if failed is None:
             self.done.callback(None)
         else:
-            self.done.errback(error)
+            self.done.errback(failed)
+
+    def stdin_refused(self, error: SdexecError) -> None:
+        """The service refused a write of this exec (or the connection went,
+        which :meth:`end` reports): its data and all written after it are
+        dropped, as the service drops them. The producer is stopped, and
+        the refusal is logged, kept in ``stdin_error``, and what ``done``
+        fails with once the stream has ended (the process runs on, with
+        the stdin it got)."""
+        if error is self._client.lost:
+            return
+        self.stdin_error = error
+        self._stdin_closed = True
+        self._held, self._eof_held = deque(), False
+        self._stop_producer()
+        _log.warn(
+            "sdexec: stdin of exec {matchtag} (pid {pid}) refused, the rest"
+            " dropped: {error}",
+            matchtag=self.matchtag,
+            pid=self.pid,
+            error=error,
+        )
 
     # -- internals --------------------------------------------------------
 
@@ -613,17 +718,22 @@ class ExecHandle:
         while self._passed:
             os.close(self._passed.pop())
 
-    def _send_stdin(self, io: dict) -> None:
-        payload = {"matchtag": self.matchtag, "io": io}
-        self._client.send_no_response(Topic.WRITE, payload)
+    def _check_stdin_is_ours(self, call: str) -> None:
+        """``ValueError`` if stdin was passed with ``stdio``: the service
+        refuses writes to it, which the caller would learn only late."""
+        if self._stdin_passed:
+            raise ValueError(
+                f"{call}: the process's stdin is the descriptor passed with"
+                " stdio: write to or close that descriptor instead"
+            )
 
     def _send_held(self) -> None:
         """Send held stdin while there is credit for it, then a held EOF."""
         assert self._credit is not None  # only held with flow control
         while self._held and self._credit.available > 0:
             view = self._held[0]
-            now = view[: self._credit.available]
-            self._send_stdin(encode_io("stdin", "0", bytes(now)))
+            now = view[: min(self._credit.available, WRITE_PIECE)]
+            self._client.send_write(self, encode_io("stdin", "0", bytes(now)))
             self._credit.spend(len(now))
             if len(now) == len(view):
                 self._held.popleft()  # (a list's pop(0) made draining quadratic)
@@ -631,7 +741,7 @@ class ExecHandle:
                 self._held[0] = view[len(now) :]
         if self._eof_held and not self._held:
             self._eof_held = False
-            self._send_stdin(encode_io("stdin", "0", eof=True))
+            self._client.send_write(self, encode_io("stdin", "0", eof=True))
 
     def _add_credit(self, channels: Any) -> None:
         if self._credit is None or not self._credit.add(channels):

@@ -135,11 +135,19 @@ class Requests:
         self._closing_error: RPCError | None = None
 
     def new(
-        self, topic: str, payload: dict[str, Any], streaming: bool | None = None
+        self,
+        topic: str,
+        payload: dict[str, Any],
+        streaming: bool | None = None,
+        matchtag: int | None = None,
     ) -> dict[str, Any]:
-        """A request with the next matchtag (and the envelope's
-        ``streaming`` when given: false runs an exec in the background)."""
-        matchtag, self._next_matchtag = self._next_matchtag, self._next_matchtag + 1
+        """A request with the next matchtag, or ``matchtag`` (an earlier
+        request's: the Twisted client's writes of one exec share one), and
+        the envelope's ``streaming`` when given (false runs an exec in the
+        background)."""
+        if matchtag is None:
+            matchtag = self._next_matchtag
+            self._next_matchtag += 1
         request = {
             "type": "request",
             "topic": topic,
@@ -158,6 +166,11 @@ class Requests:
             return False
         self._in_flight[request["matchtag"]] = pending
         return True
+
+    def forget(self, matchtag: int) -> None:
+        """Route nothing more to the request of ``matchtag``, if it is still
+        tracked (one answered only when it fails, such as writes)."""
+        self._in_flight.pop(matchtag, None)
 
     def dispatch(self, message: dict[str, Any]) -> str | None:
         """Give ``message`` to its request; a warning to log if it answers

@@ -132,6 +132,25 @@ def test_missing_socket_names_the_path(tmp_path):
         yield connect(reactor, path)
 
 
+@pytest.mark.parametrize("size", [107, 108])
+@pytest_twisted.inlineCallbacks
+def test_a_socket_path_too_long_fails_at_once_naming_the_limit(tmp_path, size):
+    # Twisted logged a TypeError for it and reported a timeout 30 s later.
+    base = f"{tmp_path}/"
+    path = base + "x" * (size - len(base))
+    connecting = connect(reactor, path)
+    if size == 107:  # as long as a socket path may be: none there
+        with pytest.raises(ConnectionFailed, match=f"{path}: No such file"):
+            yield connecting
+        return
+    assert connecting.called
+    with pytest.raises(ConnectionFailed) as failure:
+        yield connecting
+    assert str(failure.value) == (
+        f"cannot connect to {path}: AF_UNIX path too long (108 bytes, at most 107)"
+    )
+
+
 @pytest_twisted.inlineCallbacks
 def test_refused_socket_names_the_path(tmp_path):
     path = str(tmp_path / "dead.sock")
@@ -853,23 +872,25 @@ def test_cli_missing_command_exits_127(served):
 
 
 @pytest_twisted.inlineCallbacks
-def test_cli_forwards_sigterm_as_kill(served):
+def test_cli_forwards_a_signal_held_before_the_start_as_kill(served):
+    # (SIGINT, SIGTERM and SIGHUP before the start end the command instead:
+    # test_cli_scripted.py.)
     peer, client = served
     cli = _spawn_cli(client.path, ["run", "--no-passthrough", "-n", "sleep", "100"])
     peer = yield peer.factory.peers.get()
     request = yield peer.requests.get()
     yield peer.requests.get()  # stdin EOF
-    cli.transport.signalProcess("TERM")  # before started: held until then
+    cli.transport.signalProcess(signal.SIGUSR1)  # before started: held till then
     peer.respond(request, {"type": "started", "pid": 42})
     kill = yield peer.requests.get()
     assert (kill["topic"], kill["payload"]) == (
         "sdexec.kill",
-        {"pid": 42, "signum": 15},
+        {"pid": 42, "signum": signal.SIGUSR1},
     )
     peer.respond(kill, {})
-    peer.respond(request, {"type": "finished", "status": signal.SIGTERM})
+    peer.respond(request, {"type": "finished", "status": signal.SIGUSR1})
     peer.fail(request, ENODATA)
-    assert (yield cli.ended) == 143
+    assert (yield cli.ended) == 128 + signal.SIGUSR1
     assert bytes(cli.err) == b""
 
 

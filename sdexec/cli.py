@@ -261,6 +261,11 @@ def _add_kill(kill: argparse.ArgumentParser) -> None:
         type=_signal_argument,
         help="a signal name (TERM, SIGTERM) or number",
     )
+    kill.add_argument(
+        "--all",
+        action="store_true",
+        help="every process of its unit, not its main process only",
+    )
     _add_target(kill)
 
 
@@ -590,7 +595,10 @@ def _ps(options: argparse.Namespace) -> int:
 
 
 def _kill(options: argparse.Namespace) -> int:
-    _request(options, Topic.KILL, {**options.target, "signum": options.signum})
+    payload = {**options.target, "signum": options.signum}
+    if options.all:
+        payload["who"] = "all"
+    _request(options, Topic.KILL, payload)
     return 0
 
 
@@ -885,7 +893,7 @@ class _Job:
         elif any(output.waiting for output in self.outputs.values()):
             self._kill_aside(signum, stream.pid)
         else:
-            connection.kill(signum, stream.pid, _KillSent(signum, self.ended))
+            connection.kill_unit(signum, stream.pid, _KillSent(signum, self.ended))
 
     def _before_start(self, signum: int) -> None:
         """A signal before the start, which may take minutes (``[systemd]
@@ -910,7 +918,8 @@ class _Job:
         except SdexecError as failure:
             _fail(f"kill {signal_name(signum)}: {failure}")
             return
-        aside.kill(signum, pid, _KillSent(signum, self.ended, answered=aside.close))
+        sent = _KillSent(signum, self.ended, answered=aside.close)
+        aside.kill_unit(signum, pid, sent)
 
     def _send_held_signals(self) -> None:
         held, self._held_signals = self._held_signals, []

@@ -316,13 +316,14 @@ class SdexecClient(JSONLineProtocol):
         pid: int | None = None,
         label: str | None = None,
         signum: int = 15,
-        who: str = "all",
+        who: str = "main",
     ) -> Deferred[dict]:
         """Signal the process with this ``pid`` or ``label`` (give exactly
-        one): every process of its unit, or with ``who="main"`` its main
-        process only. ``signum`` is an integer (``signal.SIGTERM`` too)."""
+        one): its unit's main process, as RFC 42 and Flux's sdexec do, or
+        with ``who="all"`` every process of its unit. ``signum`` is an
+        integer (``signal.SIGTERM`` too)."""
         target = {**process_target(pid, label), "signum": _signal_number(signum)}
-        return self.rpc(Topic.KILL, target if who == "all" else {**target, "who": who})
+        return self.rpc(Topic.KILL, target if who == "main" else {**target, "who": who})
 
     def terminate(
         self,
@@ -553,7 +554,7 @@ class ExecHandle:
         self.stdin_error: SdexecError | None = None
         self._producer: IPushProducer | None = None
         self._paused = False
-        self._early_kills: list[tuple[int, Deferred[dict]]] = []
+        self._early_kills: list[tuple[int, str, Deferred[dict]]] = []
         #: Stdin written beyond the credit, and whether EOF follows it.
         self._held: deque[memoryview] = deque()
         self._eof_held = False
@@ -602,20 +603,21 @@ class ExecHandle:
             return
         self._client.send_write(self, encode_io("stdin", "0", eof=True))
 
-    def kill(self, signum: int) -> Deferred[dict]:
-        """Signal the process. Before ``started`` the signal is held and sent
-        once the pid is known; if the process never starts, errbacks with
-        ESRCH, as it does once the stream has ended well (the process and
-        its unit are gone: its pid may be another's by now)."""
+    def kill(self, signum: int, who: str = "main") -> Deferred[dict]:
+        """Signal the process (``who``: as :meth:`SdexecClient.kill`).
+        Before ``started`` the signal is held and sent once the pid is
+        known; if the process never starts, errbacks with ESRCH, as it does
+        once the stream has ended well (the process and its unit are gone:
+        its pid may be another's by now)."""
         signum = _signal_number(signum)  # at once, not when started comes
         if self._ended_well and self.streaming:
             return fail(RPCError(errno.ESRCH, f"kill: pid {self.pid} has ended"))
         if self.pid is not None:
-            return self._client.kill(pid=self.pid, signum=signum)
+            return self._client.kill(pid=self.pid, signum=signum, who=who)
         if self._ended:
             return fail(self._unstarted_kill_error(self._end_error))
         waiting: Deferred[dict] = Deferred()
-        self._early_kills.append((signum, waiting))
+        self._early_kills.append((signum, who, waiting))
         return waiting
 
     # Narrower than IConsumer's IProducer on purpose: pull producers are refused.
@@ -760,9 +762,9 @@ class ExecHandle:
         (the stream ``ended`` first) ESRCH, or the connection's loss (the
         process may well have started)."""
         kills, self._early_kills = self._early_kills, []
-        for signum, waiting in kills:
+        for signum, who, waiting in kills:
             if self.pid is not None:
-                sent = self._client.kill(pid=self.pid, signum=signum)
+                sent = self._client.kill(pid=self.pid, signum=signum, who=who)
             else:
                 sent = fail(self._unstarted_kill_error(ended))
             sent.chainDeferred(waiting)

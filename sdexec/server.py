@@ -804,7 +804,9 @@ class SdexecServer:
                 errno.EINVAL,
                 f"signum: expected a signal number from 1 to {signal.NSIG - 1}",
             )
-        who = payload.get("who", "all")
+        # RFC 42 signals "a remote process", and Flux's sdexec its unit's
+        # main one: a job shell forwards signals to its tasks itself.
+        who = payload.get("who", "main")
         if who not in ("all", "main"):
             raise RequestError(errno.EINVAL, 'who: expected "all" or "main"')
         pid, label = parse_target(payload, "kill")

@@ -345,10 +345,12 @@ class Connection:
         stream.matchtag = self.send(Topic.ATTACH, payload, stream)
         return stream
 
-    def kill(self, signum: int, pid: int, pending: Pending) -> None:
-        """Send ``signum`` to process ``pid`` (``sdexec.kill``); the
-        response goes to ``pending``."""
-        self.send(Topic.KILL, {"pid": pid, "signum": signum}, pending)
+    def kill_unit(self, signum: int, pid: int, pending: Pending) -> None:
+        """Send ``signum`` to every process of process ``pid``'s unit
+        (``sdexec.kill``, ``who`` ``all``: what a terminal sends a
+        foreground job's process group); the response goes to ``pending``."""
+        payload = {"pid": pid, "signum": signum, "who": "all"}
+        self.send(Topic.KILL, payload, pending)
 
     def write_stdin(self, stream: Exec, data: bytes) -> None:
         """Send ``data`` (``b""``: EOF) to the process's stdin."""

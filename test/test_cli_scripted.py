@@ -345,3 +345,47 @@ def test_a_signal_during_a_connect_that_waits_is_an_interruption(tmp_path):
         _, stderr = client.communicate(timeout=30)
     assert client.returncode == 130
     assert stderr == b"sdexec: interrupted by SIGINT before the process started\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "who"), [((), None), (("--all",), "all")], ids=["main", "all"]
+)
+def test_kill_signals_the_main_process_unless_all_are_asked_for(serve, args, who):
+    asked: list[dict] = []
+
+    def answer(request: dict) -> list[dict]:
+        asked.append(request["payload"])
+        return [response(request, {})]
+
+    done = sdexec(serve(answer), "kill", *args, "TERM", "42")
+    assert done.returncode == 0, done.stderr
+    assert asked == [{"pid": 42, "signum": 15, **({"who": who} if who else {})}]
+
+
+def test_run_forwards_its_signals_to_every_process_of_the_unit(serve):
+    # As a terminal signals a foreground job's process group.
+    kills: list[dict] = []
+    started = threading.Event()
+
+    def script(request: dict) -> list[dict]:
+        if request["topic"] == "sdexec.exec":
+            started.set()
+            return [response(request, {"type": "started", "pid": 42})]
+        kills.append(request["payload"])
+        return [response(request, {})]
+
+    client = subprocess.Popen(
+        [sys.executable, "-m", "sdexec.cli", "--socket", serve(script), "run", "true"],
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        assert started.wait(30)
+        for _ in range(600):
+            client.send_signal(signal.SIGUSR1)  # held until the loop has started
+            if kills:
+                break
+            time.sleep(0.05)
+        assert kills[0] == {"pid": 42, "signum": signal.SIGUSR1, "who": "all"}
+    finally:
+        client.kill()
+        client.wait()

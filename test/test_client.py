@@ -246,11 +246,11 @@ def test_kill_by_label_and_bad_targets(served):
     peer, client = served
     client.kill(label="job", signum=2)
     assert (yield peer.requests.get())["payload"] == {"label": "job", "signum": 2}
-    client.kill(label="job", signum=2, who="main")  # the job shell only
+    client.kill(label="job", signum=2, who="all")  # every process of its unit
     assert (yield peer.requests.get())["payload"] == {
         "label": "job",
         "signum": 2,
-        "who": "main",
+        "who": "all",
     }
     for bad in ({}, {"pid": 1, "label": "job"}):
         with pytest.raises(ValueError, match="exactly one"):
@@ -885,7 +885,7 @@ def test_cli_forwards_a_signal_held_before_the_start_as_kill(served):
     kill = yield peer.requests.get()
     assert (kill["topic"], kill["payload"]) == (
         "sdexec.kill",
-        {"pid": 42, "signum": signal.SIGUSR1},
+        {"pid": 42, "signum": signal.SIGUSR1, "who": "all"},
     )
     peer.respond(kill, {})
     peer.respond(request, {"type": "finished", "status": signal.SIGUSR1})
@@ -930,7 +930,7 @@ def test_cli_forwards_sigterm_while_its_stdout_waits_for_a_reader(served):
     kill = yield aside.requests.get()
     assert (kill["topic"], kill["payload"]) == (
         "sdexec.kill",
-        {"pid": 42, "signum": 15},
+        {"pid": 42, "signum": 15, "who": "all"},
     )
     aside.respond(kill, {})
     peer.respond(request, {"type": "finished", "status": signal.SIGTERM})

@@ -517,14 +517,18 @@ def test_kill_by_pid_or_label(systemd, connection):
     assert error_of(connection.last()) == (errno.ESRCH, "kill pid=5 not found")
 
 
-def test_a_kill_may_signal_the_main_process_only(systemd, connection):
-    # As Flux's sdexec does: a job shell forwards to its tasks itself.
+def test_a_kill_signals_the_main_process_unless_all_are_asked_for(systemd, connection):
+    # RFC 42 signals "a remote process", and Flux's sdexec its unit's main
+    # one: a job shell forwards to its tasks itself, which got each signal
+    # twice when every process of the unit was signalled by default
+    # (review session 32 P F1).
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "j"}})
-    connection.send("sdexec.kill", {"signum": 2, "label": "j", "who": "main"}, 2)
+    connection.send("sdexec.kill", {"signum": 2, "label": "j"}, 2)
     systemd.run(UNIT)  # held for the start, with its target
-    connection.send("sdexec.kill", {"signum": 15, "label": "j"}, matchtag=3)
+    connection.send("sdexec.kill", {"signum": 15, "label": "j", "who": "all"}, 3)
+    connection.send("sdexec.kill", {"signum": 1, "label": "j", "who": "main"}, 4)
     kills = [call for call in systemd.calls if call[0] == "kill"]
-    assert kills == [("kill", "main", 2), ("kill", "all", 15)]
+    assert kills == [("kill", "main", 2), ("kill", "all", 15), ("kill", "main", 1)]
     connection.send("sdexec.kill", {"signum": 15, "label": "j", "who": "x"}, 4)
     assert error_of(connection.last()) == (
         errno.EINVAL,
@@ -607,6 +611,18 @@ def test_a_refused_write_without_a_matchtag_gets_no_response(systemd, connection
         errno.EINVAL,
         "io.stream: 'stdout' is not stdin",
     )
+
+
+def test_a_kill_of_a_main_process_that_has_exited_is_esrch(systemd, connection):
+    # Its unit lingers on a child: systemd has no main process to signal.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "j"}})
+    systemd.run(UNIT)
+    none = SystemdError(
+        "org.freedesktop.systemd1.NoSuchProcess", "No main process to kill"
+    )
+    systemd.kill_unit = lambda *args: defer.fail(none)
+    connection.send("sdexec.kill", {"signum": 15, "label": "j"}, matchtag=2)
+    assert error_of(connection.last()) == (errno.ESRCH, "No main process to kill")
 
 
 def test_a_failed_kill_is_eio(systemd, connection):

@@ -209,7 +209,7 @@ def test_a_request_a_callback_sends_to_a_peer_gone_loses_nothing_received(tmp_pa
         def on_response(payload: dict) -> None:
             seen.append(payload["type"])
             if payload["type"] == "started":
-                connection.kill(15, 42, _Ignored())
+                connection.kill_unit(15, 42, _Ignored())
 
         stream = connection.exec({"cmdline": ["true"]}, 3, on_response)
         accepted, _ = server.accept()

@@ -44,6 +44,8 @@ UNIT_EXISTS = "org.freedesktop.systemd1.UnitExists"
 #: A call on a unit systemd no longer has loaded ("Unit X not loaded."): it
 #: ended and was unloaded meanwhile.
 NO_SUCH_UNIT = "org.freedesktop.systemd1.NoSuchUnit"
+#: A signal for a unit's main process when it has none (it exited).
+NO_SUCH_PROCESS = "org.freedesktop.systemd1.NoSuchProcess"
 
 #: The errno a client sees for a D-Bus error name; anything else is EIO.
 DBUS_ERRNO = {
@@ -55,6 +57,9 @@ DBUS_ERRNO = {
     "org.freedesktop.DBus.Error.AccessDenied": errno.EPERM,
     # A signal for a process whose unit is gone: as kill(2) says of a pid.
     NO_SUCH_UNIT: errno.ESRCH,
+    # KillUnit "main" of a unit whose main process has exited, its
+    # children lingering: "No main process to kill".
+    NO_SUCH_PROCESS: errno.ESRCH,
     CONNECTION_LOST: errno.EAGAIN,
     RECONNECTING: errno.EAGAIN,
     MANAGER_AWAY: errno.EAGAIN,

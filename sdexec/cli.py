@@ -655,11 +655,12 @@ def _stats(options: argparse.Namespace) -> int:
 def _http_stats(url: str) -> dict:
     """``GET url`` (the service's stats endpoint), with treq: the only part
     of the command that loads Twisted."""
-    from twisted.internet.task import react
+    from twisted.internet import reactor
+    from twisted.internet.defer import ensureDeferred
 
     result: dict[str, Any] = {}
 
-    async def get(_reactor: Any) -> None:
+    async def get() -> None:
         import treq
 
         try:
@@ -669,15 +670,28 @@ def _http_stats(url: str) -> dict:
             else:
                 result["report"] = await response.json()
         except Exception as error:  # refused, timed out, not JSON: one line
-            result["error"] = f"cannot read {url}: {error}"
+            result["error"] = f"cannot read {url}: {_http_failure(error)}"
 
-    import contextlib  # with Twisted: this command's start-up is not lean
-
-    with contextlib.suppress(SystemExit):  # react always exits
-        react(get)
+    ensureDeferred(get()).addBoth(lambda _: reactor.stop())
+    # Not twisted's react(): its SIGTERM handler ended the command with a
+    # lost connection's words; it dies of its signals, as any command does.
+    reactor.run(installSignalHandlers=False)  # type: ignore[call-arg]
     if "error" in result:
         raise SdexecError(result["error"])
     return result["report"]
+
+
+def _http_failure(error: Exception) -> str:
+    """What went wrong, in words: treq's ``ResponseNeverReceived`` and its
+    kin hold a list of Twisted failures, which ``str()`` shows as reprs."""
+    from twisted.internet.error import ConnectionClosed
+
+    reasons = getattr(error, "reasons", None)
+    if not reasons:
+        return str(error)
+    if reasons[0].check(ConnectionClosed):
+        return "the server closed the connection without answering"
+    return reasons[0].getErrorMessage()
 
 
 def _undrain(options: argparse.Namespace) -> int:

@@ -389,3 +389,51 @@ def test_run_forwards_its_signals_to_every_process_of_the_unit(serve):
     finally:
         client.kill()
         client.wait()
+
+
+def _stats_url(listener: socket.socket) -> str:
+    return f"http://127.0.0.1:{listener.getsockname()[1]}/stats"
+
+
+def test_stats_from_an_endpoint_that_closes_says_so_in_words():
+    # It printed treq's list of Failure reprs (review session 32 N F3).
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+
+        def close_unanswered() -> None:
+            connection, _ = listener.accept()
+            connection.close()
+
+        threading.Thread(target=close_unanswered, daemon=True).start()
+        url = _stats_url(listener)
+        done = sdexec("/nonexistent", "stats", "--url", url)
+    assert done.returncode == 1
+    assert done.stderr.decode() == (
+        f"sdexec: cannot read {url}: the server closed the connection without"
+        " answering\n"
+    )
+
+
+def test_stats_from_an_endpoint_that_never_answers_dies_of_sigterm():
+    # Twisted's react() caught SIGTERM: exit 1 and a lost connection's repr.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        client = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sdexec.cli",
+                "stats",
+                "--url",
+                _stats_url(listener),
+            ],
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        connection, _ = listener.accept()  # the request is on its way
+        with connection:
+            client.send_signal(signal.SIGTERM)
+            _, stderr = client.communicate(timeout=30)
+    assert client.returncode == -signal.SIGTERM, stderr

@@ -17,7 +17,7 @@ def messages(events) -> list[str]:
     return [formatEvent(event) for event in events]
 
 
-def test_a_call_answered_in_time_says_nothing_and_leaves_no_timer():
+def test_a_call_answered_in_time_says_nothing():
     clock = Clock()
     calls = UnansweredCalls(clock)
     with capturedLogs() as events:
@@ -25,8 +25,19 @@ def test_a_call_answered_in_time_says_nothing_and_leaves_no_timer():
         clock.advance(SILENT_AFTER_S - 1)
         assert calls.silence() is None
         calls.answered(token)
+        # Its timer stays (not one armed and cancelled per call), finds
+        # nothing, and is not armed again.
+        clock.advance(1)
     assert events == [] and clock.getDelayedCalls() == []
     assert calls.oldest() is None and len(calls) == 0
+
+
+def test_calls_one_after_another_arm_one_timer():
+    clock = Clock()
+    calls = UnansweredCalls(clock)
+    for _ in range(100):
+        calls.answered(calls.sent("StopUnit"))
+    assert len(clock.getDelayedCalls()) == 1
 
 
 def test_a_silent_manager_is_told_once_and_its_return_too():
@@ -50,7 +61,7 @@ def test_a_silent_manager_is_told_once_and_its_return_too():
         assert calls.silence() == Silence("KillUnit", 124.0, 1)
         calls.answered(second)
     assert messages(events)[1] == "systemd answers again (KillUnit after 124 s)"
-    assert calls.silence() is None and clock.getDelayedCalls() == []
+    assert calls.silence() is None
 
 
 def test_each_call_is_timed_from_its_own_sending():

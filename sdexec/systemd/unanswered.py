@@ -88,10 +88,12 @@ class UnansweredCalls:
     def answered(self, token: int) -> None:
         """A call's reply, error or loss came."""
         member, when = self._calls.pop(token)
+        # A timer armed stays (it finds nothing, or the next oldest): not
+        # one armed and cancelled per call, on the path of every unit.
+        if not self._silent:
+            return
         oldest = self.oldest()
-        if oldest is None:
-            self.stop()
-        if self._silent and (oldest is None or oldest.seconds < self._after_s):
+        if oldest is None or oldest.seconds < self._after_s:
             self._silent = False
             log.info(
                 "systemd answers again ({member} after {seconds:.0f} s)",
@@ -116,7 +118,7 @@ class UnansweredCalls:
         return oldest
 
     def stop(self) -> None:
-        """No timer left behind (nothing waits, or the client is closed)."""
+        """No timer left behind (the client is closed)."""
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None

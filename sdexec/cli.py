@@ -595,10 +595,12 @@ def _ps(options: argparse.Namespace) -> int:
 
 
 def _kill(options: argparse.Namespace) -> int:
-    payload = {**options.target, "signum": options.signum}
-    if options.all:
-        payload["who"] = "all"
-    _request(options, Topic.KILL, payload)
+    # "who" always: a service older than the main-process default would
+    # take its absence for every process.
+    who = "all" if options.all else "main"
+    _request(
+        options, Topic.KILL, {**options.target, "signum": options.signum, "who": who}
+    )
     return 0
 
 
@@ -652,6 +654,10 @@ def _stats(options: argparse.Namespace) -> int:
     return 0
 
 
+#: How long ``stats --url`` waits for the endpoint's answer.
+_HTTP_TIMEOUT_S = 30
+
+
 def _http_stats(url: str) -> dict:
     """``GET url`` (the service's stats endpoint), with treq: the only part
     of the command that loads Twisted."""
@@ -664,7 +670,7 @@ def _http_stats(url: str) -> dict:
         import treq
 
         try:
-            response = await treq.get(url, persistent=False, timeout=30)
+            response = await treq.get(url, persistent=False, timeout=_HTTP_TIMEOUT_S)
             if response.code != 200:
                 result["error"] = f"{url}: HTTP {response.code}"
             else:
@@ -672,7 +678,12 @@ def _http_stats(url: str) -> dict:
         except Exception as error:  # refused, timed out, not JSON: one line
             result["error"] = f"cannot read {url}: {_http_failure(error)}"
 
-    ensureDeferred(get()).addBoth(lambda _: reactor.stop())
+    def start() -> None:
+        # Once running: a request treq fails at once (a URL without a
+        # scheme) would stop a reactor not yet running, and hang the next.
+        ensureDeferred(get()).addBoth(lambda _: reactor.stop())
+
+    reactor.callWhenRunning(start)
     # Not twisted's react(): its SIGTERM handler ended the command with a
     # lost connection's words; it dies of its signals, as any command does.
     reactor.run(installSignalHandlers=False)  # type: ignore[call-arg]
@@ -684,14 +695,17 @@ def _http_stats(url: str) -> dict:
 def _http_failure(error: Exception) -> str:
     """What went wrong, in words: treq's ``ResponseNeverReceived`` and its
     kin hold a list of Twisted failures, which ``str()`` shows as reprs."""
+    from twisted.internet.defer import CancelledError
     from twisted.internet.error import ConnectionClosed
 
     reasons = getattr(error, "reasons", None)
     if not reasons:
-        return str(error)
+        return str(error) or type(error).__name__
     if reasons[0].check(ConnectionClosed):
         return "the server closed the connection without answering"
-    return reasons[0].getErrorMessage()
+    if reasons[0].check(CancelledError):  # treq's timeout cancels the request
+        return f"no answer within {_HTTP_TIMEOUT_S} s"
+    return reasons[0].getErrorMessage() or reasons[0].type.__name__
 
 
 def _undrain(options: argparse.Namespace) -> int:

@@ -323,7 +323,9 @@ class SdexecClient(JSONLineProtocol):
         with ``who="all"`` every process of its unit. ``signum`` is an
         integer (``signal.SIGTERM`` too)."""
         target = {**process_target(pid, label), "signum": _signal_number(signum)}
-        return self.rpc(Topic.KILL, target if who == "main" else {**target, "who": who})
+        # "who" always: a service older than the main-process default would
+        # take its absence for every process.
+        return self.rpc(Topic.KILL, {**target, "who": who})
 
     def terminate(
         self,

@@ -57,7 +57,7 @@ from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import RequestRefused, json_quoted, printable
 from sdexec.signals import signal_name
 from sdexec.systemd import Manager, errno_for
-from sdexec.systemd.errors import is_unit_gone
+from sdexec.systemd.errors import NO_SUCH_PROCESS, SystemdError, is_unit_gone
 
 __all__ = ["ClientProtocol", "RequestError", "SdexecServer", "SdexecServerFactory"]
 
@@ -816,8 +816,8 @@ class SdexecServer:
         if process is None:
             target = f"label={label}" if label is not None else f"pid={pid}"
             raise RequestError(errno.ESRCH, f"kill {target} not found")
-        answer: defer.Deferred[dict] = process.kill(signum, who).addCallback(
-            lambda _: {}
+        answer: defer.Deferred[dict] = process.kill(signum, who).addCallbacks(
+            lambda _: {}, _main_process_gone, errbackArgs=(pid, label)
         )
         if isinstance(process, Process) and process.signals_wait_for_start:
             return AwaitingStart(answer, process.signals_go_out())
@@ -1431,6 +1431,21 @@ class ClientProtocol(StdioReceivingProtocol):
 
 def _unindexed(_process: Process) -> None:
     """``pid_known`` of a process no client may find (the device canary)."""
+
+
+def _main_process_gone(failure: Failure, pid: int | None, label: str | None) -> Failure:
+    """A kill of a main process that has exited while others of its unit
+    linger: ESRCH that says so, and how to reach the rest (systemd says
+    only "No main process to kill")."""
+    error = failure.value
+    if not isinstance(error, SystemdError) or error.name != NO_SUCH_PROCESS:
+        return failure
+    target = f"label={label}" if label is not None else f"pid={pid}"
+    raise RequestError(
+        errno.ESRCH,
+        f'kill {target}: its main process has exited; "who": "all" (sdexec kill'
+        " --all) signals the processes its unit still has",
+    )
 
 
 def _errno_of(error: BaseException) -> int:

@@ -348,7 +348,7 @@ def test_a_signal_during_a_connect_that_waits_is_an_interruption(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("args", "who"), [((), None), (("--all",), "all")], ids=["main", "all"]
+    ("args", "who"), [((), "main"), (("--all",), "all")], ids=["main", "all"]
 )
 def test_kill_signals_the_main_process_unless_all_are_asked_for(serve, args, who):
     asked: list[dict] = []
@@ -359,7 +359,9 @@ def test_kill_signals_the_main_process_unless_all_are_asked_for(serve, args, who
 
     done = sdexec(serve(answer), "kill", *args, "TERM", "42")
     assert done.returncode == 0, done.stderr
-    assert asked == [{"pid": 42, "signum": 15, **({"who": who} if who else {})}]
+    # "who" always: a service older than the main-process default would
+    # take its absence for every process.
+    assert asked == [{"pid": 42, "signum": 15, "who": who}]
 
 
 def test_run_forwards_its_signals_to_every_process_of_the_unit(serve):
@@ -437,3 +439,25 @@ def test_stats_from_an_endpoint_that_never_answers_dies_of_sigterm():
             client.send_signal(signal.SIGTERM)
             _, stderr = client.communicate(timeout=30)
     assert client.returncode == -signal.SIGTERM, stderr
+
+
+def test_stats_from_a_url_treq_refuses_at_once_is_one_line():
+    # Failed before the reactor ran: its stop was lost, and the command
+    # hung for ever, saying nothing (review session 32 T1).
+    done = sdexec("/nonexistent", "stats", "--url", "localhost:8490/stats")
+    assert done.returncode == 1
+    assert done.stderr.decode().startswith("sdexec: cannot read localhost:8490/stats: ")
+    assert done.stderr.decode().count("\n") == 1
+
+
+def test_a_stats_request_that_timed_out_says_so():
+    # treq's timeout cancels the request: its reason had no words, and the
+    # line ended at the colon (review session 32 T2).
+    from twisted.internet.defer import CancelledError
+    from twisted.python.failure import Failure
+    from twisted.web._newclient import ResponseNeverReceived
+
+    from sdexec.cli import _http_failure
+
+    timed_out = ResponseNeverReceived([Failure(CancelledError())])
+    assert _http_failure(timed_out) == "no answer within 30 s"

@@ -218,7 +218,7 @@ def test_rpc_error_response_is_rpc_error(served):
     peer, client = served
     killed = client.kill(pid=99, signum=9)
     request = yield peer.requests.get()
-    assert request["payload"] == {"pid": 99, "signum": 9}
+    assert request["payload"] == {"pid": 99, "signum": 9, "who": "main"}
     peer.fail(request, errno.ESRCH, "kill pid=99 not found")
     with pytest.raises(RPCError) as caught:
         yield killed
@@ -244,8 +244,12 @@ def test_an_error_whose_errnum_is_no_errno_still_ends_its_request(served, errnum
 @pytest_twisted.inlineCallbacks
 def test_kill_by_label_and_bad_targets(served):
     peer, client = served
-    client.kill(label="job", signum=2)
-    assert (yield peer.requests.get())["payload"] == {"label": "job", "signum": 2}
+    client.kill(label="job", signum=2)  # its main process; said, for any service
+    assert (yield peer.requests.get())["payload"] == {
+        "label": "job",
+        "signum": 2,
+        "who": "main",
+    }
     client.kill(label="job", signum=2, who="all")  # every process of its unit
     assert (yield peer.requests.get())["payload"] == {
         "label": "job",
@@ -543,7 +547,7 @@ def test_kill_before_started_waits_for_the_pid(served, signum):
     request = yield peer.requests.get()
     peer.respond(request, {"type": "started", "pid": 42})
     kill = yield peer.requests.get()
-    assert kill["payload"] == {"pid": 42, "signum": 15}
+    assert kill["payload"] == {"pid": 42, "signum": 15, "who": "main"}
     peer.respond(kill, {})
     assert (yield killed) == {}
 

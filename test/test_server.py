@@ -622,7 +622,11 @@ def test_a_kill_of_a_main_process_that_has_exited_is_esrch(systemd, connection):
     )
     systemd.kill_unit = lambda *args: defer.fail(none)
     connection.send("sdexec.kill", {"signum": 15, "label": "j"}, matchtag=2)
-    assert error_of(connection.last()) == (errno.ESRCH, "No main process to kill")
+    assert error_of(connection.last()) == (
+        errno.ESRCH,
+        'kill label=j: its main process has exited; "who": "all" (sdexec kill'
+        " --all) signals the processes its unit still has",
+    )
 
 
 def test_a_failed_kill_is_eio(systemd, connection):

@@ -12,32 +12,40 @@ for it). Two kinds of metric:
   and whether it succeeded) and ``SdexecServer.observer`` (each exec
   stream's responses, and every error response).
 
-prometheus-client's resource renders in the reactor's thread pool, while the
-server lives in the reactor thread: the collector takes its snapshot of
-``stats()`` in the reactor thread and waits for it (bounded by
-:data:`SNAPSHOT_TIMEOUT_SECONDS`).
+A scrape takes its snapshot of ``stats()`` in the reactor thread, where the
+server lives, renders the text in the reactor's thread pool (a large one
+takes milliseconds), and writes it from the reactor thread again. Nothing
+in the pool waits for the reactor: prometheus-client's WSGI resource wrote
+its answer by waiting on the reactor from the pool, and a scrape caught by
+the service's stop hung the stop for ever (the reactor waits for its pool
+as it stops).
 """
 
 from __future__ import annotations
 
 import errno
-import queue
+import gzip
+import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
-from twisted.python.threadable import isInIOThread
-from twisted.web.resource import IResource
+from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.resource import IResource, Resource
+from twisted.web.server import NOT_DONE_YET, Request
 
 from sdexec.protocol import Topic
 
 __all__ = ["Metrics"]
 
-#: How long a scrape waits for the reactor thread to hand it the counters.
-SNAPSHOT_TIMEOUT_SECONDS = 10.0
+log = Logger()
+
 #: Request topics as a label: the service's own, else this one (a client's
 #: misspelt topic must not become a new time series).
 OTHER_TOPIC = "other"
@@ -84,9 +92,11 @@ class Metrics:
     """The service's Prometheus registry and the observers that feed it."""
 
     def __init__(self, reactor: Any, stats: Callable[[], dict]) -> None:
-        self._reactor = reactor
+        #: Where ``/metrics`` takes its snapshot, and whose pool renders.
+        self.reactor = reactor
         self.registry = CollectorRegistry()
-        self.registry.register(_StatsCollector(reactor, stats))
+        self._stats = _StatsCollector(stats)
+        self.registry.register(self._stats)
         self.request_errors = Counter(
             "sdexec_request_errors", "Error responses, by request topic.",
             ["topic"], registry=self.registry,
@@ -124,22 +134,27 @@ class Metrics:
         )  # fmt: skip
 
     def resource(self) -> IResource:
-        """prometheus-client's exposition of this registry, rendered in the
-        reactor's thread pool (as its Twisted resource does); ``HEAD`` is
-        answered as ``GET`` (its app refused it, 405, where ``/stats`` takes
-        it), the body left out by Twisted."""
-        from prometheus_client.exposition import make_wsgi_app
-        from twisted.web.wsgi import WSGIResource
+        """``/metrics``: this registry in the text format, or OpenMetrics
+        when the scraper asks for it (``Accept``), gzipped when it takes
+        that, only the families ``name[]`` names if it names any; ``HEAD``
+        as ``GET`` without the body, as ``/stats``."""
+        return _MetricsPage(self)
 
-        app = make_wsgi_app(self.registry)
+    def render(
+        self, snapshot: dict, accept: str, names: list[str]
+    ) -> tuple[bytes, str]:
+        """The exposition (and its content type) of the registry, the
+        ``/stats`` numbers taken from ``snapshot``; safe in any thread."""
+        encoder, content_type = choose_encoder(accept)
+        registry: Any = self.registry
+        if names:
+            registry = registry.restricted_registry(names)
+        with self._stats.pinned(snapshot):
+            return encoder(registry), content_type
 
-        def head_as_get(environ: dict, start_response: Any) -> Any:
-            if environ.get("REQUEST_METHOD") == "HEAD":
-                environ = {**environ, "REQUEST_METHOD": "GET"}
-            return app(environ, start_response)
-
-        pool = self._reactor.getThreadPool()
-        return cast(IResource, WSGIResource(self._reactor, pool, head_as_get))
+    def snapshot(self) -> dict:
+        """The ``/stats`` numbers now (in the reactor thread)."""
+        return self._stats.read()
 
     # -- hooks ------------------------------------------------------------
 
@@ -213,11 +228,19 @@ class _ExecWatch:
 
 class _StatsCollector(Collector):
     """The ``/stats`` numbers as metrics, read at a scrape (reused as the
-    ``stats`` callable it is given says)."""
+    ``stats`` callable it is given says): from the snapshot a rendering
+    thread has :meth:`pinned`, else (in the reactor thread) read now."""
 
-    def __init__(self, reactor: Any, stats: Callable[[], dict]) -> None:
-        self._reactor = reactor
+    def __init__(self, stats: Callable[[], dict]) -> None:
         self._stats = stats
+        self._pinned = threading.local()
+
+    def read(self) -> dict:
+        return self._stats()
+
+    def pinned(self, snapshot: dict) -> _Pinned:
+        """While in force, this thread's collects read ``snapshot``."""
+        return _Pinned(self._pinned, snapshot)
 
     def describe(self) -> list[Metric]:
         # Its families are fixed (only their samples are not): named, so a
@@ -231,14 +254,78 @@ class _StatsCollector(Collector):
         return list(_families(nothing))
 
     def collect(self) -> Iterator[Metric]:
-        yield from _families(self._snapshot())
+        snapshot = getattr(self._pinned, "snapshot", None)
+        yield from _families(snapshot if snapshot is not None else self._stats())
 
-    def _snapshot(self) -> dict:
-        if isInIOThread():
-            return self._stats()
-        answer: queue.Queue = queue.Queue(maxsize=1)
-        self._reactor.callFromThread(lambda: answer.put(self._stats()))
-        return answer.get(timeout=SNAPSHOT_TIMEOUT_SECONDS)
+
+class _Pinned:
+    """A snapshot in force for one thread (a ``with`` block)."""
+
+    def __init__(self, local: threading.local, snapshot: dict) -> None:
+        self._local = local
+        self._snapshot = snapshot
+
+    def __enter__(self) -> None:
+        self._local.snapshot = self._snapshot
+
+    def __exit__(self, *_: object) -> None:
+        self._local.snapshot = None
+
+
+class _MetricsPage(Resource):
+    """``/metrics`` (:meth:`Metrics.resource`)."""
+
+    isLeaf = True
+
+    def __init__(self, metrics: Metrics) -> None:
+        super().__init__()
+        self._metrics = metrics
+
+    def render_GET(self, request: Request) -> Any:
+        snapshot = self._metrics.snapshot()  # here: the server's thread
+        accept = request.getHeader("accept") or ""
+        args: dict[bytes, list[bytes]] = request.args or {}
+        names = [name.decode(errors="replace") for name in args.get(b"name[]", [])]
+        gone: list[bool] = []
+        request.notifyFinish().addErrback(lambda _: gone.append(True))
+        reactor = self._metrics.reactor
+        rendering = deferToThreadPool(
+            reactor,
+            reactor.getThreadPool(),
+            self._metrics.render,
+            snapshot,
+            accept,
+            names,
+        )
+
+        def answer(rendered: tuple[bytes, str]) -> None:
+            if not gone:  # a scraper that left gets nothing written
+                _answer(request, *rendered)
+
+        def failed(failure: Failure) -> None:
+            if not gone:
+                _failed(request, failure)
+
+        rendering.addCallbacks(answer, failed)
+        return NOT_DONE_YET
+
+    render_HEAD = render_GET  # Twisted writes no body for HEAD
+
+
+def _answer(request: Request, body: bytes, content_type: str) -> None:
+    request.setHeader("Content-Type", content_type)
+    accepted = request.getHeader("accept-encoding") or ""
+    if "gzip" in (part.split(";")[0].strip() for part in accepted.split(",")):
+        body = gzip.compress(body)
+        request.setHeader("Content-Encoding", "gzip")
+    request.write(body)
+    request.finish()
+
+
+def _failed(request: Request, failure: Failure) -> None:
+    log.failure("rendering /metrics", failure)
+    request.setResponseCode(500)
+    request.finish()
 
 
 _NOT_DRAINED = {"drained": False, "reason": None}

@@ -5,7 +5,10 @@ client runs in a thread so the reactor serves meanwhile."""
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -475,3 +478,61 @@ async def test_refused_requests_are_not_called_protocol_errors(metrics_port):
     answer = await deferToThread(exchange, metrics_port, _metrics_request("GET"))
     assert b"sdexec_requests_refused_total 2.0" in answer
     assert b"protocol_errors" not in answer
+
+
+#: A service whose /metrics is being rendered (slowly: a collector that
+#: sleeps) when the reactor stops, as systemctl stop makes it.
+_STOP_DURING_A_SCRAPE = """
+import os, socket, sys, threading, time
+from twisted.internet import asyncioreactor
+asyncioreactor.install()
+from twisted.internet import defer, reactor
+from prometheus_client.registry import Collector
+from sdexec.config import load_config
+from sdexec.service import SdexecService
+from sdexec.testing import FakeManager
+
+class Slow(Collector):
+    def collect(self):
+        time.sleep(0.5)
+        return []
+
+directory = sys.argv[1]
+path = os.path.join(directory, "sdexec.toml")
+open(path, "w").close()
+manager = FakeManager()
+service = SdexecService(
+    load_config(path), reactor, listen=f"unix:{directory}/s.sock",
+    stats="tcp:0:interface=127.0.0.1", connect=lambda: defer.succeed(manager),
+)
+service.metrics.registry.register(Slow())
+reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
+held = []
+
+def scrape(port):
+    held.append(socket.create_connection(("127.0.0.1", port)))
+    held[0].sendall(b"GET /metrics HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+
+def started(_):
+    scrape(service.ports["stats"].getHost().port)
+    reactor.callLater(0.2, reactor.stop)
+
+service.ready.addCallback(started)
+service.startService()
+reactor.run()
+print("stopped")
+"""
+
+
+def test_a_scrape_in_progress_does_not_hold_the_service_s_stop(tmp_path):
+    # prometheus-client's WSGI resource wrote its answer from the pool by
+    # waiting on the reactor, which waits for its pool as it stops: the
+    # stop hung for ever, and systemctl restart until TimeoutStopSec
+    # (review session 32 U1).
+    done = subprocess.run(
+        [sys.executable, "-c", _STOP_DURING_A_SCRAPE, str(tmp_path)],
+        capture_output=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.stdout == b"stopped\n", done.stderr

@@ -905,7 +905,7 @@ def parse_config(data: dict, source: str = "<config>") -> Config:
     }
     config = Config(source=source, warnings=_unknown_tables(data, source), **sections)
     _check_across_tables(config)
-    later = _retained_fits_a_frame(config) + _allowed_users_can_connect(config)
+    later = _retained_fits_a_frame(config) + allowed_users_cannot_connect(config)
     config = replace(config, warnings=config.warnings + later)
     for warning in config.warnings:
         _log.warn("{warning}", warning=warning)
@@ -966,10 +966,11 @@ def _retained_fits_a_frame(config: Config) -> tuple[str, ...]:
     )
 
 
-def _allowed_users_can_connect(config: Config) -> tuple[str, ...]:
+def allowed_users_cannot_connect(config: Config) -> tuple[str, ...]:
     """A warning if ``allow-users`` names users whom ``socket-mode`` keeps
     out of every socket the service makes: they would get EACCES, not the
-    service's EPERM, and nothing would say why."""
+    service's EPERM, and nothing would say why. (Judged again by a reload
+    that keeps the ``socket-mode`` in force.)"""
     # Connecting to a UNIX socket takes write permission on it.
     if not config.sdexec.allow_users or config.sdexec.socket_mode & 0o022:
         return ()

@@ -28,7 +28,13 @@ from twisted.python.failure import Failure
 
 from sdexec.activation import kernel_somaxconn, server_endpoint, with_backlog
 from sdexec.clocks import timers_clock
-from sdexec.config import DEFAULT_SOCKET_MODE, Config, ConfigError, load_config
+from sdexec.config import (
+    DEFAULT_SOCKET_MODE,
+    Config,
+    ConfigError,
+    allowed_users_cannot_connect,
+    load_config,
+)
 from sdexec.containment import Containment
 from sdexec.leftovers import Leftovers, owner_marks
 from sdexec.metrics import Metrics
@@ -428,9 +434,15 @@ class SdexecService(Service):
                     old=_setting(name, in_force.get(name, old)),
                 )
                 kept[name] = old
-        return (
-            replace(config, sdexec=replace(config.sdexec, **kept)) if kept else config
-        )
+        if not kept:
+            return config
+        config = replace(config, sdexec=replace(config.sdexec, **kept))
+        if "socket_mode" in kept:
+            # The file's mode was judged: the users it lets in, the one in
+            # force may not (EACCES, which nothing else would explain).
+            for warning in allowed_users_cannot_connect(config):
+                log.warn("{warning}", warning=warning)
+        return config
 
     @defer.inlineCallbacks
     def stopService(self):

@@ -458,6 +458,33 @@ async def test_a_reload_keeps_start_only_settings_in_force_and_says_so(tmp_path)
 
 
 @ensureDeferred
+async def test_a_reload_judges_allow_users_by_the_socket_mode_in_force(tmp_path):
+    # The docs' way: socket-mode "0660" and allow-users, reloaded. The mode
+    # stays 0600 until a restart, so those users get EACCES; the warning for
+    # that was judged against the file's 0660 and never said (review
+    # session 32 U2).
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    service = await started_service(tmp_path, FakeManager())
+    lines: list[str] = []
+    observer = lambda event: lines.append(formatEvent(event))  # noqa: E731
+    globalLogPublisher.addObserver(observer)
+    try:
+        (tmp_path / "sdexec.toml").write_text(
+            '[sdexec]\nsocket-mode = "0660"\nallow-users = ["nobody"]\n'
+        )
+        assert await service.reload()
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    [warning] = [line for line in lines if "cannot connect" in line]
+    assert warning.startswith(
+        f"{tmp_path}/sdexec.toml: sdexec.allow-users: the users listed cannot"
+        " connect: socket-mode 0600 lets only the owner connect"
+    )
+    await service.stopService()
+
+
+@ensureDeferred
 async def test_a_reload_names_the_endpoint_in_force(tmp_path, monkeypatch):
     from twisted.logger import formatEvent, globalLogPublisher
 

@@ -1000,6 +1000,14 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     """Read, check and build the configuration in a ``.toml``, ``.yaml`` or
     ``.yml`` file; ``ConfigError`` naming the file if it cannot be read,
     does not parse or does not check."""
+    return parse_config(*read_config_file(path))
+
+
+def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, str]:
+    """The document a ``.toml``, ``.yaml`` or ``.yml`` file holds, unchecked,
+    and its absolute path; ``ConfigError`` naming the file if it cannot be
+    read or does not parse. Logs nothing: a thread may run it (a large
+    YAML file takes seconds to parse), :func:`parse_config` the rest."""
     source = os.fspath(path)
     suffix = Path(source).suffix.lower()
     if suffix != ".toml" and suffix not in _YAML_SUFFIXES:
@@ -1016,7 +1024,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         if suffix in _YAML_SUFFIXES
         else _parse_toml(text, source)
     )
-    return parse_config(data, source)
+    return data, source
 
 
 #: The most bytes read from a file the configuration is or names (the

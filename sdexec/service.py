@@ -33,7 +33,8 @@ from sdexec.config import (
     Config,
     ConfigError,
     allowed_users_cannot_connect,
-    load_config,
+    parse_config,
+    read_config_file,
 )
 from sdexec.containment import Containment
 from sdexec.leftovers import Leftovers, owner_marks
@@ -380,9 +381,13 @@ class SdexecService(Service):
 
     async def _reload(self, path: str) -> bool:
         try:
-            config = load_config(path)
-            # In a thread: lstopo (and a site's mapper) can take seconds on
-            # a GPU node, and every stream and timer would wait for them.
+            # In a thread, the file's parse and the mapper's build: a large
+            # YAML file, lstopo (and a site's mapper) on a GPU node can take
+            # seconds, and every stream and timer would wait for them.
+            data, source = await threads.deferToThreadPool(
+                self.reactor, self.reactor.getThreadPool(), read_config_file, path
+            )
+            config = parse_config(data, source)  # logs its warnings: here
             containment = await threads.deferToThreadPool(
                 self.reactor,
                 self.reactor.getThreadPool(),

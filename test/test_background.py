@@ -841,6 +841,23 @@ async def test_an_unread_wait_answer_takes_no_background_slot(systemd):
 # -- found by a review (notes/review-session26-B.md) ------------------------
 
 
+def waitable_job_running(systemd, client) -> None:
+    """A waitable background job ``f1`` (label ``j``), its unit running as
+    pid 8; a stop makes it inactive."""
+    systemd.stop_to_inactive = True
+    client.bg(flags=WAITABLE, label="j", SDEXEC_JOBID="f1")
+    systemd.run(UNIT, pid=8)
+
+
+async def reaped_at_last(systemd, server) -> None:
+    """What lingered in the unit is gone at last: it is reaped, and nothing
+    is listed."""
+    systemd.release(UNIT)
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    await until(lambda: not server.processes, "reaped")
+    assert server.list()["procs"] == []
+
+
 def abandoned(systemd, server, client, flags: int, label: str) -> None:
     """A background process whose unit the stop timer gave up on: its
     stream ended (EDEADLK, nobody attached), its unit still there."""
@@ -880,9 +897,7 @@ async def test_an_attach_after_the_stream_ended_gets_its_end_at_once(
 
 @ensureDeferred
 async def test_an_attach_to_an_unkillable_job_gets_its_edeadlk(systemd, server, client):
-    systemd.stop_to_inactive = True
-    client.bg(flags=WAITABLE, label="j", SDEXEC_JOBID="f1")
-    systemd.run(UNIT, pid=8)
+    waitable_job_running(systemd, client)
     server.units[UNIT].unkillable("unkillable user processes for job f1")
     viewer = Client(server)
     viewer.send("sdexec.attach", {"label": "j"}, matchtag=1)
@@ -890,10 +905,7 @@ async def test_an_attach_to_an_unkillable_job_gets_its_edeadlk(systemd, server, 
         errno.EDEADLK,
         "unkillable user processes for job f1",
     )
-    systemd.release(UNIT)
-    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
-    await until(lambda: not server.processes, "reaped")
-    assert server.list()["procs"] == []
+    await reaped_at_last(systemd, server)
     viewer.close()
 
 
@@ -917,19 +929,14 @@ async def test_a_wait_made_while_the_unit_lingers_is_answered_at_once(
     assert payloads(waiter.of(2)) == [
         (errno.ESRCH, "pid 8: has ended, and its end went to a wait")
     ]
-    systemd.release(UNIT)
-    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
-    await until(lambda: not server.processes, "reaped")
-    assert server.list()["procs"] == []
+    await reaped_at_last(systemd, server)
 
 
 @ensureDeferred
 async def test_a_pending_wait_gets_an_unkillable_job_s_edeadlk(systemd, server, client):
     # docs/protocol.md names this EDEADLK as what a wait answers; it waited
     # for a reap that the job's unkillable processes never let come.
-    systemd.stop_to_inactive = True
-    client.bg(flags=WAITABLE, label="j", SDEXEC_JOBID="f1")
-    systemd.run(UNIT, pid=8)
+    waitable_job_running(systemd, client)
     waiter = Client(server)
     waiter.send("sdexec.wait", {"label": "j"}, matchtag=1)
     assert payloads(waiter.of(1)) == []  # running: the wait waits
@@ -937,10 +944,7 @@ async def test_a_pending_wait_gets_an_unkillable_job_s_edeadlk(systemd, server, 
     assert payloads(waiter.of(1)) == [
         (errno.EDEADLK, "unkillable user processes for job f1")
     ]
-    systemd.release(UNIT)
-    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
-    await until(lambda: not server.processes, "reaped")
-    assert server.list()["procs"] == []
+    await reaped_at_last(systemd, server)
 
 
 def test_kill_wait_and_attach_by_a_reused_pid_name_the_newest(systemd, server, client):
@@ -1092,10 +1096,7 @@ async def test_an_end_an_attach_consumed_is_not_waited_for_while_the_unit_linger
     assert again == [
         (errno.ENOENT, "pid 8: has ended, and its end went to an attached client")
     ]
-    systemd.release(UNIT)
-    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
-    await until(lambda: not server.processes, "reaped")
-    assert server.list()["procs"] == []
+    await reaped_at_last(systemd, server)
 
 
 @pytest.mark.parametrize("flags", [0, WAITABLE], ids=["background", "waitable"])
@@ -1116,15 +1117,10 @@ def test_one_attach_has_the_replay_of_an_ended_stream_whose_unit_lingers(
 async def test_an_error_end_an_attached_client_saw_is_not_kept(systemd, server, client):
     # Only `finished` counted as delivered: an EDEADLK seen live kept the
     # process, and its max-waitable slot, for a wait to get it again.
-    systemd.stop_to_inactive = True
-    client.bg(flags=WAITABLE, label="j", SDEXEC_JOBID="f1")
-    systemd.run(UNIT, pid=8)
+    waitable_job_running(systemd, client)
     viewer = Client(server)
     viewer.send("sdexec.attach", {"label": "j"}, matchtag=1)
     server.units[UNIT].unkillable("unkillable user processes for job f1")
     assert payloads(viewer.of(1))[-1][0] == errno.EDEADLK
-    systemd.release(UNIT)
-    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
-    await until(lambda: not server.processes, "reaped")
-    assert server.list()["procs"] == []
+    await reaped_at_last(systemd, server)
     viewer.close()

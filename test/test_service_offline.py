@@ -429,24 +429,32 @@ async def test_a_reload_builds_the_mapper_while_the_service_serves_on(
     await service.stopService()
 
 
-@ensureDeferred
-async def test_a_reload_keeps_start_only_settings_in_force_and_says_so(tmp_path):
+async def reload_saying(service: SdexecService, path: Path, text: str) -> list[str]:
+    """Write ``text`` to ``path`` and reload, which must be taken: the lines
+    logged meanwhile."""
     from twisted.logger import formatEvent, globalLogPublisher
 
-    manager = FakeManager()
-    service = await started_service(tmp_path, manager)
     lines: list[str] = []
     observer = lambda event: lines.append(formatEvent(event))  # noqa: E731
     globalLogPublisher.addObserver(observer)
     try:
-        (tmp_path / "sdexec.toml").write_text(
-            '[sdexec]\nsocket-mode = "0660"\nmax-connections = 7\n'
-            # --listen gave it: the file's value is never the one in force
-            'listen = "unix:/run/elsewhere.sock"\n'
-        )
+        path.write_text(text)
         assert await service.reload()
     finally:
         globalLogPublisher.removeObserver(observer)
+    return lines
+
+
+@ensureDeferred
+async def test_a_reload_keeps_start_only_settings_in_force_and_says_so(tmp_path):
+    service = await started_service(tmp_path, FakeManager())
+    lines = await reload_saying(
+        service,
+        tmp_path / "sdexec.toml",
+        '[sdexec]\nsocket-mode = "0660"\nmax-connections = 7\n'
+        # --listen gave it: the file's value is never the one in force
+        'listen = "unix:/run/elsewhere.sock"\n',
+    )
     assert service.config.sdexec.socket_mode == 0o600  # what its sockets have
     assert service.config.sdexec.max_connections == 7  # applied
     [warning] = [line for line in lines if "read only at start" in line]
@@ -463,19 +471,12 @@ async def test_a_reload_judges_allow_users_by_the_socket_mode_in_force(tmp_path)
     # stays 0600 until a restart, so those users get EACCES; the warning for
     # that was judged against the file's 0660 and never said (review
     # session 32 U2).
-    from twisted.logger import formatEvent, globalLogPublisher
-
     service = await started_service(tmp_path, FakeManager())
-    lines: list[str] = []
-    observer = lambda event: lines.append(formatEvent(event))  # noqa: E731
-    globalLogPublisher.addObserver(observer)
-    try:
-        (tmp_path / "sdexec.toml").write_text(
-            '[sdexec]\nsocket-mode = "0660"\nallow-users = ["nobody"]\n'
-        )
-        assert await service.reload()
-    finally:
-        globalLogPublisher.removeObserver(observer)
+    lines = await reload_saying(
+        service,
+        tmp_path / "sdexec.toml",
+        '[sdexec]\nsocket-mode = "0660"\nallow-users = ["nobody"]\n',
+    )
     [warning] = [line for line in lines if "cannot connect" in line]
     assert warning.startswith(
         f"{tmp_path}/sdexec.toml: sdexec.allow-users: the users listed cannot"
@@ -509,20 +510,13 @@ async def test_a_reload_parses_the_file_off_the_reactor_thread(tmp_path, monkeyp
 
 @ensureDeferred
 async def test_a_reload_names_the_endpoint_in_force(tmp_path, monkeypatch):
-    from twisted.logger import formatEvent, globalLogPublisher
-
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     path = tmp_path / "sdexec.toml"
     path.write_text("")
     service = SdexecService(load_config(path), reactor)  # listen: the default
-    path.write_text('[sdexec]\nlisten = "unix:/run/elsewhere.sock"\n')
-    lines: list[str] = []
-    observer = lambda event: lines.append(formatEvent(event))  # noqa: E731
-    globalLogPublisher.addObserver(observer)
-    try:
-        assert await service.reload()
-    finally:
-        globalLogPublisher.removeObserver(observer)
+    lines = await reload_saying(
+        service, path, '[sdexec]\nlisten = "unix:/run/elsewhere.sock"\n'
+    )
     [warning] = [line for line in lines if "read only at start" in line]
     assert warning.endswith(
         f" takes effect at the next restart, 'unix:{tmp_path}/sdexec/sdexec.sock:"

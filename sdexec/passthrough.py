@@ -112,6 +112,17 @@ class PassedStdio:
 NO_STDIO = PassedStdio(())
 
 
+class _HeldRead:
+    """What came with a read held for a paused connection: its descriptors,
+    and whether more were closed at once (its frame is then refused)."""
+
+    __slots__ = ("dropped", "fds")
+
+    def __init__(self, fds: list[int], dropped: bool) -> None:
+        self.fds = fds
+        self.dropped = dropped
+
+
 @implementer(IFileDescriptorReceiver)
 class StdioReceivingProtocol(JSONLineProtocol):
     """A :class:`~sdexec.framing.JSONLineProtocol` that receives
@@ -130,39 +141,58 @@ class StdioReceivingProtocol(JSONLineProtocol):
         super().__init__()
         self.request_fds: list[int] = []
         self._arrived: list[int] = []  # with the read about to be delivered
+        #: Descriptors of that read closed at once: more than any frame takes.
+        self._dropped = False
         self._frame_fds: list[int] = []  # for the next frame to complete
         self._too_many = False
 
     def fileDescriptorReceived(self, descriptor: int) -> None:
         os.set_inheritable(descriptor, False)  # recvmsg leaves them inheritable
+        if self._held_fds() >= MAX_PASSED_FDS:
+            # Held for a paused connection too: a client that does not read
+            # would otherwise keep hundreds of ours (253 a sendmsg).
+            close_fds([descriptor])
+            self._dropped = True
+            return
         self._arrived.append(descriptor)
+
+    def _held_fds(self) -> int:
+        """Descriptors held for frames not yet complete or delivered."""
+        undecoded = sum(len(held.fds) for held in self._held_reads())
+        return len(self._arrived) + len(self._frame_fds) + undecoded
+
+    def _held_reads(self) -> list[_HeldRead]:
+        return [extra for _, extra in self._undecoded or () if extra is not None]
 
     def dataReceived(self, data: bytes) -> None:
         arrived, self._arrived = self._arrived, []
-        if not arrived:
+        dropped, self._dropped = self._dropped, False
+        if not arrived and not dropped:
             super().dataReceived(data)
             return
         if self._undecoded is not None:  # held: kept with its descriptors
-            self._keep_undecoded(data, arrived)
+            self._keep_undecoded(data, _HeldRead(arrived, dropped))
             return
         # The frames before the one that holds the read's last byte came
-        # without these descriptors: deliver them first.
-        owner_starts = data.rfind(b"\n", 0, len(data) - 1) + 1
+        # without these descriptors: deliver them first. (Blank lines after
+        # it are no frame: a line end alone would take them.)
+        owner_starts = data.rfind(b"\n", 0, max(len(data.rstrip()) - 1, 0)) + 1
         if owner_starts:
             super().dataReceived(data[:owner_starts])
         if self._undecoded is not None:  # held by one of those frames
-            self._keep_undecoded(data[owner_starts:], arrived)
+            self._keep_undecoded(data[owner_starts:], _HeldRead(arrived, dropped))
             return
-        self._hold_for_frame(arrived)
+        self._hold_for_frame(arrived, dropped)
         super().dataReceived(data[owner_starts:])
 
     def _receive_again(self, data: bytes, extra: Any) -> None:
-        self._arrived = list(extra or ())
+        if extra is not None:
+            self._arrived, self._dropped = list(extra.fds), extra.dropped
         self.dataReceived(data)
 
-    def _hold_for_frame(self, fds: list[int]) -> None:
+    def _hold_for_frame(self, fds: list[int], dropped: bool = False) -> None:
         room = MAX_PASSED_FDS - len(self._frame_fds)
-        if len(fds) > room:
+        if dropped or len(fds) > room:
             self._too_many = True
             close_fds(fds[max(room, 0) :])
             fds = fds[: max(room, 0)]
@@ -188,7 +218,7 @@ class StdioReceivingProtocol(JSONLineProtocol):
 
     def connectionLost(self, reason: object = None) -> None:
         """Close descriptors that never reached a complete request."""
-        undecoded = [fd for _, fds in self._undecoded or () for fd in fds or ()]
+        undecoded = [fd for held in self._held_reads() for fd in held.fds]
         held = self._arrived + self._frame_fds + self.request_fds + undecoded
         self._arrived, self._frame_fds, self.request_fds = [], [], []
         self._undecoded = None

@@ -1238,8 +1238,16 @@ class ClientProtocol(StdioReceivingProtocol):
     def _refuse_descriptors(self, message: dict, reason: str) -> None:
         if self.transport.disconnecting:
             return  # closing (a refused peer): as in messageReceived
+        if message.get("type") != "request":
+            self._framing_error('type: expected "request"')  # fds or not
+            return
         topic, matchtag = message.get("topic"), message.get("matchtag")
         self.server.count("errors")
+        if topic == Topic.WRITE and not (_is_integer(matchtag) and matchtag > 0):
+            # As any refused write without a matchtag: no answer on 0, the
+            # connection's last words (_request).
+            self._log_silent_write_refusal(reason)
+            return
         self._send_error(
             topic if _is_text(topic) else "",  # as _request: it is echoed
             matchtag if type(matchtag) is int else 0,

@@ -313,6 +313,64 @@ def test_mismatched_descriptors_are_eproto_and_closed(
     assert connection.last()["payload"]["procs"] == []
 
 
+def test_a_paused_connection_holds_no_more_descriptors_than_a_frame_takes(
+    server, systemd, connection
+):
+    # Read while the client read nothing back, a frame's descriptors were
+    # all kept: 253 a sendmsg, as long as it did not read (review session
+    # 32 Z1).
+    passed, kept = pipes(40)
+    connection.protocol.pauseProducing()
+    deliver(connection, request("sdexec.list", {}, 5))  # held: reads wait undecoded
+    before = len(open_fds())
+    frame = exec_request()
+    deliver(connection, frame[:10], passed[:20])
+    deliver(connection, frame[10:], passed[20:])
+    assert len(open_fds()) - before <= 3
+    connection.protocol.resumeProducing()
+    assert connection.responses()[0]["payload"] == {"rank": 0, "procs": []}
+    assert errors(connection) == [
+        (1, errno.EPROTO, "stdio: more than 3 file descriptors came with one request")
+    ]
+    assert server.processes == {}
+    for fd in passed:
+        os.close(fd)
+    for fd in kept:  # every copy of the write ends is closed: EOF
+        assert os.read(fd, 1) == b""
+        os.close(fd)
+
+
+@pytest.mark.parametrize("blank", [b"\n", b"  \n", b"\r\n\n"])
+def test_blank_lines_after_the_frame_do_not_take_its_descriptors(
+    systemd, connection, ends, blank
+):
+    # The exec was refused "0 came with it", and its descriptors waited for
+    # the next frame (review session 32 Z2).
+    deliver(connection, exec_request() + blank, ends[0])
+    assert errors(connection) == []
+    assert same_file(systemd.process_fd(UNIT, "stdout"), ends[0][1])
+
+
+def test_descriptors_with_a_write_without_matchtag_get_no_answer(connection, ends):
+    # As any refused write without a matchtag: an error on matchtag 0 is
+    # the connection's last words (review session 32 Z3).
+    io = {"stream": "stdin", "rank": "0", "data": "x"}
+    write = {"type": "request", "topic": "sdexec.write"}
+    write["payload"] = {"matchtag": 1, "io": io}
+    deliver(connection, json.dumps(write).encode() + b"\n", ends[0][:1])
+    assert connection.responses() == []
+    assert not connection.transport.disconnecting
+
+
+def test_descriptors_with_what_is_no_request_end_the_connection(connection, ends):
+    # Without them it is a framing error, and the connection closes; with
+    # them it was kept open (review session 32 Z3).
+    response = {"type": "response", "topic": "sdexec.list", "matchtag": 4}
+    deliver(connection, json.dumps(response).encode() + b"\n", ends[0][:1])
+    assert errors(connection) == [(0, errno.EPROTO, 'type: expected "request"')]
+    assert connection.transport.disconnecting
+
+
 def test_refused_descriptors_of_a_topic_that_is_not_text_are_eproto(connection, ends):
     # The refusal echoed the topic: a lone surrogate in it could not be
     # encoded, and the error escaped the protocol (the connection dropped).

@@ -40,14 +40,18 @@ def raise_open_file_limit() -> tuple[int, int] | None:
     return soft, hard
 
 
-def no_room_for_a_process(processes: int, connections: int) -> str | None:
+def no_room_for_a_process(
+    processes: int, connections: int, unrelayed: int = 0
+) -> str | None:
     """Why a process cannot be started now, if the open-file limit has no
     room for its descriptors and :data:`RESERVE` besides: at ``EMFILE`` an
     exec would fail halfway, and so would accepting connections and
     reconnecting to systemd. The descriptors are counted each time where
     the kernel tells their number at no cost; elsewhere (``/proc/self/fd``
     listed) only once the ``processes`` and ``connections`` held come near
-    the limit."""
+    the limit. Of the ``processes``, the ``unrelayed`` (stdio passthrough)
+    hold none, and are counted as if they held a relayed one's: the limit
+    bounds every streaming process alike (they hold memory, and units)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return None
@@ -56,6 +60,7 @@ def no_room_for_a_process(processes: int, connections: int) -> str | None:
         if FDS_PER_PROCESS * processes + connections + RESERVE < soft // 2:
             return None  # far from it: no listing
         in_use = _descriptors_listed(soft)
+    in_use += FDS_PER_PROCESS * unrelayed
     if in_use + 2 * FDS_PER_PROCESS + RESERVE <= soft:
         return None
     return (

@@ -50,7 +50,13 @@ from sdexec.passthrough import (
     StdioReceivingProtocol,
     close_fds,
 )
-from sdexec.plan import ExecPlan, RequestError, check_local_flags, plan_exec
+from sdexec.plan import (
+    STDIO_STREAMS,
+    ExecPlan,
+    RequestError,
+    check_local_flags,
+    plan_exec,
+)
 from sdexec.process import OutputTap, OutputValve, Process, ProcessContext, Responder
 from sdexec.protocol import Topic
 from sdexec.receipt import reads_unit_cgroups
@@ -122,6 +128,9 @@ class SdexecServer:
         #: Processes whose ended stream's matchtag was used again, by the
         #: key they are tabled under since (:meth:`_retire_key`).
         self._retired_keys: dict[Process, tuple[int, int]] = {}
+        #: Tabled processes whose stdio is all the client's own (passthrough):
+        #: they hold no descriptor of ours, and are counted as if they did.
+        self._passthrough = 0
         self._retired_serials = itertools.count(1)
         #: Background and waitable processes: by pid or label, ended ones kept.
         self.tracked = TrackedProcesses()
@@ -281,7 +290,9 @@ class SdexecServer:
     def _check_descriptor_room(self) -> None:
         """EAGAIN while the open-file limit has no room for another process
         (sdexec/fdlimit.py)."""
-        why = no_room_for_a_process(len(self.processes), self.connections.total)
+        why = no_room_for_a_process(
+            len(self.processes), self.connections.total, self._passthrough
+        )
         if why is not None:
             raise RequestError(errno.EAGAIN, why)
 
@@ -370,6 +381,7 @@ class SdexecServer:
             stdio=stdio,
         )
         self.processes[key] = process
+        self._passthrough += _all_passed(plan)
         if findable:
             self.tracked.findable(process)
         connection_id, matchtag = key
@@ -616,6 +628,7 @@ class SdexecServer:
         if process is not None:
             self.units.pop(process.unit_name, None)
             self.tracked.reaped(process)
+            self._passthrough -= _all_passed(process.plan)
         self.jobs.forget(process)
 
     def shutdown(self, grace: float) -> defer.Deferred:
@@ -1439,6 +1452,11 @@ class ClientProtocol(StdioReceivingProtocol):
 
 def _unindexed(_process: Process) -> None:
     """``pid_known`` of a process no client may find (the device canary)."""
+
+
+def _all_passed(plan: ExecPlan) -> bool:
+    """Whether the plan's stdio is all the client's (nothing relayed)."""
+    return len(plan.stdio) == len(STDIO_STREAMS)
 
 
 def _main_process_gone(failure: Failure, pid: int | None, label: str | None) -> Failure:

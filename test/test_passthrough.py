@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -30,6 +31,7 @@ from twisted.internet.threads import deferToThread
 from sdexec.client import connect
 from sdexec.config import default_config
 from sdexec.containment import Containment
+from sdexec.fdlimit import FDS_PER_PROCESS, RESERVE
 from sdexec.plan import RequestError, plan_exec
 from sdexec.protocol import ExecFlag
 from sdexec.syncclient import Connection as SyncConnection
@@ -369,6 +371,28 @@ def test_descriptors_with_what_is_no_request_end_the_connection(connection, ends
     deliver(connection, json.dumps(response).encode() + b"\n", ends[0][:1])
     assert errors(connection) == [(0, errno.EPROTO, 'type: expected "request"')]
     assert connection.transport.disconnecting
+
+
+def test_passthrough_processes_count_against_the_open_file_limit(
+    server, systemd, connection, ends, monkeypatch
+):
+    # They hold no descriptor of the service's, so nothing bounded them:
+    # 2000 started under a limit that let 57 relayed ones run (review
+    # session 32 Z4). Counted as if they held a relayed one's three.
+    for n in range(2):
+        opts = {"SDEXEC_NAME": f"sdexec-p{n}"}
+        payload = {"flags": FLAGS, "cmd": {**TRUE, "opts": opts}, "stdio": ALL}
+        deliver(connection, request("sdexec.exec", payload, n + 1), ends[0])
+        systemd.release(f"sdexec-p{n}.service")  # only the client holds them
+    assert len(server.processes) == 2
+    in_use = len(open_fds())
+    # Room for a third start's six, were those two not counted.
+    soft = in_use + 2 * FDS_PER_PROCESS + RESERVE + 2 * FDS_PER_PROCESS - 1
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (soft, soft))
+    deliver(connection, exec_request(matchtag=3), ends[0])
+    [(matchtag, errnum, errstr)] = errors(connection)
+    assert (matchtag, errnum) == (3, errno.EAGAIN)
+    assert errstr.startswith("too many processes: 2 held")
 
 
 def test_refused_descriptors_of_a_topic_that_is_not_text_are_eproto(connection, ends):

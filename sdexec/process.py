@@ -51,6 +51,7 @@ from sdexec.systemd.channel import (
     socketpair_for_systemd,
 )
 from sdexec.systemd.errors import UNIT_EXISTS, is_connection_lost, is_unit_gone
+from sdexec.systemd.unit import start_job_ended_unstarted, why_unstarted
 from sdexec.unitstop import StopTimer
 
 __all__ = [
@@ -177,6 +178,7 @@ class UnitCall(enum.Enum):
     STOP = "StopUnit"
     RESET = "ResetFailedUnit"
     CONFIRM_FAILURE = "GetAll"
+    CONFIRM_UNSTARTED = "GetAll for a start job that ended without a start"
     RECEIPT = "GetAll(Service) for the receipt"
     KILL_MAIN = "KillUnit(main, SIGKILL) for a client that left"
 
@@ -273,6 +275,8 @@ class Process:
         self._declared_unkillable = False
         self._reaped = False
         self._failure_confirmed = False  # by a GetAll after failed/no status
+        #: By a GetAll: the start job ended without starting the unit.
+        self._unstarted_confirmed = False
         #: Its unit was started again outside sdexec: a new invocation,
         #: carrying the mark, that only a leftover scan can follow.
         self.started_again = False
@@ -712,6 +716,7 @@ class Process:
         if self._awaiting_receipt and not self._may_release_before_receipt(status):
             return
         self._check_failure(status)
+        self._check_unstarted(properties)
         # Stop or reset only once the exit status is kept: a reset clears
         # ExecMain*, and the Unit's signal may come before the Service's
         # (active/exited, no status yet): a stop then would overtake the
@@ -844,6 +849,32 @@ class Process:
 
     def _failure_refreshed(self, properties: dict[str, Any]) -> None:
         self._failure_confirmed = True
+        self._unit_changed(properties)
+
+    def _check_unstarted(self, state: dict[str, Any]) -> None:
+        """End the request of a unit whose start job ended without starting
+        it (its condition false, say): nothing else would until
+        ``start-timeout``, and then without saying why."""
+        if (
+            self._outcome_known
+            or Sent.STARTED in self._sent
+            or not self.knows_its_unit  # read again after systemd's return:
+            # _lost_before_started judges that read
+            or not start_job_ended_unstarted(state)
+        ):
+            return
+        if self._unstarted_confirmed:
+            self._fail(errno.EIO, f"unit {self.unit_name}: {why_unstarted(state)}")
+        elif UnitCall.CONFIRM_UNSTARTED not in self._called and self._watch:
+            # A stale snapshot (an older unit of its name) is no proof:
+            # decide on the whole state as it is now.
+            self._called.add(UnitCall.CONFIRM_UNSTARTED)
+            self._watch.refresh().addCallbacks(
+                self._unstarted_refreshed, self._log_failure, errbackArgs=("GetAll",)
+            )
+
+    def _unstarted_refreshed(self, properties: dict[str, Any]) -> None:
+        self._unstarted_confirmed = True
         self._unit_changed(properties)
 
     def _output(self, stream: str, data: bytes) -> None:

@@ -533,9 +533,9 @@ def test_a_passthrough_process_cancelled_before_it_ran_is_reaped():
         stdio=stdio,
     )
     process.start()
-    systemd.change(
-        UNIT, {"ActiveState": "activating", "SubState": "start", "Job": (5, "/j/5")}
-    )
+    activating = {"ActiveState": "activating", "SubState": "start"}
+    # (Invoked: a start job that never started the unit ends the request.)
+    systemd.change(UNIT, {**activating, "Job": (5, "/j/5"), "InvocationID": b"\x01"})
     systemd.change(
         UNIT, {"ActiveState": "inactive", "SubState": "dead", "Job": (0, "/")}
     )

@@ -629,6 +629,38 @@ def test_a_kill_of_a_main_process_that_has_exited_is_esrch(systemd, connection):
     )
 
 
+@pytest.mark.parametrize(
+    ("checked", "said"),
+    [
+        ({"ConditionResult": False, "ConditionTimestampMonotonic": 5},
+         "a condition of the unit was false (ConditionResult=no)"),
+        ({"AssertResult": False, "AssertTimestampMonotonic": 5},
+         "an assertion of the unit failed (AssertResult=no)"),
+        # Never checked (a failed Requires=): a false ConditionResult says
+        # nothing then.
+        ({"ConditionResult": False, "ConditionTimestampMonotonic": 0},
+         "its start job ended without starting it (a dependency that failed,"
+         " or a job canceled)"),
+    ],
+    ids=["condition", "assertion", "dependency"],
+)  # fmt: skip
+@ensureDeferred
+async def test_a_start_job_that_ends_without_a_start_ends_the_request(
+    server, systemd, connection, checked, said
+):
+    # A site's ConditionPathExists=/run/node-ok, false: the request waited
+    # the whole start-timeout, then EIO that never said why (review
+    # session 32 V1).
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    dead = {"ActiveState": "inactive", "SubState": "dead", "LoadState": "loaded"}
+    systemd.change(UNIT, {**dead, "Job": (5, "/org/freedesktop/systemd1/job/5")})
+    assert connection.responses() == []  # queued: it may yet start
+    systemd.change(UNIT, {"Job": (0, "/"), **checked})
+    systemd.release(UNIT)  # unloaded: its descriptors closed
+    assert error_of(connection.last()) == (errno.EIO, f"unit {UNIT}: {said}")
+    await until(lambda: not server.processes, "reaped")
+
+
 def test_a_failed_kill_is_eio(systemd, connection):
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "j"}})
     systemd.run(UNIT)

@@ -97,6 +97,36 @@ def queued_job(state: Mapping[str, Any]) -> int | None:
     return None
 
 
+def start_job_ended_unstarted(state: Mapping[str, Any]) -> bool:
+    """Whether a unit whose start systemd accepted shows its start job over
+    without a start: inactive, no job queued, never invoked, no main
+    process. A false ``Condition*=``, a failed ``Assert*=`` or dependency
+    (``Requires=``, ``Requisite=``) ends a start job so; the unit is then
+    unloaded, and no signal will say it starts."""
+    return (
+        state.get("ActiveState") == "inactive"
+        and queued_job(state) == 0
+        and not state.get("InvocationID")
+        and not state.get("ExecMainPID")
+    )
+
+
+def why_unstarted(state: Mapping[str, Any]) -> str:
+    """Why the start job of :func:`start_job_ended_unstarted` ended: its
+    conditions or assertions, where systemd checked them, else the job."""
+    if (
+        state.get("ConditionTimestampMonotonic")
+        and state.get("ConditionResult") is False
+    ):
+        return "a condition of the unit was false (ConditionResult=no)"
+    if state.get("AssertTimestampMonotonic") and state.get("AssertResult") is False:
+        return "an assertion of the unit failed (AssertResult=no)"
+    return (
+        "its start job ended without starting it (a dependency that failed,"
+        " or a job canceled)"
+    )
+
+
 def wait_status(code: int, status: int) -> int:
     """A UNIX wait status from ``ExecMainCode``/``ExecMainStatus``:
     exited → ``status << 8``; killed → the signal; dumped → signal | 0x80."""

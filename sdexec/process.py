@@ -803,6 +803,11 @@ class Process:
         state = dict(self._watch.state)
         if isinstance(answer, Failure):
             self._log_failure(answer, UnitCall.RECEIPT.value)
+        elif self.pid and not answer.get("ExecMainPID"):
+            # Unloaded before the read (a stop by someone else: systemd's
+            # GC runs before its signals go out): the answer is a new stub's
+            # of the name, whose zeros would hide what the signals said.
+            pass
         else:
             state.update(answer)
             self._note_cgroup(answer)  # its main process may have gone early

@@ -87,6 +87,31 @@ def test_fast_exit_still_sends_started_before_finished():
     assert ("reset", UNIT) in systemd.calls
 
 
+def test_a_receipt_read_from_an_unloaded_unit_keeps_what_the_signals_said():
+    # Stopped by someone else, the unit was unloaded before its last signal
+    # went out: the receipt's GetAll read a new stub of its name, whose
+    # zeros replaced the start and exit the signals had carried, and
+    # `finished` lost its wall time (review session 32 V2).
+    _, systemd, responder, _ = make_process()
+    stub = {
+        "ExecMainPID": 0,
+        "ExecMainCode": 0,
+        "Result": "success",
+        "ExecMainStartTimestampMonotonic": 0,
+        "ExecMainExitTimestampMonotonic": 0,
+    }
+    systemd.get_service_properties = lambda name: defer.succeed(dict(stub))
+    systemd.change(UNIT, {**RUNNING, "ExecMainStartTimestampMonotonic": 1_000_000})
+    systemd.change(
+        UNIT,
+        {**EXITED, "ExecMainCode": 2, "ExecMainStatus": 15,
+         "ExecMainExitTimestampMonotonic": 6_000_000},
+    )  # fmt: skip
+    finished = responder.responses[1]
+    assert finished["status"] == 15
+    assert finished["usage"]["wall_time_usec"] == 5_000_000
+
+
 def process_with_its_start_held() -> tuple[FakeManager, Recorder, defer.Deferred]:
     """A started process whose start's answer is on its way until the test
     fires it (``answer``), and its unit seen running, then exited."""

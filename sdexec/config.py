@@ -896,6 +896,20 @@ def parse_config(data: dict, source: str = "<config>") -> Config:
     ``ConfigError`` names the first problem; unknown top-level tables are
     ignored, logged and listed in ``Config.warnings``.
     """
+    config = build_config(data, source)
+    log_warnings(config)
+    return config
+
+
+def log_warnings(config: Config) -> None:
+    """Log what :func:`build_config` found worth a warning."""
+    for warning in config.warnings:
+        _log.warn("{warning}", warning=warning)
+
+
+def build_config(data: Any, source: str = "<config>") -> Config:
+    """:func:`parse_config` without its logging: a thread may run it (user
+    names are looked up, through sssd or LDAP on a site's nodes)."""
     if not isinstance(data, dict):
         raise ConfigError(source, None, "expected a document of tables")
     sections = {
@@ -906,10 +920,7 @@ def parse_config(data: dict, source: str = "<config>") -> Config:
     config = Config(source=source, warnings=_unknown_tables(data, source), **sections)
     _check_across_tables(config)
     later = _retained_fits_a_frame(config) + allowed_users_cannot_connect(config)
-    config = replace(config, warnings=config.warnings + later)
-    for warning in config.warnings:
-        _log.warn("{warning}", warning=warning)
-    return config
+    return replace(config, warnings=config.warnings + later)
 
 
 def _check_across_tables(config: Config) -> None:
@@ -1003,11 +1014,17 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     return parse_config(*read_config_file(path))
 
 
+def load_config_quietly(path: str | os.PathLike[str]) -> Config:
+    """:func:`load_config` without its logging (:func:`log_warnings`): a
+    thread may run it, as a reload does (a large YAML file takes seconds to
+    parse, a user name to look up)."""
+    return build_config(*read_config_file(path))
+
+
 def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, str]:
     """The document a ``.toml``, ``.yaml`` or ``.yml`` file holds, unchecked,
     and its absolute path; ``ConfigError`` naming the file if it cannot be
-    read or does not parse. Logs nothing: a thread may run it (a large
-    YAML file takes seconds to parse), :func:`parse_config` the rest."""
+    read or does not parse."""
     source = os.fspath(path)
     suffix = Path(source).suffix.lower()
     if suffix != ".toml" and suffix not in _YAML_SUFFIXES:

@@ -33,8 +33,8 @@ from sdexec.config import (
     Config,
     ConfigError,
     allowed_users_cannot_connect,
-    parse_config,
-    read_config_file,
+    load_config_quietly,
+    log_warnings,
 )
 from sdexec.containment import Containment
 from sdexec.leftovers import Leftovers, owner_marks
@@ -381,13 +381,14 @@ class SdexecService(Service):
 
     async def _reload(self, path: str) -> bool:
         try:
-            # In a thread, the file's parse and the mapper's build: a large
-            # YAML file, lstopo (and a site's mapper) on a GPU node can take
-            # seconds, and every stream and timer would wait for them.
-            data, source = await threads.deferToThreadPool(
-                self.reactor, self.reactor.getThreadPool(), read_config_file, path
+            # In a thread, the file's parse and check and the mapper's
+            # build: a large YAML file, a user looked up through LDAP,
+            # lstopo (and a site's mapper) on a GPU node can take seconds,
+            # and every stream and timer would wait for them.
+            config = await threads.deferToThreadPool(
+                self.reactor, self.reactor.getThreadPool(), load_config_quietly, path
             )
-            config = parse_config(data, source)  # logs its warnings: here
+            log_warnings(config)  # here: the log is the reactor thread's
             containment = await threads.deferToThreadPool(
                 self.reactor,
                 self.reactor.getThreadPool(),

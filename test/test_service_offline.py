@@ -488,20 +488,21 @@ async def test_a_reload_judges_allow_users_by_the_socket_mode_in_force(tmp_path)
 @ensureDeferred
 async def test_a_reload_parses_the_file_off_the_reactor_thread(tmp_path, monkeypatch):
     # A 16 MiB YAML file held every stream, timer and request for 15 s
-    # (review session 32 U3).
+    # (review session 32 U3), and so could allow-users' lookups through
+    # LDAP (W4): the whole check runs in the pool.
     from twisted.python.threadable import isInIOThread
 
     import sdexec.service
 
     service = await started_service(tmp_path, FakeManager())
     threads: list[bool] = []
-    read = sdexec.service.read_config_file
+    load = sdexec.service.load_config_quietly
 
     def recorded(path):
         threads.append(isInIOThread())
-        return read(path)
+        return load(path)
 
-    monkeypatch.setattr(sdexec.service, "read_config_file", recorded)
+    monkeypatch.setattr(sdexec.service, "load_config_quietly", recorded)
     (tmp_path / "sdexec.toml").write_text("[sdexec]\nmax-connections = 7\n")
     assert await service.reload()
     assert threads == [False] and service.config.sdexec.max_connections == 7

@@ -60,13 +60,18 @@ def no_room_for_a_process(
         if FDS_PER_PROCESS * processes + connections + RESERVE < soft // 2:
             return None  # far from it: no listing
         in_use = _descriptors_listed(soft)
-    in_use += FDS_PER_PROCESS * unrelayed
-    if in_use + 2 * FDS_PER_PROCESS + RESERVE <= soft:
+    counted = in_use + FDS_PER_PROCESS * unrelayed
+    if counted + 2 * FDS_PER_PROCESS + RESERVE <= soft:
         return None
+    passthrough = (
+        f", and {unrelayed} passthrough processes counted as {FDS_PER_PROCESS} each"
+        if unrelayed
+        else ""
+    )
     return (
         f"too many processes: {processes} held, and {in_use} of the"
         f" {soft} descriptors the service's open-file limit allows in use"
-        " (raise LimitNOFILE)"
+        f"{passthrough} (raise LimitNOFILE)"
     )
 
 

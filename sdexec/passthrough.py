@@ -148,18 +148,15 @@ class StdioReceivingProtocol(JSONLineProtocol):
 
     def fileDescriptorReceived(self, descriptor: int) -> None:
         os.set_inheritable(descriptor, False)  # recvmsg leaves them inheritable
-        if self._held_fds() >= MAX_PASSED_FDS:
-            # Held for a paused connection too: a client that does not read
-            # would otherwise keep hundreds of ours (253 a sendmsg).
+        if len(self._arrived) >= MAX_PASSED_FDS:
+            # More than one frame takes, with one read: closed now, and not
+            # kept for a paused connection (whose reads stop) until it reads
+            # again (253 a sendmsg). Not counted with an earlier frame's:
+            # the read may end it first (its tail, then the next exec).
             close_fds([descriptor])
             self._dropped = True
             return
         self._arrived.append(descriptor)
-
-    def _held_fds(self) -> int:
-        """Descriptors held for frames not yet complete or delivered."""
-        undecoded = sum(len(held.fds) for held in self._held_reads())
-        return len(self._arrived) + len(self._frame_fds) + undecoded
 
     def _held_reads(self) -> list[_HeldRead]:
         return [extra for _, extra in self._undecoded or () if extra is not None]

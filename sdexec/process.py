@@ -277,6 +277,8 @@ class Process:
         self._failure_confirmed = False  # by a GetAll after failed/no status
         #: By a GetAll: the start job ended without starting the unit.
         self._unstarted_confirmed = False
+        #: The state that showed it, and asked for that GetAll.
+        self._unstarted_seen: dict[str, Any] | None = None
         #: Its unit was started again outside sdexec: a new invocation,
         #: carrying the mark, that only a leftover scan can follow.
         self.started_again = False
@@ -699,6 +701,18 @@ class Process:
             # its outcome is known: what ignored the stop runs on.
             self._end_what_it_left(properties)
         if gone is not None and not self._outcome_known:
+            if (
+                gone == _LOST
+                and self._unstarted_seen is not None
+                and Sent.STARTED not in self._sent
+            ):
+                # Unloaded once its start job ended without a start
+                # (systemd's GC runs before its signals go out): the state
+                # that asked for a read is its last word, not a unit lost
+                # while systemd was away.
+                self._fail_unstarted(self._unstarted_seen)
+                self._maybe_end()
+                return
             self._vanished(gone)
             return
         status = self.status = UnitStatus.from_properties(
@@ -869,18 +883,27 @@ class Process:
         ):
             return
         if self._unstarted_confirmed:
-            self._fail(errno.EIO, f"unit {self.unit_name}: {why_unstarted(state)}")
+            self._fail_unstarted(state)
         elif UnitCall.CONFIRM_UNSTARTED not in self._called and self._watch:
             # A stale snapshot (an older unit of its name) is no proof:
             # decide on the whole state as it is now.
             self._called.add(UnitCall.CONFIRM_UNSTARTED)
+            self._unstarted_seen = dict(state)
             self._watch.refresh().addCallbacks(
                 self._unstarted_refreshed, self._log_failure, errbackArgs=("GetAll",)
             )
 
     def _unstarted_refreshed(self, properties: dict[str, Any]) -> None:
+        if self._outcome_known:
+            return  # unloaded meanwhile: _unit_changed has ended it
+        if not start_job_ended_unstarted(properties):
+            self._unstarted_seen = None  # a stale snapshot: it may yet start
+            return
         self._unstarted_confirmed = True
         self._unit_changed(properties)
+
+    def _fail_unstarted(self, state: dict[str, Any]) -> None:
+        self._fail(errno.EIO, f"unit {self.unit_name}: {why_unstarted(state)}")
 
     def _output(self, stream: str, data: bytes) -> None:
         if self._tap is not None:

@@ -644,21 +644,43 @@ def test_a_kill_of_a_main_process_that_has_exited_is_esrch(systemd, connection):
     ],
     ids=["condition", "assertion", "dependency"],
 )  # fmt: skip
+@pytest.mark.parametrize("unloaded", [False, True], ids=["read", "unloaded-first"])
 @ensureDeferred
 async def test_a_start_job_that_ends_without_a_start_ends_the_request(
-    server, systemd, connection, checked, said
+    server, systemd, connection, checked, said, unloaded
 ):
-    # A site's ConditionPathExists=/run/node-ok, false: the request waited
-    # the whole start-timeout, then EIO that never said why (review
-    # session 32 V1).
+    # A slice's assertion, false: the request waited the whole
+    # start-timeout, then EIO that never said why (review session 32 V1).
+    # systemd unloads the unit before its last signal goes out, so the
+    # confirming read may meet a not-found stub of its name: that is no
+    # unit "gone while systemd was away" (W2).
+    systemd.hold_refresh = unloaded
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     dead = {"ActiveState": "inactive", "SubState": "dead", "LoadState": "loaded"}
     systemd.change(UNIT, {**dead, "Job": (5, "/org/freedesktop/systemd1/job/5")})
     assert connection.responses() == []  # queued: it may yet start
     systemd.change(UNIT, {"Job": (0, "/"), **checked})
     systemd.release(UNIT)  # unloaded: its descriptors closed
+    if unloaded:
+        systemd.units[UNIT] = {**dead, "LoadState": "not-found"}
+        systemd.answer_refreshes()
     assert error_of(connection.last()) == (errno.EIO, f"unit {UNIT}: {said}")
     await until(lambda: not server.processes, "reaped")
+
+
+def test_a_stale_snapshot_of_an_unstarted_unit_waits_for_the_start(systemd, connection):
+    # An older unit of its name, inactive with no job, seen as the start
+    # was accepted: the confirming read finds the start queued, and the
+    # unit starts as any does.
+    systemd.hold_refresh = True
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    dead = {"ActiveState": "inactive", "SubState": "dead", "LoadState": "loaded"}
+    systemd.change(UNIT, {**dead, "Job": (0, "/")})
+    systemd.units[UNIT] = {**dead, "Job": (5, "/org/freedesktop/systemd1/job/5")}
+    systemd.answer_refreshes()
+    assert connection.responses() == []
+    systemd.run(UNIT, pid=77)
+    assert connection.last()["payload"] == {"type": "started", "pid": 77}
 
 
 def test_a_failed_kill_is_eio(systemd, connection):

@@ -580,6 +580,7 @@ class Process:
         if self._reaped or self._watch is None or UnitCall.START not in self._called:
             return  # a start lost with the connection ended its request
         self._called.discard(UnitCall.CONFIRM_FAILURE)  # this refresh confirms
+        self._forget_unstarted()  # what was seen before the loss is no proof
         self._rereading = True
         self._rereads += 1
         refreshed = self._watch.refresh()
@@ -897,10 +898,16 @@ class Process:
         if self._outcome_known:
             return  # unloaded meanwhile: _unit_changed has ended it
         if not start_job_ended_unstarted(properties):
-            self._unstarted_seen = None  # a stale snapshot: it may yet start
+            self._forget_unstarted()  # a stale snapshot: it may yet start
             return
         self._unstarted_confirmed = True
         self._unit_changed(properties)
+
+    def _forget_unstarted(self) -> None:
+        """Nothing seen proves the start job ended unstarted: a later state
+        that shows it is confirmed afresh."""
+        self._unstarted_seen = None
+        self._called.discard(UnitCall.CONFIRM_UNSTARTED)
 
     def _fail_unstarted(self, state: dict[str, Any]) -> None:
         self._fail(errno.EIO, f"unit {self.unit_name}: {why_unstarted(state)}")

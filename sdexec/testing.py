@@ -29,7 +29,7 @@ from sdexec.plan import ExecPlan, plan_exec
 from sdexec.property import UnitProperty
 from sdexec.protocol import ExecFlag
 from sdexec.systemd.bus import unit_object_path
-from sdexec.systemd.errors import SystemdError, reconnecting
+from sdexec.systemd.errors import SystemdError, connection_lost, reconnecting
 from sdexec.systemd.unanswered import Silence, calls_waiting
 from sdexec.systemd.watch import UnitWatch, WatchRegistry
 
@@ -191,8 +191,12 @@ class FakeManager:
     # -- losing the manager ---------------------------------------------------
 
     def lose(self, reason: str = "the D-Bus connection closed") -> None:
-        """systemd goes away: calls fail with EAGAIN until :meth:`restore`."""
+        """systemd goes away: calls fail with EAGAIN until :meth:`restore`,
+        held ``GetAll`` answers with the connection, as calls in flight do."""
         self.connected = False
+        held, self._held = self._held, []
+        for _name, answer in held:
+            answer.errback(connection_lost(reason))
         if self.on_lost is not None:
             self.on_lost(reason)
 

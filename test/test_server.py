@@ -683,6 +683,45 @@ def test_a_stale_snapshot_of_an_unstarted_unit_waits_for_the_start(systemd, conn
     assert connection.last()["payload"] == {"type": "started", "pid": 77}
 
 
+def test_after_a_stale_snapshot_an_unstarted_end_is_still_caught(systemd, connection):
+    # The confirming read found the start queued; when that job then ended
+    # without a start, nothing asked again (review session 32 X1).
+    systemd.hold_refresh = True
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    dead = {"ActiveState": "inactive", "SubState": "dead", "LoadState": "loaded"}
+    systemd.change(UNIT, {**dead, "Job": (0, "/")})
+    systemd.units[UNIT] = {**dead, "Job": (5, "/org/freedesktop/systemd1/job/5")}
+    systemd.answer_refreshes()
+    systemd.hold_refresh = False
+    systemd.change(UNIT, {"Job": (0, "/")})
+    assert error_of(connection.last())[1] == (
+        f"unit {UNIT}: its start job ended without starting it (a dependency"
+        " that failed, or a job canceled)"
+    )
+
+
+def test_what_was_seen_before_an_outage_does_not_say_why_a_unit_is_gone(
+    server, systemd, connection
+):
+    # Its confirming read lost with systemd, the unit ran and went
+    # meanwhile: "lost while systemd was away", not the snapshot's
+    # unstarted end (review session 32 X2).
+    systemd.hold_refresh = True
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    dead = {"ActiveState": "inactive", "SubState": "dead", "LoadState": "loaded"}
+    systemd.change(UNIT, {**dead, "Job": (0, "/")})
+    systemd.lose("the D-Bus connection closed")  # the read fails with it
+    systemd.release(UNIT)
+    systemd.units[UNIT] = {**dead, "LoadState": "not-found"}
+    systemd.hold_refresh = False
+    systemd.restore()
+    server.systemd_restored()  # as the service's on_restored does
+    assert error_of(connection.last()) == (
+        errno.EIO,
+        f"unit {UNIT} is gone (lost while systemd was away)",
+    )
+
+
 def test_a_failed_kill_is_eio(systemd, connection):
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "j"}})
     systemd.run(UNIT)

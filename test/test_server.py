@@ -668,17 +668,25 @@ async def test_a_start_job_that_ends_without_a_start_ends_the_request(
     await until(lambda: not server.processes, "reaped")
 
 
-def test_a_stale_snapshot_of_an_unstarted_unit_waits_for_the_start(systemd, connection):
-    # An older unit of its name, inactive with no job, seen as the start
-    # was accepted: the confirming read finds the start queued, and the
-    # unit starts as any does.
+#: An inactive unit, as systemd reports one that has not run.
+DEAD = {"ActiveState": "inactive", "SubState": "dead", "LoadState": "loaded"}
+
+
+def stale_snapshot_then_queued(systemd, connection) -> None:
+    """An exec whose unit shows an older unit's state (inactive, no job)
+    as its start is accepted; the confirming read finds its start queued."""
     systemd.hold_refresh = True
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
-    dead = {"ActiveState": "inactive", "SubState": "dead", "LoadState": "loaded"}
-    systemd.change(UNIT, {**dead, "Job": (0, "/")})
-    systemd.units[UNIT] = {**dead, "Job": (5, "/org/freedesktop/systemd1/job/5")}
+    systemd.change(UNIT, {**DEAD, "Job": (0, "/")})
+    systemd.units[UNIT] = {**DEAD, "Job": (5, "/org/freedesktop/systemd1/job/5")}
     systemd.answer_refreshes()
+    systemd.hold_refresh = False
     assert connection.responses() == []
+
+
+def test_a_stale_snapshot_of_an_unstarted_unit_waits_for_the_start(systemd, connection):
+    # The unit starts as any does.
+    stale_snapshot_then_queued(systemd, connection)
     systemd.run(UNIT, pid=77)
     assert connection.last()["payload"] == {"type": "started", "pid": 77}
 
@@ -686,13 +694,7 @@ def test_a_stale_snapshot_of_an_unstarted_unit_waits_for_the_start(systemd, conn
 def test_after_a_stale_snapshot_an_unstarted_end_is_still_caught(systemd, connection):
     # The confirming read found the start queued; when that job then ended
     # without a start, nothing asked again (review session 32 X1).
-    systemd.hold_refresh = True
-    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
-    dead = {"ActiveState": "inactive", "SubState": "dead", "LoadState": "loaded"}
-    systemd.change(UNIT, {**dead, "Job": (0, "/")})
-    systemd.units[UNIT] = {**dead, "Job": (5, "/org/freedesktop/systemd1/job/5")}
-    systemd.answer_refreshes()
-    systemd.hold_refresh = False
+    stale_snapshot_then_queued(systemd, connection)
     systemd.change(UNIT, {"Job": (0, "/")})
     assert error_of(connection.last())[1] == (
         f"unit {UNIT}: its start job ended without starting it (a dependency"

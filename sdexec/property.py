@@ -319,6 +319,24 @@ def _path_list(text: str) -> list[str]:
     return paths
 
 
+def _condition(name: str, text: str) -> UnitProperty:
+    """``ConditionPathExists=/run/ok`` (or an ``Assert…``) as systemd takes
+    a transient unit's: one ``(type, trigger, negate, parameter)`` entry of
+    its ``Conditions`` (``Asserts``) list, ``|`` then ``!`` leading the
+    value as in a unit file (what ``systemd-run -p`` sends). systemd
+    refuses the name itself, and an unknown type, naming it."""
+    trigger = text.startswith("|")
+    rest = text[1:] if trigger else text
+    negate = rest.startswith("!")
+    parameter = rest[1:] if negate else rest
+    listed = "Conditions" if name.startswith("Condition") else "Asserts"
+    return UnitProperty(listed, "a(sbbs)", [[name, trigger, negate, parameter]])
+
+
+#: Where a name leads a condition or an assertion (:func:`_condition`).
+_CONDITION_PREFIXES = ("Condition", "Assert")
+
+
 _CONVERTERS: dict[str, Converter] = {
     **{name: _typed("b", parse_bool) for name in BOOLEAN_PROPERTIES},
     **dict.fromkeys(UINT64_PROPERTIES, _uint64_in_range),
@@ -445,6 +463,8 @@ def typed_property(name: str, value: str, source: str = "request") -> UnitProper
     property) if the value cannot be converted.
     """
     convert = _CONVERTERS.get(name)
+    if convert is None and name.startswith(_CONDITION_PREFIXES):
+        convert = _condition
     try:
         problem = unit_file_problem(value)
         if problem is not None:

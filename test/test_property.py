@@ -288,3 +288,23 @@ def test_a_value_a_unit_file_cannot_hold_is_refused_naming_why(value, why):
     # One line all the same: a tab, an escape, a backslash escaped.
     for kept in ("tab\there", "\x1b[32mok\x1b[0m", "/data/x\\\\"):
         assert unit_file_problem(kept) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "listed", "entry"),
+    [
+        ("ConditionPathExists", "/run/ok", "Conditions", [False, False, "/run/ok"]),
+        ("ConditionPathExists", "|!/run/ok", "Conditions", [True, True, "/run/ok"]),
+        ("AssertPathExists", "!/run/ok", "Asserts", [False, True, "/run/ok"]),
+    ],
+)
+def test_conditions_and_assertions_go_as_the_units_lists(name, value, listed, entry):
+    # Sent as strings under their own names, systemd refused them: "Cannot
+    # set property ConditionPathExists, or unknown property" (review
+    # session 32 V1); now as systemd-run -p sends them.
+    typed = typed_property(name, value)
+    assert (typed.name, typed.signature, typed.value) == (
+        listed,
+        "a(sbbs)",
+        [[name, *entry]],
+    )

@@ -219,6 +219,42 @@ async def test_site_limits_and_a_scheduling_policy_reach_the_job(start_service):
     assert result.stdout.split() == [b"900", b"1000", b"64", b"3"]
 
 
+@pytest.mark.parametrize(
+    ("condition", "said"),
+    [
+        (
+            "ConditionPathExists",
+            "a condition of the unit was false (ConditionResult=no)",
+        ),
+        ("AssertPathExists", "an assertion of the unit failed (AssertResult=no)"),
+    ],
+)
+@ensureDeferred
+async def test_a_site_gate_that_fails_ends_the_request_saying_so(
+    start_service, condition, said
+):
+    # Sent as a string, systemd refused the name; as its Conditions list,
+    # the start job ends without starting the unit, which the request then
+    # waited out for start-timeout (review session 32 V1).
+    site = f'[exec.sdexec-properties]\n{condition} = "|!/"\n'  # never true
+    service = await start_service(extra=site)
+    client = await service.connect()
+    result = await run(client, ["true"])
+    assert result.error is not None
+    assert result.error.errnum == errno.EIO
+    assert result.error.errstr.endswith(f".service: {said}")
+    await wait_until_reaped(service, "sdexec-*")
+
+
+@ensureDeferred
+async def test_a_site_gate_that_holds_lets_the_job_run(start_service):
+    site = '[exec.sdexec-properties]\nConditionPathExists = "/"\n'
+    service = await start_service(extra=site)
+    client = await service.connect()
+    result = await run(client, ["true"])
+    assert (result.error, result.status) == (None, 0)
+
+
 @ensureDeferred
 async def test_a_site_property_systemd_types_otherwise_is_named(start_service):
     # sdexec does not know CPUSchedulingResetOnFork's type (a boolean) and

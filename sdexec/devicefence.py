@@ -19,6 +19,7 @@ open: a canary that cannot open even that proves nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import uuid
 from typing import Any
@@ -89,7 +90,16 @@ def canary_plan(config: Config) -> ExecPlan:
             cwd="/",
         ),
     }
-    return plan_exec(payload, config, _CanaryFence(config, None))
+    plan = plan_exec(payload, config, _CanaryFence(config, None))
+    # Not the site's gates: the canary checks the node's device policy, and
+    # one false at start (a health file not written yet) would keep it from
+    # running and drain the node until an admin's undrain.
+    kept = tuple(p for p in plan.properties if p.name not in _GATE_LISTS)
+    return dataclasses.replace(plan, properties=kept)
+
+
+#: The lists a site's Condition*/Assert* properties go in (sdexec/property.py).
+_GATE_LISTS = frozenset({"Conditions", "Asserts"})
 
 
 class _CanaryFence(Containment):

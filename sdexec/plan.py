@@ -40,6 +40,7 @@ from sdexec.policy import TIGHTENING, RequestPolicy
 from sdexec.property import (
     PropertyError,
     UnitProperty,
+    is_gate,
     parse_bool,
     properties_together_problem,
     unit_file_problem,
@@ -373,6 +374,7 @@ def _merged_properties(
     site = {"Slice": config.sdexec.slice, **config.exec.sdexec_properties}
     policy = RequestPolicy(config.sdexec.request_properties, {**site, **mapped})
     requested = policy.accept(command.requested_properties())
+    _check_request_gates(requested, {**site, **mapped})
     tightened = {
         name: value
         for name, value in requested.items()
@@ -391,6 +393,31 @@ def _merged_properties(
         merged.update(properties)
         sources.update(dict.fromkeys(properties, source))
     return merged, sources
+
+
+def _check_request_gates(
+    requested: Mapping[str, str], configured: Mapping[str, str]
+) -> None:
+    """EPERM for a request's condition or assertion (where ``[sdexec]
+    request-properties`` allows one) that would loosen the site's gate:
+    one of the same name would replace it (systemd adds them up; the merge
+    is by name), and a triggering one (``|``) passes every triggering
+    condition of the unit when it holds."""
+    for name, value in requested.items():
+        if not is_gate(name):
+            continue
+        if name in configured:
+            raise RequestError(
+                errno.EPERM,
+                f"SDEXEC_PROP_{name}: the site sets {name}; a request may add"
+                " conditions, never replace the site's",
+            )
+        if value.startswith("|"):
+            raise RequestError(
+                errno.EPERM,
+                f"SDEXEC_PROP_{name}: a triggering condition (a leading |) would"
+                " let the site's triggering conditions pass",
+            )
 
 
 def _typed_properties(

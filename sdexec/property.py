@@ -329,12 +329,23 @@ def _condition(name: str, text: str) -> UnitProperty:
     rest = text[1:] if trigger else text
     negate = rest.startswith("!")
     parameter = rest[1:] if negate else rest
+    if not parameter:
+        # A unit file's empty value resets the list; over D-Bus an entry
+        # without one is refused for every job.
+        raise ValueError(f"{text!r}: no parameter to check")
     listed = "Conditions" if name.startswith("Condition") else "Asserts"
     return UnitProperty(listed, "a(sbbs)", [[name, trigger, negate, parameter]])
 
 
 #: Where a name leads a condition or an assertion (:func:`_condition`).
 _CONDITION_PREFIXES = ("Condition", "Assert")
+
+
+def is_gate(name: str) -> bool:
+    """Whether ``name`` is a condition or an assertion (``ConditionPathExists``,
+    ``AssertPathExists``): systemd adds them up, and checks them before the
+    unit starts."""
+    return name.startswith(_CONDITION_PREFIXES)
 
 
 _CONVERTERS: dict[str, Converter] = {
@@ -463,7 +474,7 @@ def typed_property(name: str, value: str, source: str = "request") -> UnitProper
     property) if the value cannot be converted.
     """
     convert = _CONVERTERS.get(name)
-    if convert is None and name.startswith(_CONDITION_PREFIXES):
+    if convert is None and is_gate(name):
         convert = _condition
     try:
         problem = unit_file_problem(value)

@@ -468,3 +468,51 @@ def test_a_request_s_bad_policy_is_named_not_the_site_s_priority():
     with pytest.raises(sdexec.plan.RequestError) as refused:
         exec_plan(config=parse_config(table), SDEXEC_PROP_CPUSchedulingPolicy="fifoo")
     assert refused.value.errstr.startswith("SDEXEC_PROP_CPUSchedulingPolicy:")
+
+
+_GATED = {
+    "exec": {"sdexec-properties": {"ConditionPathExists": "/run/node-ok"}},
+    "sdexec": {
+        "request-properties": ["ConditionPathExists", "ConditionPathIsDirectory"]
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("opts", "said"),
+    [
+        ({"SDEXEC_PROP_ConditionPathExists": "/"},
+         "SDEXEC_PROP_ConditionPathExists: the site sets ConditionPathExists; a"
+         " request may add conditions, never replace the site's"),
+        ({"SDEXEC_PROP_ConditionPathIsDirectory": "|/"},
+         "SDEXEC_PROP_ConditionPathIsDirectory: a triggering condition (a leading"
+         " |) would let the site's triggering conditions pass"),
+    ],
+    ids=["replacing", "triggering"],
+)  # fmt: skip
+def test_a_request_never_loosens_the_site_s_gate(opts, said):
+    # Where an admin lets requests set conditions: one of the same name
+    # replaced the site's health gate, and a triggering one opened its
+    # triggering ones (review session 32 Y2).
+    with pytest.raises(sdexec.plan.RequestError) as refused:
+        exec_plan(config=parse_config(_GATED), **opts)
+    assert (refused.value.errnum, refused.value.errstr) == (errno.EPERM, said)
+
+
+def test_a_request_may_add_a_condition_of_its_own():
+    plan = exec_plan(
+        config=parse_config(_GATED), SDEXEC_PROP_ConditionPathIsDirectory="/scratch"
+    )
+    gates = [prop.value[0] for prop in plan.properties if prop.name == "Conditions"]
+    assert gates == [
+        ["ConditionPathExists", False, False, "/run/node-ok"],
+        ["ConditionPathIsDirectory", False, False, "/scratch"],
+    ]
+
+
+@pytest.mark.parametrize("value", ["", "|", "!", "|!"])
+def test_a_condition_without_a_parameter_is_refused_at_load(value):
+    # systemd refused it for every job (review session 32 Y3).
+    table = {"exec": {"sdexec-properties": {"ConditionPathExists": value}}}
+    with pytest.raises(ValueError, match=r"ConditionPathExists.*no parameter"):
+        parse_config(table)

@@ -97,6 +97,15 @@ def test_the_probe_says_opened_or_refused_alike_in_every_shell(shell, device, st
     assert probe.returncode == status
 
 
+def test_the_canary_does_not_carry_the_site_s_gates():
+    # A health file not written yet at start kept the canary from running,
+    # and drained the node until an admin's undrain (review session 32 Y1).
+    site = {"ConditionPathExists": "/run/node-ok", "AssertPathExists": "/run/ok"}
+    config = parse_config({"exec": {"sdexec-properties": {**site, "Nice": "5"}}})
+    names = {prop.name for prop in canary_plan(config).properties}
+    assert "Nice" in names and not names & {"Conditions", "Asserts"}
+
+
 def test_the_canary_unit_is_strict_allows_only_dev_null_and_probes_dev_zero():
     config = parse_config({"sdexec": {"slice": "jobs.slice"}})
     plan = canary_plan(config)

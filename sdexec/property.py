@@ -100,6 +100,16 @@ _RLIMIT_UNITS = {
 PATH_LIST_PROPERTIES = frozenset(
     {"ReadOnlyPaths", "ReadWritePaths", "InaccessiblePaths", "ExecPaths", "NoExecPaths"}
 )
+#: Dependencies on other units, typed ``as``: unit names separated by
+#: spaces (systemd.unit(5); ``systemd-run -p After=...`` sends them so).
+DEPENDENCY_PROPERTIES = frozenset(
+    {
+        "Requires", "Requisite", "Wants", "BindsTo", "PartOf", "Upholds",
+        "Conflicts", "Before", "After", "OnFailure", "OnSuccess",
+        "PropagatesReloadTo", "ReloadPropagatedFrom", "PropagatesStopTo",
+        "StopPropagatedFrom", "JoinsNamespaceOf",
+    }
+)  # fmt: skip
 #: Integer properties, typed ``i``: the names a unit's file may give
 #: instead of a number, and the numbers systemd takes.
 INTEGER_PROPERTIES: dict[str, tuple[dict[str, int], range]] = {
@@ -305,6 +315,13 @@ def _bounded_integer(name: str, text: str) -> UnitProperty:
     return UnitProperty(name, "i", value)
 
 
+def _unit_list(text: str) -> list[str]:
+    units = text.split()
+    if not units:
+        raise ValueError("no unit named")
+    return units
+
+
 def _path_list(text: str) -> list[str]:
     try:
         paths = shlex.split(text)
@@ -354,6 +371,7 @@ _CONVERTERS: dict[str, Converter] = {
     **dict.fromkeys(INTEGER_PROPERTIES, _bounded_integer),
     **{f"Limit{r}{soft}": _rlimit for r in RLIMITS for soft in ("", "Soft")},
     **{name: _typed("as", _path_list) for name in PATH_LIST_PROPERTIES},
+    **{name: _typed("as", _unit_list) for name in DEPENDENCY_PROPERTIES},
     **{name: _memory for name in MEMORY_PROPERTIES},
     "AllowedCPUs": _typed("ay", _bitmask),
     "AllowedMemoryNodes": _typed("ay", _bitmask),

@@ -308,3 +308,14 @@ def test_conditions_and_assertions_go_as_the_units_lists(name, value, listed, en
         "a(sbbs)",
         [[name, *entry]],
     )
+
+
+def test_dependencies_go_as_lists_of_units():
+    # Sent as strings, systemd refused every job: "Unexpected message
+    # contents".
+    typed = typed_property("After", "a.service  b.target")
+    assert (typed.signature, typed.value) == ("as", ["a.service", "b.target"])
+    with pytest.raises(
+        PropertyError, match="Requires: error setting property: no unit"
+    ):
+        typed_property("Requires", " ", source="config")

@@ -247,6 +247,27 @@ async def test_a_site_gate_that_fails_ends_the_request_saying_so(
 
 
 @ensureDeferred
+async def test_a_site_dependency_that_fails_ends_the_request_saying_so(start_service):
+    # Sent as strings, systemd refused every job ("Unexpected message
+    # contents"); as the unit lists systemd-run -p sends, a Requisite= not
+    # active fails the start job, which ends without starting the unit.
+    site = (
+        '[exec.sdexec-properties]\nAfter = "basic.target"\n'
+        'Requisite = "printer.target"\n'  # a user unit never active here
+    )
+    service = await start_service(extra=site)
+    client = await service.connect()
+    result = await run(client, ["true"])
+    assert result.error is not None
+    assert result.error.errnum == errno.EIO
+    assert result.error.errstr.endswith(
+        ".service: its start job ended without starting it (a dependency that"
+        " failed, or a job canceled)"
+    )
+    await wait_until_reaped(service, "sdexec-*")
+
+
+@ensureDeferred
 async def test_a_site_gate_that_holds_lets_the_job_run(start_service):
     site = '[exec.sdexec-properties]\nConditionPathExists = "/"\n'
     service = await start_service(extra=site)

@@ -5,6 +5,7 @@ answers. The command runs in a subprocess, as a user runs it."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -68,7 +69,8 @@ class ScriptedService:
 
     def _serve(self, connection: socket.socket) -> None:
         splitter = FrameSplitter()
-        with connection:
+        with connection, contextlib.suppress(ConnectionResetError):
+            # (Reset: a client the test killed, its requests unread.)
             while data := connection.recv(65536):
                 for request in splitter.feed(data):
                     for message in self._script(request):

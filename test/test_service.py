@@ -219,6 +219,24 @@ async def test_site_limits_and_a_scheduling_policy_reach_the_job(start_service):
     assert result.stdout.split() == [b"900", b"1000", b"64", b"3"]
 
 
+async def true_under(start_service, site: str):
+    """``true`` run by a service whose ``[exec.sdexec-properties]`` are
+    ``site`` (TOML lines): the service, and the run's result."""
+    service = await start_service(extra=f"[exec.sdexec-properties]\n{site}")
+    client = await service.connect()
+    return service, await run(client, ["true"])
+
+
+async def refused_unstarted(start_service, site: str, said: str) -> None:
+    """Run under ``site``, the request ends at once with EIO ending in
+    ``said``, and the unit is reaped."""
+    service, result = await true_under(start_service, site)
+    assert result.error is not None
+    assert result.error.errnum == errno.EIO
+    assert result.error.errstr.endswith(f".service: {said}")
+    await wait_until_reaped(service, "sdexec-*")
+
+
 @pytest.mark.parametrize(
     ("condition", "said"),
     [
@@ -236,14 +254,8 @@ async def test_a_site_gate_that_fails_ends_the_request_saying_so(
     # Sent as a string, systemd refused the name; as its Conditions list,
     # the start job ends without starting the unit, which the request then
     # waited out for start-timeout (review session 32 V1).
-    site = f'[exec.sdexec-properties]\n{condition} = "|!/"\n'  # never true
-    service = await start_service(extra=site)
-    client = await service.connect()
-    result = await run(client, ["true"])
-    assert result.error is not None
-    assert result.error.errnum == errno.EIO
-    assert result.error.errstr.endswith(f".service: {said}")
-    await wait_until_reaped(service, "sdexec-*")
+    never_true = f'{condition} = "|!/"\n'
+    await refused_unstarted(start_service, never_true, said)
 
 
 @ensureDeferred
@@ -252,27 +264,19 @@ async def test_a_site_dependency_that_fails_ends_the_request_saying_so(start_ser
     # contents"); as the unit lists systemd-run -p sends, a Requisite= not
     # active fails the start job, which ends without starting the unit.
     site = (
-        '[exec.sdexec-properties]\nAfter = "basic.target"\n'
+        'After = "basic.target"\n'
         'Requisite = "printer.target"\n'  # a user unit never active here
     )
-    service = await start_service(extra=site)
-    client = await service.connect()
-    result = await run(client, ["true"])
-    assert result.error is not None
-    assert result.error.errnum == errno.EIO
-    assert result.error.errstr.endswith(
-        ".service: its start job ended without starting it (a dependency that"
-        " failed, or a job canceled)"
+    said = (
+        "its start job ended without starting it (a dependency that failed, or"
+        " a job canceled)"
     )
-    await wait_until_reaped(service, "sdexec-*")
+    await refused_unstarted(start_service, site, said)
 
 
 @ensureDeferred
 async def test_a_site_gate_that_holds_lets_the_job_run(start_service):
-    site = '[exec.sdexec-properties]\nConditionPathExists = "/"\n'
-    service = await start_service(extra=site)
-    client = await service.connect()
-    result = await run(client, ["true"])
+    _, result = await true_under(start_service, 'ConditionPathExists = "/"\n')
     assert (result.error, result.status) == (None, 0)
 
 

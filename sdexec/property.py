@@ -350,12 +350,24 @@ def _condition(name: str, text: str) -> UnitProperty:
         # A unit file's empty value resets the list; over D-Bus an entry
         # without one is refused for every job.
         raise ValueError(f"{text!r}: no parameter to check")
+    kind = name.removeprefix("Condition").removeprefix("Assert")
+    if kind in _PATH_GATES and not parameter.startswith("/"):
+        raise ValueError(f"{parameter!r} is not an absolute path")
     listed = "Conditions" if name.startswith("Condition") else "Asserts"
     return UnitProperty(listed, "a(sbbs)", [[name, trigger, negate, parameter]])
 
 
 #: Where a name leads a condition or an assertion (:func:`_condition`).
 _CONDITION_PREFIXES = ("Condition", "Assert")
+#: The conditions (and assertions) that check a path, which systemd
+#: refuses for every job unless it is absolute (systemd.unit(5)).
+_PATH_GATES = frozenset(
+    {
+        "PathExists", "PathExistsGlob", "PathIsDirectory", "PathIsSymbolicLink",
+        "PathIsMountPoint", "PathIsReadWrite", "PathIsEncrypted",
+        "DirectoryNotEmpty", "FileNotEmpty", "FileIsExecutable", "NeedsUpdate",
+    }
+)  # fmt: skip
 
 
 def is_gate(name: str) -> bool:

@@ -510,9 +510,26 @@ def test_a_request_may_add_a_condition_of_its_own():
     ]
 
 
-@pytest.mark.parametrize("value", ["", "|", "!", "|!"])
-def test_a_condition_without_a_parameter_is_refused_at_load(value):
+@pytest.mark.parametrize(
+    ("name", "value", "why"),
+    [
+        ("ConditionPathExists", "", "no parameter"),
+        ("ConditionPathExists", "|", "no parameter"),
+        ("AssertPathExists", "!", "no parameter"),
+        ("ConditionPathExists", "|!", "no parameter"),
+        ("ConditionPathExists", "run/ok", "'run/ok' is not an absolute path"),
+        ("AssertFileNotEmpty", "!x", "'x' is not an absolute path"),
+    ],
+)
+def test_a_gate_systemd_refuses_for_every_job_is_refused_at_load(name, value, why):
     # systemd refused it for every job (review session 32 Y3).
-    table = {"exec": {"sdexec-properties": {"ConditionPathExists": value}}}
-    with pytest.raises(ValueError, match=r"ConditionPathExists.*no parameter"):
+    table = {"exec": {"sdexec-properties": {name: value}}}
+    with pytest.raises(ValueError, match=rf"{name}: .*{why}"):
         parse_config(table)
+
+
+def test_a_gate_of_another_kind_takes_what_is_not_a_path():
+    table = {"exec": {"sdexec-properties": {"ConditionVirtualization": "!container"}}}
+    plan = exec_plan(config=parse_config(table))  # systemd judges its values
+    gates = [prop.value for prop in plan.properties if prop.name == "Conditions"]
+    assert gates == [[["ConditionVirtualization", False, True, "container"]]]

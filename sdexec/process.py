@@ -275,9 +275,8 @@ class Process:
         self._declared_unkillable = False
         self._reaped = False
         self._failure_confirmed = False  # by a GetAll after failed/no status
-        #: By a GetAll: the start job ended without starting the unit.
-        self._unstarted_confirmed = False
-        #: The state that showed it, and asked for that GetAll.
+        #: The state that showed the start job ended without starting the
+        #: unit, and asked for a GetAll to confirm it.
         self._unstarted_seen: dict[str, Any] | None = None
         #: Its unit was started again outside sdexec: a new invocation,
         #: carrying the mark, that only a leftover scan can follow.
@@ -883,9 +882,7 @@ class Process:
             or not start_job_ended_unstarted(state)
         ):
             return
-        if self._unstarted_confirmed:
-            self._fail_unstarted(state)
-        elif UnitCall.CONFIRM_UNSTARTED not in self._called and self._watch:
+        if UnitCall.CONFIRM_UNSTARTED not in self._called and self._watch:
             # A stale snapshot (an older unit of its name) is no proof:
             # decide on the whole state as it is now.
             self._called.add(UnitCall.CONFIRM_UNSTARTED)
@@ -900,8 +897,9 @@ class Process:
         if not start_job_ended_unstarted(properties):
             self._forget_unstarted()  # a stale snapshot: it may yet start
             return
-        self._unstarted_confirmed = True
-        self._unit_changed(properties)
+        # (The watch has delivered this answer already: the state is in.)
+        self._fail_unstarted(properties)
+        self._maybe_end()
 
     def _forget_unstarted(self) -> None:
         """Nothing seen proves the start job ended unstarted: a later state

@@ -823,14 +823,14 @@ class SdexecServer:
         if who not in ("all", "main"):
             raise RequestError(errno.EINVAL, 'who: expected "all" or "main"')
         pid, label = parse_target(payload, "kill")
+        target = f"label={label}" if label is not None else f"pid={pid}"
         process: Process | Leftover | None = self.find(pid=pid, label=label)
         if process is None and self.leftovers is not None and label is None:
             process = self.leftovers.find(pid)  # leftovers have no labels
         if process is None:
-            target = f"label={label}" if label is not None else f"pid={pid}"
             raise RequestError(errno.ESRCH, f"kill {target} not found")
         answer: defer.Deferred[dict] = process.kill(signum, who).addCallbacks(
-            lambda _: {}, _main_process_gone, errbackArgs=(pid, label)
+            lambda _: {}, _main_process_gone, errbackArgs=(target,)
         )
         if isinstance(process, Process) and process.signals_wait_for_start:
             return AwaitingStart(answer, process.signals_go_out())
@@ -1096,7 +1096,7 @@ class ClientProtocol(StdioReceivingProtocol):
         if message.get("type") != "request":
             # Not a request is not a message of this protocol: a framing
             # error, answered with EPROTO and the connection closed.
-            raise FramingError('type: expected "request"')
+            raise FramingError(_NOT_A_REQUEST)
         topic = message.get("topic")
         matchtag = message.get("matchtag")
         valid_matchtag = _is_integer(matchtag)
@@ -1106,11 +1106,9 @@ class ClientProtocol(StdioReceivingProtocol):
             result = self._dispatch(message, topic, matchtag, valid_matchtag)
         except RequestRefused as error:
             self.server.count("errors")
-            if topic == Topic.WRITE and not (_is_integer(matchtag) and matchtag > 0):
-                # A write sent as Flux does (no matchtag: no response
-                # wanted), or with one no response could carry: an error
-                # on matchtag 0 would read as the connection's last words.
-                # Logged instead, once.
+            if _unanswerable_write(topic, matchtag):
+                # An error on matchtag 0 would read as the connection's
+                # last words: logged instead, once.
                 self._log_silent_write_refusal(error.errstr)
                 return
             self._send_error(reply_topic, reply_matchtag, error.errnum, error.errstr)
@@ -1252,13 +1250,11 @@ class ClientProtocol(StdioReceivingProtocol):
         if self.transport.disconnecting:
             return  # closing (a refused peer): as in messageReceived
         if message.get("type") != "request":
-            self._framing_error('type: expected "request"')  # fds or not
+            self._framing_error(_NOT_A_REQUEST)  # fds or not, as in _request
             return
         topic, matchtag = message.get("topic"), message.get("matchtag")
         self.server.count("errors")
-        if topic == Topic.WRITE and not (_is_integer(matchtag) and matchtag > 0):
-            # As any refused write without a matchtag: no answer on 0, the
-            # connection's last words (_request).
+        if _unanswerable_write(topic, matchtag):  # as in _request
             self._log_silent_write_refusal(reason)
             return
         self._send_error(
@@ -1450,6 +1446,16 @@ class ClientProtocol(StdioReceivingProtocol):
         pass
 
 
+#: Why a message that is not a request ends its connection.
+_NOT_A_REQUEST = 'type: expected "request"'
+
+
+def _unanswerable_write(topic: object, matchtag: object) -> bool:
+    """A write sent as Flux does (no matchtag: no response wanted), or with
+    one no response could carry: a refusal of it is not answered."""
+    return topic == Topic.WRITE and not (_is_integer(matchtag) and matchtag > 0)
+
+
 def _unindexed(_process: Process) -> None:
     """``pid_known`` of a process no client may find (the device canary)."""
 
@@ -1459,14 +1465,13 @@ def _all_passed(plan: ExecPlan) -> bool:
     return len(plan.stdio) == len(STDIO_STREAMS)
 
 
-def _main_process_gone(failure: Failure, pid: int | None, label: str | None) -> Failure:
-    """A kill of a main process that has exited while others of its unit
-    linger: ESRCH that says so, and how to reach the rest (systemd says
-    only "No main process to kill")."""
+def _main_process_gone(failure: Failure, target: str) -> Failure:
+    """A kill (of ``target``, ``pid=N``) of a main process that has exited
+    while others of its unit linger: ESRCH that says so, and how to reach
+    the rest (systemd says only "No main process to kill")."""
     error = failure.value
     if not isinstance(error, SystemdError) or error.name != NO_SUCH_PROCESS:
         return failure
-    target = f"label={label}" if label is not None else f"pid={pid}"
     raise RequestError(
         errno.ESRCH,
         f'kill {target}: its main process has exited; "who": "all" (sdexec kill'

@@ -31,6 +31,7 @@ from sdexec.config import Config
 from sdexec.containment import Containment
 from sdexec.ioencode import decode_io
 from sdexec.plan import ExecPlan, plan_exec
+from sdexec.property import GATE_LISTS
 from sdexec.protocol import ExecFlag, command_object
 from sdexec.systemd.unit import wait_status
 
@@ -94,12 +95,8 @@ def canary_plan(config: Config) -> ExecPlan:
     # Not the site's gates: the canary checks the node's device policy, and
     # one false at start (a health file not written yet) would keep it from
     # running and drain the node until an admin's undrain.
-    kept = tuple(p for p in plan.properties if p.name not in _GATE_LISTS)
+    kept = tuple(p for p in plan.properties if p.name not in GATE_LISTS)
     return dataclasses.replace(plan, properties=kept)
-
-
-#: The lists a site's Condition*/Assert* properties go in (sdexec/property.py).
-_GATE_LISTS = frozenset({"Conditions", "Asserts"})
 
 
 class _CanaryFence(Containment):

@@ -350,15 +350,17 @@ def _condition(name: str, text: str) -> UnitProperty:
         # A unit file's empty value resets the list; over D-Bus an entry
         # without one is refused for every job.
         raise ValueError(f"{text!r}: no parameter to check")
-    kind = name.removeprefix("Condition").removeprefix("Assert")
-    if kind in _PATH_GATES and not parameter.startswith("/"):
+    prefix = next(prefix for prefix in _GATES if name.startswith(prefix))
+    if name[len(prefix) :] in _PATH_GATES and not parameter.startswith("/"):
         raise ValueError(f"{parameter!r} is not an absolute path")
-    listed = "Conditions" if name.startswith("Condition") else "Asserts"
-    return UnitProperty(listed, "a(sbbs)", [[name, trigger, negate, parameter]])
+    return UnitProperty(_GATES[prefix], "a(sbbs)", [[name, trigger, negate, parameter]])
 
 
-#: Where a name leads a condition or an assertion (:func:`_condition`).
-_CONDITION_PREFIXES = ("Condition", "Assert")
+#: The name's prefix of a condition or an assertion, and the unit's list
+#: it goes in (:func:`_condition`).
+_GATES = {"Condition": "Conditions", "Assert": "Asserts"}
+#: Those lists, as a unit's properties name them.
+GATE_LISTS = frozenset(_GATES.values())
 #: The conditions (and assertions) that check a path, which systemd
 #: refuses for every job unless it is absolute (systemd.unit(5)).
 _PATH_GATES = frozenset(
@@ -374,7 +376,7 @@ def is_gate(name: str) -> bool:
     """Whether ``name`` is a condition or an assertion (``ConditionPathExists``,
     ``AssertPathExists``): systemd adds them up, and checks them before the
     unit starts."""
-    return name.startswith(_CONDITION_PREFIXES)
+    return name.startswith(tuple(_GATES))
 
 
 _CONVERTERS: dict[str, Converter] = {

@@ -17,7 +17,7 @@ from support import sleep, until
 from twisted.internet.task import Clock
 
 from sdexec.systemd.bus import MANAGER_ABSENT_S, SystemdClient, unit_object_path
-from sdexec.systemd.errors import errno_for, is_connection_lost
+from sdexec.systemd.errors import SystemdError, errno_for, is_connection_lost
 from sdexec.systemd.unanswered import SILENT_AFTER_S
 
 DBUS = "org.freedesktop.DBus"
@@ -147,11 +147,12 @@ async def test_a_manager_back_in_time_keeps_the_bus():
     client.disconnect()
 
 
-def failed(name: str, sender: str = DBUS) -> Message:
-    """An error reply, by default the bus's own."""
+def failed(name: str, sender: str = DBUS, text: str | None = None) -> Message:
+    """An error reply, by default the bus's own, saying ``text`` (its name
+    if not given)."""
     return Message(
         message_type=MessageType.ERROR, reply_serial=1, error_name=name,
-        signature="s", body=[name], sender=sender,
+        signature="s", body=[text or name], sender=sender,
     )  # fmt: skip
 
 
@@ -397,3 +398,24 @@ async def test_a_manager_that_does_not_answer_is_told_not_lost():
     assert client.silence() is None and client.calls_waiting()["unanswered"] == 0
     client.disconnect()
     assert clock.getDelayedCalls() == []
+
+
+@ensureDeferred
+async def test_no_manager_at_the_first_connect_is_said_with_the_bus_s_words(
+    monkeypatch,
+):
+    # A user bus with no user manager on it (the user not logged in, no
+    # linger): what to do, and what the bus said, in one line.
+    # (Parentheses in it: they were taken for the end of sdexec's words.)
+    said = "Name 'org.freedesktop.systemd1' has no owner (not activatable)"
+
+    async def open_bus(address, system):
+        bus = FakeBus({"Subscribe": lambda message: failed(NO_OWNER, text=said)})
+        bus.owner = ""
+        return bus
+
+    monkeypatch.setattr("sdexec.systemd.bus._open_bus", open_bus)
+    with pytest.raises(SystemdError) as refused:
+        await SystemdClient.connect("unix:path=/nonexistent", clock=Clock())
+    assert str(refused.value).startswith("no systemd manager on this bus: ")
+    assert str(refused.value).endswith(f" ({said})")

@@ -313,7 +313,7 @@ class SystemdClient:
                 "no systemd manager on this bus: a user's runs while the user"
                 " is logged in, or always with `loginctl enable-linger`; the"
                 ' system\'s is [systemd] bus = "system"'
-                f" ({error.message.rpartition('(')[2].rstrip(')')})",
+                f" ({error.detail})",
             ) from None
         except BaseException:
             client.disconnect()  # not a usable client: do not leak its socket

@@ -70,10 +70,12 @@ class SystemdError(Exception):
     """A D-Bus call failed; ``name`` is the D-Bus error name, ``errno`` what
     a client is told (from :data:`DBUS_ERRNO`, else EIO)."""
 
-    def __init__(self, name: str, message: str) -> None:
+    def __init__(self, name: str, message: str, detail: str = "") -> None:
         super().__init__(message)
         self.name = name
         self.message = message
+        #: What the bus said, where ``message`` is sdexec's words around it.
+        self.detail = detail
         self.errno = DBUS_ERRNO.get(name, errno.EIO)
 
 
@@ -89,6 +91,7 @@ def manager_away(detail: str) -> SystemdError:
     return SystemdError(
         MANAGER_AWAY,
         f"systemd connection lost: the manager is not on the bus ({detail})",
+        detail,
     )
 
 

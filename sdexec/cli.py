@@ -888,7 +888,7 @@ class _Job:
         if self.interrupted is not None:
             name = signal_name(self.interrupted)
             _fail(f"interrupted by {name} before the process started")
-            return 128 + self.interrupted  # as a shell reports a signal death
+            return exit_code(self.interrupted)  # the wait status of its death
         assert self._stream is not None
         failure = self._stream.error
         if failure is not None and self._receipt is None:

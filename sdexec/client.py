@@ -435,13 +435,11 @@ class SdexecClient(JSONLineProtocol):
         if self._requests.lost is not None:
             return
         payload = {"matchtag": handle.matchtag, "io": io}
+        # The exec's first write takes a matchtag of its own; the rest share it.
+        write = self._requests.new(Topic.WRITE, payload, matchtag=handle.write_matchtag)
         if handle.write_matchtag is not None:
-            write = self._requests.new(
-                Topic.WRITE, payload, matchtag=handle.write_matchtag
-            )
             self._send(write)
             return
-        write = self._requests.new(Topic.WRITE, payload)
         self._track(write, _StdinRefusals(handle))
         handle.write_matchtag = write["matchtag"]
 

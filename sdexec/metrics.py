@@ -32,7 +32,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
@@ -141,16 +141,22 @@ class Metrics:
         return _MetricsPage(self)
 
     def render(
-        self, snapshot: dict, accept: str, names: list[str]
-    ) -> tuple[bytes, str]:
-        """The exposition (and its content type) of the registry, the
-        ``/stats`` numbers taken from ``snapshot``; safe in any thread."""
+        self, snapshot: dict, accept: str, accept_encoding: str, names: list[str]
+    ) -> tuple[bytes, dict[str, str]]:
+        """The exposition of the registry, the ``/stats`` numbers taken from
+        ``snapshot``, gzipped if the scraper takes that, and its headers;
+        safe in any thread (the compression too: it is not the reactor's)."""
         encoder, content_type = choose_encoder(accept)
         registry: Any = self.registry
         if names:
             registry = registry.restricted_registry(names)
         with self._stats.pinned(snapshot):
-            return encoder(registry), content_type
+            body = encoder(registry)
+        headers = {"Content-Type": content_type}
+        if gzip_accepted(accept_encoding):
+            body = gzip.compress(body)
+            headers["Content-Encoding"] = "gzip"
+        return body, headers
 
     def snapshot(self) -> dict:
         """The ``/stats`` numbers now (in the reactor thread)."""
@@ -284,6 +290,7 @@ class _MetricsPage(Resource):
     def render_GET(self, request: Request) -> Any:
         snapshot = self._metrics.snapshot()  # here: the server's thread
         accept = request.getHeader("accept") or ""
+        accept_encoding = request.getHeader("accept-encoding") or ""
         args: dict[bytes, list[bytes]] = request.args or {}
         names = [name.decode(errors="replace") for name in args.get(b"name[]", [])]
         gone: list[bool] = []
@@ -295,10 +302,11 @@ class _MetricsPage(Resource):
             self._metrics.render,
             snapshot,
             accept,
+            accept_encoding,
             names,
         )
 
-        def answer(rendered: tuple[bytes, str]) -> None:
+        def answer(rendered: tuple[bytes, dict[str, str]]) -> None:
             if not gone:  # a scraper that left gets nothing written
                 _answer(request, *rendered)
 
@@ -312,12 +320,9 @@ class _MetricsPage(Resource):
     render_HEAD = render_GET  # Twisted writes no body for HEAD
 
 
-def _answer(request: Request, body: bytes, content_type: str) -> None:
-    request.setHeader("Content-Type", content_type)
-    accepted = request.getHeader("accept-encoding") or ""
-    if "gzip" in (part.split(";")[0].strip() for part in accepted.split(",")):
-        body = gzip.compress(body)
-        request.setHeader("Content-Encoding", "gzip")
+def _answer(request: Request, body: bytes, headers: dict[str, str]) -> None:
+    for name, value in headers.items():
+        request.setHeader(name, value)
     request.write(body)
     request.finish()
 

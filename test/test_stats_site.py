@@ -4,6 +4,7 @@ client runs in a thread so the reactor serves meanwhile."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import socket
@@ -453,6 +454,15 @@ async def test_metrics_named_in_the_query_include_those_of_stats(metrics_port):
     assert b"sdexec_oom_kills_total 1.0" in answer
     assert b'sdexec_requests_total{topic="sdexec.exec"} 3.0' in answer
     assert b"sdexec_processes" not in answer
+
+
+@ensureDeferred
+async def test_metrics_are_gzipped_for_a_scraper_that_takes_it(metrics_port):
+    request = b"GET /metrics HTTP/1.0\r\nAccept-Encoding: deflate, GZIP;q=1\r\n\r\n"
+    answer = await deferToThread(exchange, metrics_port, request)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"Content-Encoding: gzip" in head
+    assert b"sdexec_systemd_connected 1.0" in gzip.decompress(body)
 
 
 @ensureDeferred

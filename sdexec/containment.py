@@ -414,7 +414,7 @@ def _slice_reason(
 ) -> str | None:
     """The reason cpuset fence ``kind`` does not hold when the unit's slice
     broke it: the controller reaches the unit's own cgroup, but the
-    parent's effective set lacks some of ``expected``. (The kernel gives a
+    parent's effective set has none of ``expected``. (The kernel gives a
     cgroup whose set has nothing in common with its parent's the parent's
     whole set: a slice that keeps housekeeping CPUs from jobs, against an R
     that still lists them.) ``None`` if the slice is not the cause."""

@@ -51,7 +51,11 @@ from sdexec.systemd.channel import (
     socketpair_for_systemd,
 )
 from sdexec.systemd.errors import UNIT_EXISTS, is_connection_lost, is_unit_gone
-from sdexec.systemd.unit import start_job_ended_unstarted, why_unstarted
+from sdexec.systemd.unit import (
+    never_invoked,
+    start_job_ended_unstarted,
+    why_unstarted,
+)
 from sdexec.unitstop import StopTimer
 
 __all__ = [
@@ -1031,8 +1035,7 @@ class Process:
             return
         if state.get("LoadState") == "not-found":
             return  # unloaded is no proof its manager lost it: _unit_changed
-        never_started = not state.get("InvocationID") and queued_job(state) == 0
-        if never_started and state.get("ActiveState") == "inactive":
+        if never_invoked(state):
             self._end_what_it_left(state)
             self._vanished(_LOST)
 

@@ -97,18 +97,23 @@ def queued_job(state: Mapping[str, Any]) -> int | None:
     return None
 
 
-def start_job_ended_unstarted(state: Mapping[str, Any]) -> bool:
-    """Whether a unit whose start systemd accepted shows its start job over
-    without a start: inactive, no job queued, never invoked, no main
-    process. A false ``Condition*=``, a failed ``Assert*=`` or dependency
-    (``Requires=``, ``Requisite=``) ends a start job so; the unit is then
-    unloaded, and no signal will say it starts."""
+def never_invoked(state: Mapping[str, Any]) -> bool:
+    """Whether the unit is inactive with no job queued and was never
+    invoked: nothing will start it (no ``InvocationID``)."""
     return (
         state.get("ActiveState") == "inactive"
         and queued_job(state) == 0
         and not state.get("InvocationID")
-        and not state.get("ExecMainPID")
     )
+
+
+def start_job_ended_unstarted(state: Mapping[str, Any]) -> bool:
+    """Whether a unit whose start systemd accepted shows its start job over
+    without a start: :func:`never_invoked`, and no main process. A false
+    ``Condition*=``, a failed ``Assert*=`` or dependency (``Requires=``,
+    ``Requisite=``) ends a start job so; the unit is then unloaded, and no
+    signal will say it starts."""
+    return never_invoked(state) and not state.get("ExecMainPID")
 
 
 def why_unstarted(state: Mapping[str, Any]) -> str:

@@ -874,7 +874,9 @@ class _Job:
 
     def start(self, connection: Connection, command: dict[str, Any]) -> None:
         self._connection = connection
-        self._stream = connection.exec(command, _RUN_FLAGS, self._respond, self._passed)
+        self._stream = connection.exec(
+            command, _RUN_FLAGS, self._respond, self._passed, self._stdin_refused
+        )
         if self._noinput and "stdin" not in self._passed:
             connection.write_stdin(self._stream, b"")
         self._watch_stdin()
@@ -905,8 +907,11 @@ class _Job:
             _say(line)
         code = exit_code(self._receipt.status)
         # Output lost to a failed write (a full disk) after the process had
-        # finished: nothing else fails the command, as a local one would.
-        return (code or 1) if self._output_lost else code
+        # finished, or stdin the service refused (the process may have done
+        # well on part of it): nothing else fails the command, as a local
+        # one would.
+        lost = self._output_lost or self._stream.stdin_error is not None
+        return (code or 1) if lost else code
 
     # -- signals -----------------------------------------------------------
 
@@ -994,6 +999,14 @@ class _Job:
         if stream.credit is None:
             return _READ_SIZE
         return max(0, min(_READ_SIZE, stream.credit.available))
+
+    def _stdin_refused(self, error: SdexecError) -> None:
+        """The service refused a write (the rest of what we sent is dropped
+        there): said once, and the rest of our stdin is left unread. The
+        process runs on, with the stdin it got."""
+        _warn(f"stdin refused: {error}")
+        self._stdin_open = False
+        self._watch_stdin()
 
     def _read_stdin(self, _events: int) -> None:
         assert self._stream is not None and self._connection is not None

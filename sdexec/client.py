@@ -47,6 +47,7 @@ from sdexec.rpc import (
     RPCError,
     SdexecError,
     StdinCredit,
+    StdinRefusals,
     background_pid,
     bad_stdio,
     cannot_connect,
@@ -126,27 +127,6 @@ def _connect_failed(failure: Failure, path: str) -> Failure:
     code = getattr(failure.value, "osError", None)
     code = code if isinstance(code, int) else None
     return Failure(cannot_connect(path, code, failure.getErrorMessage()))
-
-
-class _StdinRefusals:
-    """Where the service's refusal of an exec's stdin goes.
-
-    The service answers a write only to refuse it, on the write's matchtag
-    (docs/protocol.md, ``sdexec.write``): every write of one exec carries
-    the matchtag of its first, which is tracked while the exec runs (one
-    per write would be tracked for ever: a write taken is never answered).
-    """
-
-    streaming = True  # as many writes as the process reads, none answered
-
-    def __init__(self, handle: ExecHandle) -> None:
-        self._handle = handle
-
-    def respond(self, payload: dict) -> None:
-        pass  # a write taken is not answered; one that is has nothing to say
-
-    def end(self, error: SdexecError) -> None:
-        self._handle.stdin_refused(error)
 
 
 class _Call:
@@ -431,7 +411,7 @@ class SdexecClient(JSONLineProtocol):
     def send_write(self, handle: ExecHandle, io: dict) -> None:
         """Send ``io`` to ``handle``'s stdin (``sdexec.write``); dropped if
         the connection is gone. A refusal of it goes to
-        :meth:`ExecHandle.stdin_refused` (:class:`_StdinRefusals`)."""
+        :meth:`ExecHandle.stdin_refused` (:class:`~sdexec.rpc.StdinRefusals`)."""
         if self._requests.lost is not None:
             return
         payload = {"matchtag": handle.matchtag, "io": io}
@@ -440,7 +420,7 @@ class SdexecClient(JSONLineProtocol):
         if handle.write_matchtag is not None:
             self._send(write)
             return
-        self._track(write, _StdinRefusals(handle))
+        self._track(write, StdinRefusals(handle))
         handle.write_matchtag = write["matchtag"]
 
     def forget_writes(self, handle: ExecHandle) -> None:

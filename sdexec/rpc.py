@@ -3,7 +3,8 @@
 What the Twisted library (``sdexec.client``) and the command line's
 synchronous client (``sdexec.syncclient``) share, so that both answer the
 service alike: the errors they raise, where the socket is, the request
-envelope, how responses find their request, and RFC 42 stdin credit.
+envelope, how responses find their request, RFC 42 stdin credit, and where
+the service's refusal of a write to stdin goes.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ __all__ = [
     "ConnectionFailed",
     "Pending",
     "RPCError",
+    "RefusableStdin",
     "Requests",
     "SdexecError",
     "StdinCredit",
+    "StdinRefusals",
     "background_pid",
     "bad_stdio",
     "cannot_connect",
@@ -117,6 +120,36 @@ class Pending(Protocol):
     def end(self, error: SdexecError) -> None:
         """The last response was an error (ENODATA ends a stream well), or
         the connection went first."""
+
+
+class RefusableStdin(Protocol):
+    """An exec whose stdin the service may refuse."""
+
+    def stdin_refused(self, error: SdexecError) -> None:
+        """The service refused a write of it, or the connection went (the
+        error is then the connection's :attr:`Requests.lost`)."""
+
+
+class StdinRefusals:
+    """Where the service's refusal of an exec's stdin goes: the request
+    tracked for the matchtag that all of the exec's writes share.
+
+    The service answers a write only to refuse it, on the write's matchtag
+    (docs/protocol.md, ``sdexec.write``). A matchtag per write would be
+    tracked for ever (a write taken is never answered); RFC 6 lets requests
+    whose responses go to the same place share one.
+    """
+
+    streaming = True  # as many writes as the process reads, none answered
+
+    def __init__(self, stream: RefusableStdin) -> None:
+        self._stream = stream
+
+    def respond(self, payload: dict) -> None:
+        pass  # a write taken is not answered; one that is has nothing to say
+
+    def end(self, error: SdexecError) -> None:
+        self._stream.stdin_refused(error)
 
 
 class Requests:

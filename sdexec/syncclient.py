@@ -31,6 +31,7 @@ from sdexec.rpc import (
     Requests,
     SdexecError,
     StdinCredit,
+    StdinRefusals,
     bad_stdio,
     cannot_connect,
     is_end_of_stream,
@@ -213,15 +214,28 @@ class Call:
 
 class Exec:
     """An ``sdexec.exec`` (or ``sdexec.attach``) stream: each response
-    payload goes to ``on_response`` once ``pid`` and ``credit`` are current."""
+    payload goes to ``on_response`` once ``pid`` and ``credit`` are current;
+    the service's refusal of a write to its stdin to ``on_stdin_refused``."""
 
     streaming = True
 
     def __init__(
-        self, cmd: dict[str, Any], flags: int, on_response: Callable[[dict], None]
+        self,
+        cmd: dict[str, Any],
+        flags: int,
+        on_response: Callable[[dict], None],
+        requests: Requests,
+        on_stdin_refused: Callable[[SdexecError], None] | None = None,
     ) -> None:
         #: Set by :meth:`Connection.exec`.
         self.matchtag = 0
+        #: The matchtag all of its writes carry (the first's, tracked while
+        #: the stream runs), once one is sent.
+        self.write_matchtag: int | None = None
+        #: The service's refusal of a write, once one has come (``EINVAL``;
+        #: ``ENOSPC``, an overrun of the credit): the write's data and all
+        #: written after it are dropped.
+        self.stdin_error: SdexecError | None = None
         #: The process id, once ``started`` has arrived.
         self.pid: int | None = None
         #: Stdin flow control; ``None`` without the write-credit flag.
@@ -230,6 +244,8 @@ class Exec:
         self.ended = False
         self.error: SdexecError | None = None
         self._on_response = on_response
+        self._requests = requests
+        self._on_stdin_refused = on_stdin_refused
 
     def respond(self, payload: dict) -> None:
         kind = payload.get("type")
@@ -242,6 +258,20 @@ class Exec:
     def end(self, error: SdexecError) -> None:
         self.ended = True
         self.error = None if is_end_of_stream(error) else error
+        if self.write_matchtag is not None:
+            # The service drops writes to an ended stream: a refusal that
+            # comes now answers nothing.
+            self._requests.forget(self.write_matchtag)
+
+    def stdin_refused(self, error: SdexecError) -> None:
+        """The service refused a write (:class:`sdexec.rpc.StdinRefusals`):
+        kept in ``stdin_error`` and told to ``on_stdin_refused``. A lost
+        connection is no refusal: :meth:`end` reports it."""
+        if error is self._requests.lost:
+            return
+        self.stdin_error = error
+        if self._on_stdin_refused is not None:
+            self._on_stdin_refused(error)
 
 
 class Connection:
@@ -294,11 +324,13 @@ class Connection:
             self._write(line, fds)
         return request["matchtag"]
 
-    def send_no_response(self, topic: str, payload: dict[str, Any]) -> None:
-        """Send a request that gets no response (``sdexec.write``); dropped
+    def _send_on(self, matchtag: int, topic: str, payload: dict[str, Any]) -> None:
+        """Send a request on an earlier one's ``matchtag``: its responses
+        go where that one's do (RFC 6 lets such requests share one); dropped
         if the connection is gone."""
         if self._requests.lost is None:
-            self._write(encode_small_message(self._requests.new(topic, payload)))
+            request = self._requests.new(topic, payload, matchtag=matchtag)
+            self._write(encode_small_message(request))
 
     def exec(
         self,
@@ -306,14 +338,17 @@ class Connection:
         flags: int,
         on_response: Callable[[dict], None],
         stdio: Mapping[str, int] | None = None,
+        on_stdin_refused: Callable[[SdexecError], None] | None = None,
     ) -> Exec:
         """Start ``cmd`` (an RFC 42 command object) with ``sdexec.exec``.
 
         ``stdio`` passes our own descriptors for some of the process's
         streams (``{"stdout": 1}``; stdio passthrough, docs/protocol.md):
         the process uses them directly and the service sends no output
-        for them. The rest travel framed, as without it."""
-        stream = Exec(cmd, flags, on_response)
+        for them. The rest travel framed, as without it.
+        ``on_stdin_refused`` gets the service's refusal of a write of
+        :meth:`write_stdin`, if one comes while the stream runs."""
+        stream = Exec(cmd, flags, on_response, self._requests, on_stdin_refused)
         payload: dict[str, Any] = {"cmd": cmd, "flags": flags}
         if stdio:
             payload["stdio"] = list(stdio)
@@ -340,7 +375,7 @@ class Connection:
     ) -> Exec:
         """``sdexec.attach`` to a background process (``target``: its pid or
         label); a stream like an exec's (``pid`` from ``attached``)."""
-        stream = Exec({}, 0, on_response)
+        stream = Exec({}, 0, on_response, self._requests)
         payload = {**target, "flags": flags}
         stream.matchtag = self.send(Topic.ATTACH, payload, stream)
         return stream
@@ -353,9 +388,19 @@ class Connection:
         self.send(Topic.KILL, payload, pending)
 
     def write_stdin(self, stream: Exec, data: bytes) -> None:
-        """Send ``data`` (``b""``: EOF) to the process's stdin."""
+        """Send ``data`` (``b""``: EOF) to the process's stdin; dropped once
+        the service has refused a write of it, as the service drops it."""
+        if stream.stdin_error is not None:
+            return
         io = encode_io("stdin", "0", data, eof=not data)
-        self.send_no_response(Topic.WRITE, {"matchtag": stream.matchtag, "io": io})
+        payload = {"matchtag": stream.matchtag, "io": io}
+        # The stream's first write takes a matchtag of its own, tracked for
+        # a refusal; the rest share it.
+        if stream.write_matchtag is None:
+            refusals = StdinRefusals(stream)
+            stream.write_matchtag = self.send(Topic.WRITE, payload, refusals)
+        else:
+            self._send_on(stream.write_matchtag, Topic.WRITE, payload)
         if stream.credit is not None:
             stream.credit.spend(len(data))
 

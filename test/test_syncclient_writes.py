@@ -1,0 +1,194 @@
+"""The synchronous client's (and so ``sdexec run --no-passthrough``'s) writes
+to a process's stdin, against a scripted service: a refusal of one is told,
+not dropped as a message that answers no request."""
+
+from __future__ import annotations
+
+import errno
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_cli_scripted import ScriptedService, failure, response
+
+from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, ExecFlag
+from sdexec.rpc import RPCError, SdexecError
+from sdexec.syncclient import Connection, Loop
+
+OVERRUN = "stdin: the client overran its credit"
+FLAGS = ExecFlag.STDOUT | ExecFlag.WRITE_CREDIT
+
+
+class Service:
+    """A scripted service that starts each exec as pid 42, ends it as if
+    its process exited 0 when it is sent a signal, and keeps every request
+    it reads; what it answers to a write is the test's."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.requests: list[dict] = []
+        self.exec_request: dict | None = None
+        #: The messages for a write: called with it and the exec's request.
+        self.on_write = lambda write, exec_request: []
+        self._scripted: ScriptedService | None = ScriptedService(path, self._answer)
+
+    def writes(self) -> list[dict]:
+        return [r for r in self.requests if r["topic"] == "sdexec.write"]
+
+    def close(self) -> None:
+        """Stop (once), after every connection has closed: what was sent
+        has then been read."""
+        if self._scripted is not None:
+            self._scripted.close()
+            self._scripted = None
+
+    def _answer(self, request: dict) -> list[dict]:
+        self.requests.append(request)
+        if request["topic"] == "sdexec.exec":
+            self.exec_request = request
+            return [response(request, {"type": "started", "pid": 42})]
+        assert self.exec_request is not None
+        if request["topic"] == "sdexec.write":
+            return self.on_write(request, self.exec_request)
+        if request["topic"] == "sdexec.kill":
+            return [response(request, {}), *ends_well(self.exec_request)]
+        return [response(request, {})]
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[Service]:
+    scripted = Service(str(tmp_path / "sdexec.sock"))
+    yield scripted
+    scripted.close()
+
+
+def ends_well(exec_request: dict) -> list[dict]:
+    """The messages that end an exec whose process exited 0."""
+    return [
+        response(exec_request, {"type": "finished", "status": 0}),
+        failure(exec_request, errno.ENODATA),
+    ]
+
+
+def test_an_exec_s_writes_share_one_matchtag_of_their_own(service):
+    # Each write took a fresh matchtag nothing tracked: a refusal of any
+    # of them was dropped unseen.
+    def on_write(write: dict, exec_request: dict) -> list[dict]:
+        return ends_well(exec_request) if write["payload"]["io"].get("eof") else []
+
+    service.on_write = on_write
+    with Loop() as loop, Connection(loop, service.path) as connection:
+        stream = connection.exec({"cmdline": ["cat"]}, FLAGS, lambda _: None)
+        for data in (b"one", b"two", b""):
+            connection.write_stdin(stream, data)
+        loop.run_until(lambda: stream.ended)
+    service.close()
+    matchtags = {write["matchtag"] for write in service.writes()}
+    assert len(service.writes()) == 3
+    assert matchtags == {stream.write_matchtag}
+    assert stream.write_matchtag != stream.matchtag
+    assert {write["payload"]["matchtag"] for write in service.writes()} == {
+        stream.matchtag
+    }
+
+
+def test_a_refused_write_is_told_and_ends_the_stream_s_stdin(service):
+    def on_write(write: dict, exec_request: dict) -> list[dict]:
+        return [failure(write, errno.ENOSPC, OVERRUN)]
+
+    service.on_write = on_write
+    refusals: list[SdexecError] = []
+    with Loop() as loop, Connection(loop, service.path) as connection:
+        stream = connection.exec(
+            {"cmdline": ["cat"]}, FLAGS, lambda _: None, None, refusals.append
+        )
+        connection.write_stdin(stream, b"one")
+        loop.run_until(lambda: bool(refusals))
+        connection.write_stdin(stream, b"two")  # dropped, as the service would
+        connection.write_stdin(stream, b"")
+    service.close()
+    (refused,) = refusals
+    assert isinstance(refused, RPCError)
+    assert (refused.errnum, str(refused)) == (errno.ENOSPC, OVERRUN)
+    assert stream.stdin_error is refused
+    assert len(service.writes()) == 1
+
+
+def _refuse_after_the_end(write: dict, exec_request: dict) -> list[dict]:
+    """The exec's end, then a refusal of the write: one read, in that order."""
+    return [*ends_well(exec_request), failure(write, errno.EINVAL, "late")]
+
+
+def test_a_refusal_after_the_exec_ended_is_ignored(service):
+    service.on_write = _refuse_after_the_end
+    refusals: list[SdexecError] = []
+    with Loop() as loop, Connection(loop, service.path) as connection:
+        stream = connection.exec(
+            {"cmdline": ["cat"]}, FLAGS, lambda _: None, None, refusals.append
+        )
+        connection.write_stdin(stream, b"one")
+        loop.run_until(lambda: stream.ended)
+        assert stream.write_matchtag not in connection._requests._in_flight
+        # A call after it: the late refusal has been read by the time it is
+        # answered.
+        assert connection.call("sdexec.list", {}) == {}
+    assert (refusals, stream.stdin_error, stream.error) == ([], None, None)
+
+
+def test_a_lost_connection_is_no_refusal_of_stdin(service):
+    # The connection's loss ends every request, the writes' matchtag too:
+    # the stream reports it, as its own error.
+    def on_write(write: dict, exec_request: dict) -> list[dict]:
+        # Ends the scripted service's serving of the connection (as a
+        # client's reset does), which closes it.
+        raise ConnectionResetError
+
+    service.on_write = on_write
+    refusals: list[SdexecError] = []
+    with Loop() as loop, Connection(loop, service.path) as connection:
+        stream = connection.exec(
+            {"cmdline": ["cat"]}, FLAGS, lambda _: None, None, refusals.append
+        )
+        connection.write_stdin(stream, b"one")
+        loop.run_until(lambda: stream.ended)
+    assert (refusals, stream.stdin_error) == ([], None)
+    assert "lost" in str(stream.error)
+
+
+def test_run_says_a_refusal_of_its_stdin_and_sends_no_more(service, tmp_path):
+    # The refusal was dropped as a message that answers no request: `run`
+    # went on sending stdin the service dropped, said nothing, and exited 0
+    # as if the process had had all of it.
+    refused = threading.Event()
+
+    def on_write(write: dict, exec_request: dict) -> list[dict]:
+        if len(service.writes()) > 1:
+            return []
+        refused.set()
+        # Credit for all the rest: only the refusal keeps it back.
+        credit = {"type": "add-credit", "channels": {"stdin": 1 << 20}}
+        return [failure(write, errno.ENOSPC, OVERRUN), response(exec_request, credit)]
+
+    service.on_write = on_write
+    stdin = tmp_path / "stdin"
+    stdin.write_bytes(b"x" * (64 << 10))  # more than the first allowance
+    cli = [sys.executable, "-m", "sdexec.cli", "--socket", service.path]
+    with stdin.open("rb") as data:
+        client = subprocess.Popen(
+            [*cli, "run", "--no-passthrough", "cat"], stdin=data, stderr=subprocess.PIPE
+        )
+        assert refused.wait(30), "no write came"
+        time.sleep(0.5)  # for the writes that should not come
+        client.send_signal(signal.SIGUSR1)  # forwarded: its kill ends the process
+        _, stderr = client.communicate(timeout=30)
+        # Nor read: the rest of a terminal's input is its user's.
+        assert data.tell() == DEFAULT_STDIN_BUFSIZE
+    assert stderr == f"sdexec: stdin refused: {OVERRUN}\n".encode()
+    assert len(service.writes()) == 1
+    # Its process exited 0 on part of its stdin: the command fails.
+    assert client.returncode == 1

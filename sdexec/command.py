@@ -9,7 +9,7 @@ import re
 import stat
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sdexec.environment import clean_environment
 from sdexec.limits import NAME_MAX, search_directories
@@ -20,6 +20,7 @@ __all__ = [
     "PROPERTY_PREFIX",
     "Command",
     "CommandError",
+    "Found",
     "unit_environment",
     "unit_properties",
 ]
@@ -39,6 +40,15 @@ def _string_map(value: Any, field_name: str) -> dict[str, str]:
         if not isinstance(item, str):
             raise CommandError(f"{field_name}.{key}: expected a string")
     return value
+
+
+class Found(NamedTuple):
+    """What looking a command up found (:meth:`Command.find_executable`)."""
+
+    #: The absolute path execvp(3) would run, or ``None``.
+    executable: str | None
+    #: Whether a file looked at exists but cannot be executed (EACCES).
+    unexecutable: bool
 
 
 @dataclass(frozen=True)
@@ -99,9 +109,9 @@ class Command:
     def resolve_executable(self, default_cwd: str = "/") -> str | None:
         """``cmdline[0]`` as execvp(3) would find it: :meth:`find_executable`'s
         path."""
-        return self.find_executable(default_cwd)[0]
+        return self.find_executable(default_cwd).executable
 
-    def find_executable(self, default_cwd: str = "/") -> tuple[str | None, bool]:
+    def find_executable(self, default_cwd: str = "/") -> Found:
         """``cmdline[0]`` as execvp(3) would find it with this command's
         ``PATH`` and ``cwd`` (else ``default_cwd``: where the manager runs a
         unit that names none), or ``None``; and whether a file it looked at
@@ -115,14 +125,15 @@ class Command:
         entry under a deep ``cwd`` walked all of it again for each).
         """
         cwd = self.cwd or default_cwd
+        candidates = self._candidates()
         unexecutable = False
-        with _opened_directory(cwd) as cwd_fd:
-            for candidate in self._candidates():
+        with _working_directory(cwd, candidates) as cwd_fd:
+            for candidate in candidates:
                 found = _lookup(candidate, cwd_fd)
                 if found is _Found.EXECUTABLE:
-                    return _path_found(cwd, candidate, cwd_fd), False
+                    return Found(_path_found(cwd, candidate, cwd_fd), False)
                 unexecutable = unexecutable or found is _Found.UNEXECUTABLE
-        return None, unexecutable
+        return Found(None, unexecutable)
 
     def _candidates(self) -> list[str]:
         """The paths execvp(3) would try for ``cmdline[0]``, in order,
@@ -216,6 +227,18 @@ def _opened_directory(path: str, dir_fd: int | None = None) -> Iterator[int | No
         yield fd
     finally:
         os.close(fd)
+
+
+def _working_directory(
+    cwd: str, candidates: Sequence[str]
+) -> contextlib.AbstractContextManager[int | None]:
+    """``cwd`` opened (:func:`_opened_directory`) where a candidate is
+    relative to it, else ``None``: a job's working directory is often on a
+    network file system, which may not answer, and an absolute command
+    (a job shell's) needs nothing from it."""
+    if all(os.path.isabs(candidate) for candidate in candidates):
+        return contextlib.nullcontext(None)
+    return _opened_directory(cwd)
 
 
 def unit_environment(env: Mapping[str, str]) -> dict[str, str]:

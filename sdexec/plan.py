@@ -22,9 +22,15 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from sdexec.command import Command, CommandError, unit_environment, unit_properties
+from sdexec.command import (
+    Command,
+    CommandError,
+    Found,
+    unit_environment,
+    unit_properties,
+)
 from sdexec.config import Config
 from sdexec.containment import Containment, MapperError
 from sdexec.idset import IDset
@@ -54,9 +60,12 @@ from sdexec.unitstop import StopTimerPolicy, lifecycle_properties
 
 __all__ = [
     "STDIO_STREAMS",
+    "CheckedRequest",
     "ExecPlan",
     "OutputOptions",
     "RequestError",
+    "checked_request",
+    "manager_working_directory",
     "plan_exec",
     "unit_name_for",
 ]
@@ -193,6 +202,7 @@ def plan_exec(
     config: Config,
     containment: Containment,
     request_frame: int | None = None,
+    found: Found | None = None,
 ) -> ExecPlan:
     """The plan for an ``sdexec.exec`` payload; :class:`RequestError` (or
     the :class:`~sdexec.refusal.RequestRefused` of a limit or the property
@@ -200,22 +210,14 @@ def plan_exec(
     tabled for a refused request.
     ``request_frame``: the largest message the requesting connection reads
     (a connection keeps the ``max-frame-size`` it was made with, across
-    reloads): a write within the stdin credit must fit it."""
-    flags = _flags(payload.get("flags"))
-    command = _command(payload.get("cmd"))
-    if flags & ExecFlag.CHANNEL or command.channels:
-        raise RequestError(errno.EINVAL, "auxiliary channels are not supported")
-    environment = unit_environment(command.env)
-    # Before the PATH search: a PATH of megabytes would cost as many stats.
-    check_exec_size(command.cmdline[0], command.cmdline, environment)
-    # After the exec checks, which name one string exec refuses more
-    # precisely: this one counts what they do not (options, the names
-    # dropped from env), all of which the process keeps for its life.
-    check_command_size(
-        command.cmdline, command.env, command.opts, command.cwd, command.label
-    )
-    default_cwd = manager_working_directory(config)
-    executable, unexecutable = command.find_executable(default_cwd)
+    reloads): a write within the stdin credit must fit it.
+    ``found``: the command already looked up (sdexec/lookup.py, off the
+    reactor's thread, with :func:`manager_working_directory`), else it is
+    looked up here."""
+    flags, command, environment = checked_request(payload)
+    if found is None:
+        found = command.find_executable(manager_working_directory(config))
+    executable, unexecutable = found
     if executable is None and unexecutable:
         # As execvp(3) (and a shell, whose status is then 126) says it.
         raise RequestError(errno.EACCES, f"{command.cmdline[0]}: permission denied")
@@ -251,6 +253,35 @@ def plan_exec(
         ),
         stdio=_stdio(payload.get("stdio", ())),
     )
+
+
+class CheckedRequest(NamedTuple):
+    """An ``sdexec.exec`` payload as far as it is checked before its command
+    is looked up: what needs no file system."""
+
+    flags: ExecFlag
+    command: Command
+    #: The unit's environment (:func:`~sdexec.command.unit_environment`).
+    environment: dict[str, str]
+
+
+def checked_request(payload: Mapping[str, Any]) -> CheckedRequest:
+    """The flags, command and environment of an ``sdexec.exec`` payload;
+    :class:`RequestError` names the first thing wrong with them."""
+    flags = _flags(payload.get("flags"))
+    command = _command(payload.get("cmd"))
+    if flags & ExecFlag.CHANNEL or command.channels:
+        raise RequestError(errno.EINVAL, "auxiliary channels are not supported")
+    environment = unit_environment(command.env)
+    # Before the PATH search: a PATH of megabytes would cost as many stats.
+    check_exec_size(command.cmdline[0], command.cmdline, environment)
+    # After the exec checks, which name one string exec refuses more
+    # precisely: this one counts what they do not (options, the names
+    # dropped from env), all of which the process keeps for its life.
+    check_command_size(
+        command.cmdline, command.env, command.opts, command.cwd, command.label
+    )
+    return CheckedRequest(flags, command, environment)
 
 
 def manager_working_directory(config: Config) -> str:

@@ -29,6 +29,7 @@ from zope.interface import implementer
 
 from sdexec.admission import ConnectionCount
 from sdexec.background import TrackedProcesses, parse_target
+from sdexec.command import Found
 from sdexec.config import Config
 from sdexec.containment import Containment, Fences, judge_fences
 from sdexec.devicefence import CANARY_TIMEOUT_SECONDS, CanaryResponder, canary_plan
@@ -42,6 +43,7 @@ from sdexec.jobs import Jobs
 from sdexec.leftovers import NAME_TAKEN, STARTED_AGAIN, Leftover, Leftovers, marked
 from sdexec.limits import check_text
 from sdexec.lograte import LogRate
+from sdexec.lookup import InlineLookups, Lookups
 from sdexec.managerversion import version_problem
 from sdexec.orphans import LostUnitKill
 from sdexec.passthrough import (
@@ -55,6 +57,8 @@ from sdexec.plan import (
     ExecPlan,
     RequestError,
     check_local_flags,
+    checked_request,
+    manager_working_directory,
     plan_exec,
 )
 from sdexec.process import OutputTap, OutputValve, Process, ProcessContext, Responder
@@ -106,6 +110,7 @@ class SdexecServer:
         reactor: Any,
         containment: Containment | None = None,
         clock: Any = None,
+        lookups: Lookups | None = None,
     ) -> None:
         self.systemd = systemd
         self.config = config
@@ -114,6 +119,9 @@ class SdexecServer:
         #: Sees clients close connections that are not read meanwhile.
         self.hangups = HangupWatcher(reactor)
         self.containment = containment or Containment(config, None)
+        #: How requests' commands are looked up: the service's in threads
+        #: (sdexec/lookup.py), at once by default.
+        self.lookups = lookups or InlineLookups()
         self._all_reaped: list[defer.Deferred[None]] = []
         #: Answers to the shutdown's own signals: not progress of the stop.
         self._straggler_answers = 0
@@ -202,6 +210,15 @@ class SdexecServer:
 
     # -- exec --------------------------------------------------------------
 
+    def look_up_command(self, payload: dict, streaming: bool) -> defer.Deferred[Found]:
+        """The first half of an ``sdexec.exec`` request: the checks that need
+        no file system (raising the refusal of a request they fail), then
+        its command looked up by :attr:`lookups`, for :meth:`exec`."""
+        self._refuse_if_unavailable()
+        check_local_flags(payload.get("local_flags", 0), streaming)
+        command = checked_request(payload).command
+        return self.lookups.find(command, manager_working_directory(self.config))
+
     def exec(
         self,
         connection_id: int,
@@ -212,16 +229,18 @@ class SdexecServer:
         stdio: PassedStdio = NO_STDIO,
         valve: OutputValve | None = None,
         request_frame: int | None = None,
+        found: Found | None = None,
     ) -> defer.Deferred[None]:
         """Start a process for an ``sdexec.exec`` request (``streaming``
         false: in the background, sdexec/background.py), with the
         descriptors it brought (``stdio``; the caller closes them if this
-        raises); its output held back by ``valve``, its connection's. Fires
-        once systemd has answered its start."""
+        raises); its output held back by ``valve``, its connection's; its
+        command as :meth:`look_up_command` ``found`` it (else looked up
+        here). Fires once systemd has answered its start."""
         self._refuse_if_unavailable()
         check_local_flags(payload.get("local_flags", 0), streaming)
         plan = self._own(
-            plan_exec(payload, self.config, self.containment, request_frame)
+            plan_exec(payload, self.config, self.containment, request_frame, found)
         )
         if plan.mapped:
             self.count("mapper")  # the mapper ran, whatever is refused next
@@ -1004,6 +1023,11 @@ class ClientProtocol(StdioReceivingProtocol):
         #: What was read but not yet handled, oldest first (while paused, or
         #: at the cap of requests awaiting their answer).
         self._held: deque[_Held] = deque()
+        #: An exec's command is being looked up (sdexec/lookup.py): the
+        #: requests after it are held until it is answered.
+        self._looking_up = False
+        #: The connection is gone: a lookup that ends now runs nothing.
+        self._lost = False
 
     def connectionMade(self) -> None:
         try:
@@ -1065,6 +1089,7 @@ class ClientProtocol(StdioReceivingProtocol):
         self.transport.loseConnection()
 
     def connectionLost(self, reason: object = None) -> None:
+        self._lost = True
         self._unwatch_hangup()
         held, self._held = self._held, deque()
         close_fds(fd for request in held for fd in request.fds)
@@ -1100,13 +1125,29 @@ class ClientProtocol(StdioReceivingProtocol):
         topic = message.get("topic")
         matchtag = message.get("matchtag")
         valid_matchtag = _is_integer(matchtag)
-        reply_topic = topic if _is_text(topic) else ""
-        reply_matchtag = matchtag if isinstance(matchtag, int) and valid_matchtag else 0
+        self._answer(
+            topic if _is_text(topic) else "",
+            matchtag if isinstance(matchtag, int) and valid_matchtag else 0,
+            partial(self._dispatch, message, topic, matchtag, valid_matchtag),
+            silent=_unanswerable_write(topic, matchtag),
+        )
+
+    def _answer(
+        self,
+        reply_topic: str,
+        reply_matchtag: int,
+        handle: Callable[[], Any],
+        silent: bool = False,
+    ) -> None:
+        """Answer a request with what ``handle()`` returns: a payload, a
+        Deferred of one, ``None`` (it answers for itself) or a refusal,
+        logged instead of sent where the request is ``silent`` (it can be
+        given no answer)."""
         try:
-            result = self._dispatch(message, topic, matchtag, valid_matchtag)
+            result = handle()
         except RequestRefused as error:
             self.server.count("errors")
-            if _unanswerable_write(topic, matchtag):
+            if silent:
                 # An error on matchtag 0 would read as the connection's
                 # last words: logged instead, once.
                 self._log_silent_write_refusal(error.errstr)
@@ -1228,6 +1269,21 @@ class ClientProtocol(StdioReceivingProtocol):
     def _exec(self, matchtag: int, payload: dict) -> None:
         stdio = PassedStdio(self.take_request_fds())
         try:
+            lookup = self.server.look_up_command(payload, streaming=True)
+        except BaseException:
+            stdio.close()
+            raise
+        self._after_lookup(
+            lookup,
+            matchtag,
+            stdio,
+            partial(self._exec_found, matchtag, payload, stdio),
+        )
+
+    def _exec_found(
+        self, matchtag: int, payload: dict, stdio: PassedStdio, found: Found
+    ) -> None:
+        try:
             responder = _Stream(self, matchtag)
             answered = self.server.exec(
                 self.connection_id,
@@ -1237,11 +1293,50 @@ class ClientProtocol(StdioReceivingProtocol):
                 stdio=stdio,
                 valve=self.valve,
                 request_frame=self.max_frame,
+                found=found,
             )
         except BaseException:
             stdio.close()
             raise
         self._count_unanswered(answered)
+
+    def _after_lookup(
+        self,
+        lookup: defer.Deferred[Found],
+        matchtag: int,
+        stdio: PassedStdio,
+        exec_found: Callable[[Found], None],
+    ) -> None:
+        """``exec_found(found)`` once the exec's command is looked up (the
+        lookup's refusal answered instead, and ``stdio`` closed): at once
+        if it is already, else later, the connection's next requests held
+        meanwhile (their answers keep the requests' order: a write may be
+        for this process)."""
+        held = not lookup.called
+        if held:
+            self._looking_up = True
+            self.transport.pauseProducing()  # read no more requests
+        lookup.addBoth(self._looked_up, matchtag, stdio, exec_found, held)
+
+    def _looked_up(
+        self,
+        outcome: Found | Failure,
+        matchtag: int,
+        stdio: PassedStdio,
+        exec_found: Callable[[Found], None],
+        held: bool,
+    ) -> None:
+        self._looking_up = False
+        if self._lost:
+            stdio.close()  # nobody to run it for
+            return
+        if isinstance(outcome, Failure):
+            stdio.close()
+            self._answer(Topic.EXEC, matchtag, outcome.raiseException)
+        else:
+            self._answer(Topic.EXEC, matchtag, partial(exec_found, outcome))
+        if held:
+            self._unblocked()
 
     def descriptorsRefused(self, message: dict, reason: str) -> None:
         self._in_order(partial(self._refuse_descriptors, message, reason))
@@ -1265,9 +1360,20 @@ class ClientProtocol(StdioReceivingProtocol):
         )
 
     def _exec_background(self, matchtag: int, payload: dict) -> None:
+        lookup = self.server.look_up_command(payload, streaming=False)
+        self._after_lookup(
+            lookup,
+            matchtag,
+            NO_STDIO,
+            partial(self._exec_background_found, matchtag, payload),
+        )
+
+    def _exec_background_found(
+        self, matchtag: int, payload: dict, found: Found
+    ) -> None:
         responder = _Stream(self, matchtag)
         answered = self.server.exec(
-            self.connection_id, matchtag, payload, responder, False
+            self.connection_id, matchtag, payload, responder, False, found=found
         )
         self._count_unanswered(answered)
 
@@ -1354,9 +1460,14 @@ class ClientProtocol(StdioReceivingProtocol):
     @property
     def _blocked(self) -> bool:
         """Whether no request may be handled now: the client reads too
-        slowly, has too many awaiting systemd, or wrote too far ahead of a
-        process's stdin."""
-        return self._paused or self._too_many_unanswered or bool(self._stdin_backlogged)
+        slowly, has an exec whose command is being looked up, has too many
+        awaiting systemd, or wrote too far ahead of a process's stdin."""
+        return (
+            self._paused
+            or self._looking_up
+            or self._too_many_unanswered
+            or bool(self._stdin_backlogged)
+        )
 
     @property
     def _too_many_unanswered(self) -> bool:

@@ -38,6 +38,7 @@ from sdexec.config import (
 )
 from sdexec.containment import Containment
 from sdexec.leftovers import Leftovers, owner_marks
+from sdexec.lookup import ThreadedLookups
 from sdexec.metrics import Metrics
 from sdexec.notify import Readiness, describe_server
 from sdexec.outage import SystemdOutage
@@ -200,12 +201,15 @@ class SdexecService(Service):
         self._check_still_starting()
         systemd.debug = self.config.systemd.sdbus_debug
         systemd.max_inflight = self.config.systemd.max_inflight
+        clock = timers_clock(self.reactor)
         self.server = SdexecServer(
             systemd,
             self.config,
             self.reactor,
             containment,
-            clock=timers_clock(self.reactor),
+            clock=clock,
+            # A command's lookup may wait on a network file system.
+            lookups=ThreadedLookups(self.reactor, clock),
         )
         self.server.check_manager_version()
         self.outage = SystemdOutage(self.server)

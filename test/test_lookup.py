@@ -1,0 +1,230 @@
+"""A request's command looked up off the reactor's thread (sdexec/lookup.py):
+a file system that does not answer holds the request that needs it, bounded
+in time, and never the service's other clients. Offline: a lookup that
+blocks until the test lets it go stands for the silent file system."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+import pytest
+from offline import Connection, error_of
+from pytest_twisted import ensureDeferred
+from support import until
+from twisted.internet import reactor
+from twisted.internet.task import Clock
+from twisted.logger import capturedLogs, formatEvent
+
+from sdexec import command as command_module
+from sdexec.command import Command, Found
+from sdexec.config import parse_config
+from sdexec.lookup import LOOKUP_TIMEOUT_S, ThreadedLookups
+from sdexec.plan import RequestError
+from sdexec.protocol import ExecFlag
+from sdexec.server import SdexecServer
+
+FLAGS = int(ExecFlag.STDOUT | ExecFlag.STDERR)
+UNIT = "sdexec-t.service"
+
+
+class SilentFileSystem:
+    """Stands in for ``Command.find_executable``: blocks, in whichever
+    thread calls it, until :meth:`answer`; records the threads."""
+
+    def __init__(self) -> None:
+        self.answered = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.real = Command.find_executable
+
+    def __call__(self, command: Command, default_cwd: str = "/") -> Found:
+        self.threads.append(threading.current_thread())
+        self.answered.wait(30)
+        return self.real(command, default_cwd)
+
+    def answer(self) -> None:
+        self.answered.set()
+
+
+@pytest.fixture
+def silent(monkeypatch):
+    """Every lookup waits on a file system until the test answers it."""
+    file_system = SilentFileSystem()
+    monkeypatch.setattr(
+        Command,
+        "find_executable",
+        lambda command, default_cwd="/": file_system(command, default_cwd),
+    )
+    yield file_system
+    file_system.answer()  # no thread is left waiting
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def lookups(clock):
+    return ThreadedLookups(reactor, clock)
+
+
+@ensureDeferred
+async def test_a_lookup_runs_outside_the_reactor_s_thread(silent, lookups):
+    silent.answer()
+    found = await lookups.find(Command(["sh"], env={"PATH": "/bin"}), "/")
+    assert found == Found("/bin/sh", False)
+    assert silent.threads and silent.threads[0] is not threading.main_thread()
+    assert lookups.unfinished == 0
+
+
+@ensureDeferred
+async def test_a_lookup_that_does_not_finish_is_refused_in_time(silent, lookups, clock):
+    answer = lookups.find(Command(["prog"], cwd="/nfs/home/u"), "/")
+    failures: list = []
+    answer.addErrback(failures.append)
+    clock.advance(LOOKUP_TIMEOUT_S - 0.1)
+    assert not answer.called
+    with capturedLogs() as events:
+        clock.advance(0.1)
+    (failure,) = failures
+    error = failure.value
+    assert isinstance(error, RequestError)
+    assert error.errnum == errno.ETIMEDOUT
+    assert "prog: looking it up from /nfs/home/u did not finish within 10 s" in (
+        error.errstr
+    )
+    # The journal says it too: a file system of the node does not answer.
+    assert [formatEvent(event) for event in events] == [f"exec refused: {error.errstr}"]
+    # Its thread waits on for the file system, and ends when it answers.
+    assert lookups.unfinished == 1
+    silent.answer()
+    await until(lambda: lookups.unfinished == 0, "the thread's end")
+
+
+def test_an_absolute_command_that_times_out_names_its_file_system(
+    silent, lookups, clock
+):
+    answer = lookups.find(Command(["/nfs/sw/bin/prog"]), "/")
+    failures: list = []
+    answer.addErrback(failures.append)
+    clock.advance(LOOKUP_TIMEOUT_S)
+    assert failures[0].value.errstr == (
+        "/nfs/sw/bin/prog: its file system did not answer within 10 s"
+    )
+
+
+def test_past_the_unfinished_lookups_cap_a_request_is_refused_at_once(silent, clock):
+    lookups = ThreadedLookups(reactor, clock, limit=2)
+    lookups.find(Command(["one"]), "/")
+    lookups.find(Command(["two"]), "/")
+    failures: list = []
+    lookups.find(Command(["three"]), "/").addErrback(failures.append)
+    (failure,) = failures
+    assert failure.value.errnum == errno.EAGAIN
+    assert failure.value.errstr == (
+        "three: not looked up: 2 lookups wait on a file system that does not answer"
+    )
+
+
+def test_an_absolute_command_does_not_touch_the_working_directory(monkeypatch):
+    """A job shell's path is absolute, its working directory the user's
+    (often on a network file system): nothing needs the latter."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the working directory was opened")
+
+    monkeypatch.setattr(command_module, "_opened_directory", refuse)
+    found = Command(["/bin/sh"], cwd="/nfs/home/u").find_executable()
+    assert found == Found("/bin/sh", False)
+    with pytest.raises(AssertionError, match="working directory was opened"):
+        Command(["sh"], env={"PATH": "bin"}, cwd="/nfs/home/u").find_executable()
+
+
+# -- the server: one connection's exec waits, no other client does -------------
+
+
+@pytest.fixture
+def server(systemd, lookups, clock):
+    return SdexecServer(
+        systemd, parse_config({}), reactor, clock=clock, lookups=lookups
+    )
+
+
+def _exec(connection: Connection, matchtag: int = 1) -> None:
+    connection.send(
+        "sdexec.exec",
+        {
+            "flags": FLAGS,
+            "cmd": {"cmdline": ["true"], "opts": {"SDEXEC_NAME": "sdexec-t"}},
+        },
+        matchtag=matchtag,
+    )
+
+
+def _topics(connection: Connection) -> list[tuple[str, int]]:
+    return [(r["topic"], r["matchtag"]) for r in connection.responses()]
+
+
+@ensureDeferred
+async def test_other_clients_are_served_while_a_lookup_waits(silent, systemd, server):
+    waiting, other = Connection(server), Connection(server)
+    _exec(waiting)
+    waiting.send("sdexec.list", {}, matchtag=2)
+    other.send("sdexec.list", {}, matchtag=7)
+    assert _topics(other) == [("sdexec.list", 7)]
+    # The exec's own connection keeps its order: the list waits behind it.
+    assert waiting.responses() == []
+    silent.answer()
+    await until(lambda: ("start", UNIT) in systemd.calls, "the start")
+    await until(lambda: waiting.responses(), "the held list's answer")
+    assert _topics(waiting) == [("sdexec.list", 2)]
+    systemd.run(UNIT, pid=42)
+    assert waiting.last()["payload"] == {"type": "started", "pid": 42}
+    waiting.close()
+    other.close()
+
+
+@ensureDeferred
+async def test_a_timed_out_lookup_refuses_its_exec_and_frees_the_connection(
+    silent, systemd, server, clock
+):
+    connection = Connection(server)
+    _exec(connection)
+    connection.send("sdexec.list", {}, matchtag=2)
+    clock.advance(LOOKUP_TIMEOUT_S)
+    exec_error, listed = connection.responses()
+    assert (exec_error["topic"], exec_error["matchtag"]) == ("sdexec.exec", 1)
+    assert error_of(exec_error)[0] == errno.ETIMEDOUT
+    assert (listed["topic"], listed["matchtag"]) == ("sdexec.list", 2)
+    silent.answer()
+    await until(lambda: server.lookups.unfinished == 0, "the thread's end")
+    assert not [call for call in systemd.calls if call[0] == "start"]
+    connection.close()
+
+
+@ensureDeferred
+async def test_a_client_that_leaves_during_its_lookup_starts_nothing(
+    silent, systemd, server
+):
+    connection = Connection(server)
+    stdin_r, stdin_w = os.pipe()
+    # Passed with the request (the service's copy), as Twisted delivers it.
+    connection.protocol.fileDescriptorReceived(os.dup(stdin_r))
+    os.close(stdin_r)
+    connection.send(
+        "sdexec.exec",
+        {
+            "flags": FLAGS,
+            "stdio": ["stdin"],
+            "cmd": {"cmdline": ["true"], "opts": {"SDEXEC_NAME": "sdexec-t"}},
+        },
+    )
+    connection.close()
+    silent.answer()
+    await until(lambda: server.lookups.unfinished == 0, "the lookup's end")
+    assert not [call for call in systemd.calls if call[0] == "start"]
+    with pytest.raises(BrokenPipeError):  # the service's copy is closed
+        os.write(stdin_w, b"x")
+    os.close(stdin_w)

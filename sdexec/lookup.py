@@ -24,7 +24,6 @@ import threading
 from typing import Any, Protocol
 
 from twisted.internet import defer
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sdexec.command import Command, Found
@@ -34,11 +33,10 @@ __all__ = [
     "LOOKUP_TIMEOUT_S",
     "MAX_UNFINISHED",
     "InlineLookups",
+    "LookupTimedOut",
     "Lookups",
     "ThreadedLookups",
 ]
-
-log = Logger()
 
 #: How long a lookup may take before its request is refused: a local stat
 #: takes microseconds, and one on a busy parallel file system well under a
@@ -47,6 +45,11 @@ LOOKUP_TIMEOUT_S = 10.0
 #: Lookups whose thread may run at once, finished with or not (a timed-out
 #: one's thread waits on for its file system).
 MAX_UNFINISHED = 16
+
+
+class LookupTimedOut(RequestError):
+    """A lookup did not finish in time: the request's refusal, and the
+    admin's to know (a file system of the node does not answer)."""
 
 
 class Lookups(Protocol):
@@ -138,10 +141,7 @@ class ThreadedLookups:
         self, answer: defer.Deferred[Found], command: Command, default_cwd: str
     ) -> None:
         reason = self._timeout_reason(command, default_cwd)
-        # The admin's to know too: a file system of the node is not answering.
-        # (At most one line per lookup, and MAX_UNFINISHED run at once.)
-        log.warn("exec refused: {reason}", reason=reason)
-        answer.errback(RequestError(errno.ETIMEDOUT, reason))
+        answer.errback(LookupTimedOut(errno.ETIMEDOUT, reason))
 
     def _timeout_reason(self, command: Command, default_cwd: str) -> str:
         name = command.cmdline[0]

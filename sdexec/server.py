@@ -43,7 +43,7 @@ from sdexec.jobs import Jobs
 from sdexec.leftovers import NAME_TAKEN, STARTED_AGAIN, Leftover, Leftovers, marked
 from sdexec.limits import check_text
 from sdexec.lograte import LogRate
-from sdexec.lookup import InlineLookups, Lookups
+from sdexec.lookup import InlineLookups, Lookups, LookupTimedOut
 from sdexec.managerversion import version_problem
 from sdexec.orphans import LostUnitKill
 from sdexec.passthrough import (
@@ -1332,6 +1332,7 @@ class ClientProtocol(StdioReceivingProtocol):
             return
         if isinstance(outcome, Failure):
             stdio.close()
+            self._log_lookup_timeout(outcome.value)
             self._answer(Topic.EXEC, matchtag, outcome.raiseException)
         else:
             self._answer(Topic.EXEC, matchtag, partial(exec_found, outcome))
@@ -1358,6 +1359,15 @@ class ClientProtocol(StdioReceivingProtocol):
             errno.EPROTO,
             reason,
         )
+
+    def _log_lookup_timeout(self, error: BaseException) -> None:
+        if isinstance(error, LookupTimedOut):
+            self.server.log_rate.warn(
+                "lookup timed out",  # one a connection at a time, 16 at most
+                "connection {id}: exec refused: {reason}",
+                id=self.connection_id,
+                reason=error.errstr,
+            )
 
     def _exec_background(self, matchtag: int, payload: dict) -> None:
         lookup = self.server.look_up_command(payload, streaming=False)

@@ -52,7 +52,7 @@ from sdexec.limits import listed_name
 from sdexec.managerversion import version_number
 from sdexec.orphans import expected_unit_cgroup
 from sdexec.plan import ExecPlan
-from sdexec.process import CALL_RETRY_S
+from sdexec.process import CallBackoff
 from sdexec.sockets import unix_path
 from sdexec.systemd import Manager, UnitStatus, queued_job
 from sdexec.systemd.errors import is_connection_lost, is_unit_gone
@@ -150,7 +150,7 @@ class Leftover:
         self._resetting = False
         #: A StopUnit or ResetFailedUnit systemd refused (LimitsExceeded of a
         #: busy bus, say) is made again on a backoff, as a process's are.
-        self._retries = 0
+        self._backoff = CallBackoff()
         self._retry: IDelayedCall | None = None
         #: Inactive with a job queued: a restart's new run is on its way.
         self._new_run_queued = False
@@ -209,7 +209,7 @@ class Leftover:
         answer.addCallbacks(self._answered, self._failed, errbackArgs=(what,))
 
     def _answered(self, _: object) -> None:
-        self._retries = 0
+        self._backoff.reset()
 
     def kill(self, signum: int, who: str = "all") -> defer.Deferred[None]:
         return self._systemd.kill_unit(self.name, who, signum)
@@ -320,8 +320,7 @@ class Leftover:
         if retried and self._followed and not (self._retry and self._retry.active()):
             # Else nothing would make it again: the unit ran on, or stayed
             # failed, and the node drained for it for good.
-            delay = CALL_RETRY_S[min(self._retries, len(CALL_RETRY_S) - 1)]
-            self._retries += 1
+            delay = self._backoff.next_delay()
             self._retry = self._leftovers.server.clock.callLater(delay, self._try_again)
 
     @property

@@ -59,6 +59,7 @@ from sdexec.systemd.unit import (
 from sdexec.unitstop import StopTimer
 
 __all__ = [
+    "CallBackoff",
     "OutputTap",
     "OutputValve",
     "Process",
@@ -200,6 +201,23 @@ _MOOT_ONCE_GONE = frozenset({UnitCall.STOP, UnitCall.RESET, UnitCall.KILL_MAIN})
 CALL_RETRY_S = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0)
 
 
+class CallBackoff:
+    """How long to wait before a refused call is made again: the next of
+    :data:`CALL_RETRY_S` at each refusal, from the first again after
+    :meth:`reset` (a call that went through)."""
+
+    def __init__(self) -> None:
+        self._refusals = 0
+
+    def next_delay(self) -> float:
+        delay = CALL_RETRY_S[min(self._refusals, len(CALL_RETRY_S) - 1)]
+        self._refusals += 1
+        return delay
+
+    def reset(self) -> None:
+        self._refusals = 0
+
+
 @dataclass(frozen=True)
 class ProcessContext:
     """What a process needs from the service around it."""
@@ -312,7 +330,7 @@ class Process:
         #: sdexec decided to stop the unit (a lost StopUnit is made again).
         self._stop_wanted = False
         #: Calls systemd refused and that were made again (their backoff).
-        self._retries = 0
+        self._backoff = CallBackoff()
         self._retry_timers: dict[UnitCall, IDelayedCall] = {}
         #: The client left: SIGKILL the main process (when it runs).
         self._kill_main_wanted = False
@@ -1187,9 +1205,8 @@ class Process:
         self._log_failure(failure, call.value)
 
     def _retry_later(self, call: UnitCall) -> None:
-        delay = CALL_RETRY_S[min(self._retries, len(CALL_RETRY_S) - 1)]
-        self._retries += 1
         clock = self._context.clock
+        delay = self._backoff.next_delay()
         self._retry_timers[call] = clock.callLater(delay, self._retry, call)
 
     def _retry(self, call: UnitCall) -> None:

@@ -21,7 +21,13 @@ from twisted.logger import globalLogPublisher
 from sdexec.config import parse_config
 from sdexec.passthrough import PassedStdio
 from sdexec.plan import RequestError
-from sdexec.process import MAX_EARLY_KILLS, Process, ProcessContext
+from sdexec.process import (
+    CALL_RETRY_S,
+    MAX_EARLY_KILLS,
+    CallBackoff,
+    Process,
+    ProcessContext,
+)
 from sdexec.systemd import SystemdError
 from sdexec.systemd.errors import NO_SUCH_UNIT
 from sdexec.testing import (
@@ -568,3 +574,11 @@ def test_a_passthrough_process_cancelled_before_it_ran_is_reaped():
     process.cancel("the service is stopping")
     assert responder.types() == [errno.ECANCELED]
     assert reaped == [process]
+
+
+def test_a_refused_call_waits_longer_each_time_until_one_goes_through():
+    backoff = CallBackoff()
+    delays = [backoff.next_delay() for _ in range(len(CALL_RETRY_S) + 2)]
+    assert delays == [*CALL_RETRY_S, CALL_RETRY_S[-1], CALL_RETRY_S[-1]]
+    backoff.reset()
+    assert backoff.next_delay() == CALL_RETRY_S[0]

@@ -8,19 +8,23 @@ a stat on an NFS server that does not answer waits until it does: on the
 reactor's thread that would hold every client of the service for as long —
 every job's output, every kill, ``list``, ``stats``, ``/metrics``.
 
-So the service looks each command up in a thread of its own
+So the service looks each command up in a worker thread
 (:class:`ThreadedLookups`), and a lookup that has not finished within
 :data:`LOOKUP_TIMEOUT_S` refuses its request with ETIMEDOUT, naming where it
-looked. Its thread is left to finish whenever the file system answers: a
-daemon thread, which no stop of the service waits for, and at most
-:data:`MAX_UNFINISHED` of them at once: past that, a request is refused at
-once (EAGAIN) rather than leave one more thread behind.
+looked. Its thread is left to finish whenever the file system answers
+(the next lookup takes another): a daemon thread, which no stop of the
+service waits for, and at most :data:`MAX_UNFINISHED` lookups unfinished at
+once: past that, a request is refused at once (EAGAIN) rather than leave
+one more thread behind.
 """
 
 from __future__ import annotations
 
 import errno
+import queue
 import threading
+from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 from twisted.internet import defer
@@ -71,8 +75,8 @@ class InlineLookups:
 
 
 class ThreadedLookups:
-    """Lookups in threads of their own, answered in the reactor's (the
-    module's docstring says why); timed on ``clock``."""
+    """Lookups in worker threads, answered in the reactor's (the module's
+    docstring says why); timed on ``clock``."""
 
     def __init__(
         self,
@@ -88,6 +92,7 @@ class ThreadedLookups:
         #: Lookups whose thread has not ended, timed out or not (only the
         #: reactor's thread changes it).
         self.unfinished = 0
+        self._workers = _Workers()
 
     def find(self, command: Command, default_cwd: str) -> defer.Deferred[Found]:
         if self.unfinished >= self._limit:
@@ -103,27 +108,13 @@ class ThreadedLookups:
             self._timeout, self._timed_out, answer, command, default_cwd
         )
         self.unfinished += 1
-        threading.Thread(
-            target=self._look_up,
-            args=(command, default_cwd, answer, timer),
-            name=f"sdexec lookup of {command.cmdline[0]}"[:100],
-            daemon=True,
-        ).start()
+        self._workers.run(
+            partial(_outcome, command, default_cwd),
+            partial(
+                self._reactor.callFromThread, self._finished, answer=answer, timer=timer
+            ),
+        )
         return answer
-
-    def _look_up(
-        self,
-        command: Command,
-        default_cwd: str,
-        answer: defer.Deferred[Found],
-        timer: Any,
-    ) -> None:
-        """The lookup, in its own thread; its outcome goes to the reactor's."""
-        try:
-            outcome: Found | Failure = command.find_executable(default_cwd)
-        except Exception:
-            outcome = Failure()
-        self._reactor.callFromThread(self._finished, outcome, answer, timer)
 
     def _finished(
         self, outcome: Found | Failure, answer: defer.Deferred[Found], timer: Any
@@ -153,3 +144,69 @@ class ThreadedLookups:
             f" finish within {waited} (a file system of the working directory"
             " or of PATH that does not answer?)"
         )
+
+
+#: A call for a worker thread, and where its outcome goes.
+_Job = tuple[Callable[[], Any], Callable[[Any], None]]
+#: How long a worker thread waits for another lookup before it ends.
+IDLE_WORKER_S = 30.0
+
+
+def _outcome(command: Command, default_cwd: str) -> Found | Failure:
+    """The lookup, in a worker thread: what it found, or its fault."""
+    try:
+        return command.find_executable(default_cwd)
+    except Exception:
+        return Failure()
+
+
+class _Workers:
+    """Daemon threads that run calls, each one at a time: an idle one takes
+    the next, else a new one starts (a thread stuck in a call is never
+    waited for); one idle for ``idle_s`` ends. Kept rather than started
+    per call: a thread's start is one more round trip between two threads,
+    on every exec."""
+
+    def __init__(self, idle_s: float = IDLE_WORKER_S) -> None:
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        #: Workers waiting for a call that no :meth:`run` has claimed.
+        self._idle = 0
+        self._idle_s = idle_s
+
+    def run(self, call: Callable[[], Any], deliver: Callable[[Any], None]) -> None:
+        """``deliver(call())`` in a worker thread."""
+        job = (call, deliver)
+        with self._lock:
+            claimed = self._idle > 0
+            if claimed:
+                self._idle -= 1
+                self._jobs.put(job)
+        if not claimed:
+            threading.Thread(
+                target=self._work, args=(job,), name="sdexec lookup", daemon=True
+            ).start()
+
+    def _work(self, job: _Job | None) -> None:
+        while job is not None:
+            call, deliver = job
+            outcome = call()
+            with self._lock:
+                # Idle before the outcome is delivered: a run() it lets
+                # follow finds this worker.
+                self._idle += 1
+            deliver(outcome)
+            job = self._next()
+
+    def _next(self) -> _Job | None:
+        """The next job, or ``None`` once idle for ``idle_s``."""
+        while True:
+            try:
+                return self._jobs.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._lock:
+                    # A job put since the wait ended is for a waiting
+                    # worker (it claimed one): this one, if no other takes it.
+                    if self._jobs.empty():
+                        self._idle -= 1
+                        return None

@@ -20,7 +20,7 @@ from twisted.logger import capturedLogs, formatEvent
 from sdexec import command as command_module
 from sdexec.command import Command, Found
 from sdexec.config import parse_config
-from sdexec.lookup import LOOKUP_TIMEOUT_S, ThreadedLookups
+from sdexec.lookup import LOOKUP_TIMEOUT_S, ThreadedLookups, _Workers
 from sdexec.plan import RequestError
 from sdexec.protocol import ExecFlag
 from sdexec.server import SdexecServer
@@ -40,7 +40,8 @@ class SilentFileSystem:
 
     def __call__(self, command: Command, default_cwd: str = "/") -> Found:
         self.threads.append(threading.current_thread())
-        self.answered.wait(30)
+        if not command.cmdline[0].startswith("/local/"):  # those answer
+            self.answered.wait(30)
         return self.real(command, default_cwd)
 
     def answer(self) -> None:
@@ -77,6 +78,23 @@ async def test_a_lookup_runs_outside_the_reactor_s_thread(silent, lookups):
     assert found == Found("/bin/sh", False)
     assert silent.threads and silent.threads[0] is not threading.main_thread()
     assert lookups.unfinished == 0
+
+
+@ensureDeferred
+async def test_a_lookup_stuck_in_its_thread_holds_no_other(silent, lookups):
+    stuck = lookups.find(Command(["prog"]), "/")
+    assert await lookups.find(Command(["/local/prog"]), "/") == Found(None, False)
+    assert not stuck.called
+    assert silent.threads[0] is not silent.threads[1]
+    silent.answer()
+    assert await stuck == Found(None, False)
+
+
+@ensureDeferred
+async def test_an_idle_worker_takes_the_next_lookup(silent, lookups):
+    for _ in range(3):
+        await lookups.find(Command(["/local/prog"]), "/")
+    assert len(set(silent.threads)) == 1
 
 
 @ensureDeferred
@@ -231,3 +249,19 @@ async def test_a_client_that_leaves_during_its_lookup_starts_nothing(
     with pytest.raises(BrokenPipeError):  # the service's copy is closed
         os.write(stdin_w, b"x")
     os.close(stdin_w)
+
+
+def test_a_worker_idle_for_its_time_ends_and_the_next_call_starts_one():
+    workers = _Workers(idle_s=0.05)
+    ran: list[threading.Thread] = []
+    for _ in range(2):
+        done = threading.Event()
+        workers.run(lambda: ran.append(threading.current_thread()), _set(done))
+        assert done.wait(5)
+        ran[-1].join(5)  # idle for 0.05 s: it ends
+        assert not ran[-1].is_alive()
+    assert ran[0] is not ran[1]
+
+
+def _set(event: threading.Event):
+    return lambda _outcome: event.set()

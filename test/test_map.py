@@ -1388,7 +1388,9 @@ def test_a_card_hwloc_counts_no_gpu_of_is_named_when_gpus_are_missing():
     assert refused.value.strerror == (
         "GPU 0 is beyond the topology's 0 GPUs; hwloc shows GPU-class PCI devices"
         " 0000:00:06.0 [10de:2330] with no CUDA, NVML, OpenCL or RSMI device:"
-        " is hwloc's GPU backend installed for lstopo?"
+        " is hwloc's GPU backend installed for lstopo, and may it start the GPU's"
+        " driver in this service's unit (DeviceAllow=, SystemCallFilter=,"
+        " MemoryDenyWriteExecute=; docs/operating.md)?"
     )
     # (A card it counts names nothing more.)
     with pytest.raises(OSError) as refused:

@@ -152,13 +152,17 @@ def out_of_range(ids: IDset, count: int, what: str, hint: str = "") -> None:
 
 def uncounted_gpus_hint(devices: list[str]) -> str:
     """Why a topology may count fewer GPUs than the node has: the cards
-    hwloc shows only as PCI devices."""
+    hwloc shows only as PCI devices. Its GPU backends start the GPU's
+    driver in lstopo (NVIDIA's OpenCL starts CUDA's), which the service's
+    own unit may keep from working."""
     if not devices:
         return ""
     return (
         f"; hwloc shows GPU-class PCI devices {', '.join(devices)} with no"
         " CUDA, NVML, OpenCL or RSMI device: is hwloc's GPU backend"
-        " installed for lstopo?"
+        " installed for lstopo, and may it start the GPU's driver in this"
+        " service's unit (DeviceAllow=, SystemCallFilter=,"
+        " MemoryDenyWriteExecute=; docs/operating.md)?"
     )
 
 

@@ -62,6 +62,7 @@ __all__ = [
     "STDIO_STREAMS",
     "CheckedRequest",
     "ExecPlan",
+    "LookedUp",
     "OutputOptions",
     "RequestError",
     "checked_request",
@@ -202,7 +203,7 @@ def plan_exec(
     config: Config,
     containment: Containment,
     request_frame: int | None = None,
-    found: Found | None = None,
+    looked_up: LookedUp | None = None,
 ) -> ExecPlan:
     """The plan for an ``sdexec.exec`` payload; :class:`RequestError` (or
     the :class:`~sdexec.refusal.RequestRefused` of a limit or the property
@@ -211,12 +212,15 @@ def plan_exec(
     ``request_frame``: the largest message the requesting connection reads
     (a connection keeps the ``max-frame-size`` it was made with, across
     reloads): a write within the stdin credit must fit it.
-    ``found``: the command already looked up (sdexec/lookup.py, off the
-    reactor's thread, with :func:`manager_working_directory`), else it is
-    looked up here."""
-    flags, command, environment = checked_request(payload)
-    if found is None:
-        found = command.find_executable(manager_working_directory(config))
+    ``looked_up``: the payload already checked and its command looked up
+    (sdexec/lookup.py, off the reactor's thread, with
+    :func:`manager_working_directory`), else both are done here."""
+    if looked_up is None:
+        request = checked_request(payload)
+        found = request.command.find_executable(manager_working_directory(config))
+    else:
+        request, found = looked_up
+    flags, command, environment = request
     executable, unexecutable = found
     if executable is None and unexecutable:
         # As execvp(3) (and a shell, whose status is then 126) says it.
@@ -263,6 +267,13 @@ class CheckedRequest(NamedTuple):
     command: Command
     #: The unit's environment (:func:`~sdexec.command.unit_environment`).
     environment: dict[str, str]
+
+
+class LookedUp(NamedTuple):
+    """An ``sdexec.exec`` payload checked, and its command looked up."""
+
+    request: CheckedRequest
+    found: Found
 
 
 def checked_request(payload: Mapping[str, Any]) -> CheckedRequest:

@@ -29,7 +29,6 @@ from zope.interface import implementer
 
 from sdexec.admission import ConnectionCount
 from sdexec.background import TrackedProcesses, parse_target
-from sdexec.command import Found
 from sdexec.config import Config
 from sdexec.containment import Containment, Fences, judge_fences
 from sdexec.devicefence import CANARY_TIMEOUT_SECONDS, CanaryResponder, canary_plan
@@ -55,6 +54,7 @@ from sdexec.passthrough import (
 from sdexec.plan import (
     STDIO_STREAMS,
     ExecPlan,
+    LookedUp,
     RequestError,
     check_local_flags,
     checked_request,
@@ -210,14 +210,18 @@ class SdexecServer:
 
     # -- exec --------------------------------------------------------------
 
-    def look_up_command(self, payload: dict, streaming: bool) -> defer.Deferred[Found]:
+    def look_up_command(
+        self, payload: dict, streaming: bool
+    ) -> defer.Deferred[LookedUp]:
         """The first half of an ``sdexec.exec`` request: the checks that need
         no file system (raising the refusal of a request they fail), then
         its command looked up by :attr:`lookups`, for :meth:`exec`."""
         self._refuse_if_unavailable()
         check_local_flags(payload.get("local_flags", 0), streaming)
-        command = checked_request(payload).command
-        return self.lookups.find(command, manager_working_directory(self.config))
+        request = checked_request(payload)
+        where = manager_working_directory(self.config)
+        lookup = self.lookups.find(request.command, where)
+        return lookup.addCallback(lambda found: LookedUp(request, found))
 
     def exec(
         self,
@@ -229,18 +233,18 @@ class SdexecServer:
         stdio: PassedStdio = NO_STDIO,
         valve: OutputValve | None = None,
         request_frame: int | None = None,
-        found: Found | None = None,
+        looked_up: LookedUp | None = None,
     ) -> defer.Deferred[None]:
         """Start a process for an ``sdexec.exec`` request (``streaming``
         false: in the background, sdexec/background.py), with the
         descriptors it brought (``stdio``; the caller closes them if this
-        raises); its output held back by ``valve``, its connection's; its
-        command as :meth:`look_up_command` ``found`` it (else looked up
-        here). Fires once systemd has answered its start."""
+        raises); its output held back by ``valve``, its connection's; the
+        payload as :meth:`look_up_command` ``looked_up`` (else checked and
+        looked up here). Fires once systemd has answered its start."""
         self._refuse_if_unavailable()
         check_local_flags(payload.get("local_flags", 0), streaming)
         plan = self._own(
-            plan_exec(payload, self.config, self.containment, request_frame, found)
+            plan_exec(payload, self.config, self.containment, request_frame, looked_up)
         )
         if plan.mapped:
             self.count("mapper")  # the mapper ran, whatever is refused next
@@ -1281,7 +1285,7 @@ class ClientProtocol(StdioReceivingProtocol):
         )
 
     def _exec_found(
-        self, matchtag: int, payload: dict, stdio: PassedStdio, found: Found
+        self, matchtag: int, payload: dict, stdio: PassedStdio, looked_up: LookedUp
     ) -> None:
         try:
             responder = _Stream(self, matchtag)
@@ -1293,7 +1297,7 @@ class ClientProtocol(StdioReceivingProtocol):
                 stdio=stdio,
                 valve=self.valve,
                 request_frame=self.max_frame,
-                found=found,
+                looked_up=looked_up,
             )
         except BaseException:
             stdio.close()
@@ -1302,12 +1306,12 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def _after_lookup(
         self,
-        lookup: defer.Deferred[Found],
+        lookup: defer.Deferred[LookedUp],
         matchtag: int,
         stdio: PassedStdio,
-        exec_found: Callable[[Found], None],
+        exec_found: Callable[[LookedUp], None],
     ) -> None:
-        """``exec_found(found)`` once the exec's command is looked up (the
+        """``exec_found(looked_up)`` once the exec's command is looked up (the
         lookup's refusal answered instead, and ``stdio`` closed): at once
         if it is already, else later, the connection's next requests held
         meanwhile (their answers keep the requests' order: a write may be
@@ -1320,10 +1324,10 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def _looked_up(
         self,
-        outcome: Found | Failure,
+        outcome: LookedUp | Failure,
         matchtag: int,
         stdio: PassedStdio,
-        exec_found: Callable[[Found], None],
+        exec_found: Callable[[LookedUp], None],
         held: bool,
     ) -> None:
         self._looking_up = False
@@ -1379,11 +1383,16 @@ class ClientProtocol(StdioReceivingProtocol):
         )
 
     def _exec_background_found(
-        self, matchtag: int, payload: dict, found: Found
+        self, matchtag: int, payload: dict, looked_up: LookedUp
     ) -> None:
         responder = _Stream(self, matchtag)
         answered = self.server.exec(
-            self.connection_id, matchtag, payload, responder, False, found=found
+            self.connection_id,
+            matchtag,
+            payload,
+            responder,
+            False,
+            looked_up=looked_up,
         )
         self._count_unanswered(answered)
 

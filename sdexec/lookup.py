@@ -13,9 +13,8 @@ So the service looks each command up in a worker thread
 :data:`LOOKUP_TIMEOUT_S` refuses its request with ETIMEDOUT, naming where it
 looked. Its thread is left to finish whenever the file system answers
 (the next lookup takes another): a daemon thread, which no stop of the
-service waits for, and at most :data:`MAX_UNFINISHED` lookups unfinished at
-once: past that, a request is refused at once (EAGAIN) rather than leave
-one more thread behind.
+service waits for. Once :data:`MAX_STUCK` threads are left so, a request
+is refused at once (EAGAIN) rather than leave one more behind.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from sdexec.plan import RequestError
 
 __all__ = [
     "LOOKUP_TIMEOUT_S",
-    "MAX_UNFINISHED",
+    "MAX_STUCK",
     "InlineLookups",
     "LookupTimedOut",
     "Lookups",
@@ -46,9 +45,9 @@ __all__ = [
 #: takes microseconds, and one on a busy parallel file system well under a
 #: second; a file system silent for this long is not answering.
 LOOKUP_TIMEOUT_S = 10.0
-#: Lookups whose thread may run at once, finished with or not (a timed-out
-#: one's thread waits on for its file system).
-MAX_UNFINISHED = 16
+#: Timed-out lookups whose thread still waits on its file system, at most:
+#: past them, an exec is refused at once rather than leave one more.
+MAX_STUCK = 16
 
 
 class LookupTimedOut(RequestError):
@@ -83,37 +82,41 @@ class ThreadedLookups:
         reactor: Any,
         clock: Any = None,
         timeout: float = LOOKUP_TIMEOUT_S,
-        limit: int = MAX_UNFINISHED,
+        limit: int = MAX_STUCK,
     ) -> None:
         self._reactor = reactor
         self._clock = clock or reactor
         self._timeout = timeout
         self._limit = limit
-        #: Lookups whose thread has not ended, timed out or not (only the
-        #: reactor's thread changes it).
+        #: Lookups whose thread has not ended (only the reactor's thread
+        #: changes the counts).
         self.unfinished = 0
+        #: Of those, the ones that timed out: their threads wait on a file
+        #: system. (Lookups in time are bounded by the connections: each
+        #: holds its requests while one runs.)
+        self.stuck = 0
         self._workers = _Workers()
 
     def find(self, command: Command, default_cwd: str) -> defer.Deferred[Found]:
-        if self.unfinished >= self._limit:
-            return defer.fail(
-                RequestError(
-                    errno.EAGAIN,
-                    f"{command.cmdline[0]}: not looked up: {self.unfinished}"
-                    " lookups wait on a file system that does not answer",
-                )
+        name = command.cmdline[0]
+        if self.stuck >= self._limit:
+            return _not_looked_up(
+                name, f"{self.stuck} lookups wait on a file system that does not answer"
             )
         answer: defer.Deferred[Found] = defer.Deferred()
         timer = self._clock.callLater(
             self._timeout, self._timed_out, answer, command, default_cwd
         )
+        finished = partial(self._finished, answer=answer, timer=timer)
+        try:
+            self._workers.run(
+                partial(_outcome, command, default_cwd),
+                partial(self._reactor.callFromThread, finished),
+            )
+        except RuntimeError as error:  # no thread to be had: the node's limits
+            timer.cancel()
+            return _not_looked_up(name, f"no thread to look it up in ({error})")
         self.unfinished += 1
-        self._workers.run(
-            partial(_outcome, command, default_cwd),
-            partial(
-                self._reactor.callFromThread, self._finished, answer=answer, timer=timer
-            ),
-        )
         return answer
 
     def _finished(
@@ -121,7 +124,8 @@ class ThreadedLookups:
     ) -> None:
         self.unfinished -= 1
         if answer.called:
-            return  # timed out: its request was refused already
+            self.stuck -= 1  # timed out: its request was refused already
+            return
         timer.cancel()
         if isinstance(outcome, Failure):
             answer.errback(outcome)
@@ -131,6 +135,7 @@ class ThreadedLookups:
     def _timed_out(
         self, answer: defer.Deferred[Found], command: Command, default_cwd: str
     ) -> None:
+        self.stuck += 1
         reason = self._timeout_reason(command, default_cwd)
         answer.errback(LookupTimedOut(errno.ETIMEDOUT, reason))
 
@@ -150,6 +155,10 @@ class ThreadedLookups:
 _Job = tuple[Callable[[], Any], Callable[[Any], None]]
 #: How long a worker thread waits for another lookup before it ends.
 IDLE_WORKER_S = 30.0
+
+
+def _not_looked_up(name: str, why: str) -> defer.Deferred[Found]:
+    return defer.fail(RequestError(errno.EAGAIN, f"{name}: not looked up: {why}"))
 
 
 def _outcome(command: Command, default_cwd: str) -> Found | Failure:

@@ -1032,6 +1032,8 @@ class ClientProtocol(StdioReceivingProtocol):
         self._looking_up = False
         #: The connection is gone: a lookup that ends now runs nothing.
         self._lost = False
+        #: Reading was paused for requests that came behind a lookup.
+        self._paused_for_lookup = False
 
     def connectionMade(self) -> None:
         try:
@@ -1318,8 +1320,9 @@ class ClientProtocol(StdioReceivingProtocol):
         for this process)."""
         held = not lookup.called
         if held:
+            # Reading goes on (dataReceived pauses it once more comes), so
+            # that the client's close is seen: a lookup takes microseconds.
             self._looking_up = True
-            self.transport.pauseProducing()  # read no more requests
         lookup.addBoth(self._looked_up, matchtag, stdio, exec_found, held)
 
     def _looked_up(
@@ -1330,7 +1333,8 @@ class ClientProtocol(StdioReceivingProtocol):
         exec_found: Callable[[LookedUp], None],
         held: bool,
     ) -> None:
-        self._looking_up = False
+        self._looking_up = self._paused_for_lookup = False
+        self._settle_hangup_watch()
         if self._lost:
             stdio.close()  # nobody to run it for
             return
@@ -1342,6 +1346,16 @@ class ClientProtocol(StdioReceivingProtocol):
             self._answer(Topic.EXEC, matchtag, partial(exec_found, outcome))
         if held:
             self._unblocked()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._looking_up and not self._paused_for_lookup:
+            # More requests behind a lookup: none is read after these until
+            # it ends (a file system may be silent for seconds), and the
+            # client's close is watched for meanwhile.
+            self._paused_for_lookup = True
+            self.transport.pauseProducing()
+            self._settle_hangup_watch()
+        super().dataReceived(data)
 
     def descriptorsRefused(self, message: dict, reason: str) -> None:
         self._in_order(partial(self._refuse_descriptors, message, reason))
@@ -1367,7 +1381,7 @@ class ClientProtocol(StdioReceivingProtocol):
     def _log_lookup_timeout(self, error: BaseException) -> None:
         if isinstance(error, LookupTimedOut):
             self.server.log_rate.warn(
-                "lookup timed out",  # one a connection at a time, 16 at most
+                "lookup timed out",  # one a connection at a time
                 "connection {id}: exec refused: {reason}",
                 id=self.connection_id,
                 reason=error.errstr,
@@ -1411,7 +1425,7 @@ class ClientProtocol(StdioReceivingProtocol):
             # more is read from it until the process has read that down.
             self._stdin_backlogged.add(process)
             self.transport.pauseProducing()
-            self._watch_hangup()
+            self._settle_hangup_watch()
             process.stdin.when_drained().addCallback(
                 lambda _: self._stdin_drained(process)
             )
@@ -1419,9 +1433,18 @@ class ClientProtocol(StdioReceivingProtocol):
     def _stdin_drained(self, process: Process) -> None:
         self._stdin_backlogged.discard(process)
         if not self._stdin_backlogged:
-            self._unwatch_hangup()
+            self._settle_hangup_watch()
             if not self.transport.disconnecting:
                 self._unblocked()
+
+    def _settle_hangup_watch(self) -> None:
+        """Watch for the client's close while its connection is not read
+        for what waits: a process to read its stdin, or a command's lookup
+        (once requests came behind it); else not."""
+        if self._stdin_backlogged or self._paused_for_lookup:
+            self._watch_hangup()
+        else:
+            self._unwatch_hangup()
 
     def _watch_hangup(self) -> None:
         if self._hangup_fd is None:
@@ -1435,12 +1458,15 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def _hung_up(self) -> None:
         """The client closed the connection while its requests waited for a
-        process to read its stdin: it is gone, and so are they."""
+        process to read its stdin, or for a command's lookup: it is gone,
+        and so are they."""
         self._hangup_fd = None
         log.info(
-            "connection {id}: the client closed it while it waited for a "
-            "process to read its stdin",
+            "connection {id}: the client closed it while it waited for {what}",
             id=self.connection_id,
+            what="a command's lookup"
+            if self._looking_up
+            else "a process to read its stdin",
         )
         self.transport.abortConnection()
 

@@ -6,14 +6,16 @@ blocks until the test lets it go stands for the silent file system."""
 from __future__ import annotations
 
 import errno
+import json
 import os
+import socket
 import threading
 
 import pytest
 from offline import Connection, error_of
 from pytest_twisted import ensureDeferred
 from support import until
-from twisted.internet import reactor
+from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs, formatEvent
 
@@ -23,7 +25,7 @@ from sdexec.config import parse_config
 from sdexec.lookup import LOOKUP_TIMEOUT_S, ThreadedLookups, _Workers
 from sdexec.plan import RequestError
 from sdexec.protocol import ExecFlag
-from sdexec.server import SdexecServer
+from sdexec.server import SdexecServer, SdexecServerFactory
 
 FLAGS = int(ExecFlag.STDOUT | ExecFlag.STDERR)
 UNIT = "sdexec-t.service"
@@ -130,17 +132,55 @@ def test_an_absolute_command_that_times_out_names_its_file_system(
     )
 
 
-def test_past_the_unfinished_lookups_cap_a_request_is_refused_at_once(silent, clock):
+@ensureDeferred
+async def test_past_the_stuck_lookups_cap_a_request_is_refused_at_once(silent, clock):
     lookups = ThreadedLookups(reactor, clock, limit=2)
-    lookups.find(Command(["one"]), "/")
-    lookups.find(Command(["two"]), "/")
+    for name in ("one", "two"):
+        lookups.find(Command([name]), "/").addErrback(lambda _: None)
+    # Slow, but not stuck yet: a third is looked up.
+    await lookups.find(Command(["/local/three"]), "/")
+    clock.advance(LOOKUP_TIMEOUT_S)  # now both are stuck
+    assert (lookups.unfinished, lookups.stuck) == (2, 2)
     failures: list = []
-    lookups.find(Command(["three"]), "/").addErrback(failures.append)
+    lookups.find(Command(["four"]), "/").addErrback(failures.append)
     (failure,) = failures
     assert failure.value.errnum == errno.EAGAIN
     assert failure.value.errstr == (
-        "three: not looked up: 2 lookups wait on a file system that does not answer"
+        "four: not looked up: 2 lookups wait on a file system that does not answer"
     )
+
+
+@ensureDeferred
+async def test_a_burst_of_quick_lookups_is_never_refused(silent, lookups):
+    """Lookups answered in microseconds are counted off only on the
+    reactor's next turn: 17 in one turn were refused as if stuck."""
+    answers = [lookups.find(Command(["/local/prog"]), "/") for _ in range(40)]
+    found = await defer.gatherResults(answers)
+    assert found == [Found(None, False)] * 40
+    assert (lookups.unfinished, lookups.stuck) == (0, 0)
+
+
+def test_a_lookup_with_no_thread_to_run_in_is_refused_and_leaves_nothing(
+    monkeypatch, lookups, clock
+):
+    """The node's or the user's process limit reached (a job forking
+    wildly under the same uid): each such exec is refused, and none keeps
+    a slot of the stuck lookups' cap for good."""
+
+    def no_thread(thread):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    for _ in range(20):
+        failures: list = []
+        lookups.find(Command(["prog"]), "/").addErrback(failures.append)
+        (failure,) = failures
+        assert failure.value.errnum == errno.EAGAIN
+        assert failure.value.errstr == (
+            "prog: not looked up: no thread to look it up in (can't start new thread)"
+        )
+    assert (lookups.unfinished, lookups.stuck) == (0, 0)
+    assert clock.getDelayedCalls() == []
 
 
 def test_an_absolute_command_does_not_touch_the_working_directory(monkeypatch):
@@ -265,3 +305,38 @@ def test_a_worker_idle_for_its_time_ends_and_the_next_call_starts_one():
 
 def _set(event: threading.Event):
     return lambda _outcome: event.set()
+
+
+@ensureDeferred
+async def test_a_client_that_closes_its_socket_during_its_lookup_starts_nothing(
+    silent, systemd, server, tmp_path
+):
+    """The close of a connection whose requests wait behind a lookup (it
+    is not read meanwhile) is seen, and the exec dropped."""
+    from twisted.internet.endpoints import UNIXServerEndpoint
+
+    path = str(tmp_path / "sdexec.sock")
+    port = await UNIXServerEndpoint(reactor, path).listen(SdexecServerFactory(server))
+    client = socket.socket(socket.AF_UNIX)
+    client.connect(path)
+    try:
+        exec_request = {
+            "type": "request",
+            "topic": "sdexec.exec",
+            "matchtag": 1,
+            "payload": {"flags": FLAGS, "cmd": {"cmdline": ["true"]}},
+        }
+        client.sendall(json.dumps(exec_request).encode() + b"\n")
+        await until(lambda: silent.threads, "the lookup begun")
+        list_request = {**exec_request, "topic": "sdexec.list", "matchtag": 2}
+        client.sendall(json.dumps({**list_request, "payload": {}}).encode() + b"\n")
+        await until(lambda: server.hangups.fileno() != -1, "the close watched")
+        client.close()
+        await until(lambda: server.connections.total == 0, "the connection released")
+        silent.answer()
+        await until(lambda: server.lookups.unfinished == 0, "the lookup's end")
+        assert not [call for call in systemd.calls if call[0] == "start"]
+        assert server.hangups.fileno() == -1  # nothing left watched
+    finally:
+        client.close()
+        await port.stopListening()

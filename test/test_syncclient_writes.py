@@ -18,7 +18,7 @@ from test_cli_scripted import ScriptedService, failure, response
 
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, ExecFlag
 from sdexec.rpc import RPCError, SdexecError
-from sdexec.syncclient import Connection, Loop
+from sdexec.syncclient import Connection, Exec, Loop
 
 OVERRUN = "stdin: the client overran its credit"
 FLAGS = ExecFlag.STDOUT | ExecFlag.WRITE_CREDIT
@@ -97,6 +97,13 @@ def test_an_exec_s_writes_share_one_matchtag_of_their_own(service):
     }
 
 
+def _cat(connection: Connection, refusals: list[SdexecError]) -> Exec:
+    """``cat`` started, its stdin's refusals to ``refusals``."""
+    return connection.exec(
+        {"cmdline": ["cat"]}, FLAGS, lambda _: None, None, refusals.append
+    )
+
+
 def test_a_refused_write_is_told_and_ends_the_stream_s_stdin(service):
     def on_write(write: dict, exec_request: dict) -> list[dict]:
         return [failure(write, errno.ENOSPC, OVERRUN)]
@@ -104,9 +111,7 @@ def test_a_refused_write_is_told_and_ends_the_stream_s_stdin(service):
     service.on_write = on_write
     refusals: list[SdexecError] = []
     with Loop() as loop, Connection(loop, service.path) as connection:
-        stream = connection.exec(
-            {"cmdline": ["cat"]}, FLAGS, lambda _: None, None, refusals.append
-        )
+        stream = _cat(connection, refusals)
         connection.write_stdin(stream, b"one")
         loop.run_until(lambda: bool(refusals))
         connection.write_stdin(stream, b"two")  # dropped, as the service would
@@ -128,9 +133,7 @@ def test_a_refusal_after_the_exec_ended_is_ignored(service):
     service.on_write = _refuse_after_the_end
     refusals: list[SdexecError] = []
     with Loop() as loop, Connection(loop, service.path) as connection:
-        stream = connection.exec(
-            {"cmdline": ["cat"]}, FLAGS, lambda _: None, None, refusals.append
-        )
+        stream = _cat(connection, refusals)
         connection.write_stdin(stream, b"one")
         loop.run_until(lambda: stream.ended)
         assert stream.write_matchtag not in connection._requests._in_flight
@@ -151,9 +154,7 @@ def test_a_lost_connection_is_no_refusal_of_stdin(service):
     service.on_write = on_write
     refusals: list[SdexecError] = []
     with Loop() as loop, Connection(loop, service.path) as connection:
-        stream = connection.exec(
-            {"cmdline": ["cat"]}, FLAGS, lambda _: None, None, refusals.append
-        )
+        stream = _cat(connection, refusals)
         connection.write_stdin(stream, b"one")
         loop.run_until(lambda: stream.ended)
     assert (refusals, stream.stdin_error) == ([], None)

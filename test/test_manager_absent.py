@@ -327,6 +327,26 @@ async def test_a_call_answered_as_the_manager_leaves_is_eagain():
 
 
 @ensureDeferred
+async def test_a_call_lost_with_its_connection_is_observed_as_failed():
+    # on_call came only with a reply: calls lost as systemd restarted or
+    # the bus dropped showed in neither outcome of the calls' histogram.
+    def lost(message: Message) -> Message:
+        bus.disconnect()
+        raise EOFError()
+
+    bus, clock = FakeBus({"KillUnit": lost}), Clock()
+    client = connected_client(bus, clock)
+    observed: list = []
+    client.on_call = lambda member, seconds, ok: observed.append((member, ok))
+    outcome: list = []
+    client.kill_unit("x.service", "all", 15).addBoth(outcome.append)
+    await until(lambda: outcome, "answered")
+    assert is_connection_lost(outcome[0].value)
+    assert observed == [("KillUnit", False)]
+    client.disconnect()
+
+
+@ensureDeferred
 async def test_the_manager_s_own_no_owner_answer_is_its_error():
     # libsystemd turns ENXIO into NameHasNoOwner: from the manager itself it
     # is that call's failure, not the manager gone (review session 31 H F4).

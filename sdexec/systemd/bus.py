@@ -646,6 +646,13 @@ class SystemdClient:
             SYSTEMD, MANAGER_PATH, MANAGER, member, signature, list(body), unix_fds
         )
 
+    def _observe(self, member: str, started: float, reply: Message | None) -> None:
+        """``on_call`` for every call, answered or not: one lost with its
+        connection (no reply) failed, as an error reply did."""
+        if self.on_call is not None:
+            ok = reply is not None and reply.message_type != MessageType.ERROR
+            self.on_call(member, time.monotonic() - started, ok)
+
     async def _call(
         self,
         destination,
@@ -677,6 +684,7 @@ class SystemdClient:
             flags=MessageFlag.NONE if autostart else MessageFlag.NO_AUTOSTART,
         )
         token = self._unanswered.sent(member)
+        reply = None
         try:
             reply = await bus.call(message)
         except Exception as error:
@@ -685,11 +693,9 @@ class SystemdClient:
             raise
         finally:
             self._unanswered.answered(token)
+            self._observe(member, started, reply)
         if reply is None:  # the bus closed before any reply came
             raise connection_lost()
-        if self.on_call is not None:
-            failed = reply is None or reply.message_type == MessageType.ERROR
-            self.on_call(member, time.monotonic() - started, not failed)
         if reply.message_type == MessageType.ERROR:
             text = reply.body[0] if reply.body else reply.error_name
             if self.debug:

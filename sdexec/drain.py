@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["Drains", "SelfLifting"]
+__all__ = ["ADMIN", "KINDS", "Drains", "SelfLifting"]
 
 
 class SelfLifting(Enum):
@@ -25,6 +25,12 @@ class SelfLifting(Enum):
     OUTAGE = "outage"
     VERSION = "version"
     LEFTOVERS = "leftovers"
+
+
+#: The kind of a cause only an admin's undrain clears.
+ADMIN = "admin"
+#: Every kind of cause: a fixed set (the metrics' labels).
+KINDS = (*(kind.value for kind in SelfLifting), ADMIN)
 
 
 class Drains:
@@ -45,11 +51,16 @@ class Drains:
 
     @property
     def causes(self) -> list[dict[str, str | bool]]:
-        """Each cause in force, in the order they came: ``reason``, and
-        ``lifts-itself`` (false: only an undrain clears it). A reason may
-        hold "; ", so the joined :attr:`reason` cannot be split back."""
+        """Each cause in force, in the order they came: ``reason``, ``kind``
+        (:data:`KINDS`) and ``lifts-itself`` (false: only an undrain clears
+        it). A reason may hold "; ", so the joined :attr:`reason` cannot be
+        split back."""
         return [
-            {"reason": reason, "lifts-itself": isinstance(key, SelfLifting)}
+            {
+                "reason": reason,
+                "kind": key.value if isinstance(key, SelfLifting) else ADMIN,
+                "lifts-itself": isinstance(key, SelfLifting),
+            }
             for key, reason in self._causes.items()
         ]
 

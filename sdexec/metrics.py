@@ -40,6 +40,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
+from sdexec.drain import KINDS
 from sdexec.protocol import Topic
 
 __all__ = ["Metrics"]
@@ -175,13 +176,22 @@ class Metrics:
         if errnum != errno.ENODATA:
             self.request_errors.labels(topic=_topic_label(topic)).inc()
 
-    def watch_exec(self, responder: Any) -> _ExecWatch:
-        """``SdexecServer.observer``: wrap an exec stream's responder."""
-        return _ExecWatch(self, responder)
+    def watch_exec(self, responder: Any, since: float | None = None) -> _ExecWatch:
+        """``SdexecServer.observer``: wrap an exec stream's responder; its
+        start latency counted from ``since`` (``time.monotonic()`` when the
+        request was handled, before its command's lookup), else now."""
+        return _ExecWatch(self, responder, since)
 
-    def count_output(self, stream: str, size: int) -> None:
-        """``size`` bytes of ``stream`` went to a client."""
-        self._child(self.output_bytes, stream).inc(size)
+    def watch_output(self, responder: Any) -> _OutputWatch:
+        """``SdexecServer.observer``: wrap an attach's or a wait's
+        responder (a background process's output reaches clients there)."""
+        return _OutputWatch(self, responder)
+
+    def count_output(self, io: dict) -> None:
+        """An RFC 24 io object's data went to a client."""
+        size = _io_size(io)
+        if size:
+            self._child(self.output_bytes, io["stream"]).inc(size)
 
     def reloaded(self, ok: bool) -> None:
         self.reloads.labels(outcome="ok" if ok else "refused").inc()
@@ -199,15 +209,17 @@ class _ExecWatch:
     """A responder that notes what passes through it: the start latency,
     output bytes, and how the stream ended."""
 
-    def __init__(self, metrics: Metrics, responder: Any) -> None:
+    def __init__(
+        self, metrics: Metrics, responder: Any, since: float | None = None
+    ) -> None:
         self._metrics = metrics
         self._responder = responder
-        self._since: float | None = time.monotonic()
+        self._since: float | None = time.monotonic() if since is None else since
 
     def respond(self, payload: dict) -> None:
         kind = payload.get("type")
         if kind == "output":
-            self._output(payload["io"])
+            self._metrics.count_output(payload["io"])
         elif kind == "started" and self._since is not None:
             self._metrics.start_latency.observe(time.monotonic() - self._since)
             self._metrics.units_started.inc()
@@ -219,17 +231,37 @@ class _ExecWatch:
             self._metrics.units_failed.inc()
         self._responder.error(errnum, errstr)
 
-    def _output(self, io: dict) -> None:
-        data = io.get("data")
-        if not data:
-            return
-        if isinstance(data, bytes):  # not yet base64 (encode_io's raw)
-            size = len(data)
-        elif io.get("encoding") == "base64":
-            size = len(data) * 3 // 4 - data.count("=", -2)
-        else:  # isascii is free; encoding 64 KiB again to count it is not
-            size = len(data) if data.isascii() else len(data.encode())
-        self._metrics.count_output(io["stream"], size)
+
+class _OutputWatch:
+    """A responder that counts the output passing through it: an attach's
+    (its replay and live output) or a wait's answer (its retained output)."""
+
+    def __init__(self, metrics: Metrics, responder: Any) -> None:
+        self._metrics = metrics
+        self._responder = responder
+
+    def respond(self, payload: dict) -> None:
+        if payload.get("type") == "output":
+            self._metrics.count_output(payload["io"])
+        for io in payload.get("output", ()):  # a wait's answer
+            self._metrics.count_output(io)
+        self._responder.respond(payload)
+
+    def error(self, errnum: int, errstr: str) -> None:
+        self._responder.error(errnum, errstr)
+
+
+def _io_size(io: dict) -> int:
+    """The bytes of data an RFC 24 io object carries."""
+    data = io.get("data")
+    if not data:
+        return 0
+    if isinstance(data, bytes):  # not yet base64 (encode_io's raw)
+        return len(data)
+    if io.get("encoding") == "base64":
+        return len(data) * 3 // 4 - data.count("=", -2)
+    # isascii is free; encoding 64 KiB again to count it is not
+    return len(data) if data.isascii() else len(data.encode())
 
 
 class _StatsCollector(Collector):
@@ -333,7 +365,7 @@ def _failed(request: Request, failure: Failure) -> None:
     request.finish()
 
 
-_NOT_DRAINED = {"drained": False, "reason": None}
+_NOT_DRAINED: dict[str, Any] = {"drained": False, "reason": None, "causes": []}
 _NO_SYSTEMD = {
     "connected": False,
     "calls": {"unanswered": 0, "queued": 0, "oldest": None},
@@ -346,7 +378,7 @@ def _families(stats: dict) -> Iterator[Metric]:
     yield _requests(counters)
     yield from _events(counters)
     yield _processes(stats["procs"])
-    yield _drained(stats["drain"])
+    yield from _drained(stats["drain"])
     yield from _systemd(stats["systemd"])
 
 
@@ -388,14 +420,24 @@ def _processes(procs: list[dict]) -> Metric:
     return family
 
 
-def _drained(drain: dict) -> Metric:
-    family = GaugeMetricFamily(
+def _drained(drain: dict) -> Iterator[Metric]:
+    # No reason as a label: it changes while the node stays drained (a
+    # leftover count, a second cause), and each change would start a new
+    # series, restarting an alert's for:. The text is /stats'.
+    yield GaugeMetricFamily(
         "sdexec_drained",
-        "1 while the node is drained (no new processes), the reason as a label.",
-        labels=["reason"],
+        "1 while the node is drained (no new processes); why: /stats.",
+        value=1 if drain["drained"] else 0,
     )
-    family.add_metric([drain["reason"] or ""], 1 if drain["drained"] else 0)
-    return family
+    family = GaugeMetricFamily(
+        "sdexec_drain_causes",
+        "Drain causes in force, by kind (admin: only an undrain clears it).",
+        labels=["kind"],
+    )
+    kinds = [cause["kind"] for cause in drain["causes"]]
+    for kind in KINDS:
+        family.add_metric([kind], kinds.count(kind))
+    yield family
 
 
 def _systemd(systemd: dict) -> Iterator[Metric]:

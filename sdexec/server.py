@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import struct
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -168,7 +169,8 @@ class SdexecServer:
         #: reload's, or systemd's return's, supersedes one still running).
         self._canaries_begun = 0
         #: Metrics hook (sdexec/metrics.py): ``watch_exec(responder)`` wraps
-        #: each exec stream's responder, ``error_sent(topic, errnum)`` sees errors.
+        #: each exec stream's responder, ``watch_output(responder)`` an
+        #: attach's or a wait's, ``error_sent(topic, errnum)`` sees errors.
         self.observer: Any = None
         self._next_connection_id = 0
         #: The processes that run jobs: time limits, termination, ``jobs``.
@@ -234,13 +236,16 @@ class SdexecServer:
         valve: OutputValve | None = None,
         request_frame: int | None = None,
         looked_up: LookedUp | None = None,
+        requested_at: float | None = None,
     ) -> defer.Deferred[None]:
         """Start a process for an ``sdexec.exec`` request (``streaming``
         false: in the background, sdexec/background.py), with the
         descriptors it brought (``stdio``; the caller closes them if this
         raises); its output held back by ``valve``, its connection's; the
         payload as :meth:`look_up_command` ``looked_up`` (else checked and
-        looked up here). Fires once systemd has answered its start."""
+        looked up here); ``requested_at``: ``time.monotonic()`` when the
+        request was handled (its start latency counts from there, its
+        lookup included). Fires once systemd has answered its start."""
         self._refuse_if_unavailable()
         check_local_flags(payload.get("local_flags", 0), streaming)
         plan = self._own(
@@ -264,7 +269,7 @@ class SdexecServer:
         self._check_unique(key, plan.unit_name)
         # Every check is passed: from here on, the process is tabled.
         if self.observer is not None:
-            responder = self.observer.watch_exec(responder)
+            responder = self.observer.watch_exec(responder, requested_at)
         job = self.jobs.admit(
             plan.command,
             plan.unit_name,
@@ -895,7 +900,7 @@ class SdexecServer:
 
     def wait(self, connection_id: int, payload: dict, responder: Any) -> None:
         """``sdexec.wait``: answered once the process has ended."""
-        self.tracked.wait(payload, connection_id, responder)
+        self.tracked.wait(payload, connection_id, self._watched_output(responder))
 
     def attach(
         self,
@@ -906,7 +911,15 @@ class SdexecServer:
     ) -> None:
         """``sdexec.attach``: the process's stream goes to ``responder``,
         held back by ``valve``, its connection's."""
+        responder = self._watched_output(responder)
         self.tracked.attach(payload, connection_id, responder, valve)
+
+    def _watched_output(self, responder: Any) -> Any:
+        """``responder``, its output counted by the metrics (an attach's
+        replay and live output, a wait's answer) as an exec stream's is."""
+        if self.observer is None:
+            return responder
+        return self.observer.watch_output(responder)
 
     def stats(self, detail: bool = True) -> dict:
         """What ``sdexec.stats-get`` and ``GET /stats`` report. Without
@@ -1194,14 +1207,21 @@ class ClientProtocol(StdioReceivingProtocol):
         the connection's requests are read."""
         answer.addCallbacks(
             lambda payload: self._send(topic, matchtag, payload),
-            lambda failure: self._send_error(
-                topic, matchtag, _errno_of(failure.value), failure.getErrorMessage()
-            ),
+            lambda failure: self._send_later_error(topic, matchtag, failure),
         )
         if sent is None:
             self._count_unanswered(answer)
         else:
             sent.addCallback(lambda _: self._count_unanswered(answer))
+
+    def _send_later_error(self, topic: str, matchtag: int, failure: Failure) -> None:
+        if failure.check(RequestRefused):
+            # Refused by its handler once systemd had answered (a kill of a
+            # main process that has exited): an error as one refused at once.
+            self.server.count("errors")
+        self._send_error(
+            topic, matchtag, _errno_of(failure.value), failure.getErrorMessage()
+        )
 
     def _count_unanswered(self, answer: defer.Deferred) -> None:
         if answer.called:
@@ -1273,6 +1293,7 @@ class ClientProtocol(StdioReceivingProtocol):
         return handler(matchtag, payload)
 
     def _exec(self, matchtag: int, payload: dict) -> None:
+        requested_at = time.monotonic()
         stdio = PassedStdio(self.take_request_fds())
         try:
             lookup = self.server.look_up_command(payload, streaming=True)
@@ -1283,11 +1304,16 @@ class ClientProtocol(StdioReceivingProtocol):
             lookup,
             matchtag,
             stdio,
-            partial(self._exec_found, matchtag, payload, stdio),
+            partial(self._exec_found, matchtag, payload, stdio, requested_at),
         )
 
     def _exec_found(
-        self, matchtag: int, payload: dict, stdio: PassedStdio, looked_up: LookedUp
+        self,
+        matchtag: int,
+        payload: dict,
+        stdio: PassedStdio,
+        requested_at: float,
+        looked_up: LookedUp,
     ) -> None:
         try:
             responder = _Stream(self, matchtag)
@@ -1300,6 +1326,7 @@ class ClientProtocol(StdioReceivingProtocol):
                 valve=self.valve,
                 request_frame=self.max_frame,
                 looked_up=looked_up,
+                requested_at=requested_at,
             )
         except BaseException:
             stdio.close()
@@ -1388,16 +1415,17 @@ class ClientProtocol(StdioReceivingProtocol):
             )
 
     def _exec_background(self, matchtag: int, payload: dict) -> None:
+        requested_at = time.monotonic()
         lookup = self.server.look_up_command(payload, streaming=False)
         self._after_lookup(
             lookup,
             matchtag,
             NO_STDIO,
-            partial(self._exec_background_found, matchtag, payload),
+            partial(self._exec_background_found, matchtag, payload, requested_at),
         )
 
     def _exec_background_found(
-        self, matchtag: int, payload: dict, looked_up: LookedUp
+        self, matchtag: int, payload: dict, requested_at: float, looked_up: LookedUp
     ) -> None:
         responder = _Stream(self, matchtag)
         answered = self.server.exec(
@@ -1407,6 +1435,7 @@ class ClientProtocol(StdioReceivingProtocol):
             responder,
             False,
             looked_up=looked_up,
+            requested_at=requested_at,
         )
         self._count_unanswered(answered)
 

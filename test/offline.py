@@ -145,7 +145,7 @@ NOT_DRAINED = {"drained": False, "reason": None, "causes": []}
 def drained_by(reason: str) -> dict:
     """The stats' ``drain`` object of a service drained for one cause, which
     only an admin's undrain clears."""
-    cause = {"reason": reason, "lifts-itself": False}
+    cause = {"reason": reason, "kind": "admin", "lifts-itself": False}
     return {"drained": True, "reason": reason, "causes": [cause]}
 
 

@@ -44,8 +44,12 @@ def test_causes_are_kept_apart_and_cleared_by_whom_they_belong_to():
     assert drains.reason == f"systemd unreachable for 60 s; {UNKILLABLE}"
     assert not drains.only_self_lifting
     assert drains.causes == [
-        {"reason": "systemd unreachable for 60 s", "lifts-itself": True},
-        {"reason": UNKILLABLE, "lifts-itself": False},
+        {
+            "reason": "systemd unreachable for 60 s",
+            "kind": "outage",
+            "lifts-itself": True,
+        },
+        {"reason": UNKILLABLE, "kind": "admin", "lifts-itself": False},
     ]
     assert drains.clear_admins() == [UNKILLABLE]
     assert drains.reason == "systemd unreachable for 60 s"

@@ -14,6 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from pytest_twisted import ensureDeferred
 from support import run, wait_until_reaped
 
+from sdexec.drain import KINDS
+
 pytestmark = pytest.mark.systemd
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
@@ -68,8 +70,11 @@ async def test_metrics_agree_with_stats_and_observe_latency(sdexec, tmp_path):
     assert samples[("sdexec_fence_failures_total", ())] == 0
     assert samples[("sdexec_job_timeouts_total", ())] == 0
     assert samples[("sdexec_jobs_unkillable_total", ())] == 0
-    drained = (("reason", "fence check failed for sdexec-x.service"),)
-    assert samples[("sdexec_drained", drained)] == 1
+    assert samples[("sdexec_drained", ())] == 1
+    causes = {
+        kind: samples[("sdexec_drain_causes", (("kind", kind),))] for kind in KINDS
+    }
+    assert causes == {"outage": 0, "version": 0, "leftovers": 0, "admin": 1}
     assert samples[("sdexec_units_started_total", ())] == 1
     assert samples[("sdexec_units_failed_total", ())] == 1
     assert samples[("sdexec_output_bytes_total", (("stream", "stdout"),))] == 5
@@ -94,9 +99,7 @@ async def test_openmetrics_is_negotiated(sdexec):
     families = {family.name: family for family in parse_openmetrics(text)}
     assert families["sdexec_requests"].type == "counter"
     assert families["sdexec_drained"].type == "gauge"
-    assert _samples([families["sdexec_drained"]]) == {
-        ("sdexec_drained", (("reason", ""),)): 0
-    }
+    assert _samples([families["sdexec_drained"]]) == {("sdexec_drained", ()): 0}
     assert families["sdexec_dbus_call_duration_seconds"].type == "histogram"
 
 

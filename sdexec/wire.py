@@ -31,6 +31,10 @@ from itertools import chain, compress
 
 from sdexec.protocol import DEFAULT_MAX_FRAME
 
+#: A line of the stream: a read's view, or the buffer of one that came in
+#: pieces.
+Line = bytes | bytearray | memoryview
+
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
     from typing import Any
@@ -109,9 +113,7 @@ _json_encoder = json.JSONEncoder(
 )
 
 
-def decode_message(
-    line: bytes | memoryview, max_values: int | None = MAX_VALUES
-) -> dict[str, Any]:
+def decode_message(line: Line, max_values: int | None = MAX_VALUES) -> dict[str, Any]:
     """The JSON object on ``line``; :class:`FramingError` if it is not one,
     if it nests deeper than :data:`MAX_NESTING` or if it holds more than
     ``max_values`` values (``None``: any number, as its bytes allow)."""
@@ -135,7 +137,7 @@ def decode_message(
     return message
 
 
-def _check_values(line: bytes | memoryview, limit: int) -> None:
+def _check_values(line: Line, limit: int) -> None:
     """Refuse ``line`` (:class:`FramingError`) if it would decode into more
     than ``limit`` values, keys included, before it is decoded.
 
@@ -196,7 +198,7 @@ def _separators(data: bytes) -> int:
     return data.count(b",") + data.count(b":") + data.count(b"[") + data.count(b"{")
 
 
-def _may_nest_deeper(line: bytes | memoryview) -> bool:
+def _may_nest_deeper(line: Line) -> bool:
     """Whether ``line`` has room for more than :data:`MAX_NESTING` levels,
     each of which takes an opening bracket and a closing one.
 
@@ -213,7 +215,7 @@ def _may_nest_deeper(line: bytes | memoryview) -> bool:
     return data.count(b"[") + data.count(b"{") > MAX_NESTING
 
 
-def _as_bytes(line: bytes | memoryview) -> bytes:
+def _as_bytes(line: Line) -> bytes:
     """``line`` itself, or a view's copy: a view has no ``count``."""
     return line if type(line) is bytes else bytes(line)
 
@@ -247,7 +249,7 @@ def _members(container: dict | list) -> Iterable[Any]:
 _is_container = frozenset((dict, list)).__contains__
 
 
-def _decode_with_json(line: bytes | memoryview) -> Any:
+def _decode_with_json(line: Line) -> Any:
     try:
         # Decoded first: given bytes, the json module would guess UTF-16/32.
         return _json_decoder.decode(str(line, "utf-8"))
@@ -274,7 +276,7 @@ _json_decoder = json.JSONDecoder(
 )
 
 
-def _decode_with_msgspec(line: bytes | memoryview) -> Any:
+def _decode_with_msgspec(line: Line) -> Any:
     decoder = _msgspec_codec()
     try:
         return decoder.decode(line)
@@ -289,7 +291,7 @@ class _Codec:
         import msgspec
 
         self.encode: Callable[[Any], bytes] = msgspec.json.Encoder().encode
-        self.decode: Callable[[bytes | memoryview], Any] = msgspec.json.Decoder().decode
+        self.decode: Callable[[Line], Any] = msgspec.json.Decoder().decode
         self.error: type[Exception] = msgspec.DecodeError
 
 
@@ -311,7 +313,7 @@ def _lone_surrogate_pattern() -> re.Pattern[bytes]:
     return re.compile(_LONE_SURROGATE)
 
 
-def _decode_lone_surrogates(line: bytes | memoryview, error: Exception) -> Any:
+def _decode_lone_surrogates(line: Line, error: Exception) -> Any:
     """A line msgspec refused, if only for a lone surrogate escape
     (``"\\ud800"``: valid JSON, but a string no UTF-8 can carry).
 
@@ -340,7 +342,7 @@ def _decode_lone_surrogates(line: bytes | memoryview, error: Exception) -> Any:
 _WHITESPACE = b" \t\n\r\x0b\x0c"
 
 
-def _blank(line: bytes | memoryview) -> bool:
+def _blank(line: Line) -> bool:
     """Whether ``line`` is empty or only whitespace (skipped, not refused);
     a line that starts with anything else is not copied to find out."""
     return not line or (line[0] in _WHITESPACE and not bytes(line).strip())
@@ -363,8 +365,10 @@ class FrameSplitter:
         #: Where in the data being fed the message just yielded ended: the
         #: rest is ``data[consumed:]`` for a caller that stops there.
         self.consumed = 0
-        self._chunks: list[bytes | memoryview] = []
-        self._held = 0
+        #: An incomplete line, in one buffer: kept as the reads that brought
+        #: it, a peer sending a byte a read made each byte cost 42 (a bytes
+        #: object and its list slot), and max_frame 42 times what it says.
+        self._partial = bytearray()
 
     def feed(
         self, data: bytes | bytearray, length: int | None = None
@@ -384,12 +388,12 @@ class FrameSplitter:
             end = data.find(b"\n", start, end_of_data)
             if end < 0:
                 if start < end_of_data:
-                    self._hold(bytes(view[start:end_of_data]))
+                    self._hold(view[start:end_of_data])
                 return
             line = self._line(view[start:end])
             start = end + 1
             if len(line) > self.max_frame:
-                self._chunks, self._held = [], 0
+                self._partial = bytearray()
                 raise FramingError(
                     f"message of {len(line)} bytes exceeds {self.max_frame}"
                 )
@@ -397,17 +401,16 @@ class FrameSplitter:
                 self.consumed = start
                 yield decode_message(line, self.max_values)
 
-    def _line(self, tail: memoryview) -> bytes | memoryview:
-        if not self._chunks:
+    def _line(self, tail: memoryview) -> bytearray | memoryview:
+        if not self._partial:
             return tail
-        self._chunks.append(tail)
-        line = b"".join(self._chunks)
-        self._chunks, self._held = [], 0
+        self._partial += tail
+        line, self._partial = self._partial, bytearray()
         return line
 
-    def _hold(self, rest: bytes) -> None:
-        self._chunks.append(rest)
-        self._held += len(rest)
-        if self._held > self.max_frame:
-            self._chunks, self._held = [], 0
+    def _hold(self, rest: memoryview) -> None:
+        # Copied: the caller may read into ``data`` again.
+        self._partial += rest
+        if len(self._partial) > self.max_frame:
+            self._partial = bytearray()
             raise FramingError(f"message exceeds {self.max_frame} bytes")

@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import termios
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -311,3 +312,19 @@ def remove_killed_sandbox(manager_pid: int) -> None:
     """SIGKILL what the killed manager left and remove its cgroups (the
     sandbox's ``clean``; it says what will not go, and fails)."""
     subprocess.run([str(SANDBOX), "clean", str(manager_pid)], check=True)
+
+
+def bytes_held_by(feed: Callable[[bytes], object], reads: int, size: int) -> float:
+    """Memory held per byte after ``reads`` reads of ``size`` fresh bytes
+    each (as ``recv`` gives them) were handed to ``feed``."""
+    import tracemalloc
+
+    chunk = bytearray(b"x" * size)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(reads):
+            feed(bytes(chunk))
+        return (tracemalloc.get_traced_memory()[0] - before) / (reads * size)
+    finally:
+        tracemalloc.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from support import bytes_held_by
 from twisted.internet.testing import StringTransport
 
 from sdexec.systemd.channel import (
@@ -155,3 +156,11 @@ def test_the_gate_holds_output_until_open_and_while_the_client_is_slow():
     assert transport.producerState == "producing"
     gate.close()
     assert transport.disconnecting
+
+
+def test_a_partial_line_written_in_tiny_pieces_holds_about_its_own_size():
+    # A job printing progress dots, flushed one by one: each read's bytes
+    # object was kept, 21 times the buffer size for two-byte reads.
+    channel = OutputChannel("stdout", lambda data: None, lambda: None, bufsize=1 << 20)
+    held = bytes_held_by(channel.dataReceived, 100_000, 2)
+    assert held < 1.5

@@ -9,6 +9,7 @@ from unittest.mock import patch
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import bytes_held_by
 from twisted.internet.testing import StringTransport
 
 from sdexec.framing import JSONLineProtocol
@@ -425,3 +426,12 @@ def test_output_frames_are_never_counted(data, monkeypatch):
     monkeypatch.setattr("sdexec.wire._check_values", _never)
     message = {"type": "response", "payload": {"io": encode_io("stdout", "0", data)}}
     assert decode_message(encode_message(message)) == message
+
+
+def test_a_line_that_comes_in_tiny_reads_holds_about_its_own_size():
+    # Kept as the reads that brought it, a client sending the start of a
+    # request two bytes a read made max-frame-size 21 times what it says
+    # (a bytes object and a list slot a read): 2.7 GB a connection at 64 MiB.
+    splitter = FrameSplitter(max_frame=1 << 20)
+    held = bytes_held_by(lambda data: list(splitter.feed(data)), 100_000, 2)
+    assert held < 1.5

@@ -93,8 +93,11 @@ class OutputChannel(Protocol):
         self._on_eof = on_eof
         self._line_buffered = line_buffered
         self._bufsize = bufsize
-        self._partial: list[bytes] = []
-        self._partial_len = 0
+        #: A line not ended yet, in one buffer: kept as the reads that
+        #: brought it, a writer of a byte at a time made each byte cost 42
+        #: (a bytes object and its list slot), and the buffer size 42 times
+        #: what it says.
+        self._partial = bytearray()
 
     def adopt(self, reactor: IReactorSocket, sock: socket.socket) -> None:
         """Start reading ``sock`` (our end of the socketpair)."""
@@ -108,8 +111,11 @@ class OutputChannel(Protocol):
         if last_newline < 0:
             self._hold(data)
             return
-        self._partial.append(data[: last_newline + 1])
-        self._flush()
+        lines = data[: last_newline + 1]
+        if self._partial:  # else passed on as read, not copied (output's bulk)
+            self._partial += lines
+            lines = self._taken_partial()
+        self._send_lines(lines)
         self._hold(data[last_newline + 1 :])
 
     def connectionLost(self, reason: object = None) -> None:
@@ -156,25 +162,31 @@ class OutputChannel(Protocol):
 
     def _hold(self, data: bytes) -> None:
         if data:
-            self._partial.append(data)
-            self._partial_len += len(data)
-            if self._partial_len >= self._bufsize:
+            self._partial += data
+            if len(self._partial) >= self._bufsize:
                 self._flush_full_buffers()
 
     def _flush_full_buffers(self) -> None:
         """A partial line of a buffer or more: whole buffers of it go, the
         rest waits for its newline (as Flux's channels hold it)."""
-        data = b"".join(self._partial)
+        data = self._taken_partial()
         kept = len(data) % self._bufsize
-        self._partial, self._partial_len = ([data[-kept:]] if kept else []), kept
+        if kept:
+            self._partial += memoryview(data)[-kept:]
         self._hand_on(data[: len(data) - kept])
 
     def _flush(self) -> None:
         if self._partial:
-            data = b"".join(self._partial)
-            self._partial, self._partial_len = [], 0
-            for chunk in line_chunks(data, self._bufsize):
-                self._on_data(chunk)
+            self._send_lines(self._taken_partial())
+
+    def _send_lines(self, data: bytes) -> None:
+        for chunk in line_chunks(data, self._bufsize):
+            self._on_data(chunk)
+
+    def _taken_partial(self) -> bytes:
+        """What is held, as bytes (the clients' type), no longer held."""
+        data, self._partial = bytes(self._partial), bytearray()
+        return data
 
     def _hand_on(self, data: bytes) -> None:
         """``data`` in chunks of at most the buffer size, as Flux's channels

@@ -78,6 +78,7 @@ def test_a_client_that_overruns_is_refused_and_nothing_is_taken(adopted):
     with pytest.raises(StdinOverrun, match=f"holds at most {limit}"):
         channel.write(b"y")
     if transport is not None:
+        channel.resumeProducing()  # held while the transport was full
         assert transport.value() == b"x" * limit
 
 
@@ -164,3 +165,31 @@ def test_a_partial_line_written_in_tiny_pieces_holds_about_its_own_size():
     channel = OutputChannel("stdout", lambda data: None, lambda: None, bufsize=1 << 20)
     held = bytes_held_by(channel.dataReceived, 100_000, 2)
     assert held < 1.5
+
+
+def test_tiny_writes_to_a_full_transport_are_held_at_about_their_size():
+    # Handed on write by write, each was a bytes object of its own in the
+    # transport's list: 2-byte writes held 12 times their size (a client
+    # without credit may write 4 x stdin_BUFSIZE, up to 42 MiB, that way).
+    credit: list[int] = []
+    channel = InputChannel(credit.append, bufsize=1 << 20)
+    transport = WriteListTransport()
+    channel.makeConnection(transport)
+    channel.pauseProducing()  # the process reads nothing
+    held = bytes_held_by(lambda data: channel.write(data, credited=False), 100_000, 2)
+    assert held < 1.5
+    channel.resumeProducing()  # it reads: all of it, in order, then credit
+    assert b"".join(transport.writes) == b"x" * 200_000
+    assert credit == [200_000]
+
+
+class WriteListTransport(HalfCloseTransport):
+    """Keeps each write as it came, as Twisted's socket transport does
+    until it can write them (``_tempDataBuffer``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)

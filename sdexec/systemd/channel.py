@@ -303,7 +303,12 @@ class InputChannel(Protocol):
     ) -> None:
         self.bufsize = bufsize
         self._on_credit = on_credit
-        self._queued: list[bytes] = []
+        #: What waits to be handed to the transport: written before the
+        #: socket was adopted, or while the transport is full. In one
+        #: buffer: handed on write by write, each held as a bytes object of
+        #: its own in the transport's list, two-byte writes took 12 times
+        #: their size.
+        self._waiting = bytearray()
         self._eof_requested = False
         self._paused = False
         #: Bytes taken (queued or written) and not yet credited back.
@@ -322,9 +327,7 @@ class InputChannel(Protocol):
 
     def connectionMade(self) -> None:
         self.transport.registerProducer(self, True)
-        queued, self._queued = self._queued, []
-        for data in queued:
-            self.transport.write(data)  # written before a close: still owed
+        self._hand_waiting_on()  # written before a close: still owed
         if not self._paused:
             self._grant()
         if self._eof_requested:
@@ -358,8 +361,8 @@ class InputChannel(Protocol):
                 f" most {self.limit} ({STDIN_OVERRUN_FACTOR} x stdin_BUFSIZE)"
             )
         self._owed += len(data)
-        if self.transport is None:
-            self._queued.append(data)
+        if self.transport is None or self._paused:
+            self._waiting += data
             return
         self.transport.write(data)
         if not self._paused:
@@ -372,6 +375,7 @@ class InputChannel(Protocol):
         if self.backlogged:
             return  # closed by _grant, as the transport drains
         if self.transport is not None and not self._closed:
+            self._hand_waiting_on()  # then EOF, once the transport has written it
             self.transport.unregisterProducer()
             self.transport.loseWriteConnection()
             self._closed = True
@@ -383,11 +387,12 @@ class InputChannel(Protocol):
         if self.backlogged and self.transport is not None:
             self.transport.abortConnection()
         self._owed = 0
+        self._waiting = bytearray()
         self.close()
 
     def connectionLost(self, reason: object = None) -> None:
         self._closed = True
-        self._queued = []
+        self._waiting = bytearray()
         self._fire_drained()
 
     # IPushProducer: the transport tells us when its write buffer is full.
@@ -396,7 +401,14 @@ class InputChannel(Protocol):
 
     def resumeProducing(self) -> None:
         self._paused = False
-        self._grant()
+        self._hand_waiting_on()  # which may fill the transport again
+        if not self._paused:
+            self._grant()
+
+    def _hand_waiting_on(self) -> None:
+        if self._waiting:
+            data, self._waiting = bytes(self._waiting), bytearray()
+            self.transport.write(data)
 
     def stopProducing(self) -> None:
         self._closed = True

@@ -266,6 +266,9 @@ class SdexecConfig:
     #: Background processes running at once: each holds up to
     #: retained-output bytes of its output.
     max_background: int = 1024
+    #: Processes of every kind the service runs at once: each holds its
+    #: command, its output's partial lines and its stdin, in the service.
+    max_processes: int = 4096
 
 
 #: Seconds from systemd's start job to the process's ``started`` before the
@@ -811,6 +814,7 @@ _SDEXEC: _Table = {
     "max-connections-per-user": _Key(_integer(1)),
     "max-waitable": _Key(_integer(1)),
     "max-background": _Key(_integer(1)),
+    "max-processes": _Key(_integer(1)),
 }
 
 _SYSTEMD: _Table = {

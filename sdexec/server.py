@@ -313,7 +313,20 @@ class SdexecServer:
             )
         if not self.systemd.connected:
             raise RequestError(errno.EAGAIN, "reconnecting to systemd")
+        self._check_process_room()
         self._check_descriptor_room()
+
+    def _check_process_room(self) -> None:
+        """EAGAIN at ``[sdexec] max-processes``: each process holds memory
+        in the service (its command, partial lines, stdin held for it),
+        outside the slice that caps the jobs."""
+        limit = self.config.sdexec.max_processes
+        if len(self.processes) >= limit:
+            raise RequestError(
+                errno.EAGAIN,
+                f"too many processes: {len(self.processes)} tabled, the most"
+                " [sdexec] max-processes allows",
+            )
 
     def _check_descriptor_room(self) -> None:
         """EAGAIN while the open-file limit has no room for another process

@@ -179,6 +179,8 @@ KEYS = [
         "expected an integer of at least 1, got -1"),
     Key("sdexec.max-background", "sdexec.max_background", 1024, 10, 10, 0,
         "expected an integer of at least 1, got 0"),
+    Key("sdexec.max-processes", "sdexec.max_processes", 4096, 100, 100, 0,
+        "expected an integer of at least 1, got 0"),
     Key("systemd.enable", "systemd.enable", False, True, True, "yes",
         f'{BOOLEAN}, got "yes"'),
     Key("systemd.sdexec-debug", "systemd.sdexec_debug", False, True, True, 1,

@@ -273,6 +273,26 @@ def test_exec_is_refused_while_drained(server, connection):
     )
 
 
+def test_processes_past_max_processes_are_refused(systemd):
+    # Only the open-file limit bounded them (about 174,000 at 524,288),
+    # each holding its command, partial lines and stdin in the service.
+    config = parse_config({"sdexec": {"max-processes": 2}})
+    server = SdexecServer(systemd, config, reactor, clock=Clock())
+    connection = Connection(server)
+    for matchtag in (1, 2, 3):
+        cmd = {"cmdline": ["/bin/true"], "opts": {"SDEXEC_NAME": f"p{matchtag}"}}
+        connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd}, matchtag)
+    assert error_of(connection.last()) == (
+        errno.EAGAIN,
+        "too many processes: 2 tabled, the most [sdexec] max-processes allows",
+    )
+    assert [call for call in systemd.calls if call[0] == "start"] == [
+        ("start", "p1.service"),
+        ("start", "p2.service"),
+    ]
+    connection.close()
+
+
 def test_a_matchtag_in_use_is_eexist(connection):
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})

@@ -155,15 +155,26 @@ def output_bytes(metrics: Metrics) -> dict[tuple, float]:
     }
 
 
-@ensureDeferred
-async def test_a_background_process_s_output_is_counted_as_it_reaches_an_attach():
-    # Counted only on exec streams: a site running its jobs in the
-    # background, attached to, read no output at all.
+@pytest.fixture
+def background():
+    """A manager, a server of background processes (test_background's),
+    its metrics, and a client."""
     systemd = FakeManager()
     systemd.stop_to_inactive = True
     server = make_server(systemd)
-    metrics = observed(server)
     client = Client(server)
+    yield systemd, server, observed(server), client
+    client.close()
+    systemd.close()
+
+
+@ensureDeferred
+async def test_a_background_process_s_output_is_counted_as_it_reaches_an_attach(
+    background,
+):
+    # Counted only on exec streams: a site running its jobs in the
+    # background, attached to, read no output at all.
+    systemd, server, metrics, client = background
     client.bg(label="a")
     systemd.run(UNIT, pid=8)
     produce(systemd, "stdout", b"before\n")
@@ -176,17 +187,11 @@ async def test_a_background_process_s_output_is_counted_as_it_reaches_an_attach(
         (("stream", "stderr"),): 6,  # live
     }
     await finish(systemd, server, status=0)
-    client.close()
-    systemd.close()
 
 
 @ensureDeferred
-async def test_a_wait_s_answer_counts_the_output_it_carries():
-    systemd = FakeManager()
-    systemd.stop_to_inactive = True
-    server = make_server(systemd)
-    metrics = observed(server)
-    client = Client(server)
+async def test_a_wait_s_answer_counts_the_output_it_carries(background):
+    systemd, server, metrics, client = background
     client.bg(flags=WAITABLE, label="w")
     systemd.run(UNIT, pid=7)
     produce(systemd, "stdout", b"out 1\n")
@@ -195,5 +200,3 @@ async def test_a_wait_s_answer_counts_the_output_it_carries():
     client.send("sdexec.wait", {"pid": 7}, matchtag=3)
     assert payloads(client.of(3))[0]["output"]
     assert output_bytes(metrics) == {(("stream", "stdout"),): 6}
-    client.close()
-    systemd.close()

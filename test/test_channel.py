@@ -12,6 +12,7 @@ from sdexec.systemd.channel import (
     OutputChannel,
     OutputGate,
     StdinOverrun,
+    socketpair_for_systemd,
 )
 
 
@@ -193,3 +194,22 @@ class WriteListTransport(HalfCloseTransport):
 
     def write(self, data: bytes) -> None:
         self.writes.append(data)
+
+
+def test_tiny_writes_to_a_real_socket_are_held_at_about_their_size():
+    # Twisted paused the channel only past its own 64 KiB buffer, keeping
+    # each write below that as an object of its own: 1.4 MB a process for
+    # 64 KiB of two-byte writes, which a client within its credit makes.
+    from twisted.internet import reactor
+
+    ours, theirs = socketpair_for_systemd()
+    channel = InputChannel(lambda n: None, bufsize=1 << 20)
+    channel.adopt(reactor, ours)
+    try:
+        held = bytes_held_by(
+            lambda data: channel.write(data, credited=False), 100_000, 2
+        )
+        assert held < 1.5
+    finally:
+        channel.transport.abortConnection()
+        theirs.close()

@@ -326,6 +326,11 @@ class InputChannel(Protocol):
         _adopt(reactor, sock, self)
 
     def connectionMade(self) -> None:
+        # Paused by any write the socket has not taken yet: the rest wait in
+        # one buffer (Twisted keeps up to its bufferSize, 64 KiB, as an
+        # object per write: 1.4 MB of two-byte writes), and credit comes
+        # back once the kernel has the data, as docs/protocol.md says.
+        self.transport.bufferSize = 0
         self.transport.registerProducer(self, True)
         self._hand_waiting_on()  # written before a close: still owed
         if not self._paused:

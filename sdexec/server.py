@@ -1060,6 +1060,8 @@ class ClientProtocol(StdioReceivingProtocol):
         self._lost = False
         #: Reading was paused for requests that came behind a lookup.
         self._paused_for_lookup = False
+        #: Reading is paused (the transport's), for whatever holds requests.
+        self._reading_paused = False
 
     def connectionMade(self) -> None:
         try:
@@ -1242,7 +1244,7 @@ class ClientProtocol(StdioReceivingProtocol):
         self._unanswered += 1
         answer.addBoth(self._answered)
         if self._too_many_unanswered:
-            self.transport.pauseProducing()  # read no more requests
+            self._pause_reading()
 
     def _answered(self, result: object) -> object:
         was_full = self._too_many_unanswered
@@ -1352,18 +1354,26 @@ class ClientProtocol(StdioReceivingProtocol):
         matchtag: int,
         stdio: PassedStdio,
         exec_found: Callable[[LookedUp], None],
+        outlives_client: bool = False,
     ) -> None:
         """``exec_found(looked_up)`` once the exec's command is looked up (the
         lookup's refusal answered instead, and ``stdio`` closed): at once
         if it is already, else later, the connection's next requests held
         meanwhile (their answers keep the requests' order: a write may be
-        for this process)."""
+        for this process). A connection lost meanwhile drops it, unless it
+        ``outlives_client`` (a background exec, which a client may send and
+        close at once)."""
         held = not lookup.called
         if held:
             # Reading goes on (dataReceived pauses it once more comes), so
             # that the client's close is seen: a lookup takes microseconds.
+            # An exec handled from held input finds it paused already.
             self._looking_up = True
-        lookup.addBoth(self._looked_up, matchtag, stdio, exec_found, held)
+            if self._reading_paused:
+                self._pause_for_lookup()
+        lookup.addBoth(
+            self._looked_up, matchtag, stdio, exec_found, held, outlives_client
+        )
 
     def _looked_up(
         self,
@@ -1372,10 +1382,11 @@ class ClientProtocol(StdioReceivingProtocol):
         stdio: PassedStdio,
         exec_found: Callable[[LookedUp], None],
         held: bool,
+        outlives_client: bool,
     ) -> None:
         self._looking_up = self._paused_for_lookup = False
         self._settle_hangup_watch()
-        if self._lost:
+        if self._lost and not outlives_client:
             stdio.close()  # nobody to run it for
             return
         if isinstance(outcome, Failure):
@@ -1384,18 +1395,22 @@ class ClientProtocol(StdioReceivingProtocol):
             self._answer(Topic.EXEC, matchtag, outcome.raiseException)
         else:
             self._answer(Topic.EXEC, matchtag, partial(exec_found, outcome))
-        if held:
+        if held and not self._lost:
             self._unblocked()
 
     def dataReceived(self, data: bytes) -> None:
         if self._looking_up and not self._paused_for_lookup:
             # More requests behind a lookup: none is read after these until
-            # it ends (a file system may be silent for seconds), and the
-            # client's close is watched for meanwhile.
-            self._paused_for_lookup = True
-            self.transport.pauseProducing()
-            self._settle_hangup_watch()
+            # it ends (a file system may be silent for seconds).
+            self._pause_reading()
+            self._pause_for_lookup()
         super().dataReceived(data)
+
+    def _pause_for_lookup(self) -> None:
+        """Reading is paused while a lookup runs: watch for the client's
+        close meanwhile (no read will show it)."""
+        self._paused_for_lookup = True
+        self._settle_hangup_watch()
 
     def descriptorsRefused(self, message: dict, reason: str) -> None:
         self._in_order(partial(self._refuse_descriptors, message, reason))
@@ -1435,6 +1450,7 @@ class ClientProtocol(StdioReceivingProtocol):
             matchtag,
             NO_STDIO,
             partial(self._exec_background_found, matchtag, payload, requested_at),
+            outlives_client=True,
         )
 
     def _exec_background_found(
@@ -1466,7 +1482,7 @@ class ClientProtocol(StdioReceivingProtocol):
             # A client without credit wrote ahead of the process: nothing
             # more is read from it until the process has read that down.
             self._stdin_backlogged.add(process)
-            self.transport.pauseProducing()
+            self._pause_reading()
             self._settle_hangup_watch()
             process.stdin.when_drained().addCallback(
                 lambda _: self._stdin_drained(process)
@@ -1476,7 +1492,7 @@ class ClientProtocol(StdioReceivingProtocol):
         self._stdin_backlogged.discard(process)
         if not self._stdin_backlogged:
             self._settle_hangup_watch()
-            if not self.transport.disconnecting:
+            if not (self.transport.disconnecting or self._lost):
                 self._unblocked()
 
     def _settle_hangup_watch(self) -> None:
@@ -1503,6 +1519,9 @@ class ClientProtocol(StdioReceivingProtocol):
         process to read its stdin, or for a command's lookup: it is gone,
         and so are they."""
         self._hangup_fd = None
+        # Lost now: Twisted calls connectionLost a loop pass after the abort,
+        # and nothing held is to run meanwhile.
+        self._lost = True
         log.info(
             "connection {id}: the client closed it while it waited for {what}",
             id=self.connection_id,
@@ -1569,7 +1588,13 @@ class ClientProtocol(StdioReceivingProtocol):
             except Exception:
                 self._held_request_failed()
         if not (self._holding or self.transport.disconnecting):
+            self._reading_paused = False
             self.transport.resumeProducing()
+
+    def _pause_reading(self) -> None:
+        """Read no more requests (until :meth:`_resume_reading`)."""
+        self._reading_paused = True
+        self.transport.pauseProducing()
 
     def _held_request_failed(self) -> None:
         """A fault of ours that escaped a held request's own handling
@@ -1596,7 +1621,9 @@ class ClientProtocol(StdioReceivingProtocol):
     def _handle_held(self) -> None:
         """Handle what was held, oldest first, until paused again (or at
         the cap of requests awaiting their answer)."""
-        while self._held and not self._blocked and not self.transport.disconnecting:
+        while self._held and not (
+            self._blocked or self.transport.disconnecting or self._lost
+        ):
             request = self._held.popleft()
             self.request_fds = list(request.fds)  # as when its frame was read
             try:
@@ -1616,7 +1643,7 @@ class ClientProtocol(StdioReceivingProtocol):
         self._paused = True
         self.server.tracked.connection_paused(self.connection_id)
         if not self.transport.disconnecting:  # (a closing one reads nothing)
-            self.transport.pauseProducing()  # read no more requests
+            self._pause_reading()
         self.valve.pause()  # each process as it writes
 
     def resumeProducing(self) -> None:

@@ -33,21 +33,36 @@ UNIT = "sdexec-t.service"
 
 class SilentFileSystem:
     """Stands in for ``Command.find_executable``: blocks, in whichever
-    thread calls it, until :meth:`answer`; records the threads."""
+    thread calls it, until :meth:`answer` (for every command, or the one
+    named); records the threads and the commands looked up."""
 
     def __init__(self) -> None:
         self.answered = threading.Event()
+        self._answered_for: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
         self.threads: list[threading.Thread] = []
+        self.names: list[str] = []
         self.real = Command.find_executable
 
     def __call__(self, command: Command, default_cwd: str = "/") -> Found:
+        name = command.cmdline[0]
         self.threads.append(threading.current_thread())
-        if not command.cmdline[0].startswith("/local/"):  # those answer
-            self.answered.wait(30)
+        self.names.append(name)
+        if not name.startswith("/local/"):  # those answer
+            answered_for = self._event(name)
+            while not (self.answered.wait(0.01) or answered_for.is_set()):
+                pass
         return self.real(command, default_cwd)
 
-    def answer(self) -> None:
-        self.answered.set()
+    def answer(self, name: str | None = None) -> None:
+        if name is None:
+            self.answered.set()
+        else:
+            self._event(name).set()
+
+    def _event(self, name: str) -> threading.Event:
+        with self._lock:
+            return self._answered_for.setdefault(name, threading.Event())
 
 
 @pytest.fixture
@@ -337,6 +352,110 @@ async def test_a_client_that_closes_its_socket_during_its_lookup_starts_nothing(
         await until(lambda: server.lookups.unfinished == 0, "the lookup's end")
         assert not [call for call in systemd.calls if call[0] == "start"]
         assert server.hangups.fileno() == -1  # nothing left watched
+    finally:
+        client.close()
+        await port.stopListening()
+
+
+async def _serving(server, tmp_path):
+    """``server`` on a real UNIX socket: (its listening port, a client
+    socket connected to it)."""
+    from twisted.internet.endpoints import UNIXServerEndpoint
+
+    path = str(tmp_path / "sdexec.sock")
+    port = await UNIXServerEndpoint(reactor, path).listen(SdexecServerFactory(server))
+    client = socket.socket(socket.AF_UNIX)
+    client.connect(path)
+    return port, client
+
+
+def _request(topic: str, payload: dict, matchtag: int, **envelope) -> bytes:
+    message = {"type": "request", "topic": topic, "matchtag": matchtag}
+    return json.dumps({**message, "payload": payload, **envelope}).encode() + b"\n"
+
+
+def _exec_of(name: str, matchtag: int, **envelope) -> bytes:
+    """An exec of ``name`` (``true``, ``false``) in a unit of that name."""
+    cmd = {"cmdline": [name], "opts": {"SDEXEC_NAME": name}}
+    return _request("sdexec.exec", {"flags": FLAGS, "cmd": cmd}, matchtag, **envelope)
+
+
+def _starts(systemd) -> list[str]:
+    return [call[1] for call in systemd.calls if call[0] == "start"]
+
+
+@ensureDeferred
+async def test_a_background_exec_sent_and_closed_at_once_still_runs(
+    silent, systemd, server, tmp_path
+):
+    # Its client's close was read before its lookup ended, and the exec was
+    # dropped with the connection: a fire-and-forget `sdexec run --bg` (or
+    # a prolog's socat) never ran, and nothing said so.
+    port, client = await _serving(server, tmp_path)
+    try:
+        client.sendall(_exec_of("true", 1, streaming=False))
+        client.close()
+        await until(lambda: silent.names, "the lookup begun")
+        await until(lambda: server.connections.total == 0, "the close seen")
+        silent.answer()
+        await until(lambda: _starts(systemd), "the start")
+        assert _starts(systemd) == ["true.service"]
+    finally:
+        client.close()
+        await port.stopListening()
+
+
+@ensureDeferred
+async def test_the_close_is_seen_during_a_pipelined_exec_s_lookup(
+    silent, systemd, server, tmp_path
+):
+    # Only the first exec's lookup watched for the close: the second, taken
+    # from held input with reading paused, started its unit for a client
+    # that had gone.
+    port, client = await _serving(server, tmp_path)
+    try:
+        client.sendall(_exec_of("true", 1))
+        await until(lambda: silent.names == ["true"], "the first lookup")
+        client.sendall(_exec_of("false", 2))
+        await until(lambda: server.hangups.fileno() != -1, "reading paused")
+        silent.answer("true")
+        await until(lambda: silent.names == ["true", "false"], "the second lookup")
+        assert server.hangups.fileno() != -1  # its close is watched for
+        client.close()
+        await until(lambda: server.connections.total == 0, "the close seen")
+        silent.answer("false")
+        await until(lambda: server.lookups.unfinished == 0, "the lookup's end")
+        assert _starts(systemd) == ["true.service"]
+    finally:
+        client.close()
+        await port.stopListening()
+
+
+@ensureDeferred
+async def test_a_close_seen_as_the_lookup_answers_starts_nothing(
+    silent, systemd, server, tmp_path
+):
+    # The close came by the hangup watch in the same loop pass as the
+    # lookup's answer: Twisted calls connectionLost a pass after the abort,
+    # so the exec still ran for a client that had gone (then stopped).
+    import time
+
+    port, client = await _serving(server, tmp_path)
+    try:
+        client.sendall(_exec_of("true", 1))
+        await until(lambda: silent.names, "the lookup begun")
+        client.sendall(_request("sdexec.list", {}, 2))
+        await until(lambda: server.hangups.fileno() != -1, "the close watched")
+
+        def both_at_once() -> None:
+            silent.answer()
+            client.close()
+            time.sleep(0.3)  # the reactor busy: both are ready at its next pass
+
+        reactor.callLater(0, both_at_once)
+        await until(lambda: server.connections.total == 0, "the close seen")
+        await until(lambda: server.lookups.unfinished == 0, "the lookup's end")
+        assert _starts(systemd) == []
     finally:
         client.close()
         await port.stopListening()

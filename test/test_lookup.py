@@ -5,6 +5,7 @@ blocks until the test lets it go stands for the silent file system."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -328,13 +329,7 @@ async def test_a_client_that_closes_its_socket_during_its_lookup_starts_nothing(
 ):
     """The close of a connection whose requests wait behind a lookup (it
     is not read meanwhile) is seen, and the exec dropped."""
-    from twisted.internet.endpoints import UNIXServerEndpoint
-
-    path = str(tmp_path / "sdexec.sock")
-    port = await UNIXServerEndpoint(reactor, path).listen(SdexecServerFactory(server))
-    client = socket.socket(socket.AF_UNIX)
-    client.connect(path)
-    try:
+    async with serving(server, tmp_path) as client:
         exec_request = {
             "type": "request",
             "topic": "sdexec.exec",
@@ -352,21 +347,22 @@ async def test_a_client_that_closes_its_socket_during_its_lookup_starts_nothing(
         await until(lambda: server.lookups.unfinished == 0, "the lookup's end")
         assert not [call for call in systemd.calls if call[0] == "start"]
         assert server.hangups.fileno() == -1  # nothing left watched
-    finally:
-        client.close()
-        await port.stopListening()
 
 
-async def _serving(server, tmp_path):
-    """``server`` on a real UNIX socket: (its listening port, a client
-    socket connected to it)."""
+@contextlib.asynccontextmanager
+async def serving(server, tmp_path):
+    """``server`` on a real UNIX socket, and a client socket connected to it."""
     from twisted.internet.endpoints import UNIXServerEndpoint
 
     path = str(tmp_path / "sdexec.sock")
     port = await UNIXServerEndpoint(reactor, path).listen(SdexecServerFactory(server))
     client = socket.socket(socket.AF_UNIX)
     client.connect(path)
-    return port, client
+    try:
+        yield client
+    finally:
+        client.close()
+        await port.stopListening()
 
 
 def _request(topic: str, payload: dict, matchtag: int, **envelope) -> bytes:
@@ -391,8 +387,7 @@ async def test_a_background_exec_sent_and_closed_at_once_still_runs(
     # Its client's close was read before its lookup ended, and the exec was
     # dropped with the connection: a fire-and-forget `sdexec run --bg` (or
     # a prolog's socat) never ran, and nothing said so.
-    port, client = await _serving(server, tmp_path)
-    try:
+    async with serving(server, tmp_path) as client:
         client.sendall(_exec_of("true", 1, streaming=False))
         client.close()
         await until(lambda: silent.names, "the lookup begun")
@@ -400,9 +395,6 @@ async def test_a_background_exec_sent_and_closed_at_once_still_runs(
         silent.answer()
         await until(lambda: _starts(systemd), "the start")
         assert _starts(systemd) == ["true.service"]
-    finally:
-        client.close()
-        await port.stopListening()
 
 
 @ensureDeferred
@@ -412,8 +404,7 @@ async def test_the_close_is_seen_during_a_pipelined_exec_s_lookup(
     # Only the first exec's lookup watched for the close: the second, taken
     # from held input with reading paused, started its unit for a client
     # that had gone.
-    port, client = await _serving(server, tmp_path)
-    try:
+    async with serving(server, tmp_path) as client:
         client.sendall(_exec_of("true", 1))
         await until(lambda: silent.names == ["true"], "the first lookup")
         client.sendall(_exec_of("false", 2))
@@ -426,9 +417,6 @@ async def test_the_close_is_seen_during_a_pipelined_exec_s_lookup(
         silent.answer("false")
         await until(lambda: server.lookups.unfinished == 0, "the lookup's end")
         assert _starts(systemd) == ["true.service"]
-    finally:
-        client.close()
-        await port.stopListening()
 
 
 @ensureDeferred
@@ -440,8 +428,7 @@ async def test_a_close_seen_as_the_lookup_answers_starts_nothing(
     # so the exec still ran for a client that had gone (then stopped).
     import time
 
-    port, client = await _serving(server, tmp_path)
-    try:
+    async with serving(server, tmp_path) as client:
         client.sendall(_exec_of("true", 1))
         await until(lambda: silent.names, "the lookup begun")
         client.sendall(_request("sdexec.list", {}, 2))
@@ -456,6 +443,3 @@ async def test_a_close_seen_as_the_lookup_answers_starts_nothing(
         await until(lambda: server.connections.total == 0, "the close seen")
         await until(lambda: server.lookups.unfinished == 0, "the lookup's end")
         assert _starts(systemd) == []
-    finally:
-        client.close()
-        await port.stopListening()

@@ -1290,7 +1290,7 @@ class ClientProtocol(StdioReceivingProtocol):
         handler = self._handlers.get(topic)
         streaming = _streaming(message)
         if not streaming and topic == Topic.EXEC:
-            handler = self._exec_background
+            handler = partial(self._exec, streaming=False)
         elif not streaming and topic == Topic.ATTACH:
             # RFC 6: one answer for a request that is not streaming, and an
             # attach is nothing but a stream (upstream refuses it too).
@@ -1307,39 +1307,44 @@ class ClientProtocol(StdioReceivingProtocol):
             )
         return handler(matchtag, payload)
 
-    def _exec(self, matchtag: int, payload: dict) -> None:
+    def _exec(self, matchtag: int, payload: dict, streaming: bool = True) -> None:
+        """An ``sdexec.exec`` (``streaming`` false: in the background), once
+        its command is looked up."""
         requested_at = time.monotonic()
-        stdio = PassedStdio(self.take_request_fds())
+        # A background exec takes no descriptors (refused with its frame).
+        stdio = PassedStdio(self.take_request_fds()) if streaming else NO_STDIO
         try:
-            lookup = self.server.look_up_command(payload, streaming=True)
+            lookup = self.server.look_up_command(payload, streaming)
         except BaseException:
             stdio.close()
             raise
+        found = partial(
+            self._exec_found, matchtag, payload, streaming, stdio, requested_at
+        )
         self._after_lookup(
-            lookup,
-            matchtag,
-            stdio,
-            partial(self._exec_found, matchtag, payload, stdio, requested_at),
+            lookup, matchtag, stdio, found, outlives_client=not streaming
         )
 
     def _exec_found(
         self,
         matchtag: int,
         payload: dict,
+        streaming: bool,
         stdio: PassedStdio,
         requested_at: float,
         looked_up: LookedUp,
     ) -> None:
         try:
-            responder = _Stream(self, matchtag)
             answered = self.server.exec(
                 self.connection_id,
                 matchtag,
                 payload,
-                responder,
+                _Stream(self, matchtag),
+                streaming,
                 stdio=stdio,
-                valve=self.valve,
-                request_frame=self.max_frame,
+                valve=self.valve,  # (a background process joins none)
+                # A background process reads EOF: no write of it to fit.
+                request_frame=self.max_frame if streaming else None,
                 looked_up=looked_up,
                 requested_at=requested_at,
             )
@@ -1354,7 +1359,7 @@ class ClientProtocol(StdioReceivingProtocol):
         matchtag: int,
         stdio: PassedStdio,
         exec_found: Callable[[LookedUp], None],
-        outlives_client: bool = False,
+        outlives_client: bool,
     ) -> None:
         """``exec_found(looked_up)`` once the exec's command is looked up (the
         lookup's refusal answered instead, and ``stdio`` closed): at once
@@ -1441,32 +1446,6 @@ class ClientProtocol(StdioReceivingProtocol):
                 id=self.connection_id,
                 reason=error.errstr,
             )
-
-    def _exec_background(self, matchtag: int, payload: dict) -> None:
-        requested_at = time.monotonic()
-        lookup = self.server.look_up_command(payload, streaming=False)
-        self._after_lookup(
-            lookup,
-            matchtag,
-            NO_STDIO,
-            partial(self._exec_background_found, matchtag, payload, requested_at),
-            outlives_client=True,
-        )
-
-    def _exec_background_found(
-        self, matchtag: int, payload: dict, requested_at: float, looked_up: LookedUp
-    ) -> None:
-        responder = _Stream(self, matchtag)
-        answered = self.server.exec(
-            self.connection_id,
-            matchtag,
-            payload,
-            responder,
-            False,
-            looked_up=looked_up,
-            requested_at=requested_at,
-        )
-        self._count_unanswered(answered)
 
     def _wait(self, matchtag: int, payload: dict) -> None:
         responder = _Stream(self, matchtag, Topic.WAIT)

@@ -94,9 +94,9 @@ class OutputChannel(Protocol):
         self._line_buffered = line_buffered
         self._bufsize = bufsize
         #: A line not ended yet, in one buffer: kept as the reads that
-        #: brought it, a writer of a byte at a time made each byte cost 42
-        #: (a bytes object and its list slot), and the buffer size 42 times
-        #: what it says.
+        #: brought it, a writer of a byte or two at a time made each byte
+        #: cost 21 to 42 (a bytes object and its list slot), and the buffer
+        #: size as many times what it says.
         self._partial = bytearray()
 
     def adopt(self, reactor: IReactorSocket, sock: socket.socket) -> None:
@@ -306,7 +306,7 @@ class InputChannel(Protocol):
         #: What waits to be handed to the transport: written before the
         #: socket was adopted, or while the transport is full. In one
         #: buffer: handed on write by write, each held as a bytes object of
-        #: its own in the transport's list, two-byte writes took 12 times
+        #: its own in the transport's list, two-byte writes took 21 times
         #: their size.
         self._waiting = bytearray()
         self._eof_requested = False

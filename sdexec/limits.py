@@ -38,7 +38,7 @@ import errno
 import os
 import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Final
+from typing import Final, TypeGuard
 
 from sdexec.refusal import RequestRefused, lone_surrogate, printable
 
@@ -61,6 +61,7 @@ __all__ = [
     "check_text",
     "check_texts",
     "command_text",
+    "is_integer",
     "listed_cmdline",
     "listed_name",
 ]
@@ -190,6 +191,12 @@ def check_text(field: str, value: str) -> None:
         value.encode("utf-8")
     except UnicodeEncodeError as error:
         raise _refuse_text(field, lone_surrogate(value, error)) from None
+
+
+def is_integer(value: object) -> TypeGuard[int]:
+    """Whether a request's ``value`` is a JSON integer (a bool, which
+    Python counts as one, is not)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_texts(fields: Iterable[tuple[str, str]]) -> None:

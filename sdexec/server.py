@@ -1,10 +1,9 @@
 """The RPC server: requests in, processes made, responses out.
 
 :class:`SdexecServer` holds what outlives a connection (the systemd client,
-the configuration, the process table, counters, the drain state);
-:class:`ClientProtocol` is one client's connection: it checks who the peer
-is, frames and checks requests, and routes responses back by matchtag. See
-``docs/protocol.md`` for the wire format.
+the configuration, the process table, counters, the drain state) and
+handles each topic's requests; :mod:`sdexec.connection` is one client's
+connection, which frames the requests and sends the responses.
 """
 
 from __future__ import annotations
@@ -13,20 +12,13 @@ import errno
 import itertools
 import os
 import signal
-import socket
-import struct
-import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from functools import partial
-from typing import Any, NamedTuple, TypeGuard
+from typing import Any, NamedTuple
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IPushProducer
-from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
 from sdexec.admission import ConnectionCount
 from sdexec.background import TrackedProcesses, parse_target
@@ -35,22 +27,19 @@ from sdexec.containment import Containment, Fences, judge_fences
 from sdexec.devicefence import CANARY_TIMEOUT_SECONDS, CanaryResponder, canary_plan
 from sdexec.drain import Drains, SelfLifting
 from sdexec.fdlimit import no_room_for_a_process
-from sdexec.framing import FramingError
 from sdexec.hangup import HangupWatcher
 from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
 from sdexec.jobs import Jobs
 from sdexec.leftovers import NAME_TAKEN, STARTED_AGAIN, Leftover, Leftovers, marked
-from sdexec.limits import check_text
+from sdexec.limits import is_integer
 from sdexec.lograte import LogRate
-from sdexec.lookup import InlineLookups, Lookups, LookupTimedOut
+from sdexec.lookup import InlineLookups, Lookups
 from sdexec.managerversion import version_problem
 from sdexec.orphans import LostUnitKill
 from sdexec.passthrough import (
     NO_STDIO,
     PassedStdio,
-    StdioReceivingProtocol,
-    close_fds,
 )
 from sdexec.plan import (
     STDIO_STREAMS,
@@ -63,25 +52,14 @@ from sdexec.plan import (
     plan_exec,
 )
 from sdexec.process import OutputTap, OutputValve, Process, ProcessContext, Responder
-from sdexec.protocol import Topic
 from sdexec.receipt import reads_unit_cgroups
-from sdexec.refusal import RequestRefused, json_quoted, printable
 from sdexec.signals import signal_name
-from sdexec.systemd import Manager, errno_for
+from sdexec.systemd import Manager
 from sdexec.systemd.errors import NO_SUCH_PROCESS, SystemdError, is_unit_gone
 
-__all__ = ["ClientProtocol", "RequestError", "SdexecServer", "SdexecServerFactory"]
+__all__ = ["AwaitingStart", "RequestError", "SdexecServer"]
 
 log = Logger()
-
-
-def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end of a UNIX socket."""
-    creds = sock.getsockopt(
-        socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
-    )
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return uid
 
 
 #: The signals the units a shutdown cannot stop get, one per grace without
@@ -853,7 +831,7 @@ class SdexecServer:
         """Signal a process by ``pid`` or ``label``: a Deferred, or an
         :class:`AwaitingStart` around one while the process has not started."""
         signum = payload.get("signum")
-        if not _is_integer(signum) or not 0 < signum < signal.NSIG:
+        if not is_integer(signum) or not 0 < signum < signal.NSIG:
             raise RequestError(
                 errno.EINVAL,
                 f"signum: expected a signal number from 1 to {signal.NSIG - 1}",
@@ -1008,658 +986,6 @@ class SdexecServer:
         return reply
 
 
-@implementer(IPushProducer)
-class ClientProtocol(StdioReceivingProtocol):
-    """One client connection."""
-
-    #: A UNIX socket transport once connected. Twisted types it as
-    #: ``ITransport | None``, which lacks the producer and half-close methods
-    #: the socket transport has; Any keeps those calls unchecked, not wrong.
-    transport: Any
-
-    def __init__(self, server: SdexecServer) -> None:
-        super().__init__()
-        self.server = server
-        self.max_frame = server.config.sdexec.max_frame_size
-        self.connection_id = server.new_connection_id()
-        #: The peer's uid once its connection was admitted (counted).
-        self._admitted_uid: int | None = None
-        #: A write refused without a matchtag has been logged (once only:
-        #: the journal is not the client's to fill).
-        self._silent_write_refused = False
-        self._handlers: dict[str, Callable[[int, dict], Any]] = {
-            Topic.EXEC: self._exec,
-            Topic.WRITE: self._write,
-            Topic.KILL: lambda matchtag, payload: self.server.kill(payload),
-            Topic.LIST: lambda matchtag, payload: self.server.list(_detail(payload)),
-            Topic.STATS: lambda matchtag, payload: self.server.stats(),
-            Topic.UNDRAIN: lambda matchtag, payload: self.server.undrain(),
-            Topic.WAIT: self._wait,
-            Topic.ATTACH: self._attach,
-            Topic.TERMINATE: lambda matchtag, payload: self.server.terminate(payload),
-        }
-        #: Whether the transport has paused us: its buffer of responses is full.
-        self._paused = False
-        #: Holds back the output of the processes writing to it meanwhile.
-        self.valve = OutputValve()
-        #: Processes whose stdin holds more than its limit of this client's
-        #: writes (no credit asked): its requests wait until they drain.
-        self._stdin_backlogged: set[Process] = set()
-        #: The socket watched for the client's close meanwhile (it is not
-        #: read, so Twisted would not see it).
-        self._hangup_fd: int | None = None
-        #: Requests whose answer is a Deferred not fired yet (kills).
-        self._unanswered = 0
-        #: What was read but not yet handled, oldest first (while paused, or
-        #: at the cap of requests awaiting their answer).
-        self._held: deque[_Held] = deque()
-        #: An exec's command is being looked up (sdexec/lookup.py): the
-        #: requests after it are held until it is answered.
-        self._looking_up = False
-        #: The connection is gone: a lookup that ends now runs nothing.
-        self._lost = False
-        #: Reading was paused for requests that came behind a lookup.
-        self._paused_for_lookup = False
-        #: Reading is paused (the transport's), for whatever holds requests.
-        self._reading_paused = False
-
-    def connectionMade(self) -> None:
-        try:
-            uid = peer_uid(self.transport.getHandle())
-        except OSError as error:
-            self.server.log_rate.warn(
-                "peer credentials",
-                "cannot read peer credentials: {error}",
-                error=error,
-            )
-            uid = -1
-        if uid not in self.server.allowed_uids:
-            self._refuse_stranger(uid)
-            return
-        self.transport.registerProducer(self, True)
-        self.transport.bufferSize = CLIENT_BUFFER_SIZE
-        self._admit(uid)
-
-    def _refuse_stranger(self, uid: int) -> None:
-        """EPERM (matchtag 0, the connection's only message) for a peer that
-        may not use the service, and close, before it is counted against
-        the caps: a connection that can do nothing must not hold one of our
-        fds, nor a slot, waiting for a request it may never send."""
-        self.server.count("errors")
-        self.server.log_rate.warn(
-            f"stranger {uid}",  # each user's own share: one cannot hide another
-            "refusing connections from uid {uid}: neither the service's owner"
-            " nor in [sdexec] allow-users",
-            uid=uid,
-        )
-        self._send_error(
-            "",
-            0,
-            errno.EPERM,
-            "only the service's owner may use it (and the users of its"
-            " [sdexec] allow-users)",
-        )
-        self.transport.loseConnection()
-
-    def _admit(self, uid: int) -> None:
-        """Count the connection against the caps, or refuse it (EAGAIN, the
-        connection's only message) and close it."""
-        limits = self.server.config.sdexec
-        per_user = (
-            None if uid == self.server.owner_uid else limits.max_connections_per_user
-        )
-        refusal = self.server.connections.admit(uid, limits.max_connections, per_user)
-        if refusal is None:
-            self._admitted_uid = uid
-            return
-        self.server.log_rate.warn(
-            f"connection cap {uid}",  # each user's own share of lines
-            "refusing a connection from uid {uid}: {refusal}",
-            uid=uid,
-            refusal=refusal,
-        )
-        self.server.count("errors")
-        self._send_error("", 0, errno.EAGAIN, refusal)
-        self.transport.loseConnection()
-
-    def connectionLost(self, reason: object = None) -> None:
-        self._lost = True
-        self._unwatch_hangup()
-        held, self._held = self._held, deque()
-        close_fds(fd for request in held for fd in request.fds)
-        super().connectionLost(reason)
-        if self._admitted_uid is not None:
-            self.server.connections.release(self._admitted_uid)
-            self._admitted_uid = None
-        for process in self.server.connection_processes(self.connection_id):
-            process.client_gone()
-        self.server.tracked.connection_lost(self.connection_id)
-
-    def framingError(self, reason: str) -> None:
-        self._in_order(partial(self._framing_error, reason))
-
-    def _framing_error(self, reason: str) -> None:
-        self.server.count("errors")
-        self._send_error("", 0, errno.EPROTO, reason)
-        self.transport.loseConnection()
-
-    def messageReceived(self, message: dict) -> None:
-        if self.transport.disconnecting:
-            return  # closing (a refused peer): the rest of its data is ignored
-        if self._holding:
-            self._hold(partial(self._request, message), self.take_request_fds())
-        else:
-            self._request(message)
-
-    def _request(self, message: dict) -> None:
-        if message.get("type") != "request":
-            # Not a request is not a message of this protocol: a framing
-            # error, answered with EPROTO and the connection closed.
-            raise FramingError(_NOT_A_REQUEST)
-        topic = message.get("topic")
-        matchtag = message.get("matchtag")
-        valid_matchtag = _is_integer(matchtag)
-        self._answer(
-            topic if _is_text(topic) else "",
-            matchtag if isinstance(matchtag, int) and valid_matchtag else 0,
-            partial(self._dispatch, message, topic, matchtag, valid_matchtag),
-            silent=_unanswerable_write(topic, matchtag),
-        )
-
-    def _answer(
-        self,
-        reply_topic: str,
-        reply_matchtag: int,
-        handle: Callable[[], Any],
-        silent: bool = False,
-    ) -> None:
-        """Answer a request with what ``handle()`` returns: a payload, a
-        Deferred of one, ``None`` (it answers for itself) or a refusal,
-        logged instead of sent where the request is ``silent`` (it can be
-        given no answer)."""
-        try:
-            result = handle()
-        except RequestRefused as error:
-            self.server.count("errors")
-            if silent:
-                # An error on matchtag 0 would read as the connection's
-                # last words: logged instead, once.
-                self._log_silent_write_refusal(error.errstr)
-                return
-            self._send_error(reply_topic, reply_matchtag, error.errnum, error.errstr)
-            return
-        except Exception as error:
-            # A fault of ours: the request is answered and logged, and the
-            # connection (and its other requests) carries on.
-            log.failure("{topic}: unexpected error", topic=reply_topic)
-            self.server.count("errors")
-            self._send_error(
-                reply_topic,
-                reply_matchtag,
-                errno.EIO,
-                f"internal error: {type(error).__name__}: {error}",
-            )
-            return
-        if result is None:
-            return
-        if isinstance(result, AwaitingStart):
-            self._answer_later(result.answer, reply_topic, reply_matchtag, result.sent)
-        elif isinstance(result, defer.Deferred):
-            self._answer_later(result, reply_topic, reply_matchtag)
-        else:
-            self._send(reply_topic, reply_matchtag, result)
-
-    def _answer_later(
-        self,
-        answer: defer.Deferred,
-        topic: str,
-        matchtag: int,
-        sent: defer.Deferred | None = None,
-    ) -> None:
-        """Send ``answer``'s outcome once it comes. While it waits for
-        systemd (from when its call is ``sent``, if that comes later) it
-        counts against :data:`MAX_UNANSWERED`, and at the cap no more of
-        the connection's requests are read."""
-        answer.addCallbacks(
-            lambda payload: self._send(topic, matchtag, payload),
-            lambda failure: self._send_later_error(topic, matchtag, failure),
-        )
-        if sent is None:
-            self._count_unanswered(answer)
-        else:
-            sent.addCallback(lambda _: self._count_unanswered(answer))
-
-    def _send_later_error(self, topic: str, matchtag: int, failure: Failure) -> None:
-        if failure.check(RequestRefused):
-            # Refused by its handler once systemd had answered (a kill of a
-            # main process that has exited): an error as one refused at once.
-            self.server.count("errors")
-        self._send_error(
-            topic, matchtag, _errno_of(failure.value), failure.getErrorMessage()
-        )
-
-    def _count_unanswered(self, answer: defer.Deferred) -> None:
-        if answer.called:
-            return  # answered at once
-        self._unanswered += 1
-        answer.addBoth(self._answered)
-        if self._too_many_unanswered:
-            self._pause_reading()
-
-    def _answered(self, result: object) -> object:
-        was_full = self._too_many_unanswered
-        self._unanswered -= 1
-        if was_full:
-            self._unblocked()
-        return result  # a failure to send the answer is still reported
-
-    def _unblocked(self) -> None:
-        """What kept requests from being handled has gone: those held
-        first, in order, then reading again (unless blocked anew)."""
-        self._handle_held()
-        self._resume_reading()
-
-    def _log_silent_write_refusal(self, errstr: str) -> None:
-        if not self._silent_write_refused:
-            self._silent_write_refused = True
-            self.server.log_rate.warn(
-                "write refused",
-                "connection {id}: sdexec.write without a matchtag refused"
-                " (later ones of this connection are not logged): {errstr}",
-                id=self.connection_id,
-                errstr=errstr,
-            )
-
-    def _dispatch(self, message: dict, topic, matchtag, valid_matchtag: bool):
-        if not isinstance(topic, str):
-            raise RequestError(errno.EINVAL, "topic: expected a string")
-        check_text("topic", topic)
-        if not valid_matchtag or matchtag < 0:
-            raise RequestError(errno.EINVAL, "matchtag: expected an integer >= 0")
-        payload = message.get("payload", {})
-        if not isinstance(payload, dict):
-            raise RequestError(errno.EINVAL, "payload: expected an object")
-        if "signature" in payload:
-            # RFC 42: the signature is the authoritative payload, and a
-            # server that cannot check it refuses the request with EPERM.
-            raise RequestError(
-                errno.EPERM,
-                "signature: signed requests are not supported (sdexec has no"
-                " flux-security to verify them)",
-            )
-        handler = self._handlers.get(topic)
-        streaming = _streaming(message)
-        if not streaming and topic == Topic.EXEC:
-            handler = partial(self._exec, streaming=False)
-        elif not streaming and topic == Topic.ATTACH:
-            # RFC 6: one answer for a request that is not streaming, and an
-            # attach is nothing but a stream (upstream refuses it too).
-            raise RequestError(errno.EPROTO, "attach request is not streaming")
-        if handler is None:
-            raise RequestError(errno.ENOSYS, f"unknown topic {topic!r}")
-        self.server.count(topic)
-        if self.server.config.systemd.sdexec_debug:
-            log.info(
-                "request {topic} matchtag={matchtag} from connection {id}",
-                topic=topic,
-                matchtag=matchtag,
-                id=self.connection_id,
-            )
-        return handler(matchtag, payload)
-
-    def _exec(self, matchtag: int, payload: dict, streaming: bool = True) -> None:
-        """An ``sdexec.exec`` (``streaming`` false: in the background), once
-        its command is looked up."""
-        requested_at = time.monotonic()
-        # A background exec takes no descriptors (refused with its frame).
-        stdio = PassedStdio(self.take_request_fds()) if streaming else NO_STDIO
-        try:
-            lookup = self.server.look_up_command(payload, streaming)
-        except BaseException:
-            stdio.close()
-            raise
-        found = partial(
-            self._exec_found, matchtag, payload, streaming, stdio, requested_at
-        )
-        self._after_lookup(
-            lookup, matchtag, stdio, found, outlives_client=not streaming
-        )
-
-    def _exec_found(
-        self,
-        matchtag: int,
-        payload: dict,
-        streaming: bool,
-        stdio: PassedStdio,
-        requested_at: float,
-        looked_up: LookedUp,
-    ) -> None:
-        try:
-            answered = self.server.exec(
-                self.connection_id,
-                matchtag,
-                payload,
-                _Stream(self, matchtag),
-                streaming,
-                stdio=stdio,
-                valve=self.valve,  # (a background process joins none)
-                # A background process reads EOF: no write of it to fit.
-                request_frame=self.max_frame if streaming else None,
-                looked_up=looked_up,
-                requested_at=requested_at,
-            )
-        except BaseException:
-            stdio.close()
-            raise
-        self._count_unanswered(answered)
-
-    def _after_lookup(
-        self,
-        lookup: defer.Deferred[LookedUp],
-        matchtag: int,
-        stdio: PassedStdio,
-        exec_found: Callable[[LookedUp], None],
-        outlives_client: bool,
-    ) -> None:
-        """``exec_found(looked_up)`` once the exec's command is looked up (the
-        lookup's refusal answered instead, and ``stdio`` closed): at once
-        if it is already, else later, the connection's next requests held
-        meanwhile (their answers keep the requests' order: a write may be
-        for this process). A connection lost meanwhile drops it, unless it
-        ``outlives_client`` (a background exec, which a client may send and
-        close at once)."""
-        held = not lookup.called
-        if held:
-            # Reading goes on (dataReceived pauses it once more comes), so
-            # that the client's close is seen: a lookup takes microseconds.
-            # An exec handled from held input finds it paused already.
-            self._looking_up = True
-            if self._reading_paused:
-                self._pause_for_lookup()
-        lookup.addBoth(
-            self._looked_up, matchtag, stdio, exec_found, held, outlives_client
-        )
-
-    def _looked_up(
-        self,
-        outcome: LookedUp | Failure,
-        matchtag: int,
-        stdio: PassedStdio,
-        exec_found: Callable[[LookedUp], None],
-        held: bool,
-        outlives_client: bool,
-    ) -> None:
-        self._looking_up = self._paused_for_lookup = False
-        self._settle_hangup_watch()
-        if self._lost and not outlives_client:
-            stdio.close()  # nobody to run it for
-            return
-        if isinstance(outcome, Failure):
-            stdio.close()
-            self._log_lookup_timeout(outcome.value)
-            self._answer(Topic.EXEC, matchtag, outcome.raiseException)
-        else:
-            self._answer(Topic.EXEC, matchtag, partial(exec_found, outcome))
-        if held and not self._lost:
-            self._unblocked()
-
-    def dataReceived(self, data: bytes) -> None:
-        if self._looking_up and not self._paused_for_lookup:
-            # More requests behind a lookup: none is read after these until
-            # it ends (a file system may be silent for seconds).
-            self._pause_reading()
-            self._pause_for_lookup()
-        super().dataReceived(data)
-
-    def _pause_for_lookup(self) -> None:
-        """Reading is paused while a lookup runs: watch for the client's
-        close meanwhile (no read will show it)."""
-        self._paused_for_lookup = True
-        self._settle_hangup_watch()
-
-    def descriptorsRefused(self, message: dict, reason: str) -> None:
-        self._in_order(partial(self._refuse_descriptors, message, reason))
-
-    def _refuse_descriptors(self, message: dict, reason: str) -> None:
-        if self.transport.disconnecting:
-            return  # closing (a refused peer): as in messageReceived
-        if message.get("type") != "request":
-            self._framing_error(_NOT_A_REQUEST)  # fds or not, as in _request
-            return
-        topic, matchtag = message.get("topic"), message.get("matchtag")
-        self.server.count("errors")
-        if _unanswerable_write(topic, matchtag):  # as in _request
-            self._log_silent_write_refusal(reason)
-            return
-        self._send_error(
-            topic if _is_text(topic) else "",  # as _request: it is echoed
-            matchtag if type(matchtag) is int else 0,
-            errno.EPROTO,
-            reason,
-        )
-
-    def _log_lookup_timeout(self, error: BaseException) -> None:
-        if isinstance(error, LookupTimedOut):
-            self.server.log_rate.warn(
-                "lookup timed out",  # one a connection at a time
-                "connection {id}: exec refused: {reason}",
-                id=self.connection_id,
-                reason=error.errstr,
-            )
-
-    def _wait(self, matchtag: int, payload: dict) -> None:
-        responder = _Stream(self, matchtag, Topic.WAIT)
-        self.server.wait(self.connection_id, payload, responder)
-
-    def _attach(self, matchtag: int, payload: dict) -> None:
-        responder = _Stream(self, matchtag, Topic.ATTACH)
-        self.server.attach(self.connection_id, payload, responder, self.valve)
-
-    def _write(self, matchtag: int, payload: dict) -> None:
-        process = self.server.write(self.connection_id, payload)
-        if process is not None and process.stdin.backlogged:
-            # A client without credit wrote ahead of the process: nothing
-            # more is read from it until the process has read that down.
-            self._stdin_backlogged.add(process)
-            self._pause_reading()
-            self._settle_hangup_watch()
-            process.stdin.when_drained().addCallback(
-                lambda _: self._stdin_drained(process)
-            )
-
-    def _stdin_drained(self, process: Process) -> None:
-        self._stdin_backlogged.discard(process)
-        if not self._stdin_backlogged:
-            self._settle_hangup_watch()
-            if not (self.transport.disconnecting or self._lost):
-                self._unblocked()
-
-    def _settle_hangup_watch(self) -> None:
-        """Watch for the client's close while its connection is not read
-        for what waits: a process to read its stdin, or a command's lookup
-        (once requests came behind it); else not."""
-        if self._stdin_backlogged or self._paused_for_lookup:
-            self._watch_hangup()
-        else:
-            self._unwatch_hangup()
-
-    def _watch_hangup(self) -> None:
-        if self._hangup_fd is None:
-            self._hangup_fd = self.transport.getHandle().fileno()
-            self.server.hangups.watch(self._hangup_fd, self._hung_up)
-
-    def _unwatch_hangup(self) -> None:
-        if self._hangup_fd is not None:
-            self.server.hangups.unwatch(self._hangup_fd)
-            self._hangup_fd = None
-
-    def _hung_up(self) -> None:
-        """The client closed the connection while its requests waited for a
-        process to read its stdin, or for a command's lookup: it is gone,
-        and so are they."""
-        self._hangup_fd = None
-        # Lost now: Twisted calls connectionLost a loop pass after the abort,
-        # and nothing held is to run meanwhile.
-        self._lost = True
-        log.info(
-            "connection {id}: the client closed it while it waited for {what}",
-            id=self.connection_id,
-            what="a command's lookup"
-            if self._looking_up
-            else "a process to read its stdin",
-        )
-        self.transport.abortConnection()
-
-    def _send(self, topic: str, matchtag: int, payload: dict) -> None:
-        self.sendMessage(
-            {
-                "type": "response",
-                "topic": topic,
-                "matchtag": matchtag,
-                "payload": payload,
-            }
-        )
-
-    def _send_error(self, topic: str, matchtag: int, errnum: int, errstr: str) -> None:
-        if self.server.observer is not None:
-            self.server.observer.error_sent(topic, errnum)
-        self.sendMessage(
-            {
-                "type": "response",
-                "topic": topic,
-                "matchtag": matchtag,
-                "errnum": errnum,
-                "errstr": _quotable(errstr),
-            }
-        )
-
-    # -- held requests: what was read while paused waits, in order -------------
-
-    @property
-    def _holding(self) -> bool:
-        """Whether what is read now must wait: the connection is paused, or
-        has too many requests awaiting their answer, or what was read
-        before still waits (responses keep the requests' order)."""
-        return self._blocked or bool(self._held)
-
-    @property
-    def _blocked(self) -> bool:
-        """Whether no request may be handled now: the client reads too
-        slowly, has an exec whose command is being looked up, has too many
-        awaiting systemd, or wrote too far ahead of a process's stdin."""
-        return (
-            self._paused
-            or self._looking_up
-            or self._too_many_unanswered
-            or bool(self._stdin_backlogged)
-        )
-
-    @property
-    def _too_many_unanswered(self) -> bool:
-        return self._unanswered >= MAX_UNANSWERED
-
-    def _resume_reading(self) -> None:
-        """Read requests again (what was read and not decoded first),
-        unless something still holds them."""
-        if not self._holding:
-            try:
-                self.decodeHeldInput()
-            except Exception:
-                self._held_request_failed()
-        if not (self._holding or self.transport.disconnecting):
-            self._reading_paused = False
-            self.transport.resumeProducing()
-
-    def _pause_reading(self) -> None:
-        """Read no more requests (until :meth:`_resume_reading`)."""
-        self._reading_paused = True
-        self.transport.pauseProducing()
-
-    def _held_request_failed(self) -> None:
-        """A fault of ours that escaped a held request's own handling
-        (sending its answer, say): what Twisted does with one raised by a
-        request read at once, also where no transport call is below us (an
-        answer from systemd let it run), rather than leaving the rest held
-        on a connection that reads nothing more."""
-        log.failure("connection {id}: a held request failed", id=self.connection_id)
-        self.transport.loseConnection()
-
-    def inputHeld(self) -> bool:
-        return self._holding
-
-    def _hold(self, handle: Callable[[], object], fds: Sequence[int] = ()) -> None:
-        self._held.append(_Held(handle, tuple(fds)))
-
-    def _in_order(self, handle: Callable[[], object]) -> None:
-        """``handle()`` now, or after what is held."""
-        if self._holding:
-            self._hold(handle)
-        else:
-            handle()
-
-    def _handle_held(self) -> None:
-        """Handle what was held, oldest first, until paused again (or at
-        the cap of requests awaiting their answer)."""
-        while self._held and not (
-            self._blocked or self.transport.disconnecting or self._lost
-        ):
-            request = self._held.popleft()
-            self.request_fds = list(request.fds)  # as when its frame was read
-            try:
-                request.handle()
-            except FramingError as error:  # not a request: as when it was read
-                self._framing_error(str(error))
-            except Exception:
-                self._held_request_failed()
-            finally:
-                close_fds(self.take_request_fds())
-
-    # IPushProducer: the transport's buffer of responses is full (the client
-    # reads slowly, or not at all). Reading more requests would only fill it
-    # further, without bound, so both the processes' output and the
-    # connection's requests stop until the client has read everything.
-    def pauseProducing(self) -> None:
-        self._paused = True
-        self.server.tracked.connection_paused(self.connection_id)
-        if not self.transport.disconnecting:  # (a closing one reads nothing)
-            self._pause_reading()
-        self.valve.pause()  # each process as it writes
-
-    def resumeProducing(self) -> None:
-        # Everything sent is written out (Twisted resumes a producer only
-        # once its buffer is empty).
-        self.server.tracked.connection_resumed(self.connection_id)
-        if self.transport.disconnecting:
-            self._let_close()
-            return
-        self._paused = False
-        self._handle_held()  # before anything newer: in order
-        if self._paused or self.transport.disconnecting:
-            return  # the held requests filled the buffer again, or ended it
-        self.valve.resume()
-        self._resume_reading()
-
-    def _let_close(self) -> None:
-        """Twisted resumes a producer that was paused when its connection was
-        closed, instead of closing the connection, and nothing would ever
-        close it: without a producer, it closes once all is written."""
-        if self.transport.producer is self:
-            self.transport.unregisterProducer()
-
-    def stopProducing(self) -> None:
-        pass
-
-
-#: Why a message that is not a request ends its connection.
-_NOT_A_REQUEST = 'type: expected "request"'
-
-
-def _unanswerable_write(topic: object, matchtag: object) -> bool:
-    """A write sent as Flux does (no matchtag: no response wanted), or with
-    one no response could carry: a refusal of it is not answered."""
-    return topic == Topic.WRITE and not (_is_integer(matchtag) and matchtag > 0)
-
-
 def _unindexed(_process: Process) -> None:
     """``pid_known`` of a process no client may find (the device canary)."""
 
@@ -1683,57 +1009,6 @@ def _main_process_gone(failure: Failure, target: str) -> Failure:
     )
 
 
-def _errno_of(error: BaseException) -> int:
-    """What a client is told for a handler's failed Deferred: a refusal's
-    own errno, EAGAIN while systemd is away, or systemd's."""
-    if isinstance(error, RequestRefused):
-        return error.errnum
-    return errno_for(error)
-
-
-def _streaming(message: dict) -> bool:
-    """The envelope's ``streaming`` (default true); EINVAL if not a boolean."""
-    streaming = message.get("streaming", True)
-    if not isinstance(streaming, bool):
-        raise RequestError(errno.EINVAL, "streaming: expected a boolean")
-    return streaming
-
-
-#: How many bytes may wait to be written to a client before its processes'
-#: output is paused (Twisted's ``bufferSize``, 64 KiB by default, which is
-#: also the size of its reads, here of small requests). At 64 KiB every output
-#: message (up to 64 KiB of data, more as JSON) paused and resumed every
-#: output channel of the connection, though the socket took the message at
-#: the next loop pass: 28 % of the service's CPU for text output
-#: (docs/performance.md).
-CLIENT_BUFFER_SIZE = 256 * 1024
-
-#: Requests of one connection that may await their answer at once: kills
-#: of a started process (or a leftover), answered once systemd has; a kill
-#: held for a start (:class:`AwaitingStart`) counts once it has gone out;
-#: an exec until systemd has answered its start (each holds its command,
-#: up to 2.5 MiB, meanwhile).
-#: Such a request sends nothing until then, so the response back-pressure
-#: never stopped a client sending them: one connection queued
-#: 100,000 ``KillUnit`` calls (224 MB) in the call window every client
-#: shares, ahead of every other client's ``StartTransientUnit``. At the cap
-#: its requests are no longer read until one is answered: nothing is lost,
-#: the client is slowed. 64: the window's own default (``[systemd]
-#: max-inflight``), and as many kills as one process holds for its start.
-MAX_UNANSWERED = 64
-
-#: The longest ``errstr`` sent: a message quoting a request's value (a
-#: 10 MB option) must not become a frame the client cannot take.
-MAX_ERRSTR = 4096
-
-
-def _quotable(errstr: str) -> str:
-    """``errstr`` as it can always be sent, whatever it quotes from the
-    request: encodable (:func:`~sdexec.refusal.printable`) and bounded."""
-    text = printable(errstr)
-    return text if len(text) <= MAX_ERRSTR else text[: MAX_ERRSTR - 1] + "…"
-
-
 #: What ``stats(detail=False)`` leaves out of each process.
 _DETAIL_FIELDS = frozenset({"cmd", "cmdline", "label"})
 
@@ -1741,33 +1016,8 @@ _DETAIL_FIELDS = frozenset({"cmd", "cmdline", "label"})
 LIST_FIELDS = ("pid", "cmd", "label", "state")
 
 
-def _detail(payload: dict) -> bool:
-    """``sdexec.list``'s ``detail``: sdexec's own fields too."""
-    detail = payload.get("detail", False)
-    if not isinstance(detail, bool):
-        raise RequestError(
-            errno.EINVAL, f"detail: expected true or false, got {json_quoted(detail)}"
-        )
-    return detail
-
-
 def _without(mapping: dict, keys: frozenset[str]) -> dict:
     return {key: value for key, value in mapping.items() if key not in keys}
-
-
-def _is_integer(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_text(value: object) -> TypeGuard[str]:
-    """A string that can be echoed back in a response."""
-    if not isinstance(value, str):
-        return False
-    try:
-        check_text("", value)
-    except RequestRefused:
-        return False
-    return True
 
 
 class AwaitingStart(NamedTuple):
@@ -1782,40 +1032,3 @@ class AwaitingStart(NamedTuple):
 
     answer: defer.Deferred
     sent: defer.Deferred
-
-
-class _Held(NamedTuple):
-    """Something read while the connection was paused: how to handle it, and
-    the descriptors its frame brought (the connection's until handled)."""
-
-    handle: Callable[[], object]
-    fds: tuple[int, ...]
-
-
-class _Stream:
-    """The responder for one exec (wait, attach) request on one connection."""
-
-    def __init__(
-        self, protocol: ClientProtocol, matchtag: int, topic: str = Topic.EXEC
-    ) -> None:
-        self._protocol = protocol
-        self._matchtag = matchtag
-        self._topic = topic
-
-    def respond(self, payload: dict) -> None:
-        self._protocol._send(self._topic, self._matchtag, payload)
-
-    def error(self, errnum: int, errstr: str) -> None:
-        self._protocol._send_error(self._topic, self._matchtag, errnum, errstr)
-
-
-class SdexecServerFactory(Factory):
-    """The listening side: makes a :class:`ClientProtocol` per connection."""
-
-    def __init__(self, server: SdexecServer) -> None:
-        self.server = server
-
-    def buildProtocol(self, addr) -> ClientProtocol:
-        protocol = ClientProtocol(self.server)
-        protocol.factory = self
-        return protocol

@@ -36,6 +36,7 @@ from sdexec.config import (
     load_config_quietly,
     log_warnings,
 )
+from sdexec.connection import SdexecServerFactory
 from sdexec.containment import Containment
 from sdexec.leftovers import Leftovers, owner_marks
 from sdexec.lookup import ThreadedLookups
@@ -44,7 +45,7 @@ from sdexec.notify import Readiness, describe_server
 from sdexec.outage import SystemdOutage
 from sdexec.ownerlock import AlreadyServed, OwnerLock
 from sdexec.protocol import default_socket_path
-from sdexec.server import SdexecServer, SdexecServerFactory
+from sdexec.server import SdexecServer
 from sdexec.sockets import (
     clear_stale_socket,
     directory_mode,

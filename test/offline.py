@@ -14,7 +14,8 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.testing import StringTransport
 
-from sdexec.server import SdexecServer, SdexecServerFactory
+from sdexec.connection import SdexecServerFactory
+from sdexec.server import SdexecServer
 
 
 class PeerTransport(StringTransport):

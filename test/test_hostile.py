@@ -18,16 +18,18 @@ from twisted.internet import reactor
 from twisted.internet.task import Clock, deferLater
 from twisted.logger import formatEvent, globalLogPublisher
 
+import sdexec.connection
 import sdexec.fdlimit
 import sdexec.process
 import sdexec.server
 from sdexec.config import parse_config
+from sdexec.connection import MAX_ERRSTR
 from sdexec.fdlimit import FDS_PER_PROCESS, RESERVE
 from sdexec.idset import MAX_ID
 from sdexec.ioencode import encode_io
 from sdexec.limits import MAX_ARG_STRLEN, MAX_LISTED_CMDLINE
 from sdexec.lograte import BURST, WINDOW_S
-from sdexec.server import MAX_ERRSTR, SdexecServer
+from sdexec.server import SdexecServer
 from sdexec.testing import FakeManager
 from sdexec.wire import MAX_NESTING, MAX_VALUES, SMALL_LINE
 
@@ -585,7 +587,7 @@ def test_one_stranger_s_refusals_do_not_hide_another_s(systemd, monkeypatch):
     server = SdexecServer(systemd, parse_config({}), reactor, clock=Clock())
     server.owner_uid = 0
     uids = iter([4242] * 100 + [4343])
-    monkeypatch.setattr(sdexec.server, "peer_uid", lambda sock: next(uids))
+    monkeypatch.setattr(sdexec.connection, "peer_uid", lambda sock: next(uids))
     logged: list[dict] = []
     globalLogPublisher.addObserver(logged.append)
     try:

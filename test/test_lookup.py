@@ -23,10 +23,11 @@ from twisted.logger import capturedLogs, formatEvent
 from sdexec import command as command_module
 from sdexec.command import Command, Found
 from sdexec.config import parse_config
+from sdexec.connection import SdexecServerFactory
 from sdexec.lookup import LOOKUP_TIMEOUT_S, ThreadedLookups, _Workers
 from sdexec.plan import RequestError
 from sdexec.protocol import ExecFlag
-from sdexec.server import SdexecServer, SdexecServerFactory
+from sdexec.server import SdexecServer
 
 FLAGS = int(ExecFlag.STDOUT | ExecFlag.STDERR)
 UNIT = "sdexec-t.service"

@@ -24,7 +24,8 @@ from twisted.internet import reactor
 from twisted.internet.testing import StringTransport
 
 from sdexec.config import load_config, parse_config
-from sdexec.server import SdexecServer, SdexecServerFactory
+from sdexec.connection import SdexecServerFactory
+from sdexec.server import SdexecServer
 from sdexec.service import SdexecService
 from sdexec.systemd import SystemdError
 from sdexec.testing import FakeManager

@@ -24,8 +24,8 @@ from test_background import (
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 
+from sdexec import connection as connection_module
 from sdexec import metrics as metrics_module
-from sdexec import server as server_module
 from sdexec.config import parse_config
 from sdexec.drain import SelfLifting
 from sdexec.metrics import Metrics
@@ -109,7 +109,7 @@ def test_the_start_latency_counts_the_command_s_lookup(systemd, monkeypatch):
         def monotonic() -> float:
             return now[0]
 
-    monkeypatch.setattr(server_module, "time", Time)
+    monkeypatch.setattr(connection_module, "time", Time)
     monkeypatch.setattr(metrics_module, "time", Time)
     lookups = SlowLookups()
     server = SdexecServer(

@@ -29,13 +29,13 @@ from support import command, run, sleep, until, wait_until_reaped
 from twisted.internet import defer, reactor
 from twisted.logger import capturedLogs
 
-from sdexec.protocol import ExecFlag
-from sdexec.server import (
+from sdexec.connection import (
     CLIENT_BUFFER_SIZE,
     MAX_UNANSWERED,
     ClientProtocol,
     SdexecServerFactory,
 )
+from sdexec.protocol import ExecFlag
 
 STATS = "sdexec.stats-get"
 #: A response larger than this would show in the bound; a stats-get answer

@@ -26,10 +26,11 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import Clock, deferLater
 
 from sdexec.config import parse_config
+from sdexec.connection import CLIENT_BUFFER_SIZE, ClientProtocol
 from sdexec.ioencode import encode_io
 from sdexec.process import LAZY_OUTPUT
 from sdexec.protocol import ExecFlag
-from sdexec.server import CLIENT_BUFFER_SIZE, ClientProtocol, SdexecServer
+from sdexec.server import SdexecServer
 from sdexec.systemd import SystemdError
 from sdexec.systemd.unanswered import Silence
 from sdexec.testing import FakeManager

@@ -747,8 +747,9 @@ CLIENT_BUFFER_SIZE = 256 * 1024
 #: 100,000 ``KillUnit`` calls (224 MB) in the call window every client
 #: shares, ahead of every other client's ``StartTransientUnit``. At the cap
 #: its requests are no longer read until one is answered: nothing is lost,
-#: the client is slowed. 64: the window's own default (``[systemd]
-#: max-inflight``), and as many kills as one process holds for its start.
+#: the client is slowed. 64 lets one connection fill the call window at
+#: its default size (``[systemd] max-inflight``) and no more; it is its own
+#: figure, and does not follow that key.
 MAX_UNANSWERED = 64
 
 

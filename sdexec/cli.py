@@ -15,13 +15,23 @@ import argparse
 import errno
 import json
 import os
-import select
 import signal
-import stat
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from sdexec.ioencode import decode_io
+from sdexec.cliio import (
+    EXEC_FAILURES,
+    Output,
+    close_outputs,
+    connect,
+    exit_code,
+    fail,
+    request,
+    say,
+    visible,
+    warn,
+    write_output,
+)
 from sdexec.protocol import (
     ExecFlag,
     Topic,
@@ -30,7 +40,7 @@ from sdexec.protocol import (
     terminate_runs_no_job,
 )
 from sdexec.receipt import Receipt
-from sdexec.rpc import RPCError, SdexecError, listed_processes, resolve_socket_path
+from sdexec.rpc import RPCError, SdexecError, listed_processes
 from sdexec.signals import parse_signal, signal_name
 from sdexec.syncclient import READABLE, Call, Connection, Exec, Loop
 from sdexec.version import add_version_option
@@ -42,7 +52,6 @@ if TYPE_CHECKING:
 __all__ = [
     "build_command",
     "cancel_targets",
-    "exit_code",
     "format_procs",
     "kill_target",
     "main",
@@ -62,15 +71,9 @@ FORWARDED_SIGNALS = (
 #: The signals that end a command that has not started yet (a local one
 #: would die of them before its exec), instead of being held for it.
 INTERRUPTING_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-#: The exit status of a command that could not be found, as a shell's.
-NOT_FOUND = 127
-#: A shell's exit status for a command it cannot execute.
-NOT_EXECUTABLE = 126
 #: ``undrain``'s exit status while a cause that lifts itself still drains
 #: the service (2 is a usage error's).
 STILL_DRAINED = 3
-#: The exit status for a command the service could not start, by errno.
-EXEC_FAILURES = {errno.ENOENT: NOT_FOUND, errno.EACCES: NOT_EXECUTABLE}
 _RUN_FLAGS = ExecFlag.STDOUT | ExecFlag.STDERR | ExecFlag.WRITE_CREDIT
 _READ_SIZE = 64 * 1024
 #: A closed pipe kills the process as it would a local command: with stdio
@@ -97,20 +100,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Text an option took from the command line, past what build_command
         # names (a target, a job id): the service takes UTF-8 only.
         shown = error.object[error.start : error.end].encode("utf-8", "surrogateescape")
-        return _fail(
+        return fail(
             f"an argument is not UTF-8 text, which the service takes only: {shown!r}"
         )
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 1
     except SdexecError as failure:
-        return _fail(str(failure))
+        return fail(str(failure))
     except BrokenPipeError:
         # `sdexec stats | head -1`: the reader has all it wanted. Quiet, and
         # the status a shell gives a command SIGPIPE ended.
         return 128 + signal.SIGPIPE
     except Exception as failure:
         # A bug we did not foresee: still one line, never a traceback.
-        return _fail(f"unexpected error: {type(failure).__name__}: {failure}")
+        return fail(f"unexpected error: {type(failure).__name__}: {failure}")
 
 
 def _flushed(status: int) -> int:
@@ -123,7 +126,7 @@ def _flushed(status: int) -> int:
     except BrokenPipeError:
         raise
     except OSError as error:
-        return _fail(f"cannot write stdout: {error.strerror}")
+        return fail(f"cannot write stdout: {error.strerror}")
     return status
 
 
@@ -468,51 +471,11 @@ def _utf8_environment(environ: Mapping[str, str]) -> dict[str, str]:
         if _is_utf8(name) and _is_utf8(value):
             kept[name] = value
         else:
-            _warn(f"not passing {os.fsencode(name)!r}: not UTF-8 text")
+            warn(f"not passing {os.fsencode(name)!r}: not UTF-8 text")
     return kept
 
 
-def exit_code(status: int) -> int:
-    """The client's exit status for the process's wait status: its exit
-    code, or 128+N if signal N killed it."""
-    if os.WIFSIGNALED(status):
-        return 128 + os.WTERMSIG(status)
-    return os.WEXITSTATUS(status)
-
-
 # -- the commands --------------------------------------------------------------
-
-
-def _fail(message: str) -> int:
-    """Say what went wrong in one line on stderr; the exit status 1."""
-    _warn(message)
-    return 1
-
-
-def _warn(message: str) -> None:
-    """One line on stderr (what the service said may quote what a client
-    chose: escaped, it cannot act on the terminal)."""
-    _say(f"sdexec: {_visible(message)}")
-
-
-def _say(line: str) -> None:
-    """``line`` on stderr, if it can be written: a stderr gone (a closed
-    pipe, a full disk) must not change the exit status or end the command
-    before its output."""
-    try:  # noqa: SIM105 (contextlib is not imported: start-up time)
-        print(line, file=sys.stderr, flush=True)
-    except OSError:
-        pass  # a stderr that went away: nothing more can be said to it
-
-
-def _connect(loop: Loop, options: argparse.Namespace) -> Connection:
-    return Connection(loop, resolve_socket_path(options.socket))
-
-
-def _request(options: argparse.Namespace, topic: str, payload: dict) -> dict:
-    """One request on a connection of its own; its response's payload."""
-    with Loop() as loop, _connect(loop, options) as connection:
-        return connection.call(topic, payload)
 
 
 def _run(options: argparse.Namespace) -> int:
@@ -531,13 +494,13 @@ def _run(options: argparse.Namespace) -> int:
         return run_background(options, command)
     with Loop() as loop, _Stdio(options) as stdio:
         job = _Job(
-            loop, options.noinput, stdio, lambda: _connect(loop, options), options.usage
+            loop, options.noinput, stdio, lambda: connect(loop, options), options.usage
         )
         # Caught before connecting: a signal that arrives while we start up
         # is held until the process has started, or interrupts it.
         loop.catch_signals(FORWARDED_SIGNALS, job.forward_signal)
         try:
-            with _connect(loop, options) as connection:
+            with connect(loop, options) as connection:
                 job.start(connection, command)
                 loop.run_until(job.ended)
         except SdexecError:
@@ -589,7 +552,7 @@ class _Stdio:
 
 
 def _ps(options: argparse.Namespace) -> int:
-    listing = _request(options, Topic.LIST, {"detail": True})
+    listing = request(options, Topic.LIST, {"detail": True})
     print(format_procs(listed_processes(listing)))
     return 0
 
@@ -598,7 +561,7 @@ def _kill(options: argparse.Namespace) -> int:
     # "who" always: a service older than the main-process default would
     # take its absence for every process.
     who = "all" if options.all else "main"
-    _request(
+    request(
         options, Topic.KILL, {**options.target, "signum": options.signum, "who": who}
     )
     return 0
@@ -642,14 +605,14 @@ def _names_nothing(failure: RPCError, target: dict[str, Any]) -> bool:
 
 
 def _terminate(options: argparse.Namespace, target: dict[str, Any]) -> dict:
-    return _request(options, Topic.TERMINATE, {**target, "reason": "cancel"})
+    return request(options, Topic.TERMINATE, {**target, "reason": "cancel"})
 
 
 def _stats(options: argparse.Namespace) -> int:
     if options.url:
         report = _http_stats(options.url)
     else:
-        report = _request(options, Topic.STATS, {})
+        report = request(options, Topic.STATS, {})
     print(json.dumps(report, indent=2))
     return 0
 
@@ -709,7 +672,7 @@ def _http_failure(error: Exception) -> str:
 
 
 def _undrain(options: argparse.Namespace) -> int:
-    reply = _request(options, Topic.UNDRAIN, {})
+    reply = request(options, Topic.UNDRAIN, {})
     cleared = _drain_causes(reply, "cleared", "reason")
     remaining = _drain_causes(reply, "remaining", "still")
     if len(cleared) == 1:
@@ -731,7 +694,7 @@ def _drain_causes(reply: dict, each: str, joined: str) -> list[str]:
     causes = reply.get(each)
     if not isinstance(causes, list):
         causes = [reply[joined]] if reply.get(joined) else []
-    return [_visible(str(cause)) for cause in causes]
+    return [visible(str(cause)) for cause in causes]
 
 
 #: Each command's function: the parsed options in, the exit status out.
@@ -757,15 +720,6 @@ def receipt_lines(receipt: Receipt, usage: bool) -> list[str]:
     return lines
 
 
-def _visible(text: str) -> str:
-    """``text`` with its non-printable characters escaped (``\\n``,
-    ``\\x1b``): a label or an argument, chosen by whoever started the
-    process, must not move the cursor or recolour the owner's terminal."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def format_procs(procs: Sequence[dict[str, Any]]) -> str:
     """``sdexec.list`` processes as a table: PID, STATE, MODE, UNIT, LABEL,
     JOBID, STEP (of its termination), CMDLINE."""
@@ -789,7 +743,7 @@ def format_procs(procs: Sequence[dict[str, Any]]) -> str:
             proc.get("step") or "-",
             cmdline,
         )
-        rows.append(tuple(_visible(str(cell)) for cell in cells))
+        rows.append(tuple(visible(str(cell)) for cell in cells))
     widths = [max(len(row[column]) for row in rows) for column in range(7)]
     lines = (
         "  ".join(
@@ -803,42 +757,8 @@ def format_procs(procs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_output(
-    outputs: Mapping[str, _Output], io: Any, on_broken: Callable[[], None]
-) -> bool:
-    """An ``output`` response's data to our stdout or stderr; ``on_broken``
-    once nobody reads that stream any more (after a line saying why, unless
-    it was EPIPE). Whether the data was lost to a write that failed (a full
-    disk, say: not a reader gone)."""
-    try:
-        stream, data, _ = decode_io(io)
-    except ValueError as failure:
-        _fail(f"bad output from the service: {failure}")
-        return False
-    output = outputs.get(stream)
-    if output is None or not data or output.broken:
-        return False
-    problem = output.write(data)
-    if problem is None:
-        return False
-    lost = problem.errno != errno.EPIPE
-    if lost:
-        _fail(f"cannot write {stream}: {problem.strerror}")
-    on_broken()
-    return lost
-
-
-def _never() -> bool:
-    return False
-
-
 def _nothing() -> None:
     pass
-
-
-def close_outputs(outputs: Mapping[str, _Output]) -> None:
-    for output in outputs.values():
-        output.close()
 
 
 # -- the pieces of `sdexec run` -------------------------------------------------
@@ -862,7 +782,7 @@ class _Job:
         self._noinput = noinput
         self._passed = dict(stdio)
         self._usage = usage
-        self.outputs = {"stdout": _Output(1, loop), "stderr": _Output(2, loop)}
+        self.outputs = {"stdout": Output(1, loop), "stderr": Output(2, loop)}
         self._connection: Connection | None = None
         self._stream: Exec | None = None
         self._held_signals: list[int] = []
@@ -889,22 +809,22 @@ class _Job:
     def exit_code(self) -> int:
         if self.interrupted is not None:
             name = signal_name(self.interrupted)
-            _fail(f"interrupted by {name} before the process started")
+            fail(f"interrupted by {name} before the process started")
             return exit_code(self.interrupted)  # the wait status of its death
         assert self._stream is not None
         failure = self._stream.error
         if failure is not None and self._receipt is None:
-            _fail(str(failure))
+            fail(str(failure))
             errnum = failure.errnum if isinstance(failure, RPCError) else 0
             return EXEC_FAILURES.get(errnum, 1)
         if self._receipt is None:
-            return _fail("the service ended the stream without a finished response")
+            return fail("the service ended the stream without a finished response")
         if failure is not None:
             # The command finished; what went wrong after (processes it left
             # behind, say) is the service's business, not the command's.
-            _fail(f"after the command finished: {failure}")
+            fail(f"after the command finished: {failure}")
         for line in receipt_lines(self._receipt, self._usage):
-            _say(line)
+            say(line)
         code = exit_code(self._receipt.status)
         # Output lost to a failed write (a full disk) after the process had
         # finished, or stdin the service refused (the process may have done
@@ -949,7 +869,7 @@ class _Job:
         try:
             aside = self._reconnect()
         except SdexecError as failure:
-            _fail(f"kill {signal_name(signum)}: {failure}")
+            fail(f"kill {signal_name(signum)}: {failure}")
             return
         sent = _KillSent(signum, self.ended, answered=aside.close)
         aside.kill_unit(signum, pid, sent)
@@ -1004,7 +924,7 @@ class _Job:
         """The service refused a write (the rest of what we sent is dropped
         there): said once, and the rest of our stdin is left unread. The
         process runs on, with the stdin it got."""
-        _warn(f"stdin refused: {error}")
+        warn(f"stdin refused: {error}")
         self._stdin_open = False
         self._watch_stdin()
 
@@ -1018,7 +938,7 @@ class _Job:
         except BlockingIOError:
             return
         except OSError as failure:
-            _fail(f"cannot read stdin: {failure.strerror}")
+            fail(f"cannot read stdin: {failure.strerror}")
             data = b""
         if not data:
             self._stdin_open = False
@@ -1053,94 +973,8 @@ class _KillSent(Call):
         super().end(error)
         gone = isinstance(error, RPCError) and error.errnum == errno.ESRCH
         if not (gone or self._stream_ended()):  # an exited process needs none
-            _fail(f"kill {signal_name(self._signum)}: {error}")
+            fail(f"kill {signal_name(self._signum)}: {error}")
         self._answered()
-
-
-class _Output:
-    """One of our output fds, written whole even if it is non-blocking.
-
-    Given the ``loop`` (commands that catch signals: ``run``, ``attach``),
-    a pipe or terminal is written through a non-blocking descriptor of its
-    own, so that a write waiting for a slow reader (or a terminal paused
-    with Ctrl-S) serves the signals that come meanwhile: ``run`` forwards
-    them, ``attach`` detaches. ``gave_up()`` true: the rest of the data is
-    not wanted (detached)."""
-
-    def __init__(
-        self, fd: int, loop: Loop | None = None, gave_up: Callable[[], bool] = _never
-    ) -> None:
-        self.fd = fd
-        self.broken = False
-        self._loop = loop
-        self._gave_up = gave_up
-        #: The descriptor written to, chosen at the first write.
-        self._writer: int | None = None
-        #: Whether a write waits for a reader now.
-        self.waiting = False
-
-    def write(self, data: bytes) -> OSError | None:
-        """Write all of ``data``; the error if the fd cannot take it (after
-        which this output is broken and writes nothing)."""
-        writer = self._writer_fd()
-        view = memoryview(data)
-        while view and not self._gave_up():
-            try:
-                view = view[os.write(writer, view) :]
-            except BlockingIOError:
-                # Waiting, rather than losing output, is the back-pressure:
-                # nothing more is read from the service meanwhile.
-                self._wait(writer)
-            except OSError as failure:
-                self.broken = True
-                return failure
-        return None
-
-    def close(self) -> None:
-        """Close the descriptor opened for the writes, if one was."""
-        if self._writer is not None and self._writer != self.fd:
-            os.close(self._writer)
-        self._writer = None
-
-    def _wait(self, writer: int) -> None:
-        if self._loop is None:
-            select.select([], [writer], [])
-            return
-        self.waiting = True
-        try:
-            self._loop.wait_writable(writer, self._gave_up)
-        finally:
-            self.waiting = False
-
-    def _writer_fd(self) -> int:
-        if self._writer is None:
-            self._writer = self.fd if self._loop is None else _nonblocking_twin(self.fd)
-        return self._writer
-
-
-#: A pty master's device (``/dev/ptmx``): opening it again makes a new
-#: pty, whose output nobody reads.
-_PTMX = os.makedev(5, 2)
-
-
-def _nonblocking_twin(fd: int) -> int:
-    """A non-blocking descriptor of the pipe or terminal ``fd`` writes to,
-    opened anew: ``O_NONBLOCK`` on ``fd`` itself would be set on a file
-    description we share with the shell and the rest of the pipeline. ``fd``
-    itself where a write cannot wait long (a file), where it is
-    non-blocking already, or where it cannot be opened again (a socket, a
-    pipe of another user, a pty master): there a write may block the loop,
-    as before."""
-    try:
-        status = os.fstat(fd)
-        mode = status.st_mode
-        waits = stat.S_ISFIFO(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))
-        if not waits or not os.get_blocking(fd) or status.st_rdev == _PTMX:
-            return fd
-        flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-        return os.open(f"/proc/self/fd/{fd}", flags)
-    except OSError:
-        return fd
 
 
 if __name__ == "__main__":

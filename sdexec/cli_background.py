@@ -2,7 +2,9 @@
 processes from the command line (docs/client.md).
 
 Like the rest of the command line this runs on :mod:`sdexec.syncclient`,
-never Twisted; :mod:`sdexec.cli` loads it only for these commands.
+never Twisted; :mod:`sdexec.cli` loads it only for these commands. What
+the two share (stderr lines, output writes, the connection) is
+:mod:`sdexec.cliio`.
 """
 
 from __future__ import annotations
@@ -10,15 +12,15 @@ from __future__ import annotations
 import argparse
 import signal
 
-from sdexec.cli import (
+from sdexec.cliio import (
     EXEC_FAILURES,
-    _connect,
-    _fail,
-    _Output,
-    _request,
-    _say,
+    Output,
     close_outputs,
+    connect,
     exit_code,
+    fail,
+    request,
+    say,
     write_output,
 )
 from sdexec.protocol import ExecFlag, Topic
@@ -43,12 +45,12 @@ def run_background(options: argparse.Namespace, command: dict[str, Any]) -> int:
     flags = int(ExecFlag.WAITABLE) if options.waitable else 0
     payload = {"cmd": command, "flags": flags}
     try:
-        with Loop() as loop, _connect(loop, options) as connection:
+        with Loop() as loop, connect(loop, options) as connection:
             started = connection.call(Topic.EXEC, payload, streaming=False)
     except RPCError as failure:
         if failure.errnum not in EXEC_FAILURES:
             raise
-        _fail(str(failure))
+        fail(str(failure))
         return EXEC_FAILURES[failure.errnum]  # as the foreground run's
     pid = background_pid(started)
     label = command.get("label")
@@ -59,10 +61,10 @@ def run_background(options: argparse.Namespace, command: dict[str, Any]) -> int:
 def wait(options: argparse.Namespace) -> int:
     """``sdexec wait PID|LABEL``: the retained output to our stdout and
     stderr, in the order it was produced; the process's exit code."""
-    answer = _request(options, Topic.WAIT, options.target)
+    answer = request(options, Topic.WAIT, options.target)
     status = wait_status(answer)
     _say_dropped(answer.get("dropped"))
-    outputs = {"stdout": _Output(1), "stderr": _Output(2)}
+    outputs = {"stdout": Output(1), "stderr": Output(2)}
     lost = False
     for io in answer.get("output", []):
         # Waited for once, the output cannot be had again: its loss is
@@ -79,7 +81,7 @@ def _say_dropped(dropped: Any) -> None:
     counts = ", ".join(
         f"{dropped.get(s, 0)} bytes of {s}" for s in ("stdout", "stderr")
     )
-    _say(f"sdexec: {counts} dropped before this (the service's retained-output)")
+    say(f"sdexec: {counts} dropped before this (the service's retained-output)")
 
 
 def attach(options: argparse.Namespace) -> int:
@@ -90,7 +92,7 @@ def attach(options: argparse.Namespace) -> int:
         session = _Attached(loop)
         loop.catch_signals(DETACHING_SIGNALS, session.detach)
         try:
-            with _connect(loop, options) as connection:
+            with connect(loop, options) as connection:
                 stream = connection.attach(options.target, _BOTH, session.respond)
                 loop.run_until(lambda: stream.ended or session.detached)
         finally:
@@ -98,12 +100,12 @@ def attach(options: argparse.Namespace) -> int:
     # Closing the connection is what detaches, on the service's side.
     if session.detached:
         pid = stream.pid if stream.pid is not None else "?"
-        _say(f"sdexec: detached from pid {pid}; it runs on")
+        say(f"sdexec: detached from pid {pid}; it runs on")
         return 0
     if stream.error is not None:
-        return _fail(str(stream.error))
+        return fail(str(stream.error))
     if session.status is None:
-        return _fail("the service ended the stream without a finished response")
+        return fail("the service ended the stream without a finished response")
     return exit_code(session.status)
 
 
@@ -113,8 +115,8 @@ class _Attached:
     def __init__(self, loop: Loop) -> None:
         # A detach ends a write that waits for a reader.
         self.outputs = {
-            "stdout": _Output(1, loop, self._gave_up),
-            "stderr": _Output(2, loop, self._gave_up),
+            "stdout": Output(1, loop, self._gave_up),
+            "stderr": Output(2, loop, self._gave_up),
         }
         self.status: int | None = None
         self.detached = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sdexec import cli
+from sdexec import cli, cliio
 from sdexec.cli import _named_command, _parser, main, parse_args
 
 ARGVS = [
@@ -123,9 +123,9 @@ def test_what_the_service_says_is_printed_escaped(capsys, monkeypatch):
     # A drain reason quotes a job id some client chose: printed raw, its
     # escapes cleared the admin's screen, its newline forged a line.
     reason = "unkillable user processes for job f1\x1b[2J\nsdexec: all clear"
-    monkeypatch.setattr(cli, "_request", lambda *_: {"reason": reason})
+    monkeypatch.setattr(cli, "request", lambda *_: {"reason": reason})
     cli._undrain(None)
-    cli._warn(f"node is drained: {reason}")
+    cliio.warn(f"node is drained: {reason}")
     out, err = capsys.readouterr()
     assert "\x1b" not in out + err and out.count("\n") == 1 and err.count("\n") == 1
     assert out.endswith("job f1\\x1b[2J\\nsdexec: all clear\n")

@@ -26,11 +26,10 @@ from twisted.internet.threads import deferToThread
 from twisted.logger import capturedLogs
 from zope.interface import implementer
 
-from sdexec import cli, rpc
+from sdexec import cli, cliio, rpc
 from sdexec.cli import (
     build_command,
     cancel_targets,
-    exit_code,
     format_procs,
     kill_target,
     parse_args,
@@ -45,6 +44,7 @@ from sdexec.client import (
     default_socket_path,
     resolve_socket_path,
 )
+from sdexec.cliio import exit_code
 from sdexec.framing import JSONLineProtocol
 from sdexec.ioencode import decode_io, encode_io
 from sdexec.protocol import terminate_not_found, terminate_runs_no_job
@@ -949,7 +949,7 @@ def test_a_terminal_is_written_through_a_non_blocking_descriptor_of_its_own():
     # O_NONBLOCK on the shell's own file description of its terminal would
     # surprise the shell and every other process writing to it.
     controller, terminal = os.openpty()
-    twin = cli._nonblocking_twin(terminal)
+    twin = cliio._nonblocking_twin(terminal)
     try:
         assert twin != terminal
         assert not os.get_blocking(twin) and os.get_blocking(terminal)
@@ -965,13 +965,13 @@ def test_a_file_a_socket_or_a_pty_master_is_written_through_its_own_descriptor(
 ):
     # A pty master opened again is a new pty: what went to it, nobody read.
     with open(tmp_path / "out", "wb") as file:
-        assert cli._nonblocking_twin(file.fileno()) == file.fileno()
+        assert cliio._nonblocking_twin(file.fileno()) == file.fileno()
     left, right = socket.socketpair()
     with left, right:
-        assert cli._nonblocking_twin(left.fileno()) == left.fileno()
+        assert cliio._nonblocking_twin(left.fileno()) == left.fileno()
     controller, terminal = os.openpty()
     try:
-        assert cli._nonblocking_twin(controller) == controller
+        assert cliio._nonblocking_twin(controller) == controller
     finally:
         os.close(controller)
         os.close(terminal)

@@ -1,0 +1,232 @@
+"""What the ``sdexec`` commands share: lines on our stderr, the service's
+output to our stdout and stderr, a connection to the service, and the exit
+status a process's end gives the command.
+
+:mod:`sdexec.cli` (the command line and ``sdexec run``) and
+:mod:`sdexec.cli_background` (``run --bg``, ``wait``, ``attach``) both
+build on it. Like them it runs on :mod:`sdexec.syncclient`, never Twisted,
+and it imports nothing the command's start-up could do without.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import stat
+import sys
+
+from sdexec.ioencode import decode_io
+from sdexec.rpc import resolve_socket_path
+from sdexec.syncclient import Connection, Loop
+
+TYPE_CHECKING = False  # not typing's: its import slows the command line
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable, Mapping
+    from typing import Any
+
+__all__ = [
+    "EXEC_FAILURES",
+    "NOT_EXECUTABLE",
+    "NOT_FOUND",
+    "Output",
+    "close_outputs",
+    "connect",
+    "exit_code",
+    "fail",
+    "request",
+    "say",
+    "visible",
+    "warn",
+    "write_output",
+]
+
+#: The exit status of a command that could not be found, as a shell's.
+NOT_FOUND = 127
+#: A shell's exit status for a command it cannot execute.
+NOT_EXECUTABLE = 126
+#: The exit status for a command the service could not start, by errno.
+EXEC_FAILURES = {errno.ENOENT: NOT_FOUND, errno.EACCES: NOT_EXECUTABLE}
+
+
+def exit_code(status: int) -> int:
+    """The client's exit status for the process's wait status: its exit
+    code, or 128+N if signal N killed it."""
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+# -- lines on stderr -----------------------------------------------------------
+
+
+def fail(message: str) -> int:
+    """Say what went wrong in one line on stderr; the exit status 1."""
+    warn(message)
+    return 1
+
+
+def warn(message: str) -> None:
+    """One line on stderr (what the service said may quote what a client
+    chose: escaped, it cannot act on the terminal)."""
+    say(f"sdexec: {visible(message)}")
+
+
+def say(line: str) -> None:
+    """``line`` on stderr, if it can be written: a stderr gone (a closed
+    pipe, a full disk) must not change the exit status or end the command
+    before its output."""
+    try:  # noqa: SIM105 (contextlib is not imported: start-up time)
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass  # a stderr that went away: nothing more can be said to it
+
+
+def visible(text: str) -> str:
+    """``text`` with its non-printable characters escaped (``\\n``,
+    ``\\x1b``): a label or an argument, chosen by whoever started the
+    process, must not move the cursor or recolour the owner's terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+# -- the service ---------------------------------------------------------------
+
+
+def connect(loop: Loop, options: argparse.Namespace) -> Connection:
+    """A connection on ``loop`` to the service's socket: ``--socket``,
+    else the default (:func:`sdexec.rpc.resolve_socket_path`)."""
+    return Connection(loop, resolve_socket_path(options.socket))
+
+
+def request(options: argparse.Namespace, topic: str, payload: dict) -> dict:
+    """One request on a connection of its own; its response's payload."""
+    with Loop() as loop, connect(loop, options) as connection:
+        return connection.call(topic, payload)
+
+
+# -- the process's output ------------------------------------------------------
+
+
+def _never() -> bool:
+    return False
+
+
+class Output:
+    """One of our output fds, written whole even if it is non-blocking.
+
+    Given the ``loop`` (commands that catch signals: ``run``, ``attach``),
+    a pipe or terminal is written through a non-blocking descriptor of its
+    own, so that a write waiting for a slow reader (or a terminal paused
+    with Ctrl-S) serves the signals that come meanwhile: ``run`` forwards
+    them, ``attach`` detaches. ``gave_up()`` true: the rest of the data is
+    not wanted (detached)."""
+
+    def __init__(
+        self, fd: int, loop: Loop | None = None, gave_up: Callable[[], bool] = _never
+    ) -> None:
+        self.fd = fd
+        self.broken = False
+        self._loop = loop
+        self._gave_up = gave_up
+        #: The descriptor written to, chosen at the first write.
+        self._writer: int | None = None
+        #: Whether a write waits for a reader now.
+        self.waiting = False
+
+    def write(self, data: bytes) -> OSError | None:
+        """Write all of ``data``; the error if the fd cannot take it (after
+        which this output is broken and writes nothing)."""
+        writer = self._writer_fd()
+        view = memoryview(data)
+        while view and not self._gave_up():
+            try:
+                view = view[os.write(writer, view) :]
+            except BlockingIOError:
+                # Waiting, rather than losing output, is the back-pressure:
+                # nothing more is read from the service meanwhile.
+                self._wait(writer)
+            except OSError as failure:
+                self.broken = True
+                return failure
+        return None
+
+    def close(self) -> None:
+        """Close the descriptor opened for the writes, if one was."""
+        if self._writer is not None and self._writer != self.fd:
+            os.close(self._writer)
+        self._writer = None
+
+    def _wait(self, writer: int) -> None:
+        if self._loop is None:
+            select.select([], [writer], [])
+            return
+        self.waiting = True
+        try:
+            self._loop.wait_writable(writer, self._gave_up)
+        finally:
+            self.waiting = False
+
+    def _writer_fd(self) -> int:
+        if self._writer is None:
+            self._writer = self.fd if self._loop is None else _nonblocking_twin(self.fd)
+        return self._writer
+
+
+#: A pty master's device (``/dev/ptmx``): opening it again makes a new
+#: pty, whose output nobody reads.
+_PTMX = os.makedev(5, 2)
+
+
+def _nonblocking_twin(fd: int) -> int:
+    """A non-blocking descriptor of the pipe or terminal ``fd`` writes to,
+    opened anew: ``O_NONBLOCK`` on ``fd`` itself would be set on a file
+    description we share with the shell and the rest of the pipeline. ``fd``
+    itself where a write cannot wait long (a file), where it is
+    non-blocking already, or where it cannot be opened again (a socket, a
+    pipe of another user, a pty master): there a write may block the loop,
+    as before."""
+    try:
+        status = os.fstat(fd)
+        mode = status.st_mode
+        waits = stat.S_ISFIFO(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))
+        if not waits or not os.get_blocking(fd) or status.st_rdev == _PTMX:
+            return fd
+        flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+        return os.open(f"/proc/self/fd/{fd}", flags)
+    except OSError:
+        return fd
+
+
+def write_output(
+    outputs: Mapping[str, Output], io: Any, on_broken: Callable[[], None]
+) -> bool:
+    """An ``output`` response's data to our stdout or stderr; ``on_broken``
+    once nobody reads that stream any more (after a line saying why, unless
+    it was EPIPE). Whether the data was lost to a write that failed (a full
+    disk, say: not a reader gone)."""
+    try:
+        stream, data, _ = decode_io(io)
+    except ValueError as failure:
+        fail(f"bad output from the service: {failure}")
+        return False
+    output = outputs.get(stream)
+    if output is None or not data or output.broken:
+        return False
+    problem = output.write(data)
+    if problem is None:
+        return False
+    lost = problem.errno != errno.EPIPE
+    if lost:
+        fail(f"cannot write {stream}: {problem.strerror}")
+    on_broken()
+    return lost
+
+
+def close_outputs(outputs: Mapping[str, Output]) -> None:
+    """Close what each of ``outputs`` opened for its writes, once the
+    command has nothing more to write."""
+    for output in outputs.values():
+        output.close()

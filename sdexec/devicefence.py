@@ -15,6 +15,11 @@ disks) differ from node to node. ``strict`` goes through the same filter
 with none of those implicit entries, so ``/dev/zero`` — on every node,
 mode 0666 — is outside it. ``/dev/null`` is allowed explicitly and must
 open: a canary that cannot open even that proves nothing.
+
+:class:`DeviceCanary` runs it for the server: once at start and at each
+reload, again once systemd is back from an outage it could not run (or ran)
+across, and never after the service began to stop; only the latest one's
+verdict is judged.
 """
 
 from __future__ import annotations
@@ -22,15 +27,20 @@ from __future__ import annotations
 import dataclasses
 import errno
 import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from sdexec.command import Command
 from sdexec.config import Config
 from sdexec.containment import Containment
 from sdexec.ioencode import decode_io
-from sdexec.plan import ExecPlan, plan_exec
+from sdexec.plan import ExecPlan, RequestError, plan_exec
 from sdexec.property import GATE_LISTS
 from sdexec.protocol import ExecFlag, command_object
 from sdexec.systemd.unit import wait_status
@@ -40,10 +50,14 @@ __all__ = [
     "CANARY_SCRIPT",
     "CANARY_TIMEOUT_SECONDS",
     "PROBE",
+    "CanaryContext",
     "CanaryResponder",
+    "DeviceCanary",
     "canary_plan",
     "canary_verdict",
 ]
+
+log = Logger()
 
 #: How long the service waits for the canary's verdict before it counts the
 #: fence as not verified (a unit start takes well under a second).
@@ -168,3 +182,172 @@ class CanaryResponder:
             "DevicePolicy could not be verified: the canary gave no verdict"
             f" in {timeout:g} s"
         )
+
+
+@dataclass(frozen=True)
+class CanaryContext:
+    """What the device canary needs from the service around it (the
+    server's); those read when needed may change meanwhile (a reload's
+    configuration, a test's clock)."""
+
+    #: The configuration in force: the canary's unit, and its manager's bus.
+    config: Callable[[], Config]
+    #: Whether containment is on: without it, no fence is there to verify.
+    containment_enabled: Callable[[], bool]
+    systemd_connected: Callable[[], bool]
+    #: Whether the node is drained for a manager too old to run units.
+    manager_too_old: Callable[[], bool]
+    #: The clock of the verdict's timeout.
+    clock: Callable[[], IReactorTime]
+    #: ``start_process(plan, responder)``: the service's own process for the
+    #: canary's unit, started; its key. Raises OSError when it cannot be
+    #: (no fds left for its channels), and nothing is left tabled then.
+    start_process: Callable[[ExecPlan, CanaryResponder], tuple[int, int]]
+    #: Abandon the process under a key, if it is still tabled.
+    abandon: Callable[[tuple[int, int]], None]
+    #: ``fence_broken(problems, counter)``: count, then apply
+    #: ``containment-check`` (drain: the problem; warn: logged, ``None``).
+    fence_broken: Callable[[Sequence[str], str], str | None]
+
+
+class DeviceCanary:
+    """Runs the canary and judges its verdict, like an unenforced CPU fence:
+    the server's :meth:`verify`, :meth:`systemd_back` and :meth:`run_owed`,
+    :meth:`cancel_all` at its shutdown; :attr:`verdict` for its stats."""
+
+    def __init__(self, context: CanaryContext) -> None:
+        self._context = context
+        #: The last verdict (``None`` until one has run).
+        self.verdict: dict[str, Any] | None = None
+        #: Canaries awaiting their verdict (a reload may start one while
+        #: another runs): a shutdown cancels them with their timers.
+        self._canaries: set[defer.Deferred[str | None]] = set()
+        #: Whether a canary is owed: systemd was away when one was to run.
+        self._owed = False
+        #: systemd's returns after a loss: a canary that ran across one
+        #: gives no verdict.
+        self._restorations = 0
+        #: Canaries begun: only the latest one's verdict is judged (a
+        #: reload's, or systemd's return's, supersedes one still running).
+        self._begun = 0
+        #: The service is stopping: no unit is started after the stop began.
+        self._stopping = False
+
+    def verify(self) -> defer.Deferred[str | None]:
+        """With containment on, run the canary and treat a fence it finds not
+        enforced (or cannot verify) like an unenforced CPU fence. Fires with
+        the problem, or None; never fails."""
+        if self._stopping:
+            return defer.succeed(None)
+        if not self._context.containment_enabled():
+            # No verdict is in force: one from before a reload that turned
+            # containment off would describe jobs no longer fenced.
+            self.verdict = None
+            return defer.succeed(None)
+        if not self._context.systemd_connected():
+            self._verify_later("systemd is away")
+            return defer.succeed(None)
+        if self._context.manager_too_old():
+            # Its refusal of the canary's unit would blame the device fence.
+            self._verify_later("the manager is too old to run its unit")
+            return defer.succeed(None)
+        self._begun += 1
+        config = self._context.config()
+        try:
+            plan = canary_plan(config)
+        except RequestError as error:  # no /bin/sh, say
+            problem = f"DevicePolicy could not be verified: {error.errstr}"
+            return defer.succeed(self._judged(problem))
+        responder = CanaryResponder(config.systemd.bus)
+        try:
+            key = self._context.start_process(plan, responder)
+        except OSError as error:  # no fds left for its channels (EMFILE)
+            problem = f"DevicePolicy could not be verified: {error}"
+            return defer.succeed(self._judged(problem))
+        verdict = responder.done.addTimeout(
+            CANARY_TIMEOUT_SECONDS,
+            self._context.clock(),
+            onTimeoutCancel=responder.timed_out,
+        )
+        self._canaries.add(verdict)
+        verdict.addBoth(self._settled, verdict)
+        return verdict.addCallbacks(
+            self._judge_run,
+            self._cancelled,
+            callbackArgs=(key, responder, self._restorations, self._begun),
+        )
+
+    def systemd_back(self) -> None:
+        """systemd is back after a loss: a canary that ran across it gives
+        no verdict. Said before anything runs one (a canary owed, or one a
+        lifted version drain lets run): that one is judged."""
+        self._restorations += 1
+
+    def run_owed(self) -> None:
+        """Run the canary if one is owed: it could not run when it was to
+        (systemd away, the manager too old), and now can."""
+        if self._owed:
+            self._owed = False
+            self.verify()
+
+    def cancel_all(self) -> None:
+        """The service stops: canaries awaiting their verdict are cancelled
+        with their timers (their processes are abandoned with the others),
+        and none is started from now on."""
+        self._stopping = True
+        for verdict in list(self._canaries):
+            verdict.cancel()
+
+    def _verify_later(self, why: str) -> None:
+        """A canary cannot run now (``why``: systemd is away, a reload
+        during an outage, say; or its manager is too old), and that says
+        nothing of the fence. It runs once one can (:meth:`run_owed`); the
+        verdict in force stands."""
+        self._owed = True
+        log.info("device policy not verified: {why}; verified once it can be", why=why)
+
+    def _settled(self, result: Any, verdict: defer.Deferred) -> Any:
+        self._canaries.discard(verdict)
+        return result
+
+    @staticmethod
+    def _cancelled(failure: Failure) -> None:
+        """A shutdown came first: nothing is judged (the node is not
+        drained for it, nor the fence recorded as holding)."""
+        failure.trap(defer.CancelledError)
+        log.info("device policy not verified: the service stopped first")
+
+    def _judge_run(
+        self,
+        problem: str | None,
+        key: tuple[int, int],
+        responder: CanaryResponder,
+        restorations: int,
+        begun: int,
+    ) -> str | None:
+        # Stopped and reaped if it timed out; else a no-op.
+        self._context.abandon(key)
+        if begun != self._begun:
+            return None  # a later canary gives the verdict
+        # systemd away while it ran (its start refused, no answer in time,
+        # its unit lost with a manager that restarted): no verdict.
+        connected = self._context.systemd_connected()
+        if restorations != self._restorations and connected:
+            log.info("device policy not verified: systemd was away; verifying again")
+            self.verify()
+            return None
+        if responder.systemd_away or not connected:
+            self._verify_later("systemd was away while it ran")
+            return None
+        return self._judged(problem)
+
+    def _judged(self, problem: str | None) -> str | None:
+        if not self._context.containment_enabled():
+            # A canary of before a reload that turned containment off: its
+            # verdict is about jobs no longer fenced.
+            return None
+        self.verdict = {"enforced": problem is None, "problem": problem}
+        if problem is None:
+            log.info("device policy verified: a DevicePolicy=strict unit was refused")
+            return None
+        return self._context.fence_broken([problem], "device-fence-failures")

@@ -24,7 +24,7 @@ from sdexec.admission import ConnectionCount
 from sdexec.background import TrackedProcesses, parse_target
 from sdexec.config import Config
 from sdexec.containment import Containment, Fences, judge_fences
-from sdexec.devicefence import CANARY_TIMEOUT_SECONDS, CanaryResponder, canary_plan
+from sdexec.devicefence import CanaryContext, CanaryResponder, DeviceCanary
 from sdexec.drain import Drains, SelfLifting
 from sdexec.fdlimit import no_room_for_a_process
 from sdexec.hangup import HangupWatcher
@@ -133,19 +133,8 @@ class SdexecServer:
         self.drains = Drains()
         #: The service's own uid; :attr:`allowed_uids` adds ``allow-users``.
         self.owner_uid = os.getuid()
-        #: The device canary's last verdict (``None`` until one has run).
-        self.device_fence: dict[str, Any] | None = None
-        #: Canaries awaiting their verdict (a reload may start one while
-        #: another runs): a shutdown cancels them with their timers.
-        self._canaries: set[defer.Deferred[str | None]] = set()
-        #: Whether a canary is owed: systemd was away when one was to run.
-        self._devices_unverified = False
-        #: systemd's returns after a loss: a canary that ran across one
-        #: gives no verdict.
-        self._restorations = 0
-        #: Canaries begun: only the latest one's verdict is judged (a
-        #: reload's, or systemd's return's, supersedes one still running).
-        self._canaries_begun = 0
+        #: Is device policy enforced? Its canary says (sdexec/devicefence.py).
+        self.device_canary = DeviceCanary(self._canary_context())
         #: Metrics hook (sdexec/metrics.py): ``watch_exec(responder)`` wraps
         #: each exec stream's responder, ``watch_output(responder)`` an
         #: attach's or a wait's, ``error_sent(topic, errnum)`` sees errors.
@@ -483,24 +472,21 @@ class SdexecServer:
         problem = version_problem(version, self.containment.enabled)
         if problem is not None:
             self.drain(problem, SelfLifting.VERSION)
-        elif self.lift(SelfLifting.VERSION) and self._devices_unverified:
-            self._devices_unverified = False
-            self.verify_devices()  # not run while the manager was too old
+        elif self.lift(SelfLifting.VERSION):
+            self.device_canary.run_owed()  # not run while the manager was too old
 
     def systemd_restored(self) -> None:
         """systemd is back after a loss: every process re-reads its unit."""
         # Counted first: a canary the manager's version lets run now runs
         # after this return, and is judged.
-        self._restorations += 1
+        self.device_canary.systemd_back()
         self.check_manager_version()
         for process in list(self.processes.values()):
             process.resync()
         self.jobs.systemd_restored()
         if self.leftovers is not None:
             self.leftovers.systemd_restored().addErrback(self._log_scan_failure)
-        if self._devices_unverified:
-            self._devices_unverified = False
-            self.verify_devices()
+        self.device_canary.run_owed()
 
     @staticmethod
     def _log_scan_failure(failure) -> None:
@@ -509,30 +495,28 @@ class SdexecServer:
         )
 
     def verify_devices(self) -> defer.Deferred[str | None]:
-        """With containment on, run the device canary (sdexec/devicefence.py)
-        and treat a fence it finds not enforced (or cannot verify) like an
-        unenforced CPU fence. Fires with the problem, or None; never fails."""
-        if self.stopping:  # no unit is started after the stop began
-            return defer.succeed(None)
-        if not self.containment.enabled:
-            # No verdict is in force: one from before a reload that turned
-            # containment off would describe jobs no longer fenced.
-            self.device_fence = None
-            return defer.succeed(None)
-        if not self.systemd.connected:
-            self._verify_devices_later("systemd is away")
-            return defer.succeed(None)
-        if self.drains.holds(SelfLifting.VERSION):
-            # Its refusal of the canary's unit would blame the device fence.
-            self._verify_devices_later("the manager is too old to run its unit")
-            return defer.succeed(None)
-        self._canaries_begun += 1
-        try:
-            plan = self._own(canary_plan(self.config))
-        except RequestError as error:  # no /bin/sh, say
-            problem = f"DevicePolicy could not be verified: {error.errstr}"
-            return defer.succeed(self._judged(problem))
-        responder = CanaryResponder(self.config.systemd.bus)
+        """Run the device canary (sdexec/devicefence.py), with containment
+        on: fires with the problem it finds, or None; never fails."""
+        return self.device_canary.verify()
+
+    def _canary_context(self) -> CanaryContext:
+        return CanaryContext(
+            config=lambda: self.config,
+            containment_enabled=lambda: self.containment.enabled,
+            systemd_connected=lambda: self.systemd.connected,
+            manager_too_old=lambda: self.drains.holds(SelfLifting.VERSION),
+            clock=lambda: self.clock,
+            start_process=self._start_canary,
+            abandon=self._abandon_own,
+            fence_broken=self._fence_broken,
+        )
+
+    def _start_canary(
+        self, plan: ExecPlan, responder: CanaryResponder
+    ) -> tuple[int, int]:
+        """The device canary's process, started; its key. Nothing is left
+        tabled when it cannot be (OSError: no fds left for its channels)."""
+        plan = self._own(plan)
         # The service's own process: keyed as background ones are, by no
         # connection, so that no client's disconnect or key can touch it.
         key = self.tracked.new_key()
@@ -543,75 +527,16 @@ class SdexecServer:
             # runs must know it for the service's own.
             self.units[plan.unit_name] = canary
             canary.start()
-        except OSError as error:  # no fds left for its channels (EMFILE)
+        except OSError:
             self._untable(key)
-            problem = f"DevicePolicy could not be verified: {error}"
-            return defer.succeed(self._judged(problem))
-        verdict = responder.done.addTimeout(
-            CANARY_TIMEOUT_SECONDS, self.clock, onTimeoutCancel=responder.timed_out
-        )
-        self._canaries.add(verdict)
-        verdict.addBoth(self._canary_settled, verdict)
-        return verdict.addCallbacks(
-            self._device_verdict,
-            self._canary_cancelled,
-            callbackArgs=(key, responder, self._restorations, self._canaries_begun),
-        )
+            raise
+        return key
 
-    def _verify_devices_later(self, why: str) -> None:
-        """A canary cannot run now (``why``: systemd is away, a reload
-        during an outage, say; or its manager is too old), and that says
-        nothing of the fence. It runs once one can (:meth:`systemd_restored`,
-        :meth:`check_manager_version`); the verdict in force stands."""
-        self._devices_unverified = True
-        log.info("device policy not verified: {why}; verified once it can be", why=why)
-
-    def _canary_settled(self, result: Any, verdict: defer.Deferred) -> Any:
-        self._canaries.discard(verdict)
-        return result
-
-    @staticmethod
-    def _canary_cancelled(failure: Failure) -> None:
-        """A shutdown came first: nothing is judged (the node is not
-        drained for it, nor the fence recorded as holding)."""
-        failure.trap(defer.CancelledError)
-        log.info("device policy not verified: the service stopped first")
-
-    def _device_verdict(
-        self,
-        problem: str | None,
-        key: tuple[int, int],
-        responder: CanaryResponder,
-        restorations: int,
-        begun: int,
-    ) -> str | None:
-        canary = self.processes.get(key)
-        if canary is not None:  # stopped and reaped if it timed out; else a no-op
-            canary.abandon()
-        if begun != self._canaries_begun:
-            return None  # a later canary gives the verdict
-        # systemd away while it ran (its start refused, no answer in time,
-        # its unit lost with a manager that restarted): no verdict.
-        back_since = restorations != self._restorations and self.systemd.connected
-        if back_since:
-            log.info("device policy not verified: systemd was away; verifying again")
-            self.verify_devices()
-            return None
-        if responder.systemd_away or not self.systemd.connected:
-            self._verify_devices_later("systemd was away while it ran")
-            return None
-        return self._judged(problem)
-
-    def _judged(self, problem: str | None) -> str | None:
-        if not self.containment.enabled:
-            # A canary of before a reload that turned containment off: its
-            # verdict is about jobs no longer fenced.
-            return None
-        self.device_fence = {"enforced": problem is None, "problem": problem}
-        if problem is None:
-            log.info("device policy verified: a DevicePolicy=strict unit was refused")
-            return None
-        return self._fence_broken([problem], "device-fence-failures")
+    def _abandon_own(self, key: tuple[int, int]) -> None:
+        """Abandon the service's own process under ``key``, if still tabled."""
+        process = self.processes.get(key)
+        if process is not None:
+            process.abandon()
 
     def count(self, event: str) -> None:
         """One more ``event`` in the statistics' counters."""
@@ -665,8 +590,7 @@ class SdexecServer:
         (the next run finds what is left)."""
         self.stopping = True
         self._finish_lost_unit_kills()
-        for verdict in list(self._canaries):
-            verdict.cancel()  # its process is abandoned below, its timer goes
+        self.device_canary.cancel_all()  # its process is abandoned below
         if self.leftovers is not None:
             self.leftovers.close()
         for process in list(self.processes.values()):
@@ -936,7 +860,7 @@ class SdexecServer:
                 "reason": self.drain_reason,
                 "causes": self.drains.causes,
             },
-            "device-fence": self.device_fence,
+            "device-fence": self.device_canary.verdict,
             "systemd": {
                 "connected": self.systemd.connected,
                 "version": self.systemd.version,

@@ -30,6 +30,8 @@ from sdexec.devicefence import (
     CANARY_SCRIPT,
     CANARY_TIMEOUT_SECONDS,
     PROBE,
+    CanaryContext,
+    DeviceCanary,
     canary_plan,
     canary_verdict,
 )
@@ -161,6 +163,34 @@ def run_canary(systemd: FakeManager, code: int, unit: str | None = None) -> None
     systemd.change(unit, state)
     systemd.release(unit)
     systemd.change(unit, INACTIVE)
+
+
+def test_the_canary_needs_only_its_context_not_the_server():
+    # The canary's state machine was the server's own (review session 34
+    # C F2): it runs, is abandoned and judged through its context alone.
+    started: list = []
+    abandoned: list = []
+    broken: list = []
+    canary = DeviceCanary(
+        CanaryContext(
+            config=lambda: parse_config(contained_config()),
+            containment_enabled=lambda: True,
+            systemd_connected=lambda: True,
+            manager_too_old=lambda: False,
+            clock=Clock,
+            start_process=lambda plan, responder: started.append(responder) or (0, 7),
+            abandon=abandoned.append,
+            fence_broken=lambda problems, counter: broken.append(counter),
+        )
+    )
+    verdicts: list = []
+    canary.verify().addBoth(verdicts.append)
+    (responder,) = started
+    responder.respond({"type": "finished", "status": exited(0)})
+    responder.error(errno.ENODATA, "end of stream")
+    assert abandoned == [(0, 7)]
+    assert broken == ["device-fence-failures"]
+    assert canary.verdict == {"enforced": False, "problem": NOT_ENFORCED}
 
 
 async def reaped(server: SdexecServer) -> None:
@@ -297,7 +327,7 @@ async def test_a_canary_systemd_was_away_for_runs_again_once_it_is_back(away):
     else:  # the connection lost while its start was on the bus
         systemd.refuse_start = connection_lost("the D-Bus connection closed")
     assert await server.verify_devices() is None
-    assert (server.drain_reason, server.device_fence) == (None, None)
+    assert (server.drain_reason, server.device_canary.verdict) == (None, None)
     systemd.refuse_start = None
     systemd.restore()
     server.systemd_restored()
@@ -332,8 +362,10 @@ async def test_a_canary_that_ran_across_an_outage_is_run_again(outage_kind):
     again = last_canary_unit(systemd)
     assert again != unit
     run_canary(systemd, 1, unit=again)
-    await until(lambda: server.device_fence is not None, "the new canary's verdict")
-    assert server.device_fence == {"enforced": True, "problem": None}
+    await until(
+        lambda: server.device_canary.verdict is not None, "the new canary's verdict"
+    )
+    assert server.device_canary.verdict == {"enforced": True, "problem": None}
     await reaped(server)
 
 
@@ -354,7 +386,7 @@ async def test_one_return_of_systemd_runs_one_canary_and_judges_it_once():
     starts = [call[1] for call in systemd.calls if call[0] == "start"]
     assert len(starts) == 2
     run_canary(systemd, 0, unit=starts[1])
-    await until(lambda: server.device_fence is not None, "the verdict")
+    await until(lambda: server.device_canary.verdict is not None, "the verdict")
     assert server.counters["device-fence-failures"] == 1
     await reaped(server)
 
@@ -375,7 +407,7 @@ def test_a_canary_that_cannot_be_planned_is_not_a_verified_fence(monkeypatch):
     def no_shell(config):
         raise RequestError(errno.ENOENT, "/bin/sh: command not found")
 
-    monkeypatch.setattr("sdexec.server.canary_plan", no_shell)
+    monkeypatch.setattr("sdexec.devicefence.canary_plan", no_shell)
     server, systemd, _ = offline_server()
     seen: list = []
     server.verify_devices().addBoth(seen.append)
@@ -434,7 +466,7 @@ async def test_a_shutdown_before_the_verdict_cancels_the_canary_and_its_timer():
     assert verdicts == [None]
     assert clock.getDelayedCalls() == []  # the 30 s timer went with the canary
     clock.advance(CANARY_TIMEOUT_SECONDS)
-    assert (server.drain_reason, server.device_fence) == (None, None)
+    assert (server.drain_reason, server.device_canary.verdict) == (None, None)
 
 
 # -- the real manager ----------------------------------------------------------------

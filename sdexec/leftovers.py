@@ -52,10 +52,10 @@ from sdexec.limits import listed_name
 from sdexec.managerversion import version_number
 from sdexec.orphans import expected_unit_cgroup
 from sdexec.plan import ExecPlan
-from sdexec.process import CallBackoff
 from sdexec.sockets import unix_path
 from sdexec.systemd import Manager, UnitStatus, queued_job
 from sdexec.systemd.errors import is_connection_lost, is_unit_gone
+from sdexec.systemd.retry import CallBackoff
 from sdexec.unitstop import StopTimer, StopTimerState
 
 if TYPE_CHECKING:

@@ -51,6 +51,7 @@ from sdexec.systemd.channel import (
     socketpair_for_systemd,
 )
 from sdexec.systemd.errors import UNIT_EXISTS, is_connection_lost, is_unit_gone
+from sdexec.systemd.retry import CallBackoff
 from sdexec.systemd.unit import (
     never_invoked,
     start_job_ended_unstarted,
@@ -59,7 +60,6 @@ from sdexec.systemd.unit import (
 from sdexec.unitstop import StopTimer
 
 __all__ = [
-    "CallBackoff",
     "OutputTap",
     "OutputValve",
     "Process",
@@ -194,28 +194,6 @@ _LOST = "is gone (lost while systemd was away)"
 #: Calls with nothing left to do once the unit is unloaded: their failure
 #: then is no news (a client gone in a burst logged one per unit).
 _MOOT_ONCE_GONE = frozenset({UnitCall.STOP, UnitCall.RESET, UnitCall.KILL_MAIN})
-#: Calls the unit needs until they are made: one systemd refused for any
-#: other reason (LimitsExceeded of a busy bus, say) is made again, this
-#: long after, doubling to the last (nothing else would: the unit lingers,
-#: its process tabled, its name taken).
-CALL_RETRY_S = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0)
-
-
-class CallBackoff:
-    """How long to wait before a refused call is made again: the next of
-    :data:`CALL_RETRY_S` at each refusal, from the first again after
-    :meth:`reset` (a call that went through)."""
-
-    def __init__(self) -> None:
-        self._refusals = 0
-
-    def next_delay(self) -> float:
-        delay = CALL_RETRY_S[min(self._refusals, len(CALL_RETRY_S) - 1)]
-        self._refusals += 1
-        return delay
-
-    def reset(self) -> None:
-        self._refusals = 0
 
 
 @dataclass(frozen=True)
@@ -316,17 +294,14 @@ class Process:
         self._orphans_ended = False
         #: Output streams that reached EOF while the receipt was being read.
         self._eofs_after_finished: list[str] = []
-        self._start_deadline: IDelayedCall | None = None
-        #: The start timeout ran out while systemd was away, or before the
-        #: unit was read again after its return: judged again after that.
-        self._start_deadline_held = False
-        #: systemd is back and the unit's re-read has not answered yet: no
-        #: verdict is given on what was seen before (:attr:`knows_its_unit`).
-        self._rereading = False
-        self._reread_waiters: list[defer.Deferred[None]] = []
-        #: Re-reads asked for so far: only the latest one's answer ends the
-        #: re-reading (an earlier one's failure may come after it was asked).
-        self._rereads = 0
+        self._start_deadline = _StartDeadline(
+            context.clock,
+            context.start_timeout,
+            awaited=lambda: Sent.STARTED not in self._sent and not self._outcome_known,
+            may_judge=lambda: self.knows_its_unit,
+            overdue=self._start_overdue,
+        )
+        self._reread = _Reread(self._read_again, self._start_deadline.judge_held)
         #: sdexec decided to stop the unit (a lost StopUnit is made again).
         self._stop_wanted = False
         #: Calls systemd refused and that were made again (their backoff).
@@ -334,10 +309,7 @@ class Process:
         self._retry_timers: dict[UnitCall, IDelayedCall] = {}
         #: The client left: SIGKILL the main process (when it runs).
         self._kill_main_wanted = False
-        #: Signals asked for before ``started`` (signal, who), with answers.
-        self._early_kills: list[tuple[int, str, defer.Deferred[None]]] = []
-        #: Fired once those signals have gone out (:meth:`signals_go_out`).
-        self._signals_out: list[defer.Deferred[None]] = []
+        self._early_kills = _EarlyKills(self.kill)
         self.stop_timer = StopTimer(
             context.clock,
             plan.stop_timer.seconds,
@@ -528,21 +500,12 @@ class Process:
             return self._systemd.kill_unit(self.unit_name, who, signum)
         if self._ended or self._reaped:
             return defer.fail(_never_started())
-        if len(self._early_kills) >= MAX_EARLY_KILLS:
-            raise RequestError(
-                errno.EAGAIN,
-                f"{MAX_EARLY_KILLS} signals already wait for this process to start",
-            )
-        held: defer.Deferred[None] = defer.Deferred()
-        self._early_kills.append((signum, who, held))
-        return held
+        return self._early_kills.hold(signum, who)
 
     def signals_go_out(self) -> defer.Deferred[None]:
         """Fires once the signals held for the start have been sent (their
         calls to systemd made); never if the process never starts."""
-        out: defer.Deferred[None] = defer.Deferred()
-        self._signals_out.append(out)
-        return out
+        return self._early_kills.when_sent()
 
     def unkillable(self, reason: str) -> None:
         """The unit would not die: end the stream with EDEADLK (``reason``
@@ -602,14 +565,10 @@ class Process:
             return  # a start lost with the connection ended its request
         self._called.discard(UnitCall.CONFIRM_FAILURE)  # this refresh confirms
         self._forget_unstarted()  # what was seen before the loss is no proof
-        self._rereading = True
-        self._rereads += 1
-        refreshed = self._watch.refresh()
-        refreshed.addCallbacks(self._lost_before_started, self._resync_failed)
-        refreshed.addCallback(self._reread_done, self._rereads)
+        reread = self._reread.start()
         # After the state read: a unit that stopped meanwhile has no timer.
         back_at = self._context.clock.seconds()
-        refreshed.addCallback(lambda _: self.stop_timer.systemd_restored(back_at))
+        reread.addCallback(lambda _: self.stop_timer.systemd_restored(back_at))
         if self._stop_wanted or isinstance(self._responder, _Nowhere):
             # A stop the loss failed (a deadline's, a fence's), or a client
             # that left while systemd was away.
@@ -647,11 +606,10 @@ class Process:
     def _start_accepted(self, job: str) -> None:
         self._called.add(UnitCall.START)
         assert self._watch is not None  # made before the start was asked for
-        if Sent.STARTED not in self._sent and not self._outcome_known:
-            # Not when the unit's signals came first (dbus-fast delivers
-            # them as it reads them, the answer a few turns later): the
-            # process has started, and nothing would cancel the deadline.
-            self._arm_start_deadline()
+        # Not when the unit's signals came first (dbus-fast delivers them as
+        # it reads them, the answer a few turns later): the process has
+        # started, and nothing would cancel the deadline.
+        self._start_deadline.arm()
         if isinstance(self._responder, _Nowhere):
             self._stop()  # the client left while systemd was starting it
         elif self._verify is not None:
@@ -773,7 +731,7 @@ class Process:
         return Sent.STARTED in self._sent
 
     def _started(self, properties: dict[str, Any], pid: int) -> None:
-        self._cancel_start_deadline()
+        self._start_deadline.cancel()
         self._note_invocation(properties)
         self._note_cgroup(properties, pid)
         problem = self._verify(self._unit_cgroup(), pid) if self._verify else None
@@ -782,25 +740,11 @@ class Process:
             self._once(Sent.STARTED, {"type": "started", "pid": pid})
         else:
             self._sent.add(Sent.STARTED)  # never: the job is refused instead
-        self._send_early_kills()  # it did start, refused or not
+        self._early_kills.send()  # it did start, refused or not
         if problem is not None:
             self._refuse(problem)
         self.output.open()
         self._kill_main_if_wanted()
-
-    def _send_early_kills(self) -> None:
-        kills, self._early_kills = self._early_kills, []
-        out, self._signals_out = self._signals_out, []
-        for signum, who, held in kills:
-            self.kill(signum, who).chainDeferred(held)
-        for each in out:
-            each.callback(None)
-
-    def _drop_early_kills(self) -> None:
-        kills, self._early_kills = self._early_kills, []
-        self._signals_out = []  # they never go out
-        for _, _, held in kills:
-            held.errback(_never_started())
 
     def _finish(self, status: UnitStatus) -> None:
         """Read the receipt (sdexec/receipt.py) with one ``GetAll``, then
@@ -1010,25 +954,10 @@ class Process:
         self._kill_unit("all", signal.SIGKILL)
         self._stop()
 
-    def _arm_start_deadline(self) -> None:
-        self._start_deadline = self._context.clock.callLater(
-            self._context.start_timeout, self._start_overdue
-        )
-
     def _start_overdue(self) -> None:
         """No ``started`` within the start timeout: the unit's states are
         not the model's. End the request saying what was seen, stop the
-        unit, and reap it once it is inactive and its outputs closed. Not
-        while systemd is away, nor before the unit is read again after its
-        return: what the unit did meanwhile is not known (its signals were
-        lost), and it is judged a whole timeout after that read instead
-        (:meth:`resync`)."""
-        self._start_deadline = None
-        if self._outcome_known:
-            return
-        if not self.knows_its_unit:
-            self._start_deadline_held = True
-            return
+        unit, and reap it once it is inactive and its outputs closed."""
         seen = self.status
         message = (
             f"unit {self.unit_name} did not start a process sdexec can follow"
@@ -1063,31 +992,19 @@ class Process:
         there, and the unit has been read again since it came back (the
         signals of the outage were lost). A verdict due meanwhile (the
         start timeout, the stop timer's, a job's) waits for that read."""
-        return self._systemd.connected and not self._rereading
+        return self._systemd.connected and not self._reread.pending
 
     def when_reread(self) -> defer.Deferred[None]:
         """Fires once the unit has been read again after systemd's return
         (at once if no such read is pending)."""
-        if not self._rereading:
-            return defer.succeed(None)
-        waiter: defer.Deferred[None] = defer.Deferred()
-        self._reread_waiters.append(waiter)
-        return waiter
+        return self._reread.when_done()
 
-    def _reread_done(self, outcome: object, reread: int) -> None:
-        """Read again: a start timeout that ran out before counts again
-        from now, unless the unit has been seen to start meanwhile. Not a
-        read lost with systemd again (the next return reads it), nor one a
-        later re-read has replaced."""
-        if outcome is _LOST_AGAIN or reread != self._rereads:
-            return
-        self._rereading = False
-        held, self._start_deadline_held = self._start_deadline_held, False
-        if held and Sent.STARTED not in self._sent and not self._outcome_known:
-            self._arm_start_deadline()
-        waiters, self._reread_waiters = self._reread_waiters, []
-        for waiter in waiters:
-            waiter.callback(None)
+    def _read_again(self) -> defer.Deferred[object]:
+        """The unit's state, read afresh after systemd's return and judged;
+        :data:`_LOST_AGAIN` if systemd went away again first."""
+        assert self._watch is not None  # resync reads only a watched unit
+        refreshed = self._watch.refresh()
+        return refreshed.addCallbacks(self._lost_before_started, self._resync_failed)
 
     def _resync_failed(self, failure: Failure) -> object:
         if is_connection_lost(failure.value):
@@ -1151,19 +1068,14 @@ class Process:
         self._fail(errno.EIO, message)
         self._reap()
 
-    def _cancel_start_deadline(self) -> None:
-        if self._start_deadline is not None:
-            self._start_deadline.cancel()
-            self._start_deadline = None
-
     def _fail(self, errnum: int, errstr: str) -> None:
         """End the stream with an error (no more responses follow); what
         output is left is read to EOF and discarded."""
-        self._cancel_start_deadline()
+        self._start_deadline.cancel()
         if not self._ended:
             self._ended = True
             self._responder.error(errnum, errstr)
-        self._drop_early_kills()  # if it never started, they never will be
+        self._early_kills.drop()  # if it never started, they never will be
         self.stdin.discard()  # a backlog would hold its client's connection
         self.output.open()
 
@@ -1172,9 +1084,9 @@ class Process:
             return
         self._reaped = True
         self.detach_valve()
-        self._drop_early_kills()
+        self._early_kills.drop()
         self.stop_timer.stopped()
-        self._cancel_start_deadline()
+        self._start_deadline.cancel()
         for timer in self._retry_timers.values():
             if timer.active():
                 timer.cancel()
@@ -1269,6 +1181,159 @@ class _UnitStop:
 
     def abandon(self, reason: str) -> None:
         self._process._abandon_unit(reason)
+
+
+class _StartDeadline:
+    """The start timeout: from the start job to ``started``, or the request
+    is ended (:meth:`Process._start_overdue`, ``overdue``). A unit whose
+    states the model does not expect must not hang it.
+
+    ``awaited()`` says whether the start is still awaited (nothing counts
+    once it has started or the request's outcome is known); ``may_judge()``
+    whether the unit may be judged (:attr:`Process.knows_its_unit`). Not
+    while systemd is away, nor before the unit is read again after its
+    return: what the unit did meanwhile is not known (its signals were
+    lost), and a timeout that ran out then counts again, whole, from that
+    read (:meth:`judge_held`)."""
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        seconds: float,
+        *,
+        awaited: Callable[[], bool],
+        may_judge: Callable[[], bool],
+        overdue: Callable[[], None],
+    ) -> None:
+        self._clock = clock
+        self._seconds = seconds
+        self._awaited = awaited
+        self._may_judge = may_judge
+        self._overdue = overdue
+        self._timer: IDelayedCall | None = None
+        #: It ran out while the unit could not be judged: counts again
+        #: once it can.
+        self._held = False
+
+    def arm(self) -> None:
+        """Count the timeout from now, if the start is still awaited."""
+        if self._awaited():
+            self._timer = self._clock.callLater(self._seconds, self._ran_out)
+
+    def cancel(self) -> None:
+        """The process started, or its request ended: no verdict."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def judge_held(self) -> None:
+        """The unit has been read again: a timeout that ran out before
+        counts again from now, unless the start came meanwhile."""
+        held, self._held = self._held, False
+        if held:
+            self.arm()
+
+    def _ran_out(self) -> None:
+        self._timer = None
+        if not self._awaited():
+            return
+        if not self._may_judge():
+            self._held = True
+            return
+        self._overdue()
+
+
+class _Reread:
+    """The unit's read after systemd's return (``read()``: its answer judged,
+    :data:`_LOST_AGAIN` if systemd went away again first). Until it has
+    answered, no verdict is given on what was seen before (``pending``:
+    :attr:`Process.knows_its_unit`); ``done()`` is called once it has."""
+
+    def __init__(
+        self, read: Callable[[], defer.Deferred[object]], done: Callable[[], None]
+    ) -> None:
+        self._read = read
+        self._done = done
+        #: systemd is back and the latest re-read has not answered yet.
+        self.pending = False
+        self._waiters: list[defer.Deferred[None]] = []
+        #: Re-reads asked for so far: only the latest one's answer ends the
+        #: re-reading (an earlier one's failure may come after it was asked).
+        self._asked = 0
+
+    def start(self) -> defer.Deferred[None]:
+        """Read the unit again; fires once its answer has been handled."""
+        self.pending = True  # already while the read delivers its state
+        self._asked += 1
+        return self._read().addCallback(self._answered, self._asked)
+
+    def when_done(self) -> defer.Deferred[None]:
+        """Fires once no re-read is pending (at once if none is)."""
+        if not self.pending:
+            return defer.succeed(None)
+        waiter: defer.Deferred[None] = defer.Deferred()
+        self._waiters.append(waiter)
+        return waiter
+
+    def _answered(self, outcome: object, asked: int) -> None:
+        """Not a read lost with systemd again (the next return reads it),
+        nor one a later re-read has replaced."""
+        if outcome is _LOST_AGAIN or asked != self._asked:
+            return
+        self.pending = False
+        self._done()
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+
+
+class _EarlyKills:
+    """Signals asked for before ``started``, held for the start: the unit
+    has no process before it (systemd would signal nothing and answer
+    success). ``kill(signum, who)`` signals the unit once it has started
+    (:meth:`Process.kill`)."""
+
+    def __init__(self, kill: Callable[[int, str], defer.Deferred[Any]]) -> None:
+        self._kill = kill
+        #: (signal, who) with its answer, in the order asked.
+        self._held: list[tuple[int, str, defer.Deferred[None]]] = []
+        #: Fired once those signals have gone out (:meth:`when_sent`).
+        self._sent: list[defer.Deferred[None]] = []
+
+    def hold(self, signum: int, who: str) -> defer.Deferred[None]:
+        """Hold the signal for the start: answered once sent; EAGAIN past
+        :data:`MAX_EARLY_KILLS` (each is a request's answer, waiting)."""
+        if len(self._held) >= MAX_EARLY_KILLS:
+            raise RequestError(
+                errno.EAGAIN,
+                f"{MAX_EARLY_KILLS} signals already wait for this process to start",
+            )
+        held: defer.Deferred[None] = defer.Deferred()
+        self._held.append((signum, who, held))
+        return held
+
+    def when_sent(self) -> defer.Deferred[None]:
+        """Fires once the signals held have been sent; never if the process
+        never starts."""
+        sent: defer.Deferred[None] = defer.Deferred()
+        self._sent.append(sent)
+        return sent
+
+    def send(self) -> None:
+        """It started: send every signal held."""
+        kills, self._held = self._held, []
+        sent, self._sent = self._sent, []
+        for signum, who, held in kills:
+            self._kill(signum, who).chainDeferred(held)
+        for each in sent:
+            each.callback(None)
+
+    def drop(self) -> None:
+        """It will never start: each signal held is ESRCH."""
+        kills, self._held = self._held, []
+        self._sent = []  # they never go out
+        for _, _, held in kills:
+            held.errback(_never_started())
 
 
 def _unit_type(properties: Any) -> str:

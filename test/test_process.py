@@ -21,15 +21,10 @@ from twisted.logger import globalLogPublisher
 from sdexec.config import parse_config
 from sdexec.passthrough import PassedStdio
 from sdexec.plan import RequestError
-from sdexec.process import (
-    CALL_RETRY_S,
-    MAX_EARLY_KILLS,
-    CallBackoff,
-    Process,
-    ProcessContext,
-)
+from sdexec.process import MAX_EARLY_KILLS, Process, ProcessContext
 from sdexec.systemd import SystemdError
 from sdexec.systemd.errors import NO_SUCH_UNIT
+from sdexec.systemd.retry import CALL_RETRY_S, CallBackoff
 from sdexec.testing import (
     DEACTIVATING,
     EXITED,

@@ -1,9 +1,12 @@
-"""Retrying with backoff: the reconnection to systemd's bus.
+"""Retrying with backoff: the reconnection to systemd's bus, and the unit
+calls systemd refused.
 
 :class:`Backoff` calls ``attempt()`` (which returns a Deferred) until one
 succeeds, waiting longer after each failure, up to a cap. Its only timer is
 a ``callLater`` on the clock it is given, so tests drive it with a
-``Clock``. Pure Twisted: no bus here.
+``Clock``. :class:`CallBackoff` only counts: it says how long a refused
+call waits before it is made again, and its caller keeps the timer. Pure
+Twisted: no bus here.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-__all__ = ["Backoff"]
+__all__ = ["CALL_RETRY_S", "Backoff", "CallBackoff"]
 
 log = Logger()
 
@@ -91,3 +94,31 @@ class Backoff:
         )
         self._timer = self._clock.callLater(self._delay, self._try)
         self._delay = min(self._delay * 2, self._max_delay)
+
+
+#: Calls a unit needs until they are made: one systemd refused for any
+#: other reason than a lost connection or a unit gone (LimitsExceeded of a
+#: busy bus, say) is made again, this long after, doubling to the last
+#: (nothing else would: the unit lingers, its process tabled, its name
+#: taken).
+CALL_RETRY_S = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0)
+
+
+class CallBackoff:
+    """How long to wait before a refused call is made again: the next of
+    :data:`CALL_RETRY_S` at each refusal, from the first again after
+    :meth:`reset` (a call that went through)."""
+
+    def __init__(self) -> None:
+        self._refusals = 0
+
+    def next_delay(self) -> float:
+        """The wait before the call just refused is made again (counts the
+        refusal)."""
+        delay = CALL_RETRY_S[min(self._refusals, len(CALL_RETRY_S) - 1)]
+        self._refusals += 1
+        return delay
+
+    def reset(self) -> None:
+        """A call went through: the next refusal waits the shortest again."""
+        self._refusals = 0

@@ -178,7 +178,7 @@ class ExecPlan:
 STDIO_FALLTHROUGH = 1
 
 
-def check_local_flags(local_flags: object, streaming: bool) -> None:
+def _check_local_flags(local_flags: object, streaming: bool) -> None:
     """RFC 42's ``local_flags``: an integer; stdio-fallthrough is an error
     in the background (RFC 42), and in a stream sdexec relays the output
     instead (its ``stdio`` field passes descriptors: docs/protocol.md)."""
@@ -204,6 +204,7 @@ def plan_exec(
     containment: Containment,
     request_frame: int | None = None,
     looked_up: LookedUp | None = None,
+    streaming: bool = True,
 ) -> ExecPlan:
     """The plan for an ``sdexec.exec`` payload; :class:`RequestError` (or
     the :class:`~sdexec.refusal.RequestRefused` of a limit or the property
@@ -214,9 +215,10 @@ def plan_exec(
     reloads): a write within the stdin credit must fit it.
     ``looked_up``: the payload already checked and its command looked up
     (sdexec/lookup.py, off the reactor's thread, with
-    :func:`manager_working_directory`), else both are done here."""
+    :func:`manager_working_directory`), else both are done here, for a
+    request ``streaming`` or not."""
     if looked_up is None:
-        request = checked_request(payload)
+        request = checked_request(payload, streaming)
         found = request.command.find_executable(manager_working_directory(config))
     else:
         request, found = looked_up
@@ -276,9 +278,11 @@ class LookedUp(NamedTuple):
     found: Found
 
 
-def checked_request(payload: Mapping[str, Any]) -> CheckedRequest:
-    """The flags, command and environment of an ``sdexec.exec`` payload;
-    :class:`RequestError` names the first thing wrong with them."""
+def checked_request(payload: Mapping[str, Any], streaming: bool) -> CheckedRequest:
+    """The flags, command and environment of an ``sdexec.exec`` payload
+    (``streaming`` or in the background); :class:`RequestError` names the
+    first thing wrong with them, or with its ``local_flags``."""
+    _check_local_flags(payload.get("local_flags", 0), streaming)
     flags = _flags(payload.get("flags"))
     command = _command(payload.get("cmd"))
     if flags & ExecFlag.CHANNEL or command.channels:

@@ -46,7 +46,6 @@ from sdexec.plan import (
     ExecPlan,
     LookedUp,
     RequestError,
-    check_local_flags,
     checked_request,
     manager_working_directory,
     plan_exec,
@@ -186,8 +185,7 @@ class SdexecServer:
         no file system (raising the refusal of a request they fail), then
         its command looked up by :attr:`lookups`, for :meth:`exec`."""
         self._refuse_if_unavailable()
-        check_local_flags(payload.get("local_flags", 0), streaming)
-        request = checked_request(payload)
+        request = checked_request(payload, streaming)
         where = manager_working_directory(self.config)
         lookup = self.lookups.find(request.command, where)
         return lookup.addCallback(lambda found: LookedUp(request, found))
@@ -214,9 +212,15 @@ class SdexecServer:
         request was handled (its start latency counts from there, its
         lookup included). Fires once systemd has answered its start."""
         self._refuse_if_unavailable()
-        check_local_flags(payload.get("local_flags", 0), streaming)
         plan = self._own(
-            plan_exec(payload, self.config, self.containment, request_frame, looked_up)
+            plan_exec(
+                payload,
+                self.config,
+                self.containment,
+                request_frame,
+                looked_up,
+                streaming,
+            )
         )
         if plan.mapped:
             self.count("mapper")  # the mapper ran, whatever is refused next

@@ -1192,6 +1192,8 @@ def test_a_held_kill_fails_with_the_connection_s_loss(served):
     peer.transport.loseConnection()
     with pytest.raises(ConnectionFailed):
         yield killed
+    with pytest.raises(ConnectionFailed):  # the exec's own end, and said so
+        yield handle.done
 
 
 @pytest_twisted.inlineCallbacks

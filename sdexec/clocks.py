@@ -47,9 +47,20 @@ def as_wall(clock: IReactorTime, at: float | None) -> float | None:
 
 def timers_clock(reactor: Any) -> IReactorTime:
     """The clock for the service's timers: a :class:`MonotonicClock` on the
-    event loop of an asyncio reactor (the service's), else ``reactor``."""
+    event loop of Twisted's asyncio reactor, which the service runs on.
+
+    Twisted names that loop only privately (``_asyncioEventloop``). A
+    reactor without it, another reactor or a Twisted that renamed it, is
+    refused here, at the service's start: falling back to the reactor's own
+    timers would bring back, without a word, the steps of the wall clock
+    that move them (the module's docstring)."""
     loop = getattr(reactor, "_asyncioEventloop", None)
-    return MonotonicClock(loop) if loop is not None else reactor
+    if loop is None:
+        raise TypeError(
+            "the service's timers need the event loop of Twisted's asyncio"
+            f" reactor (its _asyncioEventloop): {type(reactor).__name__} has none"
+        )
+    return MonotonicClock(loop)
 
 
 class EventLoop(Protocol):

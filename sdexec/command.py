@@ -106,11 +106,6 @@ class Command:
             if key.startswith(PROPERTY_PREFIX) and len(key) > len(PROPERTY_PREFIX)
         }
 
-    def resolve_executable(self, default_cwd: str = "/") -> str | None:
-        """``cmdline[0]`` as execvp(3) would find it: :meth:`find_executable`'s
-        path."""
-        return self.find_executable(default_cwd).executable
-
     def find_executable(self, default_cwd: str = "/") -> Found:
         """``cmdline[0]`` as execvp(3) would find it with this command's
         ``PATH`` and ``cwd`` (else ``default_cwd``: where the manager runs a

@@ -66,6 +66,7 @@ from sdexec.refusal import json_quoted
 from sdexec.retained import DEFAULT_RETAINED, parse_retained_size
 from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import SUFFIXES, MemoryLimit, parse_size
+from sdexec.systemd.window import DEFAULT_MAX_INFLIGHT
 from sdexec.version import add_version_option
 
 __all__ = [
@@ -279,10 +280,6 @@ DEFAULT_START_TIMEOUT = 120.0
 #: Seconds without systemd before the service drains
 #: (``[systemd] reconnect-timeout``).
 DEFAULT_RECONNECT_TIMEOUT = 60.0
-
-#: D-Bus calls to the manager in flight at once (``[systemd] max-inflight``):
-#: well below the 128 pending replies a system bus allows a connection.
-DEFAULT_MAX_INFLIGHT = 64
 
 
 @dataclass(frozen=True)

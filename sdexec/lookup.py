@@ -88,12 +88,10 @@ class ThreadedLookups:
         self._clock = clock or reactor
         self._timeout = timeout
         self._limit = limit
-        #: Lookups whose thread has not ended (only the reactor's thread
-        #: changes the counts).
-        self.unfinished = 0
-        #: Of those, the ones that timed out: their threads wait on a file
-        #: system. (Lookups in time are bounded by the connections: each
-        #: holds its requests while one runs.)
+        #: Lookups that timed out and whose thread has not ended: their
+        #: threads wait on a file system. Only the reactor's thread changes
+        #: it. (Lookups in time are bounded by the connections: each holds
+        #: its requests while one runs.)
         self.stuck = 0
         self._workers = _Workers()
 
@@ -116,13 +114,11 @@ class ThreadedLookups:
         except RuntimeError as error:  # no thread to be had: the node's limits
             timer.cancel()
             return _not_looked_up(name, f"no thread to look it up in ({error})")
-        self.unfinished += 1
         return answer
 
     def _finished(
         self, outcome: Found | Failure, answer: defer.Deferred[Found], timer: Any
     ) -> None:
-        self.unfinished -= 1
         if answer.called:
             self.stuck -= 1  # timed out: its request was refused already
             return

@@ -51,11 +51,15 @@ from sdexec.property import (
     properties_together_problem,
     unit_file_problem,
 )
-from sdexec.protocol import DEFAULT_MAX_FRAME, DEFAULT_STDIN_BUFSIZE, ExecFlag
+from sdexec.protocol import (
+    DEFAULT_MAX_FRAME,
+    DEFAULT_OUTPUT_BUFSIZE,
+    DEFAULT_STDIN_BUFSIZE,
+    ExecFlag,
+)
 from sdexec.refusal import RequestRefused, json_quoted
 from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import parse_size
-from sdexec.systemd.channel import DEFAULT_OUTPUT_BUFSIZE
 from sdexec.unitstop import StopTimerPolicy, lifecycle_properties
 
 __all__ = [

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
+    "DEFAULT_OUTPUT_BUFSIZE",
     "DEFAULT_SOCKET_SUBPATH",
     "DEFAULT_STDIN_BUFSIZE",
     "SOCKET_ENV",
@@ -58,6 +59,9 @@ class Topic(enum.StrEnum):
 #: What a client may send before the first ``add-credit`` unless the
 #: command's ``stdin_BUFSIZE`` option says otherwise.
 DEFAULT_STDIN_BUFSIZE = 4096
+#: The most output one message carries unless the command's
+#: ``stdout_BUFSIZE`` or ``stderr_BUFSIZE`` option says otherwise.
+DEFAULT_OUTPUT_BUFSIZE = 1024 * 1024
 #: The largest message either end accepts unless configured otherwise.
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024
 #: Where the service listens by default, under ``$XDG_RUNTIME_DIR``.

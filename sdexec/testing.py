@@ -23,7 +23,7 @@ from typing import Any
 
 from twisted.internet import defer
 
-from sdexec.config import DEFAULT_MAX_INFLIGHT, Config, default_config
+from sdexec.config import Config, default_config
 from sdexec.containment import Containment
 from sdexec.plan import ExecPlan, plan_exec
 from sdexec.property import UnitProperty
@@ -32,6 +32,7 @@ from sdexec.systemd.bus import unit_object_path
 from sdexec.systemd.errors import SystemdError, connection_lost, reconnecting
 from sdexec.systemd.unanswered import Silence, calls_waiting
 from sdexec.systemd.watch import UnitWatch, WatchRegistry
+from sdexec.systemd.window import DEFAULT_MAX_INFLIGHT
 
 __all__ = [
     "DEACTIVATING",

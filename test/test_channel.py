@@ -6,6 +6,7 @@ import pytest
 from support import bytes_held_by
 from twisted.internet.testing import StringTransport
 
+from sdexec.protocol import DEFAULT_OUTPUT_BUFSIZE, DEFAULT_STDIN_BUFSIZE
 from sdexec.systemd.channel import (
     STDIN_OVERRUN_FACTOR,
     InputChannel,
@@ -33,7 +34,7 @@ def connected_input(channel: InputChannel) -> HalfCloseTransport:
 
 def test_data_written_then_closed_before_adoption_reaches_stdin():
     credit: list[int] = []
-    channel = InputChannel(credit.append)
+    channel = InputChannel(credit.append, DEFAULT_STDIN_BUFSIZE)
     channel.write(b"early ")
     channel.write(b"bird")
     channel.close()
@@ -45,7 +46,7 @@ def test_data_written_then_closed_before_adoption_reaches_stdin():
 
 def test_credit_is_withheld_while_the_transport_is_full():
     credit: list[int] = []
-    channel = InputChannel(credit.append)
+    channel = InputChannel(credit.append, DEFAULT_STDIN_BUFSIZE)
     connected_input(channel)
     channel.pauseProducing()
     channel.write(b"abc")
@@ -84,7 +85,7 @@ def test_a_client_that_overruns_is_refused_and_nothing_is_taken(adopted):
 
 
 def test_writes_after_close_are_dropped():
-    channel = InputChannel(lambda n: None)
+    channel = InputChannel(lambda n: None, DEFAULT_STDIN_BUFSIZE)
     transport = connected_input(channel)
     channel.close()
     channel.write(b"late")
@@ -123,7 +124,13 @@ def test_a_line_that_fits_the_buffer_is_never_cut():
 
 def test_unbuffered_output_is_sent_as_read():
     chunks: list[bytes] = []
-    channel = OutputChannel("stderr", chunks.append, lambda: None, line_buffered=False)
+    channel = OutputChannel(
+        "stderr",
+        chunks.append,
+        lambda: None,
+        line_buffered=False,
+        bufsize=DEFAULT_OUTPUT_BUFSIZE,
+    )
     channel.dataReceived(b"no newline")
     assert chunks == [b"no newline"]
 
@@ -143,7 +150,9 @@ def test_no_chunk_is_larger_than_the_buffer():
 
 
 def test_the_gate_holds_output_until_open_and_while_the_client_is_slow():
-    channel = OutputChannel("stdout", lambda data: None, lambda: None)
+    channel = OutputChannel(
+        "stdout", lambda data: None, lambda: None, bufsize=DEFAULT_OUTPUT_BUFSIZE
+    )
     transport = StringTransport()
     channel.makeConnection(transport)
     gate = OutputGate({"stdout": channel})

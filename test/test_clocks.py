@@ -84,6 +84,17 @@ async def test_an_exception_of_a_timer_is_logged_and_goes_no_further():
     assert any(event.get("log_failure") for event in events)
 
 
+def test_a_reactor_without_the_asyncio_loop_is_refused_not_used():
+    # Its own timers move with the wall clock: taken without a word (a
+    # Twisted that renamed its private _asyncioEventloop), they brought
+    # the steps back.
+    class RenamedLoop:
+        _asyncio_loop = reactor._asyncioEventloop
+
+    with pytest.raises(TypeError, match="RenamedLoop has none"):
+        timers_clock(RenamedLoop())
+
+
 def test_a_time_limit_counts_from_its_arming_whatever_the_wall_clock_does():
     class SteppedClock(Clock):
         offset = 1_000_000.0

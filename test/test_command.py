@@ -96,7 +96,7 @@ def test_requested_properties_strip_the_prefix():
     assert command.option("missing", "default") == "default"
 
 
-# -- resolve_executable ------------------------------------------------------------
+# -- find_executable ---------------------------------------------------------------
 
 
 def test_resolve_searches_the_commands_path(tmp_path):
@@ -106,24 +106,24 @@ def test_resolve_searches_the_commands_path(tmp_path):
     make_executable(second / "prog")
     make_executable(first / "prog", mode=0o644)  # not executable: skipped
     command = Command(["prog"], env={"PATH": f"{first}:{second}"})
-    assert command.resolve_executable() == str(second / "prog")
+    assert command.find_executable().executable == str(second / "prog")
 
 
 def test_resolve_relative_path_entries_against_cwd(tmp_path):
     (tmp_path / "bin").mkdir()
     make_executable(tmp_path / "bin" / "prog")
     command = Command(["prog"], env={"PATH": "bin:/nonexistent"}, cwd=str(tmp_path))
-    assert command.resolve_executable() == str(tmp_path / "bin" / "prog")
+    assert command.find_executable().executable == str(tmp_path / "bin" / "prog")
 
 
 def test_resolve_empty_path_entry_is_cwd(tmp_path):
     make_executable(tmp_path / "prog")
     command = Command(["prog"], env={"PATH": ":/nonexistent"}, cwd=str(tmp_path))
-    assert command.resolve_executable() == str(tmp_path / "prog")
+    assert command.find_executable().executable == str(tmp_path / "prog")
 
 
 def test_resolve_without_path_uses_the_default():
-    assert Command(["sh"]).resolve_executable() == os.path.join(
+    assert Command(["sh"]).find_executable().executable == os.path.join(
         os.defpath.split(":")[0], "sh"
     )
 
@@ -134,14 +134,16 @@ def test_without_cwd_a_relative_command_is_found_where_the_unit_runs(tmp_path):
     (tmp_path / "bin").mkdir()
     make_executable(tmp_path / "bin" / "prog")
     command = Command(["bin/prog"])
-    assert command.resolve_executable(default_cwd=str(tmp_path)) == str(
+    assert command.find_executable(default_cwd=str(tmp_path)).executable == str(
         tmp_path / "bin" / "prog"
     )
     in_path = Command(["prog"], env={"PATH": "bin"})
-    assert in_path.resolve_executable(default_cwd=str(tmp_path)) == str(
+    assert in_path.find_executable(default_cwd=str(tmp_path)).executable == str(
         tmp_path / "bin" / "prog"
     )
-    assert Command(["bin/prog"], cwd="/").resolve_executable(str(tmp_path)) is None
+    assert (
+        Command(["bin/prog"], cwd="/").find_executable(str(tmp_path)).executable is None
+    )
 
 
 def test_the_default_working_directory_is_the_managers(monkeypatch, tmp_path):
@@ -158,8 +160,8 @@ def test_the_default_working_directory_is_the_managers(monkeypatch, tmp_path):
 def test_resolve_name_with_slash_is_relative_to_cwd(tmp_path):
     make_executable(tmp_path / "prog")
     command = Command(["./prog"], cwd=str(tmp_path))
-    assert os.path.samefile(command.resolve_executable(), tmp_path / "prog")
-    assert Command([str(tmp_path / "prog")]).resolve_executable() == str(
+    assert os.path.samefile(command.find_executable().executable, tmp_path / "prog")
+    assert Command([str(tmp_path / "prog")]).find_executable().executable == str(
         tmp_path / "prog"
     )
 
@@ -182,7 +184,7 @@ def test_each_path_directory_is_looked_in_once(monkeypatch):
     # each joining cwd: that cost minutes of a reactor with a long cwd.
     looked = looked_up(monkeypatch)
     path = ":" * 100_000 + "/a:/b:/a:."
-    assert Command(["prog"], env={"PATH": path}).resolve_executable() is None
+    assert Command(["prog"], env={"PATH": path}).find_executable().executable is None
     assert looked == [("./prog", True), ("/a/prog", True), ("/b/prog", True)]
 
 
@@ -191,14 +193,14 @@ def test_a_relative_path_entry_is_looked_up_from_the_opened_cwd(monkeypatch):
     # components and 20,000 relative entries held the reactor 3 s.
     looked = looked_up(monkeypatch)
     cwd = "/." * 2000
-    Command(["prog"], env={"PATH": "bin:/usr/bin"}, cwd=cwd).resolve_executable()
+    Command(["prog"], env={"PATH": "bin:/usr/bin"}, cwd=cwd).find_executable()
     assert looked == [("bin/prog", True), ("/usr/bin/prog", True)]
 
 
 def test_a_path_of_too_many_directories_is_e2big_naming_it():
     path = ":".join(f"/d{index}" for index in range(MAX_SEARCH_DIRECTORIES + 1))
     with pytest.raises(RequestRefused) as refused:
-        Command(["prog"], env={"PATH": path}).resolve_executable()
+        Command(["prog"], env={"PATH": path}).find_executable()
     assert (refused.value.errnum, refused.value.errstr) == (
         errno.E2BIG,
         f"cmd.env.PATH: {MAX_SEARCH_DIRECTORIES + 1} directories; a command name"
@@ -206,7 +208,7 @@ def test_a_path_of_too_many_directories_is_e2big_naming_it():
         " path instead)",
     )
     at_most = ":".join(f"/d{index}" for index in range(MAX_SEARCH_DIRECTORIES))
-    assert Command(["prog"], env={"PATH": at_most}).resolve_executable() is None
+    assert Command(["prog"], env={"PATH": at_most}).find_executable().executable is None
 
 
 def test_a_file_that_cannot_be_executed_is_found_unexecutable(tmp_path):
@@ -255,7 +257,7 @@ def test_a_path_up_through_a_symlink_is_the_file_the_lookup_found(tmp_path, name
     (tmp_path / "linked").symlink_to(tmp_path / "other" / "sub")
     make_executable(tmp_path / "other" / "prog")
     cwd = tmp_path / ("cwd" if name.startswith("link") else "linked")
-    found = Command([name], cwd=str(cwd)).resolve_executable()
+    found = Command([name], cwd=str(cwd)).find_executable().executable
     assert found == str(tmp_path / "other" / "prog")
 
 
@@ -263,7 +265,7 @@ def test_a_missing_cwd_finds_only_what_absolute_paths_name(tmp_path):
     make_executable(tmp_path / "prog")
     path = f"bin:{tmp_path}"
     command = Command(["prog"], env={"PATH": path}, cwd=str(tmp_path / "gone"))
-    assert command.resolve_executable() == str(tmp_path / "prog")
+    assert command.find_executable().executable == str(tmp_path / "prog")
     assert Command(["./prog"], cwd=str(tmp_path / "gone")).find_executable() == (
         None,
         False,
@@ -272,19 +274,24 @@ def test_a_missing_cwd_finds_only_what_absolute_paths_name(tmp_path):
 
 def test_a_bare_name_no_file_can_have_is_not_looked_for(monkeypatch):
     looked = looked_up(monkeypatch)
-    assert Command(["x" * 256], env={"PATH": "/a:/b"}).resolve_executable() is None
+    assert (
+        Command(["x" * 256], env={"PATH": "/a:/b"}).find_executable().executable is None
+    )
     assert looked == []
 
 
 @pytest.mark.parametrize("name", ["no-such-program-sdexec", "/nonexistent/prog", "."])
 def test_resolve_missing_is_none(name):
-    assert Command([name], env={"PATH": "/bin:/usr/bin"}).resolve_executable() is None
+    assert (
+        Command([name], env={"PATH": "/bin:/usr/bin"}).find_executable().executable
+        is None
+    )
 
 
 def test_resolve_skips_directories(tmp_path):
     (tmp_path / "prog").mkdir()
     command = Command(["prog"], env={"PATH": str(tmp_path)})
-    assert command.resolve_executable() is None
+    assert command.find_executable().executable is None
 
 
 # -- unit_properties ---------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The systemd boundary: only sdexec/systemd/bus.py imports dbus-fast or
-asyncio (docs/design.md)."""
+asyncio, and the systemd layer imports nothing of the service above it
+(docs/design.md)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,89 @@ def test_the_check_sees_the_bus_module_import():
     assert {"asyncio", "dbus_fast"} <= {
         name.split(".")[0] for name in imported_modules(PACKAGE / "systemd" / "bus.py")
     }
+
+
+#: The sdexec modules outside sdexec/systemd/ that the systemd layer may
+#: import: pure leaves, importing no more than each other, with no state and
+#: no knowledge of requests, configuration or clients.
+SYSTEMD_LAYER_LEAVES = {
+    # The D-Bus typing of unit properties, which the bus client sends and
+    # errors.py names in a refusal's explanation.
+    "sdexec.property",
+    # What property.py parses with: CPU and node lists, memory sizes.
+    "sdexec.idset",
+    "sdexec.sizes",
+    # quoted() for the values in an error message; idset and ioencode use it.
+    "sdexec.refusal",
+    # The manager's version read from its Version property, which errors.py
+    # needs to say that a refusal comes from a manager too old.
+    "sdexec.managerversion",
+    # Output split into lines, which the output channel does as it reads.
+    "sdexec.ioencode",
+}
+
+
+def module_path(name: str) -> Path | None:
+    """The file of sdexec module ``name``, or None if it is no module."""
+    base = PACKAGE.joinpath(*name.split(".")[1:])
+    for path in (base / "__init__.py", base.with_name(base.name + ".py")):
+        if path.is_file():
+            return path
+    return None
+
+
+def sdexec_imports(path: Path) -> set[str]:
+    """The sdexec modules a file imports anywhere in its body: at module
+    level, in functions, under ``TYPE_CHECKING``; ``from P import m`` of a
+    submodule ``m`` counts as ``P.m``."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {
+        name
+        for name in names
+        if name.split(".")[0] == "sdexec" and module_path(name) is not None
+    }
+
+
+def reached_from(roots: set[str]) -> set[str]:
+    """Every sdexec module that importing ``roots`` can load."""
+    reached: set[str] = set()
+    pending = set(roots)
+    while pending:
+        name = pending.pop()
+        reached.add(name)
+        path = module_path(name)
+        assert path is not None, name
+        pending |= sdexec_imports(path) - reached
+    return reached
+
+
+def systemd_layer() -> set[str]:
+    return {
+        "sdexec." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        for path in (PACKAGE / "systemd").glob("*.py")
+    }
+
+
+def test_the_systemd_layer_imports_only_leaves_of_the_service():
+    layer = systemd_layer()
+    outside = {
+        name
+        for name in reached_from(layer)
+        if name != "sdexec" and name.split(".")[:2] != ["sdexec", "systemd"]
+    }
+    assert sorted(outside - SYSTEMD_LAYER_LEAVES) == []
+
+
+def test_the_layer_check_sees_imports_in_functions(tmp_path):
+    source = tmp_path / "late.py"
+    source.write_text("def f():\n    from sdexec.config import Config\n")
+    assert sdexec_imports(source) == {"sdexec.config"}
 
 
 def exported_exceptions(path: Path) -> set[str]:

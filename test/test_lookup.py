@@ -96,7 +96,7 @@ async def test_a_lookup_runs_outside_the_reactor_s_thread(silent, lookups):
     found = await lookups.find(Command(["sh"], env={"PATH": "/bin"}), "/")
     assert found == Found("/bin/sh", False)
     assert silent.threads and silent.threads[0] is not threading.main_thread()
-    assert lookups.unfinished == 0
+    assert lookups.stuck == 0
 
 
 @ensureDeferred
@@ -131,10 +131,11 @@ async def test_a_lookup_that_does_not_finish_is_refused_in_time(silent, lookups,
     assert "prog: looking it up from /nfs/home/u did not finish within 10 s" in (
         error.errstr
     )
-    # Its thread waits on for the file system, and ends when it answers.
-    assert lookups.unfinished == 1
+    # Its thread waits on for the file system, and is done when it answers.
+    assert lookups.stuck == 1
+    assert silent.threads[0].is_alive()
     silent.answer()
-    await until(lambda: lookups.unfinished == 0, "the thread's end")
+    await until(lambda: lookups.stuck == 0, "the stuck lookup's end")
 
 
 def test_an_absolute_command_that_times_out_names_its_file_system(
@@ -157,7 +158,7 @@ async def test_past_the_stuck_lookups_cap_a_request_is_refused_at_once(silent, c
     # Slow, but not stuck yet: a third is looked up.
     await lookups.find(Command(["/local/three"]), "/")
     clock.advance(LOOKUP_TIMEOUT_S)  # now both are stuck
-    assert (lookups.unfinished, lookups.stuck) == (2, 2)
+    assert lookups.stuck == 2
     failures: list = []
     lookups.find(Command(["four"]), "/").addErrback(failures.append)
     (failure,) = failures
@@ -174,7 +175,7 @@ async def test_a_burst_of_quick_lookups_is_never_refused(silent, lookups):
     answers = [lookups.find(Command(["/local/prog"]), "/") for _ in range(40)]
     found = await defer.gatherResults(answers)
     assert found == [Found(None, False)] * 40
-    assert (lookups.unfinished, lookups.stuck) == (0, 0)
+    assert lookups.stuck == 0
 
 
 def test_a_lookup_with_no_thread_to_run_in_is_refused_and_leaves_nothing(
@@ -196,7 +197,7 @@ def test_a_lookup_with_no_thread_to_run_in_is_refused_and_leaves_nothing(
         assert failure.value.errstr == (
             "prog: not looked up: no thread to look it up in (can't start new thread)"
         )
-    assert (lookups.unfinished, lookups.stuck) == (0, 0)
+    assert lookups.stuck == 0
     assert clock.getDelayedCalls() == []
 
 
@@ -217,10 +218,34 @@ def test_an_absolute_command_does_not_touch_the_working_directory(monkeypatch):
 # -- the server: one connection's exec waits, no other client does -------------
 
 
+class WatchedLookups:
+    """The server's lookups, counting those not answered yet: a lookup's end
+    for the server (one that timed out was answered then, and its thread
+    is counted in ``ThreadedLookups.stuck`` until it ends)."""
+
+    def __init__(self, lookups: ThreadedLookups) -> None:
+        self.lookups = lookups
+        self.unanswered = 0
+
+    def find(self, command: Command, default_cwd: str) -> defer.Deferred[Found]:
+        self.unanswered += 1
+        answer = self.lookups.find(command, default_cwd)
+        answer.addBoth(self._answered)
+        return answer
+
+    def _answered(self, outcome):
+        self.unanswered -= 1
+        return outcome
+
+
 @pytest.fixture
 def server(systemd, lookups, clock):
     return SdexecServer(
-        systemd, parse_config({}), reactor, clock=clock, lookups=lookups
+        systemd,
+        parse_config({}),
+        reactor,
+        clock=clock,
+        lookups=WatchedLookups(lookups),
     )
 
 
@@ -260,7 +285,7 @@ async def test_other_clients_are_served_while_a_lookup_waits(silent, systemd, se
 
 @ensureDeferred
 async def test_a_timed_out_lookup_refuses_its_exec_and_frees_the_connection(
-    silent, systemd, server, clock
+    silent, systemd, server, lookups, clock
 ):
     connection = Connection(server)
     _exec(connection)
@@ -277,7 +302,7 @@ async def test_a_timed_out_lookup_refuses_its_exec_and_frees_the_connection(
         f" {error_of(exec_error)[1]}"
     ]
     silent.answer()
-    await until(lambda: server.lookups.unfinished == 0, "the thread's end")
+    await until(lambda: lookups.stuck == 0, "the stuck lookup's end")
     assert not [call for call in systemd.calls if call[0] == "start"]
     connection.close()
 
@@ -301,7 +326,7 @@ async def test_a_client_that_leaves_during_its_lookup_starts_nothing(
     )
     connection.close()
     silent.answer()
-    await until(lambda: server.lookups.unfinished == 0, "the lookup's end")
+    await until(lambda: server.lookups.unanswered == 0, "the lookup's end")
     assert not [call for call in systemd.calls if call[0] == "start"]
     with pytest.raises(BrokenPipeError):  # the service's copy is closed
         os.write(stdin_w, b"x")
@@ -345,7 +370,7 @@ async def test_a_client_that_closes_its_socket_during_its_lookup_starts_nothing(
         client.close()
         await until(lambda: server.connections.total == 0, "the connection released")
         silent.answer()
-        await until(lambda: server.lookups.unfinished == 0, "the lookup's end")
+        await until(lambda: server.lookups.unanswered == 0, "the lookup's end")
         assert not [call for call in systemd.calls if call[0] == "start"]
         assert server.hangups.fileno() == -1  # nothing left watched
 
@@ -416,7 +441,7 @@ async def test_the_close_is_seen_during_a_pipelined_exec_s_lookup(
         client.close()
         await until(lambda: server.connections.total == 0, "the close seen")
         silent.answer("false")
-        await until(lambda: server.lookups.unfinished == 0, "the lookup's end")
+        await until(lambda: server.lookups.unanswered == 0, "the lookup's end")
         assert _starts(systemd) == ["true.service"]
 
 
@@ -442,5 +467,5 @@ async def test_a_close_seen_as_the_lookup_answers_starts_nothing(
 
         reactor.callLater(0, both_at_once)
         await until(lambda: server.connections.total == 0, "the close seen")
-        await until(lambda: server.lookups.unfinished == 0, "the lookup's end")
+        await until(lambda: server.lookups.unanswered == 0, "the lookup's end")
         assert _starts(systemd) == []

@@ -213,7 +213,7 @@ class Launcher:
         """Start ``cmdline`` as a transient unit with three socketpairs;
         systemd's ends are closed once it replied."""
         command = Command(cmdline, env=env or {}, cwd=cwd)
-        executable = command.resolve_executable() or cmdline[0]
+        executable = command.find_executable().executable or cmdline[0]
         unit = unit_properties(command, executable, properties or {})
         pairs = {stream: socket.socketpair() for stream in STREAMS}
         run = Run(self.client, name or unit_name(), {s: p[0] for s, p in pairs.items()})
@@ -396,7 +396,9 @@ async def test_watch_merges_unit_and_service_and_refresh_fetches_all(units):
     assert {"ActiveState", "ExecMainStatus"} <= run.watch.state.keys()
     refreshed = await run.watch.refresh()
     assert refreshed["Id"] == run.name
-    assert refreshed["ExecStart"][0][0] == Command(["true"]).resolve_executable()
+    assert (
+        refreshed["ExecStart"][0][0] == Command(["true"]).find_executable().executable
+    )
     # The watch keeps what it follows: some 400 properties were 53 KB a unit.
     assert run.states[-1].items() <= refreshed.items()
     assert "ControlGroup" in run.states[-1] and "ExecStart" not in run.states[-1]

@@ -1,4 +1,6 @@
-"""The systemd layer: everything that knows systemd's D-Bus API.
+"""The systemd layer: everything that talks to systemd, or hands it what
+it needs, below the rest of the service (it imports none of it: a test
+checks).
 
 - :mod:`sdexec.systemd.bus`: the bus client (:class:`SystemdClient`); the
   only module that imports dbus-fast or asyncio.
@@ -6,6 +8,9 @@
   and the registry that dispatches each signal to it.
 - :mod:`sdexec.systemd.window`: :class:`CallWindow`, the bound on method
   calls awaiting their reply (``max-inflight``).
+- :mod:`sdexec.systemd.unanswered`: the calls awaiting the manager's answer
+  (:class:`UnansweredCalls`), a warning when the manager has left one
+  unanswered too long, and the oldest one (:class:`Silence`) for the stats.
 - :mod:`sdexec.systemd.retry`: the backoff of the reconnection to a bus or
   manager that went away.
 - :mod:`sdexec.systemd.errors`: :class:`SystemdError` with its errno, and the
@@ -13,7 +18,10 @@
 - :mod:`sdexec.systemd.unit`: unit properties read as a process's life
   (:class:`UnitStatus`).
 - :mod:`sdexec.systemd.channel`: the socketpairs whose ends systemd gets as
-  the process's stdin, stdout and stderr.
+  the process's stdin, stdout and stderr. Plain sockets and Twisted
+  protocols, no D-Bus: here because those ends are what
+  ``StartTransientUnit`` is handed, and what systemd holds until the unit
+  stops (the channel sees EOF only then).
 - :mod:`sdexec.systemd.manager`: :class:`Manager`, the surface of the client
   the service uses (what :mod:`sdexec.testing` fakes).
 

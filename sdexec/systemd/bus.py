@@ -22,7 +22,7 @@ import socket
 import string
 import time
 from array import array
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, cast
 
 from dbus_fast import BusType, Message, MessageFlag, MessageType, Variant
@@ -34,7 +34,6 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from sdexec.config import DEFAULT_MAX_INFLIGHT
 from sdexec.property import FD_PROPERTIES, UnitProperty
 from sdexec.refusal import quoted
 from sdexec.systemd.errors import (
@@ -48,7 +47,7 @@ from sdexec.systemd.errors import (
 from sdexec.systemd.retry import Backoff
 from sdexec.systemd.unanswered import Silence, UnansweredCalls, calls_waiting
 from sdexec.systemd.watch import UnitWatch, WatchRegistry
-from sdexec.systemd.window import CallWindow
+from sdexec.systemd.window import DEFAULT_MAX_INFLIGHT, CallWindow
 
 __all__ = [
     "SystemdClient",
@@ -641,7 +640,14 @@ class SystemdClient:
         body = await self._call(SYSTEMD, path, PROPERTIES, "GetAll", "s", [interface])
         return _unwrap(body[0])
 
-    def _manager(self, member: str, signature: str = "", body=(), unix_fds=()):
+    def _manager(
+        self,
+        member: str,
+        signature: str = "",
+        body: Sequence[Any] = (),
+        unix_fds: Sequence[int] = (),
+    ) -> Coroutine[Any, Any, list[Any]]:
+        """A call of the manager's ``member`` with ``body``."""
         return self._call(
             SYSTEMD, MANAGER_PATH, MANAGER, member, signature, list(body), unix_fds
         )
@@ -655,14 +661,14 @@ class SystemdClient:
 
     async def _call(
         self,
-        destination,
-        path,
-        interface,
-        member,
-        signature,
-        body,
-        unix_fds=(),
-        autostart=False,
+        destination: str,
+        path: str,
+        interface: str,
+        member: str,
+        signature: str,
+        body: list[Any],
+        unix_fds: Sequence[int] = (),
+        autostart: bool = False,
     ) -> list[Any]:
         bus = self._bus
         # A bus dbus-fast has closed, before _bus_closed hears of it (a
@@ -697,26 +703,7 @@ class SystemdClient:
         if reply is None:  # the bus closed before any reply came
             raise connection_lost()
         if reply.message_type == MessageType.ERROR:
-            text = reply.body[0] if reply.body else reply.error_name
-            if self.debug:
-                log.info(
-                    "sdbus: {member} {path} → {error}: {text}",
-                    member=member,
-                    path=path,
-                    error=reply.error_name,
-                    text=text,
-                )
-            if reply.error_name == NO_REPLY:  # the manager left mid-call
-                raise connection_lost(text or "")
-            if (
-                destination == SYSTEMD
-                and reply.sender == DBUS
-                and reply.error_name in _NO_MANAGER
-            ):
-                # The bus answers so a call sent as the manager left, before
-                # its NameOwnerChanged reached us, or while it is not back.
-                raise manager_away(text or "")
-            raise SystemdError(reply.error_name or "", text or "")
+            raise self._error_for(reply, destination, member, path)
         if self.debug:
             log.info(
                 "sdbus: {member} {path} {args} → ok",
@@ -725,6 +712,33 @@ class SystemdClient:
                 args=quoted(body, 200),
             )
         return reply.body
+
+    def _error_for(
+        self, reply: Message, destination: str, member: str, path: str
+    ) -> SystemdError:
+        """The error an error reply to ``member`` of ``destination`` at
+        ``path`` stands for: the connection lost, the manager away, or
+        systemd's own refusal."""
+        text = reply.body[0] if reply.body else reply.error_name
+        if self.debug:
+            log.info(
+                "sdbus: {member} {path} → {error}: {text}",
+                member=member,
+                path=path,
+                error=reply.error_name,
+                text=text,
+            )
+        if reply.error_name == NO_REPLY:  # the manager left mid-call
+            return connection_lost(text or "")
+        if (
+            destination == SYSTEMD
+            and reply.sender == DBUS
+            and reply.error_name in _NO_MANAGER
+        ):
+            # The bus answers so a call sent as the manager left, before
+            # its NameOwnerChanged reached us, or while it is not back.
+            return manager_away(text or "")
+        return SystemdError(reply.error_name or "", text or "")
 
     def _on_message(self, message: Message) -> None:
         if message.message_type != MessageType.SIGNAL:

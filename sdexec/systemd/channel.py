@@ -24,7 +24,6 @@ from twisted.internet.protocol import Protocol, ServerFactory
 from zope.interface import implementer
 
 from sdexec.ioencode import line_chunks
-from sdexec.protocol import DEFAULT_STDIN_BUFSIZE
 
 __all__ = [
     "STDIN_OVERRUN_FACTOR",
@@ -35,8 +34,6 @@ __all__ = [
     "socketpair_for_systemd",
 ]
 
-DEFAULT_OUTPUT_BUFSIZE = 1024 * 1024
-DEFAULT_INPUT_BUFSIZE = DEFAULT_STDIN_BUFSIZE
 #: The most stdin an :class:`InputChannel` holds for its process, in
 #: multiples of its advertised buffer: a client that honours its credit
 #: never makes it hold more than once the buffer.
@@ -85,7 +82,8 @@ class OutputChannel(Protocol):
         on_data: Callable[[bytes], None],
         on_eof: Callable[[], None],
         line_buffered: bool = True,
-        bufsize: int = DEFAULT_OUTPUT_BUFSIZE,
+        *,
+        bufsize: int,
     ) -> None:
         self.name = name
         self.eof = False
@@ -298,9 +296,7 @@ class InputChannel(Protocol):
     #: the socket transport has; Any keeps those calls unchecked, not wrong.
     transport: Any
 
-    def __init__(
-        self, on_credit: Callable[[int], None], bufsize: int = DEFAULT_INPUT_BUFSIZE
-    ) -> None:
+    def __init__(self, on_credit: Callable[[int], None], bufsize: int) -> None:
         self.bufsize = bufsize
         self._on_credit = on_credit
         #: What waits to be handed to the transport: written before the

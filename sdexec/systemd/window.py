@@ -18,7 +18,11 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
-__all__ = ["CallWindow"]
+__all__ = ["DEFAULT_MAX_INFLIGHT", "CallWindow"]
+
+#: D-Bus calls to the manager in flight at once (``[systemd] max-inflight``):
+#: well below the 128 pending replies a system bus allows a connection.
+DEFAULT_MAX_INFLIGHT = 64
 
 Start = Callable[[], "Deferred[Any]"]
 

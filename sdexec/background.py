@@ -524,6 +524,8 @@ class TrackedProcesses:
             self._by_label[process.label] = process
 
     def pid_known(self, process: Process) -> None:
+        """``process`` has started: a ``wait`` or ``attach`` by its pid
+        finds it from now on."""
         assert process.pid is not None
         self._by_pid.setdefault(process.pid, {})[process] = None
 
@@ -537,6 +539,8 @@ class TrackedProcesses:
                 del self._by_pid[process.pid or 0]
 
     def add(self, process: Process, tracked: Tracked) -> None:
+        """Track ``process``, made from the plan :meth:`prepare` gave with
+        ``tracked``."""
         tracked.process = process
         self._tracked[process] = tracked
 
@@ -586,6 +590,8 @@ class TrackedProcesses:
         self._unread.pop(connection_id, None)
 
     def mode(self, process: Process) -> Mode:
+        """How ``process`` runs: streaming to its client unless it is
+        tracked as waitable or in the background."""
         tracked = self._tracked.get(process)
         return tracked.mode if tracked is not None else Mode.STREAMING
 

@@ -110,6 +110,8 @@ class Job:
         return _JobResponder(self, responder)
 
     def attach(self, process: Process) -> None:
+        """The job's process, once made: what its time limit and
+        termination signal."""
         self.process = process
 
     def started(self) -> None:

@@ -41,6 +41,7 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from sdexec.drain import KINDS
+from sdexec.process import Responder
 from sdexec.protocol import Topic
 
 __all__ = ["Metrics"]
@@ -176,13 +177,15 @@ class Metrics:
         if errnum != errno.ENODATA:
             self.request_errors.labels(topic=_topic_label(topic)).inc()
 
-    def watch_exec(self, responder: Any, since: float | None = None) -> _ExecWatch:
+    def watch_exec(
+        self, responder: Responder, since: float | None = None
+    ) -> _ExecWatch:
         """``SdexecServer.observer``: wrap an exec stream's responder; its
         start latency counted from ``since`` (``time.monotonic()`` when the
         request was handled, before its command's lookup), else now."""
         return _ExecWatch(self, responder, since)
 
-    def watch_output(self, responder: Any) -> _OutputWatch:
+    def watch_output(self, responder: Responder) -> _OutputWatch:
         """``SdexecServer.observer``: wrap an attach's or a wait's
         responder (a background process's output reaches clients there)."""
         return _OutputWatch(self, responder)
@@ -194,6 +197,7 @@ class Metrics:
             self._child(self.output_bytes, io["stream"]).inc(size)
 
     def reloaded(self, ok: bool) -> None:
+        """Count a reload, applied (``ok``) or refused."""
         self.reloads.labels(outcome="ok" if ok else "refused").inc()
 
     def _child(self, metric: Any, *values: str) -> Any:
@@ -210,7 +214,7 @@ class _ExecWatch:
     output bytes, and how the stream ended."""
 
     def __init__(
-        self, metrics: Metrics, responder: Any, since: float | None = None
+        self, metrics: Metrics, responder: Responder, since: float | None = None
     ) -> None:
         self._metrics = metrics
         self._responder = responder
@@ -236,7 +240,7 @@ class _OutputWatch:
     """A responder that counts the output passing through it: an attach's
     (its replay and live output) or a wait's answer (its retained output)."""
 
-    def __init__(self, metrics: Metrics, responder: Any) -> None:
+    def __init__(self, metrics: Metrics, responder: Responder) -> None:
         self._metrics = metrics
         self._responder = responder
 

@@ -79,6 +79,7 @@ class SystemdNotifier:
                      address=self.address, error=error)  # fmt: skip
 
     def close(self) -> None:
+        """Close the notification socket; later notifications go nowhere."""
         if self._socket is not None:
             self._socket.close()
             self._socket = None
@@ -156,6 +157,7 @@ class Readiness:
         self.notifier.notify(READY=1, STATUS=self._status)
 
     def stopping(self) -> None:
+        """Tell systemd the service is stopping, and send nothing more."""
         if self._poll.running:
             self._poll.stop()
         self.notifier.notify(STOPPING=1, STATUS="stopping")

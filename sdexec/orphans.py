@@ -343,6 +343,8 @@ class LostUnitKill:
         return self._sigkill is not None and self._sigkill.active()
 
     def start(self) -> None:
+        """Send the stop signal (SIGKILL at once if that is it), and SIGKILL
+        after :data:`GRACE_S` if one was sent or refused."""
         if self._stop_signal == signal.SIGKILL:
             self._kill()
             return

@@ -110,6 +110,8 @@ class OutputValve:
         self._lazy_left = LAZY_OUTPUT
 
     def join(self, process: Process) -> None:
+        """``process`` writes to this connection from now on (held back at
+        once if every member is)."""
         self._members[process] = None
         if self._lazy_left < 0:  # (joined while every member is held back)
             self._hold(process)
@@ -121,10 +123,14 @@ class OutputValve:
         self._held.pop(process, None)
 
     def pause(self) -> None:
+        """The connection's buffer is full: each member is held back as it
+        next writes."""
         self.paused = True
         self._lazy_left = LAZY_OUTPUT
 
     def resume(self) -> None:
+        """The connection has written everything out: every member held
+        back reads its output again."""
         self.paused = False
         self._lazy_left = LAZY_OUTPUT
         held, self._held = self._held, {}
@@ -159,9 +165,13 @@ class Responder(Protocol):
     """Where a process's responses go (a client's request, or nowhere once
     the client has gone)."""
 
-    def respond(self, payload: dict[str, Any]) -> None: ...
+    def respond(self, payload: dict[str, Any]) -> None:
+        """One response of the stream (``started``, output, ``finished``,
+        a credit)."""
 
-    def error(self, errnum: int, errstr: str) -> None: ...
+    def error(self, errnum: int, errstr: str) -> None:
+        """The stream's last response: an error (ENODATA for a stream that
+        ended well). Nothing is sent after it."""
 
 
 #: Sees every piece of output as read, forwarded or not: ``(stream, data,
@@ -580,6 +590,7 @@ class Process:
         self.output.pause()
 
     def resume_output(self) -> None:
+        """The client reads again: read the process's output again."""
         self.output.resume()
 
     def join_valve(self, valve: OutputValve) -> None:

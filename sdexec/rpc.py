@@ -350,6 +350,8 @@ class StdinCredit:
         self._borrowing = True
 
     def spend(self, nbytes: int) -> None:
+        """``nbytes`` of stdin were sent: that much less may be until the
+        server grants more."""
         self.available -= nbytes
 
     def add(self, channels: Any) -> bool:

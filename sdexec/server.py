@@ -14,7 +14,7 @@ import os
 import signal
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -55,6 +55,9 @@ from sdexec.receipt import reads_unit_cgroups
 from sdexec.signals import signal_name
 from sdexec.systemd import Manager
 from sdexec.systemd.errors import NO_SUCH_PROCESS, SystemdError, is_unit_gone
+
+if TYPE_CHECKING:
+    from sdexec.metrics import Metrics
 
 __all__ = ["AwaitingStart", "RequestError", "SdexecServer"]
 
@@ -137,7 +140,7 @@ class SdexecServer:
         #: Metrics hook (sdexec/metrics.py): ``watch_exec(responder)`` wraps
         #: each exec stream's responder, ``watch_output(responder)`` an
         #: attach's or a wait's, ``error_sent(topic, errnum)`` sees errors.
-        self.observer: Any = None
+        self.observer: Metrics | None = None
         self._next_connection_id = 0
         #: The processes that run jobs: time limits, termination, ``jobs``.
         self.jobs = Jobs(self.drain, self.count)
@@ -152,6 +155,8 @@ class SdexecServer:
         self.receipt_reads_cgroup = reads_unit_cgroups()
 
     def new_connection_id(self) -> int:
+        """A number for a new connection, never given before (in logs, and
+        the key of its processes)."""
         self._next_connection_id += 1
         return self._next_connection_id
 
@@ -195,7 +200,7 @@ class SdexecServer:
         connection_id: int,
         matchtag: int,
         payload: dict,
-        responder: Any,
+        responder: Responder,
         streaming: bool = True,
         stdio: PassedStdio = NO_STDIO,
         valve: OutputValve | None = None,
@@ -817,7 +822,7 @@ class SdexecServer:
             + (self.leftovers.describe() if self.leftovers is not None else [])
         )
 
-    def wait(self, connection_id: int, payload: dict, responder: Any) -> None:
+    def wait(self, connection_id: int, payload: dict, responder: Responder) -> None:
         """``sdexec.wait``: answered once the process has ended."""
         self.tracked.wait(payload, connection_id, self._watched_output(responder))
 
@@ -825,7 +830,7 @@ class SdexecServer:
         self,
         connection_id: int,
         payload: dict,
-        responder: Any,
+        responder: Responder,
         valve: OutputValve | None = None,
     ) -> None:
         """``sdexec.attach``: the process's stream goes to ``responder``,
@@ -833,7 +838,7 @@ class SdexecServer:
         responder = self._watched_output(responder)
         self.tracked.attach(payload, connection_id, responder, valve)
 
-    def _watched_output(self, responder: Any) -> Any:
+    def _watched_output(self, responder: Responder) -> Responder:
         """``responder``, its output counted by the metrics (an attach's
         replay and live output, a wait's answer) as an exec stream's is."""
         if self.observer is None:

@@ -9,13 +9,17 @@ import time
 import pytest
 from pytest_twisted import ensureDeferred
 from support import sleep, until
-from twisted.internet import reactor
+from twisted.internet import defer, reactor
 from twisted.internet.error import AlreadyCalled, AlreadyCancelled
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
 from sdexec.clocks import MonotonicClock, as_wall, timers_clock, wall_seconds
+from sdexec.config import parse_config
 from sdexec.joblimit import TimeLimit
+from sdexec.service import SdexecService
+from sdexec.systemd import SystemdClient
+from sdexec.testing import FakeManager
 
 
 def monotonic() -> MonotonicClock:
@@ -58,15 +62,19 @@ async def test_a_wall_clock_step_moves_no_timer(monkeypatch):
     # SIGKILL a second after its SIGTERM, and a time limit at once. The
     # reactor's own timers read its seconds(), the wall clock: stepped, its
     # call runs at once, the monotonic clock's at its time.
+    # A minute ahead, so that no stall of a loaded machine fires it before
+    # it is looked at; then moved to now, to see it still runs.
     clock, fired = monotonic(), []
-    clock.callLater(1.0, fired.append, "monotonic")
-    reactor.callLater(1.0, fired.append, "reactor")
+    timer = clock.callLater(60.0, fired.append, "monotonic")
+    due = timer.getTime()
+    reactor.callLater(60.0, fired.append, "reactor")
     stepped = time.time() + 3600
     monkeypatch.setattr(reactor, "seconds", lambda: stepped)
     monkeypatch.setattr(time, "time", lambda: stepped)
     reactor.callLater(0, lambda: None)  # the reactor looks at its calls again
-    await sleep(0.1)
-    assert fired == ["reactor"]  # the step fired it early
+    await until(lambda: fired, "the reactor's timer, fired by the step")
+    assert fired == ["reactor"] and timer.getTime() == due
+    timer.reset(0.01)
     await until(lambda: len(fired) == 2, "the timer, at its own time")
     assert wall_seconds(clock) == stepped  # the epoch, stepped as it is
 
@@ -82,6 +90,39 @@ async def test_an_exception_of_a_timer_is_logged_and_goes_no_further():
         clock.callLater(0, fails)
         await sleep(0.05)
     assert any(event.get("log_failure") for event in events)
+
+
+@ensureDeferred
+async def test_the_service_s_timers_run_on_the_monotonic_clock(tmp_path):
+    # What the service hands its server (time limits, termination, stop
+    # timers, start deadlines, lookups): every test of those runs on a
+    # Clock, so only this one sees the reactor's wall-clock timers given.
+    service = SdexecService(
+        parse_config({}),
+        reactor,
+        listen=f"unix:{tmp_path}/s.sock",
+        stats="tcp:0:interface=127.0.0.1",
+        connect=lambda: defer.succeed(FakeManager()),
+    )
+    service.startService()
+    await service.ready
+    try:
+        assert isinstance(service.server.clock, MonotonicClock)
+    finally:
+        await service.stopService()
+
+
+def test_the_service_reconnects_to_systemd_on_the_monotonic_clock(monkeypatch):
+    clocks = []
+
+    def connect(**options):
+        clocks.append(options["clock"])
+        return defer.Deferred()
+
+    monkeypatch.setattr(SystemdClient, "connect", connect)
+    service = SdexecService(parse_config({}), reactor, listen="unix:/nowhere")
+    service._connect_systemd()
+    assert len(clocks) == 1 and isinstance(clocks[0], MonotonicClock)
 
 
 def test_a_reactor_without_the_asyncio_loop_is_refused_not_used():

@@ -382,11 +382,15 @@ def judge_fences(
             problem = check(expected, actual, bus)
             if problem is not None:
                 # The controller's delegation is the usual cause, but not
-                # when the slice's own set left the unit nothing of its own.
-                slice_reason = _slice_reason(
-                    kind, expected, actual, control_group, pid, root
+                # when the job asked for what the node lacks, or the slice's
+                # own set left the unit nothing of its own.
+                other_cause = _cause_not_delegation(
+                    kind, expected, control_group, pid, root
                 )
-                problem = slice_reason or problem
+                if other_cause is not None:
+                    problem = _not_enforced(
+                        _FENCE_NAMES[kind], expected, actual, other_cause
+                    )
         if problem is not None:
             verdict.problems.append(problem)
             if first_only:
@@ -404,20 +408,44 @@ def judge_fences(
 _FENCE_NAMES = {"cpus": "AllowedCPUs", "mems": "AllowedMemoryNodes"}
 
 
-def _slice_reason(
-    kind: str,
-    expected: IDset,
-    actual: IDset,
-    control_group: str | None,
-    pid: int,
-    root: str,
+#: What the kernel has online, by cpuset ``kind``.
+_ONLINE = {"cpus": _every_cpu, "mems": _every_node}
+
+
+def _cause_not_delegation(
+    kind: str, expected: IDset, control_group: str | None, pid: int, root: str
 ) -> str | None:
-    """The reason cpuset fence ``kind`` does not hold when the unit's slice
-    broke it: the controller reaches the unit's own cgroup, but the
-    parent's effective set has none of ``expected``. (The kernel gives a
-    cgroup whose set has nothing in common with its parent's the parent's
-    whole set: a slice that keeps housekeeping CPUs from jobs, against an R
-    that still lists them.) ``None`` if the slice is not the cause."""
+    """Why cpuset fence ``kind`` to ``expected`` does not hold, where its
+    controller's delegation is not the cause: the node has none of
+    ``expected`` online, or the unit's slice has none of it; ``None`` if
+    neither."""
+    return _absent_cause(kind, expected, root) or _slice_cause(
+        kind, expected, control_group, pid, root
+    )
+
+
+def _absent_cause(kind: str, expected: IDset, root: str) -> str | None:
+    """``expected`` is not on this node: it has none of it online (an R,
+    or a ``[sdexec] topology``, of another node type). No cgroup can hold
+    a unit to it, on v1 or v2 alike (a v2 kernel refuses the cpuset, and
+    the unit keeps its slice's), so neither the slice nor the delegation is
+    to blame. ``None`` if the node has some of it, or its online set
+    cannot be read."""
+    online = _ONLINE[kind](root)
+    if online is None or expected & online:
+        return None
+    return f"{expected} is not on this node: online {online}"
+
+
+def _slice_cause(
+    kind: str, expected: IDset, control_group: str | None, pid: int, root: str
+) -> str | None:
+    """Why cpuset fence ``kind`` does not hold when the unit's slice broke
+    it: the controller reaches the unit's own cgroup, but the parent's
+    effective set has none of ``expected``. (The kernel gives a cgroup
+    whose set has nothing in common with its parent's the parent's whole
+    set: a slice that keeps housekeeping CPUs from jobs, against an R that
+    still lists them.) ``None`` if the slice is not the cause."""
     unit = _unit_v2_cgroup(control_group, process_cgroups(pid, root) or [], root)
     if unit is None or unit == "/":
         return None
@@ -430,11 +458,10 @@ def _slice_reason(
     # asked that its parent has, so one that overlaps was never written.
     if held is None or expected & held:
         return None
-    why = (
+    return (
         f"the slice's own cpuset is the cause: {parent} has {name}"
         f" {held}, none of the job's {expected}"
     )
-    return _not_enforced(_FENCE_NAMES[kind], expected, actual, why)
 
 
 #: Where each fence is read when the unit's cgroup has no cpuset.

@@ -15,6 +15,7 @@ a CPU, or a NUMA node, no node has, so that the fence fails everywhere.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import shutil
@@ -360,14 +361,27 @@ def topology_with_an_absent_cpu(directory: Path) -> Path:
     return path
 
 
+#: Where the kernel lists what it has online, by the fence to it.
+ONLINE_LISTS = {"AllowedCPUs": "cpu", "AllowedMemoryNodes": "node"}
+
+
+def online(name: str) -> IDset:
+    """What this node has online of the CPUs, or NUMA nodes, fence
+    ``name`` is to (a kernel without NUMA has node 0 alone)."""
+    listed = Path(f"/sys/devices/system/{ONLINE_LISTS[name]}/online")
+    return IDset(listed.read_text().strip() if listed.exists() else "0")
+
+
 def unenforced_reason(refused, name: str, absent: int) -> str:
     """The reason a job fenced (``name``) to ``absent``, which no node has,
     was refused: EIO, naming what the unit could really use (never
-    ``absent``), and before it was said to have started."""
+    ``absent``) and that ``absent`` is not on this node, in the same words
+    on cgroup v1 and v2 (neither the slice nor the controller's delegation
+    is to blame), and before it was said to have started."""
     assert refused.error.errnum == errno.EIO
     reason = refused.error.errstr
     prefix = f"{name} not enforced: expected {absent} got "
-    suffix = " (is the cpuset controller delegated to the user instance?)"
+    suffix = f" ({absent} is not on this node: online {online(name)})"
     assert reason.startswith(prefix) and reason.endswith(suffix)
     usable = IDset(reason[len(prefix) : -len(suffix)])
     assert usable and absent not in usable
@@ -383,9 +397,11 @@ async def test_unenforced_fence_fails_the_job_and_drains(start_service, tmp_path
     client = await service.connect()
     # The device canary judged the node at start (test_devicefence.py): one
     # whose device policy is not enforced was drained then. Clear that to
-    # reach the CPU fence.
+    # reach the CPU fence; a node that enforces it was not drained.
     device_problem = service.server.stats()["device-fence"]["problem"]
-    assert (await client.undrain())["cleared"] == [device_problem]
+    if device_problem is not None:
+        assert (await client.undrain())["cleared"] == [device_problem]
+    assert service.server.drain_reason is None
     name = f"sdexec-contain-{uuid.uuid4().hex}"
     refused = await run(
         client, ["sleep", "300"], opts={R_OPTION: r_local("1"), "SDEXEC_NAME": name}
@@ -969,6 +985,38 @@ def fenced_exec(mapped: dict, pid: int, check: str = "drain", bus: str = "user")
     return server, responses
 
 
+@pytest.fixture
+def node_without_cpuset(tmp_path, main_process, monkeypatch) -> dict[str, str]:
+    """The node the fence check of ``fenced_exec``'s unit reads, under
+    ``tmp_path``, not the machine's (whose cgroups differ from node to
+    node): CPUs 0-15 and NUMA nodes 0-1 online, the cpuset controller at
+    the root cgroup only, not reaching the unit's (a manager it is not
+    delegated to), so the unit may use all of them. The fences that hold
+    there."""
+    pid = main_process
+    # Where the fake manager makes the unit (the real process is elsewhere).
+    unit = f"{FakeManager().control_group}/sdexec.slice/{UNIT}"
+    cpus, nodes = "0-15", "0-1"
+    files = {
+        f"proc/{pid}/stat": f"{pid} (sleep) S 1 {pid} {pid} 0 -1\n",
+        f"proc/{pid}/status": "Name:\tsleep\n",
+        f"proc/{pid}/cgroup": f"0::{unit}\n",
+        f"sys/fs/cgroup{unit}/cgroup.procs": f"{pid}\n",
+        "sys/fs/cgroup/cpuset.cpus.effective": cpus,
+        "sys/fs/cgroup/cpuset.mems.effective": nodes,
+        "sys/devices/system/cpu/online": cpus,
+        "sys/devices/system/node/online": nodes,
+    }
+    for relative, text in files.items():
+        _fake_file(tmp_path, relative, text)
+    monkeypatch.setattr(
+        sdexec.server,
+        "judge_fences",
+        functools.partial(judge_fences, root=str(tmp_path)),
+    )
+    return {"AllowedCPUs": cpus, "AllowedMemoryNodes": nodes}
+
+
 def own_fences(pid: int) -> dict[str, str]:
     """A mapper's fence that holds for ``pid``: the CPUs and nodes it has."""
     cpus, mems = enforced_cpus(None, pid), enforced_mems(None, pid)
@@ -984,13 +1032,13 @@ def own_fences(pid: int) -> dict[str, str]:
     ids=["nodes", "cpus", "both-cpus-first"],
 )  # fmt: skip
 def test_a_fence_the_node_does_not_hold_fails_the_job_and_drains(
-    main_process, broken, named
+    main_process, node_without_cpuset, broken, named
 ):
-    held = own_fences(main_process)
-    fences = {**held, **dict.fromkeys(broken, str(ABSENT_NODE))}
+    held = node_without_cpuset
+    fences = {**held, **dict.fromkeys(broken, "1")}
     server, responses = fenced_exec(fences, main_process)
     reason = (
-        f"{named} not enforced: expected {ABSENT_NODE} got {held[named]}"
+        f"{named} not enforced: expected 1 got {held[named]}"
         " (is the cpuset controller delegated to the user instance?)"
     )
     assert [error_of(response) for response in responses] == [(errno.EIO, reason)]
@@ -998,15 +1046,19 @@ def test_a_fence_the_node_does_not_hold_fails_the_job_and_drains(
     assert server.counters["fence-failures"] == 1
 
 
-def test_the_service_words_a_fence_s_hint_for_the_system_manager(main_process):
-    held = own_fences(main_process)
-    fences = {**held, "AllowedCPUs": str(ABSENT_NODE)}
+def test_the_service_words_a_fence_s_hint_for_the_system_manager(
+    main_process, node_without_cpuset
+):
+    fences = {**node_without_cpuset, "AllowedCPUs": "1"}
     _, responses = fenced_exec(fences, main_process, bus="system")
-    [(errnum, reason)] = [error_of(response) for response in responses]
-    assert errnum == errno.EIO and reason.endswith(
-        "(does the system manager have the cpuset controller? a container"
-        " must be delegated it)"
-    )
+    assert [error_of(response) for response in responses] == [
+        (
+            errno.EIO,
+            "AllowedCPUs not enforced: expected 1 got 0-15 (does the system"
+            " manager have the cpuset controller? a container must be"
+            " delegated it)",
+        )
+    ]
 
 
 def test_a_mapper_fencing_memory_nodes_alone_has_them_checked(main_process):
@@ -1317,6 +1369,61 @@ def test_a_slice_cpuset_excluding_the_job_is_named_as_the_cause(
     _fake_file(tmp_path, f"sys/fs/cgroup/sdexec.slice/cpuset.{kind}.effective", held)
     verdict = judge_fences(fences, SYSTEM_CGROUP, 42, root=str(tmp_path), bus=bus)
     assert verdict.problems == [reason]
+
+
+#: The sandbox's layout on a cgroup v2 node: its slices under the root.
+SANDBOX_CGROUP = "/sdexec-sandbox-7/app.slice/job.service"
+#: What the fake node of a fence to what it does not have has online.
+NODE_ONLINE = {"cpus": "0-15", "mems": "0"}
+
+
+def _fake_node_holding_all(root: Path, kind: str, layout: str) -> None:
+    """Process 42 in ``SANDBOX_CGROUP`` on a node with ``NODE_ONLINE``,
+    every one of which its cpuset ``kind`` gives the unit: on ``v2`` the
+    controller reaches the unit's own cgroup, whose set is its slice's (as
+    the kernel leaves it when it refuses the unit's own), on ``v1`` the
+    process is in the root cpuset cgroup."""
+    held = f"{NODE_ONLINE[kind]}\n"
+    _fake_file(root, "sys/devices/system/cpu/online", f"{NODE_ONLINE['cpus']}\n")
+    _fake_file(root, "sys/devices/system/node/online", f"{NODE_ONLINE['mems']}\n")
+    _fake_file(root, "proc/42/stat", "42 (sleep) S 1 42 42 0 -1\n")
+    _fake_file(root, "proc/42/status", "Name:\tsleep\nMems_allowed_list:\t0\n")
+    if layout == "v1":
+        _fake_file(
+            root, "proc/42/cgroup", f"7:cpuset:/\n1:name=systemd:{SANDBOX_CGROUP}\n"
+        )
+        _fake_file(root, f"sys/fs/cgroup/cpuset/cpuset.{kind}", held)
+        return
+    _fake_file(root, "proc/42/cgroup", f"0::{SANDBOX_CGROUP}\n")
+    _fake_file(root, f"sys/fs/cgroup{SANDBOX_CGROUP}/cgroup.procs", "42\n")
+    parts = SANDBOX_CGROUP.split("/")
+    for end in range(len(parts), 0, -1):  # the unit, its slices, the root
+        cgroup = "/".join(parts[:end])
+        _fake_file(root, f"sys/fs/cgroup{cgroup}/cpuset.{kind}.effective", held)
+
+
+@pytest.mark.parametrize("layout", ["v1", "v2"])
+@pytest.mark.parametrize(
+    ("kind", "name"), [("cpus", "AllowedCPUs"), ("mems", "AllowedMemoryNodes")]
+)
+@pytest.mark.parametrize("bus", ["user", "system"])
+def test_a_fence_to_what_the_node_does_not_have_says_so(
+    tmp_path, layout, kind, name, bus
+):
+    # R, or a [sdexec] topology copied from another node type, names CPU
+    # (or NUMA node) 4095, which this node does not have: no cgroup can
+    # hold a unit to it. The reason blamed the slice on v2, whose set holds
+    # every CPU, and the controller's delegation on v1 (review session 34
+    # D, F1).
+    _fake_node_holding_all(tmp_path, kind, layout)
+    absent = IDset("4095")
+    fences = Fences(cpus=absent) if kind == "cpus" else Fences(mems=absent)
+    verdict = judge_fences(fences, SANDBOX_CGROUP, 42, root=str(tmp_path), bus=bus)
+    held = NODE_ONLINE[kind]
+    assert verdict.problems == [
+        f"{name} not enforced: expected 4095 got {held}"
+        f" (4095 is not on this node: online {held})"
+    ]
 
 
 @pytest.mark.parametrize(

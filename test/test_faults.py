@@ -13,6 +13,7 @@ import pytest
 from pytest_twisted import ensureDeferred
 from support import FLAGS, command, run, unit_names, until
 from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
 
 from sdexec import policy
 
@@ -60,29 +61,51 @@ async def test_a_request_may_not_set_the_unit_type(sdexec, unit_type):
 
 
 @pytest.mark.parametrize(
-    ("unit_type", "script", "seen"),
+    ("unit_type", "script", "state", "has_pid"),
     [
         # The daemon a forking unit waits for never comes: active/exited, no pid.
-        # (Its shell exits at once: a sleep there raced the 2 s deadline.)
-        ("forking", "echo hi", "ExecMainPID 0"),
+        ("forking", "echo hi", "active/exited", False),
         # The start never completes: activating with a pid, never running.
-        ("notify", "sleep 300", "last seen activating/start"),
-        ("oneshot", "sleep 300", "last seen activating/start"),
+        ("notify", "sleep 300", "activating/start", True),
+        ("oneshot", "sleep 300", "activating/start", True),
     ],
 )
 @ensureDeferred
 async def test_a_unit_type_the_model_does_not_follow_ends_its_request(
-    start_service, type_allowed, unit_type, script, seen
+    start_service, type_allowed, unit_type, script, state, has_pid
 ):
-    service = await start_service(systemd='start-timeout = "2s"', sdexec=type_allowed)
+    # The start deadline runs on a Clock, moved on once the service has
+    # seen the state it is to report: on real time, a slow node's forking
+    # unit was still activating/start when the 2 s ran out.
+    clock = Clock()
+    service = await start_service(
+        clock, systemd='start-timeout = "2s"', sdexec=type_allowed
+    )
     client = await service.connect()
-    opts = {"SDEXEC_PROP_Type": unit_type}
-    result = await run(client, ["sh", "-c", script], opts=opts)
+    name = f"sdexec-{unit_type}-{uuid.uuid4().hex}"
+    opts = {"SDEXEC_PROP_Type": unit_type, "SDEXEC_NAME": name}
+    outcome = Deferred.fromCoroutine(run(client, ["sh", "-c", script], opts=opts))
+    await until(lambda: f"{name}.service" in service.server.units, "the unit asked")
+    process = service.server.units[f"{name}.service"]
+
+    def settled() -> bool:
+        seen = process.status
+        return (
+            f"{seen.active_state}/{seen.sub_state}" == state
+            and (seen.pid > 0) is has_pid
+            and bool(clock.getDelayedCalls())  # the deadline armed
+        )
+
+    await until(settled, f"the unit seen {state}")
+    pid = process.status.pid
+    clock.advance(2)
+    await until(lambda: outcome.called, "the request ended")
+    result = await outcome
     assert result.error.errnum == errno.EIO
     assert "did not start a process sdexec can follow within 2 s" in (
         result.error.errstr
     )
-    assert seen in result.error.errstr
+    assert f"last seen {state}, ExecMainPID {pid}," in result.error.errstr
     assert f"Type={unit_type}" in result.error.errstr
     assert "finished" not in result.types
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 from pytest_twisted import ensureDeferred
 from support import ConfigText, RunningService, sleep
 from twisted.internet.task import Clock
+from twisted.logger import LogLevel, capturedLogs, formatEvent
 
 from sdexec.notify import Readiness, SystemdNotifier, describe_server
 
@@ -59,9 +61,18 @@ def test_abstract_and_path_addresses():
 
 
 def test_a_missing_listener_is_logged_not_raised(tmp_path):
-    notifier = SystemdNotifier({"NOTIFY_SOCKET": str(tmp_path / "nobody")})
-    notifier.notify(READY=1)  # ENOENT: logged
+    address = str(tmp_path / "nobody")
+    notifier = SystemdNotifier({"NOTIFY_SOCKET": address})
+    with capturedLogs() as events:
+        notifier.notify(READY=1)  # ENOENT: logged
     assert notifier.enabled
+    assert [(event["log_level"], formatEvent(event)) for event in events] == [
+        (
+            LogLevel.warn,
+            f"sd_notify to {address!r} failed:"
+            f" [Errno {errno.ENOENT}] No such file or directory",
+        )
+    ]
 
 
 def test_status_is_sent_only_when_it_changes(notify_socket):

@@ -25,6 +25,7 @@ from support import (
     until,
     wait_until_reaped,
 )
+from twisted.internet.task import Clock
 
 from sdexec.client import RPCError
 
@@ -685,15 +686,20 @@ async def test_a_job_ignoring_term_signal_dies_of_kill_signal(start_service):
 
 
 @ensureDeferred
-async def test_a_time_limit_sends_sigalrm(sdexec):
-    client = await sdexec.connect()
-    script = "trap 'exit 3' ALRM; while :; do sleep 0.1; done"
+async def test_a_time_limit_sends_sigalrm(start_service):
+    # The limit runs on a Clock, moved on once the trap is set: on real
+    # time, a start that took over 1 s let SIGALRM kill the shell first.
+    clock = Clock()
+    service = await start_service(clock)
+    client = await service.connect()
+    script = f"trap 'exit 3' ALRM; {ARMED}; while :; do sleep 0.1; done"
     handle, result = await _start_job(
         client, ["sh", "-c", script], "limited", SDEXEC_TIME_LIMIT="1s"
     )
+    clock.advance(1)
     result = await _ended(handle, result)
     assert result.status == 3 << 8
-    assert sdexec.server.counters["job-timeouts"] == 1
+    assert service.server.counters["job-timeouts"] == 1
 
 
 @ensureDeferred

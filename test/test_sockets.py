@@ -122,6 +122,33 @@ async def test_a_listen_socket_is_0600_and_another_user_cannot_connect(shared_di
 
 
 @ensureDeferred
+async def test_a_listen_socket_is_0600_from_its_bind_not_only_after_chmod(
+    shared_dir, monkeypatch
+):
+    # Twisted binds, then chmods the socket to its mode: bound under the
+    # usual umask 022 it was 0755 in between, and another user could
+    # connect then (docs/protocol.md, "Connections"). Its mode is read as
+    # it is chmodded, which ends that window.
+    path = shared_dir / "s.sock"
+    modes_before_chmod = []
+    real_chmod = os.chmod
+
+    def chmod(target, mode, *args, **kwargs):
+        if os.fsdecode(target) == str(path):  # Twisted gives bytes
+            modes_before_chmod.append(mode_of(path))
+        real_chmod(target, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "chmod", chmod)
+    umask = os.umask(0o022)
+    try:
+        service = await started(f"unix:{path}", FakeManager())
+    finally:
+        os.umask(umask)
+    await service.stopService()
+    assert modes_before_chmod == [0o600]
+
+
+@ensureDeferred
 async def test_another_user_on_a_shared_socket_is_answered_eperm_then_closed(
     shared_dir,
 ):

@@ -60,6 +60,7 @@ from sdexec.property import (
     PropertyError,
     properties_together_problem,
     typed_property,
+    unknown_property_reason,
 )
 from sdexec.protocol import DEFAULT_MAX_FRAME
 from sdexec.refusal import json_quoted
@@ -720,6 +721,9 @@ def _check_property(name: object, value: object) -> None:
     reason = unit_handling_reason(name)
     if reason is not None:
         raise _PropertyError(name, f"reserved: {reason}")
+    unknown = unknown_property_reason(name)
+    if unknown is not None:
+        raise _PropertyError(name, unknown)
     if not isinstance(value, str):
         raise _PropertyError(
             name,
@@ -913,13 +917,22 @@ def build_config(data: Any, source: str = "<config>") -> Config:
     names are looked up, through sssd or LDAP on a site's nodes)."""
     if not isinstance(data, dict):
         raise ConfigError(source, None, "expected a document of tables")
+    unknown = _unknown_tables(data, source)
     sections = {
         name: cls(**_read_table(spec, data[name], name, source))
         for name, (spec, cls) in _SCHEMA.items()
         if name in data
     }
-    config = Config(source=source, warnings=_unknown_tables(data, source), **sections)
-    _check_across_tables(config)
+    config = Config(source=source, warnings=_ignoring(unknown, source), **sections)
+    try:
+        _check_across_tables(config)
+    except ConfigError as error:
+        if not unknown:
+            raise
+        # What the rule missed may be in a table that was ignored.
+        ignored = ", ".join(f"[{name}]" for name in unknown)
+        reason = f"{error.reason} (ignored as unknown: {ignored})"
+        raise ConfigError(error.source, error.key, reason) from None
     later = _retained_fits_a_frame(config) + allowed_users_cannot_connect(config)
     return replace(config, warnings=config.warnings + later)
 
@@ -995,12 +1008,38 @@ def allowed_users_cannot_connect(config: Config) -> tuple[str, ...]:
     )
 
 
+#: How close a table's name must be to one of sdexec's to be taken for a
+#: misspelling of it: ``[sytemd]``, ``[sdexe]``, ``[exce]``, while no table
+#: of a Flux system configuration is (test_config.py checks flux-config(5)'s).
+_TABLE_TYPO_CUTOFF = 0.75
+
+
 def _unknown_tables(data: dict, source: str) -> tuple[str, ...]:
-    return tuple(
-        f"{source}: ignoring unknown table [{name}]"
-        for name in data
-        if name not in _SCHEMA
+    """The names of the tables sdexec does not read. Flux ignores them (each
+    of its modules reads its own), and sdexec takes a Flux system file
+    as it is, so they are only warned about (:func:`_ignoring`); but one
+    that is a near miss of a table of sdexec's is a typo, whose keys would
+    be silently left out: ``ConfigError``, with the table meant."""
+    unknown = tuple(_key_text(name) for name in data if name not in _SCHEMA)
+    for name in unknown:
+        meant = _table_meant(name)
+        if meant is not None:
+            reason = f"unknown table (did you mean [{meant}]?)"
+            raise ConfigError(source, f"[{name}]", reason)
+    return unknown
+
+
+def _table_meant(name: str) -> str | None:
+    """The table of sdexec's that ``name`` misspells, if any."""
+    same_but_case = [known for known in _SCHEMA if known == name.lower()]
+    close = same_but_case or difflib.get_close_matches(
+        name, _SCHEMA, n=1, cutoff=_TABLE_TYPO_CUTOFF
     )
+    return close[0] if close else None
+
+
+def _ignoring(unknown: tuple[str, ...], source: str) -> tuple[str, ...]:
+    return tuple(f"{source}: ignoring unknown table [{name}]" for name in unknown)
 
 
 # --- files ---------------------------------------------------------------

@@ -14,6 +14,7 @@ knows the bus library.
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
 from collections.abc import Callable, Mapping
@@ -25,12 +26,15 @@ from sdexec.idset import IDset
 from sdexec.sizes import MemoryLimit, parse_size
 
 __all__ = [
+    "KNOWN_PROPERTIES",
     "PropertyError",
     "UnitProperty",
+    "is_known_property",
     "parse_bool",
     "percent_scale",
     "typed_property",
     "unit_file_problem",
+    "unknown_property_reason",
 ]
 
 UINT64_MAX = 2**64 - 1
@@ -391,6 +395,168 @@ _CONVERTERS: dict[str, Converter] = {
     "AllowedMemoryNodes": _typed("ay", _bitmask),
     "DeviceAllow": _typed("a(ss)", _device_allow),
 }
+
+
+#: The types of conditions and assertions systemd knows (systemd.unit(5),
+#: up to v258), after ``Condition`` or ``Assert``.
+_GATE_TYPES = _PATH_GATES | frozenset(
+    {
+        "Architecture", "Firmware", "Virtualization", "Host", "KernelCommandLine",
+        "KernelVersion", "Version", "Credential", "Environment", "Security",
+        "Capability", "ACPower", "FirstBoot", "User", "Group",
+        "ControlGroupController", "Memory", "CPUs", "CPUFeature", "OSRelease",
+        "MemoryPressure", "CPUPressure", "IOPressure", "KernelModuleLoaded",
+    }
+)  # fmt: skip
+#: The other names systemd takes for a transient service's properties over
+#: D-Bus: the service-unit tables of systemd-run's ``-p`` (systemd v258,
+#: src/shared/bus-unit-util.c) as they go over D-Bus (a unit file's
+#: ``TimeoutStopSec`` is ``TimeoutStopUSec`` there, ``CPUQuota``
+#: ``CPUQuotaPerSecUSec``), and the older names systemd still takes or once
+#: took (``BlockIO…``, ``…Directories``). Only for telling a misspelled name
+#: at once: what a property takes is systemd's to judge.
+_OTHER_PROPERTIES = frozenset(
+    {
+        # resource control (systemd.resource-control(5))
+        "Slice", "ManagedOOMSwap", "ManagedOOMMemoryPressure",
+        "ManagedOOMPreference", "MemoryPressureWatch", "DelegateSubgroup",
+        "ManagedOOMMemoryPressureLimit", "MemoryZSwapWriteback",
+        "CoredumpReceive", "StartupAllowedCPUs", "StartupAllowedMemoryNodes",
+        "DisableControllers", "DelegateControllers", "MemoryZSwapMax",
+        "StartupMemoryLow", "StartupMemoryHigh", "StartupMemoryMax",
+        "StartupMemorySwapMax", "StartupMemoryZSwapMax", "CPUQuotaPeriodUSec",
+        "IODeviceWeight", "IODeviceLatencyTargetUSec", "IOReadBandwidthMax",
+        "IOWriteBandwidthMax", "IOReadIOPSMax", "IOWriteIOPSMax",
+        "IPAddressAllow", "IPAddressDeny", "IPIngressFilterPath",
+        "IPEgressFilterPath", "BPFProgram", "SocketBindAllow", "SocketBindDeny",
+        "MemoryPressureThresholdUSec", "NFTSet", "BindNetworkInterface",
+        "ManagedOOMMemoryPressureDurationUSec", "MemoryLimit", "CPUShares",
+        "StartupCPUShares", "BlockIOWeight", "StartupBlockIOWeight",
+        "BlockIODeviceWeight", "BlockIOReadBandwidth", "BlockIOWriteBandwidth",
+        "DefaultMemoryMin", "DefaultMemoryLow",
+        # execution (systemd.exec(5))
+        "User", "Group", "UtmpIdentifier", "UtmpMode", "PAMName", "TTYPath",
+        "WorkingDirectory", "RootDirectory", "SyslogIdentifier",
+        "ProtectSystem", "ProtectHome", "SELinuxContext", "RootImage",
+        "RootVerity", "RuntimeDirectoryPreserve", "Personality", "KeyringMode",
+        "ProtectProc", "ProcSubset", "NetworkNamespacePath",
+        "UserNamespacePath", "IPCNamespacePath", "LogNamespace",
+        "RootImagePolicy", "MountImagePolicy", "ExtensionImagePolicy",
+        "PrivatePIDs", "PrivateBPF", "BPFDelegateCommands", "BPFDelegateMaps",
+        "BPFDelegatePrograms", "BPFDelegateAttachments", "TTYVHangup",
+        "TTYReset", "TTYVTDisallocate", "PrivateMounts", "PrivateIPC",
+        "SyslogLevelPrefix", "MemoryDenyWriteExecute", "RestrictRealtime",
+        "DynamicUser", "RemoveIPC", "ProtectKernelModules", "ProtectKernelLogs",
+        "ProtectClock", "MountAPIVFS", "BindLogSockets",
+        "CPUSchedulingResetOnFork", "LockPersonality", "MemoryKSM", "MemoryTHP",
+        "RestrictSUIDSGID", "RootEphemeral", "SetLoginEnvironment",
+        "ReadWriteDirectories", "ReadOnlyDirectories",
+        "InaccessibleDirectories", "ExecSearchPath", "ExtensionDirectories",
+        "ConfigurationDirectory", "SupplementaryGroups",
+        "SystemCallArchitectures", "SyslogLevel", "LogLevelMax",
+        "SyslogFacility", "SecureBits", "CoredumpFilter",
+        "SystemCallErrorNumber", "RuntimeDirectoryMode", "StateDirectoryMode",
+        "CacheDirectoryMode", "LogsDirectoryMode", "ConfigurationDirectoryMode",
+        "UMask", "TimerSlackNSec", "LogRateLimitIntervalUSec",
+        "LogRateLimitBurst", "TTYRows", "TTYColumns", "MountFlags",
+        "Environment", "UnsetEnvironment", "PassEnvironment",
+        "EnvironmentFiles", "SetCredential", "SetCredentialEncrypted",
+        "LoadCredential", "LoadCredentialEncrypted", "ImportCredential",
+        "ImportCredentialEx", "LogExtraFields", "LogFilterPatterns",
+        "StandardInput", "StandardOutput", "StandardError", "StandardInputFile",
+        "StandardOutputFile", "StandardOutputFileToAppend",
+        "StandardOutputFileToTruncate", "StandardErrorFile",
+        "StandardErrorFileToAppend", "StandardErrorFileToTruncate",
+        "StandardInputFileDescriptorName", "StandardOutputFileDescriptorName",
+        "StandardErrorFileDescriptorName", "StandardInputData",
+        "AppArmorProfile", "SmackProcessLabel", "CapabilityBoundingSet",
+        "AmbientCapabilities", "CPUAffinity", "CPUAffinityFromNUMA",
+        "NUMAPolicy", "NUMAMask", "RestrictAddressFamilies",
+        "RestrictFileSystems", "SystemCallFilter", "SystemCallLog",
+        "RestrictNetworkInterfaces", "RestrictNamespaces", "DelegateNamespaces",
+        "BindPaths", "BindReadOnlyPaths", "TemporaryFileSystem", "RootHash",
+        "RootHashPath", "RootHashSignature", "RootHashSignaturePath",
+        "RootImageOptions", "MountImages", "ExtensionImages", "StateDirectory",
+        "RuntimeDirectory", "CacheDirectory", "LogsDirectory",
+        "StateDirectorySymlink", "RuntimeDirectorySymlink",
+        "CacheDirectorySymlink", "LogsDirectorySymlink", "ProtectHostname",
+        "ProtectHostnameEx", "PrivateTmpEx", "ProtectControlGroupsEx",
+        "PrivateUsers", "PrivateUsersEx", "StateDirectoryQuota",
+        "CacheDirectoryQuota", "LogsDirectoryQuota", "StateDirectoryAccounting",
+        "CacheDirectoryAccounting", "LogsDirectoryAccounting",
+        # killing (systemd.kill(5))
+        "KillMode", "KillSignal", "RestartKillSignal", "FinalKillSignal",
+        "WatchdogSignal",
+        # the service (systemd.service(5))
+        "PIDFile", "Type", "ExitType", "Restart", "RestartMode", "BusName",
+        "NotifyAccess", "USBFunctionDescriptors", "USBFunctionStrings",
+        "OOMPolicy", "TimeoutStartFailureMode", "TimeoutStopFailureMode",
+        "FileDescriptorStorePreserve", "PermissionsStartOnly",
+        "RootDirectoryStartOnly", "GuessMainPID", "RestartUSec",
+        "RestartMaxDelayUSec", "TimeoutAbortUSec", "RuntimeRandomizedExtraUSec",
+        "WatchdogUSec", "FileDescriptorStoreMax", "RestartSteps",
+        "ExecCondition", "ExecConditionEx", "ExecStartPre", "ExecStartPreEx",
+        "ExecStart", "ExecStartEx", "ExecStartPost", "ExecStartPostEx",
+        "ExecReload", "ExecReloadEx", "ExecReloadPost", "ExecReloadPostEx",
+        "ExecStop", "ExecStopEx", "ExecStopPost", "ExecStopPostEx",
+        "RestartPreventExitStatus", "RestartForceExitStatus",
+        "SuccessExitStatus", "OpenFile", "ReloadSignal", "RefreshOnReload",
+        # the unit (systemd.unit(5))
+        "Description", "SourcePath", "OnFailureJobMode", "OnSuccessJobMode",
+        "JobTimeoutAction", "JobTimeoutRebootArgument", "StartLimitAction",
+        "FailureAction", "SuccessAction", "RebootArgument", "CollectMode",
+        "StopWhenUnneeded", "RefuseManualStart", "RefuseManualStop",
+        "AllowIsolate", "IgnoreOnIsolate", "SurviveFinalKillSignal",
+        "DefaultDependencies", "JobTimeoutUSec", "JobRunningTimeoutUSec",
+        "StartLimitIntervalUSec", "StartLimitBurst", "SuccessActionExitStatus",
+        "FailureActionExitStatus", "Documentation", "RequiresMountsFor",
+        "WantsMountsFor", "Markers", "AddRef",
+    }
+)  # fmt: skip
+#: Every property name systemd takes for a transient service over D-Bus
+#: (conditions and assertions aside: :func:`is_known_property`).
+KNOWN_PROPERTIES = (
+    frozenset(_CONVERTERS)
+    | {f"{name}Scale" for name in (*MEMORY_PROPERTIES, "MemoryZSwapMax", "TasksMax")}
+    | frozenset(FD_PROPERTIES)
+    | CONTAINMENT_PROPERTIES
+    | STOP_PROPERTIES
+    | GATE_LISTS
+    | _OTHER_PROPERTIES
+)
+#: A unit file's spelling whose D-Bus name is not the closest match of it.
+_DBUS_SPELLINGS = {"CPUQuota": "CPUQuotaPerSecUSec"}
+
+
+def is_known_property(name: str) -> bool:
+    """Whether systemd knows ``name`` as a property of a transient service
+    (or as a condition or an assertion, ``ConditionPathExists``)."""
+    if is_gate(name):
+        prefix = next(prefix for prefix in _GATES if name.startswith(prefix))
+        return name[len(prefix) :] in _GATE_TYPES
+    return name in KNOWN_PROPERTIES
+
+
+def unknown_property_reason(name: str) -> str | None:
+    """Why ``name`` is no property systemd knows, with the closest known
+    name if there is one; ``None`` if it is one. systemd refuses a unit
+    with such a property (``Cannot set property …, or unknown
+    property``): from the configuration, every job would fail."""
+    if is_known_property(name):
+        return None
+    close = _DBUS_SPELLINGS.get(name) or _closest_property(name)
+    hint = f" (did you mean {close}?)" if close else ""
+    return f"unknown property: systemd would refuse every unit with it{hint}"
+
+
+def _closest_property(name: str) -> str | None:
+    gates = (f"{prefix}{kind}" for prefix in _GATES for kind in _GATE_TYPES)
+    known = [*KNOWN_PROPERTIES, *gates]
+    # The same name in other case first: difflib, which minds case, would
+    # as soon offer MemoryMin for MemoryMAX.
+    same = [candidate for candidate in known if candidate.lower() == name.lower()]
+    close = same or difflib.get_close_matches(name, known, n=1)
+    return close[0] if close else None
 
 
 #: The policies whose threads have a real-time priority (1 to 99).

@@ -487,6 +487,46 @@ def test_properties_cannot_be_changed_through_the_config():
         config.exec.sdexec_properties["CPUWeight"] = "1"  # type: ignore[index]
 
 
+@pytest.mark.parametrize(
+    ("name", "close"),
+    [
+        ("MemoryMaxx", "MemoryMax"),
+        ("MemoryMAX", "MemoryMax"),
+        ("RuntimeMaxSec", "RuntimeMaxUSec"),  # a unit file's spelling
+        ("CPUQuota", "CPUQuotaPerSecUSec"),
+        ("ConditionPathExsts", "ConditionPathExists"),
+    ],
+)
+def test_a_property_systemd_does_not_know_is_refused_with_the_closest(name, close):
+    # Accepted, it failed every job ("Cannot set property MemoryMaxx, or
+    # unknown property"), and drained the node at the device canary
+    # (review session 34 A1).
+    with pytest.raises(ConfigError) as error:
+        properties(**{name: "95%"})
+    assert str(error.value) == (
+        f"<config>: exec.sdexec-properties.{name}: unknown property: systemd"
+        f" would refuse every unit with it (did you mean {close}?)"
+    )
+
+
+def test_a_property_like_none_systemd_knows_is_refused_without_a_guess():
+    with pytest.raises(ConfigError) as error:
+        properties(Frobnicate="1")
+    assert str(error.value).endswith(
+        "exec.sdexec-properties.Frobnicate: unknown property: systemd would"
+        " refuse every unit with it"
+    )
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["MemoryMaxScale", "ProtectHome", "UnsetEnvironment", "LimitCORE", "Wants",
+     "CPUAffinity", "ConditionVirtualization", "AssertKernelModuleLoaded"],
+)  # fmt: skip
+def test_properties_systemd_knows_are_taken(name):
+    assert properties(**{name: "1"}).exec.sdexec_properties == {name: "1"}
+
+
 # --- rules across keys -----------------------------------------------------
 
 
@@ -531,6 +571,47 @@ def test_unknown_table_warns_and_is_ignored():
     assert [event["warning"] for event in events] == list(config.warnings)
     assert dataclasses.replace(config, source="<default>", warnings=()) == (
         default_config()
+    )
+
+
+@pytest.mark.parametrize(
+    ("table", "meant"),
+    [("sytemd", "systemd"), ("Systemd", "systemd"), ("sdexe", "sdexec"),
+     ("SDEXEC", "sdexec"), ("exce", "exec")],
+)  # fmt: skip
+def test_a_misspelled_table_is_an_error_naming_the_one_meant(table, meant):
+    # Ignored with a warning, its keys were left out: [sdexe]'s listen and
+    # stats unused, [sytemd]'s enable taken for false (review session 34 A3).
+    with pytest.raises(ConfigError) as error:
+        parse_config({table: {}}, "f.toml")
+    assert str(error.value) == (
+        f"f.toml: [{table}]: unknown table (did you mean [{meant}]?)"
+    )
+
+
+#: The tables of a Flux system configuration (flux-config(5)): ignored, as
+#: Flux's modules ignore each other's, never taken for a misspelling.
+FLUX_TABLES = [
+    "access", "bootstrap", "tbon", "resource", "ingest", "job-manager",
+    "policy", "queues", "kvs", "archive", "job-archive", "heartbeat",
+    "content-sqlite", "content-files", "cron", "sched-fluxion-qmanager",
+    "sched-fluxion-resource", "sched-simple",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("table", FLUX_TABLES)
+def test_a_flux_system_table_is_ignored_with_a_warning(table):
+    config = parse_config({table: {}}, "f.toml")
+    assert config.warnings == (f"f.toml: ignoring unknown table [{table}]",)
+
+
+def test_a_rule_across_tables_names_the_tables_ignored():
+    # The enable = true the rule misses may be in a table taken for another.
+    with pytest.raises(ConfigError) as error:
+        parse_config({"exec": {"service": "sdexec"}, "sd-manager": {}}, "f.toml")
+    assert str(error.value) == (
+        'f.toml: exec.service: "sdexec" requires systemd.enable = true'
+        " (ignored as unknown: [sd-manager])"
     )
 
 

@@ -16,7 +16,8 @@ import errno
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -52,6 +53,7 @@ from sdexec.sockets import (
     private_endpoint,
     private_umask,
     unix_endpoint,
+    unix_path,
 )
 from sdexec.stats import recent, stats_site
 from sdexec.systemd import SystemdClient, SystemdError
@@ -194,8 +196,9 @@ class SdexecService(Service):
         # First of all: a second service on this endpoint would take the
         # first one's running units for leftovers (sdexec/ownerlock.py).
         mode = self.config.sdexec.socket_mode
-        self.owner_lock = OwnerLock(self.listen, marks[0], mode, marks[1:])
-        self.owner_lock.take()
+        with _making_socket(self.listen, "listen"):  # beside its socket
+            self.owner_lock = OwnerLock(self.listen, marks[0], mode, marks[1:])
+            self.owner_lock.take()
         systemd = yield self._connect()
         if not self.running:
             systemd.disconnect()  # the stop found no server to close it
@@ -278,10 +281,11 @@ class SdexecService(Service):
         ours, bound under a umask that keeps others out from the start. One
         that cannot be had is a one-line error naming ``setting`` and the
         endpoint as configured (``shown``, else ``description``)."""
-        private = private_endpoint(
-            description, self.config.sdexec.socket_mode, os.getuid()
-        )
-        clear_stale_socket(private)
+        with _making_socket(shown or description, setting):
+            private = private_endpoint(
+                description, self.config.sdexec.socket_mode, os.getuid()
+            )
+            clear_stale_socket(private)
         with private_umask():  # a UNIX socket is bound within listen()
             listening = server_endpoint(self.reactor, private).listen(factory)
         return listening.addErrback(_cannot_listen, shown or description, setting)
@@ -325,8 +329,7 @@ class SdexecService(Service):
             log.failure("sdexec could not start", failure)
         self.ready.errback(failure)
         if self.exit_on_failure:
-            fixed = failure.check(ConfigError) and not failure.value.transient
-            status = EX_CONFIG if fixed else 1
+            status = EX_CONFIG if _fails_again(failure) else 1
             self.reactor.callWhenRunning(self._exit_after_shutdown, status)
 
     def _exit_after_shutdown(self, status: int) -> None:
@@ -484,6 +487,15 @@ def _setting(name: str, value: object) -> str:
     return repr(value)
 
 
+def _fails_again(failure: Failure) -> bool:
+    """Whether the same start would fail again as it is: a configuration
+    refused, a socket that cannot be made where it is configured. The
+    units do not restart it (``EX_CONFIG``)."""
+    if failure.check(ConfigError):
+        return not failure.value.transient
+    return bool(failure.check(ListenError)) and failure.value.lasting
+
+
 def _cannot_listen(failure: Failure, description: str, setting: str) -> None:
     """A port already taken, told in one line (not Twisted's traceback);
     also an error of the pid link's check (``EPERM``: the link of a socket
@@ -495,7 +507,55 @@ def _cannot_listen(failure: Failure, description: str, setting: str) -> None:
         why = f"{why} (another sdexec is serving on it)"
     elif isinstance(why, OSError) and why.errno == errno.EADDRINUSE:
         why = f"{why.strerror} (another program, or sdexec, is serving on it)"
+    elif isinstance(error, CannotListenError) and isinstance(why, OSError):
+        # bind(2) itself: its file system, the path (not a port someone
+        # else holds, nor a pid link naming a process that may end).
+        raise _unusable_socket(description, setting, why)
     raise ListenError(f"[sdexec] {setting}: cannot listen on {description}: {why}")
+
+
+@contextmanager
+def _making_socket(description: str, setting: str) -> Iterator[None]:
+    """Where a UNIX socket is made ready (its directory made and checked,
+    the owner lock beside it taken, an earlier run's socket removed): a
+    failure is one line naming ``setting`` and the endpoint, lasting where
+    the path is at fault (a restart would meet it again)."""
+    try:
+        yield
+    except (OSError, ValueError) as error:
+        raise _unusable_socket(description, setting, error) from None
+
+
+#: What a socket's path meets that stays until an admin acts: a directory
+#: of another user's or read-only, a file in the way. Not a full file
+#: system, nor a process out of descriptors, which may pass.
+_LASTING_ERRNOS = frozenset(
+    {
+        errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.ENOENT,
+        errno.EISDIR, errno.ELOOP, errno.ENAMETOOLONG,
+    }
+)  # fmt: skip
+
+
+def _unusable_socket(
+    description: str, setting: str, error: OSError | ValueError
+) -> ListenError:
+    """The :class:`ListenError` of a socket ``error`` keeps from being made,
+    naming the path it met and, on a read-only one, what to give."""
+    why, lasting = str(error), True
+    if isinstance(error, OSError):
+        lasting = error.errno in _LASTING_ERRNOS
+        path = error.filename or unix_path(description) or ""
+        why = f"{error.strerror}: {path}" if path else str(error.strerror)
+        if error.errno == errno.EROFS:
+            # The system unit's file system is read-only but for /run/sdexec.
+            why += (
+                " (under ProtectSystem=strict, give its directory a"
+                f" ReadWritePaths= drop-in: {os.path.dirname(path)})"
+            )
+    return ListenError(
+        f"[sdexec] {setting}: cannot listen on {description}: {why}", lasting
+    )
 
 
 class StoppedWhileStarting(Exception):
@@ -504,7 +564,13 @@ class StoppedWhileStarting(Exception):
 
 class ListenError(Exception):
     """An endpoint the service cannot listen on (one line: the setting, the
-    endpoint and why)."""
+    endpoint and why). ``lasting``: the socket cannot be made where it is
+    configured (a read-only or missing directory, another user's), so the
+    same start would fail again; not a port another program holds."""
+
+    def __init__(self, message: str, lasting: bool = False) -> None:
+        super().__init__(message)
+        self.lasting = lasting
 
 
 #: Start failures whose message says it all: logged as one line, not with

@@ -22,6 +22,7 @@ Twisted's adoption would make 0666: sdexec/activation.py puts it back).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import socket
@@ -82,10 +83,14 @@ def private_endpoint(description: str, mode: int, uid: int) -> str:
 def check_directory(directory: str, mode: int, uid: int) -> None:
     """Create ``directory`` (mode 0700, plus search permission for those
     ``mode`` lets connect) if missing; ``ValueError`` unless it is owned by
-    ``uid`` and writable by no one else."""
+    ``uid`` and writable by no one else, ``OSError`` if it cannot be made
+    or is no directory."""
     if not os.path.isdir(directory):
         _make_directories(directory, directory_mode(mode))
     info = os.stat(directory)
+    if not stat.S_ISDIR(info.st_mode):
+        # A file there: said of it, not of a lock or socket path below it.
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), directory)
     if info.st_uid != uid:
         raise ValueError(
             f"{directory}: a socket's directory must belong to the service's user"

@@ -21,6 +21,7 @@ from test_leftovers import leftover
 from twisted.internet import defer, reactor
 from twisted.internet.endpoints import _SystemdParser
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 from twisted.python.systemd import ListenFDs
 
 from sdexec.client import connect
@@ -29,9 +30,11 @@ from sdexec.containment import Containment
 from sdexec.leftovers import owner_marks
 from sdexec.ownerlock import AlreadyServed, OwnerLock
 from sdexec.service import (
+    EX_CONFIG,
     ListenError,
     SdexecService,
     StoppedWhileStarting,
+    _fails_again,
     default_listen_endpoint,
 )
 from sdexec.sockets import clear_stale_socket
@@ -804,3 +807,123 @@ async def test_a_sighup_after_a_failed_start_says_nothing(tmp_path):
     finally:
         taken.close()
     assert "READY" not in notes.names()
+
+
+# --- the twistd plugin's options ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--confg", "/etc/sdexec.toml"], "option --confg not recognized"),
+        ([], "--config FILE is required"),
+    ],
+)
+def test_a_usage_error_of_the_plugin_is_one_line_and_ex_config(argv, said, capsys):
+    # twistd printed its usage and exited 1, which the units restarted every
+    # 5 s for ever (review session 34 A2).
+    from twisted.plugins.sdexec_plugin import Options
+
+    with pytest.raises(SystemExit) as exited:
+        Options().parseOptions(argv)
+    assert exited.value.code == EX_CONFIG
+    assert capsys.readouterr().err == f"sdexec: {said}\n"
+
+
+def test_the_units_do_not_restart_a_start_refused_for_its_configuration():
+    for unit in ("sdexec.service", "sdexec-system.service"):
+        text = (Path(__file__).parent.parent / "etc" / unit).read_text()
+        prevented = next(
+            line for line in text.splitlines()
+            if line.startswith("RestartPreventExitStatus=")
+        )  # fmt: skip
+        assert str(EX_CONFIG) in prevented.split("=", 1)[1].split(), unit
+
+
+# --- a socket that cannot be made where it is configured ---------------------
+
+
+@ensureDeferred
+async def test_a_listen_under_a_file_is_one_line_naming_the_setting(tmp_path):
+    # It said "[Errno 20] Not a directory: '.../afile/sdexec-….lock'", a
+    # lock the admin never configured, and exited 1: restarted every 5 s
+    # (review session 34 A4).
+    (tmp_path / "afile").write_text("")
+    listen = f"unix:{tmp_path}/afile/s.sock"
+    service = service_on(FakeManager(), listen)
+    service.startService()
+    with pytest.raises(ListenError) as error:
+        await service.ready
+    assert str(error.value) == (
+        f"[sdexec] listen: cannot listen on {listen}: Not a directory: {tmp_path}/afile"
+    )
+    assert _fails_again(Failure(error.value))  # EX_CONFIG: not restarted
+    await service.stopService()
+
+
+@ensureDeferred
+async def test_a_stats_socket_on_a_read_only_file_system_says_what_to_give(
+    tmp_path, monkeypatch
+):
+    # ProtectSystem=strict: "[Errno 30] Read-only file system: '…/stats.sock'".
+    read_only = tmp_path / "ro"
+    read_only.mkdir(mode=0o700)
+    unlink = os.unlink
+
+    def read_only_unlink(path, *args, **kwargs):
+        if str(path).startswith(str(read_only)):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", read_only_unlink)
+    service = service_on(
+        FakeManager(),
+        f"unix:{tmp_path}/s.sock",
+        {"sdexec": {"stats-socket": f"{read_only}/stats.sock"}},
+    )
+    service.startService()
+    with pytest.raises(ListenError) as error:
+        await service.ready
+    assert str(error.value) == (
+        f"[sdexec] stats-socket: cannot listen on unix:{read_only}/stats.sock:"
+        f" Read-only file system: {read_only}/stats.sock (under"
+        " ProtectSystem=strict, give its directory a ReadWritePaths= drop-in:"
+        f" {read_only})"
+    )
+    assert _fails_again(Failure(error.value))
+    await service.stopService()
+
+
+@ensureDeferred
+async def test_a_full_file_system_under_the_socket_may_pass(tmp_path, monkeypatch):
+    def no_space(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    service = service_on(FakeManager(), f"unix:{tmp_path}/s.sock")
+    monkeypatch.setattr(os, "ftruncate", no_space)  # the owner lock's pid
+    service.startService()
+    with pytest.raises(ListenError) as error:
+        await service.ready
+    assert str(error.value).startswith("[sdexec] listen: cannot listen on unix:")
+    assert not _fails_again(Failure(error.value))  # exit 1: restarted
+    await service.stopService()
+
+
+@ensureDeferred
+async def test_a_port_another_program_holds_may_be_had_on_a_restart(tmp_path):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    service = service_on(
+        FakeManager(),
+        f"unix:{tmp_path}/s.sock",
+        stats=f"tcp:{taken.getsockname()[1]}:interface=127.0.0.1",
+    )
+    try:
+        service.startService()
+        with pytest.raises(ListenError) as error:
+            await service.ready
+        assert not _fails_again(Failure(error.value))  # exit 1: restarted
+        await service.stopService()
+    finally:
+        taken.close()

@@ -220,8 +220,9 @@ def test_refuses_a_reactor_other_than_asyncio(user_manager, tmp_path):
          "--config", str(config)],
         capture_output=True, timeout=60, env=_environment(), cwd=tmp_path,
     )  # fmt: skip
-    assert done.returncode != 0
-    assert b"sdexec needs the asyncio reactor" in done.stdout + done.stderr
+    assert done.returncode == EX_CONFIG  # as any option the units would repeat
+    assert done.stderr.startswith(b"sdexec: sdexec needs the asyncio reactor")
+    assert b"Traceback" not in done.stderr
 
 
 def test_a_bad_configuration_is_one_line_and_ex_config(tmp_path):
@@ -258,6 +259,23 @@ def test_a_bad_option_is_one_line_and_ex_config(tmp_path, option, value, reason)
     assert done.stderr.startswith(f"sdexec: <command line>: {option}: ".encode())
     assert reason in done.stderr
     assert b"Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [(["--confg", "x.toml"], b"option --confg not recognized"),
+     ([], b"--config FILE is required")],
+)  # fmt: skip
+def test_a_usage_error_is_one_line_and_ex_config(tmp_path, options, said):
+    # twistd printed its usage (20 lines) and exited 1: the units restarted
+    # it every 5 s for ever (review session 34 A2).
+    done = subprocess.run(
+        [*TWISTD, "--nodaemon", "--pidfile=", "sdexec", *options],
+        capture_output=True, timeout=60, env=_environment(), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == EX_CONFIG
+    assert done.stderr == b"sdexec: " + said + b"\n"
+    assert done.stdout == b""
 
 
 def test_a_mapper_that_cannot_be_built_at_start_is_ex_config(user_manager, tmp_path):

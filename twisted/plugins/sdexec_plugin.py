@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import NoReturn
 
 from twisted.application.service import IServiceMaker
 from twisted.logger import Logger
@@ -47,9 +48,30 @@ class Options(usage.Options):
         ],
     ]
 
+    def parseOptions(self, options: list[str] | None = None) -> None:
+        """twistd's own parse, but a usage error is one line and
+        ``EX_CONFIG``: twistd would print its whole usage and exit 1, which
+        the units restart every 5 s for ever (a typo in ``ExecStart=``)."""
+        try:
+            super().parseOptions(options)
+        except usage.UsageError as error:
+            _refuse_to_start(str(error))
+
     def postOptions(self) -> None:
         if not self["config"]:
             raise usage.UsageError("--config FILE is required")
+
+
+def _refuse_to_start(reason: str) -> NoReturn:
+    """End with ``reason`` in one line and ``EX_CONFIG``, the status of a
+    start that would fail again as it is: the units do not restart it
+    (``RestartPreventExitStatus=``)."""
+    # Imported here, as in makeService: twistd imports every plugin to
+    # list its commands, and sdexec's modules are not needed for that.
+    from sdexec.service import EX_CONFIG
+
+    print(f"sdexec: {reason}", file=sys.stderr)
+    raise SystemExit(EX_CONFIG)
 
 
 def _asyncio_reactor():
@@ -63,7 +85,7 @@ def _asyncio_reactor():
     from twisted.internet.asyncioreactor import AsyncioSelectorReactor
 
     if not isinstance(reactor, AsyncioSelectorReactor):
-        raise usage.UsageError(
+        _refuse_to_start(
             f"sdexec needs the asyncio reactor, not {type(reactor).__name__}:"
             " run twistd with --reactor=asyncio (or without --reactor)"
         )
@@ -81,7 +103,7 @@ class SdexecServiceMaker:
         from sdexec.config import ConfigError, check_command_line_option, load_config
         from sdexec.fdlimit import raise_open_file_limit
         from sdexec.logs import log_observer, with_observer
-        from sdexec.service import EX_CONFIG, SdexecService
+        from sdexec.service import SdexecService
 
         try:
             config = load_config(options["config"])
@@ -94,10 +116,7 @@ class SdexecServiceMaker:
                 bus=check_command_line_option("--bus", options["bus"]),
             )
         except ConfigError as error:
-            # One line, and EX_CONFIG: the units do not restart a file that
-            # would fail again (sdexec.service.EX_CONFIG).
-            print(f"sdexec: {error}", file=sys.stderr)
-            raise SystemExit(EX_CONFIG) from None
+            _refuse_to_start(str(error))
         raised = raise_open_file_limit()
         if raised is not None:
             log.info(

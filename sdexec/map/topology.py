@@ -13,7 +13,6 @@ core sets: a spawn blocks the service's reactor for 10-20 ms.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import os
@@ -76,10 +75,13 @@ class Topology:
         if self.npus == 0:
             raise OSError(errno.EINVAL, "topology XML: it has no PU objects")
         self._hwloc_calc = _Tool("hwloc-calc")
-        self.xml_path = _write_temporary(xml)
-        # hwloc-calc reads the topology from that file: it goes when this
-        # object does.
-        weakref.finalize(self, _remove, self.xml_path)
+        #: hwloc-calc reads the topology from a temporary file whose name
+        #: is removed at once: no stop leaves it behind (twistd ends a
+        #: SIGTERM by killing itself with it, so no exit handler runs).
+        self.xml_fd = _unnamed_file(xml)
+        #: That file, as hwloc-calc opens it: its own copy of the descriptor.
+        self.xml_path = f"/proc/self/fd/{self.xml_fd}"
+        weakref.finalize(self, os.close, self.xml_fd)
 
     def load(self) -> None:
         """Have hwloc read the topology now, as the first core set mapped
@@ -120,6 +122,7 @@ class Topology:
             "--intersect",
             kind,
             stdin="".join(f"{location}\n" for location in locations),
+            pass_fds=(self.xml_fd,),
         )
         # One answer per location, last; before them, hwloc 2 says that it
         # is "Waiting for locations to process on stdin...".
@@ -162,7 +165,7 @@ def uncounted_gpus_hint(devices: list[str]) -> str:
         " CUDA, NVML, OpenCL or RSMI device: is hwloc's GPU backend"
         " installed for lstopo, and may it start the GPU's driver in this"
         " service's unit (DeviceAllow=, SystemCallFilter=,"
-        " MemoryDenyWriteExecute=; docs/operating.md)?"
+        " MemoryDenyWriteExecute=; share/doc/sdexec/operating.md)?"
     )
 
 
@@ -177,16 +180,20 @@ def live_topology_xml() -> str:
     return lstopo("--of", "xml", "-")
 
 
-def _write_temporary(xml: str) -> str:
+def _unnamed_file(xml: str) -> int:
+    """A descriptor of a temporary file holding ``xml``, its name removed
+    once written; inheritable, for the hwloc-calc it is passed to (sh, as
+    subprocess and Twisted do, closes every other descriptor in a child)."""
     descriptor, path = tempfile.mkstemp(prefix="sdexec-topology-", suffix=".xml")
-    with os.fdopen(descriptor, "w") as file:
-        file.write(xml)
-    return path
-
-
-def _remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    try:
         os.unlink(path)
+        with open(descriptor, "w", closefd=False) as file:
+            file.write(xml)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    os.set_inheritable(descriptor, True)
+    return descriptor
 
 
 def _parse(xml: str) -> ET.Element:
@@ -392,8 +399,11 @@ class _Tool:
                 errno.ENOENT, f"{name} not found on PATH (it comes with hwloc)"
             ) from None
 
-    def __call__(self, *args: str, stdin: str | None = None) -> str:
-        """The tool's output, given ``stdin``; ``OSError`` if it fails, times
+    def __call__(
+        self, *args: str, stdin: str | None = None, pass_fds: tuple[int, ...] = ()
+    ) -> str:
+        """The tool's output, given ``stdin`` (and the descriptors
+        ``pass_fds``, at their numbers); ``OSError`` if it fails, times
         out, or (unless it ``warns``) writes anything to stderr: hwloc-calc
         exits 0 after warning that an object does not exist, and a partial
         answer must not become a job's CPU set.
@@ -403,6 +413,7 @@ class _Tool:
             result = self._command(
                 *args,
                 _in=stdin,
+                _pass_fds=set(pass_fds),
                 _tty_out=False,
                 _timeout=self._timeout,
                 _return_cmd=True,

@@ -190,9 +190,25 @@ def markdown_to_roff(markdown: str) -> list[str]:
     return out
 
 
+#: The checkout's paths that docs/configuration.md names, as the wheel
+#: installs them under its prefix (a venv's directory, /usr/local): the page
+#: is read where there is no checkout. Not ``/etc/sdexec.toml``.
+_INSTALLED_PATHS = [
+    (re.compile(r"(?<![\w/.])docs/"), "share/doc/sdexec/"),
+    (re.compile(r"(?<![\w/.])etc/(?=sdexec)"), "share/sdexec/examples/"),
+]
+
+
+def _as_installed(markdown: str) -> str:
+    for checkout, installed in _INSTALLED_PATHS:
+        markdown = checkout.sub(installed, markdown)
+    return markdown
+
+
 def sdexec_toml_5() -> str:
     version = _version()
-    body = markdown_to_roff((REPO / "docs" / "configuration.md").read_text())
+    configuration = (REPO / "docs" / "configuration.md").read_text()
+    body = markdown_to_roff(_as_installed(configuration))
     return "\n".join([
         f'.TH SDEXEC.TOML 5 "{version}" "sdexec {version}" "sdexec manual"',
         ".SH NAME",
@@ -201,6 +217,11 @@ def sdexec_toml_5() -> str:
         "\\fI/etc/sdexec/sdexec.toml\\fR, \\fI~/.config/sdexec/sdexec.toml\\fR"
         " (or \\fI.yaml\\fR), given with \\fBtwistd sdexec \\-\\-config\\fR",
         *body,
+        ".SH FILES",
+        "Under the prefix sdexec is installed in (a venv's directory, or",
+        "\\fI/usr/local\\fR):",
+        "\\fIshare/sdexec/examples/\\fR holds the example files and the unit files;",
+        "\\fIshare/doc/sdexec/\\fR the documents named \\fI*.md\\fR here.",
         ".SH SEE ALSO",
         "\\fBsdexec\\fR(1), \\fBtwistd\\fR(1), \\fBflux-config-exec\\fR(5),"
         " \\fBsystemd.resource-control\\fR(5)",

@@ -190,7 +190,7 @@ def _name_string_properties(message: str, properties: list[UnitProperty]) -> str
     if "Unexpected message contents" in message:
         return (
             f"{message} (systemd types one of these otherwise, and sdexec sent it"
-            f" as a string: {', '.join(suspects)}; docs/configuration.md lists the"
-            " properties sdexec types)"
+            f" as a string: {', '.join(suspects)}; share/doc/sdexec/configuration.md"
+            " lists the properties sdexec types)"
         )
     return message

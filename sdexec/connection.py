@@ -44,6 +44,7 @@ from sdexec.protocol import Topic
 from sdexec.refusal import RequestRefused, json_quoted, printable
 from sdexec.server import AwaitingStart, SdexecServer
 from sdexec.systemd import errno_for
+from sdexec.systemd.errors import failure_value
 
 __all__ = ["ClientProtocol", "SdexecServerFactory", "peer_uid"]
 
@@ -213,7 +214,7 @@ class ClientProtocol(StdioReceivingProtocol):
         self._answer(
             topic if _is_text(topic) else "",
             matchtag if isinstance(matchtag, int) and valid_matchtag else 0,
-            partial(self._dispatch, message, topic, matchtag, valid_matchtag),
+            partial(self._dispatch, message, topic, matchtag),
             silent=_unanswerable_write(topic, matchtag),
         )
 
@@ -286,7 +287,10 @@ class ClientProtocol(StdioReceivingProtocol):
             # main process that has exited): an error as one refused at once.
             self.server.count("errors")
         self._send_error(
-            topic, matchtag, _errno_of(failure.value), failure.getErrorMessage()
+            topic,
+            matchtag,
+            _errno_of(failure_value(failure)),
+            failure.getErrorMessage(),
         )
 
     def _count_unanswered(self, answer: defer.Deferred) -> None:
@@ -321,11 +325,13 @@ class ClientProtocol(StdioReceivingProtocol):
                 errstr=errstr,
             )
 
-    def _dispatch(self, message: dict, topic, matchtag, valid_matchtag: bool):
+    def _dispatch(self, message: dict, topic: object, matchtag: object) -> Any:
+        """The request's handler's answer (``topic`` and ``matchtag`` as the
+        request gave them: checked here)."""
         if not isinstance(topic, str):
             raise RequestError(errno.EINVAL, "topic: expected a string")
         check_text("topic", topic)
-        if not valid_matchtag or matchtag < 0:
+        if not is_integer(matchtag) or matchtag < 0:
             raise RequestError(errno.EINVAL, "matchtag: expected an integer >= 0")
         payload = message.get("payload", {})
         if not isinstance(payload, dict):
@@ -447,7 +453,7 @@ class ClientProtocol(StdioReceivingProtocol):
             return
         if isinstance(outcome, Failure):
             stdio.close()
-            self._log_lookup_timeout(outcome.value)
+            self._log_lookup_timeout(failure_value(outcome))
             self._answer(Topic.EXEC, matchtag, outcome.raiseException)
         else:
             self._answer(Topic.EXEC, matchtag, partial(exec_found, outcome))

@@ -39,14 +39,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from sdexec.config import Config
 from sdexec.drain import SelfLifting
 from sdexec.limits import listed_name
 from sdexec.managerversion import version_number
@@ -54,14 +56,18 @@ from sdexec.orphans import expected_unit_cgroup
 from sdexec.plan import ExecPlan
 from sdexec.sockets import unix_path
 from sdexec.systemd import Manager, UnitStatus, queued_job
-from sdexec.systemd.errors import is_connection_lost, is_unit_gone
-from sdexec.systemd.retry import CallBackoff
+from sdexec.systemd.errors import failure_value, is_unit_gone
+from sdexec.systemd.retry import CallBackoff, CallFailure, classify_call_failure
 from sdexec.unitstop import StopTimer, StopTimerState
 
-if TYPE_CHECKING:
-    from sdexec.server import SdexecServer
-
-__all__ = ["STARTED_AGAIN", "Leftover", "Leftovers", "marked", "owner_marks"]
+__all__ = [
+    "STARTED_AGAIN",
+    "Leftover",
+    "Leftovers",
+    "LeftoversContext",
+    "marked",
+    "owner_marks",
+]
 
 log = Logger()
 
@@ -119,6 +125,37 @@ STARTED_AGAIN = "of this run, started again outside sdexec"
 NAME_TAKEN = "of this run, found when a start of its name was refused"
 
 
+#: The calls a leftover makes again when refused: nothing else would (the
+#: unit runs on, or stays failed, and the node drained for it for good).
+_RETRIED = ("StopUnit", "ResetFailedUnit")
+
+
+@dataclass(frozen=True)
+class LeftoversContext:
+    """What the leftover units need from the service around them (the
+    server's); those read when needed may change meanwhile (a reload's
+    configuration, a test's clock)."""
+
+    #: The configuration in force: ``leftover-units``, the stop timer's.
+    config: Callable[[], Config]
+    #: The clock of the stop timers and of the calls made again.
+    clock: Callable[[], IReactorTime]
+    #: One more event in the service's counters.
+    count: Callable[[str], None]
+    #: ``drain(reason, kind)``: refuse new work for ``reason``; ``kind``, a
+    #: cause that lifts itself (``None``: one only an admin clears).
+    drain: Callable[[str, SelfLifting | None], None]
+    #: ``lift(kind)``: a self-lifting cause is over (its drain goes).
+    lift: Callable[[SelfLifting], object]
+    #: The process or leftover of the service's that has a unit name
+    #: (``None``: nobody's).
+    unit_follower: Callable[[str], object]
+    #: ``end_what_lost_unit_left(unit, cgroup, signum, lost_by)``: its
+    #: manager lost the unit (followed by ``lost_by``, if anyone), and what
+    #: it ran may live on in ``cgroup`` (sdexec/orphans.py).
+    end_what_lost_unit_left: Callable[[str, str, int, object], None]
+
+
 def drain_reason(count: int, all_previous: bool) -> str:
     """Why the node is drained while ``count`` leftovers are being stopped;
     ``all_previous``: all were found at start (none after a reconnection)."""
@@ -133,6 +170,7 @@ class Leftover:
     def __init__(
         self,
         systemd: Manager,
+        context: LeftoversContext,
         name: str,
         description: str,
         leftovers: Leftovers,
@@ -145,6 +183,7 @@ class Leftover:
         self.of_this_run = of_this_run
         self.pid = -1
         self._systemd = systemd
+        self._context = context
         self._leftovers = leftovers
         self._stopping = False
         self._resetting = False
@@ -170,13 +209,13 @@ class Leftover:
         self._watch = systemd.watch_unit(name, self._changed)
 
     def _new_stop_timer(self) -> StopTimer:
-        server = self._leftovers.server
+        config = self._context.config()
         return StopTimer(
-            server.clock,
-            server.config.exec.sdexec_stop_timer_sec,
-            server.config.exec.sdexec_stop_timer_signal,
+            self._context.clock(),
+            config.exec.sdexec_stop_timer_sec,
+            config.exec.sdexec_stop_timer_signal,
             self.name,
-            _LeftoverStop(self, server),
+            _LeftoverStop(self, self._context, self._leftovers),
             lambda: self._systemd.connected and not self.rereading,
         )
 
@@ -287,8 +326,7 @@ class Leftover:
         signal, then SIGKILL (the node drained if they may not be)."""
         log.warn("leftover unit {unit} was lost with its manager", unit=self.name)
         if self._cgroup is not None:
-            server = self._leftovers.server
-            server.end_what_lost_unit_left(
+            self._context.end_what_lost_unit_left(
                 self.name, self._cgroup, self.stop_timer.signum, self
             )
 
@@ -303,13 +341,14 @@ class Leftover:
         self._leftovers.started_again(self)
 
     def _failed(self, failure: Failure, what: str) -> None:
-        if is_connection_lost(failure.value):
+        outcome = classify_call_failure(failure, retried=what in _RETRIED)
+        if outcome is CallFailure.AGAIN_ON_RECONNECT:
             # Made again when the connection is back (Leftovers.scan).
             self._stopping = self._resetting = False
             return
-        if is_unit_gone(failure.value):
+        if outcome is CallFailure.MOOT:
             return  # unloaded meanwhile: the watch sees it go
-        retried = what in ("StopUnit", "ResetFailedUnit")
+        retried = outcome is CallFailure.RETRY_LATER
         log.warn(
             "leftover unit {unit}: {what} failed: {error}{again}",
             unit=self.name,
@@ -318,10 +357,8 @@ class Leftover:
             again="; made again later" if retried else "",
         )
         if retried and self._followed and not (self._retry and self._retry.active()):
-            # Else nothing would make it again: the unit ran on, or stayed
-            # failed, and the node drained for it for good.
             delay = self._backoff.next_delay()
-            self._retry = self._leftovers.server.clock.callLater(delay, self._try_again)
+            self._retry = self._context.clock().callLater(delay, self._try_again)
 
     @property
     def _followed(self) -> bool:
@@ -346,21 +383,23 @@ class _LeftoverStop:
     """The :class:`~sdexec.unitstop.StopTimerTarget` of a leftover unit:
     no request to fail, only the node to drain."""
 
-    def __init__(self, unit: Leftover, server: SdexecServer) -> None:
+    def __init__(
+        self, unit: Leftover, context: LeftoversContext, leftovers: Leftovers
+    ) -> None:
         self._unit = unit
-        self._server = server
+        self._context = context
+        self._leftovers = leftovers
 
     def signal_all(self, signum: int) -> None:
-        self._server.count("stop-timer-signal")
+        self._context.count("stop-timer-signal")
         self._unit.kill(signum).addErrback(
             self._unit._failed, f"KillUnit(all, {signum})"
         )
 
     def abandon(self, reason: str) -> None:
-        self._server.count("stop-timer-abandoned")
-        self._server.drain(reason)
-        if self._server.leftovers is not None:  # it is stopping no more
-            self._server.leftovers.drain_while_stopping()
+        self._context.count("stop-timer-abandoned")
+        self._context.drain(reason, None)
+        self._leftovers.drain_while_stopping()  # it is stopping no more
 
 
 class Leftovers:
@@ -369,7 +408,7 @@ class Leftovers:
     def __init__(
         self,
         systemd: Manager,
-        server: SdexecServer,
+        context: LeftoversContext,
         marks: tuple[str, ...],
         hold_stops: bool = False,
     ) -> None:
@@ -380,7 +419,7 @@ class Leftovers:
             raise ValueError("leftover units need the service's owner marks")
         self.units: dict[str, Leftover] = {}
         self._systemd = systemd
-        self.server = server
+        self._context = context
         self._marks = marks
         #: A scan is in flight; the callers (and origins) of the next one.
         self._scanning = False
@@ -398,7 +437,7 @@ class Leftovers:
     def systemd_restored(self) -> defer.Deferred[None]:
         """systemd is back after a loss: scan, and once each leftover is
         read again, its stop timer sends what the loss may have taken."""
-        self._restored_at = self.server.clock.seconds()
+        self._restored_at = self._context.clock().seconds()
         for unit in self.units.values():
             unit.rereading = True  # until the scan's (or its fallback's) read
         return self.scan()
@@ -437,7 +476,7 @@ class Leftovers:
 
     @property
     def _stopping(self) -> bool:
-        return self.server.config.sdexec.leftover_units == "stop"
+        return self._context.config().sdexec.leftover_units == "stop"
 
     @property
     def stop_now(self) -> bool:
@@ -571,7 +610,7 @@ class Leftovers:
             # (nothing to stop; adopted, its end would be looked for again).
             # With one, a restart's start is on its way.
             ours = mark and (active != "inactive" or job != 0)
-            if ours and self.server.unit_follower(name) is None:
+            if ours and self._context.unit_follower(name) is None:
                 # An origin asked for by a scan still waiting counts too.
                 origin = origins.get(name) or self._origins.get(name)
                 self._adopt(name, description[: -len(mark)], self._stopping, origin)
@@ -588,14 +627,14 @@ class Leftovers:
         for listed in listing:
             name, description, active, job = listed[0], listed[1], listed[3], listed[7]
             unstarted = active == "inactive" and job == 0
-            followed = self.server.unit_follower(name) is not None
+            followed = self._context.unit_follower(name) is not None
             if unstarted and self._mark_of(description) and not followed:
                 read = self._systemd.get_service_properties(name)
                 read.addCallback(self._end_what_it_left, name)
                 read.addErrback(_log_unstarted_read_failure, name)
 
     def _end_what_it_left(self, properties: dict[str, Any], name: str) -> None:
-        if self._closed or self.server.unit_follower(name) is not None:
+        if self._closed or self._context.unit_follower(name) is not None:
             # The service stops (nothing more is started), or it is adopted
             # or started meanwhile: its own follower's now.
             return
@@ -606,9 +645,8 @@ class Leftovers:
             version_number(self._systemd.version),
         )
         if cgroup is not None:
-            server = self.server
-            signum = server.config.exec.sdexec_stop_timer_signal
-            server.end_what_lost_unit_left(name, cgroup, signum)
+            signum = self._context.config().exec.sdexec_stop_timer_signal
+            self._context.end_what_lost_unit_left(name, cgroup, signum, None)
 
     def drain_while_stopping(self) -> None:
         """With ``leftover-units = "stop"``, drain while any is stopping
@@ -620,9 +658,9 @@ class Leftovers:
         if self._stopping and stopping:
             previous = not any(unit.of_this_run for unit in stopping)
             reason = drain_reason(len(stopping), previous)
-            self.server.drain(reason, SelfLifting.LEFTOVERS)
+            self._context.drain(reason, SelfLifting.LEFTOVERS)
         else:
-            self.server.lift(SelfLifting.LEFTOVERS)
+            self._context.lift(SelfLifting.LEFTOVERS)
 
     def _action(self, stop: bool) -> str:
         """What becomes of a leftover found now, for the log."""
@@ -648,11 +686,13 @@ class Leftovers:
             description=description,
             action=action,
         )
-        self.units[name] = Leftover(self._systemd, name, description, self, of_this_run)
+        self.units[name] = Leftover(
+            self._systemd, self._context, name, description, self, of_this_run
+        )
 
 
 def _log_unstarted_read_failure(failure: Failure, unit: str) -> None:
-    if not is_unit_gone(failure.value):  # unloaded meanwhile: nothing left
+    if not is_unit_gone(failure_value(failure)):  # unloaded meanwhile: nothing left
         log.warn(
             "reading inactive unit {unit} failed: {error}",
             unit=unit,

@@ -50,8 +50,8 @@ from sdexec.systemd.channel import (
     StdinOverrun,
     socketpair_for_systemd,
 )
-from sdexec.systemd.errors import UNIT_EXISTS, is_connection_lost, is_unit_gone
-from sdexec.systemd.retry import CallBackoff
+from sdexec.systemd.errors import UNIT_EXISTS, failure_value, is_connection_lost
+from sdexec.systemd.retry import CallBackoff, CallFailure, classify_call_failure
 from sdexec.systemd.unit import (
     never_invoked,
     start_job_ended_unstarted,
@@ -204,6 +204,9 @@ _LOST = "is gone (lost while systemd was away)"
 #: Calls with nothing left to do once the unit is unloaded: their failure
 #: then is no news (a client gone in a burst logged one per unit).
 _MOOT_ONCE_GONE = frozenset({UnitCall.STOP, UnitCall.RESET, UnitCall.KILL_MAIN})
+#: Calls made again when refused while the unit still needs them (nothing
+#: else would: the unit lingers, its process tabled, its name taken).
+_RETRIED = frozenset({UnitCall.STOP, UnitCall.RESET})
 
 
 @dataclass(frozen=True)
@@ -638,7 +641,7 @@ class Process:
             self._unit_changed(self._watch.state)
 
     def _start_refused(self, failure: Failure) -> None:
-        error = failure.value
+        error = failure_value(failure)
         message = explain_start_refusal(
             getattr(error, "message", str(error)),
             self.plan.properties,
@@ -1018,7 +1021,7 @@ class Process:
         return refreshed.addCallbacks(self._lost_before_started, self._resync_failed)
 
     def _resync_failed(self, failure: Failure) -> object:
-        if is_connection_lost(failure.value):
+        if is_connection_lost(failure_value(failure)):
             return _LOST_AGAIN  # the next restore resyncs
         self._vanished(
             f"cannot be read: {failure.getErrorMessage()} (lost while systemd was away)"
@@ -1119,11 +1122,16 @@ class Process:
             method(self.unit_name).addErrback(self._call_failed, call)
 
     def _call_failed(self, failure: Failure, call: UnitCall) -> None:
-        if is_connection_lost(failure.value):
-            self._called.discard(call)  # made again after the reconnection
-        elif is_unit_gone(failure.value) and call in _MOOT_ONCE_GONE:
+        outcome = classify_call_failure(
+            failure,
+            retried=call in _RETRIED and not self._reaped,
+            moot_once_gone=call in _MOOT_ONCE_GONE,
+        )
+        if outcome is CallFailure.MOOT:
             return  # it ended and was unloaded first: the watch sees it go
-        elif call in (UnitCall.STOP, UnitCall.RESET) and not self._reaped:
+        if outcome is CallFailure.AGAIN_ON_RECONNECT:
+            self._called.discard(call)  # made again after the reconnection
+        elif outcome is CallFailure.RETRY_LATER:
             self._retry_later(call)
         self._log_failure(failure, call.value)
 

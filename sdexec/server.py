@@ -31,7 +31,14 @@ from sdexec.hangup import HangupWatcher
 from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
 from sdexec.jobs import Jobs
-from sdexec.leftovers import NAME_TAKEN, STARTED_AGAIN, Leftover, Leftovers, marked
+from sdexec.leftovers import (
+    NAME_TAKEN,
+    STARTED_AGAIN,
+    Leftover,
+    Leftovers,
+    LeftoversContext,
+    marked,
+)
 from sdexec.limits import is_integer
 from sdexec.lograte import LogRate
 from sdexec.lookup import InlineLookups, Lookups
@@ -54,7 +61,12 @@ from sdexec.process import OutputTap, OutputValve, Process, ProcessContext, Resp
 from sdexec.receipt import reads_unit_cgroups
 from sdexec.signals import signal_name
 from sdexec.systemd import Manager
-from sdexec.systemd.errors import NO_SUCH_PROCESS, SystemdError, is_unit_gone
+from sdexec.systemd.errors import (
+    NO_SUCH_PROCESS,
+    SystemdError,
+    failure_value,
+    is_unit_gone,
+)
 
 if TYPE_CHECKING:
     from sdexec.metrics import Metrics
@@ -71,7 +83,7 @@ _STRAGGLER_STEPS = 2
 
 
 def _log_straggler_kill_failure(failure: Failure, unit: str, signum: int) -> None:
-    if is_unit_gone(failure.value):
+    if is_unit_gone(failure_value(failure)):
         return  # it went meanwhile
     log.warn(
         "shutdown: {signal} to {unit} failed: {error}",
@@ -92,7 +104,14 @@ class SdexecServer:
         containment: Containment | None = None,
         clock: Any = None,
         lookups: Lookups | None = None,
+        marks: tuple[str, ...] = (),
+        hold_leftover_stops: bool = False,
     ) -> None:
+        """``marks``: the service's owner marks (sdexec/leftovers.py): the
+        first ends every unit's ``Description``, and units marked with any
+        are its leftovers (none: no mark, no leftovers followed);
+        ``hold_leftover_stops``: leftovers are adopted but not stopped
+        until :meth:`Leftovers.release_stops` (the service's start)."""
         self.systemd = systemd
         self.config = config
         self.reactor = reactor
@@ -126,10 +145,19 @@ class SdexecServer:
         #: Each unit name has one owner: the process that runs it.
         self.units: dict[str, Process] = {}
         #: Appended to every unit's Description: how the service knows its
-        #: own units after a restart (sdexec/leftovers.py); set by the service.
-        self.unit_mark = ""
-        #: Units of an earlier run (set by the service).
-        self.leftovers: Leftovers | None = None
+        #: own units after a restart (sdexec/leftovers.py).
+        self.unit_mark = marks[0] if marks else ""
+        #: Units of an earlier run, and this run's that nobody follows.
+        self.leftovers: Leftovers | None = (
+            Leftovers(
+                systemd,
+                self._leftovers_context(),
+                marks,
+                hold_stops=hold_leftover_stops,
+            )
+            if marks
+            else None
+        )
         self.counters: Counter[str] = Counter()
         #: Why the node is drained: each cause in force (sdexec/drain.py).
         self.drains = Drains()
@@ -498,7 +526,7 @@ class SdexecServer:
         self.device_canary.run_owed()
 
     @staticmethod
-    def _log_scan_failure(failure) -> None:
+    def _log_scan_failure(failure: Failure) -> None:
         log.warn(
             "listing leftover units failed: {error}", error=failure.getErrorMessage()
         )
@@ -507,6 +535,17 @@ class SdexecServer:
         """Run the device canary (sdexec/devicefence.py), with containment
         on: fires with the problem it finds, or None; never fails."""
         return self.device_canary.verify()
+
+    def _leftovers_context(self) -> LeftoversContext:
+        return LeftoversContext(
+            config=lambda: self.config,
+            clock=lambda: self.clock,
+            count=self.count,
+            drain=self.drain,
+            lift=self.lift,
+            unit_follower=self.unit_follower,
+            end_what_lost_unit_left=self.end_what_lost_unit_left,
+        )
 
     def _canary_context(self) -> CanaryContext:
         return CanaryContext(

@@ -16,7 +16,7 @@ import errno
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -39,7 +39,7 @@ from sdexec.config import (
 )
 from sdexec.connection import SdexecServerFactory
 from sdexec.containment import Containment
-from sdexec.leftovers import Leftovers, owner_marks
+from sdexec.leftovers import owner_marks
 from sdexec.lookup import ThreadedLookups
 from sdexec.metrics import Metrics
 from sdexec.notify import Readiness, describe_server
@@ -56,7 +56,7 @@ from sdexec.sockets import (
     unix_path,
 )
 from sdexec.stats import recent, stats_site
-from sdexec.systemd import SystemdClient, SystemdError
+from sdexec.systemd import Manager, SystemdClient, SystemdError
 
 __all__ = ["EX_CONFIG", "SdexecService", "default_listen_endpoint"]
 
@@ -190,23 +190,51 @@ class SdexecService(Service):
         self._start().addCallbacks(self.ready.callback, self._start_failed)
 
     @defer.inlineCallbacks
-    def _start(self):
+    def _start(self) -> Generator[defer.Deferred[Any], Any, SdexecService]:
         containment = Containment.from_config(self.config)
         marks = owner_marks(self.listen)
-        # First of all: a second service on this endpoint would take the
-        # first one's running units for leftovers (sdexec/ownerlock.py).
-        mode = self.config.sdexec.socket_mode
-        with _making_socket(self.listen, "listen"):  # beside its socket
-            self.owner_lock = OwnerLock(self.listen, marks[0], mode, marks[1:])
-            self.owner_lock.take()
+        self._take_ownership(marks)
         systemd = yield self._connect()
         if not self.running:
             systemd.disconnect()  # the stop found no server to close it
         self._check_still_starting()
+        server = self.server = self._new_server(systemd, containment, marks)
+        self._watch_systemd(systemd, server)
+        leftovers = server.leftovers
+        assert leftovers is not None, "the server is built with the owner marks"
+        # Before listening: leftovers of an earlier run drain the node first.
+        yield leftovers.scan()
+        self._check_still_starting()
+        systemd.on_call = self.metrics.dbus_call
+        server.observer = self.metrics
+        # Before listening: no job runs before the device fence is judged.
+        yield server.verify_devices()
+        self._check_still_starting()
+        yield self._listen_all(server)
+        leftovers.release_stops()  # the start can fail no more
+        self._now_serving()
+        return self
+
+    def _take_ownership(self, marks: tuple[str, ...]) -> None:
+        """First of all: the owner lock of the endpoint, beside its socket.
+        A second service on this endpoint would take the first one's
+        running units for leftovers (sdexec/ownerlock.py)."""
+        mode = self.config.sdexec.socket_mode
+        with _making_socket(self.listen, "listen"):  # beside its socket
+            self.owner_lock = OwnerLock(self.listen, marks[0], mode, marks[1:])
+            self.owner_lock.take()
+
+    def _new_server(
+        self, systemd: Manager, containment: Containment, marks: tuple[str, ...]
+    ) -> SdexecServer:
+        """The server on ``systemd``, its units marked with ``marks``; its
+        leftovers, once scanned, are held unstopped until it listens (a
+        start that then fails must not have stopped units it leaves
+        unfollowed)."""
         systemd.debug = self.config.systemd.sdbus_debug
         systemd.max_inflight = self.config.systemd.max_inflight
         clock = timers_clock(self.reactor)
-        self.server = SdexecServer(
+        return SdexecServer(
             systemd,
             self.config,
             self.reactor,
@@ -214,24 +242,27 @@ class SdexecService(Service):
             clock=clock,
             # A command's lookup may wait on a network file system.
             lookups=ThreadedLookups(self.reactor, clock),
+            marks=marks,
+            hold_leftover_stops=True,
         )
-        self.server.check_manager_version()
-        self.outage = SystemdOutage(self.server)
+
+    def _watch_systemd(self, systemd: Manager, server: SdexecServer) -> None:
+        """Judge the manager's version, and follow systemd's losses and
+        returns (sdexec/outage.py)."""
+        server.check_manager_version()
+        self.outage = SystemdOutage(server)
         systemd.on_lost = self.outage.lost
         systemd.on_restored = self.outage.restored
-        # Before listening: leftovers of an earlier run drain the node first.
-        self.server.unit_mark = marks[0]
-        self.server.leftovers = Leftovers(systemd, self.server, marks, hold_stops=True)
-        yield self.server.leftovers.scan()
-        self._check_still_starting()
-        systemd.on_call = self.metrics.dbus_call
-        self.server.observer = self.metrics
-        # Before listening: no job runs before the device fence is judged.
-        yield self.server.verify_devices()
-        self._check_still_starting()
+
+    @defer.inlineCallbacks
+    def _listen_all(
+        self, server: SdexecServer
+    ) -> Generator[defer.Deferred[Any], Any, None]:
+        """Listen for requests, then for stats (and on the private stats
+        socket, if one is configured)."""
         self.ports["listen"] = yield self._listen(
             with_backlog(self.listen, self._listen_backlog()),
-            SdexecServerFactory(self.server),
+            SdexecServerFactory(server),
             "listen",
             shown=self.listen,
         )
@@ -248,7 +279,9 @@ class SdexecService(Service):
                 private_site,
                 "stats-socket",
             )
-        self.server.leftovers.release_stops()  # the start can fail no more
+
+    def _now_serving(self) -> None:
+        """Listening: READY=1, and a reload asked for meanwhile runs now."""
         self.serving = True
         self.readiness.ready()
         log.info(
@@ -258,7 +291,6 @@ class SdexecService(Service):
         )
         if self.reload_when_started:
             self._reload_on_signal()
-        return self
 
     def _listen_backlog(self) -> int:
         """``[sdexec] listen-backlog``, else the kernel's cap (Twisted's own
@@ -314,7 +346,7 @@ class SdexecService(Service):
         if not self.running:
             raise StoppedWhileStarting("the service was stopped while starting")
 
-    def _start_failed(self, failure) -> None:
+    def _start_failed(self, failure: Failure) -> None:
         if self.owner_lock is not None:
             self.owner_lock.release()
         if failure.check(StoppedWhileStarting):
@@ -459,7 +491,7 @@ class SdexecService(Service):
         return config
 
     @defer.inlineCallbacks
-    def stopService(self):
+    def stopService(self) -> Generator[defer.Deferred[Any], Any, None]:
         super().stopService()
         self.stopped = True
         self.serving = False
@@ -491,9 +523,10 @@ def _fails_again(failure: Failure) -> bool:
     """Whether the same start would fail again as it is: a configuration
     refused, a socket that cannot be made where it is configured. The
     units do not restart it (``EX_CONFIG``)."""
-    if failure.check(ConfigError):
-        return not failure.value.transient
-    return bool(failure.check(ListenError)) and failure.value.lasting
+    error = failure.value
+    if isinstance(error, ConfigError):
+        return not error.transient
+    return isinstance(error, ListenError) and error.lasting
 
 
 def _cannot_listen(failure: Failure, description: str, setting: str) -> None:

@@ -11,15 +11,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import msgspec
-from twisted.internet.interfaces import IConsumer, IReactorTime, ITCPTransport
+from twisted.internet.interfaces import (
+    IAddress,
+    IConsumer,
+    IReactorTime,
+    ITCPTransport,
+)
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel, Request
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
+
+if TYPE_CHECKING:
+    # What Twisted's Site.buildProtocol returns (ours: a _StatsChannel,
+    # which that typing cannot say).
+    from twisted.web.http import _GenericHTTPChannelProtocol
 
 __all__ = [
     "MAX_REUSE_S",
@@ -100,7 +110,7 @@ class _JSONResource(Resource):
         super().__init__()
         self._body = recent(lambda: _rendered(produce()), clock)
 
-    def render_GET(self, request) -> bytes:
+    def render_GET(self, request: Request) -> bytes:
         request.setHeader(b"content-type", b"application/json")
         return self._body()
 
@@ -203,7 +213,9 @@ class _StatsSite(Site):
         #: hold more than twice the cap.
         self.closing = 0
 
-    def buildProtocol(self, addr):
+    def buildProtocol(
+        self, addr: IAddress | None
+    ) -> _GenericHTTPChannelProtocol | None:
         if len(self.channels) >= MAX_STATS_CONNECTIONS:
             longest = next(
                 (c for c, serving in self.channels.items() if not serving), None

@@ -35,7 +35,7 @@ from sdexec.devicefence import (
     canary_plan,
     canary_verdict,
 )
-from sdexec.leftovers import Leftovers, owner_marks
+from sdexec.leftovers import owner_marks
 from sdexec.plan import RequestError
 from sdexec.property import UnitProperty
 from sdexec.server import SdexecServer
@@ -130,7 +130,9 @@ def contained_config(check: str = "drain") -> dict:
     }
 
 
-def offline_server(check: str = "drain", constrain: bool = True):
+def offline_server(
+    check: str = "drain", constrain: bool = True, marks: tuple[str, ...] = ()
+):
     table = contained_config(check)
     table["exec"]["sdexec-constrain-resources"] = constrain
     config = parse_config(table)
@@ -138,7 +140,7 @@ def offline_server(check: str = "drain", constrain: bool = True):
     systemd.stop_to_inactive = True
     clock = Clock()
     server = SdexecServer(
-        systemd, config, reactor, Containment(config, None), clock=clock
+        systemd, config, reactor, Containment(config, None), clock=clock, marks=marks
     )
     return server, systemd, clock
 
@@ -206,8 +208,7 @@ async def reaped(server: SdexecServer) -> None:
 async def test_the_canary_carries_the_services_mark():
     # A service that crashed while it ran finds it among its leftovers: the
     # unit remains after its probe exits, until someone stops it.
-    server, systemd, _ = offline_server()
-    server.unit_mark = " [sdexec:0123456789ab]"
+    server, systemd, _ = offline_server(marks=(" [sdexec:0123456789ab]",))
     server.verify_devices()
     (description,) = [
         prop.value
@@ -436,10 +437,8 @@ async def test_a_canary_with_no_verdict_times_out_and_is_stopped():
 async def test_a_leftover_scan_while_the_canary_runs_knows_it_for_its_own():
     # It carries the service's mark: a scan (after a reconnection, say)
     # took it for a leftover, failed on its watch, and adopted nothing.
-    server, systemd, _ = offline_server()
     marks = owner_marks("unix:/run/user/1000/sdexec/sdexec.sock")
-    server.unit_mark = marks[0]
-    server.leftovers = Leftovers(systemd, server, marks)
+    server, systemd, _ = offline_server(marks=marks)
     server.verify_devices()
     canary = canary_unit(systemd)
     systemd.run(canary)

@@ -17,7 +17,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 import sdexec.orphans
 from sdexec.config import parse_config
-from sdexec.leftovers import Leftovers, marked, owner_marks
+from sdexec.leftovers import marked, owner_marks
 from sdexec.outage import SystemdOutage
 from sdexec.property import UnitProperty
 from sdexec.server import SdexecServer
@@ -36,7 +36,10 @@ def leftover(systemd: FakeManager, name: str, mark: str = MARK, pid: int = 77):
 
 
 def make_server(
-    systemd: FakeManager, policy: str = "stop", stop_signal: str = "SIGUSR1"
+    systemd: FakeManager,
+    policy: str = "stop",
+    stop_signal: str = "SIGUSR1",
+    hold_stops: bool = False,
 ) -> SdexecServer:
     config = parse_config(
         {
@@ -44,10 +47,14 @@ def make_server(
             "exec": {"sdexec-stop-timer-signal": stop_signal},
         }
     )
-    server = SdexecServer(systemd, config, reactor, clock=Clock())
-    server.unit_mark = MARK
-    server.leftovers = Leftovers(systemd, server, MARKS)
-    return server
+    return SdexecServer(
+        systemd,
+        config,
+        reactor,
+        clock=Clock(),
+        marks=MARKS,
+        hold_leftover_stops=hold_stops,
+    )
 
 
 @pytest.fixture
@@ -91,9 +98,9 @@ def test_units_marked_by_an_earlier_version_are_still_leftovers(systemd):
     listen = "unix:/run/user/1000/sdexec/sdexec.sock:mode=660"
     marks = owner_marks(listen)
     leftover(systemd, "sdexec-old.service", mark=marks[1])
-    server = SdexecServer(systemd, parse_config({}), reactor, clock=Clock())
-    server.unit_mark = marks[0]
-    server.leftovers = Leftovers(systemd, server, marks)
+    server = SdexecServer(
+        systemd, parse_config({}), reactor, clock=Clock(), marks=marks
+    )
     server.leftovers.scan()
     assert [unit.description for unit in server.leftovers.units.values()] == [
         "sleep 300"
@@ -101,9 +108,8 @@ def test_units_marked_by_an_earlier_version_are_still_leftovers(systemd):
 
 
 def test_a_lone_string_is_not_taken_for_a_set_of_marks(systemd):
-    server = make_server(systemd)
     with pytest.raises(ValueError):
-        Leftovers(systemd, server, MARK)  # type: ignore[arg-type]
+        SdexecServer(systemd, parse_config({}), reactor, marks=MARK)  # type: ignore[arg-type]
 
 
 def test_every_unit_started_carries_the_mark(systemd):
@@ -144,11 +150,18 @@ def test_stop_leftovers_drain_until_they_are_gone(systemd):
 DEACTIVATING = {"ActiveState": "deactivating", "SubState": "stop-sigterm"}
 
 
-def make_server_with_stop_timer(systemd: FakeManager, seconds: int) -> SdexecServer:
+def make_server_with_stop_timer(
+    systemd: FakeManager, seconds: int, hold_stops: bool = False
+) -> SdexecServer:
     config = parse_config({"exec": {"sdexec-stop-timer-sec": seconds}})
-    server = SdexecServer(systemd, config, reactor, clock=Clock())
-    server.leftovers = Leftovers(systemd, server, MARKS)
-    return server
+    return SdexecServer(
+        systemd,
+        config,
+        reactor,
+        clock=Clock(),
+        marks=MARKS,
+        hold_leftover_stops=hold_stops,
+    )
 
 
 def test_a_leftover_that_will_not_stop_gets_the_stop_timer(systemd):
@@ -371,8 +384,7 @@ def test_stops_held_until_the_service_listens(systemd):
     # A start that failed after the scan (its stats port taken) had stopped
     # the leftovers it then left unfollowed.
     leftover(systemd, "sdexec-a.service")
-    server = make_server(systemd)
-    server.leftovers = Leftovers(systemd, server, MARKS, hold_stops=True)
+    server = make_server(systemd, hold_stops=True)
     server.leftovers.scan()
     assert server.drain_reason == "1 leftover unit from a previous run"
     assert not [call for call in systemd.calls if call[0] == "stop"]
@@ -401,8 +413,7 @@ def test_no_stop_timer_for_a_leftover_while_stops_are_held(systemd):
     # sent to it until the service listens; then its timer starts.
     leftover(systemd, "sdexec-a.service")
     systemd.units["sdexec-a.service"].update(DEACTIVATING)
-    server = make_server_with_stop_timer(systemd, 30)
-    server.leftovers = Leftovers(systemd, server, MARKS, hold_stops=True)
+    server = make_server_with_stop_timer(systemd, 30, hold_stops=True)
     server.leftovers.scan()
     server.clock.advance(60)
     assert systemd.signalled == []

@@ -782,7 +782,9 @@ def _why_lost(error: Exception) -> str:
     return f"the D-Bus connection failed ({type(error).__name__})"
 
 
-def _translate_failure(failure):
+def _translate_failure(failure: Failure) -> Failure:
+    """A D-Bus error reply as a :class:`SystemdError`; any other failure as
+    it is."""
     error = failure.value
     if isinstance(error, DBusError):
         raise SystemdError(error.type, error.text) from error

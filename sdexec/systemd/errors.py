@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from sdexec.managerversion import version_number
 from sdexec.property import UnitProperty
+
+if TYPE_CHECKING:
+    from twisted.python.failure import Failure
 
 __all__ = [
     "CONNECTION_LOST",
@@ -24,6 +28,7 @@ __all__ = [
     "connection_lost",
     "errno_for",
     "explain_start_refusal",
+    "failure_value",
     "is_connection_lost",
     "is_unit_gone",
     "manager_away",
@@ -98,6 +103,15 @@ def manager_away(detail: str) -> SystemdError:
 def reconnecting() -> SystemdError:
     """The error of a call made while reconnecting (EAGAIN)."""
     return SystemdError(RECONNECTING, "reconnecting to systemd")
+
+
+def failure_value(failure: Failure) -> BaseException:
+    """The exception ``failure`` carries: a Failure is never made without
+    one, though Twisted's untyped ``__init__`` leaves it ``None`` to mypy
+    at first."""
+    error = failure.value
+    assert error is not None, "a Failure always carries its exception"
+    return error
 
 
 def is_connection_lost(error: BaseException) -> bool:

@@ -6,11 +6,13 @@ succeeds, waiting longer after each failure, up to a cap. Its only timer is
 a ``callLater`` on the clock it is given, so tests drive it with a
 ``Clock``. :class:`CallBackoff` only counts: it says how long a refused
 call waits before it is made again, and its caller keeps the timer. Pure
-Twisted: no bus here.
+Twisted: no bus here. :func:`classify_call_failure` says which of those
+rules a failed unit call meets (a process's and a leftover's alike).
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +21,15 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-__all__ = ["CALL_RETRY_S", "Backoff", "CallBackoff"]
+from sdexec.systemd.errors import failure_value, is_connection_lost, is_unit_gone
+
+__all__ = [
+    "CALL_RETRY_S",
+    "Backoff",
+    "CallBackoff",
+    "CallFailure",
+    "classify_call_failure",
+]
 
 log = Logger()
 
@@ -122,3 +132,33 @@ class CallBackoff:
     def reset(self) -> None:
         """A call went through: the next refusal waits the shortest again."""
         self._refusals = 0
+
+
+class CallFailure(enum.Enum):
+    """What becomes of a unit call that failed (:func:`classify_call_failure`)."""
+
+    #: Lost with the connection to systemd: made again once it is back.
+    AGAIN_ON_RECONNECT = "again on reconnect"
+    #: Its unit was unloaded first: nothing is left to do (the unit's watch
+    #: sees it go).
+    MOOT = "moot"
+    #: Refused (a busy bus's ``LimitsExceeded``, say): made again after the
+    #: next :class:`CallBackoff` delay.
+    RETRY_LATER = "retry later"
+    #: Refused, and not made again: only logged.
+    GIVEN_UP = "given up"
+
+
+def classify_call_failure(
+    failure: Failure, retried: bool, moot_once_gone: bool = True
+) -> CallFailure:
+    """What becomes of a unit call that failed with ``failure``.
+    ``retried``: the call is one made again when refused (a stop or a reset
+    still needed: nothing else would make it); ``moot_once_gone``: a unit
+    unloaded meanwhile leaves it nothing to do."""
+    error = failure_value(failure)
+    if is_connection_lost(error):
+        return CallFailure.AGAIN_ON_RECONNECT
+    if moot_once_gone and is_unit_gone(error):
+        return CallFailure.MOOT
+    return CallFailure.RETRY_LATER if retried else CallFailure.GIVEN_UP

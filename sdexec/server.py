@@ -993,14 +993,15 @@ def _without(mapping: dict, keys: frozenset[str]) -> dict:
 
 
 class AwaitingStart(NamedTuple):
-    """An answer that waits for a process to start before it waits for
-    systemd: it places no call meanwhile (a process holds at most
-    ``MAX_EARLY_KILLS`` such signals), so it counts against
-    :data:`MAX_UNANSWERED` only once its call is ``sent``. Counted from the
-    request, 64 kills of processes slow to start stopped the reading of
-    their connection for as long as ``start-timeout``: on a connection that
-    carries every job of a node, the kill of a running job too. Never
-    counted, each starting process let 64 more calls into the window."""
+    """An answer that waits for a process to start before it waits for systemd: it
+    places no call meanwhile (a process holds at most ``MAX_EARLY_KILLS``
+    such signals), so it counts against
+    :data:`~sdexec.connection.MAX_UNANSWERED` only once its call is
+    ``sent``. Counted from the request, 64 kills of processes slow to start
+    stopped the reading of their connection for as long as
+    ``start-timeout``: on a connection that carries every job of a node,
+    the kill of a running job too. Never counted, each starting process let
+    64 more calls into the window."""
 
     answer: defer.Deferred
     sent: defer.Deferred

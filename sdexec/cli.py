@@ -11,21 +11,33 @@ Twisted, for treq.
 
 from __future__ import annotations
 
+import signal
+import sys
+
+# Run as `python3 -m sdexec.cli`, a ^C during the imports below ends it
+# quietly, as sdexec.console does for the console script.
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 import argparse
 import errno
 import json
 import os
-import signal
-import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 from sdexec.cliio import (
+    DISCARDED,
     EXEC_FAILURES,
+    LOST,
+    READER_GONE,
     Output,
     close_outputs,
     connect,
     exit_code,
     fail,
+    flush_out,
+    print_out,
     request,
     say,
     visible,
@@ -60,17 +72,24 @@ __all__ = [
     "run_and_exit",
 ]
 
-#: Signals the client passes on to the process instead of dying of them.
+#: Signals the client passes on to the process instead of dying of them
+#: (SIGQUIT too: a terminal's Ctrl-\ is the process's, as Ctrl-C is; died
+#: of, it stopped the unit with SIGTERM, and the core dump asked for was
+#: the client's). Not SIGTSTP: Ctrl-Z stops the client only
+#: (docs/client.md, "Signals").
 FORWARDED_SIGNALS = (
     signal.SIGINT,
     signal.SIGTERM,
     signal.SIGHUP,
+    signal.SIGQUIT,
     signal.SIGUSR1,
     signal.SIGUSR2,
 )
 #: The signals that end a command that has not started yet (a local one
 #: would die of them before its exec), instead of being held for it.
-INTERRUPTING_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+INTERRUPTING_SIGNALS = frozenset(
+    {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
+)
 #: ``undrain``'s exit status while a cause that lifts itself still drains
 #: the service (2 is a usage error's).
 STILL_DRAINED = 3
@@ -81,6 +100,12 @@ _READ_SIZE = 64 * 1024
 #: SIGPIPE. systemd ignores SIGPIPE by default, and then neither would end
 #: it (``sdexec run --no-passthrough yes | head -1`` ran on for ever).
 _STREAMING_OPTS = {"SDEXEC_PROP_IgnoreSIGPIPE": "no"}
+#: How long a ``--no-passthrough`` process has to die of the SIGPIPE sent
+#: when our reader went: output for that stream that comes later says it
+#: ignores SIGPIPE (every Python program does), and `run` ends it, as
+#: EPIPE would end it locally. What it wrote before the signal, still on
+#: its way, takes milliseconds to come and be dropped.
+_SIGPIPE_GRACE_S = 1.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -95,7 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _open_closed_standard_fds()
     try:
         options = parse_args(argv)
-        return _flushed(_COMMANDS[options.command](options))
+        status = _COMMANDS[options.command](options)
+        flush_out()
+        return status
     except UnicodeEncodeError as error:
         # Text an option took from the command line, past what build_command
         # names (a target, a job id): the service takes UTF-8 only.
@@ -116,20 +143,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(f"unexpected error: {type(failure).__name__}: {failure}")
 
 
-def _flushed(status: int) -> int:
-    """``status``, once what the command printed is written: a stdout that
-    cannot take it (a full disk) is a failure said in one line, not a
-    `run --bg` pid lost with exit 0. A reader gone (EPIPE) is the caller's
-    quiet 141."""
-    try:
-        sys.stdout.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as error:
-        return fail(f"cannot write stdout: {error.strerror}")
-    return status
-
-
 def run_and_exit() -> NoReturn:
     """The ``sdexec`` command: :func:`main`, then exit at once.
 
@@ -148,14 +161,21 @@ def run_and_exit() -> NoReturn:
 
 
 def _open_closed_standard_fds() -> None:
-    """Put /dev/null on any of fds 0-2 that is closed: else the service's
-    socket could become fd 0 and be read as our stdin."""
+    """Put /dev/null, read-only, on any of fds 0-2 that is closed: else the
+    service's socket could become fd 0 and be read as our stdin.
+
+    Read-only, so that a stream closed when we started stays one that
+    cannot be written, as the shell's ``>&-`` makes it: our own writes to
+    it fail (``EBADF``, "cannot write stdout"), and so do the process's,
+    which gets the descriptor with passthrough (``yes >&-`` fails at once,
+    as it does locally, rather than writing to /dev/null for ever). A
+    closed stdin reads as empty."""
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
         except OSError:
             # The lowest free fd is this one, as the ones below it are open.
-            os.open(os.devnull, os.O_RDWR)
+            os.open(os.devnull, os.O_RDONLY)
     # Python made None of the streams whose fd was closed when it started.
     if sys.stdin is None:
         sys.stdin = open(0, closefd=False)  # noqa: SIM115 (lives as long as we do)
@@ -189,6 +209,13 @@ def _check_run(parser: argparse.ArgumentParser, options: argparse.Namespace) -> 
         run.error("the following arguments are required: CMD")
     if options.waitable and not options.bg:
         parser.error("--waitable needs --bg")
+    if options.label is not None and _is_number(options.label):
+        # kill, wait, attach and cancel read all digits as a pid: such a
+        # label could never be used (`kill TERM 777`: "pid=777 not found").
+        parser.error(
+            f"--label {options.label}: all digits, which would be taken for a pid;"
+            " give a label that is not a number"
+        )
 
 
 def _named_command(argv: Sequence[str]) -> str | None:
@@ -553,7 +580,7 @@ class _Stdio:
 
 def _ps(options: argparse.Namespace) -> int:
     listing = request(options, Topic.LIST, {"detail": True})
-    print(format_procs(listed_processes(listing)))
+    print_out(format_procs(listed_processes(listing)))
     return 0
 
 
@@ -589,7 +616,7 @@ def _cancel(options: argparse.Namespace) -> int:
             if not _names_nothing(again, second):
                 raise
             raise RPCError(errno.ESRCH, f"{failure}; {again}") from None
-    print(f"job {reply.get('id')}: terminating (step {reply.get('step')})")
+    print_out(f"job {reply.get('id')}: terminating (step {reply.get('step')})")
     return 0
 
 
@@ -613,7 +640,7 @@ def _stats(options: argparse.Namespace) -> int:
         report = _http_stats(options.url)
     else:
         report = request(options, Topic.STATS, {})
-    print(json.dumps(report, indent=2))
+    print_out(json.dumps(report, indent=2))
     return 0
 
 
@@ -676,14 +703,14 @@ def _undrain(options: argparse.Namespace) -> int:
     cleared = _drain_causes(reply, "cleared", "reason")
     remaining = _drain_causes(reply, "remaining", "still")
     if len(cleared) == 1:
-        print(f"undrained; the drain reason was: {cleared[0]}")
+        print_out(f"undrained; the drain reason was: {cleared[0]}")
     elif cleared:
-        print("undrained; the drain reasons were:", *cleared, sep="\n  ")
+        print_out("undrained; the drain reasons were:", *cleared, sep="\n  ")
     for cause in remaining:
         # What lifts itself once it is over: no undrain clears it.
-        print(f"still drained, until that is over: {cause}")
+        print_out(f"still drained, until that is over: {cause}")
     if not cleared and not remaining:
-        print("not drained")
+        print_out("not drained")
     # A script's `sdexec undrain && …` must not go on as if it could run.
     return STILL_DRAINED if remaining else 0
 
@@ -788,9 +815,13 @@ class _Job:
         self._held_signals: list[int] = []
         self._stdin_open = not noinput and "stdin" not in stdio
         self._receipt: Receipt | None = None
-        self._output_lost = False
+        #: When the SIGPIPE for a reader gone was sent (``time.monotonic``).
+        self._sigpipe_sent_at: float | None = None
         #: The signal that ended the command before its process started.
         self.interrupted: int | None = None
+        #: The exit status of a command that gave its process up: its output
+        #: could not be written.
+        self._gave_up: int | None = None
 
     def start(self, connection: Connection, command: dict[str, Any]) -> None:
         self._connection = connection
@@ -802,7 +833,7 @@ class _Job:
         self._watch_stdin()
 
     def ended(self) -> bool:
-        if self.interrupted is not None:
+        if self.interrupted is not None or self._gave_up is not None:
             return True
         return self._stream is not None and self._stream.ended
 
@@ -811,6 +842,8 @@ class _Job:
             name = signal_name(self.interrupted)
             fail(f"interrupted by {name} before the process started")
             return exit_code(self.interrupted)  # the wait status of its death
+        if self._gave_up is not None:
+            return self._gave_up  # why was said when it happened
         assert self._stream is not None
         failure = self._stream.error
         if failure is not None and self._receipt is None:
@@ -826,12 +859,9 @@ class _Job:
         for line in receipt_lines(self._receipt, self._usage):
             say(line)
         code = exit_code(self._receipt.status)
-        # Output lost to a failed write (a full disk) after the process had
-        # finished, or stdin the service refused (the process may have done
-        # well on part of it): nothing else fails the command, as a local
-        # one would.
-        lost = self._output_lost or self._stream.stdin_error is not None
-        return (code or 1) if lost else code
+        # Stdin the service refused (the process may have done well on part
+        # of it): nothing else fails the command, as a local one would.
+        return (code or 1) if self._stream.stdin_error is not None else code
 
     # -- signals -----------------------------------------------------------
 
@@ -893,11 +923,32 @@ class _Job:
             self._receipt = Receipt.from_finished(payload)
 
     def _output(self, io: Any) -> None:
-        # Nobody reads ours: as if the process wrote to the pipe itself.
-        lost = write_output(
-            self.outputs, io, lambda: self.forward_signal(signal.SIGPIPE)
-        )
-        self._output_lost = lost or self._output_lost
+        outcome = write_output(self.outputs, io)
+        if outcome == READER_GONE:
+            # Nobody reads ours: as if the process wrote to the pipe itself.
+            if self._sigpipe_sent_at is None:
+                self._sigpipe_sent_at = time.monotonic()
+            self.forward_signal(signal.SIGPIPE)
+        elif outcome == LOST:
+            # Said on stderr. Locally its write would have failed; framed
+            # it cannot know, and would write on to nowhere.
+            self._give_up(1)
+        elif outcome == DISCARDED and self._ignores_sigpipe():
+            self._give_up(exit_code(signal.SIGPIPE))
+
+    def _ignores_sigpipe(self) -> bool:
+        """Whether the process still writes to a stream whose reader went,
+        past the grace the SIGPIPE sent for it had to end it."""
+        sent = self._sigpipe_sent_at
+        return sent is not None and time.monotonic() - sent > _SIGPIPE_GRACE_S
+
+    def _give_up(self, status: int) -> None:
+        """End the command with ``status``, and with it the process: our
+        connection's close makes the service stop its unit (as when the
+        client is killed)."""
+        self._gave_up = status
+        if self._connection is not None:
+            self._connection.close()
 
     # -- stdin ---------------------------------------------------------------
 

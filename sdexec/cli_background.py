@@ -14,11 +14,14 @@ import signal
 
 from sdexec.cliio import (
     EXEC_FAILURES,
+    LOST,
+    READER_GONE,
     Output,
     close_outputs,
     connect,
     exit_code,
     fail,
+    print_out,
     request,
     say,
     write_output,
@@ -54,7 +57,7 @@ def run_background(options: argparse.Namespace, command: dict[str, Any]) -> int:
         return EXEC_FAILURES[failure.errnum]  # as the foreground run's
     pid = background_pid(started)
     label = command.get("label")
-    print(pid if label is None else f"{pid} {label}")
+    print_out(pid if label is None else f"{pid} {label}")
     return 0
 
 
@@ -69,7 +72,7 @@ def wait(options: argparse.Namespace) -> int:
     for io in answer.get("output", []):
         # Waited for once, the output cannot be had again: its loss is
         # said, and fails the command (a reader gone is not a loss).
-        lost = write_output(outputs, io, lambda: None) or lost
+        lost = write_output(outputs, io) == LOST or lost
     code = exit_code(status)
     return (code or 1) if lost else code
 
@@ -101,7 +104,9 @@ def attach(options: argparse.Namespace) -> int:
     if session.detached:
         pid = stream.pid if stream.pid is not None else "?"
         say(f"sdexec: detached from pid {pid}; it runs on")
-        return 0
+        # Output lost (a full disk) is an error, said above; a reader gone
+        # or a Ctrl-C is the user's choice.
+        return 1 if session.output_lost else 0
     if stream.error is not None:
         return fail(str(stream.error))
     if session.status is None:
@@ -120,6 +125,8 @@ class _Attached:
         }
         self.status: int | None = None
         self.detached = False
+        #: Whether output was lost to a write that failed (not a reader gone).
+        self.output_lost = False
 
     def respond(self, payload: dict) -> None:
         kind = payload.get("type")
@@ -137,5 +144,9 @@ class _Attached:
         return self.detached
 
     def _output(self, io: Any) -> None:
-        # Nobody reads our output any more: leave the process be.
-        write_output(self.outputs, io, self.detach)
+        # Our output cannot be written any more: leave the process be (it
+        # is not the reader's to end, as `run`'s is).
+        outcome = write_output(self.outputs, io)
+        if outcome in (READER_GONE, LOST):
+            self.output_lost = outcome == LOST
+            self.detach()

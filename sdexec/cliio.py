@@ -1,6 +1,7 @@
-"""What the ``sdexec`` commands share: lines on our stderr, the service's
-output to our stdout and stderr, a connection to the service, and the exit
-status a process's end gives the command.
+"""What the ``sdexec`` commands share: lines on our stderr, their own
+output to our stdout (one checked writer), a process's output to our stdout
+and stderr, a connection to the service, and the exit status a process's
+end gives the command.
 
 :mod:`sdexec.cli` (the command line and ``sdexec run``) and
 :mod:`sdexec.cli_background` (``run --bg``, ``wait``, ``attach``) both
@@ -17,7 +18,7 @@ import stat
 import sys
 
 from sdexec.ioencode import decode_io
-from sdexec.rpc import resolve_socket_path
+from sdexec.rpc import SdexecError, resolve_socket_path
 from sdexec.syncclient import Connection, Loop
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
@@ -27,14 +28,20 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = [
+    "DISCARDED",
     "EXEC_FAILURES",
+    "LOST",
     "NOT_EXECUTABLE",
     "NOT_FOUND",
+    "READER_GONE",
+    "WRITTEN",
     "Output",
     "close_outputs",
     "connect",
     "exit_code",
     "fail",
+    "flush_out",
+    "print_out",
     "request",
     "say",
     "visible",
@@ -90,6 +97,37 @@ def visible(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+# -- the commands' own output on stdout ----------------------------------------
+
+
+def print_out(*values: object, sep: str = " ") -> None:
+    """``values`` on our stdout, as ``print`` writes them: every command's
+    own output (a listing, a pid) goes through here or :func:`flush_out`.
+
+    A stdout that cannot take it (a full disk; one closed when we started:
+    ``EBADF``) is :class:`~sdexec.rpc.SdexecError` ``cannot write stdout:
+    …``, one line and status 1 (not "unexpected error": with
+    ``PYTHONUNBUFFERED`` or a listing past the buffer, ``print`` itself
+    fails); a reader gone stays ``BrokenPipeError``, the caller's quiet 141.
+    """
+    _checked_stdout(lambda: print(*values, sep=sep))
+
+
+def flush_out() -> None:
+    """Write out what :func:`print_out` left in stdout's buffer, checked as
+    it checks: a `run --bg` pid lost to a full disk is not exit 0."""
+    _checked_stdout(sys.stdout.flush)
+
+
+def _checked_stdout(write: Callable[[], None]) -> None:
+    try:
+        write()
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        raise SdexecError(f"cannot write stdout: {error.strerror}") from None
 
 
 # -- the service ---------------------------------------------------------------
@@ -200,29 +238,43 @@ def _nonblocking_twin(fd: int) -> int:
         return fd
 
 
-def write_output(
-    outputs: Mapping[str, Output], io: Any, on_broken: Callable[[], None]
-) -> bool:
-    """An ``output`` response's data to our stdout or stderr; ``on_broken``
-    once nobody reads that stream any more (after a line saying why, unless
-    it was EPIPE). Whether the data was lost to a write that failed (a full
-    disk, say: not a reader gone)."""
+#: What :func:`write_output` did with an ``output`` response: wrote its
+#: data (or had nothing to write: no data, a stream not asked for, a
+#: malformed io object, said on stderr) ...
+WRITTEN = "written"
+#: ... found that nobody reads the stream any more (``EPIPE``: a pipe whose
+#: reader has gone); the stream writes nothing more ...
+READER_GONE = "reader gone"
+#: ... could not write it for another reason (a full disk, ``EIO``, a
+#: stream closed when we started), said on stderr; the stream writes
+#: nothing more ...
+LOST = "lost"
+#: ... or dropped it, its stream having failed before.
+DISCARDED = "discarded"
+
+
+def write_output(outputs: Mapping[str, Output], io: Any) -> str:
+    """An ``output`` response's data to our stdout or stderr; what came of
+    it: :data:`WRITTEN`, :data:`READER_GONE`, :data:`LOST` or
+    :data:`DISCARDED`. Only ``EPIPE`` is a reader gone: a full disk is
+    output lost, which a command must not pass off as a reader's choice."""
     try:
         stream, data, _ = decode_io(io)
     except ValueError as failure:
         fail(f"bad output from the service: {failure}")
-        return False
+        return WRITTEN
     output = outputs.get(stream)
-    if output is None or not data or output.broken:
-        return False
+    if output is None or not data:
+        return WRITTEN
+    if output.broken:
+        return DISCARDED
     problem = output.write(data)
     if problem is None:
-        return False
-    lost = problem.errno != errno.EPIPE
-    if lost:
-        fail(f"cannot write {stream}: {problem.strerror}")
-    on_broken()
-    return lost
+        return WRITTEN
+    if problem.errno == errno.EPIPE:
+        return READER_GONE
+    fail(f"cannot write {stream}: {problem.strerror}")
+    return LOST
 
 
 def close_outputs(outputs: Mapping[str, Output]) -> None:

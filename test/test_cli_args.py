@@ -129,3 +129,21 @@ def test_what_the_service_says_is_printed_escaped(capsys, monkeypatch):
     out, err = capsys.readouterr()
     assert "\x1b" not in out + err and out.count("\n") == 1 and err.count("\n") == 1
     assert out.endswith("job f1\\x1b[2J\\nsdexec: all clear\n")
+
+
+@pytest.mark.parametrize("bg", [["--bg"], []], ids=["bg", "foreground"])
+def test_an_all_digit_label_is_a_usage_error(bg, capsys):
+    # kill, wait, attach and cancel take all digits for a pid: `run --bg
+    # --label 777` ran a process that `kill TERM 777` ("kill pid=777 not
+    # found") and `wait 777` could never reach by its label.
+    assert main(["run", *bg, "--label", "777", "true"]) == 2
+    assert capsys.readouterr().err.endswith(
+        "sdexec: error: --label 777: all digits, which would be taken for a pid;"
+        " give a label that is not a number\n"
+    )
+
+
+def test_a_label_with_other_digits_is_still_a_label():
+    # Not a pid to kill_target either: "١٢" (Arabic-Indic digits), "-1", "+7".
+    for label in ("١٢", "-1", "+7", "7a"):
+        assert parse_args(["run", "--label", label, "true"]).label == label

@@ -73,3 +73,17 @@ def test_the_command_line_starts_on_the_standard_library_alone():
     loaded = set(listed.stdout.split())
     assert "sdexec.cliio" in loaded
     assert loaded.isdisjoint({"sdexec.cli_background", "twisted", "OpenSSL", "typing"})
+
+
+def test_the_commands_print_only_through_the_checked_writer():
+    # A bare print() to a full stdout said "unexpected error: OSError", a
+    # bug's words, where cliio.print_out says "cannot write stdout: …".
+    printing = {
+        f"{name}:{node.lineno}"
+        for name in ("cli.py", "cli_background.py")
+        for node in ast.walk(ast.parse((PACKAGE / name).read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "print"
+    }
+    assert printing == set()

@@ -13,13 +13,13 @@ core sets: a spawn blocks the service's reactor for 10-20 ms.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
 import re
 import signal
 import tempfile
-import weakref
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -75,13 +75,8 @@ class Topology:
         if self.npus == 0:
             raise OSError(errno.EINVAL, "topology XML: it has no PU objects")
         self._hwloc_calc = _Tool("hwloc-calc")
-        #: hwloc-calc reads the topology from a temporary file whose name
-        #: is removed at once: no stop leaves it behind (twistd ends a
-        #: SIGTERM by killing itself with it, so no exit handler runs).
-        self.xml_fd = _unnamed_file(xml)
-        #: That file, as hwloc-calc opens it: its own copy of the descriptor.
-        self.xml_path = f"/proc/self/fd/{self.xml_fd}"
-        weakref.finalize(self, os.close, self.xml_fd)
+        #: What hwloc-calc reads, from a file written for its runs only.
+        self.xml = xml
 
     def load(self) -> None:
         """Have hwloc read the topology now, as the first core set mapped
@@ -111,18 +106,22 @@ class Topology:
         """Every core's PUs and NUMA nodes, by logical core index (not
         cached when hwloc-calc fails)."""
         locations = [f"core:{core}" for core in range(self.ncores)]
-        return self._intersect("PU", locations), self._intersect("NUMAnode", locations)
+        with _topology_file(self.xml) as path:
+            return (
+                self._intersect("PU", locations, path),
+                self._intersect("NUMAnode", locations, path),
+            )
 
-    def _intersect(self, kind: str, locations: list[str]) -> list[IDset]:
-        """The OS indices of the ``kind`` objects meeting each location."""
+    def _intersect(self, kind: str, locations: list[str], path: str) -> list[IDset]:
+        """The OS indices of the ``kind`` objects meeting each location, by
+        hwloc-calc reading the topology at ``path``."""
         output = self._hwloc_calc(
             "--input",
-            self.xml_path,
+            path,
             "--physical-output",
             "--intersect",
             kind,
             stdin="".join(f"{location}\n" for location in locations),
-            pass_fds=(self.xml_fd,),
         )
         # One answer per location, last; before them, hwloc 2 says that it
         # is "Waiting for locations to process on stdin...".
@@ -180,20 +179,38 @@ def live_topology_xml() -> str:
     return lstopo("--of", "xml", "-")
 
 
-def _unnamed_file(xml: str) -> int:
-    """A descriptor of a temporary file holding ``xml``, its name removed
-    once written; inheritable, for the hwloc-calc it is passed to (sh, as
-    subprocess and Twisted do, closes every other descriptor in a child)."""
-    descriptor, path = tempfile.mkstemp(prefix="sdexec-topology-", suffix=".xml")
+@contextlib.contextmanager
+def _topology_file(xml: str) -> Iterator[str]:
+    """The path of a temporary file holding ``xml``, for hwloc-calc's runs
+    (they come once, when the mapper is built): removed after them, so that
+    no stop leaves it behind (twistd ends a SIGTERM by killing itself with
+    it, so no exit handler runs), and no descriptor outlives them.
+    ``OSError`` naming the directory if it cannot be written (``ENOSPC``: a
+    full ``$TMPDIR``, the system unit's ``/run/sdexec``)."""
     try:
-        os.unlink(path)
-        with open(descriptor, "w", closefd=False) as file:
-            file.write(xml)
-    except BaseException:
-        os.close(descriptor)
-        raise
-    os.set_inheritable(descriptor, True)
-    return descriptor
+        descriptor, path = tempfile.mkstemp(prefix="sdexec-topology-", suffix=".xml")
+    except OSError as error:
+        raise _unwritable(error) from None
+    try:
+        try:
+            with open(descriptor, "w") as file:
+                file.write(xml)
+        except OSError as error:
+            raise _unwritable(error) from None
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _unwritable(error: OSError) -> OSError:
+    """``error`` of the topology's temporary copy, naming its directory
+    (a write to a descriptor names no file)."""
+    return OSError(
+        error.errno,
+        f"writing the topology for hwloc-calc in {tempfile.gettempdir()}:"
+        f" {error.strerror}",
+    )
 
 
 def _parse(xml: str) -> ET.Element:
@@ -399,11 +416,8 @@ class _Tool:
                 errno.ENOENT, f"{name} not found on PATH (it comes with hwloc)"
             ) from None
 
-    def __call__(
-        self, *args: str, stdin: str | None = None, pass_fds: tuple[int, ...] = ()
-    ) -> str:
-        """The tool's output, given ``stdin`` (and the descriptors
-        ``pass_fds``, at their numbers); ``OSError`` if it fails, times
+    def __call__(self, *args: str, stdin: str | None = None) -> str:
+        """The tool's output, given ``stdin``; ``OSError`` if it fails, times
         out, or (unless it ``warns``) writes anything to stderr: hwloc-calc
         exits 0 after warning that an object does not exist, and a partial
         answer must not become a job's CPU set.
@@ -413,7 +427,6 @@ class _Tool:
             result = self._command(
                 *args,
                 _in=stdin,
-                _pass_fds=set(pass_fds),
                 _tty_out=False,
                 _timeout=self._timeout,
                 _return_cmd=True,

@@ -49,7 +49,8 @@ __all__ = [
 R_OPTION = "SDEXEC_R_LOCAL"
 
 #: Failures of the machine, not of the file, while a mapper is built (lstopo
-#: timing out at boot, no memory or descriptors): a later start may succeed.
+#: timing out at boot, no memory or descriptors, a full ``/run`` or quota
+#: under the topology's temporary copy): a later start may succeed.
 _PASSING = frozenset(
     {
         errno.ETIMEDOUT,
@@ -58,6 +59,8 @@ _PASSING = frozenset(
         errno.ENOMEM,
         errno.EMFILE,
         errno.ENFILE,
+        errno.ENOSPC,
+        errno.EDQUOT,
     }
 )
 
@@ -304,10 +307,37 @@ def _every_node(root: str) -> IDset | None:
     return _online(root, "node", missing=IDset("0"))
 
 
+def _possible_cpus(root: str) -> IDset | None:
+    """The CPUs the kernel could ever have online (``cpu/possible``; what
+    it has online where that cannot be read)."""
+    return _possible(root, "cpu", _every_cpu)
+
+
+def _possible_nodes(root: str) -> IDset | None:
+    """The NUMA nodes the kernel could ever have online (``node/possible``;
+    what it has online where that cannot be read, or node 0)."""
+    return _possible(root, "node", _every_node)
+
+
+def _possible(
+    root: str, what: str, online: Callable[[str], IDset | None]
+) -> IDset | None:
+    listed = _listed(root, what, "possible")
+    return listed if listed is not None else online(root)
+
+
 def _online(root: str, what: str, missing: IDset | None = None) -> IDset | None:
     """``/sys/devices/system/WHAT/online``; ``missing`` if there is none."""
+    return _listed(root, what, "online", missing)
+
+
+def _listed(
+    root: str, what: str, which: str, missing: IDset | None = None
+) -> IDset | None:
+    """``/sys/devices/system/WHAT/WHICH``; ``missing`` if there is none,
+    ``None`` if it cannot be read."""
     try:
-        path = os.path.join(root, f"sys/devices/system/{what}/online")
+        path = os.path.join(root, f"sys/devices/system/{what}/{which}")
         with open(path, encoding="ascii") as file:
             return IDset(file.read().strip())
     except FileNotFoundError:
@@ -411,30 +441,55 @@ _FENCE_NAMES = {"cpus": "AllowedCPUs", "mems": "AllowedMemoryNodes"}
 #: What the kernel has online, by cpuset ``kind``.
 _ONLINE = {"cpus": _every_cpu, "mems": _every_node}
 
+#: What the kernel could ever have online, by cpuset ``kind``.
+_POSSIBLE = {"cpus": _possible_cpus, "mems": _possible_nodes}
+
+#: What a cpuset ``kind`` lists, in a reason.
+_MEMBERS = {"cpus": "CPUs", "mems": "NUMA nodes"}
+
 
 def _cause_not_delegation(
     kind: str, expected: IDset, control_group: str | None, pid: int, root: str
 ) -> str | None:
     """Why cpuset fence ``kind`` to ``expected`` does not hold, where its
-    controller's delegation is not the cause: the node has none of
-    ``expected`` online, or the unit's slice has none of it; ``None`` if
-    neither."""
+    controller's delegation is not the cause: the node lacks some of
+    ``expected``, or has all of it offline, or the unit's slice has none
+    of it; ``None`` if none of these."""
     return _absent_cause(kind, expected, root) or _slice_cause(
         kind, expected, control_group, pid, root
     )
 
 
 def _absent_cause(kind: str, expected: IDset, root: str) -> str | None:
-    """``expected`` is not on this node: it has none of it online (an R,
-    or a ``[sdexec] topology``, of another node type). No cgroup can hold
-    a unit to it, on v1 or v2 alike (a v2 kernel refuses the cpuset, and
-    the unit keeps its slice's), so neither the slice nor the delegation is
-    to blame. ``None`` if the node has some of it, or its online set
-    cannot be read."""
+    """``expected`` cannot be held on this node, whatever the slice or
+    the delegation (an R, or a ``[sdexec] topology``, of another node
+    type), in the same words on cgroup v1 and v2:
+
+    - it names a member the node does not have at all (not in its
+      ``possible`` list): the kernel refuses the whole set (v2 checks a
+      write against the possible ones, v1 against the online ones), and
+      the unit keeps its slice's; so one absent SMT sibling of a fence
+      that otherwise fits is enough;
+    - the node has all of it, none online: v1 refuses it, and v2 gives a
+      set with nothing online its parent's.
+
+    ``None`` if neither, or what the node has cannot be read. (A set the
+    node has partly online is not the cause: v2 gives the unit that part.)
+    """
+    possible = _POSSIBLE[kind](root)
+    if possible is None:
+        return None
+    members = _MEMBERS[kind]
+    missing = expected - possible
+    if missing:
+        return (
+            f"{missing} is not on this node, which has {members} {possible}:"
+            " the kernel refuses the whole set"
+        )
     online = _ONLINE[kind](root)
     if online is None or expected & online:
         return None
-    return f"{expected} is not on this node: online {online}"
+    return f"{expected} is offline: online {members} {online}"
 
 
 def _slice_cause(

@@ -46,6 +46,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 import sdexec.config
 import sdexec.containment
+import sdexec.map.topology
 import sdexec.orphans
 import sdexec.procfs
 import sdexec.server
@@ -361,15 +362,25 @@ def topology_with_an_absent_cpu(directory: Path) -> Path:
     return path
 
 
-#: Where the kernel lists what it has online, by the fence to it.
+#: Where the kernel lists what it has, by the fence to it.
 ONLINE_LISTS = {"AllowedCPUs": "cpu", "AllowedMemoryNodes": "node"}
 
+#: The cpuset each fence is.
+KINDS = {"AllowedCPUs": "cpus", "AllowedMemoryNodes": "mems"}
 
-def online(name: str) -> IDset:
-    """What this node has online of the CPUs, or NUMA nodes, fence
-    ``name`` is to (a kernel without NUMA has node 0 alone)."""
-    listed = Path(f"/sys/devices/system/{ONLINE_LISTS[name]}/online")
-    return IDset(listed.read_text().strip() if listed.exists() else "0")
+#: What each cpuset lists, in its reasons.
+MEMBERS = {"cpus": "CPUs", "mems": "NUMA nodes"}
+
+
+def possible(name: str) -> IDset:
+    """What this node could have online of the CPUs, or NUMA nodes, fence
+    ``name`` is to (its online ones where the kernel lists no possible
+    ones; a kernel without NUMA has node 0 alone)."""
+    for listing in ("possible", "online"):
+        listed = Path(f"/sys/devices/system/{ONLINE_LISTS[name]}/{listing}")
+        if listed.exists():
+            return IDset(listed.read_text().strip())
+    return IDset("0")
 
 
 def unenforced_reason(refused, name: str, absent: int) -> str:
@@ -381,7 +392,10 @@ def unenforced_reason(refused, name: str, absent: int) -> str:
     assert refused.error.errnum == errno.EIO
     reason = refused.error.errstr
     prefix = f"{name} not enforced: expected {absent} got "
-    suffix = f" ({absent} is not on this node: online {online(name)})"
+    suffix = (
+        f" ({absent} is not on this node, which has {MEMBERS[KINDS[name]]}"
+        f" {possible(name)}: the kernel refuses the whole set)"
+    )
     assert reason.startswith(prefix) and reason.endswith(suffix)
     usable = IDset(reason[len(prefix) : -len(suffix)])
     assert usable and absent not in usable
@@ -1229,6 +1243,8 @@ def test_judging_goes_on_to_the_memory_cap_on_a_kernel_without_cpusets(tmp_path)
     [
         (OSError(errno.ETIMEDOUT, "lstopo-no-graphics: no answer in 30s"), True),
         (OSError(errno.ENOMEM, "fork: no memory"), True),
+        (OSError(errno.ENOSPC, "writing the topology: no space"), True),
+        (OSError(errno.EDQUOT, "writing the topology: over quota"), True),
         (OSError(errno.ENOENT, "hwloc-calc not found on PATH"), False),
         (OSError(errno.EIO, "hwloc-calc: XML component discovery failed"), False),
         (ValueError("mapper 'x.Y': constructing it failed"), False),
@@ -1248,6 +1264,33 @@ def test_a_mapper_the_machine_failed_to_build_is_a_transient_config_error(
         Containment.from_config(config)
     assert refused.value.transient is transient
     assert refused.value.key == "sdexec.mapper"
+
+
+def test_a_full_temporary_directory_under_the_topology_may_pass(monkeypatch, tmp_path):
+    # /run full as sdexec starts: the topology's copy for hwloc-calc could
+    # not be written, and the service exited 78, never restarted once /run
+    # had room again (review session 34 N, N3).
+    topology = Path(__file__).parent / "data" / "small.xml"
+
+    def full(**_kwargs):
+        path = tmp_path / "sdexec-topology-x.xml"
+        path.write_text("")
+        return os.open("/dev/full", os.O_WRONLY), str(path)
+
+    monkeypatch.setattr(sdexec.map.topology.tempfile, "mkstemp", full)
+    config = parse_config(
+        {
+            "exec": {"sdexec-constrain-resources": True},
+            "sdexec": {"topology": str(topology)},
+        }
+    )
+    with pytest.raises(ConfigError) as refused:
+        Containment.from_config(config)
+    assert refused.value.transient
+    assert (
+        "writing the topology for hwloc-calc in"
+        f" {sdexec.map.topology.tempfile.gettempdir()}: No space left on device"
+    ) in str(refused.value)
 
 
 def _topology_refusal(topology: str) -> str:
@@ -1374,20 +1417,23 @@ def test_a_slice_cpuset_excluding_the_job_is_named_as_the_cause(
 #: The sandbox's layout on a cgroup v2 node: its slices under the root.
 SANDBOX_CGROUP = "/sdexec-sandbox-7/app.slice/job.service"
 #: What the fake node of a fence to what it does not have has online.
-NODE_ONLINE = {"cpus": "0-15", "mems": "0"}
+NODE_ONLINE = {"cpus": "0-15", "mems": "0-1"}
 
 
-def _fake_node_holding_all(root: Path, kind: str, layout: str) -> None:
+def _fake_node_holding_all(
+    root: Path, kind: str, layout: str, held: str | None = None
+) -> None:
     """Process 42 in ``SANDBOX_CGROUP`` on a node with ``NODE_ONLINE``,
     every one of which its cpuset ``kind`` gives the unit: on ``v2`` the
     controller reaches the unit's own cgroup, whose set is its slice's (as
     the kernel leaves it when it refuses the unit's own), on ``v1`` the
-    process is in the root cpuset cgroup."""
-    held = f"{NODE_ONLINE[kind]}\n"
+    process is in the root cpuset cgroup. ``held``: what the cpuset gives
+    instead of all of it."""
+    held = f"{held or NODE_ONLINE[kind]}\n"
     _fake_file(root, "sys/devices/system/cpu/online", f"{NODE_ONLINE['cpus']}\n")
     _fake_file(root, "sys/devices/system/node/online", f"{NODE_ONLINE['mems']}\n")
     _fake_file(root, "proc/42/stat", "42 (sleep) S 1 42 42 0 -1\n")
-    _fake_file(root, "proc/42/status", "Name:\tsleep\nMems_allowed_list:\t0\n")
+    _fake_file(root, "proc/42/status", f"Name:\tsleep\nMems_allowed_list:\t{held}")
     if layout == "v1":
         _fake_file(
             root, "proc/42/cgroup", f"7:cpuset:/\n1:name=systemd:{SANDBOX_CGROUP}\n"
@@ -1422,7 +1468,69 @@ def test_a_fence_to_what_the_node_does_not_have_says_so(
     held = NODE_ONLINE[kind]
     assert verdict.problems == [
         f"{name} not enforced: expected 4095 got {held}"
-        f" (4095 is not on this node: online {held})"
+        f" (4095 is not on this node, which has {MEMBERS[kind]} {held}:"
+        " the kernel refuses the whole set)"
+    ]
+
+
+@pytest.mark.parametrize("layout", ["v1", "v2"])
+@pytest.mark.parametrize(
+    ("kind", "name", "fence"),
+    [("cpus", "AllowedCPUs", "0,16"), ("mems", "AllowedMemoryNodes", "1-2")],
+)
+def test_a_fence_with_some_of_what_the_node_lacks_says_so(
+    tmp_path, layout, kind, name, fence
+):
+    # A topology copied from a 32-PU node onto this 16-PU one: core 0 is
+    # PUs 0,16 there. The kernel refuses the whole set for the one it
+    # lacks, and the unit keeps its slice's; the reason blamed the
+    # delegation, as the node has CPU 0 online (review session 34 N, N1).
+    _fake_node_holding_all(tmp_path, kind, layout)
+    fences = Fences(cpus=IDset(fence)) if kind == "cpus" else Fences(mems=IDset(fence))
+    verdict = judge_fences(fences, SANDBOX_CGROUP, 42, root=str(tmp_path))
+    held = NODE_ONLINE[kind]
+    assert verdict.problems == [
+        f"{name} not enforced: expected {fence} got {held}"
+        f" ({IDset(fence) - IDset(held)} is not on this node, which has"
+        f" {MEMBERS[kind]} {held}: the kernel refuses the whole set)"
+    ]
+
+
+@pytest.mark.parametrize("layout", ["v1", "v2"])
+@pytest.mark.parametrize(
+    ("fence", "why"),
+    [
+        ("16-17", "16-17 is offline: online CPUs 0-15"),
+        (
+            "0,32",
+            "32 is not on this node, which has CPUs 0-31: the kernel refuses"
+            " the whole set",
+        ),
+    ],
+    ids=["offline", "absent"],
+)
+def test_cpus_the_node_has_offline_are_told_from_those_it_lacks(
+    tmp_path, layout, fence, why
+):
+    # CPUs 16-31 are the node's, offline: not "not on this node", which
+    # sent the admin to fix R for what chcpu brings back.
+    _fake_node_holding_all(tmp_path, "cpus", layout)
+    _fake_file(tmp_path, "sys/devices/system/cpu/possible", "0-31\n")
+    verdict = judge_fences(Fences(IDset(fence)), SANDBOX_CGROUP, 42, root=str(tmp_path))
+    assert verdict.problems == [
+        f"AllowedCPUs not enforced: expected {fence} got 0-15 ({why})"
+    ]
+
+
+def test_a_node_without_numa_has_node_0_alone(tmp_path):
+    _fake_node_holding_all(tmp_path, "mems", "v2", held="0")
+    (tmp_path / "sys/devices/system/node/online").unlink()
+    verdict = judge_fences(
+        Fences(mems=IDset("1")), SANDBOX_CGROUP, 42, root=str(tmp_path)
+    )
+    assert verdict.problems == [
+        "AllowedMemoryNodes not enforced: expected 1 got 0 (1 is not on this"
+        " node, which has NUMA nodes 0: the kernel refuses the whole set)"
     ]
 
 

@@ -137,27 +137,37 @@ def private_umask() -> Iterator[None]:
 
 def clear_stale_socket(listen: str) -> None:
     """Remove an earlier run's socket and Twisted's pid link at a ``unix:``
-    endpoint: only a socket nothing listens on (never a file someone
-    mistyped the path of, nor another program's live socket). The service
-    calls it for each of its UNIX sockets as it listens, holding its owner
-    lock (sdexec/ownerlock.py). Twisted keeps a pid link (``PATH.lock``,
-    ``lockfile=1``) beside every one and judges it by whether its pid lives:
-    the killed service still a zombie, or its pid reused, refused a restart
-    as "another sdexec is serving on it"."""
+    endpoint: only a socket nothing listens on (never another program's
+    live socket). The service calls it for each of its UNIX sockets as it
+    listens, holding its owner lock (sdexec/ownerlock.py). Twisted keeps a
+    pid link (``PATH.lock``, ``lockfile=1``) beside every one and judges it
+    by whether its pid lives: the killed service still a zombie, or its pid
+    reused, refused a restart as "another sdexec is serving on it".
+
+    ``ValueError`` naming the path if anything but a socket is there (a
+    file at a mistyped path, a copy left behind): it is never removed, and
+    bind(2) would meet it on every start until an admin acts."""
     path = unix_path(listen)
-    if path is None or _is_live_or_not_a_socket(path):
+    if path is None or _is_served(path):
         return
     for name in (path, f"{path}.lock"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name)
 
 
-def _is_live_or_not_a_socket(path: str) -> bool:
+def _is_served(path: str) -> bool:
+    """Whether the socket at ``path`` is served; ``False`` if there is
+    none (a pid link alone is stale as well), ``ValueError`` if what is
+    there is not a socket."""
     try:
-        if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            return True
+        mode = os.lstat(path).st_mode
     except FileNotFoundError:
-        return False  # no socket: a pid link alone is stale as well
+        return False
+    if not stat.S_ISSOCK(mode):
+        raise ValueError(
+            f"not a socket: {path} (sdexec removes only a socket nothing"
+            " serves: fix the path, or move what is there)"
+        )
     with socket.socket(socket.AF_UNIX) as probe:
         probe.setblocking(False)
         try:

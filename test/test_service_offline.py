@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import socket
 import stat
@@ -225,7 +226,8 @@ async def test_a_socket_and_pid_link_an_earlier_run_left_do_not_refuse_a_start(
     await client.close()
     await service.stopService()
     # Only a socket is ever removed, never a file at a mistyped path.
-    clear_stale_socket(f"unix:{typo}")
+    with pytest.raises(ValueError, match="not a socket"):
+        clear_stale_socket(f"unix:{typo}")
     assert typo.read_text() == "kept"
 
 
@@ -830,14 +832,54 @@ def test_a_usage_error_of_the_plugin_is_one_line_and_ex_config(argv, said, capsy
     assert capsys.readouterr().err == f"sdexec: {said}\n"
 
 
-def test_the_units_do_not_restart_a_start_refused_for_its_configuration():
-    for unit in ("sdexec.service", "sdexec-system.service"):
-        text = (Path(__file__).parent.parent / "etc" / unit).read_text()
-        prevented = next(
-            line for line in text.splitlines()
-            if line.startswith("RestartPreventExitStatus=")
-        )  # fmt: skip
-        assert str(EX_CONFIG) in prevented.split("=", 1)[1].split(), unit
+#: The shipped service units.
+UNITS = ("sdexec.service", "sdexec-system.service")
+
+
+def unit_settings(unit: str) -> dict[str, dict[str, str]]:
+    """Each section of shipped unit ``unit``: its settings (the last of a
+    name that is given more than once)."""
+    sections: dict[str, dict[str, str]] = {}
+    section: dict[str, str] = {}
+    text = (Path(__file__).parent.parent / "etc" / unit).read_text()
+    for line in text.splitlines():
+        if line.startswith("["):
+            section = sections.setdefault(line.strip("[]"), {})
+        elif "=" in line and not line.startswith("#"):
+            name, value = line.split("=", 1)
+            section[name] = value
+    return sections
+
+
+def seconds(span: str) -> float:
+    """A systemd time span of one unit (``5s``, ``2min``) in seconds."""
+    match = re.fullmatch(r"(\d+)\s*(s|sec|min|m|)", span)
+    assert match, f"not a span of one unit: {span}"
+    number, unit = match.groups()
+    return int(number) * (60 if unit in ("min", "m") else 1)
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_the_units_do_not_restart_a_start_refused_for_its_configuration(unit):
+    prevented = unit_settings(unit)["Service"]["RestartPreventExitStatus"]
+    assert str(EX_CONFIG) in prevented.split(), unit
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_the_units_stop_restarting_what_fails_at_once_within_two_minutes(unit):
+    # twistd's own option errors and "Unknown command: sdexec" exit 1,
+    # which the units restarted every 5 s for ever: sdexec never sees them
+    # (review session 34 N, N4). systemd's start limit (read from [Unit]
+    # only) must trip at that pace, and not on one restart.
+    settings = unit_settings(unit)
+    interval = seconds(settings["Unit"]["StartLimitIntervalSec"])
+    burst = int(settings["Unit"]["StartLimitBurst"])
+    restart = seconds(settings["Service"]["RestartSec"])
+    assert burst >= 3  # a failure that passes is restarted, and then some
+    # Starts that fail at once come every RestartSec: more than ``burst`` of
+    # them in ``interval`` trips it, with room for each to take as long.
+    assert burst * restart * 2 <= interval <= 2 * 60
+    assert not {"StartLimitIntervalSec", "StartLimitBurst"} & settings["Service"].keys()
 
 
 # --- a socket that cannot be made where it is configured ---------------------
@@ -859,6 +901,48 @@ async def test_a_listen_under_a_file_is_one_line_naming_the_setting(tmp_path):
     )
     assert _fails_again(Failure(error.value))  # EX_CONFIG: not restarted
     await service.stopService()
+
+
+@pytest.mark.parametrize("thing", ["file", "directory"])
+@ensureDeferred
+async def test_a_listen_on_what_is_not_a_socket_names_it_and_keeps_it(tmp_path, thing):
+    # It said "Address already in use (another program, or sdexec, is
+    # serving on it)" and exited 1: restarted every 5 s for ever, for a
+    # mistyped path or a copy left there (review session 34 N, N2).
+    in_the_way = tmp_path / "s.sock"
+    if thing == "file":
+        in_the_way.write_text("kept")
+    else:
+        in_the_way.mkdir()
+    listen = f"unix:{in_the_way}"
+    service = service_on(FakeManager(), listen)
+    service.startService()
+    with pytest.raises(ListenError) as error:
+        await service.ready
+    assert str(error.value) == (
+        f"[sdexec] listen: cannot listen on {listen}: not a socket: {in_the_way}"
+        " (sdexec removes only a socket nothing serves: fix the path, or move"
+        " what is there)"
+    )
+    assert _fails_again(Failure(error.value))  # EX_CONFIG: not restarted
+    assert in_the_way.exists()
+    await service.stopService()
+
+
+@ensureDeferred
+async def test_a_socket_another_program_serves_may_be_had_on_a_restart(tmp_path):
+    served = socket.socket(socket.AF_UNIX)
+    served.bind(str(tmp_path / "s.sock"))
+    served.listen()
+    service = service_on(FakeManager(), f"unix:{tmp_path}/s.sock")
+    try:
+        service.startService()
+        with pytest.raises(ListenError, match="Address already in use") as error:
+            await service.ready
+        assert not _fails_again(Failure(error.value))  # exit 1: restarted
+        await service.stopService()
+    finally:
+        served.close()
 
 
 @ensureDeferred

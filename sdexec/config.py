@@ -716,12 +716,10 @@ def _properties(value: object) -> Mapping[str, str]:
 def _check_property(name: object, value: object) -> None:
     if not isinstance(name, str) or _PROPERTY_NAME.fullmatch(name) is None:
         raise _PropertyError(name, "expected a systemd property name such as MemoryMax")
-    if name in RESERVED_PROPERTIES:
-        raise _PropertyError(name, f"reserved: sdexec sets {name} itself")
-    reason = unit_handling_reason(name)
+    reason = _reserved_reason(name)
     if reason is not None:
         raise _PropertyError(name, f"reserved: {reason}")
-    unknown = unknown_property_reason(name)
+    unknown = unknown_property_reason(name, _is_reserved)
     if unknown is not None:
         raise _PropertyError(name, unknown)
     if not isinstance(value, str):
@@ -746,6 +744,17 @@ def _check_property(name: object, value: object) -> None:
         typed_property(name, value, source="config")
     except PropertyError as error:
         raise _PropertyError(name, error.reason) from None
+
+
+def _reserved_reason(name: str) -> str | None:
+    """Why the configuration may not set property ``name``, or ``None``."""
+    if name in RESERVED_PROPERTIES:
+        return f"sdexec sets {name} itself"
+    return unit_handling_reason(name)
+
+
+def _is_reserved(name: str) -> bool:
+    return _reserved_reason(name) is not None
 
 
 def _is_oom_score_adjust(text: str) -> bool:

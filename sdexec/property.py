@@ -14,7 +14,6 @@ knows the bus library.
 
 from __future__ import annotations
 
-import difflib
 import re
 import shlex
 from collections.abc import Callable, Mapping
@@ -379,8 +378,18 @@ _PATH_GATES = frozenset(
 def is_gate(name: str) -> bool:
     """Whether ``name`` is a condition or an assertion (``ConditionPathExists``,
     ``AssertPathExists``): systemd adds them up, and checks them before the
-    unit starts."""
-    return name.startswith(tuple(_GATES))
+    unit starts. Not the lists they go in (``Conditions``)."""
+    return name.startswith(tuple(_GATES)) and name not in GATE_LISTS
+
+
+def _gate_list(name: str, text: str) -> UnitProperty:
+    """``Conditions`` or ``Asserts`` given whole: systemd takes a list of
+    typed entries there, never a string, and refuses it for every job."""
+    prefix = next(prefix for prefix, listed in _GATES.items() if listed == name)
+    raise ValueError(
+        f"the list systemd builds of each {prefix}… property: give each as its"
+        f' own ({prefix}PathExists = "/run/ok")'
+    )
 
 
 _CONVERTERS: dict[str, Converter] = {
@@ -394,6 +403,7 @@ _CONVERTERS: dict[str, Converter] = {
     "AllowedCPUs": _typed("ay", _bitmask),
     "AllowedMemoryNodes": _typed("ay", _bitmask),
     "DeviceAllow": _typed("a(ss)", _device_allow),
+    **dict.fromkeys(GATE_LISTS, _gate_list),
 }
 
 
@@ -507,7 +517,7 @@ _OTHER_PROPERTIES = frozenset(
         "FailureAction", "SuccessAction", "RebootArgument", "CollectMode",
         "StopWhenUnneeded", "RefuseManualStart", "RefuseManualStop",
         "AllowIsolate", "IgnoreOnIsolate", "SurviveFinalKillSignal",
-        "DefaultDependencies", "JobTimeoutUSec", "JobRunningTimeoutUSec",
+        "DefaultDependencies", "JobRunningTimeoutUSec",
         "StartLimitIntervalUSec", "StartLimitBurst", "SuccessActionExitStatus",
         "FailureActionExitStatus", "Documentation", "RequiresMountsFor",
         "WantsMountsFor", "Markers", "AddRef",
@@ -524,8 +534,17 @@ KNOWN_PROPERTIES = (
     | GATE_LISTS
     | _OTHER_PROPERTIES
 )
-#: A unit file's spelling whose D-Bus name is not the closest match of it.
-_DBUS_SPELLINGS = {"CPUQuota": "CPUQuotaPerSecUSec"}
+#: A unit file's spelling whose D-Bus names are not its own with ``Sec``
+#: as ``USec`` (:func:`_dbus_names`): ``TimeoutSec`` sets both timeouts.
+_DBUS_SPELLINGS = {
+    "CPUQuota": ("CPUQuotaPerSecUSec",),
+    "TimeoutSec": ("TimeoutStartUSec", "TimeoutStopUSec"),
+}
+#: How far (in edits: a letter added, dropped, changed, or two swapped) a
+#: name may be from a known one to be offered as what was meant; a name of
+#: fewer than 8 letters, one edit. Farther, the closest is as likely a
+#: different setting (``TimeoutSec`` is not ``JobTimeoutUSec``).
+_MEANT_EDITS = 2
 
 
 def is_known_property(name: str) -> bool:
@@ -537,26 +556,73 @@ def is_known_property(name: str) -> bool:
     return name in KNOWN_PROPERTIES
 
 
-def unknown_property_reason(name: str) -> str | None:
-    """Why ``name`` is no property systemd knows, with the closest known
-    name if there is one; ``None`` if it is one. systemd refuses a unit
-    with such a property (``Cannot set property …, or unknown
-    property``): from the configuration, every job would fail."""
+def unknown_property_reason(
+    name: str, reserved: Callable[[str], bool] = lambda _name: False
+) -> str | None:
+    """Why ``name`` is no property systemd knows, with what was likely
+    meant: a unit file's spelling of it is named by its D-Bus one
+    (``RuntimeMaxSec``: ``RuntimeMaxUSec``), saying which of those are
+    ``reserved``; else a known name a typo away; ``None`` if it is one.
+    systemd refuses a unit with such a property (``Cannot set property …,
+    or unknown property``): from the configuration, every job would fail."""
     if is_known_property(name):
         return None
-    close = _DBUS_SPELLINGS.get(name) or _closest_property(name)
-    hint = f" (did you mean {close}?)" if close else ""
-    return f"unknown property: systemd would refuse every unit with it{hint}"
+    hint = _spelling_hint(name, reserved)
+    if hint is None:
+        close = _closest_property(name)
+        hint = f"did you mean {close}?" if close else None
+    said = f" ({hint})" if hint else ""
+    return f"unknown property: systemd would refuse every unit with it{said}"
+
+
+def _dbus_names(name: str) -> tuple[str, ...]:
+    """What a unit file's ``name`` is over D-Bus; ``()`` if it is none."""
+    if name in _DBUS_SPELLINGS:
+        return _DBUS_SPELLINGS[name]
+    dbus = name.removesuffix("Sec") + "USec"
+    return (dbus,) if name.endswith("Sec") and dbus in KNOWN_PROPERTIES else ()
+
+
+def _spelling_hint(name: str, reserved: Callable[[str], bool]) -> str | None:
+    names = _dbus_names(name)
+    if not names:
+        return None
+    settable = " and ".join(n for n in names if not reserved(n))
+    held = [n for n in names if reserved(n)]
+    if not held:
+        return f"did you mean {settable}?"
+    said = (
+        f"a unit file's {name} is {' and '.join(names)} over D-Bus, and"
+        f" {' and '.join(held)} {'is' if len(held) == 1 else 'are'} reserved"
+    )
+    return f"did you mean {settable}? {said}" if settable else said
 
 
 def _closest_property(name: str) -> str | None:
+    """The known name fewest edits from ``name`` (case aside), if it is
+    near enough (:data:`_MEANT_EDITS`)."""
     gates = (f"{prefix}{kind}" for prefix in _GATES for kind in _GATE_TYPES)
-    known = [*KNOWN_PROPERTIES, *gates]
-    # The same name in other case first: difflib, which minds case, would
-    # as soon offer MemoryMin for MemoryMAX.
-    same = [candidate for candidate in known if candidate.lower() == name.lower()]
-    close = same or difflib.get_close_matches(name, known, n=1)
-    return close[0] if close else None
+    most = _MEANT_EDITS if len(name) >= 8 else 1
+    edits, close = min(
+        (_edits(name.lower(), known.lower()), known)
+        for known in (*KNOWN_PROPERTIES, *gates)
+    )
+    return close if edits <= most else None
+
+
+def _edits(a: str, b: str) -> int:
+    """The edits between ``a`` and ``b``: letters added, dropped or
+    changed, and two neighbours swapped (``MemroyMax``: one)."""
+    rows = [list(range(len(b) + 1))]  # rows[i][j]: a[:i] to b[:j]
+    for i, letter in enumerate(a, 1):
+        above, row = rows[-1], [i]
+        for j, other in enumerate(b, 1):
+            edits = min(above[j] + 1, row[j - 1] + 1, above[j - 1] + (letter != other))
+            if i > 1 and j > 1 and (letter, a[i - 2]) == (b[j - 2], other):
+                edits = min(edits, rows[-2][j - 2] + 1)
+            row.append(edits)
+        rows.append(row)
+    return rows[-1][-1]
 
 
 #: The policies whose threads have a real-time priority (1 to 99).

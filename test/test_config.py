@@ -509,12 +509,60 @@ def test_a_property_systemd_does_not_know_is_refused_with_the_closest(name, clos
     )
 
 
-def test_a_property_like_none_systemd_knows_is_refused_without_a_guess():
+@pytest.mark.parametrize(
+    "name",
+    # JobTimeoutUSec: systemd (252, and still) refuses it for a transient
+    # unit; a unit file's TimeoutSec was offered it (review session 34 N, N5).
+    ["Frobnicate", "JobTimeoutUSec", "JobTimeoutSec", "Memory"],
+)
+def test_a_property_like_none_systemd_knows_is_refused_without_a_guess(name):
     with pytest.raises(ConfigError) as error:
-        properties(Frobnicate="1")
+        properties(**{name: "1"})
     assert str(error.value).endswith(
-        "exec.sdexec-properties.Frobnicate: unknown property: systemd would"
+        f"exec.sdexec-properties.{name}: unknown property: systemd would"
         " refuse every unit with it"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        (
+            "TimeoutSec",
+            "did you mean TimeoutStartUSec? a unit file's TimeoutSec is"
+            " TimeoutStartUSec and TimeoutStopUSec over D-Bus, and TimeoutStopUSec"
+            " is reserved",
+        ),
+        (
+            "TimeoutStopSec",
+            "a unit file's TimeoutStopSec is TimeoutStopUSec over D-Bus, and"
+            " TimeoutStopUSec is reserved",
+        ),
+        ("TimeoutStartSec", "did you mean TimeoutStartUSec?"),
+    ],
+)
+def test_a_unit_file_s_spelling_is_named_by_what_systemd_calls_it(name, hint):
+    # TimeoutSec was answered "did you mean JobTimeoutUSec?", the start
+    # job's timeout, which systemd refuses for a transient unit anyway
+    # (review session 34 N, N5).
+    with pytest.raises(ConfigError) as error:
+        properties(**{name: "10s"})
+    assert str(error.value) == (
+        f"<config>: exec.sdexec-properties.{name}: unknown property: systemd"
+        f" would refuse every unit with it ({hint})"
+    )
+
+
+@pytest.mark.parametrize("listed", ["Conditions", "Asserts"])
+def test_the_lists_of_conditions_are_refused_for_what_they_are(listed):
+    # "unknown property … (did you mean Conditions?)": the same name, and
+    # not unknown. As a string, systemd refuses it (it takes a(sbbs)).
+    gate = listed.removesuffix("s")
+    with pytest.raises(ConfigError) as error:
+        properties(**{listed: "/run/ok"})
+    assert str(error.value) == (
+        f"<config>: exec.sdexec-properties.{listed}: the list systemd builds of"
+        f' each {gate}… property: give each as its own ({gate}PathExists = "/run/ok")'
     )
 
 

@@ -310,6 +310,14 @@ def test_conditions_and_assertions_go_as_the_units_lists(name, value, listed, en
     )
 
 
+@pytest.mark.parametrize("listed", ["Conditions", "Asserts"])
+def test_a_request_s_whole_list_of_conditions_is_refused_here(listed):
+    # Typed as one condition of type "s", systemd refused every such unit;
+    # the entries go one by one (ConditionPathExists), review session 34 N5.
+    with pytest.raises(PropertyError, match=f"SDEXEC_PROP_{listed}: .*give each"):
+        typed_property(listed, "/run/ok")
+
+
 def test_dependencies_go_as_lists_of_units():
     # Sent as strings, systemd refused every job: "Unexpected message
     # contents".

@@ -26,7 +26,7 @@ from sdexec.wire import FrameSplitter, encode_message
 REPOSITORY = Path(__file__).resolve().parent.parent
 
 
-class Printing:
+class Printing(ScriptedService):
     """A service whose every exec starts (pid 42) and prints a line on
     stdout every few milliseconds, as ``yes`` would, until the client closes
     its connection. Kills are kept in ``kills`` and answered; one other than
@@ -37,21 +37,7 @@ class Printing:
         self.kills: list[dict] = []
         #: Set once the client has closed the connection of the exec.
         self.closed = threading.Event()
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(path)
-        self._listener.listen(8)
-        self._threads = [threading.Thread(target=self._accept, daemon=True)]
-        self._threads[0].start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                connection, _ = self._listener.accept()
-            except OSError:
-                return  # shut down
-            serving = threading.Thread(target=self._serve, args=(connection,))
-            self._threads.append(serving)
-            serving.start()
+        super().__init__(path, lambda request: [])  # (its own _serve answers)
 
     def _serve(self, connection: socket.socket) -> None:
         splitter = FrameSplitter()
@@ -90,12 +76,6 @@ class Printing:
                     connection, response(ended, {"type": "finished", "status": signum})
                 )
                 send(connection, failure(ended, errno.ENODATA))
-
-    def close(self) -> None:
-        self._listener.shutdown(socket.SHUT_RDWR)
-        for thread in self._threads:
-            thread.join(10)
-        self._listener.close()
 
 
 def send(connection: socket.socket, message: dict) -> None:

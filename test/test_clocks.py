@@ -9,6 +9,7 @@ import time
 import pytest
 from pytest_twisted import ensureDeferred
 from support import sleep, until
+from test_service_offline import service_on
 from twisted.internet import defer, reactor
 from twisted.internet.error import AlreadyCalled, AlreadyCancelled
 from twisted.internet.task import Clock
@@ -97,13 +98,7 @@ async def test_the_service_s_timers_run_on_the_monotonic_clock(tmp_path):
     # What the service hands its server (time limits, termination, stop
     # timers, start deadlines, lookups): every test of those runs on a
     # Clock, so only this one sees the reactor's wall-clock timers given.
-    service = SdexecService(
-        parse_config({}),
-        reactor,
-        listen=f"unix:{tmp_path}/s.sock",
-        stats="tcp:0:interface=127.0.0.1",
-        connect=lambda: defer.succeed(FakeManager()),
-    )
+    service = service_on(FakeManager(), f"unix:{tmp_path}/s.sock")
     service.startService()
     await service.ready
     try:

@@ -16,7 +16,7 @@ from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
 
 import sdexec.orphans
-from sdexec.config import parse_config
+from sdexec.config import Config, parse_config
 from sdexec.leftovers import marked, owner_marks
 from sdexec.outage import SystemdOutage
 from sdexec.property import UnitProperty
@@ -47,6 +47,14 @@ def make_server(
             "exec": {"sdexec-stop-timer-signal": stop_signal},
         }
     )
+    return server_of(systemd, config, hold_stops)
+
+
+def server_of(
+    systemd: FakeManager, config: Config, hold_stops: bool = False
+) -> SdexecServer:
+    """A server of ``config`` on ``systemd``, on a Clock, marking units as
+    this file's service does."""
     return SdexecServer(
         systemd,
         config,
@@ -154,14 +162,7 @@ def make_server_with_stop_timer(
     systemd: FakeManager, seconds: int, hold_stops: bool = False
 ) -> SdexecServer:
     config = parse_config({"exec": {"sdexec-stop-timer-sec": seconds}})
-    return SdexecServer(
-        systemd,
-        config,
-        reactor,
-        clock=Clock(),
-        marks=MARKS,
-        hold_leftover_stops=hold_stops,
-    )
+    return server_of(systemd, config, hold_stops)
 
 
 def test_a_leftover_that_will_not_stop_gets_the_stop_timer(systemd):

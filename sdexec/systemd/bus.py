@@ -198,12 +198,33 @@ class _PatientWriter(_MessageWriter):
             # Full: write again once the socket is writable.
             self.loop.add_writer(fd, self.write_callback)
         except Exception as error:
-            if self.fut is not None and not self.fut.done():
-                if self.bus._user_disconnect:
-                    self.fut.set_result(None)
-                else:
-                    self.fut.set_exception(error)
+            self._fail_writes(error)
             self.bus._finalize(error)
+
+    def _fail_writes(self, error: Exception) -> None:
+        """A write failed with ``error`` (EPIPE: the bus went before its
+        reader saw the end): nothing more is written, and every write's
+        future says so, read here as well. dbus-fast's ``call()`` never
+        awaits its write's future, and asyncio logged each as an exception
+        never retrieved, with a traceback, once per bus lost mid-write.
+        And with a write left in progress, the ``schedule_write`` that had
+        just tried it watched the closed socket again (EBADF), so that the
+        ``call()`` raised before awaiting its reply, whose failure was
+        logged so too. Each call fails with the connection, as every call
+        awaiting a reply does."""
+        writes = [self.fut, *(fut for _, _, fut in self.messages)]
+        # (The failed write's future stays, done: schedule_write watches the
+        # socket again while there is one not done, or none.)
+        self.buf = None
+        self.messages.clear()
+        for fut in writes:
+            if fut is None or fut.done():
+                continue
+            if self.bus._user_disconnect:
+                fut.set_result(None)
+            else:
+                fut.set_exception(error)
+                fut.exception()  # retrieved
 
     def _send(self, sock: socket.socket, data: memoryview) -> int:
         if not (self.unix_fds and self.negotiate_unix_fd):

@@ -12,7 +12,9 @@ checks).
   (:class:`UnansweredCalls`), a warning when the manager has left one
   unanswered too long, and the oldest one (:class:`Silence`) for the stats.
 - :mod:`sdexec.systemd.retry`: the backoff of the reconnection to a bus or
-  manager that went away.
+  manager that went away, and of unit calls systemd refused
+  (:class:`CallBackoff`), with the one reading of why a call failed
+  (:func:`classify_call_failure`).
 - :mod:`sdexec.systemd.errors`: :class:`SystemdError` with its errno, and the
   reading of systemd's refusals.
 - :mod:`sdexec.systemd.unit`: unit properties read as a process's life

@@ -1192,6 +1192,10 @@ class Process:
 class _UnitStop:
     """The :class:`~sdexec.unitstop.StopTimerTarget` of a process's unit."""
 
+    # Slots, in these parts of every process: RSS per process is a target
+    # (docs/performance.md), and an instance's __dict__ is most of its size.
+    __slots__ = ("_process",)
+
     def __init__(self, process: Process) -> None:
         self._process = process
 
@@ -1214,6 +1218,10 @@ class _StartDeadline:
     return: what the unit did meanwhile is not known (its signals were
     lost), and a timeout that ran out then counts again, whole, from that
     read (:meth:`judge_held`)."""
+
+    __slots__ = (
+        "_awaited", "_clock", "_held", "_may_judge", "_overdue", "_seconds", "_timer"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -1268,6 +1276,8 @@ class _Reread:
     answered, no verdict is given on what was seen before (``pending``:
     :attr:`Process.knows_its_unit`); ``done()`` is called once it has."""
 
+    __slots__ = ("_asked", "_done", "_read", "_waiters", "pending")
+
     def __init__(
         self, read: Callable[[], defer.Deferred[object]], done: Callable[[], None]
     ) -> None:
@@ -1311,6 +1321,8 @@ class _EarlyKills:
     has no process before it (systemd would signal nothing and answer
     success). ``kill(signum, who)`` signals the unit once it has started
     (:meth:`Process.kill`)."""
+
+    __slots__ = ("_held", "_kill", "_sent")
 
     def __init__(self, kill: Callable[[int, str], defer.Deferred[Any]]) -> None:
         self._kill = kill

@@ -307,23 +307,34 @@ def _every_node(root: str) -> IDset | None:
     return _online(root, "node", missing=IDset("0"))
 
 
-def _possible_cpus(root: str) -> IDset | None:
-    """The CPUs the kernel could ever have online (``cpu/possible``; what
-    it has online where that cannot be read)."""
-    return _possible(root, "cpu", _every_cpu)
+def _present_cpus(root: str) -> IDset | None:
+    """The CPUs this node has, online or not: ``cpu/present`` (then
+    ``cpu/possible``, then what it has online, where that cannot be read).
+    Not ``possible`` first: firmware lists there CPUs the node may never
+    have (an empty socket, a VM's hotplug slots), which no ``chcpu`` brings
+    online."""
+    return _first_listed(root, "cpu", ("present", "possible"), _every_cpu)
 
 
 def _possible_nodes(root: str) -> IDset | None:
     """The NUMA nodes the kernel could ever have online (``node/possible``;
     what it has online where that cannot be read, or node 0)."""
-    return _possible(root, "node", _every_node)
+    return _first_listed(root, "node", ("possible",), _every_node)
 
 
-def _possible(
-    root: str, what: str, online: Callable[[str], IDset | None]
+def _first_listed(
+    root: str,
+    what: str,
+    lists: tuple[str, ...],
+    online: Callable[[str], IDset | None],
 ) -> IDset | None:
-    listed = _listed(root, what, "possible")
-    return listed if listed is not None else online(root)
+    """The first of ``/sys/devices/system/WHAT/LIST`` that can be read,
+    for each of ``lists`` in turn; what ``online`` gives if none can."""
+    for which in lists:
+        listed = _listed(root, what, which)
+        if listed is not None:
+            return listed
+    return online(root)
 
 
 def _online(root: str, what: str, missing: IDset | None = None) -> IDset | None:
@@ -441,8 +452,8 @@ _FENCE_NAMES = {"cpus": "AllowedCPUs", "mems": "AllowedMemoryNodes"}
 #: What the kernel has online, by cpuset ``kind``.
 _ONLINE = {"cpus": _every_cpu, "mems": _every_node}
 
-#: What the kernel could ever have online, by cpuset ``kind``.
-_POSSIBLE = {"cpus": _possible_cpus, "mems": _possible_nodes}
+#: What the node has, online or not, by cpuset ``kind``.
+_ON_NODE = {"cpus": _present_cpus, "mems": _possible_nodes}
 
 #: What a cpuset ``kind`` lists, in a reason.
 _MEMBERS = {"cpus": "CPUs", "mems": "NUMA nodes"}
@@ -453,7 +464,7 @@ def _cause_not_delegation(
 ) -> str | None:
     """Why cpuset fence ``kind`` to ``expected`` does not hold, where its
     controller's delegation is not the cause: the node lacks some of
-    ``expected``, or has all of it offline, or the unit's slice has none
+    ``expected``, or has some of it offline, or the unit's slice has none
     of it; ``None`` if none of these."""
     return _absent_cause(kind, expected, root) or _slice_cause(
         kind, expected, control_group, pid, root
@@ -466,30 +477,32 @@ def _absent_cause(kind: str, expected: IDset, root: str) -> str | None:
     type), in the same words on cgroup v1 and v2:
 
     - it names a member the node does not have at all (not in its
-      ``possible`` list): the kernel refuses the whole set (v2 checks a
-      write against the possible ones, v1 against the online ones), and
-      the unit keeps its slice's; so one absent SMT sibling of a fence
-      that otherwise fits is enough;
-    - the node has all of it, none online: v1 refuses it, and v2 gives a
-      set with nothing online its parent's.
+      ``present`` CPUs, or ``possible`` NUMA nodes): the kernel refuses the
+      whole set (v2 checks a write against the possible ones, v1 against
+      the online ones), and the unit keeps its slice's; so one absent SMT
+      sibling of a fence that otherwise fits is enough;
+    - the node has all of it, some of it offline: v1 refuses the whole set,
+      and v2 gives the unit the online part, or its parent's set if none
+      is online. (Asked only once the fence failed, so on v2 that part did
+      not hold either.)
 
-    ``None`` if neither, or what the node has cannot be read. (A set the
-    node has partly online is not the cause: v2 gives the unit that part.)
+    ``None`` if neither, or what the node has cannot be read.
     """
-    possible = _POSSIBLE[kind](root)
-    if possible is None:
+    on_node = _ON_NODE[kind](root)
+    if on_node is None:
         return None
     members = _MEMBERS[kind]
-    missing = expected - possible
+    missing = expected - on_node
     if missing:
         return (
-            f"{missing} is not on this node, which has {members} {possible}:"
+            f"{missing} is not on this node, which has {members} {on_node}:"
             " the kernel refuses the whole set"
         )
     online = _ONLINE[kind](root)
-    if online is None or expected & online:
+    offline = expected - online if online is not None else None
+    if not offline:
         return None
-    return f"{expected} is offline: online {members} {online}"
+    return f"{offline} is offline: online {members} {online}"
 
 
 def _slice_cause(

@@ -365,6 +365,13 @@ def topology_with_an_absent_cpu(directory: Path) -> Path:
 #: Where the kernel lists what it has, by the fence to it.
 ONLINE_LISTS = {"AllowedCPUs": "cpu", "AllowedMemoryNodes": "node"}
 
+#: The kernel's lists of what the node has, online or not, by the fence to
+#: them, the first that is there counting.
+NODE_LISTS = {
+    "AllowedCPUs": ("present", "possible"),
+    "AllowedMemoryNodes": ("possible",),
+}
+
 #: The cpuset each fence is.
 KINDS = {"AllowedCPUs": "cpus", "AllowedMemoryNodes": "mems"}
 
@@ -372,11 +379,11 @@ KINDS = {"AllowedCPUs": "cpus", "AllowedMemoryNodes": "mems"}
 MEMBERS = {"cpus": "CPUs", "mems": "NUMA nodes"}
 
 
-def possible(name: str) -> IDset:
-    """What this node could have online of the CPUs, or NUMA nodes, fence
-    ``name`` is to (its online ones where the kernel lists no possible
-    ones; a kernel without NUMA has node 0 alone)."""
-    for listing in ("possible", "online"):
+def on_node(name: str) -> IDset:
+    """What this node has, online or not, of the CPUs, or NUMA nodes,
+    fence ``name`` is to (its online ones where the kernel lists neither;
+    a kernel without NUMA has node 0 alone)."""
+    for listing in (*NODE_LISTS[name], "online"):
         listed = Path(f"/sys/devices/system/{ONLINE_LISTS[name]}/{listing}")
         if listed.exists():
             return IDset(listed.read_text().strip())
@@ -394,7 +401,7 @@ def unenforced_reason(refused, name: str, absent: int) -> str:
     prefix = f"{name} not enforced: expected {absent} got "
     suffix = (
         f" ({absent} is not on this node, which has {MEMBERS[KINDS[name]]}"
-        f" {possible(name)}: the kernel refuses the whole set)"
+        f" {on_node(name)}: the kernel refuses the whole set)"
     )
     assert reason.startswith(prefix) and reason.endswith(suffix)
     usable = IDset(reason[len(prefix) : -len(suffix)])
@@ -1497,25 +1504,39 @@ def test_a_fence_with_some_of_what_the_node_lacks_says_so(
 
 
 @pytest.mark.parametrize("layout", ["v1", "v2"])
+@pytest.mark.parametrize("present", ["0-31", None], ids=["present", "no-present"])
 @pytest.mark.parametrize(
     ("fence", "why"),
     [
         ("16-17", "16-17 is offline: online CPUs 0-15"),
+        ("15-16", "16 is offline: online CPUs 0-15"),
+        (
+            "32-35",
+            "32-35 is not on this node, which has CPUs 0-31: the kernel"
+            " refuses the whole set",
+        ),
         (
             "0,32",
             "32 is not on this node, which has CPUs 0-31: the kernel refuses"
             " the whole set",
         ),
     ],
-    ids=["offline", "absent"],
+    ids=["offline", "partly-offline", "absent", "partly-absent"],
 )
 def test_cpus_the_node_has_offline_are_told_from_those_it_lacks(
-    tmp_path, layout, fence, why
+    tmp_path, layout, present, fence, why
 ):
     # CPUs 16-31 are the node's, offline: not "not on this node", which
-    # sent the admin to fix R for what chcpu brings back.
+    # sent the admin to fix R for what chcpu brings back; one offline
+    # member is enough (v1 refuses the whole set). CPUs 32-63 are possible
+    # but not present (empty sockets, a VM's hotplug slots): no chcpu
+    # brings them online, so they are not on this node either, where the
+    # kernel lists the present ones (review session 34 R, R4).
     _fake_node_holding_all(tmp_path, "cpus", layout)
-    _fake_file(tmp_path, "sys/devices/system/cpu/possible", "0-31\n")
+    possible = "0-31" if present is None else "0-63"
+    _fake_file(tmp_path, "sys/devices/system/cpu/possible", f"{possible}\n")
+    if present is not None:
+        _fake_file(tmp_path, "sys/devices/system/cpu/present", f"{present}\n")
     verdict = judge_fences(Fences(IDset(fence)), SANDBOX_CGROUP, 42, root=str(tmp_path))
     assert verdict.problems == [
         f"AllowedCPUs not enforced: expected {fence} got 0-15 ({why})"

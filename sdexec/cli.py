@@ -15,8 +15,12 @@ import signal
 import sys
 
 # Run as `python3 -m sdexec.cli`, a ^C during the imports below ends it
-# quietly, as sdexec.console does for the console script.
-if __name__ == "__main__":
+# quietly, as sdexec.console does for the console script; one the caller
+# ignored (`&` in a script) stays ignored.
+if (
+    __name__ == "__main__"
+    and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+):
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import argparse
@@ -161,26 +165,30 @@ def run_and_exit() -> NoReturn:
 
 
 def _open_closed_standard_fds() -> None:
-    """Put /dev/null, read-only, on any of fds 0-2 that is closed: else the
-    service's socket could become fd 0 and be read as our stdin.
+    """Put /dev/null on any of fds 0-2 that is closed: else the service's
+    socket could become fd 0 and be read as our stdin. A closed stdin reads
+    as empty.
 
-    Read-only, so that a stream closed when we started stays one that
-    cannot be written, as the shell's ``>&-`` makes it: our own writes to
-    it fail (``EBADF``, "cannot write stdout"), and so do the process's,
-    which gets the descriptor with passthrough (``yes >&-`` fails at once,
-    as it does locally, rather than writing to /dev/null for ever). A
-    closed stdin reads as empty."""
-    for fd in (0, 1, 2):
+    A closed stdout or stderr is /dev/null opened for writing: the process
+    gets it with passthrough, or ``--no-passthrough`` writes its output
+    there, and that output is discarded. Read-only, it broke Python
+    programs, which make a ``sys.stdout`` of an open fd 1 and then fail to
+    flush it (``EBADF``, exit 1, where with the fd closed they exit 0). Our
+    own stdout still cannot be written, as the shell's ``>&-`` makes it:
+    ``sys.stdout`` is a read-only /dev/null ("cannot write stdout: Bad
+    file descriptor"), so no listing or pid is lost in silence."""
+    for fd, access in ((0, os.O_RDONLY), (1, os.O_WRONLY), (2, os.O_WRONLY)):
         try:
             os.fstat(fd)
         except OSError:
             # The lowest free fd is this one, as the ones below it are open.
-            os.open(os.devnull, os.O_RDONLY)
+            os.open(os.devnull, access)
     # Python made None of the streams whose fd was closed when it started.
     if sys.stdin is None:
         sys.stdin = open(0, closefd=False)  # noqa: SIM115 (lives as long as we do)
     if sys.stdout is None:
-        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+        unwritable = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        sys.stdout = open(unwritable, "w")  # noqa: SIM115
     if sys.stderr is None:
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
 
@@ -815,12 +823,14 @@ class _Job:
         self._held_signals: list[int] = []
         self._stdin_open = not noinput and "stdin" not in stdio
         self._receipt: Receipt | None = None
+        #: Whether output was lost to a failed write (not a reader gone).
+        self._output_lost = False
         #: When the SIGPIPE for a reader gone was sent (``time.monotonic``).
         self._sigpipe_sent_at: float | None = None
         #: The signal that ended the command before its process started.
         self.interrupted: int | None = None
-        #: The exit status of a command that gave its process up: its output
-        #: could not be written.
+        #: The exit status of a command that gave its process up: it wrote
+        #: on to a stream whose reader went, ignoring the SIGPIPE.
         self._gave_up: int | None = None
 
     def start(self, connection: Connection, command: dict[str, Any]) -> None:
@@ -859,9 +869,11 @@ class _Job:
         for line in receipt_lines(self._receipt, self._usage):
             say(line)
         code = exit_code(self._receipt.status)
-        # Stdin the service refused (the process may have done well on part
-        # of it): nothing else fails the command, as a local one would.
-        return (code or 1) if self._stream.stdin_error is not None else code
+        # Output lost to a failed write, or stdin the service refused (the
+        # process may have done well without them): nothing else fails the
+        # command, as a local one would.
+        lost = self._output_lost or self._stream.stdin_error is not None
+        return (code or 1) if lost else code
 
     # -- signals -----------------------------------------------------------
 
@@ -930,9 +942,10 @@ class _Job:
                 self._sigpipe_sent_at = time.monotonic()
             self.forward_signal(signal.SIGPIPE)
         elif outcome == LOST:
-            # Said on stderr. Locally its write would have failed; framed
-            # it cannot know, and would write on to nowhere.
-            self._give_up(1)
+            # Said on stderr; the rest of that stream is dropped. The process
+            # runs on, as a local one whose write failed may (warnings lost to
+            # a full disk must not kill a long job): the exit status says it.
+            self._output_lost = True
         elif outcome == DISCARDED and self._ignores_sigpipe():
             self._give_up(exit_code(signal.SIGPIPE))
 

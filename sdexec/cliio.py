@@ -245,9 +245,8 @@ WRITTEN = "written"
 #: ... found that nobody reads the stream any more (``EPIPE``: a pipe whose
 #: reader has gone); the stream writes nothing more ...
 READER_GONE = "reader gone"
-#: ... could not write it for another reason (a full disk, ``EIO``, a
-#: stream closed when we started), said on stderr; the stream writes
-#: nothing more ...
+#: ... could not write it for another reason (a full disk, ``EIO``), said
+#: on stderr; the stream writes nothing more ...
 LOST = "lost"
 #: ... or dropped it, its stream having failed before.
 DISCARDED = "discarded"

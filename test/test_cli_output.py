@@ -14,11 +14,16 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_cli_scripted import ScriptedService, failure, response, sdexec
+from test_cli_scripted import (
+    ScriptedService,
+    failure,
+    response,
+    sdexec,
+)
 
 from sdexec.ioencode import encode_io
 from sdexec.wire import FrameSplitter, encode_message
@@ -130,52 +135,150 @@ def test_a_process_that_ignores_sigpipe_is_ended_once_its_reader_has_gone(printi
     assert service.closed.wait(10), "the connection, and with it the unit, stayed"
 
 
+@pytest.fixture
+def printed(tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """Start a scripted service whose exec's process wrote the (stream,
+    data) pairs given, in turn, and exited 0, all in one read; its path."""
+    services: list[ScriptedService] = []
+
+    def start(*outputs: tuple[str, bytes]) -> str:
+        def script(request: dict) -> list[dict]:
+            wrote = [
+                {"type": "output", "pid": 42, "io": encode_io(stream, "0", data)}
+                for stream, data in outputs
+            ]
+            return [
+                response(request, payload)
+                for payload in [
+                    {"type": "started", "pid": 42},
+                    *wrote,
+                    {"type": "finished", "status": 0},
+                ]
+            ] + [failure(request, errno.ENODATA)]
+
+        path = str(tmp_path / f"printed{len(services)}.sock")
+        services.append(ScriptedService(path, script))
+        return path
+
+    yield start
+    for service in services:
+        service.close()
+
+
 @pytest.mark.parametrize(
-    ("stdout", "said"),
-    [("/dev/full", "No space left on device"), (None, "Bad file descriptor")],
-    ids=["full-disk", "closed"],
-)
-def test_output_that_cannot_be_written_ends_the_process_and_exits_1(
-    printing, stdout, said
+    ("full", "outputs", "kept"),
+    [
+        ("stdout", [("stdout", b"a\n"), ("stderr", b"warn\n"), ("stdout", b"b\n")],
+         b"warn\n"),
+        ("stderr", [("stderr", b"warn\n"), ("stdout", b"result\n"), ("stderr", b"x\n")],
+         b"result\n"),
+    ],
+    ids=["stdout", "stderr"],
+)  # fmt: skip
+def test_output_lost_to_a_full_disk_leaves_the_process_to_its_end(
+    printed, full, outputs, kept
 ):
-    # A full disk sent the process SIGPIPE and exited 141, the status
-    # scripts take for a reader's choice (finding 2); a stdout closed when
-    # it started (`>&-`) was /dev/null, written to for ever (finding 6).
-    service, path = printing
-    args = ["run", "--no-passthrough", "-n", "yes"]
-    if stdout is None:
-        done = sdexec(path, *args, stdout=None, preexec_fn=lambda: os.close(1))
-    else:
-        with open(stdout, "wb") as sink:
-            done = sdexec(path, *args, stdout=sink)
+    # The first failed write closed the connection, and the service killed
+    # the process: a job whose stderr log filled a disk was killed, when
+    # locally it would only have lost its warnings (review session 34 R,
+    # finding 2). Said once, the stream dropped, the rest relayed, exit 1.
+    path = printed(*outputs)
+    with open("/dev/full", "wb") as sink:
+        done = sdexec(path, "run", "--no-passthrough", "-n", "job", **{full: sink})
     assert done.returncode == 1
-    assert done.stderr == f"sdexec: cannot write stdout: {said}\n".encode()
-    assert service.kills == []  # no reader went: no SIGPIPE
-    assert service.closed.wait(10), "the process was left writing to nowhere"
+    if full == "stdout":
+        said = b"sdexec: cannot write stdout: No space left on device\n"
+        assert done.stderr == said + kept
+    else:
+        assert done.stdout == kept
+
+
+def test_a_closed_stdout_discards_the_output_of_a_framed_process(printed):
+    # It failed the first write, and the run with it (exit 1): a closed
+    # stdout is /dev/null for the process (review session 34 R, finding 3).
+    path = printed(("stdout", b"dropped\n"))
+    args = ["run", "--no-passthrough", "-n", "job"]
+    done = sdexec(path, *args, stdout=None, preexec_fn=lambda: os.close(1))
+    assert (done.returncode, done.stderr) == (0, b"")
+
+
+@pytest.mark.parametrize("closed", [1, 2], ids=["stdout", "stderr"])
+def test_a_closed_stdout_or_stderr_can_be_written_by_the_process(closed):
+    # Passed through read-only, a Python process flushed its stdout into
+    # EBADF: a traceback and exit 1, where locally it exits 0 (finding 3).
+    probe = (
+        "import os\n"
+        "from sdexec.cli import _open_closed_standard_fds\n"
+        "_open_closed_standard_fds()\n"
+        f"written = os.write({closed}, b'discarded')\n"
+        f"os.write({3 - closed}, str(written).encode())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(REPOSITORY)},
+        preexec_fn=lambda: os.close(closed),
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout or done.stderr) == b"9"
+
+
+def _signalled_run(
+    path: str, entry: list[str], signums: list[int], **popen
+) -> tuple[int, bytes]:
+    """Start `run -n py` through ``entry`` (the interpreter's arguments
+    that run the command line), send it ``signums`` once its process has
+    printed, and wait: its exit status and stderr."""
+    env = {key: value for key, value in os.environ.items() if key != "SDEXEC_SOCKET"}
+    client = subprocess.Popen(
+        [sys.executable, *entry, "--socket", path, "run", "-n", "py"],
+        env={**env, "PYTHONPATH": str(REPOSITORY)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **popen,
+    )
+    try:
+        assert client.stdout is not None
+        client.stdout.readline()  # started, and its signals caught
+        for signum in signums:
+            client.send_signal(signum)
+        _, stderr = client.communicate(timeout=30)
+    finally:
+        client.kill()
+        client.wait()
+    return client.returncode, stderr
 
 
 def test_ctrl_backslash_is_passed_on_to_the_process(printing):
     # SIGQUIT killed the client (a core dump of it), and the unit was
     # stopped with SIGTERM: the process never saw its Ctrl-\.
     service, path = printing
-    env = {key: value for key, value in os.environ.items() if key != "SDEXEC_SOCKET"}
-    client = subprocess.Popen(
-        [sys.executable, "-m", "sdexec.cli", "--socket", path, "run", "-n", "py"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        assert client.stdout is not None
-        client.stdout.readline()  # started, and its signals caught
-        client.send_signal(signal.SIGQUIT)
-        _, stderr = client.communicate(timeout=30)
-    finally:
-        client.kill()
-        client.wait()
-    assert (client.returncode, stderr) == (128 + signal.SIGQUIT, b"")
+    done = _signalled_run(path, ["-m", "sdexec.cli"], [signal.SIGQUIT])
+    assert done == (128 + signal.SIGQUIT, b"")
     assert service.kills == [{"pid": 42, "signum": signal.SIGQUIT, "who": "all"}]
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [["-c", "from sdexec.console import main\nmain()"], ["-m", "sdexec.cli"]],
+    ids=["console-script", "python-m"],
+)
+def test_a_ctrl_c_the_caller_ignored_stays_ignored(printing, entry):
+    # `sdexec run JOB &` in a script starts with SIGINT ignored: the entry
+    # point set it back to its default, `run` then caught it, and the
+    # script's ^C was passed on to JOB (review session 34 R, finding 1).
+    service, path = printing
+    signums = [signal.SIGINT, signal.SIGTERM]
+    done = _signalled_run(path, entry, signums, preexec_fn=_ignore_sigint)
+    assert done == (128 + signal.SIGTERM, b"")
+    assert service.kills == [{"pid": 42, "signum": signal.SIGTERM, "who": "all"}]
 
 
 # -- the commands' own output ----------------------------------------------------

@@ -41,6 +41,7 @@ from sdexec.cliio import (
     exit_code,
     fail,
     flush_out,
+    open_closed_standard_fds,
     print_out,
     request,
     say,
@@ -121,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for signum in FORWARDED_SIGNALS:
         if signal.getsignal(signum) != signal.SIG_IGN:
             signal.signal(signum, signal.SIG_DFL)
-    _open_closed_standard_fds()
+    open_closed_standard_fds()
     try:
         options = parse_args(argv)
         status = _COMMANDS[options.command](options)
@@ -162,35 +163,6 @@ def run_and_exit() -> NoReturn:
     except OSError:
         pass  # a reader that went away: nothing more can be said to it
     os._exit(code)
-
-
-def _open_closed_standard_fds() -> None:
-    """Put /dev/null on any of fds 0-2 that is closed: else the service's
-    socket could become fd 0 and be read as our stdin. A closed stdin reads
-    as empty.
-
-    A closed stdout or stderr is /dev/null opened for writing: the process
-    gets it with passthrough, or ``--no-passthrough`` writes its output
-    there, and that output is discarded. Read-only, it broke Python
-    programs, which make a ``sys.stdout`` of an open fd 1 and then fail to
-    flush it (``EBADF``, exit 1, where with the fd closed they exit 0). Our
-    own stdout still cannot be written, as the shell's ``>&-`` makes it:
-    ``sys.stdout`` is a read-only /dev/null ("cannot write stdout: Bad
-    file descriptor"), so no listing or pid is lost in silence."""
-    for fd, access in ((0, os.O_RDONLY), (1, os.O_WRONLY), (2, os.O_WRONLY)):
-        try:
-            os.fstat(fd)
-        except OSError:
-            # The lowest free fd is this one, as the ones below it are open.
-            os.open(os.devnull, access)
-    # Python made None of the streams whose fd was closed when it started.
-    if sys.stdin is None:
-        sys.stdin = open(0, closefd=False)  # noqa: SIM115 (lives as long as we do)
-    if sys.stdout is None:
-        unwritable = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        sys.stdout = open(unwritable, "w")  # noqa: SIM115
-    if sys.stderr is None:
-        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
 
 
 # -- command line ------------------------------------------------------------

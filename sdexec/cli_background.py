@@ -21,6 +21,7 @@ from sdexec.cliio import (
     connect,
     exit_code,
     fail,
+    own_fd,
     print_out,
     request,
     say,
@@ -67,7 +68,7 @@ def wait(options: argparse.Namespace) -> int:
     answer = request(options, Topic.WAIT, options.target)
     status = wait_status(answer)
     _say_dropped(answer.get("dropped"))
-    outputs = {"stdout": Output(1), "stderr": Output(2)}
+    outputs = {"stdout": Output(own_fd(1)), "stderr": Output(own_fd(2))}
     lost = False
     for io in answer.get("output", []):
         # Waited for once, the output cannot be had again: its loss is
@@ -120,8 +121,8 @@ class _Attached:
     def __init__(self, loop: Loop) -> None:
         # A detach ends a write that waits for a reader.
         self.outputs = {
-            "stdout": Output(1, loop, self._gave_up),
-            "stderr": Output(2, loop, self._gave_up),
+            "stdout": Output(own_fd(1), loop, self._gave_up),
+            "stderr": Output(own_fd(2), loop, self._gave_up),
         }
         self.status: int | None = None
         self.detached = False

@@ -41,6 +41,8 @@ __all__ = [
     "exit_code",
     "fail",
     "flush_out",
+    "open_closed_standard_fds",
+    "own_fd",
     "print_out",
     "request",
     "say",
@@ -55,6 +57,51 @@ NOT_FOUND = 127
 NOT_EXECUTABLE = 126
 #: The exit status for a command the service could not start, by errno.
 EXEC_FAILURES = {errno.ENOENT: NOT_FOUND, errno.EACCES: NOT_EXECUTABLE}
+
+
+#: Our own read-only /dev/null for each of fds 1 and 2 that was closed
+#: when we started (:func:`open_closed_standard_fds`).
+_unwritable: dict[int, int] = {}
+
+
+def open_closed_standard_fds() -> None:
+    """Put /dev/null on any of fds 0-2 that is closed: else the service's
+    socket could become fd 0 and be read as our stdin. A closed stdin reads
+    as empty.
+
+    A closed stdout or stderr is /dev/null opened for writing: the process
+    gets it with passthrough, or ``--no-passthrough`` writes its output
+    there, and that output is discarded. Read-only, it broke Python
+    programs, which make a ``sys.stdout`` of an open fd 1 and then fail to
+    flush it (``EBADF``, exit 1, where with the fd closed they exit 0). Our
+    own stdout still cannot be written, as the shell's ``>&-`` makes it:
+    ``sys.stdout`` is a read-only /dev/null ("cannot write stdout: Bad
+    file descriptor"), so no listing or pid is lost in silence, and so is
+    :func:`own_fd` of a closed fd 1 or 2, where ``wait`` and ``attach``
+    write the output they are the only ones to deliver."""
+    for fd, access in ((0, os.O_RDONLY), (1, os.O_WRONLY), (2, os.O_WRONLY)):
+        try:
+            os.fstat(fd)
+        except OSError:
+            # The lowest free fd is this one, as the ones below it are open.
+            os.open(os.devnull, access)
+    # Python made None of the streams whose fd was closed when it started.
+    if sys.stdin is None:
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 (lives as long as we do)
+    if sys.stdout is None:
+        _unwritable[1] = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        sys.stdout = open(_unwritable[1], "w", closefd=False)  # noqa: SIM115
+    if sys.stderr is None:
+        _unwritable[2] = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+
+
+def own_fd(fd: int) -> int:
+    """Where the command itself writes what ``fd`` (1 or 2) would take:
+    ``fd``, or, if it was closed when we started, a descriptor that cannot
+    be written (a process's is /dev/null; output that ``wait`` or ``attach``
+    alone can deliver is lost aloud, not in silence)."""
+    return _unwritable.get(fd, fd)
 
 
 def exit_code(status: int) -> int:

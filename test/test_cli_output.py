@@ -208,8 +208,8 @@ def test_a_closed_stdout_or_stderr_can_be_written_by_the_process(closed):
     # EBADF: a traceback and exit 1, where locally it exits 0 (finding 3).
     probe = (
         "import os\n"
-        "from sdexec.cli import _open_closed_standard_fds\n"
-        "_open_closed_standard_fds()\n"
+        "from sdexec.cliio import open_closed_standard_fds\n"
+        "open_closed_standard_fds()\n"
         f"written = os.write({closed}, b'discarded')\n"
         f"os.write({3 - closed}, str(written).encode())\n"
     )

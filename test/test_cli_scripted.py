@@ -463,3 +463,19 @@ def test_a_stats_request_that_timed_out_says_so():
 
     timed_out = ResponseNeverReceived([Failure(CancelledError())])
     assert _http_failure(timed_out) == "no answer within 30 s"
+
+
+def test_wait_says_its_output_is_lost_to_a_closed_stdout(serve):
+    # The closed stdout became /dev/null for processes (as a shell's >&-
+    # is for a local one's writes, which Python programs ignore): wait's
+    # once-only output went there too, and it exited 0 in silence.
+    def script(request: dict) -> list[dict]:
+        io = encode_io("stdout", "0", b"precious\n")
+        return [response(request, {"status": 0, "output": [io]})]
+
+    path = serve(script)
+    done = sdexec(path, "wait", "7", stdout=None, preexec_fn=lambda: os.close(1))
+    assert (done.returncode, done.stderr) == (
+        1,
+        b"sdexec: cannot write stdout: Bad file descriptor\n",
+    )

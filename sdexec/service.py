@@ -318,8 +318,14 @@ class SdexecService(Service):
                 description, self.config.sdexec.socket_mode, os.getuid()
             )
             clear_stale_socket(private)
+        try:
+            endpoint = server_endpoint(self.reactor, private)
+        except ValueError as error:
+            # A systemd: socket not passed, or not one the unit can serve:
+            # the same start fails again until the .socket unit is mended.
+            raise ListenError(f"[sdexec] {setting}: {error}", lasting=True) from None
         with private_umask():  # a UNIX socket is bound within listen()
-            listening = server_endpoint(self.reactor, private).listen(factory)
+            listening = endpoint.listen(factory)
         return listening.addErrback(_cannot_listen, shown or description, setting)
 
     def _http_stats(self) -> dict:

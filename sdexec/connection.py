@@ -3,8 +3,9 @@
 :class:`ClientProtocol` checks who the peer is, frames and checks its
 requests, dispatches them to the :class:`~sdexec.server.SdexecServer`'s
 handlers, and routes responses back by matchtag, holding what it reads in
-order while the client reads too slowly, a command is being looked up, or
-systemd has too many of its requests to answer. See ``docs/protocol.md``
+order while the client reads too slowly or systemd has too many of its
+requests to answer, and a request that names an exec whose command is
+being looked up until that exec is handled. See ``docs/protocol.md``
 for the wire format.
 """
 
@@ -27,6 +28,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from sdexec.framing import FramingError
+from sdexec.jobs import JOBID_OPTION
 from sdexec.limits import check_text, is_integer
 from sdexec.lookup import LookupTimedOut
 from sdexec.passthrough import (
@@ -105,15 +107,20 @@ class ClientProtocol(StdioReceivingProtocol):
         #: What was read but not yet handled, oldest first (while paused, or
         #: at the cap of requests awaiting their answer).
         self._held: deque[_Held] = deque()
-        #: An exec's command is being looked up (sdexec/lookup.py): the
-        #: requests after it are held until it is answered.
-        self._looking_up = False
+        #: Execs received and not yet handled (their command being looked
+        #: up, sdexec/lookup.py, or waiting themselves): a request naming
+        #: one waits for it.
+        self._pending_execs: list[_PendingExec] = []
+        #: The exec being handled now, for its lookup to take.
+        self._handling_exec: _PendingExec | None = None
+        #: Lookups of this connection's execs not finished yet.
+        self._lookups = 0
+        #: Requests that wait for a pending exec, oldest first.
+        self._waiting: list[_Waiting] = []
         #: The connection is gone: a lookup that ends now runs nothing.
         self._lost = False
-        #: Reading was paused for requests that came behind a lookup.
-        self._paused_for_lookup = False
-        #: Reading is paused (the transport's), for whatever holds requests.
-        self._reading_paused = False
+        #: Reading was paused for too many requests behind lookups.
+        self._paused_for_lookups = False
 
     def connectionMade(self) -> None:
         try:
@@ -179,6 +186,7 @@ class ClientProtocol(StdioReceivingProtocol):
         self._unwatch_hangup()
         held, self._held = self._held, deque()
         close_fds(fd for request in held for fd in request.fds)
+        self._handle_ready_waiting()  # (drops all but background execs)
         super().connectionLost(reason)
         if self._admitted_uid is not None:
             self.server.connections.release(self._admitted_uid)
@@ -199,9 +207,40 @@ class ClientProtocol(StdioReceivingProtocol):
         if self.transport.disconnecting:
             return  # closing (a refused peer): the rest of its data is ignored
         if self._holding:
-            self._hold(partial(self._request, message), self.take_request_fds())
+            self._hold(partial(self._order, message), self.take_request_fds())
         else:
+            self._order(message)
+
+    def _order(self, message: dict) -> None:
+        """Handle a request now, or once the pending execs it names have
+        been (sdexec/lookup.py: a lookup may take seconds, and only what
+        depends on its exec need wait for it)."""
+        pending = _PendingExec.of(message)
+        depends_on = self._pending_named_by(message)
+        if pending is not None:
+            self._pending_execs.append(pending)
+        if depends_on:
+            self._wait_for(depends_on, message, pending)
+        else:
+            self._handle_request(message, pending)
+
+    def _handle_request(self, message: dict, pending: _PendingExec | None) -> None:
+        """Handle ``message``; an exec (``pending``) is done once handled,
+        unless its lookup took it (then once the lookup has ended)."""
+        self._handling_exec = pending
+        try:
             self._request(message)
+        except BaseException:
+            # Not a request (a framing error, answered by the caller, which
+            # closes the connection): what waits for it is handled by
+            # whoever handles next, once it is known whether that may be.
+            self._handling_exec = None
+            if pending is not None and not pending.looking_up:
+                self._forget(pending)
+            raise
+        self._handling_exec = None
+        if pending is not None and not pending.looking_up:
+            self._exec_handled(pending)
 
     def _request(self, message: dict) -> None:
         if message.get("type") != "request":
@@ -420,21 +459,19 @@ class ClientProtocol(StdioReceivingProtocol):
     ) -> None:
         """``exec_found(looked_up)`` once the exec's command is looked up (the
         lookup's refusal answered instead, and ``stdio`` closed): at once
-        if it is already, else later, the connection's next requests held
-        meanwhile (their answers keep the requests' order: a write may be
-        for this process). A connection lost meanwhile drops it, unless it
+        if it is already, else later, the requests naming this exec waiting
+        meanwhile (a write may be for this process), and the others
+        handled. A connection lost meanwhile drops it, unless it
         ``outlives_client`` (a background exec, which a client may send and
         close at once)."""
-        held = not lookup.called
-        if held:
-            # Reading goes on (dataReceived pauses it once more comes), so
-            # that the client's close is seen: a lookup takes microseconds.
-            # An exec handled from held input finds it paused already.
-            self._looking_up = True
-            if self._reading_paused:
-                self._pause_for_lookup()
+        pending, self._handling_exec = self._handling_exec, None
+        assert pending is not None, "an exec is handled by _handle_request"
+        if not lookup.called:
+            self._lookups += 1
+            pending.looking_up = True
+            self._check_lookups_cap()
         lookup.addBoth(
-            self._looked_up, matchtag, stdio, exec_found, held, outlives_client
+            self._looked_up, matchtag, stdio, exec_found, pending, outlives_client
         )
 
     def _looked_up(
@@ -443,36 +480,120 @@ class ClientProtocol(StdioReceivingProtocol):
         matchtag: int,
         stdio: PassedStdio,
         exec_found: Callable[[LookedUp], None],
-        held: bool,
+        pending: _PendingExec,
         outlives_client: bool,
     ) -> None:
-        self._looking_up = self._paused_for_lookup = False
-        self._settle_hangup_watch()
+        if pending.looking_up:
+            self._lookups -= 1
+            pending.looking_up = False
         if self._lost and not outlives_client:
             stdio.close()  # nobody to run it for
-            return
-        if isinstance(outcome, Failure):
+        elif isinstance(outcome, Failure):
             stdio.close()
             self._log_lookup_timeout(failure_value(outcome))
             self._answer(Topic.EXEC, matchtag, outcome.raiseException)
         else:
             self._answer(Topic.EXEC, matchtag, partial(exec_found, outcome))
-        if held and not self._lost:
-            self._unblocked()
+        self._exec_handled(pending)
 
-    def dataReceived(self, data: bytes) -> None:
-        if self._looking_up and not self._paused_for_lookup:
-            # More requests behind a lookup: none is read after these until
-            # it ends (a file system may be silent for seconds).
+    # -- requests that wait for a pending exec ----------------------------------
+
+    def _pending_named_by(self, message: dict) -> set[_PendingExec]:
+        """The pending execs ``message`` depends on: by the matchtag of a
+        streaming one (a write to it, an exec reusing it) or by label."""
+        names = _names(message)
+        return {pending for pending in self._pending_execs if pending.names & names}
+
+    def _wait_for(
+        self,
+        depends_on: set[_PendingExec],
+        message: dict,
+        pending: _PendingExec | None,
+    ) -> None:
+        """Handle ``message`` (with the descriptors it brought) once the
+        execs it ``depends_on`` have been handled."""
+        self._waiting.append(
+            _Waiting(
+                _Held(
+                    partial(self._handle_request, message, pending),
+                    tuple(self.take_request_fds()),
+                ),
+                depends_on,
+                pending,
+                background=pending is not None and not _streaming_or_default(message),
+            )
+        )
+        self._check_lookups_cap()
+
+    def _exec_handled(self, pending: _PendingExec) -> None:
+        """An exec is handled: the requests waiting only for it are handled
+        now, in the order received."""
+        if pending.handled:
+            return  # (its lookup answered at once, in its handling)
+        self._forget(pending)
+        self._handle_ready_waiting()
+        self._check_lookups_cap()
+
+    def _handle_ready_waiting(self) -> None:
+        """Handle the waiting requests that depend on no pending exec any
+        more, oldest first (each may start a lookup or wait anew), unless
+        the client reads too slowly or has too many awaiting systemd."""
+        if self._lost:
+            self._drop_waiting()
+        while self._may_handle_waiting:
+            ready = next((w for w in self._waiting if not w.depends_on), None)
+            if ready is None:
+                return
+            self._waiting.remove(ready)
+            self._handle_one(ready.request)
+
+    @property
+    def _may_handle_waiting(self) -> bool:
+        """Whether what waited for an exec may be handled now: not while
+        the client reads too slowly or has too many awaiting systemd, nor
+        while the connection closes (a protocol error answered: nothing is
+        handled after it); once it is lost, what outlives it runs."""
+        if self._lost:
+            return True
+        return not (self._held_back or self.transport.disconnecting)
+
+    def _check_lookups_cap(self) -> None:
+        """Past :data:`MAX_BEHIND_LOOKUPS`, read no more requests (and
+        watch for the client's close, which no read will show) until
+        below it again."""
+        if self._lost:
+            return
+        full = self._too_many_behind_lookups
+        if full and not self._paused_for_lookups:
+            self._paused_for_lookups = True
             self._pause_reading()
-            self._pause_for_lookup()
-        super().dataReceived(data)
+            self._settle_hangup_watch()
+        elif not full and self._paused_for_lookups:
+            self._paused_for_lookups = False
+            self._settle_hangup_watch()
+            if not self.transport.disconnecting:
+                self._unblocked()
 
-    def _pause_for_lookup(self) -> None:
-        """Reading is paused while a lookup runs: watch for the client's
-        close meanwhile (no read will show it)."""
-        self._paused_for_lookup = True
-        self._settle_hangup_watch()
+    def _forget(self, pending: _PendingExec) -> None:
+        """Nothing waits for ``pending`` any more."""
+        pending.handled = True
+        self._pending_execs.remove(pending)
+        for waiting in self._waiting:
+            waiting.depends_on.discard(pending)
+
+    @property
+    def _too_many_behind_lookups(self) -> bool:
+        return self._lookups + len(self._waiting) >= MAX_BEHIND_LOOKUPS
+
+    def _drop_waiting(self) -> None:
+        """The client is gone: what waits for a pending exec is dropped (its
+        descriptors closed), but for a background exec, which still runs."""
+        dropped = [waiting for waiting in self._waiting if not waiting.background]
+        self._waiting = [waiting for waiting in self._waiting if waiting.background]
+        close_fds(fd for waiting in dropped for fd in waiting.request.fds)
+        for waiting in dropped:
+            if waiting.pending is not None:  # a streaming exec: never handled
+                self._forget(waiting.pending)
 
     def descriptorsRefused(self, message: dict, reason: str) -> None:
         self._in_order(partial(self._refuse_descriptors, message, reason))
@@ -533,9 +654,9 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def _settle_hangup_watch(self) -> None:
         """Watch for the client's close while its connection is not read
-        for what waits: a process to read its stdin, or a command's lookup
-        (once requests came behind it); else not."""
-        if self._stdin_backlogged or self._paused_for_lookup:
+        for what waits: a process to read its stdin, or commands' lookups
+        (too many requests behind them); else not."""
+        if self._stdin_backlogged or self._paused_for_lookups:
             self._watch_hangup()
         else:
             self._unwatch_hangup()
@@ -552,7 +673,7 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def _hung_up(self) -> None:
         """The client closed the connection while its requests waited for a
-        process to read its stdin, or for a command's lookup: it is gone,
+        process to read its stdin, or for commands' lookups: it is gone,
         and so are they."""
         self._hangup_fd = None
         # Lost now: Twisted calls connectionLost a loop pass after the abort,
@@ -561,8 +682,8 @@ class ClientProtocol(StdioReceivingProtocol):
         log.info(
             "connection {id}: the client closed it while it waited for {what}",
             id=self.connection_id,
-            what="a command's lookup"
-            if self._looking_up
+            what="commands' lookups"
+            if self._paused_for_lookups
             else "a process to read its stdin",
         )
         self.transport.abortConnection()
@@ -601,15 +722,15 @@ class ClientProtocol(StdioReceivingProtocol):
 
     @property
     def _blocked(self) -> bool:
-        """Whether no request may be handled now: the client reads too
-        slowly, has an exec whose command is being looked up, has too many
-        awaiting systemd, or wrote too far ahead of a process's stdin."""
-        return (
-            self._paused
-            or self._looking_up
-            or self._too_many_unanswered
-            or bool(self._stdin_backlogged)
-        )
+        """Whether no request may be handled now: :attr:`_held_back`, or
+        too many requests behind commands' lookups."""
+        return self._held_back or self._paused_for_lookups
+
+    @property
+    def _held_back(self) -> bool:
+        """The client reads too slowly, has too many requests awaiting
+        systemd, or wrote too far ahead of a process's stdin."""
+        return self._paused or self._too_many_unanswered or bool(self._stdin_backlogged)
 
     @property
     def _too_many_unanswered(self) -> bool:
@@ -624,12 +745,10 @@ class ClientProtocol(StdioReceivingProtocol):
             except Exception:
                 self._held_request_failed()
         if not (self._holding or self.transport.disconnecting):
-            self._reading_paused = False
             self.transport.resumeProducing()
 
     def _pause_reading(self) -> None:
         """Read no more requests (until :meth:`_resume_reading`)."""
-        self._reading_paused = True
         self.transport.pauseProducing()
 
     def _held_request_failed(self) -> None:
@@ -655,21 +774,26 @@ class ClientProtocol(StdioReceivingProtocol):
             handle()
 
     def _handle_held(self) -> None:
-        """Handle what was held, oldest first, until paused again (or at
-        the cap of requests awaiting their answer)."""
+        """Handle what was held, oldest first (what waited for an exec now
+        handled first), until paused again (or at the cap of requests
+        awaiting their answer)."""
+        self._handle_ready_waiting()
         while self._held and not (
             self._blocked or self.transport.disconnecting or self._lost
         ):
-            request = self._held.popleft()
-            self.request_fds = list(request.fds)  # as when its frame was read
-            try:
-                request.handle()
-            except FramingError as error:  # not a request: as when it was read
-                self._framing_error(str(error))
-            except Exception:
-                self._held_request_failed()
-            finally:
-                close_fds(self.take_request_fds())
+            self._handle_one(self._held.popleft())
+
+    def _handle_one(self, request: _Held) -> None:
+        """Handle a request that was held or waited, as when it was read."""
+        self.request_fds = list(request.fds)  # as when its frame was read
+        try:
+            request.handle()
+        except FramingError as error:  # not a request: as when it was read
+            self._framing_error(str(error))
+        except Exception:
+            self._held_request_failed()
+        finally:
+            close_fds(self.take_request_fds())
 
     # IPushProducer: the transport's buffer of responses is full (the client
     # reads slowly, or not at all). Reading more requests would only fill it
@@ -759,6 +883,14 @@ CLIENT_BUFFER_SIZE = 256 * 1024
 MAX_UNANSWERED = 64
 
 
+#: Requests of one connection behind commands' lookups at once: execs whose
+#: command is being looked up, and requests waiting for a pending exec they
+#: name. A lookup on a file system that does not answer takes up to 10 s,
+#: and each holds a thread and its exec's command meanwhile; at the cap
+#: no more of the connection's requests are read until one is done.
+MAX_BEHIND_LOOKUPS = 64
+
+
 #: The longest ``errstr`` sent: a message quoting a request's value (a
 #: 10 MB option) must not become a frame the client cannot take.
 MAX_ERRSTR = 4096
@@ -798,6 +930,119 @@ class _Held(NamedTuple):
 
     handle: Callable[[], object]
     fds: tuple[int, ...]
+
+
+class _PendingExec:
+    """An exec received and not yet handled, by what a later request may
+    name it: its matchtag if streaming, and its label."""
+
+    def __init__(self, names: frozenset[_Name]) -> None:
+        self.names = names
+        #: Its command is being looked up.
+        self.looking_up = False
+        #: Handled: nothing waits for it any more.
+        self.handled = False
+
+    @classmethod
+    def of(cls, message: dict) -> _PendingExec | None:
+        """The pending exec that ``message`` is, if an exec."""
+        if message.get("topic") != Topic.EXEC:
+            return None
+        names = _names(message)
+        if not _streaming_or_default(message):
+            # Nothing finds a background process by its request's matchtag.
+            names.discard(("matchtag", message.get("matchtag")))
+        return cls(frozenset(names))
+
+
+class _Waiting(NamedTuple):
+    """A request that waits for the pending execs it ``depends_on``; an
+    exec is ``pending`` itself (a ``background`` one outlives its client)."""
+
+    request: _Held
+    depends_on: set[_PendingExec]
+    pending: _PendingExec | None
+    background: bool
+
+
+#: Requests whose answer lists the processes: they show an exec sent before
+#: them, so they wait for every pending one.
+_LISTING = (Topic.LIST, Topic.STATS)
+
+#: Requests that name a process by label (a pending exec's among them).
+_BY_LABEL = frozenset({Topic.KILL, Topic.WAIT, Topic.ATTACH, Topic.TERMINATE})
+
+
+#: How a request names an exec: ``("matchtag", n)``, ``("label", text)``,
+#: ``("job", id)``, or, for another exec, :data:`_EVERY_EXEC`.
+_Name = tuple[str, object]
+
+#: What every exec names: each waits for the execs before it.
+_EVERY_EXEC: _Name = ("exec", None)
+
+
+def _names(message: dict) -> set[_Name]:
+    """The matchtag and label by which ``message`` names an exec: a write
+    its process's matchtag, an exec its own matchtag and label (reusing
+    either is refused, as before), a kill, wait, attach or terminate its
+    label; malformed fields name nothing (their refusal comes as before)."""
+    topic = message.get("topic")
+    payload = message.get("payload")
+    if topic == Topic.EXEC:
+        # Execs keep their order among themselves (_EVERY_EXEC): which of two
+        # gets a unit name, a job id or the last of a limit stays the first's.
+        return (
+            {_EVERY_EXEC}
+            | _matchtag_named(message.get("matchtag"))
+            | _label_named(_exec_option(message, "label"))
+            | _jobs_named(message)
+        )
+    if topic in _LISTING:
+        return {_EVERY_EXEC}
+    if not isinstance(payload, dict):
+        return set()
+    if topic == Topic.WRITE:
+        return _matchtag_named(payload.get("matchtag"))
+    if topic == Topic.TERMINATE and isinstance(payload.get("jobid"), str):
+        return {("job", payload["jobid"])}
+    if isinstance(topic, str) and topic in _BY_LABEL:  # (a list is unhashable)
+        return _label_named(payload.get("label"))
+    return set()
+
+
+def _matchtag_named(matchtag: object) -> set[_Name]:
+    return {("matchtag", matchtag)} if is_integer(matchtag) else set()
+
+
+def _label_named(label: object) -> set[_Name]:
+    return {("label", label)} if isinstance(label, str) else set()
+
+
+def _jobs_named(message: dict) -> set[_Name]:
+    """The job ids an exec's job may be terminated by: its ``SDEXEC_JOBID``,
+    else its unit's name, known beforehand only from ``SDEXEC_NAME``."""
+    opts = _exec_option(message, "opts")
+    if not isinstance(opts, dict):
+        return set()
+    jobid, name = opts.get(JOBID_OPTION), opts.get("SDEXEC_NAME")
+    if isinstance(jobid, str) and jobid:
+        return {("job", jobid)}
+    if isinstance(name, str) and name:
+        return {("job", name if name.endswith(".service") else f"{name}.service")}
+    return set()
+
+
+def _exec_option(message: dict, field: str) -> object:
+    """A field of an exec's command object (``label``, ``opts``), if any."""
+    payload = message.get("payload")
+    cmd = payload.get("cmd") if isinstance(payload, dict) else None
+    return cmd.get(field) if isinstance(cmd, dict) else None
+
+
+def _streaming_or_default(message: dict) -> bool:
+    """The envelope's ``streaming``, true unless false (a malformed one is
+    refused when the request is handled)."""
+    return message.get("streaming", True) is not False
 
 
 class _Stream:

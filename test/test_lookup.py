@@ -13,7 +13,7 @@ import socket
 import threading
 
 import pytest
-from offline import Connection, error_of
+from offline import Connection, error_of, read_to_eof
 from pytest_twisted import ensureDeferred
 from support import until
 from twisted.internet import defer, reactor
@@ -23,7 +23,8 @@ from twisted.logger import capturedLogs, formatEvent
 from sdexec import command as command_module
 from sdexec.command import Command, Found
 from sdexec.config import parse_config
-from sdexec.connection import SdexecServerFactory
+from sdexec.connection import MAX_BEHIND_LOOKUPS, SdexecServerFactory
+from sdexec.ioencode import encode_io
 from sdexec.lookup import LOOKUP_TIMEOUT_S, ThreadedLookups, _Workers
 from sdexec.plan import RequestError
 from sdexec.protocol import ExecFlag
@@ -268,15 +269,10 @@ def _topics(connection: Connection) -> list[tuple[str, int]]:
 async def test_other_clients_are_served_while_a_lookup_waits(silent, systemd, server):
     waiting, other = Connection(server), Connection(server)
     _exec(waiting)
-    waiting.send("sdexec.list", {}, matchtag=2)
     other.send("sdexec.list", {}, matchtag=7)
     assert _topics(other) == [("sdexec.list", 7)]
-    # The exec's own connection keeps its order: the list waits behind it.
-    assert waiting.responses() == []
     silent.answer()
     await until(lambda: ("start", UNIT) in systemd.calls, "the start")
-    await until(lambda: waiting.responses(), "the held list's answer")
-    assert _topics(waiting) == [("sdexec.list", 2)]
     systemd.run(UNIT, pid=42)
     assert waiting.last()["payload"] == {"type": "started", "pid": 42}
     waiting.close()
@@ -284,9 +280,163 @@ async def test_other_clients_are_served_while_a_lookup_waits(silent, systemd, se
 
 
 @ensureDeferred
-async def test_a_timed_out_lookup_refuses_its_exec_and_frees_the_connection(
+async def test_a_kill_by_pid_is_answered_while_a_lookup_is_stuck(
+    silent, systemd, server
+):
+    # The connection's every request waited for the lookup: a resource
+    # manager's one connection, its kills of running jobs included, was
+    # held up to 10 s per exec behind a file system that did not answer.
+    # A list still waits for the exec, which it shows.
+    connection = Connection(server)
+    _exec(connection)
+    connection.send("sdexec.list", {}, matchtag=2)
+    _kill_unknown(connection, 3)
+    assert _topics(connection) == [("sdexec.kill", 3)]
+    assert error_of(connection.last()) == (errno.ESRCH, "kill pid=999999 not found")
+    silent.answer()
+    await until(lambda: len(connection.responses()) == 2, "the list")
+    assert len(connection.last()["payload"]["procs"]) == 1
+    connection.close()
+
+
+def _kill_unknown(connection: Connection, matchtag: int) -> None:
+    """A kill of a pid nobody runs: answered (ESRCH) at once, lookups or not."""
+    connection.send("sdexec.kill", {"signum": 15, "pid": 999999}, matchtag=matchtag)
+
+
+def _write(connection: Connection, matchtag: int, data: bytes, eof=False) -> None:
+    io = encode_io("stdin", "0", data, eof=eof)
+    connection.send("sdexec.write", {"matchtag": matchtag, "io": io}, matchtag=0)
+
+
+@ensureDeferred
+async def test_writes_to_an_exec_being_looked_up_reach_it_in_order(
+    silent, systemd, server
+):
+    connection = Connection(server)
+    _exec(connection)
+    _write(connection, 1, b"first ")
+    _kill_unknown(connection, 2)  # answered meanwhile
+    _write(connection, 1, b"second\n", eof=True)
+    assert _topics(connection) == [("sdexec.kill", 2)]
+    silent.answer()
+    await until(lambda: ("start", UNIT) in systemd.calls, "the start")
+    stdin = systemd.process_fd(UNIT, "stdin")
+    assert await read_to_eof(stdin) == b"first second\n"
+    connection.close()
+
+
+@ensureDeferred
+async def test_a_kill_by_the_label_of_an_exec_being_looked_up_applies_to_it(
+    silent, systemd, server
+):
+    connection = Connection(server)
+    cmd = {"cmdline": ["true"], "label": "job", "opts": {"SDEXEC_NAME": "sdexec-t"}}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd}, matchtag=1)
+    connection.send("sdexec.kill", {"signum": 10, "label": "job"}, matchtag=2)
+    _kill_unknown(connection, 3)  # answered meanwhile
+    assert _topics(connection) == [("sdexec.kill", 3)]
+    silent.answer()
+    await until(lambda: ("start", UNIT) in systemd.calls, "the start")
+    systemd.run(UNIT, pid=42)  # the kill was held for the start, not ESRCH
+    assert systemd.kills() == [10]
+    assert connection.last() == {
+        "type": "response",
+        "topic": "sdexec.kill",
+        "matchtag": 2,
+        "payload": {},
+    }
+    connection.close()
+
+
+@ensureDeferred
+async def test_an_exec_reusing_a_looked_up_exec_s_matchtag_is_eexist(
+    silent, systemd, server
+):
+    connection = Connection(server)
+    _exec(connection)
+    _exec(connection)  # the same matchtag
+    _kill_unknown(connection, 2)  # answered meanwhile
+    assert _topics(connection) == [("sdexec.kill", 2)]
+    silent.answer()
+    await until(lambda: len(connection.responses()) == 2, "the second's refusal")
+    assert error_of(connection.last())[0] == errno.EEXIST
+    assert _starts(systemd) == [UNIT]
+    connection.close()
+
+
+@ensureDeferred
+async def test_past_the_cap_of_requests_behind_lookups_reading_pauses(
+    silent, systemd, server
+):
+    connection = Connection(server)
+    _exec(connection)
+    _kill_unknown(connection, 2)  # answered: below the cap
+    for _ in range(MAX_BEHIND_LOOKUPS - 1):  # with the lookup, the cap
+        _write(connection, 1, b"x")
+    assert connection.transport.producerState == "paused"
+    assert server.hangups.fileno() != -1  # the client's close is watched for
+    _kill_unknown(connection, 3)  # held, in order
+    assert _topics(connection) == [("sdexec.kill", 2)]
+    silent.answer()
+    await until(lambda: len(connection.responses()) == 2, "the held kill")
+    assert _topics(connection) == [("sdexec.kill", 2), ("sdexec.kill", 3)]
+    assert connection.transport.producerState == "producing"
+    assert server.hangups.fileno() == -1
+    connection.close()
+
+
+@ensureDeferred
+async def test_a_client_that_closes_drops_what_waits_but_a_background_exec(
+    silent, systemd, server
+):
+    # Execs behind another's lookup wait for it (execs keep their order),
+    # and one of them still runs when in the background: only streaming
+    # ones are for the client.
+    connection = Connection(server)
+    stdin_r, stdin_w = os.pipe()
+    connection.send(
+        "sdexec.exec", {"flags": FLAGS, "cmd": _cmd("first", label="L")}, matchtag=1
+    )
+    # Streaming, waiting for the first: dropped, and the background one
+    # behind it (the same label) not left waiting for it for good.
+    connection.send(
+        "sdexec.exec", {"flags": FLAGS, "cmd": _cmd("fourth", label="L")}, 4
+    )
+    background = {"flags": FLAGS, "cmd": _cmd("second", label="L")}
+    connection.raw(_envelope("sdexec.exec", background, 2, streaming=False))
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": _cmd("third")}, 3)
+    # A write waiting for the first, with a descriptor of its own to close.
+    connection.protocol.fileDescriptorReceived(os.dup(stdin_r))
+    os.close(stdin_r)
+    _write(connection, 1, b"lost")
+    await until(lambda: len(silent.names) == 1, "the first's lookup")
+    connection.close()
+    silent.answer()
+    await until(lambda: len(silent.names) == 2, "the background one's lookup")
+    silent.answer()
+    await until(lambda: server.lookups.unanswered == 0, "the lookups' end")
+    await until(lambda: _starts(systemd) == ["second.service"], "the background one")
+    with pytest.raises(BrokenPipeError):  # the waiting write's descriptor closed
+        os.write(stdin_w, b"x")
+    os.close(stdin_w)
+
+
+def _cmd(name: str, **fields) -> dict:
+    """``true``, in a unit of ``name``."""
+    return {"cmdline": ["true"], "opts": {"SDEXEC_NAME": name}, **fields}
+
+
+def _envelope(topic: str, payload: dict, matchtag: int, **envelope) -> dict:
+    message = {"type": "request", "topic": topic, "matchtag": matchtag}
+    return {**message, "payload": payload, **envelope}
+
+
+@ensureDeferred
+async def test_a_timed_out_lookup_refuses_its_exec(
     silent, systemd, server, lookups, clock
 ):
+    # (The list waits for the exec, as it would show it, and comes after.)
     connection = Connection(server)
     _exec(connection)
     connection.send("sdexec.list", {}, matchtag=2)
@@ -353,8 +503,10 @@ def _set(event: threading.Event):
 async def test_a_client_that_closes_its_socket_during_its_lookup_starts_nothing(
     silent, systemd, server, tmp_path
 ):
-    """The close of a connection whose requests wait behind a lookup (it
-    is not read meanwhile) is seen, and the exec dropped."""
+    """The close of a connection whose exec's command is being looked up
+    is seen (it is read meanwhile: no longer by the hang-up watch, which
+    only a connection past the cap of requests behind lookups needs), and
+    the exec dropped."""
     async with serving(server, tmp_path) as client:
         exec_request = {
             "type": "request",
@@ -366,7 +518,6 @@ async def test_a_client_that_closes_its_socket_during_its_lookup_starts_nothing(
         await until(lambda: silent.threads, "the lookup begun")
         list_request = {**exec_request, "topic": "sdexec.list", "matchtag": 2}
         client.sendall(json.dumps({**list_request, "payload": {}}).encode() + b"\n")
-        await until(lambda: server.hangups.fileno() != -1, "the close watched")
         client.close()
         await until(lambda: server.connections.total == 0, "the connection released")
         silent.answer()
@@ -392,8 +543,8 @@ async def serving(server, tmp_path):
 
 
 def _request(topic: str, payload: dict, matchtag: int, **envelope) -> bytes:
-    message = {"type": "request", "topic": topic, "matchtag": matchtag}
-    return json.dumps({**message, "payload": payload, **envelope}).encode() + b"\n"
+    message = _envelope(topic, payload, matchtag, **envelope)
+    return json.dumps(message).encode() + b"\n"
 
 
 def _exec_of(name: str, matchtag: int, **envelope) -> bytes:
@@ -429,15 +580,15 @@ async def test_the_close_is_seen_during_a_pipelined_exec_s_lookup(
 ):
     # Only the first exec's lookup watched for the close: the second, taken
     # from held input with reading paused, started its unit for a client
-    # that had gone.
+    # that had gone. (The second now waits for the first without holding
+    # the connection, which is read meanwhile.)
     async with serving(server, tmp_path) as client:
         client.sendall(_exec_of("true", 1))
         await until(lambda: silent.names == ["true"], "the first lookup")
         client.sendall(_exec_of("false", 2))
-        await until(lambda: server.hangups.fileno() != -1, "reading paused")
         silent.answer("true")
+        await until(lambda: _starts(systemd), "the first start")
         await until(lambda: silent.names == ["true", "false"], "the second lookup")
-        assert server.hangups.fileno() != -1  # its close is watched for
         client.close()
         await until(lambda: server.connections.total == 0, "the close seen")
         silent.answer("false")
@@ -457,8 +608,6 @@ async def test_a_close_seen_as_the_lookup_answers_starts_nothing(
     async with serving(server, tmp_path) as client:
         client.sendall(_exec_of("true", 1))
         await until(lambda: silent.names, "the lookup begun")
-        client.sendall(_request("sdexec.list", {}, 2))
-        await until(lambda: server.hangups.fileno() != -1, "the close watched")
 
         def both_at_once() -> None:
             silent.answer()
@@ -469,3 +618,45 @@ async def test_a_close_seen_as_the_lookup_answers_starts_nothing(
         await until(lambda: server.connections.total == 0, "the close seen")
         await until(lambda: server.lookups.unanswered == 0, "the lookup's end")
         assert _starts(systemd) == []
+
+
+@ensureDeferred
+async def test_nothing_that_waited_is_handled_after_the_connection_s_last_error(
+    silent, systemd, server
+):
+    # A message that is no request, waiting for the exec it names, ends the
+    # connection with EPROTO once handled: the kill and the exec waiting
+    # behind it were still handled after that last word (review 34 W).
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": _cmd("sdexec-t", label="L")})
+    connection.raw({"type": "bogus", "topic": "sdexec.exec", "matchtag": 1})
+    connection.send("sdexec.kill", {"signum": 10, "label": "L"}, matchtag=2)
+    connection.send(
+        "sdexec.exec", {"flags": FLAGS, "cmd": _cmd("other", label="L")}, matchtag=3
+    )
+    silent.answer()
+    await until(lambda: server.lookups.unanswered == 0, "the lookup's end")
+    systemd.run(UNIT, pid=42)
+    responses = connection.responses()
+    assert any(r.get("errnum") == errno.EPROTO for r in responses)
+    assert systemd.kills() == []
+    assert not any(r["matchtag"] in (2, 3) for r in responses)
+
+
+@ensureDeferred
+async def test_a_terminate_by_the_job_id_of_an_exec_being_looked_up_applies_to_it(
+    silent, systemd, server
+):
+    # Handled at once, it found no such job (ESRCH) for a job whose exec the
+    # client had sent first.
+    connection = Connection(server)
+    opts = {"SDEXEC_NAME": "sdexec-t", "SDEXEC_JOBID": "j1"}
+    cmd = {"cmdline": ["true"], "opts": opts}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd}, matchtag=1)
+    connection.send("sdexec.terminate", {"jobid": "j1", "reason": "cancel"}, 2)
+    _kill_unknown(connection, 3)  # answered meanwhile
+    assert _topics(connection) == [("sdexec.kill", 3)]
+    silent.answer()
+    await until(lambda: len(connection.responses()) == 2, "the terminate's answer")
+    assert "errnum" not in connection.last()
+    connection.close()

@@ -113,8 +113,6 @@ class ClientProtocol(StdioReceivingProtocol):
         self._pending_execs: list[_PendingExec] = []
         #: The exec being handled now, for its lookup to take.
         self._handling_exec: _PendingExec | None = None
-        #: Lookups of this connection's execs not finished yet.
-        self._lookups = 0
         #: Requests that wait for a pending exec, oldest first.
         self._waiting: list[_Waiting] = []
         #: The connection is gone: a lookup that ends now runs nothing.
@@ -467,7 +465,6 @@ class ClientProtocol(StdioReceivingProtocol):
         pending, self._handling_exec = self._handling_exec, None
         assert pending is not None, "an exec is handled by _handle_request"
         if not lookup.called:
-            self._lookups += 1
             pending.looking_up = True
             self._check_lookups_cap()
         lookup.addBoth(
@@ -483,9 +480,7 @@ class ClientProtocol(StdioReceivingProtocol):
         pending: _PendingExec,
         outlives_client: bool,
     ) -> None:
-        if pending.looking_up:
-            self._lookups -= 1
-            pending.looking_up = False
+        pending.looking_up = False
         if self._lost and not outlives_client:
             stdio.close()  # nobody to run it for
         elif isinstance(outcome, Failure):
@@ -499,8 +494,9 @@ class ClientProtocol(StdioReceivingProtocol):
     # -- requests that wait for a pending exec ----------------------------------
 
     def _pending_named_by(self, message: dict) -> set[_PendingExec]:
-        """The pending execs ``message`` depends on: by the matchtag of a
-        streaming one (a write to it, an exec reusing it) or by label."""
+        """The pending execs ``message`` depends on, by what it names of
+        them (:func:`_names`): a streaming one's matchtag, a label, a job
+        id, or any exec (a later exec, a list)."""
         names = _names(message)
         return {pending for pending in self._pending_execs if pending.names & names}
 
@@ -583,7 +579,8 @@ class ClientProtocol(StdioReceivingProtocol):
 
     @property
     def _too_many_behind_lookups(self) -> bool:
-        return self._lookups + len(self._waiting) >= MAX_BEHIND_LOOKUPS
+        lookups = sum(pending.looking_up for pending in self._pending_execs)
+        return lookups + len(self._waiting) >= MAX_BEHIND_LOOKUPS
 
     def _drop_waiting(self) -> None:
         """The client is gone: what waits for a pending exec is dropped (its

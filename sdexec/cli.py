@@ -49,6 +49,7 @@ from sdexec.cliio import (
     warn,
     write_output,
 )
+from sdexec.cliparser import CommandParser
 from sdexec.protocol import (
     ExecFlag,
     Topic,
@@ -184,7 +185,7 @@ def _check_run(parser: argparse.ArgumentParser, options: argparse.Namespace) -> 
         del options.cmdline[0]
     if not options.cmdline:
         # As argparse says a required argument is missing, with run's usage.
-        run = argparse.ArgumentParser(prog="sdexec run", formatter_class=_HelpFormatter)
+        run = CommandParser(prog="sdexec run", formatter_class=_HelpFormatter)
         _add_run(run)
         run.error("the following arguments are required: CMD")
     if options.waitable and not options.bg:
@@ -222,7 +223,7 @@ def _named_command(argv: Sequence[str]) -> str | None:
 
 def _parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line's parser, or with ``only`` that command."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="sdexec",
         description="Run processes as transient systemd units.",
         formatter_class=_HelpFormatter,

@@ -16,7 +16,6 @@ effective configuration as JSON.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import difflib
 import errno
@@ -44,6 +43,7 @@ from sdexec.activation import (
     is_systemd_endpoint,
     systemd_endpoint_domain,
 )
+from sdexec.cliparser import CommandParser
 from sdexec.command import OWN_PROPERTIES
 from sdexec.fsd import parse_fsd
 from sdexec.idset import MAX_ID
@@ -1194,7 +1194,7 @@ def main(argv: list[str] | None = None) -> int:
     """Check a configuration file the way the service will; print the
     effective configuration as JSON and return 0, or print the error and
     return 1."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python3 -m sdexec.config",
         description="Check an sdexec configuration file and print the"
         " configuration in force as JSON.",

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
+
+from sdexec.cliparser import write_stdout_or_exit
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ class _VersionAction(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> NoReturn:
-        sys.stdout.write(f"{parser.prog} {package_version()}\n")
+        write_stdout_or_exit(parser, f"{parser.prog} {package_version()}\n")
         parser.exit()
 
 

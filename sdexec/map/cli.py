@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from sdexec.cliparser import CommandParser
 from sdexec.map.loader import DEFAULT_MAPPER, create_mapper
 from sdexec.version import add_version_option
 
@@ -35,7 +36,7 @@ def main(args: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python3 -m sdexec.map",
         description="Show the systemd unit properties a resource mapper gives"
         " the cores and GPUs of one rank.",

@@ -1,0 +1,60 @@
+"""The argument parser of every sdexec command (``sdexec``,
+``python3 -m sdexec.config``, ``python3 -m sdexec.map``).
+
+argparse drops a failed write of its own output (``_print_message`` ignores
+``OSError``), so ``sdexec --help > /dev/full`` printed nothing and exited 0,
+as if a script had its help. :class:`CommandParser` writes ``--help`` (and
+:mod:`sdexec.version` ``--version``) through :func:`write_stdout_or_exit`:
+a stdout that cannot take it ends the command with status 1 and one line
+naming why, and a reader gone (``sdexec --help | head -1``) with the status
+a shell gives a command SIGPIPE ended.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+TYPE_CHECKING = False  # not typing's: its import slows the command line
+if TYPE_CHECKING:
+    from typing import NoReturn
+
+    from _typeshed import SupportsWrite
+
+__all__ = ["CommandParser", "write_stdout_or_exit"]
+
+
+def write_stdout_or_exit(parser: argparse.ArgumentParser, text: str) -> None:
+    """``text`` on stdout, flushed (a buffered stdout fails only then), or
+    the command's end through ``parser.exit`` when it cannot be written."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _exit_quietly(parser, 128 + signal.SIGPIPE)
+    except OSError as error:
+        _exit_quietly(
+            parser, 1, f"{parser.prog}: cannot write stdout: {error.strerror}\n"
+        )
+
+
+def _exit_quietly(
+    parser: argparse.ArgumentParser, status: int, message: str = ""
+) -> NoReturn:
+    """``parser.exit``, with what stdout's buffer still holds dropped: the
+    interpreter's exit would flush it again, and say so in a traceback."""
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (stdout until the exit)
+    parser.exit(status, message)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser, whose ``--help`` is checked as the module's
+    docstring says; its subcommands' parsers are of this class too."""
+
+    def print_help(self, file: SupportsWrite[str] | None = None) -> None:
+        if file is not None and file is not sys.stdout:
+            super().print_help(file)
+            return
+        write_stdout_or_exit(self, self.format_help())

@@ -1,0 +1,65 @@
+"""Every command's own ``--help`` and ``--version`` are checked writes
+(sdexec/cliparser.py): argparse drops a failed one, and ``sdexec --help >
+/dev/full`` exited 0."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+COMMANDS = [
+    ("sdexec.cli", "sdexec"),
+    ("sdexec.config", "python3 -m sdexec.config"),
+    ("sdexec.map", "python3 -m sdexec.map"),
+]
+
+
+def _run_into_full_disk(
+    args: list[str], unbuffered: bool
+) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("PYTHONUNBUFFERED", None)
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"  # the write fails, not the flush
+    with open("/dev/full", "wb") as full:
+        return subprocess.run(
+            [sys.executable, "-m", *args],
+            stdout=full, stderr=subprocess.PIPE, text=True,
+            env=env, timeout=60, cwd=REPO,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+@pytest.mark.parametrize(("module", "prog"), COMMANDS)
+def test_a_full_disk_fails_the_command(module, prog, flag, unbuffered):
+    shown = _run_into_full_disk([module, flag], unbuffered)
+    assert shown.returncode == 1
+    assert shown.stderr == f"{prog}: cannot write stdout: No space left on device\n"
+
+
+def test_a_subcommands_help_is_checked_too():
+    shown = _run_into_full_disk(["sdexec.cli", "run", "--help"], unbuffered=False)
+    assert shown.returncode == 1
+    assert shown.stderr == "sdexec run: cannot write stdout: No space left on device\n"
+
+
+def test_a_reader_gone_is_sigpipes_status():
+    # The help (several KiB) into a pipe whose reader has gone: the status a
+    # shell gives a command SIGPIPE ended, and nothing on stderr.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        shown = subprocess.run(
+            [sys.executable, "-m", "sdexec.cli", "--help"],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60, cwd=REPO,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert (shown.returncode, shown.stderr) == (141, "")

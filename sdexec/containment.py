@@ -465,9 +465,26 @@ def _cause_not_delegation(
     """Why cpuset fence ``kind`` to ``expected`` does not hold, where its
     controller's delegation is not the cause: the node lacks some of
     ``expected``, or has some of it offline, or the unit's slice has none
-    of it; ``None`` if none of these."""
-    return _absent_cause(kind, expected, root) or _slice_cause(
-        kind, expected, control_group, pid, root
+    of it, or the node's cpuset controller is on cgroup v1; ``None`` if
+    none of these."""
+    return (
+        _absent_cause(kind, expected, root)
+        or _v1_cause(kind, pid, root)
+        or _slice_cause(kind, expected, control_group, pid, root)
+    )
+
+
+def _v1_cause(kind: str, pid: int, root: str) -> str | None:
+    """Why cpuset fence ``kind`` does not hold on a node whose cpuset
+    controller is on cgroup v1 (a v1 or hybrid layout: a ``cpuset`` line
+    in the main process's ``/proc/PID/cgroup``): systemd applies cpuset
+    properties only on the unified hierarchy, whatever the delegation (a
+    hint to delegate would send the admin the wrong way). ``None`` else."""
+    if _v1_cgroup(process_cgroups(pid, root) or [], "cpuset") is None:
+        return None
+    return (
+        f"systemd applies {_FENCE_NAMES[kind]} only on the unified cgroup v2"
+        " hierarchy, and this node's cpuset controller is on cgroup v1"
     )
 
 

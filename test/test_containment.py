@@ -1503,6 +1503,25 @@ def test_a_fence_with_some_of_what_the_node_lacks_says_so(
     ]
 
 
+@pytest.mark.parametrize(
+    ("kind", "name"), [("cpus", "AllowedCPUs"), ("mems", "AllowedMemoryNodes")]
+)
+@pytest.mark.parametrize("bus", ["user", "system"])
+def test_a_fence_on_a_v1_cpuset_names_v1_not_the_delegation(tmp_path, kind, name, bus):
+    # A v1 or hybrid node (RHEL 8's default): the cpuset controller is on
+    # v1, where systemd never applies a cpuset property. The hint asked
+    # whether the controller was delegated, which sends the admin the wrong
+    # way: no delegation makes it hold (review session 32 S, S4).
+    _fake_node_holding_all(tmp_path, kind, "v1")
+    fences = Fences(cpus=IDset("1")) if kind == "cpus" else Fences(mems=IDset("1"))
+    verdict = judge_fences(fences, SANDBOX_CGROUP, 42, root=str(tmp_path), bus=bus)
+    assert verdict.problems == [
+        f"{name} not enforced: expected 1 got {NODE_ONLINE[kind]} (systemd applies"
+        f" {name} only on the unified cgroup v2 hierarchy, and this node's cpuset"
+        " controller is on cgroup v1)"
+    ]
+
+
 @pytest.mark.parametrize("layout", ["v1", "v2"])
 @pytest.mark.parametrize("present", ["0-31", None], ids=["present", "no-present"])
 @pytest.mark.parametrize(

@@ -7,7 +7,10 @@ as if a script had its help. :class:`CommandParser` writes ``--help`` (and
 :mod:`sdexec.version` ``--version``) through :func:`write_stdout_or_exit`:
 a stdout that cannot take it ends the command with status 1 and one line
 naming why, and a reader gone (``sdexec --help | head -1``) with the status
-a shell gives a command SIGPIPE ended.
+a shell gives a command SIGPIPE ended. The configuration check and the
+mapper tool write their JSON the same way (they ended in a traceback);
+``sdexec``'s other output has its own checked writer
+(:func:`sdexec.cliio.print_out`).
 """
 
 from __future__ import annotations
@@ -43,9 +46,12 @@ def write_stdout_or_exit(parser: argparse.ArgumentParser, text: str) -> None:
 def _exit_quietly(
     parser: argparse.ArgumentParser, status: int, message: str = ""
 ) -> NoReturn:
-    """``parser.exit``, with what stdout's buffer still holds dropped: the
-    interpreter's exit would flush it again, and say so in a traceback."""
-    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (stdout until the exit)
+    """``parser.exit``, with what stdout's buffer still holds bound for
+    /dev/null: the interpreter's exit would flush it again, and say so in
+    a traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
     parser.exit(status, message)
 
 

@@ -43,7 +43,7 @@ from sdexec.activation import (
     is_systemd_endpoint,
     systemd_endpoint_domain,
 )
-from sdexec.cliparser import CommandParser
+from sdexec.cliparser import CommandParser, write_stdout_or_exit
 from sdexec.command import OWN_PROPERTIES
 from sdexec.fsd import parse_fsd
 from sdexec.idset import MAX_ID
@@ -1213,13 +1213,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for warning in config.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    try:
-        print(json.dumps(config.effective(), indent=2), flush=True)
-    except BrokenPipeError:
-        # `... | head`: the reader has what it wanted. Quiet (and nothing
-        # left for the interpreter's own flush at exit to fail on).
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
+    write_stdout_or_exit(parser, json.dumps(config.effective(), indent=2) + "\n")
     return 0
 
 

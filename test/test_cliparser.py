@@ -1,6 +1,7 @@
-"""Every command's own ``--help`` and ``--version`` are checked writes
-(sdexec/cliparser.py): argparse drops a failed one, and ``sdexec --help >
-/dev/full`` exited 0."""
+"""Every command's own ``--help`` and ``--version``, and the admin tools'
+output, are checked writes (sdexec/cliparser.py): argparse drops a failed
+one (``sdexec --help > /dev/full`` exited 0), and the tools ended in a
+traceback."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
 
 COMMANDS = [
     ("sdexec.cli", "sdexec"),
@@ -63,3 +65,24 @@ def test_a_reader_gone_is_sigpipes_status():
     finally:
         os.close(write_end)
     assert (shown.returncode, shown.stderr) == (141, "")
+
+
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
+@pytest.mark.parametrize(
+    ("args", "prog"),
+    [
+        (["sdexec.config", "CONFIG"], "python3 -m sdexec.config"),
+        (["sdexec.map", "--cores", "0", "--xml", str(DATA / "small.xml")],
+         "python3 -m sdexec.map"),
+    ],
+    ids=["config", "map"],
+)  # fmt: skip
+def test_an_admin_tools_output_into_a_full_disk_is_one_line(
+    tmp_path, args, prog, unbuffered
+):
+    config = tmp_path / "sdexec.toml"
+    config.write_text("[sdexec]\n")
+    args = [str(config) if arg == "CONFIG" else arg for arg in args]
+    shown = _run_into_full_disk(args, unbuffered)
+    assert shown.returncode == 1
+    assert shown.stderr == f"{prog}: cannot write stdout: No space left on device\n"

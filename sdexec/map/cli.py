@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sdexec.cliparser import CommandParser
+from sdexec.cliparser import CommandParser, write_stdout_or_exit
 from sdexec.map.loader import DEFAULT_MAPPER, create_mapper
 from sdexec.version import add_version_option
 
@@ -21,7 +21,8 @@ def main(args: Sequence[str] | None = None) -> int:
     Exit status 0, or 1 with ``mapper failed: ...`` on stderr when loading,
     building or running the mapper fails (2 for a usage error).
     """
-    options = _parser().parse_args(args)
+    parser = _parser()
+    options = parser.parse_args(args)
     try:
         xml = _read_xml(options.xml) if options.xml else None
         mapper = create_mapper(options.mapper, options.searchpath, options.rank, xml)
@@ -31,7 +32,7 @@ def main(args: Sequence[str] | None = None) -> int:
         # A site's mapper can raise anything: say what, never a traceback.
         print(f"mapper failed: {_describe(error)}", file=sys.stderr)
         return 1
-    print(output)
+    write_stdout_or_exit(parser, output + "\n")
     return 0
 
 

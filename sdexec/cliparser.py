@@ -29,30 +29,30 @@ if TYPE_CHECKING:
 __all__ = ["CommandParser", "write_stdout_or_exit"]
 
 
-def write_stdout_or_exit(parser: argparse.ArgumentParser, text: str) -> None:
+def write_stdout_or_exit(prog: str, text: str) -> None:
     """``text`` on stdout, flushed (a buffered stdout fails only then), or
-    the command's end through ``parser.exit`` when it cannot be written."""
+    ``SystemExit`` when it cannot be written: 1, after ``PROG: cannot write
+    stdout: ...`` on stderr, or SIGPIPE's status, quietly, for a reader
+    gone."""
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
     except BrokenPipeError:
-        _exit_quietly(parser, 128 + signal.SIGPIPE)
+        _exit_quietly(128 + signal.SIGPIPE)
     except OSError as error:
-        _exit_quietly(
-            parser, 1, f"{parser.prog}: cannot write stdout: {error.strerror}\n"
-        )
+        _exit_quietly(1, f"{prog}: cannot write stdout: {error.strerror}\n")
 
 
-def _exit_quietly(
-    parser: argparse.ArgumentParser, status: int, message: str = ""
-) -> NoReturn:
-    """``parser.exit``, with what stdout's buffer still holds bound for
-    /dev/null: the interpreter's exit would flush it again, and say so in
-    a traceback."""
+def _exit_quietly(status: int, message: str = "") -> NoReturn:
+    """Exit with ``status`` after ``message`` on stderr, with what stdout's
+    buffer still holds bound for /dev/null: the interpreter's exit would
+    flush it again, and say so in a traceback."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
-    parser.exit(status, message)
+    if message:
+        sys.stderr.write(message)
+    raise SystemExit(status)
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -63,4 +63,4 @@ class CommandParser(argparse.ArgumentParser):
         if file is not None and file is not sys.stdout:
             super().print_help(file)
             return
-        write_stdout_or_exit(self, self.format_help())
+        write_stdout_or_exit(self.prog, self.format_help())

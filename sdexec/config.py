@@ -1213,7 +1213,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for warning in config.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    write_stdout_or_exit(parser, json.dumps(config.effective(), indent=2) + "\n")
+    write_stdout_or_exit(parser.prog, json.dumps(config.effective(), indent=2) + "\n")
     return 0
 
 

@@ -42,7 +42,7 @@ class _VersionAction(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> NoReturn:
-        write_stdout_or_exit(parser, f"{parser.prog} {package_version()}\n")
+        write_stdout_or_exit(parser.prog, f"{parser.prog} {package_version()}\n")
         parser.exit()
 
 

@@ -23,7 +23,7 @@ COMMANDS = [
 
 
 def _run_into_full_disk(
-    args: list[str], unbuffered: bool
+    args: list[str], unbuffered: bool, python_args: tuple[str, ...] = ("-m",)
 ) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.pop("PYTHONUNBUFFERED", None)
@@ -31,7 +31,7 @@ def _run_into_full_disk(
         env["PYTHONUNBUFFERED"] = "1"  # the write fails, not the flush
     with open("/dev/full", "wb") as full:
         return subprocess.run(
-            [sys.executable, "-m", *args],
+            [sys.executable, *python_args, *args],
             stdout=full, stderr=subprocess.PIPE, text=True,
             env=env, timeout=60, cwd=REPO,
         )  # fmt: skip
@@ -86,3 +86,14 @@ def test_an_admin_tools_output_into_a_full_disk_is_one_line(
     shown = _run_into_full_disk(args, unbuffered)
     assert shown.returncode == 1
     assert shown.stderr == f"{prog}: cannot write stdout: No space left on device\n"
+
+
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
+def test_the_twistd_plugins_help_into_a_full_disk_is_one_line(unbuffered):
+    # Twisted's own --help prints unchecked: a traceback, or exit 120.
+    twistd = ("-c", "from twisted.scripts.twistd import run; run()")
+    shown = _run_into_full_disk(["sdexec", "--help"], unbuffered, twistd)
+    assert shown.returncode == 1
+    assert (
+        shown.stderr == "twistd sdexec: cannot write stdout: No space left on device\n"
+    )

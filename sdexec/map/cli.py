@@ -32,7 +32,7 @@ def main(args: Sequence[str] | None = None) -> int:
         # A site's mapper can raise anything: say what, never a traceback.
         print(f"mapper failed: {_describe(error)}", file=sys.stderr)
         return 1
-    write_stdout_or_exit(parser, output + "\n")
+    write_stdout_or_exit(parser.prog, output + "\n")
     return 0
 
 

@@ -57,6 +57,14 @@ class Options(usage.Options):
         except usage.UsageError as error:
             _refuse_to_start(str(error))
 
+    def opt_help(self) -> NoReturn:
+        """Display this help and exit."""
+        # Twisted's own prints it unchecked: a traceback on a full disk.
+        from sdexec.cliparser import write_stdout_or_exit
+
+        write_stdout_or_exit("twistd sdexec", f"{self}\n")
+        raise SystemExit(0)
+
     def postOptions(self) -> None:
         if not self["config"]:
             raise usage.UsageError("--config FILE is required")

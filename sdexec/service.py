@@ -57,6 +57,7 @@ from sdexec.sockets import (
 )
 from sdexec.stats import recent, stats_site
 from sdexec.systemd import Manager, SystemdClient, SystemdError
+from sdexec.systemd.errors import NO_BUS_ADDRESS
 
 __all__ = ["EX_CONFIG", "SdexecService", "default_listen_endpoint"]
 
@@ -527,11 +528,14 @@ def _setting(name: str, value: object) -> str:
 
 def _fails_again(failure: Failure) -> bool:
     """Whether the same start would fail again as it is: a configuration
-    refused, a socket that cannot be made where it is configured. The
+    refused, a socket that cannot be made where it is configured, no bus
+    address (or one that is not an address) to reach systemd at. The
     units do not restart it (``EX_CONFIG``)."""
     error = failure.value
     if isinstance(error, ConfigError):
         return not error.transient
+    if isinstance(error, SystemdError):
+        return error.name == NO_BUS_ADDRESS
     return isinstance(error, ListenError) and error.lasting
 
 

@@ -38,6 +38,7 @@ from sdexec.property import FD_PROPERTIES, UnitProperty
 from sdexec.refusal import quoted
 from sdexec.systemd.errors import (
     MANAGER_AWAY,
+    NO_BUS_ADDRESS,
     SystemdError,
     connection_lost,
     is_connection_lost,
@@ -140,12 +141,14 @@ async def _open_bus(address: str | None, system: bool) -> MessageBus:
         address = address or session_bus_address()
         if address is None:
             raise SystemdError(
-                "sdexec.NoBus",
+                NO_BUS_ADDRESS,
                 "no user bus: set DBUS_SESSION_BUS_ADDRESS or XDG_RUNTIME_DIR",
             )
-        bus = MessageBus(bus_address=address, negotiate_unix_fd=True)
+        bus = _user_bus(address)
     try:
         await bus.connect()
+    except ValueError as error:  # dbus-fast's word on an address it cannot use
+        raise _not_an_address(address, error) from error
     except OSError as error:
         where = "the system bus" if system else f"D-Bus at {address}"
         hint = (
@@ -161,6 +164,27 @@ async def _open_bus(address: str | None, system: bool) -> MessageBus:
     # goes around it), so it can be swapped for the patient one.
     bus._writer = _PatientWriter(bus)
     return bus
+
+
+def _user_bus(address: str) -> MessageBus:
+    """An unconnected bus at ``address``."""
+    try:
+        return MessageBus(bus_address=address, negotiate_unix_fd=True)
+    except ValueError as error:  # InvalidAddressError: not an address at all
+        raise _not_an_address(address, error) from error
+
+
+def _not_an_address(address: str | None, error: ValueError) -> SystemdError:
+    """The error of a bus address dbus-fast cannot use, naming where it
+    came from: the same start would fail the same way."""
+    if address is not None and address == os.environ.get("DBUS_SESSION_BUS_ADDRESS"):
+        where = "DBUS_SESSION_BUS_ADDRESS"
+    else:
+        where = "the user bus's address"
+    return SystemdError(
+        NO_BUS_ADDRESS,
+        f"{where} {quoted(address or '')} is not a D-Bus address: {error}",
+    )
 
 
 class _PatientWriter(_MessageWriter):

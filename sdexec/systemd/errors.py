@@ -21,6 +21,7 @@ __all__ = [
     "CONNECTION_LOST",
     "DBUS_ERRNO",
     "MANAGER_AWAY",
+    "NO_BUS_ADDRESS",
     "NO_SUCH_UNIT",
     "RECONNECTING",
     "UNIT_EXISTS",
@@ -44,6 +45,9 @@ RECONNECTING = "sdexec.Reconnecting"
 #: ``ServiceUnknown`` where it may activate it): the manager left, or has
 #: not come back yet. Retrying once it is back may succeed.
 MANAGER_AWAY = "sdexec.ManagerAway"
+#: No bus address to try, or one that is not an address: every start of the
+#: service fails the same way until its environment changes.
+NO_BUS_ADDRESS = "sdexec.NoBusAddress"
 #: A start of a unit whose name a loaded unit has.
 UNIT_EXISTS = "org.freedesktop.systemd1.UnitExists"
 #: A call on a unit systemd no longer has loaded ("Unit X not loaded."): it

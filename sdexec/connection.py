@@ -30,6 +30,7 @@ from zope.interface import implementer
 from sdexec.framing import FramingError
 from sdexec.jobs import JOBID_OPTION
 from sdexec.limits import check_text, is_integer
+from sdexec.lograte import shortened
 from sdexec.lookup import LookupTimedOut
 from sdexec.passthrough import (
     NO_STDIO,
@@ -359,7 +360,7 @@ class ClientProtocol(StdioReceivingProtocol):
                 "connection {id}: sdexec.write without a matchtag refused"
                 " (later ones of this connection are not logged): {errstr}",
                 id=self.connection_id,
-                errstr=errstr,
+                errstr=shortened(errstr),  # it may quote the request
             )
 
     def _dispatch(self, message: dict, topic: object, matchtag: object) -> Any:
@@ -619,7 +620,7 @@ class ClientProtocol(StdioReceivingProtocol):
                 "lookup timed out",  # one a connection at a time
                 "connection {id}: exec refused: {reason}",
                 id=self.connection_id,
-                reason=error.errstr,
+                reason=shortened(error.errstr),
             )
 
     def _wait(self, matchtag: int, payload: dict) -> None:

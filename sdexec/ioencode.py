@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import binascii
 
-from sdexec.refusal import lone_surrogate
+from sdexec.refusal import lone_surrogate, quoted
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def decode_io(io: Any) -> tuple[str, bytes, bool]:
     if encoding == "base64":
         return stream, _from_base64(text), eof
     if encoding.upper() not in ("UTF-8", "UTF8"):
-        raise ValueError(f"io.encoding: {encoding!r} is not UTF-8 or base64")
+        raise ValueError(f"io.encoding: {quoted(encoding)} is not UTF-8 or base64")
     try:
         return stream, text.encode("utf-8"), eof
     except UnicodeEncodeError as error:

@@ -21,14 +21,21 @@ from typing import Any
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger, LogLevel, formatEvent
 
-__all__ = ["BURST", "MAX_QUOTED", "WINDOW_S", "LogRate"]
+__all__ = ["BURST", "MAX_QUOTED", "WINDOW_S", "LogRate", "shortened"]
 
 #: Lines of one kind let through per window.
 BURST = 10
 #: Seconds a window lasts, from the first line of a kind.
 WINDOW_S = 60.0
-#: Characters of the last suppressed line the summary quotes.
+#: Characters of a client's words a line quotes (the last suppressed line
+#: a summary quotes, a refusal's ``errstr``): a request's value may be
+#: megabytes, which journald would split into thousands of entries.
 MAX_QUOTED = 1024
+
+
+def shortened(text: str) -> str:
+    """``text`` cut at :data:`MAX_QUOTED` characters, for a log line."""
+    return text if len(text) <= MAX_QUOTED else f"{text[:MAX_QUOTED]}…"
 
 
 @dataclass
@@ -81,9 +88,7 @@ class LogRate:
         if not window.suppressed:
             return
         text, fields = window.last
-        last = formatEvent({"log_format": text, **fields})
-        if len(last) > MAX_QUOTED:
-            last = f"{last[:MAX_QUOTED]}…"
+        last = shortened(formatEvent({"log_format": text, **fields}))
         self._log.emit(
             window.level,
             "{suppressed} more like it in {seconds:.0f} s not logged; the last: {last}",

@@ -31,6 +31,7 @@ from twisted.python.failure import Failure
 
 from sdexec.command import Command, Found
 from sdexec.plan import RequestError
+from sdexec.refusal import quoted
 
 __all__ = [
     "LOOKUP_TIMEOUT_S",
@@ -48,6 +49,10 @@ LOOKUP_TIMEOUT_S = 10.0
 #: Timed-out lookups whose thread still waits on its file system, at most:
 #: past them, an exec is refused at once rather than leave one more.
 MAX_STUCK = 16
+#: Characters of a path a timed-out lookup's message shows: a long one
+#: whole, and room for the reason after it in the log line, which quotes
+#: the message (it names the request's command, which may be megabytes).
+_SHOWN_PATH = 512
 
 
 class LookupTimedOut(RequestError):
@@ -136,13 +141,17 @@ class ThreadedLookups:
         answer.errback(LookupTimedOut(errno.ETIMEDOUT, reason))
 
     def _timeout_reason(self, command: Command, default_cwd: str) -> str:
-        name = command.cmdline[0]
+        # Quoted: the message is logged, and a line break or an escape
+        # code in the name would forge or garble the log's lines.
+        path = command.cmdline[0]
+        name = quoted(path, _SHOWN_PATH)
         waited = f"{self._timeout:g} s"
-        if name.startswith("/"):
+        if path.startswith("/"):
             return f"{name}: its file system did not answer within {waited}"
+        cwd = quoted(command.cwd or default_cwd, _SHOWN_PATH)
         return (
-            f"{name}: looking it up from {command.cwd or default_cwd} did not"
-            f" finish within {waited} (a file system of the working directory"
+            f"{name}: looking it up from {cwd} did not finish within {waited}"
+            " (a file system of the working directory"
             " or of PATH that does not answer?)"
         )
 

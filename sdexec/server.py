@@ -59,6 +59,7 @@ from sdexec.plan import (
 )
 from sdexec.process import OutputTap, OutputValve, Process, ProcessContext, Responder
 from sdexec.receipt import reads_unit_cgroups
+from sdexec.refusal import quoted
 from sdexec.signals import signal_name
 from sdexec.systemd import Manager
 from sdexec.systemd.errors import (
@@ -777,7 +778,9 @@ class SdexecServer:
         except ValueError as error:
             raise RequestError(errno.EINVAL, str(error)) from None
         if stream != "stdin":
-            raise RequestError(errno.EINVAL, f"io.stream: {stream!r} is not stdin")
+            raise RequestError(
+                errno.EINVAL, f"io.stream: {quoted(stream)} is not stdin"
+            )
         process = self.processes.get((connection_id, matchtag))
         if process is None or process.stream_ended:
             return None  # (an ended request's is no one's)

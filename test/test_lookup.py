@@ -25,6 +25,7 @@ from sdexec.command import Command, Found
 from sdexec.config import parse_config
 from sdexec.connection import MAX_BEHIND_LOOKUPS, SdexecServerFactory
 from sdexec.ioencode import encode_io
+from sdexec.lograte import MAX_QUOTED
 from sdexec.lookup import LOOKUP_TIMEOUT_S, ThreadedLookups, _Workers
 from sdexec.plan import RequestError
 from sdexec.protocol import ExecFlag
@@ -129,7 +130,7 @@ async def test_a_lookup_that_does_not_finish_is_refused_in_time(silent, lookups,
     error = failure.value
     assert isinstance(error, RequestError)
     assert error.errnum == errno.ETIMEDOUT
-    assert "prog: looking it up from /nfs/home/u did not finish within 10 s" in (
+    assert "'prog': looking it up from '/nfs/home/u' did not finish within 10 s" in (
         error.errstr
     )
     # Its thread waits on for the file system, and is done when it answers.
@@ -147,7 +148,7 @@ def test_an_absolute_command_that_times_out_names_its_file_system(
     answer.addErrback(failures.append)
     clock.advance(LOOKUP_TIMEOUT_S)
     assert failures[0].value.errstr == (
-        "/nfs/sw/bin/prog: its file system did not answer within 10 s"
+        "'/nfs/sw/bin/prog': its file system did not answer within 10 s"
     )
 
 
@@ -454,6 +455,51 @@ async def test_a_timed_out_lookup_refuses_its_exec(
     silent.answer()
     await until(lambda: lookups.stuck == 0, "the stuck lookup's end")
     assert not [call for call in systemd.calls if call[0] == "start"]
+    connection.close()
+
+
+#: A command name and a working directory a timed-out lookup's log line
+#: quoted raw and whole: a line break made a journal entry of its own (a
+#: forged one), an escape code reached the admin's terminal, and the size
+#: was the request's.
+_HOSTILE = "\n[sdexec.server#critical] FORGED\x1b[2J"
+
+
+@pytest.mark.parametrize(
+    ("name", "cwd", "said"),
+    [
+        ("/fuse/prog" + _HOSTILE + "y" * 100_000, None,
+         "its file system did not answer within 10 s"),
+        # A name of a PATH search (255 bytes at most), escaped at 4
+        # characters a byte, from a directory nearly as long as a path can be
+        # (with no line break: a cwd may not have one).
+        ("prog" + _HOSTILE + "\x01" * 200, "/home/u\x1b[2J" + "\x02" * 4000,
+         "looking it up from '/home/u\\x1b[2J\\x02"),
+    ],
+    ids=["absolute", "relative"],
+)  # fmt: skip
+@ensureDeferred
+async def test_a_timed_out_lookup_logs_its_command_escaped_and_cut(
+    silent, systemd, server, lookups, clock, name, cwd, said
+):
+    connection = Connection(server)
+    cmd = {"cmdline": [name], "opts": {"SDEXEC_NAME": "sdexec-t"}}
+    if cwd is not None:
+        cmd["cwd"] = cwd
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd}, matchtag=1)
+    with capturedLogs() as events:
+        clock.advance(LOOKUP_TIMEOUT_S)
+    (line,) = [formatEvent(event) for event in events]
+    prefix = f"connection {connection.protocol.connection_id}: exec refused: "
+    assert line.startswith(prefix + repr(name)[:30])
+    assert "\n" not in line and "\x1b" not in line
+    assert len(line) <= len(prefix) + MAX_QUOTED + 1
+    errnum, errstr = error_of(connection.last())
+    assert errnum == errno.ETIMEDOUT
+    assert f" ({len(repr(name))} chars): {said}" in errstr
+    assert "\n" not in errstr and "\x1b" not in errstr
+    silent.answer()
+    await until(lambda: lookups.stuck == 0, "the stuck lookup's end")
     connection.close()
 
 

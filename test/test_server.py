@@ -24,10 +24,12 @@ from pytest_twisted import ensureDeferred
 from support import until
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock, deferLater
+from twisted.logger import capturedLogs, formatEvent
 
 from sdexec.config import parse_config
 from sdexec.connection import CLIENT_BUFFER_SIZE, ClientProtocol
 from sdexec.ioencode import encode_io
+from sdexec.lograte import MAX_QUOTED
 from sdexec.process import LAZY_OUTPUT
 from sdexec.protocol import ExecFlag
 from sdexec.server import SdexecServer
@@ -632,6 +634,35 @@ def test_a_refused_write_without_a_matchtag_gets_no_response(systemd, connection
         errno.EINVAL,
         "io.stream: 'stdout' is not stdin",
     )
+
+
+@pytest.mark.parametrize("field", ["stream", "encoding"])
+def test_a_refused_write_quotes_a_huge_value_briefly(connection, field):
+    # The value was quoted whole: cut at 4096 when answered, which lost
+    # what was wrong with it, and whole (megabytes) in the log line of a
+    # refusal without a matchtag.
+    io = {"stream": "stdin", "rank": "0", "data": "", field: "x" * 5_000_000}
+    connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=7)
+    errnum, errstr = error_of(connection.last())
+    assert errnum == errno.EINVAL
+    assert errstr.startswith(f"io.{field}: 'xxx")
+    assert errstr.endswith(
+        "… (5000002 chars) is not "
+        + ("stdin" if field == "stream" else "UTF-8 or base64")
+    )
+    with capturedLogs() as events:
+        connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=0)
+    (line,) = [formatEvent(event) for event in events]
+    assert line.endswith(errstr)
+
+
+def test_a_refused_write_without_a_matchtag_logs_its_errstr_cut(connection):
+    protocol = connection.protocol
+    with capturedLogs() as events:
+        protocol._log_silent_write_refusal("y" * 100_000)
+    (line,) = [formatEvent(event) for event in events]
+    assert line.endswith("y" * MAX_QUOTED + "…")
+    assert len(line) < MAX_QUOTED + 200
 
 
 def test_a_kill_of_a_main_process_that_has_exited_is_esrch(systemd, connection):

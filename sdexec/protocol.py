@@ -104,14 +104,25 @@ def command_object(
     return command
 
 
+def target_named(key: str, value: object) -> str:
+    """A ``kill`` or ``terminate`` target as its ``errstr`` names it:
+    ``pid=5``, ``label=job``. A value that is empty or holds a character
+    that is not printable (a line break, an escape code) is written as
+    ``repr`` writes it (``label='a\\nb'``, ``label=''``), so the message
+    stays one line that shows it; any other is left bare, as ``sdexec
+    cancel`` of another version compares it (:func:`terminate_not_found`)."""
+    text = str(value)
+    return f"{key}={text if text.isprintable() and text else repr(text)}"
+
+
 def terminate_runs_no_job(key: str, value: object) -> str:
     """The ``errstr`` (with ``EINVAL``) of an ``sdexec.terminate`` whose
     process target runs no job: ``sdexec cancel N`` then tries job id N."""
-    return f"{key}={value} runs no job (exec it with SDEXEC_JOBID)"
+    return f"{target_named(key, value)} runs no job (exec it with SDEXEC_JOBID)"
 
 
 def terminate_not_found(key: str, value: object) -> str:
     """The ``errstr`` (with ``ESRCH``) of an ``sdexec.terminate`` whose
     target names no job. ``sdexec cancel`` tells it from a job that was
     found and has ended (``ESRCH`` too), which it must not hide."""
-    return f"terminate {key}={value} not found"
+    return f"terminate {target_named(key, value)} not found"

@@ -58,6 +58,7 @@ from sdexec.plan import (
     plan_exec,
 )
 from sdexec.process import OutputTap, OutputValve, Process, ProcessContext, Responder
+from sdexec.protocol import target_named
 from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import quoted
 from sdexec.signals import signal_name
@@ -817,7 +818,8 @@ class SdexecServer:
         if who not in ("all", "main"):
             raise RequestError(errno.EINVAL, 'who: expected "all" or "main"')
         pid, label = parse_target(payload, "kill")
-        target = f"label={label}" if label is not None else f"pid={pid}"
+        key, value = ("label", label) if label is not None else ("pid", pid)
+        target = target_named(key, value)  # one line, whatever the label holds
         process: Process | Leftover | None = self.find(pid=pid, label=label)
         if process is None and self.leftovers is not None and label is None:
             process = self.leftovers.find(pid)  # leftovers have no labels

@@ -412,6 +412,11 @@ def test_a_job_id_already_running_is_eexist(make_server):
          "terminate jobid=nope not found"),
         ({"label": "nope", "reason": "cancel"}, errno.ESRCH,
          "terminate label=nope not found"),
+        # A line break made it two lines; an escape code reached the client.
+        ({"label": "a\nb", "reason": "cancel"}, errno.ESRCH,
+         "terminate label='a\\nb' not found"),
+        ({"jobid": "f\x1b[2J", "reason": "cancel"}, errno.ESRCH,
+         "terminate jobid='f\\x1b[2J' not found"),
     ],
 )  # fmt: skip
 def test_a_bad_terminate_is_answered_over_the_wire(make_server, payload, errnum, text):

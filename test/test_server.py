@@ -665,6 +665,18 @@ def test_a_refused_write_without_a_matchtag_logs_its_errstr_cut(connection):
     assert len(line) < MAX_QUOTED + 200
 
 
+def test_a_kill_writes_an_unprintable_label_on_one_line(systemd, connection):
+    # It was "kill label=a", a line break, "b not found".
+    kill = {"signum": 15, "label": "a\nb\x1b[2J"}
+    connection.send("sdexec.kill", kill, matchtag=3)
+    assert error_of(connection.last()) == (
+        errno.ESRCH,
+        "kill label='a\\nb\\x1b[2J' not found",
+    )
+    connection.send("sdexec.kill", {"signum": 15, "label": ""}, matchtag=4)
+    assert error_of(connection.last()) == (errno.ESRCH, "kill label='' not found")
+
+
 def test_a_kill_of_a_main_process_that_has_exited_is_esrch(systemd, connection):
     # Its unit lingers on a child: systemd has no main process to signal.
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "j"}})

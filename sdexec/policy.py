@@ -12,8 +12,9 @@ baseline of ``8G`` or ``100`` is refused. Some names can never be allowed,
 not even by the admin (:data:`NEVER_ALLOWED`): identity, lifecycle, the
 device and CPU fences, and the properties sdexec sets itself. Refusals are
 ``EPERM`` naming the property and the key; a value that does not parse is
-``EINVAL``. Containment still wins: the mapper's properties are merged
-after the request's, as before.
+``EINVAL``, as is a name systemd does not know (``CPUQuota``,
+``MemoryMaxx``): no admin could allow it. Containment still wins: the
+mapper's properties are merged after the request's, as before.
 
 The environment a request passes on is cleaned by :mod:`sdexec.environment`.
 """
@@ -35,6 +36,7 @@ from sdexec.property import (
     RANGES,
     STOP_PROPERTIES,
     parse_bool,
+    unknown_property_reason,
 )
 from sdexec.refusal import RequestRefused, json_quoted, printable
 from sdexec.sizes import MemoryLimit
@@ -279,6 +281,12 @@ def never_allowed_reason(name: str) -> str | None:
     return None
 
 
+def _can_never_be_set(name: str) -> bool:
+    # What a did-you-mean must not offer as settable (TimeoutSec's
+    # TimeoutStopUSec).
+    return never_allowed_reason(name) is not None
+
+
 def unit_handling_reason(name: str) -> str | None:
     """Why no site may set ``name`` either, or ``None``: the unit's
     lifecycle (``Restart`` would run a failed job again behind sdexec's
@@ -295,7 +303,8 @@ def parse_request_properties(value: object) -> frozenset[str]:
     lets requests set nothing but :data:`ALWAYS_ALLOWED`.
 
     ``ValueError`` naming the entry (``request-properties[2]: ...``) for a
-    non-array, a non-name, or a name that can never be allowed.
+    non-array, a non-name, a name that can never be allowed, or one systemd
+    does not know (a request setting it would be refused whatever the list).
     """
     if not isinstance(value, list):
         raise ValueError(
@@ -318,6 +327,9 @@ def parse_request_properties(value: object) -> frozenset[str]:
             raise ValueError(
                 f"{where}: {entry} can never be set by a request: {reason}"
             )
+        unknown = unknown_property_reason(entry, _can_never_be_set)
+        if unknown is not None:
+            raise ValueError(f"{where}: {entry}: {unknown}")
         allowed.add(entry)
     return frozenset(allowed)
 
@@ -346,7 +358,8 @@ class RequestPolicy:
 
         ``RequestRefused``: ``EPERM`` naming the property and
         :data:`CONFIG_KEY` for a property not allowed or a looser value,
-        ``EINVAL`` for a value that does not parse or is not text. An
+        ``EINVAL`` for a value that does not parse or is not text, or a
+        name systemd does not know (with the name likely meant). An
         allowed property outside :data:`TIGHTENING` (one the admin added,
         such as ``NoNewPrivileges``) is accepted with any value: widening
         the list is the admin's deliberate choice.
@@ -362,6 +375,9 @@ class RequestPolicy:
             raise RequestRefused(
                 errno.EPERM, f"{option}: a request can never set {name}: {reason}"
             )
+        unknown = unknown_property_reason(name, _can_never_be_set)
+        if unknown is not None:
+            raise RequestRefused(errno.EINVAL, f"{option}: {unknown}")
         if name not in self.allowed and not self._always_allowed(name, value):
             raise RequestRefused(
                 errno.EPERM,

@@ -603,10 +603,14 @@ def _closest_property(name: str) -> str | None:
     near enough (:data:`_MEANT_EDITS`)."""
     gates = (f"{prefix}{kind}" for prefix in _GATES for kind in _GATE_TYPES)
     most = _MEANT_EDITS if len(name) >= 8 else 1
-    edits, close = min(
+    # Names whose lengths differ by more are farther: skipping them keeps a
+    # request's megabyte-long name from costing minutes of edits.
+    near = [
         (_edits(name.lower(), known.lower()), known)
         for known in (*KNOWN_PROPERTIES, *gates)
-    )
+        if abs(len(known) - len(name)) <= most
+    ]
+    edits, close = min(near, default=(most + 1, None))
     return close if edits <= most else None
 
 

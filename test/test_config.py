@@ -510,6 +510,22 @@ def test_a_property_systemd_does_not_know_is_refused_with_the_closest(name, clos
 
 
 @pytest.mark.parametrize(
+    ("name", "close"),
+    [("MemoryMaxx", "MemoryMax"), ("CPUQuota", "CPUQuotaPerSecUSec")],
+)
+def test_request_properties_refuses_a_name_systemd_does_not_know(name, close):
+    # It loaded, as the refusal of such a request advised ("an admin may
+    # allow it"), and every request setting it then failed at systemd
+    # (review session 35 M1).
+    with pytest.raises(ConfigError) as error:
+        configure("sdexec.request-properties", ["@default", name])
+    assert str(error.value).endswith(
+        f"[1]: {name}: unknown property: systemd would refuse every unit with it"
+        f" (did you mean {close}?)"
+    )
+
+
+@pytest.mark.parametrize(
     "name",
     # JobTimeoutUSec: systemd (252, and still) refuses it for a transient
     # unit; a unit file's TimeoutSec was offered it (review session 34 N, N5).

@@ -14,6 +14,7 @@ from strategies import any_text
 
 from sdexec.environment import DROPPED_ENVIRONMENT, clean_environment
 from sdexec.policy import (
+    ALWAYS_ALLOWED,
     CONFIG_KEY,
     DEFAULT_ALLOWED,
     NEVER_ALLOWED,
@@ -22,6 +23,7 @@ from sdexec.policy import (
     never_allowed_reason,
     parse_request_properties,
 )
+from sdexec.property import is_known_property
 from sdexec.refusal import RequestRefused
 
 GIB = 1024**3
@@ -128,6 +130,59 @@ def test_a_property_not_allowed_names_the_key_that_would_allow_it() -> None:
         "SDEXEC_PROP_Nice: requests may not set Nice; an admin may allow it in"
         " [sdexec] request-properties"
     )
+
+
+UNKNOWN = "unknown property: systemd would refuse every unit with it"
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [
+        ("MemoryMaxx", "MemoryMax"),
+        ("memorymax", "MemoryMax"),
+        ("CPUQuota", "CPUQuotaPerSecUSec"),  # systemd-run's spelling
+        ("RuntimeMaxSec", "RuntimeMaxUSec"),  # a unit file's
+    ],
+)
+def test_a_name_systemd_does_not_know_is_einval_with_the_name_meant(name, meant):
+    # It was EPERM "an admin may allow it": no admin could make it work
+    # (review session 35 M1), even with the name listed.
+    expected = (errno.EINVAL, f"SDEXEC_PROP_{name}: {UNKNOWN} (did you mean {meant}?)")
+    for policy in (POLICY, RequestPolicy(allowed=DEFAULT_ALLOWED | {name})):
+        error = refusal(policy, **{name: "1"})
+        assert (error.errnum, error.errstr) == expected
+
+
+def test_a_unit_file_spelling_names_what_a_request_can_never_set() -> None:
+    error = refusal(POLICY, TimeoutSec="5")
+    assert (error.errnum, error.errstr) == (
+        errno.EINVAL,
+        f"SDEXEC_PROP_TimeoutSec: {UNKNOWN} (did you mean TimeoutStartUSec? a"
+        " unit file's TimeoutSec is TimeoutStartUSec and TimeoutStopUSec over"
+        " D-Bus, and TimeoutStopUSec is reserved)",
+    )
+
+
+@pytest.mark.parametrize("name", ["ExecFoo", "StandardFoo", "FooScale"])
+def test_an_unknown_name_that_can_never_be_allowed_stays_eperm(name: str) -> None:
+    error = refusal(POLICY, **{name: "1"})
+    assert error.errnum == errno.EPERM
+    assert error.errstr.startswith(f"SDEXEC_PROP_{name}: a request can never set")
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"), [("MemoryMaxx", "MemoryMax"), ("CPUQuota", "CPUQuotaPerSecUSec")]
+)
+def test_the_config_list_refuses_a_name_systemd_does_not_know(name, meant):
+    # It loaded, and then let every request setting it reach systemd,
+    # which refused the unit.
+    with pytest.raises(ValueError, match=rf"{name}: {UNKNOWN} \(did you mean {meant}"):
+        parse_request_properties(["@default", name])
+
+
+def test_every_name_the_policy_names_is_known() -> None:
+    for name in (*TIGHTENING, *DEFAULT_ALLOWED, *ALWAYS_ALLOWED, *NEVER_ALLOWED):
+        assert is_known_property(name), name
 
 
 def test_widened_ordered_properties_still_only_tighten() -> None:

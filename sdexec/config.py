@@ -49,6 +49,7 @@ from sdexec.fsd import parse_fsd
 from sdexec.idset import MAX_ID
 from sdexec.policy import (
     DEFAULT_ALLOWED,
+    RequestPropertiesEntryError,
     parse_request_properties,
     unit_handling_reason,
 )
@@ -66,7 +67,7 @@ from sdexec.protocol import DEFAULT_MAX_FRAME
 from sdexec.refusal import json_quoted
 from sdexec.retained import DEFAULT_RETAINED, parse_retained_size
 from sdexec.signals import parse_signal, signal_name
-from sdexec.sizes import SUFFIXES, MemoryLimit, parse_size
+from sdexec.sizes import SUFFIXES, MemoryLimit, SizeTooLarge, parse_size
 from sdexec.systemd.window import DEFAULT_MAX_INFLIGHT
 from sdexec.version import add_version_option
 
@@ -675,7 +676,9 @@ def _frame_size(value: object) -> int:
         with contextlib.suppress(ValueError):
             size = parse_size(value)
     if size < MiB:
-        raise _expected(f"a size of at least 1M (bytes, or with {SUFFIXES})", value)
+        raise _expected_size(
+            f"a size of at least 1M (bytes, or with {SUFFIXES})", value
+        )
     return size
 
 
@@ -683,9 +686,29 @@ def _retained_size(value: object) -> int:
     try:
         return parse_retained_size(value)
     except ValueError:
-        raise _expected(
+        raise _expected_size(
             f"a size ≥ 0 (bytes, or with {SUFFIXES}; 0 keeps none)", value
         ) from None
+
+
+def _expected_size(what: str, value: object) -> ValueError:
+    """``_expected(what, value)``, unless ``value`` is a size of 16E or
+    more: ``what`` ("at least 1M", "≥ 0") would not say what is wrong."""
+    too_large = _too_large(value)
+    return ValueError(too_large) if too_large else _expected(what, value)
+
+
+def _too_large(value: object) -> str | None:
+    """Why ``value`` is refused, if it is a size of 16E or more (the bound
+    of every size: systemd holds them in 64 bits); else ``None``."""
+    if isinstance(value, str):
+        try:
+            parse_size(value)
+        except SizeTooLarge:
+            return f"too large: expected a size under 16E, got {json_quoted(value)}"
+        except ValueError:
+            pass
+    return None
 
 
 # systemd's D-Bus property names: CamelCase, letters and digits.
@@ -733,8 +756,9 @@ def _check_property(name: object, value: object) -> None:
         except ValueError:
             raise _PropertyError(
                 name,
-                f"{json_quoted(value)} is not a memory limit: expected a size with"
-                f' {SUFFIXES}, a percentage up to 100% or "infinity"',
+                _too_large(value)
+                or f"{json_quoted(value)} is not a memory limit: expected a size"
+                f' with {SUFFIXES}, a percentage up to 100% or "infinity"',
             ) from None
     elif name == "OOMScoreAdjust" and not _is_oom_score_adjust(value):
         raise _PropertyError(
@@ -872,6 +896,9 @@ def _read_table(
         except _PropertyError as error:
             name = _key_text(error.name)
             raise ConfigError(source, f"{key_path}.{name}", str(error)) from None
+        except RequestPropertiesEntryError as error:
+            where = f"{key_path}[{error.index}]"
+            raise ConfigError(source, where, str(error)) from None
         except ValueError as error:
             raise ConfigError(source, key_path, str(error)) from None
         fields[entry.field or prefix + _python_name(key)] = checked

@@ -39,7 +39,7 @@ from sdexec.property import (
     unknown_property_reason,
 )
 from sdexec.refusal import RequestRefused, json_quoted, printable
-from sdexec.sizes import MemoryLimit
+from sdexec.sizes import MemoryLimit, SizeTooLarge
 
 __all__ = [
     "ALWAYS_ALLOWED",
@@ -51,6 +51,7 @@ __all__ = [
     "TIGHTENING",
     "Ordering",
     "RequestPolicy",
+    "RequestPropertiesEntryError",
     "never_allowed_reason",
     "parse_request_properties",
 ]
@@ -297,41 +298,57 @@ def unit_handling_reason(name: str) -> str | None:
     return reason if reason in (_LIFECYCLE, _SDEXEC) else None
 
 
+class RequestPropertiesEntryError(ValueError):
+    """A bad entry of :data:`CONFIG_KEY`: its ``index`` extends the key path
+    (``sdexec.request-properties[2]``), as a property's name extends
+    ``exec.sdexec-properties``'s."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        self.index = index
+        super().__init__(reason)
+
+
 def parse_request_properties(value: object) -> frozenset[str]:
     """The checked value of :data:`CONFIG_KEY`: an array of property names,
     where :data:`DEFAULTS_TOKEN` stands for :data:`DEFAULT_ALLOWED`. ``[]``
     lets requests set nothing but :data:`ALWAYS_ALLOWED`.
 
-    ``ValueError`` naming the entry (``request-properties[2]: ...``) for a
-    non-array, a non-name, a name that can never be allowed, or one systemd
-    does not know (a request setting it would be refused whatever the list).
+    ``ValueError`` for a non-array; :class:`RequestPropertiesEntryError`
+    for a non-name, a name that can never be allowed, or one systemd does
+    not know (a request setting it would be refused whatever the list).
+    The caller names the key.
     """
     if not isinstance(value, list):
         raise ValueError(
-            "request-properties: expected an array of property names,"
-            f" got {json_quoted(value)}"
+            f"expected an array of property names, got {json_quoted(value)}"
         )
     allowed: set[str] = set()
     for index, entry in enumerate(value):
-        where = f"request-properties[{index}]"
         if entry == DEFAULTS_TOKEN:
             allowed |= DEFAULT_ALLOWED
             continue
-        if not isinstance(entry, str) or _PROPERTY_NAME.fullmatch(entry) is None:
-            raise ValueError(
-                f"{where}: expected a property name such as MemoryMax"
-                f" or {DEFAULTS_TOKEN!r}, got {json_quoted(entry)}"
-            )
-        reason = never_allowed_reason(entry)
-        if reason is not None:
-            raise ValueError(
-                f"{where}: {entry} can never be set by a request: {reason}"
-            )
-        unknown = unknown_property_reason(entry, _can_never_be_set)
-        if unknown is not None:
-            raise ValueError(f"{where}: {entry}: {unknown}")
-        allowed.add(entry)
+        allowed.add(_allowable(index, entry))
     return frozenset(allowed)
+
+
+def _allowable(index: int, entry: object) -> str:
+    """``entry``, the name at ``index`` of :data:`CONFIG_KEY`, if a
+    request may be allowed to set it."""
+    if not isinstance(entry, str) or _PROPERTY_NAME.fullmatch(entry) is None:
+        raise RequestPropertiesEntryError(
+            index,
+            f"expected a property name such as MemoryMax or {DEFAULTS_TOKEN!r},"
+            f" got {json_quoted(entry)}",
+        )
+    reason = never_allowed_reason(entry)
+    if reason is not None:
+        raise RequestPropertiesEntryError(
+            index, f"{entry} can never be set by a request: {reason}"
+        )
+    unknown = unknown_property_reason(entry, _can_never_be_set)
+    if unknown is not None:
+        raise RequestPropertiesEntryError(index, f"{entry}: {unknown}")
+    return entry
 
 
 @dataclass(frozen=True)
@@ -415,6 +432,8 @@ class RequestPolicy:
     ) -> None:
         try:
             rank = order.rank(value, self._memory)
+        except SizeTooLarge as error:  # a size, only too large to hold
+            raise RequestRefused(errno.EINVAL, f"{option}: {error}") from None
         except ValueError:
             raise RequestRefused(
                 errno.EINVAL,

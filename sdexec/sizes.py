@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal
 
-__all__ = ["SUFFIXES", "UINT64_MAX", "MemoryLimit", "parse_size"]
+__all__ = ["SUFFIXES", "UINT64_MAX", "MemoryLimit", "SizeTooLarge", "parse_size"]
 
 _SUFFIX = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
 #: The suffixes a size may have, as error messages name them.
@@ -28,17 +28,23 @@ _PERCENT = re.compile(r"(?P<number>\d+(?:\.\d+)?)%")
 _MAX_DIGITS = 20
 
 
+class SizeTooLarge(ValueError):
+    """A size of 16E or more: well formed, but past what 64 bits hold, so
+    that a message can say it is too large rather than not a size."""
+
+
 def parse_size(text: str) -> int:
     """Bytes in a size such as ``4096``, ``512M``, ``4g`` or ``1.5G``.
 
-    ``ValueError`` if the text is not such a size, or it is 16E or more.
+    ``ValueError`` if the text is not such a size; :class:`SizeTooLarge` if
+    it is 16E or more.
     """
     match = _SIZE.fullmatch(text.strip())
     if match is None:
         raise ValueError(f"{text!r} is not a size (a number with {SUFFIXES})")
     whole, _point, fraction = match["number"].partition(".")
     if len(whole.lstrip("0")) > _MAX_DIGITS:
-        raise ValueError(f"{text!r} is not a size systemd can hold (16E or more)")
+        raise SizeTooLarge(f"{text!r} is not a size systemd can hold (16E or more)")
     if len(fraction) > _MAX_DIGITS:
         raise ValueError(f"{text!r} has more than {_MAX_DIGITS} decimals")
     # Decimal, not float: a float has 53 bits, so "9007199254740993" (or a
@@ -46,7 +52,7 @@ def parse_size(text: str) -> int:
     power = _SUFFIX[match["suffix"].upper()]
     size = round(Decimal(match["number"]) * 1024**power)
     if size > UINT64_MAX:
-        raise ValueError(f"{text!r} is not a size systemd can hold (16E or more)")
+        raise SizeTooLarge(f"{text!r} is not a size systemd can hold (16E or more)")
     return size
 
 
@@ -60,7 +66,8 @@ class MemoryLimit:
 
     @classmethod
     def parse(cls, text: str) -> MemoryLimit:
-        """Parse ``512M``, ``95%`` or ``infinity``; ``ValueError`` otherwise."""
+        """Parse ``512M``, ``95%`` or ``infinity``; ``ValueError`` otherwise
+        (:class:`SizeTooLarge`, saying so, for a size of 16E or more)."""
         stripped = text.strip()
         if stripped == "infinity":
             return cls()
@@ -72,6 +79,8 @@ class MemoryLimit:
             return cls(percent=value)
         try:
             return cls(bytes=parse_size(stripped))
+        except SizeTooLarge:
+            raise
         except ValueError:
             raise ValueError(
                 f"{text!r} is not a size (a number with K, M, G, T, P or E),"

@@ -161,9 +161,8 @@ KEYS = [
     Key("sdexec.allow-users", "sdexec.allow_users", (), ["root", 4242], (0, 4242),
         "root", 'expected a list of user names or uids, got "root"'),
     Key("sdexec.request-properties", "sdexec.request_properties", DEFAULT_ALLOWED,
-        ["@default", "Nice"], DEFAULT_ALLOWED | {"Nice"}, ["User"],
-        "request-properties[0]: User can never be set by a request: identity:"
-        " every job runs as the service's own user"),
+        ["@default", "Nice"], DEFAULT_ALLOWED | {"Nice"}, "MemoryMax",
+        'expected an array of property names, got "MemoryMax"'),
     Key("sdexec.stats-detail", "sdexec.stats_detail", False, True, True, "yes",
         f'{BOOLEAN}, got "yes"'),
     Key("sdexec.stats-socket", "sdexec.stats_socket", None, "/run/sdexec/stats.sock",
@@ -375,7 +374,7 @@ def test_the_ends_of_systemd_s_ranges_are_taken(name, value):
 
 
 @pytest.mark.parametrize("name", MEMORY)
-@pytest.mark.parametrize("value", ["150%", "lots", "5X", "-1G", "", "16E", "4gb"])
+@pytest.mark.parametrize("value", ["150%", "lots", "5X", "-1G", "", "4gb"])
 def test_memory_property_bad(name, value):
     with pytest.raises(ConfigError) as error:
         properties(**{name: value})
@@ -519,9 +518,52 @@ def test_request_properties_refuses_a_name_systemd_does_not_know(name, close):
     # (review session 35 M1).
     with pytest.raises(ConfigError) as error:
         configure("sdexec.request-properties", ["@default", name])
+    assert str(error.value) == (
+        f"<config>: sdexec.request-properties[1]: {name}: unknown property: systemd"
+        f" would refuse every unit with it (did you mean {close}?)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("entries", "where", "message"),
+    [
+        ([5], 0, "expected a property name such as MemoryMax or '@default', got 5"),
+        (["@default", "User"], 1, "User can never be set by a request: identity:"
+         " every job runs as the service's own user"),
+        (["KillMode"], 0, "KillMode can never be set by a request: lifecycle:"
+         " sdexec stops, kills and reaps the unit itself"),
+    ],
+)  # fmt: skip
+def test_a_bad_request_properties_entry_extends_the_key_path(entries, where, message):
+    # It read "sdexec.request-properties: request-properties[0]: …", the
+    # key twice, unlike every other key (review session 35 M5).
+    with pytest.raises(ConfigError) as error:
+        configure("sdexec.request-properties", entries)
+    assert str(error.value) == (
+        f"<config>: sdexec.request-properties[{where}]: {message}"
+    )
+    assert error.value.key == f"sdexec.request-properties[{where}]"
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("sdexec.max-frame-size", "99999999999999999999999999999999999"),
+        ("sdexec.max-frame-size", "17E"),
+        ("sdexec.retained-output", "99999999999999999999999999999999999"),
+        ("sdexec.retained-output", "16E"),
+        ("exec.sdexec-properties", {"MemoryMax": "99999999999999999999G"}),
+        ("exec.sdexec-properties", {"MemorySwapMax": "16E"}),
+    ],
+)
+def test_a_size_too_large_is_refused_as_too_large(path, value):
+    # "expected a size of at least 1M", "≥ 0", "not a memory limit": each
+    # said what the value already was (review session 35 M5).
+    with pytest.raises(ConfigError) as error:
+        configure(path, value)
+    (size,) = value.values() if isinstance(value, dict) else (value,)
     assert str(error.value).endswith(
-        f"[1]: {name}: unknown property: systemd would refuse every unit with it"
-        f" (did you mean {close}?)"
+        f': too large: expected a size under 16E, got "{size}"'
     )
 
 
@@ -768,7 +810,7 @@ LAUGHS = "a: &a [1,1,1,1,1,1,1,1,1,1]\n" + "".join(
          "exec.kill-timeout: [[[[[[[[…"),
         (LAUGHS + "exec: {term-signal: *i}\n", "exec.term-signal: [[[[[[[[…"),
         (LAUGHS + "sdexec: {request-properties: [*i]}\n",
-         "sdexec.request-properties: request-properties[0]: expected a property"
+         "sdexec.request-properties[0]: expected a property"
          " name such as MemoryMax or '@default', got [[[[[[[[…"),
         (LAUGHS + "sdexec: {retained-output: *i}\n",
          "sdexec.retained-output: expected a size"),

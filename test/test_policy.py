@@ -20,6 +20,7 @@ from sdexec.policy import (
     NEVER_ALLOWED,
     TIGHTENING,
     RequestPolicy,
+    RequestPropertiesEntryError,
     never_allowed_reason,
     parse_request_properties,
 )
@@ -119,8 +120,9 @@ def test_never_allowed_even_when_the_admin_lists_it(name: str) -> None:
     error = refusal(policy, **{name: "x"})
     assert error.errnum == errno.EPERM
     assert error.errstr.startswith(f"SDEXEC_PROP_{name}: a request can never set")
-    with pytest.raises(ValueError, match=rf"request-properties\[1\]: {name} can never"):
+    with pytest.raises(RequestPropertiesEntryError, match=f"^{name} can never") as bad:
         parse_request_properties(["@default", name])
+    assert bad.value.index == 1
 
 
 def test_a_property_not_allowed_names_the_key_that_would_allow_it() -> None:
@@ -176,8 +178,9 @@ def test_an_unknown_name_that_can_never_be_allowed_stays_eperm(name: str) -> Non
 def test_the_config_list_refuses_a_name_systemd_does_not_know(name, meant):
     # It loaded, and then let every request setting it reach systemd,
     # which refused the unit.
-    with pytest.raises(ValueError, match=rf"{name}: {UNKNOWN} \(did you mean {meant}"):
+    with pytest.raises(RequestPropertiesEntryError) as bad:
         parse_request_properties(["@default", name])
+    assert str(bad.value) == f"{name}: {UNKNOWN} (did you mean {meant}?)"
 
 
 def test_every_name_the_policy_names_is_known() -> None:
@@ -198,6 +201,16 @@ def test_a_bad_value_is_einval() -> None:
         "SDEXEC_PROP_CPUWeight: 'lots' is not a weight from 1 to 10000, or 0 (idle)"
     )
     assert refusal(POLICY, MemoryMax="12Q").errnum == errno.EINVAL
+
+
+def test_a_memory_limit_too_large_says_so() -> None:
+    # It read "is not a memory limit (512M, 50%, infinity)".
+    error = refusal(POLICY, MemoryMax="99999999999999999999G")
+    assert (error.errnum, error.errstr) == (
+        errno.EINVAL,
+        "SDEXEC_PROP_MemoryMax: '99999999999999999999G' is not a size systemd can"
+        " hold (16E or more)",
+    )
 
 
 def test_no_known_baseline_refuses_a_number_but_not_accounting_on() -> None:
@@ -221,16 +234,25 @@ def test_description_is_capped() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "message"),
+    ("value", "index", "message"),
     [
-        ("MemoryMax", "expected an array"),
-        ([5], r"request-properties\[0\]: expected a property name"),
-        (["memorymax"], r"request-properties\[0\]"),
+        ([5], 0, "expected a property name"),
+        (["@default", "memorymax"], 1, "expected a property name"),
+        (["@default", "MemoryMaxx"], 1, "MemoryMaxx: unknown property"),
     ],
 )
-def test_config_value_errors_name_the_entry(value: object, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+def test_config_value_errors_give_the_entry_s_index(value, index, message) -> None:
+    # The caller adds it to the key path: the message does not name the
+    # key itself (it read "request-properties: request-properties[0]: …").
+    with pytest.raises(RequestPropertiesEntryError, match=f"^{message}") as bad:
         parse_request_properties(value)
+    assert bad.value.index == index
+
+
+def test_a_config_value_not_an_array_names_no_key() -> None:
+    with pytest.raises(ValueError) as bad:
+        parse_request_properties("MemoryMax")
+    assert str(bad.value) == 'expected an array of property names, got "MemoryMax"'
 
 
 def test_config_value() -> None:

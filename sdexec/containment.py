@@ -23,6 +23,7 @@ from sdexec.command import Command
 from sdexec.config import Config, ConfigError, read_text_file
 from sdexec.idset import IDset
 from sdexec.map import ResourceMapper, create_mapper
+from sdexec.map.topology import TopologyXMLError
 from sdexec.procfs import (
     cgroup_value,
     process_cgroups,
@@ -110,9 +111,8 @@ class Containment:
             try:
                 xml = read_text_file(topology)
             except (OSError, UnicodeDecodeError) as error:
-                why = getattr(error, "strerror", None) or str(error)
                 raise ConfigError(
-                    config.source, "sdexec.topology", f"{topology}: {why}"
+                    config.source, "sdexec.topology", f"{topology}: {_reason(error)}"
                 ) from None
         try:
             mapper = create_mapper(
@@ -121,10 +121,19 @@ class Containment:
                 config.sdexec.rank,
                 topology_xml=xml,
             )
+        except TopologyXMLError as error:
+            if topology is None:
+                raise ConfigError(
+                    config.source, "sdexec.mapper", f"lstopo's XML: {_reason(error)}"
+                ) from None
+            # The file's fault, named as one that cannot be read is.
+            raise ConfigError(
+                config.source, "sdexec.topology", f"{topology}: {_reason(error)}"
+            ) from None
         except (ValueError, OSError) as error:
             transient = isinstance(error, OSError) and error.errno in _PASSING
             raise ConfigError(
-                config.source, "sdexec.mapper", str(error), transient=transient
+                config.source, "sdexec.mapper", _reason(error), transient=transient
             ) from None
         return cls(config, mapper)
 
@@ -166,6 +175,14 @@ class Containment:
             },
             "requests": requests,
         }
+
+
+def _reason(error: Exception) -> str:
+    """An error's words for an admin: an ``OSError``'s without Python's
+    ``[Errno N]`` (its errno, where it matters, travels apart)."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return str(error)
 
 
 def enforced_cpus(control_group: str | None, pid: int, root: str = "/") -> IDset | None:

@@ -1323,6 +1323,42 @@ def test_a_topology_that_is_a_fifo_or_a_device_is_refused_not_read(tmp_path):
     assert _topology_refusal("/dev/zero").endswith("/dev/zero: not a regular file")
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("root:x:0:0::/root:/bin/sh\n",
+         "topology XML: not well-formed (invalid token): line 1, column 12"),
+        ("", "topology XML: no element found: line 1, column 0"),
+        ("<foo/>", "topology XML: the root element is <foo>, not hwloc's <topology>"),
+        ("<topology/>", "topology XML: it has no PU objects"),
+    ],
+)  # fmt: skip
+def test_a_topology_that_is_not_hwloc_xml_is_blamed_on_the_topology_key(
+    tmp_path, text, said
+):
+    # It was "sdexec.mapper: [Errno 22] mapper 'sdexec.map.HwlocMapper':
+    # topology XML: not well-formed: not well-formed (invalid token)…", while
+    # a file that could not be read was sdexec.topology's (review 35 M3).
+    topology = tmp_path / "topology.xml"
+    topology.write_text(text)
+    assert _topology_refusal(str(topology)) == (
+        f"<config>: sdexec.topology: {topology}: {said}"
+    )
+
+
+def test_a_mapper_that_cannot_be_built_is_told_without_python_s_errno(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    config = parse_config({"exec": {"sdexec-constrain-resources": True}})
+    with pytest.raises(ConfigError) as refused:
+        Containment.from_config(config)
+    assert refused.value.key == "sdexec.mapper"
+    assert "Errno" not in str(refused.value)
+    assert str(refused.value) == (
+        "<config>: sdexec.mapper:"
+        " lstopo-no-graphics not found on PATH (it comes with hwloc)"
+    )
+
+
 def test_a_topology_larger_than_any_node_s_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(sdexec.config, "MAX_FILE_BYTES", 1024)
     big = tmp_path / "topology.xml"

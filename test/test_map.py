@@ -26,7 +26,7 @@ from sdexec.map import (
     load_mapper_class,
     main,
 )
-from sdexec.map.topology import Topology
+from sdexec.map.topology import Topology, TopologyXMLError
 from sdexec.rset import ResourceSet
 
 DATA = Path(__file__).parent / "data"
@@ -335,7 +335,7 @@ def test_missing_hwloc_calc_is_reported_when_the_mapper_is_built(monkeypatch):
 @pytest.mark.parametrize(
     ("xml", "message"),
     [
-        ("not xml", "topology XML: not well-formed"),
+        ("not xml", "topology XML: syntax error"),
         ("<lstopo/>", "the root element is <lstopo>, not hwloc's <topology>"),
         ("<topology/>", "topology XML: it has no PU objects"),
     ],
@@ -347,11 +347,20 @@ def test_bad_topology_xml_is_an_os_error(xml, message):
     assert failure.value.errno == errno.EINVAL
 
 
-def test_bad_topology_xml_carries_the_parsers_message():
-    with pytest.raises(
-        OSError, match=r"not well-formed: unclosed token: line 1, column 0$"
-    ):
-        HwlocMapper("<topo")
+@pytest.mark.parametrize(
+    ("xml", "said"),
+    [
+        ("<topo", "unclosed token: line 1, column 0"),
+        ("not xml", "syntax error: line 1, column 0"),
+        ("<a>&</a>", "not well-formed (invalid token): line 1, column 4"),
+        ("", "no element found: line 1, column 0"),
+    ],
+)
+def test_bad_topology_xml_carries_the_parsers_message(xml, said):
+    # Once: "topology XML: not well-formed: not well-formed (invalid token)".
+    with pytest.raises(TopologyXMLError) as failure:
+        HwlocMapper(xml)
+    assert failure.value.strerror == f"topology XML: {said}"
 
 
 def test_the_topology_file_lasts_only_for_hwloc_calc_s_runs(tmp_path, monkeypatch):
@@ -1191,9 +1200,8 @@ def test_a_failing_constructor_is_a_value_error_naming_the_class(tmp_path):
 
 
 def test_construction_errors_name_the_mapper(monkeypatch):
-    with pytest.raises(
-        OSError, match=r"^\[Errno 22\] mapper 'sdexec\.map\.HwlocMapper': topology XML"
-    ):
+    # Except the XML's own: its caller names where it came from.
+    with pytest.raises(TopologyXMLError, match=r"^\[Errno 22\] topology XML: unclosed"):
         create_mapper(topology_xml="<nonsense")
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(OSError) as failure:
@@ -1290,6 +1298,23 @@ def test_cli_failures(capsys, args, message):
     assert captured.err.startswith(message)
     assert "Traceback" not in captured.err
     assert captured.out == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("root:x:0:0::/root:/bin/sh\n",
+         "topology XML: not well-formed (invalid token): line 1, column 12"),
+        ("<foo/>", "topology XML: the root element is <foo>, not hwloc's <topology>"),
+    ],
+)  # fmt: skip
+def test_cli_names_an_xml_file_that_is_not_a_topology(tmp_path, capsys, text, said):
+    # It said "topology XML: not well-formed: not well-formed (invalid
+    # token)", and named neither the file nor, in its prefix, the XML's fault.
+    xml = tmp_path / "passwd"
+    xml.write_text(text)
+    assert main(["--xml", str(xml), "--cores", "0"]) == 1
+    assert capsys.readouterr().err == f"mapper failed: {xml}: {said}\n"
 
 
 def test_cli_reports_an_unexpected_exception_from_a_site_mapper(tmp_path, capsys):

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from sdexec.cliparser import CommandParser, write_stdout_or_exit
 from sdexec.map.loader import DEFAULT_MAPPER, create_mapper
+from sdexec.map.mapper import ResourceMapper
+from sdexec.map.topology import TopologyXMLError
 from sdexec.version import add_version_option
 
 __all__ = ["main"]
@@ -24,8 +26,7 @@ def main(args: Sequence[str] | None = None) -> int:
     parser = _parser()
     options = parser.parse_args(args)
     try:
-        xml = _read_xml(options.xml) if options.xml else None
-        mapper = create_mapper(options.mapper, options.searchpath, options.rank, xml)
+        mapper = _mapper(options)
         properties = mapper.map(_R(options))
         output = json.dumps(properties, indent=2)
     except Exception as error:
@@ -72,6 +73,18 @@ def _rank(text: str) -> int:
     if not text.isascii() or not text.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not a rank (0, 1, 2, ...)")
     return int(text)
+
+
+def _mapper(options: argparse.Namespace) -> ResourceMapper:
+    """The mapper asked for, with ``--xml``'s topology: a file that is not
+    hwloc's named as one that cannot be read is."""
+    xml = _read_xml(options.xml) if options.xml else None
+    try:
+        return create_mapper(options.mapper, options.searchpath, options.rank, xml)
+    except TopologyXMLError as error:
+        if options.xml is None:
+            raise
+        raise ValueError(f"{options.xml}: {error.strerror}") from None
 
 
 def _read_xml(path: str) -> str:

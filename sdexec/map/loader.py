@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from sdexec.map.mapper import HwlocMapper, ResourceMapper
-from sdexec.map.topology import live_topology_xml
+from sdexec.map.topology import TopologyXMLError, live_topology_xml
 
 __all__ = ["DEFAULT_MAPPER", "create_mapper", "load_mapper_class"]
 
@@ -83,7 +83,9 @@ def create_mapper(
         ValueError: the class cannot be loaded (see :func:`load_mapper_class`),
             or the constructor failed.
         OSError: an hwloc tool is missing or failed, or the topology XML is
-            not one hwloc could load (EINVAL).
+            not one hwloc could load (EINVAL; a
+            :class:`~sdexec.map.topology.TopologyXMLError`, not prefixed with
+            the class: the XML is at fault).
     """
     cls = load_mapper_class(class_name, searchpath)
     if not issubclass(cls, HwlocMapper):
@@ -111,10 +113,14 @@ def _construct(
     """``cls(*args, **kwargs)``, its errors prefixed with the class name.
 
     OSError stays OSError (the machine is at fault); anything else a
-    constructor raises becomes ValueError (the configuration is).
+    constructor raises becomes ValueError (the configuration is). A
+    :class:`TopologyXMLError` is passed on as it is: the XML's, not the
+    class's, for its caller to name where the XML came from.
     """
     try:
         return cls(*args, **kwargs)
+    except TopologyXMLError:
+        raise
     except OSError as error:
         raise OSError(
             error.errno, f"mapper {class_name!r}: {error.strerror}"

@@ -29,7 +29,14 @@ from twisted.logger import Logger
 
 from sdexec.idset import IDset
 
-__all__ = ["GPU", "GPU_BACKENDS", "Topology", "live_topology_xml", "out_of_range"]
+__all__ = [
+    "GPU",
+    "GPU_BACKENDS",
+    "Topology",
+    "TopologyXMLError",
+    "live_topology_xml",
+    "out_of_range",
+]
 
 _log = Logger()
 
@@ -41,6 +48,16 @@ GPU_BACKENDS = frozenset({"CUDA", "NVML", "OpenCL", "RSMI"})
 # hwloc-calc runs without one: it only reads our XML file, and sh's timeout
 # watcher polls every 0.1 s, which added ~100 ms to every call (measured).
 LSTOPO_TIMEOUT = 60
+
+
+class TopologyXMLError(OSError):
+    """An XML that is not an hwloc topology: ``EINVAL``, as upstream's mapper
+    fails when hwloc cannot load it. Its own class because the XML is at
+    fault, not the mapper: the configuration blames ``[sdexec] topology``
+    for it, as it does a file that cannot be read."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(errno.EINVAL, f"topology XML: {reason}")
 
 
 @dataclass(frozen=True)
@@ -73,7 +90,7 @@ class Topology:
         #: for more GPUs than were counted).
         self.uncounted_gpu_devices = _uncounted_gpu_devices(root, self.gpus)
         if self.npus == 0:
-            raise OSError(errno.EINVAL, "topology XML: it has no PU objects")
+            raise TopologyXMLError("it has no PU objects")
         self._hwloc_calc = _Tool("hwloc-calc")
         #: What hwloc-calc reads, from a file written for its runs only.
         self.xml = xml
@@ -214,16 +231,17 @@ def _unwritable(error: OSError) -> OSError:
 
 
 def _parse(xml: str) -> ET.Element:
-    """The XML's root; ``OSError`` (EINVAL) if it is not an hwloc topology, as
-    upstream's mapper fails when hwloc cannot load it."""
+    """The XML's root; :class:`TopologyXMLError` if it is not an hwloc
+    topology."""
     try:
         root = ET.fromstring(xml)
     except ET.ParseError as error:
-        raise OSError(errno.EINVAL, f"topology XML: not well-formed: {error}") from None
+        # Expat's own words ("not well-formed (invalid token)", "no element
+        # found"): a prefix of ours said "not well-formed" twice.
+        raise TopologyXMLError(str(error)) from None
     if root.tag != "topology":
-        raise OSError(
-            errno.EINVAL,
-            f"topology XML: the root element is <{root.tag}>, not hwloc's <topology>",
+        raise TopologyXMLError(
+            f"the root element is <{root.tag}>, not hwloc's <topology>"
         )
     return root
 

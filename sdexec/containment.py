@@ -31,6 +31,7 @@ from sdexec.procfs import (
     process_status,
 )
 from sdexec.receipt import unit_cgroup_exists
+from sdexec.rset import ResourceSet
 from sdexec.sizes import UINT64_MAX, MemoryLimit
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "enforced_mems",
     "judge_fences",
     "memory_cap_in_force",
+    "request_resources",
 ]
 
 R_OPTION = "SDEXEC_R_LOCAL"
@@ -68,6 +70,22 @@ _PASSING = frozenset(
 
 class MapperError(Exception):
     """The mapper failed for one request; the message names the class."""
+
+
+def request_resources(command: Command) -> ResourceSet | None:
+    """The request's R (``SDEXEC_R_LOCAL``), ``None`` if it has none.
+
+    ``ValueError`` naming the option and R's field when R is malformed: the
+    request's fault, told the same whoever reads R (its job's time limit,
+    the mapper), and before a mapper is given it.
+    """
+    R = command.option(R_OPTION)
+    if R is None:
+        return None
+    try:
+        return ResourceSet(R)
+    except ValueError as error:
+        raise ValueError(f"{R_OPTION}: {error}") from None
 
 
 class Containment:
@@ -153,6 +171,12 @@ class Containment:
             return {}
         try:
             mapped = self.mapper.map(R, extra_properties=dict(self.extra_properties))
+        except OSError as error:
+            # The machine's (ENODEV: a core or GPU it does not have): the
+            # errno goes with the answer, so "[Errno N]" would say it twice.
+            raise MapperError(
+                f"mapper {self.mapper_class} failed: {_reason(error)}"
+            ) from error
         except Exception as error:  # a custom mapper may raise anything
             raise MapperError(
                 f"mapper {self.mapper_class} failed: {type(error).__name__}: {error}"

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from sdexec.clocks import wall_seconds
+from sdexec.containment import R_OPTION
 from sdexec.fsd import parse_fsd
 from sdexec.rset import ResourceSet
 
@@ -88,9 +89,13 @@ def job_expiration(
     ``None`` when neither limits it."""
     candidates = []
     if rset is not None:
-        candidates.append(
-            effective_expiration(rset, received_at, max_start_delay_percent)
-        )
+        try:
+            expiration = effective_expiration(
+                rset, received_at, max_start_delay_percent
+            )
+        except ValueError as error:
+            raise ValueError(f"{R_OPTION}: {error}") from None
+        candidates.append(expiration)
     if time_limit is not None:
         seconds = parse_time_limit(time_limit)
         candidates.append(None if seconds is None else received_at + seconds)

@@ -30,12 +30,11 @@ from twisted.python.failure import Failure
 from sdexec.clocks import wall_seconds
 from sdexec.command import Command
 from sdexec.config import ExecConfig
-from sdexec.containment import R_OPTION
+from sdexec.containment import request_resources
 from sdexec.joblimit import TIME_LIMIT_OPTION, TimeLimit, job_expiration
 from sdexec.limits import check_text
 from sdexec.plan import RequestError
 from sdexec.protocol import terminate_not_found, terminate_runs_no_job
-from sdexec.rset import ResourceSet
 from sdexec.signals import signal_name
 from sdexec.systemd import Manager
 from sdexec.termination import (
@@ -368,7 +367,7 @@ class Jobs:
             raise RequestError(errno.EEXIST, self.jobs[jobid].in_use(JOBID_OPTION))
         received_at = wall_seconds(clock)  # R's times are the epoch
         try:
-            rset = _resource_set(command)
+            rset = request_resources(command)
             expiration = job_expiration(
                 received_at, config.max_start_delay_percent, rset, time_limit
             )
@@ -467,13 +466,3 @@ class Jobs:
         if job is None:
             raise RequestError(errno.EINVAL, terminate_runs_no_job(key, value))
         return job
-
-
-def _resource_set(command: Command) -> ResourceSet | None:
-    R = command.option(R_OPTION)
-    if R is None:
-        return None
-    try:
-        return ResourceSet(R)
-    except ValueError as error:
-        raise ValueError(f"{R_OPTION}: {error}") from None

@@ -32,7 +32,7 @@ from sdexec.command import (
     unit_properties,
 )
 from sdexec.config import Config
-from sdexec.containment import Containment, MapperError
+from sdexec.containment import Containment, MapperError, request_resources
 from sdexec.idset import IDset
 from sdexec.limits import (
     check_command_size,
@@ -402,6 +402,13 @@ def _stdio(streams: object) -> tuple[str, ...]:
 
 
 def _mapped_properties(containment: Containment, command: Command) -> dict[str, str]:
+    if containment.applies_to(command):
+        # A malformed R is the request's fault, named as it is with
+        # containment off (Jobs.admit), not as the mapper's failure.
+        try:
+            request_resources(command)
+        except ValueError as error:
+            raise RequestError(errno.EINVAL, str(error)) from None
     try:
         return containment.properties(command)
     except MapperError as error:

@@ -312,8 +312,9 @@ async def test_mapper_that_raises_fails_only_that_request(start_service, tmp_pat
     assert failed.types == []
     missing = await run(client, ["true"], opts={R_OPTION: r_local("7")})
     assert missing.error.errnum == errno.ENODEV  # the mapper's OSError's errno
-    assert missing.error.errstr.startswith(
-        "mapper sitemappers.custom.FlakyMapper failed: OSError:"
+    assert missing.error.errstr == (
+        "mapper sitemappers.custom.FlakyMapper failed:"
+        " core 7 is beyond the topology's 2 cores"
     )
     served = await run(client, ["echo", "fine"], opts={R_OPTION: r_local("0")})
     assert (served.error, served.status, served.stdout) == (None, 0, b"fine\n")
@@ -952,6 +953,62 @@ def test_mapper_failures_name_the_class(result, message):
     with pytest.raises(MapperError) as raised:
         containment.properties(_request())
     assert str(raised.value) == message
+
+
+def test_a_mapper_s_os_error_reads_as_its_words_its_errno_apart():
+    # It was "failed: OSError: [Errno 19] core 9 is beyond ...": the errno
+    # told twice, the second time in Python's words (review 35 M4).
+    containment, _ = _containment(OSError(errno.ENODEV, "core 9 is beyond it"))
+    with pytest.raises(MapperError) as raised:
+        containment.properties(_request())
+    assert str(raised.value) == "mapper site.mappers.Fake failed: core 9 is beyond it"
+    assert raised.value.__cause__.errno == errno.ENODEV
+
+
+def job_refusal(R: str, constrain: bool) -> tuple[tuple[int, str], list]:
+    """The answer to a job request with ``R``, containment on or off, and
+    the calls its mapper had."""
+    config = parse_config({"exec": {"sdexec-constrain-resources": constrain}})
+    mapper = FakeMapper({"AllowedCPUs": "0"})
+    systemd = FakeManager()
+    server = SdexecServer(
+        systemd, config, reactor, Containment(config, mapper), clock=Clock()
+    )
+    connection = Connection(server)
+    opts = {R_OPTION: R, "SDEXEC_JOBID": "f1"}
+    connection.send(
+        "sdexec.exec", {"flags": STREAMS, "cmd": command(["true"], opts=opts)}
+    )
+    (response,) = connection.responses()
+    connection.close()
+    systemd.close()
+    return error_of(response), mapper.calls
+
+
+@pytest.mark.parametrize(
+    ("R", "said"),
+    [
+        ("{", "R: not valid JSON: Expecting property name enclosed in double"
+              " quotes: line 1 column 2 (char 1)"),
+        ("[]", "R: expected a JSON object, got an array"),
+        (json.dumps({"version": 1, "execution": {"R_lite": [
+            {"rank": "0", "children": {"core": "x"}}]}}),
+         "R: execution.R_lite[0].children.core: invalid idset 'x': 'x' is not an id"),
+        (json.dumps({"version": 1, "execution": {"expiration": -5, "R_lite": [
+            {"rank": "0", "children": {"core": "0"}}]}}),
+         "R: execution.expiration: negative (-5)"),
+    ],
+    ids=["json", "array", "idset", "expiration"],
+)  # fmt: skip
+@pytest.mark.parametrize("constrain", [True, False], ids=["contained", "not"])
+def test_a_malformed_r_is_the_request_s_fault_contained_or_not(R, said, constrain):
+    # With containment on, it was "mapper sdexec.map.HwlocMapper failed:
+    # ValueError: R: ...", pointing the admin at the mapper; the expiration
+    # lacked the option's name either way (review 35 M4).
+    refusal, calls = job_refusal(R, constrain)
+    assert refusal == (errno.EINVAL, f"{R_OPTION}: {said}")
+    if "expiration" not in said:
+        assert calls == []  # the mapper never saw it
 
 
 @pytest.mark.parametrize("kind", READERS)

@@ -362,7 +362,7 @@ def test_a_time_limit_alone_makes_a_job_named_by_its_unit(make_server):
         ({"SDEXEC_TIME_LIMIT": "soon"}, errno.EINVAL, "SDEXEC_TIME_LIMIT: "),
         ({"SDEXEC_R_LOCAL": "{"}, errno.EINVAL, "SDEXEC_R_LOCAL: "),
         ({"SDEXEC_R_LOCAL": r_local(START, START - 5)}, errno.EINVAL,
-         "R: execution.expiration: "),
+         "SDEXEC_R_LOCAL: R: execution.expiration: "),
     ],
 )  # fmt: skip
 def test_a_bad_job_request_names_the_option(make_server, opts, errnum, text):
@@ -370,7 +370,7 @@ def test_a_bad_job_request_names_the_option(make_server, opts, errnum, text):
     with pytest.raises(RequestError) as refused:
         server.exec(1, 1, job_payload(**opts), Recorder())
     assert refused.value.errnum == errnum
-    assert refused.value.errstr.startswith(text) or text in refused.value.errstr
+    assert refused.value.errstr.startswith(text)
     assert server.processes == {} and server.jobs.stats() == {}
 
 

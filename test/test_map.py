@@ -1283,12 +1283,13 @@ def test_cli_custom_mapper_from_a_searchpath(searchpath):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--mapper", "json.JSONDecoder"], "mapper failed: mapper 'json.JSONDecoder'"),
-        (["--xml", "/nonexistent.xml"], "mapper failed: No such file or directory"),
-        (["--xml", str(DATA / "small.xml"), "--cores", "x"], "mapper failed: R: exec"),
+        (["--mapper", "json.JSONDecoder", "--cores", "0"],
+         "mapper failed: mapper 'json.JSONDecoder'"),
+        (["--xml", "/nonexistent.xml", "--gpus", "0"],
+         "mapper failed: No such file or directory"),
         (["--xml", "/bin/true", "--cores", "0"],
          "mapper failed: /bin/true: not an XML text file (byte "),
-        (["--xml", str(DATA / "small.xml")],
+        (["--xml", str(DATA / "small.xml"), "--cores", ""],
          "mapper failed: R gives rank 0 no cores and no GPUs to fence"),
     ],
 )  # fmt: skip
@@ -1327,6 +1328,33 @@ def test_cli_reports_an_unexpected_exception_from_a_site_mapper(tmp_path, capsys
     args = ["--mapper", "buggy.Buggy", "--searchpath", str(tmp_path), "--cores", "0"]
     assert main(args) == 1
     assert capsys.readouterr().err == "mapper failed: KeyError: 'AllowedCPUs'\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--cores", "x"], "argument --cores: invalid idset 'x': 'x' is not an id"),
+        (["--gpus", "3-1"],
+         "argument --gpus: invalid idset '3-1': range '3-1' is descending"),
+        (["--rank", "1"], "give --cores, --gpus or both"),
+    ],
+)  # fmt: skip
+def test_cli_flag_errors_name_the_flags(capsys, args, said):
+    # They were told in R's terms ("R: execution.R_lite[0].children.core:
+    # invalid idset 'x'", "R gives rank 0 no cores and no GPUs"), exit 1.
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.endswith(f"python3 -m sdexec.map: error: {said}\n")
+
+
+def test_cli_names_the_searchpath_as_its_flag(tmp_path, capsys):
+    args = ["--searchpath", str(tmp_path), "--mapper", "x.Y", "--cores", "0"]
+    assert main(args) == 1
+    assert capsys.readouterr().err == (
+        f"mapper failed: mapper module 'x' is neither in --searchpath ({tmp_path})"
+        " nor on the Python path\n"
+    )
 
 
 @pytest.mark.parametrize("rank", ["one", "-1"])

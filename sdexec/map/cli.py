@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sdexec.cliparser import CommandParser, write_stdout_or_exit
+from sdexec.idset import IDset
 from sdexec.map.loader import DEFAULT_MAPPER, create_mapper
 from sdexec.map.mapper import ResourceMapper
 from sdexec.map.topology import TopologyXMLError
@@ -21,10 +22,14 @@ def main(args: Sequence[str] | None = None) -> int:
     """Print, as JSON, the properties a mapper gives the ids on the command line.
 
     Exit status 0, or 1 with ``mapper failed: ...`` on stderr when loading,
-    building or running the mapper fails (2 for a usage error).
+    building or running the mapper fails (2 for a usage error: an idset
+    ``--cores`` or ``--gpus`` cannot be, or neither of them given).
     """
     parser = _parser()
     options = parser.parse_args(args)
+    if options.cores is None and options.gpus is None:
+        # R would give the rank nothing to fence, which the mapper refuses.
+        parser.error("give --cores, --gpus or both")
     try:
         mapper = _mapper(options)
         properties = mapper.map(_R(options))
@@ -44,8 +49,12 @@ def _parser() -> argparse.ArgumentParser:
         " the cores and GPUs of one rank.",
     )
     add_version_option(parser)
-    parser.add_argument("--cores", metavar="IDSET", help="logical core ids, e.g. 0-3")
-    parser.add_argument("--gpus", metavar="IDSET", help="logical GPU ids, e.g. 0-1")
+    parser.add_argument(
+        "--cores", metavar="IDSET", type=_idset, help="logical core ids, e.g. 0-3"
+    )
+    parser.add_argument(
+        "--gpus", metavar="IDSET", type=_idset, help="logical GPU ids, e.g. 0-1"
+    )
     parser.add_argument(
         "--xml",
         metavar="FILE",
@@ -69,6 +78,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _idset(text: str) -> str:
+    """``text``, if it is an idset R's children may hold (checked here, so
+    that the error names the flag, not R's field)."""
+    try:
+        IDset(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def _rank(text: str) -> int:
     if not text.isascii() or not text.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not a rank (0, 1, 2, ...)")
@@ -80,7 +99,13 @@ def _mapper(options: argparse.Namespace) -> ResourceMapper:
     hwloc's named as one that cannot be read is."""
     xml = _read_xml(options.xml) if options.xml else None
     try:
-        return create_mapper(options.mapper, options.searchpath, options.rank, xml)
+        return create_mapper(
+            options.mapper,
+            options.searchpath,
+            options.rank,
+            xml,
+            searchpath_name="--searchpath",
+        )
     except TopologyXMLError as error:
         if options.xml is None:
             raise

@@ -32,7 +32,10 @@ _SEARCHPATH_MODULES = "_sdexec_mapper_searchpath."
 
 
 def load_mapper_class(
-    name: str, searchpath: str | Sequence[str] = ""
+    name: str,
+    searchpath: str | Sequence[str] = "",
+    *,
+    searchpath_name: str = "mapper-searchpath",
 ) -> type[ResourceMapper]:
     """The class ``name`` (``package.module.Class``), a ResourceMapper subclass.
 
@@ -40,6 +43,8 @@ def load_mapper_class(
         name: the fully-qualified class name, as ``[sdexec] mapper`` gives it.
         searchpath: directories searched before the Python path, as a
             colon-separated string (``[sdexec] mapper-searchpath``) or a list.
+        searchpath_name: what the user wrote the searchpath as, for the
+            error when the module is not found (the CLI's ``--searchpath``).
 
     Raises:
         ValueError: naming the class, when its module cannot be found or
@@ -53,7 +58,7 @@ def load_mapper_class(
         )
     directories = _directories(searchpath)
     module = _from_searchpath(module_name, directories) or _import(
-        module_name, directories
+        module_name, directories, searchpath_name
     )
     cls = getattr(module, class_name, None)
     if cls is None:
@@ -71,6 +76,8 @@ def create_mapper(
     searchpath: str | Sequence[str] = "",
     rank: int = 0,
     topology_xml: str | None = None,
+    *,
+    searchpath_name: str = "mapper-searchpath",
 ) -> ResourceMapper:
     """The mapper ``[sdexec] mapper`` asks for, ready to ``map()``.
 
@@ -78,6 +85,7 @@ def create_mapper(
     ``cls(xml, rank=rank)``, with ``topology_xml`` or, when that is None, the
     live topology from ``lstopo-no-graphics``; any other
     :class:`ResourceMapper` subclass as ``cls(rank=rank)``.
+    ``searchpath_name``: as :func:`load_mapper_class` takes it.
 
     Raises:
         ValueError: the class cannot be loaded (see :func:`load_mapper_class`),
@@ -87,7 +95,7 @@ def create_mapper(
             :class:`~sdexec.map.topology.TopologyXMLError`, not prefixed with
             the class: the XML is at fault).
     """
-    cls = load_mapper_class(class_name, searchpath)
+    cls = load_mapper_class(class_name, searchpath, searchpath_name=searchpath_name)
     if not issubclass(cls, HwlocMapper):
         return _construct(class_name, cls, rank=rank)
     xml = live_topology_xml() if topology_xml is None else topology_xml
@@ -170,14 +178,16 @@ def _load_file(module_name: str, path: str) -> ModuleType:
     return module
 
 
-def _import(module_name: str, directories: list[str]) -> ModuleType:
+def _import(
+    module_name: str, directories: list[str], searchpath_name: str
+) -> ModuleType:
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         if error.name and (module_name + ".").startswith(error.name + "."):
             searched = ":".join(directories) or "empty"
             raise ValueError(
-                f"mapper module {module_name!r} is neither in mapper-searchpath"
+                f"mapper module {module_name!r} is neither in {searchpath_name}"
                 f" ({searched}) nor on the Python path"
             ) from None
         raise ValueError(f"mapper module {module_name!r}: {error}") from error

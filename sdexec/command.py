@@ -134,6 +134,10 @@ class Command:
         """The paths execvp(3) would try for ``cmdline[0]``, in order,
         relative to the directory the process will run in."""
         name = self.cmdline[0]
+        if not name:
+            # execvp("") is ENOENT at once: joined to PATH's directories, ""
+            # named each of them, and a directory is EACCES's.
+            return []
         if "/" in name:
             return [name]
         if len(name.encode()) > NAME_MAX:

@@ -232,7 +232,10 @@ def plan_exec(
         # As execvp(3) (and a shell, whose status is then 126) says it.
         raise RequestError(errno.EACCES, f"{command.cmdline[0]}: permission denied")
     if executable is None:
-        raise RequestError(errno.ENOENT, f"{command.cmdline[0]}: command not found")
+        # An empty name is shown as "": bash's ": command not found" names
+        # nothing.
+        name = command.cmdline[0] or '""'
+        raise RequestError(errno.ENOENT, f"{name}: command not found")
     mapped = _mapped_properties(containment, command)
     merged, sources = _merged_properties(config, command, mapped)
     _check_together(merged, sources)

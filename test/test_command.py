@@ -225,6 +225,12 @@ class _NoExecFlags(NamedTuple):
     f_flag: int
 
 
+def test_an_empty_name_is_not_found_not_unexecutable(tmp_path):
+    # Joined to each PATH directory, "" named the directory: EACCES, where
+    # execvp("") says ENOENT.
+    assert Command([""], env={"PATH": str(tmp_path)}).find_executable() == (None, False)
+
+
 @pytest.mark.parametrize("relative", [False, True])
 def test_root_without_dac_override_finds_what_its_root_jobs_may_execute(
     tmp_path, monkeypatch, relative

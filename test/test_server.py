@@ -206,6 +206,10 @@ def test_exec_streams_started_finished_then_enodata(systemd, connection):
         ({"flags": FLAGS | 4, "cmd": TRUE}, errno.EINVAL, "auxiliary channels"),
         ({"flags": FLAGS, "cmd": {"cmdline": ["no-such-cmd-here"], "env": {}}},
          errno.ENOENT, "no-such-cmd-here: command not found"),
+        # An empty name named nothing, as EACCES (each PATH directory
+        # joined to "" is a directory): execvp("") is ENOENT, bash's 127.
+        ({"flags": FLAGS, "cmd": {"cmdline": [""], "env": {}}},
+         errno.ENOENT, '"": command not found'),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SEC": "x"}}},
          errno.EINVAL, "SDEXEC_STOP_TIMER_SEC: 'x' is not an integer"),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SEC": "-1"}}},

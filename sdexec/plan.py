@@ -48,6 +48,7 @@ from sdexec.property import (
     UnitProperty,
     is_gate,
     parse_bool,
+    parse_integer,
     properties_together_problem,
     unit_file_problem,
 )
@@ -529,11 +530,9 @@ def _int_option(command: Command, name: str, default: int) -> int:
     if value is None:
         return default
     try:
-        return int(value, 10)
-    except ValueError:
-        raise RequestError(
-            errno.EINVAL, f"{name}: {value!r} is not an integer"
-        ) from None
+        return parse_integer(value)
+    except ValueError as error:
+        raise RequestError(errno.EINVAL, f"{name}: {error}") from None
 
 
 def _signal_option(command: Command, configured: int) -> int:

@@ -30,6 +30,7 @@ __all__ = [
     "UnitProperty",
     "is_known_property",
     "parse_bool",
+    "parse_integer",
     "percent_scale",
     "typed_property",
     "unit_file_problem",
@@ -197,6 +198,13 @@ def _integer(text: str, pattern: re.Pattern[str]) -> int:
     if len(text.strip().lstrip("+-").lstrip("0")) > _MAX_DIGITS:
         raise ValueError(f"{text!r} is out of range")
     return int(text)
+
+
+def parse_integer(text: str) -> int:
+    """A signed decimal integer as a unit file writes it (``ValueError``
+    otherwise): ``int()`` alone would also take ``1_000`` and fullwidth or
+    other non-ASCII digits, which systemd refuses."""
+    return _integer(text, _SIGNED)
 
 
 def _uint64_or_infinity(text: str) -> int:

@@ -211,7 +211,12 @@ def test_exec_streams_started_finished_then_enodata(systemd, connection):
         ({"flags": FLAGS, "cmd": {"cmdline": [""], "env": {}}},
          errno.ENOENT, '"": command not found'),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SEC": "x"}}},
-         errno.EINVAL, "SDEXEC_STOP_TIMER_SEC: 'x' is not an integer"),
+         errno.EINVAL, "SDEXEC_STOP_TIMER_SEC: 'x' is not a decimal integer"),
+        # int() took these as 1 and 10; a unit property's integer never did.
+        ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SEC": "\uff11"}}},
+         errno.EINVAL, "SDEXEC_STOP_TIMER_SEC: '\uff11' is not a decimal integer"),
+        ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SEC": "1_0"}}},
+         errno.EINVAL, "SDEXEC_STOP_TIMER_SEC: '1_0' is not a decimal integer"),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SEC": "-1"}}},
          errno.EPERM, "SDEXEC_STOP_TIMER_SEC: a request may set from 1 to 640"
          " seconds (exec.sdexec-stop-timer-sec), not -1"),

@@ -214,6 +214,10 @@ class ClientProtocol(StdioReceivingProtocol):
         """Handle a request now, or once the pending execs it names have
         been (sdexec/lookup.py: a lookup may take seconds, and only what
         depends on its exec need wait for it)."""
+        # A protocol error (FramingError: answered by the caller, which
+        # closes the connection) comes before anything of the message is
+        # tabled or waits: nothing read after it is handled.
+        _check_envelope(message)
         pending = _PendingExec.of(message)
         depends_on = self._pending_named_by(message)
         if pending is not None:
@@ -230,9 +234,10 @@ class ClientProtocol(StdioReceivingProtocol):
         try:
             self._request(message)
         except BaseException:
-            # Not a request (a framing error, answered by the caller, which
-            # closes the connection): what waits for it is handled by
-            # whoever handles next, once it is known whether that may be.
+            # A fault of ours that escaped its handling (sending its answer;
+            # the caller closes the connection): what waits for it is
+            # handled by whoever handles next, once it is known whether
+            # that may be.
             self._handling_exec = None
             if pending is not None and not pending.looking_up:
                 self._forget(pending)
@@ -242,18 +247,16 @@ class ClientProtocol(StdioReceivingProtocol):
             self._exec_handled(pending)
 
     def _request(self, message: dict) -> None:
-        if message.get("type") != "request":
-            # Not a request is not a message of this protocol: a framing
-            # error, answered with EPROTO and the connection closed.
-            raise FramingError(_NOT_A_REQUEST)
+        """Answer a request whose envelope passed :func:`_check_envelope`:
+        on its own matchtag, or not at all (a write without one)."""
         topic = message.get("topic")
         matchtag = message.get("matchtag")
-        valid_matchtag = is_integer(matchtag)
+        silent = _unanswerable_write(topic, matchtag)
         self._answer(
             topic if _is_text(topic) else "",
-            matchtag if isinstance(matchtag, int) and valid_matchtag else 0,
+            0 if silent else message["matchtag"],  # (silent: never sent)
             partial(self._dispatch, message, topic, matchtag),
-            silent=_unanswerable_write(topic, matchtag),
+            silent=silent,
         )
 
     def _answer(
@@ -279,10 +282,13 @@ class ClientProtocol(StdioReceivingProtocol):
             self._send_error(reply_topic, reply_matchtag, error.errnum, error.errstr)
             return
         except Exception as error:
-            # A fault of ours: the request is answered and logged, and the
-            # connection (and its other requests) carries on.
+            # A fault of ours: the request is answered (unless silent: the
+            # log says it) and logged, and the connection (and its other
+            # requests) carries on.
             log.failure("{topic}: unexpected error", topic=reply_topic)
             self.server.count("errors")
+            if silent:
+                return
             self._send_error(
                 reply_topic,
                 reply_matchtag,
@@ -370,6 +376,8 @@ class ClientProtocol(StdioReceivingProtocol):
             raise RequestError(errno.EINVAL, "topic: expected a string")
         check_text("topic", topic)
         if not is_integer(matchtag) or matchtag < 0:
+            # A write's (refused silently, logged): every other request's
+            # matchtag was checked with its envelope (_check_envelope).
             raise RequestError(errno.EINVAL, "matchtag: expected an integer >= 0")
         payload = message.get("payload", {})
         if not isinstance(payload, dict):
@@ -599,8 +607,10 @@ class ClientProtocol(StdioReceivingProtocol):
     def _refuse_descriptors(self, message: dict, reason: str) -> None:
         if self.transport.disconnecting:
             return  # closing (a refused peer): as in messageReceived
-        if message.get("type") != "request":
-            self._framing_error(_NOT_A_REQUEST)  # fds or not, as in _request
+        try:
+            _check_envelope(message)  # fds or not, as in _order
+        except FramingError as error:
+            self._framing_error(str(error))
             return
         topic, matchtag = message.get("topic"), message.get("matchtag")
         self.server.count("errors")
@@ -609,7 +619,7 @@ class ClientProtocol(StdioReceivingProtocol):
             return
         self._send_error(
             topic if _is_text(topic) else "",  # as _request: it is echoed
-            matchtag if type(matchtag) is int else 0,
+            message["matchtag"],  # an integer >= 1 (_check_envelope)
             errno.EPROTO,
             reason,
         )
@@ -831,6 +841,33 @@ class ClientProtocol(StdioReceivingProtocol):
 
 #: Why a message that is not a request ends its connection.
 _NOT_A_REQUEST = 'type: expected "request"'
+
+
+def _check_envelope(message: dict) -> None:
+    """Refuse what is not a request of this protocol (:class:`FramingError`:
+    EPROTO on matchtag 0, and the connection closed): a message whose
+    ``type`` is not ``"request"``, or a request that could not be answered
+    on a matchtag of its own. Matchtag 0 is the service's (RFC 6's
+    FLUX_MATCHTAG_NONE): an error on it is always the connection's last
+    words, so no request may take it, but for a write, which wants no
+    response: without a matchtag of its own it is never answered
+    (:func:`_unanswerable_write`)."""
+    if message.get("type") != "request":
+        raise FramingError(_NOT_A_REQUEST)
+    matchtag = message.get("matchtag")
+    if _unanswerable_write(message.get("topic"), matchtag):
+        return
+    if "matchtag" not in message:
+        raise FramingError("matchtag: missing: expected an integer >= 1")
+    if is_integer(matchtag) and matchtag == 0:
+        raise FramingError(
+            "matchtag: 0 is the service's own (its connection errors);"
+            " number requests from 1"
+        )
+    if not (is_integer(matchtag) and matchtag >= 1):
+        raise FramingError(
+            f"matchtag: expected an integer >= 1, got {json_quoted(matchtag)}"
+        )
 
 
 def _unanswerable_write(topic: object, matchtag: object) -> bool:

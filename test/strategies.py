@@ -216,7 +216,7 @@ valid_requests = st.sampled_from(sorted(PAYLOADS)).flatmap(
         {
             "type": st.just("request"),
             "topic": st.just(str(topic)),
-            "matchtag": st.integers(0, 2**31),
+            "matchtag": st.integers(1, 2**31),  # 0 is the service's own
             "payload": PAYLOADS[topic][0],
         }
     )

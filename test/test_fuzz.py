@@ -4,8 +4,9 @@ server, each answered by the contract of docs/protocol.md (issue 16).
 
 For every request: nothing escapes as an exception; every response is one
 JSON line naming its topic and matchtag; the connection is closed only
-after an EPROTO; a unit is started only for an accepted exec, and then with
-text systemd can take, no property the policy refuses and none of the
+after an EPROTO, and an error on matchtag 0 is always its last words; a
+unit is started only for an accepted exec, and then with text systemd can
+take, no property the policy refuses and none of the
 caller's systemd variables; and ``list`` and ``stats-get`` keep working for
 everyone."""
 
@@ -145,5 +146,9 @@ def serve_one(server: SdexecServer, request: Any, as_line: bool) -> None:
             check_response(response)
         if connection.transport.disconnecting:
             assert responses[-1]["errnum"] == errno.EPROTO
+        last_words = [r for r in responses if r["matchtag"] == 0 and "errnum" in r]
+        if last_words:  # never an answer to a request (review session 35 P1)
+            assert last_words == responses[-1:]
+            assert connection.transport.disconnecting
     finally:
         connection.close()

@@ -196,6 +196,7 @@ class UnitCall(enum.Enum):
     CONFIRM_UNSTARTED = "GetAll for a start job that ended without a start"
     RECEIPT = "GetAll(Service) for the receipt"
     KILL_MAIN = "KillUnit(main, SIGKILL) for a client that left"
+    KILL_UNSEEN = "KillUnit(all, SIGKILL) for a client that left before started"
 
 
 #: How a unit the manager lost is reported.
@@ -203,7 +204,9 @@ _LOST = "is gone (lost while systemd was away)"
 
 #: Calls with nothing left to do once the unit is unloaded: their failure
 #: then is no news (a client gone in a burst logged one per unit).
-_MOOT_ONCE_GONE = frozenset({UnitCall.STOP, UnitCall.RESET, UnitCall.KILL_MAIN})
+_MOOT_ONCE_GONE = frozenset(
+    {UnitCall.STOP, UnitCall.RESET, UnitCall.KILL_MAIN, UnitCall.KILL_UNSEEN}
+)
 #: Calls made again when refused while the unit still needs them (nothing
 #: else would: the unit lingers, its process tabled, its name taken).
 _RETRIED = frozenset({UnitCall.STOP, UnitCall.RESET})
@@ -539,8 +542,9 @@ class Process:
     def client_gone(self) -> None:
         """The client's connection closed: its process must not outlive it
         whatever it does with SIGTERM (the stop's signal), so, as Flux's
-        sdexec does, SIGKILL goes to the main process first; then as
-        :meth:`abandon`."""
+        sdexec does, SIGKILL goes to the main process first (before
+        ``started``, to every process of the unit: :meth:`_stop_abandoned`);
+        then as :meth:`abandon`."""
         self._kill_main_wanted = True
         self._kill_main_if_wanted()  # else once started: it may be starting
         self.abandon()
@@ -564,7 +568,7 @@ class Process:
         self.output.drain()  # nobody reads: drain to EOF so it can be reaped
         # A failed unit is being reset instead; anything else is stopped.
         if UnitCall.START in self._called and UnitCall.RESET not in self._called:
-            self._stop()
+            self._stop_abandoned()
         # No EOF may come to say the unit is over (stdio passthrough), nor a
         # deadline (the stream's end cancelled it): an inactive unit that
         # never ran ends now.
@@ -625,7 +629,7 @@ class Process:
         # started, and nothing would cancel the deadline.
         self._start_deadline.arm()
         if isinstance(self._responder, _Nowhere):
-            self._stop()  # the client left while systemd was starting it
+            self._stop_abandoned()  # the client left while systemd was starting it
         elif self._verify is not None:
             # ControlGroup, which no signal carries, for the fence check and
             # the receipt; a check that runs first, on the signals, is given
@@ -1109,6 +1113,22 @@ class Process:
         self.stdin.discard()
         self.output.close()  # if systemd still holds its ends (EDEADLK)
         self._on_reaped(self)
+
+    def _stop_abandoned(self) -> None:
+        """Stop the unit of a process whose client left. Before ``started``
+        its processes may run all the same, unseen, and the SIGKILL a client
+        that left is owed (:meth:`client_gone`) would only follow the stop's
+        SIGTERM, whose handlers would run: every process of the unit gets
+        SIGKILL first. All of them, not its main process alone: that may
+        not be known to systemd yet (its start job still queued, which the
+        stop then cancels), where ``main`` fails and ``all`` signals what
+        there is; and no client is left to read what they would write."""
+        if self._kill_main_wanted and Sent.STARTED not in self._sent:
+            self._call(
+                UnitCall.KILL_UNSEEN,
+                lambda unit: self._systemd.kill_unit(unit, "all", signal.SIGKILL),
+            )
+        self._stop()
 
     def _stop(self) -> None:
         self._stop_wanted = True  # made again if the connection loses it

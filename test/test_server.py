@@ -814,12 +814,16 @@ def test_a_closed_connection_abandons_its_processes(systemd, server):
     assert systemd.calls[-2:] == [("kill", "main", 9), ("stop", UNIT)]
 
 
-def test_a_closed_connection_s_process_not_yet_started_is_only_stopped(systemd, server):
+def test_a_closed_connection_s_process_not_yet_started_is_killed_then_stopped(
+    systemd, server
+):
+    # It may run unseen: SIGKILL first, to all of its unit (its main process
+    # may not be known yet), or the stop's SIGTERM reached it first and its
+    # handler ran (review session 35 P2).
     connection = Connection(server)
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     connection.close()
-    assert systemd.kills() == []
-    assert ("stop", UNIT) in systemd.calls
+    assert systemd.calls[-2:] == [("kill", "all", 9), ("stop", UNIT)]
 
 
 def test_a_connection_pauses_its_own_processes_only(server):

@@ -35,7 +35,7 @@ from sdexec.protocol import ExecFlag
 from sdexec.server import SdexecServer
 from sdexec.systemd import SystemdError
 from sdexec.systemd.unanswered import Silence
-from sdexec.testing import FakeManager
+from sdexec.testing import INACTIVE, FakeManager
 
 UNIT = "sdexec-t.service"
 TRUE = {"cmdline": ["/bin/true"], "opts": {"SDEXEC_NAME": "sdexec-t"}}
@@ -914,6 +914,56 @@ def test_shutdown_tells_each_stream_its_process_is_stopped(systemd, server):
     )
     assert ("stop", UNIT) in systemd.calls
     connection.close()
+
+
+def waitable_in_background(connection: Connection, label: str) -> None:
+    payload = {"flags": int(ExecFlag.WAITABLE), "cmd": {**TRUE, "label": label}}
+    connection.raw(
+        {"type": "request", "topic": "sdexec.exec", "matchtag": 1,
+         "payload": payload, "streaming": False}
+    )  # fmt: skip
+
+
+@ensureDeferred
+async def test_a_wait_on_a_z_process_waits_for_what_holds_its_output(systemd, server):
+    # Answered once the process has completed, not at its main process's
+    # exit, which list shows as Z (docs/protocol.md; review session 35 P3).
+    connection = Connection(server)
+    waitable_in_background(connection, "w")
+    systemd.run(UNIT)
+    systemd.exit(UNIT, status=3)  # a child holds its stdout and stderr still
+    connection.send("sdexec.list", {}, matchtag=2)
+    assert [p["state"] for p in connection.last()["payload"]["procs"]] == ["Z"]
+    connection.send("sdexec.wait", {"label": "w"}, matchtag=3)
+    await deferLater(reactor, 0.05)
+    assert [r for r in connection.responses() if r["matchtag"] == 3] == []
+    systemd.release(UNIT)  # the child is gone: its output at EOF,
+    systemd.change(UNIT, INACTIVE)  # and the stop done
+    await until(lambda: connection.last()["matchtag"] == 3, "the wait's answer")
+    assert connection.last()["payload"]["status"] == 3 << 8
+    connection.close()
+
+
+def test_shutdown_tells_a_pending_wait_its_process_is_stopped(systemd, server):
+    # As a stream is told: docs/protocol.md lists it under sdexec.wait
+    # (review session 35 P4).
+    starter, waiter = Connection(server), Connection(server)
+    waitable_in_background(starter, "w")
+    systemd.run(UNIT)
+    waiter.send("sdexec.wait", {"label": "w"}, matchtag=5)
+    assert waiter.responses() == []
+    server.shutdown(grace=10)
+    assert waiter.responses() == [
+        {
+            "type": "response",
+            "topic": "sdexec.wait",
+            "matchtag": 5,
+            "errnum": errno.ECANCELED,
+            "errstr": "the service is stopping: the process's unit is stopped",
+        }
+    ]
+    starter.close()
+    waiter.close()
 
 
 def test_an_exec_during_shutdown_is_eagain_and_starts_nothing(systemd, server):

@@ -76,7 +76,8 @@ def test_a_gib_of_stdin_beyond_the_credit_is_refused_in_bounded_memory(
         write = {"matchtag": 1, "io": {"stream": "stdin", "data": "x" * CHUNK}}
         for matchtag in range(2, 2 + FLOOD // CHUNK):  # sleep reads none of it
             client.send("sdexec.write", matchtag, write)
-        client.send("sdexec.list", 0, {"detail": True})  # once every write was read
+        list_matchtag = 2 + FLOOD // CHUNK  # the next after the writes
+        client.send("sdexec.list", list_matchtag, {"detail": True})  # once all are read
         overrun = client.receive()
         assert (overrun["topic"], overrun["errnum"]) == ("sdexec.write", errno.ENOSPC)
         (proc,) = client.receive()["payload"]["procs"]

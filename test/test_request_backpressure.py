@@ -613,7 +613,7 @@ async def read_all(
 
 def assert_stats_in_order(responses: list[dict], count: int) -> None:
     assert [(r["matchtag"], r["topic"]) for r in responses[:count]] == [
-        (tag, STATS) for tag in range(count)
+        (tag, STATS) for tag in range(1, count + 1)
     ]
     assert all("procs" in r["payload"] for r in responses[:count])
 
@@ -629,7 +629,7 @@ async def test_a_client_flooding_requests_unread_leaves_the_service_bounded(
 ):
     flooder, protocol = flood
     count = 20_000
-    data = stats_requests(0, count)
+    data = stats_requests(1, count)
     sent = await flood_until_unread(flooder, data, protocol)
     assert sent < len(data)  # the service stopped reading its requests
     request_size = len(request(STATS, {}, count))
@@ -677,7 +677,7 @@ async def test_a_framing_error_behind_a_flood_ends_with_eproto_then_eof(
     closed, though the connection was paused when it was closed."""
     flooder, protocol = flood
     count = 20_000
-    data = stats_requests(0, count) + b"not json\n"
+    data = stats_requests(1, count) + b"not json\n"
     sent = await flood_until_unread(flooder, data, protocol)
     assert sent < len(data)
     responses = await read_all(flooder, data, sent, lambda _: False)
@@ -695,15 +695,15 @@ async def test_a_passthrough_exec_behind_a_flood_gets_its_descriptors(flood):
     that frame is handled at once or held."""
     flooder, protocol = flood
     count = 20_000
-    data = stats_requests(0, count)
+    data = stats_requests(1, count)
     sent = await flood_until_unread(flooder, data, protocol)
     assert sent < len(data)
     read_end, write_end = os.pipe()
     cmd = command(["echo", "hi"], opts={"SDEXEC_NAME": "sdexec-backpressure-echo"})
     payload = {"cmd": cmd, "flags": 0, "stdio": ["stdout"]}
-    passed = (request("sdexec.exec", payload, count), [write_end])
+    passed = (request("sdexec.exec", payload, count + 1), [write_end])
     try:
-        responses = await read_all(flooder, data, sent, ended(count), passed)
+        responses = await read_all(flooder, data, sent, ended(count + 1), passed)
         os.close(write_end)
         write_end = -1
         assert os.read(read_end, 100) == b"hi\n"

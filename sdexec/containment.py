@@ -175,7 +175,7 @@ class Containment:
             # The machine's (ENODEV: a core or GPU it does not have): the
             # errno goes with the answer, so "[Errno N]" would say it twice.
             raise MapperError(
-                f"mapper {self.mapper_class} failed: {_reason(error)}"
+                f"mapper {self.mapper_class} failed: {_os_reason(error)}"
             ) from error
         except Exception as error:  # a custom mapper may raise anything
             raise MapperError(
@@ -207,6 +207,14 @@ def _reason(error: Exception) -> str:
     if isinstance(error, OSError) and error.strerror:
         return error.strerror
     return str(error)
+
+
+def _os_reason(error: OSError) -> str:
+    """An ``OSError``'s words without ``[Errno N]``, but with the files it
+    names: a site mapper's missing file must be found from them alone (a
+    refused request leaves no traceback)."""
+    operands = [repr(name) for name in (error.filename, error.filename2) if name]
+    return ": ".join([_reason(error), *operands])
 
 
 def enforced_cpus(control_group: str | None, pid: int, root: str = "/") -> IDset | None:

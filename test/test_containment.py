@@ -965,6 +965,21 @@ def test_a_mapper_s_os_error_reads_as_its_words_its_errno_apart():
     assert raised.value.__cause__.errno == errno.ENODEV
 
 
+def test_a_mapper_s_os_error_keeps_the_file_it_names():
+    # A site mapper's missing file was named by nothing but "No such file
+    # or directory" (review 35 R1): a refused request leaves no traceback.
+    missing = FileNotFoundError(
+        errno.ENOENT, "No such file or directory", "/etc/site/gpu-map.json"
+    )
+    containment, _ = _containment(missing)
+    with pytest.raises(MapperError) as raised:
+        containment.properties(_request())
+    assert str(raised.value) == (
+        "mapper site.mappers.Fake failed: No such file or directory:"
+        " '/etc/site/gpu-map.json'"
+    )
+
+
 def job_refusal(R: str, constrain: bool) -> tuple[tuple[int, str], list]:
     """The answer to a job request with ``R``, containment on or off, and
     the calls its mapper had."""

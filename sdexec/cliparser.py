@@ -16,6 +16,7 @@ mapper tool write their JSON the same way (they ended in a traceback);
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sys
@@ -34,9 +35,12 @@ def write_stdout_or_exit(prog: str, text: str) -> None:
     ``SystemExit`` when it cannot be written: 1, after ``PROG: cannot write
     stdout: ...`` on stderr, or SIGPIPE's status, quietly, for a reader
     gone."""
+    stdout = sys.stdout
     try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        if stdout is None:  # fd 1 was closed when Python started (>&-)
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        stdout.write(text)
+        stdout.flush()
     except BrokenPipeError:
         _exit_quietly(128 + signal.SIGPIPE)
     except OSError as error:
@@ -47,9 +51,10 @@ def _exit_quietly(status: int, message: str = "") -> NoReturn:
     """Exit with ``status`` after ``message`` on stderr, with what stdout's
     buffer still holds bound for /dev/null: the interpreter's exit would
     flush it again, and say so in a traceback."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
+    if sys.stdout is not None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
     if message:
         sys.stderr.write(message)
     raise SystemExit(status)

@@ -97,3 +97,25 @@ def test_the_twistd_plugins_help_into_a_full_disk_is_one_line(unbuffered):
     assert (
         shown.stderr == "twistd sdexec: cannot write stdout: No space left on device\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "prog"),
+    [
+        (["-m", "sdexec.config", "--help"], "python3 -m sdexec.config"),
+        (["-m", "sdexec.map", "--version"], "python3 -m sdexec.map"),
+        (["-c", "from twisted.scripts.twistd import run; run()", "sdexec", "--help"],
+         "twistd sdexec"),
+    ],
+    ids=["config", "map", "twistd"],
+)  # fmt: skip
+def test_a_stdout_closed_at_start_is_one_line(args, prog):
+    # Python leaves sys.stdout None for a closed fd 1 (>&-): the write
+    # ended in an AttributeError traceback (review 35 R2).
+    shown = subprocess.run(
+        [sys.executable, *args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        timeout=60, cwd=REPO, preexec_fn=lambda: os.close(1),
+    )  # fmt: skip
+    assert shown.returncode == 1
+    assert shown.stderr == f"{prog}: cannot write stdout: Bad file descriptor\n"

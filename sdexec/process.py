@@ -586,10 +586,12 @@ class Process:
         # After the state read: a unit that stopped meanwhile has no timer.
         back_at = self._context.clock.seconds()
         reread.addCallback(lambda _: self.stop_timer.systemd_restored(back_at))
-        if self._stop_wanted or isinstance(self._responder, _Nowhere):
-            # A stop the loss failed (a deadline's, a fence's), or a client
-            # that left while systemd was away.
-            self._stop()
+        if isinstance(self._responder, _Nowhere):
+            # A client that left while systemd was away, or whose SIGKILL
+            # ahead of the stop the loss failed: both are made again.
+            self._stop_abandoned()
+        elif self._stop_wanted:
+            self._stop()  # a stop the loss failed (a deadline's, a fence's)
         self._kill_main_if_wanted()  # one the loss failed is made again
 
     def pause_output(self) -> None:

@@ -357,6 +357,21 @@ def test_a_client_that_left_before_the_start_was_answered_has_it_killed_first():
     systemd.close()
 
 
+def test_a_client_that_left_while_systemd_was_away_is_killed_after_it_returns():
+    # The kill ahead of the stop, lost with the connection, is made again
+    # with the stop: only the stop was (review 35 R3).
+    process, systemd, _, _ = make_process()
+    systemd.lose()
+    process.client_gone()
+    lost = len(systemd.calls)
+    systemd.restore()
+    process.resync()
+    assert [call for call in systemd.calls[lost:] if call[0] in ("kill", "stop")] == [
+        ("kill", "all", signal.SIGKILL),
+        ("stop", UNIT),
+    ]
+
+
 def test_a_client_that_left_after_started_kills_the_main_process_alone():
     process, systemd, _, _ = make_process()
     systemd.change(UNIT, RUNNING)

@@ -279,27 +279,33 @@ def test_a_usage_error_is_one_line_and_ex_config(tmp_path, options, said):
 
 
 @pytest.mark.parametrize(
+    ("bus", "variable"),
+    [("user", "DBUS_SESSION_BUS_ADDRESS"), ("system", "DBUS_SYSTEM_BUS_ADDRESS")],
+)
+@pytest.mark.parametrize(
     ("address", "said"),
     [("garbage", "address did not contain a transport"),
      ("unix:foo=bar", "got unix transport with unknown path specifier")],
 )  # fmt: skip
-def test_a_bus_address_that_is_not_one_is_named_and_ex_config(tmp_path, address, said):
+def test_a_bus_address_that_is_not_one_is_named_and_ex_config(
+    tmp_path, address, said, bus, variable
+):
     # dbus-fast's own words alone named neither the variable nor its value,
     # and the exit status 1 had the units retry a start that cannot work.
     config = tmp_path / "sdexec.toml"
     config.write_text(
         f'[sdexec]\nlisten = "unix:{tmp_path}/s.sock"\n'
-        'stats = "tcp:0:interface=127.0.0.1"\n'
+        f'stats = "tcp:0:interface=127.0.0.1"\n[systemd]\nbus = "{bus}"\n'
     )
     tmp_path.chmod(0o700)  # a socket's directory must be the service's own
     done = subprocess.run(
         [*TWISTD, "--nodaemon", "--pidfile=", "sdexec", "--config", str(config)],
         capture_output=True, timeout=60, cwd=tmp_path,
-        env={**_environment(), "DBUS_SESSION_BUS_ADDRESS": address},
+        env={**_environment(), variable: address},
     )  # fmt: skip
     assert done.returncode == EX_CONFIG, done.stdout
     expected = (
-        f"sdexec could not start: DBUS_SESSION_BUS_ADDRESS '{address}' is not a"
+        f"sdexec could not start: {variable} '{address}' is not a"
         f" D-Bus address: {said}\n"
     )
     assert done.stdout.decode().endswith(expected)

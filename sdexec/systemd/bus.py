@@ -135,20 +135,18 @@ def session_bus_address() -> str | None:
 
 async def _open_bus(address: str | None, system: bool) -> MessageBus:
     """A connected bus (fd passing negotiated) with the patient writer."""
-    if system:
-        bus = MessageBus(bus_type=BusType.SYSTEM, negotiate_unix_fd=True)
-    else:
+    if not system:
         address = address or session_bus_address()
         if address is None:
             raise SystemdError(
                 NO_BUS_ADDRESS,
                 "no user bus: set DBUS_SESSION_BUS_ADDRESS or XDG_RUNTIME_DIR",
             )
-        bus = _user_bus(address)
+    bus = _new_bus(address, system)
     try:
         await bus.connect()
     except ValueError as error:  # dbus-fast's word on an address it cannot use
-        raise _not_an_address(address, error) from error
+        raise _not_an_address(address, system, error) from error
     except OSError as error:
         where = "the system bus" if system else f"D-Bus at {address}"
         hint = (
@@ -166,21 +164,37 @@ async def _open_bus(address: str | None, system: bool) -> MessageBus:
     return bus
 
 
-def _user_bus(address: str) -> MessageBus:
-    """An unconnected bus at ``address``."""
+def _new_bus(address: str | None, system: bool) -> MessageBus:
+    """An unconnected bus: the system bus (at the address dbus-fast reads
+    from the environment), else the user bus at ``address``."""
     try:
+        if system:
+            return MessageBus(bus_type=BusType.SYSTEM, negotiate_unix_fd=True)
         return MessageBus(bus_address=address, negotiate_unix_fd=True)
     except ValueError as error:  # InvalidAddressError: not an address at all
-        raise _not_an_address(address, error) from error
+        raise _not_an_address(address, system, error) from error
 
 
-def _not_an_address(address: str | None, error: ValueError) -> SystemdError:
+#: The variable each bus's address comes from (``system`` or not).
+_ADDRESS_VARIABLES = {
+    True: "DBUS_SYSTEM_BUS_ADDRESS",
+    False: "DBUS_SESSION_BUS_ADDRESS",
+}
+
+
+def _not_an_address(
+    address: str | None, system: bool, error: ValueError
+) -> SystemdError:
     """The error of a bus address dbus-fast cannot use, naming where it
     came from: the same start would fail the same way."""
-    if address is not None and address == os.environ.get("DBUS_SESSION_BUS_ADDRESS"):
-        where = "DBUS_SESSION_BUS_ADDRESS"
+    variable = _ADDRESS_VARIABLES[system]
+    given = os.environ.get(variable)
+    if system:
+        address = given  # dbus-fast's default for it is an address
+    if address is not None and address == given:
+        where = variable
     else:
-        where = "the user bus's address"
+        where = "the system bus's address" if system else "the user bus's address"
     return SystemdError(
         NO_BUS_ADDRESS,
         f"{where} {quoted(address or '')} is not a D-Bus address: {error}",

@@ -1337,6 +1337,7 @@ def test_cli_reports_an_unexpected_exception_from_a_site_mapper(tmp_path, capsys
         (["--gpus", "3-1"],
          "argument --gpus: invalid idset '3-1': range '3-1' is descending"),
         (["--rank", "1"], "give --cores, --gpus or both"),
+        (["--cores="], "argument --cores: empty: give some ids, or leave it out"),
     ],
 )  # fmt: skip
 def test_cli_flag_errors_name_the_flags(capsys, args, said):

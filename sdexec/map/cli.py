@@ -82,9 +82,12 @@ def _idset(text: str) -> str:
     """``text``, if it is an idset R's children may hold (checked here, so
     that the error names the flag, not R's field)."""
     try:
-        IDset(text)
+        ids = IDset(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+    if not ids:
+        # R would give the rank none of them: what leaving it out says.
+        raise argparse.ArgumentTypeError("empty: give some ids, or leave it out")
     return text
 
 

@@ -1289,8 +1289,6 @@ def test_cli_custom_mapper_from_a_searchpath(searchpath):
          "mapper failed: No such file or directory"),
         (["--xml", "/bin/true", "--cores", "0"],
          "mapper failed: /bin/true: not an XML text file (byte "),
-        (["--xml", str(DATA / "small.xml"), "--cores", ""],
-         "mapper failed: R gives rank 0 no cores and no GPUs to fence"),
     ],
 )  # fmt: skip
 def test_cli_failures(capsys, args, message):

@@ -163,14 +163,20 @@ class Containment:
             and command.option(R_OPTION) is not None
         )
 
-    def properties(self, command: Command) -> dict[str, str]:
+    def properties(
+        self, command: Command, resources: ResourceSet | None = None
+    ) -> dict[str, str]:
         """The mapper's unit properties for this request (``{}`` unless it
-        :meth:`applies_to` it)."""
+        :meth:`applies_to` it); ``resources``: its R already parsed (a
+        mapper's ``map()`` takes a ``ResourceSet`` as it takes R's JSON)."""
         R = command.option(R_OPTION)
         if self.mapper is None or R is None or not self.applies_to(command):
             return {}
+        given = resources if resources is not None else R
         try:
-            mapped = self.mapper.map(R, extra_properties=dict(self.extra_properties))
+            mapped = self.mapper.map(
+                given, extra_properties=dict(self.extra_properties)
+            )
         except OSError as error:
             # The machine's (ENODEV: a core or GPU it does not have): the
             # errno goes with the answer, so "[Errno N]" would say it twice.

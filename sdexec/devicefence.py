@@ -43,6 +43,7 @@ from sdexec.ioencode import decode_io
 from sdexec.plan import ExecPlan, RequestError, plan_exec
 from sdexec.property import GATE_LISTS
 from sdexec.protocol import ExecFlag, command_object
+from sdexec.rset import ResourceSet
 from sdexec.systemd.unit import wait_status
 
 __all__ = [
@@ -118,7 +119,9 @@ class _CanaryFence(Containment):
     are the service's own, and a request (whose policy the canary's options
     pass) may never name a device fence."""
 
-    def properties(self, command: Command) -> dict[str, str]:
+    def properties(
+        self, command: Command, resources: ResourceSet | None = None
+    ) -> dict[str, str]:
         return dict(CANARY_PROPERTIES)
 
 

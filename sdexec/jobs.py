@@ -35,6 +35,7 @@ from sdexec.joblimit import TIME_LIMIT_OPTION, TimeLimit, job_expiration
 from sdexec.limits import check_text
 from sdexec.plan import RequestError
 from sdexec.protocol import terminate_not_found, terminate_runs_no_job
+from sdexec.rset import ResourceSet
 from sdexec.signals import signal_name
 from sdexec.systemd import Manager
 from sdexec.termination import (
@@ -353,11 +354,13 @@ class Jobs:
         *,
         systemd: Manager,
         clock: IReactorTime,
+        resources: ResourceSet | None = None,
     ) -> Job | None:
         """The job an exec request runs, ``None`` if it runs none;
         :class:`RequestError` (EINVAL) naming a bad option or R field, or
         EEXIST for a job id already running here. ``systemd`` and ``clock``
-        are the ones its process is given."""
+        are the ones its process is given; ``resources``: its R, where the
+        plan parsed it already (else it is parsed here)."""
         jobid = command.option(JOBID_OPTION)
         time_limit = command.option(TIME_LIMIT_OPTION)
         if not jobid and time_limit is None:
@@ -367,7 +370,7 @@ class Jobs:
             raise RequestError(errno.EEXIST, self.jobs[jobid].in_use(JOBID_OPTION))
         received_at = wall_seconds(clock)  # R's times are the epoch
         try:
-            rset = request_resources(command)
+            rset = resources if resources is not None else request_resources(command)
             expiration = job_expiration(
                 received_at, config.max_start_delay_percent, rset, time_limit
             )

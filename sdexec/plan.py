@@ -59,6 +59,7 @@ from sdexec.protocol import (
     ExecFlag,
 )
 from sdexec.refusal import RequestRefused, json_quoted
+from sdexec.rset import ResourceSet
 from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import parse_size
 from sdexec.unitstop import StopTimerPolicy, lifecycle_properties
@@ -152,6 +153,9 @@ class ExecPlan:
     #: The streams whose descriptors the client passed (stdio passthrough),
     #: in the order the descriptors came; the service makes no channel for them.
     stdio: tuple[str, ...] = ()
+    #: The request's R, where containment read it (a job's time limit
+    #: reads it from here rather than parse it again).
+    resources: ResourceSet | None = None
 
     @property
     def cmdline(self) -> list[str]:
@@ -237,7 +241,8 @@ def plan_exec(
         # nothing.
         name = command.cmdline[0] or '""'
         raise RequestError(errno.ENOENT, f"{name}: command not found")
-    mapped = _mapped_properties(containment, command)
+    resources = _contained_resources(containment, command)
+    mapped = _mapped_properties(containment, command, resources)
     merged, sources = _merged_properties(config, command, mapped)
     _check_together(merged, sources)
     unit_name = unit_name_for(command)
@@ -266,6 +271,7 @@ def plan_exec(
             mapped.get("MemoryMax", config.exec.sdexec_properties.get("MemoryMax"))
         ),
         stdio=_stdio(payload.get("stdio", ())),
+        resources=resources,
     )
 
 
@@ -405,16 +411,26 @@ def _stdio(streams: object) -> tuple[str, ...]:
     return tuple(streams)
 
 
-def _mapped_properties(containment: Containment, command: Command) -> dict[str, str]:
-    if containment.applies_to(command):
-        # A malformed R is the request's fault, named as it is with
-        # containment off (Jobs.admit), not as the mapper's failure.
-        try:
-            request_resources(command)
-        except ValueError as error:
-            raise RequestError(errno.EINVAL, str(error)) from None
+def _contained_resources(
+    containment: Containment, command: Command
+) -> ResourceSet | None:
+    """The request's R, read once where containment maps it (the mapper
+    and a job's time limit take it from here): a malformed one is the
+    request's fault, named as with containment off (Jobs.admit), not as
+    the mapper's failure."""
+    if not containment.applies_to(command):
+        return None
     try:
-        return containment.properties(command)
+        return request_resources(command)
+    except ValueError as error:
+        raise RequestError(errno.EINVAL, str(error)) from None
+
+
+def _mapped_properties(
+    containment: Containment, command: Command, resources: ResourceSet | None
+) -> dict[str, str]:
+    try:
+        return containment.properties(command, resources)
     except MapperError as error:
         cause = error.__cause__
         errnum = cause.errno if isinstance(cause, OSError) and cause.errno else None

@@ -282,6 +282,7 @@ class SdexecServer:
             self.config.exec,
             systemd=self.systemd,
             clock=self.clock,
+            resources=plan.resources,
         )
         if job is not None:
             responder = job.watch(responder)

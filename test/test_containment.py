@@ -71,6 +71,7 @@ from sdexec.idset import IDset
 from sdexec.plan import plan_exec
 from sdexec.procfs import process_exists
 from sdexec.protocol import ExecFlag
+from sdexec.rset import ResourceSet
 from sdexec.server import SdexecServer
 from sdexec.testing import FakeManager
 
@@ -1024,6 +1025,38 @@ def test_a_malformed_r_is_the_request_s_fault_contained_or_not(R, said, constrai
     assert refusal == (errno.EINVAL, f"{R_OPTION}: {said}")
     if "expiration" not in said:
         assert calls == []  # the mapper never saw it
+
+
+def test_a_contained_job_s_r_is_parsed_once(monkeypatch):
+    # The check before the mapper, the mapper and the job's time limit each
+    # parsed it: a large R (the command cap allows megabytes) held the
+    # reactor's thread three times over (review 35 R5).
+    parsed = []
+    parse = ResourceSet.__init__
+
+    def counted(self, R):
+        parsed.append(R)
+        parse(self, R)
+
+    monkeypatch.setattr(ResourceSet, "__init__", counted)
+    config = parse_config({"exec": {"sdexec-constrain-resources": True}})
+    mapper = FakeMapper({"AllowedCPUs": "0"})
+    systemd = FakeManager()
+    server = SdexecServer(
+        systemd, config, reactor, Containment(config, mapper), clock=Clock()
+    )
+    connection = Connection(server)
+    R = r_local("0")
+    opts = {R_OPTION: R, "SDEXEC_JOBID": "f1", "SDEXEC_NAME": UNIT}
+    connection.send(
+        "sdexec.exec", {"flags": STREAMS, "cmd": command(["true"], opts=opts)}
+    )
+    assert UNIT in systemd.units  # planned, admitted as a job, started
+    assert parsed == [R]
+    ((given, _),) = mapper.calls
+    assert isinstance(given, ResourceSet)  # what a mapper's map() takes
+    connection.close()
+    systemd.close()
 
 
 @pytest.mark.parametrize("kind", READERS)

@@ -981,9 +981,11 @@ def test_a_mapper_s_os_error_keeps_the_file_it_names():
     )
 
 
-def job_refusal(R: str, constrain: bool) -> tuple[tuple[int, str], list]:
-    """The answer to a job request with ``R``, containment on or off, and
-    the calls its mapper had."""
+def sent_job(
+    R: str, constrain: bool, **opts: str
+) -> tuple[Connection, FakeManager, FakeMapper]:
+    """A job request with ``R`` (and ``opts``) sent to a server on the fake
+    manager whose mapper is a :class:`FakeMapper`, containment on or off."""
     config = parse_config({"exec": {"sdexec-constrain-resources": constrain}})
     mapper = FakeMapper({"AllowedCPUs": "0"})
     systemd = FakeManager()
@@ -991,10 +993,17 @@ def job_refusal(R: str, constrain: bool) -> tuple[tuple[int, str], list]:
         systemd, config, reactor, Containment(config, mapper), clock=Clock()
     )
     connection = Connection(server)
-    opts = {R_OPTION: R, "SDEXEC_JOBID": "f1"}
+    opts = {R_OPTION: R, "SDEXEC_JOBID": "f1", **opts}
     connection.send(
         "sdexec.exec", {"flags": STREAMS, "cmd": command(["true"], opts=opts)}
     )
+    return connection, systemd, mapper
+
+
+def job_refusal(R: str, constrain: bool) -> tuple[tuple[int, str], list]:
+    """The answer to a job request with ``R``, containment on or off, and
+    the calls its mapper had."""
+    connection, systemd, mapper = sent_job(R, constrain)
     (response,) = connection.responses()
     connection.close()
     systemd.close()
@@ -1039,18 +1048,8 @@ def test_a_contained_job_s_r_is_parsed_once(monkeypatch):
         parse(self, R)
 
     monkeypatch.setattr(ResourceSet, "__init__", counted)
-    config = parse_config({"exec": {"sdexec-constrain-resources": True}})
-    mapper = FakeMapper({"AllowedCPUs": "0"})
-    systemd = FakeManager()
-    server = SdexecServer(
-        systemd, config, reactor, Containment(config, mapper), clock=Clock()
-    )
-    connection = Connection(server)
     R = r_local("0")
-    opts = {R_OPTION: R, "SDEXEC_JOBID": "f1", "SDEXEC_NAME": UNIT}
-    connection.send(
-        "sdexec.exec", {"flags": STREAMS, "cmd": command(["true"], opts=opts)}
-    )
+    connection, systemd, mapper = sent_job(R, constrain=True, SDEXEC_NAME=UNIT)
     assert UNIT in systemd.units  # planned, admitted as a job, started
     assert parsed == [R]
     ((given, _),) = mapper.calls

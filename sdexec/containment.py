@@ -23,6 +23,7 @@ from sdexec.command import Command
 from sdexec.config import Config, ConfigError, read_text_file
 from sdexec.idset import IDset
 from sdexec.map import ResourceMapper, create_mapper
+from sdexec.map.mapper import rank_problem
 from sdexec.map.topology import TopologyXMLError
 from sdexec.procfs import (
     cgroup_value,
@@ -103,6 +104,20 @@ class Containment:
         #: for. A request's own cap is its business: one the node cannot
         #: hold must not let any client drain the node.
         self.caps_memory = _caps_memory(self.extra_properties.get("MemoryMax"))
+
+    def resources(self, command: Command) -> ResourceSet | None:
+        """The request's R where containment maps it (else ``None``), read
+        once for the mapper and the job's time limit. ``ValueError`` naming
+        the option when it is the request's fault: R malformed, or nothing
+        in it for this rank, as the mapper would refuse it (told as the
+        mapper's failure, that sent the admin to the mapper)."""
+        if self.mapper is None or not self.applies_to(command):
+            return None
+        rset = request_resources(command)
+        problem = None if rset is None else rank_problem(rset, self.mapper.rank)
+        if problem is not None:
+            raise ValueError(f"{R_OPTION}: {problem}")
+        return rset
 
     def checks_memory_cap(self, memory_max: str | None) -> bool:
         """Whether the fence check looks for the cap of a unit given

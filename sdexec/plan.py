@@ -32,7 +32,7 @@ from sdexec.command import (
     unit_properties,
 )
 from sdexec.config import Config
-from sdexec.containment import Containment, MapperError, request_resources
+from sdexec.containment import Containment, MapperError
 from sdexec.idset import IDset
 from sdexec.limits import (
     check_command_size,
@@ -418,10 +418,8 @@ def _contained_resources(
     and a job's time limit take it from here): a malformed one is the
     request's fault, named as with containment off (Jobs.admit), not as
     the mapper's failure."""
-    if not containment.applies_to(command):
-        return None
     try:
-        return request_resources(command)
+        return containment.resources(command)
     except ValueError as error:
         raise RequestError(errno.EINVAL, str(error)) from None
 

@@ -884,6 +884,8 @@ def test_without_cpusets_every_node_may_be_used(tmp_path):
 class FakeMapper:
     """Returns (or raises) what it is given, and remembers its calls."""
 
+    rank = 0  # the broker rank it maps, as a ResourceMapper's
+
     def __init__(self, result) -> None:
         self.result = result
         self.calls: list[tuple] = []
@@ -1034,6 +1036,19 @@ def test_a_malformed_r_is_the_request_s_fault_contained_or_not(R, said, constrai
     assert refusal == (errno.EINVAL, f"{R_OPTION}: {said}")
     if "expiration" not in said:
         assert calls == []  # the mapper never saw it
+
+
+def test_an_r_with_nothing_for_this_rank_is_the_request_s_fault():
+    # The mapper's own refusal read "mapper ... failed: ValueError: R has no
+    # resources for rank 0", sending the admin to the mapper.
+    R = json.dumps({"version": 1, "execution": {"R_lite": [
+        {"rank": "1", "children": {"core": "0"}}]}})  # fmt: skip
+    refusal, calls = job_refusal(R, constrain=True)
+    assert refusal == (
+        errno.EINVAL,
+        f"{R_OPTION}: R has no resources for rank 0 (its ranks are 1)",
+    )
+    assert calls == []  # the mapper never saw it
 
 
 def test_a_contained_job_s_r_is_parsed_once(monkeypatch):

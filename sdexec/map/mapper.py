@@ -13,9 +13,18 @@ from sdexec.map.topology import GPU, Topology, out_of_range, uncounted_gpus_hint
 from sdexec.rset import ResourceSet
 from sdexec.sizes import MemoryLimit
 
-__all__ = ["HwlocMapper", "ResourceMapper"]
+__all__ = ["HwlocMapper", "ResourceMapper", "rank_problem"]
 
 Properties = dict[str, Any]
+
+
+def rank_problem(rset: ResourceSet, rank: int) -> str | None:
+    """Why ``rset`` cannot be mapped for ``rank``: it holds nothing there
+    (a job must not run unconstrained because of a wrong R); else ``None``."""
+    if rank in rset:
+        return None
+    return f"R has no resources for rank {rank} (its ranks are {rset.ranks or 'none'})"
+
 
 # Memory caps from extra_properties that HwlocMapper scales by the job's share
 # of the node's PUs. MemoryMin and MemoryLow are protections, not caps: a
@@ -68,11 +77,9 @@ class ResourceMapper:
             OSError: a resource could not be mapped (see the map methods).
         """
         rset = R if isinstance(R, ResourceSet) else ResourceSet(R)
-        if self._rank not in rset:
-            raise ValueError(
-                f"R has no resources for rank {self._rank}"
-                f" (its ranks are {rset.ranks or 'none'})"
-            )
+        problem = rank_problem(rset, self._rank)
+        if problem is not None:
+            raise ValueError(problem)
         properties: Properties = {}
         for kind, ids in rset.children(self._rank).items():
             method = getattr(self, f"map_{kind}s", None)

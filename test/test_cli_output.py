@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from test_cli_scripted import (
     ScriptedService,
+    ScriptedServices,
     failure,
     response,
     sdexec,
@@ -139,7 +140,7 @@ def test_a_process_that_ignores_sigpipe_is_ended_once_its_reader_has_gone(printi
 def printed(tmp_path: Path) -> Iterator[Callable[..., str]]:
     """Start a scripted service whose exec's process wrote the (stream,
     data) pairs given, in turn, and exited 0, all in one read; its path."""
-    services: list[ScriptedService] = []
+    services = ScriptedServices(tmp_path)
 
     def start(*outputs: tuple[str, bytes]) -> str:
         def script(request: dict) -> list[dict]:
@@ -156,13 +157,10 @@ def printed(tmp_path: Path) -> Iterator[Callable[..., str]]:
                 ]
             ] + [failure(request, errno.ENODATA)]
 
-        path = str(tmp_path / f"printed{len(services)}.sock")
-        services.append(ScriptedService(path, script))
-        return path
+        return services.start(script)
 
     yield start
-    for service in services:
-        service.close()
+    services.close()
 
 
 @pytest.mark.parametrize(

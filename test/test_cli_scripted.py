@@ -85,19 +85,30 @@ class ScriptedService:
         self._listener.close()
 
 
+class ScriptedServices:
+    """Scripted services on sockets in ``directory``, closed together."""
+
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+        self._services: list[ScriptedService] = []
+
+    def start(self, script: Script) -> str:
+        """Start a scripted service; its socket's path."""
+        path = str(self._directory / f"s{len(self._services)}.sock")
+        self._services.append(ScriptedService(path, script))
+        return path
+
+    def close(self) -> None:
+        for service in self._services:
+            service.close()
+
+
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Callable[[Script], str]]:
     """Start a scripted service; its socket's path."""
-    services: list[ScriptedService] = []
-
-    def start(script: Script) -> str:
-        path = str(tmp_path / f"s{len(services)}.sock")
-        services.append(ScriptedService(path, script))
-        return path
-
-    yield start
-    for service in services:
-        service.close()
+    services = ScriptedServices(tmp_path)
+    yield services.start
+    services.close()
 
 
 def sdexec(path: str, *args: str, **popen) -> subprocess.CompletedProcess:

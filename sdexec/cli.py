@@ -30,6 +30,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from sdexec import runrequest
 from sdexec.cliio import (
     DISCARDED,
     EXEC_FAILURES,
@@ -53,12 +54,12 @@ from sdexec.cliparser import CommandParser
 from sdexec.protocol import (
     ExecFlag,
     Topic,
-    command_object,
     terminate_not_found,
     terminate_runs_no_job,
 )
 from sdexec.receipt import Receipt
 from sdexec.rpc import RPCError, SdexecError, listed_processes
+from sdexec.runrequest import NotText
 from sdexec.signals import parse_signal, signal_name
 from sdexec.syncclient import READABLE, Call, Connection, Exec, Loop
 from sdexec.version import add_version_option
@@ -66,6 +67,8 @@ from sdexec.version import add_version_option
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
     from typing import Any, NoReturn
+
+    from sdexec.earlyexec import EarlyExec
 
 __all__ = [
     "build_command",
@@ -101,11 +104,6 @@ INTERRUPTING_SIGNALS = frozenset(
 STILL_DRAINED = 3
 _RUN_FLAGS = ExecFlag.STDOUT | ExecFlag.STDERR | ExecFlag.WRITE_CREDIT
 _READ_SIZE = 64 * 1024
-#: A closed pipe kills the process as it would a local command: with stdio
-#: passthrough it writes to our stdout itself; framed, the client sends it
-#: SIGPIPE. systemd ignores SIGPIPE by default, and then neither would end
-#: it (``sdexec run --no-passthrough yes | head -1`` ran on for ever).
-_STREAMING_OPTS = {"SDEXEC_PROP_IgnoreSIGPIPE": "no"}
 #: How long a ``--no-passthrough`` process has to die of the SIGPIPE sent
 #: when our reader went: output for that stream that comes later says it
 #: ignores SIGPIPE (every Python program does), and `run` ends it, as
@@ -114,9 +112,10 @@ _STREAMING_OPTS = {"SDEXEC_PROP_IgnoreSIGPIPE": "no"}
 _SIGPIPE_GRACE_S = 1.0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, early: EarlyExec | None = None) -> int:
     """Run the ``sdexec`` command line ``argv`` (default ``sys.argv[1:]``);
-    return the exit status."""
+    return the exit status. ``early``: the exec :mod:`sdexec.earlyexec`
+    sent for this command line, which ``run`` takes over."""
     # Default dispositions until `run` catches them: a ^C while starting up
     # ends the client quietly (130) rather than with a KeyboardInterrupt.
     # Not one the caller ignores (nohup; `&` in a script): it stays ignored.
@@ -126,7 +125,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     open_closed_standard_fds()
     try:
         options = parse_args(argv)
-        status = _COMMANDS[options.command](options)
+        if early is None:
+            status = _COMMANDS[options.command](options)
+        else:  # only ever a run's (earlyexec.read_run)
+            status = _run(options, early)
         flush_out()
         return status
     except UnicodeEncodeError as error:
@@ -149,15 +151,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(f"unexpected error: {type(failure).__name__}: {failure}")
 
 
-def run_and_exit() -> NoReturn:
-    """The ``sdexec`` command: :func:`main`, then exit at once.
+def run_and_exit(early: EarlyExec | None = None) -> NoReturn:
+    """The ``sdexec`` command: :func:`main` (taking ``early`` over), then
+    exit at once.
 
     The interpreter's finalization (tearing down every module) would cost
     the command about a sixth of its CPU time (docs/performance.md);
     nothing of ours needs it once our output is flushed and the socket is
     closed.
     """
-    code = main()
+    code = main(early=early)
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -416,91 +419,32 @@ def _is_number(text: str) -> bool:
 def build_command(
     options: argparse.Namespace, environ: Mapping[str, str], cwd: str
 ) -> dict[str, Any]:
-    """The RFC 42 command object for ``sdexec run``: the client's whole
-    environment and working directory (``--dir`` relative to ``cwd``; and
-    ``PWD`` then names it, not the client's)."""
-    job_options = {
-        name: value
-        for name, value in (
-            ("SDEXEC_JOBID", options.jobid),
-            ("SDEXEC_TIME_LIMIT", options.time_limit),
-        )
-        if value is not None
-    }
-    # A background run has no client, and no pipe of ours to write to.
-    opts = {} if options.bg else dict(_STREAMING_OPTS)
-    directory = os.path.join(cwd, options.dir) if options.dir else cwd
-    _check_utf8(
-        [
-            *((f"argument {i}", arg) for i, arg in enumerate(options.cmdline)),
-            ("the working directory", directory),
-            *((f"--setopt {key}", f"{key}={value}") for key, value in options.setopt),
-            ("--label", options.label or ""),
-        ]
-    )
-    if options.dir:
-        # Where the process runs: `..` after a symbolic link is its target's
-        # parent, which a normalized path is not.
-        environ = {**environ, "PWD": os.path.realpath(directory)}
-    return command_object(
-        options.cmdline,
-        _utf8_environment(environ),
-        {**opts, **dict(options.setopt), **job_options},
-        cwd=directory,
-        label=options.label,
-    )
-
-
-def _is_utf8(text: str) -> bool:
+    """The RFC 42 command object for ``sdexec run``
+    (:func:`sdexec.runrequest.build_command`): a variable of ``environ``
+    that is not UTF-8 is named on stderr and left out, any other field that
+    is not is an :class:`SdexecError`."""
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # bytes os.fsdecode kept as surrogates
-        return False
-    return True
+        return runrequest.build_command(options, environ, cwd, _not_passed)
+    except NotText as error:
+        raise SdexecError(str(error)) from None
 
 
-def _check_utf8(fields: Sequence[tuple[str, str]]) -> None:
-    """The protocol carries text: a string that is not UTF-8 is refused,
-    named, with its bytes shown."""
-    for field, text in fields:
-        if not _is_utf8(text):
-            raise SdexecError(
-                f"{field} is not UTF-8 text, which the service takes only:"
-                f" {os.fsencode(text)!r}"
-            )
-
-
-def _utf8_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` without its variables that are not UTF-8 (the protocol
-    cannot carry them), each named on stderr: one such variable of a
-    shell's (an OLDPWD, a module's path) must not stop every run."""
-    kept = {}
-    for name, value in environ.items():
-        if _is_utf8(name) and _is_utf8(value):
-            kept[name] = value
-        else:
-            warn(f"not passing {os.fsencode(name)!r}: not UTF-8 text")
-    return kept
+def _not_passed(name: str) -> None:
+    warn(f"not passing {name}: not UTF-8 text")
 
 
 # -- the commands --------------------------------------------------------------
 
 
-def _run(options: argparse.Namespace) -> int:
-    try:
-        # An absolute --dir needs no current directory (one deleted, say).
-        absolute = options.dir and os.path.isabs(options.dir)
-        command = build_command(
-            options, os.environ, options.dir if absolute else os.getcwd()
-        )
-    except OSError as failure:
-        why = failure.strerror
-        raise SdexecError(f"cannot get the current directory: {why}") from None
+def _run(options: argparse.Namespace, early: EarlyExec | None = None) -> int:
+    """``sdexec run``; with ``early``, the exec :mod:`sdexec.earlyexec`
+    sent for these options is taken over instead of sent."""
+    command = _run_command(options) if early is None else early.command
     if options.bg:
         from sdexec.cli_background import run_background  # only when used
 
         return run_background(options, command)
-    with Loop() as loop, _Stdio(options) as stdio:
+    with Loop() as loop, early or _Stdio(options) as stdio:
         job = _Job(
             loop, options.noinput, stdio, lambda: connect(loop, options), options.usage
         )
@@ -508,8 +452,8 @@ def _run(options: argparse.Namespace) -> int:
         # is held until the process has started, or interrupts it.
         loop.catch_signals(FORWARDED_SIGNALS, job.forward_signal)
         try:
-            with connect(loop, options) as connection:
-                job.start(connection, command)
+            with _connection(loop, options, early) as connection:
+                job.start(connection, command, early.matchtag if early else None)
                 loop.run_until(job.ended)
         except SdexecError:
             # A signal that cut the connect short (an unconnected socket
@@ -521,6 +465,24 @@ def _run(options: argparse.Namespace) -> int:
             close_outputs(job.outputs)
         loop.serve_caught_signals()  # one the loop had no turn to serve
     return job.exit_code()
+
+
+def _run_command(options: argparse.Namespace) -> dict[str, Any]:
+    try:
+        base = runrequest.base_directory(options)
+    except OSError as failure:
+        why = failure.strerror
+        raise SdexecError(f"cannot get the current directory: {why}") from None
+    return build_command(options, os.environ, base)
+
+
+def _connection(
+    loop: Loop, options: argparse.Namespace, early: EarlyExec | None
+) -> Connection:
+    """The connection ``run`` uses: the early exec's, or a new one."""
+    if early is None:
+        return connect(loop, options)
+    return Connection(loop, early.path, early.socket)
 
 
 def _wait(options: argparse.Namespace) -> int:
@@ -806,10 +768,19 @@ class _Job:
         #: on to a stream whose reader went, ignoring the SIGPIPE.
         self._gave_up: int | None = None
 
-    def start(self, connection: Connection, command: dict[str, Any]) -> None:
+    def start(
+        self, connection: Connection, command: dict[str, Any], sent_as: int | None
+    ) -> None:
+        """Start ``command`` on ``connection``; given ``sent_as``, follow
+        the exec sent with that matchtag instead (an early exec)."""
         self._connection = connection
         self._stream = connection.exec(
-            command, _RUN_FLAGS, self._respond, self._passed, self._stdin_refused
+            command,
+            _RUN_FLAGS,
+            self._respond,
+            self._passed,
+            self._stdin_refused,
+            sent_as,
         )
         if self._noinput and "stdin" not in self._passed:
             connection.write_stdin(self._stream, b"")

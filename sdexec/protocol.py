@@ -6,18 +6,22 @@ limit, the default socket path. The service (``sdexec.server``), the Twisted
 client library (``sdexec.client``), the command line and the tests import
 these names; none of them writes the values again. This module imports
 nothing but the standard library, so a lean client can use it without
-loading Twisted.
+loading Twisted. The names that need no enum are written in
+:mod:`sdexec.protocolbase`, for the command line's early exec, and
+exported from here as well.
 """
 
 from __future__ import annotations
 
 import enum
-import os
-from collections.abc import Mapping, Sequence
 
-TYPE_CHECKING = False  # not typing's: its import slows the command line
-if TYPE_CHECKING:
-    from typing import Any
+from sdexec.protocolbase import (
+    DEFAULT_SOCKET_SUBPATH,
+    SOCKET_ENV,
+    SYSTEM_SOCKET,
+    command_object,
+    default_socket_path,
+)
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
@@ -25,6 +29,7 @@ __all__ = [
     "DEFAULT_SOCKET_SUBPATH",
     "DEFAULT_STDIN_BUFSIZE",
     "SOCKET_ENV",
+    "SYSTEM_SOCKET",
     "ExecFlag",
     "Topic",
     "command_object",
@@ -64,44 +69,6 @@ DEFAULT_STDIN_BUFSIZE = 4096
 DEFAULT_OUTPUT_BUFSIZE = 1024 * 1024
 #: The largest message either end accepts unless configured otherwise.
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024
-#: Where the service listens by default, under ``$XDG_RUNTIME_DIR``.
-DEFAULT_SOCKET_SUBPATH = os.path.join("sdexec", "sdexec.sock")
-#: The environment variable naming the service's socket (clients).
-SOCKET_ENV = "SDEXEC_SOCKET"
-#: Where the system unit (etc/sdexec-system.service) serves: its
-#: ``XDG_RUNTIME_DIR`` is ``/run``.
-SYSTEM_SOCKET = os.path.join("/run", DEFAULT_SOCKET_SUBPATH)
-
-
-def default_socket_path(environ: Mapping[str, str] | None = None) -> str | None:
-    """``$XDG_RUNTIME_DIR/sdexec/sdexec.sock``, or ``None`` when
-    ``XDG_RUNTIME_DIR`` is unset (each caller says what that means for it)."""
-    runtime_dir = (os.environ if environ is None else environ).get("XDG_RUNTIME_DIR")
-    if not runtime_dir:
-        return None
-    return os.path.join(runtime_dir, DEFAULT_SOCKET_SUBPATH)
-
-
-def command_object(
-    cmdline: Sequence[str],
-    env: Mapping[str, str],
-    opts: Mapping[str, str] | None = None,
-    cwd: str | None = None,
-    label: str | None = None,
-) -> dict[str, Any]:
-    """RFC 42's command object (``cmd`` of an ``sdexec.exec`` request);
-    ``cwd`` and ``label`` only when given."""
-    command: dict[str, Any] = {
-        "cmdline": list(cmdline),
-        "env": dict(env),
-        "opts": dict(opts or {}),
-        "channels": [],
-    }
-    if cwd is not None:
-        command["cwd"] = cwd
-    if label is not None:
-        command["label"] = label
-    return command
 
 
 def target_named(key: str, value: object) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 from sdexec import protocol
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, SOCKET_ENV, SYSTEM_SOCKET
+from sdexec.protocolbase import chosen_socket_path
 from sdexec.refusal import quoted
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
@@ -82,10 +83,8 @@ def resolve_socket_path(
 ) -> str:
     """The socket to use: ``option`` (``--socket``), else ``$SDEXEC_SOCKET``,
     else :func:`default_socket_path`."""
-    if option:
-        return option
-    from_env = (os.environ if environ is None else environ).get(SOCKET_ENV)
-    return from_env or default_socket_path(environ)
+    chosen = chosen_socket_path(option, environ)
+    return default_socket_path(environ) if chosen is None else chosen
 
 
 def cannot_connect(path: str, code: int | None, why: str = "") -> ConnectionFailed:
@@ -199,6 +198,13 @@ class Requests:
             return False
         self._in_flight[request["matchtag"]] = pending
         return True
+
+    def adopt(self, matchtag: int, pending: Pending) -> None:
+        """Route the responses of a request sent before this table was made
+        (on a socket taken over) to ``pending``; later requests are
+        numbered after it."""
+        self._in_flight[matchtag] = pending
+        self._next_matchtag = max(self._next_matchtag, matchtag + 1)
 
     def forget(self, matchtag: int) -> None:
         """Route nothing more to the request of ``matchtag``, if it is still

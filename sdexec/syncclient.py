@@ -20,11 +20,11 @@ import errno
 import os
 import select
 import signal
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from sdexec.ioencode import encode_io
 from sdexec.protocol import ExecFlag, Topic
+from sdexec.protocolbase import passed_fds
 from sdexec.rpc import (
     BAD_DESCRIPTOR,
     Pending,
@@ -161,11 +161,19 @@ class Loop:
             self.unwatch(fd)
 
 
-def _descriptors(fds: Sequence[int]) -> tuple[int, int, bytes]:
-    """The ancillary data that passes ``fds`` (``SCM_RIGHTS``), as
-    ``socket.send_fds`` builds it."""
-    data = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
-    return (_socket.SOL_SOCKET, _socket.SCM_RIGHTS, data)
+def _connected_socket(path: str) -> _socket.socket:
+    """A socket connected to ``path``; :class:`sdexec.rpc.ConnectionFailed`
+    naming it if nothing listens there."""
+    # The socket module's C core: the module itself imports selectors and
+    # builds its enums, a sixth of the command line's imports, for
+    # nothing used here.
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError as failure:
+        sock.close()
+        raise cannot_connect(path, failure.errno, str(failure)) from None
+    return sock
 
 
 def _check_open(stdio: Mapping[str, int]) -> None:
@@ -278,11 +286,14 @@ class Connection:
     """One blocking-free connection to the service's unix socket ``path``.
 
     :class:`sdexec.rpc.ConnectionFailed` names the path if nothing listens
-    there. Requests are written as the socket takes them; responses are
-    read and given to their requests while the loop runs.
+    there. Given ``connected``, a socket already connected to ``path``, it
+    takes that over instead. Requests are written as the socket takes them;
+    responses are read and given to their requests while the loop runs.
     """
 
-    def __init__(self, loop: Loop, path: str) -> None:
+    def __init__(
+        self, loop: Loop, path: str, connected: _socket.socket | None = None
+    ) -> None:
         self._loop = loop
         self._requests = Requests(path)
         # Any number of values, as the Twisted client (sdexec.client).
@@ -295,15 +306,7 @@ class Connection:
         #: peer's close refused meanwhile (:meth:`_peer_left`).
         self._dispatching = False
         self._write_failure: OSError | None = None
-        # The socket module's C core: the module itself imports selectors and
-        # builds its enums, a sixth of the command line's imports, for
-        # nothing used here.
-        self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        try:
-            self._sock.connect(path)
-        except OSError as failure:
-            self._sock.close()
-            raise cannot_connect(path, failure.errno, str(failure)) from None
+        self._sock = connected or _connected_socket(path)
         self._sock.setblocking(False)
         self._watch()
 
@@ -339,8 +342,12 @@ class Connection:
         on_response: Callable[[dict], None],
         stdio: Mapping[str, int] | None = None,
         on_stdin_refused: Callable[[SdexecError], None] | None = None,
+        sent_as: int | None = None,
     ) -> Exec:
-        """Start ``cmd`` (an RFC 42 command object) with ``sdexec.exec``.
+        """Start ``cmd`` (an RFC 42 command object) with ``sdexec.exec``;
+        or, given ``sent_as``, follow the exec already sent on the socket
+        this connection took over with that matchtag (``stdio`` went with
+        it: :mod:`sdexec.earlyexec`).
 
         ``stdio`` passes our own descriptors for some of the process's
         streams (``{"stdout": 1}``; stdio passthrough, docs/protocol.md):
@@ -349,6 +356,10 @@ class Connection:
         ``on_stdin_refused`` gets the service's refusal of a write of
         :meth:`write_stdin`, if one comes while the stream runs."""
         stream = Exec(cmd, flags, on_response, self._requests, on_stdin_refused)
+        if sent_as is not None:
+            self._requests.adopt(sent_as, stream)
+            stream.matchtag = sent_as
+            return stream
         payload: dict[str, Any] = {"cmd": cmd, "flags": flags}
         if stdio:
             payload["stdio"] = list(stdio)
@@ -448,7 +459,7 @@ class Connection:
             data, fds = self._unsent[0]
             try:
                 if fds:
-                    sent = self._sock.sendmsg([data], [_descriptors(fds)])
+                    sent = self._sock.sendmsg([data], [passed_fds(fds)])
                 else:
                     sent = self._sock.send(data)
             except BlockingIOError:

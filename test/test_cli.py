@@ -24,7 +24,9 @@ pytestmark = pytest.mark.systemd
 
 
 def _sdexec_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "sdexec.cli", *args]
+    """The ``sdexec`` command as its console script runs it (a plain run's
+    exec sent early: sdexec.earlyexec)."""
+    return [sys.executable, "-m", "sdexec", *args]
 
 
 def _environment(service) -> dict[str, str]:
@@ -285,7 +287,7 @@ async def test_run_starts_on_the_standard_library_alone(sdexec, args, returncode
     package_root = os.path.dirname(os.path.dirname(sdexec_module.__file__))
     done = await deferToThread(
         subprocess.run,
-        [sys.executable, "-S", "-X", "importtime", "-m", "sdexec.cli", *args],
+        [sys.executable, "-S", "-X", "importtime", "-m", "sdexec", *args],
         capture_output=True,
         env={**_environment(sdexec), "PYTHONPATH": package_root},
         timeout=120,

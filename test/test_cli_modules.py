@@ -75,6 +75,24 @@ def test_the_command_line_starts_on_the_standard_library_alone():
     assert loaded.isdisjoint({"sdexec.cli_background", "twisted", "OpenSSL", "typing"})
 
 
+def test_the_early_exec_is_sent_before_the_heavier_modules_load():
+    # Its head start is what the command line's imports would take: enum
+    # (which signal, re, json and sdexec.protocol load) is a third of it.
+    listed = subprocess.run(
+        [sys.executable, "-S", "-c", "import sys, sdexec.console, sdexec.earlyexec;"
+         " print(*sys.modules)"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)},
+        check=True,
+        timeout=60,
+    )  # fmt: skip
+    loaded = set(listed.stdout.split())
+    assert "sdexec.runrequest" in loaded
+    slow = {"enum", "re", "json", "signal", "argparse", "socket", "sdexec.protocol"}
+    assert loaded.isdisjoint(slow)
+
+
 def test_the_commands_print_only_through_the_checked_writer():
     # A bare print() to a full stdout said "unexpected error: OSError", a
     # bug's words, where cliio.print_out says "cannot write stdout: …".

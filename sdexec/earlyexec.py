@@ -1,0 +1,256 @@
+"""``sdexec run``'s exec, sent before the command line has loaded.
+
+A run's wall time is its interpreter's start, then the command line's
+imports and parsing (about 10 ms), then the service and systemd starting
+the unit (10-25 ms). The console script (:mod:`sdexec.console`) gives its
+arguments to :func:`send` first, with nothing loaded but ``os``, the
+socket's C core and the json module's C core: a run this module can read
+is sent at once, and the imports and the parsing happen while the unit
+starts. :func:`sdexec.cli.main` then takes the connection over, follows
+the exec as if it had sent it, and does everything else as always
+(docs/performance.md, twenty-first pass).
+
+It reads only what it reads exactly as ``sdexec run``'s parser does:
+``[--socket PATH] run [-n|--noinput] [--usage] [--label L] [--jobid ID]
+[--time-limit FSD] [--dir DIR] [--setopt KEY=VAL]... CMD [ARGS...]``, each
+option spelled out, its value after ``=`` or as the next argument, with
+stdio passthrough (the default). For anything else (an abbreviation, a
+value that starts with ``-``, ``--``, ``--bg``, ``--no-passthrough``,
+``--help``), for anything the command line would refuse or warn of (a
+label of digits, a ``--setopt`` without ``=``, text that is not UTF-8), or
+when the socket cannot be reached or a standard descriptor is closed, it
+sends nothing: the command line does it all, and says what is wrong, as
+before. test/test_earlyexec.py holds its reading to the parser's.
+
+A signal that comes between the exec and the command line's handlers
+ends the client as it would have before the exec (SIGINT, SIGTERM and
+SIGHUP have their default action then); the service then stops the unit,
+as for any client that goes.
+"""
+
+from __future__ import annotations
+
+import _socket
+import os
+from _json import encode_basestring  # json's own C encoder: json imports re
+
+from sdexec.protocolbase import chosen_socket_path, passed_fds
+from sdexec.runrequest import NotText, base_directory, build_command
+
+TYPE_CHECKING = False  # not typing's: its import slows the command line
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+__all__ = [
+    "EXEC_TOPIC",
+    "MATCHTAG",
+    "RUN_FLAGS",
+    "EarlyExec",
+    "RunArgs",
+    "read_run",
+    "request_line",
+    "send",
+]
+
+#: RFC 42's exec topic and ``sdexec run``'s flags (STDOUT | STDERR |
+#: WRITE_CREDIT) as their values: :mod:`sdexec.protocol`'s enums would cost
+#: this module's head start a third of itself. test/test_earlyexec.py
+#: holds them to the enums.
+EXEC_TOPIC = "sdexec.exec"
+RUN_FLAGS = 1 | 2 | 8
+#: The exec's matchtag: the first of its connection.
+MATCHTAG = 1
+
+#: ``run``'s options read here that take no value, by their attribute.
+_SWITCHES = {"-n": "noinput", "--noinput": "noinput", "--usage": "usage"}
+#: ``run``'s options read here that take one, by their attribute.
+_VALUED = {
+    "--label": "label",
+    "--jobid": "jobid",
+    "--time-limit": "time_limit",
+    "--dir": "dir",
+}
+#: Where stdin, stdout and stderr come from: the streams passed.
+_STDIO_NAMES = ("stdin", "stdout", "stderr")
+
+
+class RunArgs:
+    """``sdexec run``'s options as its parser's namespace holds them, for
+    the forms :func:`read_run` reads."""
+
+    def __init__(self) -> None:
+        self.command = "run"
+        self.socket: str | None = None
+        self.noinput = False
+        self.passthrough = True
+        self.setopt: list[tuple[str, str]] = []
+        self.label: str | None = None
+        self.bg = False
+        self.waitable = False
+        self.jobid: str | None = None
+        self.time_limit: str | None = None
+        self.usage = False
+        self.dir: str | None = None
+        self.cmdline: list[str] = []
+
+
+class EarlyExec:
+    """An exec sent: the socket it went on, connected to ``path``; the
+    ``command`` object; the descriptors passed, by stream (on exit the
+    /dev/null passed for stdin with ``-n`` is closed)."""
+
+    matchtag = MATCHTAG
+
+    def __init__(
+        self,
+        sock: _socket.socket,
+        path: str,
+        command: dict[str, Any],
+        stdio: dict[str, int],
+    ) -> None:
+        self.socket = sock
+        self.path = path
+        self.command = command
+        self.stdio = stdio
+
+    def __enter__(self) -> dict[str, int]:
+        return self.stdio
+
+    def __exit__(self, *_exc_info: object) -> None:
+        if self.stdio["stdin"] != 0:
+            os.close(self.stdio["stdin"])
+            self.stdio["stdin"] = 0
+
+
+class _Declined(Exception):
+    """What the command line itself must do (and say)."""
+
+
+def send(
+    argv: Sequence[str], environ: Mapping[str, str] = os.environ
+) -> EarlyExec | None:
+    """Send the exec of ``sdexec ARGV`` if :func:`read_run` reads it and it
+    can be sent as the command line would send it; ``None`` if not."""
+    options = read_run(argv)
+    path = None if options is None else chosen_socket_path(options.socket, environ)
+    if options is None or path is None or not _standard_fds_open():
+        return None
+    try:
+        command = build_command(options, environ, base_directory(options), _decline)
+    except (OSError, NotText, _Declined):
+        return None
+    stdin = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if options.noinput else 0
+    stdio = dict(zip(_STDIO_NAMES, (stdin, 1, 2), strict=True))
+    sock = _sent(path, request_line(command), list(stdio.values()))
+    if sock is None:
+        if options.noinput:
+            os.close(stdin)
+        return None
+    return EarlyExec(sock, path, command, stdio)
+
+
+def read_run(argv: Sequence[str]) -> RunArgs | None:
+    """``sdexec ARGV``'s options as its parser reads them, if ``argv`` is a
+    ``run`` of the plain forms (the module's docstring); else ``None``."""
+    if "--" in argv:
+        return None  # argparse's handling of it is its own business
+    options = RunArgs()
+    args = iter(argv)
+    for arg in args:
+        if arg == "run":
+            break
+        if not _read_valued(arg, args, {"--socket": "socket"}, options):
+            return None
+    else:
+        return None
+    for arg in args:
+        if not arg.startswith("-"):
+            options.cmdline = [arg, *args]
+            break
+        if arg in _SWITCHES:
+            setattr(options, _SWITCHES[arg], True)
+        elif not _read_valued(arg, args, {**_VALUED, "--setopt": "setopt"}, options):
+            return None
+    if not options.cmdline or (options.label or "").isdigit():
+        return None  # the parser's to refuse
+    return options
+
+
+def request_line(command: dict[str, Any]) -> bytes:
+    """The exec request for ``command``, framed, as :mod:`sdexec.syncclient`
+    writes it (stdio passthrough of all three streams)."""
+    request = {
+        "type": "request",
+        "topic": EXEC_TOPIC,
+        "matchtag": MATCHTAG,
+        "payload": {"cmd": command, "flags": RUN_FLAGS, "stdio": list(_STDIO_NAMES)},
+    }
+    return (_json_text(request) + "\n").encode("utf-8")
+
+
+def _read_valued(
+    arg: str, args: Any, names: Mapping[str, str], options: RunArgs
+) -> bool:
+    """Read ``arg`` (with its value, from ``args`` if not after ``=``) if it
+    is one of ``names``, an option taking a value; whether it was."""
+    name, equals, value = arg.partition("=")
+    attribute = names.get(name)
+    if attribute is None:
+        return False
+    if not equals:
+        value = next(args, "-")  # (none left: the parser's to refuse)
+    if value.startswith("-"):
+        return False
+    if attribute == "setopt":
+        key, equals, setting = value.partition("=")
+        options.setopt.append((key, setting))
+        return bool(key and equals)  # else the parser's to refuse
+    setattr(options, attribute, value)
+    return True
+
+
+def _decline(_name: str) -> None:
+    raise _Declined  # a variable to leave out, and say so: the command line's
+
+
+def _standard_fds_open() -> bool:
+    """Whether fds 0-2 are open: the command line puts /dev/null on one
+    that is not, before it opens anything of its own."""
+    try:
+        for fd in (0, 1, 2):
+            os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _sent(path: str, line: bytes, fds: list[int]) -> _socket.socket | None:
+    """A socket connected to ``path`` that has taken ``line`` whole, with
+    ``fds``; ``None`` if it cannot be done (nothing is then half sent)."""
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        sent = sock.sendmsg([line], [passed_fds(fds)])
+        sock.sendall(line[sent:])  # a blocking socket: the rest, if any
+    except OSError:
+        sock.close()  # a line cut short there is discarded with it
+        return None
+    return sock
+
+
+def _json_text(value: object) -> str:
+    """``value`` as JSON, as :func:`sdexec.wire.encode_small_message` writes
+    it: text unescaped beyond what JSON needs, no spaces."""
+    if isinstance(value, str):
+        return encode_basestring(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, list):
+        return "[" + ",".join(map(_json_text, value)) + "]"
+    if isinstance(value, dict):
+        items = (f"{encode_basestring(k)}:{_json_text(v)}" for k, v in value.items())
+        return "{" + ",".join(items) + "}"
+    raise TypeError(f"not in a run's request: {type(value).__name__}")

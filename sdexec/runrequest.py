@@ -1,0 +1,126 @@
+"""The command object ``sdexec run`` sends (RFC 42), built with nothing
+beyond ``os``: :mod:`sdexec.cli` builds it, and so does
+:mod:`sdexec.earlyexec` before the command line has loaded.
+"""
+
+from __future__ import annotations
+
+import os
+
+from sdexec.protocolbase import command_object
+
+TYPE_CHECKING = False  # not typing's: its import slows the command line
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any, Protocol
+
+    class RunOptions(Protocol):
+        """What of ``sdexec run``'s options goes into its request."""
+
+        cmdline: list[str]
+        setopt: list[tuple[str, str]]
+        label: str | None
+        jobid: str | None
+        time_limit: str | None
+        dir: str | None
+        bg: bool
+
+
+__all__ = ["STREAMING_OPTS", "NotText", "base_directory", "build_command"]
+
+#: A closed pipe kills the process as it would a local command: with stdio
+#: passthrough it writes to our stdout itself; framed, the client sends it
+#: SIGPIPE. systemd ignores SIGPIPE by default, and then neither would end
+#: it (``sdexec run --no-passthrough yes | head -1`` ran on for ever).
+STREAMING_OPTS = {"SDEXEC_PROP_IgnoreSIGPIPE": "no"}
+
+
+class NotText(ValueError):
+    """A field of the request is not UTF-8 text, which the service takes
+    only; ``str()`` names it and shows its bytes."""
+
+
+def build_command(
+    options: RunOptions,
+    environ: Mapping[str, str],
+    cwd: str,
+    left_out: Callable[[str], None],
+) -> dict[str, Any]:
+    """The RFC 42 command object for ``sdexec run``: the client's whole
+    environment and working directory (``--dir`` relative to ``cwd``; and
+    ``PWD`` then names it, not the client's). A variable of ``environ``
+    that is not UTF-8 is left out, and told to ``left_out`` (its name's
+    bytes, shown); any other field that is not is :class:`NotText`."""
+    job_options = {
+        name: value
+        for name, value in (
+            ("SDEXEC_JOBID", options.jobid),
+            ("SDEXEC_TIME_LIMIT", options.time_limit),
+        )
+        if value is not None
+    }
+    # A background run has no client, and no pipe of ours to write to.
+    opts = {} if options.bg else dict(STREAMING_OPTS)
+    directory = os.path.join(cwd, options.dir) if options.dir else cwd
+    _check_utf8(
+        [
+            *((f"argument {i}", arg) for i, arg in enumerate(options.cmdline)),
+            ("the working directory", directory),
+            *((f"--setopt {key}", f"{key}={value}") for key, value in options.setopt),
+            ("--label", options.label or ""),
+        ]
+    )
+    if options.dir:
+        # Where the process runs: `..` after a symbolic link is its target's
+        # parent, which a normalized path is not.
+        environ = {**environ, "PWD": os.path.realpath(directory)}
+    return command_object(
+        options.cmdline,
+        _utf8_environment(environ, left_out),
+        {**opts, **dict(options.setopt), **job_options},
+        cwd=directory,
+        label=options.label,
+    )
+
+
+def base_directory(options: RunOptions) -> str:
+    """The directory ``--dir`` is relative to: the current one, unless
+    ``--dir`` is absolute (which needs none: one deleted, say).
+    ``OSError`` if the current one is needed and gone."""
+    if options.dir and os.path.isabs(options.dir):
+        return options.dir
+    return os.getcwd()
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # bytes os.fsdecode kept as surrogates
+        return False
+    return True
+
+
+def _check_utf8(fields: Sequence[tuple[str, str]]) -> None:
+    """The protocol carries text: a string that is not UTF-8 is refused,
+    named, with its bytes shown."""
+    for field, text in fields:
+        if not _is_utf8(text):
+            raise NotText(
+                f"{field} is not UTF-8 text, which the service takes only:"
+                f" {os.fsencode(text)!r}"
+            )
+
+
+def _utf8_environment(
+    environ: Mapping[str, str], left_out: Callable[[str], None]
+) -> dict[str, str]:
+    """``environ`` without its variables that are not UTF-8 (the protocol
+    cannot carry them), each told to ``left_out``: one such variable of a
+    shell's (an OLDPWD, a module's path) must not stop every run."""
+    kept = {}
+    for name, value in environ.items():
+        if _is_utf8(name) and _is_utf8(value):
+            kept[name] = value
+        else:
+            left_out(repr(os.fsencode(name)))
+    return kept

@@ -1,0 +1,250 @@
+"""``sdexec run``'s early exec, offline: what it reads it reads as the
+parser does, what it sends is what the command line would send, and what
+it cannot do it leaves to the command line (the real service: test_cli.py,
+which runs the console's path)."""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from itertools import chain
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sdexec import cli, earlyexec
+from sdexec.earlyexec import read_run, request_line, send
+from sdexec.protocol import Topic
+from sdexec.rpc import Requests
+from sdexec.syncclient import Connection, Loop
+from sdexec.wire import encode_small_message
+
+#: Words a command line is made of: each option of `run` in each spelling,
+#: abbreviations, values, and what is not an option.
+WORDS = [
+    "run", "ps", "-n", "--noinput", "--noin", "--usage", "--label", "--label=",
+    "--label=a b", "--jobid", "--jobid=f1", "--time-limit", "--time-limit=5m",
+    "--dir", "--dir=/tmp", "--setopt", "--setopt=A=b", "--setopt=A", "A=b", "=b",
+    "--socket", "--socket=/s", "--sock", "--bg", "--waitable", "--no-passthrough",
+    "--help", "-h", "--version", "--", "-", "-1", "12", "true", "x", "",
+    "café", "--setopt=SDEXEC_PROP_MemoryMax=1G", "--dir=rel",
+]  # fmt: skip
+
+
+def _parsed(argv: list[str]) -> dict | None:
+    """The parser's options for ``argv`` (but ``--version``'s, which is
+    never given where a run is read), or ``None`` if it refuses it."""
+    try:
+        options = vars(cli.parse_args(argv))
+    except SystemExit:
+        return None
+    assert options.pop("version") is None
+    return options
+
+
+#: Values an option may be given, the awkward ones among them.
+VALUES = ["", "x", "12", "-x", "A=b", "A", "=b", "café", "/tmp", "rel", "--", "run"]
+_words = st.lists(st.sampled_from(WORDS), max_size=7)
+_value = st.sampled_from(VALUES)
+_named = st.sampled_from(["--label", "--jobid", "--time-limit", "--dir", "--setopt"])
+#: One option of `run` as it may be written: a switch, or a name and a
+#: value in one word or two.
+_option = st.one_of(
+    st.sampled_from([["-n"], ["--noinput"], ["--usage"]]),
+    st.tuples(_named, _value).map(list),
+    st.tuples(_named, _value).map(lambda pair: ["=".join(pair)]),
+)
+_runs = st.tuples(
+    st.sampled_from([[], ["--socket", "/s"], ["--socket=/s"], ["--socket"]]),
+    st.lists(_option, max_size=4).map(lambda options: [*chain(*options)]),
+    st.sampled_from(["true", "x", "café", "run", "12", ""]),  # a command
+    _words,
+).map(lambda parts: [*parts[0], "run", *parts[1], parts[2], *parts[3]])
+#: Any words, and runs written every way.
+_command_lines = st.one_of(_words, _runs)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_command_lines)
+def test_what_it_reads_it_reads_as_the_parser_does(argv):
+    read = read_run(argv)
+    if read is not None:
+        assert vars(read) == _parsed(argv)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "true"],
+        ["run", "-n", "sh", "-c", "exit 3"],
+        ["--socket", "/s", "run", "--usage", "true", "-n", "--bg"],
+        ["--socket=/s", "run", "--label=job", "--jobid", "f1", "x"],
+        ["run", "--time-limit", "5m", "--dir", "/tmp", "--setopt", "A=b=c", "x"],
+        ["run", "--setopt=A=", "--setopt", "B=1", "--label", "", "x"],
+    ],
+)
+def test_the_plain_forms_are_read(argv):
+    read = read_run(argv)
+    assert read is not None
+    assert vars(read) == _parsed(argv)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--", "true"],  # argparse's way with "--" is its own
+        ["run", "git", "diff", "--", "f"],
+        ["run", "--noin", "true"],  # abbreviations
+        ["--sock", "/s", "run", "true"],
+        ["run", "--bg", "true"],  # not a foreground passthrough run
+        ["run", "--no-passthrough", "true"],
+        ["run", "--label", "12", "true"],  # refused by the parser
+        ["run", "--setopt", "A", "true"],
+        ["run", "--label", "-x", "true"],
+        ["run", "--label"],
+        ["run", "-n"],
+        ["ps"],
+        ["--help"],
+        [],
+    ],
+)
+def test_anything_else_is_left_to_the_command_line(argv):
+    assert read_run(argv) is None
+
+
+def test_the_constants_are_the_protocol_s():
+    assert earlyexec.EXEC_TOPIC == Topic.EXEC
+    assert earlyexec.RUN_FLAGS == cli._RUN_FLAGS
+
+
+@given(
+    st.dictionaries(st.text(), st.text()),
+    st.lists(st.text(), min_size=1),
+    st.one_of(st.none(), st.text()),
+)
+def test_the_request_is_the_line_the_client_writes(env, cmdline, label):
+    command = {"cmdline": cmdline, "env": env, "opts": {}, "channels": []}
+    if label is not None:
+        command["label"] = label
+    payload = {"cmd": command, "flags": 11, "stdio": ["stdin", "stdout", "stderr"]}
+    try:
+        expected = encode_small_message(Requests("/s").new(Topic.EXEC, payload))
+    except UnicodeEncodeError:
+        return  # (surrogates: build_command never sends them)
+    assert request_line(command) == expected
+
+
+@pytest.fixture
+def listener(tmp_path: Path) -> Iterator[tuple[str, list]]:
+    """A socket that takes one connection and keeps what came on it: the
+    bytes, and the files of the descriptors passed (which it closes: the
+    client's stdout held open here would keep its reader waiting)."""
+    path = str(tmp_path / "s.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    got: list = []
+
+    def take() -> None:
+        connection, _ = server.accept()
+        with connection:
+            fds = array.array("i")
+            data, ancillary, _flags, _ = connection.recvmsg(
+                1 << 20, socket.CMSG_SPACE(12)
+            )
+            for _level, _type, fd_data in ancillary:
+                fds.frombytes(fd_data)
+            got.extend([data, [_file(fd) for fd in fds]])
+            for fd in fds:
+                os.close(fd)
+            connection.sendall(b'{"type":"response","matchtag":1,"errnum":61}\n')
+            connection.recv(1)  # until the client closes
+
+    thread = threading.Thread(target=take, daemon=True)
+    thread.start()
+    yield path, got
+    thread.join(10)
+    server.close()
+
+
+def _file(fd: int) -> tuple[int, int]:
+    status = os.fstat(fd)
+    return status.st_dev, status.st_ino
+
+
+def test_send_passes_the_request_and_stdio_and_the_client_follows_it(listener):
+    path, got = listener
+    env = {"PATH": "/bin", "XDG_RUNTIME_DIR": "/nowhere"}
+    early = send(["--socket", path, "run", "-n", "--label", "j", "true"], env)
+    assert early is not None
+    with early as stdio:
+        devnull = stdio["stdin"]
+        with Loop() as loop, Connection(loop, early.path, early.socket) as connection:
+            responses: list = []
+            stream = connection.exec(
+                early.command, 11, responses.append, stdio, sent_as=early.matchtag
+            )
+            loop.run_until(lambda: stream.ended)
+    assert (stream.error, responses) == (None, [])  # ENODATA: ended well
+    options = cli.parse_args(["run", "-n", "--label", "j", "true"])
+    assert early.command == cli.build_command(options, env, os.getcwd())
+    assert got[0] == request_line(early.command)
+    null = os.open(os.devnull, os.O_RDONLY)
+    assert got[1] == [_file(fd) for fd in (null, 1, 2)]
+    os.close(null)
+    with pytest.raises(OSError):
+        os.fstat(devnull)  # closed with the run
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("noinput", [["-n"], []])
+def test_no_service_there_sends_nothing_and_leaks_nothing(tmp_path, noinput):
+    before = _open_fds()
+    argv = ["--socket", str(tmp_path / "none.sock"), "run", *noinput, "true"]
+    assert send(argv, {}) is None
+    assert _open_fds() == before
+
+
+def test_what_the_command_line_must_say_is_left_to_it(tmp_path):
+    path = str(tmp_path / "none.sock")  # never reached: declined before
+    latin1 = os.fsdecode(b"caf\xe9")
+    assert send(["--socket", path, "run", "true"], {"OLDPWD": latin1}) is None
+    assert send(["--socket", path, "run", "cat", latin1], {}) is None
+    assert send(["run", "true"], {}) is None  # no socket named, none by default
+
+
+#: Run the console's entry point, saying on stdout (audit hooks) when the
+#: exec goes out and when the command line's parser loads.
+_AUDITED_CONSOLE = """
+import sys
+def hook(event, args):
+    if event == "socket.sendmsg" or (event == "import" and args[0] == "argparse"):
+        print(event, *args[:1] if event == "import" else [], flush=True)
+sys.addaudithook(hook)
+from sdexec.console import main
+main()
+"""
+
+
+def test_the_console_sends_a_run_before_loading_the_command_line(listener):
+    path, got = listener
+    done = subprocess.run(
+        [sys.executable, "-c", _AUDITED_CONSOLE, "--socket", path, "run", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.splitlines() == ["socket.sendmsg", "import argparse"]
+    assert got[0] == request_line(json.loads(got[0])["payload"]["cmd"])
+    assert done.returncode == 1  # ENODATA before `started`: a stream cut short

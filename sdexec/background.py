@@ -42,7 +42,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 from sdexec.ioencode import encode_io
 from sdexec.limits import check_text
 from sdexec.plan import ExecPlan, RequestError
-from sdexec.process import OutputValve, Process, Responder
+from sdexec.process import NO_EXIT_STATUS_ERRNO, OutputValve, Process, Responder
 from sdexec.protocol import ExecFlag, command_object
 from sdexec.retained import STREAMS, RetainedOutput
 
@@ -360,7 +360,8 @@ class Tracked:
         self._take_end(_BY_WAIT)
         self.sent_to = waiter.connection_id
         if self.finished is None:
-            waiter.responder.error(*(self.failure or (errno.EIO, "no exit status")))
+            no_status = (NO_EXIT_STATUS_ERRNO, "no exit status")
+            waiter.responder.error(*(self.failure or no_status))
             return
         waiter.responder.respond(
             {

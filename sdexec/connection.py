@@ -53,6 +53,12 @@ __all__ = ["ClientProtocol", "SdexecServerFactory", "peer_uid"]
 
 log = Logger()
 
+#: What a request that met a fault of the service's own ("internal error:
+#: ...") is told: the same request would meet it again. Not EIO, which Flux's
+#: job-exec reads from sdexec as a failed containment check (it drains the
+#: node, blaming the node's fences).
+INTERNAL_ERROR_ERRNO = errno.ENOTRECOVERABLE
+
 
 def peer_uid(sock: socket.socket) -> int:
     """The uid of the process at the other end of a UNIX socket."""
@@ -292,7 +298,7 @@ class ClientProtocol(StdioReceivingProtocol):
             self._send_error(
                 reply_topic,
                 reply_matchtag,
-                errno.EIO,
+                INTERNAL_ERROR_ERRNO,
                 f"internal error: {type(error).__name__}: {error}",
             )
             return

@@ -53,6 +53,7 @@ from sdexec.systemd.channel import (
 from sdexec.systemd.errors import UNIT_EXISTS, failure_value, is_connection_lost
 from sdexec.systemd.retry import CallBackoff, CallFailure, classify_call_failure
 from sdexec.systemd.unit import (
+    NOT_STARTED_ERRNO,
     never_invoked,
     start_job_ended_unstarted,
     why_unstarted,
@@ -201,6 +202,22 @@ class UnitCall(enum.Enum):
 
 #: How a unit the manager lost is reported.
 _LOST = "is gone (lost while systemd was away)"
+
+# The errnos a request ends with when its unit did not run its course. None
+# is EIO: Flux's job-exec reads EIO from sdexec as a failed containment check
+# and drains the node (bulkexec.c error_cb), which sdexec says only for that
+# (Process._refuse); these are ordinary exec failures ("job shell exec
+# error"), each named for what became of the process.
+
+#: No ``started`` within ``start-timeout``.
+START_TIMEOUT_ERRNO = errno.ETIMEDOUT
+#: The unit is no longer the one started (lost while systemd was away, or
+#: started again by hand): as kill(2) says of a pid that is gone, and as
+#: sdexec answers a call on a unit systemd no longer has (``NoSuchUnit``).
+UNIT_GONE_ERRNO = errno.ESRCH
+#: A process that started and whose unit ended without an exit status: as
+#: wait(2) says when there is no status to collect.
+NO_EXIT_STATUS_ERRNO = errno.ECHILD
 
 #: Calls with nothing left to do once the unit is unloaded: their failure
 #: then is no news (a client gone in a burst logged one per unit).
@@ -894,7 +911,8 @@ class Process:
         self._called.discard(UnitCall.CONFIRM_UNSTARTED)
 
     def _fail_unstarted(self, state: dict[str, Any]) -> None:
-        self._fail(errno.EIO, f"unit {self.unit_name}: {why_unstarted(state)}")
+        # Never started, as for systemd's own exit codes (unit.py).
+        self._fail(NOT_STARTED_ERRNO, f"unit {self.unit_name}: {why_unstarted(state)}")
 
     def _output(self, stream: str, data: bytes) -> None:
         if self._tap is not None:
@@ -945,11 +963,13 @@ class Process:
             self._reap()
 
     def _end_of_stream(self) -> tuple[int, str]:
-        """ENODATA after ``finished``; EIO for a process that started and
-        whose exit status never came (RFC 42 has ``finished`` before the
-        end: a stream must not end as a success without one)."""
+        """ENODATA after ``finished``; :data:`NO_EXIT_STATUS_ERRNO` for a
+        process that started and whose exit status never came (RFC 42 has
+        ``finished`` before the end: a stream must not end as a success
+        without one)."""
         if Sent.STARTED in self._sent and Sent.FINISHED not in self._sent:
-            return errno.EIO, f"unit {self.unit_name} ended without an exit status"
+            message = f"unit {self.unit_name} ended without an exit status"
+            return NO_EXIT_STATUS_ERRNO, message
         return errno.ENODATA, ""
 
     @property
@@ -968,7 +988,9 @@ class Process:
         return self._outcome_known or UnitCall.STOP in self._called
 
     def _refuse(self, problem: str) -> None:
-        """The unit runs outside its fence: fail the request, kill it now."""
+        """The unit runs outside its fence: fail the request, kill it now.
+        EIO, which Flux's job-exec reads as a failed containment check (it
+        drains the node), and which sdexec sends for nothing else."""
         log.error("{unit}: {problem}", unit=self.unit_name, problem=problem)
         self._fail(errno.EIO, problem)
         self._kill_unit("all", signal.SIGKILL)
@@ -987,7 +1009,7 @@ class Process:
             f" Result {seen.result or '-'}{_unit_type(self.plan.properties)}"
         )
         log.warn("{message}", message=message)
-        self._fail(errno.EIO, message)
+        self._fail(START_TIMEOUT_ERRNO, message)
         self._stop()
         self._maybe_end()
 
@@ -1085,7 +1107,7 @@ class Process:
         # No EOF will come (systemd's ends may never close): what the process
         # wrote and the service has not read yet goes out before the error.
         self.output.read_queued()
-        self._fail(errno.EIO, message)
+        self._fail(UNIT_GONE_ERRNO, message)
         self._reap()
 
     def _fail(self, errnum: int, errstr: str) -> None:

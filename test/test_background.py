@@ -169,7 +169,8 @@ def test_a_background_start_refused_is_its_one_response(systemd, server, client)
 
     systemd.refuse_start = SystemdError("org.freedesktop.DBus.Error.Failed", "no")
     client.bg()
-    assert payloads(client.responses()) == [(errno.EIO, "no")]
+    # Not EIO, which job-exec reads as a failed containment check.
+    assert payloads(client.responses()) == [(errno.EREMOTEIO, "no")]
     assert server.processes == {}
     client.send("sdexec.wait", {"label": "x"}, matchtag=2)
     assert error_of(client.last())[0] == errno.ESRCH

@@ -101,7 +101,7 @@ async def test_a_unit_type_the_model_does_not_follow_ends_its_request(
     clock.advance(2)
     await until(lambda: outcome.called, "the request ended")
     result = await outcome
-    assert result.error.errnum == errno.EIO
+    assert result.error.errnum == errno.ETIMEDOUT
     assert "did not start a process sdexec can follow within 2 s" in (
         result.error.errstr
     )
@@ -142,7 +142,7 @@ async def test_a_unit_restarted_by_hand_ends_its_stream_and_is_stopped(sdexec):
     subprocess.run(["systemctl", "--user", "restart", unit], check=True, timeout=60)
     await until(lambda: outcome.called, "the request ended", 60)
     result = await outcome
-    assert result.error.errnum == errno.EIO
+    assert result.error.errnum == errno.ESRCH
     assert result.error.errstr == f"unit {unit} was started again outside sdexec"
     await until(lambda: not unit_names(unit), "the new invocation stopped")
     await until(lambda: sdexec.server.drain_reason is None, "undrained")

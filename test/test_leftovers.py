@@ -482,7 +482,7 @@ def test_a_scan_that_finds_nothing_new_does_not_drain_again(systemd):
 
 
 def test_a_unit_started_again_by_hand_is_followed_as_a_leftover_at_once(systemd):
-    # `systemctl restart` of a running unit: the stream ends (EIO), and the
+    # `systemctl restart` of a running unit: the stream ends (ESRCH), and the
     # new invocation, carrying the mark, ran on unfollowed until the next
     # reconnection's scan.
     server = make_server(systemd)

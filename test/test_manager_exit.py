@@ -4,7 +4,7 @@ It stops its units, killing a running job's processes; systemd 252 drops
 its bus connection before their end is announced, so the service sees the
 manager leave with the job still running. It drains after ``[systemd]
 reconnect-timeout``, and once a new manager is there it undrains, finds the
-job's unit gone and ends its request with EIO. Nothing is left running.
+job's unit gone and ends its request with ESRCH. Nothing is left running.
 Against a private sandbox manager of its own."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ async def test_a_manager_that_exits_takes_its_jobs_and_the_service_waits(
         if announced:
             assert (outcome.error, outcome.status) == (None, signal.SIGTERM)
         else:
-            assert outcome.error is not None and outcome.error.errnum == errno.EIO
+            assert outcome.error is not None and outcome.error.errnum == errno.ESRCH
             gone = " is gone (lost while systemd was away)"
             assert outcome.error.errstr.endswith(gone)
             assert "finished" not in outcome.types

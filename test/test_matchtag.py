@@ -109,7 +109,7 @@ async def test_a_write_with_matchtag_0_is_carried_out_unanswered(systemd, connec
 
 
 def test_a_fault_of_ours_in_a_silent_write_sends_nothing(server, connection):
-    # An EIO on matchtag 0 would read as the connection's end.
+    # An error on matchtag 0 would read as the connection's end.
     def broken(connection_id, payload):
         raise RuntimeError("broken")
 

@@ -121,7 +121,7 @@ def test_a_vanished_unit_ends_its_request_naming_it(
     systemd.run(UNIT)
     away_and_back(systemd, {**INACTIVE, "LoadState": "not-found", "ExecMainCode": 0})
     errnum, errstr = error_of(connection.last())
-    assert errnum == errno.EIO
+    assert errnum == errno.ESRCH  # not EIO: job-exec would drain the node
     assert errstr == f"unit {UNIT} is gone (lost while systemd was away)"
     assert server.processes == {}
     # Unloaded is not proof that its manager lost it (a reset from outside,
@@ -175,7 +175,7 @@ def test_a_unit_a_restarted_manager_reloaded_from_its_file_is_gone(
     systemd.change(UNIT, OURS)
     away_and_back(systemd, RELOADED)
     assert error_of(connection.last()) == (
-        errno.EIO,
+        errno.ESRCH,
         f"unit {UNIT} is gone (lost while systemd was away)",
     )
     assert server.processes == {}
@@ -258,7 +258,7 @@ def test_a_unit_lost_before_its_start_was_followed_is_gone_at_once(
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     away_and_back(systemd, NEVER_STARTED)
     assert error_of(connection.last()) == (
-        errno.EIO,
+        errno.ESRCH,
         f"unit {UNIT} is gone (lost while systemd was away)",
     )
     assert server.processes == {}
@@ -294,7 +294,7 @@ def test_a_unit_started_again_by_hand_is_not_ours_any_more(
     systemd.change(UNIT, OURS)
     systemd.change(UNIT, {"InvocationID": b"\x02" * 16})
     assert error_of(connection.last()) == (
-        errno.EIO,
+        errno.ESRCH,
         f"unit {UNIT} was started again outside sdexec",
     )
     assert server.processes == {}
@@ -326,7 +326,7 @@ def test_a_vanished_unit_s_unread_output_goes_out_before_the_error(
     payloads = [r["payload"] for r in connection.responses() if "payload" in r]
     sent = [decode_io(p["io"])[1] for p in payloads if p.get("type") == "output"]
     assert b"".join(sent) == b"last words\nno newline"
-    assert error_of(connection.last())[0] == errno.EIO
+    assert error_of(connection.last())[0] == errno.ESRCH
     assert server.processes == {}
 
 

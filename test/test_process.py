@@ -571,11 +571,13 @@ def test_a_unit_abandoned_while_its_receipt_is_read_gets_finished_first():
     assert responder.types() == ["started", "finished", errno.EDEADLK]
 
 
-def test_confirmed_failure_without_status_is_eio():
+def test_confirmed_failure_without_status_is_enoent_not_eio():
+    # Never started, as Flux's sdexec answers any unit that could not run
+    # its process: EIO would have job-exec drain the node.
     _, systemd, responder, _ = make_process()
     failed = {"ActiveState": "failed", "SubState": "failed", "Result": "resources"}
     systemd.change(UNIT, failed)
-    assert responder.types() == [errno.EIO]
+    assert responder.types() == [errno.ENOENT]
     assert "resources" in responder.responses[0][1]
 
 

@@ -733,7 +733,8 @@ async def test_a_start_job_that_ends_without_a_start_ends_the_request(
     if unloaded:
         systemd.units[UNIT] = {**dead, "LoadState": "not-found"}
         systemd.answer_refreshes()
-    assert error_of(connection.last()) == (errno.EIO, f"unit {UNIT}: {said}")
+    # ENOENT, never started; not EIO, which job-exec drains the node for.
+    assert error_of(connection.last()) == (errno.ENOENT, f"unit {UNIT}: {said}")
     await until(lambda: not server.processes, "reaped")
 
 
@@ -788,17 +789,19 @@ def test_what_was_seen_before_an_outage_does_not_say_why_a_unit_is_gone(
     systemd.restore()
     server.systemd_restored()  # as the service's on_restored does
     assert error_of(connection.last()) == (
-        errno.EIO,
+        errno.ESRCH,
         f"unit {UNIT} is gone (lost while systemd was away)",
     )
 
 
-def test_a_failed_kill_is_eio(systemd, connection):
+def test_a_kill_failed_for_a_reason_systemd_names_no_errno_is_eremoteio(
+    systemd, connection
+):
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "j"}})
     systemd.run(UNIT)
     systemd.kill_unit = lambda *args: defer.fail(SystemdError("x.Failed", "no"))
     connection.send("sdexec.kill", {"signum": 15, "label": "j"}, matchtag=2)
-    assert error_of(connection.last()) == (errno.EIO, "no")
+    assert error_of(connection.last()) == (errno.EREMOTEIO, "no")
 
 
 # -- the connection's processes ---------------------------------------------------
@@ -990,7 +993,7 @@ def test_a_fault_of_ours_answers_its_request_and_keeps_the_connection(
     monkeypatch.setattr(server, "list", broken)
     connection.send("sdexec.list", {})
     assert error_of(connection.last()) == (
-        errno.EIO,
+        errno.ENOTRECOVERABLE,
         "internal error: RuntimeError: boom",
     )
     assert not connection.transport.disconnecting
@@ -1167,8 +1170,10 @@ async def test_a_stream_never_ends_as_a_success_without_finished(systemd, server
         {"ActiveState": "inactive", "SubState": "dead", "Result": "success",
          "ExecMainCode": 0, "ExecMainStatus": 0},
     )  # fmt: skip
+    # ECHILD, as wait(2) finding no status; not EIO, which job-exec drains
+    # the node for.
     assert error_of(connection.last()) == (
-        errno.EIO,
+        errno.ECHILD,
         f"unit {UNIT} ended without an exit status",
     )
     assert "finished" not in [

@@ -229,11 +229,11 @@ async def true_under(start_service, site: str):
 
 
 async def refused_unstarted(start_service, site: str, said: str) -> None:
-    """Run under ``site``, the request ends at once with EIO ending in
-    ``said``, and the unit is reaped."""
+    """Run under ``site``, the request ends at once with ENOENT (never
+    started) ending in ``said``, and the unit is reaped."""
     service, result = await true_under(start_service, site)
     assert result.error is not None
-    assert result.error.errnum == errno.EIO
+    assert result.error.errnum == errno.ENOENT
     assert result.error.errstr.endswith(f".service: {said}")
     await wait_until_reaped(service, "sdexec-*")
 

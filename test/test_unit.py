@@ -141,16 +141,26 @@ def test_statuses_200_to_243_are_systemd_failures(status):
             errno.ENOENT,
             "exit status 200/CHDIR (result: exit-code): cannot enter /w",
         ),
-        (204, errno.EIO, "exit status 204/MEMORY (result: exit-code)"),
-        (223, errno.EIO, "exit status 223/unknown (result: exit-code)"),
-        (243, errno.EIO, "exit status 243/CREDENTIALS (result: exit-code)"),
+        (204, errno.ENOENT, "exit status 204/MEMORY (result: exit-code)"),
+        (217, errno.ENOENT, "exit status 217/USER (result: exit-code)"),
+        (223, errno.ENOENT, "exit status 223/unknown (result: exit-code)"),
+        (226, errno.ENOENT, "exit status 226/NAMESPACE (result: exit-code)"),
+        (243, errno.ENOENT, "exit status 243/CREDENTIALS (result: exit-code)"),
     ],
 )
 def test_failure_names_systemds_exit_code(status, errnum, text):
-    # And, for the two a client can act on, what systemd was given.
+    # And, for the two a client can act on, what systemd was given. Every
+    # code is ENOENT, as Flux's sdexec answers them: never EIO, which its
+    # job-exec reads as a failed containment check and drains the node for.
     failure_errno, message = exited(status).failure("/opt/x", "/w")
     assert failure_errno == errnum
     assert message == f"systemd could not run the command: {text}"
+
+
+@given(st.integers(min_value=200, max_value=243))
+def test_every_systemd_exit_code_is_enoent_as_upstream(status):
+    # sdexec.c answers each "unit process could not be started" with ENOENT.
+    assert exited(status).failure("/opt/x", "/w")[0] == errno.ENOENT
 
 
 def test_a_chdir_failure_without_a_cwd_names_the_default():
@@ -159,8 +169,9 @@ def test_a_chdir_failure_without_a_cwd_names_the_default():
 
 
 def test_failure_without_exit_status_gives_the_result():
+    # ENOENT (not started), not EIO: job-exec would drain the node.
     assert status_of("failed", "failed", 0, 0, "resources").failure("/x", None) == (
-        errno.EIO,
+        errno.ENOENT,
         "unit failed before running the command (result: resources)",
     )
 

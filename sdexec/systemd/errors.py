@@ -56,7 +56,14 @@ NO_SUCH_UNIT = "org.freedesktop.systemd1.NoSuchUnit"
 #: A signal for a unit's main process when it has none (it exited).
 NO_SUCH_PROCESS = "org.freedesktop.systemd1.NoSuchProcess"
 
-#: The errno a client sees for a D-Bus error name; anything else is EIO.
+#: The errno of a systemd call that failed for a reason :data:`DBUS_ERRNO`
+#: has no errno for: the remote end (systemd) failed it. Not EIO, which
+#: Flux's job-exec reads from sdexec as a failed containment check (it
+#: drains the node): a start refused so is an ordinary exec failure.
+UNNAMED_ERRNO = errno.EREMOTEIO
+
+#: The errno a client sees for a D-Bus error name; anything else is
+#: :data:`UNNAMED_ERRNO`.
 DBUS_ERRNO = {
     "org.freedesktop.DBus.Error.InvalidArgs": errno.EINVAL,
     # An unknown property: "Cannot set property NoSuch, or unknown property."
@@ -77,7 +84,7 @@ DBUS_ERRNO = {
 
 class SystemdError(Exception):
     """A D-Bus call failed; ``name`` is the D-Bus error name, ``errno`` what
-    a client is told (from :data:`DBUS_ERRNO`, else EIO)."""
+    a client is told (from :data:`DBUS_ERRNO`, else :data:`UNNAMED_ERRNO`)."""
 
     def __init__(self, name: str, message: str, detail: str = "") -> None:
         super().__init__(message)
@@ -85,7 +92,7 @@ class SystemdError(Exception):
         self.message = message
         #: What the bus said, where ``message`` is sdexec's words around it.
         self.detail = detail
-        self.errno = DBUS_ERRNO.get(name, errno.EIO)
+        self.errno = DBUS_ERRNO.get(name, UNNAMED_ERRNO)
 
 
 def connection_lost(detail: str = "") -> SystemdError:
@@ -135,9 +142,9 @@ def is_unit_gone(error: BaseException) -> bool:
 
 
 def errno_for(error: BaseException) -> int:
-    """The errno for any failure of a systemd call (EIO unless systemd named
-    one)."""
-    return error.errno if isinstance(error, SystemdError) else errno.EIO
+    """The errno for any failure of a systemd call (:data:`UNNAMED_ERRNO`
+    unless systemd named one)."""
+    return error.errno if isinstance(error, SystemdError) else UNNAMED_ERRNO
 
 
 #: Properties sdexec itself sends as strings, from checked sources.

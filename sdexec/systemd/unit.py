@@ -20,7 +20,8 @@ Facts this relies on, observed with systemd 252 and ``Type=exec``,
 - when systemd itself fails to run the command it exits the forked child with
   one of its own codes, 200-243 (203 is EXEC: the binary could not be
   executed), so such a status is a failure to execute, not an exit of the
-  command. Flux treats every status ≥ 200 so; 244-255 are ordinary exits here;
+  command. Flux's sdexec reads the same range, 200-243, so (and fails the
+  request with ENOENT); 244-255 are ordinary exits, as there;
 - a unit that fails before forking reports *failed* with no exit status.
 """
 
@@ -82,10 +83,16 @@ SYSTEMD_EXIT_NAMES = {
     243: "CREDENTIALS",
 }
 #: The errno a client sees for a systemd exit code: the binary or the working
-#: directory is missing (or unusable) for EXEC and CHDIR; anything else is a
-#: setup failure of the unit.
+#: directory is missing (or unusable) for EXEC and CHDIR.
 EXIT_CHDIR, EXIT_EXEC = 200, 203
 _EXIT_ERRNO = {EXIT_CHDIR: errno.ENOENT, EXIT_EXEC: errno.ENOENT}
+#: The errno of any other failure to run the command (a setup step of the
+#: unit: 217/USER, 226/NAMESPACE...), or of a unit that failed before it
+#: forked: ENOENT, as Flux's sdexec answers every systemd exit code ("unit
+#: process could not be started"), an ordinary exec failure to its job-exec.
+#: Never EIO: job-exec reads EIO from sdexec as a failed containment check
+#: and drains the node (bulkexec.c error_cb).
+NOT_STARTED_ERRNO = errno.ENOENT
 
 
 def queued_job(state: Mapping[str, Any]) -> int | None:
@@ -235,7 +242,7 @@ class UnitStatus:
         default)."""
         if not self._systemd_exit:
             return (
-                errno.EIO,
+                NOT_STARTED_ERRNO,
                 "unit failed before running the command"
                 f" (result: {self.result or 'unknown'})",
             )
@@ -251,7 +258,7 @@ class UnitStatus:
             )
         elif self.status == EXIT_CHDIR:
             message += f": cannot enter {cwd or 'its default working directory'}"
-        return _EXIT_ERRNO.get(self.status, errno.EIO), message
+        return _EXIT_ERRNO.get(self.status, NOT_STARTED_ERRNO), message
 
     @property
     def is_inactive(self) -> bool:

@@ -11,10 +11,20 @@ unit, as the job termination sequence does for an unkillable job.
 
 This is the sequence the service follows, rather than the three steps
 (SIGTERM, SIGKILL, EDEADLK at one period each) of the sdexec design notes
-(spec 000): flux-config-exec(5) is the newer, user-facing statement and
-matches flux-core's current code; systemd's own ``StopUnit`` already
-delivers the unit's ``KillSignal`` (SIGTERM) to every remaining process, so
-a separate SIGTERM step would only repeat it.
+(spec 000): flux-config-exec(5) (spec 001) is the newer, user-facing
+statement; systemd's own ``StopUnit`` already delivers the unit's
+``KillSignal`` (SIGTERM) to every remaining process, so a separate SIGTERM
+step would only repeat it.
+
+It is not upstream flux-core's code: there the timer is off unless
+job-exec asks for it, which it does for multiuser (IMP) jobs only, and it
+signals the unit's ``main`` process (the IMP); other units keep systemd's
+90 s ``TimeoutStopSec`` and SIGKILL. Here it applies to every unit and
+signals all of its processes (no IMP stands between sdexec and them), and
+:func:`lifecycle_properties` sets ``TimeoutStopUSec=infinity`` and
+``SendSIGKILL=no`` on every unit so that systemd's SIGKILL never overtakes
+it: a unit whose leftovers ignore the signal is abandoned and drains the
+node where upstream's systemd would have killed them (docs/design.md).
 
 :class:`StopTimer` keeps time and decides; it acts through a
 :class:`StopTimerTarget` the service supplies. Its one timer at a time is a

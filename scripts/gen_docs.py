@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 import shtab  # noqa: E402
 from argparse_manpage.manpage import Manpage  # noqa: E402
 
-from sdexec.cli import _parser  # noqa: E402
+from sdexec.cliargs import build_parser  # noqa: E402
 
 SUMMARY = "run processes as transient systemd units"
 
@@ -45,7 +45,7 @@ def sdexec_1() -> str:
     """sdexec(1), from the command's parser."""
     version = _version()
     page = Manpage(
-        _parser(),
+        build_parser(),
         {
             "project_name": "sdexec",
             "version": version,
@@ -60,7 +60,7 @@ def sdexec_1() -> str:
 
 
 def completion(shell: str) -> str:
-    script = shtab.complete(_parser(), shell=shell)
+    script = shtab.complete(build_parser(), shell=shell)
     return _remainder_ends_options(script) if shell == "bash" else script
 
 

@@ -23,7 +23,6 @@ if (
 ):
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-import argparse
 import errno
 import json
 import os
@@ -42,6 +41,7 @@ from sdexec.cliio import (
     exit_code,
     fail,
     flush_out,
+    is_number,
     open_closed_standard_fds,
     print_out,
     request,
@@ -50,7 +50,6 @@ from sdexec.cliio import (
     warn,
     write_output,
 )
-from sdexec.cliparser import CommandParser
 from sdexec.protocol import (
     ExecFlag,
     Topic,
@@ -60,12 +59,12 @@ from sdexec.protocol import (
 from sdexec.receipt import Receipt
 from sdexec.rpc import RPCError, SdexecError, listed_processes
 from sdexec.runrequest import NotText
-from sdexec.signals import parse_signal, signal_name
+from sdexec.signals import signal_name
 from sdexec.syncclient import READABLE, Call, Connection, Exec, Loop
-from sdexec.version import add_version_option
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
+    import argparse
     from typing import Any, NoReturn
 
     from sdexec.earlyexec import EarlyExec
@@ -74,9 +73,7 @@ __all__ = [
     "build_command",
     "cancel_targets",
     "format_procs",
-    "kill_target",
     "main",
-    "parse_args",
     "receipt_lines",
     "run_and_exit",
 ]
@@ -124,11 +121,13 @@ def main(argv: Sequence[str] | None = None, early: EarlyExec | None = None) -> i
             signal.signal(signum, signal.SIG_DFL)
     open_closed_standard_fds()
     try:
-        options = parse_args(argv)
         if early is None:
+            from sdexec.cliargs import parse_args
+
+            options = parse_args(argv)
             status = _COMMANDS[options.command](options)
-        else:  # only ever a run's (earlyexec.read_run)
-            status = _run(options, early)
+        else:  # a run's, its options read as the parser reads them
+            status = _run(early.options, early)
         flush_out()
         return status
     except UnicodeEncodeError as error:
@@ -167,253 +166,6 @@ def run_and_exit(early: EarlyExec | None = None) -> NoReturn:
     except OSError:
         pass  # a reader that went away: nothing more can be said to it
     os._exit(code)
-
-
-# -- command line ------------------------------------------------------------
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse the command line; ``SystemExit(2)`` with a usage message if it
-    is wrong."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = _parser(_named_command(argv))
-    options = parser.parse_args(argv)
-    if options.command == "run":
-        _check_run(parser, options)
-    return options
-
-
-def _check_run(parser: argparse.ArgumentParser, options: argparse.Namespace) -> None:
-    if options.cmdline[:1] == ["--"]:  # `run -- CMD`: options end there
-        del options.cmdline[0]
-    if not options.cmdline:
-        # As argparse says a required argument is missing, with run's usage.
-        run = CommandParser(prog="sdexec run", formatter_class=_HelpFormatter)
-        _add_run(run)
-        run.error("the following arguments are required: CMD")
-    if options.waitable and not options.bg:
-        parser.error("--waitable needs --bg")
-    if options.label is not None and _is_number(options.label):
-        # kill, wait, attach and cancel read all digits as a pid: such a
-        # label could never be used (`kill TERM 777`: "pid=777 not found").
-        parser.error(
-            f"--label {options.label}: all digits, which would be taken for a pid;"
-            " give a label that is not a number"
-        )
-
-
-def _named_command(argv: Sequence[str]) -> str | None:
-    """The command ``argv`` names, when it names one of ours before anything
-    this scan cannot follow; else ``None``.
-
-    Only that command's parser is then built: argparse spends about a
-    millisecond of gettext lookups and formatters on each parser and
-    argument, a sixth of the command line's start-up for all nine
-    (docs/performance.md). What it parses is the same either way.
-    """
-    args = iter(argv)
-    for arg in args:
-        option, equals, _value = arg.partition("=")
-        if len(option) > 2 and "--socket".startswith(option):
-            if not equals:
-                next(args, None)  # --socket PATH, or an abbreviation of it
-        elif arg.startswith("-"):
-            return None  # --help, --version, --: the whole parser's business
-        else:
-            return arg if arg in _SUBCOMMANDS else None
-    return None
-
-
-def _parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The whole command line's parser, or with ``only`` that command."""
-    parser = CommandParser(
-        prog="sdexec",
-        description="Run processes as transient systemd units.",
-        formatter_class=_HelpFormatter,
-    )
-    add_version_option(parser)
-    parser.add_argument(
-        "--socket",
-        metavar="PATH",
-        help="the service's socket (default: $SDEXEC_SOCKET, else"
-        " $XDG_RUNTIME_DIR/sdexec/sdexec.sock)",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (help_, add_arguments) in _SUBCOMMANDS.items():
-        if only in (None, name):
-            command = commands.add_parser(
-                name, help=help_, formatter_class=_HelpFormatter
-            )
-            add_arguments(command)
-    return parser
-
-
-class _HelpFormatter(argparse.HelpFormatter):
-    """argparse's formatter, sized as argparse sizes it (``$COLUMNS``, else
-    the terminal, else 80; less 2) but without ``shutil``, whose import
-    (with ``bz2`` and ``lzma``) would add a twentieth to every command's
-    start-up: argparse makes a formatter for each argument it adds."""
-
-    def __init__(self, prog: str) -> None:
-        super().__init__(prog, width=_terminal_columns() - 2)
-
-
-def _terminal_columns() -> int:
-    columns = os.environ.get("COLUMNS", "")
-    if _is_number(columns) and int(columns) > 0:
-        return int(columns)
-    try:
-        return os.get_terminal_size(1).columns or 80
-    except OSError:
-        return 80  # not a terminal
-
-
-def _add_kill(kill: argparse.ArgumentParser) -> None:
-    kill.add_argument(
-        "signum",
-        metavar="SIGNUM",
-        type=_signal_argument,
-        help="a signal name (TERM, SIGTERM) or number",
-    )
-    kill.add_argument(
-        "--all",
-        action="store_true",
-        help="every process of its unit, not its main process only",
-    )
-    _add_target(kill)
-
-
-def _add_target(command: argparse.ArgumentParser) -> None:
-    command.add_argument(
-        "target",
-        metavar="PID|LABEL",
-        type=kill_target,
-        help="a process id, or else a label",
-    )
-
-
-def _add_cancel(cancel: argparse.ArgumentParser) -> None:
-    cancel.add_argument(
-        "target",
-        metavar="PID|LABEL|JOBID",
-        help="all digits: a process id, else a job id; otherwise a job id,"
-        " else a label",
-    )
-
-
-def _add_stats(stats: argparse.ArgumentParser) -> None:
-    stats.add_argument(
-        "--url",
-        help="read them from the stats endpoint instead of the socket,"
-        " e.g. http://127.0.0.1:8490/stats",
-    )
-
-
-def _no_arguments(_command: argparse.ArgumentParser) -> None:
-    pass
-
-
-def _add_run(run: argparse.ArgumentParser) -> None:
-    # argparse writes the command line (one REMAINDER, below) as "...".
-    run.usage = "%(prog)s [options] CMD [ARGS...]"
-    run.add_argument(
-        "-n",
-        "--noinput",
-        action="store_true",
-        help="do not send stdin to the process (it reads EOF)",
-    )
-    run.add_argument(
-        "--no-passthrough",
-        dest="passthrough",
-        action="store_false",
-        help="relay stdin, stdout and stderr through the service instead of"
-        " passing our own file descriptors to the process",
-    )
-    run.add_argument(
-        "--setopt",
-        metavar="KEY=VAL",
-        action="append",
-        default=[],
-        type=_setopt,
-        help="a subprocess option, e.g. SDEXEC_PROP_MemoryMax=512M (repeatable)",
-    )
-    run.add_argument("--label", metavar="L", help="a name for kill and ps")
-    run.add_argument(
-        "--bg",
-        action="store_true",
-        help="run in the background: print the pid and exit (stdin is EOF)",
-    )
-    run.add_argument(
-        "--waitable",
-        action="store_true",
-        help="with --bg: keep the exit status and output for sdexec wait",
-    )
-    run.add_argument(
-        "--jobid",
-        metavar="ID",
-        help="run it as job ID (SDEXEC_JOBID): sdexec cancel ID terminates it",
-    )
-    run.add_argument(
-        "--time-limit",
-        metavar="FSD",
-        help="terminate it after this long, e.g. 30s, 5m (SDEXEC_TIME_LIMIT)",
-    )
-    run.add_argument(
-        "--usage",
-        action="store_true",
-        help="print the unit's result and resource use to stderr at the end,"
-        " as systemd-run --wait does",
-    )
-    run.add_argument(
-        "--dir", metavar="DIR", help="working directory (default: the current one)"
-    )
-    # One positional taking all the rest as it is: argparse drops a "--"
-    # right after a positional of its own (`run rm -- -rf` ran `rm -rf`).
-    run.add_argument(
-        "cmdline",
-        metavar="CMD [ARGS...]",
-        nargs=argparse.REMAINDER,
-        help="the command and its arguments",
-    )
-
-
-#: Each command: its help line, and what adds its arguments to its parser.
-_SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
-    "run": ("run a command and wait for it", _add_run),
-    "ps": ("list the service's processes", _no_arguments),
-    "kill": ("signal a process by pid or label", _add_kill),
-    "cancel": ("terminate a job (its JOB TERMINATION sequence)", _add_cancel),
-    "stats": ("print the service's statistics as JSON", _add_stats),
-    "undrain": ("clear what drained the service, but what lifts itself", _no_arguments),
-    "wait": ("wait for a process started with run --bg --waitable", _add_target),
-    "attach": ("follow a background process's output (Ctrl-C detaches)", _add_target),
-}
-
-
-def _setopt(text: str) -> tuple[str, str]:
-    key, equals, value = text.partition("=")
-    if not key or not equals:
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VAL")
-    return key, value
-
-
-def _signal_argument(text: str) -> int:
-    try:
-        return parse_signal(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def kill_target(text: str) -> dict[str, Any]:
-    """The ``sdexec.kill`` target for ``PID|LABEL``: all digits is a pid,
-    anything else a label."""
-    return {"pid": int(text)} if _is_number(text) else {"label": text}
-
-
-def _is_number(text: str) -> bool:
-    """ASCII digits only: str.isdigit alone takes "١٢" (a label, read as
-    pid 12) and "²" (which int() refuses)."""
-    return text.isascii() and text.isdigit()
 
 
 def build_command(
@@ -541,7 +293,7 @@ def cancel_targets(text: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The two ``sdexec.terminate`` targets ``PID|LABEL|JOBID`` may name,
     in the order tried: all digits is a pid, else a (numeric) job id;
     anything else a job id, else a label."""
-    if _is_number(text):
+    if is_number(text):
         return {"pid": int(text)}, {"jobid": text}
     return {"jobid": text}, {"label": text}
 

@@ -41,6 +41,7 @@ __all__ = [
     "exit_code",
     "fail",
     "flush_out",
+    "is_number",
     "open_closed_standard_fds",
     "own_fd",
     "print_out",
@@ -62,6 +63,13 @@ EXEC_FAILURES = {errno.ENOENT: NOT_FOUND, errno.EACCES: NOT_EXECUTABLE}
 #: Our own read-only /dev/null for each of fds 1 and 2 that was closed
 #: when we started (:func:`open_closed_standard_fds`).
 _unwritable: dict[int, int] = {}
+
+
+def is_number(text: str) -> bool:
+    """Whether ``text`` is ASCII digits only, as a pid is written:
+    str.isdigit alone takes "١٢" (a label, read as pid 12) and "²" (which
+    int() refuses)."""
+    return text.isascii() and text.isdigit()
 
 
 def open_closed_standard_fds() -> None:

@@ -6,7 +6,8 @@ the unit (10-25 ms). The console script (:mod:`sdexec.console`) gives its
 arguments to :func:`send` first, with nothing loaded but ``os``, the
 socket's C core and the json module's C core: a run this module can read
 is sent at once, and the imports and the parsing happen while the unit
-starts. :func:`sdexec.cli.main` then takes the connection over, follows
+starts. :func:`sdexec.cli.main` then takes the options read here for
+its parser's (which it then never loads) and the connection over, follows
 the exec as if it had sent it, and does everything else as always
 (docs/performance.md, twenty-first pass).
 
@@ -39,8 +40,11 @@ from sdexec.runrequest import NotText, base_directory, build_command
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
+    from argparse import Namespace
     from collections.abc import Mapping, Sequence
     from typing import Any
+else:
+    Namespace = object  # what RunArgs stands for, to type checkers only
 
 __all__ = [
     "EXEC_TOPIC",
@@ -75,9 +79,10 @@ _VALUED = {
 _STDIO_NAMES = ("stdin", "stdout", "stderr")
 
 
-class RunArgs:
+class RunArgs(Namespace):
     """``sdexec run``'s options as its parser's namespace holds them, for
-    the forms :func:`read_run` reads."""
+    the forms :func:`read_run` reads (test/test_earlyexec.py holds the two
+    to each other): :mod:`sdexec.cli` takes them for the parser's."""
 
     def __init__(self) -> None:
         self.command = "run"
@@ -96,19 +101,21 @@ class RunArgs:
 
 
 class EarlyExec:
-    """An exec sent: the socket it went on, connected to ``path``; the
-    ``command`` object; the descriptors passed, by stream (on exit the
-    /dev/null passed for stdin with ``-n`` is closed)."""
+    """An exec sent for ``options``: the socket it went on, connected to
+    ``path``; the ``command`` object; the descriptors passed, by stream (on
+    exit the /dev/null passed for stdin with ``-n`` is closed)."""
 
     matchtag = MATCHTAG
 
     def __init__(
         self,
+        options: RunArgs,
         sock: _socket.socket,
         path: str,
         command: dict[str, Any],
         stdio: dict[str, int],
     ) -> None:
+        self.options = options
         self.socket = sock
         self.path = path
         self.command = command
@@ -147,7 +154,7 @@ def send(
         if options.noinput:
             os.close(stdin)
         return None
-    return EarlyExec(sock, path, command, stdio)
+    return EarlyExec(options, sock, path, command, stdio)
 
 
 def read_run(argv: Sequence[str]) -> RunArgs | None:

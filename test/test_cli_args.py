@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sdexec import cli, cliio
-from sdexec.cli import _named_command, _parser, main, parse_args
+from sdexec.cli import main
+from sdexec.cliargs import build_parser, named_command, parse_args
 
 ARGVS = [
     ["run", "-n", "/bin/true"],
@@ -40,14 +41,14 @@ ARGVS = [
     ],
 )
 def test_the_command_named(argv, named):
-    assert _named_command(argv) == named
+    assert named_command(argv) == named
 
 
 @pytest.mark.parametrize("argv", ARGVS, ids=lambda argv: " ".join(argv))
 def test_one_commands_parser_parses_as_the_whole_one(argv):
-    only = _named_command(argv)
+    only = named_command(argv)
     assert only is not None
-    assert _parser(only).parse_args(argv) == _parser().parse_args(argv)
+    assert build_parser(only).parse_args(argv) == build_parser().parse_args(argv)
 
 
 @pytest.mark.parametrize(
@@ -58,7 +59,7 @@ def test_one_commands_parser_parses_as_the_whole_one(argv):
 )  # fmt: skip
 def test_help_and_errors_are_the_whole_parsers(argv, capsys):
     printed = []
-    for parser in (_parser(_named_command(argv)), _parser()):
+    for parser in (build_parser(named_command(argv)), build_parser()):
         with pytest.raises(SystemExit) as exit_:
             parser.parse_args(argv)
         out, err = capsys.readouterr()

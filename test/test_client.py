@@ -27,13 +27,8 @@ from twisted.logger import capturedLogs
 from zope.interface import implementer
 
 from sdexec import cli, cliio, rpc
-from sdexec.cli import (
-    build_command,
-    cancel_targets,
-    format_procs,
-    kill_target,
-    parse_args,
-)
+from sdexec.cli import build_command, cancel_targets, format_procs
+from sdexec.cliargs import kill_target, parse_args
 from sdexec.client import (
     STDOUT,
     WRITE_CREDIT,

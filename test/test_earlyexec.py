@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sdexec import cli, earlyexec
+from sdexec.cliargs import parse_args
 from sdexec.earlyexec import read_run, request_line, send
 from sdexec.protocol import Topic
 from sdexec.rpc import Requests
@@ -43,7 +44,7 @@ def _parsed(argv: list[str]) -> dict | None:
     """The parser's options for ``argv`` (but ``--version``'s, which is
     never given where a run is read), or ``None`` if it refuses it."""
     try:
-        options = vars(cli.parse_args(argv))
+        options = vars(parse_args(argv))
     except SystemExit:
         return None
     assert options.pop("version") is None
@@ -194,7 +195,7 @@ def test_send_passes_the_request_and_stdio_and_the_client_follows_it(listener):
             )
             loop.run_until(lambda: stream.ended)
     assert (stream.error, responses) == (None, [])  # ENODATA: ended well
-    options = cli.parse_args(["run", "-n", "--label", "j", "true"])
+    options = parse_args(["run", "-n", "--label", "j", "true"])
     assert early.command == cli.build_command(options, env, os.getcwd())
     assert got[0] == request_line(early.command)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -237,14 +238,25 @@ main()
 """
 
 
-def test_the_console_sends_a_run_before_loading_the_command_line(listener):
+@pytest.mark.parametrize(
+    ("run", "events"),
+    [
+        # Read early: sent at once, and the parser never loads.
+        (["run", "true"], ["socket.sendmsg"]),
+        # Left to the command line (an abbreviation): parsed, then sent.
+        (["run", "--noin", "true"], ["import argparse", "socket.sendmsg"]),
+    ],
+)
+def test_the_console_sends_a_plain_run_before_the_command_line_loads(
+    listener, run, events
+):
     path, got = listener
     done = subprocess.run(
-        [sys.executable, "-c", _AUDITED_CONSOLE, "--socket", path, "run", "true"],
+        [sys.executable, "-c", _AUDITED_CONSOLE, "--socket", path, *run],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert done.stdout.splitlines() == ["socket.sendmsg", "import argparse"]
+    assert done.stdout.splitlines() == events
     assert got[0] == request_line(json.loads(got[0])["payload"]["cmd"])
     assert done.returncode == 1  # ENODATA before `started`: a stream cut short

@@ -68,6 +68,8 @@ def build_command(
             ("the working directory", directory),
             *((f"--setopt {key}", f"{key}={value}") for key, value in options.setopt),
             ("--label", options.label or ""),
+            ("--jobid", options.jobid or ""),
+            ("--time-limit", options.time_limit or ""),
         ]
     )
     if options.dir:

@@ -683,6 +683,12 @@ def test_dir_is_the_process_s_pwd_too(tmp_path):
     [
         (["run", "cat", os.fsdecode(b"caf\xe9")], "/", "argument 1"),
         (["run", "true"], os.fsdecode(b"/tmp/caf\xe9"), "the working directory"),
+        (["run", "--jobid", os.fsdecode(b"caf\xe9"), "true"], "/", "--jobid"),
+        (
+            ["run", "--time-limit=" + os.fsdecode(b"caf\xe9"), "true"],
+            "/",
+            "--time-limit",
+        ),
     ],
 )
 def test_an_argument_or_directory_that_is_not_utf8_is_refused_named(argv, cwd, named):

@@ -222,6 +222,9 @@ def test_what_the_command_line_must_say_is_left_to_it(tmp_path):
     latin1 = os.fsdecode(b"caf\xe9")
     assert send(["--socket", path, "run", "true"], {"OLDPWD": latin1}) is None
     assert send(["--socket", path, "run", "cat", latin1], {}) is None
+    # (--jobid and --time-limit were sent unchecked: a traceback)
+    assert send(["--socket", path, "run", "--jobid", latin1, "true"], {}) is None
+    assert send(["--socket", path, "run", f"--time-limit={latin1}", "x"], {}) is None
     assert send(["run", "true"], {}) is None  # no socket named, none by default
 
 

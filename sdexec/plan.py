@@ -333,6 +333,25 @@ def _home_directory() -> str:
         return "/"
 
 
+def _working_directory_problem(cwd: str) -> str | None:
+    """Why systemd could not take ``cwd`` as the unit's WorkingDirectory,
+    or ``None``. It takes an absolute, normalized path (systemd.exec(5));
+    it refused "/tmp/.." only when it loaded the unit, in words that did
+    not name it, and read a leading "-" or a "~" as its own syntax (a
+    missing directory allowed, a home directory)."""
+    problem = unit_file_problem(cwd)
+    if problem is not None:
+        return problem
+    if not cwd.startswith("/"):
+        return f"{json_quoted(cwd)}: not an absolute path"
+    if "//" in cwd or any(part in (".", "..") for part in cwd.split("/")):
+        return (
+            f"{json_quoted(cwd)}: not a normalized path (a '.' or '..' in it, or"
+            " '//'): systemd takes one as realpath(1) prints it"
+        )
+    return None
+
+
 def _command(cmd: object) -> Command:
     """The command object, its every string checked as text."""
     try:
@@ -344,7 +363,7 @@ def _command(cmd: object) -> Command:
             command.cmdline, command.env, command.opts, command.cwd, command.label
         )
     )
-    cwd_problem = unit_file_problem(command.cwd) if command.cwd else None
+    cwd_problem = _working_directory_problem(command.cwd) if command.cwd else None
     if cwd_problem is not None:  # sent as the unit's WorkingDirectory
         raise RequestError(errno.EINVAL, f"cmd.cwd: {cwd_problem}")
     # Before the PATH search, which joins cwd to every directory of PATH.

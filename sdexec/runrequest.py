@@ -47,8 +47,8 @@ def build_command(
     left_out: Callable[[str], None],
 ) -> dict[str, Any]:
     """The RFC 42 command object for ``sdexec run``: the client's whole
-    environment and working directory (``--dir`` relative to ``cwd``; and
-    ``PWD`` then names it, not the client's). A variable of ``environ``
+    environment and working directory (``--dir`` relative to ``cwd``,
+    resolved; and ``PWD`` then names it, not the client's). A variable of ``environ``
     that is not UTF-8 is left out, and told to ``left_out`` (its name's
     bytes, shown); any other field that is not is :class:`NotText`."""
     job_options = {
@@ -61,7 +61,10 @@ def build_command(
     }
     # A background run has no client, and no pipe of ours to write to.
     opts = {} if options.bg else dict(STREAMING_OPTS)
-    directory = os.path.join(cwd, options.dir) if options.dir else cwd
+    # --dir as the kernel enters it (`..` after a symbolic link is its
+    # target's parent, which a normalized path is not): systemd takes only
+    # a normalized path, and the process's PWD must name where it runs.
+    directory = os.path.realpath(os.path.join(cwd, options.dir)) if options.dir else cwd
     _check_utf8(
         [
             *((f"argument {i}", arg) for i, arg in enumerate(options.cmdline)),
@@ -73,9 +76,7 @@ def build_command(
         ]
     )
     if options.dir:
-        # Where the process runs: `..` after a symbolic link is its target's
-        # parent, which a normalized path is not.
-        environ = {**environ, "PWD": os.path.realpath(directory)}
+        environ = {**environ, "PWD": directory}
     return command_object(
         options.cmdline,
         _utf8_environment(environ, left_out),

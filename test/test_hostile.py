@@ -320,6 +320,27 @@ def test_a_line_break_for_the_unit_s_file_is_einval_naming_it(
     assert errstr.startswith(f"{field}: line break '\\n' at ")
 
 
+@pytest.mark.parametrize(
+    ("cwd", "why"),
+    [
+        ("tmp", "not an absolute path"),
+        ("~", "not an absolute path"),  # systemd's: the home directory
+        ("-/nonexistent", "not an absolute path"),  # systemd's: missing is fine
+        ("/tmp/..", "not a normalized path"),
+        ("/tmp/./x", "not a normalized path"),
+        ("//tmp", "not a normalized path"),
+    ],
+)
+def test_a_cwd_systemd_would_read_otherwise_is_einval_naming_it(
+    server, connection, cwd, why
+):
+    # "/tmp/.." failed the unit's load in words that named nothing; "~"
+    # and a leading "-" are unit-file syntax, not a directory.
+    errnum, errstr = exec_refused(server, connection, {**TRUE, "cwd": cwd})
+    assert errnum == errno.EINVAL
+    assert errstr.startswith(f'cmd.cwd: "{cwd}": {why}')
+
+
 @pytest.mark.parametrize(("change", "field"), BAD_STRINGS)
 def test_a_surrogate_in_any_string_is_einval_naming_it(
     server, connection, change, field

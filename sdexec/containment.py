@@ -23,7 +23,7 @@ from sdexec.command import Command
 from sdexec.config import Config, ConfigError, read_text_file
 from sdexec.idset import IDset
 from sdexec.map import ResourceMapper, create_mapper
-from sdexec.map.mapper import rank_problem
+from sdexec.map.mapper import UnfenceableRequest, rank_problem
 from sdexec.map.topology import TopologyXMLError
 from sdexec.procfs import (
     cgroup_value,
@@ -192,6 +192,8 @@ class Containment:
             mapped = self.mapper.map(
                 given, extra_properties=dict(self.extra_properties)
             )
+        except UnfenceableRequest as error:
+            raise MapperError(f"{R_OPTION}: {error}") from error
         except OSError as error:
             # The machine's (ENODEV: a core or GPU it does not have): the
             # errno goes with the answer, so "[Errno N]" would say it twice.

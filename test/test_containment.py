@@ -68,6 +68,7 @@ from sdexec.containment import (
     memory_cap_in_force,
 )
 from sdexec.idset import IDset
+from sdexec.map.mapper import UnfenceableRequest
 from sdexec.plan import plan_exec
 from sdexec.procfs import process_exists
 from sdexec.protocol import ExecFlag
@@ -956,6 +957,16 @@ def test_mapper_failures_name_the_class(result, message):
     with pytest.raises(MapperError) as raised:
         containment.properties(_request())
     assert str(raised.value) == message
+
+
+def test_an_r_the_mapper_cannot_fence_is_the_request_s_fault():
+    # "mapper sdexec.map.HwlocMapper failed: ValueError: R gives rank 0 no
+    # cores and no GPUs to fence", sending the admin to the mapper.
+    said = "R gives rank 0 no cores and no GPUs to fence (its children: none)"
+    containment, _ = _containment(UnfenceableRequest(said))
+    with pytest.raises(MapperError) as raised:
+        containment.properties(_request())
+    assert str(raised.value) == f"{R_OPTION}: {said}"
 
 
 def test_a_mapper_s_os_error_reads_as_its_words_its_errno_apart():

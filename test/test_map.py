@@ -26,6 +26,7 @@ from sdexec.map import (
     load_mapper_class,
     main,
 )
+from sdexec.map.mapper import UnfenceableRequest
 from sdexec.map.topology import Topology, TopologyXMLError
 from sdexec.rset import ResourceSet
 
@@ -959,7 +960,7 @@ def test_a_rank_with_nothing_to_fence_is_refused_not_unconstrained(
     large, children, held
 ):
     # Upstream's {} would run the job on every CPU and GPU of the node.
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(UnfenceableRequest) as error:
         large.map(make_R(**children), extra_properties={"MemoryMax": "95%"})
     assert str(error.value) == (
         f"R gives rank 0 no cores and no GPUs to fence (its children: {held}):"

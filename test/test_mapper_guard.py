@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from sdexec.map import HwlocMapper
+from sdexec.map.mapper import UnfenceableRequest
 from sdexec.rset import ResourceSet
 
 LARGE = (Path(__file__).parent / "data" / "large.xml").read_text()
@@ -54,7 +55,7 @@ def test_properties_a_subclass_adds_first_do_not_let_an_R_without_cores_through(
 ):
     # They did: the guard asked whether any property had been made, and the
     # job ran on every CPU with the site's MemoryMax unscaled.
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(UnfenceableRequest) as error:
         mapper_class(LARGE).map(
             make_R(**children), extra_properties={"MemoryMax": "50%"}
         )

@@ -13,7 +13,7 @@ from sdexec.map.topology import GPU, Topology, out_of_range, uncounted_gpus_hint
 from sdexec.rset import ResourceSet
 from sdexec.sizes import MemoryLimit
 
-__all__ = ["HwlocMapper", "ResourceMapper", "rank_problem"]
+__all__ = ["HwlocMapper", "ResourceMapper", "UnfenceableRequest", "rank_problem"]
 
 Properties = dict[str, Any]
 
@@ -207,10 +207,16 @@ class HwlocMapper(ResourceMapper):
         return properties
 
 
+class UnfenceableRequest(ValueError):
+    """The request's R, as it is, gives the mapper nothing it could fence:
+    the request's fault, not the mapper's (a mapper of a site's may raise
+    it too; the service names the R option, not the mapper)."""
+
+
 def _refuse_nothing_to_fence(R: ResourceSet, rank: int) -> None:
-    """``ValueError`` if R gives ``rank`` no core and no GPU (a typo such as
-    "cores", an empty set, no children): upstream's mapper returns {} there,
-    and the job runs on every CPU and device of the node.
+    """:class:`UnfenceableRequest` if R gives ``rank`` no core and no GPU (a
+    typo such as "cores", an empty set, no children): upstream's mapper
+    returns {} there, and the job runs on every CPU and device of the node.
 
     Judged from R, not from the properties made so far: a subclass may add
     its own (accounting, say) before calling ``finalize_properties``, and
@@ -220,7 +226,7 @@ def _refuse_nothing_to_fence(R: ResourceSet, rank: int) -> None:
     if any(children.get(kind) for kind in _FENCED_KINDS):
         return
     held = ", ".join(f"{kind}={str(ids)!r}" for kind, ids in children.items())
-    raise ValueError(
+    raise UnfenceableRequest(
         f"R gives rank {rank} no cores and no GPUs to fence (its"
         f" children: {held or 'none'}): a job is never run unconstrained"
     )

@@ -39,7 +39,6 @@ from sdexec.systemd import (
     Manager,
     UnitStatus,
     Watch,
-    errno_for,
     explain_start_refusal,
     queued_job,
 )
@@ -50,7 +49,12 @@ from sdexec.systemd.channel import (
     StdinOverrun,
     socketpair_for_systemd,
 )
-from sdexec.systemd.errors import UNIT_EXISTS, failure_value, is_connection_lost
+from sdexec.systemd.errors import (
+    UNIT_EXISTS,
+    failure_value,
+    is_connection_lost,
+    start_refusal_errno,
+)
 from sdexec.systemd.retry import CallBackoff, CallFailure, classify_call_failure
 from sdexec.systemd.unit import (
     NOT_STARTED_ERRNO,
@@ -677,7 +681,7 @@ class Process:
             message=message,
         )
         self.name_taken = getattr(error, "name", None) == UNIT_EXISTS
-        self._fail(errno_for(error), message)
+        self._fail(start_refusal_errno(error), message)
         self._reap()
 
     def _is_gone(self, properties: dict[str, Any]) -> str | None:

@@ -11,6 +11,9 @@ import signal
 import socket
 import subprocess
 import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import treq
@@ -259,20 +262,46 @@ async def test_a_site_gate_that_fails_ends_the_request_saying_so(
     await refused_unstarted(start_service, never_true, said)
 
 
+@pytest.fixture
+def never_active_target(user_manager) -> Iterator[str]:
+    """A target unit the user manager can load and nothing starts: one of
+    the suite's own (a distribution's, such as printer.target, is not on
+    every node)."""
+    name = f"sdexec-test-never-{uuid.uuid4().hex[:8]}.target"
+    directory = Path(user_manager.runtime_dir, "systemd", "user")
+    directory.mkdir(parents=True, exist_ok=True)
+    unit_file = directory / name
+    unit_file.write_text("[Unit]\nDescription=never started by the test suite\n")
+    yield name
+    unit_file.unlink()
+
+
 @ensureDeferred
-async def test_a_site_dependency_that_fails_ends_the_request_saying_so(start_service):
+async def test_a_site_dependency_that_fails_ends_the_request_saying_so(
+    start_service, never_active_target
+):
     # Sent as strings, systemd refused every job ("Unexpected message
     # contents"); as the unit lists systemd-run -p sends, a Requisite= not
     # active fails the start job, which ends without starting the unit.
-    site = (
-        'After = "basic.target"\n'
-        'Requisite = "printer.target"\n'  # a user unit never active here
-    )
+    site = f'After = "basic.target"\nRequisite = "{never_active_target}"\n'
     said = (
         "its start job ended without starting it (a dependency that failed, or"
         " a job canceled)"
     )
     await refused_unstarted(start_service, site, said)
+
+
+@ensureDeferred
+async def test_a_site_dependency_systemd_does_not_know_is_enoent(start_service):
+    # It was ESRCH, "no such process", for an admin's typo in a unit name:
+    # systemd refuses the start itself (NoSuchUnit), and nothing started.
+    service, result = await true_under(
+        start_service, 'Requisite = "sdexec-test-no-such.target"\n'
+    )
+    assert result.error is not None
+    assert result.error.errnum == errno.ENOENT
+    assert "Unit sdexec-test-no-such.target not found" in result.error.errstr
+    await wait_until_reaped(service, "sdexec-*")
 
 
 @ensureDeferred

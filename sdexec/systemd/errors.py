@@ -147,6 +147,17 @@ def errno_for(error: BaseException) -> int:
     return error.errno if isinstance(error, SystemdError) else UNNAMED_ERRNO
 
 
+def start_refusal_errno(error: BaseException) -> int:
+    """The errno for systemd's refusal of a ``StartTransientUnit``: as
+    :func:`errno_for`, but a unit it does not know is one the new unit
+    names (a dependency: the new one does not exist yet), and nothing was
+    started: ``ENOENT``, as sd-bus maps NoSuchUnit and so upstream's sdexec
+    reads it, where a signal for a unit gone is ``ESRCH``."""
+    if isinstance(error, SystemdError) and error.name == NO_SUCH_UNIT:
+        return errno.ENOENT
+    return errno_for(error)
+
+
 #: Properties sdexec itself sends as strings, from checked sources.
 _OWN_STRING_PROPERTIES = frozenset({"Description", "WorkingDirectory", "Slice"})
 

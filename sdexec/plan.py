@@ -335,19 +335,20 @@ def _home_directory() -> str:
 
 def _working_directory_problem(cwd: str) -> str | None:
     """Why systemd could not take ``cwd`` as the unit's WorkingDirectory,
-    or ``None``. It takes an absolute, normalized path (systemd.exec(5));
-    it refused "/tmp/.." only when it loaded the unit, in words that did
-    not name it, and read a leading "-" or a "~" as its own syntax (a
-    missing directory allowed, a home directory)."""
+    or ``None``. It takes an absolute path (systemd.exec(5)), and reads a
+    leading "-" or a "~" as its own syntax (a missing directory allowed, a
+    home directory); a ".." in one it refused only as it loaded the unit,
+    in words that did not name it. ("//" and "." it simplifies, as upstream
+    passes them: a client's $PWD may hold them.)"""
     problem = unit_file_problem(cwd)
     if problem is not None:
         return problem
     if not cwd.startswith("/"):
         return f"{json_quoted(cwd)}: not an absolute path"
-    if "//" in cwd or any(part in (".", "..") for part in cwd.split("/")):
+    if ".." in cwd.split("/"):
         return (
-            f"{json_quoted(cwd)}: not a normalized path (a '.' or '..' in it, or"
-            " '//'): systemd takes one as realpath(1) prints it"
+            f"{json_quoted(cwd)}: a '..' in it, which systemd refuses: give the"
+            " directory resolved, as realpath(1) prints it"
         )
     return None
 

@@ -29,6 +29,7 @@ from sdexec.idset import MAX_ID
 from sdexec.ioencode import encode_io
 from sdexec.limits import MAX_ARG_STRLEN, MAX_LISTED_CMDLINE
 from sdexec.lograte import BURST, WINDOW_S
+from sdexec.plan import checked_request
 from sdexec.server import SdexecServer
 from sdexec.testing import FakeManager
 from sdexec.wire import MAX_NESTING, MAX_VALUES, SMALL_LINE
@@ -326,12 +327,11 @@ def test_a_line_break_for_the_unit_s_file_is_einval_naming_it(
         ("tmp", "not an absolute path"),
         ("~", "not an absolute path"),  # systemd's: the home directory
         ("-/nonexistent", "not an absolute path"),  # systemd's: missing is fine
-        ("/tmp/..", "not a normalized path"),
-        ("/tmp/./x", "not a normalized path"),
-        ("//tmp", "not a normalized path"),
+        ("/tmp/..", "a '..' in it, which systemd refuses"),
+        ("/tmp/../x/", "a '..' in it, which systemd refuses"),
     ],
 )
-def test_a_cwd_systemd_would_read_otherwise_is_einval_naming_it(
+def test_a_cwd_systemd_would_refuse_or_read_otherwise_is_einval_naming_it(
     server, connection, cwd, why
 ):
     # "/tmp/.." failed the unit's load in words that named nothing; "~"
@@ -339,6 +339,15 @@ def test_a_cwd_systemd_would_read_otherwise_is_einval_naming_it(
     errnum, errstr = exec_refused(server, connection, {**TRUE, "cwd": cwd})
     assert errnum == errno.EINVAL
     assert errstr.startswith(f'cmd.cwd: "{cwd}": {why}')
+
+
+@pytest.mark.parametrize("cwd", ["//tmp", "/tmp//x/./y/", "/"])
+def test_a_cwd_systemd_simplifies_passes(cwd):
+    # A client's $PWD may hold them (`cd //tmp`; --dir=$SCRATCH/job with a
+    # SCRATCH ending in "/"): flux exec sends it, upstream passes it, and
+    # systemd simplifies it.
+    payload = {"cmd": {**TRUE, "cwd": cwd}, "flags": 0}
+    assert checked_request(payload, streaming=True).command.cwd == cwd
 
 
 @pytest.mark.parametrize(("change", "field"), BAD_STRINGS)

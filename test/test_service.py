@@ -150,6 +150,16 @@ async def test_cwd_env_and_bad_env_names(sdexec, tmp_path):
 
 
 @ensureDeferred
+async def test_a_cwd_with_doubled_slashes_and_dots_runs_there(sdexec, tmp_path):
+    # A client's $PWD may be so (`cd //tmp`): systemd simplifies it, and
+    # the service passes it as upstream does (review 36 R1).
+    client = await sdexec.connect()
+    cwd = f"/{tmp_path}//./"
+    result = await run(client, ["pwd", "-P"], cwd=cwd)
+    assert (result.error, result.stdout.decode().strip()) == (None, str(tmp_path))
+
+
+@ensureDeferred
 async def test_one_mebibyte_environment(sdexec):
     env = {f"VAR{i:04d}": "v" * 1024 for i in range(1024)}
     env["PATH"] = "/usr/bin:/bin"

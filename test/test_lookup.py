@@ -26,7 +26,13 @@ from sdexec.config import parse_config
 from sdexec.connection import MAX_BEHIND_LOOKUPS, SdexecServerFactory
 from sdexec.ioencode import encode_io
 from sdexec.lograte import MAX_QUOTED
-from sdexec.lookup import LOOKUP_TIMEOUT_S, ThreadedLookups, _Workers
+from sdexec.lookup import (
+    FOUND_FRESH_S,
+    LOOKUP_TIMEOUT_S,
+    MAX_FOUND,
+    ThreadedLookups,
+    _Workers,
+)
 from sdexec.plan import RequestError
 from sdexec.protocol import ExecFlag
 from sdexec.server import SdexecServer
@@ -109,6 +115,37 @@ async def test_a_lookup_stuck_in_its_thread_holds_no_other(silent, lookups):
     assert silent.threads[0] is not silent.threads[1]
     silent.answer()
     assert await stuck == Found(None, False)
+
+
+@ensureDeferred
+async def test_a_command_found_stays_found_for_a_while(silent, lookups, clock):
+    # A job's shell, started job after job, was looked up (a stat on a
+    # shared file system, a hand-over to a thread) on every exec.
+    silent.answer()
+    sh = Command(["sh"], env={"PATH": "/bin"})
+    assert await lookups.find(sh, "/") == Found("/bin/sh", False)
+    again = lookups.find(sh, "/")
+    assert again.called and again.result == Found("/bin/sh", False)
+    assert silent.names == ["sh"]
+    # Another PATH or directory is another lookup, and so is time.
+    await lookups.find(Command(["sh"], env={"PATH": "/usr/bin:/bin"}), "/")
+    await lookups.find(Command(["sh"], env={"PATH": "/bin"}, cwd="/tmp"), "/")
+    clock.advance(FOUND_FRESH_S + 0.1)
+    assert await lookups.find(sh, "/") == Found("/bin/sh", False)
+    assert silent.names == ["sh"] * 4
+
+
+@ensureDeferred
+async def test_what_is_kept_found_is_bounded(silent, lookups):
+    silent.answer()
+    long_path = "/bin:" + "/x" * 4096  # not kept: too long a key
+    for _ in range(2):
+        await lookups.find(Command(["sh"], env={"PATH": long_path}), "/")
+    assert len(silent.names) == 2
+    for i in range(MAX_FOUND + 1):
+        await lookups.find(Command(["sh"], env={"PATH": f"/bin:/n{i}"}), "/")
+    await lookups.find(Command(["sh"], env={"PATH": "/bin:/n0"}), "/")  # gone first
+    assert len(silent.names) == 2 + MAX_FOUND + 2
 
 
 @ensureDeferred
@@ -404,7 +441,11 @@ async def test_a_client_that_closes_drops_what_waits_but_a_background_exec(
     connection.send(
         "sdexec.exec", {"flags": FLAGS, "cmd": _cmd("fourth", label="L")}, 4
     )
-    background = {"flags": FLAGS, "cmd": _cmd("second", label="L")}
+    # (`false`: `true`, just found, would not be looked up again)
+    background = {
+        "flags": FLAGS,
+        "cmd": {**_cmd("second", label="L"), "cmdline": ["false"]},
+    }
     connection.raw(_envelope("sdexec.exec", background, 2, streaming=False))
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": _cmd("third")}, 3)
     # A write waiting for the first, with a descriptor of its own to close.

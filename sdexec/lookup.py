@@ -16,9 +16,10 @@ looked. Its thread is left to finish whenever the file system answers
 service waits for. Once :data:`MAX_STUCK` threads are left so, a request
 is refused at once (EAGAIN) rather than leave one more behind.
 
-A command found stays found for :data:`FOUND_FRESH_S`: an exec of the same
-name, from the same ``PATH`` and working directory, within that long runs
-what the last lookup found without another (a job's shell, started for job
+A command found stays found for :data:`FOUND_FRESH_S` from the start of
+its lookup: an exec of the same absolute name, or of another from the same
+``PATH`` and working directory, within that long runs what the last lookup
+found without another (a job's shell, started for job
 after job, is looked up about once a second, not once an exec: fewer stats
 on a shared file system, and no hand-over to a worker thread, about 0.3 ms
 of each exec's start). A file removed or made unexecutable meanwhile fails
@@ -65,9 +66,9 @@ MAX_STUCK = 16
 FOUND_FRESH_S = 1.0
 #: Commands kept found at most; the one found longest ago goes first.
 MAX_FOUND = 256
-#: Characters of the name, ``PATH`` and working directory, together, past
-#: which a command found is not kept: a request's ``PATH`` may be long,
-#: and what is kept must stay small (at most about 2 MiB in all).
+#: Bytes (UTF-8) of the name, ``PATH`` and working directory, together,
+#: past which a command found is not kept: a request's ``PATH`` may be
+#: long, and what is kept must stay small (at most about 2 MiB in all).
 _MAX_FOUND_KEY = 8 * 1024
 #: Characters of a path a timed-out lookup's message shows: a long one
 #: whole, and room for the reason after it in the log line, which quotes
@@ -135,7 +136,13 @@ class ThreadedLookups:
         timer = self._clock.callLater(
             self._timeout, self._timed_out, answer, command, default_cwd
         )
-        finished = partial(self._finished, answer=answer, timer=timer, key=key)
+        finished = partial(
+            self._finished,
+            answer=answer,
+            timer=timer,
+            key=key,
+            started=self._clock.seconds(),
+        )
         try:
             self._workers.run(
                 partial(_outcome, command, default_cwd),
@@ -151,7 +158,8 @@ class ThreadedLookups:
         outcome: Found | Failure,
         answer: defer.Deferred[Found],
         timer: Any,
-        key: str | None,
+        key: bytes | None,
+        started: float,
     ) -> None:
         if answer.called:
             self.stuck -= 1  # timed out: its request was refused already
@@ -161,7 +169,7 @@ class ThreadedLookups:
             answer.errback(outcome)
             return
         if outcome.executable is not None and key is not None:
-            self._found.put(key, outcome)
+            self._found.put(key, outcome, started)
         answer.callback(outcome)
 
     def _timed_out(
@@ -187,24 +195,32 @@ class ThreadedLookups:
         )
 
 
-def _found_key(command: Command, default_cwd: str) -> str | None:
-    """What a lookup's outcome depends on (the name, ``PATH``, the working
-    directory), as one string; ``None`` when too long to keep."""
-    path = command.env.get("PATH")
-    where = command.cwd or default_cwd
-    key = "\0".join((command.cmdline[0], "" if path is None else f"={path}", where))
+def _found_key(command: Command, default_cwd: str) -> bytes | None:
+    """What a lookup's outcome depends on, as one key: an absolute name
+    alone (found the same from anywhere: a job's shell, started in each
+    job's own directory), any other with ``PATH`` and the working
+    directory; ``None`` when too long to keep."""
+    name = command.cmdline[0]
+    if name.startswith("/"):
+        parts: tuple[str, ...] = (name,)
+    else:
+        path = command.env.get("PATH")
+        where = command.cwd or default_cwd
+        parts = (name, "" if path is None else f"={path}", where)
+    key = "\0".join(parts).encode()  # (text checked: no NUL, no surrogate)
     return key if len(key) <= _MAX_FOUND_KEY else None
 
 
 class _RecentlyFound:
-    """Commands found in the last :data:`FOUND_FRESH_S` on ``clock``, at
-    most :data:`MAX_FOUND` of them; used in the reactor's thread only."""
+    """Commands found by lookups started in the last :data:`FOUND_FRESH_S`
+    on ``clock``, at most :data:`MAX_FOUND` of them; used in the reactor's
+    thread only."""
 
     def __init__(self, clock: Any) -> None:
         self._clock = clock
-        self._found: OrderedDict[str, tuple[float, Found]] = OrderedDict()
+        self._found: OrderedDict[bytes, tuple[float, Found]] = OrderedDict()
 
-    def get(self, key: str | None) -> Found | None:
+    def get(self, key: bytes | None) -> Found | None:
         if key is None or key not in self._found:
             return None
         when, found = self._found[key]
@@ -213,9 +229,18 @@ class _RecentlyFound:
             return None
         return found
 
-    def put(self, key: str, found: Found) -> None:
+    def put(self, key: bytes, found: Found, started: float) -> None:
+        """Keep what a lookup ``started`` then found, unless a lookup
+        started later has answered already, or this one took longer than
+        :data:`FOUND_FRESH_S` (a file system that stalled: what it found
+        may be older than what others have found since)."""
+        kept = self._found.get(key)
+        if kept is not None and kept[0] > started:
+            return
+        if self._clock.seconds() - started > FOUND_FRESH_S:
+            return
         self._found.pop(key, None)
-        self._found[key] = (self._clock.seconds(), found)
+        self._found[key] = (started, found)
         if len(self._found) > MAX_FOUND:
             self._found.popitem(last=False)
 

@@ -31,6 +31,7 @@ from sdexec.lookup import (
     LOOKUP_TIMEOUT_S,
     MAX_FOUND,
     ThreadedLookups,
+    _RecentlyFound,
     _Workers,
 )
 from sdexec.plan import RequestError
@@ -136,16 +137,49 @@ async def test_a_command_found_stays_found_for_a_while(silent, lookups, clock):
 
 
 @ensureDeferred
+async def test_an_absolute_command_is_found_once_from_anywhere(silent, lookups):
+    # A job's shell, named by its path, starts in each job's own directory.
+    silent.answer()
+    for cwd in ("/tmp", "/"):
+        found = await lookups.find(Command(["/bin/sh"], env={}, cwd=cwd), "/")
+        assert found == Found("/bin/sh", False)
+    assert silent.names == ["/bin/sh"]
+
+
+@ensureDeferred
+async def test_a_lookup_that_stalled_is_not_kept(silent, lookups, clock):
+    # What a stalled file system answers late may be older than what was
+    # found meanwhile: kept, it served a stale command for up to 11 s
+    # (review 36 L1).
+    sh = Command(["sh"], env={"PATH": "/bin"})
+    stalled = lookups.find(sh, "/")
+    clock.advance(FOUND_FRESH_S + 0.5)
+    silent.answer()
+    assert await stalled == Found("/bin/sh", False)
+    await lookups.find(sh, "/")
+    assert silent.names == ["sh", "sh"]
+
+
+def test_an_older_lookup_never_replaces_a_newer_one(clock):
+    found = _RecentlyFound(clock)
+    clock.advance(5)
+    found.put(b"k", Found("/d1/prog", False), started=4.8)  # the newer
+    found.put(b"k", Found("/d2/prog", False), started=4.5)  # answered last
+    assert found.get(b"k") == Found("/d1/prog", False)
+
+
+@ensureDeferred
 async def test_what_is_kept_found_is_bounded(silent, lookups):
     silent.answer()
-    long_path = "/bin:" + "/x" * 4096  # not kept: too long a key
-    for _ in range(2):
-        await lookups.find(Command(["sh"], env={"PATH": long_path}), "/")
-    assert len(silent.names) == 2
+    # Not kept: too long a key, in bytes (2100 characters of 4 bytes each).
+    for long_path in ("/bin:" + "/x" * 4096, "/bin:/" + "\U0001f600" * 2100):
+        for _ in range(2):
+            await lookups.find(Command(["sh"], env={"PATH": long_path}), "/")
+    assert len(silent.names) == 4
     for i in range(MAX_FOUND + 1):
         await lookups.find(Command(["sh"], env={"PATH": f"/bin:/n{i}"}), "/")
     await lookups.find(Command(["sh"], env={"PATH": "/bin:/n0"}), "/")  # gone first
-    assert len(silent.names) == 2 + MAX_FOUND + 2
+    assert len(silent.names) == 4 + MAX_FOUND + 2
 
 
 @ensureDeferred

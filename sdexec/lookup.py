@@ -15,17 +15,6 @@ looked. Its thread is left to finish whenever the file system answers
 (the next lookup takes another): a daemon thread, which no stop of the
 service waits for. Once :data:`MAX_STUCK` threads are left so, a request
 is refused at once (EAGAIN) rather than leave one more behind.
-
-A command found stays found for :data:`FOUND_FRESH_S` from the start of
-its lookup: an exec of the same absolute name, or of another from the same
-``PATH`` and working directory, within that long runs what the last lookup
-found without another (a job's shell, started for job
-after job, is looked up about once a second, not once an exec: fewer stats
-on a shared file system, and no hand-over to a worker thread, about 0.3 ms
-of each exec's start). A file removed or made unexecutable meanwhile fails
-in systemd's exec instead (203/EXEC: ``ENOENT`` still, "cannot execute
-PATH"), as one removed just after any lookup would. What is not found is
-looked up again each time.
 """
 
 from __future__ import annotations
@@ -33,7 +22,6 @@ from __future__ import annotations
 import errno
 import queue
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
@@ -46,7 +34,6 @@ from sdexec.plan import RequestError
 from sdexec.refusal import quoted
 
 __all__ = [
-    "FOUND_FRESH_S",
     "LOOKUP_TIMEOUT_S",
     "MAX_STUCK",
     "InlineLookups",
@@ -62,14 +49,6 @@ LOOKUP_TIMEOUT_S = 10.0
 #: Timed-out lookups whose thread still waits on its file system, at most:
 #: past them, an exec is refused at once rather than leave one more.
 MAX_STUCK = 16
-#: How long a command found stays found (the module's docstring).
-FOUND_FRESH_S = 1.0
-#: Commands kept found at most; the one found longest ago goes first.
-MAX_FOUND = 256
-#: Bytes (UTF-8) of the name, ``PATH`` and working directory, together,
-#: past which a command found is not kept: a request's ``PATH`` may be
-#: long, and what is kept must stay small (at most about 2 MiB in all).
-_MAX_FOUND_KEY = 8 * 1024
 #: Characters of a path a timed-out lookup's message shows: a long one
 #: whole, and room for the reason after it in the log line, which quotes
 #: the message (it names the request's command, which may be megabytes).
@@ -120,14 +99,9 @@ class ThreadedLookups:
         #: its requests while one runs.)
         self.stuck = 0
         self._workers = _Workers()
-        self._found = _RecentlyFound(self._clock)
 
     def find(self, command: Command, default_cwd: str) -> defer.Deferred[Found]:
         name = command.cmdline[0]
-        key = _found_key(command, default_cwd)
-        found = self._found.get(key)
-        if found is not None:
-            return defer.succeed(found)
         if self.stuck >= self._limit:
             return _not_looked_up(
                 name, f"{self.stuck} lookups wait on a file system that does not answer"
@@ -136,13 +110,7 @@ class ThreadedLookups:
         timer = self._clock.callLater(
             self._timeout, self._timed_out, answer, command, default_cwd
         )
-        finished = partial(
-            self._finished,
-            answer=answer,
-            timer=timer,
-            key=key,
-            started=self._clock.seconds(),
-        )
+        finished = partial(self._finished, answer=answer, timer=timer)
         try:
             self._workers.run(
                 partial(_outcome, command, default_cwd),
@@ -154,12 +122,7 @@ class ThreadedLookups:
         return answer
 
     def _finished(
-        self,
-        outcome: Found | Failure,
-        answer: defer.Deferred[Found],
-        timer: Any,
-        key: bytes | None,
-        started: float,
+        self, outcome: Found | Failure, answer: defer.Deferred[Found], timer: Any
     ) -> None:
         if answer.called:
             self.stuck -= 1  # timed out: its request was refused already
@@ -167,10 +130,8 @@ class ThreadedLookups:
         timer.cancel()
         if isinstance(outcome, Failure):
             answer.errback(outcome)
-            return
-        if outcome.executable is not None and key is not None:
-            self._found.put(key, outcome, started)
-        answer.callback(outcome)
+        else:
+            answer.callback(outcome)
 
     def _timed_out(
         self, answer: defer.Deferred[Found], command: Command, default_cwd: str
@@ -193,56 +154,6 @@ class ThreadedLookups:
             " (a file system of the working directory"
             " or of PATH that does not answer?)"
         )
-
-
-def _found_key(command: Command, default_cwd: str) -> bytes | None:
-    """What a lookup's outcome depends on, as one key: an absolute name
-    alone (found the same from anywhere: a job's shell, started in each
-    job's own directory), any other with ``PATH`` and the working
-    directory; ``None`` when too long to keep."""
-    name = command.cmdline[0]
-    if name.startswith("/"):
-        parts: tuple[str, ...] = (name,)
-    else:
-        path = command.env.get("PATH")
-        where = command.cwd or default_cwd
-        parts = (name, "" if path is None else f"={path}", where)
-    key = "\0".join(parts).encode()  # (text checked: no NUL, no surrogate)
-    return key if len(key) <= _MAX_FOUND_KEY else None
-
-
-class _RecentlyFound:
-    """Commands found by lookups started in the last :data:`FOUND_FRESH_S`
-    on ``clock``, at most :data:`MAX_FOUND` of them; used in the reactor's
-    thread only."""
-
-    def __init__(self, clock: Any) -> None:
-        self._clock = clock
-        self._found: OrderedDict[bytes, tuple[float, Found]] = OrderedDict()
-
-    def get(self, key: bytes | None) -> Found | None:
-        if key is None or key not in self._found:
-            return None
-        when, found = self._found[key]
-        if self._clock.seconds() - when > FOUND_FRESH_S:
-            del self._found[key]
-            return None
-        return found
-
-    def put(self, key: bytes, found: Found, started: float) -> None:
-        """Keep what a lookup ``started`` then found, unless a lookup
-        started later has answered already, or this one took longer than
-        :data:`FOUND_FRESH_S` (a file system that stalled: what it found
-        may be older than what others have found since)."""
-        kept = self._found.get(key)
-        if kept is not None and kept[0] > started:
-            return
-        if self._clock.seconds() - started > FOUND_FRESH_S:
-            return
-        self._found.pop(key, None)
-        self._found[key] = (started, found)
-        if len(self._found) > MAX_FOUND:
-            self._found.popitem(last=False)
 
 
 #: A call for a worker thread, and where its outcome goes.

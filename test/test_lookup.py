@@ -26,14 +26,7 @@ from sdexec.config import parse_config
 from sdexec.connection import MAX_BEHIND_LOOKUPS, SdexecServerFactory
 from sdexec.ioencode import encode_io
 from sdexec.lograte import MAX_QUOTED
-from sdexec.lookup import (
-    FOUND_FRESH_S,
-    LOOKUP_TIMEOUT_S,
-    MAX_FOUND,
-    ThreadedLookups,
-    _RecentlyFound,
-    _Workers,
-)
+from sdexec.lookup import LOOKUP_TIMEOUT_S, ThreadedLookups, _Workers
 from sdexec.plan import RequestError
 from sdexec.protocol import ExecFlag
 from sdexec.server import SdexecServer
@@ -116,70 +109,6 @@ async def test_a_lookup_stuck_in_its_thread_holds_no_other(silent, lookups):
     assert silent.threads[0] is not silent.threads[1]
     silent.answer()
     assert await stuck == Found(None, False)
-
-
-@ensureDeferred
-async def test_a_command_found_stays_found_for_a_while(silent, lookups, clock):
-    # A job's shell, started job after job, was looked up (a stat on a
-    # shared file system, a hand-over to a thread) on every exec.
-    silent.answer()
-    sh = Command(["sh"], env={"PATH": "/bin"})
-    assert await lookups.find(sh, "/") == Found("/bin/sh", False)
-    again = lookups.find(sh, "/")
-    assert again.called and again.result == Found("/bin/sh", False)
-    assert silent.names == ["sh"]
-    # Another PATH or directory is another lookup, and so is time.
-    await lookups.find(Command(["sh"], env={"PATH": "/usr/bin:/bin"}), "/")
-    await lookups.find(Command(["sh"], env={"PATH": "/bin"}, cwd="/tmp"), "/")
-    clock.advance(FOUND_FRESH_S + 0.1)
-    assert await lookups.find(sh, "/") == Found("/bin/sh", False)
-    assert silent.names == ["sh"] * 4
-
-
-@ensureDeferred
-async def test_an_absolute_command_is_found_once_from_anywhere(silent, lookups):
-    # A job's shell, named by its path, starts in each job's own directory.
-    silent.answer()
-    for cwd in ("/tmp", "/"):
-        found = await lookups.find(Command(["/bin/sh"], env={}, cwd=cwd), "/")
-        assert found == Found("/bin/sh", False)
-    assert silent.names == ["/bin/sh"]
-
-
-@ensureDeferred
-async def test_a_lookup_that_stalled_is_not_kept(silent, lookups, clock):
-    # What a stalled file system answers late may be older than what was
-    # found meanwhile: kept, it served a stale command for up to 11 s
-    # (review 36 L1).
-    sh = Command(["sh"], env={"PATH": "/bin"})
-    stalled = lookups.find(sh, "/")
-    clock.advance(FOUND_FRESH_S + 0.5)
-    silent.answer()
-    assert await stalled == Found("/bin/sh", False)
-    await lookups.find(sh, "/")
-    assert silent.names == ["sh", "sh"]
-
-
-def test_an_older_lookup_never_replaces_a_newer_one(clock):
-    found = _RecentlyFound(clock)
-    clock.advance(5)
-    found.put(b"k", Found("/d1/prog", False), started=4.8)  # the newer
-    found.put(b"k", Found("/d2/prog", False), started=4.5)  # answered last
-    assert found.get(b"k") == Found("/d1/prog", False)
-
-
-@ensureDeferred
-async def test_what_is_kept_found_is_bounded(silent, lookups):
-    silent.answer()
-    # Not kept: too long a key, in bytes (2100 characters of 4 bytes each).
-    for long_path in ("/bin:" + "/x" * 4096, "/bin:/" + "\U0001f600" * 2100):
-        for _ in range(2):
-            await lookups.find(Command(["sh"], env={"PATH": long_path}), "/")
-    assert len(silent.names) == 4
-    for i in range(MAX_FOUND + 1):
-        await lookups.find(Command(["sh"], env={"PATH": f"/bin:/n{i}"}), "/")
-    await lookups.find(Command(["sh"], env={"PATH": "/bin:/n0"}), "/")  # gone first
-    assert len(silent.names) == 4 + MAX_FOUND + 2
 
 
 @ensureDeferred
@@ -475,11 +404,7 @@ async def test_a_client_that_closes_drops_what_waits_but_a_background_exec(
     connection.send(
         "sdexec.exec", {"flags": FLAGS, "cmd": _cmd("fourth", label="L")}, 4
     )
-    # (`false`: `true`, just found, would not be looked up again)
-    background = {
-        "flags": FLAGS,
-        "cmd": {**_cmd("second", label="L"), "cmdline": ["false"]},
-    }
+    background = {"flags": FLAGS, "cmd": _cmd("second", label="L")}
     connection.raw(_envelope("sdexec.exec", background, 2, streaming=False))
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": _cmd("third")}, 3)
     # A write waiting for the first, with a descriptor of its own to close.

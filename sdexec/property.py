@@ -43,7 +43,12 @@ UINT32_MAX = 2**32 - 1
 MEMORY_PROPERTIES = frozenset(
     {"MemoryHigh", "MemoryMax", "MemoryMin", "MemoryLow", "MemorySwapMax"}
 )
-#: Boolean properties of units, services and cgroups that sites commonly set.
+#: Boolean properties of units, services and cgroups: every name systemd-run
+#: sends as a boolean for a service (src/shared/bus-unit-util.c, its
+#: execute, unit, cgroup and kill tables). Sent as strings they failed every
+#: job ("Unexpected message contents"). A newer spelling that takes more
+#: than a boolean (``PrivateUsersEx``, ``ProtectHostnameEx``,
+#: ``PrivateTmpEx``) is a string of its own.
 BOOLEAN_PROPERTIES = frozenset(
     {
         "SendSIGKILL",
@@ -63,6 +68,46 @@ BOOLEAN_PROPERTIES = frozenset(
         "NoNewPrivileges",
         "ProtectKernelTunables",
         "ProtectControlGroups",
+        "TTYVHangup",
+        "TTYReset",
+        "TTYVTDisallocate",
+        "PrivateUsers",
+        "PrivateMounts",
+        "PrivateIPC",
+        "SyslogLevelPrefix",
+        "MemoryDenyWriteExecute",
+        "RestrictRealtime",
+        "DynamicUser",
+        "RemoveIPC",
+        "ProtectKernelModules",
+        "ProtectKernelLogs",
+        "ProtectClock",
+        "MountAPIVFS",
+        "CPUSchedulingResetOnFork",
+        "LockPersonality",
+        "ProtectHostname",
+        "MemoryKSM",
+        "RestrictSUIDSGID",
+        "RootEphemeral",
+        "SetLoginEnvironment",
+        "StopWhenUnneeded",
+        "RefuseManualStart",
+        "RefuseManualStop",
+        "AllowIsolate",
+        "IgnoreOnIsolate",
+        "DefaultDependencies",
+        "CoredumpReceive",
+    }
+)
+#: File modes (octal, at most 07777), sent as systemd-run sends them: ``u``.
+MODE_PROPERTIES = frozenset(
+    {
+        "UMask",
+        "RuntimeDirectoryMode",
+        "StateDirectoryMode",
+        "CacheDirectoryMode",
+        "LogsDirectoryMode",
+        "ConfigurationDirectoryMode",
     }
 )
 #: Unsigned 64-bit properties that also accept ``infinity``.
@@ -174,6 +219,16 @@ class UnitProperty:
     signature: str
     value: Any
     source: str = field(default="sdexec", compare=False)
+
+
+def parse_mode(text: str) -> int:
+    """A file mode as systemd reads one: octal digits, at most 07777."""
+    if not text or not text.isascii() or any(c not in "01234567" for c in text):
+        raise ValueError(f"{text!r} is not a file mode (octal digits: 0022, 0755)")
+    mode = int(text[:_MAX_DIGITS], 8)
+    if len(text) > _MAX_DIGITS or mode > 0o7777:
+        raise ValueError(f"{text!r} is beyond 07777, the largest file mode")
+    return mode
 
 
 def parse_bool(text: str) -> bool:
@@ -402,6 +457,7 @@ def _gate_list(name: str, text: str) -> UnitProperty:
 
 _CONVERTERS: dict[str, Converter] = {
     **{name: _typed("b", parse_bool) for name in BOOLEAN_PROPERTIES},
+    **{name: _typed("u", parse_mode) for name in MODE_PROPERTIES},
     **dict.fromkeys(UINT64_PROPERTIES, _uint64_in_range),
     **dict.fromkeys(INTEGER_PROPERTIES, _bounded_integer),
     **{f"Limit{r}{soft}": _rlimit for r in RLIMITS for soft in ("", "Soft")},
@@ -439,7 +495,7 @@ _OTHER_PROPERTIES = frozenset(
         "Slice", "ManagedOOMSwap", "ManagedOOMMemoryPressure",
         "ManagedOOMPreference", "MemoryPressureWatch", "DelegateSubgroup",
         "ManagedOOMMemoryPressureLimit", "MemoryZSwapWriteback",
-        "CoredumpReceive", "StartupAllowedCPUs", "StartupAllowedMemoryNodes",
+        "StartupAllowedCPUs", "StartupAllowedMemoryNodes",
         "DisableControllers", "DelegateControllers", "MemoryZSwapMax",
         "StartupMemoryLow", "StartupMemoryHigh", "StartupMemoryMax",
         "StartupMemorySwapMax", "StartupMemoryZSwapMax", "CPUQuotaPeriodUSec",
@@ -461,21 +517,16 @@ _OTHER_PROPERTIES = frozenset(
         "UserNamespacePath", "IPCNamespacePath", "LogNamespace",
         "RootImagePolicy", "MountImagePolicy", "ExtensionImagePolicy",
         "PrivatePIDs", "PrivateBPF", "BPFDelegateCommands", "BPFDelegateMaps",
-        "BPFDelegatePrograms", "BPFDelegateAttachments", "TTYVHangup",
-        "TTYReset", "TTYVTDisallocate", "PrivateMounts", "PrivateIPC",
-        "SyslogLevelPrefix", "MemoryDenyWriteExecute", "RestrictRealtime",
-        "DynamicUser", "RemoveIPC", "ProtectKernelModules", "ProtectKernelLogs",
-        "ProtectClock", "MountAPIVFS", "BindLogSockets",
-        "CPUSchedulingResetOnFork", "LockPersonality", "MemoryKSM", "MemoryTHP",
-        "RestrictSUIDSGID", "RootEphemeral", "SetLoginEnvironment",
+        "BPFDelegatePrograms", "BPFDelegateAttachments",
+        "BindLogSockets",
+        "MemoryTHP",
         "ReadWriteDirectories", "ReadOnlyDirectories",
         "InaccessibleDirectories", "ExecSearchPath", "ExtensionDirectories",
         "ConfigurationDirectory", "SupplementaryGroups",
         "SystemCallArchitectures", "SyslogLevel", "LogLevelMax",
         "SyslogFacility", "SecureBits", "CoredumpFilter",
-        "SystemCallErrorNumber", "RuntimeDirectoryMode", "StateDirectoryMode",
-        "CacheDirectoryMode", "LogsDirectoryMode", "ConfigurationDirectoryMode",
-        "UMask", "TimerSlackNSec", "LogRateLimitIntervalUSec",
+        "SystemCallErrorNumber",
+        "TimerSlackNSec", "LogRateLimitIntervalUSec",
         "LogRateLimitBurst", "TTYRows", "TTYColumns", "MountFlags",
         "Environment", "UnsetEnvironment", "PassEnvironment",
         "EnvironmentFiles", "SetCredential", "SetCredentialEncrypted",
@@ -497,9 +548,9 @@ _OTHER_PROPERTIES = frozenset(
         "RootImageOptions", "MountImages", "ExtensionImages", "StateDirectory",
         "RuntimeDirectory", "CacheDirectory", "LogsDirectory",
         "StateDirectorySymlink", "RuntimeDirectorySymlink",
-        "CacheDirectorySymlink", "LogsDirectorySymlink", "ProtectHostname",
+        "CacheDirectorySymlink", "LogsDirectorySymlink",
         "ProtectHostnameEx", "PrivateTmpEx", "ProtectControlGroupsEx",
-        "PrivateUsers", "PrivateUsersEx", "StateDirectoryQuota",
+        "PrivateUsersEx", "StateDirectoryQuota",
         "CacheDirectoryQuota", "LogsDirectoryQuota", "StateDirectoryAccounting",
         "CacheDirectoryAccounting", "LogsDirectoryAccounting",
         # killing (systemd.kill(5))
@@ -523,9 +574,8 @@ _OTHER_PROPERTIES = frozenset(
         "Description", "SourcePath", "OnFailureJobMode", "OnSuccessJobMode",
         "JobTimeoutAction", "JobTimeoutRebootArgument", "StartLimitAction",
         "FailureAction", "SuccessAction", "RebootArgument", "CollectMode",
-        "StopWhenUnneeded", "RefuseManualStart", "RefuseManualStop",
-        "AllowIsolate", "IgnoreOnIsolate", "SurviveFinalKillSignal",
-        "DefaultDependencies", "JobRunningTimeoutUSec",
+        "SurviveFinalKillSignal",
+        "JobRunningTimeoutUSec",
         "StartLimitIntervalUSec", "StartLimitBurst", "SuccessActionExitStatus",
         "FailureActionExitStatus", "Documentation", "RequiresMountsFor",
         "WantsMountsFor", "Markers", "AddRef",

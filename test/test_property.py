@@ -13,6 +13,7 @@ from sdexec.property import (
     BOOLEAN_PROPERTIES,
     INTEGER_PROPERTIES,
     MEMORY_PROPERTIES,
+    MODE_PROPERTIES,
     UINT32_MAX,
     UINT64_MAX,
     UINT64_PROPERTIES,
@@ -59,6 +60,29 @@ def test_parse_bool_refuses(text):
 def test_boolean_properties_are_b(name):
     assert typed_property(name, "on") == UnitProperty(name, "b", True)
     assert typed_property(name, "0") == UnitProperty(name, "b", False)
+
+
+def test_every_boolean_systemd_run_sends_is_typed():
+    # Sent as strings, each failed every job ("Unexpected message
+    # contents"): the hardening a site sets, ProtectClock, LockPersonality…
+    hardening = {"ProtectClock", "LockPersonality", "RestrictSUIDSGID",
+                 "ProtectKernelModules", "PrivateMounts"}  # fmt: skip
+    assert hardening <= BOOLEAN_PROPERTIES
+
+
+@pytest.mark.parametrize("name", sorted(MODE_PROPERTIES))
+def test_file_modes_are_u(name):
+    assert typed_property(name, "0077") == UnitProperty(name, "u", 0o77)
+    assert typed_property(name, "755") == UnitProperty(name, "u", 0o755)
+
+
+@pytest.mark.parametrize(
+    "text", ["0999", "8", "", "-1", "010000", "0x1f", " 077", "\u0667"]
+)
+def test_a_file_mode_that_is_not_one_is_refused_naming_it(text):
+    assert refused("UMask", text).startswith(
+        f"SDEXEC_PROP_UMask: error setting property: {text!r}"
+    )
 
 
 def test_bad_boolean_names_the_property():

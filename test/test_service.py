@@ -315,6 +315,16 @@ async def test_a_site_dependency_systemd_does_not_know_is_enoent(start_service):
 
 
 @ensureDeferred
+async def test_a_site_s_hardening_booleans_and_umask_reach_the_unit(start_service):
+    # Sent as strings, each failed every job: "Unexpected message contents".
+    site = 'ProtectClock = "yes"\nLockPersonality = "yes"\nUMask = "0027"\n'
+    service = await start_service(extra=f"[exec.sdexec-properties]\n{site}")
+    client = await service.connect()
+    result = await run(client, ["sh", "-c", "umask"])
+    assert (result.error, result.status, result.stdout) == (None, 0, b"0027\n")
+
+
+@ensureDeferred
 async def test_a_site_gate_that_holds_lets_the_job_run(start_service):
     _, result = await true_under(start_service, 'ConditionPathExists = "/"\n')
     assert (result.error, result.status) == (None, 0)

@@ -103,6 +103,12 @@ NEVER_ALLOWED: Final[Mapping[str, str]] = {
             "Slice",
             "Delegate",
             "DelegateSubgroup",
+            # A unit systemd stops on its own, or refuses to start or to
+            # stop (sdexec stops every unit: RemainAfterExit), breaks the
+            # lifecycle: every job stopped at once, or never released.
+            "StopWhenUnneeded",
+            "RefuseManualStart",
+            "RefuseManualStop",
         ),
         _LIFECYCLE,
     ),

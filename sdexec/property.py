@@ -45,10 +45,9 @@ MEMORY_PROPERTIES = frozenset(
 )
 #: Boolean properties of units, services and cgroups: every name systemd-run
 #: sends as a boolean for a service (src/shared/bus-unit-util.c, its
-#: execute, unit, cgroup and kill tables). Sent as strings they failed every
-#: job ("Unexpected message contents"). A newer spelling that takes more
-#: than a boolean (``PrivateUsersEx``, ``ProtectHostnameEx``,
-#: ``PrivateTmpEx``) is a string of its own.
+#: execute, unit, cgroup, kill and service tables). Sent as strings they
+#: failed every job ("Unexpected message contents"). Where systemd 257 took
+#: more than a boolean it added a property of its own (:data:`_EX_TWINS`).
 BOOLEAN_PROPERTIES = frozenset(
     {
         "SendSIGKILL",
@@ -97,8 +96,23 @@ BOOLEAN_PROPERTIES = frozenset(
         "IgnoreOnIsolate",
         "DefaultDependencies",
         "CoredumpReceive",
+        "MemoryZSwapWriteback",
+        "BindLogSockets",
+        "StateDirectoryAccounting",
+        "CacheDirectoryAccounting",
+        "LogsDirectoryAccounting",
+        "PermissionsStartOnly",
+        "RootDirectoryStartOnly",
+        "GuessMainPID",
+        "SurviveFinalKillSignal",
+        "CPUAffinityFromNUMA",
     }
 )
+#: The boolean properties systemd 257 gave a string twin for its other
+#: values (``PrivateUsers=self`` goes as ``PrivateUsersEx``).
+_EX_TWINS = {
+    name: f"{name}Ex" for name in ("PrivateUsers", "PrivateTmp", "ProtectControlGroups")
+}
 #: File modes (octal, at most 07777), sent as systemd-run sends them: ``u``.
 MODE_PROPERTIES = frozenset(
     {
@@ -333,6 +347,21 @@ def _typed(signature: str, parse: Callable[[str], object]) -> Converter:
     return lambda name, text: UnitProperty(name, signature, parse(text))
 
 
+def _bool_or_twin(name: str) -> Callable[[str], bool]:
+    """:func:`parse_bool`, whose refusal names the property that takes
+    ``name``'s other values."""
+
+    def parse(text: str) -> bool:
+        try:
+            return parse_bool(text)
+        except ValueError as error:
+            twin = _EX_TWINS[name]
+            why = f"{error}; its other values go in {twin} (systemd 257+)"
+            raise ValueError(why) from None
+
+    return parse
+
+
 #: systemd refuses a CPU or NUMA node mask naming an id at or above this
 #: (``CPU_SET_MAX_NCPU``, the largest CONFIG_NR_CPUS a kernel may have).
 MASK_IDS = 8192
@@ -456,7 +485,8 @@ def _gate_list(name: str, text: str) -> UnitProperty:
 
 
 _CONVERTERS: dict[str, Converter] = {
-    **{name: _typed("b", parse_bool) for name in BOOLEAN_PROPERTIES},
+    **{name: _typed("b", parse_bool) for name in BOOLEAN_PROPERTIES - set(_EX_TWINS)},
+    **{name: _typed("b", _bool_or_twin(name)) for name in _EX_TWINS},
     **{name: _typed("u", parse_mode) for name in MODE_PROPERTIES},
     **dict.fromkeys(UINT64_PROPERTIES, _uint64_in_range),
     **dict.fromkeys(INTEGER_PROPERTIES, _bounded_integer),
@@ -494,7 +524,7 @@ _OTHER_PROPERTIES = frozenset(
         # resource control (systemd.resource-control(5))
         "Slice", "ManagedOOMSwap", "ManagedOOMMemoryPressure",
         "ManagedOOMPreference", "MemoryPressureWatch", "DelegateSubgroup",
-        "ManagedOOMMemoryPressureLimit", "MemoryZSwapWriteback",
+        "ManagedOOMMemoryPressureLimit",
         "StartupAllowedCPUs", "StartupAllowedMemoryNodes",
         "DisableControllers", "DelegateControllers", "MemoryZSwapMax",
         "StartupMemoryLow", "StartupMemoryHigh", "StartupMemoryMax",
@@ -518,7 +548,6 @@ _OTHER_PROPERTIES = frozenset(
         "RootImagePolicy", "MountImagePolicy", "ExtensionImagePolicy",
         "PrivatePIDs", "PrivateBPF", "BPFDelegateCommands", "BPFDelegateMaps",
         "BPFDelegatePrograms", "BPFDelegateAttachments",
-        "BindLogSockets",
         "MemoryTHP",
         "ReadWriteDirectories", "ReadOnlyDirectories",
         "InaccessibleDirectories", "ExecSearchPath", "ExtensionDirectories",
@@ -539,7 +568,7 @@ _OTHER_PROPERTIES = frozenset(
         "StandardInputFileDescriptorName", "StandardOutputFileDescriptorName",
         "StandardErrorFileDescriptorName", "StandardInputData",
         "AppArmorProfile", "SmackProcessLabel", "CapabilityBoundingSet",
-        "AmbientCapabilities", "CPUAffinity", "CPUAffinityFromNUMA",
+        "AmbientCapabilities", "CPUAffinity",
         "NUMAPolicy", "NUMAMask", "RestrictAddressFamilies",
         "RestrictFileSystems", "SystemCallFilter", "SystemCallLog",
         "RestrictNetworkInterfaces", "RestrictNamespaces", "DelegateNamespaces",
@@ -551,8 +580,7 @@ _OTHER_PROPERTIES = frozenset(
         "CacheDirectorySymlink", "LogsDirectorySymlink",
         "ProtectHostnameEx", "PrivateTmpEx", "ProtectControlGroupsEx",
         "PrivateUsersEx", "StateDirectoryQuota",
-        "CacheDirectoryQuota", "LogsDirectoryQuota", "StateDirectoryAccounting",
-        "CacheDirectoryAccounting", "LogsDirectoryAccounting",
+        "CacheDirectoryQuota", "LogsDirectoryQuota",
         # killing (systemd.kill(5))
         "KillMode", "KillSignal", "RestartKillSignal", "FinalKillSignal",
         "WatchdogSignal",
@@ -560,8 +588,8 @@ _OTHER_PROPERTIES = frozenset(
         "PIDFile", "Type", "ExitType", "Restart", "RestartMode", "BusName",
         "NotifyAccess", "USBFunctionDescriptors", "USBFunctionStrings",
         "OOMPolicy", "TimeoutStartFailureMode", "TimeoutStopFailureMode",
-        "FileDescriptorStorePreserve", "PermissionsStartOnly",
-        "RootDirectoryStartOnly", "GuessMainPID", "RestartUSec",
+        "FileDescriptorStorePreserve",
+          "RestartUSec",
         "RestartMaxDelayUSec", "TimeoutAbortUSec", "RuntimeRandomizedExtraUSec",
         "WatchdogUSec", "FileDescriptorStoreMax", "RestartSteps",
         "ExecCondition", "ExecConditionEx", "ExecStartPre", "ExecStartPreEx",
@@ -574,7 +602,6 @@ _OTHER_PROPERTIES = frozenset(
         "Description", "SourcePath", "OnFailureJobMode", "OnSuccessJobMode",
         "JobTimeoutAction", "JobTimeoutRebootArgument", "StartLimitAction",
         "FailureAction", "SuccessAction", "RebootArgument", "CollectMode",
-        "SurviveFinalKillSignal",
         "JobRunningTimeoutUSec",
         "StartLimitIntervalUSec", "StartLimitBurst", "SuccessActionExitStatus",
         "FailureActionExitStatus", "Documentation", "RequiresMountsFor",

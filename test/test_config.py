@@ -448,6 +448,11 @@ def test_reserved_property_refused(name):
         "ExitType",
         "ExecStartPre",
         "StandardOutput",
+        # (typed as booleans, they would reach the unit: every job stopped
+        # at once, or its start or its release refused; review 36 T2)
+        "StopWhenUnneeded",
+        "RefuseManualStart",
+        "RefuseManualStop",
     ],
 )
 def test_what_drives_the_unit_is_reserved_for_sdexec_too(name):

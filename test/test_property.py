@@ -85,6 +85,23 @@ def test_a_file_mode_that_is_not_one_is_refused_naming_it(text):
     )
 
 
+def test_the_booleans_of_systemd_run_s_service_tables_are_typed_too():
+    # (review 36 T1: these went as strings, and failed every job)
+    service_and_newer = {
+        "GuessMainPID",
+        "PermissionsStartOnly",
+        "SurviveFinalKillSignal",
+        "MemoryZSwapWriteback",
+        "StateDirectoryAccounting",
+    }
+    assert service_and_newer <= BOOLEAN_PROPERTIES
+
+
+def test_a_boolean_with_a_string_twin_names_it_for_its_other_values():
+    said = refused("PrivateUsers", "self")
+    assert said.endswith("; its other values go in PrivateUsersEx (systemd 257+)")
+
+
 def test_bad_boolean_names_the_property():
     assert refused("SendSIGKILL", "maybe").startswith(
         "SDEXEC_PROP_SendSIGKILL: error setting property: 'maybe'"

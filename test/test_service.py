@@ -332,15 +332,15 @@ async def test_a_site_gate_that_holds_lets_the_job_run(start_service):
 
 @ensureDeferred
 async def test_a_site_property_systemd_types_otherwise_is_named(start_service):
-    # sdexec does not know CPUSchedulingResetOnFork's type (a boolean) and
-    # sends it as a string: systemd's refusal named none.
-    site = '[exec.sdexec-properties]\nCPUSchedulingResetOnFork = "yes"\n'
+    # sdexec does not know TimerSlackNSec's type (an unsigned 64-bit
+    # number) and sends it as a string: systemd's refusal named none.
+    site = '[exec.sdexec-properties]\nTimerSlackNSec = "50000"\n'
     service = await start_service(extra=site)
     client = await service.connect()
     result = await run(client, ["true"])
     assert result.error is not None
     assert "Unexpected message contents" in result.error.errstr
-    assert "CPUSchedulingResetOnFork=yes" in result.error.errstr
+    assert "TimerSlackNSec=50000" in result.error.errstr
     assert "Type=exec" not in result.error.errstr  # sdexec's own: no suspect
 
 

@@ -173,6 +173,11 @@ DEPENDENCY_PROPERTIES = frozenset(
         "StopPropagatedFrom", "JoinsNamespaceOf",
     }
 )  # fmt: skip
+#: syslog's levels, as systemd's log_level_from_string reads them.
+_LOG_LEVELS = {
+    "emerg": 0, "alert": 1, "crit": 2, "err": 3,
+    "warning": 4, "notice": 5, "info": 6, "debug": 7,
+}  # fmt: skip
 #: Integer properties, typed ``i``: the names a unit's file may give
 #: instead of a number, and the numbers systemd takes.
 INTEGER_PROPERTIES: dict[str, tuple[dict[str, int], range]] = {
@@ -188,6 +193,11 @@ INTEGER_PROPERTIES: dict[str, tuple[dict[str, int], range]] = {
         range(0, 4),
     ),
     "IOSchedulingPriority": ({}, range(0, 8)),
+    "NUMAPolicy": (
+        {"default": 0, "preferred": 1, "bind": 2, "interleave": 3, "local": 4},
+        range(0, 0),
+    ),
+    **dict.fromkeys(("LogLevelMax", "SyslogLevel"), (_LOG_LEVELS, range(0, 8))),
 }
 
 #: The three fds of the process, passed by the systemd layer.
@@ -410,6 +420,13 @@ def _bounded_integer(name: str, text: str) -> UnitProperty:
     return UnitProperty(name, "i", value)
 
 
+def _words(text: str) -> list[str]:
+    words = text.split()
+    if not words:
+        raise ValueError("nothing named")
+    return words
+
+
 def _unit_list(text: str) -> list[str]:
     units = text.split()
     if not units:
@@ -494,8 +511,11 @@ _CONVERTERS: dict[str, Converter] = {
     **{name: _typed("as", _path_list) for name in PATH_LIST_PROPERTIES},
     **{name: _typed("as", _unit_list) for name in DEPENDENCY_PROPERTIES},
     **{name: _memory for name in MEMORY_PROPERTIES},
-    "AllowedCPUs": _typed("ay", _bitmask),
-    "AllowedMemoryNodes": _typed("ay", _bitmask),
+    **dict.fromkeys(
+        ("AllowedCPUs", "AllowedMemoryNodes", "CPUAffinity", "NUMAMask"),
+        _typed("ay", _bitmask),
+    ),
+    "SupplementaryGroups": _typed("as", _words),
     "DeviceAllow": _typed("a(ss)", _device_allow),
     **dict.fromkeys(GATE_LISTS, _gate_list),
 }
@@ -551,8 +571,8 @@ _OTHER_PROPERTIES = frozenset(
         "MemoryTHP",
         "ReadWriteDirectories", "ReadOnlyDirectories",
         "InaccessibleDirectories", "ExecSearchPath", "ExtensionDirectories",
-        "ConfigurationDirectory", "SupplementaryGroups",
-        "SystemCallArchitectures", "SyslogLevel", "LogLevelMax",
+        "ConfigurationDirectory",
+        "SystemCallArchitectures",
         "SyslogFacility", "SecureBits", "CoredumpFilter",
         "SystemCallErrorNumber",
         "TimerSlackNSec", "LogRateLimitIntervalUSec",
@@ -568,8 +588,8 @@ _OTHER_PROPERTIES = frozenset(
         "StandardInputFileDescriptorName", "StandardOutputFileDescriptorName",
         "StandardErrorFileDescriptorName", "StandardInputData",
         "AppArmorProfile", "SmackProcessLabel", "CapabilityBoundingSet",
-        "AmbientCapabilities", "CPUAffinity",
-        "NUMAPolicy", "NUMAMask", "RestrictAddressFamilies",
+        "AmbientCapabilities",
+          "RestrictAddressFamilies",
         "RestrictFileSystems", "SystemCallFilter", "SystemCallLog",
         "RestrictNetworkInterfaces", "RestrictNamespaces", "DelegateNamespaces",
         "BindPaths", "BindReadOnlyPaths", "TemporaryFileSystem", "RootHash",

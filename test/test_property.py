@@ -102,6 +102,37 @@ def test_a_boolean_with_a_string_twin_names_it_for_its_other_values():
     assert said.endswith("; its other values go in PrivateUsersEx (systemd 257+)")
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "typed"),
+    [
+        ("NUMAPolicy", "interleave", ("i", 3)),
+        ("NUMAPolicy", "local", ("i", 4)),
+        ("NUMAMask", "0-1", ("ay", b"\x03")),
+        ("CPUAffinity", "0,2", ("ay", b"\x05")),
+        ("SupplementaryGroups", "video render", ("as", ["video", "render"])),
+        ("LogLevelMax", "warning", ("i", 4)),
+        ("SyslogLevel", "7", ("i", 7)),
+    ],
+)
+def test_numa_affinity_groups_and_log_levels_are_typed(name, text, typed):
+    # Sent as strings, each failed every job (review 36 T's table).
+    assert typed_property(name, text) == UnitProperty(name, *typed)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        ("NUMAPolicy", "spread", "is none of default, preferred, bind"),
+        ("LogLevelMax", "9", "is out of range: systemd takes emerg, alert"),
+        ("SupplementaryGroups", " ", "nothing named"),
+        ("NUMAMask", "x", "invalid idset 'x'"),
+    ],
+)
+def test_a_bad_numa_affinity_group_or_log_level_is_refused_naming_it(name, text, said):
+    assert said in refused(name, text)
+    assert refused(name, text).startswith(f"SDEXEC_PROP_{name}: ")
+
+
 def test_bad_boolean_names_the_property():
     assert refused("SendSIGKILL", "maybe").startswith(
         "SDEXEC_PROP_SendSIGKILL: error setting property: 'maybe'"

@@ -317,11 +317,16 @@ async def test_a_site_dependency_systemd_does_not_know_is_enoent(start_service):
 @ensureDeferred
 async def test_a_site_s_hardening_booleans_and_umask_reach_the_unit(start_service):
     # Sent as strings, each failed every job: "Unexpected message contents".
-    site = 'ProtectClock = "yes"\nLockPersonality = "yes"\nUMask = "0027"\n'
+    site = (
+        'ProtectClock = "yes"\nLockPersonality = "yes"\nUMask = "0027"\n'
+        'CPUAffinity = "0"\nLogLevelMax = "warning"\nNUMAPolicy = "default"\n'
+    )
     service = await start_service(extra=f"[exec.sdexec-properties]\n{site}")
     client = await service.connect()
-    result = await run(client, ["sh", "-c", "umask"])
-    assert (result.error, result.status, result.stdout) == (None, 0, b"0027\n")
+    script = "umask; grep Cpus_allowed_list /proc/self/status"
+    result = await run(client, ["sh", "-c", script])
+    assert (result.error, result.status) == (None, 0)
+    assert result.stdout.decode().split() == ["0027", "Cpus_allowed_list:", "0"]
 
 
 @ensureDeferred

@@ -69,8 +69,9 @@ class ScriptedService:
 
     def _serve(self, connection: socket.socket) -> None:
         splitter = FrameSplitter()
-        with connection, contextlib.suppress(ConnectionResetError):
-            # (Reset: a client the test killed, its requests unread.)
+        with connection, contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            # (Reset: a client the test killed, its requests unread; a
+            # broken pipe: one that ended before the script's last lines.)
             while data := connection.recv(65536):
                 for request in splitter.feed(data):
                     for message in self._script(request):

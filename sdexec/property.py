@@ -113,6 +113,18 @@ BOOLEAN_PROPERTIES = frozenset(
 _EX_TWINS = {
     name: f"{name}Ex" for name in ("PrivateUsers", "PrivateTmp", "ProtectControlGroups")
 }
+#: Lists of what a unit may use, led by ``~`` for what it may not
+#: (``SystemCallFilter = "~@mount @clock"``): ``(bas)``, as systemd-run sends
+#: them.
+ALLOW_OR_DENY_PROPERTIES = frozenset(
+    {
+        "SystemCallFilter",
+        "SystemCallLog",
+        "RestrictAddressFamilies",
+        "RestrictFileSystems",
+        "RestrictNetworkInterfaces",
+    }
+)
 #: File modes (octal, at most 07777), sent as systemd-run sends them: ``u``.
 MODE_PROPERTIES = frozenset(
     {
@@ -420,6 +432,13 @@ def _bounded_integer(name: str, text: str) -> UnitProperty:
     return UnitProperty(name, "i", value)
 
 
+def _allow_or_deny(text: str) -> tuple[bool, list[str]]:
+    """A list that allows what it names, or (led by ``~``) denies it, as
+    systemd-run sends it: whether it allows, and the names."""
+    allows = not text.startswith("~")
+    return allows, _words(text if allows else text[1:])
+
+
 def _words(text: str) -> list[str]:
     words = text.split()
     if not words:
@@ -516,6 +535,7 @@ _CONVERTERS: dict[str, Converter] = {
         _typed("ay", _bitmask),
     ),
     "SupplementaryGroups": _typed("as", _words),
+    **dict.fromkeys(ALLOW_OR_DENY_PROPERTIES, _typed("(bas)", _allow_or_deny)),
     "DeviceAllow": _typed("a(ss)", _device_allow),
     **dict.fromkeys(GATE_LISTS, _gate_list),
 }
@@ -589,9 +609,7 @@ _OTHER_PROPERTIES = frozenset(
         "StandardErrorFileDescriptorName", "StandardInputData",
         "AppArmorProfile", "SmackProcessLabel", "CapabilityBoundingSet",
         "AmbientCapabilities",
-          "RestrictAddressFamilies",
-        "RestrictFileSystems", "SystemCallFilter", "SystemCallLog",
-        "RestrictNetworkInterfaces", "RestrictNamespaces", "DelegateNamespaces",
+         "RestrictNamespaces", "DelegateNamespaces",
         "BindPaths", "BindReadOnlyPaths", "TemporaryFileSystem", "RootHash",
         "RootHashPath", "RootHashSignature", "RootHashSignaturePath",
         "RootImageOptions", "MountImages", "ExtensionImages", "StateDirectory",

@@ -111,6 +111,12 @@ def test_a_boolean_with_a_string_twin_names_it_for_its_other_values():
         ("CPUAffinity", "0,2", ("ay", b"\x05")),
         ("SupplementaryGroups", "video render", ("as", ["video", "render"])),
         ("LogLevelMax", "warning", ("i", 4)),
+        (
+            "SystemCallFilter",
+            "~@mount @clock",
+            ("(bas)", (False, ["@mount", "@clock"])),
+        ),
+        ("RestrictAddressFamilies", "AF_UNIX", ("(bas)", (True, ["AF_UNIX"]))),
         ("SyslogLevel", "7", ("i", 7)),
     ],
 )
@@ -125,6 +131,7 @@ def test_numa_affinity_groups_and_log_levels_are_typed(name, text, typed):
         ("NUMAPolicy", "spread", "is none of default, preferred, bind"),
         ("LogLevelMax", "9", "is out of range: systemd takes emerg, alert"),
         ("SupplementaryGroups", " ", "nothing named"),
+        ("SystemCallFilter", "~", "nothing named"),
         ("NUMAMask", "x", "invalid idset 'x'"),
     ],
 )

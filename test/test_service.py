@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -327,6 +328,21 @@ async def test_a_site_s_hardening_booleans_and_umask_reach_the_unit(start_servic
     result = await run(client, ["sh", "-c", script])
     assert (result.error, result.status) == (None, 0)
     assert result.stdout.decode().split() == ["0027", "Cpus_allowed_list:", "0"]
+
+
+@ensureDeferred
+async def test_a_site_s_system_call_and_address_family_lists_hold(start_service):
+    # Sent as strings, each failed every job: systemd reads them as (bas).
+    site = 'SystemCallFilter = "~@mount"\nRestrictAddressFamilies = "AF_UNIX"\n'
+    service = await start_service(extra=f"[exec.sdexec-properties]\n{site}")
+    client = await service.connect()
+    script = (
+        "unshare -m true 2>/dev/null && echo mount-ns;"
+        f" {sys.executable} -c 'import socket; socket.socket()' 2>/dev/null"
+        " && echo inet; echo ran"
+    )
+    result = await run(client, ["sh", "-c", script])
+    assert (result.error, result.status, result.stdout) == (None, 0, b"ran\n")
 
 
 @ensureDeferred

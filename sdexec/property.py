@@ -439,6 +439,34 @@ def _allow_or_deny(text: str) -> tuple[bool, list[str]]:
     return allows, _words(text if allows else text[1:])
 
 
+#: Linux's capabilities by number (linux/capability.h), as systemd names
+#: them.
+_CAPABILITIES = (
+    "chown", "dac_override", "dac_read_search", "fowner", "fsetid", "kill",
+    "setgid", "setuid", "setpcap", "linux_immutable", "net_bind_service",
+    "net_broadcast", "net_admin", "net_raw", "ipc_lock", "ipc_owner",
+    "sys_module", "sys_rawio", "sys_chroot", "sys_ptrace", "sys_pacct",
+    "sys_admin", "sys_boot", "sys_nice", "sys_resource", "sys_time",
+    "sys_tty_config", "mknod", "lease", "audit_write", "audit_control",
+    "setfcap", "mac_override", "mac_admin", "syslog", "wake_alarm",
+    "block_suspend", "audit_read", "perfmon", "bpf", "checkpoint_restore",
+)  # fmt: skip
+
+
+def _capabilities(text: str) -> int:
+    """A capability set as systemd-run sends one: the bits of the names
+    (``CAP_SYS_ADMIN CAP_NET_RAW``, any case), all the others when led by
+    ``~``."""
+    inverted = text.startswith("~")
+    mask = 0
+    for word in _words(text[1:] if inverted else text):
+        name = word.lower().removeprefix("cap_")
+        if name not in _CAPABILITIES:
+            raise ValueError(f"{word!r} is no capability (CAP_SYS_ADMIN, CAP_NET_RAW…)")
+        mask |= 1 << _CAPABILITIES.index(name)
+    return mask ^ UINT64_MAX if inverted else mask
+
+
 def _words(text: str) -> list[str]:
     words = text.split()
     if not words:
@@ -536,6 +564,9 @@ _CONVERTERS: dict[str, Converter] = {
     ),
     "SupplementaryGroups": _typed("as", _words),
     **dict.fromkeys(ALLOW_OR_DENY_PROPERTIES, _typed("(bas)", _allow_or_deny)),
+    **dict.fromkeys(
+        ("CapabilityBoundingSet", "AmbientCapabilities"), _typed("t", _capabilities)
+    ),
     "DeviceAllow": _typed("a(ss)", _device_allow),
     **dict.fromkeys(GATE_LISTS, _gate_list),
 }
@@ -607,8 +638,7 @@ _OTHER_PROPERTIES = frozenset(
         "StandardErrorFileToAppend", "StandardErrorFileToTruncate",
         "StandardInputFileDescriptorName", "StandardOutputFileDescriptorName",
         "StandardErrorFileDescriptorName", "StandardInputData",
-        "AppArmorProfile", "SmackProcessLabel", "CapabilityBoundingSet",
-        "AmbientCapabilities",
+        "AppArmorProfile", "SmackProcessLabel",
          "RestrictNamespaces", "DelegateNamespaces",
         "BindPaths", "BindReadOnlyPaths", "TemporaryFileSystem", "RootHash",
         "RootHashPath", "RootHashSignature", "RootHashSignaturePath",

@@ -117,6 +117,12 @@ def test_a_boolean_with_a_string_twin_names_it_for_its_other_values():
             ("(bas)", (False, ["@mount", "@clock"])),
         ),
         ("RestrictAddressFamilies", "AF_UNIX", ("(bas)", (True, ["AF_UNIX"]))),
+        (
+            "CapabilityBoundingSet",
+            "CAP_NET_RAW cap_sys_admin",
+            ("t", 1 << 13 | 1 << 21),
+        ),
+        ("AmbientCapabilities", "~CAP_NET_RAW", ("t", UINT64_MAX ^ 1 << 13)),
         ("SyslogLevel", "7", ("i", 7)),
     ],
 )
@@ -132,6 +138,7 @@ def test_numa_affinity_groups_and_log_levels_are_typed(name, text, typed):
         ("LogLevelMax", "9", "is out of range: systemd takes emerg, alert"),
         ("SupplementaryGroups", " ", "nothing named"),
         ("SystemCallFilter", "~", "nothing named"),
+        ("CapabilityBoundingSet", "CAP_FLY", "'CAP_FLY' is no capability"),
         ("NUMAMask", "x", "invalid idset 'x'"),
     ],
 )

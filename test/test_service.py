@@ -346,6 +346,19 @@ async def test_a_site_s_system_call_and_address_family_lists_hold(start_service)
 
 
 @ensureDeferred
+async def test_a_site_s_capability_bounding_set_holds(start_service):
+    # Sent as a string, it failed every job: systemd reads it as t.
+    site = 'CapabilityBoundingSet = "~CAP_NET_RAW CAP_SYS_TIME"\n'
+    service = await start_service(extra=f"[exec.sdexec-properties]\n{site}")
+    client = await service.connect()
+    result = await run(client, ["grep", "CapBnd", "/proc/self/status"])
+    assert (result.error, result.status) == (None, 0)
+    bounding = int(result.stdout.split()[1], 16)
+    assert bounding & (1 << 13 | 1 << 25) == 0  # CAP_NET_RAW, CAP_SYS_TIME
+    assert bounding & (1 << 21)  # CAP_SYS_ADMIN kept
+
+
+@ensureDeferred
 async def test_a_site_gate_that_holds_lets_the_job_run(start_service):
     _, result = await true_under(start_service, 'ConditionPathExists = "/"\n')
     assert (result.error, result.status) == (None, 0)

@@ -44,6 +44,7 @@ from sdexec.limits import (
 )
 from sdexec.policy import TIGHTENING, RequestPolicy
 from sdexec.property import (
+    ADDED_UP,
     PropertyError,
     UnitProperty,
     is_gate,
@@ -499,6 +500,12 @@ def _check_request_gates(
     is by name), and a triggering one (``|``) passes every triggering
     condition of the unit when it holds."""
     for name, value in requested.items():
+        if name in ADDED_UP and name in configured:
+            raise RequestError(
+                errno.EPERM,
+                f"SDEXEC_PROP_{name}: the site sets {name}; a request may not"
+                " replace it (systemd adds such lists up; sdexec sets one)",
+            )
         if not is_gate(name):
             continue
         if name in configured:

@@ -71,6 +71,7 @@ MAX_DESCRIPTION: Final = 1024
 
 _LIFECYCLE = "lifecycle: sdexec stops, kills and reaps the unit itself"
 _IDENTITY = "identity: every job runs as the service's own user"
+_PRIVILEGE = "privilege: it grants the job capabilities its user lacks"
 _FENCE = "a resource fence: containment sets it"
 _SDEXEC = "sdexec sets it itself"
 
@@ -85,6 +86,7 @@ NEVER_ALLOWED: Final[Mapping[str, str]] = {
     **dict.fromkeys(
         ("User", "Group", "DynamicUser", "SupplementaryGroups", "PAMName"), _IDENTITY
     ),
+    "AmbientCapabilities": _PRIVILEGE,
     **dict.fromkeys(
         (
             "Type",

@@ -125,6 +125,10 @@ ALLOW_OR_DENY_PROPERTIES = frozenset(
         "RestrictNetworkInterfaces",
     }
 )
+#: Lists systemd adds up where a unit sets them more than once, which the
+#: merge of a request's properties by name would replace: a request may not
+#: replace the site's (sdexec.plan).
+ADDED_UP = ALLOW_OR_DENY_PROPERTIES | {"CapabilityBoundingSet"}
 #: File modes (octal, at most 07777), sent as systemd-run sends them: ``u``.
 MODE_PROPERTIES = frozenset(
     {
@@ -390,7 +394,7 @@ MASK_IDS = 8192
 
 
 def _bitmask(text: str) -> bytes:
-    ids = IDset.decode(text)
+    ids = IDset.decode(",".join(text.split()))  # systemd takes spaces too
     if ids and ids.last() >= MASK_IDS:
         raise ValueError(
             f"{ids.last()} is beyond systemd's limit: ids must be below {MASK_IDS}"
@@ -455,16 +459,41 @@ _CAPABILITIES = (
 
 def _capabilities(text: str) -> int:
     """A capability set as systemd-run sends one: the bits of the names
-    (``CAP_SYS_ADMIN CAP_NET_RAW``, any case), all the others when led by
-    ``~``."""
+    (``CAP_SYS_ADMIN CAP_NET_RAW``, any case, or numbers), all the others
+    when led by ``~``; ``""``, none."""
     inverted = text.startswith("~")
     mask = 0
-    for word in _words(text[1:] if inverted else text):
-        name = word.lower().removeprefix("cap_")
-        if name not in _CAPABILITIES:
-            raise ValueError(f"{word!r} is no capability (CAP_SYS_ADMIN, CAP_NET_RAW…)")
-        mask |= 1 << _CAPABILITIES.index(name)
+    for word in (text[1:] if inverted else text).split():  # none: the empty set
+        mask |= 1 << _capability_number(word)
     return mask ^ UINT64_MAX if inverted else mask
+
+
+def _capability_number(word: str) -> int:
+    """A capability's number, from its name or the number itself."""
+    if word.isascii() and word.isdigit() and int(word) < 64:
+        return int(word)
+    name = word.lower().removeprefix("cap_")
+    if name not in _CAPABILITIES:
+        raise ValueError(f"{word!r} is no capability (CAP_SYS_ADMIN, CAP_NET_RAW…)")
+    return _CAPABILITIES.index(name)
+
+
+def _address_families(text: str) -> tuple[bool, list[str]]:
+    """:func:`_allow_or_deny` of address family names (``AF_UNIX``): the
+    manager refuses a unit naming anything else, in words that name
+    nothing (systemd-run's ``none`` among them)."""
+    allows, families = _allow_or_deny(text)
+    for family in families:
+        if _ADDRESS_FAMILY.fullmatch(family) is None:
+            raise ValueError(
+                f"{family!r} is no address family (AF_UNIX, AF_INET…); to allow"
+                " none, deny those a job could use (~AF_INET AF_INET6…)"
+            )
+    return allows, families
+
+
+#: An address family's name, as systemd's af_from_name takes it.
+_ADDRESS_FAMILY = re.compile(r"AF_[A-Z0-9_]+")
 
 
 def _words(text: str) -> list[str]:
@@ -564,6 +593,7 @@ _CONVERTERS: dict[str, Converter] = {
     ),
     "SupplementaryGroups": _typed("as", _words),
     **dict.fromkeys(ALLOW_OR_DENY_PROPERTIES, _typed("(bas)", _allow_or_deny)),
+    "RestrictAddressFamilies": _typed("(bas)", _address_families),
     **dict.fromkeys(
         ("CapabilityBoundingSet", "AmbientCapabilities"), _typed("t", _capabilities)
     ),
@@ -794,9 +824,39 @@ def properties_together_problem(
     ``None`` if there are none. A priority needs its policy, and a
     soft limit its hard one (over D-Bus, a soft limit given alone sets the
     hard limit to the same value)."""
-    return _priority_problem(properties) or next(
-        filter(None, (_rlimit_problem(properties, r) for r in _RLIMIT_ORDER)), None
+    return (
+        _priority_problem(properties)
+        or _numa_problem(properties)
+        or next(
+            filter(None, (_rlimit_problem(properties, r) for r in _RLIMIT_ORDER)),
+            None,
+        )
     )
+
+
+#: NUMA policies by number (``NUMAPolicy``): those that need ``NUMAMask``,
+#: and the one whose mask must name a single node.
+_NUMA_NEEDS_MASK = {2: "bind", 3: "interleave"}
+_NUMA_PREFERRED = 1
+
+
+def _numa_problem(
+    properties: Mapping[str, str],
+) -> tuple[tuple[str, ...], str] | None:
+    """A NUMA policy systemd cannot apply at the job's start (every start
+    fails with 242/NUMA_POLICY, systemd's numa_policy_is_valid)."""
+    policy, mask = _value("NUMAPolicy", properties), _value("NUMAMask", properties)
+    if policy in _NUMA_NEEDS_MASK and not mask:
+        name = _NUMA_NEEDS_MASK[policy]
+        why = f"NUMAPolicy {name} needs NUMAMask (the nodes to {name})"
+    elif policy == _NUMA_PREFERRED and mask and sum(map(int.bit_count, mask)) != 1:
+        why = "NUMAPolicy preferred takes one node in NUMAMask"
+    else:
+        return None
+    return (
+        "NUMAPolicy",
+        "NUMAMask",
+    ), f"{why}: systemd fails every start with 242/NUMA_POLICY"
 
 
 #: The limits in the order their problems are told (every exec asks).

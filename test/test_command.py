@@ -512,6 +512,24 @@ def test_a_request_never_loosens_the_site_s_gate(opts, said):
     assert (refused.value.errnum, refused.value.errstr) == (errno.EPERM, said)
 
 
+@pytest.mark.parametrize("name", ["SystemCallFilter", "CapabilityBoundingSet"])
+def test_a_request_never_replaces_the_site_s_hardening_list(name):
+    # Merged by name, an allowed request's "~@debug" replaced the site's
+    # "~@mount @privileged" (review 36 T2-1): systemd adds such lists up.
+    table = {
+        "exec": {"sdexec-properties": {name: "~@mount" if "Call" in name else "~13"}},
+        "sdexec": {"request-properties": ["@default", name]},
+    }
+    with pytest.raises(sdexec.plan.RequestError) as refused:
+        value = "~@debug" if "Call" in name else "~14"
+        exec_plan(config=parse_config(table), **{f"SDEXEC_PROP_{name}": value})
+    assert refused.value.errnum == errno.EPERM
+    assert refused.value.errstr == (
+        f"SDEXEC_PROP_{name}: the site sets {name}; a request may not replace it"
+        " (systemd adds such lists up; sdexec sets one)"
+    )
+
+
 def test_a_request_may_add_a_condition_of_its_own():
     plan = exec_plan(
         config=parse_config(_GATED), SDEXEC_PROP_ConditionPathIsDirectory="/scratch"

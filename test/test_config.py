@@ -345,6 +345,11 @@ def test_a_value_systemd_refuses_for_every_unit_is_refused_here(name, value, tak
          "LimitNOFILESoft: LimitNOFILESoft=2000 above LimitNOFILE=1000"),
         # Alone it sets the hard limit too: raising the soft one lowered it.
         ({"LimitNOFILESoft": "4096"}, "LimitNOFILESoft: give LimitNOFILE too"),
+        # numa_policy_is_valid refuses them at every start (242; review 36 T2).
+        ({"NUMAPolicy": "interleave"},
+         "NUMAPolicy: NUMAPolicy interleave needs NUMAMask"),
+        ({"NUMAPolicy": "preferred", "NUMAMask": "0-1"},
+         "NUMAPolicy: NUMAPolicy preferred takes one node in NUMAMask"),
     ],
 )  # fmt: skip
 def test_properties_systemd_refuses_together_are_refused_here(table, said):

@@ -113,6 +113,7 @@ def test_an_idle_cpu_weight_is_the_tightest() -> None:
         "StandardOutput",
         "MemoryMaxScale",
         "Environment",
+        "AmbientCapabilities",  # (review 36 T2-2: it only ever grants)
     ],
 )
 def test_never_allowed_even_when_the_admin_lists_it(name: str) -> None:

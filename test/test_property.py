@@ -123,6 +123,10 @@ def test_a_boolean_with_a_string_twin_names_it_for_its_other_values():
             ("t", 1 << 13 | 1 << 21),
         ),
         ("AmbientCapabilities", "~CAP_NET_RAW", ("t", UINT64_MAX ^ 1 << 13)),
+        # (review 36 T2-5: what systemd-run takes too)
+        ("CapabilityBoundingSet", "", ("t", 0)),
+        ("CapabilityBoundingSet", "13 21", ("t", 1 << 13 | 1 << 21)),
+        ("CPUAffinity", "0 2 4", ("ay", b"\x15")),
         ("SyslogLevel", "7", ("i", 7)),
     ],
 )
@@ -139,6 +143,9 @@ def test_numa_affinity_groups_and_log_levels_are_typed(name, text, typed):
         ("SupplementaryGroups", " ", "nothing named"),
         ("SystemCallFilter", "~", "nothing named"),
         ("CapabilityBoundingSet", "CAP_FLY", "'CAP_FLY' is no capability"),
+        # The manager refused the unit in words naming nothing (T2-4).
+        ("RestrictAddressFamilies", "none", "'none' is no address family"),
+        ("RestrictAddressFamilies", "~AF_INET inet6", "'inet6' is no address"),
         ("NUMAMask", "x", "invalid idset 'x'"),
     ],
 )

@@ -470,7 +470,7 @@ def _merged_properties(
     site = {"Slice": config.sdexec.slice, **config.exec.sdexec_properties}
     policy = RequestPolicy(config.sdexec.request_properties, {**site, **mapped})
     requested = policy.accept(command.requested_properties())
-    _check_request_gates(requested, {**site, **mapped})
+    _check_request_lists(requested, {**site, **mapped})
     tightened = {
         name: value
         for name, value in requested.items()
@@ -491,13 +491,14 @@ def _merged_properties(
     return merged, sources
 
 
-def _check_request_gates(
+def _check_request_lists(
     requested: Mapping[str, str], configured: Mapping[str, str]
 ) -> None:
-    """EPERM for a request's condition or assertion (where ``[sdexec]
-    request-properties`` allows one) that would loosen the site's gate:
-    one of the same name would replace it (systemd adds them up; the merge
-    is by name), and a triggering one (``|``) passes every triggering
+    """EPERM for a request's property (where ``[sdexec]
+    request-properties`` allows it) that would loosen a list the site sets,
+    which systemd adds up and the merge by name would replace: a hardening
+    list (:data:`~sdexec.property.ADDED_UP`), a condition or assertion;
+    and for a triggering condition (``|``), which passes every triggering
     condition of the unit when it holds."""
     for name, value in requested.items():
         if name in ADDED_UP and name in configured:

@@ -19,6 +19,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import partial
 from typing import Any
 
 from sdexec.idset import IDset
@@ -496,18 +497,15 @@ def _address_families(text: str) -> tuple[bool, list[str]]:
 _ADDRESS_FAMILY = re.compile(r"AF_[A-Z0-9_]+")
 
 
-def _words(text: str) -> list[str]:
+def _words(text: str, none: str = "nothing named") -> list[str]:
+    """The words of ``text``; ``ValueError(none)`` if it has none."""
     words = text.split()
     if not words:
-        raise ValueError("nothing named")
+        raise ValueError(none)
     return words
 
 
-def _unit_list(text: str) -> list[str]:
-    units = text.split()
-    if not units:
-        raise ValueError("no unit named")
-    return units
+_unit_list = partial(_words, none="no unit named")
 
 
 def _path_list(text: str) -> list[str]:
@@ -592,7 +590,10 @@ _CONVERTERS: dict[str, Converter] = {
         _typed("ay", _bitmask),
     ),
     "SupplementaryGroups": _typed("as", _words),
-    **dict.fromkeys(ALLOW_OR_DENY_PROPERTIES, _typed("(bas)", _allow_or_deny)),
+    **dict.fromkeys(
+        ALLOW_OR_DENY_PROPERTIES - {"RestrictAddressFamilies"},
+        _typed("(bas)", _allow_or_deny),
+    ),
     "RestrictAddressFamilies": _typed("(bas)", _address_families),
     **dict.fromkeys(
         ("CapabilityBoundingSet", "AmbientCapabilities"), _typed("t", _capabilities)

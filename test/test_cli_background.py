@@ -4,6 +4,7 @@ service in the test's process, as in test_cli.py)."""
 
 from __future__ import annotations
 
+import select
 import signal
 import subprocess
 import sys
@@ -112,6 +113,12 @@ async def test_attach_streams_to_the_end_and_exits_with_the_code(sdexec):
     await _ended_by_usr1(sdexec, attached, "a")
 
 
+def _first_line(client: subprocess.Popen, timeout: float) -> bytes:
+    """The client's first line of output, or b"" if none came in time."""
+    ready, _, _ = select.select([client.stdout], [], [], timeout)
+    return client.stdout.readline() if ready else b""
+
+
 @ensureDeferred
 async def test_ctrl_c_detaches_attach_and_the_process_runs_on(sdexec):
     started = await cli(sdexec, "run", "--bg", *ON_SIGNAL)
@@ -119,13 +126,16 @@ async def test_ctrl_c_detaches_attach_and_the_process_runs_on(sdexec):
     attached = _attach(sdexec, pid)
     try:
         await until(lambda: modes(sdexec) == ["attached"], "attached")
+        # The process may not have printed yet when the attach is taken: the
+        # ^C comes once the client has passed its first line on.
+        first = await deferToThread(_first_line, attached, 60)
         attached.send_signal(signal.SIGINT)
-        out, err = await deferToThread(attached.communicate, timeout=60)
+        rest, err = await deferToThread(attached.communicate, timeout=60)
     finally:
         attached.kill()
         attached.wait()
     assert attached.returncode == 0
-    assert out == b"before\n"
+    assert first + rest == b"before\n"
     assert err == f"sdexec: detached from pid {pid}; it runs on\n".encode()
     await until(lambda: modes(sdexec) == ["background"], "back in the background")
     await cli(sdexec, "kill", "KILL", pid)

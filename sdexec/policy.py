@@ -104,6 +104,7 @@ NEVER_ALLOWED: Final[Mapping[str, str]] = {
             "ExitType",
             "Slice",
             "Delegate",
+            "DelegateControllers",  # delegates, as Delegate=yes
             "DelegateSubgroup",
             # A unit systemd stops on its own, or refuses to start or to
             # stop (sdexec stops every unit: RemainAfterExit), breaks the
@@ -138,6 +139,10 @@ NEVER_ALLOWED: Final[Mapping[str, str]] = {
 #: a limit that must be written ``MemoryMax=50%`` so it can be compared.
 _NEVER_PREFIXES: Final = (("Exec", _SDEXEC), ("Standard", _SDEXEC))
 _NEVER_SUFFIXES: Final = (("Scale", "write the limit as a percentage instead"),)
+#: ``Exec…`` names that are no command: what a unit may execute from
+#: (``ExecPaths``, hardening a site sets) and where a command's name is
+#: looked up (sdexec's are absolute already).
+_NOT_COMMANDS: Final = frozenset({"ExecPaths", "ExecSearchPath"})
 
 
 @dataclass(frozen=True)
@@ -282,7 +287,7 @@ def never_allowed_reason(name: str) -> str | None:
     if name in NEVER_ALLOWED:
         return NEVER_ALLOWED[name]
     for prefix, reason in _NEVER_PREFIXES:
-        if name.startswith(prefix):
+        if name.startswith(prefix) and name not in _NOT_COMMANDS:
             return reason
     for suffix, reason in _NEVER_SUFFIXES:
         if name.endswith(suffix):

@@ -2,9 +2,12 @@
 
 Requests and the configuration give unit properties as strings
 (``SDEXEC_PROP_MemoryMax=512M``); ``StartTransientUnit`` wants each one with
-its D-Bus type. Properties whose type is known here are converted (and
-checked) locally; any other property is sent as a string, which systemd
-accepts for many properties and rejects, naming the property, for the rest.
+its D-Bus type. Every property ``systemd-run -p`` sends with a type other
+than a string is converted (and checked) here, from the text systemd-run
+takes (the value syntaxes of the involved ones are in
+:mod:`sdexec.propertyvalues`); the few sdexec does not convert are refused,
+naming their type (:data:`NOT_CONVERTED`), with cgroup v1's; the others
+(:data:`STRING_PROPERTIES`) go as strings, for systemd to judge.
 
 A converted property is a :class:`UnitProperty`: its name, its D-Bus type
 signature and a plain Python value. Only the systemd layer
@@ -22,7 +25,9 @@ from fractions import Fraction
 from functools import partial
 from typing import Any
 
+from sdexec import propertyvalues as values
 from sdexec.idset import IDset
+from sdexec.signals import parse_signal
 from sdexec.sizes import MemoryLimit, parse_size
 
 __all__ = [
@@ -43,6 +48,21 @@ UINT32_MAX = 2**32 - 1
 
 MEMORY_PROPERTIES = frozenset(
     {"MemoryHigh", "MemoryMax", "MemoryMin", "MemoryLow", "MemorySwapMax"}
+)
+#: Memory sizes systemd also takes as a percentage (``…Scale``), beyond the
+#: limits the configuration and the request policy compare.
+SCALED_MEMORY_PROPERTIES = frozenset(
+    {"MemoryZSwapMax", "DefaultMemoryMin", "DefaultMemoryLow"}
+)
+#: Memory sizes in bytes alone (systemd has no ``…Scale`` for them).
+STARTUP_MEMORY_PROPERTIES = frozenset(
+    {
+        "StartupMemoryLow",
+        "StartupMemoryHigh",
+        "StartupMemoryMax",
+        "StartupMemorySwapMax",
+        "StartupMemoryZSwapMax",
+    }
 )
 #: Boolean properties of units, services and cgroups: every name systemd-run
 #: sends as a boolean for a service (src/shared/bus-unit-util.c, its
@@ -107,6 +127,7 @@ BOOLEAN_PROPERTIES = frozenset(
         "GuessMainPID",
         "SurviveFinalKillSignal",
         "CPUAffinityFromNUMA",
+        "AddRef",  # no table of systemd-run's, but the manager reads a boolean
     }
 )
 #: The boolean properties systemd 257 gave a string twin for its other
@@ -126,10 +147,6 @@ ALLOW_OR_DENY_PROPERTIES = frozenset(
         "RestrictNetworkInterfaces",
     }
 )
-#: Lists systemd adds up where a unit sets them more than once, which the
-#: merge of a request's properties by name would replace: a request may not
-#: replace the site's (sdexec.plan).
-ADDED_UP = ALLOW_OR_DENY_PROPERTIES | {"CapabilityBoundingSet"}
 #: File modes (octal, at most 07777), sent as systemd-run sends them: ``u``.
 MODE_PROPERTIES = frozenset(
     {
@@ -153,6 +170,17 @@ UINT64_PROPERTIES = frozenset(
         "IOWeight",
         "StartupIOWeight",
         "TasksMax",
+        "RestartMaxDelayUSec",
+        "TimeoutAbortUSec",
+        "RuntimeRandomizedExtraUSec",
+        "WatchdogUSec",
+        "JobRunningTimeoutUSec",
+        "StartLimitIntervalUSec",
+        "LogRateLimitIntervalUSec",
+        "CPUQuotaPeriodUSec",
+        "MemoryPressureThresholdUSec",
+        "ManagedOOMMemoryPressureDurationUSec",
+        "TimerSlackNSec",
     }
 )
 #: Resource limits (``setrlimit``), each typed ``t``, in bytes where the
@@ -178,8 +206,13 @@ _RLIMIT_UNITS = {
 }
 #: Path lists, typed ``as``: whitespace-separated, quoted as a shell would.
 PATH_LIST_PROPERTIES = frozenset(
-    {"ReadOnlyPaths", "ReadWritePaths", "InaccessiblePaths", "ExecPaths", "NoExecPaths"}
-)
+    {
+        "ReadOnlyPaths", "ReadWritePaths", "InaccessiblePaths", "ExecPaths",
+        "NoExecPaths", "ExtensionDirectories",
+        # the older names of the first three, which systemd still takes
+        "ReadOnlyDirectories", "ReadWriteDirectories", "InaccessibleDirectories",
+    }
+)  # fmt: skip
 #: Dependencies on other units, typed ``as``: unit names separated by
 #: spaces (systemd.unit(5); ``systemd-run -p After=...`` sends them so).
 DEPENDENCY_PROPERTIES = frozenset(
@@ -323,9 +356,16 @@ RANGES: dict[str, tuple[int, int, str]] = {
         ("CPUWeight", "StartupCPUWeight"), (0, 10000, "1 to 10000, or 0 (idle)")
     ),
     **dict.fromkeys(("IOWeight", "StartupIOWeight"), (1, 10000, "1 to 10000")),
+    "ManagedOOMMemoryPressureDurationUSec": (
+        1_000_000,
+        UINT64_MAX - 1,
+        "1000000 (a second) or more, or infinity",
+    ),
 }
 #: Memory limits systemd takes from 1 byte, where 0 would be no memory at all.
-_NONZERO_MEMORY = frozenset({"MemoryMax", "MemoryHigh"})
+_NONZERO_MEMORY = frozenset(
+    {"MemoryMax", "MemoryHigh", "StartupMemoryMax", "StartupMemoryHigh"}
+)
 
 
 def _uint64_in_range(name: str, text: str) -> UnitProperty:
@@ -356,6 +396,15 @@ def _memory(name: str, text: str) -> UnitProperty:
     return UnitProperty(name, "t", UINT64_MAX if limit.infinite else limit.bytes)
 
 
+def _startup_memory(name: str, text: str) -> UnitProperty:
+    typed = _memory(name, text)
+    if typed.signature != "t":
+        raise ValueError(
+            f"{text!r}: systemd takes {name} in bytes, not as a percentage"
+        )
+    return typed
+
+
 def _device_allow(text: str) -> list[list[str]]:
     entries = []
     for entry in text.split(","):
@@ -370,8 +419,19 @@ def _device_allow(text: str) -> list[list[str]]:
 Converter = Callable[[str, str], UnitProperty]
 
 
-def _typed(signature: str, parse: Callable[[str], object]) -> Converter:
-    return lambda name, text: UnitProperty(name, signature, parse(text))
+@dataclass(frozen=True)
+class _Typed:
+    """A converter of values to one D-Bus type: what ``parse`` makes of the
+    text, sent with ``signature``."""
+
+    signature: str
+    parse: Callable[[str], object]
+
+    def __call__(self, name: str, text: str) -> UnitProperty:
+        return UnitProperty(name, self.signature, self.parse(text))
+
+
+_typed = _Typed
 
 
 def _bool_or_twin(name: str) -> Callable[[str], bool]:
@@ -584,9 +644,17 @@ _CONVERTERS: dict[str, Converter] = {
     **{f"Limit{r}{soft}": _rlimit for r in RLIMITS for soft in ("", "Soft")},
     **{name: _typed("as", _path_list) for name in PATH_LIST_PROPERTIES},
     **{name: _typed("as", _unit_list) for name in DEPENDENCY_PROPERTIES},
-    **{name: _memory for name in MEMORY_PROPERTIES},
+    **{name: _memory for name in MEMORY_PROPERTIES | SCALED_MEMORY_PROPERTIES},
+    **{name: _startup_memory for name in STARTUP_MEMORY_PROPERTIES},
     **dict.fromkeys(
-        ("AllowedCPUs", "AllowedMemoryNodes", "CPUAffinity", "NUMAMask"),
+        (
+            "AllowedCPUs",
+            "AllowedMemoryNodes",
+            "CPUAffinity",
+            "NUMAMask",
+            "StartupAllowedCPUs",
+            "StartupAllowedMemoryNodes",
+        ),
         _typed("ay", _bitmask),
     ),
     "SupplementaryGroups": _typed("as", _words),
@@ -600,7 +668,136 @@ _CONVERTERS: dict[str, Converter] = {
     ),
     "DeviceAllow": _typed("a(ss)", _device_allow),
     **dict.fromkeys(GATE_LISTS, _gate_list),
+    **dict.fromkeys(
+        (
+            "FileDescriptorStoreMax",
+            "RestartSteps",
+            "StartLimitBurst",
+            "LogRateLimitBurst",
+            "TTYRows",
+            "TTYColumns",
+        ),
+        _typed("u", values.parse_uint32),
+    ),
+    "ManagedOOMMemoryPressureLimit": _typed(
+        "u", lambda text: percent_scale(values.parse_percent(text))
+    ),
+    **dict.fromkeys(
+        ("RestartKillSignal", "WatchdogSignal", "ReloadSignal"),
+        _typed("i", parse_signal),
+    ),
+    "SyslogFacility": _typed("i", values.parse_syslog_facility),
+    "SecureBits": _typed("i", values.parse_secure_bits),
+    "SystemCallErrorNumber": _typed("i", values.parse_errno_or_kill),
+    **dict.fromkeys(
+        ("SuccessActionExitStatus", "FailureActionExitStatus"),
+        _typed("i", values.parse_action_exit_status),
+    ),
+    "CoredumpFilter": _typed("t", values.parse_coredump_filter),
+    "MountFlags": _typed("t", values.parse_mount_propagation),
+    "RestrictNamespaces": _typed("t", values.parse_namespaces),
+    # systemd's yes delegates every namespace but the user one
+    "DelegateNamespaces": _typed(
+        "t",
+        partial(
+            values.parse_namespaces,
+            yes=values.ALL_NAMESPACES & ~values.NAMESPACES["user"],
+        ),
+    ),
+    "PassEnvironment": _typed(
+        "as", partial(values.parse_environment, assignments=False)
+    ),
+    "UnsetEnvironment": _typed("as", values.parse_environment),
+    **dict.fromkeys(
+        (
+            "ConfigurationDirectory",
+            "StateDirectory",
+            "RuntimeDirectory",
+            "CacheDirectory",
+            "LogsDirectory",
+        ),
+        _typed("as", values.parse_directory_names),
+    ),
+    **dict.fromkeys(
+        (
+            "SystemCallArchitectures",
+            "Documentation",
+            "Markers",
+            "DisableControllers",
+        ),
+        _typed("as", _words),
+    ),
+    **dict.fromkeys(
+        ("RequiresMountsFor", "WantsMountsFor"),
+        _typed("as", values.parse_absolute_paths),
+    ),
+    "ExecSearchPath": _typed("as", values.parse_search_path),
+    **dict.fromkeys(
+        ("IPIngressFilterPath", "IPEgressFilterPath"),
+        _typed("as", values.parse_one_path),
+    ),
+    "ImportCredential": _typed("as", values.parse_one_word),
+    **dict.fromkeys(
+        (
+            "IOReadBandwidthMax",
+            "IOWriteBandwidthMax",
+            "IOReadIOPSMax",
+            "IOWriteIOPSMax",
+        ),
+        _typed("a(st)", partial(values.parse_io_device_limits, value="size")),
+    ),
+    "IODeviceWeight": _typed(
+        "a(st)", partial(values.parse_io_device_limits, value="weight")
+    ),
+    "IODeviceLatencyTargetUSec": _typed(
+        "a(st)", partial(values.parse_io_device_limits, value="usec")
+    ),
+    **dict.fromkeys(
+        ("BindPaths", "BindReadOnlyPaths"), _typed("a(ssbt)", values.parse_bind_paths)
+    ),
+    "TemporaryFileSystem": _typed("a(ss)", values.parse_temporary_file_systems),
+    **dict.fromkeys(
+        ("IPAddressAllow", "IPAddressDeny"), _typed("a(iayu)", values.parse_ip_prefixes)
+    ),
+    "EnvironmentFiles": _typed("a(sb)", values.parse_optional_path),
+    **dict.fromkeys(
+        ("AppArmorProfile", "SmackProcessLabel"),
+        _typed("(bs)", values.parse_with_ignore),
+    ),
+    "LogFilterPatterns": _typed("a(bs)", values.parse_log_filter),
+    **dict.fromkeys(
+        ("SuccessExitStatus", "RestartPreventExitStatus", "RestartForceExitStatus"),
+        _typed("(aiai)", values.parse_exit_statuses),
+    ),
+    **dict.fromkeys(
+        ("LoadCredential", "LoadCredentialEncrypted"),
+        _typed(
+            "a(ss)",
+            partial(values.parse_pair, what="ID:PATH (or an ID alone)", alone=True),
+        ),
+    ),
+    "BPFProgram": _typed("a(ss)", partial(values.parse_pair, what="TYPE:PATH")),
+    "LogExtraFields": _typed("aay", values.parse_log_extra_field),
+    "ProtectHostnameEx": _typed("(ss)", values.parse_protect_hostname),
 }
+#: The D-Bus type of each property converted to one type alone (as
+#: introspecting the manager shows it; not the memory sizes, which may go as
+#: their ``…Scale``, nor the limits, weights and conditions).
+CONVERTED_SIGNATURES = {
+    name: convert.signature
+    for name, convert in _CONVERTERS.items()
+    if isinstance(convert, _Typed)
+}
+#: Lists systemd adds up where a unit sets them more than once, which the
+#: merge of a request's properties by name would replace: a request may not
+#: replace the site's (sdexec.plan): every property sent as an array (but a
+#: bitmask, ``ay``, which systemd replaces), the allow-or-deny lists, the
+#: exit statuses and the capability bounding set.
+ADDED_UP = frozenset(
+    name
+    for name, signature in CONVERTED_SIGNATURES.items()
+    if signature.startswith(("a", "(bas)", "(aiai)")) and signature != "ay"
+) | {"CapabilityBoundingSet"}
 
 
 #: The types of conditions and assertions systemd knows (systemd.unit(5),
@@ -614,32 +811,18 @@ _GATE_TYPES = _PATH_GATES | frozenset(
         "MemoryPressure", "CPUPressure", "IOPressure", "KernelModuleLoaded",
     }
 )  # fmt: skip
-#: The other names systemd takes for a transient service's properties over
-#: D-Bus: the service-unit tables of systemd-run's ``-p`` (systemd v258,
-#: src/shared/bus-unit-util.c) as they go over D-Bus (a unit file's
+#: The names systemd takes as strings for a transient service over D-Bus
+#: (the service-unit tables of systemd-run's ``-p``, systemd v258,
+#: src/shared/bus-unit-util.c, as they go over D-Bus: a unit file's
 #: ``TimeoutStopSec`` is ``TimeoutStopUSec`` there, ``CPUQuota``
-#: ``CPUQuotaPerSecUSec``), and the older names systemd still takes or once
-#: took (``BlockIO…``, ``…Directories``). Only for telling a misspelled name
-#: at once: what a property takes is systemd's to judge.
-_OTHER_PROPERTIES = frozenset(
+#: ``CPUQuotaPerSecUSec``). sdexec sends them as given: what they take is
+#: systemd's to judge.
+STRING_PROPERTIES = frozenset(
     {
         # resource control (systemd.resource-control(5))
         "Slice", "ManagedOOMSwap", "ManagedOOMMemoryPressure",
         "ManagedOOMPreference", "MemoryPressureWatch", "DelegateSubgroup",
-        "ManagedOOMMemoryPressureLimit",
-        "StartupAllowedCPUs", "StartupAllowedMemoryNodes",
-        "DisableControllers", "DelegateControllers", "MemoryZSwapMax",
-        "StartupMemoryLow", "StartupMemoryHigh", "StartupMemoryMax",
-        "StartupMemorySwapMax", "StartupMemoryZSwapMax", "CPUQuotaPeriodUSec",
-        "IODeviceWeight", "IODeviceLatencyTargetUSec", "IOReadBandwidthMax",
-        "IOWriteBandwidthMax", "IOReadIOPSMax", "IOWriteIOPSMax",
-        "IPAddressAllow", "IPAddressDeny", "IPIngressFilterPath",
-        "IPEgressFilterPath", "BPFProgram", "SocketBindAllow", "SocketBindDeny",
-        "MemoryPressureThresholdUSec", "NFTSet", "BindNetworkInterface",
-        "ManagedOOMMemoryPressureDurationUSec", "MemoryLimit", "CPUShares",
-        "StartupCPUShares", "BlockIOWeight", "StartupBlockIOWeight",
-        "BlockIODeviceWeight", "BlockIOReadBandwidth", "BlockIOWriteBandwidth",
-        "DefaultMemoryMin", "DefaultMemoryLow",
+        "BindNetworkInterface",
         # execution (systemd.exec(5))
         "User", "Group", "UtmpIdentifier", "UtmpMode", "PAMName", "TTYPath",
         "WorkingDirectory", "RootDirectory", "SyslogIdentifier",
@@ -649,74 +832,100 @@ _OTHER_PROPERTIES = frozenset(
         "UserNamespacePath", "IPCNamespacePath", "LogNamespace",
         "RootImagePolicy", "MountImagePolicy", "ExtensionImagePolicy",
         "PrivatePIDs", "PrivateBPF", "BPFDelegateCommands", "BPFDelegateMaps",
-        "BPFDelegatePrograms", "BPFDelegateAttachments",
-        "MemoryTHP",
-        "ReadWriteDirectories", "ReadOnlyDirectories",
-        "InaccessibleDirectories", "ExecSearchPath", "ExtensionDirectories",
-        "ConfigurationDirectory",
-        "SystemCallArchitectures",
-        "SyslogFacility", "SecureBits", "CoredumpFilter",
-        "SystemCallErrorNumber",
-        "TimerSlackNSec", "LogRateLimitIntervalUSec",
-        "LogRateLimitBurst", "TTYRows", "TTYColumns", "MountFlags",
-        "Environment", "UnsetEnvironment", "PassEnvironment",
-        "EnvironmentFiles", "SetCredential", "SetCredentialEncrypted",
-        "LoadCredential", "LoadCredentialEncrypted", "ImportCredential",
-        "ImportCredentialEx", "LogExtraFields", "LogFilterPatterns",
-        "StandardInput", "StandardOutput", "StandardError", "StandardInputFile",
-        "StandardOutputFile", "StandardOutputFileToAppend",
+        "BPFDelegatePrograms", "BPFDelegateAttachments", "MemoryTHP",
+        "RootHashPath", "RootHashSignaturePath",
+        "StandardInputFile", "StandardOutputFile", "StandardOutputFileToAppend",
         "StandardOutputFileToTruncate", "StandardErrorFile",
         "StandardErrorFileToAppend", "StandardErrorFileToTruncate",
         "StandardInputFileDescriptorName", "StandardOutputFileDescriptorName",
-        "StandardErrorFileDescriptorName", "StandardInputData",
-        "AppArmorProfile", "SmackProcessLabel",
-         "RestrictNamespaces", "DelegateNamespaces",
-        "BindPaths", "BindReadOnlyPaths", "TemporaryFileSystem", "RootHash",
-        "RootHashPath", "RootHashSignature", "RootHashSignaturePath",
-        "RootImageOptions", "MountImages", "ExtensionImages", "StateDirectory",
-        "RuntimeDirectory", "CacheDirectory", "LogsDirectory",
-        "StateDirectorySymlink", "RuntimeDirectorySymlink",
-        "CacheDirectorySymlink", "LogsDirectorySymlink",
-        "ProtectHostnameEx", "PrivateTmpEx", "ProtectControlGroupsEx",
-        "PrivateUsersEx", "StateDirectoryQuota",
-        "CacheDirectoryQuota", "LogsDirectoryQuota",
+        "StandardErrorFileDescriptorName", "StandardInput", "StandardOutput",
+        "StandardError",
+        # what systemd 257 added for the booleans' other values (_EX_TWINS)
+        "PrivateTmpEx", "ProtectControlGroupsEx", "PrivateUsersEx",
         # killing (systemd.kill(5))
-        "KillMode", "KillSignal", "RestartKillSignal", "FinalKillSignal",
-        "WatchdogSignal",
+        "KillMode",
         # the service (systemd.service(5))
         "PIDFile", "Type", "ExitType", "Restart", "RestartMode", "BusName",
         "NotifyAccess", "USBFunctionDescriptors", "USBFunctionStrings",
         "OOMPolicy", "TimeoutStartFailureMode", "TimeoutStopFailureMode",
         "FileDescriptorStorePreserve",
-          "RestartUSec",
-        "RestartMaxDelayUSec", "TimeoutAbortUSec", "RuntimeRandomizedExtraUSec",
-        "WatchdogUSec", "FileDescriptorStoreMax", "RestartSteps",
-        "ExecCondition", "ExecConditionEx", "ExecStartPre", "ExecStartPreEx",
-        "ExecStart", "ExecStartEx", "ExecStartPost", "ExecStartPostEx",
-        "ExecReload", "ExecReloadEx", "ExecReloadPost", "ExecReloadPostEx",
-        "ExecStop", "ExecStopEx", "ExecStopPost", "ExecStopPostEx",
-        "RestartPreventExitStatus", "RestartForceExitStatus",
-        "SuccessExitStatus", "OpenFile", "ReloadSignal", "RefreshOnReload",
         # the unit (systemd.unit(5))
         "Description", "SourcePath", "OnFailureJobMode", "OnSuccessJobMode",
         "JobTimeoutAction", "JobTimeoutRebootArgument", "StartLimitAction",
         "FailureAction", "SuccessAction", "RebootArgument", "CollectMode",
-        "JobRunningTimeoutUSec",
-        "StartLimitIntervalUSec", "StartLimitBurst", "SuccessActionExitStatus",
-        "FailureActionExitStatus", "Documentation", "RequiresMountsFor",
-        "WantsMountsFor", "Markers", "AddRef",
     }
 )  # fmt: skip
+#: Names systemd takes with a D-Bus type sdexec does not convert to: sent as
+#: strings they would fail every job ("Unexpected message contents"), so
+#: they are refused, naming the type. Those that sdexec itself sets (the
+#: commands, the standard streams, the kill and restart signals) are
+#: refused before, by the request policy and the configuration.
+NOT_CONVERTED = {
+    **dict.fromkeys(
+        (
+            f"Exec{kind}{ex}"
+            for kind in (
+                "Condition",
+                "StartPre",
+                "Start",
+                "StartPost",
+                "Reload",
+                "ReloadPost",
+                "Stop",
+                "StopPost",
+            )
+            for ex in ("", "Ex")
+        ),
+        "a(sasb)",
+    ),
+    "StandardInputData": "ay",
+    **dict.fromkeys(("KillSignal", "FinalKillSignal"), "i"),
+    "RestartUSec": "t",
+    "Environment": "as",
+    "DelegateControllers": "as",
+    **dict.fromkeys(("SetCredential", "SetCredentialEncrypted"), "a(say)"),
+    "ImportCredentialEx": "a(ss)",
+    **dict.fromkeys(("SocketBindAllow", "SocketBindDeny"), "a(iiqq)"),
+    "NFTSet": "a(iiss)",
+    "OpenFile": "a(sst)",
+    **dict.fromkeys(("RootHash", "RootHashSignature"), "ay"),
+    "RootImageOptions": "a(ss)",
+    "MountImages": "a(ssba(ss))",
+    "ExtensionImages": "a(sba(ss))",
+    **{f"{kind}DirectoryQuota": "(tus)" for kind in ("State", "Cache", "Logs")},
+    **{
+        f"{kind}DirectorySymlink": "a(sst)"
+        for kind in ("State", "Cache", "Logs", "Runtime")
+    },
+    "RefreshOnReload": "a(bs)",
+}
+#: cgroup v1's settings, which systemd-run no longer sends (systemd 256
+#: dropped cgroup v1), and what cgroup v2 has for each.
+CGROUP_V1_PROPERTIES = {
+    "MemoryLimit": "MemoryMax",
+    "CPUShares": "CPUWeight",
+    "StartupCPUShares": "StartupCPUWeight",
+    "BlockIOWeight": "IOWeight",
+    "StartupBlockIOWeight": "StartupIOWeight",
+    "BlockIODeviceWeight": "IODeviceWeight",
+    "BlockIOReadBandwidth": "IOReadBandwidthMax",
+    "BlockIOWriteBandwidth": "IOWriteBandwidthMax",
+}
 #: Every property name systemd takes for a transient service over D-Bus
 #: (conditions and assertions aside: :func:`is_known_property`).
 KNOWN_PROPERTIES = (
     frozenset(_CONVERTERS)
-    | {f"{name}Scale" for name in (*MEMORY_PROPERTIES, "MemoryZSwapMax", "TasksMax")}
+    | {
+        f"{name}Scale"
+        for name in (*MEMORY_PROPERTIES, *SCALED_MEMORY_PROPERTIES, "TasksMax")
+    }
     | frozenset(FD_PROPERTIES)
     | CONTAINMENT_PROPERTIES
     | STOP_PROPERTIES
     | GATE_LISTS
-    | _OTHER_PROPERTIES
+    | STRING_PROPERTIES
+    | frozenset(NOT_CONVERTED)
+    | frozenset(CGROUP_V1_PROPERTIES)
 )
 #: A unit file's spelling whose D-Bus names are not its own with ``Sec``
 #: as ``USec`` (:func:`_dbus_names`): ``TimeoutSec`` sets both timeouts.
@@ -947,6 +1156,20 @@ def unit_file_problem(value: str) -> str | None:
     return None
 
 
+def _check_string_typed(name: str) -> None:
+    """``ValueError`` for a name systemd would not take as a string."""
+    if name in NOT_CONVERTED:
+        raise ValueError(
+            f"systemd takes it as D-Bus {NOT_CONVERTED[name]}, which sdexec does"
+            " not convert to (sent as a string, it would fail every job)"
+        )
+    if name in CGROUP_V1_PROPERTIES:
+        raise ValueError(
+            "a cgroup v1 setting, which systemd 256 dropped and systemd-run no"
+            f" longer sends: set {CGROUP_V1_PROPERTIES[name]} instead"
+        )
+
+
 def typed_property(name: str, value: str, source: str = "request") -> UnitProperty:
     """The :class:`UnitProperty` for ``StartTransientUnit``.
 
@@ -963,6 +1186,7 @@ def typed_property(name: str, value: str, source: str = "request") -> UnitProper
         if problem is not None:
             raise ValueError(problem)
         if convert is None:
+            _check_string_typed(name)
             typed = UnitProperty(name, "s", value)
         else:
             typed = convert(name, value)

@@ -33,8 +33,9 @@ class SizeTooLarge(ValueError):
     that a message can say it is too large rather than not a size."""
 
 
-def parse_size(text: str) -> int:
-    """Bytes in a size such as ``4096``, ``512M``, ``4g`` or ``1.5G``.
+def parse_size(text: str, base: int = 1024) -> int:
+    """Bytes in a size such as ``4096``, ``512M``, ``4g`` or ``1.5G``; its
+    suffixes are powers of ``base`` (systemd's I/O limits take 1000).
 
     ``ValueError`` if the text is not such a size; :class:`SizeTooLarge` if
     it is 16E or more.
@@ -50,7 +51,7 @@ def parse_size(text: str) -> int:
     # Decimal, not float: a float has 53 bits, so "9007199254740993" (or a
     # large fractional "T") would come back off by a few bytes.
     power = _SUFFIX[match["suffix"].upper()]
-    size = round(Decimal(match["number"]) * 1024**power)
+    size = round(Decimal(match["number"]) * base**power)
     if size > UINT64_MAX:
         raise SizeTooLarge(f"{text!r} is not a size systemd can hold (16E or more)")
     return size

@@ -512,17 +512,27 @@ def test_a_request_never_loosens_the_site_s_gate(opts, said):
     assert (refused.value.errnum, refused.value.errstr) == (errno.EPERM, said)
 
 
-@pytest.mark.parametrize("name", ["SystemCallFilter", "CapabilityBoundingSet"])
-def test_a_request_never_replaces_the_site_s_hardening_list(name):
+@pytest.mark.parametrize(
+    ("name", "site", "requested"),
+    [
+        ("SystemCallFilter", "~@mount", "~@debug"),
+        ("CapabilityBoundingSet", "~13", "~14"),
+        ("InaccessiblePaths", "/scratch", "/home"),
+        ("IPAddressDeny", "any", "10.0.0.0/8"),
+        ("IOReadBandwidthMax", "/dev/sda 10M", "/dev/sdb 10M"),
+        ("After", "nvidia-persistenced.service", "local-fs.target"),
+    ],
+)
+def test_a_request_never_replaces_a_list_the_site_sets(name, site, requested):
     # Merged by name, an allowed request's "~@debug" replaced the site's
-    # "~@mount @privileged" (review 36 T2-1): systemd adds such lists up.
+    # "~@mount @privileged" (review 36 T2-1), its IPAddressDeny a site's
+    # "any", its InaccessiblePaths the site's: systemd adds such lists up.
     table = {
-        "exec": {"sdexec-properties": {name: "~@mount" if "Call" in name else "~13"}},
+        "exec": {"sdexec-properties": {name: site}},
         "sdexec": {"request-properties": ["@default", name]},
     }
     with pytest.raises(sdexec.plan.RequestError) as refused:
-        value = "~@debug" if "Call" in name else "~14"
-        exec_plan(config=parse_config(table), **{f"SDEXEC_PROP_{name}": value})
+        exec_plan(config=parse_config(table), **{f"SDEXEC_PROP_{name}": requested})
     assert refused.value.errnum == errno.EPERM
     assert refused.value.errstr == (
         f"SDEXEC_PROP_{name}: the site sets {name}; a request may not replace it"

@@ -636,7 +636,7 @@ def test_the_lists_of_conditions_are_refused_for_what_they_are(listed):
 
 @pytest.mark.parametrize(
     "name",
-    ["MemoryMaxScale", "ProtectHome", "UnsetEnvironment", "LimitCORE", "Wants",
+    ["MemoryMaxScale", "ProtectHome", "StartLimitBurst", "LimitCORE", "Wants",
      "CPUAffinity", "ConditionVirtualization", "AssertKernelModuleLoaded"],
 )  # fmt: skip
 def test_properties_systemd_knows_are_taken(name):

@@ -49,9 +49,12 @@ SYSTEMD_LAYER_LEAVES = {
     # The D-Bus typing of unit properties, which the bus client sends and
     # errors.py names in a refusal's explanation.
     "sdexec.property",
-    # What property.py parses with: CPU and node lists, memory sizes.
+    # What property.py parses with: CPU and node lists, memory sizes, the
+    # value syntaxes of systemd's other typed properties, signals.
     "sdexec.idset",
     "sdexec.sizes",
+    "sdexec.propertyvalues",
+    "sdexec.signals",
     # quoted() for the values in an error message; idset and ioencode use it.
     "sdexec.refusal",
     # The manager's version read from its Version property, which errors.py

@@ -114,6 +114,7 @@ def test_an_idle_cpu_weight_is_the_tightest() -> None:
         "MemoryMaxScale",
         "Environment",
         "AmbientCapabilities",  # (review 36 T2-2: it only ever grants)
+        "DelegateControllers",  # delegates, as Delegate=yes does
     ],
 )
 def test_never_allowed_even_when_the_admin_lists_it(name: str) -> None:
@@ -124,6 +125,15 @@ def test_never_allowed_even_when_the_admin_lists_it(name: str) -> None:
     with pytest.raises(RequestPropertiesEntryError, match=f"^{name} can never") as bad:
         parse_request_properties(["@default", name])
     assert bad.value.index == 1
+
+
+@pytest.mark.parametrize("name", ["ExecPaths", "ExecSearchPath"])
+def test_an_exec_name_that_is_no_command_may_be_allowed(name: str) -> None:
+    # The rule for the commands (ExecStart…) took ExecPaths, hardening a
+    # site could then set neither.
+    assert never_allowed_reason(name) is None
+    policy = RequestPolicy(allowed=DEFAULT_ALLOWED | {name})
+    assert policy.accept({name: "/usr"}) == {name: "/usr"}
 
 
 def test_a_property_not_allowed_names_the_key_that_would_allow_it() -> None:

@@ -696,14 +696,7 @@ _CONVERTERS: dict[str, Converter] = {
     "CoredumpFilter": _typed("t", values.parse_coredump_filter),
     "MountFlags": _typed("t", values.parse_mount_propagation),
     "RestrictNamespaces": _typed("t", values.parse_namespaces),
-    # systemd's yes delegates every namespace but the user one
-    "DelegateNamespaces": _typed(
-        "t",
-        partial(
-            values.parse_namespaces,
-            yes=values.ALL_NAMESPACES & ~values.NAMESPACES["user"],
-        ),
-    ),
+    "DelegateNamespaces": _typed("t", partial(values.parse_namespaces, delegated=True)),
     "PassEnvironment": _typed(
         "as", partial(values.parse_environment, assignments=False)
     ),
@@ -776,7 +769,7 @@ _CONVERTERS: dict[str, Converter] = {
             partial(values.parse_pair, what="ID:PATH (or an ID alone)", alone=True),
         ),
     ),
-    "BPFProgram": _typed("a(ss)", partial(values.parse_pair, what="TYPE:PATH")),
+    "BPFProgram": _typed("a(ss)", values.parse_bpf_program),
     "LogExtraFields": _typed("aay", values.parse_log_extra_field),
     "ProtectHostnameEx": _typed("(ss)", values.parse_protect_hostname),
 }
@@ -855,29 +848,22 @@ STRING_PROPERTIES = frozenset(
         "FailureAction", "SuccessAction", "RebootArgument", "CollectMode",
     }
 )  # fmt: skip
+#: A unit's commands, after ``Exec`` (``ExecStartPre``) and before ``Ex``.
+_COMMANDS = (
+    "Condition", "StartPre", "Start", "StartPost", "Reload", "ReloadPost",
+    "Stop", "StopPost",
+)  # fmt: skip
 #: Names systemd takes with a D-Bus type sdexec does not convert to: sent as
 #: strings they would fail every job ("Unexpected message contents"), so
 #: they are refused, naming the type. Those that sdexec itself sets (the
 #: commands, the standard streams, the kill and restart signals) are
 #: refused before, by the request policy and the configuration.
 NOT_CONVERTED = {
-    **dict.fromkeys(
-        (
-            f"Exec{kind}{ex}"
-            for kind in (
-                "Condition",
-                "StartPre",
-                "Start",
-                "StartPost",
-                "Reload",
-                "ReloadPost",
-                "Stop",
-                "StopPost",
-            )
-            for ex in ("", "Ex")
-        ),
-        "a(sasb)",
-    ),
+    **{
+        f"Exec{kind}{ex}": signature
+        for kind in _COMMANDS
+        for ex, signature in (("", "a(sasb)"), ("Ex", "a(sasas)"))
+    },
     "StandardInputData": "ay",
     **dict.fromkeys(("KillSignal", "FinalKillSignal"), "i"),
     "RestartUSec": "t",

@@ -20,6 +20,7 @@ import ipaddress
 import re
 import shlex
 
+from sdexec.exitstatus import exit_status_number
 from sdexec.signals import parse_signal
 from sdexec.sizes import parse_size
 
@@ -89,6 +90,15 @@ _AF_INET, _AF_INET6 = 2, 10
 _DIGITS = re.compile(r"[0-9]{1,20}")
 _ERRNO_NAME = re.compile(r"E[A-Z0-9]+")
 _ENVIRONMENT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: A journal field a unit may add (systemd's journal_field_valid, its
+#: protected ``_`` fields aside).
+_JOURNAL_FIELD = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+#: The cgroup BPF attach types systemd names (``BPFProgram=TYPE:PATH``).
+BPF_ATTACH_TYPES = (
+    "ingress", "egress", "sock_create", "sock_ops", "device", "bind4", "bind6",
+    "connect4", "connect6", "post_bind4", "post_bind6", "sendmsg4", "sendmsg6",
+    "sysctl", "recvmsg4", "recvmsg6", "getsockopt", "setsockopt",
+)  # fmt: skip
 #: mount(2)'s propagation flags, as ``MountFlags`` names them.
 _PROPAGATION = {"shared": 1 << 20, "slave": 1 << 19, "private": 1 << 18}
 
@@ -114,6 +124,14 @@ def shell_words(text: str, what: str = "nothing named") -> list[str]:
 def _absolute(path: str) -> str:
     if not path.startswith("/"):
         raise ValueError(f"{path!r} is not an absolute path")
+    return _normalized(path)
+
+
+def _normalized(path: str) -> str:
+    """``path`` if systemd takes it as normalized (its path_is_normalized:
+    no ``//``, no ``.`` or ``..`` component), else ``ValueError``."""
+    if "//" in path or {".", ".."} & set(path.split("/")):
+        raise ValueError(f"{path!r} is not normalized (no //, . or .. in it)")
     return path
 
 
@@ -162,6 +180,11 @@ def parse_bind_paths(text: str) -> list[tuple[str, str, bool, int]]:
     each ``[-]SRC[:DST[:rbind|norbind]]`` (``-``: a missing source is no
     error; the destination defaults to the source; submounts are bound
     unless ``norbind``), ``a(ssbt)``."""
+    if _quotes_a_colon(text):
+        raise ValueError(
+            f"{text!r}: a ':' in quotes is part of a path to systemd, which sdexec"
+            " does not take here"
+        )
     mounts = []
     for word in shell_words(text, "no path given"):
         optional = word.startswith("-")
@@ -173,6 +196,19 @@ def parse_bind_paths(text: str) -> list[tuple[str, str, bool, int]]:
         target = _absolute(destination) if destination else source
         mounts.append((_absolute(source), target, optional, flags))
     return mounts
+
+
+def _quotes_a_colon(text: str) -> bool:
+    """Whether a ``:`` of ``text`` is inside quotes."""
+    quote = ""
+    for character in text:
+        if quote and character == quote:
+            quote = ""
+        elif not quote and character in "'\"":
+            quote = character
+        elif quote and character == ":":
+            return True
+    return False
 
 
 def parse_temporary_file_systems(text: str) -> list[tuple[str, str]]:
@@ -215,15 +251,17 @@ def _ip_prefix(word: str) -> ipaddress.IPv4Interface | ipaddress.IPv6Interface:
     return ipaddress.ip_interface(word)
 
 
-def parse_namespaces(text: str, yes: int = 0) -> int:
-    """``RestrictNamespaces`` (``DelegateNamespaces``): the namespaces a
-    unit may create (delegates), as systemd's mask of ``CLONE_NEW…`` flags:
-    names separated by spaces (``"net mnt"``), led by ``~`` for all but
-    those; or a boolean: ``no`` for every one, ``yes`` for the mask ``yes``
-    (none, for ``RestrictNamespaces``)."""
+def parse_namespaces(text: str, delegated: bool = False) -> int:
+    """``RestrictNamespaces``: the namespaces a unit may create, as systemd's
+    mask of ``CLONE_NEW…`` flags: names separated by spaces (``"net mnt"``),
+    led by ``~`` for all but those; ``yes`` none, ``no`` all.
+    ``DelegateNamespaces`` (``delegated``): the namespaces delegated to the
+    unit's own user namespace, where all is every one but the user one
+    (``~``, ``yes``), and ``no`` is none."""
+    every = ALL_NAMESPACES & ~NAMESPACES["user"] if delegated else ALL_NAMESPACES
     boolean = _boolean(text)
     if boolean is not None:
-        return yes if boolean else ALL_NAMESPACES
+        return every if boolean == delegated else 0
     inverted = text.startswith("~")
     mask = 0
     for word in shell_words(text[1:] if inverted else text, "no namespace named"):
@@ -232,7 +270,7 @@ def parse_namespaces(text: str, yes: int = 0) -> int:
                 f"{word!r} is no namespace ({', '.join(NAMESPACES)}), nor a boolean"
             )
         mask |= NAMESPACES[word]
-    return ALL_NAMESPACES & ~mask if inverted else mask
+    return every & ~mask if inverted else mask
 
 
 def _boolean(text: str) -> bool | None:
@@ -251,7 +289,7 @@ def parse_coredump_filter(text: str) -> int:
     mask = 0
     for word in shell_words(text, "no segment named"):
         if word == "all":
-            mask = UINT64_MAX
+            mask = UINT32_MAX  # systemd's: the kernel refuses more (ERANGE)
         elif word == "default":
             mask |= _COREDUMP_DEFAULT
         elif word in _COREDUMP_SEGMENTS:
@@ -262,11 +300,13 @@ def parse_coredump_filter(text: str) -> int:
 
 
 def _hex_mask(word: str) -> int:
+    # The kernel reads the filter as 32 bits (ERANGE past them, which
+    # systemd would meet at every start).
     digits = word.lower().removeprefix("0x")
-    if re.fullmatch(r"[0-9a-f]{1,16}", digits) is None:
+    if re.fullmatch(r"[0-9a-f]{1,8}", digits) is None:
         raise ValueError(
             f"{word!r} is no core-dump segment ({', '.join(_COREDUMP_SEGMENTS)},"
-            " default, all) nor a hexadecimal mask"
+            " default, all) nor a hexadecimal mask of 32 bits"
         )
     return int(digits, 16)
 
@@ -310,21 +350,28 @@ def parse_errno_or_kill(text: str) -> int:
 
 def parse_exit_statuses(text: str) -> tuple[list[int], list[int]]:
     """``SuccessExitStatus`` and the two ``Restart…ExitStatus``: exit
-    statuses (0 to 255) and signal names (``SIGTERM``) separated by
-    spaces, ``(aiai)``: the statuses, then the signals. A number is always
-    a status, as for systemd."""
+    statuses (0 to 255, or by systemd's names: ``TEMPFAIL``) and signal
+    names (``SIGTERM``) separated by spaces, ``(aiai)``: the statuses, then
+    the signals. A number is always a status, as for systemd."""
     statuses: list[int] = []
     signals: list[int] = []
     for word in shell_words(text, "no exit status named"):
-        if _DIGITS.fullmatch(word):
-            if int(word) > 255:
-                raise ValueError(
-                    f"{word!r} is out of range: exit statuses are 0 to 255"
-                )
-            statuses.append(int(word))
-        else:
+        status = _exit_status(word)
+        if status is None:
             signals.append(_exit_signal(word))
+        else:
+            statuses.append(status)
     return statuses, signals
+
+
+def _exit_status(word: str) -> int | None:
+    """The exit status ``word`` is (a number, or systemd's name for one),
+    or ``None`` if it is neither."""
+    if _DIGITS.fullmatch(word):
+        if int(word) > 255:
+            raise ValueError(f"{word!r} is out of range: exit statuses are 0 to 255")
+        return int(word)
+    return exit_status_number(word)
 
 
 def _exit_signal(word: str) -> int:
@@ -332,7 +379,8 @@ def _exit_signal(word: str) -> int:
         return parse_signal(word)
     except ValueError:
         raise ValueError(
-            f"{word!r} is neither an exit status (0 to 255) nor a signal (SIGTERM)"
+            f"{word!r} is neither an exit status (0 to 255, or systemd's name for"
+            " one: TEMPFAIL) nor a signal (SIGTERM)"
         ) from None
 
 
@@ -406,6 +454,9 @@ def parse_directory_names(text: str) -> list[str]:
             )
         if name.startswith("/"):
             raise ValueError(f"{name!r} is not relative to the manager's directory")
+        if name.split("/")[0] == "private":
+            raise ValueError(f"{name!r}: systemd keeps private/ for DynamicUser")
+        _normalized(name)
     return names
 
 
@@ -439,12 +490,22 @@ def parse_log_filter(text: str) -> list[tuple[bool, str]]:
 
 def parse_pair(text: str, what: str, alone: bool = False) -> list[tuple[str, str]]:
     """One ``FIRST:SECOND`` entry split at the first ``:``, ``a(ss)``
-    (``BPFProgram``: ``TYPE:PATH``; ``LoadCredential``: ``ID:PATH``, or
-    with ``alone`` the id alone, which systemd reads as ``ID:ID``)."""
+    (``LoadCredential``: ``ID:PATH``, or with ``alone`` the id alone, which
+    systemd reads as ``ID:ID``)."""
     first, colon, second = text.strip().partition(":")
     if not first or (not colon and not alone) or (colon and not second):
         raise ValueError(f"{text!r} is not {what}")
     return [(first, second or first)]
+
+
+def parse_bpf_program(text: str) -> list[tuple[str, str]]:
+    """``BPFProgram``: one ``TYPE:PATH`` (a pinned program), ``a(ss)``."""
+    ((kind, path),) = parse_pair(text, "TYPE:PATH")
+    if kind not in BPF_ATTACH_TYPES:
+        raise ValueError(
+            f"{kind!r} is no BPF attach type ({', '.join(BPF_ATTACH_TYPES)})"
+        )
+    return [(kind, _absolute(path))]
 
 
 def parse_one_word(text: str) -> list[str]:
@@ -460,8 +521,11 @@ def parse_one_word(text: str) -> list[str]:
 def parse_log_extra_field(text: str) -> list[bytes]:
     """``LogExtraFields``: one ``FIELD=VALUE``, ``aay``."""
     field, equals, _ = text.partition("=")
-    if not equals or re.fullmatch(r"[A-Z0-9][A-Z0-9_]*", field) is None:
-        raise ValueError(f"{text!r} is not FIELD=VALUE (FIELD in capitals)")
+    if not equals or _JOURNAL_FIELD.fullmatch(field) is None:
+        raise ValueError(
+            f"{text!r} is not FIELD=VALUE (FIELD capitals, digits and _, led by a"
+            " capital, at most 64)"
+        )
     return [text.encode()]
 
 

@@ -60,6 +60,9 @@ SYSTEMD_LAYER_LEAVES = {
     # The manager's version read from its Version property, which errors.py
     # needs to say that a refusal comes from a manager too old.
     "sdexec.managerversion",
+    # systemd's names for exit statuses, which unit.py says a failure with
+    # and propertyvalues.py reads SuccessExitStatus= with.
+    "sdexec.exitstatus",
     # Output split into lines, which the output channel does as it reads.
     "sdexec.ioencode",
 }

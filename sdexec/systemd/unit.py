@@ -34,56 +34,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sdexec.exitstatus import SYSTEMD_EXIT_NAMES
+
 __all__ = ["UnitStatus", "queued_job", "wait_status"]
 
 CLD_EXITED, CLD_KILLED, CLD_DUMPED = 1, 2, 3
 SYSTEMD_EXIT_CODES = range(200, 244)
 
-#: systemd's names for its own exit codes (systemd.exec(5), "Process exit codes").
-SYSTEMD_EXIT_NAMES = {
-    200: "CHDIR",
-    201: "NICE",
-    202: "FDS",
-    203: "EXEC",
-    204: "MEMORY",
-    205: "LIMITS",
-    206: "OOM_ADJUST",
-    207: "SIGNAL_MASK",
-    208: "STDIN",
-    209: "STDOUT",
-    210: "CHROOT",
-    211: "IOPRIO",
-    212: "TIMERSLACK",
-    213: "SECUREBITS",
-    214: "SETSCHEDULER",
-    215: "CPUAFFINITY",
-    216: "GROUP",
-    217: "USER",
-    218: "CAPABILITIES",
-    219: "CGROUP",
-    220: "SETSID",
-    221: "CONFIRM",
-    222: "STDERR",
-    224: "PAM",
-    225: "NETWORK",
-    226: "NAMESPACE",
-    227: "NO_NEW_PRIVILEGES",
-    228: "SECCOMP",
-    229: "SELINUX_CONTEXT",
-    230: "PERSONALITY",
-    231: "APPARMOR_PROFILE",
-    232: "ADDRESS_FAMILIES",
-    233: "RUNTIME_DIRECTORY",
-    235: "CHOWN",
-    236: "SMACK_PROCESS_LABEL",
-    237: "KEYRING",
-    238: "STATE_DIRECTORY",
-    239: "CACHE_DIRECTORY",
-    240: "LOGS_DIRECTORY",
-    241: "CONFIGURATION_DIRECTORY",
-    242: "NUMA_POLICY",
-    243: "CREDENTIALS",
-}
 #: The errno a client sees for a systemd exit code: the binary or the working
 #: directory is missing (or unusable) for EXEC and CHDIR.
 EXIT_CHDIR, EXIT_EXEC = 200, 203

@@ -27,8 +27,9 @@ from typing import Any
 
 from sdexec import propertyvalues as values
 from sdexec.idset import IDset
+from sdexec.propertyvalues import UINT32_MAX
 from sdexec.signals import parse_signal
-from sdexec.sizes import MemoryLimit, parse_size
+from sdexec.sizes import UINT64_MAX, MemoryLimit, parse_size
 
 __all__ = [
     "KNOWN_PROPERTIES",
@@ -43,8 +44,6 @@ __all__ = [
     "unknown_property_reason",
 ]
 
-UINT64_MAX = 2**64 - 1
-UINT32_MAX = 2**32 - 1
 
 MEMORY_PROPERTIES = frozenset(
     {"MemoryHigh", "MemoryMax", "MemoryMin", "MemoryLow", "MemorySwapMax"}

@@ -22,26 +22,44 @@ import shlex
 
 from sdexec.exitstatus import exit_status_number
 from sdexec.signals import parse_signal
-from sdexec.sizes import parse_size
+from sdexec.sizes import UINT64_MAX, parse_size
 
 __all__ = [
     "ALL_NAMESPACES",
+    "BPF_ATTACH_TYPES",
     "ERRNO_KILL",
     "NAMESPACES",
+    "UINT32_MAX",
+    "parse_absolute_paths",
+    "parse_action_exit_status",
     "parse_bind_paths",
+    "parse_bpf_program",
     "parse_coredump_filter",
+    "parse_directory_names",
+    "parse_environment",
     "parse_errno_or_kill",
     "parse_exit_statuses",
     "parse_io_device_limits",
     "parse_ip_prefixes",
+    "parse_log_extra_field",
+    "parse_log_filter",
+    "parse_mount_propagation",
     "parse_namespaces",
+    "parse_one_path",
+    "parse_one_word",
+    "parse_optional_path",
+    "parse_pair",
+    "parse_percent",
+    "parse_protect_hostname",
+    "parse_search_path",
     "parse_secure_bits",
     "parse_syslog_facility",
     "parse_temporary_file_systems",
+    "parse_uint32",
+    "parse_with_ignore",
     "shell_words",
 ]
 
-UINT64_MAX = 2**64 - 1
 UINT32_MAX = 2**32 - 1
 
 #: Linux's namespace flags (``CLONE_NEW…``) by systemd's names for them.

@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import run
+from support import Result, run
 
 from sdexec.property import CONVERTED_SIGNATURES
 
@@ -132,15 +132,19 @@ def site_table(values: dict[str, str], shown: dict[str, str]) -> str:
     return f"[exec.sdexec-properties]\n{lines}"
 
 
+async def job_under(start_service, values: dict[str, str], script: str) -> Result:
+    """``sh -c script`` run by a service whose site sets ``values``."""
+    shown = manager_property_types()
+    service = await start_service(extra=site_table(values, shown))
+    client = await service.connect()
+    return await run(client, ["sh", "-c", script])
+
+
 @ensureDeferred
 async def test_a_site_s_typed_properties_reach_a_job_that_runs(start_service):
     # Sent as strings, each of these failed every job: "Unexpected message
     # contents".
-    service = await start_service(
-        extra=site_table(SITE_VALUES, manager_property_types())
-    )
-    client = await service.connect()
-    result = await run(client, ["sh", "-c", SCRIPT])
+    result = await job_under(start_service, SITE_VALUES, SCRIPT)
     assert (result.error, result.status) == (None, 0), result.stderr
     slack, dump_filter, *rest = result.stdout.decode().split()
     assert (slack, rest) == ("50000", ["no-net", "sdexec-test-runtime"])
@@ -151,11 +155,7 @@ async def test_a_site_s_typed_properties_reach_a_job_that_runs(start_service):
 async def test_a_site_s_mounts_reach_a_job_where_the_node_makes_them(start_service):
     # The manager takes the unit either way; a node that cannot make the
     # unit's mount namespace fails its start with 226/NAMESPACE, after.
-    service = await start_service(
-        extra=site_table(MOUNTING_VALUES, manager_property_types())
-    )
-    client = await service.connect()
-    result = await run(client, ["sh", "-c", MOUNTING_SCRIPT])
+    result = await job_under(start_service, MOUNTING_VALUES, MOUNTING_SCRIPT)
     if result.error is not None:
         assert EXIT_NAMESPACE in result.error.errstr
         return

@@ -34,12 +34,14 @@ from sdexec.property import (
     CONTAINMENT_PROPERTIES,
     FD_PROPERTIES,
     RANGES,
+    RLIMIT_SIZES,
+    RLIMITS,
     STOP_PROPERTIES,
     parse_bool,
     unknown_property_reason,
 )
 from sdexec.refusal import RequestRefused, json_quoted, printable
-from sdexec.sizes import MemoryLimit, SizeTooLarge
+from sdexec.sizes import MemoryLimit, SizeTooLarge, parse_size
 
 __all__ = [
     "ALWAYS_ALLOWED",
@@ -215,16 +217,64 @@ def _weight(name: str) -> Ordering:
 
 _SWITCH = Ordering(_switch_rank, None, "a boolean (yes/no)")
 
+
+def _rlimit_rank(resource: str) -> Callable[[str, Callable[[], int]], float]:
+    """A resource limit's rank: its value (a size for the byte-valued
+    ones), ``infinity`` the loosest."""
+
+    def rank(text: str, _memory: Callable[[], int]) -> float:
+        if text.strip() == "infinity":
+            return float("inf")
+        if resource in RLIMIT_SIZES:
+            return float(parse_size(text))
+        return _integer_rank(0, 2**64 - 2)(text, _memory)
+
+    return rank
+
+
+def _rlimits() -> dict[str, Ordering]:
+    """Every hard ``Limit<RESOURCE>``: lower is tighter; the manager's
+    defaults are not known here, so a request sets one only where the site
+    does. (``LimitNICE`` is the rlimit itself: higher allows a higher
+    priority. A soft limit restricts nothing: a process may raise its own up
+    to the hard one.)"""
+    orderings: dict[str, Ordering] = {}
+    for resource in RLIMITS:
+        takes = "a size" if resource in RLIMIT_SIZES else "a number"
+        rank = _rlimit_rank(resource)
+        orderings[f"Limit{resource}"] = Ordering(rank, None, f"{takes} or infinity")
+    return orderings
+
+
 #: The properties a request may only tighten, and how their values compare.
 #: Lower is tighter except for ``Nice`` and ``OOMScoreAdjust`` (higher is
 #: tighter) and the accounting switches (on is tighter). ``MemoryLow`` and
 #: ``MemoryMin`` are protections: raising them takes memory from others.
 TIGHTENING: Final[Mapping[str, Ordering]] = {
-    **dict.fromkeys(("MemoryMax", "MemoryHigh", "MemorySwapMax"), _MEMORY),
     **dict.fromkeys(
-        ("MemoryLow", "MemoryMin"),
+        (
+            "MemoryMax",
+            "MemoryHigh",
+            "MemorySwapMax",
+            "MemoryZSwapMax",
+            "StartupMemoryMax",
+            "StartupMemoryHigh",
+            "StartupMemorySwapMax",
+            "StartupMemoryZSwapMax",
+        ),
+        _MEMORY,
+    ),
+    **dict.fromkeys(
+        (
+            "MemoryLow",
+            "MemoryMin",
+            "StartupMemoryLow",
+            "DefaultMemoryLow",
+            "DefaultMemoryMin",
+        ),
         Ordering(_memory_rank, "0", "a memory limit (512M, 50%, infinity)"),
     ),
+    **_rlimits(),
     **{
         name: _weight(name)
         for name in ("CPUWeight", "StartupCPUWeight", "IOWeight", "StartupIOWeight")

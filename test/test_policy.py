@@ -447,3 +447,39 @@ def test_every_variable_the_manager_adds_is_dropped_or_a_user_basic(
     added = job - manager - USER_BASICS
     assert "INVOCATION_ID" in added and "NOTIFY_SOCKET" in added
     assert added <= DROPPED_ENVIRONMENT, added - DROPPED_ENVIRONMENT
+
+
+@pytest.mark.parametrize(
+    ("name", "site", "requested"),
+    [
+        ("LimitNOFILE", "1024", "infinity"),
+        ("LimitMEMLOCK", "64K", "1M"),
+        ("LimitNICE", "20", "40"),
+        ("MemoryZSwapMax", "1G", "infinity"),
+        ("StartupMemoryMax", "8G", "16G"),
+        ("StartupMemoryLow", "1G", "2G"),  # a protection: more takes from others
+        ("DefaultMemoryMin", "0", "10%"),
+    ],
+)
+def test_a_newly_ordered_limit_only_tightens(name: str, site: str, requested: str):
+    # Allowed by an admin, a request's LimitNOFILE=infinity replaced the
+    # site's 1024: a hard resource limit or a memory size is ordered too.
+    policy = RequestPolicy(
+        allowed=frozenset({name}), baseline={name: site}, physical_memory=64 * GIB
+    )
+    error = refusal(policy, **{name: requested})
+    assert error.errnum == errno.EPERM
+    assert f"is looser than this node's {name}={site}" in error.errstr
+
+
+def test_a_hard_resource_limit_needs_the_site_s_to_compare_with() -> None:
+    policy = RequestPolicy(allowed=frozenset({"LimitNOFILE", "LimitNOFILESoft"}))
+    error = refusal(policy, LimitNOFILE="1024")
+    assert error.errnum == errno.EPERM
+    assert "no baseline LimitNOFILE is known" in error.errstr
+    # A soft limit restricts nothing (the process may raise it to the hard)
+    assert policy.accept({"LimitNOFILESoft": "512"}) == {"LimitNOFILESoft": "512"}
+    tighter = RequestPolicy(
+        allowed=frozenset({"LimitMEMLOCK"}), baseline={"LimitMEMLOCK": "1M"}
+    )
+    assert tighter.accept({"LimitMEMLOCK": "64K"}) == {"LimitMEMLOCK": "64K"}

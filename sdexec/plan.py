@@ -456,6 +456,33 @@ def _mapped_properties(
         raise RequestError(errnum or errno.EINVAL, str(error)) from None
 
 
+#: What restricts the unit's view of its file systems.
+_PATH_RESTRICTIONS = (
+    "ReadOnlyPaths", "ReadOnlyDirectories", "InaccessiblePaths",
+    "InaccessibleDirectories", "NoExecPaths", "ProtectSystem", "ProtectHome",
+)  # fmt: skip
+#: Lists that open, in systemd, what others restrict: an address in both
+#: IPAddressAllow and IPAddressDeny is allowed, a path in ReadWritePaths is
+#: writable under ReadOnlyPaths (or ProtectSystem=strict), one in ExecPaths
+#: executable under NoExecPaths, a path in ReadOnlyPaths readable under
+#: InaccessiblePaths; a bind mount or a temporary file system shows its own
+#: files there. A request may not set one where the site sets what it opens
+#: (sdexec's merge is by name, and cannot tell which paths meet).
+OPENS: dict[str, tuple[str, ...]] = {
+    "IPAddressAllow": ("IPAddressDeny",),
+    "ExecPaths": ("NoExecPaths",),
+    "ReadOnlyPaths": ("InaccessiblePaths", "InaccessibleDirectories"),
+    "ReadOnlyDirectories": ("InaccessiblePaths", "InaccessibleDirectories"),
+    **dict.fromkeys(
+        (
+            "ReadWritePaths", "ReadWriteDirectories", "BindPaths",
+            "BindReadOnlyPaths", "TemporaryFileSystem",
+        ),
+        _PATH_RESTRICTIONS,
+    ),
+}  # fmt: skip
+
+
 def _merged_properties(
     config: Config, command: Command, mapped: Mapping[str, str]
 ) -> tuple[dict[str, str], dict[str, str]]:
@@ -470,7 +497,7 @@ def _merged_properties(
     site = {"Slice": config.sdexec.slice, **config.exec.sdexec_properties}
     policy = RequestPolicy(config.sdexec.request_properties, {**site, **mapped})
     requested = policy.accept(command.requested_properties())
-    _check_request_lists(requested, {**site, **mapped})
+    _check_request_lists(requested, site, mapped)
     tightened = {
         name: value
         for name, value in requested.items()
@@ -492,20 +519,33 @@ def _merged_properties(
 
 
 def _check_request_lists(
-    requested: Mapping[str, str], configured: Mapping[str, str]
+    requested: Mapping[str, str], site: Mapping[str, str], mapped: Mapping[str, str]
 ) -> None:
     """EPERM for a request's property (where ``[sdexec]
-    request-properties`` allows it) that would loosen a list the site sets,
-    which systemd adds up and the merge by name would replace: a hardening
-    list (:data:`~sdexec.property.ADDED_UP`), a condition or assertion;
-    and for a triggering condition (``|``), which passes every triggering
-    condition of the unit when it holds."""
+    request-properties`` allows it) that would loosen a list the site (or
+    the mapper) sets: one systemd adds up, which the merge by name would
+    replace (:data:`~sdexec.property.ADDED_UP`), a condition or assertion;
+    one that opens what such a list restricts (:data:`OPENS`); and for a
+    triggering condition (``|``), which passes every triggering condition
+    of the unit when it holds."""
+    configured = {**site, **mapped}
+
+    def setter(name: str) -> str:
+        return "the site" if name in site else "containment (the mapper)"
+
     for name, value in requested.items():
         if name in ADDED_UP and name in configured:
             raise RequestError(
                 errno.EPERM,
-                f"SDEXEC_PROP_{name}: the site sets {name}; a request may not"
-                " replace it (systemd adds such lists up; sdexec sets one)",
+                f"SDEXEC_PROP_{name}: {setter(name)} sets {name}; a request may"
+                " not replace it (systemd adds such lists up; sdexec sets one)",
+            )
+        opened = [other for other in OPENS.get(name, ()) if other in configured]
+        if opened:
+            raise RequestError(
+                errno.EPERM,
+                f"SDEXEC_PROP_{name}: {setter(opened[0])} sets {opened[0]}, which"
+                f" {name} would open; a request may not set it",
             )
         if not is_gate(name):
             continue

@@ -37,11 +37,14 @@ from sdexec.property import (
     RLIMIT_SIZES,
     RLIMITS,
     STOP_PROPERTIES,
+    UINT64_MAX,
     parse_bool,
+    string_typed_problem,
+    typed_property,
     unknown_property_reason,
 )
 from sdexec.refusal import RequestRefused, json_quoted, printable
-from sdexec.sizes import MemoryLimit, SizeTooLarge, parse_size
+from sdexec.sizes import MemoryLimit, SizeTooLarge
 
 __all__ = [
     "ALWAYS_ALLOWED",
@@ -75,6 +78,7 @@ _LIFECYCLE = "lifecycle: sdexec stops, kills and reaps the unit itself"
 _IDENTITY = "identity: every job runs as the service's own user"
 _PRIVILEGE = "privilege: it grants the job capabilities its user lacks"
 _FENCE = "a resource fence: containment sets it"
+_CONTROLLERS = "it switches off the controllers that fence and cap the unit"
 _SDEXEC = "sdexec sets it itself"
 
 #: Properties no request may set, with the reason; :func:`parse_request_properties`
@@ -131,6 +135,7 @@ NEVER_ALLOWED: Final[Mapping[str, str]] = {
         ),
         _FENCE,
     ),
+    "DisableControllers": _CONTROLLERS,
     **dict.fromkeys(
         ("Environment", "EnvironmentFiles", "PassEnvironment", "UnsetEnvironment"),
         "the environment is the command's env, cleaned by sdexec",
@@ -218,16 +223,13 @@ def _weight(name: str) -> Ordering:
 _SWITCH = Ordering(_switch_rank, None, "a boolean (yes/no)")
 
 
-def _rlimit_rank(resource: str) -> Callable[[str, Callable[[], int]], float]:
-    """A resource limit's rank: its value (a size for the byte-valued
-    ones), ``infinity`` the loosest."""
+def _rlimit_rank(name: str) -> Callable[[str, Callable[[], int]], float]:
+    """A resource limit's rank: its value as systemd takes it (a size for
+    the byte-valued ones), ``infinity`` the loosest."""
 
     def rank(text: str, _memory: Callable[[], int]) -> float:
-        if text.strip() == "infinity":
-            return float("inf")
-        if resource in RLIMIT_SIZES:
-            return float(parse_size(text))
-        return _integer_rank(0, 2**64 - 2)(text, _memory)
+        value = typed_property(name, text, source="config").value
+        return float("inf") if value == UINT64_MAX else float(value)
 
     return rank
 
@@ -241,8 +243,8 @@ def _rlimits() -> dict[str, Ordering]:
     orderings: dict[str, Ordering] = {}
     for resource in RLIMITS:
         takes = "a size" if resource in RLIMIT_SIZES else "a number"
-        rank = _rlimit_rank(resource)
-        orderings[f"Limit{resource}"] = Ordering(rank, None, f"{takes} or infinity")
+        name = f"Limit{resource}"
+        orderings[name] = Ordering(_rlimit_rank(name), None, f"{takes} or infinity")
     return orderings
 
 
@@ -302,6 +304,16 @@ TIGHTENING: Final[Mapping[str, Ordering]] = {
         _SWITCH,
     ),
 }
+
+#: The ``Startup…`` properties and what systemd applies while the manager
+#: starts or stops when a unit leaves one unset: the steady one.
+STARTUP_TWINS: Final[Mapping[str, str]] = {
+    f"Startup{steady}": steady
+    for steady in (
+        "MemoryMax", "MemoryHigh", "MemorySwapMax", "MemoryZSwapMax",
+        "MemoryLow", "CPUWeight", "IOWeight",
+    )
+}  # fmt: skip
 
 #: What a request may set whatever ``request-properties`` says, unless
 #: ``[exec.sdexec-properties]`` sets it (the admin's value then stands).
@@ -409,6 +421,8 @@ def _allowable(index: int, entry: object) -> str:
             index, f"{entry} can never be set by a request: {reason}"
         )
     unknown = unknown_property_reason(entry, _can_never_be_set)
+    if unknown is None:
+        unknown = string_typed_problem(entry)  # refused whatever its value
     if unknown is not None:
         raise RequestPropertiesEntryError(index, f"{entry}: {unknown}")
     return entry
@@ -502,7 +516,7 @@ class RequestPolicy:
                 errno.EINVAL,
                 f"{option}: {printable(value)!r} is not {order.describe}",
             ) from None
-        baseline = self.baseline.get(name, order.default)
+        compared, baseline = self._baseline_of(name, order)
         if order is _SWITCH and rank == 0:
             return  # on: the tightest value, whatever the baseline
         baseline_rank = self._baseline_rank(baseline, order)
@@ -516,8 +530,20 @@ class RequestPolicy:
             raise RequestRefused(
                 errno.EPERM,
                 f"{option}: {printable(value)!r} is looser than this node's"
-                f" {name}={baseline}; a request may only tighten it ({CONFIG_KEY})",
+                f" {compared}={baseline}; a request may only tighten it"
+                f" ({CONFIG_KEY})",
             )
+
+    def _baseline_of(self, name: str, order: Ordering) -> tuple[str, str | None]:
+        """The property a request's ``name`` compares with, and its value:
+        the site's (or the mapper's) ``name``; for a startup twin the site
+        does not set, what systemd applies in its stead while the manager
+        starts or stops (``MemoryMax`` for ``StartupMemoryMax``); else
+        systemd's default."""
+        steady = STARTUP_TWINS.get(name, name)
+        if name not in self.baseline and steady in self.baseline:
+            return steady, self.baseline[steady]
+        return name, self.baseline.get(name, order.default)
 
     def _memory(self) -> int:
         if self.physical_memory is not None:

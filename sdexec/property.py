@@ -39,6 +39,7 @@ __all__ = [
     "parse_bool",
     "parse_integer",
     "percent_scale",
+    "string_typed_problem",
     "typed_property",
     "unit_file_problem",
     "unknown_property_reason",
@@ -780,11 +781,11 @@ CONVERTED_SIGNATURES = {
     for name, convert in _CONVERTERS.items()
     if isinstance(convert, _Typed)
 }
-#: Lists systemd adds up where a unit sets them more than once, which the
-#: merge of a request's properties by name would replace: a request may not
-#: replace the site's (sdexec.plan): every property sent as an array (but a
-#: bitmask, ``ay``, which systemd replaces), the allow-or-deny lists, the
-#: exit statuses and the capability bounding set.
+#: Lists a request may not replace where the site sets them (sdexec.plan):
+#: systemd adds most of them up where a unit sets them more than once, and
+#: the merge of a request's properties by name would replace the site's.
+#: Every property sent as an array (but a bitmask, ``ay``), the
+#: allow-or-deny lists, the exit statuses and the capability bounding set.
 ADDED_UP = frozenset(
     name
     for name, signature in CONVERTED_SIGNATURES.items()
@@ -1141,18 +1142,20 @@ def unit_file_problem(value: str) -> str | None:
     return None
 
 
-def _check_string_typed(name: str) -> None:
-    """``ValueError`` for a name systemd would not take as a string."""
+def string_typed_problem(name: str) -> str | None:
+    """Why ``name``, which sdexec does not convert, cannot go to systemd as
+    a string, whatever its value; ``None`` if it can."""
     if name in NOT_CONVERTED:
-        raise ValueError(
+        return (
             f"systemd takes it as D-Bus {NOT_CONVERTED[name]}, which sdexec does"
             " not convert to (sent as a string, it would fail every job)"
         )
     if name in CGROUP_V1_PROPERTIES:
-        raise ValueError(
+        return (
             "a cgroup v1 setting, which systemd 256 dropped and systemd-run no"
             f" longer sends: set {CGROUP_V1_PROPERTIES[name]} instead"
         )
+    return None
 
 
 def typed_property(name: str, value: str, source: str = "request") -> UnitProperty:
@@ -1171,7 +1174,9 @@ def typed_property(name: str, value: str, source: str = "request") -> UnitProper
         if problem is not None:
             raise ValueError(problem)
         if convert is None:
-            _check_string_typed(name)
+            problem = string_typed_problem(name)
+            if problem is not None:
+                raise ValueError(problem)
             typed = UnitProperty(name, "s", value)
         else:
             typed = convert(name, value)

@@ -527,9 +527,9 @@ def parse_bpf_program(text: str) -> list[tuple[str, str]]:
 
 
 def parse_one_word(text: str) -> list[str]:
-    """The whole value as the one entry of a list (``IPIngressFilterPath``
-    takes a path, ``ImportCredential`` a glob of credential names; a ``:``
-    renaming one goes in ``ImportCredentialEx``, not converted here)."""
+    """``ImportCredential``: a glob of credential names, the whole value, as
+    the one entry of a list (a ``:`` renaming one goes in
+    ``ImportCredentialEx``, not converted here)."""
     word = text.strip()
     if not word or ":" in word:
         raise ValueError(f"{text!r} is not one path or name (without ':')")

@@ -574,3 +574,43 @@ def test_a_gate_of_another_kind_takes_what_is_not_a_path():
     plan = exec_plan(config=parse_config(table))  # systemd judges its values
     gates = [prop.value for prop in plan.properties if prop.name == "Conditions"]
     assert gates == [[["ConditionVirtualization", False, True, "container"]]]
+
+
+@pytest.mark.parametrize(
+    ("site", "name", "requested"),
+    [
+        ({"IPAddressDeny": "any"}, "IPAddressAllow", "any"),
+        ({"NoExecPaths": "/scratch"}, "ExecPaths", "/scratch"),
+        ({"ReadOnlyPaths": "/"}, "ReadWritePaths", "/usr"),
+        ({"ProtectSystem": "strict"}, "ReadWritePaths", "/usr"),
+        ({"InaccessiblePaths": "/secret"}, "BindReadOnlyPaths", "/secret:/tmp/x"),
+        ({"InaccessiblePaths": "/secret"}, "ReadOnlyPaths", "/secret"),
+    ],
+)
+def test_a_request_never_opens_what_the_site_restricts(site, name, requested):
+    # (review 37 R5) Another name, so the merge kept both: systemd allows an
+    # address in IPAddressAllow whatever IPAddressDeny says, makes a path in
+    # ReadWritePaths writable under ReadOnlyPaths…
+    table = {
+        "exec": {"sdexec-properties": site},
+        "sdexec": {"request-properties": ["@default", name]},
+    }
+    with pytest.raises(sdexec.plan.RequestError) as refused:
+        exec_plan(config=parse_config(table), **{f"SDEXEC_PROP_{name}": requested})
+    (restricting,) = site
+    assert refused.value.errnum == errno.EPERM
+    assert refused.value.errstr == (
+        f"SDEXEC_PROP_{name}: the site sets {restricting}, which {name} would"
+        " open; a request may not set it"
+    )
+
+
+def test_a_request_may_open_what_the_site_leaves_open():
+    table = {
+        "exec": {"sdexec-properties": {"IPAddressDeny": "any"}},
+        "sdexec": {"request-properties": ["@default", "ReadWritePaths"]},
+    }
+    plan = exec_plan(config=parse_config(table), SDEXEC_PROP_ReadWritePaths="/scratch")
+    assert ("ReadWritePaths", ["/scratch"]) in [
+        (prop.name, prop.value) for prop in plan.properties
+    ]

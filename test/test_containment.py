@@ -48,6 +48,7 @@ import sdexec.config
 import sdexec.containment
 import sdexec.map.topology
 import sdexec.orphans
+import sdexec.plan
 import sdexec.procfs
 import sdexec.server
 from sdexec.client import RPCError
@@ -1793,3 +1794,25 @@ def test_an_undelegated_controller_is_hinted_for_the_manager_that_runs_the_unit(
         f" ({hint.format('memory')})",
     ]
     assert verdict.problems[1] == MEMORY_NOT_ENFORCED[bus]
+
+
+def test_a_list_the_mapper_sets_is_named_as_the_mapper_s_in_a_refusal():
+    # (review 37 R3) "the site sets IODeviceWeight" sent the admin to a
+    # configuration that sets none.
+    config = parse_config(
+        {
+            "exec": {"sdexec-constrain-resources": True},
+            "sdexec": {"request-properties": ["@default", "IODeviceWeight"]},
+        }
+    )
+    containment = Containment(
+        config, FakeMapper({"IODeviceWeight": "/dev/nvme0n1 500"})
+    )
+    opts = {R_OPTION: r_local("0"), "SDEXEC_PROP_IODeviceWeight": "/dev/sda 100"}
+    payload = {"flags": 0, "cmd": {"cmdline": ["/bin/true"], "opts": opts}}
+    with pytest.raises(sdexec.plan.RequestError) as refused:
+        sdexec.plan.plan_exec(payload, config, containment)
+    assert refused.value.errnum == errno.EPERM
+    assert refused.value.errstr.startswith(
+        "SDEXEC_PROP_IODeviceWeight: containment (the mapper) sets IODeviceWeight;"
+    )

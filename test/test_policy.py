@@ -115,6 +115,7 @@ def test_an_idle_cpu_weight_is_the_tightest() -> None:
         "Environment",
         "AmbientCapabilities",  # (review 36 T2-2: it only ever grants)
         "DelegateControllers",  # delegates, as Delegate=yes does
+        "DisableControllers",  # (review 37 R2: the fences' controllers off)
     ],
 )
 def test_never_allowed_even_when_the_admin_lists_it(name: str) -> None:
@@ -483,3 +484,41 @@ def test_a_hard_resource_limit_needs_the_site_s_to_compare_with() -> None:
         allowed=frozenset({"LimitMEMLOCK"}), baseline={"LimitMEMLOCK": "1M"}
     )
     assert tighter.accept({"LimitMEMLOCK": "64K"}) == {"LimitMEMLOCK": "64K"}
+
+
+@pytest.mark.parametrize(
+    ("name", "steady", "site", "requested"),
+    [
+        ("StartupMemoryMax", "MemoryMax", "8G", "infinity"),
+        ("StartupMemorySwapMax", "MemorySwapMax", "0", "1G"),
+        ("StartupMemoryLow", "MemoryLow", "1G", "2G"),
+        ("StartupCPUWeight", "CPUWeight", "10", "100"),
+        ("StartupIOWeight", "IOWeight", "10", "100"),
+    ],
+)
+def test_a_startup_limit_compares_with_the_steady_one_the_site_sets(
+    name: str, steady: str, site: str, requested: str
+) -> None:
+    # (review 37 R1) systemd applies StartupMemoryMax, where a unit sets it,
+    # instead of MemoryMax while the manager starts or stops: compared with
+    # its own default (infinity), a request lifted the site's cap then.
+    policy = RequestPolicy(
+        allowed=frozenset({name}), baseline={steady: site}, physical_memory=64 * GIB
+    )
+    error = refusal(policy, **{name: requested})
+    assert error.errnum == errno.EPERM
+    assert f"is looser than this node's {steady}={site}" in error.errstr
+    both = RequestPolicy(
+        allowed=frozenset({name}),
+        baseline={steady: site, name: requested},
+        physical_memory=64 * GIB,
+    )
+    assert both.accept({name: requested}) == {name: requested}
+
+
+@pytest.mark.parametrize("name", ["SocketBindDeny", "OpenFile", "MemoryLimit"])
+def test_request_properties_refuses_a_name_refused_whatever_its_value(name: str):
+    # (review 37 R4) Loaded, it let every request with it be EINVAL.
+    with pytest.raises(RequestPropertiesEntryError, match=f"^{name}: ") as bad:
+        parse_request_properties(["@default", name])
+    assert bad.value.index == 1

@@ -483,6 +483,21 @@ OPENS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 
 
+#: Two names of one setting (systemd 257's ``…Ex`` for a boolean's other
+#: values, or 258's ``ProtectHostnameEx``): a request may not set one where
+#: the site sets the other, whose value it would replace.
+_EX_NAMES = {
+    f"{plain}Ex": plain
+    for plain in (
+        "PrivateTmp",
+        "PrivateUsers",
+        "ProtectControlGroups",
+        "ProtectHostname",
+    )
+}
+TWINS = {**_EX_NAMES, **{plain: ex for ex, plain in _EX_NAMES.items()}}
+
+
 def _merged_properties(
     config: Config, command: Command, mapped: Mapping[str, str]
 ) -> tuple[dict[str, str], dict[str, str]]:
@@ -546,6 +561,13 @@ def _check_request_lists(
                 errno.EPERM,
                 f"SDEXEC_PROP_{name}: {setter(opened[0])} sets {opened[0]}, which"
                 f" {name} would open; a request may not set it",
+            )
+        twin = TWINS.get(name)
+        if twin in configured:
+            raise RequestError(
+                errno.EPERM,
+                f"SDEXEC_PROP_{name}: {setter(twin)} sets {twin}, the same setting"
+                " (the one systemd reads last wins); a request may not set it",
             )
         if not is_gate(name):
             continue

@@ -221,6 +221,25 @@ def _weight(name: str) -> Ordering:
 
 
 _SWITCH = Ordering(_switch_rank, None, "a boolean (yes/no)")
+#: A hardening switch: on is tighter, and off is systemd's default.
+_HARDENING = Ordering(_switch_rank, "no", "a boolean (yes/no)")
+
+
+def _level_rank(levels: tuple[str, ...]) -> Callable[[str, Callable[[], int]], float]:
+    """The rank of one of ``levels``, loosest first (a boolean is its
+    first, ``no``, or ``yes``)."""
+
+    def rank(text: str, _memory: Callable[[], int]) -> float:
+        word = text.strip()
+        if word not in levels:
+            word = "yes" if parse_bool(word) else "no"
+        return float(len(levels) - 1 - levels.index(word))
+
+    return rank
+
+
+def _levels(*levels: str) -> Ordering:
+    return Ordering(_level_rank(levels), "no", f"one of {', '.join(levels)}")
 
 
 def _rlimit_rank(name: str) -> Callable[[str, Callable[[], int]], float]:
@@ -247,6 +266,19 @@ def _rlimits() -> dict[str, Ordering]:
         orderings[name] = Ordering(_rlimit_rank(name), None, f"{takes} or infinity")
     return orderings
 
+
+#: The hardening switches of systemd.exec(5), each off by default: a
+#: request may turn one on, and off only where the site leaves it off.
+HARDENING_SWITCHES: Final = frozenset(
+    {
+        "NoNewPrivileges", "PrivateTmp", "PrivateDevices", "PrivateNetwork",
+        "PrivateUsers", "PrivateMounts", "PrivateIPC", "ProtectKernelTunables",
+        "ProtectKernelModules", "ProtectKernelLogs", "ProtectControlGroups",
+        "ProtectClock", "ProtectHostname", "LockPersonality",
+        "MemoryDenyWriteExecute", "RestrictRealtime", "RestrictSUIDSGID",
+        "RemoveIPC",
+    }
+)  # fmt: skip
 
 #: The properties a request may only tighten, and how their values compare.
 #: Lower is tighter except for ``Nice`` and ``OOMScoreAdjust`` (higher is
@@ -303,6 +335,10 @@ TIGHTENING: Final[Mapping[str, Ordering]] = {
         ),
         _SWITCH,
     ),
+    **dict.fromkeys(HARDENING_SWITCHES, _HARDENING),
+    "ProtectSystem": _levels("no", "yes", "full", "strict"),
+    # tmpfs hides the homes as yes does, but lets the job write a scratch
+    "ProtectHome": _levels("no", "read-only", "tmpfs", "yes"),
 }
 
 #: The ``Startup…`` properties and what systemd applies while the manager

@@ -614,3 +614,26 @@ def test_a_request_may_open_what_the_site_leaves_open():
     assert ("ReadWritePaths", ["/scratch"]) in [
         (prop.name, prop.value) for prop in plan.properties
     ]
+
+
+@pytest.mark.parametrize(
+    ("site", "name", "requested"),
+    [
+        ({"PrivateTmp": "yes"}, "PrivateTmpEx", "no"),
+        ({"PrivateUsersEx": "self"}, "PrivateUsers", "no"),
+    ],
+)
+def test_a_request_never_sets_the_twin_of_what_the_site_sets(site, name, requested):
+    # PrivateTmpEx=no sent after the site's PrivateTmp=yes undid it.
+    table = {
+        "exec": {"sdexec-properties": site},
+        "sdexec": {"request-properties": ["@default", name]},
+    }
+    with pytest.raises(sdexec.plan.RequestError) as refused:
+        exec_plan(config=parse_config(table), **{f"SDEXEC_PROP_{name}": requested})
+    (twin,) = site
+    assert refused.value.errnum == errno.EPERM
+    assert refused.value.errstr == (
+        f"SDEXEC_PROP_{name}: the site sets {twin}, the same setting (the one"
+        " systemd reads last wins); a request may not set it"
+    )

@@ -522,3 +522,35 @@ def test_request_properties_refuses_a_name_refused_whatever_its_value(name: str)
     with pytest.raises(RequestPropertiesEntryError, match=f"^{name}: ") as bad:
         parse_request_properties(["@default", name])
     assert bad.value.index == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "site", "looser", "tighter"),
+    [
+        ("NoNewPrivileges", "yes", "no", "yes"),
+        ("PrivateTmp", "true", "0", "on"),
+        ("ProtectSystem", "full", "yes", "strict"),
+        ("ProtectSystem", "yes", "false", "full"),
+        ("ProtectHome", "tmpfs", "read-only", "yes"),
+    ],
+)
+def test_a_hardening_setting_only_tightens(
+    name: str, site: str, looser: str, tighter: str
+) -> None:
+    # Allowed by an admin, a request's NoNewPrivileges=no replaced the
+    # site's yes: the hardening switches and levels are ordered.
+    policy = RequestPolicy(allowed=frozenset({name}), baseline={name: site})
+    error = refusal(policy, **{name: looser})
+    assert error.errnum == errno.EPERM
+    assert f"is looser than this node's {name}={site}" in error.errstr
+    assert policy.accept({name: tighter}) == {name: tighter}
+    # Where the site sets none, systemd's default (off) is the baseline.
+    unset = RequestPolicy(allowed=frozenset({name}))
+    assert unset.accept({name: looser}) == {name: looser}
+
+
+def test_a_hardening_level_that_is_none_is_einval() -> None:
+    policy = RequestPolicy(allowed=frozenset({"ProtectSystem"}))
+    error = refusal(policy, ProtectSystem="bogus")
+    assert error.errnum == errno.EINVAL
+    assert "is not one of no, yes, full, strict" in error.errstr

@@ -311,14 +311,14 @@ def test_systemds_refusal_becomes_the_streams_error(systemd):
     systemd.refuse_start = SystemdError(
         "org.freedesktop.DBus.Error.InvalidArgs", "Invalid argument"
     )
-    config = parse_config({"sdexec": {"request-properties": ["ProtectSystem"]}})
+    config = parse_config({"sdexec": {"request-properties": ["KeyringMode"]}})
     server = SdexecServer(systemd, config, reactor, clock=Clock())
     connection = Connection(server)
-    opts = {**TRUE["opts"], "SDEXEC_PROP_ProtectSystem": "bogus"}
+    opts = {**TRUE["opts"], "SDEXEC_PROP_KeyringMode": "bogus"}
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "opts": opts}})
     errnum, errstr = error_of(connection.last())
     assert errnum == errno.EINVAL
-    assert "ProtectSystem=bogus" in errstr
+    assert "KeyringMode=bogus" in errstr
     assert server.processes == {}
     connection.close()
 

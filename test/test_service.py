@@ -696,11 +696,13 @@ async def test_a_vanished_client_s_process_that_ignores_sigterm_goes_too(sdexec)
 
 @ensureDeferred
 async def test_bad_string_property_is_named(start_service):
-    service = await start_service(sdexec='request-properties = ["ProtectSystem"]')
+    service = await start_service(sdexec='request-properties = ["KeyringMode"]')
     client = await service.connect()
-    result = await run(client, ["true"], opts={"SDEXEC_PROP_ProtectSystem": "bogus"})
+    result = await run(client, ["true"], opts={"SDEXEC_PROP_KeyringMode": "bogus"})
     assert result.error.errnum == errno.EINVAL
-    assert "ProtectSystem" in result.error.errstr  # by systemd, or by sdexec
+    assert (
+        "KeyringMode" in result.error.errstr
+    )  # by systemd: sdexec sends it as a string
 
 
 @ensureDeferred

@@ -51,6 +51,7 @@ from sdexec.property import (
     parse_bool,
     parse_integer,
     properties_together_problem,
+    typed_property,
     unit_file_problem,
 )
 from sdexec.protocol import (
@@ -59,7 +60,7 @@ from sdexec.protocol import (
     DEFAULT_STDIN_BUFSIZE,
     ExecFlag,
 )
-from sdexec.refusal import RequestRefused, json_quoted
+from sdexec.refusal import RequestRefused, json_quoted, printable
 from sdexec.rset import ResourceSet
 from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import parse_size
@@ -537,52 +538,111 @@ def _check_request_lists(
     requested: Mapping[str, str], site: Mapping[str, str], mapped: Mapping[str, str]
 ) -> None:
     """EPERM for a request's property (where ``[sdexec]
-    request-properties`` allows it) that would loosen a list the site (or
-    the mapper) sets: one systemd adds up, which the merge by name would
-    replace (:data:`~sdexec.property.ADDED_UP`), a condition or assertion;
-    one that opens what such a list restricts (:data:`OPENS`); and for a
-    triggering condition (``|``), which passes every triggering condition
-    of the unit when it holds."""
-    configured = {**site, **mapped}
-
-    def setter(name: str) -> str:
-        return "the site" if name in site else "containment (the mapper)"
-
+    request-properties`` allows it) that would loosen what the site (or the
+    mapper) sets beside the policy's ordered values: each of
+    :data:`_LOOSENINGS` says how, or finds nothing."""
+    configured = _Configured({**site, **mapped}, frozenset(mapped))
     for name, value in requested.items():
-        if name in ADDED_UP and name in configured:
-            raise RequestError(
-                errno.EPERM,
-                f"SDEXEC_PROP_{name}: {setter(name)} sets {name}; a request may"
-                " not replace it (systemd adds such lists up; sdexec sets one)",
+        for loosening in _LOOSENINGS:
+            reason = loosening(name, value, configured)
+            if reason is not None:
+                raise RequestError(errno.EPERM, f"SDEXEC_PROP_{name}: {reason}")
+
+
+@dataclass(frozen=True)
+class _Configured:
+    """What the site and the mapper set, and which the mapper did."""
+
+    values: Mapping[str, str]
+    mapped: frozenset[str]
+
+    def setter(self, name: str) -> str:
+        """Who set ``name``, for a refusal."""
+        return "containment (the mapper)" if name in self.mapped else "the site"
+
+
+def _replaces_a_list(name: str, _value: str, configured: _Configured) -> str | None:
+    """A list systemd adds up, which the merge by name would replace
+    (:data:`~sdexec.property.ADDED_UP`), or a condition of the site's."""
+    if name not in configured.values:
+        return None
+    setter = configured.setter(name)
+    if name in ADDED_UP:
+        return (
+            f"{setter} sets {name}; a request may not replace it (systemd adds"
+            " such lists up; sdexec sets one)"
+        )
+    if is_gate(name):
+        return (
+            f"{setter} sets {name}; a request may add conditions, never replace"
+            " the site's"
+        )
+    return None
+
+
+def _opens(name: str, _value: str, configured: _Configured) -> str | None:
+    """A list that opens what a configured one restricts (:data:`OPENS`)."""
+    for other in OPENS.get(name, ()):
+        if other in configured.values:
+            return (
+                f"{configured.setter(other)} sets {other}, which {name} would open;"
+                " a request may not set it"
             )
-        opened = [other for other in OPENS.get(name, ()) if other in configured]
-        if opened:
-            raise RequestError(
-                errno.EPERM,
-                f"SDEXEC_PROP_{name}: {setter(opened[0])} sets {opened[0]}, which"
-                f" {name} would open; a request may not set it",
-            )
-        twin = TWINS.get(name)
-        if twin in configured:
-            raise RequestError(
-                errno.EPERM,
-                f"SDEXEC_PROP_{name}: {setter(twin)} sets {twin}, the same setting"
-                " (the one systemd reads last wins); a request may not set it",
-            )
-        if not is_gate(name):
-            continue
-        if name in configured:
-            raise RequestError(
-                errno.EPERM,
-                f"SDEXEC_PROP_{name}: the site sets {name}; a request may add"
-                " conditions, never replace the site's",
-            )
-        if value.startswith("|"):
-            raise RequestError(
-                errno.EPERM,
-                f"SDEXEC_PROP_{name}: a triggering condition (a leading |) would"
-                " let the site's triggering conditions pass",
-            )
+    return None
+
+
+def _replaces_a_twin(name: str, _value: str, configured: _Configured) -> str | None:
+    """The other name of a configured setting (:data:`TWINS`)."""
+    twin = TWINS.get(name)
+    if twin is None or twin not in configured.values:
+        return None
+    return (
+        f"{configured.setter(twin)} sets {twin}, the same setting (the one"
+        " systemd reads last wins); a request may not set it"
+    )
+
+
+def _widens_a_mask(name: str, value: str, configured: _Configured) -> str | None:
+    """A mask with a bit the configured one lacks (:data:`NARROWED`): a
+    namespace more, a secure bit fewer."""
+    if name not in NARROWED or name not in configured.values:
+        return None
+    site = configured.values[name]
+    try:
+        mask, site_mask = (typed_property(name, text).value for text in (value, site))
+    except PropertyError:
+        return None  # the request's is refused as such, when it is typed
+    if NARROWED[name] == "more":  # the site's bits are the request's to keep
+        mask, site_mask = site_mask, mask
+    if mask & ~site_mask == 0:
+        return None
+    return (
+        f"{printable(value)!r} allows what {configured.setter(name)}'s"
+        f" {name}={printable(site)} does not; a request may only narrow it"
+    )
+
+
+def _triggers(name: str, value: str, _configured: _Configured) -> str | None:
+    """A triggering condition (``|``), which passes every triggering
+    condition of the unit when it holds."""
+    if is_gate(name) and value.startswith("|"):
+        return (
+            "a triggering condition (a leading |) would let the site's triggering"
+            " conditions pass"
+        )
+    return None
+
+
+#: What a request's property may loosen beside the policy's ordered values.
+_LOOSENINGS = (_replaces_a_list, _opens, _replaces_a_twin, _widens_a_mask, _triggers)
+#: Masks a request may only narrow where the site sets them, and which way:
+#: the namespaces a unit may create (or is delegated) ``fewer`` bits, the
+#: secure bits ``more``.
+NARROWED = {
+    "RestrictNamespaces": "fewer",
+    "DelegateNamespaces": "fewer",
+    "SecureBits": "more",
+}
 
 
 def _typed_properties(

@@ -512,6 +512,19 @@ def test_a_request_never_loosens_the_site_s_gate(opts, said):
     assert (refused.value.errnum, refused.value.errstr) == (errno.EPERM, said)
 
 
+def refused_over_site(site: dict, name: str, requested: str) -> str:
+    """The EPERM message for a request's ``name=requested`` where the site
+    sets ``site`` and lets requests set ``name``."""
+    table = {
+        "exec": {"sdexec-properties": site},
+        "sdexec": {"request-properties": ["@default", name]},
+    }
+    with pytest.raises(sdexec.plan.RequestError) as refused:
+        exec_plan(config=parse_config(table), **{f"SDEXEC_PROP_{name}": requested})
+    assert refused.value.errnum == errno.EPERM
+    return refused.value.errstr
+
+
 @pytest.mark.parametrize(
     ("name", "site", "requested"),
     [
@@ -527,14 +540,7 @@ def test_a_request_never_replaces_a_list_the_site_sets(name, site, requested):
     # Merged by name, an allowed request's "~@debug" replaced the site's
     # "~@mount @privileged" (review 36 T2-1), its IPAddressDeny a site's
     # "any", its InaccessiblePaths the site's: systemd adds such lists up.
-    table = {
-        "exec": {"sdexec-properties": {name: site}},
-        "sdexec": {"request-properties": ["@default", name]},
-    }
-    with pytest.raises(sdexec.plan.RequestError) as refused:
-        exec_plan(config=parse_config(table), **{f"SDEXEC_PROP_{name}": requested})
-    assert refused.value.errnum == errno.EPERM
-    assert refused.value.errstr == (
+    assert refused_over_site({name: site}, name, requested) == (
         f"SDEXEC_PROP_{name}: the site sets {name}; a request may not replace it"
         " (systemd adds such lists up; sdexec sets one)"
     )
@@ -591,15 +597,8 @@ def test_a_request_never_opens_what_the_site_restricts(site, name, requested):
     # (review 37 R5) Another name, so the merge kept both: systemd allows an
     # address in IPAddressAllow whatever IPAddressDeny says, makes a path in
     # ReadWritePaths writable under ReadOnlyPaths…
-    table = {
-        "exec": {"sdexec-properties": site},
-        "sdexec": {"request-properties": ["@default", name]},
-    }
-    with pytest.raises(sdexec.plan.RequestError) as refused:
-        exec_plan(config=parse_config(table), **{f"SDEXEC_PROP_{name}": requested})
     (restricting,) = site
-    assert refused.value.errnum == errno.EPERM
-    assert refused.value.errstr == (
+    assert refused_over_site(site, name, requested) == (
         f"SDEXEC_PROP_{name}: the site sets {restricting}, which {name} would"
         " open; a request may not set it"
     )
@@ -625,15 +624,48 @@ def test_a_request_may_open_what_the_site_leaves_open():
 )
 def test_a_request_never_sets_the_twin_of_what_the_site_sets(site, name, requested):
     # PrivateTmpEx=no sent after the site's PrivateTmp=yes undid it.
-    table = {
-        "exec": {"sdexec-properties": site},
-        "sdexec": {"request-properties": ["@default", name]},
-    }
-    with pytest.raises(sdexec.plan.RequestError) as refused:
-        exec_plan(config=parse_config(table), **{f"SDEXEC_PROP_{name}": requested})
     (twin,) = site
-    assert refused.value.errnum == errno.EPERM
-    assert refused.value.errstr == (
+    assert refused_over_site(site, name, requested) == (
         f"SDEXEC_PROP_{name}: the site sets {twin}, the same setting (the one"
         " systemd reads last wins); a request may not set it"
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "site", "looser", "narrower"),
+    [
+        ("RestrictNamespaces", "~user", "no", "net mnt"),
+        ("RestrictNamespaces", "net", "net mnt", "yes"),
+        (
+            "SecureBits",
+            "noroot noroot-locked",
+            "noroot",
+            "noroot noroot-locked keep-caps",
+        ),
+    ],
+)
+def test_a_request_only_narrows_a_mask_the_site_sets(name, site, looser, narrower):
+    # RestrictNamespaces=no replaced the site's ~user: every namespace.
+    assert refused_over_site({name: site}, name, looser) == (
+        f"SDEXEC_PROP_{name}: {looser!r} allows what the site's {name}={site} does"
+        " not; a request may only narrow it"
+    )
+    table = {
+        "exec": {"sdexec-properties": {name: site}},
+        "sdexec": {"request-properties": ["@default", name]},
+    }
+    plan = exec_plan(config=parse_config(table), **{f"SDEXEC_PROP_{name}": narrower})
+    assert name in [prop.name for prop in plan.properties]
+
+
+def test_a_request_s_braces_are_quoted_in_a_refusal_not_read():
+    # The refusal's text carries the request's value: read as a format, a
+    # brace in it would have been an internal error.
+    table = {
+        "exec": {"sdexec-properties": {"RestrictNamespaces": "net"}},
+        "sdexec": {"request-properties": ["@default", "RestrictNamespaces"]},
+    }
+    with pytest.raises(sdexec.plan.RequestError) as refused:
+        exec_plan(config=parse_config(table), SDEXEC_PROP_RestrictNamespaces="{x}")
+    assert refused.value.errnum == errno.EINVAL
+    assert "'{x}' is no namespace" in refused.value.errstr

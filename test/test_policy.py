@@ -37,6 +37,13 @@ def refusal(policy: RequestPolicy, **requested: str) -> RequestRefused:
     return caught.value
 
 
+def assert_looser(policy: RequestPolicy, name: str, value: str, baseline: str):
+    """``name=value`` is EPERM as looser than ``baseline`` (``Name=value``)."""
+    error = refusal(policy, **{name: value})
+    assert error.errnum == errno.EPERM
+    assert f"is looser than this node's {baseline}" in error.errstr
+
+
 def test_default_set_tightens_with_no_baseline() -> None:
     requested = {
         "MemoryMax": "512M",
@@ -468,9 +475,7 @@ def test_a_newly_ordered_limit_only_tightens(name: str, site: str, requested: st
     policy = RequestPolicy(
         allowed=frozenset({name}), baseline={name: site}, physical_memory=64 * GIB
     )
-    error = refusal(policy, **{name: requested})
-    assert error.errnum == errno.EPERM
-    assert f"is looser than this node's {name}={site}" in error.errstr
+    assert_looser(policy, name, requested, f"{name}={site}")
 
 
 def test_a_hard_resource_limit_needs_the_site_s_to_compare_with() -> None:
@@ -505,9 +510,7 @@ def test_a_startup_limit_compares_with_the_steady_one_the_site_sets(
     policy = RequestPolicy(
         allowed=frozenset({name}), baseline={steady: site}, physical_memory=64 * GIB
     )
-    error = refusal(policy, **{name: requested})
-    assert error.errnum == errno.EPERM
-    assert f"is looser than this node's {steady}={site}" in error.errstr
+    assert_looser(policy, name, requested, f"{steady}={site}")
     both = RequestPolicy(
         allowed=frozenset({name}),
         baseline={steady: site, name: requested},
@@ -540,9 +543,7 @@ def test_a_hardening_setting_only_tightens(
     # Allowed by an admin, a request's NoNewPrivileges=no replaced the
     # site's yes: the hardening switches and levels are ordered.
     policy = RequestPolicy(allowed=frozenset({name}), baseline={name: site})
-    error = refusal(policy, **{name: looser})
-    assert error.errnum == errno.EPERM
-    assert f"is looser than this node's {name}={site}" in error.errstr
+    assert_looser(policy, name, looser, f"{name}={site}")
     assert policy.accept({name: tighter}) == {name: tighter}
     # Where the site sets none, systemd's default (off) is the baseline.
     unset = RequestPolicy(allowed=frozenset({name}))

@@ -602,6 +602,22 @@ def _replaces_a_twin(name: str, _value: str, configured: _Configured) -> str | N
     )
 
 
+def _changes_an_unordered_hardening(
+    name: str, value: str, configured: _Configured
+) -> str | None:
+    """Another value of a hardening setting the site sets whose values have
+    no order sdexec could compare (:data:`KEPT_AS_SET`)."""
+    if name not in KEPT_AS_SET or name not in configured.values:
+        return None
+    site = configured.values[name]
+    if value.strip() == site.strip():
+        return None
+    return (
+        f"{configured.setter(name)} sets {name}={printable(site)}; a request may"
+        " not change it (sdexec cannot tell which of its values is tighter)"
+    )
+
+
 def _widens_a_mask(name: str, value: str, configured: _Configured) -> str | None:
     """A mask with a bit the configured one lacks (:data:`NARROWED`): a
     namespace more, a secure bit fewer."""
@@ -634,7 +650,18 @@ def _triggers(name: str, value: str, _configured: _Configured) -> str | None:
 
 
 #: What a request's property may loosen beside the policy's ordered values.
-_LOOSENINGS = (_replaces_a_list, _opens, _replaces_a_twin, _widens_a_mask, _triggers)
+_LOOSENINGS = (
+    _replaces_a_list,
+    _opens,
+    _replaces_a_twin,
+    _changes_an_unordered_hardening,
+    _widens_a_mask,
+    _triggers,
+)
+#: Hardening settings of more than two values that have no one order (the
+#: ``…Ex`` twins' ``disconnected``, ``identity``, ``private``…; ``/proc``'s
+#: protections): where the site sets one, a request may only repeat it.
+KEPT_AS_SET = frozenset({*_EX_NAMES, "ProtectProc", "ProcSubset"})
 #: Masks a request may only narrow where the site sets them, and which way:
 #: the namespaces a unit may create (or is delegated) ``fewer`` bits, the
 #: secure bits ``more``.

@@ -33,11 +33,13 @@ from sdexec.limits import check_text
 from sdexec.property import (
     CONTAINMENT_PROPERTIES,
     FD_PROPERTIES,
+    LEVELS,
     RANGES,
     RLIMIT_SIZES,
     RLIMITS,
     STOP_PROPERTIES,
     UINT64_MAX,
+    level_of,
     parse_bool,
     string_typed_problem,
     typed_property,
@@ -225,21 +227,19 @@ _SWITCH = Ordering(_switch_rank, None, "a boolean (yes/no)")
 _HARDENING = Ordering(_switch_rank, "no", "a boolean (yes/no)")
 
 
-def _level_rank(levels: tuple[str, ...]) -> Callable[[str, Callable[[], int]], float]:
-    """The rank of one of ``levels``, loosest first (a boolean is its
-    first, ``no``, or ``yes``)."""
+def _level_rank(name: str) -> Callable[[str, Callable[[], int]], float]:
+    """The rank of one of ``name``'s :data:`~sdexec.property.LEVELS`, the
+    loosest the highest."""
+    levels = LEVELS[name]
 
     def rank(text: str, _memory: Callable[[], int]) -> float:
-        word = text.strip()
-        if word not in levels:
-            word = "yes" if parse_bool(word) else "no"
-        return float(len(levels) - 1 - levels.index(word))
+        return float(len(levels) - 1 - levels.index(level_of(name, text)))
 
     return rank
 
 
-def _levels(*levels: str) -> Ordering:
-    return Ordering(_level_rank(levels), "no", f"one of {', '.join(levels)}")
+def _levels(name: str) -> Ordering:
+    return Ordering(_level_rank(name), "no", f"one of {', '.join(LEVELS[name])}")
 
 
 def _rlimit_rank(name: str) -> Callable[[str, Callable[[], int]], float]:
@@ -276,7 +276,7 @@ HARDENING_SWITCHES: Final = frozenset(
         "ProtectKernelModules", "ProtectKernelLogs", "ProtectControlGroups",
         "ProtectClock", "ProtectHostname", "LockPersonality",
         "MemoryDenyWriteExecute", "RestrictRealtime", "RestrictSUIDSGID",
-        "RemoveIPC",
+        "RemoveIPC", "PrivatePIDs",
     }
 )  # fmt: skip
 
@@ -336,9 +336,7 @@ TIGHTENING: Final[Mapping[str, Ordering]] = {
         _SWITCH,
     ),
     **dict.fromkeys(HARDENING_SWITCHES, _HARDENING),
-    "ProtectSystem": _levels("no", "yes", "full", "strict"),
-    # tmpfs hides the homes as yes does, but lets the job write a scratch
-    "ProtectHome": _levels("no", "read-only", "tmpfs", "yes"),
+    **{name: _levels(name) for name in LEVELS},
 }
 
 #: The ``Startup…`` properties and what systemd applies while the manager

@@ -36,6 +36,7 @@ __all__ = [
     "PropertyError",
     "UnitProperty",
     "is_known_property",
+    "level_of",
     "parse_bool",
     "parse_integer",
     "percent_scale",
@@ -250,6 +251,15 @@ INTEGER_PROPERTIES: dict[str, tuple[dict[str, int], range]] = {
     **dict.fromkeys(("LogLevelMax", "SyslogLevel"), (_LOG_LEVELS, range(0, 8))),
 }
 
+#: String settings with levels, loosest first (a boolean is ``no`` or
+#: ``yes``): systemd refuses any other value for every job, and a request
+#: may only raise one (sdexec.policy).
+LEVELS = {
+    "ProtectSystem": ("no", "yes", "full", "strict"),
+    # tmpfs hides the homes as yes does, but lets the job write a scratch
+    "ProtectHome": ("no", "read-only", "tmpfs", "yes"),
+}
+
 #: The three fds of the process, passed by the systemd layer.
 FD_PROPERTIES = (
     "StandardInputFileDescriptor",
@@ -394,6 +404,24 @@ def _memory(name: str, text: str) -> UnitProperty:
     if limit.percent is not None:
         return UnitProperty(f"{name}Scale", "u", percent_scale(limit.percent))
     return UnitProperty(name, "t", UINT64_MAX if limit.infinite else limit.bytes)
+
+
+def level_of(name: str, text: str) -> str:
+    """``text`` as one of ``name``'s :data:`LEVELS` (a boolean as ``yes``
+    or ``no``); ``ValueError`` naming them otherwise."""
+    levels = LEVELS[name]
+    word = text.strip()
+    if word in levels:
+        return word
+    try:
+        return "yes" if parse_bool(word) else "no"
+    except ValueError:
+        raise ValueError(f"{text!r} is not one of {', '.join(levels)}") from None
+
+
+def _level_text(name: str, text: str) -> str:
+    level_of(name, text)  # checked, and sent as given
+    return text
 
 
 def _startup_memory(name: str, text: str) -> UnitProperty:
@@ -667,6 +695,7 @@ _CONVERTERS: dict[str, Converter] = {
         ("CapabilityBoundingSet", "AmbientCapabilities"), _typed("t", _capabilities)
     ),
     "DeviceAllow": _typed("a(ss)", _device_allow),
+    **{name: _typed("s", partial(_level_text, name)) for name in LEVELS},
     **dict.fromkeys(GATE_LISTS, _gate_list),
     **dict.fromkeys(
         (
@@ -819,7 +848,7 @@ STRING_PROPERTIES = frozenset(
         # execution (systemd.exec(5))
         "User", "Group", "UtmpIdentifier", "UtmpMode", "PAMName", "TTYPath",
         "WorkingDirectory", "RootDirectory", "SyslogIdentifier",
-        "ProtectSystem", "ProtectHome", "SELinuxContext", "RootImage",
+        "SELinuxContext", "RootImage",
         "RootVerity", "RuntimeDirectoryPreserve", "Personality", "KeyringMode",
         "ProtectProc", "ProcSubset", "NetworkNamespacePath",
         "UserNamespacePath", "IPCNamespacePath", "LogNamespace",

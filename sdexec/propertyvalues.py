@@ -135,7 +135,7 @@ def shell_words(text: str, what: str = "nothing named") -> list[str]:
     except ValueError as error:
         raise ValueError(f"{text!r}: {error}") from None
     if not words:
-        raise ValueError(what)
+        raise ValueError(f"{what}: the value is empty")
     return words
 
 

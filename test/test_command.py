@@ -669,3 +669,26 @@ def test_a_request_s_braces_are_quoted_in_a_refusal_not_read():
         exec_plan(config=parse_config(table), SDEXEC_PROP_RestrictNamespaces="{x}")
     assert refused.value.errnum == errno.EINVAL
     assert "'{x}' is no namespace" in refused.value.errstr
+
+
+@pytest.mark.parametrize(
+    ("name", "site", "requested"),
+    [
+        ("PrivateTmpEx", "disconnected", "no"),
+        ("PrivateUsersEx", "self", "identity"),
+        ("ProtectControlGroupsEx", "strict", "private"),
+        ("ProtectProc", "invisible", "default"),
+    ],
+)
+def test_a_request_keeps_an_unordered_hardening_the_site_sets(site, name, requested):
+    # (review 37 V1) PrivateTmpEx=no replaced the site's disconnected, as
+    # NoNewPrivileges=no had the site's yes before it was ordered.
+    assert refused_over_site({name: site}, name, requested) == (
+        f"SDEXEC_PROP_{name}: the site sets {name}={site}; a request may not"
+        " change it (sdexec cannot tell which of its values is tighter)"
+    )
+    table = {
+        "exec": {"sdexec-properties": {name: site}},
+        "sdexec": {"request-properties": ["@default", name]},
+    }
+    exec_plan(config=parse_config(table), **{f"SDEXEC_PROP_{name}": site})

@@ -1622,3 +1622,13 @@ def test_a_key_that_would_break_the_line_is_quoted(settings, message):
         parse_config(settings)
     assert str(error.value).startswith(f"<config>: {message}")
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("ProtectSystem", "ful"), ("ProtectHome", "ro")]
+)
+def test_a_level_systemd_does_not_have_is_refused_at_load(name, value):
+    # (review 37 V2) It loaded, and systemd refused every job with it.
+    with pytest.raises(ConfigError) as error:
+        properties(**{name: value})
+    assert f"exec.sdexec-properties.{name}: {value!r} is not one of" in str(error.value)

@@ -555,3 +555,11 @@ def test_a_hardening_level_that_is_none_is_einval() -> None:
     error = refusal(policy, ProtectSystem="bogus")
     assert error.errnum == errno.EINVAL
     assert "is not one of no, yes, full, strict" in error.errstr
+
+
+def test_private_pids_is_a_hardening_switch() -> None:
+    # (review 37 V1) systemd 257's PrivatePIDs, a string of yes or no.
+    policy = RequestPolicy(
+        allowed=frozenset({"PrivatePIDs"}), baseline={"PrivatePIDs": "yes"}
+    )
+    assert_looser(policy, "PrivatePIDs", "no", "PrivatePIDs=yes")

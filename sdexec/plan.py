@@ -45,6 +45,7 @@ from sdexec.limits import (
 from sdexec.policy import TIGHTENING, RequestPolicy
 from sdexec.property import (
     ADDED_UP,
+    EX_TWINS,
     PropertyError,
     UnitProperty,
     is_gate,
@@ -485,18 +486,10 @@ OPENS: dict[str, tuple[str, ...]] = {
 
 
 #: Two names of one setting (systemd 257's ``…Ex`` for a boolean's other
-#: values, or 258's ``ProtectHostnameEx``): a request may not set one where
-#: the site sets the other, whose value it would replace.
-_EX_NAMES = {
-    f"{plain}Ex": plain
-    for plain in (
-        "PrivateTmp",
-        "PrivateUsers",
-        "ProtectControlGroups",
-        "ProtectHostname",
-    )
-}
-TWINS = {**_EX_NAMES, **{plain: ex for ex, plain in _EX_NAMES.items()}}
+#: values, or 258's ``ProtectHostnameEx``), plain name first: a request may
+#: not set one where the site sets the other, whose value it would replace.
+_EX_NAMES = {**EX_TWINS, "ProtectHostname": "ProtectHostnameEx"}
+TWINS = {**_EX_NAMES, **{ex: plain for plain, ex in _EX_NAMES.items()}}
 
 
 def _merged_properties(
@@ -661,7 +654,7 @@ _LOOSENINGS = (
 #: Hardening settings of more than two values that have no one order (the
 #: ``…Ex`` twins' ``disconnected``, ``identity``, ``private``…; ``/proc``'s
 #: protections): where the site sets one, a request may only repeat it.
-KEPT_AS_SET = frozenset({*_EX_NAMES, "ProtectProc", "ProcSubset"})
+KEPT_AS_SET = frozenset({*_EX_NAMES.values(), "ProtectProc", "ProcSubset"})
 #: Masks a request may only narrow where the site sets them, and which way:
 #: the namespaces a unit may create (or is delegated) ``fewer`` bits, the
 #: secure bits ``more``.

@@ -18,7 +18,6 @@ knows the bus library.
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -69,7 +68,7 @@ STARTUP_MEMORY_PROPERTIES = frozenset(
 #: sends as a boolean for a service (src/shared/bus-unit-util.c, its
 #: execute, unit, cgroup, kill and service tables). Sent as strings they
 #: failed every job ("Unexpected message contents"). Where systemd 257 took
-#: more than a boolean it added a property of its own (:data:`_EX_TWINS`).
+#: more than a boolean it added a property of its own (:data:`EX_TWINS`).
 BOOLEAN_PROPERTIES = frozenset(
     {
         "SendSIGKILL",
@@ -133,7 +132,7 @@ BOOLEAN_PROPERTIES = frozenset(
 )
 #: The boolean properties systemd 257 gave a string twin for its other
 #: values (``PrivateUsers=self`` goes as ``PrivateUsersEx``).
-_EX_TWINS = {
+EX_TWINS = {
     name: f"{name}Ex" for name in ("PrivateUsers", "PrivateTmp", "ProtectControlGroups")
 }
 #: Lists of what a unit may use, led by ``~`` for what it may not
@@ -459,9 +458,6 @@ class _Typed:
         return UnitProperty(name, self.signature, self.parse(text))
 
 
-_typed = _Typed
-
-
 def _bool_or_twin(name: str) -> Callable[[str], bool]:
     """:func:`parse_bool`, whose refusal names the property that takes
     ``name``'s other values."""
@@ -470,7 +466,7 @@ def _bool_or_twin(name: str) -> Callable[[str], bool]:
         try:
             return parse_bool(text)
         except ValueError as error:
-            twin = _EX_TWINS[name]
+            twin = EX_TWINS[name]
             why = f"{error}; its other values go in {twin} (systemd 257+)"
             raise ValueError(why) from None
 
@@ -597,12 +593,7 @@ _unit_list = partial(_words, none="no unit named")
 
 
 def _path_list(text: str) -> list[str]:
-    try:
-        paths = shlex.split(text)
-    except ValueError as error:  # an unclosed quote
-        raise ValueError(f"{text!r}: {error}") from None
-    if not paths:
-        raise ValueError("no path given")
+    paths = values.quoted_words(text, "no path given")
     for path in paths:
         # "-" (ignore if missing), then "+" (below RootDirectory), may lead.
         if not path.removeprefix("-").removeprefix("+").startswith("/"):
@@ -664,14 +655,14 @@ def _gate_list(name: str, text: str) -> UnitProperty:
 
 
 _CONVERTERS: dict[str, Converter] = {
-    **{name: _typed("b", parse_bool) for name in BOOLEAN_PROPERTIES - set(_EX_TWINS)},
-    **{name: _typed("b", _bool_or_twin(name)) for name in _EX_TWINS},
-    **{name: _typed("u", parse_mode) for name in MODE_PROPERTIES},
+    **{name: _Typed("b", parse_bool) for name in BOOLEAN_PROPERTIES - set(EX_TWINS)},
+    **{name: _Typed("b", _bool_or_twin(name)) for name in EX_TWINS},
+    **{name: _Typed("u", parse_mode) for name in MODE_PROPERTIES},
     **dict.fromkeys(UINT64_PROPERTIES, _uint64_in_range),
     **dict.fromkeys(INTEGER_PROPERTIES, _bounded_integer),
     **{f"Limit{r}{soft}": _rlimit for r in RLIMITS for soft in ("", "Soft")},
-    **{name: _typed("as", _path_list) for name in PATH_LIST_PROPERTIES},
-    **{name: _typed("as", _unit_list) for name in DEPENDENCY_PROPERTIES},
+    **{name: _Typed("as", _path_list) for name in PATH_LIST_PROPERTIES},
+    **{name: _Typed("as", _unit_list) for name in DEPENDENCY_PROPERTIES},
     **{name: _memory for name in MEMORY_PROPERTIES | SCALED_MEMORY_PROPERTIES},
     **{name: _startup_memory for name in STARTUP_MEMORY_PROPERTIES},
     **dict.fromkeys(
@@ -683,19 +674,19 @@ _CONVERTERS: dict[str, Converter] = {
             "StartupAllowedCPUs",
             "StartupAllowedMemoryNodes",
         ),
-        _typed("ay", _bitmask),
+        _Typed("ay", _bitmask),
     ),
-    "SupplementaryGroups": _typed("as", _words),
+    "SupplementaryGroups": _Typed("as", _words),
     **dict.fromkeys(
         ALLOW_OR_DENY_PROPERTIES - {"RestrictAddressFamilies"},
-        _typed("(bas)", _allow_or_deny),
+        _Typed("(bas)", _allow_or_deny),
     ),
-    "RestrictAddressFamilies": _typed("(bas)", _address_families),
+    "RestrictAddressFamilies": _Typed("(bas)", _address_families),
     **dict.fromkeys(
-        ("CapabilityBoundingSet", "AmbientCapabilities"), _typed("t", _capabilities)
+        ("CapabilityBoundingSet", "AmbientCapabilities"), _Typed("t", _capabilities)
     ),
-    "DeviceAllow": _typed("a(ss)", _device_allow),
-    **{name: _typed("s", partial(_level_text, name)) for name in LEVELS},
+    "DeviceAllow": _Typed("a(ss)", _device_allow),
+    **{name: _Typed("s", partial(_level_text, name)) for name in LEVELS},
     **dict.fromkeys(GATE_LISTS, _gate_list),
     **dict.fromkeys(
         (
@@ -706,30 +697,30 @@ _CONVERTERS: dict[str, Converter] = {
             "TTYRows",
             "TTYColumns",
         ),
-        _typed("u", values.parse_uint32),
+        _Typed("u", values.parse_uint32),
     ),
-    "ManagedOOMMemoryPressureLimit": _typed(
+    "ManagedOOMMemoryPressureLimit": _Typed(
         "u", lambda text: percent_scale(values.parse_percent(text))
     ),
     **dict.fromkeys(
         ("RestartKillSignal", "WatchdogSignal", "ReloadSignal"),
-        _typed("i", parse_signal),
+        _Typed("i", parse_signal),
     ),
-    "SyslogFacility": _typed("i", values.parse_syslog_facility),
-    "SecureBits": _typed("i", values.parse_secure_bits),
-    "SystemCallErrorNumber": _typed("i", values.parse_errno_or_kill),
+    "SyslogFacility": _Typed("i", values.parse_syslog_facility),
+    "SecureBits": _Typed("i", values.parse_secure_bits),
+    "SystemCallErrorNumber": _Typed("i", values.parse_errno_or_kill),
     **dict.fromkeys(
         ("SuccessActionExitStatus", "FailureActionExitStatus"),
-        _typed("i", values.parse_action_exit_status),
+        _Typed("i", values.parse_action_exit_status),
     ),
-    "CoredumpFilter": _typed("t", values.parse_coredump_filter),
-    "MountFlags": _typed("t", values.parse_mount_propagation),
-    "RestrictNamespaces": _typed("t", values.parse_namespaces),
-    "DelegateNamespaces": _typed("t", partial(values.parse_namespaces, delegated=True)),
-    "PassEnvironment": _typed(
+    "CoredumpFilter": _Typed("t", values.parse_coredump_filter),
+    "MountFlags": _Typed("t", values.parse_mount_propagation),
+    "RestrictNamespaces": _Typed("t", values.parse_namespaces),
+    "DelegateNamespaces": _Typed("t", partial(values.parse_namespaces, delegated=True)),
+    "PassEnvironment": _Typed(
         "as", partial(values.parse_environment, assignments=False)
     ),
-    "UnsetEnvironment": _typed("as", values.parse_environment),
+    "UnsetEnvironment": _Typed("as", values.parse_environment),
     **dict.fromkeys(
         (
             "ConfigurationDirectory",
@@ -738,7 +729,7 @@ _CONVERTERS: dict[str, Converter] = {
             "CacheDirectory",
             "LogsDirectory",
         ),
-        _typed("as", values.parse_directory_names),
+        _Typed("as", values.parse_directory_names),
     ),
     **dict.fromkeys(
         (
@@ -747,18 +738,18 @@ _CONVERTERS: dict[str, Converter] = {
             "Markers",
             "DisableControllers",
         ),
-        _typed("as", _words),
+        _Typed("as", _words),
     ),
     **dict.fromkeys(
         ("RequiresMountsFor", "WantsMountsFor"),
-        _typed("as", values.parse_absolute_paths),
+        _Typed("as", values.parse_absolute_paths),
     ),
-    "ExecSearchPath": _typed("as", values.parse_search_path),
+    "ExecSearchPath": _Typed("as", values.parse_search_path),
     **dict.fromkeys(
         ("IPIngressFilterPath", "IPEgressFilterPath"),
-        _typed("as", values.parse_one_path),
+        _Typed("as", values.parse_one_path),
     ),
-    "ImportCredential": _typed("as", values.parse_one_word),
+    "ImportCredential": _Typed("as", values.parse_one_word),
     **dict.fromkeys(
         (
             "IOReadBandwidthMax",
@@ -766,41 +757,41 @@ _CONVERTERS: dict[str, Converter] = {
             "IOReadIOPSMax",
             "IOWriteIOPSMax",
         ),
-        _typed("a(st)", partial(values.parse_io_device_limits, value="size")),
+        _Typed("a(st)", partial(values.parse_io_device_limits, value="size")),
     ),
-    "IODeviceWeight": _typed(
+    "IODeviceWeight": _Typed(
         "a(st)", partial(values.parse_io_device_limits, value="weight")
     ),
-    "IODeviceLatencyTargetUSec": _typed(
+    "IODeviceLatencyTargetUSec": _Typed(
         "a(st)", partial(values.parse_io_device_limits, value="usec")
     ),
     **dict.fromkeys(
-        ("BindPaths", "BindReadOnlyPaths"), _typed("a(ssbt)", values.parse_bind_paths)
+        ("BindPaths", "BindReadOnlyPaths"), _Typed("a(ssbt)", values.parse_bind_paths)
     ),
-    "TemporaryFileSystem": _typed("a(ss)", values.parse_temporary_file_systems),
+    "TemporaryFileSystem": _Typed("a(ss)", values.parse_temporary_file_systems),
     **dict.fromkeys(
-        ("IPAddressAllow", "IPAddressDeny"), _typed("a(iayu)", values.parse_ip_prefixes)
+        ("IPAddressAllow", "IPAddressDeny"), _Typed("a(iayu)", values.parse_ip_prefixes)
     ),
-    "EnvironmentFiles": _typed("a(sb)", values.parse_optional_path),
+    "EnvironmentFiles": _Typed("a(sb)", values.parse_optional_path),
     **dict.fromkeys(
         ("AppArmorProfile", "SmackProcessLabel"),
-        _typed("(bs)", values.parse_with_ignore),
+        _Typed("(bs)", values.parse_with_ignore),
     ),
-    "LogFilterPatterns": _typed("a(bs)", values.parse_log_filter),
+    "LogFilterPatterns": _Typed("a(bs)", values.parse_log_filter),
     **dict.fromkeys(
         ("SuccessExitStatus", "RestartPreventExitStatus", "RestartForceExitStatus"),
-        _typed("(aiai)", values.parse_exit_statuses),
+        _Typed("(aiai)", values.parse_exit_statuses),
     ),
     **dict.fromkeys(
         ("LoadCredential", "LoadCredentialEncrypted"),
-        _typed(
+        _Typed(
             "a(ss)",
             partial(values.parse_pair, what="ID:PATH (or an ID alone)", alone=True),
         ),
     ),
-    "BPFProgram": _typed("a(ss)", values.parse_bpf_program),
-    "LogExtraFields": _typed("aay", values.parse_log_extra_field),
-    "ProtectHostnameEx": _typed("(ss)", values.parse_protect_hostname),
+    "BPFProgram": _Typed("a(ss)", values.parse_bpf_program),
+    "LogExtraFields": _Typed("aay", values.parse_log_extra_field),
+    "ProtectHostnameEx": _Typed("(ss)", values.parse_protect_hostname),
 }
 #: The D-Bus type of each property converted to one type alone (as
 #: introspecting the manager shows it; not the memory sizes, which may go as
@@ -862,7 +853,7 @@ STRING_PROPERTIES = frozenset(
         "StandardInputFileDescriptorName", "StandardOutputFileDescriptorName",
         "StandardErrorFileDescriptorName", "StandardInput", "StandardOutput",
         "StandardError",
-        # what systemd 257 added for the booleans' other values (_EX_TWINS)
+        # what systemd 257 added for the booleans' other values (EX_TWINS)
         "PrivateTmpEx", "ProtectControlGroupsEx", "PrivateUsersEx",
         # killing (systemd.kill(5))
         "KillMode",

@@ -57,6 +57,7 @@ __all__ = [
     "parse_temporary_file_systems",
     "parse_uint32",
     "parse_with_ignore",
+    "quoted_words",
     "shell_words",
 ]
 
@@ -130,12 +131,18 @@ def shell_words(text: str, what: str = "nothing named") -> list[str]:
             f"{text!r}: sdexec does not read systemd's backslash escapes here;"
             " quote the word instead"
         )
+    return quoted_words(text, f"{what}: the value is empty")
+
+
+def quoted_words(text: str, none: str) -> list[str]:
+    """``text``'s words, quoted as a shell would; ``ValueError(none)`` if
+    there are none, and for an unclosed quote."""
     try:
         words = shlex.split(text)
     except ValueError as error:
         raise ValueError(f"{text!r}: {error}") from None
     if not words:
-        raise ValueError(f"{what}: the value is empty")
+        raise ValueError(none)
     return words
 
 

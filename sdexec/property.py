@@ -548,7 +548,8 @@ def _capabilities(text: str) -> int:
     when led by ``~``; ``""``, none."""
     inverted = text.startswith("~")
     mask = 0
-    for word in (text[1:] if inverted else text).split():  # none: the empty set
+    words = text[1:] if inverted else text
+    for word in values.shell_words(words) if words.strip() else []:  # the empty set
         mask |= 1 << _capability_number(word)
     return mask ^ UINT64_MAX if inverted else mask
 
@@ -582,11 +583,9 @@ _ADDRESS_FAMILY = re.compile(r"AF_[A-Z0-9_]+")
 
 
 def _words(text: str, none: str = "nothing named") -> list[str]:
-    """The words of ``text``; ``ValueError(none)`` if it has none."""
-    words = text.split()
-    if not words:
-        raise ValueError(none)
-    return words
+    """The words of ``text``, unquoted as systemd-run unquotes a list's
+    (``'a' "b"``); ``ValueError(none)`` if it has none."""
+    return values.shell_words(text, none)
 
 
 _unit_list = partial(_words, none="no unit named")

@@ -154,6 +154,40 @@ def test_a_bad_numa_affinity_group_or_log_level_is_refused_naming_it(name, text,
     assert refused(name, text).startswith(f"SDEXEC_PROP_{name}: ")
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "typed"),
+    [
+        ("SupplementaryGroups", "'video' \"render\"", ["video", "render"]),
+        ("SystemCallArchitectures", "'native' x86-64", ["native", "x86-64"]),
+        ("Documentation", "'man:sdexec(1)'", ["man:sdexec(1)"]),
+        ("Markers", '"needs-restart"', ["needs-restart"]),
+        ("DisableControllers", "'io'", ["io"]),
+        ("Wants", "'a.service' b.service", ["a.service", "b.service"]),
+    ],
+)
+def test_a_word_list_is_unquoted_as_systemd_run_unquotes_it(name, text, typed):
+    # Split on spaces alone, each quoted word went to the manager with its
+    # quotes, which it refused (a group, an architecture or a URL named so).
+    assert typed_property(name, text).value == typed
+
+
+def test_quoted_filters_and_capabilities_are_unquoted():
+    assert typed_property("SystemCallFilter", "~'@mount'").value == (False, ["@mount"])
+    assert typed_property("CapabilityBoundingSet", "'CAP_NET_RAW'").value == 1 << 13
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        ("SupplementaryGroups", "'video", "No closing quotation"),
+        ("Documentation", "man:a\\ b", "does not read systemd's backslash"),
+        ("CapabilityBoundingSet", '"CAP_NET_RAW', "No closing quotation"),
+    ],
+)
+def test_an_unclosed_quote_or_a_backslash_in_a_word_list_is_refused(name, text, said):
+    assert said in refused(name, text)
+
+
 def test_bad_boolean_names_the_property():
     assert refused("SendSIGKILL", "maybe").startswith(
         "SDEXEC_PROP_SendSIGKILL: error setting property: 'maybe'"

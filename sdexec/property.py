@@ -26,7 +26,7 @@ from typing import Any
 
 from sdexec import propertyvalues as values
 from sdexec.idset import IDset
-from sdexec.propertyvalues import UINT32_MAX
+from sdexec.propertyvalues import UINT32_MAX, parse_bool
 from sdexec.signals import parse_signal
 from sdexec.sizes import UINT64_MAX, MemoryLimit, parse_size
 
@@ -277,8 +277,6 @@ STOP_PROPERTIES = frozenset({"KillMode", "SendSIGKILL", "TimeoutStopUSec"})
 _LINE_BREAK = re.compile(r"[\n\r]")
 _UNSIGNED = re.compile(r"[0-9]+")
 _SIGNED = re.compile(r"[-+]?[0-9]+")
-_TRUE = frozenset({"1", "yes", "true", "on"})
-_FALSE = frozenset({"0", "no", "false", "off"})
 
 
 class PropertyError(ValueError):
@@ -312,16 +310,6 @@ def parse_mode(text: str) -> int:
     if len(text) > _MAX_DIGITS or mode > 0o7777:
         raise ValueError(f"{text!r} is beyond 07777, the largest file mode")
     return mode
-
-
-def parse_bool(text: str) -> bool:
-    """systemd's booleans: 1|yes|true|on, 0|no|false|off, any case."""
-    lowered = text.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise ValueError(f"{text!r} is not a boolean (yes/no, true/false, on/off, 1/0)")
 
 
 #: More digits than any property's integer has: refused as out of range

@@ -33,6 +33,7 @@ __all__ = [
     "parse_absolute_paths",
     "parse_action_exit_status",
     "parse_bind_paths",
+    "parse_bool",
     "parse_bpf_program",
     "parse_coredump_filter",
     "parse_directory_names",
@@ -298,13 +299,26 @@ def parse_namespaces(text: str, delegated: bool = False) -> int:
     return every & ~mask if inverted else mask
 
 
-def _boolean(text: str) -> bool | None:
-    word = text.strip().lower()
-    if word in ("1", "yes", "y", "true", "t", "on"):
+#: systemd's parse_boolean(), as systemd-run reads every boolean.
+_TRUE = frozenset({"1", "yes", "y", "true", "t", "on"})
+_FALSE = frozenset({"0", "no", "n", "false", "f", "off"})
+
+
+def parse_bool(text: str) -> bool:
+    """systemd's booleans: 1|yes|y|true|t|on, 0|no|n|false|f|off, any case."""
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
         return True
-    if word in ("0", "no", "n", "false", "f", "off"):
+    if lowered in _FALSE:
         return False
-    return None
+    raise ValueError(f"{text!r} is not a boolean (yes/no, true/false, on/off, 1/0)")
+
+
+def _boolean(text: str) -> bool | None:
+    try:
+        return parse_bool(text)
+    except ValueError:
+        return None
 
 
 def parse_coredump_filter(text: str) -> int:

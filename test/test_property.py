@@ -29,8 +29,9 @@ from sdexec.property import (
 #: What ends a line of a unit's file.
 LINE_BREAKS = "\n\r"
 
-TRUE_SPELLINGS = ["1", "yes", "true", "on", "YES", "True", "oN", " yes "]
-FALSE_SPELLINGS = ["0", "no", "false", "off", "NO", "False", "OFF"]
+# systemd's parse_boolean(), as systemd-run reads every boolean.
+TRUE_SPELLINGS = ["1", "yes", "y", "t", "true", "on", "YES", "True", "oN", " yes "]
+FALSE_SPELLINGS = ["0", "no", "n", "f", "false", "off", "NO", "False", "OFF"]
 
 
 def refused(name: str, value: str) -> str:
@@ -50,7 +51,7 @@ def test_parse_bool_false(text):
     assert parse_bool(text) is False
 
 
-@pytest.mark.parametrize("text", ["maybe", "", "2", "y", "n", "yess"])
+@pytest.mark.parametrize("text", ["maybe", "", "2", "ye", "nah", "yess"])
 def test_parse_bool_refuses(text):
     with pytest.raises(ValueError, match="not a boolean"):
         parse_bool(text)

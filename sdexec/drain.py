@@ -5,9 +5,10 @@ undrain`): a fence found not enforced, an unkillable job, an abandoned
 unit. Others lift themselves once they no longer hold: systemd unreachable
 past ``reconnect-timeout`` (sdexec/outage.py), a manager too old for
 sdexec's units (sdexec/managerversion.py), leftovers still being stopped
-(sdexec/leftovers.py). Kept as one string, a second drain replaced the
-first: a cause still present was forgotten, lifted by a self-lift that
-found "its" reason gone, or cleared by an undrain meant for another. Here
+(sdexec/leftovers.py), a site's property the manager does not take.
+Kept as one string, a second drain replaced the first: a cause still
+present was forgotten, lifted by a self-lift that found "its" reason
+gone, or cleared by an undrain meant for another. Here
 each cause is kept under its own key, a self-lifting cause lifts only its
 own, and an admin's undrain clears only what an admin must.
 """
@@ -25,6 +26,10 @@ class SelfLifting(Enum):
     OUTAGE = "outage"
     VERSION = "version"
     LEFTOVERS = "leftovers"
+    #: A property the site sets that the manager does not take: judged
+    #: afresh by the next start after a reload or a manager of another
+    #: version.
+    SITE_PROPERTY = "site-property"
 
 
 #: The kind of a cause only an admin's undrain clears.

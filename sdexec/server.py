@@ -163,6 +163,8 @@ class SdexecServer:
         self.counters: Counter[str] = Counter()
         #: Why the node is drained: each cause in force (sdexec/drain.py).
         self.drains = Drains()
+        #: The manager version that refused a site's property (drained).
+        self._refused_site_property_on: str | None = None
         #: The service's own uid; :attr:`allowed_uids` adds ``allow-users``.
         self.owner_uid = os.getuid()
         #: Is device policy enforced? Its canary says (sdexec/devicefence.py).
@@ -206,6 +208,7 @@ class SdexecServer:
         a changed ``leftover-units`` (:meth:`Leftovers.reconfigured`)."""
         self.config = config
         self.containment = containment
+        self.lift(SelfLifting.SITE_PROPERTY)  # the next start judges the new one
         self.systemd.debug = config.systemd.sdbus_debug
         self.systemd.max_inflight = config.systemd.max_inflight
         if self.leftovers is not None:  # leftover-units may have changed
@@ -444,6 +447,7 @@ class SdexecServer:
             count=self.count,
             debug=self.config.systemd.sdexec_debug,
             drain=self.drain,
+            site_property_refused=self.site_property_refused,
             client_warning=self.log_rate.warn,
             start_timeout=self.config.systemd.start_timeout,
             receipt_reads_cgroup=self.receipt_reads_cgroup,
@@ -509,6 +513,8 @@ class SdexecServer:
             log.info("systemd manager: its Version could not be read")
             return
         log.info("systemd manager {version}", version=version)
+        if version != self._refused_site_property_on:
+            self.lift(SelfLifting.SITE_PROPERTY)  # it may take it: the next start says
         problem = version_problem(version, self.containment.enabled)
         if problem is not None:
             self.drain(problem, SelfLifting.VERSION)
@@ -940,6 +946,18 @@ class SdexecServer:
             log.error("draining: {reason}", reason=reason)
         elif change == "restated":  # a cause in force, said afresh
             log.info("still drained: {reason}", reason=reason)
+
+    def site_property_refused(self, message: str) -> None:
+        """A start failed for a property the site sets that the manager
+        does not take (``message``, systemd's refusal explained): every
+        start would, so the node drains until a reload or a manager of
+        another version, whose next start judges it afresh."""
+        self._refused_site_property_on = self.systemd.version
+        self.drain(
+            f"{message}: every job would fail (remove it and reload, or"
+            " upgrade systemd)",
+            SelfLifting.SITE_PROPERTY,
+        )
 
     def lift(self, kind: SelfLifting) -> bool:
         """A self-lifting cause is over: its drain goes, and no other;

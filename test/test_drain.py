@@ -15,6 +15,7 @@ from test_leftovers import (
     leftover,
     logged_during,
     make_server,
+    server_of,
     server_with_an_abandoned_leftover,
 )
 from test_server import FLAGS, TRUE
@@ -203,3 +204,86 @@ def test_a_reload_to_stop_leftovers_stops_those_kept_and_drains(systemd):
     assert server.drain_reason == "1 leftover unit from a previous run"
     systemd.change("sdexec-a.service", INACTIVE)
     assert server.drain_reason is None
+
+
+def not_taken(name: str) -> SystemdError:
+    """What a manager answers a start with a property it does not take."""
+    return SystemdError(
+        "org.freedesktop.DBus.Error.PropertyReadOnly",
+        f"Cannot set property {name}, or unknown property.",
+    )
+
+
+#: What systemd 252 (a Debian 12 or RHEL 9 node) answers a site's
+#: PrivatePIDs (systemd 257), and sdexec adds to it.
+PRIVATE_PIDS_REFUSED = (
+    "Cannot set property PrivatePIDs, or unknown property."
+    " (exec.sdexec-properties sets it; systemd 252 does not take it)"
+)
+
+
+def server_with_site_property(systemd):
+    config = parse_config({"exec": {"sdexec-properties": {"PrivatePIDs": "yes"}}})
+    systemd.version = "252.38-1~deb12u1"
+    systemd.refuse_start = not_taken("PrivatePIDs")
+    return server_of(systemd, config)
+
+
+def test_a_site_property_the_manager_does_not_take_drains_the_node(systemd):
+    # Every job failed, each naming a property, on a node that looked
+    # healthy: the job manager went on sending it jobs.
+    server = server_with_site_property(systemd)
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    assert error_of(connection.last()) == (errno.EINVAL, PRIVATE_PIDS_REFUSED)
+    drained = (
+        f"{PRIVATE_PIDS_REFUSED}: every job would fail (remove it and reload,"
+        " or upgrade systemd)"
+    )
+    assert server.drain_reason == drained
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    assert error_of(connection.last()) == (
+        errno.EBUSY,
+        f"node is drained: {drained} (lifted once that is over)",
+    )
+    assert [call[0] for call in systemd.calls].count("start") == 1
+    connection.close()
+
+
+def test_the_site_property_drain_lifts_for_another_manager_or_a_reload(systemd):
+    server = server_with_site_property(systemd)
+    outage = SystemdOutage(server)
+    systemd.on_lost, systemd.on_restored = outage.lost, outage.restored
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.lose()  # the same manager, back: it would refuse every job again
+    systemd.restore()
+    assert server.drain_reason is not None
+    systemd.lose()  # upgraded
+    systemd.version, systemd.refuse_start = "257.9", None
+    systemd.restore()
+    assert server.drain_reason is None
+    server.site_property_refused(PRIVATE_PIDS_REFUSED)
+    config = parse_config({})  # the admin took it out
+    server.reconfigure(config, Containment(config, None))
+    assert server.drain_reason is None
+    connection.close()
+
+
+def test_a_request_property_the_manager_does_not_take_fails_that_request_alone(
+    systemd,
+):
+    server = server_of(
+        systemd, parse_config({"sdexec": {"request-properties": ["PrivatePIDs"]}})
+    )
+    systemd.version, systemd.refuse_start = "252", not_taken("PrivatePIDs")
+    connection = Connection(server)
+    command = {**TRUE, "opts": {**TRUE["opts"], "SDEXEC_PROP_PrivatePIDs": "yes"}}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": command})
+    assert error_of(connection.last()) == (
+        errno.EINVAL,
+        "Cannot set property PrivatePIDs, or unknown property."
+        " (the request sets it; systemd 252 does not take it)",
+    )
+    assert server.drain_reason is None
+    connection.close()

@@ -79,6 +79,7 @@ def test_a_drain_whose_reason_changes_stays_one_series(server):
         ("sdexec_drain_causes", (("kind", "outage"),)): 0,
         ("sdexec_drain_causes", (("kind", "version"),)): 0,
         ("sdexec_drain_causes", (("kind", "leftovers"),)): 1,
+        ("sdexec_drain_causes", (("kind", "site-property"),)): 0,
         ("sdexec_drain_causes", (("kind", "admin"),)): 1,
     }
 

@@ -38,7 +38,12 @@ from sdexec.systemd.bus import (
     session_bus_address,
     unit_object_path,
 )
-from sdexec.systemd.errors import SystemdError, errno_for, explain_start_refusal
+from sdexec.systemd.errors import (
+    SystemdError,
+    errno_for,
+    explain_start_refusal,
+    not_taken_property,
+)
 from sdexec.systemd.manager import Manager, Watch
 from sdexec.systemd.unit import UnitStatus, queued_job, wait_status
 
@@ -51,6 +56,7 @@ __all__ = [
     "Watch",
     "errno_for",
     "explain_start_refusal",
+    "not_taken_property",
     "queued_job",
     "session_bus_address",
     "unit_object_path",

@@ -8,6 +8,7 @@ error text live here, next to the bus client that raises them.
 from __future__ import annotations
 
 import errno
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,7 @@ __all__ = [
     "is_connection_lost",
     "is_unit_gone",
     "manager_away",
+    "not_taken_property",
     "reconnecting",
 ]
 
@@ -167,15 +169,53 @@ def explain_start_refusal(
 ) -> str:
     """systemd's refusal of a ``StartTransientUnit``, with what it leaves
     unnamed named: the string-valued property it calls an "Invalid
-    argument", the environment variable it calls an "Invalid environment
+    argument", who set a property it does not take (and its version), the
+    environment variable it calls an "Invalid environment
     block" (on a manager of ``manager_version`` that refuses control
     characters there, or one whose version is not known)."""
     properties = list(properties)
     message = _name_string_properties(message, properties)
+    message = _name_who_set_it(message, properties, manager_version)
     number = version_number(manager_version)
     if number is None or number < _CONTROL_CHARACTERS_TAKEN:
         message = _name_control_characters(message, properties)
     return message
+
+
+#: systemd's refusal of a property it does not take on a transient service:
+#: one newer than the manager, or not a service's (bus_unit_set_properties).
+_NOT_TAKEN = re.compile(r"Cannot set property (\S+), or unknown property")
+
+#: Who set a property, as a refusal names it (the plan's sources).
+_SET_BY = {
+    "config": "exec.sdexec-properties sets it",
+    "request": "the request sets it",
+    "containment": "containment (the mapper) sets it",
+}
+
+
+def not_taken_property(
+    message: str, properties: Iterable[UnitProperty]
+) -> UnitProperty | None:
+    """The property sent that systemd's refusal ``message`` names as one it
+    does not take, if any."""
+    named = _NOT_TAKEN.search(message)
+    if named is None:
+        return None
+    return next((prop for prop in properties if prop.name == named.group(1)), None)
+
+
+def _name_who_set_it(
+    message: str, properties: list[UnitProperty], manager_version: str | None
+) -> str:
+    """A property the manager does not take, with who set it and which
+    systemd refused it (the refusal names neither)."""
+    refused = not_taken_property(message, properties)
+    if refused is None or refused.source not in _SET_BY:
+        return message
+    number = version_number(manager_version)
+    manager = f"systemd {number}" if number is not None else "this systemd"
+    return f"{message} ({_SET_BY[refused.source]}; {manager} does not take it)"
 
 
 #: The first systemd that takes control characters in environment values.

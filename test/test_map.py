@@ -382,6 +382,24 @@ def test_topology_counts(small, large):
     assert (large.topology.npus, large.topology.ncores) == (128, 64)
 
 
+def test_a_topology_with_disallowed_cpus_counts_and_maps_as_hwloc_loads_it():
+    # What lstopo --disallowed writes on a node whose cgroup keeps CPUs 0-3
+    # from it: hwloc leaves them out and numbers the 12 others from 0, as
+    # Flux's R does. Counting all 16, the mapper was refused when built
+    # (hwloc-calc: "object #12 ... does not exist"; review 38 M2-1).
+    xml = H100_VM.replace('allowed_cpuset="0x0000ffff"', 'allowed_cpuset="0x0000fff0"')
+    mapper = HwlocMapper(xml)
+    assert (mapper.topology.npus, mapper.topology.ncores) == (12, 12)
+    assert mapper.map_cores("0-1")["AllowedCPUs"] == "4-5"
+    assert mapper.map_cores("11")["AllowedCPUs"] == "15"
+
+
+def test_a_cpuset_that_is_no_hwloc_bitmap_is_named():
+    xml = SMALL.replace('allowed_cpuset="0x0000000f"', 'allowed_cpuset="0xzz"')
+    with pytest.raises(OSError, match="'0xzz' is not an hwloc cpuset"):
+        HwlocMapper(xml)
+
+
 # --- GPU counting in the topology ---------------------------------------------
 
 
@@ -614,13 +632,17 @@ def test_amd_partitions_share_devices_listed_once(amd_node):
     ]
 
 
-@pytest.mark.parametrize("gpus", ["0", "1", "1-2"])
-def test_a_partition_without_its_siblings_is_enodev(amd_node, gpus):
+@pytest.mark.parametrize(
+    ("gpus", "sharing"), [("0", "0"), ("1", "1"), ("1-2", "1"), ("0,2", "0")]
+)
+def test_a_partition_without_its_siblings_is_enodev(amd_node, gpus, sharing):
     # GPUs 0 and 1 are partitions of one PCI function, whose device nodes
     # both would get: one job's DeviceAllow would open the other job's GPU.
-    other = "1" if gpus == "0" else "0"
+    # GPU 2, on a function of its own, is not named as sharing (review 38
+    # M2-3).
+    other = "1" if sharing == "0" else "0"
     assert enodev(AMD_PARTITIONS, amd_node, gpus) == (
-        f"GPUs {gpus} share the device nodes of PCI 0000:c1:00.0 with GPUs"
+        f"GPUs {sharing} share the device nodes of PCI 0000:c1:00.0 with GPUs"
         f" {other} the job does not hold: a job holds every GPU of a PCI"
         " function, or none"
     )
@@ -654,7 +676,18 @@ def test_an_unknown_driver_gets_its_drm_nodes(tmp_path):
 
 def test_a_gpu_with_no_driver_and_no_drm_node_is_enodev(tmp_path):
     node = FakeNode(tmp_path)
+    node.pci_device("0000:01:00.0", None, drm=None)
     assert "no DRM node (driver none)" in enodev(SMALL, node, "0")
+
+
+def test_a_gpu_whose_pci_device_the_node_lacks_is_named_so(tmp_path):
+    # It was said as "no DRM node (driver none)", as if a driver were
+    # unbound, where the topology is another node's or the card is gone.
+    device = tmp_path / "sys/bus/pci/devices/0000:01:00.0"
+    assert enodev(SMALL, FakeNode(tmp_path), "0") == (
+        f"GPU 0 (cuda0, 0000:01:00.0): {device} does not exist (is the"
+        " topology this node's, and the card still in it?)"
+    )
 
 
 def test_a_gpu_without_a_pci_device_is_enodev(tmp_path):

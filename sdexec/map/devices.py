@@ -77,6 +77,7 @@ class DeviceFinder:
                 f"{gpu}: hwloc shows no PCI device above it{why}, so its device"
                 " nodes cannot be found",
             )
+        self._require_pci_device(gpu, gpu.pci_busid)
         driver = self._driver(gpu.pci_busid)
         if driver == "nvidia":
             own = self._nvidia(gpu, gpu.pci_busid)
@@ -94,6 +95,18 @@ class DeviceFinder:
         if driver == "amdgpu":
             return drm, [self._required(gpu, "/dev/kfd")]
         return drm, []
+
+    def _require_pci_device(self, gpu: GPU, pci_busid: str) -> None:
+        """``OSError`` (ENODEV) if the node has no PCI device ``pci_busid``:
+        a topology of another node, or a card gone since (an unbound
+        driver's device is there, and is said as such)."""
+        device = self._host(f"/sys/bus/pci/devices/{pci_busid}")
+        if not os.path.isdir(device):
+            raise OSError(
+                errno.ENODEV,
+                f"{gpu}: {device} does not exist (is the topology this node's,"
+                " and the card still in it?)",
+            )
 
     def _nvidia(self, gpu: GPU, pci_busid: str) -> list[str]:
         main = self._required(gpu, f"/dev/nvidia{self._nvidia_minor(gpu)}")

@@ -240,12 +240,14 @@ def _refuse_shared_functions(ids: IDset, gpus: list[GPU]) -> None:
         gpu.index for gpu in gpus if gpu.index not in ids and gpu.pci_busid in functions
     )
     if others:
-        shared = sorted({gpus[i].pci_busid or "" for i in others})
+        shared = {gpus[i].pci_busid for i in others}
+        sharing = IDset(i for i in ids if gpus[i].pci_busid in shared)
         raise OSError(
             errno.ENODEV,
-            f"GPUs {ids} share the device nodes of PCI {', '.join(shared)} with"
-            f" GPUs {others} the job does not hold: a job holds every GPU of a"
-            " PCI function, or none",
+            f"GPUs {sharing} share the device nodes of PCI"
+            f" {', '.join(sorted(str(busid) for busid in shared))} with GPUs"
+            f" {others} the job does not hold: a job holds every GPU of a PCI"
+            " function, or none",
         )
 
 

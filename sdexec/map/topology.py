@@ -82,8 +82,12 @@ class Topology:
 
     def __init__(self, xml: str) -> None:
         root = _parse(xml)
-        self.npus = _count(root, "PU")
-        self.ncores = _count(root, "Core")
+        # Counted as hwloc loads them (as hwloc-calc and Flux's R number
+        # them): an XML written with --disallowed holds PUs a cgroup kept
+        # from the node, which hwloc leaves out and numbers the rest without.
+        allowed = _allowed_cpus(root)
+        self.npus = _count(root, "PU", allowed)
+        self.ncores = _count(root, "Core", allowed)
         self.gpus = _find_gpus(root)
         #: GPU makers' display-class PCI devices no GPU above is: a card hwloc
         #: saw, but through no GPU backend of its own (named when a job asks
@@ -246,8 +250,38 @@ def _parse(xml: str) -> ET.Element:
     return root
 
 
-def _count(root: ET.Element, kind: str) -> int:
-    return sum(1 for obj in root.iter("object") if obj.get("type") == kind)
+def _count(root: ET.Element, kind: str, allowed: int | None) -> int:
+    """The ``kind`` objects that have a PU in ``allowed`` (``None``: all)."""
+    return sum(
+        1
+        for obj in root.iter("object")
+        if obj.get("type") == kind
+        and (allowed is None or _bitmap(obj.get("cpuset", "")) & allowed)
+    )
+
+
+def _allowed_cpus(root: ET.Element) -> int | None:
+    """The PUs hwloc loads from the XML: its root's ``allowed_cpuset``, as
+    a bitmap (``None``: all, where the XML does not say)."""
+    machine = root.find("object")
+    allowed = machine.get("allowed_cpuset") if machine is not None else None
+    return _bitmap(allowed) if allowed else None
+
+
+def _bitmap(text: str) -> int:
+    """An hwloc bitmap string (``0x0000ffff``; 32-bit words most significant
+    first, ``0xffffffff,,0x0`` with empty words 0; led by ``0xf...f,``, every
+    higher bit set too) as an int (negative when infinite)."""
+    words = text.split(",")
+    infinite = words[0] == "0xf...f"
+    bits = 0
+    try:
+        for word in words[1:] if infinite else words:
+            bits = bits << 32 | (int(word, 16) if word else 0)
+    except ValueError:
+        raise TopologyXMLError(f"{text!r} is not an hwloc cpuset") from None
+    length = len(words) - infinite
+    return bits | (-1 << 32 * length) if infinite else bits
 
 
 def _find_gpus(root: ET.Element) -> list[GPU]:

@@ -198,8 +198,10 @@ class CanaryContext:
     #: Whether containment is on: without it, no fence is there to verify.
     containment_enabled: Callable[[], bool]
     systemd_connected: Callable[[], bool]
-    #: Whether the node is drained for a manager too old to run units.
-    manager_too_old: Callable[[], bool]
+    #: Why the manager refuses every unit now, the canary's too (a manager
+    #: too old, a site's property it does not take), or ``None``: such a
+    #: refusal says nothing of the device fence.
+    units_refused: Callable[[], str | None]
     #: The clock of the verdict's timeout.
     clock: Callable[[], IReactorTime]
     #: ``start_process(plan, responder)``: the service's own process for the
@@ -250,9 +252,10 @@ class DeviceCanary:
         if not self._context.systemd_connected():
             self._verify_later("systemd is away")
             return defer.succeed(None)
-        if self._context.manager_too_old():
+        refused = self._context.units_refused()
+        if refused is not None:
             # Its refusal of the canary's unit would blame the device fence.
-            self._verify_later("the manager is too old to run its unit")
+            self._verify_later(refused)
             return defer.succeed(None)
         self._begun += 1
         config = self._context.config()
@@ -341,6 +344,10 @@ class DeviceCanary:
             return None
         if responder.systemd_away or not connected:
             self._verify_later("systemd was away while it ran")
+            return None
+        refused = self._context.units_refused()
+        if refused is not None:  # its own refusal found it (a site's property)
+            self._verify_later(refused)
             return None
         return self._judged(problem)
 

@@ -561,12 +561,20 @@ class SdexecServer:
             config=lambda: self.config,
             containment_enabled=lambda: self.containment.enabled,
             systemd_connected=lambda: self.systemd.connected,
-            manager_too_old=lambda: self.drains.holds(SelfLifting.VERSION),
+            units_refused=self._units_refused,
             clock=lambda: self.clock,
             start_process=self._start_canary,
             abandon=self._abandon_own,
             fence_broken=self._fence_broken,
         )
+
+    def _units_refused(self) -> str | None:
+        """Why the manager refuses every unit now, or ``None``."""
+        if self.drains.holds(SelfLifting.VERSION):
+            return "the manager is too old to run its unit"
+        if self.drains.holds(SelfLifting.SITE_PROPERTY):
+            return "the manager does not take a property the site sets"
+        return None
 
     def _start_canary(
         self, plan: ExecPlan, responder: CanaryResponder

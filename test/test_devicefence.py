@@ -178,7 +178,7 @@ def test_the_canary_needs_only_its_context_not_the_server():
             config=lambda: parse_config(contained_config()),
             containment_enabled=lambda: True,
             systemd_connected=lambda: True,
-            manager_too_old=lambda: False,
+            units_refused=lambda: None,
             clock=Clock,
             start_process=lambda plan, responder: started.append(responder) or (0, 7),
             abandon=abandoned.append,

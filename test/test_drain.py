@@ -10,7 +10,7 @@ import errno
 
 from offline import Connection, error_of
 from pytest_twisted import ensureDeferred
-from test_devicefence import offline_server
+from test_devicefence import contained_config, offline_server
 from test_leftovers import (
     leftover,
     logged_during,
@@ -26,7 +26,7 @@ from sdexec.drain import Drains, SelfLifting
 from sdexec.managerversion import version_problem
 from sdexec.outage import SystemdOutage
 from sdexec.systemd import SystemdError
-from sdexec.testing import INACTIVE
+from sdexec.testing import INACTIVE, FakeManager
 
 UNKILLABLE = "unkillable user processes for job f42"
 #: What systemd 239 answers a unit with ExecStartEx.
@@ -287,3 +287,25 @@ def test_a_request_property_the_manager_does_not_take_fails_that_request_alone(
     )
     assert server.drain_reason is None
     connection.close()
+
+
+@ensureDeferred
+async def test_a_site_property_refusing_the_canary_does_not_blame_the_fence():
+    # The canary's unit carries the site's properties: its refusal read as
+    # "DevicePolicy could not be verified", a drain only an undrain clears,
+    # which outlived the reload that took the property out.
+    table = contained_config()
+    table["exec"]["sdexec-properties"] = {"PrivatePIDs": "yes"}
+    config = parse_config(table)
+    systemd = FakeManager()
+    systemd.version, systemd.refuse_start = "252", not_taken("PrivatePIDs")
+    server = server_of(systemd, config)
+    assert await server.verify_devices() is None
+    assert [cause["kind"] for cause in server.drains.causes] == ["site-property"]
+    assert server.device_canary.verdict is None
+    systemd.refuse_start = None
+    config = parse_config(contained_config())  # the admin took it out
+    server.reconfigure(config, Containment(config, None))
+    server.verify_devices()
+    assert [call[0] for call in systemd.calls].count("start") == 2  # run again
+    assert server.drain_reason is None

@@ -685,11 +685,23 @@ def _check_together(merged: Mapping[str, str], sources: Mapping[str, str]) -> No
         return
     names, why = problem
     name = next((n for n in names if sources.get(n) == "request"), names[0])
-    if sources.get(name) == "request":
-        raise RequestError(errno.EINVAL, f"SDEXEC_PROP_{name}: {why}")
-    raise RequestError(
-        errno.EINVAL, f"{name} of [exec.sdexec-properties]: {why}, with the request's"
-    )
+    if sources.get(name) != "request":
+        raise RequestError(
+            errno.EINVAL,
+            f"{name} of [exec.sdexec-properties]: {why}, with the request's",
+        )
+    if names == (name,) and name.endswith("Soft"):
+        # A soft limit alone: its hard one is a request's only under the
+        # site's (the policy orders hard limits), so say that, not "give it".
+        hard = name.removesuffix("Soft")
+        why = (
+            "over D-Bus a soft limit alone sets the hard limit to the same"
+            f" value, and a request may set {hard} only within the site's,"
+            " which exec.sdexec-properties does not set"
+        )
+    site = [n for n in names if sources.get(n) == "config"]
+    said = f" ({', '.join(site)} from [exec.sdexec-properties])" if site else ""
+    raise RequestError(errno.EINVAL, f"SDEXEC_PROP_{name}: {why}{said}")
 
 
 def _stop_timer(config: Config, command: Command) -> StopTimerPolicy:

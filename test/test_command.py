@@ -448,7 +448,8 @@ def test_a_request_soft_limit_above_the_site_s_hard_one_is_einval():
     assert refused.value.errnum == errno.EINVAL
     assert refused.value.errstr == (
         "SDEXEC_PROP_LimitNOFILESoft: LimitNOFILESoft=2000 above LimitNOFILE=1000,"
-        " which setrlimit refuses at every start"
+        " which setrlimit refuses at every start (LimitNOFILE from"
+        " [exec.sdexec-properties])"
     )
 
 
@@ -464,7 +465,21 @@ def test_a_request_hard_limit_below_the_site_s_soft_one_is_named():
         exec_plan(config=parse_config(table), SDEXEC_PROP_LimitNOFILE="1024")
     assert refused.value.errstr == (
         "SDEXEC_PROP_LimitNOFILE: LimitNOFILESoft=2048 above LimitNOFILE=1024,"
-        " which setrlimit refuses at every start"
+        " which setrlimit refuses at every start (LimitNOFILESoft from"
+        " [exec.sdexec-properties])"
+    )
+
+
+def test_a_request_soft_limit_alone_is_not_told_to_give_the_hard_one():
+    # "give LimitMEMLOCK too" led to a second refusal: a request's hard
+    # limit needs the site's to compare with (review 37 V).
+    table = {"sdexec": {"request-properties": ["LimitMEMLOCKSoft", "LimitMEMLOCK"]}}
+    with pytest.raises(sdexec.plan.RequestError) as refused:
+        exec_plan(config=parse_config(table), SDEXEC_PROP_LimitMEMLOCKSoft="infinity")
+    assert refused.value.errstr == (
+        "SDEXEC_PROP_LimitMEMLOCKSoft: over D-Bus a soft limit alone sets the"
+        " hard limit to the same value, and a request may set LimitMEMLOCK only"
+        " within the site's, which exec.sdexec-properties does not set"
     )
 
 

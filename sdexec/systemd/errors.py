@@ -32,6 +32,7 @@ __all__ = [
     "explain_start_refusal",
     "failure_value",
     "is_connection_lost",
+    "is_process_gone",
     "is_unit_gone",
     "manager_away",
     "not_taken_property",
@@ -141,6 +142,12 @@ def is_unit_gone(error: BaseException) -> bool:
     """Whether a call failed because its unit is no longer loaded: nothing
     is left to signal or stop."""
     return isinstance(error, SystemdError) and error.name == NO_SUCH_UNIT
+
+
+def is_process_gone(error: BaseException) -> bool:
+    """Whether a kill failed because no process it names is left (the main
+    one exited, or every one)."""
+    return isinstance(error, SystemdError) and error.name == NO_SUCH_PROCESS
 
 
 def errno_for(error: BaseException) -> int:

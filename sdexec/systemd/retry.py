@@ -21,7 +21,12 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from sdexec.systemd.errors import failure_value, is_connection_lost, is_unit_gone
+from sdexec.systemd.errors import (
+    failure_value,
+    is_connection_lost,
+    is_process_gone,
+    is_unit_gone,
+)
 
 __all__ = [
     "CALL_RETRY_S",
@@ -155,10 +160,11 @@ def classify_call_failure(
     """What becomes of a unit call that failed with ``failure``.
     ``retried``: the call is one made again when refused (a stop or a reset
     still needed: nothing else would make it); ``moot_once_gone``: a unit
-    unloaded meanwhile leaves it nothing to do."""
+    unloaded meanwhile leaves it nothing to do, and so do processes gone
+    (a kill's ``NoSuchProcess``: a kill of all of them came first)."""
     error = failure_value(failure)
     if is_connection_lost(error):
         return CallFailure.AGAIN_ON_RECONNECT
-    if moot_once_gone and is_unit_gone(error):
+    if moot_once_gone and (is_unit_gone(error) or is_process_gone(error)):
         return CallFailure.MOOT
     return CallFailure.RETRY_LATER if retried else CallFailure.GIVEN_UP

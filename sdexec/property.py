@@ -537,7 +537,7 @@ def _capabilities(text: str) -> int:
     inverted = text.startswith("~")
     mask = 0
     words = text[1:] if inverted else text
-    for word in values.shell_words(words) if words.strip() else []:  # the empty set
+    for word in values.literal_words(words) if words.strip() else []:  # the empty set
         mask |= 1 << _capability_number(word)
     return mask ^ UINT64_MAX if inverted else mask
 
@@ -572,8 +572,8 @@ _ADDRESS_FAMILY = re.compile(r"AF_[A-Z0-9_]+")
 
 def _words(text: str, none: str = "nothing named") -> list[str]:
     """The words of ``text``, unquoted as systemd-run unquotes a list's
-    (``'a' "b"``); ``ValueError(none)`` if it has none."""
-    return values.shell_words(text, none)
+    (``'a' "b"``), a backslash kept; ``ValueError(none)`` if it has none."""
+    return values.literal_words(text, none)
 
 
 _unit_list = partial(_words, none="no unit named")

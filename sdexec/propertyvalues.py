@@ -30,6 +30,7 @@ __all__ = [
     "ERRNO_KILL",
     "NAMESPACES",
     "UINT32_MAX",
+    "literal_words",
     "parse_absolute_paths",
     "parse_action_exit_status",
     "parse_bind_paths",
@@ -133,6 +134,25 @@ def shell_words(text: str, what: str = "nothing named") -> list[str]:
             " quote the word instead"
         )
     return quoted_words(text, f"{what}: the value is empty")
+
+
+def literal_words(text: str, none: str = "nothing named") -> list[str]:
+    """``text``'s words, quoted as a shell would (``"'a b' c"``), each
+    backslash kept as written: an escaped unit name
+    (``mnt-scratch\\x2d1.mount``) or a domain's group (``EXAMPLE\\hpc``)
+    as the manager names it, where systemd-run would drop the backslash.
+    ``ValueError(none)`` if there are none, and for an unclosed quote."""
+    lexer = shlex.shlex(text, posix=True)
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    lexer.escape = ""
+    try:
+        words = list(lexer)
+    except ValueError as error:
+        raise ValueError(f"{text!r}: {error}") from None
+    if not words:
+        raise ValueError(none)
+    return words
 
 
 def quoted_words(text: str, none: str) -> list[str]:

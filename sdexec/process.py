@@ -244,9 +244,9 @@ class ProcessContext:
     count: Callable[[str], None] = lambda event: None  # the statistics
     debug: bool = False  # log every unit state change
     drain: Callable[[str], None] = lambda reason: None  # refuse new work, why
-    #: A start was refused (systemd's refusal, explained) for a property
-    #: the site sets that the manager does not take: every start would be.
-    site_property_refused: Callable[[str], None] = lambda message: None
+    #: A start was refused for a property the manager does not take (its
+    #: D-Bus name): if the site sets it, every start would be.
+    property_not_taken: Callable[[str], None] = lambda name: None
     #: ``(kind, text, **fields)``: a warning a client can cause in a loop,
     #: logged at a bounded rate (the server's sdexec.lograte.LogRate).
     client_warning: Callable[..., None] = lambda kind, text, **fields: log.warn(
@@ -686,8 +686,8 @@ class Process:
         )
         self.name_taken = getattr(error, "name", None) == UNIT_EXISTS
         refused = not_taken_property(str(error), self.plan.properties)
-        if refused is not None and refused.source == "config":
-            self._context.site_property_refused(message)
+        if refused is not None:
+            self._context.property_not_taken(refused.name)
         self._fail(start_refusal_errno(error), message)
         self._reap()
 

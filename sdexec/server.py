@@ -42,7 +42,7 @@ from sdexec.leftovers import (
 from sdexec.limits import is_integer
 from sdexec.lograte import LogRate
 from sdexec.lookup import InlineLookups, Lookups
-from sdexec.managerversion import version_problem
+from sdexec.managerversion import version_number, version_problem
 from sdexec.orphans import LostUnitKill
 from sdexec.passthrough import (
     NO_STDIO,
@@ -58,6 +58,7 @@ from sdexec.plan import (
     plan_exec,
 )
 from sdexec.process import OutputTap, OutputValve, Process, ProcessContext, Responder
+from sdexec.property import typed_property
 from sdexec.protocol import target_named
 from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import quoted
@@ -447,7 +448,7 @@ class SdexecServer:
             count=self.count,
             debug=self.config.systemd.sdexec_debug,
             drain=self.drain,
-            site_property_refused=self.site_property_refused,
+            property_not_taken=self.property_not_taken,
             client_warning=self.log_rate.warn,
             start_timeout=self.config.systemd.start_timeout,
             receipt_reads_cgroup=self.receipt_reads_cgroup,
@@ -955,17 +956,31 @@ class SdexecServer:
         elif change == "restated":  # a cause in force, said afresh
             log.info("still drained: {reason}", reason=reason)
 
-    def site_property_refused(self, message: str) -> None:
-        """A start failed for a property the site sets that the manager
-        does not take (``message``, systemd's refusal explained): every
-        start would, so the node drains until a reload or a manager of
-        another version, whose next start judges it afresh."""
-        self._refused_site_property_on = self.systemd.version
+    def property_not_taken(self, name: str) -> None:
+        """A start failed for property ``name`` (its D-Bus name), which the
+        manager does not take. If the site sets it in the configuration in
+        force (a request may have set it too, or a start planned before a
+        reload be answered after it), every start would fail: the node
+        drains until a reload or a manager of another version, whose next
+        start judges it afresh."""
+        if name not in self._site_property_names():
+            return
+        self._refused_site_property_on = version = self.systemd.version
+        number = version_number(version)
+        manager = f"systemd {number}" if number is not None else "the manager"
         self.drain(
-            f"{message}: every job would fail (remove it and reload, or"
-            " upgrade systemd)",
+            f"exec.sdexec-properties sets {name}, which {manager} does not take:"
+            " every job would fail (remove it and reload, or upgrade systemd)",
             SelfLifting.SITE_PROPERTY,
         )
+
+    def _site_property_names(self) -> set[str]:
+        """The D-Bus names of the properties the site sets (as typed:
+        ``MemoryMax = "50%"`` goes as ``MemoryMaxScale``)."""
+        return {
+            typed_property(name, value, source="config").name
+            for name, value in self.config.exec.sdexec_properties.items()
+        }
 
     def lift(self, kind: SelfLifting) -> bool:
         """A self-lifting cause is over: its drain goes, and no other;

@@ -222,6 +222,12 @@ PRIVATE_PIDS_REFUSED = (
 )
 
 
+PRIVATE_PIDS_DRAIN = (
+    "exec.sdexec-properties sets PrivatePIDs, which systemd 252 does not take:"
+    " every job would fail (remove it and reload, or upgrade systemd)"
+)
+
+
 def server_with_site_property(systemd):
     config = parse_config({"exec": {"sdexec-properties": {"PrivatePIDs": "yes"}}})
     systemd.version = "252.38-1~deb12u1"
@@ -236,15 +242,11 @@ def test_a_site_property_the_manager_does_not_take_drains_the_node(systemd):
     connection = Connection(server)
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     assert error_of(connection.last()) == (errno.EINVAL, PRIVATE_PIDS_REFUSED)
-    drained = (
-        f"{PRIVATE_PIDS_REFUSED}: every job would fail (remove it and reload,"
-        " or upgrade systemd)"
-    )
-    assert server.drain_reason == drained
+    assert server.drain_reason == PRIVATE_PIDS_DRAIN
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     assert error_of(connection.last()) == (
         errno.EBUSY,
-        f"node is drained: {drained} (lifted once that is over)",
+        f"node is drained: {PRIVATE_PIDS_DRAIN} (lifted once that is over)",
     )
     assert [call[0] for call in systemd.calls].count("start") == 1
     connection.close()
@@ -263,7 +265,8 @@ def test_the_site_property_drain_lifts_for_another_manager_or_a_reload(systemd):
     systemd.version, systemd.refuse_start = "257.9", None
     systemd.restore()
     assert server.drain_reason is None
-    server.site_property_refused(PRIVATE_PIDS_REFUSED)
+    server.property_not_taken("PrivatePIDs")
+    assert server.drain_reason == PRIVATE_PIDS_DRAIN.replace("252", "257")
     config = parse_config({})  # the admin took it out
     server.reconfigure(config, Containment(config, None))
     assert server.drain_reason is None
@@ -286,6 +289,40 @@ def test_a_request_property_the_manager_does_not_take_fails_that_request_alone(
         " (the request sets it; systemd 252 does not take it)",
     )
     assert server.drain_reason is None
+    connection.close()
+
+
+def test_a_start_planned_before_the_reload_that_fixed_it_does_not_drain_again(
+    systemd,
+):
+    # Answered after the reload that took the property out, its refusal
+    # drained the node for a configuration no longer in force (review 38 R-2).
+    server = server_with_site_property(systemd)
+    config = parse_config({})
+    server.reconfigure(config, Containment(config, None))
+    server.property_not_taken("PrivatePIDs")
+    assert server.drain_reason is None
+
+
+def test_a_site_property_a_request_also_sets_drains_the_node(systemd):
+    # The request's tighter value went in its stead, so the refusal was the
+    # request's alone and the node stayed open to jobs that would all fail
+    # (review 38 R-3).
+    site = {"MemoryZSwapMax": "1G"}
+    table = {
+        "exec": {"sdexec-properties": site},
+        "sdexec": {"request-properties": ["MemoryZSwapMax"]},
+    }
+    server = server_of(systemd, parse_config(table))
+    systemd.version, systemd.refuse_start = "252", not_taken("MemoryZSwapMax")
+    connection = Connection(server)
+    command = {**TRUE, "opts": {**TRUE["opts"], "SDEXEC_PROP_MemoryZSwapMax": "512M"}}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": command})
+    assert error_of(connection.last())[0] == errno.EINVAL
+    assert server.drain_reason == (
+        "exec.sdexec-properties sets MemoryZSwapMax, which systemd 252 does not"
+        " take: every job would fail (remove it and reload, or upgrade systemd)"
+    )
     connection.close()
 
 

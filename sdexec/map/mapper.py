@@ -11,7 +11,7 @@ from sdexec.idset import IDset
 from sdexec.map.devices import DeviceFinder
 from sdexec.map.topology import GPU, Topology, out_of_range, uncounted_gpus_hint
 from sdexec.rset import ResourceSet
-from sdexec.sizes import MemoryLimit
+from sdexec.sizes import UINT64_MAX, MemoryLimit
 
 __all__ = ["HwlocMapper", "ResourceMapper", "UnfenceableRequest", "rank_problem"]
 
@@ -269,10 +269,10 @@ def _scaled_memory_caps(
             raise ValueError(f"extra_properties: {name}: {error}") from None
         if limit.percent is not None:
             scaled[name] = f"{_scaled_percent(limit.percent, share)}%"
-        elif limit.bytes is not None:
+        elif limit.bytes is not None and limit.bytes < UINT64_MAX:
             # As a percentage: a real limit never becomes a zero-byte one.
             scaled[name] = str(max(round(limit.bytes * share), min(limit.bytes, 1)))
-        else:
+        else:  # systemd's infinity, spelt so or as its number
             scaled[name] = "infinity"
     return scaled
 

@@ -126,6 +126,10 @@ class ClientProtocol(StdioReceivingProtocol):
         self._lost = False
         #: Reading was paused for too many requests behind lookups.
         self._paused_for_lookups = False
+        #: The matchtags of the streams not yet ended (execs, waits,
+        #: attaches): a request that would open another on one is EEXIST,
+        #: as the responses of both would interleave on it.
+        self._open_streams: set[int] = set()
 
     def connectionMade(self) -> None:
         try:
@@ -443,12 +447,13 @@ class ClientProtocol(StdioReceivingProtocol):
         requested_at: float,
         looked_up: LookedUp,
     ) -> None:
+        stream = self._open_stream(matchtag, Topic.EXEC, single=not streaming)
         try:
             answered = self.server.exec(
                 self.connection_id,
                 matchtag,
                 payload,
-                _Stream(self, matchtag),
+                stream,
                 streaming,
                 stdio=stdio,
                 valve=self.valve,  # (a background process joins none)
@@ -458,6 +463,7 @@ class ClientProtocol(StdioReceivingProtocol):
                 requested_at=requested_at,
             )
         except BaseException:
+            stream.close()  # refused: nothing was sent on it
             stdio.close()
             raise
         self._count_unanswered(answered)
@@ -640,12 +646,29 @@ class ClientProtocol(StdioReceivingProtocol):
             )
 
     def _wait(self, matchtag: int, payload: dict) -> None:
-        responder = _Stream(self, matchtag, Topic.WAIT)
-        self.server.wait(self.connection_id, payload, responder)
+        stream = self._open_stream(matchtag, Topic.WAIT, single=True)
+        try:
+            self.server.wait(self.connection_id, payload, stream)
+        except BaseException:
+            stream.close()
+            raise
 
     def _attach(self, matchtag: int, payload: dict) -> None:
-        responder = _Stream(self, matchtag, Topic.ATTACH)
-        self.server.attach(self.connection_id, payload, responder, self.valve)
+        stream = self._open_stream(matchtag, Topic.ATTACH)
+        try:
+            self.server.attach(self.connection_id, payload, stream, self.valve)
+        except BaseException:
+            stream.close()
+            raise
+
+    def _open_stream(self, matchtag: int, topic: str, single: bool = False) -> _Stream:
+        """The responder of a request on ``matchtag`` (``single``: it is
+        answered once); EEXIST while a stream of this connection is open on
+        it (the client could not tell their responses apart)."""
+        if matchtag in self._open_streams:
+            raise RequestError(errno.EEXIST, f"matchtag {matchtag} is already in use")
+        self._open_streams.add(matchtag)
+        return _Stream(self, matchtag, topic, single, self._open_streams.discard)
 
     def _write(self, matchtag: int, payload: dict) -> None:
         process = self.server.write(self.connection_id, payload)
@@ -1087,20 +1110,39 @@ def _streaming_or_default(message: dict) -> bool:
 
 
 class _Stream:
-    """The responder for one exec (wait, attach) request on one connection."""
+    """The responder for one exec (wait, attach) request on one connection:
+    open until its last response (an error, ENODATA among them; the one
+    answer of a ``single`` request), when ``closed(matchtag)`` is called."""
 
     def __init__(
-        self, protocol: ClientProtocol, matchtag: int, topic: str = Topic.EXEC
+        self,
+        protocol: ClientProtocol,
+        matchtag: int,
+        topic: str,
+        single: bool,
+        closed: Callable[[int], None],
     ) -> None:
         self._protocol = protocol
         self._matchtag = matchtag
         self._topic = topic
+        self._single = single
+        self._closed: Callable[[int], None] | None = closed
 
     def respond(self, payload: dict) -> None:
         self._protocol._send(self._topic, self._matchtag, payload)
+        if self._single:
+            self.close()
 
     def error(self, errnum: int, errstr: str) -> None:
         self._protocol._send_error(self._topic, self._matchtag, errnum, errstr)
+        self.close()
+
+    def close(self) -> None:
+        """Its last response is sent, or none will be: its matchtag is free
+        (once: by then a new stream may hold it)."""
+        if self._closed is not None:
+            self._closed(self._matchtag)
+            self._closed = None
 
 
 class SdexecServerFactory(Factory):

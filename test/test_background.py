@@ -371,8 +371,8 @@ async def ended_with_output(systemd, server, client, units: list[str]) -> list[s
     """Waitable background processes of ``units`` (labelled by unit), each
     of which wrote :data:`CONTROL_BYTES` and ended, kept for a wait: those
     whose exec was not refused."""
-    for unit in units:
-        client.bg(flags=WAITABLE, label=unit, SDEXEC_NAME=unit)
+    for matchtag, unit in enumerate(units, start=100):
+        client.bg(flags=WAITABLE, matchtag=matchtag, label=unit, SDEXEC_NAME=unit)
     started = [unit for unit in units if ("start", f"{unit}.service") in systemd.calls]
     for pid, unit in enumerate(started, start=10):
         systemd.run(f"{unit}.service", pid=pid)
@@ -1125,3 +1125,53 @@ async def test_an_error_end_an_attached_client_saw_is_not_kept(systemd, server, 
     assert payloads(viewer.of(1))[-1][0] == errno.EDEADLK
     await reaped_at_last(systemd, server)
     viewer.close()
+
+
+IN_USE = (errno.EEXIST, "matchtag 7 is already in use")
+
+
+def test_no_attach_or_background_exec_takes_a_running_stream_s_matchtag(
+    systemd, server, client
+):
+    # Only a second streaming exec was refused: an attach or a background
+    # exec on the matchtag of a running stream was taken, and the two
+    # streams' responses, two ENODATA among them, interleaved on it
+    # (review 38 H2-1).
+    client.bg(label="b", SDEXEC_NAME="sdexec-b")
+    systemd.run("sdexec-b.service", pid=8)
+    client.send("sdexec.exec", {"flags": FLAGS, "cmd": STREAMED}, matchtag=7)
+    systemd.run("sdexec-s.service", pid=9)
+    client.send("sdexec.attach", {"label": "b", "flags": FLAGS}, matchtag=7)
+    client.bg(matchtag=7, SDEXEC_NAME="sdexec-c")
+    client.send("sdexec.wait", {"label": "b"}, matchtag=7)
+    assert payloads(client.of(7))[1:] == [IN_USE, IN_USE, IN_USE]
+    assert ("start", "sdexec-c.service") not in systemd.calls
+    (b,) = [t for t in server.tracked._tracked.values() if t.label == "b"]
+    assert not b.attached
+
+
+def test_no_exec_takes_an_attached_stream_s_matchtag(systemd, server, client):
+    client.bg(label="b")
+    systemd.run(UNIT, pid=8)
+    client.send("sdexec.attach", {"label": "b", "flags": FLAGS}, matchtag=7)
+    client.send("sdexec.exec", {"flags": FLAGS, "cmd": STREAMED}, matchtag=7)
+    assert payloads(client.of(7))[-1] == IN_USE
+    assert ("start", "sdexec-s.service") not in systemd.calls
+
+
+def test_a_background_exec_holds_its_matchtag_until_its_one_response(
+    systemd, server, client
+):
+    client.bg(matchtag=7, SDEXEC_NAME="sdexec-a")
+    client.bg(matchtag=7, SDEXEC_NAME="sdexec-b")  # before a's started
+    assert payloads(client.of(7)) == [IN_USE]
+    systemd.run("sdexec-a.service", pid=8)
+    client.bg(matchtag=7, SDEXEC_NAME="sdexec-b")  # answered: free again
+    assert ("start", "sdexec-b.service") in systemd.calls
+
+
+def test_a_refused_request_leaves_its_matchtag_free(systemd, server, client):
+    client.send("sdexec.attach", {"label": "nobody", "flags": FLAGS}, matchtag=7)
+    assert error_of(client.last())[0] == errno.ENOENT
+    client.send("sdexec.exec", {"flags": FLAGS, "cmd": STREAMED}, matchtag=7)
+    assert ("start", "sdexec-s.service") in systemd.calls

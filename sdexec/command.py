@@ -103,7 +103,7 @@ class Command:
         return {
             key[len(PROPERTY_PREFIX) :]: value
             for key, value in self.opts.items()
-            if key.startswith(PROPERTY_PREFIX) and len(key) > len(PROPERTY_PREFIX)
+            if key.startswith(PROPERTY_PREFIX)  # "" too: the policy refuses it
         }
 
     def find_executable(self, default_cwd: str = "/") -> Found:

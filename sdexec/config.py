@@ -782,7 +782,7 @@ def _is_reserved(name: str) -> bool:
 
 
 def _is_oom_score_adjust(text: str) -> bool:
-    return re.fullmatch(r"[+-]?\d+", text.strip()) is not None and (
+    return re.fullmatch(r"[+-]?[0-9]+", text.strip()) is not None and (
         -1000 <= int(text) <= 1000
     )
 

@@ -497,6 +497,12 @@ class RequestPolicy:
         return dict(requested)
 
     def _check(self, name: str, value: str) -> None:
+        if not name:  # dropped, the job ran without the limit it asked for
+            raise RequestRefused(
+                errno.EINVAL,
+                "SDEXEC_PROP_: names no property (SDEXEC_PROP_<Name>, as in"
+                " SDEXEC_PROP_MemoryMax)",
+            )
         option = f"SDEXEC_PROP_{printable(name)}"
         reason = never_allowed_reason(name)
         if reason is not None:

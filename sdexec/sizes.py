@@ -18,10 +18,13 @@ __all__ = ["SUFFIXES", "UINT64_MAX", "MemoryLimit", "SizeTooLarge", "parse_size"
 _SUFFIX = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
 #: The suffixes a size may have, as error messages name them.
 SUFFIXES = "K, M, G, T, P or E"
-_SIZE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<suffix>[KMGTPE]?)", re.IGNORECASE)
+# ASCII digits only, as systemd's parse_size and sdexec's integers read them.
+_SIZE = re.compile(
+    r"(?P<number>\d+(?:\.\d+)?)\s*(?P<suffix>[KMGTPE]?)", re.IGNORECASE | re.ASCII
+)
 # systemd keeps sizes in 64 bits.
 UINT64_MAX = 2**64 - 1
-_PERCENT = re.compile(r"(?P<number>\d+(?:\.\d+)?)%")
+_PERCENT = re.compile(r"(?P<number>\d+(?:\.\d+)?)%", re.ASCII)
 #: Digits a size's number may have before and after its point. Every size
 #: below 16E has at most 20 before it; refusing longer numbers first keeps a
 #: request of a million digits from costing seconds of arithmetic.

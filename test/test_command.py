@@ -86,12 +86,15 @@ def test_requested_properties_strip_the_prefix():
         ["true"],
         opts={
             "SDEXEC_PROP_MemoryMax": "1G",
-            "SDEXEC_PROP_": "ignored: no name",
+            "SDEXEC_PROP_": "kept, for the policy to refuse: no name",
             "SDEXEC_NAME": "not a property",
             "sdexec_prop_Lower": "prefix is case-sensitive",
         },
     )
-    assert command.requested_properties() == {"MemoryMax": "1G"}
+    assert command.requested_properties() == {
+        "MemoryMax": "1G",
+        "": "kept, for the policy to refuse: no name",
+    }
     assert command.option("SDEXEC_NAME") == "not a property"
     assert command.option("missing", "default") == "default"
 

@@ -174,6 +174,17 @@ def test_a_name_systemd_does_not_know_is_einval_with_the_name_meant(name, meant)
         assert (error.errnum, error.errstr) == expected
 
 
+def test_an_empty_property_name_is_einval_not_dropped():
+    # --setopt SDEXEC_PROP_=64M ran the job without the limit and without a
+    # word (review 38 H2-2).
+    error = refusal(POLICY, **{"": "64M"})
+    assert (error.errnum, error.errstr) == (
+        errno.EINVAL,
+        "SDEXEC_PROP_: names no property (SDEXEC_PROP_<Name>, as in"
+        " SDEXEC_PROP_MemoryMax)",
+    )
+
+
 def test_a_unit_file_spelling_names_what_a_request_can_never_set() -> None:
     error = refusal(POLICY, TimeoutSec="5")
     assert (error.errnum, error.errstr) == (

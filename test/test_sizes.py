@@ -41,7 +41,12 @@ def test_parse_size(text, size):
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize("text", ["", "-1", "5X", "5MB", "1.5.5G", "G", "1e3", "5z"])
+@pytest.mark.parametrize(
+    "text",
+    # Digits of other scripts, which int() takes and systemd does not
+    # (review 38 H2-3): the integers of sdexec.property refuse them too.
+    ["", "-1", "5X", "5MB", "1.5.5G", "G", "1e3", "5z", "\uff11G", "\u0661G"],
+)
 def test_parse_size_refuses(text):
     with pytest.raises(ValueError, match="is not a size"):
         parse_size(text)
@@ -92,7 +97,7 @@ def test_infinity():
     assert not MemoryLimit.parse("0%").infinite
 
 
-@pytest.mark.parametrize("text", ["lots", "-5%", "95 %", "Infinity", ""])
+@pytest.mark.parametrize("text", ["lots", "-5%", "95 %", "Infinity", "", "\uff15%"])
 def test_memory_limit_refuses(text):
     with pytest.raises(ValueError, match="is not a size"):
         MemoryLimit.parse(text)

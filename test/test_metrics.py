@@ -74,7 +74,13 @@ async def test_metrics_agree_with_stats_and_observe_latency(sdexec, tmp_path):
     causes = {
         kind: samples[("sdexec_drain_causes", (("kind", kind),))] for kind in KINDS
     }
-    assert causes == {"outage": 0, "version": 0, "leftovers": 0, "admin": 1}
+    assert causes == {
+        "outage": 0,
+        "version": 0,
+        "leftovers": 0,
+        "site-property": 0,
+        "admin": 1,
+    }
     assert samples[("sdexec_units_started_total", ())] == 1
     assert samples[("sdexec_units_failed_total", ())] == 1
     assert samples[("sdexec_output_bytes_total", (("stream", "stdout"),))] == 5

@@ -28,8 +28,10 @@ _UNITS: dict[str, Decimal] = {
     "ms": Decimal("0.001"),
 }
 
+# ASCII digits only, as Flux's fsd_parse_duration reads them.
 _FSD = re.compile(
-    r"(?P<number>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)(?P<unit>ms|s|m|h|d)?"
+    r"(?P<number>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)(?P<unit>ms|s|m|h|d)?",
+    re.ASCII,
 )
 
 _EXPECTED = "a non-negative number with an optional suffix ms, s, m, h or d"

@@ -963,23 +963,26 @@ class SdexecServer:
         reload be answered after it), every start would fail: the node
         drains until a reload or a manager of another version, whose next
         start judges it afresh."""
-        if name not in self._site_property_names():
+        key = self._site_property_keys().get(name)
+        if key is None:
             return
         self._refused_site_property_on = version = self.systemd.version
         number = version_number(version)
         manager = f"systemd {number}" if number is not None else "the manager"
+        sent = f" (sent as {name})" if name != key else ""
         self.drain(
-            f"exec.sdexec-properties sets {name}, which {manager} does not take:"
-            " every job would fail (remove it and reload, or upgrade systemd)",
+            f"exec.sdexec-properties sets {key}{sent}, which {manager} does not"
+            " take: every job would fail (remove it and reload, or upgrade"
+            " systemd)",
             SelfLifting.SITE_PROPERTY,
         )
 
-    def _site_property_names(self) -> set[str]:
-        """The D-Bus names of the properties the site sets (as typed:
-        ``MemoryMax = "50%"`` goes as ``MemoryMaxScale``)."""
+    def _site_property_keys(self) -> dict[str, str]:
+        """The site's properties' keys, by the D-Bus names they are sent
+        as (``MemoryZSwapMax = "10%"`` goes as ``MemoryZSwapMaxScale``)."""
         return {
-            typed_property(name, value, source="config").name
-            for name, value in self.config.exec.sdexec_properties.items()
+            typed_property(key, value, source="config").name: key
+            for key, value in self.config.exec.sdexec_properties.items()
         }
 
     def lift(self, kind: SelfLifting) -> bool:

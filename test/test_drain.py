@@ -292,6 +292,22 @@ def test_a_request_property_the_manager_does_not_take_fails_that_request_alone(
     connection.close()
 
 
+def test_a_site_property_sent_under_another_name_is_named_as_the_site_wrote_it(
+    systemd,
+):
+    # "sets MemoryZSwapMaxScale", a key the admin's file does not have
+    # (review 38 R2-1).
+    site = {"MemoryZSwapMax": "10%"}
+    server = server_of(systemd, parse_config({"exec": {"sdexec-properties": site}}))
+    systemd.version = "252"
+    server.property_not_taken("MemoryZSwapMaxScale")
+    assert server.drain_reason == (
+        "exec.sdexec-properties sets MemoryZSwapMax (sent as MemoryZSwapMaxScale),"
+        " which systemd 252 does not take: every job would fail (remove it and"
+        " reload, or upgrade systemd)"
+    )
+
+
 def test_a_start_planned_before_the_reload_that_fixed_it_does_not_drain_again(
     systemd,
 ):

@@ -58,6 +58,13 @@ def test_parse_invalid_quotes_the_text(text):
     assert str(error.value).startswith(f'"{text}" is not a valid duration: expected')
 
 
+@pytest.mark.parametrize("text", ["\uff15m", "\u0661s"])
+def test_digits_of_other_scripts_are_no_duration(text):
+    # int() and Decimal() take them, Flux does not (review 38 R2).
+    with pytest.raises(ValueError, match="is not a valid duration"):
+        parse_fsd(text)
+
+
 @pytest.mark.parametrize("value", [True, None, -1, -0.5, math.inf, math.nan, [5]])
 def test_parse_refuses_non_durations(value):
     with pytest.raises(ValueError, match="is not a valid duration"):

@@ -441,32 +441,40 @@ def test_a_scheduling_policy_goes_before_its_priority():
     assert names.index("CPUSchedulingPolicy") < names.index("CPUSchedulingPriority")
 
 
-def test_a_request_soft_limit_above_the_site_s_hard_one_is_einval():
+def request_refused(site: dict, allowed: list[str], **opts: str):
+    """The refusal of a request of ``opts`` where the site sets ``site`` and
+    lets requests set ``allowed``."""
     table = {
-        "exec": {"sdexec-properties": {"LimitNOFILE": "1000"}},
-        "sdexec": {"request-properties": ["LimitNOFILESoft"]},
+        "exec": {"sdexec-properties": site},
+        "sdexec": {"request-properties": allowed},
     }
     with pytest.raises(sdexec.plan.RequestError) as refused:
-        exec_plan(config=parse_config(table), SDEXEC_PROP_LimitNOFILESoft="2000")
-    assert refused.value.errnum == errno.EINVAL
-    assert refused.value.errstr == (
+        exec_plan(config=parse_config(table), **opts)
+    return refused.value
+
+
+def test_a_request_soft_limit_above_the_site_s_hard_one_is_einval():
+    refused = request_refused(
+        {"LimitNOFILE": "1000"},
+        ["LimitNOFILESoft"],
+        SDEXEC_PROP_LimitNOFILESoft="2000",
+    )
+    assert (refused.errnum, refused.errstr) == (
+        errno.EINVAL,
         "SDEXEC_PROP_LimitNOFILESoft: LimitNOFILESoft=2000 above LimitNOFILE=1000,"
         " which setrlimit refuses at every start (LimitNOFILE from"
-        " [exec.sdexec-properties])"
+        " [exec.sdexec-properties])",
     )
 
 
 def test_a_request_hard_limit_below_the_site_s_soft_one_is_named():
     # The request's lower LimitNOFILE is at fault, not the site's soft one.
-    table = {
-        "exec": {
-            "sdexec-properties": {"LimitNOFILE": "4096", "LimitNOFILESoft": "2048"}
-        },
-        "sdexec": {"request-properties": ["LimitNOFILE"]},
-    }
-    with pytest.raises(sdexec.plan.RequestError) as refused:
-        exec_plan(config=parse_config(table), SDEXEC_PROP_LimitNOFILE="1024")
-    assert refused.value.errstr == (
+    refused = request_refused(
+        {"LimitNOFILE": "4096", "LimitNOFILESoft": "2048"},
+        ["LimitNOFILE"],
+        SDEXEC_PROP_LimitNOFILE="1024",
+    )
+    assert refused.errstr == (
         "SDEXEC_PROP_LimitNOFILE: LimitNOFILESoft=2048 above LimitNOFILE=1024,"
         " which setrlimit refuses at every start (LimitNOFILESoft from"
         " [exec.sdexec-properties])"
@@ -476,10 +484,12 @@ def test_a_request_hard_limit_below_the_site_s_soft_one_is_named():
 def test_a_request_soft_limit_alone_is_not_told_to_give_the_hard_one():
     # "give LimitMEMLOCK too" led to a second refusal: a request's hard
     # limit needs the site's to compare with (review 37 V).
-    table = {"sdexec": {"request-properties": ["LimitMEMLOCKSoft", "LimitMEMLOCK"]}}
-    with pytest.raises(sdexec.plan.RequestError) as refused:
-        exec_plan(config=parse_config(table), SDEXEC_PROP_LimitMEMLOCKSoft="infinity")
-    assert refused.value.errstr == (
+    refused = request_refused(
+        {},
+        ["LimitMEMLOCKSoft", "LimitMEMLOCK"],
+        SDEXEC_PROP_LimitMEMLOCKSoft="infinity",
+    )
+    assert refused.errstr == (
         "SDEXEC_PROP_LimitMEMLOCKSoft: over D-Bus a soft limit alone sets the"
         " hard limit to the same value, and a request may set LimitMEMLOCK only"
         " within the site's, which exec.sdexec-properties does not set"
@@ -487,18 +497,12 @@ def test_a_request_soft_limit_alone_is_not_told_to_give_the_hard_one():
 
 
 def test_a_request_s_bad_policy_is_named_not_the_site_s_priority():
-    table = {
-        "exec": {
-            "sdexec-properties": {
-                "CPUSchedulingPolicy": "fifo",
-                "CPUSchedulingPriority": "50",
-            }
-        },
-        "sdexec": {"request-properties": ["CPUSchedulingPolicy"]},
-    }
-    with pytest.raises(sdexec.plan.RequestError) as refused:
-        exec_plan(config=parse_config(table), SDEXEC_PROP_CPUSchedulingPolicy="fifoo")
-    assert refused.value.errstr.startswith("SDEXEC_PROP_CPUSchedulingPolicy:")
+    refused = request_refused(
+        {"CPUSchedulingPolicy": "fifo", "CPUSchedulingPriority": "50"},
+        ["CPUSchedulingPolicy"],
+        SDEXEC_PROP_CPUSchedulingPolicy="fifoo",
+    )
+    assert refused.errstr.startswith("SDEXEC_PROP_CPUSchedulingPolicy:")
 
 
 _GATED = {

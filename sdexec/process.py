@@ -578,8 +578,10 @@ class Process:
         """SIGKILL the main process of a client that left, once it is known
         to run (made again if the connection to systemd loses it)."""
         started = Sent.STARTED in self._sent
-        # Not once it has exited (its status seen, or the outcome known).
-        exited = self._outcome_known or self.status.has_finished
+        # Not once it has exited (its status seen, or the outcome known);
+        # a stream ended as unkillable has its main process still running.
+        outcome_says_exited = self._outcome_known and not self._declared_unkillable
+        exited = outcome_says_exited or self.status.has_finished
         if self._kill_main_wanted and started and not exited:
             self._call(
                 UnitCall.KILL_MAIN,

@@ -699,6 +699,23 @@ def test_a_job_declared_unkillable_is_still_running_for_terminate_and_ps(
     )
 
 
+def test_a_job_declared_unkillable_whose_client_leaves_gets_its_sigkill(make_server):
+    # Its stream ended with EDEADLK, it was taken for exited: the client's
+    # close only stopped the unit (SIGTERM), and a job shell that survived
+    # a non-default kill-signal ran on (review 38 T4-1).
+    server, systemd, clock = make_server(**{"kill-timeout": "1s", "max-kill-count": 1})
+    start_job(server, systemd)
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    run_until_quiet(clock)
+    assert server.drain_reason == "unkillable user processes for job f1"
+    before = len(systemd.kills_at)
+    for process in server.connection_processes(1):
+        process.client_gone()
+    assert [(who, signum) for _, who, signum in systemd.kills_at[before:]] == [
+        ("main", signal.SIGKILL)
+    ]
+
+
 def test_a_verdict_held_for_systemd_is_no_unkillable_step(make_server):
     # Held (systemd away), ps said "unkillable", and still so once the job
     # exited after systemd's return: the node was never drained.

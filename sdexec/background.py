@@ -363,13 +363,17 @@ class Tracked:
             no_status = (NO_EXIT_STATUS_ERRNO, "no exit status")
             waiter.responder.error(*(self.failure or no_status))
             return
-        waiter.responder.respond(
-            {
-                "status": self.finished["status"],
-                "output": self.retained.io_objects(self._rank),
-                "dropped": self.retained.dropped,
-            }
-        )
+        answer = {
+            "status": self.finished["status"],
+            "output": self.retained.io_objects(self._rank),
+            "dropped": self.retained.dropped,
+        }
+        if self.failure is not None:
+            # What ended the stream after the command finished (the stop
+            # timer gave up on what it left): an attach gets it as an error.
+            errnum, errstr = self.failure
+            answer["error"] = {"errnum": errnum, "errstr": errstr}
+        waiter.responder.respond(answer)
 
     def _attached(self, dropped: dict[str, int]) -> dict[str, Any]:
         assert self.process is not None

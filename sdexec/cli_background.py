@@ -74,6 +74,9 @@ def wait(options: argparse.Namespace) -> int:
         # Waited for once, the output cannot be had again: its loss is
         # said, and fails the command (a reader gone is not a loss).
         lost = write_output(outputs, io) == LOST or lost
+    after = answer.get("error")
+    if isinstance(after, dict) and isinstance(after.get("errstr"), str):
+        fail(f"after the command finished: {after['errstr']}")  # as run says it
     code = exit_code(status)
     return (code or 1) if lost else code
 
@@ -108,10 +111,14 @@ def attach(options: argparse.Namespace) -> int:
         # Output lost (a full disk) is an error, said above; a reader gone
         # or a Ctrl-C is the user's choice.
         return 1 if session.output_lost else 0
-    if stream.error is not None:
+    if stream.error is not None and session.status is None:
         return fail(str(stream.error))
     if session.status is None:
         return fail("the service ended the stream without a finished response")
+    if stream.error is not None:
+        # The command finished; what went wrong after (processes it left
+        # behind) is said as run says it, and the command's code stands.
+        fail(f"after the command finished: {stream.error}")
     return exit_code(session.status)
 
 

@@ -205,6 +205,42 @@ def test_wait_writes_its_output_though_stderr_is_full(serve):
     assert (done.returncode, done.stdout) == (0, b"precious\n")
 
 
+#: What a stream ends with when the stop timer gave up on what its command
+#: left (the command exited 0).
+LEFT_BEHIND = (errno.EDEADLK, "unkillable user processes in unit sdexec-x.service")
+#: What sdexec run says of it, and so wait and attach (review 38 T4-2).
+SAID_AFTER = b"sdexec: after the command finished: " + LEFT_BEHIND[1].encode()
+
+
+def test_wait_says_what_ended_the_stream_after_the_command_and_keeps_its_code(serve):
+    def script(request: dict) -> list[dict]:
+        io = encode_io("stdout", "0", b"out\n")
+        error = {"errnum": LEFT_BEHIND[0], "errstr": LEFT_BEHIND[1]}
+        answer = {"status": 0, "output": [io], "dropped": {}, "error": error}
+        return [response(request, answer)]
+
+    done = sdexec(serve(script), "wait", "7")
+    assert (done.returncode, done.stdout) == (0, b"out\n")
+    assert done.stderr == SAID_AFTER + b"\n"
+
+
+def test_attach_says_what_ended_the_stream_after_the_command_and_keeps_its_code(
+    serve,
+):
+    # It exited 1, where the process exited 0 and run exits 0.
+    def script(request: dict) -> list[dict]:
+        attached = {"type": "attached", "pid": 7, "cmd": {}, "dropped": {}}
+        return [
+            response(request, attached),
+            response(request, {"type": "finished", "status": 0}),
+            failure(request, *LEFT_BEHIND),
+        ]
+
+    done = sdexec(serve(script), "attach", "7")
+    assert done.returncode == 0
+    assert done.stderr == SAID_AFTER + b"\n"
+
+
 def test_an_absolute_dir_needs_no_current_directory(serve, tmp_path):
     # Asked for first, a deleted one failed `run --bg --dir /tmp true`.
     def script(request: dict) -> list[dict]:

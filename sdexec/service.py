@@ -16,7 +16,7 @@ import errno
 import os
 import signal
 import sys
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -114,12 +114,16 @@ def default_listen_endpoint(socket_mode: int = DEFAULT_SOCKET_MODE) -> str:
 EX_CONFIG = 78
 
 
-def _with_bus(config: Config, bus: str | None) -> Config:
-    """``config`` with ``[systemd] bus`` set to ``bus`` (the command
-    line's), if one is given."""
-    if not bus:
-        return config
-    return replace(config, systemd=replace(config.systemd, bus=bus))
+def _with_command_line(config: Config, given: Mapping[str, str]) -> Config:
+    """``config`` with the settings the command line ``given`` (``listen``,
+    ``stats``, ``bus``) in place of the file's: what the service reports is
+    what it does."""
+    listen = given.get("listen", config.sdexec.listen)
+    stats = given.get("stats", config.sdexec.stats)
+    config = replace(config, sdexec=replace(config.sdexec, listen=listen, stats=stats))
+    if "bus" in given:
+        config = replace(config, systemd=replace(config.systemd, bus=given["bus"]))
+    return config
 
 
 def _exit_failed(status: int) -> None:
@@ -150,7 +154,14 @@ class SdexecService(Service):
         settings, also across reloads."""
         self._connect = connect or self._connect_systemd
         self.exit_on_failure = exit_on_failure
-        self.config = _with_bus(config, bus)
+        #: Settings the command line gave (--listen, --stats, --bus): the file's
+        #: value is not the one in force, now or after a reload.
+        self._command_line = {
+            name: value
+            for name, value in (("listen", listen), ("stats", stats), ("bus", bus))
+            if value
+        }
+        self.config = _with_command_line(config, self._command_line)
         self.reactor = reactor
         self.listen = (
             listen
@@ -158,13 +169,6 @@ class SdexecService(Service):
             or default_listen_endpoint(config.sdexec.socket_mode)
         )
         self.stats = stats or config.sdexec.stats or DEFAULT_STATS_ENDPOINT
-        #: Settings the command line gave (--listen, --stats, --bus): the file's
-        #: value is not the one in force, now or after a restart.
-        self._from_command_line = frozenset(
-            name
-            for name, value in (("listen", listen), ("stats", stats), ("bus", bus))
-            if value
-        )
         self.server: SdexecServer | None = None
         self.owner_lock: OwnerLock | None = None
         self.outage: SystemdOutage | None = None
@@ -448,9 +452,8 @@ class SdexecService(Service):
         if self.stopped:
             log.info("reload dropped: the service stopped meanwhile")
             return False
-        if "bus" in self._from_command_line:
-            config = _with_bus(config, self.config.systemd.bus)
-        elif config.systemd.bus != self.config.systemd.bus:
+        config = _with_command_line(config, self._command_line)
+        if config.systemd.bus != self.config.systemd.bus:
             # The connection is made once: the configuration in force must
             # keep naming the manager the service really talks to.
             log.error(
@@ -477,7 +480,7 @@ class SdexecService(Service):
         in_force = {"listen": self.listen, "stats": self.stats}
         for name in START_ONLY_SETTINGS:
             old, new = getattr(self.config.sdexec, name), getattr(config.sdexec, name)
-            if old != new and name not in self._from_command_line:
+            if old != new:
                 log.warn(
                     "{path}: sdexec.{key}: read only at start: {new} takes"
                     " effect at the next restart, {old} stays in force",

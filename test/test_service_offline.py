@@ -471,6 +471,24 @@ async def test_a_reload_keeps_start_only_settings_in_force_and_says_so(tmp_path)
 
 
 @ensureDeferred
+async def test_the_endpoints_the_command_line_gave_are_the_ones_reported(tmp_path):
+    # sdexec stats and GET /stats showed the file's listen and stats where
+    # twistd's --listen and --stats were in force (review 38 A2-1).
+    (tmp_path / "sdexec.toml").write_text(
+        '[sdexec]\nlisten = "unix:/run/file.sock"\nstats = "tcp:9999"\n'
+    )
+    service = await started_service(tmp_path, FakeManager())
+    given = (f"unix:{tmp_path}/s.sock", "tcp:0:interface=127.0.0.1")
+    reported = service.server.stats()["config"]["sdexec"]
+    assert (reported["listen"], reported["stats"]) == given
+    await reload_saying(
+        service, tmp_path / "sdexec.toml", '[sdexec]\nlisten = "unix:/x"\n'
+    )
+    assert (service.config.sdexec.listen, service.config.sdexec.stats) == given
+    await service.stopService()
+
+
+@ensureDeferred
 async def test_a_reload_judges_allow_users_by_the_socket_mode_in_force(tmp_path):
     # The docs' way: socket-mode "0660" and allow-users, reloaded. The mode
     # stays 0600 until a restart, so those users get EACCES; the warning for

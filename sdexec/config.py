@@ -490,9 +490,12 @@ def _endpoint(value: object) -> str:
     return _server_endpoint(value)[0]
 
 
-def _server_endpoint(value: object) -> tuple[str, object | None]:
+def _server_endpoint(
+    value: object, such_as: str = "unix:/path or tcp:PORT"
+) -> tuple[str, object | None]:
     """An endpoint's description, checked, and what Twisted makes of it
-    (``None`` for a ``systemd:`` one, whose sockets exist only in the unit)."""
+    (``None`` for a ``systemd:`` one, whose sockets exist only in the unit);
+    a refusal names what is taken (``such_as``)."""
     description = _string(value)
     if is_systemd_endpoint(description):
         _check_systemd_endpoint(value, description)
@@ -505,8 +508,15 @@ def _server_endpoint(value: object) -> tuple[str, object | None]:
     except (ValueError, TypeError, KeyError, OSError) as error:  # OSError: ssl's key
         raise ValueError(
             f"{json_quoted(value)} is not a Twisted server endpoint"
-            f" such as unix:/path or tcp:PORT ({error})"
+            f" such as {such_as} ({error})"
         ) from None
+    path = getattr(endpoint, "_address", None)
+    if isinstance(path, str) and not os.path.isabs(path):
+        # Made in the working directory, / under the units, where no client
+        # looks (stats-socket and topology are refused so too).
+        raise ValueError(
+            f"{json_quoted(value)}: expected an absolute socket path (unix:/path)"
+        )
     return description, endpoint
 
 
@@ -514,7 +524,7 @@ def _listen_endpoint(value: object) -> str:
     """``listen``: an endpoint on a UNIX socket. The service knows who a
     client is by its uid (``SO_PEERCRED``, docs/operating.md); over TCP
     there is none, and every connection, the owner's too, was refused."""
-    description, endpoint = _server_endpoint(value)
+    description, endpoint = _server_endpoint(value, "unix:/path")
     if endpoint is None:
         unix = systemd_endpoint_domain(description) == "UNIX"
     else:

@@ -127,7 +127,8 @@ KEYS = [
         'expected a string of colon-separated directories, got ["/a"]'),
     Key("sdexec.listen", "sdexec.listen", None, "unix:/tmp/sdexec.sock",
         "unix:/tmp/sdexec.sock", "tpc:8490",
-        '"tpc:8490" is not a Twisted server endpoint such as unix:/path or tcp:PORT'
+        # Not "or tcp:PORT", which listen refuses (review 38 A2-3).
+        '"tpc:8490" is not a Twisted server endpoint such as unix:/path'
         " (Unknown endpoint type: 'tpc')"),
     Key("sdexec.listen-backlog", "sdexec.listen_backlog", None, 1024, 1024, 2**31,
         "expected an integer from 1 to 2147483647, got 2147483648"),
@@ -915,6 +916,18 @@ def test_an_endpoint_a_listen_would_refuse_is_named_at_load(endpoint, problem):
             parse_config({"sdexec": {key: endpoint}})
         assert error.value.key == f"sdexec.{key}"
         assert str(error.value).endswith(f"({problem})")
+
+
+@pytest.mark.parametrize("key", ["listen", "stats"])
+def test_a_relative_socket_path_is_refused(key):
+    # Made in the working directory, / under the units, where no client
+    # looked; stats-socket and topology already wanted one (review 38 A2-2).
+    with pytest.raises(ConfigError) as error:
+        parse_config({"sdexec": {key: "unix:rel/s.sock"}})
+    assert str(error.value) == (
+        f'<config>: sdexec.{key}: "unix:rel/s.sock": expected an absolute'
+        " socket path (unix:/path)"
+    )
 
 
 def test_a_stats_socket_path_too_long_to_bind_is_named():

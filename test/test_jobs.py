@@ -143,12 +143,19 @@ def test_an_unkillable_job_is_drained_on_schedule(
     assert server.jobs.jobs["f1"].describe()["step"] == "unkillable"
 
 
-def test_unkillable_drains_with_the_exact_reason_and_undrain_restores(make_server):
+def declared_unkillable(make_server):
+    """A server whose job f1 (one kill attempt, a second apart) would not
+    die: its stream ended with EDEADLK, the node drained; and its manager."""
     server, systemd, clock = make_server(**{"kill-timeout": "1s", "max-kill-count": 1})
     start_job(server, systemd)
     server.terminate({"jobid": "f1", "reason": "cancel"})
     run_until_quiet(clock)
     assert server.drain_reason == "unkillable user processes for job f1"
+    return server, systemd
+
+
+def test_unkillable_drains_with_the_exact_reason_and_undrain_restores(make_server):
+    server, _ = declared_unkillable(make_server)
     # f1's unit still runs (unkillable): its name stays taken.
     second = {"SDEXEC_JOBID": "f2", "SDEXEC_NAME": "sdexec-job2"}
     with pytest.raises(RequestError) as refused:
@@ -687,11 +694,7 @@ def test_a_job_declared_unkillable_is_still_running_for_terminate_and_ps(
     make_server,
 ):
     # It was taken for exited: terminate said "has already exited", ps "Z".
-    server, systemd, clock = make_server(**{"kill-timeout": "1s", "max-kill-count": 1})
-    start_job(server, systemd)
-    server.terminate({"jobid": "f1", "reason": "cancel"})
-    run_until_quiet(clock)
-    assert server.drain_reason == "unkillable user processes for job f1"
+    server, _ = declared_unkillable(make_server)
     (listed,) = server.list()["procs"]
     assert (listed["state"], listed["step"]) == ("R", "unkillable")
     assert server.terminate({"jobid": "f1", "reason": "cancel"})["step"] == (
@@ -703,11 +706,7 @@ def test_a_job_declared_unkillable_whose_client_leaves_gets_its_sigkill(make_ser
     # Its stream ended with EDEADLK, it was taken for exited: the client's
     # close only stopped the unit (SIGTERM), and a job shell that survived
     # a non-default kill-signal ran on (review 38 T4-1).
-    server, systemd, clock = make_server(**{"kill-timeout": "1s", "max-kill-count": 1})
-    start_job(server, systemd)
-    server.terminate({"jobid": "f1", "reason": "cancel"})
-    run_until_quiet(clock)
-    assert server.drain_reason == "unkillable user processes for job f1"
+    server, systemd = declared_unkillable(make_server)
     before = len(systemd.kills_at)
     for process in server.connection_processes(1):
         process.client_gone()

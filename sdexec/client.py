@@ -56,6 +56,7 @@ from sdexec.rpc import (
     listed_processes,
     process_target,
     resolve_socket_path,
+    socket_path_too_long,
     wait_status,
 )
 
@@ -100,24 +101,19 @@ CLOSE_GRACE_S = 5.0
 #: and every process on it.
 WRITE_PIECE = 128 * 1024
 
-#: The longest socket path a connection takes, in bytes: ``sun_path`` holds
-#: 108, the terminating NUL included.
-MAX_SOCKET_PATH = 107
-
 
 def connect(reactor: IReactorUNIX, path: str) -> Deferred[SdexecClient]:
     """Connect to the service listening on the UNIX socket ``path``.
 
     Errbacks with :class:`ConnectionFailed` naming the path if there is no
     socket there, nothing listens on it, or the path is longer than
-    :data:`MAX_SOCKET_PATH`.
+    :data:`sdexec.protocolbase.MAX_SOCKET_PATH`.
     """
-    size = len(os.fsencode(path))
-    if size > MAX_SOCKET_PATH:
+    too_long = socket_path_too_long(path)
+    if too_long is not None:
         # Said at once: Twisted logged a TypeError for it and reported a
         # timeout 30 s later.
-        why = f"AF_UNIX path too long ({size} bytes, at most {MAX_SOCKET_PATH})"
-        return fail(cannot_connect(path, None, why))
+        return fail(cannot_connect(path, None, too_long))
     client = SdexecClient(path, cast(IReactorTime, reactor))
     connecting = connectProtocol(UNIXClientEndpoint(reactor, path), client)
     return connecting.addErrback(_connect_failed, path)

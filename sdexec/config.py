@@ -64,6 +64,7 @@ from sdexec.property import (
     unknown_property_reason,
 )
 from sdexec.protocol import DEFAULT_MAX_FRAME
+from sdexec.protocolbase import MAX_SOCKET_PATH
 from sdexec.refusal import json_quoted
 from sdexec.retained import DEFAULT_RETAINED, parse_retained_size
 from sdexec.signals import parse_signal, signal_name
@@ -559,10 +560,6 @@ def check_command_line_option(option: str, value: str | None) -> str | None:
         raise ConfigError("<command line>", option, str(error)) from None
 
 
-#: The longest UNIX socket path bind(2) takes: sun_path less its NUL.
-_MAX_SOCKET_PATH = 107
-
-
 def _check_endpoint_address(endpoint: object) -> None:
     """What Twisted parses but only a listen would refuse, at start: a port
     outside 0-65535, a UNIX socket without a path or with one too long.
@@ -579,9 +576,9 @@ def _check_endpoint_address(endpoint: object) -> None:
 
 def _check_socket_path_length(path: str) -> None:
     _check_no_nul(path)
-    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         raise ValueError(
-            f"a socket path is at most {_MAX_SOCKET_PATH} bytes,"
+            f"a socket path is at most {MAX_SOCKET_PATH} bytes,"
             f" this one has {len(os.fsencode(path))}"
         )
 

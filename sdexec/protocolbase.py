@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_SOCKET_SUBPATH",
+    "MAX_SOCKET_PATH",
     "SOCKET_ENV",
     "SYSTEM_SOCKET",
     "chosen_socket_path",
@@ -30,6 +31,8 @@ __all__ = [
 
 #: Where the service listens by default, under ``$XDG_RUNTIME_DIR``.
 DEFAULT_SOCKET_SUBPATH = os.path.join("sdexec", "sdexec.sock")
+#: The longest path a UNIX socket may have (Linux's ``sun_path`` less its NUL).
+MAX_SOCKET_PATH = 107
 #: The environment variable naming the service's socket (clients).
 SOCKET_ENV = "SDEXEC_SOCKET"
 #: Where the system unit (etc/sdexec-system.service) serves: its

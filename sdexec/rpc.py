@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Mapping
 
 from sdexec import protocol
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, SOCKET_ENV, SYSTEM_SOCKET
-from sdexec.protocolbase import chosen_socket_path
+from sdexec.protocolbase import MAX_SOCKET_PATH, chosen_socket_path
 from sdexec.refusal import quoted
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
@@ -40,6 +41,7 @@ __all__ = [
     "default_socket_path",
     "process_target",
     "resolve_socket_path",
+    "socket_path_too_long",
 ]
 
 
@@ -87,11 +89,23 @@ def resolve_socket_path(
     return default_socket_path(environ) if chosen is None else chosen
 
 
+def socket_path_too_long(path: str) -> str | None:
+    """Why no UNIX socket can have ``path`` (longer than one holds), or
+    ``None``: said before a connect, whose own words give no sizes."""
+    size = len(os.fsencode(path))
+    if size <= MAX_SOCKET_PATH:
+        return None
+    return f"AF_UNIX path too long ({size} bytes, at most {MAX_SOCKET_PATH})"
+
+
 def cannot_connect(path: str, code: int | None, why: str = "") -> ConnectionFailed:
     """The error for a connection to ``path`` that failed with errno
     ``code`` (or for the reason ``why`` when there is no errno)."""
     reason = os.strerror(code) if code is not None else why
-    if code in (errno.ENOENT, errno.ECONNREFUSED):
+    there = _not_a_socket(path) if code == errno.ECONNREFUSED else None
+    if there is not None:
+        reason += f" ({path} is {there}, not a socket)"
+    elif code in (errno.ENOENT, errno.ECONNREFUSED):
         reason += " (is the sdexec service running?"
         if path != SYSTEM_SOCKET and os.path.exists(SYSTEM_SOCKET):
             reason += (
@@ -105,6 +119,18 @@ def cannot_connect(path: str, code: int | None, why: str = "") -> ConnectionFail
             " [sdexec] allow-users)"
         )
     return ConnectionFailed(f"cannot connect to {path}: {reason}")
+
+
+def _not_a_socket(path: str) -> str | None:
+    """What is at ``path`` if it is something other than a socket (a
+    directory, a file), else ``None``."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISSOCK(mode):
+        return None
+    return "a directory" if stat.S_ISDIR(mode) else "a file"
 
 
 class Pending(Protocol):

@@ -35,6 +35,7 @@ from sdexec.rpc import (
     bad_stdio,
     cannot_connect,
     is_end_of_stream,
+    socket_path_too_long,
 )
 from sdexec.wire import FrameSplitter, FramingError, encode_small_message
 
@@ -167,6 +168,9 @@ def _connected_socket(path: str) -> _socket.socket:
     # The socket module's C core: the module itself imports selectors and
     # builds its enums, a sixth of the command line's imports, for
     # nothing used here.
+    too_long = socket_path_too_long(path)
+    if too_long is not None:
+        raise cannot_connect(path, None, too_long)  # the connect's words lack sizes
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.connect(path)

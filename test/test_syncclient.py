@@ -283,3 +283,20 @@ def test_cannot_connect_says_what_to_do(tmp_path, monkeypatch):
         "Permission denied (another user's service: each serves its owner and"
         " its [sdexec] allow-users)"
     )
+
+
+def test_a_socket_path_that_is_no_socket_or_too_long_is_named(tmp_path):
+    # Said "Connection refused (is the sdexec service running?)" and
+    # "AF_UNIX path too long" without sizes (review 38 A2).
+    with Loop() as loop, pytest.raises(ConnectionFailed) as directory:
+        Connection(loop, str(tmp_path))
+    assert str(directory.value) == (
+        f"cannot connect to {tmp_path}: Connection refused ({tmp_path} is a"
+        " directory, not a socket)"
+    )
+    long = "/" + "s" * 107
+    with Loop() as loop, pytest.raises(ConnectionFailed) as too_long:
+        Connection(loop, long)
+    assert str(too_long.value) == (
+        f"cannot connect to {long}: AF_UNIX path too long (108 bytes, at most 107)"
+    )

@@ -149,6 +149,9 @@ class Tracked:
         self.finished: dict[str, Any] | None = None
         #: How the stream ended if not well: (errnum, errstr).
         self.failure: tuple[int, str] | None = None
+        #: It ended so before ``finished`` (a job declared unkillable): a
+        #: status known later (at the reap) is not its end.
+        self._failed_unfinished = False
         #: The unit is gone (the process was reaped); only the end remains.
         self.reaped = False
         self._rank = rank
@@ -206,6 +209,7 @@ class Tracked:
         self._stream_ended = True
         if errnum != errno.ENODATA:
             self.failure = (errnum, errstr)
+            self._failed_unfinished = self.finished is None
         client, self._client = self._client, None
         if client is not None:
             client.responder.error(errnum, errstr)
@@ -278,7 +282,7 @@ class Tracked:
             ended = self.reaped or self.retained.at_eof(stream)
             if ended and client.forwards(stream):
                 client.responder.respond(self._output(stream, b"", eof=True))
-        if self.finished is not None:
+        if self.finished is not None and not self._failed_unfinished:
             self._take_end(_BY_ATTACH)
             client.responder.respond(self.finished)
         if self.reaped or self._stream_ended:
@@ -359,7 +363,8 @@ class Tracked:
         assert waiter is not None
         self._take_end(_BY_WAIT)
         self.sent_to = waiter.connection_id
-        if self.finished is None:
+        if self.finished is None or self._failed_unfinished:
+            # As the stream ended: a wait made before the reap got this too.
             no_status = (NO_EXIT_STATUS_ERRNO, "no exit status")
             waiter.responder.error(*(self.failure or no_status))
             return

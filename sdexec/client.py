@@ -38,6 +38,7 @@ from zope.interface import implementer
 from sdexec.framing import JSONLineProtocol, encode_message
 from sdexec.ioencode import encode_io
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, SOCKET_ENV, ExecFlag, Topic
+from sdexec.protocolbase import MAX_SOCKET_PATH
 from sdexec.receipt import Receipt
 from sdexec.rpc import (
     BAD_DESCRIPTOR,
@@ -62,6 +63,7 @@ from sdexec.rpc import (
 
 __all__ = [
     "DEFAULT_STDIN_BUFSIZE",
+    "MAX_SOCKET_PATH",
     "SOCKET_ENV",
     "STDERR",
     "STDOUT",
@@ -107,7 +109,7 @@ def connect(reactor: IReactorUNIX, path: str) -> Deferred[SdexecClient]:
 
     Errbacks with :class:`ConnectionFailed` naming the path if there is no
     socket there, nothing listens on it, or the path is longer than
-    :data:`sdexec.protocolbase.MAX_SOCKET_PATH`.
+    :data:`MAX_SOCKET_PATH`.
     """
     too_long = socket_path_too_long(path)
     if too_long is not None:

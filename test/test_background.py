@@ -1182,3 +1182,28 @@ def test_a_refused_request_leaves_its_matchtag_free(systemd, server, client):
     assert error_of(client.last())[0] == errno.ENOENT
     client.send("sdexec.exec", {"flags": FLAGS, "cmd": STREAMED}, matchtag=7)
     assert ("start", "sdexec-s.service") in systemd.calls
+
+
+@pytest.mark.parametrize("topic", ["sdexec.wait", "sdexec.attach"])
+@ensureDeferred
+async def test_a_job_ended_unkillable_is_answered_so_after_its_reap_too(
+    systemd, server, client, topic
+):
+    # Its main process exited after the verdict, its status noted at the
+    # reap: a later wait got that status with the EDEADLK "after the
+    # command finished", and a later attach a finished before it, where the
+    # stream (and a wait made before the reap) ended with the EDEADLK alone
+    # (review 38 R3-1).
+    waitable_job_running(systemd, client)
+    server.units[UNIT].unkillable("unkillable user processes for job f1")
+    systemd.exit(UNIT, 0)
+    systemd.release(UNIT)
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    await until(lambda: not server.processes, "reaped")
+    viewer = Client(server)
+    viewer.send(topic, {"label": "j", "flags": FLAGS}, matchtag=1)
+    answers = payloads(viewer.of(1))
+    assert answers[-1] == (errno.EDEADLK, "unkillable user processes for job f1")
+    assert not any(isinstance(p, dict) and p.get("type") == "finished" for p in answers)
+    assert not any(isinstance(p, dict) and "status" in p for p in answers)
+    viewer.close()

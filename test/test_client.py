@@ -30,6 +30,7 @@ from sdexec import cli, cliio, rpc
 from sdexec.cli import build_command, cancel_targets, format_procs
 from sdexec.cliargs import kill_target, parse_args
 from sdexec.client import (
+    MAX_SOCKET_PATH,
     STDOUT,
     WRITE_CREDIT,
     ConnectionFailed,
@@ -127,7 +128,7 @@ def test_missing_socket_names_the_path(tmp_path):
         yield connect(reactor, path)
 
 
-@pytest.mark.parametrize("size", [107, 108])
+@pytest.mark.parametrize("size", [MAX_SOCKET_PATH, MAX_SOCKET_PATH + 1])
 @pytest_twisted.inlineCallbacks
 def test_a_socket_path_too_long_fails_at_once_naming_the_limit(tmp_path, size):
     # Twisted logged a TypeError for it and reported a timeout 30 s later.

@@ -142,24 +142,24 @@ def literal_words(text: str, none: str = "nothing named") -> list[str]:
     (``mnt-scratch\\x2d1.mount``) or a domain's group (``EXAMPLE\\hpc``)
     as the manager names it, where systemd-run would drop the backslash.
     ``ValueError(none)`` if there are none, and for an unclosed quote."""
-    lexer = shlex.shlex(text, posix=True)
-    lexer.whitespace_split = True
-    lexer.commenters = ""
-    lexer.escape = ""
-    try:
-        words = list(lexer)
-    except ValueError as error:
-        raise ValueError(f"{text!r}: {error}") from None
-    if not words:
-        raise ValueError(none)
-    return words
+    return _split(text, none, escape="")
 
 
 def quoted_words(text: str, none: str) -> list[str]:
     """``text``'s words, quoted as a shell would; ``ValueError(none)`` if
     there are none, and for an unclosed quote."""
+    return _split(text, none, escape="\\")
+
+
+def _split(text: str, none: str, escape: str) -> list[str]:
+    """``text``'s words as :func:`shlex.split` reads them, but with
+    ``escape`` its escape characters (``""``: a backslash is a character)."""
+    lexer = shlex.shlex(text, posix=True)
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    lexer.escape = escape
     try:
-        words = shlex.split(text)
+        words = list(lexer)
     except ValueError as error:
         raise ValueError(f"{text!r}: {error}") from None
     if not words:

@@ -48,6 +48,7 @@ from sdexec.cliio import (
     say,
     visible,
     warn,
+    warn_after_finished,
     write_output,
 )
 from sdexec.protocol import (
@@ -559,9 +560,7 @@ class _Job:
         if self._receipt is None:
             return fail("the service ended the stream without a finished response")
         if failure is not None:
-            # The command finished; what went wrong after (processes it left
-            # behind, say) is the service's business, not the command's.
-            fail(f"after the command finished: {failure}")
+            warn_after_finished(failure)
         for line in receipt_lines(self._receipt, self._usage):
             say(line)
         code = exit_code(self._receipt.status)

@@ -25,6 +25,7 @@ from sdexec.cliio import (
     print_out,
     request,
     say,
+    warn_after_finished,
     write_output,
 )
 from sdexec.protocol import ExecFlag, Topic
@@ -76,7 +77,7 @@ def wait(options: argparse.Namespace) -> int:
         lost = write_output(outputs, io) == LOST or lost
     after = answer.get("error")
     if isinstance(after, dict) and isinstance(after.get("errstr"), str):
-        fail(f"after the command finished: {after['errstr']}")  # as run says it
+        warn_after_finished(after["errstr"])
     code = exit_code(status)
     return (code or 1) if lost else code
 
@@ -116,9 +117,7 @@ def attach(options: argparse.Namespace) -> int:
     if session.status is None:
         return fail("the service ended the stream without a finished response")
     if stream.error is not None:
-        # The command finished; what went wrong after (processes it left
-        # behind) is said as run says it, and the command's code stands.
-        fail(f"after the command finished: {stream.error}")
+        warn_after_finished(stream.error)
     return exit_code(session.status)
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "say",
     "visible",
     "warn",
+    "warn_after_finished",
     "write_output",
 ]
 
@@ -127,6 +128,13 @@ def fail(message: str) -> int:
     """Say what went wrong in one line on stderr; the exit status 1."""
     warn(message)
     return 1
+
+
+def warn_after_finished(failure: object) -> None:
+    """Say what ended a stream after its command finished (processes it
+    left behind, say): the service's business, not the command's, whose
+    exit code stands (``run``, ``wait``, ``attach`` alike)."""
+    warn(f"after the command finished: {failure}")
 
 
 def warn(message: str) -> None:

@@ -14,7 +14,13 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["MINIMUM", "MINIMUM_FENCED", "version_number", "version_problem"]
+__all__ = [
+    "MINIMUM",
+    "MINIMUM_FENCED",
+    "manager_named",
+    "version_number",
+    "version_problem",
+]
 
 #: The oldest systemd that runs sdexec's units.
 MINIMUM = 243
@@ -29,6 +35,13 @@ def version_number(version: str | None) -> int | None:
     ``239 (239-78.el8)``, ``v256.7``); ``None`` if it has none."""
     found = _LEADING_NUMBER.match(version or "")
     return int(found.group(1)) if found else None
+
+
+def manager_named(version: str | None, unknown: str) -> str:
+    """The manager of ``version`` in a message (``systemd 252``), or
+    ``unknown`` where its version is not known."""
+    number = version_number(version)
+    return f"systemd {number}" if number is not None else unknown
 
 
 def version_problem(version: str | None, fenced: bool) -> str | None:

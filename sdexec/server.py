@@ -42,7 +42,7 @@ from sdexec.leftovers import (
 from sdexec.limits import is_integer
 from sdexec.lograte import LogRate
 from sdexec.lookup import InlineLookups, Lookups
-from sdexec.managerversion import version_number, version_problem
+from sdexec.managerversion import manager_named, version_problem
 from sdexec.orphans import LostUnitKill
 from sdexec.passthrough import (
     NO_STDIO,
@@ -967,8 +967,7 @@ class SdexecServer:
         if key is None:
             return
         self._refused_site_property_on = version = self.systemd.version
-        number = version_number(version)
-        manager = f"systemd {number}" if number is not None else "the manager"
+        manager = manager_named(version, "the manager")
         sent = f" (sent as {name})" if name != key else ""
         self.drain(
             f"exec.sdexec-properties sets {key}{sent}, which {manager} does not"

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from sdexec.managerversion import version_number
+from sdexec.managerversion import manager_named, version_number
 from sdexec.property import UnitProperty
 
 if TYPE_CHECKING:
@@ -220,8 +220,7 @@ def _name_who_set_it(
     refused = not_taken_property(message, properties)
     if refused is None or refused.source not in _SET_BY:
         return message
-    number = version_number(manager_version)
-    manager = f"systemd {number}" if number is not None else "this systemd"
+    manager = manager_named(manager_version, "this systemd")
     return f"{message} ({_SET_BY[refused.source]}; {manager} does not take it)"
 
 

@@ -163,12 +163,9 @@ class SdexecService(Service):
         }
         self.config = _with_command_line(config, self._command_line)
         self.reactor = reactor
-        self.listen = (
-            listen
-            or config.sdexec.listen
-            or default_listen_endpoint(config.sdexec.socket_mode)
-        )
-        self.stats = stats or config.sdexec.stats or DEFAULT_STATS_ENDPOINT
+        in_force = self.config.sdexec  # the command line's endpoints, if given
+        self.listen = in_force.listen or default_listen_endpoint(in_force.socket_mode)
+        self.stats = in_force.stats or DEFAULT_STATS_ENDPOINT
         self.server: SdexecServer | None = None
         self.owner_lock: OwnerLock | None = None
         self.outage: SystemdOutage | None = None

@@ -165,12 +165,12 @@ class Loop:
 def _connected_socket(path: str) -> _socket.socket:
     """A socket connected to ``path``; :class:`sdexec.rpc.ConnectionFailed`
     naming it if nothing listens there."""
-    # The socket module's C core: the module itself imports selectors and
-    # builds its enums, a sixth of the command line's imports, for
-    # nothing used here.
     too_long = socket_path_too_long(path)
     if too_long is not None:
         raise cannot_connect(path, None, too_long)  # the connect's words lack sizes
+    # The socket module's C core: the module itself imports selectors and
+    # builds its enums, a sixth of the command line's imports, for
+    # nothing used here.
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.connect(path)

@@ -30,7 +30,12 @@ def clients_with_sleepers(twistd: Twistd) -> list[subprocess.Popen]:
         )
         for _ in range(COUNT)
     ]
-    _wait_for(lambda: len(twistd.stats()["procs"]) == COUNT, "sleepers running")
+    # Listed is not yet started: a process is listed (pid -1) from its
+    # request on, its unit made only once StartTransientUnit is answered.
+    _wait_for(
+        lambda: [p["pid"] > 0 for p in twistd.stats()["procs"]] == [True] * COUNT,
+        "sleepers running",
+    )
     return clients
 
 
@@ -57,10 +62,16 @@ class Restarted(Twistd):
 
 @pytest.fixture
 def first_run(user_manager, tmp_path):
-    """The service's first run, to be killed."""
+    """The service's first run, to be killed. Its units, should a test
+    fail before stopping them, are stopped after it, so that one failure
+    does not fail every later test that counts the manager's units."""
+    before = set(unit_names())
     service = Twistd(tmp_path)
     with reaped(service.process):
         yield service
+    left = sorted(set(unit_names()) - before)
+    if left:
+        subprocess.run(["systemctl", "--user", "stop", *left], check=False, timeout=60)
 
 
 @pytest.fixture

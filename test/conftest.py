@@ -119,6 +119,7 @@ async def start_service(user_manager, tmp_path):
         describe_fds,
         open_fds,
         sleep,
+        stop_units_since,
         unit_names,
     )
 
@@ -133,16 +134,25 @@ async def start_service(user_manager, tmp_path):
         return await service.start()
 
     yield start
-    for service in started:
-        await service.stop()
-        assert service.server is None or not service.server.processes
+    failures = []
+    for service in started:  # every one stopped, whichever fails
+        try:
+            await service.stop()
+            assert service.server is None or not service.server.processes
+        except Exception as failure:
+            failures.append(failure)
     leftover = unit_names()
-    for _ in range(50):
+    for _ in range(300):
         if not leftover:
             break
         await sleep(0.1)
         leftover = unit_names()
+    # Stopped before the test fails for them, so that it fails alone: left
+    # running, they would fail every later test that counts units.
+    stop_units_since(set())
     assert leftover == [], f"units left behind: {leftover}"
+    if failures:
+        raise failures[0]
     leaked = open_fds() - fds_before
     for _ in range(50):  # closed transports release theirs a pass or so later
         if not leaked:

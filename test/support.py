@@ -158,6 +158,18 @@ def unit_names(pattern: str = "sdexec-*") -> list[str]:
     return [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
 
 
+def stop_units_since(before: set[str]) -> list[str]:
+    """Stop (and forget, if failed) the ``sdexec-*`` units not in
+    ``before``; which they were. A failed test's units, left running, would
+    fail every later test that counts the manager's units."""
+    left = sorted(set(unit_names()) - before)
+    if left:
+        for verb in ("stop", "reset-failed"):
+            subprocess.run(["systemctl", "--user", verb, *left], check=False,
+                           capture_output=True, timeout=60)  # fmt: skip
+    return left
+
+
 def unit_property(unit: str, name: str) -> str:
     shown = subprocess.run(
         ["systemctl", "--user", "show", "-p", name, "--value", unit],
@@ -186,9 +198,10 @@ def unit_properties(unit: str, *names: str) -> dict[str, str]:
 
 
 async def wait_until_reaped(service, unit: str) -> None:
-    """Wait (up to 10 s) until ``unit`` is unloaded and the service tracks no
-    process, then check both."""
-    for _ in range(100):
+    """Wait (up to 30 s: a loaded machine's manager is slow to stop a unit)
+    until ``unit`` is unloaded and the service tracks no process, then check
+    both."""
+    for _ in range(300):
         if not unit_names(unit) and not service.server.processes:
             break
         await sleep(0.1)

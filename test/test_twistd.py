@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from support import unit_names
+from support import stop_units_since, unit_names
 
 from sdexec.service import EX_CONFIG
 
@@ -72,13 +72,31 @@ def _wait_for_text(log: Path, text: bytes) -> None:
 
 @contextlib.contextmanager
 def reaped(process: subprocess.Popen):
-    """Kill ``process`` on the way out if the test did not stop it."""
+    """Kill ``process``, a service, on the way out if the test did not stop
+    it; then, or if the test failed, stop the units that came meanwhile: a
+    killed service leaves them running, and they would fail every later
+    test that counts the manager's units."""
+    before = set(unit_names())
+    failed = True
     try:
         yield process
+        failed = False
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+            failed = True
+        if failed:
+            stop_units_since(before)
+
+
+@contextlib.contextmanager
+def units_stopped_after():
+    """For a fixture, which cannot tell a failed test: stop at its teardown
+    the units that came since (the test's own checks of them have run)."""
+    before = set(unit_names())
+    yield
+    stop_units_since(before)
 
 
 def terminate(process: subprocess.Popen) -> int:
@@ -139,9 +157,10 @@ class Twistd:
 
 @pytest.fixture
 def twistd(user_manager, tmp_path):
-    service = Twistd(tmp_path)
-    with reaped(service.process):
-        yield service
+    with units_stopped_after():
+        service = Twistd(tmp_path)
+        with reaped(service.process):
+            yield service
 
 
 def test_serves_reloads_on_sighup_and_stops_cleanly(twistd):
@@ -173,7 +192,8 @@ def test_a_client_running_a_command_is_told_when_the_service_stops(twistd, way):
          "run", *way, "-n", "sleep", "600"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_environment(),
     )  # fmt: skip
-    _wait_for(lambda: unit_names() != [], "the sleep's unit")
+    _wait_for(lambda: [p["pid"] > 0 for p in twistd.stats()["procs"]] == [True],
+              "the sleep started")  # fmt: skip
     assert twistd.stop() == -signal.SIGTERM
     assert client.wait(timeout=60) == 1
     assert client.stderr is not None

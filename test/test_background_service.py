@@ -35,6 +35,16 @@ ON_SIGNAL = [
 ]
 
 
+async def armed(sdexec) -> None:
+    """Once ON_SIGNAL's "before" is kept, so its handler is set: a SIGUSR1
+    sent earlier would end it by the signal."""
+
+    def before_is_retained():
+        return any(t.retained.held for t in sdexec.server.tracked._tracked.values())
+
+    await until(before_is_retained, "'before' retained")
+
+
 async def background(client, cmdline, *, waitable=False, label=None, **kw) -> int:
     """Start ``cmdline`` in the background; its pid."""
     responses: list[dict] = []
@@ -124,11 +134,7 @@ async def test_wait_on_a_process_not_started_waitable_is_einval(sdexec):
 async def test_attach_gets_retained_then_live_output_eofs_and_the_end(sdexec):
     client = await sdexec.connect()
     pid = await background(client, ON_SIGNAL, label="a")
-
-    def before_is_retained():
-        return any(t.retained.held for t in sdexec.server.tracked._tracked.values())
-
-    await until(before_is_retained, "'before' retained")
+    await armed(sdexec)
     watcher = await sdexec.connect()
     result, handle = await attach(watcher, label="a")
     await until(lambda: result.stdout == b"before\n", "retained output")

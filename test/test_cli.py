@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from pytest_twisted import ensureDeferred
@@ -55,8 +56,16 @@ def _in_background(service, *args: str, stderr=subprocess.DEVNULL) -> subprocess
     )
 
 
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (its SigCgt)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    [caught] = [line.split()[1] for line in status.splitlines()
+                if line.startswith("SigCgt:")]  # fmt: skip
+    return bool(int(caught, 16) >> (signum - 1) & 1)
+
+
 async def _wait_for_a_process(service):
-    for _ in range(200):
+    for _ in range(600):  # 30 s: a CLI's start and a unit's, on a loaded node
         procs = service.server.list()["procs"]
         if procs and procs[0]["pid"] > 0:
             return procs[0]
@@ -163,6 +172,9 @@ async def test_sigterm_to_the_client_exits_143(sdexec):
     client = _in_background(sdexec, "run", "-n", "sleep", "300", stderr=subprocess.PIPE)
     try:
         await _wait_for_a_process(sdexec)
+        # Its exec sent early, the process may run before the client has
+        # its handlers; a TERM then ends it by default (docs/client.md).
+        await until(lambda: _catches(client.pid, signal.SIGTERM), "TERM caught")
         client.send_signal(signal.SIGTERM)
         returncode = await deferToThread(client.wait, 60)
     finally:

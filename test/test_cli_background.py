@@ -12,7 +12,7 @@ import sys
 import pytest
 from pytest_twisted import ensureDeferred
 from support import until
-from test_background_service import ON_SIGNAL
+from test_background_service import ON_SIGNAL, armed
 from test_cli import _environment, _sdexec_argv, cli
 from twisted.internet.threads import deferToThread
 
@@ -96,6 +96,7 @@ async def _ended_by_usr1(sdexec, client: subprocess.Popen, target: str) -> None:
     """``client`` (a wait or an attach of ON_SIGNAL's process ``target``)
     exits 0 with all the output once the process is told to end."""
     try:
+        await armed(sdexec)
         await cli(sdexec, "kill", "USR1", target)
         out, err = await deferToThread(client.communicate, timeout=60)
     finally:
@@ -200,7 +201,10 @@ async def test_nohup_run_does_not_hang_the_process_up(sdexec):
     # of `nohup sdexec run JOB` got SIGHUP at logout.
     counters = sdexec.server.counters  # the service's since it started
     kills = counters["sdexec.kill"]
-    client = _nohup(sdexec, "run", "-n", *TRAPS)
+    # Framed, its output comes after its `started`: "armed" read, the
+    # client has it too. Passed through, it could be read while the client
+    # still started up, the TERM then ending the command (docs/client.md).
+    client = _nohup(sdexec, "run", "--no-passthrough", "-n", *TRAPS)
     try:
         assert await deferToThread(client.stdout.readline) == b"armed\n"
         client.send_signal(signal.SIGHUP)

@@ -856,7 +856,8 @@ def test_a_process_whose_main_thread_exited_lives_while_another_thread_runs():
     )
     process = subprocess.Popen([sys.executable, "-c", leader_exits])
     try:
-        for _ in range(200):  # until the main thread has exited
+        deadline = time.monotonic() + 30  # an interpreter's start, loaded
+        while time.monotonic() < deadline:  # until the main thread has exited
             if _stat_state(process.pid) == "Z":
                 break
             time.sleep(0.01)

@@ -128,7 +128,9 @@ async def sleeping_unit(sdexec, client, kind: str) -> tuple[str, Deferred]:
         run(client, ["sleep", "300"], opts={"SDEXEC_NAME": name})
     )
     await until(lambda: sdexec.server.units.get(unit), "the unit started")
-    await until(lambda: sdexec.server.units[unit].pid, "its process started")
+    # Started, not only forked: a restart before its start is seen would
+    # be taken for the request's own start, not one outside sdexec.
+    await until(lambda: sdexec.server.units[unit].ran, "its process started")
     return unit, outcome
 
 

@@ -14,8 +14,8 @@ import subprocess
 
 from dbus_fast import Message
 from pytest_twisted import ensureDeferred
-from support import until
 from twisted.internet.defer import Deferred
+from twisted.internet.threads import deferToThread
 
 from sdexec.systemd.bus import MessageBus, _open_bus, _PatientWriter
 
@@ -51,11 +51,14 @@ async def test_a_write_the_bus_refuses_fails_its_call_and_logs_nothing(tmp_path)
     # tracebacks, in the service's log (review session 34 Q).
     path = tmp_path / "bus"
     daemon = subprocess.Popen(
-        ["dbus-daemon", "--session", "--nofork", f"--address=unix:path={path}"],
-        stderr=subprocess.DEVNULL,
-    )
+        ["dbus-daemon", "--session", "--nofork", f"--address=unix:path={path}",
+         "--print-address=1"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
     try:
-        await until(path.exists, "the bus socket")
+        # Its address is printed once it listens (its socket file exists
+        # a moment before).
+        assert await deferToThread(daemon.stdout.readline), "the bus's address"
         failed, unretrieved = await Deferred.fromFuture(
             asyncio.ensure_future(_call_over_a_broken_pipe(f"unix:path={path}"))
         )

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -105,9 +106,16 @@ def _sdexec(socket: Path, *args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+def _metrics(port: int) -> str:
+    url = f"http://127.0.0.1:{port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read().decode()
+
+
 def test_the_shipped_units_activate_notify_reload_and_stop(units):
-    units.install("sdexec.service", "sdexec.socket", ACTIVATED.format(
-        port=_free_port()), dropin="")  # fmt: skip
+    port = _free_port()
+    units.install("sdexec.service", "sdexec.socket", ACTIVATED.format(port=port),
+                  dropin="")  # fmt: skip
     service = f"{NAME}.service"
     started = _systemctl("start", f"{NAME}.socket")
     assert started.returncode == 0, started.stderr
@@ -124,6 +132,10 @@ def test_the_shipped_units_activate_notify_reload_and_stop(units):
     # thread: systemd shows "reloading" meanwhile), READY=1, stays active.
     reloaded = _systemctl("reload", service)
     assert reloaded.returncode == 0, reloaded.stderr
+    # `reload` is done once its `kill -HUP` is, the service maybe not yet
+    # told: active then says nothing. Its reload counted, then active.
+    _wait_for(lambda: 'sdexec_config_reloads_total{outcome="ok"} 1.0'
+              in _metrics(port), "the reload")  # fmt: skip
     _wait_for(lambda: _show(service, "ActiveState")["ActiveState"] == "active",
               "the reload's READY=1")  # fmt: skip
 

@@ -117,9 +117,11 @@ def main(argv: Sequence[str] | None = None, early: EarlyExec | None = None) -> i
     # Default dispositions until `run` catches them: a ^C while starting up
     # ends the client quietly (130) rather than with a KeyboardInterrupt.
     # Not one the caller ignores (nohup; `&` in a script): it stays ignored.
-    for signum in FORWARDED_SIGNALS:
-        if signal.getsignal(signum) != signal.SIG_IGN:
-            signal.signal(signum, signal.SIG_DFL)
+    # After an early exec its handlers keep them for `run` instead.
+    if early is None:
+        for signum in FORWARDED_SIGNALS:
+            if signal.getsignal(signum) != signal.SIG_IGN:
+                signal.signal(signum, signal.SIG_DFL)
     open_closed_standard_fds()
     try:
         if early is None:
@@ -202,8 +204,11 @@ def _run(options: argparse.Namespace, early: EarlyExec | None = None) -> int:
             loop, options.noinput, stdio, lambda: connect(loop, options), options.usage
         )
         # Caught before connecting: a signal that arrives while we start up
-        # is held until the process has started, or interrupts it.
-        loop.catch_signals(FORWARDED_SIGNALS, job.forward_signal)
+        # is held until the process has started, or interrupts it; so is
+        # one an early exec caught while we loaded.
+        loop.catch_signals(
+            FORWARDED_SIGNALS, job.forward_signal, early.caught if early else ()
+        )
         try:
             with _connection(loop, options, early) as connection:
                 job.start(connection, command, early.matchtag if early else None)

@@ -7,8 +7,10 @@ line loads, which :func:`sdexec.cli.run_and_exit` then does.
 A ^C while the command loads ends it quietly, with SIGINT's status, as one
 after them does (:func:`sdexec.cli.main` forwards it from then on): under
 Python's own handler it was a ``KeyboardInterrupt`` traceback through the
-imports. Set here, not in :mod:`sdexec.cli`, whose importers (tests,
-``scripts/gen_docs.py``) keep their own ^C. A ^C the caller ignored
+imports. (Once an early exec has gone, it is caught and kept for ``run``
+instead, as the others it forwards are.) Set here, not in
+:mod:`sdexec.cli`, whose importers (tests, ``scripts/gen_docs.py``) keep
+their own ^C. A ^C the caller ignored
 (``sdexec run JOB &`` in a script) stays ignored: Python leaves SIGINT
 ignored then, and only its own handler is reset. The signal module's C
 core, not the module: its enums would cost the early exec 3 ms.

@@ -23,14 +23,16 @@ when the socket cannot be reached or a standard descriptor is closed, it
 sends nothing: the command line does it all, and says what is wrong, as
 before. test/test_earlyexec.py holds its reading to the parser's.
 
-A signal that comes between the exec and the command line's handlers
-ends the client as it would have before the exec (SIGINT, SIGTERM and
-SIGHUP have their default action then); the service then stops the unit,
-as for any client that goes.
+The process may start before the command line has loaded, so the signals
+``run`` forwards are caught from the exec on (:attr:`EarlyExec.caught`)
+and the command line serves them as it serves its own: SIGUSR1's default
+action, before, ended the client, and the service then stopped a process
+that had started well. One the caller ignored stays ignored.
 """
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # (no stubs: the C core)
 import _socket
 import os
 from _json import encode_basestring  # json's own C encoder: json imports re
@@ -65,6 +67,20 @@ EXEC_TOPIC = "sdexec.exec"
 RUN_FLAGS = 1 | 2 | 8
 #: The exec's matchtag: the first of its connection.
 MATCHTAG = 1
+#: The signals ``run`` forwards (:data:`sdexec.cli.FORWARDED_SIGNALS`),
+#: caught from the exec on; by their C constants (test_earlyexec.py holds
+#: them to the command line's).
+FORWARDED_SIGNALS = (
+    _signal.SIGINT,
+    _signal.SIGTERM,
+    _signal.SIGHUP,
+    _signal.SIGQUIT,
+    _signal.SIGUSR1,
+    _signal.SIGUSR2,
+)
+#: How many caught signals are kept until the command line serves them (a
+#: storm of them while it loads grows nothing; its own pipe drops too).
+_CAUGHT_KEPT = 64
 
 #: ``run``'s options read here that take no value, by their attribute.
 _SWITCHES = {"-n": "noinput", "--noinput": "noinput", "--usage": "usage"}
@@ -103,7 +119,9 @@ class RunArgs(Namespace):
 class EarlyExec:
     """An exec sent for ``options``: the socket it went on, connected to
     ``path``; the ``command`` object; the descriptors passed, by stream (on
-    exit the /dev/null passed for stdin with ``-n`` is closed)."""
+    exit the /dev/null passed for stdin with ``-n`` is closed); the
+    forwarded signals ``caught`` since, in order, a list that grows until
+    the command line catches them itself."""
 
     matchtag = MATCHTAG
 
@@ -114,12 +132,14 @@ class EarlyExec:
         path: str,
         command: dict[str, Any],
         stdio: dict[str, int],
+        caught: list[int],
     ) -> None:
         self.options = options
         self.socket = sock
         self.path = path
         self.command = command
         self.stdio = stdio
+        self.caught = caught
 
     def __enter__(self) -> dict[str, int]:
         return self.stdio
@@ -154,7 +174,23 @@ def send(
         if options.noinput:
             os.close(stdin)
         return None
-    return EarlyExec(options, sock, path, command, stdio)
+    return EarlyExec(options, sock, path, command, stdio, _caught_from_now())
+
+
+def _caught_from_now() -> list[int]:
+    """The forwarded signals that come from now on, each caught and noted
+    (up to :data:`_CAUGHT_KEPT`) rather than acted on, but for one the
+    caller ignored."""
+    caught: list[int] = []
+
+    def note(signum: int, _frame: object) -> None:
+        if len(caught) < _CAUGHT_KEPT:
+            caught.append(signum)
+
+    for signum in FORWARDED_SIGNALS:
+        if _signal.getsignal(signum) != _signal.SIG_IGN:
+            _signal.signal(signum, note)
+    return caught
 
 
 def read_run(argv: Sequence[str]) -> RunArgs | None:

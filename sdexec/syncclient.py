@@ -88,11 +88,18 @@ class Loop:
         if self._watched.pop(fd, None) is not None:
             self._poll.unregister(fd)
 
-    def catch_signals(self, signums: Iterable[int], on_signal: Callback) -> None:
+    def catch_signals(
+        self,
+        signums: Iterable[int],
+        on_signal: Callback,
+        caught_before: Sequence[int] = (),
+    ) -> None:
         """Call ``on_signal(signum)`` from the loop for each of ``signums``
         that arrives, instead of acting on it; not for one ignored now: the
         caller's (``nohup sdexec run JOB`` must not hang JOB up at logout,
-        nor ``sdexec run JOB &`` in a script hand it the script's ^C)."""
+        nor ``sdexec run JOB &`` in a script hand it the script's ^C).
+        ``caught_before``: those an earlier handler caught, served first (a
+        list it may add to until this returns)."""
         # The interpreter writes each caught signal's number to the wakeup
         # fd; the handler itself need do nothing.
         readable, writable = self._wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -100,6 +107,9 @@ class Loop:
         for signum in signums:
             if signal.getsignal(signum) != signal.SIG_IGN:
                 signal.signal(signum, _ignore)
+        # Read once every handler is ours: any later signal is in the pipe.
+        if caught_before:
+            os.write(writable, bytes(caught_before))
         self._on_signal = on_signal
         self.watch(readable, READABLE, self._serve_signals)
 

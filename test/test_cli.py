@@ -172,8 +172,8 @@ async def test_sigterm_to_the_client_exits_143(sdexec):
     client = _in_background(sdexec, "run", "-n", "sleep", "300", stderr=subprocess.PIPE)
     try:
         await _wait_for_a_process(sdexec)
-        # Its exec sent early, the process may run before the client has
-        # its handlers; a TERM then ends it by default (docs/client.md).
+        # Caught from its early exec on, microseconds after the send: the
+        # process known, the client has its handlers but for a slow node.
         await until(lambda: _catches(client.pid, signal.SIGTERM), "TERM caught")
         client.send_signal(signal.SIGTERM)
         returncode = await deferToThread(client.wait, 60)

@@ -363,6 +363,68 @@ def test_a_signal_before_the_start_ends_the_command(serve, signum):
     )
 
 
+#: The console's entry point, which sends the run's exec early and then
+#: signals itself with $SIGNAL before the command line has loaded.
+_SIGNALLED_AFTER_THE_EARLY_EXEC = """
+import os
+import sdexec.earlyexec as early
+sent = early.send
+def send(argv):
+    exec_ = sent(argv)
+    assert exec_ is not None, "not sent early"
+    os.kill(os.getpid(), int(os.environ["SIGNAL"]))
+    return exec_
+early.send = send
+from sdexec.console import main
+main()
+"""
+
+
+def _signalled_after_the_early_exec(path: str, signum: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", _SIGNALLED_AFTER_THE_EARLY_EXEC, "--socket", path,
+         "run", "true"],
+        env={**os.environ, "SIGNAL": str(signum)},
+        stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def test_a_signal_while_the_command_line_loads_after_its_exec_is_forwarded(serve):
+    # The process may start before the command line has loaded: SIGUSR1's
+    # default action ended the client, and the service stopped a process
+    # that had started well.
+    kills: list[dict] = []
+
+    def script(request: dict) -> list[dict]:
+        if request["topic"] == "sdexec.exec":
+            return [response(request, {"type": "started", "pid": 42})]
+        kills.append(request["payload"])
+        return [response(request, {})]
+
+    client = _signalled_after_the_early_exec(serve(script), signal.SIGUSR1)
+    try:
+        for _ in range(600):
+            if kills or client.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert client.poll() is None, client.stderr.read()
+        assert kills == [{"pid": 42, "signum": signal.SIGUSR1, "who": "all"}]
+    finally:
+        client.kill()
+        client.wait()
+
+
+def test_a_term_while_the_command_line_loads_before_the_start_is_an_interruption(
+    serve,
+):
+    # One line and 143, as after the command line has loaded; it died of
+    # the signal, silently.
+    client = _signalled_after_the_early_exec(serve(lambda _: []), signal.SIGTERM)
+    _, stderr = client.communicate(timeout=60)
+    assert client.returncode == 128 + signal.SIGTERM
+    assert stderr == b"sdexec: interrupted by SIGTERM before the process started\n"
+
+
 def waiting_in_connect(pid: int) -> None:
     """Wait until ``pid`` waits in connect(2) for room in a full backlog."""
     for _ in range(600):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import array
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -121,9 +122,20 @@ def test_anything_else_is_left_to_the_command_line(argv):
     assert read_run(argv) is None
 
 
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored() -> Iterator[None]:
+    """A send in this process catches the signals ``run`` forwards: the
+    suite's own (pytest's ^C) come back after each test."""
+    saved = {signum: signal.getsignal(signum) for signum in cli.FORWARDED_SIGNALS}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
 def test_the_constants_are_the_protocol_s():
     assert earlyexec.EXEC_TOPIC == Topic.EXEC
     assert earlyexec.RUN_FLAGS == cli._RUN_FLAGS
+    assert earlyexec.FORWARDED_SIGNALS == cli.FORWARDED_SIGNALS
 
 
 @given(

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from pytest_twisted import ensureDeferred
@@ -20,6 +19,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThread
 
 import sdexec as sdexec_module
+from sdexec.procfs import process_status
 
 pytestmark = pytest.mark.systemd
 
@@ -58,10 +58,9 @@ def _in_background(service, *args: str, stderr=subprocess.DEVNULL) -> subprocess
 
 def _catches(pid: int, signum: int) -> bool:
     """Whether process ``pid`` has a handler for ``signum`` (its SigCgt)."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    [caught] = [line.split()[1] for line in status.splitlines()
-                if line.startswith("SigCgt:")]  # fmt: skip
-    return bool(int(caught, 16) >> (signum - 1) & 1)
+    status = process_status(pid)
+    assert status is not None, f"process {pid} is gone"
+    return bool(int(status[b"SigCgt"], 16) >> (signum - 1) & 1)
 
 
 async def _wait_for_a_process(service):

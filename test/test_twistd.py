@@ -105,6 +105,14 @@ def terminate(process: subprocess.Popen) -> int:
     return process.wait(timeout=60)
 
 
+def stats_page(port: int, page: str) -> bytes:
+    """``GET /PAGE`` (``stats``, ``metrics``) of the stats endpoint on the
+    loopback ``port``."""
+    url = f"http://127.0.0.1:{port}/{page}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read()
+
+
 class Twistd:
     """A ``twistd -n sdexec`` process on a private socket and port."""
 
@@ -141,9 +149,7 @@ class Twistd:
         self.config.write_text(text + self.sdexec_lines)
 
     def stats(self) -> dict:
-        url = f"http://127.0.0.1:{self.port}/stats"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return json.load(response)
+        return json.loads(stats_page(self.port, "stats"))
 
     def sdexec(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(

@@ -13,11 +13,10 @@ import os
 import re
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
-from test_twistd import REPO, _free_port, _wait_for
+from test_twistd import REPO, _free_port, _wait_for, stats_page
 
 pytestmark = pytest.mark.systemd
 
@@ -106,12 +105,6 @@ def _sdexec(socket: Path, *args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def _metrics(port: int) -> str:
-    url = f"http://127.0.0.1:{port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return response.read().decode()
-
-
 def test_the_shipped_units_activate_notify_reload_and_stop(units):
     port = _free_port()
     units.install("sdexec.service", "sdexec.socket", ACTIVATED.format(port=port),
@@ -135,7 +128,7 @@ def test_the_shipped_units_activate_notify_reload_and_stop(units):
     # `reload` is done once its `kill -HUP` is, the service maybe not yet
     # told: active then says nothing. Its reload counted, then active.
     _wait_for(lambda: 'sdexec_config_reloads_total{outcome="ok"} 1.0'
-              in _metrics(port), "the reload")  # fmt: skip
+              in stats_page(port, "metrics").decode(), "the reload")  # fmt: skip
     _wait_for(lambda: _show(service, "ActiveState")["ActiveState"] == "active",
               "the reload's READY=1")  # fmt: skip
 

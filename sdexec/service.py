@@ -23,6 +23,7 @@ from typing import Any
 
 from twisted.application.service import Service
 from twisted.internet import defer, threads
+from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -289,7 +290,7 @@ class SdexecService(Service):
         log.info(
             "sdexec listening on {listen}, stats on {stats}",
             listen=self.listen,
-            stats=self.stats,
+            stats=_with_bound_port(self.stats, self.ports.get("stats")),
         )
         if self.reload_when_started:
             self._reload_on_signal()
@@ -537,6 +538,18 @@ def _fails_again(failure: Failure) -> bool:
     if isinstance(error, SystemdError):
         return error.name == NO_BUS_ADDRESS
     return isinstance(error, ListenError) and error.lasting
+
+
+def _with_bound_port(description: str, port: Any) -> str:
+    """``description`` and, for a TCP listener, the address it is bound to
+    (``tcp:0`` lets the kernel pick the port, which the admin, a scraper's
+    config or a test then reads here)."""
+    address = port.getHost() if port is not None else None
+    if isinstance(address, IPv6Address):
+        return f"{description} ([{address.host}]:{address.port})"
+    if isinstance(address, IPv4Address):
+        return f"{description} ({address.host}:{address.port})"
+    return description
 
 
 def _cannot_listen(failure: Failure, description: str, setting: str) -> None:

@@ -19,7 +19,6 @@ from test_twistd import (
     REPO,
     TWISTD,
     _environment,
-    _free_port,
     _wait_for,
     reaped,
     terminate,
@@ -47,8 +46,7 @@ TRAMPOLINE = """if True:
 
 def _twistd_with_inherited(listener: socket.socket, tmp_path, *extra_env):
     config = tmp_path / "sdexec.toml"
-    config.write_text(CONFIG.format(socket=tmp_path / "unused.sock",
-                                    port=_free_port(), kill_timeout="5s"))  # fmt: skip
+    config.write_text(CONFIG.format(socket=tmp_path / "unused.sock", kill_timeout="5s"))
     environment = {**_environment(tmp_path), "LISTEN_FDS": "1",
                    "LISTEN_FDNAMES": "sdexec", **dict(extra_env)}  # fmt: skip
     command = [*TWISTD, "--nodaemon", "--pidfile=", "sdexec", "--config",
@@ -88,8 +86,7 @@ def test_serves_on_an_inherited_socket_and_notifies(user_manager, tmp_path):
 
 def test_no_inherited_socket_is_one_clear_line(user_manager, tmp_path):
     config = tmp_path / "sdexec.toml"
-    config.write_text(CONFIG.format(socket=tmp_path / "s.sock",
-                                    port=_free_port(), kill_timeout="5s"))  # fmt: skip
+    config.write_text(CONFIG.format(socket=tmp_path / "s.sock", kill_timeout="5s"))
     done = subprocess.run(
         [*TWISTD, "--nodaemon", "--pidfile=", "sdexec", "--config", str(config),
          "--listen", "systemd:domain=UNIX:name=sdexec"],

@@ -15,7 +15,6 @@ from test_twistd import (
     CONFIG,
     TWISTD,
     _environment,
-    _free_port,
     _wait_for,
     _wait_for_text,
     reaped,
@@ -80,7 +79,7 @@ def _run_twistd(
     a refused reload (an error) and stop it; its output."""
     config = tmp_path / "sdexec.toml"
     socket = tmp_path / "sdexec.sock"
-    text = CONFIG.format(socket=socket, port=_free_port(), kill_timeout="5s")
+    text = CONFIG.format(socket=socket, kill_timeout="5s")
     config.write_text(text + extra_config)
     output = tmp_path / "stdout"
     with output.open("wb") as stdout:

@@ -267,6 +267,23 @@ async def test_a_start_that_listens_stops_the_leftovers_it_held(tmp_path):
 
 
 @ensureDeferred
+async def test_the_start_s_line_says_which_port_tcp_0_was_given(tmp_path):
+    # The kernel picks it: the admin (and a scraper's config) must read it
+    # somewhere, and the stats endpoint's own description says only "0".
+    from twisted.logger import capturedLogs, formatEvent
+
+    service = service_on(FakeManager(), f"unix:{tmp_path}/p.sock")
+    with capturedLogs() as events:
+        service.startService()
+        await service.ready
+    port = service.ports["stats"].getHost().port
+    lines = [formatEvent(event) for event in events]
+    said = f"stats on tcp:0:interface=127.0.0.1 (127.0.0.1:{port})"
+    assert port != 0 and any(line.endswith(said) for line in lines), lines
+    await service.stopService()
+
+
+@ensureDeferred
 async def test_a_start_that_fails_to_listen_stops_no_leftover(tmp_path):
     # It adopted them, stopped them, then failed: they ran on unfollowed,
     # or stopped, until some later start.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -30,16 +31,19 @@ service = "sdexec"
 kill-timeout = "{kill_timeout}"
 [sdexec]
 listen = "unix:{socket}"
-stats = "tcp:{port}:interface=127.0.0.1"
+stats = "tcp:0:interface=127.0.0.1"
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def bound_stats_port(log: Path) -> int:
+    """The port the kernel gave the service's ``tcp:0`` stats endpoint, as
+    its ``log`` says once it listens: no port picked before the service
+    binds it, which another test could take meanwhile."""
+    said = rb"stats on tcp:0\S* \(127\.0\.0\.1:(\d+)\)"
+    found = _wait_for(
+        lambda: re.search(said, log.read_bytes()), "the stats port", log=log
+    )
+    return int(found.group(1))
 
 
 def _environment(directory: Path | None = None) -> dict[str, str]:
@@ -127,7 +131,6 @@ class Twistd:
         self.sdexec_lines = sdexec_lines  # more of the [sdexec] table
         self.config = directory / "sdexec.toml"
         self.log = directory / "twistd.log"
-        self.port = _free_port()
         self.write_config(kill_timeout="5s")
         with self.log.open("wb") as log:  # the child's: ours closed after
             self.process = subprocess.Popen(
@@ -143,9 +146,10 @@ class Twistd:
         # after its socket exists, and a test reading the stats at once
         # was refused on a loaded machine.
         _wait_for_text(self.log, b"sdexec listening on")
+        self.port = bound_stats_port(self.log)
 
     def write_config(self, **values: str) -> None:
-        text = CONFIG.format(socket=self.socket, port=self.port, **values)
+        text = CONFIG.format(socket=self.socket, **values)
         self.config.write_text(text + self.sdexec_lines)
 
     def stats(self) -> dict:

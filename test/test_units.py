@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_twistd import REPO, _free_port, _wait_for, stats_page
+from test_twistd import REPO, _wait_for, bound_stats_port, stats_page
 
 pytestmark = pytest.mark.systemd
 
@@ -27,7 +27,7 @@ enable = true
 [exec]
 service = "sdexec"
 [sdexec]
-stats = "tcp:{port}:interface=127.0.0.1"
+stats = "tcp:0:interface=127.0.0.1"
 """
 ACTIVATED = CONFIG + 'listen = "systemd:domain=UNIX:name=sdexec"\n'
 
@@ -51,6 +51,7 @@ class Units:
         self.units = Path(runtime_dir) / "systemd" / "user"
         self.dropins = self.units / f"{NAME}.service.d"
         self.directory = directory
+        self.log = directory / "service.log"  # the journal may not be there
 
     def install(self, service: str, socket: str | None, config: str, dropin: str):
         """``etc/SERVICE`` (and ``etc/SOCKET``) with ``config`` as the
@@ -67,7 +68,7 @@ class Units:
         (self.dropins / "test.conf").write_text(
             f"[Service]\nExecStart=\nExecStart={twistd}\n"
             f"Environment=PYTHONPATH={REPO}\nWorkingDirectory={self.directory}\n"
-            + dropin
+            f"StandardOutput=append:{self.log}\nStandardError=inherit\n" + dropin
         )
         assert _systemctl("daemon-reload").returncode == 0
 
@@ -106,9 +107,7 @@ def _sdexec(socket: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_shipped_units_activate_notify_reload_and_stop(units):
-    port = _free_port()
-    units.install("sdexec.service", "sdexec.socket", ACTIVATED.format(port=port),
-                  dropin="")  # fmt: skip
+    units.install("sdexec.service", "sdexec.socket", ACTIVATED, dropin="")
     service = f"{NAME}.service"
     started = _systemctl("start", f"{NAME}.socket")
     assert started.returncode == 0, started.stderr
@@ -118,6 +117,7 @@ def test_the_shipped_units_activate_notify_reload_and_stop(units):
     ran = _sdexec(units.socket, "run", "-n", "echo", "activated")
     assert (ran.returncode, ran.stdout) == (0, b"activated\n"), ran.stderr
     assert _show(service, "ActiveState")["ActiveState"] == "active"
+    port = bound_stats_port(units.log)
     _wait_for(lambda: _show(service, "StatusText")["StatusText"]
               == "serving 0 processes", "the status line")  # fmt: skip
 
@@ -173,8 +173,7 @@ def _start_system_unit(
     )
     if not namespaced:
         dropin += "".join(f"{setting}=no\n" for setting in NAMESPACED)
-    units.install("sdexec-system.service", None,
-                  config.format(port=_free_port()), dropin=dropin)  # fmt: skip
+    units.install("sdexec-system.service", None, config, dropin=dropin)
     return _systemctl("start", f"{NAME}.service").returncode == 0
 
 

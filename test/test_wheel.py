@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from support import unit_names
-from test_twistd import CONFIG, _free_port, _wait_for, reaped, terminate
+from test_twistd import CONFIG, _wait_for, reaped, terminate
 
 pytestmark = pytest.mark.systemd
 
@@ -143,8 +143,7 @@ def test_twistd_sdexec_help_and_version(installed):
 def test_the_installed_service_runs_a_process(installed, user_manager):
     socket, config, log = (installed.home / name for name in
                            ("sdexec.sock", "sdexec.toml", "twistd.log"))  # fmt: skip
-    config.write_text(CONFIG.format(socket=socket, port=_free_port(),
-                                    kill_timeout="5s"))  # fmt: skip
+    config.write_text(CONFIG.format(socket=socket, kill_timeout="5s"))
     service = subprocess.Popen(
         [installed.bin("twistd"), "--nodaemon", "--pidfile=", "sdexec",
          "--config", str(config)],

@@ -47,6 +47,10 @@ class ConnectionCount:
         self._open[uid] += 1
         return None
 
+    def open_by_uid(self) -> dict[int, int]:
+        """The open connections of each uid that has any."""
+        return dict(self._open)
+
     def release(self, uid: int) -> None:
         """A connection :meth:`admit` counted has closed."""
         self._open[uid] -= 1

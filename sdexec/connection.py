@@ -382,6 +382,7 @@ class ClientProtocol(StdioReceivingProtocol):
     def _dispatch(self, message: dict, topic: object, matchtag: object) -> Any:
         """The request's handler's answer (``topic`` and ``matchtag`` as the
         request gave them: checked here)."""
+        self._refuse_if_revoked()
         if not isinstance(topic, str):
             raise RequestError(errno.EINVAL, "topic: expected a string")
         check_text("topic", topic)
@@ -419,6 +420,19 @@ class ClientProtocol(StdioReceivingProtocol):
                 id=self.connection_id,
             )
         return handler(matchtag, payload)
+
+    def _refuse_if_revoked(self) -> None:
+        """EPERM for a request of a user whom a reload took out of
+        ``[sdexec] allow-users`` after this connection was admitted (a
+        revocation must not wait for the client to reconnect): what it
+        started runs on, and the owner may kill it."""
+        uid = self._admitted_uid
+        if uid is not None and uid not in self.server.allowed_uids:
+            raise RequestError(
+                errno.EPERM,
+                f"uid {uid} is no longer in [sdexec] allow-users (a reload took"
+                " it out): this connection may make no more requests",
+            )
 
     def _exec(self, matchtag: int, payload: dict, streaming: bool = True) -> None:
         """An ``sdexec.exec`` (``streaming`` false: in the background), once

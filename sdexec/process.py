@@ -242,7 +242,10 @@ class ProcessContext:
     clock: IReactorTime
     rank: str
     count: Callable[[str], None] = lambda event: None  # the statistics
-    debug: bool = False  # log every unit state change
+    #: Whether to log every unit state change (``[systemd] sdexec-debug``):
+    #: asked at each change, so that a reload turning it on shows the
+    #: unit already stuck, which is when it is wanted.
+    debug: Callable[[], bool] = lambda: False
     drain: Callable[[str], None] = lambda reason: None  # refuse new work, why
     #: A start was refused for a property the manager does not take (its
     #: D-Bus name): if the site sets it, every start would be.
@@ -748,7 +751,7 @@ class Process:
         status = self.status = UnitStatus.from_properties(
             properties, command_ran=self._command_ran
         )
-        if self._context.debug:
+        if self._context.debug():
             log.info("{unit}: {state}", unit=self.unit_name, state=status)
         if status.pid > 0 and self.pid is None:
             self.pid = status.pid

@@ -209,11 +209,27 @@ class SdexecServer:
         a changed ``leftover-units`` (:meth:`Leftovers.reconfigured`)."""
         self.config = config
         self.containment = containment
+        self._tell_revoked_users()
         self.lift(SelfLifting.SITE_PROPERTY)  # the next start judges the new one
         self.systemd.debug = config.systemd.sdbus_debug
         self.systemd.max_inflight = config.systemd.max_inflight
         if self.leftovers is not None:  # leftover-units may have changed
             self.leftovers.reconfigured()
+
+    def _tell_revoked_users(self) -> None:
+        """Log the users with connections open that the configuration no
+        longer allows: their requests are refused from now on
+        (sdexec/connection.py), and an admin revoking one should know that
+        what they started runs on."""
+        for uid, count in self.connections.open_by_uid().items():
+            if uid not in self.allowed_uids:
+                log.warn(
+                    "uid {uid} is no longer in [sdexec] allow-users: each request"
+                    " on its {count} open connection(s) is refused from now on;"
+                    " what they started runs on until it ends or is killed",
+                    uid=uid,
+                    count=count,
+                )
 
     # -- exec --------------------------------------------------------------
 
@@ -446,7 +462,7 @@ class SdexecServer:
             clock=self.clock,
             rank=self.rank,
             count=self.count,
-            debug=self.config.systemd.sdexec_debug,
+            debug=self._debugging,
             drain=self.drain,
             property_not_taken=self.property_not_taken,
             client_warning=self.log_rate.warn,
@@ -455,6 +471,10 @@ class SdexecServer:
             end_lost_unit=self.end_what_lost_unit_left,
             pid_known=self.tracked.pid_known if findable else _unindexed,
         )
+
+    def _debugging(self) -> bool:
+        """``[systemd] sdexec-debug`` as configured now."""
+        return self.config.systemd.sdexec_debug
 
     def _fence_verifier(
         self, cpus: IDset | None, mems: IDset | None, memory_capped: bool

@@ -28,6 +28,7 @@ from twisted.logger import capturedLogs, formatEvent
 
 from sdexec.config import parse_config
 from sdexec.connection import CLIENT_BUFFER_SIZE, ClientProtocol
+from sdexec.containment import Containment
 from sdexec.ioencode import encode_io
 from sdexec.lograte import MAX_QUOTED
 from sdexec.process import LAZY_OUTPUT
@@ -91,6 +92,57 @@ def test_another_uid_is_refused(server):
         " [sdexec] allow-users)",
     )
     connection.close()
+
+
+def _allowing(server: SdexecServer, users: list[int]) -> None:
+    """``server`` reconfigured with ``[sdexec] allow-users = users``."""
+    config = parse_config({"sdexec": {"allow-users": users}})
+    server.reconfigure(config, Containment(config, None))
+
+
+def test_a_user_a_reload_disallows_may_ask_for_nothing_more(systemd, server):
+    # Checked as it connected only, a user taken out of allow-users kept
+    # running anything on the connection it held (review session 40 G1).
+    server.owner_uid = os.getuid() + 1
+    _allowing(server, [os.getuid()])
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "j"}})
+    systemd.run(UNIT, pid=77)
+    with capturedLogs() as events:
+        _allowing(server, [])
+    said = f"uid {os.getuid()} is no longer in [sdexec] allow-users: each request"
+    assert [formatEvent(e) for e in events if said in formatEvent(e)]
+    refusal = (
+        errno.EPERM,
+        f"uid {os.getuid()} is no longer in [sdexec] allow-users (a reload took"
+        " it out): this connection may make no more requests",
+    )
+    for matchtag, (topic, payload) in enumerate(
+        [("sdexec.list", {}), ("sdexec.kill", {"signum": 15, "label": "j"}),
+         ("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})], start=2,
+    ):  # fmt: skip
+        connection.send(topic, payload, matchtag=matchtag)
+        assert error_of(connection.last()) == refusal, topic
+    assert systemd.kills() == [] and len(server.processes) == 1  # it runs on
+    _allowing(server, [os.getuid()])  # allowed again: served again
+    connection.send("sdexec.kill", {"signum": 15, "label": "j"}, matchtag=5)
+    assert connection.last()["payload"] == {} and systemd.kills() == [15]
+    connection.close()
+
+
+def test_debug_turned_on_by_a_reload_shows_the_units_already_running(
+    systemd, server, connection
+):
+    # The unit stuck now is why an admin turns it on: it was read once, as
+    # each process started (review session 40 G5; Flux's sdexec reads it
+    # at each log).
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    config = parse_config({"systemd": {"sdexec-debug": True}})
+    server.reconfigure(config, Containment(config, None))
+    with capturedLogs() as events:
+        systemd.run(UNIT, pid=77)
+    lines = [formatEvent(event) for event in events]
+    assert any(line.startswith(f"{UNIT}: UnitStatus(") for line in lines), lines
 
 
 def test_unreadable_credentials_are_refused(server):

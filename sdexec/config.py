@@ -813,7 +813,9 @@ _Table = dict[str, "_Key | _Table"]
 
 _EXEC: _Table = {
     "imp": _Key(_string),
-    "service": _Key(_string),
+    # Flux's job-exec runs jobs through no other ("unsupported exec.service
+    # value"): a typo must not pass here and fail every job there.
+    "service": _Key(_one_of("rexec", "sdexec")),
     "service-override": _Key(_boolean),
     "job-shell": _Key(_string),
     "kill-timeout": _Key(_positive_duration),

@@ -85,7 +85,7 @@ KEYS = [
     Key("exec.imp", "exec.imp", None, "/usr/libexec/flux/flux-imp",
         "/usr/libexec/flux/flux-imp", 5, "expected a non-empty string, got 5"),
     Key("exec.service", "exec.service", "rexec", "sdexec", "sdexec", "",
-        'expected a non-empty string, got ""'),
+        'expected "rexec" or "sdexec", got ""'),
     Key("exec.service-override", "exec.service_override", False, True, True, "yes",
         f'{BOOLEAN}, got "yes"'),
     Key("exec.job-shell", "exec.job_shell", None, "/opt/flux-shell", "/opt/flux-shell",
@@ -251,6 +251,10 @@ def test_every_key_is_tested():
         ("sdexec.max-frame-size", 1024, "expected a size of at least 1M (bytes, or"
          " with K, M, G, T, P or E), got 1024"),
         ("sdexec.listen", "", 'expected a non-empty string, got ""'),
+        # Flux's job-exec refuses them ("unsupported exec.service value"):
+        # they loaded here, and every job there failed (review 40 G6).
+        *(("exec.service", name, f'expected "rexec" or "sdexec", got "{name}"')
+          for name in ("sdexex", "SDEXEC", "ssh")),
         ("systemd.enable", None, f"{BOOLEAN}, got null"),
         ("sdexec.allow-users", ["no-such-user"], 'no such user: "no-such-user"'),
         ("sdexec.allow-users", [-1], "expected a user name or a uid (an integer of at"

@@ -68,7 +68,13 @@ from sdexec.protocolbase import MAX_SOCKET_PATH
 from sdexec.refusal import json_quoted
 from sdexec.retained import DEFAULT_RETAINED, parse_retained_size
 from sdexec.signals import parse_signal, signal_name
-from sdexec.sizes import SUFFIXES, MemoryLimit, SizeTooLarge, parse_size
+from sdexec.sizes import (
+    SUFFIXES,
+    MemoryLimit,
+    SizeTooLarge,
+    bounded_size,
+    parse_size,
+)
 from sdexec.systemd.window import DEFAULT_MAX_INFLIGHT
 from sdexec.version import add_version_option
 
@@ -676,17 +682,23 @@ def _socket_mode(value: object) -> int:
 
 
 def _frame_size(value: object) -> int:
-    size = -1  # anything that is not a size
+    # SizeTooLarge too: _expected_size says why.
+    with contextlib.suppress(ValueError):
+        size = _size(value)
+        if size >= MiB:
+            return size
+    raise _expected_size(f"a size of at least 1M (bytes, or with {SUFFIXES})", value)
+
+
+def _size(value: object) -> int:
+    """Bytes in a size as the file writes it: an integer, or a string with
+    an optional suffix; ``ValueError`` (:class:`SizeTooLarge` for one of
+    16E or more, either way) if it is not one."""
     if isinstance(value, int) and not isinstance(value, bool):
-        size = value
-    elif isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            size = parse_size(value)
-    if size < MiB:
-        raise _expected_size(
-            f"a size of at least 1M (bytes, or with {SUFFIXES})", value
-        )
-    return size
+        return bounded_size(value, value)
+    if isinstance(value, str):
+        return parse_size(value)
+    raise ValueError("not a size")
 
 
 def _retained_size(value: object) -> int:
@@ -708,13 +720,12 @@ def _expected_size(what: str, value: object) -> ValueError:
 def _too_large(value: object) -> str | None:
     """Why ``value`` is refused, if it is a size of 16E or more (the bound
     of every size: systemd holds them in 64 bits); else ``None``."""
-    if isinstance(value, str):
-        try:
-            parse_size(value)
-        except SizeTooLarge:
-            return f"too large: expected a size under 16E, got {json_quoted(value)}"
-        except ValueError:
-            pass
+    try:
+        _size(value)
+    except SizeTooLarge:
+        return f"too large: expected a size under 16E, got {json_quoted(value)}"
+    except ValueError:
+        pass
     return None
 
 

@@ -38,7 +38,7 @@ from typing import Any, Final
 
 from sdexec.ioencode import encode_io, line_chunks
 from sdexec.refusal import json_quoted
-from sdexec.sizes import parse_size
+from sdexec.sizes import bounded_size, parse_size
 
 __all__ = [
     "CONFIG_KEY",
@@ -71,7 +71,7 @@ def parse_retained_size(value: object) -> int:
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"retained-output: {value} is negative")
-        return value
+        return bounded_size(value, value)
     if not isinstance(value, str):
         raise ValueError(
             f"retained-output: expected a size such as 1M, got {json_quoted(value)}"

@@ -13,7 +13,14 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal
 
-__all__ = ["SUFFIXES", "UINT64_MAX", "MemoryLimit", "SizeTooLarge", "parse_size"]
+__all__ = [
+    "SUFFIXES",
+    "UINT64_MAX",
+    "MemoryLimit",
+    "SizeTooLarge",
+    "bounded_size",
+    "parse_size",
+]
 
 _SUFFIX = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
 #: The suffixes a size may have, as error messages name them.
@@ -54,9 +61,16 @@ def parse_size(text: str, base: int = 1024) -> int:
     # Decimal, not float: a float has 53 bits, so "9007199254740993" (or a
     # large fractional "T") would come back off by a few bytes.
     power = _SUFFIX[match["suffix"].upper()]
-    size = round(Decimal(match["number"]) * base**power)
+    return bounded_size(round(Decimal(match["number"]) * base**power), text)
+
+
+def bounded_size(size: int, written: object) -> int:
+    """``size`` if 64 bits hold it; :class:`SizeTooLarge`, quoting it as
+    ``written``, if it is 16E or more. Also for a size given as an integer
+    (a TOML or YAML one has no bound of its own), so that both spellings
+    of one size are judged alike."""
     if size > UINT64_MAX:
-        raise SizeTooLarge(f"{text!r} is not a size systemd can hold (16E or more)")
+        raise SizeTooLarge(f"{written!r} is not a size systemd can hold (16E or more)")
     return size
 
 

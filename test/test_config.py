@@ -569,6 +569,12 @@ def test_a_bad_request_properties_entry_extends_the_key_path(entries, where, mes
         ("sdexec.retained-output", "16E"),
         ("exec.sdexec-properties", {"MemoryMax": "99999999999999999999G"}),
         ("exec.sdexec-properties", {"MemorySwapMax": "16E"}),
+        # As integers they loaded, while the same sizes as strings did not
+        # (review session 40 G4).
+        ("sdexec.max-frame-size", 2**64),
+        ("sdexec.max-frame-size", 99999999999999999999),
+        ("sdexec.retained-output", 2**64),
+        ("sdexec.retained-output", 10**30),
     ],
 )
 def test_a_size_too_large_is_refused_as_too_large(path, value):
@@ -578,7 +584,30 @@ def test_a_size_too_large_is_refused_as_too_large(path, value):
         configure(path, value)
     (size,) = value.values() if isinstance(value, dict) else (value,)
     assert str(error.value).endswith(
-        f': too large: expected a size under 16E, got "{size}"'
+        f": too large: expected a size under 16E, got {json.dumps(size)}"
+    )
+
+
+@pytest.mark.parametrize("key", ["max-frame-size", "retained-output"])
+def test_the_largest_integer_size_is_taken(key):
+    config = parse_config({"sdexec": {key: 2**64 - 1}})
+    assert getattr(config.sdexec, key.replace("-", "_")) == 2**64 - 1
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("f.toml", "[sdexec]\nmax-frame-size = 99999999999999999999\n"),
+        ("f.yaml", "sdexec:\n  retained-output: 99999999999999999999\n"),
+    ],
+)
+def test_an_integer_size_too_large_is_refused_in_either_format(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value).endswith(
+        ": too large: expected a size under 16E, got 99999999999999999999"
     )
 
 

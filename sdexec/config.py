@@ -167,7 +167,11 @@ class ExecConfig:
     imp: str | None = None
     service: str = "rexec"
     service_override: bool = False
+    #: Flux's execution implementation, ``"bulk-exec"`` or ``"bgexec"``.
+    method: str = "bulk-exec"
     job_shell: str | None = None
+    #: ``0`` (written ``"none"``) disables it.
+    shell_exit_timeout: float = 30.0
     kill_timeout: float = 5.0
     max_kill_count: int = 8
     #: ``None`` when unset: ``max_kill_count`` then bounds termination.
@@ -475,6 +479,17 @@ def _percent(value: object) -> float:
 #: The shortest timeout taken: shorter ones act as 0 (a kill-timeout of
 #: 1e-320 s sent every signal of a sequence, and its verdict, at once).
 MIN_TIMEOUT_S = 0.001
+
+
+def _duration_or_none(value: Any) -> float:
+    """A duration, or ``"none"`` for 0 (disabled), as Flux's job-exec reads
+    ``exec.shell-exit-timeout``."""
+    if value == "none":
+        return 0.0
+    try:
+        return parse_fsd(value)
+    except ValueError as error:
+        raise ValueError(f'{error}, or "none"') from None
 
 
 def _positive_duration(value: Any) -> float:
@@ -828,7 +843,10 @@ _EXEC: _Table = {
     # value"): a typo must not pass here and fail every job there.
     "service": _Key(_one_of("rexec", "sdexec")),
     "service-override": _Key(_boolean),
+    # Flux's job-exec refuses any other ("unknown exec.method").
+    "method": _Key(_one_of("bulk-exec", "bgexec")),
     "job-shell": _Key(_string),
+    "shell-exit-timeout": _Key(_duration_or_none),
     "kill-timeout": _Key(_positive_duration),
     "max-kill-count": _Key(_integer(1, MAX_KILL_COUNT)),
     "max-kill-timeout": _Key(_positive_duration),

@@ -88,8 +88,12 @@ KEYS = [
         'expected "rexec" or "sdexec", got ""'),
     Key("exec.service-override", "exec.service_override", False, True, True, "yes",
         f'{BOOLEAN}, got "yes"'),
+    Key("exec.method", "exec.method", "bulk-exec", "bgexec", "bgexec", "bulkexec",
+        'expected "bulk-exec" or "bgexec", got "bulkexec"'),
     Key("exec.job-shell", "exec.job_shell", None, "/opt/flux-shell", "/opt/flux-shell",
         ["/opt/flux-shell"], 'expected a non-empty string, got ["/opt/flux-shell"]'),
+    Key("exec.shell-exit-timeout", "exec.shell_exit_timeout", 30.0, "2m", 120.0,
+        "never", f'"never" is not a valid duration: {DURATION}, or "none"'),
     Key("exec.kill-timeout", "exec.kill_timeout", 5.0, "1m", 60.0, "5x",
         f'"5x" is not a valid duration: {DURATION}'),
     Key("exec.max-kill-count", "exec.max_kill_count", 8, 4, 4, 0,
@@ -255,6 +259,10 @@ def test_every_key_is_tested():
         # they loaded here, and every job there failed (review 40 G6).
         *(("exec.service", name, f'expected "rexec" or "sdexec", got "{name}"')
           for name in ("sdexex", "SDEXEC", "ssh")),
+        # As Flux's job-exec: "none" alone, in that case (streq).
+        ("exec.shell-exit-timeout", "None",
+         f'"None" is not a valid duration: {DURATION}, or "none"'),
+        ("exec.method", "testexec", 'expected "bulk-exec" or "bgexec", got "testexec"'),
         ("systemd.enable", None, f"{BOOLEAN}, got null"),
         ("sdexec.allow-users", ["no-such-user"], 'no such user: "no-such-user"'),
         ("sdexec.allow-users", [-1], "expected a user name or a uid (an integer of at"
@@ -283,6 +291,9 @@ def test_more_bad_values(path, value, message):
         ("exec.term-signal", 10, 10),
         ("exec.term-signal", "15", 15),
         ("exec.max-start-delay-percent", 0, 0.0),
+        # Flux's job-exec takes "none" as 0: disabled (review session 40 G3).
+        ("exec.shell-exit-timeout", "none", 0.0),
+        ("exec.shell-exit-timeout", "0", 0.0),
         ("sdexec.max-frame-size", 2**24, 16 * MiB),
         ("sdexec.max-frame-size", "1M", MiB),
     ],
@@ -1521,6 +1532,23 @@ SPEC_EXAMPLES = [
     "sdexec-stop-timer-sec = 1800 # 30 minutes instead of 15\n",
     "[exec.testexec]\nallow-guests = true\n",
 ]
+
+
+def test_a_current_flux_exec_table_loads(tmp_path):
+    # Keys of flux-config-exec(5) newer than the spec were "unknown key"
+    # errors: a current Flux system file did not load (review session 40 G3).
+    text = (
+        '[exec]\nservice = "sdexec"\nmethod = "bgexec"\n'
+        'shell-exit-timeout = "none"\n[systemd]\nenable = true\n'
+    )
+    config = load_config(write(tmp_path, "system.toml", text))
+    assert (config.exec.method, config.exec.shell_exit_timeout) == ("bgexec", 0.0)
+    assert config.warnings == ()
+    shown = config.effective()["exec"]
+    assert (shown["method"], shown["shell-exit-timeout"]) == ("bgexec", 0.0)
+    # Reported by the checker only: the stats keep the spec's shape.
+    without = parse_config({"exec": {"service": "sdexec"}, "systemd": {"enable": True}})
+    assert config.introspect() == without.introspect()
 
 
 @pytest.mark.parametrize("text", SPEC_EXAMPLES)

@@ -141,7 +141,8 @@ class ConfigError(ValueError):
     ``source`` is the file (or ``"<config>"``), ``key`` the dotted key path
     (``None`` for a problem with the file as a whole), ``reason`` the rest.
     ``transient``: the machine failed while using it (a tool that timed
-    out, no memory), so the same file may load on a later try.
+    out, no memory, a name service not answering yet), so the same file
+    may load on a later try.
     """
 
     def __init__(
@@ -654,7 +655,17 @@ def _uid(user: object) -> int:
     try:
         return pwd.getpwnam(user).pw_uid
     except KeyError:
-        raise ValueError(f"no such user: {json_quoted(user)}") from None
+        # Python's pwd says KeyError for a name not found and for a name
+        # service that cannot answer (sssd or LDAP not up yet at boot) alike.
+        raise _LookupFailed(
+            f"no such user: {json_quoted(user)} (or the name service cannot answer yet)"
+        ) from None
+
+
+class _LookupFailed(ValueError):
+    """A name the name service did not resolve: the same file may load on a
+    later try, once sssd or LDAP answers (a transient :class:`ConfigError`,
+    which the units restart)."""
 
 
 def _absolute_path(value: object) -> str:
@@ -937,6 +948,8 @@ def _read_table(
         except RequestPropertiesEntryError as error:
             where = f"{key_path}[{error.index}]"
             raise ConfigError(source, where, str(error)) from None
+        except _LookupFailed as error:
+            raise ConfigError(source, key_path, str(error), transient=True) from None
         except ValueError as error:
             raise ConfigError(source, key_path, str(error)) from None
         fields[entry.field or prefix + _python_name(key)] = checked

@@ -867,8 +867,72 @@ def test_a_usage_error_of_the_plugin_is_one_line_and_ex_config(argv, said, capsy
     assert capsys.readouterr().err == f"sdexec: {said}\n"
 
 
+def unresolved_names(monkeypatch) -> None:
+    """Make every user name lookup fail, as at boot before sssd answers."""
+
+    def unanswered(name: str) -> None:
+        raise KeyError(f"getpwnam(): name not found: {name!r}")
+
+    monkeypatch.setattr("pwd.getpwnam", unanswered)
+
+
+def test_a_start_refused_for_a_name_not_resolved_yet_is_restarted(
+    tmp_path, monkeypatch, capsys
+):
+    # It exited 78, which the units never restart: a node whose sdexec
+    # started before sssd stayed without it (review session 40 G2).
+    from twisted.plugins.sdexec_plugin import Options, SdexecServiceMaker
+
+    config = tmp_path / "sdexec.toml"
+    config.write_text('[sdexec]\nallow-users = ["slurm"]\n')
+    unresolved_names(monkeypatch)
+    options = Options()
+    options.parseOptions(["--config", str(config)])
+    with pytest.raises(SystemExit) as exited:
+        SdexecServiceMaker().makeService(options)
+    assert exited.value.code == 1  # restarted, within the start limit
+    assert capsys.readouterr().err == (
+        f'sdexec: {config}: sdexec.allow-users: no such user: "slurm" (or the'
+        " name service cannot answer yet)\n"
+    )
+
+
+@ensureDeferred
+async def test_a_reload_with_a_name_not_resolved_keeps_the_configuration(
+    tmp_path, monkeypatch
+):
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    service = await started_service(tmp_path, FakeManager())
+    lines: list[str] = []
+    observer = lambda event: lines.append(formatEvent(event))  # noqa: E731
+    globalLogPublisher.addObserver(observer)
+    try:
+        config = tmp_path / "sdexec.toml"
+        config.write_text('[sdexec]\nallow-users = ["slurm"]\n')
+        unresolved_names(monkeypatch)
+        assert await service.reload() is False
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    assert service.config.sdexec.allow_users == ()
+    assert (
+        f"reload refused, old configuration kept: {config}: sdexec.allow-users:"
+        ' no such user: "slurm" (or the name service cannot answer yet)'
+    ) in lines
+    await service.stopService()
+
+
 #: The shipped service units.
 UNITS = ("sdexec.service", "sdexec-system.service")
+
+
+def test_the_system_unit_starts_once_user_names_resolve():
+    # allow-users names are looked up at start (review session 40 G2). A
+    # passive target: ordered after, never pulled in (systemd.special(7)).
+    text = (Path(__file__).parent.parent / "etc" / "sdexec-system.service").read_text()
+    after = " ".join(re.findall(r"^After=(.*)$", text, re.MULTILINE)).split()
+    assert "nss-user-lookup.target" in after
+    assert "Wants=nss-user-lookup.target" not in text
 
 
 def unit_settings(unit: str) -> dict[str, dict[str, str]]:

@@ -70,16 +70,18 @@ class Options(usage.Options):
             raise usage.UsageError("--config FILE is required")
 
 
-def _refuse_to_start(reason: str) -> NoReturn:
+def _refuse_to_start(reason: str, transient: bool = False) -> NoReturn:
     """End with ``reason`` in one line and ``EX_CONFIG``, the status of a
     start that would fail again as it is: the units do not restart it
-    (``RestartPreventExitStatus=``)."""
+    (``RestartPreventExitStatus=``). ``transient``: the same start may pass
+    later (an ``allow-users`` name sssd cannot resolve yet at boot), so
+    status 1, which they restart, within their start limit."""
     # Imported here, as in makeService: twistd imports every plugin to
     # list its commands, and sdexec's modules are not needed for that.
     from sdexec.service import EX_CONFIG
 
     print(f"sdexec: {reason}", file=sys.stderr)
-    raise SystemExit(EX_CONFIG)
+    raise SystemExit(1 if transient else EX_CONFIG)
 
 
 def _asyncio_reactor():
@@ -124,7 +126,7 @@ class SdexecServiceMaker:
                 bus=check_command_line_option("--bus", options["bus"]),
             )
         except ConfigError as error:
-            _refuse_to_start(str(error))
+            _refuse_to_start(str(error), transient=error.transient)
         raised = raise_open_file_limit()
         if raised is not None:
             log.info(

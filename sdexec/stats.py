@@ -22,7 +22,7 @@ from twisted.internet.interfaces import (
 )
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
-from twisted.web.http import HTTPChannel, Request
+from twisted.web.http import NOT_FOUND, HTTPChannel, Request
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
 
@@ -103,6 +103,15 @@ def _rendered(stats: dict) -> bytes:
     return msgspec.json.format(msgspec.json.encode(stats), indent=2) + b"\n"
 
 
+def _headers_only(request: Request, body: bytes) -> bytes:
+    """A HEAD's answer: a GET's headers and length, and no body. Twisted
+    drops a body rendered for HEAD, but logs a line for each, quoting the
+    path and query as the client sent them (as many as any local user
+    cares to send, kilobytes each)."""
+    request.setHeader(b"content-length", b"%d" % len(body))
+    return b""
+
+
 class _JSONResource(Resource):
     isLeaf = True
 
@@ -113,6 +122,33 @@ class _JSONResource(Resource):
     def render_GET(self, request: Request) -> bytes:
         request.setHeader(b"content-type", b"application/json")
         return self._body()
+
+    def render_HEAD(self, request: Request) -> bytes:
+        return _headers_only(request, self.render_GET(request))
+
+
+_NOT_FOUND_PAGE = b"Not found\n"
+
+
+class _NotFound(Resource):
+    """Any other path, whatever the method: a 404 (Twisted's own page
+    answers HEAD with its body, and so logs it)."""
+
+    isLeaf = True
+
+    def render(self, request: Request) -> bytes:
+        request.setResponseCode(NOT_FOUND)
+        request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+        if request.method == b"HEAD":
+            return _headers_only(request, _NOT_FOUND_PAGE)
+        return _NOT_FOUND_PAGE
+
+
+class _Root(Resource):
+    """``/``: its pages, and :class:`_NotFound` for any other path."""
+
+    def getChild(self, path: bytes, request: Request) -> Resource:
+        return _NotFound()
 
 
 class _StatsChannel(HTTPChannel):
@@ -247,7 +283,7 @@ def stats_site(
         from twisted.internet import reactor
 
         clock = cast(IReactorTime, reactor)
-    root = Resource()
+    root = _Root()
     root.putChild(b"stats", _JSONResource(produce, clock))
     if metrics is not None:
         root.putChild(b"metrics", metrics)

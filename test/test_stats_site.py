@@ -314,22 +314,52 @@ def test_idle_connections_are_closed_without_a_log_line():
     assert site.channels == {}
 
 
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+@pytest.mark.parametrize(
+    ("path", "status"), [("/stats", 200), ("/metrics", 200), ("/elsewhere", 404)]
+)
 @ensureDeferred
-async def test_no_access_log_line_repeats_what_a_request_sent(site_port):
-    _site, port = site_port
+async def test_no_access_log_line_repeats_what_a_request_sent(
+    metrics_port, method, path, status
+):
+    # HEAD too: Twisted logged each HEAD answered with a body (/stats', its
+    # 404 page's), quoting the path and query (review session 40 M M1).
     logged: list[dict] = []
     log.addObserver(logged.append)
     try:
-        path = b"/stats?" + b"A" * 7000
-        request = GET.replace(b"/stats", path).replace(
-            b"Host: x", b"Host: x\r\nUser-Agent: " + b"B" * 7000
-        )
-        answer = await deferToThread(exchange, port, request)
+        request = (
+            f"{method} {path}?{'A' * 7000} HTTP/1.1\r\nHost: x\r\n"
+            f"User-Agent: {'B' * 7000}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        answer = await deferToThread(exchange, metrics_port, request)
     finally:
         log.removeObserver(logged.append)
-    assert answer.startswith(b"HTTP/1.1 200")
-    assert not [event for event in logged if "AAAA" in str(event)]
-    assert not [event for event in logged if "BBBB" in str(event)]
+    assert answer.startswith(b"HTTP/1.1 %d" % status)
+    assert logged == []
+
+
+@pytest.mark.parametrize("path", ["/stats", "/elsewhere"])
+@ensureDeferred
+async def test_head_answers_the_get_s_headers_without_its_body(site_port, path):
+    _site, port = site_port
+    got, head = [
+        await deferToThread(exchange, port, GET.replace(b"GET /stats", request))
+        for request in (b"GET " + path.encode(), b"HEAD " + path.encode())
+    ]
+    got_head, _, body = got.partition(b"\r\n\r\n")
+    assert head.endswith(b"\r\n\r\n") and head.count(b"\r\n\r\n") == 1  # no body
+    assert head.split(b"\r\n")[0] == got_head.split(b"\r\n")[0]  # its status
+    assert _header(head, b"Content-Length") == b"%d" % len(body)
+    assert _header(head, b"Content-Type") == _header(got_head, b"Content-Type")
+
+
+def _header(head: bytes, name: bytes) -> bytes | None:
+    """The value of header ``name`` in ``head``, if it has one."""
+    for line in head.split(b"\r\n")[1:]:
+        key, _, value = line.partition(b": ")
+        if key.lower() == name.lower():
+            return value
+    return None
 
 
 def test_stats_are_rendered_as_indented_json():

@@ -32,15 +32,21 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.exposition import (
+    CONTENT_TYPE_PLAIN_0_0_4,
+    choose_encoder,
+    generate_latest,
+    gzip_accepted,
+)
 from prometheus_client.registry import Collector
 from twisted.internet.threads import deferToThreadPool
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from sdexec.drain import KINDS
+from sdexec.lograte import LogRate
 from sdexec.process import Responder
 from sdexec.protocol import Topic
 
@@ -134,6 +140,10 @@ class Metrics:
             "sdexec_config_reloads", "SIGHUP reloads, by outcome (ok, refused).",
             ["outcome"], registry=self.registry,
         )  # fmt: skip
+        #: A scrape that fails logs its traceback through it: any local user
+        #: may scrape in a loop, and a fault a request provokes would log
+        #: one per request (the service stops it as it stops).
+        self.log_rate = LogRate(log, reactor)
 
     def resource(self) -> IResource:
         """``/metrics``: this registry in the text format, or OpenMetrics
@@ -148,7 +158,7 @@ class Metrics:
         """The exposition of the registry, the ``/stats`` numbers taken from
         ``snapshot``, gzipped if the scraper takes that, and its headers;
         safe in any thread (the compression too: it is not the reactor's)."""
-        encoder, content_type = choose_encoder(accept)
+        encoder, content_type = _encoder(accept)
         registry: Any = self.registry
         if names:
             registry = registry.restricted_registry(names)
@@ -348,7 +358,7 @@ class _MetricsPage(Resource):
 
         def failed(failure: Failure) -> None:
             if not gone:
-                _failed(request, failure)
+                _failed(request, failure, self._metrics.log_rate)
 
         rendering.addCallbacks(answer, failed)
         return NOT_DONE_YET
@@ -363,8 +373,21 @@ def _answer(request: Request, body: bytes, headers: dict[str, str]) -> None:
     request.finish()
 
 
-def _failed(request: Request, failure: Failure) -> None:
-    log.failure("rendering /metrics", failure)
+def _encoder(accept: str) -> tuple[Callable[[Any], bytes], str]:
+    """The format ``accept`` asks for, else the text format 0.0.4, as for
+    a type prometheus-client does not know: it raises ``TypeError`` for a
+    version that is not all numbers (``text/plain; version=x``), and each
+    such scrape was a 500 and a traceback in the journal."""
+    try:
+        return choose_encoder(accept)
+    except (TypeError, ValueError):
+        return generate_latest, CONTENT_TYPE_PLAIN_0_0_4
+
+
+def _failed(request: Request, failure: Failure, log_rate: LogRate) -> None:
+    log_rate.emit(
+        LogLevel.critical, "render", "rendering /metrics", log_failure=failure
+    )
     request.setResponseCode(500)
     request.finish()
 

@@ -514,6 +514,7 @@ class SdexecService(Service):
                 self.server.systemd.disconnect()
                 self.server.log_rate.stop()  # what it held back is said now
         finally:
+            self.metrics.log_rate.stop()  # what it held back is said now
             if self.owner_lock is not None:
                 self.owner_lock.release()  # its units are stopped: the next may
 

@@ -438,10 +438,10 @@ async def test_a_reader_sending_ahead_gets_the_answers_made_then_the_close():
 
 
 @pytest.fixture
-def metrics_port():
+def metrics_page():
     """``/metrics`` of a registry whose ``/stats`` has 3 execs, 2 refused
     requests, a drained node, one running process and a manager that has
-    not answered a start for 40 s."""
+    not answered a start for 40 s: its Metrics, and the site's port."""
     from sdexec.metrics import Metrics
 
     stats = {
@@ -467,8 +467,14 @@ def metrics_port():
     metrics = Metrics(reactor, lambda: stats)
     site = stats_site(lambda: stats, metrics.resource())
     port = reactor.listenTCP(0, site, interface="127.0.0.1")
-    yield port.getHost().port
+    yield metrics, port.getHost().port
     port.stopListening()
+
+
+@pytest.fixture
+def metrics_port(metrics_page):
+    """The port of :func:`metrics_page`."""
+    return metrics_page[1]
 
 
 def _metrics_request(method: str, query: str = "") -> bytes:
@@ -524,6 +530,68 @@ async def test_refused_requests_are_not_called_protocol_errors(metrics_port):
     answer = await deferToThread(exchange, metrics_port, _metrics_request("GET"))
     assert b"sdexec_requests_refused_total 2.0" in answer
     assert b"protocol_errors" not in answer
+
+
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "text/plain; version=x",
+        "application/openmetrics-text; version=zz",
+        "text/plain; version=1.a, */*",
+    ],
+)
+@ensureDeferred
+async def test_a_malformed_accept_version_gets_the_text_format(metrics_port, accept):
+    # prometheus-client raises TypeError for a version not all numbers: a
+    # 500 and a 16-line critical traceback per request (review session 40 M M2).
+    request = _metrics_request("GET").replace(
+        b"\r\n\r\n", f"\r\nAccept: {accept}\r\n\r\n".encode()
+    )
+    logged: list[dict] = []
+    log.addObserver(logged.append)
+    try:
+        answer = await deferToThread(exchange, metrics_port, request)
+    finally:
+        log.removeObserver(logged.append)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert b"Content-Type: text/plain; version=0.0.4; charset=utf-8" in head
+    assert b"sdexec_drained 1.0" in body
+    assert logged == []
+
+
+class _Broken:
+    """A collector that fails every scrape."""
+
+    def collect(self):
+        raise RuntimeError("broken collector")
+
+
+@ensureDeferred
+async def test_failed_scrapes_log_at_a_bounded_rate(metrics_page):
+    # Whatever fault a request provokes, a scraper in a loop must not write
+    # a traceback per request.
+    from sdexec.lograte import BURST, WINDOW_S, LogRate
+    from sdexec.metrics import log as metrics_log
+
+    metrics, port = metrics_page
+    clock = Clock()
+    metrics.log_rate = LogRate(metrics_log, clock)
+    metrics.registry.register(_Broken())
+    logged: list[dict] = []
+    globalLogPublisher.addObserver(logged.append)
+    try:
+        for _ in range(BURST + 5):
+            answer = await deferToThread(exchange, port, _metrics_request("GET"))
+            assert answer.startswith(b"HTTP/1.1 500 ")
+        clock.advance(WINDOW_S)
+    finally:
+        globalLogPublisher.removeObserver(logged.append)
+    said = [event.get("log_format") for event in logged]
+    assert said[:BURST] == ["rendering /metrics"] * BURST
+    assert all("broken collector" in str(e["log_failure"]) for e in logged[:BURST])
+    assert len(said) == BURST + 1 and said[-1].startswith("{suppressed} more like it")
+    assert logged[-1]["suppressed"] == 5
 
 
 #: A service whose /metrics is being rendered (slowly: a collector that

@@ -46,6 +46,7 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from sdexec.drain import KINDS
+from sdexec.leftovers import LEFTOVER_STATE
 from sdexec.lograte import LogRate
 from sdexec.process import Responder
 from sdexec.protocol import Topic
@@ -90,6 +91,9 @@ EVENT_COUNTERS = {
     ),
 }
 STOP_TIMER_PREFIX = "stop-timer-"
+#: The states of ``/stats``' processes: running, finished and not yet
+#: reaped (sdexec/process.py), a leftover of an earlier run.
+PROCESS_STATES = ("R", "Z", LEFTOVER_STATE)
 
 
 def _topic_label(topic: str) -> str:
@@ -439,10 +443,12 @@ def _processes(procs: list[dict]) -> Metric:
         "sdexec_processes", "Processes the service tracks, by state.",
         labels=["state"],
     )  # fmt: skip
-    states: dict[str, int] = {}
+    # Every state always, 0 included: a series that vanished when the
+    # node went idle went stale, and sum() and == 0 alerts had nothing.
+    states = dict.fromkeys(PROCESS_STATES, 0)
     for proc in procs:
         states[proc["state"]] = states.get(proc["state"], 0) + 1
-    for state, count in sorted(states.items()):
+    for state, count in states.items():
         family.add_metric([state], count)
     return family
 

@@ -201,3 +201,26 @@ async def test_a_wait_s_answer_counts_the_output_it_carries(background):
     client.send("sdexec.wait", {"pid": 7}, matchtag=3)
     assert payloads(client.of(3))[0]["output"]
     assert output_bytes(metrics) == {(("stream", "stdout"),): 6}
+
+
+def processes(metrics: Metrics) -> dict[str, float]:
+    """``sdexec_processes`` by state."""
+    return {
+        dict(labels)["state"]: value
+        for (name, labels), value in samples(metrics).items()
+        if name == "sdexec_processes"
+    }
+
+
+@ensureDeferred
+async def test_the_processes_gauge_reads_0_on_an_idle_node(background):
+    # Only the states present were emitted: once the last process was
+    # reaped the series vanished (stale in Prometheus), and an alert on
+    # sdexec_processes{state="R"} == 0 never fired (review session 40 M M3).
+    systemd, server, metrics, client = background
+    assert processes(metrics) == {"R": 0, "Z": 0, "O": 0}
+    client.bg(label="a")
+    systemd.run(UNIT, pid=8)
+    assert processes(metrics) == {"R": 1, "Z": 0, "O": 0}
+    await finish(systemd, server, status=0)
+    assert processes(metrics) == {"R": 0, "Z": 0, "O": 0}

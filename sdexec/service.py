@@ -198,6 +198,10 @@ class SdexecService(Service):
         marks = owner_marks(self.listen)
         self._take_ownership(marks)
         systemd = yield self._connect()
+        # Before the leftover scan, whose calls on a restart among thousands
+        # of units are the slowest the manager gets (the default connection
+        # counted its own already: _connect_systemd).
+        systemd.on_call = self.metrics.dbus_call
         if not self.running:
             systemd.disconnect()  # the stop found no server to close it
         self._check_still_starting()
@@ -208,7 +212,6 @@ class SdexecService(Service):
         # Before listening: leftovers of an earlier run drain the node first.
         yield leftovers.scan()
         self._check_still_starting()
-        systemd.on_call = self.metrics.dbus_call
         server.observer = self.metrics
         # Before listening: no job runs before the device fence is judged.
         yield server.verify_devices()
@@ -306,6 +309,9 @@ class SdexecService(Service):
         return SystemdClient.connect(
             system=self.config.systemd.bus == "system",
             clock=timers_clock(self.reactor),  # reconnecting too: sdexec/clocks.py
+            # Its Subscribe and Version read counted too; a reconnection's
+            # are, by the same client.
+            on_call=self.metrics.dbus_call,
         )
 
     def _listen(

@@ -16,6 +16,7 @@ from pytest_twisted import ensureDeferred
 from support import sleep, until
 from twisted.internet.task import Clock
 
+from sdexec.systemd import bus as bus_module
 from sdexec.systemd.bus import MANAGER_ABSENT_S, SystemdClient, unit_object_path
 from sdexec.systemd.errors import SystemdError, errno_for, is_connection_lost
 from sdexec.systemd.unanswered import SILENT_AFTER_S
@@ -144,6 +145,37 @@ async def test_a_manager_back_in_time_keeps_the_bus():
     clock.advance(SILENT_AFTER_S)  # past the absent check's time
     assert not bus.disconnected
     assert clock.getDelayedCalls() == []  # nor any timer left armed
+    client.disconnect()
+
+
+@ensureDeferred
+async def test_on_call_given_to_connect_sees_the_connection_s_own_calls(monkeypatch):
+    # Set once connect had returned, the service's hook missed the start's
+    # Subscribe and Version read (review session 40 M M4); the client keeps
+    # it, so a resubscription is seen too.
+    buses: list[FakeBus] = []
+
+    async def open_bus(address, system):
+        buses.append(FakeBus())
+        return buses[-1]
+
+    monkeypatch.setattr(bus_module, "_open_bus", open_bus)
+    observed: list[tuple[str, bool]] = []
+    client = await SystemdClient.connect(
+        clock=Clock(), on_call=lambda member, seconds, ok: observed.append((member, ok))
+    )
+    subscribed = [
+        ("Subscribe", True),
+        ("GetNameOwner", True),
+        ("Get", True),
+        ("Get", True),
+    ]
+    assert observed == [("AddMatch", True), ("AddMatch", True), *subscribed]
+    del observed[:]
+    buses[0].owner_changed(":1.5", "")
+    buses[0].owner_changed("", ":1.9")
+    await until(lambda: client.connected, "subscribed again")
+    assert observed == subscribed
     client.disconnect()
 
 

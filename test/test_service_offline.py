@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import twisted.python.lockfile
+from dbus_fast import Message, MessageType
 from pytest_twisted import ensureDeferred
 from support import until
 from test_devicefence import run_canary
@@ -581,6 +582,71 @@ async def test_losing_systemd_drains_only_after_the_reconnect_timeout(tmp_path):
     manager.lose()
     await service.stopService()  # no drain armed past the stop
     assert clock.getDelayedCalls() == []
+
+
+def dbus_calls(service: SdexecService) -> dict[str, float]:
+    """``sdexec_dbus_call_duration_seconds`` counts, by method (``ok`` ones)."""
+    return {
+        sample.labels["method"]: sample.value
+        for family in service.metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == "sdexec_dbus_call_duration_seconds_count"
+        and sample.labels["outcome"] == "ok"
+    }
+
+
+class CountedManager(FakeManager):
+    """A FakeManager that tells ``on_call`` of its leftover scans, as
+    SystemdClient does of every call."""
+
+    on_call = None
+
+    def list_units_by_patterns(self, states, patterns):
+        if self.on_call is not None:
+            self.on_call("ListUnitsByPatterns", 0.001, True)
+        return super().list_units_by_patterns(states, patterns)
+
+
+@ensureDeferred
+async def test_the_start_s_leftover_scan_is_counted(tmp_path):
+    # on_call was set after the scan: on a restart among thousands of
+    # units, the slowest calls the manager got were not counted (review
+    # session 40 M M4).
+    service = await started_service(tmp_path, CountedManager())
+    assert dbus_calls(service) == {"ListUnitsByPatterns": 1}
+    await service.stopService()
+
+
+@ensureDeferred
+async def test_the_start_s_calls_on_the_bus_are_counted(tmp_path, monkeypatch):
+    # The service's own connection: its Subscribe and Version read too.
+    from test_manager_absent import FakeBus
+
+    from sdexec.systemd import bus as bus_module
+
+    def listed(message):
+        return Message(
+            message_type=MessageType.METHOD_RETURN, reply_serial=1,
+            signature="a(ssssssouso)", body=[[]],
+        )  # fmt: skip
+
+    async def open_bus(address, system):
+        return FakeBus({"ListUnitsByPatterns": listed})
+
+    monkeypatch.setattr(bus_module, "_open_bus", open_bus)
+    service = SdexecService(
+        parse_config({}),
+        reactor,
+        listen=f"unix:{tmp_path}/s.sock",
+        stats="tcp:0:interface=127.0.0.1",
+    )
+    service.startService()
+    await service.ready
+    assert dbus_calls(service) == {
+        "AddMatch": 2, "Subscribe": 1, "GetNameOwner": 1, "Get": 2,
+        "ListUnitsByPatterns": 1,
+    }  # fmt: skip
+    await service.stopService()
 
 
 @ensureDeferred

@@ -339,6 +339,7 @@ class SystemdClient:
         *,
         system: bool = False,
         clock: IReactorTime | None = None,
+        on_call: Callable[[str, float, bool], None] | None = None,
     ) -> Deferred[SystemdClient]:
         """Connect to ``address``, or to the user bus (see
         :func:`session_bus_address`), or with ``system=True`` the system bus;
@@ -346,17 +347,23 @@ class SystemdClient:
         and for the manager's bus name, and ``Subscribe``. Once connected,
         the client reconnects by itself when the bus or the manager goes
         away (see :attr:`on_lost`), on ``clock``'s timers (the reactor's
-        if not given)."""
+        if not given). ``on_call``: :attr:`on_call` from the first call on
+        (the connection's own calls included)."""
         return Deferred.fromFuture(
-            asyncio.ensure_future(cls._connect(address, system, clock))
+            asyncio.ensure_future(cls._connect(address, system, clock, on_call))
         ).addErrback(_translate_failure)
 
     @classmethod
     async def _connect(
-        cls, address: str | None, system: bool, clock: IReactorTime | None
+        cls,
+        address: str | None,
+        system: bool,
+        clock: IReactorTime | None,
+        on_call: Callable[[str, float, bool], None] | None,
     ) -> SystemdClient:
         reopen = functools.partial(_open_bus, address, system)
         client = cls(await reopen(), reopen, clock)
+        client.on_call = on_call
         try:
             await client._add_matches()
             # The first time, let the bus wait for the manager (a bus just

@@ -146,10 +146,10 @@ class _Call:
 class SdexecClient(JSONLineProtocol):
     """One connection to the service. Obtain it with :func:`connect`.
 
-    ``disconnected`` fires ``None`` once the connection is gone, whatever the
-    reason; requests still in flight then errback with :class:`RPCError` if
-    the service said why it closed (e.g. ``EPERM``), else with
-    :class:`ConnectionFailed`.
+    :attr:`disconnected` fires ``None`` once the connection is gone,
+    whatever the reason; requests still in flight then errback with
+    :class:`RPCError` if the service said why it closed (e.g. ``EPERM``),
+    else with :class:`ConnectionFailed`.
 
     It is its transport's producer: while what it has written waits to go
     out, the stdin producers registered with its handles are paused (the
@@ -168,7 +168,11 @@ class SdexecClient(JSONLineProtocol):
         # The frame size bounds what they cost.
         self.max_values = None
         self.path = path
-        self.disconnected: Deferred[None] = Deferred()
+        #: The connection is gone (connectionLost has run): the client's own
+        #: state, not a Deferred's, which a caller may have cancelled.
+        self._gone = False
+        #: The Deferreds :attr:`disconnected` and :meth:`close` handed out.
+        self._gone_waiters: list[Deferred[None]] = []
         self._requests = Requests(path)
         #: Whether a request has been written: stdio passthrough must come
         #: first (:meth:`exec`).
@@ -179,7 +183,6 @@ class SdexecClient(JSONLineProtocol):
         #: with the transport).
         self._producing: set[ExecHandle] = set()
         self._closing: IDelayedCall | None = None
-        self._close_waiters: list[Deferred[None]] = []
 
     def connectionMade(self) -> None:
         super().connectionMade()
@@ -353,16 +356,29 @@ class SdexecClient(JSONLineProtocol):
         made from now on fail at once with :class:`ConnectionFailed`, unsent.
         What was written and is not out after :data:`CLOSE_GRACE_S` (stdin
         the service takes no more of) is dropped."""
-        if self.disconnected.called:
-            return succeed(None)
         if self._requests.lost is None:
             self._requests.lost = ConnectionFailed(
                 f"{self.path}: closed by this client"
             )
             if self.transport is not None:
                 self._close_transport()
-        waiter: Deferred[None] = Deferred()
-        self._close_waiters.append(waiter)
+        return self._gone_waiter()
+
+    @property
+    def disconnected(self) -> Deferred[None]:
+        """A Deferred of the caller's own that fires ``None`` once the
+        connection is gone (at once if it is), whatever the reason. Each
+        read gives a new one, kept until then: a caller may cancel its own
+        (``defer.race``, ``addTimeout``) or chain onto it without touching
+        anyone else's, or :meth:`close`. Read it to wait, not to poll."""
+        return self._gone_waiter()
+
+    def _gone_waiter(self) -> Deferred[None]:
+        if self._gone:
+            return succeed(None)
+        # Cancelled, it is forgotten: a race run in a loop leaks none.
+        waiter: Deferred[None] = Deferred(self._gone_waiters.remove)
+        self._gone_waiters.append(waiter)
         return waiter
 
     def _close_transport(self) -> None:
@@ -466,8 +482,8 @@ class SdexecClient(JSONLineProtocol):
         try:
             self._requests.lose()
         finally:  # whatever a request's end did: close() waits for this
-            self.disconnected.callback(None)
-            waiters, self._close_waiters = self._close_waiters, []
+            self._gone = True
+            waiters, self._gone_waiters = self._gone_waiters, []
             for waiter in waiters:
                 waiter.callback(None)
 

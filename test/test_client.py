@@ -1317,3 +1317,24 @@ async def test_a_close_that_completes_leaves_no_timer(served_on_a_clock):
     _, client, clock = served_on_a_clock
     await client.close()
     assert clock.getDelayedCalls() == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_close_after_a_race_on_disconnected_closes(served):
+    # race() cancels its losers: close() then took the cancelled
+    # `disconnected` for a closed connection, closed nothing, and the
+    # streaming processes it was to stop ran on.
+    peer, client = served
+    handle, _ = _exec(client)
+    await peer.requests.get()
+    elsewhere = client.disconnected  # another caller's
+    shutdown = defer.succeed("stop")
+    assert await defer.race([shutdown, client.disconnected]) == (0, "stop")
+    with pytest.raises(defer.TimeoutError):
+        await client.disconnected.addTimeout(0, reactor)
+    await client.close()
+    with pytest.raises(ConnectionFailed, match="closed by this client"):
+        await handle.done
+    assert await elsewhere is None  # not cancelled with the others
+    assert client._gone_waiters == []  # the cancelled ones were forgotten
+    assert await client.disconnected is None

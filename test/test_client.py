@@ -1338,3 +1338,82 @@ async def test_a_close_after_a_race_on_disconnected_closes(served):
     assert await elsewhere is None  # not cancelled with the others
     assert client._gone_waiters == []  # the cancelled ones were forgotten
     assert await client.disconnected is None
+
+
+# -- what a request carries (review 40-C) -----------------------------------
+
+
+def _offline_client():
+    """A client on a transport that keeps what is written."""
+    from twisted.internet.task import Clock
+    from twisted.internet.testing import StringTransport
+
+    from sdexec.client import SdexecClient
+
+    client = SdexecClient("/run/sdexec.sock", Clock())
+    client.makeConnection(StringTransport())
+    return client
+
+
+_LANGDIR = os.fsdecode(b"/opt/l\xe9")  # as os.environ holds bytes not UTF-8
+_BYTES = "expected text (str), got bytes"
+
+
+@pytest.mark.parametrize(
+    ("cmd", "said"),
+    [
+        ({"cmdline": [b"/bin/echo", "hi"]}, "cmd.cmdline[0]: " + _BYTES),
+        ({"env": {"PATH": b"/bin"}}, "cmd.env.PATH: " + _BYTES),
+        ({"env": {b"PATH": "/bin"}}, "cmd.env.b'PATH': " + _BYTES),
+        ({"cwd": bytearray(b"/tmp")}, "cmd.cwd: expected text (str), got bytearray"),
+        (
+            {"opts": {"SDEXEC_PROP_Nice": memoryview(b"5")}},
+            "cmd.opts.SDEXEC_PROP_Nice: expected text (str), got memoryview",
+        ),
+        ({"label": b"job7"}, "cmd.label: " + _BYTES),
+        (
+            {"opts": {"SDEXEC_TIME_LIMIT": float("nan")}},
+            "cmd.opts.SDEXEC_TIME_LIMIT: nan is not a number JSON can carry",
+        ),
+        (
+            {"env": {"LANGDIR": _LANGDIR}},
+            "cmd.env.LANGDIR: not valid Unicode text: lone surrogate U+DCE9 at 6",
+        ),
+        (
+            {"cmdline": ["ls", _LANGDIR]},
+            "cmd.cmdline[1]: not valid Unicode text: lone surrogate U+DCE9 at 6",
+        ),
+    ],
+)
+def test_a_command_that_json_text_would_not_carry_as_meant_is_refused_named(cmd, said):
+    # Bytes went out as base64 text (another command, variable or label, run
+    # all the same); a surrogate escape raised a UnicodeEncodeError that named
+    # neither the field nor the variable.
+    client = _offline_client()
+    before = set(os.listdir("/proc/self/fd"))
+    full = {"cmdline": ["true"], "env": {}, "opts": {}, "channels": [], **cmd}
+    with pytest.raises(ValueError) as failure:
+        client.exec(full, STDOUT, stdio={"stdout": 1})
+    assert str(failure.value) == f"exec: {said}"
+    assert type(failure.value) is ValueError
+    assert set(os.listdir("/proc/self/fd")) == before  # no descriptor kept
+    assert client.transport.value() == b""
+    assert client._requests._in_flight == {}
+
+
+@pytest.mark.parametrize(
+    ("call", "said"),
+    [
+        (lambda c: c.kill(label=b"job7"), "kill: label: " + _BYTES),
+        (lambda c: c.wait(label=b"job7"), "wait: label: " + _BYTES),
+        (lambda c: c.attach(label=_LANGDIR), "attach: label: not valid Unicode text:"),
+        (lambda c: c.terminate(jobid=b"f1"), "terminate: jobid: expected text (str)"),
+        (lambda c: c.rpc("sdexec.kill", {b"pid": 1}), "kill: b'pid': expected text"),
+    ],
+)
+def test_a_target_that_json_text_would_not_carry_as_meant_is_refused_named(call, said):
+    client = _offline_client()
+    with pytest.raises(ValueError) as failure:
+        call(client)
+    assert str(failure.value).startswith(said)
+    assert client.transport.value() == b""

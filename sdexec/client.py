@@ -130,18 +130,110 @@ def _connect_failed(failure: Failure, path: str) -> Failure:
 
 
 class _Call:
-    """A request answered by one response."""
+    """A request answered by one response.
+
+    Cancelling its Deferred (``addTimeout``, ``defer.race``) cancels nothing
+    at the service, which answers all the same: that answer, which the
+    cancelled Deferred would drop without a word, is logged
+    (:meth:`answered_late`).
+    """
 
     streaming = False
 
-    def __init__(self) -> None:
-        self.deferred: Deferred[dict] = Deferred()
+    def __init__(self, client: SdexecClient, topic: str, payload: dict) -> None:
+        self._client = client
+        self.topic = topic
+        self.payload = payload
+        #: The caller cancelled its Deferred: it is waiting no more.
+        self.abandoned = False
+        self.deferred: Deferred[dict] = Deferred(self._cancelled)
 
     def respond(self, payload: dict) -> None:
-        self.deferred.callback(payload)
+        if self.abandoned:
+            self.answered_late(payload)
+        else:
+            self.deferred.callback(payload)
 
     def end(self, error: SdexecError) -> None:
-        self.deferred.errback(error)
+        if not self.abandoned:
+            self.deferred.errback(error)
+        elif error is not self._client.lost:  # (a loss answers nothing)
+            self.answered_late(error)
+
+    def answered_late(self, answer: dict | SdexecError) -> None:
+        """The service answered after the caller had cancelled."""
+        shown = quoted(answer, 200) if isinstance(answer, dict) else answer
+        _cancelled_but(
+            f"{self.topic} {quoted(self.payload, 80)}", f"was answered: {shown}"
+        )
+
+    def _cancelled(self, deferred: Deferred[dict]) -> None:
+        self.abandoned = True
+
+
+class _Wait(_Call):
+    """An ``sdexec.wait``. Once cancelled, it is kept for the client's
+    next :meth:`SdexecClient.wait` of the same process, which takes it
+    over (:meth:`take_over`) rather than send a second wait: the service
+    allows one waiter at a time, and forgets the process once it has
+    answered the first, so its answer is the only one there will be."""
+
+    def __init__(self, client: SdexecClient, topic: str, payload: dict) -> None:
+        super().__init__(client, topic, payload)
+        #: What the service answered after the cancel, kept for the next wait.
+        self.late: dict | SdexecError | None = None
+
+    @property
+    def target(self) -> str:
+        """Which process it waits for: ``pid 42``, ``label 'job7'``."""
+        return _named(self.payload)
+
+    def take_over(self) -> Deferred[dict]:
+        """A Deferred of the next caller's for this wait's answer."""
+        if self.late is not None:
+            late = self.late
+            return succeed(late) if isinstance(late, dict) else fail(late)
+        self.abandoned = False
+        self.deferred = Deferred(self._cancelled)
+        return self.deferred
+
+    def end(self, error: SdexecError) -> None:
+        if self.abandoned and error is self._client.lost:
+            self.late = error  # (not an answer: the next wait fails alike)
+        super().end(error)
+
+    def answered_late(self, answer: dict | SdexecError) -> None:
+        self.late = answer
+        said = (
+            f"status {answer.get('status')!r}" if isinstance(answer, dict) else answer
+        )
+        _cancelled_but(
+            f"the wait for {self.target}",
+            f"was answered ({said}): kept for this client's next wait() of"
+            f" {self.target}",
+        )
+
+    def _cancelled(self, deferred: Deferred[dict]) -> None:
+        super()._cancelled(deferred)
+        self._client._abandoned_waits[self.target] = self
+
+
+def _named(target: dict[str, Any]) -> str:
+    """The process a ``pid`` or ``label`` target names, as said in a log."""
+    ((kind, value),) = target.items()
+    return f"{kind} {quoted(value, 80)}"
+
+
+def _cancelled_but(what: str, outcome: str) -> None:
+    """Log what the service did with a request whose Deferred the caller
+    had cancelled: dropped unsaid, it was lost for good (a wait's status)."""
+    _log.warn(
+        "sdexec: {what}, whose Deferred was cancelled here, {outcome}"
+        " (cancelling a Deferred of sdexec.client cancels nothing at the"
+        " service)",
+        what=what,
+        outcome=outcome,
+    )
 
 
 @implementer(IPushProducer)
@@ -176,6 +268,9 @@ class SdexecClient(JSONLineProtocol):
         #: The Deferreds :attr:`disconnected` and :meth:`close` handed out.
         self._gone_waiters: list[Deferred[None]] = []
         self._requests = Requests(path)
+        #: Waits whose caller cancelled, by target: the next wait takes one
+        #: over (:class:`_Wait`).
+        self._abandoned_waits: dict[str, _Wait] = {}
         #: Whether a request has been written: stdio passthrough must come
         #: first (:meth:`exec`).
         self._sent = False
@@ -199,8 +294,13 @@ class SdexecClient(JSONLineProtocol):
         """Send a request; its one response's payload, or :class:`RPCError`.
         ``ValueError`` naming the field, unsent, for what JSON text would
         not carry as it is (:func:`_check_request`)."""
+        return self._call(_Call, topic, payload)
+
+    def _call(
+        self, kind: type[_Call], topic: str, payload: dict[str, Any]
+    ) -> Deferred[dict]:
         _check_request(topic, payload)
-        call = _Call()
+        call = kind(self, topic, payload)
         self._track(self._requests.new(topic, payload), call)
         return call.deferred
 
@@ -276,8 +376,16 @@ class SdexecClient(JSONLineProtocol):
         """``sdexec.wait`` for a waitable process (give exactly one of
         ``pid`` and ``label``): once it has ended, ``{"status", "output",
         "dropped"}`` (docs/protocol.md); ``RPCError`` ``EPROTO`` if the
-        answer carries no wait status."""
-        answered = self.rpc(Topic.WAIT, process_target(pid, label))
+        answer carries no wait status. A wait of this client's for the same
+        target that was cancelled is taken over (:class:`_Wait`), answered
+        or not."""
+        target = process_target(pid, label)
+        _check_request(Topic.WAIT, target)
+        cancelled = self._abandoned_waits.pop(_named(target), None)
+        if cancelled is not None:
+            answered = cancelled.take_over()
+        else:
+            answered = self._call(_Wait, Topic.WAIT, target)
         return answered.addCallback(_with_wait_status)
 
     def attach(
@@ -532,8 +640,10 @@ class ExecHandle:
         self.receipt: Receipt | None = None
         #: Fires ``None`` when the stream ends with ENODATA; errbacks with
         #: :class:`RPCError` for any other error, :class:`ConnectionFailed`
-        #: if the connection goes first.
-        self.done: Deferred[None] = Deferred()
+        #: if the connection goes first. Cancelling it stops nothing
+        #: (:meth:`_said_after_cancel`).
+        self.done: Deferred[None] = Deferred(self._done_cancelled)
+        self._done_abandoned = False
         self._client = client
         self._on_response = on_response
         self._credit = StdinCredit(cmd) if flags & WRITE_CREDIT else None
@@ -686,6 +796,10 @@ class ExecHandle:
         self._stop_producer()
         self._client.forget_writes(self)
         self._send_early_kills(error)
+        if self._done_abandoned:  # (firing it now raises AlreadyCalledError)
+            if error is not self._client.lost:
+                self._said_after_cancel(error)
+            return
         failed = self.stdin_error if self._ended_well else error
         if failed is None:
             self.done.callback(None)
@@ -714,6 +828,23 @@ class ExecHandle:
         )
 
     # -- internals --------------------------------------------------------
+
+    def _done_cancelled(self, done: Deferred[None]) -> None:
+        self._done_abandoned = True
+
+    def _said_after_cancel(self, error: SdexecError) -> None:
+        """Log how the exec ended, which its cancelled ``done`` would drop
+        unsaid: above all a background process's pid, which is running with
+        nothing here tracking it."""
+        if self._ended_well and not self.streaming:
+            what = f"background exec {self.matchtag}"
+            outcome = (
+                f"started as pid {self.pid}: it runs on, and nothing here tracks it"
+            )
+        else:
+            what = f"exec {self.matchtag} (pid {self.pid})"
+            outcome = "ended well" if self._ended_well else f"ended: {error}"
+        _cancelled_but(what, outcome)
 
     def _close_passed(self) -> None:
         # Called on every response: nothing to allocate once they are closed.

@@ -1417,3 +1417,92 @@ def test_a_target_that_json_text_would_not_carry_as_meant_is_refused_named(call,
         call(client)
     assert str(failure.value).startswith(said)
     assert client.transport.value() == b""
+
+
+# -- cancelling a Deferred of the library (review 40-C) ---------------------
+
+_STATUS = {"status": 256, "output": [], "dropped": {"stdout": 0, "stderr": 0}}
+
+
+def _warnings(events: list[dict]) -> list[str]:
+    from twisted.logger import LogLevel, formatEvent
+
+    return [formatEvent(e) for e in events if e["log_level"] == LogLevel.warn]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_wait_retried_after_a_timeout_takes_the_first_one_over(served):
+    # The retry was refused EINVAL (one waiter at a time), and the status,
+    # answered to the timed-out wait, was dropped unsaid: lost for good.
+    peer, client = served
+    with pytest.raises(defer.TimeoutError):
+        await client.wait(pid=4242).addTimeout(0, reactor)
+    request = await peer.requests.get()
+    retry = client.wait(pid=4242)
+    assert not retry.called
+    with capturedLogs() as events:
+        peer.respond(request, _STATUS)
+        assert await retry.addTimeout(5, reactor) == _STATUS
+    assert _warnings(events) == []  # answered to a caller who waits
+    assert peer.requests.pending == []  # no second wait was sent
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_wait_answered_after_its_cancel_is_said_and_kept(served):
+    peer, client = served
+    with pytest.raises(defer.CancelledError):
+        cancelled = client.wait(label="job7")
+        cancelled.cancel()
+        await cancelled
+    request = await peer.requests.get()
+    with capturedLogs() as events:
+        peer.respond(request, _STATUS)
+        await _round_trip(peer, client)
+    (warning,) = _warnings(events)
+    assert warning.startswith(
+        "sdexec: the wait for label 'job7', whose Deferred was cancelled here,"
+        " was answered (status 256): kept for this client's next wait() of"
+        " label 'job7' (cancelling a Deferred of sdexec.client cancels nothing"
+    )
+    assert await client.wait(label="job7").addTimeout(5, reactor) == _STATUS
+    assert peer.requests.pending == []
+    client.wait(label="job7")  # taken: a later wait asks the service again
+    assert (await peer.requests.get())["payload"] == {"label": "job7"}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_background_start_after_its_cancel_names_the_pid(served):
+    # Its started was dropped unsaid: a process ran with nobody tracking it.
+    peer, client = served
+    handle = client.exec({"cmdline": ["sleep", "1d"]}, STDOUT, background=True)
+    with pytest.raises(defer.TimeoutError):
+        await handle.done.addTimeout(0, reactor)
+    request = await peer.requests.get()
+    with capturedLogs() as events:
+        peer.respond(request, {"type": "started", "pid": 4243})
+        await _round_trip(peer, client)
+    (warning,) = _warnings(events)
+    assert warning.startswith(
+        f"sdexec: background exec {handle.matchtag}, whose Deferred was cancelled"
+        " here, started as pid 4243: it runs on, and nothing here tracks it"
+    )
+
+
+@pytest_twisted.ensureDeferred
+async def test_any_answer_after_its_cancel_is_said_but_not_a_loss(served):
+    peer, client = served
+    killed = client.kill(pid=4244)
+    listed = client.list()
+    killed.cancel()
+    listed.cancel()
+    kill = await peer.requests.get()
+    await peer.requests.get()
+    with capturedLogs() as events:
+        peer.fail(kill, errno.ESRCH, "no pid 4244")
+        await _round_trip(peer, client)
+        await client.close()  # the list's end: a loss, which answers nothing
+    (warning,) = _warnings(events)
+    assert warning.startswith(
+        "sdexec: sdexec.kill {'pid': 4244, 'signum': 15, 'who': 'main'}, whose"
+        " Deferred was cancelled here, was answered: no pid 4244"
+    )

@@ -17,21 +17,21 @@ import errno
 import math
 import operator
 import os
+import socket
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, SupportsIndex, cast
 
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.interfaces import (
     IConsumer,
     IDelayedCall,
     IPushProducer,
+    IReactorSocket,
     IReactorTime,
-    IReactorUNIX,
     IUNIXTransport,
 )
-from twisted.internet.protocol import connectionDone
+from twisted.internet.protocol import ServerFactory, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -106,11 +106,14 @@ CLOSE_GRACE_S = 5.0
 WRITE_PIECE = 128 * 1024
 
 
-def connect(reactor: IReactorUNIX, path: str) -> Deferred[SdexecClient]:
-    """Connect to the service listening on the UNIX socket ``path``.
+def connect(reactor: IReactorSocket, path: str) -> Deferred[SdexecClient]:
+    """Connect to the service listening on the UNIX socket ``path`` (with
+    any POSIX reactor). A Deferred fired already: a UNIX connect is done,
+    or fails, at once.
 
     Errbacks with :class:`ConnectionFailed` naming the path if there is no
-    socket there, nothing listens on it, or the path is longer than
+    socket there, nothing listens on it, it does not accept connections
+    now (its listen backlog is full), or the path is longer than
     :data:`MAX_SOCKET_PATH`.
     """
     too_long = socket_path_too_long(path)
@@ -119,14 +122,48 @@ def connect(reactor: IReactorUNIX, path: str) -> Deferred[SdexecClient]:
         # timeout 30 s later.
         return fail(cannot_connect(path, None, too_long))
     client = SdexecClient(path, cast(IReactorTime, reactor))
-    connecting = connectProtocol(UNIXClientEndpoint(reactor, path), client)
-    return connecting.addErrback(_connect_failed, path)
+    # Connected here, not by Twisted's connector: to a full backlog (EAGAIN)
+    # it failed with a Failure's repr, "Connection was closed cleanly"
+    # (epoll), or after 30 s, "User timeout caused connection failure"
+    # (asyncio).
+    try:
+        with _connected_socket(path) as connected:
+            reactor.adoptStreamConnection(
+                connected.fileno(), socket.AF_UNIX, _Given(client)
+            )
+    except OSError as error:
+        return fail(_cannot_connect(path, error))
+    return succeed(client)
 
 
-def _connect_failed(failure: Failure, path: str) -> Failure:
-    code = getattr(failure.value, "osError", None)
-    code = code if isinstance(code, int) else None
-    return Failure(cannot_connect(path, code, failure.getErrorMessage()))
+def _connected_socket(path: str) -> socket.socket:
+    """A non-blocking socket connected to ``path``; ``OSError`` if it is not."""
+    connected = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connected.setblocking(False)
+    code = connected.connect_ex(path)
+    if code != 0:
+        connected.close()
+        raise OSError(code, os.strerror(code))
+    return connected
+
+
+def _cannot_connect(path: str, error: OSError) -> ConnectionFailed:
+    if error.errno == errno.EAGAIN:  # what a UNIX connect says of a full backlog
+        return ConnectionFailed(
+            f"cannot connect to {path}: the service is not accepting connections"
+            " now: its listen backlog is full (EAGAIN); try again"
+        )
+    return cannot_connect(path, error.errno, str(error))
+
+
+class _Given(ServerFactory):
+    """The factory of a connection whose protocol is made already."""
+
+    def __init__(self, client: SdexecClient) -> None:
+        self._client = client
+
+    def buildProtocol(self, addr: object) -> SdexecClient:
+        return self._client
 
 
 class _Call:

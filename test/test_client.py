@@ -1506,3 +1506,67 @@ async def test_any_answer_after_its_cancel_is_said_but_not_a_loss(served):
         "sdexec: sdexec.kill {'pid': 4244, 'signum': 15, 'who': 'main'}, whose"
         " Deferred was cancelled here, was answered: no pid 4244"
     )
+
+
+# -- connecting (review 40-C) ------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_service_whose_backlog_is_full_is_said_at_once_in_one_line(tmp_path):
+    # Twisted's connector said "[Failure instance: ...ConnectionDone...
+    # closed cleanly.\n]" (epoll), or "User timeout caused connection
+    # failure." 30 s later (asyncio).
+    path = str(tmp_path / "full.sock")
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(path)
+        listener.listen(0)
+        queued = []
+        while True:  # fill its backlog: the next connect is EAGAIN
+            waiting = socket.socket(socket.AF_UNIX)
+            waiting.setblocking(False)
+            queued.append(waiting)
+            if waiting.connect_ex(path) == errno.EAGAIN:
+                break
+        connecting = connect(reactor, path)
+        assert connecting.called
+        with pytest.raises(ConnectionFailed) as failure:
+            await connecting
+        for waiting in queued:
+            waiting.close()
+    assert str(failure.value) == (
+        f"cannot connect to {path}: the service is not accepting connections"
+        " now: its listen backlog is full (EAGAIN); try again"
+    )
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_connection_sends_descriptors_with_its_first_bytes(tmp_path):
+    # connect() connects the socket itself and hands it to the reactor:
+    # its transport must still pass descriptors (stdio passthrough).
+    path = str(tmp_path / "sdexec.sock")
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(path)
+        listener.listen(1)
+        client = await connect(reactor, path)
+        served, _ = listener.accept()
+    read_end, write_end = os.pipe()
+    handle = client.exec({"cmdline": ["true"]}, STDOUT, stdio={"stdout": write_end})
+    with served:
+        served.setblocking(False)
+        await until(lambda: _readable(served), "the exec sent")
+        data, fds, _, _ = socket.recv_fds(served, 65536, 4)
+        assert (data, len(fds)) == (b"{", 1)  # as Twisted sends them
+        assert os.path.sameopenfile(fds[0], write_end)
+        assert b'"stdio":["stdout"]' in served.recv(65536)
+        for fd in (*fds, read_end, write_end):
+            os.close(fd)
+        await client.close()
+    with pytest.raises(ConnectionFailed):
+        await handle.done
+
+
+def _readable(connection: socket.socket) -> bool:
+    try:
+        return bool(connection.recv(1, socket.MSG_PEEK))
+    except BlockingIOError:
+        return False

@@ -505,7 +505,8 @@ def _merged_properties(
     mapped 512M): as tight or tighter."""
     site = {"Slice": config.sdexec.slice, **config.exec.sdexec_properties}
     policy = RequestPolicy(config.sdexec.request_properties, {**site, **mapped})
-    requested = policy.accept(command.requested_properties())
+    restated = _restating_the_site(command, config.exec.sdexec_properties)
+    requested = policy.accept(restated)
     _check_request_lists(requested, site, mapped)
     tightened = {
         name: value
@@ -525,6 +526,18 @@ def _merged_properties(
         merged.update(properties)
         sources.update(dict.fromkeys(properties, source))
     return merged, sources
+
+
+def _restating_the_site(command: Command, site: Mapping[str, str]) -> dict[str, str]:
+    """The request's properties, but those that only restate the site's
+    ``[exec.sdexec-properties]`` value, word for word. Flux's job-exec,
+    which reads the same file, sends each of them again with every job
+    shell (its exec_cmd.c): judged as the request's, a name requests may
+    not set was refused, and a memory cap the mapper scaled for a job on
+    part of the node was "looser" than the scaled one. Left to the site,
+    the mapper's value wins, as upstream's sdexec lets it."""
+    requested = command.requested_properties()
+    return {name: value for name, value in requested.items() if site.get(name) != value}
 
 
 def _check_request_lists(

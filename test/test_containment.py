@@ -73,6 +73,7 @@ from sdexec.map.mapper import UnfenceableRequest
 from sdexec.plan import plan_exec
 from sdexec.procfs import process_exists
 from sdexec.protocol import ExecFlag
+from sdexec.refusal import RequestRefused
 from sdexec.rset import ResourceSet
 from sdexec.server import SdexecServer
 from sdexec.testing import FakeManager
@@ -1539,6 +1540,44 @@ def test_the_cap_checked_is_the_one_the_unit_was_given(mapped, checked):
     payload = {"flags": STREAMS, "cmd": command(["true"], opts=opts)}
     plan = plan_exec(payload, config, Containment(config, mapper))
     assert plan.memory_capped is checked
+
+
+def _job_exec_payload(site: dict[str, str], **more: str) -> dict:
+    """An exec as Flux's job-exec sends it to a node with ``site`` as its
+    ``[exec.sdexec-properties]``: each of them again as ``SDEXEC_PROP_``
+    (its exec_cmd.c), with the shell's R (core 0 of the node's two)."""
+    opts = {f"SDEXEC_PROP_{name}": value for name, value in site.items()}
+    opts |= {R_OPTION: r_local("0"), **more}
+    return {"flags": STREAMS, "cmd": command(["true"], opts=opts)}
+
+
+def test_job_exec_s_restatement_of_the_site_s_properties_is_the_site_s():
+    # Judged as the request's own, the scaled cap of a job on half the node
+    # made its restated 90% "looser" and a name requests may not set was
+    # refused: every job of such a site failed (review session 40 P F1, F2).
+    site = {"MemoryMax": "90%", "TasksMax": "4096"}
+    config = parse_config(
+        {
+            "exec": {"sdexec-constrain-resources": True, "sdexec-properties": site},
+            "sdexec": {"topology": str(SMALL_TOPOLOGY)},
+        }
+    )
+    containment = Containment.from_config(config)
+    plan = plan_exec(_job_exec_payload(site), config, containment)
+    given = {p.name: (p.value, p.source) for p in plan.properties}
+    # 90% of the node scaled to the job's half of it (a percentage travels
+    # as MemoryMaxScale, in parts of 2^32)
+    assert given["MemoryMaxScale"] == (int(0.45 * 2**32), "containment")
+    assert given["TasksMax"] == (4096, "config")
+    # A value of the request's own is still judged: looser, or not its to set.
+    for name, value, why in (
+        ("MemoryMax", "95%", "is looser than this node's MemoryMax="),
+        ("TasksMax", "8192", "requests may not set TasksMax"),
+    ):
+        payload = _job_exec_payload(site, **{f"SDEXEC_PROP_{name}": value})
+        with pytest.raises(RequestRefused, match=why) as refused:
+            plan_exec(payload, config, containment)
+        assert refused.value.errnum == errno.EPERM
 
 
 # --- Reasons worded for the manager and the slice (review 32 L, F2) ----------

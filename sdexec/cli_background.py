@@ -28,7 +28,7 @@ from sdexec.cliio import (
     warn_after_finished,
     write_output,
 )
-from sdexec.protocol import ExecFlag, Topic
+from sdexec.protocol import STATUS_AND_ERROR, ExecFlag, Topic
 from sdexec.rpc import RPCError, background_pid, wait_status
 from sdexec.syncclient import Loop
 
@@ -66,7 +66,9 @@ def run_background(options: argparse.Namespace, command: dict[str, Any]) -> int:
 def wait(options: argparse.Namespace) -> int:
     """``sdexec wait PID|LABEL``: the retained output to our stdout and
     stderr, in the order it was produced; the process's exit code."""
-    answer = request(options, Topic.WAIT, options.target)
+    # The status and output even where the stop timer gave up on what the
+    # command left: said after them, as run says it.
+    answer = request(options, Topic.WAIT, {**options.target, STATUS_AND_ERROR: True})
     status = wait_status(answer)
     _say_dropped(answer.get("dropped"))
     outputs = {"stdout": Output(own_fd(1)), "stderr": Output(own_fd(2))}

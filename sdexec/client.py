@@ -38,7 +38,13 @@ from zope.interface import implementer
 
 from sdexec.framing import JSONLineProtocol, encode_message
 from sdexec.ioencode import encode_io
-from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, SOCKET_ENV, ExecFlag, Topic
+from sdexec.protocol import (
+    DEFAULT_STDIN_BUFSIZE,
+    SOCKET_ENV,
+    STATUS_AND_ERROR,
+    ExecFlag,
+    Topic,
+)
 from sdexec.protocolbase import MAX_SOCKET_PATH
 from sdexec.receipt import Receipt
 from sdexec.refusal import lone_surrogate, printable, quoted
@@ -256,9 +262,10 @@ class _Wait(_Call):
 
 
 def _named(target: dict[str, Any]) -> str:
-    """The process a ``pid`` or ``label`` target names, as said in a log."""
-    ((kind, value),) = target.items()
-    return f"{kind} {quoted(value, 80)}"
+    """The process a ``pid`` or ``label`` target names (a wait's request
+    may carry more), as said in a log."""
+    kind = "label" if "label" in target else "pid"
+    return f"{kind} {quoted(target[kind], 80)}"
 
 
 def _cancelled_but(what: str, outcome: str) -> None:
@@ -409,20 +416,30 @@ class SdexecClient(JSONLineProtocol):
             raise
         return handle
 
-    def wait(self, pid: int | None = None, label: str | None = None) -> Deferred[dict]:
+    def wait(
+        self,
+        pid: int | None = None,
+        label: str | None = None,
+        status_and_error: bool = False,
+    ) -> Deferred[dict]:
         """``sdexec.wait`` for a waitable process (give exactly one of
         ``pid`` and ``label``): once it has ended, ``{"status", "output",
         "dropped"}`` (docs/protocol.md); ``RPCError`` ``EPROTO`` if the
-        answer carries no wait status. A wait of this client's for the same
-        target that was cancelled is taken over (:class:`_Wait`), answered
-        or not."""
+        answer carries no wait status. Where the stream ended with an error
+        after the command finished (the stop timer gave up on what it
+        left: ``EDEADLK``), that ``RPCError`` alone, as upstream answers;
+        with ``status_and_error``, the answer and the error beside it, as
+        ``"error"``. A wait of this client's for the same target that was
+        cancelled is taken over (:class:`_Wait`), answered or not, as that
+        one asked."""
         target = process_target(pid, label)
         _check_request(Topic.WAIT, target)
         cancelled = self._abandoned_waits.pop(_named(target), None)
         if cancelled is not None:
             answered = cancelled.take_over()
         else:
-            answered = self._call(_Wait, Topic.WAIT, target)
+            payload = {**target, STATUS_AND_ERROR: True} if status_and_error else target
+            answered = self._call(_Wait, Topic.WAIT, payload)
         return answered.addCallback(_with_wait_status)
 
     def attach(

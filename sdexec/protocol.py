@@ -61,6 +61,11 @@ class Topic(enum.StrEnum):
     TERMINATE = "sdexec.terminate"
 
 
+#: A ``sdexec.wait`` payload's key (an extension, docs/protocol.md): true
+#: asks for the status and output beside an error that ended the stream
+#: after ``finished``, which is otherwise the answer alone, as upstream's.
+STATUS_AND_ERROR = "status_and_error"
+
 #: What a client may send before the first ``add-credit`` unless the
 #: command's ``stdin_BUFSIZE`` option says otherwise.
 DEFAULT_STDIN_BUFSIZE = 4096

@@ -214,6 +214,9 @@ SAID_AFTER = b"sdexec: after the command finished: " + LEFT_BEHIND[1].encode()
 
 def test_wait_says_what_ended_the_stream_after_the_command_and_keeps_its_code(serve):
     def script(request: dict) -> list[dict]:
+        # Which it asks for: by default the service answers the error
+        # alone, as upstream's does (review session 40 P F3).
+        assert request["payload"] == {"pid": 7, "status_and_error": True}
         io = encode_io("stdout", "0", b"out\n")
         error = {"errnum": LEFT_BEHIND[0], "errstr": LEFT_BEHIND[1]}
         answer = {"status": 0, "output": [io], "dropped": {}, "error": error}

@@ -1471,6 +1471,27 @@ async def test_a_wait_answered_after_its_cancel_is_said_and_kept(served):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_wait_may_ask_for_the_status_beside_a_late_error(served):
+    # By default the service answers that error alone, as upstream's does
+    # (review session 40 P F3); the extension is the caller's to ask for.
+    peer, client = served
+    asked = client.wait(label="job7", status_and_error=True)
+    request = await peer.requests.get()
+    assert request["payload"] == {"label": "job7", "status_and_error": True}
+    answer = {**_STATUS, "error": {"errnum": 35, "errstr": "unkillable"}}
+    peer.respond(request, answer)
+    assert await asked.addTimeout(5, reactor) == answer
+    with capturedLogs() as events:  # its target is still named alone
+        cancelled = client.wait(label="job8", status_and_error=True)
+        cancelled.cancel()
+        cancelled.addErrback(lambda failure: failure.trap(defer.CancelledError))
+        peer.respond(await peer.requests.get(), _STATUS)
+        await _round_trip(peer, client)
+    (warning,) = _warnings(events)
+    assert warning.startswith("sdexec: the wait for label 'job8', whose Deferred")
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_background_start_after_its_cancel_names_the_pid(served):
     # Its started was dropped unsaid: a process ran with nobody tracking it.
     peer, client = served

@@ -681,8 +681,12 @@ class TrackedProcesses:
         output held back by ``valve``, the connection's."""
         pid, label = parse_target(payload, "attach")
         flags = payload.get("flags", int(_OUTPUT_FLAGS))
-        if not isinstance(flags, int) or isinstance(flags, bool) or flags & ~3:
-            raise RequestError(errno.EINVAL, "flags: expected an integer of 1|2")
+        if not isinstance(flags, int) or isinstance(flags, bool) or flags & ~7:
+            raise RequestError(errno.EINVAL, "flags: expected an integer of 1|2|4")
+        # RFC 42 lets an attach ask for channel output (4), which flux-core's
+        # client does whenever its caller takes channel output: there is
+        # none (sdexec makes no channels), so it is ignored.
+        flags &= int(_OUTPUT_FLAGS)
         tracked = self._find(pid, label, errno.EBUSY, "not in background")
         tracked.attach(_Client(connection_id, responder, ExecFlag(flags)))
         self._note_unread(tracked)

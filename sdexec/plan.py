@@ -302,6 +302,10 @@ def checked_request(payload: Mapping[str, Any], streaming: bool) -> CheckedReque
     _check_local_flags(payload.get("local_flags", 0), streaming)
     flags = _flags(payload.get("flags"))
     command = _command(payload.get("cmd"))
+    if not streaming:
+        # RFC 42: the output and channel flags are ignored in background
+        # mode (a command's channels are not: they would be its own).
+        flags &= ~ExecFlag.CHANNEL
     if flags & ExecFlag.CHANNEL or command.channels:
         raise RequestError(errno.EINVAL, "auxiliary channels are not supported")
     environment = unit_environment(command.env)

@@ -753,8 +753,22 @@ async def test_attach_errors(systemd, server, client):
     assert [payloads(client.of(tag)) for tag in (2, 3, 4)] == [
         [(errno.EBUSY, "pid 3: not in background")],
         [(errno.ENOENT, "pid 4: no such process")],
-        [(errno.EINVAL, "flags: expected an integer of 1|2")],
+        [(errno.EINVAL, "flags: expected an integer of 1|2|4")],
     ]
+
+
+@ensureDeferred
+async def test_the_channel_flag_is_ignored_where_rfc_42_lets_a_client_send_it(
+    systemd, server, client
+):
+    # flux-core's attach sets it whenever its caller takes channel output,
+    # and RFC 42 ignores it on a background exec; both were EINVAL (review
+    # session 40 P F4). There are no channels: nothing more comes of it.
+    client.bg(flags=FLAGS | 4, label="c")
+    systemd.run(UNIT, pid=3)
+    assert payloads(client.of(1)) == [{"type": "started", "pid": 3}]
+    client.send("sdexec.attach", {"pid": 3, "flags": 7}, matchtag=2)
+    assert [answer["type"] for answer in payloads(client.of(2))] == ["attached"]
 
 
 @ensureDeferred

@@ -216,10 +216,13 @@ class _Call:
 
 class _Wait(_Call):
     """An ``sdexec.wait``. Once cancelled, it is kept for the client's
-    next :meth:`SdexecClient.wait` of the same process, which takes it
-    over (:meth:`take_over`) rather than send a second wait: the service
-    allows one waiter at a time, and forgets the process once it has
-    answered the first, so its answer is the only one there will be."""
+    next :meth:`SdexecClient.wait` of the same process: while the service
+    has not answered it, that wait takes it over (:meth:`take_over`)
+    rather than send a second one, which the service would refuse (one
+    waiter at a time). Once answered, the next wait asks afresh, and gets
+    the kept answer only where the service no longer knows the process
+    (:meth:`answer_if_gone`): a label or pid used again since names
+    another process, whose status this is not."""
 
     def __init__(self, client: SdexecClient, topic: str, payload: dict) -> None:
         super().__init__(client, topic, payload)
@@ -231,14 +234,26 @@ class _Wait(_Call):
         """Which process it waits for: ``pid 42``, ``label 'job7'``."""
         return _named(self.payload)
 
+    @property
+    def pending(self) -> bool:
+        """Not answered yet: the service still holds it as the waiter."""
+        return self.late is None
+
     def take_over(self) -> Deferred[dict]:
-        """A Deferred of the next caller's for this wait's answer."""
-        if self.late is not None:
-            late = self.late
-            return succeed(late) if isinstance(late, dict) else fail(late)
+        """A Deferred of the next caller's for this (pending) wait's answer."""
         self.abandoned = False
         self.deferred = Deferred(self._cancelled)
         return self.deferred
+
+    def answer_if_gone(self, failure: Failure) -> dict | Failure:
+        """What a fresh wait of the same target gets: the answer kept from
+        after the cancel where the service found no such process (ESRCH:
+        that answer consumed it); else ``failure``, the fresh wait's own."""
+        error = failure.value
+        if not (isinstance(error, RPCError) and error.errnum == errno.ESRCH):
+            return failure
+        late = self.late
+        return late if isinstance(late, dict) else Failure(late)
 
     def end(self, error: SdexecError) -> None:
         if self.abandoned and error is self._client.lost:
@@ -430,16 +445,18 @@ class SdexecClient(JSONLineProtocol):
         left: ``EDEADLK``), that ``RPCError`` alone, as upstream answers;
         with ``status_and_error``, the answer and the error beside it, as
         ``"error"``. A wait of this client's for the same target that was
-        cancelled is taken over (:class:`_Wait`), answered or not, as that
-        one asked."""
+        cancelled is taken over while the service has not answered it (as
+        that one asked), and its later answer kept for where the service no
+        longer knows the process (:class:`_Wait`)."""
         target = process_target(pid, label)
         _check_request(Topic.WAIT, target)
         cancelled = self._abandoned_waits.pop(_named(target), None)
+        if cancelled is not None and cancelled.pending:
+            return cancelled.take_over().addCallback(_with_wait_status)
+        payload = {**target, STATUS_AND_ERROR: True} if status_and_error else target
+        answered = self._call(_Wait, Topic.WAIT, payload)
         if cancelled is not None:
-            answered = cancelled.take_over()
-        else:
-            payload = {**target, STATUS_AND_ERROR: True} if status_and_error else target
-            answered = self._call(_Wait, Topic.WAIT, payload)
+            answered.addErrback(cancelled.answer_if_gone)
         return answered.addCallback(_with_wait_status)
 
     def attach(

@@ -1464,10 +1464,40 @@ async def test_a_wait_answered_after_its_cancel_is_said_and_kept(served):
         " was answered (status 256): kept for this client's next wait() of"
         " label 'job7' (cancelling a Deferred of sdexec.client cancels nothing"
     )
-    assert await client.wait(label="job7").addTimeout(5, reactor) == _STATUS
-    assert peer.requests.pending == []
+    # Asked afresh (the label may name another process by now), it gets
+    # the kept status where the service knows the process no more.
+    retry = client.wait(label="job7")
+    request = await peer.requests.get()
+    assert request["payload"] == {"label": "job7"}
+    peer.fail(request, errno.ESRCH, "label 'job7': has ended, and its end went")
+    assert await retry.addTimeout(5, reactor) == _STATUS
     client.wait(label="job7")  # taken: a later wait asks the service again
     assert (await peer.requests.get())["payload"] == {"label": "job7"}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_kept_answer_is_not_another_process_s_with_that_label(served):
+    # The label freed once its wait was answered, a new process took it:
+    # the kept status was given for it, and its own was never waited for
+    # (review session 40 R1). After close(), a wait fails as any request.
+    peer, client = served
+    cancelled = client.wait(label="prolog")
+    cancelled.addErrback(lambda failure: failure.trap(defer.CancelledError))
+    cancelled.cancel()
+    peer.respond(await peer.requests.get(), _STATUS)
+    await _round_trip(peer, client)
+    fresh = client.wait(label="prolog")
+    newer = {**_STATUS, "status": 0}
+    peer.respond(await peer.requests.get(), newer)
+    assert await fresh.addTimeout(5, reactor) == newer
+    cancelled = client.wait(pid=77)
+    cancelled.addErrback(lambda failure: failure.trap(defer.CancelledError))
+    cancelled.cancel()
+    peer.respond(await peer.requests.get(), _STATUS)
+    await _round_trip(peer, client)
+    await client.close()
+    with pytest.raises(ConnectionFailed):
+        await client.wait(pid=77)
 
 
 @pytest_twisted.ensureDeferred

@@ -86,6 +86,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--socket",
         metavar="PATH",
+        type=_given,
         help="the service's socket (default: $SDEXEC_SOCKET, else"
         " $XDG_RUNTIME_DIR/sdexec/sdexec.sock)",
     )
@@ -155,6 +156,7 @@ def _add_cancel(cancel: argparse.ArgumentParser) -> None:
 def _add_stats(stats: argparse.ArgumentParser) -> None:
     stats.add_argument(
         "--url",
+        type=_given,
         help="read them from the stats endpoint instead of the socket,"
         " e.g. http://127.0.0.1:8490/stats",
     )
@@ -188,7 +190,7 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         type=_setopt,
         help="a subprocess option, e.g. SDEXEC_PROP_MemoryMax=512M (repeatable)",
     )
-    run.add_argument("--label", metavar="L", help="a name for kill and ps")
+    run.add_argument("--label", metavar="L", type=_given, help="a name for kill and ps")
     run.add_argument(
         "--bg",
         action="store_true",
@@ -202,11 +204,13 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--jobid",
         metavar="ID",
+        type=_given,
         help="run it as job ID (SDEXEC_JOBID): sdexec cancel ID terminates it",
     )
     run.add_argument(
         "--time-limit",
         metavar="FSD",
+        type=_given,
         help="terminate it after this long, e.g. 30s, 5m (SDEXEC_TIME_LIMIT)",
     )
     run.add_argument(
@@ -216,7 +220,10 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         " as systemd-run --wait does",
     )
     run.add_argument(
-        "--dir", metavar="DIR", help="working directory (default: the current one)"
+        "--dir",
+        metavar="DIR",
+        type=_given,
+        help="working directory (default: the current one)",
     )
     # One positional taking all the rest as it is: argparse drops a "--"
     # right after a positional of its own (`run rm -- -rf` ran `rm -rf`).
@@ -239,6 +246,18 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
     "wait": ("wait for a process started with run --bg --waitable", _add_target),
     "attach": ("follow a background process's output (Ctrl-C detaches)", _add_target),
 }
+
+
+def _given(text: str) -> str:
+    """An option's value, refused if empty: a script's empty variable
+    (``--socket "$SOCK"``) was taken for the option left out, and the
+    command went to the default socket, read the socket's stats for
+    ``--url``'s, or ran a plain process for ``--jobid``'s job that
+    ``cancel`` could not reach. ``$SDEXEC_SOCKET`` empty still means
+    unset, as environment variables conventionally do."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty (leave the option out)")
+    return text
 
 
 def _setopt(text: str) -> tuple[str, str]:

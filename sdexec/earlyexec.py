@@ -18,7 +18,8 @@ option spelled out, its value after ``=`` or as the next argument, with
 stdio passthrough (the default). For anything else (an abbreviation, a
 value that starts with ``-``, ``--``, ``--bg``, ``--no-passthrough``,
 ``--help``), for anything the command line would refuse or warn of (a
-label of digits, a ``--setopt`` without ``=``, text that is not UTF-8), or
+label of digits, an empty value, a ``--setopt`` without ``=``, text that
+is not UTF-8), or
 when the socket cannot be reached or a standard descriptor is closed, it
 sends nothing: the command line does it all, and says what is wrong, as
 before. test/test_earlyexec.py holds its reading to the parser's.
@@ -243,8 +244,8 @@ def _read_valued(
         return False
     if not equals:
         value = next(args, "-")  # (none left: the parser's to refuse)
-    if value.startswith("-"):
-        return False
+    if not value or value.startswith("-"):
+        return False  # the parser's to refuse (an empty one too)
     if attribute == "setopt":
         key, equals, setting = value.partition("=")
         options.setopt.append((key, setting))

@@ -148,3 +148,33 @@ def test_a_label_with_other_digits_is_still_a_label():
     # Not a pid to kill_target either: "١٢" (Arabic-Indic digits), "-1", "+7".
     for label in ("١٢", "-1", "+7", "7a"):
         assert parse_args(["run", "--label", label, "true"]).label == label
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["--socket", "", "ps"], "--socket"),
+        (["--socket=", "run", "true"], "--socket"),
+        (["stats", "--url", ""], "--url"),
+        (["run", "--jobid", "", "true"], "--jobid"),
+        (["run", "--bg", "--time-limit=", "true"], "--time-limit"),
+        (["run", "--label", "", "true"], "--label"),
+        (["run", "--dir", "", "true"], "--dir"),
+    ],
+)
+def test_an_empty_option_value_is_a_usage_error_naming_it(argv, option, capsys):
+    # A script's empty variable was taken for the option left out: the
+    # default socket (perhaps another service's), the socket's stats for
+    # --url's, a plain process for --jobid's job (review session 40 L4).
+    assert main(argv) == 2
+    assert capsys.readouterr().err.endswith(
+        f"error: argument {option}: must not be empty (leave the option out)\n"
+    )
+
+
+def test_an_empty_sdexec_socket_still_means_unset(monkeypatch):
+    from sdexec.rpc import resolve_socket_path
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/7")
+    monkeypatch.setenv("SDEXEC_SOCKET", "")
+    assert resolve_socket_path(None) == "/run/user/7/sdexec/sdexec.sock"

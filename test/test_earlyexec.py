@@ -90,7 +90,7 @@ def test_what_it_reads_it_reads_as_the_parser_does(argv):
         ["--socket", "/s", "run", "--usage", "true", "-n", "--bg"],
         ["--socket=/s", "run", "--label=job", "--jobid", "f1", "x"],
         ["run", "--time-limit", "5m", "--dir", "/tmp", "--setopt", "A=b=c", "x"],
-        ["run", "--setopt=A=", "--setopt", "B=1", "--label", "", "x"],
+        ["run", "--setopt=A=", "--setopt", "B=1", "--label", "x", "x"],
     ],
 )
 def test_the_plain_forms_are_read(argv):
@@ -111,6 +111,14 @@ def test_the_plain_forms_are_read(argv):
         ["run", "--label", "12", "true"],  # refused by the parser
         ["run", "--setopt", "A", "true"],
         ["run", "--label", "-x", "true"],
+        # An empty value, refused by the parser (review session 40 L4):
+        # `--socket ""` went to the default socket, `--jobid ""` ran no job.
+        ["--socket", "", "run", "true"],
+        ["--socket=", "run", "true"],
+        ["run", "--jobid", "", "true"],
+        ["run", "--time-limit=", "true"],
+        ["run", "--label", "", "true"],
+        ["run", "--dir=", "true"],
         ["run", "--label"],
         ["run", "-n"],
         ["ps"],
@@ -238,6 +246,20 @@ def test_what_the_command_line_must_say_is_left_to_it(tmp_path):
     assert send(["--socket", path, "run", "--jobid", latin1, "true"], {}) is None
     assert send(["--socket", path, "run", f"--time-limit={latin1}", "x"], {}) is None
     assert send(["run", "true"], {}) is None  # no socket named, none by default
+
+
+def test_an_empty_socket_option_sends_nothing_to_the_environment_s_socket(tmp_path):
+    # Read as no --socket, the exec went to $SDEXEC_SOCKET's service (or
+    # the default one) before the parser refused the command line.
+    path = str(tmp_path / "s.sock")
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(path)
+        server.listen(4)
+        assert send(["--socket", "", "run", "true"], {"SDEXEC_SOCKET": path}) is None
+        assert send(["--socket=", "run", "true"], {"SDEXEC_SOCKET": path}) is None
+        server.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nobody connected
 
 
 #: Run the console's entry point, saying on stdout (audit hooks) when the

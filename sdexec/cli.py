@@ -515,6 +515,9 @@ class _Job:
         self._stream: Exec | None = None
         self._held_signals: list[int] = []
         self._stdin_open = not noinput and "stdin" not in stdio
+        #: Whether our stdin has been read from, and whether a read failed.
+        self._stdin_read = False
+        self._stdin_lost = False
         self._receipt: Receipt | None = None
         #: Whether output was lost to a failed write (not a reader gone).
         self._output_lost = False
@@ -569,10 +572,14 @@ class _Job:
         for line in receipt_lines(self._receipt, self._usage):
             say(line)
         code = exit_code(self._receipt.status)
-        # Output lost to a failed write, or stdin the service refused (the
-        # process may have done well without them): nothing else fails the
-        # command, as a local one would.
-        lost = self._output_lost or self._stream.stdin_error is not None
+        # Output lost to a failed write, stdin that could not be read or
+        # that the service refused (the process may have done well without
+        # them): nothing else fails the command, as a local one would.
+        lost = (
+            self._output_lost
+            or self._stdin_lost
+            or self._stream.stdin_error is not None
+        )
         return (code or 1) if lost else code
 
     # -- signals -----------------------------------------------------------
@@ -692,6 +699,17 @@ class _Job:
         self._stdin_open = False
         self._watch_stdin()
 
+    def _unreadable_stdin(self, failure: OSError) -> None:
+        """A read of our stdin failed: the process gets EOF. A stdin not
+        open for reading (``EBADF`` at once: the write-only /dev/null
+        ``nohup`` puts there) is an empty one, quietly, as a closed stdin
+        is; any other failure is said, and the process, cut short of its
+        input, fails the command (as a refused write does)."""
+        if failure.errno == errno.EBADF and not self._stdin_read:
+            return
+        warn(f"cannot read stdin: {failure.strerror}")
+        self._stdin_lost = True
+
     def _read_stdin(self, _events: int) -> None:
         assert self._stream is not None and self._connection is not None
         size = self._stdin_allowance()
@@ -702,10 +720,11 @@ class _Job:
         except BlockingIOError:
             return
         except OSError as failure:
-            fail(f"cannot read stdin: {failure.strerror}")
+            self._unreadable_stdin(failure)
             data = b""
         if not data:
             self._stdin_open = False
+        self._stdin_read = True
         self._connection.write_stdin(self._stream, data)
         self._watch_stdin()
 

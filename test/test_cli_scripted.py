@@ -117,9 +117,13 @@ def sdexec(path: str, *args: str, **popen) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "sdexec.cli", "--socket", path, *args],
         env=env,
-        stdin=subprocess.DEVNULL,
         timeout=60,
-        **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen},
+        **{
+            "stdin": subprocess.DEVNULL,
+            "stdout": subprocess.PIPE,
+            "stderr": subprocess.PIPE,
+            **popen,
+        },
     )
 
 
@@ -591,4 +595,48 @@ def test_wait_says_its_output_is_lost_to_a_closed_stdout(serve):
     assert (done.returncode, done.stderr) == (
         1,
         b"sdexec: cannot write stdout: Bad file descriptor\n",
+    )
+
+
+def ending_at_stdin_eof(status: int = 0) -> Script:
+    """An exec that starts, and ends with wait status ``status`` once its
+    stdin's EOF has come (so the client reads its stdin first)."""
+    execs: list[dict] = []
+
+    def script(request: dict) -> list[dict]:
+        if request["topic"] == "sdexec.exec":
+            execs.append(request)
+            return [response(execs[0], {"type": "started", "pid": 42})]
+        if request["topic"] != "sdexec.write" or not request["payload"]["io"]["eof"]:
+            return []
+        return [
+            response(execs[0], {"type": "finished", "status": status}),
+            failure(execs[0], errno.ENODATA),
+        ]
+
+    return script
+
+
+def test_a_stdin_not_open_for_reading_is_an_empty_one(serve):
+    # nohup's write-only /dev/null: "cannot read stdin: Bad file
+    # descriptor" on every run, whether the process read stdin or not
+    # (review session 40 L2).
+    path = serve(ending_at_stdin_eof())
+    with open(os.devnull, "wb") as write_only:
+        done = sdexec(path, "run", "--no-passthrough", "true", stdin=write_only)
+    assert (done.returncode, done.stderr) == (0, b"")
+
+
+def test_a_stdin_that_fails_to_read_fails_the_run(serve):
+    # The process got an early EOF, and run exited 0 as if it had all of
+    # its input; a refused stdin write already turns 0 into 1.
+    path = serve(ending_at_stdin_eof())
+    ours, stdin = socket.socketpair()
+    with ours, stdin:
+        stdin.send(b"unread")  # closed unread: the reads of stdin fail
+        ours.close()
+        done = sdexec(path, "run", "--no-passthrough", "true", stdin=stdin)
+    assert (done.returncode, done.stderr) == (
+        1,
+        b"sdexec: cannot read stdin: Connection reset by peer\n",
     )

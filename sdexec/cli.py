@@ -35,6 +35,7 @@ from sdexec.cliio import (
     EXEC_FAILURES,
     LOST,
     READER_GONE,
+    DeathBySignal,
     Output,
     close_outputs,
     connect,
@@ -46,6 +47,7 @@ from sdexec.cliio import (
     print_out,
     request,
     say,
+    signalled_status,
     visible,
     warn,
     warn_after_finished,
@@ -168,7 +170,24 @@ def run_and_exit(early: EarlyExec | None = None) -> NoReturn:
         sys.stderr.flush()
     except OSError:
         pass  # a reader that went away: nothing more can be said to it
+    if isinstance(code, DeathBySignal):
+        _die_of(code.signum)
     os._exit(code)
+
+
+def _die_of(signum: int) -> None:
+    """Die of ``signum`` (a ^C the user sent us, which ended the command),
+    as a local command would: the shell that waits for us then stops its
+    script too, where an exit with 128 + N tells it the ^C was handled.
+    No core of our own for SIGQUIT: the one asked for was the process's."""
+    if signum == signal.SIGQUIT:
+        import resource  # only here
+
+        _soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+    signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+    os.kill(os.getpid(), signum)  # delivered before kill() returns
 
 
 def build_command(
@@ -206,9 +225,7 @@ def _run(options: argparse.Namespace, early: EarlyExec | None = None) -> int:
         # Caught before connecting: a signal that arrives while we start up
         # is held until the process has started, or interrupts it; so is
         # one an early exec caught while we loaded.
-        loop.catch_signals(
-            FORWARDED_SIGNALS, job.forward_signal, early.caught if early else ()
-        )
+        loop.catch_signals(FORWARDED_SIGNALS, job.caught, early.caught if early else ())
         try:
             with _connection(loop, options, early) as connection:
                 job.start(connection, command, early.matchtag if early else None)
@@ -525,6 +542,8 @@ class _Job:
         self._sigpipe_sent_at: float | None = None
         #: The signal that ended the command before its process started.
         self.interrupted: int | None = None
+        #: The signals sent to us (and forwarded).
+        self._caught: set[int] = set()
         #: The exit status of a command that gave its process up: it wrote
         #: on to a stream whose reader went, ignoring the SIGPIPE.
         self._gave_up: int | None = None
@@ -556,7 +575,7 @@ class _Job:
         if self.interrupted is not None:
             name = signal_name(self.interrupted)
             fail(f"interrupted by {name} before the process started")
-            return exit_code(self.interrupted)  # the wait status of its death
+            return signalled_status(self.interrupted)
         if self._gave_up is not None:
             return self._gave_up  # why was said when it happened
         assert self._stream is not None
@@ -571,7 +590,7 @@ class _Job:
             warn_after_finished(failure)
         for line in receipt_lines(self._receipt, self._usage):
             say(line)
-        code = exit_code(self._receipt.status)
+        code = self._process_status(self._receipt.status)
         # Output lost to a failed write, stdin that could not be read or
         # that the service refused (the process may have done well without
         # them): nothing else fails the command, as a local one would.
@@ -582,7 +601,20 @@ class _Job:
         )
         return (code or 1) if lost else code
 
+    def _process_status(self, status: int) -> int:
+        """The exit status for the process's wait status: one for us to die
+        of where it died of a signal we were sent and passed on (a ^C)."""
+        if os.WIFSIGNALED(status) and os.WTERMSIG(status) in self._caught:
+            return signalled_status(os.WTERMSIG(status))
+        return exit_code(status)
+
     # -- signals -----------------------------------------------------------
+
+    def caught(self, signum: int) -> None:
+        """A signal sent to us: forwarded, and noted (a process that dies of
+        it died of our user's ^C, as a local command would)."""
+        self._caught.add(signum)
+        self.forward_signal(signum)
 
     def forward_signal(self, signum: int) -> None:
         """Send ``signum`` to the process, once it has started; before, one

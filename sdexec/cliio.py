@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import select
+import signal
 import stat
 import sys
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = [
+    "DIE_OF",
     "DISCARDED",
     "EXEC_FAILURES",
     "LOST",
@@ -35,6 +37,7 @@ __all__ = [
     "NOT_FOUND",
     "READER_GONE",
     "WRITTEN",
+    "DeathBySignal",
     "Output",
     "close_outputs",
     "connect",
@@ -47,6 +50,7 @@ __all__ = [
     "print_out",
     "request",
     "say",
+    "signalled_status",
     "visible",
     "warn",
     "warn_after_finished",
@@ -119,6 +123,33 @@ def exit_code(status: int) -> int:
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status)
     return os.WEXITSTATUS(status)
+
+
+#: The signals a command the user sent one of dies of, where it would exit
+#: 128 + N: the keyboard's (Ctrl-C, Ctrl-\), to which bash applies its
+#: wait-and-cooperative-exit rule (a child that *exits*, even with 130, is
+#: taken to have handled the ^C, and a script's loop goes on). Not SIGTERM
+#: or SIGHUP: no shell acts on how a child ended of them, ``$?`` is 143 or
+#: 129 either way, and docs/client.md promises that ``run`` exits 143.
+DIE_OF = frozenset({signal.SIGINT, signal.SIGQUIT})
+
+
+class DeathBySignal(int):
+    """An exit status, 128 + N, that the command line's entry point
+    (:func:`sdexec.cli.run_and_exit`) turns into a death by signal N: an
+    ``int`` still, which :func:`sdexec.cli.main` returns as it is."""
+
+    @property
+    def signum(self) -> int:
+        return int(self) - 128
+
+
+def signalled_status(signum: int) -> int:
+    """The status of a command that ``signum``, sent to it, ended (itself,
+    or the process it forwarded it to): 128 + N, to die of for one of
+    :data:`DIE_OF`."""
+    code = 128 + signum
+    return DeathBySignal(code) if signum in DIE_OF else code
 
 
 # -- lines on stderr -----------------------------------------------------------

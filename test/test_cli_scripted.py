@@ -343,7 +343,16 @@ def test_an_undrain_of_a_node_not_drained_exits_0(serve):
     assert (done.returncode, done.stdout) == (0, b"not drained\n")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def ended_by(signum: int) -> int:
+    """The returncode of a command line that signal ``signum``, sent to it,
+    ended: it dies of a ^C (or Ctrl-\\), and exits 128 + N for the rest."""
+    keyboard = signum in (signal.SIGINT, signal.SIGQUIT)
+    return -signum if keyboard else 128 + signum
+
+
+@pytest.mark.parametrize(
+    "signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT]
+)
 def test_a_signal_before_the_start_ends_the_command(serve, signum):
     # Held until `started`, which may take minutes (start-timeout, a
     # manager away): ^C did nothing however often pressed, and a resource
@@ -363,7 +372,7 @@ def test_a_signal_before_the_start_ends_the_command(serve, signum):
     assert asked.wait(30), "the exec was never sent"
     client.send_signal(signum)
     _, stderr = client.communicate(timeout=30)
-    assert client.returncode == 128 + signum
+    assert client.returncode == ended_by(signum)
     name = signal.Signals(signum).name
     assert (
         stderr == f"sdexec: interrupted by {name} before the process started\n".encode()
@@ -462,7 +471,7 @@ def test_a_signal_during_a_connect_that_waits_is_an_interruption(tmp_path):
         waiting_in_connect(client.pid)
         client.send_signal(signal.SIGINT)
         _, stderr = client.communicate(timeout=30)
-    assert client.returncode == 130
+    assert client.returncode == -signal.SIGINT
     assert stderr == b"sdexec: interrupted by SIGINT before the process started\n"
 
 
@@ -640,3 +649,128 @@ def test_a_stdin_that_fails_to_read_fails_the_run(serve):
         1,
         b"sdexec: cannot read stdin: Connection reset by peer\n",
     )
+
+
+def dying_of_the_kill() -> Script:
+    """An exec that starts, says ``ready`` on stdout, and dies of the first
+    signal it is sent (a kill on the connection it came on)."""
+    execs: list[dict] = []
+
+    def script(request: dict) -> list[dict]:
+        if request["topic"] == "sdexec.exec":
+            execs.append(request)
+            io = encode_io("stdout", "0", b"ready\n")
+            return [
+                response(request, {"type": "started", "pid": 42}),
+                response(request, {"type": "output", "pid": 42, "io": io}),
+            ]
+        if request["topic"] != "sdexec.kill":
+            return []  # stdin's EOF
+        status = request["payload"]["signum"]
+        return [
+            response(request, {}),
+            response(execs[-1], {"type": "finished", "status": status}),
+            failure(execs[-1], errno.ENODATA),
+        ]
+
+    return script
+
+
+@pytest.mark.parametrize(
+    "signum", [signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP]
+)
+def test_a_process_that_dies_of_a_forwarded_signal_ends_the_client_alike(serve, signum):
+    # It exited 130 for a ^C: bash takes a child that exits as having
+    # handled the ^C, and a script's `for` loop of runs went on to the
+    # next (review session 40 L1). SIGTERM and SIGHUP stay exits (143).
+    command = [
+        sys.executable,
+        "-m",
+        "sdexec.cli",
+        "--socket",
+        serve(dying_of_the_kill()),
+    ]
+    client = subprocess.Popen(
+        [*command, "run", "--no-passthrough", "-n", "job"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert client.stdout is not None
+    assert client.stdout.readline() == b"ready\n"  # started, signals caught
+    client.send_signal(signum)
+    _, stderr = client.communicate(timeout=30)
+    assert (client.returncode, stderr) == (ended_by(signum), b"")
+
+
+def test_a_process_that_dies_of_a_sigint_sent_by_another_exits_130(serve):
+    # Not the client's ^C: a shell must not stop for it (as for a local
+    # command a `kill -INT` of its own killed).
+    def killed_by_another(request: dict) -> list[dict]:
+        return [
+            response(request, {"type": "started", "pid": 42}),
+            response(request, {"type": "finished", "status": signal.SIGINT}),
+            failure(request, errno.ENODATA),
+        ]
+
+    done = sdexec(serve(killed_by_another), "run", "-n", "job")
+    assert (done.returncode, done.stderr) == (130, b"")
+
+
+#: A script's loop of runs: a ^C in its first should stop it, as it stops a
+#: loop of local commands.
+_LOOP = """
+for n in 1 2 3; do
+    "$@" run --no-passthrough -n job
+    echo "next $n"
+done
+echo loop-finished
+"""
+
+
+def test_a_ctrl_c_stops_a_script_s_loop_of_runs(serve):
+    import pty
+
+    command = [
+        sys.executable,
+        "-m",
+        "sdexec.cli",
+        "--socket",
+        serve(dying_of_the_kill()),
+    ]
+    pid, terminal = pty.fork()
+    if pid == 0:  # the script on a terminal of its own, in the foreground
+        os.execvp("bash", ["bash", "-c", _LOOP, "bash", *command])
+    try:
+        seen = _read_terminal(terminal, until=b"ready", seconds=30)
+        assert b"ready" in seen, seen
+        os.write(terminal, b"\x03")  # ^C, to bash and the client alike
+        seen += _read_terminal(terminal, until=b"next 1", seconds=10)
+        assert b"next" not in seen and b"loop-finished" not in seen, seen
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(terminal)
+
+
+def _read_terminal(terminal: int, until: bytes, seconds: float) -> bytes:
+    """What the terminal shows until ``until``, its end (EIO once nobody
+    holds it open), or ``seconds``."""
+    import select as select_
+
+    seen = b""
+    deadline = time.monotonic() + seconds
+    while until not in seen and time.monotonic() < deadline:
+        if not select_.select([terminal], [], [], deadline - time.monotonic())[0]:
+            break
+        try:
+            data = os.read(terminal, 4096)
+        except OSError:  # EIO: every holder of the terminal gone
+            break
+        if not data:
+            break
+        seen += data
+    return seen

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import signal
 
+from sdexec.cli import INTERRUPTING_SIGNALS
 from sdexec.cliio import (
     EXEC_FAILURES,
     LOST,
@@ -25,12 +26,14 @@ from sdexec.cliio import (
     print_out,
     request,
     say,
+    signalled_status,
     warn_after_finished,
     write_output,
 )
 from sdexec.protocol import STATUS_AND_ERROR, ExecFlag, Topic
-from sdexec.rpc import RPCError, background_pid, wait_status
-from sdexec.syncclient import Loop
+from sdexec.rpc import RPCError, SdexecError, background_pid, wait_status
+from sdexec.signals import signal_name
+from sdexec.syncclient import Call, Loop
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -46,20 +49,76 @@ _BOTH = int(ExecFlag.STDOUT | ExecFlag.STDERR)
 def run_background(options: argparse.Namespace, command: dict[str, Any]) -> int:
     """``sdexec run --bg``: start ``command`` in the background and print
     its pid (and label); as a shell, 127 if the command cannot be found,
-    126 if it cannot be executed."""
+    126 if it cannot be executed. Interrupted while it starts, it waits for
+    the answer (:class:`_Starting`)."""
     flags = int(ExecFlag.WAITABLE) if options.waitable else 0
     payload = {"cmd": command, "flags": flags}
+    with Loop() as loop:
+        starting = _Starting()
+        loop.catch_signals(INTERRUPTING_SIGNALS, starting.interrupt)
+        with connect(loop, options) as connection:
+            connection.send(Topic.EXEC, payload, starting.call, streaming=False)
+            loop.run_until(starting.over)
+            answered = starting.call.answered  # (the close fails it if not)
+    if answered:
+        code = _started(starting.call, command.get("label"), starting.signum)
+    else:
+        code = fail(
+            f"interrupted by {signal_name(starting.signum or 0)} before the"
+            " answer: the process may start in the background all the same"
+            " (sdexec ps)"
+        )
+    return code if starting.signum is None else signalled_status(starting.signum)
+
+
+class _Starting:
+    """A background exec's answer awaited, and the signals that interrupt
+    it meanwhile. The service starts the process whatever becomes of us
+    (a closed connection stops only a streaming one), so a Ctrl-C that
+    killed us left it running with its pid unsaid: the first such signal
+    is held until the answer, to say the pid of a process that started; a
+    second gives up at once."""
+
+    def __init__(self) -> None:
+        self.call = Call()
+        #: The first interrupting signal, and how many came.
+        self.signum: int | None = None
+        self._count = 0
+
+    def interrupt(self, signum: int) -> None:
+        self._count += 1
+        if self.signum is None:
+            self.signum = signum
+            say(
+                f"sdexec: {signal_name(signum)}: waiting for the service's answer,"
+                " to say the pid of a process that starts (again to give up)"
+            )
+
+    def over(self) -> bool:
+        return self.call.answered or self._count > 1
+
+
+def _started(call: Call, label: str | None, interrupted: int | None) -> int:
+    """Print the pid (and label) of a background exec that ``call`` says
+    started, and, if ``interrupted`` came meanwhile, that it runs on; the
+    exit status (127, 126 as a shell's for a command it could not run)."""
     try:
-        with Loop() as loop, connect(loop, options) as connection:
-            started = connection.call(Topic.EXEC, payload, streaming=False)
-    except RPCError as failure:
-        if failure.errnum not in EXEC_FAILURES:
+        if call.error is not None:
+            raise call.error
+        assert call.payload is not None
+        pid = background_pid(call.payload)
+    except SdexecError as failure:
+        errnum = failure.errnum if isinstance(failure, RPCError) else 0
+        if errnum not in EXEC_FAILURES and interrupted is None:
             raise
         fail(str(failure))
-        return EXEC_FAILURES[failure.errnum]  # as the foreground run's
-    pid = background_pid(started)
-    label = command.get("label")
+        return EXEC_FAILURES.get(errnum, 1)  # as the foreground run's
     print_out(pid if label is None else f"{pid} {label}")
+    if interrupted is not None:
+        say(
+            f"sdexec: interrupted by {signal_name(interrupted)} while starting:"
+            f" pid {pid} runs on in the background (sdexec kill TERM {pid})"
+        )
     return 0
 
 

@@ -774,3 +774,75 @@ def _read_terminal(terminal: int, until: bytes, seconds: float) -> bytes:
             break
         seen += data
     return seen
+
+
+def starting_when(go: threading.Event, asked: threading.Event) -> Script:
+    """A background exec answered ``started`` (pid 42) once ``go`` is set
+    (a manager slow to start its unit); ``asked`` is set when it comes."""
+
+    def script(request: dict) -> list[dict]:
+        asked.set()
+        go.wait(30)
+        return [response(request, {"type": "started", "pid": 42})]
+
+    return script
+
+
+#: What run --bg says at once of an interruption while it starts.
+_WAITING = (
+    ": waiting for the service's answer, to say the pid of a process that"
+    " starts (again to give up)\n"
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_run_bg_interrupted_while_starting_says_the_pid_that_runs_on(serve, signum):
+    # The client died of the ^C, and the process started anyway in the
+    # background, its pid never printed (review session 40 L3).
+    go, asked = threading.Event(), threading.Event()
+    path = serve(starting_when(go, asked))
+    client = subprocess.Popen(
+        [sys.executable, "-m", "sdexec.cli", "--socket", path, "run", "--bg", "job"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert asked.wait(30), "the exec was never sent"
+        client.send_signal(signum)
+        assert client.stderr is not None
+        name = signal.Signals(signum).name
+        assert client.stderr.readline().decode() == f"sdexec: {name}{_WAITING}"
+    finally:
+        go.set()
+    stdout, stderr = client.communicate(timeout=30)
+    assert (client.returncode, stdout) == (ended_by(signum), b"42\n")
+    assert stderr.decode() == (
+        f"sdexec: interrupted by {name} while starting: pid 42 runs on in the"
+        " background (sdexec kill TERM 42)\n"
+    )
+
+
+def test_run_bg_interrupted_twice_while_starting_gives_up(serve):
+    go, asked = threading.Event(), threading.Event()
+    path = serve(starting_when(go, asked))
+    client = subprocess.Popen(
+        [sys.executable, "-m", "sdexec.cli", "--socket", path, "run", "--bg", "job"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert asked.wait(30), "the exec was never sent"
+        client.send_signal(signal.SIGINT)
+        assert client.stderr is not None
+        assert client.stderr.readline() == f"sdexec: SIGINT{_WAITING}".encode()
+        client.send_signal(signal.SIGINT)
+        stdout, stderr = client.communicate(timeout=30)
+    finally:
+        go.set()
+    assert (client.returncode, stdout) == (-signal.SIGINT, b"")
+    assert stderr == (
+        b"sdexec: interrupted by SIGINT before the answer: the process may start"
+        b" in the background all the same (sdexec ps)\n"
+    )

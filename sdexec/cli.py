@@ -33,6 +33,7 @@ from sdexec import runrequest
 from sdexec.cliio import (
     DISCARDED,
     EXEC_FAILURES,
+    INTERRUPTING_SIGNALS,
     LOST,
     READER_GONE,
     DeathBySignal,
@@ -93,11 +94,6 @@ FORWARDED_SIGNALS = (
     signal.SIGQUIT,
     signal.SIGUSR1,
     signal.SIGUSR2,
-)
-#: The signals that end a command that has not started yet (a local one
-#: would die of them before its exec), instead of being held for it.
-INTERRUPTING_SIGNALS = frozenset(
-    {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
 )
 #: ``undrain``'s exit status while a cause that lifts itself still drains
 #: the service (2 is a usage error's).

@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import signal
 
-from sdexec.cli import INTERRUPTING_SIGNALS
 from sdexec.cliio import (
     EXEC_FAILURES,
+    INTERRUPTING_SIGNALS,
     LOST,
     READER_GONE,
     Output,

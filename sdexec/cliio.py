@@ -32,6 +32,7 @@ __all__ = [
     "DIE_OF",
     "DISCARDED",
     "EXEC_FAILURES",
+    "INTERRUPTING_SIGNALS",
     "LOST",
     "NOT_EXECUTABLE",
     "NOT_FOUND",
@@ -125,6 +126,12 @@ def exit_code(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
+#: The signals that end a command that has not started yet (a local one
+#: would die of them before its exec), instead of being held for it
+#: (``run``; ``run --bg`` waits for the answer, to say the pid).
+INTERRUPTING_SIGNALS = frozenset(
+    {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
+)
 #: The signals a command the user sent one of dies of, where it would exit
 #: 128 + N: the keyboard's (Ctrl-C, Ctrl-\), to which bash applies its
 #: wait-and-cooperative-exit rule (a child that *exits*, even with 130, is

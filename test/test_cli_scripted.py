@@ -676,6 +676,12 @@ def dying_of_the_kill() -> Script:
     return script
 
 
+def _cli_against(path: str) -> list[str]:
+    """The command line's argv up to its command, against the service on
+    ``path``."""
+    return [sys.executable, "-m", "sdexec.cli", "--socket", path]
+
+
 @pytest.mark.parametrize(
     "signum", [signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP]
 )
@@ -683,13 +689,7 @@ def test_a_process_that_dies_of_a_forwarded_signal_ends_the_client_alike(serve, 
     # It exited 130 for a ^C: bash takes a child that exits as having
     # handled the ^C, and a script's `for` loop of runs went on to the
     # next (review session 40 L1). SIGTERM and SIGHUP stay exits (143).
-    command = [
-        sys.executable,
-        "-m",
-        "sdexec.cli",
-        "--socket",
-        serve(dying_of_the_kill()),
-    ]
+    command = _cli_against(serve(dying_of_the_kill()))
     client = subprocess.Popen(
         [*command, "run", "--no-passthrough", "-n", "job"],
         stdin=subprocess.DEVNULL,
@@ -731,13 +731,7 @@ echo loop-finished
 def test_a_ctrl_c_stops_a_script_s_loop_of_runs(serve):
     import pty
 
-    command = [
-        sys.executable,
-        "-m",
-        "sdexec.cli",
-        "--socket",
-        serve(dying_of_the_kill()),
-    ]
+    command = _cli_against(serve(dying_of_the_kill()))
     pid, terminal = pty.fork()
     if pid == 0:  # the script on a terminal of its own, in the foreground
         os.execvp("bash", ["bash", "-c", _LOOP, "bash", *command])
@@ -795,18 +789,24 @@ _WAITING = (
 )
 
 
+def _run_bg_job(path: str) -> subprocess.Popen:
+    """``sdexec run --bg job`` against the service on ``path``, its output
+    piped."""
+    return subprocess.Popen(
+        [*_cli_against(path), "run", "--bg", "job"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_run_bg_interrupted_while_starting_says_the_pid_that_runs_on(serve, signum):
     # The client died of the ^C, and the process started anyway in the
     # background, its pid never printed (review session 40 L3).
     go, asked = threading.Event(), threading.Event()
     path = serve(starting_when(go, asked))
-    client = subprocess.Popen(
-        [sys.executable, "-m", "sdexec.cli", "--socket", path, "run", "--bg", "job"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    client = _run_bg_job(path)
     try:
         assert asked.wait(30), "the exec was never sent"
         client.send_signal(signum)
@@ -826,12 +826,7 @@ def test_run_bg_interrupted_while_starting_says_the_pid_that_runs_on(serve, sign
 def test_run_bg_interrupted_twice_while_starting_gives_up(serve):
     go, asked = threading.Event(), threading.Event()
     path = serve(starting_when(go, asked))
-    client = subprocess.Popen(
-        [sys.executable, "-m", "sdexec.cli", "--socket", path, "run", "--bg", "job"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    client = _run_bg_job(path)
     try:
         assert asked.wait(30), "the exec was never sent"
         client.send_signal(signal.SIGINT)

@@ -528,6 +528,8 @@ class _Job:
         self._stream: Exec | None = None
         self._held_signals: list[int] = []
         self._stdin_open = not noinput and "stdin" not in stdio
+        #: Our stdin is open for writing only (see :func:`_write_only`).
+        self._stdin_write_only = self._stdin_open and _write_only(0)
         #: Whether our stdin has been read from, and whether a read failed.
         self._stdin_read = False
         self._stdin_lost = False
@@ -704,10 +706,12 @@ class _Job:
         """Read our stdin while there is credit for it. The fd is left
         blocking (it may be a terminal shared with the shell): it is only
         read when the loop says it is readable."""
-        if self._stdin_allowance() > 0:
-            self._loop.watch(0, READABLE, self._read_stdin)
-        else:
+        if self._stdin_allowance() <= 0:
             self._loop.unwatch(0)
+        elif self._stdin_write_only:
+            self._read_stdin(0)  # EBADF at once: an empty stdin, its EOF sent
+        else:
+            self._loop.watch(0, READABLE, self._read_stdin)
 
     def _stdin_allowance(self) -> int:
         """How much of our stdin may be read now: none once it is closed or
@@ -755,6 +759,17 @@ class _Job:
         self._stdin_read = True
         self._connection.write_stdin(self._stream, data)
         self._watch_stdin()
+
+
+def _write_only(fd: int) -> bool:
+    """Whether ``fd`` is open for writing only. The write end of a pipe
+    (``0>&1`` onto one) is never readable to the loop: it was never read,
+    its EBADF never seen, and the process waited for its stdin for ever
+    (review session 40 R2-2). It is read at once instead, an empty stdin,
+    as nohup's write-only /dev/null is."""
+    import fcntl  # (here: only run --no-passthrough reads our stdin)
+
+    return fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY
 
 
 class _KillSent(Call):

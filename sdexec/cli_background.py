@@ -56,19 +56,34 @@ def run_background(options: argparse.Namespace, command: dict[str, Any]) -> int:
     with Loop() as loop:
         starting = _Starting()
         loop.catch_signals(INTERRUPTING_SIGNALS, starting.interrupt)
-        with connect(loop, options) as connection:
-            connection.send(Topic.EXEC, payload, starting.call, streaming=False)
-            loop.run_until(starting.over)
-            answered = starting.call.answered  # (the close fails it if not)
-    if answered:
-        code = _started(starting.call, command.get("label"), starting.signum)
-    else:
+        try:
+            with connect(loop, options) as connection:
+                connection.send(Topic.EXEC, payload, starting.call, streaming=False)
+                loop.run_until(starting.over)
+        except SdexecError:
+            loop.serve_caught_signals()
+            if starting.signum is None:
+                raise
+        # A signal that cut a waiting connect short (a wedged service's full
+        # backlog) left the socket unconnected, and the loss of the first
+        # write was seen before it: it is what to report, as a foreground
+        # run's (review session 40 R2-1).
+        loop.serve_caught_signals()
+    interrupted = starting.signum
+    if interrupted is not None and not _answered_by_the_service(starting.call):
         code = fail(
-            f"interrupted by {signal_name(starting.signum or 0)} before the"
-            " answer: the process may start in the background all the same"
-            " (sdexec ps)"
+            f"interrupted by {signal_name(interrupted)} before the answer: the"
+            " process may start in the background all the same (sdexec ps)"
         )
-    return code if starting.signum is None else signalled_status(starting.signum)
+    else:  # (with no answer, the connection's close failed the call)
+        code = _started(starting.call, command.get("label"), interrupted)
+    return code if interrupted is None else signalled_status(interrupted)
+
+
+def _answered_by_the_service(call: Call) -> bool:
+    """Whether the service answered ``call``: a lost connection fails it
+    with no word of the service's."""
+    return call.answered and (call.error is None or isinstance(call.error, RPCError))
 
 
 class _Starting:

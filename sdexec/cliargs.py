@@ -148,9 +148,19 @@ def _add_cancel(cancel: argparse.ArgumentParser) -> None:
     cancel.add_argument(
         "target",
         metavar="PID|LABEL|JOBID",
+        type=_cancel_target,
         help="all digits: a process id, else a job id; otherwise a job id,"
         " else a label",
     )
+
+
+def _cancel_target(text: str) -> str:
+    """``cancel``'s target, not an empty one (as :func:`kill_target`)."""
+    if not text:
+        raise argparse.ArgumentTypeError(
+            "must not be empty: a pid, a job id or a label"
+        )
+    return text
 
 
 def _add_stats(stats: argparse.ArgumentParser) -> None:
@@ -276,5 +286,8 @@ def _signal_argument(text: str) -> int:
 
 def kill_target(text: str) -> dict[str, Any]:
     """The ``sdexec.kill`` target for ``PID|LABEL``: all digits is a pid,
-    anything else a label."""
+    anything else a label; not an empty one (a script's empty variable),
+    which no process has: the service's "no such" named nothing."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty: a pid or a label")
     return {"pid": int(text)} if is_number(text) else {"label": text}

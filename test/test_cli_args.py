@@ -172,6 +172,25 @@ def test_an_empty_option_value_is_a_usage_error_naming_it(argv, option, capsys):
     )
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["kill", "TERM", ""], "PID|LABEL: must not be empty: a pid or a label"),
+        (["wait", ""], "PID|LABEL: must not be empty: a pid or a label"),
+        (["attach", ""], "PID|LABEL: must not be empty: a pid or a label"),
+        (
+            ["cancel", ""],
+            "PID|LABEL|JOBID: must not be empty: a pid, a job id or a label",
+        ),
+    ],
+)
+def test_an_empty_target_is_a_usage_error(argv, said, capsys):
+    # Read as the label "", it reached the service, whose "not found" said
+    # nothing of the empty variable (review session 40 L, noticed).
+    assert main(argv) == 2
+    assert capsys.readouterr().err.endswith(f"error: argument {said}\n")
+
+
 def test_an_empty_sdexec_socket_still_means_unset(monkeypatch):
     from sdexec.rpc import resolve_socket_path
 

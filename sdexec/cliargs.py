@@ -156,10 +156,15 @@ def _add_cancel(cancel: argparse.ArgumentParser) -> None:
 
 def _cancel_target(text: str) -> str:
     """``cancel``'s target, not an empty one (as :func:`kill_target`)."""
+    return _target_given(text, "a pid, a job id or a label")
+
+
+def _target_given(text: str, expected: str) -> str:
+    """A ``PID|LABEL`` argument, refused if empty (a script's empty
+    variable), which no process has: the service's "no such" named
+    nothing."""
     if not text:
-        raise argparse.ArgumentTypeError(
-            "must not be empty: a pid, a job id or a label"
-        )
+        raise argparse.ArgumentTypeError(f"must not be empty: {expected}")
     return text
 
 
@@ -286,8 +291,6 @@ def _signal_argument(text: str) -> int:
 
 def kill_target(text: str) -> dict[str, Any]:
     """The ``sdexec.kill`` target for ``PID|LABEL``: all digits is a pid,
-    anything else a label; not an empty one (a script's empty variable),
-    which no process has: the service's "no such" named nothing."""
-    if not text:
-        raise argparse.ArgumentTypeError("must not be empty: a pid or a label")
+    anything else a label; not an empty one (:func:`_target_given`)."""
+    _target_given(text, "a pid or a label")
     return {"pid": int(text)} if is_number(text) else {"label": text}

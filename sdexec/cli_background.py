@@ -186,8 +186,12 @@ def attach(options: argparse.Namespace) -> int:
         pid = stream.pid if stream.pid is not None else "?"
         say(f"sdexec: detached from pid {pid}; it runs on")
         # Output lost (a full disk) is an error, said above; a reader gone
-        # or a Ctrl-C is the user's choice.
-        return 1 if session.output_lost else 0
+        # or a Ctrl-C is the user's choice. A Ctrl-C is still died of, so
+        # that a script's loop of attaches stops, as it does for `run`.
+        if session.output_lost:
+            return 1
+        ctrl_c = session.detached_by == signal.SIGINT
+        return signalled_status(signal.SIGINT) if ctrl_c else 0
     if stream.error is not None and session.status is None:
         return fail(str(stream.error))
     if session.status is None:
@@ -208,6 +212,8 @@ class _Attached:
         }
         self.status: int | None = None
         self.detached = False
+        #: The signal that detached us; 0 for none (our output went).
+        self.detached_by = 0
         #: Whether output was lost to a write that failed (not a reader gone).
         self.output_lost = False
 
@@ -220,8 +226,9 @@ class _Attached:
         elif kind == "output":
             self._output(payload.get("io"))
 
-    def detach(self, _signum: int = 0) -> None:
+    def detach(self, signum: int = 0) -> None:
         self.detached = True
+        self.detached_by = self.detached_by or signum
 
     def _gave_up(self) -> bool:
         return self.detached

@@ -813,7 +813,9 @@ class _Collect(protocol.ProcessProtocol):
         self.err += data
 
     def processEnded(self, reason):
-        self.ended.callback(reason.value.exitCode)
+        # As subprocess says it: -N for a death by signal N.
+        ended = reason.value
+        self.ended.callback(-ended.signal if ended.exitCode is None else ended.exitCode)
 
 
 def _spawn_cli(
@@ -980,8 +982,15 @@ def test_a_file_a_socket_or_a_pty_master_is_written_through_its_own_descriptor(
         os.close(terminal)
 
 
+@pytest.mark.parametrize(
+    ("signum", "status"),
+    # A Ctrl-C is died of, so that a script's loop stops (see _die_of).
+    [("INT", -signal.SIGINT), ("TERM", 0), ("HUP", 0)],
+)
 @pytest_twisted.inlineCallbacks
-def test_cli_attach_detaches_while_its_stdout_waits_for_a_reader(served):
+def test_cli_attach_detaches_while_its_stdout_waits_for_a_reader(
+    served, signum, status
+):
     peer, client = served
     r, w = os.pipe2(os.O_CLOEXEC)  # its stdout, nobody reading yet
     cli = _spawn_cli(client.path, ["attach", "42"], stdout=w)
@@ -992,8 +1001,8 @@ def test_cli_attach_detaches_while_its_stdout_waits_for_a_reader(served):
         peer.respond(request, {"type": "attached", "pid": 42})
         _flood(peer, request)
         yield defer.ensureDeferred(until_pipe_full(r))
-        cli.transport.signalProcess("INT")
-        assert (yield cli.ended.addTimeout(30, reactor)) == 0
+        cli.transport.signalProcess(signum)
+        assert (yield cli.ended.addTimeout(30, reactor)) == status
     finally:
         os.close(r)
     assert bytes(cli.err) == b"sdexec: detached from pid 42; it runs on\n"

@@ -177,13 +177,21 @@ def _die_of(signum: int) -> None:
     script too, where an exit with 128 + N tells it the ^C was handled.
     No core of our own for SIGQUIT: the one asked for was the process's."""
     if signum == signal.SIGQUIT:
-        import resource  # only here
-
-        _soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
-        resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+        _dump_no_core()
     signal.signal(signum, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
     os.kill(os.getpid(), signum)  # delivered before kill() returns
+
+
+def _dump_no_core() -> None:
+    """Leave no core when we die: not dumpable, the kernel dumps none.
+    An RLIMIT_CORE of 0 would not do where the core_pattern is a pipe
+    (systemd-coredump): the kernel dumps to it whatever the limit, and the
+    shell says "Quit (core dumped)"."""
+    import ctypes  # only here
+
+    pr_set_dumpable = 4  # <linux/prctl.h>
+    ctypes.CDLL(None).prctl(pr_set_dumpable, 0, 0, 0, 0)
 
 
 def build_command(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import select
 import signal
 import socket
@@ -248,6 +249,39 @@ def _signalled_run(
         client.kill()
         client.wait()
     return client.returncode, stderr
+
+
+def test_a_client_dying_of_ctrl_backslash_dumps_no_core(printing, tmp_path):
+    # Its RLIMIT_CORE set to 0 did not stop a core_pattern that pipes
+    # (systemd-coredump), and bash said "Quit (core dumped)".
+    _service, path = printing
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    client = subprocess.Popen(
+        [sys.executable, "-m", "sdexec.cli", "--socket", path, "run", "-n", "py"],
+        env={**os.environ, "PYTHONPATH": str(REPOSITORY)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        cwd=cwd,
+        preexec_fn=_cores_allowed,
+    )
+    try:
+        assert client.stdout is not None
+        client.stdout.readline()  # started, and its signals caught
+        client.send_signal(signal.SIGQUIT)
+        client.stdout.read()
+        # Still waitable after: Popen reaps it in its own wait below.
+        ended = os.waitid(os.P_PID, client.pid, os.WEXITED | os.WNOWAIT)
+    finally:
+        client.kill()
+        client.wait()
+    assert (ended.si_code, ended.si_status) == (os.CLD_KILLED, signal.SIGQUIT)
+    assert list(cwd.iterdir()) == []
+
+
+def _cores_allowed() -> None:
+    _soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
 
 
 def test_ctrl_backslash_is_passed_on_to_the_process(printing):

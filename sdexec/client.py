@@ -235,6 +235,11 @@ class _Wait(_Call):
         return _named(self.payload)
 
     @property
+    def key(self) -> tuple[str, object]:
+        """Its target, whole (:attr:`target` is cut short for a log)."""
+        return _target_key(self.payload)
+
+    @property
     def pending(self) -> bool:
         """Not answered yet: the service still holds it as the waiter."""
         return self.late is None
@@ -270,17 +275,72 @@ class _Wait(_Call):
             f"was answered ({said}): kept for this client's next wait() of"
             f" {self.target}",
         )
+        self._client._abandoned_waits.keep_answered(self)
 
     def _cancelled(self, deferred: Deferred[dict]) -> None:
         super()._cancelled(deferred)
-        self._client._abandoned_waits[self.target] = self
+        self._client._abandoned_waits.add(self)
+
+
+class _AbandonedWaits:
+    """A client's cancelled waits, by target (:class:`_Wait`). Those the
+    service has answered are bounded: a caller that gives up on a wait and
+    never asks again would otherwise keep every answer, output and all,
+    for the connection's life. Past :data:`MAX_KEPT_WAIT_ANSWERS`, the
+    oldest is dropped, and said so."""
+
+    def __init__(self) -> None:
+        self._waits: dict[tuple[str, object], _Wait] = {}
+        #: The answered ones, oldest first (a dict as an ordered set).
+        self._answered: dict[tuple[str, object], None] = {}
+
+    def add(self, wait: _Wait) -> None:
+        """Keep a wait its caller has just cancelled."""
+        self._answered.pop(wait.key, None)  # a pending one replaces it
+        self._waits[wait.key] = wait
+
+    def keep_answered(self, wait: _Wait) -> None:
+        """``wait`` was answered after its cancel: keep its answer, and
+        drop the oldest kept past the bound."""
+        if self._waits.get(wait.key) is not wait:
+            return  # taken over, or replaced by a newer cancelled wait
+        self._answered[wait.key] = None
+        while len(self._answered) > MAX_KEPT_WAIT_ANSWERS:
+            oldest = next(iter(self._answered))
+            self._drop(self._waits[oldest])
+
+    def take(self, target: dict[str, Any]) -> _Wait | None:
+        """The cancelled wait for ``target``, no longer kept; None if none."""
+        key = _target_key(target)
+        self._answered.pop(key, None)
+        return self._waits.pop(key, None)
+
+    def _drop(self, wait: _Wait) -> None:
+        self.take(wait.payload)
+        _log.warn(
+            "sdexec: the answer to the wait for {target}, cancelled here and"
+            " not asked for since, is dropped: this client keeps the last"
+            " {kept} such answers",
+            target=wait.target,
+            kept=MAX_KEPT_WAIT_ANSWERS,
+        )
+
+
+#: How many answers to cancelled waits a client keeps (:class:`_AbandonedWaits`).
+MAX_KEPT_WAIT_ANSWERS = 1024
 
 
 def _named(target: dict[str, Any]) -> str:
     """The process a ``pid`` or ``label`` target names (a wait's request
     may carry more), as said in a log."""
+    kind, value = _target_key(target)
+    return f"{kind} {quoted(value, 80)}"
+
+
+def _target_key(target: dict[str, Any]) -> tuple[str, object]:
+    """The process a ``pid`` or ``label`` target names, whole."""
     kind = "label" if "label" in target else "pid"
-    return f"{kind} {quoted(target[kind], 80)}"
+    return kind, target[kind]
 
 
 def _cancelled_but(what: str, outcome: str) -> None:
@@ -327,9 +387,8 @@ class SdexecClient(JSONLineProtocol):
         #: The Deferreds :attr:`disconnected` and :meth:`close` handed out.
         self._gone_waiters: list[Deferred[None]] = []
         self._requests = Requests(path)
-        #: Waits whose caller cancelled, by target: the next wait takes one
-        #: over (:class:`_Wait`).
-        self._abandoned_waits: dict[str, _Wait] = {}
+        #: Waits whose caller cancelled: the next wait takes one over.
+        self._abandoned_waits = _AbandonedWaits()
         #: Whether a request has been written: stdio passthrough must come
         #: first (:meth:`exec`).
         self._sent = False
@@ -450,7 +509,7 @@ class SdexecClient(JSONLineProtocol):
         longer knows the process (:class:`_Wait`)."""
         target = process_target(pid, label)
         _check_request(Topic.WAIT, target)
-        cancelled = self._abandoned_waits.pop(_named(target), None)
+        cancelled = self._abandoned_waits.take(target)
         if cancelled is not None and cancelled.pending:
             return cancelled.take_over().addCallback(_with_wait_status)
         payload = {**target, STATUS_AND_ERROR: True} if status_and_error else target

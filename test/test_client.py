@@ -26,6 +26,7 @@ from twisted.internet.threads import deferToThread
 from twisted.logger import capturedLogs
 from zope.interface import implementer
 
+import sdexec.client
 from sdexec import cli, cliio, rpc
 from sdexec.cli import build_command, cancel_targets, format_procs
 from sdexec.cliargs import kill_target, parse_args
@@ -1482,6 +1483,52 @@ async def test_a_wait_answered_after_its_cancel_is_said_and_kept(served):
     assert await retry.addTimeout(5, reactor) == _STATUS
     client.wait(label="job7")  # taken: a later wait asks the service again
     assert (await peer.requests.get())["payload"] == {"label": "job7"}
+
+
+@pytest_twisted.ensureDeferred
+async def test_labels_alike_in_their_first_80_characters_are_not_one_wait(served):
+    # The cancelled wait was kept under its label cut short for a log: a
+    # wait for the other label took it over, sent nothing, and got the
+    # first process's status (review session 41 D2).
+    peer, client = served
+    first, second = "j" * 100 + "1", "j" * 100 + "2"
+    cancelled = client.wait(label=first)
+    cancelled.addErrback(lambda failure: failure.trap(defer.CancelledError))
+    cancelled.cancel()
+    await peer.requests.get()
+    other = client.wait(label=second)
+    assert (await peer.requests.get())["payload"] == {"label": second}
+    assert not other.called
+
+
+@pytest_twisted.ensureDeferred
+async def test_answers_to_cancelled_waits_are_kept_within_a_bound(served, monkeypatch):
+    # A caller that gave up on every wait and never asked again had each
+    # answer, output and all, kept for the connection's life (review
+    # session 41 D1): past the bound, the oldest goes, said so.
+    monkeypatch.setattr(sdexec.client, "MAX_KEPT_WAIT_ANSWERS", 2)
+    peer, client = served
+    for label in ("a", "b", "c"):
+        cancelled = client.wait(label=label)
+        cancelled.addErrback(lambda failure: failure.trap(defer.CancelledError))
+        cancelled.cancel()
+    requests = [await peer.requests.get() for _ in range(3)]
+    with capturedLogs() as events:
+        for request in requests:
+            peer.respond(request, _STATUS)
+        await _round_trip(peer, client)
+    assert _warnings(events)[-1] == (
+        "sdexec: the answer to the wait for label 'a', cancelled here and not"
+        " asked for since, is dropped: this client keeps the last 2 such answers"
+    )
+    for label, kept in (("a", False), ("b", True), ("c", True)):
+        retry = client.wait(label=label)
+        peer.fail(await peer.requests.get(), errno.ESRCH, "no such process")
+        if kept:
+            assert await retry.addTimeout(5, reactor) == _STATUS
+        else:
+            with pytest.raises(RPCError):
+                await retry.addTimeout(5, reactor)
 
 
 @pytest_twisted.ensureDeferred

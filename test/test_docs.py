@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from sdexec.config import load_config_quietly
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -84,3 +87,31 @@ def test_zsh_completion_covers_every_command():
     for command in commands:
         assert f"    {command}:'" in text  # the command list
         assert f"        {command}) _arguments" in text  # its options
+
+
+def _config_examples() -> list[tuple[str, str, str]]:
+    """Every TOML and YAML block of the documents: (where, suffix, text)."""
+    examples = []
+    for document in [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]:
+        text = document.read_text(encoding="utf-8")
+        for found in re.finditer(r"```(toml|yaml)\n(.*?)```", text, re.S):
+            line = text.count("\n", 0, found.start()) + 1
+            where = f"{document.name}:{line}"
+            examples.append((where, found.group(1), found.group(2)))
+    return examples
+
+
+@pytest.mark.parametrize(
+    ("suffix", "text"),
+    [
+        pytest.param(suffix, text, id=where)
+        for where, suffix, text in _config_examples()
+    ],
+)
+def test_the_documents_configuration_examples_are_taken(tmp_path, suffix, text):
+    # containment.md's "Switching it on" set exec.service without the
+    # [systemd] enable it requires: the service refused it, exit 78
+    # (review session 41 A2).
+    example = tmp_path / f"example.{suffix}"
+    example.write_text(text, encoding="utf-8")
+    load_config_quietly(example)

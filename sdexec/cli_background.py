@@ -183,8 +183,7 @@ def attach(options: argparse.Namespace) -> int:
             close_outputs(session.outputs)
     # Closing the connection is what detaches, on the service's side.
     if session.detached:
-        pid = stream.pid if stream.pid is not None else "?"
-        say(f"sdexec: detached from pid {pid}; it runs on")
+        say(_detached(stream.pid, session.status))
         # Output lost (a full disk) is an error, said above; a reader gone
         # or a Ctrl-C is the user's choice. A Ctrl-C is still died of, so
         # that a script's loop of attaches stops, as it does for `run`.
@@ -199,6 +198,19 @@ def attach(options: argparse.Namespace) -> int:
     if stream.error is not None:
         warn_after_finished(stream.error)
     return exit_code(session.status)
+
+
+def _detached(pid: int | None, status: int | None) -> str:
+    """The line ``attach`` says when it detaches: a process whose end came
+    with the replay (it had ended) does not run on, and its end is gone."""
+    if status is None:
+        return (
+            f"sdexec: detached from pid {pid if pid is not None else '?'}; it runs on"
+        )
+    return (
+        f"sdexec: detached from pid {pid}, which had ended (exit code"
+        f" {exit_code(status)}): its end went to this attach"
+    )
 
 
 class _Attached:

@@ -348,6 +348,34 @@ def test_a_stdout_closed_at_the_start_cannot_be_written(scripted, args):
     )
 
 
+def test_attach_that_detaches_after_the_end_came_does_not_say_it_runs_on(tmp_path):
+    # An ended process's replay, end and all, comes at once: a reader gone
+    # (or a ^C) while it was written said "it runs on", and the status,
+    # taken by this attach, was lost unsaid (review session 41 K-2).
+    def attached(request: dict) -> list[dict]:
+        io = encode_io("stdout", "0", b"unread\n")
+        return [
+            response(request, {"type": "attached", "pid": 42}),
+            response(request, {"type": "output", "pid": 42, "io": io}),
+            response(request, {"type": "finished", "pid": 42, "status": 7 << 8}),
+        ]
+
+    path = str(tmp_path / "attach.sock")
+    service = ScriptedService(path, attached)
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        done = sdexec(path, "attach", "42", stdout=writer)
+    finally:
+        os.close(writer)
+        service.close()
+    assert (done.returncode, done.stderr) == (
+        0,
+        b"sdexec: detached from pid 42, which had ended (exit code 7): its end"
+        b" went to this attach\n",
+    )
+
+
 def test_a_full_stdout_fails_attach_but_leaves_the_process(tmp_path):
     # The line said, then "detached" and exit 0: output lost, which the
     # exit status must say, as for `run` and `wait`. The process is left

@@ -41,6 +41,7 @@ from sdexec.passthrough import (
 from sdexec.plan import (
     LookedUp,
     RequestError,
+    service_named,
 )
 from sdexec.process import OutputValve, Process
 from sdexec.protocol import Topic
@@ -1062,10 +1063,12 @@ _EVERY_EXEC: _Name = ("exec", None)
 
 
 def _names(message: dict) -> set[_Name]:
-    """The matchtag and label by which ``message`` names an exec: a write
-    its process's matchtag, an exec its own matchtag and label (reusing
-    either is refused, as before), a kill, wait, attach or terminate its
-    label; malformed fields name nothing (their refusal comes as before)."""
+    """The matchtag, label and job by which ``message`` names an exec: a
+    write its process's matchtag, an exec its own matchtag, label and job
+    (reusing either of the first two is refused, as before), a kill, wait
+    or attach its label, a terminate its job; malformed fields name nothing
+    (their refusal comes as before). Only peeked at, to order requests:
+    :func:`sdexec.plan.plan_exec` reads the request."""
     topic = message.get("topic")
     payload = message.get("payload")
     if topic == Topic.EXEC:
@@ -1108,7 +1111,7 @@ def _jobs_named(message: dict) -> set[_Name]:
     if isinstance(jobid, str) and jobid:
         return {("job", jobid)}
     if isinstance(name, str) and name:
-        return {("job", name if name.endswith(".service") else f"{name}.service")}
+        return {("job", service_named(name))}
     return set()
 
 

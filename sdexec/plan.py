@@ -77,6 +77,7 @@ __all__ = [
     "checked_request",
     "manager_working_directory",
     "plan_exec",
+    "service_named",
     "unit_name_for",
 ]
 
@@ -387,13 +388,17 @@ def _command(cmd: object) -> Command:
     return command
 
 
+def service_named(name: str) -> str:
+    """The unit an ``SDEXEC_NAME`` names: ``.service`` added if missing."""
+    return name if name.endswith(".service") else f"{name}.service"
+
+
 def unit_name_for(command: Command) -> str:
     """``SDEXEC_NAME`` (``.service`` added), else ``sdexec-[JOBID-]UUID.service``
     with the job id from ``SDEXEC_JOBID`` or the environment's ``FLUX_JOB_ID``."""
     name = command.option("SDEXEC_NAME")
     if name:
-        unit = name if name.endswith(".service") else f"{name}.service"
-        return _checked_unit_name(unit, "SDEXEC_NAME")
+        return _checked_unit_name(service_named(name), "SDEXEC_NAME")
     jobid = command.option("SDEXEC_JOBID") or command.env.get("FLUX_JOB_ID")
     if jobid:
         jobid = _UNIT_NAME_UNSAFE.sub("_", jobid[:_JOBID_IN_NAME_MAX])

@@ -238,13 +238,21 @@ def test_no_service_there_sends_nothing_and_leaks_nothing(tmp_path, noinput):
 
 
 def test_what_the_command_line_must_say_is_left_to_it(tmp_path):
-    path = str(tmp_path / "none.sock")  # never reached: declined before
+    path = str(tmp_path / "s.sock")
     latin1 = os.fsdecode(b"caf\xe9")
-    assert send(["--socket", path, "run", "true"], {"OLDPWD": latin1}) is None
-    assert send(["--socket", path, "run", "cat", latin1], {}) is None
-    # (--jobid and --time-limit were sent unchecked: a traceback)
-    assert send(["--socket", path, "run", "--jobid", latin1, "true"], {}) is None
-    assert send(["--socket", path, "run", f"--time-limit={latin1}", "x"], {}) is None
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(path)
+        server.listen(8)
+        assert send(["--socket", path, "run", "true"], {"OLDPWD": latin1}) is None
+        assert send(["--socket", path, "run", "cat", latin1], {}) is None
+        # (--jobid and --time-limit were sent unchecked: a traceback)
+        assert send(["--socket", path, "run", "--jobid", latin1, "true"], {}) is None
+        assert (
+            send(["--socket", path, "run", f"--time-limit={latin1}", "x"], {}) is None
+        )
+        server.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            server.accept()  # declined before any connect
     assert send(["run", "true"], {}) is None  # no socket named, none by default
 
 

@@ -46,6 +46,7 @@ __all__ = [
     "enforced_cpus",
     "enforced_mems",
     "judge_fences",
+    "map_resources",
     "memory_cap_in_force",
     "request_resources",
 ]
@@ -70,7 +71,14 @@ _PASSING = frozenset(
 
 
 class MapperError(Exception):
-    """The mapper failed for one request; the message names the class."""
+    """The mapper failed for one request: the message names its class (or
+    R's option, when R gives it nothing it could fence). ``reason`` says
+    the same without that name, for ``python3 -m sdexec.map``, whose
+    command line named the mapper and gave R."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def request_resources(command: Command) -> ResourceSet | None:
@@ -182,36 +190,16 @@ class Containment:
         self, command: Command, resources: ResourceSet | None = None
     ) -> dict[str, str]:
         """The mapper's unit properties for this request (``{}`` unless it
-        :meth:`applies_to` it); ``resources``: its R already parsed (a
-        mapper's ``map()`` takes a ``ResourceSet`` as it takes R's JSON)."""
+        :meth:`applies_to` it), by :func:`map_resources`; ``resources``: its
+        R already parsed (a mapper's ``map()`` takes a ``ResourceSet`` as it
+        takes R's JSON)."""
         R = command.option(R_OPTION)
         if self.mapper is None or R is None or not self.applies_to(command):
             return {}
         given = resources if resources is not None else R
-        try:
-            mapped = self.mapper.map(
-                given, extra_properties=dict(self.extra_properties)
-            )
-        except UnfenceableRequest as error:
-            raise MapperError(f"{R_OPTION}: {error}") from error
-        except OSError as error:
-            # The machine's (ENODEV: a core or GPU it does not have): the
-            # errno goes with the answer, so "[Errno N]" would say it twice.
-            raise MapperError(
-                f"mapper {self.mapper_class} failed: {_os_reason(error)}"
-            ) from error
-        except Exception as error:  # a custom mapper may raise anything
-            raise MapperError(
-                f"mapper {self.mapper_class} failed: {type(error).__name__}: {error}"
-            ) from error
-        if not isinstance(mapped, Mapping):
-            raise MapperError(
-                f"mapper {self.mapper_class} returned"
-                f" {type(mapped).__name__}, not a dict of properties"
-            )
-        # Values reach systemd as strings; a custom mapper may give ints or
-        # booleans (str(True) is "True", which the property parser accepts).
-        return {str(name): str(value) for name, value in mapped.items()}
+        return map_resources(
+            self.mapper, given, self.extra_properties, self.mapper_class
+        )
 
     def stats(self, requests: int) -> dict[str, Any]:
         """The module statistics Flux's sdexec-mapper reports."""
@@ -222,6 +210,46 @@ class Containment:
             },
             "requests": requests,
         }
+
+
+def map_resources(
+    mapper: ResourceMapper,
+    R: ResourceSet | str,
+    extra_properties: Mapping[str, str],
+    mapper_class: str,
+) -> dict[str, str]:
+    """The unit properties ``mapper`` gives R (a ``ResourceSet``, as the
+    service reads it from a request, or its JSON), with the site's
+    ``extra_properties`` (``[exec.sdexec-properties]``, whose memory caps
+    :class:`~sdexec.map.HwlocMapper` scales), every value a string: what
+    the service gives a job, and ``python3 -m sdexec.map`` shows.
+
+    :class:`MapperError` naming ``mapper_class`` if the mapper raises, or
+    returns something other than a mapping; naming R's option if it raises
+    :class:`~sdexec.map.mapper.UnfenceableRequest` (R's fault, not its).
+    """
+    try:
+        # A copy: a mapper may change what it is given.
+        mapped = mapper.map(R, extra_properties=dict(extra_properties))
+    except UnfenceableRequest as error:
+        raise MapperError(f"{R_OPTION}: {error}", str(error)) from error
+    except OSError as error:
+        # The machine's (ENODEV: a core or GPU it does not have): the
+        # errno goes with the answer, so "[Errno N]" would say it twice.
+        raise _mapper_failed(mapper_class, _os_reason(error)) from error
+    except Exception as error:  # a custom mapper may raise anything
+        reason = f"{type(error).__name__}: {error}"
+        raise _mapper_failed(mapper_class, reason) from error
+    if not isinstance(mapped, Mapping):
+        reason = f"returned {type(mapped).__name__}, not a dict of properties"
+        raise MapperError(f"mapper {mapper_class} {reason}", reason)
+    # Values reach systemd as strings; a custom mapper may give ints or
+    # booleans (str(True) is "True", which the property parser accepts).
+    return {str(name): str(value) for name, value in mapped.items()}
+
+
+def _mapper_failed(mapper_class: str, reason: str) -> MapperError:
+    return MapperError(f"mapper {mapper_class} failed: {reason}", reason)
 
 
 def _reason(error: Exception) -> str:

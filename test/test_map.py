@@ -1393,6 +1393,119 @@ def test_cli_names_the_searchpath_as_its_flag(tmp_path, capsys):
     )
 
 
+# Mappers as a site writes them, which the command must judge as the
+# service does (review 41 A1: it gave them a dict, not a ResourceSet).
+SERVICE_MAPPERS = """\
+from sdexec.map import HwlocMapper, ResourceMapper
+
+
+class OwnMap(HwlocMapper):
+    # map() overridden, R taken as the ResourceSet the service gives it.
+    def map(self, R, extra_properties=None):
+        return {"AllowedCPUs": R.children(self.rank)["core"].encode(), "CPUWeight": 100}
+
+
+class NotDict(ResourceMapper):
+    def map(self, R, extra_properties=None):
+        return ["a"]
+"""
+
+
+@pytest.fixture
+def service_mappers(tmp_path) -> Path:
+    """A searchpath whose ``sitemappers`` module holds SERVICE_MAPPERS."""
+    (tmp_path / "sitemappers.py").write_text(SERVICE_MAPPERS)
+    return tmp_path
+
+
+def test_cli_gives_an_overriding_map_a_resource_set(service_mappers, capsys):
+    # It was "mapper failed: AttributeError: 'dict' object has no attribute
+    # 'children'", for a mapper that works in the service.
+    args = ["--mapper", "sitemappers.OwnMap", "--searchpath", str(service_mappers)]
+    assert main([*args, "--xml", str(DATA / "small.xml"), "--cores", "0-1"]) == 0
+    # Values as systemd gets them: strings.
+    assert json.loads(capsys.readouterr().out) == {
+        "AllowedCPUs": "0-1",
+        "CPUWeight": "100",
+    }
+
+
+def test_cli_refuses_what_the_service_refuses(service_mappers, capsys):
+    # It printed ["a"] and exited 0; the service refuses every job with it.
+    args = ["--mapper", "sitemappers.NotDict", "--searchpath", str(service_mappers)]
+    assert main([*args, "--cores", "0"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == "mapper failed: returned list, not a dict of properties\n"
+    assert captured.out == ""
+
+
+def write_config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "sdexec.toml"
+    path.write_text(text)
+    return path
+
+
+CONTAINMENT_ON = "[exec]\nsdexec-constrain-resources = true\n"
+
+
+def test_cli_config_scales_the_site_s_memory_cap(tmp_path, capsys):
+    # Without the site's properties, the cap a job gets never showed.
+    config = write_config(
+        tmp_path, CONTAINMENT_ON + '[exec.sdexec-properties]\nMemoryMax = "90%"\n'
+    )
+    args = ["--config", str(config), "--xml", str(DATA / "large.xml")]
+    assert main([*args, "--cores", "0-3"]) == 0
+    captured = capsys.readouterr()
+    # 8 of the 128 PUs: 90% / 16.
+    assert json.loads(captured.out)["MemoryMax"] == "6%"
+    assert captured.err == ""
+
+
+def test_cli_takes_the_file_s_mapper_settings_and_the_flags_win(
+    tmp_path, service_mappers, capsys
+):
+    config = write_config(
+        tmp_path,
+        CONTAINMENT_ON + '[sdexec]\nmapper = "sitemappers.NotDict"\n'
+        f'mapper-searchpath = "{service_mappers}"\nrank = 3\n'
+        f'topology = "{DATA / "large.xml"}"\n',
+    )
+    assert main(["--config", str(config), "--cores", "0"]) == 1
+    assert capsys.readouterr().err.endswith("returned list, not a dict of properties\n")
+    # The file's searchpath, rank and topology; the flag's class.
+    args = ["--config", str(config), "--mapper", "sitemappers.OwnMap"]
+    assert main([*args, "--cores", "0-1"]) == 0
+    assert json.loads(capsys.readouterr().out)["AllowedCPUs"] == "0-1"
+    assert (
+        main(["--config", str(config), "--mapper", DEFAULT_MAPPER, "--cores", "0"]) == 0
+    )
+    assert json.loads(capsys.readouterr().out)["AllowedCPUs"] == "0,64"
+    args = ["--config", str(config), "--rank", "0", "--xml", str(DATA / "small.xml")]
+    assert main([*args, "--mapper", DEFAULT_MAPPER, "--cores", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["AllowedCPUs"] == "0,2"
+
+
+def test_cli_a_config_that_does_not_parse_is_told_as_the_checker_tells_it(
+    tmp_path, capsys
+):
+    config = write_config(tmp_path, "[exec\n")
+    assert main(["--config", str(config), "--cores", "0"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"{config}: TOML syntax error: ")
+    assert captured.err.count("\n") == 1
+    assert captured.out == ""
+
+
+def test_cli_warns_that_a_config_leaves_containment_off(tmp_path, capsys):
+    config = write_config(tmp_path, "[sdexec]\nrank = 0\n")
+    args = ["--config", str(config), "--xml", str(DATA / "small.xml"), "--cores", "0"]
+    assert main(args) == 0
+    assert capsys.readouterr().err == (
+        f"warning: {config}: exec.sdexec-constrain-resources is false: the"
+        " service maps no job's R\n"
+    )
+
+
 @pytest.mark.parametrize("rank", ["one", "-1"])
 def test_cli_usage_error_exits_2(rank):
     run = run_cli("--rank", rank)

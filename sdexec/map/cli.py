@@ -6,24 +6,29 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from sdexec.cliparser import CommandParser, write_stdout_or_exit
+from sdexec.config import Config, default_config, load_config_quietly
 from sdexec.idset import IDset
 from sdexec.map.loader import DEFAULT_MAPPER, create_mapper
 from sdexec.map.mapper import ResourceMapper
 from sdexec.map.topology import TopologyXMLError
+from sdexec.rset import ResourceSet
 from sdexec.version import add_version_option
 
 __all__ = ["main"]
 
 
 def main(args: Sequence[str] | None = None) -> int:
-    """Print, as JSON, the properties a mapper gives the ids on the command line.
+    """Print, as JSON, the properties a mapper gives the ids on the command
+    line, as the service's containment would give them to a job.
 
     Exit status 0, or 1 with ``mapper failed: ...`` on stderr when loading,
-    building or running the mapper fails (2 for a usage error: an idset
-    ``--cores`` or ``--gpus`` cannot be, or neither of them given).
+    building or running the mapper fails, or with the file's error when
+    ``--config`` cannot be used (2 for a usage error: an idset ``--cores``
+    or ``--gpus`` cannot be, or neither of them given).
     """
     parser = _parser()
     options = parser.parse_args(args)
@@ -31,15 +36,74 @@ def main(args: Sequence[str] | None = None) -> int:
         # R would give the rank nothing to fence, which the mapper refuses.
         parser.error("give --cores, --gpus or both")
     try:
-        mapper = _mapper(options)
-        properties = mapper.map(_R(options))
-        output = json.dumps(properties, indent=2)
+        config = _config(options.config)
+    except ValueError as error:  # ConfigError, told as sdexec.config tells it
+        print(error, file=sys.stderr)
+        return 1
+    for warning in config.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    try:
+        properties = _properties(options, config)
     except Exception as error:
         # A site's mapper can raise anything: say what, never a traceback.
         print(f"mapper failed: {_describe(error)}", file=sys.stderr)
         return 1
-    write_stdout_or_exit(parser.prog, output + "\n")
+    write_stdout_or_exit(parser.prog, json.dumps(properties, indent=2) + "\n")
     return 0
+
+
+def _config(path: str | None) -> Config:
+    """The configuration ``--config`` names, else the defaults; a warning
+    if it leaves containment off, when the service maps nothing."""
+    if path is None:
+        return default_config()
+    config = load_config_quietly(path)
+    if config.exec.sdexec_constrain_resources:
+        return config
+    off = (
+        f"{config.source}: exec.sdexec-constrain-resources is false:"
+        " the service maps no job's R"
+    )
+    return replace(config, warnings=(*config.warnings, off))
+
+
+def _properties(options: argparse.Namespace, config: Config) -> dict[str, str]:
+    """What the service's containment gives R: the same mapping call, with
+    the site's ``[exec.sdexec-properties]`` (so its memory caps are scaled
+    as a job's are), the same refusals and string values."""
+    # Imported here: sdexec.containment builds on sdexec.map, this package.
+    from sdexec.containment import MapperError, map_resources
+
+    given = _given(options, config)
+    mapper = _mapper(given)
+    R = ResourceSet(_R(given))
+    try:
+        return map_resources(mapper, R, config.exec.sdexec_properties, given.mapper)
+    except MapperError as error:
+        # Its words without the class: the command line named it.
+        raise ValueError(error.reason) from error
+
+
+def _given(options: argparse.Namespace, config: Config) -> argparse.Namespace:
+    """``options``, with the mapper, searchpath, rank and topology the flags
+    leave out taken from ``config`` (the service's defaults without one):
+    a flag wins over the file."""
+    sdexec = config.sdexec
+    from_file = {
+        "mapper": sdexec.mapper,
+        "searchpath": sdexec.mapper_searchpath,
+        "rank": sdexec.rank,
+        "xml": sdexec.topology,
+    }
+    flags = vars(options)
+    # Named in errors as the user wrote it: the flag, or the file's key.
+    from_flag = flags["searchpath"] is not None
+    searchpath_name = "--searchpath" if from_flag else "mapper-searchpath"
+    chosen = {
+        name: from_file[name] if flags[name] is None else flags[name]
+        for name in from_file
+    }
+    return argparse.Namespace(**flags | chosen, searchpath_name=searchpath_name)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,24 +120,36 @@ def _parser() -> argparse.ArgumentParser:
         "--gpus", metavar="IDSET", type=_idset, help="logical GPU ids, e.g. 0-1"
     )
     parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a .toml, .yaml or .yml configuration file, read as the service"
+        " reads it: its [sdexec] mapper, mapper-searchpath, rank and topology,"
+        " and its [exec.sdexec-properties] (memory caps scaled as a job's),"
+        " are used; --xml, --mapper, --searchpath and --rank win over the file",
+    )
+    parser.add_argument(
         "--xml",
         metavar="FILE",
-        help="hwloc topology XML (default: this machine's, from lstopo-no-graphics)",
+        help="hwloc topology XML (default: the file's topology, else this"
+        " machine's, from lstopo-no-graphics)",
     )
     parser.add_argument(
         "--mapper",
         metavar="CLASS",
-        default=DEFAULT_MAPPER,
-        help=f"fully-qualified mapper class (default: {DEFAULT_MAPPER})",
+        help="fully-qualified mapper class (default: the file's, else"
+        f" {DEFAULT_MAPPER})",
     )
     parser.add_argument(
         "--searchpath",
         metavar="DIRS",
-        default="",
-        help="colon-separated directories searched first for the mapper's module",
+        help="colon-separated directories searched first for the mapper's module"
+        " (default: the file's mapper-searchpath)",
     )
     parser.add_argument(
-        "--rank", metavar="N", type=_rank, default=0, help="broker rank (default: 0)"
+        "--rank",
+        metavar="N",
+        type=_rank,
+        help="broker rank (default: the file's, else 0)",
     )
     return parser
 
@@ -97,22 +173,22 @@ def _rank(text: str) -> int:
     return int(text)
 
 
-def _mapper(options: argparse.Namespace) -> ResourceMapper:
-    """The mapper asked for, with ``--xml``'s topology: a file that is not
-    hwloc's named as one that cannot be read is."""
-    xml = _read_xml(options.xml) if options.xml else None
+def _mapper(given: argparse.Namespace) -> ResourceMapper:
+    """The mapper asked for, with the topology file given: a file that is
+    not hwloc's named as one that cannot be read is."""
+    xml = _read_xml(given.xml) if given.xml else None
     try:
         return create_mapper(
-            options.mapper,
-            options.searchpath,
-            options.rank,
+            given.mapper,
+            given.searchpath,
+            given.rank,
             xml,
-            searchpath_name="--searchpath",
+            searchpath_name=given.searchpath_name,
         )
     except TopologyXMLError as error:
-        if options.xml is None:
+        if given.xml is None:
             raise
-        raise ValueError(f"{options.xml}: {error.strerror}") from None
+        raise ValueError(f"{given.xml}: {error.strerror}") from None
 
 
 def _read_xml(path: str) -> str:

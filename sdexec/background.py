@@ -301,14 +301,51 @@ class Tracked:
     def drop_client(self, connection_id: int) -> None:
         """The connection has gone: forget its requests. An attached process
         goes back to the background; a waiter's status stays for the next."""
-        if self._waiter is not None and self._waiter.connection_id == connection_id:
-            self._waiter = None
+        self._drop_waiter(connection_id)
+        self._detach(connection_id)
         client = self._client
-        if client is None or client.connection_id != connection_id:
-            return
+        if client is not None and client.connection_id == connection_id:
+            self._client = None  # its exec's stream: nobody to answer now
+
+    def end_wait_and_attach(self, connection_id: int, errnum: int, reason: str) -> int:
+        """End the connection's wait on and attach to the process with
+        ``errnum``, saying ``reason``, as if it had closed
+        (:meth:`drop_client`), but for the stream of its exec, if it started
+        the process: that runs on. How many requests were ended."""
+        waiter = self._drop_waiter(connection_id)
+        if waiter is not None:
+            waiter.responder.error(
+                errnum,
+                f"{reason}: this wait is ended, and {self._name}'s end is kept"
+                " for the next wait",
+            )
+        attached = self._detach(connection_id)
+        if attached is not None:
+            attached.responder.error(
+                errnum,
+                f"{reason}: this attach is ended, and {self._name} runs on in"
+                " the background",
+            )
+        return (waiter is not None) + (attached is not None)
+
+    def _drop_waiter(self, connection_id: int) -> _Client | None:
+        """Forget the connection's wait (returned, if it had one): the
+        status stays for the next."""
+        waiter = self._waiter
+        if waiter is None or waiter.connection_id != connection_id:
+            return None
+        self._waiter = None
+        return waiter
+
+    def _detach(self, connection_id: int) -> _Client | None:
+        """Forget the connection's attach (returned, if it is attached): the
+        process goes back to the background."""
+        client = self._client
+        if not self.attached or client is None or client.connection_id != connection_id:
+            return None
         self._client = None
-        if self.attached:
-            self._to_background()
+        self._to_background()
+        return client
 
     def _to_background(self) -> None:
         """Attached no more: the output is retained from now on, whatever
@@ -649,9 +686,30 @@ class TrackedProcesses:
         yet written."""
         self.connection_resumed(connection_id)
         self._resumes.pop(connection_id, None)
-        for tracked in [*self._tracked.values(), *self._ended.values()]:
-            if tracked.connected_to(connection_id):
-                tracked.drop_client(connection_id)
+        for tracked in self._connected_to(connection_id):
+            tracked.drop_client(connection_id)
+
+    def end_waits_and_attaches(
+        self, connection_id: int, errnum: int, reason: str
+    ) -> int:
+        """End the connection's waits and attaches with ``errnum``, saying
+        ``reason`` (its user may use the service no more): each waiter's
+        status stays for the next wait, and each attached process goes back
+        to the background. What it started runs on, its exec streams too.
+        How many requests were ended."""
+        return sum(
+            tracked.end_wait_and_attach(connection_id, errnum, reason)
+            for tracked in self._connected_to(connection_id)
+        )
+
+    def _connected_to(self, connection_id: int) -> list[Tracked]:
+        """The processes, running or ended, that a request of the connection
+        waits on."""
+        return [
+            tracked
+            for tracked in [*self._tracked.values(), *self._ended.values()]
+            if tracked.connected_to(connection_id)
+        ]
 
     # -- wait and attach -----------------------------------------------------------
 

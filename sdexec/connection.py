@@ -46,7 +46,7 @@ from sdexec.plan import (
 from sdexec.process import OutputValve, Process
 from sdexec.protocol import Topic
 from sdexec.refusal import RequestRefused, json_quoted, printable
-from sdexec.server import AwaitingStart, SdexecServer
+from sdexec.server import AwaitingStart, SdexecServer, revoked
 from sdexec.systemd import errno_for
 from sdexec.systemd.errors import failure_value
 
@@ -180,6 +180,7 @@ class ClientProtocol(StdioReceivingProtocol):
         refusal = self.server.connections.admit(uid, limits.max_connections, per_user)
         if refusal is None:
             self._admitted_uid = uid
+            self.server.connection_uids[self.connection_id] = uid
             return
         self.server.log_rate.warn(
             f"connection cap {uid}",  # each user's own share of lines
@@ -200,6 +201,7 @@ class ClientProtocol(StdioReceivingProtocol):
         super().connectionLost(reason)
         if self._admitted_uid is not None:
             self.server.connections.release(self._admitted_uid)
+            del self.server.connection_uids[self.connection_id]
             self._admitted_uid = None
         for process in self.server.connection_processes(self.connection_id):
             process.client_gone()
@@ -425,16 +427,16 @@ class ClientProtocol(StdioReceivingProtocol):
     def _refuse_if_revoked(self) -> None:
         """EPERM for a request of a user whom a reload took out of
         ``[sdexec] allow-users`` after this connection was admitted (a
-        revocation must not wait for the client to reconnect): what it
-        started runs on, and the owner may kill it."""
+        revocation must not wait for the client to reconnect; the reload
+        ended its waits and attaches): what it started runs on, and the
+        owner may kill it."""
         uid = self._admitted_uid
         if uid == self.server.owner_uid:
             return  # the owner's, always served: no set built per request
         if uid is not None and uid not in self.server.allowed_uids:
             raise RequestError(
                 errno.EPERM,
-                f"uid {uid} is no longer in [sdexec] allow-users (a reload took"
-                " it out): this connection may make no more requests",
+                f"{revoked(uid)}: this connection may make no more requests",
             )
 
     def _exec(self, matchtag: int, payload: dict, streaming: bool = True) -> None:

@@ -74,7 +74,7 @@ from sdexec.systemd.errors import (
 if TYPE_CHECKING:
     from sdexec.metrics import Metrics
 
-__all__ = ["AwaitingStart", "RequestError", "SdexecServer"]
+__all__ = ["AwaitingStart", "RequestError", "SdexecServer", "revoked"]
 
 log = Logger()
 
@@ -179,6 +179,9 @@ class SdexecServer:
         self.jobs = Jobs(self.drain, self.count)
         #: Open connections per peer uid, against the configured caps.
         self.connections = ConnectionCount()
+        #: The peer uid of each connection admitted and open, by connection
+        #: id: a reload that revokes its user ends its waits and attaches.
+        self.connection_uids: dict[int, int] = {}
         #: Lost units' kills whose SIGKILL is still to come (sdexec/orphans.py).
         self.lost_unit_kills: set[LostUnitKill] = set()
         #: Warnings a client can cause in a loop, at a bounded rate.
@@ -205,30 +208,43 @@ class SdexecServer:
 
     def reconfigure(self, config: Config, containment: Containment) -> None:
         """Use a new configuration from the next request on (running
-        processes keep the plan they were started with); leftovers follow
-        a changed ``leftover-units`` (:meth:`Leftovers.reconfigured`)."""
+        processes keep the plan they were started with; a user it takes
+        out of ``allow-users`` has its waits and attaches ended now);
+        leftovers follow a changed ``leftover-units``
+        (:meth:`Leftovers.reconfigured`)."""
         self.config = config
         self.containment = containment
-        self._tell_revoked_users()
+        self._revoke_users()
         self.lift(SelfLifting.SITE_PROPERTY)  # the next start judges the new one
         self.systemd.debug = config.systemd.sdbus_debug
         self.systemd.max_inflight = config.systemd.max_inflight
         if self.leftovers is not None:  # leftover-units may have changed
             self.leftovers.reconfigured()
 
-    def _tell_revoked_users(self) -> None:
-        """Log the users with connections open that the configuration no
-        longer allows: their requests are refused from now on
-        (sdexec/connection.py), and an admin revoking one should know that
-        what they started runs on."""
+    def _revoke_users(self) -> None:
+        """End the waits and attaches that the connections of users the
+        configuration no longer allows hold (EPERM), and log those users:
+        their requests are refused from now on (sdexec/connection.py), and
+        an admin revoking one should know that what they started runs on.
+        A wait or an attach left open would go on taking the output, and
+        the end, of processes that are not theirs (review session 41 K-1)."""
+        allowed = self.allowed_uids
+        ended: Counter[int] = Counter()
+        for connection_id, uid in list(self.connection_uids.items()):
+            if uid not in allowed:
+                ended[uid] += self.tracked.end_waits_and_attaches(
+                    connection_id, errno.EPERM, revoked(uid)
+                )
         for uid, count in self.connections.open_by_uid().items():
-            if uid not in self.allowed_uids:
+            if uid not in allowed:
                 log.warn(
                     "uid {uid} is no longer in [sdexec] allow-users: each request"
-                    " on its {count} open connection(s) is refused from now on;"
+                    " on its {count} open connection(s) is refused from now on,"
+                    " and the {ended} wait(s) and attach(es) they held are ended;"
                     " what they started runs on until it ends or is killed",
                     uid=uid,
                     count=count,
+                    ended=ended[uid],
                 )
 
     # -- exec --------------------------------------------------------------
@@ -1025,6 +1041,12 @@ class SdexecServer:
             reply["still"] = self.drain_reason
             reply["remaining"] = [cause["reason"] for cause in self.drains.causes]
         return reply
+
+
+def revoked(uid: int) -> str:
+    """Why a request (or a wait, an attach) of ``uid`` is refused (or
+    ended) once a reload has taken it out of ``allow-users``."""
+    return f"uid {uid} is no longer in [sdexec] allow-users (a reload took it out)"
 
 
 def _unindexed(_process: Process) -> None:

@@ -19,8 +19,11 @@ from strategies import malformed_target_payloads
 from test_server import FLAGS, TRUE, UNIT
 from twisted.internet import reactor
 from twisted.internet.task import Clock, deferLater
+from twisted.logger import capturedLogs, formatEvent
 
+import sdexec.connection
 from sdexec.config import parse_config
+from sdexec.containment import Containment
 from sdexec.ioencode import decode_io
 from sdexec.protocol import ExecFlag
 from sdexec.server import SdexecServer
@@ -1227,3 +1230,115 @@ async def test_a_job_ended_unkillable_is_answered_so_after_its_reap_too(
     assert not any(isinstance(p, dict) and p.get("type") == "finished" for p in answers)
     assert not any(isinstance(p, dict) and "status" in p for p in answers)
     viewer.close()
+
+
+# -- a reload taking the user out of allow-users -----------------------------------
+
+#: A user of ``allow-users`` (not the service's owner, this test's uid).
+USER = os.getuid() + 1
+
+
+def allowing_user(systemd) -> SdexecServer:
+    return make_server(systemd, **{"allow-users": [USER]})
+
+
+def user_client(server: SdexecServer, monkeypatch) -> Client:
+    """A connection from :data:`USER`."""
+    with monkeypatch.context() as patch:
+        patch.setattr(sdexec.connection, "peer_uid", lambda sock: USER)
+        return Client(server)
+
+
+def revoke_user(server: SdexecServer) -> list[str]:
+    """A reload takes :data:`USER` out of ``allow-users``: what it logged."""
+    config = parse_config({})
+    with capturedLogs() as events:
+        server.reconfigure(config, Containment(config, None))
+    return [formatEvent(event) for event in events]
+
+
+def ended_by_revocation(request: str) -> tuple[int, str]:
+    return (
+        errno.EPERM,
+        f"uid {USER} is no longer in [sdexec] allow-users (a reload took it"
+        f" out): this {request}",
+    )
+
+
+@ensureDeferred
+async def test_a_revoked_user_s_wait_ends_and_the_owner_s_wait_has_the_status(
+    systemd, monkeypatch
+):
+    # Left pending, it kept the one waiter slot (the owner's wait was EINVAL)
+    # and, answered, took the owner's status and output for good (review
+    # session 41 K-1).
+    server = allowing_user(systemd)
+    owner, user = Client(server), user_client(server, monkeypatch)
+    owner.bg(flags=WAITABLE, label="w")
+    systemd.run(UNIT, pid=7)
+    user.send("sdexec.wait", {"label": "w"}, matchtag=2)
+    logged = revoke_user(server)
+    assert payloads(user.of(2)) == [
+        ended_by_revocation("wait is ended, and pid 7's end is kept for the next wait")
+    ]
+    said = (
+        f"uid {USER} is no longer in [sdexec] allow-users: each request on its"
+        " 1 open connection(s) is refused from now on, and the 1 wait(s) and"
+        " attach(es) they held are ended; what they started runs on"
+    )
+    assert [line for line in logged if line.startswith(said)], logged
+    owner.send("sdexec.wait", {"label": "w"}, matchtag=2)
+    assert owner.of(2) == []  # pending: the slot is free
+    produce(systemd, "stdout", b"the owner's\n")
+    await until(lambda: tracked_of(server).retained.held == 12, "retained")
+    await finish(systemd, server, status=5)
+    (answer,) = payloads(owner.of(2))
+    assert answer["status"] == 5 << 8
+    assert [decode_io(io)[:2] for io in answer["output"]] == [
+        ("stdout", b"the owner's\n")
+    ]
+    assert len(user.responses()) == 1  # nothing more went to the user
+    user.close()
+    owner.close()
+
+
+@ensureDeferred
+async def test_a_revoked_user_s_attach_ends_and_the_process_runs_on_in_background(
+    systemd, monkeypatch
+):
+    server = allowing_user(systemd)
+    owner, user = Client(server), user_client(server, monkeypatch)
+    owner.bg(label="a")
+    systemd.run(UNIT, pid=8)
+    # The user's own exec, streaming (and waitable: tracked, as a waitable
+    # process is, whatever its stream): it runs on, its stream open.
+    mine = {**STREAMED, "label": "mine"}
+    user.send("sdexec.exec", {"flags": FLAGS | WAITABLE, "cmd": mine})
+    systemd.run("sdexec-s.service", pid=9)
+    user.send("sdexec.attach", {"label": "a", "flags": 1}, matchtag=2)
+    produce(systemd, "stdout", b"one\n")
+    await until(lambda: output_of(user.of(2)), "live output")
+    logged = revoke_user(server)
+    assert payloads(user.of(2))[-1] == ended_by_revocation(
+        "attach is ended, and pid 8 runs on in the background"
+    )
+    assert "\n".join(logged).count("the 1 wait(s) and attach(es)") == 1
+    assert output_of(user.of(2)) == [("stdout", b"one\n", False)]
+    owner.send("sdexec.list", {"detail": True}, matchtag=2)
+    modes = {p["pid"]: p["mode"] for p in owner.last()["payload"]["procs"]}
+    assert modes == {8: "background", 9: "streaming"}
+    produce(systemd, "stdout", b"two\n")
+    owner.send("sdexec.attach", {"label": "a", "flags": 1}, matchtag=3)
+    await until(
+        lambda: (
+            b"".join(data for _, data, _ in output_of(owner.of(3))) == b"one\ntwo\n"
+        ),
+        "the owner's attach",
+    )
+    assert ("stop", UNIT) not in systemd.calls
+    assert output_of(user.of(2)) == [("stdout", b"one\n", False)]
+    produce(systemd, "stdout", b"mine\n", unit="sdexec-s.service")
+    await until(lambda: output_of(user.of(1)), "the user's own exec's output")
+    assert output_of(user.of(1)) == [("stdout", b"mine\n", False)]
+    user.close()
+    owner.close()

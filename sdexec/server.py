@@ -697,7 +697,9 @@ class SdexecServer:
             self.leftovers.close()
         for process in list(self.processes.values()):
             # Said to its client, rather than a connection that just closes.
-            process.cancel("the service is stopping: the process's unit is stopped")
+            process.cancel(
+                "the service is stopping: the process's unit is being stopped"
+            )
         if not self.processes:
             return defer.succeed(None)
         waiter: defer.Deferred = defer.Deferred()
@@ -781,7 +783,8 @@ class SdexecServer:
             return
         log.error(
             "units still not reaped, and no unit reaped nor call answered for"
-            " {grace}s: {names}",
+            " {grace}s: {names}: left running, for the service's next start"
+            " to find as leftovers ([sdexec] leftover-units)",
             grace=grace,
             names=names,
         )

@@ -965,7 +965,7 @@ def test_shutdown_tells_each_stream_its_process_is_stopped(systemd, server):
     server.shutdown(grace=10)
     assert error_of(connection.last()) == (
         errno.ECANCELED,
-        "the service is stopping: the process's unit is stopped",
+        "the service is stopping: the process's unit is being stopped",
     )
     assert ("stop", UNIT) in systemd.calls
     connection.close()
@@ -1014,7 +1014,7 @@ def test_shutdown_tells_a_pending_wait_its_process_is_stopped(systemd, server):
             "topic": "sdexec.wait",
             "matchtag": 5,
             "errnum": errno.ECANCELED,
-            "errstr": "the service is stopping: the process's unit is stopped",
+            "errstr": "the service is stopping: the process's unit is being stopped",
         }
     ]
     starter.close()
@@ -1123,9 +1123,17 @@ def test_shutdown_with_systemd_away_sends_nothing_more(systemd, server, connecti
     systemd.run(UNIT)
     systemd.lose()
     done = server.shutdown(10)
-    server.clock.advance(10)  # no progress, nothing can be sent: given up
+    with capturedLogs() as events:
+        server.clock.advance(10)  # no progress, nothing can be sent: given up
     assert done.called
     assert systemd.kills() == []
+    # It said which units it leaves running, and what becomes of them
+    # (review session 41 O2).
+    (said,) = [formatEvent(e) for e in events if "not reaped" in formatEvent(e)]
+    assert said.endswith(
+        f"{UNIT}: left running, for the service's next start to find as"
+        " leftovers ([sdexec] leftover-units)"
+    )
 
 
 def test_shutdown_waits_on_while_systemd_answers_calls(systemd, server, connection):

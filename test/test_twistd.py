@@ -208,7 +208,7 @@ def test_a_client_running_a_command_is_told_when_the_service_stops(twistd, way):
     assert client.wait(timeout=60) == 1
     assert client.stderr is not None
     assert client.stderr.read() == (
-        b"sdexec: the service is stopping: the process's unit is stopped\n"
+        b"sdexec: the service is stopping: the process's unit is being stopped\n"
     )
     assert unit_names() == []
 

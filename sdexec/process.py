@@ -1190,8 +1190,11 @@ class Process:
         if outcome is CallFailure.MOOT:
             return  # it ended and was unloaded first: the watch sees it go
         if outcome is CallFailure.AGAIN_ON_RECONNECT:
-            self._called.discard(call)  # made again after the reconnection
-        elif outcome is CallFailure.RETRY_LATER:
+            # Made again after the reconnection: no failure to say (the
+            # outage is said once, not once for each call of each unit).
+            self._called.discard(call)
+            return
+        if outcome is CallFailure.RETRY_LATER:
             self._retry_later(call)
         self._log_failure(failure, call.value)
 

@@ -17,7 +17,12 @@ from twisted.internet.interfaces import IDelayedCall
 from sdexec.drain import SelfLifting
 from sdexec.server import SdexecServer
 
-__all__ = ["SystemdOutage"]
+__all__ = ["MANAGER_LEFT", "SystemdOutage"]
+
+#: The reason the systemd client (sdexec/systemd/bus.py ``_owner_changed``)
+#: gives when the manager left the bus while the bus stayed: re-executed,
+#: restarted or killed, not the bus closing.
+MANAGER_LEFT = "the systemd manager left the bus"
 
 
 class SystemdOutage:
@@ -33,6 +38,10 @@ class SystemdOutage:
         service stops: it waits for its units meanwhile, and would drain a
         stopped server)."""
         self._server.jobs.systemd_lost()
+        if reason == MANAGER_LEFT:
+            # A start it accepted and had not run may be dropped with it.
+            for process in list(self._server.processes.values()):
+                process.manager_left()
         if self._timer is not None or self._stopped:
             return
         timeout = self._server.config.systemd.reconnect_timeout

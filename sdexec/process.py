@@ -207,6 +207,12 @@ class UnitCall(enum.Enum):
 
 #: How a unit the manager lost is reported.
 _LOST = "is gone (lost while systemd was away)"
+#: How a start is reported that systemd accepted and then dropped unrun
+#: across its manager's departure (:meth:`Process.manager_left`).
+_START_DROPPED = (
+    "was never started: systemd re-executed or restarted before running its"
+    " start job, and dropped it; nothing ran, retry"
+)
 
 # The errnos a request ends with when its unit did not run its course. None
 # is EIO: Flux's job-exec reads EIO from sdexec as a failed containment check
@@ -223,6 +229,10 @@ UNIT_GONE_ERRNO = errno.ESRCH
 #: A process that started and whose unit ended without an exit status: as
 #: wait(2) says when there is no status to collect.
 NO_EXIT_STATUS_ERRNO = errno.ECHILD
+#: A start systemd accepted and dropped unrun when its manager re-executed
+#: or restarted: nothing ran, so a retry is safe, as for a start an outage
+#: caught in flight (docs/protocol.md: EAGAIN, retry later).
+START_DROPPED_ERRNO = errno.EAGAIN
 
 #: Calls with nothing left to do once the unit is unloaded: their failure
 #: then is no news (a client gone in a burst logged one per unit).
@@ -336,6 +346,9 @@ class Process:
         self._cgroup: str | None = None
         self._start_manager_cgroup: str | None = None
         self._orphans_ended = False
+        #: Its manager left the bus since the start was accepted (re-executed,
+        #: restarted or killed): a start it had not run may be dropped.
+        self._manager_left = False
         #: Output streams that reached EOF while the receipt was being read.
         self._eofs_after_finished: list[str] = []
         self._start_deadline = _StartDeadline(
@@ -604,6 +617,16 @@ class Process:
         # never ran ends now.
         self._maybe_end()
 
+    def manager_left(self) -> None:
+        """systemd's manager left the bus (``daemon-reexec``, a restart, a
+        kill): a start it accepted and had not run may be dropped with it.
+        With the bus up, every signal the manager sent before it left was
+        seen, and a unit that ran stays loaded (``RemainAfterExit``) until
+        sdexec stops it: a start never seen run whose unit is then unloaded
+        ran nothing (:meth:`_unit_changed`)."""
+        if UnitCall.START in self._called and Sent.STARTED not in self._sent:
+            self._manager_left = True
+
     def resync(self) -> None:
         """systemd is back after a loss: read the unit's state afresh (the
         signals in between were lost) and redo the calls the loss failed.
@@ -734,18 +757,22 @@ class Process:
             # its outcome is known: what ignored the stop runs on.
             self._end_what_it_left(properties)
         if gone is not None and not self._outcome_known:
-            if (
-                gone == _LOST
-                and self._unstarted_seen is not None
-                and Sent.STARTED not in self._sent
-            ):
-                # Unloaded once its start job ended without a start
-                # (systemd's GC runs before its signals go out): the state
-                # that asked for a read is its last word, not a unit lost
-                # while systemd was away.
-                self._fail_unstarted(self._unstarted_seen)
-                self._maybe_end()
-                return
+            if gone == _LOST and Sent.STARTED not in self._sent:
+                if self._unstarted_seen is not None:
+                    # Unloaded once its start job ended without a start
+                    # (systemd's GC runs before its signals go out): the
+                    # state that asked for a read is its last word, not a
+                    # unit lost while systemd was away.
+                    self._fail_unstarted(self._unstarted_seen)
+                    self._maybe_end()
+                    return
+                if self._manager_left:
+                    # A start job kept over a daemon-reexec met the unit's
+                    # transient file, which does not parse back (it reloads
+                    # bad-setting), failed, and the unit was unloaded; a
+                    # manager restarted cleanly cancelled it: never run.
+                    self._vanished(_START_DROPPED, START_DROPPED_ERRNO)
+                    return
             self._vanished(gone)
             return
         status = self.status = UnitStatus.from_properties(
@@ -927,6 +954,12 @@ class Process:
         self._called.discard(UnitCall.CONFIRM_UNSTARTED)
 
     def _fail_unstarted(self, state: dict[str, Any]) -> None:
+        if self._manager_left and state.get("LoadState") == "bad-setting":
+            # Its start job, kept over a daemon-reexec, met the unit as
+            # reloaded from its transient file (which does not parse back).
+            message = f"unit {self.unit_name} {_START_DROPPED}"
+            self._fail(START_DROPPED_ERRNO, message)
+            return
         # Never started, as for systemd's own exit codes (unit.py).
         self._fail(NOT_STARTED_ERRNO, f"unit {self.unit_name}: {why_unstarted(state)}")
 
@@ -1114,16 +1147,17 @@ class Process:
         signum = self.stop_timer.signum
         self._context.end_lost_unit(self.unit_name, cgroup, signum, self)
 
-    def _vanished(self, what: str) -> None:
+    def _vanished(self, what: str, errnum: int = UNIT_GONE_ERRNO) -> None:
         """The unit is no longer the one started (its manager restarted, it
         was unloaded while the connection was down, or started again by
-        hand): nothing more will come of ours."""
+        hand): nothing more will come of ours. ``errnum``: what the request
+        ends with (:data:`START_DROPPED_ERRNO` for a start never run)."""
         message = f"unit {self.unit_name} {what}"
         log.warn("{message}", message=message)
         # No EOF will come (systemd's ends may never close): what the process
         # wrote and the service has not read yet goes out before the error.
         self.output.read_queued()
-        self._fail(UNIT_GONE_ERRNO, message)
+        self._fail(errnum, message)
         self._reap()
 
     def _fail(self, errnum: int, errstr: str) -> None:

@@ -24,7 +24,7 @@ import sdexec.process
 import sdexec.server
 from sdexec.config import parse_config
 from sdexec.ioencode import decode_io
-from sdexec.outage import SystemdOutage
+from sdexec.outage import MANAGER_LEFT, SystemdOutage
 from sdexec.server import SdexecServer
 from sdexec.systemd import SystemdError
 from sdexec.systemd.errors import NO_SUCH_UNIT
@@ -284,6 +284,84 @@ def test_a_start_still_queued_after_an_outage_is_waited_for(
     assert orphan_kills == []
     systemd.run(UNIT)
     assert connection.responses()[-1]["payload"]["type"] == "started"
+
+
+NOT_FOUND = {**INACTIVE, "LoadState": "not-found", "ExecMainCode": 0}
+#: A start job kept over a daemon-reexec (systemd 252): the unit, reloaded
+#: from its transient file, reads bad-setting (ExecStartEx does not parse
+#: back); the job then fails without starting it, and the unit is unloaded.
+QUEUED = {**NEVER_STARTED, "Job": [7, "/org/freedesktop/systemd1/job/7"]}
+DROPPED = (
+    f"unit {UNIT} was never started: systemd re-executed or restarted before"
+    " running its start job, and dropped it; nothing ran, retry"
+)
+
+
+def reexec_drops_the_queued_start(systemd, seen_at_the_read: str) -> None:
+    """The manager re-executes with the unit's start job still queued; the
+    job fails after the return, the unit unloaded: found ``not-found`` at
+    the read after the return, or queued then, and then its job ended
+    (``job-ended``: the read that confirms it finds it still loaded;
+    ``unloaded``: gone by then, as systemd's GC runs first)."""
+    systemd.lose(MANAGER_LEFT)
+    if seen_at_the_read == "not-found":
+        systemd.units[UNIT] = dict(NOT_FOUND)
+        systemd.restore()
+        return
+    systemd.units[UNIT] = dict(QUEUED)
+    systemd.restore()
+    if seen_at_the_read == "job-ended":
+        systemd.change(UNIT, {"Job": [0, "/"]})
+    else:
+        systemd.change(UNIT, NOT_FOUND)
+    systemd.release(UNIT)  # unloaded: its descriptors closed
+
+
+@pytest.mark.parametrize("seen_at_the_read", ["not-found", "job-ended", "unloaded"])
+@pytest_twisted.ensureDeferred
+async def test_a_start_a_reexecuted_manager_dropped_unrun_is_eagain(
+    systemd, server, connection, orphan_kills, seen_at_the_read
+):
+    # Review session 41 O1: the requests whose starts systemd had queued at
+    # a daemon-reexec ended with ESRCH "is gone (lost while systemd was
+    # away)", which a client does not retry; nothing had run.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    reexec_drops_the_queued_start(systemd, seen_at_the_read)
+    assert error_of(connection.last()) == (errno.EAGAIN, DROPPED)
+    await until(lambda: not server.processes, "reaped")
+    assert orphan_kills == []  # nothing ran: nothing left to end
+
+
+def test_a_started_unit_the_manager_lost_is_still_gone(
+    systemd, server, connection, orphan_kills
+):
+    # Only a start never run is retried: one that ran is ESRCH, as ever.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    systemd.lose(MANAGER_LEFT)
+    systemd.units[UNIT] = dict(NOT_FOUND)
+    systemd.restore()
+    assert error_of(connection.last()) == (
+        errno.ESRCH,
+        f"unit {UNIT} is gone (lost while systemd was away)",
+    )
+
+
+def test_a_killed_manager_s_unrun_start_is_still_gone(
+    systemd, server, connection, orphan_kills
+):
+    # A manager killed may have run the command before sdexec saw it start
+    # (the new one loads the unit bad-setting from the dead one's file):
+    # not said to be safe to retry, and what it left is ended.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.lose(MANAGER_LEFT)
+    systemd.units[UNIT] = dict(NEVER_STARTED)
+    systemd.restore()
+    assert error_of(connection.last()) == (
+        errno.ESRCH,
+        f"unit {UNIT} is gone (lost while systemd was away)",
+    )
+    assert len(orphan_kills) == 1
 
 
 def test_a_unit_started_again_by_hand_is_not_ours_any_more(

@@ -16,13 +16,9 @@ from twisted.internet.interfaces import IDelayedCall
 
 from sdexec.drain import SelfLifting
 from sdexec.server import SdexecServer
+from sdexec.systemd import MANAGER_LEFT
 
-__all__ = ["MANAGER_LEFT", "SystemdOutage"]
-
-#: The reason the systemd client (sdexec/systemd/bus.py ``_owner_changed``)
-#: gives when the manager left the bus while the bus stayed: re-executed,
-#: restarted or killed, not the bus closing.
-MANAGER_LEFT = "the systemd manager left the bus"
+__all__ = ["SystemdOutage"]
 
 
 class SystemdOutage:

@@ -24,9 +24,9 @@ import sdexec.process
 import sdexec.server
 from sdexec.config import parse_config
 from sdexec.ioencode import decode_io
-from sdexec.outage import MANAGER_LEFT, SystemdOutage
+from sdexec.outage import SystemdOutage
 from sdexec.server import SdexecServer
-from sdexec.systemd import SystemdError
+from sdexec.systemd import MANAGER_LEFT, SystemdError
 from sdexec.systemd.errors import NO_SUCH_UNIT
 from sdexec.testing import DEACTIVATING, EXITED, INACTIVE, RUNNING
 from sdexec.unitstop import StopTimerState

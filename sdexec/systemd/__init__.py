@@ -33,6 +33,7 @@ values.
 """
 
 from sdexec.systemd.bus import (
+    MANAGER_LEFT,
     SystemdClient,
     UnitWatch,
     session_bus_address,
@@ -48,6 +49,7 @@ from sdexec.systemd.manager import Manager, Watch
 from sdexec.systemd.unit import UnitStatus, queued_job, wait_status
 
 __all__ = [
+    "MANAGER_LEFT",
     "Manager",
     "SystemdClient",
     "SystemdError",

@@ -51,12 +51,17 @@ from sdexec.systemd.watch import UnitWatch, WatchRegistry
 from sdexec.systemd.window import DEFAULT_MAX_INFLIGHT, CallWindow
 
 __all__ = [
+    "MANAGER_LEFT",
     "SystemdClient",
     "UnitWatch",
     "session_bus_address",
     "to_variants",
     "unit_object_path",
 ]
+
+#: Why the connection is lost when the manager leaves the bus while the
+#: bus stays (re-executed, restarted or killed), not the bus closing.
+MANAGER_LEFT = "the systemd manager left the bus"
 
 log = Logger()
 
@@ -830,7 +835,7 @@ class SystemdClient:
         self._manager_owner = new_owner or None
         if old_owner:
             self._departures += 1
-            self._lose("the systemd manager left the bus")
+            self._lose(MANAGER_LEFT)
         if new_owner:
             self._manager_appeared()
         else:

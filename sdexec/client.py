@@ -42,6 +42,7 @@ from sdexec.protocol import (
     DEFAULT_STDIN_BUFSIZE,
     SOCKET_ENV,
     STATUS_AND_ERROR,
+    WRITE_PIECE,
     ExecFlag,
     Topic,
 )
@@ -103,13 +104,6 @@ _log = Logger()
 #: connection while a process without write credit is behind) would hold
 #: the close, and the processes it stops, for ever.
 CLOSE_GRACE_S = 5.0
-
-#: The most stdin data one ``sdexec.write`` carries: its JSON is at most 6
-#: bytes a byte (``\u0001``), so 768 KiB and the envelope fit the smallest
-#: ``max-frame-size`` a service may have (1M). A larger write is sent in
-#: pieces of it: one longer message made the service drop the connection,
-#: and every process on it.
-WRITE_PIECE = 128 * 1024
 
 
 def connect(reactor: IReactorSocket, path: str) -> Deferred[SdexecClient]:
@@ -811,7 +805,7 @@ class ExecHandle:
     def write(self, data: bytes) -> None:
         """Send ``data`` to the process's stdin, as far as the credit goes
         (the rest is sent as credit comes), in writes of at most
-        :data:`WRITE_PIECE` bytes. After :meth:`close_stdin`, a refused
+        :data:`~sdexec.protocol.WRITE_PIECE` bytes. After :meth:`close_stdin`, a refused
         write, or once the stream has ended, it is dropped, as the service
         would drop it. ``ValueError`` if the process's stdin was passed
         with ``stdio``."""

@@ -30,11 +30,20 @@ __all__ = [
     "DEFAULT_STDIN_BUFSIZE",
     "SOCKET_ENV",
     "SYSTEM_SOCKET",
+    "WRITE_PIECE",
     "ExecFlag",
     "Topic",
     "command_object",
     "default_socket_path",
 ]
+
+
+#: The most stdin data one ``sdexec.write`` carries: its JSON is at most 6
+#: bytes a byte (``\u0001``), so 768 KiB and the envelope fit the smallest
+#: ``max-frame-size`` a service may have (1M). A client sends a larger write
+#: in pieces of it: one longer message made the service drop the
+#: connection, and every process on it.
+WRITE_PIECE = 128 * 1024
 
 
 class ExecFlag(enum.IntFlag):

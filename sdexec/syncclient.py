@@ -23,7 +23,7 @@ import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from sdexec.ioencode import encode_io
-from sdexec.protocol import ExecFlag, Topic
+from sdexec.protocol import WRITE_PIECE, ExecFlag, Topic
 from sdexec.protocolbase import passed_fds
 from sdexec.rpc import (
     BAD_DESCRIPTOR,
@@ -413,8 +413,16 @@ class Connection:
         self.send(Topic.KILL, payload, pending)
 
     def write_stdin(self, stream: Exec, data: bytes) -> None:
-        """Send ``data`` (``b""``: EOF) to the process's stdin; dropped once
-        the service has refused a write of it, as the service drops it."""
+        """Send ``data`` (``b""``: EOF) to the process's stdin, in writes of
+        at most :data:`~sdexec.protocol.WRITE_PIECE` bytes; dropped once the
+        service has refused a write of it, as the service drops it."""
+        view = memoryview(data)
+        for start in range(0, len(view), WRITE_PIECE):
+            self._write_piece(stream, bytes(view[start : start + WRITE_PIECE]))
+        if not data:
+            self._write_piece(stream, b"")
+
+    def _write_piece(self, stream: Exec, data: bytes) -> None:
         if stream.stdin_error is not None:
             return
         io = encode_io("stdin", "0", data, eof=not data)

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from test_cli_scripted import ScriptedService, failure, response
 
-from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, ExecFlag
+from sdexec.ioencode import decode_io
+from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, WRITE_PIECE, ExecFlag
 from sdexec.rpc import RPCError, SdexecError
 from sdexec.syncclient import Connection, Exec, Loop
 
@@ -95,6 +96,26 @@ def test_an_exec_s_writes_share_one_matchtag_of_their_own(service):
     assert {write["payload"]["matchtag"] for write in service.writes()} == {
         stream.matchtag
     }
+
+
+def test_a_large_write_goes_in_pieces_the_service_takes(service):
+    # Sent as one message, 12 MB of zero bytes (6 bytes each in JSON)
+    # passed the service's frame cap: it dropped the connection, and every
+    # process on it (review session 41 B2).
+    def on_write(write: dict, exec_request: dict) -> list[dict]:
+        return ends_well(exec_request) if write["payload"]["io"].get("eof") else []
+
+    service.on_write = on_write
+    data = bytes(2 * WRITE_PIECE + 1)
+    with Loop() as loop, Connection(loop, service.path) as connection:
+        stream = connection.exec({"cmdline": ["cat"]}, ExecFlag.STDOUT, lambda _: None)
+        connection.write_stdin(stream, data)
+        connection.write_stdin(stream, b"")
+        loop.run_until(lambda: stream.ended)
+    service.close()
+    pieces = [decode_io(write["payload"]["io"])[1] for write in service.writes()]
+    assert [len(piece) for piece in pieces] == [WRITE_PIECE, WRITE_PIECE, 1, 0]
+    assert b"".join(pieces) == data
 
 
 def _cat(connection: Connection, refusals: list[SdexecError]) -> Exec:

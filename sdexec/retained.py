@@ -83,7 +83,8 @@ def parse_retained_size(value: object) -> int:
 
 
 class RetainedOutput:
-    """A process's retained stdout and stderr, in the order the service passed them on.
+    """A process's retained stdout and stderr, in the order the service
+    passed them on.
 
     Runs are stored as signed lengths in an ``array('q')``: positive for
     stdout, negative for stderr; consecutive output of one stream extends its

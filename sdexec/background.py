@@ -312,21 +312,16 @@ class Tracked:
         ``errnum``, saying ``reason``, as if it had closed
         (:meth:`drop_client`), but for the stream of its exec, if it started
         the process: that runs on. How many requests were ended."""
-        waiter = self._drop_waiter(connection_id)
-        if waiter is not None:
-            waiter.responder.error(
-                errnum,
-                f"{reason}: this wait is ended, and {self._name}'s end is kept"
-                " for the next wait",
-            )
-        attached = self._detach(connection_id)
-        if attached is not None:
-            attached.responder.error(
-                errnum,
-                f"{reason}: this attach is ended, and {self._name} runs on in"
-                " the background",
-            )
-        return (waiter is not None) + (attached is not None)
+        kept = f"wait is ended, and {self._name}'s end is kept for the next wait"
+        back = f"attach is ended, and {self._name} runs on in the background"
+        ended = [
+            (self._drop_waiter(connection_id), kept),
+            (self._detach(connection_id), back),
+        ]
+        for client, what in ended:
+            if client is not None:
+                client.responder.error(errnum, f"{reason}: this {what}")
+        return sum(client is not None for client, _ in ended)
 
     def _drop_waiter(self, connection_id: int) -> _Client | None:
         """Forget the connection's wait (returned, if it had one): the

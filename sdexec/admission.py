@@ -23,13 +23,19 @@ class ConnectionCount:
 
     def __init__(self) -> None:
         self._open: Counter[int] = Counter()
+        #: The peer uid of each connection admitted, by connection id.
+        self._uids: dict[int, int] = {}
 
     @property
     def total(self) -> int:
         return self._open.total()
 
     def admit(
-        self, uid: int, total_limit: int, per_user_limit: int | None
+        self,
+        connection_id: int,
+        uid: int,
+        total_limit: int,
+        per_user_limit: int | None,
     ) -> str | None:
         """Count a new connection from ``uid``; or, if that would exceed a
         limit, count nothing and say which (a message for the client).
@@ -45,14 +51,20 @@ class ConnectionCount:
                 " most [sdexec] max-connections-per-user allows"
             )
         self._open[uid] += 1
+        self._uids[connection_id] = uid
         return None
 
     def open_by_uid(self) -> dict[int, int]:
         """The open connections of each uid that has any."""
         return dict(self._open)
 
-    def release(self, uid: int) -> None:
+    def uids(self) -> dict[int, int]:
+        """The peer uid of each open connection, by connection id."""
+        return dict(self._uids)
+
+    def release(self, connection_id: int) -> None:
         """A connection :meth:`admit` counted has closed."""
+        uid = self._uids.pop(connection_id)
         self._open[uid] -= 1
         if self._open[uid] <= 0:
             del self._open[uid]

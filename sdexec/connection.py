@@ -177,10 +177,11 @@ class ClientProtocol(StdioReceivingProtocol):
         per_user = (
             None if uid == self.server.owner_uid else limits.max_connections_per_user
         )
-        refusal = self.server.connections.admit(uid, limits.max_connections, per_user)
+        refusal = self.server.connections.admit(
+            self.connection_id, uid, limits.max_connections, per_user
+        )
         if refusal is None:
             self._admitted_uid = uid
-            self.server.connection_uids[self.connection_id] = uid
             return
         self.server.log_rate.warn(
             f"connection cap {uid}",  # each user's own share of lines
@@ -200,8 +201,7 @@ class ClientProtocol(StdioReceivingProtocol):
         self._handle_ready_waiting()  # (drops all but background execs)
         super().connectionLost(reason)
         if self._admitted_uid is not None:
-            self.server.connections.release(self._admitted_uid)
-            del self.server.connection_uids[self.connection_id]
+            self.server.connections.release(self.connection_id)
             self._admitted_uid = None
         for process in self.server.connection_processes(self.connection_id):
             process.client_gone()

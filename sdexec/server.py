@@ -179,9 +179,6 @@ class SdexecServer:
         self.jobs = Jobs(self.drain, self.count)
         #: Open connections per peer uid, against the configured caps.
         self.connections = ConnectionCount()
-        #: The peer uid of each connection admitted and open, by connection
-        #: id: a reload that revokes its user ends its waits and attaches.
-        self.connection_uids: dict[int, int] = {}
         #: Lost units' kills whose SIGKILL is still to come (sdexec/orphans.py).
         self.lost_unit_kills: set[LostUnitKill] = set()
         #: Warnings a client can cause in a loop, at a bounded rate.
@@ -230,7 +227,7 @@ class SdexecServer:
         the end, of processes that are not theirs (review session 41 K-1)."""
         allowed = self.allowed_uids
         ended: Counter[int] = Counter()
-        for connection_id, uid in list(self.connection_uids.items()):
+        for connection_id, uid in self.connections.uids().items():
             if uid not in allowed:
                 ended[uid] += self.tracked.end_waits_and_attaches(
                     connection_id, errno.EPERM, revoked(uid)

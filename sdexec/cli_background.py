@@ -203,12 +203,11 @@ def attach(options: argparse.Namespace) -> int:
 def _detached(pid: int | None, status: int | None) -> str:
     """The line ``attach`` says when it detaches: a process whose end came
     with the replay (it had ended) does not run on, and its end is gone."""
+    shown = pid if pid is not None else "?"
     if status is None:
-        return (
-            f"sdexec: detached from pid {pid if pid is not None else '?'}; it runs on"
-        )
+        return f"sdexec: detached from pid {shown}; it runs on"
     return (
-        f"sdexec: detached from pid {pid}, which had ended (exit code"
+        f"sdexec: detached from pid {shown}, which had ended (exit code"
         f" {exit_code(status)}): its end went to this attach"
     )
 

@@ -56,19 +56,20 @@ def run_background(options: argparse.Namespace, command: dict[str, Any]) -> int:
     with Loop() as loop:
         starting = _Starting()
         loop.catch_signals(INTERRUPTING_SIGNALS, starting.interrupt)
+        failed: SdexecError | None = None
         try:
             with connect(loop, options) as connection:
                 connection.send(Topic.EXEC, payload, starting.call, streaming=False)
                 loop.run_until(starting.over)
-        except SdexecError:
-            loop.serve_caught_signals()
-            if starting.signum is None:
-                raise
+        except SdexecError as error:
+            failed = error
         # A signal that cut a waiting connect short (a wedged service's full
         # backlog) left the socket unconnected, and the loss of the first
         # write was seen before it: it is what to report, as a foreground
         # run's (review session 40 R2-1).
         loop.serve_caught_signals()
+        if failed is not None and starting.signum is None:
+            raise failed
     interrupted = starting.signum
     if interrupted is not None and not _answered_by_the_service(starting.call):
         code = fail(

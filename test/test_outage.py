@@ -332,36 +332,32 @@ async def test_a_start_a_reexecuted_manager_dropped_unrun_is_eagain(
     assert orphan_kills == []  # nothing ran: nothing left to end
 
 
-def test_a_started_unit_the_manager_lost_is_still_gone(
-    systemd, server, connection, orphan_kills
+@pytest.mark.parametrize(
+    ("ran", "found", "ended"),
+    [
+        # Only a start never run is retried: one that ran is ESRCH, as ever.
+        (True, NOT_FOUND, 0),
+        # A manager killed may have run the command before sdexec saw it
+        # start (the new one loads the unit bad-setting from the dead one's
+        # file): not said to be safe to retry, and what it left is ended.
+        (False, NEVER_STARTED, 1),
+    ],
+    ids=["started", "killed-manager"],
+)
+def test_a_unit_the_manager_lost_but_did_not_drop_unrun_is_still_gone(
+    systemd, server, connection, orphan_kills, ran, found, ended
 ):
-    # Only a start never run is retried: one that ran is ESRCH, as ever.
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
-    systemd.run(UNIT)
+    if ran:
+        systemd.run(UNIT)
     systemd.lose(MANAGER_LEFT)
-    systemd.units[UNIT] = dict(NOT_FOUND)
+    systemd.units[UNIT] = dict(found)
     systemd.restore()
     assert error_of(connection.last()) == (
         errno.ESRCH,
         f"unit {UNIT} is gone (lost while systemd was away)",
     )
-
-
-def test_a_killed_manager_s_unrun_start_is_still_gone(
-    systemd, server, connection, orphan_kills
-):
-    # A manager killed may have run the command before sdexec saw it start
-    # (the new one loads the unit bad-setting from the dead one's file):
-    # not said to be safe to retry, and what it left is ended.
-    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
-    systemd.lose(MANAGER_LEFT)
-    systemd.units[UNIT] = dict(NEVER_STARTED)
-    systemd.restore()
-    assert error_of(connection.last()) == (
-        errno.ESRCH,
-        f"unit {UNIT} is gone (lost while systemd was away)",
-    )
-    assert len(orphan_kills) == 1
+    assert len(orphan_kills) == ended
 
 
 def test_a_unit_started_again_by_hand_is_not_ours_any_more(

@@ -348,27 +348,40 @@ def test_a_stdout_closed_at_the_start_cannot_be_written(scripted, args):
     )
 
 
+def _attach_replaying(
+    tmp_path: Path, data: bytes, stdout: object, end: list[dict] | None = None
+) -> subprocess.CompletedProcess:
+    """``sdexec attach 42`` (its stdout ``stdout``) to a service that
+    answers with ``attached``, ``data`` on stdout, then the payloads
+    ``end`` (none: the process runs on)."""
+
+    def attached(request: dict) -> list[dict]:
+        io = encode_io("stdout", "0", data)
+        payloads = [
+            {"type": "attached", "pid": 42},
+            {"type": "output", "pid": 42, "io": io},
+        ]
+        return [response(request, payload) for payload in [*payloads, *(end or [])]]
+
+    path = str(tmp_path / "attach.sock")
+    service = ScriptedService(path, attached)
+    try:
+        return sdexec(path, "attach", "42", stdout=stdout)
+    finally:
+        service.close()
+
+
 def test_attach_that_detaches_after_the_end_came_does_not_say_it_runs_on(tmp_path):
     # An ended process's replay, end and all, comes at once: a reader gone
     # (or a ^C) while it was written said "it runs on", and the status,
     # taken by this attach, was lost unsaid (review session 41 K-2).
-    def attached(request: dict) -> list[dict]:
-        io = encode_io("stdout", "0", b"unread\n")
-        return [
-            response(request, {"type": "attached", "pid": 42}),
-            response(request, {"type": "output", "pid": 42, "io": io}),
-            response(request, {"type": "finished", "pid": 42, "status": 7 << 8}),
-        ]
-
-    path = str(tmp_path / "attach.sock")
-    service = ScriptedService(path, attached)
     reader, writer = os.pipe()
     os.close(reader)
     try:
-        done = sdexec(path, "attach", "42", stdout=writer)
+        finished = {"type": "finished", "pid": 42, "status": 7 << 8}
+        done = _attach_replaying(tmp_path, b"unread\n", writer, [finished])
     finally:
         os.close(writer)
-        service.close()
     assert (done.returncode, done.stderr) == (
         0,
         b"sdexec: detached from pid 42, which had ended (exit code 7): its end"
@@ -380,20 +393,8 @@ def test_a_full_stdout_fails_attach_but_leaves_the_process(tmp_path):
     # The line said, then "detached" and exit 0: output lost, which the
     # exit status must say, as for `run` and `wait`. The process is left
     # running, as for a reader gone: a background one is not attach's.
-    def attached(request: dict) -> list[dict]:
-        io = encode_io("stdout", "0", b"lost\n")
-        return [
-            response(request, {"type": "attached", "pid": 42}),
-            response(request, {"type": "output", "pid": 42, "io": io}),
-        ]
-
-    path = str(tmp_path / "attach.sock")
-    service = ScriptedService(path, attached)
-    try:
-        with open("/dev/full", "wb") as full:
-            done = sdexec(path, "attach", "42", stdout=full)
-    finally:
-        service.close()
+    with open("/dev/full", "wb") as full:
+        done = _attach_replaying(tmp_path, b"lost\n", full)
     assert (done.returncode, done.stderr) == (
         1,
         b"sdexec: cannot write stdout: No space left on device\n"

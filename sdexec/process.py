@@ -804,11 +804,15 @@ class Process:
 
     @property
     def _command_ran(self) -> bool:
-        """Whether the command was executed for sure: ``started`` went out,
-        and a ``Type=exec`` unit (every unit's: no one else may set it) is
-        *running* only once the exec succeeded. Its exit of 200-243 is then
-        its own (``exit 203`` in a script), not systemd failing to run it."""
-        return Sent.STARTED in self._sent
+        """Whether the command was executed for sure: ``started`` went out
+        (a ``Type=exec`` unit, every unit's: no one else may set it, is
+        *running* only once the exec succeeded), or it wrote output, which
+        systemd never does for a unit it failed to start. Its exit of
+        200-243 is then its own (``exit 203`` in a script, ``return
+        -EINVAL`` from a C ``main``: 234), not systemd failing to run it; a
+        command that exits that fast is seldom seen *running*, and its output
+        would be thrown away with the failure."""
+        return Sent.STARTED in self._sent or self.output.holds_unread()
 
     def _started(self, properties: dict[str, Any], pid: int) -> None:
         self._start_deadline.cancel()

@@ -29,7 +29,7 @@ from twisted.logger import capturedLogs, formatEvent
 from sdexec.config import parse_config
 from sdexec.connection import CLIENT_BUFFER_SIZE, ClientProtocol
 from sdexec.containment import Containment
-from sdexec.ioencode import encode_io
+from sdexec.ioencode import decode_io, encode_io
 from sdexec.lograte import MAX_QUOTED
 from sdexec.process import LAZY_OUTPUT
 from sdexec.protocol import ExecFlag
@@ -527,6 +527,13 @@ async def test_a_stream_that_ends_drops_its_stdin_backlog(systemd, server, conne
     await until(lambda: connection.last().get("matchtag") == 5, "the list answered")
 
 
+def _output_ended(connection) -> bool:
+    """Both output streams have sent their EOF."""
+    payloads = [r["payload"] for r in connection.responses() if "payload" in r]
+    eofs = [decode_io(p["io"]) for p in payloads if p.get("type") == "output"]
+    return sum(eof for _, _, eof in eofs) == 2
+
+
 def _finished(connection) -> bool:
     return any(
         r.get("payload", {}).get("type") == "finished" for r in connection.responses()
@@ -674,6 +681,38 @@ def test_a_kill_of_a_process_that_never_starts_is_esrch(systemd, connection):
     [answer] = [r for r in connection.responses() if r["matchtag"] == 2]
     assert error_of(answer) == (errno.ESRCH, "the process never started")
     assert systemd.kills() == []
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+@pytest.mark.parametrize("status", [203, 200, 243])
+@ensureDeferred
+async def test_a_fast_exit_of_systemd_s_codes_after_output_is_the_command_s(
+    systemd, connection, stream, status
+):
+    # `echo "mytool: bad option" >&2; exit 243` (a C main's -EACCES) seldom
+    # shows *running*: taken for systemd failing to run it, its output was
+    # discarded and it ended ENOENT (review session 41 B1). systemd writes
+    # nothing to a unit it failed to start, so output proves it ran.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    os.write(systemd.process_fd(UNIT, stream), b"mytool: bad option\n")
+    exited = {"ActiveState": "failed", "SubState": "failed", "ExecMainPID": 4242}
+    systemd.change(
+        UNIT,
+        {**exited, "ExecMainCode": 1, "ExecMainStatus": status, "Result": "exit-code"},
+    )
+    systemd.release(UNIT)
+    await until(lambda: _output_ended(connection), "both EOFs sent")
+    systemd.change(UNIT, INACTIVE)
+    payloads = [r["payload"] for r in connection.responses() if "payload" in r]
+    kinds = [p["type"] for p in payloads]
+    assert kinds[0] == "started" and "finished" in kinds
+    [finished] = [p for p in payloads if p["type"] == "finished"]
+    assert finished["status"] == status << 8
+    written = [decode_io(p["io"]) for p in payloads if p["type"] == "output"]
+    assert b"".join(data for name, data, _ in written if name == stream) == (
+        b"mytool: bad option\n"
+    )
+    assert error_of(connection.last())[0] == errno.ENODATA
 
 
 def test_a_refused_write_without_a_matchtag_gets_no_response(systemd, connection):

@@ -149,6 +149,12 @@ class OutputChannel(Protocol):
             self.dataReceived(data)
         self._flush()
 
+    def holds_unread(self) -> bool:
+        """The socket holds bytes the channel has not read yet."""
+        if self.transport is None or self.eof:
+            return False
+        return _queued_bytes(self.transport.getHandle()) > 0
+
     def pause(self) -> None:
         """Stop reading (the client cannot keep up)."""
         if self.transport is not None and not self.eof:
@@ -234,6 +240,13 @@ class OutputGate:
     def eof(self) -> bool:
         """Every channel has reached EOF."""
         return all(channel.eof for channel in self.channels.values())
+
+    def holds_unread(self) -> bool:
+        """Some channel's socket holds bytes not read yet. Before
+        :meth:`open` that proves the command ran: systemd writes nothing to
+        a unit's output when it fails to start it (it logs to its own
+        targets), so the bytes are the command's."""
+        return any(channel.holds_unread() for channel in self.channels.values())
 
     def open(self) -> None:
         """Output may flow (the process started, or failed)."""

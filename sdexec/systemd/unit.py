@@ -39,7 +39,10 @@ from sdexec.exitstatus import SYSTEMD_EXIT_NAMES
 __all__ = ["UnitStatus", "queued_job", "wait_status"]
 
 CLD_EXITED, CLD_KILLED, CLD_DUMPED = 1, 2, 3
-SYSTEMD_EXIT_CODES = range(200, 244)
+#: systemd's own exit codes of 200-243, as Flux's sdexec reads that range:
+#: less 223 and 234, which systemd reserves ("don't reuse") and never gives,
+#: while a C program's ``return -EINVAL`` from ``main`` gives 234.
+SYSTEMD_EXIT_CODES = frozenset(SYSTEMD_EXIT_NAMES)
 
 #: The errno a client sees for a systemd exit code: the binary or the working
 #: directory is missing (or unusable) for EXEC and CHDIR.
@@ -205,7 +208,7 @@ class UnitStatus:
                 "unit failed before running the command"
                 f" (result: {self.result or 'unknown'})",
             )
-        name = SYSTEMD_EXIT_NAMES.get(self.status, "unknown")
+        name = SYSTEMD_EXIT_NAMES[self.status]
         message = (
             f"systemd could not run the command: exit status {self.status}/{name}"
             f" (result: {self.result or 'unknown'})"

@@ -21,9 +21,11 @@ Facts this relies on, observed with systemd 252 and ``Type=exec``,
   one of its own codes, 200-243 (203 is EXEC: the binary could not be
   executed), so such a status is a failure to execute, not an exit of the
   command. Flux's sdexec reads the same range, 200-243, so (and fails the
-  request with ENOENT), as this does until *running* has been seen (after
-  it every status is the command's own: :attr:`UnitStatus.command_ran`,
-  where Flux's never says so); 244-255 are ordinary exits, as there;
+  request with ENOENT), as this does (less 223 and 234, which systemd never
+  gives) until the command is known to have run: seen *running*, or its
+  output read (after that every status is the command's own:
+  :attr:`UnitStatus.command_ran`, where Flux's never says so); 244-255 are
+  ordinary exits, as there;
 - a unit that fails before forking reports *failed* with no exit status.
 """
 

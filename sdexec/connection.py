@@ -212,8 +212,26 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def _framing_error(self, reason: str) -> None:
         self.server.count("errors")
+        self._log_framing_error(reason)
         self._send_error("", 0, errno.EPROTO, reason)
         self.transport.loseConnection()
+
+    def _log_framing_error(self, reason: str) -> None:
+        """Say why a client's connection is closed: its processes are
+        killed as for a client that left, and an admin who sees jobs end so
+        has only this line to go on (the client alone is told)."""
+        uid = self._admitted_uid
+        if uid is None:
+            return  # refused already, and said so
+        units = len(list(self.server.connection_processes(self.connection_id)))
+        self.server.log_rate.warn(
+            f"protocol error {uid}",  # each user's own share of lines
+            "closing a connection of uid {uid} for a protocol error: {reason};"
+            " its {units} process(es) are killed, as for a client that left",
+            uid=uid,
+            reason=reason,
+            units=units,
+        )
 
     def messageReceived(self, message: dict) -> None:
         if self.transport.disconnecting:

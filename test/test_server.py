@@ -24,7 +24,7 @@ from pytest_twisted import ensureDeferred
 from support import until
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock, deferLater
-from twisted.logger import capturedLogs, formatEvent
+from twisted.logger import LogLevel, capturedLogs, formatEvent
 
 from sdexec.config import parse_config
 from sdexec.connection import CLIENT_BUFFER_SIZE, ClientProtocol
@@ -61,6 +61,22 @@ def test_a_frame_over_the_limit_is_refused():
     assert connection.last()["errnum"] == errno.EPROTO
     assert f"exceeds {1 << 20}" in connection.last()["errstr"]
     connection.close()
+
+
+def test_a_connection_closed_for_a_protocol_error_is_logged(systemd, connection):
+    # Its processes are killed as for a client that left; the service said
+    # nothing, and an admin who saw jobs end so had nothing to go on
+    # (review session 41 B, side note).
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    with capturedLogs() as events:
+        connection.protocol.dataReceived(b"{not json\n")
+    [line] = [formatEvent(e) for e in events if e["log_level"] >= LogLevel.warn]
+    assert line.startswith(
+        f"closing a connection of uid {os.getuid()} for a protocol error:"
+        " message is not valid JSON: "
+    )
+    assert line.endswith("; its 1 process(es) are killed, as for a client that left")
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,10 @@ class SelfLifting(Enum):
     SITE_PROPERTY = "site-property"
 
 
+#: The self-lifting causes that end without anyone's help, soon: systemd
+#: back, the leftovers stopped.
+_TRANSIENT = frozenset({SelfLifting.OUTAGE, SelfLifting.LEFTOVERS})
+
 #: The kind of a cause only an admin's undrain clears.
 ADMIN = "admin"
 #: Every kind of cause: a fixed set (the metrics' labels).
@@ -75,6 +79,17 @@ class Drains:
         return bool(self._causes) and all(
             isinstance(key, SelfLifting) for key in self._causes
         )
+
+    @property
+    def outlasts_waiting(self) -> bool:
+        """Whether a cause in force is one that waiting will not cure: an
+        admin's, or a manager or site property someone must change
+        (``version``, ``site-property``). An exec refused for such a cause
+        is EIO, not EBUSY: Flux's job-exec drains its rank on EIO (naming
+        sdexec's reason) but fails only the job on any other errno, so the
+        scheduler would go on placing jobs on the node, each refused.
+        ``outage`` and ``leftovers`` end by themselves, soon."""
+        return any(key not in _TRANSIENT for key in self._causes)
 
     def holds(self, kind: SelfLifting) -> bool:
         """Whether the self-lifting cause ``kind`` is in force."""

@@ -347,10 +347,10 @@ class SdexecServer:
             # processes there when it began.
             raise RequestError(errno.EAGAIN, "the service is stopping")
         if self.drains:
+            # EIO has Flux's job-exec drain the rank too (sdexec/drain.py).
+            errnum = errno.EIO if self.drains.outlasts_waiting else errno.EBUSY
             how = self.drains.who_clears
-            raise RequestError(
-                errno.EBUSY, f"node is drained: {self.drain_reason} ({how})"
-            )
+            raise RequestError(errnum, f"node is drained: {self.drain_reason} ({how})")
         if not self.systemd.connected:
             raise RequestError(errno.EAGAIN, "reconnecting to systemd")
         self._check_process_room()

@@ -442,9 +442,9 @@ async def test_unenforced_fence_fails_the_job_and_drains(start_service, tmp_path
     assert stats["requests"]["fence-failures"] == 1
     assert (await http_stats(service))["drain"] == drain
 
-    busy = await run(client, ["true"])
-    assert busy.error.errnum == errno.EBUSY
-    assert reason in busy.error.errstr and "undrain" in busy.error.errstr
+    drained = await run(client, ["true"])
+    assert drained.error.errnum == errno.EIO
+    assert reason in drained.error.errstr and "undrain" in drained.error.errstr
 
     assert await client.undrain() == {"reason": reason, "cleared": [reason]}
     assert (await client.stats())["drain"] == NOT_DRAINED

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 
+import pytest
 from offline import Connection, error_of
 from pytest_twisted import ensureDeferred
 from test_devicefence import contained_config, offline_server
@@ -87,7 +88,7 @@ async def test_a_manager_too_old_is_named_and_no_canary_blames_the_fence():
     connection = Connection(server)
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     assert error_of(connection.last()) == (
-        errno.EBUSY,
+        errno.EIO,
         f"node is drained: {version_problem('239', fenced=True)}"
         " (lifted once that is over)",
     )
@@ -165,6 +166,48 @@ def test_a_refusal_says_who_clears_the_drain():
     assert drains.who_clears == "sdexec undrain clears what does not lift itself"
     drains.lift(SelfLifting.LEFTOVERS)
     assert drains.who_clears == "sdexec undrain clears it"
+
+
+@pytest.mark.parametrize(
+    ("kind", "errnum"),
+    [
+        (SelfLifting.OUTAGE, errno.EBUSY),
+        (SelfLifting.LEFTOVERS, errno.EBUSY),
+        (SelfLifting.VERSION, errno.EIO),
+        (SelfLifting.SITE_PROPERTY, errno.EIO),
+        (None, errno.EIO),  # an admin's
+    ],
+)
+def test_a_drain_waiting_will_not_cure_refuses_with_eio(server, kind, errnum):
+    # Flux's job-exec drains its rank on EIO only: on EBUSY it failed
+    # each job the scheduler went on placing on a node drained here.
+    server.drain("the cause", kind)
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    assert error_of(connection.last())[0] == errnum
+    connection.close()
+
+
+def test_an_outage_alone_is_ebusy_and_with_an_admins_cause_eio(server):
+    outage = "systemd unreachable for 60 s"
+    server.drain(outage, SelfLifting.OUTAGE)
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    assert error_of(connection.last()) == (
+        errno.EBUSY,
+        f"node is drained: {outage} (lifted once that is over)",
+    )
+    server.drain(UNKILLABLE)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    assert error_of(connection.last()) == (
+        errno.EIO,
+        f"node is drained: {outage}; {UNKILLABLE}"
+        " (sdexec undrain clears what does not lift itself)",
+    )
+    server.undrain()  # say, after Flux's own undrain: both are needed
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    assert error_of(connection.last())[0] == errno.EBUSY
+    connection.close()
 
 
 def test_a_restated_cause_is_not_logged_as_a_new_drain(systemd):
@@ -245,7 +288,7 @@ def test_a_site_property_the_manager_does_not_take_drains_the_node(systemd):
     assert server.drain_reason == PRIVATE_PIDS_DRAIN
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     assert error_of(connection.last()) == (
-        errno.EBUSY,
+        errno.EIO,
         f"node is drained: {PRIVATE_PIDS_DRAIN} (lifted once that is over)",
     )
     assert [call[0] for call in systemd.calls].count("start") == 1

@@ -160,7 +160,7 @@ def test_unkillable_drains_with_the_exact_reason_and_undrain_restores(make_serve
     second = {"SDEXEC_JOBID": "f2", "SDEXEC_NAME": "sdexec-job2"}
     with pytest.raises(RequestError) as refused:
         server.exec(1, 2, job_payload(**second), Recorder())
-    assert refused.value.errnum == errno.EBUSY
+    assert refused.value.errnum == errno.EIO
     server.undrain()
     server.exec(1, 2, job_payload(**second), Recorder())
     assert (1, 2) in server.processes

@@ -344,7 +344,7 @@ def test_exec_is_refused_while_drained(server, connection):
     server.drain("fence broken")
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     assert error_of(connection.last()) == (
-        errno.EBUSY,
+        errno.EIO,
         "node is drained: fence broken (sdexec undrain clears it)",
     )
 

@@ -24,6 +24,7 @@ from sdexec.map import (
     create_mapper,
     live_topology_xml,
     load_mapper_class,
+    loader,
     main,
 )
 from sdexec.map.mapper import UnfenceableRequest
@@ -1155,6 +1156,55 @@ def test_a_plain_resource_mapper_subclass_is_built_with_rank_only(tmp_path, fork
         "CPUQuota": "200%",
         "DevicePolicy": "closed",
     }
+
+
+FLUX_STYLE = (
+    "from sdexec.map import ResourceMapper\n"
+    "class WholeMapper(ResourceMapper):\n"
+    "    def __init__(self, xml, rank=0):\n"
+    "        super().__init__(rank)\n"
+    "        self.xml = xml\n"
+)
+
+
+def test_a_mapper_written_for_flux_is_built_with_the_xml_as_flux_builds_it(
+    tmp_path,
+):
+    # Upstream's sdexec-mapper builds every class as cls(xml, rank): built
+    # as cls(rank=rank), such a class failed, "missing ... 'xml'".
+    (tmp_path / "fluxstyle.py").write_text(FLUX_STYLE)
+    mapper = create_mapper("fluxstyle.WholeMapper", str(tmp_path), 5, SMALL)
+    assert (mapper.xml, mapper.rank) == (SMALL, 5)
+
+
+def test_a_mapper_written_for_flux_reads_the_live_topology_once(tmp_path, monkeypatch):
+    reads = []
+    monkeypatch.setattr(loader, "live_topology_xml", lambda: reads.append(1) or SMALL)
+    (tmp_path / "fluxstyle.py").write_text(FLUX_STYLE)
+    mapper = create_mapper("fluxstyle.WholeMapper", str(tmp_path))
+    assert (mapper.xml, reads) == (SMALL, [1])
+
+
+@pytest.mark.parametrize(
+    ("signature", "passed"),
+    [
+        ("self, rank=0", "rank"),
+        ("self, *args, **kwargs", "*args, **kwargs"),
+        ("self, *, rank=0", "rank"),
+    ],
+)
+def test_a_mapper_whose_first_parameter_is_no_xml_is_built_with_rank_only(
+    tmp_path, forks, signature, passed
+):
+    (tmp_path / "ranked.py").write_text(
+        "from sdexec.map import ResourceMapper\n"
+        "class Ranked(ResourceMapper):\n"
+        f"    def __init__({signature}):\n"
+        f"        super().__init__({passed})\n"
+    )
+    mapper = create_mapper("ranked.Ranked", str(tmp_path), rank=5)
+    assert mapper.rank == 5
+    assert forks.count == 0  # no topology read
 
 
 def test_the_first_searchpath_directory_wins(tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from collections.abc import Sequence
@@ -84,7 +85,10 @@ def create_mapper(
     The construction rule: a subclass of :class:`HwlocMapper` is built as
     ``cls(xml, rank=rank)``, with ``topology_xml`` or, when that is None, the
     live topology from ``lstopo-no-graphics``; any other
-    :class:`ResourceMapper` subclass as ``cls(rank=rank)``.
+    :class:`ResourceMapper` subclass whose constructor's first parameter is
+    positional and not ``rank`` as ``cls(xml, rank)``, as Flux's
+    sdexec-mapper builds every class (a mapper written for Flux); any other
+    as ``cls(rank=rank)`` (no topology read).
     ``searchpath_name``: as :func:`load_mapper_class` takes it.
 
     Raises:
@@ -96,9 +100,44 @@ def create_mapper(
             the class: the XML is at fault).
     """
     cls = load_mapper_class(class_name, searchpath, searchpath_name=searchpath_name)
-    if not issubclass(cls, HwlocMapper):
-        return _construct(class_name, cls, rank=rank)
-    xml = live_topology_xml() if topology_xml is None else topology_xml
+    if issubclass(cls, HwlocMapper):
+        return _hwloc_mapper(class_name, cls, _xml(topology_xml), rank)
+    if _takes_xml(cls):
+        return _construct(class_name, cls, _xml(topology_xml), rank)
+    return _construct(class_name, cls, rank=rank)
+
+
+def _xml(topology_xml: str | None) -> str:
+    """The topology a mapper is built with: ``topology_xml``, else this
+    machine's, read once per mapper built."""
+    return live_topology_xml() if topology_xml is None else topology_xml
+
+
+def _takes_xml(cls: type[ResourceMapper]) -> bool:
+    """Whether ``cls`` (no :class:`HwlocMapper`) takes the topology XML
+    first, as a mapper written for Flux does: upstream's sdexec-mapper
+    builds every class as ``cls(xml, rank)``, and such a class built as
+    ``cls(rank=rank)`` failed, missing its ``xml``. A constructor that
+    cannot be inspected is built as sdexec's own are."""
+    try:
+        parameters = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
+    return (
+        bool(parameters)
+        and parameters[0].kind in positional
+        and parameters[0].name != "rank"
+    )
+
+
+def _hwloc_mapper(
+    class_name: str, cls: type[HwlocMapper], xml: str, rank: int
+) -> ResourceMapper:
+    """``cls(xml, rank=rank)``, its topology read by hwloc now."""
     mapper = _construct(class_name, cls, xml, rank=rank)
     assert isinstance(mapper, HwlocMapper)  # cls is one
     try:

@@ -224,19 +224,29 @@ class Receipt:
 
     def oom_message(self) -> str:
         """``killed by the OOM killer (MemoryMax=512M)``, for the user; or,
-        where the command itself was not (the cgroup counted a kill of
-        another of its processes: a child, a task of a job shell), ``the
-        OOM killer ended 1 process of its unit (…)``."""
+        where the command itself was not (a kill of another of its
+        processes: a child, a task of a job shell), ``the OOM killer ended
+        1 process of its unit (…)``, and where systemd then stopped the
+        unit for it (``Result=oom-kill`` under the default
+        ``OOMPolicy=stop``: the command got the stop's SIGTERM, 143), ``…,
+        and systemd stopped the rest (OOMPolicy=stop; …)``."""
         limit = (
             f"MemoryMax={format_bytes(self.memory_max)}"
             if self.memory_max is not None
             else "no MemoryMax set"
         )
-        if self.result == OOM_KILL or self._killed_by_sigkill:
+        if self._killed_by_sigkill:
             return f"killed by the OOM killer ({limit})"
-        count = self.oom_kills or 0
-        processes = "process" if count == 1 else "processes"
-        return f"the OOM killer ended {count} {processes} of its unit ({limit})"
+        if self.oom_kills is None:
+            ended = "a process"  # the cgroup was gone before it was read
+        else:
+            ended = f"{self.oom_kills} process" + ("" if self.oom_kills == 1 else "es")
+        if self.result == OOM_KILL:
+            return (
+                f"the OOM killer ended {ended} of its unit, and systemd stopped"
+                f" the rest (OOMPolicy=stop; {limit})"
+            )
+        return f"the OOM killer ended {ended} of its unit ({limit})"
 
     @property
     def _killed_by_sigkill(self) -> bool:

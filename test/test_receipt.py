@@ -11,6 +11,7 @@ cgroup v1 machines account no CPU for a user manager's units and enforce no
 from __future__ import annotations
 
 import dataclasses
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -148,6 +149,12 @@ def test_a_receipt_reads_the_keys_and_drops_malformed_ones():
         (9, "signal", "killed by the OOM killer (MemoryMax=1.0G)"),
         (0, "success", "the OOM killer ended 1 process of its unit (MemoryMax=1.0G)"),
         (
+            15,
+            "oom-kill",
+            "the OOM killer ended 1 process of its unit, and systemd stopped the"
+            " rest (OOMPolicy=stop; MemoryMax=1.0G)",
+        ),
+        (
             1 << 8,
             "exit-code",
             "the OOM killer ended 1 process of its unit (MemoryMax=1.0G)",
@@ -160,6 +167,18 @@ def test_the_oom_line_says_whether_the_command_itself_was_killed(status, result,
     # (review session 32 N F2).
     receipt = Receipt(status, result, 1, 1024 * MiB)
     assert receipt.oom_killed and receipt.oom_message() == said
+
+
+def test_a_command_stopped_for_a_child_s_oom_kill_is_not_said_killed():
+    # OOMPolicy=stop: a child's kill fails the unit (oom-kill) and systemd
+    # stops the rest; the shell dies of the stop's SIGTERM (143). It was
+    # said "killed by the OOM killer" (review session 42 T). systemd has
+    # removed the failed unit's cgroup: no count.
+    receipt = Receipt(signal.SIGTERM, "oom-kill", None, 16 * MiB)
+    assert receipt.oom_message() == (
+        "the OOM killer ended a process of its unit, and systemd stopped the"
+        " rest (OOMPolicy=stop; MemoryMax=16.0M)"
+    )
 
 
 def test_run_prints_usage_like_systemd_run_and_the_oom_line_last():

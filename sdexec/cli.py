@@ -64,7 +64,7 @@ from sdexec.receipt import Receipt
 from sdexec.rpc import RPCError, SdexecError, listed_processes
 from sdexec.runrequest import NotText
 from sdexec.signals import signal_name
-from sdexec.syncclient import READABLE, Call, Connection, Exec, Loop
+from sdexec.syncclient import ON_ITS_WAY_S, READABLE, Call, Connection, Exec, Loop
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ _READ_SIZE = 64 * 1024
 #: ignores SIGPIPE (every Python program does), and `run` ends it, as
 #: EPIPE would end it locally. What it wrote before the signal, still on
 #: its way, takes milliseconds to come and be dropped.
-_SIGPIPE_GRACE_S = 1.0
+_SIGPIPE_GRACE_S = ON_ITS_WAY_S
 
 
 def main(argv: Sequence[str] | None = None, early: EarlyExec | None = None) -> int:

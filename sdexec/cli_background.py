@@ -27,13 +27,14 @@ from sdexec.cliio import (
     request,
     say,
     signalled_status,
+    warn,
     warn_after_finished,
     write_output,
 )
 from sdexec.protocol import STATUS_AND_ERROR, ExecFlag, Topic
 from sdexec.rpc import RPCError, SdexecError, background_pid, wait_status
 from sdexec.signals import signal_name
-from sdexec.syncclient import Call, Loop
+from sdexec.syncclient import ON_ITS_WAY_S, Call, Connection, Exec, Loop
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -180,11 +181,13 @@ def attach(options: argparse.Namespace) -> int:
             with connect(loop, options) as connection:
                 stream = connection.attach(options.target, _BOTH, session.respond)
                 loop.run_until(lambda: stream.ended or session.detached)
+                if session.detached and not stream.ended:
+                    _read_on_for_the_end(connection, stream)
         finally:
             close_outputs(session.outputs)
     # Closing the connection is what detaches, on the service's side.
     if session.detached:
-        say(_detached(stream.pid, session.status))
+        _say_detached(stream, session.status)
         # Output lost (a full disk) is an error, said above; a reader gone
         # or a Ctrl-C is the user's choice. A Ctrl-C is still died of, so
         # that a script's loop of attaches stops, as it does for `run`.
@@ -201,16 +204,47 @@ def attach(options: argparse.Namespace) -> int:
     return exit_code(session.status)
 
 
-def _detached(pid: int | None, status: int | None) -> str:
+#: How long a detached ``attach`` reads on for the process's end, at most.
+#: An ended process's replay comes with its end, all written at once
+#: (background.py ``Tracked.attach``): a retained-output of megabytes comes
+#: in milliseconds. Output that keeps coming, of a process that runs on, is
+#: left unread past it.
+_END_WITHIN_S = ON_ITS_WAY_S
+#: How long a gap in what comes says that no end follows: a process that
+#: runs on has printed what it had; the replay comes in one go.
+_END_QUIET_S = 0.2
+
+
+def _read_on_for_the_end(connection: Connection, stream: Exec) -> None:
+    """Detached, read what the service has sent, its output dropped (our
+    stdout is what stopped us), for the process's end: an ended process's
+    replay comes with it, and a read takes at most 256 KiB of it, so its
+    ``finished`` often waits unread behind the output that blocked us
+    (review session 42 R1). Bounded: a process that runs on sends none."""
+    connection.receive_until(lambda: stream.ended, _END_QUIET_S, _END_WITHIN_S)
+
+
+def _say_detached(stream: Exec, status: int | None) -> None:
     """The line ``attach`` says when it detaches: a process whose end came
-    with the replay (it had ended) does not run on, and its end is gone."""
-    shown = pid if pid is not None else "?"
-    if status is None:
-        return f"sdexec: detached from pid {shown}; it runs on"
-    return (
-        f"sdexec: detached from pid {shown}, which had ended (exit code"
-        f" {exit_code(status)}): its end went to this attach"
-    )
+    with the replay (it had ended) does not run on, and its end is gone;
+    an end without a status is said in the service's words."""
+    shown = stream.pid if stream.pid is not None else "?"
+    # The service's error, not the loss our own close of the connection
+    # gave a stream that had not ended.
+    ended_with = stream.error if isinstance(stream.error, RPCError) else None
+    if status is not None:
+        say(
+            f"sdexec: detached from pid {shown}, which had ended (exit code"
+            f" {exit_code(status)}): its end went to this attach"
+        )
+        if ended_with is not None:
+            warn_after_finished(ended_with)
+    elif ended_with is not None:
+        # ECHILD, "unit U ended without an exit status", as an attach that
+        # was not detached would say it.
+        warn(f"detached from pid {shown}, whose stream had ended: {ended_with}")
+    else:
+        say(f"sdexec: detached from pid {shown}; it runs on")
 
 
 class _Attached:

@@ -20,6 +20,7 @@ import errno
 import os
 import select
 import signal
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from sdexec.ioencode import encode_io
@@ -43,12 +44,26 @@ TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["READABLE", "WRITABLE", "Call", "Connection", "Exec", "Loop"]
+__all__ = [
+    "ON_ITS_WAY_S",
+    "READABLE",
+    "WRITABLE",
+    "Call",
+    "Connection",
+    "Exec",
+    "Loop",
+]
 
 #: How much is read from the service at a time. The service writes output
 #: in messages of up to 64 KiB (88 KiB as base64); one read takes one or
 #: more whole.
 _RECV_SIZE = 256 * 1024
+
+#: How long what the service has sent may take to come once it is no
+#: longer wanted, at most: locally, milliseconds. ``run`` gives a process
+#: this long to die of the SIGPIPE sent when its reader went, and a detached
+#: ``attach`` reads on for the end of a process that had ended this long.
+ON_ITS_WAY_S = 1.0
 
 Callback = Callable[[int], None]
 
@@ -404,6 +419,22 @@ class Connection:
         payload = {**target, "flags": flags}
         stream.matchtag = self.send(Topic.ATTACH, payload, stream)
         return stream
+
+    def receive_until(
+        self, done: Callable[[], bool], quiet_s: float, within_s: float
+    ) -> None:
+        """Read and dispatch what the service sends until ``done()``, until
+        nothing has come for ``quiet_s`` seconds, or for ``within_s`` at
+        most. Nothing else is served meanwhile: not the loop's other
+        descriptors, nor its signals (they wait in its wakeup pipe)."""
+        poll = select.poll()
+        poll.register(self._sock.fileno(), select.POLLIN)
+        deadline = time.monotonic() + within_s
+        while not done() and self._sock.fileno() >= 0:
+            wait_s = min(quiet_s, deadline - time.monotonic())
+            if wait_s <= 0 or not poll.poll(wait_s * 1000):
+                return
+            self._receive()
 
     def kill_unit(self, signum: int, pid: int, pending: Pending) -> None:
         """Send ``signum`` to every process of process ``pid``'s unit

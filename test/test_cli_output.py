@@ -7,15 +7,19 @@ command loads. The command runs in a subprocess, as a user runs it."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import resource
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,11 +38,12 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 
 
 class Printing(ScriptedService):
-    """A service whose every exec starts (pid 42) and prints a line on
-    stdout every few milliseconds, as ``yes`` would, until the client closes
-    its connection. Kills are kept in ``kills`` and answered; one other than
-    SIGPIPE ends the process with that signal (the fake's process ignores
-    SIGPIPE, as every Python program does)."""
+    """A service whose every exec starts (pid 42), and every attach attaches
+    to it, and prints a line on stdout every few milliseconds, as ``yes``
+    would, until the client closes its connection. Kills are kept in
+    ``kills`` and answered; one other than SIGPIPE ends the process with
+    that signal (the fake's process ignores SIGPIPE, as every Python program
+    does)."""
 
     def __init__(self, path: str) -> None:
         self.kills: list[dict] = []
@@ -70,9 +75,10 @@ class Printing(ScriptedService):
     def _answer(
         self, connection: socket.socket, request: dict, streams: list[dict]
     ) -> None:
-        if request["topic"] == "sdexec.exec":
+        if request["topic"] in _STARTING:
             streams.append(request)
-            send(connection, response(request, {"type": "started", "pid": 42}))
+            started = {"type": _STARTING[request["topic"]], "pid": 42}
+            send(connection, response(request, started))
         elif request["topic"] == "sdexec.kill":
             self.kills.append(request["payload"])
             send(connection, response(request, {}))
@@ -83,6 +89,10 @@ class Printing(ScriptedService):
                     connection, response(ended, {"type": "finished", "status": signum})
                 )
                 send(connection, failure(ended, errno.ENODATA))
+
+
+#: The requests whose stream :class:`Printing` prints to: what it answers first.
+_STARTING = {"sdexec.exec": "started", "sdexec.attach": "attached"}
 
 
 def send(connection: socket.socket, message: dict) -> None:
@@ -348,23 +358,41 @@ def test_a_stdout_closed_at_the_start_cannot_be_written(scripted, args):
     )
 
 
+def _replaying(
+    chunks: list[bytes],
+    end: list[dict],
+    ended_with: int | None = None,
+    why: str = "",
+    held: threading.Event | None = None,
+) -> Callable[[dict], Iterator[dict]]:
+    """An attach to pid 42 answered with ``attached``, one output message
+    on stdout per chunk, then the payloads ``end``, then the stream's end
+    ``ended_with`` (an errnum, ``why``), if one is given (none of those:
+    the process runs on). The messages are sent as they come, those of
+    the end once ``held`` is set, if given."""
+
+    def attached(request: dict) -> Iterator[dict]:
+        yield response(request, {"type": "attached", "pid": 42})
+        for chunk in chunks:
+            io = encode_io("stdout", "0", chunk)
+            yield response(request, {"type": "output", "pid": 42, "io": io})
+        if held is not None:
+            held.wait(30)
+        yield from (response(request, payload) for payload in end)
+        if ended_with is not None:
+            yield failure(request, ended_with, why)
+
+    return attached
+
+
 def _attach_replaying(
     tmp_path: Path, data: bytes, stdout: object, end: list[dict] | None = None
 ) -> subprocess.CompletedProcess:
     """``sdexec attach 42`` (its stdout ``stdout``) to a service that
     answers with ``attached``, ``data`` on stdout, then the payloads
     ``end`` (none: the process runs on)."""
-
-    def attached(request: dict) -> list[dict]:
-        io = encode_io("stdout", "0", data)
-        payloads = [
-            {"type": "attached", "pid": 42},
-            {"type": "output", "pid": 42, "io": io},
-        ]
-        return [response(request, payload) for payload in [*payloads, *(end or [])]]
-
     path = str(tmp_path / "attach.sock")
-    service = ScriptedService(path, attached)
+    service = ScriptedService(path, _replaying([data], end or []))
     try:
         return sdexec(path, "attach", "42", stdout=stdout)
     finally:
@@ -386,6 +414,119 @@ def test_attach_that_detaches_after_the_end_came_does_not_say_it_runs_on(tmp_pat
         0,
         b"sdexec: detached from pid 42, which had ended (exit code 7): its end"
         b" went to this attach\n",
+    )
+
+
+def _attach_interrupted(
+    tmp_path: Path, script: Callable[[dict], Iterable[dict]], full: threading.Event
+) -> tuple[int, bytes]:
+    """``sdexec attach 42`` to a service that answers with ``script``, its
+    stdout a pipe nobody reads, sent SIGINT once that pipe is full (the
+    client waits to write the replay, and reads no more of it) and
+    ``full`` is set: its exit status and stderr."""
+    path = str(tmp_path / "attach.sock")
+    service = ScriptedService(path, script)
+    env = {key: value for key, value in os.environ.items() if key != "SDEXEC_SOCKET"}
+    reader, writer = os.pipe()
+    try:
+        client = subprocess.Popen(
+            [sys.executable, "-m", "sdexec.cli", "--socket", path, "attach", "42"],
+            env={**env, "PYTHONPATH": str(REPOSITORY)},
+            stdin=subprocess.DEVNULL,
+            stdout=writer,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            _wait_until_full(reader)
+            full.set()
+            client.send_signal(signal.SIGINT)
+            _, stderr = client.communicate(timeout=30)
+        finally:
+            client.kill()
+            client.wait()
+    finally:
+        full.set()  # (a service still holding the end lets it go)
+        os.close(writer)
+        os.close(reader)
+        service.close()
+    return client.returncode, stderr
+
+
+def _wait_until_full(reader: int) -> None:
+    """Wait until the pipe read by ``reader`` holds all it can."""
+    size = fcntl.fcntl(reader, fcntl.F_GETPIPE_SZ)
+    deadline = time.monotonic() + 30
+    while _unread(reader) < size:
+        assert time.monotonic() < deadline, f"{_unread(reader)} bytes of {size}"
+        time.sleep(0.01)
+
+
+def _unread(reader: int) -> int:
+    return struct.unpack("i", fcntl.ioctl(reader, termios.FIONREAD, b"\0" * 4))[0]
+
+
+#: Replays of an ended process that a read (256 KiB at most) does not take
+#: whole: one message larger, and 1 MiB (the default retained-output) in
+#: messages of 64 KiB, as the service sends them.
+_LARGE_REPLAYS = {
+    "200000-bytes": [b"x" * 200_000],
+    "1MiB-in-16": [b"x" * 65536] * 16,
+}
+
+
+@pytest.mark.parametrize("chunks", _LARGE_REPLAYS.values(), ids=_LARGE_REPLAYS)
+def test_attach_interrupted_in_a_large_replay_says_its_end_came(tmp_path, chunks):
+    # The finished response behind the output being written was still
+    # unread, so the line said "it runs on" of a process that had ended and
+    # whose end this attach had taken (review session 42 R1). The end is
+    # sent once the client waits to write: unread, as a replay's end behind
+    # a read of 256 KiB is, whatever the timing.
+    full = threading.Event()
+    finished = {"type": "finished", "pid": 42, "status": 7 << 8}
+    script = _replaying(chunks, [finished], errno.ENODATA, held=full)
+    assert _attach_interrupted(tmp_path, script, full) == (
+        -signal.SIGINT,
+        b"sdexec: detached from pid 42, which had ended (exit code 7): its end"
+        b" went to this attach\n",
+    )
+
+
+def test_attach_interrupted_in_a_replay_that_ended_without_status_says_so(tmp_path):
+    full = threading.Event()
+    why = "unit sdexec-42.service ended without an exit status"
+    chunks = _LARGE_REPLAYS["200000-bytes"]
+    script = _replaying(chunks, [], errno.ECHILD, why, held=full)
+    assert _attach_interrupted(tmp_path, script, full) == (
+        -signal.SIGINT,
+        b"sdexec: detached from pid 42, whose stream had ended: unit"
+        b" sdexec-42.service ended without an exit status\n",
+    )
+
+
+def test_attach_interrupted_in_the_replay_of_a_running_process_says_it_runs_on(
+    tmp_path,
+):
+    # Read on for an end that never comes, until nothing more does.
+    script = _replaying(_LARGE_REPLAYS["1MiB-in-16"], [])
+    assert _attach_interrupted(tmp_path, script, threading.Event()) == (
+        -signal.SIGINT,
+        b"sdexec: detached from pid 42; it runs on\n",
+    )
+
+
+def test_attach_reads_on_for_the_end_for_a_bounded_time(printing):
+    # A process that runs on, printing without a pause: what comes after
+    # the detach (its reader gone) is read for the end for so long only.
+    _service, path = printing
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        done = sdexec(path, "attach", "42", stdout=writer)
+    finally:
+        os.close(writer)
+    assert (done.returncode, done.stderr) == (
+        0,
+        b"sdexec: detached from pid 42; it runs on\n",
     )
 
 

@@ -287,6 +287,32 @@ def test_a_client_dying_of_ctrl_backslash_dumps_no_core(printing, tmp_path):
         client.wait()
     assert (ended.si_code, ended.si_status) == (os.CLD_KILLED, signal.SIGQUIT)
     assert list(cwd.iterdir()) == []
+    # That no core came is the kernel's policy (a core_pattern of a file
+    # and RLIMIT_CORE 0 give none either): the fix is that the client is
+    # no longer dumpable, which no core_pattern overrides (review session
+    # 42 R2).
+    assert _dumpable_before_and_after_dump_no_core() == b"1 0\n"
+
+
+#: Prints PR_GET_DUMPABLE before and after sdexec.cli._dump_no_core.
+_DUMPABLE = """
+import ctypes
+from sdexec.cli import _dump_no_core
+pr_get_dumpable = 3  # <linux/prctl.h>
+before = ctypes.CDLL(None).prctl(pr_get_dumpable, 0, 0, 0, 0)
+_dump_no_core()
+print(before, ctypes.CDLL(None).prctl(pr_get_dumpable, 0, 0, 0, 0))
+"""
+
+
+def _dumpable_before_and_after_dump_no_core() -> bytes:
+    return subprocess.run(
+        [sys.executable, "-c", _DUMPABLE],
+        env={**os.environ, "PYTHONPATH": str(REPOSITORY)},
+        stdout=subprocess.PIPE,
+        timeout=60,
+        check=True,
+    ).stdout
 
 
 def _cores_allowed() -> None:

@@ -59,6 +59,7 @@ from sdexec.systemd.errors import (
 from sdexec.systemd.retry import CallBackoff, CallFailure, classify_call_failure
 from sdexec.systemd.unit import (
     NOT_STARTED_ERRNO,
+    checks_failed,
     never_invoked,
     start_job_ended_unstarted,
     why_unstarted,
@@ -210,8 +211,8 @@ _LOST = "is gone (lost while systemd was away)"
 #: How a start is reported that systemd accepted and then dropped unrun
 #: across its manager's departure (:meth:`Process.manager_left`).
 _START_DROPPED = (
-    "was never started: systemd re-executed or restarted before running its"
-    " start job, and dropped it; nothing ran, retry"
+    "was never started: systemd reloaded, re-executed or restarted before"
+    " running its start job, and dropped it; nothing ran, retry"
 )
 
 # The errnos a request ends with when its unit did not run its course. None
@@ -229,8 +230,8 @@ UNIT_GONE_ERRNO = errno.ESRCH
 #: A process that started and whose unit ended without an exit status: as
 #: wait(2) says when there is no status to collect.
 NO_EXIT_STATUS_ERRNO = errno.ECHILD
-#: A start systemd accepted and dropped unrun when its manager re-executed
-#: or restarted: nothing ran, so a retry is safe, as for a start an outage
+#: A start systemd accepted and dropped unrun when its manager reloaded,
+#: re-executed or restarted: nothing ran, so a retry is safe, as for a start an outage
 #: caught in flight (docs/protocol.md: EAGAIN, retry later).
 START_DROPPED_ERRNO = errno.EAGAIN
 
@@ -349,6 +350,8 @@ class Process:
         #: Its manager left the bus since the start was accepted (re-executed,
         #: restarted or killed): a start it had not run may be dropped.
         self._manager_left = False
+        #: A daemon-reload began while its start was queued.
+        self._manager_reloaded = False
         #: Output streams that reached EOF while the receipt was being read.
         self._eofs_after_finished: list[str] = []
         self._start_deadline = _StartDeadline(
@@ -626,6 +629,12 @@ class Process:
         ran nothing (:meth:`_unit_changed`)."""
         if UnitCall.START in self._called and Sent.STARTED not in self._sent:
             self._manager_left = True
+
+    def manager_reloading(self) -> None:
+        """systemd's manager begins a ``daemon-reload``: a start it has
+        queued may be dropped (:meth:`_start_dropped`)."""
+        if UnitCall.START in self._called and Sent.STARTED not in self._sent:
+            self._manager_reloaded = True
 
     def resync(self) -> None:
         """systemd is back after a loss: read the unit's state afresh (the
@@ -958,14 +967,27 @@ class Process:
         self._called.discard(UnitCall.CONFIRM_UNSTARTED)
 
     def _fail_unstarted(self, state: dict[str, Any]) -> None:
-        if self._manager_left and state.get("LoadState") == "bad-setting":
-            # Its start job, kept over a daemon-reexec, met the unit as
-            # reloaded from its transient file (which does not parse back).
+        if self._start_dropped(state):
             message = f"unit {self.unit_name} {_START_DROPPED}"
             self._fail(START_DROPPED_ERRNO, message)
             return
         # Never started, as for systemd's own exit codes (unit.py).
         self._fail(NOT_STARTED_ERRNO, f"unit {self.unit_name}: {why_unstarted(state)}")
+
+    def _start_dropped(self, state: dict[str, Any]) -> bool:
+        """Whether a start job that ended unstarted was dropped by its
+        manager's reload: still queued at a daemon-reload (or kept over a
+        daemon-reexec), it met the unit as reloaded from its transient file,
+        which does not parse back (systemd 252 writes ``ExecStartEx=``, a
+        key its unit-file reader does not know): ``bad-setting``, no
+        command, nothing ran. The load state is not signalled, and the
+        unit is often unloaded before a read could show it: a reload
+        meanwhile, and no condition or assertion that failed, say it."""
+        return (
+            (self._manager_left or self._manager_reloaded)
+            and state.get("LoadState", "bad-setting") == "bad-setting"
+            and not checks_failed(state)
+        )
 
     def _output(self, stream: str, data: bytes) -> None:
         if self._tap is not None:

@@ -116,6 +116,7 @@ class SdexecServer:
         ``hold_leftover_stops``: leftovers are adopted but not stopped
         until :meth:`Leftovers.release_stops` (the service's start)."""
         self.systemd = systemd
+        systemd.on_reloading = self.manager_reloading
         self.config = config
         self.reactor = reactor
         self.clock = clock or reactor
@@ -554,6 +555,12 @@ class SdexecServer:
             self.drain(problem, SelfLifting.VERSION)
         elif self.lift(SelfLifting.VERSION):
             self.device_canary.run_owed()  # not run while the manager was too old
+
+    def manager_reloading(self) -> None:
+        """The manager begins a ``daemon-reload``: a start it has queued
+        may be dropped (sdexec.process.Process.manager_reloading)."""
+        for process in list(self.processes.values()):
+            process.manager_reloading()
 
     def systemd_restored(self) -> None:
         """systemd is back after a loss: every process re-reads its unit."""

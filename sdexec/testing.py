@@ -79,6 +79,7 @@ class FakeManager:
         self.version: str | None = "252.38-1~deb12u1"
         self.on_lost: Callable[[str], None] | None = None
         self.on_restored: Callable[[], None] | None = None
+        self.on_reloading: Callable[[], None] | None = None
         self.disconnected: defer.Deferred[None] = defer.Deferred()
         self.calls: list[tuple[Any, ...]] = []
         #: ``(unit, signal)`` of every ``KillUnit``, in order.
@@ -231,6 +232,11 @@ class FakeManager:
     def deactivate(self, name: str) -> None:
         """The unit is stopping, with processes left."""
         self.change(name, {"ActiveState": "deactivating", "SubState": "stop-sigterm"})
+
+    def reload(self) -> None:
+        """A ``daemon-reload`` begins (the ``Reloading`` signal)."""
+        if self.on_reloading is not None:
+            self.on_reloading()
 
     def release(self, name: str) -> None:
         """Close the process's ends of its fds (the unit's processes are gone)."""

@@ -82,6 +82,16 @@ class FakeBus:
         for handler in self.handlers:
             handler(signal)
 
+    def reloading(self, active: bool, sender: str) -> None:
+        signal = Message(
+            message_type=MessageType.SIGNAL, sender=sender,
+            path="/org/freedesktop/systemd1",
+            interface="org.freedesktop.systemd1.Manager", member="Reloading",
+            signature="b", body=[active],
+        )  # fmt: skip
+        for handler in self.handlers:
+            handler(signal)
+
     def properties_changed(self, unit: str, changed: dict, sender: str) -> None:
         signal = Message(
             message_type=MessageType.SIGNAL, sender=sender, path=unit_object_path(unit),
@@ -170,7 +180,7 @@ async def test_on_call_given_to_connect_sees_the_connection_s_own_calls(monkeypa
         ("Get", True),
         ("Get", True),
     ]
-    assert observed == [("AddMatch", True), ("AddMatch", True), *subscribed]
+    assert observed == [*[("AddMatch", True)] * 3, *subscribed]
     del observed[:]
     buses[0].owner_changed(":1.5", "")
     buses[0].owner_changed("", ":1.9")
@@ -278,6 +288,23 @@ async def test_only_the_managers_own_signals_are_taken():
     bus.properties_changed("job.service", {"SubState": Variant("s", "failed")}, ":1.9")
     bus.properties_changed("job.service", {"SubState": Variant("s", "dead")}, ":1.10")
     assert seen == ["running", "dead"]
+    client.disconnect()
+
+
+@ensureDeferred
+async def test_the_manager_s_reload_is_told_once_as_it_begins():
+    # Its starts still queued may be dropped (sdexec.process): only the
+    # manager's own signal, and only its start (true), not its end.
+    bus, clock = FakeBus(), Clock()
+    client = connected_client(bus, clock)
+    bus.owner_changed(":1.5", ":1.9")
+    await until(lambda: client.connected and "Get" in bus.calls, "subscribed")
+    reloads: list[None] = []
+    client.on_reloading = lambda: reloads.append(None)
+    bus.reloading(True, ":1.666")  # forged
+    bus.reloading(True, ":1.9")
+    bus.reloading(False, ":1.9")
+    assert len(reloads) == 1
     client.disconnect()
 
 

@@ -10,11 +10,21 @@ import errno
 import os
 import signal
 import subprocess
+import uuid
 
 import pytest
 import pytest_twisted
 from pytest_twisted import ensureDeferred
-from support import FLAGS, ConfigText, Result, RunningService, command, run, sleep
+from support import (
+    FLAGS,
+    ConfigText,
+    Result,
+    RunningService,
+    command,
+    run,
+    sleep,
+)
+from twisted.internet.defer import Deferred
 from twisted.internet.utils import getProcessOutput, getProcessValue
 
 from sdexec.plan import RequestError
@@ -188,6 +198,47 @@ async def test_a_daemon_reload_mid_run_is_no_loss(own_service):
     assert (watcher.lost, watcher.restored) == ([], 0)
     assert sdexec.server.drain_reason is None
     assert (await client.list())["procs"] == []
+
+
+@ensureDeferred
+async def test_a_start_a_daemon_reload_dropped_unrun_is_eagain(
+    private_manager, tmp_path
+):
+    """A start still queued at a ``daemon-reload`` (a package's install runs
+    one) meets its unit read again from a transient file systemd 252 cannot
+    parse back, and ends unrun. It ended ENOENT "its start job ended without
+    starting it", which a client does not retry: 29 of a burst of 150
+    (review session 42). Here the start waits behind a oneshot (``After=``)
+    across the reload, as it would behind a busy manager."""
+    blocker = f"reload-blocker-{uuid.uuid4().hex[:8]}.service"
+    subprocess.run(
+        ["systemd-run", "--user", "--quiet", "--no-block", f"--unit={blocker}",
+         "-p", "Type=oneshot", "sleep", "2"],
+        check=True, timeout=60,
+    )  # fmt: skip
+    site = f'[exec.sdexec-properties]\nAfter = "{blocker}"\n'
+    service = await RunningService(tmp_path, ConfigText(extra=site)).start()
+    try:
+        client = await service.connect()
+        ran = Deferred.fromCoroutine(run(client, ["true"]))
+        await until(lambda: _queued_jobs() >= 2, "the start queued behind it")
+        subprocess.run(["systemctl", "--user", "daemon-reload"], check=True, timeout=60)
+        result = await ran
+        assert result.error is not None
+        assert result.error.errnum == errno.EAGAIN
+        assert result.error.errstr.endswith("and dropped it; nothing ran, retry")
+        assert "started" not in result.types
+    finally:
+        await service.stop()
+
+
+def _queued_jobs() -> int:
+    """The test manager's jobs, queued or running."""
+    listed = subprocess.run(
+        ["systemctl", "--user", "list-jobs", "--no-legend", "--plain"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return len(listed.stdout.splitlines())
 
 
 @ensureDeferred

@@ -643,7 +643,7 @@ async def test_the_start_s_calls_on_the_bus_are_counted(tmp_path, monkeypatch):
     service.startService()
     await service.ready
     assert dbus_calls(service) == {
-        "AddMatch": 2, "Subscribe": 1, "GetNameOwner": 1, "Get": 2,
+        "AddMatch": 3, "Subscribe": 1, "GetNameOwner": 1, "Get": 2,
         "ListUnitsByPatterns": 1,
     }  # fmt: skip
     await service.stopService()

@@ -91,6 +91,13 @@ _PROPERTIES_CHANGED_RULE = (
     "interface='org.freedesktop.DBus.Properties',member='PropertiesChanged',"
     "path_namespace='/org/freedesktop/systemd1/unit'"
 )
+#: The manager's signal that a daemon-reload begins (true) or ends (false):
+#: sent to its subscribers only.
+_RELOADING_RULE = (
+    "type='signal',sender='org.freedesktop.systemd1',"
+    "interface='org.freedesktop.systemd1.Manager',member='Reloading',"
+    "path='/org/freedesktop/systemd1'"
+)
 _OWNER_CHANGED_RULE = (
     "type='signal',sender='org.freedesktop.DBus',interface='org.freedesktop.DBus',"
     "member='NameOwnerChanged',arg0='org.freedesktop.systemd1'"
@@ -313,6 +320,8 @@ class SystemdClient:
         #: ``on_restored()`` once both are back and subscribed again.
         self.on_lost: Callable[[str], None] | None = None
         self.on_restored: Callable[[], None] | None = None
+        #: ``on_reloading()`` when the manager begins a ``daemon-reload``.
+        self.on_reloading: Callable[[], None] | None = None
         #: The bus is up, the manager on it and subscribed: calls are sent.
         self.connected = False
         #: The manager's own cgroup, read at each (re)connection.
@@ -414,7 +423,7 @@ class SystemdClient:
         )
 
     async def _add_matches(self) -> None:
-        for rule in (_PROPERTIES_CHANGED_RULE, _OWNER_CHANGED_RULE):
+        for rule in (_PROPERTIES_CHANGED_RULE, _RELOADING_RULE, _OWNER_CHANGED_RULE):
             await self._call(DBUS, DBUS_PATH, DBUS, "AddMatch", "s", [rule])
 
     async def _subscribe(self, autostart: bool = False) -> None:
@@ -827,6 +836,14 @@ class SystemdClient:
             and message.body[0] == SYSTEMD
         ):
             self._owner_changed(message.body[1], message.body[2])
+        elif (
+            message.member == "Reloading"
+            and message.interface == MANAGER
+            and message.sender == self._manager_owner
+            and message.body == [True]
+            and self.on_reloading is not None
+        ):
+            self.on_reloading()
 
     def _owner_changed(self, old_owner: str, new_owner: str) -> None:
         """The manager left the bus (it died), came back, or was replaced

@@ -55,6 +55,10 @@ class Manager(Protocol):
     #: is back (re-subscribed: every tracked unit's state should be re-read).
     on_lost: Callable[[str], None] | None
     on_restored: Callable[[], None] | None
+    #: ``on_reloading()`` when the manager begins a ``daemon-reload``: it
+    #: reads every unit again from its file, and a transient one of sdexec's
+    #: may not read back (sdexec.process.Process.manager_reloading).
+    on_reloading: Callable[[], None] | None
     #: The manager's own cgroup (its ``ControlGroup``, as
     #: ``/proc/PID/cgroup`` writes paths), read at each (re)connection:
     #: its units' cgroups are below it. ``None`` if it could not be read.

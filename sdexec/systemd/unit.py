@@ -87,15 +87,31 @@ def start_job_ended_unstarted(state: Mapping[str, Any]) -> bool:
     return never_invoked(state) and not state.get("ExecMainPID")
 
 
+def _condition_false(state: Mapping[str, Any]) -> bool:
+    return bool(
+        state.get("ConditionTimestampMonotonic")
+        and state.get("ConditionResult") is False
+    )
+
+
+def _assertion_failed(state: Mapping[str, Any]) -> bool:
+    return bool(
+        state.get("AssertTimestampMonotonic") and state.get("AssertResult") is False
+    )
+
+
+def checks_failed(state: Mapping[str, Any]) -> bool:
+    """A condition of the unit was false or an assertion failed, where
+    systemd checked them: what ended its start job, not the job itself."""
+    return _condition_false(state) or _assertion_failed(state)
+
+
 def why_unstarted(state: Mapping[str, Any]) -> str:
     """Why the start job of :func:`start_job_ended_unstarted` ended: its
     conditions or assertions, where systemd checked them, else the job."""
-    if (
-        state.get("ConditionTimestampMonotonic")
-        and state.get("ConditionResult") is False
-    ):
+    if _condition_false(state):
         return "a condition of the unit was false (ConditionResult=no)"
-    if state.get("AssertTimestampMonotonic") and state.get("AssertResult") is False:
+    if _assertion_failed(state):
         return "an assertion of the unit failed (AssertResult=no)"
     return (
         "its start job ended without starting it (a dependency that failed,"

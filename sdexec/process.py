@@ -208,6 +208,8 @@ class UnitCall(enum.Enum):
 
 #: How a unit the manager lost is reported.
 _LOST = "is gone (lost while systemd was away)"
+#: How a unit started again by hand (``systemctl restart``) is reported.
+_STARTED_AGAIN = "was started again outside sdexec"
 #: How a start is reported that systemd accepted and then dropped unrun
 #: across its manager's departure (:meth:`Process.manager_left`).
 _START_DROPPED = (
@@ -747,7 +749,7 @@ class Process:
         if bytes(invocation) == self._invocation:
             return None
         self.started_again = bool(invocation)
-        return "was started again outside sdexec" if invocation else _LOST
+        return _STARTED_AGAIN if invocation else _LOST
 
     def _note_invocation(self, properties: dict[str, Any]) -> None:
         self._invocation = bytes(properties.get("InvocationID") or b"") or None
@@ -783,6 +785,21 @@ class Process:
                     self._vanished(_START_DROPPED, START_DROPPED_ERRNO)
                     return
             self._vanished(gone)
+            return
+        if gone == _STARTED_AGAIN and not self._reaped:
+            # Its outcome known all the same: a restart's stop killed the
+            # first run, whose exit (the Service's signal) can come before
+            # the new InvocationID (the Unit's), and `finished` went out for
+            # it. What runs now is not this request's process: it must not
+            # be followed as it (its output, its end), but as a leftover. The
+            # error follows `finished`, as an EDEADLK does (if the stream
+            # has not ended). Nothing unread goes out: systemd starts the
+            # new run only once the restart's stop has ended every process
+            # of the first, whose output was read as it came (unless its
+            # client was reading slowly), so what the sockets hold now is
+            # the new run's. (A unit lost after `finished` needs none of
+            # this: what it left is ended above, and nothing runs on in it.)
+            self._vanished(gone, forward_unread=False)
             return
         status = self.status = UnitStatus.from_properties(
             properties, command_ran=self._command_ran
@@ -1173,16 +1190,21 @@ class Process:
         signum = self.stop_timer.signum
         self._context.end_lost_unit(self.unit_name, cgroup, signum, self)
 
-    def _vanished(self, what: str, errnum: int = UNIT_GONE_ERRNO) -> None:
+    def _vanished(
+        self, what: str, errnum: int = UNIT_GONE_ERRNO, forward_unread: bool = True
+    ) -> None:
         """The unit is no longer the one started (its manager restarted, it
         was unloaded while the connection was down, or started again by
         hand): nothing more will come of ours. ``errnum``: what the request
-        ends with (:data:`START_DROPPED_ERRNO` for a start never run)."""
+        ends with (:data:`START_DROPPED_ERRNO` for a start never run).
+        ``forward_unread``: what the output sockets hold unread now is the
+        process's, and goes out before the error."""
         message = f"unit {self.unit_name} {what}"
         log.warn("{message}", message=message)
-        # No EOF will come (systemd's ends may never close): what the process
-        # wrote and the service has not read yet goes out before the error.
-        self.output.read_queued()
+        if forward_unread:
+            # No EOF will come (systemd's ends may never close): what the
+            # process wrote and the service has not read yet is not lost.
+            self.output.read_queued()
         self._fail(errnum, message)
         self._reap()
 

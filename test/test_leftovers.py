@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import os
 import signal
 
 import pytest
@@ -497,6 +498,39 @@ def test_a_unit_started_again_by_hand_is_followed_as_a_leftover_at_once(systemd)
         " ".join(lines)
     )
     assert ("stop", UNIT) in systemd.calls
+    assert server.drain_reason == "1 leftover unit"
+    connection.close()
+
+
+def test_a_unit_restarted_by_hand_after_its_finished_is_followed_as_a_leftover(
+    systemd,
+):
+    # The restart's stop killed the first run, whose exit (the Service's
+    # signal) came before the new InvocationID (the Unit's): `finished` went
+    # out for it, and the new run was followed as it, output and all.
+    server = make_server(systemd)
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    systemd.change(UNIT, {"InvocationID": b"\x01" * 16})
+    systemd.change(UNIT, {"ExecMainCode": 2, "ExecMainStatus": 15})  # SIGTERM
+    assert connection.last()["payload"]["type"] == "finished"
+    systemd.change(UNIT, {**RUNNING, "ExecMainPID": 4343, "ExecMainCode": 0})
+    os.write(systemd.process_fd(UNIT, "stdout"), b"run 4343\n")  # unread yet
+    lines = logged_during(lambda: systemd.change(UNIT, {"InvocationID": b"\x02" * 16}))
+    payloads = [r.get("payload", {}) for r in connection.responses()]
+    types = [p.get("type") for p in payloads]
+    assert types[types.index("finished") + 1 :] == [None]  # no output after it
+    assert payloads[types.index("finished")]["status"] == 15
+    assert error_of(connection.last()) == (
+        errno.ESRCH,
+        f"unit {UNIT} was started again outside sdexec",
+    )
+    assert server.processes == {}
+    assert list(server.leftovers.units) == [UNIT]
+    assert f"leftover unit {UNIT} of this run, started again outside sdexec" in (
+        " ".join(lines)
+    )
     assert server.drain_reason == "1 leftover unit"
     connection.close()
 

@@ -152,8 +152,9 @@ class Tracked:
         #: It ended so before ``finished`` (a job declared unkillable): a
         #: status known later (at the reap) is not its end.
         self._failed_unfinished = False
-        #: The waiter asked for the status even where the stream ended with
-        #: an error after ``finished`` (``status_and_error``, an extension).
+        #: The waiter asked for the status and output even where the stream
+        #: ended with an error (``status_and_error``, an extension): the
+        #: output alone beside an error before ``finished``.
         self._wait_with_status = False
         #: The unit is gone (the process was reaped); only the end remains.
         self.reaped = False
@@ -239,8 +240,9 @@ class Tracked:
 
     def wait(self, waiter: _Client, with_status: bool = False) -> None:
         """Answer ``waiter`` once the process has ended (now, if it has);
-        ``with_status``: with its status and output beside an error that
-        ended the stream after ``finished``, rather than that error alone."""
+        ``with_status``: with its status (if ``finished`` came first) and
+        output beside an error that ended the stream, rather than that
+        error alone."""
         if not self.waitable:
             raise RequestError(errno.EINVAL, f"{self._name}: not started waitable")
         if self._waiter is not None:
@@ -404,24 +406,36 @@ class Tracked:
         finished = self.finished
         if finished is None or self._answers_an_error():
             # As the stream ended: a wait made before the reap got this too.
-            no_status = (NO_EXIT_STATUS_ERRNO, "no exit status")
-            waiter.responder.error(*(self.failure or no_status))
+            failure = self.failure or (NO_EXIT_STATUS_ERRNO, "no exit status")
+            if self._wait_with_status:
+                # No status (its end is the error, not `finished`: a job
+                # declared unkillable), but the output, which says why the
+                # job ignored its signals: an attach replays it too.
+                waiter.responder.respond(self._wait_answer(failure))
+            else:
+                waiter.responder.error(*failure)  # upstream's answer
             return
-        answer = {
-            "status": finished["status"],
+        # What ended the stream after the command finished (the stop timer
+        # gave up on what it left), if anything, beside the status.
+        answer = {"status": finished["status"], **self._wait_answer(self.failure)}
+        waiter.responder.respond(answer)
+
+    def _wait_answer(self, failure: tuple[int, str] | None) -> dict[str, Any]:
+        """A wait's answer without its status: the retained output, and
+        ``failure`` (what ended the stream with an error) as ``"error"``."""
+        answer: dict[str, Any] = {
             "output": self.retained.io_objects(self._rank),
             "dropped": self.retained.dropped,
         }
-        if self.failure is not None:
-            # What ended the stream after the command finished (the stop
-            # timer gave up on what it left), asked for beside the status.
-            errnum, errstr = self.failure
+        if failure is not None:
+            errnum, errstr = failure
             answer["error"] = {"errnum": errnum, "errstr": errstr}
-        waiter.responder.respond(answer)
+        return answer
 
     def _answers_an_error(self) -> bool:
         """Whether the wait's answer (once ``finished`` is known) is the
-        error that ended the stream: one before ``finished`` always; one
+        error that ended the stream, not the status: one before ``finished``
+        always (beside the output, with ``status_and_error``); one
         after it (the stop timer gave up on what the command left) unless
         the waiter asked for the status beside it. Upstream's sdexec answers
         that error alone, and Flux's job-exec (bgexec) drains the rank and

@@ -141,11 +141,18 @@ def _started(call: Call, label: str | None, interrupted: int | None) -> int:
 
 def wait(options: argparse.Namespace) -> int:
     """``sdexec wait PID|LABEL``: the retained output to our stdout and
-    stderr, in the order it was produced; the process's exit code."""
+    stderr, in the order it was produced; the process's exit code (1, after
+    the error, where the stream ended with one before it finished)."""
     # The status and output even where the stop timer gave up on what the
     # command left: said after them, as run says it.
     answer = request(options, Topic.WAIT, {**options.target, STATUS_AND_ERROR: True})
-    status = wait_status(answer)
+    after = answer.get("error")
+    errstr = after.get("errstr") if isinstance(after, dict) else None
+    # No status beside the error: the stream ended with it before `finished`
+    # (a job declared unkillable). Its output is written all the same, then
+    # the error said, as attach does.
+    unfinished = "status" not in answer and isinstance(errstr, str)
+    status = None if unfinished else wait_status(answer)
     _say_dropped(answer.get("dropped"))
     outputs = {"stdout": Output(own_fd(1)), "stderr": Output(own_fd(2))}
     lost = False
@@ -153,9 +160,10 @@ def wait(options: argparse.Namespace) -> int:
         # Waited for once, the output cannot be had again: its loss is
         # said, and fails the command (a reader gone is not a loss).
         lost = write_output(outputs, io) == LOST or lost
-    after = answer.get("error")
-    if isinstance(after, dict) and isinstance(after.get("errstr"), str):
-        warn_after_finished(after["errstr"])
+    if status is None:
+        return fail(str(errstr))
+    if isinstance(errstr, str):
+        warn_after_finished(errstr)
     code = exit_code(status)
     return (code or 1) if lost else code
 

@@ -963,18 +963,37 @@ async def test_a_wait_made_while_the_unit_lingers_is_answered_at_once(
     await reaped_at_last(systemd, server)
 
 
+@pytest.mark.parametrize("with_status", [False, True], ids=["upstream", "extension"])
 @ensureDeferred
-async def test_a_pending_wait_gets_an_unkillable_job_s_edeadlk(systemd, server, client):
+async def test_a_pending_wait_gets_an_unkillable_job_s_edeadlk(
+    systemd, server, client, with_status
+):
     # docs/protocol.md names this EDEADLK as what a wait answers; it waited
     # for a reap that the job's unkillable processes never let come.
     waitable_job_running(systemd, client)
+    produce(systemd, "stdout", b"ignoring TERM\n")
+    retained = tracked_of(server).retained
+    await until(lambda: retained.io_objects("0"), "output retained")
     waiter = Client(server)
-    waiter.send("sdexec.wait", {"label": "j"}, matchtag=1)
+    target = {"label": "j", **({"status_and_error": True} if with_status else {})}
+    waiter.send("sdexec.wait", target, matchtag=1)
     assert payloads(waiter.of(1)) == []  # running: the wait waits
     server.units[UNIT].unkillable("unkillable user processes for job f1")
-    assert payloads(waiter.of(1)) == [
-        (errno.EDEADLK, "unkillable user processes for job f1")
-    ]
+    (answer,) = payloads(waiter.of(1))
+    unkillable = (errno.EDEADLK, "unkillable user processes for job f1")
+    if with_status:
+        # Its output, which an attach replays too, and the error beside it;
+        # no status: the job's end is the error (review 42 T2).
+        assert answer == {
+            "output": retained.io_objects("0"),
+            "dropped": {"stdout": 0, "stderr": 0},
+            "error": {"errnum": unkillable[0], "errstr": unkillable[1]},
+        }
+        assert [decode_io(io)[:2] for io in answer["output"]] == [
+            ("stdout", b"ignoring TERM\n")
+        ]
+    else:
+        assert answer == unkillable  # upstream's answer: the error alone
     await reaped_at_last(systemd, server)
 
 

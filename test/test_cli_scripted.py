@@ -231,6 +231,23 @@ def test_wait_says_what_ended_the_stream_after_the_command_and_keeps_its_code(se
     assert done.stderr == SAID_AFTER + b"\n"
 
 
+def test_wait_writes_the_output_of_a_job_that_ended_unkillable_then_its_error(
+    serve,
+):
+    # No status: the job's end is the error (review 42 T2). Its output was
+    # answered alone before, and lost: the end is had once.
+    unkillable = "unkillable user processes for job jw"
+
+    def script(request: dict) -> list[dict]:
+        io = encode_io("stdout", "0", b"begin\n")
+        error = {"errnum": errno.EDEADLK, "errstr": unkillable}
+        return [response(request, {"output": [io], "dropped": {}, "error": error})]
+
+    done = sdexec(serve(script), "wait", "7")
+    assert (done.returncode, done.stdout) == (1, b"begin\n")
+    assert done.stderr == f"sdexec: {unkillable}\n".encode()
+
+
 def test_attach_says_what_ended_the_stream_after_the_command_and_keeps_its_code(
     serve,
 ):

@@ -8,8 +8,10 @@ Linux does, so core 0 is PUs 0 and 2 and core 1 is PUs 1 and 3. Whether
 the fence holds depends on the node (cgroup v1 machines store
 ``AllowedCPUs`` and ``AllowedMemoryNodes`` without enforcing them; a cgroup
 v2 node with cpuset delegated enforces them), so tests that need the unit to
-keep running set ``containment-check = "warn"``, and the drain tests ask for
-a CPU, or a NUMA node, no node has, so that the fence fails everywhere.
+keep running set ``containment-check = "warn"``, the drain tests ask for
+a CPU, or a NUMA node, no node has, so that the fence fails everywhere, and
+the memory cap's tests fence to every CPU and NUMA node the node has, so
+that the cpuset fences hold everywhere.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ from sdexec.containment import (
 )
 from sdexec.idset import IDset
 from sdexec.map.mapper import UnfenceableRequest
+from sdexec.map.topology import Topology
 from sdexec.plan import plan_exec
 from sdexec.procfs import process_exists
 from sdexec.protocol import ExecFlag
@@ -460,36 +463,74 @@ def own_cpu_mask() -> IDset:
     raise AssertionError("no Cpus_allowed_list in /proc/self/status")
 
 
+def every_cpu() -> IDset:
+    """Every CPU this node has: online, or in this process's affinity mask
+    (a VM's mask may list possible CPUs that are not online). Where cpuset
+    does not apply, a unit may use any CPU of its manager's affinity mask,
+    which the suite's sandbox manager took from this process."""
+    online = IDset(Path("/sys/devices/system/cpu/online").read_text().strip())
+    return online | own_cpu_mask()
+
+
+def online_memory_nodes() -> IDset:
+    """The NUMA nodes this node has online (node 0 alone on a kernel
+    without NUMA, which lists none)."""
+    listed = Path("/sys/devices/system/node/online")
+    return IDset(listed.read_text().strip()) if listed.exists() else IDset("0")
+
+
+def topology_of_every_cpu(
+    directory: Path, memory_nodes: IDset, name: str
+) -> tuple[Path, int]:
+    """A topology of ``every_cpu()``, one core each, with ``memory_nodes``
+    as its NUMA nodes, each holding every core; written to ``directory``
+    as ``name``: (its path, its number of cores).
+
+    R holding all its cores fences a unit to every CPU there is, which
+    holds on any node, enforced or not; and to all of ``memory_nodes``.
+    (hwloc's synthetic syntax gives NUMA nodes one CPU count each, which a
+    node's real ones need not share: attached to the machine, they do.)
+    """
+    cpus = every_cpu()
+    indexes = ",".join(map(str, cpus))
+    nodes = ",".join(map(str, memory_nodes))
+    numa = f"[numa(indexes={nodes})]" + " [numa]" * (len(memory_nodes) - 1)
+    xml = subprocess.run(
+        ["lstopo-no-graphics", "--of", "xml", "-", "--input",
+         f"{numa} core:{len(cpus)} pu:1(indexes={indexes})"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    path = directory / name
+    path.write_text(xml)
+    return path, len(cpus)
+
+
+def topology_whose_fences_hold(directory: Path) -> tuple[Path, int]:
+    """A topology whose cpuset fences hold on any node, for R holding all
+    its cores: every CPU the node has, in the NUMA nodes it has online, so
+    that they hold whether the node enforces cpusets or not (a manager
+    without cpuset delegated, as user@.service is by default, leaves its
+    units every CPU and node of the root cgroup); (its path, its number of
+    cores). A test of anything else the node may or may not enforce uses
+    it, so that a fence that does not hold is never what it judges."""
+    return topology_of_every_cpu(directory, online_memory_nodes(), "every-cpu.xml")
+
+
 #: A NUMA node no machine has (Linux has at most 1024): a fence to it never
 #: holds, whatever the node enforces.
 ABSENT_NODE = 4095
 
 
 def topology_with_an_absent_node(directory: Path) -> tuple[Path, int]:
-    """A topology of every CPU this node has (online, or in this process's
-    affinity mask), one core each, in the single NUMA node
-    ``ABSENT_NODE``; (its path, its number of cores).
+    """``topology_of_every_cpu`` in the single NUMA node ``ABSENT_NODE``.
 
     Its cores fence a unit to every CPU there is, which holds on any node;
     its memory node cannot hold on any: a cgroup v2 kernel refuses the
     cpuset (the unit keeps its parent's nodes) and cgroup v1 never applies
     it. So the memory node check is the one that fails, here and on an
-    enforcing node alike. Where cpuset does not apply, a unit may use the
-    CPUs of its manager's affinity mask, which the suite's sandbox manager
-    took from this process; a VM's mask may list possible CPUs that are not
-    online.
+    enforcing node alike.
     """
-    online = IDset(Path("/sys/devices/system/cpu/online").read_text().strip())
-    cpus = sorted(online | own_cpu_mask())
-    indexes = ",".join(map(str, cpus))
-    xml = subprocess.run(
-        ["lstopo-no-graphics", "--of", "xml", "-", "--input",
-         f"numa:1(indexes={ABSENT_NODE}) core:{len(cpus)} pu:1(indexes={indexes})"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    path = directory / "absent-node.xml"
-    path.write_text(xml)
-    return path, len(cpus)
+    return topology_of_every_cpu(directory, IDset([ABSENT_NODE]), "absent-node.xml")
 
 
 @pytest.mark.systemd
@@ -510,22 +551,25 @@ async def test_unenforced_memory_nodes_fail_the_job_and_drain(start_service, tmp
 @pytest.mark.systemd
 @ensureDeferred
 async def test_a_memory_cap_the_node_does_not_enforce_fails_and_drains(
-    start_service,
+    start_service, tmp_path
 ):
-    """Cores 0-1 are every CPU of the small topology and node 0 its one
-    NUMA node, so the cpuset fences hold on these machines (two CPUs, one
-    node) and on any node that enforces them; whether the memory cap does is
-    measured apart from the service (a v2 node with the memory controller
-    delegated: yes; cgroup v1, or v2 without it: no), and the service must
-    agree."""
+    """R holds every CPU of the node and every NUMA node it has online, so
+    the cpuset fences hold on any node, whether it enforces them or not,
+    and the memory cap is the one fence judged. Whether the node enforces
+    it is measured apart from the service (a v2 node with the memory
+    controller delegated: yes; cgroup v1, or v2 without it: no), and the
+    service must agree."""
     enforced = node_kills_at_memory_max()
+    topology, cores = topology_whose_fences_hold(tmp_path)
     memory = '[exec.sdexec-properties]\nMemoryMax = "50%"\n'
-    service = await start_service(**contained(check=None, extra=memory))
+    service = await start_service(
+        **contained(check=None, extra=memory, topology=topology)
+    )
     client = await service.connect()
     if service.server.drain_reason is not None:  # the device canary's
         await client.undrain()
     # A process that lives until it is checked (sleep, as the CPU test's).
-    unit = RunningUnit(client, {R_OPTION: r_local("0-1")})
+    unit = RunningUnit(client, {R_OPTION: r_local(f"0-{cores - 1}")})
     if enforced:
         await (await unit.started()).stop()
         assert service.server.drain_reason is None
@@ -542,14 +586,17 @@ async def test_a_memory_cap_the_node_does_not_enforce_fails_and_drains(
 
 @pytest.mark.systemd
 @ensureDeferred
-async def test_a_requests_own_memory_cap_is_not_the_fence(start_service):
+async def test_a_requests_own_memory_cap_is_not_the_fence(start_service, tmp_path):
     """Requests may set MemoryMax; one the node cannot hold is the
-    request's business, not a reason for any client to drain the node."""
-    service = await start_service(**contained(check=None))
+    request's business, not a reason for any client to drain the node (on
+    a topology whose cpuset fences hold on any node, so that they are not
+    what drains it)."""
+    topology, cores = topology_whose_fences_hold(tmp_path)
+    service = await start_service(**contained(check=None, topology=topology))
     client = await service.connect()
     if service.server.drain_reason is not None:  # the device canary's
         await client.undrain()
-    opts = {R_OPTION: r_local("0-1"), "SDEXEC_PROP_MemoryMax": "1G"}
+    opts = {R_OPTION: r_local(f"0-{cores - 1}"), "SDEXEC_PROP_MemoryMax": "1G"}
     await (await RunningUnit(client, opts).started()).stop()
     assert service.server.drain_reason is None
 
@@ -619,6 +666,28 @@ def test_fence_broken_when_any_id_is_outside(check, name, expected, actual):
         f"{name} not enforced: expected {expected} got {actual}"
         " (is the cpuset controller delegated to the user instance?)"
     )
+
+
+@pytest.mark.parametrize("nodes", ["0", "0,2", str(ABSENT_NODE)])
+def test_a_topology_of_every_cpu_maps_its_cores_to_them_and_its_nodes(tmp_path, nodes):
+    path, cores = topology_of_every_cpu(tmp_path, IDset(nodes), "every-cpu.xml")
+    every_core = IDset(range(cores))
+    mapped = Topology(path.read_text()).cpus_and_memory_nodes(every_core)
+    assert mapped == (every_cpu(), IDset(nodes))
+
+
+def test_the_topology_whose_fences_hold_holds_where_cpuset_is_not_delegated(
+    tmp_path,
+):
+    # A unit of a manager without the cpuset controller (user@.service's
+    # default) may use every CPU and NUMA node of the root cgroup: on a node
+    # of more CPUs than the small topology's four, its fences broke, and the
+    # memory cap's tests drained the node before the cap was judged.
+    path, cores = topology_whose_fences_hold(tmp_path)
+    every_core = IDset(range(cores))
+    cpus, mems = Topology(path.read_text()).cpus_and_memory_nodes(every_core)
+    assert check_cpu_fence(cpus, every_cpu()) is None
+    assert check_memory_node_fence(mems, online_memory_nodes()) is None
 
 
 CGROUP = "/user.slice/app.slice/job.service"

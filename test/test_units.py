@@ -231,6 +231,31 @@ def test_the_system_unit_leaves_sdexec_a_writable_temporary_directory():
     assert f"TMPDIR=%t/{runtime}" in settings["Environment"]
 
 
+#: What every system service and socket requires (their default
+#: dependencies): ``verify --system`` fails where it cannot load it.
+SYSINIT = "sysinit.target"
+
+
+def _system_unit_paths() -> list[Path]:
+    """Where a system manager of this node would look for its units."""
+    listed = subprocess.run(
+        ["systemd-analyze", "--system", "unit-paths"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return [Path(line) for line in listed.stdout.splitlines()]
+
+
+def _sysinit_where_the_node_has_none(directory: Path) -> None:
+    """An empty ``sysinit.target`` in ``directory`` (verify searches the
+    directory of the unit it verifies) where the node's system unit paths
+    hold none: a node without a system manager, as a GPU node whose carried
+    systemd runs user managers alone. The unit is then verified on its own,
+    not against a system the node does not have; a node that has one
+    verifies it against its own."""
+    if not any((path / SYSINIT).exists() for path in _system_unit_paths()):
+        (directory / SYSINIT).write_text("[Unit]\nDescription=no system here\n")
+
+
 @pytest.mark.parametrize(
     ("manager", "shipped", "installed_as"),
     [
@@ -251,6 +276,8 @@ def test_systemd_analyze_verify_finds_nothing(
         (tmp_path / "sdexec.service").write_bytes(
             (REPO / "etc" / "sdexec.service").read_bytes()
         )
+    if manager == "--system":
+        _sysinit_where_the_node_has_none(tmp_path)
     verified = subprocess.run(
         ["systemd-analyze", manager, "verify", "--man=no", str(unit)],
         capture_output=True, text=True, timeout=60,

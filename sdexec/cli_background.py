@@ -32,7 +32,13 @@ from sdexec.cliio import (
     write_output,
 )
 from sdexec.protocol import STATUS_AND_ERROR, ExecFlag, Topic
-from sdexec.rpc import RPCError, SdexecError, background_pid, wait_status
+from sdexec.rpc import (
+    RPCError,
+    SdexecError,
+    background_pid,
+    wait_error,
+    wait_status,
+)
 from sdexec.signals import signal_name
 from sdexec.syncclient import ON_ITS_WAY_S, Call, Connection, Exec, Loop
 
@@ -146,12 +152,12 @@ def wait(options: argparse.Namespace) -> int:
     # The status and output even where the stop timer gave up on what the
     # command left: said after them, as run says it.
     answer = request(options, Topic.WAIT, {**options.target, STATUS_AND_ERROR: True})
-    after = answer.get("error")
-    errstr = after.get("errstr") if isinstance(after, dict) else None
+    after = wait_error(answer)
+    errstr = after.errstr if after is not None else None
     # No status beside the error: the stream ended with it before `finished`
     # (a job declared unkillable). Its output is written all the same, then
     # the error said, as attach does.
-    unfinished = "status" not in answer and isinstance(errstr, str)
+    unfinished = "status" not in answer and after is not None
     status = None if unfinished else wait_status(answer)
     _say_dropped(answer.get("dropped"))
     outputs = {"stdout": Output(own_fd(1)), "stderr": Output(own_fd(2))}

@@ -67,6 +67,7 @@ from sdexec.rpc import (
     process_target,
     resolve_socket_path,
     socket_path_too_long,
+    wait_error,
     wait_status,
 )
 
@@ -497,7 +498,9 @@ class SdexecClient(JSONLineProtocol):
         after the command finished (the stop timer gave up on what it
         left: ``EDEADLK``), that ``RPCError`` alone, as upstream answers;
         with ``status_and_error``, the answer and the error beside it, as
-        ``"error"``. A wait of this client's for the same target that was
+        ``"error"`` (where it ended so before the command finished, a job
+        declared unkillable, ``{"output", "dropped", "error"}``, no
+        ``"status"``). A wait of this client's for the same target that was
         cancelled is taken over while the service has not answered it (as
         that one asked), and its later answer kept for where the service no
         longer knows the process (:class:`_Wait`)."""
@@ -1151,7 +1154,11 @@ def _check_text(value: object, field: str) -> None:
 
 
 def _with_wait_status(answer: dict) -> dict:
-    wait_status(answer)
+    """The answer, its wait status checked: none where it ended with an
+    error before the command finished, which ``status_and_error`` gets as
+    ``"error"`` beside the output (a plain wait gets that error alone)."""
+    if wait_error(answer) is None or "status" in answer:
+        wait_status(answer)
     return answer
 
 

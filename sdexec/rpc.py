@@ -358,6 +358,22 @@ def wait_status(answer: dict[str, Any]) -> int:
     raise RPCError(errno.EPROTO, f"wait: expected a wait status, got {shown}")
 
 
+def wait_error(answer: dict[str, Any]) -> RPCError | None:
+    """The error a ``status_and_error`` wait's answer carries beside its
+    output (what ended the process's stream: after ``finished``, beside its
+    status, or before it, a job declared unkillable, with no status);
+    ``None`` if none. :class:`RPCError` ``EPROTO`` for a malformed one."""
+    error = answer.get("error")
+    if error is None:
+        return None
+    if isinstance(error, dict):
+        errnum, errstr = error.get("errnum"), error.get("errstr")
+        if type(errnum) is int and isinstance(errstr, str):
+            return RPCError(errnum, errstr)
+    shown = quoted(error, 200)
+    raise RPCError(errno.EPROTO, f"wait: expected an error object, got {shown}")
+
+
 def process_target(pid: int | None, label: str | None) -> dict[str, Any]:
     """The ``{"pid"}`` or ``{"label"}`` of a kill, wait or attach;
     ``ValueError`` unless exactly one is given."""

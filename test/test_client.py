@@ -1252,6 +1252,8 @@ def test_stdin_written_after_close_stdin_is_dropped(served):
         ("wait", {}),
         ("wait", {"status": "0"}),
         ("wait", {"status": -1}),
+        ("wait", {"output": [], "error": "unkillable"}),
+        ("wait", {"output": [], "error": {"errnum": "35", "errstr": "x"}}),
         ("list", {}),
         ("list", {"procs": "x"}),
         ("list", {"procs": [1]}),
@@ -1575,6 +1577,24 @@ async def test_a_wait_may_ask_for_the_status_beside_a_late_error(served):
         await _round_trip(peer, client)
     (warning,) = _warnings(events)
     assert warning.startswith("sdexec: the wait for label 'job8', whose Deferred")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_wait_for_what_ended_unkillable_gets_the_output_and_no_status(
+    served,
+):
+    # A job declared unkillable ends before `finished`: the answer with
+    # status_and_error carries its output and the error, no status, which
+    # was refused as EPROTO "expected a wait status" (review session 42 T).
+    peer, client = served
+    asked = client.wait(label="job9", status_and_error=True)
+    answer = {
+        "output": [{"stream": "stderr", "rank": "0", "data": "ignoring TERM\n"}],
+        "dropped": {"stdout": 0, "stderr": 0},
+        "error": {"errnum": errno.EDEADLK, "errstr": "unkillable user processes"},
+    }
+    peer.respond(await peer.requests.get(), answer)
+    assert await asked.addTimeout(5, reactor) == answer
 
 
 @pytest_twisted.ensureDeferred

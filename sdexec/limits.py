@@ -18,6 +18,11 @@ naming the field:
 - **Message size** (:func:`check_start_message`): the whole
   ``StartTransientUnit`` call must stay under :data:`MAX_START_MESSAGE`, so
   that the manager is never sent a message that can abort it.
+- **Unit-file lines** (:func:`check_unit_file_lines`): systemd writes the
+  command and the environment each as one line of the transient unit's
+  file, and reads no line of ``LONG_LINE_MAX`` bytes back: each must stay
+  within :data:`~sdexec.property.MAX_UNIT_LINE` as systemd escapes it.
+  ``E2BIG``. (A property's value: :func:`sdexec.property.typed_property`.)
 - **Command size** (:func:`check_command_size`): every string of the command
   object, what systemd is sent and what it is not (options, environment
   names it refuses), counted against :data:`MAX_COMMAND`: the process keeps
@@ -40,6 +45,13 @@ import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final, TypeGuard
 
+from sdexec.property import (
+    ESCAPED_AS_COMMAND,
+    ESCAPED_AS_ENVIRONMENT,
+    MAX_UNIT_LINE,
+    UnitFileLine,
+    line_too_long,
+)
 from sdexec.refusal import RequestRefused, lone_surrogate, printable
 
 __all__ = [
@@ -60,7 +72,10 @@ __all__ = [
     "check_start_message",
     "check_text",
     "check_texts",
+    "check_unit_file_lines",
+    "command_line_length",
     "command_text",
+    "environment_line_length",
     "is_integer",
     "listed_cmdline",
     "listed_name",
@@ -387,6 +402,75 @@ def check_start_message(
             f" sdexec sends systemd at most {MAX_START_MESSAGE} bytes",
         )
     return size
+
+
+#: How the command's line begins: ``ExecStartEx`` with ``no-env-expand``
+#: (``:``); plain ``ExecStart=`` is shorter by three bytes.
+_COMMAND_KEY: Final = "ExecStartEx=:"
+_ENVIRONMENT_KEY: Final = "Environment="
+
+
+def _command_line(executable: str, cmdline: Sequence[str]) -> UnitFileLine:
+    # Each argument in quotes, a space between two. The executable comes
+    # first, after "@" and before a space, unless it is the first argument:
+    # systemd then writes it once.
+    if cmdline and cmdline[0] == executable:
+        return UnitFileLine(
+            len(_COMMAND_KEY) + 3 * len(cmdline) - 1, cmdline, ESCAPED_AS_COMMAND
+        )
+    return UnitFileLine(
+        len(_COMMAND_KEY) + 1 + 3 * len(cmdline),
+        [executable, *cmdline],
+        ESCAPED_AS_COMMAND,
+    )
+
+
+def _environment_line(env: Mapping[str, str]) -> UnitFileLine:
+    # Two quotes and "=" for each variable, a space between two.
+    return UnitFileLine(
+        len(_ENVIRONMENT_KEY) + max(4 * len(env) - 1, 0),
+        [*env, *env.values()],
+        ESCAPED_AS_ENVIRONMENT,
+    )
+
+
+def command_line_length(executable: str, cmdline: Sequence[str]) -> int:
+    """The bytes of the ``ExecStartEx=`` line systemd 252 writes into a
+    transient unit's file for ``executable`` run as ``cmdline``: the path
+    after ``@`` (unless it is the first argument), then each argument in
+    double quotes, separated by spaces, escaped as its ``shell_escape`` does
+    (``$ ; " ' \\`` and control characters, ``%`` doubled)."""
+    return _command_line(executable, cmdline).length()
+
+
+def environment_line_length(env: Mapping[str, str]) -> int:
+    """The bytes of the ``Environment=`` line systemd 252 writes into a
+    transient unit's file for ``env``: each ``NAME=value`` in double quotes,
+    separated by spaces, C-escaped as its ``cescape`` does (each byte of a
+    non-ASCII character too), ``%`` doubled."""
+    return _environment_line(env).length()
+
+
+def check_unit_file_lines(
+    executable: str, cmdline: Sequence[str], env: Mapping[str, str]
+) -> None:
+    """Refuse with ``E2BIG``, naming ``cmd.cmdline`` or ``cmd.env``, a
+    command whose ``ExecStartEx=`` line (:func:`command_line_length`) or
+    ``Environment=`` line (:func:`environment_line_length`, ``env`` being
+    the unit's environment) would be longer than :data:`MAX_UNIT_LINE`.
+
+    Escaping is what makes a line long: 300 KB of control characters in
+    ``env`` make a 1.2 MB one."""
+    lines = (
+        ("cmd.cmdline", _command_line(executable, cmdline)),
+        ("cmd.env", _environment_line(env)),
+    )
+    for field, line in lines:
+        if line.certainly_fits():
+            continue
+        length = line.length()
+        if length > MAX_UNIT_LINE:
+            raise RequestRefused(errno.E2BIG, f"{field}: {line_too_long(length)}")
 
 
 def check_command_size(

@@ -40,6 +40,7 @@ from sdexec.limits import (
     check_lengths,
     check_start_message,
     check_texts,
+    check_unit_file_lines,
     command_text,
 )
 from sdexec.policy import TIGHTENING, RequestPolicy
@@ -253,6 +254,7 @@ def plan_exec(
     check_start_message(
         unit_name, executable, command.cmdline, environment, merged, command.cwd
     )
+    check_unit_file_lines(executable, command.cmdline, environment)
     stop_timer = _stop_timer(config, command)
     allowed_cpus = mapped.get("AllowedCPUs")
     allowed_mems = mapped.get("AllowedMemoryNodes")

@@ -487,6 +487,19 @@ def test_property_typed_as_requests_are(name, value, why):
     assert why in str(error.value)
 
 
+def test_a_property_too_long_for_the_units_file_is_refused_at_load():
+    # Written into every unit's file, a line systemd could not read back:
+    # each unit would then lose every property at a daemon-reload.
+    with pytest.raises(ConfigError) as error:
+        properties(SyslogIdentifier="\x01" * 300_000)
+    assert str(error.value).startswith(
+        "<config>: exec.sdexec-properties.SyslogIdentifier: up to 1200002 bytes as"
+        " systemd writes it into the unit's file, more than the 1044480 sdexec"
+        " allows: systemd reads back no line of 1048576 bytes or more"
+    )
+    properties(SyslogIdentifier="x" * 300_000)
+
+
 @pytest.mark.parametrize("name", sorted(RESERVED_PROPERTIES))
 def test_reserved_property_refused(name):
     with pytest.raises(ConfigError) as error:

@@ -388,6 +388,39 @@ def test_what_exec_cannot_take_is_e2big_and_never_reaches_systemd(
     assert names in errstr
 
 
+@pytest.mark.parametrize(
+    ("cmdline", "env", "field"),
+    [
+        (["/bin/true"], {f"E{k:02d}": "e" * 120_000 for k in range(12)}, "cmd.env"),
+        (["/bin/true", *["a" * 120_000] * 12], {}, "cmd.cmdline"),
+        (["/bin/true"], {f"N{k}": "n" * 120_000 for k in range(9)}, "cmd.env"),
+        (["/bin/true"], {f"C{k}": "\x01" * 100_000 for k in range(3)}, "cmd.env"),
+    ],
+    ids=["1.44MB-env", "1.44MB-cmdline", "1.08MB-env", "300KB-controls-env"],
+)
+def test_a_line_too_long_for_the_units_file_is_e2big_and_never_reaches_systemd(
+    server, connection, cmdline, env, field
+):
+    # Review 42 H-1: each was started, and its unit failed to load at the
+    # next daemon-reload, losing the site's limits, its slice and the stop
+    # timeouts.
+    cmd = {**TRUE, "cmdline": cmdline, "env": {"PATH": "/bin", **env}}
+    errnum, errstr = exec_refused(server, connection, cmd)
+    assert errnum == errno.E2BIG
+    assert errstr.startswith(f"{field}: ")
+    assert errstr.endswith(
+        "systemd reads back no line of 1048576 bytes or more (LONG_LINE_MAX), and"
+        " the unit would lose every property at the next daemon-reload"
+    )
+
+
+def test_a_large_plain_environment_reaches_systemd(systemd, connection):
+    env = {f"VAR{k:04d}": "v" * 900 for k in range(1000)}  # 908 KB
+    cmd = {**TRUE, "env": {"PATH": "/bin", **env}, "opts": {"SDEXEC_NAME": "big"}}
+    connection.send("sdexec.exec", {"cmd": cmd, "flags": FLAGS})
+    assert systemd.calls[0] == ("start", "big.service")
+
+
 #: Larger than the command budget (docs/protocol.md, 2.5 MiB), in strings
 #: that systemd is never sent: each used to be accepted, and kept whole by
 #: its process for its life.
@@ -810,8 +843,9 @@ def test_what_every_list_would_repeat_or_a_path_search_join_is_bounded(
 
 def test_a_listed_command_line_is_cut_however_long_it_ran(server, connection):
     # Seven execs of 14 arguments of 128 KiB each made every list (and
-    # stats-get) 77 MB, past the clients' own frame limit.
-    args = ["x" * (MAX_ARG_STRLEN - 1)] * 14
+    # stats-get) 77 MB, past the clients' own frame limit. Seven are the
+    # most a unit's file holds on its one ExecStartEx= line.
+    args = ["x" * (MAX_ARG_STRLEN - 1)] * 7
     connection.send("sdexec.exec", {"cmd": {**TRUE, "cmdline": ["/bin/true", *args]},
                                     "flags": FLAGS})  # fmt: skip
     connection.send("sdexec.list", {"detail": True}, matchtag=2)

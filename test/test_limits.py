@@ -26,10 +26,14 @@ from sdexec.limits import (
     check_start_message,
     check_text,
     check_texts,
+    check_unit_file_lines,
+    command_line_length,
     command_text,
+    environment_line_length,
     listed_cmdline,
     listed_name,
 )
+from sdexec.property import LONG_LINE_MAX, MAX_UNIT_LINE, UnitFileEscapes
 from sdexec.refusal import RequestRefused
 
 POINTER = 8
@@ -158,7 +162,8 @@ def test_start_message_cap() -> None:
         "a.service", "/bin/true", ["true"], {"PATH": "/bin"}, {}
     )
     assert len("a.service/bin/truetruePATH=/bin") < small < 4096
-    # A megabyte environment is ordinary and must pass.
+    # A megabyte environment fits the message (what limits it is its line
+    # of the unit's file: check_unit_file_lines).
     check_start_message(
         "a.service", "/bin/true", ["true"], {"BIG": "x" * 1024 * 1024}, {}
     )
@@ -171,6 +176,101 @@ def test_start_message_cap() -> None:
         {"Description": "d" * MAX_START_MESSAGE},
     )
     assert error.errnum == errno.E2BIG and "StartTransientUnit" in error.errstr
+
+
+#: A string with every kind of character systemd 252 writes differently in
+#: a command and in an environment, and the two lines it wrote into the
+#: transient unit's file for it (measured with a private ``systemd --user``:
+#: ``ExecStartEx`` of ``/opt/my $dir%/run;me`` with ``no-env-expand``, the
+#: arguments ``run``, ``TRICKY`` and ``""``; ``Environment`` of
+#: ``S=TRICKY`` and ``EMPTY=``).
+TRICKY = "a b$c%d\"e'f\\g;h\x01i\tj\x7fk\u00e9l\u2028m\U0001f600n\x1bo`p!q*r\\\\"
+WRITTEN_COMMAND = (
+    b'ExecStartEx=:@/opt/my \\$dir%%/run\\;me "run" "a b\\$c%%d\\"e\\\'f\\\\g\\;h'
+    b'\\001i\\tj\\177k\xc3\xa9l\xe2\x80\xa8m\xf0\x9f\x98\x80n\\033o`p!q*r\\\\\\\\" ""'
+)
+WRITTEN_ENVIRONMENT = (
+    b'Environment="S=a b$c%%d\\"e\\\'f\\\\g;h\\001i\\tj\\177k\\303\\251l\\342\\200'
+    b'\\250m\\360\\237\\230\\200n\\033o`p!q*r\\\\\\\\" "EMPTY="'
+)
+
+
+def test_a_unit_file_line_is_counted_as_systemd_252_writes_it() -> None:
+    cmdline = ["run", TRICKY, ""]
+    assert command_line_length("/opt/my $dir%/run;me", cmdline) == len(WRITTEN_COMMAND)
+    env = {"S": TRICKY, "EMPTY": ""}
+    assert environment_line_length(env) == len(WRITTEN_ENVIRONMENT)
+    # An executable that is its first argument is not written twice:
+    # ExecStartEx=:"/bin/sh" "-c" "sleep 30" "a b\$c%%d…" "%%h \$HOME\; é".
+    cmdline = ["/bin/sh", "-c", "sleep 30", TRICKY, "%h $HOME; é"]
+    assert command_line_length("/bin/sh", cmdline) == 120
+
+
+def line_refusal(field: str, length: int) -> str:
+    return (
+        f"{field}: {length} bytes as systemd writes it into the unit's file, more"
+        f" than the {MAX_UNIT_LINE} sdexec allows: systemd reads back no line of"
+        f" {LONG_LINE_MAX} bytes or more (LONG_LINE_MAX), and the unit would lose"
+        " every property at the next daemon-reload"
+    )
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "env", "refusal"),
+    [
+        # Review 42 H-1's four: each was started, and its unit failed to
+        # load at the next daemon-reload, losing the site's limits.
+        (
+            ["true"],
+            {f"E{k:02d}": "e" * 120_000 for k in range(12)},
+            line_refusal("cmd.env", 12 + 12 * (3 + 1 + 120_000 + 2) + 11),
+        ),
+        (
+            ["true", *["a" * 120_000] * 12],
+            {},
+            line_refusal("cmd.cmdline", 14 + 9 + (3 + 4) + 12 * (120_000 + 3)),
+        ),
+        (
+            ["true"],
+            {f"N{k}": "n" * 120_000 for k in range(9)},
+            line_refusal("cmd.env", 12 + 9 * (2 + 1 + 120_000 + 2) + 8),
+        ),
+        # 300 KB, each control character written as four bytes (\001).
+        (
+            ["true"],
+            {f"C{k}": "\x01" * 100_000 for k in range(3)},
+            line_refusal("cmd.env", 12 + 3 * (2 + 1 + 400_000 + 2) + 2),
+        ),
+    ],
+    ids=["1.44MB-env", "1.44MB-cmdline", "1.08MB-env", "300KB-controls-env"],
+)
+def test_a_line_systemd_could_not_read_back_is_e2big(cmdline, env, refusal) -> None:
+    error = refused(check_unit_file_lines, "/bin/true", cmdline, env)
+    assert (error.errnum, error.errstr) == (errno.E2BIG, refusal)
+
+
+def test_a_line_of_exactly_the_limit_is_taken_one_byte_more_is_e2big() -> None:
+    value = "x" * (MAX_UNIT_LINE - len('Environment="A="'))
+    assert environment_line_length({"A": value}) == MAX_UNIT_LINE
+    check_unit_file_lines("/bin/true", ["true"], {"A": value})
+    error = refused(check_unit_file_lines, "/bin/true", ["true"], {"A": value + "%"})
+    assert error.errstr == line_refusal("cmd.env", MAX_UNIT_LINE + 2)
+
+
+def test_a_large_plain_environment_is_taken_without_escaping_an_ordinary_one(
+    monkeypatch,
+) -> None:
+    large = {f"VAR{k:04d}": "v" * 900 for k in range(1000)}  # 908 KB
+    check_unit_file_lines("/bin/true", ["true"], large)
+
+    def escaped(_escapes, _text):
+        raise AssertionError("an ordinary command was escaped")
+
+    # Each exec is checked: one that cannot come near the limit, even with
+    # each byte escaped to four, is only measured.
+    monkeypatch.setattr(UnitFileEscapes, "length", escaped)
+    ordinary = {f"VAR{k:03d}": "\x01" * 1000 for k in range(200)}
+    check_unit_file_lines("/bin/true", ["true", "é" * 50_000], ordinary)
 
 
 #: What a marshalled string adds to its bytes, as the budget counts it.

@@ -11,6 +11,8 @@ from sdexec.idset import IDset
 from sdexec.property import (
     BOOLEAN_PROPERTIES,
     INTEGER_PROPERTIES,
+    LONG_LINE_MAX,
+    MAX_UNIT_LINE,
     MEMORY_PROPERTIES,
     MODE_PROPERTIES,
     UINT32_MAX,
@@ -433,6 +435,24 @@ def test_a_value_a_unit_file_cannot_hold_is_refused_naming_why(value, why):
     # One line all the same: a tab, an escape, a backslash escaped.
     for kept in ("tab\there", "\x1b[32mok\x1b[0m", "/data/x\\\\"):
         assert unit_file_problem(kept) is None
+
+
+def test_a_value_too_long_for_a_line_of_the_unit_file_is_refused():
+    # Counted as systemd writes its most escaped settings: a control
+    # character as four bytes (\\001), each word in quotes. A line of
+    # LONG_LINE_MAX bytes the unit's file cannot be read back with.
+    assert refused("Description", "\x01" * 300_000) == (
+        "SDEXEC_PROP_Description: error setting property: up to 1200002 bytes as"
+        " systemd writes it into the unit's file, more than the"
+        f" {MAX_UNIT_LINE} sdexec allows: systemd reads back no line of"
+        f" {LONG_LINE_MAX} bytes or more (LONG_LINE_MAX), and the unit would lose"
+        " every property at the next daemon-reload"
+    )
+    assert refused("Description", "x " * (MAX_UNIT_LINE // 4)).startswith(
+        f"SDEXEC_PROP_Description: error setting property: up to {MAX_UNIT_LINE + 2}"
+    )
+    for kept in ("x" * 300_000, "x" * (MAX_UNIT_LINE - 2)):
+        assert typed_property("Description", kept).value == kept
 
 
 @pytest.mark.parametrize(

@@ -29,10 +29,12 @@ from support import (
     until,
     wait_until_reaped,
 )
+from test_limits import TRICKY
 from twisted.internet.task import Clock
 
 import sdexec.property as property_typing
 from sdexec.client import RPCError
+from sdexec.limits import command_line_length, environment_line_length
 
 pytestmark = pytest.mark.systemd
 
@@ -177,12 +179,44 @@ async def test_a_cwd_with_doubled_slashes_and_dots_runs_there(sdexec, tmp_path):
 
 
 @ensureDeferred
-async def test_one_mebibyte_environment(sdexec):
-    env = {f"VAR{i:04d}": "v" * 1024 for i in range(1024)}
+async def test_an_environment_near_the_unit_file_line_limit(sdexec):
+    # 991 KB: systemd writes the whole environment on one line of the
+    # unit's file, and reads back none of LONG_LINE_MAX (1 MiB) or more.
+    env = {f"VAR{i:04d}": "v" * 1024 for i in range(960)}
     env["PATH"] = "/usr/bin:/bin"
     client = await sdexec.connect()
-    result = await run(client, ["sh", "-c", "echo ${#VAR1023}"], env=env)
+    result = await run(client, ["sh", "-c", "echo ${#VAR0959}"], env=env)
     assert result.stdout == b"1024\n"
+
+
+@ensureDeferred
+async def test_the_unit_file_lines_are_as_long_as_sdexec_counts_them(
+    sdexec, user_manager
+):
+    """What check_unit_file_lines counts is what systemd writes: the
+    command's and the environment's lines of the transient unit's file, with
+    every kind of character it escapes in either."""
+    name = f"sdexec-lines-{os.getpid()}"
+    cmdline = ["/bin/sh", "-c", "sleep 30", TRICKY, "%h $HOME; é"]
+    env = {"PATH": "/usr/bin:/bin", "TRICKY": TRICKY, "EMPTY": "", "P": "%%h$X"}
+    written: list[bytes] = []
+
+    def on_response(response):
+        if response["type"] == "started":
+            unit_file = Path(user_manager.runtime_dir, "systemd", "transient", name)
+            written.extend(unit_file.with_suffix(".service").read_bytes().split(b"\n"))
+
+    client = await sdexec.connect()
+    handle = client.exec(
+        command(cmdline, env=env, opts={"SDEXEC_NAME": name}), FLAGS, on_response
+    )
+    await until(lambda: written, "started")
+    await handle.kill(15)
+    await handle.done
+    (command_line,) = [line for line in written if line.startswith(b"ExecStartEx=:")]
+    (environment,) = [line for line in written if line.startswith(b"Environment=")]
+    assert len(command_line) == command_line_length("/bin/sh", cmdline)
+    assert len(environment) == environment_line_length(env)
 
 
 @ensureDeferred

@@ -276,7 +276,7 @@ def describe(cmdline: Sequence[str]) -> str:
     its control characters and backslashes escaped, cut at
     :data:`DESCRIPTION_LENGTH` characters. A multi-line ``sh -c`` script
     would otherwise break the unit's file
-    (:func:`sdexec.property.unit_file_problem`); a cut that leaves a
+    (:func:`sdexec.unitfile.unit_file_problem`); a cut that leaves a
     backslash at the end drops it (it would join the next setting to this
     one)."""
     text = " ".join(cmdline).translate(_DESCRIPTION_ESCAPES)

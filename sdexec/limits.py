@@ -21,7 +21,7 @@ naming the field:
 - **Unit-file lines** (:func:`check_unit_file_lines`): systemd writes the
   command and the environment each as one line of the transient unit's
   file, and reads no line of ``LONG_LINE_MAX`` bytes back: each must stay
-  within :data:`~sdexec.property.MAX_UNIT_LINE` as systemd escapes it.
+  within :data:`~sdexec.unitfile.MAX_UNIT_LINE` as systemd escapes it.
   ``E2BIG``. (A property's value: :func:`sdexec.property.typed_property`.)
 - **Command size** (:func:`check_command_size`): every string of the command
   object, what systemd is sent and what it is not (options, environment
@@ -45,14 +45,14 @@ import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final, TypeGuard
 
-from sdexec.property import (
+from sdexec.refusal import RequestRefused, lone_surrogate, printable
+from sdexec.unitfile import (
     ESCAPED_AS_COMMAND,
     ESCAPED_AS_ENVIRONMENT,
     MAX_UNIT_LINE,
     UnitFileLine,
     line_too_long,
 )
-from sdexec.refusal import RequestRefused, lone_surrogate, printable
 
 __all__ = [
     "KERNEL_ARG_CEILING",

@@ -54,7 +54,6 @@ from sdexec.property import (
     parse_integer,
     properties_together_problem,
     typed_property,
-    unit_file_problem,
 )
 from sdexec.protocol import (
     DEFAULT_MAX_FRAME,
@@ -66,6 +65,7 @@ from sdexec.refusal import RequestRefused, json_quoted, printable
 from sdexec.rset import ResourceSet
 from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import parse_size
+from sdexec.unitfile import unit_file_problem
 from sdexec.unitstop import StopTimerPolicy, lifecycle_properties
 
 __all__ = [

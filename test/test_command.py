@@ -17,10 +17,11 @@ import sdexec.plan
 from sdexec.command import Command, CommandError, unit_properties
 from sdexec.config import default_config, parse_config
 from sdexec.limits import MAX_SEARCH_DIRECTORIES
-from sdexec.property import PropertyError, unit_file_problem
+from sdexec.property import PropertyError
 from sdexec.refusal import RequestRefused
 from sdexec.systemd import unit_object_path
 from sdexec.testing import exec_plan
+from sdexec.unitfile import unit_file_problem
 
 
 class Typed(NamedTuple):

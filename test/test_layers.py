@@ -50,8 +50,10 @@ SYSTEMD_LAYER_LEAVES = {
     # errors.py names in a refusal's explanation.
     "sdexec.property",
     # What property.py parses with: CPU and node lists, memory sizes, the
-    # value syntaxes of systemd's other typed properties, signals.
+    # value syntaxes of systemd's other typed properties, signals; what a
+    # unit's file can keep.
     "sdexec.idset",
+    "sdexec.unitfile",
     "sdexec.sizes",
     "sdexec.propertyvalues",
     "sdexec.signals",

@@ -33,8 +33,8 @@ from sdexec.limits import (
     listed_cmdline,
     listed_name,
 )
-from sdexec.property import LONG_LINE_MAX, MAX_UNIT_LINE, UnitFileEscapes
 from sdexec.refusal import RequestRefused
+from sdexec.unitfile import LONG_LINE_MAX, MAX_UNIT_LINE, UnitFileEscapes
 
 POINTER = 8
 

@@ -11,8 +11,6 @@ from sdexec.idset import IDset
 from sdexec.property import (
     BOOLEAN_PROPERTIES,
     INTEGER_PROPERTIES,
-    LONG_LINE_MAX,
-    MAX_UNIT_LINE,
     MEMORY_PROPERTIES,
     MODE_PROPERTIES,
     UINT32_MAX,
@@ -23,9 +21,9 @@ from sdexec.property import (
     parse_bool,
     percent_scale,
     typed_property,
-    unit_file_problem,
     unknown_property_reason,
 )
+from sdexec.unitfile import LONG_LINE_MAX, MAX_UNIT_LINE, unit_file_problem
 
 #: What ends a line of a unit's file.
 LINE_BREAKS = "\n\r"

@@ -21,7 +21,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sdexec.admission import ConnectionCount
-from sdexec.background import TrackedProcesses, parse_target
+from sdexec.background import Tracked, TrackedProcesses, parse_target
 from sdexec.config import Config
 from sdexec.containment import Containment, Fences, judge_fences
 from sdexec.devicefence import CanaryContext, CanaryResponder, DeviceCanary
@@ -280,6 +280,45 @@ class SdexecServer:
         looked up here); ``requested_at``: ``time.monotonic()`` when the
         request was handled (its start latency counts from there, its
         lookup included). Fires once systemd has answered its start."""
+        plan, tracked = self._checked_plan(
+            payload,
+            streaming,
+            responder,
+            connection_id,
+            stdio,
+            request_frame,
+            looked_up,
+        )
+        key = (connection_id, matchtag) if streaming else self.tracked.new_key()
+        self._check_unique(key, plan.unit_name)
+        # Every check is passed: from here on, the process is tabled.
+        process = self._table(
+            key,
+            plan,
+            tracked if tracked is not None else responder,
+            tracked,
+            stdio,
+            requested_at,
+            valve if streaming else None,
+        )
+        answered = self._start(key, process)
+        if not streaming:
+            process.write(b"", eof=True)  # a background process reads EOF
+        return answered
+
+    def _checked_plan(
+        self,
+        payload: dict,
+        streaming: bool,
+        responder: Responder,
+        connection_id: int,
+        stdio: PassedStdio,
+        request_frame: int | None,
+        looked_up: LookedUp | None,
+    ) -> tuple[ExecPlan, Tracked | None]:
+        """The plan of an exec the service may take now, marked as its own,
+        and its :class:`Tracked` if it runs in the background or is
+        waitable; ``RequestError`` for the first check it fails."""
         self._refuse_if_unavailable()
         plan = self._own(
             plan_exec(
@@ -295,7 +334,7 @@ class SdexecServer:
             self.count("mapper")  # the mapper ran, whatever is refused next
         self._check_label_free(plan.command.label)
         stdio.assign(plan.stdio)
-        plan, tracked = self.tracked.prepare(
+        return self.tracked.prepare(
             plan,
             streaming,
             responder,
@@ -304,10 +343,20 @@ class SdexecServer:
             self.rank,
             self.config.sdexec,
         )
-        responder = tracked if tracked is not None else responder
-        key = (connection_id, matchtag) if streaming else self.tracked.new_key()
-        self._check_unique(key, plan.unit_name)
-        # Every check is passed: from here on, the process is tabled.
+
+    def _table(
+        self,
+        key: tuple[int, int],
+        plan: ExecPlan,
+        responder: Responder,
+        tracked: Tracked | None,
+        stdio: PassedStdio,
+        requested_at: float | None,
+        valve: OutputValve | None,
+    ) -> Process:
+        """The process of a checked plan, in every table: its responses
+        observed for the metrics and by its job (admitted here), its output
+        held back by ``valve``, its connection's."""
         if self.observer is not None:
             responder = self.observer.watch_exec(responder, requested_at)
         job = self.jobs.admit(
@@ -330,16 +379,13 @@ class SdexecServer:
             tap=tracked.tap if tracked is not None else None,
             stdio=stdio,
         )
-        if streaming and valve is not None:
+        if valve is not None:
             process.join_valve(valve)
         if tracked is not None:
             self.tracked.add(process, tracked)
         self.units[plan.unit_name] = process
         self.jobs.add(job, process)
-        answered = self._start(key, process)
-        if not streaming:
-            process.write(b"", eof=True)  # a background process reads EOF
-        return answered
+        return process
 
     def _refuse_if_unavailable(self) -> None:
         """Refuse an exec the service cannot take now, before any work."""

@@ -629,14 +629,23 @@ class Process:
         seen, and a unit that ran stays loaded (``RemainAfterExit``) until
         sdexec stops it: a start never seen run whose unit is then unloaded
         ran nothing (:meth:`_unit_changed`)."""
-        if UnitCall.START in self._called and Sent.STARTED not in self._sent:
+        if self._start_sent_unrun:
             self._manager_left = True
 
     def manager_reloading(self) -> None:
         """systemd's manager begins a ``daemon-reload``: a start it has
         queued may be dropped (:meth:`_start_dropped`)."""
-        if UnitCall.START in self._called and Sent.STARTED not in self._sent:
+        if self._start_sent_unrun:
             self._manager_reloaded = True
+
+    @property
+    def _start_sent_unrun(self) -> bool:
+        """Its start was sent, and it has not been seen run. Sent, not
+        answered: the manager's signal is handled as it is read, and an
+        answer that came before it a few turns of the loop later; a start
+        that meets the reload unsent is made on the reloaded manager, and
+        nothing marked of it is read unless its job ends unstarted."""
+        return self._watch is not None and Sent.STARTED not in self._sent
 
     def resync(self) -> None:
         """systemd is back after a loss: read the unit's state afresh (the

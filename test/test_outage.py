@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+from collections.abc import Callable
 
 import pytest
 import pytest_twisted
@@ -354,6 +355,49 @@ async def test_a_start_a_reloaded_manager_dropped_unrun_is_eagain(
     assert error_of(connection.last()) == (errno.EAGAIN, DROPPED)
     await until(lambda: not server.processes, "reaped")
     assert orphan_kills == []
+
+
+def hold_start_answers(systemd) -> list[Callable[[], None]]:
+    """Each start's answer held back: the test calls what the list gets, in
+    turn, to let one through."""
+    releases: list[Callable[[], None]] = []
+    start = systemd.start_transient_unit
+
+    def held(*args, **kwargs):
+        answered, later = start(*args, **kwargs), defer.Deferred()
+        releases.append(lambda: answered.chainDeferred(later))
+        return later
+
+    systemd.start_transient_unit = held
+    return releases
+
+
+@pytest.mark.parametrize(
+    "signalled",
+    [lambda systemd: systemd.reload(), lambda systemd: systemd.lose(MANAGER_LEFT)],
+    ids=["reloading", "left"],
+)
+@pytest_twisted.ensureDeferred
+async def test_a_start_answered_only_after_its_manager_s_signal_may_be_dropped(
+    systemd, server, connection, orphan_kills, signalled
+):
+    # The manager's signal is handled as it is read, the start's answer
+    # that came before it turns later: a start not yet answered was not
+    # marked, and the reload's drop of its job ended ENOENT, which a client
+    # does not retry (review session 42 R2: 3 bursts of 10).
+    releases = hold_start_answers(systemd)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    signalled(systemd)
+    if not systemd.connected:
+        systemd.units[UNIT] = dict(QUEUED)
+        systemd.restore()
+    [release] = releases
+    release()
+    systemd.change(UNIT, QUEUED)
+    systemd.change(UNIT, {"Job": [0, "/"]})
+    systemd.release(UNIT)
+    assert error_of(connection.last()) == (errno.EAGAIN, DROPPED)
+    await until(lambda: not server.processes, "reaped")
 
 
 @pytest.mark.parametrize("reloaded", [False, True])

@@ -83,6 +83,7 @@ class ClientProtocol(StdioReceivingProtocol):
         super().__init__()
         self.server = server
         self.max_frame = server.config.sdexec.max_frame_size
+        self.name_max_frame("[sdexec] max-frame-size")
         self.connection_id = server.new_connection_id()
         #: The peer's uid once its connection was admitted (counted).
         self._admitted_uid: int | None = None

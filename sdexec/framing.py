@@ -39,6 +39,11 @@ class JSONLineProtocol(Protocol):
     def max_frame(self, size: int) -> None:
         self._splitter.max_frame = size
 
+    def name_max_frame(self, name: str) -> None:
+        """Say ``name`` (what sets :attr:`max_frame`) in the error of a
+        message that exceeds it."""
+        self._splitter.max_frame_name = name
+
     @property
     def max_values(self) -> int | None:
         """The most JSON values a message may hold (``None``: any number)."""

@@ -362,6 +362,9 @@ class FrameSplitter:
     ) -> None:
         self.max_frame = max_frame
         self.max_values = max_values
+        #: What sets :attr:`max_frame`, named when a message exceeds it (a
+        #: configuration key, for the peer to know what to ask an admin).
+        self.max_frame_name = ""
         #: Where in the data being fed the message just yielded ended: the
         #: rest is ``data[consumed:]`` for a caller that stops there.
         self.consumed = 0
@@ -396,10 +399,14 @@ class FrameSplitter:
                 self._partial = bytearray()
                 raise FramingError(
                     f"message of {len(line)} bytes exceeds {self.max_frame}"
+                    f"{self._named_limit()}"
                 )
             if not _blank(line):
                 self.consumed = start
                 yield decode_message(line, self.max_values)
+
+    def _named_limit(self) -> str:
+        return f" ({self.max_frame_name})" if self.max_frame_name else ""
 
     def _line(self, tail: memoryview) -> bytearray | memoryview:
         if not self._partial:
@@ -413,4 +420,6 @@ class FrameSplitter:
         self._partial += rest
         if len(self._partial) > self.max_frame:
             self._partial = bytearray()
-            raise FramingError(f"message exceeds {self.max_frame} bytes")
+            raise FramingError(
+                f"message exceeds {self.max_frame} bytes{self._named_limit()}"
+            )

@@ -429,8 +429,9 @@ def _undrain(options: argparse.Namespace) -> int:
     elif cleared:
         print_out("undrained; the drain reasons were:", *cleared, sep="\n  ")
     for cause in remaining:
-        # What lifts itself once it is over: no undrain clears it.
-        print_out(f"still drained, until that is over: {cause}")
+        # What lifts itself (once over, or once mended: each reason says
+        # how): no undrain clears it.
+        print_out(f"still drained, no undrain clears it: {cause}")
     if not cleared and not remaining:
         print_out("not drained")
     # A script's `sdexec undrain && …` must not go on as if it could run.

@@ -98,8 +98,13 @@ class Drains:
     @property
     def who_clears(self) -> str:
         """How the drain goes, for a refused client: by an undrain, by
-        itself, or partly each."""
+        itself (once it is over, or once an admin mends it otherwise: the
+        refusal of such a cause is EIO, and Flux copies its text into the
+        rank's drain reason, which must not promise it passes), or partly
+        each."""
         if self.only_self_lifting:
+            if self.outlasts_waiting:
+                return "lifted once that is mended, not by waiting"
             return "lifted once that is over"
         if any(isinstance(key, SelfLifting) for key in self._causes):
             return "sdexec undrain clears what does not lift itself"

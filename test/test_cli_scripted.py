@@ -332,7 +332,7 @@ def test_an_undrain_says_what_still_holds_and_exits_3(serve):
     assert (done.returncode, done.stdout) == (
         3,
         b"undrained; the drain reason was: unkillable user processes for job f1\n"
-        b"still drained, until that is over: 1 leftover unit\n",
+        b"still drained, no undrain clears it: 1 leftover unit\n",
     )
 
 
@@ -350,8 +350,8 @@ def test_an_undrain_prints_each_cause_though_a_reason_holds_the_separator(serve)
         b"undrained; the drain reasons were:\n"
         b"  fence: a; b\n"
         b"  unkillable user processes for job f1\n"
-        b"still drained, until that is over: 1 leftover unit\n"
-        b"still drained, until that is over: systemd unreachable for 60 s\n",
+        b"still drained, no undrain clears it: 1 leftover unit\n"
+        b"still drained, no undrain clears it: systemd unreachable for 60 s\n",
     )
 
 

@@ -90,7 +90,7 @@ async def test_a_manager_too_old_is_named_and_no_canary_blames_the_fence():
     assert error_of(connection.last()) == (
         errno.EIO,
         f"node is drained: {version_problem('239', fenced=True)}"
-        " (lifted once that is over)",
+        " (lifted once that is mended, not by waiting)",
     )
     connection.close()
     assert [call for call in systemd.calls if call[0] == "start"] == []
@@ -162,6 +162,11 @@ def test_a_refusal_says_who_clears_the_drain():
     drains = Drains()
     drains.add("1 leftover unit", SelfLifting.LEFTOVERS)
     assert drains.who_clears == "lifted once that is over"
+    # Flux copies the refusal (EIO) into the rank's drain reason: one that
+    # waiting does not cure must not say it passes (review session 42 A3).
+    drains.add("systemd 239 is too old", SelfLifting.VERSION)
+    assert drains.who_clears == "lifted once that is mended, not by waiting"
+    drains.lift(SelfLifting.VERSION)
     drains.add(UNKILLABLE)
     assert drains.who_clears == "sdexec undrain clears what does not lift itself"
     drains.lift(SelfLifting.LEFTOVERS)
@@ -289,7 +294,8 @@ def test_a_site_property_the_manager_does_not_take_drains_the_node(systemd):
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     assert error_of(connection.last()) == (
         errno.EIO,
-        f"node is drained: {PRIVATE_PIDS_DRAIN} (lifted once that is over)",
+        f"node is drained: {PRIVATE_PIDS_DRAIN}"
+        " (lifted once that is mended, not by waiting)",
     )
     assert [call[0] for call in systemd.calls].count("start") == 1
     connection.close()

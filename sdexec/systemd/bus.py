@@ -167,8 +167,10 @@ async def _open_bus(address: str | None, system: bool) -> MessageBus:
             else " (is the user's manager running, with dbus-user-session?"
             ' or set [systemd] bus = "system")'
         )
+        # The errno's words, not Python's "[Errno 2] …": the start's one line.
+        why = error.strerror or str(error)
         raise SystemdError(
-            "sdexec.NoBus", f"cannot connect to {where}: {error}{hint}"
+            "sdexec.NoBus", f"cannot connect to {where}: {why}{hint}"
         ) from error
     # Nothing was written through dbus-fast's own writer yet (the Hello
     # goes around it), so it can be swapped for the patient one.

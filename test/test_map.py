@@ -39,6 +39,11 @@ AMD_PARTITIONS = (DATA / "amd-partitions.xml").read_text()
 # The real node's lstopo output, unedited (see /work/shared/hardware/h100-vm):
 # its one GPU's OpenCL device sits beside its PCI device, not under it.
 H100_VM = (DATA / "h100-vm.xml").read_text()
+# The recorded H100 node's XML with a second GPU added (review 42 M4-1): a
+# PCI device 0000:00:07.0 of the same model, and a second OpenCL device
+# (opencl1d1) beside it under the same host bridge, as hwloc would place two
+# GPUs on the VM's one root bus. Which OpenCL device is which card is unknown.
+H100_VM_2GPU = (DATA / "h100-vm-2gpu.xml").read_text()
 REPO = Path(__file__).parent.parent
 
 
@@ -733,19 +738,24 @@ CUDA_OSDEV = (
 )
 
 
+def h100_card(node: FakeNode, busid: str, minor: int) -> None:
+    """An H100 as the VM's README records it: the nvidia driver bound, no
+    drm directory, no /dev/dri."""
+    node.pci_device(busid, "nvidia", drm=None)
+    node.nvidia_information(
+        busid,
+        "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ: \t\t 37\n"
+        f"Bus Location: \t {busid}\nDevice Minor: \t {minor}\n",
+    )
+    node.dev(f"/dev/nvidia{minor}")
+
+
 @pytest.fixture
 def h100_node(tmp_path) -> FakeNode:
-    """The H100 VM's /sys, /proc and /dev as its README records them: the
-    nvidia driver bound, no drm directory, no /dev/dri."""
+    """The H100 VM's /sys, /proc and /dev as its README records them."""
     node = FakeNode(tmp_path)
-    node.pci_device(H100_PCI, "nvidia", drm=None)
-    node.nvidia_information(
-        H100_PCI,
-        "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ: \t\t 37\n"
-        f"Bus Location: \t {H100_PCI}\nDevice Minor: \t 0\n",
-    )
+    h100_card(node, H100_PCI, minor=0)
     node.dev(
-        "/dev/nvidia0",
         "/dev/nvidiactl",
         "/dev/nvidia-uvm",
         "/dev/nvidia-uvm-tools",
@@ -876,6 +886,144 @@ def test_the_nearest_level_with_a_candidate_decides(h100_node):
     )
     assert "0000:01:00.0" in xml
     assert gpu_summary(xml) == [("opencl1d0", H100_PCI)]
+
+
+# --- An ambiguous group: two GPUs beside two cards (review 42 M4-1) -----------
+
+H100_PCI_2 = "0000:00:07.0"
+AMBIGUOUS = (
+    " whose device nodes cannot be told apart (hwloc shows them beside PCI"
+    f" devices {H100_PCI}, {H100_PCI_2}, with nothing to tell which is which):"
+    " a job holds all of them or none; schedule whole-group jobs on this node,"
+    " or turn containment off ([exec] sdexec-constrain-resources = false)"
+)
+
+
+@pytest.fixture
+def h100_pair_node(h100_node) -> FakeNode:
+    """The H100 node's tree with the second card, minor 1."""
+    h100_card(h100_node, H100_PCI_2, minor=1)
+    return h100_node
+
+
+def test_gpus_beside_as_many_cards_are_one_of_them():
+    gpus = HwlocMapper(H100_VM_2GPU).topology.gpus
+    assert [(gpu.name, gpu.pci_busid, gpu.one_of) for gpu in gpus] == [
+        ("opencl1d0", None, (H100_PCI, H100_PCI_2)),
+        ("opencl1d1", None, (H100_PCI, H100_PCI_2)),
+    ]
+    assert str(gpus[1]) == f"GPU 1 (opencl1d1, one of {H100_PCI}, {H100_PCI_2})"
+
+
+def test_a_job_holding_a_whole_ambiguous_group_gets_every_cards_devices(
+    h100_pair_node,
+):
+    # It was refused as ambiguous: on such a node every GPU job was, even a
+    # whole-node one, though its devices are those of both cards whatever
+    # the pairing.
+    mapper = HwlocMapper(H100_VM_2GPU, root=str(h100_pair_node.root))
+    result = mapper.map(make_R(core="0-15", gpu="0-1"))
+    assert result["DeviceAllow"] == (
+        "/dev/nvidia0 rw,/dev/nvidia1 rw,/dev/nvidiactl rw,/dev/nvidia-uvm rw,"
+        "/dev/nvidia-uvm-tools rw"
+    )
+    assert result["AllowedCPUs"] == "0-15"
+    assert result["DevicePolicy"] == "closed"
+
+
+@pytest.mark.parametrize("gpu", ["0", "1"])
+def test_a_job_holding_part_of_an_ambiguous_group_is_refused_naming_it(
+    h100_pair_node, gpu
+):
+    assert enodev(H100_VM_2GPU, h100_pair_node, gpu) == (
+        f"the job holds only GPU {gpu} of GPUs 0-1 (opencl1d0, opencl1d1)," + AMBIGUOUS
+    )
+
+
+def test_a_missing_device_of_a_whole_group_is_named(h100_pair_node):
+    os.unlink(h100_pair_node.root / "dev/nvidia1")
+    assert enodev(H100_VM_2GPU, h100_pair_node, "0-1") == (
+        f"GPU 0 (opencl1d0, one of {H100_PCI}, {H100_PCI_2}):"
+        f" {h100_pair_node.root}/dev/nvidia1 does not exist"
+    )
+
+
+def test_a_gpu_beyond_an_ambiguous_group_names_no_uncounted_card():
+    # The group's cards were listed as having "no CUDA, NVML, OpenCL or
+    # RSMI device", pointing the admin at hwloc's backend.
+    with pytest.raises(OSError) as refused:
+        HwlocMapper(H100_VM_2GPU).map_gpus("2")
+    assert refused.value.strerror == "GPU 2 is beyond the topology's 2 GPUs"
+
+
+def opencl_orphan(name: str) -> str:
+    return (
+        f'<object type="OSDev" gp_index="3{len(name)}" name="{name}"'
+        ' subtype="OpenCL" osdev_type="5"><info name="Backend" value="OpenCL"/>'
+        '<info name="GPUVendor" value="NVIDIA Corporation"/></object>'
+    )
+
+
+def bridge(bus: str, inside: str) -> str:
+    return (
+        '<object type="Bridge" gp_index="301" bridge_type="1-1" depth="1"'
+        f' bridge_pci="0000:[{bus}-{bus}]">{inside}</object>'
+    )
+
+
+def h100_vm_2gpu_host_bridge(content: str) -> str:
+    """H100_VM_2GPU with its two cards and two OpenCL devices replaced by
+    ``content``."""
+    start = H100_VM_2GPU.index('<object type="PCIDev" gp_index="88"')
+    end = H100_VM_2GPU.index("</object>", H100_VM_2GPU.index('"opencl1d1"'))
+    return H100_VM_2GPU[:start] + content + H100_VM_2GPU[end + len("</object>") :]
+
+
+def test_a_group_with_more_gpus_than_cards_stays_unresolved(h100_pair_node):
+    xml = H100_VM_2GPU.replace(H100_PCIDEV, H100_PCIDEV + opencl_orphan("opencl1d2"))
+    assert [gpu.one_of for gpu in HwlocMapper(xml).topology.gpus] == [()] * 3
+    assert "2 unclaimed GPU-class PCI devices of vendor 10de beside it" in (
+        enodev(xml, h100_pair_node, "0-2")
+    )
+
+
+def test_a_group_whose_card_another_gpu_claims_stays_unresolved(h100_pair_node):
+    # opencl2d0, under a bridge with the second card alone, is that card:
+    # the group's other GPUs would be given GPU 2's device.
+    xml = h100_vm_2gpu_host_bridge(
+        H100_PCIDEV
+        + opencl_orphan("opencl1d0")
+        + opencl_orphan("opencl1d1")
+        + bridge("01", other_pcidev(H100_PCI_2) + opencl_orphan("opencl2d0"))
+    )
+    assert gpu_summary(xml) == [
+        ("opencl1d0", None),
+        ("opencl1d1", None),
+        ("opencl2d0", H100_PCI_2),
+    ]
+    assert HwlocMapper(xml).topology.gpus[0].one_of == ()
+    assert ": ambiguous, so its device nodes" in enodev(xml, h100_pair_node, "0-1")
+
+
+def test_groups_sharing_a_card_stay_unresolved(h100_pair_node):
+    # Two GPUs beside the two cards in a bridge, three more (in a bridge of
+    # their own) whose nearest cards are those two and a third: each group
+    # counts as many GPUs as cards, but both would be given the two cards.
+    xml = h100_vm_2gpu_host_bridge(
+        bridge(
+            "01",
+            H100_PCIDEV
+            + other_pcidev(H100_PCI_2)
+            + opencl_orphan("opencl1d0")
+            + opencl_orphan("opencl1d1"),
+        )
+        + other_pcidev("0000:00:08.0")
+        + bridge("02", "".join(opencl_orphan(f"opencl2d{i}") for i in range(3)))
+    )
+    gpus = HwlocMapper(xml).topology.gpus
+    assert [(gpu.pci_busid, gpu.one_of) for gpu in gpus] == [(None, ())] * 5
+    for held in ("0-1", "2-4", "0-4"):
+        assert ": ambiguous, so its device nodes" in enodev(xml, h100_pair_node, held)
 
 
 def test_map_gpus_empty_is_empty(small):

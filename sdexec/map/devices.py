@@ -59,38 +59,35 @@ class DeviceFinder:
 
     def device_paths(self, gpus: Iterable[GPU]) -> list[str]:
         """Device nodes for ``gpus``: each GPU's own, then the shared ones,
-        each path once."""
+        each path once. A GPU of an ambiguous group (``one_of``) is given
+        every card of its group: the mapper gives it only to a job that
+        holds the whole group."""
         own: list[str] = []
         shared: list[str] = []
         for gpu in gpus:
-            gpu_own, gpu_shared = self._devices(gpu)
-            own += gpu_own
-            shared += gpu_shared
+            for pci_busid in _pci_devices(gpu):
+                card_own, card_shared = self._devices(gpu, pci_busid)
+                own += card_own
+                shared += card_shared
         return list(dict.fromkeys(own + shared))
 
-    def _devices(self, gpu: GPU) -> tuple[list[str], list[str]]:
-        """(the GPU's own device nodes, the shared ones it needs)."""
-        if gpu.pci_busid is None:
-            why = f", and {gpu.unresolved}" if gpu.unresolved else ""
-            raise OSError(
-                errno.ENODEV,
-                f"{gpu}: hwloc shows no PCI device above it{why}, so its device"
-                " nodes cannot be found",
-            )
-        self._require_pci_device(gpu, gpu.pci_busid)
-        driver = self._driver(gpu.pci_busid)
+    def _devices(self, gpu: GPU, pci_busid: str) -> tuple[list[str], list[str]]:
+        """(the own device nodes of ``gpu``'s card ``pci_busid``, the shared
+        ones it needs)."""
+        self._require_pci_device(gpu, pci_busid)
+        driver = self._driver(pci_busid)
         if driver == "nvidia":
-            own = self._nvidia(gpu, gpu.pci_busid)
+            own = self._nvidia(gpu, pci_busid)
             uvm = self._existing(NVIDIA_UVM)
             if NVIDIA_UVM[0] not in uvm:
                 self._say_no_uvm()
             return own, [self._required(gpu, NVIDIA_CONTROL), *uvm]
-        drm = self._drm_nodes(gpu.pci_busid, RENDER_AND_CARD)
+        drm = self._drm_nodes(pci_busid, RENDER_AND_CARD)
         if not drm:
             raise OSError(
                 errno.ENODEV,
                 f"{gpu}: no DRM node (driver {driver or 'none'}): nothing under"
-                f" {self._sys_pci(gpu.pci_busid, 'drm')} exists in /dev/dri",
+                f" {self._sys_pci(pci_busid, 'drm')} exists in /dev/dri",
             )
         if driver == "amdgpu":
             return drm, [self._required(gpu, "/dev/kfd")]
@@ -109,13 +106,12 @@ class DeviceFinder:
             )
 
     def _nvidia(self, gpu: GPU, pci_busid: str) -> list[str]:
-        main = self._required(gpu, f"/dev/nvidia{self._nvidia_minor(gpu)}")
+        minor = self._nvidia_minor(gpu, pci_busid)
+        main = self._required(gpu, f"/dev/nvidia{minor}")
         return [main, *self._drm_nodes(pci_busid, RENDER)]
 
-    def _nvidia_minor(self, gpu: GPU) -> int:
-        information = self._host(
-            f"/proc/driver/nvidia/gpus/{gpu.pci_busid}/information"
-        )
+    def _nvidia_minor(self, gpu: GPU, pci_busid: str) -> int:
+        information = self._host(f"/proc/driver/nvidia/gpus/{pci_busid}/information")
         try:
             text = Path(information).read_text()
         except FileNotFoundError:
@@ -178,3 +174,18 @@ class DeviceFinder:
     def _host(self, path: str) -> str:
         """``path`` (absolute) as seen under this finder's root."""
         return os.path.join(self._root, path.lstrip("/"))
+
+
+def _pci_devices(gpu: GPU) -> tuple[str, ...]:
+    """The bus ids of the cards whose device nodes ``gpu`` needs: its own,
+    or its ambiguous group's; ``OSError`` (ENODEV) when it has neither."""
+    if gpu.pci_busid is not None:
+        return (gpu.pci_busid,)
+    if gpu.one_of:
+        return gpu.one_of
+    why = f", and {gpu.unresolved}" if gpu.unresolved else ""
+    raise OSError(
+        errno.ENODEV,
+        f"{gpu}: hwloc shows no PCI device above it{why}, so its device"
+        " nodes cannot be found",
+    )

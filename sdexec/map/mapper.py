@@ -161,8 +161,11 @@ class HwlocMapper(ResourceMapper):
         (ENODEV) names GPUs the topology does not have, GPUs whose device
         nodes cannot be found (see :mod:`sdexec.map.devices`), and GPUs that
         share their PCI function, hence their device nodes, with GPUs the
-        job does not hold (AMD partitions, say): one job's ``DeviceAllow``
-        would open the other's GPU.
+        job does not hold (AMD partitions, say), or that are part of an
+        ambiguous group (GPUs hwloc shows beside as many cards, with nothing
+        to tell which is which) that the job does not hold whole: one job's
+        ``DeviceAllow`` would open the other's GPU. A job holding a whole
+        group is given every card of it.
         """
         ids = _idset(gpus, "gpus")
         if not ids:
@@ -170,6 +173,7 @@ class HwlocMapper(ResourceMapper):
         topology = self._topology
         hint = uncounted_gpus_hint(topology.uncounted_gpu_devices)
         out_of_range(ids, len(topology.gpus), "GPU", hint)
+        _refuse_part_of_a_group(ids, topology.gpus)
         paths = self._devices.device_paths(topology.gpus[i] for i in ids)
         _refuse_shared_functions(ids, topology.gpus)
         return {"DeviceAllow": ",".join(f"{path} rw" for path in paths)}
@@ -249,6 +253,31 @@ def _refuse_shared_functions(ids: IDset, gpus: list[GPU]) -> None:
             f" {others} the job does not hold: a job holds every GPU of a PCI"
             " function, or none",
         )
+
+
+def _refuse_part_of_a_group(ids: IDset, gpus: list[GPU]) -> None:
+    """``OSError`` (ENODEV) if ``ids`` hold some GPUs of an ambiguous group
+    but not all: which card is theirs is unknown, and the others' cards
+    would be another job's."""
+    groups = dict.fromkeys(gpus[i].one_of for i in ids if gpus[i].one_of)
+    for cards in groups:
+        group = IDset(gpu.index for gpu in gpus if gpu.one_of == cards)
+        held = ids & group
+        if held != group:
+            names = ", ".join(gpus[i].name for i in group)
+            raise OSError(
+                errno.ENODEV,
+                f"the job holds only {_gpus(held)} of GPUs {group} ({names}),"
+                " whose device nodes cannot be told apart (hwloc shows them"
+                f" beside PCI devices {', '.join(cards)}, with nothing to tell"
+                " which is which): a job holds all of them or none; schedule"
+                " whole-group jobs on this node, or turn containment off"
+                " ([exec] sdexec-constrain-resources = false)",
+            )
+
+
+def _gpus(ids: IDset) -> str:
+    return f"GPU{'s' if len(ids) > 1 else ''} {ids}"
 
 
 def _scaled_memory_caps(

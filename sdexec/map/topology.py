@@ -14,6 +14,7 @@ core sets: a spawn blocks the service's reactor for 10-20 ms.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import functools
 import os
@@ -21,6 +22,7 @@ import re
 import signal
 import tempfile
 import xml.etree.ElementTree as ET
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -71,9 +73,17 @@ class GPU:
     # Why no PCI device was found (None when one was): what the sibling
     # search saw, for the error that map_gpus raises for this GPU.
     unresolved: str | None = None
+    #: The PCI devices of its ambiguous group, when it has no PCI device of
+    #: its own but is one of N GPUs that hwloc shows beside the same N
+    #: cards, with nothing to tell which is which: the group's GPUs are
+    #: those cards, whatever the pairing, so a job holding the whole group
+    #: is given every card's device nodes (and one holding part of it, none).
+    one_of: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         where = self.pci_busid or "no PCI device"
+        if self.one_of:
+            where = f"one of {', '.join(self.one_of)}"
         return f"GPU {self.index} ({self.name}, {where})"
 
 
@@ -89,9 +99,10 @@ class Topology:
         self.npus = _count(root, "PU", allowed)
         self.ncores = _count(root, "Core", allowed)
         self.gpus = _find_gpus(root)
-        #: GPU makers' display-class PCI devices no GPU above is: a card hwloc
-        #: saw, but through no GPU backend of its own (named when a job asks
-        #: for more GPUs than were counted).
+        #: GPU makers' display-class PCI devices no GPU above is (nor one of
+        #: an ambiguous group's): a card hwloc saw, but through no GPU
+        #: backend of its own (named when a job asks for more GPUs than were
+        #: counted).
         self.uncounted_gpu_devices = _uncounted_gpu_devices(root, self.gpus)
         if self.npus == 0:
             raise TopologyXMLError("it has no PU objects")
@@ -290,7 +301,8 @@ def _find_gpus(root: ET.Element) -> list[GPU]:
     A card seen through several backends (CUDA and OpenCL, say) counts once,
     under the first backend met; devices sharing a PCI function under the
     *same* backend (AMD partitions) each count. A device without a PCI
-    ancestor is resolved to a PCI device beside it (:class:`_SiblingSearch`).
+    ancestor is resolved to a PCI device beside it (:class:`_SiblingSearch`),
+    or else may be one of an ambiguous group (:func:`_whole_groups`).
     """
     found = [
         (obj, pci_busid)
@@ -304,16 +316,39 @@ def _find_gpus(root: ET.Element) -> list[GPU]:
     gpus: list[GPU] = []
     for obj, pci_busid in found:
         backend = _info(obj, "Backend") or ""
-        unresolved = None
+        unresolved: str | None = None
+        candidates: tuple[str, ...] = ()
         if pci_busid is None:
             if siblings.seen_through_another_backend(obj):
                 continue
-            pci_busid, unresolved = siblings.resolve(obj)
+            pci_busid, unresolved, candidates = siblings.resolve(obj)
         if pci_busid and first_backend.setdefault(pci_busid, backend) != backend:
             continue
         name = obj.get("name", "?")
-        gpus.append(GPU(len(gpus), name, backend, pci_busid, unresolved))
-    return gpus
+        gpus.append(GPU(len(gpus), name, backend, pci_busid, unresolved, candidates))
+    return _whole_groups(gpus, siblings.claimed)
+
+
+def _whole_groups(gpus: list[GPU], claimed: set[str]) -> list[GPU]:
+    """``gpus``, each ambiguous one keeping its candidates (``one_of``) only
+    when they make a whole group: as many GPUs saw exactly those candidates
+    as there are of them, and none of them is claimed by another GPU (one
+    resolved to it later) or is a candidate of another group. Only then are
+    the group's device nodes its GPUs' and no other's; any other ambiguous
+    GPU stays unresolved, and fails closed as before."""
+    members = Counter(gpu.one_of for gpu in gpus if gpu.one_of)
+    candidates = Counter(busid for group in members for busid in group)
+    taken = claimed | {busid for busid, groups in candidates.items() if groups > 1}
+
+    def whole(group: tuple[str, ...]) -> bool:
+        return members[group] == len(group) and not taken.intersection(group)
+
+    return [
+        gpu
+        if not gpu.one_of or whole(gpu.one_of)
+        else dataclasses.replace(gpu, one_of=())
+        for gpu in gpus
+    ]
 
 
 # PCI vendor ids of GPU makers, by a word of hwloc's GPUVendor string (which
@@ -340,7 +375,8 @@ class _SiblingSearch:
     The search starts with the OS device's parent and its subtree, and widens
     one ancestor at a time; the first level with any candidate decides, and
     only a single candidate there is an answer: two are ambiguous, and the
-    GPU stays unresolved (fail closed) with a reason naming what was found.
+    GPU stays unresolved (fail closed) with a reason naming what was found,
+    and the candidates it saw (its group's, see :func:`_whole_groups`).
     """
 
     def __init__(self, root: ET.Element, claims: list[tuple[str, str]]) -> None:
@@ -350,23 +386,35 @@ class _SiblingSearch:
         for busid, backend in claims:
             self._claimed.setdefault(busid, set()).add(backend)
 
-    def resolve(self, osdev: ET.Element) -> tuple[str | None, str | None]:
-        """(the PCI bus id, None), or (None, why none was chosen)."""
+    @property
+    def claimed(self) -> set[str]:
+        """The bus ids claimed so far."""
+        return set(self._claimed)
+
+    def resolve(
+        self, osdev: ET.Element
+    ) -> tuple[str | None, str | None, tuple[str, ...]]:
+        """(the PCI bus id, None, ()), or (None, why none was chosen, the
+        candidates when they were several)."""
         vendor = _gpu_vendor_id(osdev)
         if vendor is None:
             described = _info(osdev, "GPUVendor") or "none given"
-            return None, f"its vendor ({described}) is not one with a known PCI id"
+            why = f"its vendor ({described}) is not one with a known PCI id"
+            return None, why, ()
         for devices in self._levels(osdev, vendor):
             candidates = [busid for busid in devices if busid not in self._claimed]
             if len(candidates) == 1:
                 self._claimed[candidates[0]] = {_info(osdev, "Backend") or ""}
-                return candidates[0], None
+                return candidates[0], None, ()
             if candidates:
-                return None, (
+                return (
+                    None,
                     f"{len(candidates)} unclaimed GPU-class PCI devices of vendor"
-                    f" {vendor} beside it ({', '.join(candidates)}): ambiguous"
+                    f" {vendor} beside it ({', '.join(candidates)}): ambiguous",
+                    tuple(candidates),
                 )
-        return None, f"no unclaimed GPU-class PCI device of vendor {vendor} beside it"
+        why = f"no unclaimed GPU-class PCI device of vendor {vendor} beside it"
+        return None, why, ()
 
     def seen_through_another_backend(self, osdev: ET.Element) -> bool:
         """Whether ``osdev`` is a card already counted under another backend:
@@ -400,8 +448,10 @@ class _SiblingSearch:
 
 def _uncounted_gpu_devices(root: ET.Element, gpus: list[GPU]) -> list[str]:
     """``BUSID [VENDOR:DEVICE]`` of each display-class PCI device of a GPU
-    maker that no GPU in ``gpus`` is (a BMC's VGA is not one)."""
+    maker that no GPU in ``gpus`` is, nor is one of a group's (a BMC's VGA
+    is not one)."""
     counted = {gpu.pci_busid for gpu in gpus}
+    counted.update(busid for gpu in gpus for busid in gpu.one_of)
     makers = set(_VENDOR_IDS.values())
     found = []
     for obj in root.iter("object"):

@@ -1520,8 +1520,11 @@ def test_cli_custom_mapper_from_a_searchpath(searchpath):
     [
         (["--mapper", "json.JSONDecoder", "--cores", "0"],
          "mapper failed: mapper 'json.JSONDecoder'"),
+        # The mapper never ran: the file named first, as what it is
+        # (review session 42 M3-3: "mapper failed: No such file …").
         (["--xml", "/nonexistent.xml", "--gpus", "0"],
-         "mapper failed: No such file or directory"),
+         "topology file /nonexistent.xml: No such file or directory\n"),
+        (["--xml", "/", "--gpus", "0"], "topology file /: Is a directory\n"),
         (["--xml", "/bin/true", "--cores", "0"],
          "mapper failed: /bin/true: not an XML text file (byte "),
     ],

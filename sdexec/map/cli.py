@@ -27,8 +27,9 @@ def main(args: Sequence[str] | None = None) -> int:
 
     Exit status 0, or 1 with ``mapper failed: ...`` on stderr when loading,
     building or running the mapper fails, or with the file's error when
-    ``--config`` cannot be used (2 for a usage error: an idset ``--cores``
-    or ``--gpus`` cannot be, or neither of them given).
+    ``--config`` or the topology file cannot be read (2 for a usage error:
+    an idset ``--cores`` or ``--gpus`` cannot be, or neither of them
+    given).
     """
     parser = _parser()
     options = parser.parse_args(args)
@@ -44,6 +45,9 @@ def main(args: Sequence[str] | None = None) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     try:
         properties = _properties(options, config)
+    except _UnreadableTopology as error:  # the mapper never ran
+        print(error, file=sys.stderr)
+        return 1
     except Exception as error:
         # A site's mapper can raise anything: say what, never a traceback.
         print(f"mapper failed: {_describe(error)}", file=sys.stderr)
@@ -191,11 +195,19 @@ def _mapper(given: argparse.Namespace) -> ResourceMapper:
         raise ValueError(f"{given.xml}: {error.strerror}") from None
 
 
+class _UnreadableTopology(ValueError):
+    """The topology file cannot be read: no mapper was built."""
+
+
 def _read_xml(path: str) -> str:
     try:
         return Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(f"{path}: not an XML text file (byte {error.start})") from None
+    except OSError as error:
+        # Named as what it is, path first, as the service names it.
+        why = error.strerror or str(error)
+        raise _UnreadableTopology(f"topology file {path}: {why}") from None
 
 
 def _R(options: argparse.Namespace) -> dict:

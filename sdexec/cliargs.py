@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 
 from sdexec.cliio import is_number
 from sdexec.cliparser import CommandParser
+from sdexec.refusal import json_quoted
+from sdexec.runrequest import is_utf8
 from sdexec.signals import parse_signal
 from sdexec.version import add_version_option
 
@@ -205,7 +207,7 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         type=_setopt,
         help="a subprocess option, e.g. SDEXEC_PROP_MemoryMax=512M (repeatable)",
     )
-    run.add_argument("--label", metavar="L", type=_given, help="a name for kill and ps")
+    run.add_argument("--label", metavar="L", type=_name, help="a name for kill and ps")
     run.add_argument(
         "--bg",
         action="store_true",
@@ -219,13 +221,13 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--jobid",
         metavar="ID",
-        type=_given,
+        type=_job_id,
         help="run it as job ID (SDEXEC_JOBID): sdexec cancel ID terminates it",
     )
     run.add_argument(
         "--time-limit",
         metavar="FSD",
-        type=_given,
+        type=_time_limit,
         help="terminate it after this long, e.g. 30s, 5m (SDEXEC_TIME_LIMIT)",
     )
     run.add_argument(
@@ -272,6 +274,48 @@ def _given(text: str) -> str:
     unset, as environment variables conventionally do."""
     if not text:
         raise argparse.ArgumentTypeError("must not be empty (leave the option out)")
+    return text
+
+
+def _name(text: str) -> str:
+    """A name the service keeps and repeats in every ``ps`` and stats
+    answer (``--label``, ``--jobid``): given, and no longer than it takes
+    one (:func:`sdexec.limits.check_lengths`), which it would otherwise
+    refuse naming ``cmd.label`` or ``SDEXEC_JOBID``, never typed here."""
+    from sdexec.limits import MAX_NAME  # here: at the top, every command pays
+
+    size = len(_given(text).encode(errors="surrogateescape"))
+    if size > MAX_NAME:
+        raise argparse.ArgumentTypeError(f"{size} bytes; at most {MAX_NAME}")
+    return text
+
+
+def _job_id(text: str) -> str:
+    """``--jobid``'s ID, refused where the service refuses it as
+    ``SDEXEC_JOBID`` (:mod:`sdexec.plan`): a :func:`_name` of printable
+    text, since it names the job in drain reasons and the log. (Text that
+    is not UTF-8 :func:`sdexec.runrequest.build_command` refuses, showing
+    its bytes.)"""
+    if is_utf8(_name(text)) and not text.isprintable():
+        raise argparse.ArgumentTypeError(
+            f"{json_quoted(text)}: a job id is printable text"
+        )
+    return text
+
+
+def _time_limit(text: str) -> str:
+    """``--time-limit``'s FSD, refused where the service refuses it as
+    ``SDEXEC_TIME_LIMIT`` (the same :func:`sdexec.fsd.parse_fsd`); sent as
+    written, for the service to read. (Text that is not UTF-8 is left to
+    :func:`sdexec.runrequest.build_command`, as :func:`_job_id`'s.)"""
+    from sdexec.fsd import parse_fsd  # here: at the top, every command pays
+
+    if not is_utf8(_given(text)):
+        return text
+    try:
+        parse_fsd(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     return text
 
 

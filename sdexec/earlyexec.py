@@ -19,7 +19,8 @@ stdio passthrough (the default). For anything else (an abbreviation, a
 value that starts with ``-``, ``--``, ``--bg``, ``--no-passthrough``,
 ``--help``), for anything the command line would refuse or warn of (a
 label of digits, an empty value, a ``--setopt`` without ``=``, text that
-is not UTF-8), or
+is not UTF-8, a ``--time-limit`` or ``--jobid`` that it checks as the
+service does and that is not plainly good: see :func:`_plainly_taken`), or
 when the socket cannot be reached or a standard descriptor is closed, it
 sends nothing: the command line does it all, and says what is wrong, as
 before. test/test_earlyexec.py holds its reading to the parser's.
@@ -92,6 +93,15 @@ _VALUED = {
     "--time-limit": "time_limit",
     "--dir": "dir",
 }
+#: The most characters of a ``--label`` or ``--jobid`` read here: four
+#: bytes each at most, within what the parser takes
+#: (:data:`sdexec.limits.MAX_NAME`, whose module is too slow to load here;
+#: test_earlyexec.py holds the two).
+_PLAIN_NAME_MAX = 256
+#: The most digits of a ``--time-limit`` read here: any such FSD is finite.
+_PLAIN_DURATION_DIGITS = 15
+#: An FSD's units, ``ms`` before ``s`` (:mod:`sdexec.fsd`).
+_FSD_UNITS = ("ms", "s", "m", "h", "d")
 #: Where stdin, stdout and stderr come from: the streams passed.
 _STDIO_NAMES = ("stdin", "stdout", "stderr")
 
@@ -237,7 +247,8 @@ def _read_valued(
     arg: str, args: Any, names: Mapping[str, str], options: RunArgs
 ) -> bool:
     """Read ``arg`` (with its value, from ``args`` if not after ``=``) if it
-    is one of ``names``, an option taking a value; whether it was."""
+    is one of ``names``, an option taking a value; whether it was, with a
+    value the parser plainly takes."""
     name, equals, value = arg.partition("=")
     attribute = names.get(name)
     if attribute is None:
@@ -251,7 +262,32 @@ def _read_valued(
         options.setopt.append((key, setting))
         return bool(key and equals)  # else the parser's to refuse
     setattr(options, attribute, value)
-    return True
+    return _plainly_taken(attribute, value)  # each: the parser checks each
+
+
+def _plainly_taken(attribute: str, value: str) -> bool:
+    """Whether the parser, which checks a run's names and time limit as
+    the service does (:mod:`sdexec.cliargs`), plainly takes ``value`` for
+    ``attribute``: a label or job id not too long, the job id printable,
+    the time limit a few ASCII digits. Its own checks load modules (``re``,
+    ``decimal``) that this one must not; what is not plain here it judges
+    itself."""
+    if attribute in ("label", "jobid") and len(value) > _PLAIN_NAME_MAX:
+        return False
+    if attribute == "jobid":
+        return value.isprintable()
+    return attribute != "time_limit" or _plain_duration(value)
+
+
+def _plain_duration(text: str) -> bool:
+    """Whether ``text`` is plainly an FSD: up to
+    :data:`_PLAIN_DURATION_DIGITS` ASCII digits, a ``.`` among or before
+    them or not, then a unit or not (``5m``, ``0.5``, ``100ms``)."""
+    unit = next((unit for unit in _FSD_UNITS if text.endswith(unit)), "")
+    digits = text.removesuffix(unit).replace(".", "", 1)
+    return (
+        digits.isascii() and digits.isdigit() and len(digits) <= _PLAIN_DURATION_DIGITS
+    )
 
 
 def _decline(_name: str) -> None:

@@ -26,7 +26,13 @@ if TYPE_CHECKING:
         bg: bool
 
 
-__all__ = ["STREAMING_OPTS", "NotText", "base_directory", "build_command"]
+__all__ = [
+    "STREAMING_OPTS",
+    "NotText",
+    "base_directory",
+    "build_command",
+    "is_utf8",
+]
 
 #: A closed pipe kills the process as it would a local command: with stdio
 #: passthrough it writes to our stdout itself; framed, the client sends it
@@ -95,7 +101,10 @@ def base_directory(options: RunOptions) -> str:
     return os.getcwd()
 
 
-def _is_utf8(text: str) -> bool:
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` is UTF-8, as the protocol carries it: not an
+    argument's bytes that are not, which ``os.fsdecode`` kept as
+    surrogates (:func:`build_command` refuses those, showing them)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:  # bytes os.fsdecode kept as surrogates
@@ -107,7 +116,7 @@ def _check_utf8(fields: Sequence[tuple[str, str]]) -> None:
     """The protocol carries text: a string that is not UTF-8 is refused,
     named, with its bytes shown."""
     for field, text in fields:
-        if not _is_utf8(text):
+        if not is_utf8(text):
             raise NotText(
                 f"{field} is not UTF-8 text, which the service takes only:"
                 f" {os.fsencode(text)!r}"
@@ -122,7 +131,7 @@ def _utf8_environment(
     shell's (an OLDPWD, a module's path) must not stop every run."""
     kept = {}
     for name, value in environ.items():
-        if _is_utf8(name) and _is_utf8(value):
+        if is_utf8(name) and is_utf8(value):
             kept[name] = value
         else:
             left_out(repr(os.fsencode(name)))

@@ -197,3 +197,94 @@ def test_an_empty_sdexec_socket_still_means_unset(monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/7")
     monkeypatch.setenv("SDEXEC_SOCKET", "")
     assert resolve_socket_path(None) == "/run/user/7/sdexec/sdexec.sock"
+
+
+# -- run's values the service would refuse, refused as usage errors ------------
+
+#: Time limits, job ids and labels, each good or bad as the service has it.
+TIME_LIMITS = [
+    "5m", "0", "0.5", ".5", "5.", "100ms", "1e3", " 30s ", "2h", "7d", "5q",
+    "-1", "inf", "nan", "5 m", "1.2.3", "1e400", "1" * 400, "\u0663s", "m",
+]  # fmt: skip
+JOB_IDS = ["f1", "ƒ1", "a b", "a\x1bb", "f1\n", "\u200b", "x" * 1024, "x" * 1025]
+LABELS = ["x", "é" * 512, "é" * 513, "a\x1bb"]
+
+
+def _service_refuses(option: str, value: str) -> bool:
+    """Whether the service refuses ``value`` as the option ``run``'s
+    ``option`` sends, by its own checks (sdexec.joblimit, sdexec.plan)."""
+    from sdexec.joblimit import parse_time_limit
+    from sdexec.plan import checked_request
+    from sdexec.protocolbase import command_object
+    from sdexec.refusal import RequestRefused
+
+    opts = {"SDEXEC_JOBID": value} if option == "--jobid" else {}
+    label = value if option == "--label" else None
+    cmd = command_object(["true"], {}, opts, cwd="/", label=label)
+    try:
+        if option == "--time-limit":
+            parse_time_limit(value)
+        else:
+            checked_request({"flags": 0, "cmd": cmd}, streaming=True)
+    except (ValueError, RequestRefused):
+        return True
+    return False
+
+
+def _parser_refuses(argv: list[str]) -> bool:
+    try:
+        parse_args(argv)
+    except SystemExit as exit_:
+        assert exit_.code == 2
+        return True
+    return False
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        *(("--time-limit", value) for value in TIME_LIMITS),
+        *(("--jobid", value) for value in JOB_IDS),
+        *(("--label", value) for value in LABELS),
+    ],
+    ids=lambda part: ascii(part)[1:24],  # (not a thousand x's)
+)
+def test_run_refuses_what_the_service_would_and_no_more(option, value, capsys):
+    # The service said `SDEXEC_TIME_LIMIT: "5q" is not a valid duration`,
+    # exit 1, of a field never typed (review session 42 M3-2).
+    argv = ["run", f"{option}={value}", "true"]
+    assert _parser_refuses(argv) == _service_refuses(option, value)
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["run", "--time-limit", "5q", "true"],
+            'argument --time-limit: "5q" is not a valid duration: expected a'
+            " non-negative number with an optional suffix ms, s, m, h or d",
+        ),
+        (
+            ["run", "--bg", "--jobid", "a\x1bb", "true"],
+            'argument --jobid: "a\\u001bb": a job id is printable text',
+        ),
+        (
+            ["run", "--jobid", "x" * 1025, "true"],
+            "argument --jobid: 1025 bytes; at most 1024",
+        ),
+        (
+            ["run", "--label=" + "é" * 513, "true"],
+            "argument --label: 1026 bytes; at most 1024",
+        ),
+    ],
+)
+def test_a_bad_run_value_is_a_usage_error_naming_its_option(argv, said, capsys):
+    # No service listens there: the value is refused before any is asked,
+    # where "cannot connect" said nothing of it.
+    assert main(["--socket", "/nonexistent/sdexec.sock", *argv]) == 2
+    assert capsys.readouterr().err.endswith(f"sdexec run: error: {said}\n")
+
+
+def test_a_good_time_limit_is_sent_as_written():
+    assert parse_args(["run", "--time-limit", " 30s ", "true"]).time_limit == " 30s "

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from sdexec import cli, earlyexec
 from sdexec.cliargs import parse_args
 from sdexec.earlyexec import read_run, request_line, send
+from sdexec.limits import MAX_NAME
 from sdexec.protocol import Topic
 from sdexec.rpc import Requests
 from sdexec.syncclient import Connection, Loop
@@ -53,7 +54,12 @@ def _parsed(argv: list[str]) -> dict | None:
 
 
 #: Values an option may be given, the awkward ones among them.
-VALUES = ["", "x", "12", "-x", "A=b", "A", "=b", "café", "/tmp", "rel", "--", "run"]
+VALUES = [
+    "", "x", "12", "-x", "A=b", "A", "=b", "café", "/tmp", "rel", "--", "run",
+    # Time limits and job ids the parser checks as the service does:
+    "5m", "0.5", "100ms", "5.", ".", "5q", "1e3", " 5s", "\u0663", "9" * 400,
+    "a\x1bb", "é" * 256, "é" * 513,
+]  # fmt: skip
 _words = st.lists(st.sampled_from(WORDS), max_size=7)
 _value = st.sampled_from(VALUES)
 _named = st.sampled_from(["--label", "--jobid", "--time-limit", "--dir", "--setopt"])
@@ -119,6 +125,14 @@ def test_the_plain_forms_are_read(argv):
         ["run", "--time-limit=", "true"],
         ["run", "--label", "", "true"],
         ["run", "--dir=", "true"],
+        # Values the service would refuse, and the parser now does naming
+        # the option (review session 42 M3-2): not sent for the service to
+        # refuse as SDEXEC_TIME_LIMIT or SDEXEC_JOBID.
+        ["run", "--time-limit", "5q", "true"],
+        ["run", "--time-limit=1" + "0" * 400, "true"],
+        ["run", "--jobid", "a\x1bb", "true"],
+        ["run", "--jobid", "x" * 1025, "true"],
+        ["run", "--label", "x" * 1025, "true"],
         ["run", "--label"],
         ["run", "-n"],
         ["ps"],
@@ -128,6 +142,20 @@ def test_the_plain_forms_are_read(argv):
 )
 def test_anything_else_is_left_to_the_command_line(argv):
     assert read_run(argv) is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["5m", "0", "0.5", ".5", "5.", "100ms", "2h", "7d", "1" * 15 + "d"],
+)
+def test_a_plain_time_limit_is_read(value):
+    read = read_run(["run", "--time-limit", value, "true"])
+    assert read is not None and read.time_limit == value
+
+
+def test_a_plain_name_is_within_what_the_parser_takes():
+    # Four UTF-8 bytes a character at most: earlyexec may not load limits.
+    assert 4 * earlyexec._PLAIN_NAME_MAX <= MAX_NAME
 
 
 @pytest.fixture(autouse=True)
@@ -305,3 +333,24 @@ def test_the_console_sends_a_plain_run_before_the_command_line_loads(
     assert done.stdout.splitlines() == events
     assert got[0] == request_line(json.loads(got[0])["payload"]["cmd"])
     assert done.returncode == 1  # ENODATA before `started`: a stream cut short
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        ("--time-limit=5q", 'argument --time-limit: "5q" is not a valid duration'),
+        ("--jobid=a\x1bb", 'argument --jobid: "a\\u001bb": a job id is printable'),
+    ],
+)
+def test_a_bad_value_with_no_service_is_a_usage_error(tmp_path, option, said):
+    # With no service there, "cannot connect" (exit 1) was all it said.
+    done = subprocess.run(
+        [sys.executable, "-c", _AUDITED_CONSOLE, "--socket", str(tmp_path / "s"),
+         "run", option, "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.stdout.splitlines() == ["import argparse"]  # nothing sent
+    assert done.returncode == 2
+    assert f"sdexec run: error: {said}" in done.stderr

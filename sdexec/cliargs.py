@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 
 from sdexec.cliio import is_number
 from sdexec.cliparser import CommandParser
-from sdexec.refusal import json_quoted
 from sdexec.runrequest import is_utf8
 from sdexec.signals import parse_signal
 from sdexec.version import add_version_option
@@ -296,10 +295,11 @@ def _job_id(text: str) -> str:
     text, since it names the job in drain reasons and the log. (Text that
     is not UTF-8 :func:`sdexec.runrequest.build_command` refuses, showing
     its bytes.)"""
-    if is_utf8(_name(text)) and not text.isprintable():
-        raise argparse.ArgumentTypeError(
-            f"{json_quoted(text)}: a job id is printable text"
-        )
+    from sdexec.limits import job_id_problem  # here: as in _name
+
+    problem = job_id_problem(_name(text)) if is_utf8(text) else None
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 

@@ -45,7 +45,7 @@ import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final, TypeGuard
 
-from sdexec.refusal import RequestRefused, lone_surrogate, printable
+from sdexec.refusal import RequestRefused, json_quoted, lone_surrogate, printable
 from sdexec.unitfile import (
     ESCAPED_AS_COMMAND,
     ESCAPED_AS_ENVIRONMENT,
@@ -77,6 +77,7 @@ __all__ = [
     "command_text",
     "environment_line_length",
     "is_integer",
+    "job_id_problem",
     "listed_cmdline",
     "listed_name",
 ]
@@ -367,6 +368,15 @@ def listed_cmdline(cmdline: Sequence[str]) -> list[str]:
 
 def _framed(text: str) -> int:
     return len(text.encode()) + _STRING_FRAMING
+
+
+def job_id_problem(jobid: str) -> str | None:
+    """Why ``jobid`` cannot name a job, or ``None``: it names the job in
+    drain reasons, the log and every refusal a drained node gives, where a
+    terminal would act on its escapes."""
+    if jobid.isprintable():
+        return None
+    return f"{json_quoted(jobid)}: a job id is printable text"
 
 
 def check_start_message(

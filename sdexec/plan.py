@@ -42,6 +42,7 @@ from sdexec.limits import (
     check_texts,
     check_unit_file_lines,
     command_text,
+    job_id_problem,
 )
 from sdexec.policy import TIGHTENING, RequestPolicy
 from sdexec.property import (
@@ -380,13 +381,9 @@ def _command(cmd: object) -> Command:
     # Before the PATH search, which joins cwd to every directory of PATH.
     jobid = command.option("SDEXEC_JOBID")
     check_lengths(command.cwd, {"cmd.label": command.label, "SDEXEC_JOBID": jobid})
-    if jobid and not jobid.isprintable():
-        # It names the job in drain reasons, the log and every refusal a
-        # drained node gives: a terminal would act on its escapes.
-        raise RequestError(
-            errno.EINVAL,
-            f"SDEXEC_JOBID: {json_quoted(jobid)}: a job id is printable text",
-        )
+    problem = job_id_problem(jobid) if jobid else None
+    if problem is not None:
+        raise RequestError(errno.EINVAL, f"SDEXEC_JOBID: {problem}")
     return command
 
 

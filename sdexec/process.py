@@ -354,6 +354,8 @@ class Process:
         self._manager_left = False
         #: A daemon-reload began while its start was queued.
         self._manager_reloaded = False
+        #: Its start left the window of calls for the bus.
+        self._start_was_sent = False
         #: Output streams that reached EOF while the receipt was being read.
         self._eofs_after_finished: list[str] = []
         self._start_deadline = _StartDeadline(
@@ -473,7 +475,12 @@ class Process:
             for name in STREAMS
         )
         started = self._systemd.start_transient_unit(
-            self.unit_name, list(self.plan.properties), stdin, stdout, stderr
+            self.unit_name,
+            list(self.plan.properties),
+            stdin,
+            stdout,
+            stderr,
+            on_sent=self._start_sent,
         )
         # systemd has its copies once it answers (or will never use them).
         started.addBoth(self._close_after_start, theirs, passed)
@@ -642,10 +649,14 @@ class Process:
     def _start_sent_unrun(self) -> bool:
         """Its start was sent, and it has not been seen run. Sent, not
         answered: the manager's signal is handled as it is read, and an
-        answer that came before it a few turns of the loop later; a start
-        that meets the reload unsent is made on the reloaded manager, and
-        nothing marked of it is read unless its job ends unstarted."""
-        return self._watch is not None and Sent.STARTED not in self._sent
+        answer that came before it a few turns of the loop later. Not one
+        still in the window of calls (behind 64 others): systemd has not
+        seen it, will make it on the reloaded manager, and its job ending
+        unstarted is then its own (a dependency), not the reload's."""
+        return self._start_was_sent and Sent.STARTED not in self._sent
+
+    def _start_sent(self) -> None:
+        self._start_was_sent = True
 
     def resync(self) -> None:
         """systemd is back after a loss: read the unit's state afresh (the

@@ -125,10 +125,13 @@ class FakeManager:
         stdout_fd: int,
         stderr_fd: int,
         mode: str = "fail",
+        on_sent: Callable[[], None] | None = None,
     ) -> defer.Deferred[str]:
         self.calls.append(("start", name))
         if not self.connected:
             return defer.fail(reconnecting())
+        if on_sent is not None:
+            on_sent()  # no window here: sent at once
         if self.refuse_start is not None:
             return defer.fail(self.refuse_start)
         self.properties[name] = list(properties)

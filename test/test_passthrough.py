@@ -193,7 +193,9 @@ def test_a_client_gone_during_the_start_is_followed_past_a_stale_inactive(
     answer = defer.Deferred()
     start = systemd.start_transient_unit
     monkeypatch.setattr(
-        systemd, "start_transient_unit", lambda *args: start(*args) and answer
+        systemd,
+        "start_transient_unit",
+        lambda *args, **kw: start(*args, **kw) and answer,
     )
     connection = Connection(server)
     deliver(connection, exec_request(), ends[0])

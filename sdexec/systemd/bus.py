@@ -630,24 +630,30 @@ class SystemdClient:
         stdout_fd: int,
         stderr_fd: int,
         mode: str = "fail",
+        on_sent: Callable[[], None] | None = None,
     ) -> Deferred[str]:
         """``StartTransientUnit`` with the process's three fds as ``h``
         properties. Fires with the job's object path once systemd has queued
-        the start (the caller may close its copies of the fds then)."""
+        the start (the caller may close its copies of the fds then);
+        ``on_sent()`` as the call leaves the window for the bus."""
         fds = [stdin_fd, stdout_fd, stderr_fd]
         # Each fd property is an index into the message's fds.
         fd_properties = [
             UnitProperty(fd_name, "h", index)
             for index, fd_name in enumerate(FD_PROPERTIES)
         ]
-        return self._defer(
-            lambda: self._manager(
+
+        def send() -> Coroutine[Any, Any, Any]:
+            if on_sent is not None:
+                on_sent()
+            return self._manager(
                 "StartTransientUnit",
                 "ssa(sv)a(sa(sv))",
                 [name, mode, to_variants([*properties, *fd_properties]), []],
                 unix_fds=fds,
             )
-        ).addCallback(lambda body: body[0])
+
+        return self._defer(send).addCallback(lambda body: body[0])
 
     def stop_unit(self, name: str, mode: str = "replace") -> Deferred[str]:
         """``StopUnit``; fires with the job path. ``replace``: systemd refuses

@@ -83,10 +83,13 @@ class Manager(Protocol):
         stdout_fd: int,
         stderr_fd: int,
         mode: str = "fail",
+        on_sent: Callable[[], None] | None = None,
     ) -> Deferred[str]:
         """``StartTransientUnit`` with the three fds as the process's stdio;
         fires with the job path once systemd has queued the start (the
-        caller may close its copies of the fds then)."""
+        caller may close its copies of the fds then). ``on_sent()`` when
+        the call leaves the window of calls for the bus (until then
+        systemd knows nothing of it)."""
         ...
 
     def stop_unit(self, name: str, mode: str = "replace") -> Deferred[str]:

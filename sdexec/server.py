@@ -291,7 +291,8 @@ class SdexecServer:
         )
         key = (connection_id, matchtag) if streaming else self.tracked.new_key()
         self._check_unique(key, plan.unit_name)
-        # Every check is passed: from here on, the process is tabled.
+        # Every check of the request is passed: the process is tabled next
+        # (its job's admission may still refuse, before anything is).
         process = self._table(
             key,
             plan,

@@ -192,20 +192,23 @@ def _mapper(given: argparse.Namespace) -> ResourceMapper:
     except TopologyXMLError as error:
         if given.xml is None:
             raise
-        raise ValueError(f"{given.xml}: {error.strerror}") from None
+        raise _UnreadableTopology(
+            f"topology file {given.xml}: {error.strerror}"
+        ) from None
 
 
 class _UnreadableTopology(ValueError):
-    """The topology file cannot be read: no mapper was built."""
+    """The topology file cannot be read, or is not hwloc's: no mapper ran.
+    Named as what it is, path first, as the service names it."""
 
 
 def _read_xml(path: str) -> str:
     try:
         return Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not an XML text file (byte {error.start})") from None
+        why = f"not an XML text file (byte {error.start})"
+        raise _UnreadableTopology(f"topology file {path}: {why}") from None
     except OSError as error:
-        # Named as what it is, path first, as the service names it.
         why = error.strerror or str(error)
         raise _UnreadableTopology(f"topology file {path}: {why}") from None
 

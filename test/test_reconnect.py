@@ -209,11 +209,14 @@ async def test_a_start_a_daemon_reload_dropped_unrun_is_eagain(
     parse back, and ends unrun. It ended ENOENT "its start job ended without
     starting it", which a client does not retry: 29 of a burst of 150
     (review session 42). Here the start waits behind a oneshot (``After=``)
-    across the reload, as it would behind a busy manager."""
+    across the reload, as it would behind a busy manager; the oneshot ends
+    once the reload is done (no clock decides)."""
     blocker = f"reload-blocker-{uuid.uuid4().hex[:8]}.service"
+    release = tmp_path / "release"
+    wait_for_release = f"while [ ! -e {release} ]; do sleep 0.05; done"
     subprocess.run(
         ["systemd-run", "--user", "--quiet", "--no-block", f"--unit={blocker}",
-         "-p", "Type=oneshot", "sleep", "2"],
+         "-p", "Type=oneshot", "sh", "-c", wait_for_release],
         check=True, timeout=60,
     )  # fmt: skip
     site = f'[exec.sdexec-properties]\nAfter = "{blocker}"\n'
@@ -223,12 +226,14 @@ async def test_a_start_a_daemon_reload_dropped_unrun_is_eagain(
         ran = Deferred.fromCoroutine(run(client, ["true"]))
         await until(lambda: _queued_jobs() >= 2, "the start queued behind it")
         subprocess.run(["systemctl", "--user", "daemon-reload"], check=True, timeout=60)
+        release.touch()
         result = await ran
         assert result.error is not None
         assert result.error.errnum == errno.EAGAIN
         assert result.error.errstr.endswith("and dropped it; nothing ran, retry")
         assert "started" not in result.types
     finally:
+        release.touch()
         await service.stop()
 
 

@@ -36,8 +36,7 @@ from sdexec.rpc import (
     RPCError,
     SdexecError,
     background_pid,
-    wait_error,
-    wait_status,
+    wait_outcome,
 )
 from sdexec.signals import signal_name
 from sdexec.syncclient import ON_ITS_WAY_S, Call, Connection, Exec, Loop
@@ -152,13 +151,10 @@ def wait(options: argparse.Namespace) -> int:
     # The status and output even where the stop timer gave up on what the
     # command left: said after them, as run says it.
     answer = request(options, Topic.WAIT, {**options.target, STATUS_AND_ERROR: True})
-    after = wait_error(answer)
-    errstr = after.errstr if after is not None else None
-    # No status beside the error: the stream ended with it before `finished`
+    # No status beside an error: the stream ended with it before `finished`
     # (a job declared unkillable). Its output is written all the same, then
     # the error said, as attach does.
-    unfinished = "status" not in answer and after is not None
-    status = None if unfinished else wait_status(answer)
+    status, after = wait_outcome(answer)
     _say_dropped(answer.get("dropped"))
     outputs = {"stdout": Output(own_fd(1)), "stderr": Output(own_fd(2))}
     lost = False
@@ -167,9 +163,9 @@ def wait(options: argparse.Namespace) -> int:
         # said, and fails the command (a reader gone is not a loss).
         lost = write_output(outputs, io) == LOST or lost
     if status is None:
-        return fail(str(errstr))
-    if isinstance(errstr, str):
-        warn_after_finished(errstr)
+        return fail(str(after))
+    if after is not None:
+        warn_after_finished(after)
     code = exit_code(status)
     return (code or 1) if lost else code
 

@@ -67,8 +67,7 @@ from sdexec.rpc import (
     process_target,
     resolve_socket_path,
     socket_path_too_long,
-    wait_error,
-    wait_status,
+    wait_outcome,
 )
 
 __all__ = [
@@ -1154,11 +1153,9 @@ def _check_text(value: object, field: str) -> None:
 
 
 def _with_wait_status(answer: dict) -> dict:
-    """The answer, its wait status checked: none where it ended with an
-    error before the command finished, which ``status_and_error`` gets as
-    ``"error"`` beside the output (a plain wait gets that error alone)."""
-    if wait_error(answer) is None or "status" in answer:
-        wait_status(answer)
+    """The answer, its wait status and error checked (:func:`wait_outcome`:
+    no status where it ended with an error before the command finished)."""
+    wait_outcome(answer)
     return answer
 
 

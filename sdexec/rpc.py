@@ -374,6 +374,18 @@ def wait_error(answer: dict[str, Any]) -> RPCError | None:
     raise RPCError(errno.EPROTO, f"wait: expected an error object, got {shown}")
 
 
+def wait_outcome(answer: dict[str, Any]) -> tuple[int | None, RPCError | None]:
+    """``(status, error)`` of a wait's answer: its wait status
+    (:func:`wait_status`), ``None`` where the stream ended with an error
+    before the command finished (a job declared unkillable: a
+    ``status_and_error`` wait gets that error beside the output alone), and
+    the error beside it, if any (:func:`wait_error`)."""
+    error = wait_error(answer)
+    if error is not None and "status" not in answer:
+        return None, error
+    return wait_status(answer), error
+
+
 def process_target(pid: int | None, label: str | None) -> dict[str, Any]:
     """The ``{"pid"}`` or ``{"label"}`` of a kill, wait or attach;
     ``ValueError`` unless exactly one is given."""

@@ -49,7 +49,6 @@ from sdexec.refusal import RequestRefused, json_quoted, lone_surrogate, printabl
 from sdexec.unitfile import (
     ESCAPED_AS_COMMAND,
     ESCAPED_AS_ENVIRONMENT,
-    MAX_UNIT_LINE,
     UnitFileLine,
     line_too_long,
 )
@@ -467,7 +466,8 @@ def check_unit_file_lines(
     """Refuse with ``E2BIG``, naming ``cmd.cmdline`` or ``cmd.env``, a
     command whose ``ExecStartEx=`` line (:func:`command_line_length`) or
     ``Environment=`` line (:func:`environment_line_length`, ``env`` being
-    the unit's environment) would be longer than :data:`MAX_UNIT_LINE`.
+    the unit's environment) would be longer than
+    :data:`~sdexec.unitfile.MAX_UNIT_LINE`.
 
     Escaping is what makes a line long: 300 KB of control characters in
     ``env`` make a 1.2 MB one."""
@@ -476,10 +476,8 @@ def check_unit_file_lines(
         ("cmd.env", _environment_line(env)),
     )
     for field, line in lines:
-        if line.certainly_fits():
-            continue
-        length = line.length()
-        if length > MAX_UNIT_LINE:
+        length = line.overlong()
+        if length is not None:
             raise RequestRefused(errno.E2BIG, f"{field}: {line_too_long(length)}")
 
 

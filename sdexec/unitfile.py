@@ -105,6 +105,14 @@ class UnitFileLine(NamedTuple):
         """The line's bytes, its newline not counted."""
         return self.fixed + sum(map(self.escapes.length, self.texts))
 
+    def overlong(self) -> int | None:
+        """The line's bytes if more than :data:`MAX_UNIT_LINE`, else
+        ``None``; escaped only where :meth:`certainly_fits` cannot say."""
+        if self.certainly_fits():
+            return None
+        length = self.length()
+        return length if length > MAX_UNIT_LINE else None
+
 
 def line_too_long(length: int, estimate: str = "") -> str:
     """Why a line of ``length`` bytes (``estimate``: ``"up to "`` for a
@@ -123,10 +131,8 @@ def value_line_problem(value: str) -> str | None:
     counts it from above, as it writes the environment, its most escaped
     setting: C-escaped, each space-separated word in double quotes."""
     line = UnitFileLine(2 * (value.count(" ") + 1), [value], ESCAPED_AS_ENVIRONMENT)
-    if line.certainly_fits():
-        return None
-    length = line.length()
-    return line_too_long(length, estimate="up to ") if length > MAX_UNIT_LINE else None
+    length = line.overlong()
+    return None if length is None else line_too_long(length, estimate="up to ")
 
 
 def unit_file_problem(value: str) -> str | None:

@@ -192,14 +192,15 @@ def _mapper(given: argparse.Namespace) -> ResourceMapper:
     except TopologyXMLError as error:
         if given.xml is None:
             raise
-        raise _UnreadableTopology(
-            f"topology file {given.xml}: {error.strerror}"
-        ) from None
+        raise _UnreadableTopology(given.xml, str(error.strerror)) from None
 
 
 class _UnreadableTopology(ValueError):
     """The topology file cannot be read, or is not hwloc's: no mapper ran.
     Named as what it is, path first, as the service names it."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"topology file {path}: {why}")
 
 
 def _read_xml(path: str) -> str:
@@ -207,10 +208,9 @@ def _read_xml(path: str) -> str:
         return Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
         why = f"not an XML text file (byte {error.start})"
-        raise _UnreadableTopology(f"topology file {path}: {why}") from None
+        raise _UnreadableTopology(path, why) from None
     except OSError as error:
-        why = error.strerror or str(error)
-        raise _UnreadableTopology(f"topology file {path}: {why}") from None
+        raise _UnreadableTopology(path, error.strerror or str(error)) from None
 
 
 def _R(options: argparse.Namespace) -> dict:

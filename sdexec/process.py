@@ -211,7 +211,8 @@ _LOST = "is gone (lost while systemd was away)"
 #: How a unit started again by hand (``systemctl restart``) is reported.
 _STARTED_AGAIN = "was started again outside sdexec"
 #: How a start is reported that systemd accepted and then dropped unrun
-#: across its manager's departure (:meth:`Process.manager_left`).
+#: across its manager's reload or departure (:meth:`Process.manager_left`,
+#: :meth:`Process.manager_reloading`).
 _START_DROPPED = (
     "was never started: systemd reloaded, re-executed or restarted before"
     " running its start job, and dropped it; nothing ran, retry"
@@ -233,8 +234,8 @@ UNIT_GONE_ERRNO = errno.ESRCH
 #: wait(2) says when there is no status to collect.
 NO_EXIT_STATUS_ERRNO = errno.ECHILD
 #: A start systemd accepted and dropped unrun when its manager reloaded,
-#: re-executed or restarted: nothing ran, so a retry is safe, as for a start an outage
-#: caught in flight (docs/protocol.md: EAGAIN, retry later).
+#: re-executed or restarted: nothing ran, so a retry is safe, as for a
+#: start an outage caught in flight (docs/protocol.md: EAGAIN, retry later).
 START_DROPPED_ERRNO = errno.EAGAIN
 
 #: Calls with nothing left to do once the unit is unloaded: their failure
@@ -349,10 +350,10 @@ class Process:
         self._cgroup: str | None = None
         self._start_manager_cgroup: str | None = None
         self._orphans_ended = False
-        #: Its manager left the bus since the start was accepted (re-executed,
+        #: Its manager left the bus since the start was sent (re-executed,
         #: restarted or killed): a start it had not run may be dropped.
         self._manager_left = False
-        #: A daemon-reload began while its start was queued.
+        #: A daemon-reload began since the start was sent, before it ran.
         self._manager_reloaded = False
         #: Its start left the window of calls for the bus.
         self._start_was_sent = False

@@ -121,13 +121,14 @@ class FlakyMapper(HwlocMapper):
 # -- helpers -------------------------------------------------------------------
 
 
-def r_local(cores: str) -> str:
-    """This rank's R (rank 0 only), holding ``cores``, as JSON."""
+def r_local(cores: str, gpus: str | None = None) -> str:
+    """This rank's R (rank 0 only), holding ``cores`` (and ``gpus``), as JSON."""
+    children = {"core": cores} if gpus is None else {"core": cores, "gpu": gpus}
     return json.dumps(
         {
             "version": 1,
             "execution": {
-                "R_lite": [{"rank": "0", "children": {"core": cores}}],
+                "R_lite": [{"rank": "0", "children": children}],
                 "nodelist": ["localhost"],
                 "starttime": 0,
                 "expiration": 0,

@@ -16,7 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_containment import r_local
 from test_twistd import REPO, _wait_for, bound_stats_port, stats_page
+
+from sdexec.map.topology import Topology, live_topology_xml
 
 pytestmark = pytest.mark.systemd
 
@@ -205,9 +208,22 @@ def test_the_hardened_system_unit_runs_a_process(units, user_manager, config):
               == "serving 0 processes", "the status line")  # fmt: skip
     ran = _sdexec(units.socket, "run", "-n", "echo", "hardened")
     assert (ran.returncode, ran.stdout) == (0, b"hardened\n"), ran.stderr
+    if config is CONTAINED and _gpus_hwloc_sees():
+        # A GPU node: hwloc, run by the service under the unit's system call
+        # filter and MemoryDenyWriteExecute (where it may start the GPU's
+        # OpenCL driver), still finds GPU 0, so a job holding it runs.
+        r_gpu = r_local("0", gpus="0")
+        gpu_job = _sdexec(units.socket, "run", "-n", "--setopt",
+                          f"SDEXEC_R_LOCAL={r_gpu}", "true")  # fmt: skip
+        assert gpu_job.returncode == 0, gpu_job.stderr
     stopped = _systemctl("stop", service)
     assert stopped.returncode == 0, stopped.stderr
     assert _show(service, "Result")["Result"] == "success"
+
+
+def _gpus_hwloc_sees() -> int:
+    """How many GPUs hwloc finds on this node, outside any sandbox."""
+    return len(Topology(live_topology_xml()).gpus)
 
 
 def _settings(unit: Path) -> dict[str, list[str]]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from sdexec.environment import clean_environment
+from sdexec.execstart import exec_line
 from sdexec.limits import NAME_MAX, search_directories
 from sdexec.property import UnitProperty, typed_property
 
@@ -299,16 +300,12 @@ def unit_properties(
     (``PropertyError`` names a bad one). ``Type`` defaults to ``exec``, so the
     unit becomes active only once the command was really executed.
     """
+    # Plain ExecStart, the command verbatim or through a trampoline: the
+    # form systemd reads back from the unit's file (sdexec/execstart.py).
+    start = exec_line(executable, command.cmdline)
     unit = [
         UnitProperty("Description", "s", describe(command.cmdline)),
-        # ExecStartEx with "no-env-expand": systemd would otherwise expand
-        # $VAR and ${VAR} in the arguments itself, before the command (a
-        # shell, say) sees them. Supported since systemd 243.
-        UnitProperty(
-            "ExecStartEx",
-            "a(sasas)",
-            [[executable, command.cmdline, ["no-env-expand"]]],
-        ),
+        UnitProperty("ExecStart", "a(sasb)", [[start.path, start.argv, False]]),
         UnitProperty("RemainAfterExit", "b", True),
         UnitProperty("Environment", "as", _environment(command.env)),
     ]
@@ -329,9 +326,9 @@ def unit_properties(
 
 
 #: The properties :func:`unit_properties` sets itself, whatever the command,
-#: and ``ExecStart``: the plain form of ``ExecStartEx`` would add a second
+#: and ``ExecStartEx``: the flags form of ``ExecStart`` would add a second
 #: command to the unit.
 OWN_PROPERTIES = frozenset(
-    {"ExecStart"}
+    {"ExecStartEx"}
     | {prop.name for prop in unit_properties(Command(["/"], cwd="/"), "/")}
 )

@@ -389,7 +389,8 @@ def check_start_message(
     """The bytes of the ``StartTransientUnit`` call for a command, as an
     upper bound; ``E2BIG`` if that exceeds :data:`MAX_START_MESSAGE`.
 
-    Counted: the unit name, ``ExecStartEx`` (executable and arguments),
+    Counted: the unit name, ``ExecStart`` (the path systemd executes and
+    its arguments: :func:`sdexec.execstart.exec_line`),
     ``Environment``, ``WorkingDirectory`` (``cwd``), and every other
     property (``Name → string value``: the request's, the configuration's
     and the mapper's, merged), each string with its D-Bus framing, plus the
@@ -413,9 +414,8 @@ def check_start_message(
     return size
 
 
-#: How the command's line begins: ``ExecStartEx`` with ``no-env-expand``
-#: (``:``); plain ``ExecStart=`` is shorter by three bytes.
-_COMMAND_KEY: Final = "ExecStartEx=:"
+#: How the command's line begins (sdexec/execstart.py: plain ``ExecStart``).
+_COMMAND_KEY: Final = "ExecStart="
 _ENVIRONMENT_KEY: Final = "Environment="
 
 
@@ -444,7 +444,7 @@ def _environment_line(env: Mapping[str, str]) -> UnitFileLine:
 
 
 def command_line_length(executable: str, cmdline: Sequence[str]) -> int:
-    """The bytes of the ``ExecStartEx=`` line systemd 252 writes into a
+    """The bytes of the ``ExecStart=`` line systemd 252 writes into a
     transient unit's file for ``executable`` run as ``cmdline``: the path
     after ``@`` (unless it is the first argument), then each argument in
     double quotes, separated by spaces, escaped as its ``shell_escape`` does
@@ -464,7 +464,8 @@ def check_unit_file_lines(
     executable: str, cmdline: Sequence[str], env: Mapping[str, str]
 ) -> None:
     """Refuse with ``E2BIG``, naming ``cmd.cmdline`` or ``cmd.env``, a
-    command whose ``ExecStartEx=`` line (:func:`command_line_length`) or
+    command whose ``ExecStart=`` line (:func:`command_line_length`: give it
+    :func:`sdexec.execstart.exec_line`'s path and arguments) or
     ``Environment=`` line (:func:`environment_line_length`, ``env`` being
     the unit's environment) would be longer than
     :data:`~sdexec.unitfile.MAX_UNIT_LINE`.

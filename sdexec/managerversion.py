@@ -1,10 +1,9 @@
 """Is the systemd manager new enough for the units sdexec asks it for?
 
-Every unit is started with ``ExecStartEx`` (its ``no-env-expand`` flag,
-systemd 243) and ``Type=exec`` (240); a fence needs ``AllowedCPUs`` and
-``AllowedMemoryNodes`` (244). An older manager refuses each start with
-``Cannot set property ExecStartEx, or unknown property``, which names
-neither the version nor the way out, while the node looks healthy. So the
+Every unit is started with ``Type=exec`` (systemd 240); a fence needs
+``AllowedCPUs`` and ``AllowedMemoryNodes`` (244). An older manager refuses
+each start naming only the property (``Invalid Type setting: exec``), neither
+the version nor the way out, while the node looks healthy. So the
 service reads the manager's ``Version`` whenever it connects, says it, and
 drains the node with a reason that does (docs/configuration.md, "The
 systemd it needs").
@@ -23,7 +22,7 @@ __all__ = [
 ]
 
 #: The oldest systemd that runs sdexec's units.
-MINIMUM = 243
+MINIMUM = 240
 #: The oldest that applies the mapper's fences.
 MINIMUM_FENCED = 244
 
@@ -54,7 +53,7 @@ def version_problem(version: str | None, fenced: bool) -> str | None:
     if number < MINIMUM:
         return (
             f"systemd {number} is older than {MINIMUM}, the oldest that runs"
-            " sdexec's units (ExecStartEx with no-env-expand, Type=exec):"
+            " sdexec's units (Type=exec):"
             " upgrade systemd"
         )
     if fenced and number < MINIMUM_FENCED:

@@ -33,6 +33,7 @@ from sdexec.command import (
 )
 from sdexec.config import Config
 from sdexec.containment import Containment, MapperError
+from sdexec.execstart import exec_line
 from sdexec.idset import IDset
 from sdexec.limits import (
     check_command_size,
@@ -140,6 +141,8 @@ class ExecPlan:
 
     command: Command
     unit_name: str
+    #: The command's executable: ``cmdline[0]`` resolved, as execvp(3) would.
+    executable: str
     #: Typed, in the order sent; each says where it came from (``source``).
     properties: tuple[UnitProperty, ...]
     flags: ExecFlag
@@ -170,12 +173,6 @@ class ExecPlan:
     @property
     def label(self) -> str | None:
         return self.command.label
-
-    @property
-    def executable(self) -> str:
-        """The path systemd is given to execute (``cmdline[0]`` resolved)."""
-        (start,) = (p for p in self.properties if p.name == "ExecStartEx")
-        return str(start.value[0][0])
 
     @property
     def slice(self) -> str | None:
@@ -252,16 +249,18 @@ def plan_exec(
     merged, sources = _merged_properties(config, command, mapped)
     _check_together(merged, sources)
     unit_name = unit_name_for(command)
+    start = exec_line(executable, command.cmdline)
     check_start_message(
-        unit_name, executable, command.cmdline, environment, merged, command.cwd
+        unit_name, start.path, start.argv, environment, merged, command.cwd
     )
-    check_unit_file_lines(executable, command.cmdline, environment)
+    check_unit_file_lines(start.path, start.argv, environment)
     stop_timer = _stop_timer(config, command)
     allowed_cpus = mapped.get("AllowedCPUs")
     allowed_mems = mapped.get("AllowedMemoryNodes")
     return ExecPlan(
         command=command,
         unit_name=unit_name,
+        executable=executable,
         properties=_typed_properties(command, executable, merged, sources),
         flags=flags,
         output={stream: _output_options(command, stream) for stream in OUTPUT_STREAMS},

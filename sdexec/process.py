@@ -1016,11 +1016,13 @@ class Process:
         """Whether a start job that ended unstarted was dropped by its
         manager's reload: still queued at a daemon-reload (or kept over a
         daemon-reexec), it met the unit as reloaded from its transient file,
-        which does not parse back (systemd 252 writes ``ExecStartEx=``, a
-        key its unit-file reader does not know): ``bad-setting``, no
-        command, nothing ran. The load state is not signalled, and the
-        unit is often unloaded before a read could show it: a reload
-        meanwhile, and no condition or assertion that failed, say it."""
+        and a file that does not parse back is ``bad-setting``, no command,
+        nothing ran. sdexec's own units parse back (sdexec/execstart.py;
+        until 2026-11-28 they did not: systemd 252 writes ``ExecStartEx=``
+        under a key its reader does not know), so this is a manager's doing.
+        The load state is not signalled, and the unit is often unloaded
+        before a read could show it: a reload meanwhile, and no condition or
+        assertion that failed, say it."""
         return (
             (self._manager_left or self._manager_reloaded)
             and state.get("LoadState", "bad-setting") == "bad-setting"

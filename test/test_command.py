@@ -154,7 +154,8 @@ def test_the_default_working_directory_is_the_managers(monkeypatch, tmp_path):
     monkeypatch.setattr(sdexec.plan, "_home_directory", lambda: str(tmp_path))
     make_executable(tmp_path / "prog")
     plan = exec_plan(["./prog"])
-    exec_start = {prop.name: prop.value for prop in plan.properties}["ExecStartEx"]
+    assert plan.executable == str(tmp_path / "prog")
+    exec_start = {prop.name: prop.value for prop in plan.properties}["ExecStart"]
     assert exec_start[0][0] == str(tmp_path / "prog")
     system = parse_config({"systemd": {"bus": "system"}})
     assert sdexec.plan.manager_working_directory(system) == "/"
@@ -318,9 +319,7 @@ def test_unit_properties_types():
     props = properties_of(Command(["prog", "a b"], env={"A": "1"}, cwd="/tmp"))
     assert props == {
         "Description": Typed("s", "prog a b"),
-        "ExecStartEx": Typed(
-            "a(sasas)", [["/bin/prog", ["prog", "a b"], ["no-env-expand"]]]
-        ),
+        "ExecStart": Typed("a(sasb)", [["/bin/prog", ["prog", "a b"], False]]),
         "RemainAfterExit": Typed("b", True),
         "Environment": Typed("as", ["A=1"]),
         "WorkingDirectory": Typed("s", "/tmp"),

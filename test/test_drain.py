@@ -30,10 +30,9 @@ from sdexec.systemd import SystemdError
 from sdexec.testing import INACTIVE, FakeManager
 
 UNKILLABLE = "unkillable user processes for job f42"
-#: What systemd 239 answers a unit with ExecStartEx.
-UNKNOWN_EXECSTARTEX = SystemdError(
-    "org.freedesktop.DBus.Error.PropertyReadOnly",
-    "Cannot set property ExecStartEx, or unknown property.",
+#: What systemd 239 answers a unit of Type=exec.
+UNKNOWN_TYPE_EXEC = SystemdError(
+    "org.freedesktop.DBus.Error.InvalidArgs", "Invalid Type setting: exec"
 )
 
 
@@ -82,7 +81,7 @@ async def test_a_manager_too_old_is_named_and_no_canary_blames_the_fence():
     outage = SystemdOutage(server)
     systemd.on_lost, systemd.on_restored = outage.lost, outage.restored
     systemd.version = "239 (239-78.el8)"
-    systemd.refuse_start = UNKNOWN_EXECSTARTEX
+    systemd.refuse_start = UNKNOWN_TYPE_EXEC
     server.check_manager_version()  # the start: this, then the canary
     await server.verify_devices()
     connection = Connection(server)

@@ -844,7 +844,7 @@ def test_what_every_list_would_repeat_or_a_path_search_join_is_bounded(
 def test_a_listed_command_line_is_cut_however_long_it_ran(server, connection):
     # Seven execs of 14 arguments of 128 KiB each made every list (and
     # stats-get) 77 MB, past the clients' own frame limit. Seven are the
-    # most a unit's file holds on its one ExecStartEx= line.
+    # most a unit's file holds on its one ExecStart= line.
     args = ["x" * (MAX_ARG_STRLEN - 1)] * 7
     connection.send("sdexec.exec", {"cmd": {**TRUE, "cmdline": ["/bin/true", *args]},
                                     "flags": FLAGS})  # fmt: skip

@@ -19,8 +19,8 @@ from sdexec.outage import SystemdOutage
 from sdexec.server import SdexecServer
 
 TOO_OLD = (
-    "systemd 239 is older than 243, the oldest that runs sdexec's units"
-    " (ExecStartEx with no-env-expand, Type=exec): upgrade systemd"
+    "systemd 239 is older than 240, the oldest that runs sdexec's units"
+    " (Type=exec): upgrade systemd"
 )
 
 
@@ -43,8 +43,8 @@ def test_the_major_version_is_read_from_what_distributions_ship(version, number)
 @pytest.mark.parametrize(
     ("version", "fenced", "refused"),
     [
-        ("242", False, True),
-        ("243", False, False),
+        ("239", False, True),
+        ("240", False, False),  # Type=exec
         ("243", True, True),  # AllowedCPUs and AllowedMemoryNodes: 244
         ("244", True, False),
         (None, True, False),  # a manager that does not say is not refused

@@ -289,8 +289,9 @@ def test_a_start_still_queued_after_an_outage_is_waited_for(
 
 NOT_FOUND = {**INACTIVE, "LoadState": "not-found", "ExecMainCode": 0}
 #: A start job kept over a daemon-reexec (systemd 252): the unit, reloaded
-#: from its transient file, reads bad-setting (ExecStartEx does not parse
-#: back); the job then fails without starting it, and the unit is unloaded.
+#: from its transient file, reads bad-setting (as one started with
+#: ExecStartEx did: it does not parse back); the job then fails without
+#: starting it, and the unit is unloaded.
 QUEUED = {**NEVER_STARTED, "Job": [7, "/org/freedesktop/systemd1/job/7"]}
 DROPPED = (
     f"unit {UNIT} was never started: systemd reloaded, re-executed or restarted"

@@ -34,6 +34,7 @@ from twisted.internet.task import Clock
 
 import sdexec.property as property_typing
 from sdexec.client import RPCError
+from sdexec.execstart import exec_line
 from sdexec.limits import command_line_length, environment_line_length
 
 pytestmark = pytest.mark.systemd
@@ -213,9 +214,11 @@ async def test_the_unit_file_lines_are_as_long_as_sdexec_counts_them(
     await until(lambda: written, "started")
     await handle.kill(15)
     await handle.done
-    (command_line,) = [line for line in written if line.startswith(b"ExecStartEx=:")]
+    # The first line resets ExecStart (an empty one); the command's follows.
+    (command_line,) = [line for line in written if line.startswith(b"ExecStart=")][1:]
     (environment,) = [line for line in written if line.startswith(b"Environment=")]
-    assert len(command_line) == command_line_length("/bin/sh", cmdline)
+    start = exec_line("/bin/sh", cmdline)  # through the trampoline: $ and ;
+    assert len(command_line) == command_line_length(start.path, start.argv)
     assert len(environment) == environment_line_length(env)
 
 

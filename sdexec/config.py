@@ -6,9 +6,10 @@ A file is checked whole before anything uses it: :func:`load_config` either
 returns a complete, immutable :class:`Config` or raises :class:`ConfigError`
 with one line naming the file, the key path and what was expected, so a bad
 reload can never half-apply. Unknown keys inside these tables are errors
-(a typo must not be silently ignored); unknown tables are ignored with a
-warning, because a Flux system configuration has many tables that are not
-ours.
+(a typo must not be silently ignored), and so is a top-level key that
+names one of them with dots (``exec.kill-timeout`` in YAML); unknown
+tables are ignored with a warning, because a Flux system configuration has
+many tables that are not ours.
 
 ``python3 -m sdexec.config FILE`` checks a file the same way and prints the
 effective configuration as JSON.
@@ -1109,11 +1110,34 @@ def _unknown_tables(data: dict, source: str) -> tuple[str, ...]:
     be silently left out: ``ConfigError``, with the table meant."""
     unknown = tuple(_key_text(name) for name in data if name not in _SCHEMA)
     for name in unknown:
+        _refuse_dotted_key(name, source)
         meant = _table_meant(name)
         if meant is not None:
             reason = f"unknown table (did you mean [{meant}]?)"
             raise ConfigError(source, f"[{name}]", reason)
     return unknown
+
+
+def _refuse_dotted_key(name: str, source: str) -> None:
+    """``ConfigError`` for a top-level key that names a key of sdexec's
+    tables with dots, as flux-config-exec(5) writes them
+    (``exec.kill-timeout``): one key in YAML (or quoted in TOML), not
+    nested, so a table ignored as unknown, and the defaults in force."""
+    table, dot, rest = name.partition(".")
+    if not dot or table.lower() not in _SCHEMA:
+        return
+    *tables, key = [table.lower(), *rest.split(".")]
+    if _is_yaml(source):
+        under = ", under ".join(f'"{table}:"' for table in reversed(tables))
+        reason = (
+            f'a dotted key is not nested in YAML: write "{key}:" indented under {under}'
+        )
+        raise ConfigError(source, name, reason)
+    reason = (
+        f"a quoted dotted key is one key, not nested: write {key} in"
+        f" [{'.'.join(tables)}], or the key unquoted"
+    )
+    raise ConfigError(source, json.dumps(name), reason)
 
 
 def _table_meant(name: str) -> str | None:
@@ -1132,6 +1156,11 @@ def _ignoring(unknown: tuple[str, ...], source: str) -> tuple[str, ...]:
 # --- files ---------------------------------------------------------------
 
 _YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def _is_yaml(source: str) -> bool:
+    """Whether the file ``source`` is read as YAML (by its suffix)."""
+    return Path(source).suffix.lower() in _YAML_SUFFIXES
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
@@ -1153,8 +1182,7 @@ def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, str]:
     and its absolute path; ``ConfigError`` naming the file if it cannot be
     read or does not parse."""
     source = os.fspath(path)
-    suffix = Path(source).suffix.lower()
-    if suffix != ".toml" and suffix not in _YAML_SUFFIXES:
+    if Path(source).suffix.lower() != ".toml" and not _is_yaml(source):
         raise ConfigError(source, None, "expected a .toml, .yaml or .yml file")
     try:
         # Absolute: a reload reads it again, after twistd may have changed
@@ -1163,11 +1191,7 @@ def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, str]:
         text = read_text_file(source)
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(source, None, _read_failure(error)) from None
-    data = (
-        _parse_yaml(text, source)
-        if suffix in _YAML_SUFFIXES
-        else _parse_toml(text, source)
-    )
+    data = _parse_yaml(text, source) if _is_yaml(source) else _parse_toml(text, source)
     return data, source
 
 

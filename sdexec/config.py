@@ -46,6 +46,7 @@ from sdexec.activation import (
 )
 from sdexec.cliparser import CommandParser, write_stdout_or_exit
 from sdexec.command import OWN_PROPERTIES
+from sdexec.fluxforms import flux_refusals
 from sdexec.fsd import parse_fsd
 from sdexec.idset import MAX_ID
 from sdexec.policy import (
@@ -1021,8 +1022,21 @@ def build_config(data: Any, source: str = "<config>") -> Config:
         ignored = ", ".join(f"[{name}]" for name in unknown)
         reason = f"{error.reason} (ignored as unknown: {ignored})"
         raise ConfigError(error.source, error.key, reason) from None
-    later = _retained_fits_a_frame(config) + allowed_users_cannot_connect(config)
+    later = (
+        _flux_would_refuse(data, source)
+        + _retained_fits_a_frame(config)
+        + allowed_users_cannot_connect(config)
+    )
     return replace(config, warnings=config.warnings + later)
+
+
+def _flux_would_refuse(data: dict, source: str) -> tuple[str, ...]:
+    """A warning for each value of ``[exec]`` that Flux's job-exec, reading
+    the same file, would refuse (sdexec/fluxforms.py). Flux reads TOML only:
+    a YAML file is sdexec's alone."""
+    if _is_yaml(source):
+        return ()
+    return flux_refusals(data.get("exec") or {}, source)
 
 
 def _check_across_tables(config: Config) -> None:

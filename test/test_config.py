@@ -1359,7 +1359,7 @@ service = "sdexec"
 kill-timeout = "2s"
 max-kill-count = 4
 term-signal = "SIGUSR2"
-barrier-timeout = 0
+barrier-timeout = "0"
 sdexec-constrain-resources = true
 
 [exec.sdexec-properties]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sdexec.config import ConfigError, load_config
+from sdexec.config import ConfigError, load_config, parse_config
+from sdexec.fluxforms import FLUX_SIGNAL_NAMES, flux_refusals
 
 EX_CONFIG = os.EX_CONFIG  # 78: the units do not restart the service
 
@@ -87,3 +88,80 @@ def test_the_service_refuses_to_start_on_a_dotted_key(tmp_path, capsys):
         SdexecServiceMaker().makeService(options)
     assert exited.value.code == EX_CONFIG
     assert "exec.kill-timeout: a dotted key is not nested" in capsys.readouterr().err
+
+
+# --- G2-2: values Flux's job-exec would refuse -----------------------------
+
+REFUSED = "Flux's job-exec would refuse the file"
+IF_SHARED = "if Flux reads this file too"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why", "written"),
+    [
+        ("kill-timeout", 5, "it reads this key as a string only", '"5s"'),
+        ("max-kill-timeout", 1800, "it reads this key as a string only", '"30m"'),
+        ("barrier-timeout", 0, "it reads this key as a string only", '"0s"'),
+        ("shell-exit-timeout", 30, "it reads this key as a string only", '"30s"'),
+        ("term-signal", 15, "it reads this key as a string only", '"SIGTERM"'),
+        ("term-signal", "term", "it knows a signal only by a name", '"SIGTERM"'),
+        ("kill-signal", "SIGIOT", "it knows a signal only by a name", '"SIGABRT"'),
+        ("kill-signal", "SIGRTMIN+2", "it knows a signal only by a name", None),
+        (
+            "sdexec-stop-timer-signal",
+            "SIGKILL",
+            "it reads this key as an integer only",
+            "9",
+        ),
+        (
+            "sdexec-stop-timer-signal",
+            "10",
+            "it reads this key as an integer only",
+            "10",
+        ),
+    ],
+)
+def test_a_value_flux_would_refuse_is_warned_about(key, value, why, written):
+    config = parse_config({"exec": {key: value}}, "exec.toml")
+    (warning,) = config.warnings
+    assert warning.startswith(f"exec.toml: exec.{key}: ")
+    assert f": {REFUSED}: {why}" in warning
+    assert warning.endswith(f"{IF_SHARED}")
+    if written is not None:
+        assert f"; write {written} {IF_SHARED}" in warning
+    assert "\n" not in warning
+
+
+def test_a_realtime_signal_is_advised_by_its_number():
+    (warning,) = parse_config({"exec": {"kill-signal": "SIGRTMIN+2"}}).warnings
+    number = parse_config({"exec": {"kill-signal": "SIGRTMIN+2"}}).exec.kill_signal
+    assert f'write "{number}" {IF_SHARED}' in warning
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        {"kill-timeout": "5s", "max-kill-timeout": "30m", "barrier-timeout": "0"},
+        {"shell-exit-timeout": "none", "term-signal": "SIGTERM"},
+        {"term-signal": "TERM", "kill-signal": "9", "sdexec-stop-timer-signal": 9},
+        {"kill-signal": " 9", "max-kill-count": 4, "max-start-delay-percent": 25},
+    ],
+)
+def test_the_forms_flux_takes_are_not_warned_about(table):
+    assert parse_config({"exec": table}, "exec.toml").warnings == ()
+
+
+def test_a_yaml_file_is_not_warned_about(tmp_path):
+    # Flux reads TOML only: a YAML file is sdexec's alone.
+    path = write(tmp_path, "c.yaml", "exec:\n  kill-timeout: 5\n  term-signal: 15\n")
+    assert load_config(path).warnings == ()
+
+
+def test_flux_signal_names_are_this_systems_signals():
+    import signal
+
+    assert FLUX_SIGNAL_NAMES.issubset(signal.Signals.__members__)
+
+
+def test_flux_refusals_reads_only_the_keys_flux_reads():
+    assert flux_refusals({"max-kill-count": 4, "testexec": {}}, "c.toml") == ()

@@ -771,6 +771,7 @@ class _PropertyError(ValueError):
 
 
 def _properties(value: object) -> Mapping[str, str]:
+    value = _table_or_empty(value)
     if not isinstance(value, dict):
         raise _expected("a table of systemd unit properties", value)
     for name, setting in value.items():
@@ -929,6 +930,7 @@ def _read_table(
     """Check one table of the file against its spec; the dataclass fields it
     sets, sub-tables flattened (``testexec.allow-guests`` sets
     ``testexec_allow_guests``)."""
+    data = _table_or_empty(data)
     if not isinstance(data, dict):
         raise ConfigError(source, path, f"expected a table, got {json_quoted(data)}")
     fields: dict[str, Any] = {}
@@ -942,6 +944,8 @@ def _read_table(
                 entry, value, key_path, source, f"{prefix}{_python_name(key)}_"
             )
             continue
+        if entry.check is not _socket_mode:  # whose own refusal says "quote it"
+            _refuse_yaml11_integers(value, key_path, source)
         try:
             checked = entry.check(value)
         except _PropertyError as error:
@@ -956,6 +960,44 @@ def _read_table(
             raise ConfigError(source, key_path, str(error)) from None
         fields[entry.field or prefix + _python_name(key)] = checked
     return fields
+
+
+def _table_or_empty(data: object) -> object:
+    """A table as written, or an empty one for ``None``: a YAML table whose
+    every key is commented out (``exec:`` then ``# kill-timeout: 5s``)
+    reads as null, where TOML's ``[exec]`` with the same comments is an
+    empty table."""
+    return {} if data is None else data
+
+
+def _refuse_yaml11_integers(value: object, key_path: str, source: str) -> None:
+    """``ConfigError`` if ``value``, or an item of it (``allow-users``,
+    ``sdexec-properties``), is an integer YAML 1.1 read otherwise than
+    TOML and YAML 1.2 would: ``0640`` is 416 to pyyaml, and no admin
+    writing ``sdexec-stop-timer-sec: 0640`` means that."""
+    items: list[object] = [value]
+    if isinstance(value, dict):
+        items += value.values()
+    elif isinstance(value, list):
+        items += value
+    for item in items:
+        if isinstance(item, _Yaml11Integer):
+            raise ConfigError(source, key_path, _yaml11_integer_reason(item))
+
+
+def _yaml11_integer_reason(integer: _Yaml11Integer) -> str:
+    if ":" in integer.text:
+        return (
+            f"{integer.text} is a base-60 number to YAML 1.1 ({int(integer)}),"
+            " a string to YAML 1.2 and an error in TOML: write"
+            f" {int(integer)}, or quote it where a string is meant"
+        )
+    decimal = int(integer.text.replace("_", ""), 10)
+    return (
+        f"{integer.text} has a leading zero, which YAML 1.1 reads as octal"
+        f" ({int(integer)}), YAML 1.2 as decimal and TOML not at all: write"
+        f' {decimal}, or quote it ("{integer.text}") where a string is meant'
+    )
 
 
 def _key_text(key: object) -> str:
@@ -1254,9 +1296,44 @@ def _parse_toml(text: str, source: str) -> dict:
 _TOO_DEEP = "nested too deeply to read (arrays or tables within each other)"
 
 
+#: What YAML 1.1 (pyyaml) reads as an integer, and neither TOML nor YAML
+#: 1.2 reads so: a leading zero (octal to YAML 1.1, decimal to YAML 1.2, an
+#: error in TOML) and base 60 (``1:30`` is 90).
+_YAML11_ONLY_INTEGER = re.compile(r"[-+]?(?:0[0-7_]+|[1-9][0-9_]*(?::[0-5]?[0-9])+)")
+
+#: A float in exponent form without a dot or a sign in the exponent
+#: (``1e2``), as TOML and YAML 1.2 read it; YAML 1.1 reads it as a string.
+_EXPONENT_FLOAT = re.compile(
+    # \Z: pyyaml's resolvers match at the start only.
+    r"[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+\Z"
+)
+
+
+class _Yaml11Integer(int):
+    """An integer YAML 1.1 read in a way TOML does not (see
+    :data:`_YAML11_ONLY_INTEGER`), with its text: refused in sdexec's
+    tables, naming the key (:func:`_refuse_yaml11_integers`)."""
+
+    text: str
+
+    def __new__(cls, value: int, text: str) -> _Yaml11Integer:
+        integer = super().__new__(cls, value)
+        integer.text = text
+        return integer
+
+
 class _YamlLoader(yaml.SafeLoader):
-    """``yaml.safe_load``, but a key given twice in a table is an error (as
-    in TOML) instead of the last one silently winning."""
+    """``yaml.safe_load``, but read as TOML reads the same file: a key given
+    twice in a table is an error instead of the last one silently winning;
+    ``1e2`` is a float; an integer YAML 1.1 alone reads as it does
+    (``0640`` as octal 416) is kept as a :class:`_Yaml11Integer`, refused
+    where sdexec reads it."""
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        number = super().construct_yaml_int(node)
+        if _YAML11_ONLY_INTEGER.fullmatch(node.value) is None:
+            return number
+        return _Yaml11Integer(number, node.value)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set[str] = set()
@@ -1269,6 +1346,12 @@ class _YamlLoader(yaml.SafeLoader):
                 )
             seen.add(key.value)
         return super().construct_mapping(node, deep=deep)
+
+
+_YamlLoader.add_constructor("tag:yaml.org,2002:int", _YamlLoader.construct_yaml_int)
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+.0123456789")
+)
 
 
 def _parse_yaml(text: str, source: str) -> dict:

@@ -165,3 +165,90 @@ def test_flux_signal_names_are_this_systems_signals():
 
 def test_flux_refusals_reads_only_the_keys_flux_reads():
     assert flux_refusals({"max-kill-count": 4, "testexec": {}}, "c.toml") == ()
+
+
+# --- G2-3: YAML read as TOML reads the same file ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "octal", "decimal"),
+    [
+        (
+            "exec:\n  sdexec-stop-timer-sec: 0640\n",
+            "exec.sdexec-stop-timer-sec",
+            416,
+            640,
+        ),
+        ("exec:\n  max-kill-count: 010\n", "exec.max-kill-count", 8, 10),
+        ("sdexec:\n  max-connections: 0100\n", "sdexec.max-connections", 64, 100),
+        ("sdexec:\n  allow-users: [0, 0100]\n", "sdexec.allow-users", 64, 100),
+    ],
+)
+def test_a_yaml_integer_with_a_leading_zero_is_refused(
+    tmp_path, text, key, octal, decimal
+):
+    written = text.split(": ")[-1].strip(" []\n").split(", ")[-1]
+    assert refusal(tmp_path, "c.yaml", text) == (
+        f"{key}: {written} has a leading zero, which YAML 1.1 reads as octal"
+        f" ({octal}), YAML 1.2 as decimal and TOML not at all: write {decimal},"
+        f' or quote it ("{written}") where a string is meant'
+    )
+
+
+def test_a_yaml_base_60_integer_is_refused(tmp_path):
+    assert refusal(tmp_path, "c.yaml", "exec:\n  kill-timeout: 1:30\n") == (
+        "exec.kill-timeout: 1:30 is a base-60 number to YAML 1.1 (90), a string"
+        " to YAML 1.2 and an error in TOML: write 90, or quote it where a string"
+        " is meant"
+    )
+
+
+def test_a_yaml_socket_mode_with_a_leading_zero_keeps_its_own_hint(tmp_path):
+    reason = refusal(tmp_path, "c.yaml", "sdexec:\n  socket-mode: 0600\n")
+    assert reason.endswith("got 384 (the number 0600 in octal: quote it)")
+
+
+def test_plain_yaml_integers_are_read_as_before(tmp_path):
+    text = "exec:\n  max-kill-count: 0\nsdexec:\n  max-connections: 1_000\n"
+    assert "max-kill-count: expected an integer" in refusal(tmp_path, "c.yaml", text)
+    path = write(tmp_path, "ok.yaml", "sdexec:\n  max-connections: 1_000\n")
+    assert load_config(path).sdexec.max_connections == 1000
+
+
+def test_a_leading_zero_in_a_table_not_ours_is_not_refused(tmp_path):
+    path = write(tmp_path, "c.yaml", "resource:\n  mode: 0640\n")
+    assert load_config(path).warnings == (f"{path}: ignoring unknown table [resource]",)
+
+
+@pytest.mark.parametrize(
+    ("yaml_value", "toml_value", "expected"),
+    [("1e2", "1e2", 100.0), ("2.5e1", "2.5e1", 25.0), ("1E+1", "1E+1", 10.0)],
+)
+def test_a_yaml_float_in_exponent_form_is_read_as_toml_reads_it(
+    tmp_path, yaml_value, toml_value, expected
+):
+    yml = write(tmp_path, "c.yaml", f"exec:\n  max-start-delay-percent: {yaml_value}\n")
+    toml = write(
+        tmp_path, "c.toml", f"[exec]\nmax-start-delay-percent = {toml_value}\n"
+    )
+    assert load_config(yml).exec.max_start_delay_percent == expected
+    assert load_config(toml).exec.max_start_delay_percent == expected
+
+
+def test_a_yaml_table_of_comments_only_is_an_empty_table(tmp_path):
+    # Read as null, it was "exec: expected a table, got null": the start
+    # was refused, where TOML's [exec] with the same comments is fine.
+    text = (
+        "exec:\n  # kill-timeout: 5s\n"
+        "  sdexec-properties:\n    # MemoryMax: 90%\n"
+        "  testexec:\n    # allow-guests: true\n"
+        "sdexec:\n  # rank: 0\n"
+        "systemd:\n  # enable: true\n"
+    )
+    config = load_config(write(tmp_path, "c.yaml", text))
+    toml = load_config(write(tmp_path, "c.toml", "[exec]\n[sdexec]\n[systemd]\n"))
+    assert (config.exec, config.sdexec, config.systemd) == (
+        toml.exec,
+        toml.sdexec,
+        toml.systemd,
+    )

@@ -352,6 +352,8 @@ class Config:
                     "sdexec_stop_timer_sec": e.sdexec_stop_timer_sec,
                     "sdexec_stop_timer_signal": e.sdexec_stop_timer_signal,
                 }
+                | _when_set(flux_imp_path=e.imp)
+                | _when_set(sdexec_properties=dict(e.sdexec_properties) or None)
             },
         }
 
@@ -363,6 +365,12 @@ class Config:
             name: _show_table(spec, getattr(self, name))
             for name, (spec, _) in _SCHEMA.items()
         }
+
+
+def _when_set(**entries: object) -> dict[str, object]:
+    """The entries that are not ``None``: Flux's job-exec reports
+    ``flux_imp_path`` and ``sdexec_properties`` only when configured."""
+    return {name: value for name, value in entries.items() if value is not None}
 
 
 #: The most ``max-kill-count`` takes: past it, the time of the last attempt

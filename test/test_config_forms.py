@@ -252,3 +252,26 @@ def test_a_yaml_table_of_comments_only_is_an_empty_table(tmp_path):
         toml.sdexec,
         toml.systemd,
     )
+
+
+# --- G2-4: what the stats report ------------------------------------------
+
+
+def test_a_configured_imp_and_properties_are_in_bulk_exec_config():
+    config = parse_config(
+        {
+            "exec": {
+                "imp": "/usr/libexec/flux/flux-imp",
+                "sdexec-properties": {"MemoryMax": "90%"},
+            }
+        }
+    )
+    shown = config.introspect()["bulk-exec"]["config"]
+    assert shown["flux_imp_path"] == "/usr/libexec/flux/flux-imp"
+    assert shown["sdexec_properties"] == {"MemoryMax": "90%"}
+
+
+def test_unset_imp_and_properties_are_left_out_as_flux_does():
+    shown = parse_config({}).introspect()["bulk-exec"]["config"]
+    assert "flux_imp_path" not in shown
+    assert "sdexec_properties" not in shown

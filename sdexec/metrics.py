@@ -18,7 +18,9 @@ takes milliseconds), and writes it from the reactor thread again. Nothing
 in the pool waits for the reactor: prometheus-client's WSGI resource wrote
 its answer by waiting on the reactor from the pool, and a scrape caught by
 the service's stop hung the stop for ever (the reactor waits for its pool
-as it stops).
+as it stops). The rendering is pure Python and holds the GIL, so it is the
+service's time all the same: an answer is given again as ``/stats``' are
+(sdexec/stats.py ``RecentByKey``), by what it depends on of the request.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import gzip
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -39,6 +42,7 @@ from prometheus_client.exposition import (
     gzip_accepted,
 )
 from prometheus_client.registry import Collector
+from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
@@ -50,8 +54,9 @@ from sdexec.leftovers import LEFTOVER_STATE
 from sdexec.lograte import LogRate
 from sdexec.process import Responder
 from sdexec.protocol import Topic
+from sdexec.stats import RecentByKey
 
-__all__ = ["Metrics"]
+__all__ = ["KEPT_ANSWERS", "Metrics", "Scrape"]
 
 log = Logger()
 
@@ -96,16 +101,58 @@ STOP_TIMER_PREFIX = "stop-timer-"
 PROCESS_STATES = ("R", "Z", LEFTOVER_STATE)
 
 
+#: ``/metrics`` answers kept to be given again: one per format, gzip or not
+#: and ``name[]`` selection a scraper asks for (a handful; ``name[]`` is the
+#: client's choice, so the oldest go).
+KEPT_ANSWERS = 8
+
+#: A rendered answer: its body and headers.
+Rendered = tuple[bytes, dict[str, str]]
+
+
 def _topic_label(topic: str) -> str:
     return topic if topic in Topic._value2member_map_ else OTHER_TOPIC
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """What a ``/metrics`` answer depends on of its request: the key by
+    which an answer is given again."""
+
+    #: Says which encoder (prometheus-client makes a new one at each
+    #: choice, never equal to the last).
+    content_type: str
+    gzipped: bool
+    #: The families ``name[]`` names, sorted and each once; none: all.
+    names: tuple[str, ...]
+    encoder: Callable[[Any], bytes] = field(compare=False)
+
+    @classmethod
+    def asked(cls, accept: str, accept_encoding: str, names: list[str]) -> Scrape:
+        """The scrape a request's headers and ``name[]`` ask for."""
+        encoder, content_type = _encoder(accept)
+        selected = tuple(sorted(set(names)))
+        return cls(content_type, gzip_accepted(accept_encoding), selected, encoder)
 
 
 class Metrics:
     """The service's Prometheus registry and the observers that feed it."""
 
-    def __init__(self, reactor: Any, stats: Callable[[], dict]) -> None:
+    def __init__(
+        self,
+        reactor: Any,
+        stats: Callable[[], dict],
+        cost_timer: Callable[[], float] = time.thread_time,
+    ) -> None:
         #: Where ``/metrics`` takes its snapshot, and whose pool renders.
         self.reactor = reactor
+        #: What an answer cost, in the thread that made it: the CPU time of
+        #: that thread (a wall clock would count a wait for the GIL).
+        self._cost_timer = cost_timer
+        #: The answers given again, by :class:`Scrape`.
+        self._answers: RecentByKey[Scrape, Rendered] = RecentByKey(
+            self._render_anew, reactor, KEPT_ANSWERS
+        )
         self.registry = CollectorRegistry()
         self._stats = _StatsCollector(stats)
         self.registry.register(self._stats)
@@ -156,20 +203,22 @@ class Metrics:
         as ``GET`` without the body, as ``/stats``."""
         return _MetricsPage(self)
 
-    def render(
-        self, snapshot: dict, accept: str, accept_encoding: str, names: list[str]
-    ) -> tuple[bytes, dict[str, str]]:
-        """The exposition of the registry, the ``/stats`` numbers taken from
-        ``snapshot``, gzipped if the scraper takes that, and its headers;
-        safe in any thread (the compression too: it is not the reactor's)."""
-        encoder, content_type = _encoder(accept)
+    def answer(self, scrape: Scrape) -> Deferred[Rendered]:
+        """The answer to ``scrape``: rendered in the reactor's thread pool,
+        or one rendered lately given again."""
+        return self._answers.get(scrape)
+
+    def render(self, snapshot: dict, scrape: Scrape) -> Rendered:
+        """The exposition of the registry ``scrape`` asks for, the
+        ``/stats`` numbers taken from ``snapshot``, and its headers; safe
+        in any thread (the compression too: it is not the reactor's)."""
         registry: Any = self.registry
-        if names:
-            registry = registry.restricted_registry(names)
+        if scrape.names:
+            registry = registry.restricted_registry(scrape.names)
         with self._stats.pinned(snapshot):
-            body = encoder(registry)
-        headers = {"Content-Type": content_type}
-        if gzip_accepted(accept_encoding):
+            body = scrape.encoder(registry)
+        headers = {"Content-Type": scrape.content_type}
+        if scrape.gzipped:
             body = gzip.compress(body)
             headers["Content-Encoding"] = "gzip"
         return body, headers
@@ -177,6 +226,27 @@ class Metrics:
     def snapshot(self) -> dict:
         """The ``/stats`` numbers now (in the reactor thread)."""
         return self._stats.read()
+
+    def _render_anew(self, scrape: Scrape) -> Deferred[tuple[Rendered, float]]:
+        """A new answer to ``scrape``, and what it cost: its snapshot here
+        (the server's thread), its rendering in the pool."""
+        began = self._cost_timer()
+        snapshot = self.snapshot()
+        snapshot_cost = self._cost_timer() - began
+        rendering: Deferred[tuple[Rendered, float]] = deferToThreadPool(
+            self.reactor,
+            self.reactor.getThreadPool(),
+            self._timed_render,
+            snapshot,
+            scrape,
+        )
+        return rendering.addCallback(lambda made: (made[0], made[1] + snapshot_cost))
+
+    def _timed_render(self, snapshot: dict, scrape: Scrape) -> tuple[Rendered, float]:
+        """:meth:`render`, and what it cost (in the pool's thread)."""
+        began = self._cost_timer()
+        rendered = self.render(snapshot, scrape)
+        return rendered, self._cost_timer() - began
 
     # -- hooks ------------------------------------------------------------
 
@@ -338,25 +408,15 @@ class _MetricsPage(Resource):
         self._metrics = metrics
 
     def render_GET(self, request: Request) -> Any:
-        snapshot = self._metrics.snapshot()  # here: the server's thread
         accept = request.getHeader("accept") or ""
         accept_encoding = request.getHeader("accept-encoding") or ""
         args: dict[bytes, list[bytes]] = request.args or {}
         names = [name.decode(errors="replace") for name in args.get(b"name[]", [])]
         gone: list[bool] = []
         request.notifyFinish().addErrback(lambda _: gone.append(True))
-        reactor = self._metrics.reactor
-        rendering = deferToThreadPool(
-            reactor,
-            reactor.getThreadPool(),
-            self._metrics.render,
-            snapshot,
-            accept,
-            accept_encoding,
-            names,
-        )
+        rendering = self._metrics.answer(Scrape.asked(accept, accept_encoding, names))
 
-        def answer(rendered: tuple[bytes, dict[str, str]]) -> None:
+        def answer(rendered: Rendered) -> None:
             if not gone:  # a scraper that left gets nothing written
                 _answer(request, *rendered)
 

@@ -10,10 +10,11 @@ request body before reading it, and writes no access log.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar, cast
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 import msgspec
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.internet.interfaces import (
     IAddress,
     IConsumer,
@@ -36,6 +37,7 @@ __all__ = [
     "MAX_STATS_CONNECTIONS",
     "STATS_SHARE",
     "STATS_TIMEOUT",
+    "RecentByKey",
     "recent",
     "stats_site",
 ]
@@ -69,7 +71,42 @@ STATS_SHARE = 0.1
 #: The longest an answer is given again.
 MAX_REUSE_S = 1.0
 
+_K = TypeVar("_K", bound=Hashable)
 _T = TypeVar("_T")
+
+
+class _Kept(Generic[_K, _T]):
+    """Answers by key, each given again for ``1 / STATS_SHARE`` times what
+    it cost to make, at most :data:`MAX_REUSE_S` (``clock`` says when); the
+    newest ``capacity`` kept (a key may be a client's choice)."""
+
+    def __init__(self, clock: IReactorTime, capacity: int = 1) -> None:
+        self._clock = clock
+        self._capacity = capacity
+        self._answers: dict[_K, tuple[float, float, _T]] = {}  # (when, until, what)
+
+    def get(self, key: _K) -> _T | None:
+        """The answer kept for ``key`` while it may be given again, else
+        ``None`` (an answer is never ``None``)."""
+        kept = self._answers.get(key)
+        if kept is None:
+            return None
+        when, until, value = kept
+        if when <= self._clock.seconds() < until:
+            return value
+        del self._answers[key]
+        return None
+
+    def keep(self, key: _K, value: _T, cost: float) -> None:
+        """Keep ``value``, made now at ``cost`` seconds of the service's time."""
+        now = self._clock.seconds()
+        # At most a second: a stall while it was made (a paused VM, a long
+        # collection) is not its cost to make again.
+        reuse = min(cost / STATS_SHARE, MAX_REUSE_S)
+        self._answers.pop(key, None)  # the newest last
+        self._answers[key] = (now, now + reuse, value)
+        while len(self._answers) > self._capacity:
+            del self._answers[next(iter(self._answers))]
 
 
 def recent(
@@ -80,20 +117,65 @@ def recent(
     """``produce``, given again instead of made anew for ``1 / STATS_SHARE``
     times as long as it took to make (by ``timer``; ``clock`` says when), at
     most :data:`MAX_REUSE_S`."""
-    made: list[tuple[float, float, _T]] = []  # (when, until, what)
+    kept: _Kept[None, _T] = _Kept(clock)
 
     def fresh_enough() -> _T:
-        now = clock.seconds()
-        if not made or not made[0][0] <= now < made[0][1]:
+        value = kept.get(None)
+        if value is None:
             began = timer()
             value = produce()
-            # At most a second: a stall while it was made (a paused VM, a
-            # long collection) is not its cost to make again.
-            reuse = min((timer() - began) / STATS_SHARE, MAX_REUSE_S)
-            made[:] = [(now, now + reuse, value)]
-        return made[0][2]
+            kept.keep(None, value, timer() - began)
+        return value
 
     return fresh_enough
+
+
+class RecentByKey(Generic[_K, _T]):
+    """Answers made in the background by key, given again as :func:`recent`
+    gives its own: ``produce(key)`` fires with an answer and the seconds of
+    the service's time it cost (a render in a thread still holds the GIL
+    that the service's thread needs). A request for a key whose answer is
+    being made waits for that one: at most one is made per key at a time.
+    The answers of the newest ``capacity`` keys are kept."""
+
+    def __init__(
+        self,
+        produce: Callable[[_K], Deferred[tuple[_T, float]]],
+        clock: IReactorTime,
+        capacity: int,
+    ) -> None:
+        self._produce = produce
+        self._kept: _Kept[_K, _T] = _Kept(clock, capacity)
+        #: Keys whose answer is being made, and who waits for it.
+        self._waiting: dict[_K, list[Deferred[_T]]] = {}
+
+    def get(self, key: _K) -> Deferred[_T]:
+        """The answer for ``key``: the one kept, the one being made, or a
+        new one."""
+        kept = self._kept.get(key)
+        if kept is not None:
+            return succeed(kept)
+        answer: Deferred[_T] = Deferred()
+        waiting = self._waiting.get(key)
+        if waiting is not None:
+            waiting.append(answer)
+            return answer
+        self._waiting[key] = [answer]
+        maybeDeferred(self._produce, key).addCallbacks(
+            self._made, self._failed, callbackArgs=(key,), errbackArgs=(key,)
+        )
+        return answer
+
+    def _made(self, made: tuple[_T, float], key: _K) -> None:
+        value, cost = made
+        self._kept.keep(key, value, cost)
+        for answer in self._waiting.pop(key):
+            answer.callback(value)
+
+    def _failed(self, failure: Failure, key: _K) -> None:
+        # Kept for no one after: the next request tries again.
+        for answer in self._waiting.pop(key):
+            answer.errback(failure)
 
 
 def _rendered(stats: dict) -> bytes:

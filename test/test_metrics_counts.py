@@ -28,7 +28,7 @@ from sdexec import connection as connection_module
 from sdexec import metrics as metrics_module
 from sdexec.config import parse_config
 from sdexec.drain import SelfLifting
-from sdexec.metrics import Metrics
+from sdexec.metrics import Metrics, Scrape
 from sdexec.protocol import ExecFlag
 from sdexec.server import SdexecServer
 from sdexec.systemd import SystemdError
@@ -48,7 +48,7 @@ def observed(server: SdexecServer) -> Metrics:
 
 def samples(metrics: Metrics) -> dict[tuple[str, tuple], float]:
     """Every sample of a scrape, by name and labels."""
-    text, _ = metrics.render(metrics.snapshot(), "", "", [])
+    text, _ = metrics.render(metrics.snapshot(), Scrape.asked("", "", []))
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in parse_text(text.decode())

@@ -17,7 +17,12 @@ from support import sleep, until
 from twisted.internet.task import Clock
 
 from sdexec.systemd import bus as bus_module
-from sdexec.systemd.bus import MANAGER_ABSENT_S, SystemdClient, unit_object_path
+from sdexec.systemd.bus import (
+    ALREADY_SUBSCRIBED,
+    MANAGER_ABSENT_S,
+    SystemdClient,
+    unit_object_path,
+)
 from sdexec.systemd.errors import SystemdError, errno_for, is_connection_lost
 from sdexec.systemd.unanswered import SILENT_AFTER_S
 
@@ -186,6 +191,28 @@ async def test_on_call_given_to_connect_sees_the_connection_s_own_calls(monkeypa
     buses[0].owner_changed("", ":1.9")
     await until(lambda: client.connected, "subscribed again")
     assert observed == subscribed
+    client.disconnect()
+
+
+@ensureDeferred
+async def test_a_re_executed_manager_s_already_subscribed_is_observed_as_ok():
+    # A re-executed manager keeps its subscribers and answers the
+    # resubscription AlreadySubscribed, which the client takes as success:
+    # observed as an error, every daemon-reexec (each systemd upgrade)
+    # paged an alert on the histogram's error outcome (review session 43
+    # M5-2).
+    def already(message: Message) -> Message:
+        return failed(ALREADY_SUBSCRIBED, sender=":1.5")
+
+    bus, clock = FakeBus({"Subscribe": already}), Clock()
+    client = connected_client(bus, clock)
+    observed: list[tuple[str, bool]] = []
+    client.on_call = lambda member, seconds, ok: observed.append((member, ok))
+    bus.owner_changed(":1.5", "")
+    bus.owner_changed("", ":1.9")
+    await until(lambda: client.connected, "subscribed again")
+    assert ("Subscribe", True) in observed
+    assert all(ok for _member, ok in observed)
     client.disconnect()
 
 

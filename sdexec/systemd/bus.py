@@ -431,8 +431,9 @@ class SystemdClient:
     async def _subscribe(self, autostart: bool = False) -> None:
         try:
             await self._call(
-                SYSTEMD, MANAGER_PATH, MANAGER, "Subscribe", "", [], (), autostart
-            )
+                SYSTEMD, MANAGER_PATH, MANAGER, "Subscribe", "", [], (), autostart,
+                handled=frozenset({ALREADY_SUBSCRIBED}),
+            )  # fmt: skip
         except SystemdError as error:
             # A re-executed manager keeps its subscribers.
             if error.name != ALREADY_SUBSCRIBED:
@@ -740,11 +741,22 @@ class SystemdClient:
             SYSTEMD, MANAGER_PATH, MANAGER, member, signature, list(body), unix_fds
         )
 
-    def _observe(self, member: str, started: float, reply: Message | None) -> None:
+    def _observe(
+        self,
+        member: str,
+        started: float,
+        reply: Message | None,
+        handled: frozenset[str],
+    ) -> None:
         """``on_call`` for every call, answered or not: one lost with its
-        connection (no reply) failed, as an error reply did."""
+        connection (no reply) failed, as an error reply did, but for one
+        the caller takes as success (``handled``: an alert on the error
+        outcome paged at every ``daemon-reexec``, which answers a
+        resubscription ``AlreadySubscribed``)."""
         if self.on_call is not None:
-            ok = reply is not None and reply.message_type != MessageType.ERROR
+            ok = reply is not None and (
+                reply.message_type != MessageType.ERROR or reply.error_name in handled
+            )
             self.on_call(member, time.monotonic() - started, ok)
 
     async def _call(
@@ -757,7 +769,10 @@ class SystemdClient:
         body: list[Any],
         unix_fds: Sequence[int] = (),
         autostart: bool = False,
+        handled: frozenset[str] = frozenset(),
     ) -> list[Any]:
+        """``member``'s reply body; ``SystemdError`` for an error reply
+        (observed as ``ok`` if its name is one ``handled``)."""
         bus = self._bus
         # A bus dbus-fast has closed, before _bus_closed hears of it (a
         # loop pass or two): its reply would never come, and the call's
@@ -787,7 +802,7 @@ class SystemdClient:
             raise
         finally:
             self._unanswered.answered(token)
-            self._observe(member, started, reply)
+            self._observe(member, started, reply, handled)
         if reply is None:  # the bus closed before any reply came
             raise connection_lost()
         if reply.message_type == MessageType.ERROR:

@@ -6,7 +6,7 @@ Every failure is one line on stderr, ``sdexec: ...``, never a traceback.
 It talks to the service with the synchronous :mod:`sdexec.syncclient`, not
 Twisted: the command's time is mostly its own start-up, and Twisted (with
 the OpenSSL it loads) would be most of that. Only ``stats --url`` loads
-Twisted, for treq.
+Twisted, for its HTTP client.
 """
 
 from __future__ import annotations
@@ -70,6 +70,8 @@ TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
     import argparse
     from typing import Any, NoReturn
+
+    from twisted.internet.defer import Deferred
 
     from sdexec.earlyexec import EarlyExec
 
@@ -371,27 +373,26 @@ _HTTP_TIMEOUT_S = 30
 
 
 def _http_stats(url: str) -> dict:
-    """``GET url`` (the service's stats endpoint), with treq: the only part
-    of the command that loads Twisted."""
+    """``GET url`` (the service's stats endpoint), with Twisted's Agent:
+    the only part of the command that loads Twisted. Not with treq's
+    requests: hyperlink, which they parse every URL with, refuses an IPv6
+    literal's host (python-hyper/hyperlink#68), and the service writes its
+    endpoint's address that way (``[::1]:8490``)."""
     from twisted.internet import reactor
     from twisted.internet.defer import ensureDeferred
 
     result: dict[str, Any] = {}
 
     async def get() -> None:
-        import treq
-
         try:
-            response = await treq.get(url, persistent=False, timeout=_HTTP_TIMEOUT_S)
-            if response.code != 200:
-                result["error"] = f"{url}: HTTP {response.code}"
-            else:
-                result["report"] = await response.json()
+            result["report"] = await _within_timeout(
+                ensureDeferred(_get_json(url, reactor)), reactor
+            )
         except Exception as error:  # refused, timed out, not JSON: one line
             result["error"] = f"cannot read {url}: {_http_failure(error)}"
 
     def start() -> None:
-        # Once running: a request treq fails at once (a URL without a
+        # Once running: a request that fails at once (a URL without a
         # scheme) would stop a reactor not yet running, and hang the next.
         ensureDeferred(get()).addBoth(lambda _: reactor.stop())
 
@@ -404,10 +405,35 @@ def _http_stats(url: str) -> dict:
     return result["report"]
 
 
+class _HTTPStatus(Exception):
+    """An answer other than 200: its status, said as ``HTTP 404``."""
+
+
+async def _get_json(url: str, reactor: Any) -> Any:
+    """The JSON document at ``url`` (a new connection, closed after)."""
+    from treq import json_content
+    from twisted.web.client import Agent
+
+    response = await Agent(reactor).request(b"GET", url.encode())
+    if response.code != 200:
+        raise _HTTPStatus(f"HTTP {response.code}")
+    return await json_content(response)
+
+
+def _within_timeout(waiting: Deferred[Any], clock: Any) -> Deferred[Any]:
+    """``waiting``, cancelled after :data:`_HTTP_TIMEOUT_S` seconds (by
+    ``clock``) and failed then with words saying so."""
+
+    def timed_out(_result: object, timeout: float) -> NoReturn:
+        raise TimeoutError(f"no answer within {timeout:g} s")
+
+    return waiting.addTimeout(_HTTP_TIMEOUT_S, clock, onTimeoutCancel=timed_out)
+
+
 def _http_failure(error: Exception) -> str:
-    """What went wrong, in words: treq's ``ResponseNeverReceived`` and its
-    kin hold a list of Twisted failures, which ``str()`` shows as reprs."""
-    from twisted.internet.defer import CancelledError
+    """What went wrong, in words: the Agent's ``ResponseNeverReceived`` and
+    its kin hold a list of Twisted failures, which ``str()`` shows as
+    reprs."""
     from twisted.internet.error import ConnectionClosed
 
     reasons = getattr(error, "reasons", None)
@@ -415,8 +441,6 @@ def _http_failure(error: Exception) -> str:
         return str(error) or type(error).__name__
     if reasons[0].check(ConnectionClosed):
         return "the server closed the connection without answering"
-    if reasons[0].check(CancelledError):  # treq's timeout cancels the request
-        return f"no answer within {_HTTP_TIMEOUT_S} s"
     return reasons[0].getErrorMessage() or reasons[0].type.__name__
 
 

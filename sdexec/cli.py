@@ -328,7 +328,36 @@ def cancel_targets(text: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _cancel(options: argparse.Namespace) -> int:
-    first, second = cancel_targets(options.target)
+    targets = cancel_targets(options.target)
+    listing = request(options, Topic.LIST, {"detail": True})
+    target = _listed_job(listed_processes(listing), targets)
+    if target is not None:
+        reply = _terminate(options, target)
+    else:  # not listed: an exited job's unit still stopping, or nothing
+        reply = _terminate_either(options, *targets)
+    print_out(f"job {reply.get('id')}: terminating (step {reply.get('step')})")
+    return 0
+
+
+def _listed_job(
+    procs: list[dict[str, Any]], targets: Sequence[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """The first of ``targets`` that names a job in ``procs`` (an
+    ``sdexec.list`` with detail), else ``None``: looked up first so that a
+    cancel sends one terminate (trying each target in turn counted a
+    refused request and a terminate error at every ordinary ``sdexec
+    cancel JOBID``)."""
+    for target in targets:
+        ((key, value),) = target.items()
+        if any("jobid" in proc and proc.get(key) == value for proc in procs):
+            return target
+    return None
+
+
+def _terminate_either(
+    options: argparse.Namespace, first: dict[str, Any], second: dict[str, Any]
+) -> dict:
+    """Terminate ``first``, else (if it names nothing) ``second``."""
     try:
         reply = _terminate(options, first)
     except RPCError as failure:
@@ -340,8 +369,7 @@ def _cancel(options: argparse.Namespace) -> int:
             if not _names_nothing(again, second):
                 raise
             raise RPCError(errno.ESRCH, f"{failure}; {again}") from None
-    print_out(f"job {reply.get('id')}: terminating (step {reply.get('step')})")
-    return 0
+    return reply
 
 
 def _names_nothing(failure: RPCError, target: dict[str, Any]) -> bool:

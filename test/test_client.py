@@ -44,7 +44,7 @@ from sdexec.client import (
 from sdexec.cliio import exit_code
 from sdexec.framing import JSONLineProtocol
 from sdexec.ioencode import decode_io, encode_io
-from sdexec.protocol import terminate_not_found, terminate_runs_no_job
+from sdexec.protocol import Topic, terminate_not_found, terminate_runs_no_job
 from sdexec.wire import MAX_VALUES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -733,10 +733,15 @@ def test_run_job_options_and_cancel_targets():
     assert cancel_targets("fA3x") == ({"jobid": "fA3x"}, {"label": "fA3x"})
 
 
-def _cancel_against(monkeypatch, answers: dict) -> list[tuple]:
-    """Make ``sdexec cancel`` meet a service answering ``answers``
-    (``(key, value)`` → a reply dict or an RPCError); the targets tried."""
+def _cancel_against(monkeypatch, answers: dict, procs: list | None = None) -> list:
+    """Make ``sdexec cancel`` meet a service listing ``procs`` (none by
+    default) and answering ``answers`` (``(key, value)`` → a reply dict or
+    an RPCError); the targets tried."""
     tried: list[tuple] = []
+
+    def listed(_options, topic, payload):
+        assert (topic, payload) == (Topic.LIST, {"detail": True})
+        return {"rank": 0, "procs": procs or []}
 
     def terminate(_options, target):
         ((key, value),) = target.items()
@@ -748,6 +753,7 @@ def _cancel_against(monkeypatch, answers: dict) -> list[tuple]:
             raise answer
         return answer
 
+    monkeypatch.setattr(cli, "request", listed)
     monkeypatch.setattr(cli, "_terminate", terminate)
     return tried
 
@@ -792,6 +798,37 @@ def test_cancel_of_nothing_names_both_targets(monkeypatch, capsys):
     assert capsys.readouterr().err == (
         "sdexec: terminate pid=4242 not found; terminate jobid=4242 not found\n"
     )
+
+
+def _job(pid: int, jobid: str, label: str = "") -> dict:
+    """A job's ``sdexec.list`` entry (with detail)."""
+    return {"pid": pid, "label": label, "state": "R", "jobid": jobid, "step": None}
+
+
+@pytest.mark.parametrize(
+    ("target", "procs", "sent"),
+    [
+        # Job 9 of pid 1234: pid 9 was tried first (ESRCH).
+        ("9", [_job(1234, "9")], ("jobid", "9")),
+        # A plain run's pid 9, job 9 elsewhere: pid 9 was tried (EINVAL).
+        ("9", [{"pid": 9, "label": "", "state": "R"}, _job(77, "9")],
+         ("jobid", "9")),
+        ("1234", [_job(1234, "9")], ("pid", 1234)),
+        # Job nightly labelled n: job id n was tried first.
+        ("n", [_job(1234, "nightly", "n")], ("label", "n")),
+        ("nightly", [_job(1234, "nightly", "n")], ("jobid", "nightly")),
+    ],
+)  # fmt: skip
+def test_cancel_sends_one_terminate_to_the_job_listed(
+    monkeypatch, capsys, target, procs, sent
+):
+    # Each ordinary cancel first sent a terminate that named nothing: a
+    # refused request and a terminate error in /metrics for every one
+    # (review session 43 M5-4).
+    tried = _cancel_against(monkeypatch, {sent: {"id": "j", "step": "term"}}, procs)
+    assert cli.main(["cancel", target]) == 0
+    assert tried == [sent]
+    assert capsys.readouterr().out == "job j: terminating (step term)\n"
 
 
 # -- the command line against the peer --------------------------------------

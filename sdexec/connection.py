@@ -464,11 +464,8 @@ class ClientProtocol(StdioReceivingProtocol):
         requested_at = time.monotonic()
         # A background exec takes no descriptors (refused with its frame).
         stdio = PassedStdio(self.take_request_fds()) if streaming else NO_STDIO
-        try:
+        with stdio.closed_if_refused():
             lookup = self.server.look_up_command(payload, streaming)
-        except BaseException:
-            stdio.close()
-            raise
         found = partial(
             self._exec_found, matchtag, payload, streaming, stdio, requested_at
         )
@@ -485,6 +482,8 @@ class ClientProtocol(StdioReceivingProtocol):
         requested_at: float,
         looked_up: LookedUp,
     ) -> None:
+        """Start the looked-up exec; a refusal raised here closes ``stdio``
+        (:meth:`_found_or_refused`)."""
         stream = self._open_stream(matchtag, Topic.EXEC, single=not streaming)
         try:
             answered = self.server.exec(
@@ -502,7 +501,6 @@ class ClientProtocol(StdioReceivingProtocol):
             )
         except BaseException:
             stream.close()  # refused: nothing was sent on it
-            stdio.close()
             raise
         self._count_unanswered(answered)
 
@@ -515,7 +513,8 @@ class ClientProtocol(StdioReceivingProtocol):
         outlives_client: bool,
     ) -> None:
         """``exec_found(looked_up)`` once the exec's command is looked up (the
-        lookup's refusal answered instead, and ``stdio`` closed): at once
+        lookup's refusal answered instead; ``stdio`` closed on either's
+        refusal): at once
         if it is already, else later, the requests naming this exec waiting
         meanwhile (a write may be for this process), and the others
         handled. A connection lost meanwhile drops it, unless it
@@ -542,13 +541,25 @@ class ClientProtocol(StdioReceivingProtocol):
         pending.looking_up = False
         if self._lost and not outlives_client:
             stdio.close()  # nobody to run it for
-        elif isinstance(outcome, Failure):
-            stdio.close()
-            self._log_lookup_timeout(failure_value(outcome))
-            self._answer(Topic.EXEC, matchtag, outcome.raiseException)
         else:
-            self._answer(Topic.EXEC, matchtag, partial(exec_found, outcome))
+            found = partial(self._found_or_refused, outcome, stdio, exec_found)
+            self._answer(Topic.EXEC, matchtag, found)
         self._exec_handled(pending)
+
+    def _found_or_refused(
+        self,
+        outcome: LookedUp | Failure,
+        stdio: PassedStdio,
+        exec_found: Callable[[LookedUp], None],
+    ) -> None:
+        """``exec_found(outcome)``, or the lookup's refusal raised; either
+        refusal closes ``stdio``, whichever check makes it (the stream's
+        EEXIST once left them open for good: review session 43 Z2)."""
+        with stdio.closed_if_refused():
+            if isinstance(outcome, Failure):
+                self._log_lookup_timeout(failure_value(outcome))
+                outcome.raiseException()
+            exec_found(outcome)
 
     # -- requests that wait for a pending exec ----------------------------------
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from twisted.internet.interfaces import IFileDescriptorReceiver
@@ -106,6 +106,16 @@ class PassedStdio:
         if self._fds:
             fds, self._fds = self._fds, []
             close_fds(fds)
+
+    @contextlib.contextmanager
+    def closed_if_refused(self) -> Iterator[None]:
+        """Close the descriptors if the block raises: a request refused
+        there hands them to no process, and nobody else would close them."""
+        try:
+            yield
+        except BaseException:
+            self.close()
+            raise
 
 
 #: An empty set, for processes whose stdio is all the service's own.

@@ -472,6 +472,21 @@ def test_a_refused_exec_closes_its_descriptors(refuse, server, ends):
     assert open_fds() <= before
 
 
+def test_an_exec_on_a_matchtag_in_use_closes_its_descriptors(systemd, connection, ends):
+    # EEXIST came from opening the exec's stream, before what closed its
+    # descriptors on a refusal: each such exec left 3 open for good, until
+    # the open-file limit refused every client's exec (review session 43 Z2).
+    # (A wait's stream on the matchtag is refused by the same check.)
+    deliver(connection, exec_request(matchtag=1), ends[0])
+    systemd.release(UNIT)  # the test's dups, as systemd's copies
+    before = open_fds()
+    other = {**TRUE, "opts": {"SDEXEC_NAME": "sdexec-u"}}
+    payload = {"flags": FLAGS, "cmd": other, "stdio": ALL}
+    deliver(connection, request("sdexec.exec", payload, 1), ends[0])
+    assert errors(connection) == [(1, errno.EEXIST, "matchtag 1 is already in use")]
+    assert open_fds() <= before
+
+
 def test_descriptors_of_an_incomplete_frame_are_closed_with_the_connection(
     server, ends
 ):

@@ -462,7 +462,8 @@ class ClientProtocol(StdioReceivingProtocol):
         """An ``sdexec.exec`` (``streaming`` false: in the background), once
         its command is looked up."""
         requested_at = time.monotonic()
-        # A background exec takes no descriptors (refused with its frame).
+        # A background exec takes no descriptors: its stdio is refused by
+        # the lookup's checks (EINVAL), and _deliver closes what it brought.
         stdio = PassedStdio(self.take_request_fds()) if streaming else NO_STDIO
         with stdio.closed_if_refused():
             lookup = self.server.look_up_command(payload, streaming)

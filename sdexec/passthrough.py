@@ -57,12 +57,13 @@ def close_fds(fds: Iterable[int]) -> None:
 
 
 def takes_stdio(message: dict[str, Any]) -> bool:
-    """Whether ``message`` is a request that may bring descriptors: a
-    streaming ``sdexec.exec`` whose payload has ``stdio``."""
+    """Whether ``message`` is a request that may bring descriptors: an
+    ``sdexec.exec`` whose payload has ``stdio``. (A background one is
+    refused by its checks, ``EINVAL`` naming ``stdio``, as it is without
+    them: refused here, its client was told to send them, then not to.)"""
     payload = message.get("payload")
     return (
         message.get("topic") == Topic.EXEC
-        and message.get("streaming", True) is not False
         and isinstance(payload, dict)
         and "stdio" in payload
     )

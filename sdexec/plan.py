@@ -301,8 +301,16 @@ class LookedUp(NamedTuple):
 def checked_request(payload: Mapping[str, Any], streaming: bool) -> CheckedRequest:
     """The flags, command and environment of an ``sdexec.exec`` payload
     (``streaming`` or in the background); :class:`RequestError` names the
-    first thing wrong with them, or with its ``local_flags``."""
+    first thing wrong with them, or with its ``local_flags`` or ``stdio``."""
     _check_local_flags(payload.get("local_flags", 0), streaming)
+    if "stdio" in payload and not streaming:
+        # Said as such: the count's EPROTO had the client send descriptors,
+        # then refused them (review session 43 Z2).
+        raise RequestError(
+            errno.EINVAL,
+            "stdio: not allowed in background mode (stdio passthrough is for"
+            " streaming execs only)",
+        )
     flags = _flags(payload.get("flags"))
     command = _command(payload.get("cmd"))
     if not streaming:

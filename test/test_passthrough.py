@@ -288,9 +288,6 @@ def test_one_descriptor_per_byte_as_twisted_sends_them(systemd, connection, ends
         (request("sdexec.exec", {"flags": FLAGS, "cmd": TRUE}), 3,
          "stdio: 3 file descriptor(s) came with a request that takes none"
          " (only a streaming sdexec.exec with stdio does)"),
-        (exec_request(streaming=False), 3,
-         "stdio: 3 file descriptor(s) came with a request that takes none"
-         " (only a streaming sdexec.exec with stdio does)"),
         (exec_request(), 2,
          "stdio: the request names 3 stream(s) but 2 file descriptor(s) came with it"),
         (exec_request(), 0,
@@ -315,6 +312,27 @@ def test_mismatched_descriptors_are_eproto_and_closed(
     # The connection stays usable.
     deliver(connection, request("sdexec.list", {}, 2))
     assert connection.last()["payload"]["procs"] == []
+
+
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_stdio_in_the_background_is_einval_naming_it_whatever_came(
+    server, connection, count
+):
+    # Without descriptors it was EPROTO "names 3 stream(s) but 0 came",
+    # with them EPROTO "takes none": each told the client to do the other
+    # (review session 43 Z2).
+    passed, kept = pipes(count)
+    deliver(connection, exec_request(streaming=False), passed)
+    assert errors(connection) == [
+        (1, errno.EINVAL, "stdio: not allowed in background mode (stdio"
+         " passthrough is for streaming execs only)")
+    ]  # fmt: skip
+    assert server.processes == {}
+    for fd in passed:
+        os.close(fd)
+    for fd in kept:  # every copy of the write ends is closed: EOF
+        assert os.read(fd, 1) == b""
+        os.close(fd)
 
 
 def test_a_paused_connection_holds_no_more_descriptors_than_a_frame_takes(

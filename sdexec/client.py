@@ -29,6 +29,7 @@ from twisted.internet.interfaces import (
     IPushProducer,
     IReactorSocket,
     IReactorTime,
+    ISystemHandle,
     IUNIXTransport,
 )
 from twisted.internet.protocol import ServerFactory, connectionDone
@@ -69,6 +70,7 @@ from sdexec.rpc import (
     socket_path_too_long,
     wait_outcome,
 )
+from sdexec.syncclient import check_stdio
 
 __all__ = [
     "DEFAULT_STDIN_BUFSIZE",
@@ -463,7 +465,7 @@ class SdexecClient(JSONLineProtocol):
                 )
             payload["stdio"] = list(stdio)
         _check_request(Topic.EXEC, payload)  # (before any descriptor is duplicated)
-        passed = _duplicates(stdio) if stdio else []
+        passed = _duplicates(stdio, self._connection_fd()) if stdio else []
         request = self._requests.new(
             Topic.EXEC, payload, streaming=False if background else None
         )
@@ -697,6 +699,14 @@ class SdexecClient(JSONLineProtocol):
 
     def _send(self, request: dict[str, Any]) -> None:
         self._write(encode_message(request))
+
+    def _connection_fd(self) -> int:
+        """Our end of the connection's descriptor; -1 where there is none
+        (closed, or a transport with no system handle)."""
+        handle = ISystemHandle(self.transport, None)
+        if handle is None:
+            return -1
+        return cast(socket.socket, handle.getHandle()).fileno()
 
     def _write(self, line: bytes) -> None:
         assert self.transport is not None, "a request before connectionMade"
@@ -1089,9 +1099,11 @@ def _tell_producer(call: Callable[[], object]) -> None:
         _log.failure("sdexec: the stdin producer failed")
 
 
-def _duplicates(stdio: Mapping[str, int]) -> list[int]:
+def _duplicates(stdio: Mapping[str, int], connection: int) -> list[int]:
     """Our own copies of the descriptors of ``stdio``, in its order;
-    ``ValueError`` naming the stream whose descriptor is not open."""
+    ``ValueError`` naming the stream whose descriptor is not open, or is
+    our ``connection`` (:func:`~sdexec.syncclient.check_stdio`)."""
+    check_stdio(stdio, connection)
     copies: list[int] = []
     for stream, fd in stdio.items():
         try:

@@ -52,6 +52,7 @@ __all__ = [
     "Connection",
     "Exec",
     "Loop",
+    "check_stdio",
 ]
 
 #: How much is read from the service at a time. The service writes output
@@ -205,15 +206,39 @@ def _connected_socket(path: str) -> _socket.socket:
     return sock
 
 
-def _check_open(stdio: Mapping[str, int]) -> None:
-    """``ValueError`` naming the stream whose descriptor is not open, as
-    the Twisted client says it: sent, it would fail the write, and with it
-    the connection and every request on it."""
+def check_stdio(stdio: Mapping[str, int], connection: int) -> None:
+    """``ValueError`` naming the first stream of ``stdio`` (stdio
+    passthrough) whose descriptor is not open, or is the client's own
+    ``connection`` to the service (under any number). Both clients check
+    so before sending. Sent, a closed one would fail the write, and with it
+    the connection and every request on it; the connection itself, its
+    process would hold open once the client left, so that the service
+    never saw it leave and never stopped the process (``sdexec run`` opens
+    fds 0-2 before it connects for this: cliio.open_closed_standard_fds)."""
+    try:
+        own = _file_identity(connection)
+    except OSError:
+        own = None  # gone: the request fails as on any closed connection
     for stream, fd in stdio.items():
         try:
-            os.fstat(fd)
+            identity = _file_identity(fd)
         except BAD_DESCRIPTOR as error:
             raise bad_stdio(stream, fd, error) from None
+        if identity == own:
+            raise bad_stdio(stream, fd, ValueError(_OWN_CONNECTION))
+
+
+#: Why a client's own connection is no stdio descriptor (:func:`check_stdio`).
+_OWN_CONNECTION = (
+    "this client's own connection to the service: its process would keep it"
+    " open and run on after the client left (open fds 0-2 before connecting)"
+)
+
+
+def _file_identity(fd: int) -> tuple[int, int]:
+    """What the file open on ``fd`` is, whatever number it is under."""
+    status = os.fstat(fd)
+    return status.st_dev, status.st_ino
 
 
 def _ready(polled: int) -> int:
@@ -392,7 +417,7 @@ class Connection:
         payload: dict[str, Any] = {"cmd": cmd, "flags": flags}
         if stdio:
             payload["stdio"] = list(stdio)
-            _check_open(stdio)
+            check_stdio(stdio, self._sock.fileno())
         fds = list(stdio.values()) if stdio else []
         stream.matchtag = self.send(Topic.EXEC, payload, stream, fds=fds)
         return stream

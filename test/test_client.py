@@ -1315,6 +1315,28 @@ def test_a_passthrough_exec_of_no_command_object_leaks_no_descriptor(served):
     assert set(os.listdir("/proc/self/fd")) == before
 
 
+@pytest.mark.parametrize("number", ["its own", "a copy"])
+def test_a_passthrough_exec_of_the_connection_itself_is_refused(served, number):
+    # A daemon started with fd 0 closed had its connection there, and
+    # passed it as stdin: the process held the connection open once the
+    # client left, and the service never stopped it (review session 43 Z2).
+    _, client = served
+    own = client.transport.getHandle().fileno()
+    fd = own if number == "its own" else os.dup(own)
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(ValueError) as failure:
+        client.exec({"cmdline": ["cat"]}, STDOUT, stdio={"stdout": 1, "stdin": fd})
+    assert str(failure.value) == (
+        f"exec: stdio: stdin: {fd}: this client's own connection to the service:"
+        " its process would keep it open and run on after the client left (open"
+        " fds 0-2 before connecting)"
+    )
+    assert set(os.listdir("/proc/self/fd")) == before  # no copy kept
+    assert client._requests._in_flight == {}
+    if fd != own:
+        os.close(fd)
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_close_behind_a_full_transport_ends_once_it_drains(served_on_a_clock):
     # The client, its transport's producer, was resumed when the buffer

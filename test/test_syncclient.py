@@ -242,6 +242,31 @@ def test_a_stdio_descriptor_not_open_is_refused_before_anything_is_sent(peer, fd
     assert [message["topic"] for message in received] == ["sdexec.list"]
 
 
+@pytest.mark.parametrize("number", ["its own", "a copy"])
+def test_a_stdio_descriptor_that_is_the_connection_is_refused(peer, number):
+    # A daemon started with fd 0 closed had its connection there, and
+    # passed it as stdin: the process held the connection open once the
+    # client left, and the service never stopped it (review session 43 Z2).
+    path, replies, received = peer
+    replies.append(
+        encode_message({"type": "response", "matchtag": 1, "payload": {"procs": []}})
+    )
+    with Loop() as loop, Connection(loop, path) as connection:
+        own = connection._sock.fileno()
+        fd = own if number == "its own" else os.dup(own)
+        with pytest.raises(ValueError) as failure:
+            connection.exec({"cmdline": ["cat"]}, 3, print, {"stdin": fd})
+        assert str(failure.value) == (
+            f"exec: stdio: stdin: {fd}: this client's own connection to the"
+            " service: its process would keep it open and run on after the client"
+            " left (open fds 0-2 before connecting)"
+        )
+        assert connection.call("sdexec.list", {}) == {"procs": []}
+        if fd != own:
+            os.close(fd)
+    assert [message["topic"] for message in received] == ["sdexec.list"]
+
+
 class _Ignored:
     streaming = False
 

@@ -46,7 +46,7 @@ from sdexec.property import (
     unknown_property_reason,
 )
 from sdexec.refusal import RequestRefused, json_quoted, printable
-from sdexec.sizes import MemoryLimit, SizeTooLarge
+from sdexec.sizes import MemoryLimit, SizeNotTaken, scaled_memory
 
 __all__ = [
     "ALWAYS_ALLOWED",
@@ -176,8 +176,8 @@ def _memory_rank(text: str, memory: Callable[[], int]) -> float:
     limit = MemoryLimit.parse(text)
     if limit.infinite:
         return float("inf")
-    if limit.percent is not None:
-        return limit.percent / 100 * memory()
+    if limit.scale is not None:
+        return float(scaled_memory(limit.scale, memory()))
     assert limit.bytes is not None
     return float(limit.bytes)
 
@@ -549,7 +549,7 @@ class RequestPolicy:
     ) -> None:
         try:
             rank = order.rank(value, self._memory)
-        except SizeTooLarge as error:  # a size, only too large to hold
+        except SizeNotTaken as error:  # a size, only not one sdexec takes
             raise RequestRefused(errno.EINVAL, f"{option}: {error}") from None
         except ValueError:
             raise RequestRefused(

@@ -26,13 +26,21 @@ from typing import Any
 
 from sdexec import propertyvalues as values
 from sdexec.idset import IDset
-from sdexec.propertyvalues import UINT32_MAX, parse_bool
+from sdexec.propertyvalues import parse_bool
 from sdexec.signals import parse_signal
-from sdexec.sizes import UINT64_MAX, MemoryLimit, parse_size
+from sdexec.sizes import (
+    UINT32_MAX,
+    UINT64_MAX,
+    MemoryLimit,
+    parse_permyriad,
+    parse_size,
+    scale_from_permyriad,
+)
 from sdexec.unitfile import unit_file_problem, value_line_problem
 
 __all__ = [
     "KNOWN_PROPERTIES",
+    "UINT32_MAX",
     "PropertyError",
     "UnitProperty",
     "is_known_property",
@@ -372,22 +380,25 @@ def _uint64_in_range(name: str, text: str) -> UnitProperty:
 
 
 def percent_scale(percent: float) -> int:
-    """``percent`` as systemd's ``<Name>Scale``: a fraction of UINT32_MAX,
-    rounded to the closest (half up), exactly as ``UINT32_SCALE_FROM_PERMYRIAD``
-    does; float arithmetic would round 30% down."""
-    exact = Fraction(str(percent)) * UINT32_MAX / 100
-    return int(exact + Fraction(1, 2))
+    """``percent`` (two decimals at most) as systemd's ``<Name>Scale``: a
+    fraction of UINT32_MAX, rounded to the closest (half up), exactly as
+    ``UINT32_SCALE_FROM_PERMYRIAD`` does; float arithmetic would round 30%
+    down. ``ValueError`` for a finer one, which systemd does not keep."""
+    permyriad = Fraction(str(percent)) * 100
+    if permyriad.denominator != 1:
+        raise ValueError(f"{percent}% has more than two decimals")
+    return scale_from_permyriad(int(permyriad))
 
 
 def _memory(name: str, text: str) -> UnitProperty:
     limit = MemoryLimit.parse(text)
-    if name in _NONZERO_MEMORY and 0 in (limit.bytes, limit.percent):
+    if name in _NONZERO_MEMORY and 0 in (limit.bytes, limit.permyriad):
         raise ValueError(
             f"{text!r} is out of range: systemd takes {name} from 1 byte"
             " (infinity for none)"
         )
-    if limit.percent is not None:
-        return UnitProperty(f"{name}Scale", "u", percent_scale(limit.percent))
+    if limit.scale is not None:
+        return UnitProperty(f"{name}Scale", "u", limit.scale)
     return UnitProperty(name, "t", UINT64_MAX if limit.infinite else limit.bytes)
 
 
@@ -685,7 +696,7 @@ _CONVERTERS: dict[str, Converter] = {
         _Typed("u", values.parse_uint32),
     ),
     "ManagedOOMMemoryPressureLimit": _Typed(
-        "u", lambda text: percent_scale(values.parse_percent(text))
+        "u", lambda text: scale_from_permyriad(parse_permyriad(text))
     ),
     **dict.fromkeys(
         ("RestartKillSignal", "WatchdogSignal", "ReloadSignal"),

@@ -22,7 +22,7 @@ import shlex
 
 from sdexec.exitstatus import exit_status_number
 from sdexec.signals import parse_signal
-from sdexec.sizes import UINT64_MAX, parse_size
+from sdexec.sizes import UINT32_MAX, UINT64_MAX, parse_size
 
 __all__ = [
     "ALL_NAMESPACES",
@@ -51,7 +51,6 @@ __all__ = [
     "parse_one_word",
     "parse_optional_path",
     "parse_pair",
-    "parse_percent",
     "parse_protect_hostname",
     "parse_search_path",
     "parse_secure_bits",
@@ -62,8 +61,6 @@ __all__ = [
     "quoted_words",
     "shell_words",
 ]
-
-UINT32_MAX = 2**32 - 1
 
 #: Linux's namespace flags (``CLONE_NEW…``) by systemd's names for them.
 NAMESPACES = {
@@ -594,12 +591,3 @@ def parse_protect_hostname(text: str) -> tuple[str, str]:
     if mode not in ("yes", "no", "private") or (colon and not hostname):
         raise ValueError(f"{text!r} is not yes, no or private, then :HOSTNAME")
     return mode, hostname
-
-
-def parse_percent(text: str) -> float:
-    """A percentage from 0% to 100%, two decimals at most (systemd keeps
-    ten-thousandths): ``"60%"`` is 60.0."""
-    match = re.fullmatch(r"([0-9]{1,3}(?:\.[0-9]{1,2})?)%", text.strip())
-    if match is None or float(match[1]) > 100:
-        raise ValueError(f"{text!r} is not a percentage from 0% to 100%")
-    return float(match[1])

@@ -3,42 +3,59 @@
 One parser serves the configuration checks, the D-Bus property typing and the
 mapper's memory scaling, so they cannot disagree about what a size means.
 Suffixes are base 1024 (``K``, ``M``, ``G``, ``T``, ``P``, ``E``, in either
-case, as Flux's mapper takes them; ``1.5G`` is allowed), a bare number is
-bytes. A size must fit systemd's 64 bits.
+case, as Flux's mapper takes them; ``1.5G`` is allowed), a bare number (or
+one with ``B``, as systemd takes it) is bytes. A size must fit systemd's 64
+bits. A percentage has two decimals at most: systemd keeps ten-thousandths
+(its parse_permyriad), and writes no finer one into a unit's file.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from decimal import Decimal
 
 __all__ = [
     "SUFFIXES",
+    "UINT32_MAX",
     "UINT64_MAX",
     "MemoryLimit",
+    "SizeNotTaken",
     "SizeTooLarge",
     "bounded_size",
+    "parse_permyriad",
     "parse_size",
+    "scale_from_permyriad",
+    "scaled_memory",
 ]
 
-_SUFFIX = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
+_SUFFIX = {"": 0, "B": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
 #: The suffixes a size may have, as error messages name them.
 SUFFIXES = "K, M, G, T, P or E"
 # ASCII digits only, as systemd's parse_size and sdexec's integers read them.
 _SIZE = re.compile(
-    r"(?P<number>\d+(?:\.\d+)?)\s*(?P<suffix>[KMGTPE]?)", re.IGNORECASE | re.ASCII
+    r"(?P<number>\d+(?:\.\d+)?)\s*(?P<suffix>[KMGTPEB]?)", re.IGNORECASE | re.ASCII
 )
-# systemd keeps sizes in 64 bits.
+# systemd keeps sizes in 64 bits, and a percentage as a share of UINT32_MAX.
 UINT64_MAX = 2**64 - 1
-_PERCENT = re.compile(r"(?P<number>\d+(?:\.\d+)?)%", re.ASCII)
+UINT32_MAX = 2**32 - 1
+_PERCENT = re.compile(r"(?P<whole>\d+)(?:\.(?P<decimals>\d+))?%", re.ASCII)
+#: The decimals of a percentage systemd keeps (ten-thousandths).
+_PERCENT_DECIMALS = 2
 #: Digits a size's number may have before and after its point. Every size
 #: below 16E has at most 20 before it; refusing longer numbers first keeps a
 #: request of a million digits from costing seconds of arithmetic.
 _MAX_DIGITS = 20
 
 
-class SizeTooLarge(ValueError):
+class SizeNotTaken(ValueError):
+    """A size or percentage written as one, which sdexec does not take: its
+    message says why, for a caller to pass on rather than say what a size
+    is (``3.125%``: more than two decimals)."""
+
+
+class SizeTooLarge(SizeNotTaken):
     """A size of 16E or more: well formed, but past what 64 bits hold, so
     that a message can say it is too large rather than not a size."""
 
@@ -52,6 +69,11 @@ def parse_size(text: str, base: int = 1024) -> int:
     """
     match = _SIZE.fullmatch(text.strip())
     if match is None:
+        if _is_a_sum(text):
+            raise SizeNotTaken(
+                f"{text!r}: sdexec does not take a sum of sizes; write it as one"
+                " (1.5G, not 1G 512M)"
+            )
         raise ValueError(f"{text!r} is not a size (a number with {SUFFIXES})")
     whole, _point, fraction = match["number"].partition(".")
     if len(whole.lstrip("0")) > _MAX_DIGITS:
@@ -62,6 +84,50 @@ def parse_size(text: str, base: int = 1024) -> int:
     # large fractional "T") would come back off by a few bytes.
     power = _SUFFIX[match["suffix"].upper()]
     return bounded_size(round(Decimal(match["number"]) * base**power), text)
+
+
+def _is_a_sum(text: str) -> bool:
+    """Whether ``text`` is sizes separated by spaces, which systemd's
+    parse_size adds up (``1G 512M``)."""
+    words = text.split()
+    return len(words) > 1 and all(_SIZE.fullmatch(word) for word in words)
+
+
+def parse_permyriad(text: str) -> int:
+    """The ten-thousandths in a percentage from ``0%`` to ``100%``
+    (``"12.5%"`` is 1250), two decimals at most, as systemd's
+    parse_permyriad reads it. ``ValueError`` if the text is no percentage;
+    :class:`SizeNotTaken` for one past 100% or with more decimals (systemd
+    would keep it rounded, and write the rounded one into the unit's file:
+    below 0.005%, none at all)."""
+    match = _PERCENT.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not a percentage (50%, 12.5%)")
+    decimals = match["decimals"] or ""
+    if len(decimals) > _PERCENT_DECIMALS:
+        raise SizeNotTaken(
+            f"{text!r} has more than two decimals: systemd keeps a percentage to 0.01%"
+        )
+    whole = match["whole"].lstrip("0")
+    # Past three digits it is more than 100% (and int() of a million costs).
+    permyriad = int(whole[:4] or "0") * 100 + int(decimals.ljust(2, "0"))
+    if len(whole) > 3 or permyriad > 10_000:
+        raise SizeNotTaken(f"{text!r} is more than 100%")
+    return permyriad
+
+
+def scale_from_permyriad(permyriad: int) -> int:
+    """``permyriad`` as systemd's ``<Name>Scale``: a fraction of UINT32_MAX,
+    rounded half up, exactly as its UINT32_SCALE_FROM_PERMYRIAD."""
+    return (permyriad * UINT32_MAX + 5000) // 10_000
+
+
+def scaled_memory(scale: int, memory: int) -> int:
+    """The bytes systemd holds for a ``<Name>Scale`` of ``memory`` (its
+    physical_memory_scale): that share of its whole pages, rounded down to
+    a page."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    return memory // page * scale // UINT32_MAX * page
 
 
 def bounded_size(size: int, written: object) -> int:
@@ -76,38 +142,47 @@ def bounded_size(size: int, written: object) -> int:
 
 @dataclass(frozen=True)
 class MemoryLimit:
-    """A memory limit: exactly one of bytes, a percentage of physical memory,
-    or infinity (both fields ``None``)."""
+    """A memory limit: exactly one of bytes, a percentage of physical memory
+    (in ten-thousandths, as systemd keeps it), or infinity (both fields
+    ``None``)."""
 
     bytes: int | None = None
-    percent: float | None = None
+    permyriad: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> MemoryLimit:
         """Parse ``512M``, ``95%`` or ``infinity``; ``ValueError`` otherwise
-        (:class:`SizeTooLarge`, saying so, for a size of 16E or more)."""
+        (:class:`SizeNotTaken`, saying why, for a size of 16E or more, a
+        percentage past 100% or with more than two decimals, a sum)."""
         stripped = text.strip()
         if stripped == "infinity":
             return cls()
-        percent = _PERCENT.fullmatch(stripped)
-        if percent is not None:
-            value = float(percent["number"])
-            if value > 100:
-                raise ValueError(f"{text!r} is more than 100%")
-            return cls(percent=value)
+        parse = parse_permyriad if stripped.endswith("%") else parse_size
         try:
-            return cls(bytes=parse_size(stripped))
-        except SizeTooLarge:
+            number = parse(stripped)
+        except SizeNotTaken:
             raise
         except ValueError:
             raise ValueError(
                 f"{text!r} is not a size (a number with K, M, G, T, P or E),"
                 " a percentage or 'infinity'"
             ) from None
+        return cls(permyriad=number) if parse is parse_permyriad else cls(bytes=number)
+
+    @property
+    def percent(self) -> float | None:
+        """The percentage, ``None`` if the limit is none."""
+        return None if self.permyriad is None else self.permyriad / 100
+
+    @property
+    def scale(self) -> int | None:
+        """The percentage as systemd's ``<Name>Scale`` takes it (a fraction
+        of UINT32_MAX), ``None`` if the limit is none."""
+        return None if self.permyriad is None else scale_from_permyriad(self.permyriad)
 
     @property
     def infinite(self) -> bool:
-        return self.bytes is None and self.percent is None
+        return self.bytes is None and self.permyriad is None
 
     def __str__(self) -> str:
         if self.bytes is not None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import subprocess
 import sys
 
@@ -26,6 +27,7 @@ from sdexec.policy import (
 )
 from sdexec.property import is_known_property
 from sdexec.refusal import RequestRefused
+from sdexec.sizes import scale_from_permyriad
 
 GIB = 1024**3
 POLICY = RequestPolicy(physical_memory=64 * GIB)
@@ -231,6 +233,31 @@ def test_a_bad_value_is_einval() -> None:
         "SDEXEC_PROP_CPUWeight: 'lots' is not a weight from 1 to 10000, or 0 (idle)"
     )
     assert refusal(POLICY, MemoryMax="12Q").errnum == errno.EINVAL
+
+
+def test_a_percentage_is_compared_as_the_bytes_systemd_holds() -> None:
+    # 0.01% goes as the scale UINT32_SCALE_FROM_PERMYRIAD(1), which systemd
+    # resolves to whole pages, rounded down: below 0.01% of 64 GiB exactly.
+    page = os.sysconf("SC_PAGE_SIZE")
+    held = 64 * GIB // page * scale_from_permyriad(1) // (2**32 - 1) * page
+    policy = RequestPolicy(baseline={"MemoryMax": str(held)}, physical_memory=64 * GIB)
+    assert policy.accept({"MemoryMax": "0.01%"})
+    tighter = RequestPolicy(
+        baseline={"MemoryMax": str(held - 1)}, physical_memory=64 * GIB
+    )
+    assert_looser(tighter, "MemoryMax", "0.01%", f"MemoryMax={held - 1}")
+
+
+@pytest.mark.parametrize("value", ["3.125%", "0.004%"])
+def test_a_percentage_of_more_than_two_decimals_is_einval_saying_so(value) -> None:
+    # (review 43 T5-1: 0.004% was tighter than 8G, and no limit after a
+    # daemon-reload)
+    error = refusal(RequestPolicy(baseline={"MemoryMax": "8G"}), MemoryMax=value)
+    assert (error.errnum, error.errstr) == (
+        errno.EINVAL,
+        f"SDEXEC_PROP_MemoryMax: {value!r} has more than two decimals: systemd"
+        " keeps a percentage to 0.01%",
+    )
 
 
 def test_a_memory_limit_too_large_says_so() -> None:

@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sdexec.sizes import MemoryLimit, parse_size
+from sdexec.sizes import (
+    MemoryLimit,
+    SizeNotTaken,
+    parse_permyriad,
+    parse_size,
+    scale_from_permyriad,
+)
 
 SUFFIXES = {
     "": 1,
@@ -17,8 +23,8 @@ SUFFIXES = {
     "P": 1024**5,
     "E": 1024**6,
 }
-# Up to three decimals: str(MemoryLimit) keeps six significant digits.
-PERCENTS = st.decimals(min_value=0, max_value=100, places=3)
+# Two decimals at most, as systemd keeps a percentage.
+PERCENTS = st.decimals(min_value=0, max_value=100, places=2)
 
 
 @pytest.mark.parametrize(
@@ -83,7 +89,7 @@ def test_percent_limit_round_trip(percent):
     assert MemoryLimit.parse(str(limit)) == limit
 
 
-@given(st.decimals(min_value=Decimal("100.001"), max_value=10**6, places=3))
+@given(st.decimals(min_value=Decimal("100.01"), max_value=10**6, places=2))
 def test_percent_over_100_refused(percent):
     with pytest.raises(ValueError, match="more than 100%"):
         MemoryLimit.parse(f"{percent:f}%")
@@ -121,3 +127,56 @@ def test_more_than_20_decimals_are_refused():
     assert parse_size("1." + "5" * 20 + "G") == 1670265060
     with pytest.raises(ValueError, match="more than 20 decimals"):
         parse_size("1." + "5" * 21)
+
+
+@pytest.mark.parametrize(
+    ("text", "permyriad"),
+    [("0%", 0), ("0.01%", 1), ("3.13%", 313), ("12.5%", 1250), ("100%", 10_000),
+     ("100.00%", 10_000), ("007%", 700)],
+)  # fmt: skip
+def test_a_percentage_is_ten_thousandths(text, permyriad):
+    assert parse_permyriad(text) == permyriad
+    assert MemoryLimit.parse(text).permyriad == permyriad
+
+
+@pytest.mark.parametrize("text", ["3.125%", "0.004%", "0.00000001%", "50.000%"])
+def test_a_percentage_of_more_than_two_decimals_is_refused(text):
+    # systemd keeps ten-thousandths, and writes the rounded one into the
+    # unit's file: 0.004% came back as 0.00%, no limit, at a daemon-reload
+    # (review 43 T5-1).
+    with pytest.raises(SizeNotTaken, match="more than two decimals"):
+        MemoryLimit.parse(text)
+
+
+@pytest.mark.parametrize("text", ["1000%", "9" * 100_000 + "%"])
+def test_a_percentage_past_100_is_refused_at_any_length(text):
+    with pytest.raises(SizeNotTaken, match="more than 100%"):
+        parse_permyriad(text)
+
+
+@pytest.mark.parametrize(
+    ("permyriad", "scale"),
+    [(0, 0), (1, 429497), (5000, 2**31), (3000, 1288490189), (10_000, 2**32 - 1)],
+)
+def test_scale_from_permyriad_is_systemd_s(permyriad, scale):
+    """UINT32_SCALE_FROM_PERMYRIAD: (p * UINT32_MAX + 5000) / 10000."""
+    assert scale_from_permyriad(permyriad) == scale
+    assert MemoryLimit(permyriad=permyriad).scale == scale
+
+
+@pytest.mark.parametrize(("text", "size"), [("512B", 512), ("1b", 1), ("1.5KB", None)])
+def test_a_size_in_bytes_may_say_b(text, size):
+    # systemd's parse_size takes B (review 43 T5-6); a B after another
+    # suffix it does not.
+    if size is None:
+        with pytest.raises(ValueError, match="is not a size"):
+            parse_size(text)
+    else:
+        assert parse_size(text) == size
+        assert MemoryLimit.parse(text) == MemoryLimit(bytes=size)
+
+
+@pytest.mark.parametrize("text", ["1G 512M", "1 2"])
+def test_a_sum_of_sizes_is_refused_saying_so(text):
+    with pytest.raises(SizeNotTaken, match="does not take a sum of sizes"):
+        MemoryLimit.parse(text)

@@ -1,0 +1,113 @@
+"""Unit properties as systemd keeps them across a daemon-reload, from the
+site's configuration and from a request alike (review 43 T5): systemd
+writes each into the unit's file, and a reload reads that back."""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+import pytest
+
+from sdexec.config import ConfigError, parse_config
+from sdexec.containment import Containment
+from sdexec.plan import RequestError, plan_exec
+from sdexec.property import UnitProperty, typed_property
+from sdexec.refusal import RequestRefused
+
+TRUE = ["/bin/true"]
+
+
+def site(**properties: str) -> Any:
+    """A configuration whose ``[exec.sdexec-properties]`` are ``properties``."""
+    return parse_config(
+        {"exec": {"sdexec-properties": properties}, "systemd": {"enable": True}}
+    )
+
+
+def site_refusal(**properties: str) -> str:
+    with pytest.raises(ConfigError) as error:
+        site(**properties)
+    return str(error.value)
+
+
+def request_refusal(config: Any, **requested: str) -> RequestRefused | RequestError:
+    """The refusal of a request setting ``requested`` under ``config``."""
+    opts = {"SDEXEC_NAME": "sdexec-t"}
+    opts.update({f"SDEXEC_PROP_{name}": value for name, value in requested.items()})
+    payload = {"flags": 0, "cmd": {"cmdline": TRUE, "opts": opts}}
+    with pytest.raises((RequestRefused, RequestError)) as error:
+        plan_exec(payload, config, Containment(config, None))
+    return error.value
+
+
+def sent(config: Any, **requested: str) -> dict[str, UnitProperty]:
+    """The properties a request's plan sends, by name."""
+    opts = {"SDEXEC_NAME": "sdexec-t"}
+    opts.update({f"SDEXEC_PROP_{name}": value for name, value in requested.items()})
+    payload = {"flags": 0, "cmd": {"cmdline": TRUE, "opts": opts}}
+    plan = plan_exec(payload, config, Containment(config, None))
+    return {prop.name: prop for prop in plan.properties}
+
+
+# --- 1: a percentage systemd keeps to two decimals ------------------------
+
+
+@pytest.mark.parametrize("name", ["MemoryMax", "MemoryHigh", "MemorySwapMax"])
+@pytest.mark.parametrize("value", ["0.004%", "3.125%", "0.00000001%"])
+def test_a_request_s_finer_percentage_is_einval_naming_it(name, value):
+    # 0.004% was "tighter" than the site's 8G, and came back from the unit's
+    # file as 0.00%, no limit at all, at a daemon-reload.
+    config = site(MemoryMax="8G", MemoryHigh="6G", MemorySwapMax="1G")
+    error = request_refusal(config, **{name: value})
+    assert error.errnum == errno.EINVAL
+    assert error.errstr == (
+        f"SDEXEC_PROP_{name}: {value!r} has more than two decimals: systemd"
+        " keeps a percentage to 0.01%"
+    )
+
+
+@pytest.mark.parametrize("name", ["MemoryZSwapMax", "DefaultMemoryMin"])
+def test_a_site_s_finer_percentage_is_refused_naming_it(name):
+    assert site_refusal(**{name: "3.125%"}) == (
+        f"<config>: exec.sdexec-properties.{name}: '3.125%' has more than two"
+        " decimals: systemd keeps a percentage to 0.01%"
+    )
+
+
+@pytest.mark.parametrize("name", ["MemoryMax", "MemoryHigh"])
+def test_a_site_s_finer_memory_cap_is_refused(name):
+    with pytest.raises(ConfigError, match=f"exec.sdexec-properties.{name}: "):
+        site(**{name: "0.00000001%"})
+
+
+@pytest.mark.parametrize("name", ["MemoryMax", "MemoryHigh"])
+def test_a_zero_percentage_cap_is_refused_naming_the_property(name):
+    # Not the manager's "Value specified in MemoryMaxScale is out of range".
+    config = site()
+    error = request_refusal(config, **{name: "0.00%"})
+    assert error.errnum == errno.EINVAL
+    assert error.errstr == (
+        f"SDEXEC_PROP_{name}: error setting property: '0.00%' is out of range:"
+        f" systemd takes {name} from 1 byte (infinity for none)"
+    )
+
+
+def test_the_scale_sent_is_the_one_systemd_writes_back():
+    # 3.13% as systemd-run sends it: UINT32_SCALE_FROM_PERMYRIAD(313).
+    properties = sent(site(), MemoryMax="3.13%")
+    assert properties["MemoryMaxScale"].value == (313 * (2**32 - 1) + 5000) // 10_000
+
+
+# --- 6: what systemd-run takes --------------------------------------------
+
+
+def test_a_size_may_say_b_and_a_sum_is_refused_saying_so():
+    assert site(MemoryMax="512B", LimitCORE="512B").exec.sdexec_properties
+    assert typed_property("MemoryMax", "512B") == UnitProperty("MemoryMax", "t", 512)
+    error = request_refusal(site(), MemoryMax="1G 512M")
+    assert error.errnum == errno.EINVAL
+    assert error.errstr == (
+        "SDEXEC_PROP_MemoryMax: '1G 512M': sdexec does not take a sum of sizes;"
+        " write it as one (1.5G, not 1G 512M)"
+    )

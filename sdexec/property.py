@@ -402,6 +402,26 @@ def _memory(name: str, text: str) -> UnitProperty:
     return UnitProperty(name, "t", UINT64_MAX if limit.infinite else limit.bytes)
 
 
+#: The ten-thousandths of a ``TasksMax`` percentage systemd takes: its
+#: ``TasksMaxScale`` refuses 0 and all (UINT32_MAX) as out of range.
+_TASKS_PERMYRIAD = range(1, 10_000)
+
+
+def _tasks_max(name: str, text: str) -> UnitProperty:
+    """``TasksMax``: a number, ``infinity``, or a percentage of the
+    kernel's task limit (two decimals at most), sent as ``TasksMaxScale``
+    as systemd-run sends it."""
+    if not text.strip().endswith("%"):
+        return _uint64_in_range(name, text)
+    permyriad = parse_permyriad(text)
+    if permyriad not in _TASKS_PERMYRIAD:
+        raise ValueError(
+            f"{text!r} is out of range: systemd takes a percentage above 0% and"
+            " below 100% (infinity for none)"
+        )
+    return UnitProperty(f"{name}Scale", "u", scale_from_permyriad(permyriad))
+
+
 def level_of(name: str, text: str) -> str:
     """``text`` as one of ``name``'s :data:`LEVELS` (a boolean as ``yes``
     or ``no``); ``ValueError`` naming them otherwise."""
@@ -655,6 +675,7 @@ _CONVERTERS: dict[str, Converter] = {
     **{name: _Typed("b", _bool_or_twin(name)) for name in EX_TWINS},
     **{name: _Typed("u", parse_mode) for name in MODE_PROPERTIES},
     **dict.fromkeys(UINT64_PROPERTIES, _uint64_in_range),
+    "TasksMax": _tasks_max,
     **dict.fromkeys(INTEGER_PROPERTIES, _bounded_integer),
     **{f"Limit{r}{soft}": _rlimit for r in RLIMITS for soft in ("", "Soft")},
     **{name: _Typed("as", _path_list) for name in PATH_LIST_PROPERTIES},
@@ -913,14 +934,17 @@ CGROUP_V1_PROPERTIES = {
     "BlockIOReadBandwidth": "IOReadBandwidthMax",
     "BlockIOWriteBandwidth": "IOWriteBandwidthMax",
 }
+#: The percentage form of each limit that has one, by the limit's name:
+#: sdexec sends it for ``MemoryMax = "50%"``, and takes it by no other name.
+SCALE_PROPERTIES = {
+    f"{name}Scale": name
+    for name in (*MEMORY_PROPERTIES, *SCALED_MEMORY_PROPERTIES, "TasksMax")
+}
 #: Every property name systemd takes for a transient service over D-Bus
 #: (conditions and assertions aside: :func:`is_known_property`).
 KNOWN_PROPERTIES = (
     frozenset(_CONVERTERS)
-    | {
-        f"{name}Scale"
-        for name in (*MEMORY_PROPERTIES, *SCALED_MEMORY_PROPERTIES, "TasksMax")
-    }
+    | frozenset(SCALE_PROPERTIES)
     | frozenset(FD_PROPERTIES)
     | CONTAINMENT_PROPERTIES
     | STOP_PROPERTIES
@@ -1142,6 +1166,13 @@ def string_typed_problem(name: str) -> str | None:
         return (
             "a cgroup v1 setting, which systemd 256 dropped and systemd-run no"
             f" longer sends: set {CGROUP_V1_PROPERTIES[name]} instead"
+        )
+    if name in SCALE_PROPERTIES:
+        limit = SCALE_PROPERTIES[name]
+        return (
+            f"the D-Bus form of a percentage {limit}, which systemd takes as a"
+            f' fraction of 2^32-1: write {limit} = "50%" instead, which sdexec'
+            " sends so"
         )
     return None
 

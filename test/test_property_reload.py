@@ -99,6 +99,42 @@ def test_the_scale_sent_is_the_one_systemd_writes_back():
     assert properties["MemoryMaxScale"].value == (313 * (2**32 - 1) + 5000) // 10_000
 
 
+# --- 4: the …Scale names, and a percentage of tasks -----------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "limit"), [("MemoryMaxScale", "MemoryMax"), ("TasksMaxScale", "TasksMax")]
+)
+def test_a_site_s_scale_is_refused_naming_the_percentage_form(name, limit):
+    # Sent as a string, every job failed with "Unexpected message contents".
+    assert site_refusal(**{name: "100"}) == (
+        f"<config>: exec.sdexec-properties.{name}: the D-Bus form of a percentage"
+        f" {limit}, which systemd takes as a fraction of 2^32-1: write"
+        f' {limit} = "50%" instead, which sdexec sends so'
+    )
+
+
+def test_a_site_s_tasks_percentage_goes_as_its_scale():
+    config = site(TasksMax="50%")
+    assert config.exec.sdexec_properties == {"TasksMax": "50%"}
+    assert typed_property("TasksMax", "50%", source="config") == UnitProperty(
+        "TasksMaxScale", "u", 2**31
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [("0%", "is out of range: systemd takes a percentage above 0% and below 100%"),
+     ("100%", "is out of range: systemd takes a percentage above 0% and below 100%"),
+     ("12.345%", "has more than two decimals"),
+     ("150%", "is more than 100%")],
+)  # fmt: skip
+def test_a_tasks_percentage_systemd_refuses_is_refused_here(value, why):
+    assert site_refusal(TasksMax=value).startswith(
+        f"<config>: exec.sdexec-properties.TasksMax: {value!r} {why}"
+    )
+
+
 # --- 6: what systemd-run takes --------------------------------------------
 
 

@@ -353,7 +353,15 @@ def _uint64_or_infinity(text: str) -> int:
 #: how to say it. A CPU weight of 0 is ``idle``. The request policy ranks
 #: weights within the same ranges (``sdexec.policy``).
 RANGES: dict[str, tuple[int, int, str]] = {
-    "CPUQuotaPerSecUSec": (1, UINT64_MAX - 1, "1 or more, or infinity"),
+    # systemd writes the quota into the unit's file in whole percents (its
+    # unit-file parser takes no other): below 1%, as CPUQuota=0%, which a
+    # daemon-reload ignores, leaving the unit without any quota.
+    "CPUQuotaPerSecUSec": (
+        10_000,
+        UINT64_MAX - 1,
+        "10000 (1%) or more, or infinity (it writes whole percents into the"
+        " unit's file: a daemon-reload drops a quota below 1%)",
+    ),
     "TasksMax": (1, UINT64_MAX - 1, "1 or more, or infinity"),
     **dict.fromkeys(
         ("CPUWeight", "StartupCPUWeight"), (0, 10000, "1 to 10000, or 0 (idle)")

@@ -310,8 +310,9 @@ def test_bad_device_allow_names_the_property_and_entry(text):
 
 @pytest.mark.parametrize("name", sorted(UINT64_PROPERTIES))
 def test_uint64_properties_are_t(name):
-    # (the managed OOM's duration takes a second at least)
-    value = 1_000_000 if name == "ManagedOOMMemoryPressureDurationUSec" else 5000
+    # (the managed OOM's duration takes a second at least, a CPU quota 1%)
+    value = {"ManagedOOMMemoryPressureDurationUSec": 1_000_000}.get(name, 5000)
+    value = {"CPUQuotaPerSecUSec": 10_000}.get(name, value)
     assert typed_property(name, str(value)) == UnitProperty(name, "t", value)
     assert typed_property(name, "infinity") == UnitProperty(name, "t", UINT64_MAX)
 

@@ -99,6 +99,36 @@ def test_the_scale_sent_is_the_one_systemd_writes_back():
     assert properties["MemoryMaxScale"].value == (313 * (2**32 - 1) + 5000) // 10_000
 
 
+# --- 2: a CPU quota below 1% ----------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["1", "9999"])
+def test_a_cpu_quota_below_one_percent_is_refused_for_a_request(value):
+    # systemd writes it as CPUQuota=0%, which a daemon-reload ignores: the
+    # site's quota was gone for that job.
+    config = site(CPUQuotaPerSecUSec="2000000")
+    error = request_refusal(config, CPUQuotaPerSecUSec=value)
+    assert error.errnum == errno.EINVAL
+    assert error.errstr.startswith(
+        f"SDEXEC_PROP_CPUQuotaPerSecUSec: error setting property: {value!r} is out"
+        " of range: systemd takes 10000 (1%) or more"
+    )
+    assert "a daemon-reload drops a quota below 1%)" in error.errstr
+
+
+def test_a_cpu_quota_below_one_percent_is_refused_for_the_site():
+    message = site_refusal(CPUQuotaPerSecUSec="9999")
+    assert message.startswith(
+        "<config>: exec.sdexec-properties.CPUQuotaPerSecUSec: '9999' is out of"
+        " range: systemd takes 10000 (1%) or more, or infinity"
+    )
+
+
+def test_a_cpu_quota_of_one_percent_is_taken():
+    assert site(CPUQuotaPerSecUSec="10000").exec.sdexec_properties
+    assert sent(site(), CPUQuotaPerSecUSec="10000")["CPUQuotaPerSecUSec"].value == 10000
+
+
 # --- 4: the …Scale names, and a percentage of tasks -----------------------
 
 

@@ -170,6 +170,10 @@ class Ordering:
     describe: str
     #: ``infinity`` unsets it (a weight), so systemd's ``default`` applies.
     unset_by_infinity: bool = False
+    #: The limit this one lengthens (a jitter added to it): where the
+    #: baseline sets that limit, ``default`` is the baseline; else nothing
+    #: is lengthened, and any value is accepted.
+    lengthens: str | None = None
 
 
 def _memory_rank(text: str, memory: Callable[[], int]) -> float:
@@ -316,6 +320,10 @@ TIGHTENING: Final[Mapping[str, Ordering]] = {
     **dict.fromkeys(
         ("CPUQuotaPerSecUSec", "RuntimeMaxUSec"),
         Ordering(_usec_rank, "infinity", "microseconds or infinity"),
+    ),
+    # systemd lengthens RuntimeMaxUSec by a random time up to this one.
+    "RuntimeRandomizedExtraUSec": Ordering(
+        _usec_rank, "0", "microseconds or infinity", lengthens="RuntimeMaxUSec"
     ),
     # The manager's DefaultTasksMax and the service's own OOM score are not
     # known here: the integrator passes them as baselines.
@@ -559,6 +567,8 @@ class RequestPolicy:
         compared, baseline = self._baseline_of(name, order)
         if order is _SWITCH and rank == 0:
             return  # on: the tightest value, whatever the baseline
+        if self._lengthens_nothing(name, order):
+            return
         baseline_rank = self._baseline_rank(baseline, order)
         if baseline_rank is None:
             raise RequestRefused(
@@ -570,9 +580,25 @@ class RequestPolicy:
             raise RequestRefused(
                 errno.EPERM,
                 f"{option}: {printable(value)!r} is looser than this node's"
-                f" {compared}={baseline}; a request may only tighten it"
-                f" ({CONFIG_KEY})",
+                f" {compared}={baseline}{self._lengthened(order)}; a request may"
+                f" only tighten it ({CONFIG_KEY})",
             )
+
+    def _lengthens_nothing(self, name: str, order: Ordering) -> bool:
+        """Whether ``name`` lengthens a limit that neither the baseline
+        sets, nor ``name`` itself there: then it loosens nothing."""
+        return (
+            order.lengthens is not None
+            and order.lengthens not in self.baseline
+            and name not in self.baseline
+        )
+
+    def _lengthened(self, order: Ordering) -> str:
+        """What a refused value would have lengthened, as words to add."""
+        if order.lengthens is None or order.lengthens not in self.baseline:
+            return ""
+        limit = order.lengthens
+        return f", which lengthens its {limit}={self.baseline[limit]}"
 
     def _baseline_of(self, name: str, order: Ordering) -> tuple[str, str | None]:
         """The property a request's ``name`` compares with, and its value:

@@ -260,6 +260,46 @@ def test_a_percentage_of_more_than_two_decimals_is_einval_saying_so(value) -> No
     )
 
 
+JITTER = frozenset({"RuntimeMaxUSec", "RuntimeRandomizedExtraUSec"})
+
+
+@pytest.mark.parametrize(
+    "baseline", [{"RuntimeMaxUSec": "2000000"}, {"RuntimeMaxUSec": "infinity"}]
+)
+def test_a_jitter_cannot_lengthen_a_runtime_limit(baseline) -> None:
+    # systemd adds up to RuntimeRandomizedExtraUSec to RuntimeMaxUSec: 10 min
+    # of it let a job run past the site's 2 s (review 43 T5-3).
+    policy = RequestPolicy(allowed=JITTER, baseline=baseline)
+    error = refusal(policy, RuntimeRandomizedExtraUSec="600000000")
+    assert error.errnum == errno.EPERM
+    assert (
+        "looser than this node's RuntimeRandomizedExtraUSec=0, which lengthens its"
+        f" RuntimeMaxUSec={baseline['RuntimeMaxUSec']}; a request may only"
+        " tighten it"
+    ) in error.errstr
+    assert policy.accept({"RuntimeRandomizedExtraUSec": "0"})
+
+
+def test_a_jitter_the_site_sets_may_only_shrink() -> None:
+    policy = RequestPolicy(
+        allowed=JITTER,
+        baseline={"RuntimeMaxUSec": "2000000", "RuntimeRandomizedExtraUSec": "1000000"},
+    )
+    assert policy.accept({"RuntimeRandomizedExtraUSec": "500000"})
+    assert_looser(
+        policy,
+        "RuntimeRandomizedExtraUSec",
+        "1000001",
+        "RuntimeRandomizedExtraUSec=1000000",
+    )
+
+
+def test_a_jitter_with_no_runtime_limit_to_lengthen_is_taken() -> None:
+    policy = RequestPolicy(allowed=JITTER)
+    requested = {"RuntimeMaxUSec": "60000000", "RuntimeRandomizedExtraUSec": "5000000"}
+    assert policy.accept(requested) == requested
+
+
 def test_a_memory_limit_too_large_says_so() -> None:
     # It read "is not a memory limit (512M, 50%, infinity)".
     error = refusal(POLICY, MemoryMax="99999999999999999999G")
@@ -436,6 +476,8 @@ def test_a_request_can_never_loosen_the_baseline(
     assert accepted == requested
     for name, value in accepted.items():
         order = TIGHTENING[name]
+        if order.lengthens and not {name, order.lengthens} & baseline.keys():
+            continue  # a jitter where there is no limit to lengthen
         base = baseline.get(name, order.default)
         rank = order.rank(value, lambda: 64 * GIB)
         if base is None:  # only an accounting switch turned on, the tightest

@@ -129,6 +129,28 @@ def test_a_cpu_quota_of_one_percent_is_taken():
     assert sent(site(), CPUQuotaPerSecUSec="10000")["CPUQuotaPerSecUSec"].value == 10000
 
 
+# --- 3: a jitter that lengthens the site's runtime limit ------------------
+
+
+def test_a_request_s_jitter_cannot_lengthen_the_site_s_runtime_limit():
+    config = parse_config(
+        {
+            "exec": {"sdexec-properties": {"RuntimeMaxUSec": "2000000"}},
+            "sdexec": {
+                "request-properties": ["RuntimeMaxUSec", "RuntimeRandomizedExtraUSec"]
+            },
+            "systemd": {"enable": True},
+        }
+    )
+    error = request_refusal(config, RuntimeRandomizedExtraUSec="600000000")
+    assert error.errnum == errno.EPERM
+    assert error.errstr.startswith(
+        "SDEXEC_PROP_RuntimeRandomizedExtraUSec: '600000000' is looser than this"
+        " node's RuntimeRandomizedExtraUSec=0, which lengthens its"
+        " RuntimeMaxUSec=2000000"
+    )
+
+
 # --- 4: the …Scale names, and a percentage of tasks -----------------------
 
 

@@ -595,16 +595,32 @@ def _address_families(text: str) -> tuple[bool, list[str]]:
     nothing (systemd-run's ``none`` among them)."""
     allows, families = _allow_or_deny(text)
     for family in families:
-        if _ADDRESS_FAMILY.fullmatch(family) is None:
+        if family not in _ADDRESS_FAMILIES:
             raise ValueError(
-                f"{family!r} is no address family (AF_UNIX, AF_INET…); to allow"
-                " none, deny those a job could use (~AF_INET AF_INET6…)"
+                f"{family!r} is no address family systemd knows (AF_UNIX,"
+                " AF_INET…, as linux/socket.h names them); to allow none, deny"
+                " those a job could use (~AF_INET AF_INET6…)"
             )
     return allows, families
 
 
-#: An address family's name, as systemd's af_from_name takes it.
-_ADDRESS_FAMILY = re.compile(r"AF_[A-Z0-9_]+")
+#: The address families systemd's af_from_name knows: the ``AF_`` names of
+#: linux/socket.h (as glibc 2.36 defines them, aliases included), but
+#: ``AF_UNSPEC`` and ``AF_MAX``. The manager refuses any other for every
+#: job in words that name nothing ("Invalid argument").
+_ADDRESS_FAMILIES = frozenset(
+    {
+        "AF_ALG", "AF_APPLETALK", "AF_ASH", "AF_ATMPVC", "AF_ATMSVC", "AF_AX25",
+        "AF_BLUETOOTH", "AF_BRIDGE", "AF_CAIF", "AF_CAN", "AF_DECnet",
+        "AF_ECONET", "AF_FILE", "AF_IB", "AF_IEEE802154", "AF_INET", "AF_INET6",
+        "AF_IPX", "AF_IRDA", "AF_ISDN", "AF_IUCV", "AF_KCM", "AF_KEY", "AF_LLC",
+        "AF_LOCAL", "AF_MCTP", "AF_MPLS", "AF_NETBEUI", "AF_NETLINK",
+        "AF_NETROM", "AF_NFC", "AF_PACKET", "AF_PHONET", "AF_PPPOX",
+        "AF_QIPCRTR", "AF_RDS", "AF_ROSE", "AF_ROUTE", "AF_RXRPC",
+        "AF_SECURITY", "AF_SMC", "AF_SNA", "AF_TIPC", "AF_UNIX", "AF_VSOCK",
+        "AF_WANPIPE", "AF_X25", "AF_XDP",
+    }
+)  # fmt: skip
 
 
 def _words(text: str, none: str = "nothing named") -> list[str]:

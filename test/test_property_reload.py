@@ -187,6 +187,38 @@ def test_a_tasks_percentage_systemd_refuses_is_refused_here(value, why):
     )
 
 
+# --- 5: address families --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "word"),
+    [("AF_UNIX AF_INTE", "AF_INTE"), ("~AF_PACKETS", "AF_PACKETS"),
+     ("AF_UNSPEC", "AF_UNSPEC"), ("af_unix", "af_unix")],
+)  # fmt: skip
+def test_a_misspelt_address_family_is_refused_naming_it(value, word):
+    # It loaded, and every job failed with a bare "Invalid argument".
+    assert site_refusal(RestrictAddressFamilies=value).startswith(
+        f"<config>: exec.sdexec-properties.RestrictAddressFamilies: {word!r} is no"
+        " address family systemd knows"
+    )
+    error = request_refusal(
+        parse_config(
+            {
+                "sdexec": {"request-properties": ["RestrictAddressFamilies"]},
+                "systemd": {"enable": True},
+            }
+        ),
+        RestrictAddressFamilies=value,
+    )
+    assert error.errnum == errno.EINVAL
+    assert f"{word!r} is no address family systemd knows" in error.errstr
+
+
+@pytest.mark.parametrize("value", ["AF_DECnet", "AF_LOCAL AF_FILE", "~AF_MCTP AF_XDP"])
+def test_every_family_systemd_knows_is_taken(value):
+    assert site(RestrictAddressFamilies=value).exec.sdexec_properties
+
+
 # --- 6: what systemd-run takes --------------------------------------------
 
 

@@ -187,9 +187,14 @@ def _memory_rank(text: str, memory: Callable[[], int]) -> float:
 
 
 def _integer_rank(
-    low: int, high: int, sign: int = 1
+    low: int, high: int, sign: int = 1, names: Mapping[str, int] | None = None
 ) -> Callable[[str, Callable[[], int]], float]:
+    """Integers from ``low`` to ``high``, or the ``names`` of some
+    (``idle`` for a CPU weight of 0); ``sign`` -1 where higher is tighter."""
+
     def rank(text: str, _memory: Callable[[], int]) -> float:
+        if names and text.strip() in names:
+            return sign * names[text.strip()]
         # int() alone would also take "1_000" and non-ASCII digits.
         is_integer = re.fullmatch(r"[-+]?[0-9]+", text.strip()) is not None
         if not is_integer or not low <= int(text) <= high:
@@ -219,7 +224,7 @@ def _weight(name: str) -> Ordering:
     weights 0 is idle, the tightest: only idle tightens an idle baseline)."""
     low, high, takes = RANGES[name]
     return Ordering(
-        _integer_rank(low, high),
+        _integer_rank(low, high, names={"idle": 0} if low == 0 else None),
         "100",
         f"a weight from {takes}",
         unset_by_infinity=True,

@@ -373,6 +373,8 @@ RANGES: dict[str, tuple[int, int, str]] = {
         "1000000 (a second) or more, or infinity",
     ),
 }
+#: The weights whose 0 systemd also names ``idle``.
+_CPU_WEIGHTS = frozenset({"CPUWeight", "StartupCPUWeight"})
 #: Memory limits systemd takes from 1 byte, where 0 would be no memory at all.
 _NONZERO_MEMORY = frozenset(
     {"MemoryMax", "MemoryHigh", "StartupMemoryMax", "StartupMemoryHigh"}
@@ -380,6 +382,8 @@ _NONZERO_MEMORY = frozenset(
 
 
 def _uint64_in_range(name: str, text: str) -> UnitProperty:
+    if name in _CPU_WEIGHTS and text.strip() == "idle":
+        return UnitProperty(name, "t", 0)
     value = _uint64_or_infinity(text)
     low, high, takes = RANGES.get(name, (0, UINT64_MAX, ""))
     if value != UINT64_MAX and not low <= value <= high:

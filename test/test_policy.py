@@ -260,6 +260,14 @@ def test_a_percentage_of_more_than_two_decimals_is_einval_saying_so(value) -> No
     )
 
 
+@pytest.mark.parametrize("name", ["CPUWeight", "StartupCPUWeight"])
+def test_idle_is_a_cpu_weight_of_zero(name) -> None:
+    policy = RequestPolicy(allowed=frozenset({name}), baseline={name: "idle"})
+    assert policy.accept({name: "idle"}) and policy.accept({name: "0"})
+    assert_looser(policy, name, "1", f"{name}=idle")
+    assert RequestPolicy(allowed=frozenset({name})).accept({name: "idle"})
+
+
 JITTER = frozenset({"RuntimeMaxUSec", "RuntimeRandomizedExtraUSec"})
 
 

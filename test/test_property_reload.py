@@ -222,6 +222,22 @@ def test_every_family_systemd_knows_is_taken(value):
 # --- 6: what systemd-run takes --------------------------------------------
 
 
+@pytest.mark.parametrize("name", ["CPUWeight", "StartupCPUWeight"])
+def test_an_idle_cpu_weight_is_zero(name):
+    assert site(**{name: "idle"}).exec.sdexec_properties == {name: "idle"}
+    assert typed_property(name, "idle") == UnitProperty(name, "t", 0)
+    # Over a site's idle, a request's idle is as tight, and 1 looser.
+    config = parse_config(
+        {
+            "exec": {"sdexec-properties": {name: "idle"}},
+            "sdexec": {"request-properties": [name]},
+            "systemd": {"enable": True},
+        }
+    )
+    assert sent(config, **{name: "idle"})[name].value == 0
+    assert request_refusal(config, **{name: "1"}).errnum == errno.EPERM
+
+
 def test_a_size_may_say_b_and_a_sum_is_refused_saying_so():
     assert site(MemoryMax="512B", LimitCORE="512B").exec.sdexec_properties
     assert typed_property("MemoryMax", "512B") == UnitProperty("MemoryMax", "t", 512)

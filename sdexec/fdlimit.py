@@ -41,7 +41,7 @@ def raise_open_file_limit() -> tuple[int, int] | None:
 
 
 def no_room_for_a_process(
-    processes: int, connections: int, unrelayed: int = 0
+    processes: int, connections: int, passed: int = 0
 ) -> str | None:
     """Why a process cannot be started now, if the open-file limit has no
     room for its descriptors and :data:`RESERVE` besides: at ``EMFILE`` an
@@ -49,9 +49,10 @@ def no_room_for_a_process(
     reconnecting to systemd. The descriptors are counted each time where
     the kernel tells their number at no cost; elsewhere (``/proc/self/fd``
     listed) only once the ``processes`` and ``connections`` held come near
-    the limit. Of the ``processes``, the ``unrelayed`` (stdio passthrough)
-    hold none, and are counted as if they held a relayed one's: the limit
-    bounds every streaming process alike (they hold memory, and units)."""
+    the limit. The ``passed`` streams of the ``processes`` (stdio
+    passthrough: the client's own descriptors) hold none, and count one
+    each as if they did: the limit bounds every streaming process alike,
+    however many of its streams it passed (they hold memory, and units)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return None
@@ -60,12 +61,12 @@ def no_room_for_a_process(
         if FDS_PER_PROCESS * processes + connections + RESERVE < soft // 2:
             return None  # far from it: no listing
         in_use = _descriptors_listed(soft)
-    counted = in_use + FDS_PER_PROCESS * unrelayed
+    counted = in_use + passed
     if counted + 2 * FDS_PER_PROCESS + RESERVE <= soft:
         return None
     passthrough = (
-        f", and {unrelayed} passthrough processes counted as {FDS_PER_PROCESS} each"
-        if unrelayed
+        f", and {passed} streams passed through (stdio) counted as one each"
+        if passed
         else ""
     )
     return (

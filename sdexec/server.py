@@ -49,7 +49,6 @@ from sdexec.passthrough import (
     PassedStdio,
 )
 from sdexec.plan import (
-    STDIO_STREAMS,
     ExecPlan,
     LookedUp,
     RequestError,
@@ -140,9 +139,10 @@ class SdexecServer:
         #: Processes whose ended stream's matchtag was used again, by the
         #: key they are tabled under since (:meth:`_retire_key`).
         self._retired_keys: dict[Process, tuple[int, int]] = {}
-        #: Tabled processes whose stdio is all the client's own (passthrough):
-        #: they hold no descriptor of ours, and are counted as if they did.
-        self._passthrough = 0
+        #: The streams of tabled processes that are the client's own (stdio
+        #: passthrough): we hold no descriptor for them, and count one each
+        #: as if we did (sdexec/fdlimit.py).
+        self._passed_streams = 0
         self._retired_serials = itertools.count(1)
         #: Background and waitable processes: by pid or label, ended ones kept.
         self.tracked = TrackedProcesses()
@@ -420,7 +420,7 @@ class SdexecServer:
         """EAGAIN while the open-file limit has no room for another process
         (sdexec/fdlimit.py)."""
         why = no_room_for_a_process(
-            len(self.processes), self.connections.total, self._passthrough
+            len(self.processes), self.connections.total, self._passed_streams
         )
         if why is not None:
             raise RequestError(errno.EAGAIN, why)
@@ -510,7 +510,7 @@ class SdexecServer:
             stdio=stdio,
         )
         self.processes[key] = process
-        self._passthrough += _all_passed(plan)
+        self._passed_streams += len(plan.stdio)
         if findable:
             self.tracked.findable(process)
         connection_id, matchtag = key
@@ -725,7 +725,7 @@ class SdexecServer:
         if process is not None:
             self.units.pop(process.unit_name, None)
             self.tracked.reaped(process)
-            self._passthrough -= _all_passed(process.plan)
+            self._passed_streams -= len(process.plan.stdio)
         self.jobs.forget(process)
 
     def shutdown(self, grace: float) -> defer.Deferred:
@@ -1105,11 +1105,6 @@ def revoked(uid: int) -> str:
 
 def _unindexed(_process: Process) -> None:
     """``pid_known`` of a process no client may find (the device canary)."""
-
-
-def _all_passed(plan: ExecPlan) -> bool:
-    """Whether the plan's stdio is all the client's (nothing relayed)."""
-    return len(plan.stdio) == len(STDIO_STREAMS)
 
 
 def _main_process_gone(failure: Failure, target: str) -> Failure:

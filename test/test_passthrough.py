@@ -414,21 +414,30 @@ def test_descriptors_with_what_is_no_request_end_the_connection(connection, ends
     assert connection.transport.disconnecting
 
 
+@pytest.mark.parametrize("stdio", [ALL, ["stdout", "stderr"], ["stdin"]])
 def test_passthrough_processes_count_against_the_open_file_limit(
-    server, systemd, connection, ends, monkeypatch
+    server, systemd, ends, monkeypatch, stdio
 ):
-    # They hold no descriptor of the service's, so nothing bounded them:
-    # 2000 started under a limit that let 57 relayed ones run (review
-    # session 32 Z4). Counted as if they held a relayed one's three.
+    # They hold no descriptor of the service's for a passed stream, so
+    # nothing bounded them: 2000 started under a limit that let 57 relayed
+    # ones run (review session 32 Z4). Each passed stream counts as the one
+    # a relayed process holds for it: counted only when all three were
+    # passed, a partly passed one let 3 times as many start (session 43 Z2).
+    # (Its own connection: the relayed streams' ends close once read to EOF,
+    # after the connection fixture's check.)
+    connection = Connection(server)
     for n in range(2):
         opts = {"SDEXEC_NAME": f"sdexec-p{n}"}
-        payload = {"flags": FLAGS, "cmd": {**TRUE, "opts": opts}, "stdio": ALL}
-        deliver(connection, request("sdexec.exec", payload, n + 1), ends[0])
+        payload = {"flags": FLAGS, "cmd": {**TRUE, "opts": opts}, "stdio": stdio}
+        deliver(
+            connection, request("sdexec.exec", payload, n + 1), ends[0][: len(stdio)]
+        )
         systemd.release(f"sdexec-p{n}.service")  # only the client holds them
     assert len(server.processes) == 2
     in_use = len(open_fds())
-    # Room for a third start's six, were those two not counted.
-    soft = in_use + 2 * FDS_PER_PROCESS + RESERVE + 2 * FDS_PER_PROCESS - 1
+    held = 2 * (FDS_PER_PROCESS - len(stdio))  # their relayed streams' ends
+    # Room for a third start's six, were the passed streams not counted.
+    soft = (in_use - held) + 2 * FDS_PER_PROCESS + RESERVE + 2 * FDS_PER_PROCESS - 1
     monkeypatch.setattr(resource, "getrlimit", lambda _: (soft, soft))
     deliver(connection, exec_request(matchtag=3), ends[0])
     [(matchtag, errnum, errstr)] = errors(connection)
@@ -436,9 +445,11 @@ def test_passthrough_processes_count_against_the_open_file_limit(
     assert errstr.startswith("too many processes: 2 held, and ")
     # What is open, and what is only counted, told apart (review W3).
     assert errstr.endswith(
-        " descriptors the service's open-file limit allows in use, and 2"
-        " passthrough processes counted as 3 each (raise LimitNOFILE)"
+        " descriptors the service's open-file limit allows in use, and"
+        f" {2 * len(stdio)} streams passed through (stdio) counted as one each"
+        " (raise LimitNOFILE)"
     )
+    connection.close()
 
 
 def test_refused_descriptors_of_a_topic_that_is_not_text_are_eproto(connection, ends):

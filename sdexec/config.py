@@ -73,6 +73,7 @@ from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import (
     SUFFIXES,
     MemoryLimit,
+    SizeNotTaken,
     SizeTooLarge,
     bounded_size,
     parse_size,
@@ -808,6 +809,9 @@ def _check_property(name: object, value: object) -> None:
     if name in MEMORY_PROPERTIES:
         try:
             MemoryLimit.parse(value)
+        except SizeNotTaken as error:
+            # written as a size, but not one sdexec takes: its own reason
+            raise _PropertyError(name, _too_large(value) or str(error)) from None
         except ValueError:
             raise _PropertyError(
                 name,

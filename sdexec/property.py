@@ -414,24 +414,18 @@ def _memory(name: str, text: str) -> UnitProperty:
     return UnitProperty(name, "t", UINT64_MAX if limit.infinite else limit.bytes)
 
 
-#: The ten-thousandths of a ``TasksMax`` percentage systemd takes: its
-#: ``TasksMaxScale`` refuses 0 and all (UINT32_MAX) as out of range.
-_TASKS_PERMYRIAD = range(1, 10_000)
-
-
 def _tasks_max(name: str, text: str) -> UnitProperty:
-    """``TasksMax``: a number, ``infinity``, or a percentage of the
-    kernel's task limit (two decimals at most), sent as ``TasksMaxScale``
-    as systemd-run sends it."""
-    if not text.strip().endswith("%"):
-        return _uint64_in_range(name, text)
-    permyriad = parse_permyriad(text)
-    if permyriad not in _TASKS_PERMYRIAD:
+    """``TasksMax``: a number or ``infinity``. Not a percentage, which
+    systemd-run sends as ``TasksMaxScale``: systemd writes that into the
+    unit's file as about a tenth of itself (systemd issue #41009, fixed in
+    2026), and a ``daemon-reload`` would cut every job's limit so."""
+    if text.strip().endswith("%"):
         raise ValueError(
-            f"{text!r} is out of range: systemd takes a percentage above 0% and"
-            " below 100% (infinity for none)"
+            f"{text!r}: a percentage is not taken here: systemd writes it into"
+            " the unit's file as about a tenth of itself (systemd issue #41009),"
+            " which a daemon-reload then applies; give a number of tasks"
         )
-    return UnitProperty(f"{name}Scale", "u", scale_from_permyriad(permyriad))
+    return _uint64_in_range(name, text)
 
 
 def level_of(name: str, text: str) -> str:
@@ -1195,6 +1189,8 @@ def string_typed_problem(name: str) -> str | None:
             "a cgroup v1 setting, which systemd 256 dropped and systemd-run no"
             f" longer sends: set {CGROUP_V1_PROPERTIES[name]} instead"
         )
+    if name == "TasksMaxScale":
+        return "the D-Bus form of a percentage TasksMax: give TasksMax a number"
     if name in SCALE_PROPERTIES:
         limit = SCALE_PROPERTIES[name]
         return (

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from sdexec.environment import clean_environment
-from sdexec.execstart import exec_line
+from sdexec.execstart import ExecLine, exec_line
 from sdexec.limits import NAME_MAX, search_directories
-from sdexec.property import UnitProperty, typed_property
+from sdexec.property import UnitProperty, parse_bool, typed_property
 
 __all__ = [
     "OWN_PROPERTIES",
@@ -22,6 +22,7 @@ __all__ = [
     "Command",
     "CommandError",
     "Found",
+    "command_line",
     "unit_environment",
     "unit_properties",
 ]
@@ -302,7 +303,7 @@ def unit_properties(
     """
     # Plain ExecStart, the command verbatim or through a trampoline: the
     # form systemd reads back from the unit's file (sdexec/execstart.py).
-    start = exec_line(executable, command.cmdline)
+    start = command_line(command, executable, properties)
     unit = [
         UnitProperty("Description", "s", describe(command.cmdline)),
         UnitProperty("ExecStart", "a(sasb)", [[start.path, start.argv, False]]),
@@ -323,6 +324,20 @@ def unit_properties(
         for name, value in ordered
     )
     return unit
+
+
+def command_line(
+    command: Command, executable: str, properties: Mapping[str, str]
+) -> ExecLine:
+    """What ``ExecStart`` is given for ``command`` (``executable`` its
+    ``cmdline[0]`` resolved) in a unit of ``properties``: the trampoline, if
+    it is needed, keeps SIGPIPE as the unit's ``IgnoreSIGPIPE`` says."""
+    ignore_sigpipe = properties.get("IgnoreSIGPIPE", "yes")
+    try:
+        ignored = parse_bool(ignore_sigpipe)
+    except ValueError:
+        ignored = True  # refused anyway, as its property is typed
+    return exec_line(executable, command.cmdline, ignored)
 
 
 #: The properties :func:`unit_properties` sets itself, whatever the command,

@@ -67,13 +67,16 @@ CANARY_TIMEOUT_SECONDS = 30.0
 #: Opens ``{device}``: exit status 0 if it could, 1 if not. Said with an
 #: ``if``, not left to the redirection's own status: that is 2 in dash
 #: (Debian's and Ubuntu's /bin/sh), 1 in bash, and a fence that held read as
-#: "could not be verified" (the node drained at every start).
-PROBE = "if true <{device}; then exit 0; fi; exit 1"
+#: "could not be verified" (the node drained at every start). Lines, not
+#: ``;``: a command without ``;`` or ``$`` is given to systemd as it is, not
+#: through the trampoline (sdexec/execstart.py), so the canary needs no
+#: Python in the unit the site's properties sandbox.
+PROBE = "if true <{device}\nthen exit 0\nfi\nexit 1"
 
 #: The allowed device, then the one outside the allow list. The exit status
 #: is the verdict: 0 opened it (not enforced), 1 refused (enforced), 10 the
 #: allowed device was refused, 11 there is no /dev/zero to probe.
-CANARY_SCRIPT = "true </dev/null || exit 10; [ -c /dev/zero ] || exit 11; " + (
+CANARY_SCRIPT = "true </dev/null || exit 10\n[ -c /dev/zero ] || exit 11\n" + (
     PROBE.format(device="/dev/zero")
 )
 CANARY_PROPERTIES = {"DevicePolicy": "strict", "DeviceAllow": "/dev/null rw"}

@@ -10,17 +10,20 @@ systemd writes a transient unit's settings into its file in
   controllers of its own: a running job kept running, but its cgroup lost
   ``cpuset``, ``memory`` and ``pids``, and with them its CPU fence, its
   memory cap and its task limit (seen on a cgroup v2 node).
-- ``ExecStart=`` reads back, every character as it was sent but two: an
-  argument's ``$`` and ``;`` come back with a backslash before them.
+- ``ExecStart=`` reads back, an argument's every character as it was sent
+  but two: ``$`` and ``;`` come back with a backslash before them. The path
+  is written unquoted where it is not the first argument, and no path with
+  whitespace, a quote or a backslash reads back as it was sent (review
+  session 43 E2: some read back ``bad-setting``, some as another command).
 - In ``ExecStart``, systemd itself expands ``$VAR`` and ``${VAR}`` before
   the command sees them.
 
-So a command with neither ``$`` nor ``;`` in its path or arguments is sent
-as plain ``ExecStart``: there is nothing to expand, and every other
-character reads back as sent. A command with either runs through a
-trampoline, the service's own Python with :data:`TRAMPOLINE`, given the
-path and the arguments with ``$``, ``;`` and ``%`` percent-encoded: it
-decodes them and executes the command verbatim, in the environment the
+So a command with neither ``$`` nor ``;`` in its arguments, and a plain
+path, is sent as plain ``ExecStart``: there is nothing to expand, and it
+reads back as sent. Any other runs through a trampoline, the service's own
+Python with :data:`TRAMPOLINE`, given the path and the arguments with
+``$``, ``;`` and ``%`` percent-encoded: it decodes them and executes the
+command verbatim, in the environment and with the signal dispositions the
 unit gave it. Its exec failing is exit status 203, as systemd's own
 (``EXIT_EXEC``), with a line on stderr saying why.
 
@@ -29,28 +32,45 @@ A leaf: it knows neither requests nor the bus.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
 from typing import NamedTuple
 
-__all__ = ["TRAMPOLINE", "ExecLine", "exec_line", "read_back_intact"]
+__all__ = [
+    "TRAMPOLINE",
+    "ExecLine",
+    "encoded_arguments",
+    "exec_line",
+    "read_back_intact",
+]
 
-#: The characters systemd 252 does not read back from an ``ExecStart=``
-#: line as it wrote them, and ``$`` what it expands there too.
+#: The characters systemd 252 does not read back from an argument of an
+#: ``ExecStart=`` line as it wrote them, and ``$`` what it expands there too.
 _NOT_READ_BACK = ("$", ";")
 
-#: Run as ``python -I -S -c TRAMPOLINE PATH ARGV…`` with each of PATH and
-#: ARGV percent-encoded (:func:`_encoded`). Itself free of ``$`` and ``;``
-#: (``chr``), so that its own line reads back. It executes with the
-#: environment the process began with (``/proc/self/environ``): Python in
-#: the C locale adds ``LC_CTYPE=C.UTF-8`` to its own.
+#: A path systemd 252 reads back from an ``ExecStart=`` line, quoted or not:
+#: absolute, and none of those, no whitespace, quote, backslash or control
+#: character.
+_PLAIN_PATH = re.compile(r"/[^\s\"'\\$;\x00-\x1f\x7f]*")
+
+#: Run as ``python -I -S -c TRAMPOLINE SIGPIPE PATH ARGV…`` with each of
+#: PATH and ARGV percent-encoded (:func:`_encoded`), SIGPIPE ``ignore`` or
+#: ``default`` as the unit's ``IgnoreSIGPIPE`` says. Itself free of ``$``
+#: and ``;`` (``chr``), so that its own line reads back. It executes with
+#: the environment the process began with (``/proc/self/environ``: Python in
+#: the C locale adds ``LC_CTYPE=C.UTF-8`` to its own), and gives back the
+#: signals Python ignores at its start, which an exec keeps ignored:
+#: ``SIGXFSZ`` (systemd leaves every signal at its default) and ``SIGPIPE``.
 TRAMPOLINE = """\
-import os, sys
+import os, signal, sys
 codes = {"24": chr(36), "25": "%", "3B": chr(59)}
 def decoded(arg):
     head, *rest = arg.split("%")
     return head + "".join(codes[part[:2]] + part[2:] for part in rest)
-path, *argv = map(decoded, sys.argv[1:])
+pipe, path, *argv = [sys.argv[1], *map(decoded, sys.argv[2:])]
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+signal.signal(signal.SIGPIPE, signal.SIG_IGN if pipe == "ignore" else signal.SIG_DFL)
 try:
     with open("/proc/self/environ", "rb") as environ:
         entries = environ.read().split(bytes(1))
@@ -64,34 +84,52 @@ except OSError as error:
     sys.exit(203)
 """
 
-#: The interpreter that runs :data:`TRAMPOLINE`: the service's own.
-_PYTHON = sys.executable or "/usr/bin/python3"
+#: The interpreter that runs :data:`TRAMPOLINE`: the service's own, unless
+#: systemd could not read its path back either.
+_PYTHON = (
+    sys.executable
+    if _PLAIN_PATH.fullmatch(sys.executable or "") is not None
+    else "/usr/bin/python3"
+)
 
 
 class ExecLine(NamedTuple):
     """What ``ExecStart`` is given: the ``path`` systemd executes and its
-    ``argv``."""
+    ``argv``; ``trampolined`` if that is the trampoline."""
 
     path: str
     argv: list[str]
+    trampolined: bool = False
 
 
 def read_back_intact(executable: str, cmdline: Sequence[str]) -> bool:
     """Whether systemd reads ``executable`` run as ``cmdline`` back from a
     plain ``ExecStart=`` line as it was sent (and has nothing to expand)."""
-    return not any(
-        char in text for text in (executable, *cmdline) for char in _NOT_READ_BACK
+    return _PLAIN_PATH.fullmatch(executable) is not None and not any(
+        char in arg for arg in cmdline for char in _NOT_READ_BACK
     )
 
 
-def exec_line(executable: str, cmdline: Sequence[str]) -> ExecLine:
+def exec_line(
+    executable: str, cmdline: Sequence[str], ignore_sigpipe: bool = True
+) -> ExecLine:
     """The ``ExecStart`` that runs ``executable`` as ``cmdline`` verbatim and
     reads back from the unit's file as it was sent: the command itself, or
-    the trampoline given it encoded."""
+    the trampoline given it encoded (``ignore_sigpipe``: the unit's
+    ``IgnoreSIGPIPE``, systemd's default yes, for the trampoline to keep)."""
     if read_back_intact(executable, cmdline):
         return ExecLine(executable, list(cmdline))
+    pipe = "ignore" if ignore_sigpipe else "default"
     encoded = [_encoded(text) for text in (executable, *cmdline)]
-    return ExecLine(_PYTHON, [_PYTHON, "-I", "-S", "-c", TRAMPOLINE, *encoded])
+    return ExecLine(
+        _PYTHON, [_PYTHON, "-I", "-S", "-c", TRAMPOLINE, pipe, *encoded], True
+    )
+
+
+def encoded_arguments(line: ExecLine, cmdline: Sequence[str]) -> Sequence[str]:
+    """``cmdline``'s arguments as ``line`` gives them: encoded where it is
+    the trampoline's (its last ones), else as they are."""
+    return line.argv[len(line.argv) - len(cmdline) :]
 
 
 def _encoded(text: str) -> str:

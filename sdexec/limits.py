@@ -45,6 +45,7 @@ import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final, TypeGuard
 
+from sdexec.execstart import ExecLine, encoded_arguments
 from sdexec.refusal import RequestRefused, json_quoted, lone_surrogate, printable
 from sdexec.unitfile import (
     ESCAPED_AS_COMMAND,
@@ -71,6 +72,7 @@ __all__ = [
     "check_start_message",
     "check_text",
     "check_texts",
+    "check_trampoline_exec",
     "check_unit_file_lines",
     "command_line_length",
     "command_text",
@@ -291,22 +293,57 @@ def check_exec_size(
     included) is refused first, naming it.
     """
     limit = arg_max() if limit is None else limit
-    total = SYSTEMD_ENV_RESERVE + (max(len(cmdline), 1) + len(env)) * _POINTER
-    for field, size in _exec_strings(executable, cmdline, env):
-        if size + 1 > MAX_ARG_STRLEN:
-            raise RequestRefused(
-                errno.E2BIG,
-                f"{field}: {size} bytes; Linux execs no single argument or"
-                f" environment string over {MAX_ARG_STRLEN - 1} bytes"
-                " (MAX_ARG_STRLEN)",
-            )
-        total += size + 1
+    total = _exec_total(executable, cmdline, env)
     if total > limit:
         raise RequestRefused(
             errno.E2BIG,
             f"cmd.cmdline and cmd.env: {len(cmdline)} arguments and {len(env)}"
             f" environment variables take {total} bytes; exec allows {limit}"
             " (ARG_MAX)",
+        )
+
+
+def _exec_total(executable: str, cmdline: Sequence[str], env: Mapping[str, str]) -> int:
+    """The argument space ``execve(executable, cmdline, env)`` takes;
+    ``E2BIG`` naming a string over ``MAX_ARG_STRLEN``."""
+    total = SYSTEMD_ENV_RESERVE + (max(len(cmdline), 1) + len(env)) * _POINTER
+    for field, size in _exec_strings(executable, cmdline, env):
+        _check_string_size(field, size)
+        total += size + 1
+    return total
+
+
+def _check_string_size(field: str, size: int, why: str = "") -> None:
+    if size + 1 > MAX_ARG_STRLEN:
+        raise RequestRefused(
+            errno.E2BIG,
+            f"{field}: {size} bytes{why}; Linux execs no single argument or"
+            f" environment string over {MAX_ARG_STRLEN - 1} bytes"
+            " (MAX_ARG_STRLEN)",
+        )
+
+
+def check_trampoline_exec(
+    cmdline: Sequence[str], line: ExecLine, env: Mapping[str, str]
+) -> None:
+    """Refuse with ``E2BIG`` a command the trampoline that runs it
+    (:func:`sdexec.execstart.exec_line`) could not be executed with: its
+    arguments percent-encoded (a ``$``, ``;`` or ``%`` is three bytes),
+    after the trampoline's own. What :func:`check_exec_size` passed may not
+    pass here; a command systemd is given as it is has nothing more to
+    check."""
+    if not line.trampolined:
+        return
+    why = " once its $, ; and % are encoded for the trampoline, three bytes each"
+    for index, arg in enumerate(encoded_arguments(line, cmdline)):
+        _check_string_size(f"cmd.cmdline[{index}]", len(arg.encode()), why)
+    total, limit = _exec_total(line.path, line.argv, env), arg_max()
+    if total > limit:
+        raise RequestRefused(
+            errno.E2BIG,
+            f"cmd.cmdline and cmd.env: {total} bytes with the trampoline that"
+            " runs the command (its $, ; and % encoded, three bytes each);"
+            f" exec allows {limit} (ARG_MAX)",
         )
 
 

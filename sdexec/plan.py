@@ -28,12 +28,12 @@ from sdexec.command import (
     Command,
     CommandError,
     Found,
+    command_line,
     unit_environment,
     unit_properties,
 )
 from sdexec.config import Config
 from sdexec.containment import Containment, MapperError
-from sdexec.execstart import exec_line
 from sdexec.idset import IDset
 from sdexec.limits import (
     check_command_size,
@@ -41,6 +41,7 @@ from sdexec.limits import (
     check_lengths,
     check_start_message,
     check_texts,
+    check_trampoline_exec,
     check_unit_file_lines,
     command_text,
     job_id_problem,
@@ -249,7 +250,8 @@ def plan_exec(
     merged, sources = _merged_properties(config, command, mapped)
     _check_together(merged, sources)
     unit_name = unit_name_for(command)
-    start = exec_line(executable, command.cmdline)
+    start = command_line(command, executable, merged)
+    check_trampoline_exec(command.cmdline, start, environment)
     check_start_message(
         unit_name, start.path, start.argv, environment, merged, command.cwd
     )

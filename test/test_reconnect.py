@@ -250,20 +250,27 @@ async def test_a_start_queued_across_a_daemon_reload_runs_verbatim(
         await service.stop()
 
 
-@pytest.mark.parametrize("kind", VERBATIM)
+@pytest.mark.parametrize("kind", [*VERBATIM, "quoted-path"])
 @ensureDeferred
 async def test_a_running_unit_keeps_its_settings_across_a_daemon_reload(
-    own_service, kind
+    own_service, tmp_path, kind
 ):
     """A ``daemon-reload`` reads every unit again from its transient file.
     One systemd 252 could not read back (``ExecStartEx=``) was
     ``bad-setting`` after it, and a unit that is not loaded has no cgroup
     controllers of its own: on a cgroup v2 node a running job kept running
     with its ``cpuset``, ``memory`` and ``pids`` gone, its CPU fence and
-    memory cap with them (seen 2026-11-28, docs/containment.md)."""
+    memory cap with them (seen 2026-11-28, docs/containment.md). A path with
+    a quote read back so too (review session 43 E2)."""
     client = await own_service.connect()
     ending = Result()
-    cmdline = ["sh", "-c", "read line || exit 0", *VERBATIM[kind][0]]
+    shell = "sh"
+    if kind == "quoted-path":
+        (tmp_path / "it's").mkdir()
+        shell = str(tmp_path / "it's" / "sh")
+        os.symlink("/bin/sh", shell)
+    args = VERBATIM.get(kind, VERBATIM["plain"])[0]
+    cmdline = [shell, "-c", "read line || exit 0", *args]
     handle = client.exec(
         command(cmdline, opts={"SDEXEC_PROP_MemoryMax": "77M"}), FLAGS, ending.collect
     )

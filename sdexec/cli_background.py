@@ -196,6 +196,12 @@ def attach(options: argparse.Namespace) -> int:
         finally:
             close_outputs(session.outputs)
     # Closing the connection is what detaches, on the service's side.
+    if session.detached and stream.pid is None:
+        # Nothing was attached: a service slow to answer, a target that
+        # may not exist. "Detached from pid ?; it runs on" said otherwise.
+        name = signal_name(session.detached_by)
+        warn(f"interrupted by {name} before the service answered the attach")
+        return signalled_status(session.detached_by)
     if session.detached:
         _say_detached(stream, session.status)
         # Output lost (a full disk) is an error, said above; a reader gone
@@ -238,13 +244,12 @@ def _say_detached(stream: Exec, status: int | None) -> None:
     """The line ``attach`` says when it detaches: a process whose end came
     with the replay (it had ended) does not run on, and its end is gone;
     an end without a status is said in the service's words."""
-    shown = stream.pid if stream.pid is not None else "?"
     # The service's error, not the loss our own close of the connection
     # gave a stream that had not ended.
     ended_with = stream.error if isinstance(stream.error, RPCError) else None
     if status is not None:
         say(
-            f"sdexec: detached from pid {shown}, which had ended (exit code"
+            f"sdexec: detached from pid {stream.pid}, which had ended (exit code"
             f" {exit_code(status)}): its end went to this attach"
         )
         if ended_with is not None:
@@ -252,9 +257,9 @@ def _say_detached(stream: Exec, status: int | None) -> None:
     elif ended_with is not None:
         # ECHILD, "unit U ended without an exit status", as an attach that
         # was not detached would say it.
-        warn(f"detached from pid {shown}, whose stream had ended: {ended_with}")
+        warn(f"detached from pid {stream.pid}, whose stream had ended: {ended_with}")
     else:
-        say(f"sdexec: detached from pid {shown}; it runs on")
+        say(f"sdexec: detached from pid {stream.pid}; it runs on")
 
 
 class _Attached:

@@ -934,3 +934,32 @@ def test_run_bg_interrupted_twice_while_starting_gives_up(serve):
         b"sdexec: interrupted by SIGINT before the answer: the process may start"
         b" in the background all the same (sdexec ps)\n"
     )
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_attach_interrupted_before_the_answer_says_nothing_was_attached(
+    serve, signum
+):
+    # It said "detached from pid ?; it runs on", of a target that may not
+    # exist (review session 43 L2-4).
+    asked = threading.Event()
+
+    def never_answered(request: dict) -> list[dict]:
+        asked.set()
+        return []
+
+    client = subprocess.Popen(
+        [*_cli_against(serve(never_answered)), "attach", "99"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert asked.wait(30), "the attach was never sent"
+    client.send_signal(signum)
+    stdout, stderr = client.communicate(timeout=30)
+    said = f"interrupted by {signal.Signals(signum).name} before the service"
+    assert (client.returncode, stdout, stderr) == (
+        ended_by(signum),
+        b"",
+        f"sdexec: {said} answered the attach\n".encode(),
+    )

@@ -230,8 +230,13 @@ def _run(options: argparse.Namespace, early: EarlyExec | None = None) -> int:
         )
         # Caught before connecting: a signal that arrives while we start up
         # is held until the process has started, or interrupts it; so is
-        # one an early exec caught while we loaded.
-        loop.catch_signals(FORWARDED_SIGNALS, job.caught, early.caught if early else ())
+        # one an early exec caught while we loaded. SIGCONT is not
+        # forwarded: it tells a stdin held after a stop that we go on.
+        loop.catch_signals(
+            (*FORWARDED_SIGNALS, signal.SIGCONT),
+            job.caught,
+            early.caught if early else (),
+        )
         try:
             with _connection(loop, options, early) as connection:
                 job.start(connection, command, early.matchtag if early else None)
@@ -281,8 +286,9 @@ def _attach(options: argparse.Namespace) -> int:
 class _Stdio:
     """The descriptors `run` passes to the process (none with
     ``--no-passthrough``): our own, or /dev/null for stdin with ``-n``,
-    opened on entry and closed on exit. (A class: contextlib's
-    ``contextmanager`` would be the start-up's one use of contextlib.)"""
+    opened on entry and closed on exit; not a terminal stdin, which is
+    relayed. (A class: contextlib's ``contextmanager`` would be the
+    start-up's one use of contextlib.)"""
 
     def __init__(self, options: argparse.Namespace) -> None:
         self._options = options
@@ -291,10 +297,16 @@ class _Stdio:
     def __enter__(self) -> dict[str, int]:
         if not self._options.passthrough:
             return {}
-        if not self._options.noinput:
-            return {"stdin": 0, "stdout": 1, "stderr": 2}
-        self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        return {"stdin": self._devnull, "stdout": 1, "stderr": 2}
+        if self._options.noinput:
+            self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            return {"stdin": self._devnull, "stdout": 1, "stderr": 2}
+        if os.isatty(0):
+            # Passed, the terminal was the process's to read whatever became
+            # of us: after a Ctrl-Z, or with `&`, it took the shell's input
+            # (review session 43 L2-2). Relayed, we read it, and the
+            # terminal's job control stops us instead, as it stops ssh.
+            return {"stdout": 1, "stderr": 2}
+        return {"stdin": 0, "stdout": 1, "stderr": 2}
 
     def __exit__(self, *_exc_info: object) -> None:
         if self._devnull is not None:
@@ -594,6 +606,13 @@ class _Job:
         #: Whether our stdin has been read from, and whether a read failed.
         self._stdin_read = False
         self._stdin_lost = False
+        #: Whether our stdin is left unread until a SIGCONT comes
+        #: (:meth:`_stopped_for_the_terminal`).
+        self._stdin_held = False
+        #: Whether a SIGCONT has come since this was last reset.
+        self._continued = False
+        #: How many signals we were sent and forwarded (one may repeat).
+        self._forwarded = 0
         self._receipt: Receipt | None = None
         #: Whether output was lost to a failed write (not a reader gone).
         self._output_lost = False
@@ -671,9 +690,22 @@ class _Job:
 
     def caught(self, signum: int) -> None:
         """A signal sent to us: forwarded, and noted (a process that dies of
-        it died of our user's ^C, as a local command would)."""
+        it died of our user's ^C, as a local command would); but SIGCONT,
+        which says we go on after a stop."""
+        if signum == signal.SIGCONT:
+            self._go_on()
+            return
         self._caught.add(signum)
+        self._forwarded += 1
         self.forward_signal(signum)
+
+    def _go_on(self) -> None:
+        """A SIGCONT (``fg``, ``bg``, the one ``kill %1`` sends after its
+        signal): noted, and a held stdin read again."""
+        self._continued = True
+        if self._stdin_held:
+            self._stdin_held = False
+            self._watch_stdin()
 
     def forward_signal(self, signum: int) -> None:
         """Send ``signum`` to the process, once it has started; before, one
@@ -778,7 +810,7 @@ class _Job:
         """How much of our stdin may be read now: none once it is closed or
         the stream has ended, no more than the credit."""
         stream = self._stream
-        if not self._stdin_open or stream is None or stream.ended:
+        if not self._stdin_open or self._stdin_held or stream is None or stream.ended:
             return 0
         if stream.credit is None:
             return _READ_SIZE
@@ -806,7 +838,7 @@ class _Job:
     def _read_stdin(self, _events: int) -> None:
         assert self._stream is not None and self._connection is not None
         size = self._stdin_allowance()
-        if size == 0:
+        if size == 0 or self._stopped_for_the_terminal():
             return
         try:
             data = os.read(0, size)
@@ -821,6 +853,41 @@ class _Job:
         self._connection.write_stdin(self._stream, data)
         self._watch_stdin()
 
+    def _stopped_for_the_terminal(self) -> bool:
+        """Whether we stopped, and went on, instead of reading a stdin that
+        is our terminal while another job has it: stopped as the read
+        would stop us (SIGTTIN to our process group), but outside read().
+        Stopped in it, a signal sent to the job (``kill %1``: SIGTERM, then
+        SIGCONT) ran the handler that leaves it to the loop, the read was
+        retried (PEP 475) and stopped us again, and the signal never
+        reached the process (review session 43 L2-1). Here the signals
+        sent meanwhile are served as soon as we go on; once one of them is
+        forwarded, stdin waits for a later SIGCONT (``fg``, ``bg``):
+        stopped again at once, we would not see the process end of it.
+        No SIGCONT means we were not stopped (an orphaned process group;
+        SIGTTIN ignored or blocked): the read then fails with ``EIO``."""
+        if self._stdin_write_only or not _terminal_of_another_job(0):
+            return False
+        self._continued = False
+        forwarded = self._forwarded
+        os.killpg(0, signal.SIGTTIN)  # acted on before killpg returns
+        self._loop.serve_caught_signals()  # those that came while stopped
+        if not self._continued:
+            return False
+        if self._forwarded != forwarded:
+            self._stdin_held = True
+            self._watch_stdin()
+        return True
+
+
+def _terminal_of_another_job(fd: int) -> bool:
+    """Whether ``fd`` is our controlling terminal and another process
+    group is its foreground job (reading it would stop us)."""
+    try:
+        return os.tcgetpgrp(fd) != os.getpgrp()
+    except OSError:
+        return False  # no terminal of ours: reading it stops nobody
+
 
 def _write_only(fd: int) -> bool:
     """Whether ``fd`` is open for writing only. The write end of a pipe
@@ -828,7 +895,7 @@ def _write_only(fd: int) -> bool:
     its EBADF never seen, and the process waited for its stdin for ever
     (review session 40 R2-2). It is read at once instead, an empty stdin,
     as nohup's write-only /dev/null is."""
-    import fcntl  # (here: only run --no-passthrough reads our stdin)
+    import fcntl  # (here: only a run that relays our stdin reads it)
 
     return fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY
 

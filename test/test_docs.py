@@ -7,11 +7,12 @@ import importlib.util
 import os
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from sdexec.config import load_config_quietly
+from sdexec.config import ConfigError, build_config, load_config_quietly
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -115,3 +116,30 @@ def test_the_documents_configuration_examples_are_taken(tmp_path, suffix, text):
     example = tmp_path / f"example.{suffix}"
     example.write_text(text, encoding="utf-8")
     load_config_quietly(example)
+
+
+def _inline_settings() -> list[tuple[str, str]]:
+    """Every setting the documents write inline as TOML
+    (`` `kill-timeout = "5s"` ``): (where, the setting)."""
+    settings = []
+    for document in [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]:
+        text = document.read_text(encoding="utf-8")
+        for found in re.finditer(r"`([a-z][a-z-]+ = [^`\n]+)`", text):
+            line = text.count("\n", 0, found.start()) + 1
+            settings.append((f"{document.name}:{line}", found.group(1)))
+    return settings
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [pytest.param(setting, id=where) for where, setting in _inline_settings()],
+)
+def test_the_documents_recommend_no_exec_value_flux_would_refuse(setting):
+    # termination.md and design.md recommended sdexec-stop-timer-signal =
+    # "SIGKILL", which sdexec warns Flux's job-exec refuses (review session
+    # 43 R-1). Settings of other tables are not [exec]'s: refused, skipped.
+    try:
+        config = build_config(tomllib.loads(f"[exec]\n{setting}"), "docs")
+    except ConfigError:
+        return
+    assert [w for w in config.warnings if "Flux's job-exec" in w] == []

@@ -51,11 +51,34 @@ def _advice(why: str, written: object) -> str:
     )
 
 
+#: A duration as fsd_parse_duration reads it (flux-core
+#: ``src/common/libutil/fsd.c``): ``strtod``, which skips leading white
+#: space (C's, ASCII only), then nothing or a unit, exactly, to the end. Of
+#: what sdexec takes, it refuses white space after the number or unit, and
+#: before it any but C's (a no-break space).
+_FLUX_DURATION = re.compile(
+    r"[ \t\n\v\f\r]*[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+    r"(?:ms|s|m|h|d)?"
+)
+
+
 def _duration_string(value: Any) -> str | None:
-    if isinstance(value, str):
+    if isinstance(value, str) and _FLUX_DURATION.fullmatch(value):
         return None
     written = json.dumps(format_fsd(parse_fsd(value)))
-    return _advice("it reads this key as a string only", written)
+    if not isinstance(value, str):
+        why = "it reads this key as a string only"
+    else:
+        why = (
+            "it reads a duration as a number and a unit only"
+            " (ASCII white space before them at most)"
+        )
+    return _advice(why, written)
+
+
+def _duration_string_or_none(value: Any) -> str | None:
+    # Flux's job-exec takes "none" exactly for this key, as sdexec does.
+    return None if value == "none" else _duration_string(value)
 
 
 def _signal_string(value: Any) -> str | None:
@@ -93,7 +116,7 @@ _FLUX_FORMS: dict[str, Callable[[Any], str | None]] = {
     "kill-timeout": _duration_string,
     "max-kill-timeout": _duration_string,
     "barrier-timeout": _duration_string,
-    "shell-exit-timeout": _duration_string,
+    "shell-exit-timeout": _duration_string_or_none,
     "term-signal": _signal_string,
     "kill-signal": _signal_string,
     "sdexec-stop-timer-signal": _signal_integer,

@@ -132,6 +132,31 @@ def test_a_value_flux_would_refuse_is_warned_about(key, value, why, written):
     assert "\n" not in warning
 
 
+NOTHING_AFTER = (
+    "it reads a duration as a number and a unit only"
+    " (ASCII white space before them at most)"
+)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "written"),
+    [
+        ("kill-timeout", "5s ", '"5s"'),
+        ("max-kill-timeout", "30m\n", '"30m"'),
+        ("barrier-timeout", "0\t", '"0s"'),
+        ("shell-exit-timeout", "1.5 ", '"1.5s"'),
+        # strtod skips only C's white space before the number
+        ("kill-timeout", "\u00a05s", '"5s"'),
+    ],
+)
+def test_a_duration_flux_would_not_parse_is_warned_about(key, value, written):
+    # Review session 43 R-2: any string passed, where flux-core's
+    # fsd_parse_duration refuses what follows the unit ("5s ").
+    (warning,) = parse_config({"exec": {key: value}}, "exec.toml").warnings
+    assert f": {REFUSED}: {NOTHING_AFTER}; write {written} {IF_SHARED}" in warning
+    assert "\n" not in warning
+
+
 def test_a_realtime_signal_is_advised_by_its_number():
     (warning,) = parse_config({"exec": {"kill-signal": "SIGRTMIN+2"}}).warnings
     number = parse_config({"exec": {"kill-signal": "SIGRTMIN+2"}}).exec.kill_signal
@@ -145,6 +170,11 @@ def test_a_realtime_signal_is_advised_by_its_number():
         {"shell-exit-timeout": "none", "term-signal": "SIGTERM"},
         {"term-signal": "TERM", "kill-signal": "9", "sdexec-stop-timer-signal": 9},
         {"kill-signal": " 9", "max-kill-count": 4, "max-start-delay-percent": 25},
+        {
+            "kill-timeout": " 5s",
+            "max-kill-timeout": "\t1.5e1m",
+            "barrier-timeout": "5.",
+        },
     ],
 )
 def test_the_forms_flux_takes_are_not_warned_about(table):

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from twisted.internet.endpoints import UNIXServerEndpoint, serverFromString
@@ -957,7 +957,7 @@ def _read_table(
             )
             continue
         if entry.check is not _socket_mode:  # whose own refusal says "quote it"
-            _refuse_yaml11_integers(value, key_path, source)
+            _refuse_yaml11_numbers(value, key_path, source)
         try:
             checked = entry.check(value)
         except _PropertyError as error:
@@ -982,9 +982,9 @@ def _table_or_empty(data: object) -> object:
     return {} if data is None else data
 
 
-def _refuse_yaml11_integers(value: object, key_path: str, source: str) -> None:
+def _refuse_yaml11_numbers(value: object, key_path: str, source: str) -> None:
     """``ConfigError`` if ``value``, or an item of it (``allow-users``,
-    ``sdexec-properties``), is an integer YAML 1.1 read otherwise than
+    ``sdexec-properties``), is a number YAML 1.1 read otherwise than
     TOML and YAML 1.2 would: ``0640`` is 416 to pyyaml, and no admin
     writing ``sdexec-stop-timer-sec: 0640`` means that."""
     items: list[object] = [value]
@@ -993,22 +993,23 @@ def _refuse_yaml11_integers(value: object, key_path: str, source: str) -> None:
     elif isinstance(value, list):
         items += value
     for item in items:
-        if isinstance(item, _Yaml11Integer):
-            raise ConfigError(source, key_path, _yaml11_integer_reason(item))
+        if isinstance(item, _Yaml11Number):
+            raise ConfigError(source, key_path, _yaml11_number_reason(item))
 
 
-def _yaml11_integer_reason(integer: _Yaml11Integer) -> str:
-    if ":" in integer.text:
+def _yaml11_number_reason(number: _Yaml11Number) -> str:
+    # The number formats as its own type does: 90, 90.5.
+    if ":" in number.text:
         return (
-            f"{integer.text} is a base-60 number to YAML 1.1 ({int(integer)}),"
+            f"{number.text} is a base-60 number to YAML 1.1 ({number}),"
             " a string to YAML 1.2 and an error in TOML: write"
-            f" {int(integer)}, or quote it where a string is meant"
+            f" {number}, or quote it where a string is meant"
         )
-    decimal = int(integer.text.replace("_", ""), 10)
+    decimal = int(number.text.replace("_", ""), 10)
     return (
-        f"{integer.text} has a leading zero, which YAML 1.1 reads as octal"
-        f" ({int(integer)}), YAML 1.2 as decimal and TOML not at all: write"
-        f' {decimal}, or quote it ("{integer.text}") where a string is meant'
+        f"{number.text} has a leading zero, which YAML 1.1 reads as octal"
+        f" ({number}), YAML 1.2 as decimal and TOML not at all: write"
+        f' {decimal}, or quote it ("{number.text}") where a string is meant'
     )
 
 
@@ -1313,39 +1314,63 @@ _TOO_DEEP = "nested too deeply to read (arrays or tables within each other)"
 #: error in TOML) and base 60 (``1:30`` is 90).
 _YAML11_ONLY_INTEGER = re.compile(r"[-+]?(?:0[0-7_]+|[1-9][0-9_]*(?::[0-5]?[0-9])+)")
 
+#: What YAML 1.1 (pyyaml) reads as a float, and neither TOML nor YAML 1.2
+#: reads so: base 60 (``1:30.5`` is 90.5).
+_YAML11_ONLY_FLOAT = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*")
+
 #: A float in exponent form without a dot or a sign in the exponent
 #: (``1e2``), as TOML and YAML 1.2 read it; YAML 1.1 reads it as a string.
+#: A digit follows a leading point, as in pyyaml's own floats: ``._e1``
+#: is no number (pyyaml would fail on it, naming no key), but a string.
 _EXPONENT_FLOAT = re.compile(
     # \Z: pyyaml's resolvers match at the start only.
-    r"[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+\Z"
+    r"[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+\Z"
 )
 
 
-class _Yaml11Integer(int):
-    """An integer YAML 1.1 read in a way TOML does not (see
-    :data:`_YAML11_ONLY_INTEGER`), with its text: refused in sdexec's
-    tables, naming the key (:func:`_refuse_yaml11_integers`)."""
+class _Yaml11Number:
+    """A number YAML 1.1 read in a way TOML does not (see
+    :data:`_YAML11_ONLY_INTEGER` and :data:`_YAML11_ONLY_FLOAT`), with its
+    text: refused in sdexec's tables, naming the key
+    (:func:`_refuse_yaml11_numbers`)."""
 
-    text: str
+    text: str = ""
 
-    def __new__(cls, value: int, text: str) -> _Yaml11Integer:
-        integer = super().__new__(cls, value)
-        integer.text = text
-        return integer
+
+class _Yaml11Integer(_Yaml11Number, int):
+    """An integer so read: ``0640`` (416), ``1:30`` (90)."""
+
+
+class _Yaml11Float(_Yaml11Number, float):
+    """A float so read: ``1:30.5`` (90.5)."""
+
+
+_Kept = TypeVar("_Kept", _Yaml11Integer, _Yaml11Float)
+
+
+def _keeping_text(number: _Kept, text: str) -> _Kept:
+    number.text = text
+    return number
 
 
 class _YamlLoader(yaml.SafeLoader):
     """``yaml.safe_load``, but read as TOML reads the same file: a key given
     twice in a table is an error instead of the last one silently winning;
-    ``1e2`` is a float; an integer YAML 1.1 alone reads as it does
-    (``0640`` as octal 416) is kept as a :class:`_Yaml11Integer`, refused
-    where sdexec reads it."""
+    ``1e2`` is a float; a number YAML 1.1 alone reads as it does
+    (``0640`` as octal 416, ``1:30.5`` as 90.5) is kept as a
+    :class:`_Yaml11Number`, refused where sdexec reads it."""
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         number = super().construct_yaml_int(node)
         if _YAML11_ONLY_INTEGER.fullmatch(node.value) is None:
             return number
-        return _Yaml11Integer(number, node.value)
+        return _keeping_text(_Yaml11Integer(number), node.value)
+
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
+        number = super().construct_yaml_float(node)
+        if _YAML11_ONLY_FLOAT.fullmatch(node.value) is None:
+            return number
+        return _keeping_text(_Yaml11Float(number), node.value)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set[str] = set()
@@ -1361,6 +1386,7 @@ class _YamlLoader(yaml.SafeLoader):
 
 
 _YamlLoader.add_constructor("tag:yaml.org,2002:int", _YamlLoader.construct_yaml_int)
+_YamlLoader.add_constructor("tag:yaml.org,2002:float", _YamlLoader.construct_yaml_float)
 _YamlLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+.0123456789")
 )

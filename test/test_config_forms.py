@@ -233,6 +233,50 @@ def test_a_yaml_base_60_integer_is_refused(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("text", "key", "written", "value"),
+    [
+        ("exec:\n  kill-timeout: 1:30.5\n", "exec.kill-timeout", "1:30.5", "90.5"),
+        (
+            "exec:\n  max-start-delay-percent: -1:00.0\n",
+            "exec.max-start-delay-percent",
+            "-1:00.0",
+            "-60.0",
+        ),
+        (
+            "exec:\n  sdexec-properties:\n    CPUWeight: 1:40.\n",
+            "exec.sdexec-properties",
+            "1:40.",
+            "100.0",
+        ),
+    ],
+)
+def test_a_yaml_base_60_float_is_refused(tmp_path, text, key, written, value):
+    # Review session 43 R-3: 1:30.5 was read silently as 90.5 seconds.
+    assert refusal(tmp_path, "c.yaml", text) == (
+        f"{key}: {written} is a base-60 number to YAML 1.1 ({value}), a string"
+        f" to YAML 1.2 and an error in TOML: write {value}, or quote it where a"
+        " string is meant"
+    )
+
+
+def test_a_yaml_base_60_float_in_a_table_not_ours_is_not_refused(tmp_path):
+    path = write(tmp_path, "c.yaml", "resource:\n  at: 1:30.5\n")
+    assert load_config(path).warnings == (f"{path}: ignoring unknown table [resource]",)
+
+
+@pytest.mark.parametrize("text", ["._e1", "-._e1", "+._E5"])
+def test_a_point_and_underscore_before_an_exponent_is_a_string(tmp_path, text):
+    # Review session 43 R-3: resolved as a float, pyyaml failed on it
+    # ("could not convert string to float: '.e1'"), naming no key.
+    reason = refusal(tmp_path, "c.yaml", f"exec:\n  max-start-delay-percent: {text}\n")
+    assert reason == (
+        f'exec.max-start-delay-percent: expected a non-negative number, got "{text}"'
+    )
+    path = write(tmp_path, "ok.yaml", f"resource:\n  x: {text}\n")
+    load_config(path)
+
+
 def test_a_yaml_socket_mode_with_a_leading_zero_keeps_its_own_hint(tmp_path):
     reason = refusal(tmp_path, "c.yaml", "sdexec:\n  socket-mode: 0600\n")
     assert reason.endswith("got 384 (the number 0600 in octal: quote it)")

@@ -22,6 +22,7 @@ The environment a request passes on is cleaned by :mod:`sdexec.environment`.
 from __future__ import annotations
 
 import errno
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -171,8 +172,9 @@ class Ordering:
     #: ``infinity`` unsets it (a weight), so systemd's ``default`` applies.
     unset_by_infinity: bool = False
     #: The limit this one lengthens (a jitter added to it): where the
-    #: baseline sets that limit, ``default`` is the baseline; else nothing
-    #: is lengthened, and any value is accepted.
+    #: baseline sets that limit (finite) or this one, the baseline's value,
+    #: else ``default``, is the baseline; else nothing is lengthened, and
+    #: any value is accepted.
     lengthens: str | None = None
 
 
@@ -590,20 +592,31 @@ class RequestPolicy:
             )
 
     def _lengthens_nothing(self, name: str, order: Ordering) -> bool:
-        """Whether ``name`` lengthens a limit that neither the baseline
-        sets, nor ``name`` itself there: then it loosens nothing."""
+        """Whether ``name`` lengthens a limit that the baseline leaves
+        infinite, and does not set ``name`` itself: then it loosens
+        nothing."""
         return (
             order.lengthens is not None
-            and order.lengthens not in self.baseline
+            and self._finite_limit(order.lengthens) is None
             and name not in self.baseline
         )
 
     def _lengthened(self, order: Ordering) -> str:
         """What a refused value would have lengthened, as words to add."""
-        if order.lengthens is None or order.lengthens not in self.baseline:
+        if order.lengthens is None:
             return ""
-        limit = order.lengthens
-        return f", which lengthens its {limit}={self.baseline[limit]}"
+        limit = self._finite_limit(order.lengthens)
+        if limit is None:
+            return ""
+        return f", which lengthens its {order.lengthens}={limit}"
+
+    def _finite_limit(self, name: str) -> str | None:
+        """The baseline's ``name``, unless it leaves it infinite (unset, or
+        ``infinity``: a jitter added to that lengthens nothing)."""
+        limit = self.baseline.get(name)
+        if limit is None or self._baseline_rank(limit, TIGHTENING[name]) == math.inf:
+            return None
+        return limit
 
     def _baseline_of(self, name: str, order: Ordering) -> tuple[str, str | None]:
         """The property a request's ``name`` compares with, and its value:

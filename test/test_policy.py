@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import math
 import os
 import subprocess
 import sys
@@ -271,21 +272,41 @@ def test_idle_is_a_cpu_weight_of_zero(name) -> None:
 JITTER = frozenset({"RuntimeMaxUSec", "RuntimeRandomizedExtraUSec"})
 
 
-@pytest.mark.parametrize(
-    "baseline", [{"RuntimeMaxUSec": "2000000"}, {"RuntimeMaxUSec": "infinity"}]
-)
-def test_a_jitter_cannot_lengthen_a_runtime_limit(baseline) -> None:
+def test_a_jitter_cannot_lengthen_a_runtime_limit() -> None:
     # systemd adds up to RuntimeRandomizedExtraUSec to RuntimeMaxUSec: 10 min
     # of it let a job run past the site's 2 s (review 43 T5-3).
-    policy = RequestPolicy(allowed=JITTER, baseline=baseline)
+    policy = RequestPolicy(allowed=JITTER, baseline={"RuntimeMaxUSec": "2000000"})
     error = refusal(policy, RuntimeRandomizedExtraUSec="600000000")
     assert error.errnum == errno.EPERM
     assert (
         "looser than this node's RuntimeRandomizedExtraUSec=0, which lengthens its"
-        f" RuntimeMaxUSec={baseline['RuntimeMaxUSec']}; a request may only"
-        " tighten it"
+        " RuntimeMaxUSec=2000000; a request may only tighten it"
     ) in error.errstr
     assert policy.accept({"RuntimeRandomizedExtraUSec": "0"})
+
+
+@pytest.mark.parametrize("infinity", ["infinity", " infinity "])
+def test_a_jitter_over_an_infinite_runtime_limit_is_taken(infinity) -> None:
+    # Review session 43 R-4: refused as lengthening RuntimeMaxUSec=infinity,
+    # which nothing lengthens; with no RuntimeMaxUSec at all it was taken.
+    policy = RequestPolicy(allowed=JITTER, baseline={"RuntimeMaxUSec": infinity})
+    requested = {"RuntimeRandomizedExtraUSec": "600000000"}
+    assert policy.accept(requested) == requested
+
+
+def test_a_jitter_the_site_sets_over_an_infinite_limit_may_only_shrink() -> None:
+    # The site's own jitter is its choice still; the refusal names no
+    # limit lengthened, as there is none.
+    policy = RequestPolicy(
+        allowed=JITTER,
+        baseline={"RuntimeMaxUSec": "infinity", "RuntimeRandomizedExtraUSec": "1000"},
+    )
+    error = refusal(policy, RuntimeRandomizedExtraUSec="1001")
+    assert error.errnum == errno.EPERM
+    assert (
+        "'1001' is looser than this node's RuntimeRandomizedExtraUSec=1000;"
+        " a request may only tighten it"
+    ) in error.errstr
 
 
 def test_a_jitter_the_site_sets_may_only_shrink() -> None:
@@ -470,6 +491,15 @@ baselines = st.dictionaries(ordered_names, values, max_size=12).map(
 )
 
 
+def leaves_unbounded(baseline: dict[str, str], limit: str) -> bool:
+    """Whether ``baseline`` leaves ``limit`` infinite: unset, or infinity."""
+    try:
+        rank = TIGHTENING[limit].rank(baseline.get(limit, "infinity"), lambda: GIB)
+    except ValueError:
+        return False  # not known to be infinite: compared as a limit
+    return rank == math.inf
+
+
 @settings(derandomize=True, max_examples=1000, deadline=None)
 @given(st.dictionaries(ordered_names, values, max_size=2), baselines)
 def test_a_request_can_never_loosen_the_baseline(
@@ -484,7 +514,11 @@ def test_a_request_can_never_loosen_the_baseline(
     assert accepted == requested
     for name, value in accepted.items():
         order = TIGHTENING[name]
-        if order.lengthens and not {name, order.lengthens} & baseline.keys():
+        if (
+            order.lengthens
+            and name not in baseline
+            and leaves_unbounded(baseline, order.lengthens)
+        ):
             continue  # a jitter where there is no limit to lengthen
         base = baseline.get(name, order.default)
         rank = order.rank(value, lambda: 64 * GIB)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from fractions import Fraction
 from functools import partial
 from typing import Any
 
@@ -47,7 +46,6 @@ __all__ = [
     "level_of",
     "parse_bool",
     "parse_integer",
-    "percent_scale",
     "string_typed_problem",
     "typed_property",
     "unknown_property_reason",
@@ -389,17 +387,6 @@ def _uint64_in_range(name: str, text: str) -> UnitProperty:
     if value != UINT64_MAX and not low <= value <= high:
         raise ValueError(f"{text!r} is out of range: systemd takes {takes}")
     return UnitProperty(name, "t", value)
-
-
-def percent_scale(percent: float) -> int:
-    """``percent`` (two decimals at most) as systemd's ``<Name>Scale``: a
-    fraction of UINT32_MAX, rounded to the closest (half up), exactly as
-    ``UINT32_SCALE_FROM_PERMYRIAD`` does; float arithmetic would round 30%
-    down. ``ValueError`` for a finer one, which systemd does not keep."""
-    permyriad = Fraction(str(percent)) * 100
-    if permyriad.denominator != 1:
-        raise ValueError(f"{percent}% has more than two decimals")
-    return scale_from_permyriad(int(permyriad))
 
 
 def _memory(name: str, text: str) -> UnitProperty:

@@ -32,7 +32,7 @@ __all__ = [
 
 _SUFFIX = {"": 0, "B": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
 #: The suffixes a size may have, as error messages name them.
-SUFFIXES = "K, M, G, T, P or E"
+SUFFIXES = "B, K, M, G, T, P or E"
 # ASCII digits only, as systemd's parse_size and sdexec's integers read them.
 _SIZE = re.compile(
     r"(?P<number>\d+(?:\.\d+)?)\s*(?P<suffix>[KMGTPEB]?)", re.IGNORECASE | re.ASCII
@@ -74,7 +74,7 @@ def parse_size(text: str, base: int = 1024) -> int:
                 f"{text!r}: sdexec does not take a sum of sizes; write it as one"
                 " (1.5G, not 1G 512M)"
             )
-        raise ValueError(f"{text!r} is not a size (a number with {SUFFIXES})")
+        raise ValueError(f"{text!r} is not a size (a number, alone or with {SUFFIXES})")
     whole, _point, fraction = match["number"].partition(".")
     if len(whole.lstrip("0")) > _MAX_DIGITS:
         raise SizeTooLarge(f"{text!r} is not a size systemd can hold (16E or more)")
@@ -164,7 +164,7 @@ class MemoryLimit:
             raise
         except ValueError:
             raise ValueError(
-                f"{text!r} is not a size (a number with K, M, G, T, P or E),"
+                f"{text!r} is not a size (a number, alone or with {SUFFIXES}),"
                 " a percentage or 'infinity'"
             ) from None
         return cls(permyriad=number) if parse is parse_permyriad else cls(bytes=number)

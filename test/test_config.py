@@ -147,7 +147,7 @@ KEYS = [
         'expected an absolute path, got "topology.xml"'),
     Key("sdexec.max-frame-size", "sdexec.max_frame_size", 64 * MiB, "16M", 16 * MiB,
         "512K",
-        "expected a size of at least 1M (bytes, or with K, M, G, T, P or E),"
+        "expected a size of at least 1M (bytes, or with B, K, M, G, T, P or E),"
         ' got "512K"'),
     Key("sdexec.containment-check", "sdexec.containment_check", "drain", "warn",
         "warn", "off", 'expected "drain" or "warn", got "off"'),
@@ -155,7 +155,7 @@ KEYS = [
         'expected "text" or "json", got "xml"'),
     Key("sdexec.retained-output", "sdexec.retained_output", MiB, "16K", 16 * 1024,
         "lots",
-        "expected a size ≥ 0 (bytes, or with K, M, G, T, P or E; 0 keeps none),"
+        "expected a size ≥ 0 (bytes, or with B, K, M, G, T, P or E; 0 keeps none),"
         ' got "lots"'),
     Key("sdexec.leftover-units", "sdexec.leftover_units", "stop", "keep", "keep",
         "kill", 'expected "stop" or "keep", got "kill"'),
@@ -253,7 +253,7 @@ def test_every_key_is_tested():
          "expected a fully-qualified class name such as pkg.module.Class,"
          ' got "site..Mapper"'),
         ("sdexec.max-frame-size", 1024, "expected a size of at least 1M (bytes, or"
-         " with K, M, G, T, P or E), got 1024"),
+         " with B, K, M, G, T, P or E), got 1024"),
         ("sdexec.listen", "", 'expected a non-empty string, got ""'),
         # Flux's job-exec refuses them ("unsupported exec.service value"):
         # they loaded here, and every job there failed (review 40 G6).
@@ -461,7 +461,7 @@ def test_memory_property_bad(name, value):
         properties(**{name: value})
     assert str(error.value) == (
         f"<config>: exec.sdexec-properties.{name}: {json.dumps(value)} is not a"
-        " memory limit: expected a size with K, M, G, T, P or E, a percentage up to"
+        " memory limit: expected a size with B, K, M, G, T, P or E, a percentage up to"
         ' 100% or "infinity"'
     )
 

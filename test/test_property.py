@@ -19,10 +19,10 @@ from sdexec.property import (
     PropertyError,
     UnitProperty,
     parse_bool,
-    percent_scale,
     typed_property,
     unknown_property_reason,
 )
+from sdexec.sizes import scale_from_permyriad
 from sdexec.unitfile import LONG_LINE_MAX, MAX_UNIT_LINE, unit_file_problem
 
 #: What ends a line of a unit's file.
@@ -223,18 +223,6 @@ def test_memory_percent_becomes_scale(name):
     assert typed_property(name, "100%") == UnitProperty(f"{name}Scale", "u", UINT32_MAX)
     if name not in {"MemoryMax", "MemoryHigh"}:  # from 1 byte
         assert typed_property(name, "0%") == UnitProperty(f"{name}Scale", "u", 0)
-
-
-@given(st.integers(min_value=0, max_value=10_000))
-def test_percent_scale_matches_systemd_permyriad(permyriad):
-    """systemd: UINT32_SCALE_FROM_PERMYRIAD, (p * UINT32_MAX + 5000) / 10000."""
-    percent = float(f"{permyriad // 100}.{permyriad % 100:02d}")
-    assert percent_scale(percent) == (permyriad * UINT32_MAX + 5000) // 10_000
-
-
-def test_thirty_percent_rounds_half_up():
-    # 0.3 * UINT32_MAX is 1288490188.5: systemctl sends ...189.
-    assert percent_scale(30) == 1288490189
 
 
 @pytest.mark.parametrize(
@@ -515,7 +503,7 @@ def test_a_long_unknown_name_is_answered_at_once(monkeypatch):
         ("CPUQuotaPeriodUSec", "infinity", ("t", UINT64_MAX)),
         ("StartLimitBurst", "10", ("u", 10)),
         ("TTYRows", "24", ("u", 24)),
-        ("ManagedOOMMemoryPressureLimit", "50%", ("u", percent_scale(50))),
+        ("ManagedOOMMemoryPressureLimit", "50%", ("u", scale_from_permyriad(5000))),
         ("WatchdogSignal", "SIGABRT", ("i", 6)),
         ("SyslogFacility", "local3", ("i", 19)),
         ("SyslogFacility", "3", ("i", 3)),
@@ -623,7 +611,7 @@ def test_systemd_run_s_other_typed_properties_are_sent_typed(name, text, typed):
 
 def test_a_zswap_or_default_memory_percentage_goes_as_its_scale():
     assert typed_property("MemoryZSwapMax", "10%") == UnitProperty(
-        "MemoryZSwapMaxScale", "u", percent_scale(10)
+        "MemoryZSwapMaxScale", "u", scale_from_permyriad(1000)
     )
     assert typed_property("DefaultMemoryLow", "1G").signature == "t"
 

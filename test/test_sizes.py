@@ -180,3 +180,11 @@ def test_a_size_in_bytes_may_say_b(text, size):
 def test_a_sum_of_sizes_is_refused_saying_so(text):
     with pytest.raises(SizeNotTaken, match="does not take a sum of sizes"):
         MemoryLimit.parse(text)
+
+
+@pytest.mark.parametrize("parse", [parse_size, MemoryLimit.parse])
+def test_what_is_not_a_size_is_told_every_suffix_including_b(parse):
+    # The message listed K to E only once B was taken too (review session
+    # 43 R, left over).
+    with pytest.raises(ValueError, match="alone or with B, K, M, G, T, P or E"):
+        parse("5X")

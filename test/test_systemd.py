@@ -34,7 +34,8 @@ from sdexec.idset import IDset
 from sdexec.managerversion import version_number, version_problem
 from sdexec.nodememory import physical_memory
 from sdexec.orphans import expected_unit_cgroup, unit_cgroup
-from sdexec.property import UINT32_MAX, UINT64_MAX, PropertyError, percent_scale
+from sdexec.property import UINT32_MAX, UINT64_MAX, PropertyError
+from sdexec.sizes import scale_from_permyriad
 from sdexec.systemd import SystemdClient, SystemdError, unit_object_path
 from sdexec.systemd.unit import UnitStatus
 from sdexec.unitstop import lifecycle_properties
@@ -566,7 +567,7 @@ async def test_sizes_idsets_devices_and_scalars_round_trip(units):
 async def test_percent_infinity_and_empty_masks_round_trip(units):
     run = await units.start(["true"], UNLIMITED)
     props = await service_properties(run)
-    assert props["MemoryMax"] == physical_memory_scale(percent_scale(30))
+    assert props["MemoryMax"] == physical_memory_scale(scale_from_permyriad(3000))
     assert props["MemoryHigh"] == props["MemorySwapMax"] == UINT64_MAX
     assert props["AllowedCPUs"] == props["AllowedMemoryNodes"] == b""
     assert props["SendSIGKILL"] is True

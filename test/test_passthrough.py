@@ -48,6 +48,16 @@ def open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
 
+def assert_none_kept(passed: list[int], kept: list[int]) -> None:
+    """Close the client's copies (``passed``) and check the service kept
+    none: each pipe's read end (``kept``) then reads EOF."""
+    for fd in passed:
+        os.close(fd)
+    for fd in kept:
+        assert os.read(fd, 1) == b""
+        os.close(fd)
+
+
 def pipes(count: int) -> tuple[list[int], list[int]]:
     """``count`` pipes: the ends to pass, and the ends the test keeps."""
     passed, kept = [], []
@@ -304,11 +314,7 @@ def test_mismatched_descriptors_are_eproto_and_closed(
     assert errors(connection) == [(1, errno.EPROTO, text)]
     assert server.processes == {}
     assert not [call for call in systemd.calls if call[0] == "start"]
-    for fd in passed:
-        os.close(fd)
-    for fd in kept:  # every copy of the write ends is closed: EOF
-        assert os.read(fd, 1) == b""
-        os.close(fd)
+    assert_none_kept(passed, kept)
     # The connection stays usable.
     deliver(connection, request("sdexec.list", {}, 2))
     assert connection.last()["payload"]["procs"] == []
@@ -328,11 +334,7 @@ def test_stdio_in_the_background_is_einval_naming_it_whatever_came(
          " passthrough is for streaming execs only)")
     ]  # fmt: skip
     assert server.processes == {}
-    for fd in passed:
-        os.close(fd)
-    for fd in kept:  # every copy of the write ends is closed: EOF
-        assert os.read(fd, 1) == b""
-        os.close(fd)
+    assert_none_kept(passed, kept)
 
 
 def test_a_paused_connection_holds_no_more_descriptors_than_a_frame_takes(
@@ -354,11 +356,7 @@ def test_a_paused_connection_holds_no_more_descriptors_than_a_frame_takes(
         (1, errno.EPROTO, "stdio: more than 3 file descriptors came with one request")
     ]
     assert server.processes == {}
-    for fd in passed:
-        os.close(fd)
-    for fd in kept:  # every copy of the write ends is closed: EOF
-        assert os.read(fd, 1) == b""
-        os.close(fd)
+    assert_none_kept(passed, kept)
 
 
 def test_a_frame_ended_by_the_read_that_brings_the_next_one_s_descriptors(

@@ -276,15 +276,8 @@ async def test_a_running_unit_keeps_its_settings_across_a_daemon_reload(
     )
     await until(lambda: "started" in ending.types, "the unit started")
     [unit] = [proc["unit"] for proc in (await client.list())["procs"]]
-    reloaded = getProcessValue("systemctl", ["--user", "daemon-reload"], env=os.environ)
-    await until(lambda: reloaded.called, "daemon-reload done")
-    assert await reloaded == 0
-    shown = await getProcessOutput(
-        "systemctl",
-        ["--user", "show", "--property=LoadState,SubState,MemoryMax", unit],
-        env=os.environ,
-    )
-    assert sorted(shown.decode().splitlines()) == [
+    shown = await _shown_after_a_reload(unit, "LoadState,SubState,MemoryMax")
+    assert shown == [
         "LoadState=loaded",
         f"MemoryMax={77 << 20}",
         "SubState=running",
@@ -292,6 +285,19 @@ async def test_a_running_unit_keeps_its_settings_across_a_daemon_reload(
     handle.close_stdin()
     await handle.done
     assert ending.status == 0
+
+
+async def _shown_after_a_reload(unit: str, properties: str) -> list[str]:
+    """``systemctl show``'s ``NAME=value`` lines of ``properties`` for
+    ``unit`` after a ``daemon-reload``, sorted."""
+    reloaded = getProcessValue("systemctl", ["--user", "daemon-reload"], env=os.environ)
+    await until(lambda: reloaded.called, "daemon-reload done")
+    assert await reloaded == 0
+    shown = await getProcessOutput(
+        "systemctl", ["--user", "show", f"--property={properties}", unit],
+        env=os.environ,
+    )  # fmt: skip
+    return sorted(shown.decode().splitlines())
 
 
 def _queued_jobs() -> int:
@@ -316,15 +322,8 @@ async def test_a_multi_line_script_adds_no_setting_at_a_daemon_reload(own_servic
     handle = client.exec(command(["sh", "-c", script]), FLAGS, ending.collect)
     await until(lambda: "started" in ending.types, "the unit started")
     [unit] = [proc["unit"] for proc in (await client.list())["procs"]]
-    reloaded = getProcessValue("systemctl", ["--user", "daemon-reload"], env=os.environ)
-    await until(lambda: reloaded.called, "daemon-reload done")
-    assert await reloaded == 0
-    shown = await getProcessOutput(
-        "systemctl",
-        ["--user", "show", "--property=Description,CPUWeight", unit],
-        env=os.environ,
-    )
-    assert sorted(shown.decode().splitlines()) == [
+    shown = await _shown_after_a_reload(unit, "Description,CPUWeight")
+    assert shown == [
         "CPUWeight=[not set]",
         f"Description=sh -c read line\\n[Service]\\nCPUWeight=7\\nexit 7"
         f"{own_service.server.unit_mark}",

@@ -755,10 +755,10 @@ class Process:
         """How the unit is no longer the one started, or ``None``: unloaded
         (``not-found``), or another invocation under its name. A manager
         killed and started again makes one from the unit file the dead one
-        left (``bad-setting``, inactive, never started: no ``InvocationID``,
-        its process outside it, its exit status never to come), while one
-        re-executed keeps ours running (``bad-setting`` too, the same
-        ``InvocationID``); one started again by hand has a new one."""
+        left (inactive, never started: no ``InvocationID``, its process
+        outside it, its exit status never to come), while one re-executed
+        keeps ours running (the same ``InvocationID``); one started again by
+        hand has a new one."""
         if properties.get("LoadState") == "not-found":
             return _LOST
         invocation = properties.get("InvocationID")
@@ -799,8 +799,8 @@ class Process:
                     self._maybe_end()
                     return
                 if self._manager_left:
-                    # A start job kept over a daemon-reexec met the unit's
-                    # transient file, which does not parse back (it reloads
+                    # A start job kept over a daemon-reexec met a unit's
+                    # transient file that does not parse back (it reloads
                     # bad-setting), failed, and the unit was unloaded; a
                     # manager restarted cleanly cancelled it: never run.
                     self._vanished(_START_DROPPED, START_DROPPED_ERRNO)

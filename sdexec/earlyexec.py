@@ -15,8 +15,7 @@ It reads only what it reads exactly as ``sdexec run``'s parser does:
 ``[--socket PATH] run [-n|--noinput] [--usage] [--label L] [--jobid ID]
 [--time-limit FSD] [--dir DIR] [--setopt KEY=VAL]... CMD [ARGS...]``, each
 option spelled out, its value after ``=`` or as the next argument, with
-stdio passthrough (the default; a stdin that is a terminal is left to the
-command line to relay, as :mod:`sdexec.cli` does). For anything else (an abbreviation, a
+stdio passthrough (the default). For anything else (an abbreviation, a
 value that starts with ``-``, ``--``, ``--bg``, ``--no-passthrough``,
 ``--help``), for anything the command line would refuse or warn of (a
 label of digits, an empty value, a ``--setopt`` without ``=``, text that
@@ -157,7 +156,7 @@ class EarlyExec:
         return self.stdio
 
     def __exit__(self, *_exc_info: object) -> None:
-        if self.stdio.get("stdin", 0) != 0:
+        if self.stdio["stdin"] != 0:
             os.close(self.stdio["stdin"])
             self.stdio["stdin"] = 0
 
@@ -179,26 +178,14 @@ def send(
         command = build_command(options, environ, base_directory(options), _decline)
     except (OSError, NotText, _Declined):
         return None
-    stdio = _passed_stdio(options.noinput)
-    sock = _sent(path, request_line(command, list(stdio)), list(stdio.values()))
+    stdin = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if options.noinput else 0
+    stdio = dict(zip(_STDIO_NAMES, (stdin, 1, 2), strict=True))
+    sock = _sent(path, request_line(command), list(stdio.values()))
     if sock is None:
         if options.noinput:
-            os.close(stdio["stdin"])
+            os.close(stdin)
         return None
     return EarlyExec(options, sock, path, command, stdio, _caught_from_now())
-
-
-def _passed_stdio(noinput: bool) -> dict[str, int]:
-    """The descriptors passed, by stream: ours, /dev/null for stdin with
-    ``-n``; not a stdin that is a terminal, which the command line relays
-    (docs/client.md: passed, it was the process's to read after a Ctrl-Z,
-    and took the shell's input)."""
-    if noinput:
-        stdin = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        return dict(zip(_STDIO_NAMES, (stdin, 1, 2), strict=True))
-    if os.isatty(0):
-        return {"stdout": 1, "stderr": 2}
-    return dict(zip(_STDIO_NAMES, (0, 1, 2), strict=True))
 
 
 def _caught_from_now() -> list[int]:
@@ -244,16 +231,14 @@ def read_run(argv: Sequence[str]) -> RunArgs | None:
     return options
 
 
-def request_line(
-    command: dict[str, Any], streams: Sequence[str] = _STDIO_NAMES
-) -> bytes:
+def request_line(command: dict[str, Any]) -> bytes:
     """The exec request for ``command``, framed, as :mod:`sdexec.syncclient`
-    writes it (stdio passthrough of ``streams``, all three by default)."""
+    writes it (stdio passthrough of all three streams)."""
     request = {
         "type": "request",
         "topic": EXEC_TOPIC,
         "matchtag": MATCHTAG,
-        "payload": {"cmd": command, "flags": RUN_FLAGS, "stdio": list(streams)},
+        "payload": {"cmd": command, "flags": RUN_FLAGS, "stdio": list(_STDIO_NAMES)},
     }
     return (_json_text(request) + "\n").encode("utf-8")
 

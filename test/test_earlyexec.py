@@ -354,24 +354,3 @@ def test_a_bad_value_with_no_service_is_a_usage_error(tmp_path, option, said):
     assert done.stdout.splitlines() == ["import argparse"]  # nothing sent
     assert done.returncode == 2
     assert f"sdexec run: error: {said}" in done.stderr
-
-
-def test_a_terminal_stdin_is_left_to_the_command_line_to_relay(listener):
-    # Passed, the terminal was the process's to read after a Ctrl-Z, and
-    # took the shell's input (review session 43 L2-2): the command line
-    # relays it, so the early exec must not pass it either.
-    path, got = listener
-    terminal, stdin = os.openpty()
-    with open(terminal, "rb"), open(stdin, "rb") as tty:
-        done = subprocess.run(
-            [sys.executable, "-c", _AUDITED_CONSOLE, "--socket", path, "run", "cat"],
-            stdin=tty,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            start_new_session=True,
-        )
-    assert done.stdout.splitlines() == ["socket.sendmsg"]  # sent early
-    streams = ["stdout", "stderr"]
-    assert got[0] == request_line(json.loads(got[0])["payload"]["cmd"], streams)
-    assert len(got[1]) == len(streams)

@@ -286,9 +286,8 @@ def _attach(options: argparse.Namespace) -> int:
 class _Stdio:
     """The descriptors `run` passes to the process (none with
     ``--no-passthrough``): our own, or /dev/null for stdin with ``-n``,
-    opened on entry and closed on exit; not a terminal stdin, which is
-    relayed. (A class: contextlib's ``contextmanager`` would be the
-    start-up's one use of contextlib.)"""
+    opened on entry and closed on exit. (A class: contextlib's
+    ``contextmanager`` would be the start-up's one use of contextlib.)"""
 
     def __init__(self, options: argparse.Namespace) -> None:
         self._options = options
@@ -297,16 +296,13 @@ class _Stdio:
     def __enter__(self) -> dict[str, int]:
         if not self._options.passthrough:
             return {}
-        if self._options.noinput:
-            self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-            return {"stdin": self._devnull, "stdout": 1, "stderr": 2}
-        if os.isatty(0):
-            # Passed, the terminal was the process's to read whatever became
-            # of us: after a Ctrl-Z, or with `&`, it took the shell's input
-            # (review session 43 L2-2). Relayed, we read it, and the
-            # terminal's job control stops us instead, as it stops ssh.
-            return {"stdout": 1, "stderr": 2}
-        return {"stdin": 0, "stdout": 1, "stderr": 2}
+        if not self._options.noinput:
+            # A terminal too, as systemd-run --pipe passes it: relayed, it
+            # was read ahead of the process (type-ahead lost, a password
+            # echoed, no prompt from python3; review session 43 R2-2).
+            return {"stdin": 0, "stdout": 1, "stderr": 2}
+        self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        return {"stdin": self._devnull, "stdout": 1, "stderr": 2}
 
     def __exit__(self, *_exc_info: object) -> None:
         if self._devnull is not None:
@@ -895,7 +891,7 @@ def _write_only(fd: int) -> bool:
     its EBADF never seen, and the process waited for its stdin for ever
     (review session 40 R2-2). It is read at once instead, an empty stdin,
     as nohup's write-only /dev/null is."""
-    import fcntl  # (here: only a run that relays our stdin reads it)
+    import fcntl  # (here: only run --no-passthrough reads our stdin)
 
     return fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY
 

@@ -987,30 +987,39 @@ def _refuse_yaml11_numbers(value: object, key_path: str, source: str) -> None:
     ``sdexec-properties``), is a number YAML 1.1 read otherwise than
     TOML and YAML 1.2 would: ``0640`` is 416 to pyyaml, and no admin
     writing ``sdexec-stop-timer-sec: 0640`` means that."""
-    items: list[object] = [value]
+    # Each named as its entry: a property by its name, a list item by its
+    # place; and where strings are wanted (property values, user names),
+    # advised quoted.
+    items: list[tuple[str, object, bool]] = [(key_path, value, False)]
     if isinstance(value, dict):
-        items += value.values()
+        items += [(f"{key_path}.{_key_text(k)}", v, True) for k, v in value.items()]
     elif isinstance(value, list):
-        items += value
-    for item in items:
+        items += [(f"{key_path}[{i}]", v, True) for i, v in enumerate(value)]
+    for path, item, a_string in items:
         if isinstance(item, _Yaml11Number):
-            raise ConfigError(source, key_path, _yaml11_number_reason(item))
+            raise ConfigError(source, path, _yaml11_number_reason(item, a_string))
 
 
-def _yaml11_number_reason(number: _Yaml11Number) -> str:
+def _yaml11_number_reason(number: _Yaml11Number, a_string: bool = False) -> str:
+    """Why ``number`` is refused, and what to write: the number as TOML would
+    read it, or (``a_string``: a value that must be one) quoted."""
     # The number formats as its own type does: 90, 90.5.
     if ":" in number.text:
-        return (
+        why = (
             f"{number.text} is a base-60 number to YAML 1.1 ({number}),"
-            " a string to YAML 1.2 and an error in TOML: write"
-            f" {number}, or quote it where a string is meant"
+            " a string to YAML 1.2 and an error in TOML"
         )
-    decimal = int(number.text.replace("_", ""), 10)
-    return (
-        f"{number.text} has a leading zero, which YAML 1.1 reads as octal"
-        f" ({number}), YAML 1.2 as decimal and TOML not at all: write"
-        f' {decimal}, or quote it ("{number.text}") where a string is meant'
-    )
+        meant, quoted = f"{number}", ""
+    else:
+        why = (
+            f"{number.text} has a leading zero, which YAML 1.1 reads as octal"
+            f" ({number}), YAML 1.2 as decimal and TOML not at all"
+        )
+        meant = str(int(number.text.replace("_", ""), 10))
+        quoted = f' ("{number.text}")'
+    if a_string:
+        return f'{why}: quote it ("{number.text}", or "{meant}")'
+    return f"{why}: write {meant}, or quote it{quoted} where a string is meant"
 
 
 def _key_text(key: object) -> str:

@@ -211,7 +211,6 @@ def test_flux_refusals_reads_only_the_keys_flux_reads():
         ),
         ("exec:\n  max-kill-count: 010\n", "exec.max-kill-count", 8, 10),
         ("sdexec:\n  max-connections: 0100\n", "sdexec.max-connections", 64, 100),
-        ("sdexec:\n  allow-users: [0, 0100]\n", "sdexec.allow-users", 64, 100),
     ],
 )
 def test_a_yaml_integer_with_a_leading_zero_is_refused(
@@ -243,12 +242,6 @@ def test_a_yaml_base_60_integer_is_refused(tmp_path):
             "-1:00.0",
             "-60.0",
         ),
-        (
-            "exec:\n  sdexec-properties:\n    CPUWeight: 1:40.\n",
-            "exec.sdexec-properties",
-            "1:40.",
-            "100.0",
-        ),
     ],
 )
 def test_a_yaml_base_60_float_is_refused(tmp_path, text, key, written, value):
@@ -258,6 +251,37 @@ def test_a_yaml_base_60_float_is_refused(tmp_path, text, key, written, value):
         f" to YAML 1.2 and an error in TOML: write {value}, or quote it where a"
         " string is meant"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "refused"),
+    [
+        (
+            "sdexec:\n  allow-users: [0, 0100]\n",
+            "sdexec.allow-users[1]: 0100 has a leading zero, which YAML 1.1 reads"
+            " as octal (64), YAML 1.2 as decimal and TOML not at all: quote it"
+            ' ("0100", or "100")',
+        ),
+        (
+            "exec:\n  sdexec-properties:\n    RuntimeMaxUSec: 1:30:00\n",
+            "exec.sdexec-properties.RuntimeMaxUSec: 1:30:00 is a base-60 number"
+            " to YAML 1.1 (5400), a string to YAML 1.2 and an error in TOML:"
+            ' quote it ("1:30:00", or "5400")',
+        ),
+        (
+            "exec:\n  sdexec-properties:\n    CPUWeight: 1:40.\n",
+            "exec.sdexec-properties.CPUWeight: 1:40. is a base-60 number to YAML"
+            " 1.1 (100.0), a string to YAML 1.2 and an error in TOML: quote it"
+            ' ("1:40.", or "100.0")',
+        ),
+    ],
+)
+def test_a_yaml_number_in_a_table_of_strings_is_named_and_advised_quoted(
+    tmp_path, text, refused
+):
+    # Review session 43 R2-5: named the table, not the entry, and advised a
+    # bare number, which a property value or a user name cannot be.
+    assert refusal(tmp_path, "c.yaml", text) == refused
 
 
 def test_a_yaml_base_60_float_in_a_table_not_ours_is_not_refused(tmp_path):

@@ -326,6 +326,7 @@ def test_the_console_sends_a_plain_run_before_the_command_line_loads(
     path, got = listener
     done = subprocess.run(
         [sys.executable, "-c", _AUDITED_CONSOLE, "--socket", path, *run],
+        stdin=subprocess.DEVNULL,  # not pytest's, which may be a terminal
         capture_output=True,
         text=True,
         timeout=60,

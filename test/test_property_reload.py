@@ -77,7 +77,10 @@ def test_a_site_s_finer_percentage_is_refused_naming_it(name):
 
 @pytest.mark.parametrize("name", ["MemoryMax", "MemoryHigh"])
 def test_a_site_s_finer_memory_cap_is_refused(name):
-    with pytest.raises(ConfigError, match=f"exec.sdexec-properties.{name}: "):
+    with pytest.raises(
+        ConfigError,
+        match=f"{name}: '0.00000001%' has more than two decimals",
+    ):
         site(**{name: "0.00000001%"})
 
 
@@ -93,10 +96,15 @@ def test_a_zero_percentage_cap_is_refused_naming_the_property(name):
     )
 
 
-def test_the_scale_sent_is_the_one_systemd_writes_back():
-    # 3.13% as systemd-run sends it: UINT32_SCALE_FROM_PERMYRIAD(313).
-    properties = sent(site(), MemoryMax="3.13%")
-    assert properties["MemoryMaxScale"].value == (313 * (2**32 - 1) + 5000) // 10_000
+@pytest.mark.parametrize(
+    ("percent", "permyriad"), [("3.13%", 313), ("0.01%", 1), ("50%", 5000)]
+)
+def test_the_scale_sent_is_the_one_systemd_writes_back(percent, permyriad):
+    # As systemd-run sends it: UINT32_SCALE_FROM_PERMYRIAD, rounded half up
+    # (0.01% and 50% tell it from rounding down).
+    properties = sent(site(), MemoryMax=percent)
+    scale = (permyriad * (2**32 - 1) + 5000) // 10_000
+    assert properties["MemoryMaxScale"].value == scale
 
 
 # --- 2: a CPU quota below 1% ----------------------------------------------

@@ -44,6 +44,7 @@ from sdexec.cliio import (
     fail,
     flush_out,
     is_number,
+    nonblocking_reader,
     open_closed_standard_fds,
     print_out,
     request,
@@ -249,6 +250,7 @@ def _run(options: argparse.Namespace, early: EarlyExec | None = None) -> int:
                 raise
         finally:
             close_outputs(job.outputs)
+            job.close_stdin_reader()
         loop.serve_caught_signals()  # one the loop had no turn to serve
     return job.exit_code()
 
@@ -599,6 +601,8 @@ class _Job:
         self._stdin_open = not noinput and "stdin" not in stdio
         #: Our stdin is open for writing only (see :func:`_write_only`).
         self._stdin_write_only = self._stdin_open and _write_only(0)
+        #: The descriptor our stdin is read from, chosen at the first read.
+        self._stdin_reader: int | None = None
         #: Whether our stdin has been read from, and whether a read failed.
         self._stdin_read = False
         self._stdin_lost = False
@@ -792,15 +796,30 @@ class _Job:
     # -- stdin ---------------------------------------------------------------
 
     def _watch_stdin(self) -> None:
-        """Read our stdin while there is credit for it. The fd is left
-        blocking (it may be a terminal shared with the shell): it is only
-        read when the loop says it is readable."""
+        """Read our stdin while there is credit for it, when the loop says
+        it is readable, through a non-blocking descriptor of its own where
+        it is a pipe or terminal (:func:`~sdexec.cliio.nonblocking_reader`:
+        fd 0 itself is shared with the shell)."""
+        reader = self._stdin_fd()
         if self._stdin_allowance() <= 0:
-            self._loop.unwatch(0)
+            self._loop.unwatch(reader)
         elif self._stdin_write_only:
             self._read_stdin(0)  # EBADF at once: an empty stdin, its EOF sent
         else:
-            self._loop.watch(0, READABLE, self._read_stdin)
+            self._loop.watch(reader, READABLE, self._read_stdin)
+
+    def _stdin_fd(self) -> int:
+        if self._stdin_reader is None:
+            write_only = self._stdin_write_only
+            self._stdin_reader = 0 if write_only else nonblocking_reader(0)
+        return self._stdin_reader
+
+    def close_stdin_reader(self) -> None:
+        """Close the descriptor opened to read our stdin, if one was."""
+        if self._stdin_reader not in (None, 0):
+            self._loop.unwatch(self._stdin_reader)
+            os.close(self._stdin_reader)
+        self._stdin_reader = None
 
     def _stdin_allowance(self) -> int:
         """How much of our stdin may be read now: none once it is closed or
@@ -837,9 +856,9 @@ class _Job:
         if size == 0 or self._stopped_for_the_terminal():
             return
         try:
-            data = os.read(0, size)
+            data = os.read(self._stdin_fd(), size)
         except BlockingIOError:
-            return
+            return  # another reader took it: the loop watches on
         except OSError as failure:
             self._unreadable_stdin(failure)
             data = b""

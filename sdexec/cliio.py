@@ -319,24 +319,35 @@ class Output:
 _PTMX = os.makedev(5, 2)
 
 
-def _nonblocking_twin(fd: int) -> int:
-    """A non-blocking descriptor of the pipe or terminal ``fd`` writes to,
-    opened anew: ``O_NONBLOCK`` on ``fd`` itself would be set on a file
-    description we share with the shell and the rest of the pipeline. ``fd``
-    itself where a write cannot wait long (a file), where it is
-    non-blocking already, or where it cannot be opened again (a socket, a
-    pipe of another user, a pty master): there a write may block the loop,
-    as before."""
+def _nonblocking_twin(fd: int, access: int = os.O_WRONLY) -> int:
+    """A non-blocking descriptor of the pipe or terminal ``fd`` writes to
+    (``access``: or reads from, ``O_RDONLY``), opened anew: ``O_NONBLOCK``
+    on ``fd`` itself would be set on a file description we share with the
+    shell and the rest of the pipeline. ``fd`` itself where a write or read
+    cannot wait long (a file, whose offset a new description would not
+    share either), where it is non-blocking already, or where it cannot be
+    opened again (a socket, a pipe of another user, a pty master): there a
+    write or read may block the loop, as before."""
     try:
         status = os.fstat(fd)
         mode = status.st_mode
         waits = stat.S_ISFIFO(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))
         if not waits or not os.get_blocking(fd) or status.st_rdev == _PTMX:
             return fd
-        flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+        flags = access | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
         return os.open(f"/proc/self/fd/{fd}", flags)
     except OSError:
         return fd
+
+
+def nonblocking_reader(fd: int) -> int:
+    """A non-blocking descriptor to read the pipe or terminal ``fd`` from,
+    opened anew (``fd`` itself where none can be, as
+    :func:`_nonblocking_twin` says). Readable to ``poll()``, a blocking
+    ``fd`` may have nothing left when it is read: another reader of the same
+    terminal (a pager in the pipeline) took the line, and ``read()`` then
+    waited for the next one, deaf to signals (review session 43 R2-1)."""
+    return _nonblocking_twin(fd, os.O_RDONLY)
 
 
 #: What :func:`write_output` did with an ``output`` response: wrote its

@@ -46,7 +46,7 @@ def relaying_stdin(seen: dict) -> Script:
     def script(request: dict) -> list[dict]:
         if request["topic"] == "sdexec.exec":
             execs.append(request)
-            seen["stdio"] = request["payload"].get("stdio")
+            seen["stdio"] = request["payload"].get("stdio", [])
             started = response(request, {"type": "started", "pid": 42})
             return [started, *([] if "stdin" not in seen["stdio"] else _end(request))]
         if request["topic"] != "sdexec.write":
@@ -76,6 +76,21 @@ def test_a_terminal_stdin_is_passed_as_systemd_run_pipe_passes_it(scripted):
         done = sdexec(path, "run", "cat", stdin=tty, start_new_session=True)
     assert (done.returncode, done.stderr) == (0, b"")
     assert seen == {"stdio": ["stdin", "stdout", "stderr"]}
+
+
+def test_a_terminal_stdin_is_relayed_without_passthrough(scripted):
+    # Read through a non-blocking descriptor of the client's own
+    # (review session 43 R2-1): the line, then ^D's end of input.
+    seen: dict = {}
+    path = scripted(relaying_stdin(seen))
+    terminal, stdin = os.openpty()
+    with open(terminal, "wb", buffering=0) as typing, open(stdin, "rb") as tty:
+        typing.write(b"typed\n\x04")
+        done = sdexec(
+            path, "run", "--no-passthrough", "cat", stdin=tty, start_new_session=True
+        )
+    assert (done.returncode, done.stderr) == (0, b"")
+    assert seen == {"stdio": [], "stdin": b"typed\n"}
 
 
 def test_stdin_that_is_no_terminal_is_still_passed(scripted, tmp_path: Path):

@@ -1003,6 +1003,28 @@ def test_a_terminal_is_written_through_a_non_blocking_descriptor_of_its_own():
             os.close(fd)
 
 
+def test_a_terminal_is_read_through_a_non_blocking_descriptor_of_its_own(tmp_path):
+    # Woken by poll(), a blocking read of the shell's terminal waited for
+    # the next line when another reader (a pager in the pipeline) took this
+    # one, deaf to Ctrl-C and SIGTERM, and took the user's next command
+    # (review session 43 R2-1).
+    controller, terminal = os.openpty()
+    reader = cliio.nonblocking_reader(terminal)
+    try:
+        assert reader != terminal
+        assert not os.get_blocking(reader) and os.get_blocking(terminal)
+        with pytest.raises(BlockingIOError):
+            os.read(reader, 64)  # nothing typed: at once, not a wait
+        os.write(controller, b"typed\n")
+        assert os.read(reader, 64) == b"typed\n"
+    finally:
+        for fd in {controller, terminal, reader}:
+            os.close(fd)
+    # A file is read where its offset is, as a new description would not.
+    with open(tmp_path / "in", "wb+") as file:
+        assert cliio.nonblocking_reader(file.fileno()) == file.fileno()
+
+
 def test_a_file_a_socket_or_a_pty_master_is_written_through_its_own_descriptor(
     tmp_path,
 ):

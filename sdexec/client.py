@@ -62,6 +62,7 @@ from sdexec.rpc import (
     background_pid,
     bad_stdio,
     cannot_connect,
+    check_stdio,
     default_socket_path,
     is_end_of_stream,
     listed_processes,
@@ -70,7 +71,6 @@ from sdexec.rpc import (
     socket_path_too_long,
     wait_outcome,
 )
-from sdexec.syncclient import check_stdio
 
 __all__ = [
     "DEFAULT_STDIN_BUFSIZE",
@@ -1102,7 +1102,7 @@ def _tell_producer(call: Callable[[], object]) -> None:
 def _duplicates(stdio: Mapping[str, int], connection: int) -> list[int]:
     """Our own copies of the descriptors of ``stdio``, in its order;
     ``ValueError`` naming the stream whose descriptor is not open, or is
-    our ``connection`` (:func:`~sdexec.syncclient.check_stdio`)."""
+    our ``connection`` (:func:`~sdexec.rpc.check_stdio`)."""
     check_stdio(stdio, connection)
     copies: list[int] = []
     for stream, fd in stdio.items():

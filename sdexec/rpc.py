@@ -38,6 +38,7 @@ __all__ = [
     "background_pid",
     "bad_stdio",
     "cannot_connect",
+    "check_stdio",
     "default_socket_path",
     "process_target",
     "resolve_socket_path",
@@ -300,6 +301,41 @@ def bad_stdio(stream: str, fd: object, error: Exception) -> ValueError:
     that is not open: both clients say it the same way, before sending."""
     reason = error.strerror if isinstance(error, OSError) else error
     return ValueError(f"exec: stdio: {stream}: {fd!r}: {reason}")
+
+
+def check_stdio(stdio: Mapping[str, int], connection: int) -> None:
+    """``ValueError`` naming the first stream of ``stdio`` (stdio
+    passthrough) whose descriptor is not open, or is the client's own
+    ``connection`` to the service (under any number). Both clients check
+    so before sending. Sent, a closed one would fail the write, and with it
+    the connection and every request on it; the connection itself, its
+    process would hold open once the client left, so that the service
+    never saw it leave and never stopped the process (``sdexec run`` opens
+    fds 0-2 before it connects for this: cliio.open_closed_standard_fds)."""
+    try:
+        own = _file_identity(connection)
+    except OSError:
+        own = None  # gone: the request fails as on any closed connection
+    for stream, fd in stdio.items():
+        try:
+            identity = _file_identity(fd)
+        except BAD_DESCRIPTOR as error:
+            raise bad_stdio(stream, fd, error) from None
+        if identity == own:
+            raise bad_stdio(stream, fd, ValueError(_OWN_CONNECTION))
+
+
+#: Why a client's own connection is no stdio descriptor (:func:`check_stdio`).
+_OWN_CONNECTION = (
+    "this client's own connection to the service: its process would keep it"
+    " open and run on after the client left (open fds 0-2 before connecting)"
+)
+
+
+def _file_identity(fd: int) -> tuple[int, int]:
+    """What the file open on ``fd`` is, whatever number it is under."""
+    status = os.fstat(fd)
+    return status.st_dev, status.st_ino
 
 
 #: Linux's errnos are below it (a larger number, or one no C int holds, is

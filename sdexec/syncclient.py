@@ -27,14 +27,13 @@ from sdexec.ioencode import encode_io
 from sdexec.protocol import WRITE_PIECE, ExecFlag, Topic
 from sdexec.protocolbase import passed_fds
 from sdexec.rpc import (
-    BAD_DESCRIPTOR,
     Pending,
     Requests,
     SdexecError,
     StdinCredit,
     StdinRefusals,
-    bad_stdio,
     cannot_connect,
+    check_stdio,
     is_end_of_stream,
     socket_path_too_long,
 )
@@ -52,7 +51,6 @@ __all__ = [
     "Connection",
     "Exec",
     "Loop",
-    "check_stdio",
 ]
 
 #: How much is read from the service at a time. The service writes output
@@ -204,41 +202,6 @@ def _connected_socket(path: str) -> _socket.socket:
         sock.close()
         raise cannot_connect(path, failure.errno, str(failure)) from None
     return sock
-
-
-def check_stdio(stdio: Mapping[str, int], connection: int) -> None:
-    """``ValueError`` naming the first stream of ``stdio`` (stdio
-    passthrough) whose descriptor is not open, or is the client's own
-    ``connection`` to the service (under any number). Both clients check
-    so before sending. Sent, a closed one would fail the write, and with it
-    the connection and every request on it; the connection itself, its
-    process would hold open once the client left, so that the service
-    never saw it leave and never stopped the process (``sdexec run`` opens
-    fds 0-2 before it connects for this: cliio.open_closed_standard_fds)."""
-    try:
-        own = _file_identity(connection)
-    except OSError:
-        own = None  # gone: the request fails as on any closed connection
-    for stream, fd in stdio.items():
-        try:
-            identity = _file_identity(fd)
-        except BAD_DESCRIPTOR as error:
-            raise bad_stdio(stream, fd, error) from None
-        if identity == own:
-            raise bad_stdio(stream, fd, ValueError(_OWN_CONNECTION))
-
-
-#: Why a client's own connection is no stdio descriptor (:func:`check_stdio`).
-_OWN_CONNECTION = (
-    "this client's own connection to the service: its process would keep it"
-    " open and run on after the client left (open fds 0-2 before connecting)"
-)
-
-
-def _file_identity(fd: int) -> tuple[int, int]:
-    """What the file open on ``fd`` is, whatever number it is under."""
-    status = os.fstat(fd)
-    return status.st_dev, status.st_ino
 
 
 def _ready(polled: int) -> int:

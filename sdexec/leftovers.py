@@ -610,12 +610,27 @@ class Leftovers:
             # (nothing to stop; adopted, its end would be looked for again).
             # With one, a restart's start is on its way.
             ours = mark and (active != "inactive" or job != 0)
-            if ours and self._context.unit_follower(name) is None:
-                # An origin asked for by a scan still waiting counts too.
-                origin = origins.get(name) or self._origins.get(name)
-                self._adopt(name, description[: -len(mark)], self._stopping, origin)
-                new.append(self.units[name])
+            if not ours or self._context.unit_follower(name) is not None:
+                continue
+            if self._listed_once and active == "failed" and job == 0:
+                self._reset_ended(name)
+                continue
+            # An origin asked for by a scan still waiting counts too.
+            origin = origins.get(name) or self._origins.get(name)
+            self._adopt(name, description[: -len(mark)], self._stopping, origin)
+            new.append(self.units[name])
         return new
+
+    def _reset_ended(self, name: str) -> None:
+        """Reset a unit of this run that ended failed, with no job, which
+        nobody follows: its process's reset was lost with systemd (a
+        daemon-reexec between the end and the answer; the request had
+        ended). Nothing runs in a failed unit: adopted, it drained the node
+        while that was mended, and jobs were refused EBUSY meanwhile
+        (review session 43 Q4-1)."""
+        log.info("unit {unit} of this run ended failed: resetting it", unit=name)
+        reset = self._systemd.reset_failed_unit(name)
+        reset.addErrback(_log_reset_failure, name)
 
     def _end_what_unstarted_units_left(self, listing: list[tuple]) -> None:
         """A marked unit nobody follows, inactive with no job, in a full
@@ -688,6 +703,15 @@ class Leftovers:
         )
         self.units[name] = Leftover(
             self._systemd, self._context, name, description, self, of_this_run
+        )
+
+
+def _log_reset_failure(failure: Failure, unit: str) -> None:
+    if not is_unit_gone(failure_value(failure)):  # unloaded meanwhile: done
+        log.warn(
+            "resetting failed unit {unit} failed: {error} (the next scan tries again)",
+            unit=unit,
+            error=failure.getErrorMessage(),
         )
 
 

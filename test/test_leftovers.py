@@ -472,6 +472,23 @@ def test_a_lost_start_found_after_a_reconnection_is_not_called_a_previous_run_s(
     assert server.drain_reason is None
 
 
+def test_a_unit_of_this_run_left_failed_is_reset_not_adopted(systemd):
+    # A process's ResetFailedUnit lost with a daemon-reexec (its request had
+    # ended): the scan after the reconnection adopted the failed unit as a
+    # leftover of this run, and drained the node, jobs refused EBUSY, for a
+    # unit in which nothing runs (review session 43 Q4-1).
+    server = make_server(systemd)
+    server.leftovers.scan()
+    leftover(systemd, "sdexec-f.service")
+    systemd.units["sdexec-f.service"].update(ActiveState="failed", SubState="failed")
+    lines = logged_during(server.leftovers.scan)
+    assert "unit sdexec-f.service of this run ended failed: resetting it" in lines
+    assert not [line for line in lines if "leftover" in line or "draining" in line]
+    assert server.drain_reason is None
+    assert ("reset", "sdexec-f.service") in systemd.calls
+    assert "sdexec-f.service" not in server.leftovers.units
+
+
 def test_a_scan_that_finds_nothing_new_does_not_drain_again(systemd):
     # A reconnection during the start-up scan logged "draining" twice.
     leftover(systemd, "sdexec-a.service")

@@ -62,23 +62,34 @@ _PLAIN_PATH = re.compile(r"/[^\s\"'\\$;\x00-\x1f\x7f]*")
 #: the C locale adds ``LC_CTYPE=C.UTF-8`` to its own), and gives back the
 #: signals Python ignores at its start, which an exec keeps ignored:
 #: ``SIGXFSZ`` (systemd leaves every signal at its default) and ``SIGPIPE``.
+#: SIGINT, which Python catches from its start, is its default again first
+#: thing, and one caught before dies of it still, as the command would
+#: have (review session 43 Q4-2: a traceback, exit 1, or lost). Its modules
+#: are the builtin ``_signal`` and ``posix``: ``signal`` and ``os`` cost
+#: imports.
 TRAMPOLINE = """\
-import os, signal, sys
-codes = {"24": chr(36), "25": "%", "3B": chr(59)}
-def decoded(arg):
-    head, *rest = arg.split("%")
-    return head + "".join(codes[part[:2]] + part[2:] for part in rest)
-pipe, path, *argv = [sys.argv[1], *map(decoded, sys.argv[2:])]
-signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
-signal.signal(signal.SIGPIPE, signal.SIG_IGN if pipe == "ignore" else signal.SIG_DFL)
 try:
-    with open("/proc/self/environ", "rb") as environ:
-        entries = environ.read().split(bytes(1))
-    env = dict(entry.partition(b"=")[::2] for entry in entries if entry)
-except OSError:
-    env = os.environb
-try:
-    os.execve(path, argv, env)
+    import _signal, posix, sys
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+    codes = {"24": chr(36), "25": "%", "3B": chr(59)}
+    def decoded(arg):
+        head, *rest = arg.split("%")
+        return head + "".join(codes[part[:2]] + part[2:] for part in rest)
+    pipe, path, *argv = [sys.argv[1], *map(decoded, sys.argv[2:])]
+    _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
+    sigpipe = _signal.SIG_IGN if pipe == "ignore" else _signal.SIG_DFL
+    _signal.signal(_signal.SIGPIPE, sigpipe)
+    try:
+        with open("/proc/self/environ", "rb") as environ:
+            entries = environ.read().split(bytes(1))
+        env = dict(entry.partition(b"=")[::2] for entry in entries if entry)
+    except OSError:
+        env = posix.environ
+    posix.execve(path, argv, env)
+except KeyboardInterrupt:
+    import _signal, posix
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+    posix.kill(posix.getpid(), _signal.SIGINT)
 except OSError as error:
     sys.stderr.write(f"sdexec: cannot execute {path}: {error.strerror}\\n")
     sys.exit(203)

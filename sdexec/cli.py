@@ -800,13 +800,15 @@ class _Job:
         it is readable, through a non-blocking descriptor of its own where
         it is a pipe or terminal (:func:`~sdexec.cliio.nonblocking_reader`:
         fd 0 itself is shared with the shell)."""
-        reader = self._stdin_fd()
         if self._stdin_allowance() <= 0:
-            self._loop.unwatch(reader)
+            # Nothing watched before a first read: a stdin passed through,
+            # or /dev/null (-n), is never opened again.
+            if self._stdin_reader is not None:
+                self._loop.unwatch(self._stdin_reader)
         elif self._stdin_write_only:
             self._read_stdin(0)  # EBADF at once: an empty stdin, its EOF sent
         else:
-            self._loop.watch(reader, READABLE, self._read_stdin)
+            self._loop.watch(self._stdin_fd(), READABLE, self._read_stdin)
 
     def _stdin_fd(self) -> int:
         if self._stdin_reader is None:

@@ -287,13 +287,15 @@ def describe(cmdline: Sequence[str]) -> str:
 
 def unit_properties(
     command: Command,
-    executable: str,
+    start: ExecLine,
     properties: Mapping[str, str] = {},
     sources: Mapping[str, str] = {},
 ) -> list[UnitProperty]:
     """The ``StartTransientUnit`` properties for ``command`` (all but the three
     fds, which :meth:`sdexec.systemd.SystemdClient.start_transient_unit`
-    adds).
+    adds), run as ``start`` says (:func:`command_line`: plain ``ExecStart``,
+    the command verbatim or through a trampoline, the form systemd reads back
+    from the unit's file).
 
     ``properties`` are extra ``Name → string`` unit properties, already merged
     by precedence, ``sources`` says where each came from (``request`` unless
@@ -301,9 +303,6 @@ def unit_properties(
     (``PropertyError`` names a bad one). ``Type`` defaults to ``exec``, so the
     unit becomes active only once the command was really executed.
     """
-    # Plain ExecStart, the command verbatim or through a trampoline: the
-    # form systemd reads back from the unit's file (sdexec/execstart.py).
-    start = command_line(command, executable, properties)
     unit = [
         UnitProperty("Description", "s", describe(command.cmdline)),
         UnitProperty("ExecStart", "a(sasb)", [[start.path, start.argv, False]]),
@@ -345,5 +344,8 @@ def command_line(
 #: command to the unit.
 OWN_PROPERTIES = frozenset(
     {"ExecStartEx"}
-    | {prop.name for prop in unit_properties(Command(["/"], cwd="/"), "/")}
+    | {
+        prop.name
+        for prop in unit_properties(Command(["/"], cwd="/"), exec_line("/", ["/"]))
+    }
 )

@@ -34,6 +34,7 @@ from sdexec.command import (
 )
 from sdexec.config import Config
 from sdexec.containment import Containment, MapperError
+from sdexec.execstart import ExecLine
 from sdexec.idset import IDset
 from sdexec.limits import (
     check_command_size,
@@ -263,7 +264,7 @@ def plan_exec(
         command=command,
         unit_name=unit_name,
         executable=executable,
-        properties=_typed_properties(command, executable, merged, sources),
+        properties=_typed_properties(command, start, merged, sources),
         flags=flags,
         output={stream: _output_options(command, stream) for stream in OUTPUT_STREAMS},
         stdin_bufsize=_stdin_bufsize(
@@ -697,12 +698,12 @@ NARROWED = {
 
 def _typed_properties(
     command: Command,
-    executable: str,
+    start: ExecLine,
     merged: Mapping[str, str],
     sources: Mapping[str, str],
 ) -> tuple[UnitProperty, ...]:
     try:
-        return tuple(unit_properties(command, executable, merged, sources))
+        return tuple(unit_properties(command, start, merged, sources))
     except PropertyError as error:
         raise RequestError(errno.EINVAL, str(error)) from None
 

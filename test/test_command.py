@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import sdexec.command
 import sdexec.plan
-from sdexec.command import Command, CommandError, unit_properties
+from sdexec.command import Command, CommandError, command_line, unit_properties
 from sdexec.config import default_config, parse_config
 from sdexec.limits import MAX_SEARCH_DIRECTORIES
 from sdexec.property import PropertyError
@@ -309,7 +309,8 @@ def test_resolve_skips_directories(tmp_path):
 
 
 def properties_of(command: Command, extra=None) -> dict[str, Typed]:
-    listed = unit_properties(command, "/bin/prog", extra or {})
+    start = command_line(command, "/bin/prog", extra or {})
+    listed = unit_properties(command, start, extra or {})
     names = [prop.name for prop in listed]
     assert len(names) == len(set(names)), f"duplicate properties: {names}"
     return {prop.name: Typed(prop.signature, prop.value) for prop in listed}
@@ -344,7 +345,9 @@ def test_requested_properties_are_typed():
 
 def test_bad_requested_property_names_it():
     with pytest.raises(PropertyError, match=r"^SDEXEC_PROP_OOMScoreAdjust: "):
-        unit_properties(Command(["prog"]), "/bin/prog", {"OOMScoreAdjust": "high"})
+        command = Command(["prog"])
+        start = command_line(command, "/bin/prog", {})
+        unit_properties(command, start, {"OOMScoreAdjust": "high"})
 
 
 def test_description_is_bounded():

@@ -29,7 +29,7 @@ import pytest_twisted
 from twisted.internet import reactor, task
 from twisted.internet.defer import Deferred
 
-from sdexec.command import Command, unit_properties
+from sdexec.command import Command, command_line, unit_properties
 from sdexec.idset import IDset
 from sdexec.managerversion import version_number, version_problem
 from sdexec.nodememory import physical_memory
@@ -215,7 +215,8 @@ class Launcher:
         systemd's ends are closed once it replied."""
         command = Command(cmdline, env=env or {}, cwd=cwd)
         executable = command.find_executable().executable or cmdline[0]
-        unit = unit_properties(command, executable, properties or {})
+        start = command_line(command, executable, properties or {})
+        unit = unit_properties(command, start, properties or {})
         pairs = {stream: socket.socketpair() for stream in STREAMS}
         run = Run(self.client, name or unit_name(), {s: p[0] for s, p in pairs.items()})
         self.runs.append(run)

@@ -481,25 +481,36 @@ _PATH_RESTRICTIONS = (
     "ReadOnlyPaths", "ReadOnlyDirectories", "InaccessiblePaths",
     "InaccessibleDirectories", "NoExecPaths", "ProtectSystem", "ProtectHome",
 )  # fmt: skip
+#: What hides the host's files from the unit behind a private copy: its
+#: own /tmp and /var/tmp, its own /dev of pseudo devices alone.
+_PRIVATE_VIEWS = ("PrivateTmp", "PrivateTmpEx", "PrivateDevices")
 #: Lists that open, in systemd, what others restrict: an address in both
 #: IPAddressAllow and IPAddressDeny is allowed, a path in ReadWritePaths is
 #: writable under ReadOnlyPaths (or ProtectSystem=strict), one in ExecPaths
 #: executable under NoExecPaths, a path in ReadOnlyPaths readable under
 #: InaccessiblePaths; a bind mount or a temporary file system shows its own
-#: files there. A request may not set one where the site sets what it opens
-#: (sdexec's merge is by name, and cannot tell which paths meet).
+#: files there, and a bind mount the host's behind a private view
+#: (``BindPaths=/tmp`` under PrivateTmp=yes). A namespace path joins the
+#: unit to that namespace, and systemd.exec(5) says the Private… switch
+#: then has no effect (``NetworkNamespacePath=/proc/1/ns/net`` runs the job
+#: on the host's network under PrivateNetwork=yes). A request may not set
+#: one where the site sets what it opens (sdexec's merge is by name, and
+#: cannot tell which paths meet).
 OPENS: dict[str, tuple[str, ...]] = {
     "IPAddressAllow": ("IPAddressDeny",),
     "ExecPaths": ("NoExecPaths",),
     "ReadOnlyPaths": ("InaccessiblePaths", "InaccessibleDirectories"),
     "ReadOnlyDirectories": ("InaccessiblePaths", "InaccessibleDirectories"),
     **dict.fromkeys(
-        (
-            "ReadWritePaths", "ReadWriteDirectories", "BindPaths",
-            "BindReadOnlyPaths", "TemporaryFileSystem",
-        ),
+        ("ReadWritePaths", "ReadWriteDirectories", "TemporaryFileSystem"),
         _PATH_RESTRICTIONS,
     ),
+    **dict.fromkeys(
+        ("BindPaths", "BindReadOnlyPaths"), _PATH_RESTRICTIONS + _PRIVATE_VIEWS
+    ),
+    "NetworkNamespacePath": ("PrivateNetwork",),
+    "IPCNamespacePath": ("PrivateIPC",),
+    "UserNamespacePath": ("PrivateUsers", "PrivateUsersEx"),
 }  # fmt: skip
 
 

@@ -616,6 +616,16 @@ def test_a_gate_of_another_kind_takes_what_is_not_a_path():
         ({"ProtectSystem": "strict"}, "ReadWritePaths", "/usr"),
         ({"InaccessiblePaths": "/secret"}, "BindReadOnlyPaths", "/secret:/tmp/x"),
         ({"InaccessiblePaths": "/secret"}, "ReadOnlyPaths", "/secret"),
+        # (review 44 cfg) The host's /tmp, or a device node, behind the
+        # private one the site gives every unit.
+        ({"PrivateTmp": "yes"}, "BindPaths", "/tmp"),
+        ({"PrivateTmpEx": "disconnected"}, "BindReadOnlyPaths", "/var/tmp"),
+        ({"PrivateDevices": "yes"}, "BindReadOnlyPaths", "/dev/fuse"),
+        # A namespace joined: systemd then makes no private one (the job
+        # ran on the host's network under PrivateNetwork=yes).
+        ({"PrivateNetwork": "yes"}, "NetworkNamespacePath", "/proc/1/ns/net"),
+        ({"PrivateIPC": "yes"}, "IPCNamespacePath", "/proc/1/ns/ipc"),
+        ({"PrivateUsers": "yes"}, "UserNamespacePath", "/proc/1/ns/user"),
     ],
 )
 def test_a_request_never_opens_what_the_site_restricts(site, name, requested):

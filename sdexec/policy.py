@@ -563,7 +563,7 @@ class RequestPolicy:
         self, option: str, name: str, value: str, order: Ordering
     ) -> None:
         try:
-            rank = order.rank(value, self._memory)
+            rank = order.rank(_unset_as_default(value, order), self._memory)
         except SizeNotTaken as error:  # a size, only not one sdexec takes
             raise RequestRefused(errno.EINVAL, f"{option}: {error}") from None
         except ValueError:
@@ -637,9 +637,17 @@ class RequestPolicy:
     def _baseline_rank(self, baseline: str | None, order: Ordering) -> float | None:
         if baseline is None:
             return None
-        if order.unset_by_infinity and baseline.strip() == "infinity":
-            baseline = order.default or baseline
         try:
-            return order.rank(baseline, self._memory)
+            return order.rank(_unset_as_default(baseline, order), self._memory)
         except ValueError:
             return None  # e.g. TasksMax=15%: not comparable here, so unknown
+
+
+def _unset_as_default(text: str, order: Ordering) -> str:
+    """``text``, or systemd's default where ``infinity`` unsets the property
+    (a weight): the request's, as the site's, is then ranked as the value
+    systemd applies. (``CPUWeight=infinity``, which the configuration takes,
+    was EINVAL "not a weight" from a request.)"""
+    if order.unset_by_infinity and text.strip() == "infinity":
+        return order.default or text
+    return text

@@ -432,6 +432,26 @@ def test_a_weight_the_site_unsets_with_infinity_is_tightened_from_the_default(va
     )
 
 
+@pytest.mark.parametrize(
+    ("baseline", "accepted"),
+    [({}, True), ({"CPUWeight": "200"}, True), ({"CPUWeight": "50"}, False)],
+)
+def test_a_request_weight_of_infinity_is_ranked_as_the_default(baseline, accepted):
+    # "infinity" unsets a weight (systemd's 100 then), as the site may
+    # write it; from a request it was EINVAL "not a weight from 1 to 10000"
+    # (review 44 cfg), a site's weight of 50 or not.
+    policy = RequestPolicy(baseline=baseline)
+    if accepted:
+        assert policy.accept({"CPUWeight": "infinity"}) == {"CPUWeight": "infinity"}
+        return
+    with pytest.raises(RequestRefused) as refused:
+        policy.accept({"CPUWeight": "infinity"})
+    assert refused.value.errnum == errno.EPERM
+    assert refused.value.errstr.startswith(
+        "SDEXEC_PROP_CPUWeight: 'infinity' is looser than this node's CPUWeight=50"
+    )
+
+
 def test_a_protection_the_site_sets_to_infinity_takes_any_request_value():
     # The weights' "infinity" is unset; a protection's is the most there is
     # (a regression of the weights' fix, review session 31 D F7).

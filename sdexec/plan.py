@@ -481,6 +481,15 @@ _PATH_RESTRICTIONS = (
     "ReadOnlyPaths", "ReadOnlyDirectories", "InaccessiblePaths",
     "InaccessibleDirectories", "NoExecPaths", "ProtectSystem", "ProtectHome",
 )  # fmt: skip
+#: The directories systemd makes (or takes, if they exist) for a unit
+#: below its own (``/var/lib``, ``~/.config``…), and makes writable there
+#: whatever ProtectSystem, ProtectHome or ReadOnlyPaths say:
+#: ``ConfigurationDirectory=app`` made an existing ``~/.config/app``
+#: writable under ProtectHome=read-only, as ``ReadWritePaths`` would.
+_MANAGED_DIRECTORIES = (
+    "RuntimeDirectory", "StateDirectory", "CacheDirectory", "LogsDirectory",
+    "ConfigurationDirectory",
+)  # fmt: skip
 #: What hides the host's files from the unit behind a private copy: its
 #: own /tmp and /var/tmp, its own /dev of pseudo devices alone.
 _PRIVATE_VIEWS = ("PrivateTmp", "PrivateTmpEx", "PrivateDevices")
@@ -502,7 +511,10 @@ OPENS: dict[str, tuple[str, ...]] = {
     "ReadOnlyPaths": ("InaccessiblePaths", "InaccessibleDirectories"),
     "ReadOnlyDirectories": ("InaccessiblePaths", "InaccessibleDirectories"),
     **dict.fromkeys(
-        ("ReadWritePaths", "ReadWriteDirectories", "TemporaryFileSystem"),
+        (
+            "ReadWritePaths", "ReadWriteDirectories", "TemporaryFileSystem",
+            *_MANAGED_DIRECTORIES,
+        ),
         _PATH_RESTRICTIONS,
     ),
     **dict.fromkeys(

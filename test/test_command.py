@@ -626,6 +626,11 @@ def test_a_gate_of_another_kind_takes_what_is_not_a_path():
         ({"PrivateNetwork": "yes"}, "NetworkNamespacePath", "/proc/1/ns/net"),
         ({"PrivateIPC": "yes"}, "IPCNamespacePath", "/proc/1/ns/ipc"),
         ({"PrivateUsers": "yes"}, "UserNamespacePath", "/proc/1/ns/user"),
+        # A directory systemd makes writable for the unit, an existing one
+        # too: ~/.config/app was writable under ProtectHome=read-only.
+        ({"ProtectHome": "read-only"}, "ConfigurationDirectory", "app"),
+        ({"ProtectSystem": "strict"}, "StateDirectory", "dpkg"),
+        ({"ReadOnlyPaths": "/var"}, "LogsDirectory", "app"),
     ],
 )
 def test_a_request_never_opens_what_the_site_restricts(site, name, requested):

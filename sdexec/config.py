@@ -766,8 +766,10 @@ def _too_large(value: object) -> str | None:
     return None
 
 
-# systemd's D-Bus property names: CamelCase, letters and digits.
-_PROPERTY_NAME = re.compile(r"[A-Z][A-Za-z0-9]*")
+# A word that may name a systemd D-Bus property: letters and digits. One
+# in the wrong case (memorymax) is judged as an unknown name, which
+# suggests the one meant.
+_PROPERTY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*")
 
 
 class _PropertyError(ValueError):

@@ -389,7 +389,9 @@ DEFAULT_ALLOWED: Final = ALWAYS_ALLOWED | frozenset(
     }
 )
 
-_PROPERTY_NAME = re.compile(r"[A-Z][A-Za-z0-9]*")
+# As in the configuration's properties: a name in the wrong case is an
+# unknown one, answered with the name meant.
+_PROPERTY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*")
 
 
 def never_allowed_reason(name: str) -> str | None:

@@ -570,7 +570,7 @@ def test_property_values_must_be_strings():
     )
 
 
-@pytest.mark.parametrize("name", ["memory max", "MemoryMax=", "cpuWeight", ""])
+@pytest.mark.parametrize("name", ["memory max", "MemoryMax=", "9Nice", ""])
 def test_property_names_must_look_like_systemd_names(name):
     with pytest.raises(ConfigError, match="expected a systemd property name"):
         properties(**{name: "1"})
@@ -590,6 +590,10 @@ def test_properties_cannot_be_changed_through_the_config():
     [
         ("MemoryMaxx", "MemoryMax"),
         ("MemoryMAX", "MemoryMax"),
+        # Led by a small letter: "expected a systemd property name such as
+        # MemoryMax", and not which (review 44 cfg).
+        ("memorymax", "MemoryMax"),
+        ("cpuWeight", "CPUWeight"),
         ("RuntimeMaxSec", "RuntimeMaxUSec"),  # a unit file's spelling
         ("CPUQuota", "CPUQuotaPerSecUSec"),
         ("ConditionPathExsts", "ConditionPathExists"),
@@ -609,7 +613,11 @@ def test_a_property_systemd_does_not_know_is_refused_with_the_closest(name, clos
 
 @pytest.mark.parametrize(
     ("name", "close"),
-    [("MemoryMaxx", "MemoryMax"), ("CPUQuota", "CPUQuotaPerSecUSec")],
+    [
+        ("MemoryMaxx", "MemoryMax"),
+        ("CPUQuota", "CPUQuotaPerSecUSec"),
+        ("nice", "Nice"),
+    ],
 )
 def test_request_properties_refuses_a_name_systemd_does_not_know(name, close):
     # It loaded, as the refusal of such a request advised ("an admin may

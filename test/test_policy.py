@@ -363,7 +363,8 @@ def test_description_is_capped() -> None:
     ("value", "index", "message"),
     [
         ([5], 0, "expected a property name"),
-        (["@default", "memorymax"], 1, "expected a property name"),
+        (["@default", "memory max"], 1, "expected a property name"),
+        (["@default", "memorymax"], 1, "memorymax: unknown property"),
         (["@default", "MemoryMaxx"], 1, "MemoryMaxx: unknown property"),
     ],
 )

@@ -415,9 +415,11 @@ class Tracked:
             else:
                 waiter.responder.error(*failure)  # upstream's answer
             return
-        # What ended the stream after the command finished (the stop timer
-        # gave up on what it left), if anything, beside the status.
-        answer = {"status": finished["status"], **self._wait_answer(self.failure)}
+        # The status with the receipt `finished` carried (an OOM kill said
+        # as such, not by a bare 137), and what ended the stream after the
+        # command finished (the stop timer gave up on what it left), if
+        # anything.
+        answer = {**_status_and_receipt(finished), **self._wait_answer(self.failure)}
         waiter.responder.respond(answer)
 
     def _wait_answer(self, failure: tuple[int, str] | None) -> dict[str, Any]:
@@ -826,3 +828,10 @@ def parse_target(payload: Any, topic: str) -> tuple[int | None, str | None]:
 
 def _target(pid: int | None, label: str | None) -> str:
     return f"label {label!r}" if label is not None else f"pid {pid}"
+
+
+def _status_and_receipt(finished: dict[str, Any]) -> dict[str, Any]:
+    """A ``finished`` response without its type: the wait status, and the
+    receipt's keys where the service read them (docs/protocol.md, "The
+    receipt on ``finished``")."""
+    return {key: value for key, value in finished.items() if key != "type"}

@@ -47,6 +47,7 @@ from sdexec.cliio import (
     nonblocking_reader,
     open_closed_standard_fds,
     print_out,
+    receipt_lines,
     request,
     say,
     signalled_status,
@@ -81,7 +82,6 @@ __all__ = [
     "cancel_targets",
     "format_procs",
     "main",
-    "receipt_lines",
     "run_and_exit",
 ]
 
@@ -520,16 +520,6 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "wait": _wait,
     "attach": _attach,
 }
-
-
-def receipt_lines(receipt: Receipt, usage: bool) -> list[str]:
-    """What ``sdexec run`` prints on stderr at the end: the receipt with
-    ``--usage``, then, after an OOM kill, ``sdexec: killed by the OOM
-    killer (MemoryMax=…)`` (the exit status alone would say only 137)."""
-    lines = receipt.usage_lines() if usage else []
-    if receipt.oom_killed:
-        lines.append(f"sdexec: {receipt.oom_message()}")
-    return lines
 
 
 def format_procs(procs: Sequence[dict[str, Any]]) -> str:

@@ -24,6 +24,7 @@ from sdexec.cliio import (
     fail,
     own_fd,
     print_out,
+    receipt_lines,
     request,
     say,
     signalled_status,
@@ -32,6 +33,7 @@ from sdexec.cliio import (
     write_output,
 )
 from sdexec.protocol import STATUS_AND_ERROR, ExecFlag, Topic
+from sdexec.receipt import Receipt
 from sdexec.rpc import (
     RPCError,
     SdexecError,
@@ -166,8 +168,16 @@ def wait(options: argparse.Namespace) -> int:
         return fail(str(after))
     if after is not None:
         warn_after_finished(after)
+    _say_receipt(Receipt.from_finished({**answer, "status": status}))
     code = exit_code(status)
     return (code or 1) if lost else code
+
+
+def _say_receipt(receipt: Receipt) -> None:
+    """What the receipt says on stderr, as ``run`` says it: an OOM kill,
+    which the exit status alone (137) would not tell from any SIGKILL."""
+    for line in receipt_lines(receipt):
+        say(line)
 
 
 def _say_dropped(dropped: Any) -> None:
@@ -217,6 +227,8 @@ def attach(options: argparse.Namespace) -> int:
         return fail("the service ended the stream without a finished response")
     if stream.error is not None:
         warn_after_finished(stream.error)
+    if session.receipt is not None:
+        _say_receipt(session.receipt)
     return exit_code(session.status)
 
 
@@ -272,6 +284,8 @@ class _Attached:
             "stderr": Output(own_fd(2), loop, self._gave_up),
         }
         self.status: int | None = None
+        #: What ``finished`` said of the end beside the status.
+        self.receipt: Receipt | None = None
         self.detached = False
         #: The signal that detached us; 0 for none (our output went).
         self.detached_by = 0
@@ -282,6 +296,7 @@ class _Attached:
         kind = payload.get("type")
         if kind == "finished" and isinstance(payload.get("status"), int):
             self.status = payload["status"]
+            self.receipt = Receipt.from_finished(payload)
         elif kind == "attached":
             _say_dropped(payload.get("dropped"))
         elif kind == "output":

@@ -494,10 +494,12 @@ class SdexecClient(JSONLineProtocol):
     ) -> Deferred[dict]:
         """``sdexec.wait`` for a waitable process (give exactly one of
         ``pid`` and ``label``): once it has ended, ``{"status", "output",
-        "dropped"}`` (docs/protocol.md); ``RPCError`` ``EPROTO`` if the
-        answer carries no wait status. Where the stream ended with an error
-        after the command finished (the stop timer gave up on what it
-        left: ``EDEADLK``), that ``RPCError`` alone, as upstream answers;
+        "dropped"}`` and the keys of its receipt (docs/protocol.md; read
+        them with :meth:`sdexec.receipt.Receipt.from_finished`);
+        ``RPCError`` ``EPROTO`` if the answer carries no wait status. Where
+        the stream ended with an error after the command finished (the stop
+        timer gave up on what it left: ``EDEADLK``), that ``RPCError``
+        alone, as upstream answers;
         with ``status_and_error``, the answer and the error beside it, as
         ``"error"`` (where it ended so before the command finished, a job
         declared unkillable, ``{"output", "dropped", "error"}``, no

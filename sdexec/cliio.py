@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
 
+    from sdexec.receipt import Receipt
+
 __all__ = [
     "DIE_OF",
     "DISCARDED",
@@ -49,6 +51,7 @@ __all__ = [
     "open_closed_standard_fds",
     "own_fd",
     "print_out",
+    "receipt_lines",
     "request",
     "say",
     "signalled_status",
@@ -166,6 +169,17 @@ def fail(message: str) -> int:
     """Say what went wrong in one line on stderr; the exit status 1."""
     warn(message)
     return 1
+
+
+def receipt_lines(receipt: Receipt, usage: bool = False) -> list[str]:
+    """What ``run``, ``wait`` and ``attach`` print on stderr once the process
+    has ended: the receipt with ``run --usage``, then, after an OOM kill,
+    ``sdexec: killed by the OOM killer (MemoryMax=…)`` (the exit status
+    alone would say only 137)."""
+    lines = receipt.usage_lines() if usage else []
+    if receipt.oom_killed:
+        lines.append(f"sdexec: {receipt.oom_message()}")
+    return lines
 
 
 def warn_after_finished(failure: object) -> None:

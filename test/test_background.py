@@ -282,6 +282,26 @@ async def test_a_pending_wait_is_answered_when_the_process_ends(
 
 
 @ensureDeferred
+async def test_a_wait_answers_the_receipt_that_says_an_oom_kill(
+    systemd, server, client
+):
+    # Its status alone says 137, as any SIGKILL: the receipt `finished`
+    # carried says whose it was, for wait as for run (docs/client.md).
+    client.bg(flags=WAITABLE, label="w")
+    systemd.run(UNIT, pid=7)
+    oom = {"Result": "oom-kill", "MemoryMax": 16 << 20}
+    systemd.change(UNIT, {**EXITED, **oom, "ExecMainCode": 2, "ExecMainStatus": 9})
+    await until(lambda: not server.processes, "reaped")
+    client.send("sdexec.wait", {"label": "w"}, matchtag=2)
+    (answer,) = payloads(client.of(2))
+    assert (answer["status"], answer["result"], answer["memory_max"]) == (
+        signal.SIGKILL,
+        "oom-kill",
+        16 << 20,
+    )
+
+
+@ensureDeferred
 async def test_an_ended_process_kept_for_a_wait_holds_its_label(
     systemd, server, client
 ):

@@ -265,6 +265,31 @@ def test_attach_says_what_ended_the_stream_after_the_command_and_keeps_its_code(
     assert done.stderr == SAID_AFTER + b"\n"
 
 
+#: A receipt that says the OOM killer ended the command, and its line.
+OOM_KILLED = {"status": signal.SIGKILL, "result": "oom-kill", "memory_max": 16 << 20}
+SAID_OOM = b"sdexec: killed by the OOM killer (MemoryMax=16.0M)\n"
+
+
+def test_wait_says_an_oom_kill_as_run_does(serve):
+    # Not a bare 137: a background job's wait is where it is looked for.
+    answer = {**OOM_KILLED, "output": [], "dropped": {}}
+    done = sdexec(serve(lambda request: [response(request, answer)]), "wait", "7")
+    assert (done.returncode, done.stderr) == (128 + signal.SIGKILL, SAID_OOM)
+
+
+def test_attach_says_an_oom_kill_as_run_does(serve):
+    def script(request: dict) -> list[dict]:
+        attached = {"type": "attached", "pid": 7, "cmd": {}, "dropped": {}}
+        return [
+            response(request, attached),
+            response(request, {"type": "finished", **OOM_KILLED}),
+            failure(request, errno.ENODATA),
+        ]
+
+    done = sdexec(serve(script), "attach", "7")
+    assert (done.returncode, done.stderr) == (128 + signal.SIGKILL, SAID_OOM)
+
+
 def test_an_absolute_dir_needs_no_current_directory(serve, tmp_path):
     # Asked for first, a deleted one failed `run --bg --dir /tmp true`.
     def script(request: dict) -> list[dict]:

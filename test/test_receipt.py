@@ -25,7 +25,7 @@ from twisted.internet.task import Clock
 from twisted.internet.threads import deferToThread
 
 import sdexec.process
-from sdexec.cli import receipt_lines
+from sdexec.cliio import receipt_lines
 from sdexec.process import Process, ProcessContext
 from sdexec.receipt import (
     UNSET,

@@ -338,7 +338,7 @@ class TerminationSequence:
             "job {job}: {signal} ({step})",
             job=self.job,
             signal=signal_name(signum),
-            step=self.step,
+            step=self.step.value if self.step else None,  # as ps shows it
         )
         try:
             send(signum)

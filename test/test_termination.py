@@ -10,6 +10,7 @@ import signal
 
 import pytest
 from twisted.internet.task import Clock
+from twisted.logger import LogLevel, capturedLogs, formatEvent
 
 from sdexec.config import ExecConfig, final_kill_attempt, parse_config
 from sdexec.termination import (
@@ -338,3 +339,11 @@ def test_an_exit_found_while_signalling_ends_the_sequence(nth):
     assert len(target.calls) == nth
     assert sequence.step is TerminationStep.EXITED
     assert clock.getDelayedCalls() == []
+
+
+def test_each_signal_is_logged_with_its_step_as_ps_names_it():
+    with capturedLogs() as events:
+        clock, _, _ = started(TerminationPolicy(kill_timeout=1.0), job="j1")
+        clock.advance(1)
+    logged = [formatEvent(e) for e in events if e["log_level"] == LogLevel.debug]
+    assert logged == ["job j1: SIGTERM (term)", "job j1: SIGKILL (kill-tasks)"]

@@ -1092,6 +1092,7 @@ def build_config(data: Any, source: str = "<config>") -> Config:
         _flux_would_refuse(data, source)
         + _retained_fits_a_frame(config)
         + allowed_users_cannot_connect(config)
+        + _signals_that_end_nothing(config)
     )
     return replace(config, warnings=config.warnings + later)
 
@@ -1157,6 +1158,48 @@ def _retained_fits_a_frame(config: Config) -> tuple[str, ...]:
         " its status was handed out; lower it to at most"
         f" {DEFAULT_MAX_FRAME // RETAINED_JSON_FACTOR}",
     )
+
+
+#: Signals whose default action neither terminates nor dumps core: a
+#: process that does not handle one is stopped by it, or ignores it.
+_STOPPING = frozenset({signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU})
+_IGNORED = frozenset({signal.SIGCHLD, signal.SIGCONT, signal.SIGURG, signal.SIGWINCH})
+#: What each signal key's signal is for, and what follows if it ends nothing.
+_SIGNAL_KEYS = (
+    ("term-signal", "term_signal", "a cancelled job ends only at its kill-signal"),
+    (
+        "kill-signal",
+        "kill_signal",
+        "a cancelled job that does not end by itself is never killed:"
+        " after max-kill-count attempts its node is drained",
+    ),
+    (
+        "sdexec-stop-timer-signal",
+        "sdexec_stop_timer_signal",
+        "what lingers in a stopped unit is never killed before it is"
+        " abandoned and the node drained",
+    ),
+)
+
+
+def _signals_that_end_nothing(config: Config) -> tuple[str, ...]:
+    """A warning for each termination signal that ends no process which
+    does not handle it (``SIGSTOP``, ``SIGCONT``…). Flux's job-exec takes
+    any signal, so this is not an error: the same file must load in both."""
+    warnings = []
+    for key, field_name, consequence in _SIGNAL_KEYS:
+        number = getattr(config.exec, field_name)
+        if number in _STOPPING:
+            action = "stops a process without ending it"
+        elif number in _IGNORED:
+            action = "is ignored by a process that does not handle it"
+        else:
+            continue
+        warnings.append(
+            f"{config.source}: exec.{key}: {signal_name(number)} {action}:"
+            f" {consequence}"
+        )
+    return tuple(warnings)
 
 
 def allowed_users_cannot_connect(config: Config) -> tuple[str, ...]:

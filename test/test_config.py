@@ -875,6 +875,31 @@ def test_retained_output_that_may_not_fit_a_wait_answer_warns():
     assert default_config().warnings == ()
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("kill-signal", "SIGSTOP", "SIGSTOP stops a process without ending it"),
+        ("term-signal", "CONT", "SIGCONT is ignored by a process that does not"),
+        ("sdexec-stop-timer-signal", 28, "SIGWINCH is ignored by a process"),
+    ],
+)
+def test_a_termination_signal_that_ends_nothing_warns(key, value, said):
+    # Flux's job-exec takes these: a warning, so that the file loads in both.
+    with capturedLogs() as events:
+        config = parse_config({"exec": {key: value}}, "f.toml")
+    (warning,) = config.warnings
+    assert warning.startswith(f"f.toml: exec.{key}: {said}")
+    assert [event["warning"] for event in events] == [warning]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("kill-signal", "SIGTERM"), ("term-signal", "SIGUSR2"), ("kill-signal", "HUP")],
+)
+def test_a_termination_signal_that_ends_a_process_does_not_warn(key, value):
+    assert parse_config({"exec": {key: value}}).warnings == ()
+
+
 def test_max_frame_size_bounds_requests_not_the_wait_answer():
     # The service's read limit says nothing of what clients read: a small
     # one with the default retained output is no reason to warn, and a

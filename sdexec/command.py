@@ -49,8 +49,10 @@ class Found(NamedTuple):
 
     #: The absolute path execvp(3) would run, or ``None``.
     executable: str | None
-    #: Whether a file looked at exists but cannot be executed (EACCES).
-    unexecutable: bool
+    #: Why the first file looked at that exists cannot be executed (execvp's
+    #: EACCES), as a shell says it: ``"is a directory"`` or ``"permission
+    #: denied"``; ``None`` if every file was absent (or one was found).
+    unexecutable: str | None
 
 
 @dataclass(frozen=True)
@@ -123,13 +125,14 @@ class Command:
         """
         cwd = self.cwd or default_cwd
         candidates = self._candidates()
-        unexecutable = False
+        unexecutable = None
         with _working_directory(cwd, candidates) as cwd_fd:
             for candidate in candidates:
                 found = _lookup(candidate, cwd_fd)
                 if found is _Found.EXECUTABLE:
-                    return Found(_path_found(cwd, candidate, cwd_fd), False)
-                unexecutable = unexecutable or found is _Found.UNEXECUTABLE
+                    return Found(_path_found(cwd, candidate, cwd_fd), None)
+                if found is not _Found.ABSENT:
+                    unexecutable = unexecutable or found.value
         return Found(None, unexecutable)
 
     def _candidates(self) -> list[str]:
@@ -149,9 +152,13 @@ class Command:
 
 
 class _Found(enum.Enum):
+    """What one path is to execvp(3); an unexecutable one's value is what a
+    shell says of it."""
+
     ABSENT = "absent"
     EXECUTABLE = "executable"
-    UNEXECUTABLE = "unexecutable"  # a directory, or no x permission
+    DIRECTORY = "is a directory"
+    UNEXECUTABLE = "permission denied"  # no x permission, or not a file
 
 
 def _lookup(path: str, cwd_fd: int | None) -> _Found:
@@ -165,6 +172,8 @@ def _lookup(path: str, cwd_fd: int | None) -> _Found:
         return _Found.ABSENT
     if stat.S_ISREG(mode) and _may_execute(path, mode, cwd_fd):
         return _Found.EXECUTABLE
+    if stat.S_ISDIR(mode):
+        return _Found.DIRECTORY
     return _Found.UNEXECUTABLE
 
 

@@ -239,8 +239,8 @@ def plan_exec(
     flags, command, environment = request
     executable, unexecutable = found
     if executable is None and unexecutable:
-        # As execvp(3) (and a shell, whose status is then 126) says it.
-        raise RequestError(errno.EACCES, f"{command.cmdline[0]}: permission denied")
+        # execvp(3)'s EACCES, said as a shell says it (its status is 126).
+        raise RequestError(errno.EACCES, f"{command.cmdline[0]}: {unexecutable}")
     if executable is None:
         # An empty name is shown as "": bash's ": command not found" names
         # nothing.

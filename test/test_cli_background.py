@@ -76,7 +76,7 @@ async def test_run_bg_errors(sdexec):
     directory = await cli(sdexec, "run", "--bg", "/")  # as the foreground run
     assert (directory.returncode, directory.stderr) == (
         126,
-        b"sdexec: /: permission denied\n",
+        b"sdexec: /: is a directory\n",
     )
     nowhere = await cli(sdexec, "attach", "no-such-label")
     assert nowhere.returncode == 1

@@ -219,11 +219,17 @@ def test_a_path_of_too_many_directories_is_e2big_naming_it():
 def test_a_file_that_cannot_be_executed_is_found_unexecutable(tmp_path):
     make_executable(tmp_path / "prog", mode=0o644)
     (tmp_path / "dir").mkdir()
-    for name in ("prog", "dir", "./prog"):
+    # Said as a shell says it (bash: "/tmp: Is a directory", status 126).
+    for name, why in [
+        ("prog", "permission denied"),
+        ("./prog", "permission denied"),
+        ("dir", "is a directory"),
+        ("./dir", "is a directory"),
+    ]:
         command = Command([name], env={"PATH": str(tmp_path)}, cwd=str(tmp_path))
-        assert command.find_executable() == (None, True)
+        assert command.find_executable() == (None, why)
     missing = Command(["absent"], env={"PATH": str(tmp_path)})
-    assert missing.find_executable() == (None, False)
+    assert missing.find_executable() == (None, None)
 
 
 class _NoExecFlags(NamedTuple):
@@ -233,7 +239,7 @@ class _NoExecFlags(NamedTuple):
 def test_an_empty_name_is_not_found_not_unexecutable(tmp_path):
     # Joined to each PATH directory, "" named the directory: EACCES, where
     # execvp("") says ENOENT.
-    assert Command([""], env={"PATH": str(tmp_path)}).find_executable() == (None, False)
+    assert Command([""], env={"PATH": str(tmp_path)}).find_executable() == (None, None)
 
 
 @pytest.mark.parametrize("relative", [False, True])
@@ -249,12 +255,18 @@ def test_root_without_dac_override_finds_what_its_root_jobs_may_execute(
     make_executable(tmp_path / "data", mode=0o600)
     name = "./script" if relative else str(tmp_path / "script")
     found = Command([name], cwd=str(tmp_path)).find_executable()
-    assert found == (str(tmp_path / "script"), False)
-    assert Command(["./data"], cwd=str(tmp_path)).find_executable() == (None, True)
+    assert found == (str(tmp_path / "script"), None)
+    assert Command(["./data"], cwd=str(tmp_path)).find_executable() == (
+        None,
+        "permission denied",
+    )
     # ... unless its file system is mounted noexec
     noexec = _NoExecFlags(os.ST_NOEXEC)
     monkeypatch.setattr(sdexec.command.os, "statvfs", lambda _path: noexec)
-    assert Command([name], cwd=str(tmp_path)).find_executable() == (None, True)
+    assert Command([name], cwd=str(tmp_path)).find_executable() == (
+        None,
+        "permission denied",
+    )
 
 
 @pytest.mark.parametrize("name", ["link/../prog", "../prog"])
@@ -277,10 +289,8 @@ def test_a_missing_cwd_finds_only_what_absolute_paths_name(tmp_path):
     path = f"bin:{tmp_path}"
     command = Command(["prog"], env={"PATH": path}, cwd=str(tmp_path / "gone"))
     assert command.find_executable().executable == str(tmp_path / "prog")
-    assert Command(["./prog"], cwd=str(tmp_path / "gone")).find_executable() == (
-        None,
-        False,
-    )
+    gone = Command(["./prog"], cwd=str(tmp_path / "gone"))
+    assert gone.find_executable() == (None, None)
 
 
 def test_a_bare_name_no_file_can_have_is_not_looked_for(monkeypatch):

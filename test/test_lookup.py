@@ -96,7 +96,7 @@ def lookups(clock):
 async def test_a_lookup_runs_outside_the_reactor_s_thread(silent, lookups):
     silent.answer()
     found = await lookups.find(Command(["sh"], env={"PATH": "/bin"}), "/")
-    assert found == Found("/bin/sh", False)
+    assert found == Found("/bin/sh", None)
     assert silent.threads and silent.threads[0] is not threading.main_thread()
     assert lookups.stuck == 0
 
@@ -104,11 +104,11 @@ async def test_a_lookup_runs_outside_the_reactor_s_thread(silent, lookups):
 @ensureDeferred
 async def test_a_lookup_stuck_in_its_thread_holds_no_other(silent, lookups):
     stuck = lookups.find(Command(["prog"]), "/")
-    assert await lookups.find(Command(["/local/prog"]), "/") == Found(None, False)
+    assert await lookups.find(Command(["/local/prog"]), "/") == Found(None, None)
     assert not stuck.called
     assert silent.threads[0] is not silent.threads[1]
     silent.answer()
-    assert await stuck == Found(None, False)
+    assert await stuck == Found(None, None)
 
 
 @ensureDeferred
@@ -176,7 +176,7 @@ async def test_a_burst_of_quick_lookups_is_never_refused(silent, lookups):
     reactor's next turn: 17 in one turn were refused as if stuck."""
     answers = [lookups.find(Command(["/local/prog"]), "/") for _ in range(40)]
     found = await defer.gatherResults(answers)
-    assert found == [Found(None, False)] * 40
+    assert found == [Found(None, None)] * 40
     assert lookups.stuck == 0
 
 
@@ -212,7 +212,7 @@ def test_an_absolute_command_does_not_touch_the_working_directory(monkeypatch):
 
     monkeypatch.setattr(command_module, "_opened_directory", refuse)
     found = Command(["/bin/sh"], cwd="/nfs/home/u").find_executable()
-    assert found == Found("/bin/sh", False)
+    assert found == Found("/bin/sh", None)
     with pytest.raises(AssertionError, match="working directory was opened"):
         Command(["sh"], env={"PATH": "bin"}, cwd="/nfs/home/u").find_executable()
 

@@ -126,6 +126,9 @@ class ClientProtocol(StdioReceivingProtocol):
         self._waiting: list[_Waiting] = []
         #: The connection is gone: a lookup that ends now runs nothing.
         self._lost = False
+        #: Its client has left (:meth:`_client_left`): its processes are
+        #: killed, its waits and attaches ended.
+        self._left = False
         #: Reading was paused for too many requests behind lookups.
         self._paused_for_lookups = False
         #: The matchtags of the streams not yet ended (execs, waits,
@@ -195,17 +198,29 @@ class ClientProtocol(StdioReceivingProtocol):
         self.transport.loseConnection()
 
     def connectionLost(self, reason: object = None) -> None:
-        self._lost = True
-        self._unwatch_hangup()
         held, self._held = self._held, deque()
         close_fds(fd for request in held for fd in request.fds)
-        self._handle_ready_waiting()  # (drops all but background execs)
+        self._client_left()
         super().connectionLost(reason)
         if self._admitted_uid is not None:
             self.server.connections.release(self.connection_id)
             self._admitted_uid = None
-        for process in self.server.connection_processes(self.connection_id):
-            process.client_gone()
+
+    def _client_left(self) -> None:
+        """The client has left, or is taken as gone while its connection
+        still writes out what it was sent (a protocol error): nothing more
+        of it is handled, what waits for its pending execs is dropped (a
+        background exec still runs), its streaming processes are killed and
+        stopped, and its waits and attaches end: at once, not when a client
+        that does not read has read its last words. Called again once the
+        connection is lost, which kills nothing twice."""
+        self._lost = True
+        self._unwatch_hangup()
+        self._handle_ready_waiting()  # (drops all but background execs)
+        if not self._left:
+            self._left = True
+            for process in self.server.connection_processes(self.connection_id):
+                process.client_gone()
         self.server.tracked.connection_lost(self.connection_id)
 
     def framingError(self, reason: str) -> None:
@@ -216,6 +231,7 @@ class ClientProtocol(StdioReceivingProtocol):
         self._log_framing_error(reason)
         self._send_error("", 0, errno.EPROTO, reason)
         self.transport.loseConnection()
+        self._client_left()
 
     def _log_framing_error(self, reason: str) -> None:
         """Say why a client's connection is closed: its processes are

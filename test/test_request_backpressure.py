@@ -727,3 +727,36 @@ def ended(matchtag: int):
         if responses
         else False
     )
+
+
+async def fill_until_buffered(flooder: Flooder, protocol: ClientProtocol) -> None:
+    """Send requests, unread, until the client's socket is full and the
+    service holds responses itself: far below the pause (a few KiB more
+    than the socket takes), so the connection still reads."""
+    tag = 1000
+    while not buffered(protocol):
+        assert flooder.send_some(request(STATS, {}, tag))
+        tag += 1
+        await sleep(0)  # the service reads and answers it
+    assert reading(protocol)
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_a_framing_error_kills_at_once_what_a_client_not_reading_started(
+    sdexec, flood
+):
+    """Its EPROTO waits unwritten behind answers the client has not read,
+    and the connection closes only once it is written (the client reads,
+    or closes): what the client started is killed now all the same, as the
+    service's log line says, not when the client next reads or closes."""
+    flooder, protocol = flood
+    unit = "sdexec-backpressure-wedged"
+    cmd = command(["sleep", "600"], opts={"SDEXEC_NAME": unit})
+    assert flooder.send_some(request("sdexec.exec", {"cmd": cmd, "flags": 3}, 1))
+    await until(lambda: sdexec.server.processes, "the sleep was asked for")
+    await fill_until_buffered(flooder, protocol)
+    assert flooder.send_some(b"not json\n")
+    await wait_until_reaped(sdexec, f"{unit}.service")
+    assert buffered(protocol)  # unread all along: the connection still open
+    assert not protocol.transport.disconnected

@@ -21,7 +21,7 @@ from functools import partial
 from typing import Any, NamedTuple, TypeGuard
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -70,7 +70,7 @@ def peer_uid(sock: socket.socket) -> int:
     return uid
 
 
-@implementer(IPushProducer)
+@implementer(IPushProducer, IHalfCloseableProtocol)
 class ClientProtocol(StdioReceivingProtocol):
     """One client connection."""
 
@@ -206,9 +206,22 @@ class ClientProtocol(StdioReceivingProtocol):
             self.server.connections.release(self.connection_id)
             self._admitted_uid = None
 
+    def readConnectionLost(self) -> None:
+        """The client shut down its writing (``shutdown(SHUT_WR)``, as socat
+        and nc do at the end of their input), or closed the connection: it
+        has left, but what it was answered is written out before the
+        connection closes (Twisted closed it at once, and dropped them: such
+        a client had EOF alone, even for a ``list``)."""
+        self._client_left()
+        self.transport.loseConnection()
+
+    def writeConnectionLost(self) -> None:
+        """Never called: the service does not shut down its writing alone."""
+
     def _client_left(self) -> None:
         """The client has left, or is taken as gone while its connection
-        still writes out what it was sent (a protocol error): nothing more
+        still writes out what it was sent (a protocol error, its writing
+        shut down): nothing more
         of it is handled, what waits for its pending execs is dropped (a
         background exec still runs), its streaming processes are killed and
         stopped, and its waits and attaches end: at once, not when a client

@@ -23,7 +23,7 @@ from zope.interface import implementer
 @implementer(IReadDescriptor)
 class HangupWatcher:
     """Calls back once the peer of a watched socket has closed it (or shut
-    down its writing, which Twisted reads as the same)."""
+    down its writing, which the service takes as the same)."""
 
     def __init__(self, reactor: IReactorFDSet) -> None:
         self._reactor = reactor

@@ -760,3 +760,35 @@ async def test_a_framing_error_kills_at_once_what_a_client_not_reading_started(
     await wait_until_reaped(sdexec, f"{unit}.service")
     assert buffered(protocol)  # unread all along: the connection still open
     assert not protocol.transport.disconnected
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_a_client_that_shuts_down_its_writing_gets_what_it_was_answered(
+    sdexec, flood
+):
+    """``shutdown(SHUT_WR)`` after its last request, as socat and nc do at
+    the end of their input: the client has left, so what it started is
+    killed, but the answers to what it sent are written before the
+    connection closes (Twisted dropped them, and such a client got EOF
+    alone)."""
+    flooder, protocol = flood
+    unit = "sdexec-backpressure-halfclosed"
+    cmd = command(["sleep", "600"], opts={"SDEXEC_NAME": unit})
+    assert flooder.send_some(request("sdexec.exec", {"cmd": cmd, "flags": 3}, 1))
+    started = await read_all(flooder, b"", 0, counted(1))
+    assert started[0]["payload"]["type"] == "started"
+    last = request("sdexec.list", {"detail": True}, 2) + request(STATS, {}, 3)
+    assert flooder.send_some(last) == len(last)
+    flooder.sock.shutdown(socket.SHUT_WR)
+    responses = await read_all(flooder, b"", 0, lambda _: False)
+    assert flooder.eof  # (read_all returns at EOF)
+    answers = [r for r in responses if r["matchtag"] in (2, 3)]
+    assert [(r["matchtag"], r["topic"]) for r in answers] == [
+        (2, "sdexec.list"),
+        (3, STATS),
+    ]
+    assert [p["unit"] for p in answers[0]["payload"]["procs"]] == [f"{unit}.service"]
+    await wait_until_reaped(sdexec, f"{unit}.service")
+    await until(lambda: protocol.transport.disconnected, "the connection closed")
+    assert sdexec.server.connections.total == 0

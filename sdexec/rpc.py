@@ -242,7 +242,9 @@ class Requests:
         """Give ``message`` to its request; a warning to log if it answers
         none or is malformed."""
         matchtag = message.get("matchtag")
-        if not isinstance(matchtag, int) or message.get("type") != "response":
+        # A bool is an int to Python: true would answer request 1.
+        is_tag = isinstance(matchtag, int) and not isinstance(matchtag, bool)
+        if not is_tag or message.get("type") != "response":
             return self._unexpected(message)
         pending = self._in_flight.get(matchtag)
         if pending is None:

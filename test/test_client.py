@@ -286,6 +286,19 @@ def test_a_response_without_a_payload_reads_as_an_empty_one(served):
     assert (yield killed) == {}
 
 
+def test_a_matchtag_of_true_answers_no_request():
+    # true == 1 to Python; the service never sends it, a confused peer may.
+    requests = rpc.Requests("/run/sdexec.sock")
+    answered: list[dict] = []
+    pending = SimpleNamespace(streaming=False, end=None, respond=answered.append)
+    request = requests.new("sdexec.list", {})
+    assert request["matchtag"] == 1
+    requests.track(request, pending)
+    warning = requests.dispatch({"type": "response", "matchtag": True, "payload": {}})
+    assert warning is not None and "answers no request" in warning
+    assert answered == []
+
+
 def test_a_payload_that_is_not_an_object_ends_its_request():
     requests = rpc.Requests("/run/sdexec.sock")
     ended: list[Exception] = []

@@ -26,7 +26,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from sdexec import nodememory
 from sdexec.command import OWN_PROPERTIES
@@ -46,6 +46,7 @@ from sdexec.property import (
     typed_property,
     unknown_property_reason,
 )
+from sdexec.propertyvalues import parse_io_device_limits
 from sdexec.refusal import RequestRefused, json_quoted, printable
 from sdexec.sizes import MemoryLimit, SizeNotTaken, scaled_memory
 
@@ -60,6 +61,7 @@ __all__ = [
     "Ordering",
     "RequestPolicy",
     "RequestPropertiesEntryError",
+    "Setting",
     "never_allowed_reason",
     "parse_request_properties",
 ]
@@ -156,6 +158,17 @@ _NOT_COMMANDS: Final = frozenset({"ExecPaths", "ExecSearchPath"})
 
 
 @dataclass(frozen=True)
+class Setting:
+    """What systemd makes of several properties together (the I/O class
+    and priority): how loose it is, the loosest the highest ``rank``, in
+    words (``level``), and what makes it so (``source``)."""
+
+    rank: float
+    level: str
+    source: str
+
+
+@dataclass(frozen=True)
 class Ordering:
     """How to compare one property's values.
 
@@ -176,6 +189,13 @@ class Ordering:
     #: else ``default``, is the baseline; else nothing is lengthened, and
     #: any value is accepted.
     lengthens: str | None = None
+    #: A list of device weights (``PATH WEIGHT``), each of which replaces
+    #: these weights for its device: each is compared with their baselines.
+    overrides: tuple[str, ...] = ()
+    #: Where systemd makes one setting of this property and others, that
+    #: setting given the unit's properties: the request's values are judged
+    #: together, by what they make of the baseline's.
+    setting: Callable[[Mapping[str, str]], Setting] | None = None
 
 
 def _memory_rank(text: str, memory: Callable[[], int]) -> float:
@@ -278,6 +298,131 @@ def _rlimits() -> dict[str, Ordering]:
     return orderings
 
 
+def _typed_rank(
+    name: str, ranks: Mapping[int, int] | None = None
+) -> Callable[[str, Callable[[], int]], float]:
+    """``name``'s number as systemd takes it, by name or number (``fifo``
+    or 1), as its rank, or its rank in ``ranks`` where the numbers are no
+    order."""
+
+    def rank(text: str, _memory: Callable[[], int]) -> float:
+        value = typed_property(name, text, source="config").value
+        return float(value if ranks is None else ranks[value])
+
+    return rank
+
+
+def _typed(name: str, properties: Mapping[str, str], default: str) -> Any:
+    return typed_property(name, properties.get(name, default), source="config").value
+
+
+#: CPU scheduling policies by systemd's number, ranked: idle (5) below batch
+#: (3) below other (0, the default), below fifo (1) and rr (2): a realtime
+#: process outranks every other, whatever its Nice.
+_CPU_POLICY_RANKS: Final = {5: 0, 3: 1, 0: 2, 1: 3, 2: 3}
+
+
+def _device_weight_rank(text: str, _memory: Callable[[], int]) -> float:
+    """The heaviest weight of an ``IODeviceWeight`` list (each entry is
+    compared on its own: :attr:`Ordering.overrides`)."""
+    return float(
+        max(weight for _path, weight in parse_io_device_limits(text, "weight"))
+    )
+
+
+#: The I/O classes by ``IOSchedulingClass``'s numbers, and their rank: idle
+#: takes no priority; within the others 0 is the loosest priority, 7 the
+#: tightest. A class of none is best-effort at 4, systemd's default.
+_IO_CLASSES: Final = {3: ("idle", 0), 2: ("best-effort", 1), 1: ("realtime", 2)}
+_IO_NONE, _IO_BEST_EFFORT, _IO_DEFAULT_LEVEL = 0, 2, 4
+_IO_NAMES: Final = ("IOSchedulingClass", "IOSchedulingPriority")
+#: The kernel's I/O class for a CPU policy where none is set: idle (3) for
+#: idle (5), realtime (1) for fifo (1) and rr (2), else best-effort.
+_IO_CLASS_OF_CPU_POLICY: Final = {5: 3, 1: 1, 2: 1}
+
+
+def _io_setting(klass: int, level: int, source: str) -> Setting:
+    name, rank = _IO_CLASSES[klass]
+    if rank == 0:
+        return Setting(0.0, "I/O class idle", source)
+    # A class outranks every priority of those below it.
+    return Setting(
+        rank * 8.0 + 7 - level, f"I/O class {name}, priority {level}", source
+    )
+
+
+def _io_priority(properties: Mapping[str, str]) -> Setting:
+    """The I/O class and priority (ioprio_set(2)) of a unit of
+    ``properties``, as systemd sets them one after the other in the order
+    they are sent (a class of none resets the priority: best-effort 4);
+    where neither is set, the kernel's."""
+    klass, level, said = _IO_BEST_EFFORT, _IO_DEFAULT_LEVEL, []
+    for name, text in properties.items():
+        if name not in _IO_NAMES:
+            continue
+        value = typed_property(name, text, source="config").value
+        if name == "IOSchedulingPriority":
+            level = value
+        elif value == _IO_NONE:
+            klass, level = _IO_BEST_EFFORT, _IO_DEFAULT_LEVEL
+        else:
+            klass = value
+        said.append(f"{name}={text}")
+    if not said:
+        return _kernel_io_priority(properties)
+    return _io_setting(klass, level, ", ".join(said))
+
+
+def _kernel_io_priority(properties: Mapping[str, str]) -> Setting:
+    """What the kernel gives a process that sets no I/O priority
+    (ioprio_get(2)): the class of its CPU policy (idle for idle, realtime
+    for fifo and rr, else best-effort), at (nice + 20) / 5."""
+    policy = _typed("CPUSchedulingPolicy", properties, "other")
+    klass = _IO_CLASS_OF_CPU_POLICY.get(policy, _IO_BEST_EFFORT)
+    nice = _typed("Nice", properties, "0")
+    shown = [
+        f"{n}={properties[n]}"
+        for n in ("CPUSchedulingPolicy", "Nice")
+        if n in properties
+    ]
+    source = (
+        f"the kernel's, from {', '.join(shown) or 'the default Nice=0'}: no"
+        " IOSchedulingClass or IOSchedulingPriority is set"
+    )
+    return _io_setting(klass, (nice + 20) // 5, source)
+
+
+def _scheduling() -> dict[str, Ordering]:
+    """The CPU and I/O scheduling: a request may choose a policy, class or
+    priority no looser than the baseline's; the I/O class and priority are
+    judged together (:func:`_io_priority`)."""
+    return {
+        "CPUSchedulingPolicy": Ordering(
+            _typed_rank("CPUSchedulingPolicy", _CPU_POLICY_RANKS),
+            "other",
+            "one of idle, batch, other, fifo, rr (or 5, 3, 0, 1, 2)",
+        ),
+        # Only fifo and rr take one (1 to 99): higher runs first.
+        "CPUSchedulingPriority": Ordering(
+            _typed_rank("CPUSchedulingPriority"), "0", "a priority from 0 to 99"
+        ),
+        # On, a child of the job starts as an ordinary process, not realtime.
+        "CPUSchedulingResetOnFork": _HARDENING,
+        "IOSchedulingClass": Ordering(
+            _typed_rank("IOSchedulingClass", {3: 0, 2: 1, 0: 1, 1: 2}),
+            "best-effort",
+            "one of none, realtime, best-effort, idle (or 0 to 3)",
+            setting=_io_priority,
+        ),
+        "IOSchedulingPriority": Ordering(
+            _typed_rank("IOSchedulingPriority", {p: 7 - p for p in range(8)}),
+            "4",
+            "a priority from 0 to 7",
+            setting=_io_priority,
+        ),
+    }
+
+
 #: The hardening switches of systemd.exec(5), each off by default: a
 #: request may turn one on, and off only where the site leaves it off.
 HARDENING_SWITCHES: Final = frozenset(
@@ -295,6 +440,9 @@ HARDENING_SWITCHES: Final = frozenset(
 #: Lower is tighter except for ``Nice`` and ``OOMScoreAdjust`` (higher is
 #: tighter) and the accounting switches (on is tighter). ``MemoryLow`` and
 #: ``MemoryMin`` are protections: raising them takes memory from others.
+#: Each ``IODeviceWeight`` entry compares with ``IOWeight`` (and
+#: ``StartupIOWeight``), which it replaces for its device; the scheduling
+#: policies and classes rank as :func:`_scheduling` says.
 TIGHTENING: Final[Mapping[str, Ordering]] = {
     **dict.fromkeys(
         (
@@ -324,6 +472,15 @@ TIGHTENING: Final[Mapping[str, Ordering]] = {
         name: _weight(name)
         for name in ("CPUWeight", "StartupCPUWeight", "IOWeight", "StartupIOWeight")
     },
+    # A device's weight replaces the unit's for that device, then as while
+    # the manager starts or stops.
+    "IODeviceWeight": Ordering(
+        _device_weight_rank,
+        None,
+        "a list of 'PATH WEIGHT' (1 to 10000), separated by commas",
+        overrides=("IOWeight", "StartupIOWeight"),
+    ),
+    **_scheduling(),
     **dict.fromkeys(
         ("CPUQuotaPerSecUSec", "RuntimeMaxUSec"),
         Ordering(_usec_rank, "infinity", "microseconds or infinity"),
@@ -506,11 +663,12 @@ class RequestPolicy:
         ``EINVAL`` for a value that does not parse or is not text, or a
         name systemd does not know (with the name likely meant). An
         allowed property outside :data:`TIGHTENING` (one the admin added,
-        such as ``NoNewPrivileges``) is accepted with any value: widening
+        such as ``KeyringMode``) is accepted with any value: widening
         the list is the admin's deliberate choice.
         """
         for name, value in requested.items():
             self._check(name, value)
+        self._check_settings(requested)
         return dict(requested)
 
     def _check(self, name: str, value: str) -> None:
@@ -564,8 +722,19 @@ class RequestPolicy:
     def _check_tightens(
         self, option: str, name: str, value: str, order: Ordering
     ) -> None:
+        rank = self._rank(option, value, order)
+        if order.setting is not None:
+            return  # judged with the rest of its setting: _check_settings
+        if order.overrides:
+            self._check_device_weights(option, value, order.overrides)
+        else:
+            self._check_rank(option, name, printable(value), rank, order)
+
+    def _rank(self, option: str, value: str, order: Ordering) -> float:
+        """A request's ``value`` ranked by ``order``; ``EINVAL`` if it is
+        none of its values."""
         try:
-            rank = order.rank(_unset_as_default(value, order), self._memory)
+            return order.rank(_unset_as_default(value, order), self._memory)
         except SizeNotTaken as error:  # a size, only not one sdexec takes
             raise RequestRefused(errno.EINVAL, f"{option}: {error}") from None
         except ValueError:
@@ -573,6 +742,26 @@ class RequestPolicy:
                 errno.EINVAL,
                 f"{option}: {printable(value)!r} is not {order.describe}",
             ) from None
+
+    def _check_device_weights(
+        self, option: str, value: str, overrides: tuple[str, ...]
+    ) -> None:
+        """Each entry of a device weight list, as the weights it replaces
+        for its device (``IODeviceWeight``: ``IOWeight``, and
+        ``StartupIOWeight`` while the manager starts or stops)."""
+        for path, weight in parse_io_device_limits(value, "weight"):
+            for name in overrides:
+                order = TIGHTENING[name]
+                rank = order.rank(str(weight), self._memory)
+                self._check_rank(
+                    option, name, f"{printable(path)} {weight}", rank, order
+                )
+
+    def _check_rank(
+        self, option: str, name: str, shown: str, rank: float, order: Ordering
+    ) -> None:
+        """``EPERM`` if ``rank``, a request's value (``shown``), is looser
+        than the baseline's ``name``."""
         compared, baseline = self._baseline_of(name, order)
         if order is _SWITCH and rank == 0:
             return  # on: the tightest value, whatever the baseline
@@ -588,10 +777,26 @@ class RequestPolicy:
         if rank > baseline_rank:
             raise RequestRefused(
                 errno.EPERM,
-                f"{option}: {printable(value)!r} is looser than this node's"
+                f"{option}: {shown!r} is looser than this node's"
                 f" {compared}={baseline}{self._lengthened(order)}; a request may"
                 f" only tighten it ({CONFIG_KEY})",
             )
+
+    def _check_settings(self, requested: Mapping[str, str]) -> None:
+        """The settings systemd makes of several properties (the I/O class
+        and priority) that ``requested`` sets any of: each as loose at most
+        as the baseline's, with the request's values sent after the
+        baseline's, as the plan sends them."""
+        for setting, values in _by_setting(requested).items():
+            ours, theirs = setting({**self.baseline, **values}), setting(self.baseline)
+            if ours.rank > theirs.rank:
+                shown = ", ".join(f"{n}={printable(v)}" for n, v in values.items())
+                raise RequestRefused(
+                    errno.EPERM,
+                    f"SDEXEC_PROP_{next(iter(values))}: {shown} ({ours.level}) is"
+                    f" looser than this node's {theirs.level} ({theirs.source}); a"
+                    f" request may only tighten it ({CONFIG_KEY})",
+                )
 
     def _lengthens_nothing(self, name: str, order: Ordering) -> bool:
         """Whether ``name`` lengthens a limit that the baseline leaves
@@ -643,6 +848,19 @@ class RequestPolicy:
             return order.rank(_unset_as_default(baseline, order), self._memory)
         except ValueError:
             return None  # e.g. TasksMax=15%: not comparable here, so unknown
+
+
+def _by_setting(
+    requested: Mapping[str, str],
+) -> dict[Callable[[Mapping[str, str]], Setting], dict[str, str]]:
+    """The properties of ``requested`` that are part of a setting
+    (:attr:`Ordering.setting`), by setting."""
+    members: dict[Callable[[Mapping[str, str]], Setting], dict[str, str]] = {}
+    for name, value in requested.items():
+        setting = TIGHTENING[name].setting if name in TIGHTENING else None
+        if setting is not None:
+            members.setdefault(setting, {})[name] = value
+    return members
 
 
 def _unset_as_default(text: str, order: Ordering) -> str:

@@ -456,12 +456,12 @@ def test_a_scheduling_policy_goes_before_its_priority():
 
 def request_refused(site: dict, allowed: list[str], **opts: str):
     """The refusal of a request of ``opts`` where the site sets ``site`` and
-    lets requests set ``allowed``."""
+    lets requests set ``allowed`` (by the property policy, or the plan)."""
     table = {
         "exec": {"sdexec-properties": site},
         "sdexec": {"request-properties": allowed},
     }
-    with pytest.raises(sdexec.plan.RequestError) as refused:
+    with pytest.raises(RequestRefused) as refused:
         exec_plan(config=parse_config(table), **opts)
     return refused.value
 
@@ -515,7 +515,7 @@ def test_a_request_s_bad_policy_is_named_not_the_site_s_priority():
         ["CPUSchedulingPolicy"],
         SDEXEC_PROP_CPUSchedulingPolicy="fifoo",
     )
-    assert refused.errstr.startswith("SDEXEC_PROP_CPUSchedulingPolicy:")
+    assert refused.errstr.startswith("SDEXEC_PROP_CPUSchedulingPolicy: 'fifoo'")
 
 
 _GATED = {

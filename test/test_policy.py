@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -21,6 +22,7 @@ from sdexec.policy import (
     DEFAULT_ALLOWED,
     NEVER_ALLOWED,
     TIGHTENING,
+    Ordering,
     RequestPolicy,
     RequestPropertiesEntryError,
     never_allowed_reason,
@@ -489,7 +491,10 @@ def test_environment_hygiene() -> None:
 
 names = st.sampled_from(sorted({*TIGHTENING, *NEVER_ALLOWED, "Description", "Nice"}))
 values = st.sampled_from(
-    ["0", "1", "50", "100", "512M", "8G", "50%", "infinity", "yes", "no", "-5", "x"]
+    [
+        *("0", "1", "50", "100", "512M", "8G", "50%", "infinity", "yes", "no"),
+        *("-5", "x", "7", "fifo", "idle", "/dev/sda 50", "/dev/sda 200, /dev/sdb 10"),
+    ]
 )
 WIDE = RequestPolicy(allowed=frozenset(TIGHTENING) | {"Description"})
 
@@ -510,6 +515,17 @@ ordered_names = st.sampled_from(sorted(TIGHTENING))
 baselines = st.dictionaries(ordered_names, values, max_size=12).map(
     lambda found: {k: v for k, v in found.items() if comparable(k, v)}
 )
+
+
+#: The properties judged together as one setting (the I/O priority).
+SETTING_NAMES = {name for name, order in TIGHTENING.items() if order.setting}
+
+
+def ranked(order: Ordering, value: str) -> float:
+    """``value``'s rank, ``infinity`` as the default where it unsets it."""
+    if order.unset_by_infinity and value == "infinity":
+        value = order.default or value
+    return order.rank(value, lambda: 64 * GIB)
 
 
 def leaves_unbounded(baseline: dict[str, str], limit: str) -> bool:
@@ -535,6 +551,19 @@ def test_a_request_can_never_loosen_the_baseline(
     assert accepted == requested
     for name, value in accepted.items():
         order = TIGHTENING[name]
+        if order.setting is not None:
+            together = {n: v for n, v in accepted.items() if n in SETTING_NAMES}
+            ours = order.setting({**baseline, **together})
+            assert ours.rank <= order.setting(baseline).rank
+            continue
+        if order.overrides:
+            for weight in re.findall(r" ([0-9]+)", value):
+                assert all(
+                    TIGHTENING[over].rank(weight, lambda: GIB)
+                    <= ranked(TIGHTENING[over], baseline.get(over, "100"))
+                    for over in order.overrides
+                )
+            continue
         if (
             order.lengthens
             and name not in baseline
@@ -542,11 +571,11 @@ def test_a_request_can_never_loosen_the_baseline(
         ):
             continue  # a jitter where there is no limit to lengthen
         base = baseline.get(name, order.default)
-        rank = order.rank(value, lambda: 64 * GIB)
+        rank = ranked(order, value)
         if base is None:  # only an accounting switch turned on, the tightest
             assert name.endswith("Accounting") and rank == 0
         else:
-            assert rank <= order.rank(base, lambda: 64 * GIB)
+            assert rank <= ranked(order, base)
 
 
 @settings(derandomize=True, max_examples=300, deadline=None)
@@ -706,3 +735,205 @@ def test_private_pids_is_a_hardening_switch() -> None:
         allowed=frozenset({"PrivatePIDs"}), baseline={"PrivatePIDs": "yes"}
     )
     assert_looser(policy, "PrivatePIDs", "no", "PrivatePIDs=yes")
+
+
+@pytest.mark.parametrize(
+    ("site", "requested", "looser"),
+    [
+        ({}, "/dev/sda 200", "'/dev/sda 200' is looser than this node's IOWeight=100"),
+        (
+            {"IOWeight": "50"},
+            "/dev/sda 40, /dev/nvme0n1 60",
+            "'/dev/nvme0n1 60' is looser than this node's IOWeight=50",
+        ),
+        # systemd applies a device's weight while the manager starts or
+        # stops too, when the site's StartupIOWeight is the unit's.
+        (
+            {"IOWeight": "50", "StartupIOWeight": "20"},
+            "/dev/sda 30",
+            "'/dev/sda 30' is looser than this node's StartupIOWeight=20",
+        ),
+        (
+            {"IOWeight": "infinity"},
+            "/dev/sda 101",
+            "'/dev/sda 101' is looser than this node's IOWeight=infinity",
+        ),
+    ],
+)
+def test_a_device_weight_is_no_heavier_than_the_unit_s_io_weight(
+    site: dict[str, str], requested: str, looser: str
+) -> None:
+    # Allowed by an admin, a request's IODeviceWeight=/dev/sda 10000 gave
+    # the job the whole device over the site's IOWeight=50.
+    policy = RequestPolicy(allowed=frozenset({"IODeviceWeight"}), baseline=site)
+    error = refusal(policy, IODeviceWeight=requested)
+    assert error.errnum == errno.EPERM
+    assert error.errstr.startswith(f"SDEXEC_PROP_IODeviceWeight: {looser}; ")
+    assert CONFIG_KEY in error.errstr
+
+
+def test_a_device_weight_as_heavy_as_the_io_weight_is_accepted() -> None:
+    # The startup twin the site leaves unset is its steady IOWeight.
+    policy = RequestPolicy(
+        allowed=frozenset({"IODeviceWeight"}), baseline={"IOWeight": "50"}
+    )
+    accepted = {"IODeviceWeight": "/dev/sda 50, /dev/sdb 1"}
+    assert policy.accept(accepted) == accepted
+    assert RequestPolicy(allowed=frozenset({"IODeviceWeight"})).accept(
+        {"IODeviceWeight": "/dev/sda 100"}
+    )
+    error = refusal(policy, IODeviceWeight="/dev/sda")
+    assert error.errnum == errno.EINVAL
+    assert "is not a list of 'PATH WEIGHT'" in error.errstr
+
+
+CPU_SCHEDULING = frozenset(
+    {"CPUSchedulingPolicy", "CPUSchedulingPriority", "CPUSchedulingResetOnFork"}
+)
+
+
+@pytest.mark.parametrize(
+    ("site", "name", "looser", "tighter"),
+    [
+        ({}, "CPUSchedulingPolicy", "fifo", "batch"),
+        ({}, "CPUSchedulingPolicy", "2", "5"),  # rr; idle
+        ({"CPUSchedulingPolicy": "batch"}, "CPUSchedulingPolicy", "other", "idle"),
+        ({"CPUSchedulingPolicy": "3"}, "CPUSchedulingPolicy", "0", "5"),
+        ({"CPUSchedulingPolicy": "idle"}, "CPUSchedulingPolicy", "batch", "idle"),
+        ({}, "CPUSchedulingPriority", "1", "0"),
+        (
+            {"CPUSchedulingPolicy": "fifo", "CPUSchedulingPriority": "50"},
+            "CPUSchedulingPriority",
+            "51",
+            "10",
+        ),
+        ({"CPUSchedulingResetOnFork": "yes"}, "CPUSchedulingResetOnFork", "no", "1"),
+    ],
+)
+def test_cpu_scheduling_only_tightens(
+    site: dict[str, str], name: str, looser: str, tighter: str
+) -> None:
+    # Allowed by an admin, a request's CPUSchedulingPolicy=fifo outranked
+    # every other process on the node, whatever the site's Nice.
+    policy = RequestPolicy(allowed=CPU_SCHEDULING, baseline=site)
+    shown = site.get(name, {"CPUSchedulingPolicy": "other"}.get(name, "0"))
+    assert_looser(policy, name, looser, f"{name}={shown}")
+    assert policy.accept({name: tighter}) == {name: tighter}
+
+
+def test_realtime_policies_rank_alike() -> None:
+    policy = RequestPolicy(
+        allowed=CPU_SCHEDULING,
+        baseline={"CPUSchedulingPolicy": "rr", "CPUSchedulingPriority": "50"},
+    )
+    requested = {"CPUSchedulingPolicy": "fifo", "CPUSchedulingPriority": "50"}
+    assert policy.accept(requested) == requested
+    # Where the site sets none, a child may keep its parent's policy.
+    unset = RequestPolicy(allowed=CPU_SCHEDULING)
+    for value in ("yes", "no"):
+        assert unset.accept({"CPUSchedulingResetOnFork": value})
+    error = refusal(policy, CPUSchedulingPolicy="fifoo")
+    assert error.errnum == errno.EINVAL
+    assert "is not one of idle, batch, other, fifo, rr" in error.errstr
+
+
+IO_SCHEDULING = frozenset({"IOSchedulingClass", "IOSchedulingPriority"})
+
+
+@pytest.mark.parametrize(
+    ("site", "requested", "looser"),
+    [
+        # The kernel's, with no I/O priority set: best-effort at
+        # (nice + 20) / 5.
+        (
+            {},
+            {"IOSchedulingPriority": "3"},
+            "IOSchedulingPriority=3 (I/O class best-effort, priority 3) is looser"
+            " than this node's I/O class best-effort, priority 4 (the kernel's,"
+            " from the default Nice=0: no IOSchedulingClass or IOSchedulingPriority"
+            " is set)",
+        ),
+        ({}, {"IOSchedulingClass": "realtime"}, "realtime, priority 4) is looser"),
+        ({}, {"IOSchedulingClass": "1"}, "realtime, priority 4) is looser"),
+        # best-effort alone is systemd's priority 4, above the kernel's 7.
+        (
+            {"Nice": "19"},
+            {"IOSchedulingClass": "best-effort"},
+            "priority 7 (the kernel's, from Nice=19:",
+        ),
+        (
+            {"CPUSchedulingPolicy": "idle"},
+            {"IOSchedulingPriority": "7"},
+            "than this node's I/O class idle (the kernel's, from"
+            " CPUSchedulingPolicy=idle:",
+        ),
+        # A class of none, sent after the site's priority, resets it to 4.
+        (
+            {"IOSchedulingPriority": "7"},
+            {"IOSchedulingClass": "none"},
+            "IOSchedulingClass=none (I/O class best-effort, priority 4) is looser"
+            " than this node's I/O class best-effort, priority 7"
+            " (IOSchedulingPriority=7)",
+        ),
+        (
+            {"IOSchedulingClass": "idle"},
+            {"IOSchedulingClass": "2"},
+            "than this node's I/O class idle (IOSchedulingClass=idle)",
+        ),
+        (
+            {"IOSchedulingClass": "best-effort", "IOSchedulingPriority": "2"},
+            {"IOSchedulingPriority": "0"},
+            "best-effort, priority 0) is looser",
+        ),
+    ],
+)
+def test_the_io_priority_only_tightens(
+    site: dict[str, str], requested: dict[str, str], looser: str
+) -> None:
+    # Allowed by an admin, a request's IOSchedulingPriority=0 put the job's
+    # I/O ahead of every other job's (no privilege needed for best-effort).
+    policy = RequestPolicy(allowed=IO_SCHEDULING, baseline=site)
+    error = refusal(policy, **requested)
+    assert error.errnum == errno.EPERM
+    assert error.errstr.startswith(f"SDEXEC_PROP_{next(iter(requested))}: ")
+    assert looser in error.errstr and CONFIG_KEY in error.errstr
+
+
+@pytest.mark.parametrize(
+    ("site", "requested"),
+    [
+        ({}, {"IOSchedulingPriority": "4"}),
+        ({}, {"IOSchedulingClass": "none"}),
+        ({}, {"IOSchedulingClass": "idle", "IOSchedulingPriority": "0"}),
+        (
+            {"Nice": "19"},
+            {"IOSchedulingClass": "best-effort", "IOSchedulingPriority": "7"},
+        ),
+        ({"Nice": "19"}, {"IOSchedulingPriority": "7"}),
+        ({"IOSchedulingPriority": "7"}, {"IOSchedulingClass": "best-effort"}),
+        ({"IOSchedulingClass": "realtime"}, {"IOSchedulingClass": "rEaLtImE"}),
+        (
+            {"IOSchedulingClass": "realtime"},
+            {"IOSchedulingClass": "2", "IOSchedulingPriority": "0"},
+        ),
+        (
+            {"CPUSchedulingPolicy": "fifo", "CPUSchedulingPriority": "1"},
+            {"IOSchedulingClass": "realtime"},
+        ),
+    ],
+)
+def test_an_io_priority_no_looser_is_accepted(
+    site: dict[str, str], requested: dict[str, str]
+) -> None:
+    policy = RequestPolicy(allowed=IO_SCHEDULING, baseline=site)
+    assert policy.accept(requested) == requested
+
+
+def test_an_io_priority_that_is_none_is_einval() -> None:
+    policy = RequestPolicy(allowed=IO_SCHEDULING)
+    error = refusal(policy, IOSchedulingPriority="8", IOSchedulingClass="idle")
+    assert error.errnum == errno.EINVAL
+    assert (
+        error.errstr
+        == "SDEXEC_PROP_IOSchedulingPriority: '8' is not a priority from 0 to 7"
+    )

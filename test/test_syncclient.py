@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import socket
 import threading
 from collections.abc import Iterator
@@ -232,14 +233,23 @@ def test_a_stdio_descriptor_not_open_is_refused_before_anything_is_sent(peer, fd
         encode_message({"type": "response", "matchtag": 1, "payload": {"procs": []}})
     )
     with Loop() as loop, Connection(loop, path) as connection:
-        if fd == "closed":  # now: its number is not the connection's
-            fd, other = os.pipe()
-            os.close(fd)
-            os.close(other)
+        if fd == "closed":
+            fd = _a_closed_descriptor()
         with pytest.raises(ValueError, match=rf"^exec: stdio: stdout: {fd!r}: "):
             connection.exec({"cmdline": ["true"]}, 3, print, {"stdout": fd})
         assert connection.call("sdexec.list", {}) == {"procs": []}
     assert [message["topic"] for message in received] == ["sdexec.list"]
+
+
+def _a_closed_descriptor() -> int:
+    """A descriptor number not open, and not soon to be: the highest the
+    process may have. (A pipe's, closed, was taken again by the peer's
+    thread as it accepted, under load.)"""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fd = soft - 1
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    return fd
 
 
 @pytest.mark.parametrize("number", ["its own", "a copy"])

@@ -243,8 +243,9 @@ class Requests:
         none or is malformed."""
         matchtag = message.get("matchtag")
         # A bool is an int to Python: true would answer request 1.
-        is_tag = isinstance(matchtag, int) and not isinstance(matchtag, bool)
-        if not is_tag or message.get("type") != "response":
+        if isinstance(matchtag, bool) or not isinstance(matchtag, int):
+            return self._unexpected(message)
+        if message.get("type") != "response":
             return self._unexpected(message)
         pending = self._in_flight.get(matchtag)
         if pending is None:

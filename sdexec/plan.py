@@ -53,6 +53,7 @@ from sdexec.property import (
     EX_TWINS,
     PropertyError,
     UnitProperty,
+    cpu_set,
     is_gate,
     parse_bool,
     parse_integer,
@@ -258,21 +259,22 @@ def plan_exec(
     )
     check_unit_file_lines(start.path, start.argv, environment)
     stop_timer = _stop_timer(config, command)
-    allowed_cpus = mapped.get("AllowedCPUs")
-    allowed_mems = mapped.get("AllowedMemoryNodes")
+    # Before the fences are read from the mapper's values: they are then
+    # ones systemd takes.
+    properties = _typed_properties(command, start, merged, sources)
     return ExecPlan(
         command=command,
         unit_name=unit_name,
         executable=executable,
-        properties=_typed_properties(command, start, merged, sources),
+        properties=properties,
         flags=flags,
         output={stream: _output_options(command, stream) for stream in OUTPUT_STREAMS},
         stdin_bufsize=_stdin_bufsize(
             command, request_frame or config.sdexec.max_frame_size
         ),
         stop_timer=stop_timer,
-        fence=IDset(allowed_cpus) if allowed_cpus else None,
-        fence_mems=IDset(allowed_mems) if allowed_mems else None,
+        fence=_fence(mapped, "AllowedCPUs"),
+        fence_mems=_fence(mapped, "AllowedMemoryNodes"),
         mapped=containment.applies_to(command),
         memory_capped=containment.checks_memory_cap(
             # The site's cap as the mapper left it: a request's own, tighter
@@ -463,6 +465,16 @@ def _contained_resources(
         return containment.resources(command)
     except ValueError as error:
         raise RequestError(errno.EINVAL, str(error)) from None
+
+
+def _fence(mapped: Mapping[str, str], name: str) -> IDset | None:
+    """The CPUs (or NUMA nodes) the mapper fenced the unit to under
+    ``name``, read as systemd reads them (a site's mapper may write
+    ``"0 2"``, which the unit's property took); ``None`` where it set
+    none, or an empty set (no fence to systemd). Called once the unit's
+    properties were converted: the value is one systemd takes."""
+    ids = cpu_set(mapped.get(name, ""))
+    return ids or None
 
 
 def _mapped_properties(

@@ -42,6 +42,7 @@ __all__ = [
     "UINT32_MAX",
     "PropertyError",
     "UnitProperty",
+    "cpu_set",
     "is_known_property",
     "level_of",
     "parse_bool",
@@ -488,8 +489,23 @@ def _bool_or_twin(name: str) -> Callable[[str], bool]:
 MASK_IDS = 8192
 
 
+#: What separates the ids and ranges of a CPU or NUMA node list, to
+#: systemd: commas, white space, or runs of both (``0, 2``).
+_CPU_SET_SEPARATORS = re.compile(r"[\s,]+")
+
+
+def cpu_set(text: str) -> IDset:
+    """A CPU or NUMA node list (``AllowedCPUs``, ``AllowedMemoryNodes``) as
+    systemd reads it: ids and ranges separated by commas, white space or
+    both (``0-3,8``, ``0 2``, ``0, 2``); ``ValueError`` names what is
+    wrong. Whatever reads a unit's fence back reads it so: systemd applies
+    the set written any of those ways."""
+    words = [word for word in _CPU_SET_SEPARATORS.split(text) if word]
+    return IDset.decode(",".join(words))
+
+
 def _bitmask(text: str) -> bytes:
-    ids = IDset.decode(",".join(text.split()))  # systemd takes spaces too
+    ids = cpu_set(text)
     if ids and ids.last() >= MASK_IDS:
         raise ValueError(
             f"{ids.last()} is beyond systemd's limit: ids must be below {MASK_IDS}"

@@ -1320,6 +1320,34 @@ def test_fences_that_hold_let_the_job_start(main_process, nodes):
     assert server.counters["fence-failures"] == 0
 
 
+def test_fences_written_as_systemd_takes_them_are_checked_as_such(
+    main_process, node_without_cpuset
+):
+    # A site's mapper may write a CPU list with spaces, as systemd takes it:
+    # the unit took "0-7 8-15", and the fence check read it as an RFC 22
+    # idset: "sdexec: internal error: ValueError: invalid idset '0-7 8-15'",
+    # a traceback logged for every job.
+    fences = {"AllowedCPUs": "0-7 8-15", "AllowedMemoryNodes": "0, 1"}
+    server, responses = fenced_exec(fences, main_process)
+    assert [r["payload"] for r in responses] == [
+        {"type": "started", "pid": main_process}
+    ]
+    assert server.drain_reason is None
+
+
+def test_a_fence_written_with_spaces_that_does_not_hold_drains(
+    main_process, node_without_cpuset
+):
+    fences = {**node_without_cpuset, "AllowedCPUs": "1 3"}
+    server, responses = fenced_exec(fences, main_process)
+    reason = (
+        "AllowedCPUs not enforced: expected 1,3 got 0-15"
+        " (is the cpuset controller delegated to the user instance?)"
+    )
+    assert [error_of(response) for response in responses] == [(errno.EIO, reason)]
+    assert server.drain_reason == reason
+
+
 def logged_during(action) -> list[str]:
     """The log lines written while ``action()`` runs, and its result."""
     events: list[dict] = []

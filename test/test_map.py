@@ -1168,6 +1168,25 @@ def test_no_scaling_without_extra_properties(large):
     }
 
 
+class SpacedCoresMapper(HwlocMapper):
+    """A site's map_cores that writes its CPU list as systemd also takes it."""
+
+    def map_cores(self, cores):
+        properties = super().map_cores(cores)
+        properties["AllowedCPUs"] = properties["AllowedCPUs"].replace(",", " ")
+        return properties
+
+
+def test_a_cpu_list_with_spaces_is_scaled_as_systemd_reads_it():
+    # "0-1 64-65" is a list systemd applies; the share was read as an RFC 22
+    # idset and the job refused: "ValueError: AllowedCPUs: invalid idset".
+    result = SpacedCoresMapper(LARGE).map(
+        make_R(core="0-1"), extra_properties={"MemoryMax": "64G"}
+    )
+    assert result["AllowedCPUs"] == "0-1 64-65"
+    assert result["MemoryMax"] == str(2 * 1024**3)  # 4 of 128 PUs
+
+
 def test_a_whole_node_gets_the_whole_budget(large):
     result = large.map(
         make_R(core="0-63"), extra_properties={"MemoryMax": "95%", "MemoryHigh": "1T"}

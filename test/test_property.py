@@ -265,9 +265,16 @@ def test_the_largest_id_systemd_masks_is_accepted():
     assert typed_property("AllowedCPUs", "8191").value == bytes(1023) + b"\x80"
 
 
-@pytest.mark.parametrize("text", ["a", "3-1", "1,,2", "-1"])
+@pytest.mark.parametrize("text", ["a", "3-1", "1 - 2", "-1"])
 def test_bad_idset_names_the_property(text):
     assert refused("AllowedCPUs", text).startswith("SDEXEC_PROP_AllowedCPUs:")
+
+
+@pytest.mark.parametrize("text", ["0 2", "0, 2", "0,,2", " 0\t2 ,"])
+def test_a_cpu_list_is_separated_as_systemd_separates_it(text):
+    # Commas, white space or runs of both (systemd's parse_cpu_set, and
+    # systemd-run -p AllowedCPUs="0,,2" takes it).
+    assert typed_property("AllowedCPUs", text).value == IDset("0,2").bitmask()
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from typing import Any
 from sdexec.idset import IDset
 from sdexec.map.devices import DeviceFinder
 from sdexec.map.topology import GPU, Topology, out_of_range, uncounted_gpus_hint
+from sdexec.property import cpu_set
 from sdexec.rset import ResourceSet
 from sdexec.sizes import UINT64_MAX, MemoryLimit
 
@@ -203,7 +204,8 @@ class HwlocMapper(ResourceMapper):
         _refuse_nothing_to_fence(R, self.rank)
         super().finalize_properties(properties, R, extra_properties=extra_properties)
         if extra_properties and "AllowedCPUs" in properties:
-            cpus = _idset(properties["AllowedCPUs"], "AllowedCPUs")
+            # As systemd reads it: a subclass's map_cores may write "0 64".
+            cpus = _cpu_list(properties["AllowedCPUs"], "AllowedCPUs")
             # Exact: a float turned 2**64-1 bytes (systemd's infinity) into
             # 2**64, which no property can hold.
             share = Fraction(len(cpus), self._topology.npus)
@@ -316,6 +318,13 @@ def _scaled_percent(percent: float, share: Fraction) -> int:
 def _idset(text: str, what: str) -> IDset:
     try:
         return IDset(text)
+    except ValueError as error:
+        raise ValueError(f"{what}: {error}") from None
+
+
+def _cpu_list(text: str, what: str) -> IDset:
+    try:
+        return cpu_set(text)
     except ValueError as error:
         raise ValueError(f"{what}: {error}") from None
 

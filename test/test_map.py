@@ -1594,6 +1594,8 @@ def test_cli_reports_an_unexpected_exception_from_a_site_mapper(tmp_path, capsys
          "argument --gpus: invalid idset '3-1': range '3-1' is descending"),
         (["--rank", "1"], "give --cores, --gpus or both"),
         (["--cores="], "argument --cores: empty: give some ids, or leave it out"),
+        (["--cores", "0", "--rank", "4294967294"],
+         "argument --rank: 4294967294 is beyond the largest rank, 4294967293"),
     ],
 )  # fmt: skip
 def test_cli_flag_errors_name_the_flags(capsys, args, said):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sdexec.cliparser import CommandParser, write_stdout_or_exit
 from sdexec.config import Config, default_config, load_config_quietly
-from sdexec.idset import IDset
+from sdexec.idset import MAX_ID, IDset
 from sdexec.map.loader import DEFAULT_MAPPER, create_mapper
 from sdexec.map.mapper import ResourceMapper
 from sdexec.map.topology import TopologyXMLError
@@ -172,9 +172,14 @@ def _idset(text: str) -> str:
 
 
 def _rank(text: str) -> int:
+    """A rank R can name, bounded as ``[sdexec] rank`` is (a larger one
+    was told as R's fault: ``mapper failed: R: execution.R_lite[0].rank``)."""
     if not text.isascii() or not text.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not a rank (0, 1, 2, ...)")
-    return int(text)
+    digits = text.lstrip("0") or "0"  # int() refuses thousands of digits
+    if len(digits) > len(str(MAX_ID)) or int(digits) > MAX_ID:
+        raise argparse.ArgumentTypeError(f"{text} is beyond the largest rank, {MAX_ID}")
+    return int(digits)
 
 
 def _mapper(given: argparse.Namespace) -> ResourceMapper:

@@ -1736,6 +1736,25 @@ def test_cli_usage_error_exits_2(rank):
     assert f"argument --rank: '{rank}' is not a rank (0, 1, 2, ...)" in run.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [(["--sets", "0"], "argument --sets: 0: give 1 to 60"),
+     (["--sets", "61"], "argument --sets: 61: give 1 to 60"),
+     (["--repeat", "0"], "argument --repeat: 0: give 1 or more")],
+)  # fmt: skip
+def test_bench_map_refuses_counts_it_cannot_run(args, said):
+    # --sets 0 and --repeat 0 ended in "StatisticsError: no median for empty
+    # data", --sets 61 in a traceback: "core 64 is beyond the topology's 64
+    # cores" (its sets are 4 cores of the large topology's 64).
+    run = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench-map"), *args],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2
+    assert run.stderr.endswith(f"bench-map: error: {said}\n")
+
+
 # --- This machine's live topology ---------------------------------------------
 
 

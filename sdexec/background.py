@@ -101,6 +101,8 @@ class _Client:
     responder: Responder
     #: The output streams it takes (none for a waiter).
     flags: ExecFlag
+    #: An attach's connection's back-pressure on the process's output.
+    valve: OutputValve | None = None
 
     def forwards(self, stream: str) -> bool:
         flag = ExecFlag.STDOUT if stream == "stdout" else ExecFlag.STDERR
@@ -166,6 +168,10 @@ class Tracked:
         # has its one response; then an attach stream, if any.
         self._client: _Client | None = client
         self._waiter: _Client | None = None
+        #: An attach made while the start is under way: attached at
+        #: ``started`` (RFC 42 refuses none for that; a client may send the
+        #: exec and an attach by its label at once).
+        self._attaching: _Client | None = None
         #: Who has had the process's end (an attach stream saw
         #: ``finished`` or its error, or a wait was answered): ``None``
         #: while nobody has. RFC 42: an end is delivered once.
@@ -193,7 +199,7 @@ class Tracked:
         """Whether a request of this connection waits on the process."""
         return any(
             client is not None and client.connection_id == connection_id
-            for client in (self._client, self._waiter)
+            for client in (self._client, self._waiter, self._attaching)
         )
 
     # -- the Process's responder and tap ------------------------------------
@@ -206,6 +212,7 @@ class Tracked:
                 self._take_end(_BY_ATTACH)
         if self.mode is Mode.BACKGROUND and kind == "started":
             self._answer_exec(payload)
+            self._attach_waiting()
         elif self._client is not None and self.mode is not Mode.BACKGROUND:
             self._client.responder.respond(payload)
 
@@ -217,6 +224,9 @@ class Tracked:
         client, self._client = self._client, None
         if client is not None:
             client.responder.error(errnum, errstr)
+        attaching, self._attaching = self._attaching, None
+        if attaching is not None:  # it never started: as its exec was told
+            attaching.responder.error(errnum, errstr)
         if self.attached:
             self._take_end(_BY_ATTACH)  # as an attach made after it would
             self._to_background()
@@ -251,7 +261,7 @@ class Tracked:
             raise RequestError(
                 errno.EINVAL, f"{self._name}: process is already being waited on"
             )
-        if self.attached:
+        if self.attached or self._attaching is not None:
             raise RequestError(errno.EBUSY, f"{self._name}: a client is attached")
         if self._end_taken_by is not None:
             raise RequestError(errno.ESRCH, self._end_gone)
@@ -263,19 +273,39 @@ class Tracked:
     def attach(self, client: _Client) -> None:
         """Make ``client`` the process's stream: ``attached``, the retained
         output, EOFs of streams that have ended, ``finished`` if known, and
-        the rest as it comes."""
+        the rest as it comes; once it has started, if its start is under
+        way."""
         if self.mode is Mode.STREAMING and not self.reaped:
             raise RequestError(errno.EBUSY, f"{self._name}: not in background")
-        if self.attached:
+        if self.attached or self._attaching is not None:
             raise RequestError(errno.EBUSY, f"{self._name}: already attached")
         if self._waiter is not None:
             raise RequestError(errno.EBUSY, f"{self._name}: a wait is pending")
-        if not self._started:
-            raise RequestError(errno.EBUSY, f"{self._name}: not started yet")
         if self._end_taken_by is not None:
             # Its unit lingers on (a child, the stop timer), but RFC 42: an
             # end delivered is not delivered again.
             raise RequestError(errno.ENOENT, self._end_gone)
+        if self._started:
+            self._attach(client)
+        elif self._stream_ended:
+            # Refused before it ran (RFC 42: no such process); it is
+            # forgotten at its reap.
+            errstr = self.failure[1] if self.failure else "no exit status"
+            raise RequestError(errno.ENOENT, f"{self._name}: never started: {errstr}")
+        else:
+            self._attaching = client
+
+    def _attach_waiting(self) -> None:
+        """The process has started: the attach made meanwhile, if any, has
+        its stream now."""
+        client, self._attaching = self._attaching, None
+        if client is not None:
+            self._attach(client)
+            # Its replay is empty (no output comes before `started`): it
+            # holds no slot, whatever its connection reads.
+            self.sent_to = None
+
+    def _attach(self, client: _Client) -> None:
         self.mode, self._client = Mode.ATTACHED, client
         # The replay is written whatever the client reads (sent_to).
         self.sent_to = client.connection_id
@@ -299,12 +329,18 @@ class Tracked:
             # process is forgotten once reaped.
             self._take_end(_BY_ATTACH)
             self.error(*(self.failure or (errno.ENODATA, "")))
+        elif self.process is not None and client.valve is not None:
+            self.process.join_valve(client.valve)
+            # Its replay may have filled the connection: the live output
+            # waits too.
+            client.valve.hold_if_paused(self.process)
 
     def drop_client(self, connection_id: int) -> None:
         """The connection has gone: forget its requests. An attached process
         goes back to the background; a waiter's status stays for the next."""
         self._drop_waiter(connection_id)
         self._detach(connection_id)
+        self._drop_attaching(connection_id)
         client = self._client
         if client is not None and client.connection_id == connection_id:
             self._client = None  # its exec's stream: nobody to answer now
@@ -319,6 +355,7 @@ class Tracked:
         ended = [
             (self._drop_waiter(connection_id), kept),
             (self._detach(connection_id), back),
+            (self._drop_attaching(connection_id), back),
         ]
         for client, what in ended:
             if client is not None:
@@ -333,6 +370,15 @@ class Tracked:
             return None
         self._waiter = None
         return waiter
+
+    def _drop_attaching(self, connection_id: int) -> _Client | None:
+        """Forget the connection's attach that waits for the start
+        (returned, if it has one)."""
+        client = self._attaching
+        if client is None or client.connection_id != connection_id:
+            return None
+        self._attaching = None
+        return client
 
     def _detach(self, connection_id: int) -> _Client | None:
         """Forget the connection's attach (returned, if it is attached): the
@@ -757,13 +803,8 @@ class TrackedProcesses:
         # none (sdexec makes no channels), so it is ignored.
         flags &= int(_OUTPUT_FLAGS)
         tracked = self._find(pid, label, errno.EBUSY, "not in background")
-        tracked.attach(_Client(connection_id, responder, ExecFlag(flags)))
+        tracked.attach(_Client(connection_id, responder, ExecFlag(flags), valve))
         self._note_unread(tracked)
-        if tracked.attached and tracked.process is not None and valve is not None:
-            tracked.process.join_valve(valve)
-            # Its replay may have filled the connection: the live output
-            # waits too.
-            valve.hold_if_paused(tracked.process)
         self._forget_if_consumed(tracked)
 
     def _forget_if_consumed(self, tracked: Tracked) -> None:

@@ -767,6 +767,68 @@ def test_an_attach_that_is_not_streaming_is_eproto(systemd, server, client):
 
 
 @ensureDeferred
+async def test_an_attach_sent_with_its_background_exec_waits_for_the_start(
+    systemd, server, client
+):
+    # RFC 42 refuses an attach only for a process that does not exist, is
+    # not in the background or has a client attached: one sent at once
+    # behind its exec, by label, was EBUSY "not started yet" every time.
+    client.bg(flags=WAITABLE, label="a")
+    client.send("sdexec.attach", {"label": "a", "flags": FLAGS}, matchtag=2)
+    assert client.of(2) == []
+    other = Client(server)
+    other.send("sdexec.attach", {"label": "a"})
+    other.send("sdexec.wait", {"label": "a"}, matchtag=2)
+    assert payloads(other.responses()) == [
+        (errno.EBUSY, "label 'a': already attached"),
+        (errno.EBUSY, "label 'a': a client is attached"),
+    ]
+    systemd.run(UNIT, pid=8)
+    assert payloads(client.of(1)) == [{"type": "started", "pid": 8}]
+    assert [p["type"] for p in payloads(client.of(2))] == ["attached"]
+    produce(systemd, "stdout", b"live\n")
+    await until(lambda: output_of(client.of(2)), "live output")
+    await finish(systemd, server, status=0)
+    stream = client.of(2)
+    assert output_of(stream)[0] == ("stdout", b"live\n", False)
+    assert payloads(stream)[-1] == (errno.ENODATA, "")
+    other.close()
+
+
+def test_an_attach_waiting_for_a_start_that_fails_gets_the_exec_s_error(
+    systemd, server, client
+):
+    client.bg(label="a")
+    client.send("sdexec.attach", {"label": "a"}, matchtag=2)
+    failed_to_exec = {"ActiveState": "failed", "ExecMainCode": 1, "ExecMainStatus": 203}
+    systemd.change(UNIT, {**failed_to_exec, "Result": "exit-code"})
+    (refused,) = payloads(client.of(1))
+    assert refused[0] == errno.ENOENT
+    assert payloads(client.of(2)) == [refused]
+    # Not yet reaped: a later attach is told it never started.
+    client.send("sdexec.attach", {"label": "a"}, matchtag=3)
+    (later,) = payloads(client.of(3))
+    assert later == (errno.ENOENT, f"label 'a': never started: {refused[1]}")
+
+
+@ensureDeferred
+async def test_an_attach_waiting_for_the_start_ends_with_its_connection(
+    systemd, server, client
+):
+    client.bg(label="a")
+    viewer = Client(server)
+    viewer.send("sdexec.attach", {"label": "a"})
+    viewer.close()
+    systemd.run(UNIT, pid=8)
+    client.send("sdexec.list", {"detail": True}, matchtag=2)
+    assert client.last()["payload"]["procs"][0]["mode"] == "background"
+    produce(systemd, "stdout", b"kept\n")
+    await until(lambda: tracked_of(server).retained.held == 5, "retained")
+    client.send("sdexec.attach", {"label": "a", "flags": 1}, matchtag=3)
+    assert output_of(client.of(3)) == [("stdout", b"kept\n", False)]
+
+
+@ensureDeferred
 async def test_attach_errors(systemd, server, client):
     client.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "s"}})
     systemd.run(UNIT, pid=3)

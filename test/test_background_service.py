@@ -181,6 +181,26 @@ async def test_attach_disconnect_attach_again(sdexec):
 
 
 @ensureDeferred
+async def test_an_attach_sent_with_its_background_exec_follows_it(sdexec):
+    # Sent at once behind the exec, by label: it waits for the start, where
+    # it was refused EBUSY ("not started yet") every time.
+    client = await sdexec.connect()
+    started = client.exec(
+        command(["sh", "-c", "echo hi; exit 3"], label="follow"),
+        0,
+        background=True,
+    )
+    result, handle = await attach(client, label="follow")
+    await started.done
+    await handle.done
+    assert result.types[0] == "attached"
+    assert result.responses[0]["pid"] == started.pid
+    assert result.stdout == b"hi\n"
+    assert result.status == 3 << 8
+    await until(lambda: not procs_of(sdexec), "reaped")
+
+
+@ensureDeferred
 async def test_attach_to_an_ended_waitable_process(sdexec):
     client = await sdexec.connect()
     pid = await background(client, ["sh", "-c", "exit 4"], waitable=True, label="z")

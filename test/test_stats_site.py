@@ -560,6 +560,28 @@ async def test_a_malformed_accept_version_gets_the_text_format(metrics_port, acc
     assert logged == []
 
 
+@pytest.mark.parametrize("header", [b"Accept", b"Accept-Encoding"])
+@ensureDeferred
+async def test_a_header_that_is_not_utf8_gets_the_text_format(metrics_port, header):
+    # Twisted's getHeader("accept") decodes UTF-8 and raised on \xff: a 500
+    # and a critical traceback per request, which no rate bounded.
+    request = _metrics_request("GET").replace(
+        b"\r\n\r\n", b"\r\n" + header + b": text/plain; version=\xff\r\n\r\n"
+    )
+    logged: list[dict] = []
+    log.addObserver(logged.append)
+    try:
+        answer = await deferToThread(exchange, metrics_port, request)
+    finally:
+        log.removeObserver(logged.append)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert b"Content-Type: text/plain; version=0.0.4; charset=utf-8" in head
+    assert b"Content-Encoding" not in head
+    assert b"sdexec_drained 1.0" in body
+    assert logged == []
+
+
 class _Broken:
     """A collector that fails every scrape."""
 

@@ -74,12 +74,16 @@ START_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 EVENT_COUNTERS = {
     "errors": (
         "requests_refused",
-        "Requests refused at once: malformed or unknown ones, and those their"
-        " handler refused (a kill of a pid that has exited, an exec on a"
-        " drained node).",
+        "Requests refused: malformed or unknown ones, and those their handler"
+        " refused, at once or once systemd answered (a kill of a pid that has"
+        " exited, an exec on a drained node).",
     ),
     "reaped": ("processes_reaped", "Processes whose unit was stopped and reaped."),
-    "mapper": ("mapper_calls", "Requests the resource mapper fenced."),
+    "mapper": (
+        "mapper_calls",
+        "Requests planned with the resource mapper's fence (also those refused"
+        " after the plan).",
+    ),
     "fence-failures": (
         "fence_failures",
         "Units whose CPU or memory node fence, or memory cap, did not hold.",

@@ -148,6 +148,17 @@ def test_a_refusal_made_once_systemd_answered_is_counted(systemd, server):
     connection.close()
 
 
+def test_the_help_says_what_refusals_and_mapper_calls_count(server):
+    # Said "refused at once", of a count that has the kills of an exited pid
+    # systemd answered; and "fenced", of requests refused after the plan.
+    text, _ = observed(server).render(server.stats(), Scrape.asked("", "", []))
+    help_of = {
+        family.name: family.documentation for family in parse_text(text.decode())
+    }
+    assert "once systemd answered" in help_of["sdexec_requests_refused"]
+    assert "refused after the plan" in help_of["sdexec_mapper_calls"]
+
+
 def output_bytes(metrics: Metrics) -> dict[tuple, float]:
     return {
         labels: value

@@ -29,6 +29,7 @@ __all__ = [
     "check_systemd_endpoint",
     "is_systemd_endpoint",
     "kernel_somaxconn",
+    "only_its_owner_connects",
     "server_endpoint",
     "systemd_endpoint_domain",
     "with_backlog",
@@ -198,3 +199,27 @@ def _keep_socket(port: Any, mode: tuple[str, int] | None) -> Any:
         os.chmod(path, permissions)
         port.connectionLost = functools.partial(tcp.Port.connectionLost, port)
     return port
+
+
+def only_its_owner_connects(port: Any) -> str | None:
+    """How the UNIX socket ``port`` listens on keeps all but its owner out,
+    if it does: no write permission on it for its group and others, or no
+    search permission on its directory (``/run/x/s.sock is mode 0600 in a
+    directory of mode 0700``); else ``None``. For a socket systemd made,
+    whose modes are the ``.socket`` unit's (``SocketMode=``,
+    ``DirectoryMode=``), not ``[sdexec] socket-mode``."""
+    path = getattr(port.getHost(), "name", None)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not isinstance(path, str) or not path.startswith("/"):
+        return None  # TCP, or an abstract name
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        directory = stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode)
+    except OSError:
+        return None
+    # Connecting takes write permission on the socket, and search
+    # permission on its directory.
+    if mode & 0o022 and directory & 0o011:
+        return None
+    return f"{path} is mode {mode:04o} in a directory of mode {directory:04o}"

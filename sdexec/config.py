@@ -1210,6 +1210,10 @@ def allowed_users_cannot_connect(config: Config) -> tuple[str, ...]:
     # Connecting to a UNIX socket takes write permission on it.
     if not config.sdexec.allow_users or config.sdexec.socket_mode & 0o022:
         return ()
+    if is_systemd_endpoint(config.sdexec.listen or ""):
+        # A socket systemd made has its .socket unit's mode, whatever
+        # socket-mode says: the service judges it once listening.
+        return ()
     return (
         f"{config.source}: sdexec.allow-users: the users listed cannot connect:"
         f" socket-mode {config.sdexec.socket_mode:04o} lets only the owner connect"

@@ -28,7 +28,13 @@ from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from sdexec.activation import kernel_somaxconn, server_endpoint, with_backlog
+from sdexec.activation import (
+    is_systemd_endpoint,
+    kernel_somaxconn,
+    only_its_owner_connects,
+    server_endpoint,
+    with_backlog,
+)
 from sdexec.clocks import timers_clock
 from sdexec.config import (
     DEFAULT_SOCKET_MODE,
@@ -295,8 +301,30 @@ class SdexecService(Service):
             listen=self.listen,
             stats=_with_bound_port(self.stats, self.ports.get("stats")),
         )
+        self._warn_if_allowed_users_kept_out()
         if self.reload_when_started:
             self._reload_on_signal()
+
+    def _warn_if_allowed_users_kept_out(self) -> None:
+        """A warning if ``allow-users`` names users whom the socket systemd
+        passed keeps out: its modes are the ``.socket`` unit's, which
+        ``socket-mode`` does not change (the configuration's own check
+        judges only the sockets the service makes). They would get EACCES,
+        and nothing would say why."""
+        port = self.ports.get("listen")
+        if not self.config.sdexec.allow_users or port is None:
+            return
+        if not is_systemd_endpoint(self.listen):
+            return
+        kept_out = only_its_owner_connects(port)
+        if kept_out is not None:
+            log.warn(
+                "sdexec.allow-users: the users listed cannot connect: {kept_out},"
+                " made by the .socket unit, whose SocketMode= and DirectoryMode="
+                " decide who may connect, not socket-mode (give SocketMode=0660"
+                " with a SocketGroup= they share, or 0666, and DirectoryMode=0711)",
+                kept_out=kept_out,
+            )
 
     def _listen_backlog(self) -> int:
         """``[sdexec] listen-backlog``, else the kernel's cap (Twisted's own
@@ -474,6 +502,7 @@ class SdexecService(Service):
             # judged afresh: containment may be new
             self.server.check_manager_version()
             self.server.verify_devices()
+        self._warn_if_allowed_users_kept_out()
         log.info("configuration reloaded from {path}", path=path)
         return True
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from pytest_twisted import ensureDeferred
 from support import unit_names
 from test_notify import NotifySocket
 from test_twistd import (
@@ -23,12 +24,15 @@ from test_twistd import (
     reaped,
     terminate,
 )
-from twisted.internet import reactor
+from twisted.internet import defer, reactor
 from twisted.internet.endpoints import _SystemdParser
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python.systemd import ListenFDs
 
 from sdexec.activation import check_systemd_endpoint, server_endpoint
 from sdexec.config import ConfigError, parse_config
+from sdexec.service import SdexecService
+from sdexec.testing import FakeManager
 
 pytestmark = pytest.mark.systemd
 
@@ -195,3 +199,66 @@ def test_the_example_socket_unit_matches_the_endpoint_it_documents():
     text = (REPO / "etc" / "sdexec.socket").read_text()
     assert "FileDescriptorName=sdexec" in text
     assert 'listen = "systemd:domain=UNIX:name=sdexec"' in text
+
+
+@pytest.mark.parametrize(
+    ("modes", "warned"),
+    [
+        ((0o600, 0o700), "is mode 0600 in a directory of mode 0700"),  # the example's
+        ((0o666, 0o700), "is mode 0666 in a directory of mode 0700"),
+        ((0o666, 0o711), None),
+        ((0o660, 0o710), None),
+    ],
+)
+@ensureDeferred
+async def test_allowed_users_an_inherited_socket_keeps_out_are_warned_of(
+    monkeypatch, tmp_path, modes, warned
+):
+    # socket-mode "0666" and allow-users, as configuration.md says, under
+    # sdexec.socket: its SocketMode=0600 stays, each listed user got EACCES
+    # and nothing said why (the file's check saw only socket-mode).
+    socket_mode, directory_mode = modes
+    directory = tmp_path / "run"
+    directory.mkdir()
+    path = directory / "sdexec.sock"
+    passed = socket.socket(socket.AF_UNIX)
+    passed.bind(str(path))
+    passed.listen()
+    os.chmod(path, socket_mode)
+    os.chmod(directory, directory_mode)
+    _passed(monkeypatch, passed.detach())  # the service's now: it closes it
+    config = parse_config(
+        {"sdexec": {"allow-users": [65534], "socket-mode": "0666"}}, "f.toml"
+    )
+    assert config.warnings == ()
+    lines: list[str] = []
+    observer = lambda event: lines.append(formatEvent(event))  # noqa: E731
+    globalLogPublisher.addObserver(observer)
+    service = SdexecService(
+        config, reactor, listen=ENDPOINT, stats="tcp:0:interface=127.0.0.1",
+        connect=lambda: defer.succeed(FakeManager()),
+    )  # fmt: skip
+    try:
+        service.startService()
+        await service.ready
+    finally:
+        globalLogPublisher.removeObserver(observer)
+        await service.stopService()
+    said = [line for line in lines if "cannot connect" in line]
+    if warned is None:
+        assert said == []
+    else:
+        assert said == [
+            f"sdexec.allow-users: the users listed cannot connect: {path} {warned},"
+            " made by the .socket unit, whose SocketMode= and DirectoryMode="
+            " decide who may connect, not socket-mode (give SocketMode=0660"
+            " with a SocketGroup= they share, or 0666, and DirectoryMode=0711)"
+        ]
+
+
+def test_socket_mode_is_not_judged_for_a_socket_systemd_makes():
+    # Its advice (give socket-mode "0660") would change nothing there.
+    config = parse_config(
+        {"sdexec": {"allow-users": [65534], "listen": ENDPOINT}}, "f.toml"
+    )
+    assert config.warnings == ()

@@ -641,13 +641,26 @@ def _unusable_socket(
         why = f"{error.strerror}: {path}" if path else str(error.strerror)
         if error.errno == errno.EROFS:
             # The system unit's file system is read-only but for /run/sdexec.
-            why += (
-                " (under ProtectSystem=strict, give its directory a"
-                f" ReadWritePaths= drop-in: {os.path.dirname(path)})"
-            )
+            why += f" ({_read_only_advice(unix_path(description) or path)})"
     return ListenError(
         f"[sdexec] {setting}: cannot listen on {description}: {why}", lasting
     )
+
+
+def _read_only_advice(socket_path: str) -> str:
+    """What to give the unit for a socket at ``socket_path`` on a read-only
+    file system: a ``ReadWritePaths=`` of the socket's own directory, never
+    of the parent a missing one was to be made in (that advice opened
+    ``/var/lib`` whole to the service); a missing one must be made first,
+    or systemd refuses to start the unit (226/NAMESPACE)."""
+    directory = os.path.dirname(socket_path)
+    advice = (
+        "under ProtectSystem=strict, give its directory a ReadWritePaths="
+        f" drop-in: {directory}"
+    )
+    if not os.path.isdir(directory):
+        advice += ", once made: it does not exist"
+    return advice
 
 
 class StoppedWhileStarting(Exception):

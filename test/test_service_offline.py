@@ -1144,6 +1144,40 @@ async def test_a_stats_socket_on_a_read_only_file_system_says_what_to_give(
 
 
 @ensureDeferred
+async def test_a_stats_socket_s_missing_directory_on_a_read_only_file_system(
+    tmp_path, monkeypatch
+):
+    # The advice named the parent the directory was to be made in: a
+    # ReadWritePaths=/var/lib drop-in, for stats-socket /var/lib/x/stats.sock.
+    read_only = tmp_path / "ro"
+    read_only.mkdir(mode=0o700)
+    mkdir = os.mkdir
+
+    def read_only_mkdir(path, *args, **kwargs):
+        if str(path).startswith(str(read_only)):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", read_only_mkdir)
+    service = service_on(
+        FakeManager(),
+        f"unix:{tmp_path}/s.sock",
+        {"sdexec": {"stats-socket": f"{read_only}/x/stats.sock"}},
+    )
+    service.startService()
+    with pytest.raises(ListenError) as error:
+        await service.ready
+    assert str(error.value) == (
+        f"[sdexec] stats-socket: cannot listen on unix:{read_only}/x/stats.sock:"
+        f" Read-only file system: {read_only}/x (under ProtectSystem=strict, give"
+        f" its directory a ReadWritePaths= drop-in: {read_only}/x, once made: it"
+        " does not exist)"
+    )
+    assert _fails_again(Failure(error.value))
+    await service.stopService()
+
+
+@ensureDeferred
 async def test_a_full_file_system_under_the_socket_may_pass(tmp_path, monkeypatch):
     def no_space(*args):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

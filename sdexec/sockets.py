@@ -142,17 +142,45 @@ def clear_stale_socket(listen: str) -> None:
     listens, holding its owner lock (sdexec/ownerlock.py). Twisted keeps a
     pid link (``PATH.lock``, ``lockfile=1``) beside every one and judges it
     by whether its pid lives: the killed service still a zombie, or its pid
-    reused, refused a restart as "another sdexec is serving on it".
+    reused, refused a restart as "another sdexec is serving on it"; and a
+    link whose pid is dead had Twisted remove whatever socket is at the
+    path, another program's live one too: a start refused with EADDRINUSE
+    leaves its link, and the unit's restart took the path of the socket it
+    had been refused. So beside a socket something serves, a link whose
+    pid is dead goes, and bind(2) refuses again.
 
     ``ValueError`` naming the path if anything but a socket is there (a
     file at a mistyped path, a copy left behind): it is never removed, and
     bind(2) would meet it on every start until an admin acts."""
     path = unix_path(listen)
-    if path is None or _is_served(path):
+    if path is None:
         return
-    for name in (path, f"{path}.lock"):
+    link = f"{path}.lock"
+    if not _is_served(path):
+        stale = [path, link]
+    elif _names_a_dead_pid(link):
+        stale = [link]
+    else:
+        return
+    for name in stale:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name)
+
+
+def _names_a_dead_pid(link: str) -> bool:
+    """Whether Twisted's pid link ``link`` names a process that is gone (as
+    Twisted judges it: ``kill(pid, 0)``)."""
+    try:
+        pid = int(os.readlink(link))
+    except (OSError, ValueError):
+        return False  # none, or not Twisted's: its own lock judges it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # EPERM: another user's, alive
+        return False
+    return False
 
 
 def _is_served(path: str) -> bool:

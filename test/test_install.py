@@ -17,6 +17,7 @@ TEST_PROGRAMS = {
     "bash": None,
     "sh": None,
     "sleep": None,
+    "true": None,
     "col": "bsdextrautils",  # test_docs: the rendered man pages
     "curl": "curl",  # test_sockets: the stats site on its UNIX socket
     "groff": "groff-base",

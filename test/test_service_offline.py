@@ -232,6 +232,38 @@ async def test_a_socket_and_pid_link_an_earlier_run_left_do_not_refuse_a_start(
     assert typo.read_text() == "kept"
 
 
+def _dead_pid() -> str:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return str(child.pid)
+
+
+@pytest.mark.parametrize("link", [False, True], ids=["no-link", "dead-pid-link"])
+@ensureDeferred
+async def test_a_socket_another_program_serves_is_never_taken_over(tmp_path, link):
+    # A start refused with "Address already in use" left Twisted's pid link
+    # (lockfile=1) behind; the unit restarted it 5 s later, Twisted judged
+    # the link stale (its pid dead) and removed the served socket, and
+    # sdexec took its path: sdexec.socket's, enabled without listen =
+    # "systemd:...", whose clients then hung in its backlog.
+    path = tmp_path / "s.sock"
+    served = socket.socket(socket.AF_UNIX)
+    served.bind(str(path))
+    served.listen()
+    inode = os.stat(path).st_ino
+    if link:
+        os.symlink(_dead_pid(), f"{path}.lock")
+    service = service_on(FakeManager(), f"unix:{path}:lockfile=1")
+    try:
+        service.startService()
+        with pytest.raises(ListenError, match="Address already in use"):
+            await service.ready
+        await service.stopService()
+        assert os.stat(path).st_ino == inode
+    finally:
+        served.close()
+
+
 def service_on(
     manager: FakeManager,
     listen: str,

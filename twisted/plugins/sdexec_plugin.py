@@ -36,8 +36,8 @@ class Options(usage.Options):
             "stats",
             "s",
             None,
-            "endpoint for GET /stats (default: [sdexec] stats, else"
-            " tcp:8490:interface=127.0.0.1)",
+            "endpoint for GET /stats and /metrics (default: [sdexec] stats,"
+            " else tcp:8490:interface=127.0.0.1)",
         ],
         [
             "bus",

@@ -229,6 +229,14 @@ class _NotFound(Resource):
 class _Root(Resource):
     """``/``: its pages, and :class:`_NotFound` for any other path."""
 
+    def getChildWithDefault(self, path: bytes, request: Request) -> Resource:
+        # The pages are leaves, which would answer any path below them
+        # (/stats/x); a trailing slash is still the page.
+        # (Set by twisted.web.server.Request.process; not in its annotations.)
+        if getattr(request, "postpath", []) not in ([], [b""]):
+            return _NotFound()
+        return super().getChildWithDefault(path, request)
+
     def getChild(self, path: bytes, request: Request) -> Resource:
         return _NotFound()
 

@@ -316,7 +316,15 @@ def test_idle_connections_are_closed_without_a_log_line():
 
 @pytest.mark.parametrize("method", ["GET", "HEAD"])
 @pytest.mark.parametrize(
-    ("path", "status"), [("/stats", 200), ("/metrics", 200), ("/elsewhere", 404)]
+    ("path", "status"),
+    [
+        ("/stats", 200),
+        ("/metrics", 200),
+        ("/stats/", 200),
+        ("/elsewhere", 404),
+        ("/stats/x", 404),  # a page is a leaf: it answered any path below it
+        ("/metrics/x/y", 404),
+    ],
 )
 @ensureDeferred
 async def test_no_access_log_line_repeats_what_a_request_sent(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import re
@@ -10,13 +11,14 @@ import struct
 import subprocess
 import sys
 import termios
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from conftest import SANDBOX
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
+from twisted.internet.threads import deferToThread
 
 from sdexec.client import RPCError, SdexecClient, connect
 from sdexec.config import load_config
@@ -325,6 +327,55 @@ def remove_killed_sandbox(manager_pid: int) -> None:
     """SIGKILL what the killed manager left and remove its cgroups (the
     sandbox's ``clean``; it says what will not go, and fails)."""
     subprocess.run([str(SANDBOX), "clean", str(manager_pid)], check=True)
+
+
+# -- a D-Bus daemon of a test's own ---------------------------------------------
+
+#: A session bus anyone may use, listening at {address}; {extra}: more of its
+#: configuration (its activation directory).
+SESSION_BUS_CONFIG = """<busconfig>
+  <type>session</type>
+  <listen>{address}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow eavesdrop="true"/>
+    <allow own="*"/>
+  </policy>
+  {extra}
+</busconfig>
+"""
+
+
+@contextlib.asynccontextmanager
+async def private_bus(
+    tmp_path: Path, services: Path | None = None
+) -> AsyncIterator[str]:
+    """A dbus-daemon of the test's own, no manager on it: its address.
+    ``services``: the directory it activates services from (none if not
+    given). A configuration of its own: ``--session`` reads the one
+    installed under /usr/share/dbus-1, which a node with a carried
+    dbus-daemon lacks."""
+    path = tmp_path / "bus"
+    extra = f"<servicedir>{services}</servicedir>" if services is not None else ""
+    config = tmp_path / "bus.conf"
+    config.write_text(
+        SESSION_BUS_CONFIG.format(address=f"unix:path={path}", extra=extra)
+    )
+    errors = tmp_path / "dbus-daemon.err"
+    with errors.open("wb") as stderr:
+        daemon = subprocess.Popen(
+            ["dbus-daemon", f"--config-file={config}", "--nofork", "--print-address=1"],
+            stdout=subprocess.PIPE, stderr=stderr,
+        )  # fmt: skip
+    try:
+        # Its address is printed once it listens (its socket file exists
+        # a moment before).
+        assert await deferToThread(daemon.stdout.readline), errors.read_text()
+        yield f"unix:path={path}"
+    finally:
+        daemon.kill()
+        daemon.wait()
 
 
 def bytes_held_by(feed: Callable[[bytes], object], reads: int, size: int) -> float:

@@ -1,10 +1,15 @@
-"""What a client is told when a call is lost with the bus connection."""
+"""What a client is told when a call is lost with the bus connection, and
+what the service says of a bus with no manager to be had."""
 
 from __future__ import annotations
 
 import pytest
+from pytest_twisted import ensureDeferred
+from support import private_bus
+from twisted.internet.task import Clock
 
-from sdexec.systemd.bus import _why_lost
+from sdexec.systemd.bus import SystemdClient, _why_lost
+from sdexec.systemd.errors import MANAGER_AWAY, SystemdError
 
 
 @pytest.mark.parametrize(
@@ -23,3 +28,30 @@ from sdexec.systemd.bus import _why_lost
 )
 def test_a_lost_call_says_why_in_words(error, told):
     assert _why_lost(error) == told
+
+
+#: The session bus's activation file for the manager's name, as systemd's
+#: Debian package ships it: a user bus started without a user manager
+#: (dbus-launch, dbus-run-session) "activates" it by running /bin/false.
+MANAGER_ACTIVATION = """[D-BUS Service]
+Name=org.freedesktop.systemd1
+Exec=/bin/false
+"""
+
+
+@ensureDeferred
+async def test_a_bus_that_cannot_start_the_manager_says_there_is_none(tmp_path):
+    # The first Subscribe lets the bus start the manager; where it can only
+    # fail to, the start was "sdexec could not start: Process
+    # org.freedesktop.systemd1 exited with status 1", naming no manager.
+    services = tmp_path / "services"
+    services.mkdir()
+    (services / "org.freedesktop.systemd1.service").write_text(MANAGER_ACTIVATION)
+    async with private_bus(tmp_path, services) as address:
+        with pytest.raises(SystemdError) as refused:
+            await SystemdClient.connect(address, clock=Clock())
+    assert refused.value.name == MANAGER_AWAY
+    assert str(refused.value).startswith("no systemd manager on this bus: ")
+    assert str(refused.value).endswith(
+        " (Process org.freedesktop.systemd1 exited with status 1)"
+    )

@@ -10,12 +10,11 @@ import contextlib
 import errno
 import gc
 import inspect
-import subprocess
 
 from dbus_fast import Message
 from pytest_twisted import ensureDeferred
+from support import private_bus
 from twisted.internet.defer import Deferred
-from twisted.internet.threads import deferToThread
 
 from sdexec.systemd.bus import MessageBus, _open_bus, _PatientWriter
 
@@ -24,18 +23,6 @@ WRITER_STATE = (
     "sock", "fd", "loop", "bus",
 )  # fmt: skip
 BUS_INTERNALS = ("_writer", "_user_disconnect", "_finalize")
-#: A session bus anyone may use, listening at {address}.
-SESSION_BUS_CONFIG = """<busconfig>
-  <type>session</type>
-  <listen>{address}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow send_destination="*" eavesdrop="true"/>
-    <allow eavesdrop="true"/>
-    <allow own="*"/>
-  </policy>
-</busconfig>
-"""
 
 
 @ensureDeferred
@@ -61,27 +48,10 @@ async def test_a_write_the_bus_refuses_fails_its_call_and_logs_nothing(tmp_path)
     # EPIPE. The call raised EBADF (the closed socket watched again), and
     # asyncio logged two futures whose EPIPE nobody retrieved, with their
     # tracebacks, in the service's log (review session 34 Q).
-    path = tmp_path / "bus"
-    # A configuration of its own: `--session` reads the one installed under
-    # /usr/share/dbus-1, which a node with a carried dbus-daemon lacks.
-    config = tmp_path / "bus.conf"
-    config.write_text(SESSION_BUS_CONFIG.format(address=f"unix:path={path}"))
-    errors = tmp_path / "dbus-daemon.err"
-    with errors.open("wb") as stderr:
-        daemon = subprocess.Popen(
-            ["dbus-daemon", f"--config-file={config}", "--nofork", "--print-address=1"],
-            stdout=subprocess.PIPE, stderr=stderr,
-        )  # fmt: skip
-    try:
-        # Its address is printed once it listens (its socket file exists
-        # a moment before).
-        assert await deferToThread(daemon.stdout.readline), errors.read_text()
+    async with private_bus(tmp_path) as address:
         failed, unretrieved = await Deferred.fromFuture(
-            asyncio.ensure_future(_call_over_a_broken_pipe(f"unix:path={path}"))
+            asyncio.ensure_future(_call_over_a_broken_pipe(address))
         )
-    finally:
-        daemon.kill()
-        daemon.wait()
     assert isinstance(failed, BrokenPipeError)
     assert unretrieved == []
 

@@ -81,6 +81,11 @@ SERVICE_UNKNOWN = "org.freedesktop.DBus.Error.ServiceUnknown"
 #: dbus-daemon 1.14 with the manager killed).
 NAME_HAS_NO_OWNER = "org.freedesktop.DBus.Error.NameHasNoOwner"
 _NO_MANAGER = frozenset({SERVICE_UNKNOWN, NAME_HAS_NO_OWNER})
+#: The bus's errors of a service it failed to start: the first Subscribe's
+#: answer on a user bus with no manager where the manager's name has an
+#: activation file (systemd's own runs /bin/false: ``Spawn.ChildExited``,
+#: "Process org.freedesktop.systemd1 exited with status 1").
+SPAWN_FAILED = "org.freedesktop.DBus.Error.Spawn."
 #: ``Subscribe`` of a client a re-executed manager still has.
 ALREADY_SUBSCRIBED = "org.freedesktop.systemd1.AlreadySubscribed"
 #: The callee left the bus before replying.
@@ -833,13 +838,10 @@ class SystemdClient:
             )
         if reply.error_name == NO_REPLY:  # the manager left mid-call
             return connection_lost(text or "")
-        if (
-            destination == SYSTEMD
-            and reply.sender == DBUS
-            and reply.error_name in _NO_MANAGER
-        ):
+        if destination == SYSTEMD and reply.sender == DBUS and _no_manager(reply):
             # The bus answers so a call sent as the manager left, before
-            # its NameOwnerChanged reached us, or while it is not back.
+            # its NameOwnerChanged reached us, or while it is not back; or
+            # the first, which may start it, where none can be started.
             return manager_away(text or "")
         return SystemdError(reply.error_name or "", text or "")
 
@@ -880,6 +882,13 @@ class SystemdClient:
             self._manager_appeared()
         else:
             self._arm_absent_check()
+
+
+def _no_manager(reply: Message) -> bool:
+    """Whether the bus's error ``reply`` to a call of the manager says there
+    is no manager on it (nor one it can start)."""
+    name = reply.error_name or ""
+    return name in _NO_MANAGER or name.startswith(SPAWN_FAILED)
 
 
 def _why_lost(error: Exception) -> str:

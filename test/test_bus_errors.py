@@ -19,10 +19,10 @@ from sdexec.systemd.errors import MANAGER_AWAY, SystemdError
         # "systemd connection lost: EOFError".
         (EOFError(), "the D-Bus connection closed"),
         (BrokenPipeError(), "the D-Bus connection closed"),
-        (
-            OSError(104, "Connection reset by peer"),
-            "[Errno 104] Connection reset by peer",
-        ),
+        # The errno's words, not Python's "[Errno 32] Broken pipe" (seen
+        # by clients of a burst whose dbus-daemon was killed).
+        (OSError(104, "Connection reset by peer"), "Connection reset by peer"),
+        (BrokenPipeError(32, "Broken pipe"), "Broken pipe"),
         (RuntimeError(), "the D-Bus connection failed (RuntimeError)"),
     ],
 )

@@ -894,7 +894,10 @@ def _no_manager(reply: Message) -> bool:
 def _why_lost(error: Exception) -> str:
     """What a client is told of a call lost with its connection: the
     error's own words, else what its kind means (dbus-fast raises a bare
-    EOFError when the bus closes), never a Python class name alone."""
+    EOFError when the bus closes), never a Python class name alone, nor
+    an errno's number ("[Errno 32] Broken pipe": the errno's words)."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
     if str(error):
         return str(error)
     if isinstance(error, (EOFError, ConnectionError)):

@@ -1078,8 +1078,16 @@ class SdexecServer:
         """A self-lifting cause is over: its drain goes, and no other;
         whether it was in force."""
         reason = self.drains.lift(kind)
-        if reason is not None:
+        still = self.drains.reason
+        if reason is not None and still is None:
             log.info("drain lifted (was: {reason})", reason=reason)
+        elif reason is not None:
+            # Not "drain lifted": the node refuses work still.
+            log.info(
+                "drain cause over: {reason}; still drained: {still}",
+                reason=reason,
+                still=still,
+            )
         return reason is not None
 
     def undrain(self) -> dict:

@@ -96,6 +96,25 @@ def test_another_drain_is_not_undone_by_the_return(systemd, server):
     assert server.drain_reason == "unkillable user processes in unit x.service"
 
 
+def test_a_return_under_another_drain_does_not_log_the_drain_lifted(systemd, server):
+    # It logged "drain lifted (was: systemd unreachable …)" alone, the node
+    # drained still: an admin reading the journal took it for serving.
+    server.drain("unkillable user processes in unit x.service")
+    systemd.lose()
+    server.clock.advance(10)
+    with capturedLogs() as events:
+        systemd.restore()
+    said = [
+        event["log_format"].format(**event)
+        for event in events
+        if "drain" in event["log_format"]
+    ]
+    assert said == [
+        "drain cause over: systemd unreachable for 10 s: the D-Bus connection"
+        " closed; still drained: unkillable user processes in unit x.service"
+    ]
+
+
 def test_a_drain_from_before_a_long_outage_outlives_its_return(systemd, server):
     # The outage's drain used to replace it, and the return to clear that.
     server.drain("unkillable user processes in unit x.service")

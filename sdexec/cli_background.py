@@ -203,6 +203,12 @@ def attach(options: argparse.Namespace) -> int:
                 loop.run_until(lambda: stream.ended or session.detached)
                 if session.detached and not stream.ended:
                     _read_on_for_the_end(connection, stream)
+            if stream.pid is None:
+                # A signal that cut a waiting connect short (a wedged
+                # service's full backlog) left the socket unconnected, and
+                # the loss of the first write ended the stream before the
+                # loop served it: it is what to report, as run's.
+                loop.serve_caught_signals()
         finally:
             close_outputs(session.outputs)
     # Closing the connection is what detaches, on the service's side.

@@ -492,24 +492,29 @@ def waiting_in_connect(pid: int) -> None:
     raise AssertionError("the command never waited in connect(2)")
 
 
-#: What run says of a ^C while it connects, and run --bg (which cannot know
-#: whether its exec reached the service: review session 40 R2-1).
+#: What run says of a ^C while it connects, run --bg (which cannot know
+#: whether its exec reached the service: review session 40 R2-1), and
+#: attach, which attached nothing.
 _CUT_SHORT = {
-    (): b"sdexec: interrupted by SIGINT before the process started\n",
-    ("--bg",): (
+    ("run", "true"): b"sdexec: interrupted by SIGINT before the process started\n",
+    ("run", "--bg", "true"): (
         b"sdexec: SIGINT: waiting for the service's answer, to say the pid of a"
         b" process that starts (again to give up)\n"
         b"sdexec: interrupted by SIGINT before the answer: the process may start"
         b" in the background all the same (sdexec ps)\n"
     ),
+    ("attach", "x"): (
+        b"sdexec: interrupted by SIGINT before the service answered the attach\n"
+    ),
 }
 
 
-@pytest.mark.parametrize("way", list(_CUT_SHORT), ids=["run", "bg"])
+@pytest.mark.parametrize("way", list(_CUT_SHORT), ids=["run", "bg", "attach"])
 def test_a_signal_during_a_connect_that_waits_is_an_interruption(tmp_path, way):
     # The service's backlog full (a wedged service): connect() waits, and a
     # ^C returned it unconnected; the first write then said "connection
-    # lost: cannot write: Transport endpoint is not connected", exit 1.
+    # lost: cannot write: Transport endpoint is not connected", exit 1
+    # (attach too: review session 44).
     path = str(tmp_path / "full.sock")
     with (
         socket.socket(socket.AF_UNIX) as listener,
@@ -520,7 +525,7 @@ def test_a_signal_during_a_connect_that_waits_is_an_interruption(tmp_path, way):
         first.setblocking(False)
         first.connect(path)  # fills the backlog
         client = subprocess.Popen(
-            [*_cli_against(path), "run", *way, "true"],
+            [*_cli_against(path), *way],
             stdin=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )

@@ -28,11 +28,47 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse the command line; ``SystemExit(2)`` with a usage message if it
     is wrong."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(named_command(argv))
-    options = parser.parse_args(argv)
+    at = _command_index(argv)
+    parser = build_parser(None if at is None else argv[at])
+    if at is not None and argv[at] == "run":
+        options = _parse_run(parser, argv, at)
+    else:
+        options = parser.parse_args(argv)
     if options.command == "run":
         _check_run(parser, options)
     return options
+
+
+#: ``run``'s options that take a value, spelled out: the word after one
+#: is its value, never CMD, and :func:`_parse_run` does not try it (one
+#: missing here costs a parse more, no more).
+_RUN_VALUED = frozenset({"--setopt", "--label", "--jobid", "--time-limit", "--dir"})
+
+
+def _parse_run(
+    parser: argparse.ArgumentParser, argv: list[str], at: int
+) -> argparse.Namespace:
+    """``argv``, a ``run`` whose word is ``argv[at]``, parsed with CMD's
+    own arguments left as they are.
+
+    argparse reads every word of a command line as an option or not before
+    it parses any, CMD's arguments too, and a word that abbreviates two
+    options is an error there: ``sdexec run ls --no`` was "ambiguous
+    option: --no could match --noinput, --no-passthrough" (and ``--=x``
+    abbreviates all three of the top level's), exit 2, where the early exec
+    (:mod:`sdexec.earlyexec`) ran it. So the parser is given the words up
+    to CMD only: up to each word after ``at`` that is not an option, in
+    turn, until those words leave a command line (the word was CMD or
+    after it, not an option's value); the words after are CMD's arguments.
+    A command line where none does is parsed whole, as before."""
+    for end in range(at + 1, len(argv)):
+        if argv[end].startswith("-") or argv[end - 1] in _RUN_VALUED:
+            continue  # an option, or perhaps one's value
+        options = parser.parse_args(argv[: end + 1])
+        if options.cmdline:  # REMAINDER took the words from CMD to `end`
+            options.cmdline.extend(argv[end + 1 :])
+            return options
+    return parser.parse_args(argv)
 
 
 def _check_run(parser: argparse.ArgumentParser, options: argparse.Namespace) -> None:
@@ -63,8 +99,14 @@ def named_command(argv: Sequence[str]) -> str | None:
     argument, a sixth of the command line's start-up for all nine
     (docs/performance.md). What it parses is the same either way.
     """
-    args = iter(argv)
-    for arg in args:
+    at = _command_index(argv)
+    return None if at is None else argv[at]
+
+
+def _command_index(argv: Sequence[str]) -> int | None:
+    """Where in ``argv`` the command :func:`named_command` names is."""
+    args = iter(enumerate(argv))
+    for at, arg in args:
         option, equals, _value = arg.partition("=")
         if len(option) > 2 and "--socket".startswith(option):
             if not equals:
@@ -72,7 +114,7 @@ def named_command(argv: Sequence[str]) -> str | None:
         elif arg.startswith("-"):
             return None  # --help, --version, --: the whole parser's business
         else:
-            return arg if arg in _SUBCOMMANDS else None
+            return at if arg in _SUBCOMMANDS else None
     return None
 
 

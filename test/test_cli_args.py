@@ -103,6 +103,14 @@ def test_waitable_without_bg_is_a_usage_error(capsys):
         (["run", "--bg", "kill", "--", "-1234"], ["kill", "--", "-1234"]),
         (["run", "--", "rm", "--", "-rf"], ["rm", "--", "-rf"]),
         (["run", "-n", "ls", "-l", "--", "x"], ["ls", "-l", "--", "x"]),
+        # Words that abbreviate two options (--noinput, --no-passthrough;
+        # --help, --version, --socket) are CMD's own after it (review
+        # session 44): "ambiguous option", exit 2, where the early exec ran
+        # them.
+        (["run", "ls", "--no"], ["ls", "--no"]),
+        (["run", "--bg", "x", "--n=1"], ["x", "--n=1"]),
+        (["--socket", "/s", "run", "--label", "ls", "ls", "--=x"], ["ls", "--=x"]),
+        (["run", "--label", "-x y", "ls", "--no"], ["ls", "--no"]),
     ],
 )
 def test_the_command_line_after_cmd_is_passed_as_it_is(argv, cmdline):

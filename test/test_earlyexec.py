@@ -39,6 +39,7 @@ WORDS = [
     "--socket", "--socket=/s", "--sock", "--bg", "--waitable", "--no-passthrough",
     "--help", "-h", "--version", "--", "-", "-1", "12", "true", "x", "",
     "café", "--setopt=SDEXEC_PROP_MemoryMax=1G", "--dir=rel",
+    "--n", "--no", "--=", "--no=x",  # each abbreviates two options or more
 ]  # fmt: skip
 
 

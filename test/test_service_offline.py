@@ -1142,6 +1142,35 @@ async def test_a_socket_another_program_serves_may_be_had_on_a_restart(tmp_path)
         served.close()
 
 
+def _read_only_below(monkeypatch, call: str, directory) -> None:
+    """``os.<call>`` on a path under ``directory`` fails as on a file
+    system mounted read-only (ProtectSystem=strict)."""
+    real = getattr(os, call)
+
+    def refused(path, *args, **kwargs):
+        if str(path).startswith(str(directory)):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, call, refused)
+
+
+async def _stats_socket_refused(tmp_path, stats_socket: str) -> ListenError:
+    """Why a service with ``stats_socket`` did not start (it may not
+    restart for it: EX_CONFIG)."""
+    service = service_on(
+        FakeManager(),
+        f"unix:{tmp_path}/s.sock",
+        {"sdexec": {"stats-socket": stats_socket}},
+    )
+    service.startService()
+    with pytest.raises(ListenError) as error:
+        await service.ready
+    assert _fails_again(Failure(error.value))
+    await service.stopService()
+    return error.value
+
+
 @ensureDeferred
 async def test_a_stats_socket_on_a_read_only_file_system_says_what_to_give(
     tmp_path, monkeypatch
@@ -1149,30 +1178,14 @@ async def test_a_stats_socket_on_a_read_only_file_system_says_what_to_give(
     # ProtectSystem=strict: "[Errno 30] Read-only file system: '…/stats.sock'".
     read_only = tmp_path / "ro"
     read_only.mkdir(mode=0o700)
-    unlink = os.unlink
-
-    def read_only_unlink(path, *args, **kwargs):
-        if str(path).startswith(str(read_only)):
-            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
-        return unlink(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "unlink", read_only_unlink)
-    service = service_on(
-        FakeManager(),
-        f"unix:{tmp_path}/s.sock",
-        {"sdexec": {"stats-socket": f"{read_only}/stats.sock"}},
-    )
-    service.startService()
-    with pytest.raises(ListenError) as error:
-        await service.ready
-    assert str(error.value) == (
+    _read_only_below(monkeypatch, "unlink", read_only)
+    error = await _stats_socket_refused(tmp_path, f"{read_only}/stats.sock")
+    assert str(error) == (
         f"[sdexec] stats-socket: cannot listen on unix:{read_only}/stats.sock:"
         f" Read-only file system: {read_only}/stats.sock (under"
         " ProtectSystem=strict, give its directory a ReadWritePaths= drop-in:"
         f" {read_only})"
     )
-    assert _fails_again(Failure(error.value))
-    await service.stopService()
 
 
 @ensureDeferred
@@ -1183,30 +1196,14 @@ async def test_a_stats_socket_s_missing_directory_on_a_read_only_file_system(
     # ReadWritePaths=/var/lib drop-in, for stats-socket /var/lib/x/stats.sock.
     read_only = tmp_path / "ro"
     read_only.mkdir(mode=0o700)
-    mkdir = os.mkdir
-
-    def read_only_mkdir(path, *args, **kwargs):
-        if str(path).startswith(str(read_only)):
-            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
-        return mkdir(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "mkdir", read_only_mkdir)
-    service = service_on(
-        FakeManager(),
-        f"unix:{tmp_path}/s.sock",
-        {"sdexec": {"stats-socket": f"{read_only}/x/stats.sock"}},
-    )
-    service.startService()
-    with pytest.raises(ListenError) as error:
-        await service.ready
-    assert str(error.value) == (
+    _read_only_below(monkeypatch, "mkdir", read_only)
+    error = await _stats_socket_refused(tmp_path, f"{read_only}/x/stats.sock")
+    assert str(error) == (
         f"[sdexec] stats-socket: cannot listen on unix:{read_only}/x/stats.sock:"
         f" Read-only file system: {read_only}/x (under ProtectSystem=strict, give"
         f" its directory a ReadWritePaths= drop-in: {read_only}/x, once made: it"
         " does not exist)"
     )
-    assert _fails_again(Failure(error.value))
-    await service.stopService()
 
 
 @ensureDeferred

@@ -9,7 +9,11 @@
   ``finished``.
 - **attach**: a client takes a background process's output (retained, then
   live) and its end as a stream shaped like a streaming exec's; when it
-  disconnects the process goes back to the background.
+  disconnects the process goes back to the background. Its connection's
+  back-pressure holds the output back :data:`ATTACH_STALL_S` at most: a
+  client that stops reading (stopped, or one that never reads) must not
+  freeze a process that is meant to run without one. Then the attach is
+  ended (ETIMEDOUT) and the process goes back to the background.
 
 :class:`Tracked` is what the service keeps of one such process beside its
 :class:`~sdexec.process.Process`: it is the process's responder and output
@@ -42,11 +46,18 @@ from typing import Any, Literal, NamedTuple, Protocol
 from sdexec.ioencode import encode_io
 from sdexec.limits import check_text
 from sdexec.plan import ExecPlan, RequestError
-from sdexec.process import NO_EXIT_STATUS_ERRNO, OutputValve, Process, Responder
+from sdexec.process import (
+    NO_EXIT_STATUS_ERRNO,
+    OutputValve,
+    Patience,
+    Process,
+    Responder,
+)
 from sdexec.protocol import STATUS_AND_ERROR, ExecFlag, command_object
 from sdexec.retained import STREAMS, RetainedOutput
 
 __all__ = [
+    "ATTACH_STALL_S",
     "NO_CLIENT",
     "Mode",
     "Tracked",
@@ -68,6 +79,11 @@ class Bounds(Protocol):
 
 #: The connection id of a process with no client (real ids start at 1).
 NO_CLIENT = 0
+#: How long an attached client's connection may hold its background
+#: process's output back (its buffer full, nothing of it read out) before
+#: the attach is ended, the process's output read on into its retained
+#: buffer: a live reader empties the connection's buffer well within it.
+ATTACH_STALL_S = 10.0
 _OUTPUT_FLAGS = ExecFlag.STDOUT | ExecFlag.STDERR
 
 ProcessKey = tuple[int, int]
@@ -330,7 +346,9 @@ class Tracked:
             self._take_end(_BY_ATTACH)
             self.error(*(self.failure or (errno.ENODATA, "")))
         elif self.process is not None and client.valve is not None:
-            self.process.join_valve(client.valve)
+            seconds = ATTACH_STALL_S
+            stalled = Patience(seconds, lambda: self._stalled(client, seconds))
+            self.process.join_valve(client.valve, stalled)
             # Its replay may have filled the connection: the live output
             # waits too.
             client.valve.hold_if_paused(self.process)
@@ -351,7 +369,7 @@ class Tracked:
         (:meth:`drop_client`), but for the stream of its exec, if it started
         the process: that runs on. How many requests were ended."""
         kept = f"wait is ended, and {self._name}'s end is kept for the next wait"
-        back = f"attach is ended, and {self._name} runs on in the background"
+        back = f"attach is ended, and {self._runs_on}"
         ended = [
             (self._drop_waiter(connection_id), kept),
             (self._detach(connection_id), back),
@@ -361,6 +379,24 @@ class Tracked:
             if client is not None:
                 client.responder.error(errnum, f"{reason}: this {what}")
         return sum(client is not None for client, _ in ended)
+
+    def _stalled(self, client: _Client, seconds: float) -> None:
+        """``client``'s connection held the output back ``seconds``: end
+        the attach (after what it was sent, which its connection keeps), and
+        read the output on into the retained buffer. A process meant to run
+        without a client must not wait on a stopped one."""
+        if self._client is not client or not self.attached:
+            return  # (detached already, which stopped the timer)
+        if self._end_taken_by is None:
+            after = f"{self._runs_on}, its output kept: attach again to read on"
+        else:  # `finished` went to this attach, which took the end
+            after = f"what {self._name} writes from now on is dropped"
+        self._detach(client.connection_id)  # before the error: nothing after it
+        client.responder.error(
+            errno.ETIMEDOUT,
+            f"{self._name}: the client left its output unread for {seconds:g} s:"
+            f" this attach is ended, and {after}",
+        )
 
     def _drop_waiter(self, connection_id: int) -> _Client | None:
         """Forget the connection's wait (returned, if it had one): the
@@ -429,6 +465,10 @@ class Tracked:
     @property
     def _name(self) -> str:
         return f"pid {self.pid}" if self.pid > 0 else f"label {self.label!r}"
+
+    @property
+    def _runs_on(self) -> str:
+        return f"{self._name} runs on in the background"
 
     @property
     def _end_gone(self) -> str:

@@ -69,6 +69,7 @@ from sdexec.unitstop import StopTimer
 __all__ = [
     "OutputTap",
     "OutputValve",
+    "Patience",
     "Process",
     "ProcessContext",
     "Responder",
@@ -97,6 +98,17 @@ _MADE = itertools.count()
 LAZY_OUTPUT = 64 * 1024
 
 
+@dataclass(frozen=True)
+class Patience:
+    """How long an :class:`OutputValve` may hold a member's output back
+    without its connection resuming, and what it calls then (which must
+    take the member off the valve): an attach's background process, which
+    no client may freeze (sdexec/background.py)."""
+
+    seconds: float
+    run_out: Callable[[], None]
+
+
 class OutputValve:
     """One connection's back-pressure on the output of the processes that
     write to it (those that :meth:`join` it: :attr:`Process.valve`).
@@ -108,18 +120,28 @@ class OutputValve:
     process's output ran 15 times slower, each cycle holding the reactor
     27-80 ms. Once :data:`LAZY_OUTPUT` has come in so during one pause
     (many processes writing at once, each adding a read), all of them
-    are held back: the wait stays bounded."""
+    are held back: the wait stays bounded.
 
-    def __init__(self) -> None:
+    A member that joined with a :class:`Patience` is held back so long at
+    most: its timer starts when it is held, and is cancelled when the
+    connection resumes (its client has read everything it was sent)."""
+
+    def __init__(self, clock: IReactorTime) -> None:
         self.paused = False
         self._members: dict[Process, None] = {}
         self._held: dict[Process, None] = {}  # in the order they were paused
         self._lazy_left = LAZY_OUTPUT
+        self._clock = clock
+        #: The members held back only so long, and the timers of those held.
+        self._patience: dict[Process, Patience] = {}
+        self._timers: dict[Process, IDelayedCall] = {}
 
-    def join(self, process: Process) -> None:
+    def join(self, process: Process, patience: Patience | None = None) -> None:
         """``process`` writes to this connection from now on (held back at
-        once if every member is)."""
+        once if every member is), held back for ``patience`` at most."""
         self._members[process] = None
+        if patience is not None:
+            self._patience[process] = patience
         if self._lazy_left < 0:  # (joined while every member is held back)
             self._hold(process)
 
@@ -128,12 +150,19 @@ class OutputValve:
         longer holds or resumes it (another connection may by then)."""
         self._members.pop(process, None)
         self._held.pop(process, None)
+        self._patience.pop(process, None)
+        self._stop_timer(process)
 
     def pause(self) -> None:
         """The connection's buffer is full: each member is held back as it
         next writes."""
         self.paused = True
         self._lazy_left = LAZY_OUTPUT
+        # Members still held: the connection resumed (its client read all
+        # it was sent), but the requests it had held filled it again before
+        # it resumed them. Their client is live: their time starts over.
+        for process in self._held:
+            self._start_timer(process)
 
     def resume(self) -> None:
         """The connection has written everything out: every member held
@@ -142,6 +171,7 @@ class OutputValve:
         self._lazy_left = LAZY_OUTPUT
         held, self._held = self._held, {}
         for process in held:
+            self._stop_timer(process)
             process.resume_output()
 
     def wrote(self, process: Process, size: int) -> None:
@@ -165,7 +195,30 @@ class OutputValve:
     def _hold(self, process: Process) -> None:
         if process not in self._held:
             self._held[process] = None
+            self._start_timer(process)
             process.pause_output()
+
+    def _start_timer(self, process: Process) -> None:
+        """Time how long ``process`` is held back, if it has a patience
+        (afresh: one running is cancelled)."""
+        patience = self._patience.get(process)
+        if patience is None:
+            return
+        self._stop_timer(process)
+        self._timers[process] = self._clock.callLater(
+            patience.seconds, self._run_out, process, patience
+        )
+
+    def _stop_timer(self, process: Process) -> None:
+        timer = self._timers.pop(process, None)
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def _run_out(self, process: Process, patience: Patience) -> None:
+        """``process`` was held back its patience long: its owner takes it
+        off this valve (which stops holding it back)."""
+        del self._timers[process]
+        patience.run_out()
 
 
 class Responder(Protocol):
@@ -687,11 +740,13 @@ class Process:
         """The client reads again: read the process's output again."""
         self.output.resume()
 
-    def join_valve(self, valve: OutputValve) -> None:
-        """Its output goes to ``valve``'s connection from now on."""
+    def join_valve(self, valve: OutputValve, patience: Patience | None = None) -> None:
+        """Its output goes to ``valve``'s connection from now on, held back
+        by it for ``patience`` at most (without one, for as long as the
+        connection stays paused: a pipe's back-pressure)."""
         self.detach_valve()
         self.valve = valve
-        valve.join(self)
+        valve.join(self, patience)
 
     def detach_valve(self) -> None:
         """Its output goes to no connection any more: none holds it back."""

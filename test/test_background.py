@@ -22,9 +22,11 @@ from twisted.internet.task import Clock, deferLater
 from twisted.logger import capturedLogs, formatEvent
 
 import sdexec.connection
+from sdexec.background import ATTACH_STALL_S
 from sdexec.config import parse_config
 from sdexec.containment import Containment
 from sdexec.ioencode import decode_io
+from sdexec.process import Process
 from sdexec.protocol import ExecFlag
 from sdexec.server import SdexecServer
 from sdexec.testing import EXITED, FakeManager
@@ -750,6 +752,135 @@ async def test_an_attached_process_is_held_back_by_its_own_connection_only(
     second.close()  # b goes back to the background, its output read on
     assert b.valve is None and not b.output._client_paused
     first.close()
+
+
+# -- an attach whose client stops reading ------------------------------------------
+
+
+async def held_by_an_unreading_attach(
+    systemd, server, client
+) -> tuple[Client, Process]:
+    """A background process (label "a", pid 8) attached by a client that
+    reads nothing (stopped, say), whose connection its output has filled:
+    the process is held back. That client, and the process."""
+    client.bg(label="a")
+    systemd.run(UNIT, pid=8)
+    viewer = unreading_client(server)
+    viewer.send("sdexec.attach", {"label": "a", "flags": 1}, matchtag=1)
+    process = server.units[UNIT]
+    produce(systemd, "stdout", CONTROL_BYTES)  # 6 times as JSON: it fills
+    await until(lambda: process.output._client_paused, "held back")
+    return viewer, process
+
+
+def sent_data(responses: list[dict]) -> bytes:
+    return b"".join(data for _, data, _ in output_of(responses))
+
+
+@ensureDeferred
+async def test_an_attach_that_leaves_the_output_unread_is_ended_after_the_grace(
+    systemd, server, client
+):
+    """Review session 44 (stall): a stopped `sdexec attach` (Ctrl-Z) held
+    its background process's output back for as long as it stayed stopped:
+    the process blocked in its write, frozen by a client it is meant to run
+    without."""
+    viewer, process = await held_by_an_unreading_attach(systemd, server, client)
+    server.clock.advance(ATTACH_STALL_S - 1)
+    assert process.output._client_paused
+    server.clock.advance(1)
+    # Read on into the retained buffer, as with nobody attached.
+    assert not process.output._client_paused and process.valve is None
+    client.send("sdexec.list", {"detail": True}, matchtag=2)
+    assert client.last()["payload"]["procs"][0]["mode"] == "background"
+    produce(systemd, "stdout", b"after\n")
+    retained = tracked_of(server).retained
+    await until(lambda: retained.held == len(CONTROL_BYTES) + 6, "read on")
+    viewer.transport.read()
+    stream = viewer.of(1)
+    # What it was sent is read first, then the end, and nothing after it.
+    assert sent_data(stream) == CONTROL_BYTES
+    assert payloads(stream)[-1] == (
+        errno.ETIMEDOUT,
+        f"pid 8: the client left its output unread for {ATTACH_STALL_S:g} s: this"
+        " attach is ended, and pid 8 runs on in the background, its output kept:"
+        " attach again to read on",
+    )
+    again = Client(server)
+    again.send("sdexec.attach", {"label": "a", "flags": 1})
+    assert sent_data(again.responses()) == CONTROL_BYTES + b"after\n"
+    await finish(systemd, server)
+    assert payloads(again.responses())[-1] == (errno.ENODATA, "")
+    assert viewer.of(1) == stream
+    again.close()
+    viewer.close()
+
+
+@ensureDeferred
+async def test_an_attach_whose_client_reads_within_the_grace_is_never_ended(
+    systemd, server, client
+):
+    # A slow reader, each pause shorter than the grace but together longer.
+    viewer, process = await held_by_an_unreading_attach(systemd, server, client)
+    server.clock.advance(ATTACH_STALL_S - 1)
+    viewer.transport.read()  # all of it: the connection resumes
+    assert not process.output._client_paused
+    produce(systemd, "stdout", CONTROL_BYTES)
+    await until(lambda: process.output._client_paused, "held back again")
+    server.clock.advance(ATTACH_STALL_S - 1)
+    assert process.output._client_paused
+    viewer.transport.read()
+    server.clock.advance(2 * ATTACH_STALL_S)
+    assert process.valve is viewer.protocol.valve
+    await finish(systemd, server)
+    viewer.transport.read()
+    stream = viewer.of(1)
+    assert sent_data(stream) == 2 * CONTROL_BYTES
+    assert [p for p in payloads(stream) if not isinstance(p, dict)] == [
+        (errno.ENODATA, "")
+    ]
+    viewer.close()
+
+
+@ensureDeferred
+async def test_a_stalled_attach_that_had_the_end_is_told_the_rest_is_dropped(
+    systemd, server, client
+):
+    # Its `finished` sent to the attach (which so took the end), the output
+    # still held back keeps the unit's stream open: read on, it is dropped.
+    viewer, process = await held_by_an_unreading_attach(systemd, server, client)
+    systemd.exit(UNIT, status=0)
+    assert process.output._client_paused  # its EOF unread: not reaped
+    server.clock.advance(ATTACH_STALL_S)
+    await until(lambda: not server.processes, "reaped")
+    viewer.transport.read()
+    stream = payloads(viewer.of(1))
+    assert [p["type"] for p in stream[:-1]].count("finished") == 1
+    assert stream[-1] == (
+        errno.ETIMEDOUT,
+        f"pid 8: the client left its output unread for {ATTACH_STALL_S:g} s: this"
+        " attach is ended, and what pid 8 writes from now on is dropped",
+    )
+    viewer.close()
+
+
+@ensureDeferred
+async def test_a_streaming_exec_s_output_waits_for_its_client_however_long(
+    systemd, server
+):
+    # A foreground process's output is its client's: a pipe's back-pressure.
+    viewer = unreading_client(server)
+    viewer.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT, pid=8)
+    process = server.units[UNIT]
+    produce(systemd, "stdout", CONTROL_BYTES)
+    await until(lambda: process.output._client_paused, "held back")
+    server.clock.advance(100 * ATTACH_STALL_S)
+    assert process.output._client_paused
+    assert process.valve is viewer.protocol.valve
+    viewer.transport.read()
+    assert not process.output._client_paused
+    viewer.close()
 
 
 def test_an_attach_that_is_not_streaming_is_eproto(systemd, server, client):

@@ -6,12 +6,16 @@ process is left."""
 from __future__ import annotations
 
 import errno
+import json
+import signal
+import socket
 import sys
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import Result, command, unit_names, until
+from support import Result, command, sleep, unit_names, until
 
+import sdexec.background
 from sdexec.client import STDERR, STDOUT, RPCError
 from sdexec.ioencode import decode_io
 
@@ -281,3 +285,79 @@ async def test_a_streaming_waitable_process_keeps_its_status_when_its_client_lea
     other = await sdexec.connect()
     answer = await other.wait(label="s")
     assert answer["status"] == 9
+
+
+#: Says "before" and, once it gets SIGUSR1, 4 MB of numbered lines (more
+#: than a client's socket and the service's buffer for it take), then
+#: "done", and exits 0.
+FLOOD = [
+    sys.executable,
+    "-c",
+    "import signal, sys, time\n"
+    "def flood(*_):\n"
+    "    sys.stdout.writelines(f'{n:07d}\\n' for n in range(500_000))\n"
+    "    print('done', flush=True)\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGUSR1, flood)\n"
+    "print('before', flush=True)\n"
+    "time.sleep(300)\n",
+]
+FLOODED = b"before\n" + b"".join(b"%07d\n" % n for n in range(500_000)) + b"done\n"
+
+
+async def received(sock: socket.socket, ended) -> list[dict]:
+    """The responses read from ``sock`` (the reactor running meanwhile, to
+    write what the service holds for it) until ``ended(response)``."""
+    responses: list[dict] = []
+    rest = b""
+    for _ in range(600):
+        try:
+            chunk = sock.recv(1 << 20)
+        except BlockingIOError:
+            await sleep(0.05)
+            continue
+        assert chunk, "the service closed the connection"
+        *lines, rest = (rest + chunk).split(b"\n")
+        responses += [json.loads(line) for line in lines]
+        if responses and ended(responses[-1]):
+            return responses
+    raise AssertionError("the stream never ended")
+
+
+@ensureDeferred
+async def test_an_attach_that_never_reads_does_not_hold_its_process(
+    start_service, monkeypatch
+):
+    """Review session 44 (stall): a client that attached and read nothing
+    (a stopped `sdexec attach`) held the process's output back for good:
+    the process blocked in its write until that client went."""
+    monkeypatch.setattr(sdexec.background, "ATTACH_STALL_S", 0.2)
+    service = await start_service(sdexec='retained-output = "64K"')
+    client = await service.connect()
+    pid = await background(client, FLOOD, waitable=True, label="flood")
+    await armed(service)
+    with socket.socket(socket.AF_UNIX) as attacher:
+        attacher.connect(service.socket_path)
+        attach = {"label": "flood", "flags": STDOUT | STDERR}
+        request = {"type": "request", "topic": "sdexec.attach", "matchtag": 1}
+        attacher.sendall(json.dumps({**request, "payload": attach}).encode() + b"\n")
+        await until(lambda: procs_of(service)[0]["mode"] == "attached", "attached")
+        await client.kill(label="flood", signum=signal.SIGUSR1)
+        await until(lambda: procs_of(service)[0]["mode"] == "background", "let go")
+        answer = await client.wait(label="flood")  # it ran to its end
+        assert answer["status"] == 0
+        assert FLOODED.endswith(streams(answer["output"])["stdout"])
+        assert streams(answer["output"])["stdout"].endswith(b"done\n")
+        attacher.setblocking(False)
+        stream = await received(attacher, lambda response: "errnum" in response)
+    payloads = [response.get("payload", {}) for response in stream]
+    assert payloads[0]["type"] == "attached"
+    sent = streams([p["io"] for p in payloads if p.get("type") == "output"])
+    assert 0 < len(sent["stdout"]) < len(FLOODED)
+    assert FLOODED.startswith(sent["stdout"])
+    assert (stream[-1]["errnum"], stream[-1]["errstr"]) == (
+        errno.ETIMEDOUT,
+        f"pid {pid}: the client left its output unread for 0.2 s: this attach is"
+        f" ended, and pid {pid} runs on in the background, its output kept:"
+        " attach again to read on",
+    )

@@ -12,9 +12,11 @@ import sys
 import pytest
 from pytest_twisted import ensureDeferred
 from support import until
-from test_background_service import ON_SIGNAL, armed
+from test_background_service import FLOOD, FLOODED, ON_SIGNAL, armed
 from test_cli import _environment, _sdexec_argv, cli
 from twisted.internet.threads import deferToThread
+
+import sdexec.background
 
 pytestmark = pytest.mark.systemd
 
@@ -112,6 +114,51 @@ async def test_attach_streams_to_the_end_and_exits_with_the_code(sdexec):
     attached = _attach(sdexec, "a")
     await until(lambda: modes(sdexec) == ["attached"], "attached")
     await _ended_by_usr1(sdexec, attached, "a")
+
+
+@ensureDeferred
+async def test_a_stopped_attach_lets_its_process_run_on_and_then_says_so(
+    start_service, monkeypatch
+):
+    """Review session 44 (stall): Ctrl-Z (SIGSTOP) of `sdexec attach` froze
+    the background process it followed once the buffers were full."""
+    monkeypatch.setattr(sdexec.background, "ATTACH_STALL_S", 0.2)
+    service = await start_service(sdexec='retained-output = "64K"')
+    started = await cli(service, "run", "--bg", "--waitable", "--label", "f", *FLOOD)
+    pid = started.stdout.decode().split()[0]
+    await armed(service)
+    attached = _attach(service, "f")
+    try:
+        await until(lambda: modes(service) == ["attached"], "attached")
+        attached.send_signal(signal.SIGSTOP)
+        await cli(service, "kill", "USR1", "f")
+        await until(lambda: modes(service) == ["background"], "let go")
+        attached.send_signal(signal.SIGCONT)
+        out, err = await deferToThread(attached.communicate, timeout=60)
+    finally:
+        attached.kill()
+        attached.wait()
+    assert attached.returncode == 1
+    assert out and FLOODED.startswith(out)
+    assert (
+        err
+        == (
+            f"sdexec: pid {pid}: the client left its output unread for 0.2 s: this"
+            f" attach is ended, and pid {pid} runs on in the background, its output"
+            " kept: attach again to read on\n"
+        ).encode()
+    )
+    again = await cli(service, "attach", "f")  # the rest, and its end
+    assert again.returncode == 0
+    assert again.stdout.endswith(b"done\n") and FLOODED.endswith(again.stdout)
+    dropped = len(FLOODED) - len(again.stdout)
+    assert (
+        again.stderr
+        == (
+            f"sdexec: {dropped} bytes of stdout, 0 bytes of stderr dropped before"
+            " this (the service's retained-output)\n"
+        ).encode()
+    )
 
 
 def _first_line(client: subprocess.Popen, timeout: float) -> bytes:

@@ -43,6 +43,8 @@ import itertools
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal, NamedTuple, Protocol
 
+from twisted.logger import Logger
+
 from sdexec.ioencode import encode_io
 from sdexec.limits import check_text
 from sdexec.plan import ExecPlan, RequestError
@@ -55,6 +57,8 @@ from sdexec.process import (
 )
 from sdexec.protocol import STATUS_AND_ERROR, ExecFlag, command_object
 from sdexec.retained import STREAMS, RetainedOutput
+
+log = Logger()
 
 __all__ = [
     "ATTACH_STALL_S",
@@ -392,6 +396,16 @@ class Tracked:
         else:  # `finished` went to this attach, which took the end
             after = f"what {self._name} writes from now on is dropped"
         self._detach(client.connection_id)  # before the error: nothing after it
+        # The admin's to know too: a client ended so looks like a failure
+        # of the service to whoever ran it. (At most one line an attach,
+        # each after the grace: no flood.)
+        log.info(
+            "connection {id}: attach to {name} ended: its client left the output"
+            " unread for {seconds:g} s",
+            id=client.connection_id,
+            name=self._name,
+            seconds=seconds,
+        )
         client.responder.error(
             errno.ETIMEDOUT,
             f"{self._name}: the client left its output unread for {seconds:g} s:"

@@ -788,7 +788,12 @@ async def test_an_attach_that_leaves_the_output_unread_is_ended_after_the_grace(
     viewer, process = await held_by_an_unreading_attach(systemd, server, client)
     server.clock.advance(ATTACH_STALL_S - 1)
     assert process.output._client_paused
-    server.clock.advance(1)
+    with capturedLogs() as events:
+        server.clock.advance(1)
+    assert [formatEvent(event) for event in events] == [
+        f"connection {viewer.protocol.connection_id}: attach to pid 8 ended: its client"
+        f" left the output unread for {ATTACH_STALL_S:g} s"
+    ]
     # Read on into the retained buffer, as with nobody attached.
     assert not process.output._client_paused and process.valve is None
     client.send("sdexec.list", {"detail": True}, matchtag=2)

@@ -380,13 +380,50 @@ _NONZERO_MEMORY = frozenset(
 )
 
 
+#: The time spans systemd writes into the unit's file to the microsecond;
+#: every other ``…USec`` it writes to the millisecond (its
+#: bus_set_transient_usec: on systemd 252 a ``RuntimeMaxUSec`` of 1000001
+#: reads back as 1000000). The CPU quota it writes as a percentage.
+_MICROSECOND_SPANS = frozenset({"CPUQuotaPeriodUSec"})
+#: systemd writes ``TimerSlackNSec`` as a number, and reads it back as a
+#: signed 64-bit one: a larger one is dropped at a daemon-reload.
+_INT64_MAX = 2**63 - 1
+
+
+def _time_span_problem(name: str, value: int) -> str | None:
+    """Why systemd would not keep ``name``'s finite ``value`` as sent
+    across a daemon-reload, or apply it as a unit file's would; ``None``
+    if it would."""
+    if name == "TimerSlackNSec" and value > _INT64_MAX:
+        return (
+            f"is out of range: a daemon-reload reads back no TimerSlackNSec"
+            f" above {_INT64_MAX}"
+        )
+    if not name.endswith("USec") or name == "CPUQuotaPerSecUSec":
+        return None
+    if name == "TimeoutStartUSec" and value == 0:
+        # Over D-Bus 0 is a timeout of none at all; a unit file's 0 is
+        # infinity, and so is what a daemon-reload reads back.
+        return (
+            "times every start out at once (systemd 252: a unit file's 0 is no"
+            " timeout, and a daemon-reload reads it back so): give infinity"
+            " for none"
+        )
+    return values.time_span_problem(value, name not in _MICROSECOND_SPANS)
+
+
 def _uint64_in_range(name: str, text: str) -> UnitProperty:
     if name in _CPU_WEIGHTS and text.strip() == "idle":
         return UnitProperty(name, "t", 0)
     value = _uint64_or_infinity(text)
+    if value == UINT64_MAX:
+        return UnitProperty(name, "t", value)
     low, high, takes = RANGES.get(name, (0, UINT64_MAX, ""))
-    if value != UINT64_MAX and not low <= value <= high:
+    if not low <= value <= high:
         raise ValueError(f"{text!r} is out of range: systemd takes {takes}")
+    problem = _time_span_problem(name, value)
+    if problem is not None:
+        raise ValueError(f"{text!r} {problem}")
     return UnitProperty(name, "t", value)
 
 

@@ -60,6 +60,7 @@ __all__ = [
     "parse_with_ignore",
     "quoted_words",
     "shell_words",
+    "time_span_problem",
 ]
 
 #: Linux's namespace flags (``CLONE_NEW…``) by systemd's names for them.
@@ -117,6 +118,12 @@ BPF_ATTACH_TYPES = (
     "connect4", "connect6", "post_bind4", "post_bind6", "sendmsg4", "sendmsg6",
     "sysctl", "recvmsg4", "recvmsg6", "getsockopt", "setsockopt",
 )  # fmt: skip
+#: The first time span (in microseconds) systemd cannot read back from a
+#: unit's file. It writes one there in words (``584542y 2w 2d 20h…``), and
+#: its parser refuses a count of a unit of time at or above what 64 bits
+#: hold of that unit: the setting is then dropped at a daemon-reload
+#: (measured on systemd 252: ``584541y …`` reads back, ``584542y`` does not).
+TIMESPAN_UNREADABLE = 584_542 * 31_557_600 * 1_000_000
 #: mount(2)'s propagation flags, as ``MountFlags`` names them.
 _PROPAGATION = {"shared": 1 << 20, "slave": 1 << 19, "private": 1 << 18}
 
@@ -214,8 +221,31 @@ def _io_amount(text: str, kind: str) -> int:
     if kind == "usec":
         if _DIGITS.fullmatch(text) is None or int(text) >= UINT64_MAX:
             raise ValueError(f"{text!r} is not microseconds (a number) or infinity")
+        problem = time_span_problem(int(text), milliseconds=False)
+        if problem is not None:
+            raise ValueError(f"{text!r} {problem}")
         return int(text)
     return parse_size(text, base=1000)
+
+
+def time_span_problem(value: int, milliseconds: bool) -> str | None:
+    """Why systemd would read a time span of ``value`` microseconds (not
+    infinity) back otherwise from the unit's file, where it writes it to
+    the microsecond, or to the millisecond where ``milliseconds``; ``None``
+    if it would not. Phrased to follow the value as given."""
+    if value >= TIMESPAN_UNREADABLE:
+        return (
+            "is too long a time span for the unit's file: systemd writes it"
+            " there in years, and a daemon-reload reads back none of 584542"
+            " years or more (give infinity)"
+        )
+    if milliseconds and value > 1000 and value % 1000:
+        return (
+            "has a part of a millisecond: systemd writes it into the unit's"
+            " file in whole milliseconds, and a daemon-reload would make it"
+            f" {value - value % 1000}"
+        )
+    return None
 
 
 def parse_bind_paths(text: str) -> list[tuple[str, str, bool, int]]:

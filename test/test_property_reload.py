@@ -248,3 +248,89 @@ def test_a_size_may_say_b_and_a_sum_is_refused_saying_so():
         "SDEXEC_PROP_MemoryMax: '1G 512M': sdexec does not take a sum of sizes;"
         " write it as one (1.5G, not 1G 512M)"
     )
+
+
+# --- 7: time spans, as systemd writes them into the unit's file -----------
+
+#: The first time span systemd 252 writes as 584542 years, which its
+#: unit-file parser refuses: the setting was dropped at a daemon-reload.
+YEARS_584542 = 584_542 * 31_557_600 * 1_000_000
+
+
+@pytest.mark.parametrize(
+    "name", ["RuntimeMaxUSec", "TimeoutStartUSec", "StartLimitIntervalUSec"]
+)
+def test_a_time_span_of_584542_years_is_refused_naming_infinity(name):
+    # RuntimeMaxUSec read back as infinity, TimeoutStartUSec as 90 s (the
+    # default), StartLimitIntervalUSec as 10 s.
+    for value in (YEARS_584542, 2**64 - 2):
+        assert site_refusal(**{name: str(value)}) == (
+            f"<config>: exec.sdexec-properties.{name}: '{value}' is too long a"
+            " time span for the unit's file: systemd writes it there in years,"
+            " and a daemon-reload reads back none of 584542 years or more (give"
+            " infinity)"
+        )
+    largest = YEARS_584542 - 1000
+    assert typed_property(name, str(largest)).value == largest
+
+
+@pytest.mark.parametrize("value", ["1001", "1500", "1000001", "59999999"])
+def test_a_part_of_a_millisecond_is_refused_saying_what_a_reload_makes(value):
+    # systemd writes "1min 1.000s" for 61000500: it read back as 61000000.
+    error = request_refusal(
+        parse_config(
+            {
+                "sdexec": {"request-properties": ["RuntimeMaxUSec"]},
+                "systemd": {"enable": True},
+            }
+        ),
+        RuntimeMaxUSec=value,
+    )
+    assert error.errnum == errno.EINVAL
+    assert error.errstr == (
+        f"SDEXEC_PROP_RuntimeMaxUSec: error setting property: {value!r} has a"
+        " part of a millisecond: systemd writes it into the unit's file in"
+        " whole milliseconds, and a daemon-reload would make it"
+        f" {int(value) // 1000 * 1000}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("RuntimeMaxUSec", "999"), ("TimeoutAbortUSec", "1"), ("WatchdogUSec", "0"),
+     ("RuntimeMaxUSec", "61000000"), ("CPUQuotaPeriodUSec", "1500")],
+)  # fmt: skip
+def test_a_time_span_systemd_writes_back_exactly_is_taken(name, value):
+    # Below a millisecond it writes microseconds ("999us"), and the CPU
+    # quota's period to the microsecond ("1.500ms").
+    assert typed_property(name, value).value == int(value)
+
+
+def test_a_start_timeout_of_0_is_refused_naming_infinity():
+    # Over D-Bus a timeout of 0 failed every start at once (Result=timeout);
+    # the unit's file then read back TimeoutStartSec=0 as infinity.
+    assert site_refusal(TimeoutStartUSec="0") == (
+        "<config>: exec.sdexec-properties.TimeoutStartUSec: '0' times every"
+        " start out at once (systemd 252: a unit file's 0 is no timeout, and a"
+        " daemon-reload reads it back so): give infinity for none"
+    )
+
+
+def test_a_timer_slack_past_a_signed_64_bit_number_is_refused():
+    # systemd writes it as a number, which it read back as the default.
+    assert typed_property("TimerSlackNSec", str(2**63 - 1)).value == 2**63 - 1
+    assert site_refusal(TimerSlackNSec=str(2**63)) == (
+        f"<config>: exec.sdexec-properties.TimerSlackNSec: '{2**63}' is out of"
+        " range: a daemon-reload reads back no TimerSlackNSec above"
+        f" {2**63 - 1}"
+    )
+
+
+def test_an_io_latency_target_of_584542_years_is_refused():
+    # Its entry was gone from the unit at a daemon-reload.
+    assert typed_property(
+        "IODeviceLatencyTargetUSec", f"/tmp {YEARS_584542 - 1}"
+    ).value == [("/tmp", YEARS_584542 - 1)]
+    assert "is too long a time span for the unit's file" in site_refusal(
+        IODeviceLatencyTargetUSec=f"/tmp {YEARS_584542}"
+    )

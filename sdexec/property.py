@@ -560,14 +560,35 @@ def _rlimit(name: str, text: str) -> UnitProperty:
             f" Limit{resource} is the hard limit alone"
         )
     if text.strip() == "infinity":
+        if resource == "NICE":
+            raise ValueError(
+                f"{text!r} is not taken: a daemon-reload reads LimitNICE back"
+                " from 0 to 40 alone (40 allows every nice level)"
+            )
         return UnitProperty(name, "t", UINT64_MAX)
     if resource in RLIMIT_SIZES:
         return UnitProperty(name, "t", parse_size(text))
+    hint = _RLIMIT_UNITS.get(resource)
     try:
-        return UnitProperty(name, "t", _uint64_or_infinity(text))
+        value = _integer(text, _UNSIGNED)
+        most = _RLIMIT_MAXIMA.get(resource, UINT64_MAX - 1)
+        if value > most:
+            raise ValueError(
+                f"{text!r} is out of range: a daemon-reload reads back no"
+                f" Limit{resource} above {most}"
+            )
     except ValueError as error:
-        hint = _RLIMIT_UNITS.get(resource)
         raise ValueError(f"{error}{f': {hint}' if hint else ''}") from None
+    return UnitProperty(name, "t", value)
+
+
+#: The largest finite limits systemd reads back from the unit's file, where
+#: it writes each as a number; a larger one it drops at a daemon-reload
+#: (measured on systemd 252). ``LimitCPU`` it reads as seconds, of which
+#: 64 bits of microseconds hold no more; ``LimitRTTIME`` as a signed
+#: number; ``LimitNICE`` as the rlimit, 0 to 40, and there no ``infinity``
+#: (it read both back as 0).
+_RLIMIT_MAXIMA = {"CPU": 18_446_744_073_708, "RTTIME": 2**63 - 1, "NICE": 40}
 
 
 def _bounded_integer(name: str, text: str) -> UnitProperty:

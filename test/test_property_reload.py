@@ -334,3 +334,33 @@ def test_an_io_latency_target_of_584542_years_is_refused():
     assert "is too long a time span for the unit's file" in site_refusal(
         IODeviceLatencyTargetUSec=f"/tmp {YEARS_584542}"
     )
+
+
+# --- 8: resource limits systemd reads back --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "most"),
+    [("LimitNICE", "41", 40), ("LimitNICESoft", "1023", 40),
+     ("LimitCPU", "18446744073709", 18446744073708),
+     ("LimitRTTIME", str(2**63), 2**63 - 1)],
+)  # fmt: skip
+def test_a_limit_systemd_reads_back_otherwise_is_refused(name, value, most):
+    # LimitNICE=41 read back as 0, LimitCPU and LimitRTTIME past these as
+    # infinity.
+    resource = name.removeprefix("Limit").removesuffix("Soft")
+    assert site_refusal(**{name: value}).startswith(
+        f"<config>: exec.sdexec-properties.{name}: {value!r} is out of range: a"
+        f" daemon-reload reads back no Limit{resource} above {most}"
+    )
+    assert typed_property(name, str(most)).value == most
+
+
+def test_an_infinite_nice_limit_is_refused_naming_40():
+    # systemd writes LimitNICE=infinity, which its unit-file parser refuses.
+    assert site_refusal(LimitNICE="infinity") == (
+        "<config>: exec.sdexec-properties.LimitNICE: 'infinity' is not taken: a"
+        " daemon-reload reads LimitNICE back from 0 to 40 alone (40 allows every"
+        " nice level)"
+    )
+    assert typed_property("LimitCPU", "infinity").value == 2**64 - 1

@@ -347,6 +347,13 @@ def _uint64_or_infinity(text: str) -> int:
     return value
 
 
+#: The largest CPU quota systemd reads back from the unit's file (measured
+#: on systemd 252): 21474836%, in microseconds a second.
+_CPU_QUOTA_MAX = 214_748_360_000
+#: What it writes there of a CPU quota: whole percents (10000 µs a second).
+_CPU_QUOTA_STEP = 10_000
+
+
 #: systemd's range for these (its D-Bus setters refuse a value outside it:
 #: "Value specified in TasksMax is out of range"), ``infinity`` aside, and
 #: how to say it. A CPU weight of 0 is ``idle``. The request policy ranks
@@ -354,12 +361,15 @@ def _uint64_or_infinity(text: str) -> int:
 RANGES: dict[str, tuple[int, int, str]] = {
     # systemd writes the quota into the unit's file in whole percents (its
     # unit-file parser takes no other): below 1%, as CPUQuota=0%, which a
-    # daemon-reload ignores, leaving the unit without any quota.
+    # daemon-reload ignores, leaving the unit without any quota; above
+    # 21474836% (ten-thousandths past a signed 32-bit number), which it
+    # ignores too.
     "CPUQuotaPerSecUSec": (
         10_000,
-        UINT64_MAX - 1,
-        "10000 (1%) or more, or infinity (it writes whole percents into the"
-        " unit's file: a daemon-reload drops a quota below 1%)",
+        _CPU_QUOTA_MAX,
+        f"10000 (1%) to {_CPU_QUOTA_MAX}, or infinity (it writes whole percents"
+        " into the unit's file: a daemon-reload drops a quota below 1% or"
+        " above 21474836%)",
     ),
     "TasksMax": (1, UINT64_MAX - 1, "1 or more, or infinity"),
     **dict.fromkeys(
@@ -390,16 +400,18 @@ _MICROSECOND_SPANS = frozenset({"CPUQuotaPeriodUSec"})
 _INT64_MAX = 2**63 - 1
 
 
-def _time_span_problem(name: str, value: int) -> str | None:
-    """Why systemd would not keep ``name``'s finite ``value`` as sent
-    across a daemon-reload, or apply it as a unit file's would; ``None``
-    if it would."""
+def _read_back_problem(name: str, value: int) -> str | None:
+    """Why systemd would not keep ``name``'s finite ``value`` (a time span,
+    a CPU quota) as sent across a daemon-reload, or apply it as a unit
+    file's would; ``None`` if it would."""
     if name == "TimerSlackNSec" and value > _INT64_MAX:
         return (
             f"is out of range: a daemon-reload reads back no TimerSlackNSec"
             f" above {_INT64_MAX}"
         )
-    if not name.endswith("USec") or name == "CPUQuotaPerSecUSec":
+    if name == "CPUQuotaPerSecUSec":
+        return _cpu_quota_problem(value)
+    if not name.endswith("USec"):
         return None
     if name == "TimeoutStartUSec" and value == 0:
         # Over D-Bus 0 is a timeout of none at all; a unit file's 0 is
@@ -412,6 +424,18 @@ def _time_span_problem(name: str, value: int) -> str | None:
     return values.time_span_problem(value, name not in _MICROSECOND_SPANS)
 
 
+def _cpu_quota_problem(value: int) -> str | None:
+    """Why a CPU quota (µs a second, in range) would read back otherwise."""
+    if value % _CPU_QUOTA_STEP == 0:
+        return None
+    kept = value - value % _CPU_QUOTA_STEP
+    return (
+        "is not a whole percent (10000 µs a second): systemd writes the quota"
+        f" into the unit's file in whole percents, and a daemon-reload would"
+        f" make it {kept} ({kept // _CPU_QUOTA_STEP}%)"
+    )
+
+
 def _uint64_in_range(name: str, text: str) -> UnitProperty:
     if name in _CPU_WEIGHTS and text.strip() == "idle":
         return UnitProperty(name, "t", 0)
@@ -421,7 +445,7 @@ def _uint64_in_range(name: str, text: str) -> UnitProperty:
     low, high, takes = RANGES.get(name, (0, UINT64_MAX, ""))
     if not low <= value <= high:
         raise ValueError(f"{text!r} is out of range: systemd takes {takes}")
-    problem = _time_span_problem(name, value)
+    problem = _read_back_problem(name, value)
     if problem is not None:
         raise ValueError(f"{text!r} {problem}")
     return UnitProperty(name, "t", value)

@@ -371,8 +371,9 @@ def test_a_memory_protection_or_swap_may_be_none(name, value):
         (
             "CPUQuotaPerSecUSec",
             "0",
-            "10000 (1%) or more, or infinity (it writes whole percents into the"
-            " unit's file: a daemon-reload drops a quota below 1%)",
+            "10000 (1%) to 214748360000, or infinity (it writes whole percents"
+            " into the unit's file: a daemon-reload drops a quota below 1% or"
+            " above 21474836%)",
         ),
         ("CPUWeight", "20000", "1 to 10000, or 0 (idle)"),
         ("IOWeight", "0", "1 to 10000"),

@@ -119,16 +119,16 @@ def test_a_cpu_quota_below_one_percent_is_refused_for_a_request(value):
     assert error.errnum == errno.EINVAL
     assert error.errstr.startswith(
         f"SDEXEC_PROP_CPUQuotaPerSecUSec: error setting property: {value!r} is out"
-        " of range: systemd takes 10000 (1%) or more"
+        " of range: systemd takes 10000 (1%) to 214748360000"
     )
-    assert "a daemon-reload drops a quota below 1%)" in error.errstr
+    assert "a daemon-reload drops a quota below 1% or above" in error.errstr
 
 
 def test_a_cpu_quota_below_one_percent_is_refused_for_the_site():
     message = site_refusal(CPUQuotaPerSecUSec="9999")
     assert message.startswith(
         "<config>: exec.sdexec-properties.CPUQuotaPerSecUSec: '9999' is out of"
-        " range: systemd takes 10000 (1%) or more, or infinity"
+        " range: systemd takes 10000 (1%) to 214748360000, or infinity"
     )
 
 
@@ -364,3 +364,35 @@ def test_an_infinite_nice_limit_is_refused_naming_40():
         " nice level)"
     )
     assert typed_property("LimitCPU", "infinity").value == 2**64 - 1
+
+
+# --- 9: a CPU quota, which systemd writes in whole percents --------------
+
+
+@pytest.mark.parametrize(
+    ("value", "kept"),
+    [("15000", 10000), ("1505000", 1500000), ("123456789", 123450000)],
+)
+def test_a_cpu_quota_of_part_of_a_percent_is_refused_saying_what_a_reload_makes(
+    value, kept
+):
+    # systemd wrote 1505000 as CPUQuota=150%: a reload cut the quota so.
+    error = request_refusal(
+        site(CPUQuotaPerSecUSec="200000000"), CPUQuotaPerSecUSec=value
+    )
+    assert error.errnum == errno.EINVAL
+    assert error.errstr == (
+        f"SDEXEC_PROP_CPUQuotaPerSecUSec: error setting property: {value!r} is"
+        " not a whole percent (10000 µs a second): systemd writes the quota into"
+        " the unit's file in whole percents, and a daemon-reload would make it"
+        f" {kept} ({kept // 10000}%)"
+    )
+
+
+def test_a_cpu_quota_above_21474836_percent_is_refused():
+    # Written as CPUQuota=21474837%, it read back as no quota at all.
+    assert typed_property("CPUQuotaPerSecUSec", "214748360000").value == 214748360000
+    assert site_refusal(CPUQuotaPerSecUSec="214748370000").startswith(
+        "<config>: exec.sdexec-properties.CPUQuotaPerSecUSec: '214748370000' is"
+        " out of range: systemd takes 10000 (1%) to 214748360000, or infinity"
+    )

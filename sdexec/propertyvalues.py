@@ -225,7 +225,15 @@ def _io_amount(text: str, kind: str) -> int:
         if problem is not None:
             raise ValueError(f"{text!r} {problem}")
         return int(text)
-    return parse_size(text, base=1000)
+    amount = parse_size(text, base=1000)
+    if amount == 0:
+        # systemd takes a 0 over D-Bus, but its unit-file parser does not:
+        # at a daemon-reload the entry was gone from the unit.
+        raise ValueError(
+            f"{text!r} is out of range: a daemon-reload reads back no limit of 0"
+            " (give 1 or more, or infinity)"
+        )
+    return amount
 
 
 def time_span_problem(value: int, milliseconds: bool) -> str | None:

@@ -396,3 +396,16 @@ def test_a_cpu_quota_above_21474836_percent_is_refused():
         "<config>: exec.sdexec-properties.CPUQuotaPerSecUSec: '214748370000' is"
         " out of range: systemd takes 10000 (1%) to 214748360000, or infinity"
     )
+
+
+# --- 10: I/O limits --------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["IOReadBandwidthMax", "IOWriteIOPSMax"])
+def test_an_io_limit_of_0_is_refused(name):
+    # systemd took "/tmp 0" over D-Bus, and dropped it at a daemon-reload.
+    assert site_refusal(**{name: "/tmp 0"}) == (
+        f"<config>: exec.sdexec-properties.{name}: '0' is out of range: a"
+        " daemon-reload reads back no limit of 0 (give 1 or more, or infinity)"
+    )
+    assert typed_property(name, "/tmp 1").value == [("/tmp", 1)]

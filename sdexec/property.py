@@ -220,6 +220,17 @@ PATH_LIST_PROPERTIES = frozenset(
         "ReadOnlyDirectories", "ReadWriteDirectories", "InaccessibleDirectories",
     }
 )  # fmt: skip
+#: Directories the manager makes for the unit, typed ``as``: names below
+#: its own directory for each, separated by spaces.
+DIRECTORY_PROPERTIES = frozenset(
+    {
+        "ConfigurationDirectory",
+        "StateDirectory",
+        "RuntimeDirectory",
+        "CacheDirectory",
+        "LogsDirectory",
+    }
+)
 #: Dependencies on other units, typed ``as``: unit names separated by
 #: spaces (systemd.unit(5); ``systemd-run -p After=...`` sends them so).
 DEPENDENCY_PROPERTIES = frozenset(
@@ -716,11 +727,20 @@ _unit_list = partial(_words, none="no unit named")
 
 
 def _path_list(text: str) -> list[str]:
-    paths = values.quoted_words(text, "no path given")
+    # A backslash is refused (values.shell_words): systemd writes the path
+    # into the unit's file as it is, where its parser reads an escape.
+    paths = values.shell_words(text, "no path given")
     for path in paths:
         # "-" (ignore if missing), then "+" (below RootDirectory), may lead.
         if not path.removeprefix("-").removeprefix("+").startswith("/"):
             raise ValueError(f"{path!r} is not an absolute path")
+        if ".." in path.split("/"):
+            # systemd takes it over D-Bus, but not from the unit's file: at
+            # a daemon-reload the unit lost the whole list.
+            raise ValueError(
+                f"{path!r}: a '..' in it, which systemd takes over D-Bus but not"
+                " from the unit's file: a daemon-reload would drop the list"
+            )
     return paths
 
 
@@ -845,16 +865,7 @@ _CONVERTERS: dict[str, Converter] = {
         "as", partial(values.parse_environment, assignments=False)
     ),
     "UnsetEnvironment": _Typed("as", values.parse_environment),
-    **dict.fromkeys(
-        (
-            "ConfigurationDirectory",
-            "StateDirectory",
-            "RuntimeDirectory",
-            "CacheDirectory",
-            "LogsDirectory",
-        ),
-        _Typed("as", values.parse_directory_names),
-    ),
+    **dict.fromkeys(DIRECTORY_PROPERTIES, _Typed("as", values.parse_directory_names)),
     **dict.fromkeys(
         (
             "SystemCallArchitectures",
@@ -1286,6 +1297,56 @@ def string_typed_problem(name: str) -> str | None:
     return None
 
 
+#: What systemd's unit-file parser reads each of these characters as.
+_READ_AS = {
+    " ": "a space between entries",
+    "\t": "a space between entries",
+    '"': "a quote",
+    "'": "a quote",
+    "%": "a specifier (%h: the home directory)",
+}
+_UNQUOTED = " \t\"'"
+#: Characters systemd 252 writes into the unit's file as they are in these
+#: settings, where its parser then reads them otherwise at a daemon-reload
+#: (measured: an entry of ReadOnlyPaths or RuntimeDirectory with a '"' was
+#: gone, a BindPaths or RequiresMountsFor path with a space became two, a
+#: DeviceAllow /dev/%h became /dev/root). The path lists it writes quoted.
+_UNREAD_CHARACTERS = {
+    **dict.fromkeys(PATH_LIST_PROPERTIES | DIRECTORY_PROPERTIES, '"'),
+    **dict.fromkeys(
+        ("BindPaths", "BindReadOnlyPaths", "TemporaryFileSystem"), _UNQUOTED
+    ),
+    "SupplementaryGroups": " \t",
+    "DeviceAllow": "\"'%",
+    "Documentation": _UNQUOTED + "%",
+    **dict.fromkeys(("RequiresMountsFor", "WantsMountsFor"), _UNQUOTED + "%"),
+    **dict.fromkeys(("IPIngressFilterPath", "IPEgressFilterPath"), "%"),
+}
+
+
+def _strings(value: Any) -> Any:
+    """The strings of a converted value, however nested in lists."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+def _unread_problem(typed: UnitProperty) -> str | None:
+    """Why systemd would read ``typed`` back otherwise from the unit's file
+    (:data:`_UNREAD_CHARACTERS`), or ``None``."""
+    unread = _UNREAD_CHARACTERS.get(typed.name, "")
+    for text in _strings(typed.value) if unread else ():
+        found = next((char for char in text if char in unread), None)
+        if found is not None:
+            return (
+                f"{text!r}: systemd writes {found!r} into the unit's file as it"
+                f" is, where a daemon-reload reads it as {_READ_AS[found]}"
+            )
+    return None
+
+
 def typed_property(name: str, value: str, source: str = "request") -> UnitProperty:
     """The :class:`UnitProperty` for ``StartTransientUnit``.
 
@@ -1311,6 +1372,9 @@ def typed_property(name: str, value: str, source: str = "request") -> UnitProper
             typed = UnitProperty(name, "s", value)
         else:
             typed = convert(name, value)
+            problem = _unread_problem(typed)
+            if problem is not None:
+                raise ValueError(problem)
     except ValueError as error:
         label = f"SDEXEC_PROP_{name}" if source == "request" else name
         raise PropertyError(label, str(error)) from None

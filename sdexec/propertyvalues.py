@@ -298,6 +298,12 @@ def parse_temporary_file_systems(text: str) -> list[tuple[str, str]]:
     mounts = []
     for word in shell_words(text, "no path given"):
         path, _, options = word.partition(":")
+        if "%" in options:
+            # systemd doubles it in the unit's file, and reads it back so.
+            raise ValueError(
+                f"{word!r}: systemd writes a '%' of the options into the unit's"
+                " file as '%%', which a daemon-reload reads back so"
+            )
         mounts.append((_absolute(path), options))
     return mounts
 
@@ -614,7 +620,13 @@ def parse_one_word(text: str) -> list[str]:
 
 def parse_log_extra_field(text: str) -> list[bytes]:
     """``LogExtraFields``: one ``FIELD=VALUE``, ``aay``."""
-    field, equals, _ = text.partition("=")
+    field, equals, value = text.partition("=")
+    if re.search(r"\s", value):
+        # Written unquoted into the unit's file, it came back cut there.
+        raise ValueError(
+            f"{text!r}: systemd writes the field into the unit's file unquoted,"
+            " where a daemon-reload reads a space as the end of it"
+        )
     if not equals or _JOURNAL_FIELD.fullmatch(field) is None:
         raise ValueError(
             f"{text!r} is not FIELD=VALUE (FIELD capitals, digits and _, led by a"

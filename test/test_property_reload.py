@@ -490,3 +490,23 @@ def test_a_space_in_a_log_field_is_refused():
         " reads a space as the end of it"
     )
     assert typed_property("LogExtraFields", 'A="x"').value == [b'A="x"']
+
+
+# --- 12: a variable named twice --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "word", "variable"),
+    [("PassEnvironment", "HOME PATH HOME", "HOME", "HOME"),
+     ("UnsetEnvironment", "A=1 A=1", "A=1", "A"),
+     ("UnsetEnvironment", "A=1 B A=2", "A=2", "A")],
+)  # fmt: skip
+def test_a_variable_given_twice_is_refused_naming_it(name, value, word, variable):
+    # The site's table loaded, and every job failed with "Invalid
+    # PassEnvironment= block." (A=1 A=2 ran with A=2, and read back both.)
+    assert site_refusal(**{name: value}) == (
+        f"<config>: exec.sdexec-properties.{name}: {word!r}: {variable} is given"
+        " twice (systemd refuses the same word twice, and of two assignments"
+        " keeps the last alone until a daemon-reload reads back both)"
+    )
+    assert typed_property("UnsetEnvironment", "A A=1").value == ["A", "A=1"]

@@ -38,6 +38,7 @@ from sdexec.sizes import (
 from sdexec.unitfile import unit_file_problem, value_line_problem
 
 __all__ = [
+    "JUDGED_LISTS",
     "KNOWN_PROPERTIES",
     "UINT32_MAX",
     "PropertyError",
@@ -47,6 +48,7 @@ __all__ = [
     "level_of",
     "parse_bool",
     "parse_integer",
+    "shown_value",
     "string_typed_problem",
     "typed_property",
     "unknown_property_reason",
@@ -142,6 +144,14 @@ BOOLEAN_PROPERTIES = frozenset(
 EX_TWINS = {
     name: f"{name}Ex" for name in ("PrivateUsers", "PrivateTmp", "ProtectControlGroups")
 }
+#: Converted properties whose words sdexec passes on as given, for systemd
+#: to judge: a bad one (``SystemCallFilter = "read:EPERM"``, an errno in a
+#: list of what a unit may use; an architecture it does not know) it
+#: refuses with a bare "Invalid argument", naming nothing, which
+#: :mod:`sdexec.systemd.errors` names then (:func:`shown_value`).
+JUDGED_LISTS = frozenset(
+    {"SystemCallFilter", "SystemCallLog", "SystemCallArchitectures"}
+)
 #: Lists of what a unit may use, led by ``~`` for what it may not
 #: (``SystemCallFilter = "~@mount @clock"``): ``(bas)``, as systemd-run sends
 #: them.
@@ -1345,6 +1355,18 @@ def _unread_problem(typed: UnitProperty) -> str | None:
                 f" is, where a daemon-reload reads it as {_READ_AS[found]}"
             )
     return None
+
+
+def shown_value(prop: UnitProperty) -> str:
+    """``prop``'s value as a message shows it: a string as it is, a list's
+    words separated by spaces, led by ``~`` for a list of what the unit may
+    not use (``(bas)``)."""
+    if prop.signature == "(bas)":
+        allows, words = prop.value
+        return ("" if allows else "~") + " ".join(words)
+    if prop.signature == "as":
+        return " ".join(prop.value)
+    return str(prop.value)
 
 
 def typed_property(name: str, value: str, source: str = "request") -> UnitProperty:

@@ -435,6 +435,26 @@ async def test_a_site_property_systemd_types_otherwise_is_named(
     assert "Type=exec" not in result.error.errstr  # sdexec's own: no suspect
 
 
+@pytest.mark.parametrize(
+    ("site", "named"),
+    [('SystemCallFilter = "read:EPERM"', "SystemCallFilter=read:EPERM"),
+     ('SystemCallFilter = "~read:EBOGUS"', "SystemCallFilter=~read:EBOGUS"),
+     ('SystemCallArchitectures = "bogus"', "SystemCallArchitectures=bogus")],
+)  # fmt: skip
+@ensureDeferred
+async def test_a_word_systemd_refuses_in_a_list_it_judges_is_named(
+    start_service, site, named
+):
+    # Every job failed with a bare "Failed to set unit properties: Invalid
+    # argument": sdexec passes these words on for systemd to judge.
+    _, result = await true_under(start_service, site + "\n")
+    assert result.error.errnum == errno.EINVAL
+    assert result.error.errstr == (
+        "Failed to set unit properties: Invalid argument (one of these"
+        f" properties: {named})"
+    )
+
+
 @ensureDeferred
 async def test_bad_property_value_names_the_property(sdexec):
     client = await sdexec.connect()

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from sdexec.managerversion import manager_named, version_number
-from sdexec.property import UnitProperty
+from sdexec.property import JUDGED_LISTS, UnitProperty, shown_value
 
 if TYPE_CHECKING:
     from twisted.python.failure import Failure
@@ -253,19 +253,26 @@ def _is_refused_control(character: str) -> bool:
 
 
 def _name_string_properties(message: str, properties: list[UnitProperty]) -> str:
-    """systemd refuses a bad string-typed property (``DevicePolicy=bogus``)
-    with a bare "Invalid argument", and a property it types otherwise that
+    """systemd refuses a bad string-typed property (``DevicePolicy=bogus``),
+    or a bad word of a list it judges alone (:data:`JUDGED_LISTS`), with a
+    bare "Invalid argument", and a property it types otherwise that
     came as a string (one sdexec does not know the type of) with
     "Unexpected message contents", for every unit: name the candidates, so
     the error names the property as every other property error does."""
+    # Not sdexec's own.
+    given = [prop for prop in properties if prop.source in ("config", "request")]
     suspects = [
         f"{prop.name}={prop.value}"
-        for prop in properties
-        if prop.signature == "s"
-        and prop.source in ("config", "request")  # not sdexec's own
-        and prop.name not in _OWN_STRING_PROPERTIES
+        for prop in given
+        if prop.signature == "s" and prop.name not in _OWN_STRING_PROPERTIES
     ]
-    if not suspects or any(s.split("=", 1)[0] in message for s in suspects):
+    # Lists of words systemd judges alone refuse so too.
+    judged = [f"{p.name}={shown_value(p)}" for p in given if p.name in JUDGED_LISTS]
+    if any(s.split("=", 1)[0] in message for s in suspects + judged):
+        return message
+    if "Invalid argument" in message and judged:
+        return f"{message} (one of these properties: {', '.join(suspects + judged)})"
+    if not suspects:
         return message
     if "Invalid argument" in message:
         return f"{message} (one of the string-valued properties: {', '.join(suspects)})"

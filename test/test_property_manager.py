@@ -1,6 +1,7 @@
 """The unit properties sdexec types, against the real user manager: each
-converted property's D-Bus type is the one the manager itself shows, and a
-site's values of them reach a job that runs.
+converted property's D-Bus type is the one the manager itself shows, a
+site's values of them reach a job that runs, and the largest it takes read
+back as sent at a daemon-reload.
 
 Which properties the manager knows is read from the node (the manager's own
 introspection of a service unit), never assumed: a name newer than the
@@ -9,12 +10,14 @@ manager is left out, as the manager would refuse it with "unknown property".
 
 from __future__ import annotations
 
+import os
 import subprocess
 import xml.etree.ElementTree as ElementTree
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import Result, run
+from support import FLAGS, Result, command, run, unit_properties, until
+from twisted.internet.utils import getProcessValue
 
 from sdexec.property import CONVERTED_SIGNATURES
 
@@ -161,3 +164,42 @@ async def test_a_site_s_mounts_reach_a_job_where_the_node_makes_them(start_servi
         return
     assert result.status == 0, result.stderr
     assert result.stdout.decode().split() == ["etc-read-only", "0"]
+
+
+#: The largest (or finest) value of each that sdexec takes, where systemd
+#: writes the value into the unit's file in a form of its own: each must
+#: read back as sent at a daemon-reload (one more, or one finer, did not:
+#: sdexec refuses those, test_property_reload.py).
+READ_BACK_VALUES = {
+    "RuntimeMaxUSec": str(584_542 * 31_557_600 * 1_000_000 - 1000),  # ms
+    "TimeoutAbortUSec": "999",  # written in microseconds below 1 ms
+    "StartLimitIntervalUSec": "61000000",
+    "CPUQuotaPeriodUSec": "1500",  # written to the microsecond
+    "CPUQuotaPerSecUSec": "214748360000",  # 21474836%
+    "TimerSlackNSec": str(2**63 - 1),
+    "LimitCPU": "18446744073708",
+    "LimitRTTIME": str(2**63 - 1),
+    "LimitNICE": "40",
+    "UnsetEnvironment": "SDEXEC_TEST_A SDEXEC_TEST_A=1",
+}
+
+
+@ensureDeferred
+async def test_the_limits_sdexec_takes_read_back_as_sent(start_service):
+    shown = manager_property_types()
+    service = await start_service(extra=site_table(READ_BACK_VALUES, shown))
+    client = await service.connect()
+    unit = f"sdexec-read-back-{os.getpid()}"
+    job = Result()
+    opts = {"SDEXEC_NAME": unit}
+    handle = client.exec(command(["sleep", "300"], opts=opts), FLAGS, job.collect)
+    await until(lambda: "started" in job.types, "the job started")
+    names = [name for name in READ_BACK_VALUES if name in shown]
+    before = unit_properties(f"{unit}.service", "LoadState", *names)
+    # Not subprocess.run: the service goes on serving while it reloads.
+    reload = ["--user", "daemon-reload"]
+    assert await getProcessValue("systemctl", reload, env=os.environ) == 0
+    after = unit_properties(f"{unit}.service", "LoadState", *names)
+    await handle.kill(15)
+    await handle.done
+    assert (after["LoadState"], after) == ("loaded", before)

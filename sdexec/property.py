@@ -1357,6 +1357,19 @@ def _unread_problem(typed: UnitProperty) -> str | None:
     return None
 
 
+def _edge_space_problem(value: str) -> str | None:
+    """Why systemd would read the string ``value`` back otherwise from the
+    unit's file, where its parser strips a value's spaces: a
+    ``SyslogIdentifier`` of " x " came back as "x", a ``PIDFile`` of "x "
+    as "x"."""
+    if value == value.strip(" \t"):
+        return None
+    return (
+        f"{value!r}: a space at its start or end, which systemd writes into"
+        " the unit's file and a daemon-reload drops"
+    )
+
+
 def shown_value(prop: UnitProperty) -> str:
     """``prop``'s value as a message shows it: a string as it is, a list's
     words separated by spaces, led by ``~`` for a list of what the unit may
@@ -1388,7 +1401,7 @@ def typed_property(name: str, value: str, source: str = "request") -> UnitProper
         if problem is not None:
             raise ValueError(problem)
         if convert is None:
-            problem = string_typed_problem(name)
+            problem = string_typed_problem(name) or _edge_space_problem(value)
             if problem is not None:
                 raise ValueError(problem)
             typed = UnitProperty(name, "s", value)

@@ -510,3 +510,22 @@ def test_a_variable_given_twice_is_refused_naming_it(name, value, word, variable
         " keeps the last alone until a daemon-reload reads back both)"
     )
     assert typed_property("UnsetEnvironment", "A A=1").value == ["A", "A=1"]
+
+
+# --- 13: a string with a space at an end -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("SyslogIdentifier", " job "), ("PIDFile", "/run/x.pid "), ("PAMName", " "),
+     ("UtmpIdentifier", "\tx")],
+)  # fmt: skip
+def test_a_string_with_a_space_at_an_end_is_refused(name, value):
+    # systemd's unit-file parser strips a value: SyslogIdentifier " job "
+    # came back from a daemon-reload as "job", PAMName " " as none.
+    assert site_refusal(**{name: value}) == (
+        f"<config>: exec.sdexec-properties.{name}: {value!r}: a space at its"
+        " start or end, which systemd writes into the unit's file and a"
+        " daemon-reload drops"
+    )
+    assert typed_property(name, "a b").value == "a b"

@@ -18,7 +18,7 @@ knows the bus library.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -427,7 +427,7 @@ def _read_back_problem(name: str, value: int) -> str | None:
     file's would; ``None`` if it would."""
     if name == "TimerSlackNSec" and value > _INT64_MAX:
         return (
-            f"is out of range: a daemon-reload reads back no TimerSlackNSec"
+            "is out of range: a daemon-reload reads back no TimerSlackNSec"
             f" above {_INT64_MAX}"
         )
     if name == "CPUQuotaPerSecUSec":
@@ -452,7 +452,7 @@ def _cpu_quota_problem(value: int) -> str | None:
     kept = value - value % _CPU_QUOTA_STEP
     return (
         "is not a whole percent (10000 µs a second): systemd writes the quota"
-        f" into the unit's file in whole percents, and a daemon-reload would"
+        " into the unit's file in whole percents, and a daemon-reload would"
         f" make it {kept} ({kept // _CPU_QUOTA_STEP}%)"
     )
 
@@ -1315,6 +1315,7 @@ _READ_AS = {
     "'": "a quote",
     "%": "a specifier (%h: the home directory)",
 }
+#: What ends an entry, or quotes one, where systemd writes entries unquoted.
 _UNQUOTED = " \t\"'"
 #: Characters systemd 252 writes into the unit's file as they are in these
 #: settings, where its parser then reads them otherwise at a daemon-reload
@@ -1334,7 +1335,7 @@ _UNREAD_CHARACTERS = {
 }
 
 
-def _strings(value: Any) -> Any:
+def _strings(value: Any) -> Iterator[str]:
     """The strings of a converted value, however nested in lists."""
     if isinstance(value, str):
         yield value

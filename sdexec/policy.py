@@ -716,7 +716,14 @@ class RequestPolicy:
 
     def _set_by_site(self, name: str) -> str:
         if name in ALWAYS_ALLOWED and name in self.baseline:
-            return f" (set to {self.baseline[name]} by {SITE_PROPERTIES_KEY})"
+            # `sdexec run` asks IgnoreSIGPIPE=no of every run, unasked by
+            # its user: say how to run with the site's value instead.
+            site = self.baseline[name]
+            return (
+                f" (set to {site} by {SITE_PROPERTIES_KEY}: a request may only"
+                " repeat it; `sdexec run`, which asks for no, runs with it given"
+                f" `--setopt SDEXEC_PROP_{name}={site}`)"
+            )
         return ""
 
     def _check_tightens(

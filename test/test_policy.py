@@ -410,7 +410,9 @@ def test_the_site_s_ignoresigpipe_stands_unless_the_admin_lets_requests_change_i
     assert (refused.value.errnum, refused.value.errstr) == (
         errno.EPERM,
         "SDEXEC_PROP_IgnoreSIGPIPE: requests may not set IgnoreSIGPIPE (set to"
-        " yes by [exec.sdexec-properties]); an admin may allow it in"
+        " yes by [exec.sdexec-properties]: a request may only repeat it;"
+        " `sdexec run`, which asks for no, runs with it given `--setopt"
+        " SDEXEC_PROP_IgnoreSIGPIPE=yes`); an admin may allow it in"
         " [sdexec] request-properties",
     )
     listed = RequestPolicy(allowed=DEFAULT_ALLOWED, baseline=site)

@@ -726,6 +726,20 @@ def test_wait_says_its_output_is_lost_to_a_closed_stdout(serve):
     )
 
 
+def test_wait_whose_output_is_lost_keeps_a_failing_status(serve):
+    # sdexec(1), EXIT STATUS: 1 only where the process's own would be 0.
+    def script(request: dict) -> list[dict]:
+        io = encode_io("stdout", "0", b"precious\n")
+        return [response(request, {"status": 3 << 8, "output": [io]})]
+
+    path = serve(script)
+    done = sdexec(path, "wait", "7", stdout=None, preexec_fn=lambda: os.close(1))
+    assert (done.returncode, done.stderr) == (
+        3,
+        b"sdexec: cannot write stdout: Bad file descriptor\n",
+    )
+
+
 def ending_at_stdin_eof(status: int = 0) -> Script:
     """An exec that starts, and ends with wait status ``status`` once its
     stdin's EOF has come (so the client reads its stdin first)."""

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import FLAGS, command, run, unit_names, until
+from support import FLAGS, command, run, unit_names, unit_property, until
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
@@ -39,6 +39,34 @@ async def test_a_unit_name_in_use_is_refused_and_its_owner_runs_on(sdexec):
     await owner.done  # ENODATA: the stream ended successfully
     assert [r["status"] for r in first if r["type"] == "finished"] == [0]
     assert sdexec.server.units == {}
+
+
+@ensureDeferred
+async def test_a_unit_name_another_program_runs_is_refused_and_left_alone(sdexec):
+    # docs/protocol.md's EEXIST: systemd's own refusal, in its words; the
+    # unit, which the service never ran, is not touched.
+    name = f"foreign-{uuid.uuid4().hex}"
+    subprocess.run(
+        ["systemd-run", "--user", "--quiet", f"--unit={name}", "sleep", "300"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    try:
+        client = await sdexec.connect()
+        result = await run(client, ["true"], opts={"SDEXEC_NAME": name})
+        assert result.error.errnum == errno.EEXIST
+        assert result.error.errstr == (
+            f"Unit {name}.service was already loaded or has a fragment file."
+        )
+        assert "started" not in result.types
+        # The refusal had the service look for a leftover of its own under
+        # that name (sdexec/leftovers.py): a scan after it has seen it too.
+        await sdexec.server.leftovers.scan()
+        listed = await client.list()
+        assert [p for p in listed["procs"] if p["unit"] == f"{name}.service"] == []
+        assert unit_property(f"{name}.service", "ActiveState") == "active"
+    finally:
+        subprocess.run(["systemctl", "--user", "stop", f"{name}.service"],
+                       check=False, capture_output=True, timeout=60)  # fmt: skip
 
 
 @pytest.fixture

@@ -1202,13 +1202,19 @@ def _signals_that_end_nothing(config: Config) -> tuple[str, ...]:
     return tuple(warnings)
 
 
+def users_a_mode_may_keep_out(config: Config) -> tuple[int, ...]:
+    """The uids of ``allow-users`` that a socket's mode may keep out: all
+    but root, which needs no permission (``CAP_DAC_OVERRIDE``)."""
+    return tuple(uid for uid in config.sdexec.allow_users if uid != 0)
+
+
 def allowed_users_cannot_connect(config: Config) -> tuple[str, ...]:
     """A warning if ``allow-users`` names users whom ``socket-mode`` keeps
     out of every socket the service makes: they would get EACCES, not the
     service's EPERM, and nothing would say why. (Judged again by a reload
     that keeps the ``socket-mode`` in force.)"""
     # Connecting to a UNIX socket takes write permission on it.
-    if not config.sdexec.allow_users or config.sdexec.socket_mode & 0o022:
+    if not users_a_mode_may_keep_out(config) or config.sdexec.socket_mode & 0o022:
         return ()
     if is_systemd_endpoint(config.sdexec.listen or ""):
         # A socket systemd made has its .socket unit's mode, whatever

@@ -43,6 +43,7 @@ from sdexec.config import (
     allowed_users_cannot_connect,
     load_config_quietly,
     log_warnings,
+    users_a_mode_may_keep_out,
 )
 from sdexec.connection import SdexecServerFactory
 from sdexec.containment import Containment
@@ -312,7 +313,7 @@ class SdexecService(Service):
         judges only the sockets the service makes). They would get EACCES,
         and nothing would say why."""
         port = self.ports.get("listen")
-        if not self.config.sdexec.allow_users or port is None:
+        if not users_a_mode_may_keep_out(self.config) or port is None:
             return
         if not is_systemd_endpoint(self.listen):
             return

@@ -924,9 +924,12 @@ def test_max_frame_size_bounds_requests_not_the_wait_answer():
     ],
 )
 def test_allowed_users_the_socket_mode_keeps_out_are_warned_of(mode, warned):
-    table = {"allow-users": [0], **({"socket-mode": mode} if mode else {})}
+    table = {"allow-users": [0, 1234], **({"socket-mode": mode} if mode else {})}
     warnings = parse_config({"sdexec": table}, "f.toml").warnings
     assert bool(warnings) == warned
+    # Root connects whatever the mode: listed alone, it is no one kept out.
+    root_only = {**table, "allow-users": [0]}
+    assert parse_config({"sdexec": root_only}).warnings == ()
     if warned:
         assert warnings[0].startswith(
             "f.toml: sdexec.allow-users: the users listed cannot connect:"

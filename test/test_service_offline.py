@@ -1171,38 +1171,29 @@ async def _stats_socket_refused(tmp_path, stats_socket: str) -> ListenError:
     return error.value
 
 
+@pytest.mark.parametrize(
+    ("call", "below", "refused", "advice"),
+    [
+        # ProtectSystem=strict: "[Errno 30] Read-only file system: '…'".
+        ("unlink", "", "stats.sock", ""),
+        # The advice named the parent the directory was to be made in: a
+        # ReadWritePaths=/var/lib drop-in, for /var/lib/x/stats.sock.
+        ("mkdir", "/x", "x", "/x, once made: it does not exist"),
+    ],
+)
 @ensureDeferred
 async def test_a_stats_socket_on_a_read_only_file_system_says_what_to_give(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, call, below, refused, advice
 ):
-    # ProtectSystem=strict: "[Errno 30] Read-only file system: '…/stats.sock'".
     read_only = tmp_path / "ro"
     read_only.mkdir(mode=0o700)
-    _read_only_below(monkeypatch, "unlink", read_only)
-    error = await _stats_socket_refused(tmp_path, f"{read_only}/stats.sock")
+    _read_only_below(monkeypatch, call, read_only)
+    error = await _stats_socket_refused(tmp_path, f"{read_only}{below}/stats.sock")
     assert str(error) == (
-        f"[sdexec] stats-socket: cannot listen on unix:{read_only}/stats.sock:"
-        f" Read-only file system: {read_only}/stats.sock (under"
+        f"[sdexec] stats-socket: cannot listen on unix:{read_only}{below}/stats.sock:"
+        f" Read-only file system: {read_only}/{refused} (under"
         " ProtectSystem=strict, give its directory a ReadWritePaths= drop-in:"
-        f" {read_only})"
-    )
-
-
-@ensureDeferred
-async def test_a_stats_socket_s_missing_directory_on_a_read_only_file_system(
-    tmp_path, monkeypatch
-):
-    # The advice named the parent the directory was to be made in: a
-    # ReadWritePaths=/var/lib drop-in, for stats-socket /var/lib/x/stats.sock.
-    read_only = tmp_path / "ro"
-    read_only.mkdir(mode=0o700)
-    _read_only_below(monkeypatch, "mkdir", read_only)
-    error = await _stats_socket_refused(tmp_path, f"{read_only}/x/stats.sock")
-    assert str(error) == (
-        f"[sdexec] stats-socket: cannot listen on unix:{read_only}/x/stats.sock:"
-        f" Read-only file system: {read_only}/x (under ProtectSystem=strict, give"
-        f" its directory a ReadWritePaths= drop-in: {read_only}/x, once made: it"
-        " does not exist)"
+        f" {read_only}{advice})"
     )
 
 

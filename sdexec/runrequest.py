@@ -24,9 +24,11 @@ if TYPE_CHECKING:
         time_limit: str | None
         dir: str | None
         bg: bool
+        passthrough: bool
 
 
 __all__ = [
+    "RELAYED_OPTS",
     "STREAMING_OPTS",
     "NotText",
     "base_directory",
@@ -39,6 +41,13 @@ __all__ = [
 #: SIGPIPE. systemd ignores SIGPIPE by default, and then neither would end
 #: it (``sdexec run --no-passthrough yes | head -1`` ran on for ever).
 STREAMING_OPTS = {"SDEXEC_PROP_IgnoreSIGPIPE": "no"}
+
+#: Relayed output (``--no-passthrough``) is written to our stdout and
+#: stderr as the service reads it, as a passed descriptor would take it:
+#: line-buffered (RFC 42's default), a prompt (``read -p``, ``rm -i``) or a
+#: progress line waited in the service for a newline that comes only once
+#: the user has answered it, or for 1 MiB of it.
+RELAYED_OPTS = {"stdout_LINE_BUFFER": "false", "stderr_LINE_BUFFER": "false"}
 
 
 class NotText(ValueError):
@@ -67,6 +76,8 @@ def build_command(
     }
     # A background run has no client, and no pipe of ours to write to.
     opts = {} if options.bg else dict(STREAMING_OPTS)
+    if not (options.bg or options.passthrough):
+        opts.update(RELAYED_OPTS)
     # --dir as the kernel enters it (`..` after a symbolic link is its
     # target's parent, which a normalized path is not): systemd takes only
     # a normalized path, and the process's PWD must name where it runs.

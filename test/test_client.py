@@ -729,18 +729,25 @@ def test_run_job_options_and_cancel_targets():
         ]
     )
     opts = build_command(options, {}, "/")["opts"]
-    # A closed pipe must end a framed run too (the client forwards SIGPIPE).
-    sigpipe = {"SDEXEC_PROP_IgnoreSIGPIPE": "no"}
+    # A closed pipe must end a framed run too (the client forwards SIGPIPE),
+    # and its output is not line-buffered: a prompt shows before its answer.
+    relayed = {
+        "SDEXEC_PROP_IgnoreSIGPIPE": "no",
+        "stdout_LINE_BUFFER": "false",
+        "stderr_LINE_BUFFER": "false",
+    }
     assert opts == {
-        **sigpipe,
+        **relayed,
         "A": "b",
         "SDEXEC_JOBID": "f1",
         "SDEXEC_TIME_LIMIT": "5m",
     }
-    assert (
-        build_command(parse_args(["run", "--no-passthrough", "true"]), {}, "/")["opts"]
-        == sigpipe
-    )
+    assert build_command(parse_args(["run", "true"]), {}, "/")["opts"] == {
+        "SDEXEC_PROP_IgnoreSIGPIPE": "no"  # nothing relayed: no buffering to set
+    }
+    buffered = ["run", "--no-passthrough", "--setopt", "stdout_LINE_BUFFER=1", "true"]
+    opts = build_command(parse_args(buffered), {}, "/")["opts"]
+    assert opts["stdout_LINE_BUFFER"] == "1"  # the user's own choice wins
     assert build_command(parse_args(["run", "--bg", "true"]), {}, "/")["opts"] == {}
     assert cancel_targets("1234") == ({"pid": 1234}, {"jobid": "1234"})
     assert cancel_targets("fA3x") == ({"jobid": "fA3x"}, {"label": "fA3x"})
@@ -895,7 +902,12 @@ def test_cli_run_streams_and_exits_with_the_status(tmp_path, served):
     request = yield peer.requests.get()
     cmd = request["payload"]["cmd"]
     assert (cmd["cmdline"], cmd["cwd"]) == (["cat"], str(REPO))
-    assert cmd["opts"] == {"SDEXEC_PROP_IgnoreSIGPIPE": "no", "K": "V"}
+    assert cmd["opts"] == {
+        "SDEXEC_PROP_IgnoreSIGPIPE": "no",
+        "stdout_LINE_BUFFER": "false",
+        "stderr_LINE_BUFFER": "false",
+        "K": "V",
+    }
     assert cmd["env"]["PYTHONPATH"] == str(REPO)
     assert request["payload"]["flags"] == 11
     first = yield peer.requests.get()  # the borrowed credit, no more

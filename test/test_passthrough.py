@@ -15,10 +15,12 @@ import errno
 import json
 import os
 import resource
+import select
 import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from offline import Connection
@@ -577,6 +579,49 @@ async def test_cli_no_passthrough_relays_through_the_service(sdexec):
     )
     assert (done.returncode, done.stdout) == (0, b"abc")
     assert sdexec.server.counters["sdexec.write"] >= 1
+
+
+def _read_within(fd: int, size: int, cap_s: float) -> bytes:
+    """Up to ``size`` bytes of ``fd``, what came within ``cap_s`` seconds."""
+    data = b""
+    deadline = time.monotonic() + cap_s
+    while len(data) < size:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        piece = os.read(fd, size - len(data))
+        if not piece:
+            break
+        data += piece
+    return data
+
+
+@real_manager
+@ensureDeferred
+async def test_a_relayed_prompt_is_shown_before_it_is_answered(sdexec):
+    # `read -p`, `rm -i`: the prompt's line ends only once it is answered.
+    # Line-buffered in the service, it came after the answer, or never.
+    script = 'printf "name? "; read name; echo "hi $name"'
+    argv = ["run", "--no-passthrough", "sh", "-c", script]
+    client = subprocess.Popen(
+        [sys.executable, "-m", "sdexec.cli", *argv],
+        env={**os.environ, "SDEXEC_SOCKET": sdexec.socket_path},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert client.stdin is not None and client.stdout is not None
+    stdout = client.stdout.fileno()
+    try:
+        assert await deferToThread(_read_within, stdout, 6, 30) == b"name? "
+        client.stdin.write(b"ann\n")
+        client.stdin.close()
+        assert await deferToThread(_read_within, stdout, 100, 30) == b"hi ann\n"
+        assert await deferToThread(client.wait, 120) == 0
+    finally:
+        client.kill()  # (a no-op once it has exited)
+        client.wait()
+        client.stdin.close()
+        client.stdout.close()
 
 
 @real_manager

@@ -50,6 +50,7 @@ from sdexec.limits import (
 from sdexec.policy import TIGHTENING, RequestPolicy
 from sdexec.property import (
     ADDED_UP,
+    DIRECTORY_PROPERTIES,
     EX_TWINS,
     PropertyError,
     UnitProperty,
@@ -493,15 +494,6 @@ _PATH_RESTRICTIONS = (
     "ReadOnlyPaths", "ReadOnlyDirectories", "InaccessiblePaths",
     "InaccessibleDirectories", "NoExecPaths", "ProtectSystem", "ProtectHome",
 )  # fmt: skip
-#: The directories systemd makes (or takes, if they exist) for a unit
-#: below its own (``/var/lib``, ``~/.config``…), and makes writable there
-#: whatever ProtectSystem, ProtectHome or ReadOnlyPaths say:
-#: ``ConfigurationDirectory=app`` made an existing ``~/.config/app``
-#: writable under ProtectHome=read-only, as ``ReadWritePaths`` would.
-_MANAGED_DIRECTORIES = (
-    "RuntimeDirectory", "StateDirectory", "CacheDirectory", "LogsDirectory",
-    "ConfigurationDirectory",
-)  # fmt: skip
 #: What hides the host's files from the unit behind a private copy: its
 #: own /tmp and /var/tmp, its own /dev of pseudo devices alone.
 _PRIVATE_VIEWS = ("PrivateTmp", "PrivateTmpEx", "PrivateDevices")
@@ -525,7 +517,12 @@ OPENS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(
         (
             "ReadWritePaths", "ReadWriteDirectories", "TemporaryFileSystem",
-            *_MANAGED_DIRECTORIES,
+            # The directories systemd makes (or takes) for a unit below its
+            # own (/var/lib, ~/.config…) it makes writable whatever
+            # ProtectSystem, ProtectHome or ReadOnlyPaths say:
+            # ConfigurationDirectory=app made an existing ~/.config/app
+            # writable under ProtectHome=read-only.
+            *sorted(DIRECTORY_PROPERTIES),
         ),
         _PATH_RESTRICTIONS,
     ),

@@ -61,6 +61,7 @@ from sdexec.property import (
     MEMORY_PROPERTIES,
     STOP_PROPERTIES,
     PropertyError,
+    is_property_word,
     properties_together_problem,
     typed_property,
     unknown_property_reason,
@@ -766,12 +767,6 @@ def _too_large(value: object) -> str | None:
     return None
 
 
-# A word that may name a systemd D-Bus property: letters and digits. One
-# in the wrong case (memorymax) is judged as an unknown name, which
-# suggests the one meant.
-_PROPERTY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*")
-
-
 class _PropertyError(ValueError):
     """A bad entry of ``exec.sdexec-properties``: its name extends the key
     path."""
@@ -795,7 +790,7 @@ def _properties(value: object) -> Mapping[str, str]:
 
 
 def _check_property(name: object, value: object) -> None:
-    if not isinstance(name, str) or _PROPERTY_NAME.fullmatch(name) is None:
+    if not is_property_word(name):
         raise _PropertyError(name, "expected a systemd property name such as MemoryMax")
     reason = _reserved_reason(name)
     if reason is not None:

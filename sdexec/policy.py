@@ -40,6 +40,7 @@ from sdexec.property import (
     RLIMITS,
     STOP_PROPERTIES,
     UINT64_MAX,
+    is_property_word,
     level_of,
     parse_bool,
     string_typed_problem,
@@ -546,10 +547,6 @@ DEFAULT_ALLOWED: Final = ALWAYS_ALLOWED | frozenset(
     }
 )
 
-# As in the configuration's properties: a name in the wrong case is an
-# unknown one, answered with the name meant.
-_PROPERTY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*")
-
 
 def never_allowed_reason(name: str) -> str | None:
     """Why ``name`` can never be set by a request, or ``None`` if it may be
@@ -617,7 +614,7 @@ def parse_request_properties(value: object) -> frozenset[str]:
 def _allowable(index: int, entry: object) -> str:
     """``entry``, the name at ``index`` of :data:`CONFIG_KEY`, if a
     request may be allowed to set it."""
-    if not isinstance(entry, str) or _PROPERTY_NAME.fullmatch(entry) is None:
+    if not is_property_word(entry):
         raise RequestPropertiesEntryError(
             index,
             f"expected a property name such as MemoryMax or {DEFAULTS_TOKEN!r},"

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeGuard
 
 from sdexec import propertyvalues as values
 from sdexec.idset import IDset
@@ -45,6 +45,7 @@ __all__ = [
     "UnitProperty",
     "cpu_set",
     "is_known_property",
+    "is_property_word",
     "level_of",
     "parse_bool",
     "parse_integer",
@@ -1092,6 +1093,19 @@ _DBUS_SPELLINGS = {
 #: fewer than 8 letters, one edit. Farther, the closest is as likely a
 #: different setting (``TimeoutSec`` is not ``JobTimeoutUSec``).
 _MEANT_EDITS = 2
+
+
+#: A word that may name a systemd D-Bus property: letters and digits. One
+#: in the wrong case (``memorymax``) is then judged an unknown name, which
+#: :func:`unknown_property_reason` answers with the name meant.
+_PROPERTY_WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+
+
+def is_property_word(name: object) -> TypeGuard[str]:
+    """Whether ``name`` is a word that may name a property (known or not:
+    :func:`unknown_property_reason` judges that), from the configuration
+    or ``request-properties``."""
+    return isinstance(name, str) and _PROPERTY_WORD.fullmatch(name) is not None
 
 
 def is_known_property(name: str) -> bool:

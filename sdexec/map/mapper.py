@@ -205,7 +205,7 @@ class HwlocMapper(ResourceMapper):
         super().finalize_properties(properties, R, extra_properties=extra_properties)
         if extra_properties and "AllowedCPUs" in properties:
             # As systemd reads it: a subclass's map_cores may write "0 64".
-            cpus = _cpu_list(properties["AllowedCPUs"], "AllowedCPUs")
+            cpus = _idset(properties["AllowedCPUs"], "AllowedCPUs", cpu_set)
             # Exact: a float turned 2**64-1 bytes (systemd's infinity) into
             # 2**64, which no property can hold.
             share = Fraction(len(cpus), self._topology.npus)
@@ -315,16 +315,11 @@ def _scaled_percent(percent: float, share: Fraction) -> int:
     return max(scaled, 1) if percent > 0 else 0
 
 
-def _idset(text: str, what: str) -> IDset:
+def _idset(text: str, what: str, parse: Callable[[str], IDset] = IDset) -> IDset:
+    """``text`` parsed (a Flux idset; :func:`~sdexec.property.cpu_set` for
+    a list as systemd reads it), an error naming ``what``."""
     try:
-        return IDset(text)
-    except ValueError as error:
-        raise ValueError(f"{what}: {error}") from None
-
-
-def _cpu_list(text: str, what: str) -> IDset:
-    try:
-        return cpu_set(text)
+        return parse(text)
     except ValueError as error:
         raise ValueError(f"{what}: {error}") from None
 

@@ -8,8 +8,9 @@ from pytest_twisted import ensureDeferred
 from support import private_bus
 from twisted.internet.task import Clock
 
+from sdexec.property import UnitProperty
 from sdexec.systemd.bus import SystemdClient, _why_lost
-from sdexec.systemd.errors import MANAGER_AWAY, SystemdError
+from sdexec.systemd.errors import MANAGER_AWAY, SystemdError, explain_start_refusal
 
 
 @pytest.mark.parametrize(
@@ -55,3 +56,36 @@ async def test_a_bus_that_cannot_start_the_manager_says_there_is_none(tmp_path):
     assert str(refused.value).endswith(
         " (Process org.freedesktop.systemd1 exited with status 1)"
     )
+
+
+@pytest.mark.parametrize(
+    ("message", "named"),
+    [
+        # A bad string-valued property: "Invalid argument", naming nothing.
+        (
+            "Failed to set unit properties: Invalid argument",
+            " (one of the string-valued properties: KeyringMode=bogus)",
+        ),
+        # One systemd types otherwise, sent as a string.
+        (
+            "Unexpected message contents",
+            " (systemd types one of these otherwise, and sdexec sent it as a"
+            " string: KeyringMode=bogus; share/doc/sdexec/configuration.md lists"
+            " the properties sdexec types)",
+        ),
+        # One that names its property already.
+        ("Invalid value for KeyringMode", ""),
+    ],
+)
+def test_a_refusal_that_names_no_property_names_the_string_valued_ones(message, named):
+    sent = [
+        UnitProperty("Type", "s", "exec"),  # sdexec's own: no suspect
+        UnitProperty("KeyringMode", "s", "bogus", source="config"),
+    ]
+    assert explain_start_refusal(message, sent, "252") == message + named
+
+
+def test_a_refusal_with_nothing_to_suspect_is_as_systemd_said():
+    sent = [UnitProperty("Type", "s", "exec")]
+    message = "Failed to set unit properties: Invalid argument"
+    assert explain_start_refusal(message, sent, "252") == message

@@ -270,13 +270,10 @@ def _name_string_properties(message: str, properties: list[UnitProperty]) -> str
     judged = [f"{p.name}={shown_value(p)}" for p in given if p.name in JUDGED_LISTS]
     if any(s.split("=", 1)[0] in message for s in suspects + judged):
         return message
-    if "Invalid argument" in message and judged:
-        return f"{message} (one of these properties: {', '.join(suspects + judged)})"
-    if not suspects:
-        return message
-    if "Invalid argument" in message:
-        return f"{message} (one of the string-valued properties: {', '.join(suspects)})"
-    if "Unexpected message contents" in message:
+    if "Invalid argument" in message and (suspects or judged):
+        kind = "these properties" if judged else "the string-valued properties"
+        return f"{message} (one of {kind}: {', '.join(suspects + judged)})"
+    if "Unexpected message contents" in message and suspects:
         return (
             f"{message} (systemd types one of these otherwise, and sdexec sent it"
             f" as a string: {', '.join(suspects)}; share/doc/sdexec/configuration.md"

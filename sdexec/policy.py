@@ -274,12 +274,18 @@ def _levels(name: str) -> Ordering:
     return Ordering(_level_rank(name), "no", f"one of {', '.join(LEVELS[name])}")
 
 
+def _value(name: str, text: str) -> Any:
+    """``name``'s ``text`` as systemd takes it (typed as the site's
+    values are); ``ValueError`` if it does not parse."""
+    return typed_property(name, text, source="config").value
+
+
 def _rlimit_rank(name: str) -> Callable[[str, Callable[[], int]], float]:
     """A resource limit's rank: its value as systemd takes it (a size for
     the byte-valued ones), ``infinity`` the loosest."""
 
     def rank(text: str, _memory: Callable[[], int]) -> float:
-        value = typed_property(name, text, source="config").value
+        value = _value(name, text)
         return float("inf") if value == UINT64_MAX else float(value)
 
     return rank
@@ -307,14 +313,10 @@ def _typed_rank(
     order."""
 
     def rank(text: str, _memory: Callable[[], int]) -> float:
-        value = typed_property(name, text, source="config").value
+        value = _value(name, text)
         return float(value if ranks is None else ranks[value])
 
     return rank
-
-
-def _typed(name: str, properties: Mapping[str, str], default: str) -> Any:
-    return typed_property(name, properties.get(name, default), source="config").value
 
 
 #: CPU scheduling policies by systemd's number, ranked: idle (5) below batch
@@ -336,6 +338,11 @@ def _device_weight_rank(text: str, _memory: Callable[[], int]) -> float:
 #: tightest. A class of none is best-effort at 4, systemd's default.
 _IO_CLASSES: Final = {3: ("idle", 0), 2: ("best-effort", 1), 1: ("realtime", 2)}
 _IO_NONE, _IO_BEST_EFFORT, _IO_DEFAULT_LEVEL = 0, 2, 4
+#: Each class's rank alone; none ranks as the best-effort it resets to.
+_IO_CLASS_RANKS: Final = {
+    **{klass: rank for klass, (_name, rank) in _IO_CLASSES.items()},
+    _IO_NONE: _IO_CLASSES[_IO_BEST_EFFORT][1],
+}
 _IO_NAMES: Final = ("IOSchedulingClass", "IOSchedulingPriority")
 #: The kernel's I/O class for a CPU policy where none is set: idle (3) for
 #: idle (5), realtime (1) for fifo (1) and rr (2), else best-effort.
@@ -361,7 +368,7 @@ def _io_priority(properties: Mapping[str, str]) -> Setting:
     for name, text in properties.items():
         if name not in _IO_NAMES:
             continue
-        value = typed_property(name, text, source="config").value
+        value = _value(name, text)
         if name == "IOSchedulingPriority":
             level = value
         elif value == _IO_NONE:
@@ -378,9 +385,11 @@ def _kernel_io_priority(properties: Mapping[str, str]) -> Setting:
     """What the kernel gives a process that sets no I/O priority
     (ioprio_get(2)): the class of its CPU policy (idle for idle, realtime
     for fifo and rr, else best-effort), at (nice + 20) / 5."""
-    policy = _typed("CPUSchedulingPolicy", properties, "other")
+    policy = _value(
+        "CPUSchedulingPolicy", properties.get("CPUSchedulingPolicy", "other")
+    )
     klass = _IO_CLASS_OF_CPU_POLICY.get(policy, _IO_BEST_EFFORT)
-    nice = _typed("Nice", properties, "0")
+    nice = _value("Nice", properties.get("Nice", "0"))
     shown = [
         f"{n}={properties[n]}"
         for n in ("CPUSchedulingPolicy", "Nice")
@@ -410,7 +419,7 @@ def _scheduling() -> dict[str, Ordering]:
         # On, a child of the job starts as an ordinary process, not realtime.
         "CPUSchedulingResetOnFork": _HARDENING,
         "IOSchedulingClass": Ordering(
-            _typed_rank("IOSchedulingClass", {3: 0, 2: 1, 0: 1, 1: 2}),
+            _typed_rank("IOSchedulingClass", _IO_CLASS_RANKS),
             "best-effort",
             "one of none, realtime, best-effort, idle (or 0 to 3)",
             setting=_io_priority,

@@ -221,12 +221,12 @@ class ClientProtocol(StdioReceivingProtocol):
     def _client_left(self) -> None:
         """The client has left, or is taken as gone while its connection
         still writes out what it was sent (a protocol error, its writing
-        shut down): nothing more
-        of it is handled, what waits for its pending execs is dropped (a
-        background exec still runs), its streaming processes are killed and
-        stopped, and its waits and attaches end: at once, not when a client
-        that does not read has read its last words. Called again once the
-        connection is lost, which kills nothing twice."""
+        shut down): nothing more of it is handled, what waits for its
+        pending execs is dropped (a background exec still runs), its
+        streaming processes are killed and stopped, and its waits and
+        attaches end: at once, not when a client that does not read has
+        read its last words. Called again once the connection is lost,
+        which kills nothing twice."""
         self._lost = True
         self._unwatch_hangup()
         self._handle_ready_waiting()  # (drops all but background execs)

@@ -179,7 +179,7 @@ def _names_a_dead_pid(link: str) -> bool:
     except ProcessLookupError:
         return True
     except OSError:  # EPERM: another user's, alive
-        return False
+        pass
     return False
 
 

@@ -5,6 +5,7 @@ writes each into the unit's file, and a reload reads that back."""
 from __future__ import annotations
 
 import errno
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -18,11 +19,16 @@ from sdexec.refusal import RequestRefused
 TRUE = ["/bin/true"]
 
 
-def site(**properties: str) -> Any:
-    """A configuration whose ``[exec.sdexec-properties]`` are ``properties``."""
-    return parse_config(
-        {"exec": {"sdexec-properties": properties}, "systemd": {"enable": True}}
-    )
+def site(allowing: Sequence[str] = (), **properties: str) -> Any:
+    """A configuration whose ``[exec.sdexec-properties]`` are ``properties``,
+    and whose ``request-properties`` are ``allowing``, if any."""
+    data: dict[str, Any] = {
+        "exec": {"sdexec-properties": properties},
+        "systemd": {"enable": True},
+    }
+    if allowing:
+        data["sdexec"] = {"request-properties": list(allowing)}
+    return parse_config(data)
 
 
 def site_refusal(**properties: str) -> str:
@@ -141,14 +147,8 @@ def test_a_cpu_quota_of_one_percent_is_taken():
 
 
 def test_a_request_s_jitter_cannot_lengthen_the_site_s_runtime_limit():
-    config = parse_config(
-        {
-            "exec": {"sdexec-properties": {"RuntimeMaxUSec": "2000000"}},
-            "sdexec": {
-                "request-properties": ["RuntimeMaxUSec", "RuntimeRandomizedExtraUSec"]
-            },
-            "systemd": {"enable": True},
-        }
+    config = site(
+        ["RuntimeMaxUSec", "RuntimeRandomizedExtraUSec"], RuntimeMaxUSec="2000000"
     )
     error = request_refusal(config, RuntimeRandomizedExtraUSec="600000000")
     assert error.errnum == errno.EPERM
@@ -203,13 +203,7 @@ def test_a_misspelt_address_family_is_refused_naming_it(value, word):
         " address family systemd knows"
     )
     error = request_refusal(
-        parse_config(
-            {
-                "sdexec": {"request-properties": ["RestrictAddressFamilies"]},
-                "systemd": {"enable": True},
-            }
-        ),
-        RestrictAddressFamilies=value,
+        site(["RestrictAddressFamilies"]), RestrictAddressFamilies=value
     )
     assert error.errnum == errno.EINVAL
     assert f"{word!r} is no address family systemd knows" in error.errstr
@@ -228,13 +222,7 @@ def test_an_idle_cpu_weight_is_zero(name):
     assert site(**{name: "idle"}).exec.sdexec_properties == {name: "idle"}
     assert typed_property(name, "idle") == UnitProperty(name, "t", 0)
     # Over a site's idle, a request's idle is as tight, and 1 looser.
-    config = parse_config(
-        {
-            "exec": {"sdexec-properties": {name: "idle"}},
-            "sdexec": {"request-properties": [name]},
-            "systemd": {"enable": True},
-        }
-    )
+    config = site([name], **{name: "idle"})
     assert sent(config, **{name: "idle"})[name].value == 0
     assert request_refusal(config, **{name: "1"}).errnum == errno.EPERM
 
@@ -277,15 +265,7 @@ def test_a_time_span_of_584542_years_is_refused_naming_infinity(name):
 @pytest.mark.parametrize("value", ["1001", "1500", "1000001", "59999999"])
 def test_a_part_of_a_millisecond_is_refused_saying_what_a_reload_makes(value):
     # systemd writes "1min 1.000s" for 61000500: it read back as 61000000.
-    error = request_refusal(
-        parse_config(
-            {
-                "sdexec": {"request-properties": ["RuntimeMaxUSec"]},
-                "systemd": {"enable": True},
-            }
-        ),
-        RuntimeMaxUSec=value,
-    )
+    error = request_refusal(site(["RuntimeMaxUSec"]), RuntimeMaxUSec=value)
     assert error.errnum == errno.EINVAL
     assert error.errstr == (
         f"SDEXEC_PROP_RuntimeMaxUSec: error setting property: {value!r} has a"

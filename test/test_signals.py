@@ -46,3 +46,15 @@ def test_signal_name():
 @pytest.mark.parametrize("number", range(1, signal.NSIG))
 def test_name_parses_back(number):
     assert parse_signal(signal_name(number)) == number
+
+
+def test_names_are_the_signal_enum_s():
+    # Read from the C core without the enum (its import is 2.5 ms of
+    # `sdexec run`'s start): each number still gets the enum's name (SIGABRT,
+    # not its alias SIGIOT), and each name the enum knows, alias or not,
+    # its number.
+    for number in range(1, signal.NSIG):
+        if number in signal.Signals._value2member_map_:
+            assert signal_name(number) == signal.Signals(number).name
+    for name, member in signal.Signals.__members__.items():
+        assert parse_signal(name) == member.value

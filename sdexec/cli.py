@@ -11,12 +11,24 @@ Twisted, for its HTTP client.
 
 from __future__ import annotations
 
-import signal
 import sys
+
+TYPE_CHECKING = False  # not typing's: its import slows the command line
+if TYPE_CHECKING:
+    import argparse
+    import signal
+    from typing import Any, NoReturn
+
+    from twisted.internet.defer import Deferred
+
+    from sdexec.earlyexec import EarlyExec
+else:
+    import _signal as signal  # the C core: signal's enums cost 2.5 ms
 
 # Run as `python3 -m sdexec.cli`, a ^C during the imports below ends it
 # quietly, as sdexec.console does for the console script; one the caller
-# ignored (`&` in a script) stays ignored.
+# ignored (`&` in a script) stays ignored. (So the imports come after code:)
+# ruff: noqa: E402
 if (
     __name__ == "__main__"
     and signal.getsignal(signal.SIGINT) is signal.default_int_handler
@@ -24,7 +36,6 @@ if (
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import errno
-import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -56,26 +67,12 @@ from sdexec.cliio import (
     warn_after_finished,
     write_output,
 )
-from sdexec.protocol import (
-    ExecFlag,
-    Topic,
-    terminate_not_found,
-    terminate_runs_no_job,
-)
+from sdexec.protocolbase import Topics, terminate_not_found, terminate_runs_no_job
 from sdexec.receipt import Receipt
 from sdexec.rpc import RPCError, SdexecError, listed_processes
-from sdexec.runrequest import NotText
+from sdexec.runrequest import FORWARDED_SIGNALS, RUN_FLAGS, NotText
 from sdexec.signals import signal_name
 from sdexec.syncclient import ON_ITS_WAY_S, READABLE, Call, Connection, Exec, Loop
-
-TYPE_CHECKING = False  # not typing's: its import slows the command line
-if TYPE_CHECKING:
-    import argparse
-    from typing import Any, NoReturn
-
-    from twisted.internet.defer import Deferred
-
-    from sdexec.earlyexec import EarlyExec
 
 __all__ = [
     "build_command",
@@ -85,23 +82,9 @@ __all__ = [
     "run_and_exit",
 ]
 
-#: Signals the client passes on to the process instead of dying of them
-#: (SIGQUIT too: a terminal's Ctrl-\ is the process's, as Ctrl-C is; died
-#: of, it stopped the unit with SIGTERM, and the core dump asked for was
-#: the client's). Not SIGTSTP: Ctrl-Z stops the client only
-#: (docs/client.md, "Signals").
-FORWARDED_SIGNALS = (
-    signal.SIGINT,
-    signal.SIGTERM,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-)
 #: ``undrain``'s exit status while a cause that lifts itself still drains
 #: the service (2 is a usage error's).
 STILL_DRAINED = 3
-_RUN_FLAGS = ExecFlag.STDOUT | ExecFlag.STDERR | ExecFlag.WRITE_CREDIT
 _READ_SIZE = 64 * 1024
 #: How long a ``--no-passthrough`` process has to die of the SIGPIPE sent
 #: when our reader went: output for that stream that comes later says it
@@ -313,7 +296,7 @@ class _Stdio:
 
 
 def _ps(options: argparse.Namespace) -> int:
-    listing = request(options, Topic.LIST, {"detail": True})
+    listing = request(options, Topics.LIST, {"detail": True})
     print_out(format_procs(listed_processes(listing)))
     return 0
 
@@ -323,7 +306,7 @@ def _kill(options: argparse.Namespace) -> int:
     # take its absence for every process.
     who = "all" if options.all else "main"
     request(
-        options, Topic.KILL, {**options.target, "signum": options.signum, "who": who}
+        options, Topics.KILL, {**options.target, "signum": options.signum, "who": who}
     )
     return 0
 
@@ -339,7 +322,7 @@ def cancel_targets(text: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _cancel(options: argparse.Namespace) -> int:
     targets = cancel_targets(options.target)
-    listing = request(options, Topic.LIST, {"detail": True})
+    listing = request(options, Topics.LIST, {"detail": True})
     target = _listed_job(listed_processes(listing), targets)
     if target is not None:
         reply = _terminate(options, target)
@@ -394,14 +377,16 @@ def _names_nothing(failure: RPCError, target: dict[str, Any]) -> bool:
 
 
 def _terminate(options: argparse.Namespace, target: dict[str, Any]) -> dict:
-    return request(options, Topic.TERMINATE, {**target, "reason": "cancel"})
+    return request(options, Topics.TERMINATE, {**target, "reason": "cancel"})
 
 
 def _stats(options: argparse.Namespace) -> int:
     if options.url:
         report = _http_stats(options.url)
     else:
-        report = request(options, Topic.STATS, {})
+        report = request(options, Topics.STATS, {})
+    import json  # only here: run must not load it (docs/performance.md)
+
     print_out(json.dumps(report, indent=2))
     return 0
 
@@ -483,7 +468,7 @@ def _http_failure(error: Exception) -> str:
 
 
 def _undrain(options: argparse.Namespace) -> int:
-    reply = request(options, Topic.UNDRAIN, {})
+    reply = request(options, Topics.UNDRAIN, {})
     cleared = _drain_causes(reply, "cleared", "reason")
     remaining = _drain_causes(reply, "remaining", "still")
     if len(cleared) == 1:
@@ -624,7 +609,7 @@ class _Job:
         self._connection = connection
         self._stream = connection.exec(
             command,
-            _RUN_FLAGS,
+            RUN_FLAGS,
             self._respond,
             self._passed,
             self._stdin_refused,

@@ -32,7 +32,7 @@ from sdexec.cliio import (
     warn_after_finished,
     write_output,
 )
-from sdexec.protocol import STATUS_AND_ERROR, ExecFlag, Topic
+from sdexec.protocolbase import STATUS_AND_ERROR, ExecFlags, Topics
 from sdexec.receipt import Receipt
 from sdexec.rpc import (
     RPCError,
@@ -51,7 +51,7 @@ __all__ = ["attach", "run_background", "wait"]
 
 #: Signals that detach ``sdexec attach`` (the process runs on).
 DETACHING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_BOTH = int(ExecFlag.STDOUT | ExecFlag.STDERR)
+_BOTH = ExecFlags.STDOUT | ExecFlags.STDERR
 
 
 def run_background(options: argparse.Namespace, command: dict[str, Any]) -> int:
@@ -59,7 +59,7 @@ def run_background(options: argparse.Namespace, command: dict[str, Any]) -> int:
     its pid (and label); as a shell, 127 if the command cannot be found,
     126 if it cannot be executed. Interrupted while it starts, it waits for
     the answer (:class:`_Starting`)."""
-    flags = int(ExecFlag.WAITABLE) if options.waitable else 0
+    flags = ExecFlags.WAITABLE if options.waitable else 0
     payload = {"cmd": command, "flags": flags}
     with Loop() as loop:
         starting = _Starting()
@@ -67,7 +67,7 @@ def run_background(options: argparse.Namespace, command: dict[str, Any]) -> int:
         failed: SdexecError | None = None
         try:
             with connect(loop, options) as connection:
-                connection.send(Topic.EXEC, payload, starting.call, streaming=False)
+                connection.send(Topics.EXEC, payload, starting.call, streaming=False)
                 loop.run_until(starting.over)
         except SdexecError as error:
             failed = error
@@ -152,7 +152,7 @@ def wait(options: argparse.Namespace) -> int:
     the error, where the stream ended with one before it finished)."""
     # The status and output even where the stop timer gave up on what the
     # command left: said after them, as run says it.
-    answer = request(options, Topic.WAIT, {**options.target, STATUS_AND_ERROR: True})
+    answer = request(options, Topics.WAIT, {**options.target, STATUS_AND_ERROR: True})
     # No status beside an error: the stream ended with it before `finished`
     # (a job declared unkillable). Its output is written all the same, then
     # the error said, as attach does.

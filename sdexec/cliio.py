@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import os
 import select
-import signal
 import stat
 import sys
 
@@ -25,10 +24,13 @@ from sdexec.syncclient import Connection, Loop
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
     import argparse
+    import signal
     from collections.abc import Callable, Mapping
     from typing import Any
 
     from sdexec.receipt import Receipt
+else:
+    import _signal as signal  # the C core: signal's enums cost 2.5 ms
 
 __all__ = [
     "DIE_OF",

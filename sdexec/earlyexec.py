@@ -4,7 +4,8 @@ A run's wall time is its interpreter's start, then the command line's
 imports and parsing (about 10 ms), then the service and systemd starting
 the unit (10-25 ms). The console script (:mod:`sdexec.console`) gives its
 arguments to :func:`send` first, with nothing loaded but ``os``, the
-socket's C core and the json module's C core: a run this module can read
+C cores of the socket, signal and json modules and the wire format
+(:mod:`sdexec.wire`, which is written on those): a run this module can read
 is sent at once, and the imports and the parsing happen while the unit
 starts. :func:`sdexec.cli.main` then takes the options read here for
 its parser's (which it then never loads) and the connection over, follows
@@ -34,26 +35,32 @@ that had started well. One the caller ignored stays ignored.
 
 from __future__ import annotations
 
-import _signal  # type: ignore[import-not-found]  # (no stubs: the C core)
 import _socket
 import os
-from _json import encode_basestring  # json's own C encoder: json imports re
 
-from sdexec.protocolbase import chosen_socket_path, passed_fds
-from sdexec.runrequest import NotText, base_directory, build_command
+from sdexec.protocolbase import Topics, chosen_socket_path, passed_fds
+from sdexec.runrequest import (
+    FORWARDED_SIGNALS,
+    RUN_FLAGS,
+    NotText,
+    base_directory,
+    build_command,
+)
+from sdexec.wire import encode_small_message
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
+    import signal
     from argparse import Namespace
     from collections.abc import Mapping, Sequence
     from typing import Any
 else:
+    import _signal as signal  # the C core: signal's enums cost 2.5 ms
+
     Namespace = object  # what RunArgs stands for, to type checkers only
 
 __all__ = [
-    "EXEC_TOPIC",
     "MATCHTAG",
-    "RUN_FLAGS",
     "EarlyExec",
     "RunArgs",
     "read_run",
@@ -61,25 +68,8 @@ __all__ = [
     "send",
 ]
 
-#: RFC 42's exec topic and ``sdexec run``'s flags (STDOUT | STDERR |
-#: WRITE_CREDIT) as their values: :mod:`sdexec.protocol`'s enums would cost
-#: this module's head start a third of itself. test/test_earlyexec.py
-#: holds them to the enums.
-EXEC_TOPIC = "sdexec.exec"
-RUN_FLAGS = 1 | 2 | 8
 #: The exec's matchtag: the first of its connection.
 MATCHTAG = 1
-#: The signals ``run`` forwards (:data:`sdexec.cli.FORWARDED_SIGNALS`),
-#: caught from the exec on; by their C constants (test_earlyexec.py holds
-#: them to the command line's).
-FORWARDED_SIGNALS = (
-    _signal.SIGINT,
-    _signal.SIGTERM,
-    _signal.SIGHUP,
-    _signal.SIGQUIT,
-    _signal.SIGUSR1,
-    _signal.SIGUSR2,
-)
 #: How many caught signals are kept until the command line serves them (a
 #: storm of them while it loads grows nothing; its own pipe drops too).
 _CAUGHT_KEPT = 64
@@ -199,8 +189,8 @@ def _caught_from_now() -> list[int]:
             caught.append(signum)
 
     for signum in FORWARDED_SIGNALS:
-        if _signal.getsignal(signum) != _signal.SIG_IGN:
-            _signal.signal(signum, note)
+        if signal.getsignal(signum) != signal.SIG_IGN:
+            signal.signal(signum, note)
     return caught
 
 
@@ -236,11 +226,11 @@ def request_line(command: dict[str, Any]) -> bytes:
     writes it (stdio passthrough of all three streams)."""
     request = {
         "type": "request",
-        "topic": EXEC_TOPIC,
+        "topic": Topics.EXEC,
         "matchtag": MATCHTAG,
         "payload": {"cmd": command, "flags": RUN_FLAGS, "stdio": list(_STDIO_NAMES)},
     }
-    return (_json_text(request) + "\n").encode("utf-8")
+    return encode_small_message(request)
 
 
 def _read_valued(
@@ -317,20 +307,3 @@ def _sent(path: str, line: bytes, fds: list[int]) -> _socket.socket | None:
         sock.close()  # a line cut short there is discarded with it
         return None
     return sock
-
-
-def _json_text(value: object) -> str:
-    """``value`` as JSON, as :func:`sdexec.wire.encode_small_message` writes
-    it: text unescaped beyond what JSON needs, no spaces."""
-    if isinstance(value, str):
-        return encode_basestring(value)
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return int.__repr__(value)
-    if isinstance(value, list):
-        return "[" + ",".join(map(_json_text, value)) + "]"
-    if isinstance(value, dict):
-        items = (f"{encode_basestring(k)}:{_json_text(v)}" for k, v in value.items())
-        return "{" + ",".join(items) + "}"
-    raise TypeError(f"not in a run's request: {type(value).__name__}")

@@ -1,10 +1,11 @@
-"""The protocol's names and shapes that need nothing beyond ``os``.
+"""The protocol's names, defaults and shapes, in plain values.
 
-Re-exported by :mod:`sdexec.protocol`, which every other module imports
-them from. They live apart because ``sdexec run`` sends its exec before it
-loads the rest of the command line (:mod:`sdexec.earlyexec`), and
-:mod:`sdexec.protocol`'s enums would cost that head start 3 ms of its
-10 (the ``enum`` module's import).
+Re-exported by :mod:`sdexec.protocol`, which adds the enums
+(:class:`~sdexec.protocol.ExecFlag`, :class:`~sdexec.protocol.Topic`) made
+of :class:`ExecFlags` and :class:`Topics`. The command line imports this
+module alone: its ``run`` loads no ``enum`` (2.5 ms of a start-up of
+about 20, docs/performance.md), and its early exec
+(:mod:`sdexec.earlyexec`) needs nothing beyond ``os`` and the socket.
 """
 
 from __future__ import annotations
@@ -19,14 +20,24 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = [
+    "DEFAULT_MAX_FRAME",
+    "DEFAULT_OUTPUT_BUFSIZE",
     "DEFAULT_SOCKET_SUBPATH",
+    "DEFAULT_STDIN_BUFSIZE",
     "MAX_SOCKET_PATH",
     "SOCKET_ENV",
+    "STATUS_AND_ERROR",
     "SYSTEM_SOCKET",
+    "WRITE_PIECE",
+    "ExecFlags",
+    "Topics",
     "chosen_socket_path",
     "command_object",
     "default_socket_path",
     "passed_fds",
+    "target_named",
+    "terminate_not_found",
+    "terminate_runs_no_job",
 ]
 
 #: Where the service listens by default, under ``$XDG_RUNTIME_DIR``.
@@ -38,6 +49,79 @@ SOCKET_ENV = "SDEXEC_SOCKET"
 #: Where the system unit (etc/sdexec-system.service) serves: its
 #: ``XDG_RUNTIME_DIR`` is ``/run``.
 SYSTEM_SOCKET = os.path.join("/run", DEFAULT_SOCKET_SUBPATH)
+
+
+#: The most stdin data one ``sdexec.write`` carries: its JSON is at most 6
+#: bytes a byte (``\u0001``), so 768 KiB and the envelope fit the smallest
+#: ``max-frame-size`` a service may have (1M). A client sends a larger write
+#: in pieces of it: one longer message made the service drop the
+#: connection, and every process on it.
+WRITE_PIECE = 128 * 1024
+
+
+class ExecFlags:
+    """The ``flags`` of an ``sdexec.exec`` request (RFC 42), as plain
+    integers: the values of :class:`sdexec.protocol.ExecFlag`."""
+
+    STDOUT = 1
+    STDERR = 2
+    CHANNEL = 4
+    WRITE_CREDIT = 8
+    WAITABLE = 16
+
+
+class Topics:
+    """The request topics the service answers, as plain strings: the values
+    of :class:`sdexec.protocol.Topic`."""
+
+    EXEC = "sdexec.exec"
+    WRITE = "sdexec.write"
+    KILL = "sdexec.kill"
+    LIST = "sdexec.list"
+    STATS = "sdexec.stats-get"
+    UNDRAIN = "sdexec.undrain"
+    WAIT = "sdexec.wait"
+    ATTACH = "sdexec.attach"
+    TERMINATE = "sdexec.terminate"
+
+
+#: A ``sdexec.wait`` payload's key (an extension, docs/protocol.md): true
+#: asks for the status and output beside an error that ended the stream
+#: after ``finished``, which is otherwise the answer alone, as upstream's.
+STATUS_AND_ERROR = "status_and_error"
+
+#: What a client may send before the first ``add-credit`` unless the
+#: command's ``stdin_BUFSIZE`` option says otherwise.
+DEFAULT_STDIN_BUFSIZE = 4096
+#: The most output one message carries unless the command's
+#: ``stdout_BUFSIZE`` or ``stderr_BUFSIZE`` option says otherwise.
+DEFAULT_OUTPUT_BUFSIZE = 1024 * 1024
+#: The largest message either end accepts unless configured otherwise.
+DEFAULT_MAX_FRAME = 64 * 1024 * 1024
+
+
+def target_named(key: str, value: object) -> str:
+    """A ``kill`` or ``terminate`` target as its ``errstr`` names it:
+    ``pid=5``, ``label=job``. A value that is empty or holds a character
+    that is not printable (a line break, an escape code) is written as
+    ``repr`` writes it (``label='a\\nb'``, ``label=''``), so the message
+    stays one line that shows it; any other is left bare, as ``sdexec
+    cancel`` of another version compares it (:func:`terminate_not_found`)."""
+    text = str(value)
+    return f"{key}={text if text.isprintable() and text else repr(text)}"
+
+
+def terminate_runs_no_job(key: str, value: object) -> str:
+    """The ``errstr`` (with ``EINVAL``) of an ``sdexec.terminate`` whose
+    process target runs no job: ``sdexec cancel N`` then tries job id N."""
+    return f"{target_named(key, value)} runs no job (exec it with SDEXEC_JOBID)"
+
+
+def terminate_not_found(key: str, value: object) -> str:
+    """The ``errstr`` (with ``ESRCH``) of an ``sdexec.terminate`` whose
+    target names no job. ``sdexec cancel`` tells it from a job that was
+    found and has ended (``ESRCH`` too), which it must not hide."""
+    return f"terminate {target_named(key, value)} not found"
 
 
 def default_socket_path(environ: Mapping[str, str] | None = None) -> str | None:

@@ -10,8 +10,6 @@ encodable as UTF-8 JSON, whatever the request contained (see
 
 from __future__ import annotations
 
-import json
-
 __all__ = ["RequestRefused", "json_quoted", "lone_surrogate", "printable", "quoted"]
 
 
@@ -75,6 +73,8 @@ def json_quoted(value: object, limit: int = JSON_QUOTE_LIMIT) -> str:
 def _json_prefix(value: object, budget: int, depth: int) -> str:
     """``value`` as JSON, at least its first ``budget`` characters if it has
     that many; nesting below 8 levels (a self-alias has no bottom) is "…"."""
+    import json  # here: the command line quotes no value unless it refuses
+
     if isinstance(value, dict | list):
         if depth >= 8:
             return "…"

@@ -14,9 +14,14 @@ import os
 import stat
 from collections.abc import Mapping
 
-from sdexec import protocol
-from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, SOCKET_ENV, SYSTEM_SOCKET
-from sdexec.protocolbase import MAX_SOCKET_PATH, chosen_socket_path
+from sdexec import protocolbase
+from sdexec.protocolbase import (
+    DEFAULT_STDIN_BUFSIZE,
+    MAX_SOCKET_PATH,
+    SOCKET_ENV,
+    SYSTEM_SOCKET,
+    chosen_socket_path,
+)
 from sdexec.refusal import quoted
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
@@ -69,7 +74,7 @@ class RPCError(SdexecError):
 def default_socket_path(environ: Mapping[str, str] | None = None) -> str:
     """``$XDG_RUNTIME_DIR/sdexec/sdexec.sock``, where the service listens by
     default. :class:`SdexecError` if ``XDG_RUNTIME_DIR`` is unset."""
-    path = protocol.default_socket_path(environ)
+    path = protocolbase.default_socket_path(environ)
     if path is None:
         hint = ""
         if os.path.exists(SYSTEM_SOCKET):  # as under sudo, on a system unit's node

@@ -1,5 +1,6 @@
-"""The command object ``sdexec run`` sends (RFC 42), built with nothing
-beyond ``os``: :mod:`sdexec.cli` builds it, and so does
+"""What ``sdexec run`` sends (RFC 42's command object, its flags) and the
+signals it forwards, with nothing beyond ``os`` and the signal module's C
+core: :mod:`sdexec.cli` builds the request, and so does
 :mod:`sdexec.earlyexec` before the command line has loaded.
 """
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from sdexec.protocolbase import command_object
+from sdexec.protocolbase import ExecFlags, command_object
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -26,15 +27,38 @@ if TYPE_CHECKING:
         bg: bool
         passthrough: bool
 
+    import signal
+else:
+    import _signal as signal  # the C core: signal's enums cost 2.5 ms
+
 
 __all__ = [
+    "FORWARDED_SIGNALS",
     "RELAYED_OPTS",
+    "RUN_FLAGS",
     "STREAMING_OPTS",
     "NotText",
     "base_directory",
     "build_command",
     "is_utf8",
 ]
+
+#: ``sdexec run``'s exec flags: its output streamed, its stdin on credit.
+RUN_FLAGS = ExecFlags.STDOUT | ExecFlags.STDERR | ExecFlags.WRITE_CREDIT
+
+#: Signals the client passes on to the process instead of dying of them
+#: (SIGQUIT too: a terminal's Ctrl-\\ is the process's, as Ctrl-C is; died
+#: of, it stopped the unit with SIGTERM, and the core dump asked for was
+#: the client's). Not SIGTSTP: Ctrl-Z stops the client only
+#: (docs/client.md, "Signals"). Caught from the early exec on.
+FORWARDED_SIGNALS = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
 
 #: A closed pipe kills the process as it would a local command: with stdio
 #: passthrough it writes to our stdout itself; framed, the client sends it

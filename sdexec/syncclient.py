@@ -6,7 +6,7 @@ command starts about as fast as the interpreter does (docs/performance.md).
 It speaks the same protocol as the Twisted library ``sdexec.client``
 through the same modules: :mod:`sdexec.wire` (the format),
 :mod:`sdexec.rpc` (requests, responses, errors, stdin credit) and
-:mod:`sdexec.protocol` (names and defaults).
+:mod:`sdexec.protocolbase` (names and defaults, without enums).
 
 A :class:`Loop` waits on file descriptors with a selector and calls back;
 a :class:`Connection` is one socket to the service driven by it; the
@@ -19,13 +19,11 @@ import _socket  # not socket: see Connection
 import errno
 import os
 import select
-import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from sdexec.ioencode import encode_io
-from sdexec.protocol import WRITE_PIECE, ExecFlag, Topic
-from sdexec.protocolbase import passed_fds
+from sdexec.protocolbase import WRITE_PIECE, ExecFlags, Topics, passed_fds
 from sdexec.rpc import (
     Pending,
     Requests,
@@ -41,7 +39,10 @@ from sdexec.wire import FrameSplitter, FramingError, encode_small_message
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
+    import signal
     from typing import Any
+else:
+    import _signal as signal  # the C core: signal's enums cost 2.5 ms
 
 __all__ = [
     "ON_ITS_WAY_S",
@@ -264,7 +265,7 @@ class Exec:
         #: The process id, once ``started`` has arrived.
         self.pid: int | None = None
         #: Stdin flow control; ``None`` without the write-credit flag.
-        self.credit = StdinCredit(cmd) if flags & ExecFlag.WRITE_CREDIT else None
+        self.credit = StdinCredit(cmd) if flags & ExecFlags.WRITE_CREDIT else None
         #: Whether the stream has ended, and with what (``None``: ENODATA).
         self.ended = False
         self.error: SdexecError | None = None
@@ -382,7 +383,7 @@ class Connection:
             payload["stdio"] = list(stdio)
             check_stdio(stdio, self._sock.fileno())
         fds = list(stdio.values()) if stdio else []
-        stream.matchtag = self.send(Topic.EXEC, payload, stream, fds=fds)
+        stream.matchtag = self.send(Topics.EXEC, payload, stream, fds=fds)
         return stream
 
     def call(
@@ -405,7 +406,7 @@ class Connection:
         label); a stream like an exec's (``pid`` from ``attached``)."""
         stream = Exec({}, 0, on_response, self._requests)
         payload = {**target, "flags": flags}
-        stream.matchtag = self.send(Topic.ATTACH, payload, stream)
+        stream.matchtag = self.send(Topics.ATTACH, payload, stream)
         return stream
 
     def receive_until(
@@ -429,7 +430,7 @@ class Connection:
         (``sdexec.kill``, ``who`` ``all``: what a terminal sends a
         foreground job's process group); the response goes to ``pending``."""
         payload = {"pid": pid, "signum": signum, "who": "all"}
-        self.send(Topic.KILL, payload, pending)
+        self.send(Topics.KILL, payload, pending)
 
     def write_stdin(self, stream: Exec, data: bytes) -> None:
         """Send ``data`` (``b""``: EOF) to the process's stdin, in writes of
@@ -450,9 +451,9 @@ class Connection:
         # a refusal; the rest share it.
         if stream.write_matchtag is None:
             refusals = StdinRefusals(stream)
-            stream.write_matchtag = self.send(Topic.WRITE, payload, refusals)
+            stream.write_matchtag = self.send(Topics.WRITE, payload, refusals)
         else:
-            self._send_on(stream.write_matchtag, Topic.WRITE, payload)
+            self._send_on(stream.write_matchtag, Topics.WRITE, payload)
         if stream.credit is not None:
             stream.credit.spend(len(data))
 

@@ -11,11 +11,14 @@ Two JSON codecs, each where it wins (docs/performance.md):
 - msgspec for the bulk: output data is most of what crosses the socket, and
   msgspec encodes a 64 KiB string about 4 times faster than the json module
   and decodes it about 3 times faster (orjson, measured too, is in between);
-- the json module for short lines and for the command line's requests: the
-  command line exchanges a handful of small messages, and importing msgspec
-  (with ``typing_extensions``, ``inspect``, ``uuid``…) would cost it more than
-  all of them, about 40 % of its start-up. msgspec is imported when first
-  needed.
+- the json module's C encoder and scanner for short lines and for the
+  command line's requests: the command line exchanges a handful of small
+  messages, and importing msgspec (with ``typing_extensions``, ``inspect``,
+  ``uuid``…) would cost it more than all of them, about 40 % of its
+  start-up. msgspec is imported when first needed. The C cores are used as
+  the json module uses them, without the module, which imports ``re``
+  (and with it ``enum``): 4 ms of ``sdexec run``'s start. The module is
+  loaded only to word a refusal.
 
 Both refuse what is not standard JSON (``NaN``, ``Infinity``), and what one
 accepts the other decodes to the same objects; a test holds them to it.
@@ -24,12 +27,10 @@ accepts the other decodes to the same objects; a test holds them to it.
 from __future__ import annotations
 
 import functools
-import json
-import re
-from collections.abc import Callable, Iterable, Iterator
+from _json import encode_basestring, make_encoder, make_scanner
 from itertools import chain, compress
 
-from sdexec.protocol import DEFAULT_MAX_FRAME
+from sdexec.protocolbase import DEFAULT_MAX_FRAME
 
 #: A line of the stream: a read's view, or the buffer of one that came in
 #: pieces.
@@ -37,6 +38,8 @@ Line = bytes | bytearray | memoryview
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
+    import re
+    from collections.abc import Callable, Iterable, Iterator
     from typing import Any
 
 __all__ = [
@@ -101,16 +104,22 @@ def encode_message(message: dict[str, Any]) -> bytes:
 
 
 def encode_small_message(message: dict[str, Any]) -> bytes:
-    """:func:`encode_message` with the json module, for a client that sends
-    only small messages and should not import msgspec: the same line (a
-    float that is not a number is refused here; msgspec writes ``null``)."""
-    text = _json_encoder.encode(message)
-    return text.encode("utf-8") + b"\n"
+    """:func:`encode_message` with the json module's C encoder, for a client
+    that sends only small messages and should not import msgspec: the same
+    line (a float that is not a number is refused here; msgspec writes
+    ``null``)."""
+    # As json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
+    # allow_nan=False).encode makes its encoder: one a call, whose markers
+    # (the containers it is in, against a cycle) start empty.
+    encoder = make_encoder(
+        {}, _not_serializable, encode_basestring, None, ":", ",", False, False, False
+    )
+    return "".join(encoder(message, 0)).encode("utf-8") + b"\n"
 
 
-_json_encoder = json.JSONEncoder(
-    ensure_ascii=False, separators=(",", ":"), allow_nan=False
-)
+def _not_serializable(value: object) -> object:
+    # json.JSONEncoder.default's refusal.
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def decode_message(line: Line, max_values: int | None = MAX_VALUES) -> dict[str, Any]:
@@ -190,6 +199,8 @@ def count_values(line: bytes, most_strings: int) -> int | None:
 
 @functools.cache
 def _string_pattern() -> re.Pattern[bytes]:
+    import re
+
     return re.compile(_STRING, re.DOTALL)
 
 
@@ -252,8 +263,38 @@ _is_container = frozenset((dict, list)).__contains__
 def _decode_with_json(line: Line) -> Any:
     try:
         # Decoded first: given bytes, the json module would guess UTF-16/32.
-        return _json_decoder.decode(str(line, "utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError too
+        text = str(line, "utf-8")
+    except UnicodeDecodeError as error:
+        raise FramingError(f"message is not valid JSON: {error}") from None
+    try:
+        return _scan_whole(text)
+    except (ValueError, StopIteration):  # JSONDecodeError too
+        # The json module's own words for what is wrong, and where.
+        return _decode_with_json_module(text)
+
+
+def _scan_whole(text: str) -> Any:
+    """The JSON value ``text`` holds, whitespace around it, as
+    ``json.JSONDecoder.decode`` reads it (with its C scanner); a
+    ``ValueError`` or ``StopIteration`` when it holds anything else."""
+    start = len(text) - len(text.lstrip(_JSON_WHITESPACE))
+    value, end = _scan_once(text, start)
+    if end != len(text) and text[end:].strip(_JSON_WHITESPACE):
+        raise ValueError("Extra data")
+    return value
+
+
+def _decode_with_json_module(text: str) -> Any:
+    """``text`` decoded by the json module itself, with the rules of the
+    scanner: a :class:`FramingError` with the module's message."""
+    import json
+
+    decoder = json.JSONDecoder(
+        parse_constant=_refuse_constant, parse_float=_finite_float
+    )
+    try:
+        return decoder.decode(text)
+    except ValueError as error:  # JSONDecodeError too
         raise FramingError(f"message is not valid JSON: {error}") from None
 
 
@@ -271,9 +312,26 @@ def _finite_float(text: str) -> float:
 
 
 _INFINITY = float("inf")
-_json_decoder = json.JSONDecoder(
-    parse_constant=_refuse_constant, parse_float=_finite_float
-)
+#: What JSON takes for whitespace (``json.decoder.WHITESPACE``).
+_JSON_WHITESPACE = " \t\n\r"
+
+
+class _DecodingRules:
+    """What the json module's C scanner reads of its decoder: the rules
+    ``json.JSONDecoder(parse_constant=_refuse_constant,
+    parse_float=_finite_float)`` gives it."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_int = int
+    parse_float = staticmethod(_finite_float)
+    parse_constant = staticmethod(_refuse_constant)
+
+
+# The scanner's stub types its argument as a scanner: it reads the same
+# attributes of any object.
+_scan_once = make_scanner(_DecodingRules())  # type: ignore[arg-type]
 
 
 def _decode_with_msgspec(line: Line) -> Any:
@@ -310,6 +368,8 @@ _LONE_SURROGATE = (
 @functools.cache
 def _lone_surrogate_pattern() -> re.Pattern[bytes]:
     # Compiled when first needed, as _STRING: the command line never is.
+    import re
+
     return re.compile(_LONE_SURROGATE)
 
 
@@ -330,8 +390,8 @@ def _decode_lone_surrogates(line: Line, error: Exception) -> Any:
     if match is None:
         raise FramingError(f"message is not valid JSON: {error}") from None
     try:
-        return _json_decoder.decode(str(line, "utf-8"))
-    except ValueError:  # a RecursionError is decode_message's to name
+        return _scan_whole(str(line, "utf-8"))
+    except (ValueError, StopIteration):  # a RecursionError is decode_message's
         raise FramingError(
             f"message is not valid JSON: {error} (a lone UTF-16 surrogate"
             f" escape at byte {match.start()})"

@@ -311,6 +311,11 @@ async def test_run_starts_on_the_standard_library_alone(sdexec, args, returncode
     }
     assert "sdexec" in imported
     assert imported.isdisjoint(SLOW_IMPORTS)
+    if args[0] == "run":
+        # Nor, for run, the Python halves of the modules whose C cores it
+        # uses: enum (which each of the others loads) and re alone were
+        # 4 ms of its start (docs/performance.md, twenty-ninth pass).
+        assert imported.isdisjoint({"enum", "re", "json", "signal"})
 
 
 @ensureDeferred

@@ -73,12 +73,14 @@ from sdexec.containment import (
 from sdexec.idset import IDset
 from sdexec.map.mapper import UnfenceableRequest
 from sdexec.map.topology import Topology
+from sdexec.nodememory import physical_memory
 from sdexec.plan import plan_exec
 from sdexec.procfs import process_exists
 from sdexec.protocol import ExecFlag
 from sdexec.refusal import RequestRefused
 from sdexec.rset import ResourceSet
 from sdexec.server import SdexecServer
+from sdexec.sizes import scale_from_permyriad, scaled_memory
 from sdexec.testing import FakeManager
 
 SMALL_TOPOLOGY = Path(__file__).resolve().parent / "data" / "small.xml"
@@ -281,6 +283,48 @@ async def test_memory_cap_scaled_and_request_cannot_loosen(start_service, config
     shown = await shown_while_running(client, tighter, "AllowedCPUs", "MemoryMax")
     assert shown["MemoryMax"] == str(256 * 1024 * 1024)  # tighter: the request's
     assert shown_cpus(shown["AllowedCPUs"]) == IDset(CORE_CPUS["0"])
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_a_percentage_cap_is_scaled_to_the_hundredth_systemd_keeps(
+    start_service,
+):
+    # 95% for 2 of the topology's 4 PUs is 47.5%: a whole percent made it
+    # 48%, and two such jobs held 96% of the node's 95%.
+    service = await start_service(
+        **contained(extra='[exec.sdexec-properties]\nMemoryMax = "95%"\n')
+    )
+    client = await service.connect()
+    opts = {R_OPTION: r_local("0")}
+    shown = await shown_while_running(client, opts, "MemoryMax")
+    # Read back from the manager: the bytes it made of the scale it was sent.
+    held = scaled_memory(scale_from_permyriad(4750), physical_memory())
+    assert shown["MemoryMax"] == str(held)
+    looser = await run(client, ["true"], opts={**opts, "SDEXEC_PROP_MemoryMax": "48%"})
+    assert looser.error.errnum == errno.EPERM
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_a_cap_whose_share_rounds_to_nothing_fails_the_job_naming_it(
+    start_service,
+):
+    # Half of a 1-byte budget is 0 bytes, which systemd refuses for
+    # MemoryMax: a floor of 1 byte let two such jobs hold 2 bytes of 1.
+    service = await start_service(
+        **contained(extra='[exec.sdexec-properties]\nMemoryMax = "1"\n')
+    )
+    client = await service.connect()
+    refused = await run(client, ["true"], opts={R_OPTION: r_local("0")})
+    assert refused.error.errnum == errno.EINVAL
+    assert refused.error.errstr == (
+        "mapper sdexec.map.HwlocMapper failed: ValueError: extra_properties:"
+        " MemoryMax: '1' scaled to a job of 2 PUs of the node's 4 rounds down"
+        " to 0 bytes (systemd takes MemoryMax from 1 byte): set it to at least 2"
+    )
+    whole = await shown_while_running(client, {R_OPTION: r_local("0-1")}, "MemoryMax")
+    assert whole["MemoryMax"] == "1"
 
 
 @pytest.mark.systemd

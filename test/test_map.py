@@ -27,9 +27,10 @@ from sdexec.map import (
     loader,
     main,
 )
-from sdexec.map.mapper import UnfenceableRequest
+from sdexec.map.mapper import UnfenceableRequest, _scaled_memory_caps
 from sdexec.map.topology import Topology, TopologyXMLError
 from sdexec.rset import ResourceSet
+from sdexec.sizes import MemoryLimit
 
 DATA = Path(__file__).parent / "data"
 SMALL = (DATA / "small.xml").read_text()
@@ -1067,19 +1068,14 @@ def test_a_job_without_gpus_still_gets_device_policy_closed(small):
 @pytest.fixture(scope="module")
 def pus64() -> HwlocMapper:
     """A node with 64 PUs (2 per core), as in the documentation's example."""
-    xml = subprocess.run(
-        ["lstopo-no-graphics", "--input", "pack:2 core:16 pu:2", "--of", "xml", "-"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return HwlocMapper(xml)
+    return HwlocMapper(synthetic_xml("pack:2 core:16 pu:2"))
 
 
-def test_documented_example_95_percent_on_64_pus_for_4_pus_is_6_percent(pus64):
+def test_documented_example_95_percent_on_64_pus_for_4_pus_is_5_93_percent(pus64):
+    # Flux's round(95 * 4/64) = 6%: sixteen such jobs held 96% of a 95% budget.
     result = pus64.map(make_R(core="0-1"), extra_properties={"MemoryMax": "95%"})
     assert result["AllowedCPUs"] == "0-3"
-    assert result["MemoryMax"] == "6%"
+    assert result["MemoryMax"] == "5.93%"
 
 
 @pytest.mark.parametrize(
@@ -1087,15 +1083,17 @@ def test_documented_example_95_percent_on_64_pus_for_4_pus_is_6_percent(pus64):
     [
         ("64G", str(2 * 1024**3)),  # 4 of 128 PUs
         ("64g", str(2 * 1024**3)),  # either case, as upstream
-        ("1.5G", str(round(1.5 * 1024**3 / 32))),
-        ("1000", "31"),  # bytes, rounded
-        ("10", "1"),  # 0.3125 would round to 0: a zero-byte limit
+        ("1.5G", str(1024**3 * 3 // 2 // 32)),
+        ("1000", "31"),  # bytes, rounded down
+        ("1016", "31"),  # 31.75: down, never up to 32
         ("0", "0"),
         (str(128 * 1024), "4096"),
         ("1P", str(1024**5 // 32)),
         ("2e", str(2 * 1024**6 // 32)),
-        ("50%", "2%"),  # 1.5625 rounds to 2
-        ("10%", "1%"),  # 0.3125 would round to 0%: a zero-byte limit
+        ("50%", "1.56%"),  # 1.5625, down to 0.01%, as systemd keeps it
+        ("10%", "0.31%"),  # 0.3125, not a whole 1%
+        ("64%", "2%"),
+        ("12.8%", "0.4%"),
         ("0%", "0%"),
     ],
 )
@@ -1103,6 +1101,131 @@ def test_memory_caps_scale_by_the_pu_share(large, configured, scaled):
     extra = {name: configured for name in ("MemoryHigh", "MemoryMax", "MemorySwapMax")}
     result = large.map(make_R(core="0-1"), extra_properties=extra)
     assert {name: result[name] for name in extra} == dict.fromkeys(extra, scaled)
+
+
+SCALED_CAPS = ("MemoryHigh", "MemoryMax", "MemorySwapMax")
+#: Node sizes from 1 to 512 PUs: the smallest, odd ones and primes, and each
+#: side of the powers of two.
+NODE_PUS = [1, 2, 3, 7, 12, 63, 64, 65, 96, 127, 128, 129, 255, 256, 257, 384, 509, 512]
+#: Budgets as percentages (kept in ten-thousandths) and as sizes (bytes).
+BUDGETS = [
+    "100%", "95%", "90%", "50%", "33.33%", "5.12%", "1%", "0.01%",
+    "230G", "1.5G", "1000", "1", str(2**64 - 2),
+]  # fmt: skip
+
+
+def kept(text: str) -> int:
+    """What systemd keeps of a limit: ten-thousandths, or bytes."""
+    limit = MemoryLimit.parse(text)
+    kept = limit.bytes if limit.permyriad is None else limit.permyriad
+    assert kept is not None
+    return kept
+
+
+def scaled_share(budget: str, name: str, pus: int, npus: int) -> int | None:
+    """The kept share of ``budget`` for a job of ``pus`` of ``npus`` PUs;
+    ``None`` where it is refused (a MemoryMax or MemoryHigh rounding to 0)."""
+    try:
+        caps = _scaled_memory_caps({name: budget}, pus, npus)
+    except ValueError:
+        return None
+    return kept(caps[name])
+
+
+@pytest.mark.parametrize("npus", NODE_PUS)
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_a_share_is_its_part_of_the_budget_rounded_down(budget, npus):
+    # Never above pus/npus of the budget, so that jobs sharing the node
+    # never hold more than it together; never a whole unit below it.
+    configured = kept(budget)
+    for name in SCALED_CAPS:
+        for pus in range(1, npus + 1):
+            share = scaled_share(budget, name, pus, npus)
+            exact = configured * pus  # over npus
+            if share is None:
+                assert name != "MemorySwapMax"
+                assert exact < npus, (name, pus)  # refused only for nothing
+                continue
+            assert share * npus <= exact < (share + 1) * npus, (name, pus)
+        assert scaled_share(budget, name, npus, npus) == configured
+
+
+@pytest.mark.parametrize("npus", NODE_PUS)
+@pytest.mark.parametrize("budget", ["50%", "90%", "95%", "33.33%", "230G"])
+def test_one_pu_jobs_filling_the_node_hold_the_budget_at_most(budget, npus):
+    # Whole percents gave 128 one-PU jobs of a 50% budget 1% each: 128%.
+    shares = [scaled_share(budget, "MemorySwapMax", 1, npus) for _ in range(npus)]
+    assert sum(share or 0 for share in shares) <= kept(budget)
+
+
+def test_128_one_pu_jobs_of_a_50_percent_budget_each_have_0_39_percent(pus128):
+    shares = {
+        pus128.map(make_R(core=str(core)), extra_properties={"MemoryMax": "50%"})[
+            "MemoryMax"
+        ]
+        for core in range(128)
+    }
+    assert shares == {"0.39%"}  # 49.92% in all: 50% / 128 is 0.390625%
+
+
+@pytest.fixture(scope="module")
+def pus128() -> HwlocMapper:
+    """A node of 128 one-PU cores."""
+    return HwlocMapper(synthetic_xml("pack:2 core:64 pu:1"))
+
+
+def synthetic_xml(description: str) -> str:
+    """The XML of hwloc's synthetic topology ``description``."""
+    return subprocess.run(
+        ["lstopo-no-graphics", "--input", description, "--of", "xml", "-"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "configured", "said"),
+    [
+        (
+            "MemoryMax",
+            "1%",
+            "rounds down to 0% (systemd keeps a percentage to 0.01%, and takes"
+            " MemoryMax from 1 byte): set it to at least 5.12%, or to a size",
+        ),
+        (
+            "MemoryHigh",
+            "100",
+            "rounds down to 0 bytes (systemd takes MemoryHigh from 1 byte): set"
+            " it to at least 512",
+        ),
+    ],
+)
+def test_a_cap_whose_share_rounds_to_nothing_is_refused_naming_it(
+    name, configured, said
+):
+    # 0% would be refused by systemd ("Value specified in MemoryMaxScale is
+    # out of range"), and 1% instead took the jobs past the budget.
+    with pytest.raises(ValueError) as error:
+        _scaled_memory_caps({name: configured}, 1, 512)
+    assert str(error.value) == (
+        f"extra_properties: {name}: {configured!r} scaled to a job of 1 PU of"
+        f" the node's 512 {said}"
+    )
+
+
+@pytest.mark.parametrize(("least", "share"), [("5.12%", "0.01%"), ("512", "1")])
+def test_the_least_budget_the_refusal_names_gives_some(least, share):
+    assert _scaled_memory_caps({"MemoryMax": least}, 1, 512) == {"MemoryMax": share}
+
+
+def test_a_swap_share_rounding_to_nothing_is_no_swap():
+    # systemd takes MemorySwapMax=0, which holds every budget.
+    caps = {"MemorySwapMax": "1%", "MemoryMax": "90%"}
+    assert _scaled_memory_caps(caps, 1, 512) == {
+        "MemorySwapMax": "0%",
+        "MemoryMax": "0.17%",
+    }
 
 
 @pytest.mark.parametrize("configured", ["infinity", str(2**64 - 1)])
@@ -1125,7 +1248,7 @@ def test_scaled_values_are_strings_as_all_property_values(large):
     result = large.map(make_R(core="0-15"), extra_properties=extra)
     assert all(isinstance(value, str) for value in result.values())
     assert result["MemoryMax"] == str(1024**3)
-    assert result["MemoryHigh"] == "24%"  # 95% of 32 of 128 PUs: 23.75
+    assert result["MemoryHigh"] == "23.75%"  # 95% of 32 of 128 PUs
 
 
 def test_protections_are_never_scaled(large):
@@ -1679,8 +1802,8 @@ def test_cli_config_scales_the_site_s_memory_cap(tmp_path, capsys):
     args = ["--config", str(config), "--xml", str(DATA / "large.xml")]
     assert main([*args, "--cores", "0-3"]) == 0
     captured = capsys.readouterr()
-    # 8 of the 128 PUs: 90% / 16.
-    assert json.loads(captured.out)["MemoryMax"] == "6%"
+    # 8 of the 128 PUs: 90% / 16 = 5.625%, down to the 0.01%.
+    assert json.loads(captured.out)["MemoryMax"] == "5.62%"
     assert captured.err == ""
 
 

@@ -71,4 +71,4 @@ def test_a_subclass_adding_properties_still_fences_an_R_with_cores():
     )
     assert result["AllowedCPUs"] == "0-15,64-79"
     assert result["CPUAccounting"] == "true"
-    assert result["MemoryMax"] == "12%"  # 50% of 32 of 128 PUs
+    assert result["MemoryMax"] == "12.5%"  # 50% of 32 of 128 PUs

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable, Mapping
-from fractions import Fraction
 from typing import Any
 
 from sdexec.idset import IDset
@@ -31,6 +30,9 @@ def rank_problem(rset: ResourceSet, rank: int) -> str | None:
 # of the node's PUs. MemoryMin and MemoryLow are protections, not caps: a
 # job's protection should not shrink because it has fewer CPUs.
 _SCALED_MEMORY_PROPS = ("MemoryHigh", "MemoryMax", "MemorySwapMax")
+#: Those systemd takes from 1 byte: a share of them that rounds down to 0 is
+#: refused. MemorySwapMax may be 0 (no swap), within any budget.
+_NONZERO_SCALED = frozenset({"MemoryHigh", "MemoryMax"})
 
 # The resource types HwlocMapper fences (map_cores, map_gpus): a rank with
 # neither would run on the whole node.
@@ -189,13 +191,16 @@ class HwlocMapper(ResourceMapper):
 
         When ``map_cores`` set ``AllowedCPUs``, each of ``MemoryHigh``,
         ``MemoryMax`` and ``MemorySwapMax`` in ``extra_properties`` is scaled
-        by allocated PUs / the node's PUs. Values are strings, as all
-        property values are: a size (``4g``, ``1.5G``, ``4096``; suffixes
-        ``K M G T P E`` in either case) becomes a byte count (``"2147483648"``),
-        a percentage a rounded integer percent (``"24%"``; never rounded
-        down to 0%, which would be a zero-byte limit); ``infinity`` passes
-        through unchanged. A value that is not a memory limit is a
-        ``ValueError`` naming the property. ``MemoryMin`` and ``MemoryLow``
+        by allocated PUs / the node's PUs. Values are strings,
+        as all property values are: a size (``4g``, ``1.5G``, ``4096``;
+        suffixes ``K M G T P E`` in either case) becomes a byte count
+        (``"2147483648"``), a percentage one to 0.01% (``"23.75%"``), each
+        rounded down, so that the jobs sharing the node never hold more
+        than the budget together; ``infinity`` passes through unchanged.
+        A value that is not a memory limit is a ``ValueError`` naming the
+        property, and so is a ``MemoryHigh`` or ``MemoryMax`` whose share
+        rounds down to 0 (systemd takes neither from 0);
+        ``MemorySwapMax`` may (no swap). ``MemoryMin`` and ``MemoryLow``
         are never scaled.
 
         Raises ``ValueError`` if R gives this rank no core and no GPU, even
@@ -206,10 +211,8 @@ class HwlocMapper(ResourceMapper):
         if extra_properties and "AllowedCPUs" in properties:
             # As systemd reads it: a subclass's map_cores may write "0 64".
             cpus = _idset(properties["AllowedCPUs"], "AllowedCPUs", cpu_set)
-            # Exact: a float turned 2**64-1 bytes (systemd's infinity) into
-            # 2**64, which no property can hold.
-            share = Fraction(len(cpus), self._topology.npus)
-            properties.update(_scaled_memory_caps(extra_properties, share))
+            npus = self._topology.npus
+            properties.update(_scaled_memory_caps(extra_properties, len(cpus), npus))
         return properties
 
 
@@ -283,36 +286,74 @@ def _gpus(ids: IDset) -> str:
 
 
 def _scaled_memory_caps(
-    extra_properties: Mapping[str, Any], share: Fraction
+    extra_properties: Mapping[str, Any], pus: int, npus: int
 ) -> Properties:
-    """The caps in ``extra_properties`` scaled by ``share``, as strings.
+    """The caps in ``extra_properties`` scaled to a job of ``pus`` of the
+    node's ``npus`` PUs, as strings.
 
-    ``ValueError`` names a cap that is not a memory limit: left out, the job
-    would run without the cap the admin asked for.
+    ``ValueError`` names a cap that is not a memory limit (left out, the
+    job would run without the cap the admin asked for), or one whose share
+    rounds down to nothing where systemd takes no zero.
     """
     scaled: Properties = {}
     for name in _SCALED_MEMORY_PROPS:
         if name not in extra_properties:
             continue
+        configured = str(extra_properties[name])
         try:
-            limit = MemoryLimit.parse(str(extra_properties[name]))
+            limit = MemoryLimit.parse(configured)
         except ValueError as error:
             raise ValueError(f"extra_properties: {name}: {error}") from None
-        if limit.percent is not None:
-            scaled[name] = f"{_scaled_percent(limit.percent, share)}%"
-        elif limit.bytes is not None and limit.bytes < UINT64_MAX:
-            # As a percentage: a real limit never becomes a zero-byte one.
-            scaled[name] = str(max(round(limit.bytes * share), min(limit.bytes, 1)))
-        else:  # systemd's infinity, spelt so or as its number
-            scaled[name] = "infinity"
+        scaled[name] = _scaled_limit(name, configured, limit, pus, npus)
     return scaled
 
 
-def _scaled_percent(percent: float, share: Fraction) -> int:
-    # 0% would be a zero-byte limit, killing the job at once: a real limit is
-    # never rounded down to it.
-    scaled = round(percent * share)
-    return max(scaled, 1) if percent > 0 else 0
+def _scaled_limit(
+    name: str, configured: str, limit: MemoryLimit, pus: int, npus: int
+) -> str:
+    """``limit`` times ``pus / npus``, rounded down in the unit it is kept
+    in (ten-thousandths of memory, or bytes), so that jobs sharing the
+    node never add up to more than it: with a whole percent, 128 one-PU
+    jobs of a 50% budget each had 1%, 128% together."""
+    if limit.infinite or limit.bytes == UINT64_MAX:
+        return "infinity"  # systemd's infinity, spelt so or as its number
+    percent = limit.permyriad is not None
+    amount = limit.permyriad if limit.permyriad is not None else limit.bytes
+    assert amount is not None
+    share = amount * pus // npus
+    if share == 0 and amount > 0 and name in _NONZERO_SCALED:
+        raise ValueError(_rounds_to_nothing(name, configured, percent, pus, npus))
+    return _percent(share) if percent else str(share)
+
+
+def _rounds_to_nothing(
+    name: str, configured: str, percent: bool, pus: int, npus: int
+) -> str:
+    """Why a cap's share is refused: it rounds down to 0, which systemd
+    refuses for ``name`` (and a percentage below 0.01% it would write into
+    the unit's file as 0%, dropped at a daemon-reload), and the least
+    budget that gives this job some."""
+    least = -(-npus // pus)  # of the unit the limit is kept in, rounded up
+    if percent:
+        unit, at_least = "0%", f"{_percent(least)}, or to a size"
+        why = "systemd keeps a percentage to 0.01%, and takes"
+    else:
+        unit, at_least = "0 bytes", str(least)
+        why = "systemd takes"
+    pu = "PU" if pus == 1 else "PUs"
+    return (
+        f"extra_properties: {name}: {configured!r} scaled to a job of {pus} {pu}"
+        f" of the node's {npus} rounds down to {unit} ({why} {name} from 1"
+        f" byte): set it to at least {at_least}"
+    )
+
+
+def _percent(permyriad: int) -> str:
+    """Ten-thousandths as a percentage, no longer than it need be
+    (``"6%"``, ``"0.5%"``, ``"5.93%"``)."""
+    whole, hundredths = divmod(permyriad, 100)
+    decimals = f"{hundredths:02d}".rstrip("0")
+    return f"{whole}.{decimals}%" if decimals else f"{whole}%"
 
 
 def _idset(text: str, what: str, parse: Callable[[str], IDset] = IDset) -> IDset:

@@ -1228,6 +1228,21 @@ def test_a_swap_share_rounding_to_nothing_is_no_swap():
     }
 
 
+class WideCoresMapper(HwlocMapper):
+    """A site's map_cores naming CPUs the topology does not count."""
+
+    def map_cores(self, cores):
+        return {**super().map_cores(cores), "AllowedCPUs": "0-255"}
+
+
+def test_a_share_is_never_more_than_the_whole_budget():
+    # 256 CPUs of a 128-PU node: 64G became 128G, 95% became 190%.
+    result = WideCoresMapper(LARGE).map(
+        make_R(core="0"), extra_properties={"MemoryMax": "64G", "MemoryHigh": "95%"}
+    )
+    assert (result["MemoryMax"], result["MemoryHigh"]) == (str(64 * 1024**3), "95%")
+
+
 @pytest.mark.parametrize("configured", ["infinity", str(2**64 - 1)])
 def test_infinity_passes_through(large, configured):
     # systemd reads the largest size as infinity: scaled, it became a

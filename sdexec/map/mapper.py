@@ -191,7 +191,7 @@ class HwlocMapper(ResourceMapper):
 
         When ``map_cores`` set ``AllowedCPUs``, each of ``MemoryHigh``,
         ``MemoryMax`` and ``MemorySwapMax`` in ``extra_properties`` is scaled
-        by allocated PUs / the node's PUs. Values are strings,
+        by allocated PUs / the node's PUs (1 at most). Values are strings,
         as all property values are: a size (``4g``, ``1.5G``, ``4096``;
         suffixes ``K M G T P E`` in either case) becomes a byte count
         (``"2147483648"``), a percentage one to 0.01% (``"23.75%"``), each
@@ -317,6 +317,9 @@ def _scaled_limit(
     jobs of a 50% budget each had 1%, 128% together."""
     if limit.infinite or limit.bytes == UINT64_MAX:
         return "infinity"  # systemd's infinity, spelt so or as its number
+    # Never more than the whole budget: a site's map_cores may name CPUs
+    # that the topology does not count.
+    pus = min(pus, npus)
     percent = limit.permyriad is not None
     amount = limit.permyriad if limit.permyriad is not None else limit.bytes
     assert amount is not None

@@ -431,7 +431,7 @@ class _MetricsPage(Resource):
         rendering.addCallbacks(answer, failed)
         return NOT_DONE_YET
 
-    render_HEAD = render_GET  # Twisted writes no body for HEAD
+    render_HEAD = render_GET  # :func:`_answer` writes no body for HEAD
 
 
 def _header(request: Request, name: bytes) -> str:
@@ -446,9 +446,14 @@ def _header(request: Request, name: bytes) -> str:
 
 
 def _answer(request: Request, body: bytes, headers: dict[str, str]) -> None:
+    """Write ``body`` with ``headers`` and its length: a HEAD's too, which
+    gets no body (it had no length, which a HEAD is to tell; a GET's was
+    chunked, a body of one piece)."""
     for name, value in headers.items():
         request.setHeader(name, value)
-    request.write(body)
+    request.setHeader(b"content-length", b"%d" % len(body))
+    if request.method != b"HEAD":
+        request.write(body)
     request.finish()
 
 

@@ -346,12 +346,14 @@ async def test_no_access_log_line_repeats_what_a_request_sent(
     assert logged == []
 
 
-@pytest.mark.parametrize("path", ["/stats", "/elsewhere"])
+@pytest.mark.parametrize(
+    "path", ["/stats", "/elsewhere", "/metrics", "/metrics?name[]=sdexec_drained"]
+)
 @ensureDeferred
-async def test_head_answers_the_get_s_headers_without_its_body(site_port, path):
-    _site, port = site_port
+async def test_head_answers_the_get_s_headers_without_its_body(metrics_port, path):
+    # /metrics' HEAD had no Content-Length, and its GET was chunked.
     got, head = [
-        await deferToThread(exchange, port, GET.replace(b"GET /stats", request))
+        await deferToThread(exchange, metrics_port, GET.replace(b"GET /stats", request))
         for request in (b"GET " + path.encode(), b"HEAD " + path.encode())
     ]
     got_head, _, body = got.partition(b"\r\n\r\n")

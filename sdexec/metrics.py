@@ -25,6 +25,7 @@ service's time all the same: an answer is given again as ``/stats``' are
 
 from __future__ import annotations
 
+import copy
 import errno
 import gzip
 import threading
@@ -220,7 +221,7 @@ class Metrics:
         if scrape.names:
             registry = registry.restricted_registry(scrape.names)
         with self._stats.pinned(snapshot):
-            body = scrape.encoder(registry)
+            body = scrape.encoder(_WithoutCreated(registry))
         headers = {"Content-Type": scrape.content_type}
         if scrape.gzipped:
             body = gzip.compress(body)
@@ -386,6 +387,27 @@ class _StatsCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snapshot = getattr(self._pinned, "snapshot", None)
         yield from _families(snapshot if snapshot is not None else self._stats())
+
+
+class _WithoutCreated:
+    """A registry's metrics without the ``_created`` samples prometheus-client
+    adds to each counter and histogram series (the time it was made, as a
+    series of its own in the text format): for a service that restarts,
+    one more series per series that says only when it last started, and
+    that the docs did not list. Left out here, not by prometheus-client's
+    ``disable_created_metrics()``, which would take them from every other
+    registry in the process too."""
+
+    def __init__(self, registry: Any) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        """The registry's metrics, each without its ``_created`` samples."""
+        for metric in self._registry.collect():
+            created = f"{metric.name}_created"
+            kept = copy.copy(metric)  # a collector's own, left as it is
+            kept.samples = [s for s in metric.samples if s.name != created]
+            yield kept
 
 
 class _Pinned:

@@ -8,6 +8,7 @@ import errno
 
 import pytest
 from offline import Connection, error_of
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from pytest_twisted import ensureDeferred
 from test_background import (
@@ -235,3 +236,27 @@ async def test_the_processes_gauge_reads_0_on_an_idle_node(background):
     assert processes(metrics) == {"R": 1, "Z": 0, "O": 0}
     await finish(systemd, server, status=0)
     assert processes(metrics) == {"R": 0, "Z": 0, "O": 0}
+
+
+@pytest.mark.parametrize(
+    "accept", ["", "application/openmetrics-text; version=1.0.0"], ids=["text", "om"]
+)
+@pytest.mark.parametrize("names", [[], ["sdexec_units_started_created"]])
+def test_no_created_series_is_served(server, accept, names):
+    # prometheus-client's default added a _created series to every counter
+    # and histogram series (its start time: for a service that restarts,
+    # noise the docs did not list), and the text format made each a family.
+    other = CollectorRegistry()  # another user of prometheus-client
+    Counter("other", "Another registry's counter.", registry=other).inc()
+    others_before = generate_latest(other)
+    metrics = observed(server)
+    metrics.units_started.inc()
+    metrics.dbus_call("StartTransientUnit", 0.001, True)
+    metrics.request_errors.labels(topic="sdexec.exec").inc()
+    text, _ = metrics.render(metrics.snapshot(), Scrape.asked(accept, "", names))
+    assert (b"sdexec_units_started_total 1.0" in text) == (not names)
+    assert b"_created" not in text
+    # Left out of this registry's answers alone, not the process's.
+    assert (b"other_created" in generate_latest(other)) == (
+        b"other_created" in others_before
+    )

@@ -15,6 +15,7 @@ from dbus_fast import Message, MessageType, Variant
 from pytest_twisted import ensureDeferred
 from support import sleep, until
 from twisted.internet.task import Clock
+from twisted.logger import capturedLogs, formatEvent
 
 from sdexec.systemd import bus as bus_module
 from sdexec.systemd.bus import (
@@ -525,3 +526,53 @@ async def test_no_manager_at_the_first_connect_is_said_with_the_bus_s_words(
         await SystemdClient.connect("unix:path=/nonexistent", clock=Clock())
     assert str(refused.value).startswith("no systemd manager on this bus: ")
     assert str(refused.value).endswith(f" ({said})")
+
+
+async def settled(condition, what: str) -> None:
+    """Let the reactor run passes (no time on the Clock) until
+    ``condition()``: a reconnection takes a few."""
+    for _ in range(1000):
+        if condition():
+            return
+        await sleep(0)
+    raise AssertionError(f"never happened: {what}")
+
+
+@ensureDeferred
+async def test_a_manager_long_away_from_a_live_bus_is_logged_once_then_rarely():
+    # Its bus up, the manager gone: the client reconnects to the bus address
+    # every 5 s and logged two lines each time ("no systemd manager on the
+    # bus for 5 s", "D-Bus is back"), for as long as it was away (review
+    # session 45).
+    clock, first, buses = Clock(), FakeBus(), []
+
+    async def reopen():
+        buses.append(FakeBus({"Subscribe": lambda message: failed(NO_OWNER)}))
+        buses[-1].owner = ""
+        return buses[-1]
+
+    client = SystemdClient(first, reopen, clock)  # type: ignore[arg-type]
+    client.connected = True
+    with capturedLogs() as events:
+        first.owner_changed(":1.5", "")
+        for cycle in range(1, 121):  # 10 minutes, a reconnection each 5 s
+            clock.advance(MANAGER_ABSENT_S)
+            await settled(
+                lambda cycle=cycle: len(buses) == cycle and clock.getDelayedCalls(),
+                f"reconnection {cycle} waits for the manager",
+            )
+        back = buses[-1]
+        del back.answers["Subscribe"]
+        back.owner_changed("", ":1.9")
+        await until(lambda: client.connected, "the manager's return")
+    assert [formatEvent(event) for event in events] == [
+        "systemd connection lost: the systemd manager left the bus",
+        *[
+            f"systemd away for {seconds} s: reconnecting to the bus address"
+            " every 5 s while no manager is on the bus (a new manager may"
+            " listen there with a new bus)"
+            for seconds in (60, 180, 420)
+        ],
+        "systemd connection restored after 600 s",
+    ]
+    client.disconnect()

@@ -45,7 +45,7 @@ from sdexec.systemd.errors import (
     manager_away,
     reconnecting,
 )
-from sdexec.systemd.retry import Backoff
+from sdexec.systemd.retry import Backoff, Reminders
 from sdexec.systemd.unanswered import Silence, UnansweredCalls, calls_waiting
 from sdexec.systemd.watch import UnitWatch, WatchRegistry
 from sdexec.systemd.window import DEFAULT_MAX_INFLIGHT, CallWindow
@@ -341,6 +341,13 @@ class SystemdClient:
         self._unanswered = UnansweredCalls(clock)
         self._backoff = Backoff(clock, self._reconnect, "reconnecting to systemd")
         self._clock = clock
+        #: systemd away: said as it goes, then now and then while it stays
+        #: away (each reconnection to the bus address, every
+        #: MANAGER_ABSENT_S, was two lines), and how long once back.
+        self._away = Reminders(clock)
+        #: The bus was closed here to reconnect to its address (the
+        #: manager absent from it): its return is no news.
+        self._redialled = False
         self._absent_timer: IDelayedCall | None = None
         #: How many times a manager has left the bus: a subscription made
         #: while one left again is not a manager back.
@@ -499,6 +506,7 @@ class SystemdClient:
             return
         self.connected = False
         log.warn("systemd connection lost: {reason}", reason=reason)
+        self._away.begin()
         self.window.fail_queued(Failure(connection_lost(reason)))
         if self.on_lost is not None:
             self.on_lost(reason)
@@ -513,6 +521,9 @@ class SystemdClient:
         if self._closing:
             bus.disconnect()
             return
+        # News if the bus had gone by itself, or could not be reached.
+        news = not self._redialled or self._backoff.failures > 0
+        self._redialled = False
         self._adopt(bus)
         departures = self._departures
         try:
@@ -522,7 +533,8 @@ class SystemdClient:
             if error.name == MANAGER_AWAY:
                 # The bus is back, the manager not yet: its NameOwnerChanged
                 # (matched already) resumes.
-                log.info("D-Bus is back; waiting for the systemd manager")
+                if news:
+                    log.info("D-Bus is back; waiting for the systemd manager")
                 self._arm_absent_check()
                 return
             self._give_up(bus)
@@ -584,11 +596,15 @@ class SystemdClient:
         bus = self._bus
         if self.connected or self._closing or bus is None:
             return
-        log.info(
-            "no systemd manager on the bus for {seconds:g} s: reconnecting to"
-            " the bus address (a new manager may listen there with a new bus)",
-            seconds=MANAGER_ABSENT_S,
-        )
+        if self._away.due():
+            log.info(
+                "systemd away for {seconds:.0f} s: reconnecting to the bus"
+                " address every {every:g} s while no manager is on the bus"
+                " (a new manager may listen there with a new bus)",
+                seconds=self._away.lasted(),
+                every=MANAGER_ABSENT_S,
+            )
+        self._redialled = True
         bus.disconnect()  # _bus_closed starts the backoff
 
     def _restored(self) -> None:
@@ -596,7 +612,10 @@ class SystemdClient:
             return
         self._cancel_absent_check()
         self.connected = True
-        log.info("systemd connection restored")
+        log.info(
+            "systemd connection restored after {seconds:.0f} s",
+            seconds=self._away.end() or 0.0,
+        )
         if self.on_restored is not None:
             self.on_restored()
 

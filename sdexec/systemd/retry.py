@@ -30,9 +30,12 @@ from sdexec.systemd.errors import (
 
 __all__ = [
     "CALL_RETRY_S",
+    "REMIND_FIRST_S",
+    "REMIND_MAX_S",
     "Backoff",
     "CallBackoff",
     "CallFailure",
+    "Reminders",
     "classify_call_failure",
 ]
 
@@ -41,6 +44,54 @@ log = Logger()
 #: The first retry's delay; each failure doubles it up to :data:`MAX_DELAY`.
 FIRST_DELAY = 0.1
 MAX_DELAY = 5.0
+
+#: Seconds from the first line of a condition that lasts (systemd away) to
+#: its first reminder; each gap twice the last, at most :data:`REMIND_MAX_S`.
+REMIND_FIRST_S = 60.0
+REMIND_MAX_S = 3600.0
+
+
+class Reminders:
+    """When to say again that a condition lasts: it is said as it begins
+    (:meth:`begin`), again once :data:`REMIND_FIRST_S` have passed
+    (:meth:`due`), then after twice the last gap, at most
+    :data:`REMIND_MAX_S`. A retry every 5 s that logged each time put two
+    lines in the journal every 5 s for as long as systemd was away. Read on
+    ``clock``; what asks (an attempt) runs on its own timer."""
+
+    def __init__(self, clock: IReactorTime) -> None:
+        self._clock = clock
+        self._since: float | None = None
+        self._next = 0.0
+        self._gap = REMIND_FIRST_S
+
+    def begin(self) -> None:
+        """The condition begins, and is said now (no-op while it lasts)."""
+        if self._since is not None:
+            return
+        self._since = self._clock.seconds()
+        self._gap = REMIND_FIRST_S
+        self._next = self._since + self._gap
+
+    def lasted(self) -> float:
+        """Seconds since it began (0 if it has not)."""
+        return 0.0 if self._since is None else self._clock.seconds() - self._since
+
+    def due(self) -> bool:
+        """Whether a reminder is due now; if so, the next is scheduled."""
+        now = self._clock.seconds()
+        if self._since is None or now < self._next:
+            return False
+        self._gap = min(self._gap * 2, REMIND_MAX_S)
+        self._next = now + self._gap
+        return True
+
+    def end(self) -> float | None:
+        """The condition is over: how long it lasted (``None``: it had not
+        begun)."""
+        lasted = None if self._since is None else self.lasted()
+        self._since = None
+        return lasted
 
 
 class Backoff:
@@ -65,6 +116,8 @@ class Backoff:
         self._running = False
         #: Failed attempts since :meth:`start`.
         self.failures = 0
+        #: The first failure is logged, then a reminder now and then.
+        self._reminders = Reminders(clock)
 
     @property
     def running(self) -> bool:
@@ -78,6 +131,7 @@ class Backoff:
         self._running = True
         self._delay = self._first_delay
         self.failures = 0
+        self._reminders.end()
         self._try()
 
     def stop(self) -> None:
@@ -100,15 +154,32 @@ class Backoff:
         if not self._running:
             return
         self.failures += 1
+        self._log_failure(failure)
+        self._timer = self._clock.callLater(self._delay, self._try)
+        self._delay = min(self._delay * 2, self._max_delay)
+
+    def _log_failure(self, failure: Failure) -> None:
+        """The first failure, then a reminder as :class:`Reminders` says
+        (the attempts go on meanwhile)."""
+        if self.failures == 1:
+            self._reminders.begin()
+            text = "{what}: attempt {n} failed ({error}); next in {delay:g} s"
+        elif self._reminders.due():
+            text = (
+                "{what}: attempt {n} failed ({error}), failing for {lasted:.0f} s;"
+                " next in {delay:g} s, retrying every {most:g} s at most"
+            )
+        else:
+            return
         log.info(
-            "{what}: attempt {n} failed ({error}); next in {delay:g} s",
+            text,
             what=self._what,
             n=self.failures,
             error=failure.getErrorMessage(),
             delay=self._delay,
+            lasted=self._reminders.lasted(),
+            most=self._max_delay,
         )
-        self._timer = self._clock.callLater(self._delay, self._try)
-        self._delay = min(self._delay * 2, self._max_delay)
 
 
 #: Calls a unit needs until they are made: one systemd refused for any

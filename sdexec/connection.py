@@ -198,8 +198,7 @@ class ClientProtocol(StdioReceivingProtocol):
         self.transport.loseConnection()
 
     def connectionLost(self, reason: object = None) -> None:
-        held, self._held = self._held, deque()
-        close_fds(fd for request in held for fd in request.fds)
+        self._drop_held()
         self._client_left()
         super().connectionLost(reason)
         if self._admitted_uid is not None:
@@ -217,6 +216,14 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def writeConnectionLost(self) -> None:
         """Never called: the service does not shut down its writing alone."""
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._left:
+            # Read to its end after a half-close, for the connection to
+            # close as one that was read (_shut_down_unread): dropped.
+            self.drop_read()
+            return
+        super().dataReceived(data)
 
     def _client_left(self) -> None:
         """The client has left, or is taken as gone while its connection
@@ -771,8 +778,9 @@ class ClientProtocol(StdioReceivingProtocol):
     def _settle_hangup_watch(self) -> None:
         """Watch for the client's close while its connection is not read
         for what waits: a process to read its stdin, or commands' lookups
-        (too many requests behind them); else not."""
-        if self._stdin_backlogged or self._paused_for_lookups:
+        (too many requests behind them); else not, nor once it has left (a
+        half-closed socket would be reported again at once)."""
+        if (self._stdin_backlogged or self._paused_for_lookups) and not self._lost:
             self._watch_hangup()
         else:
             self._unwatch_hangup()
@@ -787,22 +795,47 @@ class ClientProtocol(StdioReceivingProtocol):
             self.server.hangups.unwatch(self._hangup_fd)
             self._hangup_fd = None
 
-    def _hung_up(self) -> None:
-        """The client closed the connection while its requests waited for a
-        process to read its stdin, or for commands' lookups: it is gone,
-        and so are they."""
+    def _hung_up(self, gone: bool) -> None:
+        """The client closed the connection (``gone``), or shut down its
+        writing, while its requests waited for a process to read its stdin,
+        or for commands' lookups."""
         self._hangup_fd = None
-        # Lost now: Twisted calls connectionLost a loop pass after the abort,
-        # and nothing held is to run meanwhile.
-        self._lost = True
         log.info(
-            "connection {id}: the client closed it while it waited for {what}",
+            "connection {id}: the client {did} while it waited for {what}",
             id=self.connection_id,
+            did="closed it" if gone else "shut down its writing",
             what="commands' lookups"
             if self._paused_for_lookups
             else "a process to read its stdin",
         )
-        self.transport.abortConnection()
+        if gone:
+            # Lost now: Twisted calls connectionLost a loop pass after the
+            # abort, and nothing held is to run meanwhile.
+            self._lost = True
+            self.transport.abortConnection()
+        else:
+            self._shut_down_unread()
+
+    def _shut_down_unread(self) -> None:
+        """The client shut down its writing (socat, nc) while what it sent
+        was not read: it has left, as when the EOF of a connection that is
+        read comes (:meth:`readConnectionLost`), and what it was answered
+        is written out all the same (an abort dropped it). What it sent
+        that was not handled is dropped, read to its end (the client can
+        send no more), so that the EOF closes the connection as it does
+        there: the client reads its answers, then EOF (a socket closed
+        with unread data would reset it). What waits to be written is no
+        more than the back-pressure lets wait, and nothing more is made
+        for it; a client that does not read it holds the connection until
+        it closes, which the writing sees."""
+        self._client_left()
+        self._drop_held()
+        self._resume_reading()
+
+    def _drop_held(self) -> None:
+        """Drop what was read and held, with the descriptors it brought."""
+        held, self._held = self._held, deque()
+        close_fds(fd for request in held for fd in request.fds)
 
     def _send(self, topic: str, matchtag: int, payload: dict) -> None:
         self.sendMessage(
@@ -833,8 +866,9 @@ class ClientProtocol(StdioReceivingProtocol):
     def _holding(self) -> bool:
         """Whether what is read now must wait: the connection is paused, or
         has too many requests awaiting their answer, or what was read
-        before still waits (responses keep the requests' order)."""
-        return self._blocked or bool(self._held)
+        before still waits (responses keep the requests' order). Never once
+        its client has left: what is read then is dropped."""
+        return not self._left and (self._blocked or bool(self._held))
 
     @property
     def _blocked(self) -> bool:

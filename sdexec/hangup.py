@@ -6,7 +6,9 @@ neither reads nor writes, so the client's close went unseen, and its
 processes ran on, its connection slot held for good. One epoll instance,
 in the reactor while anything is watched, watches such sockets for the
 peer's hang-up (``EPOLLRDHUP``) alone: what they hold unread does not wake
-it.
+it. Whoever watches is told whether the peer is gone (closed, or reset:
+``EPOLLHUP``, ``EPOLLERR``) or only shut down its writing, as socat and nc
+do at the end of their input (such a peer may still read what it is sent).
 """
 
 from __future__ import annotations
@@ -19,20 +21,26 @@ from twisted.internet.interfaces import IReactorFDSet, IReadDescriptor
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+#: What epoll reports for a peer that closed (or reset) the connection: a
+#: shutdown of its writing alone is ``EPOLLRDHUP`` without these.
+_GONE = select.EPOLLHUP | select.EPOLLERR
+
 
 @implementer(IReadDescriptor)
 class HangupWatcher:
-    """Calls back once the peer of a watched socket has closed it (or shut
-    down its writing, which the service takes as the same)."""
+    """Calls back once the peer of a watched socket has closed it, or shut
+    down its writing."""
 
     def __init__(self, reactor: IReactorFDSet) -> None:
         self._reactor = reactor
         self._epoll: select.epoll | None = None
-        self._watched: dict[int, Callable[[], None]] = {}
+        self._watched: dict[int, Callable[[bool], None]] = {}
 
-    def watch(self, fd: int, on_hangup: Callable[[], None]) -> None:
-        """Call ``on_hangup()`` once when socket ``fd``'s peer hangs up,
-        unless :meth:`unwatch` comes first."""
+    def watch(self, fd: int, on_hangup: Callable[[bool], None]) -> None:
+        """Call ``on_hangup(gone)`` once when socket ``fd``'s peer hangs up,
+        unless :meth:`unwatch` comes first: ``gone`` true when it closed
+        (or reset) the connection, false when it only shut down its writing
+        (it may still read)."""
         if fd in self._watched:
             return
         if self._epoll is None:
@@ -53,11 +61,13 @@ class HangupWatcher:
 
     def doRead(self) -> None:
         assert self._epoll is not None  # read only while in the reactor
-        for fd, _events in self._epoll.poll(0):
+        for fd, events in self._epoll.poll(0):
             on_hangup = self._watched.get(fd)
             self.unwatch(fd)
             if on_hangup is not None:
-                on_hangup()
+                # Both directions shut (EPOLLHUP, never asked for: always
+                # reported) or an error; EPOLLRDHUP alone is a half-close.
+                on_hangup(bool(events & _GONE))
 
     def fileno(self) -> int:
         return self._epoll.fileno() if self._epoll is not None else -1

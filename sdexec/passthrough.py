@@ -219,6 +219,13 @@ class StdioReceivingProtocol(JSONLineProtocol):
         finally:
             close_fds(self.take_request_fds())
 
+    def drop_read(self) -> None:
+        """Drop the read being delivered, unread (its peer has left): close
+        the descriptors that came with it."""
+        arrived, self._arrived = self._arrived, []
+        self._dropped = False
+        close_fds(arrived)
+
     def take_request_fds(self) -> list[int]:
         """The current request's descriptors, now the caller's to close."""
         fds, self.request_fds = self.request_fds, []

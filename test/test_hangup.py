@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 from pytest_twisted import ensureDeferred
 from support import sleep, until
 from twisted.internet import reactor
@@ -16,17 +17,43 @@ from sdexec.hangup import HangupWatcher
 async def test_the_peers_close_is_seen_and_unread_data_wakes_nothing():
     watcher = HangupWatcher(reactor)
     ours, theirs = socket.socketpair()
-    hung_up: list[str] = []
-    watcher.watch(ours.fileno(), lambda: hung_up.append("ours"))
+    hung_up: list[bool] = []
+    watcher.watch(ours.fileno(), hung_up.append)
     theirs.sendall(b"requests nobody reads yet")
     await sleep(0.05)
     assert hung_up == []
     theirs.close()
     await until(lambda: hung_up, "the close seen")
-    assert hung_up == ["ours"]
+    assert hung_up == [True]  # gone
     assert watcher.fileno() == -1  # nothing watched: out of the reactor
     assert ours.recv(100) == b"requests nobody reads yet"  # not read by it
     ours.close()
+
+
+@pytest.mark.parametrize(
+    ("how", "gone"),
+    [(socket.SHUT_WR, False), (socket.SHUT_RDWR, True), (socket.SHUT_RD, None)],
+)
+@ensureDeferred
+async def test_a_shutdown_is_told_from_a_close(how, gone):
+    """A peer that shuts down its writing (socat, nc) may still read what
+    it was answered: told apart from one that shut down both ways, which
+    can read nothing more. Its reading alone is no hang-up at all."""
+    watcher = HangupWatcher(reactor)
+    ours, theirs = socket.socketpair()
+    hung_up: list[bool] = []
+    watcher.watch(ours.fileno(), hung_up.append)
+    theirs.shutdown(how)
+    if gone is None:
+        await sleep(0.05)
+        assert hung_up == [] and watcher.fileno() != -1
+        watcher.unwatch(ours.fileno())
+    else:
+        await until(lambda: hung_up, "the shutdown seen")
+        assert hung_up == [gone]
+    assert watcher.fileno() == -1
+    ours.close()
+    theirs.close()
 
 
 @ensureDeferred
@@ -35,7 +62,7 @@ async def test_an_unwatched_socket_is_not_reported():
     pairs = [socket.socketpair() for _ in range(2)]
     hung_up: list[int] = []
     for index, (ours, _) in enumerate(pairs):
-        watcher.watch(ours.fileno(), lambda index=index: hung_up.append(index))
+        watcher.watch(ours.fileno(), lambda _gone, index=index: hung_up.append(index))
     watcher.unwatch(pairs[0][0].fileno())
     for _, theirs in pairs:
         theirs.close()
@@ -50,7 +77,7 @@ def test_a_socket_closed_before_it_is_unwatched_is_forgotten_quietly():
     watcher = HangupWatcher(reactor)
     ours, theirs = socket.socketpair()
     fd = ours.fileno()
-    watcher.watch(fd, lambda: None)
+    watcher.watch(fd, lambda _gone: None)
     ours.close()  # as Twisted closes a lost connection's before telling us
     watcher.unwatch(fd)
     assert watcher.fileno() == -1

@@ -15,7 +15,7 @@ import threading
 import pytest
 from offline import Connection, error_of, read_to_eof
 from pytest_twisted import ensureDeferred
-from support import until
+from support import sleep, until
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs, formatEvent
@@ -664,6 +664,76 @@ async def test_a_close_seen_as_the_lookup_answers_starts_nothing(
         await until(lambda: server.connections.total == 0, "the close seen")
         await until(lambda: server.lookups.unanswered == 0, "the lookup's end")
         assert _starts(systemd) == []
+
+
+@ensureDeferred
+async def test_a_half_close_past_the_cap_of_lookups_reads_its_answers_then_eof(
+    silent, systemd, server, tmp_path
+):
+    """``shutdown(SHUT_WR)`` (socat, nc) while the connection is not read,
+    past the cap of requests behind lookups: the client has left, as at
+    the EOF of a connection that is read (its exec is dropped, and what it
+    sent that was not read), but it reads what it was answered, then EOF.
+    The hang-up watch aborted it, and a client whose requests were left
+    unread was reset (``ECONNRESET``) instead."""
+    async with serving(server, tmp_path) as client:
+        client.sendall(_exec_of("true", 1) + _request(*_UNKNOWN_KILL, 2))
+        await until(lambda: silent.names, "the lookup begun")
+        write = _request(
+            "sdexec.write", {"matchtag": 1, "io": encode_io("stdin", "0", b"x")}, 0
+        )
+        await _send_until_unread(client, write * 20_000, server)
+        client.shutdown(socket.SHUT_WR)
+        answers = await _read_to_eof(client)
+        assert [(r["topic"], r["matchtag"], r["errnum"]) for r in answers] == [
+            ("sdexec.kill", 2, errno.ESRCH)
+        ]
+        await until(lambda: server.connections.total == 0, "the connection released")
+        silent.answer()
+        await until(lambda: server.lookups.unanswered == 0, "the lookup's end")
+        assert _starts(systemd) == []
+        assert server.hangups.fileno() == -1
+
+
+#: A kill of a pid nobody runs (:func:`_kill_unknown`), for :func:`_request`.
+_UNKNOWN_KILL = ("sdexec.kill", {"signum": 15, "pid": 999999})
+
+
+async def _send_until_unread(client: socket.socket, data: bytes, server) -> None:
+    """Send ``data`` until the service reads no more of it, past the cap of
+    requests behind lookups (watching for the client's hang-up), and the
+    client's socket is full."""
+    client.setblocking(False)
+    view = memoryview(data)
+    while view:
+        sent = _sent_some(client, view)
+        view = view[sent:]
+        if not sent and server.hangups.fileno() != -1:
+            return
+        await sleep(0.01)  # the service reads
+    raise AssertionError("the service read it all")
+
+
+def _sent_some(client: socket.socket, view: memoryview) -> int:
+    try:
+        return client.send(view)
+    except BlockingIOError:
+        return 0
+
+
+async def _read_to_eof(client: socket.socket) -> list[dict]:
+    """The responses ``client`` reads until EOF (a reset raises)."""
+    received = b""
+    for _ in range(1500):
+        try:
+            chunk = client.recv(65536)
+        except BlockingIOError:
+            await sleep(0.01)
+            continue
+        if not chunk:
+            return [json.loads(line) for line in received.splitlines()]
+        received += chunk
+    raise AssertionError(f"no EOF after {len(received)} bytes")
 
 
 @ensureDeferred

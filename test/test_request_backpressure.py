@@ -35,6 +35,7 @@ from sdexec.connection import (
     ClientProtocol,
     SdexecServerFactory,
 )
+from sdexec.ioencode import encode_io
 from sdexec.protocol import ExecFlag
 
 STATS = "sdexec.stats-get"
@@ -729,16 +730,22 @@ def ended(matchtag: int):
     )
 
 
-async def fill_until_buffered(flooder: Flooder, protocol: ClientProtocol) -> None:
+async def fill_until_buffered(flooder: Flooder, protocol: ClientProtocol) -> int:
     """Send requests, unread, until the client's socket is full and the
     service holds responses itself: far below the pause (a few KiB more
-    than the socket takes), so the connection still reads."""
-    tag = 1000
+    than the socket takes), so the connection still reads. How many (their
+    matchtags from :data:`FILL_FROM`)."""
+    tag = FILL_FROM
     while not buffered(protocol):
         assert flooder.send_some(request(STATS, {}, tag))
         tag += 1
         await sleep(0)  # the service reads and answers it
     assert reading(protocol)
+    return tag - FILL_FROM
+
+
+#: The first matchtag of :func:`fill_until_buffered`'s requests.
+FILL_FROM = 1000
 
 
 @pytest.mark.systemd
@@ -792,3 +799,75 @@ async def test_a_client_that_shuts_down_its_writing_gets_what_it_was_answered(
     await wait_until_reaped(sdexec, f"{unit}.service")
     await until(lambda: protocol.transport.disconnected, "the connection closed")
     assert sdexec.server.connections.total == 0
+
+
+async def half_close_unread(sdexec, flood, unit: str) -> int:
+    """A process without write credit (that never reads its stdin), answers
+    unread by the client and held by the service, then stdin the process
+    does not take: the service stops reading the connection (the rest of
+    what was sent waits in the socket) and watches it for a hang-up. Then
+    ``shutdown(SHUT_WR)``, as socat and nc do at the end of their input.
+    How many answers were held (:func:`fill_until_buffered`)."""
+    flooder, protocol = flood
+    cmd = command(["sleep", "600"], opts={"SDEXEC_NAME": unit})
+    exec_request = request("sdexec.exec", {"cmd": cmd, "flags": NO_CREDIT}, 1)
+    assert flooder.send_some(exec_request) == len(exec_request)
+    started = await read_all(flooder, b"", 0, counted(1))
+    assert started[0]["payload"]["type"] == "started"
+    filled = await fill_until_buffered(flooder, protocol)
+    io = encode_io("stdin", "0", b"x" * (4 << 20), eof=False)
+    write = request("sdexec.write", {"matchtag": 1, "io": io}, 0)
+    data = write + request("sdexec.list", {}, 2) + write
+    assert await flood_until_unread(flooder, data, protocol) < len(data)
+    assert protocol._stdin_backlogged and buffered(protocol)
+    assert sdexec.server.hangups.fileno() != -1  # the hang-up watched for
+    flooder.sock.shutdown(socket.SHUT_WR)
+    return filled
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_a_half_close_of_a_connection_not_read_gets_what_was_answered(
+    sdexec, flood
+):
+    """As for a connection that is read: the client has left, so its
+    process is killed and what the service had not read of it is dropped
+    (the list), but it reads every answer made before, then EOF. The
+    hang-up watch aborted the connection: the answers the service held
+    were dropped, and the client, whose requests were left unread, was
+    reset (``ECONNRESET``) instead of reading EOF."""
+    flooder, protocol = flood
+    unit = "sdexec-backpressure-halfclosed-unread"
+    filled = await half_close_unread(sdexec, flood, unit)
+    responses = await read_all(flooder, b"", 0, lambda _: False)
+    assert flooder.eof  # (read_all returns at EOF; a reset raises)
+    assert [(r["matchtag"], r["topic"]) for r in responses] == [
+        (tag, STATS) for tag in range(FILL_FROM, FILL_FROM + filled)
+    ]
+    await wait_until_reaped(sdexec, f"{unit}.service")
+    await until(lambda: protocol.transport.disconnected, "the connection closed")
+    assert sdexec.server.connections.total == 0
+    assert sdexec.server.hangups.fileno() == -1
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_a_half_closed_client_not_reading_holds_its_answers_until_it_closes(
+    sdexec, flood
+):
+    """The bound of a client that half-closes and reads nothing more: its
+    process is killed at once, nothing more is made for it (what waits is
+    what waited), and its close, seen as the service writes, ends the
+    connection and frees its slot."""
+    flooder, protocol = flood
+    unit = "sdexec-backpressure-halfclosed-mute"
+    await half_close_unread(sdexec, flood, unit)
+    held = buffered(protocol)
+    await wait_until_reaped(sdexec, f"{unit}.service")
+    assert buffered(protocol) == held
+    assert not protocol.transport.disconnected  # the client may still read
+    assert sdexec.server.connections.total == 1
+    flooder.close()
+    await until(lambda: protocol.transport.disconnected, "the connection closed")
+    assert sdexec.server.connections.total == 0
+    assert sdexec.server.hangups.fileno() == -1

@@ -1149,6 +1149,10 @@ _LISTING = (Topic.LIST, Topic.STATS)
 #: Requests that name a process by label (a pending exec's among them).
 _BY_LABEL = frozenset({Topic.KILL, Topic.WAIT, Topic.ATTACH, Topic.TERMINATE})
 
+#: Requests other than an exec whose answer is a stream of its own
+#: matchtag's (EEXIST while another holds it).
+_STREAMS = frozenset({Topic.WAIT, Topic.ATTACH})
+
 
 #: How a request names an exec: ``("matchtag", n)``, ``("label", text)``,
 #: ``("job", id)``, or, for another exec, :data:`_EVERY_EXEC`.
@@ -1162,8 +1166,9 @@ def _names(message: dict) -> set[_Name]:
     """The matchtag, label and job by which ``message`` names an exec: a
     write its process's matchtag, an exec its own matchtag, label and job
     (reusing either of the first two is refused, as before), a kill, wait
-    or attach its label, a terminate its job; malformed fields name nothing
-    (their refusal comes as before). Only peeked at, to order requests:
+    or attach its label, a terminate its job, a wait or attach the stream
+    of its own matchtag; malformed fields name nothing (their refusal
+    comes as before). Only peeked at, to order requests:
     :func:`sdexec.plan.plan_exec` reads the request."""
     topic = message.get("topic")
     payload = message.get("payload")
@@ -1173,24 +1178,36 @@ def _names(message: dict) -> set[_Name]:
         return (
             {_EVERY_EXEC}
             | _matchtag_named(message.get("matchtag"))
+            | _stream_named(message.get("matchtag"))
             | _label_named(_exec_option(message, "label"))
             | _jobs_named(message)
         )
     if topic in _LISTING:
         return {_EVERY_EXEC}
+    # A wait or an attach on the matchtag of an exec being looked up waits
+    # for it, to be refused (EEXIST) as behind an exec handled: handled at
+    # once, it took the matchtag, and the exec was refused, or shared it.
+    streams = isinstance(topic, str) and topic in _STREAMS  # (a list: unhashable)
+    named = _stream_named(message.get("matchtag")) if streams else set()
     if not isinstance(payload, dict):
-        return set()
+        return named
     if topic == Topic.WRITE:
         return _matchtag_named(payload.get("matchtag"))
     if topic == Topic.TERMINATE and isinstance(payload.get("jobid"), str):
         return {("job", payload["jobid"])}
     if isinstance(topic, str) and topic in _BY_LABEL:  # (a list is unhashable)
-        return _label_named(payload.get("label"))
-    return set()
+        return named | _label_named(payload.get("label"))
+    return named
 
 
 def _matchtag_named(matchtag: object) -> set[_Name]:
     return {("matchtag", matchtag)} if is_integer(matchtag) else set()
+
+
+def _stream_named(matchtag: object) -> set[_Name]:
+    """The stream on ``matchtag`` that an exec (background too, until its
+    one response), a wait or an attach holds: one at a time on it."""
+    return {("stream", matchtag)} if is_integer(matchtag) else set()
 
 
 def _label_named(label: object) -> set[_Name]:

@@ -366,6 +366,36 @@ async def test_an_exec_reusing_a_looked_up_exec_s_matchtag_is_eexist(
     connection.close()
 
 
+@pytest.mark.parametrize("streaming", [True, False])
+@pytest.mark.parametrize("topic", ["sdexec.wait", "sdexec.attach"])
+@ensureDeferred
+async def test_a_wait_or_attach_on_a_looked_up_exec_s_matchtag_is_eexist(
+    silent, systemd, server, topic, streaming
+):
+    # Handled at once while the exec's command was looked up, it took the
+    # matchtag first: an attach's stream and the exec's shared it (their
+    # responses could not be told apart), and a wait's had the exec refused
+    # EEXIST, where docs/protocol.md refuses the later request.
+    connection = Connection(server)
+    background = {"flags": 16, "cmd": _cmd("sdexec-b", label="b")}
+    connection.raw(_envelope("sdexec.exec", background, 1, streaming=False))
+    silent.answer("true")
+    await until(lambda: _starts(systemd) == ["sdexec-b.service"], "b's start")
+    systemd.run("sdexec-b.service", pid=8)
+    looked_up = {"flags": FLAGS, "cmd": {**_cmd(UNIT), "cmdline": ["sleep"]}}
+    connection.raw(_envelope("sdexec.exec", looked_up, 7, streaming=streaming))
+    connection.send(topic, {"label": "b", "flags": FLAGS}, matchtag=7)
+    assert _topics(connection) == [("sdexec.exec", 1)]  # both wait for the lookup
+    silent.answer()
+    await until(lambda: len(connection.responses()) == 2, "the refusal")
+    assert (connection.last()["topic"], error_of(connection.last())) == (
+        topic,
+        (errno.EEXIST, "matchtag 7 is already in use"),
+    )
+    assert _starts(systemd) == ["sdexec-b.service", UNIT]
+    connection.close()
+
+
 @ensureDeferred
 async def test_past_the_cap_of_requests_behind_lookups_reading_pauses(
     silent, systemd, server

@@ -90,6 +90,7 @@ class Command:
             isinstance(name, str) for name in channels
         ):
             raise CommandError("cmd.channels: expected an array of strings")
+        _check_no_message_channels(cmd)
         return cls(
             cmdline=cmdline,
             env=_string_map(cmd.get("env", {}), "cmd.env"),
@@ -149,6 +150,23 @@ class Command:
             return []  # no file has such a name: no need to look
         path = self.env.get("PATH", os.defpath)
         return [os.path.join(directory, name) for directory in search_directories(path)]
+
+
+#: RFC 42's message channels, by its name and by flux-core's (its
+#: ``cmd_tojson`` always sends ``msgchan``, empty unless its caller made one).
+_MESSAGE_CHANNELS = ("msgchans", "msgchan")
+
+
+def _check_no_message_channels(cmd: Mapping[str, Any]) -> None:
+    """Refuse a command that asks for a message channel: RFC 42 has the
+    server give the process a URI in the variable each names, which sdexec
+    cannot; run without it, the process found none, and nothing said why."""
+    for key in _MESSAGE_CHANNELS:
+        channels = cmd.get(key, [])
+        if not isinstance(channels, list):
+            raise CommandError(f"cmd.{key}: expected an array of objects")
+        if channels:
+            raise CommandError(f"cmd.{key}: message channels are not supported")
 
 
 class _Found(enum.Enum):

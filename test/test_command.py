@@ -82,6 +82,19 @@ def test_from_json_errors_name_the_field(cmd, field):
         Command.from_json(cmd)
 
 
+@pytest.mark.parametrize("key", ["msgchans", "msgchan"])
+def test_from_json_refuses_a_message_channel(key):
+    # Ignored, the process ran without the variable RFC 42 has the server
+    # set (its channel's URI), and nothing said why; empty, as flux-core's
+    # cmd_tojson always sends "msgchan", there is nothing to refuse.
+    channel = {"name": "FLUX_MODULE_URI", "uri": "interthread://m"}
+    with pytest.raises(CommandError, match=f"^cmd.{key}: message channels are not"):
+        Command.from_json({"cmdline": ["true"], key: [channel]})
+    with pytest.raises(CommandError, match=f"^cmd.{key}: expected an array"):
+        Command.from_json({"cmdline": ["true"], key: {}})
+    assert Command.from_json({"cmdline": ["true"], key: []}) == Command(["true"])
+
+
 def test_requested_properties_strip_the_prefix():
     command = Command(
         ["true"],

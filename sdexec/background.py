@@ -268,50 +268,51 @@ class Tracked:
 
     # -- requests ------------------------------------------------------------
 
-    def wait(self, waiter: _Client, with_status: bool = False) -> None:
+    def wait(self, waiter: _Client, name: str, with_status: bool = False) -> None:
         """Answer ``waiter`` once the process has ended (now, if it has);
         ``with_status``: with its status (if ``finished`` came first) and
         output beside an error that ended the stream, rather than that
-        error alone."""
+        error alone. A refusal calls the process ``name``: as the request
+        named it (by label: its user may not know the pid)."""
         if not self.waitable:
-            raise RequestError(errno.EINVAL, f"{self._name}: not started waitable")
+            raise RequestError(errno.EINVAL, f"{name}: not started waitable")
         if self._waiter is not None:
             # EINVAL and these words as upstream's subprocess server, which
             # Flux's own tests look for.
             raise RequestError(
-                errno.EINVAL, f"{self._name}: process is already being waited on"
+                errno.EINVAL, f"{name}: process is already being waited on"
             )
         if self.attached or self._attaching is not None:
-            raise RequestError(errno.EBUSY, f"{self._name}: a client is attached")
+            raise RequestError(errno.EBUSY, f"{name}: a client is attached")
         if self._end_taken_by is not None:
-            raise RequestError(errno.ESRCH, self._end_gone)
+            raise RequestError(errno.ESRCH, self._end_gone(name))
         self._waiter = waiter
         self._wait_with_status = with_status
         if self.reaped or self._stream_ended:
             self._answer_waiter()
 
-    def attach(self, client: _Client) -> None:
+    def attach(self, client: _Client, name: str) -> None:
         """Make ``client`` the process's stream: ``attached``, the retained
         output, EOFs of streams that have ended, ``finished`` if known, and
         the rest as it comes; once it has started, if its start is under
-        way."""
+        way. A refusal calls the process ``name``, as :meth:`wait`'s."""
         if self.mode is Mode.STREAMING and not self.reaped:
-            raise RequestError(errno.EBUSY, f"{self._name}: not in background")
+            raise RequestError(errno.EBUSY, f"{name}: not in background")
         if self.attached or self._attaching is not None:
-            raise RequestError(errno.EBUSY, f"{self._name}: already attached")
+            raise RequestError(errno.EBUSY, f"{name}: already attached")
         if self._waiter is not None:
-            raise RequestError(errno.EBUSY, f"{self._name}: a wait is pending")
+            raise RequestError(errno.EBUSY, f"{name}: a wait is pending")
         if self._end_taken_by is not None:
             # Its unit lingers on (a child, the stop timer), but RFC 42: an
             # end delivered is not delivered again.
-            raise RequestError(errno.ENOENT, self._end_gone)
+            raise RequestError(errno.ENOENT, self._end_gone(name))
         if self._started:
             self._attach(client)
         elif self._stream_ended:
             # Refused before it ran (RFC 42: no such process); it is
             # forgotten at its reap.
             errstr = self.failure[1] if self.failure else "no exit status"
-            raise RequestError(errno.ENOENT, f"{self._name}: never started: {errstr}")
+            raise RequestError(errno.ENOENT, f"{name}: never started: {errstr}")
         else:
             self._attaching = client
 
@@ -484,9 +485,8 @@ class Tracked:
     def _runs_on(self) -> str:
         return f"{self._name} runs on in the background"
 
-    @property
-    def _end_gone(self) -> str:
-        return f"{self._name}: has ended, and its end went to {self._end_taken_by}"
+    def _end_gone(self, name: str) -> str:
+        return f"{name}: has ended, and its end went to {self._end_taken_by}"
 
     def _take_end(self, by: str) -> None:
         """The end is delivered to ``by``; the first to have it keeps it."""
@@ -835,7 +835,10 @@ class TrackedProcesses:
         tracked = self._find(
             pid, label, errno.EINVAL, "not started waitable", missing=errno.ESRCH
         )
-        tracked.wait(_Client(connection_id, responder, ExecFlag(0)), with_status)
+        # Refused, it is named as the request named it (`sdexec wait JOB`
+        # said "pid 4242: not started waitable").
+        client = _Client(connection_id, responder, ExecFlag(0))
+        tracked.wait(client, _target(pid, label), with_status)
         self._note_unread(tracked)
         self._forget_if_consumed(tracked)
 
@@ -857,7 +860,8 @@ class TrackedProcesses:
         # none (sdexec makes no channels), so it is ignored.
         flags &= int(_OUTPUT_FLAGS)
         tracked = self._find(pid, label, errno.EBUSY, "not in background")
-        tracked.attach(_Client(connection_id, responder, ExecFlag(flags), valve))
+        client = _Client(connection_id, responder, ExecFlag(flags), valve)
+        tracked.attach(client, _target(pid, label))
         self._note_unread(tracked)
         self._forget_if_consumed(tracked)
 

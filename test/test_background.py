@@ -345,7 +345,7 @@ async def test_one_waiter_at_a_time_and_a_waiter_that_leaves_leaves_the_status(
     client.send("sdexec.wait", {"label": "w"}, matchtag=2)
     # As upstream's subprocess server (flux-core t2421 looks for the words).
     assert payloads(client.of(2)) == [
-        (errno.EINVAL, "pid 7: process is already being waited on")
+        (errno.EINVAL, "label 'w': process is already being waited on")
     ]
     first.close()
     await finish(systemd, server, status=1)
@@ -353,6 +353,27 @@ async def test_one_waiter_at_a_time_and_a_waiter_that_leaves_leaves_the_status(
     client.send("sdexec.wait", {"label": "w"}, matchtag=3)
     (answer,) = payloads(client.of(3))
     assert answer["status"] == 1 << 8
+
+
+def test_a_refused_wait_or_attach_names_the_process_as_the_request_did(
+    systemd, server, client
+):
+    # `sdexec wait JOB` said "pid 7: process is already being waited on":
+    # its user typed a label and may never have seen the pid.
+    client.bg(flags=WAITABLE, label="w")
+    systemd.run(UNIT, pid=7)
+    client.send("sdexec.wait", {"label": "w"})
+    other = Client(server)
+    other.send("sdexec.wait", {"label": "w"}, matchtag=1)
+    other.send("sdexec.wait", {"pid": 7}, matchtag=2)
+    other.send("sdexec.attach", {"label": "w"}, matchtag=3)
+    other.send("sdexec.attach", {"pid": 7}, matchtag=4)
+    assert [payloads(other.of(tag)) for tag in range(1, 5)] == [
+        [(errno.EINVAL, "label 'w': process is already being waited on")],
+        [(errno.EINVAL, "pid 7: process is already being waited on")],
+        [(errno.EBUSY, "label 'w': a wait is pending")],
+        [(errno.EBUSY, "pid 7: a wait is pending")],
+    ]
 
 
 @ensureDeferred
@@ -1172,11 +1193,11 @@ async def test_a_wait_made_while_the_unit_lingers_is_answered_at_once(
     viewer = Client(server)
     viewer.send("sdexec.attach", {"label": "a"}, matchtag=1)
     assert payloads(viewer.of(1)) == [
-        (errno.ENOENT, "pid 8: has ended, and its end went to a wait")
+        (errno.ENOENT, "label 'a': has ended, and its end went to a wait")
     ]
     waiter.send("sdexec.wait", {"label": "a"}, matchtag=2)
     assert payloads(waiter.of(2)) == [
-        (errno.ESRCH, "pid 8: has ended, and its end went to a wait")
+        (errno.ESRCH, "label 'a': has ended, and its end went to a wait")
     ]
     await reaped_at_last(systemd, server)
 
@@ -1358,11 +1379,11 @@ async def test_an_end_an_attach_consumed_is_not_waited_for_while_the_unit_linger
     ].items()
     client.send("sdexec.wait", {"label": "w"}, matchtag=2)
     assert payloads(client.of(2)) == [
-        (errno.ESRCH, "pid 8: has ended, and its end went to an attached client")
+        (errno.ESRCH, "label 'w': has ended, and its end went to an attached client")
     ]
     again = attached_once(server, "w")
     assert again == [
-        (errno.ENOENT, "pid 8: has ended, and its end went to an attached client")
+        (errno.ENOENT, "label 'w': has ended, and its end went to an attached client")
     ]
     await reaped_at_last(systemd, server)
 
@@ -1377,7 +1398,7 @@ def test_one_attach_has_the_replay_of_an_ended_stream_whose_unit_lingers(
     first = attached_once(server, "a")
     assert first[0]["type"] == "attached" and first[-1][0] == errno.EDEADLK
     assert attached_once(server, "a") == [
-        (errno.ENOENT, "pid 8: has ended, and its end went to an attached client")
+        (errno.ENOENT, "label 'a': has ended, and its end went to an attached client")
     ]
 
 

@@ -123,12 +123,13 @@ async def test_wait_returns_the_status_and_the_output_byte_exact(sdexec, tmp_pat
 @ensureDeferred
 async def test_wait_on_a_process_not_started_waitable_is_einval(sdexec):
     client = await sdexec.connect()
-    pid = await background(client, ["sleep", "300"], label="plain")
+    await background(client, ["sleep", "300"], label="plain")
     with pytest.raises(RPCError) as refused:
         await client.wait(label="plain")
+    # Named as the request named it: its user typed the label, not the pid.
     assert (refused.value.errnum, refused.value.errstr) == (
         errno.EINVAL,
-        f"pid {pid}: not started waitable",
+        "label 'plain': not started waitable",
     )
     await client.kill(label="plain", signum=9)
     await until(lambda: not procs_of(sdexec), "reaped")

@@ -27,7 +27,7 @@ __all__ = ["build_parser", "kill_target", "named_command", "parse_args"]
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse the command line; ``SystemExit(2)`` with a usage message if it
     is wrong."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = _without_options_end(sys.argv[1:] if argv is None else list(argv))
     at = _command_index(argv)
     parser = build_parser(None if at is None else argv[at])
     if at is not None and argv[at] == "run":
@@ -105,17 +105,41 @@ def named_command(argv: Sequence[str]) -> str | None:
 
 def _command_index(argv: Sequence[str]) -> int | None:
     """Where in ``argv`` the command :func:`named_command` names is."""
+    at = _first_word(argv)
+    return at if at is not None and argv[at] in _SUBCOMMANDS else None
+
+
+def _first_word(argv: Sequence[str]) -> int | None:
+    """Where the first word of ``argv`` that is not ``--socket`` (with its
+    value) is: the command's, unless it is an option (``--help``,
+    ``--version``, ``--``: the whole parser's business)."""
     args = iter(enumerate(argv))
     for at, arg in args:
         option, equals, _value = arg.partition("=")
-        if len(option) > 2 and "--socket".startswith(option):
-            if not equals:
-                next(args, None)  # --socket PATH, or an abbreviation of it
-        elif arg.startswith("-"):
-            return None  # --help, --version, --: the whole parser's business
-        else:
-            return at if arg in _SUBCOMMANDS else None
+        if not (len(option) > 2 and "--socket".startswith(option)):
+            return at
+        if not equals:
+            next(args, None)  # --socket PATH, or an abbreviation of it
     return None
+
+
+def _without_options_end(argv: list[str]) -> list[str]:
+    """``argv`` less a ``--`` that ends the top level's options before the
+    command (``sdexec -- run true``, ``sdexec --socket S -- ps``): the word
+    after it is the command, whatever it looks like, and the command's own
+    words are read as without it. argparse (3.11) gave that ``--`` to the
+    subcommands as the command's name: "invalid choice: '--'". A word
+    there that is no command is a usage error naming it."""
+    at = _first_word(argv)
+    if at is None or argv[at] != "--" or at + 1 == len(argv):
+        return argv  # (`sdexec --` alone: argparse says COMMAND is missing)
+    command = argv[at + 1]
+    if command not in _SUBCOMMANDS:
+        choices = ", ".join(map(repr, _SUBCOMMANDS))
+        build_parser().error(
+            f"argument COMMAND: invalid choice: {command!r} (choose from {choices})"
+        )
+    return [*argv[:at], *argv[at + 1 :]]
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

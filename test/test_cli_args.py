@@ -296,3 +296,27 @@ def test_a_bad_run_value_is_a_usage_error_naming_its_option(argv, said, capsys):
 
 def test_a_good_time_limit_is_sent_as_written():
     assert parse_args(["run", "--time-limit", " 30s ", "true"]).time_limit == " 30s "
+
+
+@pytest.mark.parametrize(
+    ("argv", "plain"),
+    [
+        (["--", "run", "true"], ["run", "true"]),
+        (["--socket", "/s", "--", "ps"], ["--socket", "/s", "ps"]),
+        (["--socket=/s", "--", "run", "-n", "--", "rm", "--", "-f"],
+         ["--socket=/s", "run", "-n", "rm", "--", "-f"]),
+        (["--", "kill", "--all", "TERM", "job"], ["kill", "--all", "TERM", "job"]),
+    ],
+)  # fmt: skip
+def test_a_double_dash_before_the_command_ends_the_top_level_s_options(argv, plain):
+    # As getopt reads it: `sdexec -- run true` was "argument COMMAND: invalid
+    # choice: '--'" (argparse gave the `--` to the subcommands as a name).
+    assert parse_args(argv) == parse_args(plain)
+
+
+@pytest.mark.parametrize("word", ["--help", "bogus", "--"])
+def test_a_word_after_that_double_dash_that_is_no_command_is_named(word, capsys):
+    assert main(["--", word, "run", "true"]) == 2
+    assert f"error: argument COMMAND: invalid choice: {word!r} (choose from" in (
+        capsys.readouterr().err
+    )

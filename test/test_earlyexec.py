@@ -111,6 +111,7 @@ def test_the_plain_forms_are_read(argv):
     "argv",
     [
         ["run", "--", "true"],  # argparse's way with "--" is its own
+        ["--", "run", "true"],  # the parser's to read as `run true`
         ["run", "git", "diff", "--", "f"],
         ["run", "--noin", "true"],  # abbreviations
         ["--sock", "/s", "run", "true"],

@@ -13,13 +13,14 @@ from collections.abc import Callable, Sequence
 
 from sdexec.cliio import is_number
 from sdexec.cliparser import CommandParser
+from sdexec.refusal import json_quoted
 from sdexec.runrequest import is_utf8
 from sdexec.signals import parse_signal
 from sdexec.version import add_version_option
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, NoReturn
 
 __all__ = ["build_parser", "kill_target", "named_command", "parse_args"]
 
@@ -33,6 +34,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if at is not None and argv[at] == "run":
         options = _parse_run(parser, argv, at)
     else:
+        if at is not None and argv[at] == "kill":
+            _refuse_dashed_signal(argv[at + 1 :])
         options = parser.parse_args(argv)
     if options.command == "run":
         _check_run(parser, options)
@@ -76,9 +79,7 @@ def _check_run(parser: argparse.ArgumentParser, options: argparse.Namespace) -> 
         del options.cmdline[0]
     if not options.cmdline:
         # As argparse says a required argument is missing, with run's usage.
-        run = CommandParser(prog="sdexec run", formatter_class=_HelpFormatter)
-        _add_run(run)
-        run.error("the following arguments are required: CMD")
+        _usage_error("run", "the following arguments are required: CMD")
     if options.waitable and not options.bg:
         parser.error("--waitable needs --bg")
     if options.label is not None and is_number(options.label):
@@ -88,6 +89,53 @@ def _check_run(parser: argparse.ArgumentParser, options: argparse.Namespace) -> 
             f"--label {options.label}: all digits, which would be taken for a pid;"
             " give a label that is not a number"
         )
+
+
+def _refuse_dashed_signal(words: Sequence[str]) -> None:
+    """Refuse a SIGNUM of ``kill``'s ``words`` that starts with a dash
+    (kill(1)'s ``-TERM``, ``-9``), naming it: argparse took ``-TERM`` for
+    an unknown option and the pid after it for SIGNUM, and said ``"1234"
+    is not a signal``. (No signal starts with one: nothing is refused
+    here that the parser would take.)"""
+    signum = _signal_word(words)
+    if signum is None or len(signum) < 2 or not signum.startswith("-"):
+        return
+    problem = _signal_problem(signum)
+    if _signal_problem(signum[1:]) is None:
+        problem = (
+            f"{json_quoted(signum)} is not a signal: give it without its dash"
+            f" (sdexec kill {signum[1:]} PID|LABEL)"
+        )
+    _usage_error("kill", f"argument SIGNUM: {problem}")
+
+
+def _signal_problem(text: str) -> str | None:
+    """Why ``text`` is no signal (:func:`parse_signal`'s words), or ``None``."""
+    try:
+        parse_signal(text)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _signal_word(words: Sequence[str]) -> str | None:
+    """The word of ``kill``'s ``words`` that is its SIGNUM: the first that
+    is not an option of its (``--all``, ``-h``, ``--help``, abbreviated),
+    or the one after ``--``."""
+    for at, word in enumerate(words):
+        if word == "--":
+            return words[at + 1] if at + 1 < len(words) else None
+        if not (word.startswith("--") or word == "-h"):
+            return word
+    return None
+
+
+def _usage_error(command: str, message: str) -> NoReturn:
+    """``SystemExit(2)`` after ``command``'s usage and ``message``, as
+    argparse refuses that command's arguments itself."""
+    parser = CommandParser(prog=f"sdexec {command}", formatter_class=_HelpFormatter)
+    _SUBCOMMANDS[command][1](parser)
+    parser.error(message)
 
 
 def named_command(argv: Sequence[str]) -> str | None:

@@ -320,3 +320,26 @@ def test_a_word_after_that_double_dash_that_is_no_command_is_named(word, capsys)
     assert f"error: argument COMMAND: invalid choice: {word!r} (choose from" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["kill", "-TERM", "1234"],
+         '"-TERM" is not a signal: give it without its dash'
+         " (sdexec kill TERM PID|LABEL)"),
+        (["kill", "--all", "-9", "job"],
+         '"-9" is not a signal: give it without its dash (sdexec kill 9 PID|LABEL)'),
+        (["--", "kill", "--", "-HUP", "1"],
+         '"-HUP" is not a signal: give it without its dash'
+         " (sdexec kill HUP PID|LABEL)"),
+        (["kill", "-SIGFOO", "1234"], '"-SIGFOO" is not a signal: expected a'),
+    ],
+)  # fmt: skip
+def test_a_dashed_signal_is_refused_naming_it(argv, said, capsys):
+    # kill(1)'s `-TERM`: argparse took it for an unknown option and the pid
+    # for SIGNUM, and said `"1234" is not a signal`.
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: sdexec kill [-h] [--all] SIGNUM PID|LABEL\n")
+    assert f"sdexec kill: error: argument SIGNUM: {said}" in err

@@ -112,6 +112,7 @@ def main(argv: Sequence[str] | None = None, early: EarlyExec | None = None) -> i
             from sdexec.cliargs import parse_args
 
             options = parse_args(argv)
+            _check_target_text(options)
             status = _COMMANDS[options.command](options)
         else:  # a run's, its options read as the parser reads them
             status = _run(early.options, early)
@@ -119,7 +120,7 @@ def main(argv: Sequence[str] | None = None, early: EarlyExec | None = None) -> i
         return status
     except UnicodeEncodeError as error:
         # Text an option took from the command line, past what build_command
-        # names (a target, a job id): the service takes UTF-8 only.
+        # and _check_target_text name: the service takes UTF-8 only.
         shown = error.object[error.start : error.end].encode("utf-8", "surrogateescape")
         return fail(
             f"an argument is not UTF-8 text, which the service takes only: {shown!r}"
@@ -178,6 +179,21 @@ def _dump_no_core() -> None:
 
     pr_set_dumpable = 4  # <linux/prctl.h>
     ctypes.CDLL(None).prctl(pr_set_dumpable, 0, 0, 0, 0)
+
+
+def _check_target_text(options: argparse.Namespace) -> None:
+    """A ``kill``, ``wait``, ``attach`` or ``cancel`` target that is not
+    UTF-8 text (which no request can carry) refused as ``run`` refuses
+    such an argument, named, its bytes shown: it was "an argument is not
+    UTF-8 text ...: b'\\xe9'", the one byte, naming no argument."""
+    target = getattr(options, "target", None)
+    text = target.get("label") if isinstance(target, dict) else target
+    if text is not None and not runrequest.is_utf8(text):
+        named = "PID|LABEL|JOBID" if options.command == "cancel" else "PID|LABEL"
+        raise SdexecError(
+            f"{options.command} {named} is not UTF-8 text, which the service"
+            f" takes only: {os.fsencode(text)!r}"
+        )
 
 
 def build_command(

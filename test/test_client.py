@@ -1139,13 +1139,24 @@ def test_output_a_full_disk_refuses_is_a_failure_said(served, args, answer):
 
 
 @pytest_twisted.inlineCallbacks
-def test_cli_a_target_that_is_not_utf8_is_named(served):
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["kill", "15"], b"kill PID|LABEL"),
+        (["wait"], b"wait PID|LABEL"),
+        (["attach"], b"attach PID|LABEL"),
+        (["cancel"], b"cancel PID|LABEL|JOBID"),
+    ],
+)
+def test_cli_a_target_that_is_not_utf8_is_named(served, argv, named):
+    # It was "an argument is not UTF-8 text ...: b'\\xe9'": the one byte,
+    # and no word of which argument held it.
     _, client = served
-    cli = _spawn_cli(client.path, ["kill", "15", os.fsdecode(b"f\xe9")])
+    cli = _spawn_cli(client.path, [*argv, os.fsdecode(b"f\xe9")])
     assert (yield cli.ended) == 1
     assert bytes(cli.err) == (
-        b"sdexec: an argument is not UTF-8 text, which the service takes only:"
-        b" b'\\xe9'\n"
+        b"sdexec: " + named + b" is not UTF-8 text, which the service takes only:"
+        b" b'f\\xe9'\n"
     )
 
 

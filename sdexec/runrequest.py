@@ -110,7 +110,9 @@ def build_command(
         [
             *((f"argument {i}", arg) for i, arg in enumerate(options.cmdline)),
             ("the working directory", directory),
-            *((f"--setopt {key}", f"{key}={value}") for key, value in options.setopt),
+            # (A key that is not UTF-8 is not written into the words: its
+            # bytes are shown with the value's.)
+            *((_setopt_named(key), f"{key}={value}") for key, value in options.setopt),
             ("--label", options.label or ""),
             ("--jobid", options.jobid or ""),
             ("--time-limit", options.time_limit or ""),
@@ -145,6 +147,10 @@ def is_utf8(text: str) -> bool:
     except UnicodeEncodeError:  # bytes os.fsdecode kept as surrogates
         return False
     return True
+
+
+def _setopt_named(key: str) -> str:
+    return f"--setopt {key}" if is_utf8(key) else "--setopt"
 
 
 def _check_utf8(fields: Sequence[tuple[str, str]]) -> None:

@@ -45,6 +45,7 @@ from sdexec.cliio import exit_code
 from sdexec.framing import JSONLineProtocol
 from sdexec.ioencode import decode_io, encode_io
 from sdexec.protocol import Topic, terminate_not_found, terminate_runs_no_job
+from sdexec.runrequest import is_utf8
 from sdexec.wire import MAX_VALUES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -705,6 +706,14 @@ def test_dir_is_the_process_s_pwd_too(tmp_path):
             "/",
             "--time-limit",
         ),
+        (
+            ["run", "--setopt", "A=" + os.fsdecode(b"caf\xe9"), "true"],
+            "/",
+            "--setopt A",
+        ),
+        # A key that is not text is shown as bytes only: it was written into
+        # the words, a lone surrogate that stderr showed as "\\udce9".
+        (["run", "--setopt", os.fsdecode(b"caf\xe9=1"), "true"], "/", "--setopt"),
     ],
 )
 def test_an_argument_or_directory_that_is_not_utf8_is_refused_named(argv, cwd, named):
@@ -712,6 +721,7 @@ def test_an_argument_or_directory_that_is_not_utf8_is_refused_named(argv, cwd, n
         build_command(parse_args(argv), {}, cwd)
     assert str(error.value).startswith(f"{named} is not UTF-8 text")
     assert "\\xe9" in str(error.value)
+    assert str(error.value).isprintable() and is_utf8(str(error.value))
 
 
 def test_run_job_options_and_cancel_targets():

@@ -320,7 +320,12 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         type=_setopt,
         help="a subprocess option, e.g. SDEXEC_PROP_MemoryMax=512M (repeatable)",
     )
-    run.add_argument("--label", metavar="L", type=_name, help="a name for kill and ps")
+    run.add_argument(
+        "--label",
+        metavar="L",
+        type=_name,
+        help="a name for kill, wait, attach, cancel and ps",
+    )
     run.add_argument(
         "--bg",
         action="store_true",

@@ -343,3 +343,13 @@ def test_a_dashed_signal_is_refused_naming_it(argv, said, capsys):
     err = capsys.readouterr().err
     assert err.startswith("usage: sdexec kill [-h] [--all] SIGNUM PID|LABEL\n")
     assert f"sdexec kill: error: argument SIGNUM: {said}" in err
+
+
+def test_the_label_s_help_names_every_command_that_takes_one(monkeypatch, capsys):
+    # It said "a name for kill and ps": wait, attach and cancel take one too.
+    monkeypatch.setenv("COLUMNS", "200")  # one line each
+    assert main(["run", "--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (label,) = [line for line in lines if line.lstrip().startswith("--label")]
+    for command in ("kill", "wait", "attach", "cancel", "ps"):
+        assert command in label

@@ -18,21 +18,29 @@ stderr, interleaved in the order they were produced, within a size from
   stream whose oldest kept bytes are part-way into a line leaves out the
   start of what is kept, up to where a live message could start (see
   there), and counts it as dropped too: less than the stream's buffer size.
-- The bookkeeping is bounded too: the stream of each run of bytes is kept as
-  one 8-byte entry, and runs are capped at ``size // 32 + 64``. Output that
+- The bookkeeping is bounded too: the stream and the end of each run of
+  bytes are kept as two 8-byte entries, and runs are capped at
+  ``size // 32 + 64``. Output that
   alternates between stdout and stderr in runs averaging under 32 bytes
   therefore keeps fewer than ``size`` bytes: the oldest whole runs go first,
   still counted byte-exactly as dropped.
 
 Memory held: the data, in a ring ``bytearray`` that grows by doubling up to
-exactly ``size`` bytes and no further, and the run table (8 bytes a run; the
+exactly ``size`` bytes and no further, and the run table (16 bytes a run; the
 runs already dropped stay until they are half of it, so at most
-``size // 2 + 1024`` bytes, usually a few entries), plus a few hundred bytes.
+``size + 2048`` bytes, usually a few entries), plus a few hundred bytes.
+
+Every byte produced has an absolute offset (:attr:`RetainedOutput.head` is
+the next one's): a reader, an ``attach``, is a :class:`Cursor`, the offset
+of the next byte it is to get and a few counts, however far behind it is.
+It reads from the ring at its own pace, and what the ring drops before the
+reader got it is counted, by stream, as lost to it (:meth:`Cursor.lost`).
 """
 
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any, Final
 
@@ -44,8 +52,10 @@ __all__ = [
     "CONFIG_KEY",
     "DEFAULT_RETAINED",
     "STREAMS",
+    "Cursor",
     "RetainedOutput",
     "parse_retained_size",
+    "whole_pieces",
 ]
 
 #: The configuration key for the size.
@@ -57,8 +67,12 @@ STREAMS: Final = ("stdout", "stderr")
 #: The smallest average run the bookkeeping is sized for (see module doc).
 _MIN_AVERAGE_RUN: Final = 32
 #: Runs always allowed, so a small buffer keeps short interleaved output
-#: whole (512 bytes of run table at most).
+#: whole (1 KiB of run table at most).
 _MIN_RUNS: Final = 64
+#: How much a :class:`Cursor` reads out of the ring at once: its reader's
+#: connection is full after about that much (its buffer is 256 KiB of
+#: JSON), and what is read and not sent then is read again later.
+READ_BATCH: Final = 64 * 1024
 
 
 def parse_retained_size(value: object) -> int:
@@ -88,7 +102,8 @@ class RetainedOutput:
 
     Runs are stored as signed lengths in an ``array('q')``: positive for
     stdout, negative for stderr; consecutive output of one stream extends its
-    run.
+    run. A second array holds the absolute offset each run ends at, so that
+    a reader's offset is found in it by bisection.
     """
 
     def __init__(self, size: int = DEFAULT_RETAINED) -> None:
@@ -103,7 +118,12 @@ class RetainedOutput:
         self._start = 0
         self._held = 0
         self._runs = array("q")
+        #: Where each run ends (absolute): the first held one starts at
+        #: oldest, each other where the one before it ends.
+        self._ends = array("q")
         self._first_run = 0  # runs before this index are gone (amortized pops)
+        #: Bytes ever appended: the absolute offset of the next one.
+        self._head = 0
         self._dropped = dict.fromkeys(STREAMS, 0)
         # How far into its line each stream's oldest kept byte is: bytes
         # dropped since the stream's last dropped newline (for replay).
@@ -114,6 +134,18 @@ class RetainedOutput:
     def held(self) -> int:
         """Bytes of output held now (never more than :attr:`size`)."""
         return self._held
+
+    @property
+    def head(self) -> int:
+        """The absolute offset of the next byte produced (bytes produced so
+        far, dropped ones included)."""
+        return self._head
+
+    @property
+    def oldest(self) -> int:
+        """The absolute offset of the oldest byte held (:attr:`head` when
+        none is)."""
+        return self._head - self._held
 
     @property
     def dropped(self) -> dict[str, int]:
@@ -138,6 +170,7 @@ class RetainedOutput:
             raise ValueError(f"{stream} is already at EOF")
         if not data:
             return
+        self._head += len(data)
         excess = len(data) - self.size
         if excess > 0:
             # Never copy in what would be dropped at once. All that is held
@@ -151,8 +184,10 @@ class RetainedOutput:
         self._write(data)
         if self.run_count and (self._runs[-1] > 0) == (sign > 0):
             self._runs[-1] += sign * len(data)
+            self._ends[-1] = self._head
         else:
             self._runs.append(sign * len(data))
+            self._ends.append(self._head)
         self._trim()
 
     def end(self, stream: str) -> None:
@@ -187,22 +222,60 @@ class RetainedOutput:
         that line overruns. A client of a stream not line-buffered holds no
         piece of line: its replay leaves nothing out.)
         """
+        cursor = Cursor(self, bufsizes, line_buffered)
+        objects = [
+            encode_io(stream, rank, piece) for stream, piece in cursor.pieces(self.head)
+        ]
+        return objects, cursor.dropped
+
+    def read(self, offset: int, limit: int) -> list[tuple[str, bytes, int]]:
+        """Held output from the absolute ``offset`` on, ``limit`` bytes at
+        most, as ``(stream, data, end)`` per run: ``end`` is where the run
+        ends (absolute), past the data where ``limit`` cut it.
+        ``ValueError`` for an offset that is not held (dropped, or not yet
+        produced)."""
+        if not self.oldest <= offset <= self._head:
+            raise ValueError(
+                f"offset {offset} is not held: {self.oldest} to {self._head} are"
+            )
+        end = min(self._head, offset + limit)
+        index = bisect_right(self._ends, offset, self._first_run)
+        runs = []
+        while offset < end:
+            run_end = self._ends[index]
+            stop = min(run_end, end)
+            runs.append((self._stream_of(index), self._slice(offset, stop), run_end))
+            offset = stop
+            index += 1
+        return runs
+
+    def line_up(
+        self, bufsizes: Mapping[str, int], line_buffered: Collection[str]
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """Where a replay of each stream starts (absolute: the stream's held
+        bytes before it are left out), and how many bytes it so leaves out,
+        by stream (see :meth:`replay`)."""
         skip = {
             stream: self._misalignment(stream, bufsizes)
             if stream in line_buffered
             else 0
             for stream in STREAMS
         }
-        dropped = self.dropped
-        objects = []
-        for stream, data in self._held_runs():
-            cut, skip[stream] = _line_up(data, skip[stream])
-            dropped[stream] += cut
-            if cut < len(data):
-                step = max(bufsizes.get(stream, len(data)), 1)
-                for chunk in line_chunks(data[cut:], step):
-                    objects.append(encode_io(stream, rank, chunk))
-        return objects, dropped
+        starts = dict.fromkeys(STREAMS, self.oldest)
+        left_out = dict.fromkeys(STREAMS, 0)
+        offset = self.oldest
+        for index in range(self._first_run, len(self._runs)):
+            stream = self._stream_of(index)
+            if not any(skip.values()):
+                break
+            if skip[stream]:
+                # Only the bytes the skip may cover are looked at.
+                stop = min(self._ends[index], offset + skip[stream])
+                cut, skip[stream] = _line_up(self._slice(offset, stop), skip[stream])
+                left_out[stream] += cut
+                starts[stream] = offset + cut
+            offset = self._ends[index]
+        return starts, left_out
 
     def _misalignment(self, stream: str, bufsizes: Mapping[str, int]) -> int:
         """Bytes from the stream's oldest kept byte to where its line's next
@@ -215,9 +288,22 @@ class RetainedOutput:
         offset = 0
         for index in range(self._first_run, len(self._runs)):
             length = abs(self._runs[index])
-            stream = STREAMS[0] if self._runs[index] > 0 else STREAMS[1]
-            yield stream, data[offset : offset + length]
+            yield self._stream_of(index), data[offset : offset + length]
             offset += length
+
+    def _stream_of(self, index: int) -> str:
+        return STREAMS[0] if self._runs[index] > 0 else STREAMS[1]
+
+    def _slice(self, start: int, stop: int) -> bytes:
+        """The held bytes from absolute ``start`` to ``stop``."""
+        position = (self._start + start - self.oldest) % max(len(self._ring), 1)
+        count = stop - start
+        first = min(count, len(self._ring) - position)
+        with memoryview(self._ring) as ring:
+            data = ring[position : position + first].tobytes()
+            if count > first:
+                data += ring[: count - first].tobytes()
+        return data
 
     def _contents(self) -> bytes:
         end = self._start + self._held
@@ -257,6 +343,7 @@ class RetainedOutput:
             self._drop(abs(self._runs[self._first_run]))
         if self._first_run > len(self._runs) // 2:
             del self._runs[: self._first_run]
+            del self._ends[: self._first_run]
             self._first_run = 0
 
     def _drop(self, count: int) -> None:
@@ -267,7 +354,7 @@ class RetainedOutput:
         while count:
             run = self._runs[self._first_run]
             taken = min(count, abs(run))
-            self._forget_held(STREAMS[0] if run > 0 else STREAMS[1], position, taken)
+            self._forget_held(self._stream_of(self._first_run), position, taken)
             position = (position + taken) % len(self._ring)
             count -= taken
             if taken == abs(run):
@@ -306,3 +393,124 @@ def _line_up(data: bytes, skip: int) -> tuple[int, int]:
         return newline + 1, 0
     cut = min(skip, len(data))
     return cut, skip - cut
+
+
+def whole_pieces(data: bytes, step: int, line_buffered: bool) -> int:
+    """How much of ``data`` may be sent before a cut that no live piece
+    could end at (a read that stopped short of its run's end): ``data``
+    starts where a live piece of its stream could, and so must what comes
+    after the part sent. For a line-buffered stream, that is up to its last
+    line end, and whole buffers (``step`` bytes) of the line after it, as
+    :class:`~sdexec.systemd.channel.OutputChannel` hands them on: 0 where
+    ``data`` holds neither. Any part of another stream."""
+    if not line_buffered:
+        return len(data)
+    line_end = data.rfind(b"\n") + 1
+    return line_end + (len(data) - line_end) // step * step
+
+
+class Cursor:
+    """One reader's place in a :class:`RetainedOutput` (an ``attach``'s):
+    the absolute :attr:`offset` of the next byte it is to get, and how many
+    bytes of each stream came before it. That is all it holds: the bytes
+    are read out of the ring as the reader takes them (:meth:`pieces`).
+
+    It starts at the replay's start (:meth:`RetainedOutput.replay`: the
+    oldest byte held, less what a line-buffered stream leaves out to start
+    where a live piece could), and it moves past each piece before giving
+    it. Output of a stream the reader does not take is passed over.
+    """
+
+    def __init__(
+        self,
+        retained: RetainedOutput,
+        bufsizes: Mapping[str, int],
+        line_buffered: Collection[str],
+        streams: Collection[str] = STREAMS,
+        read_batch: int = READ_BATCH,
+    ) -> None:
+        self.retained = retained
+        self._read_batch = read_batch
+        self._bufsizes = dict(bufsizes)
+        self._line_buffered = frozenset(line_buffered)
+        self._streams = frozenset(streams)
+        #: The absolute offset of the next byte it is to get.
+        self.offset = retained.oldest
+        #: Bytes of each stream before offset: dropped, left out, or sent.
+        self._passed = retained.dropped
+        self._starts, left_out = retained.line_up(bufsizes, line_buffered)
+        #: What a replay from here leaves out, by stream: the dropped bytes,
+        #: and those the line-up leaves out (``attached``'s ``dropped``).
+        self.dropped = {
+            stream: self._passed[stream] + left_out[stream] for stream in STREAMS
+        }
+
+    def takes(self, stream: str) -> bool:
+        """Whether the reader takes ``stream``'s output."""
+        return stream in self._streams
+
+    def advance(self, stream: str, count: int) -> None:
+        """Move past the next ``count`` bytes, all of ``stream`` (a live
+        piece, sent as it came, say)."""
+        self.offset += count
+        self._passed[stream] += count
+
+    def lost(self) -> dict[str, int]:
+        """Bytes of the streams it takes that the ring dropped before the
+        reader got them, by stream (only those with any): empty where it
+        lost none. Where only output of a stream it does not take was
+        dropped, it moves up to the oldest byte held."""
+        oldest = self.retained.oldest
+        if self.offset >= oldest:
+            return {}
+        dropped = self.retained.dropped
+        lost = {
+            stream: dropped[stream] - self._passed[stream]
+            for stream in STREAMS
+            if self.takes(stream) and dropped[stream] > self._passed[stream]
+        }
+        if not lost:
+            self.offset, self._passed = oldest, dropped
+        return lost
+
+    def pieces(self, end: int) -> Iterator[tuple[str, bytes]]:
+        """The output from :attr:`offset` up to the absolute ``end`` (where
+        a live piece ended: the head, say), as ``(stream, data)`` pieces of
+        the streams it takes, split as :meth:`RetainedOutput.replay` splits
+        them; each moved past before it is given, so a caller that stops
+        taking them (its client's connection is full) resumes after the
+        last it took. Read out of the ring ``read_batch`` bytes at a time
+        (:data:`READ_BATCH`): a reader that stops early costs one batch."""
+        want = self._read_batch
+        while self.offset < end:
+            before = self.offset
+            limit = min(end - self.offset, want)
+            for stream, data, run_end in self.retained.read(self.offset, limit):
+                whole = self.offset + len(data) in (run_end, end)
+                yield from self._run_pieces(stream, data, whole)
+                if not whole:
+                    break  # (the batch's last run anyway)
+            # A line of a buffer or more that the batch cut before any
+            # piece of it could end: read it whole (the ring bounds it).
+            want = self._read_batch if self.offset > before else end - self.offset
+
+    def _run_pieces(
+        self, stream: str, data: bytes, whole: bool
+    ) -> Iterator[tuple[str, bytes]]:
+        """The pieces of ``data``, the next ``stream`` bytes (cut short of
+        its run's end where not ``whole``)."""
+        if not self.takes(stream):
+            self.advance(stream, len(data))
+            return
+        left_out = min(max(self._starts[stream] - self.offset, 0), len(data))
+        if left_out:
+            self.advance(stream, left_out)
+            data = data[left_out:]
+        if not data:
+            return
+        step = max(self._bufsizes.get(stream, len(data)), 1)
+        if not whole:
+            data = data[: whole_pieces(data, step, stream in self._line_buffered)]
+        for piece in line_chunks(data, step) if data else ():
+            self.advance(stream, len(piece))
+            yield stream, piece

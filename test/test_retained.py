@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sdexec.ioencode import decode_io
-from sdexec.retained import STREAMS, RetainedOutput, parse_retained_size
+from sdexec.retained import (
+    STREAMS,
+    Cursor,
+    RetainedOutput,
+    parse_retained_size,
+    whole_pieces,
+)
 from sdexec.systemd.channel import OutputChannel
 
 KIB = 1024
@@ -345,5 +351,169 @@ def test_the_run_table_stays_within_its_documented_bound():
     most = 0
     for index in range(200_000):
         buffer.append(STREAMS[index % 2], b"x")
-        most = max(most, len(buffer._runs) * buffer._runs.itemsize)
-    assert size // 4 < most <= size // 2 + 1024
+        table = len(buffer._runs) + len(buffer._ends)
+        most = max(most, table * buffer._runs.itemsize)
+    assert size // 2 < most <= size + 2048
+
+
+# -- cursors: an attach's place in the ring ----------------------------------
+
+
+def test_every_byte_produced_has_an_offset_dropped_ones_too() -> None:
+    buffer = RetainedOutput(8)
+    produce(buffer, [("stdout", b"abcde"), ("stderr", b"FG"), ("stdout", b"hij")])
+    assert (buffer.head, buffer.oldest, buffer.held) == (10, 2, 8)
+    buffer.append("stderr", b"0123456789ab")  # larger than the ring
+    assert (buffer.head, buffer.oldest) == (22, 14)
+    assert buffer.read(14, 100) == [("stderr", b"456789ab", 22)]
+    assert buffer.read(22, 100) == []  # the head: nothing yet
+    for offset in (13, 23):
+        with pytest.raises(ValueError, match=f"offset {offset} is not held"):
+            buffer.read(offset, 1)
+
+
+def test_a_read_gives_each_run_from_an_offset_with_where_the_run_ends() -> None:
+    buffer = RetainedOutput(8)
+    produce(buffer, [("stdout", b"abcde"), ("stderr", b"FG"), ("stdout", b"hij")])
+    # The ring wrapped round: "cde" "FG" "hij" held from offset 2.
+    assert buffer.read(3, 100) == [
+        ("stdout", b"de", 5),
+        ("stderr", b"FG", 7),
+        ("stdout", b"hij", 10),
+    ]
+    assert buffer.read(6, 2) == [("stderr", b"G", 7), ("stdout", b"h", 10)]
+
+
+@pytest.mark.parametrize(
+    ("data", "line_buffered", "whole"),
+    [
+        (b"ab\ncd", True, 3),  # "cd" may be the start of a line that fits
+        (b"ab\ncdefgh", True, 7),  # a buffer of the long line after it
+        (b"abc", True, 0),  # nothing that a piece could end at
+        (b"abcdefghi", True, 8),  # two buffers of a long line
+        (b"ab\ncd", False, 5),  # read by read: any cut
+    ],
+)
+def test_whole_pieces_ends_where_a_live_piece_could(
+    data: bytes, line_buffered: bool, whole: int
+) -> None:
+    assert whole_pieces(data, 4, line_buffered) == whole
+
+
+def test_a_batch_that_cuts_a_long_line_sends_whole_buffers_of_it() -> None:
+    buffer = RetainedOutput(64)
+    produce(buffer, [("stdout", b"x" * 10 + b"\n" + b"ab\n")])
+    cursor = Cursor(buffer, {"stdout": 4}, STREAMS, read_batch=3)
+    pieces = [piece for _, piece in cursor.pieces(buffer.head)]
+    assert pieces == [b"xxxx", b"xxxx", b"xx\n", b"ab\n"]
+    assert cursor.offset == buffer.head
+
+
+def test_a_cursor_that_stops_taking_resumes_after_the_last_piece_it_took() -> None:
+    buffer = RetainedOutput(64)
+    produce(buffer, [("stdout", b"a\nb\n"), ("stderr", b"E\n"), ("stdout", b"c\n")])
+    cursor = Cursor(buffer, {"stdout": 2, "stderr": 2}, STREAMS)
+    first = next(cursor.pieces(buffer.head))
+    assert (first, cursor.offset) == (("stdout", b"a\n"), 2)
+    assert list(cursor.pieces(buffer.head)) == [
+        ("stdout", b"b\n"),
+        ("stderr", b"E\n"),
+        ("stdout", b"c\n"),
+    ]
+
+
+def test_a_cursor_left_behind_says_what_it_lost_by_stream() -> None:
+    buffer = RetainedOutput(8)
+    produce(buffer, [("stdout", b"ab"), ("stderr", b"CD")])
+    cursor = Cursor(buffer, {}, ())
+    assert list(cursor.pieces(3)) == [("stdout", b"ab"), ("stderr", b"C")]
+    produce(buffer, [("stdout", b"efgh"), ("stderr", b"IJ")])  # 3 dropped
+    assert cursor.lost() == {}  # it had them all
+    produce(buffer, [("stdout", b"klmn")])  # drops "D" and "ef", unsent
+    assert cursor.lost() == {"stdout": 2, "stderr": 1}
+    assert cursor.offset == 3  # it stays: its reader is told, not skipped on
+
+
+def test_a_cursor_loses_nothing_of_a_stream_it_does_not_take() -> None:
+    buffer = RetainedOutput(4)
+    buffer.append("stdout", b"ab")
+    cursor = Cursor(buffer, {}, (), streams=["stdout"])
+    assert list(cursor.pieces(buffer.head)) == [("stdout", b"ab")]
+    produce(buffer, [("stderr", b"CDEFGH"), ("stdout", b"i")])
+    assert cursor.lost() == {}  # only stderr was dropped: moved up to it
+    assert cursor.offset == buffer.oldest
+    assert list(cursor.pieces(buffer.head)) == [("stdout", b"i")]
+
+
+#: What an attached reader does between two reads of the process: takes at
+#: most that many pieces (``None``: all there are).
+takes = st.one_of(st.none(), st.integers(0, 4))
+
+
+@settings(derandomize=True, max_examples=1000, deadline=None)
+@given(
+    st.integers(1, 9),
+    st.integers(0, 48),
+    st.integers(1, 12),
+    reads,
+    st.lists(st.tuples(reads, takes), max_size=8),
+)
+def test_a_cursor_sends_each_byte_once_in_order_or_says_what_it_lost(
+    size: int,
+    kept: int,
+    batch: int,
+    before: list[tuple[str, bytes]],
+    rounds: list[tuple[list[tuple[str, bytes]], int | None]],
+) -> None:
+    """Review session 45: an attach fed from the ring at its own pace, the
+    process writing on meanwhile. Until the ring drops what it was not sent,
+    its client gets every byte from the replay's start once, in production
+    order (what the line-up leaves out apart), in pieces a client of the
+    bufsize takes; then it is told exactly what it lost."""
+    buffer = RetainedOutput(kept)
+    produced: list[tuple[str, int]] = []
+
+    def on_data(stream: str, data: bytes) -> None:
+        buffer.append(stream, data)
+        produced.extend((stream, byte) for byte in data)
+
+    channels = {
+        stream: OutputChannel(
+            stream, lambda data, s=stream: on_data(s, data), lambda: None, bufsize=size
+        )
+        for stream in STREAMS
+    }
+    for stream, data in before:
+        channels[stream].dataReceived(data)
+    start, dropped_before = buffer.oldest, buffer.dropped
+    cursor = Cursor(buffer, dict.fromkeys(STREAMS, size), STREAMS, read_batch=batch)
+    left_out = {s: cursor.dropped[s] - dropped_before[s] for s in STREAMS}
+    clients = {stream: FluxClient(size) for stream in STREAMS}
+    received: list[tuple[str, bytes]] = []
+
+    def take(count: int | None) -> None:
+        for taken, (stream, piece) in enumerate(cursor.pieces(buffer.head), 1):
+            clients[stream].feed(piece)
+            received.append((stream, piece))
+            if taken == count:
+                return
+
+    for writes, count in [([], None), *rounds]:
+        for stream, data in writes:
+            channels[stream].dataReceived(data)
+        behind = cursor.offset
+        lost = cursor.lost()
+        if lost:
+            gap = produced[behind : buffer.oldest]
+            assert lost == {
+                s: n for s in STREAMS if (n := sum(1 for t, _ in gap if t == s))
+            }
+            break
+        take(count)
+    else:
+        take(None)
+        assert cursor.offset == buffer.head
+    expected = without_heads(
+        [(s, bytes([b])) for s, b in produced[start : cursor.offset]], left_out
+    )
+    assert without_heads(received, {}) == expected

@@ -9,11 +9,13 @@
   ``finished``.
 - **attach**: a client takes a background process's output (retained, then
   live) and its end as a stream shaped like a streaming exec's; when it
-  disconnects the process goes back to the background. Its connection's
-  back-pressure holds the output back :data:`ATTACH_STALL_S` at most: a
-  client that stops reading (stopped, or one that never reads) must not
-  freeze a process that is meant to run without one. Then the attach is
-  ended (ETIMEDOUT) and the process goes back to the background.
+  disconnects the process goes back to the background. The process is
+  never held back by its client: its output is read on into its retained
+  buffer, and the client is fed from there at the pace its connection
+  takes it (:mod:`sdexec.attachfeed`). A client that falls so far behind
+  that the buffer drops output it was not yet sent is told how much it
+  lost, and its attach is ended (ENOBUFS); the process goes back to the
+  background.
 
 :class:`Tracked` is what the service keeps of one such process beside its
 :class:`~sdexec.process.Process`: it is the process's responder and output
@@ -22,16 +24,18 @@ their connection, answers ``wait`` and ``attach``, and keeps the ended
 waitable ones. The server's process table keys a background process by
 ``(NO_CLIENT, serial)``: it belongs to no connection.
 
-A ``wait`` answer and an ``attach`` replay are written whole, up to 8 and 11
-times ``retained-output`` as JSON (a replay is a message per run of one
-stream), whether the client reads them or not. So that
-``max-waitable`` and ``max-background`` still bound that memory, a process
-forgotten while its answer or replay waits unread in a paused connection
-(paused when it was written, and not resumed since) keeps the slot it held
-counted until that connection has written everything (it resumes) or has
-closed: an ended one kept for a wait held a waitable slot only. Other
-responses count nothing: a connection paused for other reasons holds no
-slot of the background processes it merely started.
+A ``wait`` answer is written whole, up to 8 times ``retained-output`` as
+JSON, whether the client reads it or not; an ``attach`` is fed as its
+client reads, but its feed holds the retained output until it has sent it
+all. So that ``max-waitable`` and ``max-background`` still bound that
+memory, a process forgotten while its answer waits unread in a paused
+connection (paused when it was written, and not resumed since) keeps the
+slot it held counted until that connection has written everything (it
+resumes) or has closed, and one forgotten while its attach is still fed
+keeps it until the feed is done (all sent, or its connection closed): an
+ended one kept for a wait held a waitable slot only. Other responses count
+nothing: a connection paused for other reasons holds no slot of the
+background processes it merely started.
 """
 
 from __future__ import annotations
@@ -45,23 +49,17 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 from twisted.logger import Logger
 
+from sdexec.attachfeed import AttachFeed
 from sdexec.ioencode import encode_io
 from sdexec.limits import check_text
 from sdexec.plan import ExecPlan, RequestError
-from sdexec.process import (
-    NO_EXIT_STATUS_ERRNO,
-    OutputValve,
-    Patience,
-    Process,
-    Responder,
-)
+from sdexec.process import NO_EXIT_STATUS_ERRNO, OutputValve, Process, Responder
 from sdexec.protocol import STATUS_AND_ERROR, ExecFlag, command_object
-from sdexec.retained import STREAMS, RetainedOutput
+from sdexec.retained import CONFIG_KEY, STREAMS, Cursor, RetainedOutput
 
 log = Logger()
 
 __all__ = [
-    "ATTACH_STALL_S",
     "NO_CLIENT",
     "Mode",
     "Tracked",
@@ -83,11 +81,6 @@ class Bounds(Protocol):
 
 #: The connection id of a process with no client (real ids start at 1).
 NO_CLIENT = 0
-#: How long an attached client's connection may hold its background
-#: process's output back (its buffer full, nothing of it read out) before
-#: the attach is ended, the process's output read on into its retained
-#: buffer: a live reader empties the connection's buffer well within it.
-ATTACH_STALL_S = 10.0
 _OUTPUT_FLAGS = ExecFlag.STDOUT | ExecFlag.STDERR
 
 ProcessKey = tuple[int, int]
@@ -121,7 +114,7 @@ class _Client:
     responder: Responder
     #: The output streams it takes (none for a waiter).
     flags: ExecFlag
-    #: An attach's connection's back-pressure on the process's output.
+    #: An attach's connection's back-pressure on what it is sent.
     valve: OutputValve | None = None
 
     def forwards(self, stream: str) -> bool:
@@ -196,6 +189,9 @@ class Tracked:
         #: ``finished`` or its error, or a wait was answered): ``None``
         #: while nobody has. RFC 42: an end is delivered once.
         self._end_taken_by: str | None = None
+        #: The last attach's feed: the attached client's, or one that still
+        #: sends what came before the stream's end.
+        self._feed: AttachFeed | None = None
 
     @property
     def pid(self) -> int:
@@ -217,10 +213,23 @@ class Tracked:
 
     def connected_to(self, connection_id: int) -> bool:
         """Whether a request of this connection waits on the process."""
-        return any(
+        return self._feed_of(connection_id) is not None or any(
             client is not None and client.connection_id == connection_id
             for client in (self._client, self._waiter, self._attaching)
         )
+
+    @property
+    def feeding(self) -> bool:
+        """Whether an attach is still fed its output (it holds the retained
+        output meanwhile)."""
+        return self._feed is not None and not self._feed.done
+
+    def _feed_of(self, connection_id: int) -> AttachFeed | None:
+        """The connection's attach that is still fed, if any."""
+        feed = self._feed
+        if feed is None or feed.done or feed.connection_id != connection_id:
+            return None
+        return feed
 
     # -- the Process's responder and tap ------------------------------------
 
@@ -242,7 +251,12 @@ class Tracked:
             self.failure = (errnum, errstr)
             self._failed_unfinished = self.finished is None
         client, self._client = self._client, None
-        if client is not None:
+        if client is not None and errnum == errno.ECANCELED and self.attached:
+            # The service is stopping: it will not live to send what the
+            # client has not read yet, and it must have this.
+            assert self._feed is not None
+            self._feed.abort(errnum, errstr)
+        elif client is not None:
             client.responder.error(errnum, errstr)
         attaching, self._attaching = self._attaching, None
         if attaching is not None:  # it never started: as its exec was told
@@ -256,15 +270,24 @@ class Tracked:
             self._answer_waiter()
 
     def tap(self, stream: str, data: bytes, eof: bool) -> None:
-        """Output as the process produced it: kept, and forwarded to an
-        attached client that asked for the stream."""
+        """Output as the process produced it: kept, and fed to an attached
+        client that asked for the stream."""
+        at = self.retained.head
         if eof:
             self.retained.end(stream)
         else:
             self.retained.append(stream, data)
-        client = self._client
-        if self.attached and client is not None and client.forwards(stream):
-            client.responder.respond(self._output(stream, data, eof))
+        client, feed = self._client, self._feed
+        if not self.attached or client is None or feed is None:
+            return
+        lost = feed.cursor.lost()
+        if lost:
+            self._fell_behind(client, feed, lost)
+        elif eof:
+            if client.forwards(stream):
+                client.responder.respond(self._output(stream, data, eof))
+        else:
+            feed.appended(stream, data, at)
 
     # -- requests ------------------------------------------------------------
 
@@ -327,16 +350,25 @@ class Tracked:
             self.sent_to = None
 
     def _attach(self, client: _Client) -> None:
-        self.mode, self._client = Mode.ATTACHED, client
-        # The replay is written whatever the client reads (sent_to).
-        self.sent_to = client.connection_id
-        replay, dropped = self.retained.replay(
-            self._rank, self.bufsizes, self.line_buffered
+        """``attached``, then the retained output and what comes after it,
+        fed at the client's pace: ``client``'s responder is its feed from
+        now on."""
+        taken = [stream for stream in STREAMS if client.forwards(stream)]
+        cursor = Cursor(self.retained, self.bufsizes, self.line_buffered, taken)
+        client.responder.respond(self._attached(cursor.dropped))
+        feed = AttachFeed(
+            client.connection_id,
+            client.responder,
+            cursor,
+            lambda stream, data: self._output(stream, data, eof=False),
+            client.valve,
         )
-        client.responder.respond(self._attached(dropped))
-        for io in replay:
-            if client.forwards(io["stream"]):
-                client.responder.respond({"type": "output", "pid": self.pid, "io": io})
+        client = dataclasses.replace(client, responder=feed)
+        self.mode, self._client, self._feed = Mode.ATTACHED, client, feed
+        # The connection may be sent a piece of the replay beyond its
+        # buffer (sent_to): the last may wait there unread.
+        self.sent_to = client.connection_id
+        feed.pump()  # the replay, as far as the connection takes it
         for stream in STREAMS:
             ended = self.reaped or self.retained.at_eof(stream)
             if ended and client.forwards(stream):
@@ -350,13 +382,6 @@ class Tracked:
             # process is forgotten once reaped.
             self._take_end(_BY_ATTACH)
             self.error(*(self.failure or (errno.ENODATA, "")))
-        elif self.process is not None and client.valve is not None:
-            seconds = ATTACH_STALL_S
-            stalled = Patience(seconds, lambda: self._stalled(client, seconds))
-            self.process.join_valve(client.valve, stalled)
-            # Its replay may have filled the connection: the live output
-            # waits too.
-            client.valve.hold_if_paused(self.process)
 
     def drop_client(self, connection_id: int) -> None:
         """The connection has gone: forget its requests. An attached process
@@ -364,6 +389,9 @@ class Tracked:
         self._drop_waiter(connection_id)
         self._detach(connection_id)
         self._drop_attaching(connection_id)
+        feed = self._feed_of(connection_id)
+        if feed is not None:
+            feed.drop()
         client = self._client
         if client is not None and client.connection_id == connection_id:
             self._client = None  # its exec's stream: nobody to answer now
@@ -377,40 +405,53 @@ class Tracked:
         back = f"attach is ended, and {self._runs_on}"
         ended = [
             (self._drop_waiter(connection_id), kept),
-            (self._detach(connection_id), back),
             (self._drop_attaching(connection_id), back),
         ]
         for client, what in ended:
             if client is not None:
                 client.responder.error(errnum, f"{reason}: this {what}")
-        return sum(client is not None for client, _ in ended)
+        feed = self._feed_of(connection_id)
+        if feed is not None:
+            # Now, not after what it was not yet sent. One whose process's
+            # stream had ended (it was sent what came before that end)
+            # was attached no more.
+            attached = self._detach(connection_id) is not None
+            feed.abort(
+                errnum, f"{reason}: this {back if attached else 'attach is ended'}"
+            )
+        return sum(client is not None for client, _ in ended) + (feed is not None)
 
-    def _stalled(self, client: _Client, seconds: float) -> None:
-        """``client``'s connection held the output back ``seconds``: end
-        the attach (after what it was sent, which its connection keeps), and
-        read the output on into the retained buffer. A process meant to run
-        without a client must not wait on a stopped one."""
-        if self._client is not client or not self.attached:
-            return  # (detached already, which stopped the timer)
+    def _fell_behind(
+        self, client: _Client, feed: AttachFeed, lost: dict[str, int]
+    ) -> None:
+        """The retained output dropped ``lost`` bytes (by stream) that the
+        attached ``client`` had not been sent: end its attach, saying so
+        (after what it was sent: nothing after the gap would be in order),
+        and the process goes back to the background."""
+        if self._end_taken_by == _BY_ATTACH and not feed.sent_finished:
+            # Its `finished` waited behind the output lost: not delivered,
+            # it is kept for the next wait or attach.
+            self._end_taken_by = None
         if self._end_taken_by is None:
             after = f"{self._runs_on}, its output kept: attach again to read on"
         else:  # `finished` went to this attach, which took the end
             after = f"what {self._name} writes from now on is dropped"
         self._detach(client.connection_id)  # before the error: nothing after it
+        missed = " and ".join(f"{count} bytes of {s}" for s, count in lost.items())
         # The admin's to know too: a client ended so looks like a failure
-        # of the service to whoever ran it. (At most one line an attach,
-        # each after the grace: no flood.)
+        # of the service to whoever ran it. (One line an attach.)
         log.info(
-            "connection {id}: attach to {name} ended: its client left the output"
-            " unread for {seconds:g} s",
+            "connection {id}: attach to {name} ended: its client fell behind,"
+            " and lost {missed}",
             id=client.connection_id,
             name=self._name,
-            seconds=seconds,
+            missed=missed,
         )
-        client.responder.error(
-            errno.ETIMEDOUT,
-            f"{self._name}: the client left its output unread for {seconds:g} s:"
-            f" this attach is ended, and {after}",
+        feed.abort(
+            errno.ENOBUFS,
+            f"{self._name}: the client fell behind by more than the retained"
+            f" output ({self.retained.size} bytes, {CONFIG_KEY}): {missed} it had"
+            f" not yet been sent were dropped: this attach is ended, and {after}",
         )
 
     def _drop_waiter(self, connection_id: int) -> _Client | None:
@@ -442,14 +483,10 @@ class Tracked:
         return client
 
     def _to_background(self) -> None:
-        """Attached no more: the output is retained from now on, whatever
-        the client's back-pressure had paused. (Its connection resumes only
-        the processes attached to it: one left paused would never read its
-        EOF, and never be reaped.)"""
+        """Attached no more: its output is only retained from now on. (Its
+        feed sends on what came before, if anything waits, unless it was
+        ended or dropped.)"""
         self.mode = Mode.BACKGROUND
-        if self.process is not None:
-            self.process.detach_valve()
-            self.process.resume_output()
 
     def process_reaped(self) -> bool:
         """The unit is gone; whether its end must be kept for a wait or an
@@ -596,6 +633,9 @@ class TrackedProcesses:
         #: By paused connection, the slots of the processes forgotten while
         #: what was last sent of them waits there unread.
         self._unread: dict[int, list[_Slot]] = {}
+        #: Processes forgotten while an attach is still fed their output
+        #: (it holds their retained output), and the slots they held.
+        self._draining: dict[Tracked, _Slot] = {}
 
     def prepare(
         self,
@@ -650,8 +690,9 @@ class TrackedProcesses:
     def _check_waitable_room(self, max_waitable: int) -> None:
         # Refused, not evicted: dropping the oldest ended one would lose a
         # status somebody may still wait for. Each ended one holds up to
-        # retained-output bytes, and each answer (or replay) not yet read up
-        # to 8 (11) times that as JSON, so this bounds the memory they take.
+        # retained-output bytes (also while an attach that consumed it is
+        # still fed it), and each answer not yet read up to 8 times that as
+        # JSON, so this bounds the memory they take.
         held = self.waitable_held()
         if held >= max_waitable:
             raise RequestError(
@@ -662,9 +703,9 @@ class TrackedProcesses:
             )
 
     def _check_background_room(self, max_background: int) -> None:
-        # Each holds up to retained-output bytes while it runs, and an
-        # attach's replay not yet read up to 11 times that: without a bound
-        # on their number, that memory had none.
+        # Each holds up to retained-output bytes while it runs, and after it
+        # ends while an attach is still fed it: without a bound on their
+        # number, that memory had none.
         running = sum(1 for tracked in self._tracked.values() if tracked.background)
         running += self._unread_slots("background")
         if running >= max_background:
@@ -678,9 +719,16 @@ class TrackedProcesses:
     def _unread_slots(self, cap: _Cap) -> int:
         """Forgotten processes still counted against ``cap`` (a
         :class:`_Slot` field): their last responses are not yet read."""
-        return sum(
-            getattr(slot, cap) for slots in self._unread.values() for slot in slots
-        )
+        unread = [slot for slots in self._unread.values() for slot in slots]
+        return sum(getattr(slot, cap) for slot in [*unread, *self._still_draining()])
+
+    def _still_draining(self) -> list[_Slot]:
+        """The slots of the forgotten processes an attach is still fed
+        (those done with are forgotten here)."""
+        self._draining = {
+            tracked: slot for tracked, slot in self._draining.items() if tracked.feeding
+        }
+        return list(self._draining.values())
 
     def _unread_note(self, cap: _Cap, done: str) -> str:
         """What the refusal of ``cap`` says of the slots it counts for
@@ -743,9 +791,12 @@ class TrackedProcesses:
             tracked.unread = (connection_id, self._resumes.get(connection_id, 0))
 
     def _forget(self, tracked: Tracked, slot: _Slot) -> None:
-        """``tracked`` is done with; while its wait answer or replay waits
-        unread in a paused connection (paused since it was written), the
-        ``slot`` it held stays counted."""
+        """``tracked`` is done with; while its wait answer waits unread in a
+        paused connection (paused since it was written), or an attach is
+        still fed its output, the ``slot`` it held stays counted."""
+        if tracked.feeding:
+            self._draining[tracked] = slot  # (counted once: not as unread too)
+            return
         if tracked.unread is None:
             return
         connection_id, resumes = tracked.unread
@@ -816,11 +867,9 @@ class TrackedProcesses:
     def _connected_to(self, connection_id: int) -> list[Tracked]:
         """The processes, running or ended, that a request of the connection
         waits on."""
-        return [
-            tracked
-            for tracked in [*self._tracked.values(), *self._ended.values()]
-            if tracked.connected_to(connection_id)
-        ]
+        self._still_draining()
+        every = [*self._tracked.values(), *self._ended.values(), *self._draining]
+        return [tracked for tracked in every if tracked.connected_to(connection_id)]
 
     # -- wait and attach -----------------------------------------------------------
 

@@ -239,13 +239,13 @@ def attach(options: argparse.Namespace) -> int:
 
 
 #: How long a detached ``attach`` reads on for the process's end, at most.
-#: An ended process's replay comes with its end, all written at once
-#: (background.py ``Tracked.attach``): a retained-output of megabytes comes
-#: in milliseconds. Output that keeps coming, of a process that runs on, is
+#: An ended process's replay comes with its end, sent as fast as it is read
+#: (sdexec/attachfeed.py): a retained-output of megabytes comes in
+#: milliseconds. Output that keeps coming, of a process that runs on, is
 #: left unread past it.
 _END_WITHIN_S = ON_ITS_WAY_S
 #: How long a gap in what comes says that no end follows: a process that
-#: runs on has printed what it had; the replay comes in one go.
+#: runs on has printed what it had; the replay comes as fast as it is read.
 _END_QUIET_S = 0.2
 
 

@@ -104,7 +104,7 @@ class ClientProtocol(StdioReceivingProtocol):
         #: Whether the transport has paused us: its buffer of responses is full.
         self._paused = False
         #: Holds back the output of the processes writing to it meanwhile.
-        self.valve = OutputValve(server.clock)
+        self.valve = OutputValve()
         #: Processes whose stdin holds more than its limit of this client's
         #: writes (no credit asked): its requests wait until they drain.
         self._stdin_backlogged: set[Process] = set()

@@ -69,7 +69,6 @@ from sdexec.unitstop import StopTimer
 __all__ = [
     "OutputTap",
     "OutputValve",
-    "Patience",
     "Process",
     "ProcessContext",
     "Responder",
@@ -98,20 +97,21 @@ _MADE = itertools.count()
 LAZY_OUTPUT = 64 * 1024
 
 
-@dataclass(frozen=True)
-class Patience:
-    """How long an :class:`OutputValve` may hold a member's output back
-    without its connection resuming, and what it calls then (which must
-    take the member off the valve): an attach's background process, which
-    no client may freeze (sdexec/background.py)."""
+class ValveMember(Protocol):
+    """What an :class:`OutputValve` holds back and resumes: a process, or
+    an attach's feed (sdexec/attachfeed.py)."""
 
-    seconds: float
-    run_out: Callable[[], None]
+    def pause_output(self) -> None:
+        """The connection is full: send it nothing more for now."""
+
+    def resume_output(self) -> None:
+        """The connection has written everything out: send on."""
 
 
 class OutputValve:
     """One connection's back-pressure on the output of the processes that
-    write to it (those that :meth:`join` it: :attr:`Process.valve`).
+    write to it (those that :meth:`join` it: :attr:`Process.valve`), and
+    on the attaches fed to it (held as they find it paused).
 
     Paused lazily: a process is held back when it writes while the
     connection is paused (that read joins the responses waiting), and only
@@ -120,49 +120,32 @@ class OutputValve:
     process's output ran 15 times slower, each cycle holding the reactor
     27-80 ms. Once :data:`LAZY_OUTPUT` has come in so during one pause
     (many processes writing at once, each adding a read), all of them
-    are held back: the wait stays bounded.
+    are held back: the wait stays bounded."""
 
-    A member that joined with a :class:`Patience` is held back so long at
-    most: its timer starts when it is held, and is cancelled when the
-    connection resumes (its client has read everything it was sent)."""
-
-    def __init__(self, clock: IReactorTime) -> None:
+    def __init__(self) -> None:
         self.paused = False
-        self._members: dict[Process, None] = {}
-        self._held: dict[Process, None] = {}  # in the order they were paused
+        self._members: dict[ValveMember, None] = {}
+        self._held: dict[ValveMember, None] = {}  # in the order they were paused
         self._lazy_left = LAZY_OUTPUT
-        self._clock = clock
-        #: The members held back only so long, and the timers of those held.
-        self._patience: dict[Process, Patience] = {}
-        self._timers: dict[Process, IDelayedCall] = {}
 
-    def join(self, process: Process, patience: Patience | None = None) -> None:
+    def join(self, process: Process) -> None:
         """``process`` writes to this connection from now on (held back at
-        once if every member is), held back for ``patience`` at most."""
+        once if every member is)."""
         self._members[process] = None
-        if patience is not None:
-            self._patience[process] = patience
         if self._lazy_left < 0:  # (joined while every member is held back)
             self._hold(process)
 
-    def release(self, process: Process) -> None:
-        """``process`` writes to this connection no more: this valve no
+    def release(self, member: ValveMember) -> None:
+        """``member`` writes to this connection no more: this valve no
         longer holds or resumes it (another connection may by then)."""
-        self._members.pop(process, None)
-        self._held.pop(process, None)
-        self._patience.pop(process, None)
-        self._stop_timer(process)
+        self._members.pop(member, None)
+        self._held.pop(member, None)
 
     def pause(self) -> None:
         """The connection's buffer is full: each member is held back as it
         next writes."""
         self.paused = True
         self._lazy_left = LAZY_OUTPUT
-        # Members still held: the connection resumed (its client read all
-        # it was sent), but the requests it had held filled it again before
-        # it resumed them. Their client is live: their time starts over.
-        for process in self._held:
-            self._start_timer(process)
 
     def resume(self) -> None:
         """The connection has written everything out: every member held
@@ -170,9 +153,8 @@ class OutputValve:
         self.paused = False
         self._lazy_left = LAZY_OUTPUT
         held, self._held = self._held, {}
-        for process in held:
-            self._stop_timer(process)
-            process.resume_output()
+        for member in held:
+            member.resume_output()
 
     def wrote(self, process: Process, size: int) -> None:
         """``process`` wrote ``size`` bytes to the connection: held back if
@@ -186,39 +168,17 @@ class OutputValve:
                 for member in list(self._members):
                     self._hold(member)
 
-    def hold_if_paused(self, process: Process) -> None:
-        """Hold ``process``'s output back while the connection is paused
-        (one that joined a paused connection, say)."""
+    def hold_if_paused(self, member: ValveMember) -> None:
+        """Hold ``member`` back while the connection is paused, to be
+        resumed with the rest (a process that joined a paused connection,
+        an attach's feed that found it paused)."""
         if self.paused:
-            self._hold(process)
+            self._hold(member)
 
-    def _hold(self, process: Process) -> None:
-        if process not in self._held:
-            self._held[process] = None
-            self._start_timer(process)
-            process.pause_output()
-
-    def _start_timer(self, process: Process) -> None:
-        """Time how long ``process`` is held back, if it has a patience
-        (afresh: one running is cancelled)."""
-        patience = self._patience.get(process)
-        if patience is None:
-            return
-        self._stop_timer(process)
-        self._timers[process] = self._clock.callLater(
-            patience.seconds, self._run_out, process, patience
-        )
-
-    def _stop_timer(self, process: Process) -> None:
-        timer = self._timers.pop(process, None)
-        if timer is not None and timer.active():
-            timer.cancel()
-
-    def _run_out(self, process: Process, patience: Patience) -> None:
-        """``process`` was held back its patience long: its owner takes it
-        off this valve (which stops holding it back)."""
-        del self._timers[process]
-        patience.run_out()
+    def _hold(self, member: ValveMember) -> None:
+        if member not in self._held:
+            self._held[member] = None
+            member.pause_output()
 
 
 class Responder(Protocol):
@@ -740,13 +700,13 @@ class Process:
         """The client reads again: read the process's output again."""
         self.output.resume()
 
-    def join_valve(self, valve: OutputValve, patience: Patience | None = None) -> None:
+    def join_valve(self, valve: OutputValve) -> None:
         """Its output goes to ``valve``'s connection from now on, held back
-        by it for ``patience`` at most (without one, for as long as the
-        connection stays paused: a pipe's back-pressure)."""
+        by it for as long as the connection stays paused (a pipe's
+        back-pressure)."""
         self.detach_valve()
         self.valve = valve
-        valve.join(self, patience)
+        valve.join(self)
 
     def detach_valve(self) -> None:
         """Its output goes to no connection any more: none holds it back."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import signal
 import socket
 import sys
@@ -15,7 +16,6 @@ import pytest
 from pytest_twisted import ensureDeferred
 from support import Result, command, sleep, unit_names, until
 
-import sdexec.background
 from sdexec.client import STDERR, STDOUT, RPCError
 from sdexec.ioencode import decode_io
 
@@ -325,23 +325,60 @@ async def received(sock: socket.socket, ended) -> list[dict]:
     raise AssertionError("the stream never ended")
 
 
+def raw_attach(service, label: str) -> socket.socket:
+    """A connection that attaches to ``label`` (both streams) and reads
+    nothing until its test says so (non-blocking then: see received)."""
+    attacher = socket.socket(socket.AF_UNIX)
+    attacher.connect(service.socket_path)
+    attach = {"label": label, "flags": STDOUT | STDERR}
+    request = {"type": "request", "topic": "sdexec.attach", "matchtag": 1}
+    attacher.sendall(json.dumps({**request, "payload": attach}).encode() + b"\n")
+    attacher.setblocking(False)
+    return attacher
+
+
+def sent_stdout(stream: list[dict]) -> bytes:
+    payloads = [response.get("payload", {}) for response in stream]
+    assert payloads[0]["type"] == "attached"
+    return streams([p["io"] for p in payloads if p.get("type") == "output"])["stdout"]
+
+
 @ensureDeferred
-async def test_an_attach_that_never_reads_does_not_hold_its_process(
-    start_service, monkeypatch
+async def test_an_attach_that_reads_nothing_holds_nothing_back_and_misses_nothing(
+    start_service,
 ):
-    """Review session 44 (stall): a client that attached and read nothing
-    (a stopped `sdexec attach`) held the process's output back for good:
-    the process blocked in its write until that client went."""
-    monkeypatch.setattr(sdexec.background, "ATTACH_STALL_S", 0.2)
+    """Review session 45 (attach catch-up): an attach that read nothing for
+    a while (a stopped `sdexec attach`, a pager left on a page) was ended
+    after 10 s, though the retained output still held all it had missed.
+    Now its process runs on, and its client gets it all once it reads."""
+    service = await start_service(sdexec='retained-output = "8M"')  # > FLOODED
+    client = await service.connect()
+    await background(client, FLOOD, label="flood")
+    await armed(service)
+    with raw_attach(service, "flood") as attacher:
+        await until(lambda: procs_of(service)[0]["mode"] == "attached", "attached")
+        await client.kill(label="flood", signum=signal.SIGUSR1)
+        # It ran to its end, its output all read, with nothing read of it.
+        await until(lambda: not procs_of(service), "reaped", cap_s=60)
+        stream = await received(attacher, lambda response: "errnum" in response)
+    assert sent_stdout(stream) == FLOODED  # each byte once, in order
+    assert [r.get("payload", {}).get("type") for r in stream[-4:-1]].count(
+        "finished"
+    ) == 1
+    assert (stream[-1]["errnum"], stream[-1]["errstr"]) == (errno.ENODATA, "")
+
+
+@ensureDeferred
+async def test_an_attach_that_falls_behind_the_retained_output_is_ended(
+    start_service,
+):
+    # Only where the retained output dropped what it was not sent: it is
+    # told how much, after what it was sent; the process runs on.
     service = await start_service(sdexec='retained-output = "64K"')
     client = await service.connect()
     pid = await background(client, FLOOD, waitable=True, label="flood")
     await armed(service)
-    with socket.socket(socket.AF_UNIX) as attacher:
-        attacher.connect(service.socket_path)
-        attach = {"label": "flood", "flags": STDOUT | STDERR}
-        request = {"type": "request", "topic": "sdexec.attach", "matchtag": 1}
-        attacher.sendall(json.dumps({**request, "payload": attach}).encode() + b"\n")
+    with raw_attach(service, "flood") as attacher:
         await until(lambda: procs_of(service)[0]["mode"] == "attached", "attached")
         await client.kill(label="flood", signum=signal.SIGUSR1)
         await until(lambda: procs_of(service)[0]["mode"] == "background", "let go")
@@ -349,16 +386,51 @@ async def test_an_attach_that_never_reads_does_not_hold_its_process(
         assert answer["status"] == 0
         assert FLOODED.endswith(streams(answer["output"])["stdout"])
         assert streams(answer["output"])["stdout"].endswith(b"done\n")
-        attacher.setblocking(False)
         stream = await received(attacher, lambda response: "errnum" in response)
-    payloads = [response.get("payload", {}) for response in stream]
-    assert payloads[0]["type"] == "attached"
-    sent = streams([p["io"] for p in payloads if p.get("type") == "output"])
-    assert 0 < len(sent["stdout"]) < len(FLOODED)
-    assert FLOODED.startswith(sent["stdout"])
-    assert (stream[-1]["errnum"], stream[-1]["errstr"]) == (
-        errno.ETIMEDOUT,
-        f"pid {pid}: the client left its output unread for 0.2 s: this attach is"
-        f" ended, and pid {pid} runs on in the background, its output kept:"
-        " attach again to read on",
+    sent = sent_stdout(stream)
+    assert 0 < len(sent) < len(FLOODED)
+    assert FLOODED.startswith(sent)
+    errnum, errstr = stream[-1]["errnum"], stream[-1]["errstr"]
+    lost = re.fullmatch(
+        f"pid {pid}: the client fell behind by more than the retained output"
+        r" \(65536 bytes, \[sdexec\] retained-output\): (\d+) bytes of stdout it"
+        " had not yet been sent were dropped: this attach is ended, and"
+        f" pid {pid} runs on in the background, its output kept: attach again"
+        " to read on",
+        errstr,
     )
+    assert errnum == errno.ENOBUFS and lost, errstr
+    assert 0 < int(lost[1]) < len(FLOODED) - len(sent)
+
+
+@ensureDeferred
+async def test_two_attaches_at_different_speeds_each_get_all_of_their_output(
+    start_service,
+):
+    # One reads as it comes, the other reads nothing until both processes
+    # have ended: neither process waits on its client, nor on the other's.
+    service = await start_service(sdexec='retained-output = "8M"')
+    client = await service.connect()
+    for label in ("fast", "slow"):
+        await background(client, FLOOD, label=label)
+    await armed(service)
+    await until(lambda: len(retained_heads(service)) == 2, "both armed")
+    fast, handle = await attach(await service.connect(), label="fast")
+    with raw_attach(service, "slow") as slow:
+        await until(
+            lambda: {p["mode"] for p in procs_of(service)} == {"attached"}, "both"
+        )
+        for label in ("fast", "slow"):
+            await client.kill(label=label, signum=signal.SIGUSR1)
+        await handle.done
+        await until(lambda: not procs_of(service), "both reaped", cap_s=60)
+        stream = await received(slow, lambda response: "errnum" in response)
+    assert fast.stdout == FLOODED and fast.status == 0
+    assert sent_stdout(stream) == FLOODED
+    assert (stream[-1]["errnum"], stream[-1]["errstr"]) == (errno.ENODATA, "")
+
+
+def retained_heads(service) -> list[int]:
+    """How much each running process has written, of those that wrote."""
+    tracked = service.server.tracked._tracked.values()
+    return [t.retained.head for t in tracked if t.retained.head]

@@ -4,6 +4,7 @@ service in the test's process, as in test_cli.py)."""
 
 from __future__ import annotations
 
+import re
 import select
 import signal
 import subprocess
@@ -15,8 +16,6 @@ from support import until
 from test_background_service import FLOOD, FLOODED, ON_SIGNAL, armed
 from test_cli import _environment, _sdexec_argv, cli
 from twisted.internet.threads import deferToThread
-
-import sdexec.background
 
 pytestmark = pytest.mark.systemd
 
@@ -116,38 +115,69 @@ async def test_attach_streams_to_the_end_and_exits_with_the_code(sdexec):
     await _ended_by_usr1(sdexec, attached, "a")
 
 
-@ensureDeferred
-async def test_a_stopped_attach_lets_its_process_run_on_and_then_says_so(
-    start_service, monkeypatch
-):
-    """Review session 44 (stall): Ctrl-Z (SIGSTOP) of `sdexec attach` froze
-    the background process it followed once the buffers were full."""
-    monkeypatch.setattr(sdexec.background, "ATTACH_STALL_S", 0.2)
-    service = await start_service(sdexec='retained-output = "64K"')
-    started = await cli(service, "run", "--bg", "--waitable", "--label", "f", *FLOOD)
-    pid = started.stdout.decode().split()[0]
-    await armed(service)
-    attached = _attach(service, "f")
+async def _stopped_attach_of_a_flood(
+    service, label: str, let_go
+) -> tuple[subprocess.Popen, bytes, bytes]:
+    """``sdexec attach LABEL`` (of a FLOOD process, armed) stopped by
+    SIGSTOP (Ctrl-Z) before the flood; continued once ``let_go()``: it,
+    and what it wrote to its stdout and stderr."""
+    attached = _attach(service, label)
     try:
         await until(lambda: modes(service) == ["attached"], "attached")
         attached.send_signal(signal.SIGSTOP)
-        await cli(service, "kill", "USR1", "f")
-        await until(lambda: modes(service) == ["background"], "let go")
+        await cli(service, "kill", "USR1", label)
+        await until(let_go, "let go", cap_s=60)
         attached.send_signal(signal.SIGCONT)
         out, err = await deferToThread(attached.communicate, timeout=60)
     finally:
         attached.kill()
         attached.wait()
+    return attached, out, err
+
+
+@ensureDeferred
+async def test_a_stopped_attach_lets_its_process_run_on_and_then_writes_it_all(
+    start_service,
+):
+    """Review session 45 (attach catch-up): a stopped `sdexec attach` was
+    ended after 10 s (review session 44 had it let its process run on),
+    though the retained output held all it had missed: continued, it said
+    so and exited 1. Now it writes all of it, and the process's end."""
+    service = await start_service(sdexec='retained-output = "8M"')  # > FLOODED
+    await cli(service, "run", "--bg", "--label", "f", *FLOOD)
+    await armed(service)
+    attached, out, err = await _stopped_attach_of_a_flood(
+        service,
+        "f",
+        lambda: modes(service) == [],  # ended, read to its end
+    )
+    assert (attached.returncode, out, err) == (0, FLOODED, b"")
+
+
+@ensureDeferred
+async def test_a_stopped_attach_that_falls_too_far_behind_says_what_it_lost(
+    start_service,
+):
+    service = await start_service(sdexec='retained-output = "64K"')
+    started = await cli(service, "run", "--bg", "--waitable", "--label", "f", *FLOOD)
+    pid = started.stdout.decode().split()[0]
+    await armed(service)
+    attached, out, err = await _stopped_attach_of_a_flood(
+        service, "f", lambda: modes(service) == ["background"]
+    )
     assert attached.returncode == 1
     assert out and FLOODED.startswith(out)
-    assert (
-        err
-        == (
-            f"sdexec: pid {pid}: the client left its output unread for 0.2 s: this"
-            f" attach is ended, and pid {pid} runs on in the background, its output"
-            " kept: attach again to read on\n"
-        ).encode()
+    said = re.fullmatch(
+        f"sdexec: pid {pid}: the client fell behind by more than the retained"
+        r" output \(65536 bytes, \[sdexec\] retained-output\): (\d+) bytes of"
+        " stdout it had not yet been sent were dropped: this attach is ended, and"
+        f" pid {pid} runs on in the background, its output kept: attach again to"
+        " read on\n",
+        err.decode(),
     )
+    assert said, err
+    # Ended (a reader as slow as this one would fall behind its flood too).
+    await until(lambda: service.server.tracked.ended_count == 1, "ended")
     again = await cli(service, "attach", "f")  # the rest, and its end
     assert again.returncode == 0
     assert again.stdout.endswith(b"done\n") and FLOODED.endswith(again.stdout)

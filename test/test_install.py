@@ -18,6 +18,7 @@ TEST_PROGRAMS = {
     "sh": None,
     "sleep": None,
     "true": None,
+    "unshare": None,  # util-linux, Essential: test_node_check's namespace
     "col": "bsdextrautils",  # test_docs: the rendered man pages
     "curl": "curl",  # test_sockets: the stats site on its UNIX socket
     "groff": "groff-base",

@@ -1,0 +1,92 @@
+"""scripts/enforcing-node-check's job probe (``PROBE``), on each cgroup
+layout: what a job sees of its fence, read from its own cgroup.
+
+The script's checks run on a cgroup v2 node; ``LOCAL=1`` runs them as a
+dry run on whatever node it is given, these cgroup v1 machines too. The
+probe is run here as root in a mount namespace of its own, whose
+``/proc/self/cgroup`` and ``/sys/fs/cgroup`` are a layout's, so that each
+layout is read whatever this machine's own is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "enforcing-node-check"
+
+#: Where each layout puts the unified hierarchy, and a job's lines in
+#: /proc/self/cgroup there: v2 alone, hybrid (v1 controllers, v2 mounted at
+#: unified with none), v1 alone (no v2 line at all).
+LAYOUTS = {
+    "v2": ("", "0::/job.service\n"),
+    "hybrid": (
+        "unified/",
+        "9:name=systemd:/job.service\n3:cpuset:/\n0::/job.service\n",
+    ),
+    "v1": (None, "9:name=systemd:/job.service\n3:cpuset:/\n4:memory:/\n"),
+}
+
+
+def probe_source() -> str:
+    """The probe's Python, as the script gives it to ``python3 -c``."""
+    [source] = re.findall(r"^PROBE='(.*?)'$", SCRIPT.read_text(), re.M | re.S)
+    return source
+
+
+def probed(tmp_path: Path, layout: str) -> dict:
+    """What the probe prints, run where ``layout``'s job runs: its
+    ``/proc/self/cgroup`` lines, and the job's cgroup files (a cpuset of
+    CPU 3 and a 1 MiB cap) in its unified hierarchy, if it has one."""
+    unified, lines = LAYOUTS[layout]
+    tree = tmp_path / "cgroup"
+    if unified is not None:
+        job = tree / unified / "job.service"
+        job.mkdir(parents=True)
+        # (Stand-ins: a hybrid node's unified hierarchy has no controllers,
+        # and the files the probe reads are where it looks for them.)
+        controllers = "" if unified else "cpuset memory\n"
+        (tree / unified / "cgroup.controllers").write_text(controllers)
+        (job / "cpuset.cpus.effective").write_text("3\n")
+        (job / "memory.max").write_text("1048576\n")
+    else:
+        tree.mkdir()
+    own = tmp_path / "proc-cgroup"
+    own.write_text(lines)
+    # $$ is the shell's pid, which the exec keeps: /proc/self is then it.
+    shell = (
+        'mount --bind "$1" /proc/$$/cgroup && mount --bind "$2" /sys/fs/cgroup'
+        ' && exec "$3" -c "$4"'
+    )
+    ran = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", shell, "sh",
+         str(own), str(tree), sys.executable, probe_source()],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    [line] = [line for line in ran.stdout.splitlines() if line.startswith("PROBE ")]
+    return json.loads(line[len("PROBE ") :])
+
+
+@pytest.mark.parametrize("layout", ["v2", "hybrid"])
+def test_the_probe_reads_the_job_s_cgroup_where_its_unified_hierarchy_is(
+    tmp_path, layout
+):
+    seen = probed(tmp_path, layout)
+    unified = LAYOUTS[layout][0]
+    assert seen["cgroup"] == f"/sys/fs/cgroup/{unified}job.service"
+    assert (seen["cpuset"], seen["memory_max"]) == ("3", "1048576")
+
+
+def test_the_probe_says_a_v1_job_has_no_v2_cgroup(tmp_path):
+    # It took the first v2 line for granted: on a v1 node, the dry run's
+    # every job probe died of an IndexError, and its checks failed.
+    seen = probed(tmp_path, "v1")
+    assert seen["cgroup"] is None
+    no_cgroup = "error: no cgroup v2 line in /proc/self/cgroup"
+    assert (seen["cpuset"], seen["memory_max"]) == (no_cgroup, no_cgroup)

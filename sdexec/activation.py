@@ -25,6 +25,8 @@ from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IStreamServerEndpoint
 from zope.interface import implementer
 
+from sdexec.sockets import closed_directory_above, listening_path
+
 __all__ = [
     "check_systemd_endpoint",
     "is_systemd_endpoint",
@@ -203,15 +205,15 @@ def _keep_socket(port: Any, mode: tuple[str, int] | None) -> Any:
 
 def only_its_owner_connects(port: Any) -> str | None:
     """How the UNIX socket ``port`` listens on keeps all but its owner out,
-    if it does: no write permission on it for its group and others, or no
-    search permission on its directory (``/run/x/s.sock is mode 0600 in a
-    directory of mode 0700``); else ``None``. For a socket systemd made,
-    whose modes are the ``.socket`` unit's (``SocketMode=``,
-    ``DirectoryMode=``), not ``[sdexec] socket-mode``."""
-    path = getattr(port.getHost(), "name", None)
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
-    if not isinstance(path, str) or not path.startswith("/"):
+    if it does, and what to change: no write permission on it for its group
+    and others, or no search permission on its directory (``/run/x/s.sock
+    is mode 0600 in a directory of mode 0700, …``), or on one above it (a
+    user manager's ``%t``: ``/run/user/UID`` is 0700, whatever the unit's
+    ``DirectoryMode=``); else ``None``. For a socket systemd made, whose
+    modes are the ``.socket`` unit's (``SocketMode=``, ``DirectoryMode=``),
+    not ``[sdexec] socket-mode``."""
+    path = listening_path(port)
+    if path is None:
         return None  # TCP, or an abstract name
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
@@ -219,7 +221,19 @@ def only_its_owner_connects(port: Any) -> str | None:
     except OSError:
         return None
     # Connecting takes write permission on the socket, and search
-    # permission on its directory.
-    if mode & 0o022 and directory & 0o011:
+    # permission on every directory above it.
+    if not (mode & 0o022 and directory & 0o011):
+        return (
+            f"{path} is mode {mode:04o} in a directory of mode {directory:04o},"
+            " made by the .socket unit, whose SocketMode= and DirectoryMode="
+            " decide who may connect, not socket-mode (give SocketMode=0660"
+            " with a SocketGroup= they share, or 0666, and DirectoryMode=0711)"
+        )
+    closed = closed_directory_above(os.path.dirname(path))
+    if closed is None:
         return None
-    return f"{path} is mode {mode:04o} in a directory of mode {directory:04o}"
+    return (
+        f"{path} is below {closed}, which only its owner may search: give the"
+        " .socket unit a ListenStream= outside it (a user manager's %t, its"
+        " XDG_RUNTIME_DIR, is such a directory)"
+    )

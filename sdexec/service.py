@@ -57,7 +57,9 @@ from sdexec.protocol import default_socket_path
 from sdexec.server import SdexecServer
 from sdexec.sockets import (
     clear_stale_socket,
+    closed_directory_above,
     directory_mode,
+    listening_path,
     private_endpoint,
     private_umask,
     unix_endpoint,
@@ -307,23 +309,23 @@ class SdexecService(Service):
             self._reload_on_signal()
 
     def _warn_if_allowed_users_kept_out(self) -> None:
-        """A warning if ``allow-users`` names users whom the socket systemd
-        passed keeps out: its modes are the ``.socket`` unit's, which
-        ``socket-mode`` does not change (the configuration's own check
-        judges only the sockets the service makes). They would get EACCES,
-        and nothing would say why."""
+        """A warning if ``allow-users`` names users whom the socket served
+        keeps out, where the file's own check cannot see it: the modes of a
+        socket systemd passed, which are the ``.socket`` unit's and not
+        ``socket-mode``; for any socket, a directory above it that they may
+        not search (``/run/user/UID``, the system unit's ``/run/sdexec`` of
+        ``RuntimeDirectoryMode=0700``). They would get EACCES, and nothing
+        would say why."""
         port = self.ports.get("listen")
         if not users_a_mode_may_keep_out(self.config) or port is None:
             return
-        if not is_systemd_endpoint(self.listen):
-            return
-        kept_out = only_its_owner_connects(port)
+        if is_systemd_endpoint(self.listen):
+            kept_out = only_its_owner_connects(port)
+        else:
+            kept_out = _a_directory_keeps_out(port)
         if kept_out is not None:
             log.warn(
-                "sdexec.allow-users: the users listed cannot connect: {kept_out},"
-                " made by the .socket unit, whose SocketMode= and DirectoryMode="
-                " decide who may connect, not socket-mode (give SocketMode=0660"
-                " with a SocketGroup= they share, or 0666, and DirectoryMode=0711)",
+                "sdexec.allow-users: the users listed cannot connect: {kept_out}",
                 kept_out=kept_out,
             )
 
@@ -575,6 +577,29 @@ def _fails_again(failure: Failure) -> bool:
     if isinstance(error, SystemdError):
         return error.name == NO_BUS_ADDRESS
     return isinstance(error, ListenError) and error.lasting
+
+
+def _a_directory_keeps_out(port: Any) -> str | None:
+    """For a UNIX socket the service made: the directory above it that
+    keeps the users ``socket-mode`` lets connect out, and what to change;
+    ``None`` if there is none, or if the socket's own mode keeps them out
+    (the file's check said so, ``allowed_users_cannot_connect``)."""
+    path = listening_path(port)
+    if path is None:
+        return None
+    try:
+        if not os.stat(path).st_mode & 0o022:
+            return None
+    except OSError:
+        return None
+    closed = closed_directory_above(path)
+    if closed is None:
+        return None
+    return (
+        f"{path} is below {closed}, which only its owner may search: give it"
+        " search permission (0711; the system unit's RuntimeDirectoryMode=),"
+        " or [sdexec] listen a socket outside it"
+    )
 
 
 def _with_bound_port(description: str, port: Any) -> str:

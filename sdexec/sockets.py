@@ -29,11 +29,14 @@ import socket
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 __all__ = [
     "check_directory",
     "clear_stale_socket",
+    "closed_directory_above",
     "directory_mode",
+    "listening_path",
     "private_endpoint",
     "private_umask",
     "unix_endpoint",
@@ -116,6 +119,38 @@ def _make_directories(directory: str, mode: int) -> None:
     except FileExistsError:
         return  # made meanwhile; check_directory judges it as it is
     os.chmod(directory, mode)
+
+
+def listening_path(port: Any) -> str | None:
+    """The path of the UNIX socket a listening ``port`` serves on; ``None``
+    for TCP or an abstract name."""
+    path = getattr(port.getHost(), "name", None)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not isinstance(path, str) or not path.startswith("/"):
+        return None
+    return path
+
+
+def closed_directory_above(path: str) -> str | None:
+    """The first directory above ``path`` (its own, then each up to ``/``)
+    that neither its group nor others may search, as ``DIR (mode 0700)``:
+    connecting to a socket takes search permission on every one of them,
+    and a user manager's runtime directory (``/run/user/UID``, the default
+    socket's, and ``%t`` of its ``.socket`` units) is 0700. ``None`` if
+    each lets them, or one cannot be read."""
+    directory = os.path.dirname(path)
+    while True:
+        try:
+            mode = stat.S_IMODE(os.stat(directory).st_mode)
+        except OSError:
+            return None
+        if not mode & 0o011:
+            return f"{directory} (mode {mode:04o})"
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
 
 
 def directory_mode(socket_mode: int) -> int:

@@ -241,3 +241,13 @@ def private_manager(monkeypatch):
         for pid in killed:
             remove_killed_sandbox(pid)
         shutil.rmtree(runtime_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory of ours that other users may enter (not write), every
+    directory above it too: pytest's ``tmp_path`` is below a 0700 one."""
+    directory = tempfile.mkdtemp(prefix="sdexec-sock-")
+    os.chmod(directory, 0o711)
+    yield Path(directory)
+    shutil.rmtree(directory)

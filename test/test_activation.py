@@ -201,31 +201,48 @@ def test_the_example_socket_unit_matches_the_endpoint_it_documents():
     assert 'listen = "systemd:domain=UNIX:name=sdexec"' in text
 
 
+_SOCKET_UNIT_ADVICE = (
+    ", made by the .socket unit, whose SocketMode= and DirectoryMode="
+    " decide who may connect, not socket-mode (give SocketMode=0660"
+    " with a SocketGroup= they share, or 0666, and DirectoryMode=0711)"
+)
+
+
 @pytest.mark.parametrize(
     ("modes", "warned"),
     [
-        ((0o600, 0o700), "is mode 0600 in a directory of mode 0700"),  # the example's
-        ((0o666, 0o700), "is mode 0666 in a directory of mode 0700"),
-        ((0o666, 0o711), None),
-        ((0o660, 0o710), None),
+        (
+            (0o600, 0o700, 0o711),
+            "is mode 0600 in a directory of mode 0700",
+        ),  # the example's
+        ((0o666, 0o700, 0o711), "is mode 0666 in a directory of mode 0700"),
+        ((0o666, 0o711, 0o711), None),
+        ((0o660, 0o710, 0o711), None),
+        # A user manager's %t, /run/user/UID: 0700 above DirectoryMode=0711.
+        ((0o666, 0o711, 0o700), "is below {parent} (mode 0700)"),
     ],
 )
 @ensureDeferred
 async def test_allowed_users_an_inherited_socket_keeps_out_are_warned_of(
-    monkeypatch, tmp_path, modes, warned
+    monkeypatch, shared_dir, modes, warned
 ):
     # socket-mode "0666" and allow-users, as configuration.md says, under
     # sdexec.socket: its SocketMode=0600 stays, each listed user got EACCES
-    # and nothing said why (the file's check saw only socket-mode).
-    socket_mode, directory_mode = modes
-    directory = tmp_path / "run"
-    directory.mkdir()
+    # and nothing said why (the file's check saw only socket-mode). The
+    # socket's advice followed under a user manager (SocketMode=0666,
+    # DirectoryMode=0711) left them out all the same, its %t being 0700,
+    # and nothing said so either.
+    socket_mode, directory_mode, parent_mode = modes
+    parent = shared_dir / "user"
+    directory = parent / "sdexec"
+    directory.mkdir(parents=True)
     path = directory / "sdexec.sock"
     passed = socket.socket(socket.AF_UNIX)
     passed.bind(str(path))
     passed.listen()
     os.chmod(path, socket_mode)
     os.chmod(directory, directory_mode)
+    os.chmod(parent, parent_mode)
     _passed(monkeypatch, passed.detach())  # the service's now: it closes it
     config = parse_config(
         {"sdexec": {"allow-users": [65534], "socket-mode": "0666"}}, "f.toml"
@@ -245,15 +262,17 @@ async def test_allowed_users_an_inherited_socket_keeps_out_are_warned_of(
         globalLogPublisher.removeObserver(observer)
         await service.stopService()
     said = [line for line in lines if "cannot connect" in line]
+    prefix = f"sdexec.allow-users: the users listed cannot connect: {path} "
     if warned is None:
         assert said == []
-    else:
+    elif "below" in warned:
         assert said == [
-            f"sdexec.allow-users: the users listed cannot connect: {path} {warned},"
-            " made by the .socket unit, whose SocketMode= and DirectoryMode="
-            " decide who may connect, not socket-mode (give SocketMode=0660"
-            " with a SocketGroup= they share, or 0666, and DirectoryMode=0711)"
+            prefix + warned.format(parent=parent) + ", which only its owner may"
+            " search: give the .socket unit a ListenStream= outside it (a user"
+            " manager's %t, its XDG_RUNTIME_DIR, is such a directory)"
         ]
+    else:
+        assert said == [prefix + warned + _SOCKET_UNIT_ADVICE]
 
 
 def test_socket_mode_is_not_judged_for_a_socket_systemd_makes():

@@ -9,16 +9,15 @@ import contextlib
 import errno
 import json
 import os
-import shutil
 import socket
 import stat
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 from pytest_twisted import ensureDeferred
 from twisted.internet import defer, reactor, threads
+from twisted.logger import formatEvent, globalLogPublisher
 
 from sdexec.client import connect
 from sdexec.config import parse_config
@@ -40,15 +39,6 @@ async def started(listen: str, manager: FakeManager, **sdexec: object):
     service.startService()
     await service.ready
     return service
-
-
-@pytest.fixture
-def shared_dir():
-    """A directory of ours that other users may enter (not write)."""
-    directory = tempfile.mkdtemp(prefix="sdexec-sock-")
-    os.chmod(directory, 0o711)
-    yield Path(directory)
-    shutil.rmtree(directory)
 
 
 def mode_of(path: Path) -> int:
@@ -161,6 +151,46 @@ async def test_another_user_on_a_shared_socket_is_answered_eperm_then_closed(
     assert (reply["errnum"], reply["closed"]) == (1, True)
     assert service.server.connections.total == 0
     await service.stopService()
+
+
+@pytest.mark.parametrize("directory_mode", [0o700, 0o711])
+@ensureDeferred
+async def test_allowed_users_a_directory_keeps_out_are_warned_of(
+    shared_dir, directory_mode
+):
+    # The system unit's /run/sdexec (RuntimeDirectoryMode=0700), or a user
+    # manager's /run/user/UID above the default socket: socket-mode "0666"
+    # let allow-users' users at the socket, the directory kept them out
+    # with EACCES, and nothing said why.
+    directory = shared_dir / "run"
+    directory.mkdir(mode=directory_mode)
+    os.chmod(directory, directory_mode)
+    path = directory / "s.sock"
+    lines: list[str] = []
+    observer = lambda event: lines.append(formatEvent(event))  # noqa: E731
+    globalLogPublisher.addObserver(observer)
+    try:
+        service = await started(
+            f"unix:{path}", FakeManager(),
+            **{"socket-mode": "0666", "allow-users": [NOBODY]},
+        )  # fmt: skip
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    try:
+        refused = await as_nobody(path) if directory_mode == 0o700 else None
+    finally:
+        await service.stopService()
+    said = [line for line in lines if "cannot connect" in line]
+    if directory_mode == 0o700:
+        assert refused == "connect: EACCES"
+        assert said == [
+            f"sdexec.allow-users: the users listed cannot connect: {path} is below"
+            f" {directory} (mode 0700), which only its owner may search: give it"
+            " search permission (0711; the system unit's RuntimeDirectoryMode=),"
+            " or [sdexec] listen a socket outside it"
+        ]
+    else:
+        assert said == []
 
 
 def nobody_client(path: Path) -> str:

@@ -143,3 +143,45 @@ def test_the_documents_recommend_no_exec_value_flux_would_refuse(setting):
     except ConfigError:
         return
     assert [w for w in config.warnings if "Flux's job-exec" in w] == []
+
+
+def _section_titles(text: str) -> list[str]:
+    """The headings of a document and the bold lead-ins of its paragraphs
+    (``**A GPU beside its PCI device.**``), without their backticks."""
+    headings = re.findall(r"^#+ (.+)$", text, re.M)
+    leads = re.findall(r"^\*\*(.+?)\.?\*\*", text, re.M)
+    return [title.replace("`", "") for title in headings + leads]
+
+
+def _section_references() -> list[tuple[str, Path, str]]:
+    """Every reference of the documents to a section of one of them
+    (``docs/protocol.md, "Framing"``): (where, the document, the section).
+    performance.md, a record of measurements, is left as it was written."""
+    documents = {path.name: path for path in [*(REPO / "docs").glob("*.md"),
+                                              REPO / "README.md"]}  # fmt: skip
+    references = []
+    for name, path in sorted(documents.items()):
+        if name == "performance.md":
+            continue
+        text = path.read_text(encoding="utf-8")
+        for found in re.finditer(r'\b([a-z]+\.md),?\s+"([^"]+)"', text):
+            if found.group(1) in documents:
+                line = text.count("\n", 0, found.start()) + 1
+                target = documents[found.group(1)]
+                references.append((f"{name}:{line}", target, found.group(2)))
+    return references
+
+
+@pytest.mark.parametrize(
+    ("document", "section"),
+    [
+        pytest.param(document, section, id=where)
+        for where, document, section in _section_references()
+    ],
+)
+def test_a_section_the_documents_name_is_there(document, section):
+    # client.md sent the reader to protocol.md's "Flow control", which is a
+    # paragraph of its sdexec.write section (review session 45).
+    titles = _section_titles(document.read_text(encoding="utf-8"))
+    wanted = re.sub(r"\s+", " ", section).replace("`", "")
+    assert any(title.startswith(wanted) for title in titles), (document.name, section)

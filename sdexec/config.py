@@ -543,7 +543,7 @@ def _server_endpoint(
     except (ValueError, TypeError, KeyError, OSError) as error:  # OSError: ssl's key
         raise ValueError(
             f"{json_quoted(value)} is not a Twisted server endpoint"
-            f" such as {such_as} ({error})"
+            f" such as {such_as} ({error}{_ipv6_hint(description)})"
         ) from None
     path = getattr(endpoint, "_address", None)
     if isinstance(path, str) and not os.path.isabs(path):
@@ -553,6 +553,21 @@ def _server_endpoint(
             f"{json_quoted(value)}: expected an absolute socket path (unix:/path)"
         )
     return description, endpoint
+
+
+#: An IPv6 address given as an endpoint's ``interface=`` with its colons
+#: unescaped (``interface=fd00::5``, ``interface=[::1]``): Twisted splits the
+#: description at each, and says only "got multiple values for argument".
+_UNESCAPED_IPV6_INTERFACE = re.compile(r"interface=(?:\[|[0-9A-Fa-f]*:)")
+
+
+def _ipv6_hint(description: str) -> str:
+    if not _UNESCAPED_IPV6_INTERFACE.search(description):
+        return ""
+    return (
+        "; an IPv6 address's colons are escaped with a backslash:"
+        " interface=fd00\\:\\:5 (in TOML a 'literal string' keeps it as written)"
+    )
 
 
 def _listen_endpoint(value: object) -> str:

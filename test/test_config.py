@@ -18,6 +18,7 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+from twisted.internet.endpoints import serverFromString
 from twisted.logger import capturedLogs
 
 from sdexec.config import (
@@ -1627,6 +1628,26 @@ def test_examples_show_every_key_and_uncommented_still_load(tmp_path):
         shown = set(_flatten(raw))
         assert shown == {key.path for key in KEYS}, path.name
     assert without_source(uncommented[".toml"]) == without_source(uncommented[".yaml"])
+
+
+def test_an_ipv6_interface_with_its_colons_unescaped_is_refused_saying_so():
+    # operating.md has a scraper elsewhere reach the node's address; an IPv6
+    # one written as is was refused with Twisted's "_parseTCP() got multiple
+    # values for argument 'interface'" alone (review session 45).
+    with pytest.raises(ConfigError) as error:
+        configure("sdexec.stats", "tcp:8490:interface=fd00::5")
+    assert str(error.value).endswith(
+        "(_parseTCP() got multiple values for argument 'interface';"
+        " an IPv6 address's colons are escaped with a backslash:"
+        " interface=fd00\\:\\:5 (in TOML a 'literal string' keeps it as written))"
+    )
+
+
+def test_an_ipv6_interface_as_configuration_md_writes_it_loads(tmp_path):
+    text = "[sdexec]\nstats = 'tcp:8490:interface=fd00\\:\\:5'\n"
+    config = load_config(write(tmp_path, "ipv6.toml", text))
+    endpoint = serverFromString(None, config.sdexec.stats)
+    assert (endpoint._interface, endpoint._port) == ("fd00::5", 8490)
 
 
 SPEC_EXAMPLES = [

@@ -155,14 +155,11 @@ def _section_titles(text: str) -> list[str]:
 
 def _section_references() -> list[tuple[str, Path, str]]:
     """Every reference of the documents to a section of one of them
-    (``docs/protocol.md, "Framing"``): (where, the document, the section).
-    performance.md, a record of measurements, is left as it was written."""
+    (``docs/protocol.md, "Framing"``): (where, the document, the section)."""
     documents = {path.name: path for path in [*(REPO / "docs").glob("*.md"),
                                               REPO / "README.md"]}  # fmt: skip
     references = []
     for name, path in sorted(documents.items()):
-        if name == "performance.md":
-            continue
         text = path.read_text(encoding="utf-8")
         for found in re.finditer(r'\b([a-z]+\.md),?\s+"([^"]+)"', text):
             if found.group(1) in documents:

@@ -307,6 +307,13 @@ def node_kills_at_memory_max() -> bool:
     return results == ["oom-kill"]
 
 
+def usable_cpu() -> int:
+    """The lowest CPU this process may run on: not always CPU 0, which a
+    node's or a container's cpuset (or a binding such as ``taskset``) may
+    keep from it, and from the sandbox manager that inherits its own."""
+    return min(os.sched_getaffinity(0))
+
+
 # -- a sandbox manager of a test's own -----------------------------------------
 
 

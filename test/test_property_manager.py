@@ -16,7 +16,15 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import FLAGS, Result, command, run, unit_properties, until
+from support import (
+    FLAGS,
+    Result,
+    command,
+    run,
+    unit_properties,
+    until,
+    usable_cpu,
+)
 from twisted.internet.utils import getProcessValue
 
 from sdexec.property import CONVERTED_SIGNATURES
@@ -56,7 +64,7 @@ SITE_VALUES = {
     "CPUQuotaPeriodUSec": "100000",
     "DefaultMemoryMin": "0",
     "DefaultMemoryLow": "10%",
-    "StartupAllowedCPUs": "0",
+    "StartupAllowedCPUs": str(usable_cpu()),  # CPU 0 may not be ours
     "StartupAllowedMemoryNodes": "0",
     "PassEnvironment": "HOME",
     "UnsetEnvironment": "SDEXEC_TEST_NOTHING",

@@ -27,6 +27,7 @@ from support import (
     unit_names,
     unit_property,
     until,
+    usable_cpu,
     wait_until_reaped,
 )
 from test_limits import TRICKY
@@ -371,16 +372,19 @@ async def test_a_site_dependency_systemd_does_not_know_is_enoent(start_service):
 @ensureDeferred
 async def test_a_site_s_hardening_booleans_and_umask_reach_the_unit(start_service):
     # Sent as strings, each failed every job: "Unexpected message contents".
+    # A CPU of our own: an affinity outside the node's cpuset is refused
+    # at exec (215/CPUAFFINITY), as CPU 0 was in a cpuset without it.
+    cpu = usable_cpu()
     site = (
         'ProtectClock = "yes"\nLockPersonality = "yes"\nUMask = "0027"\n'
-        'CPUAffinity = "0"\nLogLevelMax = "warning"\nNUMAPolicy = "default"\n'
+        f'CPUAffinity = "{cpu}"\nLogLevelMax = "warning"\nNUMAPolicy = "default"\n'
     )
     service = await start_service(extra=f"[exec.sdexec-properties]\n{site}")
     client = await service.connect()
     script = "umask; grep Cpus_allowed_list /proc/self/status"
     result = await run(client, ["sh", "-c", script])
     assert (result.error, result.status) == (None, 0)
-    assert result.stdout.decode().split() == ["0027", "Cpus_allowed_list:", "0"]
+    assert result.stdout.decode().split() == ["0027", "Cpus_allowed_list:", str(cpu)]
 
 
 @ensureDeferred

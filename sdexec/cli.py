@@ -532,10 +532,7 @@ def format_procs(procs: Sequence[dict[str, Any]]) -> str:
         ("PID", "STATE", "MODE", "UNIT", "LABEL", "JOBID", "STEP", "CMDLINE")
     ]
     for proc in procs:
-        args = [str(arg) for arg in proc.get("cmdline") or []]
-        # A leftover's is its unit's Description, words joined by spaces
-        # (sdexec.leftovers): quoting them again garbled it.
-        cmdline = " ".join(args) if proc.get("state") == "O" else shlex.join(args)
+        cmdline = shlex.join(str(arg) for arg in proc.get("cmdline") or [])
         cells = (
             proc.get("pid", ""),
             proc.get("state", ""),

@@ -43,6 +43,7 @@ __all__ = [
     "encoded_arguments",
     "exec_line",
     "read_back_intact",
+    "started_command",
 ]
 
 #: The characters systemd 252 does not read back from an argument of an
@@ -143,5 +144,34 @@ def encoded_arguments(line: ExecLine, cmdline: Sequence[str]) -> Sequence[str]:
     return line.argv[len(line.argv) - len(cmdline) :]
 
 
+def started_command(exec_start: object) -> list[str] | None:
+    """The command line a unit's ``ExecStart``, as ``GetAll`` reads it
+    (``[(path, argv, …)]``), runs: :func:`exec_line`'s undone, the
+    trampoline's arguments decoded, any other's ``argv`` as it is; ``None``
+    where it holds no one command of strings (a unit not found has none)."""
+    if not isinstance(exec_start, list | tuple) or len(exec_start) != 1:
+        return None
+    entry = exec_start[0]
+    argv = entry[1] if isinstance(entry, list | tuple) and len(entry) > 1 else None
+    if not isinstance(argv, list | tuple) or not all(isinstance(a, str) for a in argv):
+        return None
+    # [python, -I, -S, -c, TRAMPOLINE, SIGPIPE, PATH, ARGV…]
+    if len(argv) > 7 and list(argv[1:5]) == ["-I", "-S", "-c", TRAMPOLINE]:
+        return [_decoded(arg) for arg in argv[7:]]
+    return list(argv)
+
+
 def _encoded(text: str) -> str:
     return text.replace("%", "%25").replace("$", "%24").replace(";", "%3B")
+
+
+#: What the trampoline decodes, by the two hex digits after a ``%``.
+_CODES = {"24": "$", "25": "%", "3B": ";"}
+
+
+def _decoded(text: str) -> str:
+    """:func:`_encoded` undone, as the trampoline does it."""
+    head, *rest = text.split("%")
+    return head + "".join(
+        _CODES.get(part[:2], "%" + part[:2]) + part[2:] for part in rest
+    )

@@ -50,7 +50,8 @@ from twisted.python.failure import Failure
 
 from sdexec.config import Config
 from sdexec.drain import SelfLifting
-from sdexec.limits import listed_name
+from sdexec.execstart import started_command
+from sdexec.limits import listed_cmdline, listed_name
 from sdexec.managerversion import version_number
 from sdexec.orphans import expected_unit_cgroup
 from sdexec.plan import ExecPlan
@@ -182,6 +183,10 @@ class Leftover:
         #: hand), not a previous run's.
         self.of_this_run = of_this_run
         self.pid = -1
+        #: The command line its ``ExecStart`` runs, once read: no
+        #: Description is one (its words joined by spaces, escaped, cut at
+        #: 200 characters, or what the request set instead).
+        self.cmdline: list[str] | None = None
         self._systemd = systemd
         self._context = context
         self._leftovers = leftovers
@@ -225,11 +230,17 @@ class Leftover:
         signal the loss may have taken goes again
         (:meth:`StopTimer.systemd_restored`)."""
         refreshed = self._watch.refresh()
+        refreshed.addCallback(self._read_command)
         if restored_at is not None:
             refreshed.addBoth(self._reread, restored_at)
         refreshed.addErrback(self._failed, "GetAll")
         if stop:
             self.stop()
+
+    def _read_command(self, properties: dict[str, Any]) -> dict[str, Any]:
+        if self.cmdline is None:
+            self.cmdline = started_command(properties.get("ExecStart"))
+        return properties
 
     def _reread(self, result: object, restored_at: float) -> object:
         self.rereading = False
@@ -254,11 +265,14 @@ class Leftover:
         return self._systemd.kill_unit(self.name, who, signum)
 
     def describe(self) -> dict[str, Any]:
-        cmdline = self.description.split(" ")
+        """Its ``list`` entry: its command line once read, until then its
+        Description, as one string (split at spaces, it was no argv, and
+        ``sdexec ps`` quoted its words wrongly either way)."""
+        cmdline = self.cmdline or [self.description]
         return {
             "pid": self.pid,
-            "cmd": listed_name(cmdline),
-            "cmdline": cmdline,
+            "cmd": listed_name(self.cmdline or self.description.split(" ")),
+            "cmdline": listed_cmdline(cmdline),
             "label": "",
             "unit": self.name,
             "state": LEFTOVER_STATE,

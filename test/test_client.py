@@ -650,13 +650,16 @@ def test_ps_table_escapes_what_a_terminal_would_obey():
     assert row.isprintable()
 
 
-def test_ps_table_shows_a_leftover_s_description_as_it_reads():
-    # Its cmdline is the unit's Description split at spaces: quoting each
-    # word showed sh -c trap '""' 'TERM;' for sh -c trap "" TERM;.
-    words = ["sh", "-c", "trap", '""', "TERM;", "sleep", "9"]
-    procs = [{"pid": 7, "state": "O", "unit": "u.service", "cmdline": words}]
-    (_header, row) = format_procs(procs).splitlines()
-    assert row.endswith('  sh -c trap "" TERM; sleep 9')
+def test_ps_table_quotes_a_leftover_s_command_line_as_a_process_s():
+    # It showed sh -c trap "" TERM; sleep 9, unquoted, for a leftover.
+    argv = ["sh", "-c", 'trap "" TERM; sleep 9']
+    procs = [{"pid": 7, "state": state, "unit": "u.service", "cmdline": argv}
+             for state in ("R", "O")]  # fmt: skip
+    rows = format_procs(procs).splitlines()[1:]
+    assert [row.endswith("  sh -c 'trap \"\" TERM; sleep 9'") for row in rows] == [
+        True,
+        True,
+    ]
 
 
 def test_ps_table_shows_the_job_and_its_termination_step():

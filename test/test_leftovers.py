@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import shlex
 import signal
 
 import pytest
@@ -17,7 +18,10 @@ from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
 
 import sdexec.orphans
+from sdexec.cli import format_procs
+from sdexec.command import describe
 from sdexec.config import Config, parse_config
+from sdexec.execstart import exec_line
 from sdexec.leftovers import marked, owner_marks
 from sdexec.outage import SystemdOutage
 from sdexec.property import UnitProperty
@@ -154,6 +158,40 @@ def test_stop_leftovers_drain_until_they_are_gone(systemd):
     systemd.change("sdexec-b.service", INACTIVE)
     assert server.drain_reason is None
     assert server.list()["procs"] == []
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "description"),
+    [
+        (["sh", "-c", 'trap "" TERM; sleep 300'], None),  # through the trampoline
+        (["sleep", "300"], "nightly backup"),  # a request's own Description
+    ],
+)
+def test_a_leftover_lists_the_command_its_exec_start_runs(
+    systemd, cmdline, description
+):
+    # Its Description split at spaces was listed as its argv: sdexec ps
+    # showed sh -c trap "" TERM; sleep 300 where a process it tracks shows
+    # sh -c 'trap "" TERM; sleep 300', and "nightly backup" for a command.
+    line = exec_line(f"/bin/{cmdline[0]}", cmdline)
+    leftover(systemd, "sdexec-a.service", pid=71)
+    systemd.units["sdexec-a.service"]["ExecStart"] = [
+        (line.path, line.argv, False, 0, 0, 0, 0, 71, 0, 0)
+    ]
+    described = description or describe(cmdline)
+    systemd.properties["sdexec-a.service"] = [
+        UnitProperty("Description", "s", f"{described}{MARK}")
+    ]
+    systemd.hold_refresh = True
+    server = make_server(systemd, policy="keep")
+    server.leftovers.scan()
+    # Until its unit is read, its Description stands for it, as one string.
+    [unread] = server.list()["procs"]
+    assert (unread["cmd"], unread["cmdline"]) == (described.split()[0], [described])
+    systemd.answer_refreshes()
+    [entry] = server.list()["procs"]
+    assert (entry["cmd"], entry["cmdline"]) == (cmdline[0], cmdline)
+    assert format_procs([entry]).endswith(f"  {shlex.join(cmdline)}")
 
 
 DEACTIVATING = {"ActiveState": "deactivating", "SubState": "stop-sigterm"}

@@ -4,6 +4,7 @@ never touches units that are not its own. Real twistd, real manager."""
 
 from __future__ import annotations
 
+import shlex
 import signal
 import subprocess
 import sys
@@ -135,6 +136,26 @@ def test_kept_leftovers_are_listed_and_killable(first_run, a_stranger):
         )
         assert second.stop() == -signal.SIGTERM
     assert unit_names() == [a_stranger]
+
+
+def test_a_kept_leftover_s_command_line_is_quoted_as_a_process_s(first_run):
+    # A leftover showed its unit's Description, unquoted: sh -c echo "$0";
+    # exec sleep 300, where the process had shown as it does below.
+    cmdline = ["sh", "-c", 'echo "$0"; exec sleep 300']  # $ and ;: the trampoline
+    assert first_run.sdexec("run", "--bg", *cmdline).returncode == 0
+    shown = f"  {shlex.join(cmdline)}"
+    assert first_run.sdexec("ps").stdout.decode().splitlines()[1].endswith(shown)
+    first_run.process.send_signal(signal.SIGKILL)
+    first_run.process.wait(timeout=60)
+    second = Restarted(first_run, 'leftover-units = "keep"')
+    with reaped(second.process):
+        _wait_for(lambda: second.stats()["procs"][0]["pid"] > 0, "leftover read")
+        [row] = second.sdexec("ps").stdout.decode().splitlines()[1:]
+        assert row.split()[1] == "O" and row.endswith(shown)
+        killed = second.sdexec("kill", "KILL", row.split()[0])
+        assert killed.returncode == 0, killed.stderr
+        _wait_for(lambda: not second.stats()["procs"], "killed and forgotten")
+        assert second.stop() == -signal.SIGTERM
 
 
 def test_a_second_service_on_the_same_socket_leaves_the_first_ones_units(

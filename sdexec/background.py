@@ -942,6 +942,11 @@ class TrackedProcesses:
             raise RequestError(errnum, f"{_target(pid, label)}: {untracked}")
         return tracked
 
+    def ended_and_kept(self, pid: int | None, label: str | None) -> bool:
+        """Whether the process :meth:`newest` finds by ``label`` or ``pid``
+        has ended and is kept for a wait (listed, state ``Z``)."""
+        return self.newest(pid, label) in self._ended
+
     def newest(self, pid: int | None, label: str | None) -> Process | None:
         """The newest process, running or ended and kept, with ``label`` (if
         given) or else ``pid``: an older one with the pid lingers only after

@@ -930,13 +930,20 @@ class SdexecServer:
         if process is None and self.leftovers is not None and label is None:
             process = self.leftovers.find(pid)  # leftovers have no labels
         if process is None:
-            raise RequestError(errno.ESRCH, f"kill {target} not found")
+            raise RequestError(errno.ESRCH, self._nothing_to_kill(target, pid, label))
         answer: defer.Deferred[dict] = process.kill(signum, who).addCallbacks(
             lambda _: {}, _main_process_gone, errbackArgs=(target,)
         )
         if isinstance(process, Process) and process.signals_wait_for_start:
             return AwaitingStart(answer, process.signals_go_out())
         return answer
+
+    def _nothing_to_kill(self, target: str, pid: int | None, label: str | None) -> str:
+        """Why a kill of ``target`` signals nothing: ``ps`` still lists a
+        process ended and kept for a wait, which "not found" denied."""
+        if self.tracked.ended_and_kept(pid, label):
+            return f"kill {target}: the process has ended and is kept for a wait"
+        return f"kill {target} not found"
 
     def list(self, detail: bool = True) -> dict:
         """``sdexec.list``: every process, its own and its leftovers; without

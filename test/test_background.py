@@ -314,6 +314,27 @@ async def test_an_ended_process_kept_for_a_wait_holds_its_label(
 
 
 @ensureDeferred
+async def test_a_kill_of_an_ended_process_kept_for_a_wait_says_so(
+    systemd, server, client
+):
+    # It said "kill label=w not found" while sdexec ps listed it, state Z.
+    await an_ended_waitable(systemd, server, client, "w", 7, 0)
+    client.send("sdexec.kill", {"signum": 15, "label": "w"}, matchtag=2)
+    client.send("sdexec.kill", {"signum": 15, "pid": 7}, matchtag=3)
+    client.send("sdexec.kill", {"signum": 15, "pid": 8}, matchtag=4)
+    ended = "the process has ended and is kept for a wait"
+    assert [payloads(client.of(tag)) for tag in range(2, 5)] == [
+        [(errno.ESRCH, f"kill label=w: {ended}")],
+        [(errno.ESRCH, f"kill pid=7: {ended}")],
+        [(errno.ESRCH, "kill pid=8 not found")],
+    ]
+    client.send("sdexec.wait", {"label": "w"}, matchtag=5)  # waited: forgotten
+    client.send("sdexec.kill", {"signum": 15, "label": "w"}, matchtag=6)
+    assert payloads(client.of(6)) == [(errno.ESRCH, "kill label=w not found")]
+    assert [call for call in systemd.calls if call[0] == "kill"] == []
+
+
+@ensureDeferred
 async def test_wait_errors(systemd, server, client):
     client.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "s"}})
     client.bg(matchtag=2, label="plain", SDEXEC_NAME="sdexec-u")

@@ -38,7 +38,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             _refuse_dashed_signal(argv[at + 1 :])
         options = parser.parse_args(argv)
     if options.command == "run":
-        _check_run(parser, options)
+        _check_run(options)
     return options
 
 
@@ -74,20 +74,22 @@ def _parse_run(
     return parser.parse_args(argv)
 
 
-def _check_run(parser: argparse.ArgumentParser, options: argparse.Namespace) -> None:
+def _check_run(options: argparse.Namespace) -> None:
     if options.cmdline[:1] == ["--"]:  # `run -- CMD`: options end there
         del options.cmdline[0]
     if not options.cmdline:
         # As argparse says a required argument is missing, with run's usage.
         _usage_error("run", "the following arguments are required: CMD")
+    # As argparse refuses run's other options: with run's usage, naming it.
     if options.waitable and not options.bg:
-        parser.error("--waitable needs --bg")
+        _usage_error("run", "--waitable needs --bg")
     if options.label is not None and is_number(options.label):
         # kill, wait, attach and cancel read all digits as a pid: such a
         # label could never be used (`kill TERM 777`: "pid=777 not found").
-        parser.error(
+        _usage_error(
+            "run",
             f"--label {options.label}: all digits, which would be taken for a pid;"
-            " give a label that is not a number"
+            " give a label that is not a number",
         )
 
 
@@ -133,7 +135,9 @@ def _signal_word(words: Sequence[str]) -> str | None:
 def _usage_error(command: str, message: str) -> NoReturn:
     """``SystemExit(2)`` after ``command``'s usage and ``message``, as
     argparse refuses that command's arguments itself."""
-    parser = CommandParser(prog=f"sdexec {command}", formatter_class=_HelpFormatter)
+    parser = CommandParser(
+        prog=f"sdexec {command}", formatter_class=_HelpFormatter, program="sdexec"
+    )
     _SUBCOMMANDS[command][1](parser)
     parser.error(message)
 
@@ -209,7 +213,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for name, (help_, add_arguments) in _SUBCOMMANDS.items():
         if only in (None, name):
             command = commands.add_parser(
-                name, help=help_, formatter_class=_HelpFormatter
+                name, help=help_, formatter_class=_HelpFormatter, program=parser.prog
             )
             add_arguments(command)
     return parser

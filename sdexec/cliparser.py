@@ -23,7 +23,7 @@ import sys
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
-    from typing import NoReturn
+    from typing import Any, NoReturn
 
     from _typeshed import SupportsWrite
 
@@ -62,10 +62,19 @@ def _exit_quietly(status: int, message: str = "") -> NoReturn:
 
 class CommandParser(argparse.ArgumentParser):
     """argparse's parser, whose ``--help`` is checked as the module's
-    docstring says; its subcommands' parsers are of this class too."""
+    docstring says; its subcommands' parsers are of this class too.
+
+    ``program``: the name its failures begin with (``sdexec: cannot write
+    stdout: …``), the program's as every other failure of it says, where
+    a subcommand's ``prog`` (``sdexec run``) names it in its usage and its
+    usage errors, as argparse's do (``prog`` unless given)."""
+
+    def __init__(self, *args: Any, program: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.program = program or self.prog
 
     def print_help(self, file: SupportsWrite[str] | None = None) -> None:
         if file is not None and file is not sys.stdout:
             super().print_help(file)
             return
-        write_stdout_or_exit(self.prog, self.format_help())
+        write_stdout_or_exit(self.program, self.format_help())

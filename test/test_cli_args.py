@@ -92,8 +92,13 @@ def test_a_reader_that_left_ends_the_command_quietly(monkeypatch, capsys):
 
 def test_waitable_without_bg_is_a_usage_error(capsys):
     # It was exit 1, as a refusal of the service; usage errors are 2.
+    # With run's usage and name, as argparse refuses its other options (it
+    # had the whole command line's, "sdexec: error: ...").
     assert main(["run", "--waitable", "true"]) == 2
-    assert capsys.readouterr().err.endswith("sdexec: error: --waitable needs --bg\n")
+    assert capsys.readouterr().err == (
+        "usage: sdexec run [options] CMD [ARGS...]\n"
+        "sdexec run: error: --waitable needs --bg\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -147,7 +152,7 @@ def test_an_all_digit_label_is_a_usage_error(bg, capsys):
     # found") and `wait 777` could never reach by its label.
     assert main(["run", *bg, "--label", "777", "true"]) == 2
     assert capsys.readouterr().err.endswith(
-        "sdexec: error: --label 777: all digits, which would be taken for a pid;"
+        "sdexec run: error: --label 777: all digits, which would be taken for a pid;"
         " give a label that is not a number\n"
     )
 

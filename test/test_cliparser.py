@@ -46,10 +46,15 @@ def test_a_full_disk_fails_the_command(module, prog, flag, unbuffered):
     assert shown.stderr == f"{prog}: cannot write stdout: No space left on device\n"
 
 
-def test_a_subcommands_help_is_checked_too():
-    shown = _run_into_full_disk(["sdexec.cli", "run", "--help"], unbuffered=False)
+@pytest.mark.parametrize(
+    "command", ["run", "ps", "kill", "cancel", "stats", "undrain", "wait", "attach"]
+)
+def test_a_subcommands_help_is_checked_too(command):
+    # It said "sdexec run: cannot write stdout", where every other failure
+    # of the command (its own output's too) is "sdexec: ..." (docs/client.md).
+    shown = _run_into_full_disk(["sdexec.cli", command, "--help"], unbuffered=False)
     assert shown.returncode == 1
-    assert shown.stderr == "sdexec run: cannot write stdout: No space left on device\n"
+    assert shown.stderr == "sdexec: cannot write stdout: No space left on device\n"
 
 
 def test_a_reader_gone_is_sigpipes_status():

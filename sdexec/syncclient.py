@@ -435,7 +435,10 @@ class Connection:
     def write_stdin(self, stream: Exec, data: bytes) -> None:
         """Send ``data`` (``b""``: EOF) to the process's stdin, in writes of
         at most :data:`~sdexec.protocol.WRITE_PIECE` bytes; dropped once the
-        service has refused a write of it, as the service drops it."""
+        service has refused a write of it, as the service drops it. All of
+        it goes at once, whatever the credit (``stream.credit``, spent
+        here): with write credit the caller sends no more than it allows,
+        else the service refuses the overrun (``ENOSPC``)."""
         view = memoryview(data)
         for start in range(0, len(view), WRITE_PIECE):
             self._write_piece(stream, bytes(view[start : start + WRITE_PIECE]))

@@ -83,18 +83,21 @@ class AttachFeed:
         """The stream's end: sent after everything before it."""
         self._wait((errnum, errstr))
 
-    def appended(self, stream: str, data: bytes, at: int) -> None:
+    def send_live(self, stream: str, data: bytes, at: int) -> bool:
         """``data`` of ``stream`` was just kept at the absolute offset
-        ``at``: sent as it is where nothing waits before it and the
-        connection takes it, else in its turn."""
-        if self.done:
-            return
-        if self.cursor.offset == at and not self._waiting and not self._paused:
-            self.cursor.advance(stream, len(data))
-            if self.cursor.takes(stream):
-                self._responder.respond(self._output(stream, data))
-            return
-        self.pump()
+        ``at``: send it as it is, where nothing waits before it and the
+        connection takes it. Whether it went so (else it goes in its turn,
+        from the ring: :meth:`pump`, once its owner has seen that the ring
+        still holds it). Sent, it is no loss to the client, however little
+        of it the ring kept: a piece larger than the ring (a long line of a
+        line-buffered stream comes whole, up to its buffer size), or any
+        piece where the ring keeps nothing (``retained-output = 0``)."""
+        if self.done or self._waiting or self._paused or self.cursor.offset != at:
+            return False
+        self.cursor.advance(stream, len(data))
+        if self.cursor.takes(stream):
+            self._responder.respond(self._output(stream, data))
+        return True
 
     # -- its end -------------------------------------------------------------
 

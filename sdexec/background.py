@@ -280,6 +280,8 @@ class Tracked:
         client, feed = self._client, self._feed
         if not self.attached or client is None or feed is None:
             return
+        if not eof and feed.send_live(stream, data, at):
+            return  # (before the ring's loss is looked at: it may keep none)
         lost = feed.cursor.lost()
         if lost:
             self._fell_behind(client, feed, lost)
@@ -287,7 +289,7 @@ class Tracked:
             if client.forwards(stream):
                 client.responder.respond(self._output(stream, data, eof))
         else:
-            feed.appended(stream, data, at)
+            feed.pump()  # the client is behind: it is sent this in its turn
 
     # -- requests ------------------------------------------------------------
 

@@ -938,6 +938,57 @@ async def test_an_attach_that_falls_behind_the_retained_output_is_told_what_it_l
     client.close()
 
 
+@pytest.mark.parametrize("retained", ["0", "4K"])
+@ensureDeferred
+async def test_a_piece_the_ring_cannot_hold_goes_live_to_a_client_that_keeps_up(
+    systemd, retained
+):
+    # Its loss was looked at before it was sent live: with retained-output
+    # = 0 every attach ended (ENOBUFS) at its first byte, and with a ring
+    # smaller than a piece (a long line comes whole, up to its 1 MiB
+    # buffer) at that piece, however fast its client read.
+    server = make_server(systemd, **{"retained-output": retained})
+    client = Client(server)
+    client.bg(label="a")
+    systemd.run(UNIT, pid=8)
+    viewer = Client(server)
+    viewer.send("sdexec.attach", {"label": "a", "flags": 1}, matchtag=1)
+    data = b"x" * 10_000 + b"\n" + lines(0, 3)
+    await written(systemd, server, data)
+    await finish(systemd, server)
+    stream = viewer.of(1)
+    assert sent_data(stream) == data
+    assert ends_of(stream) == ["finished", ("eof", "stdout"), (errno.ENODATA, "")]
+    viewer.close()
+    client.close()
+
+
+@ensureDeferred
+async def test_with_no_retained_output_what_comes_while_the_client_is_full_ends_it(
+    systemd,
+):
+    server = make_server(systemd, **{"retained-output": "0"})
+    client = Client(server)
+    client.bg(label="a")
+    systemd.run(UNIT, pid=8)
+    viewer = unreading_client(server)
+    viewer.send("sdexec.attach", {"label": "a", "flags": 1}, matchtag=1)
+    await written(systemd, server, CONTROL_BYTES)  # sent live: it fills
+    assert viewer.protocol._paused
+    await written(systemd, server, b"lost\n")
+    read_everything(viewer)
+    stream = viewer.of(1)
+    assert sent_data(stream) == CONTROL_BYTES
+    assert payloads(stream)[-1][0] == errno.ENOBUFS
+    assert (
+        "(0 bytes, [sdexec] retained-output): 5 bytes of stdout"
+        in (payloads(stream)[-1][1])
+    )
+    await finish(systemd, server)
+    viewer.close()
+    client.close()
+
+
 @ensureDeferred
 async def test_output_of_a_stream_the_attach_does_not_take_is_no_loss_to_it(
     systemd,

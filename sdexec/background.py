@@ -271,20 +271,26 @@ class Tracked:
 
     def tap(self, stream: str, data: bytes, eof: bool) -> None:
         """Output as the process produced it: kept, and fed to an attached
-        client that asked for the stream."""
+        client that asked for the stream. Output also comes after a stream
+        ended by an error (a unit left to linger, its children writing on):
+        kept, it may drop what an attach still fed had not yet been sent
+        of what came before that end, which ends the attach as ever."""
         at = self.retained.head
         if eof:
             self.retained.end(stream)
         else:
             self.retained.append(stream, data)
         client, feed = self._client, self._feed
-        if not self.attached or client is None or feed is None:
+        if feed is None or feed.done:
             return
-        if not eof and feed.send_live(stream, data, at):
+        attached = self.attached and client is not None
+        if attached and not eof and feed.send_live(stream, data, at):
             return  # (before the ring's loss is looked at: it may keep none)
         lost = feed.cursor.lost()
         if lost:
-            self._fell_behind(client, feed, lost)
+            self._fell_behind(feed, lost)
+        elif client is None or not attached:
+            return  # past the stream's end: none of it is the client's
         elif eof:
             if client.forwards(stream):
                 client.responder.respond(self._output(stream, data, eof))
@@ -423,13 +429,11 @@ class Tracked:
             )
         return sum(client is not None for client, _ in ended) + (feed is not None)
 
-    def _fell_behind(
-        self, client: _Client, feed: AttachFeed, lost: dict[str, int]
-    ) -> None:
+    def _fell_behind(self, feed: AttachFeed, lost: dict[str, int]) -> None:
         """The retained output dropped ``lost`` bytes (by stream) that the
-        attached ``client`` had not been sent: end its attach, saying so
-        (after what it was sent: nothing after the gap would be in order),
-        and the process goes back to the background."""
+        attach fed by ``feed`` had not been sent: end it, saying so (after
+        what it was sent: nothing after the gap would be in order), and the
+        process goes back to the background."""
         if self._end_taken_by == _BY_ATTACH and not feed.sent_finished:
             # Its `finished` waited behind the output lost: not delivered,
             # it is kept for the next wait or attach.
@@ -438,14 +442,14 @@ class Tracked:
             after = f"{self._runs_on}, its output kept: attach again to read on"
         else:  # `finished` went to this attach, which took the end
             after = f"what {self._name} writes from now on is dropped"
-        self._detach(client.connection_id)  # before the error: nothing after it
+        self._detach(feed.connection_id)  # before the error: nothing after it
         missed = " and ".join(f"{count} bytes of {s}" for s, count in lost.items())
         # The admin's to know too: a client ended so looks like a failure
         # of the service to whoever ran it. (One line an attach.)
         log.info(
             "connection {id}: attach to {name} ended: its client fell behind,"
             " and lost {missed}",
-            id=client.connection_id,
+            id=feed.connection_id,
             name=self._name,
             missed=missed,
         )

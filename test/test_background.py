@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 
 import pytest
@@ -1106,6 +1107,42 @@ async def test_an_end_that_waited_behind_lost_output_is_kept_for_a_wait(systemd)
     client.send("sdexec.wait", {"label": "w"}, matchtag=2)
     await reaped_at_last(systemd, server)
     assert payloads(client.of(2))[0]["status"] == 3 << 8
+    viewer.close()
+    client.close()
+
+
+@ensureDeferred
+async def test_what_a_lingering_unit_writes_past_its_end_may_end_the_attach_behind(
+    systemd,
+):
+    # Its stream ended (EDEADLK: unkillable) while the client was behind,
+    # and its children wrote on into the ring, past what the client had
+    # not yet been sent: the feed read a dropped offset when the client
+    # read again (ValueError out of resumeProducing, the connection lost).
+    systemd.stop_to_inactive = False
+    server = make_server(systemd, **{"retained-output": "64K"})
+    client = Client(server)
+    client.bg(flags=WAITABLE, label="a")
+    systemd.run(UNIT, pid=8)
+    viewer = unreading_client(server)
+    viewer.send("sdexec.attach", {"label": "a", "flags": 1}, matchtag=1)
+    await written(systemd, server, CONTROL_BYTES)
+    await written(systemd, server, lines(0, 8))
+    assert viewer.protocol._paused
+    server.units[UNIT].unkillable("unkillable user processes for job f1")
+    await written(systemd, server, lines(8, 100))
+    read_everything(viewer)
+    stream = payloads(viewer.of(1))
+    assert sent_data(viewer.of(1)) == CONTROL_BYTES
+    assert stream[-1][0] == errno.ENOBUFS
+    lost = re.search(r": (\d+) bytes of stdout it had not yet been sent", stream[-1][1])
+    assert lost is not None and 0 < int(lost[1]) <= 8192  # (as the reads cut it)
+    # Never sent, the end is the next wait's.
+    client.send("sdexec.wait", {"label": "a"}, matchtag=2)
+    assert payloads(client.of(2)) == [
+        (errno.EDEADLK, "unkillable user processes for job f1")
+    ]
+    await reaped_at_last(systemd, server)
     viewer.close()
     client.close()
 

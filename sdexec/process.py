@@ -126,6 +126,8 @@ class OutputValve:
         self.paused = False
         self._members: dict[ValveMember, None] = {}
         self._held: dict[ValveMember, None] = {}  # in the order they were paused
+        #: Those held not yet resumed while :meth:`resume` runs.
+        self._resuming: dict[ValveMember, None] = {}
         self._lazy_left = LAZY_OUTPUT
 
     def join(self, process: Process) -> None:
@@ -140,6 +142,7 @@ class OutputValve:
         longer holds or resumes it (another connection may by then)."""
         self._members.pop(member, None)
         self._held.pop(member, None)
+        self._resuming.pop(member, None)
 
     def pause(self) -> None:
         """The connection's buffer is full: each member is held back as it
@@ -149,12 +152,20 @@ class OutputValve:
 
     def resume(self) -> None:
         """The connection has written everything out: every member held
-        back reads its output again."""
+        back reads its output again, in the order they were held, until one
+        fills the connection again (an attach's feed sends what it missed
+        at once). Those not resumed yet then stay held, ahead of it: resumed
+        first each time, one feed with more to send than the connection
+        holds kept the others of its connection from it for good."""
         self.paused = False
         self._lazy_left = LAZY_OUTPUT
-        held, self._held = self._held, {}
-        for member in held:
+        self._resuming, self._held = self._held, {}
+        while self._resuming and not self.paused:
+            member = next(iter(self._resuming))
+            del self._resuming[member]
             member.resume_output()
+        left, self._resuming = self._resuming, {}
+        self._held = {**left, **self._held}  # ahead of the one that filled it
 
     def wrote(self, process: Process, size: int) -> None:
         """``process`` wrote ``size`` bytes to the connection: held back if

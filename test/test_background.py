@@ -858,6 +858,32 @@ async def test_an_attach_that_stops_reading_holds_back_neither_its_process_nor_a
 
 
 @ensureDeferred
+async def test_one_attach_with_much_to_send_keeps_no_other_of_its_connection_waiting(
+    systemd, server, client
+):
+    # Two attaches on one connection that reads slowly: the feed resumed
+    # first filled the connection again each time (it had more to send
+    # than it holds), and the other, resumed after it, found it full:
+    # one line of b never went, however often the client read.
+    client.bg(label="a")
+    systemd.run(UNIT, pid=8)
+    client.bg(label="b", matchtag=2, SDEXEC_NAME="sdexec-u2")
+    systemd.run("sdexec-u2.service", pid=9)
+    viewer = unreading_client(server)
+    viewer.send("sdexec.attach", {"label": "a", "flags": 1}, matchtag=1)
+    viewer.send("sdexec.attach", {"label": "b", "flags": 1}, matchtag=2)
+    await written(systemd, server, lines(0, 900))  # more than 3 buffers
+    await written(systemd, server, b"from b\n", unit="sdexec-u2.service")
+    for first in (900, 1156):  # a writes a buffer's worth per read
+        viewer.transport.read()
+        await written(systemd, server, lines(first, first + 256))
+    assert sent_data(viewer.of(2)) == b"from b\n"
+    read_everything(viewer)
+    assert sent_data(viewer.of(1)) == lines(0, 1412)
+    viewer.close()
+
+
+@ensureDeferred
 async def test_an_attach_that_stopped_reading_gets_what_it_missed_then_live_output(
     systemd, server, client
 ):

@@ -332,10 +332,14 @@ class Config:
     warnings: tuple[str, ...] = ()
 
     def introspect(self) -> dict[str, Any]:
-        """The configuration part of ``flux module stats job-exec``, shaped as
-        flux-config-exec(5) shows it (the service adds the ``jobs`` entry)."""
+        """The configuration part of ``flux module stats job-exec`` (the
+        service adds the ``jobs`` entry), in both of Flux's shapes: the
+        shared configuration under ``bulk-exec.config``, as the spec's
+        flux-config-exec(5) shows it and flux-core up to 0.87 reports it,
+        and under ``config``, beside ``method``, as 0.88 and later do."""
         e = self.exec
         return {
+            "method": e.method,
             "kill-timeout": e.kill_timeout,
             "term-signal": signal_name(e.term_signal),
             "kill-signal": signal_name(e.kill_signal),
@@ -344,19 +348,8 @@ class Config:
                 -1.0 if e.max_kill_timeout is None else e.max_kill_timeout
             ),
             "effective-max-kill-timeout": e.effective_max_kill_timeout,
-            "bulk-exec": {
-                "config": {
-                    "default_cwd": DEFAULT_CWD,
-                    "default_job_shell": e.job_shell or DEFAULT_JOB_SHELL,
-                    "exec_service": e.service,
-                    "exec_service_override": int(e.service_override),
-                    "default_barrier_timeout": e.barrier_timeout,
-                    "sdexec_stop_timer_sec": e.sdexec_stop_timer_sec,
-                    "sdexec_stop_timer_signal": e.sdexec_stop_timer_signal,
-                }
-                | _when_set(flux_imp_path=e.imp)
-                | _when_set(sdexec_properties=dict(e.sdexec_properties) or None)
-            },
+            "config": _job_exec_config(e, leaving_out=_DROPPED_IN_0_88),
+            "bulk-exec": {"config": _job_exec_config(e, leaving_out=frozenset())},
         }
 
     def effective(self) -> dict[str, Any]:
@@ -369,10 +362,47 @@ class Config:
         }
 
 
-def _when_set(**entries: object) -> dict[str, object]:
-    """The entries that are not ``None``: Flux's job-exec reports
-    ``flux_imp_path`` and ``sdexec_properties`` only when configured."""
-    return {name: value for name, value in entries.items() if value is not None}
+#: The entries of Flux's job-exec configuration stats, in its order: under
+#: ``bulk-exec.config`` up to flux-core 0.87 (the spec's flux-config-exec(5)
+#: shows those of its day), under ``config`` from 0.88, which dropped
+#: ``exec.service-override`` (:data:`_DROPPED_IN_0_88`).
+_CONFIG_STATS = (
+    "default_cwd",
+    "default_job_shell",
+    "flux_imp_path",
+    "exec_service",
+    "exec_service_override",
+    "default_barrier_timeout",
+    "shell_exit_timeout",
+    "sdexec_stop_timer_sec",
+    "sdexec_stop_timer_signal",
+    "sdexec_constrain_resources",
+    "sdexec_properties",
+)
+_DROPPED_IN_0_88 = frozenset({"exec_service_override"})
+
+
+def _job_exec_config(e: ExecConfig, leaving_out: frozenset[str]) -> dict[str, Any]:
+    """Flux's job-exec configuration stats but those ``leaving_out``; as
+    there, ``flux_imp_path`` and ``sdexec_properties`` only when set."""
+    values = {
+        "default_cwd": DEFAULT_CWD,
+        "default_job_shell": e.job_shell or DEFAULT_JOB_SHELL,
+        "flux_imp_path": e.imp,
+        "exec_service": e.service,
+        "exec_service_override": int(e.service_override),
+        "default_barrier_timeout": e.barrier_timeout,
+        "shell_exit_timeout": e.shell_exit_timeout,
+        "sdexec_stop_timer_sec": e.sdexec_stop_timer_sec,
+        "sdexec_stop_timer_signal": e.sdexec_stop_timer_signal,
+        "sdexec_constrain_resources": int(e.sdexec_constrain_resources),
+        "sdexec_properties": dict(e.sdexec_properties) or None,
+    }
+    return {
+        name: values[name]
+        for name in _CONFIG_STATS
+        if values[name] is not None and name not in leaving_out
+    }
 
 
 #: The most ``max-kill-count`` takes: past it, the time of the last attempt

@@ -364,12 +364,14 @@ def test_a_configured_imp_and_properties_are_in_bulk_exec_config():
             }
         }
     )
-    shown = config.introspect()["bulk-exec"]["config"]
-    assert shown["flux_imp_path"] == "/usr/libexec/flux/flux-imp"
-    assert shown["sdexec_properties"] == {"MemoryMax": "90%"}
+    stats = config.introspect()
+    for shown in (stats["bulk-exec"]["config"], stats["config"]):
+        assert shown["flux_imp_path"] == "/usr/libexec/flux/flux-imp"
+        assert shown["sdexec_properties"] == {"MemoryMax": "90%"}
 
 
 def test_unset_imp_and_properties_are_left_out_as_flux_does():
-    shown = parse_config({}).introspect()["bulk-exec"]["config"]
-    assert "flux_imp_path" not in shown
-    assert "sdexec_properties" not in shown
+    stats = parse_config({}).introspect()
+    for shown in (stats["bulk-exec"]["config"], stats["config"]):
+        assert "flux_imp_path" not in shown
+        assert "sdexec_properties" not in shown

@@ -1561,6 +1561,13 @@ def test_installed_mappers_load_from_the_python_path():
         ("sdexec.map.create_mapper", "is not a subclass of sdexec.map.ResourceMapper"),
         ("sdexec.map.NoSuchMapper", "sdexec.map.NoSuchMapper'.* has no 'NoSuchMapper'"),
         ("nosuch.module.Mapper", "'nosuch.module' is neither in mapper-searchpath"),
+        # flux-config-exec(5)'s default, written out in a Flux system file:
+        # the error named no module to write instead.
+        (
+            "flux.sdexec.map.HwlocMapper",
+            "flux.sdexec.map is Flux's module; sdexec's is sdexec.map:"
+            " write sdexec.map.HwlocMapper$",
+        ),
     ],
 )
 def test_unloadable_mappers_are_refused_clearly(name, message):

@@ -28,6 +28,10 @@ __all__ = ["DEFAULT_MAPPER", "create_mapper", "load_mapper_class"]
 
 DEFAULT_MAPPER = "sdexec.map.HwlocMapper"
 
+#: Flux's own mapper module (flux-config-exec(5)'s default mapper is its
+#: ``HwlocMapper``), whose classes sdexec has under ``sdexec.map``.
+_FLUX_MAP_MODULE = "flux.sdexec.map"
+
 # Prefix of the sys.modules names searchpath modules are loaded under.
 _SEARCHPATH_MODULES = "_sdexec_mapper_searchpath."
 
@@ -56,6 +60,13 @@ def load_mapper_class(
     if not module_name or not class_name:
         raise ValueError(
             f"mapper {name!r}: not a fully-qualified class name (package.module.Class)"
+        )
+    if module_name == _FLUX_MAP_MODULE:
+        # Not found, or Flux's classes, which are no sdexec ResourceMapper:
+        # either way the error would not say what to write.
+        raise ValueError(
+            f"mapper {name!r}: {_FLUX_MAP_MODULE} is Flux's module; sdexec's"
+            f" is sdexec.map: write sdexec.map.{class_name}"
         )
     directories = _directories(searchpath)
     module = _from_searchpath(module_name, directories) or _import(

@@ -204,6 +204,7 @@ class SdexecService(Service):
     @defer.inlineCallbacks
     def _start(self) -> Generator[defer.Deferred[Any], Any, SdexecService]:
         containment = Containment.from_config(self.config)
+        self._check_inherited_socket()
         marks = owner_marks(self.listen)
         self._take_ownership(marks)
         systemd = yield self._connect()
@@ -229,6 +230,17 @@ class SdexecService(Service):
         leftovers.release_stops()  # the start can fail no more
         self._now_serving()
         return self
+
+    def _check_inherited_socket(self) -> None:
+        """A ``systemd:`` endpoint's socket, checked before the owner lock
+        is taken and any unit touched. A start by hand with the
+        configuration of a socket-activated unit has none, and would fail
+        to listen only after its leftover scan had taken the running
+        service's units for its own: its lock, in its own runtime
+        directory (the unit's is ``$RUNTIME_DIRECTORY``), does not keep it
+        out."""
+        if is_systemd_endpoint(self.listen):
+            _endpoint(self.reactor, self.listen, "listen")
 
     def _take_ownership(self, marks: tuple[str, ...]) -> None:
         """First of all: the owner lock of the endpoint, beside its socket.
@@ -358,12 +370,7 @@ class SdexecService(Service):
                 description, self.config.sdexec.socket_mode, os.getuid()
             )
             clear_stale_socket(private)
-        try:
-            endpoint = server_endpoint(self.reactor, private)
-        except ValueError as error:
-            # A systemd: socket not passed, or not one the unit can serve:
-            # the same start fails again until the .socket unit is mended.
-            raise ListenError(f"[sdexec] {setting}: {error}", lasting=True) from None
+        endpoint = _endpoint(self.reactor, private, setting)
         with private_umask():  # a UNIX socket is bound within listen()
             listening = endpoint.listen(factory)
         return listening.addErrback(_cannot_listen, shown or description, setting)
@@ -612,6 +619,17 @@ def _with_bound_port(description: str, port: Any) -> str:
     if isinstance(address, IPv4Address):
         return f"{description} ({address.host}:{address.port})"
     return description
+
+
+def _endpoint(reactor: Any, description: str, setting: str) -> Any:
+    """The server endpoint of ``description``; a :class:`ListenError`
+    naming ``setting`` for a ``systemd:`` socket not passed, or not one the
+    unit can serve: the same start fails again until the ``.socket`` unit
+    is mended."""
+    try:
+        return server_endpoint(reactor, description)
+    except ValueError as error:
+        raise ListenError(f"[sdexec] {setting}: {error}", lasting=True) from None
 
 
 def _cannot_listen(failure: Failure, description: str, setting: str) -> None:

@@ -106,6 +106,47 @@ def test_no_inherited_socket_is_one_clear_line(user_manager, tmp_path):
     assert b"Traceback" not in done.stdout + done.stderr
 
 
+def test_a_start_by_hand_without_the_socket_leaves_the_running_ones_units(
+    user_manager, tmp_path
+):
+    """An admin trying the socket-activated unit's configuration by hand
+    while it runs: its owner lock, in its own runtime directory, did not
+    keep it out, and it took the running service's units for leftovers of
+    its own (adopted, the node drained) before it failed to listen."""
+    path = tmp_path / "activated.sock"
+    runtime = tmp_path / "run-sdexec"  # the unit's RuntimeDirectory=
+    runtime.mkdir(mode=0o700)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(16)
+    first = _twistd_with_inherited(
+        listener, tmp_path, ("RUNTIME_DIRECTORY", str(runtime))
+    )
+    listener.close()  # the service holds it now, as systemd would
+    with reaped(first):
+        _wait_for(lambda: b"sdexec listening on" in (tmp_path / "twistd.log")
+                  .read_bytes(), "the first service listening")  # fmt: skip
+        started = subprocess.run(
+            [sys.executable, "-m", "sdexec.cli", "--socket", str(path), "run",
+             "--bg", "sleep", "300"],
+            capture_output=True, timeout=60, env=_environment(),
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        units = unit_names()
+        by_hand = subprocess.run(
+            [*TWISTD, "--nodaemon", "--pidfile=", "sdexec", "--config",
+             str(tmp_path / "sdexec.toml"), "--listen",
+             "systemd:domain=UNIX:index=0"],
+            capture_output=True, timeout=60, env=_environment(), cwd=tmp_path,
+        )  # fmt: skip
+        assert by_hand.returncode == 78, by_hand.stdout
+        assert b"no such inherited socket" in by_hand.stdout
+        assert b"leftover" not in by_hand.stdout, by_hand.stdout
+        assert unit_names() == units
+        assert terminate(first) == -signal.SIGTERM
+    assert unit_names() == []
+
+
 def test_a_tcp_socket_passed_for_a_unix_one_is_one_clear_line(user_manager, tmp_path):
     # Twisted adopted it as AF_UNIX: the service started, said it listened,
     # and refused every client (a TCP peer has no uid).

@@ -213,6 +213,31 @@ def test_a_client_running_a_command_is_told_when_the_service_stops(twistd, way):
     assert unit_names() == []
 
 
+def test_a_second_sigterm_while_stopping_is_said_not_a_traceback(twistd, tmp_path):
+    """Stopping waits for the units to be reaped (20 s and more for one that
+    ignores SIGTERM): a second SIGTERM meanwhile (an admin's second Ctrl-C)
+    was handed to the reactor, which answered its second stop with a
+    ReactorNotRunning traceback, logged as critical."""
+    trapped, flag = tmp_path / "trapped", tmp_path / "may-end"
+    # It ignores the stop's SIGTERM, and the stop-timer signal, until told.
+    script = (
+        f'trap "" TERM USR1; touch {trapped}; while [ ! -e {flag} ]; do sleep 0.1; done'
+    )
+    started = twistd.sdexec("run", "--bg", "sh", "-c", script)
+    assert started.returncode == 0, started.stderr
+    _wait_for(trapped.exists, "the signals ignored")
+    twistd.process.send_signal(signal.SIGTERM)
+    # The stop has begun once it stops listening (the socket is removed).
+    _wait_for(lambda: not twistd.socket.exists(), "the stop begun")
+    twistd.process.send_signal(signal.SIGTERM)
+    _wait_for_text(twistd.log, b"SIGTERM received: the service is already stopping")
+    flag.touch()
+    assert twistd.process.wait(timeout=60) == -signal.SIGTERM
+    said = twistd.log.read_bytes()
+    assert b"Traceback" not in said and b"ReactorNotRunning" not in said
+    assert unit_names() == []
+
+
 def test_raises_its_open_file_limit_so_relayed_processes_do_not_run_out(
     user_manager, tmp_path
 ):

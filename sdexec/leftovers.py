@@ -477,11 +477,31 @@ class Leftovers:
     def close(self) -> None:
         """The service stops: follow nothing more (watches and stop timers
         go; the next run finds what is left), nor adopt anything (a
-        reconnection's scan, or one still in flight)."""
+        reconnection's scan, or one still in flight). Those left are
+        named: unlike the service's own processes, nothing escalates their
+        stop now, and one that ignores SIGTERM stays deactivating until a
+        next start stops it."""
         self._closed = True
+        if self.units:
+            log.warn(
+                "the service stops with {count} leftover {units} not gone, left"
+                " running ({why}), for its next start to find: {names}",
+                count=len(self.units),
+                units="unit" if len(self.units) == 1 else "units",
+                why=self._why_left(),
+                names=", ".join(self.units),
+            )
         for unit in self.units.values():
             unit.forget()
         self.units.clear()
+
+    def _why_left(self) -> str:
+        """Why the leftovers followed now are still there, for the log."""
+        if not self._stopping:
+            return "kept: leftover-units = keep"
+        if self._stops_held:
+            return "the start ended before stopping them"
+        return "still stopping"
 
     @property
     def stops_held(self) -> bool:

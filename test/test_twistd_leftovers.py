@@ -10,12 +10,13 @@ import subprocess
 import sys
 
 import pytest
-from support import unit_names
+from support import unit_names, unit_property
 from test_twistd import (
     TWISTD,
     Twistd,
     _environment,
     _wait_for,
+    _wait_for_text,
     reaped,
     units_stopped_after,
 )
@@ -180,3 +181,39 @@ def test_a_second_service_on_the_same_socket_leaves_the_first_ones_units(
     assert first_run.stop() == -signal.SIGTERM
     for client in clients:
         client.wait(timeout=60)
+
+
+def test_a_stop_names_the_leftovers_it_leaves_running(first_run, tmp_path):
+    """A stop does not escalate a leftover's stop as it does its own
+    processes' (the next start stops it again): one that ignores SIGTERM
+    is left deactivating. That was said nowhere."""
+    trapped = tmp_path / "trapped"
+    script = f'trap "" TERM; touch {trapped}; sleep 300'
+    started = first_run.sdexec("run", "--bg", "sh", "-c", script)
+    assert started.returncode == 0, started.stderr
+    _wait_for(trapped.exists, "SIGTERM ignored")
+    [unit] = unit_names()
+    first_run.process.send_signal(signal.SIGKILL)
+    first_run.process.wait(timeout=60)
+    second = Restarted(first_run)  # its stop timer: minutes
+    try:
+        with reaped(second.process):
+            _wait_for(
+                lambda: unit_property(unit, "ActiveState") == "deactivating",
+                "the leftover stopping",
+            )
+            assert second.stop() == -signal.SIGTERM
+        _wait_for_text(
+            second.log,
+            b"the service stops with 1 leftover unit not gone, left running"
+            b" (still stopping), for its next start to find: " + unit.encode(),
+        )
+        assert unit_names() == [unit]
+    finally:  # SendSIGKILL=no: systemctl stop would wait for ever
+        subprocess.run(["systemctl", "--user", "kill", "-s", "KILL", unit],
+                       check=False, timeout=60)  # fmt: skip
+        _wait_for(lambda: unit_property(unit, "ActiveState") != "deactivating",
+                  "the leftover killed")  # fmt: skip
+        subprocess.run(["systemctl", "--user", "reset-failed", unit],
+                       check=False, timeout=60)  # fmt: skip
+        _wait_for(lambda: unit not in unit_names(), "the leftover unloaded")

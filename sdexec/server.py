@@ -14,6 +14,7 @@ import os
 import signal
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from twisted.internet import defer
@@ -981,7 +982,8 @@ class SdexecServer:
 
     def wait(self, connection_id: int, payload: dict, responder: Responder) -> None:
         """``sdexec.wait``: answered once the process has ended."""
-        self.tracked.wait(payload, connection_id, self._watched_output(responder))
+        with self._leftover_named(payload):
+            self.tracked.wait(payload, connection_id, self._watched_output(responder))
 
     def attach(
         self,
@@ -993,7 +995,31 @@ class SdexecServer:
         """``sdexec.attach``: the process's stream goes to ``responder``,
         held back by ``valve``, its connection's."""
         responder = self._watched_output(responder)
-        self.tracked.attach(payload, connection_id, responder, valve)
+        with self._leftover_named(payload):
+            self.tracked.attach(payload, connection_id, responder, valve)
+
+    @contextmanager
+    def _leftover_named(self, payload: dict) -> Iterator[None]:
+        """A ``wait`` or ``attach`` that finds no process by a ``pid`` that
+        is a leftover's main one (``sdexec ps`` lists it, state ``O``: an
+        earlier run's background process, say) is told so, not only "no
+        such process": nothing of its output or end is kept, and only a
+        kill reaches it."""
+        try:
+            yield
+        except RequestError as error:
+            pid = payload.get("pid") if payload.get("label") is None else None
+            leftovers = self.leftovers if isinstance(pid, int) else None
+            leftover = leftovers.find(pid) if leftovers is not None else None
+            if leftover is None or error.errnum not in (errno.ESRCH, errno.ENOENT):
+                raise
+            raise RequestError(
+                error.errnum,
+                f"{error.errstr}: it is the main process of leftover unit"
+                f" {leftover.name} (state O), which no request of this run"
+                " follows: its output and end are not kept; only a kill"
+                " reaches it",
+            ) from None
 
     def _watched_output(self, responder: Responder) -> Responder:
         """``responder``, its output counted by the metrics (an attach's

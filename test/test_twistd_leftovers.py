@@ -126,6 +126,16 @@ def test_kept_leftovers_are_listed_and_killable(first_run, a_stranger):
         assert sorted((row[1], row[2], row[3]) for row in rows) == [
             ("O", "-", unit) for unit in units
         ]
+        # Listed by pid, a leftover is named as one by a wait or an attach
+        # of that pid (it said "no such process" alone).
+        pid, unit = procs[0]["pid"], procs[0]["unit"]
+        for verb in ("wait", "attach"):
+            refused = second.sdexec(verb, str(pid))
+            assert refused.returncode != 0
+            assert (
+                f"pid {pid}: no such process: it is the main process of"
+                f" leftover unit {unit} (state O)"
+            ).encode() in refused.stderr, refused.stderr
         for proc in procs:
             killed = second.sdexec("kill", "KILL", str(proc["pid"]))
             assert killed.returncode == 0, killed.stderr

@@ -1073,10 +1073,20 @@ MAX_BEHIND_LOOKUPS = 64
 MAX_ERRSTR = 4096
 
 
+#: Characters that break a line (``str.splitlines``) or cannot be shown,
+#: written as escapes in an ``errstr``: it is one line (docs/protocol.md),
+#: also where it names a field by a key the request chose (``cmd.env.A\nB``).
+_UNPRINTABLE_IN_ERRSTR = {
+    code: repr(chr(code))[1:-1]
+    for code in [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]
+}
+
+
 def _quotable(errstr: str) -> str:
     """``errstr`` as it can always be sent, whatever it quotes from the
-    request: encodable (:func:`~sdexec.refusal.printable`) and bounded."""
-    text = printable(errstr)
+    request: encodable (:func:`~sdexec.refusal.printable`), one line and
+    bounded."""
+    text = printable(errstr).translate(_UNPRINTABLE_IN_ERRSTR)
     return text if len(text) <= MAX_ERRSTR else text[: MAX_ERRSTR - 1] + "…"
 
 

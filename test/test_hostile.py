@@ -674,6 +674,15 @@ def test_an_error_quoting_a_huge_value_is_bounded(connection):
     assert len(errstr) == MAX_ERRSTR and errstr.endswith("…")
 
 
+@pytest.mark.parametrize("key", ["A\nB", "A\rB\x00", "A\u2028B", "A\x85B"])
+def test_an_error_naming_a_field_by_a_hostile_key_is_one_line(connection, key):
+    connection.send("sdexec.exec", {"cmd": {**TRUE, "env": {key: 5}}, "flags": FLAGS})
+    errnum, errstr = error_of(connection.last())
+    assert errnum == errno.EINVAL
+    assert errstr.splitlines() == [errstr]
+    assert errstr == f"cmd.env.{repr(key)[1:-1]}: expected a string"
+
+
 # -- stdin ------------------------------------------------------------------------
 
 

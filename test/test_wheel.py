@@ -132,6 +132,36 @@ def test_example_files_man_pages_and_completions_are_installed(installed):
         assert (installed.prefix / path).read_bytes() == (REPO / path).read_bytes()
 
 
+#: A Twisted program's use of the library, one line of it wrong on purpose.
+TYPED_USER = """\
+from twisted.internet.defer import Deferred
+from sdexec.client import ExecHandle, SdexecClient, connect
+
+def start(reactor: object, client: SdexecClient) -> ExecHandle:
+    return client.exec({"cmdline": ["true"]}, 0)
+
+wrong: int = connect
+"""
+
+
+def test_a_program_type_checking_its_use_of_the_library_sees_its_types(
+    installed, tmp_path
+):
+    # PEP 561's py.typed: without it, mypy refused the import ("missing
+    # library stubs or py.typed marker") and read the whole library as Any.
+    program = tmp_path / "user.py"
+    program.write_text(TYPED_USER)
+    checked = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental", "--python-executable",
+         installed.bin("python"), "--config-file", os.devnull, str(program)],
+        capture_output=True, text=True, timeout=PIP_TIMEOUT, cwd=tmp_path,
+        env=_clean_environment(),
+    )  # fmt: skip
+    errors = [line for line in checked.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == 1, checked.stdout
+    assert "user.py:7: error: Incompatible types in assignment" in errors[0]
+
+
 def test_twistd_sdexec_help_and_version(installed):
     helped = installed.run(installed.bin("twistd"), "sdexec", "--help")
     assert helped.returncode == 0, helped.stdout + helped.stderr

@@ -912,9 +912,10 @@ class ExecHandle:
         kind = payload.get("type")
         if kind == "add-credit":
             self._add_credit(payload.get("channels"))
-        elif kind == "started" and isinstance(payload.get("pid"), int):
+        # type() is: JSON's true is a bool, which Python takes for the int 1.
+        elif kind == "started" and type(payload.get("pid")) is int:
             self.pid = payload["pid"]
-        elif kind == "finished" and isinstance(payload.get("status"), int):
+        elif kind == "finished" and type(payload.get("status")) is int:
             self.receipt = Receipt.from_finished(payload)
         try:
             self._on_response(payload)
@@ -1075,9 +1076,9 @@ class AttachHandle:
 
     def respond(self, payload: dict) -> None:
         kind = payload.get("type")
-        if kind == "attached" and isinstance(payload.get("pid"), int):
+        if kind == "attached" and type(payload.get("pid")) is int:  # (not true)
             self.pid = payload["pid"]
-        elif kind == "finished" and isinstance(payload.get("status"), int):
+        elif kind == "finished" and type(payload.get("status")) is int:
             self.status = payload["status"]
         try:
             self._on_response(payload)

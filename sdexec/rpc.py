@@ -461,7 +461,7 @@ class StdinCredit:
     def add(self, channels: Any) -> bool:
         """Take an ``add-credit``'s ``channels``; whether it carried any."""
         amount = channels.get("stdin") if isinstance(channels, dict) else None
-        if not isinstance(amount, int):
+        if type(amount) is not int:  # JSON's true is no amount (a bool is an int)
             return False
         if self._borrowing:
             self._borrowing = False

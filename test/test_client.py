@@ -449,6 +449,29 @@ def test_credit_follows_stdin_bufsize_and_flag(served):
     assert (sized.credit, unflagged.credit) == (65536, None)
 
 
+@pytest_twisted.inlineCallbacks
+def test_true_is_no_pid_status_or_credit(served):
+    # JSON's true decodes to a bool, which Python takes for the int 1: a
+    # broken service's started pid true was kept, and a kill sent for it.
+    peer, client = served
+    handle, _ = _exec(client, STDOUT | WRITE_CREDIT)
+    attached = client.attach(pid=5)
+    request = yield peer.requests.get()
+    attach = yield peer.requests.get()
+    peer.respond(request, {"type": "add-credit", "channels": {"stdin": True}})
+    peer.respond(request, {"type": "started", "pid": True})
+    peer.respond(request, {"type": "finished", "status": True})
+    peer.respond(attach, {"type": "attached", "pid": True})
+    peer.respond(attach, {"type": "finished", "status": True})
+    for ended in (request, attach):
+        peer.sendMessage(_response(ended, errnum=ENODATA))
+    yield handle.done
+    yield attached.done
+    bufsize = sdexec.client.DEFAULT_STDIN_BUFSIZE  # no add-credit taken
+    assert (handle.pid, handle.receipt, handle.credit) == (None, None, bufsize)
+    assert (attached.pid, attached.status) == (None, None)
+
+
 @implementer(IPushProducer)
 class Producer:
     def __init__(self):

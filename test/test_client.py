@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import socket
 import sys
@@ -221,6 +222,26 @@ def test_rpc_error_response_is_rpc_error(served):
     with pytest.raises(RPCError) as caught:
         yield killed
     assert (caught.value.errnum, str(caught.value)) == (3, "kill pid=99 not found")
+
+
+@pytest_twisted.inlineCallbacks
+def test_an_errstr_of_several_lines_or_escapes_is_one_line_shown(served):
+    # SdexecError's str() is one line to show a user as it is: a service's
+    # errstr with a newline or a terminal's escape was passed on verbatim.
+    peer, client = served
+    listed = client.list()
+    waited = client.wait(pid=7, status_and_error=True)
+    said = "line one\nline two \x1b[31mred\x9b"
+    request = yield peer.requests.get()
+    peer.fail(request, errno.EPERM, said)
+    request = yield peer.requests.get()
+    error = {"errnum": errno.EDEADLK, "errstr": said}
+    peer.respond(request, {"output": [], "dropped": 0, "error": error})
+    shown = "line one\\x0aline two \\x1b[31mred\\x9b"
+    with pytest.raises(RPCError, match=re.escape(shown) + "$"):
+        yield listed
+    answer = yield waited
+    assert str(rpc.wait_error(answer)) == shown
 
 
 @pytest.mark.parametrize("errnum", [2**31, -(2**40), 0, True, "2"])

@@ -532,7 +532,7 @@ class SdexecClient(JSONLineProtocol):
         payload = {**process_target(pid, label), "flags": int(flags)}
         _check_request(Topic.ATTACH, payload)
         request = self._requests.new(Topic.ATTACH, payload)
-        handle = AttachHandle(on_response)
+        handle = AttachHandle(self, on_response)
         self._track(request, handle)
         return handle
 
@@ -1064,14 +1064,19 @@ class AttachHandle:
 
     streaming = True
 
-    def __init__(self, on_response: Callable[[dict], None]) -> None:
+    def __init__(
+        self, client: SdexecClient, on_response: Callable[[dict], None]
+    ) -> None:
         #: The process id, from ``attached``.
         self.pid: int | None = None
         #: The wait status, once ``finished`` has come.
         self.status: int | None = None
         #: Fires ``None`` when the stream ends with ENODATA; errbacks with
         #: :class:`RPCError` (ENOENT, EBUSY...) or :class:`ConnectionFailed`.
-        self.done: Deferred[None] = Deferred()
+        #: Cancelling it does not detach: the stream's end is then logged.
+        self.done: Deferred[None] = Deferred(self._done_cancelled)
+        self._done_abandoned = False
+        self._client = client
         self._on_response = on_response
 
     def respond(self, payload: dict) -> None:
@@ -1086,10 +1091,17 @@ class AttachHandle:
             _log.failure("sdexec: attach response callback failed")
 
     def end(self, error: SdexecError) -> None:
-        if is_end_of_stream(error):
+        if self._done_abandoned:  # (firing it now raises AlreadyCalledError)
+            if error is not self._client.lost:  # (a loss answers nothing)
+                outcome = "ended well" if is_end_of_stream(error) else f"ended: {error}"
+                _cancelled_but(f"the attach to pid {self.pid}", outcome)
+        elif is_end_of_stream(error):
             self.done.callback(None)
         else:
             self.done.errback(error)
+
+    def _done_cancelled(self, done: Deferred[None]) -> None:
+        self._done_abandoned = True
 
 
 def _tell_producer(call: Callable[[], object]) -> None:

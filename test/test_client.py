@@ -1809,6 +1809,28 @@ async def test_any_answer_after_its_cancel_is_said_but_not_a_loss(served):
     )
 
 
+@pytest_twisted.ensureDeferred
+async def test_an_attach_s_end_after_its_cancel_is_said(served):
+    # docs/client.md: any answer to a cancelled call is logged, not dropped
+    # unsaid; an attach's end (ENOBUFS: it fell behind) was dropped.
+    peer, client = served
+    attached = client.attach(pid=4245)
+    request = await peer.requests.get()
+    peer.respond(request, {"type": "attached", "pid": 4245})
+    await _round_trip(peer, client)
+    attached.done.cancel()
+    with pytest.raises(defer.CancelledError):
+        await attached.done
+    with capturedLogs() as events:
+        peer.fail(request, errno.ENOBUFS, "fell behind by 9 bytes")
+        await _round_trip(peer, client)
+    (warning,) = _warnings(events)
+    assert warning.startswith(
+        "sdexec: the attach to pid 4245, whose Deferred was cancelled here,"
+        " ended: fell behind by 9 bytes"
+    )
+
+
 # -- connecting (review 40-C) ------------------------------------------------
 
 

@@ -1035,6 +1035,12 @@ class ExecHandle:
         for signum, who, waiting in kills:
             if self.pid is not None:
                 sent = self._client.kill(pid=self.pid, signum=signum, who=who)
+                if waiting.called:  # cancelled while held
+                    # Sent all the same (a cancel stops nothing at the
+                    # service); its answer, no one's now, is logged (_Call).
+                    sent.cancel()
+                    sent.addErrback(lambda failure: None)
+                    continue
             else:
                 sent = fail(self._unstarted_kill_error(ended))
             sent.chainDeferred(waiting)

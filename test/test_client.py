@@ -1810,6 +1810,30 @@ async def test_any_answer_after_its_cancel_is_said_but_not_a_loss(served):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_kill_held_for_started_and_cancelled_has_its_answer_said(served):
+    # Held for the pid, the kill's Deferred was the caller's alone: its
+    # answer, once sent, was dropped unsaid.
+    peer, client = served
+    handle, _ = _exec(client)
+    request = await peer.requests.get()
+    killed = handle.kill(signal.SIGTERM)
+    killed.cancel()
+    with pytest.raises(defer.CancelledError):
+        await killed
+    peer.respond(request, {"type": "started", "pid": 4246})
+    kill = await peer.requests.get()
+    assert kill["payload"] == {"pid": 4246, "signum": 15, "who": "main"}
+    with capturedLogs() as events:
+        peer.fail(kill, errno.ESRCH, "no pid 4246")
+        await _round_trip(peer, client)
+    (warning,) = _warnings(events)
+    assert warning.startswith(
+        "sdexec: sdexec.kill {'pid': 4246, 'signum': 15, 'who': 'main'}, whose"
+        " Deferred was cancelled here, was answered: no pid 4246"
+    )
+
+
+@pytest_twisted.ensureDeferred
 async def test_an_attach_s_end_after_its_cancel_is_said(served):
     # docs/client.md: any answer to a cancelled call is logged, not dropped
     # unsaid; an attach's end (ENOBUFS: it fell behind) was dropped.

@@ -885,6 +885,8 @@ class ExecHandle:
             self.pace_producer()
 
     def unregisterProducer(self) -> None:
+        """Forget the stdin producer (it is neither paused, resumed nor
+        stopped from now on); stdin stays open: :meth:`close_stdin` it."""
         self._producer = None
         self._client.producing(self, False)
 
@@ -908,6 +910,8 @@ class ExecHandle:
     # -- called by SdexecClient -------------------------------------------
 
     def respond(self, payload: dict) -> None:
+        """One response of the stream (called by :class:`SdexecClient`):
+        noted, then given to ``on_response``."""
         self._close_passed()
         kind = payload.get("type")
         if kind == "add-credit":
@@ -927,6 +931,8 @@ class ExecHandle:
             self.end(_background_end(payload))
 
     def end(self, error: SdexecError) -> None:
+        """The stream ended with ``error`` (ENODATA: well), or the
+        connection went (called by :class:`SdexecClient`): fires ``done``."""
         self._close_passed()
         self._ended = True
         self._end_error = error
@@ -1086,6 +1092,8 @@ class AttachHandle:
         self._on_response = on_response
 
     def respond(self, payload: dict) -> None:
+        """One response of the stream (called by :class:`SdexecClient`):
+        noted, then given to ``on_response``."""
         kind = payload.get("type")
         if kind == "attached" and type(payload.get("pid")) is int:  # (not true)
             self.pid = payload["pid"]
@@ -1097,6 +1105,8 @@ class AttachHandle:
             _log.failure("sdexec: attach response callback failed")
 
     def end(self, error: SdexecError) -> None:
+        """The stream ended with ``error`` (ENODATA: well), or the
+        connection went (called by :class:`SdexecClient`): fires ``done``."""
         if self._done_abandoned:  # (firing it now raises AlreadyCalledError)
             if error is not self._client.lost:  # (a loss answers nothing)
                 outcome = "ended well" if is_end_of_stream(error) else f"ended: {error}"

@@ -277,8 +277,8 @@ class Exec:
         kind = payload.get("type")
         if kind == "add-credit" and self.credit is not None:
             self.credit.add(payload.get("channels"))
-        elif kind in ("started", "attached") and isinstance(payload.get("pid"), int):
-            self.pid = payload["pid"]
+        elif kind in ("started", "attached") and type(payload.get("pid")) is int:
+            self.pid = payload["pid"]  # (JSON's true is a bool: no pid)
         self._on_response(payload)
 
     def end(self, error: SdexecError) -> None:

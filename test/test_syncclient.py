@@ -16,7 +16,7 @@ import pytest
 
 from sdexec import rpc
 from sdexec.rpc import ConnectionFailed, RPCError, cannot_connect
-from sdexec.syncclient import Connection, Loop
+from sdexec.syncclient import Connection, Exec, Loop
 from sdexec.wire import MAX_VALUES, FrameSplitter, encode_message
 
 
@@ -335,3 +335,14 @@ def test_a_socket_path_that_is_no_socket_or_too_long_is_named(tmp_path):
     assert str(too_long.value) == (
         f"cannot connect to {long}: AF_UNIX path too long (108 bytes, at most 107)"
     )
+
+
+def test_true_is_no_pid():
+    # JSON's true decodes to a bool, which Python takes for the int 1: a
+    # broken service's `started` pid true was kept, as sdexec.client's was
+    # (review session 45).
+    stream = Exec({"cmdline": ["true"]}, 0, lambda payload: None, rpc.Requests("/s"))
+    stream.respond({"type": "started", "pid": True})
+    assert stream.pid is None
+    stream.respond({"type": "started", "pid": 42})
+    assert stream.pid == 42

@@ -433,6 +433,19 @@ def unreading_client(server: SdexecServer) -> Client:
     return Client(server, BufferingTransport())
 
 
+def attached_unread(
+    systemd, server, client: Client, label: str = "a", waitable: bool = False
+) -> Client:
+    """A background process labelled ``label`` (of ``client``, running
+    as pid 8) and an :func:`unreading_client` attached to its stdout on
+    matchtag 1."""
+    client.bg(flags=WAITABLE if waitable else 0, label=label)
+    systemd.run(UNIT, pid=8)
+    viewer = unreading_client(server)
+    viewer.send("sdexec.attach", {"label": label, "flags": 1}, matchtag=1)
+    return viewer
+
+
 async def ended_with_output(systemd, server, client, units: list[str]) -> list[str]:
     """Waitable background processes of ``units`` (labelled by unit), each
     of which wrote :data:`CONTROL_BYTES` and ended, kept for a wait: those
@@ -924,10 +937,7 @@ async def test_an_attach_that_falls_behind_the_retained_output_is_told_what_it_l
     # after what it was sent, saying how much it lost; the process runs on.
     server = make_server(systemd, **{"retained-output": "64K"})
     client = Client(server)
-    client.bg(label="a")
-    systemd.run(UNIT, pid=8)
-    viewer = unreading_client(server)
-    viewer.send("sdexec.attach", {"label": "a", "flags": 1}, matchtag=1)
+    viewer = attached_unread(systemd, server, client)
     await written(systemd, server, CONTROL_BYTES)  # sent live: 6 times as JSON
     assert viewer.protocol._paused
     await written(systemd, server, lines(0, 64))  # the ring drops what was sent
@@ -996,10 +1006,7 @@ async def test_with_no_retained_output_what_comes_while_the_client_is_full_ends_
 ):
     server = make_server(systemd, **{"retained-output": "0"})
     client = Client(server)
-    client.bg(label="a")
-    systemd.run(UNIT, pid=8)
-    viewer = unreading_client(server)
-    viewer.send("sdexec.attach", {"label": "a", "flags": 1}, matchtag=1)
+    viewer = attached_unread(systemd, server, client)
     await written(systemd, server, CONTROL_BYTES)  # sent live: it fills
     assert viewer.protocol._paused
     await written(systemd, server, b"lost\n")
@@ -1022,10 +1029,7 @@ async def test_output_of_a_stream_the_attach_does_not_take_is_no_loss_to_it(
 ):
     server = make_server(systemd, **{"retained-output": "64K"})
     client = Client(server)
-    client.bg(label="a")
-    systemd.run(UNIT, pid=8)
-    viewer = unreading_client(server)
-    viewer.send("sdexec.attach", {"label": "a", "flags": 1}, matchtag=1)  # stdout
+    viewer = attached_unread(systemd, server, client)  # stdout
     await written(systemd, server, CONTROL_BYTES)
     assert viewer.protocol._paused
     await written(systemd, server, lines(0, 128), stream="stderr")  # twice the ring
@@ -1044,10 +1048,7 @@ async def test_an_ended_process_still_fed_to_its_attach_keeps_its_slot(systemd):
     # its client goes): max-background bounds that memory still.
     server = make_server(systemd, **{"max-background": 1})
     client = Client(server)
-    client.bg(label="a")
-    systemd.run(UNIT, pid=8)
-    viewer = unreading_client(server)
-    viewer.send("sdexec.attach", {"label": "a", "flags": 1}, matchtag=1)
+    viewer = attached_unread(systemd, server, client)
     data = lines(0, 300)
     await written(systemd, server, data)
     await finish(systemd, server, status=3)  # its output was never held back
@@ -1074,10 +1075,7 @@ async def test_an_ended_process_still_fed_to_its_attach_keeps_its_slot(systemd):
 async def test_a_still_fed_attach_whose_client_goes_frees_the_slot(systemd):
     server = make_server(systemd, **{"max-background": 1})
     client = Client(server)
-    client.bg(label="a")
-    systemd.run(UNIT, pid=8)
-    viewer = unreading_client(server)
-    viewer.send("sdexec.attach", {"label": "a", "flags": 1}, matchtag=1)
+    viewer = attached_unread(systemd, server, client)
     await written(systemd, server, lines(0, 300))
     await finish(systemd, server)
     viewer.close()
@@ -1092,10 +1090,7 @@ async def test_an_attach_behind_is_told_at_once_that_the_service_stops(
 ):
     # The service will not live to send it what it has not read: its
     # ECANCELED comes next, not behind that.
-    client.bg(label="a")
-    systemd.run(UNIT, pid=8)
-    viewer = unreading_client(server)
-    viewer.send("sdexec.attach", {"label": "a", "flags": 1}, matchtag=1)
+    viewer = attached_unread(systemd, server, client)
     await written(systemd, server, lines(0, 300))
     done = server.shutdown(10)
     assert payloads(viewer.of(1))[-1] == (
@@ -1114,10 +1109,7 @@ async def test_an_end_that_waited_behind_lost_output_is_kept_for_a_wait(systemd)
     systemd.stop_to_inactive = False  # a child keeps the unit, writing on
     server = make_server(systemd, **{"retained-output": "64K"})
     client = Client(server)
-    client.bg(flags=WAITABLE, label="w")
-    systemd.run(UNIT, pid=8)
-    viewer = unreading_client(server)
-    viewer.send("sdexec.attach", {"label": "w", "flags": 1}, matchtag=1)
+    viewer = attached_unread(systemd, server, client, label="w", waitable=True)
     await written(systemd, server, CONTROL_BYTES)
     await written(systemd, server, lines(0, 8))
     systemd.exit(UNIT, 3)
@@ -1148,10 +1140,7 @@ async def test_what_a_lingering_unit_writes_past_its_end_may_end_the_attach_behi
     systemd.stop_to_inactive = False
     server = make_server(systemd, **{"retained-output": "64K"})
     client = Client(server)
-    client.bg(flags=WAITABLE, label="a")
-    systemd.run(UNIT, pid=8)
-    viewer = unreading_client(server)
-    viewer.send("sdexec.attach", {"label": "a", "flags": 1}, matchtag=1)
+    viewer = attached_unread(systemd, server, client, waitable=True)
     await written(systemd, server, CONTROL_BYTES)
     await written(systemd, server, lines(0, 8))
     assert viewer.protocol._paused

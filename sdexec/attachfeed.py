@@ -48,7 +48,9 @@ class AttachFeed:
     ``valve``'s connection takes them.
 
     Done (:attr:`done`) once the stream's end is sent, or it is
-    :meth:`abort`-ed or :meth:`drop`-ped; it sends nothing after that.
+    :meth:`abort`-ed or :meth:`drop`-ped; it sends nothing after that, and
+    ``on_done`` is called with it (once): :attr:`sent_end` then says
+    whether the process's end went to the client.
     """
 
     def __init__(
@@ -58,19 +60,22 @@ class AttachFeed:
         cursor: Cursor,
         output: Callable[[str, bytes], dict[str, Any]],
         valve: OutputValve | None = None,
+        on_done: Callable[[AttachFeed], None] | None = None,
     ) -> None:
         self.connection_id = connection_id
         self.cursor = cursor
         self._responder = responder
         self._output = output
         self._valve = valve
+        self._on_done = on_done
         #: Responses waiting for the output before them to be sent: with
         #: the absolute offset of the output that came before them.
         self._waiting: deque[tuple[int, _Waiting]] = deque()
         #: The stream's end has been sent, or it was ended or dropped.
         self.done = False
-        #: A ``finished`` was sent (the process's end went to the client).
-        self.sent_finished = False
+        #: The process's end went to the client: its ``finished``, or the
+        #: error its stream ended with (not one it was ended with, abort).
+        self.sent_end = False
         self._pumping = False
 
     # -- the process's stream ------------------------------------------------
@@ -165,14 +170,19 @@ class AttachFeed:
 
     def _send_waiting(self, waiting: _Waiting) -> None:
         if isinstance(waiting, dict):
-            self.sent_finished |= waiting.get("type") == "finished"
+            self.sent_end |= waiting.get("type") == "finished"
             self._responder.respond(waiting)
         else:
+            self.sent_end = True
             self._finish()
             self._responder.error(*waiting)
 
     def _finish(self) -> None:
+        if self.done:
+            return  # (dropped after its end: done with already)
         self.done = True
         self._waiting.clear()
         if self._valve is not None:
             self._valve.release(self)
+        if self._on_done is not None:
+            self._on_done(self)

@@ -5,8 +5,8 @@
   process runs on, with no client, until it ends or the service stops; its
   stdin is at EOF and its output is kept (bounded, :mod:`sdexec.retained`).
 - **waitable** (flag 16): the process's end is kept after it ends until it
-  is consumed, by ``sdexec.wait`` or by an ``attach`` that sees its
-  ``finished``.
+  is consumed, by ``sdexec.wait`` or by an ``attach`` that is sent its
+  ``finished`` (an attach that ends before leaves it for the next).
 - **attach**: a client takes a background process's output (retained, then
   live) and its end as a stream shaped like a streaming exec's; when it
   disconnects the process goes back to the background. The process is
@@ -187,8 +187,13 @@ class Tracked:
         self._attaching: _Client | None = None
         #: Who has had the process's end (an attach stream saw
         #: ``finished`` or its error, or a wait was answered): ``None``
-        #: while nobody has. RFC 42: an end is delivered once.
+        #: while nobody has. RFC 42: an end is delivered once. An attach
+        #: has it once it is queued in its feed, but gives it back if the
+        #: feed ends before sending it (:meth:`_feed_done`).
         self._end_taken_by: str | None = None
+        #: Called when an attach's feed is done (its owner forgets the
+        #: process then if the feed sent its end).
+        self.on_feed_done: Callable[[Tracked], None] | None = None
         #: The last attach's feed: the attached client's, or one that still
         #: sends what came before the stream's end.
         self._feed: AttachFeed | None = None
@@ -224,6 +229,23 @@ class Tracked:
         output meanwhile)."""
         return self._feed is not None and not self._feed.done
 
+    @property
+    def _end_pending(self) -> bool:
+        """Whether an attach's feed has the process's end still to send."""
+        feed = self._feed
+        return (
+            self._end_taken_by == _BY_ATTACH
+            and feed is not None
+            and not feed.done
+            and not feed.sent_end
+        )
+
+    @property
+    def end_consumed(self) -> bool:
+        """Whether the process's end was delivered: a wait was answered, or
+        an attach was sent it (not merely has it queued)."""
+        return self._end_taken_by is not None and not self._end_pending
+
     def _feed_of(self, connection_id: int) -> AttachFeed | None:
         """The connection's attach that is still fed, if any."""
         feed = self._feed
@@ -250,8 +272,13 @@ class Tracked:
         if errnum != errno.ENODATA:
             self.failure = (errnum, errstr)
             self._failed_unfinished = self.finished is None
+        attached = self.attached
+        if attached:
+            # As an attach made after it would; before the feed is given it,
+            # which gives it back if it ends without sending it.
+            self._take_end(_BY_ATTACH)
         client, self._client = self._client, None
-        if client is not None and errnum == errno.ECANCELED and self.attached:
+        if client is not None and errnum == errno.ECANCELED and attached:
             # The service is stopping: it will not live to send what the
             # client has not read yet, and it must have this.
             assert self._feed is not None
@@ -261,8 +288,7 @@ class Tracked:
         attaching, self._attaching = self._attaching, None
         if attaching is not None:  # it never started: as its exec was told
             attaching.responder.error(errnum, errstr)
-        if self.attached:
-            self._take_end(_BY_ATTACH)  # as an attach made after it would
+        if attached:
             self._to_background()
         if self._waiter is not None and self._started:
             # Its unit may linger (a child the stop timer gave up on, a
@@ -315,6 +341,7 @@ class Tracked:
             )
         if self.attached or self._attaching is not None:
             raise RequestError(errno.EBUSY, f"{name}: a client is attached")
+        self._check_end_not_pending(name)
         if self._end_taken_by is not None:
             raise RequestError(errno.ESRCH, self._end_gone(name))
         self._waiter = waiter
@@ -333,6 +360,7 @@ class Tracked:
             raise RequestError(errno.EBUSY, f"{name}: already attached")
         if self._waiter is not None:
             raise RequestError(errno.EBUSY, f"{name}: a wait is pending")
+        self._check_end_not_pending(name)
         if self._end_taken_by is not None:
             # Its unit lingers on (a child, the stop timer), but RFC 42: an
             # end delivered is not delivered again.
@@ -346,6 +374,15 @@ class Tracked:
             raise RequestError(errno.ENOENT, f"{name}: never started: {errstr}")
         else:
             self._attaching = client
+
+    def _check_end_not_pending(self, name: str) -> None:
+        """EBUSY while an attach still has the end to send: it is the next
+        wait's or attach's again if that attach ends first."""
+        if self._end_pending:
+            raise RequestError(
+                errno.EBUSY,
+                f"{name}: has ended, and its end is being sent to an attached client",
+            )
 
     def _attach_waiting(self) -> None:
         """The process has started: the attach made meanwhile, if any, has
@@ -370,6 +407,7 @@ class Tracked:
             cursor,
             lambda stream, data: self._output(stream, data, eof=False),
             client.valve,
+            self._feed_done,
         )
         client = dataclasses.replace(client, responder=feed)
         self.mode, self._client, self._feed = Mode.ATTACHED, client, feed
@@ -390,6 +428,15 @@ class Tracked:
             # process is forgotten once reaped.
             self._take_end(_BY_ATTACH)
             self.error(*(self.failure or (errno.ENODATA, "")))
+
+    def _feed_done(self, feed: AttachFeed) -> None:
+        """``feed`` sends nothing more: an end it took and never sent (its
+        client left, it fell behind, it was ended) is kept for the next
+        wait or attach, as if it had never attached."""
+        if self._end_taken_by == _BY_ATTACH and not feed.sent_end:
+            self._end_taken_by = None
+        if self.on_feed_done is not None:
+            self.on_feed_done(self)
 
     def drop_client(self, connection_id: int) -> None:
         """The connection has gone: forget its requests. An attached process
@@ -434,11 +481,10 @@ class Tracked:
         attach fed by ``feed`` had not been sent: end it, saying so (after
         what it was sent: nothing after the gap would be in order), and the
         process goes back to the background."""
-        if self._end_taken_by == _BY_ATTACH and not feed.sent_finished:
-            # Its `finished` waited behind the output lost: not delivered,
-            # it is kept for the next wait or attach.
-            self._end_taken_by = None
-        if self._end_taken_by is None:
+        if not self.end_consumed:
+            # Nobody had it, or its `finished` waited behind the output
+            # lost: not delivered, it is kept for the next wait or attach
+            # once this feed is ended (_feed_done).
             after = f"{self._runs_on}, its output kept: attach again to read on"
         else:  # `finished` went to this attach, which took the end
             after = f"what {self._name} writes from now on is dropped"
@@ -515,7 +561,7 @@ class Tracked:
             self.waitable
             and self._started
             and ended_known
-            and self._end_taken_by is None
+            and not self.end_consumed  # (an attach may have it still to send)
         )
 
     # -- responses -------------------------------------------------------------
@@ -773,6 +819,7 @@ class TrackedProcesses:
         """Track ``process``, made from the plan :meth:`prepare` gave with
         ``tracked``."""
         tracked.process = process
+        tracked.on_feed_done = self._settle
         self._tracked[process] = tracked
 
     def reaped(self, process: Process) -> None:
@@ -894,8 +941,7 @@ class TrackedProcesses:
         # said "pid 4242: not started waitable").
         client = _Client(connection_id, responder, ExecFlag(0))
         tracked.wait(client, _target(pid, label), with_status)
-        self._note_unread(tracked)
-        self._forget_if_consumed(tracked)
+        self._settle(tracked)
 
     def attach(
         self,
@@ -917,12 +963,25 @@ class TrackedProcesses:
         tracked = self._find(pid, label, errno.EBUSY, "not in background")
         client = _Client(connection_id, responder, ExecFlag(flags), valve)
         tracked.attach(client, _target(pid, label))
+        # (Not yet consumed if its end waits behind output the connection
+        # has not taken: forgotten once its feed has sent it.)
+        self._settle(tracked)
+
+    def _settle(self, tracked: Tracked) -> None:
+        """After a wait or attach on ``tracked`` or the end of an attach's
+        feed: what was written may wait unread, and the process is
+        forgotten if its end was delivered."""
         self._note_unread(tracked)
         self._forget_if_consumed(tracked)
 
     def _forget_if_consumed(self, tracked: Tracked) -> None:
         process = tracked.process
-        if tracked.reaped and process is not None and process in self._ended:
+        if (
+            tracked.reaped
+            and tracked.end_consumed
+            and process is not None
+            and process in self._ended
+        ):
             del self._ended[process]
             self._unfindable(process)
             # Ended, it held a waitable slot only.

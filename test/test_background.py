@@ -1084,6 +1084,67 @@ async def test_a_still_fed_attach_whose_client_goes_frees_the_slot(systemd):
     client.close()
 
 
+async def attached_to_an_end(systemd, server, client, when: str) -> Client:
+    """An :func:`unreading_client` attached (matchtag 1) to a waitable
+    background process ``w`` that wrote 300 KiB and exited 3, attached
+    ``when`` (``"running"`` or ``"ended"``): its replay filled the
+    connection before its ``finished`` was sent."""
+    if when == "running":
+        viewer = attached_unread(systemd, server, client, label="w", waitable=True)
+    else:
+        client.bg(flags=WAITABLE, label="w")
+        systemd.run(UNIT, pid=8)
+    await written(systemd, server, lines(0, 300))
+    await finish(systemd, server, status=3)
+    if when == "ended":
+        viewer = unreading_client(server)
+        viewer.send("sdexec.attach", {"label": "w", "flags": 1}, matchtag=1)
+    assert "finished" not in ends_of(viewer.of(1))
+    return viewer
+
+
+@pytest.mark.parametrize("when", ["running", "ended"])
+@ensureDeferred
+async def test_an_end_an_attach_was_never_sent_is_kept_for_a_wait(systemd, when):
+    # The attach took the end once its `finished` was queued: its client
+    # gone before it was sent that, a wait got ESRCH and the status was lost.
+    server = make_server(systemd, **{"max-waitable": 1})
+    client = Client(server)
+    viewer = await attached_to_an_end(systemd, server, client, when)
+    client.send("sdexec.wait", {"label": "w"}, matchtag=2)
+    assert payloads(client.of(2)) == [
+        (errno.EBUSY, "label 'w': has ended, and its end is being sent to an"
+                      " attached client")
+    ]  # fmt: skip
+    assert server.tracked.waitable_held() == 1
+    viewer.close()
+    assert server.tracked.waitable_held() == 1  # as if it had never attached
+    client.bg(flags=WAITABLE, matchtag=3, SDEXEC_NAME="sdexec-x")
+    assert error_of(client.last())[0] == errno.EAGAIN
+    client.send("sdexec.wait", {"label": "w"}, matchtag=4)
+    assert payloads(client.of(4))[0]["status"] == 3 << 8
+    assert server.tracked.waitable_held() == 0
+    client.close()
+
+
+@pytest.mark.parametrize("when", ["running", "ended"])
+@ensureDeferred
+async def test_an_end_an_attach_was_sent_at_its_pace_is_delivered_once(systemd, when):
+    server = make_server(systemd, **{"max-waitable": 1})
+    client = Client(server)
+    viewer = await attached_to_an_end(systemd, server, client, when)
+    read_everything(viewer)
+    stream = viewer.of(1)
+    assert sent_data(stream) == lines(0, 300)
+    assert "finished" in ends_of(stream)
+    assert payloads(stream)[-1] == (errno.ENODATA, "")
+    assert server.tracked.waitable_held() == 0
+    client.send("sdexec.wait", {"label": "w"}, matchtag=2)
+    assert payloads(client.of(2)) == [(errno.ESRCH, "label 'w': no such process")]
+    viewer.close()
+    client.close()
+
+
 @ensureDeferred
 async def test_an_attach_behind_is_told_at_once_that_the_service_stops(
     systemd, server, client

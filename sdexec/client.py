@@ -956,8 +956,8 @@ class ExecHandle:
         which :meth:`end` reports): its data and all written after it are
         dropped, as the service drops them. The producer is stopped, and
         the refusal is logged, kept in ``stdin_error``, and what ``done``
-        fails with once the stream has ended (the process runs on, with
-        the stdin it got)."""
+        fails with once the stream has ended (the process runs on: the
+        service closes its stdin at the refused write, docs/protocol.md)."""
         if error is self._client.lost:
             return
         self.stdin_error = error

@@ -440,6 +440,26 @@ class ClientProtocol(StdioReceivingProtocol):
     def _dispatch(self, message: dict, topic: object, matchtag: object) -> Any:
         """The request's handler's answer (``topic`` and ``matchtag`` as the
         request gave them: checked here)."""
+        try:
+            return self._handle(message, topic, matchtag)
+        except Exception:
+            if topic == Topic.WRITE:
+                self._write_refused(message)
+            raise
+
+    def _write_refused(self, message: dict) -> None:
+        """A write was refused (malformed, its user revoked, a fault of
+        ours…): the process it names reads EOF after what came before, as
+        at an overrun. The clients send nothing more to a stdin once a write
+        to it is refused, the EOF neither (its data and all after it are
+        dropped), and a revoked user's EOF would be refused too: left open,
+        a process reading its stdin would wait for ever."""
+        payload = message.get("payload")
+        if isinstance(payload, dict):
+            self.server.close_stdin(self.connection_id, payload.get("matchtag"))
+
+    def _handle(self, message: dict, topic: object, matchtag: object) -> Any:
+        """:meth:`_dispatch`, the write's refusal aside."""
         self._refuse_if_revoked()
         if not isinstance(topic, str):
             raise RequestError(errno.EINVAL, "topic: expected a string")
@@ -712,6 +732,8 @@ class ClientProtocol(StdioReceivingProtocol):
             return
         topic, matchtag = message.get("topic"), message.get("matchtag")
         self.server.count("errors")
+        if topic == Topic.WRITE:
+            self._write_refused(message)
         if _unanswerable_write(topic, matchtag):  # as in _request
             self._log_silent_write_refusal(reason)
             return

@@ -895,6 +895,16 @@ class SdexecServer:
         process.write(data, eof)
         return process
 
+    def close_stdin(self, connection_id: int, matchtag: object) -> None:
+        """EOF on the stdin of the connection's exec on ``matchtag`` (after
+        what it was written before), if that names one whose stream runs: a
+        write to it was refused (:meth:`write`, docs/protocol.md)."""
+        if not is_integer(matchtag):
+            return  # it names no process
+        process = self.processes.get((connection_id, matchtag))
+        if process is not None and not process.stream_ended:
+            process.stdin.close()  # (a no-op for a stdin the client passed)
+
     def connection_processes(self, connection_id: int) -> Iterator[Process]:
         """The processes one connection started."""
         return iter(list(self._by_connection.get(connection_id, {}).values()))

@@ -260,7 +260,8 @@ class Exec:
         self.write_matchtag: int | None = None
         #: The service's refusal of a write, once one has come (``EINVAL``;
         #: ``ENOSPC``, an overrun of the credit): the write's data and all
-        #: written after it are dropped.
+        #: written after it are dropped, and the service closes the
+        #: process's stdin there (it reads EOF after what came before).
         self.stdin_error: SdexecError | None = None
         #: The process id, once ``started`` has arrived.
         self.pid: int | None = None

@@ -25,9 +25,9 @@ from twisted.logger import capturedLogs, formatEvent
 import sdexec.connection
 from sdexec.config import parse_config
 from sdexec.containment import Containment
-from sdexec.ioencode import decode_io
+from sdexec.ioencode import decode_io, encode_io
 from sdexec.protocol import ExecFlag
-from sdexec.server import SdexecServer
+from sdexec.server import SdexecServer, revoked
 from sdexec.testing import EXITED, FakeManager
 
 WAITABLE = int(ExecFlag.WAITABLE)
@@ -1917,6 +1917,31 @@ async def test_a_revoked_user_s_wait_ends_and_the_owner_s_wait_has_the_status(
     assert len(user.responses()) == 1  # nothing more went to the user
     user.close()
     owner.close()
+
+
+@ensureDeferred
+async def test_a_revoked_user_s_write_is_eperm_and_its_exec_reads_eof(
+    systemd, monkeypatch
+):
+    # Every write of a revoked user is refused, its EOF too: its exec's
+    # stdin stayed open, and a process reading it (cat) waited for ever.
+    server = allowing_user(systemd)
+    user = user_client(server, monkeypatch)
+    user.send("sdexec.exec", {"flags": FLAGS, "cmd": STREAMED})
+    systemd.run("sdexec-s.service", pid=9)
+    io = encode_io("stdin", "0", b"before\n")
+    user.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=2)
+    revoke_user(server)
+    io = encode_io("stdin", "0", b"after\n", eof=True)
+    user.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=2)
+    assert payloads(user.of(2)) == [
+        (errno.EPERM, f"{revoked(USER)}: this connection may make no more requests")
+    ]
+    stdin = systemd.process_fd("sdexec-s.service", "stdin")
+    assert await read_to_eof(stdin) == b"before\n"
+    produce(systemd, "stdout", b"still streamed\n", unit="sdexec-s.service")
+    await until(lambda: output_of(user.of(1)), "the exec's output")
+    user.close()
 
 
 @ensureDeferred

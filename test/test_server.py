@@ -469,6 +469,54 @@ async def test_a_write_reaches_the_process_stdin(systemd, connection):
     assert await read_to_eof(stdin) == b"hello\n"
 
 
+def _write(io: object, matchtag: int = 9, **payload: object) -> dict:
+    """An ``sdexec.write`` request to exec 1's stdin."""
+    return {
+        "type": "request",
+        "topic": "sdexec.write",
+        "matchtag": matchtag,
+        "payload": {"matchtag": 1, "io": io, **payload},
+    }
+
+
+BAD_BASE64 = {"stream": "stdin", "rank": "0", "data": "!!!", "encoding": "base64"}
+
+
+def _refuse_for_descriptors(connection, message: dict) -> None:
+    connection.protocol.descriptorsRefused(message, "unexpected descriptors")
+
+
+@pytest.mark.parametrize(
+    ("message", "errnum", "deliver"),
+    [
+        (_write(BAD_BASE64), errno.EINVAL, None),
+        (_write(BAD_BASE64, matchtag=0), None, None),  # refused silently
+        (_write(encode_io("stdout", "0", b"x")), errno.EINVAL, None),
+        (_write([]), errno.EINVAL, None),
+        (_write(encode_io("stdin", "0", b"x"), signature="s"), errno.EPERM, None),
+        (_write(encode_io("stdin", "0", b"x")), errno.EPROTO, _refuse_for_descriptors),
+    ],
+)  # fmt: skip
+@ensureDeferred
+async def test_a_refused_write_closes_stdin_after_what_came_before(
+    systemd, server, connection, message, errnum, deliver
+):
+    # The clients send nothing more to a stdin once a write to it is
+    # refused, its EOF neither (the write's data and all after it are
+    # dropped): only an overrun closed stdin, and a process reading it
+    # (cat) waited for ever.
+    flags = int(FLAGS | ExecFlag.WRITE_CREDIT)
+    connection.send("sdexec.exec", {"flags": flags, "cmd": TRUE})
+    systemd.run(UNIT, pid=42)
+    connection.raw(_write(encode_io("stdin", "0", b"before\n")))
+    (deliver or Connection.raw)(connection, message)
+    connection.raw(_write(encode_io("stdin", "0", b"after\n")))  # dropped
+    refusals = [error_of(r)[0] for r in connection.responses() if "errnum" in r]
+    assert refusals == ([] if errnum is None else [errnum])
+    assert await read_to_eof(systemd.process_fd(UNIT, "stdin")) == b"before\n"
+    assert [p.unit_name for p in server.processes.values()] == [UNIT]  # runs on
+
+
 @ensureDeferred
 async def test_the_matchtag_of_a_stream_ended_while_its_unit_lingers_is_free(
     systemd, server, connection

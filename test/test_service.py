@@ -134,6 +134,26 @@ async def test_stdout_stderr_apart_and_stdin(sdexec):
 
 
 @ensureDeferred
+async def test_a_refused_write_ends_cat_s_stdin_and_its_stream(sdexec):
+    # The client sends nothing more to a stdin once a write to it is
+    # refused, not even the EOF: the service left stdin open, and cat (its
+    # unit, the client's stream) waited for ever.
+    client = await sdexec.connect()
+    result = Result()
+    handle = client.exec(command(["cat"]), FLAGS, result.collect)
+    handle.write(b"before\n")
+    bad = {"stream": "stdin", "rank": "0", "data": "!!!", "encoding": "base64"}
+    client.send_write(handle, bad)
+    await until(lambda: handle.stdin_error is not None, "the write refused")
+    assert handle.stdin_error.errnum == errno.EINVAL
+    await until(lambda: handle.done.called, "the stream's end")
+    with pytest.raises(RPCError) as refused:
+        await handle.done  # (the refusal, the stream having ended well)
+    assert refused.value is handle.stdin_error
+    assert (result.status, result.stdout) == (0, b"before\n")
+
+
+@ensureDeferred
 async def test_ten_thousand_lines_out_and_in_byte_exact(sdexec):
     lines = b"".join(b"%05d" % i + b"x" * 73 + b"\n" for i in range(10_000))
     assert len(lines) == 10_000 * 79

@@ -1831,6 +1831,9 @@ async def test_a_kill_held_for_started_and_cancelled_has_its_answer_said(served)
         "sdexec: sdexec.kill {'pid': 4246, 'signum': 15, 'who': 'main'}, whose"
         " Deferred was cancelled here, was answered: no pid 4246"
     )
+    peer.respond(request, {"type": "finished", "status": 0})
+    peer.sendMessage(_response(request, errnum=ENODATA))
+    await handle.done  # (left to the connection's end, it was an unhandled error)
 
 
 @pytest_twisted.ensureDeferred

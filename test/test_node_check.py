@@ -90,3 +90,40 @@ def test_the_probe_says_a_v1_job_has_no_v2_cgroup(tmp_path):
     assert seen["cgroup"] is None
     no_cgroup = "error: no cgroup v2 line in /proc/self/cgroup"
     assert (seen["cpuset"], seen["memory_max"]) == (no_cgroup, no_cgroup)
+
+
+def limit_files(cgroup: Path) -> list[str]:
+    """What the script's ``limit_files`` gives for ``cgroup``, its
+    function run alone in bash."""
+    [function] = re.findall(
+        r"^limit_files\(\) \{\n.*?^\}$", SCRIPT.read_text(), re.M | re.S
+    )
+    done = subprocess.run(
+        ["bash", "-c", f'{function}\nlimit_files "$1"', "bash", str(cgroup)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    return done.stdout.split()
+
+
+@pytest.mark.parametrize(
+    ("controllers", "files"),
+    [
+        (
+            "cpuset cpu io memory pids",
+            ["cpuset.cpus", "cpuset.mems", "memory.max", "memory.high", "pids.max"],
+        ),
+        ("cpu io memory", ["memory.max", "memory.high"]),
+        ("", []),
+    ],
+    ids=["all", "no-pids-nor-cpuset", "none"],
+)
+def test_the_reload_check_compares_only_the_job_s_controllers_files(
+    tmp_path, controllers, files
+):
+    # A10 read pids.max whatever the job had: under a manager not given the
+    # pids controller, "No such file" failed it before any reload.
+    (tmp_path / "cgroup.controllers").write_text(controllers + "\n")
+    assert limit_files(tmp_path) == files

@@ -14,7 +14,7 @@ stderr, interleaved in the order they were produced, within a size from
   as any non-UTF-8 data is).
 - Per stream, the bytes dropped are counted exactly, for the extension key
   ``"dropped": {"stdout": N, "stderr": M}``.
-- An ``attach`` replay (:meth:`RetainedOutput.replay`) of a line-buffered
+- An ``attach`` replay (a :class:`Cursor` from the oldest byte) of a line-buffered
   stream whose oldest kept bytes are part-way into a line leaves out the
   start of what is kept, up to where a live message could start (see
   there), and counts it as dropped too: less than the stream's buffer size.
@@ -201,33 +201,6 @@ class RetainedOutput:
         answer's ``output``, with :attr:`dropped`."""
         return [encode_io(stream, rank, data) for stream, data in self._held_runs()]
 
-    def replay(
-        self, rank: str, bufsizes: Mapping[str, int], line_buffered: Collection[str]
-    ) -> tuple[list[dict[str, Any]], dict[str, int]]:
-        """An ``attach``'s replay: the held output as RFC 24 io objects,
-        oldest first, and the bytes dropped before it, by stream.
-
-        A run longer than its stream's ``bufsizes`` entry is split at line
-        ends, as live output is (:func:`sdexec.ioencode.line_chunks`): a
-        client may size its buffer by ``<stream>_BUFSIZE``, and takes whole
-        lines or a full buffer out of it. Live output of a stream in
-        ``line_buffered`` sends a long line in whole buffers from the line's
-        start; where such a stream's oldest kept byte is part-way into a
-        line, its replay starts where a live message could: after that
-        line's end or at the next multiple of the buffer size into it,
-        whichever comes first. What it leaves out (less than a buffer, which
-        is all a stream kept where the retained output is no larger than
-        its buffer) is counted in the dropped bytes. (Started anywhere else,
-        the client would hold a piece of line that the next live buffer of
-        that line overruns. A client of a stream not line-buffered holds no
-        piece of line: its replay leaves nothing out.)
-        """
-        cursor = Cursor(self, bufsizes, line_buffered)
-        objects = [
-            encode_io(stream, rank, piece) for stream, piece in cursor.pieces(self.head)
-        ]
-        return objects, cursor.dropped
-
     def read(self, offset: int, limit: int) -> list[tuple[str, bytes, int]]:
         """Held output from the absolute ``offset`` on, ``limit`` bytes at
         most, as ``(stream, data, end)`` per run: ``end`` is where the run
@@ -254,7 +227,7 @@ class RetainedOutput:
     ) -> tuple[dict[str, int], dict[str, int]]:
         """Where a replay of each stream starts (absolute: the stream's held
         bytes before it are left out), and how many bytes it so leaves out,
-        by stream (see :meth:`replay`)."""
+        by stream (see :class:`Cursor`)."""
         skip = {
             stream: self._misalignment(stream, bufsizes)
             if stream in line_buffered
@@ -415,10 +388,25 @@ class Cursor:
     bytes of each stream came before it. That is all it holds: the bytes
     are read out of the ring as the reader takes them (:meth:`pieces`).
 
-    It starts at the replay's start (:meth:`RetainedOutput.replay`: the
-    oldest byte held, less what a line-buffered stream leaves out to start
-    where a live piece could), and it moves past each piece before giving
-    it. Output of a stream the reader does not take is passed over.
+    It starts at the replay's start (the oldest byte held, less what a
+    line-buffered stream leaves out to start where a live piece could), and
+    it moves past each piece before giving it. Output of a stream the
+    reader does not take is passed over.
+
+    A run longer than its stream's ``bufsizes`` entry is split at line
+    ends, as live output is (:func:`sdexec.ioencode.line_chunks`): a client
+    may size its buffer by ``<stream>_BUFSIZE``, and takes whole lines or a
+    full buffer out of it. Live output of a stream in ``line_buffered``
+    sends a long line in whole buffers from the line's start; where such a
+    stream's oldest kept byte is part-way into a line, the replay starts
+    where a live message could: after that line's end or at the next
+    multiple of the buffer size into it, whichever comes first. What it
+    leaves out (less than a buffer, which is all a stream kept where the
+    retained output is no larger than its buffer) is counted in
+    :attr:`dropped`. (Started anywhere else, the client would hold a piece
+    of line that the next live buffer of that line overruns. A client of a
+    stream not line-buffered holds no piece of line: its replay leaves
+    nothing out.)
     """
 
     def __init__(
@@ -476,11 +464,11 @@ class Cursor:
     def pieces(self, end: int) -> Iterator[tuple[str, bytes]]:
         """The output from :attr:`offset` up to the absolute ``end`` (where
         a live piece ended: the head, say), as ``(stream, data)`` pieces of
-        the streams it takes, split as :meth:`RetainedOutput.replay` splits
-        them; each moved past before it is given, so a caller that stops
-        taking them (its client's connection is full) resumes after the
-        last it took. Read out of the ring ``read_batch`` bytes at a time
-        (:data:`READ_BATCH`): a reader that stops early costs one batch."""
+        the streams it takes, split as the class says; each moved past
+        before it is given, so a caller that stops taking them (its
+        client's connection is full) resumes after the last it took. Read
+        out of the ring ``read_batch`` bytes at a time (:data:`READ_BATCH`):
+        a reader that stops early costs one batch."""
         want = self._read_batch
         while self.offset < end:
             before = self.offset

@@ -25,6 +25,15 @@ def replay(buffer: RetainedOutput) -> list[tuple[str, bytes]]:
     return [decode_io(io)[:2] for io in buffer.io_objects("0")]
 
 
+def replayed(
+    buffer: RetainedOutput, bufsizes: dict[str, int], line_buffered
+) -> tuple[list[tuple[str, bytes]], dict[str, int]]:
+    """An attach's replay: the pieces a cursor from the start reads to the
+    head, and what it leaves out, by stream."""
+    cursor = Cursor(buffer, bufsizes, line_buffered)
+    return list(cursor.pieces(buffer.head)), cursor.dropped
+
+
 def produce(buffer: RetainedOutput, writes: list[tuple[str, bytes]]) -> None:
     for stream, data in writes:
         buffer.append(stream, data)
@@ -82,8 +91,8 @@ def test_binary_and_split_utf8_round_trip_through_io_objects() -> None:
 def test_runs_are_split_at_each_streams_bufsize() -> None:
     buffer = RetainedOutput()
     produce(buffer, [("stdout", b"o" * 10), ("stderr", b"e" * 4), ("stdout", b"p")])
-    ios, _dropped = buffer.replay("0", {"stdout": 4, "stderr": 4}, STREAMS)
-    assert [decode_io(io)[:2] for io in ios] == [
+    pieces, _dropped = replayed(buffer, {"stdout": 4, "stderr": 4}, STREAMS)
+    assert pieces == [
         ("stdout", b"oooo"),
         ("stdout", b"oooo"),
         ("stdout", b"oo"),
@@ -99,8 +108,8 @@ def test_a_replay_cuts_no_line_that_fits_the_buffer() -> None:
     # messages of 100-byte lines ended mid-line.
     buffer = RetainedOutput()
     produce(buffer, [("stdout", b"ab\ncdefg\nhi\n")])
-    ios, _dropped = buffer.replay("0", {"stdout": 6}, STREAMS)
-    assert [decode_io(io)[1] for io in ios] == [b"ab\n", b"cdefg\n", b"hi\n"]
+    pieces, _dropped = replayed(buffer, {"stdout": 6}, STREAMS)
+    assert [data for _stream, data in pieces] == [b"ab\n", b"cdefg\n", b"hi\n"]
 
 
 class FluxClient:
@@ -128,8 +137,7 @@ def attach_replay(
 ) -> tuple[list[tuple[str, bytes]], dict[str, int]]:
     """What an attach is sent: the replayed pieces, and the dropped counts
     (the streams line-buffered unless said)."""
-    ios, dropped = buffer.replay("0", bufsizes, line_buffered)
-    return [decode_io(io)[:2] for io in ios], dropped
+    return replayed(buffer, bufsizes, line_buffered)
 
 
 def test_a_trimmed_replay_of_a_stream_not_line_buffered_leaves_nothing_out() -> None:

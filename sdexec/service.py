@@ -55,6 +55,7 @@ from sdexec.outage import SystemdOutage
 from sdexec.ownerlock import AlreadyServed, OwnerLock
 from sdexec.protocol import default_socket_path
 from sdexec.server import SdexecServer
+from sdexec.signals import signal_name
 from sdexec.sockets import (
     clear_stale_socket,
     closed_directory_above,
@@ -444,7 +445,7 @@ class SdexecService(Service):
             log.info,
             "{signal} received: the service is already stopping (its units"
             " are stopped and reaped first)",
-            signal=signal.Signals(signum).name,
+            signal=signal_name(signum),
         )
 
     def _sighup(self) -> None:

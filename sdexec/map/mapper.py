@@ -326,7 +326,7 @@ def _scaled_limit(
     share = amount * pus // npus
     if share == 0 and amount > 0 and name in _NONZERO_SCALED:
         raise ValueError(_rounds_to_nothing(name, configured, percent, pus, npus))
-    return _percent(share) if percent else str(share)
+    return str(MemoryLimit(permyriad=share) if percent else MemoryLimit(bytes=share))
 
 
 def _rounds_to_nothing(
@@ -338,7 +338,7 @@ def _rounds_to_nothing(
     budget that gives this job some."""
     least = -(-npus // pus)  # of the unit the limit is kept in, rounded up
     if percent:
-        unit, at_least = "0%", f"{_percent(least)}, or to a size"
+        unit, at_least = "0%", f"{MemoryLimit(permyriad=least)}, or to a size"
         why = "systemd keeps a percentage to 0.01%, and takes"
     else:
         unit, at_least = "0 bytes", str(least)
@@ -349,14 +349,6 @@ def _rounds_to_nothing(
         f" of the node's {npus} rounds down to {unit} ({why} {name} from 1"
         f" byte): set it to at least {at_least}"
     )
-
-
-def _percent(permyriad: int) -> str:
-    """Ten-thousandths as a percentage, no longer than it need be
-    (``"6%"``, ``"0.5%"``, ``"5.93%"``)."""
-    whole, hundredths = divmod(permyriad, 100)
-    decimals = f"{hundredths:02d}".rstrip("0")
-    return f"{whole}.{decimals}%" if decimals else f"{whole}%"
 
 
 def _idset(text: str, what: str, parse: Callable[[str], IDset] = IDset) -> IDset:

@@ -41,7 +41,8 @@ from sdexec.config import Config
 from sdexec.containment import Containment
 from sdexec.ioencode import decode_io
 from sdexec.plan import ExecPlan, RequestError, plan_exec
-from sdexec.property import GATE_LISTS
+from sdexec.policy import STARTUP_TWINS
+from sdexec.property import GATE_LISTS, RLIMITS
 from sdexec.protocol import ExecFlag, command_object
 from sdexec.rset import ResourceSet
 from sdexec.systemd.unit import wait_status
@@ -50,6 +51,7 @@ __all__ = [
     "CANARY_PROPERTIES",
     "CANARY_SCRIPT",
     "CANARY_TIMEOUT_SECONDS",
+    "CANARY_UNLIMITED",
     "PROBE",
     "CanaryContext",
     "CanaryResponder",
@@ -82,6 +84,27 @@ CANARY_SCRIPT = "true </dev/null || exit 10\n[ -c /dev/zero ] || exit 11\n" + (
 CANARY_PROPERTIES = {"DevicePolicy": "strict", "DeviceAllow": "/dev/null rw"}
 OPENED, REFUSED, CONTROL_REFUSED, NO_PROBE = 0, 1, 10, 11
 
+_STEADY_LIMITS = frozenset(
+    {
+        "MemoryMax", "MemoryHigh", "MemorySwapMax", "MemoryZSwapMax", "TasksMax",
+        "CPUQuotaPerSecUSec", "RuntimeMaxUSec",
+    }
+)  # fmt: skip
+#: The site's limits the canary's unit does not take: those that cap what a
+#: job may use (memory, tasks, CPU and run time, rlimits soft or hard). They
+#: are sized for a job, on a per-job share; the canary is three lines of
+#: shell that must run to say anything, and a site's ``MemoryMax=1M`` (an
+#: OOM kill where the memory controller holds) or ``LimitNOFILE=3`` (its
+#: ``/bin/sh`` not even started) read as a fence not verified, which
+#: drains the node. None of them has any bearing on device policy.
+#: Upstream's sdexec, for its part, puts ``[exec.sdexec-properties]`` on
+#: job shells only.
+CANARY_UNLIMITED = (
+    _STEADY_LIMITS
+    | {twin for twin, steady in STARTUP_TWINS.items() if steady in _STEADY_LIMITS}
+    | {f"Limit{resource}{soft}" for resource in RLIMITS for soft in ("", "Soft")}
+)
+
 #: What the canary's exit statuses mean when the fence does not hold.
 _NOT_ENFORCED = {
     "user": "DevicePolicy not enforced: the user manager cannot load device"
@@ -96,8 +119,9 @@ _INCONCLUSIVE = {
 
 
 def canary_plan(config: Config) -> ExecPlan:
-    """The canary's unit: the configured site properties and slice, the
-    canary's device policy, output read (stderr says why a probe failed)."""
+    """The canary's unit: the configured site properties and slice but for
+    their gates and :data:`CANARY_UNLIMITED` limits, the canary's device
+    policy, output read (stderr says why a probe failed)."""
     payload = {
         "flags": int(ExecFlag.STDOUT | ExecFlag.STDERR),
         "cmd": command_object(
@@ -112,9 +136,13 @@ def canary_plan(config: Config) -> ExecPlan:
     plan = plan_exec(payload, config, _CanaryFence(config, None))
     # Not the site's gates: the canary checks the node's device policy, and
     # one false at start (a health file not written yet) would keep it from
-    # running and drain the node until an admin's undrain.
-    kept = tuple(p for p in plan.properties if p.name not in GATE_LISTS)
-    return dataclasses.replace(plan, properties=kept)
+    # running and drain the node until an admin's undrain. Nor a job's
+    # limits (CANARY_UNLIMITED). The sandbox and the slice are kept: the
+    # canary sees /dev as a job does (PrivateDevices= changes what it holds).
+    dropped = GATE_LISTS | CANARY_UNLIMITED
+    kept = tuple(p for p in plan.properties if p.name not in dropped)
+    # Its plan says what its unit is: no site cap.
+    return dataclasses.replace(plan, properties=kept, memory_capped=False)
 
 
 class _CanaryFence(Containment):

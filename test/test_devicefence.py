@@ -29,6 +29,7 @@ from sdexec.containment import Containment
 from sdexec.devicefence import (
     CANARY_SCRIPT,
     CANARY_TIMEOUT_SECONDS,
+    CANARY_UNLIMITED,
     PROBE,
     CanaryContext,
     DeviceCanary,
@@ -107,6 +108,36 @@ def test_the_canary_does_not_carry_the_site_s_gates():
     config = parse_config({"exec": {"sdexec-properties": {**site, "Nice": "5"}}})
     names = {prop.name for prop in canary_plan(config).properties}
     assert "Nice" in names and not names & {"Conditions", "Asserts"}
+
+
+#: A site's limits sized for jobs, too small for the canary's shell: each
+#: failed or killed it on a node whose device policy held (an OOM kill at
+#: MemoryMax=1M where the memory controller holds, no fd for the probe at
+#: LimitNOFILE=3 anywhere), and the node was drained for "DevicePolicy
+#: could not be verified".
+JOB_LIMITS = {
+    "MemoryMax": "1M",
+    "MemoryHigh": "1M",
+    "StartupMemoryMax": "1M",
+    "TasksMax": "1",
+    "CPUQuotaPerSecUSec": "10000",
+    "RuntimeMaxUSec": "1000",
+    "LimitNOFILE": "3",
+    "LimitNOFILESoft": "3",
+    "LimitAS": "64K",
+}
+
+
+def test_the_canary_does_not_take_a_job_s_limits_but_keeps_the_sandbox():
+    sandbox = {"PrivateDevices": "yes", "ProtectSystem": "strict", "Nice": "5"}
+    config = parse_config({"exec": {"sdexec-properties": {**JOB_LIMITS, **sandbox}}})
+    plan = canary_plan(config)
+    names = {prop.name for prop in plan.properties}
+    assert set(JOB_LIMITS) <= CANARY_UNLIMITED
+    assert not names & set(JOB_LIMITS)
+    # What decides what /dev holds for a job decides it for the canary.
+    assert set(sandbox) <= names
+    assert not plan.memory_capped
 
 
 def test_the_canary_unit_is_strict_allows_only_dev_null_and_probes_dev_zero():
@@ -517,6 +548,26 @@ async def test_the_canary_agrees_with_the_node(start_service):
     else:  # drained at start: no job runs on a node whose devices are open
         assert result.error.errnum == errno.EIO
         assert NOT_ENFORCED in result.error.errstr
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_a_site_s_job_limits_do_not_decide_the_canary_s_verdict(
+    start_service,
+):
+    # Those the real manager holds here, whatever the node: the memory cap
+    # where the memory controller holds it (an OOM kill), the fd limit
+    # everywhere (no fd for the probe's redirection).
+    enforced = node_enforces_device_policy()
+    limits = 'MemoryMax = "1M"\nLimitNOFILE = "3"\nLimitNOFILESoft = "3"'
+    service = await start_service(
+        **contained("warn"), extra=f"[exec.sdexec-properties]\n{limits}"
+    )
+    problem = None if enforced else NOT_ENFORCED
+    assert service.server.stats()["device-fence"] == {
+        "enforced": enforced,
+        "problem": problem,
+    }
 
 
 @pytest.mark.systemd

@@ -11,7 +11,9 @@ layout is read whatever this machine's own is.
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +129,63 @@ def test_the_reload_check_compares_only_the_job_s_controllers_files(
     # pids controller, "No such file" failed it before any reload.
     (tmp_path / "cgroup.controllers").write_text(controllers + "\n")
     assert limit_files(tmp_path) == files
+
+
+def script_function(name: str) -> str:
+    """The script's function ``name``, as written there."""
+    [function] = re.findall(
+        rf"^{name}\(\) \{{\n.*?^\}}$", SCRIPT.read_text(), re.M | re.S
+    )
+    return function
+
+
+def fences_devices(runtime: Path, v2: bool) -> bool:
+    """What the script's ``manager_fences_devices`` says of the manager
+    whose runtime directory is ``runtime``, on a cgroup v2 node or not."""
+    done = subprocess.run(
+        ["bash", "-c", f"{script_function('manager_fences_devices')}\n"
+         "manager_fences_devices"],
+        env={"PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": str(runtime),
+             "V2": "1" if v2 else ""},
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr
+    return done.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("uid", "v2", "fenced"),
+    [(0, True, True), (1000, True, False), (0, False, False)],
+    ids=["root-v2", "uid-1000-v2", "root-not-v2"],
+)
+def test_device_checks_are_expected_where_the_manager_can_load_a_filter(
+    tmp_path, uid, v2, fenced
+):
+    # A0, A1's and A2's GPU nodes and A3n were expected wherever cpuset and
+    # memory were delegated: what decides DevicePolicy is a device filter
+    # the manager can load (BPF on v2, root's alone), as sdexec's canary
+    # finds it. A uid-1000 manager given both failed them all.
+    (tmp_path / "systemd").mkdir()
+    private = tmp_path / "systemd" / "private"
+    with socket.socket(socket.AF_UNIX) as manager:
+        manager.bind(str(private))
+        os.chown(private, uid, uid)
+        assert fences_devices(tmp_path, v2) is fenced
+
+
+def test_no_manager_socket_is_no_device_fence(tmp_path):
+    assert fences_devices(tmp_path, True) is False
+
+
+@pytest.mark.parametrize(
+    "check", ["A0.device-fence", "A1.gpu-nodes", "A2.gpu-nodes", "A3n.cuda"]
+)
+def test_each_device_check_is_made_by_that_rule(check):
+    # Made where the manager fences devices (the guard on its line, or the
+    # `if` above it), not where it has cpuset and memory.
+    lines = SCRIPT.read_text().splitlines()
+    [at] = [n for n, line in enumerate(lines) if f"expect {check} " in line]
+    guard = next(
+        line for line in reversed(lines[: at + 1]) if re.match(r"\s*(if|\[) ", line)
+    )
+    assert '"$DEVICES"' in guard, guard

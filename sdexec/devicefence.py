@@ -45,6 +45,7 @@ from sdexec.policy import STARTUP_TWINS
 from sdexec.property import GATE_LISTS, RLIMITS
 from sdexec.protocol import ExecFlag, command_object
 from sdexec.rset import ResourceSet
+from sdexec.signals import signal_name
 from sdexec.systemd.unit import wait_status
 
 __all__ = [
@@ -171,7 +172,9 @@ def canary_verdict(status: int | None, stderr: str, bus: str) -> str | None:
         code = status >> 8
         why = _INCONCLUSIVE.get(code, f"the canary exited with status {code}")
     elif status is not None:
-        why = f"the canary was killed by signal {status & 0x7F}"
+        # Named: SIGKILL (the OOM killer, under its slice's memory cap) says
+        # something else than a SIGSEGV.
+        why = f"the canary was killed by {signal_name(status & 0x7F)}"
     else:
         why = "the canary did not run"
     detail = f": {stderr.strip()}" if stderr.strip() else ""

@@ -76,7 +76,7 @@ def exited(code: int) -> int:
         (exited(2), "", "user",
          "DevicePolicy could not be verified: the canary exited with status 2"),
         (9, "", "user",
-         "DevicePolicy could not be verified: the canary was killed by signal 9"),
+         "DevicePolicy could not be verified: the canary was killed by SIGKILL"),
         (None, "ENOENT: no such file", "user",
          "DevicePolicy could not be verified: the canary did not run: ENOENT: no"
          " such file"),

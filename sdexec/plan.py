@@ -70,7 +70,7 @@ from sdexec.protocol import (
 from sdexec.refusal import RequestRefused, json_quoted, printable
 from sdexec.rset import ResourceSet
 from sdexec.signals import parse_signal, signal_name
-from sdexec.sizes import parse_size
+from sdexec.sizes import parse_flux_size
 from sdexec.unitfile import unit_file_problem
 from sdexec.unitstop import StopTimerPolicy, lifecycle_properties
 
@@ -823,12 +823,13 @@ def _size_option(
     one message of ``frame`` bytes (``whose``) holds: the data of a write
     within credit, or of one output response, is JSON, up to 6 bytes a
     byte (a control character is ``\u0001``). 16 MiB of NULs made a 96 MiB
-    line: the reader dropped the connection, and its processes with it."""
+    line: the reader dropped the connection, and its processes with it.
+    Read as Flux's servers read it (``0x1000``, ``1e3``)."""
     value = command.option(name)
     if value is None:
         return default
     try:
-        size = parse_size(value)
+        size = parse_flux_size(value)
     except ValueError as error:
         raise RequestError(errno.EINVAL, f"{name}: {error}") from None
     most = min(MAX_BUFSIZE, (frame - _ENVELOPE) // _JSON_PER_BYTE)

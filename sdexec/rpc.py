@@ -490,9 +490,9 @@ def _stdin_bufsize(cmd: dict[str, Any]) -> int:
         return DEFAULT_STDIN_BUFSIZE
     # Only now: sdexec.sizes loads decimal, which the command line's
     # start-up need not pay for.
-    from sdexec.sizes import parse_size
+    from sdexec.sizes import parse_flux_size
 
     try:
-        return parse_size(value)
+        return parse_flux_size(value)
     except ValueError:
         return DEFAULT_STDIN_BUFSIZE

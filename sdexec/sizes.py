@@ -7,10 +7,16 @@ case, as Flux's mapper takes them; ``1.5G`` is allowed), a bare number (or
 one with ``B``, as systemd takes it) is bytes. A size must fit systemd's 64
 bits. A percentage has two decimals at most: systemd keeps ten-thousandths
 (its parse_permyriad), and writes no finer one into a unit's file.
+
+A request's ``<stream>_BUFSIZE`` is Flux's, not systemd's: Flux reads it with
+its own parse_size (flux-core src/common/libutil/parse_size.c), which
+:func:`parse_flux_size` follows, so that a size a Flux client sends is read
+as Flux's own server reads it (``0x1000``, ``1e3``; not ``1m`` or ``1B``).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -24,6 +30,7 @@ __all__ = [
     "SizeNotTaken",
     "SizeTooLarge",
     "bounded_size",
+    "parse_flux_size",
     "parse_permyriad",
     "parse_size",
     "scale_from_permyriad",
@@ -84,6 +91,87 @@ def parse_size(text: str, base: int = 1024) -> int:
     # large fractional "T") would come back off by a few bytes.
     power = _SUFFIX[match["suffix"].upper()]
     return bounded_size(round(Decimal(match["number"]) * base**power), text)
+
+
+# Flux's parse_size: strtoull(s, 0), then strtold, each followed by exactly
+# one of its suffixes (only "k" in lower case: "m" could be milli). The
+# possessive quantifiers take digits as greedily as strtoull and strtold do,
+# so that "0x1E" is 30, never 1 with an "E" suffix.
+_FLUX_SCALE = {"": 0, "k": 1, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
+_C_SPACE = r"[ \t\n\v\f\r]*+"
+_FLUX_SUFFIX = r"(?P<suffix>[kKMGTPE]?)"
+_FLUX_INTEGER = re.compile(
+    _C_SPACE
+    + r"\+?(?:0[xX](?P<hex>[0-9a-fA-F]++)|(?P<octal>0[0-7]*+)"
+    + r"|(?P<decimal>[1-9][0-9]*+))"
+    + _FLUX_SUFFIX
+)
+_FLUX_FLOAT = re.compile(
+    _C_SPACE
+    + r"(?P<sign>[+-]?)(?:"
+    + r"(?P<hexfloat>0[xX](?:[0-9a-fA-F]++(?:\.[0-9a-fA-F]*+)?|\.[0-9a-fA-F]++)"
+    + r"(?:[pP][+-]?[0-9]++)?+)"
+    + r"|(?P<float>(?:[0-9]++(?:\.[0-9]*+)?|\.[0-9]++)(?:[eE][+-]?[0-9]++)?+))"
+    + _FLUX_SUFFIX
+)
+#: Digits beyond which strtoull overflows, in each base (leading zeros
+#: aside): checked before int(), which a million digits would keep busy.
+_FLUX_DIGITS = {16: 16, 8: 22, 10: 20}
+#: What a size a request gives for Flux may be, as error messages say it.
+FLUX_SIZE = (
+    "a number (decimal, 0x hex, 0 octal or floating point), alone or with"
+    " k, K, M, G, T, P or E"
+)
+
+
+def parse_flux_size(text: str) -> int:
+    """Bytes in a size as Flux's parse_size reads it: an integer (``4096``,
+    ``0x1000``, ``010`` octal) or a floating point number (``1e3``,
+    ``0.5k``, rounded down), after any white space, with one suffix of
+    ``k``/``K``, ``M``, ``G``, ``T``, ``P`` or ``E`` (powers of 1024).
+
+    ``ValueError`` if it is not such a size (also negative ones, ``nan``
+    and ``inf``, as Flux refuses them); :class:`SizeTooLarge` if it is 16E
+    or more. Flux lets a product past 64 bits wrap (``17E``) and casts
+    2**64 itself; both are refused here.
+    """
+    integer = _FLUX_INTEGER.fullmatch(text)
+    if integer is not None and "-" not in text:
+        return _flux_integer(integer, text)
+    number = _FLUX_FLOAT.fullmatch(text)
+    if number is None:
+        raise ValueError(f"{text!r} is not a size ({FLUX_SIZE})")
+    return _flux_float(number, text)
+
+
+def _flux_integer(match: re.Match[str], text: str) -> int:
+    """strtoull's integer times its suffix; past 64 bits, strtoull would
+    have failed and Flux tried it as floating point, which overflows too."""
+    base, digits = next(
+        (base, match[group])
+        for base, group in ((16, "hex"), (8, "octal"), (10, "decimal"))
+        if match[group] is not None
+    )
+    if len(digits.lstrip("0")) > _FLUX_DIGITS[base]:
+        raise SizeTooLarge(f"{text!r} is too large (16E or more)")
+    size = int(digits, base) * 1024 ** _FLUX_SCALE[match["suffix"]]
+    if size > UINT64_MAX:
+        raise SizeTooLarge(f"{text!r} is too large (16E or more)")
+    return size
+
+
+def _flux_float(match: re.Match[str], text: str) -> int:
+    """floor(d x scale) in doubles, as Flux computes it, d being what
+    strtold read (converted to a double)."""
+    written = match["float"] or match["hexfloat"]
+    magnitude = float(written) if match["float"] else float.fromhex(written)
+    if match["sign"] == "-" and magnitude != 0:
+        raise ValueError(f"{text!r} is not a size: a size is not negative")
+    product = magnitude * 2.0 ** (10 * _FLUX_SCALE[match["suffix"]])
+    # A product of 2**64 or more (inf too) is past what 64 bits hold.
+    if product >= 2.0**64:
+        raise SizeTooLarge(f"{text!r} is too large (16E or more)")
+    return math.floor(product)
 
 
 def _is_a_sum(text: str) -> bool:

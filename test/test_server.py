@@ -31,6 +31,7 @@ from sdexec.connection import CLIENT_BUFFER_SIZE, ClientProtocol
 from sdexec.containment import Containment
 from sdexec.ioencode import decode_io, encode_io
 from sdexec.lograte import MAX_QUOTED
+from sdexec.plan import plan_exec
 from sdexec.process import LAZY_OUTPUT
 from sdexec.protocol import ExecFlag
 from sdexec.server import SdexecServer
@@ -41,6 +42,7 @@ from sdexec.testing import INACTIVE, FakeManager
 UNIT = "sdexec-t.service"
 TRUE = {"cmdline": ["/bin/true"], "opts": {"SDEXEC_NAME": "sdexec-t"}}
 FLAGS = int(ExecFlag.STDOUT | ExecFlag.STDERR)
+ALL = ("stdin", "stdout", "stderr")
 
 
 # -- framing and the request envelope -------------------------------------------
@@ -310,6 +312,12 @@ def test_exec_streams_started_finished_then_enodata(systemd, connection):
          errno.EINVAL, "stdin_BUFSIZE: must be from 1 byte to "),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdin_BUFSIZE": "lots"}}},
          errno.EINVAL, "stdin_BUFSIZE: "),
+        # Flux's parse_size takes "k" alone in lower case ("m" is milli).
+        ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdout_BUFSIZE": "1m"}}},
+         errno.EINVAL, "stdout_BUFSIZE: '1m' is not a size (a number (decimal,"
+         " 0x hex, 0 octal or floating point), alone or with k, K, M, G, T, P or E)"),
+        ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stderr_BUFSIZE": "17E"}}},
+         errno.EINVAL, "stderr_BUFSIZE: '17E' is too large (16E or more)"),
         # 16 MiB of NULs is a 96 MiB line: the client dropped the connection.
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdout_BUFSIZE": "16M"}}},
          errno.EINVAL, "stdout_BUFSIZE: must be from 4096 bytes to 11173888 bytes:"
@@ -342,6 +350,21 @@ def test_a_bad_exec_request_names_what_is_wrong(
     assert response["errnum"] == errnum
     assert text in response["errstr"]
     assert systemd.calls == []  # nothing reached systemd
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("0x1000", 4096), ("1e4", 10_000), ("010K", 8192), (" 4.5k", 4608)],
+)
+def test_a_bufsize_is_read_as_flux_reads_it(text, size):
+    # Flux's parse_size takes hex, octal and floating point: sdexec refused
+    # "0x1000" and "1e3", which Flux's own sdexec and subprocess server take.
+    config = parse_config({})
+    opts = {**TRUE["opts"], **{f"{s}_BUFSIZE": text for s in ALL}}
+    payload = {"flags": FLAGS, "cmd": {**TRUE, "opts": opts}}
+    plan = plan_exec(payload, config, Containment(config, None))
+    assert plan.stdin_bufsize == size
+    assert [plan.output[s].bufsize for s in ("stdout", "stderr")] == [size, size]
 
 
 def test_exec_is_refused_while_drained(server, connection):

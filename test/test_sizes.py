@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from sdexec.sizes import (
     MemoryLimit,
     SizeNotTaken,
+    SizeTooLarge,
+    parse_flux_size,
     parse_permyriad,
     parse_size,
     scale_from_permyriad,
@@ -188,3 +190,103 @@ def test_what_is_not_a_size_is_told_every_suffix_including_b(parse):
     # 43 R, left over).
     with pytest.raises(ValueError, match="alone or with B, K, M, G, T, P or E"):
         parse("5X")
+
+
+# Flux's own table (flux-core src/common/libutil/test/parse_size.c), then
+# what strtoull and strtold read besides: a request's <stream>_BUFSIZE is
+# read as Flux's servers read it. None: refused.
+FLUX_SIZES = [
+    # upstream's bad ones
+    ("xx", None),
+    ("", None),
+    ("1q", None),
+    ("1kb", None),
+    ("-1", None),
+    ("1E20", None),  # EOVERFLOW
+    ("M", None),
+    ("1m", None),
+    ("1g", None),
+    ("nan", None),
+    ("inf", None),
+    ("1b", None),
+    # upstream's good ones
+    ("0", 0),
+    ("0K", 0),
+    ("077", 63),
+    ("0xff", 255),
+    ("+42", 42),
+    ("1", 1),
+    ("1E2", 100),
+    ("4k", 4096),
+    ("1M", 1048576),
+    ("2G", 2147483648),
+    ("0.5k", 512),
+    ("4T", 4398046511104),
+    ("18446744073709551615", 2**64 - 1),
+    ("  42", 42),
+    ("1P", 1125899906842624),
+    ("0.5E", 576460752303423488),
+    # strtoull, base 0: hex and octal take a suffix; "08" is not octal, so
+    # strtold reads it; a hex "E" is a digit, not exa.
+    ("0x1000", 4096),
+    ("0X10k", 16384),
+    ("010K", 8192),
+    ("08", 8),
+    ("0x1E", 30),
+    ("0x", None),
+    # strtold: exponents, points, hex floats, rounded down.
+    ("1e3", 1000),
+    ("1.5", 1),
+    (".5k", 512),
+    ("5.k", 5120),
+    ("0x1p4", 16),
+    ("0x.8k", 512),
+    ("1e-3", 0),
+    ("1E", 1024**6),  # an "E" with no exponent is the suffix
+    ("1E+", None),
+    ("infinity", None),
+    ("-0", 0),  # as strtold reads it: not below zero
+    ("-0.5k", None),
+    # white space before, as strtoull and strtold skip it; not after.
+    ("\t\n42k", 43008),
+    ("42 ", None),
+    ("4 k", None),
+    ("1G 512M", None),
+    # what Python reads but C does not
+    ("1_000", None),
+    ("\uff14\uff12", None),
+    ("42\x00", None),
+    # past 64 bits: 16E and a product Flux lets wrap, a number strtoull
+    # overflows (strtold reads it as 2**64), a float past a double.
+    ("16E", None),
+    ("17E", None),
+    ("18446744073709551616", None),
+    ("0x10000000000000000", None),
+    ("1e400", None),
+    ("16383P", 16383 * 1024**5),
+]
+
+
+@pytest.mark.parametrize(("text", "size"), FLUX_SIZES)
+def test_parse_flux_size_takes_what_flux_takes(text, size):
+    if size is None:
+        with pytest.raises(ValueError, match=r"is not a size|is too large"):
+            parse_flux_size(text)
+    else:
+        assert parse_flux_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["1E20", "16E", "0x10000000000000000", "1e400"])
+def test_a_flux_size_past_64_bits_is_too_large(text):
+    with pytest.raises(SizeTooLarge, match=r"is too large \(16E or more\)"):
+        parse_flux_size(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["9" * 999_990 + "K", "0x" + "f" * 999_990, "0" + "7" * 999_990]
+)
+def test_a_flux_size_of_a_million_digits_is_refused_at_once(text):
+    # int() of a million decimal digits raises (Python's digit limit) or
+    # costs seconds; the count of digits says first that it overflows.
+    with pytest.raises(SizeTooLarge):
+        parse_flux_size(text)

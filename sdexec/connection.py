@@ -45,6 +45,7 @@ from sdexec.plan import (
 )
 from sdexec.process import OutputValve, Process
 from sdexec.protocol import Topic
+from sdexec.protocolbase import MAX_MATCHTAG
 from sdexec.refusal import RequestRefused, json_quoted, printable
 from sdexec.server import AwaitingStart, SdexecServer, revoked
 from sdexec.systemd import errno_for
@@ -468,6 +469,8 @@ class ClientProtocol(StdioReceivingProtocol):
             # A write's (refused silently, logged): every other request's
             # matchtag was checked with its envelope (_check_envelope).
             raise RequestError(errno.EINVAL, "matchtag: expected an integer >= 0")
+        if matchtag > MAX_MATCHTAG:
+            raise RequestError(errno.EINVAL, _PAST_MAX_MATCHTAG.format(matchtag))
         payload = message.get("payload", {})
         if not isinstance(payload, dict):
             raise RequestError(errno.EINVAL, "payload: expected an object")
@@ -739,7 +742,7 @@ class ClientProtocol(StdioReceivingProtocol):
             return
         self._send_error(
             topic if _is_text(topic) else "",  # as _request: it is echoed
-            message["matchtag"],  # an integer >= 1 (_check_envelope)
+            message["matchtag"],  # from 1 to MAX_MATCHTAG (_check_envelope)
             errno.EPROTO,
             reason,
         )
@@ -1032,12 +1035,23 @@ def _check_envelope(message: dict) -> None:
         raise FramingError(
             f"matchtag: expected an integer >= 1, got {json_quoted(matchtag)}"
         )
+    if matchtag > MAX_MATCHTAG:
+        raise FramingError(_PAST_MAX_MATCHTAG.format(matchtag))
+
+
+#: A matchtag a response of Flux's could not carry (RFC 6: 32 bits).
+_PAST_MAX_MATCHTAG = (
+    f"matchtag: {{}} is past {MAX_MATCHTAG}, the largest (RFC 6: a 32-bit integer)"
+)
 
 
 def _unanswerable_write(topic: object, matchtag: object) -> bool:
     """A write sent as Flux does (no matchtag: no response wanted), or with
-    one no response could carry: a refusal of it is not answered."""
-    return topic == Topic.WRITE and not (is_integer(matchtag) and matchtag > 0)
+    one no response could carry (not 1 to :data:`MAX_MATCHTAG`): a refusal
+    of it is not answered."""
+    return topic == Topic.WRITE and not (
+        is_integer(matchtag) and 0 < matchtag <= MAX_MATCHTAG
+    )
 
 
 def _errno_of(error: BaseException) -> int:

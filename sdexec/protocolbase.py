@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_OUTPUT_BUFSIZE",
     "DEFAULT_SOCKET_SUBPATH",
     "DEFAULT_STDIN_BUFSIZE",
+    "MAX_MATCHTAG",
     "MAX_SOCKET_PATH",
     "SOCKET_ENV",
     "STATUS_AND_ERROR",
@@ -96,6 +97,9 @@ DEFAULT_STDIN_BUFSIZE = 4096
 #: The most output one message carries unless the command's
 #: ``stdout_BUFSIZE`` or ``stderr_BUFSIZE`` option says otherwise.
 DEFAULT_OUTPUT_BUFSIZE = 1024 * 1024
+#: The largest matchtag: Flux's is a uint32 (RFC 6); a request numbered past
+#: it could not be answered on it by Flux's broker, and sdexec refuses it.
+MAX_MATCHTAG = 2**32 - 1
 #: The largest message either end accepts unless configured otherwise.
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from sdexec import protocolbase
 from sdexec.protocolbase import (
     DEFAULT_STDIN_BUFSIZE,
+    MAX_MATCHTAG,
     MAX_SOCKET_PATH,
     SOCKET_ENV,
     SYSTEM_SOCKET,
@@ -210,8 +211,7 @@ class Requests:
         the envelope's ``streaming`` when given (false runs an exec in the
         background)."""
         if matchtag is None:
-            matchtag = self._next_matchtag
-            self._next_matchtag += 1
+            matchtag = self._allocate()
         request = {
             "type": "request",
             "topic": topic,
@@ -221,6 +221,16 @@ class Requests:
         if streaming is not None:
             request["streaming"] = streaming
         return request
+
+    def _allocate(self) -> int:
+        """The next matchtag not in flight, from 1 again after
+        :data:`MAX_MATCHTAG` (RFC 6's matchtag is 32 bits: the service
+        refuses a larger one, and closes the connection)."""
+        while True:
+            matchtag = self._next_matchtag
+            self._next_matchtag = matchtag % MAX_MATCHTAG + 1
+            if matchtag not in self._in_flight:
+                return matchtag
 
     def track(self, request: dict[str, Any], pending: Pending) -> bool:
         """Route ``request``'s responses to ``pending``; ``False`` (and
@@ -236,7 +246,7 @@ class Requests:
         (on a socket taken over) to ``pending``; later requests are
         numbered after it."""
         self._in_flight[matchtag] = pending
-        self._next_matchtag = max(self._next_matchtag, matchtag + 1)
+        self._next_matchtag = max(self._next_matchtag, matchtag % MAX_MATCHTAG + 1)
 
     def forget(self, matchtag: int) -> None:
         """Route nothing more to the request of ``matchtag``, if it is still

@@ -21,11 +21,14 @@ from sdexec.command import Command, Found
 from sdexec.config import parse_config
 from sdexec.ioencode import encode_io
 from sdexec.protocol import ExecFlag
+from sdexec.protocolbase import MAX_MATCHTAG
+from sdexec.rpc import Requests
 from sdexec.server import SdexecServer
 
 UNIT = "sdexec-t.service"
 TRUE = {"cmdline": ["/bin/true"], "opts": {"SDEXEC_NAME": "sdexec-t"}}
 FLAGS = int(ExecFlag.STDOUT | ExecFlag.STDERR)
+PAST = "is past 4294967295, the largest (RFC 6: a 32-bit integer)"
 ZERO = (
     "matchtag: 0 is the service's own (its connection errors); number requests from 1"
 )
@@ -48,6 +51,9 @@ BAD_MATCHTAGS = {
     "bool": ({"matchtag": True}, "matchtag: expected an integer >= 1, got true"),
     "float": ({"matchtag": 1.0}, "matchtag: expected an integer >= 1, got 1.0"),
     "string": ({"matchtag": "7"}, 'matchtag: expected an integer >= 1, got "7"'),
+    # RFC 6's matchtag is 32 bits: these were answered on them.
+    "2**32": ({"matchtag": 2**32}, f"matchtag: 4294967296 {PAST}"),
+    "2**64": ({"matchtag": 2**64}, f"matchtag: 18446744073709551616 {PAST}"),
 }
 
 
@@ -106,6 +112,43 @@ async def test_a_write_with_matchtag_0_is_carried_out_unanswered(systemd, connec
     assert connection.responses() == before
     assert not connection.transport.disconnecting
     assert await read_to_eof(systemd.process_fd(UNIT, "stdin")) == b"data\n"
+
+
+@ensureDeferred
+async def test_a_write_past_32_bits_is_refused_unanswered(systemd, connection):
+    # As a write with a matchtag of -1: no response could carry it (it was
+    # answered on 2**64), so it is refused silently, and its stdin closed.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE}, matchtag=1)
+    systemd.run(UNIT)
+    before = connection.responses()
+    io = encode_io("stdin", "0", b"data\n", eof=True)
+    connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=2**32)
+    assert connection.responses() == before
+    assert not connection.transport.disconnecting
+    assert await read_to_eof(systemd.process_fd(UNIT, "stdin")) == b""
+
+
+class _Waiting:
+    """A request in flight (sdexec.rpc.Pending) that nothing answers."""
+
+    streaming = False
+
+    def respond(self, payload: dict) -> None:
+        raise AssertionError(payload)
+
+    def end(self, error: Exception) -> None:
+        raise AssertionError(error)
+
+
+def test_a_client_numbers_requests_from_1_again_past_32_bits():
+    # The clients counted on for ever: request 2**32 closed the connection.
+    requests = Requests("/nowhere")
+    first = requests.new("sdexec.exec", {})
+    requests.track(first, _Waiting())
+    requests.adopt(MAX_MATCHTAG - 1, _Waiting())
+    numbered = [requests.new("sdexec.list", {})["matchtag"] for _ in range(2)]
+    # The last one, then 1 again, which is in flight: 2.
+    assert numbered == [MAX_MATCHTAG, 2]
 
 
 def test_a_fault_of_ours_in_a_silent_write_sends_nothing(server, connection):

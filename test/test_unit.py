@@ -142,7 +142,9 @@ def test_statuses_200_to_243_are_systemd_failures(status):
         (
             200,
             errno.ENOENT,
-            "exit status 200/CHDIR (result: exit-code): cannot enter /w",
+            "exit status 200/CHDIR (result: exit-code): cannot enter /w (or the"
+            " command itself exited 200 at once: systemd tells the two apart in"
+            " no way)",
         ),
         (204, errno.ENOENT, "exit status 204/MEMORY (result: exit-code)"),
         (217, errno.ENOENT, "exit status 217/USER (result: exit-code)"),
@@ -167,7 +169,10 @@ def test_every_systemd_exit_code_is_enoent_as_upstream(status):
 
 def test_a_chdir_failure_without_a_cwd_names_the_default():
     _, message = exited(200).failure("/opt/x", None)
-    assert message.endswith(": cannot enter its default working directory")
+    assert message.endswith(
+        ": cannot enter its default working directory (or the command itself"
+        " exited 200 at once: systemd tells the two apart in no way)"
+    )
 
 
 def test_failure_without_exit_status_gives_the_result():

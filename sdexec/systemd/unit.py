@@ -219,7 +219,7 @@ class UnitStatus:
         ``executable`` it could not execute (203/EXEC: the plan found the
         file executable, so the exec itself failed), the working directory
         ``cwd`` it could not enter (200/CHDIR; ``None``: the manager's
-        default)."""
+        default), which may also be a command's own ``exit 200``."""
         if not self._systemd_exit:
             return (
                 NOT_STARTED_ERRNO,
@@ -237,7 +237,14 @@ class UnitStatus:
                 " missing #! interpreter, a binary for another machine...)"
             )
         elif self.status == EXIT_CHDIR:
-            message += f": cannot enter {cwd or 'its default working directory'}"
+            # A command that exits 200 itself before systemd has seen the
+            # exec fails its unit exactly so (systemd 252 gives nothing to
+            # tell them apart): the directory may well exist.
+            message += (
+                f": cannot enter {cwd or 'its default working directory'}"
+                f" (or the command itself exited {EXIT_CHDIR} at once: systemd"
+                " tells the two apart in no way)"
+            )
         return _EXIT_ERRNO.get(self.status, NOT_STARTED_ERRNO), message
 
     @property

@@ -501,6 +501,24 @@ def _undrain(options: argparse.Namespace) -> int:
     return STILL_DRAINED if remaining else 0
 
 
+def _reload(options: argparse.Namespace) -> int:
+    """``sdexec.reload``: the service's configuration file read again (the
+    units' ``ExecReload=``). A refusal is the service's reason on stderr,
+    and exit status 1, which ``systemctl reload`` reports."""
+    try:
+        reply = request(options, Topics.RELOAD, {})
+    except RPCError as failure:
+        if failure.errnum != errno.ENOSYS:
+            raise
+        raise RPCError(
+            failure.errnum,
+            f"{failure.errstr}: this service has no reload request (an sdexec"
+            " older than this command, or not sdexec): send it SIGHUP",
+        ) from None
+    print_out(f"configuration reloaded from {visible(str(reply.get('config')))}")
+    return 0
+
+
 def _drain_causes(reply: dict, each: str, joined: str) -> list[str]:
     """An undrain reply's causes under ``each`` (a list), else under
     ``joined`` (one string: a service from before the lists), printable."""
@@ -518,6 +536,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "cancel": _cancel,
     "stats": _stats,
     "undrain": _undrain,
+    "reload": _reload,
     "wait": _wait,
     "attach": _attach,
 }

@@ -382,6 +382,10 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
     "cancel": ("terminate a job (its JOB TERMINATION sequence)", _add_cancel),
     "stats": ("print the service's statistics as JSON", _add_stats),
     "undrain": ("clear what drained the service, but what lifts itself", _no_arguments),
+    "reload": (
+        "reload the service's configuration file; fails with why if refused",
+        _no_arguments,
+    ),
     "wait": ("wait for a process started with run --bg --waitable", _add_target),
     "attach": ("follow a background process's output (Ctrl-C detaches)", _add_target),
 }

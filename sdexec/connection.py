@@ -102,6 +102,8 @@ class ClientProtocol(StdioReceivingProtocol):
             Topic.ATTACH: self._attach,
             Topic.TERMINATE: lambda matchtag, payload: self.server.terminate(payload),
         }
+        if server.reloader is not None:  # else unknown, as to any other server
+            self._handlers[Topic.RELOAD] = self._reload
         #: Whether the transport has paused us: its buffer of responses is full.
         self._paused = False
         #: Holds back the output of the processes writing to it meanwhile.
@@ -516,6 +518,23 @@ class ClientProtocol(StdioReceivingProtocol):
                 errno.EPERM,
                 f"{revoked(uid)}: this connection may make no more requests",
             )
+
+    def _reload(self, matchtag: int, payload: dict) -> defer.Deferred[dict]:
+        """``sdexec.reload`` (an extension, ``sdexec reload``): reload the
+        configuration file, answered with the file now in force or with
+        why the old configuration stays. The owner's alone, as a SIGHUP
+        is: ``allow-users`` may run commands, not change what the site
+        lets them do."""
+        reloader = self.server.reloader
+        assert reloader is not None, "the topic is served only with a reloader"
+        uid, owner = self._admitted_uid, self.server.owner_uid
+        if uid != owner:
+            raise RequestError(
+                errno.EPERM,
+                f"{Topic.RELOAD.value}: only the service's owner (uid {owner}) may"
+                f" reload its configuration, not uid {uid}",
+            )
+        return reloader().addCallback(lambda path: {"config": path})
 
     def _exec(self, matchtag: int, payload: dict, streaming: bool = True) -> None:
         """An ``sdexec.exec`` (``streaming`` false: in the background), once

@@ -193,7 +193,7 @@ class Metrics:
         #: outcomes): labels() takes a lock and checks its arguments.
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self.reloads = Counter(
-            "sdexec_config_reloads", "SIGHUP reloads, by outcome (ok, refused).",
+            "sdexec_config_reloads", "Configuration reloads, by outcome (ok, refused).",
             ["outcome"], registry=self.registry,
         )  # fmt: skip
         #: A scrape that fails logs its traceback through it: any local user

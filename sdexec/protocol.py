@@ -73,3 +73,4 @@ class Topic(enum.StrEnum):
     WAIT = Topics.WAIT
     ATTACH = Topics.ATTACH
     TERMINATE = Topics.TERMINATE
+    RELOAD = Topics.RELOAD

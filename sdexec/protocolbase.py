@@ -84,6 +84,9 @@ class Topics:
     WAIT = "sdexec.wait"
     ATTACH = "sdexec.attach"
     TERMINATE = "sdexec.terminate"
+    #: An sdexec extension (docs/protocol.md): the owner's reload, answered
+    #: with its outcome.
+    RELOAD = "sdexec.reload"
 
 
 #: A ``sdexec.wait`` payload's key (an extension, docs/protocol.md): true

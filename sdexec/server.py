@@ -176,6 +176,10 @@ class SdexecServer:
         #: each exec stream's responder, ``watch_output(responder)`` an
         #: attach's or a wait's, ``error_sent(topic, errnum)`` sees errors.
         self.observer: Metrics | None = None
+        #: The service's reload (``sdexec.reload``): fires with the file now
+        #: in force, or fails with why not. ``None``: a server with no
+        #: service to reload (the topic is unknown, ENOSYS).
+        self.reloader: Callable[[], defer.Deferred[str]] | None = None
         self._next_connection_id = 0
         #: The processes that run jobs: time limits, termination, ``jobs``.
         self.jobs = Jobs(self.drain, self.count)

@@ -3,7 +3,9 @@
 :class:`SdexecService` is what the twistd plugin runs. Start-up order:
 connect to systemd (a service that cannot reach systemd exits with that
 reason), then listen. ``SIGHUP`` reloads the configuration: a bad file is
-logged and the running configuration stays. Losing systemd is not fatal:
+logged and the running configuration stays; an ``sdexec.reload`` request
+(``sdexec reload``, the units' ``ExecReload=``) runs the same reload and is
+answered with its outcome. Losing systemd is not fatal:
 the client reconnects, the service drains only if that takes longer than
 ``[systemd] reconnect-timeout`` (sdexec/outage.py). Units of an earlier run
 are found at start (sdexec/leftovers.py). Stopping the service stops and
@@ -54,6 +56,7 @@ from sdexec.notify import Readiness, describe_server
 from sdexec.outage import SystemdOutage
 from sdexec.ownerlock import AlreadyServed, OwnerLock
 from sdexec.protocol import default_socket_path
+from sdexec.refusal import RequestRefused
 from sdexec.server import SdexecServer
 from sdexec.signals import signal_name
 from sdexec.sockets import (
@@ -70,7 +73,7 @@ from sdexec.stats import recent, stats_site
 from sdexec.systemd import Manager, SystemdClient, SystemdError
 from sdexec.systemd.errors import NO_BUS_ADDRESS
 
-__all__ = ["EX_CONFIG", "SdexecService", "default_listen_endpoint"]
+__all__ = ["EX_CONFIG", "ReloadRefused", "SdexecService", "default_listen_endpoint"]
 
 log = Logger()
 
@@ -198,7 +201,7 @@ class SdexecService(Service):
     def startService(self) -> None:
         super().startService()
         # First: SIGHUP's default action ends the process, and a reload may
-        # be asked for (systemctl reload, kill -HUP) while the start waits.
+        # be asked for (kill -HUP) while the start waits.
         self._install_sighup()
         self._start().addCallbacks(self.ready.callback, self._start_failed)
 
@@ -262,7 +265,7 @@ class SdexecService(Service):
         systemd.debug = self.config.systemd.sdbus_debug
         systemd.max_inflight = self.config.systemd.max_inflight
         clock = timers_clock(self.reactor)
-        return SdexecServer(
+        server = SdexecServer(
             systemd,
             self.config,
             self.reactor,
@@ -273,6 +276,8 @@ class SdexecService(Service):
             marks=marks,
             hold_leftover_stops=True,
         )
+        server.reloader = self._reload_asked
+        return server
 
     def _watch_systemd(self, systemd: Manager, server: SdexecServer) -> None:
         """Judge the manager's version, and follow systemd's losses and
@@ -461,6 +466,24 @@ class SdexecService(Service):
             log.info("reload asked for while starting: it runs once listening")
             self.reload_when_started = True
 
+    def _reload_asked(self) -> defer.Deferred[str]:
+        """An ``sdexec.reload`` request's reload (``systemctl reload``'s):
+        the same as a SIGHUP's, whose outcome it is answered with. A
+        client can connect from when the service listens, a moment before
+        it serves, and a connection may last into the stop: a request
+        then is refused (EAGAIN, ECANCELED), not deferred as a SIGHUP is."""
+        if self.stopped:
+            return defer.fail(ReloadRefused(errno.ECANCELED, _STOPPING))
+        if not self.serving:
+            return defer.fail(
+                ReloadRefused(
+                    errno.EAGAIN,
+                    "the service is still starting: the configuration it"
+                    " starts with is read already; reload once it is ready",
+                )
+            )
+        return self.reload_or_refuse()
+
     def _reload_on_signal(self) -> None:
         """A SIGHUP's reload, whose outcome nobody waits for: a fault of
         ours in it is logged now, not when its Deferred is collected."""
@@ -469,29 +492,40 @@ class SdexecService(Service):
     def reload(self, path: str | None = None) -> defer.Deferred[bool]:
         """Load the configuration again and rebuild the mapper; a bad file or
         a mapper that cannot be built keeps the old configuration in force.
-        Fires with whether the new one is in force. Reloads run one at a
-        time, in the order asked. Running processes are not touched (but
-        leftovers, under a ``leftover-units`` changed to ``stop``); the next
-        request sees the new configuration, and the drain is judged afresh
-        (the manager's version, the device canary, the leftovers)."""
+        Fires with whether the new one is in force (:meth:`reload_or_refuse`
+        says why not)."""
+        return self.reload_or_refuse(path).addCallbacks(lambda _path: True, _refused)
+
+    def reload_or_refuse(self, path: str | None = None) -> defer.Deferred[str]:
+        """The one reload, a SIGHUP's and an ``sdexec.reload`` request's
+        alike: fires with the file now in force, or fails with
+        :class:`ReloadRefused` saying why the old configuration stays (as
+        logged). Reloads run one at a time, in the order asked. Running
+        processes are not touched (but leftovers, under a
+        ``leftover-units`` changed to ``stop``); the next request sees the
+        new configuration, and the drain is judged afresh (the manager's
+        version, the device canary, the leftovers)."""
         return self._reloads.run(
             lambda: defer.Deferred.fromCoroutine(self._reload_once(path))
         )
 
-    async def _reload_once(self, path: str | None) -> bool:
+    async def _reload_once(self, path: str | None) -> str:
         if self.stopped:  # one that waited for another, the stop between
             log.info("reload dropped: the service is stopping")
-            return False
+            raise ReloadRefused(errno.ECANCELED, _STOPPING)
         self.readiness.reloading()
         try:
             reloaded = await self._reload(path or self.config.source)
-            self.metrics.reloaded(reloaded)
+            self.metrics.reloaded(True)
             return reloaded
+        except ReloadRefused:
+            self.metrics.reloaded(False)
+            raise
         finally:
             if not self.stopped:  # nothing after STOPPING=1
                 self.readiness.reloaded()
 
-    async def _reload(self, path: str) -> bool:
+    async def _reload(self, path: str) -> str:
         try:
             # In a thread, the file's parse and check and the mapper's
             # build: a large YAML file, a user looked up through LDAP,
@@ -508,22 +542,18 @@ class SdexecService(Service):
                 config,
             )
         except (ConfigError, ValueError, OSError) as error:
-            log.error("reload refused, old configuration kept: {error}", error=error)
-            return False
+            raise _refusing(str(error)) from None
         if self.stopped:
             log.info("reload dropped: the service stopped meanwhile")
-            return False
+            raise ReloadRefused(errno.ECANCELED, _STOPPING)
         config = _with_command_line(config, self._command_line)
         if config.systemd.bus != self.config.systemd.bus:
             # The connection is made once: the configuration in force must
             # keep naming the manager the service really talks to.
-            log.error(
-                "reload refused, old configuration kept: {path}: systemd.bus:"
-                " the {old} manager is in use; a new bus needs a restart",
-                path=path,
-                old=self.config.systemd.bus,
+            raise _refusing(
+                f"{path}: systemd.bus: the {self.config.systemd.bus} manager is"
+                " in use; a new bus needs a restart"
             )
-            return False
         config = self._keep_start_only_settings(config, path)
         self.config = config
         if self.server is not None:
@@ -533,7 +563,7 @@ class SdexecService(Service):
             self.server.verify_devices()
         self._warn_if_allowed_users_kept_out()
         log.info("configuration reloaded from {path}", path=path)
-        return True
+        return path
 
     def _keep_start_only_settings(self, config: Config, path: str) -> Config:
         """``config`` with the values in force of the settings read only at
@@ -582,6 +612,33 @@ class SdexecService(Service):
             self.metrics.log_rate.stop()  # what it held back is said now
             if self.owner_lock is not None:
                 self.owner_lock.release()  # its units are stopped: the next may
+
+
+class ReloadRefused(RequestRefused):
+    """A reload that left the configuration in force as it was: ``errnum``
+    and ``errstr`` (why) are what an ``sdexec.reload`` request is answered
+    with."""
+
+
+#: Why a reload that the stop overtook did nothing.
+_STOPPING = "the service is stopping: the configuration was not reloaded"
+
+
+def _refusing(reason: str) -> ReloadRefused:
+    """A configuration refused (``reason`` names the file and the key, or
+    the mapper's failure): logged here, for a SIGHUP's reload has nobody
+    else to tell."""
+    log.error("reload refused, old configuration kept: {reason}", reason=reason)
+    return ReloadRefused(
+        errno.EINVAL, f"reload refused, old configuration kept: {reason}"
+    )
+
+
+def _refused(failure: Failure) -> bool:
+    """:meth:`SdexecService.reload`'s ``False`` for a refusal (said in the
+    log already); any other failure, a fault of ours, goes on."""
+    failure.trap(ReloadRefused)
+    return False
 
 
 def _setting(name: str, value: object) -> str:

@@ -209,6 +209,7 @@ PAYLOADS = {
     Topic.WAIT: (target_payloads, malformed_target_payloads),
     Topic.ATTACH: (attach_payloads, malformed_target_payloads),
     Topic.TERMINATE: (terminate_payloads, malformed_terminate_payloads),
+    Topic.RELOAD: (empty_payloads, json_values),
 }
 
 valid_requests = st.sampled_from(sorted(PAYLOADS)).flatmap(

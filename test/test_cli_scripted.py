@@ -380,6 +380,31 @@ def test_an_undrain_prints_each_cause_though_a_reason_holds_the_separator(serve)
     )
 
 
+def _unknown_topic(request: dict) -> list[dict]:
+    return [failure(request, errno.ENOSYS, f"unknown topic {request['topic']!r}")]
+
+
+def test_a_reload_a_service_lacks_says_to_send_sighup(serve):
+    # A service without sdexec.reload (an older sdexec): ENOSYS, and what
+    # reloads it still, where ExecReload would otherwise only fail.
+    done = sdexec(serve(_unknown_topic), "reload")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1,
+        b"",
+        b"sdexec: unknown topic 'sdexec.reload': this service has no reload request"
+        b" (an sdexec older than this command, or not sdexec): send it SIGHUP\n",
+    )
+
+
+def test_a_refused_reload_prints_the_services_reason_and_exits_1(serve):
+    said = "reload refused, old configuration kept: /c.toml: sdexec.x: unknown key"
+    refused = lambda request: [failure(request, errno.EINVAL, said)]  # noqa: E731
+    done = sdexec(serve(refused), "reload")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1, b"", f"sdexec: {said}\n".encode()
+    )  # fmt: skip
+
+
 def test_an_undrain_of_a_node_not_drained_exits_0(serve):
     done = sdexec(serve(answering({"reason": None, "cleared": []})), "undrain")
     assert (done.returncode, done.stdout) == (0, b"not drained\n")

@@ -94,6 +94,9 @@ def test_a_connection_closed_for_a_protocol_error_is_logged(systemd, connection)
          errno.EINVAL, "payload: expected an object"),
         ({"type": "request", "topic": "sdexec.nope", "matchtag": 1}, errno.ENOSYS,
          "unknown topic 'sdexec.nope'"),
+        # A server with no service to reload (the service's own has one).
+        ({"type": "request", "topic": "sdexec.reload", "matchtag": 1}, errno.ENOSYS,
+         "unknown topic 'sdexec.reload'"),
     ],
 )  # fmt: skip
 def test_a_bad_envelope_is_answered_with_an_error(connection, message, errnum, text):

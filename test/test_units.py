@@ -68,8 +68,10 @@ class Units:
         path.write_text(config)
         twistd = (f"{sys.executable} -c 'from twisted.scripts.twistd import run;"
                   f" run()' {_shipped_arguments(service, path)}")  # fmt: skip
+        reload = f"{sys.executable} -m sdexec.cli {_shipped_reload(service)}"
         (self.dropins / "test.conf").write_text(
             f"[Service]\nExecStart=\nExecStart={twistd}\n"
+            f"ExecReload=\nExecReload={reload}\n"
             f"Environment=PYTHONPATH={REPO}\nWorkingDirectory={self.directory}\n"
             f"StandardOutput=append:{self.log}\nStandardError=inherit\n" + dropin
         )
@@ -93,6 +95,26 @@ def _shipped_arguments(service: str, config: Path) -> str:
     text = (REPO / "etc" / service).read_text()
     [command] = re.findall(r"^ExecStart=\S+ twistd (.*)$", text, re.MULTILINE)
     return re.sub(r"--config \S+", f"--config {config}", command)
+
+
+def _shipped_reload(service: str) -> str:
+    """The ``sdexec`` command's arguments in ``etc/SERVICE``'s ExecReload."""
+    text = (REPO / "etc" / service).read_text()
+    [arguments] = re.findall(
+        r"^ExecReload=/usr/bin/env sdexec (.*)$", text, re.MULTILINE
+    )
+    return arguments
+
+
+@pytest.mark.parametrize("service", ["sdexec.service", "sdexec-system.service"])
+def test_the_units_reload_with_sdexec_reload(service):
+    # Not kill -HUP: systemctl reload succeeded whatever the service made
+    # of its file; `sdexec reload` fails with the reason it was refused.
+    assert [
+        line
+        for line in (REPO / "etc" / service).read_text().splitlines()
+        if line.startswith("ExecReload")
+    ] == ["ExecReload=/usr/bin/env sdexec reload"]
 
 
 @pytest.fixture
@@ -124,16 +146,33 @@ def test_the_shipped_units_activate_notify_reload_and_stop(units):
     _wait_for(lambda: _show(service, "StatusText")["StatusText"]
               == "serving 0 processes", "the status line")  # fmt: skip
 
-    # SIGHUP: the service sends RELOADING=1, reloads (the mapper built in a
-    # thread: systemd shows "reloading" meanwhile), READY=1, stays active.
+    # `sdexec reload`: the service sends RELOADING=1, reloads (the mapper
+    # built in a thread: systemd shows "reloading" meanwhile), READY=1,
+    # answers; ExecReload exits with the outcome. The unit stays active.
     reloaded = _systemctl("reload", service)
     assert reloaded.returncode == 0, reloaded.stderr
-    # `reload` is done once its `kill -HUP` is, the service maybe not yet
-    # told: active then says nothing. Its reload counted, then active.
-    _wait_for(lambda: 'sdexec_config_reloads_total{outcome="ok"} 1.0'
-              in stats_page(port, "metrics").decode(), "the reload")  # fmt: skip
+    assert (
+        'sdexec_config_reloads_total{outcome="ok"} 1.0'
+        in stats_page(port, "metrics").decode()
+    )
     _wait_for(lambda: _show(service, "ActiveState")["ActiveState"] == "active",
               "the reload's READY=1")  # fmt: skip
+    # A file the service refuses fails the reload with its reason (kill -HUP
+    # succeeded: only the service's log said), the old configuration kept.
+    config = units.directory / "sdexec.toml"
+    config.write_text(ACTIVATED + "max-frame-sise = 5\n")
+    refused = _systemctl("reload", service)
+    assert refused.returncode != 0
+    said = (f"sdexec: reload refused, old configuration kept: {config}:"
+            " sdexec.max-frame-sise: unknown key in [sdexec] (did you mean"
+            " max-frame-size?)")  # fmt: skip
+    assert said in units.log.read_text().splitlines()  # ExecReload's stderr
+    assert (
+        'sdexec_config_reloads_total{outcome="refused"} 1.0'
+        in stats_page(port, "metrics").decode()
+    )
+    _wait_for(lambda: _show(service, "ActiveState")["ActiveState"] == "active",
+              "active after the refused reload")  # fmt: skip
 
     stopped = _systemctl("stop", service, f"{NAME}.socket")
     assert stopped.returncode == 0, stopped.stderr
@@ -208,6 +247,10 @@ def test_the_hardened_system_unit_runs_a_process(units, user_manager, config):
               == "serving 0 processes", "the status line")  # fmt: skip
     ran = _sdexec(units.socket, "run", "-n", "echo", "hardened")
     assert (ran.returncode, ran.stdout) == (0, b"hardened\n"), ran.stderr
+    # ExecReload's `sdexec reload`, in the unit's sandbox too, finds the
+    # socket at its default path (XDG_RUNTIME_DIR=%t) and is answered.
+    reloaded = _systemctl("reload", service)
+    assert reloaded.returncode == 0, _systemctl("status", service).stdout
     if config is CONTAINED and _gpus_hwloc_sees():
         # A GPU node: hwloc, run by the service under the unit's system call
         # filter and MemoryDenyWriteExecute (where it may start the GPU's

@@ -1,0 +1,159 @@
+"""``sdexec.reload`` and ``sdexec reload`` against the real service and the
+test systemd manager: the reload a SIGHUP runs, answered with its outcome
+(what the units' ``ExecReload=`` reports to ``systemctl reload``)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pytest_twisted import ensureDeferred
+from support import ConfigText, RunningService, command
+from test_sockets import NOBODY
+from twisted.internet import defer
+from twisted.internet.threads import deferToThread
+
+import sdexec.cli
+import sdexec.cliargs  # imported here: the child running as nobody may not read it
+from sdexec.client import RPCError
+
+pytestmark = pytest.mark.systemd
+
+REPO = Path(__file__).resolve().parent.parent
+RELOADS = "sdexec_config_reloads_total"
+
+
+def _sdexec_reload(socket: str) -> defer.Deferred[subprocess.CompletedProcess]:
+    """This checkout's ``sdexec reload``, as the units' ExecReload runs it."""
+    return deferToThread(
+        subprocess.run,
+        [sys.executable, "-m", "sdexec.cli", "--socket", socket, "reload"],
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def _reloads(service: RunningService, outcome: str) -> float:
+    """The reloads counted with ``outcome``; 0 before the first (an
+    outcome's sample is there once it has happened)."""
+    counted = service.service.metrics.registry.get_sample_value(
+        RELOADS, {"outcome": outcome}
+    )
+    return counted or 0.0
+
+
+@ensureDeferred
+async def test_reload_answers_success_then_a_refusal_naming_the_key(
+    start_service,
+):
+    service = await start_service()
+    client = await service.connect()
+    # A job running across both reloads: untouched by either.
+    running = client.exec(command(["sleep", "300"]), 3, background=True)
+    await running.done
+    pid = running.pid
+
+    service.write_config(ConfigText(sdexec="max-connections-per-user = 77"))
+    done = await _sdexec_reload(service.socket_path)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0, f"configuration reloaded from {service.config_path}\n".encode(), b""
+    )  # fmt: skip
+    assert service.service.config.sdexec.max_connections_per_user == 77
+    assert _reloads(service, "ok") == 1
+
+    service.write_config(ConfigText(sdexec='max-frame-size = "big"'))
+    done = await _sdexec_reload(service.socket_path)
+    assert (done.returncode, done.stdout) == (1, b"")
+    assert done.stderr.decode() == (
+        f"sdexec: reload refused, old configuration kept: {service.config_path}:"
+        " sdexec.max-frame-size: expected a size of at least 1M (bytes, or with"
+        ' B, K, M, G, T, P or E), got "big"\n'
+    )
+    assert service.service.config.sdexec.max_connections_per_user == 77
+    assert _reloads(service, "refused") == 1
+    # The request's errno, for a client of the protocol.
+    with pytest.raises(RPCError) as refused:
+        await client.rpc("sdexec.reload", {})
+    assert refused.value.errnum == errno.EINVAL
+
+    [listed] = (await client.list())["procs"]
+    assert (listed["pid"], listed["state"]) == (pid, "R")
+    await client.kill(pid=pid, signum=9)
+
+
+@ensureDeferred
+async def test_reloads_asked_together_run_one_after_the_other(start_service):
+    # A SIGHUP's reload and requests on two connections: one at a time, each
+    # answered with its own outcome once the one before it has ended.
+    service = await start_service()
+    first, second = await service.connect(), await service.connect()
+    ended: list[str] = []
+    signalled = service.service.reload().addCallback(
+        lambda taken: ended.append(f"sighup {taken}")
+    )
+    asked = [
+        client.rpc("sdexec.reload", {}).addCallback(
+            lambda reply, n=n: ended.append(f"request {n} {reply}")
+        )
+        for n, client in enumerate((first, second))
+    ]
+    await defer.gatherResults([signalled, *asked])
+    path = str(service.config_path)
+    assert ended == [
+        "sighup True",
+        f"request 0 {{'config': '{path}'}}",
+        f"request 1 {{'config': '{path}'}}",
+    ]
+    assert _reloads(service, "ok") == 3
+
+
+async def _reload_as_nobody(socket: str) -> tuple[int, bytes]:
+    """``sdexec reload`` in a child running as uid 65534 (forked: the
+    interpreter's own files may be out of that user's reach); its exit
+    status and what it wrote."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no reactor, no pytest; only this, then _exit
+        status = 99
+        try:
+            os.dup2(writer, 1)
+            os.dup2(writer, 2)
+            # pytest's own capture: not the descriptors
+            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+            os.setuid(NOBODY)
+            status = sdexec.cli.main(["--socket", socket, "reload"])
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(status)
+    os.close(writer)
+    _, status = await deferToThread(os.waitpid, pid, 0)
+    with os.fdopen(reader, "rb") as said:
+        return os.waitstatus_to_exitcode(status), said.read()
+
+
+@ensureDeferred
+async def test_only_the_owner_may_reload(user_manager, shared_dir):
+    # allow-users may run commands as the service's user, not change the
+    # site's configuration: EPERM, and the reload never runs.
+    allowed = ConfigText(sdexec=f'socket-mode = "0666"\nallow-users = [{NOBODY}]')
+    service = RunningService(shared_dir, allowed)
+    await service.start()
+    try:
+        status, said = await _reload_as_nobody(service.socket_path)
+        refusals = _reloads(service, "refused")
+        taken = _reloads(service, "ok")
+    finally:
+        await service.stop()
+    assert (status, said.decode()) == (
+        1,
+        f"sdexec: sdexec.reload: only the service's owner (uid {os.getuid()})"
+        f" may reload its configuration, not uid {NOBODY}\n",
+    )
+    assert (refusals, taken) == (0, 0)

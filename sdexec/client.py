@@ -594,6 +594,13 @@ class SdexecClient(JSONLineProtocol):
         (docs/protocol.md)."""
         return self.rpc(Topic.UNDRAIN, {})
 
+    def reload(self) -> Deferred[dict]:
+        """Have the service read its configuration file again, as a
+        ``SIGHUP`` does (``sdexec.reload``, the owner's only): ``{"config":
+        PATH}``, the file now in force; ``RPCError`` ``EINVAL`` with the
+        refusal, naming the key, when the old configuration stays."""
+        return self.rpc(Topic.RELOAD, {})
+
     def close(self) -> Deferred[None]:
         """Close the connection (which stops its streaming processes); a
         Deferred of its own that fires ``None`` once it is closed. Requests

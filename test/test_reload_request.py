@@ -78,8 +78,12 @@ async def test_reload_answers_success_then_a_refusal_naming_the_key(
     assert _reloads(service, "refused") == 1
     # The request's errno, for a client of the protocol.
     with pytest.raises(RPCError) as refused:
-        await client.rpc("sdexec.reload", {})
+        await client.reload()
     assert refused.value.errnum == errno.EINVAL
+    assert refused.value.errstr == done.stderr.decode()[len("sdexec: ") : -1]
+    service.write_config(ConfigText(sdexec="max-connections-per-user = 78"))
+    assert await client.reload() == {"config": str(service.config_path)}
+    assert service.service.config.sdexec.max_connections_per_user == 78
 
     [listed] = (await client.list())["procs"]
     assert (listed["pid"], listed["state"]) == (pid, "R")

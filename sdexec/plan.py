@@ -184,6 +184,16 @@ class ExecPlan:
         request's where the site lets it choose)."""
         return next((str(p.value) for p in self.properties if p.name == "Slice"), None)
 
+    @property
+    def soft_file_limit(self) -> UnitProperty | None:
+        """The property that sets the unit's soft limit of open files:
+        ``LimitNOFILESoft``, else ``LimitNOFILE`` (systemd sets both limits
+        from the first of them it is sent); ``None``: neither is set."""
+        limits = {
+            p.name: p for p in self.properties if p.name.startswith("LimitNOFILE")
+        }
+        return limits.get("LimitNOFILESoft", limits.get("LimitNOFILE"))
+
     def forwards(self, stream: str) -> bool:
         """Whether the client asked for this output stream."""
         flag = ExecFlag.STDOUT if stream == "stdout" else ExecFlag.STDERR

@@ -976,7 +976,10 @@ class Process:
         if status.has_failed or (
             status.failed_without_status and self._failure_confirmed
         ):
-            self._fail(*status.failure(self.plan.executable, self.plan.command.cwd))
+            plan = self.plan
+            self._fail(
+                *status.failure(plan.executable, plan.command.cwd, plan.soft_file_limit)
+            )
         elif (
             status.failed_without_status
             and UnitCall.CONFIRM_FAILURE not in self._called

@@ -389,6 +389,47 @@ async def test_a_site_dependency_systemd_does_not_know_is_enoent(start_service):
     await wait_until_reaped(service, "sdexec-*")
 
 
+@pytest.mark.parametrize(
+    ("site", "said"),
+    [
+        # systemd has no descriptor to open the executable: 203/EXEC, which
+        # said "a missing #! interpreter" (review session 46).
+        ('LimitNOFILE = "3"', "203/EXEC (result: exit-code): cannot execute "),
+        # One to open it, none to move it to: 202/FDS, which said nothing.
+        ('LimitNOFILE = "100"\nLimitNOFILESoft = "4"', "202/FDS (result: exit-code)"),
+    ],
+)
+@ensureDeferred
+async def test_a_site_s_limit_of_open_files_too_low_to_execute_is_named(
+    start_service, site, said
+):
+    service, result = await true_under(start_service, site)
+    assert result.error is not None
+    assert result.error.errnum == errno.ENOENT
+    soft = site.splitlines()[-1].replace(" = ", "=").replace('"', "")
+    message = result.error.errstr
+    assert said in message
+    assert f"open files, {soft} from [exec.sdexec-properties], is below" in message
+    assert "interpreter" not in message
+    await wait_until_reaped(service, "sdexec-*")
+
+
+@ensureDeferred
+async def test_a_request_s_limit_of_open_files_too_low_to_execute_is_named(
+    start_service,
+):
+    service = await start_service(
+        sdexec='request-properties = ["@default", "LimitNOFILE"]',
+        extra='[exec.sdexec-properties]\nLimitNOFILE = "1000"\n',
+    )
+    client = await service.connect()
+    result = await run(client, ["true"], opts={"SDEXEC_PROP_LimitNOFILE": "3"})
+    assert result.error is not None
+    assert result.error.errnum == errno.ENOENT
+    assert "files, SDEXEC_PROP_LimitNOFILE=3 from the request," in result.error.errstr
+    await wait_until_reaped(service, "sdexec-*")
+
+
 @ensureDeferred
 async def test_a_site_s_hardening_booleans_and_umask_reach_the_unit(start_service):
     # Sent as strings, each failed every job: "Unexpected message contents".

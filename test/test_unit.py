@@ -16,10 +16,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sdexec.property import UnitProperty
 from sdexec.systemd.unit import (
     CLD_DUMPED,
     CLD_EXITED,
     CLD_KILLED,
+    EXEC_NEEDS_FILES,
     SYSTEMD_EXIT_CODES,
     UnitStatus,
     wait_status,
@@ -159,6 +161,43 @@ def test_failure_names_systemds_exit_code(status, errnum, text):
     failure_errno, message = exited(status).failure("/opt/x", "/w")
     assert failure_errno == errnum
     assert message == f"systemd could not run the command: {text}"
+
+
+@pytest.mark.parametrize(
+    ("status", "files", "text"),
+    [
+        (
+            203,
+            UnitProperty("LimitNOFILE", "t", 3, "config"),
+            "exit status 203/EXEC (result: exit-code): cannot execute /opt/x (the"
+            " unit's limit of open files, LimitNOFILE=3 from"
+            " [exec.sdexec-properties], is below the 5 that systemd needs to"
+            " execute a command: the 3 standard streams and 2 of its own)",
+        ),
+        (
+            202,
+            UnitProperty("LimitNOFILESoft", "t", 4, "request"),
+            "exit status 202/FDS (result: exit-code): the unit's limit of open"
+            " files, SDEXEC_PROP_LimitNOFILESoft=4 from the request, is below the"
+            " 5 that systemd needs to execute a command: the 3 standard streams"
+            " and 2 of its own",
+        ),
+    ],
+)
+def test_failure_names_a_limit_of_open_files_too_low_to_execute(status, files, text):
+    # With LimitNOFILE=3 systemd cannot open the executable (203/EXEC), and
+    # the message sent the admin after a #! interpreter (review session 46).
+    failure_errno, message = exited(status).failure("/opt/x", "/w", files)
+    assert failure_errno == errno.ENOENT
+    assert message == f"systemd could not run the command: {text}"
+
+
+@pytest.mark.parametrize("status", [202, 203])
+def test_a_limit_of_open_files_that_leaves_enough_is_not_blamed(status):
+    enough = UnitProperty("LimitNOFILE", "t", EXEC_NEEDS_FILES, "config")
+    _errno, message = exited(status).failure("/opt/x", "/w", enough)
+    assert "LimitNOFILE" not in message
+    assert message == exited(status).failure("/opt/x", "/w")[1]
 
 
 @given(st.sampled_from(sorted(SYSTEMD_EXIT_CODES)))

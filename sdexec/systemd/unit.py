@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdexec.exitstatus import SYSTEMD_EXIT_NAMES
+from sdexec.property import UnitProperty
 
 __all__ = ["UnitStatus", "queued_job", "wait_status"]
 
@@ -48,7 +49,7 @@ SYSTEMD_EXIT_CODES = frozenset(SYSTEMD_EXIT_NAMES)
 
 #: The errno a client sees for a systemd exit code: the binary or the working
 #: directory is missing (or unusable) for EXEC and CHDIR.
-EXIT_CHDIR, EXIT_EXEC = 200, 203
+EXIT_CHDIR, EXIT_FDS, EXIT_EXEC = 200, 202, 203
 _EXIT_ERRNO = {EXIT_CHDIR: errno.ENOENT, EXIT_EXEC: errno.ENOENT}
 #: The errno of any other failure to run the command (a setup step of the
 #: unit: 217/USER, 226/NAMESPACE...), or of a unit that failed before it
@@ -57,6 +58,13 @@ _EXIT_ERRNO = {EXIT_CHDIR: errno.ENOENT, EXIT_EXEC: errno.ENOENT}
 #: Never EIO: job-exec reads EIO from sdexec as a failed containment check
 #: and drains the node (bulkexec.c error_cb).
 NOT_STARTED_ERRNO = errno.ENOENT
+#: The fewest open files systemd 252 needs in a unit's process to execute
+#: its command: the 3 standard streams, the pipe by which it tells the
+#: manager the exec happened, and the executable it opens to execute. A
+#: unit's soft ``RLIMIT_NOFILE`` below it fails the start, whatever the
+#: command: 203/EXEC at 3 (no descriptor to open the executable), 202/FDS at
+#: 4 (none to move it to); measured.
+EXEC_NEEDS_FILES = 5
 
 
 def queued_job(state: Mapping[str, Any]) -> int | None:
@@ -116,6 +124,31 @@ def why_unstarted(state: Mapping[str, Any]) -> str:
     return (
         "its start job ended without starting it (a dependency that failed,"
         " or a job canceled)"
+    )
+
+
+#: Where a unit's property came from (:attr:`UnitProperty.source`), in words.
+_SOURCES = {
+    "request": "the request",
+    "config": "[exec.sdexec-properties]",
+    "containment": "the mapper",
+}
+
+
+def _too_few_files(files: UnitProperty | None) -> str | None:
+    """Why ``files``, the property that set a unit's soft limit of open
+    files, kept systemd from executing its command; ``None`` if it
+    leaves enough (or is not set: the manager's default, not known here)."""
+    if files is None or not isinstance(files.value, int):
+        return None
+    if files.value >= EXEC_NEEDS_FILES:
+        return None
+    label = f"SDEXEC_PROP_{files.name}" if files.source == "request" else files.name
+    source = _SOURCES.get(files.source, files.source)
+    return (
+        f"the unit's limit of open files, {label}={files.value} from {source},"
+        f" is below the {EXEC_NEEDS_FILES} that systemd needs to execute a"
+        " command: the 3 standard streams and 2 of its own"
     )
 
 
@@ -212,9 +245,15 @@ class UnitStatus:
         fresh ``GetAll`` before believing it."""
         return self.active_state == "failed" and not self._exited
 
-    def failure(self, executable: str, cwd: str | None) -> tuple[int, str]:
+    def failure(
+        self, executable: str, cwd: str | None, files: UnitProperty | None = None
+    ) -> tuple[int, str]:
         """``(errno, message)`` for a unit that :attr:`has_failed` (or is
-        confirmed :attr:`failed_without_status`). For the two failures a
+        confirmed :attr:`failed_without_status`). ``files`` is the property
+        that set its soft limit of open files (``LimitNOFILE`` or
+        ``LimitNOFILESoft``): below :data:`EXEC_NEEDS_FILES`, the message of
+        203/EXEC and 202/FDS names it (not a missing ``#!`` interpreter).
+        For the two failures a
         client can act on, the message names what systemd was given: the
         ``executable`` it could not execute (203/EXEC: the plan found the
         file executable, so the exec itself failed), the working directory
@@ -231,6 +270,15 @@ class UnitStatus:
             f"systemd could not run the command: exit status {self.status}/{name}"
             f" (result: {self.result or 'unknown'})"
         )
+        starved = _too_few_files(files)
+        if starved and self.status in (EXIT_EXEC, EXIT_FDS):
+            # Any command fails so: not a missing #! interpreter.
+            said = (
+                f"cannot execute {executable} ({starved})"
+                if self.status == EXIT_EXEC
+                else starved
+            )
+            return NOT_STARTED_ERRNO, f"{message}: {said}"
         if self.status == EXIT_EXEC:
             message += (
                 f": cannot execute {executable} (the manager's log says why: a"

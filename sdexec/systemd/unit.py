@@ -253,12 +253,12 @@ class UnitStatus:
         that set its soft limit of open files (``LimitNOFILE`` or
         ``LimitNOFILESoft``): below :data:`EXEC_NEEDS_FILES`, the message of
         203/EXEC and 202/FDS names it (not a missing ``#!`` interpreter).
-        For the two failures a
-        client can act on, the message names what systemd was given: the
-        ``executable`` it could not execute (203/EXEC: the plan found the
-        file executable, so the exec itself failed), the working directory
-        ``cwd`` it could not enter (200/CHDIR; ``None``: the manager's
-        default), which may also be a command's own ``exit 200``."""
+        For the two failures a client can act on, the message names what
+        systemd was given: the ``executable`` it could not execute
+        (203/EXEC: the plan found the file executable, so the exec itself
+        failed), the working directory ``cwd`` it could not enter
+        (200/CHDIR; ``None``: the manager's default), which may also be a
+        command's own ``exit 200``."""
         if not self._systemd_exit:
             return (
                 NOT_STARTED_ERRNO,

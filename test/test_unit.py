@@ -139,7 +139,7 @@ def test_statuses_200_to_243_are_systemd_failures(status):
             errno.ENOENT,
             "exit status 203/EXEC (result: exit-code): cannot execute /opt/x"
             " (the manager's log says why: a missing #! interpreter, a binary"
-            " for another machine...)",
+            " for another machine...; or the command itself exited 203 at once)",
         ),
         (
             200,

@@ -257,8 +257,8 @@ class UnitStatus:
         systemd was given: the ``executable`` it could not execute
         (203/EXEC: the plan found the file executable, so the exec itself
         failed), the working directory ``cwd`` it could not enter
-        (200/CHDIR; ``None``: the manager's default), which may also be a
-        command's own ``exit 200``."""
+        (200/CHDIR; ``None``: the manager's default); either may also be a
+        command's own quick ``exit``."""
         if not self._systemd_exit:
             return (
                 NOT_STARTED_ERRNO,
@@ -280,9 +280,12 @@ class UnitStatus:
             )
             return NOT_STARTED_ERRNO, f"{message}: {said}"
         if self.status == EXIT_EXEC:
+            # As for 200/CHDIR below, a command's own quick exit 203 looks
+            # the same.
             message += (
                 f": cannot execute {executable} (the manager's log says why: a"
-                " missing #! interpreter, a binary for another machine...)"
+                " missing #! interpreter, a binary for another machine...; or"
+                f" the command itself exited {EXIT_EXEC} at once)"
             )
         elif self.status == EXIT_CHDIR:
             # A command that exits 200 itself before systemd has seen the

@@ -31,7 +31,11 @@ SIGTERM: its units have ``SendSIGKILL=no`` and no stop timeout, so systemd
 waits for ever) gets the site's stop timer, as a tracked process's unit
 does (sdexec/unitstop.py): ``sdexec-stop-timer-signal`` to every process
 after ``sdexec-stop-timer-sec``, and after as long again it is abandoned
-and the node drained with ``unkillable user processes in unit NAME``.
+and the node drained with ``unkillable user processes in unit NAME``. The
+first period counts from when systemd says the unit began deactivating
+(``StateChangeTimestampMonotonic``), not from the run that found it: a
+service restarting more often than the period would otherwise never send
+the signal.
 """
 
 from __future__ import annotations
@@ -302,7 +306,8 @@ class Leftover:
             self.pid = status.pid
         # Not while stops are held: the start may yet fail.
         self.stop_timer.follow(
-            status.is_deactivating and not self._leftovers.stops_held
+            status.is_deactivating and not self._leftovers.stops_held,
+            _state_changed_at(state),
         )
         if state.get("LoadState") == "not-found":
             self._leftovers.gone(self)
@@ -391,6 +396,18 @@ class Leftover:
         if self._leftovers.stop_now:
             self.stop()
         self._changed(self._watch.state)
+
+
+def _state_changed_at(state: Mapping[str, Any]) -> float | None:
+    """When the unit entered the state it is in, on the service's timers'
+    clock, as systemd says (``StateChangeTimestampMonotonic``: on the
+    ``CLOCK_MONOTONIC`` that :class:`~sdexec.clocks.MonotonicClock` reads,
+    in microseconds); ``None`` where it does not say. A leftover's stop
+    timer counts from it, not from the run that found it deactivating."""
+    usec = state.get("StateChangeTimestampMonotonic")
+    if isinstance(usec, int) and not isinstance(usec, bool) and usec > 0:
+        return usec / 1e6
+    return None
 
 
 class _LeftoverStop:

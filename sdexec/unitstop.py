@@ -41,7 +41,7 @@ from typing import Any, Protocol
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-from sdexec.clocks import as_wall, wall_seconds
+from sdexec.clocks import as_wall
 from sdexec.signals import signal_name
 
 __all__ = [
@@ -178,19 +178,27 @@ class StopTimer:
         """Reactor time of the next action, ``None`` when none is pending."""
         return None if self._timer is None else self._timer.getTime()
 
-    def deactivating(self) -> None:
-        """The unit entered deactivating: arm the first period."""
+    def deactivating(self, since: float | None = None) -> None:
+        """The unit entered deactivating: arm the first period, of what is
+        left of it where ``since`` (this timer's clock's time it began
+        deactivating, as systemd says) is known: a leftover's stop began in
+        an earlier run of the service, and a timer begun afresh at each
+        restart never fired for a service restarting more often."""
         if self.state is not StopTimerState.IDLE:
             return
-        self.deactivating_since = wall_seconds(self._reactor)  # the epoch
+        now = self._reactor.seconds()
+        # Never later than now (a clock that is not systemd's, a test's).
+        began = now if since is None else min(since, now)
+        self.deactivating_since = as_wall(self._reactor, began)  # the epoch
         self.state = StopTimerState.ARMED
-        self._timer = self._reactor.callLater(self.seconds, self._first_expiry)
+        left = max(0.0, self.seconds - (now - began))
+        self._timer = self._reactor.callLater(left, self._first_expiry)
 
-    def follow(self, deactivating: bool) -> None:
-        """Each state the unit is seen in: arm on entering deactivating,
-        end on leaving it."""
+    def follow(self, deactivating: bool, since: float | None = None) -> None:
+        """Each state the unit is seen in: arm on entering deactivating
+        (at ``since``, if known: :meth:`deactivating`), end on leaving it."""
         if deactivating:
-            self.deactivating()
+            self.deactivating(since)
         elif self.deactivating_since is not None:
             self.stopped()
 

@@ -448,6 +448,26 @@ def test_a_stopping_service_follows_its_leftovers_no_more(systemd):
     assert server.clock.getDelayedCalls() == []
 
 
+def test_a_leftover_s_stop_timer_counts_from_when_systemd_says_it_began_stopping(
+    systemd,
+):
+    # Begun afresh at each start, a timer never fired for a leftover that
+    # ignores SIGTERM while the service restarted more often than its
+    # period: found 20 s into its stop, it is signalled 10 s later.
+    leftover(systemd, "sdexec-a.service")
+    began = {"StateChangeTimestampMonotonic": 80_000_000}  # at 80 s
+    systemd.units["sdexec-a.service"].update(DEACTIVATING, **began)
+    server = make_server_with_stop_timer(systemd, 30)
+    server.clock.advance(100)
+    server.leftovers.scan()
+    server.clock.advance(9)
+    assert systemd.signalled == []
+    server.clock.advance(1)
+    assert systemd.signalled == [("sdexec-a.service", signal.SIGUSR1)]
+    server.clock.advance(30)  # the second period is a whole one
+    assert server.drain_reason == "unkillable user processes in unit sdexec-a.service"
+
+
 def test_no_stop_timer_for_a_leftover_while_stops_are_held(systemd):
     # Found already stopping while the start may still fail: nothing is
     # sent to it until the service listens; then its timer starts.

@@ -29,6 +29,7 @@ import pytest_twisted
 from twisted.internet import reactor, task
 from twisted.internet.defer import Deferred
 
+from sdexec.clocks import timers_clock
 from sdexec.command import Command, command_line, unit_properties
 from sdexec.idset import IDset
 from sdexec.managerversion import version_number, version_problem
@@ -611,6 +612,34 @@ async def test_bad_string_value_is_refused_by_systemd_without_its_name(units):
 
 
 # -- how a unit ends: the lifecycle properties of sdexec.unitstop -----------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_when_a_unit_began_deactivating_is_on_the_timers_clock(units):
+    """A leftover's stop timer counts from ``StateChangeTimestampMonotonic``
+    on the service's timers' clock (sdexec/leftovers.py): the watch keeps
+    it (also from a refresh alone: a leftover is found deactivating, and
+    no signal comes), it is that clock's, and a stop made again (each start
+    of the service stops its leftovers) leaves it as it was."""
+    clock = timers_clock(reactor)
+    lingering = "trap '' TERM; sleep 60 & exit 0"
+    run = await units.start(["sh", "-c", lingering], lifecycle_properties())
+    try:
+        await run.until(lambda s: s.has_finished, "main process exited")
+        before = clock.seconds()
+        await run.client.stop_unit(run.name, "replace")
+        await run.until(lambda s: s.active_state == "deactivating", "deactivating")
+        began = run.watch.state["StateChangeTimestampMonotonic"]
+        assert before <= began / 1e6 <= clock.seconds()
+        await run.client.stop_unit(run.name, "replace")
+        run.watch.cancel()  # as a new run of the service finds it
+        run.watch = run.client.watch_unit(run.name, run._on_state)
+        refreshed = await run.watch.refresh()
+        assert refreshed["ActiveState"] == "deactivating"
+        assert run.watch.state["StateChangeTimestampMonotonic"] == began
+    finally:
+        await run.client.kill_unit(run.name, "all", signal.SIGKILL)
+    await run.until(lambda s: s.active_state != "deactivating", "stopped")
 
 
 @pytest_twisted.ensureDeferred

@@ -67,6 +67,25 @@ def test_signal_after_one_period_abandon_after_two():
     assert clock.getDelayedCalls() == []
 
 
+@pytest.mark.parametrize(("since", "signal_at"), [(90.0, 730.0), (-1000.0, 100.0)])
+def test_a_period_counts_from_when_the_unit_began_deactivating(since, signal_at):
+    clock, target, stop = timer()
+    clock.advance(100)
+    stop.deactivating(since)  # what is left of the period; none: at once
+    clock.advance(signal_at - 100 - 0.1)
+    assert target.calls == []
+    clock.advance(0.1)
+    assert target.calls == [(signal_at, "signal", signal.SIGUSR1)]
+    assert stop.stats()["deactivating-since"] == since
+
+
+def test_a_unit_said_to_begin_deactivating_later_than_now_begins_now():
+    clock, _target, stop = timer()
+    clock.advance(100)
+    stop.deactivating(150.0)  # a clock that is not systemd's
+    assert stop.next_at == 740.0
+
+
 @pytest.mark.parametrize("after", [0.0, 3.0, 639.9, 640.0, 1000.0])
 def test_leaving_deactivating_ends_it(after):
     clock, target, stop = timer()

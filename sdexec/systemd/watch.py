@@ -42,6 +42,7 @@ FOLLOWED = frozenset(
         "ExecMainStatus",
         "ExecMainStartTimestampMonotonic",
         "ExecMainExitTimestampMonotonic",
+        "StateChangeTimestampMonotonic",
         "ControlGroup",
         "Slice",
         "MemoryMax",

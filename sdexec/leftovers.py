@@ -464,6 +464,10 @@ class Leftovers:
         #: When systemd came back, until the scan that follows reads each
         #: leftover again (:meth:`systemd_restored`).
         self._restored_at: float | None = None
+        #: Closed: called as each leftover still followed goes.
+        self._on_gone: Callable[[], None] | None = None
+        #: How many have gone (progress of a stop that waits for them).
+        self.gone_count = 0
 
     def systemd_restored(self) -> defer.Deferred[None]:
         """systemd is back after a loss: scan, and once each leftover is
@@ -491,14 +495,27 @@ class Leftovers:
                 unit.stop()  # followed already; a stop sent is not sent again
         self.drain_while_stopping()
 
-    def close(self) -> None:
-        """The service stops: follow nothing more (watches and stop timers
-        go; the next run finds what is left), nor adopt anything (a
-        reconnection's scan, or one still in flight). Those left are
-        named: unlike the service's own processes, nothing escalates their
-        stop now, and one that ignores SIGTERM stays deactivating until a
-        next start stops it."""
+    def close(self, on_gone: Callable[[], None] | None = None) -> None:
+        """The service stops: adopt nothing more (a reconnection's scan, or
+        one still in flight). Those being stopped (``leftover-units =
+        "stop"``, the service listening) are followed on until they are
+        gone, their stop timers replaced by the service's stop, which
+        escalates them with its own units (one that ignored SIGTERM was
+        once left deactivating, running on after a clean stop), and
+        ``on_gone`` is called as each goes. The others (kept, or the start
+        ended before stopping them) are named and forgotten, for the next
+        start to find."""
         self._closed = True
+        self._on_gone = on_gone
+        if self.stop_now:
+            for unit in self.units.values():
+                unit.stop_timer.stopped()  # (one abandoned stays so)
+        else:
+            self.forget_all()
+
+    def forget_all(self) -> None:
+        """Follow none of the leftovers any more (watches and stop timers
+        go; the next run finds what is left): those there are named."""
         if self.units:
             log.warn(
                 "the service stops with {count} leftover {units} not gone, left"
@@ -518,7 +535,7 @@ class Leftovers:
             return "kept: leftover-units = keep"
         if self._stops_held:
             return "the start ended before stopping them"
-        return "still stopping"
+        return "still stopping at the end of the service's stop"
 
     @property
     def stops_held(self) -> bool:
@@ -594,8 +611,11 @@ class Leftovers:
         if self.units.pop(unit.name, None) is None:
             return
         unit.forget()
+        self.gone_count += 1
         log.info("leftover unit {unit} is gone", unit=unit.name)
         self.drain_while_stopping()  # the count said afresh, or lifted
+        if self._on_gone is not None:
+            self._on_gone()
         if maybe_restarting:
             # That unit alone (a scan would read every leftover again: for
             # hundreds ending together, hundreds of times each).

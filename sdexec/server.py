@@ -714,10 +714,28 @@ class SdexecServer:
             # while the return's scan is still queued, which then passes
             # over the first one as followed: it would run on unfollowed.
             self.leftovers.look_for(process.unit_name, NAME_TAKEN)
-        if not self.processes:
+        self._answer_if_all_ended()
+
+    def _answer_if_all_ended(self) -> None:
+        """Answer the shutdown's waiters once nothing it waits for is left:
+        no process, nor a leftover being stopped (cheap: called at each
+        reap, of thousands in a burst)."""
+        leftovers = self.leftovers.units if self.leftovers is not None else {}
+        if self._all_reaped and not self.processes and not leftovers:
             waiting, self._all_reaped = self._all_reaped, []
             for waiter in waiting:
                 waiter.callback(None)
+
+    def _stragglers(self) -> list[tuple[str, int]]:
+        """The unit and stop-timer signal of each process, and of each
+        leftover a shutdown follows on (:meth:`Leftovers.close`)."""
+        units = [(p.unit_name, p.stop_timer.signum) for p in self.processes.values()]
+        if self.leftovers is not None:
+            units += [
+                (unit.name, unit.stop_timer.signum)
+                for unit in self.leftovers.units.values()
+            ]
+        return units
 
     def _untable(self, key: tuple[int, int]) -> None:
         """Forget a process everywhere it is tabled."""
@@ -744,25 +762,35 @@ class SdexecServer:
         grace without progress sends each unit left its stop-timer signal
         (their SIGTERM did not end them: left running, they would keep the
         next run drained), the second SIGKILL, the third gives up (and a
-        stall with systemd away, at once). Leftovers are no longer followed
-        (the next run finds what is left)."""
+        stall with systemd away, at once). Leftovers being stopped are
+        waited for and escalated alike (one that ignored SIGTERM would be
+        left deactivating); kept ones are no longer followed (the next run
+        finds what is left)."""
         self.stopping = True
         self._finish_lost_unit_kills()
         self.device_canary.cancel_all()  # its process is abandoned below
         if self.leftovers is not None:
-            self.leftovers.close()
+            self.leftovers.close(on_gone=self._answer_if_all_ended)
         for process in list(self.processes.values()):
             # Said to its client, rather than a connection that just closes.
             process.cancel(
                 "the service is stopping: the process's unit is being stopped"
             )
-        if not self.processes:
+        if not self._stragglers():
             return defer.succeed(None)
         waiter: defer.Deferred = defer.Deferred()
         self._all_reaped.append(waiter)
         self._check_shutdown_progress(waiter, grace, self._shutdown_mark())
         # Also those begun meanwhile (a unit found lost once systemd is back).
-        return waiter.addBoth(self._finish_lost_unit_kills)
+        waiter.addBoth(self._finish_lost_unit_kills)
+        return waiter.addBoth(self._forget_leftovers)
+
+    def _forget_leftovers(self, result: object) -> object:
+        """The shutdown ends: the leftovers still there are named, and
+        followed no more (the next run finds them)."""
+        if self.leftovers is not None:
+            self.leftovers.forget_all()
+        return result
 
     def end_what_lost_unit_left(
         self, unit: str, cgroup: str, signum: int, lost_by: object = None
@@ -805,7 +833,8 @@ class SdexecServer:
         """What grows while a shutdown progresses (systemd's answers to the
         shutdown's own signals aside: they say nothing of the units)."""
         answered = self.systemd.calls_answered - self._straggler_answers
-        return self.counters["reaped"], answered
+        gone = 0 if self.leftovers is None else self.leftovers.gone_count
+        return self.counters["reaped"] + gone, answered
 
     def _check_shutdown_progress(
         self,
@@ -831,7 +860,7 @@ class SdexecServer:
         if now != before:
             self._check_shutdown_progress(waiter, grace, now, signalled)
             return
-        names = ", ".join(process.unit_name for process in self.processes.values())
+        names = ", ".join(unit for unit, _ in self._stragglers())
         may_signal = self.systemd.connected and signalled < _STRAGGLER_STEPS
         # (None left to send, either, once every stop-timer signal was SIGKILL.)
         if may_signal and self._signal_stragglers(signalled == 0, grace, names):
@@ -854,9 +883,9 @@ class SdexecServer:
         of the manager's reach); then SIGKILL, to those whose stop-timer
         signal was another. Whether any was sent."""
         sends = [
-            (process.unit_name, process.stop_timer.signum if first else signal.SIGKILL)
-            for process in self.processes.values()
-            if first or process.stop_timer.signum != signal.SIGKILL
+            (unit, signum if first else signal.SIGKILL)
+            for unit, signum in self._stragglers()
+            if first or signum != signal.SIGKILL
         ]
         if not sends:
             return False

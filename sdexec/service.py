@@ -9,7 +9,7 @@ answered with its outcome. Losing systemd is not fatal:
 the client reconnects, the service drains only if that takes longer than
 ``[systemd] reconnect-timeout`` (sdexec/outage.py). Units of an earlier run
 are found at start (sdexec/leftovers.py). Stopping the service stops and
-reaps every unit it started.
+reaps every unit it started, and the leftovers it is stopping.
 """
 
 from __future__ import annotations

@@ -435,15 +435,46 @@ def test_stops_held_until_the_service_listens(systemd):
     assert ("stop", "sdexec-b.service") in systemd.calls
 
 
-def test_a_stopping_service_follows_its_leftovers_no_more(systemd):
+def test_a_stopping_service_escalates_the_leftovers_it_is_stopping(systemd):
+    # One that ignored SIGTERM was left deactivating by a clean stop, which
+    # escalates its own units: its stop-timer signal, then SIGKILL, as
+    # theirs; its own stop timer (minutes) is replaced by them.
     leftover(systemd, "sdexec-a.service")
-    server = make_server_with_stop_timer(systemd, 30)
+    server = make_server_with_stop_timer(systemd, 300)
     server.leftovers.scan()
     systemd.change("sdexec-a.service", DEACTIVATING)  # its stop timer runs
-    server.shutdown(10)
+    done = server.shutdown(10)
+    server.clock.advance(10)
+    assert systemd.signalled == [("sdexec-a.service", signal.SIGUSR1)]
+    server.clock.advance(10)
+    assert systemd.signalled[1:] == [("sdexec-a.service", signal.SIGKILL)]
+    assert not done.called
+    systemd.change("sdexec-a.service", INACTIVE)  # the SIGKILL ended it
+    assert done.called
+    server.systemd_restored()  # a reconnection while it stops: adopts none
     assert server.leftovers.units == {}
     assert server.clock.getDelayedCalls() == []
-    server.systemd_restored()  # a reconnection while it stops: adopts none
+
+
+def test_a_stopping_service_leaves_kept_leftovers_running(systemd):
+    leftover(systemd, "sdexec-a.service")
+    server = make_server(systemd, policy="keep")
+    server.leftovers.scan()
+    assert server.shutdown(10).called
+    assert server.leftovers.units == {}
+    assert systemd.signalled == []
+    assert server.clock.getDelayedCalls() == []
+
+
+def test_a_stopping_service_forgets_a_leftover_that_outlives_its_sigkill(systemd):
+    leftover(systemd, "sdexec-a.service")
+    server = make_server(systemd)
+    server.leftovers.scan()
+    systemd.change("sdexec-a.service", DEACTIVATING)
+    done = server.shutdown(10)
+    for _ in range(3):  # its signal, SIGKILL, and a grace with nothing
+        server.clock.advance(10)
+    assert done.called
     assert server.leftovers.units == {}
     assert server.clock.getDelayedCalls() == []
 

@@ -12,7 +12,9 @@ since a request may name its unit with ``SDEXEC_NAME``). A ``unix:``
 endpoint counts by its socket path alone, so its options (``mode=``,
 ``lockfile=``, ``backlog=``) may change between runs, and by one spelling of
 that path (``//``, ``./`` and symlinked directories resolved). Units without the
-mark — other programs', other services' — are never touched.
+mark — other programs', other services' — are never touched. So a change
+of ``listen`` makes an earlier run's units another service's: the first
+scan names the running units with another sdexec mark, for the admin.
 
 At start, after every reconnection and when a unit restarted by hand is
 reaped, the service lists the manager's services (``ListUnitsByPatterns``)
@@ -43,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -128,6 +131,12 @@ UNFOLLOWED = (
 STARTED_AGAIN = "of this run, started again outside sdexec"
 #: The origin of one found when a start of its name was refused.
 NAME_TAKEN = "of this run, found when a start of its name was refused"
+
+
+#: A mark of any sdexec service (:func:`owner_marks`).
+_ANY_MARK = re.compile(r" \[sdexec:[0-9a-f]{12}\]$")
+#: How many units marked otherwise a log line names.
+_NAMED = 10
 
 
 #: The calls a leftover makes again when refused: nothing else would (the
@@ -647,9 +656,41 @@ class Leftovers:
             return
         self._adopt_new(listing, origins)
         self._end_what_unstarted_units_left(listing)
+        if not self._listed_once:
+            self._name_units_marked_otherwise(listing)
         self._listed_once = True
         self.drain_while_stopping()
         self._follow_each()
+
+    def _name_units_marked_otherwise(self, listing: list[tuple]) -> None:
+        """At the first scan, name the running units another sdexec mark
+        ends: another service's on this manager, or this one's from a run
+        under another ``listen`` (the mark follows it), which nothing would
+        ever find again. Which it is only the admin can tell."""
+        others = [
+            listed[0]
+            for listed in listing  # (name, description, ..., active, ..., job)
+            if _ANY_MARK.search(listed[1])
+            and not self._mark_of(listed[1])
+            and (listed[3] != "inactive" or listed[7] != 0)
+        ]
+        if not others:
+            return
+        shown = others[:_NAMED]
+        log.warn(
+            "{count} {units} of the manager carry the mark of another sdexec"
+            " service, not this one's ({mark}, which follows [sdexec] listen),"
+            " and are left alone: {names}{more}. If no other sdexec serves"
+            " this manager, they are this service's from a run under another"
+            " listen: stop them by hand",
+            count=len(others),
+            units="unit" if len(others) == 1 else "units",
+            mark=self._marks[0].strip(),
+            names=", ".join(shown),
+            more=f" and {len(others) - len(shown)} more"
+            if others[len(shown) :]
+            else "",
+        )
 
     def _follow_each(self) -> None:
         """Read each leftover again (the first time: adopted), stopping it

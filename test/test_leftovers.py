@@ -537,6 +537,32 @@ def logged_during(action) -> list[str]:
     return [formatEvent(event) for event in events]
 
 
+def test_units_of_another_mark_are_named_at_start_and_left_alone(systemd):
+    # A change of listen changes the mark: the units of a run killed before
+    # it were never found again, and nothing said so.
+    other = owner_marks("unix:/before/sdexec.sock")[0]
+    leftover(systemd, "sdexec-b.service", mark=other)
+    leftover(systemd, "sdexec-c.service", mark=other)
+    leftover(systemd, "stranger.service", mark="")
+    server = make_server(systemd)
+    [line] = [
+        line
+        for line in logged_during(server.leftovers.scan)
+        if "another sdexec" in line
+    ]
+    assert line == (
+        "2 units of the manager carry the mark of another sdexec service, not"
+        f" this one's ({MARK.strip()}, which follows [sdexec] listen), and are"
+        " left alone: sdexec-b.service, sdexec-c.service. If no other sdexec"
+        " serves this manager, they are this service's from a run under"
+        " another listen: stop them by hand"
+    )
+    assert server.leftovers.units == {}
+    assert not [call for call in systemd.calls if call[0] == "stop"]
+    again = logged_during(server.leftovers.scan)  # said once, at start
+    assert not [line for line in again if "another sdexec" in line]
+
+
 def test_a_lost_start_found_after_a_reconnection_is_not_called_a_previous_run_s(
     systemd,
 ):

@@ -223,3 +223,22 @@ def test_a_stop_escalates_the_leftovers_it_is_stopping(first_run, tmp_path):
         subprocess.run(["systemctl", "--user", "reset-failed", unit],
                        check=False, timeout=60)  # fmt: skip
         _wait_for(lambda: unit not in unit_names(), "the leftover unloaded")
+
+
+def test_a_run_under_another_listen_names_the_units_it_leaves_alone(
+    first_run, tmp_path
+):
+    """The mark follows ``listen``: a killed run's units are another
+    service's to a run on another socket, which leaves them alone, and
+    said nothing of them."""
+    units = killed_with_units_running(first_run)
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    second = Twistd(moved)
+    with reaped(second.process):
+        assert second.stop() == -signal.SIGTERM
+    text = second.log.read_text()
+    [line] = [line for line in text.splitlines() if "another sdexec" in line]
+    assert "units of the manager carry the mark of another sdexec service" in line
+    assert all(unit in line for unit in units)
+    assert sorted(set(units) & set(unit_names())) == units  # left alone

@@ -53,6 +53,12 @@ SYSTEMD_EXIT_NAMES = {
     242: "NUMA_POLICY",
     243: "CREDENTIALS",
 }
+#: Codes systemd 252 also names, which sdexec reads as the command's own
+#: exits all the same (docs/design.md: a C program's ``return -ENOMEM``
+#: gives 244, and 255 is a common exit): named for ``SuccessExitStatus=``
+#: and its kin alone, kept out of :data:`SYSTEMD_EXIT_NAMES`, the range a
+#: unit's failure to run its command is read from.
+_LATER_SYSTEMD_NAMES = {244: "BPF", 255: "EXCEPTION"}
 #: The exit statuses of the LSB's init scripts and of BSD's sysexits.h, by
 #: systemd's names for them.
 _OTHER_EXIT_NAMES = {
@@ -65,7 +71,10 @@ _OTHER_EXIT_NAMES = {
 }  # fmt: skip
 _BY_NAME = {
     **_OTHER_EXIT_NAMES,
-    **{name: number for number, name in SYSTEMD_EXIT_NAMES.items()},
+    **{
+        name: number
+        for number, name in (SYSTEMD_EXIT_NAMES | _LATER_SYSTEMD_NAMES).items()
+    },
 }
 
 

@@ -176,11 +176,14 @@ def fail(message: str) -> int:
 def receipt_lines(receipt: Receipt, usage: bool = False) -> list[str]:
     """What ``run``, ``wait`` and ``attach`` print on stderr once the process
     has ended: the receipt with ``run --usage``, then, after an OOM kill,
-    ``sdexec: killed by the OOM killer (MemoryMax=…)`` (the exit status
-    alone would say only 137)."""
+    ``sdexec: killed by the OOM killer (MemoryMax=…)``, or after a timeout
+    ``sdexec: stopped by systemd for a timeout (RuntimeMaxUSec=…)`` (the exit
+    status alone would say only 137, or 143)."""
     lines = receipt.usage_lines() if usage else []
     if receipt.oom_killed:
         lines.append(f"sdexec: {receipt.oom_message()}")
+    elif receipt.timed_out:
+        lines.append(f"sdexec: {receipt.timeout_message()}")
     return lines
 
 

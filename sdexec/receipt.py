@@ -9,6 +9,8 @@ keys, which clients that do not know them ignore (docs/protocol.md):
   (cgroup v2), when that file could still be read;
 - ``memory_max``: the unit's ``MemoryMax`` in bytes, with an OOM kill only
   (what the limit was), when one was set;
+- ``runtime_max_usec``: the unit's ``RuntimeMaxUSec``, with a ``timeout``
+  result only (the limit systemd stops a unit at), when one was set;
 - ``usage``: what was measured, and only that (a key is absent, never 0,
   when it was not): ``cpu_usage_nsec`` (``CPUUsageNSec``),
   ``memory_peak_bytes`` (``MemoryPeak``, else the cgroup's ``memory.peak``),
@@ -49,6 +51,7 @@ __all__ = [
 #: systemd's "not measured" for a 64-bit counter (``[not set]``).
 UNSET = 2**64 - 1
 OOM_KILL = "oom-kill"
+TIMEOUT = "timeout"
 
 #: ``usage`` keys and the systemd property each is read from.
 _USAGE_PROPERTIES = {
@@ -85,6 +88,9 @@ def finished_extensions(state: Mapping[str, Any], root: str = "/") -> dict[str, 
     memory_max = _measured(state.get("MemoryMax"))
     if (result == OOM_KILL or oom_kills) and memory_max is not None:
         extensions["memory_max"] = memory_max
+    runtime_max = _measured(state.get("RuntimeMaxUSec"))
+    if result == TIMEOUT and runtime_max is not None:
+        extensions["runtime_max_usec"] = runtime_max
     usage = _usage(state, cgroup)
     if usage:
         extensions["usage"] = usage
@@ -168,7 +174,14 @@ class Receipt:
     compiles code as the class is made, and with its imports that was a
     tenth of the command line's start-up (docs/performance.md)."""
 
-    __slots__ = ("memory_max", "oom_kills", "result", "status", "usage")
+    __slots__ = (
+        "memory_max",
+        "oom_kills",
+        "result",
+        "runtime_max_usec",
+        "status",
+        "usage",
+    )
 
     def __init__(
         self,
@@ -177,15 +190,24 @@ class Receipt:
         oom_kills: int | None = None,
         memory_max: int | None = None,
         usage: Mapping[str, int] = _NO_USAGE,
+        runtime_max_usec: int | None = None,
     ) -> None:
         self.status = status
         self.result = result
         self.oom_kills = oom_kills
         self.memory_max = memory_max
         self.usage = usage
+        self.runtime_max_usec = runtime_max_usec
 
     def _values(self) -> tuple[object, ...]:
-        return (self.status, self.result, self.oom_kills, self.memory_max, self.usage)
+        return (
+            self.status,
+            self.result,
+            self.oom_kills,
+            self.memory_max,
+            self.usage,
+            self.runtime_max_usec,
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Receipt):
@@ -198,7 +220,7 @@ class Receipt:
         return (
             f"Receipt(status={self.status!r}, result={self.result!r},"
             f" oom_kills={self.oom_kills!r}, memory_max={self.memory_max!r},"
-            f" usage={self.usage!r})"
+            f" usage={self.usage!r}, runtime_max_usec={self.runtime_max_usec!r})"
         )
 
     @classmethod
@@ -216,6 +238,7 @@ class Receipt:
                 for key, value in (usage.items() if isinstance(usage, dict) else ())
                 if isinstance(key, str) and _measured(value) is not None
             },
+            runtime_max_usec=_measured(payload.get("runtime_max_usec")),
         )
 
     @property
@@ -249,6 +272,23 @@ class Receipt:
                 f" the rest (OOMPolicy=stop; {limit})"
             )
         return f"the OOM killer ended {ended} of its unit ({limit})"
+
+    @property
+    def timed_out(self) -> bool:
+        """systemd stopped the unit for a timeout (``Result=timeout``):
+        its ``RuntimeMaxUSec``, or a stop that outlasted ``TimeoutStopUSec``."""
+        return self.result == TIMEOUT
+
+    def timeout_message(self) -> str:
+        """``stopped by systemd for a timeout (RuntimeMaxUSec=3600000000: 1h)``, for the
+        user: the exit status alone says only 143 (the stop's SIGTERM)."""
+        usec = self.runtime_max_usec
+        limit = (
+            f"RuntimeMaxUSec={usec}: {format_usec(usec)}"
+            if usec is not None
+            else "no RuntimeMaxUSec set"
+        )
+        return f"stopped by systemd for a timeout ({limit})"
 
     @property
     def _killed_by_sigkill(self) -> bool:

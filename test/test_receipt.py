@@ -98,6 +98,17 @@ def test_an_oom_kill_reports_the_count_and_the_limit(tmp_path):
     assert (extensions["oom_kills"], extensions["memory_max"]) == (1, 256 * MiB)
 
 
+def test_a_timeout_reports_the_unit_s_runtime_limit(tmp_path):
+    state = {**STATE, "Result": "timeout", "RuntimeMaxUSec": 90_000_000}
+    assert finished_extensions(state, str(tmp_path))["runtime_max_usec"] == 90_000_000
+    # Only with a timeout, and only a limit that was set.
+    assert "runtime_max_usec" not in finished_extensions(
+        {**STATE, "RuntimeMaxUSec": 90_000_000}, str(tmp_path)
+    )
+    unset = {**STATE, "Result": "timeout", "RuntimeMaxUSec": UNSET}
+    assert "runtime_max_usec" not in finished_extensions(unset, str(tmp_path))
+
+
 def test_a_gone_cgroup_or_cgroup_v1_reports_no_oom_count(tmp_path):
     # No cgroup v2 directory: the unit failed (systemd removed it) or v1.
     extensions = finished_extensions({**STATE, "Result": "oom-kill"}, str(tmp_path))
@@ -198,6 +209,21 @@ def test_run_prints_usage_like_systemd_run_and_the_oom_line_last():
         "sdexec: killed by the OOM killer (no MemoryMax set)"
     ]
     assert receipt_lines(Receipt(0, "success"), usage=False) == []
+
+
+def test_run_says_a_timeout_as_it_says_an_oom_kill():
+    # It ended with a silent 143, the stop's SIGTERM: only --usage said
+    # "Finished with result: timeout" (review session 46).
+    receipt = Receipt.from_finished(
+        {"type": "finished", "status": 15, "result": "timeout",
+         "runtime_max_usec": 5_000_000}
+    )  # fmt: skip
+    assert receipt_lines(receipt) == [
+        "sdexec: stopped by systemd for a timeout (RuntimeMaxUSec=5000000: 5s)"
+    ]
+    assert receipt_lines(Receipt(15, "timeout")) == [
+        "sdexec: stopped by systemd for a timeout (no RuntimeMaxUSec set)"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -353,3 +379,21 @@ async def test_sdexec_run_reports_an_oom_kill_as_the_node_does(sdexec):
         assert lines[0] == "Finished with result: success"
         assert "OOM" not in ran.stderr
     assert any(line.startswith("Service runtime: ") for line in lines)
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_sdexec_run_says_a_site_s_runtime_limit_stopped_the_job(start_service):
+    service = await start_service(
+        extra='[exec.sdexec-properties]\nRuntimeMaxUSec = "1000000"\n'
+    )
+    ran = await deferToThread(
+        subprocess.run,
+        [sys.executable, "-m", "sdexec.cli", "--socket", service.socket_path, "run",
+         "-n", "sleep", "60"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ran.returncode == 128 + signal.SIGTERM, ran.stderr
+    assert ran.stderr.splitlines() == [
+        "sdexec: stopped by systemd for a timeout (RuntimeMaxUSec=1000000: 1s)"
+    ]

@@ -15,11 +15,16 @@ looked. Its thread is left to finish whenever the file system answers
 (the next lookup takes another): a daemon thread, which no stop of the
 service waits for. Once :data:`MAX_STUCK` threads are left so, a request
 is refused at once (EAGAIN) rather than leave one more behind.
+
+The paths a failed unit's sandboxing named (:meth:`Lookups.first_missing`,
+to say why its namespace failed) are looked at so too; one that does not
+answer in time is not known, and not named.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -30,7 +35,7 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from sdexec.command import Command, Found
-from sdexec.plan import RequestError
+from sdexec.plan import NamedPath, RequestError
 from sdexec.refusal import quoted
 
 __all__ = [
@@ -69,6 +74,11 @@ class Lookups(Protocol):
         :class:`~sdexec.plan.RequestError` when it cannot be looked up."""
         ...
 
+    def first_missing(self, paths: list[NamedPath]) -> defer.Deferred[NamedPath | None]:
+        """The first of ``paths`` that does not exist (:func:`first_missing`);
+        never fails: ``None`` where that is not known."""
+        ...
+
 
 class InlineLookups:
     """Lookups in the calling thread, answered at once: for callers whose
@@ -76,6 +86,9 @@ class InlineLookups:
 
     def find(self, command: Command, default_cwd: str) -> defer.Deferred[Found]:
         return defer.maybeDeferred(command.find_executable, default_cwd)
+
+    def first_missing(self, paths: list[NamedPath]) -> defer.Deferred[NamedPath | None]:
+        return defer.succeed(first_missing(paths))
 
 
 class ThreadedLookups:
@@ -121,9 +134,27 @@ class ThreadedLookups:
             return _not_looked_up(name, f"no thread to look it up in ({error})")
         return answer
 
-    def _finished(
-        self, outcome: Found | Failure, answer: defer.Deferred[Found], timer: Any
-    ) -> None:
+    def first_missing(self, paths: list[NamedPath]) -> defer.Deferred[NamedPath | None]:
+        if self.stuck >= self._limit:
+            return defer.succeed(None)  # not one more thread left waiting
+        answer: defer.Deferred[NamedPath | None] = defer.Deferred()
+        timer = self._clock.callLater(self._timeout, self._not_known, answer)
+        finished = partial(self._finished, answer=answer, timer=timer)
+        try:
+            self._workers.run(
+                partial(first_missing, paths),
+                partial(self._reactor.callFromThread, finished),
+            )
+        except RuntimeError:  # no thread to be had: not known
+            timer.cancel()
+            return defer.succeed(None)
+        return answer
+
+    def _not_known(self, answer: defer.Deferred[NamedPath | None]) -> None:
+        self.stuck += 1
+        answer.callback(None)
+
+    def _finished(self, outcome: Any, answer: defer.Deferred[Any], timer: Any) -> None:
         if answer.called:
             self.stuck -= 1  # timed out: its request was refused already
             return
@@ -160,6 +191,21 @@ class ThreadedLookups:
 _Job = tuple[Callable[[], Any], Callable[[Any], None]]
 #: How long a worker thread waits for another lookup before it ends.
 IDLE_WORKER_S = 30.0
+
+
+def first_missing(paths: list[NamedPath]) -> NamedPath | None:
+    """The first of ``paths`` that does not exist, as systemd would find it
+    (symbolic links followed); ``None`` if each does, or cannot be looked
+    at (a permission): only a path known missing is named. It may wait on
+    its file system: call it off the reactor's thread."""
+    for named in paths:
+        try:
+            os.stat(named[1])
+        except (FileNotFoundError, NotADirectoryError):
+            return named
+        except (OSError, ValueError):  # ValueError: a NUL, which no path has
+            continue
+    return None
 
 
 def _not_looked_up(name: str, why: str) -> defer.Deferred[Found]:

@@ -52,6 +52,7 @@ from sdexec.property import (
     ADDED_UP,
     DIRECTORY_PROPERTIES,
     EX_TWINS,
+    PATH_LIST_PROPERTIES,
     PropertyError,
     UnitProperty,
     cpu_set,
@@ -79,6 +80,7 @@ __all__ = [
     "CheckedRequest",
     "ExecPlan",
     "LookedUp",
+    "NamedPath",
     "OutputOptions",
     "RequestError",
     "checked_request",
@@ -139,6 +141,10 @@ class OutputOptions:
     bufsize: int = DEFAULT_OUTPUT_BUFSIZE
 
 
+#: A path, and the unit property that names it.
+NamedPath = tuple[UnitProperty, str]
+
+
 @dataclass(frozen=True)
 class ExecPlan:
     """Everything needed to run one request's process, checked."""
@@ -193,6 +199,14 @@ class ExecPlan:
             p.name: p for p in self.properties if p.name.startswith("LimitNOFILE")
         }
         return limits.get("LimitNOFILESoft", limits.get("LimitNOFILE"))
+
+    @property
+    def required_paths(self) -> list[NamedPath]:
+        """The host paths the unit's sandboxing properties name without
+        ``-`` (which lets systemd skip a missing one), with the property
+        naming each: a missing one fails the unit's mount namespace,
+        226/NAMESPACE. A ``+`` path (below ``RootDirectory``) is left out."""
+        return [(prop, path) for prop in self.properties for path in _required(prop)]
 
     def forwards(self, stream: str) -> bool:
         """Whether the client asked for this output stream."""
@@ -888,3 +902,12 @@ def _output_options(command: Command, stream: str) -> OutputOptions:
         "response a client reads",
     )
     return OutputOptions(line_buffered=line_buffered, bufsize=bufsize)
+
+
+def _required(prop: UnitProperty) -> list[str]:
+    """The host paths ``prop`` needs to exist (:attr:`ExecPlan.required_paths`)."""
+    if prop.name in PATH_LIST_PROPERTIES:
+        return [path for path in prop.value if not path.startswith(("-", "+"))]
+    if prop.name in ("BindPaths", "BindReadOnlyPaths"):
+        return [source for source, _, optional, _ in prop.value if not optional]
+    return []

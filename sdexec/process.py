@@ -32,7 +32,7 @@ from sdexec.limits import listed_cmdline, listed_name
 from sdexec.managerversion import version_number
 from sdexec.orphans import expected_unit_cgroup, unit_cgroup
 from sdexec.passthrough import NO_STDIO, PassedStdio
-from sdexec.plan import ExecPlan, RequestError
+from sdexec.plan import ExecPlan, NamedPath, RequestError
 from sdexec.protocol import ExecFlag
 from sdexec.receipt import finished_extensions, unit_cgroup_exists
 from sdexec.systemd import (
@@ -58,6 +58,7 @@ from sdexec.systemd.errors import (
 )
 from sdexec.systemd.retry import CallBackoff, CallFailure, classify_call_failure
 from sdexec.systemd.unit import (
+    EXIT_NAMESPACE,
     NOT_STARTED_ERRNO,
     checks_failed,
     never_invoked,
@@ -309,6 +310,13 @@ class ProcessContext:
     #: The process's main pid has become known (the server finds processes
     #: by pid through an index of them).
     pid_known: Callable[[Process], None] = lambda process: None
+    #: ``first_missing(paths)``: the first of ``(property, path)`` that does
+    #: not exist, or ``None`` where that is not known (the server's
+    #: :meth:`sdexec.lookup.Lookups.first_missing`: off the reactor's
+    #: thread, as a path may be on a file system that does not answer).
+    first_missing: Callable[[list[NamedPath]], defer.Deferred[NamedPath | None]] = (
+        lambda paths: defer.succeed(None)
+    )
 
 
 class Process:
@@ -357,6 +365,9 @@ class Process:
         self._declared_unkillable = False
         self._reaped = False
         self._failure_confirmed = False  # by a GetAll after failed/no status
+        #: systemd could not run the command, and the paths its sandboxing
+        #: named are being looked at to say why: the stream ends after.
+        self._explaining = False
         #: The state that showed the start job ended without starting the
         #: unit, and asked for a GetAll to confirm it.
         self._unstarted_seen: dict[str, Any] | None = None
@@ -968,7 +979,7 @@ class Process:
 
     @property
     def _outcome_known(self) -> bool:
-        return self._ended or Sent.FINISHED in self._sent
+        return self._ended or self._explaining or Sent.FINISHED in self._sent
 
     def _check_failure(self, status: UnitStatus) -> None:
         if self._outcome_known:
@@ -976,10 +987,7 @@ class Process:
         if status.has_failed or (
             status.failed_without_status and self._failure_confirmed
         ):
-            plan = self.plan
-            self._fail(
-                *status.failure(plan.executable, plan.command.cwd, plan.soft_file_limit)
-            )
+            self._fail_for(status)
         elif (
             status.failed_without_status
             and UnitCall.CONFIRM_FAILURE not in self._called
@@ -991,6 +999,33 @@ class Process:
             self._watch.refresh().addCallbacks(
                 self._failure_refreshed, self._log_failure, errbackArgs=("GetAll",)
             )
+
+    def _fail_for(self, status: UnitStatus) -> None:
+        """End the request of a unit systemd could not run the command of,
+        saying why: for 226/NAMESPACE, once the paths its sandboxing needs
+        have been looked at (off the reactor's thread)."""
+        required = self.plan.required_paths
+        if not (status.has_failed and status.status == EXIT_NAMESPACE and required):
+            self._fail(*self._failure(status))
+            return
+        self._explaining = True
+        self._start_deadline.cancel()
+        self._context.first_missing(required).addCallback(self._explained, status)
+
+    def _explained(self, missing: NamedPath | None, status: UnitStatus) -> None:
+        self._explaining = False
+        if self._reaped:
+            return  # vanished meanwhile: that ended the request
+        self._fail(*self._failure(status, missing))
+        self._maybe_end()
+
+    def _failure(
+        self, status: UnitStatus, missing: NamedPath | None = None
+    ) -> tuple[int, str]:
+        plan = self.plan
+        return status.failure(
+            plan.executable, plan.command.cwd, plan.soft_file_limit, missing
+        )
 
     def _failure_refreshed(self, properties: dict[str, Any]) -> None:
         self._failure_confirmed = True
@@ -1097,8 +1132,8 @@ class Process:
     # -- the end -------------------------------------------------------------
 
     def _maybe_end(self) -> None:
-        if self._awaiting_receipt:
-            return  # `finished` comes first; its answer calls this again
+        if self._awaiting_receipt or self._explaining:
+            return  # `finished` or the error comes first; each calls this again
         started = UnitCall.START in self._called
         if self.status.is_inactive and self.output.eof and started and self._left:
             if not self._ended:

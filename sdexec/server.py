@@ -52,6 +52,7 @@ from sdexec.passthrough import (
 from sdexec.plan import (
     ExecPlan,
     LookedUp,
+    NamedPath,
     RequestError,
     checked_request,
     manager_working_directory,
@@ -536,7 +537,15 @@ class SdexecServer:
             receipt_reads_cgroup=self.receipt_reads_cgroup,
             end_lost_unit=self.end_what_lost_unit_left,
             pid_known=self.tracked.pid_known if findable else _unindexed,
+            first_missing=self._first_missing,
         )
+
+    def _first_missing(
+        self, paths: list[NamedPath]
+    ) -> defer.Deferred[NamedPath | None]:
+        """A failed unit's sandbox paths looked at as commands are looked up
+        (:attr:`lookups`, read at the failure)."""
+        return self.lookups.first_missing(paths)
 
     def _debugging(self) -> bool:
         """``[systemd] sdexec-debug`` as configured now."""

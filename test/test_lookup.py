@@ -6,6 +6,7 @@ blocks until the test lets it go stands for the silent file system."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -26,10 +27,12 @@ from sdexec.config import parse_config
 from sdexec.connection import MAX_BEHIND_LOOKUPS, SdexecServerFactory
 from sdexec.ioencode import encode_io
 from sdexec.lograte import MAX_QUOTED
-from sdexec.lookup import LOOKUP_TIMEOUT_S, ThreadedLookups, _Workers
+from sdexec.lookup import LOOKUP_TIMEOUT_S, ThreadedLookups, _Workers, first_missing
 from sdexec.plan import RequestError
+from sdexec.property import UnitProperty
 from sdexec.protocol import ExecFlag
 from sdexec.server import SdexecServer
+from sdexec.testing import exec_plan
 
 FLAGS = int(ExecFlag.STDOUT | ExecFlag.STDERR)
 UNIT = "sdexec-t.service"
@@ -806,3 +809,16 @@ async def test_a_terminate_by_the_job_id_of_an_exec_being_looked_up_applies_to_i
     await until(lambda: len(connection.responses()) == 2, "the terminate's answer")
     assert "errnum" not in connection.last()
     connection.close()
+
+
+def test_the_paths_a_unit_s_sandboxing_needs_and_the_first_missing(tmp_path):
+    paths = UnitProperty("ReadOnlyPaths", "as", ["-/a", "+/b", str(tmp_path), "/c"])
+    binds = UnitProperty(
+        "BindPaths", "a(ssbt)", [("/d", "/e", True, 0), ("/f", "/g", False, 0)]
+    )
+    plan = dataclasses.replace(exec_plan(), properties=(paths, binds))
+    assert [path for _, path in plan.required_paths] == [str(tmp_path), "/c", "/f"]
+    # The first that does not exist; one that exists, or cannot be looked
+    # at, is not named.
+    assert first_missing(plan.required_paths) == (paths, "/c")
+    assert first_missing([(paths, str(tmp_path))]) is None

@@ -415,6 +415,25 @@ async def test_a_site_s_limit_of_open_files_too_low_to_execute_is_named(
 
 
 @ensureDeferred
+async def test_a_site_s_sandbox_path_the_node_lacks_is_named(start_service, tmp_path):
+    # It said only "exit status 226/NAMESPACE (result: exit-code)" (review
+    # session 46). A '-' path, or one that exists, is not named: a node
+    # that makes no mount namespace at all fails the unit with 226 too.
+    missing = tmp_path / "not-here"
+    site = f'ReadOnlyPaths = "-/nonexistent {tmp_path} {missing}"'
+    service, result = await true_under(start_service, site)
+    assert result.error is not None
+    assert result.error.errnum == errno.ENOENT
+    assert result.error.errstr == (
+        "systemd could not run the command: exit status 226/NAMESPACE (result:"
+        f" exit-code): ReadOnlyPaths from [exec.sdexec-properties] names {missing},"
+        " which does not exist on this node (a path named without '-' must exist;"
+        " '-' lets systemd skip it)"
+    )
+    await wait_until_reaped(service, "sdexec-*")
+
+
+@ensureDeferred
 async def test_a_request_s_limit_of_open_files_too_low_to_execute_is_named(
     start_service,
 ):

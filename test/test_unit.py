@@ -255,3 +255,16 @@ def test_dumped_wait_status(signum):
 def test_wait_status_refuses_other_codes(code):
     with pytest.raises(ValueError, match=f"ExecMainCode {code} is not CLD_EXITED"):
         wait_status(code, 0)
+
+
+def test_a_namespace_failure_names_a_missing_path_of_the_request():
+    missing = (UnitProperty("BindPaths", "a(ssbt)", [], "request"), "/scratch/x")
+    _, message = exited(226).failure("/opt/x", "/w", missing=missing)
+    assert message.endswith(
+        ": SDEXEC_PROP_BindPaths from the request names /scratch/x, which does"
+        " not exist on this node (a path named without '-' must exist; '-' lets"
+        " systemd skip it)"
+    )
+    # Only for 226: another failure is not said to come of it.
+    _, other = exited(217).failure("/opt/x", "/w", missing=missing)
+    assert "/scratch/x" not in other

@@ -49,7 +49,7 @@ SYSTEMD_EXIT_CODES = frozenset(SYSTEMD_EXIT_NAMES)
 
 #: The errno a client sees for a systemd exit code: the binary or the working
 #: directory is missing (or unusable) for EXEC and CHDIR.
-EXIT_CHDIR, EXIT_FDS, EXIT_EXEC = 200, 202, 203
+EXIT_CHDIR, EXIT_FDS, EXIT_EXEC, EXIT_NAMESPACE = 200, 202, 203, 226
 _EXIT_ERRNO = {EXIT_CHDIR: errno.ENOENT, EXIT_EXEC: errno.ENOENT}
 #: The errno of any other failure to run the command (a setup step of the
 #: unit: 217/USER, 226/NAMESPACE...), or of a unit that failed before it
@@ -135,6 +135,22 @@ _SOURCES = {
 }
 
 
+def _named(prop: UnitProperty) -> tuple[str, str]:
+    """``prop``'s name as its source spells it, and that source in words."""
+    label = f"SDEXEC_PROP_{prop.name}" if prop.source == "request" else prop.name
+    return label, _SOURCES.get(prop.source, prop.source)
+
+
+def _missing(missing: tuple[UnitProperty, str]) -> str:
+    """What a path the unit's sandboxing names and the node lacks says."""
+    prop, path = missing
+    label, source = _named(prop)
+    return (
+        f"{label} from {source} names {path}, which does not exist on this node"
+        " (a path named without '-' must exist; '-' lets systemd skip it)"
+    )
+
+
 def _too_few_files(files: UnitProperty | None) -> str | None:
     """Why ``files``, the property that set a unit's soft limit of open
     files, kept systemd from executing its command; ``None`` if it
@@ -143,8 +159,7 @@ def _too_few_files(files: UnitProperty | None) -> str | None:
         return None
     if files.value >= EXEC_NEEDS_FILES:
         return None
-    label = f"SDEXEC_PROP_{files.name}" if files.source == "request" else files.name
-    source = _SOURCES.get(files.source, files.source)
+    label, source = _named(files)
     return (
         f"the unit's limit of open files, {label}={files.value} from {source},"
         f" is below the {EXEC_NEEDS_FILES} that systemd needs to execute a"
@@ -246,7 +261,11 @@ class UnitStatus:
         return self.active_state == "failed" and not self._exited
 
     def failure(
-        self, executable: str, cwd: str | None, files: UnitProperty | None = None
+        self,
+        executable: str,
+        cwd: str | None,
+        files: UnitProperty | None = None,
+        missing: tuple[UnitProperty, str] | None = None,
     ) -> tuple[int, str]:
         """``(errno, message)`` for a unit that :attr:`has_failed` (or is
         confirmed :attr:`failed_without_status`). ``files`` is the property
@@ -258,7 +277,8 @@ class UnitStatus:
         (203/EXEC: the plan found the file executable, so the exec itself
         failed), the working directory ``cwd`` it could not enter
         (200/CHDIR; ``None``: the manager's default); either may also be a
-        command's own quick ``exit``."""
+        command's own quick ``exit``. ``missing``, a path a sandboxing
+        property named that does not exist, is named for 226/NAMESPACE."""
         if not self._systemd_exit:
             return (
                 NOT_STARTED_ERRNO,
@@ -287,6 +307,8 @@ class UnitStatus:
                 " missing #! interpreter, a binary for another machine...; or"
                 f" the command itself exited {EXIT_EXEC} at once)"
             )
+        elif self.status == EXIT_NAMESPACE and missing is not None:
+            message += f": {_missing(missing)}"
         elif self.status == EXIT_CHDIR:
             # A command that exits 200 itself before systemd has seen the
             # exec fails its unit exactly so (systemd 252 gives nothing to

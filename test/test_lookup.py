@@ -22,6 +22,7 @@ from twisted.internet.task import Clock
 from twisted.logger import capturedLogs, formatEvent
 
 from sdexec import command as command_module
+from sdexec import lookup as lookup_module
 from sdexec.command import Command, Found
 from sdexec.config import parse_config
 from sdexec.connection import MAX_BEHIND_LOOKUPS, SdexecServerFactory
@@ -822,3 +823,28 @@ def test_the_paths_a_unit_s_sandboxing_needs_and_the_first_missing(tmp_path):
     # at, is not named.
     assert first_missing(plan.required_paths) == (paths, "/c")
     assert first_missing([(paths, str(tmp_path))]) is None
+
+
+@ensureDeferred
+async def test_sandbox_paths_that_do_not_answer_in_time_are_not_known(
+    monkeypatch, lookups, clock
+):
+    """A failed unit's paths on a file system that does not answer: not
+    known after the lookups' timeout, its thread counted stuck until the
+    file system answers, as a command's lookup is."""
+    answered = threading.Event()
+
+    def silent(paths):
+        answered.wait()
+        return paths[0]
+
+    monkeypatch.setattr(lookup_module, "first_missing", silent)
+    paths = [(UnitProperty("ReadOnlyPaths", "as", ["/nfs/x"]), "/nfs/x")]
+    known = lookups.first_missing(paths)
+    clock.advance(LOOKUP_TIMEOUT_S - 0.1)
+    assert not known.called
+    clock.advance(0.1)
+    assert await known is None
+    assert lookups.stuck == 1
+    answered.set()
+    await until(lambda: lookups.stuck == 0, "the stuck path check's end")

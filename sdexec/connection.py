@@ -415,12 +415,14 @@ class ClientProtocol(StdioReceivingProtocol):
         answer.addBoth(self._answered)
         if self._too_many_unanswered:
             self._pause_reading()
+            self._settle_hangup_watch()
 
     def _answered(self, result: object) -> object:
         was_full = self._too_many_unanswered
         self._unanswered -= 1
         if was_full:
-            self._unblocked()
+            self._unblocked()  # (at the cap again at once, mostly: still watched)
+            self._settle_hangup_watch()
         return result  # a failure to send the answer is still reported
 
     def _unblocked(self) -> None:
@@ -821,13 +823,28 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def _settle_hangup_watch(self) -> None:
         """Watch for the client's close while its connection is not read
-        for what waits: a process to read its stdin, or commands' lookups
-        (too many requests behind them); else not, nor once it has left (a
-        half-closed socket would be reported again at once)."""
-        if (self._stdin_backlogged or self._paused_for_lookups) and not self._lost:
+        for what waits (:attr:`_unread_for`); else not, nor once it has
+        left (a half-closed socket would be reported again at once)."""
+        if self._unread_for is not None and not self._lost:
             self._watch_hangup()
         else:
             self._unwatch_hangup()
+
+    @property
+    def _unread_for(self) -> str | None:
+        """What the connection is not read for, where only the hang-up
+        watch would see its client leave: a process to read its stdin,
+        commands' lookups (too many requests behind them), or systemd's
+        answers (too many requests awaiting them: their answers may take
+        as long as systemd does). Not a client that reads too slowly: its
+        close is seen as the service writes to it."""
+        if self._stdin_backlogged:
+            return "a process to read its stdin"
+        if self._paused_for_lookups:
+            return "commands' lookups"
+        if self._too_many_unanswered:
+            return "systemd to answer its requests"
+        return None
 
     def _watch_hangup(self) -> None:
         if self._hangup_fd is None:
@@ -841,16 +858,13 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def _hung_up(self, gone: bool) -> None:
         """The client closed the connection (``gone``), or shut down its
-        writing, while its requests waited for a process to read its stdin,
-        or for commands' lookups."""
+        writing, while its requests waited (:attr:`_unread_for`)."""
         self._hangup_fd = None
         log.info(
             "connection {id}: the client {did} while it waited for {what}",
             id=self.connection_id,
             did="closed it" if gone else "shut down its writing",
-            what="commands' lookups"
-            if self._paused_for_lookups
-            else "a process to read its stdin",
+            what=self._unread_for,
         )
         if gone:
             # Lost now: Twisted calls connectionLost a loop pass after the

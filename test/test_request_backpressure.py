@@ -871,3 +871,67 @@ async def test_a_half_closed_client_not_reading_holds_its_answers_until_it_close
     await until(lambda: protocol.transport.disconnected, "the connection closed")
     assert sdexec.server.connections.total == 0
     assert sdexec.server.hangups.fileno() == -1
+
+
+def hold_kills(systemd, monkeypatch, signum: int) -> list[defer.Deferred]:
+    """The real manager's ``KillUnit`` calls of ``signum``, held in the
+    service until a test lets them go (:func:`let_go`): systemd is slow to
+    answer them. Other signals' go at once (a client's SIGKILL at its
+    leaving among them)."""
+    held: list[defer.Deferred] = []
+    kill_unit = systemd.kill_unit
+
+    def holding(name: str, who: str, signal: int) -> defer.Deferred:
+        if signal != signum:
+            return kill_unit(name, who, signal)
+        answer: defer.Deferred = defer.Deferred()
+        answer.addCallback(lambda _: kill_unit(name, who, signal))
+        held.append(answer)
+        return answer
+
+    monkeypatch.setattr(systemd, "kill_unit", holding)
+    return held
+
+
+def let_go(held: list[defer.Deferred]) -> None:
+    for answer in held:
+        answer.addErrback(lambda _: None)  # (its unit may be gone by now)
+        answer.callback(None)
+
+
+@pytest.mark.systemd
+@pytest.mark.parametrize("how", ["close", "shutdown"])
+@ensureDeferred
+async def test_a_client_that_leaves_a_connection_held_for_its_kills_is_seen_gone(
+    sdexec, flood, monkeypatch, how
+):
+    """At the cap of requests awaiting systemd (64 kills unanswered) the
+    connection is not read, so its client's close (or shutdown of its
+    writing, socat's) went unseen until systemd answered: its process ran
+    on and its slot was held meanwhile."""
+    flooder, protocol = flood
+    held = hold_kills(sdexec.server.systemd, monkeypatch, 10)
+    unit = "sdexec-backpressure-killcap"
+    cmd = command(["sleep", "600"], opts={"SDEXEC_NAME": unit}, label="job")
+    assert flooder.send_some(request("sdexec.exec", {"cmd": cmd, "flags": 3}, 1))
+    started = await read_all(flooder, b"", 0, counted(1))
+    assert started[0]["payload"]["type"] == "started"
+    kill = {"signum": 10, "label": "job"}
+    data = b"".join(request(KILL, kill, tag) for tag in range(2, MAX_UNANSWERED + 4))
+    assert flooder.send_some(data) == len(data)
+    await until(lambda: len(held) == MAX_UNANSWERED, "the kills at the cap")
+    assert not reading(protocol)
+    try:
+        if how == "close":
+            flooder.close()
+        else:
+            flooder.sock.shutdown(socket.SHUT_WR)
+            answers = await read_all(flooder, b"", 0, lambda _: False)
+            assert flooder.eof  # EOF, not a reset (its requests were unread)
+            assert answers == []  # the kills' answers come after it left
+        await until(lambda: sdexec.server.connections.total == 0, "the client gone")
+        await wait_until_reaped(sdexec, f"{unit}.service")
+        assert len(held) == MAX_UNANSWERED  # systemd has answered none yet
+        assert sdexec.server.hangups.fileno() == -1  # nothing left watched
+    finally:
+        let_go(held)

@@ -476,6 +476,15 @@ class Tracked:
             )
         return sum(client is not None for client, _ in ended) + (feed is not None)
 
+    def cancel_feed(self, errnum: int, errstr: str) -> None:
+        """The service stops: an attach still fed the output of a process
+        whose stream has ended (it will not live to send the rest) ends
+        now with ``errnum``, as every stream does then, not with the EOF
+        of its connection at the exit."""
+        feed = self._feed
+        if feed is not None and not feed.done:
+            feed.abort(errnum, errstr)
+
     def _fell_behind(self, feed: AttachFeed, lost: dict[str, int]) -> None:
         """The retained output dropped ``lost`` bytes (by stream) that the
         attach fed by ``feed`` had not been sent: end it, saying so (after
@@ -916,6 +925,16 @@ class TrackedProcesses:
             tracked.end_wait_and_attach(connection_id, errnum, reason)
             for tracked in self._connected_to(connection_id)
         )
+
+    def cancel_feeds(self, errnum: int, errstr: str) -> None:
+        """The service stops: end every attach still fed, with ``errnum``
+        (:meth:`Tracked.cancel_feed`); those of the processes it cancels
+        are ended by their cancel, but those of processes reaped already,
+        kept for a wait or forgotten, are not among them."""
+        self._still_draining()
+        every = [*self._tracked.values(), *self._ended.values(), *self._draining]
+        for tracked in every:
+            tracked.cancel_feed(errnum, errstr)
 
     def _connected_to(self, connection_id: int) -> list[Tracked]:
         """The processes, running or ended, that a request of the connection

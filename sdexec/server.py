@@ -85,6 +85,10 @@ log = Logger()
 #: with systemd away it gives up at once.
 _STRAGGLER_STEPS = 2
 
+#: What every stream still open at a shutdown is told, with ECANCELED
+#: (docs/protocol.md): its process's, and an attach's to one that ended.
+_STOPPING = "the service is stopping: the process's unit is being stopped"
+
 
 def _log_straggler_kill_failure(failure: Failure, unit: str, signum: int) -> None:
     if is_unit_gone(failure_value(failure)):
@@ -782,9 +786,9 @@ class SdexecServer:
             self.leftovers.close(on_gone=self._answer_if_all_ended)
         for process in list(self.processes.values()):
             # Said to its client, rather than a connection that just closes.
-            process.cancel(
-                "the service is stopping: the process's unit is being stopped"
-            )
+            process.cancel(_STOPPING)
+        # And to an attach still sent what a process that ended wrote.
+        self.tracked.cancel_feeds(errno.ECANCELED, _STOPPING)
         if not self._stragglers():
             return defer.succeed(None)
         waiter: defer.Deferred = defer.Deferred()

@@ -1163,6 +1163,26 @@ async def test_an_attach_behind_is_told_at_once_that_the_service_stops(
     viewer.close()
 
 
+@pytest.mark.parametrize("when", ["running", "ended"])
+@ensureDeferred
+async def test_an_attach_fed_an_ended_process_is_told_the_service_stops(systemd, when):
+    # A process reaped before the shutdown is no longer among those it
+    # cancels: its attach, still sent the output the client had not read,
+    # got no ECANCELED, and the client read EOF after part of the output.
+    server = make_server(systemd, **{"max-waitable": 1})
+    client = Client(server)
+    viewer = await attached_to_an_end(systemd, server, client, when)
+    assert server.processes == {}  # reaped: only its feed is left
+    done = server.shutdown(10)
+    assert payloads(viewer.of(1))[-1] == (
+        errno.ECANCELED,
+        "the service is stopping: the process's unit is being stopped",
+    )
+    assert done.called
+    viewer.close()
+    client.close()
+
+
 @ensureDeferred
 async def test_an_end_that_waited_behind_lost_output_is_kept_for_a_wait(systemd):
     # Its `finished` came while the client was behind, and the output

@@ -1050,6 +1050,12 @@ class SdexecServer:
     ) -> None:
         """``sdexec.attach``: the process's stream goes to ``responder``,
         held back by ``valve``, its connection's."""
+        if self.stopping:
+            # The shutdown ended every attach (ECANCELED); one made now would
+            # be fed until the exit cut it short, with no end.
+            raise RequestError(
+                errno.ECANCELED, "the service is stopping: no attach is made"
+            )
         responder = self._watched_output(responder)
         with self._leftover_named(payload):
             self.tracked.attach(payload, connection_id, responder, valve)

@@ -1184,6 +1184,27 @@ async def test_an_attach_fed_an_ended_process_is_told_the_service_stops(systemd,
 
 
 @ensureDeferred
+async def test_an_attach_during_a_shutdown_is_told_the_service_stops(systemd):
+    # Made after the shutdown ended every stream, it was fed as any, and
+    # its client read part of the output, then EOF at the service's exit.
+    server = make_server(systemd, **{"max-waitable": 1})
+    client = Client(server)
+    client.bg(flags=WAITABLE, label="w")
+    systemd.run(UNIT, pid=8)
+    await written(systemd, server, lines(0, 300))
+    await finish(systemd, server, status=3)
+    done = server.shutdown(10)
+    viewer = unreading_client(server)
+    viewer.send("sdexec.attach", {"label": "w", "flags": 1}, matchtag=1)
+    assert payloads(viewer.of(1)) == [
+        (errno.ECANCELED, "the service is stopping: no attach is made")
+    ]
+    assert done.called
+    viewer.close()
+    client.close()
+
+
+@ensureDeferred
 async def test_an_end_that_waited_behind_lost_output_is_kept_for_a_wait(systemd):
     # Its `finished` came while the client was behind, and the output
     # before it was dropped: not sent, the end is still the next wait's.

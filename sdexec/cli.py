@@ -450,13 +450,38 @@ class _HTTPStatus(Exception):
 
 async def _get_json(url: str, reactor: Any) -> Any:
     """The JSON document at ``url`` (a new connection, closed after)."""
-    from treq import json_content
+    from treq import content
     from twisted.web.client import Agent
 
     response = await Agent(reactor).request(b"GET", url.encode())
     if response.code != 200:
         raise _HTTPStatus(f"HTTP {response.code}")
-    return await json_content(response)
+    return _json_document(await content(response))
+
+
+class _NotStats(Exception):
+    """An answer that holds no JSON document, said in words."""
+
+
+def _json_document(body: bytes) -> Any:
+    """The JSON document ``body`` holds, else :class:`_NotStats` saying
+    what the answer was not: treq's ``json_content`` let the codec's and
+    the parser's own words through ("'utf-8' codec can't decode byte
+    0xff in position 7"), naming neither the answer nor JSON."""
+    import json
+
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise _NotStats(
+            f"the answer is not UTF-8 text, so not JSON: byte"
+            f" {body[error.start]:#04x} at offset {error.start}"
+        ) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        what = "empty" if not text.strip() else str(error)
+        raise _NotStats(f"the answer is not JSON: {what}") from None
 
 
 def _within_timeout(waiting: Deferred[Any], clock: Any) -> Deferred[Any]:

@@ -681,9 +681,11 @@ def test_a_stats_request_that_timed_out_says_so():
 _STATS_JSON = b'{"procs": []}'
 
 
-def _serve_stats_once(listener: socket.socket, asked: list[bytes]) -> None:
-    """Answer one request on ``listener`` with :data:`_STATS_JSON`; what
-    was asked goes to ``asked``."""
+def _serve_stats_once(
+    listener: socket.socket, asked: list[bytes], body: bytes = _STATS_JSON
+) -> None:
+    """Answer one request on ``listener`` with ``body``; what was asked
+    goes to ``asked``."""
     connection, _ = listener.accept()
     with connection:
         request = b""
@@ -692,9 +694,36 @@ def _serve_stats_once(listener: socket.socket, asked: list[bytes]) -> None:
         asked.append(request)
         connection.sendall(
             b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
-            % (len(_STATS_JSON), _STATS_JSON)
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
         )
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (
+            b'{"procs": ["\xff"]}',
+            "the answer is not UTF-8 text, so not JSON: byte 0xff at offset 12",
+        ),
+        (b"<html>", "the answer is not JSON: Expecting value: line 1 column 1"),
+        (b"", "the answer is not JSON: empty"),
+    ],
+)
+def test_stats_from_an_answer_that_is_not_json_text_says_so(body, why):
+    # It said only the codec's words, "'utf-8' codec can't decode byte
+    # 0xff in position 12: invalid start byte" (review session 46 cli-1).
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        threading.Thread(
+            target=_serve_stats_once, args=(listener, [], body), daemon=True
+        ).start()
+        url = _stats_url(listener)
+        done = sdexec("/nonexistent", "stats", "--url", url)
+    assert done.returncode == 1
+    assert done.stdout == b""
+    assert done.stderr.decode().startswith(f"sdexec: cannot read {url}: {why}")
+    assert done.stderr.decode().count("\n") == 1
 
 
 def _ipv6_loopback() -> socket.socket | None:

@@ -30,8 +30,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     is wrong."""
     argv = _without_options_end(sys.argv[1:] if argv is None else list(argv))
     at = _command_index(argv)
-    parser = build_parser(None if at is None else argv[at])
-    if at is not None and argv[at] == "run":
+    parser = build_parser(None if at is None else argv[at], at is not None)
+    if at is None:
+        options = _parse_without_command(parser, argv)
+    elif argv[at] == "run":
         options = _parse_run(parser, argv, at)
     else:
         if at is not None and argv[at] == "kill":
@@ -39,6 +41,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         options = parser.parse_args(argv)
     if options.command == "run":
         _check_run(options)
+    return options
+
+
+def _parse_without_command(
+    parser: argparse.ArgumentParser, argv: list[str]
+) -> argparse.Namespace:
+    """``argv``, where no command of ours comes first, parsed by
+    ``parser`` (built not requiring one): an unknown option is named
+    before a missing command is. argparse checks required arguments
+    first, and ``sdexec --nope`` said only "the following arguments are
+    required: COMMAND", where ``sdexec --nope ps`` names ``--nope``."""
+    options, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if options.command is None:
+        parser.error("the following arguments are required: COMMAND")
     return options
 
 
@@ -183,8 +201,10 @@ def _without_options_end(argv: list[str]) -> list[str]:
     subcommands as the command's name: "invalid choice: '--'". A word
     there that is no command is a usage error naming it."""
     at = _first_word(argv)
-    if at is None or argv[at] != "--" or at + 1 == len(argv):
-        return argv  # (`sdexec --` alone: argparse says COMMAND is missing)
+    if at is None or argv[at] != "--":
+        return argv
+    if at + 1 == len(argv):
+        return argv[:at]  # `sdexec --` alone: the COMMAND is missing
     command = argv[at + 1]
     if command not in _SUBCOMMANDS:
         choices = ", ".join(map(repr, _SUBCOMMANDS))
@@ -194,8 +214,12 @@ def _without_options_end(argv: list[str]) -> list[str]:
     return [*argv[:at], *argv[at + 1 :]]
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The whole command line's parser, or with ``only`` that command."""
+def build_parser(
+    only: str | None = None, command_required: bool = True
+) -> argparse.ArgumentParser:
+    """The whole command line's parser, or with ``only`` that command;
+    without ``command_required``, one that leaves a missing command to
+    its caller (:func:`_parse_without_command`)."""
     parser = CommandParser(
         prog="sdexec",
         description="Run processes as transient systemd units.",
@@ -209,7 +233,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         help="the service's socket (default: $SDEXEC_SOCKET, else"
         " $XDG_RUNTIME_DIR/sdexec/sdexec.sock)",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(
+        dest="command", required=command_required, metavar="COMMAND"
+    )
     for name, (help_, add_arguments) in _SUBCOMMANDS.items():
         if only in (None, name):
             command = commands.add_parser(

@@ -330,6 +330,25 @@ def test_a_word_after_that_double_dash_that_is_no_command_is_named(word, capsys)
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
+        (["--nope"], "unrecognized arguments: --nope"),
+        (["--socket", "/s", "-x"], "unrecognized arguments: -x"),
+        (["--nope", "ps"], "unrecognized arguments: --nope"),
+        ([], "the following arguments are required: COMMAND"),
+        (["--socket=/s", "--"], "the following arguments are required: COMMAND"),
+    ],
+)
+def test_an_unknown_option_before_the_command_is_named(argv, said, capsys):
+    # `sdexec --nope` said "the following arguments are required: COMMAND"
+    # (argparse checks those first), naming nothing that was given.
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: sdexec [-h] [--version] [--socket PATH] COMMAND")
+    assert err.endswith(f"\nsdexec: error: {said}\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
         (["kill", "-TERM", "1234"],
          '"-TERM" is not a signal: give it without its dash'
          " (sdexec kill TERM PID|LABEL)"),

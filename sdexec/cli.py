@@ -338,11 +338,12 @@ def cancel_targets(text: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _cancel(options: argparse.Namespace) -> int:
     targets = cancel_targets(options.target)
-    listing = request(options, Topics.LIST, {"detail": True})
-    target = _listed_job(listed_processes(listing), targets)
+    procs = listed_processes(request(options, Topics.LIST, {"detail": True}))
+    target = _listed_job(procs, targets)
     if target is not None:
         reply = _terminate(options, target)
     else:  # not listed: an exited job's unit still stopping, or nothing
+        _refuse_listed_non_job(procs, options.target, targets)
         reply = _terminate_either(options, *targets)
     print_out(f"job {reply.get('id')}: terminating (step {reply.get('step')})")
     return 0
@@ -361,6 +362,36 @@ def _listed_job(
         if any("jobid" in proc and proc.get(key) == value for proc in procs):
             return target
     return None
+
+
+def _refuse_listed_non_job(
+    procs: list[dict[str, Any]], text: str, targets: Sequence[dict[str, Any]]
+) -> None:
+    """:class:`SdexecError` saying why a process that ``targets`` name by
+    pid or label, listed in ``procs`` running no job, cannot be
+    cancelled: it has ended (``Z``, kept for a wait: its exit status is
+    ``sdexec wait``'s to collect), or it was run without ``--jobid``.
+    Said from the listing, not from the service's refusals: of an ended
+    process those were "terminate label=L not found", which ``ps``
+    belied."""
+    for target in targets:
+        ((key, value),) = target.items()
+        for proc in procs:
+            if key == "jobid" or proc.get(key) != value:
+                continue
+            pid = proc.get("pid")
+            if proc.get("state") == "Z":
+                import shlex  # here: only this answer needs it
+
+                raise SdexecError(
+                    f"cancel {text}: pid {pid} has ended, nothing is left to"
+                    f" terminate; sdexec wait {shlex.quote(text)} collects its"
+                    " exit status"
+                )
+            raise SdexecError(
+                f"cancel {text}: pid {pid} runs no job (it was run without"
+                f" --jobid): sdexec kill signals it"
+            )
 
 
 def _terminate_either(

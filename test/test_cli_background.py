@@ -56,6 +56,22 @@ async def test_wait_prints_the_output_and_exits_with_the_code(sdexec):
 
 
 @ensureDeferred
+async def test_cancel_of_an_ended_waitable_process_says_to_wait_for_it(sdexec):
+    # It said "terminate jobid=w not found; terminate label=w not found"
+    # of a process ps listed (review session 46 cli-2).
+    started = await cli(sdexec, "run", "--bg", "--waitable", "--label", "w", "true")
+    pid = started.stdout.decode().split()[0]
+    await until(lambda: sdexec.server.list()["procs"][0]["state"] == "Z", "ended")
+    cancelled = await cli(sdexec, "cancel", "w")
+    assert (cancelled.returncode, cancelled.stderr.decode()) == (
+        1,
+        f"sdexec: cancel w: pid {pid} has ended, nothing is left to terminate;"
+        " sdexec wait w collects its exit status\n",
+    )
+    assert (await cli(sdexec, "wait", "w")).returncode == 0
+
+
+@ensureDeferred
 async def test_wait_maps_a_signal_and_names_dropped_output(start_service):
     service = await start_service(sdexec='retained-output = "1K"')
     script = "head -c 3072 /dev/zero | tr '\\0' x; echo; kill -TERM $$"

@@ -877,6 +877,35 @@ def test_cancel_of_nothing_names_both_targets(monkeypatch, capsys):
     )
 
 
+@pytest.mark.parametrize(
+    ("target", "proc", "said"),
+    [
+        ("w1", {"pid": 77, "label": "w1", "state": "Z"},
+         "cancel w1: pid 77 has ended, nothing is left to terminate;"
+         " sdexec wait w1 collects its exit status"),
+        ("77", {"pid": 77, "label": "", "state": "Z"},
+         "cancel 77: pid 77 has ended, nothing is left to terminate;"
+         " sdexec wait 77 collects its exit status"),
+        ("my job", {"pid": 79, "label": "my job", "state": "Z"},
+         "cancel my job: pid 79 has ended, nothing is left to terminate;"
+         " sdexec wait 'my job' collects its exit status"),
+        ("p1", {"pid": 78, "label": "p1", "state": "R"},
+         "cancel p1: pid 78 runs no job (it was run without --jobid):"
+         " sdexec kill signals it"),
+    ],
+)  # fmt: skip
+def test_cancel_of_a_listed_process_that_runs_no_job_says_why(
+    monkeypatch, capsys, target, proc, said
+):
+    # An ended waitable process (state Z) was "terminate jobid=w1 not
+    # found; terminate label=w1 not found", which ps belied (review
+    # session 46 cli-2); no terminate is sent for what the list answers.
+    tried = _cancel_against(monkeypatch, {}, [proc])
+    assert cli.main(["cancel", target]) == 1
+    assert capsys.readouterr().err == f"sdexec: {said}\n"
+    assert tried == []
+
+
 def _job(pid: int, jobid: str, label: str = "") -> dict:
     """A job's ``sdexec.list`` entry (with detail)."""
     return {"pid": pid, "label": label, "state": "R", "jobid": jobid, "step": None}

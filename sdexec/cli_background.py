@@ -22,6 +22,7 @@ from sdexec.cliio import (
     connect,
     exit_code,
     fail,
+    flush_out,
     own_fd,
     print_out,
     receipt_lines,
@@ -137,13 +138,29 @@ def _started(call: Call, label: str | None, interrupted: int | None) -> int:
             raise
         fail(str(failure))
         return EXEC_FAILURES.get(errnum, 1)  # as the foreground run's
-    print_out(pid if label is None else f"{pid} {label}")
+    _say_pid(pid, label)
     if interrupted is not None:
         say(
             f"sdexec: interrupted by {signal_name(interrupted)} while starting:"
             f" pid {pid} runs on in the background (sdexec kill TERM {pid})"
         )
     return 0
+
+
+def _say_pid(pid: int, label: str | None) -> None:
+    """The started process's pid (and label) on stdout, flushed; a stdout
+    that cannot take it (a full disk, ``>&-``) fails the command naming
+    the pid on stderr: "cannot write stdout" alone, exit 1, read as a
+    start that failed, and the process ran on with its pid said nowhere
+    (a script's retry started it twice)."""
+    try:
+        print_out(pid if label is None else f"{pid} {label}")
+        flush_out()
+    except SdexecError as failure:
+        raise SdexecError(
+            f"{failure}: pid {pid} started all the same, and runs on in the"
+            f" background (sdexec kill TERM {pid})"
+        ) from None
 
 
 def wait(options: argparse.Namespace) -> int:

@@ -1201,17 +1201,21 @@ def test_cli_background_run_prints_the_pid_or_says_none_came(served, answer, pri
 
 
 @pytest.mark.parametrize(
-    ("args", "answer"),
+    ("args", "answer", "said"),
     [
-        (["run", "--bg", "sleep", "100"], {"type": "started", "pid": 42}),
-        (["wait", "w"], {"status": 0, "output": [encode_io("stdout", "0", b"x\n")]}),
+        (["run", "--bg", "sleep", "100"], {"type": "started", "pid": 42},
+         b": pid 42 started all the same, and runs on in the background"
+         b" (sdexec kill TERM 42)"),
+        (["wait", "w"], {"status": 0, "output": [encode_io("stdout", "0", b"x\n")]},
+         b""),
     ],
     ids=["run --bg", "wait"],
-)
+)  # fmt: skip
 @pytest_twisted.inlineCallbacks
-def test_output_a_full_disk_refuses_is_a_failure_said(served, args, answer):
+def test_output_a_full_disk_refuses_is_a_failure_said(served, args, answer, said):
     # The pid of `run --bg > pidfile`, the output of a process waited for
-    # once: lost with exit 0 and not a word.
+    # once: lost with exit 0 and not a word. (The pid, of a process that
+    # runs on, is then said on stderr.)
     peer, client = served
     full = os.open("/dev/full", os.O_WRONLY)
     try:
@@ -1221,7 +1225,9 @@ def test_output_a_full_disk_refuses_is_a_failure_said(served, args, answer):
     peer = yield peer.factory.peers.get()
     peer.respond((yield peer.requests.get()), answer)
     assert (yield cli.ended) == 1
-    assert bytes(cli.err) == b"sdexec: cannot write stdout: No space left on device\n"
+    assert bytes(cli.err) == (
+        b"sdexec: cannot write stdout: No space left on device" + said + b"\n"
+    )
 
 
 @pytest_twisted.inlineCallbacks

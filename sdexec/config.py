@@ -59,6 +59,8 @@ from sdexec.property import (
     CONTAINMENT_PROPERTIES,
     FD_PROPERTIES,
     MEMORY_PROPERTIES,
+    SCALED_MEMORY_PROPERTIES,
+    STARTUP_MEMORY_PROPERTIES,
     STOP_PROPERTIES,
     PropertyError,
     is_property_word,
@@ -72,11 +74,13 @@ from sdexec.refusal import json_quoted
 from sdexec.retained import DEFAULT_RETAINED, parse_retained_size
 from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import (
+    MEMORY_LIMIT_FORMS,
     SUFFIXES,
     MemoryLimit,
     SizeNotTaken,
     SizeTooLarge,
     bounded_size,
+    octal_differs,
     parse_size,
 )
 from sdexec.systemd.window import DEFAULT_MAX_INFLIGHT
@@ -812,6 +816,29 @@ def _too_large(value: object) -> str | None:
     return None
 
 
+#: Every memory size read as Flux reads a limit's (:class:`MemoryLimit`):
+#: one a site wrote with a leading zero is refused, since Flux reads it as
+#: octal where sdexec before read it as decimal (``0100M`` was 100M, now
+#: 64M): the site's cap would have changed under it unsaid.
+_MEMORY_SIZES = MEMORY_PROPERTIES | SCALED_MEMORY_PROPERTIES | STARTUP_MEMORY_PROPERTIES
+
+
+def _check_memory_limit(name: str, value: str) -> None:
+    """A site's memory limit, read as a request's is (Flux's reading)."""
+    try:
+        MemoryLimit.parse(value)
+    except SizeNotTaken as error:
+        # written as a size, but not one sdexec takes: its own reason
+        raise _PropertyError(name, _too_large(value) or str(error)) from None
+    except ValueError:
+        raise _PropertyError(
+            name,
+            _too_large(value)
+            or f"{json_quoted(value)} is not a memory limit: expected"
+            f" {MEMORY_LIMIT_FORMS}",
+        ) from None
+
+
 class _PropertyError(ValueError):
     """A bad entry of ``exec.sdexec-properties``: its name extends the key
     path."""
@@ -849,21 +876,17 @@ def _check_property(name: object, value: object) -> None:
             f"expected a string (all property values are), got {json_quoted(value)}",
         )
     if name in MEMORY_PROPERTIES:
-        try:
-            MemoryLimit.parse(value)
-        except SizeNotTaken as error:
-            # written as a size, but not one sdexec takes: its own reason
-            raise _PropertyError(name, _too_large(value) or str(error)) from None
-        except ValueError:
-            raise _PropertyError(
-                name,
-                _too_large(value)
-                or f"{json_quoted(value)} is not a memory limit: expected a size"
-                f' with {SUFFIXES}, a percentage up to 100% or "infinity"',
-            ) from None
+        _check_memory_limit(name, value)
     elif name == "OOMScoreAdjust" and not _is_oom_score_adjust(value):
         raise _PropertyError(
             name, f"expected an integer from -1000 to 1000, got {json_quoted(value)}"
+        )
+    if name in _MEMORY_SIZES and octal_differs(value):
+        raise _PropertyError(
+            name,
+            f"{json_quoted(value)}: a leading zero makes it octal, as Flux reads"
+            " it (sdexec before read it as decimal): write it without the zero,"
+            " or in hex (0x...)",
         )
     try:  # the typing every request's properties get
         typed_property(name, value, source="config")

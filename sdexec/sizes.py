@@ -1,8 +1,16 @@
-"""Memory limit values as systemd writes them: ``512M``, ``95%``, ``infinity``.
+"""Sizes and memory limits: ``512M``, ``95%``, ``infinity``.
 
-One parser serves the configuration checks, the D-Bus property typing and the
-mapper's memory scaling, so they cannot disagree about what a size means.
-Suffixes are base 1024 (``K``, ``M``, ``G``, ``T``, ``P``, ``E``, in either
+A memory limit (:class:`MemoryLimit`) is read as Flux's sdexec reads
+``MemoryMax`` (flux-core src/common/libsdexec/start.c, ``prop_add``): a
+percentage as its sdexec_parse_percent, else a size as its parse_size
+(:func:`parse_flux_size`: ``0x40000000``, ``077`` octal, ``1.5e9``), else
+``infinity``; a few spellings Flux refuses keep the meaning sdexec gave them
+(:func:`memory_size`). That one reading serves the configuration checks,
+the request policy, the D-Bus property typing and the mapper's memory
+scaling, so they cannot disagree about what a limit means.
+
+The configuration's own sizes (:func:`parse_size`) are systemd's. Suffixes
+are base 1024 (``K``, ``M``, ``G``, ``T``, ``P``, ``E``, in either
 case, as Flux's mapper takes them; ``1.5G`` is allowed), a bare number (or
 one with ``B``, as systemd takes it) is bytes. A size must fit systemd's 64
 bits. A percentage has two decimals at most: systemd keeps ten-thousandths
@@ -23,6 +31,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 __all__ = [
+    "MEMORY_LIMIT_FORMS",
     "SUFFIXES",
     "UINT32_MAX",
     "UINT64_MAX",
@@ -30,6 +39,9 @@ __all__ = [
     "SizeNotTaken",
     "SizeTooLarge",
     "bounded_size",
+    "memory_size",
+    "octal_differs",
+    "parse_flux_percent",
     "parse_flux_size",
     "parse_permyriad",
     "parse_size",
@@ -106,14 +118,18 @@ _FLUX_INTEGER = re.compile(
     + r"|(?P<decimal>[1-9][0-9]*+))"
     + _FLUX_SUFFIX
 )
-_FLUX_FLOAT = re.compile(
+# What strtold (and strtod) read as a finite number, sign and all.
+_C_REAL = (
     _C_SPACE
     + r"(?P<sign>[+-]?)(?:"
     + r"(?P<hexfloat>0[xX](?:[0-9a-fA-F]++(?:\.[0-9a-fA-F]*+)?|\.[0-9a-fA-F]++)"
     + r"(?:[pP][+-]?[0-9]++)?+)"
     + r"|(?P<float>(?:[0-9]++(?:\.[0-9]*+)?|\.[0-9]++)(?:[eE][+-]?[0-9]++)?+))"
-    + _FLUX_SUFFIX
 )
+_FLUX_FLOAT = re.compile(_C_REAL + _FLUX_SUFFIX)
+# sdexec_parse_percent (flux-core src/common/libsdexec/parse.c): strtod,
+# then "%" alone.
+_FLUX_PERCENT = re.compile(_C_REAL + "%")
 #: Digits beyond which strtoull overflows, in each base (leading zeros
 #: aside): checked before int(), which a million digits would keep busy.
 _FLUX_DIGITS = {16: 16, 8: 22, 10: 20}
@@ -172,6 +188,98 @@ def _flux_float(match: re.Match[str], text: str) -> int:
     if product >= 2.0**64:
         raise SizeTooLarge(f"{text!r} is too large (16E or more)")
     return math.floor(product)
+
+
+def parse_flux_percent(text: str) -> int:
+    """The ten-thousandths in a percentage as Flux's sdexec_parse_percent
+    reads it (strtod, then ``%``): ``50%``, ``12.5%``, ``5e1%``, ``0x32%``,
+    after any white space, from 0% to 100%. ``ValueError`` if it is no
+    percentage (a negative one, ``nan%``); :class:`SizeNotTaken` for one
+    past 100%, or finer than 0.01% (``3.125%``, which Flux takes): systemd
+    keeps ten-thousandths and writes the rounded one into the unit's file,
+    where a ``daemon-reload`` read it back so (below 0.005%: no limit)."""
+    match = _FLUX_PERCENT.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a percentage (50%, 12.5%)")
+    value = _exact_real(match, text)
+    if value.is_signed() and value != 0:
+        raise ValueError(f"{text!r} is not a percentage: a percentage is not negative")
+    if value > 100:  # exact: no context rounds a comparison
+        raise SizeNotTaken(f"{text!r} is more than 100%")
+    _sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)  # finite, as the pattern is
+    significant = "".join(map(str, digits)).rstrip("0")
+    exponent += len(digits) - len(significant) + _PERCENT_DECIMALS
+    if significant and exponent < 0:
+        raise SizeNotTaken(
+            f"{text!r} has more than two decimals: systemd keeps a percentage to 0.01%"
+        )
+    # At most 100% here, so the exponent is small.
+    return int(significant) * 10**exponent if significant else 0
+
+
+def _exact_real(match: re.Match[str], text: str) -> Decimal:
+    """The number strtod read, exactly: a decimal one as written (no float
+    could say whether ``50.005`` has a third decimal), a hexadecimal one as
+    the double it is."""
+    if match["float"]:
+        value = Decimal(match["float"])
+    else:
+        try:
+            value = Decimal(float.fromhex(match["hexfloat"]))
+        except OverflowError:
+            raise SizeNotTaken(f"{text!r} is more than 100%") from None
+    return -value if match["sign"] == "-" else value
+
+
+#: Sizes of memory limits that sdexec took before it read them as Flux does,
+#: and Flux refuses: a lower-case suffix (``4g``), a ``B`` (``512B``), a
+#: space before the suffix (``64 M``). Each keeps the meaning it had.
+_KEPT_SPELLING = re.compile(
+    r"(?P<number>[0-9]+(?:\.[0-9]+)?)[ \t]*(?:(?P<suffix>[KMGTPEkmgtpe])|[Bb])?"
+)
+#: What a memory limit may be, as error messages say it.
+MEMORY_LIMIT_FORMS = (
+    f"a size ({FLUX_SIZE}), a percentage up to 100% (two decimals at most)"
+    " or 'infinity'"
+)
+
+
+def memory_size(text: str) -> int:
+    """Bytes in a memory limit's size, as Flux's sdexec reads it (its
+    parse_size, :func:`parse_flux_size`: ``0x40000000``, ``0100M`` octal,
+    ``1.5e9``); else one of :data:`_KEPT_SPELLING`, read with it too.
+    ``ValueError`` otherwise (:class:`SizeNotTaken` for a sum, or 16E or
+    more)."""
+    try:
+        return parse_flux_size(text)
+    except SizeNotTaken:
+        raise
+    except ValueError:
+        kept = _KEPT_SPELLING.fullmatch(text)
+        if kept is None:
+            if _is_a_sum(text):
+                raise SizeNotTaken(
+                    f"{text!r}: sdexec does not take a sum of sizes; write it as"
+                    " one (1.5G, not 1G 512M)"
+                ) from None
+            raise
+        return parse_flux_size(kept["number"] + (kept["suffix"] or "").upper())
+
+
+def octal_differs(text: str) -> bool:
+    """Whether ``text`` is a size whose number Flux reads as octal and
+    sdexec, before it read them as Flux does, read as decimal (``0100M``:
+    64M for Flux, 100M before): a site's limit whose meaning would change
+    under it."""
+    spelled = _KEPT_SPELLING.fullmatch(text.strip())
+    number = "" if spelled is None else spelled["number"]
+    return (
+        number.startswith("0")
+        and number.isdigit()
+        and not set(number) & {"8", "9"}
+        and int(number, 8) != int(number, 10)
+    )
 
 
 def _is_a_sum(text: str) -> bool:
@@ -239,23 +347,23 @@ class MemoryLimit:
 
     @classmethod
     def parse(cls, text: str) -> MemoryLimit:
-        """Parse ``512M``, ``95%`` or ``infinity``; ``ValueError`` otherwise
+        """Parse a limit as Flux's sdexec reads ``MemoryMax`` and the other
+        memory limits: a percentage (:func:`parse_flux_percent`), else a
+        size (:func:`memory_size`), else ``infinity``; white space around
+        it aside. ``ValueError`` otherwise, naming the forms
         (:class:`SizeNotTaken`, saying why, for a size of 16E or more, a
         percentage past 100% or with more than two decimals, a sum)."""
         stripped = text.strip()
         if stripped == "infinity":
             return cls()
-        parse = parse_permyriad if stripped.endswith("%") else parse_size
         try:
-            number = parse(stripped)
+            if stripped.endswith("%"):
+                return cls(permyriad=parse_flux_percent(stripped))
+            return cls(bytes=memory_size(stripped))
         except SizeNotTaken:
             raise
         except ValueError:
-            raise ValueError(
-                f"{text!r} is not a size (a number, alone or with {SUFFIXES}),"
-                " a percentage or 'infinity'"
-            ) from None
-        return cls(permyriad=number) if parse is parse_permyriad else cls(bytes=number)
+            raise ValueError(f"{text!r} is not {MEMORY_LIMIT_FORMS}") from None
 
     @property
     def percent(self) -> float | None:

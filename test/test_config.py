@@ -463,8 +463,9 @@ def test_memory_property_bad(name, value):
         properties(**{name: value})
     assert str(error.value) == (
         f"<config>: exec.sdexec-properties.{name}: {json.dumps(value)} is not a"
-        " memory limit: expected a size with B, K, M, G, T, P or E, a percentage up to"
-        ' 100% or "infinity"'
+        " memory limit: expected a size (a number (decimal, 0x hex, 0 octal or"
+        " floating point), alone or with k, K, M, G, T, P or E), a percentage up"
+        " to 100% (two decimals at most) or 'infinity'"
     )
 
 
@@ -1887,3 +1888,29 @@ def test_a_level_systemd_does_not_have_is_refused_at_load(name, value):
     with pytest.raises(ConfigError) as error:
         properties(**{name: value})
     assert f"exec.sdexec-properties.{name}: {value!r} is not one of" in str(error.value)
+
+
+@pytest.mark.parametrize("name", MEMORY)
+@pytest.mark.parametrize(
+    "value", ["0x40000000", "1.5e9", "0.5G", "5e1%", "0x32%", "50.000%", "09M", "007"]
+)
+def test_memory_property_as_flux_reads_it(name, value):
+    # Flux's sdexec reads a site's limits with its parse_size and
+    # sdexec_parse_percent: hex, floating point, exponents.
+    assert properties(**{name: value}).exec.sdexec_properties == {name: value}
+
+
+@pytest.mark.parametrize(
+    "name", [*MEMORY, "MemoryZSwapMax", "StartupMemoryMax", "DefaultMemoryLow"]
+)
+@pytest.mark.parametrize("value", ["0100M", "077", " 010 g"])
+def test_a_site_s_octal_memory_size_is_refused(name, value):
+    # Flux reads 0100M as octal (64M); sdexec read it as 100M: a site's cap
+    # must not change under it unsaid.
+    with pytest.raises(ConfigError) as error:
+        properties(**{name: value})
+    assert str(error.value) == (
+        f"<config>: exec.sdexec-properties.{name}: {json.dumps(value)}: a leading"
+        " zero makes it octal, as Flux reads it (sdexec before read it as"
+        " decimal): write it without the zero, or in hex (0x...)"
+    )

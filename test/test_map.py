@@ -1090,6 +1090,11 @@ def test_documented_example_95_percent_on_64_pus_for_4_pus_is_5_93_percent(pus64
         (str(128 * 1024), "4096"),
         ("1P", str(1024**5 // 32)),
         ("2e", str(2 * 1024**6 // 32)),
+        # read as Flux's sdexec reads a memory limit: hex, octal, float
+        ("0x1000000000", str(2 * 1024**3)),
+        ("0100G", str(2 * 1024**3)),  # octal 64G (a site's is refused)
+        ("6.4e1G", str(2 * 1024**3)),
+        ("5e1%", "1.56%"),
         ("50%", "1.56%"),  # 1.5625, down to 0.01%, as systemd keeps it
         ("10%", "0.31%"),  # 0.3125, not a whole 1%
         ("64%", "2%"),

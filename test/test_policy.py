@@ -251,6 +251,38 @@ def test_a_percentage_is_compared_as_the_bytes_systemd_holds() -> None:
     assert_looser(tighter, "MemoryMax", "0.01%", f"MemoryMax={held - 1}")
 
 
+@pytest.mark.parametrize(
+    ("value", "looser"),
+    [
+        ("0x20000000", False),  # 512M
+        ("0x20000001", True),
+        ("01000M", False),  # octal: 512M, as Flux reads it
+        ("01001M", True),
+        ("0100000000000", True),  # octal 8G, not 100G
+        ("0777777777", False),  # octal 128M - 1, not 777M
+        ("5.12e2M", False),
+        ("5.13e2M", True),
+        ("0.5G", False),
+        ("0x.8G", False),
+        ("0x.81G", True),
+        ("536870912.9", False),  # rounded down, as Flux does
+        ("536870913", True),
+        ("1e9", True),
+        ("512m", False),  # lower case and B, kept as sdexec read them
+        ("513m", True),
+        ("536870913B", True),
+    ],
+)
+def test_a_request_s_memory_limit_is_compared_as_flux_reads_it(value, looser) -> None:
+    # Flux's sdexec reads 0x, octal and floating point sizes: each must be
+    # compared with the site's cap by the bytes that will be sent.
+    policy = RequestPolicy(baseline={"MemoryMax": "512M"})
+    if looser:
+        assert_looser(policy, "MemoryMax", value, "MemoryMax=512M")
+    else:
+        assert policy.accept({"MemoryMax": value}) == {"MemoryMax": value}
+
+
 @pytest.mark.parametrize("value", ["3.125%", "0.004%"])
 def test_a_percentage_of_more_than_two_decimals_is_einval_saying_so(value) -> None:
     # (review 43 T5-1: 0.004% was tighter than 8G, and no limit after a
@@ -336,8 +368,7 @@ def test_a_memory_limit_too_large_says_so() -> None:
     error = refusal(POLICY, MemoryMax="99999999999999999999G")
     assert (error.errnum, error.errstr) == (
         errno.EINVAL,
-        "SDEXEC_PROP_MemoryMax: '99999999999999999999G' is not a size systemd can"
-        " hold (16E or more)",
+        "SDEXEC_PROP_MemoryMax: '99999999999999999999G' is too large (16E or more)",
     )
 
 

@@ -211,3 +211,50 @@ async def test_the_limits_sdexec_takes_read_back_as_sent(start_service):
     await handle.kill(15)
     await handle.done
     assert (after["LoadState"], after) == ("loaded", before)
+
+
+#: A site's caps, and a request's limits under them, spelt as Flux's sdexec
+#: reads them (hex, octal, floating point), with the bytes each must be.
+SITE_MEMORY = {"MemoryMax": "0x80000000", "MemoryHigh": "1.5G"}
+REQUESTED_MEMORY = {
+    "MemoryMax": ("0x40000000", 2**30),
+    "MemoryHigh": ("0100M", 64 * 2**20),  # octal, as Flux reads it
+    "MemorySwapMax": ("1.5e9", 1_500_000_000),
+}
+
+
+@ensureDeferred
+async def test_a_request_s_memory_limits_reach_the_unit_as_flux_reads_them(
+    start_service,
+):
+    service = await start_service(extra=site_table(SITE_MEMORY, SITE_MEMORY))
+    client = await service.connect()
+    unit = f"sdexec-memory-{os.getpid()}"
+    opts = {f"SDEXEC_PROP_{name}": text for name, (text, _) in REQUESTED_MEMORY.items()}
+    job = Result()
+    handle = client.exec(
+        command(["sleep", "300"], opts={"SDEXEC_NAME": unit, **opts}),
+        FLAGS,
+        job.collect,
+    )
+    await until(lambda: "started" in job.types, "the job started")
+    shown = unit_properties(f"{unit}.service", "ControlGroup", *REQUESTED_MEMORY)
+    kernel = _memory_max_in_kernel(shown["ControlGroup"])
+    await handle.kill(15)
+    await handle.done
+    assert {name: shown[name] for name in REQUESTED_MEMORY} == {
+        name: str(size) for name, (_, size) in REQUESTED_MEMORY.items()
+    }
+    # cgroup v2 with the memory controller delegated: the kernel holds it
+    # (cgroup v1: the manager stores it, and its units have no memory.max).
+    assert kernel in (None, str(2**30))
+
+
+def _memory_max_in_kernel(control_group: str) -> str | None:
+    """The unit's cgroup v2 ``memory.max``; ``None`` where the node has none
+    for it (cgroup v1, or no memory controller delegated)."""
+    try:
+        with open(f"/sys/fs/cgroup{control_group}/memory.max") as limit:
+            return limit.read().strip()
+    except FileNotFoundError:
+        return None

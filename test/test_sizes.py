@@ -10,6 +10,8 @@ from sdexec.sizes import (
     MemoryLimit,
     SizeNotTaken,
     SizeTooLarge,
+    octal_differs,
+    parse_flux_percent,
     parse_flux_size,
     parse_permyriad,
     parse_size,
@@ -141,7 +143,7 @@ def test_a_percentage_is_ten_thousandths(text, permyriad):
     assert MemoryLimit.parse(text).permyriad == permyriad
 
 
-@pytest.mark.parametrize("text", ["3.125%", "0.004%", "0.00000001%", "50.000%"])
+@pytest.mark.parametrize("text", ["3.125%", "0.004%", "0.00000001%", "50.001%"])
 def test_a_percentage_of_more_than_two_decimals_is_refused(text):
     # systemd keeps ten-thousandths, and writes the rounded one into the
     # unit's file: 0.004% came back as 0.00%, no limit, at a daemon-reload
@@ -184,12 +186,21 @@ def test_a_sum_of_sizes_is_refused_saying_so(text):
         MemoryLimit.parse(text)
 
 
-@pytest.mark.parametrize("parse", [parse_size, MemoryLimit.parse])
-def test_what_is_not_a_size_is_told_every_suffix_including_b(parse):
+def test_what_is_not_a_size_is_told_every_suffix_including_b():
     # The message listed K to E only once B was taken too (review session
     # 43 R, left over).
     with pytest.raises(ValueError, match="alone or with B, K, M, G, T, P or E"):
-        parse("5X")
+        parse_size("5X")
+
+
+def test_what_is_not_a_memory_limit_is_told_every_form():
+    with pytest.raises(ValueError) as error:
+        MemoryLimit.parse("5X")
+    assert str(error.value) == (
+        "'5X' is not a size (a number (decimal, 0x hex, 0 octal or floating"
+        " point), alone or with k, K, M, G, T, P or E), a percentage up to 100%"
+        " (two decimals at most) or 'infinity'"
+    )
 
 
 # Flux's own table (flux-core src/common/libutil/test/parse_size.c), then
@@ -290,3 +301,119 @@ def test_a_flux_size_of_a_million_digits_is_refused_at_once(text):
     # costs seconds; the count of digits says first that it overflows.
     with pytest.raises(SizeTooLarge):
         parse_flux_size(text)
+
+
+@pytest.mark.parametrize(("text", "size"), [row for row in FLUX_SIZES if row[1]])
+def test_a_memory_limit_s_size_is_what_flux_reads(text, size):
+    # Flux's sdexec reads MemoryMax and the other limits with parse_size
+    # (flux-core src/common/libsdexec/start.c, prop_add).
+    assert MemoryLimit.parse(text) == MemoryLimit(bytes=size)
+
+
+G = 1024**3
+# A memory limit's size, as Flux's sdexec reads it, or as sdexec kept it
+# (upstream refuses these); None: refused.
+MEMORY_SIZES = [
+    # Flux's reading
+    ("0x40000000", G),
+    ("0x1e", 30),  # a hex digit, not exa
+    ("0x1B", 27),  # a hex digit, not bytes
+    ("077", 63),
+    ("0100M", 64 * 1024**2),
+    ("09M", 9 * 1024**2),  # not octal: strtold reads it
+    ("1.5e9", 1_500_000_000),
+    ("0.7K", 716),  # rounded down, as Flux does
+    ("0x.8G", G // 2),
+    ("+1G", G),
+    ("\t1G", G),
+    ("1.5G", 3 * G // 2),
+    # kept: sdexec took them before, with this meaning; Flux refuses them
+    ("4g", 4 * G),
+    ("1e", 1024**6),
+    ("512B", 512),
+    ("512b", 512),
+    ("64 M", 64 * 1024**2),
+    ("1G ", G),
+    ("0100 M", 64 * 1024**2),  # octal still, as without the space
+    # refused by both
+    ("1KB", None),
+    ("1 e3", None),
+    ("1e3m", None),
+    ("-1G", None),
+    ("1_000", None),
+    ("\uff11G", None),
+    ("0x", None),
+    ("nan", None),
+    ("inf", None),
+    ("Infinity", None),
+    ("1G 512M", None),
+]
+
+
+@pytest.mark.parametrize(("text", "size"), MEMORY_SIZES)
+def test_a_memory_limit_s_size(text, size):
+    if size is None:
+        with pytest.raises(ValueError, match=r"is not a size|sum of sizes"):
+            MemoryLimit.parse(text)
+    else:
+        assert MemoryLimit.parse(text) == MemoryLimit(bytes=size)
+
+
+# A percentage as Flux's sdexec_parse_percent reads it (strtod, "%"), in
+# ten-thousandths; None: refused (ValueError), "decimals": finer than 0.01%,
+# which Flux takes and sdexec refuses, saying so.
+MEMORY_PERCENTS = [
+    ("50%", 5000),
+    (" 50%", 5000),
+    ("+50%", 5000),
+    ("5e1%", 5000),
+    ("0x32%", 5000),
+    ("0x1.8p1%", 300),
+    ("50.000%", 5000),
+    (".5%", 50),
+    ("5.%", 500),
+    ("007%", 700),
+    ("-0%", 0),
+    ("0.01%", 1),
+    ("100%", 10_000),
+    ("1" + "0" * 100_000 + "e-100000%", 100),
+    ("3.125%", "decimals"),
+    ("1e-3%", "decimals"),
+    ("0x1p-20%", "decimals"),
+    ("101%", "100"),
+    ("1e999999999%", "100"),
+    ("0x1p99999%", "100"),
+    ("nan%", None),
+    ("inf%", None),
+    ("-5%", None),
+    ("95 %", None),
+    ("50%%", None),
+    ("%", None),
+    ("0x%", None),
+]
+
+
+@pytest.mark.parametrize(("text", "permyriad"), MEMORY_PERCENTS)
+def test_a_memory_limit_s_percentage(text, permyriad):
+    if permyriad is None:
+        with pytest.raises(ValueError, match="is not a") as error:
+            MemoryLimit.parse(text)
+        assert not isinstance(error.value, SizeNotTaken)
+    elif permyriad == "decimals":
+        with pytest.raises(SizeNotTaken, match="more than two decimals"):
+            parse_flux_percent(text)
+    elif permyriad == "100":
+        with pytest.raises(SizeNotTaken, match="more than 100%"):
+            parse_flux_percent(text)
+    else:
+        assert MemoryLimit.parse(text) == MemoryLimit(permyriad=permyriad)
+
+
+@pytest.mark.parametrize(
+    ("text", "differs"),
+    [("0100M", True), ("077", True), (" 010 g", True), ("007", False),
+     ("0", False), ("00", False), ("09", False), ("0x10", False),
+     ("0.5G", False), ("100M", False), ("050%", False)],
+)  # fmt: skip
+def test_octal_differs_where_the_old_decimal_reading_did(text, differs):
+    assert octal_differs(text) is differs

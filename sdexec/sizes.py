@@ -180,7 +180,10 @@ def _flux_float(match: re.Match[str], text: str) -> int:
     """floor(d x scale) in doubles, as Flux computes it, d being what
     strtold read (converted to a double)."""
     written = match["float"] or match["hexfloat"]
-    magnitude = float(written) if match["float"] else float.fromhex(written)
+    try:
+        magnitude = float(written) if match["float"] else float.fromhex(written)
+    except OverflowError:  # fromhex's; float() gives inf, as strtold would
+        raise SizeTooLarge(f"{text!r} is too large (16E or more)") from None
     if match["sign"] == "-" and magnitude != 0:
         raise ValueError(f"{text!r} is not a size: a size is not negative")
     product = magnitude * 2.0 ** (10 * _FLUX_SCALE[match["suffix"]])

@@ -321,6 +321,9 @@ def test_exec_streams_started_finished_then_enodata(systemd, connection):
          " 0x hex, 0 octal or floating point), alone or with k, K, M, G, T, P or E)"),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stderr_BUFSIZE": "17E"}}},
          errno.EINVAL, "stderr_BUFSIZE: '17E' is too large (16E or more)"),
+        # a hex float past a double: float.fromhex's OverflowError escaped
+        ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdout_BUFSIZE": "0x1p1024"}}},
+         errno.EINVAL, "stdout_BUFSIZE: '0x1p1024' is too large (16E or more)"),
         # 16 MiB of NULs is a 96 MiB line: the client dropped the connection.
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdout_BUFSIZE": "16M"}}},
          errno.EINVAL, "stdout_BUFSIZE: must be from 4096 bytes to 11173888 bytes:"

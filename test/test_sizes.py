@@ -287,7 +287,9 @@ def test_parse_flux_size_takes_what_flux_takes(text, size):
         assert parse_flux_size(text) == size
 
 
-@pytest.mark.parametrize("text", ["1E20", "16E", "0x10000000000000000", "1e400"])
+@pytest.mark.parametrize(
+    "text", ["1E20", "16E", "0x10000000000000000", "1e400", "0x1p1024", "0x1p99999"]
+)
 def test_a_flux_size_past_64_bits_is_too_large(text):
     with pytest.raises(SizeTooLarge, match=r"is too large \(16E or more\)"):
         parse_flux_size(text)

@@ -49,7 +49,7 @@ from sdexec.property import (
 )
 from sdexec.propertyvalues import parse_io_device_limits
 from sdexec.refusal import RequestRefused, json_quoted, printable
-from sdexec.sizes import MemoryLimit, SizeNotTaken, scaled_memory
+from sdexec.sizes import MEMORY_LIMIT_FORMS, MemoryLimit, SizeNotTaken, scaled_memory
 
 __all__ = [
     "ALWAYS_ALLOWED",
@@ -239,7 +239,7 @@ def _switch_rank(text: str, _memory: Callable[[], int]) -> float:
     return 0.0 if parse_bool(text) else 1.0
 
 
-_MEMORY = Ordering(_memory_rank, "infinity", "a memory limit (512M, 50%, infinity)")
+_MEMORY = Ordering(_memory_rank, "infinity", MEMORY_LIMIT_FORMS)
 
 
 def _weight(name: str) -> Ordering:
@@ -475,7 +475,7 @@ TIGHTENING: Final[Mapping[str, Ordering]] = {
             "DefaultMemoryLow",
             "DefaultMemoryMin",
         ),
-        Ordering(_memory_rank, "0", "a memory limit (512M, 50%, infinity)"),
+        Ordering(_memory_rank, "0", MEMORY_LIMIT_FORMS),
     ),
     **_rlimits(),
     **{

@@ -283,6 +283,21 @@ def test_a_request_s_memory_limit_is_compared_as_flux_reads_it(value, looser) ->
         assert policy.accept({"MemoryMax": value}) == {"MemoryMax": value}
 
 
+@pytest.mark.parametrize("name", ["MemoryMax", "MemoryLow"])
+@pytest.mark.parametrize("value", ["0x", "nan%", "1e3m", "lots"])
+def test_a_request_s_bad_memory_limit_is_told_the_forms(name, value) -> None:
+    # It read "is not a memory limit (512M, 50%, infinity)": no word of
+    # the hex, octal and floating point sizes Flux's sdexec reads.
+    policy = RequestPolicy(allowed=DEFAULT_ALLOWED | {name})
+    error = refusal(policy, **{name: value})
+    assert (error.errnum, error.errstr) == (
+        errno.EINVAL,
+        f"SDEXEC_PROP_{name}: {value!r} is not a size (a number (decimal, 0x hex,"
+        " 0 octal or floating point), alone or with k, K, M, G, T, P or E), a"
+        " percentage up to 100% (two decimals at most) or 'infinity'",
+    )
+
+
 @pytest.mark.parametrize("value", ["3.125%", "0.004%"])
 def test_a_percentage_of_more_than_two_decimals_is_einval_saying_so(value) -> None:
     # (review 43 T5-1: 0.004% was tighter than 8G, and no limit after a

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
+import stat
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -80,13 +82,16 @@ class PassedStdio:
 
     def assign(self, streams: Sequence[str]) -> None:
         """Give the descriptors to ``streams`` in order; ``EPROTO`` if their
-        number differs."""
+        number differs, ``EINVAL`` naming the stream of one that is a
+        directory or ``O_PATH`` (:func:`_check_kind`)."""
         if len(streams) != len(self._fds):
             raise RequestError(
                 errno.EPROTO,
                 f"stdio: the request names {len(streams)} stream(s) but"
                 f" {len(self._fds)} file descriptor(s) came with it",
             )
+        for stream, fd in zip(streams, self._fds, strict=True):
+            _check_kind(stream, fd)
         if streams:  # (NO_STDIO, shared, is never changed)
             self._by_stream = dict(zip(streams, self._fds, strict=True))
 
@@ -117,6 +122,28 @@ class PassedStdio:
         except BaseException:
             self.close()
             raise
+
+
+def _check_kind(stream: str, fd: int) -> None:
+    """``EINVAL`` naming ``stream`` if ``fd`` is no stream a process could
+    read or write: an ``O_PATH`` descriptor or a directory. Either would
+    also take the process past the file-system sandboxing the site set for
+    its unit (``ProtectHome``, ``InaccessiblePaths``, ``ReadOnlyPaths``,
+    ``TemporaryFileSystem``): ``openat`` from it, or a reopen through
+    ``/proc/self/fd``, resolves paths in the client's mount namespace, not
+    the unit's (what a leaked directory descriptor lets a container do)."""
+    if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
+        kind = "was opened with O_PATH (it can be neither read nor written)"
+    elif stat.S_ISDIR(os.fstat(fd).st_mode):
+        kind = "is a directory"
+    else:
+        return
+    raise RequestError(
+        errno.EINVAL,
+        f"stdio: {stream}: the file descriptor passed {kind}: a process's"
+        " stdio must be a file, pipe, socket or device, and this one would let"
+        " it resolve paths past its unit's file-system sandboxing",
+    )
 
 
 #: An empty set, for processes whose stdio is all the service's own.

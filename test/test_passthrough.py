@@ -540,6 +540,32 @@ def test_a_bad_command_closes_the_descriptors(connection, ends):
     assert errors(connection)[0][1] == errno.ENOENT
 
 
+@pytest.mark.parametrize(
+    ("flags", "kind"),
+    [
+        (os.O_RDONLY | os.O_DIRECTORY, "is a directory"),
+        (os.O_PATH | os.O_DIRECTORY, "was opened with O_PATH"),
+    ],
+)
+def test_a_directory_or_o_path_descriptor_is_einval_naming_its_stream(
+    systemd, connection, ends, tmp_path, flags, kind
+):
+    # Neither is a stream; each would let the process resolve paths in the
+    # client's mount namespace, past its unit's ProtectHome or
+    # InaccessiblePaths (openat from it, or a reopen through /proc/self/fd).
+    directory = os.open(tmp_path, flags)
+    try:
+        passed = [ends[0][0], directory]
+        before = open_fds()
+        deliver(connection, exec_request(stdio=["stdin", "stdout"]), passed)
+    finally:
+        os.close(directory)
+    [(matchtag, errnum, errstr)] = errors(connection)
+    assert (matchtag, errnum) == (1, errno.EINVAL)
+    assert errstr.startswith(f"stdio: stdout: the file descriptor passed {kind}")
+    assert systemd.calls == [] and open_fds() <= before
+
+
 # -- against the real service ----------------------------------------------------------
 
 real_manager = pytest.mark.systemd

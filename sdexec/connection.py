@@ -538,13 +538,26 @@ class ClientProtocol(StdioReceivingProtocol):
             )
         return reloader().addCallback(lambda path: {"config": path})
 
+    def _own_address(self) -> object:
+        """The address clients connect to (this connection's own end), by
+        which a passed descriptor that is a connection to the service is
+        known; ``None`` where the transport has no socket."""
+        try:
+            return self.transport.getHandle().getsockname()
+        except (AttributeError, OSError):
+            return None
+
     def _exec(self, matchtag: int, payload: dict, streaming: bool = True) -> None:
         """An ``sdexec.exec`` (``streaming`` false: in the background), once
         its command is looked up."""
         requested_at = time.monotonic()
         # A background exec takes no descriptors: its stdio is refused by
         # the lookup's checks (EINVAL), and _deliver closes what it brought.
-        stdio = PassedStdio(self.take_request_fds()) if streaming else NO_STDIO
+        stdio = (
+            PassedStdio(self.take_request_fds(), self._own_address())
+            if streaming
+            else NO_STDIO
+        )
         with stdio.closed_if_refused():
             lookup = self.server.look_up_command(payload, streaming)
         found = partial(

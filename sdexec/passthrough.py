@@ -27,6 +27,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import socket
 import stat
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -76,14 +77,18 @@ class PassedStdio:
     :meth:`assign`\\ ed; owned until :meth:`close` (which closes each once,
     so a number the kernel has since reused is never closed by mistake)."""
 
-    def __init__(self, fds: Sequence[int]) -> None:
+    def __init__(self, fds: Sequence[int], service_address: object = None) -> None:
         self._fds = list(fds)
         self._by_stream: dict[str, int] = {}
+        #: The address the client connected to (its socket's path), by
+        #: which a descriptor that is a connection to the service is known.
+        self._service_address = service_address
 
     def assign(self, streams: Sequence[str]) -> None:
         """Give the descriptors to ``streams`` in order; ``EPROTO`` if their
         number differs, ``EINVAL`` naming the stream of one that is a
-        directory or ``O_PATH`` (:func:`_check_kind`)."""
+        directory or ``O_PATH`` (:func:`_check_kind`), or a connection to
+        this service."""
         if len(streams) != len(self._fds):
             raise RequestError(
                 errno.EPROTO,
@@ -92,8 +97,24 @@ class PassedStdio:
             )
         for stream, fd in zip(streams, self._fds, strict=True):
             _check_kind(stream, fd)
+            self._check_not_a_connection(stream, fd)
         if streams:  # (NO_STDIO, shared, is never changed)
             self._by_stream = dict(zip(streams, self._fds, strict=True))
+
+    def _check_not_a_connection(self, stream: str, fd: int) -> None:
+        """``EINVAL`` naming ``stream`` if ``fd`` is a client's end of a
+        connection to this service (its peer is the service's address):
+        the process would hold it open, and the service would never see
+        that client leave, nor stop its units. (Both clients refuse their
+        own before sending; another client may not.)"""
+        if not self._service_address or _peer_address(fd) != self._service_address:
+            return
+        raise RequestError(
+            errno.EINVAL,
+            f"stdio: {stream}: the file descriptor passed is a connection to this"
+            " service: the process would hold it open, and the service would"
+            " never see its client leave (nor stop its processes)",
+        )
 
     @property
     def streams(self) -> tuple[str, ...]:
@@ -122,6 +143,25 @@ class PassedStdio:
         except BaseException:
             self.close()
             raise
+
+
+def _peer_address(fd: int) -> object:
+    """The address ``fd``'s peer is bound to, if ``fd`` is a connected unix
+    stream socket; else ``None``."""
+    if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+        return None
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:  # a socket whose kind Python cannot read
+        return None
+    try:
+        if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+            return None
+        return sock.getpeername()
+    except OSError:  # not connected (a listening socket), or its peer gone
+        return None
+    finally:
+        sock.detach()  # the descriptor stays the request's
 
 
 def _check_kind(stream: str, fd: int) -> None:

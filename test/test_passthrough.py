@@ -697,6 +697,34 @@ async def test_sync_client_passthrough_over_a_real_socket(sdexec):
     assert sdexec.server.processes == {}
 
 
+def _exec_answer(path: str, passed: str) -> dict:
+    """The answer to an exec sent on a raw connection to ``path`` that
+    passes, as stdin, that connection itself (``own``) or another one."""
+    with socket.socket(socket.AF_UNIX) as own, socket.socket(socket.AF_UNIX) as other:
+        own.connect(path)
+        other.connect(path)
+        fd = own.fileno() if passed == "own" else other.fileno()
+        socket.send_fds(own, [exec_request(stdio=["stdin"])], [fd])
+        own.settimeout(60)
+        line = own.makefile("rb").readline()
+    return json.loads(line)
+
+
+@real_manager
+@pytest.mark.parametrize("passed", ["own", "another"])
+@ensureDeferred
+async def test_a_connection_to_the_service_passed_as_stdio_is_einval(sdexec, passed):
+    # The process would hold that connection open: the service would never
+    # see its client leave, nor stop the client's units. Both clients refuse
+    # their own before sending; a raw one was served.
+    answer = await deferToThread(_exec_answer, sdexec.socket_path, passed)
+    assert (answer["matchtag"], answer["errnum"]) == (1, errno.EINVAL)
+    assert answer["errstr"].startswith(
+        "stdio: stdin: the file descriptor passed is a connection to this service"
+    )
+    assert sdexec.server.processes == {}
+
+
 def _echo_both(env: dict) -> dict:
     script = "echo hello; echo err >&2"
     return {"cmdline": ["sh", "-c", script], "env": env, "opts": {}, "channels": []}

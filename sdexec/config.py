@@ -1,6 +1,7 @@
 """The service's configuration: the ``[exec]``, ``[sdexec]`` and ``[systemd]``
 tables of flux-config-exec(5), from TOML (``.toml``) or YAML (``.yaml``,
-``.yml``) of the same schema.
+``.yml``) of the same schema, or from a directory of ``*.toml`` files, as
+Flux reads its ``conf.d``.
 
 A file is checked whole before anything uses it: :func:`load_config` either
 returns a complete, immutable :class:`Config` or raises :class:`ConfigError`
@@ -1355,29 +1356,45 @@ _YAML_SUFFIXES = (".yaml", ".yml")
 
 
 def _is_yaml(source: str) -> bool:
-    """Whether the file ``source`` is read as YAML (by its suffix)."""
-    return Path(source).suffix.lower() in _YAML_SUFFIXES
+    """Whether the file ``source`` is read as YAML (by its suffix; a
+    directory's files are TOML, whatever its name)."""
+    return Path(source).suffix.lower() in _YAML_SUFFIXES and not os.path.isdir(source)
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read, check and build the configuration in a ``.toml``, ``.yaml`` or
-    ``.yml`` file; ``ConfigError`` naming the file if it cannot be read,
-    does not parse or does not check."""
-    return parse_config(*read_config_file(path))
+    ``.yml`` file, or in a directory of ``*.toml`` files (as Flux reads its
+    ``conf.d``); ``ConfigError`` naming the file if it cannot be read, does
+    not parse or does not check."""
+    config = load_config_quietly(path)
+    log_warnings(config)
+    return config
 
 
 def load_config_quietly(path: str | os.PathLike[str]) -> Config:
     """:func:`load_config` without its logging (:func:`log_warnings`): a
     thread may run it, as a reload does (a large YAML file takes seconds to
     parse, a user name to look up)."""
-    return build_config(*read_config_file(path))
+    data, source = read_config_file(path)
+    if not isinstance(data, _Fragments):
+        return build_config(data, source)
+    try:
+        config = build_config(data, source)
+    except ConfigError as error:
+        raise data.naming_the_file(error) from None
+    warnings = tuple(data.naming_the_file_in(w, source) for w in config.warnings)
+    return replace(config, warnings=data.overridden + warnings)
 
 
 def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, str]:
-    """The document a ``.toml``, ``.yaml`` or ``.yml`` file holds, unchecked,
-    and its absolute path; ``ConfigError`` naming the file if it cannot be
-    read or does not parse."""
+    """The document a ``.toml``, ``.yaml`` or ``.yml`` file holds, or the
+    ``*.toml`` files of a directory merged, unchecked, and its absolute
+    path; ``ConfigError`` naming the file if it cannot be read or does not
+    parse."""
     source = os.fspath(path)
+    if os.path.isdir(source):
+        directory = os.path.abspath(source)
+        return _read_directory(directory), directory
     if Path(source).suffix.lower() != ".toml" and not _is_yaml(source):
         raise ConfigError(source, None, "expected a .toml, .yaml or .yml file")
     try:
@@ -1389,6 +1406,97 @@ def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, str]:
         raise ConfigError(source, None, _read_failure(error)) from None
     data = _parse_yaml(text, source) if _is_yaml(source) else _parse_toml(text, source)
     return data, source
+
+
+class _Fragments(dict):
+    """The tables of a directory's ``*.toml`` files, merged as Flux merges
+    its ``conf.d`` (flux-config(5); ``json_object_update_recursive``, file
+    by file in name order): a table in two files holds the keys of both, a
+    key in two files the later file's value. Knows which file set each key,
+    so that an error names the file to edit, not the directory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: The file that last set each key path (``"exec.kill-timeout"``).
+        self.origins: dict[str, str] = {}
+        #: A warning for each key a later file set again.
+        self.overridden: tuple[str, ...] = ()
+
+    def merge(self, table: dict, source: str) -> None:
+        """Merge the document of the file ``source`` into this one."""
+        self._merge_into(self, table, source, "")
+
+    def _merge_into(self, into: dict, table: dict, source: str, prefix: str) -> None:
+        for key, value in table.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, dict) and isinstance(into.get(key), dict):
+                self._merge_into(into[key], value, source, f"{path}.")
+                continue
+            if key in into:
+                self.overridden += (
+                    f"{source}: {path}: also set in {self.origins[path]};"
+                    " this file's value is used, as Flux uses it (the later"
+                    " file by name)",
+                )
+            into[key] = value
+            self._set_origins(path, value, source)
+
+    def _set_origins(self, path: str, value: object, source: str) -> None:
+        self.origins[path] = source
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                self._set_origins(f"{path}.{key}", inner, source)
+
+    def naming_the_file(self, error: ConfigError) -> ConfigError:
+        """``error`` (raised naming the directory) naming the file that set
+        its key instead, where one did."""
+        origin = self._origin(error.key or "")
+        if origin is None:
+            return error
+        return ConfigError(origin, error.key, error.reason)
+
+    def naming_the_file_in(self, warning: str, directory: str) -> str:
+        """A warning that names ``directory`` and a key (or an ignored
+        table), naming the file that set it instead."""
+        rest = warning.removeprefix(f"{directory}: ")
+        table = _IGNORED_TABLE.fullmatch(rest)
+        origin = self._origin(table[1] if table else rest.partition(": ")[0])
+        return warning if origin is None else f"{origin}: {rest}"
+
+    def _origin(self, key: str) -> str | None:
+        # request-properties[1], a table as [sytemd], a key as "exec.x"
+        path = re.sub(r"\[\d+\]$", "", key).strip('[]"')
+        while path and path not in self.origins:
+            path = path.rpartition(".")[0]
+        return self.origins.get(path)
+
+
+#: The warning :func:`_ignoring` gives, and the table it names.
+_IGNORED_TABLE = re.compile(r"ignoring unknown table \[(.+)\]")
+
+
+def _read_directory(directory: str) -> _Fragments:
+    """The ``*.toml`` files of ``directory`` merged (:class:`_Fragments`):
+    what ``flux-broker --config-path`` reads of a directory. ``.yaml``
+    files there are not read, as Flux does not read them; none at all is
+    the default configuration, as for Flux."""
+    try:
+        names = sorted(
+            name
+            for name in os.listdir(directory)
+            if name.endswith(".toml") and not name.startswith(".")
+        )
+    except OSError as error:
+        raise ConfigError(directory, None, _read_failure(error)) from None
+    merged = _Fragments()
+    for name in names:
+        source = os.path.join(directory, name)
+        try:
+            text = read_text_file(source)
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(source, None, _read_failure(error)) from None
+        merged.merge(_parse_toml(text, source), source)
+    return merged
 
 
 #: The most bytes read from a file the configuration is or names (the
@@ -1564,7 +1672,11 @@ def main(argv: list[str] | None = None) -> int:
         " configuration in force as JSON.",
     )
     add_version_option(parser)
-    parser.add_argument("file", help="a .toml, .yaml or .yml configuration file")
+    parser.add_argument(
+        "file",
+        help="a .toml, .yaml or .yml configuration file, or a directory of"
+        " *.toml files (as Flux reads its conf.d)",
+    )
     args = parser.parse_args(argv)
     # Imported here: containment (and the mapper) build on this module.
     from sdexec.containment import Containment

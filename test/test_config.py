@@ -1582,11 +1582,61 @@ def test_missing_file(tmp_path):
     assert error.value.key is None
 
 
-def test_directory_is_not_a_file(tmp_path):
-    path = tmp_path / "dir.toml"
-    path.mkdir()
+def test_a_toml_in_a_directory_that_is_a_directory_is_named(tmp_path):
+    (tmp_path / "dir.toml").mkdir()
     with pytest.raises(ConfigError, match=r"dir\.toml: cannot read: Is a directory$"):
-        load_config(path)
+        load_config(tmp_path)
+
+
+def test_a_flux_conf_d_directory_loads_merged_as_flux_merges_it(tmp_path):
+    # Flux's system instance reads a directory (flux-broker --config-path
+    # /etc/flux/system/conf.d): every *.toml in it, by name, merged. It was
+    # refused ("expected a .toml, .yaml or .yml file"), and no one file of
+    # it loads alone: [systemd] enable is in another (review session 46).
+    write(tmp_path, "exec.toml", '[exec]\nservice = "sdexec"\nkill-timeout = "2s"\n')
+    write(tmp_path, "resource.toml", "[resource]\nnoverify = true\n")
+    write(tmp_path, "systemd.toml", "[systemd]\nenable = true\n")
+    write(tmp_path, "zz-site.toml", '[exec]\nkill-timeout = "3s"\n')
+    write(tmp_path, "ignored.yaml", "exec:\n  kill-timeout: 1d\n")  # Flux: *.toml
+    config = load_config(tmp_path)
+    assert (config.exec.service, config.systemd.enable) == ("sdexec", True)
+    assert config.exec.kill_timeout == 3.0  # the later file's, as in Flux
+    assert config.source == str(tmp_path)
+    assert config.warnings == (
+        f"{tmp_path}/zz-site.toml: exec.kill-timeout: also set in"
+        f" {tmp_path}/exec.toml; this file's value is used, as Flux uses it"
+        " (the later file by name)",
+        f"{tmp_path}/resource.toml: ignoring unknown table [resource]",
+    )
+
+
+def test_an_error_in_a_conf_d_directory_names_its_file(tmp_path):
+    write(tmp_path, "exec.toml", '[exec]\nservice = "rexec"\n')
+    write(tmp_path, "term.toml", '[exec]\nkill-timeout = "5x"\n')
+    with pytest.raises(ConfigError) as error:
+        load_config(tmp_path)
+    assert str(error.value) == (
+        f'{tmp_path}/term.toml: exec.kill-timeout: "5x" is not a valid duration:'
+        f" {DURATION}"
+    )
+    write(tmp_path, "term.toml", "[exec\n")
+    with pytest.raises(ConfigError, match=r"/term\.toml: TOML syntax error: "):
+        load_config(tmp_path)
+    for text, key in (
+        ("[sytemd]\nenable = true\n", "[sytemd]"),
+        ('"exec.kill-timeout" = "5s"\n', '"exec.kill-timeout"'),
+    ):
+        write(tmp_path, "term.toml", text)
+        with pytest.raises(ConfigError) as error:
+            load_config(tmp_path)
+        assert (error.value.source, error.value.key) == (
+            str(tmp_path / "term.toml"),
+            key,
+        )
+
+
+def test_an_empty_conf_d_directory_is_the_defaults(tmp_path):
+    assert without_source(load_config(tmp_path)) == without_source(default_config())
 
 
 def test_not_utf8(tmp_path):

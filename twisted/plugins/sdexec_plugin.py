@@ -24,7 +24,13 @@ log = Logger()
 
 class Options(usage.Options):
     optParameters = [  # noqa: RUF012 - Twisted's usage.Options convention
-        ["config", "c", None, "configuration file (TOML, or YAML)"],
+        [
+            "config",
+            "c",
+            None,
+            "configuration file (TOML, or YAML), or a directory of *.toml"
+            " files, as Flux reads its conf.d",
+        ],
         [
             "listen",
             "l",

@@ -24,7 +24,7 @@ import time
 
 import pytest
 from offline import Connection
-from pytest_twisted import ensureDeferred
+from pytest_twisted import blockon, ensureDeferred
 from support import sleep, until
 from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
@@ -113,6 +113,9 @@ def ends():
 
 @pytest.fixture
 def connection(server):
+    # The reactor running first: its start opens a pipe of its own (the
+    # SIGCHLD waker), which a test run alone would take for one kept.
+    blockon(deferLater(reactor, 0, lambda: None))
     before = open_fds()
     opened = Connection(server)
     yield opened

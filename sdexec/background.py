@@ -173,6 +173,9 @@ class Tracked:
         self._wait_with_status = False
         #: The unit is gone (the process was reaped); only the end remains.
         self.reaped = False
+        #: What its ``sdexec.list`` entry adds once it is reaped and kept
+        #: for a wait (its job's ``jobid``, which the job no longer gives).
+        self.listed: dict[str, Any] = {}
         self._rank = rank
         #: The Process has ended its stream (it sends its end once): an
         #: attach from now on gets that end after its replay.
@@ -831,13 +834,15 @@ class TrackedProcesses:
         tracked.on_feed_done = self._settle
         self._tracked[process] = tracked
 
-    def reaped(self, process: Process) -> None:
-        """The server reaped ``process``: keep its end if it is waitable."""
+    def reaped(self, process: Process, listed: Mapping[str, Any] | None = None) -> None:
+        """The server reaped ``process``: keep its end if it is waitable,
+        listed with ``listed`` added to its entry."""
         tracked = self._tracked.pop(process, None)
         if tracked is not None:
             kept = tracked.process_reaped()  # a waiter may be answered now
             self._note_unread(tracked)
             if kept:
+                tracked.listed = dict(listed or {})
                 self._ended[process] = tracked
                 return
             self._forget(tracked, _Slot(tracked.waitable, tracked.background))
@@ -901,7 +906,7 @@ class TrackedProcesses:
         """``sdexec.list`` entries (or others, by ``describe``) of the ended
         processes kept for a wait."""
         return [
-            {**describe(process), "mode": tracked.mode}
+            {**describe(process), "mode": tracked.mode, **tracked.listed}
             for process, tracked in self._ended.items()
         ]
 
@@ -1030,6 +1035,19 @@ class TrackedProcesses:
         """Whether the process :meth:`newest` finds by ``label`` or ``pid``
         has ended and is kept for a wait (listed, state ``Z``)."""
         return self.newest(pid, label) in self._ended
+
+    def kept(self, key: str, value: Any) -> Process | None:
+        """The ended process kept for a wait that a ``terminate``'s
+        ``key=value`` names, if any: by ``pid`` or ``label`` as
+        :meth:`newest` finds it, by ``jobid`` the newest whose entry lists
+        that job (a job is forgotten once its process is reaped)."""
+        if key == "jobid":
+            named = (
+                p for p, t in self._ended.items() if t.listed.get("jobid") == value
+            )
+            return max(named, key=lambda process: process.serial, default=None)
+        newest = self.newest(value, None) if key == "pid" else self.newest(None, value)
+        return newest if newest in self._ended else None
 
     def newest(self, pid: int | None, label: str | None) -> Process | None:
         """The newest process, running or ended and kept, with ``label`` (if

@@ -34,7 +34,12 @@ from sdexec.containment import request_resources
 from sdexec.joblimit import TIME_LIMIT_OPTION, TimeLimit, job_expiration
 from sdexec.limits import check_text
 from sdexec.plan import RequestError
-from sdexec.protocol import terminate_not_found, terminate_runs_no_job
+from sdexec.protocol import (
+    ended_and_kept,
+    target_named,
+    terminate_not_found,
+    terminate_runs_no_job,
+)
 from sdexec.rset import ResourceSet
 from sdexec.signals import signal_name
 from sdexec.systemd import Manager
@@ -430,17 +435,23 @@ class Jobs:
         self,
         payload: Mapping[str, Any],
         find: Callable[..., Process | None],
+        kept: Callable[[str, Any], Process | None] = lambda key, value: None,
     ) -> dict[str, Any]:
         """``sdexec.terminate``: begin the termination of the job named by
-        ``pid``, ``label`` or ``jobid`` (exactly one), for ``reason``."""
+        ``pid``, ``label`` or ``jobid`` (exactly one), for ``reason``.
+        ``find`` finds a running process by pid or label, ``kept`` (by the
+        key and value) an ended one kept for a wait, which is said."""
         try:
             reason = parse_reason(payload.get("reason"))
         except ValueError as error:
             raise RequestError(errno.EINVAL, str(error)) from None
-        return self._target(payload, find).terminate(reason)
+        return self._target(payload, find, kept).terminate(reason)
 
     def _target(
-        self, payload: Mapping[str, Any], find: Callable[..., Process | None]
+        self,
+        payload: Mapping[str, Any],
+        find: Callable[..., Process | None],
+        kept: Callable[[str, Any], Process | None],
     ) -> Job:
         keys = [key for key in ("pid", "label", "jobid") if key in payload]
         if len(keys) != 1:
@@ -456,16 +467,35 @@ class Jobs:
             check_text(key, value)
         job = self.jobs.get(value) if key == "jobid" else self._job_of(key, value, find)
         if job is None:
-            raise RequestError(errno.ESRCH, terminate_not_found("jobid", value))
+            # ESRCH both, as kill's: nothing runs to be terminated.
+            raise RequestError(errno.ESRCH, _none_named(key, value, kept(key, value)))
         return job
 
     def _job_of(
         self, key: str, value: object, find: Callable[..., Process | None]
-    ) -> Job:
+    ) -> Job | None:
+        """The job of the running process ``key=value`` names; ``None`` if
+        none runs; EINVAL if it runs no job."""
         process = find(**{key: value})
         if process is None:
-            raise RequestError(errno.ESRCH, terminate_not_found(key, value))
+            return None
         job = self.of(process)
         if job is None:
             raise RequestError(errno.EINVAL, terminate_runs_no_job(key, value))
         return job
+
+
+def _none_named(key: str, value: object, ended: Process | None) -> str:
+    """Why a terminate of ``key=value`` finds no job: nothing by that name,
+    or ``ended``, the process it names, has ended and is kept for a wait
+    (``sdexec ps`` lists it, state ``Z``; "not found" denied it)."""
+    target = target_named(key, value)
+    if ended is None:
+        return terminate_not_found(key, value)
+    if key == "jobid":
+        pid = -1 if ended.pid is None else ended.pid
+        return (
+            f"terminate {target}: the job has ended; its process (pid {pid})"
+            " is kept for a wait"
+        )
+    return ended_and_kept("terminate", target)

@@ -35,6 +35,7 @@ __all__ = [
     "chosen_socket_path",
     "command_object",
     "default_socket_path",
+    "ended_and_kept",
     "passed_fds",
     "target_named",
     "terminate_not_found",
@@ -129,6 +130,14 @@ def terminate_not_found(key: str, value: object) -> str:
     target names no job. ``sdexec cancel`` tells it from a job that was
     found and has ended (``ESRCH`` too), which it must not hide."""
     return f"terminate {target_named(key, value)} not found"
+
+
+def ended_and_kept(topic: str, target: str) -> str:
+    """The ``errstr`` (with ``ESRCH``, as "not found") of a ``kill`` or
+    ``terminate`` of ``target`` (:func:`target_named`) whose process has
+    ended and is kept for a wait (listed, state ``Z``): nothing is left to
+    signal, and a ``wait`` collects its exit status."""
+    return f"{topic} {target}: the process has ended and is kept for a wait"
 
 
 def default_socket_path(environ: Mapping[str, str] | None = None) -> str | None:

@@ -60,7 +60,7 @@ from sdexec.plan import (
 )
 from sdexec.process import OutputTap, OutputValve, Process, ProcessContext, Responder
 from sdexec.property import typed_property
-from sdexec.protocol import target_named
+from sdexec.protocol import ended_and_kept, target_named
 from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import quoted
 from sdexec.signals import signal_name
@@ -760,7 +760,9 @@ class SdexecServer:
             self._by_connection.pop(connection_id, None)
         if process is not None:
             self.units.pop(process.unit_name, None)
-            self.tracked.reaped(process)
+            # An ended job kept for a wait is still listed as the job: its
+            # id is what its user knows it by until the wait collects it.
+            self.tracked.reaped(process, self.jobs.describe(process))
             self._passed_streams -= len(process.plan.stdio)
         self.jobs.forget(process)
 
@@ -999,7 +1001,7 @@ class SdexecServer:
         """Why a kill of ``target`` signals nothing: ``ps`` still lists a
         process ended and kept for a wait, which "not found" denied."""
         if self.tracked.ended_and_kept(pid, label):
-            return f"kill {target}: the process has ended and is kept for a wait"
+            return ended_and_kept("kill", target)
         return f"kill {target} not found"
 
     def list(self, detail: bool = True) -> dict:
@@ -1124,7 +1126,7 @@ class SdexecServer:
 
     def terminate(self, payload: dict) -> dict:
         """``sdexec.terminate``: begin a job's termination sequence."""
-        return self.jobs.terminate(payload, self.find)
+        return self.jobs.terminate(payload, self.find, self.tracked.kept)
 
     @property
     def drain_reason(self) -> str | None:

@@ -336,6 +336,55 @@ async def test_a_kill_of_an_ended_process_kept_for_a_wait_says_so(
 
 
 @ensureDeferred
+async def test_a_terminate_of_an_ended_job_kept_for_a_wait_says_so(
+    systemd, server, client
+):
+    # It said "terminate label=w not found" (and jobid=j1) while sdexec ps
+    # listed it, state Z, and kill said it had ended (review session 46).
+    client.bg(flags=WAITABLE, label="w", SDEXEC_JOBID="j1")
+    systemd.run(UNIT, pid=7)
+    await finish(systemd, server)
+    (entry,) = server.list()["procs"]
+    assert (entry["state"], entry["jobid"], entry["step"]) == ("Z", "j1", None)
+    targets = [{"label": "w"}, {"pid": 7}, {"jobid": "j1"}, {"jobid": "j2"}]
+    for matchtag, target in enumerate(targets, start=2):
+        client.send("sdexec.terminate", {**target, "reason": "cancel"}, matchtag)
+    ended = "the process has ended and is kept for a wait"
+    assert [payloads(client.of(tag)) for tag in range(2, 6)] == [
+        [(errno.ESRCH, f"terminate label=w: {ended}")],
+        [(errno.ESRCH, f"terminate pid=7: {ended}")],
+        [
+            (
+                errno.ESRCH,
+                "terminate jobid=j1: the job has ended; its process"
+                " (pid 7) is kept for a wait",
+            )
+        ],
+        [(errno.ESRCH, "terminate jobid=j2 not found")],
+    ]
+    client.send("sdexec.wait", {"label": "w"}, matchtag=6)  # waited: forgotten
+    client.send("sdexec.terminate", {"jobid": "j1", "reason": "cancel"}, 7)
+    assert payloads(client.of(7)) == [(errno.ESRCH, "terminate jobid=j1 not found")]
+    assert server.list()["procs"] == []
+
+
+@ensureDeferred
+async def test_a_job_that_runs_takes_a_terminate_of_its_id_from_one_kept(
+    systemd, server, client
+):
+    # The id of an ended job kept for a wait is free again: a terminate of
+    # it finds the job that runs with it now.
+    client.bg(flags=WAITABLE, label="w", SDEXEC_JOBID="j1")
+    systemd.run(UNIT, pid=7)
+    await finish(systemd, server)
+    client.bg(matchtag=2, SDEXEC_JOBID="j1", SDEXEC_NAME="sdexec-u")
+    assert [proc["jobid"] for proc in server.list()["procs"]] == ["j1", "j1"]
+    client.send("sdexec.terminate", {"jobid": "j1", "reason": "cancel"}, 3)
+    (reply,) = payloads(client.of(3))
+    assert (reply["id"], reply["unit"]) == ("j1", "sdexec-u.service")
+
+
+@ensureDeferred
 async def test_wait_errors(systemd, server, client):
     client.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "s"}})
     client.bg(matchtag=2, label="plain", SDEXEC_NAME="sdexec-u")

@@ -72,6 +72,26 @@ async def test_cancel_of_an_ended_waitable_process_says_to_wait_for_it(sdexec):
 
 
 @ensureDeferred
+async def test_ps_and_cancel_of_an_ended_waitable_job_name_the_job(sdexec):
+    # Reaped, its job was forgotten: ps showed JOBID -, and cancel j1 said
+    # "terminate jobid=j1 not found" (review session 46).
+    argv = ["run", "--bg", "--waitable", "--jobid", "j1", "--label", "w", "true"]
+    pid = (await cli(sdexec, *argv)).stdout.decode().split()[0]
+    await until(lambda: sdexec.server.list()["procs"][0]["state"] == "Z", "ended")
+    await until(lambda: not sdexec.server.processes, "reaped")
+    header, row = (await cli(sdexec, "ps")).stdout.decode().splitlines()
+    assert header.split()[5] == "JOBID"
+    assert row.split()[:2] + row.split()[4:7] == [pid, "Z", "w", "j1", "-"]
+    cancelled = await cli(sdexec, "cancel", "j1")
+    assert (cancelled.returncode, cancelled.stderr.decode()) == (
+        1,
+        f"sdexec: terminate jobid=j1: the job has ended; its process (pid {pid})"
+        " is kept for a wait\n",
+    )
+    assert (await cli(sdexec, "wait", "w")).returncode == 0
+
+
+@ensureDeferred
 async def test_wait_maps_a_signal_and_names_dropped_output(start_service):
     service = await start_service(sdexec='retained-output = "1K"')
     script = "head -c 3072 /dev/zero | tr '\\0' x; echo; kill -TERM $$"

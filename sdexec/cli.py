@@ -416,6 +416,14 @@ def _names_nothing(failure: RPCError, target: dict[str, Any]) -> bool:
     """Whether ``failure`` says that ``target`` names no job: nothing by
     that name, or a process that runs none (pid N of a plain run, beside a
     job whose id is N)."""
+    # Read from the text, not the errno alone: ESRCH is also a job or
+    # process found ended ("job J has already exited", "...: the process has
+    # ended and is kept for a wait"), which must be said, not retried as the
+    # other target. It stays ESRCH, as kill's same answers (RFC 42) and as
+    # cancel of other versions compares it, and an error response carries
+    # only errnum and errstr (RFC 6); the listing decides every target it
+    # shows, so this is reached only for one it did not (started since, or
+    # none).
     ((key, value),) = target.items()
     return (failure.errnum, failure.errstr) in (
         (errno.ESRCH, terminate_not_found(key, value)),

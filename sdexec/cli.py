@@ -381,17 +381,30 @@ def _refuse_listed_non_job(
                 continue
             pid = proc.get("pid")
             if proc.get("state") == "Z":
-                import shlex  # here: only this answer needs it
-
                 raise SdexecError(
                     f"cancel {text}: pid {pid} has ended, nothing is left to"
-                    f" terminate; sdexec wait {shlex.quote(text)} collects its"
-                    " exit status"
+                    f" terminate{_who_collects(proc, text)}"
                 )
             raise SdexecError(
                 f"cancel {text}: pid {pid} runs no job (it was run without"
                 f" --jobid): sdexec kill signals it"
             )
+
+
+def _who_collects(proc: dict[str, Any], text: str) -> str:
+    """Where the exit status of ``proc``, listed ended (``Z``) and named
+    ``text``, goes. A streaming one's went to the run that started it; a
+    wait collects another's only if it was started waitable, which the
+    listing does not say (one finished, its unit still stopping, may not
+    be: "sdexec wait" would say "not started waitable")."""
+    if proc.get("mode") == "streaming":
+        return " (its exit status goes to the run that started it)"
+    import shlex  # here: only this answer needs it
+
+    return (
+        f"; sdexec wait {shlex.quote(text)} collects its exit status if it was"
+        " started waitable"
+    )
 
 
 def _terminate_either(

@@ -66,7 +66,7 @@ async def test_cancel_of_an_ended_waitable_process_says_to_wait_for_it(sdexec):
     assert (cancelled.returncode, cancelled.stderr.decode()) == (
         1,
         f"sdexec: cancel w: pid {pid} has ended, nothing is left to terminate;"
-        " sdexec wait w collects its exit status\n",
+        " sdexec wait w collects its exit status if it was started waitable\n",
     )
     assert (await cli(sdexec, "wait", "w")).returncode == 0
 

@@ -882,13 +882,21 @@ def test_cancel_of_nothing_names_both_targets(monkeypatch, capsys):
     [
         ("w1", {"pid": 77, "label": "w1", "state": "Z"},
          "cancel w1: pid 77 has ended, nothing is left to terminate;"
-         " sdexec wait w1 collects its exit status"),
+         " sdexec wait w1 collects its exit status if it was started"
+         " waitable"),
         ("77", {"pid": 77, "label": "", "state": "Z"},
          "cancel 77: pid 77 has ended, nothing is left to terminate;"
-         " sdexec wait 77 collects its exit status"),
+         " sdexec wait 77 collects its exit status if it was started"
+         " waitable"),
         ("my job", {"pid": 79, "label": "my job", "state": "Z"},
          "cancel my job: pid 79 has ended, nothing is left to terminate;"
-         " sdexec wait 'my job' collects its exit status"),
+         " sdexec wait 'my job' collects its exit status if it was started"
+         " waitable"),
+        # A streaming one's status went to its run: sdexec wait said "not
+        # started waitable" of one finished, its unit still stopping.
+        ("s1", {"pid": 80, "label": "s1", "state": "Z", "mode": "streaming"},
+         "cancel s1: pid 80 has ended, nothing is left to terminate (its"
+         " exit status goes to the run that started it)"),
         ("p1", {"pid": 78, "label": "p1", "state": "R"},
          "cancel p1: pid 78 runs no job (it was run without --jobid):"
          " sdexec kill signals it"),

@@ -140,6 +140,7 @@ class ClientProtocol(StdioReceivingProtocol):
         self._open_streams: set[int] = set()
 
     def connectionMade(self) -> None:
+        self.server.open_connections.add(self)
         try:
             uid = peer_uid(self.transport.getHandle())
         except OSError as error:
@@ -207,6 +208,7 @@ class ClientProtocol(StdioReceivingProtocol):
         if self._admitted_uid is not None:
             self.server.connections.release(self.connection_id)
             self._admitted_uid = None
+        self.server.open_connections.discard(self)  # last: a stop may go on
 
     def readConnectionLost(self) -> None:
         """The client shut down its writing (``shutdown(SHUT_WR)``, as socat

@@ -23,6 +23,7 @@ from twisted.python.failure import Failure
 
 from sdexec.admission import ConnectionCount
 from sdexec.background import Tracked, TrackedProcesses, parse_target
+from sdexec.closing import OpenConnections
 from sdexec.config import Config
 from sdexec.containment import Containment, Fences, judge_fences
 from sdexec.devicefence import CanaryContext, CanaryResponder, DeviceCanary
@@ -190,6 +191,8 @@ class SdexecServer:
         self.jobs = Jobs(self.drain, self.count)
         #: Open connections per peer uid, against the configured caps.
         self.connections = ConnectionCount()
+        #: The connections open, for the stop to close once written out.
+        self.open_connections = OpenConnections()
         #: Lost units' kills whose SIGKILL is still to come (sdexec/orphans.py).
         self.lost_unit_kills: set[LostUnitKill] = set()
         #: Warnings a client can cause in a loop, at a bounded rate.

@@ -38,6 +38,7 @@ from sdexec.activation import (
     with_backlog,
 )
 from sdexec.clocks import timers_clock
+from sdexec.closing import EXIT_FLUSH_SECONDS
 from sdexec.config import (
     DEFAULT_SOCKET_MODE,
     Config,
@@ -607,6 +608,11 @@ class SdexecService(Service):
             if self.server is not None:
                 yield self.server.shutdown(SHUTDOWN_GRACE_SECONDS)
                 self.server.systemd.disconnect()
+                # Its answers written out before the reactor's shutdown
+                # closes what is left, dropping what Twisted holds for it.
+                yield self.server.open_connections.close_all(
+                    self.server.clock, EXIT_FLUSH_SECONDS
+                )
                 self.server.log_rate.stop()  # what it held back is said now
         finally:
             self.metrics.log_rate.stop()  # what it held back is said now

@@ -524,6 +524,27 @@ def _percent(value: object) -> float:
     return number
 
 
+#: ``exec.sdexec-stop-timer-sec = 0``'s refusal: why it is not taken.
+_ZERO_STOP_TIMER = (
+    "0 would signal a unit's remaining processes as it enters deactivating"
+    " and abandon it at once, draining the node (Flux's sdexec does so): write"
+    " a positive number of seconds, or leave it out (or write a negative"
+    " value, as Flux's job-exec reads it) for the default"
+)
+
+
+def _stop_timer_sec(value: object) -> int | None:
+    """``exec.sdexec-stop-timer-sec``: seconds, or ``None`` (derived) for a
+    negative value, which Flux's job-exec takes as unset
+    (``derive_sdexec_stop_timer_sec``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            return None
+        if value == 0:
+            raise ValueError(_ZERO_STOP_TIMER)
+    return _integer(1, MAX_STOP_TIMER_SEC)(value)
+
+
 #: The shortest timeout taken: shorter ones act as 0 (a kill-timeout of
 #: 1e-320 s sent every signal of a sequence, and its verdict, at once).
 MIN_TIMEOUT_S = 0.001
@@ -950,7 +971,7 @@ _EXEC: _Table = {
     "sdexec-constrain-resources": _Key(_boolean),
     "sdexec-properties": _Key(_properties, show=dict),
     "sdexec-stop-timer-sec": _Key(
-        _integer(1, MAX_STOP_TIMER_SEC), field="sdexec_stop_timer_sec_configured"
+        _stop_timer_sec, field="sdexec_stop_timer_sec_configured"
     ),
     "sdexec-stop-timer-signal": _Key(parse_signal, show=signal_name),
 }

@@ -241,7 +241,12 @@ def test_every_key_is_tested():
         ("exec.max-kill-count", True, f"{KILL_COUNT_RANGE}, got true"),
         # Its last attempt's time overflowed a float: a traceback.
         ("exec.max-kill-count", 10**400, f"{KILL_COUNT_RANGE}, got {10**400}"),
-        ("exec.sdexec-stop-timer-sec", 0, f"{STOP_TIMER_RANGE}, got 0"),
+        # Flux's sdexec would signal and abandon every lingering unit at once.
+        ("exec.sdexec-stop-timer-sec", 0,
+         "0 would signal a unit's remaining processes as it enters deactivating"
+         " and abandon it at once, draining the node (Flux's sdexec does so):"
+         " write a positive number of seconds, or leave it out (or write a"
+         " negative value, as Flux's job-exec reads it) for the default"),
         ("exec.sdexec-stop-timer-sec", "30s", f'{STOP_TIMER_RANGE}, got "30s"'),
         ("exec.sdexec-stop-timer-sec", MAX_STOP_TIMER_SEC + 1,
          f"{STOP_TIMER_RANGE}, got {MAX_STOP_TIMER_SEC + 1}"),
@@ -1299,6 +1304,16 @@ def test_explicit_stop_timer_lifts_the_derived_limit():
         {"exec": {"max-kill-timeout": "1e300s", "sdexec-stop-timer-sec": 3600}}
     )
     assert config.exec.sdexec_stop_timer_sec == 3600
+
+
+@pytest.mark.parametrize("value", [-1, -3600])
+def test_negative_stop_timer_is_derived_as_flux_derives_it(value):
+    # exec_config.c derive_sdexec_stop_timer_sec: negative means unset.
+    config = parse_config(
+        {"exec": {"max-kill-timeout": "30s", "sdexec-stop-timer-sec": value}}
+    )
+    assert config.exec.sdexec_stop_timer_sec == 30
+    assert config.effective()["exec"]["sdexec-stop-timer-sec"] == 30
 
 
 def test_derived_values_follow_replace():

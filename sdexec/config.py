@@ -118,9 +118,11 @@ MAX_KILL_INTERVAL = 300.0
 #: ``[sdexec] socket-mode``'s default: the owner alone may connect.
 DEFAULT_SOCKET_MODE = 0o600
 
-#: The longest stop timer: systemd keeps timeouts as 64-bit microseconds,
-#: the largest value meaning "infinity".
-MAX_STOP_TIMER_SEC = (2**64 - 2) // 10**6
+#: The longest stop timer: Flux's job-exec reads the key (and derives its
+#: default) as a C int, so a larger value wraps there, to another timer or
+#: a negative one (derived, or the timer disabled); 68 years, well inside
+#: systemd's 64-bit microseconds.
+MAX_STOP_TIMER_SEC = 2**31 - 1
 
 #: Reported as ``bulk-exec.config.default_cwd``: where a process runs when
 #: its command names no working directory.
@@ -221,7 +223,7 @@ class ExecConfig:
         # it must not add a second to the timer.
         timeout = round(self.effective_max_kill_timeout, 6)
         if not math.isfinite(timeout):  # kill-timeout = 1e308, times five
-            return MAX_STOP_TIMER_SEC + 1  # refused as above systemd's limit
+            return MAX_STOP_TIMER_SEC + 1  # refused as above the limit
         # At least a second, as upstream's ceil() gives for any positive
         # timeout: 0 would abandon every lingering unit at once.
         return max(1, math.ceil(timeout))
@@ -542,6 +544,11 @@ def _stop_timer_sec(value: object) -> int | None:
             return None
         if value == 0:
             raise ValueError(_ZERO_STOP_TIMER)
+    if isinstance(value, int) and value > MAX_STOP_TIMER_SEC:
+        raise ValueError(
+            f"expected at most {MAX_STOP_TIMER_SEC} (Flux's job-exec reads this"
+            f" key as a C int, where a larger value wraps), got {value}"
+        )
     return _integer(1, MAX_STOP_TIMER_SEC)(value)
 
 
@@ -1213,7 +1220,8 @@ def _check_across_tables(config: Config) -> None:
             "exec.sdexec-stop-timer-sec",
             "the default, the effective max-kill-timeout"
             f" ({config.exec.effective_max_kill_timeout:g} s) rounded up, is more"
-            f" than systemd's limit of {MAX_STOP_TIMER_SEC} s: lower"
+            f" than the {MAX_STOP_TIMER_SEC} s Flux's job-exec can hold (a C"
+            " int): lower"
             " max-kill-timeout, kill-timeout or max-kill-count, or set"
             " sdexec-stop-timer-sec",
         )

@@ -42,7 +42,7 @@ EXAMPLES = [ROOT / "etc" / "sdexec.toml", ROOT / "etc" / "sdexec.yaml"]
 
 DURATION = "expected a non-negative number with an optional suffix ms, s, m, h or d"
 BOOLEAN = "Expected true or false"
-STOP_TIMER_RANGE = "expected an integer from 1 to 18446744073709"
+STOP_TIMER_RANGE = "expected an integer from 1 to 2147483647"
 KILL_COUNT_RANGE = f"expected an integer from 1 to {MAX_KILL_COUNT}"
 SIGNAL = (
     "is not a signal: expected a signal name such as SIGTERM or TERM,"
@@ -248,8 +248,14 @@ def test_every_key_is_tested():
          " write a positive number of seconds, or leave it out (or write a"
          " negative value, as Flux's job-exec reads it) for the default"),
         ("exec.sdexec-stop-timer-sec", "30s", f'{STOP_TIMER_RANGE}, got "30s"'),
-        ("exec.sdexec-stop-timer-sec", MAX_STOP_TIMER_SEC + 1,
-         f"{STOP_TIMER_RANGE}, got {MAX_STOP_TIMER_SEC + 1}"),
+        # Flux's job-exec reads a C int: 2**31 wraps to a negative (derived),
+        # 2**32 + 640 to 640.
+        ("exec.sdexec-stop-timer-sec", 2**31,
+         "expected at most 2147483647 (Flux's job-exec reads this key as a C"
+         " int, where a larger value wraps), got 2147483648"),
+        ("exec.sdexec-stop-timer-sec", 2**32 + 640,
+         "expected at most 2147483647 (Flux's job-exec reads this key as a C"
+         f" int, where a larger value wraps), got {2**32 + 640}"),
         ("exec.kill-timeout", 10**400,
          f'{10**400} is not a valid duration: {DURATION}'),
         ("exec.max-start-delay-percent", 10**400,
@@ -1277,25 +1283,30 @@ def test_explicit_stop_timer_overrides_default():
     assert config.exec.effective_max_kill_timeout == 900.0
 
 
-def test_largest_stop_timer_is_systemds():
-    # 64-bit microseconds, the all-ones value meaning "infinity".
-    assert MAX_STOP_TIMER_SEC == 18446744073709
+def test_largest_stop_timer_is_a_c_int():
+    # What Flux's job-exec holds the key in (exec_config.c, "i").
+    assert MAX_STOP_TIMER_SEC == 2147483647
     config = configure("exec.sdexec-stop-timer-sec", MAX_STOP_TIMER_SEC)
     assert config.exec.sdexec_stop_timer_sec == MAX_STOP_TIMER_SEC
 
 
 @pytest.mark.parametrize(
     ("settings", "seconds"),
-    [({"max-kill-timeout": "1e300s"}, "1e+300"), ({"kill-timeout": "1e14s"}, "6e+14")],
+    [
+        ({"max-kill-timeout": "1e300s"}, "1e+300"),
+        ({"kill-timeout": "1e14s"}, "6e+14"),
+        # Flux's ceil() into an int overflows here.
+        ({"max-kill-timeout": "3e9s"}, "3e+09"),
+    ],
 )
-def test_derived_stop_timer_beyond_systemds_limit(settings, seconds):
+def test_derived_stop_timer_beyond_a_c_int(settings, seconds):
     with pytest.raises(ConfigError) as error:
         parse_config({"exec": settings})
     assert str(error.value) == (
         "<config>: exec.sdexec-stop-timer-sec: the default, the effective"
-        f" max-kill-timeout ({seconds} s) rounded up, is more than systemd's limit"
-        " of 18446744073709 s: lower max-kill-timeout, kill-timeout or"
-        " max-kill-count, or set sdexec-stop-timer-sec"
+        f" max-kill-timeout ({seconds} s) rounded up, is more than the 2147483647 s"
+        " Flux's job-exec can hold (a C int): lower max-kill-timeout, kill-timeout"
+        " or max-kill-count, or set sdexec-stop-timer-sec"
     )
 
 

@@ -515,14 +515,16 @@ def _integer(minimum: int, maximum: int | None = None) -> Callable[[object], int
 
 
 def _percent(value: object) -> float:
+    """``max-start-delay-percent``: any finite number. Flux's job-exec takes
+    a negative one too ("F"): any delay is then beyond it."""
     number = math.nan
     if isinstance(value, int | float) and not isinstance(value, bool):
         try:
             number = float(value)
         except OverflowError:  # a YAML integer can be too large for a float
             number = math.inf
-    if not 0 <= number < math.inf:
-        raise _expected("a non-negative number", value)
+    if not math.isfinite(number):
+        raise _expected("a finite number", value)
     return number
 
 

@@ -73,7 +73,9 @@ def effective_expiration(
             f" execution.starttime {starttime}"
         )
     delay = received_at - starttime
-    if delay > duration * max_start_delay_percent / 100:
+    # delay > 0: a request received "before" the start (clock skew) never
+    # shortens the job, which Flux's job-exec does under a negative percent.
+    if delay > 0 and delay > duration * max_start_delay_percent / 100:
         return expiration + delay
     return expiration
 

@@ -295,7 +295,7 @@ def test_a_point_and_underscore_before_an_exponent_is_a_string(tmp_path, text):
     # ("could not convert string to float: '.e1'"), naming no key.
     reason = refusal(tmp_path, "c.yaml", f"exec:\n  max-start-delay-percent: {text}\n")
     assert reason == (
-        f'exec.max-start-delay-percent: expected a non-negative number, got "{text}"'
+        f'exec.max-start-delay-percent: expected a finite number, got "{text}"'
     )
     path = write(tmp_path, "ok.yaml", f"resource:\n  x: {text}\n")
     load_config(path)

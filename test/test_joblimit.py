@@ -49,6 +49,20 @@ def test_zero_percent_extends_any_delay():
     assert effective_expiration(rset(1000.0, 1100.0), 1001.0, 0.0) == 1101.0
 
 
+@pytest.mark.parametrize(
+    ("received_at", "expected"),
+    [
+        (1001.0, 1101.0),  # any delay is beyond a negative percent
+        (1000.0, 1100.0),
+        # Flux's job-exec would move it to 1090 (-10 % > -50 %): a request
+        # received "before" the start never shortens the job here.
+        (990.0, 1100.0),
+    ],
+)
+def test_negative_percent_extends_any_delay_never_shortens(received_at, expected):
+    assert effective_expiration(rset(1000.0, 1100.0), received_at, -50.0) == expected
+
+
 @pytest.mark.parametrize(("start", "expiration"), [(1000.0, 0), (None, None), (0, 0)])
 def test_no_expiration_is_unlimited(start, expiration):
     assert effective_expiration(rset(start, expiration), 5000.0, PERCENT) is None

@@ -1,7 +1,7 @@
 """The service's configuration: the ``[exec]``, ``[sdexec]`` and ``[systemd]``
-tables of flux-config-exec(5), from TOML (``.toml``) or YAML (``.yaml``,
-``.yml``) of the same schema, or from a directory of ``*.toml`` files, as
-Flux reads its ``conf.d``.
+tables of flux-config-exec(5), from TOML (``.toml``), JSON (``.json``, as
+Flux reads it too) or YAML (``.yaml``, ``.yml``) of the same schema, or
+from a directory of ``*.toml`` files, as Flux reads its ``conf.d``.
 
 A file is checked whole before anything uses it: :func:`load_config` either
 returns a complete, immutable :class:`Config` or raises :class:`ConfigError`
@@ -1193,8 +1193,8 @@ def build_config(data: Any, source: str = "<config>") -> Config:
 
 def _flux_would_refuse(data: dict, source: str) -> tuple[str, ...]:
     """A warning for each value of ``[exec]`` that Flux's job-exec, reading
-    the same file, would refuse (sdexec/fluxforms.py). Flux reads TOML only:
-    a YAML file is sdexec's alone."""
+    the same file, would refuse (sdexec/fluxforms.py). Flux reads TOML and
+    JSON: a YAML file is sdexec's alone."""
     if _is_yaml(source):
         return ()
     return flux_refusals(data.get("exec") or {}, source)
@@ -1361,6 +1361,10 @@ def _refuse_dotted_key(name: str, source: str) -> None:
             f'a dotted key is not nested in YAML: write "{key}:" indented under {under}'
         )
         raise ConfigError(source, name, reason)
+    if Path(source).suffix.lower() == ".json":
+        objects = "".join(f'{{"{table}": ' for table in tables)
+        reason = f'a dotted key is not nested in JSON: write {objects}{{"{key}": …}}'
+        raise ConfigError(source, json.dumps(name), reason + "}" * len(tables))
     reason = (
         f"a quoted dotted key is one key, not nested: write {key} in"
         f" [{'.'.join(tables)}], or the key unquoted"
@@ -1393,8 +1397,8 @@ def _is_yaml(source: str) -> bool:
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
-    """Read, check and build the configuration in a ``.toml``, ``.yaml`` or
-    ``.yml`` file, or in a directory of ``*.toml`` files (as Flux reads its
+    """Read, check and build the configuration in a ``.toml``, ``.json``,
+    ``.yaml`` or ``.yml`` file, or in a directory of ``*.toml`` files (as Flux reads its
     ``conf.d``); ``ConfigError`` naming the file if it cannot be read, does
     not parse or does not check."""
     config = load_config_quietly(path)
@@ -1418,7 +1422,7 @@ def load_config_quietly(path: str | os.PathLike[str]) -> Config:
 
 
 def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, str]:
-    """The document a ``.toml``, ``.yaml`` or ``.yml`` file holds, or the
+    """The document a ``.toml``, ``.json``, ``.yaml`` or ``.yml`` file holds, or the
     ``*.toml`` files of a directory merged, unchecked, and its absolute
     path; ``ConfigError`` naming the file if it cannot be read or does not
     parse."""
@@ -1426,8 +1430,9 @@ def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, str]:
     if os.path.isdir(source):
         directory = os.path.abspath(source)
         return _read_directory(directory), directory
-    if Path(source).suffix.lower() != ".toml" and not _is_yaml(source):
-        raise ConfigError(source, None, "expected a .toml, .yaml or .yml file")
+    suffix = Path(source).suffix.lower()
+    if suffix not in _PARSERS:
+        raise ConfigError(source, None, "expected a .toml, .json, .yaml or .yml file")
     try:
         # Absolute: a reload reads it again, after twistd may have changed
         # the working directory (-d, --chroot).
@@ -1435,8 +1440,7 @@ def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, str]:
         text = read_text_file(source)
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(source, None, _read_failure(error)) from None
-    data = _parse_yaml(text, source) if _is_yaml(source) else _parse_toml(text, source)
-    return data, source
+    return _PARSERS[suffix](text, source), source
 
 
 class _Fragments(dict):
@@ -1673,12 +1677,56 @@ def _parse_yaml(text: str, source: str) -> dict:
     return {} if data is None else data
 
 
+def _parse_json(text: str, source: str) -> dict:
+    """A ``.json`` file, as Flux's ``flux_conf_parse`` reads one (jansson):
+    no ``NaN`` or ``Infinity``. A key given twice in one object is refused,
+    as in TOML and YAML, where jansson would keep the last."""
+    try:
+        return json.loads(
+            text, parse_constant=_no_json_constant, object_pairs_hook=_json_object
+        )
+    except json.JSONDecodeError as error:
+        where = f"(at line {error.lineno}, column {error.colno})"
+        raise ConfigError(
+            source, None, f"JSON syntax error: {error.msg} {where}"
+        ) from None
+    except ValueError as error:  # a duplicate key, or thousands of digits
+        raise ConfigError(source, None, _unreadable_number(error)) from None
+    except RecursionError:  # the decoder recurses per nesting level
+        raise ConfigError(source, None, _TOO_DEEP) from None
+
+
+def _no_json_constant(name: str) -> float:
+    raise ValueError(f"JSON syntax error: {name} is not a JSON number")
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict:
+    data: dict = {}
+    for key, value in pairs:
+        if key in data:
+            raise ValueError(f"JSON syntax error: duplicate key {json.dumps(key)}")
+        data[key] = value
+    return data
+
+
 def _unreadable_number(error: ValueError) -> str:
     # Python's own words advise changing its settings; the admin's file is
     # what should change.
     if "integer string conversion" in str(error):
         return "a number too long to read (more than 4300 digits)"
+    if str(error).startswith("JSON syntax error"):
+        return str(error)
     return f"cannot read: {error}"
+
+
+#: A file's reader, by its suffix (in any case). Flux's flux_conf_parse
+#: reads ``.json`` as JSON and any other file as TOML; YAML is sdexec's.
+_PARSERS: dict[str, Callable[[str, str], dict]] = {
+    ".toml": _parse_toml,
+    ".json": _parse_json,
+    ".yaml": _parse_yaml,
+    ".yml": _parse_yaml,
+}
 
 
 def _yaml_problem(error: yaml.YAMLError) -> str:
@@ -1705,7 +1753,7 @@ def main(argv: list[str] | None = None) -> int:
     add_version_option(parser)
     parser.add_argument(
         "file",
-        help="a .toml, .yaml or .yml configuration file, or a directory of"
+        help="a .toml, .json, .yaml or .yml configuration file, or a directory of"
         " *.toml files (as Flux reads its conf.d)",
     )
     args = parser.parse_args(argv)

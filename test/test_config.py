@@ -32,6 +32,7 @@ from sdexec.config import (
     default_config,
     final_kill_attempt,
     load_config,
+    load_config_quietly,
     main,
     parse_config,
 )
@@ -1673,10 +1674,53 @@ def test_not_utf8(tmp_path):
 
 
 def test_unknown_suffix(tmp_path):
-    path = write(tmp_path, "c.json", "{}")
+    path = write(tmp_path, "c.conf", "{}")
     with pytest.raises(ConfigError) as error:
         load_config(path)
-    assert str(error.value) == f"{path}: expected a .toml, .yaml or .yml file"
+    assert str(error.value) == f"{path}: expected a .toml, .json, .yaml or .yml file"
+
+
+@pytest.mark.parametrize("name", ["c.json", "c.JSON"])
+def test_a_json_file_loads_as_flux_reads_it(tmp_path, name):
+    # Flux's flux_conf_parse reads a file ending .json as JSON (libflux
+    # conf.c); sdexec refused it (review session 46).
+    document = {
+        "exec": {"kill-timeout": "2s", "sdexec-stop-timer-signal": "SIGKILL"},
+        "systemd": {"enable": True},
+        "resource": {"noverify": True},
+    }
+    config = load_config_quietly(write(tmp_path, name, json.dumps(document)))
+    assert (config.exec.kill_timeout, config.systemd.enable) == (2.0, True)
+    # Flux reads this file too: its forms are warned about, as in TOML.
+    assert any(
+        "exec.sdexec-stop-timer-signal" in warning and "write 9" in warning
+        for warning in config.warnings
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("[]", "expected a document of tables"),
+        ('{"exec": {"kill-timeout": "2s",}}',
+         "JSON syntax error: Expecting property name enclosed in double quotes"
+         " (at line 1, column 32)"),
+        ('{"exec": {"max-start-delay-percent": NaN}}',
+         "JSON syntax error: NaN is not a JSON number"),
+        ('{"exec": {"imp": "/a"}, "exec": {"imp": "/b"}}',
+         'JSON syntax error: duplicate key "exec"'),
+        ("", "JSON syntax error: Expecting value (at line 1, column 1)"),
+        # One key with dots in its name, as in Flux: not [exec]'s.
+        ('{"exec.kill-timeout": "2s"}',
+         '"exec.kill-timeout": a dotted key is not nested in JSON: write'
+         ' {"exec": {"kill-timeout": …}}'),
+    ],
+)  # fmt: skip
+def test_a_bad_json_file_is_named(tmp_path, text, reason):
+    path = write(tmp_path, "c.json", text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value) == f"{path}: {reason}"
 
 
 def test_toml_syntax_error_is_one_line(tmp_path):

@@ -178,12 +178,16 @@ def receipt_lines(receipt: Receipt, usage: bool = False) -> list[str]:
     has ended: the receipt with ``run --usage``, then, after an OOM kill,
     ``sdexec: killed by the OOM killer (MemoryMax=…)``, or after a timeout
     ``sdexec: stopped by systemd for a timeout (RuntimeMaxUSec=…)`` (the exit
-    status alone would say only 137, or 143)."""
+    status alone would say only 137, or 143); and for a job its termination
+    ended, ``sdexec: job terminated: its time limit was reached``."""
     lines = receipt.usage_lines() if usage else []
     if receipt.oom_killed:
         lines.append(f"sdexec: {receipt.oom_message()}")
     elif receipt.timed_out:
         lines.append(f"sdexec: {receipt.timeout_message()}")
+    terminated = receipt.termination_message()
+    if terminated is not None:
+        lines.append(f"sdexec: {terminated}")
     return lines
 
 

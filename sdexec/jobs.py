@@ -284,6 +284,18 @@ class Job:
             error=failure.getErrorMessage(),
         )
 
+    def finished_receipt(self, finished: dict[str, Any]) -> dict[str, Any]:
+        """``finished``, with ``terminated`` (the reason: ``timeout`` or
+        ``cancel``) where the job's termination had begun: its exit status
+        alone (0 for a job that traps SIGALRM and exits, 137 for one that
+        ignored it) cannot tell its time limit from any other end, where
+        Flux raises a ``timeout`` exception ("resource allocation
+        expired")."""
+        reason = self.termination.reason
+        if reason is None:
+            return finished
+        return {**finished, "terminated": reason.value}
+
     # -- what stats and ps show -------------------------------------------------
 
     @property
@@ -328,6 +340,7 @@ class _JobResponder:
         if kind == "started":
             self._job.started()
         elif kind == "finished":
+            payload = self._job.finished_receipt(payload)
             self._job.over()
         self._responder.respond(payload)
 

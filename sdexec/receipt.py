@@ -11,6 +11,9 @@ keys, which clients that do not know them ignore (docs/protocol.md):
   (what the limit was), when one was set;
 - ``runtime_max_usec``: the unit's ``RuntimeMaxUSec``, with a ``timeout``
   result only (the limit systemd stops a unit at), when one was set;
+- ``terminated``: for a job (``SDEXEC_JOBID``, ``SDEXEC_TIME_LIMIT``)
+  whose termination had begun when it exited, why: ``timeout`` (its time
+  limit) or ``cancel`` (``sdexec.terminate``);
 - ``usage``: what was measured, and only that (a key is absent, never 0,
   when it was not): ``cpu_usage_nsec`` (``CPUUsageNSec``),
   ``memory_peak_bytes`` (``MemoryPeak``, else the cgroup's ``memory.peak``),
@@ -52,6 +55,11 @@ __all__ = [
 UNSET = 2**64 - 1
 OOM_KILL = "oom-kill"
 TIMEOUT = "timeout"
+#: What ``terminated`` may say, and how a client words it.
+_TERMINATIONS = {
+    "timeout": "its time limit was reached",
+    "cancel": "it was cancelled",
+}
 
 #: ``usage`` keys and the systemd property each is read from.
 _USAGE_PROPERTIES = {
@@ -180,6 +188,7 @@ class Receipt:
         "result",
         "runtime_max_usec",
         "status",
+        "terminated",
         "usage",
     )
 
@@ -191,6 +200,7 @@ class Receipt:
         memory_max: int | None = None,
         usage: Mapping[str, int] = _NO_USAGE,
         runtime_max_usec: int | None = None,
+        terminated: str | None = None,
     ) -> None:
         self.status = status
         self.result = result
@@ -198,6 +208,8 @@ class Receipt:
         self.memory_max = memory_max
         self.usage = usage
         self.runtime_max_usec = runtime_max_usec
+        #: ``timeout`` or ``cancel``: the job's termination had begun.
+        self.terminated = terminated
 
     def _values(self) -> tuple[object, ...]:
         return (
@@ -207,6 +219,7 @@ class Receipt:
             self.memory_max,
             self.usage,
             self.runtime_max_usec,
+            self.terminated,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -220,7 +233,8 @@ class Receipt:
         return (
             f"Receipt(status={self.status!r}, result={self.result!r},"
             f" oom_kills={self.oom_kills!r}, memory_max={self.memory_max!r},"
-            f" usage={self.usage!r}, runtime_max_usec={self.runtime_max_usec!r})"
+            f" usage={self.usage!r}, runtime_max_usec={self.runtime_max_usec!r},"
+            f" terminated={self.terminated!r})"
         )
 
     @classmethod
@@ -228,6 +242,7 @@ class Receipt:
         """From a ``finished`` payload (its ``status`` must be an integer)."""
         result = payload.get("result")
         usage = payload.get("usage")
+        terminated = payload.get("terminated")
         return cls(
             status=payload["status"],
             result=result if isinstance(result, str) else None,
@@ -239,6 +254,7 @@ class Receipt:
                 if isinstance(key, str) and _measured(value) is not None
             },
             runtime_max_usec=_measured(payload.get("runtime_max_usec")),
+            terminated=terminated if terminated in _TERMINATIONS else None,
         )
 
     @property
@@ -289,6 +305,14 @@ class Receipt:
             else "no RuntimeMaxUSec set"
         )
         return f"stopped by systemd for a timeout ({limit})"
+
+    def termination_message(self) -> str | None:
+        """``job terminated: its time limit was reached`` (or ``it was
+        cancelled``), for the user; ``None`` for a process no termination
+        ended: the exit status alone (0 for a job that traps SIGALRM, 137
+        for one that ignores it) does not say it."""
+        why = _TERMINATIONS.get(self.terminated or "")
+        return None if why is None else f"job terminated: {why}"
 
     @property
     def _killed_by_sigkill(self) -> bool:

@@ -384,6 +384,8 @@ async def test_run_with_a_time_limit(sdexec):
     done = await cli(sdexec, "run", "-n", "--time-limit", "1s", "sh", "-c", script)
     # The shell's own exit, from its ALRM trap; or killed by SIGALRM.
     assert done.returncode in (3, 128 + signal.SIGALRM)
+    # Which alone did not say that the time limit ended it.
+    assert done.stderr.endswith(b"sdexec: job terminated: its time limit was reached\n")
 
 
 @ensureDeferred

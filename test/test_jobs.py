@@ -31,6 +31,8 @@ from sdexec.testing import DEACTIVATING, EXITED, INACTIVE, FakeManager
 UNIT = "sdexec-job.service"
 FLAGS = int(ExecFlag.STDOUT | ExecFlag.STDERR)
 START = 1_700_000_000.0  # the clock's epoch time when a request arrives
+#: The ``finished`` of a cancelled job that exited 0 (it trapped SIGTERM).
+CANCELLED_0 = {"type": "finished", "status": 0, "terminated": "cancel"}
 
 
 class TimedManager(FakeManager):
@@ -205,7 +207,8 @@ def test_a_job_that_exits_ends_the_sequence_with_its_status(make_server, exit_at
     )
     run_until_quiet(clock)
     assert len(systemd.kills_at) == sent
-    assert {"type": "finished", "status": signal.SIGTERM} in responder.responses
+    finished = {"type": "finished", "status": signal.SIGTERM, "terminated": "cancel"}
+    assert finished in responder.responses
     assert server.drain_reason is None
     assert clock.getDelayedCalls() == []
     with pytest.raises(RequestError) as late:
@@ -249,6 +252,23 @@ def test_time_limit_terminates_with_sigalrm(make_server):
     assert server.counters["job-timeouts"] == 1
     entry = server.stats()["job-exec"]["jobs"]["f1"]
     assert entry["termination"]["reason"] == "timeout"
+
+
+@pytest.mark.parametrize(
+    ("limit", "exit_at", "terminated"),
+    [("1m", 61, {"terminated": "timeout"}), ("1m", 59, {}), ("0", 61, {})],
+)
+def test_finished_says_a_time_limit_ended_the_job(
+    make_server, limit, exit_at, terminated
+):
+    # A job that traps SIGALRM and exits 0, or ignores it and dies of the
+    # kill-signal, said nothing of its time limit: a bare 0 or 137.
+    server, systemd, clock = make_server()
+    responder = start_job(server, systemd, SDEXEC_TIME_LIMIT=limit)
+    clock.advance(exit_at)
+    systemd.change(UNIT, EXITED)
+    finished = [r for r in responder.responses if r.get("type") == "finished"]
+    assert finished == [{"type": "finished", "status": 0, **terminated}]
 
 
 def test_a_time_limit_reached_while_cancelled_is_not_a_timeout(make_server):
@@ -472,7 +492,11 @@ def test_the_stop_timer_takes_over_once_the_job_shell_died(make_server):
     clock.pump([1] * 25)
     systemd.change(UNIT, {"SubState": "exited", "ExecMainCode": 2, "ExecMainStatus": 9})
     systemd.change(UNIT, DEACTIVATING)
-    assert responder.responses[-1] == {"type": "finished", "status": signal.SIGKILL}
+    assert responder.responses[-1] == {
+        "type": "finished",
+        "status": signal.SIGKILL,
+        "terminated": "cancel",
+    }
     before = list(systemd.kills_at)
     clock.pump([1] * 639)
     assert systemd.kills_at == before  # the sequence ended with the shell
@@ -556,7 +580,7 @@ def test_a_job_s_verdict_waits_for_its_unit_s_re_read(make_server, ran_out):
     systemd.answer_refreshes()  # the receipt it asks for
     clock.pump([0.5] * 4)
     assert server.drain_reason is None
-    assert {"type": "finished", "status": 0} in responder.responses
+    assert CANCELLED_0 in responder.responses
 
 
 def held_verdict(make_server):
@@ -749,7 +773,7 @@ def test_a_termination_run_out_while_systemd_is_away_is_judged_once_back(
     clock.pump([0.5] * 4)
     if exits_meanwhile:
         assert server.drain_reason is None
-        assert {"type": "finished", "status": 0} in responder.responses
+        assert CANCELLED_0 in responder.responses
     else:
         assert systemd.kills_at[-1][1:] == ("main", signal.SIGKILL)  # once more
         assert server.drain_reason == "unkillable user processes for job f1"

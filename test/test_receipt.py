@@ -227,6 +227,20 @@ def test_run_says_a_timeout_as_it_says_an_oom_kill():
 
 
 @pytest.mark.parametrize(
+    ("terminated", "lines"),
+    [("timeout", ["sdexec: job terminated: its time limit was reached"]),
+     ("cancel", ["sdexec: job terminated: it was cancelled"]),
+     ("other", []), (7, [])],
+)  # fmt: skip
+def test_run_says_a_job_s_time_limit_ended_it(terminated, lines):
+    # A job that trapped SIGALRM and exited 0 ended silently with 0.
+    receipt = Receipt.from_finished(
+        {"type": "finished", "status": 0, "terminated": terminated}
+    )
+    assert receipt_lines(receipt) == lines
+
+
+@pytest.mark.parametrize(
     ("usec", "text"),
     # As systemd-run --wait prints them (format_timespan, to the millisecond).
     [(0, "0"), (850, "850us"), (5_400, "5ms"), (1_000_000, "1s"),

@@ -258,6 +258,24 @@ def test_cores_beyond_the_topology_are_named(small, cores, message):
     assert failure.value.strerror == message
 
 
+def test_many_runs_beyond_the_topology_are_named_in_part(small):
+    # An R of sparse ids (2.5 MiB of "2,4,6,...") was answered with every
+    # one of them, after seconds of the reactor spent on a set difference.
+    cores = ",".join(str(i) for i in range(0, 200_000, 2))
+    with pytest.raises(OSError) as failure:
+        small.map_cores(cores)
+    assert failure.value.errno == errno.ENODEV
+    assert failure.value.strerror == (
+        "cores 2,4,6,8,10,12,14,16,... (99999 in all) are beyond the topology's 2 cores"
+    )
+
+
+def test_runs_cut_at_the_topology_name_only_what_is_beyond_it(small):
+    with pytest.raises(OSError) as failure:
+        small.map_cores("0-5,9")
+    assert failure.value.strerror == "cores 2-5,9 are beyond the topology's 2 cores"
+
+
 def test_map_cores_rejects_a_bad_idset(small):
     with pytest.raises(ValueError, match="cores: invalid idset 'x'"):
         small.map_cores("x")

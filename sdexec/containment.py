@@ -243,9 +243,29 @@ def map_resources(
     if not isinstance(mapped, Mapping):
         reason = f"returned {type(mapped).__name__}, not a dict of properties"
         raise MapperError(f"mapper {mapper_class} {reason}", reason)
+    for name, value in mapped.items():
+        if not isinstance(value, _SCALARS):
+            reason = _not_a_string(name, value)
+            raise MapperError(f"mapper {mapper_class} {reason}", reason)
     # Values reach systemd as strings; a custom mapper may give ints or
     # booleans (str(True) is "True", which the property parser accepts).
     return {str(name): str(value) for name, value in mapped.items()}
+
+
+#: The value types a mapper may return, made strings as systemd reads them.
+_SCALARS = (str, int, float)
+
+
+def _not_a_string(name: str, value: object) -> str:
+    """Why a mapper's value for ``name`` is refused: ``str()`` of the
+    spec's own ``map_gpus`` example, a list of ``"PATH rw"``, was
+    ``"['/dev/nvidia0 rw']"``, which the CLI showed as mapped and the
+    service refused quoting ``"['/dev/nvidia0 rw'"``. Upstream's sdexec
+    refuses any value that is no string."""
+    hint = ""
+    if isinstance(value, list | tuple):
+        hint = ' (a list of devices is one string: "PATH rw,PATH rw")'
+    return f"returned {name} as {type(value).__name__}, not a string{hint}"
 
 
 def _mapper_failed(mapper_class: str, reason: str) -> MapperError:

@@ -1083,8 +1083,19 @@ def test_properties_pass_r_and_sdexec_properties_and_stringify():
             "mapper site.mappers.Fake returned list, not a dict of properties",
         ),
         (None, "mapper site.mappers.Fake returned NoneType, not a dict of properties"),
+        (
+            # The spec's map_gpus example returns a list: str() of it was
+            # "['/dev/nvidia0 rw']", shown by the CLI as mapped.
+            {"DeviceAllow": ["/dev/nvidia0 rw"]},
+            "mapper site.mappers.Fake returned DeviceAllow as list, not a string"
+            ' (a list of devices is one string: "PATH rw,PATH rw")',
+        ),
+        (
+            {"AllowedCPUs": "0", "MemoryMax": None},
+            "mapper site.mappers.Fake returned MemoryMax as NoneType, not a string",
+        ),
     ],
-    ids=["raises", "list", "none"],
+    ids=["raises", "list", "none", "list-value", "none-value"],
 )
 def test_mapper_failures_name_the_class(result, message):
     containment, _ = _containment(result)

@@ -62,6 +62,21 @@ class IDset:
         """The canonical ranged form, ``""`` for the empty set."""
         return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in self._runs)
 
+    def abbreviated(self, max_runs: int = 8) -> str:
+        """:meth:`encode` cut after ``max_runs`` runs, saying how many ids
+        there are in all: for a message quoting a client's set, which may
+        hold hundreds of thousands of runs (``"0,2,4,..."``)."""
+        if len(self._runs) <= max_runs:
+            return self.encode()
+        shown = IDset._of(self._runs[:max_runs]).encode()
+        return f"{shown},... ({len(self)} in all)"
+
+    def at_least(self, first: int) -> IDset:
+        """The ids from ``first`` on, in one pass over the runs (a set
+        difference sorts every bound of both sets)."""
+        runs = tuple((max(lo, first), hi) for lo, hi in self._runs if hi >= first)
+        return IDset._of(runs)
+
     def ranges(self) -> Iterator[tuple[int, int]]:
         """Maximal runs of consecutive ids as inclusive ``(first, last)`` pairs."""
         return iter(self._runs)

@@ -189,3 +189,24 @@ def test_an_error_quotes_a_long_idset_cut_short():
     message = str(failure.value)
     assert len(message) < 200
     assert f"({len(repr(text))} chars)" in message and "'x' is not an id" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "max_runs", "shown"),
+    [
+        ("", 8, ""),
+        ("0-3,7", 2, "0-3,7"),
+        ("0-3,7,9-10", 2, "0-3,7,... (7 in all)"),
+        (",".join(map(str, range(0, 200_000, 2))), 3, "0,2,4,... (100000 in all)"),
+    ],
+)
+def test_abbreviated_names_the_first_runs_and_how_many_in_all(text, max_runs, shown):
+    assert IDset(text).abbreviated(max_runs) == shown
+
+
+@pytest.mark.parametrize(
+    ("text", "first", "kept"),
+    [("0-5,9", 2, "2-5,9"), ("0-5,9", 6, "9"), ("0-5", 6, ""), ("3", 0, "3")],
+)
+def test_at_least_keeps_the_ids_from_first_on(text, first, kept):
+    assert IDset(text).at_least(first) == IDset(kept)

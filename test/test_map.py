@@ -148,6 +148,17 @@ def test_a_rank_missing_from_R_is_an_error_not_an_unconstrained_unit():
         EchoMapper().map(make_R(rank=1, core="0"))
 
 
+def test_a_missing_rank_names_rs_ranks_in_part():
+    # An R of 2.5 MiB of sparse ranks was quoted back whole.
+    ranks = ",".join(str(i) for i in range(1, 200_000, 2))
+    with pytest.raises(ValueError) as error:
+        EchoMapper().map(make_R(rank=ranks, core="0"))
+    assert str(error.value) == (
+        "R has no resources for rank 0 (its ranks are"
+        " 1,3,5,7,9,11,13,15,... (100000 in all))"
+    )
+
+
 def test_malformed_R_is_a_value_error_naming_the_field():
     with pytest.raises(ValueError, match=r"R: execution.R_lite\[0\].children.core"):
         EchoMapper().map(make_R(core="zero"))
@@ -1311,6 +1322,15 @@ def test_a_rank_with_nothing_to_fence_is_refused_not_unconstrained(
     assert str(error.value) == (
         f"R gives rank 0 no cores and no GPUs to fence (its children: {held}):"
         " a job is never run unconstrained"
+    )
+
+
+def test_an_unfenceable_rs_other_children_are_named_in_part(large):
+    fpgas = ",".join(str(i) for i in range(0, 200_000, 2))
+    with pytest.raises(UnfenceableRequest) as error:
+        large.map(make_R(fpga=fpgas))
+    assert "(its children: fpga='0,2,4,6,8,10,12,14,... (100000 in all)')" in str(
+        error.value
     )
 
 

@@ -23,7 +23,8 @@ def rank_problem(rset: ResourceSet, rank: int) -> str | None:
     (a job must not run unconstrained because of a wrong R); else ``None``."""
     if rank in rset:
         return None
-    return f"R has no resources for rank {rank} (its ranks are {rset.ranks or 'none'})"
+    ranks = rset.ranks.abbreviated() or "none"
+    return f"R has no resources for rank {rank} (its ranks are {ranks})"
 
 
 # Memory caps from extra_properties that HwlocMapper scales by the job's share
@@ -234,7 +235,7 @@ def _refuse_nothing_to_fence(R: ResourceSet, rank: int) -> None:
     children = R.children(rank)
     if any(children.get(kind) for kind in _FENCED_KINDS):
         return
-    held = ", ".join(f"{kind}={str(ids)!r}" for kind, ids in children.items())
+    held = ", ".join(f"{kind}={ids.abbreviated()!r}" for kind, ids in children.items())
     raise UnfenceableRequest(
         f"R gives rank {rank} no cores and no GPUs to fence (its"
         f" children: {held or 'none'}): a job is never run unconstrained"

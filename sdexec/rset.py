@@ -129,8 +129,12 @@ def _decode(R: str | Mapping[str, Any]) -> Mapping[str, Any]:
     if not isinstance(data, Mapping):
         raise ValueError(f"R: expected a JSON object, got {_json_type(data)}")
     version = data.get("version")
-    if version != 1:
-        raise ValueError(f"R: version: expected 1, got {version!r}")
+    # An integer: true and 1.0 equal 1 in Python, not in RFC 20 (Flux
+    # unpacks it as an integer, refusing both).
+    if type(version) is not int or version != 1:
+        json_only = isinstance(version, bool | float)
+        shown = json.dumps(version) if json_only else repr(version)
+        raise ValueError(f"R: version: expected 1, got {shown}")
     return data
 
 

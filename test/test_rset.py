@@ -105,6 +105,8 @@ def test_empty_R_lite_is_an_empty_set():
         (7, "R: expected a JSON object, got the number 7"),
         ({"execution": {}}, "R: version: expected 1, got None"),
         ({"version": 2, "execution": {}}, "R: version: expected 1, got 2"),
+        ({"version": True, "execution": {}}, "R: version: expected 1, got true"),
+        ({"version": 1.0, "execution": {}}, "R: version: expected 1, got 1.0"),
         ({"version": 1}, "R: execution: missing"),
         ({"version": 1, "execution": []}, "R: execution: expected an object"),
         ({"version": 1, "execution": {}}, "R: execution.R_lite: missing"),

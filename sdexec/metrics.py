@@ -209,9 +209,16 @@ class Metrics:
         return _MetricsPage(self)
 
     def answer(self, scrape: Scrape) -> Deferred[Rendered]:
-        """The answer to ``scrape``: rendered in the reactor's thread pool,
-        or one rendered lately given again."""
+        """The answer to ``scrape``: rendered in the reactor's thread pool
+        (in its turn: one at a time, after the last one's rest), or one
+        rendered lately given again; cancel it to give it up."""
         return self._answers.get(scrape)
+
+    def stop(self) -> None:
+        """The service stops: no answer is made any more, and the failed
+        scrapes' log holds nothing back."""
+        self._answers.stop()
+        self.log_rate.stop()
 
     def render(self, snapshot: dict, scrape: Scrape) -> Rendered:
         """The exposition of the registry ``scrape`` asks for, the
@@ -438,9 +445,14 @@ class _MetricsPage(Resource):
         accept_encoding = _header(request, b"accept-encoding")
         args: dict[bytes, list[bytes]] = request.args or {}
         names = [name.decode(errors="replace") for name in args.get(b"name[]", [])]
-        gone: list[bool] = []
-        request.notifyFinish().addErrback(lambda _: gone.append(True))
         rendering = self._metrics.answer(Scrape.asked(accept, accept_encoding, names))
+        gone: list[bool] = []
+
+        def left(_: Failure) -> None:
+            gone.append(True)
+            rendering.cancel()  # not made for it, if it waits its turn
+
+        request.notifyFinish().addErrback(left)
 
         def answer(rendered: Rendered) -> None:
             if not gone:  # a scraper that left gets nothing written

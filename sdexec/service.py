@@ -615,7 +615,7 @@ class SdexecService(Service):
                 )
                 self.server.log_rate.stop()  # what it held back is said now
         finally:
-            self.metrics.log_rate.stop()  # what it held back is said now
+            self.metrics.stop()  # its log says now what it held back
             if self.owner_lock is not None:
                 self.owner_lock.release()  # its units are stopped: the next may
 

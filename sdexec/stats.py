@@ -18,6 +18,7 @@ from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.internet.interfaces import (
     IAddress,
     IConsumer,
+    IDelayedCall,
     IReactorTime,
     ITCPTransport,
 )
@@ -135,8 +136,15 @@ class RecentByKey(Generic[_K, _T]):
     gives its own: ``produce(key)`` fires with an answer and the seconds of
     the service's time it cost (a render in a thread still holds the GIL
     that the service's thread needs). A request for a key whose answer is
-    being made waits for that one: at most one is made per key at a time.
-    The answers of the newest ``capacity`` keys are kept."""
+    being made, or waits its turn, waits for that one. The answers of the
+    newest ``capacity`` keys are kept.
+
+    New answers are made one at a time, whatever their key, each after the
+    last one's rest (``1 / STATS_SHARE`` times what it cost, at most
+    :data:`MAX_REUSE_S`): the key is the client's choice (a format, a
+    selection), and one new in every request had every answer made anew,
+    each taking its full cost of the service's time. A request cancelled
+    (its client left) is dropped, and a key no one waits for is not made."""
 
     def __init__(
         self,
@@ -145,37 +153,97 @@ class RecentByKey(Generic[_K, _T]):
         capacity: int,
     ) -> None:
         self._produce = produce
+        self._clock = clock
         self._kept: _Kept[_K, _T] = _Kept(clock, capacity)
-        #: Keys whose answer is being made, and who waits for it.
+        #: Keys whose answer is being made or waits its turn, and who
+        #: waits for it.
         self._waiting: dict[_K, list[Deferred[_T]]] = {}
+        #: Keys waiting for their turn, oldest first (a set in order).
+        self._queued: dict[_K, None] = {}
+        #: Whether an answer is being made.
+        self._making = False
+        #: When the next answer may be made (the last one's rest).
+        self._rest_until = 0.0
+        #: The call that makes the next answer once the rest is over.
+        self._turn: IDelayedCall | None = None
+        self._stopped = False
 
     def get(self, key: _K) -> Deferred[_T]:
-        """The answer for ``key``: the one kept, the one being made, or a
-        new one."""
+        """The answer for ``key``: the one kept, the one being made or
+        waiting its turn, or a new one; cancel it to give it up."""
         kept = self._kept.get(key)
         if kept is not None:
             return succeed(kept)
-        answer: Deferred[_T] = Deferred()
+        answer: Deferred[_T] = Deferred(lambda given_up: self._give_up(key, given_up))
         waiting = self._waiting.get(key)
         if waiting is not None:
             waiting.append(answer)
             return answer
         self._waiting[key] = [answer]
+        self._queued[key] = None
+        self._next()
+        return answer
+
+    def stop(self) -> None:
+        """Make no more answers (the service stops): those waiting their
+        turn are dropped, and no timer is left."""
+        self._stopped = True
+        if self._turn is not None and self._turn.active():
+            self._turn.cancel()
+        self._turn = None
+        for key in self._queued:
+            del self._waiting[key]
+        self._queued.clear()
+
+    def _give_up(self, key: _K, answer: Deferred[_T]) -> None:
+        waiting = self._waiting.get(key)
+        if waiting is None or answer not in waiting:
+            return
+        waiting.remove(answer)
+        if not waiting and key in self._queued:  # not made for no one
+            del self._queued[key]
+            del self._waiting[key]
+
+    def _next(self) -> None:
+        """Make the next answer waiting its turn, now or after the rest."""
+        if self._making or self._turn is not None or not self._queued:
+            return
+        if self._stopped:
+            return
+        rest = self._rest_until - self._clock.seconds()
+        if rest > 0:
+            self._turn = self._clock.callLater(rest, self._make_next)
+        else:
+            self._make_next()
+
+    def _make_next(self) -> None:
+        self._turn = None
+        key = next(iter(self._queued))
+        del self._queued[key]
+        self._making = True
         maybeDeferred(self._produce, key).addCallbacks(
             self._made, self._failed, callbackArgs=(key,), errbackArgs=(key,)
         )
-        return answer
 
     def _made(self, made: tuple[_T, float], key: _K) -> None:
         value, cost = made
         self._kept.keep(key, value, cost)
         for answer in self._waiting.pop(key):
             answer.callback(value)
+        self._rest(cost)
 
     def _failed(self, failure: Failure, key: _K) -> None:
         # Kept for no one after: the next request tries again.
         for answer in self._waiting.pop(key):
             answer.errback(failure)
+        self._rest(0.0)
+
+    def _rest(self, cost: float) -> None:
+        """The answer made cost ``cost``: the next waits as long as it
+        would be given again (:class:`_Kept`)."""
+        self._making = False
+        self._rest_until = self._clock.seconds() + min(cost / STATS_SHARE, MAX_REUSE_S)
+        self._next()
 
 
 def _rendered(stats: dict) -> bytes:

@@ -622,6 +622,55 @@ async def test_failed_scrapes_log_at_a_bounded_rate(metrics_page):
     assert logged[-1]["suppressed"] == 5
 
 
+class _TurnsByAClock(Clock):
+    """A reactor for Metrics: the real one's thread pool (a rendering is
+    real, and served over TCP), a Clock's time (when a rendering's turn
+    comes is the test's to say)."""
+
+    def getThreadPool(self):
+        return reactor.getThreadPool()
+
+    def callFromThread(self, f, *args):
+        reactor.callFromThread(f, *args)
+
+
+def _openmetrics_request(version: str) -> bytes:
+    return (
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        f"Accept: application/openmetrics-text; version={version}\r\n\r\n"
+    ).encode()
+
+
+@ensureDeferred
+async def test_a_new_format_in_every_scrape_is_rendered_in_its_turn():
+    # Review session 46: Accept's version is the client's choice (and
+    # name[]), and a new one in every scrape rendered every answer anew,
+    # past what an answer given again costs the service: a loop of them
+    # made every list 50 times slower.
+    from sdexec.metrics import Metrics
+
+    clock, ticks = _TurnsByAClock(), iter(range(10**6))
+    stats = {"requests": {}, "procs": [], "drain": {"drained": False, "reason": None,
+             "causes": []}, "systemd": {"connected": True, "calls": {
+             "unanswered": 0, "queued": 0, "oldest": None}}}  # fmt: skip
+    metrics = Metrics(clock, lambda: stats, cost_timer=lambda: next(ticks) / 100)
+    port = reactor.listenTCP(0, stats_site(lambda: stats, metrics.resource()))
+    try:
+        address = port.getHost().port
+        first = await deferToThread(exchange, address, _openmetrics_request("2.0"))
+        assert first.startswith(b"HTTP/1.1 200 ")
+        second = deferToThread(exchange, address, _openmetrics_request("2.1"))
+        while not clock.getDelayedCalls() and not second.called:
+            await deferLater(reactor, 0.01, lambda: None)
+        assert not second.called  # it waits for the first one's rest
+        clock.advance(MAX_REUSE_S)
+        answer = await second
+        assert answer.startswith(b"HTTP/1.1 200 ") and b"version=2.1;" in answer
+    finally:
+        metrics.stop()
+        await port.stopListening()
+
+
 #: A service whose /metrics is being rendered (slowly: a collector that
 #: sleeps) when the reactor stops, as systemctl stop makes it.
 _STOP_DURING_A_SCRAPE = """

@@ -884,11 +884,15 @@ class SdexecServer:
         if may_signal and self._signal_stragglers(signalled == 0, grace, names):
             self._check_shutdown_progress(waiter, grace, now, signalled + 1)
             return
+        # Away, nothing was answered because nothing could be asked: said,
+        # lest an admin look for a wedged manager.
+        away = "" if self.systemd.connected else " (systemd unreachable)"
         log.error(
             "units still not reaped, and no unit reaped nor call answered for"
-            " {grace}s: {names}: left running, for the service's next start"
-            " to find as leftovers ([sdexec] leftover-units)",
+            " {grace}s{away}: {names}: left running, for the service's next"
+            " start to find as leftovers ([sdexec] leftover-units)",
             grace=grace,
+            away=away,
             names=names,
         )
         self._all_reaped.remove(waiter)

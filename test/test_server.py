@@ -1270,6 +1270,9 @@ def test_shutdown_with_systemd_away_sends_nothing_more(systemd, server, connecti
         f"{UNIT}: left running, for the service's next start to find as"
         " leftovers ([sdexec] leftover-units)"
     )
+    # And why nothing was answered: nothing could be asked, no manager is
+    # wedged.
+    assert "answered for 10s (systemd unreachable): " in said
 
 
 def test_shutdown_waits_on_while_systemd_answers_calls(systemd, server, connection):

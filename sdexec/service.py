@@ -29,6 +29,7 @@ from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.web.server import Site
 
 from sdexec.activation import (
     is_systemd_endpoint,
@@ -300,14 +301,12 @@ class SdexecService(Service):
             "listen",
             shown=self.listen,
         )
-        site = stats_site(self._http_stats, self.metrics.resource(), self.reactor)
+        site = self._stats_site()
         self.ports["stats"] = yield self._listen(self.stats, site, "stats")
         if self.config.sdexec.stats_socket is not None:
             # A site (and a connection cap) of its own: strangers on TCP
             # must not close a trusted scraper's private connections.
-            private_site = stats_site(
-                self._http_stats, self.metrics.resource(), self.reactor
-            )
+            private_site = self._stats_site()
             self.ports["stats-socket"] = yield self._listen(
                 unix_endpoint(self.config.sdexec.stats_socket),
                 private_site,
@@ -381,6 +380,16 @@ class SdexecService(Service):
         with private_umask():  # a UNIX socket is bound within listen()
             listening = endpoint.listen(factory)
         return listening.addErrback(_cannot_listen, shown or description, setting)
+
+    def _stats_site(self) -> Site:
+        """``/stats`` and ``/metrics``; an answer with command lines is not
+        given again once a reload has set ``stats-detail`` false."""
+        return stats_site(
+            self._http_stats,
+            self.metrics.resource(),
+            self.reactor,
+            depends_on=lambda: self.config.sdexec.stats_detail,
+        )
 
     def _http_stats(self) -> dict:
         """``GET /stats``: anyone who can reach it reads it, so command

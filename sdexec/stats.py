@@ -114,18 +114,21 @@ def recent(
     produce: Callable[[], _T],
     clock: IReactorTime,
     timer: Callable[[], float] = time.perf_counter,
+    depends_on: Callable[[], Hashable] = lambda: None,
 ) -> Callable[[], _T]:
     """``produce``, given again instead of made anew for ``1 / STATS_SHARE``
     times as long as it took to make (by ``timer``; ``clock`` says when), at
-    most :data:`MAX_REUSE_S`."""
-    kept: _Kept[None, _T] = _Kept(clock)
+    most :data:`MAX_REUSE_S`; never once ``depends_on()`` (what else the
+    answer shows, a setting) has changed."""
+    kept: _Kept[Hashable, _T] = _Kept(clock)
 
     def fresh_enough() -> _T:
-        value = kept.get(None)
+        key = depends_on()
+        value = kept.get(key)
         if value is None:
             began = timer()
             value = produce()
-            kept.keep(None, value, timer() - began)
+            kept.keep(key, value, timer() - began)
         return value
 
     return fresh_enough
@@ -265,9 +268,14 @@ def _headers_only(request: Request, body: bytes) -> bytes:
 class _JSONResource(Resource):
     isLeaf = True
 
-    def __init__(self, produce: Callable[[], dict], clock: IReactorTime) -> None:
+    def __init__(
+        self,
+        produce: Callable[[], dict],
+        clock: IReactorTime,
+        depends_on: Callable[[], Hashable],
+    ) -> None:
         super().__init__()
-        self._body = recent(lambda: _rendered(produce()), clock)
+        self._body = recent(lambda: _rendered(produce()), clock, depends_on=depends_on)
 
     def render_GET(self, request: Request) -> bytes:
         request.setHeader(b"content-type", b"application/json")
@@ -433,16 +441,18 @@ def stats_site(
     produce: Callable[[], dict],
     metrics: IResource | None = None,
     clock: IReactorTime | None = None,
+    depends_on: Callable[[], Hashable] = lambda: None,
 ) -> Site:
     """A site serving ``produce()`` at ``/stats`` (given again while
-    :func:`recent` by ``clock``, the reactor by default), ``metrics``
-    (see sdexec/metrics.py) at ``/metrics``, and a 404 elsewhere."""
+    :func:`recent` by ``clock``, the reactor by default, and ``depends_on()``
+    is the same), ``metrics`` (see sdexec/metrics.py) at ``/metrics``, and a
+    404 elsewhere."""
     if clock is None:
         from twisted.internet import reactor
 
         clock = cast(IReactorTime, reactor)
     root = _Root()
-    root.putChild(b"stats", _JSONResource(produce, clock))
+    root.putChild(b"stats", _JSONResource(produce, clock, depends_on))
     if metrics is not None:
         root.putChild(b"metrics", metrics)
     return _StatsSite(root)

@@ -727,3 +727,13 @@ def test_a_scrape_in_progress_does_not_hold_the_service_s_stop(tmp_path):
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     assert done.stdout == b"stopped\n", done.stderr
+
+
+def test_an_answer_is_not_given_again_once_what_it_depends_on_changed():
+    # A reload that set stats-detail false kept serving command lines for
+    # up to a second.
+    clock, produce, detail = Clock(), Costly(0.085), [True]
+    answer = recent(produce, clock, produce.timer, depends_on=lambda: detail[0])
+    assert answer() == answer() == {"n": 1}
+    detail[0] = False
+    assert answer() == answer() == {"n": 2}

@@ -89,6 +89,12 @@ _STRAGGLER_STEPS = 2
 #: What every stream still open at a shutdown is told, with ECANCELED
 #: (docs/protocol.md): its process's, and an attach's to one that ended.
 _STOPPING = "the service is stopping: the process's unit is being stopped"
+#: The same with systemd away: the unit is stopped only if it comes back
+#: within the stop's wait, else by the next start (leftovers).
+_STOPPING_AWAY = (
+    "the service is stopping with systemd unreachable: the process's unit is"
+    " stopped if systemd comes back meanwhile, else by the service's next start"
+)
 
 
 def _log_straggler_kill_failure(failure: Failure, unit: str, signum: int) -> None:
@@ -789,11 +795,12 @@ class SdexecServer:
         self.device_canary.cancel_all()  # its process is abandoned below
         if self.leftovers is not None:
             self.leftovers.close(on_gone=self._answer_if_all_ended)
+        stopping = _STOPPING if self.systemd.connected else _STOPPING_AWAY
         for process in list(self.processes.values()):
             # Said to its client, rather than a connection that just closes.
-            process.cancel(_STOPPING)
+            process.cancel(stopping)
         # And to an attach still sent what a process that ended wrote.
-        self.tracked.cancel_feeds(errno.ECANCELED, _STOPPING)
+        self.tracked.cancel_feeds(errno.ECANCELED, stopping)
         if not self._stragglers():
             return defer.succeed(None)
         waiter: defer.Deferred = defer.Deferred()

@@ -1259,6 +1259,13 @@ def test_shutdown_with_systemd_away_sends_nothing_more(systemd, server, connecti
     systemd.run(UNIT)
     systemd.lose()
     done = server.shutdown(10)
+    # Its client is told the unit may outlive the stop (review session 46).
+    assert error_of(connection.last()) == (
+        errno.ECANCELED,
+        "the service is stopping with systemd unreachable: the process's unit"
+        " is stopped if systemd comes back meanwhile, else by the service's"
+        " next start",
+    )
     with capturedLogs() as events:
         server.clock.advance(10)  # no progress, nothing can be sent: given up
     assert done.called

@@ -10,7 +10,9 @@ most as permissive as the value the unit would get without it: the
 systemd's default. ``MemoryMax=infinity`` or ``CPUWeight=10000`` over a
 baseline of ``8G`` or ``100`` is refused. Some names can never be allowed,
 not even by the admin (:data:`NEVER_ALLOWED`): identity, lifecycle, the
-device and CPU fences, and the properties sdexec sets itself. Refusals are
+device and CPU fences, and the properties sdexec sets itself; a request
+may only repeat the value sdexec gives every unit (:data:`SDEXEC_FIXED`,
+``TimeoutStopUSec=infinity``), which changes nothing. Refusals are
 ``EPERM`` naming the property and the key; a value that does not parse is
 ``EINVAL``, as is a name systemd does not know (``CPUQuota``,
 ``MemoryMaxx``): no admin could allow it. Containment still wins: the
@@ -40,6 +42,7 @@ from sdexec.property import (
     RLIMITS,
     STOP_PROPERTIES,
     UINT64_MAX,
+    PropertyError,
     is_property_word,
     level_of,
     parse_bool,
@@ -50,6 +53,7 @@ from sdexec.property import (
 from sdexec.propertyvalues import parse_io_device_limits
 from sdexec.refusal import RequestRefused, json_quoted, printable
 from sdexec.sizes import MEMORY_LIMIT_FORMS, MemoryLimit, SizeNotTaken, scaled_memory
+from sdexec.unitstop import lifecycle_properties
 
 __all__ = [
     "ALWAYS_ALLOWED",
@@ -58,6 +62,7 @@ __all__ = [
     "DEFAULT_ALLOWED",
     "MAX_DESCRIPTION",
     "NEVER_ALLOWED",
+    "SDEXEC_FIXED",
     "TIGHTENING",
     "Ordering",
     "RequestPolicy",
@@ -147,6 +152,35 @@ NEVER_ALLOWED: Final[Mapping[str, str]] = {
         "the environment is the command's env, cleaned by sdexec",
     ),
 }
+#: The :data:`NEVER_ALLOWED` properties every unit has at one value, whatever
+#: the site, the mapper or the request: the lifecycle ones, applied after
+#: every other source (:func:`sdexec.unitstop.lifecycle_properties`; the
+#: configuration reserves them), and the type and ``RemainAfterExit`` that
+#: :func:`sdexec.command.unit_properties` sets (reserved too). A request
+#: asking for exactly that value, as systemd takes it, changes nothing and is
+#: accepted, then dropped: Flux's job-exec sends ``TimeoutStopUSec=infinity``
+#: with every multiuser job (its exec_cmd.c). Any other value is refused,
+#: naming both.
+SDEXEC_FIXED: Final[Mapping[str, str]] = {
+    **lifecycle_properties(),
+    "Type": "exec",
+    "RemainAfterExit": "yes",
+}
+#: What a port of upstream job-exec's multiuser request (``KillMode=process``,
+#: ``Type=notify``: the IMP as the unit's main process, signaled alone) must
+#: know: sdexec's lifecycle has no IMP in it.
+_UPSTREAM_MULTIUSER: Final = (
+    "Flux's job-exec asks KillMode=process and Type=notify of a multiuser"
+    " job so that only its IMP is signaled; sdexec's units are Type=exec and"
+    " KillMode=control-group and its stop timer signals every process of the"
+    " unit, so send neither (only SDEXEC_STOP_TIMER_SEC and"
+    ' SDEXEC_STOP_TIMER_SIGNAL; docs/design.md, "How a unit ends: the stop'
+    ' timer")'
+)
+#: The longest value a refusal quotes.
+_SHOWN_VALUE: Final = 64
+
+
 #: Name prefixes never allowed: the commands (``ExecStart``, ``ExecStopPost``…)
 #: and the standard streams are sdexec's; ``…Scale`` is the percentage form of
 #: a limit that must be written ``MemoryMax=50%`` so it can be compared.
@@ -675,7 +709,8 @@ class RequestPolicy:
         for name, value in requested.items():
             self._check(name, value)
         self._check_settings(requested)
-        return dict(requested)
+        # What only repeats sdexec's own value is left to sdexec's.
+        return {n: v for n, v in requested.items() if not _repeats_sdexec(n, v)}
 
     def _check(self, name: str, value: str) -> None:
         if not name:  # dropped, the job ran without the limit it asked for
@@ -686,10 +721,14 @@ class RequestPolicy:
             )
         option = f"SDEXEC_PROP_{printable(name)}"
         reason = never_allowed_reason(name)
-        if reason is not None:
+        if reason is not None and not _repeats_sdexec(name, value):
             raise RequestRefused(
-                errno.EPERM, f"{option}: a request can never set {name}: {reason}"
+                errno.EPERM,
+                f"{option}: a request can never set {name}: {reason}"
+                f"{_fixed_value(name, value)}",
             )
+        if reason is not None:
+            return  # sdexec's own value, as systemd takes it: a no-op
         unknown = unknown_property_reason(name, _can_never_be_set)
         if unknown is not None:
             raise RequestRefused(errno.EINVAL, f"{option}: {unknown}")
@@ -861,6 +900,39 @@ class RequestPolicy:
             return order.rank(_unset_as_default(baseline, order), self._memory)
         except ValueError:
             return None  # e.g. TasksMax=15%: not comparable here, so unknown
+
+
+def _repeats_sdexec(name: str, value: object) -> bool:
+    """Whether ``value`` is exactly :data:`SDEXEC_FIXED`'s ``name``, as
+    systemd would take both (``SendSIGKILL=0`` is ``no``)."""
+    fixed = SDEXEC_FIXED.get(name)
+    if fixed is None or not isinstance(value, str):
+        return False
+    try:
+        asked = typed_property(name, value, source="request")
+    except PropertyError:
+        return False  # no value systemd takes: refused as never allowed
+    ours = typed_property(name, fixed, source="sdexec")
+    return (asked.signature, asked.value) == (ours.signature, ours.value)
+
+
+def _fixed_value(name: str, value: object) -> str:
+    """For a refused property of :data:`SDEXEC_FIXED`, the value every unit
+    has beside the one asked, and what a port of Flux's job-exec does
+    instead; else nothing."""
+    fixed = SDEXEC_FIXED.get(name)
+    if fixed is None:
+        return ""
+    asked = printable(value) if isinstance(value, str) else json_quoted(value)
+    if len(asked) > _SHOWN_VALUE:
+        asked = asked[:_SHOWN_VALUE] + "…"
+    words = (
+        f"; every unit has {name}={fixed}, which a request may only repeat,"
+        f" not {name}={asked}"
+    )
+    if name in ("KillMode", "Type"):
+        words += f"; {_UPSTREAM_MULTIUSER}"
+    return words
 
 
 def _by_setting(

@@ -76,8 +76,9 @@ def lifecycle_properties() -> dict[str, str]:
       systemd's default, set so no drop-in can change it.
 
     These names are in :data:`sdexec.config.RESERVED_PROPERTIES`, so a site
-    cannot set them; a request may not either (EPERM, see
-    :mod:`sdexec.plan`), and the service applies these last.
+    cannot set them; a request may only repeat these values, a no-op
+    (:data:`sdexec.policy.SDEXEC_FIXED`; another is EPERM), and the service
+    applies these last.
     """
     return {
         "TimeoutStopUSec": "infinity",

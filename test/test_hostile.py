@@ -495,7 +495,7 @@ def test_the_callers_systemd_variables_never_reach_the_unit(systemd, connection)
     [
         ("User", "root", "a request can never set User: identity"),
         ("KillMode", "none", "a request can never set KillMode: lifecycle"),
-        ("SendSIGKILL", "no", "a request can never set SendSIGKILL"),
+        ("SendSIGKILL", "yes", "a request can never set SendSIGKILL"),
         ("DeviceAllow", "/dev/mem rwm", "a request can never set DeviceAllow"),
         ("AllowedCPUs", "0-3", "a request can never set AllowedCPUs"),
         ("Slice", "x.slice", "a request can never set Slice"),

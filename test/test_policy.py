@@ -15,12 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import any_text
 
+from sdexec.command import Command, unit_properties
 from sdexec.environment import DROPPED_ENVIRONMENT, clean_environment
+from sdexec.execstart import exec_line
 from sdexec.policy import (
     ALWAYS_ALLOWED,
     CONFIG_KEY,
     DEFAULT_ALLOWED,
     NEVER_ALLOWED,
+    SDEXEC_FIXED,
     TIGHTENING,
     Ordering,
     RequestPolicy,
@@ -28,9 +31,10 @@ from sdexec.policy import (
     never_allowed_reason,
     parse_request_properties,
 )
-from sdexec.property import is_known_property
+from sdexec.property import is_known_property, typed_property
 from sdexec.refusal import RequestRefused
 from sdexec.sizes import scale_from_permyriad
+from sdexec.unitstop import lifecycle_properties
 
 GIB = 1024**3
 POLICY = RequestPolicy(physical_memory=64 * GIB)
@@ -630,7 +634,10 @@ def test_a_request_can_never_loosen_the_baseline(
 @given(st.dictionaries(names | any_text, values | any_text, max_size=4))
 def test_any_text_is_refused_cleanly_or_accepted(requested: dict[str, str]) -> None:
     try:
-        assert WIDE.accept(requested) == requested
+        accepted = WIDE.accept(requested)
+        # all but what only repeats sdexec's own value
+        assert accepted.items() <= requested.items()
+        assert requested.keys() - accepted.keys() <= SDEXEC_FIXED.keys()
     except RequestRefused as error:
         assert error.errnum in (errno.EPERM, errno.EINVAL)
         error.errstr.encode("utf-8")
@@ -985,3 +992,68 @@ def test_an_io_priority_that_is_none_is_einval() -> None:
         error.errstr
         == "SDEXEC_PROP_IOSchedulingPriority: '8' is not a priority from 0 to 7"
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("TimeoutStopUSec", "infinity"),
+        ("SendSIGKILL", "no"),
+        ("SendSIGKILL", "false"),
+        ("KillMode", "control-group"),
+        ("Type", "exec"),
+        ("RemainAfterExit", "yes"),
+    ],
+)
+def test_repeating_sdexecs_own_value_is_a_no_op(name: str, value: str) -> None:
+    # Flux's job-exec sends TimeoutStopUSec=infinity with a multiuser job:
+    # every unit has it, so it loosens nothing; it is left to sdexec's.
+    requested = {name: value, "MemoryMax": "1G"}
+    assert POLICY.accept(requested) == {"MemoryMax": "1G"}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "fixed"),
+    [
+        ("TimeoutStopUSec", "5s", "infinity"),
+        ("TimeoutStopUSec", "0", "infinity"),
+        ("SendSIGKILL", "yes", "no"),
+        ("KillMode", "mixed", "control-group"),
+        ("RemainAfterExit", "no", "yes"),
+    ],
+)
+def test_another_value_of_sdexecs_own_is_refused_naming_both(
+    name: str, value: str, fixed: str
+) -> None:
+    error = refusal(POLICY, **{name: value})
+    assert error.errnum == errno.EPERM
+    assert error.errstr.startswith(f"SDEXEC_PROP_{name}: a request can never set")
+    assert f"every unit has {name}={fixed}" in error.errstr
+    assert f"not {name}={value}" in error.errstr
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("KillMode", "process"), ("Type", "notify")]
+)
+def test_upstreams_multiuser_request_is_told_what_to_send(name: str, value: str):
+    # job-exec's exec_cmd.c asks these of a multiuser (IMP) job under sdexec.
+    error = refusal(POLICY, **{name: value})
+    assert error.errnum == errno.EPERM
+    assert "\n" not in error.errstr
+    assert "sdexec's units are Type=exec and KillMode=control-group" in error.errstr
+    assert "its stop timer signals every process of the unit" in error.errstr
+    assert "SDEXEC_STOP_TIMER_SEC and SDEXEC_STOP_TIMER_SIGNAL" in error.errstr
+    assert 'docs/design.md, "How a unit ends: the stop timer"' in error.errstr
+
+
+def test_sdexecs_own_values_are_those_every_unit_gets() -> None:
+    # What a repeating request is dropped for must be what the unit has.
+    sent = unit_properties(Command(["/"], cwd="/"), exec_line("/", ["/"]))
+    own = {p.name: (p.signature, p.value) for p in sent}
+    for name, fixed in SDEXEC_FIXED.items():
+        assert name in NEVER_ALLOWED
+        typed = typed_property(name, fixed)
+        if name in lifecycle_properties():
+            assert lifecycle_properties()[name] == fixed
+        else:
+            assert own[name] == (typed.signature, typed.value)

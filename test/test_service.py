@@ -291,6 +291,26 @@ async def test_properties_reach_the_unit(start_service):
 
 
 @ensureDeferred
+async def test_a_request_repeating_sdexecs_stop_timeout_runs(sdexec):
+    # Flux's job-exec sends TimeoutStopUSec=infinity with every multiuser
+    # job: what every unit has anyway, it was EPERM "can never set".
+    client = await sdexec.connect()
+    unit = f"sdexec-stopusec-{os.getpid()}.service"
+    opts = {"SDEXEC_PROP_TimeoutStopUSec": "infinity", "SDEXEC_NAME": unit}
+    shown = []
+
+    def on_response(response):
+        if response["type"] == "started":
+            shown.append(unit_property(unit, "TimeoutStopUSec"))
+
+    handle = client.exec(command(["sleep", "30"], opts=opts), FLAGS, on_response)
+    await until(lambda: shown, "started")
+    await handle.kill(15)
+    await handle.done
+    assert shown == ["infinity"]
+
+
+@ensureDeferred
 async def test_site_limits_and_a_scheduling_policy_reach_the_job(start_service):
     # Sent as strings, systemd refused each for every job: "Failed to set
     # unit properties: Unexpected message contents" (review session 31 B F1).

@@ -100,17 +100,20 @@ def kernel_somaxconn(path: str = SOMAXCONN_PATH) -> int:
 
 def with_backlog(description: str, backlog: int) -> str:
     """``description`` listening with ``backlog``, unless it names its own
-    ``backlog=`` or is a ``systemd:`` socket (whose backlog is the socket
-    unit's ``Backlog=``: it is listening already)."""
+    ``backlog=`` or is a ``systemd:`` socket (which takes no ``backlog=``:
+    :func:`server_endpoint` gives it its backlog)."""
     if is_systemd_endpoint(description) or _BACKLOG_ARGUMENT.search(description):
         return description
     return f"{description}:backlog={backlog}"
 
 
-def server_endpoint(reactor: Any, description: str) -> IStreamServerEndpoint:
+def server_endpoint(
+    reactor: Any, description: str, backlog: int | None = None
+) -> IStreamServerEndpoint:
     """``serverFromString``, with a clear ValueError when a ``systemd:``
     endpoint names a socket this process did not inherit; an inherited
-    socket's path is left in place when it stops listening."""
+    socket's path is left in place when it stops listening, and it listens
+    with ``backlog`` if given."""
     try:
         endpoint = serverFromString(reactor, description)
     except (IndexError, KeyError):
@@ -122,7 +125,7 @@ def server_endpoint(reactor: Any, description: str) -> IStreamServerEndpoint:
     if not is_systemd_endpoint(description):
         return endpoint
     _check_socket(description, endpoint.fileno)
-    return _Inherited(endpoint)
+    return _Inherited(endpoint, backlog)
 
 
 def _check_socket(description: str, fd: int) -> None:
@@ -164,14 +167,26 @@ class _Inherited:
     and with its mode, once the service stops listening: it is the
     ``.socket`` unit's, there for the next start (a stopped service shut it
     down and unlinked its path: nobody could connect, nor start the
-    service again)."""
+    service again). Listening with ``backlog``, if given."""
 
-    def __init__(self, endpoint: IStreamServerEndpoint) -> None:
+    def __init__(self, endpoint: IStreamServerEndpoint, backlog: int | None) -> None:
         self._endpoint = endpoint
+        self._backlog = backlog
 
     def listen(self, factory: Any) -> Any:
         mode = _path_mode(getattr(self._endpoint, "fileno", None))
-        return self._endpoint.listen(factory).addCallback(_keep_socket, mode)
+        listening = self._endpoint.listen(factory).addCallback(_keep_socket, mode)
+        return listening.addCallback(_relisten, self._backlog)
+
+
+def _relisten(port: Any, backlog: int | None) -> Any:
+    """Twisted's adoption calls listen(2) on the inherited socket with its
+    own default, 50, which sets the backlog of the socket itself (systemd's
+    too, whatever the unit's ``Backlog=``): a burst of more than 50
+    connects got EAGAIN. It listens again with ``backlog``."""
+    if backlog is not None:
+        port.socket.listen(backlog)
+    return port
 
 
 def _path_mode(fd: int | None) -> tuple[str, int] | None:

@@ -295,11 +295,13 @@ class SdexecService(Service):
     ) -> Generator[defer.Deferred[Any], Any, None]:
         """Listen for requests, then for stats (and on the private stats
         socket, if one is configured)."""
+        backlog = self._listen_backlog()
         self.ports["listen"] = yield self._listen(
-            with_backlog(self.listen, self._listen_backlog()),
+            with_backlog(self.listen, backlog),
             SdexecServerFactory(server),
             "listen",
             shown=self.listen,
+            backlog=backlog,
         )
         site = self._stats_site()
         self.ports["stats"] = yield self._listen(self.stats, site, "stats")
@@ -364,19 +366,25 @@ class SdexecService(Service):
         )
 
     def _listen(
-        self, description: str, factory: Any, setting: str, shown: str = ""
+        self,
+        description: str,
+        factory: Any,
+        setting: str,
+        shown: str = "",
+        backlog: int | None = None,
     ) -> defer.Deferred[Any]:
         """Listen on an endpoint; a UNIX socket is made private
         (sdexec/sockets.py): ``[sdexec] socket-mode``, in a directory of
         ours, bound under a umask that keeps others out from the start. One
         that cannot be had is a one-line error naming ``setting`` and the
-        endpoint as configured (``shown``, else ``description``)."""
+        endpoint as configured (``shown``, else ``description``). An
+        inherited (``systemd:``) socket listens with ``backlog``."""
         with _making_socket(shown or description, setting):
             private = private_endpoint(
                 description, self.config.sdexec.socket_mode, os.getuid()
             )
             clear_stale_socket(private)
-        endpoint = _endpoint(self.reactor, private, setting)
+        endpoint = _endpoint(self.reactor, private, setting, backlog)
         with private_umask():  # a UNIX socket is bound within listen()
             listening = endpoint.listen(factory)
         return listening.addErrback(_cannot_listen, shown or description, setting)
@@ -713,13 +721,15 @@ def _with_bound_port(description: str, port: Any) -> str:
     return description
 
 
-def _endpoint(reactor: Any, description: str, setting: str) -> Any:
+def _endpoint(
+    reactor: Any, description: str, setting: str, backlog: int | None = None
+) -> Any:
     """The server endpoint of ``description``; a :class:`ListenError`
     naming ``setting`` for a ``systemd:`` socket not passed, or not one the
     unit can serve: the same start fails again until the ``.socket`` unit
     is mended."""
     try:
-        return server_endpoint(reactor, description)
+        return server_endpoint(reactor, description, backlog)
     except ValueError as error:
         raise ListenError(f"[sdexec] {setting}: {error}", lasting=True) from None
 

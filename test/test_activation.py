@@ -322,3 +322,37 @@ def test_socket_mode_is_not_judged_for_a_socket_systemd_makes():
         {"sdexec": {"allow-users": [65534], "listen": ENDPOINT}}, "f.toml"
     )
     assert config.warnings == ()
+
+
+@ensureDeferred
+async def test_an_inherited_socket_keeps_a_backlog_beyond_twisteds_50(
+    monkeypatch, tmp_path
+):
+    # Twisted's adoption called listen(2) again on the socket systemd passed,
+    # with its own default, 50, which cut the .socket unit's backlog to 50:
+    # a burst of 60 connects before the service accepted got EAGAIN after
+    # the 51st.
+    path = tmp_path / "sdexec.sock"
+    passed = socket.socket(socket.AF_UNIX)
+    passed.bind(str(path))
+    passed.listen(4096)
+    _passed(monkeypatch, passed.detach())  # the service's now: it closes it
+    service = SdexecService(
+        parse_config({}), reactor, listen=ENDPOINT,
+        stats="tcp:0:interface=127.0.0.1",
+        connect=lambda: defer.succeed(FakeManager()),
+    )  # fmt: skip
+    service.startService()
+    await service.ready
+    clients: list[socket.socket] = []
+    try:
+        for _ in range(60):  # the reactor does not accept meanwhile
+            client = socket.socket(socket.AF_UNIX)
+            clients.append(client)
+            client.setblocking(False)
+            client.connect(str(path))
+    finally:
+        for client in clients:
+            client.close()
+        await service.stopService()
+    assert len(clients) == 60

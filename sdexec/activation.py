@@ -21,7 +21,7 @@ import stat
 from typing import Any
 
 from twisted.internet import tcp
-from twisted.internet.endpoints import serverFromString
+from twisted.internet.endpoints import _SystemdParser, serverFromString
 from twisted.internet.interfaces import IStreamServerEndpoint
 from zope.interface import implementer
 
@@ -120,12 +120,25 @@ def server_endpoint(
         if not is_systemd_endpoint(description):
             raise
         raise ValueError(
-            f"{description}: no such inherited socket. {_WHAT_IS_NEEDED}"
+            f"{description}: no such inherited socket ({_inherited()})."
+            f" {_WHAT_IS_NEEDED}"
         ) from None
     if not is_systemd_endpoint(description):
         return endpoint
     _check_socket(description, endpoint.fileno)
     return _Inherited(endpoint, backlog)
+
+
+def _inherited() -> str:
+    """What this process inherited, as Twisted read it: a ``name=`` that is
+    not the ``.socket`` unit's ``FileDescriptorName=`` (by default the
+    unit's own name, ``sdexec-site.socket``) is told which names it has."""
+    inherited = _SystemdParser._sddaemon
+    count = len(inherited.inheritedDescriptors())
+    if not count:
+        return "none was inherited"
+    names = ", ".join(repr(name) for name in inherited.inheritedNamedDescriptors())
+    return f"{count} inherited, named {names}"
 
 
 def _check_socket(description: str, fd: int) -> None:

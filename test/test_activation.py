@@ -215,6 +215,20 @@ def test_a_descriptor_that_is_no_socket_is_refused_and_left_as_it_was(monkeypatc
     )
 
 
+def test_a_socket_of_another_name_is_refused_naming_those_inherited(monkeypatch):
+    # A .socket unit of another name without FileDescriptorName= passes its
+    # own unit name: the refusal said only "no such inherited socket".
+    with socket.socket(socket.AF_UNIX) as passed:
+        inherited = ListenFDs([passed.fileno()], ["sdexec-site.socket"])
+        monkeypatch.setattr(_SystemdParser, "_sddaemon", inherited)
+        with pytest.raises(ValueError) as error:
+            server_endpoint(reactor, ENDPOINT)
+    assert str(error.value).startswith(
+        f"{ENDPOINT}: no such inherited socket (1 inherited, named"
+        " 'sdexec-site.socket'). "
+    )
+
+
 def test_a_systemd_listen_endpoint_is_checked_without_the_socket():
     config = parse_config({"sdexec": {"listen": "systemd:domain=UNIX:name=sdexec"}})
     assert config.sdexec.listen == "systemd:domain=UNIX:name=sdexec"

@@ -9,7 +9,9 @@ therefore:
   ``mode=`` itself (:func:`private_endpoint`);
 - in a directory owned by the service's user that no one else may write to
   (:func:`check_directory`: others could otherwise replace or remove the
-  socket), created if missing;
+  socket), created if missing, below directories of that user's or root's
+  that no one else may change either (a sticky one, ``/tmp``, if the entry
+  on the way is theirs);
 - bound under a umask that leaves only the owner's bits
   (:func:`private_umask`), so the socket is never connectable by others,
   not even between ``bind`` and ``chmod``.
@@ -86,7 +88,8 @@ def private_endpoint(description: str, mode: int, uid: int) -> str:
 def check_directory(directory: str, mode: int, uid: int) -> None:
     """Create ``directory`` (mode 0700, plus search permission for those
     ``mode`` lets connect) if missing; ``ValueError`` unless it is owned by
-    ``uid`` and writable by no one else, ``OSError`` if it cannot be made
+    ``uid`` and writable by no one else, below directories no other user
+    may change (:func:`_unsafe_ancestor`), ``OSError`` if it cannot be made
     or is no directory."""
     if not os.path.isdir(directory):
         _make_directories(directory, directory_mode(mode))
@@ -105,6 +108,48 @@ def check_directory(directory: str, mode: int, uid: int) -> None:
             f" others (mode {stat.S_IMODE(info.st_mode):04o}): they could replace"
             " the socket"
         )
+    unsafe = _unsafe_ancestor(directory, uid)
+    if unsafe is not None:
+        raise ValueError(
+            f"{directory}: every directory above a socket's must belong to the"
+            f" service's user (uid {uid}) or root, and let no one else replace"
+            f" what is in it: {unsafe}; they could replace the socket's directory"
+            " and the socket"
+        )
+
+
+def _unsafe_ancestor(directory: str, uid: int) -> str | None:
+    """The first directory above ``directory`` whose owner is another user,
+    or that another user may write to unless it is sticky and its entry on
+    the way is the service user's or root's (``/tmp``), said so; ``None`` if
+    none. Both the path as given (a symbolic link on it is an entry its
+    owner may replace) and the path it resolves to are judged."""
+    absolute = os.path.abspath(directory)
+    for path in dict.fromkeys((absolute, os.path.realpath(absolute))):
+        entry = path
+        while (parent := os.path.dirname(entry)) != entry:
+            unsafe = _unsafe_parent(parent, entry, uid)
+            if unsafe is not None:
+                return unsafe
+            entry = parent
+    return None
+
+
+def _unsafe_parent(parent: str, entry: str, uid: int) -> str | None:
+    """What lets another user replace ``entry`` in ``parent``, if anything."""
+    trusted = (uid, 0)
+    info = os.stat(parent)
+    if info.st_uid not in trusted:
+        return f"{parent} belongs to uid {info.st_uid}"
+    if not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return None
+    owner = os.lstat(entry).st_uid
+    if info.st_mode & stat.S_ISVTX and owner in trusted:
+        return None
+    mode = f"mode {stat.S_IMODE(info.st_mode):04o}"
+    if info.st_mode & stat.S_ISVTX:
+        return f"{parent} is sticky ({mode}) but {entry} belongs to uid {owner}"
+    return f"{parent} is writable by group or others ({mode})"
 
 
 def _make_directories(directory: str, mode: int) -> None:

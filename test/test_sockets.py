@@ -9,6 +9,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -98,6 +99,35 @@ def test_a_directory_of_another_user_or_writable_by_others_is_refused(tmp_path):
     os.chmod(open_dir, 0o1777)
     with pytest.raises(ValueError, match=r"open: .* writable by group or others"):
         private_endpoint(f"unix:{open_dir}/s.sock", 0o600, 0)
+
+
+def test_a_directory_below_one_another_user_may_change_is_refused(tmp_path):
+    # Only the socket's own directory was judged: below a directory of
+    # another user's (or one all may write to), that user could move the
+    # service's directory away and put one with a socket of their own in its
+    # place, for the clients to send their requests to.
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    with pytest.raises(ValueError, match=re.escape(f"{theirs} belongs to uid 65534;")):
+        private_endpoint(f"unix:{theirs}/d/s.sock", 0o600, 0)
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    with pytest.raises(ValueError, match=r"open is writable by group or others"):
+        private_endpoint(f"unix:{open_dir}/d/s.sock", 0o600, 0)
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)  # as /tmp: what is ours in it stays ours
+    ours = f"unix:{sticky}/d/s.sock"
+    assert private_endpoint(ours, 0o600, 0) == f"{ours}:mode=600"
+    link = sticky / "link"  # theirs, to our directory: they may change it
+    link.symlink_to(sticky / "d")
+    os.chown(link, NOBODY, NOBODY, follow_symlinks=False)
+    with pytest.raises(
+        ValueError, match=re.escape(f"but {link} belongs to uid 65534;")
+    ):
+        private_endpoint(f"unix:{link}/s.sock", 0o600, 0)
 
 
 @ensureDeferred

@@ -162,6 +162,7 @@ def _check_socket(description: str, fd: int) -> None:
     )
     with socket.socket(fileno=os.dup(fd)) as sock:
         passed = (sock.family, sock.type)
+        listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
     differ = [
         (have, want) for have, want in zip(passed, wanted, strict=True) if have != want
     ]
@@ -171,6 +172,15 @@ def _check_socket(description: str, fd: int) -> None:
             f" {' '.join(have.name for have, _ in differ)}, not"
             f" {' '.join(want.name for _, want in differ)}"
             " (the .socket unit's ListenStream=)"
+        )
+    if not listening:
+        # A .socket unit of Accept=yes passes each connection: Twisted
+        # made its path 0666 (the unit's listening socket's), then failed
+        # with a bare EINVAL.
+        raise ValueError(
+            f"{description}: the socket passed is not listening: a"
+            " connection, as a .socket unit of Accept=yes passes (give"
+            " Accept=no)"
         )
 
 

@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 
@@ -195,6 +196,28 @@ def test_a_unix_socket_of_another_type_is_refused_naming_it(
     assert str(error.value) == (
         f"{ENDPOINT}: {problem} (the .socket unit's ListenStream=)"
     )
+
+
+def test_a_connection_passed_by_accept_yes_is_refused_naming_it(monkeypatch, tmp_path):
+    # A .socket unit of Accept=yes passes each connection, not its listening
+    # socket: Twisted made that socket's path 0666 and failed with EINVAL.
+    path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        listener.listen()
+        os.chmod(path, 0o600)
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(str(path))
+            connection, _ = listener.accept()
+            with connection:
+                _passed(monkeypatch, connection.fileno())
+                with pytest.raises(ValueError) as error:
+                    server_endpoint(reactor, ENDPOINT)
+    assert str(error.value) == (
+        f"{ENDPOINT}: the socket passed is not listening: a connection, as a"
+        " .socket unit of Accept=yes passes (give Accept=no)"
+    )
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
 def test_a_descriptor_that_is_no_socket_is_refused_and_left_as_it_was(monkeypatch):

@@ -865,6 +865,7 @@ class ExecHandle:
         once the stream has ended well (the process and its unit are gone:
         its pid may be another's by now)."""
         signum = _signal_number(signum)  # at once, not when started comes
+        _check_who(who)
         if self._ended_well and self.streaming:
             return fail(RPCError(errno.ESRCH, f"kill: pid {self.pid} has ended"))
         if self.pid is not None:
@@ -1158,6 +1159,15 @@ def _signal_number(signum: SupportsIndex) -> int:
     enum, which the encoder refuses); ``TypeError`` for a non-integer, at
     the call, not when a held kill goes out."""
     return int(operator.index(signum))
+
+
+def _check_who(who: str) -> None:
+    """``ValueError`` or ``TypeError`` at the call for a ``who`` that the
+    kill's request would refuse: a kill held for ``started`` raised it as
+    that came, dropping the connection with every request on it, and its
+    own Deferred never fired."""
+    _check_request(Topic.KILL, {"who": who})
+    encode_message({"who": who})
 
 
 def _check_request(topic: str, payload: dict[str, Any]) -> None:

@@ -619,6 +619,23 @@ def test_kill_of_a_process_that_never_started(served):
         yield handle.done
 
 
+@pytest.mark.parametrize("who", [b"all", "all\udce9", object()])
+@pytest_twisted.inlineCallbacks
+def test_a_held_kill_refuses_a_bad_who_at_the_call(served, who):
+    # Held for started, it raised as that came: the connection dropped with
+    # every request on it, and the kill's own Deferred never fired.
+    peer, client = served
+    handle, _ = _exec(client)
+    with pytest.raises((TypeError, ValueError)):
+        handle.kill(15, who=who)
+    request = yield peer.requests.get()
+    peer.respond(request, {"type": "started", "pid": 42})
+    peer.respond(request, {"type": "finished", "status": 0})
+    peer.fail(request, ENODATA)
+    assert (yield handle.done) is None
+    assert client.lost is None
+
+
 @defer.inlineCallbacks
 def _round_trip(peer, client):
     """Fires once the client has handled everything the peer sent before."""

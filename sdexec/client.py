@@ -83,6 +83,7 @@ __all__ = [
     "AttachHandle",
     "ConnectionFailed",
     "ExecHandle",
+    "Payload",
     "RPCError",
     "Receipt",
     "SdexecClient",
@@ -99,6 +100,9 @@ WRITE_CREDIT = ExecFlag.WRITE_CREDIT
 WAITABLE = ExecFlag.WAITABLE
 
 _log = Logger()
+
+#: A request's or response's payload: a JSON object, as decoded.
+Payload = dict[str, Any]
 
 
 #: How long :meth:`SdexecClient.close` lets what was written go out before
@@ -179,15 +183,15 @@ class _Call:
 
     streaming = False
 
-    def __init__(self, client: SdexecClient, topic: str, payload: dict) -> None:
+    def __init__(self, client: SdexecClient, topic: str, payload: Payload) -> None:
         self._client = client
         self.topic = topic
         self.payload = payload
         #: The caller cancelled its Deferred: it is waiting no more.
         self.abandoned = False
-        self.deferred: Deferred[dict] = Deferred(self._cancelled)
+        self.deferred: Deferred[Payload] = Deferred(self._cancelled)
 
-    def respond(self, payload: dict) -> None:
+    def respond(self, payload: Payload) -> None:
         if self.abandoned:
             self.answered_late(payload)
         else:
@@ -199,14 +203,14 @@ class _Call:
         elif error is not self._client.lost:  # (a loss answers nothing)
             self.answered_late(error)
 
-    def answered_late(self, answer: dict | SdexecError) -> None:
+    def answered_late(self, answer: Payload | SdexecError) -> None:
         """The service answered after the caller had cancelled."""
         shown = quoted(answer, 200) if isinstance(answer, dict) else answer
         _cancelled_but(
             f"{self.topic} {quoted(self.payload, 80)}", f"was answered: {shown}"
         )
 
-    def _cancelled(self, deferred: Deferred[dict]) -> None:
+    def _cancelled(self, deferred: Deferred[Payload]) -> None:
         self.abandoned = True
 
 
@@ -220,10 +224,10 @@ class _Wait(_Call):
     (:meth:`answer_if_gone`): a label or pid used again since names
     another process, whose status this is not."""
 
-    def __init__(self, client: SdexecClient, topic: str, payload: dict) -> None:
+    def __init__(self, client: SdexecClient, topic: str, payload: Payload) -> None:
         super().__init__(client, topic, payload)
         #: What the service answered after the cancel, kept for the next wait.
-        self.late: dict | SdexecError | None = None
+        self.late: Payload | SdexecError | None = None
 
     @property
     def target(self) -> str:
@@ -240,13 +244,13 @@ class _Wait(_Call):
         """Not answered yet: the service still holds it as the waiter."""
         return self.late is None
 
-    def take_over(self) -> Deferred[dict]:
+    def take_over(self) -> Deferred[Payload]:
         """A Deferred of the next caller's for this (pending) wait's answer."""
         self.abandoned = False
         self.deferred = Deferred(self._cancelled)
         return self.deferred
 
-    def answer_if_gone(self, failure: Failure) -> dict | Failure:
+    def answer_if_gone(self, failure: Failure) -> Payload | Failure:
         """What a fresh wait of the same target gets: the answer kept from
         after the cancel where the service found no such process (ESRCH:
         that answer consumed it); else ``failure``, the fresh wait's own."""
@@ -261,7 +265,7 @@ class _Wait(_Call):
             self.late = error  # (not an answer: the next wait fails alike)
         super().end(error)
 
-    def answered_late(self, answer: dict | SdexecError) -> None:
+    def answered_late(self, answer: Payload | SdexecError) -> None:
         self.late = answer
         said = (
             f"status {answer.get('status')!r}" if isinstance(answer, dict) else answer
@@ -273,7 +277,7 @@ class _Wait(_Call):
         )
         self._client._abandoned_waits.keep_answered(self)
 
-    def _cancelled(self, deferred: Deferred[dict]) -> None:
+    def _cancelled(self, deferred: Deferred[Payload]) -> None:
         super()._cancelled(deferred)
         self._client._abandoned_waits.add(self)
 
@@ -404,7 +408,7 @@ class SdexecClient(JSONLineProtocol):
 
     # -- requests ---------------------------------------------------------
 
-    def rpc(self, topic: str, payload: dict[str, Any]) -> Deferred[dict]:
+    def rpc(self, topic: str, payload: dict[str, Any]) -> Deferred[Payload]:
         """Send a request; its one response's payload, or :class:`RPCError`.
         ``ValueError`` naming the field, unsent, for what JSON text would
         not carry as it is (:func:`_check_request`)."""
@@ -412,7 +416,7 @@ class SdexecClient(JSONLineProtocol):
 
     def _call(
         self, kind: type[_Call], topic: str, payload: dict[str, Any]
-    ) -> Deferred[dict]:
+    ) -> Deferred[Payload]:
         _check_request(topic, payload)
         call = kind(self, topic, payload)
         self._track(self._requests.new(topic, payload), call)
@@ -422,7 +426,7 @@ class SdexecClient(JSONLineProtocol):
         self,
         cmd: dict[str, Any],
         flags: int,
-        on_response: Callable[[dict], None] = lambda payload: None,
+        on_response: Callable[[Payload], None] = lambda payload: None,
         *,
         background: bool = False,
         waitable: bool = False,
@@ -491,7 +495,7 @@ class SdexecClient(JSONLineProtocol):
         pid: int | None = None,
         label: str | None = None,
         status_and_error: bool = False,
-    ) -> Deferred[dict]:
+    ) -> Deferred[Payload]:
         """``sdexec.wait`` for a waitable process (give exactly one of
         ``pid`` and ``label``): once it has ended, ``{"status", "output",
         "dropped"}`` and the keys of its receipt (docs/protocol.md; read
@@ -523,7 +527,7 @@ class SdexecClient(JSONLineProtocol):
         pid: int | None = None,
         label: str | None = None,
         flags: int = STDOUT | STDERR,
-        on_response: Callable[[dict], None] = lambda payload: None,
+        on_response: Callable[[Payload], None] = lambda payload: None,
     ) -> AttachHandle:
         """``sdexec.attach`` to a background process (exactly one of ``pid``
         and ``label``): ``on_response`` gets ``attached``, the retained and
@@ -542,7 +546,7 @@ class SdexecClient(JSONLineProtocol):
         label: str | None = None,
         signum: int = 15,
         who: str = "main",
-    ) -> Deferred[dict]:
+    ) -> Deferred[Payload]:
         """Signal the process with this ``pid`` or ``label`` (give exactly
         one): its unit's main process, as RFC 42 and Flux's sdexec do, or
         with ``who="all"`` every process of its unit. ``signum`` is an
@@ -559,7 +563,7 @@ class SdexecClient(JSONLineProtocol):
         label: str | None = None,
         jobid: str | None = None,
         reason: str = "cancel",
-    ) -> Deferred[dict]:
+    ) -> Deferred[Payload]:
         """Begin the termination of a job (``sdexec.terminate``), named by
         exactly one of ``pid``, ``label`` or ``jobid``; ``reason`` is
         ``"cancel"`` or ``"timeout"``. Fires with the job's state (``id``,
@@ -574,7 +578,7 @@ class SdexecClient(JSONLineProtocol):
             raise ValueError("terminate: give exactly one of pid, label and jobid")
         return self.rpc(Topic.TERMINATE, {**given, "reason": reason})
 
-    def list(self, detail: bool = True) -> Deferred[dict]:
+    def list(self, detail: bool = True) -> Deferred[Payload]:
         """``{"rank": R, "procs": [{"pid", "cmd", "cmdline", "label",
         "unit", "state", "mode"}, ...]}``: the service's tracked processes
         (a job's also ``"jobid"`` and ``"step"``); without ``detail``, only
@@ -583,18 +587,18 @@ class SdexecClient(JSONLineProtocol):
         listed = self.rpc(Topic.LIST, {"detail": detail})
         return listed.addCallback(_with_processes)
 
-    def stats(self) -> Deferred[dict]:
+    def stats(self) -> Deferred[Payload]:
         """The service's statistics (``sdexec.stats-get``)."""
         return self.rpc(Topic.STATS, {})
 
-    def undrain(self) -> Deferred[dict]:
+    def undrain(self) -> Deferred[Payload]:
         """Clear the drain causes only an admin clears: ``{"reason":
         CLEARED, "cleared": [...]}``, and ``"still"``, ``"remaining"``: the
         causes that lift themselves, in force until they are over
         (docs/protocol.md)."""
         return self.rpc(Topic.UNDRAIN, {})
 
-    def reload(self) -> Deferred[dict]:
+    def reload(self) -> Deferred[Payload]:
         """Have the service read its configuration file again, as a
         ``SIGHUP`` does (``sdexec.reload``, the owner's only): ``{"config":
         PATH}``, the file now in force; ``RPCError`` ``EINVAL`` with the
@@ -673,7 +677,7 @@ class SdexecClient(JSONLineProtocol):
         else:
             self._producing.discard(handle)
 
-    def send_write(self, handle: ExecHandle, io: dict) -> None:
+    def send_write(self, handle: ExecHandle, io: Payload) -> None:
         """Send ``io`` to ``handle``'s stdin (``sdexec.write``); dropped if
         the connection is gone. A refusal of it goes to
         :meth:`ExecHandle.stdin_refused` (:class:`~sdexec.rpc.StdinRefusals`)."""
@@ -773,7 +777,7 @@ class ExecHandle:
         matchtag: int,
         cmd: dict[str, Any],
         flags: int,
-        on_response: Callable[[dict], None],
+        on_response: Callable[[Payload], None],
         passed: Sequence[int] = (),
         stdin_passed: bool = False,
     ) -> None:
@@ -809,7 +813,7 @@ class ExecHandle:
         self.stdin_error: SdexecError | None = None
         self._producer: IPushProducer | None = None
         self._paused = False
-        self._early_kills: list[tuple[int, str, Deferred[dict]]] = []
+        self._early_kills: list[tuple[int, str, Deferred[Payload]]] = []
         #: Stdin written beyond the credit, and whether EOF follows it.
         self._held: deque[memoryview] = deque()
         self._eof_held = False
@@ -858,7 +862,7 @@ class ExecHandle:
             return
         self._client.send_write(self, encode_io("stdin", "0", eof=True))
 
-    def kill(self, signum: int, who: str = "main") -> Deferred[dict]:
+    def kill(self, signum: int, who: str = "main") -> Deferred[Payload]:
         """Signal the process (``who``: as :meth:`SdexecClient.kill`).
         Before ``started`` the signal is held and sent once the pid is
         known; if the process never starts, errbacks with ESRCH, as it does
@@ -872,7 +876,7 @@ class ExecHandle:
             return self._client.kill(pid=self.pid, signum=signum, who=who)
         if self._ended:
             return fail(self._unstarted_kill_error(self._end_error))
-        waiting: Deferred[dict] = Deferred()
+        waiting: Deferred[Payload] = Deferred()
         self._early_kills.append((signum, who, waiting))
         return waiting
 
@@ -917,7 +921,7 @@ class ExecHandle:
 
     # -- called by SdexecClient -------------------------------------------
 
-    def respond(self, payload: dict) -> None:
+    def respond(self, payload: Payload) -> None:
         """One response of the stream (called by :class:`SdexecClient`):
         noted, then given to ``on_response``."""
         self._close_passed()
@@ -1069,7 +1073,7 @@ class ExecHandle:
         return _never_started()
 
 
-def _background_end(answer: dict) -> SdexecError:
+def _background_end(answer: Payload) -> SdexecError:
     """How a background exec's one answer ends its handle: well if it is
     ``started`` with a pid, else with the EPROTO that says what came."""
     try:
@@ -1085,7 +1089,7 @@ class AttachHandle:
     streaming = True
 
     def __init__(
-        self, client: SdexecClient, on_response: Callable[[dict], None]
+        self, client: SdexecClient, on_response: Callable[[Payload], None]
     ) -> None:
         #: The process id, from ``attached``.
         self.pid: int | None = None
@@ -1099,7 +1103,7 @@ class AttachHandle:
         self._client = client
         self._on_response = on_response
 
-    def respond(self, payload: dict) -> None:
+    def respond(self, payload: Payload) -> None:
         """One response of the stream (called by :class:`SdexecClient`):
         noted, then given to ``on_response``."""
         kind = payload.get("type")
@@ -1182,7 +1186,7 @@ def _check_request(topic: str, payload: dict[str, Any]) -> None:
     _check_members(payload, f"{topic.removeprefix('sdexec.')}: ")
 
 
-def _check_members(members: dict, prefix: str) -> None:
+def _check_members(members: Payload, prefix: str) -> None:
     """:func:`_check_text` for each name and value of ``members``, whose
     own path (with its dot) is ``prefix``."""
     for key, value in members.items():
@@ -1212,14 +1216,14 @@ def _check_text(value: object, field: str) -> None:
             _check_text(item, f"{field}[{index}]")
 
 
-def _with_wait_status(answer: dict) -> dict:
+def _with_wait_status(answer: Payload) -> Payload:
     """The answer, its wait status and error checked (:func:`wait_outcome`:
     no status where it ended with an error before the command finished)."""
     wait_outcome(answer)
     return answer
 
 
-def _with_processes(answer: dict) -> dict:
+def _with_processes(answer: Payload) -> Payload:
     listed_processes(answer)
     return answer
 

@@ -1980,3 +1980,20 @@ def _readable(connection: socket.socket) -> bool:
         return bool(connection.recv(1, socket.MSG_PEEK))
     except BlockingIOError:
         return False
+
+
+def test_the_public_api_types_payloads_as_json_objects():
+    # Bare dict read as dict[Any, Any] to a user's mypy --strict: payload[1]
+    # passed unseen.
+    from typing import Any, get_type_hints
+
+    from twisted.internet.defer import Deferred
+
+    from sdexec.client import ExecHandle, SdexecClient
+
+    answer = Deferred[dict[str, Any]]
+    for method in (SdexecClient.rpc, SdexecClient.list, SdexecClient.wait):
+        assert get_type_hints(method)["return"] == answer
+    on_response = get_type_hints(SdexecClient.exec)["on_response"]
+    assert on_response.__args__[0] == dict[str, Any]
+    assert get_type_hints(ExecHandle.kill)["return"] == answer

@@ -8,11 +8,18 @@ import os
 import re
 import subprocess
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from sdexec.config import ConfigError, build_config, load_config_quietly
+from sdexec.sizes import (
+    memory_size,
+    parse_flux_percent,
+    parse_flux_size,
+    parse_permyriad,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -182,3 +189,42 @@ def test_a_section_the_documents_name_is_there(document, section):
     titles = _section_titles(document.read_text(encoding="utf-8"))
     wanted = re.sub(r"\s+", " ", section).replace("`", "")
     assert any(title.startswith(wanted) for title in titles), (document.name, section)
+
+
+#: A memory limit written as a setting: ``MemoryHigh = "400G"`` (TOML, commented
+#: or not) or ``MemoryMax: "95%"`` (YAML).
+_MEMORY_SETTING = re.compile(
+    r"\b(Memory(?:Max|High|Low|Min|SwapMax))\s*[=:]\s*\"([^\"]*)\""
+)
+
+
+def _memory_settings() -> list[tuple[str, str, str]]:
+    """Every memory limit the documents and the example configurations
+    write as a setting: (where, the key, the value)."""
+    settings = []
+    examples = [REPO / "etc" / "sdexec.toml", REPO / "etc" / "sdexec.yaml"]
+    for path in [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md", *examples]:
+        text = path.read_text(encoding="utf-8")
+        for found in _MEMORY_SETTING.finditer(text):
+            line = text.count("\n", 0, found.start()) + 1
+            settings.append((f"{path.name}:{line}", found.group(1), found.group(2)))
+    return settings
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [pytest.param(key, value, id=where) for where, key, value in _memory_settings()],
+)
+def test_the_documents_memory_limits_are_spelled_as_flux_reads_them(key, value):
+    # containment.md's example had MemoryHigh = "400g", "either case": a
+    # spelling sdexec keeps but Flux's sdexec (parse_size: only "k" in lower
+    # case) refuses, in a file a Flux broker may read too.
+    flux = _read(value, parse_flux_percent, parse_flux_size)
+    assert flux == _read(value, parse_permyriad, memory_size), key
+
+
+def _read(value: str, percent: Callable[[str], int], size: Callable[[str], int]):
+    """A memory limit as ``percent`` and ``size`` read its two forms."""
+    if value == "infinity":
+        return value
+    return ("%", percent(value)) if value.endswith("%") else size(value)

@@ -965,6 +965,17 @@ def test_a_usage_error_of_the_plugin_is_one_line_and_ex_config(argv, said, capsy
     assert capsys.readouterr().err == f"sdexec: {said}\n"
 
 
+def test_the_plugin_s_config_help_names_every_format_read():
+    # It said "TOML, or YAML" once .json files were read too.
+    from sdexec.config import _PARSERS
+    from twisted.plugins.sdexec_plugin import Options
+
+    [said] = [help for name, _, _, help in Options.optParameters if name == "config"]
+    formats = {suffix[1:].upper().replace("YML", "YAML") for suffix in _PARSERS}
+    assert formats == {"TOML", "JSON", "YAML"}
+    assert [name for name in sorted(formats) if name not in said] == []
+
+
 def unresolved_names(monkeypatch) -> None:
     """Make every user name lookup fail, as at boot before sssd answers."""
 

@@ -28,8 +28,8 @@ class Options(usage.Options):
             "config",
             "c",
             None,
-            "configuration file (TOML, or YAML), or a directory of *.toml"
-            " files, as Flux reads its conf.d",
+            "configuration file (TOML, JSON or YAML), or a directory of"
+            " *.toml files, as Flux reads its conf.d",
         ],
         [
             "listen",

@@ -228,3 +228,54 @@ def _read(value: str, percent: Callable[[str], int], size: Callable[[str], int])
     if value == "infinity":
         return value
     return ("%", percent(value)) if value.endswith("%") else size(value)
+
+
+def _pinned_numbers() -> list[tuple[str, str]]:
+    """The numbers the admin-facing documents state, each as the phrase that
+    states it, made from the constant the code uses: (document, phrase)."""
+    from sdexec.closing import EXIT_FLUSH_SECONDS
+    from sdexec.devicefence import CANARY_TIMEOUT_SECONDS
+    from sdexec.fdlimit import FDS_PER_PROCESS, RESERVE
+    from sdexec.lograte import BURST, MAX_QUOTED
+    from sdexec.lookup import LOOKUP_TIMEOUT_S
+    from sdexec.metrics import KEPT_ANSWERS
+    from sdexec.notify import STATUS_REASON_MAX
+    from sdexec.service import SHUTDOWN_GRACE_SECONDS
+    from sdexec.stats import MAX_STATS_CONNECTIONS, STATS_SHARE, STATS_TIMEOUT
+    from sdexec.systemd.unanswered import SILENT_AFTER_S
+
+    grace = f"{SHUTDOWN_GRACE_SECONDS:g} s"
+    return [
+        ("operating.md", f"once {grace} pass without progress"),
+        ("termination.md", f"after {grace} without progress"),
+        ("operating.md", f"up to {EXIT_FLUSH_SECONDS:g} s more"),
+        ("operating.md", f"cut at {STATUS_REASON_MAX} bytes"),
+        ("operating.md", "(checked every second)"),
+        ("operating.md", f"waited {SILENT_AFTER_S:g} s or more"),
+        ("operating.md", f"at most {MAX_STATS_CONNECTIONS} connections at once"),
+        ("operating.md", f"idle for {STATS_TIMEOUT} s"),
+        ("operating.md", f"given again for {1 / STATS_SHARE:g} T (at most a second)"),
+        ("operating.md", f"(the {KEPT_ANSWERS} newest kept)"),
+        ("operating.md", f"fewer than {2 * FDS_PER_PROCESS + RESERVE} descriptors"),
+        ("operating.md", f"at most {BURST} of a kind a minute"),
+        ("operating.md", f"cut at {MAX_QUOTED} characters"),
+        ("operating.md", f"did not finish in {LOOKUP_TIMEOUT_S:g} s"),
+        ("containment.md", f"no verdict within {CANARY_TIMEOUT_SECONDS:g} s"),
+    ]
+
+
+@pytest.mark.parametrize(("document", "phrase"), _pinned_numbers())
+def test_the_documents_numbers_are_the_code_s(document, phrase):
+    # operating.md's status line had no word of the cut at STATUS_REASON_MAX
+    # bytes; a constant changed must change the sentence that states it.
+    text = re.sub(r"\s+", " ", (REPO / "docs" / document).read_text(encoding="utf-8"))
+    assert phrase in text
+
+
+def test_the_documents_worded_numbers_are_the_code_s():
+    # "a minute", "at most a second", "checked every second" (operating.md).
+    from sdexec.lograte import WINDOW_S
+    from sdexec.notify import STATUS_INTERVAL_SECONDS
+    from sdexec.stats import MAX_REUSE_S
+
+    assert (WINDOW_S, MAX_REUSE_S, STATUS_INTERVAL_SECONDS) == (60, 1, 1)

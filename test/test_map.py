@@ -1872,6 +1872,17 @@ def test_cli_config_scales_the_site_s_memory_cap(tmp_path, capsys):
     assert captured.err == ""
 
 
+def test_cli_config_reads_a_conf_d_directory(tmp_path, capsys):
+    # As the service reads one: the mapper tool's --config help names it.
+    conf_d = tmp_path / "conf.d"
+    conf_d.mkdir()
+    (conf_d / "exec.toml").write_text(CONTAINMENT_ON)
+    (conf_d / "limits.toml").write_text('[exec.sdexec-properties]\nMemoryMax = "90%"\n')
+    args = ["--config", str(conf_d), "--xml", str(DATA / "large.xml")]
+    assert main([*args, "--cores", "0-3"]) == 0
+    assert json.loads(capsys.readouterr().out)["MemoryMax"] == "5.62%"
+
+
 def test_cli_takes_the_file_s_mapper_settings_and_the_flags_win(
     tmp_path, service_mappers, capsys
 ):

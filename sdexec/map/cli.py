@@ -126,8 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--config",
         metavar="FILE",
-        help="a .toml, .json, .yaml or .yml configuration file, read as the service"
-        " reads it: its [sdexec] mapper, mapper-searchpath, rank and topology,"
+        help="a .toml, .json, .yaml or .yml configuration file, or a directory of"
+        " .toml files (Flux's conf.d), read as the service reads it: its [sdexec]"
+        " mapper, mapper-searchpath, rank and topology,"
         " and its [exec.sdexec-properties] (memory caps scaled as a job's),"
         " are used; --xml, --mapper, --searchpath and --rank win over the file",
     )

@@ -43,6 +43,7 @@ from sdexec.protocol import (
 from sdexec.rset import ResourceSet
 from sdexec.signals import signal_name
 from sdexec.systemd import Manager
+from sdexec.systemd.errors import failure_value, is_connection_lost
 from sdexec.termination import (
     TerminationPolicy,
     TerminationReason,
@@ -106,6 +107,14 @@ class Job:
         #: of systemd has put it off already.
         self._pending_verdict: str | None = None
         self._verdict_rearmed = False
+        #: Step 1's signal (term-signal, SIGALRM) failed for lack of
+        #: systemd: no later step repeats it, so it is sent again once
+        #: systemd is back; once per job, so that a systemd leaving and
+        #: returning does not put the sequence off for ever.
+        self._first_lost = False
+        self._first_resent_at: float | None = None
+        #: A held verdict waiting for the re-sent step 1's interval.
+        self._graceful_timer: IDelayedCall | None = None
 
     # -- the process's life, as its responses tell it ------------------------
 
@@ -142,8 +151,10 @@ class Job:
         self._held_verdict = None
         if self._time_limit is not None:
             self._time_limit.cancel()
-        if self._verdict_timer is not None and self._verdict_timer.active():
-            self._verdict_timer.cancel()
+        self._first_lost = False
+        for timer in (self._verdict_timer, self._graceful_timer):
+            if timer is not None and timer.active():
+                timer.cancel()
         if self.termination.active:
             self.termination.job_exited()
 
@@ -193,7 +204,17 @@ class Job:
     def signal_tasks(self, signum: int) -> None:
         """``signum`` to every process of the job's unit."""
         if not self._ended():
-            self._kill("all", signum)
+            self._kill("all", signum, graceful=self._is_graceful(signum))
+
+    def _is_graceful(self, signum: int) -> bool:
+        """Whether ``signum`` is step 1's: one no later step repeats."""
+        reason = self.termination.reason
+        policy = self.termination.policy
+        return (
+            reason is not None
+            and signum == policy.first_signal(reason)
+            and signum != policy.kill_signal
+        )
 
     def signal_main(self, signum: int) -> None:
         """``signum`` to the job shell: the unit's main process."""
@@ -241,9 +262,33 @@ class Job:
     def systemd_restored(self) -> None:
         """systemd is back: a verdict held for it comes after one more
         kill-signal to the job shell and kill-timeout, counted from when
-        its unit has been read again, unless the job has exited by then."""
+        its unit has been read again, unless the job has exited by then.
+        Step 1's signal, if it was lost, goes first, at once (a signal needs
+        no re-read, and no later step may come before it)."""
+        if self._first_lost:
+            self._resend_first()
         if self._held_verdict is not None:
             self._after_reread()
+
+    def _resend_first(self) -> None:
+        self._first_lost = False
+        if self._first_resent_at is not None or self._verdict_given or self._ended():
+            return
+        self._first_resent_at = self._clock.seconds()
+        log.info(
+            "job {job}: systemd is back: step 1's signal, lost while it was"
+            " away, sent again",
+            job=self.jobid,
+        )
+        self.termination.resend_first()
+
+    def _graceful_wait(self) -> float:
+        """How long a re-sent step 1's signal still has to work before the
+        job shell's kill-signal may follow it."""
+        if self._first_resent_at is None:
+            return 0.0
+        due = self._first_resent_at + self.termination.policy.kill_timeout
+        return max(0.0, due - self._clock.seconds())
 
     def _after_reread(self) -> None:
         if self.process is None:
@@ -257,9 +302,15 @@ class Job:
             # fired its waiters all the same): its kill-signal would go
             # nowhere; the next return takes the verdict up again.
             return
-        reason, self._held_verdict = self._held_verdict, None
-        if reason is None or self._ended():
+        if self._held_verdict is None or self._ended():
             return
+        wait = self._graceful_wait()
+        if wait > 0:
+            if self._graceful_timer is not None and self._graceful_timer.active():
+                self._graceful_timer.cancel()
+            self._graceful_timer = self._clock.callLater(wait, self._give_held_verdict)
+            return
+        reason, self._held_verdict = self._held_verdict, None
         policy = self.termination.policy
         self.signal_main(policy.kill_signal)
         self._pending_verdict = reason
@@ -267,15 +318,17 @@ class Job:
             policy.kill_timeout, self.unkillable, reason
         )
 
-    def _kill(self, who: str, signum: int) -> None:
+    def _kill(self, who: str, signum: int, *, graceful: bool = False) -> None:
         if self.process is None:
             return
         unit = self.process.unit_name
         self._systemd.kill_unit(unit, who, signum).addErrback(
-            self._kill_failed, who, signum
+            self._kill_failed, who, signum, graceful
         )
 
-    def _kill_failed(self, failure: Failure, who: str, signum: int) -> None:
+    def _kill_failed(
+        self, failure: Failure, who: str, signum: int, graceful: bool
+    ) -> None:
         log.warn(
             "job {job}: KillUnit({who}, {signal}) failed: {error}",
             job=self.jobid,
@@ -283,6 +336,10 @@ class Job:
             signal=signal_name(signum),
             error=failure.getErrorMessage(),
         )
+        if graceful and is_connection_lost(failure_value(failure)):
+            self._first_lost = True
+            if self._systemd.connected:  # its failure came after the return
+                self._resend_first()
 
     def finished_receipt(self, finished: dict[str, Any]) -> dict[str, Any]:
         """``finished``, with ``terminated`` (the reason: ``timeout`` or

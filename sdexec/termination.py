@@ -228,6 +228,24 @@ class TerminationSequence:
         if self.step is not TerminationStep.UNKILLABLE:
             self.step = TerminationStep.EXITED
 
+    def resend_first(self) -> None:
+        """Step 1's signal once more, to every process of the job: it was
+        lost (systemd was away when it was sent). The next step, if one is
+        pending, then comes no sooner than kill-timeout from now, so the
+        signal has its interval to work (a job trapping term-signal to save
+        a checkpoint gets that time); the steps after it keep their
+        intervals, counted from it, as after any step that ran late."""
+        if self.step is None or self._exited:
+            return
+        assert self.reason is not None  # set with the step
+        self._send(self._target.signal_tasks, self.policy.first_signal(self.reason))
+        timer = self._timer
+        if timer is None or self._exited:
+            return  # run out (a verdict the target holds), or it exited
+        earliest = self._reactor.seconds() + self.policy.kill_timeout
+        if timer.getTime() < earliest:
+            timer.reset(self.policy.kill_timeout)
+
     @property
     def active(self) -> bool:
         """Whether timers are still pending."""

@@ -583,13 +583,17 @@ def test_a_job_s_verdict_waits_for_its_unit_s_re_read(make_server, ran_out):
     assert CANCELLED_0 in responder.responses
 
 
-def held_verdict(make_server):
-    """A job cancelled while systemd is away (kill-timeout 1 s), whose
-    sequence ran out then: its verdict held for systemd's return."""
+def held_verdict(make_server, term_lost: bool = False):
+    """A job cancelled (kill-timeout 1 s) as systemd goes away, whose
+    sequence ran out while away: its verdict held for systemd's return.
+    Its SIGTERM went out before the loss, unless ``term_lost``."""
     server, systemd, clock = outage_server(make_server)
     start_job(server, systemd)
-    systemd.lose()
+    if term_lost:
+        systemd.lose()
     server.terminate({"jobid": "f1", "reason": "cancel"})
+    if not term_lost:
+        systemd.lose()
     clock.pump([0.5] * 26)
     return server, systemd, clock
 
@@ -777,3 +781,61 @@ def test_a_termination_run_out_while_systemd_is_away_is_judged_once_back(
     else:
         assert systemd.kills_at[-1][1:] == ("main", signal.SIGKILL)  # once more
         assert server.drain_reason == "unkillable user processes for job f1"
+
+
+# -- step 1's signal, lost while systemd is away --------------------------------
+
+
+def test_a_term_signal_lost_with_systemd_is_sent_again_before_the_next_step(
+    make_server,
+):
+    # Its KillUnit failed (systemd away): the job never got SIGTERM (its
+    # trap saves a checkpoint), and the first signal it got once systemd
+    # was back was SIGKILL.
+    server, systemd, clock = outage_server(make_server)  # kill-timeout 1 s
+    start_job(server, systemd)
+    systemd.lose()
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    clock.advance(0.5)
+    systemd.restore()
+    clock.pump([0.5] * 5)
+    assert systemd.kills_at[1:3] == [
+        (0.5, "all", signal.SIGTERM),
+        (1.5, "all", signal.SIGKILL),  # a kill-timeout after it, not at 1 s
+    ]
+
+
+def test_a_lost_term_signal_comes_before_a_held_verdict_s_kill_signal(make_server):
+    # The sequence ran out while away: once back, the job shell got
+    # SIGKILL at once, and never SIGTERM.
+    server, systemd, clock = held_verdict(make_server, term_lost=True)
+    sent = len(systemd.kills_at)
+    systemd.restore()
+    clock.pump([0.1] * 5)
+    assert systemd.kills_at[sent:] == [(13.0, "all", signal.SIGTERM)]
+    assert server.drain_reason is None
+    clock.pump([0.1] * 10)
+    assert [k[1:] for k in systemd.kills_at[sent:]] == [
+        ("all", signal.SIGTERM),
+        ("main", signal.SIGKILL),
+    ]
+    clock.pump([0.1] * 11)
+    assert server.drain_reason == "unkillable user processes for job f1"
+
+
+def test_a_lost_term_signal_is_sent_again_once(make_server):
+    # A systemd that keeps leaving and returning would otherwise put each
+    # step off by a kill-timeout, for ever.
+    server, systemd, clock = outage_server(make_server)
+    start_job(server, systemd)
+    systemd.lose()
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    for _ in range(40):  # away and back every 0.5 s, for 20 s
+        clock.pump([0.25] * 2)
+        systemd.restore()
+        systemd.lose()
+    systemd.restore()
+    clock.pump([0.5] * 10)
+    terms = [k for k in systemd.kills_at if k[2] == signal.SIGTERM]
+    assert len(terms) == 2  # the first, and its one re-send
+    assert server.drain_reason == "unkillable user processes for job f1"

@@ -28,7 +28,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 
 __all__ = [
     "MEMORY_LIMIT_FORMS",
@@ -226,13 +226,28 @@ def _exact_real(match: re.Match[str], text: str) -> Decimal:
     could say whether ``50.005`` has a third decimal), a hexadecimal one as
     the double it is."""
     if match["float"]:
-        value = Decimal(match["float"])
+        try:
+            value = Decimal(match["float"])
+        except InvalidOperation:  # an exponent past the 18 digits Decimal holds
+            value = _stand_in(match["float"])
     else:
         try:
             value = Decimal(float.fromhex(match["hexfloat"]))
         except OverflowError:
             raise SizeNotTaken(f"{text!r} is more than 100%") from None
-    return -value if match["sign"] == "-" else value
+    # copy_negate: exact, where - rounds in the context (Overflow past 1e999999)
+    return value.copy_negate() if match["sign"] == "-" else value
+
+
+def _stand_in(written: str) -> Decimal:
+    """For a decimal number whose exponent Decimal cannot hold (``1e-``
+    and 19 digits or more): 0 if its digits are, else a number as far past
+    100% (a positive exponent) or below 0.01% (a negative one), which
+    judges it alike."""
+    digits, _e, exponent = written.lower().partition("e")
+    if not digits.strip("0."):
+        return Decimal(0)
+    return Decimal("1e-1000" if exponent.startswith("-") else "1e1000")
 
 
 #: Sizes of memory limits that sdexec took before it read them as Flux does,

@@ -159,6 +159,41 @@ def test_a_percentage_past_100_is_refused_at_any_length(text):
 
 
 @pytest.mark.parametrize(
+    ("text", "refusal"),
+    [("1e999999999999999999999%", "more than 100%"),
+     ("-1e999999999999999999999%", "not a size"),
+     ("-1e1000000%", "not a size"),
+     ("1e-999999999999999999999%", "more than two decimals"),
+     ("1" * 100_000 + "e-9999999999999999999999%", "more than two decimals")],
+    ids=["past-100", "negative", "negative-past-emax", "below-0.01", "long-below-0.01"],
+)  # fmt: skip
+def test_a_percentage_with_an_exponent_past_decimal_s_is_judged(text, refusal):
+    # Decimal cannot hold an exponent of 19 digits: its InvalidOperation
+    # reached the client as an internal error (EOTHER), with a traceback.
+    with pytest.raises(ValueError, match=refusal):
+        MemoryLimit.parse(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["0e99999999999999999999999%", "-0.0e-99999999999999999999%"]
+)
+def test_zero_with_an_exponent_past_decimal_s_is_0_percent(text):
+    assert MemoryLimit.parse(text).permyriad == 0
+
+
+@given(
+    st.from_regex(r"[+-]?[0-9]{0,3}\.?[0-9]{0,3}", fullmatch=True),
+    st.integers(-(10**30), 10**30),
+)
+def test_a_percentage_at_any_exponent_is_taken_or_refused_so(digits, exponent):
+    try:
+        limit = MemoryLimit.parse(f"{digits}e{exponent}%")
+    except ValueError:
+        return  # refused, as a ValueError says (EINVAL), not an internal error
+    assert limit.permyriad is not None and 0 <= limit.permyriad <= 10_000
+
+
+@pytest.mark.parametrize(
     ("permyriad", "scale"),
     [(0, 0), (1, 429497), (5000, 2**31), (3000, 1288490189), (10_000, 2**32 - 1)],
 )

@@ -1530,7 +1530,10 @@ def _read_directory(directory: str) -> _Fragments:
             text = read_text_file(source)
         except (OSError, UnicodeDecodeError) as error:
             raise ConfigError(source, None, _read_failure(error)) from None
-        merged.merge(_parse_toml(text, source), source)
+        try:
+            merged.merge(_parse_toml(text, source), source)
+        except RecursionError:  # the merge recurses per table ([a.a.a...])
+            raise ConfigError(source, None, _TOO_DEEP) from None
     return merged
 
 

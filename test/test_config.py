@@ -22,6 +22,7 @@ from twisted.internet.endpoints import serverFromString
 from twisted.logger import capturedLogs
 
 from sdexec.config import (
+    _TOO_DEEP,
     MAX_KILL_COUNT,
     MAX_STOP_TIMER_SEC,
     RESERVED_PROPERTIES,
@@ -1665,6 +1666,17 @@ def test_an_error_in_a_conf_d_directory_names_its_file(tmp_path):
 
 def test_an_empty_conf_d_directory_is_the_defaults(tmp_path):
     assert without_source(load_config(tmp_path)) == without_source(default_config())
+
+
+def test_a_conf_d_table_nested_past_the_merge_s_depth_is_named(tmp_path):
+    # [a.a.a...] nests without recursing in tomllib, but the merge of a
+    # directory's files recursed per level: a RecursionError's traceback
+    # at start, an internal error at a reload.
+    deep = "[" + ".".join(["a"] * 3000) + "]\nx = 1\n"
+    write(tmp_path, "10-deep.toml", deep)
+    with pytest.raises(ConfigError) as error:
+        load_config(tmp_path)
+    assert str(error.value) == f"{tmp_path}/10-deep.toml: {_TOO_DEEP}"
 
 
 def test_not_utf8(tmp_path):

@@ -561,6 +561,12 @@ class SdexecService(Service):
             )
         except (ConfigError, ValueError, OSError) as error:
             raise _refusing(str(error)) from None
+        except Exception as error:
+            # A fault of ours or of a site's mapper: its traceback logged,
+            # and refused as a bad file is (an sdexec.reload's client told
+            # why, the refusal counted), the old configuration in force.
+            log.failure("reload of {path} failed", path=path)
+            raise _refusing(f"{path}: {type(error).__name__}: {error}") from None
         if self.stopped:
             log.info("reload dropped: the service stopped meanwhile")
             raise ReloadRefused(errno.ECANCELED, _STOPPING)

@@ -34,6 +34,7 @@ from sdexec.ownerlock import AlreadyServed, OwnerLock
 from sdexec.service import (
     EX_CONFIG,
     ListenError,
+    ReloadRefused,
     SdexecService,
     StoppedWhileStarting,
     _fails_again,
@@ -459,8 +460,18 @@ async def test_a_fault_in_a_signal_s_reload_is_logged_as_it_happens(
         service._sighup()
         await until(lambda: any("log_failure" in e for e in events), "logged")
     [logged] = [e for e in events if "log_failure" in e]
-    assert logged["log_format"] == "reload failed"
+    assert logged["log_format"] == "reload of {path} failed"
     assert logged["log_failure"].getErrorMessage() == "a fault of ours"
+    # And an sdexec.reload is told it, refused as a bad file is, the old
+    # configuration in force (its words were Python's, and not logged:
+    # review session 46).
+    with pytest.raises(ReloadRefused) as refused:
+        await service.reload_or_refuse()
+    assert refused.value.errnum == errno.EINVAL
+    assert refused.value.errstr == (
+        "reload refused, old configuration kept:"
+        f" {service.config.source}: RuntimeError: a fault of ours"
+    )
     await service.stopService()
 
 

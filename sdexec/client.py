@@ -1182,8 +1182,14 @@ def _check_request(topic: str, payload: dict[str, Any]) -> None:
     holds bytes it could not decode: the encoder's error named nothing), a
     float JSON has no number for (msgspec writes ``null``). Only what the
     caller gives is walked: stdin, which :func:`encode_io` makes text, is
-    not."""
-    _check_members(payload, f"{topic.removeprefix('sdexec.')}: ")
+    not. ``TypeError`` for a payload that is not a ``dict``: a request's
+    payload is a JSON object, and walking one raised an ``AttributeError``
+    that named nothing."""
+    name = topic.removeprefix("sdexec.")
+    if not isinstance(payload, dict):
+        kind = type(payload).__name__
+        raise TypeError(f"{name}: payload: expected an object (dict), got {kind}")
+    _check_members(payload, f"{name}: ")
 
 
 def _check_members(members: Payload, prefix: str) -> None:

@@ -1665,6 +1665,19 @@ def test_a_target_that_json_text_would_not_carry_as_meant_is_refused_named(call,
     assert client.transport.value() == b""
 
 
+@pytest.mark.parametrize("payload", [[1], None, "pid=1", 7])
+def test_a_payload_that_is_not_an_object_is_refused_named(payload):
+    # Walking it for text raised an AttributeError ('list' object has no
+    # attribute 'items') that named neither the call nor the payload.
+    client = _offline_client()
+    with pytest.raises(TypeError) as failure:
+        client.rpc("sdexec.kill", payload)
+    kind = type(payload).__name__
+    assert str(failure.value) == f"kill: payload: expected an object (dict), got {kind}"
+    assert client.transport.value() == b""
+    assert client._requests._in_flight == {}
+
+
 # -- cancelling a Deferred of the library (review 40-C) ---------------------
 
 _STATUS = {"status": 256, "output": [], "dropped": {"stdout": 0, "stderr": 0}}

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, SupportsIndex, cast
 
 from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.interfaces import (
     IConsumer,
     IDelayedCall,
@@ -160,6 +161,22 @@ def _cannot_connect(path: str, error: OSError) -> ConnectionFailed:
             " now: its listen backlog is full (EAGAIN); try again"
         )
     return cannot_connect(path, error.errno, str(error))
+
+
+def _why_lost(reason: Failure) -> str | None:
+    """What ended a connection, for its :class:`ConnectionFailed`: nothing
+    more for the service closing it in order. Twisted's ``ConnectionLost``
+    keeps no errno (a reset, a failed write: the service's end closed with
+    requests unread), so it is said as what it is; anything else (an
+    exception that Twisted closed the connection for) by its type and text."""
+    if reason.check(ConnectionDone):
+        return None
+    if reason.check(ConnectionLost):
+        return (
+            "not cleanly (a read or write on it failed, as when the service's"
+            " end resets it)"
+        )
+    return f"{type(reason.value).__name__}: {reason.getErrorMessage()}"
 
 
 class _Given(ServerFactory):
@@ -743,7 +760,7 @@ class SdexecClient(JSONLineProtocol):
             self._closing.cancel()
         self._closing = None
         try:
-            self._requests.lose()
+            self._requests.lose(_why_lost(reason))
         finally:  # whatever a request's end did: close() waits for this
             self._gone = True
             waiters, self._gone_waiters = self._gone_waiters, []

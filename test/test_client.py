@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import select
 import signal
 import socket
 import sys
@@ -423,6 +424,52 @@ def test_connection_lost_fails_requests_in_flight(served):
             yield pending
     with pytest.raises(ConnectionFailed):
         yield client.stats()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_connection_reset_says_so(served):
+    # The service's end closed with the client's request unread: the kernel
+    # resets the connection (ECONNRESET). It was said as a plain "lost",
+    # as if the service had closed it in order.
+    peer, client = served
+    peer.transport.stopReading()
+    listing = client.list()
+    fd = peer.transport.fileno()
+    await until(lambda: select.select([fd], [], [], 0)[0], "the request came")
+    peer.transport.abortConnection()
+    with pytest.raises(ConnectionFailed) as failure:
+        await listing
+    assert str(failure.value) == (
+        f"connection to {client.path} lost: not cleanly (a read or write on it"
+        " failed, as when the service's end resets it)"
+    )
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_connection_closed_in_order_says_no_more(served):
+    peer, client = served
+    listing = client.list()
+    yield peer.requests.get()
+    peer.transport.loseConnection()
+    with pytest.raises(ConnectionFailed) as failure:
+        yield listing
+    assert str(failure.value) == f"connection to {client.path} lost"
+
+
+def test_a_connection_closed_for_an_exception_names_it():
+    # Twisted closes a connection whose protocol raised, with that exception
+    # as connectionLost's reason.
+    from twisted.python.failure import Failure
+
+    client = _offline_client()
+    failures = []
+    client.list().addErrback(failures.append)
+    client.connectionLost(Failure(RuntimeError("boom")))
+    [failure] = failures
+    assert failure.check(ConnectionFailed)
+    assert failure.getErrorMessage() == (
+        "connection to /run/sdexec.sock lost: RuntimeError: boom"
+    )
 
 
 @pytest_twisted.inlineCallbacks

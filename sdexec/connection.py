@@ -88,7 +88,7 @@ class ClientProtocol(StdioReceivingProtocol):
         self.connection_id = server.new_connection_id()
         #: The peer's uid once its connection was admitted (counted).
         self._admitted_uid: int | None = None
-        #: A write refused without a matchtag has been logged (once only:
+        #: A write refused on matchtag 0 (or none) has been logged (once only:
         #: the journal is not the client's to fill).
         self._silent_write_refused = False
         self._handlers: dict[str, Callable[[int, dict], Any]] = {
@@ -329,7 +329,7 @@ class ClientProtocol(StdioReceivingProtocol):
             topic if _is_text(topic) else "",
             0 if silent else message["matchtag"],  # (silent: never sent)
             partial(self._dispatch, message, topic, matchtag),
-            silent=silent,
+            silent_write=message if silent else None,
         )
 
     def _answer(
@@ -337,20 +337,20 @@ class ClientProtocol(StdioReceivingProtocol):
         reply_topic: str,
         reply_matchtag: int,
         handle: Callable[[], Any],
-        silent: bool = False,
+        silent_write: dict | None = None,
     ) -> None:
         """Answer a request with what ``handle()`` returns: a payload, a
         Deferred of one, ``None`` (it answers for itself) or a refusal,
-        logged instead of sent where the request is ``silent`` (it can be
-        given no answer)."""
+        logged instead of sent where the request is a ``silent_write`` (a
+        write that can be given no answer)."""
         try:
             result = handle()
         except RequestRefused as error:
             self.server.count("errors")
-            if silent:
+            if silent_write is not None:
                 # An error on matchtag 0 would read as the connection's
                 # last words: logged instead, once.
-                self._log_silent_write_refusal(error.errstr)
+                self._log_silent_write_refusal(silent_write, error.errstr)
                 return
             self._send_error(reply_topic, reply_matchtag, error.errnum, error.errstr)
             return
@@ -360,7 +360,7 @@ class ClientProtocol(StdioReceivingProtocol):
             # requests) carries on.
             log.failure("{topic}: unexpected error", topic=reply_topic)
             self.server.count("errors")
-            if silent:
+            if silent_write is not None:
                 return
             self._send_error(
                 reply_topic,
@@ -433,16 +433,32 @@ class ClientProtocol(StdioReceivingProtocol):
         self._handle_held()
         self._resume_reading()
 
-    def _log_silent_write_refusal(self, errstr: str) -> None:
+    def _log_silent_write_refusal(self, message: dict, errstr: str) -> None:
+        """Log, once per connection, the refusal of a write that can be given
+        no answer (``message``), naming the process whose stdin it was for
+        (that stdin is closed, :meth:`_write_refused`)."""
         if not self._silent_write_refused:
             self._silent_write_refused = True
             self.server.log_rate.warn(
                 "write refused",
-                "connection {id}: sdexec.write without a matchtag refused"
+                "connection {id}: sdexec.write {on}, {target}, refused"
                 " (later ones of this connection are not logged): {errstr}",
                 id=self.connection_id,
+                on=_on_matchtag(message),
+                target=self._write_target(message),
                 errstr=shortened(errstr),  # it may quote the request
             )
+
+    def _write_target(self, message: dict) -> str:
+        """The exec a write names (its payload's ``matchtag``), with the
+        pid of the process this connection runs there, if any."""
+        payload = message.get("payload")
+        target = payload.get("matchtag") if isinstance(payload, dict) else None
+        if not is_integer(target):
+            return "naming no exec"
+        process = self.server.processes.get((self.connection_id, target))
+        pid = process.pid if process is not None else None
+        return f"to the exec on matchtag {target}" + (f" (pid {pid})" if pid else "")
 
     def _dispatch(self, message: dict, topic: object, matchtag: object) -> Any:
         """The request's handler's answer (``topic`` and ``matchtag`` as the
@@ -774,7 +790,7 @@ class ClientProtocol(StdioReceivingProtocol):
         if topic == Topic.WRITE:
             self._write_refused(message)
         if _unanswerable_write(topic, matchtag):  # as in _request
-            self._log_silent_write_refusal(reason)
+            self._log_silent_write_refusal(message, reason)
             return
         self._send_error(
             topic if _is_text(topic) else "",  # as _request: it is echoed
@@ -1091,6 +1107,14 @@ def _check_envelope(message: dict) -> None:
 _PAST_MAX_MATCHTAG = (
     f"matchtag: {{}} is past {MAX_MATCHTAG}, the largest (RFC 6: a 32-bit integer)"
 )
+
+
+def _on_matchtag(message: dict) -> str:
+    """Where a request came, for a log line: ``on matchtag 0`` (Flux's "no
+    response wanted"), ``without a matchtag``, ``on matchtag "x"``."""
+    if "matchtag" not in message:
+        return "without a matchtag"
+    return f"on matchtag {json_quoted(message['matchtag'])}"
 
 
 def _unanswerable_write(topic: object, matchtag: object) -> bool:

@@ -851,11 +851,48 @@ def test_a_refused_write_quotes_a_huge_value_briefly(connection, field):
 
 def test_a_refused_write_without_a_matchtag_logs_its_errstr_cut(connection):
     protocol = connection.protocol
+    write = {"topic": "sdexec.write", "matchtag": 0, "payload": {}}
     with capturedLogs() as events:
-        protocol._log_silent_write_refusal("y" * 100_000)
+        protocol._log_silent_write_refusal(write, "y" * 100_000)
     (line,) = [formatEvent(event) for event in events]
     assert line.endswith("y" * MAX_QUOTED + "…")
     assert len(line) < MAX_QUOTED + 200
+
+
+def test_a_refused_write_on_matchtag_0_names_the_process_it_was_for(
+    systemd, connection
+):
+    # The line named only the connection ("sdexec.write without a matchtag
+    # refused"), not whose stdin was closed; Flux sends every write on 0.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT, pid=4242)
+    io = encode_io("stdout", "0", b"x")
+    with capturedLogs() as events:
+        connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=0)
+        connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=0)
+    (line,) = [formatEvent(event) for event in events]
+    assert line == (
+        f"connection {connection.protocol.connection_id}: sdexec.write on"
+        " matchtag 0, to the exec on matchtag 1 (pid 4242), refused (later ones"
+        " of this connection are not logged): io.stream: 'stdout' is not stdin"
+    )
+
+
+@pytest.mark.parametrize(
+    ("write", "said"),
+    [
+        (
+            {"payload": {"matchtag": 9}},
+            "without a matchtag, to the exec on matchtag 9,",
+        ),
+        ({"matchtag": "x", "payload": []}, 'on matchtag "x", naming no exec,'),
+    ],
+)
+def test_a_refused_write_names_what_it_gave(connection, write, said):
+    with capturedLogs() as events:
+        connection.raw({"type": "request", "topic": "sdexec.write", **write})
+    (line,) = [formatEvent(event) for event in events]
+    assert f"sdexec.write {said} refused" in line
 
 
 def test_a_kill_writes_an_unprintable_label_on_one_line(systemd, connection):

@@ -43,6 +43,7 @@ from prometheus_client.exposition import (
     gzip_accepted,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.utils import parse_version
 from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger, LogLevel
@@ -497,9 +498,26 @@ def _encoder(accept: str) -> tuple[Callable[[Any], bytes], str]:
     version that is not all numbers (``text/plain; version=x``), and each
     such scrape was a 500 and a traceback in the journal."""
     try:
-        return choose_encoder(accept)
+        encoder, content_type = choose_encoder(accept)
+        return encoder, _version_written(content_type)
     except (TypeError, ValueError):
         return generate_latest, CONTENT_TYPE_PLAIN_0_0_4
+
+
+def _version_written(content_type: str) -> str:
+    """``content_type`` naming the OpenMetrics version prometheus-client
+    writes for the one asked: 1.0.0, or 2.0.0 from 2.0.0 on. It names the
+    version asked (``version=9``), a format nobody wrote. ``TypeError`` for
+    a version that is not all numbers past its first (``2.x``)."""
+    media, *parameters = content_type.split(";")
+    if media != "application/openmetrics-text":
+        return content_type
+    for index, parameter in enumerate(parameters):
+        name, _, value = parameter.strip().partition("=")
+        if name == "version":
+            written = "2.0.0" if parse_version(value) >= (2, 0, 0) else "1.0.0"
+            parameters[index] = f" version={written}"
+    return ";".join([media, *parameters])
 
 
 def _failed(request: Request, failure: Failure, log_rate: LogRate) -> None:

@@ -547,6 +547,7 @@ async def test_refused_requests_are_not_called_protocol_errors(metrics_port):
     [
         "text/plain; version=x",
         "application/openmetrics-text; version=zz",
+        "application/openmetrics-text; version=2.x",
         "text/plain; version=1.a, */*",
     ],
 )
@@ -555,6 +556,25 @@ async def test_a_malformed_accept_version_gets_the_text_format(metrics_port, acc
     # prometheus-client raises TypeError for a version not all numbers: a
     # 500 and a 16-line critical traceback per request (review session 40 M M2).
     await _text_format_answered(metrics_port, f"Accept: {accept}".encode())
+
+
+@pytest.mark.parametrize(
+    ("asked", "written"),
+    [("1.0.0", "1.0.0"), ("1.5", "1.0.0"), ("2.0.0", "2.0.0"), ("9", "2.0.0")],
+)
+@ensureDeferred
+async def test_openmetrics_names_the_version_written(metrics_port, asked, written):
+    # prometheus-client writes 1.0.0 or 2.0.0, and its Content-Type echoed
+    # whatever version was asked (version=9).
+    request = _metrics_request("GET").replace(
+        b"\r\n\r\n",
+        f"\r\nAccept: application/openmetrics-text; version={asked}\r\n\r\n".encode(),
+    )
+    answer = await deferToThread(exchange, metrics_port, request)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    content_type = f"application/openmetrics-text; version={written}; charset=utf-8"
+    assert f"Content-Type: {content_type}".encode() in head
+    assert body.endswith(b"# EOF\n")
 
 
 @pytest.mark.parametrize("header", [b"Accept", b"Accept-Encoding"])
@@ -657,15 +677,15 @@ async def test_a_new_format_in_every_scrape_is_rendered_in_its_turn():
     port = reactor.listenTCP(0, stats_site(lambda: stats, metrics.resource()))
     try:
         address = port.getHost().port
-        first = await deferToThread(exchange, address, _openmetrics_request("2.0"))
+        first = await deferToThread(exchange, address, _openmetrics_request("1.0.0"))
         assert first.startswith(b"HTTP/1.1 200 ")
-        second = deferToThread(exchange, address, _openmetrics_request("2.1"))
+        second = deferToThread(exchange, address, _openmetrics_request("2.0.0"))
         while not clock.getDelayedCalls() and not second.called:
             await deferLater(reactor, 0.01, lambda: None)
         assert not second.called  # it waits for the first one's rest
         clock.advance(MAX_REUSE_S)
         answer = await second
-        assert answer.startswith(b"HTTP/1.1 200 ") and b"version=2.1;" in answer
+        assert answer.startswith(b"HTTP/1.1 200 ") and b"version=2.0.0;" in answer
     finally:
         metrics.stop()
         await port.stopListening()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
+from urllib.parse import urlsplit
 
 import msgspec
 from twisted.internet.defer import Deferred, maybeDeferred, succeed
@@ -26,6 +27,7 @@ from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import NOT_FOUND, HTTPChannel, Request
 from twisted.web.resource import IResource, Resource
+from twisted.web.server import Request as SiteRequest
 from twisted.web.server import Site
 
 if TYPE_CHECKING:
@@ -399,10 +401,33 @@ class _StatsChannel(HTTPChannel):
         cast(ITCPTransport, self.transport).abortConnection()
 
 
+class _StatsRequest(SiteRequest):
+    """A request whose target may be absolute-form, as RFC 9112 (3.2.2)
+    says a server must accept: ``GET http://host/stats``. Twisted took the
+    whole URL for the path, a 404."""
+
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        super().requestReceived(command, _origin_form(path), version)
+
+
+def _origin_form(target: bytes) -> bytes:
+    """``target``, a request's, as its path and query: ``/stats?x`` for
+    ``http://host/stats?x``, ``/`` for ``http://host``; any other as it is."""
+    if not target.lower().startswith((b"http://", b"https://")):
+        return target
+    try:
+        parts = urlsplit(target)
+    except ValueError:  # not ASCII, an unclosed [IPv6: a 404 as before
+        return target
+    path = parts.path or b"/"
+    return path + b"?" + parts.query if parts.query else path
+
+
 class _StatsSite(Site):
     # Plain HTTP/1.1 channels: the default's wrapper exists to offer HTTP/2
     # over TLS, which this site never speaks.
     protocol = _StatsChannel  # type: ignore[assignment]
+    requestFactory = _StatsRequest
 
     def __init__(self, resource: IResource) -> None:
         super().__init__(resource, timeout=STATS_TIMEOUT)

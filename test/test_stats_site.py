@@ -126,6 +126,31 @@ async def test_get_stats_answers_json(site_port):
 
 
 @pytest.mark.parametrize(
+    ("target", "status"),
+    [
+        (b"http://127.0.0.1/stats", b"200"),
+        (b"HTTP://localhost:8490/stats/", b"200"),
+        (b"http://127.0.0.1", b"404"),
+        (b"http://[::1/stats", b"404"),
+    ],
+)
+@ensureDeferred
+async def test_an_absolute_form_target_is_served_as_its_path(site_port, target, status):
+    # RFC 9112 (3.2.2): a server must accept it. Twisted took the whole URL
+    # for the path: a 404 for /stats.
+    _site, port = site_port
+    request = b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    logged: list[dict] = []
+    log.addObserver(logged.append)
+    try:
+        answer = await deferToThread(exchange, port, request)
+    finally:
+        log.removeObserver(logged.append)
+    assert answer.startswith(b"HTTP/1.1 " + status)
+    assert logged == []
+
+
+@pytest.mark.parametrize(
     "headers",
     [b"Content-Length: 52428800\r\n", b"Transfer-Encoding: chunked\r\n"],
     ids=["content-length", "chunked"],
@@ -505,6 +530,17 @@ async def test_metrics_named_in_the_query_include_those_of_stats(metrics_port):
     assert b"sdexec_drained 1.0" in answer
     assert b"sdexec_oom_kills_total 1.0" in answer
     assert b'sdexec_requests_total{topic="sdexec.exec"} 3.0' in answer
+    assert b"sdexec_processes" not in answer
+
+
+@ensureDeferred
+async def test_an_absolute_form_target_keeps_its_query(metrics_port):
+    request = _metrics_request("GET", "?name[]=sdexec_drained").replace(
+        b"GET /metrics", b"GET http://127.0.0.1:8490/metrics"
+    )
+    answer = await deferToThread(exchange, metrics_port, request)
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert b"sdexec_drained 1.0" in answer
     assert b"sdexec_processes" not in answer
 
 

@@ -18,6 +18,7 @@ import os
 import re
 import socket
 import stat
+from collections.abc import Iterable
 from typing import Any
 
 from twisted.internet import tcp
@@ -241,12 +242,13 @@ def _keep_socket(port: Any, mode: tuple[str, int] | None) -> Any:
     return port
 
 
-def only_its_owner_connects(port: Any) -> str | None:
-    """How the UNIX socket ``port`` listens on keeps all but its owner out,
-    if it does, and what to change: no write permission on it for its group
-    and others, or no search permission on its directory (``/run/x/s.sock
-    is mode 0600 in a directory of mode 0700, …``), or on one above it (a
-    user manager's ``%t``: ``/run/user/UID`` is 0700, whatever the unit's
+def only_its_owner_connects(port: Any, uids: Iterable[int]) -> str | None:
+    """How the UNIX socket ``port`` listens on keeps one of ``uids`` out,
+    if it does, and what to change: no write permission on it for that
+    user (as its owner, ``SocketUser=``, else as its group or others), or
+    no search permission on its directory (``/run/x/s.sock is mode 0600 in
+    a directory of mode 0700, …``), or on one above it (a user manager's
+    ``%t``: ``/run/user/UID`` is 0700, whatever the unit's
     ``DirectoryMode=``); else ``None``. For a socket systemd made, whose
     modes are the ``.socket`` unit's (``SocketMode=``, ``DirectoryMode=``),
     not ``[sdexec] socket-mode``."""
@@ -254,13 +256,17 @@ def only_its_owner_connects(port: Any) -> str | None:
     if path is None:
         return None  # TCP, or an abstract name
     try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-        directory = stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode)
+        socket_stat = os.stat(path)
+        directory_stat = os.stat(os.path.dirname(path))
     except OSError:
         return None
+    mode = stat.S_IMODE(socket_stat.st_mode)
+    directory = stat.S_IMODE(directory_stat.st_mode)
     # Connecting takes write permission on the socket, and search
     # permission on every directory above it.
-    if not (mode & 0o022 and directory & 0o011):
+    if not all(
+        _lets(socket_stat, uid, 0o2) and _lets(directory_stat, uid, 0o1) for uid in uids
+    ):
         return (
             f"{path} is mode {mode:04o} in a directory of mode {directory:04o},"
             " made by the .socket unit, whose SocketMode= and DirectoryMode="
@@ -275,3 +281,13 @@ def only_its_owner_connects(port: Any) -> str | None:
         " .socket unit a ListenStream= outside it (a user manager's %t, its"
         " XDG_RUNTIME_DIR, is such a directory)"
     )
+
+
+def _lets(info: os.stat_result, uid: int, permission: int) -> bool:
+    """Whether ``uid`` has ``permission`` (0o2 write, 0o1 search) on a file
+    of ``info``: by its owner's bits if it is its owner (only those count
+    then), else by its group's (a group it shares, as the advice says) or
+    others'."""
+    if info.st_uid == uid:
+        return bool(info.st_mode & permission << 6)
+    return bool(info.st_mode & (permission << 3 | permission))

@@ -337,10 +337,11 @@ class SdexecService(Service):
         ``RuntimeDirectoryMode=0700``). They would get EACCES, and nothing
         would say why."""
         port = self.ports.get("listen")
-        if not users_a_mode_may_keep_out(self.config) or port is None:
+        uids = users_a_mode_may_keep_out(self.config)
+        if not uids or port is None:
             return
         if is_systemd_endpoint(self.listen):
-            kept_out = only_its_owner_connects(port)
+            kept_out = only_its_owner_connects(port, uids)
         else:
             kept_out = _a_directory_keeps_out(port)
         if kept_out is not None:

@@ -298,6 +298,9 @@ _SOCKET_UNIT_ADVICE = (
         ((0o660, 0o710, 0o711), None),
         # A user manager's %t, /run/user/UID: 0700 above DirectoryMode=0711.
         ((0o666, 0o711, 0o700), "is below {parent} (mode 0700)"),
+        # SocketUser= the user listed: its owner's bits are what count.
+        ((0o600, 0o755, 0o711, 65534), None),
+        ((0o066, 0o755, 0o711, 65534), "is mode 0066 in a directory of mode 0755"),
     ],
 )
 @ensureDeferred
@@ -310,7 +313,7 @@ async def test_allowed_users_an_inherited_socket_keeps_out_are_warned_of(
     # socket's advice followed under a user manager (SocketMode=0666,
     # DirectoryMode=0711) left them out all the same, its %t being 0700,
     # and nothing said so either.
-    socket_mode, directory_mode, parent_mode = modes
+    socket_mode, directory_mode, parent_mode, *owner = modes
     parent = shared_dir / "user"
     directory = parent / "sdexec"
     directory.mkdir(parents=True)
@@ -319,6 +322,8 @@ async def test_allowed_users_an_inherited_socket_keeps_out_are_warned_of(
     passed.bind(str(path))
     passed.listen()
     os.chmod(path, socket_mode)
+    if owner:  # as SocketUser= makes it
+        os.chown(path, owner[0], -1)
     os.chmod(directory, directory_mode)
     os.chmod(parent, parent_mode)
     _passed(monkeypatch, passed.detach())  # the service's now: it closes it

@@ -26,7 +26,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from sdexec.config import DEFAULT_START_TIMEOUT
+from sdexec.config import DEFAULT_RECONNECT_TIMEOUT, DEFAULT_START_TIMEOUT
 from sdexec.ioencode import encode_io
 from sdexec.limits import listed_cmdline, listed_name
 from sdexec.managerversion import version_number
@@ -298,6 +298,10 @@ class ProcessContext:
     #: (``[systemd] start-timeout``): a unit whose states the model does not
     #: expect (``Type=forking``, no ``ExecMainPID``, …) must not hang it.
     start_timeout: float = DEFAULT_START_TIMEOUT
+    #: Seconds a receipt whose read was lost with systemd waits for its
+    #: return before ``finished`` goes out without it (``[systemd]
+    #: reconnect-timeout``: systemd away longer drains the service anyway).
+    receipt_wait: float = DEFAULT_RECONNECT_TIMEOUT
     #: ``end_lost_unit(unit, cgroup, signum, process)``: its manager lost the
     #: process's unit, and what it ran lives on in ``cgroup`` (the server's
     #: ``end_what_lost_unit_left``, sdexec/orphans.py).
@@ -394,6 +398,14 @@ class Process:
         self._start_was_sent = False
         #: Output streams that reached EOF while the receipt was being read.
         self._eofs_after_finished: list[str] = []
+        #: The receipt's read was lost with systemd (:meth:`_wait_for_receipt`):
+        #: what the signals had said then, the timer that gives up on it, and
+        #: whether it is still to be asked for again once the unit is reread.
+        self._receipt_fallback: dict[str, Any] = {}
+        self._receipt_deadline: IDelayedCall | None = None
+        self._receipt_unasked = False
+        #: A stop the loss failed, made again only behind the receipt's read.
+        self._stop_after_receipt = False
         self._start_deadline = _StartDeadline(
             context.clock,
             context.start_timeout,
@@ -655,6 +667,8 @@ class Process:
     def abandon(self) -> None:
         """The client has gone: stop the unit and reap it, silently."""
         self._responder = _Nowhere()
+        if self._receipt_deadline is not None:
+            self._give_up_receipt("its client left")  # nobody waits for it
         self.detach_valve()  # a paused connection must not hold the drain
         self.output.drain()  # nobody reads: drain to EOF so it can be reaped
         # A failed unit is being reset instead; anything else is stopped.
@@ -706,10 +720,16 @@ class Process:
         # After the state read: a unit that stopped meanwhile has no timer.
         back_at = self._context.clock.seconds()
         reread.addCallback(lambda _: self.stop_timer.systemd_restored(back_at))
+        if self._receipt_unasked:
+            # Once the unit is known again (a unit gone meanwhile gave up
+            # on its receipt as the reread showed it: _unit_changed).
+            self.when_reread().addCallback(self._ask_receipt_again)
         if isinstance(self._responder, _Nowhere):
             # A client that left while systemd was away, or whose SIGKILL
             # ahead of the stop the loss failed: both are made again.
             self._stop_abandoned()
+        elif self._stop_wanted and self._receipt_unasked:
+            self._stop_after_receipt = True  # the receipt's read first
         elif self._stop_wanted:
             self._stop()  # a stop the loss failed (a deadline's, a fence's)
         self._kill_main_if_wanted()  # one the loss failed is made again
@@ -820,6 +840,10 @@ class Process:
             # once the start is ours (_start_accepted reads them then).
             return
         gone = self._is_gone(properties)
+        if gone is not None and self._receipt_deadline is not None:
+            # Its exit status was seen before the outage: that is its
+            # outcome, not an error; the receipt will never come.
+            self._give_up_receipt(f"the unit {gone}")
         if gone == _LOST and properties.get("LoadState") != "not-found":
             # A unit its manager knows and never started (no invocation): a
             # new manager's, made from the file a killed one left. Also once
@@ -920,8 +944,11 @@ class Process:
         if UnitCall.RECEIPT not in self._called:
             self._called.add(UnitCall.RECEIPT)
             self.exit_status = status.wait_status
-            read = self._systemd.get_service_properties(self.unit_name)
-            read.addBoth(self._receipt_read)
+            self._read_receipt()
+
+    def _read_receipt(self) -> None:
+        read = self._systemd.get_service_properties(self.unit_name)
+        read.addBoth(self._receipt_read)
 
     @property
     def _awaiting_receipt(self) -> bool:
@@ -934,7 +961,11 @@ class Process:
         is saved (docs/performance.md). Not while the unit's cgroup is there
         for the receipt to read (cgroup v2), which a stop removes: systemd
         has removed an emptied unit's already, as it left running (only
-        processes that outlive the main one keep it), and a failed one's."""
+        processes that outlive the main one keep it), and a failed one's.
+        Nor while a ``GetAll`` lost with systemd is still to be made again:
+        the stop follows it, as the first did."""
+        if self._receipt_unasked:
+            return False  # lost with systemd: to be sent again first
         if status.needs_reset or not self._context.receipt_reads_cgroup:
             return True
         cgroup = self._unit_cgroup(self._watch.state if self._watch else None)
@@ -949,8 +980,13 @@ class Process:
     def _receipt_read(self, answer: dict[str, Any] | Failure) -> None:
         assert self._watch is not None  # every state comes through it
         state = dict(self._watch.state)
+        lost = None
         if isinstance(answer, Failure):
+            if self._wait_for_receipt(answer, state):
+                return
             self._log_failure(answer, UnitCall.RECEIPT.value)
+            state = self._receipt_fallback or state  # not a reread's
+            lost = f"its read failed: {answer.getErrorMessage()}"
         elif self.pid and not answer.get("ExecMainPID"):
             # Unloaded before the read (a stop by someone else: systemd's
             # GC runs before its signals go out): the answer is a new stub's
@@ -959,17 +995,93 @@ class Process:
         else:
             state.update(answer)
             self._note_cgroup(answer)  # its main process may have gone early
+        self._finish_with(state, lost)
+        self._after_receipt()
+
+    def _after_receipt(self) -> None:
+        """What ``finished`` held: a stop the loss of systemd failed
+        (:meth:`resync` leaves it to the receipt), then the unit's state
+        acted on (the stop or reset, the end)."""
+        if self._stop_after_receipt:
+            self._stop_after_receipt = False
+            self._stop()
+        assert self._watch is not None  # a receipt is asked for a watched unit
+        self._unit_changed(self._watch.state)
+
+    def _finish_with(self, state: dict[str, Any], lost: str | None = None) -> None:
+        """``finished`` with the receipt ``state`` makes; ``lost``: why it
+        is only what the signals carried (its ``receipt_lost`` key)."""
         # The wait status is the one first seen (exit_status): a unit gone
         # meanwhile (the client left, it was stopped) reads back with none.
         receipt = finished_extensions(state)
+        if lost is not None:
+            receipt["receipt_lost"] = lost
         if receipt.get("result") == "oom-kill" or receipt.get("oom_kills"):
             self._context.count("oom-kills")
         self._send_finished(receipt)
-        self._unit_changed(self._watch.state)
+
+    def _wait_for_receipt(self, failure: Failure, state: dict[str, Any]) -> bool:
+        """Whether a receipt whose read failed waits to be asked for again:
+        one lost with systemd, for a client still there. The unit's stop
+        and its EOFs stay held meanwhile; once systemd is back and the unit
+        read again, it is asked for again (:meth:`resync`), and after
+        ``receipt_wait`` (reconnect-timeout) ``finished`` goes without it."""
+        if not is_connection_lost(failure_value(failure)):
+            return False
+        if self._ended or isinstance(self._responder, _Nowhere):
+            return False  # nobody to tell: as ever, from the signals
+        self._receipt_unasked = True
+        if self._receipt_deadline is None:
+            self._receipt_fallback = state
+            wait = self._context.receipt_wait
+            self._receipt_deadline = self._context.clock.callLater(
+                wait, self._receipt_overdue, wait
+            )
+            log.info(
+                "{unit}: the receipt's GetAll was lost with systemd ({error}):"
+                " asked again once it is back, for up to {wait:g} s",
+                unit=self.unit_name,
+                error=failure.getErrorMessage(),
+                wait=wait,
+            )
+        return True
+
+    def _ask_receipt_again(self, _: object) -> None:
+        """The unit is read again after systemd's return: ask for its
+        receipt again (once, whatever number of returns waited for it)."""
+        if self._receipt_unasked and self._awaiting_receipt and not self._reaped:
+            self._receipt_unasked = False
+            self._read_receipt()
+            assert self._watch is not None  # a receipt is asked for a watched unit
+            self._unit_changed(self._watch.state)  # a stop it releases follows it
+
+    def _receipt_overdue(self, wait: float) -> None:
+        self._receipt_deadline = None  # it has fired
+        self._give_up_receipt(f"systemd was not back within {wait:g} s")
+        self._after_receipt()
+
+    def _give_up_receipt(self, why: str) -> None:
+        """``finished`` goes out without the receipt lost with systemd:
+        with what the signals had carried when it was lost."""
+        log.warn(
+            "{unit}: finished goes out without its receipt (resource usage,"
+            " oom_kills): {why}",
+            unit=self.unit_name,
+            why=why,
+        )
+        self._finish_with(self._receipt_fallback, f"lost with systemd: {why}")
+
+    def _cancel_receipt_deadline(self) -> None:
+        self._receipt_unasked = False
+        if self._receipt_deadline is not None:
+            if self._receipt_deadline.active():
+                self._receipt_deadline.cancel()
+            self._receipt_deadline = None
 
     def _send_finished(self, receipt: dict[str, Any]) -> None:
         """``finished`` with the wait status first seen, once, and the EOFs
         held back for it."""
+        self._cancel_receipt_deadline()
         finished = {"type": "finished", "status": self.exit_status, **receipt}
         self._once(Sent.FINISHED, finished)
         self._drop_backlog_once_exited()
@@ -1312,6 +1424,7 @@ class Process:
         self._reaped = True
         self.detach_valve()
         self._early_kills.drop()
+        self._cancel_receipt_deadline()
         self.stop_timer.stopped()
         self._start_deadline.cancel()
         for timer in self._retry_timers.values():

@@ -19,7 +19,10 @@ keys, which clients that do not know them ignore (docs/protocol.md):
   ``memory_peak_bytes`` (``MemoryPeak``, else the cgroup's ``memory.peak``),
   ``io_read_bytes``/``io_write_bytes`` (``IOReadBytes``/``IOWriteBytes``,
   with IO accounting), ``wall_time_usec`` (from the main process's start to
-  its exit).
+  its exit);
+- ``receipt_lost``: why the keys are only what the unit's signals carried
+  (its ``GetAll`` failed, or was lost with systemd and given up on: added
+  by sdexec.process, not made here).
 
 Both ends are here: :func:`finished_extensions` makes the keys from a
 unit's property state (read before the unit is stopped, where its

@@ -547,6 +547,7 @@ class SdexecServer:
             property_not_taken=self.property_not_taken,
             client_warning=self.log_rate.warn,
             start_timeout=self.config.systemd.start_timeout,
+            receipt_wait=self.config.systemd.reconnect_timeout,
             receipt_reads_cgroup=self.receipt_reads_cgroup,
             end_lost_unit=self.end_what_lost_unit_left,
             pid_known=self.tracked.pid_known if findable else _unindexed,

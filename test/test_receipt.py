@@ -11,6 +11,7 @@ cgroup v1 machines account no CPU for a user manager's units and enforce no
 from __future__ import annotations
 
 import dataclasses
+import errno
 import signal
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from sdexec.receipt import (
     reads_unit_cgroups,
 )
 from sdexec.systemd import SystemdError
+from sdexec.systemd.errors import connection_lost
 from sdexec.testing import EXITED, FakeManager, exec_plan
 
 UNIT = "sdexec-test.service"
@@ -329,6 +331,109 @@ def test_an_oom_kill_is_counted():
     assert counted == ["oom-kills"]
 
 
+# -- a receipt whose read is lost with systemd ------------------------------------
+
+
+def lose_the_receipt(monkeypatch, systemd=None, cgroup_left=True):
+    """A unit exits, and the connection drops while its receipt's GetAll is
+    in flight; the read would carry what no signal did (CPUUsageNSec).
+    ``cgroup_left``: its processes outlived the main one, and the stop
+    waits for the receipt (cgroup v2); else it goes out beside it."""
+    monkeypatch.setattr(sdexec.process, "unit_cgroup_exists", lambda *_: cgroup_left)
+    systemd = systemd or FakeManager()
+    clock, responder = Clock(), Recorder()
+    systemd.hold_refresh = True
+    plan = dataclasses.replace(exec_plan(), output={})
+    context = ProcessContext(reactor=reactor, clock=clock, rank="0", receipt_wait=60)
+    process = Process(systemd, plan, responder, context)
+    process.start()
+    systemd.change(UNIT, {**EXITED, "Result": "success"})
+    systemd.units[UNIT]["CPUUsageNSec"] = 77
+    systemd.lose()
+    return systemd, clock, responder, process
+
+
+def come_back(systemd, process):
+    """systemd returns; the unit is read again (answered), as the server
+    has every process do."""
+    systemd.restore()
+    process.resync()
+    systemd.answer_refreshes()
+
+
+def test_a_receipt_lost_with_systemd_is_read_again_once_it_is_back(monkeypatch):
+    systemd, _, responder, process = lose_the_receipt(monkeypatch)
+    assert [r["type"] for r in responder.responses] == ["started"]
+    come_back(systemd, process)
+    assert [r["type"] for r in responder.responses] == ["started"]
+    systemd.answer_refreshes()  # the receipt's GetAll, asked again
+    assert responder.responses[-1] == {
+        "type": "finished", "status": 0, "result": "success",
+        "usage": {"cpu_usage_nsec": 77},
+    }  # fmt: skip
+    # Held until the receipt was read, and then made.
+    assert [call[0] for call in systemd.calls].count("stop") == 1
+    assert systemd.calls[-1] == ("stop", UNIT)
+
+
+class _StopsLost(FakeManager):
+    """A manager whose StopUnit calls are lost with the connection."""
+
+    def stop_unit(self, name, mode="replace"):
+        self.calls.append(("stop", name))
+        return defer.fail(connection_lost())
+
+
+def test_a_stop_lost_beside_the_receipt_follows_its_read_again(monkeypatch):
+    systemd = _StopsLost()
+    systemd, _, responder, process = lose_the_receipt(monkeypatch, systemd, False)
+    assert [call[0] for call in systemd.calls] == ["start", "get-all", "stop"]
+    come_back(systemd, process)
+    # The reread, then the receipt's GetAll again, and only then the stop:
+    # systemd answers in order, so the stop cannot change the receipt.
+    assert [call[0] for call in systemd.calls[3:]] == ["get-all", "get-all", "stop"]
+    systemd.answer_refreshes()
+    assert responder.responses[-1]["usage"] == {"cpu_usage_nsec": 77}
+
+
+def test_a_receipt_lost_with_systemd_gives_up_after_reconnect_timeout(monkeypatch):
+    systemd, clock, responder, _ = lose_the_receipt(monkeypatch)
+    clock.advance(59)
+    assert [r["type"] for r in responder.responses] == ["started"]
+    assert ("stop", UNIT) not in systemd.calls
+    clock.advance(1)
+    assert responder.responses[-1] == {
+        "type": "finished", "status": 0, "result": "success",
+        "receipt_lost": "lost with systemd: systemd was not back within 60 s",
+    }  # fmt: skip
+    assert systemd.calls[-1] == ("stop", UNIT)  # no longer held (made again)
+    assert clock.getDelayedCalls() == []
+
+
+def test_a_receipt_lost_with_a_unit_unloaded_meanwhile_is_given_up(monkeypatch):
+    systemd, clock, responder, process = lose_the_receipt(monkeypatch)
+    # Stopped and garbage-collected while the connection was down.
+    systemd.units[UNIT] = {"LoadState": "not-found", "ActiveState": "inactive",
+                           "SubState": "dead", "ExecMainPID": 0}  # fmt: skip
+    come_back(systemd, process)
+    *_, finished, end = responder.responses
+    assert end == (errno.ENODATA, "")  # its outcome: not ESRCH for a lost unit
+    assert finished["status"] == 0  # the exit seen before the outage
+    assert finished["result"] == "success"  # not the stub's
+    assert finished["receipt_lost"].startswith("lost with systemd: the unit is gone")
+    assert "usage" not in finished
+    assert clock.getDelayedCalls() == []
+
+
+def test_a_receipt_lost_with_systemd_is_not_waited_for_once_its_client_left(
+    monkeypatch,
+):
+    _, clock, responder, process = lose_the_receipt(monkeypatch)
+    process.client_gone()
+    assert [r["type"] for r in responder.responses] == ["started"]
+    assert clock.getDelayedCalls() == []  # nothing holds the unit's end
+
+
 class _GetAllFails(FakeManager):
     def get_service_properties(self, name):
         self.calls.append(("get-all", name))
@@ -343,6 +448,7 @@ def test_a_failed_receipt_still_sends_finished_with_what_is_known():
         "type": "finished",
         "status": 4 << 8,
         "result": "exit-code",
+        "receipt_lost": "its read failed: late",  # so a client can tell
     }
     assert ("stop", UNIT) in systemd.calls
 

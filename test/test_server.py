@@ -26,6 +26,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import Clock, deferLater
 from twisted.logger import LogLevel, capturedLogs, formatEvent
 
+import sdexec.process
 from sdexec.config import parse_config
 from sdexec.connection import CLIENT_BUFFER_SIZE, ClientProtocol
 from sdexec.containment import Containment
@@ -1017,6 +1018,33 @@ def test_what_was_seen_before_an_outage_does_not_say_why_a_unit_is_gone(
         errno.ESRCH,
         f"unit {UNIT} is gone (lost while systemd was away)",
     )
+
+
+def test_a_receipt_lost_with_systemd_waits_for_it_up_to_reconnect_timeout(
+    systemd, monkeypatch
+):
+    # The unit's processes outlived the main one: its stop waits too.
+    monkeypatch.setattr(sdexec.process, "unit_cgroup_exists", lambda *_: True)
+    config = parse_config({"systemd": {"reconnect-timeout": "5s"}})
+    server = SdexecServer(systemd, config, reactor, clock=Clock())
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.hold_refresh = True
+    systemd.run(UNIT)
+    systemd.exit(UNIT)
+    with capturedLogs() as events:
+        systemd.lose("the D-Bus connection closed")  # the receipt's GetAll too
+        server.clock.advance(4.9)
+        assert [r["payload"]["type"] for r in connection.responses()] == ["started"]
+        server.clock.advance(0.1)
+    finished = connection.last()["payload"]
+    lost = "lost with systemd: systemd was not back within 5 s"
+    assert (finished["type"], finished["receipt_lost"]) == ("finished", lost)
+    logged = [formatEvent(event) for event in events]
+    assert f"{UNIT}: finished goes out without its receipt (resource usage," in (
+        "".join(logged)
+    )
+    connection.close()
 
 
 def test_a_kill_failed_for_a_reason_systemd_names_no_errno_is_eremoteio(

@@ -154,6 +154,41 @@ async def test_the_bus_killed_mid_stream_streams_go_on(own_service):
 
 
 @ensureDeferred
+async def test_a_receipt_lost_with_the_bus_is_read_once_it_is_back(own_service):
+    sdexec = own_service
+    client = await sdexec.connect()
+    watcher = LossWatcher(sdexec)
+    systemd = sdexec.server.systemd
+    read_receipt, reads = systemd.get_service_properties, []
+
+    def bus_dies_with_the_first_read(name: str) -> Deferred:
+        # The bus goes just as the unit has exited: the read is lost with it.
+        if not reads:
+            os.kill(dbus_daemon_pid(), signal.SIGKILL)
+        reads.append(name)
+        return read_receipt(name)
+
+    systemd.get_service_properties = bus_dies_with_the_first_read
+    result = Result()
+    seen_back: list[int] = []
+
+    def collect(response: dict) -> None:
+        if response["type"] == "finished":
+            seen_back.append(watcher.restored)
+        result.collect(response)
+
+    handle = client.exec(command(["true"]), FLAGS, collect)
+    handle.close_stdin()
+    await handle.done  # ENODATA: a successful end
+    finished = next(r for r in result.responses if r["type"] == "finished")
+    assert finished["status"] == 0
+    assert "receipt_lost" not in finished, finished
+    assert len(reads) == 2  # lost, then asked again
+    assert seen_back == [1]  # finished waited for systemd's return
+    assert finished["result"] == "success"
+
+
+@ensureDeferred
 async def test_the_manager_reexecuted_mid_run_streams_go_on(own_service):
     sdexec = own_service
     client = await sdexec.connect()

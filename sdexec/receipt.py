@@ -188,6 +188,7 @@ class Receipt:
     __slots__ = (
         "memory_max",
         "oom_kills",
+        "receipt_lost",
         "result",
         "runtime_max_usec",
         "status",
@@ -204,6 +205,7 @@ class Receipt:
         usage: Mapping[str, int] = _NO_USAGE,
         runtime_max_usec: int | None = None,
         terminated: str | None = None,
+        receipt_lost: str | None = None,
     ) -> None:
         self.status = status
         self.result = result
@@ -213,6 +215,8 @@ class Receipt:
         self.runtime_max_usec = runtime_max_usec
         #: ``timeout`` or ``cancel``: the job's termination had begun.
         self.terminated = terminated
+        #: Why systemd's receipt (``usage``, ``oom_kills``) could not be read.
+        self.receipt_lost = receipt_lost
 
     def _values(self) -> tuple[object, ...]:
         return (
@@ -223,6 +227,7 @@ class Receipt:
             self.usage,
             self.runtime_max_usec,
             self.terminated,
+            self.receipt_lost,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -237,7 +242,7 @@ class Receipt:
             f"Receipt(status={self.status!r}, result={self.result!r},"
             f" oom_kills={self.oom_kills!r}, memory_max={self.memory_max!r},"
             f" usage={self.usage!r}, runtime_max_usec={self.runtime_max_usec!r},"
-            f" terminated={self.terminated!r})"
+            f" terminated={self.terminated!r}, receipt_lost={self.receipt_lost!r})"
         )
 
     @classmethod
@@ -246,6 +251,7 @@ class Receipt:
         result = payload.get("result")
         usage = payload.get("usage")
         terminated = payload.get("terminated")
+        lost = payload.get("receipt_lost")
         return cls(
             status=payload["status"],
             result=result if isinstance(result, str) else None,
@@ -258,6 +264,7 @@ class Receipt:
             },
             runtime_max_usec=_measured(payload.get("runtime_max_usec")),
             terminated=terminated if terminated in _TERMINATIONS else None,
+            receipt_lost=lost if isinstance(lost, str) else None,
         )
 
     @property
@@ -342,6 +349,9 @@ class Receipt:
         ]
         if io:
             lines.append(f"IO bytes {', '.join(io)}")
+        if self.receipt_lost is not None:
+            # Said, rather than a receipt that just lacks its usage lines.
+            lines.append(f"Resource usage not known: {self.receipt_lost}")
         return lines
 
 

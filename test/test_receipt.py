@@ -213,6 +213,21 @@ def test_run_prints_usage_like_systemd_run_and_the_oom_line_last():
     assert receipt_lines(Receipt(0, "success"), usage=False) == []
 
 
+def test_run_usage_says_a_receipt_lost_with_systemd():
+    # finished carried receipt_lost, and --usage printed only the result,
+    # as if nothing had been measured (review session 46).
+    receipt = Receipt.from_finished(
+        {"type": "finished", "status": 0, "result": "success",
+         "receipt_lost": "lost with systemd: reconnecting to systemd"}
+    )  # fmt: skip
+    assert receipt_lines(receipt, usage=True) == [
+        "Finished with result: success",
+        "Resource usage not known: lost with systemd: reconnecting to systemd",
+    ]
+    assert receipt_lines(receipt) == []
+    assert Receipt.from_finished({"status": 0, "receipt_lost": 3}).receipt_lost is None
+
+
 def test_run_says_a_timeout_as_it_says_an_oom_kill():
     # It ended with a silent 143, the stop's SIGTERM: only --usage said
     # "Finished with result: timeout" (review session 46).

@@ -70,7 +70,7 @@ from sdexec.cliio import (
 from sdexec.protocolbase import Topics, terminate_not_found, terminate_runs_no_job
 from sdexec.receipt import Receipt
 from sdexec.rpc import RPCError, SdexecError, listed_processes
-from sdexec.runrequest import FORWARDED_SIGNALS, RUN_FLAGS, NotText
+from sdexec.runrequest import FORWARDED_SIGNALS, RUN_FLAGS, NotText, TerminalModes
 from sdexec.signals import signal_name
 from sdexec.syncclient import ON_ITS_WAY_S, READABLE, Call, Connection, Exec, Loop
 
@@ -225,6 +225,7 @@ def _run(options: argparse.Namespace, early: EarlyExec | None = None) -> int:
 
         return run_background(options, command)
     with Loop() as loop, early or _Stdio(options) as stdio:
+        terminal = early.terminal if early else TerminalModes(stdio)
         job = _Job(
             loop, options.noinput, stdio, lambda: connect(loop, options), options.usage
         )
@@ -251,6 +252,7 @@ def _run(options: argparse.Namespace, early: EarlyExec | None = None) -> int:
             close_outputs(job.outputs)
             job.close_stdin_reader()
         loop.serve_caught_signals()  # one the loop had no turn to serve
+    terminal.restore_after(job.process_status())
     return job.exit_code()
 
 
@@ -762,6 +764,10 @@ class _Job:
             or self._stream.stdin_error is not None
         )
         return (code or 1) if lost else code
+
+    def process_status(self) -> int | None:
+        """The process's wait status, if its end came."""
+        return None if self._receipt is None else self._receipt.status
 
     def _process_status(self, status: int) -> int:
         """The exit status for the process's wait status: one for us to die

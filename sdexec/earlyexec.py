@@ -43,6 +43,7 @@ from sdexec.runrequest import (
     FORWARDED_SIGNALS,
     RUN_FLAGS,
     NotText,
+    TerminalModes,
     base_directory,
     build_command,
 )
@@ -141,6 +142,10 @@ class EarlyExec:
         self.command = command
         self.stdio = stdio
         self.caught = caught
+        #: The terminal's modes read before the exec was sent (by
+        #: :func:`send`), for the command line to set back after a
+        #: process killed by a signal.
+        self.terminal = TerminalModes({})
 
     def __enter__(self) -> dict[str, int]:
         return self.stdio
@@ -170,12 +175,15 @@ def send(
         return None
     stdin = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if options.noinput else 0
     stdio = dict(zip(_STDIO_NAMES, (stdin, 1, 2), strict=True))
+    terminal = TerminalModes(stdio)  # before the process can change them
     sock = _sent(path, request_line(command), list(stdio.values()))
     if sock is None:
         if options.noinput:
             os.close(stdin)
         return None
-    return EarlyExec(options, sock, path, command, stdio, _caught_from_now())
+    early = EarlyExec(options, sock, path, command, stdio, _caught_from_now())
+    early.terminal = terminal
+    return early
 
 
 def _caught_from_now() -> list[int]:

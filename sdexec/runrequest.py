@@ -38,6 +38,7 @@ __all__ = [
     "RUN_FLAGS",
     "STREAMING_OPTS",
     "NotText",
+    "TerminalModes",
     "base_directory",
     "build_command",
     "is_utf8",
@@ -177,3 +178,45 @@ def _utf8_environment(
         else:
             left_out(repr(os.fsencode(name)))
     return kept
+
+
+class TerminalModes:
+    """The modes of the terminal ``run`` passes its process (the first of
+    ``stdio``'s descriptors that is one; none with ``--no-passthrough``),
+    read before its exec is sent (the early exec's too: the process may
+    set its own before the command line has loaded), to set back where
+    the process died of a signal.
+
+    A shell sets a terminal's modes back after a local job that died of a
+    signal (the job could not: ``vim`` killed in raw mode), and keeps
+    them after one that exited (``stty`` changed them). The process
+    passed our terminal is no job of the shell's, and we exit 143 where
+    it died of SIGTERM (129, 137): the shell then kept the raw modes a
+    killed editor left, no echo, no line editing (docs/client.md,
+    "Signals")."""
+
+    def __init__(self, stdio: Mapping[str, int]) -> None:
+        self._fd = next((fd for fd in stdio.values() if os.isatty(fd)), None)
+        self._modes: list[Any] | None = None
+        if self._fd is not None:
+            import termios  # only for a terminal
+
+            try:
+                self._modes = termios.tcgetattr(self._fd)
+            except termios.error:
+                self._modes = None
+
+    def restore_after(self, status: int | None) -> None:
+        """Set the modes back if ``status`` (the process's wait status, if
+        it ended) is a death by signal, and we are the terminal's
+        foreground job (a background one's are the shell's to keep)."""
+        if self._modes is None or status is None or not os.WIFSIGNALED(status):
+            return
+        import termios
+
+        assert self._fd is not None
+        try:
+            if os.tcgetpgrp(self._fd) == os.getpgrp():
+                termios.tcsetattr(self._fd, termios.TCSADRAIN, self._modes)
+        except (OSError, termios.error):
+            pass  # a terminal gone (hung up): nothing to set back

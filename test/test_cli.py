@@ -395,3 +395,42 @@ async def test_cancel_of_no_such_job_is_one_line(sdexec):
         1,
         b"sdexec: terminate jobid=nojob not found; terminate label=nojob not found\n",
     )
+
+
+def _controlling_terminal() -> None:
+    """In the child: a session of its own, its stdin its terminal."""
+    import fcntl
+    import termios
+
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+@ensureDeferred
+async def test_a_terminal_left_raw_by_a_process_killed_by_a_signal_is_set_back(
+    sdexec,
+):
+    # Passed our terminal, `vim` killed by a SIGTERM left it raw, and the
+    # client's exit 143 made the shell keep those modes (it sets a
+    # terminal back only after a job that died of a signal).
+    import termios
+
+    terminal, tty = os.openpty()
+    try:
+        before = termios.tcgetattr(tty)
+        done = await deferToThread(
+            subprocess.run,
+            _sdexec_argv("run", "sh", "-c", "stty raw -echo; kill -TERM $$"),
+            stdin=tty,
+            stdout=tty,
+            stderr=subprocess.PIPE,
+            env=_environment(sdexec),
+            preexec_fn=_controlling_terminal,
+            timeout=120,
+        )
+        after = termios.tcgetattr(tty)
+    finally:
+        os.close(tty)
+        os.close(terminal)
+    assert (done.returncode, done.stderr) == (143, b"")
+    assert after == before

@@ -55,6 +55,7 @@ from sdexec.limits import check_text
 from sdexec.plan import ExecPlan, RequestError
 from sdexec.process import NO_EXIT_STATUS_ERRNO, OutputValve, Process, Responder
 from sdexec.protocol import STATUS_AND_ERROR, ExecFlag, command_object
+from sdexec.refusal import SHOWN, quoted
 from sdexec.retained import CONFIG_KEY, STREAMS, Cursor, RetainedOutput
 
 log = Logger()
@@ -580,7 +581,9 @@ class Tracked:
 
     @property
     def _name(self) -> str:
-        return f"pid {self.pid}" if self.pid > 0 else f"label {self.label!r}"
+        return (
+            f"pid {self.pid}" if self.pid > 0 else f"label {quoted(self.label, SHOWN)}"
+        )
 
     @property
     def _runs_on(self) -> str:
@@ -1082,7 +1085,7 @@ def parse_target(payload: Any, topic: str) -> tuple[int | None, str | None]:
 
 
 def _target(pid: int | None, label: str | None) -> str:
-    return f"label {label!r}" if label is not None else f"pid {pid}"
+    return f"label {quoted(label, SHOWN)}" if label is not None else f"pid {pid}"
 
 
 def _status_and_receipt(finished: dict[str, Any]) -> dict[str, Any]:

@@ -46,7 +46,7 @@ from sdexec.plan import (
 from sdexec.process import OutputValve, Process
 from sdexec.protocol import Topic
 from sdexec.protocolbase import MAX_MATCHTAG
-from sdexec.refusal import RequestRefused, json_quoted, printable
+from sdexec.refusal import SHOWN, RequestRefused, json_quoted, printable, quoted
 from sdexec.server import AwaitingStart, SdexecServer, revoked
 from sdexec.systemd import errno_for
 from sdexec.systemd.errors import failure_value
@@ -513,7 +513,7 @@ class ClientProtocol(StdioReceivingProtocol):
             # attach is nothing but a stream (upstream refuses it too).
             raise RequestError(errno.EPROTO, "attach request is not streaming")
         if handler is None:
-            raise RequestError(errno.ENOSYS, f"unknown topic {topic!r}")
+            raise RequestError(errno.ENOSYS, f"unknown topic {quoted(topic, SHOWN)}")
         self.server.count(topic)
         if self.server.config.systemd.sdexec_debug:
             log.info(

@@ -46,7 +46,14 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final, TypeGuard
 
 from sdexec.execstart import ExecLine, encoded_arguments
-from sdexec.refusal import RequestRefused, json_quoted, lone_surrogate, printable
+from sdexec.refusal import (
+    SHOWN,
+    RequestRefused,
+    json_quoted,
+    lone_surrogate,
+    printable,
+    quoted,
+)
 from sdexec.unitfile import (
     ESCAPED_AS_COMMAND,
     ESCAPED_AS_ENVIRONMENT,
@@ -196,7 +203,7 @@ def search_directories(path: str) -> list[str]:
 
 
 def _refuse_text(field: str, why: str) -> RequestRefused:
-    return RequestRefused(errno.EINVAL, f"{printable(field)}: {why}")
+    return RequestRefused(errno.EINVAL, f"{printable(field, SHOWN)}: {why}")
 
 
 def check_text(field: str, value: str) -> None:
@@ -239,8 +246,8 @@ def command_text(
         for key, value in mapping.items():
             # The key is checked as a string of its own first, so that the
             # value's field name below is known to be printable.
-            yield f"{table} (key {key!r})", key
-            yield f"{table}.{key}", value
+            yield f"{table} (key {quoted(key, SHOWN)})", key
+            yield f"{table}.{printable(key, SHOWN)}", value
     if cwd is not None:
         yield "cmd.cwd", cwd
     if label is not None:
@@ -261,7 +268,10 @@ def arg_max(sysconf_value: int | None = None) -> int:
 def _environment_strings(env: Mapping[str, str]) -> Iterator[tuple[str, int]]:
     for name, value in env.items():
         # "NAME=VALUE": the form the kernel copies.
-        yield f"cmd.env.{printable(name)}", len(name.encode()) + 1 + len(value.encode())
+        yield (
+            f"cmd.env.{printable(name, SHOWN)}",
+            len(name.encode()) + 1 + len(value.encode()),
+        )
 
 
 def _exec_strings(

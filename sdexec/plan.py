@@ -68,7 +68,7 @@ from sdexec.protocol import (
     DEFAULT_STDIN_BUFSIZE,
     ExecFlag,
 )
-from sdexec.refusal import RequestRefused, json_quoted, printable
+from sdexec.refusal import SHOWN, RequestRefused, json_quoted, printable, quoted
 from sdexec.rset import ResourceSet
 from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import parse_flux_size
@@ -266,11 +266,12 @@ def plan_exec(
     executable, unexecutable = found
     if executable is None and unexecutable:
         # execvp(3)'s EACCES, said as a shell says it (its status is 126).
-        raise RequestError(errno.EACCES, f"{command.cmdline[0]}: {unexecutable}")
+        shown = printable(command.cmdline[0], SHOWN)
+        raise RequestError(errno.EACCES, f"{shown}: {unexecutable}")
     if executable is None:
         # An empty name is shown as "": bash's ": command not found" names
         # nothing.
-        name = command.cmdline[0] or '""'
+        name = printable(command.cmdline[0], SHOWN) or '""'
         raise RequestError(errno.ENOENT, f"{name}: command not found")
     resources = _contained_resources(containment, command)
     mapped = _mapped_properties(containment, command, resources)
@@ -448,7 +449,7 @@ def _checked_unit_name(unit: str, option: str) -> str:
     if _UNIT_NAME.fullmatch(unit) is None:
         raise RequestError(
             errno.EINVAL,
-            f"{option}: {unit!r} is not a unit name systemd takes: at most"
+            f"{option}: {quoted(unit, SHOWN)} is not a unit name systemd takes: at most"
             f" {_UNIT_NAME_MAX} characters of A-Z a-z 0-9 : _ . \\ @ -, a"
             " name before any @ and an instance after it",
         )
@@ -693,7 +694,7 @@ def _changes_an_unordered_hardening(
     if value.strip() == site.strip():
         return None
     return (
-        f"{configured.setter(name)} sets {name}={printable(site)}; a request may"
+        f"{configured.setter(name)} sets {name}={printable(site, SHOWN)}; a request may"
         " not change it (sdexec cannot tell which of its values is tighter)"
     )
 
@@ -713,8 +714,8 @@ def _widens_a_mask(name: str, value: str, configured: _Configured) -> str | None
     if mask & ~site_mask == 0:
         return None
     return (
-        f"{printable(value)!r} allows what {configured.setter(name)}'s"
-        f" {name}={printable(site)} does not; a request may only narrow it"
+        f"{quoted(printable(value), SHOWN)} allows what {configured.setter(name)}'s"
+        f" {name}={printable(site, SHOWN)} does not; a request may only narrow it"
     )
 
 

@@ -51,7 +51,7 @@ from sdexec.property import (
     unknown_property_reason,
 )
 from sdexec.propertyvalues import parse_io_device_limits
-from sdexec.refusal import RequestRefused, json_quoted, printable
+from sdexec.refusal import SHOWN, RequestRefused, json_quoted, printable, quoted
 from sdexec.sizes import MEMORY_LIMIT_FORMS, MemoryLimit, SizeNotTaken, scaled_memory
 from sdexec.unitstop import lifecycle_properties
 
@@ -255,7 +255,9 @@ def _integer_rank(
         # int() alone would also take "1_000" and non-ASCII digits.
         is_integer = re.fullmatch(r"[-+]?[0-9]+", text.strip()) is not None
         if not is_integer or not low <= int(text) <= high:
-            raise ValueError(f"{text!r} is not an integer from {low} to {high}")
+            raise ValueError(
+                f"{quoted(text, SHOWN)} is not an integer from {low} to {high}"
+            )
         return sign * int(text)
 
     return rank
@@ -719,7 +721,7 @@ class RequestPolicy:
                 "SDEXEC_PROP_: names no property (SDEXEC_PROP_<Name>, as in"
                 " SDEXEC_PROP_MemoryMax)",
             )
-        option = f"SDEXEC_PROP_{printable(name)}"
+        option = f"SDEXEC_PROP_{printable(name, SHOWN)}"
         reason = never_allowed_reason(name)
         if reason is not None and not _repeats_sdexec(name, value):
             raise RequestRefused(
@@ -735,7 +737,7 @@ class RequestPolicy:
         if name not in self.allowed and not self._always_allowed(name, value):
             raise RequestRefused(
                 errno.EPERM,
-                f"{option}: requests may not set {printable(name)}"
+                f"{option}: requests may not set {printable(name, SHOWN)}"
                 f"{self._set_by_site(name)}; an admin may allow it in {CONFIG_KEY}",
             )
         check_text(option, value)
@@ -792,7 +794,7 @@ class RequestPolicy:
         except ValueError:
             raise RequestRefused(
                 errno.EINVAL,
-                f"{option}: {printable(value)!r} is not {order.describe}",
+                f"{option}: {quoted(printable(value), SHOWN)} is not {order.describe}",
             ) from None
 
     def _check_device_weights(
@@ -829,7 +831,7 @@ class RequestPolicy:
         if rank > baseline_rank:
             raise RequestRefused(
                 errno.EPERM,
-                f"{option}: {shown!r} is looser than this node's"
+                f"{option}: {quoted(shown, SHOWN)} is looser than this node's"
                 f" {compared}={baseline}{self._lengthened(order)}; a request may"
                 f" only tighten it ({CONFIG_KEY})",
             )
@@ -842,7 +844,9 @@ class RequestPolicy:
         for setting, values in _by_setting(requested).items():
             ours, theirs = setting({**self.baseline, **values}), setting(self.baseline)
             if ours.rank > theirs.rank:
-                shown = ", ".join(f"{n}={printable(v)}" for n, v in values.items())
+                shown = ", ".join(
+                    f"{n}={printable(v, SHOWN)}" for n, v in values.items()
+                )
                 raise RequestRefused(
                     errno.EPERM,
                     f"SDEXEC_PROP_{next(iter(values))}: {shown} ({ours.level}) is"

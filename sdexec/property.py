@@ -26,6 +26,7 @@ from typing import Any, TypeGuard
 from sdexec import propertyvalues as values
 from sdexec.idset import IDset
 from sdexec.propertyvalues import parse_bool
+from sdexec.refusal import SHOWN, quoted
 from sdexec.signals import parse_signal
 from sdexec.sizes import (
     UINT32_MAX,
@@ -332,10 +333,14 @@ class UnitProperty:
 def parse_mode(text: str) -> int:
     """A file mode as systemd reads one: octal digits, at most 07777."""
     if not text or not text.isascii() or any(c not in "01234567" for c in text):
-        raise ValueError(f"{text!r} is not a file mode (octal digits: 0022, 0755)")
+        raise ValueError(
+            f"{quoted(text, SHOWN)} is not a file mode (octal digits: 0022, 0755)"
+        )
     mode = int(text[:_MAX_DIGITS], 8)
     if len(text) > _MAX_DIGITS or mode > 0o7777:
-        raise ValueError(f"{text!r} is beyond 07777, the largest file mode")
+        raise ValueError(
+            f"{quoted(text, SHOWN)} is beyond 07777, the largest file mode"
+        )
     return mode
 
 
@@ -347,9 +352,9 @@ _MAX_DIGITS = 40
 def _integer(text: str, pattern: re.Pattern[str]) -> int:
     # int() alone would also take "1_000" and non-ASCII digits.
     if pattern.fullmatch(text.strip()) is None:
-        raise ValueError(f"{text!r} is not a decimal integer")
+        raise ValueError(f"{quoted(text, SHOWN)} is not a decimal integer")
     if len(text.strip().lstrip("+-").lstrip("0")) > _MAX_DIGITS:
-        raise ValueError(f"{text!r} is out of range")
+        raise ValueError(f"{quoted(text, SHOWN)} is out of range")
     return int(text)
 
 
@@ -365,7 +370,7 @@ def _uint64_or_infinity(text: str) -> int:
         return UINT64_MAX
     value = _integer(text, _UNSIGNED)
     if value >= UINT64_MAX:
-        raise ValueError(f"{text!r} is out of range")
+        raise ValueError(f"{quoted(text, SHOWN)} is out of range")
     return value
 
 
@@ -466,10 +471,12 @@ def _uint64_in_range(name: str, text: str) -> UnitProperty:
         return UnitProperty(name, "t", value)
     low, high, takes = RANGES.get(name, (0, UINT64_MAX, ""))
     if not low <= value <= high:
-        raise ValueError(f"{text!r} is out of range: systemd takes {takes}")
+        raise ValueError(
+            f"{quoted(text, SHOWN)} is out of range: systemd takes {takes}"
+        )
     problem = _read_back_problem(name, value)
     if problem is not None:
-        raise ValueError(f"{text!r} {problem}")
+        raise ValueError(f"{quoted(text, SHOWN)} {problem}")
     return UnitProperty(name, "t", value)
 
 
@@ -477,7 +484,7 @@ def _memory(name: str, text: str) -> UnitProperty:
     limit = MemoryLimit.parse(text)
     if name in _NONZERO_MEMORY and 0 in (limit.bytes, limit.permyriad):
         raise ValueError(
-            f"{text!r} is out of range: systemd takes {name} from 1 byte"
+            f"{quoted(text, SHOWN)} is out of range: systemd takes {name} from 1 byte"
             " (infinity for none)"
         )
     if limit.scale is not None:
@@ -492,7 +499,8 @@ def _tasks_max(name: str, text: str) -> UnitProperty:
     2026), and a ``daemon-reload`` would cut every job's limit so."""
     if text.strip().endswith("%"):
         raise ValueError(
-            f"{text!r}: a percentage is not taken here: systemd writes it into"
+            f"{quoted(text, SHOWN)}: a percentage is not taken here: systemd writes"
+            " it into"
             " the unit's file as about a tenth of itself (systemd issue #41009),"
             " which a daemon-reload then applies; give a number of tasks"
         )
@@ -509,7 +517,9 @@ def level_of(name: str, text: str) -> str:
     try:
         return "yes" if parse_bool(word) else "no"
     except ValueError:
-        raise ValueError(f"{text!r} is not one of {', '.join(levels)}") from None
+        raise ValueError(
+            f"{quoted(text, SHOWN)} is not one of {', '.join(levels)}"
+        ) from None
 
 
 def _level_text(name: str, text: str) -> str:
@@ -521,7 +531,7 @@ def _startup_memory(name: str, text: str) -> UnitProperty:
     typed = _memory(name, text)
     if typed.signature != "t":
         raise ValueError(
-            f"{text!r}: systemd takes {name} in bytes, not as a percentage"
+            f"{quoted(text, SHOWN)}: systemd takes {name} in bytes, not as a percentage"
         )
     return typed
 
@@ -532,7 +542,9 @@ def _device_allow(text: str) -> list[list[str]]:
         path, _, perms = entry.strip().partition(" ")
         perms = perms.strip()
         if not path or not perms or set(perms) - set("rwm"):
-            raise ValueError(f"{entry.strip()!r} is not 'PATH PERMS' (of r, w, m)")
+            raise ValueError(
+                f"{quoted(entry.strip(), SHOWN)} is not 'PATH PERMS' (of r, w, m)"
+            )
         entries.append([path, perms])
     return entries
 
@@ -602,13 +614,15 @@ def _rlimit(name: str, text: str) -> UnitProperty:
     resource = name.removeprefix("Limit").removesuffix("Soft")
     if ":" in text:
         raise ValueError(
-            f"{text!r}: give the soft limit as Limit{resource}Soft; over D-Bus"
+            f"{quoted(text, SHOWN)}: give the soft limit as Limit{resource}Soft;"
+            " over D-Bus"
             f" Limit{resource} is the hard limit alone"
         )
     if text.strip() == "infinity":
         if resource == "NICE":
             raise ValueError(
-                f"{text!r} is not taken: a daemon-reload reads LimitNICE back"
+                f"{quoted(text, SHOWN)} is not taken: a daemon-reload reads"
+                " LimitNICE back"
                 " from 0 to 40 alone (40 allows every nice level)"
             )
         return UnitProperty(name, "t", UINT64_MAX)
@@ -620,7 +634,7 @@ def _rlimit(name: str, text: str) -> UnitProperty:
         most = _RLIMIT_MAXIMA.get(resource, UINT64_MAX - 1)
         if value > most:
             raise ValueError(
-                f"{text!r} is out of range: a daemon-reload reads back no"
+                f"{quoted(text, SHOWN)} is out of range: a daemon-reload reads back no"
                 f" Limit{resource} above {most}"
             )
     except ValueError as error:
@@ -643,11 +657,15 @@ def _bounded_integer(name: str, text: str) -> UnitProperty:
     if word in names:
         return UnitProperty(name, "i", names[word])
     if names and not _SIGNED.fullmatch(word):
-        raise ValueError(f"{text!r} is none of {', '.join(names)}, or their numbers")
+        raise ValueError(
+            f"{quoted(text, SHOWN)} is none of {', '.join(names)}, or their numbers"
+        )
     value = _integer(text, _SIGNED)
     if value not in numbers and value not in names.values():
         takes = ", ".join(names) if names else f"{numbers[0]} to {numbers[-1]}"
-        raise ValueError(f"{text!r} is out of range: systemd takes {takes}")
+        raise ValueError(
+            f"{quoted(text, SHOWN)} is out of range: systemd takes {takes}"
+        )
     return UnitProperty(name, "i", value)
 
 
@@ -690,7 +708,9 @@ def _capability_number(word: str) -> int:
         return int(word)
     name = word.lower().removeprefix("cap_")
     if name not in _CAPABILITIES:
-        raise ValueError(f"{word!r} is no capability (CAP_SYS_ADMIN, CAP_NET_RAW…)")
+        raise ValueError(
+            f"{quoted(word, SHOWN)} is no capability (CAP_SYS_ADMIN, CAP_NET_RAW…)"
+        )
     return _CAPABILITIES.index(name)
 
 
@@ -702,7 +722,7 @@ def _address_families(text: str) -> tuple[bool, list[str]]:
     for family in families:
         if family not in _ADDRESS_FAMILIES:
             raise ValueError(
-                f"{family!r} is no address family systemd knows (AF_UNIX,"
+                f"{quoted(family, SHOWN)} is no address family systemd knows (AF_UNIX,"
                 " AF_INET…, as linux/socket.h names them); to allow none, deny"
                 " those a job could use (~AF_INET AF_INET6…)"
             )
@@ -744,12 +764,13 @@ def _path_list(text: str) -> list[str]:
     for path in paths:
         # "-" (ignore if missing), then "+" (below RootDirectory), may lead.
         if not path.removeprefix("-").removeprefix("+").startswith("/"):
-            raise ValueError(f"{path!r} is not an absolute path")
+            raise ValueError(f"{quoted(path, SHOWN)} is not an absolute path")
         if ".." in path.split("/"):
             # systemd takes it over D-Bus, but not from the unit's file: at
             # a daemon-reload the unit lost the whole list.
             raise ValueError(
-                f"{path!r}: a '..' in it, which systemd takes over D-Bus but not"
+                f"{quoted(path, SHOWN)}: a '..' in it, which systemd takes over"
+                " D-Bus but not"
                 " from the unit's file: a daemon-reload would drop the list"
             )
     return paths
@@ -768,10 +789,10 @@ def _condition(name: str, text: str) -> UnitProperty:
     if not parameter:
         # A unit file's empty value resets the list; over D-Bus an entry
         # without one is refused for every job.
-        raise ValueError(f"{text!r}: no parameter to check")
+        raise ValueError(f"{quoted(text, SHOWN)}: no parameter to check")
     prefix = next(prefix for prefix in _GATES if name.startswith(prefix))
     if name[len(prefix) :] in _PATH_GATES and not parameter.startswith("/"):
-        raise ValueError(f"{parameter!r} is not an absolute path")
+        raise ValueError(f"{quoted(parameter, SHOWN)} is not an absolute path")
     return UnitProperty(_GATES[prefix], "a(sbbs)", [[name, trigger, negate, parameter]])
 
 
@@ -1366,7 +1387,8 @@ def _unread_problem(typed: UnitProperty) -> str | None:
         found = next((char for char in text if char in unread), None)
         if found is not None:
             return (
-                f"{text!r}: systemd writes {found!r} into the unit's file as it"
+                f"{quoted(text, SHOWN)}: systemd writes {quoted(found, SHOWN)} into"
+                " the unit's file as it"
                 f" is, where a daemon-reload reads it as {_READ_AS[found]}"
             )
     return None
@@ -1380,7 +1402,8 @@ def _edge_space_problem(value: str) -> str | None:
     if value == value.strip(" \t"):
         return None
     return (
-        f"{value!r}: a space at its start or end, which systemd writes into"
+        f"{quoted(value, SHOWN)}: a space at its start or end, which systemd writes"
+        " into"
         " the unit's file and a daemon-reload drops"
     )
 

@@ -20,6 +20,7 @@ import ipaddress
 import re
 
 from sdexec.exitstatus import exit_status_number
+from sdexec.refusal import SHOWN, quoted
 from sdexec.signals import parse_signal
 from sdexec.sizes import UINT32_MAX, UINT64_MAX, parse_size
 
@@ -133,7 +134,8 @@ def shell_words(text: str, what: str = "nothing named") -> list[str]:
     and for a backslash (see the module's docstring) or an unclosed quote."""
     if "\\" in text:
         raise ValueError(
-            f"{text!r}: sdexec does not read systemd's backslash escapes here;"
+            f"{quoted(text, SHOWN)}: sdexec does not read systemd's backslash"
+            " escapes here;"
             " quote the word instead"
         )
     return quoted_words(text, f"{what}: the value is empty")
@@ -171,7 +173,7 @@ def _split(text: str, none: str, escape: str) -> list[str]:
             word = None
             continue
         if kind in ("open", "lone"):
-            raise ValueError(f"{text!r}: {_unended(piece, escape)}")
+            raise ValueError(f"{quoted(text, SHOWN)}: {_unended(piece, escape)}")
         word = [] if word is None else word
         word.append(_unquoted(kind, piece[0]))
     if word is not None:
@@ -227,7 +229,7 @@ _ESCAPED_IN_DOUBLE = re.compile(r'\\(["\\])')
 
 def _absolute(path: str) -> str:
     if not path.startswith("/"):
-        raise ValueError(f"{path!r} is not an absolute path")
+        raise ValueError(f"{quoted(path, SHOWN)} is not an absolute path")
     return _normalized(path)
 
 
@@ -235,7 +237,9 @@ def _normalized(path: str) -> str:
     """``path`` if systemd takes it as normalized (its path_is_normalized:
     no ``//``, no ``.`` or ``..`` component), else ``ValueError``."""
     if "//" in path or {".", ".."} & set(path.split("/")):
-        raise ValueError(f"{path!r} is not normalized (no //, . or .. in it)")
+        raise ValueError(
+            f"{quoted(path, SHOWN)} is not normalized (no //, . or .. in it)"
+        )
     return path
 
 
@@ -245,7 +249,9 @@ def _entries(text: str) -> list[str]:
     value per property)."""
     entries = [entry.strip() for entry in text.split(",")]
     if not all(entries):
-        raise ValueError(f"{text!r}: an empty entry (entries are separated by ',')")
+        raise ValueError(
+            f"{quoted(text, SHOWN)}: an empty entry (entries are separated by ',')"
+        )
     return entries
 
 
@@ -260,7 +266,7 @@ def parse_io_device_limits(text: str, value: str) -> list[tuple[str, int]]:
         path, _, amount = entry.partition(" ")
         amount = amount.strip()
         if not amount:
-            raise ValueError(f"{entry!r} is not 'PATH VALUE'")
+            raise ValueError(f"{quoted(entry, SHOWN)} is not 'PATH VALUE'")
         limits.append((_absolute(path), _io_amount(amount, value)))
     return limits
 
@@ -268,23 +274,26 @@ def parse_io_device_limits(text: str, value: str) -> list[tuple[str, int]]:
 def _io_amount(text: str, kind: str) -> int:
     if kind == "weight":
         if _DIGITS.fullmatch(text) is None or not 1 <= int(text) <= 10000:
-            raise ValueError(f"{text!r} is not a weight from 1 to 10000")
+            raise ValueError(f"{quoted(text, SHOWN)} is not a weight from 1 to 10000")
         return int(text)
     if text == "infinity":
         return UINT64_MAX
     if kind == "usec":
         if _DIGITS.fullmatch(text) is None or int(text) >= UINT64_MAX:
-            raise ValueError(f"{text!r} is not microseconds (a number) or infinity")
+            raise ValueError(
+                f"{quoted(text, SHOWN)} is not microseconds (a number) or infinity"
+            )
         problem = time_span_problem(int(text), milliseconds=False)
         if problem is not None:
-            raise ValueError(f"{text!r} {problem}")
+            raise ValueError(f"{quoted(text, SHOWN)} {problem}")
         return int(text)
     amount = parse_size(text, base=1000)
     if amount == 0:
         # systemd takes a 0 over D-Bus, but its unit-file parser does not:
         # at a daemon-reload the entry was gone from the unit.
         raise ValueError(
-            f"{text!r} is out of range: a daemon-reload reads back no limit of 0"
+            f"{quoted(text, SHOWN)} is out of range: a daemon-reload reads back no"
+            " limit of 0"
             " (give 1 or more, or infinity)"
         )
     return amount
@@ -317,7 +326,8 @@ def parse_bind_paths(text: str) -> list[tuple[str, str, bool, int]]:
     unless ``norbind``), ``a(ssbt)``."""
     if _quotes_a_colon(text):
         raise ValueError(
-            f"{text!r}: a ':' in quotes is part of a path to systemd, which sdexec"
+            f"{quoted(text, SHOWN)}: a ':' in quotes is part of a path to systemd,"
+            " which sdexec"
             " does not take here"
         )
     mounts = []
@@ -326,7 +336,10 @@ def parse_bind_paths(text: str) -> list[tuple[str, str, bool, int]]:
         source, _, rest = word.removeprefix("-").partition(":")
         destination, _, options = rest.partition(":")
         if options not in ("", "rbind", "norbind"):
-            raise ValueError(f"{word!r}: {options!r} is not rbind or norbind")
+            raise ValueError(
+                f"{quoted(word, SHOWN)}: {quoted(options, SHOWN)} is not rbind or"
+                " norbind"
+            )
         flags = 0 if options == "norbind" else _MS_REC
         target = _absolute(destination) if destination else source
         mounts.append((_absolute(source), target, optional, flags))
@@ -355,7 +368,8 @@ def parse_temporary_file_systems(text: str) -> list[tuple[str, str]]:
         if "%" in options:
             # systemd doubles it in the unit's file, and reads it back so.
             raise ValueError(
-                f"{word!r}: systemd writes a '%' of the options into the unit's"
+                f"{quoted(word, SHOWN)}: systemd writes a '%' of the options into"
+                " the unit's"
                 " file as '%%', which a daemon-reload reads back so"
             )
         mounts.append((_absolute(path), options))
@@ -374,7 +388,8 @@ def parse_ip_prefixes(text: str) -> list[tuple[int, bytes, int]]:
             interface = _ip_prefix(word)
         except ValueError:
             raise ValueError(
-                f"{word!r} is not an IP address or prefix (10.0.0.0/8, fd00::/8),"
+                f"{quoted(word, SHOWN)} is not an IP address or prefix (10.0.0.0/8,"
+                " fd00::/8),"
                 f" nor alone one of {', '.join(_IP_KEYWORDS)}"
             ) from None
         family = _AF_INET if interface.version == 4 else _AF_INET6
@@ -408,7 +423,8 @@ def parse_namespaces(text: str, delegated: bool = False) -> int:
     for word in shell_words(text[1:] if inverted else text, "no namespace named"):
         if word not in NAMESPACES:
             raise ValueError(
-                f"{word!r} is no namespace ({', '.join(NAMESPACES)}), nor a boolean"
+                f"{quoted(word, SHOWN)} is no namespace ({', '.join(NAMESPACES)}),"
+                " nor a boolean"
             )
         mask |= NAMESPACES[word]
     return every & ~mask if inverted else mask
@@ -426,7 +442,9 @@ def parse_bool(text: str) -> bool:
         return True
     if lowered in _FALSE:
         return False
-    raise ValueError(f"{text!r} is not a boolean (yes/no, true/false, on/off, 1/0)")
+    raise ValueError(
+        f"{quoted(text, SHOWN)} is not a boolean (yes/no, true/false, on/off, 1/0)"
+    )
 
 
 def _boolean(text: str) -> bool | None:
@@ -459,7 +477,8 @@ def _hex_mask(word: str) -> int:
     digits = word.lower().removeprefix("0x")
     if re.fullmatch(r"[0-9a-f]{1,8}", digits) is None:
         raise ValueError(
-            f"{word!r} is no core-dump segment ({', '.join(_COREDUMP_SEGMENTS)},"
+            f"{quoted(word, SHOWN)} is no core-dump segment"
+            f" ({', '.join(_COREDUMP_SEGMENTS)},"
             " default, all) nor a hexadecimal mask of 32 bits"
         )
     return int(digits, 16)
@@ -470,7 +489,9 @@ def parse_secure_bits(text: str) -> int:
     bits = 0
     for word in shell_words(text, "no secure bit named"):
         if word not in _SECURE_BITS:
-            raise ValueError(f"{word!r} is no secure bit ({', '.join(_SECURE_BITS)})")
+            raise ValueError(
+                f"{quoted(word, SHOWN)} is no secure bit ({', '.join(_SECURE_BITS)})"
+            )
         bits |= 1 << _SECURE_BITS.index(word)
     return bits
 
@@ -482,7 +503,9 @@ def parse_syslog_facility(text: str) -> int:
         return _FACILITIES[word]
     if _DIGITS.fullmatch(word) and int(word) in _FACILITIES.values():
         return int(word)
-    raise ValueError(f"{word!r} is no syslog facility ({', '.join(_FACILITIES)})")
+    raise ValueError(
+        f"{quoted(word, SHOWN)} is no syslog facility ({', '.join(_FACILITIES)})"
+    )
 
 
 def parse_errno_or_kill(text: str) -> int:
@@ -496,9 +519,13 @@ def parse_errno_or_kill(text: str) -> int:
     elif _ERRNO_NAME.fullmatch(word) and isinstance(getattr(errno, word, None), int):
         number = getattr(errno, word)
     else:
-        raise ValueError(f"{word!r} is no errno (EPERM, EACCES…, a number), nor kill")
+        raise ValueError(
+            f"{quoted(word, SHOWN)} is no errno (EPERM, EACCES…, a number), nor kill"
+        )
     if not 1 <= number <= 4095:
-        raise ValueError(f"{word!r} is out of range: errno numbers are 1 to 4095")
+        raise ValueError(
+            f"{quoted(word, SHOWN)} is out of range: errno numbers are 1 to 4095"
+        )
     return number
 
 
@@ -523,7 +550,9 @@ def _exit_status(word: str) -> int | None:
     or ``None`` if it is neither."""
     if _DIGITS.fullmatch(word):
         if int(word) > 255:
-            raise ValueError(f"{word!r} is out of range: exit statuses are 0 to 255")
+            raise ValueError(
+                f"{quoted(word, SHOWN)} is out of range: exit statuses are 0 to 255"
+            )
         return int(word)
     return exit_status_number(word)
 
@@ -533,7 +562,8 @@ def _exit_signal(word: str) -> int:
         return parse_signal(word)
     except ValueError:
         raise ValueError(
-            f"{word!r} is neither an exit status (0 to 255, or systemd's name for"
+            f"{quoted(word, SHOWN)} is neither an exit status (0 to 255, or"
+            " systemd's name for"
             " one: TEMPFAIL) nor a signal (SIGTERM)"
         ) from None
 
@@ -542,7 +572,9 @@ def parse_uint32(text: str) -> int:
     """An unsigned 32-bit number (``StartLimitBurst``, ``TTYRows``…)."""
     word = text.strip()
     if _DIGITS.fullmatch(word) is None or int(word) > UINT32_MAX:
-        raise ValueError(f"{text!r} is not a number from 0 to {UINT32_MAX}")
+        raise ValueError(
+            f"{quoted(text, SHOWN)} is not a number from 0 to {UINT32_MAX}"
+        )
     return int(word)
 
 
@@ -553,7 +585,9 @@ def parse_action_exit_status(text: str) -> int:
     if not word:
         return -1
     if _DIGITS.fullmatch(word) is None or int(word) > 255:
-        raise ValueError(f"{text!r} is not an exit status from 0 to 255 (or empty)")
+        raise ValueError(
+            f"{quoted(text, SHOWN)} is not an exit status from 0 to 255 (or empty)"
+        )
     return int(word)
 
 
@@ -562,7 +596,9 @@ def parse_mount_propagation(text: str) -> int:
     flag for it."""
     word = text.strip()
     if word not in _PROPAGATION:
-        raise ValueError(f"{text!r} is not one of {', '.join(_PROPAGATION)}")
+        raise ValueError(
+            f"{quoted(text, SHOWN)} is not one of {', '.join(_PROPAGATION)}"
+        )
     return _PROPAGATION[word]
 
 
@@ -574,16 +610,19 @@ def parse_environment(text: str, assignments: bool = True) -> list[str]:
     for word in words:
         name, equals, _ = word.partition("=")
         if _ENVIRONMENT_NAME.fullmatch(name) is None:
-            raise ValueError(f"{word!r}: {name!r} is not a variable's name")
+            raise ValueError(
+                f"{quoted(word, SHOWN)}: {quoted(name, SHOWN)} is not a variable's name"
+            )
         if equals and not assignments:
-            raise ValueError(f"{word!r} is not a variable's name alone")
+            raise ValueError(f"{quoted(word, SHOWN)} is not a variable's name alone")
         # systemd refuses every unit with the same word twice ("Invalid
         # PassEnvironment= block."), and of two assignments keeps the last
         # alone, where a daemon-reload reads back both.
         key = name + equals
         if key in seen:
             raise ValueError(
-                f"{word!r}: {name} is given twice (systemd refuses the same word"
+                f"{quoted(word, SHOWN)}: {name} is given twice (systemd refuses the"
+                " same word"
                 " twice, and of two assignments keeps the last alone until a"
                 " daemon-reload reads back both)"
             )
@@ -614,14 +653,18 @@ def parse_directory_names(text: str) -> list[str]:
     for name in names:
         if ":" in name:
             raise ValueError(
-                f"{name!r}: sdexec takes directory names only (a NAME:LINK"
+                f"{quoted(name, SHOWN)}: sdexec takes directory names only (a NAME:LINK"
                 " symlink goes in the …DirectorySymlink property, which it"
                 " does not convert)"
             )
         if name.startswith("/"):
-            raise ValueError(f"{name!r} is not relative to the manager's directory")
+            raise ValueError(
+                f"{quoted(name, SHOWN)} is not relative to the manager's directory"
+            )
         if name.split("/")[0] == "private":
-            raise ValueError(f"{name!r}: systemd keeps private/ for DynamicUser")
+            raise ValueError(
+                f"{quoted(name, SHOWN)}: systemd keeps private/ for DynamicUser"
+            )
         _normalized(name)
     return names
 
@@ -660,7 +703,7 @@ def parse_pair(text: str, what: str, alone: bool = False) -> list[tuple[str, str
     systemd reads as ``ID:ID``)."""
     first, colon, second = text.strip().partition(":")
     if not first or (not colon and not alone) or (colon and not second):
-        raise ValueError(f"{text!r} is not {what}")
+        raise ValueError(f"{quoted(text, SHOWN)} is not {what}")
     return [(first, second or first)]
 
 
@@ -669,7 +712,8 @@ def parse_bpf_program(text: str) -> list[tuple[str, str]]:
     ((kind, path),) = parse_pair(text, "TYPE:PATH")
     if kind not in BPF_ATTACH_TYPES:
         raise ValueError(
-            f"{kind!r} is no BPF attach type ({', '.join(BPF_ATTACH_TYPES)})"
+            f"{quoted(kind, SHOWN)} is no BPF attach type"
+            f" ({', '.join(BPF_ATTACH_TYPES)})"
         )
     return [(kind, _absolute(path))]
 
@@ -680,7 +724,7 @@ def parse_one_word(text: str) -> list[str]:
     ``ImportCredentialEx``, not converted here)."""
     word = text.strip()
     if not word or ":" in word:
-        raise ValueError(f"{text!r} is not one path or name (without ':')")
+        raise ValueError(f"{quoted(text, SHOWN)} is not one path or name (without ':')")
     return [word]
 
 
@@ -690,12 +734,14 @@ def parse_log_extra_field(text: str) -> list[bytes]:
     if re.search(r"\s", value):
         # Written unquoted into the unit's file, it came back cut there.
         raise ValueError(
-            f"{text!r}: systemd writes the field into the unit's file unquoted,"
+            f"{quoted(text, SHOWN)}: systemd writes the field into the unit's file"
+            " unquoted,"
             " where a daemon-reload reads a space as the end of it"
         )
     if not equals or _JOURNAL_FIELD.fullmatch(field) is None:
         raise ValueError(
-            f"{text!r} is not FIELD=VALUE (FIELD capitals, digits and _, led by a"
+            f"{quoted(text, SHOWN)} is not FIELD=VALUE (FIELD capitals, digits and"
+            " _, led by a"
             " capital, at most 64)"
         )
     return [text.encode()]
@@ -705,5 +751,7 @@ def parse_protect_hostname(text: str) -> tuple[str, str]:
     """``ProtectHostnameEx`` (systemd 258): ``MODE[:HOSTNAME]``, ``(ss)``."""
     mode, colon, hostname = text.strip().partition(":")
     if mode not in ("yes", "no", "private") or (colon and not hostname):
-        raise ValueError(f"{text!r} is not yes, no or private, then :HOSTNAME")
+        raise ValueError(
+            f"{quoted(text, SHOWN)} is not yes, no or private, then :HOSTNAME"
+        )
     return mode, hostname

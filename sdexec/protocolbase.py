@@ -14,6 +14,8 @@ import _socket
 import os
 import sys
 
+from sdexec.refusal import SHOWN, printable, quoted
+
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -116,7 +118,9 @@ def target_named(key: str, value: object) -> str:
     stays one line that shows it; any other is left bare, as ``sdexec
     cancel`` of another version compares it (:func:`terminate_not_found`)."""
     text = str(value)
-    return f"{key}={text if text.isprintable() and text else repr(text)}"
+    if text.isprintable() and text:
+        return f"{key}={printable(text, SHOWN)}"
+    return f"{key}={quoted(text, SHOWN)}"
 
 
 def terminate_runs_no_job(key: str, value: object) -> str:

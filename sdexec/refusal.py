@@ -10,7 +10,19 @@ encodable as UTF-8 JSON, whatever the request contained (see
 
 from __future__ import annotations
 
-__all__ = ["RequestRefused", "json_quoted", "lone_surrogate", "printable", "quoted"]
+__all__ = [
+    "SHOWN",
+    "RequestRefused",
+    "json_quoted",
+    "lone_surrogate",
+    "printable",
+    "quoted",
+]
+
+#: Characters of a request's value (or of a field named by a request's key)
+#: an error message quotes: any value a person writes, whole; a hostile one
+#: of megabytes is cut, with its length, so the message keeps saying why.
+SHOWN = 200
 
 
 class RequestRefused(Exception):
@@ -26,11 +38,13 @@ class RequestRefused(Exception):
         self.errstr = errstr
 
 
-def printable(text: str) -> str:
+def printable(text: str, limit: int | None = None) -> str:
     """``text`` made safe to quote in an error message: lone surrogates
     become ``\\udXXX`` escapes, so the message itself can always be encoded
-    (a message quoting a bad ``topic`` verbatim could not be sent)."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    (a message quoting a bad ``topic`` verbatim could not be sent); cut short
+    past ``limit`` characters (:data:`SHOWN` for what a request chose), with
+    how long it was."""
+    return _cut(text.encode("utf-8", "backslashreplace").decode("utf-8"), limit)
 
 
 def lone_surrogate(value: str, error: UnicodeEncodeError) -> str:
@@ -48,8 +62,14 @@ def quoted(value: object, limit: int = 40) -> str:
     with how long it was: a hostile value may be megabytes."""
     if isinstance(value, int) and value.bit_length() > _MAX_WRITABLE_INT_BITS:
         return f"<an integer of {value.bit_length()} bits>"
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
+    return _cut(repr(value), limit)
+
+
+def _cut(text: str, limit: int | None) -> str:
+    """``text``, or its first ``limit`` characters and how long it was."""
+    if limit is None or len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} chars)"
 
 
 #: Past about 4300 digits, Python will not write an integer in decimal.

@@ -63,7 +63,7 @@ from sdexec.process import OutputTap, OutputValve, Process, ProcessContext, Resp
 from sdexec.property import typed_property
 from sdexec.protocol import ended_and_kept, target_named
 from sdexec.receipt import reads_unit_cgroups
-from sdexec.refusal import quoted
+from sdexec.refusal import SHOWN, quoted
 from sdexec.signals import signal_name
 from sdexec.systemd import Manager
 from sdexec.systemd.errors import (
@@ -494,7 +494,9 @@ class SdexecServer:
         if label is not None and (
             self.find(label=label) is not None or self.tracked.holds_label(label)
         ):
-            raise RequestError(errno.EEXIST, f"label {label!r} is already in use")
+            raise RequestError(
+                errno.EEXIST, f"label {quoted(label, SHOWN)} is already in use"
+            )
 
     def _own(self, plan: ExecPlan) -> ExecPlan:
         """``plan`` with this service's mark: a restarted service finds the

@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
+from sdexec.refusal import SHOWN, quoted
+
 __all__ = [
     "MEMORY_LIMIT_FORMS",
     "SUFFIXES",
@@ -90,15 +92,20 @@ def parse_size(text: str, base: int = 1024) -> int:
     if match is None:
         if _is_a_sum(text):
             raise SizeNotTaken(
-                f"{text!r}: sdexec does not take a sum of sizes; write it as one"
+                f"{quoted(text, SHOWN)}: sdexec does not take a sum of sizes; write"
+                " it as one"
                 " (1.5G, not 1G 512M)"
             )
-        raise ValueError(f"{text!r} is not a size (a number, alone or with {SUFFIXES})")
+        raise ValueError(
+            f"{quoted(text, SHOWN)} is not a size (a number, alone or with {SUFFIXES})"
+        )
     whole, _point, fraction = match["number"].partition(".")
     if len(whole.lstrip("0")) > _MAX_DIGITS:
-        raise SizeTooLarge(f"{text!r} is not a size systemd can hold (16E or more)")
+        raise SizeTooLarge(
+            f"{quoted(text, SHOWN)} is not a size systemd can hold (16E or more)"
+        )
     if len(fraction) > _MAX_DIGITS:
-        raise ValueError(f"{text!r} has more than {_MAX_DIGITS} decimals")
+        raise ValueError(f"{quoted(text, SHOWN)} has more than {_MAX_DIGITS} decimals")
     # Decimal, not float: a float has 53 bits, so "9007199254740993" (or a
     # large fractional "T") would come back off by a few bytes.
     power = _SUFFIX[match["suffix"].upper()]
@@ -156,7 +163,7 @@ def parse_flux_size(text: str) -> int:
         return _flux_integer(integer, text)
     number = _FLUX_FLOAT.fullmatch(text)
     if number is None:
-        raise ValueError(f"{text!r} is not a size ({FLUX_SIZE})")
+        raise ValueError(f"{quoted(text, SHOWN)} is not a size ({FLUX_SIZE})")
     return _flux_float(number, text)
 
 
@@ -169,10 +176,10 @@ def _flux_integer(match: re.Match[str], text: str) -> int:
         if match[group] is not None
     )
     if len(digits.lstrip("0")) > _FLUX_DIGITS[base]:
-        raise SizeTooLarge(f"{text!r} is too large (16E or more)")
+        raise SizeTooLarge(f"{quoted(text, SHOWN)} is too large (16E or more)")
     size = int(digits, base) * 1024 ** _FLUX_SCALE[match["suffix"]]
     if size > UINT64_MAX:
-        raise SizeTooLarge(f"{text!r} is too large (16E or more)")
+        raise SizeTooLarge(f"{quoted(text, SHOWN)} is too large (16E or more)")
     return size
 
 
@@ -183,13 +190,15 @@ def _flux_float(match: re.Match[str], text: str) -> int:
     try:
         magnitude = float(written) if match["float"] else float.fromhex(written)
     except OverflowError:  # fromhex's; float() gives inf, as strtold would
-        raise SizeTooLarge(f"{text!r} is too large (16E or more)") from None
+        raise SizeTooLarge(
+            f"{quoted(text, SHOWN)} is too large (16E or more)"
+        ) from None
     if match["sign"] == "-" and magnitude != 0:
-        raise ValueError(f"{text!r} is not a size: a size is not negative")
+        raise ValueError(f"{quoted(text, SHOWN)} is not a size: a size is not negative")
     product = magnitude * 2.0 ** (10 * _FLUX_SCALE[match["suffix"]])
     # A product of 2**64 or more (inf too) is past what 64 bits hold.
     if product >= 2.0**64:
-        raise SizeTooLarge(f"{text!r} is too large (16E or more)")
+        raise SizeTooLarge(f"{quoted(text, SHOWN)} is too large (16E or more)")
     return math.floor(product)
 
 
@@ -203,19 +212,22 @@ def parse_flux_percent(text: str) -> int:
     where a ``daemon-reload`` read it back so (below 0.005%: no limit)."""
     match = _FLUX_PERCENT.fullmatch(text)
     if match is None:
-        raise ValueError(f"{text!r} is not a percentage (50%, 12.5%)")
+        raise ValueError(f"{quoted(text, SHOWN)} is not a percentage (50%, 12.5%)")
     value = _exact_real(match, text)
     if value.is_signed() and value != 0:
-        raise ValueError(f"{text!r} is not a percentage: a percentage is not negative")
+        raise ValueError(
+            f"{quoted(text, SHOWN)} is not a percentage: a percentage is not negative"
+        )
     if value > 100:  # exact: no context rounds a comparison
-        raise SizeNotTaken(f"{text!r} is more than 100%")
+        raise SizeNotTaken(f"{quoted(text, SHOWN)} is more than 100%")
     _sign, digits, exponent = value.as_tuple()
     assert isinstance(exponent, int)  # finite, as the pattern is
     significant = "".join(map(str, digits)).rstrip("0")
     exponent += len(digits) - len(significant) + _PERCENT_DECIMALS
     if significant and exponent < 0:
         raise SizeNotTaken(
-            f"{text!r} has more than two decimals: systemd keeps a percentage to 0.01%"
+            f"{quoted(text, SHOWN)} has more than two decimals: systemd keeps a"
+            " percentage to 0.01%"
         )
     # At most 100% here, so the exponent is small.
     return int(significant) * 10**exponent if significant else 0
@@ -234,7 +246,7 @@ def _exact_real(match: re.Match[str], text: str) -> Decimal:
         try:
             value = Decimal(float.fromhex(match["hexfloat"]))
         except OverflowError:
-            raise SizeNotTaken(f"{text!r} is more than 100%") from None
+            raise SizeNotTaken(f"{quoted(text, SHOWN)} is more than 100%") from None
     # copy_negate: exact, where - rounds in the context (Overflow past 1e999999)
     return value.copy_negate() if match["sign"] == "-" else value
 
@@ -278,7 +290,8 @@ def memory_size(text: str) -> int:
         if kept is None:
             if _is_a_sum(text):
                 raise SizeNotTaken(
-                    f"{text!r}: sdexec does not take a sum of sizes; write it as"
+                    f"{quoted(text, SHOWN)}: sdexec does not take a sum of sizes;"
+                    " write it as"
                     " one (1.5G, not 1G 512M)"
                 ) from None
             raise
@@ -316,17 +329,18 @@ def parse_permyriad(text: str) -> int:
     below 0.005%, none at all)."""
     match = _PERCENT.fullmatch(text.strip())
     if match is None:
-        raise ValueError(f"{text!r} is not a percentage (50%, 12.5%)")
+        raise ValueError(f"{quoted(text, SHOWN)} is not a percentage (50%, 12.5%)")
     decimals = match["decimals"] or ""
     if len(decimals) > _PERCENT_DECIMALS:
         raise SizeNotTaken(
-            f"{text!r} has more than two decimals: systemd keeps a percentage to 0.01%"
+            f"{quoted(text, SHOWN)} has more than two decimals: systemd keeps a"
+            " percentage to 0.01%"
         )
     whole = match["whole"].lstrip("0")
     # Past three digits it is more than 100% (and int() of a million costs).
     permyriad = int(whole[:4] or "0") * 100 + int(decimals.ljust(2, "0"))
     if len(whole) > 3 or permyriad > 10_000:
-        raise SizeNotTaken(f"{text!r} is more than 100%")
+        raise SizeNotTaken(f"{quoted(text, SHOWN)} is more than 100%")
     return permyriad
 
 
@@ -350,7 +364,9 @@ def bounded_size(size: int, written: object) -> int:
     (a TOML or YAML one has no bound of its own), so that both spellings
     of one size are judged alike."""
     if size > UINT64_MAX:
-        raise SizeTooLarge(f"{written!r} is not a size systemd can hold (16E or more)")
+        raise SizeTooLarge(
+            f"{quoted(written, SHOWN)} is not a size systemd can hold (16E or more)"
+        )
     return size
 
 
@@ -381,7 +397,9 @@ class MemoryLimit:
         except SizeNotTaken:
             raise
         except ValueError:
-            raise ValueError(f"{text!r} is not {MEMORY_LIMIT_FORMS}") from None
+            raise ValueError(
+                f"{quoted(text, SHOWN)} is not {MEMORY_LIMIT_FORMS}"
+            ) from None
 
     @property
     def percent(self) -> float | None:

@@ -32,7 +32,6 @@ it with :class:`twisted.internet.task.Clock`.
 from __future__ import annotations
 
 import enum
-import json
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from twisted.logger import Logger
 
 from sdexec.clocks import as_wall, wall_seconds
 from sdexec.config import MAX_KILL_INTERVAL, ExecConfig, exact_seconds
+from sdexec.refusal import json_quoted
 from sdexec.signals import signal_name
 
 __all__ = [
@@ -75,9 +75,7 @@ def parse_reason(value: object) -> TerminationReason:
         if value == reason.value:
             return reason
     choices = " or ".join(f'"{reason.value}"' for reason in TerminationReason)
-    raise ValueError(
-        f"reason: expected {choices}, got {json.dumps(value, default=str)}"
-    )
+    raise ValueError(f"reason: expected {choices}, got {json_quoted(value)}")
 
 
 class TerminationStep(enum.Enum):

@@ -671,7 +671,113 @@ def test_an_error_quoting_a_huge_value_is_bounded(connection):
     errnum, errstr = error_of(connection.last())
     assert errnum == errno.EINVAL
     assert errstr.startswith("SDEXEC_STOP_TIMER_SEC: 'xxx")
+    assert errstr.endswith("… (2000002 chars) is not a decimal integer")
+
+
+def test_an_errstr_is_bounded_whatever_it_quotes():
+    # The last guard, for a message that quoted a request's value whole.
+    errstr = sdexec.connection._quotable("x" * 2 * MAX_ERRSTR)
     assert len(errstr) == MAX_ERRSTR and errstr.endswith("…")
+
+
+#: A hostile value: 1 MB (100 kB in a command, whose strings are E2BIG past
+#: 128 KiB before any is read).
+HUGE, LARGE = "x" * 1_000_000, "x" * 100_000
+#: The most an error quoting such a value says: the value cut, its length.
+QUOTING_BOUND = 2048
+
+
+def _exec(**opts: str) -> dict:
+    return {"cmd": {**TRUE, "opts": opts}, "flags": FLAGS}
+
+
+#: topic, payload, the field the error names (at its start).
+HOSTILE = {
+    "topic": ("sdexec." + HUGE, {}, "unknown topic 'sdexec.xxx"),
+    "terminate.label": (
+        "sdexec.terminate",
+        {"label": HUGE, "reason": "cancel"},
+        "terminate label=xxx",
+    ),
+    "terminate.reason": (
+        "sdexec.terminate",
+        {"label": "a", "reason": HUGE},
+        "reason: expected",
+    ),
+    "kill.label": ("sdexec.kill", {"label": HUGE, "signum": 15}, "kill label=xxx"),
+    "wait.label": ("sdexec.wait", {"label": HUGE}, "label 'xxx"),
+    "attach.label": ("sdexec.attach", {"label": HUGE}, "label 'xxx"),
+    "list.detail": ("sdexec.list", {"detail": HUGE}, "detail: expected"),
+    "write.io.stream": (
+        "sdexec.write",
+        {"matchtag": 1, "io": {"stream": HUGE, "rank": 0, "data": ""}},
+        "io.stream: 'xxx",
+    ),
+    "write.io.encoding": (
+        "sdexec.write",
+        {"matchtag": 1, "io": {"stream": "stdin", "rank": 0, "encoding": HUGE}},
+        "io.encoding: 'xxx",
+    ),
+    "exec.local_flags": (
+        "sdexec.exec",
+        {**_exec(), "local_flags": HUGE},
+        "local_flags: expected",
+    ),
+    "cmd.cmdline": (
+        "sdexec.exec",
+        {"cmd": {**TRUE, "cmdline": [LARGE]}, "flags": FLAGS},
+        "xxx",
+    ),
+    "cmd.cwd": (
+        "sdexec.exec",
+        {"cmd": {**TRUE, "cwd": LARGE}, "flags": FLAGS},
+        "cmd.cwd:",
+    ),
+    "cmd.env key": (
+        "sdexec.exec",
+        {"cmd": {**TRUE, "env": {LARGE + "\n": 5}}, "flags": FLAGS},
+        "cmd.env.xxx",
+    ),
+    "cmd.opts key": (
+        "sdexec.exec",
+        {"cmd": {**TRUE, "opts": {LARGE: 5}}, "flags": FLAGS},
+        "cmd.opts.xxx",
+    ),
+    "property name": (
+        "sdexec.exec",
+        _exec(**{"SDEXEC_PROP_" + LARGE: "1"}),
+        "SDEXEC_PROP_xxx",
+    ),
+    **{
+        option: ("sdexec.exec", _exec(**{option: LARGE}), f"{option}: ")
+        for option in [
+            "stdin_BUFSIZE",
+            "stdout_BUFSIZE",
+            "stderr_BUFSIZE",
+            "stdout_LINE_BUFFER",
+            "stderr_LINE_BUFFER",
+            "SDEXEC_NAME",
+            "SDEXEC_STOP_TIMER_SEC",
+            "SDEXEC_STOP_TIMER_SIGNAL",
+            "SDEXEC_PROP_MemoryMax",
+            "SDEXEC_PROP_MemoryHigh",
+            "SDEXEC_PROP_CPUWeight",
+            "SDEXEC_PROP_TimeoutStopUSec",
+            "SDEXEC_PROP_KillMode",
+        ]
+    },
+}
+
+
+@pytest.mark.parametrize("field", list(HOSTILE))
+def test_an_error_quoting_a_hostile_value_cuts_it_and_names_the_field(
+    connection, field
+):
+    topic, payload, named = HOSTILE[field]
+    connection.send(topic, payload)
+    _errnum, errstr = error_of(connection.last())
+    assert errstr.startswith(named)
+    assert len(errstr) < QUOTING_BOUND
 
 
 @pytest.mark.parametrize("key", ["A\nB", "A\rB\x00", "A\u2028B", "A\x85B"])

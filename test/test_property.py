@@ -26,6 +26,7 @@ from sdexec.property import (
     unknown_property_reason,
 )
 from sdexec.propertyvalues import _split
+from sdexec.refusal import SHOWN, quoted
 from sdexec.sizes import scale_from_permyriad
 from sdexec.unitfile import LONG_LINE_MAX, MAX_UNIT_LINE, unit_file_problem
 
@@ -334,7 +335,8 @@ def test_bad_uint64_names_the_property(text):
 def test_an_integer_of_thousands_of_digits_is_out_of_range(name, digits):
     # Not int()'s complaint, which speaks of Python's settings.
     assert refused(name, digits) == (
-        f"SDEXEC_PROP_{name}: error setting property: {digits!r} is out of range"
+        f"SDEXEC_PROP_{name}: error setting property: {quoted(digits, SHOWN)} is"
+        " out of range"
     )
 
 

@@ -636,7 +636,12 @@ class Process:
 
     def cancel(self, reason: str) -> None:
         """The service stops: end the stream with ECANCELED (``reason``
-        says why), then stop the unit and reap it, as :meth:`abandon`."""
+        says why), then stop the unit and reap it, as :meth:`abandon`. A
+        process whose exit was seen, its receipt waiting for systemd's
+        return, gets its ``finished`` first, without the receipt: its exit
+        status is known, and the client must not read it as never ended."""
+        if self._receipt_deadline is not None:
+            self._give_up_receipt("the service is stopping")
         self._fail(errno.ECANCELED, reason)
         self.abandon()
 

@@ -1047,6 +1047,34 @@ def test_a_receipt_lost_with_systemd_waits_for_it_up_to_reconnect_timeout(
     connection.close()
 
 
+def test_a_stop_during_a_receipt_s_wait_still_says_how_the_process_exited(
+    systemd, monkeypatch
+):
+    # Its exit status was known before the stop: the client gets it (the
+    # receipt given up), then ECANCELED, not ECANCELED alone as if it never
+    # ended; and no log says its client left.
+    monkeypatch.setattr(sdexec.process, "unit_cgroup_exists", lambda *_: True)
+    server = SdexecServer(systemd, parse_config({}), reactor, clock=Clock())
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.hold_refresh = True
+    systemd.run(UNIT)
+    systemd.exit(UNIT, status=3)
+    systemd.lose("the D-Bus connection closed")  # the receipt's GetAll too
+    with capturedLogs() as events:
+        server.shutdown(10)
+    finished, ended = connection.responses()[-2:]
+    lost = "lost with systemd: the service is stopping"
+    assert (finished["payload"]["type"], finished["payload"]["status"]) == (
+        "finished",
+        3 << 8,
+    )
+    assert finished["payload"]["receipt_lost"] == lost
+    assert ended["errnum"] == errno.ECANCELED
+    assert "its client left" not in "".join(formatEvent(e) for e in events)
+    connection.close()
+
+
 def test_a_kill_failed_for_a_reason_systemd_names_no_errno_is_eremoteio(
     systemd, connection
 ):

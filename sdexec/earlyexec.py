@@ -135,6 +135,7 @@ class EarlyExec:
         command: dict[str, Any],
         stdio: dict[str, int],
         caught: list[int],
+        terminal: TerminalModes,
     ) -> None:
         self.options = options
         self.socket = sock
@@ -142,10 +143,9 @@ class EarlyExec:
         self.command = command
         self.stdio = stdio
         self.caught = caught
-        #: The terminal's modes read before the exec was sent (by
-        #: :func:`send`), for the command line to set back after a
-        #: process killed by a signal.
-        self.terminal = TerminalModes({})
+        #: The terminal's modes read before the exec was sent, for the
+        #: command line to set back after a process killed by a signal.
+        self.terminal = terminal
 
     def __enter__(self) -> dict[str, int]:
         return self.stdio
@@ -181,9 +181,7 @@ def send(
         if options.noinput:
             os.close(stdin)
         return None
-    early = EarlyExec(options, sock, path, command, stdio, _caught_from_now())
-    early.terminal = terminal
-    return early
+    return EarlyExec(options, sock, path, command, stdio, _caught_from_now(), terminal)
 
 
 def _caught_from_now() -> list[int]:

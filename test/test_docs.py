@@ -301,3 +301,17 @@ def test_the_documents_table_rows_end_with_their_cell(row):
     # and ECANCELED written after their rows' closing "|": outside the
     # table, where a renderer drops or misplaces them (review session 46).
     assert row.rstrip().endswith("|")
+
+
+def test_client_md_names_every_attribute_of_a_receipt():
+    # client.md listed Receipt's attributes without receipt_lost, which
+    # says why a receipt holds no usage (review session 46).
+    from sdexec.receipt import Receipt
+
+    text = (REPO / "docs" / "client.md").read_text(encoding="utf-8")
+    start = text.index("`sdexec.client.Receipt` with")
+    listing = text[start : text.index("Malformed extension keys", start)]
+    named = set(re.findall(r"`\.(\w+)(?:\(\))?`", listing))
+    receipt = Receipt(status=0)
+    public = {name for name in dir(receipt) if not name.startswith("_")}
+    assert named == public - {"from_finished"}

@@ -315,3 +315,32 @@ def test_client_md_names_every_attribute_of_a_receipt():
     receipt = Receipt(status=0)
     public = {name for name in dir(receipt) if not name.startswith("_")}
     assert named == public - {"from_finished"}
+
+
+def _quoted_messages() -> list[tuple[str, str]]:
+    """Messages the documents quote whole, each made from the code that
+    sends it: (document, the message)."""
+    from sdexec import connection, server, service
+    from sdexec.policy import _UPSTREAM_MULTIUSER
+    from sdexec.protocolbase import MAX_MATCHTAG
+
+    past = connection._PAST_MAX_MATCHTAG.format("N")
+    neither = _UPSTREAM_MULTIUSER[: _UPSTREAM_MULTIUSER.index(" (only")]
+    return [
+        *[(doc, server._STOPPING) for doc in ("protocol.md", "design.md")],
+        *[(doc, server._STOPPING_AWAY) for doc in ("protocol.md", "design.md")],
+        ("protocol.md", service._STOPPING),
+        ("protocol.md", past),
+        ("protocol.md", f"integer from 1 to {MAX_MATCHTAG}"),
+        ("client.md", f"from 1 again after {MAX_MATCHTAG}"),
+        ("design.md", neither),
+    ]
+
+
+@pytest.mark.parametrize(("document", "message"), _quoted_messages())
+def test_the_documents_quote_the_code_s_messages(document, message):
+    # design.md gave the stop's ECANCELED only as sent with systemd there,
+    # and protocol.md's reload errors were outside their table's rows
+    # (review session 46): a message changed must change its quotation.
+    text = re.sub(r"\s+", " ", (REPO / "docs" / document).read_text(encoding="utf-8"))
+    assert message in text

@@ -261,6 +261,28 @@ def _pinned_numbers() -> list[tuple[str, str]]:
         ("operating.md", f"cut at {MAX_QUOTED} characters"),
         ("operating.md", f"did not finish in {LOOKUP_TIMEOUT_S:g} s"),
         ("containment.md", f"no verdict within {CANARY_TIMEOUT_SECONDS:g} s"),
+        *_protocol_and_design_numbers(),
+    ]
+
+
+def _protocol_and_design_numbers() -> list[tuple[str, str]]:
+    """The numbers protocol.md and design.md state of the stop, errors and
+    lookups, as :func:`_pinned_numbers` gives them."""
+    from sdexec.closing import EXIT_FLUSH_SECONDS
+    from sdexec.connection import MAX_ERRSTR
+    from sdexec.lookup import _SHOWN_PATH, LOOKUP_TIMEOUT_S
+    from sdexec.service import SHUTDOWN_GRACE_SECONDS
+    from sdexec.systemd.unit import EXEC_NEEDS_FILES
+
+    lookup = f"{LOOKUP_TIMEOUT_S:g} s"
+    return [
+        ("protocol.md", f"The stop waits at most {EXIT_FLUSH_SECONDS:g} s for that"),
+        ("design.md", f"written out, within {EXIT_FLUSH_SECONDS:g} s"),
+        ("design.md", f"progresses at least every {SHUTDOWN_GRACE_SECONDS:g} s"),
+        ("protocol.md", f"no `errstr` is over {MAX_ERRSTR} characters"),
+        ("protocol.md", f"is below {EXEC_NEEDS_FILES} cannot be started"),
+        ("protocol.md", f"its file system did not answer within {lookup}"),
+        ("protocol.md", f"cut past {_SHOWN_PATH} characters"),
     ]
 
 

@@ -366,3 +366,15 @@ def test_the_documents_quote_the_code_s_messages(document, message):
     # (review session 46): a message changed must change its quotation.
     text = re.sub(r"\s+", " ", (REPO / "docs" / document).read_text(encoding="utf-8"))
     assert message in text
+
+
+def test_protocol_md_names_every_receipt_key_a_wait_answer_carries():
+    # A wait's answer is finished's keys (background.py), but protocol.md
+    # named only result, oom_kills, memory_max and usage: not terminated,
+    # runtime_max_usec or receipt_lost, added since (review session 46).
+    from sdexec.receipt import Receipt
+
+    text = re.sub(r"\s+", " ", (REPO / "docs" / "protocol.md").read_text("utf-8"))
+    start = text.index("where it carried them (", text.index("Beside the status"))
+    named = set(re.findall(r"`(\w+)`", text[start : text.index(": [", start)]))
+    assert named == set(Receipt.__slots__) - {"status"}

@@ -97,6 +97,13 @@ _MADE = itertools.count()
 #: never makes a pause walk them all.
 LAZY_OUTPUT = 64 * 1024
 
+#: Seconds a service stop waits for a receipt whose ``GetAll`` is in flight
+#: before ``finished`` goes without it (:meth:`Process.cancel`). Asked before
+#: the stop, it is ahead of the stop's ``StopUnit`` calls in the call window
+#: and answered in milliseconds; a manager silent this long will not answer
+#: the stops either, and the stop's 10 s progress grace must not be spent.
+STOP_RECEIPT_WAIT = 2.0
+
 
 class ValveMember(Protocol):
     """What an :class:`OutputValve` holds back and resumes: a process, or
@@ -404,6 +411,9 @@ class Process:
         self._receipt_fallback: dict[str, Any] = {}
         self._receipt_deadline: IDelayedCall | None = None
         self._receipt_unasked = False
+        self._receipt_lost_with_systemd = False
+        #: Why the stream ends once ``finished`` is out (:meth:`cancel`).
+        self._cancel_after_finished: str | None = None
         #: A stop the loss failed, made again only behind the receipt's read.
         self._stop_after_receipt = False
         self._start_deadline = _StartDeadline(
@@ -637,13 +647,33 @@ class Process:
     def cancel(self, reason: str) -> None:
         """The service stops: end the stream with ECANCELED (``reason``
         says why), then stop the unit and reap it, as :meth:`abandon`. A
-        process whose exit was seen, its receipt waiting for systemd's
-        return, gets its ``finished`` first, without the receipt: its exit
-        status is known, and the client must not read it as never ended."""
+        process whose exit was seen gets its ``finished`` first: its exit
+        status is known, and the client must not read it as never ended.
+        A receipt whose read is in flight is waited for up to
+        :data:`STOP_RECEIPT_WAIT` (the stop stays bounded); one waiting for
+        systemd's return goes without at once."""
+        if self._awaiting_receipt and not self._receipt_unasked:
+            self._cancel_after_finished = reason
+            self._cancel_receipt_deadline()  # a reconnect-timeout's: shorter now
+            self._receipt_deadline = self._context.clock.callLater(
+                STOP_RECEIPT_WAIT, self._receipt_overdue_at_stop
+            )
+            return
         if self._receipt_deadline is not None:
             self._give_up_receipt("the service is stopping")
+        self._end_cancelled(reason)
+
+    def _end_cancelled(self, reason: str) -> None:
+        self._cancel_after_finished = None
         self._fail(errno.ECANCELED, reason)
         self.abandon()
+
+    def _receipt_overdue_at_stop(self) -> None:
+        self._receipt_deadline = None  # it has fired
+        self._give_up_receipt(
+            f"the service is stopping (waited {STOP_RECEIPT_WAIT:g} s)"
+        )
+        self._after_receipt()
 
     def client_gone(self) -> None:
         """The client's connection closed: its process must not outlive it
@@ -983,6 +1013,12 @@ class Process:
         return self._outcome_known or UnitCall.RECEIPT in self._called
 
     def _receipt_read(self, answer: dict[str, Any] | Failure) -> None:
+        if not self._awaiting_receipt:
+            # Given up before its answer: finished went without it (and
+            # counted no OOM kill twice); what it held back may follow.
+            if not self._reaped:
+                self._after_receipt()
+            return
         assert self._watch is not None  # every state comes through it
         state = dict(self._watch.state)
         lost = None
@@ -1035,7 +1071,10 @@ class Process:
             return False
         if self._ended or isinstance(self._responder, _Nowhere):
             return False  # nobody to tell: as ever, from the signals
+        if self._cancel_after_finished is not None:
+            return False  # the service stops: systemd is not waited for
         self._receipt_unasked = True
+        self._receipt_lost_with_systemd = True
         if self._receipt_deadline is None:
             self._receipt_fallback = state
             wait = self._context.receipt_wait
@@ -1066,15 +1105,21 @@ class Process:
         self._after_receipt()
 
     def _give_up_receipt(self, why: str) -> None:
-        """``finished`` goes out without the receipt lost with systemd:
-        with what the signals had carried when it was lost."""
+        """``finished`` goes out without the receipt: with what the signals
+        had carried when its read was lost with systemd, else (unanswered)
+        with what they carry now."""
+        if self._receipt_lost_with_systemd:
+            lost, state = f"lost with systemd: {why}", self._receipt_fallback
+        else:
+            assert self._watch is not None  # a receipt is asked for a watched unit
+            lost, state = f"unanswered: {why}", dict(self._watch.state)
         log.warn(
             "{unit}: finished goes out without its receipt (resource usage,"
             " oom_kills): {why}",
             unit=self.unit_name,
-            why=why,
+            why=lost,
         )
-        self._finish_with(self._receipt_fallback, f"lost with systemd: {why}")
+        self._finish_with(state, lost)
 
     def _cancel_receipt_deadline(self) -> None:
         self._receipt_unasked = False
@@ -1093,6 +1138,8 @@ class Process:
         for stream in self._eofs_after_finished:
             self._forward_eof(stream)
         self._eofs_after_finished.clear()
+        if self._cancel_after_finished is not None:
+            self._end_cancelled(self._cancel_after_finished)  # the stop's
 
     @property
     def _outcome_known(self) -> bool:

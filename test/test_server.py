@@ -1075,6 +1075,87 @@ def test_a_stop_during_a_receipt_s_wait_still_says_how_the_process_exited(
     connection.close()
 
 
+def _exited_with_its_receipt_in_flight(systemd, monkeypatch):
+    """A server on a Clock whose process exited with status 3 (its unit
+    says ``Result`` exit-code), the receipt's ``GetAll`` unanswered; the
+    unit's processes outlived the main one (on cgroup v2 its stop waits for
+    the read)."""
+    monkeypatch.setattr(sdexec.process, "unit_cgroup_exists", lambda *_: True)
+    server = SdexecServer(systemd, parse_config({}), reactor, clock=Clock())
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.hold_refresh = True
+    systemd.run(UNIT)
+    systemd.change(UNIT, {"Result": "exit-code"})
+    systemd.exit(UNIT, status=3)
+    return server, connection
+
+
+def test_a_stop_with_a_receipt_in_flight_sends_finished_with_it_first(
+    systemd, monkeypatch
+):
+    # Its GetAll queued behind a full call window: the exit status (and
+    # the receipt, answered meanwhile) reach the client before ECANCELED,
+    # not ECANCELED alone as if the process had never ended.
+    server, connection = _exited_with_its_receipt_in_flight(systemd, monkeypatch)
+    systemd.units[UNIT]["CPUUsageNSec"] = 5_000_000  # only the read says it
+    server.shutdown(10)
+    assert [r["payload"]["type"] for r in connection.responses()] == ["started"]
+    systemd.answer_refreshes()
+    finished, ended = connection.responses()[-2:]
+    assert finished["payload"]["type"] == "finished"
+    assert finished["payload"]["status"] == 3 << 8
+    assert finished["payload"]["usage"]["cpu_usage_nsec"] == 5_000_000
+    assert "receipt_lost" not in finished["payload"]
+    assert ended["errnum"] == errno.ECANCELED
+    assert ("stop", UNIT) in systemd.calls
+    connection.close()
+
+
+def test_a_stop_sends_finished_without_a_receipt_systemd_does_not_answer(
+    systemd, monkeypatch
+):
+    # The stop stays bounded: a read systemd has not answered within
+    # STOP_RECEIPT_WAIT is given up, finished carrying what the signals
+    # did and saying why, then ECANCELED, and the unit is stopped.
+    server, connection = _exited_with_its_receipt_in_flight(systemd, monkeypatch)
+    with capturedLogs() as events:
+        server.shutdown(10)
+        server.clock.advance(sdexec.process.STOP_RECEIPT_WAIT)
+    finished, ended = connection.responses()[-2:]
+    wait = f"{sdexec.process.STOP_RECEIPT_WAIT:g}"
+    assert finished["payload"] == {
+        "type": "finished",
+        "status": 3 << 8,
+        "result": "exit-code",
+        "receipt_lost": f"unanswered: the service is stopping (waited {wait} s)",
+    }
+    assert ended["errnum"] == errno.ECANCELED
+    assert ("stop", UNIT) in systemd.calls
+    assert f"{UNIT}: finished goes out without its receipt" in "".join(
+        formatEvent(event) for event in events
+    )
+    systemd.answer_refreshes()  # late: nothing more is sent
+    assert connection.responses()[-1] == ended
+    connection.close()
+
+
+def test_a_receipt_lost_with_systemd_during_a_stop_s_wait_is_not_waited_for(
+    systemd, monkeypatch
+):
+    # The stop does not wait reconnect-timeout for systemd's return.
+    server, connection = _exited_with_its_receipt_in_flight(systemd, monkeypatch)
+    server.shutdown(10)
+    systemd.lose("the D-Bus connection closed")
+    finished, ended = connection.responses()[-2:]
+    assert finished["payload"]["status"] == 3 << 8
+    assert finished["payload"]["receipt_lost"] == (
+        "its read failed: systemd connection lost: the D-Bus connection closed"
+    )
+    assert ended["errnum"] == errno.ECANCELED
+    connection.close()
+
+
 def test_a_kill_failed_for_a_reason_systemd_names_no_errno_is_eremoteio(
     systemd, connection
 ):

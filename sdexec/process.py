@@ -640,7 +640,7 @@ class Process:
         receipt may still be on its way: it goes without). The process
         stays tracked until the unit is gone."""
         if self._awaiting_receipt:
-            self._send_finished({})
+            self._give_up_receipt("its unit would not stop")
         self._declared_unkillable = True
         self._fail(errno.EDEADLK, reason)
 

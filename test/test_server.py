@@ -1156,6 +1156,23 @@ def test_a_receipt_lost_with_systemd_during_a_stop_s_wait_is_not_waited_for(
     connection.close()
 
 
+def test_an_unkillable_unit_s_lost_receipt_says_so_and_what_the_signals_said(
+    systemd, monkeypatch
+):
+    server, connection = _exited_with_its_receipt_in_flight(systemd, monkeypatch)
+    systemd.lose("the D-Bus connection closed")  # the receipt's GetAll too
+    server.units[UNIT].unkillable("unkillable user processes for job f1")
+    finished, ended = connection.responses()[-2:]
+    assert finished["payload"] == {
+        "type": "finished",
+        "status": 3 << 8,
+        "result": "exit-code",
+        "receipt_lost": "lost with systemd: its unit would not stop",
+    }
+    assert ended["errnum"] == errno.EDEADLK
+    connection.close()
+
+
 def test_a_kill_failed_for_a_reason_systemd_names_no_errno_is_eremoteio(
     systemd, connection
 ):

@@ -271,11 +271,16 @@ def _protocol_and_design_numbers() -> list[tuple[str, str]]:
     from sdexec.closing import EXIT_FLUSH_SECONDS
     from sdexec.connection import MAX_ERRSTR
     from sdexec.lookup import _SHOWN_PATH, LOOKUP_TIMEOUT_S
+    from sdexec.process import STOP_RECEIPT_WAIT
     from sdexec.service import SHUTDOWN_GRACE_SECONDS
     from sdexec.systemd.unit import EXEC_NEEDS_FILES
 
     lookup = f"{LOOKUP_TIMEOUT_S:g} s"
+    receipt = f"{STOP_RECEIPT_WAIT:g} s"
     return [
+        ("protocol.md", f"if systemd answers its read within {receipt}"),
+        ("protocol.md", f"the service is stopping (waited {receipt})"),
+        ("design.md", f"`STOP_RECEIPT_WAIT` ({receipt}, under the stop's"),
         ("protocol.md", f"The stop waits at most {EXIT_FLUSH_SECONDS:g} s for that"),
         ("design.md", f"written out, within {EXIT_FLUSH_SECONDS:g} s"),
         ("design.md", f"progresses at least every {SHUTDOWN_GRACE_SECONDS:g} s"),

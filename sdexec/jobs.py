@@ -181,14 +181,15 @@ class Job:
         return f"{option}: job {self.jobid} is running"
 
     def terminate(self, reason: TerminationReason) -> dict[str, Any]:
-        """Begin termination (once: a second request changes nothing);
+        """Begin termination (once: a later request does not restart it,
+        but sends step 1's signal again, ``TerminationSequence.again``);
         the job's termination state."""
         if self._ended():
             raise RequestError(errno.ESRCH, f"job {self.jobid} has already exited")
         if not self._started:
             self._pending = self._pending or reason
-        else:
-            self.termination.begin(reason)
+        elif not self.termination.begin(reason):
+            self.termination.again(reason)
         return self.describe()
 
     def _timeout(self) -> None:
@@ -197,7 +198,11 @@ class Job:
         if self.termination.begin(TerminationReason.TIMEOUT):
             log.info("job {job}: time limit reached", job=self.jobid)
             self._count("job-timeouts")
-        # else a cancel is terminating it already: not a timeout
+        elif self.termination.again(TerminationReason.TIMEOUT):
+            # A cancel is terminating it already: not a timeout, but the
+            # job hears SIGALRM all the same, as upstream's timelimit_cb
+            # sends it whatever is in progress.
+            log.info("job {job}: time limit reached while cancelled", job=self.jobid)
 
     # TerminationTarget: open loop, a failure is logged.
 

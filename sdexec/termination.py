@@ -60,6 +60,13 @@ _log = Logger()
 #: Direct attempts on the job shell begin after this many kill-timeouts.
 SHELL_PHASE_FACTOR = 5
 
+#: The least time, in seconds, between two of step 1's signals sent again
+#: for new terminates (:meth:`TerminationSequence.again`), counted from
+#: step 1 itself: terminates within it are coalesced into one re-send at its
+#: end, so a client sending terminate in a loop costs systemd at most one
+#: ``KillUnit`` per signal a second.
+RESEND_INTERVAL = 1.0
+
 
 class TerminationReason(enum.Enum):
     """Why a job is terminated: the ``reason`` of ``sdexec.terminate``."""
@@ -197,18 +204,24 @@ class TerminationSequence:
         #: that each signal has its time to work (the clock's own time).
         self._fired_at = 0.0
         self._fired_due = 0.0
+        #: Step 1's signals asked for again by later terminates, not sent
+        #: yet (in order, each once), the timer that sends them, and when
+        #: the last one of step 1's signals went.
+        self._again: dict[int, None] = {}
+        self._again_timer: IDelayedCall | None = None
+        self._first_sent_at = 0.0
 
     # --- what the service calls -------------------------------------------
 
     def begin(self, reason: TerminationReason) -> bool:
         """Step 1, and arm the rest. ``False`` (and nothing done) when the
         sequence already began or the job already exited: a time limit
-        reached during a cancel does not restart it."""
+        reached during a cancel does not restart it (see :meth:`again`)."""
         if self.step is not None:
             return False
         self.step, self.reason = TerminationStep.TERM, reason
         self.started_at = wall_seconds(self._reactor)  # for stats: the epoch
-        self._fired_at = self._reactor.seconds()
+        self._fired_at = self._first_sent_at = self._reactor.seconds()
         self._fired_due = 0.0
         self._progress = _Progress(
             next_attempt_at=self.policy.shell_phase_start,
@@ -218,6 +231,36 @@ class TerminationSequence:
         if not self._exited:
             self._arm()
         return True
+
+    def again(self, reason: TerminationReason) -> bool:
+        """A terminate (or the time limit) for a job whose sequence already
+        runs: step 1's signal for ``reason`` (term-signal, or SIGALRM for a
+        time limit) goes to the job's tasks once more, as upstream's
+        job-exec sends term-signal on each new exception (and SIGALRM when
+        the time limit comes during a cancel). Nothing else changes: the
+        sequence's timers, its steps and its reason (the first one's) stay.
+        Signals asked for within :data:`RESEND_INTERVAL` of the last one
+        are coalesced, each sent once at its end. ``False`` (nothing done)
+        before :meth:`begin`, once the job exited, or after the verdict."""
+        if self.step in (None, TerminationStep.EXITED, TerminationStep.UNKILLABLE):
+            return False
+        self._again.setdefault(self.policy.first_signal(reason))
+        if self._again_timer is None:
+            wait = self._first_sent_at + RESEND_INTERVAL - self._reactor.seconds()
+            if wait <= 0:
+                self._send_again()
+            else:
+                self._again_timer = self._reactor.callLater(wait, self._send_again)
+        return True
+
+    def _send_again(self) -> None:
+        self._again_timer = None
+        signals, self._again = list(self._again), {}
+        self._first_sent_at = self._reactor.seconds()
+        for signum in signals:
+            if self._exited or self.step is TerminationStep.UNKILLABLE:
+                return
+            self._send(self._target.signal_tasks, signum)
 
     def job_exited(self) -> None:
         """The job's main process exited (or its unit is gone): stop here.
@@ -236,6 +279,7 @@ class TerminationSequence:
         if self.step is None or self._exited:
             return
         assert self.reason is not None  # set with the step
+        self._first_sent_at = self._reactor.seconds()
         self._send(self._target.signal_tasks, self.policy.first_signal(self.reason))
         timer = self._timer
         if timer is None or self._exited:
@@ -317,6 +361,7 @@ class TerminationSequence:
         if self._exited:
             return  # the target found out while signalling
         if self._exhausted(due):
+            self._cancel_timer()  # a re-send still waiting: none after it
             self.step = TerminationStep.UNKILLABLE
             _log.warn(
                 "job {job}: unkillable after {attempts} kill attempts",
@@ -371,3 +416,6 @@ class TerminationSequence:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._again_timer is not None:
+            self._again_timer.cancel()
+            self._again_timer, self._again = None, {}

@@ -219,15 +219,64 @@ def test_a_job_that_exits_ends_the_sequence_with_its_status(make_server, exit_at
     )
 
 
-def test_a_second_terminate_does_not_restart_it(make_server):
-    server, systemd, clock = make_server()
+def kills_of(systemd: TimedManager, signum: int) -> list[float]:
+    return [
+        at for at, whom, sent in systemd.kills_at if (whom, sent) == ("all", signum)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("second", "signum"),
+    [("cancel", signal.SIGTERM), ("timeout", signal.SIGALRM)],
+)
+def test_a_second_terminate_sends_step_1_again_without_restarting(
+    make_server, second, signum
+):
+    # Upstream's job-exec sends term-signal on each new exception while one
+    # is in progress (and SIGALRM when the time limit comes): a job that
+    # ignored the first heard nothing more of a second cancel.
+    server, systemd, clock = make_server(**{"kill-timeout": "1s", "max-kill-count": 4})
     start_job(server, systemd)
     server.terminate({"jobid": "f1", "reason": "cancel"})
-    clock.pump([1] * 7)
-    reply = server.terminate({"jobid": "f1", "reason": "timeout"})
+    clock.pump([0.5] * 5)
+    reply = server.terminate({"jobid": "f1", "reason": second})
     assert reply["step"] == "kill-tasks"
     assert reply["termination"]["reason"] == "cancel"
-    assert kill_times(systemd, "all") == [0, 5]
+    clock.pump([0.5] * 20)
+    # the schedule of a single cancel, the re-send beside it
+    assert kill_times(systemd, "all") == [0, 1, 2, 2.5, 3, 4]
+    assert systemd.kills_at[3] == (2.5, "all", signum)
+    assert kill_times(systemd, "main") == [5, 6, 8, 12]
+    assert server.drain_reason == "unkillable user processes for job f1"
+    server.terminate({"jobid": "f1", "reason": "cancel"})  # after the verdict
+    assert clock.getDelayedCalls() == [] and len(systemd.kills_at) == 10
+
+
+def test_a_terminate_loop_is_coalesced_to_one_resend_a_second(make_server):
+    server, systemd, clock = make_server(**{"term-signal": "SIGUSR2"})
+    start_job(server, systemd)
+    for _ in range(41):  # one every 0.25 s for 10 s
+        server.terminate({"jobid": "f1", "reason": "cancel"})
+        clock.advance(0.25)
+    assert kills_of(systemd, signal.SIGUSR2) == list(range(11))
+    assert kill_times(systemd, "all") == sorted([*range(11), 5, 10])
+
+
+def test_cancel_after_a_time_limit_sends_term_signal_and_stays_a_timeout(
+    make_server,
+):
+    server, systemd, clock = make_server()
+    responder = start_job(server, systemd, SDEXEC_TIME_LIMIT="1m")
+    clock.pump([1] * 63)
+    server.terminate({"jobid": "f1", "reason": "cancel"})
+    assert systemd.kills_at == [
+        (60, "all", signal.SIGALRM),
+        (63, "all", signal.SIGTERM),
+    ]
+    systemd.change(UNIT, EXITED)
+    finished = [r for r in responder.responses if r.get("type") == "finished"]
+    assert finished == [{"type": "finished", "status": 0, "terminated": "timeout"}]
+    assert clock.getDelayedCalls() == []
 
 
 def test_terminate_before_the_job_started_waits_for_it(make_server):
@@ -273,12 +322,17 @@ def test_finished_says_a_time_limit_ended_the_job(
 
 def test_a_time_limit_reached_while_cancelled_is_not_a_timeout(make_server):
     server, systemd, clock = make_server()
-    start_job(server, systemd, SDEXEC_TIME_LIMIT="1m")
+    responder = start_job(server, systemd, SDEXEC_TIME_LIMIT="1m")
     server.terminate({"jobid": "f1", "reason": "cancel"})
     clock.advance(60)
     assert server.counters.get("job-timeouts", 0) == 0
     entry = server.stats()["job-exec"]["jobs"]["f1"]
     assert entry["termination"]["reason"] == "cancel"
+    # it hears SIGALRM all the same, as upstream's timelimit_cb sends it
+    assert kills_of(systemd, signal.SIGALRM) == [60]
+    systemd.change(UNIT, EXITED)
+    finished = [r for r in responder.responses if r.get("type") == "finished"]
+    assert finished == [{"type": "finished", "status": 0, "terminated": "cancel"}]
 
 
 def r_local(starttime: float, expiration: float) -> str:

@@ -70,7 +70,13 @@ from sdexec.cliio import (
 from sdexec.protocolbase import Topics, terminate_not_found, terminate_runs_no_job
 from sdexec.receipt import Receipt
 from sdexec.rpc import RPCError, SdexecError, listed_processes
-from sdexec.runrequest import FORWARDED_SIGNALS, RUN_FLAGS, NotText, TerminalModes
+from sdexec.runrequest import (
+    COALESCED_SIGNALS,
+    FORWARDED_SIGNALS,
+    RUN_FLAGS,
+    NotText,
+    TerminalModes,
+)
 from sdexec.signals import signal_name
 from sdexec.syncclient import ON_ITS_WAY_S, READABLE, Call, Connection, Exec, Loop
 
@@ -708,6 +714,9 @@ class _Job:
         self.interrupted: int | None = None
         #: The signals sent to us (and forwarded).
         self._caught: set[int] = set()
+        #: Of :data:`COALESCED_SIGNALS`, each whose kill is in flight, with
+        #: whether another came meanwhile (forwarded once it is answered).
+        self._in_flight: dict[int, bool] = {}
         #: The exit status of a command that gave its process up: it wrote
         #: on to a stream whose reader went, ignoring the SIGPIPE.
         self._gave_up: int | None = None
@@ -785,6 +794,11 @@ class _Job:
         if signum == signal.SIGCONT:
             self._go_on()
             return
+        if signum in COALESCED_SIGNALS:
+            # A resize: no process dies of it, and a held stdin waits for
+            # the end of a process that a signal may have brought, not this.
+            self._forward_coalesced(signum)
+            return
         self._caught.add(signum)
         self._forwarded += 1
         self.forward_signal(signum)
@@ -797,18 +811,41 @@ class _Job:
             self._stdin_held = False
             self._watch_stdin()
 
-    def forward_signal(self, signum: int) -> None:
+    def _forward_coalesced(self, signum: int) -> None:
+        """Forward ``signum``, one of :data:`COALESCED_SIGNALS`, with one
+        kill in flight for it at most: one that comes meanwhile is sent
+        once that is answered, and any more with it (a burst of resizes is
+        two kills, the process told of the last)."""
+        if signum in self._in_flight:
+            self._in_flight[signum] = True
+            return
+        self._in_flight[signum] = False  # before: an answer may come at once
+        if not self.forward_signal(signum, lambda: self._coalesced_answered(signum)):
+            self._in_flight.pop(signum, None)
+
+    def _coalesced_answered(self, signum: int) -> None:
+        if self._in_flight.pop(signum, False):
+            self._forward_coalesced(signum)
+
+    def forward_signal(
+        self, signum: int, answered: Callable[[], None] = _nothing
+    ) -> bool:
         """Send ``signum`` to the process, once it has started; before, one
-        of :data:`INTERRUPTING_SIGNALS` gives the command up, others wait."""
+        of :data:`INTERRUPTING_SIGNALS` gives the command up, others wait.
+        Whether a kill was sent: ``answered()`` is then called once its
+        answer (or failure) is in."""
         stream, connection = self._stream, self._connection
         if stream is None or connection is None or stream.pid is None:
             self._before_start(signum)
         elif stream.ended:
-            return  # nothing left to signal
+            pass  # nothing left to signal
         elif any(output.waiting for output in self.outputs.values()):
-            self._kill_aside(signum, stream.pid)
+            return self._kill_aside(signum, stream.pid, answered)
         else:
-            connection.kill_unit(signum, stream.pid, _KillSent(signum, self.ended))
+            sent = _KillSent(signum, self.ended, answered)
+            connection.kill_unit(signum, stream.pid, sent)
+            return True
+        return False
 
     def _before_start(self, signum: int) -> None:
         """A signal before the start, which may take minutes (``[systemd]
@@ -816,6 +853,8 @@ class _Job:
         :data:`INTERRUPTING_SIGNALS` gives the command up (our connection's
         close makes the service stop the unit, should it start anyway);
         another waits for the start."""
+        if signum in COALESCED_SIGNALS and signum in self._held_signals:
+            return  # one held says it all
         if signum not in INTERRUPTING_SIGNALS:
             self._held_signals.append(signum)
         elif self.interrupted is None:
@@ -823,23 +862,31 @@ class _Job:
             if self._connection is not None:
                 self._connection.close()
 
-    def _kill_aside(self, signum: int, pid: int) -> None:
+    def _kill_aside(self, signum: int, pid: int, answered: Callable[[], None]) -> bool:
         """The kill on a connection of its own, closed once answered: while
         an output write waits for our reader, the service has stopped
         reading our connection's requests (its answers to us wait unread),
-        and a kill sent there would wait with them."""
+        and a kill sent there would wait with them. Whether it was sent."""
         try:
             aside = self._reconnect()
         except SdexecError as failure:
             fail(f"kill {signal_name(signum)}: {failure}")
-            return
-        sent = _KillSent(signum, self.ended, answered=aside.close)
-        aside.kill_unit(signum, pid, sent)
+            return False
+
+        def closed() -> None:
+            aside.close()
+            answered()
+
+        aside.kill_unit(signum, pid, _KillSent(signum, self.ended, answered=closed))
+        return True
 
     def _send_held_signals(self) -> None:
         held, self._held_signals = self._held_signals, []
         for signum in held:
-            self.forward_signal(signum)
+            if signum in COALESCED_SIGNALS:
+                self._forward_coalesced(signum)
+            else:
+                self.forward_signal(signum)
 
     # -- responses ---------------------------------------------------------
 

@@ -40,6 +40,7 @@ import os
 
 from sdexec.protocolbase import Topics, chosen_socket_path, passed_fds
 from sdexec.runrequest import (
+    COALESCED_SIGNALS,
     FORWARDED_SIGNALS,
     RUN_FLAGS,
     NotText,
@@ -187,11 +188,15 @@ def send(
 def _caught_from_now() -> list[int]:
     """The forwarded signals that come from now on, each caught and noted
     (up to :data:`_CAUGHT_KEPT`) rather than acted on, but for one the
-    caller ignored."""
+    caller ignored. One of :data:`COALESCED_SIGNALS` is noted once: a
+    storm of resizes while the command line loads must not crowd out a
+    SIGTERM that follows it."""
     caught: list[int] = []
 
     def note(signum: int, _frame: object) -> None:
-        if len(caught) < _CAUGHT_KEPT:
+        if len(caught) < _CAUGHT_KEPT and not (
+            signum in COALESCED_SIGNALS and signum in caught
+        ):
             caught.append(signum)
 
     for signum in FORWARDED_SIGNALS:

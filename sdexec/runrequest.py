@@ -33,6 +33,7 @@ else:
 
 
 __all__ = [
+    "COALESCED_SIGNALS",
     "FORWARDED_SIGNALS",
     "RELAYED_OPTS",
     "RUN_FLAGS",
@@ -50,8 +51,10 @@ RUN_FLAGS = ExecFlags.STDOUT | ExecFlags.STDERR | ExecFlags.WRITE_CREDIT
 #: Signals the client passes on to the process instead of dying of them
 #: (SIGQUIT too: a terminal's Ctrl-\\ is the process's, as Ctrl-C is; died
 #: of, it stopped the unit with SIGTERM, and the core dump asked for was
-#: the client's). Not SIGTSTP: Ctrl-Z stops the client only
-#: (docs/client.md, "Signals"). Caught from the early exec on.
+#: the client's). SIGWINCH too, as a terminal tells its foreground job of
+#: a resize (a full-screen program redraws), :data:`COALESCED_SIGNALS`.
+#: Not SIGTSTP: Ctrl-Z stops the client only (docs/client.md, "Signals").
+#: Caught from the early exec on.
 FORWARDED_SIGNALS = (
     signal.SIGINT,
     signal.SIGTERM,
@@ -59,7 +62,15 @@ FORWARDED_SIGNALS = (
     signal.SIGQUIT,
     signal.SIGUSR1,
     signal.SIGUSR2,
+    signal.SIGWINCH,
 )
+
+#: Forwarded signals of which one waiting says all that many would: a
+#: window dragged sends dozens of SIGWINCH a second, and the process needs
+#: only the last (it reads the size itself). At most one is kept before
+#: the start, and one kill for it is in flight at a time (no process ends
+#: of it, so nothing is told by the count).
+COALESCED_SIGNALS = frozenset({signal.SIGWINCH})
 
 #: A closed pipe kills the process as it would a local command: with stdio
 #: passthrough it writes to our stdout itself; framed, the client sends it

@@ -218,6 +218,49 @@ async def test_a_signal_reaches_the_process_while_the_client_waits_for_a_reader(
     assert out and set(out.splitlines()) == {b"y"}
 
 
+#: Says "ready" once it traps SIGWINCH, then "resized" and exits 0 when it
+#: gets one (dies of SIGALRM should none ever come: the test then fails).
+_TRAPS_WINCH = (
+    "import signal, sys\n"
+    "signal.signal(signal.SIGWINCH, lambda *_: sys.exit(print('resized')))\n"
+    "signal.alarm(120)\n"
+    "print('ready', flush=True)\n"
+    "while True: signal.pause()\n"
+)
+
+
+@pytest.mark.parametrize("args", [(), ("--no-passthrough",)], ids=["passed", "relayed"])
+@ensureDeferred
+async def test_a_resize_reaches_the_process_and_leaves_the_client_s_status(
+    sdexec, args
+):
+    # SIGWINCH was not forwarded: a full-screen program never redrew. A
+    # burst is sent, and more after the process ended: each served or
+    # ignored, none ends the client or changes its exit status.
+    client = subprocess.Popen(
+        _sdexec_argv("run", "-n", *args, sys.executable, "-c", _TRAPS_WINCH),
+        env=_environment(sdexec),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert await deferToThread(client.stdout.readline) == b"ready\n"
+        await until(lambda: _catches(client.pid, signal.SIGWINCH), "WINCH caught")
+        for _ in range(20):
+            client.send_signal(signal.SIGWINCH)
+        out = await deferToThread(client.stdout.read)
+        for _ in range(20):
+            client.send_signal(signal.SIGWINCH)  # a zombie's, or ignored
+        returncode = await deferToThread(client.wait, 60)
+    finally:
+        client.kill()
+        client.wait()
+        stderr = client.stderr.read()
+        client.stdout.close()
+        client.stderr.close()
+    assert (out, returncode, stderr) == (b"resized\n", 0, b"")
+
+
 @ensureDeferred
 async def test_killed_client_takes_its_unit_with_it(sdexec):
     client = _in_background(sdexec, "run", "-n", "sleep", "300")

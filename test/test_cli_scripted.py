@@ -607,6 +607,69 @@ def test_run_forwards_its_signals_to_every_process_of_the_unit(serve):
         client.wait()
 
 
+def _until(done: Callable[[], bool], send: Callable[[], None] = lambda: None) -> None:
+    """Wait (30 s at most: a loaded node) until ``done()``, calling
+    ``send()`` before each look."""
+    for _ in range(600):
+        send()
+        if done():
+            return
+        time.sleep(0.05)
+    raise AssertionError("never came")
+
+
+def test_run_forwards_a_burst_of_resizes_with_one_kill_in_flight(serve):
+    # A window dragged sends dozens of SIGWINCH a second: one kill in
+    # flight, one more once it is answered, whatever came meanwhile. The
+    # first is answered only with the SIGUSR1's (a signal served after the
+    # burst: nothing of it was held back for that long).
+    payloads: list[dict] = []
+    held: list[dict] = []
+    started = threading.Event()
+
+    def script(request: dict) -> list[dict]:
+        if request["topic"] == "sdexec.exec":
+            started.set()
+            return [response(request, {"type": "started", "pid": 42})]
+        payloads.append(request["payload"])
+        if request["payload"]["signum"] == signal.SIGWINCH and not held:
+            held.append(request)
+            return []
+        return [response(request, {}), *(response(r, {}) for r in held)]
+
+    client = subprocess.Popen(
+        [sys.executable, "-m", "sdexec.cli", "--socket", serve(script), "run", "true"],
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        assert started.wait(30)
+
+        def winch() -> None:
+            client.send_signal(signal.SIGWINCH)
+
+        def kills() -> list[int]:
+            return [payload["signum"] for payload in payloads]
+
+        _until(lambda: bool(payloads), winch)  # held until the loop has started
+        for _ in range(50):
+            winch()
+        client.send_signal(signal.SIGUSR1)
+        _until(lambda: len(payloads) >= 3)  # the SIGUSR1, then the one resize
+        client.send_signal(signal.SIGUSR2)
+        _until(lambda: signal.SIGUSR2 in kills())
+        assert kills() == [
+            signal.SIGWINCH,
+            signal.SIGUSR1,
+            signal.SIGWINCH,
+            signal.SIGUSR2,
+        ]
+        # As a terminal tells its foreground job (every process of it).
+        assert {payload["who"] for payload in payloads} == {"all"}
+    finally:
+        client.kill()
+        client.wait()
+
+
 def _stats_url(listener: socket.socket) -> str:
     return f"http://127.0.0.1:{listener.getsockname()[1]}/stats"
 

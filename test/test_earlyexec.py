@@ -363,3 +363,12 @@ def test_a_bad_value_with_no_service_is_a_usage_error(tmp_path, option, said):
     assert done.stdout.splitlines() == ["import argparse"]  # nothing sent
     assert done.returncode == 2
     assert f"sdexec run: error: {said}" in done.stderr
+
+
+def test_a_storm_of_resizes_while_loading_is_one_and_crowds_nothing_out():
+    # Noted once: 64 of them kept, the SIGTERM that followed was lost.
+    caught = earlyexec._caught_from_now()
+    for _ in range(2 * earlyexec._CAUGHT_KEPT):
+        signal.raise_signal(signal.SIGWINCH)
+    signal.raise_signal(signal.SIGTERM)
+    assert caught == [signal.SIGWINCH, signal.SIGTERM]

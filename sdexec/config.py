@@ -66,6 +66,7 @@ from sdexec.property import (
     PropertyError,
     is_property_word,
     properties_together_problem,
+    split_rlimit_pairs,
     typed_property,
     unknown_property_reason,
 )
@@ -885,7 +886,11 @@ def _properties(value: object) -> Mapping[str, str]:
         raise _expected("a table of systemd unit properties", value)
     for name, setting in value.items():
         _check_property(name, setting)
-    problem = properties_together_problem(value)
+    try:  # a soft:hard limit as its two properties, as a job gets it
+        split = split_rlimit_pairs(value, source="config")
+    except PropertyError as error:
+        raise _PropertyError(error.label, error.reason) from None
+    problem = properties_together_problem(split)
     if problem is not None:
         names, why = problem
         raise _PropertyError(names[0], why)
@@ -919,8 +924,9 @@ def _check_property(name: object, value: object) -> None:
             " it (sdexec before read it as decimal): write it without the zero,"
             " or in hex (0x...)",
         )
-    try:  # the typing every request's properties get
-        typed_property(name, value, source="config")
+    try:  # the typing every request's properties get, a pair's each part
+        for part, text in split_rlimit_pairs({name: value}, "config").items():
+            typed_property(part, text, source="config")
     except PropertyError as error:
         raise _PropertyError(name, error.reason) from None
 

@@ -60,6 +60,7 @@ from sdexec.property import (
     parse_bool,
     parse_integer,
     properties_together_problem,
+    split_rlimit_pairs,
     typed_property,
 )
 from sdexec.protocol import (
@@ -578,7 +579,9 @@ def _merged_properties(
     values only tighten what the site and the mapper set), so an ordered
     value the mapper also set is the request's (``MemoryMax=256M`` under a
     mapped 512M): as tight or tighter."""
-    site = {"Slice": config.sdexec.slice, **config.exec.sdexec_properties}
+    # A soft:hard limit as the two properties D-Bus takes (checked at load).
+    site_properties = split_rlimit_pairs(config.exec.sdexec_properties, "config")
+    site = {"Slice": config.sdexec.slice, **site_properties}
     policy = RequestPolicy(config.sdexec.request_properties, {**site, **mapped})
     restated = _restating_the_site(command, config.exec.sdexec_properties)
     requested = policy.accept(restated)

@@ -46,6 +46,8 @@ from sdexec.property import (
     is_property_word,
     level_of,
     parse_bool,
+    rlimit_pair,
+    split_rlimit_pairs,
     string_typed_problem,
     typed_property,
     unknown_property_reason,
@@ -710,6 +712,10 @@ class RequestPolicy:
         """
         for name, value in requested.items():
             self._check(name, value)
+        try:  # a soft:hard limit, allowed by its name, as its two properties
+            requested = split_rlimit_pairs(requested)
+        except PropertyError as error:
+            raise RequestRefused(errno.EINVAL, str(error)) from None
         self._check_settings(requested)
         # What only repeats sdexec's own value is left to sdexec's.
         return {n: v for n, v in requested.items() if not _repeats_sdexec(n, v)}
@@ -746,8 +752,12 @@ class RequestPolicy:
                 errno.EINVAL, f"{option}: longer than {MAX_DESCRIPTION} bytes"
             )
         order = TIGHTENING.get(name)
+        pair = rlimit_pair(name, value)
         if order is not None:
-            self._check_tightens(option, name, value, order)
+            # Of a soft:hard pair only the hard limit restricts: a process
+            # may raise its soft one up to it.
+            hard = value if pair is None else pair[1]
+            self._check_tightens(option, name, hard, order)
 
     def _always_allowed(self, name: str, value: str) -> bool:
         """Allowed where the site does not set it, or asked as the site has

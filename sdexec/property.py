@@ -50,7 +50,9 @@ __all__ = [
     "level_of",
     "parse_bool",
     "parse_integer",
+    "rlimit_pair",
     "shown_value",
+    "split_rlimit_pairs",
     "string_typed_problem",
     "typed_property",
     "unknown_property_reason",
@@ -309,10 +311,11 @@ _SIGNED = re.compile(r"[-+]?[0-9]+")
 
 class PropertyError(ValueError):
     """A property value that cannot be converted; the message names it,
-    ``reason`` is the message without the name."""
+    ``label`` names it, ``reason`` is the message without the name."""
 
     def __init__(self, label: str, reason: str) -> None:
         super().__init__(f"{label}: error setting property: {reason}")
+        self.label = label
         self.reason = reason
 
 
@@ -612,11 +615,10 @@ def _rlimit(name: str, text: str) -> UnitProperty:
     """``Limit<RESOURCE>`` (the hard limit, and the soft one unless
     ``Limit<RESOURCE>Soft`` is given too) or ``Limit<RESOURCE>Soft``."""
     resource = name.removeprefix("Limit").removesuffix("Soft")
-    if ":" in text:
+    if ":" in text:  # a pair's parts, or a Soft limit: one value each
         raise ValueError(
-            f"{quoted(text, SHOWN)}: give the soft limit as Limit{resource}Soft;"
-            " over D-Bus"
-            f" Limit{resource} is the hard limit alone"
+            f"{quoted(text, SHOWN)}: one value, or in Limit{resource} one"
+            " soft:hard pair"
         )
     if text.strip() == "infinity":
         if resource == "NICE":
@@ -640,6 +642,60 @@ def _rlimit(name: str, text: str) -> UnitProperty:
     except ValueError as error:
         raise ValueError(f"{error}{f': {hint}' if hint else ''}") from None
     return UnitProperty(name, "t", value)
+
+
+def rlimit_pair(name: str, text: str) -> tuple[str, str] | None:
+    """``(soft, hard)`` of a ``Limit<RESOURCE>=SOFT:HARD`` (systemd.exec(5)'s
+    colon-separated pair, as a unit's file and ``systemd-run -p`` take it);
+    ``None`` for any other property or value."""
+    if name.removeprefix("Limit") not in RLIMITS or ":" not in text:
+        return None
+    soft, hard = text.split(":", 1)
+    return soft, hard
+
+
+def split_rlimit_pairs(
+    properties: Mapping[str, str], source: str = "request"
+) -> dict[str, str]:
+    """``properties`` with each ``Limit<RESOURCE>=SOFT:HARD`` as the two
+    properties D-Bus takes, ``Limit<RESOURCE>Soft=SOFT`` and
+    ``Limit<RESOURCE>=HARD`` (a transient unit has no pair form).
+    ``PropertyError`` naming the pair's property if a part is no limit, the
+    soft one is above the hard one (systemd refuses the pair so), or
+    ``Limit<RESOURCE>Soft`` is given too."""
+    split: dict[str, str] = {}
+    for name, text in properties.items():
+        pair = rlimit_pair(name, text)
+        if pair is None:
+            split[name] = text
+            continue
+        _check_rlimit_pair(name, text, pair, source)
+        if f"{name}Soft" in properties:
+            raise PropertyError(
+                _label(name, source),
+                f"{quoted(text, SHOWN)} sets the soft limit, and so does"
+                f" {name}Soft: give one of them",
+            )
+        split[f"{name}Soft"], split[name] = pair
+    return split
+
+
+def _check_rlimit_pair(
+    name: str, text: str, pair: tuple[str, str], source: str
+) -> None:
+    soft, hard = (typed_property(name, part, source).value for part in pair)
+    if soft > hard:
+        raise PropertyError(
+            _label(name, source),
+            f"{quoted(text, SHOWN)}: the soft limit is above the hard one,"
+            " which systemd refuses (and setrlimit at every start)",
+        )
+
+
+def _label(name: str, source: str) -> str:
+    """How an error names property ``name``: as the request's option, or
+    by name alone for the configuration's."""
+    return f"SDEXEC_PROP_{name}" if source == "request" else name
 
 
 #: The largest finite limits systemd reads back from the unit's file, where
@@ -1449,6 +1505,5 @@ def typed_property(name: str, value: str, source: str = "request") -> UnitProper
             if problem is not None:
                 raise ValueError(problem)
     except ValueError as error:
-        label = f"SDEXEC_PROP_{name}" if source == "request" else name
-        raise PropertyError(label, str(error)) from None
+        raise PropertyError(_label(name, source), str(error)) from None
     return UnitProperty(typed.name, typed.signature, typed.value, source)

@@ -416,6 +416,11 @@ def test_a_value_systemd_refuses_for_every_unit_is_refused_here(name, value, tak
         # setrlimit refuses a soft limit above the hard one at every start.
         ({"LimitNOFILE": "1000", "LimitNOFILESoft": "2000"},
          "LimitNOFILESoft: LimitNOFILESoft=2000 above LimitNOFILE=1000"),
+        # systemd.exec(5)'s pair, its soft part above its hard one.
+        ({"LimitNOFILE": "2000:1000"},
+         "LimitNOFILE: '2000:1000': the soft limit is above the hard one"),
+        ({"LimitNOFILE": "1000:2000", "LimitNOFILESoft": "500"},
+         "LimitNOFILE: '1000:2000' sets the soft limit, and so does"),
         # Alone it sets the hard limit too: raising the soft one lowered it.
         ({"LimitNOFILESoft": "4096"}, "LimitNOFILESoft: give LimitNOFILE too"),
         # numa_policy_is_valid refuses them at every start (242; review 36 T2).
@@ -439,6 +444,13 @@ def test_a_priority_with_its_policy_and_limits_in_order_are_taken():
         "LimitNOFILESoft": "1024",
         "LimitNOFILE": "4096",
     }
+    assert properties(**table).exec.sdexec_properties == table
+
+
+def test_a_soft_hard_limit_is_taken_as_written():
+    # systemd.exec(5)'s SOFT:HARD (review session 46); kept as written, so
+    # that Flux's job-exec restating it word for word is the site's.
+    table = {"LimitNOFILE": "1024:4096", "LimitFSIZE": "1M:infinity"}
     assert properties(**table).exec.sdexec_properties == table
 
 

@@ -705,6 +705,27 @@ def test_a_newly_ordered_limit_only_tightens(name: str, site: str, requested: st
     assert_looser(policy, name, requested, f"{name}={site}")
 
 
+def test_a_soft_hard_limit_tightens_by_its_hard_one_and_is_split() -> None:
+    # systemd.exec(5)'s SOFT:HARD was refused as "not a number or infinity"
+    # (review session 46); allowed by its name, it becomes both properties.
+    policy = RequestPolicy(
+        allowed=frozenset({"LimitNOFILE"}), baseline={"LimitNOFILE": "1000"}
+    )
+    assert policy.accept({"LimitNOFILE": "5:10"}) == {
+        "LimitNOFILESoft": "5",
+        "LimitNOFILE": "10",
+    }
+    # The hard limit may not loosen the site's, whatever the soft one.
+    assert_looser(policy, "LimitNOFILE", "5:2000", "LimitNOFILE=1000")
+    assert refusal(policy, LimitNOFILE="5:2000").errstr.startswith(
+        "SDEXEC_PROP_LimitNOFILE: "
+    )
+    error = refusal(policy, LimitNOFILE="10:5")
+    assert error.errnum == errno.EINVAL
+    assert error.errstr.startswith("SDEXEC_PROP_LimitNOFILE: error setting property:")
+    assert "'10:5': the soft limit is above the hard one" in error.errstr
+
+
 def test_a_hard_resource_limit_needs_the_site_s_to_compare_with() -> None:
     policy = RequestPolicy(allowed=frozenset({"LimitNOFILE", "LimitNOFILESoft"}))
     error = refusal(policy, LimitNOFILE="1024")

@@ -22,6 +22,7 @@ from sdexec.property import (
     PropertyError,
     UnitProperty,
     parse_bool,
+    split_rlimit_pairs,
     typed_property,
     unknown_property_reason,
 )
@@ -381,7 +382,7 @@ def test_properties_systemd_types_are_sent_with_their_type(name, text, typed):
         ("OOMScoreAdjust", "1_0", "'1_0' is not a decimal integer"),
         ("Nice", "x", "'x' is not a decimal integer"),
         ("Nice", "", "'' is not a decimal integer"),
-        ("LimitNOFILE", "1024:4096", "give the soft limit as LimitNOFILESoft"),
+        ("LimitNOFILE", "1024:4096:8192", "'1024:4096:8192': one value, or in"),
         ("LimitNOFILE", "64K", "'64K' is not a decimal integer"),
         ("LimitMEMLOCK", "lots", "'lots' is not a size"),
         ("ReadOnlyPaths", "'/a", "No closing quotation"),
@@ -738,3 +739,53 @@ def test_a_long_value_is_split_without_shlex(monkeypatch):
     long = "/" + "a" * 900_000
     prop = typed_property("ReadOnlyPaths", f"{long} '/b c'", source="request")
     assert prop.value == [long, "/b c"]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "soft", "hard"),
+    [
+        ("LimitNOFILE", "5:10", "5", "10"),
+        ("LimitCPU", "60:infinity", "60", "infinity"),
+        ("LimitFSIZE", "1K:2M", "1K", "2M"),
+        ("LimitNICE", "20:40", "20", "40"),
+        ("LimitCORE", "0:0", "0", "0"),
+    ],
+)
+def test_a_soft_hard_limit_becomes_the_two_properties_d_bus_takes(
+    name, text, soft, hard
+):
+    # systemd.exec(5) takes SOFT:HARD in a unit's file and systemd-run -p;
+    # a transient unit takes Limit<X>Soft and Limit<X> apart, and sdexec
+    # refused the pair (review session 46).
+    split = split_rlimit_pairs({name: text, "Nice": "5"})
+    assert split == {f"{name}Soft": soft, name: hard, "Nice": "5"}
+
+
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        # systemd's rlimit_parse refuses soft above hard (EILSEQ).
+        ({"LimitNOFILE": "10:5"}, "'10:5': the soft limit is above the hard one"),
+        ({"LimitFSIZE": "2M:1K"}, "'2M:1K': the soft limit is above the hard one"),
+        ({"LimitCPU": "infinity:60"}, "the soft limit is above the hard one"),
+        ({"LimitNOFILE": "x:10"}, "'x' is not a decimal integer"),
+        ({"LimitNOFILE": "5:"}, "'' is not a decimal integer"),
+        ({"LimitNOFILE": "1:2:3"}, "'2:3': one value, or in LimitNOFILE one"),
+        ({"LimitNOFILE": "5:10", "LimitNOFILESoft": "7"},
+         "'5:10' sets the soft limit, and so does LimitNOFILESoft"),
+    ],
+)  # fmt: skip
+def test_a_soft_hard_limit_systemd_would_refuse_names_the_property(table, said):
+    with pytest.raises(PropertyError) as error:
+        split_rlimit_pairs(table)
+    assert str(error.value).startswith(
+        f"SDEXEC_PROP_{next(iter(table))}: error setting property: "
+    )
+    assert said in error.value.reason
+
+
+def test_a_soft_limit_is_no_pair():
+    # Only Limit<X> takes the pair; its Soft twin takes one value.
+    assert "one value, or in LimitNOFILE one soft:hard pair" in refused(
+        "LimitNOFILESoft", "5:10"
+    )

@@ -25,6 +25,7 @@ from support import (
     command,
     run,
     unit_names,
+    unit_properties,
     unit_property,
     until,
     usable_cpu,
@@ -466,6 +467,32 @@ async def test_a_request_s_limit_of_open_files_too_low_to_execute_is_named(
     assert result.error is not None
     assert result.error.errnum == errno.ENOENT
     assert "files, SDEXEC_PROP_LimitNOFILE=3 from the request," in result.error.errstr
+    await wait_until_reaped(service, "sdexec-*")
+
+
+@ensureDeferred
+async def test_a_request_s_soft_hard_limit_reaches_the_unit_as_both(start_service):
+    # systemd.exec(5)'s SOFT:HARD was refused as "not a number or infinity"
+    # (review session 46); over D-Bus it is LimitNOFILESoft and LimitNOFILE.
+    service = await start_service(
+        sdexec='request-properties = ["@default", "LimitNOFILE"]',
+        extra='[exec.sdexec-properties]\nLimitNOFILE = "1000:2000"\n',
+    )
+    client = await service.connect()
+    unit = f"sdexec-rlimit-pair-{os.getpid()}"
+    opts = {"SDEXEC_NAME": unit, "SDEXEC_PROP_LimitNOFILE": "64:128"}
+    job = Result()
+    script = "ulimit -Sn; ulimit -Hn; sleep 300"
+    handle = client.exec(command(["sh", "-c", script], opts=opts), FLAGS, job.collect)
+    await until(lambda: job.stdout.count(b"\n") >= 2, "the job told its limits")
+    shown = unit_properties(f"{unit}.service", "LimitNOFILESoft", "LimitNOFILE")
+    await handle.kill(15)
+    await handle.done
+    assert shown == {"LimitNOFILESoft": "64", "LimitNOFILE": "128"}
+    assert job.stdout.split() == [b"64", b"128"]
+    looser = await run(client, ["true"], opts={"SDEXEC_PROP_LimitNOFILE": "64:4096"})
+    assert looser.error is not None and looser.error.errnum == errno.EPERM
+    assert looser.error.errstr.startswith("SDEXEC_PROP_LimitNOFILE: ")
     await wait_until_reaped(service, "sdexec-*")
 
 

@@ -76,6 +76,7 @@ from sdexec.runrequest import (
     RUN_FLAGS,
     NotText,
     TerminalModes,
+    hold_signal,
 )
 from sdexec.signals import signal_name
 from sdexec.syncclient import ON_ITS_WAY_S, READABLE, Call, Connection, Exec, Loop
@@ -689,6 +690,7 @@ class _Job:
         self.outputs = {"stdout": Output(1, loop), "stderr": Output(2, loop)}
         self._connection: Connection | None = None
         self._stream: Exec | None = None
+        #: Signals for the process before it has started, each once.
         self._held_signals: list[int] = []
         self._stdin_open = not noinput and "stdin" not in stdio
         #: Our stdin is open for writing only (see :func:`_write_only`).
@@ -852,11 +854,9 @@ class _Job:
         start-timeout``, a manager away): one of
         :data:`INTERRUPTING_SIGNALS` gives the command up (our connection's
         close makes the service stop the unit, should it start anyway);
-        another waits for the start."""
-        if signum in COALESCED_SIGNALS and signum in self._held_signals:
-            return  # one held says it all
+        another waits for the start, once however often it came."""
         if signum not in INTERRUPTING_SIGNALS:
-            self._held_signals.append(signum)
+            hold_signal(self._held_signals, signum)
         elif self.interrupted is None:
             self.interrupted = signum
             if self._connection is not None:

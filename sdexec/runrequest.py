@@ -42,6 +42,7 @@ __all__ = [
     "TerminalModes",
     "base_directory",
     "build_command",
+    "hold_signal",
     "is_utf8",
 ]
 
@@ -67,10 +68,22 @@ FORWARDED_SIGNALS = (
 
 #: Forwarded signals of which one waiting says all that many would: a
 #: window dragged sends dozens of SIGWINCH a second, and the process needs
-#: only the last (it reads the size itself). At most one is kept before
-#: the start, and one kill for it is in flight at a time (no process ends
-#: of it, so nothing is told by the count).
+#: only the last (it reads the size itself). One kill for it is in flight
+#: at a time (no process ends of it, so nothing is told by the count).
+#: Before the start, every forwarded signal is held once at most
+#: (:func:`hold_signal`).
 COALESCED_SIGNALS = frozenset({signal.SIGWINCH})
+
+
+def hold_signal(held: list[int], signum: int) -> None:
+    """Add ``signum`` to ``held``, the signals waiting to be forwarded in
+    order of first arrival, unless one of it waits already: standard
+    signals do not queue (the process could not tell two pending from
+    one), and a flood of one must neither grow the list nor become a kill
+    request each, nor crowd out another signal that follows it."""
+    if signum not in held:
+        held.append(signum)
+
 
 #: A closed pipe kills the process as it would a local command: with stdio
 #: passthrough it writes to our stdout itself; framed, the client sends it

@@ -607,6 +607,57 @@ def test_run_forwards_its_signals_to_every_process_of_the_unit(serve):
         client.wait()
 
 
+def _served(pid: int) -> None:
+    """Wait until ``pid`` has been delivered its pending signals and is
+    asleep in poll(2) again: its loop has read them (it sleeps there only
+    with nothing to read, its signals' wakeup pipe included)."""
+    status = Path(f"/proc/{pid}/status")
+    for _ in range(6000):
+        pending = [
+            line.split()[1]
+            for line in status.read_text().splitlines()
+            if line.startswith(("SigPnd:", "ShdPnd:"))
+        ]
+        asleep = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+        if set("".join(pending)) == {"0"} and asleep == "S" and "poll" in wchan:
+            return
+        time.sleep(0.005)
+    raise AssertionError("the signals were never served")
+
+
+def test_run_holds_a_flood_of_one_signal_before_the_start_as_one(serve):
+    # Each held was a kill once the process had started: 200 SIGUSR1s
+    # during a long start grew the list for as long, and were 200 kills
+    # (which the process could not tell from one: standard signals do
+    # not queue). Each is served on its own here, then a SIGUSR2 after
+    # them is kept, and in its place.
+    kills: list[int] = []
+    asked, go = threading.Event(), threading.Event()
+    starting = starting_when(go, asked)
+
+    def script(request: dict) -> list[dict]:
+        if request["topic"] == "sdexec.exec":
+            return starting(request)
+        kills.append(request["payload"]["signum"])
+        return [response(request, {})]
+
+    client = subprocess.Popen(
+        [*_cli_against(serve(script)), "run", "-n", "true"], stdin=subprocess.DEVNULL
+    )
+    try:
+        assert asked.wait(30), "the exec was never sent"
+        for signum in [signal.SIGUSR1] * 200 + [signal.SIGUSR2]:
+            client.send_signal(signum)
+            _served(client.pid)
+        go.set()
+        _until(lambda: signal.SIGUSR2 in kills)
+        assert kills == [signal.SIGUSR1, signal.SIGUSR2]
+    finally:
+        client.kill()
+        client.wait()
+
+
 def _until(done: Callable[[], bool], send: Callable[[], None] = lambda: None) -> None:
     """Wait (30 s at most: a loaded node) until ``done()``, calling
     ``send()`` before each look."""

@@ -40,13 +40,13 @@ import os
 
 from sdexec.protocolbase import Topics, chosen_socket_path, passed_fds
 from sdexec.runrequest import (
-    COALESCED_SIGNALS,
     FORWARDED_SIGNALS,
     RUN_FLAGS,
     NotText,
     TerminalModes,
     base_directory,
     build_command,
+    hold_signal,
 )
 from sdexec.wire import encode_small_message
 
@@ -72,10 +72,6 @@ __all__ = [
 
 #: The exec's matchtag: the first of its connection.
 MATCHTAG = 1
-#: How many caught signals are kept until the command line serves them (a
-#: storm of them while it loads grows nothing; its own pipe drops too).
-_CAUGHT_KEPT = 64
-
 #: ``run``'s options read here that take no value, by their attribute.
 _SWITCHES = {"-n": "noinput", "--noinput": "noinput", "--usage": "usage"}
 #: ``run``'s options read here that take one, by their attribute.
@@ -187,17 +183,13 @@ def send(
 
 def _caught_from_now() -> list[int]:
     """The forwarded signals that come from now on, each caught and noted
-    (up to :data:`_CAUGHT_KEPT`) rather than acted on, but for one the
-    caller ignored. One of :data:`COALESCED_SIGNALS` is noted once: a
-    storm of resizes while the command line loads must not crowd out a
-    SIGTERM that follows it."""
+    once (:func:`hold_signal`) rather than acted on, but for one the
+    caller ignored: a storm of one while the command line loads grows
+    nothing, and does not crowd out a SIGTERM that follows it."""
     caught: list[int] = []
 
     def note(signum: int, _frame: object) -> None:
-        if len(caught) < _CAUGHT_KEPT and not (
-            signum in COALESCED_SIGNALS and signum in caught
-        ):
-            caught.append(signum)
+        hold_signal(caught, signum)
 
     for signum in FORWARDED_SIGNALS:
         if signal.getsignal(signum) != signal.SIG_IGN:

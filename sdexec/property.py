@@ -50,6 +50,7 @@ __all__ = [
     "level_of",
     "parse_bool",
     "parse_integer",
+    "property_label",
     "rlimit_pair",
     "shown_value",
     "split_rlimit_pairs",
@@ -672,7 +673,7 @@ def split_rlimit_pairs(
         _check_rlimit_pair(name, text, pair, source)
         if f"{name}Soft" in properties:
             raise PropertyError(
-                _label(name, source),
+                property_label(name, source),
                 f"{quoted(text, SHOWN)} sets the soft limit, and so does"
                 f" {name}Soft: give one of them",
             )
@@ -686,15 +687,16 @@ def _check_rlimit_pair(
     soft, hard = (typed_property(name, part, source).value for part in pair)
     if soft > hard:
         raise PropertyError(
-            _label(name, source),
+            property_label(name, source),
             f"{quoted(text, SHOWN)}: the soft limit is above the hard one,"
             " which systemd refuses (and setrlimit at every start)",
         )
 
 
-def _label(name: str, source: str) -> str:
-    """How an error names property ``name``: as the request's option, or
-    by name alone for the configuration's."""
+def property_label(name: str, source: str) -> str:
+    """How a message names property ``name`` from ``source``
+    (:attr:`UnitProperty.source`): as the request's option, or by name
+    alone for the configuration's and sdexec's own."""
     return f"SDEXEC_PROP_{name}" if source == "request" else name
 
 
@@ -1505,5 +1507,5 @@ def typed_property(name: str, value: str, source: str = "request") -> UnitProper
             if problem is not None:
                 raise ValueError(problem)
     except ValueError as error:
-        raise PropertyError(_label(name, source), str(error)) from None
+        raise PropertyError(property_label(name, source), str(error)) from None
     return UnitProperty(typed.name, typed.signature, typed.value, source)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdexec.exitstatus import SYSTEMD_EXIT_NAMES
-from sdexec.property import UnitProperty
+from sdexec.property import UnitProperty, property_label
 
 __all__ = ["UnitStatus", "queued_job", "wait_status"]
 
@@ -137,7 +137,7 @@ _SOURCES = {
 
 def _named(prop: UnitProperty) -> tuple[str, str]:
     """``prop``'s name as its source spells it, and that source in words."""
-    label = f"SDEXEC_PROP_{prop.name}" if prop.source == "request" else prop.name
+    label = property_label(prop.name, prop.source)
     return label, _SOURCES.get(prop.source, prop.source)
 
 

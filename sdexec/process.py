@@ -656,7 +656,9 @@ class Process:
             self._cancel_after_finished = reason
             self._cancel_receipt_deadline()  # a reconnect-timeout's: shorter now
             self._receipt_deadline = self._context.clock.callLater(
-                STOP_RECEIPT_WAIT, self._receipt_overdue_at_stop
+                STOP_RECEIPT_WAIT,
+                self._receipt_overdue,
+                f"the service is stopping (waited {STOP_RECEIPT_WAIT:g} s)",
             )
             return
         if self._receipt_deadline is not None:
@@ -667,13 +669,6 @@ class Process:
         self._cancel_after_finished = None
         self._fail(errno.ECANCELED, reason)
         self.abandon()
-
-    def _receipt_overdue_at_stop(self) -> None:
-        self._receipt_deadline = None  # it has fired
-        self._give_up_receipt(
-            f"the service is stopping (waited {STOP_RECEIPT_WAIT:g} s)"
-        )
-        self._after_receipt()
 
     def client_gone(self) -> None:
         """The client's connection closed: its process must not outlive it
@@ -1079,7 +1074,7 @@ class Process:
             self._receipt_fallback = state
             wait = self._context.receipt_wait
             self._receipt_deadline = self._context.clock.callLater(
-                wait, self._receipt_overdue, wait
+                wait, self._receipt_overdue, f"systemd was not back within {wait:g} s"
             )
             log.info(
                 "{unit}: the receipt's GetAll was lost with systemd ({error}):"
@@ -1099,9 +1094,11 @@ class Process:
             assert self._watch is not None  # a receipt is asked for a watched unit
             self._unit_changed(self._watch.state)  # a stop it releases follows it
 
-    def _receipt_overdue(self, wait: float) -> None:
+    def _receipt_overdue(self, why: str) -> None:
+        """The receipt's deadline (a stop's, or systemd's return's) passed:
+        ``finished`` goes without it, ``why`` said."""
         self._receipt_deadline = None  # it has fired
-        self._give_up_receipt(f"systemd was not back within {wait:g} s")
+        self._give_up_receipt(why)
         self._after_receipt()
 
     def _give_up_receipt(self, why: str) -> None:

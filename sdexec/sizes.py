@@ -91,11 +91,7 @@ def parse_size(text: str, base: int = 1024) -> int:
     match = _SIZE.fullmatch(text.strip())
     if match is None:
         if _is_a_sum(text):
-            raise SizeNotTaken(
-                f"{quoted(text, SHOWN)}: sdexec does not take a sum of sizes; write"
-                " it as one"
-                " (1.5G, not 1G 512M)"
-            )
+            raise _sum_refused(text)
         raise ValueError(
             f"{quoted(text, SHOWN)} is not a size (a number, alone or with {SUFFIXES})"
         )
@@ -176,10 +172,10 @@ def _flux_integer(match: re.Match[str], text: str) -> int:
         if match[group] is not None
     )
     if len(digits.lstrip("0")) > _FLUX_DIGITS[base]:
-        raise SizeTooLarge(f"{quoted(text, SHOWN)} is too large (16E or more)")
+        raise _too_large(text)
     size = int(digits, base) * 1024 ** _FLUX_SCALE[match["suffix"]]
     if size > UINT64_MAX:
-        raise SizeTooLarge(f"{quoted(text, SHOWN)} is too large (16E or more)")
+        raise _too_large(text)
     return size
 
 
@@ -190,15 +186,13 @@ def _flux_float(match: re.Match[str], text: str) -> int:
     try:
         magnitude = float(written) if match["float"] else float.fromhex(written)
     except OverflowError:  # fromhex's; float() gives inf, as strtold would
-        raise SizeTooLarge(
-            f"{quoted(text, SHOWN)} is too large (16E or more)"
-        ) from None
+        raise _too_large(text) from None
     if match["sign"] == "-" and magnitude != 0:
         raise ValueError(f"{quoted(text, SHOWN)} is not a size: a size is not negative")
     product = magnitude * 2.0 ** (10 * _FLUX_SCALE[match["suffix"]])
     # A product of 2**64 or more (inf too) is past what 64 bits hold.
     if product >= 2.0**64:
-        raise SizeTooLarge(f"{quoted(text, SHOWN)} is too large (16E or more)")
+        raise _too_large(text)
     return math.floor(product)
 
 
@@ -289,11 +283,7 @@ def memory_size(text: str) -> int:
         kept = _KEPT_SPELLING.fullmatch(text)
         if kept is None:
             if _is_a_sum(text):
-                raise SizeNotTaken(
-                    f"{quoted(text, SHOWN)}: sdexec does not take a sum of sizes;"
-                    " write it as"
-                    " one (1.5G, not 1G 512M)"
-                ) from None
+                raise _sum_refused(text) from None
             raise
         return parse_flux_size(kept["number"] + (kept["suffix"] or "").upper())
 
@@ -311,6 +301,19 @@ def octal_differs(text: str) -> bool:
         and not set(number) & {"8", "9"}
         and int(number, 8) != int(number, 10)
     )
+
+
+def _sum_refused(text: str) -> SizeNotTaken:
+    """The refusal of sizes added up, which systemd's parse_size takes."""
+    return SizeNotTaken(
+        f"{quoted(text, SHOWN)}: sdexec does not take a sum of sizes; write it as"
+        " one (1.5G, not 1G 512M)"
+    )
+
+
+def _too_large(text: str) -> SizeTooLarge:
+    """The refusal of a Flux size past 64 bits (:func:`parse_flux_size`)."""
+    return SizeTooLarge(f"{quoted(text, SHOWN)} is too large (16E or more)")
 
 
 def _is_a_sum(text: str) -> bool:

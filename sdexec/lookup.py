@@ -119,40 +119,49 @@ class ThreadedLookups:
             return _not_looked_up(
                 name, f"{self.stuck} lookups wait on a file system that does not answer"
             )
-        answer: defer.Deferred[Found] = defer.Deferred()
-        timer = self._clock.callLater(
-            self._timeout, self._timed_out, answer, command, default_cwd
-        )
-        finished = partial(self._finished, answer=answer, timer=timer)
+        call = partial(_outcome, command, default_cwd)
+        timed_out = partial(self._timed_out, command=command, default_cwd=default_cwd)
         try:
-            self._workers.run(
-                partial(_outcome, command, default_cwd),
-                partial(self._reactor.callFromThread, finished),
-            )
+            return self._in_worker(call, timed_out)
         except RuntimeError as error:  # no thread to be had: the node's limits
-            timer.cancel()
             return _not_looked_up(name, f"no thread to look it up in ({error})")
-        return answer
 
     def first_missing(self, paths: list[NamedPath]) -> defer.Deferred[NamedPath | None]:
         if self.stuck >= self._limit:
             return defer.succeed(None)  # not one more thread left waiting
-        answer: defer.Deferred[NamedPath | None] = defer.Deferred()
-        timer = self._clock.callLater(self._timeout, self._not_known, answer)
-        finished = partial(self._finished, answer=answer, timer=timer)
         try:
-            self._workers.run(
-                partial(first_missing, paths),
-                partial(self._reactor.callFromThread, finished),
+            return self._in_worker(
+                partial(first_missing, paths), lambda answer: answer.callback(None)
             )
         except RuntimeError:  # no thread to be had: not known
-            timer.cancel()
             return defer.succeed(None)
+
+    def _in_worker(
+        self,
+        call: Callable[[], Any],
+        timed_out: Callable[[defer.Deferred[Any]], None],
+    ) -> defer.Deferred[Any]:
+        """``call()`` in a worker thread, answered in the reactor's; past
+        the timeout, ``timed_out(answer)`` answers it instead, and the
+        thread counts as stuck until it ends. ``RuntimeError`` if no thread
+        can be had."""
+        answer: defer.Deferred[Any] = defer.Deferred()
+        timer = self._clock.callLater(self._timeout, self._stuck, answer, timed_out)
+        finished = partial(self._finished, answer=answer, timer=timer)
+        try:
+            self._workers.run(call, partial(self._reactor.callFromThread, finished))
+        except RuntimeError:
+            timer.cancel()
+            raise
         return answer
 
-    def _not_known(self, answer: defer.Deferred[NamedPath | None]) -> None:
+    def _stuck(
+        self,
+        answer: defer.Deferred[Any],
+        timed_out: Callable[[defer.Deferred[Any]], None],
+    ) -> None:
         self.stuck += 1
-        answer.callback(None)
+        timed_out(answer)
 
     def _finished(self, outcome: Any, answer: defer.Deferred[Any], timer: Any) -> None:
         if answer.called:
@@ -167,7 +176,6 @@ class ThreadedLookups:
     def _timed_out(
         self, answer: defer.Deferred[Found], command: Command, default_cwd: str
     ) -> None:
-        self.stuck += 1
         reason = self._timeout_reason(command, default_cwd)
         answer.errback(LookupTimedOut(errno.ETIMEDOUT, reason))
 

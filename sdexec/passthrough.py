@@ -96,8 +96,10 @@ class PassedStdio:
                 f" {len(self._fds)} file descriptor(s) came with it",
             )
         for stream, fd in zip(streams, self._fds, strict=True):
-            _check_kind(stream, fd)
-            self._check_not_a_connection(stream, fd)
+            mode = os.fstat(fd).st_mode
+            _check_kind(stream, fd, mode)
+            if stat.S_ISSOCK(mode):
+                self._check_not_a_connection(stream, fd)
         if streams:  # (NO_STDIO, shared, is never changed)
             self._by_stream = dict(zip(streams, self._fds, strict=True))
 
@@ -146,10 +148,8 @@ class PassedStdio:
 
 
 def _peer_address(fd: int) -> object:
-    """The address ``fd``'s peer is bound to, if ``fd`` is a connected unix
-    stream socket; else ``None``."""
-    if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-        return None
+    """The address the peer of socket ``fd`` is bound to, if it is a
+    connected unix stream socket; else ``None``."""
     try:
         sock = socket.socket(fileno=fd)
     except OSError:  # a socket whose kind Python cannot read
@@ -164,9 +164,10 @@ def _peer_address(fd: int) -> object:
         sock.detach()  # the descriptor stays the request's
 
 
-def _check_kind(stream: str, fd: int) -> None:
-    """``EINVAL`` naming ``stream`` if ``fd`` is no stream a process could
-    read or write: an ``O_PATH`` descriptor or a directory. Either would
+def _check_kind(stream: str, fd: int, mode: int) -> None:
+    """``EINVAL`` naming ``stream`` if ``fd`` (of file mode ``mode``) is no
+    stream a process could read or write: an ``O_PATH`` descriptor or a
+    directory. Either would
     also take the process past the file-system sandboxing the site set for
     its unit (``ProtectHome``, ``InaccessiblePaths``, ``ReadOnlyPaths``,
     ``TemporaryFileSystem``): ``openat`` from it, or a reopen through
@@ -174,7 +175,7 @@ def _check_kind(stream: str, fd: int) -> None:
     the unit's (what a leaked directory descriptor lets a container do)."""
     if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
         kind = "was opened with O_PATH (it can be neither read nor written)"
-    elif stat.S_ISDIR(os.fstat(fd).st_mode):
+    elif stat.S_ISDIR(mode):
         kind = "is a directory"
     else:
         return

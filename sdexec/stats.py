@@ -103,13 +103,18 @@ class _Kept(Generic[_K, _T]):
     def keep(self, key: _K, value: _T, cost: float) -> None:
         """Keep ``value``, made now at ``cost`` seconds of the service's time."""
         now = self._clock.seconds()
-        # At most a second: a stall while it was made (a paused VM, a long
-        # collection) is not its cost to make again.
-        reuse = min(cost / STATS_SHARE, MAX_REUSE_S)
         self._answers.pop(key, None)  # the newest last
-        self._answers[key] = (now, now + reuse, value)
+        self._answers[key] = (now, now + _reuse_seconds(cost), value)
         while len(self._answers) > self._capacity:
             del self._answers[next(iter(self._answers))]
+
+
+def _reuse_seconds(cost: float) -> float:
+    """How long an answer that cost ``cost`` seconds to make is given again
+    (and the next new one waits): ``1 / STATS_SHARE`` times its cost, at
+    most a second: a stall while it was made (a paused VM, a long
+    collection) is not its cost to make again."""
+    return min(cost / STATS_SHARE, MAX_REUSE_S)
 
 
 def recent(
@@ -247,7 +252,7 @@ class RecentByKey(Generic[_K, _T]):
         """The answer made cost ``cost``: the next waits as long as it
         would be given again (:class:`_Kept`)."""
         self._making = False
-        self._rest_until = self._clock.seconds() + min(cost / STATS_SHARE, MAX_REUSE_S)
+        self._rest_until = self._clock.seconds() + _reuse_seconds(cost)
         self._next()
 
 

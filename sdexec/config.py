@@ -1424,7 +1424,7 @@ def load_config_quietly(path: str | os.PathLike[str]) -> Config:
     except ConfigError as error:
         raise data.naming_the_file(error) from None
     warnings = tuple(data.naming_the_file_in(w, source) for w in config.warnings)
-    return replace(config, warnings=data.overridden + warnings)
+    return replace(config, warnings=(*data.overridden, *warnings))
 
 
 def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, str]:
@@ -1461,7 +1461,7 @@ class _Fragments(dict):
         #: The file that last set each key path (``"exec.kill-timeout"``).
         self.origins: dict[str, str] = {}
         #: A warning for each key a later file set again.
-        self.overridden: tuple[str, ...] = ()
+        self.overridden: list[str] = []
 
     def merge(self, table: dict, source: str) -> None:
         """Merge the document of the file ``source`` into this one."""
@@ -1474,10 +1474,10 @@ class _Fragments(dict):
                 self._merge_into(into[key], value, source, f"{path}.")
                 continue
             if key in into:
-                self.overridden += (
+                self.overridden.append(
                     f"{source}: {path}: also set in {self.origins[path]};"
                     " this file's value is used, as Flux uses it (the later"
-                    " file by name)",
+                    " file by name)"
                 )
             into[key] = value
             self._set_origins(path, value, source)

@@ -31,6 +31,11 @@ from sdexec.procfs import (
     process_exists,
     process_status,
 )
+from sdexec.property import (
+    PropertyError,
+    properties_together_problem,
+    split_rlimit_pairs,
+)
 from sdexec.receipt import unit_cgroup_exists
 from sdexec.rset import ResourceSet
 from sdexec.sizes import UINT64_MAX, MemoryLimit
@@ -224,13 +229,23 @@ def map_resources(
     :class:`~sdexec.map.HwlocMapper` scales), every value a string: what
     the service gives a job, and ``python3 -m sdexec.map`` shows.
 
-    :class:`MapperError` naming ``mapper_class`` if the mapper raises, or
-    returns something other than a mapping; naming R's option if it raises
+    The mapper is given the site's properties as the unit gets them, a
+    ``Limit<X>=SOFT:HARD`` pair as ``Limit<X>Soft=SOFT`` and
+    ``Limit<X>=HARD``, and its own pairs are split so too: a mapper
+    comparing ``LimitNOFILE`` with the site's must read the hard limit the
+    job gets, never ``"1024:4096"``.
+
+    :class:`MapperError` naming ``mapper_class`` if the mapper raises,
+    returns something other than a mapping, a ``Limit`` pair that is none,
+    or a limit that clashes with the site's (a hard limit below its soft
+    one, which every job would fail on); naming R's option if it raises
     :class:`~sdexec.map.mapper.UnfenceableRequest` (R's fault, not its).
     """
+    # As the unit gets them (checked when the configuration was loaded).
+    site = split_rlimit_pairs(extra_properties, "config")
     try:
         # A copy: a mapper may change what it is given.
-        mapped = mapper.map(R, extra_properties=dict(extra_properties))
+        mapped = mapper.map(R, extra_properties=dict(site))
     except UnfenceableRequest as error:
         raise MapperError(f"{R_OPTION}: {error}", str(error)) from error
     except OSError as error:
@@ -249,7 +264,34 @@ def map_resources(
             raise MapperError(f"mapper {mapper_class} {reason}", reason)
     # Values reach systemd as strings; a custom mapper may give ints or
     # booleans (str(True) is "True", which the property parser accepts).
-    return {str(name): str(value) for name, value in mapped.items()}
+    strings = {str(name): str(value) for name, value in mapped.items()}
+    return _limits_as_sent(strings, site, mapper_class)
+
+
+def _limits_as_sent(
+    mapped: dict[str, str], site: Mapping[str, str], mapper_class: str
+) -> dict[str, str]:
+    """``mapped`` with each ``Limit<X>=SOFT:HARD`` as its two properties,
+    as the site's and a request's are (a pair reaching the unit as it is
+    failed every job, told as no mapper's); :class:`MapperError` naming
+    the mapper for a pair that is none, or for a limit of its that, laid
+    over the site's, systemd refuses (``LimitNOFILE=512`` under the site's
+    ``LimitNOFILESoft=1024``: every job failed, told as the site's and a
+    request's fault, neither of which had set it)."""
+    try:
+        split = split_rlimit_pairs(mapped, "containment")
+    except PropertyError as error:
+        raise _mapper_refused(mapper_class, f"{error.label}: {error.reason}") from None
+    problem = properties_together_problem({**site, **split})
+    if problem is not None:
+        names, why = problem
+        theirs = ", ".join(name for name in names if name in split)
+        site_said = [name for name in names if name not in split]
+        said = f" ({', '.join(site_said)} from [exec.sdexec-properties])"
+        raise _mapper_refused(
+            mapper_class, f"{theirs}: {why}{said if site_said else ''}"
+        )
+    return split
 
 
 #: The value types a mapper may return, made strings as systemd reads them.
@@ -270,6 +312,12 @@ def _not_a_string(name: str, value: object) -> str:
 
 def _mapper_failed(mapper_class: str, reason: str) -> MapperError:
     return MapperError(f"mapper {mapper_class} failed: {reason}", reason)
+
+
+def _mapper_refused(mapper_class: str, problem: str) -> MapperError:
+    """What the mapper returned, refused: ``problem`` names the property."""
+    reason = f"returned {problem}"
+    return MapperError(f"mapper {mapper_class} {reason}", reason)
 
 
 def _reason(error: Exception) -> str:

@@ -55,7 +55,7 @@ import sdexec.procfs
 import sdexec.server
 from sdexec.client import RPCError
 from sdexec.command import Command
-from sdexec.config import ConfigError, parse_config
+from sdexec.config import Config, ConfigError, parse_config
 from sdexec.containment import (
     MEMORY_NOT_ENFORCED,
     R_OPTION,
@@ -1032,16 +1032,23 @@ class FakeMapper:
         return self.result
 
 
-def _containment(result, constrain: bool = True) -> tuple[Containment, FakeMapper]:
-    config = parse_config(
+def _site_config(site: dict[str, str], constrain: bool = True) -> Config:
+    """Containment by ``site.mappers.Fake``, ``site`` its sdexec-properties."""
+    return parse_config(
         {
             "exec": {
                 "sdexec-constrain-resources": constrain,
-                "sdexec-properties": {"MemoryMax": "1G"},
+                "sdexec-properties": site,
             },
             "sdexec": {"mapper": "site.mappers.Fake"},
         }
     )
+
+
+def _containment(
+    result, constrain: bool = True, site: dict[str, str] | None = None
+) -> tuple[Containment, FakeMapper]:
+    config = _site_config({"MemoryMax": "1G"} if site is None else site, constrain)
     mapper = FakeMapper(result)
     return Containment(config, mapper), mapper
 
@@ -1137,6 +1144,109 @@ def test_a_mapper_s_os_error_keeps_the_file_it_names():
         "mapper site.mappers.Fake failed: No such file or directory:"
         " '/etc/site/gpu-map.json'"
     )
+
+
+# --- A soft:hard limit, as the mapper sees and gives it ----------------------
+
+#: The site's nofile limit as an admin writes it (systemd.exec(5)'s pair),
+#: which a job's unit gets as LimitNOFILESoft=1024 and LimitNOFILE=4096.
+PAIR_SITE = {"LimitNOFILE": "1024:4096"}
+
+
+class HalvingMapper(FakeMapper):
+    """A site's mapper that gives a job half the site's hard nofile limit,
+    read from ``extra_properties`` as a number."""
+
+    def map(self, R, extra_properties=None):
+        self.calls.append((R, extra_properties))
+        return {
+            "AllowedCPUs": "0",
+            "LimitNOFILE": int(extra_properties["LimitNOFILE"]) // 2,
+        }
+
+
+def _unit_limits(containment: Containment, config: Config) -> dict[str, tuple]:
+    """The nofile limits the unit of a job on core 0 gets, and their sources."""
+    payload = {
+        "flags": STREAMS,
+        "cmd": command(["true"], opts={R_OPTION: r_local("0")}),
+    }
+    plan = plan_exec(payload, config, containment)
+    return {
+        p.name: (p.value, p.source)
+        for p in plan.properties
+        if p.name.startswith("LimitNOFILE")
+    }
+
+
+def test_the_mapper_sees_a_site_s_soft_hard_limit_as_the_unit_gets_it():
+    # It was given "1024:4096", the admin's words, while the unit got the
+    # pair as two limits: a mapper reading the hard limit as a number
+    # failed every job (int("1024:4096")).
+    config = _site_config(PAIR_SITE)
+    mapper = HalvingMapper(None)
+    limits = _unit_limits(Containment(config, mapper), config)
+    assert mapper.calls[0][1] == {"LimitNOFILESoft": "1024", "LimitNOFILE": "4096"}
+    assert limits == {
+        "LimitNOFILESoft": (1024, "config"),
+        "LimitNOFILE": (2048, "containment"),
+    }
+
+
+def test_a_mapper_s_soft_hard_pair_reaches_the_unit_as_its_two_limits():
+    # A mapper giving back the site's words, a pair, failed every job:
+    # "LimitNOFILE: error setting property: '1024:4096': one value, or in
+    # LimitNOFILE one soft:hard pair", naming no mapper; the CLI showed it
+    # as mapped.
+    config = _site_config(PAIR_SITE)
+    mapper = FakeMapper({"AllowedCPUs": "0", "LimitNOFILE": "100:200"})
+    containment = Containment(config, mapper)
+    assert containment.properties(_request()) == {
+        "AllowedCPUs": "0",
+        "LimitNOFILESoft": "100",
+        "LimitNOFILE": "200",
+    }
+    assert _unit_limits(containment, config) == {
+        "LimitNOFILESoft": (100, "containment"),
+        "LimitNOFILE": (200, "containment"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        (
+            # Told as "LimitNOFILESoft of [exec.sdexec-properties]: ..., with
+            # the request's", when no request had set any.
+            {"LimitNOFILE": "512"},
+            "returned LimitNOFILE: LimitNOFILESoft=1024 above LimitNOFILE=512,"
+            " which setrlimit refuses at every start (LimitNOFILESoft from"
+            " [exec.sdexec-properties])",
+        ),
+        (
+            {"LimitNOFILESoft": "8192"},
+            "returned LimitNOFILESoft: LimitNOFILESoft=8192 above"
+            " LimitNOFILE=4096, which setrlimit refuses at every start"
+            " (LimitNOFILE from [exec.sdexec-properties])",
+        ),
+        (
+            {"LimitNOFILE": "200:100"},
+            "returned LimitNOFILE: '200:100': the soft limit is above the hard"
+            " one, which systemd refuses (and setrlimit at every start)",
+        ),
+        (
+            {"LimitNOFILE": "lots:100"},
+            "returned LimitNOFILE: 'lots' is not a decimal integer",
+        ),
+    ],
+    ids=["hard-below-site-soft", "soft-above-site-hard", "pair-reversed", "no-limit"],
+)
+def test_a_mapper_s_limit_systemd_refuses_names_the_mapper(limits, message):
+    containment, _ = _containment({"AllowedCPUs": "0", **limits}, site=PAIR_SITE)
+    with pytest.raises(MapperError) as raised:
+        containment.properties(_request())
+    assert str(raised.value).startswith(f"mapper site.mappers.Fake {message}")
+    assert raised.value.reason.startswith(message)
 
 
 def sent_job(

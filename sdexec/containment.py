@@ -35,6 +35,7 @@ from sdexec.property import (
     PropertyError,
     properties_together_problem,
     split_rlimit_pairs,
+    typed_property,
 )
 from sdexec.receipt import unit_cgroup_exists
 from sdexec.rset import ResourceSet
@@ -265,21 +266,27 @@ def map_resources(
     # Values reach systemd as strings; a custom mapper may give ints or
     # booleans (str(True) is "True", which the property parser accepts).
     strings = {str(name): str(value) for name, value in mapped.items()}
-    return _limits_as_sent(strings, site, mapper_class)
+    return _as_sent(strings, site, mapper_class)
 
 
-def _limits_as_sent(
+def _as_sent(
     mapped: dict[str, str], site: Mapping[str, str], mapper_class: str
 ) -> dict[str, str]:
     """``mapped`` with each ``Limit<X>=SOFT:HARD`` as its two properties,
     as the site's and a request's are (a pair reaching the unit as it is
     failed every job, told as no mapper's); :class:`MapperError` naming
-    the mapper for a pair that is none, or for a limit of its that, laid
+    the mapper for a value systemd cannot take (a pair that is none
+    among them), or for a limit of its that, laid
     over the site's, systemd refuses (``LimitNOFILE=512`` under the site's
     ``LimitNOFILESoft=1024``: every job failed, told as the site's and a
     request's fault, neither of which had set it)."""
     try:
         split = split_rlimit_pairs(mapped, "containment")
+        for name, value in split.items():
+            # As the unit's properties are typed: a value systemd cannot
+            # take failed every job as "MemoryMax: error setting property",
+            # naming no mapper (the site's was fine), and the CLI showed it.
+            typed_property(name, value, "containment")
     except PropertyError as error:
         raise _mapper_refused(mapper_class, f"{error.label}: {error.reason}") from None
     problem = properties_together_problem({**site, **split})

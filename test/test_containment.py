@@ -1101,8 +1101,21 @@ def test_properties_pass_r_and_sdexec_properties_and_stringify():
             {"AllowedCPUs": "0", "MemoryMax": None},
             "mapper site.mappers.Fake returned MemoryMax as NoneType, not a string",
         ),
+        (
+            # Typed only on the unit: "AllowedCPUs: error setting property:
+            # ...", naming no mapper, for every job; the CLI showed it mapped.
+            {"AllowedCPUs": "zero"},
+            "mapper site.mappers.Fake returned AllowedCPUs: invalid idset"
+            " 'zero': 'zero' is not an id",
+        ),
+        (
+            {"AllowedCPUs": "0", "ExecStart": "/bin/sh"},
+            "mapper site.mappers.Fake returned ExecStart: systemd takes it as"
+            " D-Bus a(sasb), which sdexec does not convert to (sent as a"
+            " string, it would fail every job)",
+        ),
     ],
-    ids=["raises", "list", "none", "list-value", "none-value"],
+    ids=["raises", "list", "none", "list-value", "none-value", "no-cpus", "untyped"],
 )
 def test_mapper_failures_name_the_class(result, message):
     containment, _ = _containment(result)

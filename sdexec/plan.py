@@ -768,6 +768,14 @@ def _typed_properties(
         raise RequestError(errno.EINVAL, str(error)) from None
 
 
+#: Where a property not of the request came from, as an error tells it.
+_ORIGINS = {
+    "config": "from [exec.sdexec-properties]",
+    "containment": "from the mapper",
+    "sdexec": "sdexec's own",
+}
+
+
 def _check_together(merged: Mapping[str, str], sources: Mapping[str, str]) -> None:
     """EINVAL for properties systemd refuses together, named as the request
     gave them (the site's were checked together at load)."""
@@ -777,10 +785,12 @@ def _check_together(merged: Mapping[str, str], sources: Mapping[str, str]) -> No
     names, why = problem
     name = next((n for n in names if sources.get(n) == "request"), names[0])
     if sources.get(name) != "request":
-        raise RequestError(
-            errno.EINVAL,
-            f"{name} of [exec.sdexec-properties]: {why}, with the request's",
+        # The site's and the mapper's were checked as they came: told as
+        # they are, no request had a part in it.
+        told = ", ".join(
+            f"{n} {_ORIGINS.get(sources.get(n, ''), 'unset')}" for n in names
         )
+        raise RequestError(errno.EINVAL, f"{why} ({told})")
     if names == (name,) and name.endswith("Soft"):
         # A soft limit alone: its hard one is a request's only under the
         # site's (the policy orders hard limits), so say that, not "give it".

@@ -74,7 +74,7 @@ from sdexec.idset import IDset
 from sdexec.map.mapper import UnfenceableRequest
 from sdexec.map.topology import Topology
 from sdexec.nodememory import physical_memory
-from sdexec.plan import plan_exec
+from sdexec.plan import RequestError, _check_together, plan_exec
 from sdexec.procfs import process_exists
 from sdexec.protocol import ExecFlag
 from sdexec.refusal import RequestRefused
@@ -2149,3 +2149,19 @@ def test_a_list_the_mapper_sets_is_named_as_the_mapper_s_in_a_refusal():
     assert refused.value.errstr.startswith(
         "SDEXEC_PROP_IODeviceWeight: containment (the mapper) sets IODeviceWeight;"
     )
+
+
+def test_properties_refused_together_not_the_request_s_name_where_they_came_from():
+    """Review session 47: where no property at fault was the request's (the
+    site's and the mapper's are checked as they come, so only a path
+    missed there gets here), the refusal said "of [exec.sdexec-properties]
+    ..., with the request's", blaming a request and naming the mapper's
+    value as the site's."""
+    merged = {"NUMAPolicy": "bind"}
+    with pytest.raises(RequestError) as raised:
+        _check_together(merged, {"NUMAPolicy": "containment"})
+    assert raised.value.errnum == errno.EINVAL
+    text = str(raised.value)
+    assert "request" not in text
+    assert "NUMAPolicy bind needs NUMAMask" in text
+    assert text.endswith("(NUMAPolicy from the mapper, NUMAMask unset)")

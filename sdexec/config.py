@@ -900,7 +900,7 @@ def _properties(value: object) -> Mapping[str, str]:
 def _check_property(name: object, value: object) -> None:
     if not is_property_word(name):
         raise _PropertyError(name, "expected a systemd property name such as MemoryMax")
-    reason = _reserved_reason(name)
+    reason = site_reserved_reason(name)
     if reason is not None:
         raise _PropertyError(name, f"reserved: {reason}")
     unknown = unknown_property_reason(name, _is_reserved)
@@ -931,15 +931,16 @@ def _check_property(name: object, value: object) -> None:
         raise _PropertyError(name, error.reason) from None
 
 
-def _reserved_reason(name: str) -> str | None:
-    """Why the configuration may not set property ``name``, or ``None``."""
+def site_reserved_reason(name: str) -> str | None:
+    """Why the configuration (or a mapper, in the site's place) may not set
+    property ``name``, or ``None``."""
     if name in RESERVED_PROPERTIES:
         return f"sdexec sets {name} itself"
     return unit_handling_reason(name)
 
 
 def _is_reserved(name: str) -> bool:
-    return _reserved_reason(name) is not None
+    return site_reserved_reason(name) is not None
 
 
 def _is_oom_score_adjust(text: str) -> bool:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sdexec.command import Command
-from sdexec.config import Config, ConfigError, read_text_file
+from sdexec.config import Config, ConfigError, read_text_file, site_reserved_reason
 from sdexec.idset import IDset
 from sdexec.map import ResourceMapper, create_mapper
 from sdexec.map.mapper import UnfenceableRequest, rank_problem
@@ -32,10 +32,12 @@ from sdexec.procfs import (
     process_status,
 )
 from sdexec.property import (
+    CONTAINMENT_PROPERTIES,
     PropertyError,
     properties_together_problem,
     split_rlimit_pairs,
     typed_property,
+    unknown_property_reason,
 )
 from sdexec.receipt import unit_cgroup_exists
 from sdexec.rset import ResourceSet
@@ -260,9 +262,11 @@ def map_resources(
         reason = f"returned {type(mapped).__name__}, not a dict of properties"
         raise MapperError(f"mapper {mapper_class} {reason}", reason)
     for name, value in mapped.items():
-        if not isinstance(value, _SCALARS):
-            reason = _not_a_string(name, value)
-            raise MapperError(f"mapper {mapper_class} {reason}", reason)
+        refused = _name_refused(str(name))
+        if refused is None and not isinstance(value, _SCALARS):
+            refused = _not_a_string(name, value)
+        if refused is not None:
+            raise MapperError(f"mapper {mapper_class} {refused}", refused)
     # Values reach systemd as strings; a custom mapper may give ints or
     # booleans (str(True) is "True", which the property parser accepts).
     strings = {str(name): str(value) for name, value in mapped.items()}
@@ -303,6 +307,22 @@ def _as_sent(
 
 #: The value types a mapper may return, made strings as systemd reads them.
 _SCALARS = (str, int, float)
+
+
+def _name_refused(name: str) -> str | None:
+    """Why a mapper may not return property ``name``, or ``None``: the
+    site's own rule for ``[exec.sdexec-properties]`` (a mapper sets
+    properties in the site's place), but for the fences and the slice,
+    which are a mapper's to set. ``Restart=`` would run a failed job again
+    behind sdexec's back, and an unknown name fails every job in systemd,
+    told there without the mapper's name."""
+    if name in CONTAINMENT_PROPERTIES or name == "Slice":
+        return None
+    reserved = site_reserved_reason(name)
+    if reserved is not None:
+        return f"returned {name}: reserved: {reserved}"
+    unknown = unknown_property_reason(name)
+    return f"returned {name}: {unknown}" if unknown is not None else None
 
 
 def _not_a_string(name: str, value: object) -> str:

@@ -1109,13 +1109,44 @@ def test_properties_pass_r_and_sdexec_properties_and_stringify():
             " 'zero': 'zero' is not an id",
         ),
         (
-            {"AllowedCPUs": "0", "ExecStart": "/bin/sh"},
-            "mapper site.mappers.Fake returned ExecStart: systemd takes it as"
-            " D-Bus a(sasb), which sdexec does not convert to (sent as a"
+            {"AllowedCPUs": "0", "ExtensionImages": "/img.raw"},
+            "mapper site.mappers.Fake returned ExtensionImages: systemd takes it"
+            " as D-Bus a(sba(ss)), which sdexec does not convert to (sent as a"
             " string, it would fail every job)",
         ),
+        # Review session 47: the site's own rule for its properties, but for
+        # the fences and the slice. ExecStart was refused only as untyped;
+        # Restart=always was sent (a failed job run again behind sdexec's
+        # back); a misspelt name failed every job in systemd, naming no
+        # mapper.
+        (
+            {"AllowedCPUs": "0", "ExecStart": "/bin/sh"},
+            "mapper site.mappers.Fake returned ExecStart: reserved: sdexec sets"
+            " ExecStart itself",
+        ),
+        (
+            {"AllowedCPUs": "0", "Restart": "always"},
+            "mapper site.mappers.Fake returned Restart: reserved: lifecycle:"
+            " sdexec stops, kills and reaps the unit itself",
+        ),
+        (
+            {"AllowedCPUs": "0", "MemroyMax": "1G"},
+            "mapper site.mappers.Fake returned MemroyMax: unknown property:"
+            " systemd would refuse every unit with it (did you mean MemoryMax?)",
+        ),
     ],
-    ids=["raises", "list", "none", "list-value", "none-value", "no-cpus", "untyped"],
+    ids=[
+        "raises",
+        "list",
+        "none",
+        "list-value",
+        "none-value",
+        "no-cpus",
+        "untyped",
+        "reserved",
+        "lifecycle",
+        "unknown",
+    ],
 )
 def test_mapper_failures_name_the_class(result, message):
     containment, _ = _containment(result)

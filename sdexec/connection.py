@@ -114,6 +114,16 @@ class ClientProtocol(StdioReceivingProtocol):
         #: The socket watched for the client's close meanwhile (it is not
         #: read, so Twisted would not see it).
         self._hangup_fd: int | None = None
+        #: That watch is for its close alone (it has shut down its writing).
+        self._hangup_gone_only = False
+        #: The client has shut down its writing (seen by the watch, or read):
+        #: what it sent before is still read and handled, in order.
+        self._half_closed = False
+        #: Its EOF was read: everything it sent has been read.
+        self._eof_read = False
+        #: Answers still to be sent (kills awaiting systemd, a background
+        #: exec's one response): a half-closed connection closes after them.
+        self._due = 0
         #: Requests whose answer is a Deferred not fired yet (kills).
         self._unanswered = 0
         #: What was read but not yet handled, oldest first (while paused, or
@@ -212,33 +222,52 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def readConnectionLost(self) -> None:
         """The client shut down its writing (``shutdown(SHUT_WR)``, as socat
-        and nc do at the end of their input), or closed the connection: it
-        has left, but what it was answered is written out before the
-        connection closes (Twisted closed it at once, and dropped them: such
-        a client had EOF alone, even for a ``list``)."""
-        self._client_left()
-        self.transport.loseConnection()
+        and nc do at the end of their input), or closed the connection, and
+        everything it sent before has been read: it leaves once that is
+        handled and answered (:meth:`_leave_once_answered`; Twisted closed
+        it at once, and dropped the answers: such a client had EOF alone,
+        even for a ``list``). Reading stops for good: resumed, it would
+        read the EOF again."""
+        self._eof_read = self._half_closed = True
+        self._settle_hangup_watch()
+        self._leave_once_answered()
+
+    def _leave_once_answered(self) -> None:
+        """Once its EOF is read and every request before it handled and
+        answered (:attr:`_answering`), a half-closed client leaves as one
+        that closes (:meth:`_client_left`: its streams end) and its
+        connection closes once all it was sent is written: answers that
+        came after it shut down its writing are not lost."""
+        if self._eof_read and not (self._left or self._answering):
+            self._client_left()
+            self.transport.loseConnection()
+
+    @property
+    def _answering(self) -> bool:
+        """Whether a request read is not yet handled, or an answer to one
+        not yet sent (:attr:`_due`)."""
+        return bool(self._held or self._waiting or self._pending_execs or self._due)
 
     def writeConnectionLost(self) -> None:
         """Never called: the service does not shut down its writing alone."""
 
     def dataReceived(self, data: bytes) -> None:
         if self._left:
-            # Read to its end after a half-close, for the connection to
-            # close as one that was read (_shut_down_unread): dropped.
+            # Read after a protocol error answered (the connection closes):
+            # dropped.
             self.drop_read()
             return
         super().dataReceived(data)
 
     def _client_left(self) -> None:
         """The client has left, or is taken as gone while its connection
-        still writes out what it was sent (a protocol error, its writing
-        shut down): nothing more of it is handled, what waits for its
-        pending execs is dropped (a background exec still runs), its
-        streaming processes are killed and stopped, and its waits and
-        attaches end: at once, not when a client that does not read has
-        read its last words. Called again once the connection is lost,
-        which kills nothing twice."""
+        still writes out what it was sent (a protocol error; its writing
+        shut down, once all it sent before is answered): nothing more of it
+        is handled, what waits for its pending execs is dropped (a
+        background exec still runs), its streaming processes are killed and
+        stopped, and its waits and attaches end: at once, not when a client
+        that does not read has read its last words. Called again once the
+        connection is lost, which kills nothing twice."""
         self._lost = True
         self._unwatch_hangup()
         self._handle_ready_waiting()  # (drops all but background execs)
@@ -393,6 +422,8 @@ class ClientProtocol(StdioReceivingProtocol):
             lambda payload: self._send(topic, matchtag, payload),
             lambda failure: self._send_later_error(topic, matchtag, failure),
         )
+        self._due += 1
+        answer.addBoth(self._answer_sent)
         if sent is None:
             self._count_unanswered(answer)
         else:
@@ -418,6 +449,12 @@ class ClientProtocol(StdioReceivingProtocol):
         if self._too_many_unanswered:
             self._pause_reading()
             self._settle_hangup_watch()
+
+    def _answer_sent(self, result: object = None) -> object:
+        """An answer :attr:`_due` has been sent (or never will be)."""
+        self._due -= 1
+        self._leave_once_answered()
+        return result  # a failure to send the answer is still reported
 
     def _answered(self, result: object) -> object:
         was_full = self._too_many_unanswered
@@ -596,7 +633,11 @@ class ClientProtocol(StdioReceivingProtocol):
     ) -> None:
         """Start the looked-up exec; a refusal raised here closes ``stdio``
         (:meth:`_found_or_refused`)."""
-        stream = self._open_stream(matchtag, Topic.EXEC, single=not streaming)
+        # A background exec's one response is due to a half-closed client;
+        # a stream ends when its client leaves.
+        stream = self._open_stream(
+            matchtag, Topic.EXEC, single=not streaming, due=not streaming
+        )
         try:
             answered = self.server.exec(
                 self.connection_id,
@@ -711,6 +752,7 @@ class ClientProtocol(StdioReceivingProtocol):
         self._forget(pending)
         self._handle_ready_waiting()
         self._check_lookups_cap()
+        self._leave_once_answered()
 
     def _handle_ready_waiting(self) -> None:
         """Handle the waiting requests that depend on no pending exec any
@@ -824,14 +866,25 @@ class ClientProtocol(StdioReceivingProtocol):
             stream.close()
             raise
 
-    def _open_stream(self, matchtag: int, topic: str, single: bool = False) -> _Stream:
+    def _open_stream(
+        self, matchtag: int, topic: str, single: bool = False, due: bool = False
+    ) -> _Stream:
         """The responder of a request on ``matchtag`` (``single``: it is
-        answered once); EEXIST while a stream of this connection is open on
-        it (the client could not tell their responses apart)."""
+        answered once; ``due``: its answer counts as :attr:`_due` until
+        sent); EEXIST while a stream of this connection is open on it (the
+        client could not tell their responses apart)."""
         if matchtag in self._open_streams:
             raise RequestError(errno.EEXIST, f"matchtag {matchtag} is already in use")
         self._open_streams.add(matchtag)
-        return _Stream(self, matchtag, topic, single, self._open_streams.discard)
+        if due:
+            self._due += 1
+        return _Stream(self, matchtag, topic, single, partial(self._closed, due))
+
+    def _closed(self, due: bool, matchtag: int) -> None:
+        """A stream has sent its last response, or will send none."""
+        self._open_streams.discard(matchtag)
+        if due:
+            self._answer_sent()
 
     def _write(self, matchtag: int, payload: dict) -> None:
         process = self.server.write(self.connection_id, payload)
@@ -854,12 +907,17 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def _settle_hangup_watch(self) -> None:
         """Watch for the client's close while its connection is not read
-        for what waits (:attr:`_unread_for`); else not, nor once it has
-        left (a half-closed socket would be reported again at once)."""
-        if self._unread_for is not None and not self._lost:
-            self._watch_hangup()
-        else:
+        for what waits (:attr:`_unread_for`), or after it has shut down its
+        writing (its close alone: the shutdown would be reported again at
+        once, and no read sees a close after it); else not, nor once it
+        has left."""
+        gone_only = self._half_closed
+        if self._lost or not (gone_only or self._unread_for is not None):
             self._unwatch_hangup()
+            return
+        if self._hangup_gone_only != gone_only:
+            self._unwatch_hangup()
+        self._watch_hangup(gone_only)
 
     @property
     def _unread_for(self) -> str | None:
@@ -877,10 +935,11 @@ class ClientProtocol(StdioReceivingProtocol):
             return "systemd to answer its requests"
         return None
 
-    def _watch_hangup(self) -> None:
+    def _watch_hangup(self, gone_only: bool) -> None:
         if self._hangup_fd is None:
             self._hangup_fd = self.transport.getHandle().fileno()
-            self.server.hangups.watch(self._hangup_fd, self._hung_up)
+            self._hangup_gone_only = gone_only
+            self.server.hangups.watch(self._hangup_fd, self._hung_up, gone_only)
 
     def _unwatch_hangup(self) -> None:
         if self._hangup_fd is not None:
@@ -889,13 +948,14 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def _hung_up(self, gone: bool) -> None:
         """The client closed the connection (``gone``), or shut down its
-        writing, while its requests waited (:attr:`_unread_for`)."""
+        writing, while its requests waited (:attr:`_unread_for`), or after
+        it had shut down its writing."""
         self._hangup_fd = None
         log.info(
             "connection {id}: the client {did} while it waited for {what}",
             id=self.connection_id,
             did="closed it" if gone else "shut down its writing",
-            what=self._unread_for,
+            what=self._unread_for or "its answers",
         )
         if gone:
             # Lost now: Twisted calls connectionLost a loop pass after the
@@ -903,23 +963,17 @@ class ClientProtocol(StdioReceivingProtocol):
             self._lost = True
             self.transport.abortConnection()
         else:
-            self._shut_down_unread()
+            self._half_closed_unread()
 
-    def _shut_down_unread(self) -> None:
+    def _half_closed_unread(self) -> None:
         """The client shut down its writing (socat, nc) while what it sent
-        was not read: it has left, as when the EOF of a connection that is
-        read comes (:meth:`readConnectionLost`), and what it was answered
-        is written out all the same (an abort dropped it). What it sent
-        that was not handled is dropped, read to its end (the client can
-        send no more), so that the EOF closes the connection as it does
-        there: the client reads its answers, then EOF (a socket closed
-        with unread data would reset it). What waits to be written is no
-        more than the back-pressure lets wait, and nothing more is made
-        for it; a client that does not read it holds the connection until
-        it closes, which the writing sees."""
-        self._client_left()
-        self._drop_held()
-        self._resume_reading()
+        was not read: that stays in the socket (its buffer is the bound: no
+        more of it is read into the service than at any other time), and is
+        read, handled and answered in order as the caps allow, as for a
+        client that stays; it leaves at its EOF (:meth:`readConnectionLost`).
+        Meanwhile only its close is watched for."""
+        self._half_closed = True
+        self._settle_hangup_watch()
 
     def _drop_held(self) -> None:
         """Drop what was read and held, with the descriptors it brought."""
@@ -983,7 +1037,7 @@ class ClientProtocol(StdioReceivingProtocol):
                 self.decodeHeldInput()
             except Exception:
                 self._held_request_failed()
-        if not (self._holding or self.transport.disconnecting):
+        if not (self._holding or self.transport.disconnecting or self._eof_read):
             self.transport.resumeProducing()
 
     def _pause_reading(self) -> None:
@@ -1021,6 +1075,7 @@ class ClientProtocol(StdioReceivingProtocol):
             self._blocked or self.transport.disconnecting or self._lost
         ):
             self._handle_one(self._held.popleft())
+        self._leave_once_answered()
 
     def _handle_one(self, request: _Held) -> None:
         """Handle a request that was held or waited, as when it was read."""

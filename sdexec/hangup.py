@@ -36,17 +36,22 @@ class HangupWatcher:
         self._epoll: select.epoll | None = None
         self._watched: dict[int, Callable[[bool], None]] = {}
 
-    def watch(self, fd: int, on_hangup: Callable[[bool], None]) -> None:
+    def watch(
+        self, fd: int, on_hangup: Callable[[bool], None], gone_only: bool = False
+    ) -> None:
         """Call ``on_hangup(gone)`` once when socket ``fd``'s peer hangs up,
         unless :meth:`unwatch` comes first: ``gone`` true when it closed
         (or reset) the connection, false when it only shut down its writing
-        (it may still read)."""
+        (it may still read). ``gone_only``: only once it is gone (a peer
+        that has shut down its writing already would be reported at once,
+        and again)."""
         if fd in self._watched:
             return
         if self._epoll is None:
             self._epoll = select.epoll()
             self._reactor.addReader(self)
-        self._epoll.register(fd, select.EPOLLRDHUP)
+        # EPOLLHUP and EPOLLERR need no asking: an empty mask is them alone.
+        self._epoll.register(fd, 0 if gone_only else select.EPOLLRDHUP)
         self._watched[fd] = on_hangup
 
     def unwatch(self, fd: int) -> None:

@@ -82,3 +82,19 @@ def test_a_socket_closed_before_it_is_unwatched_is_forgotten_quietly():
     watcher.unwatch(fd)
     assert watcher.fileno() == -1
     theirs.close()
+
+
+@ensureDeferred
+async def test_a_peer_that_shut_down_its_writing_is_watched_for_its_close():
+    """``gone_only``: a peer that has shut down its writing (socat, nc) and
+    may still read is reported once it is gone, not for its shutdown."""
+    watcher = HangupWatcher(reactor)
+    ours, theirs = socket.socketpair()
+    theirs.shutdown(socket.SHUT_WR)
+    hung_up: list[bool] = []
+    watcher.watch(ours.fileno(), hung_up.append, gone_only=True)
+    theirs.close()
+    await until(lambda: hung_up, "the close seen")
+    assert hung_up == [True]  # its shutdown was not reported first
+    assert watcher.fileno() == -1
+    ours.close()

@@ -701,15 +701,14 @@ async def test_a_close_seen_as_the_lookup_answers_starts_nothing(
 
 
 @ensureDeferred
-async def test_a_half_close_past_the_cap_of_lookups_reads_its_answers_then_eof(
+async def test_a_half_close_past_the_cap_of_lookups_drops_nothing_it_sent(
     silent, systemd, server, tmp_path
 ):
     """``shutdown(SHUT_WR)`` (socat, nc) while the connection is not read,
-    past the cap of requests behind lookups: the client has left, as at
-    the EOF of a connection that is read (its exec is dropped, and what it
-    sent that was not read), but it reads what it was answered, then EOF.
-    The hang-up watch aborted it, and a client whose requests were left
-    unread was reset (``ECONNRESET``) instead."""
+    past the cap of requests behind lookups: what the client sent waits in
+    the socket and is handled once the lookup has ended (its exec started,
+    its writes read), then the client reads EOF. The shutdown was taken
+    for its departure: its exec and what it had not read were dropped."""
     async with serving(server, tmp_path) as client:
         client.sendall(_exec_of("true", 1) + _request(*_UNKNOWN_KILL, 2))
         await until(lambda: silent.names, "the lookup begun")
@@ -718,14 +717,15 @@ async def test_a_half_close_past_the_cap_of_lookups_reads_its_answers_then_eof(
         )
         await _send_until_unread(client, write * 20_000, server)
         client.shutdown(socket.SHUT_WR)
-        answers = await _read_to_eof(client)
-        assert [(r["topic"], r["matchtag"], r["errnum"]) for r in answers] == [
-            ("sdexec.kill", 2, errno.ESRCH)
-        ]
-        await until(lambda: server.connections.total == 0, "the connection released")
+        (protocol,) = server.open_connections
+        await until(lambda: protocol._half_closed, "the shutdown seen")
+        assert server.connections.total == 1 and _starts(systemd) == []
         silent.answer()
-        await until(lambda: server.lookups.unanswered == 0, "the lookup's end")
-        assert _starts(systemd) == []
+        answers = await _read_to_eof(client)
+        kills = [r for r in answers if r["topic"] == "sdexec.kill"]
+        assert [(r["matchtag"], r["errnum"]) for r in kills] == [(2, errno.ESRCH)]
+        assert len(_starts(systemd)) == 1  # its exec, not dropped
+        await until(lambda: server.connections.total == 0, "the connection released")
         assert server.hangups.fileno() == -1
 
 

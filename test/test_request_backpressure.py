@@ -439,6 +439,37 @@ def test_answers_after_the_client_left_are_harmless(systemd, server, kills_held)
     assert systemd.kills().count(10) == MAX_UNANSWERED  # the held one: dropped
 
 
+def test_a_half_close_waits_for_the_answers_still_due(systemd, connection, kills_held):
+    # Its EOF closed the connection at once: kills systemd had not answered
+    # yet were never answered (a script sending kills, then EOF, lost them).
+    running(systemd, connection)
+    deliver(connection, kills(100, 3))
+    connection.protocol.readConnectionLost()
+    assert not connection.transport.disconnecting
+    assert 9 not in systemd.kills()  # not gone before its last answer
+    for answer in kills_held:
+        answer.callback(None)
+    assert kill_tags(connection) == [100, 101, 102]
+    assert connection.transport.disconnecting  # closes once written out
+    assert 9 in systemd.kills()  # then it has left: its process killed
+
+
+def test_a_half_close_waits_for_a_background_execs_response(
+    systemd, connection, starts_held
+):
+    # A background exec's one response (started) came after its client's
+    # EOF, which had dropped it.
+    background = {"flags": 0, "cmd": TRUE}
+    deliver(connection, request("sdexec.exec", background, 5, streaming=False))
+    connection.protocol.readConnectionLost()
+    starts_held[0].callback(None)
+    systemd.run(UNIT, pid=77)
+    assert [(r["matchtag"], r["payload"]["type"]) for r in connection.responses()] == [
+        (5, "started")
+    ]
+    assert connection.transport.disconnecting
+
+
 # -- a client that closes a connection not read meanwhile --------------------
 
 
@@ -827,26 +858,32 @@ async def half_close_unread(sdexec, flood, unit: str) -> int:
 
 @pytest.mark.systemd
 @ensureDeferred
-async def test_a_half_close_of_a_connection_not_read_gets_what_was_answered(
+async def test_a_half_close_of_a_connection_not_read_drops_nothing_it_sent(
     sdexec, flood
 ):
-    """As for a connection that is read: the client has left, so its
-    process is killed and what the service had not read of it is dropped
-    (the list), but it reads every answer made before, then EOF. The
-    hang-up watch aborted the connection: the answers the service held
-    were dropped, and the client, whose requests were left unread, was
-    reset (``ECONNRESET``) instead of reading EOF."""
+    """Its client is served as one that stays: it reads every answer made
+    before, what it sent that was not read waits in the socket (the list,
+    behind stdin its process has not taken) and is handled once the
+    process is gone, then EOF. The shutdown was taken for its departure:
+    its process was killed and the list dropped."""
     flooder, protocol = flood
     unit = "sdexec-backpressure-halfclosed-unread"
     filled = await half_close_unread(sdexec, flood, unit)
-    responses = await read_all(flooder, b"", 0, lambda _: False)
-    assert flooder.eof  # (read_all returns at EOF; a reset raises)
+    responses = await read_all(flooder, b"", 0, counted(filled))
     assert [(r["matchtag"], r["topic"]) for r in responses] == [
         (tag, STATS) for tag in range(FILL_FROM, FILL_FROM + filled)
     ]
+    await until(lambda: protocol._half_closed, "the shutdown seen")
+    assert not flooder.eof and protocol._stdin_backlogged  # still not read
+    process = next(iter(sdexec.server.processes.values()))
+    other = await sdexec.connect()
+    await other.kill(pid=process.pid, signum=9)  # (not its client's)
+    responses = await read_all(flooder, b"", 0, lambda _: False)
+    assert flooder.eof  # (read_all returns at EOF; a reset raises)
+    assert [r["matchtag"] for r in responses if r["topic"] == "sdexec.list"] == [2]
     await wait_until_reaped(sdexec, f"{unit}.service")
     await until(lambda: protocol.transport.disconnected, "the connection closed")
-    assert sdexec.server.connections.total == 0
+    assert sdexec.server.connections.total == 1  # the other client's
     assert sdexec.server.hangups.fileno() == -1
 
 
@@ -855,20 +892,21 @@ async def test_a_half_close_of_a_connection_not_read_gets_what_was_answered(
 async def test_a_half_closed_client_not_reading_holds_its_answers_until_it_closes(
     sdexec, flood
 ):
-    """The bound of a client that half-closes and reads nothing more: its
-    process is killed at once, nothing more is made for it (what waits is
-    what waited), and its close, seen as the service writes, ends the
-    connection and frees its slot."""
+    """The bound of a client that half-closes and reads nothing more:
+    nothing more of what it sent is read (what waits is what waited), and
+    its close, watched for, ends the connection, kills its process and
+    frees its slot."""
     flooder, protocol = flood
     unit = "sdexec-backpressure-halfclosed-mute"
     await half_close_unread(sdexec, flood, unit)
     held = buffered(protocol)
-    await wait_until_reaped(sdexec, f"{unit}.service")
+    await until(lambda: protocol._half_closed, "the shutdown seen")
     assert buffered(protocol) == held
     assert not protocol.transport.disconnected  # the client may still read
     assert sdexec.server.connections.total == 1
     flooder.close()
     await until(lambda: protocol.transport.disconnected, "the connection closed")
+    await wait_until_reaped(sdexec, f"{unit}.service")
     assert sdexec.server.connections.total == 0
     assert sdexec.server.hangups.fileno() == -1
 
@@ -900,15 +938,13 @@ def let_go(held: list[defer.Deferred]) -> None:
 
 
 @pytest.mark.systemd
-@pytest.mark.parametrize("how", ["close", "shutdown"])
 @ensureDeferred
 async def test_a_client_that_leaves_a_connection_held_for_its_kills_is_seen_gone(
-    sdexec, flood, monkeypatch, how
+    sdexec, flood, monkeypatch
 ):
     """At the cap of requests awaiting systemd (64 kills unanswered) the
-    connection is not read, so its client's close (or shutdown of its
-    writing, socat's) went unseen until systemd answered: its process ran
-    on and its slot was held meanwhile."""
+    connection is not read, so its client's close went unseen until systemd
+    answered: its process ran on and its slot was held meanwhile."""
     flooder, protocol = flood
     held = hold_kills(sdexec.server.systemd, monkeypatch, 10)
     unit = "sdexec-backpressure-killcap"
@@ -922,16 +958,55 @@ async def test_a_client_that_leaves_a_connection_held_for_its_kills_is_seen_gone
     await until(lambda: len(held) == MAX_UNANSWERED, "the kills at the cap")
     assert not reading(protocol)
     try:
-        if how == "close":
-            flooder.close()
-        else:
-            flooder.sock.shutdown(socket.SHUT_WR)
-            answers = await read_all(flooder, b"", 0, lambda _: False)
-            assert flooder.eof  # EOF, not a reset (its requests were unread)
-            assert answers == []  # the kills' answers come after it left
+        flooder.close()
         await until(lambda: sdexec.server.connections.total == 0, "the client gone")
         await wait_until_reaped(sdexec, f"{unit}.service")
         assert len(held) == MAX_UNANSWERED  # systemd has answered none yet
         assert sdexec.server.hangups.fileno() == -1  # nothing left watched
     finally:
         let_go(held)
+
+
+#: A signal a ``sleep`` ignores: the kills leave it running.
+SIGWINCH = 28
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_a_half_close_past_the_cap_of_kills_gets_every_answer_then_eof(
+    sdexec, flood, monkeypatch
+):
+    """A script sends 200 kills, then shuts down its writing (socat, nc):
+    past the 64 awaiting systemd the rest waited unread in the socket, and
+    the shutdown dropped them (it got the answers of the first 64 at most).
+    Each is answered now, in order, as systemd answers, then EOF; only then
+    has the client left (its process killed)."""
+    flooder, protocol = flood
+    held = hold_kills(sdexec.server.systemd, monkeypatch, SIGWINCH)
+    unit = "sdexec-backpressure-halfclose-kills"
+    cmd = command(["sleep", "600"], opts={"SDEXEC_NAME": unit}, label="job")
+    assert flooder.send_some(request("sdexec.exec", {"cmd": cmd, "flags": 3}, 1))
+    started = await read_all(flooder, b"", 0, counted(1))
+    assert started[0]["payload"]["type"] == "started"
+    kill = {"signum": SIGWINCH, "label": "job"}
+    data = b"".join(request(KILL, kill, tag) for tag in range(2, 202))
+    assert flooder.send_some(data) == len(data)
+    await until(lambda: len(held) == MAX_UNANSWERED, "the kills at the cap")
+    assert not reading(protocol)  # the rest unread, in the socket
+    flooder.sock.shutdown(socket.SHUT_WR)
+    answers = []
+    let_go_from = 0
+    for _ in range(20000):
+        let_go(held[let_go_from:])  # systemd answers, as they come
+        let_go_from = len(held)
+        answers += flooder.read_some()
+        if flooder.eof:
+            break
+        await sleep(0)
+    assert flooder.eof  # EOF, not a reset
+    kills_answered = [r for r in answers if r["topic"] == KILL]
+    assert [r["matchtag"] for r in kills_answered] == list(range(2, 202))
+    assert all("errnum" not in r for r in kills_answered)
+    await wait_until_reaped(sdexec, f"{unit}.service")  # it left at its EOF
+    await until(lambda: sdexec.server.connections.total == 0, "the client gone")
+    assert sdexec.server.hangups.fileno() == -1  # nothing left watched

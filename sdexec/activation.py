@@ -30,6 +30,7 @@ from sdexec.sockets import closed_directory_above, listening_path
 
 __all__ = [
     "check_systemd_endpoint",
+    "inherited_address",
     "is_systemd_endpoint",
     "kernel_somaxconn",
     "only_its_owner_connects",
@@ -213,15 +214,35 @@ def _relisten(port: Any, backlog: int | None) -> Any:
     return port
 
 
-def _path_mode(fd: int | None) -> tuple[str, int] | None:
-    """The path a UNIX socket ``fd`` is bound to, and its permissions."""
+def inherited_address(endpoint: IStreamServerEndpoint) -> str | None:
+    """What the UNIX socket of an inherited (``systemd:``) ``endpoint`` is
+    bound to: its path, or ``@NAME`` for an abstract name; ``None`` for
+    any other endpoint or socket."""
+    if not isinstance(endpoint, _Inherited):
+        return None
+    return _bound_address(getattr(endpoint._endpoint, "fileno", None))
+
+
+def _bound_address(fd: int | None) -> str | None:
+    """The path (``@NAME`` if abstract) a UNIX socket ``fd`` is bound to."""
     if fd is None:
         return None
     try:
         with socket.socket(fileno=os.dup(fd)) as sock:
-            path = sock.getsockname()
-        if not isinstance(path, str) or not path.startswith("/"):
-            return None  # TCP, or an abstract name
+            name = sock.getsockname() if sock.family == socket.AF_UNIX else None
+    except OSError:
+        return None
+    if isinstance(name, bytes) and name.startswith(b"\0"):
+        return "@" + os.fsdecode(name[1:])  # an abstract name, as systemd writes it
+    return name if isinstance(name, str) and name else None
+
+
+def _path_mode(fd: int | None) -> tuple[str, int] | None:
+    """The path a UNIX socket ``fd`` is bound to, and its permissions."""
+    path = _bound_address(fd)
+    if path is None or not path.startswith("/"):
+        return None  # TCP, or an abstract name
+    try:
         return path, stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
         return None

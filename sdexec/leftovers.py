@@ -11,7 +11,10 @@ service, different for two services on one manager; names cannot be used,
 since a request may name its unit with ``SDEXEC_NAME``). A ``unix:``
 endpoint counts by its socket path alone, so its options (``mode=``,
 ``lockfile=``, ``backlog=``) may change between runs, and by one spelling of
-that path (``//``, ``./`` and symlinked directories resolved). Units without the
+that path (``//``, ``./`` and symlinked directories resolved); a ``systemd:``
+endpoint by the path of the socket systemd passed (``systemd:PATH``: two
+instances of one socket-activated unit share their endpoint, not their
+socket). Units without the
 mark — other programs', other services' — are never touched. So a change
 of ``listen`` makes an earlier run's units another service's: the first
 scan names the running units with another sdexec mark, for the admin.
@@ -83,13 +86,24 @@ log = Logger()
 LEFTOVER_STATE = "O"
 
 
-def owner_marks(listen: str) -> tuple[str, ...]:
+def owner_marks(listen: str, inherited: str | None = None) -> tuple[str, ...]:
     """The marks of the service listening on ``listen``: the first is the one
     the ``Description`` of every unit it starts ends with; any other is one
     an earlier version gave its units, still recognised as its own (the
     hash of the socket path as written, or of the whole endpoint string,
-    options and all)."""
+    options and all).
+
+    ``inherited``: for a ``systemd:`` endpoint, what the socket systemd
+    passed is bound to (its path, or ``@NAME``). Its ``name=`` or
+    ``index=`` is the same in every instance of a templated unit
+    (``sdexec@a``, ``sdexec@b``), whose sockets differ: marked by the
+    endpoint alone, each instance's start took the others' running units
+    for leftovers of its own and stopped them. The endpoint's own mark,
+    which an earlier version gave its units, is not recognised: it may be
+    another instance's."""
     path = unix_path(listen)
+    if inherited is not None:
+        return (_mark(f"systemd:{_canonical_address(inherited)}"),)
     identities = [listen] if path is None else [
         f"unix:{_canonical(path)}",
         f"unix:{path}",
@@ -103,6 +117,11 @@ def _canonical(path: str) -> str:
     the same socket, the same service)."""
     directory, name = os.path.split(os.path.abspath(path))
     return os.path.join(os.path.realpath(directory), name)
+
+
+def _canonical_address(address: str) -> str:
+    """A socket's path in one spelling; an abstract ``@NAME`` as it is."""
+    return _canonical(address) if address.startswith("/") else address
 
 
 def _mark(identity: str) -> str:

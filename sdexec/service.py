@@ -32,6 +32,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import Site
 
 from sdexec.activation import (
+    inherited_address,
     is_systemd_endpoint,
     kernel_somaxconn,
     only_its_owner_connects,
@@ -210,8 +211,7 @@ class SdexecService(Service):
     @defer.inlineCallbacks
     def _start(self) -> Generator[defer.Deferred[Any], Any, SdexecService]:
         containment = Containment.from_config(self.config)
-        self._check_inherited_socket()
-        marks = owner_marks(self.listen)
+        marks = owner_marks(self.listen, self._check_inherited_socket())
         self._take_ownership(marks)
         systemd = yield self._connect()
         # Before the leftover scan, whose calls on a restart among thousands
@@ -237,16 +237,19 @@ class SdexecService(Service):
         self._now_serving()
         return self
 
-    def _check_inherited_socket(self) -> None:
+    def _check_inherited_socket(self) -> str | None:
         """A ``systemd:`` endpoint's socket, checked before the owner lock
         is taken and any unit touched. A start by hand with the
         configuration of a socket-activated unit has none, and would fail
         to listen only after its leftover scan had taken the running
         service's units for its own: its lock, in its own runtime
         directory (the unit's is ``$RUNTIME_DIRECTORY``), does not keep it
-        out."""
-        if is_systemd_endpoint(self.listen):
-            _endpoint(self.reactor, self.listen, "listen")
+        out. What the socket is bound to, which marks the units (two
+        instances of a socket-activated unit share their endpoint, not
+        their socket); ``None`` for any other endpoint."""
+        if not is_systemd_endpoint(self.listen):
+            return None
+        return inherited_address(_endpoint(self.reactor, self.listen, "listen"))
 
     def _take_ownership(self, marks: tuple[str, ...]) -> None:
         """First of all: the owner lock of the endpoint, beside its socket.

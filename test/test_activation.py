@@ -398,3 +398,52 @@ async def test_an_inherited_socket_keeps_a_backlog_beyond_twisteds_50(
             client.close()
         await service.stopService()
     assert len(clients) == 60
+
+
+def _instance(tmp_path, name: str):
+    """An instance of a socket-activated unit (``sdexec@NAME``): its own
+    socket, passed as fd 3, and its own ``RuntimeDirectory=``; its twistd
+    and its socket's path."""
+    directory = tmp_path / name
+    runtime = directory / "run"
+    runtime.mkdir(parents=True, mode=0o700)
+    path = directory / "activated.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        listener.listen(16)
+        service = _twistd_with_inherited(
+            listener, directory, ("RUNTIME_DIRECTORY", str(runtime))
+        )
+    log = directory / "twistd.log"
+    _wait_for(lambda: b"sdexec listening on" in log.read_bytes(),
+              f"instance {name} listening", log=log)  # fmt: skip
+    return service, path
+
+
+def test_two_socket_activated_instances_leave_each_others_units_alone(
+    user_manager, tmp_path
+):
+    """Two instances of a socket-activated unit on one manager, the same
+    endpoint in both (``systemd:domain=UNIX:index=0``), each with its own
+    socket and runtime directory: both marked their units with the hash of
+    that endpoint, so the start of one took the other's running jobs for
+    leftovers of its own and stopped them."""
+    first, first_path = _instance(tmp_path, "a")
+    with reaped(first):
+        started = subprocess.run(
+            [sys.executable, "-m", "sdexec.cli", "--socket", str(first_path),
+             "run", "--bg", "sleep", "300"],
+            capture_output=True, timeout=60, env=_environment(),
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        units = unit_names()
+        second, _ = _instance(tmp_path, "b")
+        with reaped(second):
+            assert unit_names() == units
+            assert terminate(second) == -signal.SIGTERM
+        said = (tmp_path / "b" / "twistd.log").read_bytes()
+        assert b"leftover unit" not in said, said  # another's: named, untouched
+        assert b"carry the mark of another sdexec service" in said
+        assert unit_names() == units
+        assert terminate(first) == -signal.SIGTERM
+    assert unit_names() == []

@@ -92,6 +92,20 @@ def test_a_unix_socket_s_options_are_not_part_of_its_mark():
     assert owner_marks("systemd:domain=UNIX:name=sdexec")[0] != MARK
 
 
+def test_a_systemd_endpoint_is_marked_by_the_socket_passed(tmp_path):
+    # Two instances of one socket-activated unit share the endpoint.
+    listen = "systemd:domain=UNIX:name=sdexec"
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    [first] = owner_marks(listen, f"{tmp_path}/real/a.sock")
+    [second] = owner_marks(listen, f"{tmp_path}/real/b.sock")
+    assert first != second
+    assert owner_marks(listen, f"{tmp_path}/link/a.sock") == (first,)
+    assert first not in owner_marks(listen)  # the endpoint's own: not its
+    assert first not in owner_marks(f"unix:{tmp_path}/real/a.sock")
+    assert owner_marks(listen, "@sdexec") != owner_marks(listen, "@other")
+
+
 def test_one_socket_spelled_two_ways_is_one_service(tmp_path):
     # A restart with `//` in listen once found none of the units it had run.
     (tmp_path / "real").mkdir()

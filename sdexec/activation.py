@@ -21,7 +21,7 @@ import stat
 from collections.abc import Iterable
 from typing import Any
 
-from twisted.internet import tcp
+from twisted.internet import defer, fdesc, tcp, unix
 from twisted.internet.endpoints import _SystemdParser, serverFromString
 from twisted.internet.interfaces import IStreamServerEndpoint
 from zope.interface import implementer
@@ -199,9 +199,31 @@ class _Inherited:
         self._backlog = backlog
 
     def listen(self, factory: Any) -> Any:
-        mode = _path_mode(getattr(self._endpoint, "fileno", None))
-        listening = self._endpoint.listen(factory).addCallback(_keep_socket, mode)
+        endpoint = self._endpoint
+        mode = _path_mode(getattr(endpoint, "fileno", None))
+        if mode is None:  # TCP, or an abstract name: no mode to keep
+            listening = endpoint.listen(factory)
+        else:
+            listening = defer.execute(_adopt_keeping_mode, endpoint, factory, mode[1])
+        listening.addCallback(_keep_socket, mode is not None)
         return listening.addCallback(_relisten, self._backlog)
+
+
+def _adopt_keeping_mode(endpoint: Any, factory: Any, permissions: int) -> Any:
+    """The adoption of Twisted's ``AdoptedStreamServerEndpoint.listen``, of
+    a UNIX socket at a path, its port given the path's ``permissions`` (the
+    unit's ``SocketMode=``) to set as it begins to listen: with Twisted's
+    default, 0666, the path was anyone's to connect to until the service
+    put the mode back (each such peer of ``listen`` refused by its uid,
+    but a ``systemd:`` ``stats`` endpoint checks none)."""
+    fdesc.setNonBlocking(endpoint.fileno)
+    port = unix.Port._fromListeningDescriptor(
+        endpoint.reactor, endpoint.fileno, factory
+    )
+    port.mode = permissions
+    port.startListening()
+    os.close(endpoint.fileno)  # the port listens on a copy, as Twisted's does
+    return port
 
 
 def _relisten(port: Any, backlog: int | None) -> Any:
@@ -248,17 +270,15 @@ def _path_mode(fd: int | None) -> tuple[str, int] | None:
         return None
 
 
-def _keep_socket(port: Any, mode: tuple[str, int] | None) -> Any:
+def _keep_socket(port: Any, at_a_path: bool) -> Any:
     # A Twisted port that stops listening shuts its socket down, which
     # stops it listening for every holder of it, systemd's copy too.
     port._shouldShutdown = False
-    if mode is not None:
-        path, permissions = mode
-        # Twisted's UNIX port made it 0666 as it began to listen, and would
-        # unlink it as it stops (unix.Port.connectionLost): the unit's
-        # SocketMode= stays, and the path; what else it does on a close is
-        # its TCP base's (tcp.Port.connectionLost).
-        os.chmod(path, permissions)
+    if at_a_path:
+        # Twisted's UNIX port would unlink its path as it stops
+        # (unix.Port.connectionLost): the path stays, for the next start;
+        # what else it does on a close is its TCP base's
+        # (tcp.Port.connectionLost).
         port.connectionLost = functools.partial(tcp.Port.connectionLost, port)
     return port
 

@@ -18,7 +18,8 @@ therefore:
 
 Other endpoints (``tcp:``, ``systemd:``) are returned unchanged: systemd
 creates socket-activated sockets with the unit's ``SocketMode=`` (which
-Twisted's adoption would make 0666: sdexec/activation.py puts it back).
+Twisted's adoption would make 0666 as it begins to listen:
+sdexec/activation.py gives its port the path's own mode to set instead).
 """
 
 from __future__ import annotations

@@ -447,3 +447,41 @@ def test_two_socket_activated_instances_leave_each_others_units_alone(
         assert unit_names() == units
         assert terminate(first) == -signal.SIGTERM
     assert unit_names() == []
+
+
+@ensureDeferred
+async def test_an_inherited_socket_keeps_its_mode_while_it_is_adopted(
+    monkeypatch, tmp_path
+):
+    # Twisted's adoption chmodded the path to 0666 as it began to listen,
+    # and the service put the unit's SocketMode= back only then: meanwhile
+    # anyone who could reach the path could connect (refused by the peer's
+    # uid on listen, but a systemd: stats endpoint checks none). Each mode
+    # the path is given is recorded, and what it had before.
+    path = tmp_path / "sdexec.sock"
+    passed = socket.socket(socket.AF_UNIX)
+    passed.bind(str(path))
+    passed.listen()
+    os.chmod(path, 0o600)
+    modes: list[int] = []
+    real_chmod = os.chmod
+
+    def chmod(target, mode, *args, **kwargs):
+        if os.fsdecode(target) == str(path):  # Twisted gives bytes
+            modes.append(mode)
+        real_chmod(target, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "chmod", chmod)
+    _passed(monkeypatch, passed.detach())  # the service's now: it closes it
+    service = SdexecService(
+        parse_config({}), reactor, listen=ENDPOINT,
+        stats="tcp:0:interface=127.0.0.1",
+        connect=lambda: defer.succeed(FakeManager()),
+    )  # fmt: skip
+    service.startService()
+    try:
+        await service.ready
+    finally:
+        await service.stopService()
+    assert set(modes) <= {0o600}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600

@@ -26,7 +26,7 @@ from twisted.internet.endpoints import _SystemdParser, serverFromString
 from twisted.internet.interfaces import IStreamServerEndpoint
 from zope.interface import implementer
 
-from sdexec.sockets import closed_directory_above, listening_path
+from sdexec.sockets import kept_out, listening_path
 
 __all__ = [
     "check_systemd_endpoint",
@@ -285,50 +285,34 @@ def _keep_socket(port: Any, at_a_path: bool) -> Any:
 
 def only_its_owner_connects(port: Any, uids: Iterable[int]) -> str | None:
     """How the UNIX socket ``port`` listens on keeps one of ``uids`` out,
-    if it does, and what to change: no write permission on it for that
-    user (as its owner, ``SocketUser=``, else as its group or others), or
-    no search permission on its directory (``/run/x/s.sock is mode 0600 in
-    a directory of mode 0700, …``), or on one above it (a user manager's
-    ``%t``: ``/run/user/UID`` is 0700, whatever the unit's
-    ``DirectoryMode=``); else ``None``. For a socket systemd made, whose
-    modes are the ``.socket`` unit's (``SocketMode=``, ``DirectoryMode=``),
-    not ``[sdexec] socket-mode``."""
+    if it does (:func:`sdexec.sockets.kept_out`), and what to change: no
+    write permission on it for that user, or no search permission on its
+    directory (``/run/x/s.sock is mode 0600 in a directory of mode 0700,
+    …``), or on one above it (a user manager's ``%t``: ``/run/user/UID`` is
+    0700, whatever the unit's ``DirectoryMode=``); else ``None``. For a
+    socket systemd made, whose modes are the ``.socket`` unit's
+    (``SocketMode=``, ``SocketGroup=``, ``DirectoryMode=``), not ``[sdexec]
+    socket-mode``."""
     path = listening_path(port)
     if path is None:
         return None  # TCP, or an abstract name
+    kept = kept_out(path, uids)
+    if kept is None:
+        return None
+    directory = os.path.dirname(path)
+    if kept.path not in (path, directory):
+        return (
+            f"{path} is below {kept}, which uid {kept.uid} may not search: give"
+            " the .socket unit a ListenStream= outside it (a user manager's %t,"
+            " its XDG_RUNTIME_DIR, is such a directory)"
+        )
     try:
-        socket_stat = os.stat(path)
-        directory_stat = os.stat(os.path.dirname(path))
+        modes = [stat.S_IMODE(os.stat(each).st_mode) for each in (path, directory)]
     except OSError:
         return None
-    mode = stat.S_IMODE(socket_stat.st_mode)
-    directory = stat.S_IMODE(directory_stat.st_mode)
-    # Connecting takes write permission on the socket, and search
-    # permission on every directory above it.
-    if not all(
-        _lets(socket_stat, uid, 0o2) and _lets(directory_stat, uid, 0o1) for uid in uids
-    ):
-        return (
-            f"{path} is mode {mode:04o} in a directory of mode {directory:04o},"
-            " made by the .socket unit, whose SocketMode= and DirectoryMode="
-            " decide who may connect, not socket-mode (give SocketMode=0660"
-            " with a SocketGroup= they share, or 0666, and DirectoryMode=0711)"
-        )
-    closed = closed_directory_above(os.path.dirname(path))
-    if closed is None:
-        return None
     return (
-        f"{path} is below {closed}, which only its owner may search: give the"
-        " .socket unit a ListenStream= outside it (a user manager's %t, its"
-        " XDG_RUNTIME_DIR, is such a directory)"
+        f"{path} is mode {modes[0]:04o} in a directory of mode {modes[1]:04o},"
+        " made by the .socket unit, whose SocketMode= and DirectoryMode="
+        " decide who may connect, not socket-mode (give SocketMode=0660"
+        " with a SocketGroup= they share, or 0666, and DirectoryMode=0711)"
     )
-
-
-def _lets(info: os.stat_result, uid: int, permission: int) -> bool:
-    """Whether ``uid`` has ``permission`` (0o2 write, 0o1 search) on a file
-    of ``info``: by its owner's bits if it is its owner (only those count
-    then), else by its group's (a group it shares, as the advice says) or
-    others'."""
-    if info.st_uid == uid:
-        return bool(info.st_mode & permission << 6)
-    return bool(info.st_mode & (permission << 3 | permission))

@@ -18,7 +18,7 @@ import errno
 import os
 import signal
 import sys
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -64,8 +64,8 @@ from sdexec.server import SdexecServer
 from sdexec.signals import signal_name
 from sdexec.sockets import (
     clear_stale_socket,
-    closed_directory_above,
     directory_mode,
+    kept_out,
     listening_path,
     private_endpoint,
     private_umask,
@@ -344,13 +344,13 @@ class SdexecService(Service):
         if not uids or port is None:
             return
         if is_systemd_endpoint(self.listen):
-            kept_out = only_its_owner_connects(port, uids)
+            why = only_its_owner_connects(port, uids)
         else:
-            kept_out = _a_directory_keeps_out(port)
-        if kept_out is not None:
+            why = _a_directory_keeps_out(port, uids)
+        if why is not None:
             log.warn(
                 "sdexec.allow-users: the users listed cannot connect: {kept_out}",
-                kept_out=kept_out,
+                kept_out=why,
             )
 
     def _listen_backlog(self) -> int:
@@ -696,24 +696,28 @@ def _fails_again(failure: Failure) -> bool:
     return isinstance(error, ListenError) and error.lasting
 
 
-def _a_directory_keeps_out(port: Any) -> str | None:
-    """For a UNIX socket the service made: the directory above it that
-    keeps the users ``socket-mode`` lets connect out, and what to change;
-    ``None`` if there is none, or if the socket's own mode keeps them out
-    (the file's check said so, ``allowed_users_cannot_connect``)."""
+def _a_directory_keeps_out(port: Any, uids: Iterable[int]) -> str | None:
+    """For a UNIX socket the service made: what keeps one of ``uids`` out
+    (:func:`sdexec.sockets.kept_out`), and what to change: its group, not
+    theirs, or a directory above it; ``None`` if nothing does, or if its
+    mode lets no one but its owner connect (the file's check said so,
+    ``allowed_users_cannot_connect``)."""
     path = listening_path(port)
     if path is None:
         return None
-    try:
-        if not os.stat(path).st_mode & 0o022:
+    kept = kept_out(path, uids)
+    if kept is None:
+        return None
+    if kept.path == path:
+        if not kept.info.st_mode & 0o022:
             return None
-    except OSError:
-        return None
-    closed = closed_directory_above(path)
-    if closed is None:
-        return None
+        return (
+            f"{kept} lets its group connect, which uid {kept.uid} is not in:"
+            ' give socket-mode "0666", or run the service with a group they'
+            " share"
+        )
     return (
-        f"{path} is below {closed}, which only its owner may search: give it"
+        f"{path} is below {kept}, which uid {kept.uid} may not search: give it"
         " search permission (0711; the system unit's RuntimeDirectoryMode=),"
         " or [sdexec] listen a socket outside it"
     )

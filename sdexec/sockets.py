@@ -27,18 +27,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import pwd
 import re
 import socket
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
+    "KeptOut",
     "check_directory",
     "clear_stale_socket",
-    "closed_directory_above",
     "directory_mode",
+    "kept_out",
     "listening_path",
     "private_endpoint",
     "private_umask",
@@ -178,25 +180,63 @@ def listening_path(port: Any) -> str | None:
     return path
 
 
-def closed_directory_above(path: str) -> str | None:
-    """The first directory above ``path`` (its own, then each up to ``/``)
-    that neither its group nor others may search, as ``DIR (mode 0700)``:
-    connecting to a socket takes search permission on every one of them,
-    and a user manager's runtime directory (``/run/user/UID``, the default
-    socket's, and ``%t`` of its ``.socket`` units) is 0700. ``None`` if
-    each lets them, or one cannot be read."""
-    directory = os.path.dirname(path)
+class KeptOut(NamedTuple):
+    """What keeps a user from a socket (:func:`kept_out`)."""
+
+    #: The socket, or a directory above it.
+    path: str
+    #: The user kept out.
+    uid: int
+    #: ``path``'s status.
+    info: os.stat_result
+
+    def __str__(self) -> str:
+        """``PATH (mode 0700, owner uid 0, group 0)``."""
+        return (
+            f"{self.path} (mode {stat.S_IMODE(self.info.st_mode):04o}, owner uid"
+            f" {self.info.st_uid}, group {self.info.st_gid})"
+        )
+
+
+def kept_out(path: str, uids: Iterable[int]) -> KeptOut | None:
+    """The first of the socket at ``path`` and the directories above it (its
+    own, then each up to ``/``) that keeps one of ``uids`` out: connecting
+    takes write permission on the socket and search permission on each
+    directory, judged as the kernel does, by the owner's bits for its owner,
+    else the group's for a member of its group (primary or supplementary,
+    as the user database says), else others' (ACLs are not read). ``None``
+    if none does, or one cannot be read."""
+    users = [(uid, _groups_of(uid)) for uid in uids]
+    entry, permission = path, 0o2
     while True:
         try:
-            mode = stat.S_IMODE(os.stat(directory).st_mode)
+            info = os.stat(entry)
         except OSError:
             return None
-        if not mode & 0o011:
-            return f"{directory} (mode {mode:04o})"
-        parent = os.path.dirname(directory)
-        if parent == directory:
+        for uid, groups in users:
+            if not _may(info, uid, groups, permission):
+                return KeptOut(entry, uid, info)
+        parent = os.path.dirname(entry)
+        if parent == entry:
             return None
-        directory = parent
+        entry, permission = parent, 0o1
+
+
+def _may(info: os.stat_result, uid: int, groups: frozenset[int], bit: int) -> bool:
+    if info.st_uid == uid:
+        return bool(info.st_mode & bit << 6)
+    if info.st_gid in groups:
+        return bool(info.st_mode & bit << 3)
+    return bool(info.st_mode & bit)
+
+
+def _groups_of(uid: int) -> frozenset[int]:
+    """The groups of ``uid``: none for a uid the user database lacks."""
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return frozenset()
+    return frozenset(os.getgrouplist(entry.pw_name, entry.pw_gid))
 
 
 def directory_mode(socket_mode: int) -> int:

@@ -295,9 +295,14 @@ _SOCKET_UNIT_ADVICE = (
         ),  # the example's
         ((0o666, 0o700, 0o711), "is mode 0666 in a directory of mode 0700"),
         ((0o666, 0o711, 0o711), None),
-        ((0o660, 0o710, 0o711), None),
+        # SocketGroup= a group they are in (and the directory's): its bits.
+        ((0o660, 0o710, 0o711, -1, 65534), None),
+        # A group they are not in: others' bits count, not the group's.
+        ((0o660, 0o710, 0o711), "is mode 0660 in a directory of mode 0710"),
         # A user manager's %t, /run/user/UID: 0700 above DirectoryMode=0711.
-        ((0o666, 0o711, 0o700), "is below {parent} (mode 0700)"),
+        ((0o666, 0o711, 0o700), "is below {parent} (mode 0700"),
+        # One its group may search, not a group of theirs.
+        ((0o666, 0o711, 0o750), "is below {parent} (mode 0750"),
         # SocketUser= the user listed: its owner's bits are what count.
         ((0o600, 0o755, 0o711, 65534), None),
         ((0o066, 0o755, 0o711, 65534), "is mode 0066 in a directory of mode 0755"),
@@ -313,7 +318,7 @@ async def test_allowed_users_an_inherited_socket_keeps_out_are_warned_of(
     # socket's advice followed under a user manager (SocketMode=0666,
     # DirectoryMode=0711) left them out all the same, its %t being 0700,
     # and nothing said so either.
-    socket_mode, directory_mode, parent_mode, *owner = modes
+    socket_mode, directory_mode, parent_mode, owner, group = (*modes, -1, -1)[:5]
     parent = shared_dir / "user"
     directory = parent / "sdexec"
     directory.mkdir(parents=True)
@@ -322,8 +327,8 @@ async def test_allowed_users_an_inherited_socket_keeps_out_are_warned_of(
     passed.bind(str(path))
     passed.listen()
     os.chmod(path, socket_mode)
-    if owner:  # as SocketUser= makes it
-        os.chown(path, owner[0], -1)
+    os.chown(path, owner, group)  # as SocketUser= and SocketGroup= make it
+    os.chown(directory, -1, group)
     os.chmod(directory, directory_mode)
     os.chmod(parent, parent_mode)
     _passed(monkeypatch, passed.detach())  # the service's now: it closes it
@@ -350,9 +355,10 @@ async def test_allowed_users_an_inherited_socket_keeps_out_are_warned_of(
         assert said == []
     elif "below" in warned:
         assert said == [
-            prefix + warned.format(parent=parent) + ", which only its owner may"
-            " search: give the .socket unit a ListenStream= outside it (a user"
-            " manager's %t, its XDG_RUNTIME_DIR, is such a directory)"
+            prefix + warned.format(parent=parent) + ", owner uid 0, group 0),"
+            " which uid 65534 may not search: give the .socket unit a"
+            " ListenStream= outside it (a user manager's %t, its XDG_RUNTIME_DIR,"
+            " is such a directory)"
         ]
     else:
         assert said == [prefix + warned + _SOCKET_UNIT_ADVICE]

@@ -183,7 +183,7 @@ async def test_another_user_on_a_shared_socket_is_answered_eperm_then_closed(
     await service.stopService()
 
 
-@pytest.mark.parametrize("directory_mode", [0o700, 0o711])
+@pytest.mark.parametrize("directory_mode", [0o700, 0o711, 0o750])
 @ensureDeferred
 async def test_allowed_users_a_directory_keeps_out_are_warned_of(
     shared_dir, directory_mode
@@ -207,15 +207,17 @@ async def test_allowed_users_a_directory_keeps_out_are_warned_of(
     finally:
         globalLogPublisher.removeObserver(observer)
     try:
-        refused = await as_nobody(path) if directory_mode == 0o700 else None
+        refused = await as_nobody(path) if directory_mode != 0o711 else None
     finally:
         await service.stopService()
     said = [line for line in lines if "cannot connect" in line]
-    if directory_mode == 0o700:
+    # 0750: its group (root's) may search it, not a group of theirs.
+    if directory_mode != 0o711:
         assert refused == "connect: EACCES"
         assert said == [
             f"sdexec.allow-users: the users listed cannot connect: {path} is below"
-            f" {directory} (mode 0700), which only its owner may search: give it"
+            f" {directory} (mode {directory_mode:04o}, owner uid 0, group 0),"
+            " which uid 65534 may not search: give it"
             " search permission (0711; the system unit's RuntimeDirectoryMode=),"
             " or [sdexec] listen a socket outside it"
         ]
@@ -229,6 +231,10 @@ def nobody_client(path: Path) -> str:
     may find the connection closed, and once the refusal is read the
     connection reads as reset (what was sent was never read)."""
     try:
+        # Its groups too: root's group 0 and supplementary groups, kept,
+        # would pass a directory's group bits nobody has.
+        os.setgroups([])
+        os.setgid(NOBODY)
         os.setuid(NOBODY)
         sock = socket.socket(socket.AF_UNIX)
         sock.connect(str(path))

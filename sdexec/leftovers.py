@@ -697,13 +697,14 @@ class Leftovers:
             return
         shown = others[:_NAMED]
         log.warn(
-            "{count} {units} of the manager carry the mark of another sdexec"
+            "{count} {units} of the manager {carry} the mark of another sdexec"
             " service, not this one's ({mark}, which follows [sdexec] listen),"
             " and are left alone: {names}{more}. If no other sdexec serves"
             " this manager, they are this service's from a run under another"
             " listen: stop them by hand",
             count=len(others),
             units="unit" if len(others) == 1 else "units",
+            carry="carries" if len(others) == 1 else "carry",
             mark=self._marks[0].strip(),
             names=", ".join(shown),
             more=f" and {len(others) - len(shown)} more"

@@ -1019,3 +1019,15 @@ def test_a_stop_made_again_reads_nothing_first(systemd):
     server.clock.advance(1.0)
     assert len([c for c in systemd.calls if c[0] == "stop"]) == 2
     assert len([c for c in systemd.calls if c[0] == "get-all"]) == reads
+
+
+def test_one_unit_of_another_mark_is_told_in_the_singular(systemd):
+    # Review session 47: "1 unit of the manager carry the mark ...".
+    leftover(systemd, "sdexec-b.service", mark=owner_marks("unix:/b/sdexec.sock")[0])
+    server = make_server(systemd)
+    [line] = [
+        line
+        for line in logged_during(server.leftovers.scan)
+        if "another sdexec" in line
+    ]
+    assert line.startswith("1 unit of the manager carries the mark of another sdexec")

@@ -243,9 +243,15 @@ class Job:
             return
         self._verdict_given = True
         self._count("jobs-unkillable")
+        # The drain reason stays upstream's words (job-exec's own drain, and
+        # what `sdexec undrain` gives back); the request's error says too
+        # what began the termination and what it tried: no `finished`
+        # (its `terminated`) will come to say it.
         self._drain(reason)
         if self.process is not None:
-            self.process.unkillable(reason)
+            self.process.unkillable(
+                f"{reason}: {self.termination.account()}; the node is drained"
+            )
 
     def _knows_its_unit(self) -> bool:
         process = self.process
@@ -317,7 +323,7 @@ class Job:
             return
         reason, self._held_verdict = self._held_verdict, None
         policy = self.termination.policy
-        self.signal_main(policy.kill_signal)
+        self.termination.signal_shell_again()
         self._pending_verdict = reason
         self._verdict_timer = self._clock.callLater(
             policy.kill_timeout, self.unkillable, reason

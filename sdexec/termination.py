@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import enum
 import signal
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,6 +41,7 @@ from twisted.logger import Logger
 
 from sdexec.clocks import as_wall, wall_seconds
 from sdexec.config import MAX_KILL_INTERVAL, ExecConfig, exact_seconds
+from sdexec.fsd import format_fsd
 from sdexec.refusal import json_quoted
 from sdexec.signals import signal_name
 
@@ -59,6 +59,11 @@ _log = Logger()
 
 #: Direct attempts on the job shell begin after this many kill-timeouts.
 SHELL_PHASE_FACTOR = 5
+
+#: Whom a signal goes to, as ``KillUnit`` names them: every process of the
+#: job's unit (its tasks), or its main process (the job shell).
+_ALL = "all"
+_MAIN = "main"
 
 #: The least time, in seconds, between two of step 1's signals sent again
 #: for new terminates (:meth:`TerminationSequence.again`), counted from
@@ -83,6 +88,18 @@ def parse_reason(value: object) -> TerminationReason:
             return reason
     choices = " or ".join(f'"{reason.value}"' for reason in TerminationReason)
     raise ValueError(f"reason: expected {choices}, got {json_quoted(value)}")
+
+
+#: What began a termination, as :meth:`TerminationSequence.account` says it.
+_BEGUN_BY = {
+    TerminationReason.CANCEL: "a cancel (sdexec.terminate)",
+    TerminationReason.TIMEOUT: "its time limit",
+}
+_TASKS = "every process of its unit"
+
+
+def _times(count: int) -> str:
+    return {1: "once", 2: "twice"}.get(count, f"{count} times")
 
 
 class TerminationStep(enum.Enum):
@@ -210,6 +227,11 @@ class TerminationSequence:
         self._again: dict[int, None] = {}
         self._again_timer: IDelayedCall | None = None
         self._first_sent_at = 0.0
+        #: When it began (this clock's time), and every signal asked for
+        #: since, by whom it went to and its number, counted in order:
+        #: what the verdict says was tried (:meth:`account`).
+        self._began_at = 0.0
+        self._sent: dict[tuple[str, int], int] = {}
 
     # --- what the service calls -------------------------------------------
 
@@ -222,12 +244,13 @@ class TerminationSequence:
         self.step, self.reason = TerminationStep.TERM, reason
         self.started_at = wall_seconds(self._reactor)  # for stats: the epoch
         self._fired_at = self._first_sent_at = self._reactor.seconds()
+        self._began_at = self._fired_at
         self._fired_due = 0.0
         self._progress = _Progress(
             next_attempt_at=self.policy.shell_phase_start,
             interval=self.policy.kill_timeout,
         )
-        self._send(self._target.signal_tasks, self.policy.first_signal(reason))
+        self._send(_ALL, self.policy.first_signal(reason))
         if not self._exited:
             self._arm()
         return True
@@ -260,7 +283,7 @@ class TerminationSequence:
         for signum in signals:
             if self._exited or self.step is TerminationStep.UNKILLABLE:
                 return
-            self._send(self._target.signal_tasks, signum)
+            self._send(_ALL, signum)
 
     def job_exited(self) -> None:
         """The job's main process exited (or its unit is gone): stop here.
@@ -280,13 +303,42 @@ class TerminationSequence:
             return
         assert self.reason is not None  # set with the step
         self._first_sent_at = self._reactor.seconds()
-        self._send(self._target.signal_tasks, self.policy.first_signal(self.reason))
+        self._send(_ALL, self.policy.first_signal(self.reason))
         timer = self._timer
         if timer is None or self._exited:
             return  # run out (a verdict the target holds), or it exited
         earliest = self._reactor.seconds() + self.policy.kill_timeout
         if timer.getTime() < earliest:
             timer.reset(self.policy.kill_timeout)
+
+    def signal_shell_again(self) -> None:
+        """kill-signal to the job shell once more, outside the schedule:
+        a verdict held while systemd was away is given only after it
+        (the job's own timer), and :meth:`account` counts it."""
+        self._send(_MAIN, self.policy.kill_signal)
+
+    def account(self) -> str:
+        """What began the termination and what it tried, for the verdict's
+        words: ``its time limit began its termination 12s ago; tried since:
+        SIGALRM once to every process of its unit, SIGKILL 4 times to them
+        and 4 times to its job shell (its main process)``. A job declared
+        unkillable has no ``finished`` (its ``terminated`` key), so nothing
+        else tells its client, or the admin reading the drain, that its
+        time limit or a cancel began it, nor how hard it was tried."""
+        if self.reason is None:
+            return "its termination has not begun"
+        began = _BEGUN_BY[self.reason]
+        # Rounded: a reactor's float time is no more exact than that.
+        elapsed = format_fsd(round(self._reactor.seconds() - self._began_at, 1))
+        sent = ", ".join(
+            f"{signal_name(signum)} {_times(count)} to "
+            + ("its job shell (its main process)" if whom == _MAIN else _TASKS)
+            for (whom, signum), count in self._sent.items()
+        )
+        return (
+            f"{began} began its termination {elapsed} ago; tried since:"
+            f" {sent or 'nothing'}"
+        )
 
     @property
     def active(self) -> bool:
@@ -355,7 +407,7 @@ class TerminationSequence:
         if self._task_phase() and self._next_task_kill_at() <= due:
             progress.task_kills += 1
             self.step = TerminationStep.KILL_TASKS
-            self._send(self._target.signal_tasks, self.policy.kill_signal)
+            self._send(_ALL, self.policy.kill_signal)
         if progress.next_attempt_at <= due and not self._exited:
             self._attempt_on_shell()
         if self._exited:
@@ -364,9 +416,10 @@ class TerminationSequence:
             self._cancel_timer()  # a re-send still waiting: none after it
             self.step = TerminationStep.UNKILLABLE
             _log.warn(
-                "job {job}: unkillable after {attempts} kill attempts",
+                "job {job}: unkillable after {attempts} kill attempts: {account}",
                 job=self.job,
                 attempts=progress.kill_attempts,
+                account=self.account(),
             )
             self._target.unkillable(unkillable_reason(self.job))
             return
@@ -387,14 +440,18 @@ class TerminationSequence:
         )
         progress.interval = min(progress.interval * 2, MAX_KILL_INTERVAL)
         self.step = TerminationStep.KILL_SHELL
-        self._send(self._target.signal_main, self.policy.kill_signal)
+        self._send(_MAIN, self.policy.kill_signal)
 
     def _exhausted(self, due: float) -> bool:
         if self.policy.max_kill_timeout is not None:
             return due >= self.policy.max_kill_timeout
         return self._progress.kill_attempts >= self.policy.max_kill_count
 
-    def _send(self, send: Callable[[int], None], signum: int) -> None:
+    def _send(self, whom: str, signum: int) -> None:
+        """``signum`` to ``whom`` (:data:`_ALL` or :data:`_MAIN`), counted
+        for :meth:`account`."""
+        self._sent[whom, signum] = self._sent.get((whom, signum), 0) + 1
+        send = self._target.signal_main if whom == _MAIN else self._target.signal_tasks
         _log.debug(
             "job {job}: {signal} ({step})",
             job=self.job,

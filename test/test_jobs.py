@@ -112,21 +112,28 @@ def test_a_job_id_that_is_not_printable_is_einval(make_server):
 
 
 @pytest.mark.parametrize(
-    ("exec_table", "task_kills", "attempts", "drained_at"),
+    ("exec_table", "task_kills", "attempts", "drained_at", "ago"),
     [
-        ({}, [5, 10, 15, 20], [25, 30, 40, 60, 100, 180, 340, 640], 640),
-        ({"kill-timeout": "1s", "max-kill-count": 4}, [1, 2, 3, 4], [5, 6, 8, 12], 12),
+        ({}, [5, 10, 15, 20], [25, 30, 40, 60, 100, 180, 340, 640], 640, "640s"),
+        (
+            {"kill-timeout": "1s", "max-kill-count": 4},
+            [1, 2, 3, 4],
+            [5, 6, 8, 12],
+            12,
+            "12s",
+        ),
         (
             {"max-kill-timeout": "30m"},
             [5, 10, 15, 20],
             [25, 30, 40, 60, 100, 180, 340, 640, 940, 1240, 1540],
             1800,
+            "30m",
         ),
     ],
     ids=["defaults", "four-attempts-one-second", "max-kill-timeout-30m"],
 )
 def test_an_unkillable_job_is_drained_on_schedule(
-    make_server, exec_table, task_kills, attempts, drained_at
+    make_server, exec_table, task_kills, attempts, drained_at, ago
 ):
     server, systemd, clock = make_server(**exec_table)
     responder = start_job(server, systemd)
@@ -138,11 +145,34 @@ def test_an_unkillable_job_is_drained_on_schedule(
     assert clock.getDelayedCalls() == []
     assert kill_times(systemd, "all") == [0, *task_kills]
     assert kill_times(systemd, "main") == attempts
+    # What began it, and what was tried: no `finished` comes to say it.
     assert responder.responses[-1] == (
         errno.EDEADLK,
-        "unkillable user processes for job f1",
+        "unkillable user processes for job f1: a cancel (sdexec.terminate) began"
+        f" its termination {ago} ago; tried since: SIGTERM once to every process"
+        f" of its unit, SIGKILL {len(task_kills)} times to every process of its"
+        f" unit, SIGKILL {len(attempts)} times to its job shell (its main"
+        " process); the node is drained",
     )
     assert server.jobs.jobs["f1"].describe()["step"] == "unkillable"
+
+
+def test_an_unkillable_job_says_its_time_limit_began_its_termination(make_server):
+    # Its EDEADLK is all its client gets (no `finished`, so no
+    # `terminated`): it says the time limit began the end, and what was
+    # sent, where it said only "unkillable user processes for job f1".
+    table = {"kill-timeout": "1s", "max-kill-count": 2, "kill-signal": "SIGUSR2"}
+    server, systemd, clock = make_server(**table)
+    responder = start_job(server, systemd, SDEXEC_TIME_LIMIT="10s")
+    run_until_quiet(clock)
+    assert server.drain_reason == "unkillable user processes for job f1"
+    assert responder.responses[-1] == (
+        errno.EDEADLK,
+        "unkillable user processes for job f1: its time limit began its"
+        " termination 6s ago; tried since: SIGALRM once to every process of its"
+        " unit, SIGUSR2 4 times to every process of its unit, SIGUSR2 twice to"
+        " its job shell (its main process); the node is drained",
+    )
 
 
 def declared_unkillable(make_server):

@@ -1579,7 +1579,8 @@ class Process:
         and drain. The process stays tracked until the unit leaves
         deactivating; then it is reset if failed, and reaped, as usual."""
         self._context.count("stop-timer-abandoned")
-        self.unkillable(reason)
+        # The drain keeps the short reason; the client is told what was tried.
+        self.unkillable(f"{reason}: {self.stop_timer.account()}; the node is drained")
         self._context.drain(reason)
 
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 else:
     import _signal as signal  # the C core: signal's enums cost 2.5 ms
 
-__all__ = ["parse_signal", "signal_name"]
+__all__ = ["parse_signal", "signal_name", "signals_said"]
 
 _EXPECTED = (
     f"a signal name such as SIGTERM or TERM, or a number from 1 to {signal.NSIG - 1}"
@@ -96,3 +96,10 @@ def _realtime(name: str) -> int | None:
     if not (offset.isascii() and offset.isdigit() and len(offset) <= _OFFSET_DIGITS):
         return None
     return base + int(name[8:])
+
+
+def signals_said(signum: int, count: int) -> str:
+    """``SIGKILL once``, ``SIGKILL twice``, ``SIGKILL 4 times``: how often a
+    signal was tried, as the words of an unkillable verdict say it."""
+    times = {1: "once", 2: "twice"}.get(count, f"{count} times")
+    return f"{signal_name(signum)} {times}"

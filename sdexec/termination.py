@@ -43,7 +43,7 @@ from sdexec.clocks import as_wall, wall_seconds
 from sdexec.config import MAX_KILL_INTERVAL, ExecConfig, exact_seconds
 from sdexec.fsd import format_fsd
 from sdexec.refusal import json_quoted
-from sdexec.signals import signal_name
+from sdexec.signals import signal_name, signals_said
 
 __all__ = [
     "TerminationPolicy",
@@ -96,10 +96,6 @@ _BEGUN_BY = {
     TerminationReason.TIMEOUT: "its time limit",
 }
 _TASKS = "every process of its unit"
-
-
-def _times(count: int) -> str:
-    return {1: "once", 2: "twice"}.get(count, f"{count} times")
 
 
 class TerminationStep(enum.Enum):
@@ -331,7 +327,7 @@ class TerminationSequence:
         # Rounded: a reactor's float time is no more exact than that.
         elapsed = format_fsd(round(self._reactor.seconds() - self._began_at, 1))
         sent = ", ".join(
-            f"{signal_name(signum)} {_times(count)} to "
+            f"{signals_said(signum, count)} to "
             + ("its job shell (its main process)" if whom == _MAIN else _TASKS)
             for (whom, signum), count in self._sent.items()
         )

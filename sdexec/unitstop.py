@@ -42,7 +42,8 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from sdexec.clocks import as_wall
-from sdexec.signals import signal_name
+from sdexec.fsd import format_fsd
+from sdexec.signals import signal_name, signals_said
 
 __all__ = [
     "StopTimer",
@@ -167,8 +168,12 @@ class StopTimer:
         self.unit = unit
         self._target = target
         self._connected = connected
-        #: Reactor time the stop-timer signal was last sent.
+        #: Reactor time the stop-timer signal was last sent, and how often
+        #: it was (again after a loss of systemd): what :meth:`account` says.
         self._signalled_at = 0.0
+        self._signals = 0
+        #: Reactor time the unit began deactivating.
+        self._began_at = 0.0
         self.state = StopTimerState.IDLE
         #: Reactor time at which the unit began deactivating.
         self.deactivating_since: float | None = None
@@ -191,6 +196,7 @@ class StopTimer:
         # Never later than now (a clock that is not systemd's, a test's).
         began = now if since is None else min(since, now)
         self.deactivating_since = as_wall(self._reactor, began)  # the epoch
+        self._began_at = began
         self.state = StopTimerState.ARMED
         left = max(0.0, self.seconds - (now - began))
         self._timer = self._reactor.callLater(left, self._first_expiry)
@@ -220,6 +226,20 @@ class StopTimer:
             self._cancel()
             self._signal()
 
+    def account(self) -> str:
+        """What was tried on the unit, for the words of its abandonment:
+        ``still deactivating 20s after its stop signalled every process
+        left in it; tried since: SIGUSR1 once to them, 10s ago``."""
+        now = self._reactor.seconds()
+        since = format_fsd(round(now - self._began_at, 1))
+        said = f"still deactivating {since} after its stop signalled every"
+        said += " process left in it"
+        if not self._signals:
+            return said
+        sent = signals_said(self.signum, self._signals)
+        ago = format_fsd(round(now - self._signalled_at, 1))
+        return f"{said}; tried since: {sent} to them, {ago} ago"
+
     def stats(self) -> dict[str, Any]:
         """The stop-timer part of a process's ``stats`` entry."""
         return {
@@ -243,6 +263,7 @@ class StopTimer:
     def _signal(self) -> None:
         self.state = StopTimerState.SIGNALED
         self._signalled_at = self._reactor.seconds()
+        self._signals += 1
         self._timer = self._reactor.callLater(self.seconds, self._second_expiry)
         try:
             self._target.signal_all(self.signum)

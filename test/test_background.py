@@ -1626,7 +1626,12 @@ async def test_a_wait_made_while_the_unit_lingers_is_answered_at_once(
     target = {"label": "a", **({"status_and_error": True} if with_status else {})}
     waiter.send("sdexec.wait", target, matchtag=1)
     (answer,) = payloads(waiter.of(1))
-    unkillable = (errno.EDEADLK, f"unkillable user processes in unit {UNIT}")
+    unkillable = (
+        errno.EDEADLK,
+        f"unkillable user processes in unit {UNIT}: still deactivating 2s after"
+        " its stop signalled every process left in it; tried since: SIGUSR1 once"
+        " to them, 1s ago; the node is drained",
+    )
     if with_status:
         # The status, with what an attach gets as its EDEADLK beside it
         # (review 38 T4-2), where the waiter asked for both.

@@ -213,7 +213,13 @@ def test_stop_timer_signals_all_then_abandons_and_drains():
     reason = f"unkillable user processes in unit {UNIT}"
     assert responder.types() == ["started", "finished", errno.EDEADLK]
     assert responder.responses[1]["status"] == 0  # the command's own status
-    assert responder.responses[-1] == (errno.EDEADLK, reason)
+    # The drain's reason, and for the client what was tried.
+    assert responder.responses[-1] == (
+        errno.EDEADLK,
+        f"{reason}: still deactivating 20s after its stop signalled every"
+        " process left in it; tried since: SIGUSR1 once to them, 10s ago; the"
+        " node is drained",
+    )
     assert drained == [reason]
     assert counted == ["stop-timer-signal", "stop-timer-abandoned"]
     assert process.stop_timer.state is StopTimerState.ABANDONED

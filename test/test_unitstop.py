@@ -228,3 +228,24 @@ def test_a_unit_that_stopped_while_systemd_was_away_is_not_abandoned():
     stop.follow(False)  # read again: it is inactive
     stop.systemd_restored(back_at=120)
     assert (stop.state, target.calls) == (StopTimerState.STOPPED, [])
+
+
+def test_the_account_says_how_long_it_deactivated_and_what_was_tried():
+    # The client's EDEADLK says it (the drain keeps the short reason): how
+    # long since the stop, the stop-timer signal, how often (again after
+    # an outage that may have taken it) and how long ago.
+    systemd = Systemd()
+    clock, _, stop = timer(seconds=30, systemd=systemd)
+    stop.deactivating(since=-5)
+    assert stop.account() == (
+        "still deactivating 5s after its stop signalled every process left in it"
+    )
+    clock.advance(25)  # signalled; then systemd goes and comes back
+    clock.advance(10)
+    stop.systemd_restored(back_at=33)
+    clock.advance(30)
+    assert stop.state is StopTimerState.ABANDONED
+    assert stop.account() == (
+        "still deactivating 70s after its stop signalled every process left"
+        " in it; tried since: SIGUSR1 twice to them, 30s ago"
+    )

@@ -449,7 +449,7 @@ def test_two_socket_activated_instances_leave_each_others_units_alone(
             assert terminate(second) == -signal.SIGTERM
         said = (tmp_path / "b" / "twistd.log").read_bytes()
         assert b"leftover unit" not in said, said  # another's: named, untouched
-        assert b"carry the mark of another sdexec service" in said
+        assert b"1 unit of the manager carries the mark of another sdexec" in said
         assert unit_names() == units
         assert terminate(first) == -signal.SIGTERM
     assert unit_names() == []

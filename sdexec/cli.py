@@ -62,13 +62,13 @@ from sdexec.cliio import (
     request,
     say,
     signalled_status,
-    visible,
     warn,
     warn_after_finished,
     write_output,
 )
 from sdexec.protocolbase import Topics, terminate_not_found, terminate_runs_no_job
 from sdexec.receipt import Receipt
+from sdexec.refusal import one_line
 from sdexec.rpc import RPCError, SdexecError, listed_processes
 from sdexec.runrequest import (
     COALESCED_SIGNALS,
@@ -601,7 +601,7 @@ def _reload(options: argparse.Namespace) -> int:
             f"{failure.errstr}: this service has no reload request (an sdexec"
             " older than this command, or not sdexec): send it SIGHUP",
         ) from None
-    print_out(f"configuration reloaded from {visible(str(reply.get('config')))}")
+    print_out(f"configuration reloaded from {one_line(str(reply.get('config')))}")
     return 0
 
 
@@ -611,7 +611,7 @@ def _drain_causes(reply: dict, each: str, joined: str) -> list[str]:
     causes = reply.get(each)
     if not isinstance(causes, list):
         causes = [reply[joined]] if reply.get(joined) else []
-    return [visible(str(cause)) for cause in causes]
+    return [one_line(str(cause)) for cause in causes]
 
 
 #: Each command's function: the parsed options in, the exit status out.
@@ -648,7 +648,7 @@ def format_procs(procs: Sequence[dict[str, Any]]) -> str:
             proc.get("step") or "-",
             cmdline,
         )
-        rows.append(tuple(visible(str(cell)) for cell in cells))
+        rows.append(tuple(one_line(str(cell)) for cell in cells))
     widths = [max(len(row[column]) for row in rows) for column in range(7)]
     lines = (
         "  ".join(

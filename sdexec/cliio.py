@@ -18,6 +18,7 @@ import stat
 import sys
 
 from sdexec.ioencode import decode_io
+from sdexec.refusal import one_line
 from sdexec.rpc import SdexecError, resolve_socket_path
 from sdexec.syncclient import Connection, Loop
 
@@ -57,7 +58,6 @@ __all__ = [
     "request",
     "say",
     "signalled_status",
-    "visible",
     "warn",
     "warn_after_finished",
     "write_output",
@@ -201,7 +201,7 @@ def warn_after_finished(failure: object) -> None:
 def warn(message: str) -> None:
     """One line on stderr (what the service said may quote what a client
     chose: escaped, it cannot act on the terminal)."""
-    say(f"sdexec: {visible(message)}")
+    say(f"sdexec: {one_line(message)}")
 
 
 def say(line: str) -> None:
@@ -212,15 +212,6 @@ def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
     except OSError:
         pass  # a stderr that went away: nothing more can be said to it
-
-
-def visible(text: str) -> str:
-    """``text`` with its non-printable characters escaped (``\\n``,
-    ``\\x1b``): a label or an argument, chosen by whoever started the
-    process, must not move the cursor or recolour the owner's terminal."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 # -- the commands' own output on stdout ----------------------------------------

@@ -46,7 +46,7 @@ from sdexec.plan import (
 from sdexec.process import OutputValve, Process
 from sdexec.protocol import Topic
 from sdexec.protocolbase import MAX_MATCHTAG
-from sdexec.refusal import SHOWN, RequestRefused, json_quoted, printable, quoted
+from sdexec.refusal import SHOWN, RequestRefused, json_quoted, one_line, quoted
 from sdexec.server import AwaitingStart, SdexecServer, revoked
 from sdexec.systemd import errno_for
 from sdexec.systemd.errors import failure_value
@@ -1236,20 +1236,13 @@ MAX_BEHIND_LOOKUPS = 64
 MAX_ERRSTR = 4096
 
 
-#: Characters that break a line (``str.splitlines``) or cannot be shown,
-#: written as escapes in an ``errstr``: it is one line (docs/protocol.md),
-#: also where it names a field by a key the request chose (``cmd.env.A\nB``).
-_UNPRINTABLE_IN_ERRSTR = {
-    code: repr(chr(code))[1:-1]
-    for code in [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]
-}
-
-
 def _quotable(errstr: str) -> str:
     """``errstr`` as it can always be sent, whatever it quotes from the
-    request: encodable (:func:`~sdexec.refusal.printable`), one line and
-    bounded."""
-    text = printable(errstr).translate(_UNPRINTABLE_IN_ERRSTR)
+    request: encodable and one line (:func:`~sdexec.refusal.one_line`:
+    also where it names a field by a key the request chose,
+    ``cmd.env.A\nB``; docs/protocol.md), and bounded."""
+    # Cut before it is escaped too: escaping a long one is a loop in Python.
+    text = one_line(errstr[: MAX_ERRSTR + 1])
     return text if len(text) <= MAX_ERRSTR else text[: MAX_ERRSTR - 1] + "…"
 
 

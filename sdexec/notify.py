@@ -21,6 +21,7 @@ from typing import Any
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
+from sdexec.refusal import one_line
 from sdexec.systemd.unanswered import Silence
 
 __all__ = ["Readiness", "SystemdNotifier", "describe_server"]
@@ -67,7 +68,7 @@ class SystemdNotifier:
         if self.address is None:
             return
         message = "\n".join(
-            f"{key}={_one_line(value)}" for key, value in fields.items()
+            f"{key}={one_line(str(value))}" for key, value in fields.items()
         )
         try:
             if self._socket is None:
@@ -85,16 +86,10 @@ class SystemdNotifier:
             self._socket = None
 
 
-def _one_line(value: object) -> str:
-    """A value as one line: systemd reads a line per assignment, and a
-    status may quote systemd's error text (a drain's reason)."""
-    return str(value).replace("\r", "\\r").replace("\n", "\\n")
-
-
-#: The most bytes of a drain's reason the status line carries (escaped for
-#: one line, at most twice that: well under 4096): systemd drops a
-#: notify message of 4096 bytes or more whole (STATUS= and READY=1 with
-#: it), and a reason joins every cause in force (/stats has it all).
+#: The most bytes of a drain's reason the status line carries, once
+#: escaped for one line (well under 4096): systemd drops a notify message
+#: of 4096 bytes or more whole (STATUS= and READY=1 with it), and a reason
+#: joins every cause in force (/stats has it all).
 STATUS_REASON_MAX = 1024
 
 
@@ -107,7 +102,8 @@ def describe_server(
     Polled every second: from these, not from ``stats()``, which describes
     every process (30 ms with 2000 of them)."""
     if drain_reason is not None:
-        reason = drain_reason
+        # Escaped before it is cut: an escape is up to 6 bytes of one.
+        reason = one_line(drain_reason)
         cut = reason.encode()[:STATUS_REASON_MAX].decode(errors="ignore")
         if cut != reason:  # bytes counted: 4-byte characters are 4
             reason = cut + "… (the rest in /stats)"

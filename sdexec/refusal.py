@@ -6,6 +6,14 @@ server answers as an RFC 6 error response (``errnum``, ``errstr``). The
 message always names the field or property that was wrong, and is always
 encodable as UTF-8 JSON, whatever the request contained (see
 :func:`printable`).
+
+Also the text helpers every error message is written with, on both sides
+of the socket: the service's and the command line's (this module imports
+nothing heavy, so the lean client may). One rule for how much of a value
+a message quotes: :data:`SHOWN` characters, whether written as text
+(:func:`printable`), as Python writes it (:func:`quoted`) or as JSON
+(:func:`json_quoted`); and one rule for how a message is kept on one
+line (:func:`one_line`).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ __all__ = [
     "RequestRefused",
     "json_quoted",
     "lone_surrogate",
+    "one_line",
     "printable",
     "quoted",
 ]
@@ -70,6 +79,19 @@ def _cut(text: str, limit: int | None) -> str:
     if limit is None or len(text) <= limit:
         return text
     return f"{text[:limit]}… ({len(text)} chars)"
+
+
+def one_line(text: str) -> str:
+    """``text`` as one line that can always be shown and sent: each
+    character :meth:`str.isprintable` refuses (a line break, a terminal's
+    escape, a bidirectional override, a lone surrogate) written as
+    :func:`repr` writes it (``\\n``, ``\\x1b``, ``\\u202e``, ``\\ud800``),
+    so that a key the request chose reads as its ``repr`` (``cmd.env.A\\nB``).
+    Every ``errstr``, where the service sends it and where a client shows
+    it, every ``sd_notify`` line and every cell of a listing."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 #: Past about 4300 digits, Python will not write an integer in decimal.

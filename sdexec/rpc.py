@@ -23,7 +23,7 @@ from sdexec.protocolbase import (
     SYSTEM_SOCKET,
     chosen_socket_path,
 )
-from sdexec.refusal import quoted
+from sdexec.refusal import one_line, quoted
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -361,23 +361,12 @@ def _file_identity(fd: int) -> tuple[int, int]:
 MAX_ERRNO = 4096
 
 
-#: C0 and C1 control characters, each as the escape that shows it.
-_CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))}
-
-
-def _one_line(errstr: str) -> str:
-    """The service's ``errstr`` as the one line an :class:`SdexecError`
-    promises: a newline, or a terminal's escape, shown as ``\\x0a``,
-    ``\\x1b`` rather than obeyed where a client prints it."""
-    return errstr if errstr.isprintable() else errstr.translate(_CONTROLS)
-
-
 def rpc_error(message: dict[str, Any]) -> RPCError:
     """The :class:`RPCError` of an error response (``EPROTO``, naming it, if
     its ``errnum`` is no errno)."""
     errnum = message.get("errnum")
     errstr = message.get("errstr")
-    errstr = _one_line(errstr) if isinstance(errstr, str) else ""
+    errstr = one_line(errstr) if isinstance(errstr, str) else ""
     if type(errnum) is int and 0 < errnum < MAX_ERRNO:
         return RPCError(errnum, errstr)
     said = f"errnum {quoted(errnum, 40)} is no errno"
@@ -434,7 +423,7 @@ def wait_error(answer: dict[str, Any]) -> RPCError | None:
     if isinstance(error, dict):
         errnum, errstr = error.get("errnum"), error.get("errstr")
         if type(errnum) is int and isinstance(errstr, str):
-            return RPCError(errnum, _one_line(errstr))
+            return RPCError(errnum, one_line(errstr))
     shown = quoted(error, 200)
     raise RPCError(errno.EPROTO, f"wait: expected an error object, got {shown}")
 

@@ -232,13 +232,15 @@ def test_an_errstr_of_several_lines_or_escapes_is_one_line_shown(served):
     peer, client = served
     listed = client.list()
     waited = client.wait(pid=7, status_and_error=True)
-    said = "line one\nline two \x1b[31mred\x9b"
+    said = "line one\nline two \x1b[31mred\x9b \u2028 \u202eder"
     request = yield peer.requests.get()
     peer.fail(request, errno.EPERM, said)
     request = yield peer.requests.get()
     error = {"errnum": errno.EDEADLK, "errstr": said}
     peer.respond(request, {"output": [], "dropped": 0, "error": error})
-    shown = "line one\\x0aline two \\x1b[31mred\\x9b"
+    # As the service writes it (sdexec.refusal.one_line): U+2028 is a line
+    # break to str.splitlines, U+202E turns the rest of the line around.
+    shown = "line one\\nline two \\x1b[31mred\\x9b \\u2028 \\u202eder"
     with pytest.raises(RPCError, match=re.escape(shown) + "$"):
         yield listed
     answer = yield waited

@@ -780,7 +780,9 @@ def test_an_error_quoting_a_hostile_value_cuts_it_and_names_the_field(
     assert len(errstr) < QUOTING_BOUND
 
 
-@pytest.mark.parametrize("key", ["A\nB", "A\rB\x00", "A\u2028B", "A\x85B"])
+@pytest.mark.parametrize(
+    "key", ["A\nB", "A\rB\x00", "A\u2028B", "A\x85B", "A\u202eB", "A\u200bB"]
+)
 def test_an_error_naming_a_field_by_a_hostile_key_is_one_line(connection, key):
     connection.send("sdexec.exec", {"cmd": {**TRUE, "env": {key: 5}}, "flags": FLAGS})
     errnum, errstr = error_of(connection.last())

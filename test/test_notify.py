@@ -106,6 +106,25 @@ def test_a_status_quoting_a_line_break_stays_one_assignment(notify_socket):
     ]
 
 
+def test_a_status_quoting_an_escape_is_sent_escaped(notify_socket):
+    # Only line breaks were escaped: a terminal's escape or a U+2028 went
+    # to `systemctl status` as it was, and a lone surrogate could not be
+    # sent at all. One rule with an errstr's (sdexec.refusal.one_line).
+    notifier = SystemdNotifier({"NOTIFY_SOCKET": str(notify_socket.path)})
+    notifier.notify(STATUS="drained: \x1b[31mred\u2028\x85 \ud800 a\rb")
+    assert notify_socket.messages() == [
+        {"STATUS": "drained: \\x1b[31mred\\u2028\\x85 \\ud800 a\\rb"}
+    ]
+
+
+def test_a_reason_of_control_characters_still_fits_a_notify_message():
+    # Each is written as 4 bytes (\x01) once escaped: cut after, not before.
+    status = describe_server("\x01" * 4000, 0)
+    assert status.startswith("drained: \\x01\\x01")
+    assert status.endswith("… (the rest in /stats)")
+    assert len(f"STATUS={status}\nREADY=1".encode()) < 4096
+
+
 def test_describe_server():
     assert describe_server(None, 1) == "serving 1 process"
     assert describe_server(None, 2) == "serving 2 processes"

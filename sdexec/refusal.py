@@ -66,7 +66,7 @@ def lone_surrogate(value: str, error: UnicodeEncodeError) -> str:
     )
 
 
-def quoted(value: object, limit: int = 40) -> str:
+def quoted(value: object, limit: int | None = 40) -> str:
     """``repr(value)`` for a message, cut short past ``limit`` characters,
     with how long it was: a hostile value may be megabytes."""
     if isinstance(value, int) and value.bit_length() > _MAX_WRITABLE_INT_BITS:
@@ -98,16 +98,26 @@ def one_line(text: str) -> str:
 _MAX_WRITABLE_INT_BITS = 14_000
 
 
-#: Characters of a configuration value an error message quotes (a long
-#: path whole).
-JSON_QUOTE_LIMIT = 1000
+#: Characters of a value an error message quotes as JSON: :data:`SHOWN`,
+#: as for any other value. It was 1000 ("a long path whole"), but a JSON
+#: value is as often a request's (``matchtag``, ``cwd``, ``detail``, a
+#: signal) as a configuration's, and a request's ``cwd`` quoted five times
+#: as far as its ``opts`` broke the one rule for no reason; a configuration
+#: value cut at 200 is still found whole in the file, by the key the
+#: message names.
+JSON_QUOTE_LIMIT = SHOWN
 
 
 def json_quoted(value: object, limit: int = JSON_QUOTE_LIMIT) -> str:
-    """A configuration value as the admin would write it: ``"5x"``,
-    ``true``, ``12``; cut short past ``limit`` characters. A YAML file of a
-    few hundred bytes can alias its way to a billion items, or to itself:
-    only as much of it is written as is shown."""
+    """A value as JSON writes it, as the admin writes a configuration or
+    a client a request: ``"5x"``, ``true``, ``12``; cut short past
+    ``limit`` characters. A string or an integer cut says its length, as
+    :func:`quoted` does; an array or object cut says only "…": a YAML file
+    of a few hundred bytes can alias its way to a billion items, or to
+    itself, so only as much of it is written as is shown, and its whole
+    length is never known."""
+    if not isinstance(value, dict | list):
+        return _cut(_json_scalar(value), limit)
     text = _json_prefix(value, limit + 1, depth=0)
     return text if len(text) <= limit else f"{text[:limit]}…"
 
@@ -132,7 +142,14 @@ def _json_prefix(value: object, budget: int, depth: int) -> str:
         ends = "{}" if isinstance(value, dict) else "[]"
         return ends[0] + ", ".join(parts) + ends[1]
     if isinstance(value, str):
-        return json.dumps(value[:budget])
+        value = value[:budget]  # an item past what is shown is cut anyway
+    return _json_scalar(value)
+
+
+def _json_scalar(value: object) -> str:
+    """``value``, neither an array nor an object, as JSON writes it."""
+    import json  # here: the command line quotes no value unless it refuses
+
     if isinstance(value, int) and not isinstance(value, bool):
-        return quoted(value, limit=budget)  # as JSON writes it, unless too long
+        return quoted(value, limit=None)  # as JSON writes it, unless too long
     return json.dumps(value, default=str)

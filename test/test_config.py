@@ -230,6 +230,10 @@ def test_every_key_is_tested():
     )
 
 
+#: 10**400 as a message quotes it (sdexec.refusal.SHOWN).
+HUGE_INT = f"1{'0' * 199}… (401 chars)"
+
+
 @pytest.mark.parametrize(
     ("path", "value", "message"),
     [
@@ -241,8 +245,9 @@ def test_every_key_is_tested():
          'expected a duration of at least 1ms, got "1e-320"'),
         ("exec.max-kill-count", 2.5, f"{KILL_COUNT_RANGE}, got 2.5"),
         ("exec.max-kill-count", True, f"{KILL_COUNT_RANGE}, got true"),
-        # Its last attempt's time overflowed a float: a traceback.
-        ("exec.max-kill-count", 10**400, f"{KILL_COUNT_RANGE}, got {10**400}"),
+        # Its last attempt's time overflowed a float: a traceback. Quoted
+        # to 200 characters, with its length, as any value.
+        ("exec.max-kill-count", 10**400, f"{KILL_COUNT_RANGE}, got {HUGE_INT}"),
         # Flux's sdexec would signal and abandon every lingering unit at once.
         ("exec.sdexec-stop-timer-sec", 0,
          "0 would signal a unit's remaining processes as it enters deactivating"
@@ -259,9 +264,9 @@ def test_every_key_is_tested():
          "expected at most 2147483647 (Flux's job-exec reads this key as a C"
          f" int, where a larger value wraps), got {2**32 + 640}"),
         ("exec.kill-timeout", 10**400,
-         f'{10**400} is not a valid duration: {DURATION}'),
+         f'{HUGE_INT} is not a valid duration: {DURATION}'),
         ("exec.max-start-delay-percent", 10**400,
-         f"expected a finite number, got {10**400}"),
+         f"expected a finite number, got {HUGE_INT}"),
         ("sdexec.mapper", "site..Mapper",
          "expected a fully-qualified class name such as pkg.module.Class,"
          ' got "site..Mapper"'),

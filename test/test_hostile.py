@@ -341,6 +341,15 @@ def test_a_cwd_systemd_would_refuse_or_read_otherwise_is_einval_naming_it(
     assert errstr.startswith(f'cmd.cwd: "{cwd}": {why}')
 
 
+def test_a_long_cwd_is_quoted_as_far_as_any_value_with_its_length(server, connection):
+    # A JSON-quoted value was cut at 1000 characters, without its length,
+    # where the same request's opts were cut at 200, with theirs.
+    cwd = "/tmp/../" + "x" * 1000
+    errnum, errstr = exec_refused(server, connection, {**TRUE, "cwd": cwd})
+    assert errnum == errno.EINVAL
+    assert errstr.startswith(f"cmd.cwd: \"{cwd[:199]}… (1010 chars): a '..' in it")
+
+
 @pytest.mark.parametrize("cwd", ["//tmp", "/tmp//x/./y/", "/"])
 def test_a_cwd_systemd_simplifies_passes(cwd):
     # A client's $PWD may hold them (`cd //tmp`; --dir=$SCRATCH/job with a

@@ -179,10 +179,6 @@ _UPSTREAM_MULTIUSER: Final = (
     ' SDEXEC_STOP_TIMER_SIGNAL; docs/design.md, "How a unit ends: the stop'
     ' timer")'
 )
-#: The longest value a refusal quotes.
-_SHOWN_VALUE: Final = 64
-
-
 #: Name prefixes never allowed: the commands (``ExecStart``, ``ExecStopPost``…)
 #: and the standard streams are sdexec's; ``…Scale`` is the percentage form of
 #: a limit that must be written ``MemoryMax=50%`` so it can be compared.
@@ -930,16 +926,14 @@ def _repeats_sdexec(name: str, value: object) -> bool:
     return (asked.signature, asked.value) == (ours.signature, ours.value)
 
 
-def _fixed_value(name: str, value: object) -> str:
+def _fixed_value(name: str, value: str) -> str:
     """For a refused property of :data:`SDEXEC_FIXED`, the value every unit
     has beside the one asked, and what a port of Flux's job-exec does
     instead; else nothing."""
     fixed = SDEXEC_FIXED.get(name)
     if fixed is None:
         return ""
-    asked = printable(value) if isinstance(value, str) else json_quoted(value)
-    if len(asked) > _SHOWN_VALUE:
-        asked = asked[:_SHOWN_VALUE] + "…"
+    asked = printable(value, SHOWN)
     words = (
         f"; every unit has {name}={fixed}, which a request may only repeat,"
         f" not {name}={asked}"

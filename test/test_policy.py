@@ -32,7 +32,7 @@ from sdexec.policy import (
     parse_request_properties,
 )
 from sdexec.property import is_known_property, typed_property
-from sdexec.refusal import RequestRefused
+from sdexec.refusal import SHOWN, RequestRefused
 from sdexec.sizes import scale_from_permyriad
 from sdexec.unitstop import lifecycle_properties
 
@@ -1051,6 +1051,14 @@ def test_another_value_of_sdexecs_own_is_refused_naming_both(
     assert error.errstr.startswith(f"SDEXEC_PROP_{name}: a request can never set")
     assert f"every unit has {name}={fixed}" in error.errstr
     assert f"not {name}={value}" in error.errstr
+
+
+def test_a_long_value_of_sdexecs_own_is_quoted_as_any_value() -> None:
+    # Cut at 64 characters, without its length, where every other value a
+    # refusal quotes is cut at refusal.SHOWN with it.
+    value = "y" * 5000
+    error = refusal(POLICY, SendSIGKILL=value)
+    assert error.errstr.endswith(f"not SendSIGKILL={'y' * SHOWN}… (5000 chars)")
 
 
 @pytest.mark.parametrize(

@@ -97,9 +97,7 @@ def parse_size(text: str, base: int = 1024) -> int:
         )
     whole, _point, fraction = match["number"].partition(".")
     if len(whole.lstrip("0")) > _MAX_DIGITS:
-        raise SizeTooLarge(
-            f"{quoted(text, SHOWN)} is not a size systemd can hold (16E or more)"
-        )
+        raise _too_large_for_systemd(text)
     if len(fraction) > _MAX_DIGITS:
         raise ValueError(f"{quoted(text, SHOWN)} has more than {_MAX_DIGITS} decimals")
     # Decimal, not float: a float has 53 bits, so "9007199254740993" (or a
@@ -367,10 +365,16 @@ def bounded_size(size: int, written: object) -> int:
     (a TOML or YAML one has no bound of its own), so that both spellings
     of one size are judged alike."""
     if size > UINT64_MAX:
-        raise SizeTooLarge(
-            f"{quoted(written, SHOWN)} is not a size systemd can hold (16E or more)"
-        )
+        raise _too_large_for_systemd(written)
     return size
+
+
+def _too_large_for_systemd(written: object) -> SizeTooLarge:
+    """The refusal of a systemd size past 64 bits (:func:`parse_size`,
+    :func:`bounded_size`), quoting it as ``written``."""
+    return SizeTooLarge(
+        f"{quoted(written, SHOWN)} is not a size systemd can hold (16E or more)"
+    )
 
 
 @dataclass(frozen=True)

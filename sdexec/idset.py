@@ -211,7 +211,10 @@ def _runs_of_members(ids: Iterable[int]) -> Runs:
 
 def _check_member(i: object) -> None:
     if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i <= MAX_ID:
-        raise ValueError(f"idset member {i!r} is not an integer from 0 to {MAX_ID}")
+        # Quoted cut: a member of thousands of digits has no repr at all.
+        raise ValueError(
+            f"idset member {quoted(i)} is not an integer from 0 to {MAX_ID}"
+        )
 
 
 def _parse(text: str) -> Runs:

@@ -182,6 +182,21 @@ def test_members_beyond_the_largest_are_refused(member):
         IDset([member])
 
 
+@pytest.mark.parametrize(
+    ("member", "shown"),
+    [(10**5000, "<an integer of 16610 bits>"), ("x" * 1000, "'xxx")],
+    ids=["digits", "text"],
+)
+def test_a_huge_member_is_refused_quoted_cut(member, shown):
+    # repr() of 5000 digits raised Python's own "Exceeds the limit"
+    # ValueError, naming no idset; a long string was quoted whole.
+    with pytest.raises(ValueError) as refused:
+        IDset([member])
+    said = str(refused.value)
+    assert said.startswith(f"idset member {shown}")
+    assert said.endswith(f"is not an integer from 0 to {MAX_ID}") and len(said) < 200
+
+
 def test_an_error_quotes_a_long_idset_cut_short():
     text = ",".join(map(str, range(100_000))) + ",x"
     with pytest.raises(ValueError) as failure:

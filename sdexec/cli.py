@@ -471,6 +471,9 @@ def _stats(options: argparse.Namespace) -> int:
 #: How long ``stats --url`` waits for the endpoint's answer.
 _HTTP_TIMEOUT_S = 30
 
+#: What ``stats --url`` wants, shown where a URL is not one.
+_EXAMPLE_STATS_URL = "http://127.0.0.1:8490/stats"
+
 
 def _http_stats(url: str) -> dict:
     """``GET url`` (the service's stats endpoint), with Twisted's Agent:
@@ -560,7 +563,12 @@ def _http_failure(error: Exception) -> str:
     its kin hold a list of Twisted failures, which ``str()`` shows as
     reprs."""
     from twisted.internet.error import ConnectionClosed
+    from twisted.web.error import SchemeNotSupported
 
+    if isinstance(error, SchemeNotSupported):
+        # The Agent's own words, "Unsupported scheme: b''", for the
+        # scheme-less "127.0.0.1:8490/stats" an admin types first.
+        return f"not an http:// URL, such as {_EXAMPLE_STATS_URL}"
     reasons = getattr(error, "reasons", None)
     if not reasons:
         return str(error) or type(error).__name__

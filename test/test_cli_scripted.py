@@ -778,6 +778,18 @@ def test_stats_from_a_url_treq_refuses_at_once_is_one_line():
     assert done.stderr.decode().count("\n") == 1
 
 
+@pytest.mark.parametrize("url", ["127.0.0.1:8490/stats", "ftp://127.0.0.1/stats"])
+def test_stats_from_a_url_of_no_http_scheme_says_what_to_give(url):
+    # Said in the Agent's words, "Unsupported scheme: b''", for the
+    # scheme-less address an admin types first (review session 47).
+    done = sdexec("/nonexistent", "stats", "--url", url)
+    assert (done.returncode, done.stderr.decode()) == (
+        1,
+        f"sdexec: cannot read {url}: not an http:// URL, such as"
+        " http://127.0.0.1:8490/stats\n",
+    )
+
+
 def test_a_stats_request_that_timed_out_says_so():
     # A timeout cancels the request: its reason had no words, and the line
     # ended at the colon (review session 32 T2).

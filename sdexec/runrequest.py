@@ -130,7 +130,9 @@ def build_command(
     # --dir as the kernel enters it (`..` after a symbolic link is its
     # target's parent, which a normalized path is not): systemd takes only
     # a normalized path, and the process's PWD must name where it runs.
-    directory = os.path.realpath(os.path.join(cwd, options.dir)) if options.dir else cwd
+    directory = (
+        _entered_directory(os.path.join(cwd, options.dir)) if options.dir else cwd
+    )
     _check_utf8(
         [
             *((f"argument {i}", arg) for i, arg in enumerate(options.cmdline)),
@@ -152,6 +154,24 @@ def build_command(
         cwd=directory,
         label=options.label,
     )
+
+
+def _entered_directory(path: str) -> str:
+    """The normalized path of the directory chdir(2) would enter at
+    ``path``, for systemd to enter. Where the kernel's walk would fail at a
+    component that does not exist, it is that component: systemd then
+    fails to enter it, saying so, as ``cd`` would (a lexical ``..`` after
+    it had the process run in a directory the path never reached:
+    ``/scratch/typo/../job`` ran in ``/scratch/job``). One this user may
+    not search is resolved as far as can be, for the service, which may,
+    to judge."""
+    try:
+        return os.path.realpath(path, strict=True)
+    except (FileNotFoundError, NotADirectoryError) as unreached:
+        # realpath names the path it met, resolved up to that component.
+        return os.path.realpath(unreached.filename or path)
+    except OSError:  # EACCES, ELOOP
+        return os.path.realpath(path)
 
 
 def base_directory(options: RunOptions) -> str:

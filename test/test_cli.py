@@ -139,10 +139,15 @@ async def test_what_systemd_could_not_execute_is_named(sdexec, tmp_path):
     assert f": cannot execute {program} (the manager's log" in done.stderr.decode()
 
 
+@pytest.mark.parametrize("below", ["", "/../.."])
 @ensureDeferred
-async def test_a_working_directory_systemd_could_not_enter_is_named(sdexec, tmp_path):
+async def test_a_working_directory_systemd_could_not_enter_is_named(
+    sdexec, tmp_path, below
+):
+    # With "/../..", the missing directory's parent's parent, lexically,
+    # that the process ran in: `cd` fails there (review session 47).
     missing = tmp_path / "gone"
-    done = await cli(sdexec, "run", "-n", "--dir", str(missing), "/bin/true")
+    done = await cli(sdexec, "run", "-n", "--dir", f"{missing}{below}", "/bin/true")
     assert done.returncode == 127
     assert done.stderr.decode() == (
         "sdexec: systemd could not run the command: exit status 200/CHDIR"

@@ -809,6 +809,23 @@ def test_dir_is_the_process_s_pwd_too(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("given", "unreached"),
+    [("gone/../a", "gone"), ("gone/x/../../a", "gone"), ("a/gone/..", "a/gone")],
+)
+def test_dir_through_a_missing_directory_is_where_cd_would_fail(
+    tmp_path, given, unreached
+):
+    # "gone/../a" was resolved lexically past the missing "gone", and the
+    # process ran in "a", where `cd gone/../a` (chdir(2)) fails: sent as
+    # the directory the kernel's walk stops at, systemd fails to enter it
+    # and says so (review session 47).
+    (tmp_path / "a").mkdir()
+    options = parse_args(["run", "--dir", given, "true"])
+    command = build_command(options, {"PATH": "/bin"}, str(tmp_path))
+    assert command["cwd"] == os.path.realpath(tmp_path / unreached)
+
+
+@pytest.mark.parametrize(
     ("argv", "cwd", "named"),
     [
         (["run", "cat", os.fsdecode(b"caf\xe9")], "/", "argument 1"),

@@ -87,6 +87,9 @@ def _from_base64(text: str) -> bytes:
         return msgspec.convert(text, bytes)
     except msgspec.ValidationError:
         raise ValueError("io.data: invalid base64") from None
+    except UnicodeEncodeError as error:
+        # msgspec encodes the text first: its own words named no field.
+        raise ValueError(f"io.data: {lone_surrogate(text, error)}") from None
 
 
 def line_chunks(data: bytes, size: int) -> list[bytes]:

@@ -132,6 +132,20 @@ def test_a_non_string_io_encoding_is_einval(connection, encoding):
     assert not connection.transport.disconnecting
 
 
+@pytest.mark.parametrize("encoding", ["base64", "UTF-8"])
+def test_a_lone_surrogate_in_a_write_s_data_is_einval_naming_it(connection, encoding):
+    # Base64 too: its decoder encodes the text first, and its
+    # UnicodeEncodeError's words ("'utf-8' codec can't encode…") named no
+    # field.
+    io = {"stream": "stdin", "data": "YQ\ud800", "encoding": encoding}
+    connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=3)
+    assert error_of(connection.last()) == (
+        errno.EINVAL,
+        "io.data: not valid Unicode text: lone surrogate U+D800 at 2",
+    )
+    assert not connection.transport.disconnecting
+
+
 @pytest.mark.parametrize("escape", ["\\ud800", "\\udfff", "\\udc80x"])
 @pytest.mark.parametrize("padding", [0, SMALL_LINE], ids=["short", "long"])
 def test_a_lone_surrogate_escape_is_einval_naming_its_field(

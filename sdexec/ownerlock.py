@@ -44,12 +44,16 @@ class OwnerLock:
         mark: str,
         socket_mode: int,
         earlier_marks: tuple[str, ...] = (),
+        setting: str = "[sdexec] listen",
     ) -> None:
         """``earlier_marks``: the service's other marks (as an earlier
         version named its units, and its lock: the socket path as written,
         before it was taken in one spelling). A service still running under
-        one of them must refuse this one too."""
+        one of them must refuse this one too. ``setting``: what gave
+        ``listen`` (twistd's ``--listen``, or the file's key), for the
+        refusal's message."""
         self.listen = listen
+        self.setting = setting
         directory = _lock_directory(listen, socket_mode)
         self.path = os.path.join(directory, _lock_name(mark))
         self._earlier = [
@@ -65,7 +69,7 @@ class OwnerLock:
         (another service in this process too: each take opens the file)."""
         if self._fd is not None:
             return
-        fd = _locked(self.path, self.listen)
+        fd = _locked(self.path, self.listen, self.setting)
         try:
             self._take_earlier()
             for held in (fd, *self._earlier_fds):
@@ -87,7 +91,9 @@ class OwnerLock:
         for earlier in self._earlier:  # on failure, take() lets all go
             if os.path.isfile(earlier):
                 with contextlib.suppress(PermissionError):
-                    self._earlier_fds.append(_locked(earlier, self.listen))
+                    self._earlier_fds.append(
+                        _locked(earlier, self.listen, self.setting)
+                    )
 
     def release(self) -> None:
         """Let the lock go (idempotent). The file stays: removing it could
@@ -104,9 +110,9 @@ def _lock_name(mark: str) -> str:
     return f"sdexec-{mark.strip(' []').removeprefix('sdexec:')}.lock"
 
 
-def _locked(path: str, listen: str) -> int:
+def _locked(path: str, listen: str, setting: str) -> int:
     """A descriptor of ``path`` holding its lock; :class:`AlreadyServed`
-    naming the holder if another process holds it."""
+    naming ``setting`` and the holder if another process holds it."""
     fd = _open(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -114,7 +120,7 @@ def _locked(path: str, listen: str) -> int:
         holder = _holder(fd)
         os.close(fd)
         raise AlreadyServed(
-            f"[sdexec] listen: another sdexec ({holder}) serves {listen}: it"
+            f"{setting}: another sdexec ({holder}) serves {listen}: it"
             f" holds {path}; not starting, and none of its units touched"
         ) from None
     return fd

@@ -249,16 +249,30 @@ class SdexecService(Service):
         their socket); ``None`` for any other endpoint."""
         if not is_systemd_endpoint(self.listen):
             return None
-        return inherited_address(_endpoint(self.reactor, self.listen, "listen"))
+        named = self._named("listen")
+        return inherited_address(_endpoint(self.reactor, self.listen, named))
 
     def _take_ownership(self, marks: tuple[str, ...]) -> None:
         """First of all: the owner lock of the endpoint, beside its socket.
         A second service on this endpoint would take the first one's
         running units for leftovers (sdexec/ownerlock.py)."""
         mode = self.config.sdexec.socket_mode
-        with _making_socket(self.listen, "listen"):  # beside its socket
-            self.owner_lock = OwnerLock(self.listen, marks[0], mode, marks[1:])
+        named = self._named("listen")
+        with _making_socket(self.listen, named):  # beside its socket
+            self.owner_lock = OwnerLock(
+                self.listen, marks[0], mode, marks[1:], setting=named
+            )
             self.owner_lock.take()
+
+    def _named(self, setting: str) -> str:
+        """Where the value in force of ``setting`` came from, as its errors
+        name it: twistd's option (``--listen``) if the command line gave
+        it, else the file's key (``[sdexec] listen``, also when unset: the
+        key that would change the default). An admin who set ``--listen``
+        in ``ExecStart=`` would look in the file and find nothing."""
+        if setting in self._command_line:
+            return f"--{setting}"
+        return f"[sdexec] {setting}"
 
     def _new_server(
         self, systemd: Manager, containment: Containment, marks: tuple[str, ...]
@@ -346,7 +360,7 @@ class SdexecService(Service):
         if is_systemd_endpoint(self.listen):
             why = only_its_owner_connects(port, uids)
         else:
-            why = _a_directory_keeps_out(port, uids)
+            why = _a_directory_keeps_out(port, uids, self._named("listen"))
         if why is not None:
             log.warn(
                 "sdexec.allow-users: the users listed cannot connect: {kept_out}",
@@ -380,18 +394,20 @@ class SdexecService(Service):
         """Listen on an endpoint; a UNIX socket is made private
         (sdexec/sockets.py): ``[sdexec] socket-mode``, in a directory of
         ours, bound under a umask that keeps others out from the start. One
-        that cannot be had is a one-line error naming ``setting`` and the
-        endpoint as configured (``shown``, else ``description``). An
-        inherited (``systemd:``) socket listens with ``backlog``."""
-        with _making_socket(shown or description, setting):
+        that cannot be had is a one-line error naming where ``setting`` came
+        from (:meth:`_named`) and the endpoint as configured (``shown``,
+        else ``description``). An inherited (``systemd:``) socket listens
+        with ``backlog``."""
+        named = self._named(setting)
+        with _making_socket(shown or description, named):
             private = private_endpoint(
                 description, self.config.sdexec.socket_mode, os.getuid()
             )
             clear_stale_socket(private)
-        endpoint = _endpoint(self.reactor, private, setting, backlog)
+        endpoint = _endpoint(self.reactor, private, named, backlog)
         with private_umask():  # a UNIX socket is bound within listen()
             listening = endpoint.listen(factory)
-        return listening.addErrback(_cannot_listen, shown or description, setting)
+        return listening.addErrback(_cannot_listen, shown or description, named)
 
     def _stats_site(self) -> Site:
         """``/stats`` and ``/metrics``; an answer with command lines is not
@@ -696,10 +712,11 @@ def _fails_again(failure: Failure) -> bool:
     return isinstance(error, ListenError) and error.lasting
 
 
-def _a_directory_keeps_out(port: Any, uids: Iterable[int]) -> str | None:
+def _a_directory_keeps_out(port: Any, uids: Iterable[int], named: str) -> str | None:
     """For a UNIX socket the service made: what keeps one of ``uids`` out
     (:func:`sdexec.sockets.kept_out`), and what to change: its group, not
-    theirs, or a directory above it; ``None`` if nothing does, or if its
+    theirs, or a directory above it (or a socket elsewhere, by ``named``,
+    the option or key that gave it); ``None`` if nothing does, or if its
     mode lets no one but its owner connect (the file's check said so,
     ``allowed_users_cannot_connect``)."""
     path = listening_path(port)
@@ -719,7 +736,7 @@ def _a_directory_keeps_out(port: Any, uids: Iterable[int]) -> str | None:
     return (
         f"{path} is below {kept}, which uid {kept.uid} may not search: give it"
         " search permission (0711; the system unit's RuntimeDirectoryMode=),"
-        " or [sdexec] listen a socket outside it"
+        f" or {named} a socket outside it"
     )
 
 
@@ -736,19 +753,19 @@ def _with_bound_port(description: str, port: Any) -> str:
 
 
 def _endpoint(
-    reactor: Any, description: str, setting: str, backlog: int | None = None
+    reactor: Any, description: str, named: str, backlog: int | None = None
 ) -> Any:
     """The server endpoint of ``description``; a :class:`ListenError`
-    naming ``setting`` for a ``systemd:`` socket not passed, or not one the
-    unit can serve: the same start fails again until the ``.socket`` unit
-    is mended."""
+    naming ``named`` (the option or key that gave it) for a ``systemd:``
+    socket not passed, or not one the unit can serve: the same start fails
+    again until the ``.socket`` unit is mended."""
     try:
         return server_endpoint(reactor, description, backlog)
     except ValueError as error:
-        raise ListenError(f"[sdexec] {setting}: {error}", lasting=True) from None
+        raise ListenError(f"{named}: {error}", lasting=True) from None
 
 
-def _cannot_listen(failure: Failure, description: str, setting: str) -> None:
+def _cannot_listen(failure: Failure, description: str, named: str) -> None:
     """A port already taken, told in one line (not Twisted's traceback);
     also an error of the pid link's check (``EPERM``: the link of a socket
     something serves names another user's process)."""
@@ -762,20 +779,21 @@ def _cannot_listen(failure: Failure, description: str, setting: str) -> None:
     elif isinstance(error, CannotListenError) and isinstance(why, OSError):
         # bind(2) itself: its file system, the path (not a port someone
         # else holds, nor a pid link naming a process that may end).
-        raise _unusable_socket(description, setting, why)
-    raise ListenError(f"[sdexec] {setting}: cannot listen on {description}: {why}")
+        raise _unusable_socket(description, named, why)
+    raise ListenError(f"{named}: cannot listen on {description}: {why}")
 
 
 @contextmanager
-def _making_socket(description: str, setting: str) -> Iterator[None]:
+def _making_socket(description: str, named: str) -> Iterator[None]:
     """Where a UNIX socket is made ready (its directory made and checked,
     the owner lock beside it taken, an earlier run's socket removed): a
-    failure is one line naming ``setting`` and the endpoint, lasting where
-    the path is at fault (a restart would meet it again)."""
+    failure is one line naming ``named`` (the option or key) and the
+    endpoint, lasting where the path is at fault (a restart would meet it
+    again)."""
     try:
         yield
     except (OSError, ValueError) as error:
-        raise _unusable_socket(description, setting, error) from None
+        raise _unusable_socket(description, named, error) from None
 
 
 #: What a socket's path meets that stays until an admin acts: a directory
@@ -790,7 +808,7 @@ _LASTING_ERRNOS = frozenset(
 
 
 def _unusable_socket(
-    description: str, setting: str, error: OSError | ValueError
+    description: str, named: str, error: OSError | ValueError
 ) -> ListenError:
     """The :class:`ListenError` of a socket ``error`` keeps from being made,
     naming the path it met and, on a read-only one, what to give."""
@@ -802,9 +820,7 @@ def _unusable_socket(
         if error.errno == errno.EROFS:
             # The system unit's file system is read-only but for /run/sdexec.
             why += f" ({_read_only_advice(unix_path(description) or path)})"
-    return ListenError(
-        f"[sdexec] {setting}: cannot listen on {description}: {why}", lasting
-    )
+    return ListenError(f"{named}: cannot listen on {description}: {why}", lasting)
 
 
 def _read_only_advice(socket_path: str) -> str:

@@ -101,7 +101,7 @@ def test_no_inherited_socket_is_one_clear_line(user_manager, tmp_path):
     # until the .socket unit passes it (it was 1: restarted every 5 s).
     assert done.returncode == 78
     assert (
-        b"[sdexec] listen: systemd:domain=UNIX:name=sdexec: no such inherited socket"
+        b"--listen: systemd:domain=UNIX:name=sdexec: no such inherited socket"
         in done.stdout
     )
     assert b"Traceback" not in done.stdout + done.stderr
@@ -160,7 +160,7 @@ def test_a_tcp_socket_passed_for_a_unix_one_is_one_clear_line(user_manager, tmp_
             assert service.wait(60) == 78
     said = (tmp_path / "twistd.log").read_bytes()
     assert (
-        b"[sdexec] listen: systemd:domain=UNIX:index=0: the socket passed is"
+        b"--listen: systemd:domain=UNIX:index=0: the socket passed is"
         b" AF_INET, not AF_UNIX"
         b" (the .socket unit's ListenStream=)"
     ) in said

@@ -102,7 +102,7 @@ async def test_a_second_service_on_the_same_endpoint_touches_nothing(tmp_path):
     lock = first.owner_lock.path
     assert os.path.dirname(lock) == str(tmp_path)
     assert str(error.value) == (
-        f"[sdexec] listen: another sdexec (pid {os.getpid()}) serves"
+        f"--listen: another sdexec (pid {os.getpid()}) serves"
         f" unix:{tmp_path}/s.sock:mode=600: it holds {lock}; not starting,"
         " and none of its units touched"
     )
@@ -739,12 +739,12 @@ async def test_a_port_already_taken_is_one_line_naming_the_setting(tmp_path):
         for service, message in (
             (
                 second,
-                f"[sdexec] listen: cannot listen on unix:{tmp_path}/u.sock:"
+                f"--listen: cannot listen on unix:{tmp_path}/u.sock:"
                 " Cannot acquire lock (another sdexec is serving on it)",
             ),
             (
                 third,
-                f"[sdexec] stats: cannot listen on tcp:{port}:interface=127.0.0.1:"
+                f"--stats: cannot listen on tcp:{port}:interface=127.0.0.1:"
                 " Address already in use (another program, or sdexec, is serving"
                 " on it)",
             ),
@@ -785,7 +785,7 @@ async def test_a_pid_link_naming_another_users_process_is_one_line(
         with pytest.raises(ListenError) as error:
             await service.ready
         assert str(error.value) == (
-            f"[sdexec] listen: cannot listen on unix:{tmp_path}/u.sock:"
+            f"--listen: cannot listen on unix:{tmp_path}/u.sock:"
             " [Errno 1] Operation not permitted"
         )
         await service.stopService()
@@ -1116,10 +1116,82 @@ async def test_a_listen_under_a_file_is_one_line_naming_the_setting(tmp_path):
     with pytest.raises(ListenError) as error:
         await service.ready
     assert str(error.value) == (
-        f"[sdexec] listen: cannot listen on {listen}: Not a directory: {tmp_path}/afile"
+        f"--listen: cannot listen on {listen}: Not a directory: {tmp_path}/afile"
     )
     assert _fails_again(Failure(error.value))  # EX_CONFIG: not restarted
     await service.stopService()
+
+
+def service_given(tmp_path, given: str, listen: str, stats: str) -> SdexecService:
+    """A service whose ``listen`` and ``stats`` twistd's options give (the
+    file's own elsewhere, not in force), or the file does."""
+    if given == "file":
+        config = {"sdexec": {"listen": listen, "stats": stats}}
+        return SdexecService(
+            parse_config(config, f"{tmp_path}/sdexec.toml"),
+            reactor,
+            connect=lambda: defer.succeed(FakeManager()),
+        )
+    config = {"sdexec": {"listen": f"unix:{tmp_path}/file.sock", "stats": "tcp:0"}}
+    return SdexecService(
+        parse_config(config, f"{tmp_path}/sdexec.toml"),
+        reactor,
+        listen=listen,
+        stats=stats,
+        connect=lambda: defer.succeed(FakeManager()),
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "listen_named", "stats_named"),
+    [
+        ("option", "--listen", "--stats"),
+        ("file", "[sdexec] listen", "[sdexec] stats"),
+    ],
+)
+@ensureDeferred
+async def test_an_endpoint_error_names_the_option_or_the_key_that_gave_it(
+    tmp_path, monkeypatch, given, listen_named, stats_named
+):
+    # With --listen or --stats in the unit's ExecStart=, the error still
+    # named "[sdexec] listen": the admin looked in the file for a key that
+    # was not there, or was not the value in force.
+    monkeypatch.setattr(_SystemdParser, "_sddaemon", ListenFDs([], []))  # none
+    (tmp_path / "afile").write_text("")
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    under_a_file = f"unix:{tmp_path}/afile/s.sock"
+    not_passed = "systemd:domain=UNIX:name=sdexec"
+    taken_port = f"tcp:{port}:interface=127.0.0.1"
+    try:
+        for listen, stats, said in (
+            (
+                under_a_file,
+                "tcp:0:interface=127.0.0.1",
+                f"{listen_named}: cannot listen on {under_a_file}: Not a"
+                f" directory: {tmp_path}/afile",
+            ),
+            (
+                not_passed,
+                "tcp:0:interface=127.0.0.1",
+                f"{listen_named}: {not_passed}: no such inherited socket",
+            ),
+            (
+                f"unix:{tmp_path}/s.sock",
+                taken_port,
+                f"{stats_named}: cannot listen on {taken_port}: Address already in use",
+            ),
+        ):
+            service = service_given(tmp_path, given, listen, stats)
+            service.startService()
+            with pytest.raises(ListenError) as error:
+                await service.ready
+            assert str(error.value).startswith(said)
+            await service.stopService()
+    finally:
+        taken.close()
 
 
 @pytest.mark.parametrize("thing", ["file", "directory"])
@@ -1139,7 +1211,7 @@ async def test_a_listen_on_what_is_not_a_socket_names_it_and_keeps_it(tmp_path, 
     with pytest.raises(ListenError) as error:
         await service.ready
     assert str(error.value) == (
-        f"[sdexec] listen: cannot listen on {listen}: not a socket: {in_the_way}"
+        f"--listen: cannot listen on {listen}: not a socket: {in_the_way}"
         " (sdexec removes only a socket nothing serves: fix the path, or move"
         " what is there)"
     )
@@ -1229,7 +1301,7 @@ async def test_a_full_file_system_under_the_socket_may_pass(tmp_path, monkeypatc
     service.startService()
     with pytest.raises(ListenError) as error:
         await service.ready
-    assert str(error.value).startswith("[sdexec] listen: cannot listen on unix:")
+    assert str(error.value).startswith("--listen: cannot listen on unix:")
     assert not _fails_again(Failure(error.value))  # exit 1: restarted
     await service.stopService()
 

@@ -219,7 +219,7 @@ async def test_allowed_users_a_directory_keeps_out_are_warned_of(
             f" {directory} (mode {directory_mode:04o}, owner uid 0, group 0),"
             " which uid 65534 may not search: give it"
             " search permission (0711; the system unit's RuntimeDirectoryMode=),"
-            " or [sdexec] listen a socket outside it"
+            " or --listen a socket outside it"
         ]
     else:
         assert said == []

@@ -1439,7 +1439,9 @@ def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, str]:
         return _read_directory(directory), directory
     suffix = Path(source).suffix.lower()
     if suffix not in _PARSERS:
-        raise ConfigError(source, None, "expected a .toml, .json, .yaml or .yml file")
+        raise ConfigError(
+            os.path.abspath(source), None, "expected a .toml, .json, .yaml or .yml file"
+        )
     try:
         # Absolute: a reload reads it again, after twistd may have changed
         # the working directory (-d, --chroot).

@@ -1709,6 +1709,17 @@ def test_unknown_suffix(tmp_path):
     assert str(error.value) == f"{path}: expected a .toml, .json, .yaml or .yml file"
 
 
+def test_a_relative_path_is_named_absolute_whatever_the_error(tmp_path, monkeypatch):
+    # "m.conf: expected …" as given, where a missing or malformed file is
+    # named by its absolute path: a reload, after twistd's -d, names it so.
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "c.conf", "{}")
+    for name, why in (("c.conf", "expected a .toml"), ("gone.toml", "cannot read")):
+        with pytest.raises(ConfigError) as error:
+            load_config(name)
+        assert str(error.value).startswith(f"{tmp_path}/{name}: {why}")
+
+
 @pytest.mark.parametrize("name", ["c.json", "c.JSON"])
 def test_a_json_file_loads_as_flux_reads_it(tmp_path, name):
     # Flux's flux_conf_parse reads a file ending .json as JSON (libflux

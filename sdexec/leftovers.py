@@ -698,7 +698,7 @@ class Leftovers:
         shown = others[:_NAMED]
         log.warn(
             "{count} {units} of the manager {carry} the mark of another sdexec"
-            " service, not this one's ({mark}, which follows [sdexec] listen),"
+            " service, not this one's ({mark}, which follows the socket it listens on),"
             " and are left alone: {names}{more}. If no other sdexec serves"
             " this manager, they are this service's from a run under another"
             " listen: stop them by hand",

@@ -566,7 +566,7 @@ def test_units_of_another_mark_are_named_at_start_and_left_alone(systemd):
     ]
     assert line == (
         "2 units of the manager carry the mark of another sdexec service, not"
-        f" this one's ({MARK.strip()}, which follows [sdexec] listen), and are"
+        f" this one's ({MARK.strip()}, which follows the socket it listens on), and are"
         " left alone: sdexec-b.service, sdexec-c.service. If no other sdexec"
         " serves this manager, they are this service's from a run under"
         " another listen: stop them by hand"

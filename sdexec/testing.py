@@ -6,13 +6,15 @@ each unit's properties as systemd would report them and follows them with
 the real :class:`~sdexec.systemd.watch.UnitWatch` (so the merge rules under
 test are production's), records every call, and answers at once. A test
 drives a unit's life by :meth:`FakeManager.change`, or with the shortcuts
-:meth:`~FakeManager.run`, :meth:`~FakeManager.exit` and
-:meth:`~FakeManager.deactivate`. The fds a start passes are duplicated and
+:meth:`~FakeManager.run`, :meth:`~FakeManager.exit`,
+:meth:`~FakeManager.end`, :meth:`~FakeManager.fail` and
+:meth:`~FakeManager.deactivate`; :meth:`~FakeManager.started` gives the
+units a client's requests start. The fds a start passes are duplicated and
 kept as the "process's" ends (:meth:`FakeManager.process_fd`) until the unit
 is stopped, as systemd keeps its copies.
 
-Nothing here talks to D-Bus; for the real manager see
-``test/conftest.py``'s fixtures.
+docs/client.md, "Testing a program offline", is a whole test of a program
+against a real server and client over it. Nothing here talks to D-Bus.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from sdexec.protocol import ExecFlag
 from sdexec.systemd.bus import unit_object_path
 from sdexec.systemd.errors import SystemdError, connection_lost, reconnecting
 from sdexec.systemd.unanswered import Silence, calls_waiting
+from sdexec.systemd.unit import CLD_EXITED, CLD_KILLED
 from sdexec.systemd.watch import UnitWatch, WatchRegistry
 from sdexec.systemd.window import DEFAULT_MAX_INFLIGHT
 
@@ -70,7 +73,10 @@ class FakeManager:
     releases its fds) at once, as it does for a unit with no processes left.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, reactor: Any = None) -> None:
+        #: Where :meth:`started` answers, a turn later (the global reactor
+        #: unless given: a test's ``Clock`` is advanced by hand).
+        self.reactor = reactor
         self.debug = False
         self.max_inflight = DEFAULT_MAX_INFLIGHT  # answers at once: never full
         self.connected = True
@@ -92,6 +98,10 @@ class FakeManager:
         #: What :meth:`silence` says: a test's silent manager.
         self.silent: Silence | None = None
         self._held: list[tuple[str, defer.Deferred[State]]] = []
+        #: Units started that no :meth:`started` has been given yet, and the
+        #: :meth:`started` calls waiting for one.
+        self._unclaimed: list[str] = []
+        self._claims: list[defer.Deferred[str]] = []
         self._fds: dict[str, list[int]] = {}
         self._watches = WatchRegistry()
 
@@ -103,6 +113,7 @@ class FakeManager:
         return len(self.calls) - len(self._held)
 
     def silence(self) -> Silence | None:
+        """The manager's silence: :attr:`silent`, as a test sets it."""
         return self.silent
 
     def calls_waiting(self) -> dict[str, Any]:
@@ -110,6 +121,8 @@ class FakeManager:
         return calls_waiting(len(self._held), 0, self.silent)
 
     def watch_unit(self, name: str, callback: Callable[[State], None]) -> UnitWatch:
+        """Follow the unit with the real :class:`UnitWatch`: ``callback``
+        sees each :meth:`change`, merged as production merges signals."""
         path = unit_object_path(name)
         watch = UnitWatch(
             self._watches, name, path, callback, lambda: self._get_all(name)
@@ -127,6 +140,9 @@ class FakeManager:
         mode: str = "fail",
         on_sent: Callable[[], None] | None = None,
     ) -> defer.Deferred[str]:
+        """Accept the start (or fail with :attr:`refuse_start`): keep its
+        properties (:attr:`properties`) and duplicates of its fds
+        (:meth:`process_fd`); the unit has no state until driven."""
         self.calls.append(("start", name))
         if not self.connected:
             return defer.fail(reconnecting())
@@ -137,9 +153,29 @@ class FakeManager:
         self.properties[name] = list(properties)
         self._fds[name] = [os.dup(fd) for fd in (stdin_fd, stdout_fd, stderr_fd)]
         self.units.setdefault(name, {})
+        self._announce(name)
         return defer.succeed(f"/org/freedesktop/systemd1/job/{len(self.calls)}")
 
+    def _announce(self, name: str) -> None:
+        """Give a started unit to the oldest :meth:`started` waiting, else
+        keep it for the next. Not from within this call: the service has
+        not had systemd's answer yet, and a test that drove the unit at
+        once would drive it before the service owns it."""
+        if self._claims:
+            self._reactor().callLater(0, self._claims.pop(0).callback, name)
+        else:
+            self._unclaimed.append(name)
+
+    def _reactor(self) -> Any:
+        if self.reactor is None:
+            from twisted.internet import reactor  # installed by now: it runs
+
+            self.reactor = reactor
+        return self.reactor
+
     def stop_unit(self, name: str, mode: str = "replace") -> defer.Deferred[str]:
+        """Record the stop; with :attr:`stop_to_inactive` the unit ends at
+        once (fds released, inactive), else it runs on until driven."""
         self.calls.append(("stop", name))
         if not self.connected:
             return defer.fail(reconnecting())
@@ -149,6 +185,8 @@ class FakeManager:
         return defer.succeed("/org/freedesktop/systemd1/job/stop")
 
     def kill_unit(self, name: str, who: str, signal: int) -> defer.Deferred[None]:
+        """Record the signal (:attr:`signalled`); the unit is not changed: a
+        test says what the signal did (:meth:`end` with ``signal``)."""
         self.calls.append(("kill", who, signal))
         self.signalled.append((name, signal))
         if not self.connected:
@@ -156,6 +194,7 @@ class FakeManager:
         return defer.succeed(None)
 
     def reset_failed_unit(self, name: str) -> defer.Deferred[None]:
+        """Record the reset (the unit's state is left as it is)."""
         self.calls.append(("reset", name))
         if not self.connected:
             return defer.fail(reconnecting())
@@ -189,6 +228,7 @@ class FakeManager:
         return self._get_all(name)
 
     def disconnect(self) -> None:
+        """Record it and fire :attr:`disconnected`."""
         self.calls.append(("disconnect",))
         if not self.disconnected.called:
             self.disconnected.callback(None)
@@ -224,13 +264,53 @@ class FakeManager:
         state.update(changed)
         self._watches.changed(unit_object_path(name), dict(changed), list(invalidated))
 
+    def started(self) -> defer.Deferred[str]:
+        """The name of the next unit started: a Deferred that fires once
+        a ``StartTransientUnit`` comes (at once for one that came before
+        and was not given to an earlier call). Each start is given once, in
+        order: a client's request travels over its socket first, so a test
+        waits for its unit so, not by reading :attr:`units` at once."""
+        if self._unclaimed:
+            return defer.succeed(self._unclaimed.pop(0))
+        claim: defer.Deferred[str] = defer.Deferred()
+        self._claims.append(claim)
+        return claim
+
     def run(self, name: str, pid: int = 4242) -> None:
         """The command runs."""
         self.change(name, {**RUNNING, "ExecMainPID": pid})
 
-    def exit(self, name: str, status: int = 0) -> None:
-        """The command exits with ``status``; the unit stays active (exited)."""
-        self.change(name, {**EXITED, "ExecMainStatus": status})
+    def exit(self, name: str, status: int = 0, signal: int = 0) -> None:
+        """The command exits with ``status``, or is killed by ``signal`` if
+        one is given; the unit stays active (exited, as ``RemainAfterExit``
+        keeps it) until it is stopped, and its fds are still held (see
+        :meth:`end`)."""
+        code, value = (CLD_KILLED, signal) if signal else (CLD_EXITED, status)
+        self.change(name, {**EXITED, "ExecMainCode": code, "ExecMainStatus": value})
+
+    def end(self, name: str, status: int = 0, signal: int = 0) -> None:
+        """The command's whole life after it ran: it exits with ``status``
+        (or is killed by ``signal``), its processes are gone (their fds
+        released: the streams' EOF) and the unit is inactive. What a test
+        calls after :meth:`run` (and any output written to
+        :meth:`process_fd`) for the stream to end."""
+        self.release(name)
+        self.exit(name, status, signal)
+        self.change(name, {"ActiveState": "inactive", "SubState": "dead"})
+
+    def fail(self, name: str, status: int = 203) -> None:
+        """systemd fails to run the command: the unit fails with its own
+        exit code ``status`` (203/EXEC: the executable could not be run;
+        200/CHDIR: the working directory could not be entered), having never
+        shown it running, and its fds are released; then it is inactive,
+        as systemd leaves it once the service has reset it. (A start
+        systemd refuses outright is :attr:`refuse_start`.)"""
+        self.release(name)
+        failed = {"ActiveState": "failed", "SubState": "failed", "Result": "exit-code"}
+        self.change(
+            name, {**failed, "ExecMainCode": CLD_EXITED, "ExecMainStatus": status}
+        )
+        self.change(name, {"ActiveState": "inactive", "SubState": "dead"})
 
     def deactivate(self, name: str) -> None:
         """The unit is stopping, with processes left."""

@@ -7,6 +7,7 @@ import importlib.util
 import os
 import re
 import subprocess
+import sys
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -383,3 +384,44 @@ def test_protocol_md_names_every_receipt_key_a_wait_answer_carries():
     start = text.index("where it carried them (", text.index("Beside the status"))
     named = set(re.findall(r"`(\w+)`", text[start : text.index(": [", start)]))
     assert named == set(Receipt.__slots__) - {"status"}
+
+
+def _section(document: str, heading: str) -> str:
+    """A section of a document: from its heading to the next of its level."""
+    text = (REPO / "docs" / document).read_text(encoding="utf-8")
+    start = text.index(f"\n{heading}\n")
+    level = heading.split(" ")[0]
+    end = text.find(f"\n{level} ", start + 1)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def test_client_md_s_offline_test_runs_as_written(tmp_path):
+    # Its recipe was a sentence: a reviewer who followed it read the unit's
+    # name from manager.units at once (empty: the request was still on its
+    # socket) and lost the connection, and a teardown without the units
+    # ended hung on the Clock (review session 47). The example, run as a
+    # user would run it, from a fresh file.
+    section = _section("client.md", "## Testing a program offline")
+    [example] = re.findall(r"```python\n(.*?)```", section, re.S)
+    (tmp_path / "test_offline.py").write_text(example, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "twisted.trial", "test_offline"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASSED (successes=2)" in done.stdout
+
+
+def test_client_md_names_every_public_name_of_sdexec_testing():
+    # What a test drives is listed where the offline recipe is; the Manager
+    # protocol's own members are the service's, not the test's.
+    from sdexec import testing
+    from sdexec.systemd.manager import Manager
+
+    section = _section("client.md", "## Testing a program offline")
+    prose = re.sub(r"```.*?```", "", section, flags=re.S)
+    named = set(re.findall(r"\w+", " ".join(re.findall(r"`([^`]+)`", prose))))
+    protocol = set(Manager.__annotations__) | set(vars(Manager))
+    fake = {name for name in dir(testing.FakeManager()) if not name.startswith("_")}
+    assert (set(testing.__all__) | (fake - protocol)) - named == set()

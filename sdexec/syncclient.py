@@ -67,6 +67,10 @@ ON_ITS_WAY_S = 1.0
 
 Callback = Callable[[int], None]
 
+#: How much of the signals' wakeup pipe is read at a time (its bytes only
+#: wake the loop).
+_WAKEUP_READ = 4096
+
 
 #: What :meth:`Loop.watch` waits for and reports (the values of
 #: ``READABLE`` and ``EVENT_WRITE``).
@@ -88,6 +92,9 @@ class Loop:
         self._watched: dict[int, tuple[int, Callback]] = {}
         self._wakeup: tuple[int, int] | None = None
         self._on_signal: Callback | None = None
+        #: The signals caught and not yet served, each once, in order of
+        #: first arrival (:meth:`_note`).
+        self._noted: list[int] = []
 
     def watch(self, fd: int, events: int, callback: Callback) -> None:
         """Call ``callback(ready_events)`` while ``fd`` is ready for
@@ -114,19 +121,47 @@ class Loop:
         caller's (``nohup sdexec run JOB`` must not hang JOB up at logout,
         nor ``sdexec run JOB &`` in a script hand it the script's ^C).
         ``caught_before``: those an earlier handler caught, served first (a
-        list it may add to until this returns)."""
-        # The interpreter writes each caught signal's number to the wakeup
-        # fd; the handler itself need do nothing.
+        list it may add to until this returns).
+
+        Each signal is served once however often it came before its turn
+        (standard signals do not queue: the kernel too keeps one pending),
+        in the order they first came: a flood of one grows nothing, and
+        cannot crowd out another. The wakeup pipe only wakes the loop: a
+        signal read from it was lost once 64 KiB of a flood were unread
+        there (a SIGTERM after a flood of SIGUSR1 was never forwarded)."""
+        # The interpreter writes a byte to the wakeup fd for each caught
+        # signal, at once (the handler runs later: poll, entered meanwhile,
+        # would sleep on); the handler notes it, and wakes the loop too.
         readable, writable = self._wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(writable, warn_on_full_buffer=False)
         for signum in signums:
             if signal.getsignal(signum) != signal.SIG_IGN:
-                signal.signal(signum, _ignore)
-        # Read once every handler is ours: any later signal is in the pipe.
-        if caught_before:
-            os.write(writable, bytes(caught_before))
+                signal.signal(signum, self._note)
+        # Once every handler is ours: any later signal is noted after them.
+        # (One slice assignment: a handler cannot run in the middle of it.)
+        self._noted[:0] = caught_before
+        if self._noted:
+            self._wake()
         self._on_signal = on_signal
         self.watch(readable, READABLE, self._serve_signals)
+
+    def _note(self, signum: int, _frame: Any) -> None:
+        """The handler of the signals the loop catches: ``signum`` noted for
+        the loop to serve, unless it waits already; the loop woken. After
+        :meth:`close`, ignored."""
+        if self._wakeup is None:
+            return
+        if signum not in self._noted:
+            self._noted.append(signum)
+        self._wake()
+
+    def _wake(self) -> None:
+        """A byte in the wakeup pipe (if it is full, the loop wakes anyway)."""
+        assert self._wakeup is not None
+        try:  # noqa: SIM105 (contextlib is not imported: start-up time)
+            os.write(self._wakeup[1], b"\0")
+        except BlockingIOError:
+            pass
 
     def serve_caught_signals(self) -> None:
         """Call the signal callback now for each signal caught and not yet
@@ -137,12 +172,22 @@ class Loop:
     def _serve_signals(self, _events: int = READABLE) -> None:
         """Call the signal callback for each signal caught since the last."""
         assert self._wakeup is not None and self._on_signal is not None
-        try:
-            signums = os.read(self._wakeup[0], 256)
-        except BlockingIOError:
-            return
-        for signum in signums:
+        self._drain_wakeup()
+        # Those noted by now: one noted later (after the drain, or while
+        # these are served) wrote its byte after the drain, and has a turn
+        # of its own. (A handler run in the middle of this swap notes its
+        # signal in the list taken.)
+        noted, self._noted = self._noted, []
+        for signum in noted:
             self._on_signal(signum)
+
+    def _drain_wakeup(self) -> None:
+        assert self._wakeup is not None
+        try:
+            while os.read(self._wakeup[0], _WAKEUP_READ):
+                pass
+        except BlockingIOError:
+            pass
 
     def wait_writable(self, fd: int, gave_up: Callable[[], bool]) -> None:
         """Wait until ``fd`` can be written (or fails), serving the signals
@@ -179,10 +224,10 @@ class Loop:
         """Stop catching signals (their handlers stay, and ignore them)."""
         if self._wakeup is not None:
             signal.set_wakeup_fd(-1)
-            self.unwatch(self._wakeup[0])
-            for fd in self._wakeup:
+            wakeup, self._wakeup = self._wakeup, None  # first: see _note
+            self.unwatch(wakeup[0])
+            for fd in wakeup:
                 os.close(fd)
-            self._wakeup = None
         for fd in list(self._watched):
             self.unwatch(fd)
 
@@ -212,10 +257,6 @@ def _ready(polled: int) -> int:
     return (READABLE if polled & ~select.POLLOUT else 0) | (
         WRITABLE if polled & ~select.POLLIN else 0
     )
-
-
-def _ignore(_signum: int, _frame: Any) -> None:
-    """A handler that leaves the work to the loop's wakeup fd."""
 
 
 class Call:

@@ -724,7 +724,7 @@ class _Job:
         self.interrupted: int | None = None
         #: The signals sent to us (and forwarded).
         self._caught: set[int] = set()
-        #: Of :data:`COALESCED_SIGNALS`, each whose kill is in flight, with
+        #: Each signal whose kill is in flight, with
         #: whether another came meanwhile (forwarded once it is answered).
         self._in_flight: dict[int, bool] = {}
         #: The exit status of a command that gave its process up: it wrote
@@ -804,14 +804,12 @@ class _Job:
         if signum == signal.SIGCONT:
             self._go_on()
             return
-        if signum in COALESCED_SIGNALS:
-            # A resize: no process dies of it, and a held stdin waits for
-            # the end of a process that a signal may have brought, not this.
-            self._forward_coalesced(signum)
-            return
-        self._caught.add(signum)
-        self._forwarded += 1
-        self.forward_signal(signum)
+        if signum not in COALESCED_SIGNALS:
+            # Not a resize: no process dies of that, and a held stdin waits
+            # for the end of a process that a signal may have brought.
+            self._caught.add(signum)
+            self._forwarded += 1
+        self._forward_coalesced(signum)
 
     def _go_on(self) -> None:
         """A SIGCONT (``fg``, ``bg``, the one ``kill %1`` sends after its
@@ -822,10 +820,14 @@ class _Job:
             self._watch_stdin()
 
     def _forward_coalesced(self, signum: int) -> None:
-        """Forward ``signum``, one of :data:`COALESCED_SIGNALS`, with one
-        kill in flight for it at most: one that comes meanwhile is sent
-        once that is answered, and any more with it (a burst of resizes is
-        two kills, the process told of the last)."""
+        """Forward ``signum`` with one kill in flight for it at most: one
+        that comes meanwhile is sent once that is answered, and any more
+        with it (a burst of resizes is two kills, the process told of the
+        last). So a flood of a signal is no flood of kills: while an
+        output write waits for our reader, each went on a connection of
+        its own, left open until the write ended (its answer unread), and
+        a flood of SIGUSR1 took every connection the service allows, and
+        the SIGTERM after it was refused."""
         if signum in self._in_flight:
             self._in_flight[signum] = True
             return
@@ -891,10 +893,7 @@ class _Job:
     def _send_held_signals(self) -> None:
         held, self._held_signals = self._held_signals, []
         for signum in held:
-            if signum in COALESCED_SIGNALS:
-                self._forward_coalesced(signum)
-            else:
-                self.forward_signal(signum)
+            self._forward_coalesced(signum)
 
     # -- responses ---------------------------------------------------------
 

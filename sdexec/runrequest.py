@@ -66,10 +66,11 @@ FORWARDED_SIGNALS = (
     signal.SIGWINCH,
 )
 
-#: Forwarded signals of which one waiting says all that many would: a
-#: window dragged sends dozens of SIGWINCH a second, and the process needs
-#: only the last (it reads the size itself). One kill for it is in flight
-#: at a time (no process ends of it, so nothing is told by the count).
+#: Forwarded signals that no process ends of: a window dragged sends
+#: dozens of SIGWINCH a second, and the process needs only the last (it
+#: reads the size itself). Like every forwarded signal, one kill for it is
+#: in flight at a time; unlike the others, it is not counted as one the
+#: process may die of.
 #: Before the start, every forwarded signal is held once at most
 #: (:func:`hold_signal`).
 COALESCED_SIGNALS = frozenset({signal.SIGWINCH})

@@ -658,6 +658,54 @@ def test_run_holds_a_flood_of_one_signal_before_the_start_as_one(serve):
         client.wait()
 
 
+def test_run_sends_a_flood_of_one_signal_as_one_kill_in_flight(serve):
+    # While an output write waits for our reader, each kill goes on a
+    # connection of its own, whose answer is read once the write is done:
+    # a flood of SIGUSR1, each served in a turn of its own, was a
+    # connection each (thousands, every one the service allows) and the
+    # SIGTERM after it was refused. One kill in flight for a signal, as
+    # for a resize: the rest wait for its answer, the SIGTERM goes at once.
+    kills: list[int] = []
+    big = encode_io("stdout", "0", b"x" * (1 << 20))  # past any pipe's room
+
+    def script(request: dict) -> list[dict]:
+        if request["topic"] == "sdexec.exec":
+            started = response(request, {"type": "started", "pid": 42})
+            return [started, response(request, {"type": "output", "io": big})]
+        if request["topic"] != "sdexec.kill":
+            return []  # -n's EOF
+        kills.append(request["payload"]["signum"])
+        return [response(request, {})]
+
+    unread, stdout = os.pipe()
+    client = subprocess.Popen(
+        [*_cli_against(serve(script)), "run", "--no-passthrough", "-n", "job"],
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+    )
+    os.close(stdout)
+    try:
+        _until(lambda: _writing(client.pid))
+        for _ in range(20):
+            client.send_signal(signal.SIGUSR1)
+            _served(client.pid)
+        client.send_signal(signal.SIGTERM)
+        _until(lambda: signal.SIGTERM in kills)
+        assert kills == [signal.SIGUSR1, signal.SIGTERM]
+    finally:
+        client.kill()
+        client.wait()
+        os.close(unread)
+
+
+def _writing(pid: int) -> bool:
+    """Whether ``pid`` has a descriptor of its own for its stdout (opened
+    to write it without blocking): its output is on its way, and waits."""
+    stdout = os.readlink(f"/proc/{pid}/fd/1")
+    fds = os.listdir(f"/proc/{pid}/fd")
+    return any(os.readlink(f"/proc/{pid}/fd/{fd}") == stdout for fd in fds if fd != "1")
+
+
 def _until(done: Callable[[], bool], send: Callable[[], None] = lambda: None) -> None:
     """Wait (30 s at most: a loaded node) until ``done()``, calling
     ``send()`` before each look."""

@@ -645,7 +645,9 @@ def format_procs(procs: Sequence[dict[str, Any]]) -> str:
         ("PID", "STATE", "MODE", "UNIT", "LABEL", "JOBID", "STEP", "CMDLINE")
     ]
     for proc in procs:
-        cmdline = shlex.join(str(arg) for arg in proc.get("cmdline") or [])
+        # None yet: a leftover unit's until its unit is read ("?" is a
+        # glob, quoted as any argument would be: no command shows as this).
+        cmdline = shlex.join(str(arg) for arg in proc.get("cmdline") or []) or "?"
         cells = (
             proc.get("pid", ""),
             proc.get("state", ""),

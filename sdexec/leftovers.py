@@ -215,9 +215,10 @@ class Leftover:
         #: hand), not a previous run's.
         self.of_this_run = of_this_run
         self.pid = -1
-        #: The command line its ``ExecStart`` runs, once read: no
-        #: Description is one (its words joined by spaces, escaped, cut at
-        #: 200 characters, or what the request set instead).
+        #: The command line its ``ExecStart`` runs, once read (listed as
+        #: none until then): no Description is one (its words joined by
+        #: spaces, escaped, cut at 200 characters, or what the request set
+        #: instead).
         self.cmdline: list[str] | None = None
         self._systemd = systemd
         self._context = context
@@ -297,13 +298,15 @@ class Leftover:
         return self._systemd.kill_unit(self.name, who, signum)
 
     def describe(self) -> dict[str, Any]:
-        """Its ``list`` entry: its command line once read, until then its
-        Description, as one string (split at spaces, it was no argv, and
-        ``sdexec ps`` quoted its words wrongly either way)."""
-        cmdline = self.cmdline or [self.description]
+        """Its ``list`` entry: its command line once read, until then none
+        (``cmd`` ``""``, ``cmdline`` ``[]``). Its Description is no argv:
+        the words joined by spaces, escaped and cut, or a request's own
+        text. Listed as one string, ``sdexec ps`` showed ``'sleep 60'``;
+        split at spaces, ``sh -c 'a; b'`` lost its quotes."""
+        cmdline = self.cmdline or []
         return {
             "pid": self.pid,
-            "cmd": listed_name(self.cmdline or self.description.split(" ")),
+            "cmd": listed_name(cmdline),
             "cmdline": listed_cmdline(cmdline),
             "label": "",
             "unit": self.name,

@@ -9,18 +9,23 @@ import hashlib
 import os
 import shlex
 import signal
+import sys
 
 import pytest
 from offline import Connection, error_of
+from pytest_twisted import ensureDeferred
 from test_server import FLAGS, TRUE, UNIT
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
+from twisted.internet.utils import getProcessOutputAndValue
 from twisted.logger import formatEvent, globalLogPublisher
 
 import sdexec.orphans
 from sdexec.cli import format_procs
+from sdexec.client import connect
 from sdexec.command import describe
 from sdexec.config import Config, parse_config
+from sdexec.connection import SdexecServerFactory
 from sdexec.execstart import exec_line
 from sdexec.leftovers import marked, owner_marks
 from sdexec.outage import SystemdOutage
@@ -199,9 +204,20 @@ def test_a_leftover_lists_the_command_its_exec_start_runs(
     systemd.hold_refresh = True
     server = make_server(systemd, policy="keep")
     server.leftovers.scan()
-    # Until its unit is read, its Description stands for it, as one string.
+    # Until its unit is read, no command line: its Description is none
+    # (listed as one string, sdexec ps showed 'sleep 300').
     [unread] = server.list()["procs"]
-    assert (unread["cmd"], unread["cmdline"]) == (described.split()[0], [described])
+    assert (unread["pid"], unread["cmd"], unread["cmdline"]) == (-1, "", [])
+    assert format_procs([unread]).splitlines()[1].split() == [
+        "-1",
+        "O",
+        "-",
+        "sdexec-a.service",
+        "-",
+        "-",
+        "-",
+        "?",
+    ]
     systemd.answer_refreshes()
     [entry] = server.list()["procs"]
     assert (entry["cmd"], entry["cmdline"]) == (cmdline[0], cmdline)
@@ -1031,3 +1047,51 @@ def test_one_unit_of_another_mark_is_told_in_the_singular(systemd):
         if "another sdexec" in line
     ]
     assert line.startswith("1 unit of the manager carries the mark of another sdexec")
+
+
+def lean_ps(path: str) -> defer.Deferred:
+    """``sdexec ps`` (the command line's synchronous client) on ``path``:
+    its rows, each split at its columns' spaces."""
+    argv = ["-m", "sdexec.cli", "--socket", path, "ps"]
+    ran = getProcessOutputAndValue(sys.executable, argv, env=dict(os.environ))
+
+    def rows(outcome: tuple[bytes, bytes, int]) -> list[list[str]]:
+        out, err, code = outcome
+        assert code == 0, err
+        return [row.split() for row in out.decode().splitlines()[1:]]
+
+    return ran.addCallback(rows)
+
+
+@ensureDeferred
+async def test_a_leftover_not_read_yet_lists_no_command_line_to_every_client(
+    systemd, tmp_path
+):
+    # Right after a start, before its unit was read, sdexec ps showed a
+    # leftover's Description as its command line, one word: 'sleep 300'.
+    cmdline = ["sh", "-c", 'echo "$0"; exec sleep 300']  # through the trampoline
+    line = exec_line("/bin/sh", cmdline)
+    leftover(systemd, "sdexec-a.service", pid=71)
+    systemd.units["sdexec-a.service"]["ExecStart"] = [(line.path, line.argv, False)]
+    systemd.properties["sdexec-a.service"] = [
+        UnitProperty("Description", "s", f"{describe(cmdline)}{MARK}")
+    ]
+    systemd.hold_refresh = True
+    server = make_server(systemd, policy="keep")
+    await server.leftovers.scan()
+    path = str(tmp_path / "s.sock")
+    port = reactor.listenUNIX(path, SdexecServerFactory(server))
+    client = await connect(reactor, path)
+    try:
+        [unread] = (await client.list())["procs"]
+        assert (unread["pid"], unread["cmd"], unread["cmdline"]) == (-1, "", [])
+        assert [row[:2] + row[7:] for row in await lean_ps(path)] == [["-1", "O", "?"]]
+        systemd.answer_refreshes()
+        [read] = (await client.list())["procs"]
+        assert (read["pid"], read["cmd"], read["cmdline"]) == (71, "sh", cmdline)
+        [row] = await lean_ps(path)
+        assert row[:2] == ["71", "O"]
+        assert shlex.split(" ".join(row[7:])) == cmdline
+    finally:
+        await client.close()
+        await port.stopListening()

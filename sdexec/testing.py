@@ -62,6 +62,14 @@ DEACTIVATING: State = {
     "SubState": "stop-sigterm",
 }
 INACTIVE: State = {**EXITED, "ActiveState": "inactive", "SubState": "dead"}
+#: What systemd's ``GetAll`` answers for a name it has no unit of (one
+#: unloaded since it was listed): it loads a stub, not found, inactive.
+_NOT_LOADED: State = {
+    "LoadState": "not-found",
+    "ActiveState": "inactive",
+    "SubState": "dead",
+    "InvocationID": b"",
+}
 
 
 class FakeManager:
@@ -334,7 +342,7 @@ class FakeManager:
         """Answer the held ``GetAll`` calls with the units' current state."""
         held, self._held = self._held, []
         for name, answer in held:
-            answer.callback(dict(self.units.get(name, {})))
+            answer.callback(self._read(name))
 
     def kills(self) -> list[int]:
         """The signals sent so far, in order."""
@@ -353,7 +361,13 @@ class FakeManager:
             answer: defer.Deferred[State] = defer.Deferred()
             self._held.append((name, answer))
             return answer
-        return defer.succeed(dict(self.units.get(name, {})))
+        return defer.succeed(self._read(name))
+
+    def _read(self, name: str) -> State:
+        """A ``GetAll``'s answer: the unit's state, or systemd's for a
+        name it has no unit of (a unit the test deleted from :attr:`units`
+        is gone)."""
+        return dict(self.units[name]) if name in self.units else dict(_NOT_LOADED)
 
 
 def exec_plan(

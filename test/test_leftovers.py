@@ -1095,3 +1095,18 @@ async def test_a_leftover_not_read_yet_lists_no_command_line_to_every_client(
     finally:
         await client.close()
         await port.stopListening()
+
+
+def test_a_leftover_unloaded_before_it_is_read_leaves_the_listing(systemd):
+    # Gone between the list and its GetAll: systemd answers that read as
+    # for any name it has no unit of, not-found, and it is listed no more
+    # (the fake answered {}, and it was listed for good, pid -1).
+    leftover(systemd, "sdexec-a.service")
+    systemd.hold_refresh = True
+    server = make_server(systemd, policy="keep")
+    server.leftovers.scan()
+    assert [p["unit"] for p in server.list()["procs"]] == ["sdexec-a.service"]
+    del systemd.units["sdexec-a.service"]  # stopped and collected meanwhile
+    systemd.answer_refreshes()
+    assert server.list()["procs"] == []
+    assert server.leftovers.units == {}

@@ -1,6 +1,6 @@
 """A leftover unit as every client lists it, against the real manager: before
 its unit is read (pid -1, no command line), once read (its main pid and its
-ExecStart's argv).
+ExecStart's argv), and not at all once unloaded before it could be read.
 Offline, with the reads held: test_leftovers.py."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import uuid
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import until
+from support import unit_names, until
+from twisted.internet.defer import succeed
 from twisted.internet.utils import getProcessOutputAndValue
 
 from sdexec.cli import format_procs
@@ -82,3 +83,28 @@ async def test_a_leftover_lists_no_command_line_until_read_then_its_argv(
     finally:
         stop(name)
     await until(lambda: not server.list()["procs"], "stopped and forgotten")
+
+
+@ensureDeferred
+async def test_a_leftover_unloaded_before_it_is_read_is_listed_no_more(
+    start_service, monkeypatch
+):
+    # The race of a scan: listed running, unloaded before its GetAll. The
+    # manager's own listing is replayed after the unload, for the read to
+    # find it gone, every time.
+    service = await start_service(sdexec='leftover-units = "keep"')
+    server = service.server
+    name = marked_sleeper(server.unit_mark)
+    try:
+        listing = await server.systemd.list_units_by_patterns([], [name])
+    finally:
+        stop(name)
+    await until(lambda: name not in unit_names(), "unloaded")
+    monkeypatch.setattr(
+        server.systemd, "list_units_by_patterns", lambda *_: succeed(listing)
+    )
+    unread = await server.leftovers.scan().addCallback(lambda _: server.list())
+    assert [p["unit"] for p in unread["procs"]] == [name]  # adopted, as listed
+    monkeypatch.undo()
+    await until(lambda: not server.list()["procs"], "gone once read")
+    assert server.leftovers.units == {}

@@ -28,6 +28,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from sdexec.framing import FramingError
+from sdexec.hangup import peer_gone
 from sdexec.jobs import JOBID_OPTION
 from sdexec.limits import check_text, is_integer
 from sdexec.lograte import shortened
@@ -121,9 +122,11 @@ class ClientProtocol(StdioReceivingProtocol):
         self._half_closed = False
         #: Its EOF was read: everything it sent has been read.
         self._eof_read = False
-        #: Answers still to be sent (kills awaiting systemd, a background
-        #: exec's one response): a half-closed connection closes after them.
+        #: Answers still to be sent (kills awaiting systemd): a half-closed
+        #: connection closes after them, and after its streams' ends.
         self._due = 0
+        #: Its streaming processes' stdin was closed at its EOF.
+        self._stdins_ended = False
         #: Requests whose answer is a Deferred not fired yet (kills).
         self._unanswered = 0
         #: What was read but not yet handled, oldest first (while paused, or
@@ -222,31 +225,61 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def readConnectionLost(self) -> None:
         """The client shut down its writing (``shutdown(SHUT_WR)``, as socat
-        and nc do at the end of their input), or closed the connection, and
-        everything it sent before has been read: it leaves once that is
-        handled and answered (:meth:`_leave_once_answered`; Twisted closed
-        it at once, and dropped the answers: such a client had EOF alone,
-        even for a ``list``). Reading stops for good: resumed, it would
-        read the EOF again."""
+        and nc do at the end of their input), and everything it sent before
+        has been read: that was its last request, not its departure (a
+        close is seen by the hang-up watch, or as the service writes). It
+        is served until everything is answered and every stream has ended
+        (:meth:`_leave_once_answered`; Twisted closed it at once, and
+        dropped the answers: such a client had EOF alone, even for a
+        ``list``). Reading stops for good: resumed, it would read the EOF
+        again. A close reads the same EOF: told apart here, it ends the
+        connection at once, as any close."""
+        if peer_gone(self.transport.getHandle().fileno()):
+            self._gone()
+            return
         self._eof_read = self._half_closed = True
         self._settle_hangup_watch()
         self._leave_once_answered()
 
     def _leave_once_answered(self) -> None:
-        """Once its EOF is read and every request before it handled and
-        answered (:attr:`_answering`), a half-closed client leaves as one
-        that closes (:meth:`_client_left`: its streams end) and its
-        connection closes once all it was sent is written: answers that
-        came after it shut down its writing are not lost."""
-        if self._eof_read and not (self._left or self._answering):
-            self._client_left()
+        """Once its EOF is read and every request before it handled
+        (:attr:`_unhandled`), a half-closed client's streaming processes
+        read EOF on their stdin, after what it wrote them: no write can
+        come any more, as if it had sent an EOF to each. Once also every
+        answer is sent and every stream (exec, wait, attach) has ended
+        (:attr:`_answering`), the connection closes once all it was sent
+        is written: the client reads its answers and its processes' output
+        to their ends, then EOF (it was taken as gone at its EOF: its
+        streaming processes were killed unanswered, its waits and attaches
+        ended, though it still read)."""
+        if not self._eof_read or self._lost or self._unhandled:
+            return
+        self._end_stdins()
+        if not (self._answering or self.transport.disconnecting):
             self.transport.loseConnection()
+
+    def _end_stdins(self) -> None:
+        """EOF on the stdin of each of the connection's streaming processes
+        (once), after what was written to it (a stdin the client passed is
+        its own to close)."""
+        if self._stdins_ended:
+            return
+        self._stdins_ended = True
+        for process in self.server.connection_processes(self.connection_id):
+            if not process.stream_ended:
+                process.stdin.close()
+
+    @property
+    def _unhandled(self) -> bool:
+        """Whether a request read is not yet handled (held, waiting for an
+        exec, or an exec itself not yet handled)."""
+        return bool(self._held or self._waiting or self._pending_execs)
 
     @property
     def _answering(self) -> bool:
-        """Whether a request read is not yet handled, or an answer to one
-        not yet sent (:attr:`_due`)."""
-        return bool(self._held or self._waiting or self._pending_execs or self._due)
+        """Whether a request read is not yet handled, an answer to one not
+        yet sent (:attr:`_due`), or a stream not yet ended."""
+        return bool(self._unhandled or self._due or self._open_streams)
 
     def writeConnectionLost(self) -> None:
         """Never called: the service does not shut down its writing alone."""
@@ -261,9 +294,9 @@ class ClientProtocol(StdioReceivingProtocol):
 
     def _client_left(self) -> None:
         """The client has left, or is taken as gone while its connection
-        still writes out what it was sent (a protocol error; its writing
-        shut down, once all it sent before is answered): nothing more of it
-        is handled, what waits for its pending execs is dropped (a
+        still writes out what it was sent (a protocol error; not a shutdown
+        of its writing, :meth:`readConnectionLost`): nothing more of it is
+        handled, what waits for its pending execs is dropped (a
         background exec still runs), its streaming processes are killed and
         stopped, and its waits and attaches end: at once, not when a client
         that does not read has read its last words. Called again once the
@@ -633,11 +666,7 @@ class ClientProtocol(StdioReceivingProtocol):
     ) -> None:
         """Start the looked-up exec; a refusal raised here closes ``stdio``
         (:meth:`_found_or_refused`)."""
-        # A background exec's one response is due to a half-closed client;
-        # a stream ends when its client leaves.
-        stream = self._open_stream(
-            matchtag, Topic.EXEC, single=not streaming, due=not streaming
-        )
+        stream = self._open_stream(matchtag, Topic.EXEC, single=not streaming)
         try:
             answered = self.server.exec(
                 self.connection_id,
@@ -866,25 +895,20 @@ class ClientProtocol(StdioReceivingProtocol):
             stream.close()
             raise
 
-    def _open_stream(
-        self, matchtag: int, topic: str, single: bool = False, due: bool = False
-    ) -> _Stream:
+    def _open_stream(self, matchtag: int, topic: str, single: bool = False) -> _Stream:
         """The responder of a request on ``matchtag`` (``single``: it is
-        answered once; ``due``: its answer counts as :attr:`_due` until
-        sent); EEXIST while a stream of this connection is open on it (the
-        client could not tell their responses apart)."""
+        answered once); EEXIST while a stream of this connection is open on
+        it (the client could not tell their responses apart). A
+        half-closed connection stays open until it has ended."""
         if matchtag in self._open_streams:
             raise RequestError(errno.EEXIST, f"matchtag {matchtag} is already in use")
         self._open_streams.add(matchtag)
-        if due:
-            self._due += 1
-        return _Stream(self, matchtag, topic, single, partial(self._closed, due))
+        return _Stream(self, matchtag, topic, single, self._closed)
 
-    def _closed(self, due: bool, matchtag: int) -> None:
+    def _closed(self, matchtag: int) -> None:
         """A stream has sent its last response, or will send none."""
         self._open_streams.discard(matchtag)
-        if due:
-            self._answer_sent()
+        self._leave_once_answered()
 
     def _write(self, matchtag: int, payload: dict) -> None:
         process = self.server.write(self.connection_id, payload)
@@ -955,23 +979,27 @@ class ClientProtocol(StdioReceivingProtocol):
             "connection {id}: the client {did} while it waited for {what}",
             id=self.connection_id,
             did="closed it" if gone else "shut down its writing",
-            what=self._unread_for or "its answers",
+            what=self._unread_for or "its answers and streams to end",
         )
         if gone:
-            # Lost now: Twisted calls connectionLost a loop pass after the
-            # abort, and nothing held is to run meanwhile.
-            self._lost = True
-            self.transport.abortConnection()
+            self._gone()
         else:
             self._half_closed_unread()
+
+    def _gone(self) -> None:
+        """The client closed the connection: nothing more can reach it."""
+        # Lost now: Twisted calls connectionLost a loop pass after the
+        # abort, and nothing held is to run meanwhile, nor any stdin closed.
+        self._lost = True
+        self.transport.abortConnection()
 
     def _half_closed_unread(self) -> None:
         """The client shut down its writing (socat, nc) while what it sent
         was not read: that stays in the socket (its buffer is the bound: no
         more of it is read into the service than at any other time), and is
         read, handled and answered in order as the caps allow, as for a
-        client that stays; it leaves at its EOF (:meth:`readConnectionLost`).
-        Meanwhile only its close is watched for."""
+        client that stays, up to its EOF (:meth:`readConnectionLost`) and
+        beyond. Meanwhile only its close is watched for."""
         self._half_closed = True
         self._settle_hangup_watch()
 

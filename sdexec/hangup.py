@@ -26,6 +26,14 @@ from zope.interface import implementer
 _GONE = select.EPOLLHUP | select.EPOLLERR
 
 
+def peer_gone(fd: int) -> bool:
+    """Whether socket ``fd``'s peer has closed (or reset) the connection
+    now, not only shut down its writing: a read's EOF is either."""
+    poller = select.poll()
+    poller.register(fd, 0)  # POLLHUP and POLLERR need no asking
+    return bool(poller.poll(0))
+
+
 @implementer(IReadDescriptor)
 class HangupWatcher:
     """Calls back once the peer of a watched socket has closed it, or shut

@@ -10,7 +10,7 @@ from pytest_twisted import ensureDeferred
 from support import sleep, until
 from twisted.internet import reactor
 
-from sdexec.hangup import HangupWatcher
+from sdexec.hangup import HangupWatcher, peer_gone
 
 
 @ensureDeferred
@@ -97,4 +97,16 @@ async def test_a_peer_that_shut_down_its_writing_is_watched_for_its_close():
     await until(lambda: hung_up, "the close seen")
     assert hung_up == [True]  # its shutdown was not reported first
     assert watcher.fileno() == -1
+    ours.close()
+
+
+def test_a_peer_gone_is_told_from_one_that_shut_down_its_writing():
+    """:func:`peer_gone`: a read's EOF is the same for both, and only a
+    close means the peer can read nothing more."""
+    ours, theirs = socket.socketpair()
+    assert not peer_gone(ours.fileno())
+    theirs.shutdown(socket.SHUT_WR)
+    assert not peer_gone(ours.fileno())  # it may still read
+    theirs.close()
+    assert peer_gone(ours.fileno())
     ours.close()

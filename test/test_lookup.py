@@ -707,8 +707,9 @@ async def test_a_half_close_past_the_cap_of_lookups_drops_nothing_it_sent(
     """``shutdown(SHUT_WR)`` (socat, nc) while the connection is not read,
     past the cap of requests behind lookups: what the client sent waits in
     the socket and is handled once the lookup has ended (its exec started,
-    its writes read), then the client reads EOF. The shutdown was taken
-    for its departure: its exec and what it had not read were dropped."""
+    its writes read), then, once that exec has run to its end, the client
+    reads EOF. The shutdown was taken for its departure: its exec and what
+    it had not read were dropped."""
     async with serving(server, tmp_path) as client:
         client.sendall(_exec_of("true", 1) + _request(*_UNKNOWN_KILL, 2))
         await until(lambda: silent.names, "the lookup begun")
@@ -721,10 +722,17 @@ async def test_a_half_close_past_the_cap_of_lookups_drops_nothing_it_sent(
         await until(lambda: protocol._half_closed, "the shutdown seen")
         assert server.connections.total == 1 and _starts(systemd) == []
         silent.answer()
+        await until(lambda: _starts(systemd), "its exec started")  # not dropped
+        systemd.stop_to_inactive = True  # (its unit goes once it has exited)
+        systemd.run("true.service")
+        systemd.exit("true.service")
         answers = await _read_to_eof(client)
         kills = [r for r in answers if r["topic"] == "sdexec.kill"]
         assert [(r["matchtag"], r["errnum"]) for r in kills] == [(2, errno.ESRCH)]
-        assert len(_starts(systemd)) == 1  # its exec, not dropped
+        assert [r.get("errnum") for r in answers if r["matchtag"] == 1][-1] == (
+            errno.ENODATA
+        )  # its stream's end, then EOF
+        assert len(_starts(systemd)) == 1
         await until(lambda: server.connections.total == 0, "the connection released")
         assert server.hangups.fileno() == -1
 

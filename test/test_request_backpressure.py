@@ -439,19 +439,25 @@ def test_answers_after_the_client_left_are_harmless(systemd, server, kills_held)
     assert systemd.kills().count(10) == MAX_UNANSWERED  # the held one: dropped
 
 
-def test_a_half_close_waits_for_the_answers_still_due(systemd, connection, kills_held):
+@ensureDeferred
+async def test_a_half_close_waits_for_the_answers_still_due(
+    systemd, connection, kills_held
+):
     # Its EOF closed the connection at once: kills systemd had not answered
     # yet were never answered (a script sending kills, then EOF, lost them).
     running(systemd, connection)
     deliver(connection, kills(100, 3))
     connection.protocol.readConnectionLost()
     assert not connection.transport.disconnecting
-    assert 9 not in systemd.kills()  # not gone before its last answer
     for answer in kills_held:
         answer.callback(None)
     assert kill_tags(connection) == [100, 101, 102]
-    assert connection.transport.disconnecting  # closes once written out
-    assert 9 in systemd.kills()  # then it has left: its process killed
+    assert not connection.transport.disconnecting  # its stream runs on
+    assert 9 not in systemd.kills()  # (tests/test_half_close.py)
+    systemd.stop_to_inactive = True
+    systemd.exit(UNIT)
+    await until(lambda: connection.transport.disconnecting, "closed at its end")
+    assert error_of(connection.last())[0] == errno.ENODATA
 
 
 def test_a_half_close_waits_for_a_background_execs_response(
@@ -806,13 +812,12 @@ async def test_a_client_that_shuts_down_its_writing_gets_what_it_was_answered(
     sdexec, flood
 ):
     """``shutdown(SHUT_WR)`` after its last request, as socat and nc do at
-    the end of their input: the client has left, so what it started is
-    killed, but the answers to what it sent are written before the
-    connection closes (Twisted dropped them, and such a client got EOF
-    alone)."""
+    the end of their input: the answers to what it sent are written before
+    the connection closes (Twisted dropped them, and such a client got EOF
+    alone), and its process, whose stdin reads EOF then, runs to its end."""
     flooder, protocol = flood
     unit = "sdexec-backpressure-halfclosed"
-    cmd = command(["sleep", "600"], opts={"SDEXEC_NAME": unit})
+    cmd = command(["cat"], opts={"SDEXEC_NAME": unit})
     assert flooder.send_some(request("sdexec.exec", {"cmd": cmd, "flags": 3}, 1))
     started = await read_all(flooder, b"", 0, counted(1))
     assert started[0]["payload"]["type"] == "started"
@@ -827,6 +832,9 @@ async def test_a_client_that_shuts_down_its_writing_gets_what_it_was_answered(
         (3, STATS),
     ]
     assert [p["unit"] for p in answers[0]["payload"]["procs"]] == [f"{unit}.service"]
+    ended = [r for r in responses if r["matchtag"] == 1]
+    assert "finished" in [r["payload"]["type"] for r in ended if "payload" in r]
+    assert error_of(ended[-1])[0] == errno.ENODATA
     await wait_until_reaped(sdexec, f"{unit}.service")
     await until(lambda: protocol.transport.disconnected, "the connection closed")
     assert sdexec.server.connections.total == 0
@@ -979,8 +987,8 @@ async def test_a_half_close_past_the_cap_of_kills_gets_every_answer_then_eof(
     """A script sends 200 kills, then shuts down its writing (socat, nc):
     past the 64 awaiting systemd the rest waited unread in the socket, and
     the shutdown dropped them (it got the answers of the first 64 at most).
-    Each is answered now, in order, as systemd answers, then EOF; only then
-    has the client left (its process killed)."""
+    Each is answered now, in order, as systemd answers; its process runs
+    on, streamed to it, and once that has ended too the client reads EOF."""
     flooder, protocol = flood
     held = hold_kills(sdexec.server.systemd, monkeypatch, SIGWINCH)
     unit = "sdexec-backpressure-halfclose-kills"
@@ -994,19 +1002,27 @@ async def test_a_half_close_past_the_cap_of_kills_gets_every_answer_then_eof(
     await until(lambda: len(held) == MAX_UNANSWERED, "the kills at the cap")
     assert not reading(protocol)  # the rest unread, in the socket
     flooder.sock.shutdown(socket.SHUT_WR)
-    answers = []
+    answers: list[dict] = []
     let_go_from = 0
     for _ in range(20000):
         let_go(held[let_go_from:])  # systemd answers, as they come
         let_go_from = len(held)
         answers += flooder.read_some()
-        if flooder.eof:
+        if flooder.eof or len(answers) == 200:
             break
-        await sleep(0)
+        await sleep(0.001)  # (systemd answers the kills let go meanwhile)
+    assert [r["matchtag"] for r in answers] == list(range(2, 202))
+    assert all(r["topic"] == KILL and "errnum" not in r for r in answers)
+    await until(lambda: protocol._eof_read, "its EOF read")
+    assert not (flooder.eof or protocol.transport.disconnecting)  # still streamed
+    other = await sdexec.connect()
+    await other.kill(label="job", signum=15)
+    ended = await read_all(flooder, b"", 0, lambda _: False)
     assert flooder.eof  # EOF, not a reset
-    kills_answered = [r for r in answers if r["topic"] == KILL]
-    assert [r["matchtag"] for r in kills_answered] == list(range(2, 202))
-    assert all("errnum" not in r for r in kills_answered)
-    await wait_until_reaped(sdexec, f"{unit}.service")  # it left at its EOF
-    await until(lambda: sdexec.server.connections.total == 0, "the client gone")
+    payloads = [r["payload"] for r in ended if "payload" in r]
+    (finished,) = [payload for payload in payloads if payload["type"] == "finished"]
+    assert finished["status"] == 15  # (SIGTERM)
+    assert error_of(ended[-1])[0] == errno.ENODATA
+    await wait_until_reaped(sdexec, f"{unit}.service")
+    await until(lambda: sdexec.server.connections.total == 1, "the client gone")
     assert sdexec.server.hangups.fileno() == -1  # nothing left watched

@@ -47,6 +47,8 @@ _BACKLOG_ARGUMENT = re.compile(r"(?<!\\):backlog=")
 
 
 def is_systemd_endpoint(description: str) -> bool:
+    """Whether ``description`` is a ``systemd:`` endpoint (a socket systemd
+    passes), which this module adopts, rather than one Twisted opens."""
     return description.startswith(PREFIX)
 
 

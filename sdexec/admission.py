@@ -28,6 +28,7 @@ class ConnectionCount:
 
     @property
     def total(self) -> int:
+        """The connections open now, every peer's."""
         return self._open.total()
 
     def admit(

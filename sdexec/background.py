@@ -204,10 +204,12 @@ class Tracked:
 
     @property
     def pid(self) -> int:
+        """The process id, ``-1`` until its command has one."""
         return self.process.pid if self.process and self.process.pid else -1
 
     @property
     def label(self) -> str | None:
+        """The exec's label (``None``: none, or no process yet)."""
         return self.process.label if self.process else None
 
     @property
@@ -218,6 +220,7 @@ class Tracked:
 
     @property
     def attached(self) -> bool:
+        """Whether an attach stream follows the process now."""
         return self.mode is Mode.ATTACHED
 
     def connected_to(self, connection_id: int) -> bool:
@@ -260,6 +263,9 @@ class Tracked:
     # -- the Process's responder and tap ------------------------------------
 
     def respond(self, payload: dict[str, Any]) -> None:
+        """One response of the process's stream (a
+        :class:`~sdexec.process.Responder`'s): the streaming client's, or a
+        background exec's one answer at ``started``."""
         kind = payload.get("type")
         if kind == "finished":
             self.finished = payload
@@ -272,6 +278,9 @@ class Tracked:
             self._client.responder.respond(payload)
 
     def error(self, errnum: int, errstr: str) -> None:
+        """The stream's end (a :class:`~sdexec.process.Responder`'s): told to
+        whoever follows the process (its client, an attach, a waiter), and
+        kept for a wait or attach to come."""
         self._stream_ended = True
         if errnum != errno.ENODATA:
             self.failure = (errnum, errstr)

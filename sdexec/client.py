@@ -417,6 +417,8 @@ class SdexecClient(JSONLineProtocol):
         self._closing: IDelayedCall | None = None
 
     def connectionMade(self) -> None:
+        """Register as the transport's producer; close at once a connection
+        closed before it was made."""
         super().connectionMade()
         assert self.transport is not None
         IConsumer(self.transport).registerProducer(self, True)
@@ -675,17 +677,20 @@ class SdexecClient(JSONLineProtocol):
 
     # IPushProducer: the transport's buffer is full, or empty again.
     def pauseProducing(self) -> None:
+        """The transport's buffer is full: each exec's stdin producer is paced."""
         self.transport_full = True
         for handle in list(self._producing):
             handle.pace_producer()
 
     def resumeProducing(self) -> None:
+        """The transport's buffer has room again: each stdin producer resumes."""
         self.transport_full = False
         for handle in list(self._producing):
             handle.pace_producer()
 
     def stopProducing(self) -> None:
-        pass  # the connection is going: connectionLost ends every handle
+        """Nothing to do: the connection is going, and
+        :meth:`connectionLost` ends every handle."""
 
     def producing(self, handle: ExecHandle, registered: bool) -> None:
         """``handle`` has a stdin producer now (or no more)."""
@@ -746,16 +751,21 @@ class SdexecClient(JSONLineProtocol):
     # -- responses --------------------------------------------------------
 
     def messageReceived(self, message: dict[str, Any]) -> None:
+        """A response: given to its request (a stray one is logged)."""
         warning = self._requests.dispatch(message)
         if warning is not None:
             _log.warn("{warning}", warning=warning)
 
     def framingError(self, reason: str) -> None:
+        """The service sent what is no message: every request fails, and the
+        connection is dropped."""
         self._requests.framing_error(reason)
         assert self.transport is not None  # framing errors come from its data
         self.transport.abortConnection()  # type: ignore[attr-defined]
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
+        """Every request in flight ends with the loss; what :meth:`close` and
+        :meth:`disconnected` returned fires."""
         if self._closing is not None and self._closing.active():
             self._closing.cancel()
         self._closing = None

@@ -74,6 +74,8 @@ class CommandParser(argparse.ArgumentParser):
         self.program = program or self.prog
 
     def print_help(self, file: SupportsWrite[str] | None = None) -> None:
+        """argparse's, but to stdout through :func:`write_stdout_or_exit` (a
+        closed stdout is a message, not a traceback)."""
         if file is not None and file is not sys.stdout:
             super().print_help(file)
             return

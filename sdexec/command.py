@@ -104,6 +104,7 @@ class Command:
         )
 
     def option(self, name: str, default: str | None = None) -> str | None:
+        """The request option ``name`` (``cmd.opts``), else ``default``."""
         return self.opts.get(name, default)
 
     def requested_properties(self) -> dict[str, str]:

@@ -196,6 +196,8 @@ class CanaryResponder:
         self._stderr = b""
 
     def respond(self, payload: dict[str, Any]) -> None:
+        """One response of the canary: its status and stderr are kept for the
+        verdict."""
         kind = payload.get("type")
         if kind == "finished":
             self._status = payload.get("status")

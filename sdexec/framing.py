@@ -54,6 +54,9 @@ class JSONLineProtocol(Protocol):
         self._splitter.max_values = values
 
     def dataReceived(self, data: bytes) -> None:
+        """Split ``data`` into messages, each handed to :meth:`messageReceived`
+        (kept undecoded while :meth:`inputHeld`); a framing error is told once to
+        :meth:`framingError`, and what comes after it is ignored."""
         if self._frame_broken:
             return
         if self._undecoded is not None:
@@ -103,11 +106,15 @@ class JSONLineProtocol(Protocol):
         self.messageReceived(message)
 
     def sendMessage(self, message: dict[str, Any]) -> None:
+        """Write ``message`` as one line of JSON."""
         assert self.transport is not None, "sendMessage before connectionMade"
         self.transport.write(encode_message(message))
 
     def messageReceived(self, message: dict[str, Any]) -> None:
+        """One decoded message: for the subclass to handle."""
         raise NotImplementedError
 
     def framingError(self, reason: str) -> None:
+        """The stream broke the framing (``reason`` says how): for the subclass
+        to answer; no message is delivered after it."""
         raise NotImplementedError

@@ -282,6 +282,7 @@ class Leftover:
         return result
 
     def stop(self) -> None:
+        """Stop the unit (``StopUnit`` once: a second call sends nothing)."""
         if not self._stopping:
             self._stopping = True
             self._call(self._systemd.stop_unit(self.name, "replace"), "StopUnit")
@@ -295,6 +296,8 @@ class Leftover:
         self._backoff.reset()
 
     def kill(self, signum: int, who: str = "all") -> defer.Deferred[None]:
+        """Send ``signum`` to the unit's processes (``who``: systemd's ``all``,
+        ``main``...)."""
         return self._systemd.kill_unit(self.name, who, signum)
 
     def describe(self) -> dict[str, Any]:
@@ -319,6 +322,7 @@ class Leftover:
         return self.stop_timer.state is StopTimerState.ABANDONED
 
     def forget(self) -> None:
+        """The unit is gone: stop following it, and its timers."""
         self._watch.cancel()
         self.stop_timer.stopped()
         if self._retry is not None and self._retry.active():
@@ -633,6 +637,7 @@ class Leftovers:
         return next((unit for unit in self.units.values() if unit.pid == pid), None)
 
     def describe(self) -> list[dict[str, Any]]:
+        """Every leftover's ``list`` entry (:meth:`Leftover.describe`)."""
         return [unit.describe() for unit in self.units.values()]
 
     def gone(self, unit: Leftover, maybe_restarting: bool = False) -> None:

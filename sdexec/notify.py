@@ -59,6 +59,7 @@ class SystemdNotifier:
 
     @property
     def enabled(self) -> bool:
+        """Whether ``NOTIFY_SOCKET`` names a socket to notify."""
         return self.address is not None
 
     def notify(self, **fields: object) -> None:

@@ -226,6 +226,9 @@ class StdioReceivingProtocol(JSONLineProtocol):
         self._too_many = False
 
     def fileDescriptorReceived(self, descriptor: int) -> None:
+        """A descriptor passed with the read about to be delivered: kept for
+        the frame it ends in, or closed if one read brings more than a frame
+        takes."""
         os.set_inheritable(descriptor, False)  # recvmsg leaves them inheritable
         if len(self._arrived) >= MAX_PASSED_FDS:
             # More than one frame takes, with one read: closed now, and not
@@ -241,6 +244,8 @@ class StdioReceivingProtocol(JSONLineProtocol):
         return [extra for _, extra in self._undecoded or () if extra is not None]
 
     def dataReceived(self, data: bytes) -> None:
+        """Split the read as :class:`JSONLineProtocol` does, giving each frame the
+        descriptors that came with it."""
         arrived, self._arrived = self._arrived, []
         dropped, self._dropped = self._dropped, False
         if not arrived and not dropped:

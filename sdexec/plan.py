@@ -179,10 +179,12 @@ class ExecPlan:
 
     @property
     def cmdline(self) -> list[str]:
+        """The request's command line."""
         return self.command.cmdline
 
     @property
     def label(self) -> str | None:
+        """The request's label, if any."""
         return self.command.label
 
     @property

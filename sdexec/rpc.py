@@ -178,9 +178,12 @@ class StdinRefusals:
         self._stream = stream
 
     def respond(self, payload: dict) -> None:
-        pass  # a write taken is not answered; one that is has nothing to say
+        """Nothing to do: a write taken is not answered, and one refused is
+        answered with an error only (:meth:`end`)."""
 
     def end(self, error: SdexecError) -> None:
+        """The service refused a write (or the connection went): the exec's
+        stdin is told."""
         self._stream.stdin_refused(error)
 
 

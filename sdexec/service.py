@@ -202,6 +202,8 @@ class SdexecService(Service):
         self.metrics = Metrics(reactor, recent(self._server_stats, reactor))
 
     def startService(self) -> None:
+        """Start the service: :attr:`ready` fires once it listens (or fails
+        with why it could not start)."""
         super().startService()
         # First: SIGHUP's default action ends the process, and a reload may
         # be asked for (kill -HUP) while the start waits.
@@ -638,6 +640,8 @@ class SdexecService(Service):
 
     @defer.inlineCallbacks
     def stopService(self) -> Generator[defer.Deferred[Any], Any, None]:
+        """Stop listening, end what runs (docs/operating.md), flush the
+        answers owed, and release the owner lock."""
         super().stopService()
         self._stop_signals_said()
         self.stopped = True

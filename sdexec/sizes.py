@@ -421,6 +421,7 @@ class MemoryLimit:
 
     @property
     def infinite(self) -> bool:
+        """Whether the limit is none (``infinity``)."""
         return self.bytes is None and self.permyriad is None
 
     def __str__(self) -> str:

@@ -102,6 +102,9 @@ class OutputChannel(Protocol):
         _adopt(reactor, sock, self)
 
     def dataReceived(self, data: bytes) -> None:
+        """Output read: handed on, in whole lines where the stream is
+        line-buffered (a partial line waits for its newline, or until it
+        fills whole buffers)."""
         if not self._line_buffered:
             self._hand_on(data)
             return
@@ -117,6 +120,7 @@ class OutputChannel(Protocol):
         self._hold(data[last_newline + 1 :])
 
     def connectionLost(self, reason: object = None) -> None:
+        """EOF: what is held is handed on, then the end."""
         self._flush()
         self.eof = True
         self._on_eof()
@@ -161,6 +165,7 @@ class OutputChannel(Protocol):
             self.transport.pauseProducing()
 
     def resume(self) -> None:
+        """Read again (the client caught up)."""
         if self.transport is not None and not self.eof:
             self.transport.resumeProducing()
 
@@ -265,6 +270,8 @@ class OutputGate:
             channel.pause()
 
     def resume(self) -> None:
+        """The client reads again: reading resumes unless the process is not
+        yet allowed to be read."""
         self._client_paused = False
         self._resume_if_allowed()
 
@@ -335,6 +342,7 @@ class InputChannel(Protocol):
         _adopt(reactor, sock, self)
 
     def connectionMade(self) -> None:
+        """Start writing: what was queued first, then credit for more."""
         # Paused by any write the socket has not taken yet: the rest wait in
         # one buffer (Twisted keeps up to its bufferSize, 64 KiB, as an
         # object per write: 1.4 MB of two-byte writes), and credit comes
@@ -405,15 +413,19 @@ class InputChannel(Protocol):
         self.close()
 
     def connectionLost(self, reason: object = None) -> None:
+        """The process's stdin is gone: nothing more is written, and whoever
+        waits for a drain is told."""
         self._closed = True
         self._waiting = bytearray()
         self._fire_drained()
 
     # IPushProducer: the transport tells us when its write buffer is full.
     def pauseProducing(self) -> None:
+        """The transport's buffer is full: hold writes, and credit."""
         self._paused = True
 
     def resumeProducing(self) -> None:
+        """The transport has room: hand on what waits, and grant credit."""
         self._paused = False
         self._hand_waiting_on()  # which may fill the transport again
         if not self._paused:
@@ -425,6 +437,7 @@ class InputChannel(Protocol):
             self.transport.write(data)
 
     def stopProducing(self) -> None:
+        """The transport is going: nothing more is written."""
         self._closed = True
         self._fire_drained()
 

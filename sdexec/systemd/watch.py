@@ -69,10 +69,12 @@ class WatchRegistry:
         self._watches[watch.path] = watch
 
     def unregister(self, watch: UnitWatch) -> None:
+        """Stop following ``watch`` (not one that replaced it)."""
         if self._watches.get(watch.path) is watch:
             del self._watches[watch.path]
 
     def is_current(self, watch: UnitWatch) -> bool:
+        """Whether ``watch`` is the one following its unit."""
         return self._watches.get(watch.path) is watch
 
     def follows(self, path: str) -> bool:

@@ -266,27 +266,14 @@ def plan_exec(
     else:
         request, found = looked_up
     flags, command, environment = request
-    executable, unexecutable = found
-    if executable is None and unexecutable:
-        # execvp(3)'s EACCES, said as a shell says it (its status is 126).
-        shown = printable(command.cmdline[0], SHOWN)
-        raise RequestError(errno.EACCES, f"{shown}: {unexecutable}")
-    if executable is None:
-        # An empty name is shown as "": bash's ": command not found" names
-        # nothing.
-        name = printable(command.cmdline[0], SHOWN) or '""'
-        raise RequestError(errno.ENOENT, f"{name}: command not found")
+    executable = _executable(command, found)
     resources = _contained_resources(containment, command)
     mapped = _mapped_properties(containment, command, resources)
     merged, sources = _merged_properties(config, command, mapped)
     _check_together(merged, sources)
     unit_name = unit_name_for(command)
     start = command_line(command, executable, merged)
-    check_trampoline_exec(command.cmdline, start, environment)
-    check_start_message(
-        unit_name, start.path, start.argv, environment, merged, command.cwd
-    )
-    check_unit_file_lines(start.path, start.argv, environment)
+    _check_start_fits(command, unit_name, start, environment, merged)
     stop_timer = _stop_timer(config, command)
     # Before the fences are read from the mapper's values: they are then
     # ones systemd takes.
@@ -313,6 +300,38 @@ def plan_exec(
         stdio=_stdio(payload.get("stdio", ())),
         resources=resources,
     )
+
+
+def _executable(command: Command, found: Found) -> str:
+    """The path of the command found, or the shell's refusal of it: the
+    file that could not be run (EACCES), or that no file was found."""
+    executable, unexecutable = found
+    if executable is None and unexecutable:
+        # execvp(3)'s EACCES, said as a shell says it (its status is 126).
+        shown = printable(command.cmdline[0], SHOWN)
+        raise RequestError(errno.EACCES, f"{shown}: {unexecutable}")
+    if executable is None:
+        # An empty name is shown as "": bash's ": command not found" names
+        # nothing.
+        name = printable(command.cmdline[0], SHOWN) or '""'
+        raise RequestError(errno.ENOENT, f"{name}: command not found")
+    return executable
+
+
+def _check_start_fits(
+    command: Command,
+    unit_name: str,
+    start: ExecLine,
+    environment: Mapping[str, str],
+    merged: Mapping[str, str],
+) -> None:
+    """Refuse (``E2BIG``) a start that exec, the manager's message or the
+    unit file could not hold (sdexec/limits.py)."""
+    check_trampoline_exec(command.cmdline, start, environment)
+    check_start_message(
+        unit_name, start.path, start.argv, environment, merged, command.cwd
+    )
+    check_unit_file_lines(start.path, start.argv, environment)
 
 
 class CheckedRequest(NamedTuple):

@@ -566,6 +566,28 @@ class SdexecService(Service):
                 self.readiness.reloaded()
 
     async def _reload(self, path: str) -> str:
+        """Load ``path`` and put it in force; :class:`ReloadRefused` says
+        why not (the configuration in force stays as it was)."""
+        config, containment = await self._load(path)
+        if self.stopped:
+            log.info("reload dropped: the service stopped meanwhile")
+            raise ReloadRefused(errno.ECANCELED, _STOPPING)
+        config = _with_command_line(config, self._command_line)
+        if config.systemd.bus != self.config.systemd.bus:
+            # The connection is made once: the configuration in force must
+            # keep naming the manager the service really talks to.
+            raise _refusing(
+                f"{path}: systemd.bus: the {self.config.systemd.bus} manager is"
+                " in use; a new bus needs a restart"
+            )
+        self._put_in_force(self._keep_start_only_settings(config, path), containment)
+        log.info("configuration reloaded from {path}", path=path)
+        return path
+
+    async def _load(self, path: str) -> tuple[Config, Containment]:
+        """The configuration of ``path`` and its containment (the mapper
+        built), read off the reactor's thread; :class:`ReloadRefused` with
+        why they could not be."""
         try:
             # In a thread, the file's parse and check and the mapper's
             # build: a large YAML file, a user looked up through LDAP,
@@ -589,18 +611,10 @@ class SdexecService(Service):
             # why, the refusal counted), the old configuration in force.
             log.failure("reload of {path} failed", path=path)
             raise _refusing(f"{path}: {type(error).__name__}: {error}") from None
-        if self.stopped:
-            log.info("reload dropped: the service stopped meanwhile")
-            raise ReloadRefused(errno.ECANCELED, _STOPPING)
-        config = _with_command_line(config, self._command_line)
-        if config.systemd.bus != self.config.systemd.bus:
-            # The connection is made once: the configuration in force must
-            # keep naming the manager the service really talks to.
-            raise _refusing(
-                f"{path}: systemd.bus: the {self.config.systemd.bus} manager is"
-                " in use; a new bus needs a restart"
-            )
-        config = self._keep_start_only_settings(config, path)
+        return config, containment
+
+    def _put_in_force(self, config: Config, containment: Containment) -> None:
+        """``config`` and ``containment`` are the service's from now on."""
         self.config = config
         if self.server is not None:
             self.server.reconfigure(config, containment)
@@ -608,8 +622,6 @@ class SdexecService(Service):
             self.server.check_manager_version()
             self.server.verify_devices()
         self._warn_if_allowed_users_kept_out()
-        log.info("configuration reloaded from {path}", path=path)
-        return path
 
     def _keep_start_only_settings(self, config: Config, path: str) -> Config:
         """``config`` with the values in force of the settings read only at

@@ -51,6 +51,17 @@ def _advice(why: str, written: object) -> str:
     )
 
 
+def _string_advice(value: Any, why_not_this_string: str, written: str) -> str:
+    """The advice for a key Flux reads as a string only: ``value`` is no
+    string, or ``why_not_this_string`` says why Flux refuses this one."""
+    why = (
+        why_not_this_string
+        if isinstance(value, str)
+        else "it reads this key as a string only"
+    )
+    return _advice(why, written)
+
+
 #: A duration as fsd_parse_duration reads it (flux-core
 #: ``src/common/libutil/fsd.c``): ``strtod``, which skips leading white
 #: space (C's, ASCII only), then nothing or a unit, exactly, to the end. Of
@@ -66,14 +77,12 @@ def _duration_string(value: Any) -> str | None:
     if isinstance(value, str) and _FLUX_DURATION.fullmatch(value):
         return None
     written = json.dumps(format_fsd(parse_fsd(value)))
-    if not isinstance(value, str):
-        why = "it reads this key as a string only"
-    else:
-        why = (
-            "it reads a duration as a number and a unit only"
-            " (ASCII white space before them at most)"
-        )
-    return _advice(why, written)
+    return _string_advice(
+        value,
+        "it reads a duration as a number and a unit only"
+        " (ASCII white space before them at most)",
+        written,
+    )
 
 
 def _duration_string_or_none(value: Any) -> str | None:
@@ -87,14 +96,12 @@ def _signal_string(value: Any) -> str | None:
     number = parse_signal(value)
     name = signal_name(number)
     written = json.dumps(name if name in FLUX_SIGNAL_NAMES else str(number))
-    if not isinstance(value, str):
-        why = "it reads this key as a string only"
-    else:
-        why = (
-            "it knows a signal only by a name of its own table, in upper case"
-            " (no real-time or alias names), or by its number"
-        )
-    return _advice(why, written)
+    return _string_advice(
+        value,
+        "it knows a signal only by a name of its own table, in upper case"
+        " (no real-time or alias names), or by its number",
+        written,
+    )
 
 
 def _flux_signal_name_or_number(text: str) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from twisted.application.service import IServiceMaker
 from twisted.logger import Logger
@@ -19,10 +19,17 @@ from twisted.plugin import IPlugin
 from twisted.python import usage
 from zope.interface import implementer
 
+if TYPE_CHECKING:
+    from twisted.application.service import IService
+    from twisted.internet.asyncioreactor import AsyncioSelectorReactor
+
 log = Logger()
 
 
 class Options(usage.Options):
+    """``twistd sdexec``'s options: the configuration file, and the settings
+    a unit's command line may give over it."""
+
     optParameters = [  # noqa: RUF012 - Twisted's usage.Options convention
         [
             "config",
@@ -72,6 +79,7 @@ class Options(usage.Options):
         raise SystemExit(0)
 
     def postOptions(self) -> None:
+        """Refuse a start without ``--config``."""
         if not self["config"]:
             raise usage.UsageError("--config FILE is required")
 
@@ -90,7 +98,7 @@ def _refuse_to_start(reason: str, transient: bool = False) -> NoReturn:
     raise SystemExit(1 if transient else EX_CONFIG)
 
 
-def _asyncio_reactor():
+def _asyncio_reactor() -> AsyncioSelectorReactor:
     """The reactor, which must be Twisted's asyncio reactor: dbus-fast is
     asyncio-based. Installs it if no reactor is installed yet."""
     if "twisted.internet.reactor" not in sys.modules:
@@ -110,11 +118,15 @@ def _asyncio_reactor():
 
 @implementer(IServiceMaker, IPlugin)
 class SdexecServiceMaker:
+    """What twistd finds as its ``sdexec`` command."""
+
     tapname = "sdexec"
     description = "Run processes as transient systemd units (RFC 42 server)"
     options = Options
 
-    def makeService(self, options: Options):
+    def makeService(self, options: Options) -> IService:
+        """The service of ``options``, logging as twistd's log options say;
+        a configuration that cannot start ends the process (EX_CONFIG)."""
         reactor = _asyncio_reactor()
         from sdexec.config import ConfigError, check_command_line_option, load_config
         from sdexec.fdlimit import raise_open_file_limit

@@ -1477,7 +1477,7 @@ class SdexecServerFactory(Factory):
     def __init__(self, server: SdexecServer) -> None:
         self.server = server
 
-    def buildProtocol(self, addr) -> ClientProtocol:
+    def buildProtocol(self, addr: object) -> ClientProtocol:
         protocol = ClientProtocol(self.server)
         protocol.factory = self
         return protocol

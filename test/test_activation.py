@@ -176,6 +176,25 @@ def _passed(monkeypatch, descriptor: int) -> None:
     monkeypatch.setattr(_SystemdParser, "_sddaemon", inherited)
 
 
+def _pass_a_socket_at(monkeypatch, path, backlog: int = 128) -> None:
+    """A UNIX socket bound at ``path`` and listening, inherited as the
+    socket named sdexec (the service's then: it closes it)."""
+    passed = socket.socket(socket.AF_UNIX)
+    passed.bind(str(path))
+    passed.listen(backlog)
+    _passed(monkeypatch, passed.detach())
+
+
+def _on_the_passed_socket(config=None) -> SdexecService:
+    """A service listening on the passed socket, not started, with a fake
+    manager and a stats site on a port of its own."""
+    return SdexecService(
+        config or parse_config({}), reactor, listen=ENDPOINT,
+        stats="tcp:0:interface=127.0.0.1",
+        connect=lambda: defer.succeed(FakeManager()),
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("kind", "problem"),
     [
@@ -323,15 +342,12 @@ async def test_allowed_users_an_inherited_socket_keeps_out_are_warned_of(
     directory = parent / "sdexec"
     directory.mkdir(parents=True)
     path = directory / "sdexec.sock"
-    passed = socket.socket(socket.AF_UNIX)
-    passed.bind(str(path))
-    passed.listen()
+    _pass_a_socket_at(monkeypatch, path)
     os.chmod(path, socket_mode)
     os.chown(path, owner, group)  # as SocketUser= and SocketGroup= make it
     os.chown(directory, -1, group)
     os.chmod(directory, directory_mode)
     os.chmod(parent, parent_mode)
-    _passed(monkeypatch, passed.detach())  # the service's now: it closes it
     config = parse_config(
         {"sdexec": {"allow-users": [65534], "socket-mode": "0666"}}, "f.toml"
     )
@@ -339,10 +355,7 @@ async def test_allowed_users_an_inherited_socket_keeps_out_are_warned_of(
     lines: list[str] = []
     observer = lambda event: lines.append(formatEvent(event))  # noqa: E731
     globalLogPublisher.addObserver(observer)
-    service = SdexecService(
-        config, reactor, listen=ENDPOINT, stats="tcp:0:interface=127.0.0.1",
-        connect=lambda: defer.succeed(FakeManager()),
-    )  # fmt: skip
+    service = _on_the_passed_socket(config)
     try:
         service.startService()
         await service.ready
@@ -381,15 +394,8 @@ async def test_an_inherited_socket_keeps_a_backlog_beyond_twisteds_50(
     # a burst of 60 connects before the service accepted got EAGAIN after
     # the 51st.
     path = tmp_path / "sdexec.sock"
-    passed = socket.socket(socket.AF_UNIX)
-    passed.bind(str(path))
-    passed.listen(4096)
-    _passed(monkeypatch, passed.detach())  # the service's now: it closes it
-    service = SdexecService(
-        parse_config({}), reactor, listen=ENDPOINT,
-        stats="tcp:0:interface=127.0.0.1",
-        connect=lambda: defer.succeed(FakeManager()),
-    )  # fmt: skip
+    _pass_a_socket_at(monkeypatch, path, backlog=4096)
+    service = _on_the_passed_socket()
     service.startService()
     await service.ready
     clients: list[socket.socket] = []
@@ -465,9 +471,7 @@ async def test_an_inherited_socket_keeps_its_mode_while_it_is_adopted(
     # uid on listen, but a systemd: stats endpoint checks none). Each mode
     # the path is given is recorded, and what it had before.
     path = tmp_path / "sdexec.sock"
-    passed = socket.socket(socket.AF_UNIX)
-    passed.bind(str(path))
-    passed.listen()
+    _pass_a_socket_at(monkeypatch, path)
     os.chmod(path, 0o600)
     modes: list[int] = []
     real_chmod = os.chmod
@@ -478,12 +482,7 @@ async def test_an_inherited_socket_keeps_its_mode_while_it_is_adopted(
         real_chmod(target, mode, *args, **kwargs)
 
     monkeypatch.setattr(os, "chmod", chmod)
-    _passed(monkeypatch, passed.detach())  # the service's now: it closes it
-    service = SdexecService(
-        parse_config({}), reactor, listen=ENDPOINT,
-        stats="tcp:0:interface=127.0.0.1",
-        connect=lambda: defer.succeed(FakeManager()),
-    )  # fmt: skip
+    service = _on_the_passed_socket()
     service.startService()
     try:
         await service.ready

@@ -189,3 +189,86 @@ def test_each_device_check_is_made_by_that_rule(check):
         line for line in reversed(lines[: at + 1]) if re.match(r"\s*(if|\[) ", line)
     )
     assert '"$DEVICES"' in guard, guard
+
+
+def kit_fits(kit: Path, carry_mib: int) -> subprocess.CompletedProcess:
+    """The script's ``kit_fits`` on ``kit`` (this checkout's tracked files
+    counted with it), for a carry of ``carry_mib``."""
+    return subprocess.run(
+        ["bash", "-c", f'{script_function("kit_fits")}\nkit_fits "$1"', "bash",
+         str(kit)],
+        env={"PATH": os.environ["PATH"], "ROOT": str(SCRIPT.parent.parent),
+             "CARRY_MIB": str(carry_mib)},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def a_kit(tmp_path: Path, wheels: list[str], mib: int = 0) -> Path:
+    """A kit of ``wheels`` (empty files) and ``mib`` MiB more, as a sparse
+    file: the carry counts what it copies, a file's length."""
+    kit = tmp_path / "kit"
+    (kit / "whl312").mkdir(parents=True)
+    for wheel in wheels:
+        (kit / "whl312" / wheel).touch()
+    with open(kit / "big", "wb") as big:
+        big.truncate(mib << 20)
+    return kit
+
+
+def test_a_kit_that_fits_the_carry_is_taken(tmp_path):
+    kit = a_kit(tmp_path, ["twisted-26.10.0-py3-none-any.whl"], mib=30)
+    fits = kit_fits(kit, 64)
+    assert fits.returncode == 0, fits.stderr
+    assert "the carry takes 64 MiB" in fits.stdout
+
+
+def test_a_kit_larger_than_the_carry_is_refused_saying_so(tmp_path):
+    # Over the device run's carry, the kit would not reach the node, and
+    # its run would end at setup, its one try spent.
+    fits = kit_fits(a_kit(tmp_path, [], mib=70), 64)
+    assert fits.returncode == 1
+    assert "exceed the device run's carry (64 MiB)" in fits.stderr
+
+
+def test_two_versions_of_a_wheel_are_refused_naming_it(tmp_path):
+    # build-kit.sh downloads dbus-fast unpinned, the script this project's
+    # pinned <6: two versions, and the node's `pip install whl312/*.whl`
+    # refuses them all.
+    wheels = ["dbus_fast-5.2.0-cp312-cp312-manylinux2014_x86_64.whl",
+              "dbus_fast-6.0.0-cp312-cp312-manylinux2014_x86_64.whl",
+              "twisted-26.10.0-py3-none-any.whl"]  # fmt: skip
+    fits = kit_fits(a_kit(tmp_path, wheels), 64)
+    assert fits.returncode == 1
+    assert "two versions of: dbus_fast" in fits.stderr
+
+
+def git(*args: str, cwd: Path) -> None:
+    """Run git in ``cwd``, as a throwaway identity."""
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=cwd, check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_the_kit_is_prepared_from_a_worktree_beside_no_shared_folder(tmp_path):
+    # It looked for ../shared/device-kit beside the checkout only: from a
+    # git worktree elsewhere, bash said "No such file" and nothing was built.
+    main, kit_src = tmp_path / "main", tmp_path / "shared" / "device-kit"
+    (main / "scripts").mkdir(parents=True)
+    (main / "scripts" / "enforcing-node-check").write_text(SCRIPT.read_text())
+    kit_src.mkdir(parents=True)
+    # a stand-in for the kit's build: it says where it was asked to build
+    (kit_src / "build-kit.sh").write_text(
+        'echo "$1" >"$(dirname "$0")/asked"; exit 7\n'
+    )
+    git("init", "-q", cwd=main)
+    git("add", ".", cwd=main)
+    git("commit", "-qm", "x", cwd=main)
+    worktree = tmp_path / "elsewhere" / "wt"
+    git("worktree", "add", "-q", str(worktree), cwd=main)
+    done = subprocess.run(
+        ["bash", str(worktree / "scripts" / "enforcing-node-check"), "--prepare-kit"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 7, done.stderr
+    assert (kit_src / "asked").read_text() == f"{worktree}/.devkit\n"

@@ -272,3 +272,67 @@ def test_the_kit_is_prepared_from_a_worktree_beside_no_shared_folder(tmp_path):
     )  # fmt: skip
     assert done.returncode == 7, done.stderr
     assert (kit_src / "asked").read_text() == f"{worktree}/.devkit\n"
+
+
+def run_check(tmp_path: Path, shell: str = "", **env: str) -> tuple[int, str]:
+    """The script run with ``env`` after ``shell`` (in a mount namespace of
+    its own), output under ``tmp_path``: its status and $OUT/check.log."""
+    out = tmp_path / "out"
+    ran = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "bash", "-c",
+         f'{shell}\nexec bash "$0"', str(SCRIPT)],
+        env={**os.environ, "OUT": str(out), **env},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    return ran.returncode, (out / "check.log").read_text()
+
+
+def test_a_node_that_is_not_cgroup_v2_is_named_so_in_the_log(tmp_path):
+    # Whatever this machine's cgroups, the script is shown a tmpfs there.
+    rc, said = run_check(tmp_path, "mount -t tmpfs tmpfs /sys/fs/cgroup")
+    assert rc == 2
+    assert "/sys/fs/cgroup is not cgroup v2: nothing here would be enforced" in said
+
+
+def test_a_step_with_no_time_left_is_not_begun_and_says_so(tmp_path):
+    # A run past BUDGET is cut off by the device's 600 s: a step not begun
+    # must say it was for want of time, in the log that comes back.
+    rc, said = run_check(tmp_path, LOCAL="1", BUDGET="0", STEPS="check_hardened")
+    assert rc == 1
+    assert "FAIL check_hardened: time to run (30s; " in said
+    assert "F: lstopo" not in said
+
+
+def one_liner(name: str) -> str:
+    """The script's one-line function ``name``."""
+    [function] = re.findall(rf"^{name}\(\) \{{.*\}}$", SCRIPT.read_text(), re.M)
+    return function
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "AllowedCPUs not enforced: expected 15 got",
+        "MemoryMax not enforced: the unit's cgroup has no memory limit",
+    ],
+)
+def test_an_unfenced_step_finds_its_reason_in_the_refusal_and_the_drain(
+    tmp_path, reason
+):
+    # check_no_cpuset's and check_no_memory's verdicts, on what a job and
+    # /stats said (the memory reason has a quote in it, which an
+    # expression built around it would break on).
+    (tmp_path / "G1.out").write_text(f"sdexec: {reason} (is the ...)\n")
+    drain = {"drain": {"drained": True, "reason": f"{reason} (is the ...)"}}
+    (tmp_path / "sdm.stats.json").write_text(json.dumps(drain))
+    functions = "\n".join(
+        [one_liner("said"), script_function("fact"), one_liner("refused_for"),
+         one_liner("drained_for")]
+    )  # fmt: skip
+    verdicts = 'RC=1; refused_for G1 "$1" && drained_for sdm.stats "$1" && echo both'
+    done = subprocess.run(
+        ["bash", "-c", f"{functions}\n{verdicts}", "bash", reason],
+        env={"PATH": os.environ["PATH"], "OUT": str(tmp_path)},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.stdout == "both\n", done.stderr

@@ -60,8 +60,23 @@ STATS_TIMEOUT = 10
 #: A connection waits for a request, or is being served (``channels``).
 _WAITING, _SERVING = False, True
 
-_TOO_LARGE = (
-    b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+#: How much of a refused header field an answer quotes.
+_QUOTED = 80
+
+
+def _refusal(status: bytes, why: str) -> bytes:
+    """A whole answer refusing a request the channel could not or would not
+    read: ``status`` (code and reason) and ``why``, a line of text."""
+    body = why.encode() + b"\n"
+    return (
+        b"HTTP/1.1 %s\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (status, len(body), body)
+    )
+
+
+_TOO_LARGE = _refusal(
+    b"413 Content Too Large",
+    "a request body is not accepted: only GET and HEAD are served",
 )
 
 
@@ -340,6 +355,50 @@ class _StatsChannel(HTTPChannel):
     answers_unread = False
     #: Closing, the requests it sent ahead unanswered (allHeadersReceived).
     refused_ahead = False
+    #: The header field being read (headerReceived), quoted when refused.
+    _field = b""
+
+    def headerReceived(self, line: bytes) -> bool:
+        self._field = line
+        return super().headerReceived(line)
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        # Twisted closed the connection without a word: a scraper whose
+        # name[] selection made the request line too long saw an empty reply.
+        if self._reading_request_line():
+            why = f"request line longer than {self.MAX_LENGTH} bytes"
+            self._refuse(b"414 URI Too Long", why)
+        else:
+            why = f"header field longer than {self.MAX_LENGTH} bytes"
+            self._refuse(b"431 Request Header Fields Too Large", why)
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        # Twisted's answers "400 Bad Request" and nothing else, whatever
+        # was wrong: the limits it keeps and the part it could not parse
+        # are named instead.
+        if self._receivedHeaderSize > self.totalHeadersSize:
+            limit = self.totalHeadersSize
+            why = f"request line and header fields longer than {limit} bytes"
+            self._refuse(b"431 Request Header Fields Too Large", why)
+        elif self._receivedHeaderCount > self.maxHeaders:
+            why = f"more than {self.maxHeaders} header fields"
+            self._refuse(b"431 Request Header Fields Too Large", why)
+        elif self._reading_request_line():
+            why = "malformed request line: not METHOD TARGET HTTP/1.1 (or HTTP/1.0)"
+            self._refuse(b"400 Bad Request", why)
+        else:
+            quoted = repr(self._field[:_QUOTED])[2:-1]
+            self._refuse(b"400 Bad Request", f"malformed header field: {quoted}")
+
+    def _reading_request_line(self) -> bool:
+        """Whether no request line of the request being read was parsed
+        (Twisted keeps a parsed one's method until the request is read)."""
+        return not hasattr(self, "_command")
+
+    def _refuse(self, status: bytes, why: str) -> None:
+        assert self.transport is not None  # it is reading from it
+        self.transport.write(_refusal(status, why))
+        self.loseConnection()
 
     def pauseProducing(self) -> None:
         self.answers_unread = True

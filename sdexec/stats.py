@@ -25,7 +25,7 @@ from twisted.internet.interfaces import (
 )
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
-from twisted.web.http import NOT_FOUND, HTTPChannel, Request
+from twisted.web.http import NOT_ALLOWED, NOT_FOUND, HTTPChannel, Request
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request as SiteRequest
 from twisted.web.server import Site
@@ -472,6 +472,23 @@ class _StatsRequest(SiteRequest):
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         super().requestReceived(command, _origin_form(path), version)
+
+    def render(self, resrc: IResource) -> None:
+        # Twisted answered any other method with an HTML page: a 405 for
+        # POST, "501 Huh?" for OPTIONS, PUT, DELETE, TRACE and the rest.
+        if self.method in _SERVED_METHODS:
+            super().render(resrc)
+            return
+        body = b"method not allowed: only GET and HEAD are served\n"
+        self.setResponseCode(NOT_ALLOWED)
+        self.setHeader(b"allow", b"GET, HEAD")
+        self.setHeader(b"content-type", b"text/plain; charset=utf-8")
+        self.setHeader(b"content-length", b"%d" % len(body))
+        self.write(body)
+        self.finish()
+
+
+_SERVED_METHODS = (b"GET", b"HEAD")
 
 
 def _origin_form(target: bytes) -> bytes:

@@ -239,6 +239,21 @@ async def test_a_request_not_read_is_refused_saying_why(
     assert b"Content-Length: %d\r\n" % len(body) in head + b"\r\n"
 
 
+@pytest.mark.parametrize("method", [b"POST", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"])
+@pytest.mark.parametrize("path", [b"/stats", b"/metrics", b"/nowhere"])
+@ensureDeferred
+async def test_a_method_other_than_get_or_head_is_not_allowed(
+    metrics_port, method, path
+):
+    # Twisted answered with an HTML page: 405 for POST, "501 Huh?" else.
+    request = method + b" " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    answer = await deferToThread(exchange, metrics_port, request + b"\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 405 ")
+    assert b"\r\nAllow: GET, HEAD\r\n" in head + b"\r\n"
+    assert body == b"method not allowed: only GET and HEAD are served\n"
+
+
 def hold_connections(port: int, count: int) -> list[socket.socket]:
     return [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
 

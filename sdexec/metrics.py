@@ -40,7 +40,6 @@ from prometheus_client.exposition import (
     CONTENT_TYPE_PLAIN_0_0_4,
     choose_encoder,
     generate_latest,
-    gzip_accepted,
 )
 from prometheus_client.registry import Collector
 from prometheus_client.utils import parse_version
@@ -138,7 +137,31 @@ class Scrape:
         """The scrape a request's headers and ``name[]`` ask for."""
         encoder, content_type = _encoder(accept)
         selected = tuple(sorted(set(names)))
-        return cls(content_type, gzip_accepted(accept_encoding), selected, encoder)
+        return cls(content_type, _gzip_accepted(accept_encoding), selected, encoder)
+
+
+def _gzip_accepted(accept_encoding: str) -> bool:
+    """Whether ``accept_encoding`` takes gzip: named with a ``q`` above 0
+    (RFC 9110, 12.5.3: ``gzip;q=0`` refuses it, and prometheus-client's
+    ``gzip_accepted`` gzipped for it all the same). A ``q`` that is no
+    number takes nothing: the plain answer is always acceptable."""
+    for coding in accept_encoding.split(","):
+        name, *parameters = coding.split(";")
+        if name.strip().lower() == "gzip":
+            return all(_weight(parameter) > 0 for parameter in parameters)
+    return False
+
+
+def _weight(parameter: str) -> float:
+    """The ``q`` that a coding's ``parameter`` gives, 1 for any other
+    parameter, 0 for a ``q`` that is no number."""
+    name, _, value = parameter.strip().partition("=")
+    if name.strip().lower() != "q":
+        return 1.0
+    try:
+        return float(value.strip())
+    except ValueError:
+        return 0.0
 
 
 class Metrics:

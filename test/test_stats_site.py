@@ -636,6 +636,24 @@ async def test_metrics_are_gzipped_for_a_scraper_that_takes_it(metrics_port):
     assert b"sdexec_systemd_connected 1.0" in gzip.decompress(body)
 
 
+@pytest.mark.parametrize(
+    "accept_encoding",
+    [b"gzip;q=0", b"identity;q=1, GZIP; q=0.000", b"gzip;q=x", b"x-gzip, br"],
+)
+@ensureDeferred
+async def test_metrics_are_not_gzipped_for_a_scraper_that_refuses_it(
+    metrics_port, accept_encoding
+):
+    # RFC 9110 (12.5.3): q=0 is "not acceptable"; prometheus-client's
+    # gzip_accepted looked at the name alone.
+    request = b"GET /metrics HTTP/1.0\r\nAccept-Encoding: " + accept_encoding
+    answer = await deferToThread(exchange, metrics_port, request + b"\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200 ")
+    assert b"Content-Encoding" not in head
+    assert b"sdexec_systemd_connected 1.0" in body
+
+
 @ensureDeferred
 async def test_metrics_tell_a_manager_that_does_not_answer(metrics_port):
     answer = await deferToThread(exchange, metrics_port, _metrics_request("GET"))

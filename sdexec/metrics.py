@@ -250,7 +250,7 @@ class Metrics:
         in any thread (the compression too: it is not the reactor's)."""
         registry: Any = self.registry
         if scrape.names:
-            registry = registry.restricted_registry(scrape.names)
+            registry = registry.restricted_registry(_with_samples(scrape.names))
         with self._stats.pinned(snapshot):
             body = scrape.encoder(_WithoutCreated(registry))
         headers = {"Content-Type": scrape.content_type}
@@ -490,6 +490,19 @@ class _MetricsPage(Resource):
         return NOT_DONE_YET
 
     render_HEAD = render_GET  # :func:`_answer` writes no body for HEAD
+
+
+#: The names of the samples of a counter's or a histogram's family.
+_SAMPLE_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
+
+
+def _with_samples(names: tuple[str, ...]) -> list[str]:
+    """``names``, and the samples each names if it is a counter's or a
+    histogram's family: prometheus-client selects by sample name alone,
+    so a histogram named as its ``# TYPE`` line names it
+    (``sdexec_dbus_call_duration_seconds``) got nothing, nor did a counter
+    named as OpenMetrics' names it (``sdexec_requests``)."""
+    return [*names, *(name + suffix for name in names for suffix in _SAMPLE_SUFFIXES)]
 
 
 def _header(request: Request, name: bytes) -> str:

@@ -617,6 +617,23 @@ async def test_metrics_named_in_the_query_include_those_of_stats(metrics_port):
 
 
 @ensureDeferred
+async def test_metrics_named_as_their_type_line_names_them_are_selected(
+    metrics_port,
+):
+    # prometheus-client selects by sample name: a histogram named by its
+    # family (# TYPE sdexec_exec_start_duration_seconds histogram), or a
+    # counter as OpenMetrics names it, got nothing.
+    names = "sdexec_exec_start_duration_seconds", "sdexec_requests"
+    query = "?" + "&".join(f"name[]={name}" for name in names)
+    answer = await deferToThread(exchange, metrics_port, _metrics_request("GET", query))
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert b'sdexec_exec_start_duration_seconds_bucket{le="+Inf"} 0.0' in answer
+    assert b"sdexec_exec_start_duration_seconds_count 0.0" in answer
+    assert b'sdexec_requests_total{topic="sdexec.exec"} 3.0' in answer
+    assert b"sdexec_drained" not in answer
+
+
+@ensureDeferred
 async def test_an_absolute_form_target_keeps_its_query(metrics_port):
     request = _metrics_request("GET", "?name[]=sdexec_drained").replace(
         b"GET /metrics", b"GET http://127.0.0.1:8490/metrics"

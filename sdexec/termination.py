@@ -316,8 +316,9 @@ class TerminationSequence:
     def account(self) -> str:
         """What began the termination and what it tried, for the verdict's
         words: ``its time limit began its termination 12s ago; tried since:
-        SIGALRM once to every process of its unit, SIGKILL 4 times to them
-        and 4 times to its job shell (its main process)``. A job declared
+        SIGALRM once to every process of its unit, SIGKILL 4 times to every
+        process of its unit, SIGKILL 4 times to its job shell (its main
+        process)``. A job declared
         unkillable has no ``finished`` (its ``terminated`` key), so nothing
         else tells its client, or the admin reading the drain, that its
         time limit or a cancel began it, nor how hard it was tried."""

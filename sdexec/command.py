@@ -311,9 +311,27 @@ def describe(cmdline: Sequence[str]) -> str:
     would otherwise break the unit's file
     (:func:`sdexec.unitfile.unit_file_problem`); a cut that leaves a
     backslash at the end drops it (it would join the next setting to this
-    one)."""
-    text = " ".join(cmdline).translate(_DESCRIPTION_ESCAPES)
-    return text[:DESCRIPTION_LENGTH].rstrip("\\")
+    one). The cut falls between escapes, never inside one: a bare
+    ``rstrip`` of the backslashes dropped an escaped backslash whole and
+    left half of a ``\\x1b``."""
+    text = " ".join(cmdline)
+    escaped = text.translate(_DESCRIPTION_ESCAPES)
+    if len(escaped) <= DESCRIPTION_LENGTH:
+        return escaped
+    return _cut_between_escapes(text[:DESCRIPTION_LENGTH])
+
+
+def _cut_between_escapes(text: str) -> str:
+    """``text`` escaped, as many whole characters of it as fit in
+    :data:`DESCRIPTION_LENGTH` (each escaped as it is, whole or not at all)."""
+    kept, length = [], 0
+    for char in text:
+        piece = _DESCRIPTION_ESCAPES.get(ord(char), char)
+        length += len(piece)
+        if length > DESCRIPTION_LENGTH:
+            break
+        kept.append(piece)
+    return "".join(kept)
 
 
 def unit_properties(

@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 
 import sdexec.command
 import sdexec.plan
-from sdexec.command import Command, CommandError, command_line, unit_properties
+from sdexec.command import (
+    DESCRIPTION_LENGTH,
+    Command,
+    CommandError,
+    command_line,
+    describe,
+    unit_properties,
+)
 from sdexec.config import default_config, parse_config
 from sdexec.limits import MAX_SEARCH_DIRECTORIES
 from sdexec.property import PropertyError
@@ -755,3 +762,22 @@ def test_a_request_keeps_an_unordered_hardening_the_site_sets(site, name, reques
         "sdexec": {"request-properties": ["@default", name]},
     }
     exec_plan(config=parse_config(table), **{f"SDEXEC_PROP_{name}": site})
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "described"),
+    [
+        # An escape that does not fit is left out whole: "\x" was left of
+        # "\x1b", and every trailing backslash stripped, "\\" pairs too (a
+        # command line of backslashes was described as nothing).
+        (["a" * 198 + "\x1b"], "a" * 198),
+        (["\\" * 300], "\\\\" * 100),
+        (["a" * 199 + "\\x"], "a" * 199),
+        (["a" * 197 + "\n" + "b"], "a" * 197 + "\\n" + "b"),
+    ],
+    ids=["escape", "backslashes", "backslash", "fits"],
+)
+def test_a_description_is_cut_between_escapes(cmdline, described):
+    # Review session 47.
+    assert describe(cmdline) == described
+    assert len(described) <= DESCRIPTION_LENGTH

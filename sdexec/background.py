@@ -123,6 +123,13 @@ class _Client:
         return bool(self.flags & flag)
 
 
+#: Refusals in upstream's words (libsubprocess's server.c, Flux's sdexec
+#: module), which Flux's own tests grep for ("not waitable", "not found",
+#: "already has a client attached", "client attached"): a site's scripts
+#: written against Flux may too.
+_NOT_WAITABLE = "process is not waitable (not started with flag 16)"
+_NOT_BACKGROUND = "not in background mode"
+
 #: Who may have had a process's end (:attr:`Tracked._end_taken_by`).
 _BY_ATTACH = "an attached client"
 _BY_WAIT = "a wait"
@@ -345,7 +352,7 @@ class Tracked:
         error alone. A refusal calls the process ``name``: as the request
         named it (by label: its user may not know the pid)."""
         if not self.waitable:
-            raise RequestError(errno.EINVAL, f"{name}: not started waitable")
+            raise RequestError(errno.EINVAL, f"{name}: {_NOT_WAITABLE}")
         if self._waiter is not None:
             # EINVAL and these words as upstream's subprocess server, which
             # Flux's own tests look for.
@@ -353,7 +360,7 @@ class Tracked:
                 errno.EINVAL, f"{name}: process is already being waited on"
             )
         if self.attached or self._attaching is not None:
-            raise RequestError(errno.EBUSY, f"{name}: a client is attached")
+            raise RequestError(errno.EBUSY, f"{name}: has a client attached")
         self._check_end_not_pending(name)
         if self._end_taken_by is not None:
             raise RequestError(errno.ESRCH, self._end_gone(name))
@@ -368,9 +375,9 @@ class Tracked:
         the rest as it comes; once it has started, if its start is under
         way. A refusal calls the process ``name``, as :meth:`wait`'s."""
         if self.mode is Mode.STREAMING and not self.reaped:
-            raise RequestError(errno.EBUSY, f"{name}: not in background")
+            raise RequestError(errno.EBUSY, f"{name}: {_NOT_BACKGROUND}")
         if self.attached or self._attaching is not None:
-            raise RequestError(errno.EBUSY, f"{name}: already attached")
+            raise RequestError(errno.EBUSY, f"{name}: already has a client attached")
         if self._waiter is not None:
             raise RequestError(errno.EBUSY, f"{name}: a wait is pending")
         self._check_end_not_pending(name)
@@ -971,10 +978,10 @@ class TrackedProcesses:
             raise RequestError(errno.EINVAL, f"{STATUS_AND_ERROR}: expected a boolean")
         # ESRCH for none, as upstream's subprocess servers answer a wait.
         tracked = self._find(
-            pid, label, errno.EINVAL, "not started waitable", missing=errno.ESRCH
+            pid, label, errno.EINVAL, _NOT_WAITABLE, missing=errno.ESRCH
         )
         # Refused, it is named as the request named it (`sdexec wait JOB`
-        # said "pid 4242: not started waitable").
+        # said "pid 4242: process is not waitable …").
         client = _Client(connection_id, responder, ExecFlag(0))
         tracked.wait(client, _target(pid, label), with_status)
         self._settle(tracked)
@@ -996,7 +1003,7 @@ class TrackedProcesses:
         # client does whenever its caller takes channel output: there is
         # none (sdexec makes no channels), so it is ignored.
         flags &= int(_OUTPUT_FLAGS)
-        tracked = self._find(pid, label, errno.EBUSY, "not in background")
+        tracked = self._find(pid, label, errno.EBUSY, _NOT_BACKGROUND)
         client = _Client(connection_id, responder, ExecFlag(flags), valve)
         tracked.attach(client, _target(pid, label))
         # (Not yet consumed if its end waits behind output the connection
@@ -1037,7 +1044,9 @@ class TrackedProcesses:
         a plain streaming process."""
         newest = self.newest(pid, label)
         if newest is None:
-            raise RequestError(missing, f"{_target(pid, label)}: no such process")
+            raise RequestError(
+                missing, f"{_target(pid, label)}: not found (no such process)"
+            )
         tracked = self._tracked.get(newest) or self._ended.get(newest)
         if tracked is None:
             raise RequestError(errnum, f"{_target(pid, label)}: {untracked}")

@@ -405,7 +405,7 @@ def _who_collects(proc: dict[str, Any], text: str) -> str:
     ``text``, goes. A streaming one's went to the run that started it; a
     wait collects another's only if it was started waitable, which the
     listing does not say (one finished, its unit still stopping, may not
-    be: "sdexec wait" would say "not started waitable")."""
+    be: "sdexec wait" would say "process is not waitable")."""
     if proc.get("mode") == "streaming":
         return " (its exit status goes to the run that started it)"
     import shlex  # here: only this answer needs it

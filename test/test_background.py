@@ -263,9 +263,13 @@ async def test_wait_returns_status_and_output_in_production_order(
     assert answer["dropped"] == {"stdout": 0, "stderr": 0}
     assert [decode_io(io)[:2] for io in answer["output"]] == pieces
     client.send("sdexec.wait", {"pid": 7}, matchtag=4)
-    assert payloads(client.of(4)) == [(errno.ESRCH, "pid 7: no such process")]
+    assert payloads(client.of(4)) == [
+        (errno.ESRCH, "pid 7: not found (no such process)")
+    ]
     client.send("sdexec.attach", {"label": "w"}, matchtag=5)
-    assert payloads(client.of(5)) == [(errno.ENOENT, "label 'w': no such process")]
+    assert payloads(client.of(5)) == [
+        (errno.ENOENT, "label 'w': not found (no such process)")
+    ]
 
 
 @ensureDeferred
@@ -395,9 +399,19 @@ async def test_wait_errors(systemd, server, client):
     client.send("sdexec.wait", {}, matchtag=6)
     client.send("sdexec.wait", {"pid": "7"}, matchtag=7)
     assert [payloads(client.of(tag)) for tag in range(3, 8)] == [
-        [(errno.EINVAL, "label 's': not started waitable")],
-        [(errno.EINVAL, "label 'plain': not started waitable")],
-        [(errno.ESRCH, "label 'nope': no such process")],
+        [
+            (
+                errno.EINVAL,
+                "label 's': process is not waitable (not started with flag 16)",
+            )
+        ],
+        [
+            (
+                errno.EINVAL,
+                "label 'plain': process is not waitable (not started with flag 16)",
+            )
+        ],
+        [(errno.ESRCH, "label 'nope': not found (no such process)")],
         [(errno.EINVAL, "wait needs a pid or a label")],
         [(errno.EINVAL, "pid: expected an integer")],
     ]
@@ -755,7 +769,9 @@ async def test_attach_gets_retained_then_live_output_eofs_finished_enodata(
     assert client.last()["payload"]["procs"][0]["mode"] == "attached"
     second = Client(server)
     second.send("sdexec.attach", {"pid": 8})
-    assert payloads(second.responses()) == [(errno.EBUSY, "pid 8: already attached")]
+    assert payloads(second.responses()) == [
+        (errno.EBUSY, "pid 8: already has a client attached")
+    ]
     second.send("sdexec.wait", {"pid": 8}, matchtag=2)
     assert error_of(second.last())[0] == errno.EINVAL  # not waitable
     produce(systemd, "stderr", b"after\n")
@@ -1189,7 +1205,9 @@ async def test_an_end_an_attach_was_sent_at_its_pace_is_delivered_once(systemd, 
     assert payloads(stream)[-1] == (errno.ENODATA, "")
     assert server.tracked.waitable_held() == 0
     client.send("sdexec.wait", {"label": "w"}, matchtag=2)
-    assert payloads(client.of(2)) == [(errno.ESRCH, "label 'w': no such process")]
+    assert payloads(client.of(2)) == [
+        (errno.ESRCH, "label 'w': not found (no such process)")
+    ]
     viewer.close()
     client.close()
 
@@ -1384,8 +1402,8 @@ async def test_an_attach_sent_with_its_background_exec_waits_for_the_start(
     other.send("sdexec.attach", {"label": "a"})
     other.send("sdexec.wait", {"label": "a"}, matchtag=2)
     assert payloads(other.responses()) == [
-        (errno.EBUSY, "label 'a': already attached"),
-        (errno.EBUSY, "label 'a': a client is attached"),
+        (errno.EBUSY, "label 'a': already has a client attached"),
+        (errno.EBUSY, "label 'a': has a client attached"),
     ]
     systemd.run(UNIT, pid=8)
     assert payloads(client.of(1)) == [{"type": "started", "pid": 8}]
@@ -1440,8 +1458,8 @@ async def test_attach_errors(systemd, server, client):
     client.send("sdexec.attach", {"pid": 4}, matchtag=3)
     client.send("sdexec.attach", {"pid": 3, "flags": 8}, matchtag=4)
     assert [payloads(client.of(tag)) for tag in (2, 3, 4)] == [
-        [(errno.EBUSY, "pid 3: not in background")],
-        [(errno.ENOENT, "pid 4: no such process")],
+        [(errno.EBUSY, "pid 3: not in background mode")],
+        [(errno.ENOENT, "pid 4: not found (no such process)")],
         [(errno.EINVAL, "flags: expected an integer of 1|2|4")],
     ]
 
@@ -1477,7 +1495,9 @@ async def test_attach_to_an_ended_waitable_process_then_it_is_reaped(
         (errno.ENODATA, ""),
     ]  # fmt: skip
     client.send("sdexec.wait", {"label": "z"}, matchtag=3)
-    assert payloads(client.of(3)) == [(errno.ESRCH, "label 'z': no such process")]
+    assert payloads(client.of(3)) == [
+        (errno.ESRCH, "label 'z': not found (no such process)")
+    ]
 
 
 @settings(derandomize=True, max_examples=200, deadline=None)

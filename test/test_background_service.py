@@ -129,7 +129,7 @@ async def test_wait_on_a_process_not_started_waitable_is_einval(sdexec):
     # Named as the request named it: its user typed the label, not the pid.
     assert (refused.value.errnum, refused.value.errstr) == (
         errno.EINVAL,
-        "label 'plain': not started waitable",
+        "label 'plain': process is not waitable (not started with flag 16)",
     )
     await client.kill(label="plain", signum=9)
     await until(lambda: not procs_of(sdexec), "reaped")
@@ -151,7 +151,7 @@ async def test_attach_gets_retained_then_live_output_eofs_and_the_end(sdexec):
         await second.attach(pid=pid).done
     assert (busy.value.errnum, busy.value.errstr) == (
         errno.EBUSY,
-        f"pid {pid}: already attached",
+        f"pid {pid}: already has a client attached",
     )
     await client.kill(pid=pid, signum=10)  # SIGUSR1: "after", then exit 0
     await handle.done
@@ -434,3 +434,29 @@ def retained_heads(service) -> list[int]:
     """How much each running process has written, of those that wrote."""
     tracked = service.server.tracked._tracked.values()
     return [t.retained.head for t in tracked if t.retained.head]
+
+
+@ensureDeferred
+async def test_refusals_carry_the_words_flux_tests_grep_for(sdexec):
+    # Flux's own tests of its servers grep these (t2421-sdexec-bg.t: "not
+    # waitable", "not found"; t0005-exec.t: "already has a client
+    # attached", "client attached"), and a site's scripts may too.
+    client = await sdexec.connect()
+    await background(client, ["sleep", "300"], label="plain")
+    await background(client, ["sleep", "300"], label="held", waitable=True)
+    watcher = await sdexec.connect()
+    result, _handle = await attach(watcher, label="held")
+    await until(lambda: result.types[:1] == ["attached"], "attached")
+    refusals = {
+        "not waitable": client.wait(label="plain"),
+        "not found": client.wait(pid=2**31 - 1),
+        "already has a client attached": client.attach(label="held").done,
+        "client attached": client.wait(label="held"),
+    }
+    for words, request in refusals.items():
+        with pytest.raises(RPCError) as refused:
+            await request
+        assert words in refused.value.errstr
+    for label in ("plain", "held"):
+        await client.kill(label=label, signum=9)
+    await until(lambda: not procs_of(sdexec), "reaped")

@@ -52,7 +52,7 @@ async def test_wait_prints_the_output_and_exits_with_the_code(sdexec):
     assert waited.stderr == b"err\n"
     again = await cli(sdexec, "wait", pid)
     assert again.returncode == 1
-    assert again.stderr == f"sdexec: pid {pid}: no such process\n".encode()
+    assert again.stderr == f"sdexec: pid {pid}: not found (no such process)\n".encode()
 
 
 @ensureDeferred
@@ -117,7 +117,10 @@ async def test_run_bg_errors(sdexec):
     )
     nowhere = await cli(sdexec, "attach", "no-such-label")
     assert nowhere.returncode == 1
-    assert nowhere.stderr == b"sdexec: label 'no-such-label': no such process\n"
+    assert (
+        nowhere.stderr
+        == b"sdexec: label 'no-such-label': not found (no such process)\n"
+    )
 
 
 def _attach(service, target: str) -> subprocess.Popen:

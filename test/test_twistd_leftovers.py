@@ -132,7 +132,7 @@ def test_kept_leftovers_are_listed_and_killable(first_run, a_stranger):
             refused = second.sdexec(verb, str(pid))
             assert refused.returncode != 0
             assert (
-                f"pid {pid}: no such process: it is the main process of"
+                f"pid {pid}: not found (no such process): it is the main process of"
                 f" leftover unit {unit} (state O)"
             ).encode() in refused.stderr, refused.stderr
         for proc in procs:

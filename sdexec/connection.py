@@ -1082,6 +1082,8 @@ class ClientProtocol(StdioReceivingProtocol):
         self.transport.loseConnection()
 
     def inputHeld(self) -> bool:
+        """Whether requests read now must wait behind others (see
+        :attr:`_holding`), so that their answers keep the requests' order."""
         return self._holding
 
     def _hold(self, handle: Callable[[], object], fds: Sequence[int] = ()) -> None:
@@ -1150,6 +1152,8 @@ class ClientProtocol(StdioReceivingProtocol):
             self.transport.unregisterProducer()
 
     def stopProducing(self) -> None:
+        # The transport stops its producer only as the connection is lost:
+        # connectionLost does the cleanup, and there is nothing more to stop.
         pass
 
 

@@ -465,10 +465,13 @@ class Process:
 
     @property
     def cmdline(self) -> list[str]:
+        """The command line its request asked for (for ``list``)."""
         return self.plan.cmdline
 
     @property
     def label(self) -> str | None:
+        """Its request's label, if any: what ``wait`` and ``attach`` may
+        name it by."""
         return self.plan.label
 
     # -- state for list/stats ---------------------------------------------

@@ -215,6 +215,8 @@ class SdexecServer:
 
     @property
     def rank(self) -> str:
+        """This broker's rank (``[sdexec] rank``), as a string: the form output
+        responses' ``io`` objects carry it in (live and retained alike)."""
         return str(self.config.sdexec.rank)
 
     @property

@@ -107,6 +107,8 @@ class Loop:
         self._watched[fd] = (events, callback)
 
     def unwatch(self, fd: int) -> None:
+        """Stop watching ``fd``, if it was watched (its callback is not
+        called again, even in the round of events being dispatched)."""
         if self._watched.pop(fd, None) is not None:
             self._poll.unregister(fd)
 
@@ -270,6 +272,7 @@ class Call:
 
     @property
     def answered(self) -> bool:
+        """Whether its response (or its error) has come."""
         return self.payload is not None or self.error is not None
 
     def respond(self, payload: dict) -> None:
@@ -316,6 +319,8 @@ class Exec:
         self._on_stdin_refused = on_stdin_refused
 
     def respond(self, payload: dict) -> None:
+        """A response of the stream: ``pid`` and ``credit`` are brought up to
+        date with it before ``on_response`` sees it."""
         kind = payload.get("type")
         if kind == "add-credit" and self.credit is not None:
             self.credit.add(payload.get("channels"))
@@ -324,6 +329,8 @@ class Exec:
         self._on_response(payload)
 
     def end(self, error: SdexecError) -> None:
+        """The stream ended: ``error`` is kept unless it is the end of
+        stream (ENODATA), and a refusal of its writes is no longer awaited."""
         self.ended = True
         self.error = None if is_end_of_stream(error) else error
         if self.write_matchtag is not None:
@@ -509,6 +516,8 @@ class Connection:
         self.close()
 
     def close(self) -> None:
+        """Close the socket and end every request still waiting, as a lost
+        connection would (calling it again does nothing more)."""
         if self._sock.fileno() >= 0:
             self._loop.unwatch(self._sock.fileno())
             self._sock.close()

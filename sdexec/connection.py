@@ -92,19 +92,7 @@ class ClientProtocol(StdioReceivingProtocol):
         #: A write refused on matchtag 0 (or none) has been logged (once only:
         #: the journal is not the client's to fill).
         self._silent_write_refused = False
-        self._handlers: dict[str, Callable[[int, dict], Any]] = {
-            Topic.EXEC: self._exec,
-            Topic.WRITE: self._write,
-            Topic.KILL: lambda matchtag, payload: self.server.kill(payload),
-            Topic.LIST: lambda matchtag, payload: self.server.list(_detail(payload)),
-            Topic.STATS: lambda matchtag, payload: self.server.stats(),
-            Topic.UNDRAIN: lambda matchtag, payload: self.server.undrain(),
-            Topic.WAIT: self._wait,
-            Topic.ATTACH: self._attach,
-            Topic.TERMINATE: lambda matchtag, payload: self.server.terminate(payload),
-        }
-        if server.reloader is not None:  # else unknown, as to any other server
-            self._handlers[Topic.RELOAD] = self._reload
+        self._handlers = self._topic_handlers()
         #: Whether the transport has paused us: its buffer of responses is full.
         self._paused = False
         #: Holds back the output of the processes writing to it meanwhile.
@@ -151,6 +139,24 @@ class ClientProtocol(StdioReceivingProtocol):
         #: attaches): a request that would open another on one is EEXIST,
         #: as the responses of both would interleave on it.
         self._open_streams: set[int] = set()
+
+    def _topic_handlers(self) -> dict[str, Callable[[int, dict], Any]]:
+        """The handler of each topic this connection serves, called with a
+        request's matchtag and payload."""
+        handlers: dict[str, Callable[[int, dict], Any]] = {
+            Topic.EXEC: self._exec,
+            Topic.WRITE: self._write,
+            Topic.KILL: lambda matchtag, payload: self.server.kill(payload),
+            Topic.LIST: lambda matchtag, payload: self.server.list(_detail(payload)),
+            Topic.STATS: lambda matchtag, payload: self.server.stats(),
+            Topic.UNDRAIN: lambda matchtag, payload: self.server.undrain(),
+            Topic.WAIT: self._wait,
+            Topic.ATTACH: self._attach,
+            Topic.TERMINATE: lambda matchtag, payload: self.server.terminate(payload),
+        }
+        if self.server.reloader is not None:  # else unknown, as to other servers
+            handlers[Topic.RELOAD] = self._reload
+        return handlers
 
     def connectionMade(self) -> None:
         self.server.open_connections.add(self)

@@ -369,6 +369,14 @@ class Process:
         self._tap = tap
         #: The client's own descriptors for some streams: no channel for them.
         self._passed = stdio
+        self._init_tracking()
+        self._init_receipt_wait()
+        self._init_stopping(context, plan)
+        self._init_channels(plan, stdio)
+
+    def _init_tracking(self) -> None:
+        """What it has sent, asked of systemd and seen of its unit and of the
+        unit's manager: nothing yet."""
         self._watch: Watch | None = None
         self._sent: set[Sent] = set()
         self._called: set[UnitCall] = set()
@@ -403,6 +411,9 @@ class Process:
         self._manager_reloaded = False
         #: Its start left the window of calls for the bus.
         self._start_was_sent = False
+
+    def _init_receipt_wait(self) -> None:
+        """The receipt's read, and what waits for it: nothing yet."""
         #: Output streams that reached EOF while the receipt was being read.
         self._eofs_after_finished: list[str] = []
         #: The receipt's read was lost with systemd (:meth:`_wait_for_receipt`):
@@ -416,6 +427,10 @@ class Process:
         self._cancel_after_finished: str | None = None
         #: A stop the loss failed, made again only behind the receipt's read.
         self._stop_after_receipt = False
+
+    def _init_stopping(self, context: ProcessContext, plan: ExecPlan) -> None:
+        """Its timers (the start's deadline, the stop timer) and the calls
+        that stop or kill its unit, made again where refused."""
         self._start_deadline = _StartDeadline(
             context.clock,
             context.start_timeout,
@@ -440,6 +455,10 @@ class Process:
             _UnitStop(self),
             lambda: self.knows_its_unit,
         )
+
+    def _init_channels(self, plan: ExecPlan, stdio: PassedStdio) -> None:
+        """Its stdin, and a channel for each output stream the client did
+        not pass its own descriptor for."""
         self.stdin = InputChannel(self._add_credit, plan.stdin_bufsize)
         #: The back-pressure of the connection its output goes to, if any.
         self.valve: OutputValve | None = None
@@ -866,6 +885,9 @@ class Process:
         self._invocation = bytes(properties.get("InvocationID") or b"") or None
 
     def _unit_changed(self, properties: dict[str, Any]) -> None:
+        """The unit's properties as they are now (its watch's callback, or
+        a reread): follow them, or end the stream where the unit is no
+        longer the one started."""
         if UnitCall.START not in self._called:
             # Until systemd has accepted the start, a unit of this name may
             # be another program's (an SDEXEC_NAME systemd will refuse with
@@ -873,7 +895,15 @@ class Process:
             # once the start is ours (_start_accepted reads them then).
             return
         gone = self._is_gone(properties)
-        if gone is not None and self._receipt_deadline is not None:
+        if gone is not None and self._unit_went(gone, properties):
+            return
+        self._follow_states(properties)
+
+    def _unit_went(self, gone: str, properties: dict[str, Any]) -> bool:
+        """The unit is no longer the one started (``gone`` says how): end
+        what it left, and the stream if its outcome is not known yet.
+        Whether that was all (no states of the request's process follow)."""
+        if self._receipt_deadline is not None:
             # Its exit status was seen before the outage: that is its
             # outcome, not an error; the receipt will never come.
             self._give_up_receipt(f"the unit {gone}")
@@ -882,25 +912,9 @@ class Process:
             # new manager's, made from the file a killed one left. Also once
             # its outcome is known: what ignored the stop runs on.
             self._end_what_it_left(properties)
-        if gone is not None and not self._outcome_known:
-            if gone == _LOST and Sent.STARTED not in self._sent:
-                if self._unstarted_seen is not None:
-                    # Unloaded once its start job ended without a start
-                    # (systemd's GC runs before its signals go out): the
-                    # state that asked for a read is its last word, not a
-                    # unit lost while systemd was away.
-                    self._fail_unstarted(self._unstarted_seen)
-                    self._maybe_end()
-                    return
-                if self._manager_left:
-                    # A start job kept over a daemon-reexec met a unit's
-                    # transient file that does not parse back (it reloads
-                    # bad-setting), failed, and the unit was unloaded; a
-                    # manager restarted cleanly cancelled it: never run.
-                    self._vanished(_START_DROPPED, START_DROPPED_ERRNO)
-                    return
-            self._vanished(gone)
-            return
+        if not self._outcome_known:
+            self._went_before_its_outcome(gone)
+            return True
         if gone == _STARTED_AGAIN and not self._reaped:
             # Its outcome known all the same: a restart's stop killed the
             # first run, whose exit (the Service's signal) can come before
@@ -915,7 +929,34 @@ class Process:
             # the new run's. (A unit lost after `finished` needs none of
             # this: what it left is ended above, and nothing runs on in it.)
             self._vanished(gone, forward_unread=False)
-            return
+            return True
+        return False
+
+    def _went_before_its_outcome(self, gone: str) -> None:
+        """The unit went before its process's outcome was known: the stream
+        ends with why."""
+        if gone == _LOST and Sent.STARTED not in self._sent:
+            if self._unstarted_seen is not None:
+                # Unloaded once its start job ended without a start
+                # (systemd's GC runs before its signals go out): the
+                # state that asked for a read is its last word, not a
+                # unit lost while systemd was away.
+                self._fail_unstarted(self._unstarted_seen)
+                self._maybe_end()
+                return
+            if self._manager_left:
+                # A start job kept over a daemon-reexec met a unit's
+                # transient file that does not parse back (it reloads
+                # bad-setting), failed, and the unit was unloaded; a
+                # manager restarted cleanly cancelled it: never run.
+                self._vanished(_START_DROPPED, START_DROPPED_ERRNO)
+                return
+        self._vanished(gone)
+
+    def _follow_states(self, properties: dict[str, Any]) -> None:
+        """The unit's states, of the request's own process: send what they
+        say (``started``, ``finished``), and stop or reset the unit once its
+        exit status is kept."""
         status = self.status = UnitStatus.from_properties(
             properties, command_ran=self._command_ran
         )

@@ -138,6 +138,41 @@ class SdexecServer:
         #: How requests' commands are looked up: the service's in threads
         #: (sdexec/lookup.py), at once by default.
         self.lookups = lookups or InlineLookups()
+        #: The service's own uid; :attr:`allowed_uids` adds ``allow-users``.
+        self.owner_uid = os.getuid()
+        self._init_processes()
+        #: Appended to every unit's Description: how the service knows its
+        #: own units after a restart (sdexec/leftovers.py).
+        self.unit_mark = marks[0] if marks else ""
+        #: Units of an earlier run, and this run's that nobody follows.
+        self.leftovers = self._leftovers(marks, hold_leftover_stops)
+        self._init_health()
+        #: Metrics hook (sdexec/metrics.py): ``watch_exec(responder)`` wraps
+        #: each exec stream's responder, ``watch_output(responder)`` an
+        #: attach's or a wait's, ``error_sent(topic, errnum)`` sees errors.
+        self.observer: Metrics | None = None
+        #: The service's reload (``sdexec.reload``): fires with the file now
+        #: in force, or fails with why not. ``None``: a server with no
+        #: service to reload (the topic is unknown, ENOSYS).
+        self.reloader: Callable[[], defer.Deferred[str]] | None = None
+        self._next_connection_id = 0
+        #: The processes that run jobs: time limits, termination, ``jobs``.
+        self.jobs = Jobs(self.drain, self.count)
+        #: Open connections per peer uid, against the configured caps.
+        self.connections = ConnectionCount()
+        #: The connections open, for the stop to close once written out.
+        self.open_connections = OpenConnections()
+        #: Lost units' kills whose SIGKILL is still to come (sdexec/orphans.py).
+        self.lost_unit_kills: set[LostUnitKill] = set()
+        #: Warnings a client can cause in a loop, at a bounded rate.
+        self.log_rate = LogRate(log, self.clock)
+        #: Whether a unit must outlive its receipt's GetAll: cgroup v2 (tests
+        #: set it).
+        self.receipt_reads_cgroup = reads_unit_cgroups()
+
+    def _init_processes(self) -> None:
+        """The tables its processes are found in (none yet), and what its
+        shutdown, which ends them, waits for."""
         self._all_reaped: list[defer.Deferred[None]] = []
         #: Answers to the shutdown's own signals: not progress of the stop.
         self._straggler_answers = 0
@@ -161,51 +196,26 @@ class SdexecServer:
         self.tracked = TrackedProcesses()
         #: Each unit name has one owner: the process that runs it.
         self.units: dict[str, Process] = {}
-        #: Appended to every unit's Description: how the service knows its
-        #: own units after a restart (sdexec/leftovers.py).
-        self.unit_mark = marks[0] if marks else ""
-        #: Units of an earlier run, and this run's that nobody follows.
-        self.leftovers: Leftovers | None = (
-            Leftovers(
-                systemd,
-                self._leftovers_context(),
-                marks,
-                hold_stops=hold_leftover_stops,
-            )
-            if marks
-            else None
+
+    def _leftovers(self, marks: tuple[str, ...], hold_stops: bool) -> Leftovers | None:
+        """What follows units that carry one of ``marks`` (an earlier run's,
+        and this run's that nobody follows); none without marks."""
+        if not marks:
+            return None
+        return Leftovers(
+            self.systemd, self._leftovers_context(), marks, hold_stops=hold_stops
         )
+
+    def _init_health(self) -> None:
+        """Its statistics, and what judges whether it may take work: the
+        causes that drain it, the device fence's canary."""
         self.counters: Counter[str] = Counter()
         #: Why the node is drained: each cause in force (sdexec/drain.py).
         self.drains = Drains()
         #: The manager version that refused a site's property (drained).
         self._refused_site_property_on: str | None = None
-        #: The service's own uid; :attr:`allowed_uids` adds ``allow-users``.
-        self.owner_uid = os.getuid()
         #: Is device policy enforced? Its canary says (sdexec/devicefence.py).
         self.device_canary = DeviceCanary(self._canary_context())
-        #: Metrics hook (sdexec/metrics.py): ``watch_exec(responder)`` wraps
-        #: each exec stream's responder, ``watch_output(responder)`` an
-        #: attach's or a wait's, ``error_sent(topic, errnum)`` sees errors.
-        self.observer: Metrics | None = None
-        #: The service's reload (``sdexec.reload``): fires with the file now
-        #: in force, or fails with why not. ``None``: a server with no
-        #: service to reload (the topic is unknown, ENOSYS).
-        self.reloader: Callable[[], defer.Deferred[str]] | None = None
-        self._next_connection_id = 0
-        #: The processes that run jobs: time limits, termination, ``jobs``.
-        self.jobs = Jobs(self.drain, self.count)
-        #: Open connections per peer uid, against the configured caps.
-        self.connections = ConnectionCount()
-        #: The connections open, for the stop to close once written out.
-        self.open_connections = OpenConnections()
-        #: Lost units' kills whose SIGKILL is still to come (sdexec/orphans.py).
-        self.lost_unit_kills: set[LostUnitKill] = set()
-        #: Warnings a client can cause in a loop, at a bounded rate.
-        self.log_rate = LogRate(log, self.clock)
-        #: Whether a unit must outlive its receipt's GetAll: cgroup v2 (tests
-        #: set it).
-        self.receipt_reads_cgroup = reads_unit_cgroups()
 
     def new_connection_id(self) -> int:
         """A number for a new connection, never given before (in logs, and

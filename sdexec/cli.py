@@ -47,6 +47,7 @@ from sdexec.cliio import (
     INTERRUPTING_SIGNALS,
     LOST,
     READER_GONE,
+    UNFINISHED,
     DeathBySignal,
     Output,
     close_outputs,
@@ -58,12 +59,10 @@ from sdexec.cliio import (
     nonblocking_reader,
     open_closed_standard_fds,
     print_out,
-    receipt_lines,
     request,
-    say,
+    say_end,
     signalled_status,
     warn,
-    warn_after_finished,
     write_output,
 )
 from sdexec.protocolbase import Topics, terminate_not_found, terminate_runs_no_job
@@ -770,11 +769,8 @@ class _Job:
             errnum = failure.errnum if isinstance(failure, RPCError) else 0
             return EXEC_FAILURES.get(errnum, 1)
         if self._receipt is None:
-            return fail("the service ended the stream without a finished response")
-        if failure is not None:
-            warn_after_finished(failure)
-        for line in receipt_lines(self._receipt, self._usage):
-            say(line)
+            return fail(UNFINISHED)
+        say_end(self._receipt, failure, self._usage)
         code = self._process_status(self._receipt.status)
         # Output lost to a failed write, stdin that could not be read or
         # that the service refused (the process may have done well without

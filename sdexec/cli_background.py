@@ -17,6 +17,7 @@ from sdexec.cliio import (
     INTERRUPTING_SIGNALS,
     LOST,
     READER_GONE,
+    UNFINISHED,
     Output,
     close_outputs,
     connect,
@@ -25,9 +26,9 @@ from sdexec.cliio import (
     flush_out,
     own_fd,
     print_out,
-    receipt_lines,
     request,
     say,
+    say_end,
     signalled_status,
     warn,
     warn_after_finished,
@@ -183,18 +184,9 @@ def wait(options: argparse.Namespace) -> int:
         lost = write_output(outputs, io) == LOST or lost
     if status is None:
         return fail(str(after))
-    if after is not None:
-        warn_after_finished(after)
-    _say_receipt(Receipt.from_finished({**answer, "status": status}))
+    say_end(Receipt.from_finished({**answer, "status": status}), after)
     code = exit_code(status)
     return (code or 1) if lost else code
-
-
-def _say_receipt(receipt: Receipt) -> None:
-    """What the receipt says on stderr, as ``run`` says it: an OOM kill,
-    which the exit status alone (137) would not tell from any SIGKILL."""
-    for line in receipt_lines(receipt):
-        say(line)
 
 
 def _say_dropped(dropped: Any) -> None:
@@ -244,15 +236,13 @@ def attach(options: argparse.Namespace) -> int:
             return 1
         ctrl_c = session.detached_by == signal.SIGINT
         return signalled_status(signal.SIGINT) if ctrl_c else 0
-    if stream.error is not None and session.status is None:
+    # `finished` brings the status and the receipt together (_Attached).
+    if stream.error is not None and session.receipt is None:
         return fail(str(stream.error))
-    if session.status is None:
-        return fail("the service ended the stream without a finished response")
-    if stream.error is not None:
-        warn_after_finished(stream.error)
-    if session.receipt is not None:
-        _say_receipt(session.receipt)
-    return exit_code(session.status)
+    if session.receipt is None:
+        return fail(UNFINISHED)
+    say_end(session.receipt, stream.error)
+    return exit_code(session.receipt.status)
 
 
 #: How long a detached ``attach`` reads on for the process's end, at most.

@@ -42,6 +42,7 @@ __all__ = [
     "NOT_EXECUTABLE",
     "NOT_FOUND",
     "READER_GONE",
+    "UNFINISHED",
     "WRITTEN",
     "DeathBySignal",
     "Output",
@@ -57,12 +58,16 @@ __all__ = [
     "receipt_lines",
     "request",
     "say",
+    "say_end",
     "signalled_status",
     "warn",
     "warn_after_finished",
     "write_output",
 ]
 
+#: What ``run`` and ``attach`` fail with when a stream ended without its
+#: process's end (and without an error to say instead).
+UNFINISHED = "the service ended the stream without a finished response"
 #: The exit status of a command that could not be found, as a shell's.
 NOT_FOUND = 127
 #: A shell's exit status for a command it cannot execute.
@@ -189,6 +194,16 @@ def receipt_lines(receipt: Receipt, usage: bool = False) -> list[str]:
     if terminated is not None:
         lines.append(f"sdexec: {terminated}")
     return lines
+
+
+def say_end(receipt: Receipt, after: object = None, usage: bool = False) -> None:
+    """What ``run``, ``wait`` and ``attach`` say on stderr once the process
+    has ended: what ended its stream after it, if anything
+    (:func:`warn_after_finished`), then its receipt (:func:`receipt_lines`)."""
+    if after is not None:
+        warn_after_finished(after)
+    for line in receipt_lines(receipt, usage):
+        say(line)
 
 
 def warn_after_finished(failure: object) -> None:

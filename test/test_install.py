@@ -21,6 +21,7 @@ TEST_PROGRAMS = {
     "unshare": None,  # util-linux, Essential: test_node_check's namespace
     "col": "bsdextrautils",  # test_docs: the rendered man pages
     "curl": "curl",  # test_sockets: the stats site on its UNIX socket
+    "git": "git",  # test_node_check: a kit prepared from a worktree
     "groff": "groff-base",
     "lstopo-no-graphics": "hwloc-nox",
     "hwloc-calc": "hwloc-nox",

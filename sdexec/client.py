@@ -113,10 +113,18 @@ Payload = dict[str, Any]
 CLOSE_GRACE_S = 5.0
 
 
-def connect(reactor: IReactorSocket, path: str) -> Deferred[SdexecClient]:
+def connect(
+    reactor: IReactorSocket | IReactorTime, path: str
+) -> Deferred[SdexecClient]:
     """Connect to the service listening on the UNIX socket ``path`` (with
-    any POSIX reactor). A Deferred fired already: a UNIX connect is done,
+    any POSIX reactor: it must provide both ``IReactorSocket`` and
+    ``IReactorTime``). A Deferred fired already: a UNIX connect is done,
     or fails, at once.
+
+    Typed to take ``twisted.internet.reactor`` as Twisted types it (its
+    common interfaces, ``IReactorSocket`` not among them): a program passing
+    it failed ``mypy --strict``. One that is no socket reactor is a
+    ``TypeError`` here.
 
     Errbacks with :class:`ConnectionFailed` naming the path if there is no
     socket there, nothing listens on it, it does not accept connections
@@ -128,6 +136,10 @@ def connect(reactor: IReactorSocket, path: str) -> Deferred[SdexecClient]:
         # Said at once: Twisted logged a TypeError for it and reported a
         # timeout 30 s later.
         return fail(cannot_connect(path, None, too_long))
+    sockets = IReactorSocket(reactor, None)
+    if sockets is None:
+        kind = type(reactor).__name__
+        raise TypeError(f"connect: reactor: expected a POSIX reactor, got {kind}")
     client = SdexecClient(path, cast(IReactorTime, reactor))
     # Connected here, not by Twisted's connector: to a full backlog (EAGAIN)
     # it failed with a Failure's repr, "Connection was closed cleanly"
@@ -135,7 +147,7 @@ def connect(reactor: IReactorSocket, path: str) -> Deferred[SdexecClient]:
     # (asyncio).
     try:
         with _connected_socket(path) as connected:
-            reactor.adoptStreamConnection(
+            sockets.adoptStreamConnection(
                 connected.fileno(), socket.AF_UNIX, _Given(client)
             )
     except OSError as error:
@@ -854,8 +866,9 @@ class ExecHandle:
         """Stdin bytes that may be sent now (negative if overdrawn)."""
         return None if self._credit is None else self._credit.available
 
-    def write(self, data: bytes) -> None:
-        """Send ``data`` to the process's stdin, as far as the credit goes
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Send ``data`` (bytes, or a buffer, copied: the caller may reuse
+        it at once) to the process's stdin, as far as the credit goes
         (the rest is sent as credit comes), in writes of at most
         :data:`~sdexec.protocol.WRITE_PIECE` bytes. After :meth:`close_stdin`, a refused
         write, or once the stream has ended, it is dropped, as the service

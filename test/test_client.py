@@ -13,6 +13,7 @@ import re
 import select
 import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -2076,3 +2077,56 @@ def test_the_public_api_types_payloads_as_json_objects():
     on_response = get_type_hints(SdexecClient.exec)["on_response"]
     assert on_response.__args__[0] == dict[str, Any]
     assert get_type_hints(ExecHandle.kill)["return"] == answer
+
+
+#: What a typed program does with the library beyond docs/client.md's
+#: example (which :func:`test_a_typed_program_of_the_documented_calls_checks`
+#: puts before it): stdin from a reused buffer, as a ``readinto`` loop has.
+TYPED_PROGRAM_TAIL = """
+    buffer = bytearray(b"input")
+    handle.write(buffer)
+    handle.write(memoryview(buffer)[:2])
+"""
+
+
+def _library_example() -> str:
+    """docs/client.md's first example of "The library", as the body of an
+    ``async def`` (it awaits at its top level)."""
+    text = (REPO / "docs" / "client.md").read_text()
+    section = text.split("\n## The library\n", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    imports = [line for line in code.splitlines() if line.startswith("from ")]
+    body = [line for line in code.splitlines() if line and line not in imports]
+    return "\n".join([*imports, "", "", "async def main() -> None:"] + [
+        "    " + line for line in body
+    ])  # fmt: skip
+
+
+def test_a_typed_program_of_the_documented_calls_checks(tmp_path):
+    # connect() was typed to take an IReactorSocket, which Twisted's global
+    # reactor is not typed as: the documented connect(reactor, path) failed
+    # a user's mypy --strict, and so did write() of a bytearray, which it
+    # takes (and copies).
+    program = tmp_path / "user.py"
+    program.write_text(_library_example() + TYPED_PROGRAM_TAIL)
+    config = tmp_path / "mypy.ini"
+    config.write_text("[mypy]\nplugins = mypy_zope:plugin\n")
+    checked = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+         "--config-file", str(config), str(program)],
+        capture_output=True, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert checked.returncode == 0, program.read_text() + checked.stdout
+
+
+def test_connect_refuses_a_reactor_without_sockets_by_name(tmp_path):
+    # Typed to take the global reactor's common interfaces, it checks the
+    # socket one itself, whatever is at the path (a Clock failed only where
+    # a socket listened: AttributeError, adoptStreamConnection).
+    from twisted.internet.task import Clock
+
+    with pytest.raises(
+        TypeError, match="connect: reactor: expected a POSIX reactor, got Clock"
+    ):
+        connect(Clock(), str(tmp_path / "sock"))

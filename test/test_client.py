@@ -2086,6 +2086,11 @@ TYPED_PROGRAM_TAIL = """
     buffer = bytearray(b"input")
     handle.write(buffer)
     handle.write(memoryview(buffer)[:2])
+    # Output paced as the docs spell it typed (client.transport is an
+    # ITransport, which has no pauseProducing, to mypy).
+    from twisted.internet.interfaces import IPushProducer
+    IPushProducer(client.transport).pauseProducing()
+    IPushProducer(client.transport).resumeProducing()
 """
 
 

@@ -42,6 +42,7 @@ from sdexec.framing import JSONLineProtocol, encode_message
 from sdexec.ioencode import encode_io
 from sdexec.protocol import (
     DEFAULT_STDIN_BUFSIZE,
+    KILL_WHO,
     SOCKET_ENV,
     STATUS_AND_ERROR,
     WRITE_PIECE,
@@ -1209,9 +1210,12 @@ def _check_who(who: str) -> None:
     """``ValueError`` or ``TypeError`` at the call for a ``who`` that the
     kill's request would refuse: a kill held for ``started`` raised it as
     that came, dropping the connection with every request on it, and its
-    own Deferred never fired."""
+    own Deferred never fired. A ``who`` of another value too: held, it was
+    refused only once the process had started, which ran on meanwhile."""
     _check_request(Topic.KILL, {"who": who})
     encode_message({"who": who})
+    if who not in KILL_WHO:
+        raise ValueError(f'kill: who: expected "all" or "main", got {quoted(who, 40)}')
 
 
 def _check_request(topic: str, payload: dict[str, Any]) -> None:

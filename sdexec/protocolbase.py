@@ -97,6 +97,9 @@ class Topics:
 #: after ``finished``, which is otherwise the answer alone, as upstream's.
 STATUS_AND_ERROR = "status_and_error"
 
+#: The processes an ``sdexec.kill``'s ``who`` may name (an extension,
+#: docs/protocol.md): its unit's main process, or every process of it.
+KILL_WHO = ("all", "main")
 #: What a client may send before the first ``add-credit`` unless the
 #: command's ``stdin_BUFSIZE`` option says otherwise.
 DEFAULT_STDIN_BUFSIZE = 4096

@@ -61,7 +61,7 @@ from sdexec.plan import (
 )
 from sdexec.process import OutputTap, OutputValve, Process, ProcessContext, Responder
 from sdexec.property import typed_property
-from sdexec.protocol import ended_and_kept, target_named
+from sdexec.protocol import KILL_WHO, ended_and_kept, target_named
 from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import SHOWN, quoted
 from sdexec.signals import signal_name
@@ -1009,7 +1009,7 @@ class SdexecServer:
         # RFC 42 signals "a remote process", and Flux's sdexec its unit's
         # main one: a job shell forwards signals to its tasks itself.
         who = payload.get("who", "main")
-        if who not in ("all", "main"):
+        if who not in KILL_WHO:
             raise RequestError(errno.EINVAL, 'who: expected "all" or "main"')
         pid, label = parse_target(payload, "kill")
         key, value = ("label", label) if label is not None else ("pid", pid)

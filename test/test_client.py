@@ -669,7 +669,7 @@ def test_kill_of_a_process_that_never_started(served):
         yield handle.done
 
 
-@pytest.mark.parametrize("who", [b"all", "all\udce9", object()])
+@pytest.mark.parametrize("who", [b"all", "all\udce9", object(), "everyone"])
 @pytest_twisted.inlineCallbacks
 def test_a_held_kill_refuses_a_bad_who_at_the_call(served, who):
     # Held for started, it raised as that came: the connection dropped with

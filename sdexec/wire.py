@@ -278,7 +278,16 @@ def _scan_whole(text: str) -> Any:
     ``json.JSONDecoder.decode`` reads it (with its C scanner); a
     ``ValueError`` or ``StopIteration`` when it holds anything else."""
     start = len(text) - len(text.lstrip(_JSON_WHITESPACE))
-    value, end = _scan_once(text, start)
+    try:
+        value, end = _scan_once(text, start)
+    except SystemError:
+        # The C scanner raises its JSONDecodeError from json.decoder, which
+        # it finds in sys.modules only: in the command line, which has not
+        # imported it, its error (an unterminated string, a missing comma)
+        # was a SystemError ("returned NULL without setting an exception"),
+        # and `sdexec run` said "unexpected error: SystemError" of a bad
+        # line from the service. The json module's words come instead.
+        raise ValueError("not valid JSON") from None
     if end != len(text) and text[end:].strip(_JSON_WHITESPACE):
         raise ValueError("Extra data")
     return value

@@ -22,8 +22,9 @@ import pytest
 from sdexec.ioencode import encode_io
 from sdexec.wire import FrameSplitter, encode_message
 
-#: What a script does with one request: the messages it sends back.
-Script = Callable[[dict], list[dict]]
+#: What a script does with one request: the messages it sends back (bytes:
+#: sent as they are, for what no sdexec service would send).
+Script = Callable[[dict], list[dict] | list[dict | bytes]]
 
 
 def response(request: dict, payload: dict) -> dict:
@@ -75,7 +76,8 @@ class ScriptedService:
             while data := connection.recv(65536):
                 for request in splitter.feed(data):
                     for message in self._script(request):
-                        connection.sendall(encode_message(message))
+                        raw = isinstance(message, bytes)
+                        connection.sendall(message if raw else encode_message(message))
 
     def close(self) -> None:
         """Stop, and wait for every thread: one left running would open and
@@ -1234,4 +1236,18 @@ def test_an_attach_interrupted_before_the_answer_says_nothing_was_attached(
         ended_by(signum),
         b"",
         f"sdexec: {said} answered the attach\n".encode(),
+    )
+
+
+@pytest.mark.parametrize("command", [["ps"], ["run", "-n", "job"]])
+def test_a_line_from_the_service_that_is_not_json_says_what_is_wrong(serve, command):
+    # The json module's C scanner raises its error from json.decoder, which
+    # the command line had not imported: "unexpected error: SystemError:
+    # <_json.Scanner object ...> returned NULL without setting an exception".
+    path = serve(lambda request: [b'{"type": "resp\n'])
+    done = sdexec(path, *command)
+    assert (done.returncode, done.stderr) == (
+        1,
+        f"sdexec: {path}: bad message from sdexec: message is not valid JSON:"
+        " Unterminated string starting at: line 1 column 10 (char 9)\n".encode(),
     )

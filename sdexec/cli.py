@@ -68,7 +68,7 @@ from sdexec.cliio import (
 from sdexec.protocolbase import Topics, terminate_not_found, terminate_runs_no_job
 from sdexec.receipt import Receipt
 from sdexec.refusal import one_line
-from sdexec.rpc import RPCError, SdexecError, listed_processes
+from sdexec.rpc import RPCError, SdexecError, finished_receipt, listed_processes
 from sdexec.runrequest import (
     COALESCED_SIGNALS,
     FORWARDED_SIGNALS,
@@ -903,8 +903,8 @@ class _Job:
             self._send_held_signals()
         elif kind == "add-credit":
             self._watch_stdin()
-        elif kind == "finished" and isinstance(payload.get("status"), int):
-            self._receipt = Receipt.from_finished(payload)
+        elif kind == "finished" and self._receipt is None:
+            self._receipt = finished_receipt(payload)
 
     def _output(self, io: Any) -> None:
         outcome = write_output(self.outputs, io)

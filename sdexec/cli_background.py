@@ -40,6 +40,7 @@ from sdexec.rpc import (
     RPCError,
     SdexecError,
     background_pid,
+    finished_receipt,
     wait_outcome,
 )
 from sdexec.signals import signal_name
@@ -307,9 +308,9 @@ class _Attached:
 
     def respond(self, payload: dict) -> None:
         kind = payload.get("type")
-        if kind == "finished" and isinstance(payload.get("status"), int):
-            self.status = payload["status"]
-            self.receipt = Receipt.from_finished(payload)
+        if kind == "finished" and self.receipt is None:
+            self.receipt = finished_receipt(payload)
+            self.status = None if self.receipt is None else self.receipt.status
         elif kind == "attached":
             _say_dropped(payload.get("dropped"))
         elif kind == "output":

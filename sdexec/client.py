@@ -55,6 +55,7 @@ from sdexec.refusal import lone_surrogate, printable, quoted
 from sdexec.rpc import (
     BAD_DESCRIPTOR,
     ConnectionFailed,
+    FinishedCheck,
     Pending,
     Requests,
     RPCError,
@@ -66,6 +67,8 @@ from sdexec.rpc import (
     cannot_connect,
     check_stdio,
     default_socket_path,
+    finished_receipt,
+    finished_status,
     is_end_of_stream,
     listed_processes,
     process_target,
@@ -828,11 +831,13 @@ class ExecHandle:
         #: OOM kills and resource usage (:class:`sdexec.receipt.Receipt`).
         self.receipt: Receipt | None = None
         #: Fires ``None`` when the stream ends with ENODATA; errbacks with
-        #: :class:`RPCError` for any other error, :class:`ConnectionFailed`
-        #: if the connection goes first. Cancelling it stops nothing
-        #: (:meth:`_said_after_cancel`).
+        #: :class:`RPCError` for any other error (``EPROTO`` for a stream
+        #: whose ``finished`` had no wait status, or came twice),
+        #: :class:`ConnectionFailed` if the connection goes first.
+        #: Cancelling it stops nothing (:meth:`_said_after_cancel`).
         self.done: Deferred[None] = Deferred(self._done_cancelled)
         self._done_abandoned = False
+        self._finished = FinishedCheck()
         self._client = client
         self._on_response = on_response
         self._credit = StdinCredit(cmd) if flags & WRITE_CREDIT else None
@@ -972,8 +977,10 @@ class ExecHandle:
         # type() is: JSON's true is a bool, which Python takes for the int 1.
         elif kind == "started" and type(payload.get("pid")) is int:
             self.pid = payload["pid"]
-        elif kind == "finished" and type(payload.get("status")) is int:
-            self.receipt = Receipt.from_finished(payload)
+        elif kind == "finished":
+            self._finished.see(payload)
+            if self.receipt is None:
+                self.receipt = finished_receipt(payload)
         try:
             self._on_response(payload)
         except Exception:
@@ -986,6 +993,7 @@ class ExecHandle:
     def end(self, error: SdexecError) -> None:
         """The stream ended with ``error`` (ENODATA: well), or the
         connection went (called by :class:`SdexecClient`): fires ``done``."""
+        error = self._finished.ending(error)
         self._close_passed()
         self._ended = True
         self._end_error = error
@@ -1137,10 +1145,12 @@ class AttachHandle:
         #: The wait status, once ``finished`` has come.
         self.status: int | None = None
         #: Fires ``None`` when the stream ends with ENODATA; errbacks with
-        #: :class:`RPCError` (ENOENT, EBUSY...) or :class:`ConnectionFailed`.
-        #: Cancelling it does not detach: the stream's end is then logged.
+        #: :class:`RPCError` (ENOENT, EBUSY...; EPROTO as an exec's ``done``)
+        #: or :class:`ConnectionFailed`. Cancelling it does not detach: the
+        #: stream's end is then logged.
         self.done: Deferred[None] = Deferred(self._done_cancelled)
         self._done_abandoned = False
+        self._finished = FinishedCheck()
         self._client = client
         self._on_response = on_response
 
@@ -1150,8 +1160,10 @@ class AttachHandle:
         kind = payload.get("type")
         if kind == "attached" and type(payload.get("pid")) is int:  # (not true)
             self.pid = payload["pid"]
-        elif kind == "finished" and type(payload.get("status")) is int:
-            self.status = payload["status"]
+        elif kind == "finished":
+            self._finished.see(payload)
+            if self.status is None:
+                self.status = finished_status(payload)
         try:
             self._on_response(payload)
         except Exception:
@@ -1160,6 +1172,7 @@ class AttachHandle:
     def end(self, error: SdexecError) -> None:
         """The stream ended with ``error`` (ENODATA: well), or the
         connection went (called by :class:`SdexecClient`): fires ``done``."""
+        error = self._finished.ending(error)
         if self._done_abandoned:  # (firing it now raises AlreadyCalledError)
             if error is not self._client.lost:  # (a loss answers nothing)
                 outcome = "ended well" if is_end_of_stream(error) else f"ended: {error}"

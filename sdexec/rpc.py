@@ -23,6 +23,7 @@ from sdexec.protocolbase import (
     SYSTEM_SOCKET,
     chosen_socket_path,
 )
+from sdexec.receipt import Receipt
 from sdexec.refusal import one_line, quoted
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
@@ -34,6 +35,7 @@ else:
 __all__ = [
     "BAD_DESCRIPTOR",
     "ConnectionFailed",
+    "FinishedCheck",
     "Pending",
     "RPCError",
     "RefusableStdin",
@@ -46,6 +48,8 @@ __all__ = [
     "cannot_connect",
     "check_stdio",
     "default_socket_path",
+    "finished_receipt",
+    "finished_status",
     "process_target",
     "resolve_socket_path",
     "socket_path_too_long",
@@ -404,12 +408,20 @@ def listed_processes(answer: dict[str, Any]) -> list[dict[str, Any]]:
     raise RPCError(errno.EPROTO, f"list: expected a list of processes, got {shown}")
 
 
+def finished_status(payload: dict[str, Any]) -> int | None:
+    """``payload``'s ``status`` (a ``finished`` response's, a wait's
+    answer's) if it is a wait status, a 16-bit one as ``waitpid`` gives
+    (JSON's true is no status: a bool is an int); else ``None``."""
+    status = payload.get("status")
+    return status if type(status) is int and 0 <= status <= 0xFFFF else None
+
+
 def wait_status(answer: dict[str, Any]) -> int:
     """The wait status in the answer to a ``wait``: a 16-bit one, as
     ``waitpid`` gives; :class:`RPCError` ``EPROTO`` naming what came
     instead (a broken service, not a ``KeyError`` later)."""
-    status = answer.get("status")
-    if type(status) is int and 0 <= status <= 0xFFFF:
+    status = finished_status(answer)
+    if status is not None:
         return status
     shown = quoted(answer.get("status"), 200)
     raise RPCError(errno.EPROTO, f"wait: expected a wait status, got {shown}")
@@ -441,6 +453,53 @@ def wait_outcome(answer: dict[str, Any]) -> tuple[int | None, RPCError | None]:
     if error is not None and "status" not in answer:
         return None, error
     return wait_status(answer), error
+
+
+def finished_receipt(finished: dict[str, Any]) -> Receipt | None:
+    """The receipt of a ``finished`` response that carries a wait status;
+    ``None`` for one that does not (its stream then ends with ``EPROTO``
+    naming it, :class:`FinishedCheck`): a status made up would become a
+    command's exit status."""
+    if finished_status(finished) is None:
+        return None
+    return Receipt.from_finished(finished)
+
+
+class FinishedCheck:
+    """The ``finished`` responses of one exec or attach stream, checked:
+    one, with a wait status (:func:`finished_status`; a receipt is made of
+    the first good one only). A stream that broke this ends with
+    :attr:`violation` (an ``EPROTO`` naming what came) in place of its
+    ``ENODATA``: a status of 1.5 read as a stream ended without
+    ``finished``, a negative one as exit 255, ``true`` as 129, and one past
+    32 bits as an ``OverflowError`` (review session 47)."""
+
+    def __init__(self) -> None:
+        #: What was wrong with the stream's ``finished`` responses, if any.
+        self.violation: RPCError | None = None
+        self._seen = False
+
+    def see(self, payload: dict[str, Any]) -> None:
+        """Note a ``finished`` response's payload."""
+        if self._seen:
+            self._violated("the service sent a second finished response")
+        elif finished_status(payload) is None:
+            got = quoted(payload["status"], 200) if "status" in payload else "none"
+            self._violated(
+                f"the service's finished response: expected a wait status, got {got}"
+            )
+        self._seen = True
+
+    def _violated(self, why: str) -> None:
+        if self.violation is None:
+            self.violation = RPCError(errno.EPROTO, why)
+
+    def ending(self, error: SdexecError) -> SdexecError:
+        """What the stream ends with, for the ``error`` it ended with: the
+        violation, if there was one, in place of a good end."""
+        if self.violation is not None and is_end_of_stream(error):
+            return self.violation
+        return error
 
 
 def process_target(pid: int | None, label: str | None) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from sdexec.ioencode import encode_io
 from sdexec.protocolbase import WRITE_PIECE, ExecFlags, Topics, passed_fds
 from sdexec.rpc import (
+    FinishedCheck,
     Pending,
     Requests,
     SdexecError,
@@ -314,6 +315,8 @@ class Exec:
         #: Whether the stream has ended, and with what (``None``: ENODATA).
         self.ended = False
         self.error: SdexecError | None = None
+        #: Its ``finished`` responses, checked: a bad one ends it with EPROTO.
+        self.finished = FinishedCheck()
         self._on_response = on_response
         self._requests = requests
         self._on_stdin_refused = on_stdin_refused
@@ -326,12 +329,15 @@ class Exec:
             self.credit.add(payload.get("channels"))
         elif kind in ("started", "attached") and type(payload.get("pid")) is int:
             self.pid = payload["pid"]  # (JSON's true is a bool: no pid)
+        elif kind == "finished":
+            self.finished.see(payload)
         self._on_response(payload)
 
     def end(self, error: SdexecError) -> None:
         """The stream ended: ``error`` is kept unless it is the end of
         stream (ENODATA), and a refusal of its writes is no longer awaited."""
         self.ended = True
+        error = self.finished.ending(error)
         self.error = None if is_end_of_stream(error) else error
         if self.write_matchtag is not None:
             # The service drops writes to an ended stream: a refusal that

@@ -1251,3 +1251,62 @@ def test_a_line_from_the_service_that_is_not_json_says_what_is_wrong(serve, comm
         f"sdexec: {path}: bad message from sdexec: message is not valid JSON:"
         " Unterminated string starting at: line 1 column 10 (char 9)\n".encode(),
     )
+
+
+def finishing(*finished: dict) -> Script:
+    """An exec or attach stream that starts, sends a ``finished`` of each
+    of ``finished``'s fields, then ends well."""
+
+    def script(request: dict) -> list[dict]:
+        if request["topic"] == "sdexec.exec":
+            first = {"type": "started", "pid": 7}
+        elif request["topic"] == "sdexec.attach":
+            first = {"type": "attached", "pid": 7, "cmd": {}, "dropped": {}}
+        else:
+            return []
+        ends = [response(request, {"type": "finished", **f}) for f in finished]
+        return [response(request, first), *ends, failure(request, errno.ENODATA)]
+
+    return script
+
+
+STREAMS = pytest.mark.parametrize(
+    "command", [["run", "-n", "job"], ["attach", "7"]], ids=["run", "attach"]
+)
+
+
+@STREAMS
+@pytest.mark.parametrize(
+    ("finished", "shown"),
+    [
+        ({"status": 1.5}, "1.5"),
+        ({"status": -1}, "-1"),
+        ({"status": 1 << 40}, str(1 << 40)),
+        ({"status": True}, "True"),
+        ({"status": "0"}, "'0'"),
+        ({}, "none"),
+    ],
+    ids=["float", "negative", "past-32-bits", "true", "text", "none"],
+)
+def test_a_finished_without_a_wait_status_is_said_naming_what_came(
+    serve, command, finished, shown
+):
+    # 1.5 read as "the service ended the stream without a finished
+    # response"; -1 exited 255 and true 129, silently; 1 << 40 was
+    # "unexpected error: OverflowError: Python int too large to convert to
+    # C int".
+    done = sdexec(serve(finishing(finished)), *command)
+    said = f"the service's finished response: expected a wait status, got {shown}"
+    assert (done.returncode, done.stderr) == (1, f"sdexec: {said}\n".encode())
+
+
+@STREAMS
+def test_a_second_finished_is_said_and_the_first_kept(serve, command):
+    # The second replaced the first: exit 1, silently, for a command that
+    # exited 0.
+    done = sdexec(serve(finishing({"status": 0}, {"status": 1 << 8})), *command)
+    assert (done.returncode, done.stderr) == (
+        0,
+        b"sdexec: after the command finished: the service sent a second"
+        b" finished response\n",
+    )

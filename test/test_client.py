@@ -536,11 +536,51 @@ def test_true_is_no_pid_status_or_credit(served):
     peer.respond(attach, {"type": "finished", "status": True})
     for ended in (request, attach):
         peer.sendMessage(_response(ended, errnum=ENODATA))
-    yield handle.done
-    yield attached.done
+    for done in (handle.done, attached.done):  # no wait status: EPROTO
+        with pytest.raises(RPCError, match=r"expected a wait status, got True$"):
+            yield done
     bufsize = sdexec.client.DEFAULT_STDIN_BUFSIZE  # no add-credit taken
     assert (handle.pid, handle.receipt, handle.credit) == (None, None, bufsize)
     assert (attached.pid, attached.status) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("finished", "said"),
+    [
+        ([{"status": -1}], "the service's finished response: expected a wait"
+         " status, got -1"),
+        ([{"status": 1 << 40}], "the service's finished response: expected a"
+         f" wait status, got {1 << 40}"),
+        ([{}], "the service's finished response: expected a wait status, got none"),
+        ([{"status": 0}, {"status": 256}], "the service sent a second finished"
+         " response"),
+    ],
+    ids=["negative", "past-16-bits", "none", "twice"],
+)  # fmt: skip
+@pytest_twisted.inlineCallbacks
+def test_a_stream_whose_finished_is_no_wait_status_or_twice_ends_eproto(
+    served, finished, said
+):
+    # Such a status was taken for the receipt's (exit_code() of one past 32
+    # bits raised OverflowError), a second finished replaced the first, and
+    # done fired as for a stream that ended well.
+    peer, client = served
+    handle, _ = _exec(client)
+    attached = client.attach(pid=5)
+    request = yield peer.requests.get()
+    attach = yield peer.requests.get()
+    peer.respond(request, {"type": "started", "pid": 5})
+    peer.respond(attach, {"type": "attached", "pid": 5})
+    for stream in (request, attach):
+        for fields in finished:
+            peer.respond(stream, {"type": "finished", **fields})
+        peer.sendMessage(_response(stream, errnum=ENODATA))
+    for done in (handle.done, attached.done):
+        with pytest.raises(RPCError, match=re.escape(said) + "$") as caught:
+            yield done
+        assert caught.value.errnum == errno.EPROTO
+    kept = 0 if len(finished) > 1 else None  # the first good one
+    assert (handle.receipt and handle.receipt.status, attached.status) == (kept, kept)
 
 
 @implementer(IPushProducer)

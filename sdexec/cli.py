@@ -38,7 +38,7 @@ if (
 import errno
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from sdexec import runrequest
 from sdexec.cliio import (
@@ -67,7 +67,7 @@ from sdexec.cliio import (
 )
 from sdexec.protocolbase import Topics, terminate_not_found, terminate_runs_no_job
 from sdexec.receipt import Receipt
-from sdexec.refusal import one_line
+from sdexec.refusal import one_line, quoted
 from sdexec.rpc import RPCError, SdexecError, finished_receipt, listed_processes
 from sdexec.runrequest import (
     COALESCED_SIGNALS,
@@ -644,9 +644,7 @@ def format_procs(procs: Sequence[dict[str, Any]]) -> str:
         ("PID", "STATE", "MODE", "UNIT", "LABEL", "JOBID", "STEP", "CMDLINE")
     ]
     for proc in procs:
-        # None yet: a leftover unit's until its unit is read ("?" is a
-        # glob, quoted as any argument would be: no command shows as this).
-        cmdline = shlex.join(str(arg) for arg in proc.get("cmdline") or []) or "?"
+        cmdline = _cmdline_cell(proc.get("cmdline"), shlex.join)
         cells = (
             proc.get("pid", ""),
             proc.get("state", ""),
@@ -669,6 +667,17 @@ def format_procs(procs: Sequence[dict[str, Any]]) -> str:
         for row in rows
     )
     return "\n".join(lines)
+
+
+def _cmdline_cell(cmdline: Any, join: Callable[[Iterable[str]], str]) -> str:
+    """A listed process's ``cmdline`` for ``ps``: its arguments joined as a
+    shell quotes them; "?" for none yet (a leftover unit's until its unit
+    is read: a glob, quoted as any argument would be, so no command shows
+    as this); anything else a broken service sent, quoted (a number was
+    "unexpected error: TypeError")."""
+    if isinstance(cmdline, list):
+        return join(str(arg) for arg in cmdline) or "?"
+    return "?" if cmdline is None else quoted(cmdline, 200)
 
 
 def _nothing() -> None:

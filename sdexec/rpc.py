@@ -444,11 +444,18 @@ def wait_error(answer: dict[str, Any]) -> RPCError | None:
 
 
 def wait_outcome(answer: dict[str, Any]) -> tuple[int | None, RPCError | None]:
-    """``(status, error)`` of a wait's answer: its wait status
+    """``(status, error)`` of a wait's answer (:class:`RPCError` ``EPROTO``
+    if its ``output`` is not a list): its wait status
     (:func:`wait_status`), ``None`` where the stream ended with an error
     before the command finished (a job declared unkillable: a
     ``status_and_error`` wait gets that error beside the output alone), and
     the error beside it, if any (:func:`wait_error`)."""
+    output = answer.get("output", [])
+    if not isinstance(output, list):
+        # Not iterated: a number was "unexpected error: TypeError", a
+        # string one "bad output" line per character.
+        shown = quoted(output, 200)
+        raise RPCError(errno.EPROTO, f"wait: expected a list of output, got {shown}")
     error = wait_error(answer)
     if error is not None and "status" not in answer:
         return None, error

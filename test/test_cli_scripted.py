@@ -328,6 +328,17 @@ def answering(payload: dict) -> Script:
         ),
         (["ps"], {"procs": "x"}, b"list: expected a list of processes, got 'x'"),
         (["ps"], {"procs": [1]}, b"list: expected a list of processes, got [1]"),
+        # TypeError; a string's every character was a "bad output" line.
+        (
+            ["wait", "7"],
+            {"status": 0, "output": 5},
+            b"wait: expected a list of output, got 5",
+        ),
+        (
+            ["wait", "7"],
+            {"status": 0, "output": "abc"},
+            b"wait: expected a list of output, got 'abc'",
+        ),
     ],
 )
 def test_a_malformed_answer_is_one_line_naming_what_came(serve, args, payload, said):

@@ -813,6 +813,14 @@ def test_ps_table_quotes_a_leftover_s_command_line_as_a_process_s():
     ]
 
 
+def test_ps_table_quotes_a_command_line_that_is_no_list():
+    # A broken service's number was "unexpected error: TypeError: 'int'
+    # object is not iterable".
+    procs = [{"pid": 7, "cmdline": cmdline} for cmdline in (5, "ls -l", None, [])]
+    rows = format_procs(procs).splitlines()[1:]
+    assert [row.rsplit("  ", 1)[1] for row in rows] == ["5", "'ls -l'", "?", "?"]
+
+
 def test_ps_table_shows_the_job_and_its_termination_step():
     procs = [
         {"pid": 42, "state": "R", "unit": "u.service", "label": "x",
@@ -1573,6 +1581,7 @@ def test_stdin_written_after_close_stdin_is_dropped(served):
         ("wait", {"status": -1}),
         ("wait", {"output": [], "error": "unkillable"}),
         ("wait", {"output": [], "error": {"errnum": "35", "errstr": "x"}}),
+        ("wait", {"status": 0, "output": "abc"}),
         ("list", {}),
         ("list", {"procs": "x"}),
         ("list", {"procs": [1]}),

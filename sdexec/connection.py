@@ -47,7 +47,13 @@ from sdexec.plan import (
 from sdexec.process import OutputValve, Process
 from sdexec.protocol import Topic
 from sdexec.protocolbase import MAX_MATCHTAG
-from sdexec.refusal import SHOWN, RequestRefused, json_quoted, one_line, quoted
+from sdexec.refusal import (
+    SHOWN,
+    RequestRefused,
+    errstr_line,
+    json_quoted,
+    quoted,
+)
 from sdexec.server import AwaitingStart, SdexecServer, revoked
 from sdexec.systemd import errno_for
 from sdexec.systemd.errors import failure_value
@@ -1033,7 +1039,7 @@ class ClientProtocol(StdioReceivingProtocol):
                 "topic": topic,
                 "matchtag": matchtag,
                 "errnum": errnum,
-                "errstr": _quotable(errstr),
+                "errstr": errstr_line(errstr),
             }
         )
 
@@ -1267,21 +1273,6 @@ MAX_UNANSWERED = 64
 #: and each holds a thread and its exec's command meanwhile; at the cap
 #: no more of the connection's requests are read until one is done.
 MAX_BEHIND_LOOKUPS = 64
-
-
-#: The longest ``errstr`` sent: a message quoting a request's value (a
-#: 10 MB option) must not become a frame the client cannot take.
-MAX_ERRSTR = 4096
-
-
-def _quotable(errstr: str) -> str:
-    """``errstr`` as it can always be sent, whatever it quotes from the
-    request: encodable and one line (:func:`~sdexec.refusal.one_line`:
-    also where it names a field by a key the request chose,
-    ``cmd.env.A\nB``; docs/protocol.md), and bounded."""
-    # Cut before it is escaped too: escaping a long one is a loop in Python.
-    text = one_line(errstr[: MAX_ERRSTR + 1])
-    return text if len(text) <= MAX_ERRSTR else text[: MAX_ERRSTR - 1] + "…"
 
 
 def _detail(payload: dict) -> bool:

@@ -19,8 +19,10 @@ line (:func:`one_line`).
 from __future__ import annotations
 
 __all__ = [
+    "MAX_ERRSTR",
     "SHOWN",
     "RequestRefused",
+    "errstr_line",
     "json_quoted",
     "lone_surrogate",
     "one_line",
@@ -92,6 +94,21 @@ def one_line(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+#: The longest ``errstr`` sent or shown: a message quoting a request's value
+#: (a 10 MB option) must not become a frame the client cannot take, and a
+#: service's 100 kB one is no message a person reads whole either.
+MAX_ERRSTR = 4096
+
+
+def errstr_line(errstr: str) -> str:
+    """``errstr`` as the service sends it and a client shows it: one line
+    (:func:`one_line`) of at most :data:`MAX_ERRSTR` characters, a longer
+    one cut with "…"."""
+    # Cut before it is escaped too: escaping a long one is a loop in Python.
+    text = one_line(errstr[: MAX_ERRSTR + 1])
+    return text if len(text) <= MAX_ERRSTR else text[: MAX_ERRSTR - 1] + "…"
 
 
 #: Past about 4300 digits, Python will not write an integer in decimal.

@@ -24,7 +24,7 @@ from sdexec.protocolbase import (
     chosen_socket_path,
 )
 from sdexec.receipt import Receipt
-from sdexec.refusal import one_line, quoted
+from sdexec.refusal import errstr_line, quoted
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -373,7 +373,7 @@ def rpc_error(message: dict[str, Any]) -> RPCError:
     its ``errnum`` is no errno)."""
     errnum = message.get("errnum")
     errstr = message.get("errstr")
-    errstr = one_line(errstr) if isinstance(errstr, str) else ""
+    errstr = errstr_line(errstr) if isinstance(errstr, str) else ""
     if type(errnum) is int and 0 < errnum < MAX_ERRNO:
         return RPCError(errnum, errstr)
     said = f"errnum {quoted(errnum, 40)} is no errno"
@@ -438,7 +438,7 @@ def wait_error(answer: dict[str, Any]) -> RPCError | None:
     if isinstance(error, dict):
         errnum, errstr = error.get("errnum"), error.get("errstr")
         if type(errnum) is int and isinstance(errstr, str):
-            return RPCError(errnum, one_line(errstr))
+            return RPCError(errnum, errstr_line(errstr))
     shown = quoted(error, 200)
     raise RPCError(errno.EPROTO, f"wait: expected an error object, got {shown}")
 

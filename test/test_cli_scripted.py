@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from sdexec.ioencode import encode_io
+from sdexec.refusal import MAX_ERRSTR
 from sdexec.wire import FrameSplitter, encode_message
 
 #: What a script does with one request: the messages it sends back (bytes:
@@ -1321,3 +1322,15 @@ def test_a_second_finished_is_said_and_the_first_kept(serve, command):
         b"sdexec: after the command finished: the service sent a second"
         b" finished response\n",
     )
+
+
+def test_a_service_s_huge_errstr_is_shown_cut(serve):
+    # Review session 47: a service (another version, a buggy one) answering
+    # with a 100 kB errstr had it printed whole, escaped but never cut, where
+    # the service itself sends no errstr over MAX_ERRSTR characters.
+    huge = "\x1b[31m" + "x" * 100_000
+    done = sdexec(serve(lambda request: [failure(request, errno.EIO, huge)]), "ps")
+    assert done.returncode == 1
+    line = done.stderr.decode().removesuffix("\n")
+    assert "\n" not in line and "\x1b" not in line
+    assert line.endswith("…") and len(line) < MAX_ERRSTR + 100

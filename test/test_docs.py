@@ -270,9 +270,9 @@ def _protocol_and_design_numbers() -> list[tuple[str, str]]:
     """The numbers protocol.md and design.md state of the stop, errors and
     lookups, as :func:`_pinned_numbers` gives them."""
     from sdexec.closing import EXIT_FLUSH_SECONDS
-    from sdexec.connection import MAX_ERRSTR
     from sdexec.lookup import _SHOWN_PATH, LOOKUP_TIMEOUT_S
     from sdexec.process import STOP_RECEIPT_WAIT
+    from sdexec.refusal import MAX_ERRSTR
     from sdexec.service import SHUTDOWN_GRACE_SECONDS
     from sdexec.systemd.unit import EXEC_NEEDS_FILES
 

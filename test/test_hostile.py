@@ -23,13 +23,13 @@ import sdexec.fdlimit
 import sdexec.process
 import sdexec.server
 from sdexec.config import parse_config
-from sdexec.connection import MAX_ERRSTR
 from sdexec.fdlimit import FDS_PER_PROCESS, RESERVE
 from sdexec.idset import MAX_ID
 from sdexec.ioencode import encode_io
 from sdexec.limits import MAX_ARG_STRLEN, MAX_LISTED_CMDLINE
 from sdexec.lograte import BURST, WINDOW_S
 from sdexec.plan import checked_request
+from sdexec.refusal import MAX_ERRSTR, errstr_line
 from sdexec.server import SdexecServer
 from sdexec.testing import FakeManager
 from sdexec.wire import MAX_NESTING, MAX_VALUES, SMALL_LINE
@@ -699,7 +699,7 @@ def test_an_error_quoting_a_huge_value_is_bounded(connection):
 
 def test_an_errstr_is_bounded_whatever_it_quotes():
     # The last guard, for a message that quoted a request's value whole.
-    errstr = sdexec.connection._quotable("x" * 2 * MAX_ERRSTR)
+    errstr = errstr_line("x" * 2 * MAX_ERRSTR)
     assert len(errstr) == MAX_ERRSTR and errstr.endswith("…")
 
 

@@ -191,7 +191,8 @@ class Metrics:
         )  # fmt: skip
         self.dbus_calls = Histogram(
             "sdexec_dbus_call_duration_seconds",
-            "D-Bus method calls to systemd: duration, by method and outcome.",
+            "D-Bus method calls to systemd (and to the bus daemon as it connects):"
+            " duration, by method and outcome.",
             ["method", "outcome"], buckets=DBUS_BUCKETS, registry=self.registry,
         )  # fmt: skip
         self.start_latency = Histogram(

@@ -164,3 +164,29 @@ async def test_operating_md_lists_every_metric_served_with_its_labels(sdexec):
     base = sdexec.stats_url.removesuffix("/stats")
     served = served_metrics((await _get(base + "/metrics"))[1])
     assert served == documented_metrics()
+
+
+@ensureDeferred
+async def test_operating_md_names_every_d_bus_method_a_start_calls(sdexec):
+    # An admin reading method="AddMatch" found no word of it: the row named
+    # only calls to systemd, and the bus daemon's (AddMatch, GetNameOwner)
+    # and the manager's property reads (Get) are counted too.
+    client = await sdexec.connect()
+    assert (await run(client, ["true"])).status == 0
+    await wait_until_reaped(sdexec, "sdexec-*")
+    base = sdexec.stats_url.removesuffix("/stats")
+    text = (await _get(base + "/metrics"))[1]
+    methods = {
+        sample.labels["method"]
+        for family in parse_text(text)
+        if family.name == "sdexec_dbus_call_duration_seconds"
+        for sample in family.samples
+    }
+    section = OPERATING.read_text().split("## Prometheus metrics", 1)[1]
+    row = next(
+        line
+        for line in section.splitlines()
+        if line.startswith("| `sdexec_dbus_call_duration_seconds`")
+    )
+    assert {"StartTransientUnit", "AddMatch", "Subscribe"} <= methods
+    assert {method for method in methods if f"`{method}`" not in row} == set()

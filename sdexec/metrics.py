@@ -609,7 +609,9 @@ def _events(counters: dict[str, int]) -> Iterator[Metric]:
 
 def _processes(procs: list[dict]) -> Metric:
     family = GaugeMetricFamily(
-        "sdexec_processes", "Processes the service tracks, by state.",
+        "sdexec_processes",
+        "Processes the service tracks, by state: R running, Z finished and"
+        " not yet reaped, O a leftover unit of an earlier run.",
         labels=["state"],
     )  # fmt: skip
     # Every state always, 0 included: a series that vanished when the

@@ -160,6 +160,19 @@ def test_the_help_says_what_refusals_and_mapper_calls_count(server):
     assert "refused after the plan" in help_of["sdexec_mapper_calls"]
 
 
+def test_the_processes_help_says_what_each_state_is(server):
+    # Said "by state" of states R, Z and O: a dashboard's reader had to find
+    # operating.md to learn that O is a leftover of an earlier run.
+    text, _ = observed(server).render(server.stats(), Scrape.asked("", "", []))
+    family = next(f for f in parse_text(text.decode()) if f.name == "sdexec_processes")
+    for state, meaning in (
+        ("R", "running"),
+        ("Z", "finished and not yet reaped"),
+        ("O", "a leftover"),
+    ):
+        assert f"{state} {meaning}" in family.documentation
+
+
 def output_bytes(metrics: Metrics) -> dict[tuple, float]:
     return {
         labels: value

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import (
     CONTENT_TYPE_PLAIN_0_0_4,
@@ -185,6 +185,10 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._stats = _StatsCollector(stats)
         self.registry.register(self._stats)
+        # The service's own descriptors, memory and CPU under the names every
+        # exporter gives them (process_open_fds against process_max_fds is
+        # the alert for what sdexec/fdlimit.py guards), read from /proc.
+        ProcessCollector(registry=self.registry)
         self.request_errors = Counter(
             "sdexec_request_errors", "Error responses, by request topic.",
             ["topic"], registry=self.registry,

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.systemd
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 OPERATING = Path(__file__).resolve().parent.parent / "docs" / "operating.md"
 #: A row of operating.md's metric tables: its name, type and labels.
-METRIC_ROW = re.compile(r"^\| `(sdexec_\w+)` \| (\w+) \|([^|]*)\|", re.MULTILINE)
+METRIC_ROW = re.compile(
+    r"^\| `((?:sdexec|process)_\w+)` \| (\w+) \|([^|]*)\|", re.MULTILINE
+)
 
 
 async def _get(url: str, accept: str | None = None) -> tuple[str, str]:

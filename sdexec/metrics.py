@@ -99,6 +99,11 @@ EVENT_COUNTERS = {
         "device_fence_failures",
         "Device canaries that found DevicePolicy not enforced (or unverifiable).",
     ),
+    "systemd-losses": (
+        "systemd_losses",
+        "Times the connection to systemd was lost (the bus or the manager went"
+        " away): a loss and its reconnection between two scrapes show only here.",
+    ),
 }
 STOP_TIMER_PREFIX = "stop-timer-"
 #: The states of ``/stats``' processes: running, finished and not yet

@@ -33,6 +33,7 @@ class SystemdOutage:
         """systemd went away: drain if it is not back in time (not once the
         service stops: it waits for its units meanwhile, and would drain a
         stopped server)."""
+        self._server.count("systemd-losses")
         self._server.jobs.systemd_lost()
         if reason == MANAGER_LEFT:
             # A start it accepted and had not run may be dropped with it.

@@ -735,3 +735,12 @@ def test_a_unit_that_stopped_while_systemd_was_away_is_not_unkillable(
     assert [r for r in connection.responses() if "errnum" in r] == []  # no EDEADLK
     (process,) = server.processes.values()
     assert process.stop_timer.state is StopTimerState.STOPPED
+
+
+def test_each_loss_of_systemd_is_counted(systemd, server):
+    # Review session 47: only the connected gauge said it, so a loss and its
+    # reconnection between two scrapes left no trace for an alert.
+    for _ in range(2):
+        systemd.lose()
+        systemd.restore()
+    assert server.counters["systemd-losses"] == 2

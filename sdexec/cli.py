@@ -909,11 +909,26 @@ class _Job:
         if kind == "output":
             self._output(payload.get("io"))
         elif kind == "started":
-            self._send_held_signals()
+            self._started()
         elif kind == "add-credit":
             self._watch_stdin()
         elif kind == "finished" and self._receipt is None:
             self._receipt = finished_receipt(payload)
+
+    def _started(self) -> None:
+        """The process started: the signals held for it are sent. A start
+        without a pid (a broken service: the stream's EPROTO) ends the
+        command at once, said: no signal could be forwarded, and a ^C
+        would be said as one before the start. Only our connection's close
+        stops the process (the service stops a client's units when it
+        leaves): nothing is killed by a pid we do not have."""
+        assert self._stream is not None
+        if self._stream.pid is not None:
+            self._send_held_signals()
+            return
+        violation = self._stream.finished.violation  # what see_start found
+        fail(f"{violation}: ending, as no signal could be forwarded to it")
+        self._give_up(1)
 
     def _output(self, io: Any) -> None:
         outcome = write_output(self.outputs, io)

@@ -40,6 +40,7 @@ from sdexec.rpc import (
     RPCError,
     SdexecError,
     background_pid,
+    dropped_counts,
     finished_receipt,
     wait_outcome,
 )
@@ -176,7 +177,7 @@ def wait(options: argparse.Namespace) -> int:
     # (a job declared unkillable). Its output is written all the same, then
     # the error said, as attach does.
     status, after = wait_outcome(answer)
-    _say_dropped(answer.get("dropped"))
+    _say_dropped(dropped_counts(answer, "wait"))
     outputs = {"stdout": Output(own_fd(1)), "stderr": Output(own_fd(2))}
     lost = False
     for io in answer.get("output", []):
@@ -190,9 +191,9 @@ def wait(options: argparse.Namespace) -> int:
     return (code or 1) if lost else code
 
 
-def _say_dropped(dropped: Any) -> None:
+def _say_dropped(dropped: dict[str, int]) -> None:
     """One line on stderr, before the output, if its oldest part was lost."""
-    if not isinstance(dropped, dict) or not any(dropped.values()):
+    if not any(dropped.values()):
         return
     counts = ", ".join(
         f"{dropped.get(s, 0)} bytes of {s}" for s in ("stdout", "stderr")
@@ -312,7 +313,7 @@ class _Attached:
             self.receipt = finished_receipt(payload)
             self.status = None if self.receipt is None else self.receipt.status
         elif kind == "attached":
-            _say_dropped(payload.get("dropped"))
+            _say_dropped(dropped_counts(payload, "attached"))
         elif kind == "output":
             self._output(payload.get("io"))
 

@@ -775,7 +775,7 @@ class SdexecClient(JSONLineProtocol):
     def framingError(self, reason: str) -> None:
         """The service sent what is no message: every request fails, and the
         connection is dropped."""
-        self._requests.framing_error(reason)
+        self._requests.framing_error(reason, self.foreign)
         assert self.transport is not None  # framing errors come from its data
         self.transport.abortConnection()  # type: ignore[attr-defined]
 
@@ -786,7 +786,7 @@ class SdexecClient(JSONLineProtocol):
             self._closing.cancel()
         self._closing = None
         try:
-            self._requests.lose(_why_lost(reason))
+            self._requests.lose(_why_lost(reason), self.unfinished, self.foreign)
         finally:  # whatever a request's end did: close() waits for this
             self._gone = True
             waiters, self._gone_waiters = self._gone_waiters, []
@@ -920,7 +920,8 @@ class ExecHandle:
             return fail(RPCError(errno.ESRCH, f"kill: pid {self.pid} has ended"))
         if self.pid is not None:
             return self._client.kill(pid=self.pid, signum=signum, who=who)
-        if self._ended:
+        if self._ended or self._finished.violation is not None:
+            # (A started without a pid: held, the kill waited for the end.)
             return fail(self._unstarted_kill_error(self._end_error))
         waiting: Deferred[Payload] = Deferred()
         self._early_kills.append((signum, who, waiting))
@@ -974,9 +975,8 @@ class ExecHandle:
         kind = payload.get("type")
         if kind == "add-credit":
             self._add_credit(payload.get("channels"))
-        # type() is: JSON's true is a bool, which Python takes for the int 1.
-        elif kind == "started" and type(payload.get("pid")) is int:
-            self.pid = payload["pid"]
+        elif kind == "started":  # a pid that is none: EPROTO, at the end
+            self.pid = self._finished.see_start(payload)
         elif kind == "finished":
             self._finished.see(payload)
             if self.receipt is None:
@@ -1119,7 +1119,7 @@ class ExecHandle:
         lost = self._client.lost
         if lost is not None and (ended is lost or not isinstance(ended, RPCError)):
             return lost
-        return _never_started()
+        return self._finished.violation or _never_started()
 
 
 def _background_end(answer: Payload) -> SdexecError:
@@ -1158,8 +1158,8 @@ class AttachHandle:
         """One response of the stream (called by :class:`SdexecClient`):
         noted, then given to ``on_response``."""
         kind = payload.get("type")
-        if kind == "attached" and type(payload.get("pid")) is int:  # (not true)
-            self.pid = payload["pid"]
+        if kind == "attached":  # a pid that is none: EPROTO, at the end
+            self.pid = self._finished.see_start(payload)
         elif kind == "finished":
             self._finished.see(payload)
             if self.status is None:

@@ -18,7 +18,7 @@ import stat
 import sys
 
 from sdexec.ioencode import decode_io
-from sdexec.refusal import one_line
+from sdexec.refusal import one_line, quoted
 from sdexec.rpc import SdexecError, resolve_socket_path
 from sdexec.syncclient import Connection, Loop
 
@@ -380,8 +380,8 @@ def nonblocking_reader(fd: int) -> int:
 
 
 #: What :func:`write_output` did with an ``output`` response: wrote its
-#: data (or had nothing to write: no data, a stream not asked for, a
-#: malformed io object, said on stderr) ...
+#: data (or had nothing to write: no data; a stream other than stdout and
+#: stderr, or a malformed io object, said on stderr) ...
 WRITTEN = "written"
 #: ... found that nobody reads the stream any more (``EPIPE``: a pipe whose
 #: reader has gone); the stream writes nothing more ...
@@ -404,7 +404,10 @@ def write_output(outputs: Mapping[str, Output], io: Any) -> str:
         fail(f"bad output from the service: {failure}")
         return WRITTEN
     output = outputs.get(stream)
-    if output is None or not data:
+    if output is None:
+        _unknown_stream(stream)
+        return WRITTEN
+    if not data:
         return WRITTEN
     if output.broken:
         return DISCARDED
@@ -415,6 +418,25 @@ def write_output(outputs: Mapping[str, Output], io: Any) -> str:
         return READER_GONE
     fail(f"cannot write {stream}: {problem.strerror}")
     return LOST
+
+
+#: Whether output of a stream other than stdout and stderr was said (once:
+#: a command is a process of its own, and a broken service may send
+#: every line on a stream of another name).
+_unknown_said = False
+
+
+def _unknown_stream(stream: str) -> None:
+    """Output for a stream we do not write (a service's bug, or one that
+    names more streams than RFC 42's): dropped, said the first time only,
+    naming it, as it was once dropped unsaid."""
+    global _unknown_said
+    if not _unknown_said:
+        _unknown_said = True
+        warn(
+            f"dropping output for stream {quoted(stream, 40)} (not stdout or"
+            " stderr) from the service, and any more for streams not ours"
+        )
 
 
 def close_outputs(outputs: Mapping[str, Output]) -> None:

@@ -72,6 +72,18 @@ class JSONLineProtocol(Protocol):
             self._frame_broken = True
             self.framingError(str(error))
 
+    @property
+    def unfinished(self) -> int:
+        """The bytes of a message that has come without its end, as
+        :attr:`FrameSplitter.unfinished`."""
+        return self._splitter.unfinished
+
+    @property
+    def foreign(self) -> bool:
+        """Whether the stream began with no JSON object, as
+        :attr:`FrameSplitter.foreign`."""
+        return self._splitter.foreign
+
     def inputHeld(self) -> bool:
         """Whether what is read now must wait: the rest of the read being
         decoded is kept as bytes (decoded, a read of small messages takes

@@ -48,6 +48,7 @@ __all__ = [
     "cannot_connect",
     "check_stdio",
     "default_socket_path",
+    "dropped_counts",
     "finished_receipt",
     "finished_status",
     "process_target",
@@ -291,20 +292,42 @@ class Requests:
         pending.respond(payload)
         return None
 
-    def framing_error(self, reason: str) -> None:
-        """The service sent something that is not a message."""
-        self.lost = ConnectionFailed(f"{self.path}: bad message from sdexec: {reason}")
+    def framing_error(self, reason: str, foreign: bool = False) -> None:
+        """The service sent something that is not a message. ``foreign``:
+        its stream began with no JSON object (an HTTP server's ``HTTP/1.1
+        400``), which asks whether the path is an sdexec socket at all."""
+        hint = f" ({self._question()})" if foreign else ""
+        self.lost = ConnectionFailed(
+            f"{self.path}: bad message from sdexec: {reason}{hint}"
+        )
 
-    def lose(self, why: str | None = None) -> None:
+    def lose(
+        self, why: str | None = None, cut_off: int = 0, foreign: bool = False
+    ) -> None:
         """The connection is gone (``why``, if the client knows): end every
-        request in flight."""
+        request in flight. ``cut_off``: the bytes of a message that had
+        come without its end (the newline), said: the rest is lost
+        (``foreign``: as :meth:`framing_error`'s)."""
         if self.lost is None:
             self.lost = self._closing_error or ConnectionFailed(
-                f"connection to {self.path} lost" + (f": {why}" if why else "")
+                self._lost_words(cut_off, foreign) + (f": {why}" if why else "")
             )
         pending, self._in_flight = self._in_flight, {}
         for request in pending.values():
             request.end(self.lost)
+
+    def _lost_words(self, cut_off: int, foreign: bool) -> str:
+        if not cut_off:
+            return f"connection to {self.path} lost"
+        hint = f"; {self._question()}" if foreign else ""
+        return (
+            f"connection to {self.path} lost in the middle of a message"
+            f" ({cut_off} bytes of it came{hint})"
+        )
+
+    def _question(self) -> str:
+        """What a peer whose stream began with no JSON object asks."""
+        return f"is {self.path} an sdexec socket?"
 
     def _unexpected(self, message: dict[str, Any]) -> str:
         # An error with matchtag 0 answers no request: the service is about to
@@ -443,6 +466,22 @@ def wait_error(answer: dict[str, Any]) -> RPCError | None:
     raise RPCError(errno.EPROTO, f"wait: expected an error object, got {shown}")
 
 
+def dropped_counts(answer: dict[str, Any], what: str) -> dict[str, int]:
+    """The bytes of each output stream a ``wait``'s answer or an
+    ``attached`` (``what``) says were dropped before its output (its
+    ``dropped``; none: ``{}``). :class:`RPCError` ``EPROTO`` naming what
+    came instead of counts: ``"x"`` was said as "x bytes of stdout"."""
+    dropped = answer.get("dropped", {})
+    if isinstance(dropped, dict) and all(
+        type(count) is int and count >= 0 for count in dropped.values()
+    ):
+        return dropped
+    shown = quoted(dropped, 200)
+    raise RPCError(
+        errno.EPROTO, f"{what}: expected byte counts for dropped, got {shown}"
+    )
+
+
 def wait_outcome(answer: dict[str, Any]) -> tuple[int | None, RPCError | None]:
     """``(status, error)`` of a wait's answer (:class:`RPCError` ``EPROTO``
     if its ``output`` is not a list): its wait status
@@ -473,18 +512,33 @@ def finished_receipt(finished: dict[str, Any]) -> Receipt | None:
 
 
 class FinishedCheck:
-    """The ``finished`` responses of one exec or attach stream, checked:
-    one, with a wait status (:func:`finished_status`; a receipt is made of
-    the first good one only). A stream that broke this ends with
+    """The ``started`` (``attached``) and ``finished`` responses of one
+    exec or attach stream, checked: a start with a pid
+    (:meth:`see_start`); one ``finished``, with a wait status
+    (:func:`finished_status`; a receipt is made of the first good one
+    only). A stream that broke this ends with
     :attr:`violation` (an ``EPROTO`` naming what came) in place of its
     ``ENODATA``: a status of 1.5 read as a stream ended without
     ``finished``, a negative one as exit 255, ``true`` as 129, and one past
     32 bits as an ``OverflowError`` (review session 47)."""
 
     def __init__(self) -> None:
-        #: What was wrong with the stream's ``finished`` responses, if any.
+        #: What was wrong with the stream's start or end, if anything.
         self.violation: RPCError | None = None
         self._seen = False
+
+    def see_start(self, payload: dict[str, Any]) -> int | None:
+        """The pid of a ``started`` (or ``attached``) response's payload;
+        ``None``, and the stream's :attr:`violation`, if it carries none
+        (a string, a bool, a number below 1): no signal could be sent to
+        it, and those held for it waited on unsaid."""
+        pid = payload.get("pid")
+        if type(pid) is int and pid > 0:
+            return pid
+        got = quoted(pid, 200) if "pid" in payload else "none"
+        kind = payload.get("type")
+        self._violated(f"the service's {kind} response: expected a pid, got {got}")
+        return None
 
     def see(self, payload: dict[str, Any]) -> None:
         """Note a ``finished`` response's payload."""

@@ -327,8 +327,8 @@ class Exec:
         kind = payload.get("type")
         if kind == "add-credit" and self.credit is not None:
             self.credit.add(payload.get("channels"))
-        elif kind in ("started", "attached") and type(payload.get("pid")) is int:
-            self.pid = payload["pid"]  # (JSON's true is a bool: no pid)
+        elif kind in ("started", "attached"):
+            self.pid = self.finished.see_start(payload)
         elif kind == "finished":
             self.finished.see(payload)
         self._on_response(payload)
@@ -607,7 +607,7 @@ class Connection:
                 return False
             received = 0
         if not received:
-            self._lose(None)
+            self._lose(None, self._splitter.unfinished)
             return False
         self._dispatching = True
         try:
@@ -616,7 +616,7 @@ class Connection:
                 # line has nowhere better to say so.
                 self._requests.dispatch(message)
         except FramingError as error:
-            self._requests.framing_error(str(error))
+            self._requests.framing_error(str(error), self._splitter.foreign)
             self._lose(None)
             return False
         finally:
@@ -626,7 +626,7 @@ class Connection:
             self._peer_left(refused)
         return True
 
-    def _lose(self, why: str | None) -> None:
-        self._requests.lose(why)
+    def _lose(self, why: str | None, cut_off: int = 0) -> None:
+        self._requests.lose(why, cut_off, self._splitter.foreign)
         self._unsent.clear()
         self.close()

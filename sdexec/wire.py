@@ -409,6 +409,8 @@ def _decode_lone_surrogates(line: Line, error: Exception) -> Any:
 
 #: What ``bytes.strip()`` removes: a line of nothing else carries no message.
 _WHITESPACE = b" \t\n\r\x0b\x0c"
+#: How every message begins.
+_OPEN_OBJECT = ord("{")
 
 
 def _blank(line: Line) -> bool:
@@ -441,6 +443,15 @@ class FrameSplitter:
         #: it, a peer sending a byte a read made each byte cost 42 (a bytes
         #: object and its list slot), and max_frame 42 times what it says.
         self._partial = bytearray()
+        #: The first byte of the stream that is not whitespace, once fed.
+        self._first: int | None = None
+
+    @property
+    def foreign(self) -> bool:
+        """Whether the stream began with something other than a JSON object
+        (``{``): a peer that speaks another protocol (an HTTP server's
+        ``HTTP/1.1 400``), not a message of ours that broke."""
+        return self._first is not None and self._first != _OPEN_OBJECT
 
     def feed(
         self, data: bytes | bytearray, length: int | None = None
@@ -455,6 +466,8 @@ class FrameSplitter:
         """
         end_of_data = len(data) if length is None else length
         view = memoryview(data)
+        if self._first is None:
+            self._note_first(view[:end_of_data])
         start = 0
         while True:
             end = data.find(b"\n", start, end_of_data)
@@ -473,6 +486,18 @@ class FrameSplitter:
             if not _blank(line):
                 self.consumed = start
                 yield decode_message(line, self.max_values)
+
+    def _note_first(self, data: memoryview) -> None:
+        for byte in data:  # whitespace only before it: a byte or two
+            if byte not in _WHITESPACE:
+                self._first = byte
+                return
+
+    @property
+    def unfinished(self) -> int:
+        """The bytes of a line that has come without its end (a peer that
+        closes now has cut a message off), blank ones not counted."""
+        return 0 if _blank(self._partial) else len(self._partial)
 
     def _named_limit(self) -> str:
         return f" ({self.max_frame_name})" if self.max_frame_name else ""

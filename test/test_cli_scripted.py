@@ -24,8 +24,10 @@ from sdexec.refusal import MAX_ERRSTR
 from sdexec.wire import FrameSplitter, encode_message
 
 #: What a script does with one request: the messages it sends back (bytes:
-#: sent as they are, for what no sdexec service would send).
+#: sent as they are, for what no sdexec service would send; HANG_UP: the
+#: service closes the connection there).
 Script = Callable[[dict], list[dict] | list[dict | bytes]]
+HANG_UP = b""
 
 
 def response(request: dict, payload: dict) -> dict:
@@ -77,6 +79,8 @@ class ScriptedService:
             while data := connection.recv(65536):
                 for request in splitter.feed(data):
                     for message in self._script(request):
+                        if message == HANG_UP:
+                            return
                         raw = isinstance(message, bytes)
                         connection.sendall(message if raw else encode_message(message))
 
@@ -339,6 +343,17 @@ def answering(payload: dict) -> Script:
             ["wait", "7"],
             {"status": 0, "output": "abc"},
             b"wait: expected a list of output, got 'abc'",
+        ),
+        # "x bytes of stdout dropped before this", and a list ignored.
+        (
+            ["wait", "7"],
+            {"status": 0, "dropped": {"stdout": "x"}},
+            b"wait: expected byte counts for dropped, got {'stdout': 'x'}",
+        ),
+        (
+            ["wait", "7"],
+            {"status": 0, "dropped": [5]},
+            b"wait: expected byte counts for dropped, got [5]",
         ),
     ],
 )
@@ -1334,3 +1349,125 @@ def test_a_service_s_huge_errstr_is_shown_cut(serve):
     line = done.stderr.decode().removesuffix("\n")
     assert "\n" not in line and "\x1b" not in line
     assert line.endswith("…") and len(line) < MAX_ERRSTR + 100
+
+
+def started_then(
+    *messages: dict | bytes, pid: object = 7, ends: bool = False
+) -> Script:
+    """An exec that starts (``started`` with ``pid``), then sends each of
+    ``messages`` (a dict: a response's payload); ``ends``: then finishes
+    with status 0 and ends well."""
+
+    def script(request: dict) -> list[dict | bytes]:
+        if request["topic"] != "sdexec.exec":
+            return []
+        sent = [{"type": "started", "pid": pid}, *messages]
+        if ends:
+            sent.append({"type": "finished", "status": 0})
+        framed = [response(request, m) if isinstance(m, dict) else m for m in sent]
+        return framed + ([failure(request, errno.ENODATA)] if ends else [])
+
+    return script
+
+
+def output(stream: str, data: bytes) -> dict:
+    return {"type": "output", "pid": 7, "io": encode_io(stream, "0", data)}
+
+
+def test_output_for_a_stream_not_ours_is_said_once_and_the_rest_written(serve):
+    # Dropped without a word (review session 47).
+    script = started_then(
+        output("stdlog", b"a\n"),
+        output("stdout", b"out\n"),
+        output("stdlog", b"b\n"),
+        output("fd3", b"c\n"),
+        ends=True,
+    )
+    done = sdexec(serve(script), "run", "-n", "job")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0,
+        b"out\n",
+        b"sdexec: dropping output for stream 'stdlog' (not stdout or stderr) from"
+        b" the service, and any more for streams not ours\n",
+    )
+
+
+@pytest.mark.parametrize(
+    ("pid", "shown"),
+    [("7", "'7'"), (-1, "-1"), (0, "0"), (True, "True"), (None, "None")],
+)
+def test_a_start_without_a_pid_ends_run_naming_what_came(serve, pid, shown):
+    # Ignored: the signals forwarded waited for a pid until a ^C, said then
+    # as "interrupted before the process started".
+    script = started_then(output("stdout", b"never\n"), pid=pid)
+    done = sdexec(serve(script), "run", "-n", "job")
+    said = (
+        f"sdexec: the service's started response: expected a pid, got {shown}:"
+        " ending, as no signal could be forwarded to it\n"
+    )
+    assert (done.returncode, done.stderr) == (1, said.encode())
+
+
+def test_a_start_with_no_pid_at_all_ends_run(serve):
+    def script(request: dict) -> list[dict]:
+        return [response(request, {"type": "started"})]
+
+    done = sdexec(serve(script), "run", "-n", "job")
+    assert (done.returncode, done.stderr) == (
+        1,
+        b"sdexec: the service's started response: expected a pid, got none:"
+        b" ending, as no signal could be forwarded to it\n",
+    )
+
+
+def test_a_connection_lost_in_the_middle_of_a_message_says_so(serve):
+    # "connection to P lost", as if the service had closed between messages.
+    path = serve(started_then(b'{"type": "response", "pa', HANG_UP))
+    done = sdexec(path, "run", "-n", "job")
+    assert (done.returncode, done.stderr) == (
+        1,
+        f"sdexec: connection to {path} lost in the middle of a message (24 bytes"
+        " of it came)\n".encode(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("sent", "said"),
+    [
+        (
+            [b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", HANG_UP],
+            "{path}: bad message from sdexec: message is not valid JSON: Expecting"
+            " value: line 1 column 1 (char 0) (is {path} an sdexec socket?)",
+        ),
+        (
+            [b"[1]\n"],
+            "{path}: bad message from sdexec: message is not a JSON object (is"
+            " {path} an sdexec socket?)",
+        ),
+        (
+            [b"SSH-2.0-OpenSSH", HANG_UP],
+            "connection to {path} lost in the middle of a message (15 bytes of it"
+            " came; is {path} an sdexec socket?)",
+        ),
+    ],
+    ids=["http", "json-not-an-object", "cut-off"],
+)
+def test_a_peer_whose_first_bytes_are_no_message_is_asked_about(serve, sent, said):
+    # Only "message is not valid JSON" for an HTTP server's answer.
+    path = serve(lambda request: sent)
+    done = sdexec(path, "ps")
+    expected = f"sdexec: {said.format(path=path)}\n"
+    assert (done.returncode, done.stderr) == (1, expected.encode())
+
+
+def test_an_attached_whose_dropped_is_no_counts_is_said(serve):
+    # "x bytes of stdout dropped before this".
+    def script(request: dict) -> list[dict]:
+        attached = {"type": "attached", "pid": 7, "cmd": {}, "dropped": {"stdout": "x"}}
+        return [response(request, attached)]
+
+    done = sdexec(serve(script), "attach", "7")
+    assert (done.returncode, done.stderr) == (
+        1,
+        b"sdexec: attached: expected byte counts for dropped, got {'stdout': 'x'}\n",
+    )

@@ -536,8 +536,8 @@ def test_true_is_no_pid_status_or_credit(served):
     peer.respond(attach, {"type": "finished", "status": True})
     for ended in (request, attach):
         peer.sendMessage(_response(ended, errnum=ENODATA))
-    for done in (handle.done, attached.done):  # no wait status: EPROTO
-        with pytest.raises(RPCError, match=r"expected a wait status, got True$"):
+    for done in (handle.done, attached.done):  # no pid: EPROTO, said first
+        with pytest.raises(RPCError, match=r"response: expected a pid, got True$"):
             yield done
     bufsize = sdexec.client.DEFAULT_STDIN_BUFSIZE  # no add-credit taken
     assert (handle.pid, handle.receipt, handle.credit) == (None, None, bufsize)
@@ -581,6 +581,71 @@ def test_a_stream_whose_finished_is_no_wait_status_or_twice_ends_eproto(
         assert caught.value.errnum == errno.EPROTO
     kept = 0 if len(finished) > 1 else None  # the first good one
     assert (handle.receipt and handle.receipt.status, attached.status) == (kept, kept)
+
+
+@pytest.mark.parametrize(
+    ("pid", "shown"), [("5", "'5'"), (-1, "-1"), (0, "0"), (None, "None")]
+)
+@pytest_twisted.inlineCallbacks
+def test_a_start_without_a_pid_fails_the_kills_and_ends_eproto(served, pid, shown):
+    # Ignored: a kill held for the start failed with "never started", and
+    # one asked for later waited for the stream's end; done fired as for a
+    # stream that ended well.
+    peer, client = served
+    handle, _ = _exec(client)
+    attached = client.attach(pid=5)
+    request = yield peer.requests.get()
+    attach = yield peer.requests.get()
+    held = handle.kill(signal.SIGTERM)
+    peer.respond(request, {"type": "started", "pid": pid})
+    peer.respond(attach, {"type": "attached", "pid": pid})
+    said = f"response: expected a pid, got {re.escape(shown)}$"
+    with pytest.raises(RPCError, match="started " + said):
+        yield held  # failed once the start came
+    with pytest.raises(RPCError, match="started " + said):
+        yield handle.kill(signal.SIGINT)
+    for stream in (request, attach):
+        peer.respond(stream, {"type": "finished", "status": 0})
+        peer.sendMessage(_response(stream, errnum=ENODATA))
+    for done, kind in ((handle.done, "started"), (attached.done, "attached")):
+        with pytest.raises(RPCError, match=f"{kind} {said}") as caught:
+            yield done
+        assert caught.value.errnum == errno.EPROTO
+
+
+@pytest.mark.parametrize(
+    ("sent", "said"),
+    [
+        (
+            b"HTTP/1.1 400 Bad Request\r\n\r\n",
+            "{path}: bad message from sdexec: message is not valid JSON: Expecting"
+            " value: line 1 column 1 (char 0) (is {path} an sdexec socket?)",
+        ),
+        (
+            b"SSH-2.0",
+            "connection to {path} lost in the middle of a message (7 bytes of it"
+            " came; is {path} an sdexec socket?)",
+        ),
+        (
+            b'{"type": "response", "pa',
+            "connection to {path} lost in the middle of a message (24 bytes of it"
+            " came)",
+        ),
+    ],
+    ids=["http", "foreign-cut-off", "cut-off"],
+)
+@pytest_twisted.inlineCallbacks
+def test_a_connection_that_ends_with_no_message_says_what_came(served, sent, said):
+    # "not valid JSON" alone for an HTTP server; "connection lost" for one
+    # cut off in the middle of a message.
+    peer, client = served
+    listing = client.list()
+    yield peer.requests.get()
+    peer.transport.write(sent)
+    peer.transport.loseConnection()
+    with pytest.raises(ConnectionFailed) as caught:
+        yield listing
+    assert str(caught.value) == said.format(path=client.path)
 
 
 @implementer(IPushProducer)

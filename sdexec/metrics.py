@@ -215,7 +215,8 @@ class Metrics:
         )  # fmt: skip
         self.units_failed = Counter(
             "sdexec_units_failed",
-            "Exec streams that ended in an error (start failed, unit lost, unkillable).",
+            "Exec streams that ended in an error (start failed, unit lost,"
+            " unkillable).",
             registry=self.registry,
         )  # fmt: skip
         self.output_bytes = Counter(

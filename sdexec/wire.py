@@ -488,10 +488,11 @@ class FrameSplitter:
                 yield decode_message(line, self.max_values)
 
     def _note_first(self, data: memoryview) -> None:
-        for byte in data:  # whitespace only before it: a byte or two
-            if byte not in _WHITESPACE:
-                self._first = byte
-                return
+        # Stripped in C: a peer may send megabytes of blanks first, and a
+        # loop over them in Python would hold the service's thread.
+        rest = bytes(data).lstrip(_WHITESPACE)
+        if rest:
+            self._first = rest[0]
 
     @property
     def unfinished(self) -> int:

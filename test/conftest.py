@@ -162,7 +162,7 @@ async def start_service(user_manager, tmp_path):
     if failures:
         raise failures[0]
     leaked = open_fds() - fds_before
-    for _ in range(50):  # closed transports release theirs a pass or so later
+    for _ in range(300):  # closed transports release theirs a pass or so later
         if not leaked:
             break
         await sleep(0.1)

@@ -68,8 +68,9 @@ def sleep(seconds: float) -> Deferred:
     return Deferred.fromFuture(asyncio.ensure_future(asyncio.sleep(seconds)))
 
 
-async def until(condition, what: str, cap_s: float = 15) -> None:
-    """Let the reactor run until ``condition()``; fail after ``cap_s``."""
+async def until(condition, what: str, cap_s: float = 60) -> None:
+    """Let the reactor run until ``condition()``; fail after ``cap_s`` (a
+    safety bound, not a speed: generous, for a loaded 2-core CI machine)."""
     for _ in range(int(cap_s / 0.05)):
         if condition():
             return

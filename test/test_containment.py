@@ -38,9 +38,9 @@ from support import (
     manager_property,
     node_kills_at_memory_max,
     run,
-    sleep,
     unit_names,
     unit_properties,
+    until,
 )
 from twisted.internet import reactor
 from twisted.internet.task import Clock
@@ -171,15 +171,6 @@ def custom_mapper(directory: Path, source: str, class_name: str) -> str:
 def shown_cpus(text: str) -> IDset:
     """An idset from ``systemctl show`` (it lists CPUs space-separated)."""
     return IDset(",".join(text.split()))
-
-
-async def until(condition, what: str) -> None:
-    """Wait for ``condition()``; a safety bound fails the test, not a hang."""
-    for _ in range(200):
-        if condition():
-            return
-        await sleep(0.05)
-    raise AssertionError(f"never happened: {what}")
 
 
 class RunningUnit:
@@ -1654,12 +1645,11 @@ def oddly_named_process(tmp_path):
 
 def test_a_process_not_named_in_ascii_has_its_fence_checked(oddly_named_process):
     pid = oddly_named_process
-    for _ in range(200):  # the name is the program's once it has exec'd
-        if "größe".encode() in Path(f"/proc/{pid}/status").read_bytes():
-            break
+    deadline = time.monotonic() + 30  # an exec, on a loaded machine
+    while "größe".encode() not in Path(f"/proc/{pid}/status").read_bytes():
+        # the name is the program's once it has exec'd
+        assert time.monotonic() < deadline, "the oddly named program never ran"
         time.sleep(0.01)
-    else:
-        raise AssertionError("the oddly named program never ran")
     held = own_fences(pid)
     server, responses = fenced_exec({**held, "AllowedCPUs": str(ABSENT_NODE)}, pid)
     assert [error_of(response)[0] for response in responses] == [errno.EIO]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from offline import NOT_DRAINED, Connection, drained_by, error_of
 from pytest_twisted import ensureDeferred
-from support import run, sleep, until
+from support import run, until
 from twisted.internet import reactor
 from twisted.internet.task import Clock
 
@@ -233,11 +233,7 @@ def test_the_canary_needs_only_its_context_not_the_server():
 
 async def reaped(server: SdexecServer) -> None:
     """Wait (a bounded while) for the canary's output EOF and its reaping."""
-    for _ in range(200):
-        if not server.processes:
-            return
-        await sleep(0.01)
-    assert server.processes == {}
+    await until(lambda: not server.processes, "the canary reaped")
 
 
 @ensureDeferred

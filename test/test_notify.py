@@ -150,7 +150,7 @@ def test_a_drain_of_many_causes_still_fits_a_notify_message():
     assert len(f"STATUS={wide}\nREADY=1".encode()) < 4096
 
 
-async def _next_messages(listener: NotifySocket, timeout: float = 10.0) -> list:
+async def _next_messages(listener: NotifySocket, timeout: float = 60.0) -> list:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         received = listener.messages()

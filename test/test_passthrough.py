@@ -25,7 +25,7 @@ import time
 import pytest
 from offline import Connection
 from pytest_twisted import blockon, ensureDeferred
-from support import sleep, until
+from support import until
 from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
@@ -693,11 +693,8 @@ async def test_sync_client_passthrough_over_a_real_socket(sdexec):
     kinds = [payload["type"] for payload in responses]
     assert kinds == ["add-credit", "started", "finished", "output"]
     assert responses[3]["io"] == {"stream": "stderr", "rank": "0", "eof": True}
-    for _ in range(100):  # the unit is reaped once ENODATA is sent
-        if not sdexec.server.processes:
-            break
-        await sleep(0.05)
-    assert sdexec.server.processes == {}
+    # the unit is reaped once ENODATA is sent
+    await until(lambda: not sdexec.server.processes, "the unit reaped")
 
 
 def _exec_answer(path: str, passed: str) -> dict:

@@ -50,7 +50,8 @@ def manager_property(runtime_dir: Path, name: str) -> str:
         "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
         "org.freedesktop.systemd1.Manager", name,
     ]  # fmt: skip
-    for _ in range(5):
+    deadline = time.monotonic() + 60  # a safety bound: a loaded machine
+    while time.monotonic() < deadline:
         try:
             shown = subprocess.run(
                 command, env=env, capture_output=True, text=True, timeout=5
@@ -59,6 +60,7 @@ def manager_property(runtime_dir: Path, name: str) -> str:
             continue  # busctl can hang before its own timeout starts
         if shown.returncode == 0:
             return shown.stdout
+        time.sleep(0.1)  # refused at once: not on the bus yet
     pytest.fail(f"the manager did not answer {name} on {runtime_dir}/bus")
 
 
@@ -78,14 +80,12 @@ HIERARCHIES = ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified", "/sys/fs/cgro
 def start_left_behind(env: dict) -> int:
     """A ``sleep`` in a transient unit of the manager ``env`` reaches; its
     pid. The manager may refuse a connection for a moment after its
-    sockets appear, so the start is retried for a few seconds."""
+    sockets appear, so the start is retried (for up to a minute: a loaded
+    machine)."""
     command = ["systemd-run", "--user", "--quiet", "--unit=left-behind", "sleep", "300"]
-    for _ in range(50):
-        if (
-            subprocess.run(command, env=env, capture_output=True, timeout=30).returncode
-            == 0
-        ):
-            break
+    deadline = time.monotonic() + 60
+    while subprocess.run(command, env=env, capture_output=True, timeout=30).returncode:
+        assert time.monotonic() < deadline, "the manager never started the unit"
         time.sleep(0.1)
     shown = subprocess.run(
         ["systemctl", "--user", "show", "-P", "MainPID", "left-behind.service"],
@@ -113,9 +113,9 @@ def test_stopping_a_killed_manager_ends_what_it_left(tmp_path):
         left_behind = start_left_behind(env)
         assert running(left_behind)
         os.kill(manager, signal.SIGKILL)
-        for _ in range(100):  # gone, not merely signalled
-            if not running(manager):
-                break
+        deadline = time.monotonic() + 30  # gone, not merely signalled
+        while running(manager):
+            assert time.monotonic() < deadline, "the killed manager lived on"
             time.sleep(0.05)
         stopped = subprocess.run(
             [str(SANDBOX), "stop", str(runtime_dir)],

@@ -597,7 +597,11 @@ async def test_cli_passes_its_stdio_and_leaks_nothing(sdexec, tmp_path):
     )  # fmt: skip
     assert (done.returncode, done.stdout, done.stderr) == (3, b"in\n" + data, b"err\n")
     assert sdexec.server.counters["sdexec.write"] == 0  # stdin was not relayed
-    assert open_fds() <= before
+    # The service ends its side after the command has exited (its client's
+    # close read, the unit stopped and reaped), with a descriptor open for a
+    # moment there (one was seen once on a loaded machine): each is closed
+    # by then, or the bound fails the test.
+    await until(lambda: open_fds() <= before, "the service's descriptors closed")
 
 
 @real_manager

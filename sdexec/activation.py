@@ -202,12 +202,14 @@ class _Inherited:
 
     def listen(self, factory: Any) -> Any:
         endpoint = self._endpoint
-        mode = _path_mode(getattr(endpoint, "fileno", None))
-        if mode is None:  # TCP, or an abstract name: no mode to keep
+        permissions = _path_permissions(getattr(endpoint, "fileno", None))
+        if permissions is None:  # TCP, or an abstract name: no mode to keep
             listening = endpoint.listen(factory)
         else:
-            listening = defer.execute(_adopt_keeping_mode, endpoint, factory, mode[1])
-        listening.addCallback(_keep_socket, mode is not None)
+            listening = defer.execute(
+                _adopt_keeping_mode, endpoint, factory, permissions
+            )
+        listening.addCallback(_keep_socket, permissions is not None)
         return listening.addCallback(_relisten, self._backlog)
 
 
@@ -261,13 +263,13 @@ def _bound_address(fd: int | None) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def _path_mode(fd: int | None) -> tuple[str, int] | None:
-    """The path a UNIX socket ``fd`` is bound to, and its permissions."""
+def _path_permissions(fd: int | None) -> int | None:
+    """The permissions of the path a UNIX socket ``fd`` is bound to."""
     path = _bound_address(fd)
     if path is None or not path.startswith("/"):
         return None  # TCP, or an abstract name
     try:
-        return path, stat.S_IMODE(os.stat(path).st_mode)
+        return stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
         return None
 

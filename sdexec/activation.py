@@ -31,9 +31,9 @@ from sdexec.sockets import kept_out, listening_path
 __all__ = [
     "check_systemd_endpoint",
     "inherited_address",
+    "inherited_socket_keeps_out",
     "is_systemd_endpoint",
     "kernel_somaxconn",
-    "only_its_owner_connects",
     "server_endpoint",
     "systemd_endpoint_domain",
     "with_backlog",
@@ -287,7 +287,7 @@ def _keep_socket(port: Any, at_a_path: bool) -> Any:
     return port
 
 
-def only_its_owner_connects(port: Any, uids: Iterable[int]) -> str | None:
+def inherited_socket_keeps_out(port: Any, uids: Iterable[int]) -> str | None:
     """How the UNIX socket ``port`` listens on keeps one of ``uids`` out,
     if it does (:func:`sdexec.sockets.kept_out`), and what to change: no
     write permission on it for that user, or no search permission on its

@@ -33,9 +33,9 @@ from twisted.web.server import Site
 
 from sdexec.activation import (
     inherited_address,
+    inherited_socket_keeps_out,
     is_systemd_endpoint,
     kernel_somaxconn,
-    only_its_owner_connects,
     server_endpoint,
     with_backlog,
 )
@@ -351,8 +351,9 @@ class SdexecService(Service):
         """A warning if ``allow-users`` names users whom the socket served
         keeps out, where the file's own check cannot see it: the modes of a
         socket systemd passed, which are the ``.socket`` unit's and not
-        ``socket-mode``; for any socket, a directory above it that they may
-        not search (``/run/user/UID``, the system unit's ``/run/sdexec`` of
+        ``socket-mode``; the group of one the service made, which they are
+        not in; for any socket, a directory above it that they may not
+        search (``/run/user/UID``, the system unit's ``/run/sdexec`` of
         ``RuntimeDirectoryMode=0700``). They would get EACCES, and nothing
         would say why."""
         port = self.ports.get("listen")
@@ -360,9 +361,9 @@ class SdexecService(Service):
         if not uids or port is None:
             return
         if is_systemd_endpoint(self.listen):
-            why = only_its_owner_connects(port, uids)
+            why = inherited_socket_keeps_out(port, uids)
         else:
-            why = _a_directory_keeps_out(port, uids, self._named("listen"))
+            why = _made_socket_keeps_out(port, uids, self._named("listen"))
         if why is not None:
             log.warn(
                 "sdexec.allow-users: the users listed cannot connect: {kept_out}",
@@ -728,7 +729,7 @@ def _fails_again(failure: Failure) -> bool:
     return isinstance(error, ListenError) and error.lasting
 
 
-def _a_directory_keeps_out(port: Any, uids: Iterable[int], named: str) -> str | None:
+def _made_socket_keeps_out(port: Any, uids: Iterable[int], named: str) -> str | None:
     """For a UNIX socket the service made: what keeps one of ``uids`` out
     (:func:`sdexec.sockets.kept_out`), and what to change: its group, not
     theirs, or a directory above it (or a socket elsewhere, by ``named``,

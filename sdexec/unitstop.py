@@ -175,7 +175,8 @@ class StopTimer:
         #: Reactor time the unit began deactivating.
         self._began_at = 0.0
         self.state = StopTimerState.IDLE
-        #: Reactor time at which the unit began deactivating.
+        #: Wall-clock time (the epoch) the unit began deactivating, as
+        #: ``stats`` shows it.
         self.deactivating_since: float | None = None
         self._timer: IDelayedCall | None = None
 

@@ -95,7 +95,11 @@ _BEGUN_BY = {
     TerminationReason.CANCEL: "a cancel (sdexec.terminate)",
     TerminationReason.TIMEOUT: "its time limit",
 }
-_TASKS = "every process of its unit"
+#: Whom a signal went to (:data:`_ALL`, :data:`_MAIN`), as it says it.
+_SENT_TO = {
+    _ALL: "every process of its unit",
+    _MAIN: "its job shell (its main process)",
+}
 
 
 class TerminationStep(enum.Enum):
@@ -318,18 +322,17 @@ class TerminationSequence:
         words: ``its time limit began its termination 12s ago; tried since:
         SIGALRM once to every process of its unit, SIGKILL 4 times to every
         process of its unit, SIGKILL 4 times to its job shell (its main
-        process)``. A job declared
-        unkillable has no ``finished`` (its ``terminated`` key), so nothing
-        else tells its client, or the admin reading the drain, that its
-        time limit or a cancel began it, nor how hard it was tried."""
+        process)``. A job declared unkillable has no ``finished`` (its
+        ``terminated`` key), so nothing else tells its client, or the admin
+        reading the drain, that its time limit or a cancel began it, nor how
+        hard it was tried."""
         if self.reason is None:
             return "its termination has not begun"
         began = _BEGUN_BY[self.reason]
         # Rounded: a reactor's float time is no more exact than that.
         elapsed = format_fsd(round(self._reactor.seconds() - self._began_at, 1))
         sent = ", ".join(
-            f"{signals_said(signum, count)} to "
-            + ("its job shell (its main process)" if whom == _MAIN else _TASKS)
+            f"{signals_said(signum, count)} to {_SENT_TO[whom]}"
             for (whom, signum), count in self._sent.items()
         )
         return (

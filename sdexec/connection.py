@@ -236,16 +236,17 @@ class ClientProtocol(StdioReceivingProtocol):
         self.server.open_connections.discard(self)  # last: a stop may go on
 
     def readConnectionLost(self) -> None:
-        """The client shut down its writing (``shutdown(SHUT_WR)``, as socat
-        and nc do at the end of their input), and everything it sent before
-        has been read: that was its last request, not its departure (a
-        close is seen by the hang-up watch, or as the service writes). It
-        is served until everything is answered and every stream has ended
-        (:meth:`_leave_once_answered`; Twisted closed it at once, and
-        dropped the answers: such a client had EOF alone, even for a
-        ``list``). Reading stops for good: resumed, it would read the EOF
-        again. A close reads the same EOF: told apart here, it ends the
-        connection at once, as any close."""
+        """The read reached EOF: the client closed the connection, or shut
+        down its writing (``shutdown(SHUT_WR)``, as socat and nc do at the
+        end of their input). Both read the same EOF; told apart here, a
+        close ends the connection at once, as any close. A shutdown was its
+        last request, not its departure: everything it sent before has
+        been read, and it is served until everything is answered and every
+        stream has ended (:meth:`_leave_once_answered`; Twisted closed it
+        at once, and dropped the answers: such a client had EOF alone, even
+        for a ``list``), its close watched for meanwhile (the hang-up
+        watch). Reading stops for good: resumed, it would read the EOF
+        again."""
         if peer_gone(self.transport.getHandle().fileno()):
             self._gone()
             return

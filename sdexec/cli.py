@@ -926,7 +926,7 @@ class _Job:
         if self._stream.pid is not None:
             self._send_held_signals()
             return
-        violation = self._stream.finished.violation  # what see_start found
+        violation = self._stream.check.violation  # what see_start found
         fail(f"{violation}: ending, as no signal could be forwarded to it")
         self._give_up(1)
 

@@ -55,13 +55,13 @@ from sdexec.refusal import lone_surrogate, printable, quoted
 from sdexec.rpc import (
     BAD_DESCRIPTOR,
     ConnectionFailed,
-    FinishedCheck,
     Pending,
     Requests,
     RPCError,
     SdexecError,
     StdinCredit,
     StdinRefusals,
+    StreamCheck,
     background_pid,
     bad_stdio,
     cannot_connect,
@@ -832,12 +832,13 @@ class ExecHandle:
         self.receipt: Receipt | None = None
         #: Fires ``None`` when the stream ends with ENODATA; errbacks with
         #: :class:`RPCError` for any other error (``EPROTO`` for a stream
-        #: whose ``finished`` had no wait status, or came twice),
+        #: whose ``started`` had no pid, or whose ``finished`` had no wait
+        #: status or came twice: :class:`~sdexec.rpc.StreamCheck`),
         #: :class:`ConnectionFailed` if the connection goes first.
         #: Cancelling it stops nothing (:meth:`_said_after_cancel`).
         self.done: Deferred[None] = Deferred(self._done_cancelled)
         self._done_abandoned = False
-        self._finished = FinishedCheck()
+        self._check = StreamCheck()
         self._client = client
         self._on_response = on_response
         self._credit = StdinCredit(cmd) if flags & WRITE_CREDIT else None
@@ -920,7 +921,7 @@ class ExecHandle:
             return fail(RPCError(errno.ESRCH, f"kill: pid {self.pid} has ended"))
         if self.pid is not None:
             return self._client.kill(pid=self.pid, signum=signum, who=who)
-        if self._ended or self._finished.violation is not None:
+        if self._ended or self._check.violation is not None:
             # (A started without a pid: held, the kill waited for the end.)
             return fail(self._unstarted_kill_error(self._end_error))
         waiting: Deferred[Payload] = Deferred()
@@ -976,9 +977,9 @@ class ExecHandle:
         if kind == "add-credit":
             self._add_credit(payload.get("channels"))
         elif kind == "started":  # a pid that is none: EPROTO, at the end
-            self.pid = self._finished.see_start(payload)
+            self.pid = self._check.see_start(payload)
         elif kind == "finished":
-            self._finished.see(payload)
+            self._check.see(payload)
             if self.receipt is None:
                 self.receipt = finished_receipt(payload)
         try:
@@ -993,7 +994,7 @@ class ExecHandle:
     def end(self, error: SdexecError) -> None:
         """The stream ended with ``error`` (ENODATA: well), or the
         connection went (called by :class:`SdexecClient`): fires ``done``."""
-        error = self._finished.ending(error)
+        error = self._check.ending(error)
         self._close_passed()
         self._ended = True
         self._end_error = error
@@ -1119,7 +1120,7 @@ class ExecHandle:
         lost = self._client.lost
         if lost is not None and (ended is lost or not isinstance(ended, RPCError)):
             return lost
-        return self._finished.violation or _never_started()
+        return self._check.violation or _never_started()
 
 
 def _background_end(answer: Payload) -> SdexecError:
@@ -1150,7 +1151,7 @@ class AttachHandle:
         #: stream's end is then logged.
         self.done: Deferred[None] = Deferred(self._done_cancelled)
         self._done_abandoned = False
-        self._finished = FinishedCheck()
+        self._check = StreamCheck()
         self._client = client
         self._on_response = on_response
 
@@ -1159,9 +1160,9 @@ class AttachHandle:
         noted, then given to ``on_response``."""
         kind = payload.get("type")
         if kind == "attached":  # a pid that is none: EPROTO, at the end
-            self.pid = self._finished.see_start(payload)
+            self.pid = self._check.see_start(payload)
         elif kind == "finished":
-            self._finished.see(payload)
+            self._check.see(payload)
             if self.status is None:
                 self.status = finished_status(payload)
         try:
@@ -1172,7 +1173,7 @@ class AttachHandle:
     def end(self, error: SdexecError) -> None:
         """The stream ended with ``error`` (ENODATA: well), or the
         connection went (called by :class:`SdexecClient`): fires ``done``."""
-        error = self._finished.ending(error)
+        error = self._check.ending(error)
         if self._done_abandoned:  # (firing it now raises AlreadyCalledError)
             if error is not self._client.lost:  # (a loss answers nothing)
                 outcome = "ended well" if is_end_of_stream(error) else f"ended: {error}"

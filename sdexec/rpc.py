@@ -35,7 +35,6 @@ else:
 __all__ = [
     "BAD_DESCRIPTOR",
     "ConnectionFailed",
-    "FinishedCheck",
     "Pending",
     "RPCError",
     "RefusableStdin",
@@ -43,6 +42,7 @@ __all__ = [
     "SdexecError",
     "StdinCredit",
     "StdinRefusals",
+    "StreamCheck",
     "background_pid",
     "bad_stdio",
     "cannot_connect",
@@ -504,20 +504,20 @@ def wait_outcome(answer: dict[str, Any]) -> tuple[int | None, RPCError | None]:
 def finished_receipt(finished: dict[str, Any]) -> Receipt | None:
     """The receipt of a ``finished`` response that carries a wait status;
     ``None`` for one that does not (its stream then ends with ``EPROTO``
-    naming it, :class:`FinishedCheck`): a status made up would become a
+    naming it, :class:`StreamCheck`): a status made up would become a
     command's exit status."""
     if finished_status(finished) is None:
         return None
     return Receipt.from_finished(finished)
 
 
-class FinishedCheck:
+class StreamCheck:
     """The ``started`` (``attached``) and ``finished`` responses of one
     exec or attach stream, checked: a start with a pid
     (:meth:`see_start`); one ``finished``, with a wait status
     (:func:`finished_status`; a receipt is made of the first good one
-    only). A stream that broke this ends with
-    :attr:`violation` (an ``EPROTO`` naming what came) in place of its
+    only). A stream that broke this ends with :attr:`violation` (an
+    ``EPROTO`` naming what came) in place of its
     ``ENODATA``: a status of 1.5 read as a stream ended without
     ``finished``, a negative one as exit 255, ``true`` as 129, and one past
     32 bits as an ``OverflowError`` (review session 47)."""

@@ -25,12 +25,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from sdexec.ioencode import encode_io
 from sdexec.protocolbase import WRITE_PIECE, ExecFlags, Topics, passed_fds
 from sdexec.rpc import (
-    FinishedCheck,
     Pending,
     Requests,
     SdexecError,
     StdinCredit,
     StdinRefusals,
+    StreamCheck,
     cannot_connect,
     check_stdio,
     is_end_of_stream,
@@ -315,8 +315,9 @@ class Exec:
         #: Whether the stream has ended, and with what (``None``: ENODATA).
         self.ended = False
         self.error: SdexecError | None = None
-        #: Its ``finished`` responses, checked: a bad one ends it with EPROTO.
-        self.finished = FinishedCheck()
+        #: Its ``started`` and ``finished`` responses, checked: a bad one
+        #: ends it with EPROTO.
+        self.check = StreamCheck()
         self._on_response = on_response
         self._requests = requests
         self._on_stdin_refused = on_stdin_refused
@@ -328,16 +329,16 @@ class Exec:
         if kind == "add-credit" and self.credit is not None:
             self.credit.add(payload.get("channels"))
         elif kind in ("started", "attached"):
-            self.pid = self.finished.see_start(payload)
+            self.pid = self.check.see_start(payload)
         elif kind == "finished":
-            self.finished.see(payload)
+            self.check.see(payload)
         self._on_response(payload)
 
     def end(self, error: SdexecError) -> None:
         """The stream ended: ``error`` is kept unless it is the end of
         stream (ENODATA), and a refusal of its writes is no longer awaited."""
         self.ended = True
-        error = self.finished.ending(error)
+        error = self.check.ending(error)
         self.error = None if is_end_of_stream(error) else error
         if self.write_matchtag is not None:
             # The service drops writes to an ended stream: a refusal that

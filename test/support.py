@@ -75,7 +75,7 @@ async def until(condition, what: str, cap_s: float = 60) -> None:
         if condition():
             return
         await sleep(0.05)
-    raise AssertionError(f"never happened: {what}")
+    raise AssertionError(f"not within {cap_s} s: {what}")
 
 
 async def until_pipe_full(r: int) -> None:

@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 from offline import BufferingTransport, Connection, error_of, read_to_eof
 from pytest_twisted import ensureDeferred
 from strategies import malformed_target_payloads
+from support import until
 from test_server import FLAGS, TRUE, UNIT
 from twisted.internet import reactor
-from twisted.internet.task import Clock, deferLater
+from twisted.internet.task import Clock
 from twisted.logger import capturedLogs, formatEvent
 
 import sdexec.connection
@@ -110,16 +111,6 @@ def output_of(responses: list[dict]) -> list[tuple[str, bytes, bool]]:
         for r in responses
         if r.get("payload", {}).get("type") == "output"
     ]
-
-
-async def until(condition, what: str) -> None:
-    """Let the reactor run until ``condition()`` (data crossing the fake
-    unit's sockets takes a few turns); fail after 10 s."""
-    for _ in range(1000):
-        if condition():
-            return
-        await deferLater(reactor, 0.01)
-    raise AssertionError(f"never happened: {what}")
 
 
 def produce(systemd: FakeManager, stream: str, data: bytes, unit: str = UNIT) -> None:

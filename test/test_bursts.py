@@ -6,11 +6,10 @@ transport, and no unit may be left behind."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import FLAGS, command, run, sleep, unit_names
+from support import FLAGS, command, run, unit_names, until
 from twisted.internet.defer import gatherResults
 
 from sdexec.systemd import SystemdClient
@@ -21,15 +20,6 @@ pytestmark = pytest.mark.systemd
 #: cycle costs ~8 ms on the 2-core test machines; this is a cap, not an
 #: expectation.
 SETTLE_SECONDS = 120.0
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """Poll ``condition`` until it holds, or fail naming ``what``."""
-    for _ in range(int(SETTLE_SECONDS * 10)):
-        if condition():
-            return
-        await sleep(0.1)
-    raise AssertionError(f"not within {SETTLE_SECONDS} s: {what}")
 
 
 async def start_sleepers(service, count: int):
@@ -45,7 +35,9 @@ async def start_sleepers(service, count: int):
     for _ in range(count):
         handle = client.exec(command(["sleep", "300"]), FLAGS, on_response)
         handle.done.addErrback(errors.append)
-    await until(lambda: len(started) + len(errors) == count, f"{count} started")
+    await until(
+        lambda: len(started) + len(errors) == count, f"{count} started", SETTLE_SECONDS
+    )
     assert errors == []
     assert len(service.server.processes) == count
     return client
@@ -62,6 +54,7 @@ async def test_client_gone_stops_every_unit_and_the_service_serves_on(
     await until(
         lambda: not service.server.processes and not unit_names(),
         f"{count} units stopped and reaped",
+        SETTLE_SECONDS,
     )
     assert service.server.drain_reason is None
     result = await run(await service.connect(), ["echo", "still here"])

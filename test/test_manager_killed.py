@@ -22,21 +22,17 @@ from pathlib import Path
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import ConfigText, RunningService, run, running, sleep, start_manager
+from support import (
+    ConfigText,
+    RunningService,
+    run,
+    running,
+    start_manager,
+    until,
+)
 from twisted.internet.defer import Deferred
 
 pytestmark = pytest.mark.systemd
-
-#: A cap for the test, not an expectation.
-WAIT_S = 60.0
-
-
-async def until(condition, what: str) -> None:
-    for _ in range(int(WAIT_S / 0.05)):
-        if condition():
-            return
-        await sleep(0.05)
-    raise AssertionError(f"not within {WAIT_S} s: {what}")
 
 
 def kill_manager(runtime_dir: str, killed: list[int]) -> None:

@@ -22,7 +22,7 @@ from support import (
     RunningService,
     command,
     run,
-    sleep,
+    until,
 )
 from twisted.internet.defer import Deferred
 from twisted.internet.utils import getProcessOutput, getProcessValue
@@ -30,17 +30,6 @@ from twisted.internet.utils import getProcessOutput, getProcessValue
 from sdexec.plan import RequestError
 
 pytestmark = pytest.mark.systemd
-
-#: A cap for the test, not an expectation.
-WAIT_S = 60.0
-
-
-async def until(condition, what: str) -> None:
-    for _ in range(int(WAIT_S / 0.05)):
-        if condition():
-            return
-        await sleep(0.05)
-    raise AssertionError(f"not within {WAIT_S} s: {what}")
 
 
 class Echoes:

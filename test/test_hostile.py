@@ -14,8 +14,9 @@ import pytest
 from offline import Connection, error_of, read_to_eof
 from pytest_twisted import ensureDeferred
 from strategies import deeply_nested, json_line
+from support import until
 from twisted.internet import reactor
-from twisted.internet.task import Clock, deferLater
+from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
 
 import sdexec.connection
@@ -1032,11 +1033,9 @@ async def test_a_start_out_of_descriptors_part_way_leaves_nothing_behind(
     assert error_of(connection.last())[0] == errno.EMFILE
     monkeypatch.undo()
     assert server.processes == {}
-    for _ in range(100):  # an adopted channel closes as the reactor turns
-        if set(os.listdir("/proc/self/fd")) <= fds_before:
-            break
-        await deferLater(reactor, 0.01, lambda: None)
-    assert set(os.listdir("/proc/self/fd")) <= fds_before
+    await until(  # an adopted channel closes as the reactor turns
+        lambda: set(os.listdir("/proc/self/fd")) <= fds_before, "its fds closed"
+    )
     # Its error was its last word: no EOF of a channel closed after it.
     assert [payloads["errnum"] for payloads in connection.responses()] == [errno.EMFILE]
     connection.send("sdexec.exec", {"cmd": named, "flags": FLAGS}, matchtag=2)

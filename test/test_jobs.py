@@ -18,7 +18,7 @@ from pytest_twisted import ensureDeferred
 from strategies import malformed_terminate_payloads
 from support import until
 from twisted.internet import defer, reactor
-from twisted.internet.task import Clock, deferLater
+from twisted.internet.task import Clock
 
 from sdexec.config import parse_config
 from sdexec.outage import SystemdOutage
@@ -434,11 +434,8 @@ async def test_a_reaped_job_is_forgotten_with_its_timers(make_server):
     systemd.change(UNIT, {"SubState": "exited", "ExecMainCode": 1, "ExecMainStatus": 0})
     systemd.release(UNIT)  # the output reaches EOF on the reactor
     systemd.change(UNIT, INACTIVE)
-    for _ in range(200):
-        if not server.processes:
-            break
-        await deferLater(reactor, 0.01)
-    assert server.processes == {} and server.jobs.stats() == {}
+    await until(lambda: not server.processes, "the job reaped")  # real reactor
+    assert server.jobs.stats() == {}
     assert clock.getDelayedCalls() == []
 
 

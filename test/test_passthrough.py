@@ -240,10 +240,7 @@ async def test_streams_not_passed_are_framed(systemd, connection, ends):
     os.write(systemd.process_fd(UNIT, "stderr"), b"oops\n")
     systemd.exit(UNIT)
     systemd.release(UNIT)  # stopped: the stderr channel reads to EOF
-    for _ in range(1000):
-        if errors(connection):
-            break
-        await deferLater(reactor, 0.01)
+    await until(lambda: errors(connection), "the stderr channel read to EOF")
     payloads = [r["payload"] for r in connection.responses() if "payload" in r]
     assert [p["type"] for p in payloads] == [
         "add-credit",

@@ -1505,10 +1505,8 @@ async def test_shutdown_waits_on_while_units_are_being_reaped(systemd, server):
     server.clock.advance(9)
     systemd.release("sdexec-a.service")
     systemd.change("sdexec-a.service", {"ActiveState": "inactive"})
-    for _ in range(500):  # the outputs' EOF comes through the real reactor
-        if len(server.processes) == 1:
-            break
-        await deferLater(reactor, 0.01)
+    # the outputs' EOF comes through the real reactor
+    await until(lambda: len(server.processes) == 1, "sdexec-a reaped")
     server.clock.advance(9)  # 18 s in: one was reaped within the grace
     assert not done.called
     server.clock.advance(10)  # then none for a whole grace: signals
@@ -1535,10 +1533,8 @@ async def test_eofs_follow_finished_when_the_stop_does_not_wait(systemd, server)
     systemd.exit(UNIT)
     assert systemd.calls[-2:] == [("get-all", UNIT), ("stop", UNIT)]
     systemd.release(UNIT)  # the stop closes systemd's ends
-    for _ in range(500):  # the outputs' EOF comes through the real reactor
-        if process.output.eof:
-            break
-        await deferLater(reactor, 0.01)
+    # the outputs' EOF comes through the real reactor
+    await until(lambda: process.output.eof, "the outputs' EOF")
     assert [r["payload"]["type"] for r in connection.responses()] == ["started"]
     systemd.answer_refreshes()
     systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
@@ -1558,10 +1554,8 @@ async def test_a_stream_never_ends_as_a_success_without_finished(systemd, server
     (process,) = server.processes.values()
     systemd.run(UNIT)
     systemd.release(UNIT)
-    for _ in range(500):  # the outputs' EOF comes through the real reactor
-        if process.output.eof:
-            break
-        await deferLater(reactor, 0.01)
+    # the outputs' EOF comes through the real reactor
+    await until(lambda: process.output.eof, "the outputs' EOF")
     systemd.change(
         UNIT,
         {"ActiveState": "inactive", "SubState": "dead", "Result": "success",

@@ -7,10 +7,23 @@ import socket
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import sleep, until
+from support import until
 from twisted.internet import reactor
 
 from sdexec.hangup import HangupWatcher, peer_gone
+
+
+async def read_out(watcher: HangupWatcher) -> None:
+    """Wait until ``watcher`` has read what its epoll held so far: a
+    sentinel socket whose peer closes now is reported in the same read as
+    anything ready before it, so what is not reported by then was not
+    ready (a bound of events, where a sleep is one of time)."""
+    ours, theirs = socket.socketpair()
+    seen: list[bool] = []
+    watcher.watch(ours.fileno(), seen.append)
+    theirs.close()
+    await until(lambda: seen, "the sentinel's close seen")
+    ours.close()
 
 
 @ensureDeferred
@@ -20,7 +33,7 @@ async def test_the_peers_close_is_seen_and_unread_data_wakes_nothing():
     hung_up: list[bool] = []
     watcher.watch(ours.fileno(), hung_up.append)
     theirs.sendall(b"requests nobody reads yet")
-    await sleep(0.05)
+    await read_out(watcher)
     assert hung_up == []
     theirs.close()
     await until(lambda: hung_up, "the close seen")
@@ -45,7 +58,7 @@ async def test_a_shutdown_is_told_from_a_close(how, gone):
     watcher.watch(ours.fileno(), hung_up.append)
     theirs.shutdown(how)
     if gone is None:
-        await sleep(0.05)
+        await read_out(watcher)
         assert hung_up == [] and watcher.fileno() != -1
         watcher.unwatch(ours.fileno())
     else:
@@ -67,7 +80,7 @@ async def test_an_unwatched_socket_is_not_reported():
     for _, theirs in pairs:
         theirs.close()
     await until(lambda: hung_up, "the watched one's close seen")
-    await sleep(0.05)
+    # Nothing watched, its epoll closed: no later report can come.
     assert hung_up == [1] and watcher.fileno() == -1
     for ours, _ in pairs:
         ours.close()

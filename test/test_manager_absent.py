@@ -336,6 +336,21 @@ async def test_the_manager_s_reload_is_told_once_as_it_begins():
     client.disconnect()
 
 
+#: What the client logs having handled a returned manager's Subscribe that
+#: failed (after which it arms the absent check, unless disconnected).
+SUBSCRIBE_FAILED = "Subscribe to the returned systemd manager failed: "
+
+
+#: What the client logs back on a bus whose Subscribe said the manager is
+#: not on it (after which it waits there, the absent check armed).
+MANAGER_AWAITED = "D-Bus is back; waiting for the systemd manager"
+
+
+def logged(events: list[dict], text: str) -> bool:
+    """Whether one of the captured log ``events`` says ``text``."""
+    return any(text in formatEvent(event) for event in events)
+
+
 @ensureDeferred
 async def test_no_absent_check_is_armed_once_disconnected():
     # A returning manager's Subscribe cut short by disconnect() failed, and
@@ -351,9 +366,10 @@ async def test_no_absent_check_is_armed_once_disconnected():
     bus.owner_changed(":1.5", ":1.9")  # re-executed: Subscribe goes out
     await until(lambda: bus.calls == ["Subscribe"], "the Subscribe sent")
     client.disconnect()
-    cut_short.set_result(None)
-    await until(lambda: client.disconnected.called, "closed")
-    await sleep(0.01)  # the Subscribe's failure handled
+    with capturedLogs() as events:
+        cut_short.set_result(None)
+        await until(lambda: client.disconnected.called, "closed")
+        await until(lambda: logged(events, SUBSCRIBE_FAILED), "its failure handled")
     assert clock.getDelayedCalls() == []
 
 
@@ -382,9 +398,11 @@ async def test_back_on_a_bus_without_the_manager_it_waits_there(answer):
     client.connected = True
     restored: list[bool] = []
     client.on_restored = lambda: restored.append(True)
-    first.disconnect()
-    await until(lambda: buses and "Subscribe" in buses[0].calls, "back on the bus")
-    await sleep(0.01)  # the Subscribe's failure handled
+    with capturedLogs() as events:
+        first.disconnect()
+        # The Subscribe's failure handled: the client waits on that bus.
+        await until(lambda: logged(events, MANAGER_AWAITED), "back on the bus")
+    assert "Subscribe" in buses[0].calls
     del buses[0].answers["Subscribe"]
     buses[0].owner = ":1.9"
     buses[0].owner_changed("", ":1.9")

@@ -42,12 +42,16 @@ def encode_io(
 
 def decode_io(io: Any) -> tuple[str, bytes, bool]:
     """``(stream, data, eof)`` from an io object; ``ValueError`` names a bad
-    field."""
+    field (``rank`` is checked to be a string, then ignored)."""
     if not isinstance(io, dict):
         raise ValueError("io: expected an object")
     stream = io.get("stream")
     if not isinstance(stream, str):
         raise ValueError("io.stream: expected a string")
+    # Required, as RFC 42 and Flux's iodecode() require it (its value, the
+    # sender's rank, is not used here: a write goes to this node's process).
+    if not isinstance(io.get("rank"), str):
+        raise ValueError("io.rank: expected a string")
     text = io.get("data", "")
     if not isinstance(text, (str, bytes)):
         raise ValueError("io.data: expected a string")

@@ -131,7 +131,7 @@ flags = st.sampled_from([int(f) for f in ExecFlag]) | st.integers(0, 31)
 
 exec_payloads = st.fixed_dictionaries({"cmd": valid_commands, "flags": flags})
 io_objects = st.fixed_dictionaries(
-    {"stream": st.just("stdin"), "data": clean_text},
+    {"stream": st.just("stdin"), "rank": st.just("0"), "data": clean_text},
     optional={"eof": st.booleans()},
 )
 write_payloads = st.fixed_dictionaries(
@@ -168,7 +168,12 @@ malformed_write_payloads = st.fixed_dictionaries(
         "matchtag": json_values,
         "io": json_values
         | st.fixed_dictionaries(
-            {"stream": json_values, "data": json_values, "encoding": json_values}
+            {
+                "stream": json_values,
+                "rank": json_values,
+                "data": json_values,
+                "encoding": json_values,
+            }
         ),
     }
 )

@@ -73,7 +73,10 @@ def test_a_gib_of_stdin_beyond_the_credit_is_refused_in_bounded_memory(
         }
         assert client.receive()["payload"]["type"] == "started"
         before = memory(service.process.pid)
-        write = {"matchtag": 1, "io": {"stream": "stdin", "data": "x" * CHUNK}}
+        write = {
+            "matchtag": 1,
+            "io": {"stream": "stdin", "rank": "0", "data": "x" * CHUNK},
+        }
         for matchtag in range(2, 2 + FLOOD // CHUNK):  # sleep reads none of it
             client.send("sdexec.write", matchtag, write)
         list_matchtag = 2 + FLOOD // CHUNK  # the next after the writes

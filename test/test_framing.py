@@ -172,7 +172,7 @@ def test_raw_io_is_the_same_line_and_reads_back(data):
 
 def test_raw_bytes_that_claim_to_be_text_are_refused():
     with pytest.raises(ValueError, match=r"io\.data: expected a string"):
-        decode_io({"stream": "stdout", "data": b"x"})
+        decode_io({"stream": "stdout", "rank": "0", "data": b"x"})
 
 
 def test_long_text_with_every_escape_round_trips():

@@ -124,7 +124,7 @@ def test_a_message_that_is_not_a_request_is_a_framing_error(connection, kind):
 
 @pytest.mark.parametrize("encoding", [None, 5, [], {}, True])
 def test_a_non_string_io_encoding_is_einval(connection, encoding):
-    io = {"stream": "stdin", "data": "x", "encoding": encoding}
+    io = {"stream": "stdin", "rank": "0", "data": "x", "encoding": encoding}
     connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=3)
     assert error_of(connection.last()) == (
         errno.EINVAL,
@@ -133,12 +133,22 @@ def test_a_non_string_io_encoding_is_einval(connection, encoding):
     assert not connection.transport.disconnecting
 
 
+@pytest.mark.parametrize("rank", ["absent", None, 0, [], {}, True])
+def test_a_write_s_io_rank_must_be_a_string(connection, rank):
+    # RFC 42 and Flux's iodecode() require it: a string (an idset), never
+    # used by the write; sdexec's clients all send one (encode_io).
+    io = {"stream": "stdin", "data": "x"} | ({} if rank == "absent" else {"rank": rank})
+    connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=3)
+    assert error_of(connection.last()) == (errno.EINVAL, "io.rank: expected a string")
+    assert not connection.transport.disconnecting
+
+
 @pytest.mark.parametrize("encoding", ["base64", "UTF-8"])
 def test_a_lone_surrogate_in_a_write_s_data_is_einval_naming_it(connection, encoding):
     # Base64 too: its decoder encodes the text first, and its
     # UnicodeEncodeError's words ("'utf-8' codec can't encode…") named no
     # field.
-    io = {"stream": "stdin", "data": "YQ\ud800", "encoding": encoding}
+    io = {"stream": "stdin", "rank": "0", "data": "YQ\ud800", "encoding": encoding}
     connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=3)
     assert error_of(connection.last()) == (
         errno.EINVAL,
@@ -734,12 +744,12 @@ HOSTILE = {
     "list.detail": ("sdexec.list", {"detail": HUGE}, "detail: expected"),
     "write.io.stream": (
         "sdexec.write",
-        {"matchtag": 1, "io": {"stream": HUGE, "rank": 0, "data": ""}},
+        {"matchtag": 1, "io": {"stream": HUGE, "rank": "0", "data": ""}},
         "io.stream: 'xxx",
     ),
     "write.io.encoding": (
         "sdexec.write",
-        {"matchtag": 1, "io": {"stream": "stdin", "rank": 0, "encoding": HUGE}},
+        {"matchtag": 1, "io": {"stream": "stdin", "rank": "0", "encoding": HUGE}},
         "io.encoding: 'xxx",
     ),
     "exec.local_flags": (

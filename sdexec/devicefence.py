@@ -39,6 +39,7 @@ from twisted.python.failure import Failure
 from sdexec.command import Command
 from sdexec.config import Config
 from sdexec.containment import Containment
+from sdexec.drain import AdminCause
 from sdexec.ioencode import decode_io
 from sdexec.plan import ExecPlan, RequestError, plan_exec
 from sdexec.policy import STARTUP_TWINS
@@ -246,9 +247,9 @@ class CanaryContext:
     start_process: Callable[[ExecPlan, CanaryResponder], tuple[int, int]]
     #: Abandon the process under a key, if it is still tabled.
     abandon: Callable[[tuple[int, int]], None]
-    #: ``fence_broken(problems, counter)``: count, then apply
+    #: ``fence_broken(problems, counter, cause)``: count, then apply
     #: ``containment-check`` (drain: the problem; warn: logged, ``None``).
-    fence_broken: Callable[[Sequence[str], str], str | None]
+    fence_broken: Callable[[Sequence[str], str, AdminCause], str | None]
 
 
 class DeviceCanary:
@@ -396,4 +397,6 @@ class DeviceCanary:
         if problem is None:
             log.info("device policy verified: a DevicePolicy=strict unit was refused")
             return None
-        return self._context.fence_broken([problem], "device-fence-failures")
+        return self._context.fence_broken(
+            [problem], "device-fence-failures", AdminCause.DEVICE_FENCE
+        )

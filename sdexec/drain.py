@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["ADMIN", "KINDS", "Drains", "SelfLifting"]
+__all__ = ["ADMIN", "CAUSES", "KINDS", "AdminCause", "Cause", "Drains", "SelfLifting"]
 
 
 class SelfLifting(Enum):
@@ -31,6 +31,33 @@ class SelfLifting(Enum):
     #: version.
     SITE_PROPERTY = "site-property"
 
+
+class AdminCause(Enum):
+    """What drained the node, for the causes only an admin's undrain
+    clears: each caller names its own, so that a resource manager tells
+    them apart without reading the reason's text."""
+
+    #: A job outlived its termination sequence (sdexec/jobs.py).
+    UNKILLABLE = "unkillable"
+    #: A unit (a job's, or a leftover's) outlived its stop timer
+    #: (sdexec/unitstop.py).
+    ABANDONED_UNIT = "abandoned-unit"
+    #: A unit found outside its CPU or memory fence, or its memory cap, or
+    #: that could not be verified (sdexec/containment.py).
+    FENCE = "fence"
+    #: The device canary found the device fence not enforced
+    #: (sdexec/devicefence.py).
+    DEVICE_FENCE = "device-fence"
+    #: Processes a lost unit left that may not be signalled
+    #: (sdexec/orphans.py).
+    LOST_UNIT = "lost-unit"
+
+
+#: What drained the node: a self-lifting cause is its own kind.
+Cause = SelfLifting | AdminCause
+
+#: Every cause: a fixed set (docs/protocol.md, ``drain.causes``).
+CAUSES = (*(kind.value for kind in SelfLifting), *(c.value for c in AdminCause))
 
 #: The self-lifting causes that end without anyone's help, soon: systemd
 #: back, the leftovers stopped.
@@ -48,7 +75,8 @@ class Drains:
     def __init__(self) -> None:
         #: An admin's cause is keyed by its reason; a self-lifting one by
         #: its kind (its reason may change: a leftover count said afresh).
-        self._causes: dict[str | SelfLifting, str] = {}
+        #: Each holds its reason and what drained it (:data:`CAUSES`).
+        self._causes: dict[str | SelfLifting, tuple[str, Cause]] = {}
 
     def __bool__(self) -> bool:
         return bool(self._causes)
@@ -56,21 +84,22 @@ class Drains:
     @property
     def reason(self) -> str | None:
         """Every cause in force, in the order they came; ``None`` if none."""
-        return "; ".join(self._causes.values()) or None
+        return "; ".join(reason for reason, _ in self._causes.values()) or None
 
     @property
     def causes(self) -> list[dict[str, str | bool]]:
         """Each cause in force, in the order they came: ``reason``, ``kind``
-        (:data:`KINDS`) and ``lifts-itself`` (false: only an undrain clears
-        it). A reason may hold "; ", so the joined :attr:`reason` cannot be
-        split back."""
+        (:data:`KINDS`), ``lifts-itself`` (false: only an undrain clears
+        it) and ``cause`` (:data:`CAUSES`: what drained it). A reason may
+        hold "; ", so the joined :attr:`reason` cannot be split back."""
         return [
             {
                 "reason": reason,
                 "kind": key.value if isinstance(key, SelfLifting) else ADMIN,
                 "lifts-itself": isinstance(key, SelfLifting),
+                "cause": cause.value,
             }
-            for key, reason in self._causes.items()
+            for key, (reason, cause) in self._causes.items()
         ]
 
     @property
@@ -110,23 +139,25 @@ class Drains:
             return "sdexec undrain clears what does not lift itself"
         return "sdexec undrain clears it"
 
-    def add(self, reason: str, kind: SelfLifting | None = None) -> str | None:
-        """Drain for ``reason`` (of ``kind``, if it lifts itself): ``"new"``
-        for a cause not in force, ``"restated"`` for one in force whose
-        reason changed (a leftover count), ``None`` if nothing changed."""
-        key = kind or reason
+    def add(self, reason: str, cause: Cause) -> str | None:
+        """Drain for ``reason``, which ``cause`` names (a :class:`SelfLifting`
+        one lifts itself): ``"new"`` for a cause not in force,
+        ``"restated"`` for one in force whose reason changed (a leftover
+        count), ``None`` if nothing changed."""
+        key: str | SelfLifting = cause if isinstance(cause, SelfLifting) else reason
         before = self._causes.get(key)
-        self._causes[key] = reason
+        self._causes[key] = (reason, cause)
         if before is None:
             return "new"
-        return "restated" if before != reason else None
+        return "restated" if before[0] != reason else None
 
     def lift(self, kind: SelfLifting) -> str | None:
         """A self-lifting cause is over: its reason, if it was in force."""
-        return self._causes.pop(kind, None)
+        held = self._causes.pop(kind, None)
+        return held[0] if held else None
 
     def clear_admins(self) -> list[str]:
         """An admin's undrain: the causes only an admin clears go; the
         reasons they had, in the order they came."""
         cleared = [key for key in self._causes if not isinstance(key, SelfLifting)]
-        return [self._causes.pop(key) for key in cleared]
+        return [self._causes.pop(key)[0] for key in cleared]

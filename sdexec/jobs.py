@@ -31,6 +31,7 @@ from sdexec.clocks import wall_seconds
 from sdexec.command import Command
 from sdexec.config import ExecConfig
 from sdexec.containment import request_resources
+from sdexec.drain import AdminCause, Cause
 from sdexec.joblimit import TIME_LIMIT_OPTION, TimeLimit, job_expiration
 from sdexec.limits import check_text
 from sdexec.plan import RequestError
@@ -79,7 +80,7 @@ class Job:
         policy: TerminationPolicy,
         clock: IReactorTime,
         systemd: Manager,
-        drain: Callable[[str], None],
+        drain: Callable[[str, Cause], None],
         count: Callable[[str], None],
     ) -> None:
         self.jobid = jobid
@@ -247,7 +248,7 @@ class Job:
         # what `sdexec undrain` gives back); the request's error says too
         # what began the termination and what it tried: no `finished`
         # (its `terminated`) will come to say it.
-        self._drain(reason)
+        self._drain(reason, AdminCause.UNKILLABLE)
         if self.process is not None:
             self.process.unkillable(
                 f"{reason}: {self.termination.account()}; the node is drained"
@@ -425,7 +426,7 @@ class Jobs:
     """The service's running jobs, by id."""
 
     def __init__(
-        self, drain: Callable[[str], None], count: Callable[[str], None]
+        self, drain: Callable[[str, Cause], None], count: Callable[[str], None]
     ) -> None:
         self._drain = drain
         self._count = count

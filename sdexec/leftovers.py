@@ -59,7 +59,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sdexec.config import Config
-from sdexec.drain import SelfLifting
+from sdexec.drain import AdminCause, Cause, SelfLifting
 from sdexec.execstart import started_command
 from sdexec.limits import listed_cmdline, listed_name
 from sdexec.managerversion import version_number
@@ -175,9 +175,9 @@ class LeftoversContext:
     clock: Callable[[], IReactorTime]
     #: One more event in the service's counters.
     count: Callable[[str], None]
-    #: ``drain(reason, kind)``: refuse new work for ``reason``; ``kind``, a
-    #: cause that lifts itself (``None``: one only an admin clears).
-    drain: Callable[[str, SelfLifting | None], None]
+    #: ``drain(reason, cause)``: refuse new work for ``reason``; ``cause``,
+    #: what drained it (a :class:`SelfLifting` one lifts itself).
+    drain: Callable[[str, Cause], None]
     #: ``lift(kind)``: a self-lifting cause is over (its drain goes).
     lift: Callable[[SelfLifting], object]
     #: The process or leftover of the service's that has a unit name
@@ -464,7 +464,7 @@ class _LeftoverStop:
 
     def abandon(self, reason: str) -> None:
         self._context.count("stop-timer-abandoned")
-        self._context.drain(reason, None)
+        self._context.drain(reason, AdminCause.ABANDONED_UNIT)
         self._leftovers.drain_while_stopping()  # it is stopping no more
 
 

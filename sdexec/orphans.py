@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
+from sdexec.drain import AdminCause, Cause
 from sdexec.procfs import open_pidfd, process_cgroups
 from sdexec.signals import signal_name
 
@@ -310,7 +311,7 @@ def lost_unit_reason(unit: str) -> str:
 class LostUnitKill:
     """Ends what a lost unit left in ``cgroup``: ``stop_signal`` at once,
     SIGKILL :data:`GRACE_S` later (at once if ``stop_signal`` is SIGKILL);
-    ``drain(reason)`` if some may not be signalled. While its SIGKILL is
+    ``drain(reason, cause)`` if some may not be signalled. While its SIGKILL is
     still to come it is in ``pending``, the service's: one that stops first
     sends it then (:meth:`finish`). No SIGKILL once ``in_use(unit)``: a unit
     of that name started (or adopted) meanwhile has the same cgroup, and
@@ -322,7 +323,7 @@ class LostUnitKill:
         cgroup: str,
         stop_signal: int,
         clock: IReactorTime,
-        drain: Callable[[str], None],
+        drain: Callable[[str, Cause], None],
         pending: set[LostUnitKill],
         root: str = "/",
         in_use: Callable[[str], bool] = lambda unit: False,
@@ -379,7 +380,7 @@ class LostUnitKill:
                 processes=_processes(len(done.refused)),
                 reason=reason,
             )
-            self._drain(reason)
+            self._drain(reason, AdminCause.LOST_UNIT)
 
     def _signal(self, signum: int) -> Signalled:
         try:

@@ -27,6 +27,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sdexec.config import DEFAULT_RECONNECT_TIMEOUT, DEFAULT_START_TIMEOUT
+from sdexec.drain import AdminCause, Cause
 from sdexec.ioencode import encode_io
 from sdexec.limits import listed_cmdline, listed_name
 from sdexec.managerversion import version_number
@@ -292,7 +293,8 @@ class ProcessContext:
     #: asked at each change, so that a reload turning it on shows the
     #: unit already stuck, which is when it is wanted.
     debug: Callable[[], bool] = lambda: False
-    drain: Callable[[str], None] = lambda reason: None  # refuse new work, why
+    #: ``drain(reason, cause)``: refuse new work, why (sdexec/drain.py).
+    drain: Callable[[str, Cause], None] = lambda reason, cause: None
     #: A start was refused for a property the manager does not take (its
     #: D-Bus name): if the site sets it, every start would be.
     property_not_taken: Callable[[str], None] = lambda name: None
@@ -1625,7 +1627,7 @@ class Process:
         self._context.count("stop-timer-abandoned")
         # The drain keeps the short reason; the client is told what was tried.
         self.unkillable(f"{reason}: {self.stop_timer.account()}; the node is drained")
-        self._context.drain(reason)
+        self._context.drain(reason, AdminCause.ABANDONED_UNIT)
 
 
 class _UnitStop:

@@ -27,7 +27,7 @@ from sdexec.closing import OpenConnections
 from sdexec.config import Config
 from sdexec.containment import Containment, Fences, judge_fences
 from sdexec.devicefence import CanaryContext, CanaryResponder, DeviceCanary
-from sdexec.drain import Drains, SelfLifting
+from sdexec.drain import AdminCause, Cause, Drains, SelfLifting
 from sdexec.fdlimit import no_room_for_a_process
 from sdexec.hangup import HangupWatcher
 from sdexec.idset import IDset
@@ -611,12 +611,14 @@ class SdexecServer:
             )
         if not verdict.problems:
             return None
-        return self._fence_broken(verdict.problems, "fence-failures")
+        return self._fence_broken(verdict.problems, "fence-failures", AdminCause.FENCE)
 
-    def _fence_broken(self, problems: Sequence[str], counter: str) -> str | None:
+    def _fence_broken(
+        self, problems: Sequence[str], counter: str, cause: AdminCause
+    ) -> str | None:
         """Count a unit whose fences do not hold and apply
-        ``containment-check``: drain and return the first problem, or
-        (``warn``) log them, in one line, and return None."""
+        ``containment-check``: drain (for ``cause``) and return the first
+        problem, or (``warn``) log them, in one line, and return None."""
         self.counters[counter] += 1
         if self.containment.check == "warn":
             log.warn(
@@ -624,7 +626,7 @@ class SdexecServer:
                 problems="; ".join(problems),
             )
             return None
-        self.drain(problems[0])
+        self.drain(problems[0], cause)
         return problems[0]
 
     def check_manager_version(self) -> None:
@@ -1162,11 +1164,12 @@ class SdexecServer:
         """Why the node is drained (every cause in force), or ``None``."""
         return self.drains.reason
 
-    def drain(self, reason: str, kind: SelfLifting | None = None) -> None:
+    def drain(self, reason: str, cause: Cause) -> None:
         """Refuse new work, for ``reason`` (logged once while it stands);
-        ``kind``: a cause that lifts itself (:meth:`lift`), else one only
-        an admin's undrain clears."""
-        change = self.drains.add(reason, kind)
+        ``cause``: what drained it, a :class:`SelfLifting` one lifts itself
+        (:meth:`lift`), an :class:`AdminCause` only an admin's undrain
+        clears (sdexec/drain.py)."""
+        change = self.drains.add(reason, cause)
         if change == "new":
             log.error("draining: {reason}", reason=reason)
         elif change == "restated":  # a cause in force, said afresh

@@ -144,11 +144,11 @@ class Recorder:
 NOT_DRAINED = {"drained": False, "reason": None, "causes": []}
 
 
-def drained_by(reason: str) -> dict:
-    """The stats' ``drain`` object of a service drained for one cause, which
-    only an admin's undrain clears."""
-    cause = {"reason": reason, "kind": "admin", "lifts-itself": False}
-    return {"drained": True, "reason": reason, "causes": [cause]}
+def drained_by(reason: str, cause: str) -> dict:
+    """The stats' ``drain`` object of a service drained for one ``cause``
+    (sdexec.drain.CAUSES), which only an admin's undrain clears."""
+    held = {"reason": reason, "kind": "admin", "lifts-itself": False, "cause": cause}
+    return {"drained": True, "reason": reason, "causes": [held]}
 
 
 def sigkill_for_stop_timer(server: SdexecServer) -> None:

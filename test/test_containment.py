@@ -492,7 +492,7 @@ async def test_unenforced_fence_fails_the_job_and_drains(start_service, tmp_path
     await until(lambda: not service.server.processes, "the refused unit reaped")
     assert unit_names(f"{name}*") == []
 
-    drain = drained_by(reason)
+    drain = drained_by(reason, "fence")
     stats = await client.stats()
     assert stats["drain"] == drain
     assert stats["requests"]["fence-failures"] == 1
@@ -1485,7 +1485,7 @@ def test_a_fence_the_node_does_not_hold_fails_the_job_and_drains(
         " (is the cpuset controller delegated to the user instance?)"
     )
     assert [error_of(response) for response in responses] == [(errno.EIO, reason)]
-    assert server.stats()["drain"] == drained_by(reason)
+    assert server.stats()["drain"] == drained_by(reason, "fence")
     assert server.counters["fence-failures"] == 1
 
 

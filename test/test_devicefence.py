@@ -36,6 +36,7 @@ from sdexec.devicefence import (
     canary_plan,
     canary_verdict,
 )
+from sdexec.drain import AdminCause
 from sdexec.execstart import read_back_intact
 from sdexec.leftovers import owner_marks
 from sdexec.plan import RequestError
@@ -218,7 +219,9 @@ def test_the_canary_needs_only_its_context_not_the_server():
             clock=Clock,
             start_process=lambda plan, responder: started.append(responder) or (0, 7),
             abandon=abandoned.append,
-            fence_broken=lambda problems, counter: broken.append(counter),
+            fence_broken=lambda problems, counter, cause: broken.append(
+                (counter, cause)
+            ),
         )
     )
     verdicts: list = []
@@ -227,7 +230,7 @@ def test_the_canary_needs_only_its_context_not_the_server():
     responder.respond({"type": "finished", "status": exited(0)})
     responder.error(errno.ENODATA, "end of stream")
     assert abandoned == [(0, 7)]
-    assert broken == ["device-fence-failures"]
+    assert broken == [("device-fence-failures", AdminCause.DEVICE_FENCE)]
     assert canary.verdict == {"enforced": False, "problem": NOT_ENFORCED}
 
 
@@ -314,7 +317,7 @@ async def test_an_unenforced_fence_drains_the_node_and_is_counted():
     run_canary(systemd, 0)
     assert await verdict == NOT_ENFORCED
     stats = server.stats()
-    assert stats["drain"] == drained_by(NOT_ENFORCED)
+    assert stats["drain"] == drained_by(NOT_ENFORCED, "device-fence")
     assert stats["requests"]["device-fence-failures"] == 1
     assert stats["device-fence"] == {"enforced": False, "problem": NOT_ENFORCED}
     await reaped(server)
@@ -536,7 +539,9 @@ async def test_the_canary_agrees_with_the_node(start_service):
     stats = service.server.stats()
     problem = None if enforced else NOT_ENFORCED
     assert stats["device-fence"] == {"enforced": enforced, "problem": problem}
-    assert stats["drain"] == (drained_by(problem) if problem else NOT_DRAINED)
+    assert stats["drain"] == (
+        drained_by(problem, "device-fence") if problem else NOT_DRAINED
+    )
     client = await service.connect()
     result = await run(client, ["/bin/true"])
     if enforced:

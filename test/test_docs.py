@@ -386,6 +386,19 @@ def test_protocol_md_names_every_receipt_key_a_wait_answer_carries():
     assert named == set(Receipt.__slots__) - {"status"}
 
 
+def test_protocol_md_names_every_drain_cause():
+    # A resource manager automating undrains tells an unkillable job from
+    # a fence from a device canary by `cause`: each it may meet is named.
+    from sdexec.drain import CAUSES
+
+    text = re.sub(r"\s+", " ", (REPO / "docs" / "protocol.md").read_text("utf-8"))
+    start = text.index("no reason's text need be parsed:")
+    named = set(
+        re.findall(r"`([a-z-]+)`", text[start : text.index('`"device-fence"`', start)])
+    )
+    assert named == set(CAUSES)
+
+
 def _section(document: str, heading: str) -> str:
     """A section of a document: from its heading to the next of its level."""
     text = (REPO / "docs" / document).read_text(encoding="utf-8")

@@ -23,7 +23,7 @@ from test_server import FLAGS, TRUE
 
 from sdexec.config import parse_config
 from sdexec.containment import Containment
-from sdexec.drain import Drains, SelfLifting
+from sdexec.drain import AdminCause, Drains, SelfLifting
 from sdexec.managerversion import version_problem
 from sdexec.outage import SystemdOutage
 from sdexec.systemd import SystemdError
@@ -41,7 +41,7 @@ def test_causes_are_kept_apart_and_cleared_by_whom_they_belong_to():
     assert (drains.reason, bool(drains)) == (None, False)
     drains.add("systemd unreachable for 60 s", SelfLifting.OUTAGE)
     assert drains.only_self_lifting
-    drains.add(UNKILLABLE)
+    drains.add(UNKILLABLE, AdminCause.UNKILLABLE)
     assert drains.reason == f"systemd unreachable for 60 s; {UNKILLABLE}"
     assert not drains.only_self_lifting
     assert drains.causes == [
@@ -49,8 +49,14 @@ def test_causes_are_kept_apart_and_cleared_by_whom_they_belong_to():
             "reason": "systemd unreachable for 60 s",
             "kind": "outage",
             "lifts-itself": True,
+            "cause": "outage",
         },
-        {"reason": UNKILLABLE, "kind": "admin", "lifts-itself": False},
+        {
+            "reason": UNKILLABLE,
+            "kind": "admin",
+            "lifts-itself": False,
+            "cause": "unkillable",
+        },
     ]
     assert drains.clear_admins() == [UNKILLABLE]
     assert drains.reason == "systemd unreachable for 60 s"
@@ -65,6 +71,11 @@ def test_a_self_lifting_cause_is_said_afresh_not_twice():
     assert drains.add("1 leftover unit", SelfLifting.LEFTOVERS)
     assert not drains.add("1 leftover unit", SelfLifting.LEFTOVERS)
     assert drains.reason == "1 leftover unit"
+
+
+def causes_of(server) -> list[str]:
+    """What drained the server, each cause in force (its ``/stats``)."""
+    return [cause["cause"] for cause in server.stats()["drain"]["causes"]]
 
 
 def reload_with_containment(server, on: bool) -> None:
@@ -104,9 +115,10 @@ def test_a_version_problem_found_while_drained_outlives_the_admins_undrain(
     systemd, server
 ):
     systemd.version = "243"  # runs units; fences need 244
-    server.drain(UNKILLABLE)
+    server.drain(UNKILLABLE, AdminCause.UNKILLABLE)
     reload_with_containment(server, on=True)
     problem = version_problem("243", fenced=True)
+    assert causes_of(server) == ["unkillable", "version"]
     assert server.undrain() == {
         "reason": UNKILLABLE,
         "cleared": [UNKILLABLE],
@@ -122,7 +134,8 @@ def test_leftovers_still_stopping_outlive_the_undrain_of_another_cause(systemd):
     leftover(systemd, "sdexec-a.service")
     server = make_server(systemd)
     server.leftovers.scan()
-    server.drain(UNKILLABLE)
+    server.drain(UNKILLABLE, AdminCause.UNKILLABLE)
+    assert causes_of(server) == ["leftovers", "unkillable"]
     still = "1 leftover unit from a previous run"
     assert server.undrain() == {
         "reason": UNKILLABLE,
@@ -137,9 +150,10 @@ def test_leftovers_still_stopping_outlive_the_undrain_of_another_cause(systemd):
 def test_an_outage_past_its_timeout_drains_though_drained_already(systemd, server):
     outage = SystemdOutage(server)
     systemd.on_lost, systemd.on_restored = outage.lost, outage.restored
-    server.drain(UNKILLABLE)
+    server.drain(UNKILLABLE, AdminCause.UNKILLABLE)
     systemd.lose("the manager left the bus")
     server.clock.advance(60)
+    assert causes_of(server) == ["unkillable", "outage"]
     server.undrain()
     assert server.stats()["drain"]["drained"]  # systemd is still away
     systemd.restore()
@@ -166,7 +180,7 @@ def test_a_refusal_says_who_clears_the_drain():
     drains.add("systemd 239 is too old", SelfLifting.VERSION)
     assert drains.who_clears == "lifted once that is mended, not by waiting"
     drains.lift(SelfLifting.VERSION)
-    drains.add(UNKILLABLE)
+    drains.add(UNKILLABLE, AdminCause.UNKILLABLE)
     assert drains.who_clears == "sdexec undrain clears what does not lift itself"
     drains.lift(SelfLifting.LEFTOVERS)
     assert drains.who_clears == "sdexec undrain clears it"
@@ -179,7 +193,7 @@ def test_a_refusal_says_who_clears_the_drain():
         (SelfLifting.LEFTOVERS, errno.EBUSY),
         (SelfLifting.VERSION, errno.EIO),
         (SelfLifting.SITE_PROPERTY, errno.EIO),
-        (None, errno.EIO),  # an admin's
+        (AdminCause.FENCE, errno.EIO),  # an admin's
     ],
 )
 def test_a_drain_waiting_will_not_cure_refuses_with_eio(server, kind, errnum):
@@ -201,7 +215,7 @@ def test_an_outage_alone_is_ebusy_and_with_an_admins_cause_eio(server):
         errno.EBUSY,
         f"node is drained: {outage} (lifted once that is over)",
     )
-    server.drain(UNKILLABLE)
+    server.drain(UNKILLABLE, AdminCause.UNKILLABLE)
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     assert error_of(connection.last()) == (
         errno.EIO,
@@ -403,6 +417,7 @@ async def test_a_site_property_refusing_the_canary_does_not_blame_the_fence():
     server = server_of(systemd, config)
     assert await server.verify_devices() is None
     assert [cause["kind"] for cause in server.drains.causes] == ["site-property"]
+    assert [cause["cause"] for cause in server.drains.causes] == ["site-property"]
     assert server.device_canary.verdict is None
     systemd.refuse_start = None
     config = parse_config(contained_config())  # the admin took it out

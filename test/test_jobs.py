@@ -142,6 +142,9 @@ def test_an_unkillable_job_is_drained_on_schedule(
     assert server.drain_reason is None
     clock.advance(1)
     assert server.drain_reason == "unkillable user processes for job f1"
+    # Named apart from the other causes an admin clears, for a resource
+    # manager that automates undrains (sdexec/drain.py).
+    assert [cause["cause"] for cause in server.drains.causes] == ["unkillable"]
     assert clock.getDelayedCalls() == []
     assert kill_times(systemd, "all") == [0, *task_kills]
     assert kill_times(systemd, "main") == attempts

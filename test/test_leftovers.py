@@ -248,6 +248,7 @@ def test_a_leftover_that_will_not_stop_gets_the_stop_timer(systemd):
     assert server.counters["stop-timer-signal"] == 1
     server.clock.advance(30)
     assert server.drain_reason == "unkillable user processes in unit sdexec-a.service"
+    assert [cause["cause"] for cause in server.drains.causes] == ["abandoned-unit"]
     assert server.counters["stop-timer-abandoned"] == 1
     systemd.change("sdexec-a.service", INACTIVE)  # gone at last: still drained
     assert server.leftovers.units == {}

@@ -14,6 +14,7 @@ from twisted.internet import reactor
 from twisted.internet.task import Clock
 
 from sdexec.config import parse_config
+from sdexec.drain import AdminCause
 from sdexec.managerversion import version_number, version_problem
 from sdexec.outage import SystemdOutage
 from sdexec.server import SdexecServer
@@ -90,7 +91,7 @@ def test_an_upgraded_manager_lifts_that_drain_and_no_other(systemd, server):
     systemd.version = "252"
     systemd.restore()
     assert server.drain_reason is None
-    server.drain("unkillable processes")  # an admin's to clear
+    server.drain("unkillable processes", AdminCause.UNKILLABLE)  # an admin's to clear
     systemd.version = "239"
     server.check_manager_version()
     assert server.drain_reason == f"unkillable processes; {TOO_OLD}"

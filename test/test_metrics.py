@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from pytest_twisted import ensureDeferred
 from support import run, wait_until_reaped
 
-from sdexec.drain import KINDS
+from sdexec.drain import KINDS, AdminCause
 
 pytestmark = pytest.mark.systemd
 
@@ -59,7 +59,7 @@ async def test_metrics_agree_with_stats_and_observe_latency(sdexec, tmp_path):
     failed = await run(client, [str(garbage)])  # its unit fails: 203/EXEC
     assert failed.error is not None
     await wait_until_reaped(sdexec, "sdexec-*")
-    sdexec.server.drain("fence check failed for sdexec-x.service")
+    sdexec.server.drain("fence check failed for sdexec-x.service", AdminCause.FENCE)
     assert await sdexec.service.reload()
 
     base = sdexec.stats_url.removesuffix("/stats")

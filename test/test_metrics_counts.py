@@ -28,7 +28,7 @@ from twisted.internet.task import Clock
 from sdexec import connection as connection_module
 from sdexec import metrics as metrics_module
 from sdexec.config import parse_config
-from sdexec.drain import SelfLifting
+from sdexec.drain import AdminCause, SelfLifting
 from sdexec.metrics import Metrics, Scrape
 from sdexec.protocol import ExecFlag
 from sdexec.server import SdexecServer
@@ -72,7 +72,7 @@ def test_a_drain_whose_reason_changes_stays_one_series(server):
     server.drain("3 leftover units from a previous run", SelfLifting.LEFTOVERS)
     before = drain_series(metrics)
     server.drain("2 leftover units from a previous run", SelfLifting.LEFTOVERS)
-    server.drain("fence check failed for sdexec-x.service")
+    server.drain("fence check failed for sdexec-x.service", AdminCause.FENCE)
     after = drain_series(metrics)
     assert before.keys() == after.keys()
     assert after == {

@@ -13,6 +13,7 @@ from support import ConfigText, RunningService, sleep
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs, formatEvent
 
+from sdexec.drain import AdminCause
 from sdexec.notify import Readiness, SystemdNotifier, describe_server
 
 
@@ -172,7 +173,7 @@ async def test_the_service_notifies_ready_status_reload_and_stop(
         assert await _next_messages(notify_socket) == [
             {"READY": "1", "STATUS": "serving 0 processes"}
         ]
-        running.server.drain("fence check failed on sdexec-x.service")
+        running.server.drain("fence check failed on sdexec-x.service", AdminCause.FENCE)
         assert await _next_messages(notify_socket) == [
             {"STATUS": "drained: fence check failed on sdexec-x.service"}
         ]

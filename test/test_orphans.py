@@ -16,6 +16,7 @@ import pytest
 from twisted.internet.task import Clock
 
 from sdexec import orphans
+from sdexec.drain import AdminCause
 from sdexec.orphans import (
     GRACE_S,
     LostUnitKill,
@@ -294,7 +295,9 @@ def test_the_stop_timer_signal_comes_first_then_sigkill(
 
     monkeypatch.setattr(signal, "pidfd_send_signal", recorded)
     clock, drains = Clock(), []
-    kill = LostUnitKill(UNIT, CGROUP, signal.SIGUSR1, clock, drains.append, set())
+    kill = LostUnitKill(
+        UNIT, CGROUP, signal.SIGUSR1, clock, lambda *drain: drains.append(drain), set()
+    )
     kill_root(kill, tmp_path).start()
     assert sent == [signal.SIGUSR1]
     assert deaf.poll() is None  # it ignores it
@@ -314,10 +317,12 @@ def test_what_may_not_be_signalled_drains_the_node(tmp_path, processes, monkeypa
 
     monkeypatch.setattr(signal, "pidfd_send_signal", refused)
     clock, drains = Clock(), []
-    kill_root(LostUnitKill(UNIT, CGROUP, signal.SIGUSR1, clock, drains.append, set()),
-              tmp_path).start()  # fmt: skip
+    kill = LostUnitKill(
+        UNIT, CGROUP, signal.SIGUSR1, clock, lambda *drain: drains.append(drain), set()
+    )
+    kill_root(kill, tmp_path).start()
     clock.advance(GRACE_S)
-    assert drains == [lost_unit_reason(UNIT)]
+    assert drains == [(lost_unit_reason(UNIT), AdminCause.LOST_UNIT)]
     assert lost_unit_reason(UNIT) == (
         f"unkillable user processes left by lost unit {UNIT}"
     )

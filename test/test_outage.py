@@ -24,6 +24,7 @@ import sdexec.orphans
 import sdexec.process
 import sdexec.server
 from sdexec.config import parse_config
+from sdexec.drain import AdminCause
 from sdexec.ioencode import decode_io
 from sdexec.outage import SystemdOutage
 from sdexec.server import SdexecServer
@@ -91,7 +92,9 @@ def test_back_in_time_no_drain_at_all(systemd, server):
 def test_another_drain_is_not_undone_by_the_return(systemd, server):
     systemd.lose()
     server.clock.advance(10)
-    server.drain("unkillable user processes in unit x.service")
+    server.drain(
+        "unkillable user processes in unit x.service", AdminCause.ABANDONED_UNIT
+    )
     systemd.restore()
     assert server.drain_reason == "unkillable user processes in unit x.service"
 
@@ -99,7 +102,9 @@ def test_another_drain_is_not_undone_by_the_return(systemd, server):
 def test_a_return_under_another_drain_does_not_log_the_drain_lifted(systemd, server):
     # It logged "drain lifted (was: systemd unreachable …)" alone, the node
     # drained still: an admin reading the journal took it for serving.
-    server.drain("unkillable user processes in unit x.service")
+    server.drain(
+        "unkillable user processes in unit x.service", AdminCause.ABANDONED_UNIT
+    )
     systemd.lose()
     server.clock.advance(10)
     with capturedLogs() as events:
@@ -117,7 +122,9 @@ def test_a_return_under_another_drain_does_not_log_the_drain_lifted(systemd, ser
 
 def test_a_drain_from_before_a_long_outage_outlives_its_return(systemd, server):
     # The outage's drain used to replace it, and the return to clear that.
-    server.drain("unkillable user processes in unit x.service")
+    server.drain(
+        "unkillable user processes in unit x.service", AdminCause.ABANDONED_UNIT
+    )
     systemd.lose()
     server.clock.advance(10)
     systemd.restore()

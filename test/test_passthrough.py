@@ -33,6 +33,7 @@ from twisted.internet.threads import deferToThread
 from sdexec.client import connect
 from sdexec.config import default_config
 from sdexec.containment import Containment
+from sdexec.drain import AdminCause
 from sdexec.fdlimit import FDS_PER_PROCESS, RESERVE
 from sdexec.plan import RequestError, plan_exec
 from sdexec.protocol import ExecFlag
@@ -494,7 +495,7 @@ STRANGER = (
 @pytest.mark.parametrize(
     "refuse",
     [
-        lambda server: server.drain("test"),
+        lambda server: server.drain("test", AdminCause.FENCE),
         lambda server: setattr(server, "owner_uid", os.getuid() + 1),
     ],
 )

@@ -19,6 +19,7 @@ from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
 
 from sdexec.config import parse_config
+from sdexec.drain import AdminCause
 from sdexec.passthrough import PassedStdio
 from sdexec.plan import RequestError
 from sdexec.process import MAX_EARLY_KILLS, Process, ProcessContext
@@ -189,7 +190,7 @@ def make_drained_process(seconds: float = 10, second_signal: int = signal.SIGKIL
         responder,
         ProcessContext(
             reactor=reactor, clock=clock, rank="0",
-            count=counted.append, drain=drained.append,
+            count=counted.append, drain=lambda *drain: drained.append(drain),
         ),
         on_reaped=reaped.append,
     )  # fmt: skip
@@ -220,7 +221,7 @@ def test_stop_timer_signals_all_then_abandons_and_drains():
         " process left in it; tried since: SIGUSR1 once to them, 10s ago; the"
         " node is drained",
     )
-    assert drained == [reason]
+    assert drained == [(reason, AdminCause.ABANDONED_UNIT)]
     assert counted == ["stop-timer-signal", "stop-timer-abandoned"]
     assert process.stop_timer.state is StopTimerState.ABANDONED
     assert clock.getDelayedCalls() == []

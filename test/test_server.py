@@ -30,6 +30,7 @@ import sdexec.process
 from sdexec.config import parse_config
 from sdexec.connection import CLIENT_BUFFER_SIZE, ClientProtocol
 from sdexec.containment import Containment
+from sdexec.drain import AdminCause
 from sdexec.ioencode import decode_io, encode_io
 from sdexec.lograte import MAX_QUOTED
 from sdexec.plan import plan_exec
@@ -188,10 +189,10 @@ def test_unreadable_credentials_are_refused(server):
 def test_list_stats_and_undrain(server, connection):
     connection.send("sdexec.list", {})
     assert connection.last()["payload"] == {"rank": 0, "procs": []}
-    server.drain("fence broken")
+    server.drain("fence broken", AdminCause.FENCE)
     connection.send("sdexec.stats-get", {}, matchtag=2)
     stats = connection.last()["payload"]
-    assert stats["drain"] == drained_by("fence broken")
+    assert stats["drain"] == drained_by("fence broken", "fence")
     assert stats["requests"] == {"sdexec.list": 1, "sdexec.stats-get": 1}
     connection.send("sdexec.undrain", {}, matchtag=3)
     assert connection.last()["payload"] == {
@@ -375,7 +376,7 @@ def test_a_bufsize_is_read_as_flux_reads_it(text, size):
 
 
 def test_exec_is_refused_while_drained(server, connection):
-    server.drain("fence broken")
+    server.drain("fence broken", AdminCause.FENCE)
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     assert error_of(connection.last()) == (
         errno.EIO,

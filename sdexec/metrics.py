@@ -93,7 +93,9 @@ EVENT_COUNTERS = {
     "jobs-unkillable": ("jobs_unkillable", "Jobs that outlived termination."),
     "oom-kills": (
         "oom_kills",
-        "Units the OOM killer ended (Result=oom-kill, or memory.events counted one).",
+        "Units the OOM killer ended (Result=oom-kill, or memory.events counted"
+        " one), each once: also those whose client had left, or whose kill came"
+        " after the main process exited.",
     ),
     "device-fence-failures": (
         "device_fence_failures",

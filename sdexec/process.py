@@ -35,7 +35,7 @@ from sdexec.orphans import expected_unit_cgroup, unit_cgroup
 from sdexec.passthrough import NO_STDIO, PassedStdio
 from sdexec.plan import ExecPlan, NamedPath, RequestError
 from sdexec.protocol import ExecFlag
-from sdexec.receipt import finished_extensions, unit_cgroup_exists
+from sdexec.receipt import OOM_KILL, finished_extensions, unit_cgroup_exists
 from sdexec.systemd import (
     Manager,
     UnitStatus,
@@ -413,6 +413,8 @@ class Process:
         self._manager_reloaded = False
         #: Its start left the window of calls for the bus.
         self._start_was_sent = False
+        #: Its OOM end is in the service's ``oom-kills`` (once per unit).
+        self._oom_counted = False
 
     def _init_receipt_wait(self) -> None:
         """The receipt's read, and what waits for it: nothing yet."""
@@ -969,6 +971,11 @@ class Process:
             self._context.pid_known(self)
         if status.has_started and Sent.STARTED not in self._sent:
             self._started(properties, status.pid)
+        if status.result == OOM_KILL and Sent.STARTED in self._sent:
+            # Also where it comes after the receipt (a process that outlived
+            # the main one, killed before or during the stop) or without one:
+            # the signals carry Result, at no call's cost.
+            self._count_oom_end()
         if status.has_finished:
             self._finish(status)
         if self._awaiting_receipt and not self._may_release_before_receipt(status):
@@ -1098,9 +1105,16 @@ class Process:
         receipt = finished_extensions(state)
         if lost is not None:
             receipt["receipt_lost"] = lost
-        if receipt.get("result") == "oom-kill" or receipt.get("oom_kills"):
-            self._context.count("oom-kills")
+        if receipt.get("result") == OOM_KILL or receipt.get("oom_kills"):
+            self._count_oom_end()
         self._send_finished(receipt)
+
+    def _count_oom_end(self) -> None:
+        """One more ``oom-kills``, once per unit: its receipt and its later
+        signals may each say it."""
+        if not self._oom_counted:
+            self._oom_counted = True
+            self._context.count("oom-kills")
 
     def _wait_for_receipt(self, failure: Failure, state: dict[str, Any]) -> bool:
         """Whether a receipt whose read failed waits to be asked for again:

@@ -45,6 +45,7 @@ else:
     import _signal as signal  # the C core: signal's enums cost 2.5 ms
 
 __all__ = [
+    "OOM_KILL",
     "UNSET",
     "Receipt",
     "finished_extensions",
@@ -56,6 +57,7 @@ __all__ = [
 
 #: systemd's "not measured" for a 64-bit counter (``[not set]``).
 UNSET = 2**64 - 1
+#: systemd's ``Result`` for a unit the OOM killer ended.
 OOM_KILL = "oom-kill"
 TIMEOUT = "timeout"
 #: What ``terminated`` may say, and how a client words it.

@@ -38,7 +38,7 @@ from sdexec.receipt import (
 )
 from sdexec.systemd import SystemdError
 from sdexec.systemd.errors import connection_lost
-from sdexec.testing import EXITED, FakeManager, exec_plan
+from sdexec.testing import EXITED, RUNNING, FakeManager, exec_plan
 
 UNIT = "sdexec-test.service"
 CGROUP = "/sdexec.slice/sdexec-test.service"
@@ -282,12 +282,20 @@ def test_format_bytes(size, text):
 # -- the process: the receipt is read before the unit is stopped ---------------------
 
 
-def start_process(systemd: FakeManager):
+def started_process(systemd: FakeManager):
+    """A process started on ``systemd``, what it answered, and what it
+    counted."""
     responder, counted = Recorder(), []
     plan = dataclasses.replace(exec_plan(), output={})
     context = ProcessContext(reactor=reactor, clock=Clock(), rank="0",
                              count=counted.append)  # fmt: skip
-    Process(systemd, plan, responder, context).start()
+    process = Process(systemd, plan, responder, context)
+    process.start()
+    return process, responder, counted
+
+
+def start_process(systemd: FakeManager):
+    _, responder, counted = started_process(systemd)
     return responder, counted
 
 
@@ -343,6 +351,45 @@ def test_an_oom_kill_is_counted():
                           "Result": "oom-kill"})  # fmt: skip
     assert responder.responses[-1]["status"] == 9
     assert responder.responses[-1]["result"] == "oom-kill"
+    assert counted == ["oom-kills"]
+
+
+#: A unit systemd failed for an OOM kill (``Result=oom-kill``) after its main
+#: process had exited: one of what outlived it was killed before or during
+#: the stop (service_notify_cgroup_oom_event sets the result in those states).
+OOM_FAILED = {**EXITED, "ActiveState": "failed", "SubState": "failed",
+              "Result": "oom-kill"}  # fmt: skip
+
+
+def test_an_oom_kill_after_the_receipt_is_counted_once():
+    # The receipt was read at the exit (success), and finished said so; the
+    # node's count is of its units' OOM ends all the same.
+    systemd = FakeManager()
+    responder, counted = start_process(systemd)
+    systemd.change(UNIT, {**EXITED, "Result": "success"})
+    assert responder.responses[-1]["result"] == "success"
+    systemd.change(UNIT, {**OOM_FAILED, "ActiveState": "deactivating",
+                          "SubState": "stop-sigkill"})  # fmt: skip
+    systemd.change(UNIT, OOM_FAILED)
+    assert ("reset", UNIT) in systemd.calls
+    assert counted == ["oom-kills"]
+    assert [call[0] for call in systemd.calls].count("get-all") == 1  # no more
+
+
+def test_an_oom_kill_in_the_stop_of_a_unit_whose_client_left_is_counted():
+    # Its client left; the main process ended cleanly on the stop's SIGTERM
+    # before the SIGKILL sent for the client came, and the receipt (read at
+    # that exit) said success; then a process left in the unit was killed.
+    systemd = FakeManager()
+    process, _, counted = started_process(systemd)
+    systemd.run(UNIT)
+    process.client_gone()
+    stopping = {**RUNNING, "ActiveState": "deactivating", "SubState": "stop-sigterm"}
+    systemd.change(UNIT, stopping)
+    systemd.change(UNIT, {**stopping, "ExecMainCode": 2, "ExecMainStatus": 15,
+                          "Result": "success"})  # fmt: skip
+    assert ("get-all", UNIT) in systemd.calls
+    systemd.change(UNIT, {**OOM_FAILED, "ExecMainCode": 2, "ExecMainStatus": 15})
     assert counted == ["oom-kills"]
 
 
@@ -514,6 +561,43 @@ async def test_sdexec_run_reports_an_oom_kill_as_the_node_does(sdexec):
         assert lines[0] == "Finished with result: success"
         assert "OOM" not in ran.stderr
     assert any(line.startswith("Service runtime: ") for line in lines)
+
+
+#: A main process that exits 0 once a child of its own waits for the unit's
+#: stop: the stop's SIGTERM has the child touch 128M, after `finished` went
+#: out (success), and where the node enforces MemoryMax it is OOM-killed
+#: during the stop (systemd's Result becomes oom-kill then).
+HOG_IN_THE_STOP = f"""
+import os, signal
+ready, tell = os.pipe()
+if os.fork() == 0:
+    def hog(*_):
+        {HOG}
+        os._exit(0)
+    signal.signal(signal.SIGTERM, hog)
+    os.write(tell, b"r")
+    while True:
+        signal.pause()
+os.read(ready, 1)
+"""
+
+
+@pytest.mark.systemd
+@ensureDeferred
+async def test_an_oom_kill_in_the_stop_after_finished_is_counted(sdexec):
+    enforced = node_kills_at_memory_max()
+    ran = await deferToThread(
+        subprocess.run,
+        [sys.executable, "-m", "sdexec.cli", "--socket", sdexec.socket_path, "run",
+         "-n", "--usage", "--setopt", "SDEXEC_PROP_MemoryMax=16M",
+         "--setopt", "SDEXEC_PROP_MemorySwapMax=0", sys.executable, "-c",
+         HOG_IN_THE_STOP],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    # The command's own end, either way; the stream ended once the unit had.
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stderr.splitlines()[0] == "Finished with result: success"
+    assert sdexec.server.counters["oom-kills"] == (1 if enforced else 0)
 
 
 @pytest.mark.systemd

@@ -65,6 +65,7 @@ from sdexec.limits import listed_cmdline, listed_name
 from sdexec.managerversion import version_number
 from sdexec.orphans import expected_unit_cgroup
 from sdexec.plan import ExecPlan
+from sdexec.receipt import OOM_KILL
 from sdexec.sockets import unix_path
 from sdexec.systemd import Manager, UnitStatus, queued_job
 from sdexec.systemd.errors import failure_value, is_unit_gone
@@ -243,6 +244,10 @@ class Leftover:
         #: there, outside any unit, unless ended (sdexec/orphans.py).
         self._invocation: bytes | None = None
         self._cgroup: str | None = None
+        #: Its ``Result`` was last seen other than ``oom-kill``: an OOM end
+        #: from now on is this run's to count (one it was found with was
+        #: counted, if at all, by the run that followed it then).
+        self._oom_end_to_come = False
         self.stop_timer = self._new_stop_timer()
         self._watch = systemd.watch_unit(name, self._changed)
 
@@ -334,6 +339,7 @@ class Leftover:
             self._leftovers.gone(self)
             return
         status = UnitStatus.from_properties(state)
+        self._note_result(status.result)
         if self._new_run_queued and not status.is_inactive:
             self._begin_new_run()
         self._has_run = self._has_run or not status.is_inactive
@@ -359,6 +365,16 @@ class Leftover:
         elif status.needs_reset and not self._resetting:
             self._resetting = True
             self._call(self._systemd.reset_failed_unit(self.name), "ResetFailedUnit")
+
+    def _note_result(self, result: str) -> None:
+        """Count an OOM end (``oom-kills``) as its ``Result`` turns to
+        ``oom-kill``, once; the signals carry it, at no call's cost."""
+        if not result:
+            return  # not read yet
+        ended_by_oom = result == OOM_KILL
+        if ended_by_oom and self._oom_end_to_come:
+            self._context.count("oom-kills")
+        self._oom_end_to_come = not ended_by_oom
 
     def _lost_with_its_manager(self, state: dict[str, Any]) -> bool:
         """Whether the run it was is known, and the unit now one its

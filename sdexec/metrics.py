@@ -94,8 +94,8 @@ EVENT_COUNTERS = {
     "oom-kills": (
         "oom_kills",
         "Units the OOM killer ended (Result=oom-kill, or memory.events counted"
-        " one), each once: also those whose client had left, or whose kill came"
-        " after the main process exited.",
+        " one), each once: also those whose client had left, whose kill came"
+        " after the main process exited, and leftovers killed while followed.",
     ),
     "device-fence-failures": (
         "device_fence_failures",

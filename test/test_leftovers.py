@@ -451,6 +451,30 @@ def test_a_leftover_that_stops_in_time_is_not_signalled(systemd):
     assert server.clock.getDelayedCalls() == []
 
 
+#: A leftover systemd failed for an OOM kill (one of its processes killed
+#: while it ran, or during its stop).
+OOM_FAILED = {"ActiveState": "failed", "SubState": "failed", "Result": "oom-kill"}
+
+
+def test_a_leftover_s_oom_kill_is_counted_once_as_it_comes(systemd):
+    leftover(systemd, "sdexec-a.service")
+    leftover(systemd, "sdexec-b.service")
+    systemd.units["sdexec-a.service"]["Result"] = "success"
+    systemd.units["sdexec-b.service"].update(OOM_FAILED)  # before this run
+    server = make_server(systemd)
+    server.leftovers.scan()
+    assert server.counters["oom-kills"] == 0  # not this run's to count
+    systemd.change("sdexec-a.service", {**DEACTIVATING, "Result": "success"})
+    systemd.change("sdexec-a.service", {**DEACTIVATING, "Result": "oom-kill"})
+    systemd.change("sdexec-a.service", OOM_FAILED)
+    assert server.counters["oom-kills"] == 1
+    assert ("reset", "sdexec-a.service") in systemd.calls
+    systemd.change("sdexec-a.service", INACTIVE)
+    systemd.change("sdexec-b.service", INACTIVE)
+    assert server.leftovers.units == {}
+    assert server.counters["oom-kills"] == 1
+
+
 def test_stops_held_until_the_service_listens(systemd):
     # A start that failed after the scan (its stats port taken) had stopped
     # the leftovers it then left unfollowed.

@@ -9,6 +9,7 @@ request body before reading it, and writes no access log.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
@@ -353,8 +354,9 @@ class _StatsChannel(HTTPChannel):
     #: Its transport holds more unwritten than it takes at once (it paused
     #: this producer): the client is not reading its answers.
     answers_unread = False
-    #: Closing, the requests it sent ahead unanswered (allHeadersReceived).
-    refused_ahead = False
+    #: Closing, the request being read refused or the requests it sent
+    #: ahead unanswered (allHeadersReceived), none to be served.
+    refused = False
     #: The header field being read (headerReceived), quoted when refused.
     _field = b""
 
@@ -397,6 +399,7 @@ class _StatsChannel(HTTPChannel):
 
     def _refuse(self, status: bytes, why: str) -> None:
         assert self.transport is not None  # it is reading from it
+        self.refused = True
         self.transport.write(_refusal(status, why))
         self.loseConnection()
 
@@ -437,12 +440,18 @@ class _StatsChannel(HTTPChannel):
             # requests held 2800). The answers made are still written, the
             # rest unanswered: a client that reads asks again; one that
             # does not is closed by the idle timeout.
-            self.refused_ahead = True
+            self.refused = True
             self.clearLineBuffer()
             # A paused producer would be resumed once all is written,
             # instead of the connection closed.
             cast(IConsumer, self.transport).unregisterProducer()
             cast(ITCPTransport, self.transport).loseConnection()
+            return
+        hosts = self.requests[-1].requestHeaders.getRawHeaders(b"host", [])
+        why = _host_refusal(self._version, hosts)
+        if why is not None:
+            # Twisted served these; RFC 9112 (3.2) says they must be a 400.
+            self._refuse(b"400 Bad Request", why)
             return
         if self in self.site.channels:
             # Being served (/metrics renders in a thread): not to be closed
@@ -452,7 +461,7 @@ class _StatsChannel(HTTPChannel):
 
     def allContentReceived(self) -> None:
         # Twisted calls it for a GET whatever allHeadersReceived did.
-        if not self.refused_ahead:
+        if not self.refused:
             super().allContentReceived()
 
     def timeoutConnection(self) -> None:
@@ -463,6 +472,30 @@ class _StatsChannel(HTTPChannel):
         read it: nothing a client that left it idle still wants."""
         assert self.transport is not None  # the timer starts once connected
         cast(ITCPTransport, self.transport).abortConnection()
+
+
+#: A Host field's value: RFC 3986's host (a name, or an IP literal in
+#: brackets), then a port, either empty (RFC 9112, 3.2: a request whose
+#: target has no authority sends an empty one).
+_HOST = re.compile(
+    rb"(\[[0-9A-Za-z.:_~!$&'()*+,;=-]*\]|[0-9A-Za-z._~!$&'()*+,;=%-]*)(:[0-9]*)?"
+)
+
+
+def _host_refusal(version: bytes, hosts: list[bytes]) -> str | None:
+    """Why a request of ``version`` with these ``Host`` fields is a 400
+    (RFC 9112, 3.2: none in an HTTP/1.1 request, more than one, or one that
+    is no host), else ``None``: an HTTP/1.0 request may have none."""
+    if not hosts:
+        if version == b"HTTP/1.1":
+            return "no Host header field: an HTTP/1.1 request must have one"
+        return None
+    if len(hosts) > 1:
+        return "more than one Host header field"
+    if _HOST.fullmatch(hosts[0]) is None:
+        quoted = repr(hosts[0][:_QUOTED])[2:-1]
+        return f"malformed Host header field: {quoted}"
+    return None
 
 
 class _StatsRequest(SiteRequest):

@@ -213,6 +213,21 @@ def _fields(count: int, size: int) -> bytes:
             b"400 Bad Request",
             b"malformed header field: Content-Length: \\xff" + b"9" * 63,
         ),
+        (
+            b"GET /stats HTTP/1.1\r\n",
+            b"400 Bad Request",
+            b"no Host header field: an HTTP/1.1 request must have one",
+        ),
+        (
+            b"GET /stats HTTP/1.1\r\nHost: a\r\nHost: b\r\n",
+            b"400 Bad Request",
+            b"more than one Host header field",
+        ),
+        (
+            b"GET /stats HTTP/1.0\r\nHost: a b/c\r\n",
+            b"400 Bad Request",
+            b"malformed Host header field: a b/c",
+        ),
     ],
     ids=[
         "long-request-line",
@@ -222,6 +237,9 @@ def _fields(count: int, size: int) -> bytes:
         "version",
         "no-colon",
         "bad-length",
+        "no-host",
+        "two-hosts",
+        "bad-host",
     ],
 )
 @ensureDeferred
@@ -237,6 +255,25 @@ async def test_a_request_not_read_is_refused_saying_why(
     assert head.startswith(b"HTTP/1.1 " + status + b"\r\n")
     assert body == why + b"\n"
     assert b"Content-Length: %d\r\n" % len(body) in head + b"\r\n"
+
+
+@pytest.mark.parametrize(
+    ("version", "host"),
+    [
+        (b"HTTP/1.0", b""),  # HTTP/1.0 may leave it out
+        (b"HTTP/1.1", b"Host: [fd00::5]:8490\r\n"),
+        (b"HTTP/1.1", b"Host:\r\n"),  # empty: a target without authority
+        (b"HTTP/1.1", b"Host: %2Frun%2Fsdexec%2Fstats.sock\r\n"),
+    ],
+)
+@ensureDeferred
+async def test_a_request_with_its_host_or_one_not_needing_it_is_served(
+    site_port, version, host
+):
+    _site, port = site_port
+    request = b"GET /stats " + version + b"\r\n" + host + b"Connection: close\r\n\r\n"
+    answer = await deferToThread(exchange, port, request)
+    assert answer.startswith(version + b" 200 ")
 
 
 @pytest.mark.parametrize("method", [b"POST", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"])
@@ -510,7 +547,7 @@ async def test_requests_sent_ahead_of_unread_answers_are_not_answered(monkeypatc
     try:
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         client.connect(("127.0.0.1", port.getHost().port))
-        request = b"GET /stats HTTP/1.1\r\n\r\n"
+        request = b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n"
         client.sendall(request * (65536 // len(request)))
         for _ in range(3000):  # at most 30 s: a loaded machine's reactor
             await deferLater(reactor, 0.01)

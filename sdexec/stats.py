@@ -64,6 +64,10 @@ _WAITING, _SERVING = False, True
 #: How much of a refused header field an answer quotes.
 _QUOTED = 80
 
+#: The longest request line or header field read, its line end apart
+#: (Twisted's LineReceiver's).
+_LINE_LIMIT = 16384
+
 
 def _refusal(status: bytes, why: str) -> bytes:
     """A whole answer refusing a request the channel could not or would not
@@ -360,6 +364,21 @@ class _StatsChannel(HTTPChannel):
     #: The header field being read (headerReceived), quoted when refused.
     _field = b""
 
+    # Lines end in LF, the CR before it dropped (lineReceived): RFC 9112
+    # (2.2) lets a server take a bare LF for a line's end, and a request
+    # typed with printf and sent by nc waited for the idle timeout. A CRLF
+    # line's CR is still in the line LineReceiver measures.
+    delimiter = b"\n"
+    MAX_LENGTH = _LINE_LIMIT + 1
+
+    def lineReceived(self, line: bytes) -> None:
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if len(line) > _LINE_LIMIT:  # LineReceiver let a bare LF's one more
+            self.lineLengthExceeded(line)
+            return
+        super().lineReceived(line)
+
     def headerReceived(self, line: bytes) -> bool:
         self._field = line
         return super().headerReceived(line)
@@ -368,10 +387,10 @@ class _StatsChannel(HTTPChannel):
         # Twisted closed the connection without a word: a scraper whose
         # name[] selection made the request line too long saw an empty reply.
         if self._reading_request_line():
-            why = f"request line longer than {self.MAX_LENGTH} bytes"
+            why = f"request line longer than {_LINE_LIMIT} bytes"
             self._refuse(b"414 URI Too Long", why)
         else:
-            why = f"header field longer than {self.MAX_LENGTH} bytes"
+            why = f"header field longer than {_LINE_LIMIT} bytes"
             self._refuse(b"431 Request Header Fields Too Large", why)
 
     def _respondToBadRequestAndDisconnect(self) -> None:

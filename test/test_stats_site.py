@@ -258,6 +258,36 @@ async def test_a_request_not_read_is_refused_saying_why(
 
 
 @pytest.mark.parametrize(
+    "request_lines",
+    [
+        b"GET /stats HTTP/1.0\n\n",
+        b"GET /stats HTTP/1.1\nHost: x\nConnection: close\n\n",
+        b"GET /stats HTTP/1.1\r\nHost: x\nConnection: close\r\n\n",
+    ],
+    ids=["lf", "lf-fields", "mixed"],
+)
+@ensureDeferred
+async def test_lines_ending_in_lf_alone_are_read(site_port, request_lines):
+    # RFC 9112 (2.2) lets a server take a bare LF for a line's end: a
+    # request typed with printf and sent by nc waited for the idle timeout,
+    # then the connection was closed without an answer.
+    _site, port = site_port
+    answer = await deferToThread(exchange, port, request_lines)
+    assert answer.split(b" ", 2)[1] == b"200"
+
+
+@pytest.mark.parametrize("end", [b"\r\n", b"\n"], ids=["crlf", "lf"])
+@pytest.mark.parametrize(("size", "status"), [(16384, b"200"), (16385, b"414")])
+@ensureDeferred
+async def test_a_line_s_length_leaves_out_its_end(site_port, end, size, status):
+    _site, port = site_port
+    line = b"GET /stats?" + b"x" * (size - len(b"GET /stats? HTTP/1.0")) + b" HTTP/1.0"
+    assert len(line) == size
+    answer = await deferToThread(exchange, port, line + end + end)
+    assert answer.split(b" ", 2)[1] == status
+
+
+@pytest.mark.parametrize(
     ("version", "host"),
     [
         (b"HTTP/1.0", b""),  # HTTP/1.0 may leave it out

@@ -21,6 +21,7 @@ from twisted.internet.interfaces import (
     IAddress,
     IConsumer,
     IDelayedCall,
+    IHalfCloseableProtocol,
     IReactorTime,
     ITCPTransport,
 )
@@ -30,6 +31,7 @@ from twisted.web.http import NOT_ALLOWED, NOT_FOUND, HTTPChannel, Request
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request as SiteRequest
 from twisted.web.server import Site
+from zope.interface import implementer
 
 if TYPE_CHECKING:
     # What Twisted's Site.buildProtocol returns (ours: a _StatsChannel,
@@ -344,8 +346,11 @@ class _Root(Resource):
         return _NotFound()
 
 
+@implementer(IHalfCloseableProtocol)
 class _StatsChannel(HTTPChannel):
-    """One connection: counted by its site, and refusing request bodies."""
+    """One connection: counted by its site, and refusing request bodies;
+    one whose client shut its sending side (``shutdown(SHUT_WR)``, ``nc
+    -N``) is answered what it asked, then closed."""
 
     site: _StatsSite
 
@@ -363,6 +368,8 @@ class _StatsChannel(HTTPChannel):
     refused = False
     #: The header field being read (headerReceived), quoted when refused.
     _field = b""
+    #: The client shut its sending side: nothing more to read.
+    read_closed = False
 
     # Lines end in LF, the CR before it dropped (lineReceived): RFC 9112
     # (2.2) lets a server take a bare LF for a line's end, and a request
@@ -443,6 +450,28 @@ class _StatsChannel(HTTPChannel):
             del channels[self]
             channels[self] = _WAITING
         super().requestDone(request)
+        self._close_once_answered()
+
+    def readConnectionLost(self) -> None:
+        """The client shut its sending side: what it asked is answered
+        before the connection is closed. Twisted took it for a close and
+        dropped an answer not yet written (an HTTP/1.1 one, or a /metrics
+        one being rendered): the client got nothing. One that leaves after
+        it is not seen to leave (nothing more is read) until its answer is
+        written, as one that stops reading."""
+        self.read_closed = True
+        self._close_once_answered()
+
+    def writeConnectionLost(self) -> None:
+        """Only after a half-close of this side, which the site never makes."""
+        self.loseConnection()
+
+    def _close_once_answered(self) -> None:
+        """Close, what is written written first, once the client has shut
+        its side and no request it sent is being answered: what is left
+        unread is no whole request (requestDone reads those sent ahead)."""
+        if self.read_closed and not self._handlingRequest:
+            self.loseConnection()
 
     def allHeadersReceived(self) -> None:
         # Only GET is served, and Twisted would keep a body however large

@@ -619,6 +619,51 @@ async def test_a_reader_sending_ahead_gets_the_answers_made_then_the_close():
     assert answer.count(b"HTTP/1.1 200") == 1
 
 
+def exchange_half_closed(address, request: bytes) -> bytes:
+    """Send ``request`` and shut the sending side (``nc -N``), then read
+    until the site closes the connection; ``address`` a TCP port on
+    127.0.0.1 or a UNIX socket's path."""
+    family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
+    target = address if isinstance(address, str) else ("127.0.0.1", address)
+    with socket.socket(family) as sock:
+        sock.settimeout(30)
+        sock.connect(target)
+        sock.sendall(request)
+        sock.shutdown(socket.SHUT_WR)
+        return _read_to_eof(sock)
+
+
+@pytest.mark.parametrize("family", ["tcp", "unix"])
+@ensureDeferred
+async def test_a_client_that_shuts_its_side_gets_its_answers(family, tmp_path):
+    # Twisted took the end of the client's sending for a close and dropped
+    # the answer not yet written: an HTTP/1.1 request's got nothing.
+    site = stats_site(lambda: {"counters": {"started": 1}})
+    if family == "unix":
+        address = str(tmp_path / "stats.sock")
+        port = reactor.listenUNIX(address, site)
+    else:
+        port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        address = port.getHost().port
+    try:
+        request = b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n"
+        answer = await deferToThread(exchange_half_closed, address, request * 2)
+    finally:
+        await port.stopListening()
+    assert answer.count(b"HTTP/1.1 200 OK\r\n") == 2
+    assert answer.endswith(b'"started": 1\n  }\n}\n')
+    assert site.channels == {}
+
+
+@ensureDeferred
+async def test_a_client_that_shuts_its_side_mid_request_is_closed(site_port):
+    site, port = site_port
+    unfinished = b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\nGET /stats HTTP/1.1\r\n"
+    answer = await deferToThread(exchange_half_closed, port, unfinished)
+    assert answer.count(b"HTTP/1.1 200 OK\r\n") == 1
+    assert site.channels == {}
+
+
 # -- GET /metrics, offline: the registry over stand-in counters -----------------
 
 
@@ -681,6 +726,19 @@ async def test_metrics_named_in_the_query_include_those_of_stats(metrics_port):
     assert b"sdexec_oom_kills_total 1.0" in answer
     assert b'sdexec_requests_total{topic="sdexec.exec"} 3.0' in answer
     assert b"sdexec_processes" not in answer
+
+
+@ensureDeferred
+async def test_metrics_rendered_for_a_client_that_shut_its_side_are_written(
+    metrics_port,
+):
+    # The answer is rendered in the reactor's thread pool: the client's
+    # end of sending was taken for its leaving, and the answer dropped.
+    request = _metrics_request("GET", "?name[]=sdexec_drained")
+    answer = await deferToThread(exchange_half_closed, metrics_port, request)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert b"\nsdexec_drained 1.0\n" in body
 
 
 @ensureDeferred

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
 from urllib.parse import urlsplit
 
@@ -443,6 +443,19 @@ class _StatsChannel(HTTPChannel):
             self.site.closing -= 1
         super().connectionLost(reason)
 
+    def checkPersistence(self, request: Request, version: bytes) -> bool:
+        """Whether the connection stays open after this request's answer:
+        not if any ``Connection`` field names ``close`` in its list.
+        Twisted's splits only the first field, and at spaces alone:
+        ``keep-alive,close``, or a second field, kept it open, and a client
+        reading the answer to its end waited for the idle timeout."""
+        persistent = bool(super().checkPersistence(request, version))
+        fields = request.requestHeaders.getRawHeaders(b"connection", [])
+        if persistent and _names_close(fields):
+            request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+            return False
+        return persistent
+
     def requestDone(self, request: Request) -> None:
         # Served: it now waits for its next request, the newest to wait.
         channels = self.site.channels
@@ -520,6 +533,16 @@ class _StatsChannel(HTTPChannel):
         read it: nothing a client that left it idle still wants."""
         assert self.transport is not None  # the timer starts once connected
         cast(ITCPTransport, self.transport).abortConnection()
+
+
+def _names_close(fields: Sequence[bytes]) -> bool:
+    """Whether these ``Connection`` fields name the ``close`` option
+    (RFC 9110, 7.6.1: a list, its options separated by commas)."""
+    return any(
+        option.strip(b" \t").lower() == b"close"
+        for field in fields
+        for option in field.split(b",")
+    )
 
 
 #: A Host field's value: RFC 3986's host (a name, or an IP literal in

@@ -306,6 +306,31 @@ async def test_a_request_with_its_host_or_one_not_needing_it_is_served(
     assert answer.startswith(version + b" 200 ")
 
 
+@pytest.mark.parametrize(
+    "connection",
+    [
+        b"Connection: keep-alive,close\r\n",
+        b"Connection: keep-alive\r\nConnection: close\r\n",
+        b"Connection: Close\r\n",
+    ],
+    ids=["list", "second-field", "case"],
+)
+@ensureDeferred
+async def test_a_request_that_names_close_is_answered_then_closed(
+    site_port, connection
+):
+    # Twisted read the first Connection field alone, split at spaces: the
+    # connection stayed open, and a client reading to its end waited for
+    # the idle timeout.
+    site, port = site_port
+    request = b"GET /stats HTTP/1.1\r\nHost: x\r\n" + connection + b"\r\n"
+    answer = await deferToThread(exchange, port, request)
+    head, _, _body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert b"\r\nConnection: close\r\n" in head + b"\r\n"
+    assert site.channels == {}
+
+
 @pytest.mark.parametrize("method", [b"POST", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"])
 @pytest.mark.parametrize("path", [b"/stats", b"/metrics", b"/nowhere"])
 @ensureDeferred

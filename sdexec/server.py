@@ -96,6 +96,11 @@ _STOPPING_AWAY = (
     " stopped if systemd comes back meanwhile, else by the service's next start"
 )
 
+#: A write's io with neither (docs/protocol.md, as Flux's iodecode()).
+_NEITHER_DATA_NOR_EOF = (
+    "io: expected data or eof (an io object with neither writes nothing)"
+)
+
 
 def _log_straggler_kill_failure(failure: Failure, unit: str, signum: int) -> None:
     if is_unit_gone(failure_value(failure)):
@@ -960,10 +965,15 @@ class SdexecServer:
         matchtag = payload.get("matchtag")
         if not isinstance(matchtag, int) or isinstance(matchtag, bool):
             raise RequestError(errno.EINVAL, "matchtag: expected an integer")
+        io: Any = payload.get("io")  # an object, once decode_io took it
         try:
-            stream, data, eof = decode_io(payload.get("io"))
+            stream, data, eof = decode_io(io)
         except ValueError as error:
             raise RequestError(errno.EINVAL, str(error)) from None
+        if "data" not in io and "eof" not in io:
+            # Flux's iodecode() refuses it (EPROTO): a write of nothing is
+            # a broken client, which is better told than ignored.
+            raise RequestError(errno.EPROTO, _NEITHER_DATA_NOR_EOF)
         if stream != "stdin":
             raise RequestError(
                 errno.EINVAL, f"io.stream: {quoted(stream)} is not stdin"

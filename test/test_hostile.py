@@ -143,6 +143,27 @@ def test_a_write_s_io_rank_must_be_a_string(connection, rank):
     assert not connection.transport.disconnecting
 
 
+def test_a_write_s_io_with_neither_data_nor_eof_is_eproto(connection):
+    # Flux's iodecode() refuses it with EPROTO; it was taken as a write of
+    # nothing, a broken client never told.
+    io = {"stream": "stdin", "rank": "0", "encoding": "base64"}
+    connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=3)
+    assert error_of(connection.last()) == (
+        errno.EPROTO,
+        "io: expected data or eof (an io object with neither writes nothing)",
+    )
+    assert not connection.transport.disconnecting
+
+
+@pytest.mark.parametrize("field", [{"data": ""}, {"eof": False}])
+def test_a_write_s_io_with_empty_data_or_a_false_eof_is_taken(connection, field):
+    # Either field present is enough, as for iodecode(): no refusal (the
+    # write names no exec, so it is dropped unanswered).
+    io = {"stream": "stdin", "rank": "0", **field}
+    connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=3)
+    assert connection.responses() == []
+
+
 @pytest.mark.parametrize("encoding", ["base64", "UTF-8"])
 def test_a_lone_surrogate_in_a_write_s_data_is_einval_naming_it(connection, encoding):
     # Base64 too: its decoder encodes the text first, and its

@@ -1463,8 +1463,17 @@ class _Fragments(dict):
         super().__init__()
         #: The file that last set each key path (``"exec.kill-timeout"``).
         self.origins: dict[str, str] = {}
-        #: A warning for each key a later file set again.
-        self.overridden: list[str] = []
+        #: The files that set again a key an earlier file set, by key path.
+        self._setters: dict[str, _Setters] = {}
+
+    @property
+    def overridden(self) -> list[str]:
+        """One warning for each key that more than one file set, naming
+        the file whose value is used and the earlier ones: one per key, not
+        per file (a conf.d of thousands of files each setting the same key
+        logged thousands of lines on the reactor, and Twisted's start-up
+        buffer kept only the last 200 of them)."""
+        return [setters.warning(path) for path, setters in self._setters.items()]
 
     def merge(self, table: dict, source: str) -> None:
         """Merge the document of the file ``source`` into this one."""
@@ -1477,11 +1486,8 @@ class _Fragments(dict):
                 self._merge_into(into[key], value, source, f"{path}.")
                 continue
             if key in into:
-                self.overridden.append(
-                    f"{source}: {path}: also set in {self.origins[path]};"
-                    " this file's value is used, as Flux uses it (the later"
-                    " file by name)"
-                )
+                earlier = self.origins[path]
+                self._setters.setdefault(path, _Setters(earlier)).add(source)
             into[key] = value
             self._set_origins(path, value, source)
 
@@ -1513,6 +1519,38 @@ class _Fragments(dict):
         while path and path not in self.origins:
             path = path.rpartition(".")[0]
         return self.origins.get(path)
+
+
+class _Setters:
+    """The files of a directory that set one key, in name order: the first
+    one, the count, and the last two (the later one's value is used)."""
+
+    def __init__(self, first: str) -> None:
+        self.first = first
+        self.previous = first
+        self.last = first
+        self.count = 1
+
+    def add(self, source: str) -> None:
+        """``source``, the next file by name, set the key again."""
+        self.previous, self.last = self.last, source
+        self.count += 1
+
+    def warning(self, path: str) -> str:
+        """The warning for the key ``path``, naming the file to edit first."""
+        if self.count == 2:
+            earlier = self.first
+        elif self.count == 3:
+            earlier = f"{self.first} and {self.previous}"
+        else:
+            earlier = (
+                f"{self.count - 1} earlier files (the first {self.first},"
+                f" the last {self.previous})"
+            )
+        return (
+            f"{self.last}: {path}: also set in {earlier}; this file's value is"
+            " used, as Flux uses it (the later file by name)"
+        )
 
 
 #: The warning :func:`_ignoring` gives, and the table it names.

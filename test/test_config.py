@@ -1656,6 +1656,32 @@ def test_a_flux_conf_d_directory_loads_merged_as_flux_merges_it(tmp_path):
     )
 
 
+def test_a_key_set_in_many_conf_d_files_is_one_warning_naming_first_and_last(
+    tmp_path,
+):
+    # 500 files each setting the same key logged 499 warnings (thousands
+    # for a larger conf.d, on the reactor; Twisted's start-up buffer kept
+    # the last 200): one per key now, with the count, the file whose value
+    # is used and the first and last of the others.
+    for number in range(1, 501):
+        write(tmp_path, f"{number:03}.toml", f'[exec]\nkill-timeout = "{number}s"\n')
+    write(tmp_path, "a.toml", "[systemd]\nenable = true\n")
+    write(tmp_path, "b.toml", "[systemd]\nenable = false\n")
+    write(tmp_path, "c.toml", "[systemd]\nenable = true\n")
+    with capturedLogs() as events:
+        config = load_config(tmp_path)
+    assert config.exec.kill_timeout == 500.0
+    assert config.warnings == (
+        f"{tmp_path}/500.toml: exec.kill-timeout: also set in 499 earlier files"
+        f" (the first {tmp_path}/001.toml, the last {tmp_path}/499.toml); this"
+        " file's value is used, as Flux uses it (the later file by name)",
+        f"{tmp_path}/c.toml: systemd.enable: also set in {tmp_path}/a.toml and"
+        f" {tmp_path}/b.toml; this file's value is used, as Flux uses it (the"
+        " later file by name)",
+    )
+    assert [event["warning"] for event in events] == list(config.warnings)
+
+
 def test_an_error_in_a_conf_d_directory_names_its_file(tmp_path):
     write(tmp_path, "exec.toml", '[exec]\nservice = "rexec"\n')
     write(tmp_path, "term.toml", '[exec]\nkill-timeout = "5x"\n')

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import stat
 import sys
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -363,7 +364,9 @@ class SdexecService(Service):
         if is_systemd_endpoint(self.listen):
             why = inherited_socket_keeps_out(port, uids)
         else:
-            why = _made_socket_keeps_out(port, uids, self._named("listen"))
+            why = _made_socket_keeps_out(
+                port, uids, self._named("listen"), self.config.sdexec.socket_mode
+            )
         if why is not None:
             log.warn(
                 "sdexec.allow-users: the users listed cannot connect: {kept_out}",
@@ -729,13 +732,16 @@ def _fails_again(failure: Failure) -> bool:
     return isinstance(error, ListenError) and error.lasting
 
 
-def _made_socket_keeps_out(port: Any, uids: Iterable[int], named: str) -> str | None:
+def _made_socket_keeps_out(
+    port: Any, uids: Iterable[int], named: str, socket_mode: int
+) -> str | None:
     """For a UNIX socket the service made: what keeps one of ``uids`` out
-    (:func:`sdexec.sockets.kept_out`), and what to change: its group, not
-    theirs, or a directory above it (or a socket elsewhere, by ``named``,
-    the option or key that gave it); ``None`` if nothing does, or if its
-    mode lets no one but its owner connect (the file's check said so,
-    ``allowed_users_cannot_connect``)."""
+    (:func:`sdexec.sockets.kept_out`), and what to change: the socket's
+    mode (``socket_mode``, the one in force, or the ``mode=`` of ``named``,
+    the option or key that gave the socket), or a directory above it (or
+    a socket elsewhere); ``None`` if nothing does, or if it is
+    ``socket_mode`` and lets no one but its owner connect (the file's check
+    said so, ``allowed_users_cannot_connect``)."""
     path = listening_path(port)
     if path is None:
         return None
@@ -743,18 +749,25 @@ def _made_socket_keeps_out(port: Any, uids: Iterable[int], named: str) -> str | 
     if kept is None:
         return None
     if kept.path == path:
-        if not kept.info.st_mode & 0o022:
+        mode = stat.S_IMODE(kept.info.st_mode)
+        if mode == socket_mode and not mode & 0o022:
             return None
-        return (
-            f"{kept} lets its group connect, which uid {kept.uid} is not in:"
-            ' give socket-mode "0666", or run the service with a group they'
-            " share"
-        )
+        setting = "socket-mode" if mode == socket_mode else f"the mode= of {named}"
+        return f"{kept}: {kept.reason}: set {setting} to {_LETTING_IN[kept.judged_as]}"
     return (
         f"{path} is below {kept}, which uid {kept.uid} may not search: give it"
         " search permission (0711; the system unit's RuntimeDirectoryMode=),"
         f" or {named} a socket outside it"
     )
+
+
+#: The socket modes that let in a user judged by each class of bits
+#: (:attr:`sdexec.sockets.KeptOut.judged_as`).
+_LETTING_IN = {
+    "owner": 'one that gives its owner write ("0600", "0660" or "0666")',
+    "group": '"0660" or "0666" (its group needs write)',
+    "others": '"0666", or to "0660" with the service run under a group they share',
+}
 
 
 def _with_bound_port(description: str, port: Any) -> str:

@@ -189,12 +189,37 @@ class KeptOut(NamedTuple):
     uid: int
     #: ``path``'s status.
     info: os.stat_result
+    #: The one class of ``path``'s permission bits the kernel judged
+    #: ``uid`` by: ``"owner"``, ``"group"`` or ``"others"``.
+    judged_as: str
+    #: What those bits lack: ``"write"`` (the socket) or ``"search"``.
+    needed: str
 
     def __str__(self) -> str:
         """``PATH (mode 0700, owner uid 0, group 0)``."""
         return (
             f"{self.path} (mode {stat.S_IMODE(self.info.st_mode):04o}, owner uid"
             f" {self.info.st_uid}, group {self.info.st_gid})"
+        )
+
+    @property
+    def reason(self) -> str:
+        """Why the kernel refuses ``uid``, true of any mode: the class of
+        bits it reads for that user, which lack the permission. A member of
+        the group is judged by the group's bits alone (mode 0602 lets others
+        connect, and keeps its group out)."""
+        lacking = f"give no {self.needed} permission"
+        if self.judged_as == "owner":
+            return f"uid {self.uid} owns it, and the owner's bits {lacking}"
+        if self.judged_as == "group":
+            return (
+                f"uid {self.uid} is in its group {self.info.st_gid}, whose bits"
+                f" {lacking} (the kernel judges a member of the group by the"
+                " group's bits alone, whatever others' give)"
+            )
+        return (
+            f"uid {self.uid} is neither its owner nor in its group, and others'"
+            f" bits {lacking}"
         )
 
 
@@ -204,30 +229,41 @@ def kept_out(path: str, uids: Iterable[int]) -> KeptOut | None:
     takes write permission on the socket and search permission on each
     directory, judged as the kernel does, by the owner's bits for its owner,
     else the group's for a member of its group (primary or supplementary,
-    as the user database says), else others' (ACLs are not read). ``None``
-    if none does, or one cannot be read."""
-    users = [(uid, _groups_of(uid)) for uid in uids]
-    entry, permission = path, 0o2
+    as the user database says), else others' (ACLs are not read); root,
+    which needs no permission, never. ``None`` if none does, or one cannot
+    be read."""
+    # Root needs no permission bits: CAP_DAC_OVERRIDE passes both.
+    users = [(uid, _groups_of(uid)) for uid in uids if uid != 0]
+    entry, needed = path, "write"
     while True:
         try:
             info = os.stat(entry)
         except OSError:
             return None
         for uid, groups in users:
-            if not _may(info, uid, groups, permission):
-                return KeptOut(entry, uid, info)
+            judged_as = _judged_as(info, uid, groups)
+            if not info.st_mode & _BITS[needed] << _SHIFT[judged_as]:
+                return KeptOut(entry, uid, info, judged_as, needed)
         parent = os.path.dirname(entry)
         if parent == entry:
             return None
-        entry, permission = parent, 0o1
+        entry, needed = parent, "search"
 
 
-def _may(info: os.stat_result, uid: int, groups: frozenset[int], bit: int) -> bool:
+#: The "other" bit of each permission, and how far each class's is shifted.
+_BITS = {"write": 0o2, "search": 0o1}
+_SHIFT = {"owner": 6, "group": 3, "others": 0}
+
+
+def _judged_as(info: os.stat_result, uid: int, groups: frozenset[int]) -> str:
+    """The one class of bits the kernel reads for ``uid``: the owner's for
+    the owner, else the group's for a member, else others' (never more than
+    one: a member is not let in by others' bits)."""
     if info.st_uid == uid:
-        return bool(info.st_mode & bit << 6)
+        return "owner"
     if info.st_gid in groups:
-        return bool(info.st_mode & bit << 3)
-    return bool(info.st_mode & bit)
+        return "group"
+    return "others"
 
 
 def _groups_of(uid: int) -> frozenset[int]:

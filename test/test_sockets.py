@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 from pytest_twisted import ensureDeferred
 from twisted.internet import defer, reactor, threads
+from twisted.internet.address import UNIXAddress
 from twisted.logger import formatEvent, globalLogPublisher
 
 from sdexec.client import connect
 from sdexec.config import parse_config
-from sdexec.service import SdexecService
-from sdexec.sockets import private_endpoint, unix_endpoint, unix_path
+from sdexec.service import SdexecService, _made_socket_keeps_out
+from sdexec.sockets import kept_out, private_endpoint, unix_endpoint, unix_path
 from sdexec.testing import FakeManager
 
 NOBODY = 65534
@@ -223,6 +224,163 @@ async def test_allowed_users_a_directory_keeps_out_are_warned_of(
         ]
     else:
         assert said == []
+
+
+def listening_socket(directory: Path, mode: int, gid: int) -> Path:
+    """A socket listening in ``directory`` (made 0711), of ``mode`` and
+    group ``gid``, owned by root (the test's), held open until exit."""
+    directory.mkdir(mode=0o711)
+    os.chmod(directory, 0o711)
+    path = directory / "s.sock"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(path))
+    sock.listen()
+    os.chmod(path, mode)
+    os.chown(path, 0, gid)
+    _held.append(sock)
+    return path
+
+
+_held: list[socket.socket] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_held():
+    yield
+    while _held:
+        _held.pop().close()
+
+
+def nobody_connects(path: Path) -> str:
+    """What connect(2) as uid 65534, with its groups from the user
+    database (nogroup, 65534), gets at ``path``: "ok" or the errno's name."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: only this, then _exit
+        said = "ok"
+        try:
+            os.setgroups(os.getgrouplist("nobody", NOBODY))
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            socket.socket(socket.AF_UNIX).connect(str(path))
+        except OSError as error:
+            said = errno.errorcode[error.errno]
+        finally:
+            os.write(writer, said.encode())
+            os._exit(0)
+    os.close(writer)
+    os.waitpid(pid, 0)
+    with os.fdopen(reader) as answer:
+        return answer.read()
+
+
+@pytest.mark.parametrize(
+    "mode", [0o602, 0o606, 0o620, 0o660, 0o666, 0o600], ids=lambda mode: f"{mode:04o}"
+)
+@pytest.mark.parametrize("member", [True, False], ids=["member", "other"])
+def test_a_socket_keeps_out_whom_the_kernel_keeps_out_and_says_why(
+    shared_dir, mode, member
+):
+    # The kernel reads one class of bits for a user: a member of the
+    # socket's group is judged by the group's alone, so 0602 lets others in
+    # and keeps its group out. The service said of 0602 that it "lets its
+    # group connect, which uid 65534 is not in": false twice.
+    path = listening_socket(shared_dir / "run", mode, NOBODY if member else 0)
+    kept = kept_out(str(path), [NOBODY])
+    connected = nobody_connects(path)
+    assert connected in ("ok", "EACCES")
+    assert (kept is None) == (connected == "ok")
+    if kept is None:
+        return
+    assert (kept.path, kept.judged_as, kept.needed) == (
+        str(path),
+        "group" if member else "others",
+        "write",
+    )
+    if member:
+        assert kept.reason == (
+            f"uid {NOBODY} is in its group {NOBODY}, whose bits give no write"
+            " permission (the kernel judges a member of the group by the group's"
+            " bits alone, whatever others' give)"
+        )
+    else:
+        assert kept.reason == (
+            f"uid {NOBODY} is neither its owner nor in its group, and others' bits"
+            " give no write permission"
+        )
+
+
+def test_root_is_kept_out_of_nothing(shared_dir):
+    # CAP_DAC_OVERRIDE: root connects to a socket of mode 0000 of another
+    # user's, in a directory of 0700 of theirs; it was judged by others' bits.
+    path = listening_socket(shared_dir / "run", 0o000, NOBODY)
+    os.chown(path, NOBODY, NOBODY)
+    os.chown(path.parent, NOBODY, NOBODY)
+    os.chmod(path.parent, 0o700)
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(path))
+    assert kept_out(str(path), [0]) is None
+    # Its owner, though, is judged by the owner's bits.
+    assert kept_out(str(path), [0, NOBODY]) == (
+        str(path),
+        NOBODY,
+        os.stat(path),
+        "owner",
+        "write",
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "gid", "socket_mode", "advice"),
+    [
+        (0o602, NOBODY, 0o602, 'set socket-mode to "0660" or "0666" (its group'),
+        (0o620, 0, 0o620, 'set socket-mode to "0666", or to "0660" with the'),
+        # The socket's own mode= (listen's), not socket-mode: the file's
+        # check judged socket-mode, and this one said nothing.
+        (0o600, 0, 0o666, 'set the mode= of --listen to "0666", or to "0660"'),
+    ],
+    ids=["0602-member", "0620-other", "listen-mode-0600"],
+)
+def test_the_service_says_what_keeps_a_user_out_of_its_socket(
+    shared_dir, mode, gid, socket_mode, advice
+):
+    path = listening_socket(shared_dir / "run", mode, gid)
+    port = type("Port", (), {"getHost": lambda self: UNIXAddress(str(path))})()
+    said = _made_socket_keeps_out(port, [NOBODY], "--listen", socket_mode)
+    assert nobody_connects(path) == "EACCES"
+    kept = kept_out(str(path), [NOBODY])
+    assert kept is not None
+    assert said is not None and said.startswith(f"{kept}: {kept.reason}: {advice}")
+
+
+@ensureDeferred
+async def test_a_listen_mode_that_keeps_allowed_users_out_is_warned_of(shared_dir):
+    # socket-mode "0666" passed the file's check; listen's own mode=600
+    # made the socket, nobody got EACCES, and nothing was said.
+    path = shared_dir / "s.sock"
+    lines: list[str] = []
+    observer = lambda event: lines.append(formatEvent(event))  # noqa: E731
+    globalLogPublisher.addObserver(observer)
+    try:
+        service = await started(
+            f"unix:{path}:mode=600", FakeManager(),
+            **{"socket-mode": "0666", "allow-users": [NOBODY]},
+        )  # fmt: skip
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    try:
+        refused = await as_nobody(path)
+    finally:
+        await service.stopService()
+    assert refused == "connect: EACCES"
+    said = [line for line in lines if "cannot connect" in line]
+    assert said == [
+        f"sdexec.allow-users: the users listed cannot connect: {path} (mode 0600,"
+        f" owner uid 0, group 0): uid {NOBODY} is neither its owner nor in its"
+        " group, and others' bits give no write permission: set the mode= of"
+        ' --listen to "0666", or to "0660" with the service run under a group'
+        " they share"
+    ]
 
 
 def nobody_client(path: Path) -> str:

@@ -233,7 +233,11 @@ def _run(options: argparse.Namespace, early: EarlyExec | None = None) -> int:
     with Loop() as loop, early or _Stdio(options) as stdio:
         terminal = early.terminal if early else TerminalModes(stdio)
         job = _Job(
-            loop, options.noinput, stdio, lambda: connect(loop, options), options.usage
+            loop,
+            options.noinput,
+            stdio,
+            lambda: connect(loop, options, while_waiting=True),
+            options.usage,
         )
         # Caught before connecting: a signal that arrives while we start up
         # is held until the process has started, or interrupts it; so is
@@ -690,7 +694,9 @@ def _nothing() -> None:
 class _Job:
     """What `sdexec run` does with its process: output to our own stdout and
     stderr, our stdin to its (within the credit), our signals to it, its
-    wait status kept for the exit code."""
+    wait status kept for the exit code. ``reconnect()``: a new connection
+    for a kill sent while an output write waits, read while it does
+    (:meth:`_kill_aside`)."""
 
     def __init__(
         self,
@@ -883,7 +889,11 @@ class _Job:
         """The kill on a connection of its own, closed once answered: while
         an output write waits for our reader, the service has stopped
         reading our connection's requests (its answers to us wait unread),
-        and a kill sent there would wait with them. Whether it was sent."""
+        and a kill sent there would wait with them. Its answer is read while
+        the write waits (``reconnect`` gives a connection served so): the
+        next kill of that signal waits for it, and waited for the write too,
+        so that a second ^C reached the process only once our reader read.
+        Whether it was sent."""
         try:
             aside = self._reconnect()
         except SdexecError as failure:

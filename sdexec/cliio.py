@@ -263,10 +263,14 @@ def _checked_stdout(write: Callable[[], None]) -> None:
 # -- the service ---------------------------------------------------------------
 
 
-def connect(loop: Loop, options: argparse.Namespace) -> Connection:
+def connect(
+    loop: Loop, options: argparse.Namespace, while_waiting: bool = False
+) -> Connection:
     """A connection on ``loop`` to the service's socket: ``--socket``,
-    else the default (:func:`sdexec.rpc.resolve_socket_path`)."""
-    return Connection(loop, resolve_socket_path(options.socket))
+    else the default (:func:`sdexec.rpc.resolve_socket_path`); served
+    ``while_waiting`` as :class:`~sdexec.syncclient.Connection` says."""
+    path = resolve_socket_path(options.socket)
+    return Connection(loop, path, while_waiting=while_waiting)
 
 
 def request(options: argparse.Namespace, topic: str, payload: dict) -> dict:

@@ -91,25 +91,33 @@ class Loop:
         self._poll = select.poll()
         #: Per watched fd: the events it is watched for, and its callback.
         self._watched: dict[int, tuple[int, Callback]] = {}
+        #: The watched fds served while :meth:`wait_writable` waits too.
+        self._served_while_waiting: set[int] = set()
         self._wakeup: tuple[int, int] | None = None
         self._on_signal: Callback | None = None
         #: The signals caught and not yet served, each once, in order of
         #: first arrival (:meth:`_note`).
         self._noted: list[int] = []
 
-    def watch(self, fd: int, events: int, callback: Callback) -> None:
+    def watch(
+        self, fd: int, events: int, callback: Callback, while_waiting: bool = False
+    ) -> None:
         """Call ``callback(ready_events)`` while ``fd`` is ready for
         ``events`` (:data:`READABLE` and/or :data:`WRITABLE`); replaces what
-        was watched on ``fd``."""
-        mask = (select.POLLIN if events & READABLE else 0) | (
-            select.POLLOUT if events & WRITABLE else 0
-        )
-        self._poll.register(fd, mask)  # an fd registered again is modified
+        was watched on ``fd``. ``while_waiting``: also while
+        :meth:`wait_writable` waits (a callback that has nothing to do with
+        what that wait holds up)."""
+        self._poll.register(fd, _poll_mask(events))  # registered again: modified
         self._watched[fd] = (events, callback)
+        if while_waiting:
+            self._served_while_waiting.add(fd)
+        else:
+            self._served_while_waiting.discard(fd)
 
     def unwatch(self, fd: int) -> None:
         """Stop watching ``fd``, if it was watched (its callback is not
         called again, even in the round of events being dispatched)."""
+        self._served_while_waiting.discard(fd)
         if self._watched.pop(fd, None) is not None:
             self._poll.unregister(fd)
 
@@ -194,18 +202,41 @@ class Loop:
 
     def wait_writable(self, fd: int, gave_up: Callable[[], bool]) -> None:
         """Wait until ``fd`` can be written (or fails), serving the signals
-        caught meanwhile, and nothing else: the caller is in the middle of
-        a callback (the output of a response being dispatched), and what it
-        read waits for the write. Returns early once ``gave_up()``."""
+        caught meanwhile and the fds watched ``while_waiting``, and nothing
+        else: the caller is in the middle of a callback (the output of a
+        response being dispatched), and what it read waits for the write.
+        Returns early once ``gave_up()``."""
+        while not gave_up():
+            polled = self._waiting_poll(fd).poll()
+            if any(ready_fd == fd for ready_fd, _ in polled):
+                return
+            for ready_fd, events in polled:
+                self._serve_while_waiting(ready_fd, events)
+
+    def _waiting_poll(self, fd: int) -> select.poll:
+        """A poll for :meth:`wait_writable`'s ``fd``, the signals' wakeup
+        pipe and the fds watched ``while_waiting``: made again for each
+        wait, as a callback may watch or unwatch one (a kill's connection
+        closed once answered, another opened)."""
         poll = select.poll()
         poll.register(fd, select.POLLOUT)
         if self._wakeup is not None:
             poll.register(self._wakeup[0], select.POLLIN)
-        while not gave_up():
-            ready = [ready_fd for ready_fd, _ in poll.poll()]
-            if fd in ready:
-                return
+        for served in self._served_while_waiting:
+            poll.register(served, _poll_mask(self._watched[served][0]))
+        return poll
+
+    def _serve_while_waiting(self, fd: int, polled: int) -> None:
+        """What :meth:`wait_writable` found ready on ``fd``, other than
+        the fd it waits for."""
+        if self._wakeup is not None and fd == self._wakeup[0]:
             self._serve_signals()
+            return
+        # An earlier callback of this round may have unwatched it.
+        watched = self._watched.get(fd)
+        if watched is not None and fd in self._served_while_waiting:
+            events, callback = watched
+            callback(_ready(polled) & events)
 
     def run_until(self, done: Callable[[], bool]) -> None:
         """Dispatch callbacks until ``done()``."""
@@ -251,6 +282,13 @@ def _connected_socket(path: str) -> _socket.socket:
         sock.close()
         raise cannot_connect(path, failure.errno, str(failure)) from None
     return sock
+
+
+def _poll_mask(events: int) -> int:
+    """poll's events for :data:`READABLE`/:data:`WRITABLE` ``events``."""
+    return (select.POLLIN if events & READABLE else 0) | (
+        select.POLLOUT if events & WRITABLE else 0
+    )
 
 
 def _ready(polled: int) -> int:
@@ -362,13 +400,21 @@ class Connection:
     :class:`sdexec.rpc.ConnectionFailed` names the path if nothing listens
     there. Given ``connected``, a socket already connected to ``path``, it
     takes that over instead. Requests are written as the socket takes them;
-    responses are read and given to their requests while the loop runs.
+    responses are read and given to their requests while the loop runs, and
+    with ``while_waiting`` also while it waits for an output write
+    (:meth:`Loop.wait_writable`: a connection of its own for a kill, whose
+    answer lets the next kill go).
     """
 
     def __init__(
-        self, loop: Loop, path: str, connected: _socket.socket | None = None
+        self,
+        loop: Loop,
+        path: str,
+        connected: _socket.socket | None = None,
+        while_waiting: bool = False,
     ) -> None:
         self._loop = loop
+        self._while_waiting = while_waiting
         self._requests = Requests(path)
         # Any number of values, as the Twisted client (sdexec.client).
         self._splitter = FrameSplitter(max_values=None)
@@ -538,7 +584,7 @@ class Connection:
         events = READABLE
         if self._unsent:
             events |= WRITABLE
-        self._loop.watch(self._sock.fileno(), events, self._ready)
+        self._loop.watch(self._sock.fileno(), events, self._ready, self._while_waiting)
 
     def _write(self, data: bytes, fds: Sequence[int] = ()) -> None:
         was_idle = not self._unsent

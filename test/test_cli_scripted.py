@@ -687,44 +687,78 @@ def test_run_holds_a_flood_of_one_signal_before_the_start_as_one(serve):
         client.wait()
 
 
-def test_run_sends_a_flood_of_one_signal_as_one_kill_in_flight(serve):
-    # While an output write waits for our reader, each kill goes on a
-    # connection of its own, whose answer is read once the write is done:
-    # a flood of SIGUSR1, each served in a turn of its own, was a
-    # connection each (thousands, every one the service allows) and the
-    # SIGTERM after it was refused. One kill in flight for a signal, as
-    # for a resize: the rest wait for its answer, the SIGTERM goes at once.
-    kills: list[int] = []
-    big = encode_io("stdout", "0", b"x" * (1 << 20))  # past any pipe's room
+#: An ``output`` response past any pipe's room: the command's write of it
+#: waits for a reader that never comes.
+_PAST_A_PIPE = encode_io("stdout", "0", b"x" * (1 << 20))
 
-    def script(request: dict) -> list[dict]:
+
+def _blocked_run(kills: list[int], answer: bool) -> Script:
+    """A script for a ``run --no-passthrough -n`` whose process writes
+    :data:`_PAST_A_PIPE` at once: each kill's signal noted in ``kills``,
+    and answered if ``answer``."""
+
+    def blocked(request: dict) -> list[dict]:
         if request["topic"] == "sdexec.exec":
             started = response(request, {"type": "started", "pid": 42})
-            return [started, response(request, {"type": "output", "io": big})]
+            return [started, response(request, {"type": "output", "io": _PAST_A_PIPE})]
         if request["topic"] != "sdexec.kill":
             return []  # -n's EOF
         kills.append(request["payload"]["signum"])
-        return [response(request, {})]
+        return [response(request, {})] if answer else []
 
+    return blocked
+
+
+@contextlib.contextmanager
+def _run_writing_to_no_reader(path: str) -> Iterator[subprocess.Popen]:
+    """``sdexec run --no-passthrough -n job`` against ``path``, its stdout a
+    pipe nobody reads, once its write waits there; killed after."""
     unread, stdout = os.pipe()
     client = subprocess.Popen(
-        [*_cli_against(serve(script)), "run", "--no-passthrough", "-n", "job"],
+        [*_cli_against(path), "run", "--no-passthrough", "-n", "job"],
         stdin=subprocess.DEVNULL,
         stdout=stdout,
     )
     os.close(stdout)
     try:
         _until(lambda: _writing(client.pid))
+        yield client
+    finally:
+        client.kill()
+        client.wait()
+        os.close(unread)
+
+
+def test_run_sends_a_flood_of_one_signal_as_one_kill_in_flight(serve):
+    # While an output write waits for our reader, each kill goes on a
+    # connection of its own: a flood of SIGUSR1, each served in a turn of
+    # its own, was a connection each (thousands, every one the service
+    # allows) and the SIGTERM after it was refused. One kill in flight for
+    # a signal, as for a resize: the rest wait for its answer (here never
+    # sent), the SIGTERM goes at once.
+    kills: list[int] = []
+    with _run_writing_to_no_reader(serve(_blocked_run(kills, answer=False))) as client:
         for _ in range(20):
             client.send_signal(signal.SIGUSR1)
             _served(client.pid)
         client.send_signal(signal.SIGTERM)
         _until(lambda: signal.SIGTERM in kills)
-        assert kills == [signal.SIGUSR1, signal.SIGTERM]
-    finally:
-        client.kill()
-        client.wait()
-        os.close(unread)
+    assert kills == [signal.SIGUSR1, signal.SIGTERM]
+
+
+def test_a_second_signal_reaches_the_process_while_output_waits(serve):
+    # The user's second ^C (or `kill -TERM` of the client) waited for the
+    # answer to the first one's kill, which was read only once the write
+    # was done: a stopped reader (`| less`, then Ctrl-Z) kept it from the
+    # process for as long. The answers to kills are read while it waits.
+    kills: list[int] = []
+    with _run_writing_to_no_reader(serve(_blocked_run(kills, answer=True))) as client:
+        client.send_signal(signal.SIGTERM)
+        _until(lambda: kills == [signal.SIGTERM])
+        client.send_signal(signal.SIGTERM)
+        _until(lambda: len(kills) == 2)
+        assert _writing(client.pid)  # still waiting: nothing was read past it
+    assert kills == [signal.SIGTERM, signal.SIGTERM]
 
 
 def _writing(pid: int) -> bool:

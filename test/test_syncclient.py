@@ -4,6 +4,7 @@ real service is in test_cli.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import resource
@@ -17,7 +18,7 @@ import pytest
 
 from sdexec import rpc
 from sdexec.rpc import ConnectionFailed, RPCError, cannot_connect
-from sdexec.syncclient import Connection, Exec, Loop
+from sdexec.syncclient import READABLE, Connection, Exec, Loop
 from sdexec.wire import MAX_VALUES, FrameSplitter, encode_message
 
 
@@ -380,3 +381,42 @@ def test_a_signal_after_a_flood_unserved_past_the_wakeup_pipe_is_served():
         # Nothing is left to serve: the loop sleeps until the next.
         loop.serve_caught_signals()
         assert served == [signal.SIGUSR1, signal.SIGUSR2]
+
+
+def _full_pipe() -> tuple[int, int]:
+    """A pipe whose write end, non-blocking, takes nothing more."""
+    readable, writable = os.pipe()
+    os.set_blocking(writable, False)
+    try:
+        while True:
+            os.write(writable, b"x" * 65536)
+    except BlockingIOError:
+        return readable, writable
+
+
+def test_an_output_wait_serves_what_is_watched_while_waiting_and_nothing_else():
+    # A kill's own connection is read while run's output write waits (its
+    # answer lets the next kill of that signal go); the connection whose
+    # response that write is for must not be, nor stdin.
+    full_r, full_w = _full_pipe()
+    aside_r, aside_w = os.pipe()
+    other_r, other_w = os.pipe()
+    for fd in (aside_w, other_w):
+        os.write(fd, b".")
+    served: list[str] = []
+
+    def aside(_events: int) -> None:
+        served.append("aside")
+        loop.unwatch(aside_r)
+        os.set_blocking(full_r, False)
+        with contextlib.suppress(BlockingIOError):  # emptied: the wait ends
+            while True:
+                os.read(full_r, 65536)
+
+    with Loop() as loop:
+        loop.watch(other_r, READABLE, lambda _events: served.append("other"))
+        loop.watch(aside_r, READABLE, aside, while_waiting=True)
+        loop.wait_writable(full_w, lambda: False)
+    assert served == ["aside"]
+    for fd in (full_r, full_w, aside_r, aside_w, other_r, other_w):
+        os.close(fd)

@@ -255,6 +255,27 @@ def test_wait_writes_the_output_of_a_job_that_ended_unkillable_then_its_error(
     assert done.stderr == f"sdexec: {unkillable}\n".encode()
 
 
+def test_run_of_a_job_declared_unkillable_says_so_and_exits_1(serve):
+    # docs/client.md, Exit codes: 1, as Flux's tools give it; no status of
+    # its own, which a process's exit could be too. The line says the drain.
+    unkillable = (
+        "unkillable user processes for job jw: a cancel (sdexec.terminate)"
+        " began its termination 1.2s ago; tried since: SIGKILL twice to its job"
+        " shell (its main process); the node is drained"
+    )
+
+    def script(request: dict) -> list[dict]:
+        if request["topic"] != "sdexec.exec":
+            return []
+        return [
+            response(request, {"type": "started", "pid": 42}),
+            failure(request, errno.EDEADLK, unkillable),
+        ]
+
+    done = sdexec(serve(script), "run", "-n", "--jobid", "jw", "job")
+    assert (done.returncode, done.stderr) == (1, f"sdexec: {unkillable}\n".encode())
+
+
 def test_attach_says_what_ended_the_stream_after_the_command_and_keeps_its_code(
     serve,
 ):

@@ -1147,8 +1147,10 @@ class AttachHandle:
         self.status: int | None = None
         #: Fires ``None`` when the stream ends with ENODATA; errbacks with
         #: :class:`RPCError` (ENOENT, EBUSY...; EPROTO as an exec's ``done``)
-        #: or :class:`ConnectionFailed`. Cancelling it does not detach: the
-        #: stream's end is then logged.
+        #: or :class:`ConnectionFailed`. Cancelling it does not detach (RFC
+        #: 42 has no detach but the connection's close): the service sends
+        #: on, ``on_response`` is called no more and nothing is kept, and
+        #: the stream's end is logged.
         self.done: Deferred[None] = Deferred(self._done_cancelled)
         self._done_abandoned = False
         self._check = StreamCheck()
@@ -1165,6 +1167,10 @@ class AttachHandle:
             self._check.see(payload)
             if self.status is None:
                 self.status = finished_status(payload)
+        if self._done_abandoned:
+            # Given up by its caller, who can detach only by closing the
+            # connection: what comes until then is dropped, not kept.
+            return
         try:
             self._on_response(payload)
         except Exception:
@@ -1176,12 +1182,17 @@ class AttachHandle:
         error = self._check.ending(error)
         if self._done_abandoned:  # (firing it now raises AlreadyCalledError)
             if error is not self._client.lost:  # (a loss answers nothing)
-                outcome = "ended well" if is_end_of_stream(error) else f"ended: {error}"
-                _cancelled_but(f"the attach to pid {self.pid}", outcome)
+                _cancelled_but(f"the attach to pid {self.pid}", self._outcome(error))
         elif is_end_of_stream(error):
             self.done.callback(None)
         else:
             self.done.errback(error)
+
+    def _outcome(self, error: SdexecError) -> str:
+        """How the stream ended, said in the log of one given up: its
+        ``finished``, which ``on_response`` no longer got, with it."""
+        ended = "ended well" if is_end_of_stream(error) else f"ended: {error}"
+        return ended if self.status is None else f"{ended} (status {self.status})"
 
     def _done_cancelled(self, done: Deferred[None]) -> None:
         self._done_abandoned = True

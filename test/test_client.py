@@ -2093,22 +2093,29 @@ async def test_a_kill_held_for_started_and_cancelled_has_its_answer_said(served)
 @pytest_twisted.ensureDeferred
 async def test_an_attach_s_end_after_its_cancel_is_said(served):
     # docs/client.md: any answer to a cancelled call is logged, not dropped
-    # unsaid; an attach's end (ENOBUFS: it fell behind) was dropped.
+    # unsaid; an attach's end (ENOBUFS: it fell behind) was dropped. Its
+    # output is the caller's no more: on_response was still called with it,
+    # for as long as the process ran (RFC 42 has no detach).
     peer, client = served
-    attached = client.attach(pid=4245)
+    responses: list[dict] = []
+    attached = client.attach(pid=4245, on_response=responses.append)
     request = await peer.requests.get()
     peer.respond(request, {"type": "attached", "pid": 4245})
     await _round_trip(peer, client)
     attached.done.cancel()
     with pytest.raises(defer.CancelledError):
         await attached.done
+    output = {"type": "output", "io": encode_io("stdout", "0", b"late\n")}
     with capturedLogs() as events:
+        peer.respond(request, output)
+        peer.respond(request, {"type": "finished", "status": 0})
         peer.fail(request, errno.ENOBUFS, "fell behind by 9 bytes")
         await _round_trip(peer, client)
+    assert responses == [{"type": "attached", "pid": 4245}]
     (warning,) = _warnings(events)
     assert warning.startswith(
         "sdexec: the attach to pid 4245, whose Deferred was cancelled here,"
-        " ended: fell behind by 9 bytes"
+        " ended: fell behind by 9 bytes (status 0)"
     )
 
 

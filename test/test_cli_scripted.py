@@ -787,7 +787,16 @@ def _writing(pid: int) -> bool:
     to write it without blocking): its output is on its way, and waits."""
     stdout = os.readlink(f"/proc/{pid}/fd/1")
     fds = os.listdir(f"/proc/{pid}/fd")
-    return any(os.readlink(f"/proc/{pid}/fd/{fd}") == stdout for fd in fds if fd != "1")
+    return any(_fd_target(pid, fd) == stdout for fd in fds if fd != "1")
+
+
+def _fd_target(pid: int, fd: str) -> str | None:
+    """What ``pid``'s ``fd`` is open on; None if it was closed since it
+    was listed (the command opens and closes files while it starts)."""
+    try:
+        return os.readlink(f"/proc/{pid}/fd/{fd}")
+    except FileNotFoundError:
+        return None
 
 
 def _until(done: Callable[[], bool], send: Callable[[], None] = lambda: None) -> None:

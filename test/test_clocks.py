@@ -8,7 +8,7 @@ import time
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import sleep, until
+from support import until
 from test_service_offline import service_on
 from twisted.internet import defer, reactor
 from twisted.internet.error import AlreadyCalled, AlreadyCancelled
@@ -38,9 +38,12 @@ async def test_a_timer_fires_once_and_a_cancelled_one_never():
     assert not cancelled.active()
     with pytest.raises(AlreadyCancelled):
         cancelled.cancel()
-    await until(lambda: fired, "the timer")
-    await sleep(0.05)
-    assert fired == ["a"] and clock.getDelayedCalls() == []
+    # A witness armed after the cancelled one, for as long: once it has run,
+    # the event loop has passed the cancelled one's time (due no later, it
+    # would have run first or in the same pass).
+    clock.callLater(0.01, fired.append, "witness")
+    await until(lambda: "witness" in fired, "the witness")
+    assert sorted(fired) == ["a", "witness"] and clock.getDelayedCalls() == []
 
 
 @ensureDeferred
@@ -51,8 +54,12 @@ async def test_a_timer_moved_fires_when_moved_to():
     later.delay(60)
     # (due 0.01 s after it was armed, then 60 s later: between two readings)
     assert before + 60 < later.getTime() < clock.seconds() + 60.02
-    await sleep(0.05)
-    assert fired == []
+    # A witness due when the timer was before its move: once it has run,
+    # the timer's old time has passed (unmoved, it would have run too).
+    clock.callLater(0.01, fired.append, "witness")
+    await until(lambda: fired, "the witness")
+    assert fired == ["witness"]
+    fired.clear()
     later.reset(0.01)
     await until(lambda: fired, "the timer reset")
     with pytest.raises(AlreadyCalled):

@@ -23,7 +23,7 @@ from offline import (
 from pytest_twisted import ensureDeferred
 from support import until
 from twisted.internet import defer, reactor
-from twisted.internet.task import Clock, deferLater
+from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs, formatEvent
 
 import sdexec.process
@@ -1319,7 +1319,10 @@ async def test_a_wait_on_a_z_process_waits_for_what_holds_its_output(systemd, se
     connection.send("sdexec.list", {}, matchtag=2)
     assert [p["state"] for p in connection.last()["payload"]["procs"]] == ["Z"]
     connection.send("sdexec.wait", {"label": "w"}, matchtag=3)
-    await deferLater(reactor, 0.05)
+    # A connection's requests are handled in order: once a request sent
+    # after the wait is answered, the wait has been handled, unanswered.
+    connection.send("sdexec.list", {}, matchtag=4)
+    assert [r["matchtag"] for r in connection.responses()[-1:]] == [4]
     assert [r for r in connection.responses() if r["matchtag"] == 3] == []
     systemd.release(UNIT)  # the child is gone: its output at EOF,
     systemd.change(UNIT, INACTIVE)  # and the stop done

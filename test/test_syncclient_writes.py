@@ -5,10 +5,11 @@ not dropped as a message that answers no request."""
 from __future__ import annotations
 
 import errno
+import os
+import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from sdexec.ioencode import decode_io
 from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, WRITE_PIECE, ExecFlag
 from sdexec.rpc import RPCError, SdexecError
 from sdexec.syncclient import Connection, Exec, Loop
+from sdexec.wire import encode_message
 
 OVERRUN = "stdin: the client overran its credit"
 FLAGS = ExecFlag.STDOUT | ExecFlag.WRITE_CREDIT
@@ -182,19 +184,36 @@ def test_a_lost_connection_is_no_refusal_of_stdin(service):
     assert "lost" in str(stream.error)
 
 
+def _first_line(fd: int, cap_s: float) -> bytes:
+    """What ``fd`` gives up to its first newline (and any more read with
+    it); fails if none comes within ``cap_s`` seconds (a bound for a loaded
+    machine: the line comes at once)."""
+    said = b""
+    deadline = time.monotonic() + cap_s
+    while b"\n" not in said:
+        left = deadline - time.monotonic()
+        assert left > 0 and select.select([fd], [], [], left)[0], f"only {said!r}"
+        piece = os.read(fd, 4096)
+        assert piece, f"EOF after {said!r}"
+        said += piece
+    return said
+
+
 def test_run_says_a_refusal_of_its_stdin_and_sends_no_more(service, tmp_path):
     # The refusal was dropped as a message that answers no request: `run`
     # went on sending stdin the service dropped, said nothing, and exited 0
     # as if the process had had all of it.
-    refused = threading.Event()
-
     def on_write(write: dict, exec_request: dict) -> list[dict]:
         if len(service.writes()) > 1:
             return []
-        refused.set()
-        # Credit for all the rest: only the refusal keeps it back.
+        # Credit for all the rest: only the refusal keeps it back. Both in
+        # one send, read at once: the client has taken the credit when it
+        # says the refusal.
         credit = {"type": "add-credit", "channels": {"stdin": 1 << 20}}
-        return [failure(write, errno.ENOSPC, OVERRUN), response(exec_request, credit)]
+        refusal = failure(write, errno.ENOSPC, OVERRUN)
+        return [
+            encode_message(refusal) + encode_message(response(exec_request, credit))
+        ]
 
     service.on_write = on_write
     stdin = tmp_path / "stdin"
@@ -204,13 +223,21 @@ def test_run_says_a_refusal_of_its_stdin_and_sends_no_more(service, tmp_path):
         client = subprocess.Popen(
             [*cli, "run", "--no-passthrough", "cat"], stdin=data, stderr=subprocess.PIPE
         )
-        assert refused.wait(30), "no write came"
-        time.sleep(0.5)  # for the writes that should not come
-        client.send_signal(signal.SIGUSR1)  # forwarded: its kill ends the process
-        _, stderr = client.communicate(timeout=30)
+        try:
+            said = _first_line(client.stderr.fileno(), cap_s=30)
+            # Served in a round of its loop after the one that took the
+            # credit: a client that read on (its stdin, a file, always
+            # readable) has read and sent more by then, before the kill's
+            # answer ends it.
+            client.send_signal(signal.SIGUSR1)  # forwarded: its kill ends it
+            _, rest = client.communicate(timeout=30)
+        finally:
+            client.kill()
+            client.wait()
         # Nor read: the rest of a terminal's input is its user's.
         assert data.tell() == DEFAULT_STDIN_BUFSIZE
-    assert stderr == f"sdexec: stdin refused: {OVERRUN}\n".encode()
+    service.close()  # (once it has read all the client sent)
+    assert said + rest == f"sdexec: stdin refused: {OVERRUN}\n".encode()
     assert len(service.writes()) == 1
     # Its process exited 0 on part of its stdin: the command fails.
     assert client.returncode == 1

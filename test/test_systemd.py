@@ -187,6 +187,21 @@ def _read_available(sock: socket.socket, chunks: list[bytes]) -> bool:
         chunks.append(chunk)
 
 
+async def written(run: Run, stream: str, text: bytes) -> None:
+    """Wait until the unit's processes have written ``text`` on ``stream``;
+    fail at its EOF without it, or after :data:`WAIT_S`."""
+    sock = run.ours[stream]
+    sock.setblocking(False)
+    chunks: list[bytes] = []
+
+    async def seen() -> bool:
+        ended = _read_available(sock, chunks)
+        assert text in b"".join(chunks) or not ended, f"EOF after {chunks}"
+        return text in b"".join(chunks)
+
+    await poll(seen, f"{text!r} not written on {run.name} {stream}")
+
+
 async def _ignore_no_such_unit(call: Deferred) -> None:
     try:
         await call
@@ -648,9 +663,13 @@ async def test_lifecycle_properties_leave_lingering_processes_to_sdexec(units):
     but whose child ignores SIGTERM stays deactivating after ``StopUnit``
     with no systemd stop timeout or SIGKILL pending: the state the stop
     timer measures. Only sdexec's own KillUnit ends it."""
-    # A child that ignores SIGTERM and outlives its parent (bounded: even a
-    # failed test leaves nothing behind for long).
-    lingering = "trap '' TERM; sleep 60 & exit 0"
+    # A child that outlives its parent and survives SIGTERM, saying it got
+    # it, once it is ready to (bounded: even a failed test leaves nothing
+    # behind for long; the SIGTERM ends a sleep of its loop, not the loop).
+    lingering = (
+        "(trap 'echo TERM' TERM; echo ready; n=0; while [ $n -lt 60 ]; do"
+        " sleep 1; n=$((n + 1)); done) & exit 0"
+    )
     run = await units.start(["sh", "-c", lingering], lifecycle_properties())
     try:
         status = await run.until(lambda s: s.has_finished, "main process exited")
@@ -659,10 +678,13 @@ async def test_lifecycle_properties_leave_lingering_processes_to_sdexec(units):
         assert props["TimeoutStopUSec"] == UINT64_MAX
         assert props["SendSIGKILL"] is False
         assert props["KillMode"] == "control-group"
+        await written(run, "stdout", b"ready\n")  # its trap set
         await run.client.stop_unit(run.name, "replace")
         await run.until(lambda s: s.active_state == "deactivating", "deactivating")
-        await sleep(1.0)  # the ignored SIGTERM changed nothing
-        assert run.status.active_state == "deactivating"
+        # The stop's SIGTERM has reached the child and changed nothing:
+        # systemd, with no timeout to wait out, has nothing left to do.
+        await written(run, "stdout", b"TERM\n")
+        assert (await run.watch.refresh())["ActiveState"] == "deactivating"
     finally:
         # What the stop timer does: KillUnit on every process of the unit.
         await run.client.kill_unit(run.name, "all", signal.SIGKILL)

@@ -1543,6 +1543,9 @@ async def test_a_close_the_service_reads_nothing_of_ends_after_its_grace(
     peer.transport.pauseProducing()
     handle.write(b"x" * (8 << 20))
     closed = client.close()
+    # Nothing else can end it: the peer reads nothing, so the transport
+    # never drains, and an abort is reported at the reactor's next turn (a
+    # callLater(0)), due before this sleep ends however loaded the machine.
     await sleep(0.1)
     assert not closed.called
     clock.advance(CLOSE_GRACE_S)

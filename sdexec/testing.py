@@ -170,9 +170,26 @@ class FakeManager:
         not had systemd's answer yet, and a test that drove the unit at
         once would drive it before the service owns it."""
         if self._claims:
-            self._reactor().callLater(0, self._claims.pop(0).callback, name)
+            self._reactor().callLater(0, self._give, self._claims.pop(0), name)
         else:
             self._unclaimed.append(name)
+
+    def _give(self, claim: defer.Deferred[str], name: str) -> None:
+        """``name`` to ``claim``; to the next if the test gave up on that
+        one meanwhile (cancelled, it would drop the name), else kept first:
+        any unit kept already was started after it."""
+        if not claim.called:
+            claim.callback(name)
+        elif self._claims:
+            self._announce(name)
+        else:
+            self._unclaimed.insert(0, name)
+
+    def _withdraw(self, claim: defer.Deferred[str]) -> None:
+        """A :meth:`started` the test gave up on (``addTimeout``, a race)
+        is given no unit: the next start is the next call's."""
+        if claim in self._claims:
+            self._claims.remove(claim)
 
     def _reactor(self) -> Any:
         if self.reactor is None:
@@ -277,10 +294,11 @@ class FakeManager:
         a ``StartTransientUnit`` comes (at once for one that came before
         and was not given to an earlier call). Each start is given once, in
         order: a client's request travels over its socket first, so a test
-        waits for its unit so, not by reading :attr:`units` at once."""
+        waits for its unit so, not by reading :attr:`units` at once.
+        Cancelled (a timeout), it is given none."""
         if self._unclaimed:
             return defer.succeed(self._unclaimed.pop(0))
-        claim: defer.Deferred[str] = defer.Deferred()
+        claim: defer.Deferred[str] = defer.Deferred(self._withdraw)
         self._claims.append(claim)
         return claim
 
@@ -349,9 +367,13 @@ class FakeManager:
         return [call[2] for call in self.calls if call[0] == "kill"]
 
     def close(self) -> None:
-        """Release every unit's fds (end of a test)."""
+        """Release every unit's fds, and forget the units no :meth:`started`
+        was given and the calls still waiting (end of a test): a manager
+        kept for the next test gives it none of this one's."""
         for name in list(self._fds):
             self.release(name)
+        self._unclaimed.clear()
+        self._claims.clear()
 
     def _get_all(self, name: str) -> defer.Deferred[State]:
         self.calls.append(("get-all", name))

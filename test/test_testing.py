@@ -14,7 +14,7 @@ import pytest
 import pytest_twisted
 from pytest_twisted import ensureDeferred
 from support import until
-from twisted.internet import reactor
+from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 
 from sdexec import testing
@@ -101,6 +101,75 @@ async def test_started_gives_each_unit_once_in_order_after_the_service_has_it(
     offline.manager.run(other)
     offline.manager.end(other)
     await second.done
+
+
+def next_started(manager: FakeManager):
+    """``manager.started()``, failing after a minute (a bound for a loaded
+    machine: a start lost would hang the test)."""
+    return manager.started().addTimeout(60, reactor)
+
+
+def starts(manager: FakeManager) -> list[str]:
+    """The units started so far, in order."""
+    return [call[1] for call in manager.calls if call[0] == "start"]
+
+
+async def run_to_its_end(offline: Offline, unit: str, handle) -> None:
+    offline.manager.run(unit)
+    offline.manager.end(unit)
+    await handle.done
+
+
+@ensureDeferred
+async def test_a_started_given_up_on_takes_no_unit_from_the_next(offline):
+    # A test's timeout on started() (addTimeout, a race) left its claim
+    # waiting: the next start was given to it, and lost, and the next
+    # started() waited for ever.
+    given_up = offline.manager.started()
+    given_up.cancel()
+    with pytest.raises(defer.CancelledError):
+        await given_up
+    handle = offline.exec("hostname")
+    unit = await next_started(offline.manager)
+    assert starts(offline.manager) == [unit]
+    await run_to_its_end(offline, unit, handle)
+
+
+@ensureDeferred
+async def test_a_started_given_up_on_as_its_unit_comes_passes_it_on(
+    offline, monkeypatch
+):
+    # Cancelled in the turn between the start and its name given: the name
+    # is the next started()'s, not dropped with the cancelled one.
+    waiting = offline.manager.started()
+    waiting.addErrback(lambda failure: failure.trap(defer.CancelledError))
+    start = offline.manager.start_transient_unit
+
+    def start_then_give_up(*args, **kwargs):
+        started = start(*args, **kwargs)
+        waiting.cancel()
+        return started
+
+    monkeypatch.setattr(offline.manager, "start_transient_unit", start_then_give_up)
+    handle = offline.exec("hostname")
+    unit = await next_started(offline.manager)
+    assert starts(offline.manager) == [unit]
+    await run_to_its_end(offline, unit, handle)
+
+
+@ensureDeferred
+async def test_a_manager_closed_gives_no_earlier_start_to_started(offline):
+    # Kept from one test to the next (a module's fixture), a manager gave
+    # a later test's started() a unit an earlier test started unasked.
+    handle = offline.exec("hostname")
+    await until(lambda: starts(offline.manager), "the start")
+    (unasked,) = starts(offline.manager)
+    await run_to_its_end(offline, unasked, handle)
+    offline.manager.close()  # the end of the earlier test
+    handle = offline.exec("hostname")
+    unit = await next_started(offline.manager)
+    assert starts(offline.manager) == [unasked, unit]
+    await run_to_its_end(offline, unit, handle)
 
 
 @ensureDeferred

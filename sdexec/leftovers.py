@@ -74,6 +74,7 @@ from sdexec.unitstop import StopTimer, StopTimerState
 
 __all__ = [
     "STARTED_AGAIN",
+    "START_TIMED_OUT",
     "Leftover",
     "Leftovers",
     "LeftoversContext",
@@ -151,6 +152,11 @@ UNFOLLOWED = (
 STARTED_AGAIN = "of this run, started again outside sdexec"
 #: The origin of one found when a start of its name was refused.
 NAME_TAKEN = "of this run, found when a start of its name was refused"
+#: The origin of one whose start systemd answered with a timeout of its bus.
+START_TIMED_OUT = (
+    "of this run, started though systemd answered its start with a timeout"
+    " of its own call to the bus"
+)
 
 
 #: A mark of any sdexec service (:func:`owner_marks`).

@@ -55,7 +55,9 @@ from sdexec.systemd.errors import (
     UNIT_EXISTS,
     failure_value,
     is_connection_lost,
+    start_may_have_run,
     start_refusal_errno,
+    start_timed_out,
 )
 from sdexec.systemd.retry import CallBackoff, CallFailure, classify_call_failure
 from sdexec.systemd.unit import (
@@ -399,6 +401,9 @@ class Process:
         #: service's, maybe, whose start's answer was lost with systemd and
         #: which nobody follows (looked for once this one is reaped).
         self.name_taken = False
+        #: systemd answered its start with a timeout of its own bus, maybe
+        #: after it had started the unit (looked for once this is reaped).
+        self.start_timed_out = False
         #: The unit's InvocationID, first seen once it started.
         self._invocation: bytes | None = None
         #: The unit's cgroup, noted while it runs (sdexec.orphans), and the
@@ -851,6 +856,9 @@ class Process:
             self.plan.properties,
             self._systemd.version,
         )
+        self.start_timed_out = start_may_have_run(error)
+        if self.start_timed_out:
+            message = start_timed_out(message)
         self._context.client_warning(
             "start refused",
             "{unit}: StartTransientUnit failed: {message}",

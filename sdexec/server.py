@@ -35,6 +35,7 @@ from sdexec.ioencode import decode_io
 from sdexec.jobs import Jobs
 from sdexec.leftovers import (
     NAME_TAKEN,
+    START_TIMED_OUT,
     STARTED_AGAIN,
     Leftover,
     Leftovers,
@@ -111,6 +112,24 @@ def _log_straggler_kill_failure(failure: Failure, unit: str, signum: int) -> Non
         unit=unit,
         error=failure.getErrorMessage(),
     )
+
+
+def _may_run_unfollowed(process: Process) -> str | None:
+    """How the log names the unit of a start refused that may run all the
+    same, which only a look for it would find: ``None`` if none may.
+
+    - A retry of a start whose answer was lost may take its name while the
+      return's scan is still queued, which then passes over the first one
+      as followed: refused as its name is taken, it would run on unfollowed.
+    - A start systemd answered with a timeout of its own bus may have run:
+      no reconnection, and so no scan, follows (the bus stalled, but
+      stayed).
+    """
+    if process.name_taken:
+        return NAME_TAKEN
+    if process.start_timed_out:
+        return START_TIMED_OUT
+    return None
 
 
 class SdexecServer:
@@ -753,11 +772,10 @@ class SdexecServer:
             # (and stopped) as a leftover now, not at the next reconnection.
             scan = self.leftovers.scan({process.unit_name: STARTED_AGAIN})
             scan.addErrback(self._log_scan_failure)
-        elif process is not None and process.name_taken and self.leftovers is not None:
-            # A retry of a start whose answer was lost may take its name
-            # while the return's scan is still queued, which then passes
-            # over the first one as followed: it would run on unfollowed.
-            self.leftovers.look_for(process.unit_name, NAME_TAKEN)
+        elif process is not None and self.leftovers is not None:
+            origin = _may_run_unfollowed(process)
+            if origin is not None:
+                self.leftovers.look_for(process.unit_name, origin)
         self._answer_if_all_ended()
 
     def _answer_if_all_ended(self) -> None:

@@ -32,7 +32,12 @@ from sdexec.outage import SystemdOutage
 from sdexec.property import UnitProperty
 from sdexec.server import SdexecServer
 from sdexec.systemd import SystemdError
-from sdexec.systemd.errors import NO_SUCH_UNIT, UNIT_EXISTS, connection_lost
+from sdexec.systemd.errors import (
+    BUS_TIMEOUT,
+    NO_SUCH_UNIT,
+    UNIT_EXISTS,
+    connection_lost,
+)
 from sdexec.testing import EXITED, INACTIVE, RUNNING, FakeManager, exec_plan
 
 MARKS = owner_marks("unix:/run/user/1000/sdexec/sdexec.sock")
@@ -1029,6 +1034,32 @@ def test_a_lost_start_retried_by_name_while_the_scan_is_queued_is_found(systemd)
     systemd.list_units_by_patterns = listing
     held_start.errback(SystemdError(UNIT_EXISTS, f"Unit {UNIT} already exists."))
     assert error_of(connection.last())[0] == errno.EEXIST
+    assert UNIT in server.leftovers.units  # found, and stopped
+    assert ("stop", UNIT) in systemd.calls
+    connection.close()
+
+
+def test_a_start_answered_with_a_bus_timeout_after_it_ran_is_found(systemd):
+    # systemd queues the start's job, then its own call to a stalled bus
+    # (tracking the caller) times out: it answers Timeout, and the unit
+    # runs. The client was told EREMOTEIO, a refusal, and with no
+    # reconnection no scan ever found the unit (review session 48).
+    server = make_server(systemd)
+    connection = Connection(server)
+    start = systemd.start_transient_unit
+
+    def started_then_timed_out(name, properties, *fds, **kwargs):
+        start(name, properties, *fds, **kwargs)  # systemd queued its job...
+        systemd.units[name].update(RUNNING)
+        # ...then its call to track the caller timed out.
+        return defer.fail(SystemdError(BUS_TIMEOUT, "Connection timed out"))
+
+    systemd.start_transient_unit = started_then_timed_out
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE}, matchtag=1)
+    errnum, errstr = error_of(connection.last())
+    assert errnum == errno.EAGAIN
+    assert "(Connection timed out: the bus may be stalled or flooded)" in errstr
+    assert errstr.endswith("is then found and stopped as a leftover: retry")
     assert UNIT in server.leftovers.units  # found, and stopped
     assert ("stop", UNIT) in systemd.calls
     connection.close()

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from twisted.python.failure import Failure
 
 __all__ = [
+    "BUS_TIMEOUT",
     "CONNECTION_LOST",
     "DBUS_ERRNO",
     "MANAGER_AWAY",
@@ -37,6 +38,8 @@ __all__ = [
     "manager_away",
     "not_taken_property",
     "reconnecting",
+    "start_may_have_run",
+    "start_timed_out",
 ]
 
 #: A call that was sent, or queued, when the bus or the manager went away:
@@ -58,6 +61,10 @@ UNIT_EXISTS = "org.freedesktop.systemd1.UnitExists"
 NO_SUCH_UNIT = "org.freedesktop.systemd1.NoSuchUnit"
 #: A signal for a unit's main process when it has none (it exited).
 NO_SUCH_PROCESS = "org.freedesktop.systemd1.NoSuchProcess"
+#: sd-bus's name for ETIMEDOUT: systemd's answer to a call it served with a
+#: call of its own to the bus that timed out (sd-bus's 25 s), on a bus
+#: stalled or flooded meanwhile.
+BUS_TIMEOUT = "org.freedesktop.DBus.Error.Timeout"
 
 #: The errno of a systemd call that failed for a reason :data:`DBUS_ERRNO`
 #: has no errno for: the remote end (systemd) failed it. Not EIO, which
@@ -161,10 +168,36 @@ def start_refusal_errno(error: BaseException) -> int:
     :func:`errno_for`, but a unit it does not know is one the new unit
     names (a dependency: the new one does not exist yet), and nothing was
     started: ``ENOENT``, as sd-bus maps NoSuchUnit and so upstream's sdexec
-    reads it, where a signal for a unit gone is ``ESRCH``."""
+    reads it, where a signal for a unit gone is ``ESRCH``; and ``EAGAIN``
+    for a start that :func:`start_may_have_run`, as for one lost with the
+    connection."""
     if isinstance(error, SystemdError) and error.name == NO_SUCH_UNIT:
         return errno.ENOENT
+    if start_may_have_run(error):
+        return errno.EAGAIN
     return errno_for(error)
+
+
+def start_may_have_run(error: BaseException) -> bool:
+    """Whether systemd's error answer to a ``StartTransientUnit`` leaves
+    unknown whether it started the unit: a :data:`BUS_TIMEOUT`. systemd
+    serves a start with calls of its own to the bus, for the caller's
+    credentials before it makes the unit and to track the job's caller
+    once it has queued the job: the unit runs if the later one timed out
+    (seen on the sandbox manager under a burst, its dbus-daemon stopped
+    for 32 s: the unit was found as a leftover). Not a refusal, then, but
+    a start whose answer was lost."""
+    return isinstance(error, SystemdError) and error.name == BUS_TIMEOUT
+
+
+def start_timed_out(detail: str) -> str:
+    """What a client is told of a start that :func:`start_may_have_run`;
+    ``detail``: systemd's words ("Connection timed out")."""
+    return (
+        "systemd's own call to the bus timed out while it started the unit"
+        f" ({detail}: the bus may be stalled or flooded); the unit may have"
+        " been started, and is then found and stopped as a leftover: retry"
+    )
 
 
 #: Properties sdexec itself sends as strings, from checked sources.

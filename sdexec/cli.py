@@ -61,6 +61,7 @@ from sdexec.cliio import (
     print_out,
     request,
     say_end,
+    say_held,
     signalled_status,
     warn,
     write_output,
@@ -113,6 +114,14 @@ def main(argv: Sequence[str] | None = None, early: EarlyExec | None = None) -> i
             if signal.getsignal(signum) != signal.SIG_IGN:
                 signal.signal(signum, signal.SIG_DFL)
     open_closed_standard_fds()
+    try:
+        return _main(argv, early)
+    finally:
+        say_held()  # lines said while output waited, not yet taken
+
+
+def _main(argv: Sequence[str] | None, early: EarlyExec | None) -> int:
+    """:func:`main`'s command: any failure one line, its exit status."""
     try:
         if early is None:
             from sdexec.cliargs import parse_args

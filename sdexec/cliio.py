@@ -39,6 +39,7 @@ __all__ = [
     "EXEC_FAILURES",
     "INTERRUPTING_SIGNALS",
     "LOST",
+    "MAX_HELD_LINES",
     "NOT_EXECUTABLE",
     "NOT_FOUND",
     "READER_GONE",
@@ -59,6 +60,7 @@ __all__ = [
     "request",
     "say",
     "say_end",
+    "say_held",
     "signalled_status",
     "warn",
     "warn_after_finished",
@@ -222,11 +224,135 @@ def warn(message: str) -> None:
 def say(line: str) -> None:
     """``line`` on stderr, if it can be written: a stderr gone (a closed
     pipe, a full disk) must not change the exit status or end the command
-    before its output."""
+    before its output. While an output write waits for its reader, only as
+    far as stderr takes it at once, the rest held (:class:`_HeldLines`)."""
+    if _held.waits:
+        _held.hold(line)
+        return
+    _held.write_all()  # first: in the order said
     try:  # noqa: SIM105 (contextlib is not imported: start-up time)
         print(line, file=sys.stderr, flush=True)
     except OSError:
         pass  # a stderr that went away: nothing more can be said to it
+
+
+def say_held() -> None:
+    """Write the lines :func:`say` held, waiting for stderr to take them:
+    at the command's end, when nothing is left to serve."""
+    _held.write_all()
+    _held.close()
+
+
+#: How many lines said while an output write waits are held for a stderr
+#: that cannot take them (:class:`_HeldLines`); those past it are counted.
+MAX_HELD_LINES = 32
+
+
+class _HeldLines:
+    """What :func:`say` says while an output write waits for its reader
+    (``waits``): written only as far as stderr takes it at once, never
+    waiting for it, and the rest held, the first :data:`MAX_HELD_LINES`
+    lines and a count of the others, until it takes them: after each output
+    write, at the next line said once no write waits, at the command's end.
+    Waiting for stderr there, the client served no signal: with ``sdexec
+    run --no-passthrough ... 2>&1 | less``, less stopped, the line of a kill
+    that failed while the output waited blocked it on that same full pipe,
+    and the SIGTERM sent next never reached the process."""
+
+    def __init__(self) -> None:
+        #: How many output writes wait for their reader now.
+        self.waits = 0
+        self._lines: list[bytes] = []
+        self._dropped = 0
+        #: Where stderr is written without waiting (-1: nowhere), once known,
+        #: and stderr's own descriptor (the writer, or not ours to close).
+        self._writer: int | None = None
+        self._stderr_fd = -1
+
+    def hold(self, line: str) -> None:
+        """``line`` said while an output write waits."""
+        if len(self._lines) < MAX_HELD_LINES:
+            self._lines.append(_stderr_bytes(line))
+        else:
+            self._dropped += 1
+        self.write_now()
+
+    def write_now(self) -> None:
+        """Write as much of the lines held as stderr takes at once."""
+        while self._lines:
+            writer = self._nonblocking_writer()
+            if writer < 0:
+                return  # held for a stderr that may be waited for
+            try:
+                written = os.write(writer, self._lines[0])
+            except BlockingIOError:
+                return
+            except OSError:  # a stderr gone: nothing more can be said to it
+                self._lines, self._dropped = [], 0
+                return
+            rest = self._lines[0][written:]
+            if rest:
+                self._lines[0] = rest
+            else:
+                del self._lines[0]
+                if not self._lines:
+                    self._lines = self._dropped_note()
+
+    def write_all(self) -> None:
+        """Write every line held, waiting for stderr to take them."""
+        if not self._lines:
+            return
+        lines, self._lines = self._lines + self._dropped_note(), []
+        try:
+            sys.stderr.flush()
+            for data in lines:
+                sys.stderr.buffer.write(data)
+            sys.stderr.buffer.flush()
+        except OSError:
+            pass  # a stderr that went away: nothing more can be said to it
+
+    def close(self) -> None:
+        """Close the descriptor opened to write without waiting, if one was."""
+        writer = self._writer
+        if writer is not None and writer >= 0 and writer != self._stderr_fd:
+            os.close(writer)
+        self._writer = None
+
+    def _dropped_note(self) -> list[bytes]:
+        """The line that says how many more lines were not held, if any
+        were not (said after those held)."""
+        dropped, self._dropped = self._dropped, 0
+        if not dropped:
+            return []
+        note = (
+            f"sdexec: {dropped} more lines not said: stderr took none while"
+            f" the output waited for its reader (the first {MAX_HELD_LINES}"
+            " were held)"
+        )
+        return [_stderr_bytes(note)]
+
+    def _nonblocking_writer(self) -> int:
+        """A descriptor that writes to stderr without waiting for it, -1 if
+        none can be had: one that :func:`_nonblocking_twin` gives, or stderr
+        itself where a write to it never waits (a file, /dev/null)."""
+        if self._writer is None:
+            try:
+                fd = sys.stderr.fileno()
+            except (OSError, ValueError):  # not a descriptor (a test's capture)
+                fd = -1
+            self._stderr_fd = fd
+            self._writer = -1 if fd < 0 else _nonblocking_twin(fd)
+            if self._writer == fd and _may_wait(fd):
+                self._writer = -1  # a socket, a pipe of another user
+        return self._writer
+
+
+_held = _HeldLines()
+
+
+def _stderr_bytes(line: str) -> bytes:
+    """``line`` and its newline as ``print`` would write them to stderr."""
+    return f"{line}\n".encode(sys.stderr.encoding or "utf-8", "backslashreplace")
 
 
 # -- the commands' own output on stdout ----------------------------------------
@@ -323,6 +449,7 @@ class Output:
             except OSError as failure:
                 self.broken = True
                 return failure
+        _held.write_now()  # what was said meanwhile, if stderr takes it now
         return None
 
     def close(self) -> None:
@@ -336,10 +463,12 @@ class Output:
             select.select([], [writer], [])
             return
         self.waiting = True
+        _held.waits += 1  # what is said meanwhile must not wait for stderr
         try:
             self._loop.wait_writable(writer, self._gave_up)
         finally:
             self.waiting = False
+            _held.waits -= 1
 
     def _writer_fd(self) -> int:
         if self._writer is None:
@@ -350,6 +479,17 @@ class Output:
 #: A pty master's device (``/dev/ptmx``): opening it again makes a new
 #: pty, whose output nobody reads.
 _PTMX = os.makedev(5, 2)
+
+
+def _may_wait(fd: int) -> bool:
+    """Whether a write to ``fd`` may wait for a reader: a blocking pipe,
+    socket or terminal."""
+    try:
+        mode = os.fstat(fd).st_mode
+        waits = stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
+        return waits and os.get_blocking(fd)
+    except OSError:
+        return True
 
 
 def _nonblocking_twin(fd: int, access: int = os.O_WRONLY) -> int:

@@ -7,6 +7,7 @@ the real service live elsewhere; these pin the client's own logic.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -60,7 +61,13 @@ class Peer(JSONLineProtocol):
 
     def connectionMade(self) -> None:
         self.requests: DeferredQueue = DeferredQueue()
+        #: Fires once the client has closed the connection (or it is lost).
+        self.closed: defer.Deferred[None] = defer.Deferred()
         self.factory.peers.put(self)
+
+    def connectionLost(self, reason: object = None) -> None:
+        super().connectionLost(reason)
+        self.closed.callback(None)
 
     def messageReceived(self, message: dict) -> None:
         self.requests.put(message)
@@ -1168,15 +1175,24 @@ class _Collect(protocol.ProcessProtocol):
 
 
 def _spawn_cli(
-    path: str, args: list[str], stdin: bytes = b"", stdout: int | None = None
+    path: str,
+    args: list[str],
+    stdin: bytes = b"",
+    stdout: int | None = None,
+    stderr: int | None = None,
 ) -> _Collect:
     """The command line as a user runs it (no PYTHONUNBUFFERED: a shell has
-    none), its stdout collected, or on the descriptor ``stdout``."""
+    none), its stdout and stderr collected, or on the descriptors ``stdout``
+    and ``stderr``."""
     collected = _Collect(stdin)
     argv = [sys.executable, "-m", "sdexec.cli", "--socket", path, *args]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("PYTHONUNBUFFERED", None)
-    fds = {0: "w", 1: "r" if stdout is None else stdout, 2: "r"}
+    fds = {
+        0: "w",
+        1: "r" if stdout is None else stdout,
+        2: "r" if stderr is None else stderr,
+    }
     reactor.spawnProcess(
         collected, sys.executable, argv, env=env, path=str(REPO), childFDs=fds
     )
@@ -1302,6 +1318,97 @@ def test_cli_forwards_sigterm_while_its_stdout_waits_for_a_reader(served):
     assert out == b"".join(_FLOOD)  # all of it, in order, once
     assert (yield cli.ended) == 143
     assert bytes(cli.err) == b""  # the kill's answer came, on its connection
+
+
+@pytest_twisted.inlineCallbacks
+def test_cli_serves_signals_while_a_line_waits_for_its_stalled_stderr(served):
+    # `sdexec run --no-passthrough ... 2>&1 | less`, less stopped: a kill
+    # that failed while the output waited was said on that full pipe, and
+    # the client blocked in the write, so that the SIGTERM after it never
+    # reached the process. The line is held, and said once the pipe drains.
+    peer, client = served
+    peers = peer.factory.peers
+    r, w = os.pipe2(os.O_CLOEXEC)  # its stdout and stderr, nobody reading yet
+    argv = ["run", "--no-passthrough", "-n", "yes"]
+    cli = _spawn_cli(client.path, argv, stdout=w, stderr=w)
+    os.close(w)
+    reading = False
+    try:
+        peer = yield peers.get()
+        request = yield peer.requests.get()
+        yield peer.requests.get()  # stdin EOF
+        peer.respond(request, {"type": "started", "pid": 42})
+        _flood(peer, request)
+        yield defer.ensureDeferred(until_pipe_full(r))
+        _top_up(r)  # not a byte more fits: the line waits as the output does
+        cli.transport.signalProcess(signal.SIGUSR1)
+        aside = yield peers.get().addTimeout(30, reactor)
+        aside.fail((yield aside.requests.get()), errno.EPERM, "not yours")
+        # Closed once the failure was said: it blocked in the write instead.
+        yield aside.closed.addTimeout(30, reactor)
+        cli.transport.signalProcess("TERM")
+        aside = yield peers.get().addTimeout(30, reactor)
+        kill = yield aside.requests.get()
+        assert kill["payload"] == {"pid": 42, "signum": 15, "who": "all"}
+        aside.respond(kill, {})
+        peer.respond(request, {"type": "finished", "status": signal.SIGTERM})
+        peer.fail(request, ENODATA)
+        reading = True  # read_to_end closes r
+        out = yield deferToThread(read_to_end, r)
+    finally:
+        if not reading:  # a failure: the client may wait on the pipe for ever
+            cli.transport.signalProcess("KILL")
+            os.close(r)
+    said = b"sdexec: kill SIGUSR1: not yours\n"
+    assert out.count(said) == 1  # said, once, where the pipe had room
+    assert out.replace(said, b"").replace(_FILLER, b"") == b"".join(_FLOOD)
+    assert (yield cli.ended) == 143
+
+
+#: What :func:`_top_up` fills a pipe with (no line of :data:`_FLOOD` has it).
+_FILLER = b"~"
+
+
+def _top_up(r: int) -> None:
+    """Fill the pipe whose read end is ``r`` to the last byte, through a
+    writer of our own: a writer that waits may have left room in its last
+    page, which a short write takes at once."""
+    writer = os.open(f"/proc/self/fd/{r}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        for size in (4096, 512, 64, 8, 1):
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    os.write(writer, _FILLER * size)
+    finally:
+        os.close(writer)
+
+
+def test_lines_said_while_output_waits_are_held_for_stderr_within_a_bound(
+    monkeypatch,
+):
+    # Each said as far as a full stderr takes it at once (none of it): held,
+    # the first MAX_HELD_LINES, the rest counted, and all said at the end.
+    r, w = os.pipe2(os.O_CLOEXEC)
+    monkeypatch.setattr(sys, "stderr", open(w, "w", encoding="utf-8"))  # noqa: SIM115
+    monkeypatch.setattr(cliio, "_held", cliio._HeldLines())
+    _top_up(r)
+    cliio._held.waits = 1  # as Output's wait has it
+    for line in range(cliio.MAX_HELD_LINES + 8):
+        cliio.warn(f"line {line}")
+    cliio._held.waits = 0
+    os.set_blocking(r, False)
+    with contextlib.suppress(BlockingIOError):
+        while os.read(r, 1 << 16):  # the filler: nothing said got in
+            pass
+    cliio.say_held()
+    sys.stderr.close()
+    said = [f"sdexec: line {line}" for line in range(cliio.MAX_HELD_LINES)]
+    said.append(
+        "sdexec: 8 more lines not said: stderr took none while the output"
+        f" waited for its reader (the first {cliio.MAX_HELD_LINES} were held)"
+    )
+    os.set_blocking(r, True)
+    assert read_to_end(r).decode().splitlines() == said
 
 
 def test_a_terminal_is_written_through_a_non_blocking_descriptor_of_its_own():

@@ -75,6 +75,7 @@ from sdexec.rpc import (
     resolve_socket_path,
     socket_path_too_long,
     wait_outcome,
+    with_errno_name,
 )
 
 __all__ = [
@@ -238,7 +239,9 @@ class _Call:
 
     def answered_late(self, answer: Payload | SdexecError) -> None:
         """The service answered after the caller had cancelled."""
-        shown = quoted(answer, 200) if isinstance(answer, dict) else answer
+        shown = (
+            quoted(answer, 200) if isinstance(answer, dict) else with_errno_name(answer)
+        )
         _cancelled_but(
             f"{self.topic} {quoted(self.payload, 80)}", f"was answered: {shown}"
         )
@@ -301,7 +304,9 @@ class _Wait(_Call):
     def answered_late(self, answer: Payload | SdexecError) -> None:
         self.late = answer
         said = (
-            f"status {answer.get('status')!r}" if isinstance(answer, dict) else answer
+            f"status {answer.get('status')!r}"
+            if isinstance(answer, dict)
+            else f"error: {with_errno_name(answer)}"
         )
         _cancelled_but(
             f"the wait for {self.target}",
@@ -1031,7 +1036,7 @@ class ExecHandle:
             " dropped: {error}",
             matchtag=self.matchtag,
             pid=self.pid,
-            error=error,
+            error=with_errno_name(error),
         )
 
     # -- internals --------------------------------------------------------
@@ -1050,7 +1055,9 @@ class ExecHandle:
             )
         else:
             what = f"exec {self.matchtag} (pid {self.pid})"
-            outcome = "ended well" if self._ended_well else f"ended: {error}"
+            outcome = (
+                "ended well" if self._ended_well else f"ended: {with_errno_name(error)}"
+            )
         _cancelled_but(what, outcome)
 
     def _close_passed(self) -> None:
@@ -1191,7 +1198,8 @@ class AttachHandle:
     def _outcome(self, error: SdexecError) -> str:
         """How the stream ended, said in the log of one given up: its
         ``finished``, which ``on_response`` no longer got, with it."""
-        ended = "ended well" if is_end_of_stream(error) else f"ended: {error}"
+        well = is_end_of_stream(error)
+        ended = "ended well" if well else f"ended: {with_errno_name(error)}"
         return ended if self.status is None else f"{ended} (status {self.status})"
 
     def _done_cancelled(self, done: Deferred[None]) -> None:

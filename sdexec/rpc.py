@@ -49,11 +49,13 @@ __all__ = [
     "check_stdio",
     "default_socket_path",
     "dropped_counts",
+    "errno_name",
     "finished_receipt",
     "finished_status",
     "process_target",
     "resolve_socket_path",
     "socket_path_too_long",
+    "with_errno_name",
 ]
 
 
@@ -75,6 +77,27 @@ class RPCError(SdexecError):
 
     def __str__(self) -> str:
         return self.errstr
+
+
+def with_errno_name(error: object) -> str:
+    """``error`` as a log line says it: an :class:`RPCError`'s ``errstr``
+    with its errno's name (``job f1 has already exited (ESRCH)``), which the
+    words alone do not name, as the library's connect says ``(EAGAIN)``;
+    anything else as ``str()`` says it."""
+    if not isinstance(error, RPCError):
+        return str(error)
+    return f"{error.errstr} ({errno_name(error.errnum)})"
+
+
+#: Linux's own names for the errnos that have two, where Python's table
+#: gives the alias (EDEADLOCK, ENOTSUP): the ones docs/protocol.md uses.
+_LINUX_NAMES = {errno.EDEADLK: "EDEADLK", errno.EOPNOTSUPP: "EOPNOTSUPP"}
+
+
+def errno_name(errnum: int) -> str:
+    """``errnum``'s symbolic name as Linux's headers give it (``ESRCH``),
+    ``errno N`` for one without a name."""
+    return _LINUX_NAMES.get(errnum) or errno.errorcode.get(errnum, f"errno {errnum}")
 
 
 def default_socket_path(environ: Mapping[str, str] | None = None) -> str:

@@ -2169,8 +2169,38 @@ async def test_any_answer_after_its_cancel_is_said_but_not_a_loss(served):
     (warning,) = _warnings(events)
     assert warning.startswith(
         "sdexec: sdexec.kill {'pid': 4244, 'signum': 15, 'who': 'main'}, whose"
-        " Deferred was cancelled here, was answered: no pid 4244"
+        " Deferred was cancelled here, was answered: no pid 4244 (ESRCH) (cancelling"
     )
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_error_answered_after_a_cancel_is_logged_with_its_errno(served):
+    # The service's words alone: an admin could not tell EDEADLK (a job
+    # declared unkillable, the node drained) from any other error.
+    peer, client = served
+    waited = client.wait(label="job7")
+    handle, _ = _exec(client)
+    for cancelled in (waited, handle.done):
+        cancelled.addErrback(lambda failure: failure.trap(defer.CancelledError))
+        cancelled.cancel()
+    wait, start = await peer.requests.get(), await peer.requests.get()
+    with capturedLogs() as events:
+        peer.fail(wait, errno.EDEADLK, "unkillable user processes for job f1")
+        peer.respond(start, {"type": "started", "pid": 4247})
+        peer.fail(start, errno.EDEADLK, "unkillable user processes for job f2")
+        await _round_trip(peer, client)
+    cancelled = " whose Deferred was cancelled here,"
+    assert [warning.split(" (cancelling")[0] for warning in _warnings(events)] == [
+        f"sdexec: the wait for label 'job7',{cancelled} was answered (error:"
+        " unkillable user processes for job f1 (EDEADLK)): kept for this"
+        " client's next wait() of label 'job7'",
+        f"sdexec: exec {handle.matchtag} (pid 4247),{cancelled} ended:"
+        " unkillable user processes for job f2 (EDEADLK)",
+    ]
+    assert rpc.with_errno_name(RPCError(4000, "no such errno")) == (
+        "no such errno (errno 4000)"
+    )
+    assert rpc.errno_name(errno.EOPNOTSUPP) == "EOPNOTSUPP"  # not ENOTSUP
 
 
 @pytest_twisted.ensureDeferred
@@ -2193,7 +2223,7 @@ async def test_a_kill_held_for_started_and_cancelled_has_its_answer_said(served)
     (warning,) = _warnings(events)
     assert warning.startswith(
         "sdexec: sdexec.kill {'pid': 4246, 'signum': 15, 'who': 'main'}, whose"
-        " Deferred was cancelled here, was answered: no pid 4246"
+        " Deferred was cancelled here, was answered: no pid 4246 (ESRCH) (cancelling"
     )
     peer.respond(request, {"type": "finished", "status": 0})
     peer.sendMessage(_response(request, errnum=ENODATA))
@@ -2225,7 +2255,7 @@ async def test_an_attach_s_end_after_its_cancel_is_said(served):
     (warning,) = _warnings(events)
     assert warning.startswith(
         "sdexec: the attach to pid 4245, whose Deferred was cancelled here,"
-        " ended: fell behind by 9 bytes (status 0)"
+        " ended: fell behind by 9 bytes (ENOBUFS) (status 0) (cancelling"
     )
 
 

@@ -20,9 +20,11 @@ from support import until
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 
+from sdexec import cli
 from sdexec.config import parse_config
 from sdexec.outage import SystemdOutage
 from sdexec.protocol import ExecFlag, Topic
+from sdexec.rpc import RPCError
 from sdexec.server import RequestError, SdexecServer
 from sdexec.systemd.errors import reconnecting
 from sdexec.termination import TerminationStep
@@ -454,6 +456,24 @@ def test_a_process_without_a_job_is_not_one(make_server):
         server.terminate({"pid": 77, "reason": "cancel"})
     assert refused.value.errnum == errno.EINVAL
     assert "pid=77 runs no job (exec it with SDEXEC_JOBID)" in refused.value.errstr
+
+
+def test_sdexec_cancel_reads_each_answer_for_no_job_as_naming_nothing(make_server):
+    # `sdexec cancel N` tries its second target only where the service's
+    # answer says the first names no job, which only its words tell (ESRCH
+    # is also a job found ended, and an RFC 6 error carries nothing else):
+    # words that drifted from the phrases both sides share
+    # (sdexec.protocolbase) would quietly stop the retry.
+    server, systemd, _ = make_server()
+    payload = job_payload()
+    del payload["cmd"]["opts"]["SDEXEC_JOBID"]
+    server.exec(1, 1, payload, Recorder())
+    systemd.run(UNIT, pid=77)  # a process that runs no job
+    for target in ({"pid": 77}, {"pid": 78}, {"label": "none"}, {"jobid": "77"}):
+        with pytest.raises(RequestError) as refused:
+            server.terminate({**target, "reason": "cancel"})
+        answer = RPCError(refused.value.errnum, refused.value.errstr)
+        assert cli._names_nothing(answer, target), answer
 
 
 def test_a_time_limit_alone_makes_a_job_named_by_its_unit(make_server):

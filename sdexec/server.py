@@ -1275,8 +1275,13 @@ def _unindexed(_process: Process) -> None:
 def _main_process_gone(failure: Failure, target: str) -> Failure:
     """A kill (of ``target``, ``pid=N``) of a main process that has exited
     while others of its unit linger: ESRCH that says so, and how to reach
-    the rest (systemd says only "No main process to kill")."""
-    error = failure.value
+    the rest (systemd says only "No main process to kill"). Or of a process
+    whose unit systemd unloaded before the service reaped it (it ended):
+    refused as one that has exited, counted as such, and said so (systemd
+    says only "Unit NAME not loaded.", naming no process)."""
+    error = failure_value(failure)
+    if is_unit_gone(error):
+        raise RequestError(errno.ESRCH, f"kill {target}: it has ended ({error})")
     if not isinstance(error, SystemdError) or error.name != NO_SUCH_PROCESS:
         return failure
     raise RequestError(

@@ -1385,15 +1385,36 @@ class Process:
         """Whether an inactive unit is one that has been and gone, not one
         yet to start. An output channel's EOF says so (systemd keeps its
         ends until then); without channels (stdio passthrough) the outcome
-        must be known, or the unit stopped, and no job be queued for it."""
+        must be known, or the unit stopped. Either way, not while the state
+        shows a job queued for it, nor a main process never seen running
+        whose exit has not come either: the EOF comes by its own socket, and
+        may be read before the bus has brought the run's states (a burst of
+        starts), the inactive seen being the one before the start; the unit,
+        reaped on it and so no longer followed, was left failed for good."""
+        if self._watch is not None and queued_job(self._watch.state):
+            # (The stop's, or a start it replaced, may be read from before
+            # the stop: the start's answer reads the signals that came
+            # ahead of it.)
+            return False
+        if self._before_its_run_seen:
+            return False
         if not self._passed.streams:
             return True
-        # Not one with a job queued (the stop's, or a start it replaced, may
-        # be read from before the stop: the start's answer reads the
-        # signals that came ahead of it).
-        if self._watch is not None and queued_job(self._watch.state):
-            return False
         return self._outcome_known or UnitCall.STOP in self._called
+
+    @property
+    def _before_its_run_seen(self) -> bool:
+        """The state shows a main process (the ``Service`` interface's
+        signal) but neither its run (``started`` not sent) nor its exit, nor
+        is its outcome known: an inactive beside it is the ``Unit``
+        interface's state from before the start, its later signals still
+        on their way. (Once seen running, an inactive without an exit
+        status is a unit systemd lost: :meth:`_end_of_stream`.)"""
+        return (
+            Sent.STARTED not in self._sent
+            and not self._outcome_known
+            and self.status.runs_unseen_end
+        )
 
     def _refuse(self, problem: str) -> None:
         """The unit runs outside its fence: fail the request, kill it now.

@@ -181,6 +181,42 @@ def test_a_client_gone_while_a_failure_is_confirmed_leaves_nothing():
     run.assert_over()
 
 
+#: The unit's state as signalled before its start job ran: inactive.
+BEFORE_ITS_RUN = {"ActiveState": "inactive", "SubState": "dead"}
+
+
+@pytest.mark.parametrize(
+    "seen",
+    [
+        # The Service interface's signal of its run came, the Unit's not:
+        pytest.param({**BEFORE_ITS_RUN, "ExecMainPID": 4242}, id="its-pid-seen"),
+        # Neither came yet; the Unit's last showed its start queued:
+        pytest.param({**BEFORE_ITS_RUN, "Job": (1, "/job/1")}, id="its-start-queued"),
+    ],
+)
+@ensureDeferred
+async def test_an_eof_read_ahead_of_the_unit_s_signals_waits_for_its_end(seen):
+    # A soak (review session 48): under a burst of starts, a client gone
+    # before `started`, its command quick to exit (`exit 3`); the output's
+    # EOF, which comes by its own socket, was read while the last state
+    # the bus had brought was the one before the start, inactive. The
+    # process was reaped then, and the unit, which failed next, was left
+    # failed for good, no longer followed (`systemctl list-units` showed
+    # it until a reset-failed by hand).
+    run = Run()
+    run.process.client_gone()
+    run.change(seen)
+    run.systemd.release(UNIT)  # it ran and ended: its fds are closed
+    await until(lambda: run.process.output.eof, "the output's EOF")
+    assert run.reaped == []  # its end is still to come
+    failed = {"ActiveState": "failed", "SubState": "failed", "Result": "exit-code"}
+    run.change({**failed, "Job": (0, "/"), "ExecMainPID": 4242, "ExecMainCode": 1,
+                "ExecMainStatus": 3})  # fmt: skip
+    assert run.calls("reset") == [("reset", UNIT)]
+    run.change({"ActiveState": "inactive", "SubState": "dead"})  # the reset's
+    run.assert_over()
+
+
 # -- the start timeout while the unit is still starting -------------------------
 
 

@@ -321,6 +321,14 @@ class UnitStatus:
         return _EXIT_ERRNO.get(self.status, NOT_STARTED_ERRNO), message
 
     @property
+    def runs_unseen_end(self) -> bool:
+        """A main process is known (``ExecMainPID``) and its exit is not:
+        the unit has run, and its end is still to come, whatever
+        ``ActiveState`` says (the Unit interface's signal may lag the
+        Service's)."""
+        return self.pid > 0 and not self._exited
+
+    @property
     def is_inactive(self) -> bool:
         """The unit is stopped: inactive/dead (its fds are released)."""
         return self.active_state == "inactive"

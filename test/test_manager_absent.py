@@ -21,6 +21,7 @@ from sdexec.systemd import bus as bus_module
 from sdexec.systemd.bus import (
     ALREADY_SUBSCRIBED,
     MANAGER_ABSENT_S,
+    RECONNECT_ATTEMPT_S,
     SystemdClient,
     unit_object_path,
 )
@@ -594,3 +595,106 @@ async def test_a_manager_long_away_from_a_live_bus_is_logged_once_then_rarely():
         "systemd connection restored after 600 s",
     ]
     client.disconnect()
+
+
+def _stalled() -> asyncio.Future:
+    """A future nothing ever sets: a bus that never answers."""
+    return asyncio.get_running_loop().create_future()
+
+
+@ensureDeferred
+async def test_a_reconnection_the_bus_never_answers_is_abandoned_and_redialled():
+    # A bus that stalled mid-reconnection (the orphan dbus-daemon of a
+    # killed manager, stopped) held the reconnection for ever: no attempt
+    # was ever made again, and a new bus at the address never reached
+    # (review session 48 L1). Here the first redial's authentication never
+    # completes, the second bus never answers its AddMatch, the third does.
+    clock, first, buses = Clock(), FakeBus(), []
+    dialled: list[int] = []
+
+    async def never_answered(message):
+        await _stalled()
+
+    async def reopen():
+        dialled.append(len(dialled) + 1)
+        if len(dialled) == 1:
+            await _stalled()  # connect or authentication stalled
+        answers = {"AddMatch": never_answered} if len(dialled) == 2 else {}
+        buses.append(FakeBus(answers))
+        return buses[-1]
+
+    client = SystemdClient(first, reopen, clock)  # type: ignore[arg-type]
+    client.connected = True
+    with capturedLogs() as events:
+        first.disconnect()
+        await settled(lambda: dialled == [1], "the first redial stalls")
+        clock.advance(RECONNECT_ATTEMPT_S)
+        await settled(lambda: logged(events, "attempt 1 failed"), "abandoned")
+        clock.advance(0.1)  # the backoff's first delay
+        await settled(lambda: buses and "AddMatch" in buses[0].calls, "2nd stalls")
+        clock.advance(RECONNECT_ATTEMPT_S - 0.1)
+        assert not buses[0].disconnected and dialled == [1, 2]
+        clock.advance(0.1)
+        await settled(lambda: buses[0].disconnected, "its connection closed")
+        clock.advance(0.2)  # the backoff's second delay
+        await settled(lambda: client.connected, "back on the third")
+    assert dialled == [1, 2, 3] and not buses[1].disconnected
+    abandoned = (
+        "the bus did not complete the reconnection within"
+        f" {RECONNECT_ATTEMPT_S:g} s; abandoned"
+    )
+    assert logged(events, abandoned)
+    client.disconnect()
+    await settled(lambda: clock.getDelayedCalls() == [], "no timer left")
+
+
+@ensureDeferred
+async def test_disconnect_ends_a_stalled_reconnection_and_its_bound():
+    # disconnect() as a redial's authentication stalled: the attempt is
+    # cancelled at once, its bound with it.
+    clock, first = Clock(), FakeBus()
+    dialled: list[bool] = []
+
+    async def reopen():
+        dialled.append(True)
+        await _stalled()
+
+    client = SystemdClient(first, reopen, clock)  # type: ignore[arg-type]
+    client.connected = True
+    first.disconnect()
+    await settled(lambda: dialled, "the redial stalls")
+    client.disconnect()
+    await settled(lambda: client.disconnected.called, "disconnected fired")
+    await settled(lambda: clock.getDelayedCalls() == [], "its bound cancelled")
+
+
+@ensureDeferred
+async def test_a_returned_manager_s_subscribe_never_answered_redials():
+    # A re-executed manager, its Subscribe never answered (the bus stalled
+    # as it came back): nothing else would try again. It is abandoned, and
+    # the absent check reconnects to the bus address.
+    clock, first, buses = Clock(), FakeBus(), []
+
+    async def never_answered(message):
+        await _stalled()
+
+    async def reopen():
+        buses.append(FakeBus())
+        return buses[-1]
+
+    first.answers["Subscribe"] = never_answered
+    client = SystemdClient(first, reopen, clock)  # type: ignore[arg-type]
+    client.connected = True
+    with capturedLogs() as events:
+        first.owner_changed(":1.5", ":1.9")
+        await settled(lambda: "Subscribe" in first.calls, "the Subscribe sent")
+        clock.advance(RECONNECT_ATTEMPT_S - 0.1)
+        await settled(lambda: clock.getDelayedCalls(), "still waiting")
+        assert not logged(events, SUBSCRIBE_FAILED)
+        clock.advance(0.1)
+        await settled(lambda: logged(events, SUBSCRIBE_FAILED), "abandoned")
+        clock.advance(MANAGER_ABSENT_S)
+        await settled(lambda: client.connected, "back on a new connection")
+    assert first.disconnected and len(buses) == 1
+    client.disconnect()
+    await settled(lambda: clock.getDelayedCalls() == [], "no timer left")

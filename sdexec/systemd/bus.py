@@ -46,7 +46,12 @@ from sdexec.systemd.errors import (
     reconnecting,
 )
 from sdexec.systemd.retry import Backoff, Reminders
-from sdexec.systemd.unanswered import Silence, UnansweredCalls, calls_waiting
+from sdexec.systemd.unanswered import (
+    SILENT_AFTER_S,
+    Silence,
+    UnansweredCalls,
+    calls_waiting,
+)
 from sdexec.systemd.watch import UnitWatch, WatchRegistry
 from sdexec.systemd.window import DEFAULT_MAX_INFLIGHT, CallWindow
 
@@ -113,6 +118,17 @@ _PATH_SAFE = frozenset(string.ascii_letters + string.digits)
 #: dbus-daemon running as an orphan; a new manager then listens with a new
 #: dbus-daemon at the same path, which only a new connection reaches.
 MANAGER_ABSENT_S = 5.0
+#: How long one reconnection (connect and authenticate, ``AddMatch``,
+#: ``Subscribe`` and the reads behind it), or the ``Subscribe`` to a manager
+#: back on the bus, may take before it is abandoned: its connection is
+#: closed and the backoff dials again. A bus that stalls mid-reconnection
+#: (a stopped or wedged dbus-daemon, the orphan of a killed manager) would
+#: otherwise hold it for ever, and no new bus at the address would ever be
+#: reached. sd-bus's default method timeout, the same bound after which a
+#: call is said unanswered (:data:`SILENT_AFTER_S`): under
+#: ``reconnect-timeout`` (60 s), so that a stalled attempt is dialled
+#: again before the service drains.
+RECONNECT_ATTEMPT_S = SILENT_AFTER_S
 
 
 def unit_object_path(unit_name: str) -> str:
@@ -349,6 +365,9 @@ class SystemdClient:
         #: manager absent from it): its return is no news.
         self._redialled = False
         self._absent_timer: IDelayedCall | None = None
+        #: Reconnections under way (one at most): :meth:`disconnect`
+        #: cancels them.
+        self._redials: set[asyncio.Future[None]] = set()
         #: How many times a manager has left the bus: a subscription made
         #: while one left again is not a manager back.
         self._departures = 0
@@ -421,6 +440,8 @@ class SystemdClient:
         self._backoff.stop()
         self._cancel_absent_check()
         self._unanswered.stop()
+        for redial in list(self._redials):
+            redial.cancel()  # one stalled before its bus was adopted
         if self._bus is not None:
             self._bus.disconnect()
         elif not self.disconnected.called:
@@ -512,9 +533,40 @@ class SystemdClient:
             self.on_lost(reason)
 
     def _reconnect(self) -> Deferred[None]:
-        return Deferred.fromFuture(
-            asyncio.ensure_future(self._reopen_and_resume())
-        ).addErrback(_translate_failure)
+        task = asyncio.ensure_future(self._reopen_and_resume())
+        # Cancelled by disconnect(): one stalled before its bus was
+        # adopted has no bus for disconnect() to close.
+        self._redials.add(task)
+        task.add_done_callback(self._redials.discard)
+        return self._bounded(task, "reconnection")
+
+    def _bounded(self, attempt: asyncio.Future[None], what: str) -> Deferred[None]:
+        """``attempt``, cancelled if it has not ended within
+        :data:`RECONNECT_ATTEMPT_S` (the bus it opened is closed as it
+        ends: :meth:`_reopen_and_resume` gives it up, dbus-fast's connect
+        closes its socket); it then fails with a connection lost that says
+        so, ``what`` naming it."""
+        timed_out: list[bool] = []
+
+        def expire() -> None:
+            timed_out.append(True)
+            attempt.cancel()
+
+        timer = self._clock.callLater(RECONNECT_ATTEMPT_S, expire)
+
+        def ended(result: Failure | None) -> Failure | None:
+            if timer.active():
+                timer.cancel()
+            if timed_out and isinstance(result, Failure):
+                raise connection_lost(
+                    f"the bus did not complete the {what} within"
+                    f" {RECONNECT_ATTEMPT_S:g} s; abandoned"
+                )
+            return result
+
+        return (
+            Deferred.fromFuture(attempt).addBoth(ended).addErrback(_translate_failure)
+        )
 
     async def _reopen_and_resume(self) -> None:
         bus = await self._reopen()
@@ -553,7 +605,8 @@ class SystemdClient:
         if self.connected or self._bus is None:
             return
         departures = self._departures
-        Deferred.fromFuture(asyncio.ensure_future(self._subscribe())).addCallbacks(
+        subscribe = asyncio.ensure_future(self._subscribe())
+        self._bounded(subscribe, "Subscribe").addCallbacks(
             lambda _: self._subscribed(departures), self._subscribe_failed
         )
 

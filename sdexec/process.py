@@ -918,7 +918,7 @@ class Process:
         if self._receipt_deadline is not None:
             # Its exit status was seen before the outage: that is its
             # outcome, not an error; the receipt will never come.
-            self._give_up_receipt(f"the unit {gone}")
+            self._give_up_receipt(self._receipt_gone(gone, properties))
         if gone == _LOST and properties.get("LoadState") != "not-found":
             # A unit its manager knows and never started (no invocation): a
             # new manager's, made from the file a killed one left. Also once
@@ -943,6 +943,23 @@ class Process:
             self._vanished(gone, forward_unread=False)
             return True
         return False
+
+    def _receipt_gone(self, gone: str, properties: dict[str, Any]) -> str:
+        """Why a receipt lost with systemd will never come, its unit gone
+        (``gone`` says how). A unit unloaded after sdexec's own stop went
+        through (sent right behind the receipt's ``GetAll``, which the
+        outage lost) was not lost while systemd was away: it ended as it
+        was told."""
+        if (
+            gone == _LOST
+            and properties.get("LoadState") == "not-found"
+            and UnitCall.STOP in self._called
+        ):
+            return (
+                "the unit is gone: sdexec stopped it after its process exited,"
+                " before its receipt could be read again"
+            )
+        return f"the unit {gone}"
 
     def _went_before_its_outcome(self, gone: str) -> None:
         """The unit went before its process's outcome was known: the stream

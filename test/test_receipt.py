@@ -487,6 +487,26 @@ def test_a_receipt_lost_with_a_unit_unloaded_meanwhile_is_given_up(monkeypatch):
     assert clock.getDelayedCalls() == []
 
 
+def test_a_receipt_lost_beside_sdexec_s_own_stop_is_not_said_lost_with_the_unit(
+    monkeypatch,
+):
+    # The receipt's GetAll lost with the bus, the StopUnit right behind it
+    # went through: the unit sdexec stopped was unloaded, and finished said
+    # it was "lost while systemd was away" (review session 48 L2).
+    systemd, clock, responder, process = lose_the_receipt(monkeypatch, None, False)
+    assert systemd.calls[-1] == ("stop", UNIT)  # answered: it went through
+    systemd.units[UNIT] = {"LoadState": "not-found", "ActiveState": "inactive",
+                           "SubState": "dead", "ExecMainPID": 0}  # fmt: skip
+    come_back(systemd, process)
+    *_, finished, end = responder.responses
+    assert end == (errno.ENODATA, "")
+    assert finished["receipt_lost"] == (
+        "lost with systemd: the unit is gone: sdexec stopped it after its"
+        " process exited, before its receipt could be read again"
+    )
+    assert clock.getDelayedCalls() == []
+
+
 def test_a_receipt_lost_with_systemd_is_not_waited_for_once_its_client_left(
     monkeypatch,
 ):

@@ -698,3 +698,33 @@ async def test_a_returned_manager_s_subscribe_never_answered_redials():
     assert first.disconnected and len(buses) == 1
     client.disconnect()
     await settled(lambda: clock.getDelayedCalls() == [], "no timer left")
+
+
+@ensureDeferred
+async def test_a_call_queued_in_the_window_when_systemd_goes_is_never_sent():
+    # A call still queued behind the window when the connection drops never
+    # reached systemd, and failed as "systemd connection lost", which says
+    # a start may have been made (review session 48 L3): it says it was
+    # never sent, and is EAGAIN all the same.
+    async def kill_unit(message):
+        await bus._closed  # answered only as the bus closes
+        raise EOFError()
+
+    bus, clock = FakeBus({"KillUnit": kill_unit}), Clock()
+    client = connected_client(bus, clock)
+    client.max_inflight = 1
+    in_flight, queued = [], []
+    client.kill_unit("a.service", "all", 15).addErrback(in_flight.append)
+    client.stop_unit("b.service").addErrback(queued.append)
+    await until(lambda: bus.calls == ["KillUnit"], "the first sent")
+    bus.disconnect()
+    await until(lambda: queued and in_flight, "both failed")
+    error = queued[0].value
+    assert is_connection_lost(error) and errno_for(error) == errno.EAGAIN
+    assert str(error) == (
+        "systemd connection lost before the call was sent (the D-Bus"
+        " connection closed): it was never made, retry"
+    )
+    assert bus.calls == ["KillUnit"]  # the queued one never went out
+    assert str(in_flight[0].value).startswith("systemd connection lost: ")
+    client.disconnect()

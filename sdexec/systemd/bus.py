@@ -43,6 +43,7 @@ from sdexec.systemd.errors import (
     connection_lost,
     is_connection_lost,
     manager_away,
+    never_sent,
     reconnecting,
 )
 from sdexec.systemd.retry import Backoff, Reminders
@@ -521,14 +522,15 @@ class SystemdClient:
             self.disconnected.callback(None)
 
     def _lose(self, reason: str) -> None:
-        """systemd is away: calls queued fail now, new ones at once, until
-        it is back; those in flight fail as their bus or manager does."""
+        """systemd is away: calls queued fail now (never sent: nothing they
+        asked for was done), new ones at once, until it is back; those in
+        flight fail as their bus or manager does (they may have been)."""
         if not self.connected:
             return
         self.connected = False
         log.warn("systemd connection lost: {reason}", reason=reason)
         self._away.begin()
-        self.window.fail_queued(Failure(connection_lost(reason)))
+        self.window.fail_queued(Failure(never_sent(reason)))
         if self.on_lost is not None:
             self.on_lost(reason)
 

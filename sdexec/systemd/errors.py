@@ -36,6 +36,7 @@ __all__ = [
     "is_process_gone",
     "is_unit_gone",
     "manager_away",
+    "never_sent",
     "not_taken_property",
     "reconnecting",
     "start_may_have_run",
@@ -124,6 +125,18 @@ def manager_away(detail: str) -> SystemdError:
 def reconnecting() -> SystemdError:
     """The error of a call made while reconnecting (EAGAIN)."""
     return SystemdError(RECONNECTING, "reconnecting to systemd")
+
+
+def never_sent(reason: str) -> SystemdError:
+    """The error of a call still queued in the call window when the
+    connection was lost (EAGAIN): it never reached systemd, so nothing it
+    asked for was done (a start: nothing was started), and a retry is
+    safe; unlike a call lost in flight (:func:`connection_lost`)."""
+    return SystemdError(
+        RECONNECTING,
+        f"systemd connection lost before the call was sent ({reason}):"
+        " it was never made, retry",
+    )
 
 
 def failure_value(failure: Failure) -> BaseException:

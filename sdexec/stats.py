@@ -71,6 +71,12 @@ _QUOTED = 80
 _LINE_LIMIT = 16384
 
 
+def _shown_field(field: bytes) -> str:
+    """A refused header field (or value) as a refusal quotes it: its first
+    :data:`_QUOTED` bytes, escaped as a bytes literal's."""
+    return repr(field[:_QUOTED])[2:-1]
+
+
 def _refusal(status: bytes, why: str) -> bytes:
     """A whole answer refusing a request the channel could not or would not
     read: ``status`` (code and reason) and ``why``, a line of text."""
@@ -415,8 +421,8 @@ class _StatsChannel(HTTPChannel):
             why = "malformed request line: not METHOD TARGET HTTP/1.1 (or HTTP/1.0)"
             self._refuse(b"400 Bad Request", why)
         else:
-            quoted = repr(self._field[:_QUOTED])[2:-1]
-            self._refuse(b"400 Bad Request", f"malformed header field: {quoted}")
+            shown = _shown_field(self._field)
+            self._refuse(b"400 Bad Request", f"malformed header field: {shown}")
 
     def _reading_request_line(self) -> bool:
         """Whether no request line of the request being read was parsed
@@ -564,8 +570,7 @@ def _host_refusal(version: bytes, hosts: list[bytes]) -> str | None:
     if len(hosts) > 1:
         return "more than one Host header field"
     if _HOST.fullmatch(hosts[0]) is None:
-        quoted = repr(hosts[0][:_QUOTED])[2:-1]
-        return f"malformed Host header field: {quoted}"
+        return f"malformed Host header field: {_shown_field(hosts[0])}"
     return None
 
 

@@ -486,10 +486,16 @@ def _may_wait(fd: int) -> bool:
     socket or terminal."""
     try:
         mode = os.fstat(fd).st_mode
-        waits = stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
+        waits = stat.S_ISSOCK(mode) or _waits_for_peer(fd, mode)
         return waits and os.get_blocking(fd)
     except OSError:
         return True
+
+
+def _waits_for_peer(fd: int, mode: int) -> bool:
+    """Whether ``fd`` (of file mode ``mode``) is a pipe or a terminal, whose
+    reads and writes wait for the other end, unlike a file's."""
+    return stat.S_ISFIFO(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))
 
 
 def _nonblocking_twin(fd: int, access: int = os.O_WRONLY) -> int:
@@ -504,7 +510,7 @@ def _nonblocking_twin(fd: int, access: int = os.O_WRONLY) -> int:
     try:
         status = os.fstat(fd)
         mode = status.st_mode
-        waits = stat.S_ISFIFO(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))
+        waits = _waits_for_peer(fd, mode)
         if not waits or not os.get_blocking(fd) or status.st_rdev == _PTMX:
             return fd
         flags = access | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY

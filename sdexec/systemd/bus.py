@@ -548,18 +548,13 @@ class SystemdClient:
         ends: :meth:`_reopen_and_resume` gives it up, dbus-fast's connect
         closes its socket); it then fails with a connection lost that says
         so, ``what`` naming it."""
-        timed_out: list[bool] = []
-
-        def expire() -> None:
-            timed_out.append(True)
-            attempt.cancel()
-
-        timer = self._clock.callLater(RECONNECT_ATTEMPT_S, expire)
+        timer = self._clock.callLater(RECONNECT_ATTEMPT_S, attempt.cancel)
 
         def ended(result: Failure | None) -> Failure | None:
-            if timer.active():
+            if timer.active():  # ended in time
                 timer.cancel()
-            if timed_out and isinstance(result, Failure):
+                return result
+            if isinstance(result, Failure):  # cancelled by the timer
                 raise connection_lost(
                     f"the bus did not complete the {what} within"
                     f" {RECONNECT_ATTEMPT_S:g} s; abandoned"

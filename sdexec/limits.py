@@ -375,22 +375,23 @@ def check_lengths(cwd: str | None, names: Mapping[str, str | None]) -> None:
             )
 
 
-#: The longest ``cmd`` of a ``list`` entry, as upstream's subprocess server
-#: cuts it (a 64-byte buffer).
+#: The longest ``flux SUBCOMMAND`` ``cmd`` of a ``list`` entry, as
+#: upstream's subprocess server cuts it (a 64-byte buffer).
 MAX_LISTED_NAME: Final = 63
 
 
 def listed_name(cmdline: Sequence[str]) -> str:
     """The ``cmd`` of a ``list`` entry, as upstream's subprocess server
     gives it: the program, and for ``flux`` (every Flux command begins so)
-    its subcommand too (``flux module-exec``), cut at
-    :data:`MAX_LISTED_NAME` characters."""
+    its subcommand too (``flux module-exec``), that pair cut at
+    :data:`MAX_LISTED_NAME` characters. Upstream cuts nothing else: a long
+    path is listed whole (its last part names the program), up to the
+    bound of :func:`listed_cmdline`."""
     if not cmdline:
         return ""
-    name = cmdline[0]
-    if name == "flux" and len(cmdline) > 1:
-        name = f"flux {cmdline[1]}"
-    return name[:MAX_LISTED_NAME]
+    if cmdline[0] == "flux" and len(cmdline) > 1:
+        return f"flux {cmdline[1]}"[:MAX_LISTED_NAME]
+    return listed_cmdline(cmdline[:1])[0]
 
 
 def listed_cmdline(cmdline: Sequence[str]) -> list[str]:

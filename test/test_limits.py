@@ -369,4 +369,14 @@ def test_a_listed_name_is_upstream_s_cmd() -> None:
     assert listed_name(["flux", "module-exec", "x"]) == "flux module-exec"
     assert listed_name(["flux"]) == "flux"
     assert listed_name([]) == ""
-    assert listed_name(["x" * 100]) == "x" * MAX_LISTED_NAME
+    assert listed_name(["flux", "x" * 100]) == ("flux " + "x" * 100)[:MAX_LISTED_NAME]
+
+
+def test_a_listed_name_keeps_a_long_path_whole() -> None:
+    # Upstream's 64-byte buffer holds only "flux SUBCOMMAND": any other
+    # program is listed whole, and cut at 63 a long path lost its last
+    # part, the program's name.
+    path = "/p/lustre1/someone/projects/a-long-project-name/build/bin/simulate"
+    assert len(path) > MAX_LISTED_NAME
+    assert listed_name([path, "-x"]) == path
+    assert listed_name(["x" * 5000]) == "x" * MAX_LISTED_CMDLINE + "…"

@@ -71,3 +71,35 @@ def test_every_document_a_shipped_file_names_is_installed():
     assert ("sdexec/map/topology.py", "operating.md") in named
     for source, document in named:
         assert f"share/doc/sdexec/{document}" in INSTALLED, (source, document)
+
+
+def _paragraphs(text: str) -> list[str]:
+    """``text`` cut at blank lines and at the start of each list item."""
+    return [
+        paragraph
+        for block in re.split(r"\n\s*\n", text)
+        for paragraph in re.split(r"\n(?=- )", block)
+    ]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "README.md",
+        *(
+            str(path.relative_to(REPO))
+            for path in sorted(REPO.glob("docs/*.md"))
+            if path.name != "performance.md"
+        ),
+        *(str(path.relative_to(REPO)) for path in sorted(REPO.glob("etc/*.service"))),
+    ],
+)
+def test_a_venv_s_twistd_in_exec_start_comes_with_its_sdexec_in_exec_reload(source):
+    """The units reload with ``ExecReload=/usr/bin/env sdexec reload``: an
+    admin told to point ``ExecStart`` at a venv's ``bin/twistd`` (the
+    manager's ``PATH`` lacks it) and not ``ExecReload`` at its
+    ``bin/sdexec`` gets a ``systemctl reload`` that fails, ``/usr/bin/env:
+    'sdexec': No such file or directory``, the configuration unread."""
+    for paragraph in _paragraphs((REPO / source).read_text()):
+        if "bin/twistd" in paragraph:
+            assert "bin/sdexec" in paragraph, (source, paragraph)

@@ -85,6 +85,7 @@ from sdexec.sizes import (
     octal_differs,
     parse_size,
 )
+from sdexec.sockets import endpoint_mode
 from sdexec.systemd.window import DEFAULT_MAX_INFLIGHT
 from sdexec.version import add_version_option
 
@@ -1321,6 +1322,10 @@ def allowed_users_cannot_connect(config: Config) -> tuple[str, ...]:
     if is_systemd_endpoint(config.sdexec.listen or ""):
         # A socket systemd made has its .socket unit's mode, whatever
         # socket-mode says: the service judges it once listening.
+        return ()
+    if (endpoint_mode(config.sdexec.listen or "") or 0) & 0o022:
+        # listen's own mode= lets them connect, whatever socket-mode says
+        # (the service judges its directories once listening).
         return ()
     return (
         f"{config.source}: sdexec.allow-users: the users listed cannot connect:"

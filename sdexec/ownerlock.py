@@ -25,7 +25,7 @@ import fcntl
 import os
 import tempfile
 
-from sdexec.sockets import check_directory, unix_path
+from sdexec.sockets import check_directory, socket_mode_of, unix_path
 
 __all__ = ["AlreadyServed", "OwnerLock"]
 
@@ -149,7 +149,7 @@ def _lock_directory(listen: str, socket_mode: int) -> str:
     if path is not None:
         # The socket's own directory, made and checked as listening will.
         directory = os.path.dirname(os.path.abspath(path))
-        check_directory(directory, socket_mode, os.getuid())
+        check_directory(directory, socket_mode_of(listen, socket_mode), os.getuid())
         return directory
     # systemd's RuntimeDirectory= (the system unit's /run/sdexec), else the
     # user's runtime directory, else a directory of the user's own in /tmp

@@ -40,10 +40,12 @@ __all__ = [
     "check_directory",
     "clear_stale_socket",
     "directory_mode",
+    "endpoint_mode",
     "kept_out",
     "listening_path",
     "private_endpoint",
     "private_umask",
+    "socket_mode_of",
     "unix_endpoint",
     "unix_path",
 ]
@@ -77,15 +79,41 @@ def unix_path(description: str) -> str | None:
 
 def private_endpoint(description: str, mode: int, uid: int) -> str:
     """``description`` with ``mode=`` added for a ``unix:`` endpoint that
-    has none, after :func:`check_directory` of its socket's directory.
+    has none, after :func:`check_directory` of its socket's directory
+    (for the socket's own ``mode=`` where it names one, else ``mode``).
     ``ValueError`` naming the directory if it is not the service's."""
     path = unix_path(description)
     if path is None:
         return description
-    check_directory(os.path.dirname(os.path.abspath(path)), mode, uid)
+    directory = os.path.dirname(os.path.abspath(path))
+    check_directory(directory, socket_mode_of(description, mode), uid)
     if any(field.startswith("mode=") for field in _fields(description)[1:]):
         return description
     return f"{description}:mode={mode:o}"
+
+
+def socket_mode_of(description: str, socket_mode: int) -> int:
+    """The mode the socket of ``description`` gets: its endpoint's own
+    ``mode=``, which wins, else ``socket_mode``. Its directory is made for
+    it (a directory made for socket-mode's 0600 kept out the users of
+    allow-users whom ``mode=666`` let connect)."""
+    own = endpoint_mode(description)
+    return socket_mode if own is None else own
+
+
+def endpoint_mode(description: str) -> int | None:
+    """The ``mode=`` a ``unix:`` endpoint names itself, octal as Twisted
+    reads it; ``None`` if it names none, or one that is not octal (which
+    Twisted then refuses), or is no ``unix:`` endpoint."""
+    kind, *arguments = _fields(description)
+    if kind != "unix":
+        return None
+    for argument in arguments:
+        key, equals, value = argument.partition("=")
+        if equals and key == "mode":
+            with contextlib.suppress(ValueError):
+                return int(value, 8)
+    return None
 
 
 def check_directory(directory: str, mode: int, uid: int) -> None:

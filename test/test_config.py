@@ -972,6 +972,22 @@ def test_allowed_users_the_socket_mode_keeps_out_are_warned_of(mode, warned):
 
 
 @pytest.mark.parametrize(
+    ("listen", "warned"),
+    [
+        ("unix:/run/s/s.sock:mode=666", False),
+        ("unix:/run/s/s.sock:mode=660", False),
+        ("unix:/run/s/s.sock:mode=600", True),
+        ("unix:/run/s/s.sock", True),
+    ],
+)
+def test_allowed_users_listen_s_own_mode_lets_in_are_not_warned_of(listen, warned):
+    # The warning said "unless listen names its own mode=", and came all
+    # the same when listen did, letting them in.
+    table = {"allow-users": [1234], "listen": listen}
+    assert bool(parse_config({"sdexec": table}).warnings) == warned
+
+
+@pytest.mark.parametrize(
     ("name", "text"),
     [
         ("c.yaml", "sdexec:\n  socket-mode: 0600\n"),

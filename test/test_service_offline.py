@@ -113,6 +113,25 @@ async def test_a_second_service_on_the_same_endpoint_touches_nothing(tmp_path):
     await (await started_service(tmp_path, FakeManager())).stopService()
 
 
+@ensureDeferred
+async def test_a_socket_s_directory_lets_in_whom_its_own_mode_does(tmp_path):
+    """listen's mode=666 wins over socket-mode for the socket: the owner
+    lock, first of all, made its directory for socket-mode's 0600 (0700),
+    which kept out the users of allow-users the socket let connect."""
+    service = SdexecService(
+        parse_config({}),
+        reactor,
+        listen=f"unix:{tmp_path}/d/s.sock:mode=666",
+        stats="tcp:0:interface=127.0.0.1",
+        connect=lambda: defer.succeed(FakeManager()),
+    )
+    service.startService()
+    await service.ready
+    assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o711
+    assert stat.S_IMODE((tmp_path / "d" / "s.sock").stat().st_mode) == 0o666
+    await service.stopService()
+
+
 HOLD = """
 import fcntl, os, sys, time
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)

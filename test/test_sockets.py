@@ -77,6 +77,15 @@ def test_a_missing_directory_is_created_private(tmp_path):
     assert mode_of(tmp_path / "shared") == 0o711  # others may reach the socket
 
 
+def test_a_missing_directory_lets_in_whom_the_endpoint_s_own_mode_does(tmp_path):
+    # mode=666 wins over socket-mode for the socket: its directory, made
+    # 0700 for socket-mode's 0600, kept out the allow-users it let connect.
+    private_endpoint(f"unix:{tmp_path}/own/s.sock:mode=666", 0o600, os.getuid())
+    assert mode_of(tmp_path / "own") == 0o711
+    private_endpoint(f"unix:{tmp_path}/tight/s.sock:mode=600", 0o666, os.getuid())
+    assert mode_of(tmp_path / "tight") == 0o700
+
+
 def test_a_missing_directory_gets_its_search_bits_whatever_the_umask(tmp_path):
     # The system unit's UMask=0077 masked mkdir's mode: a new socket
     # directory (and those above it) stayed 0700, closed to the group that

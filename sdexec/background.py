@@ -14,8 +14,9 @@
   buffer, and the client is fed from there at the pace its connection
   takes it (:mod:`sdexec.attachfeed`). A client that falls so far behind
   that the buffer drops output it was not yet sent is told how much it
-  lost, and its attach is ended (ENOBUFS); the process goes back to the
-  background.
+  lost, and its attach is ended (ENOBUFS), saying what is left to read
+  (one not waitable is forgotten when it ends); the process goes back to
+  the background.
 
 :class:`Tracked` is what the service keeps of one such process beside its
 :class:`~sdexec.process.Process`: it is the process's responder and output
@@ -477,7 +478,7 @@ class Tracked:
         (:meth:`drop_client`), but for the stream of its exec, if it started
         the process: that runs on. How many requests were ended."""
         kept = f"wait is ended, and {self._name}'s end is kept for the next wait"
-        back = f"attach is ended, and {self._runs_on}"
+        back = f"attach is ended, and {self._state_now}"
         ended = [
             (self._drop_waiter(connection_id), kept),
             (self._drop_attaching(connection_id), back),
@@ -511,10 +512,7 @@ class Tracked:
         what it was sent: nothing after the gap would be in order), and the
         process goes back to the background."""
         if not self.end_consumed:
-            # Nobody had it, or its `finished` waited behind the output
-            # lost: not delivered, it is kept for the next wait or attach
-            # once this feed is ended (_feed_done).
-            after = f"{self._runs_on}, its output kept: attach again to read on"
+            after = self._left_to_read()
         else:  # `finished` went to this attach, which took the end
             after = f"what {self._name} writes from now on is dropped"
         self._detach(feed.connection_id)  # before the error: nothing after it
@@ -602,8 +600,34 @@ class Tracked:
         )
 
     @property
-    def _runs_on(self) -> str:
+    def _state_now(self) -> str:
+        """Where the process is once its attach is ended: it may have ended
+        meanwhile (its ``finished`` waiting behind output not yet sent)."""
+        if self.finished is not None:
+            return f"{self._name} has ended"
+        if self._stream_ended or self.reaped:
+            return f"{self._name}'s stream has ended"
         return f"{self._name} runs on in the background"
+
+    def _left_to_read(self) -> str:
+        """What an attach ended before it was sent the process's end leaves
+        to read, said as it will be: the end, not delivered, is kept for the
+        next wait or attach once this feed is ended (:meth:`_feed_done`),
+        but only a waitable process is kept after it ends (the owner forgets
+        one that is not at its reap, its output with it)."""
+        ended = self.finished is not None or self._stream_ended or self.reaped
+        if self.waitable:
+            kept = "its output and end kept" if ended else "its output kept"
+            return f"{self._state_now}, {kept}: attach again to read on"
+        if ended:
+            return (
+                f"{self._state_now} and it is not waitable: it is forgotten once"
+                " its unit is gone, its output with it"
+            )
+        return (
+            f"{self._state_now}, its output kept until it ends (it is not"
+            " waitable): attach again before then to read on"
+        )
 
     def _end_gone(self, name: str) -> str:
         return f"{name}: has ended, and its end went to {self._end_taken_by}"

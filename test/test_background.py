@@ -1004,7 +1004,8 @@ async def test_an_attach_that_falls_behind_the_retained_output_is_told_what_it_l
         "pid 8: the client fell behind by more than the retained output (65536"
         " bytes, [sdexec] retained-output): 1024 bytes of stdout it had not yet"
         " been sent were dropped: this attach is ended, and pid 8 runs on in the"
-        " background, its output kept: attach again to read on"
+        " background, its output kept until it ends (it is not waitable): attach"
+        " again before then to read on"
     )
     assert [formatEvent(event) for event in events] == [
         f"connection {viewer.protocol.connection_id}: attach to pid 8 ended: its"
@@ -1280,11 +1281,44 @@ async def test_an_end_that_waited_behind_lost_output_is_kept_for_a_wait(systemd)
     stream = payloads(viewer.of(1))
     assert "finished" not in [p["type"] for p in stream if isinstance(p, dict)]
     assert stream[-1][0] == errno.ENOBUFS
-    assert stream[-1][1].endswith("pid 8 runs on in the background, its output"
-                                  " kept: attach again to read on")  # fmt: skip
+    assert stream[-1][1].endswith(
+        "this attach is ended, and pid 8 has ended, its output and end kept:"
+        " attach again to read on"
+    )
     client.send("sdexec.wait", {"label": "w"}, matchtag=2)
     await reaped_at_last(systemd, server)
     assert payloads(client.of(2))[0]["status"] == 3 << 8
+    viewer.close()
+    client.close()
+
+
+@ensureDeferred
+async def test_an_attach_behind_a_process_not_waitable_that_ended_says_it_goes(
+    systemd,
+):
+    # Its `finished` waited behind the output lost, but a process that is
+    # not waitable is forgotten at its reap: "runs on … attach again" was
+    # false, the next attach ENOENT.
+    systemd.stop_to_inactive = False  # a child keeps the unit, writing on
+    server = make_server(systemd, **{"retained-output": "64K"})
+    client = Client(server)
+    viewer = attached_unread(systemd, server, client, label="a")
+    await written(systemd, server, CONTROL_BYTES)
+    await written(systemd, server, lines(0, 8))
+    systemd.exit(UNIT, 3)
+    tracked = tracked_of(server)
+    await until(lambda: tracked.finished is not None, "finished")
+    await written(systemd, server, lines(8, 65))
+    read_everything(viewer)
+    assert payloads(viewer.of(1))[-1][1].endswith(
+        "this attach is ended, and pid 8 has ended and it is not waitable: it is"
+        " forgotten once its unit is gone, its output with it"
+    )
+    await reaped_at_last(systemd, server)
+    client.send("sdexec.attach", {"label": "a", "flags": 1}, matchtag=2)
+    assert payloads(client.of(2)) == [
+        (errno.ENOENT, "label 'a': not found (no such process)")
+    ]
     viewer.close()
     client.close()
 

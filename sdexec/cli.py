@@ -52,6 +52,7 @@ from sdexec.cliio import (
     Output,
     close_outputs,
     connect,
+    end_on_signals,
     exit_code,
     fail,
     flush_out,
@@ -115,9 +116,12 @@ def main(argv: Sequence[str] | None = None, early: EarlyExec | None = None) -> i
                 signal.signal(signum, signal.SIG_DFL)
     open_closed_standard_fds()
     try:
-        return _main(argv, early)
+        status = _main(argv, early)
     finally:
-        say_held()  # lines said while output waited, not yet taken
+        # Lines said while output waited, or at the end, not yet taken; a
+        # signal that cut that wait short ends the command its way.
+        ended_by = say_held()
+    return status if ended_by is None else ended_by
 
 
 def _main(argv: Sequence[str] | None, early: EarlyExec | None) -> int:
@@ -271,6 +275,7 @@ def _run(options: argparse.Namespace, early: EarlyExec | None = None) -> int:
             close_outputs(job.outputs)
             job.close_stdin_reader()
         loop.serve_caught_signals()  # one the loop had no turn to serve
+        end_on_signals()  # a ^C from now on ends a wait for our stderr
     terminal.restore_after(job.process_status())
     return job.exit_code()
 

@@ -21,6 +21,7 @@ from sdexec.cliio import (
     Output,
     close_outputs,
     connect,
+    end_on_signals,
     exit_code,
     fail,
     flush_out,
@@ -222,6 +223,7 @@ def attach(options: argparse.Namespace) -> int:
                 loop.serve_caught_signals()
         finally:
             close_outputs(session.outputs)
+        end_on_signals()  # a second ^C from now on ends a wait for our stderr
     # Closing the connection is what detaches, on the service's side.
     if session.detached and stream.pid is None:
         # Nothing was attached: a service slow to answer, a target that

@@ -26,7 +26,7 @@ TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
     import argparse
     import signal
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
     from typing import Any
 
     from sdexec.receipt import Receipt
@@ -49,6 +49,7 @@ __all__ = [
     "Output",
     "close_outputs",
     "connect",
+    "end_on_signals",
     "exit_code",
     "fail",
     "flush_out",
@@ -224,9 +225,11 @@ def warn(message: str) -> None:
 def say(line: str) -> None:
     """``line`` on stderr, if it can be written: a stderr gone (a closed
     pipe, a full disk) must not change the exit status or end the command
-    before its output. While an output write waits for its reader, only as
-    far as stderr takes it at once, the rest held (:class:`_HeldLines`)."""
-    if _held.waits:
+    before its output. While an output write waits for its reader, and
+    once the command has served its last signal (:func:`end_on_signals`),
+    only as far as stderr takes it at once, the rest held
+    (:class:`_HeldLines`)."""
+    if _held.waits or _held.closing:
         _held.hold(line)
         return
     _held.write_all()  # first: in the order said
@@ -236,11 +239,31 @@ def say(line: str) -> None:
         pass  # a stderr that went away: nothing more can be said to it
 
 
-def say_held() -> None:
+def say_held() -> int | None:
     """Write the lines :func:`say` held, waiting for stderr to take them:
-    at the command's end, when nothing is left to serve."""
+    at the command's end, when nothing is left to serve; after
+    :func:`end_on_signals`, only until one of its signals comes. The exit
+    status of a signal that so ended it with lines unsaid (128 + N, died of
+    for a ^C: :func:`signalled_status`), else ``None``."""
     _held.write_all()
+    ended_by = _held.ended_by
     _held.close()
+    return None if ended_by is None else signalled_status(ended_by)
+
+
+def end_on_signals() -> None:
+    """The command has served its last signal and has only its last lines
+    to say (its process's end, or why it failed): from now on they are
+    written as far as stderr takes them at once, the rest held, and
+    :func:`say_held` waits for stderr to take them only until one of
+    :data:`INTERRUPTING_SIGNALS` comes that the command caught (not one it
+    left at its default, nor one ignored). Else, with ``2>&1 | less`` and
+    less stopped, a last line blocked on that full pipe, and a Ctrl-C or
+    SIGTERM, caught by a loop that served signals no more, could not end
+    the command until the pipe drained."""
+    _held.end_on(
+        signum for signum in INTERRUPTING_SIGNALS if callable(signal.getsignal(signum))
+    )
 
 
 #: How many lines said while an output write waits are held for a stderr
@@ -262,12 +285,42 @@ class _HeldLines:
     def __init__(self) -> None:
         #: How many output writes wait for their reader now.
         self.waits = 0
+        #: The command says only its last lines now (:func:`end_on_signals`):
+        #: each is held as while an output write waits, and the wait for
+        #: stderr at the end ends at a signal.
+        self.closing = False
+        #: The signal that ended that wait with lines unsaid, if one did.
+        self.ended_by: int | None = None
+        #: The first such signal that came, and the pipe that wakes the wait
+        #: for it (with the handlers it replaced, put back at the end).
+        self._signalled: int | None = None
+        self._wakeup: tuple[int, int] | None = None
+        self._replaced: dict[int, Any] = {}
         self._lines: list[bytes] = []
         self._dropped = 0
         #: Where stderr is written without waiting (-1: nowhere), once known,
         #: and stderr's own descriptor (the writer, or not ours to close).
         self._writer: int | None = None
         self._stderr_fd = -1
+
+    def end_on(self, signums: Iterable[int]) -> None:
+        """From now on hold what is said, and end the wait for stderr at
+        the end (:meth:`write_all`) once one of ``signums`` comes."""
+        self.closing = True
+        self._wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        for signum in signums:
+            self._replaced[signum] = signal.signal(signum, self._note_signal)
+
+    def _note_signal(self, signum: int, _frame: Any) -> None:
+        """The handler of :meth:`end_on`'s signals: the first noted, and
+        the wait for stderr woken (it is about to poll, or polls now)."""
+        if self._signalled is None:
+            self._signalled = signum
+        if self._wakeup is not None:
+            try:  # noqa: SIM105 (contextlib is not imported: start-up time)
+                os.write(self._wakeup[1], b"\0")
+            except BlockingIOError:
+                pass  # a byte waits there already
 
     def hold(self, line: str) -> None:
         """``line`` said while an output write waits."""
@@ -299,10 +352,30 @@ class _HeldLines:
                     self._lines = self._dropped_note()
 
     def write_all(self) -> None:
-        """Write every line held, waiting for stderr to take them."""
+        """Write every line held, waiting for stderr to take them; while
+        :attr:`closing`, only until a signal of :meth:`end_on` comes, and
+        then what stderr takes at once (:attr:`ended_by` says it came
+        first: lines are left unsaid)."""
         if not self._lines:
             return
-        lines, self._lines = self._lines + self._dropped_note(), []
+        self._lines += self._dropped_note()
+        wakeup = self._wakeup
+        writer = -1 if wakeup is None else self._nonblocking_writer()
+        if wakeup is None or writer < 0:
+            self._write_waiting()
+            return
+        self.write_now()
+        while self._lines and self._signalled is None:
+            self._wait_for(writer, wakeup[0])
+            self.write_now()
+        if self._lines:
+            self.ended_by = self._signalled
+            self._lines = []
+
+    def _write_waiting(self) -> None:
+        """Write every line held through stderr itself, which may wait (no
+        descriptor writes it without waiting, or nothing ends the wait)."""
+        lines, self._lines = self._lines, []
         try:
             sys.stderr.flush()
             for data in lines:
@@ -311,12 +384,34 @@ class _HeldLines:
         except OSError:
             pass  # a stderr that went away: nothing more can be said to it
 
+    @staticmethod
+    def _wait_for(writer: int, wakeup: int) -> None:
+        """Wait until ``writer`` can be written (or fails) or a signal wakes
+        ``wakeup`` (drained: the caller looks at what came)."""
+        poll = select.poll()
+        poll.register(writer, select.POLLOUT)
+        poll.register(wakeup, select.POLLIN)
+        poll.poll()  # (a handler's EINTR is retried: its byte then wakes it)
+        try:
+            while os.read(wakeup, 64):
+                pass
+        except BlockingIOError:
+            pass
+
     def close(self) -> None:
-        """Close the descriptor opened to write without waiting, if one was."""
+        """Close the descriptor opened to write without waiting, if one was,
+        and end :meth:`end_on`: its handlers are put back."""
         writer = self._writer
         if writer is not None and writer >= 0 and writer != self._stderr_fd:
             os.close(writer)
         self._writer = None
+        for signum, handler in self._replaced.items():
+            signal.signal(signum, handler)
+        self._replaced = {}
+        wakeup, self._wakeup = self._wakeup, None
+        for fd in wakeup or ():
+            os.close(fd)
+        self.closing, self.ended_by, self._signalled = False, None, None
 
     def _dropped_note(self) -> list[bytes]:
         """The line that says how many more lines were not held, if any

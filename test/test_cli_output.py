@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
+from support import read_to_end
 from test_cli_scripted import (
     ScriptedService,
     ScriptedServices,
@@ -580,6 +581,105 @@ def test_a_full_stdout_fails_attach_but_leaves_the_process(tmp_path):
         b"sdexec: cannot write stdout: No space left on device\n"
         b"sdexec: detached from pid 42; it runs on\n",
     )
+
+
+# -- a signal while the last lines wait for stderr ------------------------------
+
+#: What ends the stream of a process that the OOM killer killed, after
+#: which the stop timer gave up on what it left: two lines on stderr, said
+#: once the loop has closed (the first names the unit: its end is known).
+_AFTER = (errno.EDEADLK, "unkillable user processes in unit sdexec-x.service")
+_LAST_LINES = [
+    b"sdexec: after the command finished: " + _AFTER[1].encode() + b"\n",
+    b"sdexec: killed by the OOM killer (no MemoryMax set)\n",
+]
+
+
+def _ended_by_oom(request: dict) -> list[dict]:
+    """An exec or attach of pid 42, which the OOM killer killed (137), its
+    stream ended by :data:`_AFTER`; kills never answered."""
+    started = {"sdexec.exec": "started", "sdexec.attach": "attached"}
+    kind = started.get(request["topic"])
+    if kind is None:
+        return []
+    finished = {
+        "type": "finished",
+        "status": int(signal.SIGKILL),
+        "result": "oom-kill",
+        "oom_kills": 1,
+    }
+    return [
+        response(request, {"type": kind, "pid": 42}),
+        response(request, finished),
+        failure(request, *_AFTER),
+    ]
+
+
+def _room_for(writer: int, reader: int, room: int) -> int:
+    """Fill the empty pipe to its last page, with ``room`` bytes left in
+    that page (a write of no more merges into it; a longer one waits for
+    its reader); how many bytes it holds."""
+    size = fcntl.fcntl(reader, fcntl.F_GETPIPE_SZ)
+    assert room < os.sysconf("SC_PAGE_SIZE")
+    os.write(writer, b"x" * (size - room))  # every page, the last but room
+    return size - room
+
+
+@pytest.mark.parametrize(
+    ("signum", "status"),
+    [(signal.SIGINT, -signal.SIGINT), (signal.SIGTERM, 128 + signal.SIGTERM)],
+    ids=["SIGINT", "SIGTERM"],
+)
+@pytest.mark.parametrize("command", [["run", "-n", "job"], ["attach", "42"]])
+def test_a_signal_ends_the_wait_of_the_last_lines_for_a_stalled_stderr(
+    tmp_path, command, signum, status
+):
+    # `sdexec run job 2>&1 | less`, less stopped: the process's end known
+    # and the loop closed, a last line blocked on the full pipe, and a ^C
+    # or SIGTERM, which nothing served, was ignored until the pipe drained.
+    # Now what stderr can take is said, and the signal ends the command as
+    # one that interrupts it (its status 128 + N, a ^C died of).
+    path = str(tmp_path / "s.sock")
+    service = ScriptedService(path, _ended_by_oom)
+    reader, writer = os.pipe()
+    try:
+        held = _room_for(writer, reader, len(_LAST_LINES[0]) + 1)
+        ended = _signalled_once_the_first_line_is_said(
+            [path, *command], writer, reader, held, signum
+        )
+    finally:
+        os.close(writer)
+        said = read_to_end(reader)
+        service.close()
+    assert (ended, said) == (status, b"x" * held + _LAST_LINES[0])
+
+
+def _signalled_once_the_first_line_is_said(
+    args: list[str], stderr: int, reader: int, held: int, signum: int
+) -> int:
+    """``sdexec --socket ARGS`` with ``stderr`` (read by ``reader``, which
+    holds ``held`` bytes), sent ``signum`` once :data:`_LAST_LINES`' first
+    is said: its returncode."""
+    env = {key: value for key, value in os.environ.items() if key != "SDEXEC_SOCKET"}
+    client = subprocess.Popen(
+        [sys.executable, "-m", "sdexec.cli", "--socket", *args],
+        env={**env, "PYTHONPATH": str(REPOSITORY)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+    )
+    try:
+        # Said, the end is known and the loop has closed; the second line
+        # cannot be said.
+        deadline = time.monotonic() + 30
+        while _unread(reader) < held + len(_LAST_LINES[0]):
+            assert time.monotonic() < deadline, "the first line not said"
+            time.sleep(0.01)
+        client.send_signal(signum)
+        return client.wait(timeout=30)
+    finally:
+        client.kill()
+        client.wait()
 
 
 # -- a Ctrl-C while the command loads --------------------------------------------

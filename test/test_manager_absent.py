@@ -668,34 +668,165 @@ async def test_disconnect_ends_a_stalled_reconnection_and_its_bound():
     await settled(lambda: clock.getDelayedCalls() == [], "its bound cancelled")
 
 
+async def _never_answered(message):
+    await _stalled()
+
+
 @ensureDeferred
 async def test_a_returned_manager_s_subscribe_never_answered_redials():
-    # A re-executed manager, its Subscribe never answered (the bus stalled
-    # as it came back): nothing else would try again. It is abandoned, and
-    # the absent check reconnects to the bus address.
+    # A re-executed manager, its Subscribe never answered, and the bus
+    # stalled as it came back (its check not answered either): nothing
+    # else would try again. It is abandoned once a period passes without
+    # the bus answering, and the absent check reconnects to the bus address.
     clock, first, buses = Clock(), FakeBus(), []
-
-    async def never_answered(message):
-        await _stalled()
 
     async def reopen():
         buses.append(FakeBus())
         return buses[-1]
 
-    first.answers["Subscribe"] = never_answered
+    first.answers["Subscribe"] = _never_answered
     client = SystemdClient(first, reopen, clock)  # type: ignore[arg-type]
     client.connected = True
     with capturedLogs() as events:
         first.owner_changed(":1.5", ":1.9")
         await settled(lambda: "Subscribe" in first.calls, "the Subscribe sent")
+        first.answers["GetNameOwner"] = _never_answered  # the bus stalls
+        clock.advance(RECONNECT_ATTEMPT_S)
+        await settled(lambda: "GetNameOwner" in first.calls, "the bus checked")
         clock.advance(RECONNECT_ATTEMPT_S - 0.1)
         await settled(lambda: clock.getDelayedCalls(), "still waiting")
         assert not logged(events, SUBSCRIBE_FAILED)
         clock.advance(0.1)
         await settled(lambda: logged(events, SUBSCRIBE_FAILED), "abandoned")
+        assert logged(
+            events,
+            f"the bus did not answer within {RECONNECT_ATTEMPT_S:g} s while the"
+            f" Subscribe waited {2 * RECONNECT_ATTEMPT_S:g} s for the systemd"
+            " manager; abandoned",
+        )
         clock.advance(MANAGER_ABSENT_S)
         await settled(lambda: client.connected, "back on a new connection")
     assert first.disconnected and len(buses) == 1
+    client.disconnect()
+    await settled(lambda: clock.getDelayedCalls() == [], "no timer left")
+
+
+class _SlowManager:
+    """A manager that answers each Subscribe only once :meth:`answer` is
+    called (a long daemon-reexec), on a bus that answers at once."""
+
+    def __init__(self) -> None:
+        self.waiting: list[asyncio.Future] = []
+
+    async def subscribe(self, message: Message) -> Message:
+        self.waiting.append(asyncio.get_running_loop().create_future())
+        await self.waiting[-1]
+        return Message(message_type=MessageType.METHOD_RETURN, reply_serial=1)
+
+    def answer(self) -> None:
+        for waiting in self.waiting:
+            waiting.set_result(None)
+
+
+@ensureDeferred
+async def test_a_reconnection_to_a_manager_slow_to_subscribe_waits_for_it():
+    # A manager that took over 25 s to answer the Subscribe (a very long
+    # daemon-reexec) cost a redial every ~30 s, each Subscribe queued again
+    # behind the ones it had not read, until one came within 25 s (review
+    # session 48). Its bus answering, the connection is kept.
+    clock, first, buses, manager = Clock(), FakeBus(), [], _SlowManager()
+
+    async def reopen():
+        buses.append(FakeBus({"Subscribe": manager.subscribe}))
+        return buses[-1]
+
+    client = SystemdClient(first, reopen, clock)  # type: ignore[arg-type]
+    client.connected = True
+    with capturedLogs() as events:
+        first.disconnect()
+        await settled(lambda: manager.waiting, "the Subscribe sent")
+        for period in range(1, 5):  # 100 s
+            clock.advance(RECONNECT_ATTEMPT_S)
+            await settled(
+                lambda period=period: buses[0].calls.count("GetNameOwner") == period,
+                f"the bus checked in period {period}",
+            )
+        manager.answer()
+        await settled(lambda: client.connected, "back")
+    assert len(buses) == 1 and not buses[0].disconnected
+    assert len(manager.waiting) == 1  # one Subscribe, never sent again
+    waited = [
+        formatEvent(event)
+        for event in events
+        if "the systemd manager has not" in formatEvent(event)
+    ]
+    assert waited == [
+        "the systemd manager has not answered the reconnection within 25 s, and"
+        " its bus answers: waiting for the manager (a long daemon-reexec?) while"
+        " the bus answers a check every 25 s"
+    ]
+    client.disconnect()
+    await settled(lambda: clock.getDelayedCalls() == [], "no timer left")
+
+
+@ensureDeferred
+async def test_a_returned_manager_slow_to_subscribe_is_waited_for_on_its_bus():
+    clock, first, manager = Clock(), FakeBus(), _SlowManager()
+
+    async def reopen():
+        raise AssertionError("its bus answers: not redialled")
+
+    first.answers["Subscribe"] = manager.subscribe
+    client = SystemdClient(first, reopen, clock)  # type: ignore[arg-type]
+    client.connected = True
+    with capturedLogs() as events:
+        first.owner_changed(":1.5", ":1.9")
+        await settled(lambda: manager.waiting, "the Subscribe sent")
+        for period in range(1, 5):
+            clock.advance(RECONNECT_ATTEMPT_S)
+            await settled(
+                lambda period=period: first.calls.count("GetNameOwner") == period,
+                f"the bus checked in period {period}",
+            )
+        manager.answer()
+        await settled(lambda: client.connected, "back")
+    assert not first.disconnected and not logged(events, SUBSCRIBE_FAILED)
+    client.disconnect()
+    await settled(lambda: clock.getDelayedCalls() == [], "no timer left")
+
+
+@ensureDeferred
+async def test_a_reconnection_whose_bus_stalls_while_the_manager_is_awaited_redials():
+    # AddMatch answered, then the bus stalls: neither the Subscribe nor the
+    # check of the bus is answered. Abandoned a period after the last
+    # answer, and dialled again.
+    clock, first, buses = Clock(), FakeBus(), []
+
+    async def reopen():
+        stalled = {"Subscribe": _never_answered, "GetNameOwner": _never_answered}
+        buses.append(FakeBus(stalled if not buses else {}))
+        return buses[-1]
+
+    client = SystemdClient(first, reopen, clock)  # type: ignore[arg-type]
+    client.connected = True
+    with capturedLogs() as events:
+        first.disconnect()
+        await settled(lambda: buses and "Subscribe" in buses[0].calls, "sent")
+        clock.advance(RECONNECT_ATTEMPT_S)
+        await settled(lambda: "GetNameOwner" in buses[0].calls, "the bus checked")
+        clock.advance(RECONNECT_ATTEMPT_S - 0.1)
+        assert not buses[0].disconnected
+        clock.advance(0.1)
+        await settled(lambda: buses[0].disconnected, "abandoned")
+        clock.advance(0.1)  # the backoff's first delay
+        await settled(lambda: client.connected, "back on the second")
+    assert len(buses) == 2
+    assert logged(
+        events,
+        f"the bus did not answer within {RECONNECT_ATTEMPT_S:g} s while the"
+        f" reconnection waited {2 * RECONNECT_ATTEMPT_S:g} s for the systemd"
+        " manager; abandoned",
+    )
     client.disconnect()
     await settled(lambda: clock.getDelayedCalls() == [], "no timer left")
 

@@ -119,16 +119,22 @@ _PATH_SAFE = frozenset(string.ascii_letters + string.digits)
 #: dbus-daemon running as an orphan; a new manager then listens with a new
 #: dbus-daemon at the same path, which only a new connection reaches.
 MANAGER_ABSENT_S = 5.0
-#: How long one reconnection (connect and authenticate, ``AddMatch``,
-#: ``Subscribe`` and the reads behind it), or the ``Subscribe`` to a manager
-#: back on the bus, may take before it is abandoned: its connection is
-#: closed and the backoff dials again. A bus that stalls mid-reconnection
-#: (a stopped or wedged dbus-daemon, the orphan of a killed manager) would
-#: otherwise hold it for ever, and no new bus at the address would ever be
-#: reached. sd-bus's default method timeout, the same bound after which a
-#: call is said unanswered (:data:`SILENT_AFTER_S`): under
-#: ``reconnect-timeout`` (60 s), so that a stalled attempt is dialled
-#: again before the service drains.
+#: How long the bus itself may take to answer in a reconnection (connect
+#: and authenticate, ``AddMatch``), and then, while the manager is waited
+#: for (``Subscribe`` and the reads behind it, in a reconnection or to a
+#: manager back on the bus), each check that the bus still answers (a
+#: ``GetNameOwner``, sent every period), before the attempt is abandoned:
+#: its connection is closed and the backoff dials again. A bus that stalls
+#: mid-reconnection (a stopped or wedged dbus-daemon, the orphan of a
+#: killed manager) would otherwise hold it for ever, and no new bus at the
+#: address would ever be reached. A manager slow to answer on a bus that
+#: answers (a long ``daemon-reexec``) is waited for, as flux-core's sdbus
+#: waits for its Subscribe: abandoning its connection each period only
+#: queued the Subscribe again behind the ones it had not yet read.
+#: sd-bus's default method timeout, the same bound after which a call is
+#: said unanswered (:data:`SILENT_AFTER_S`): under ``reconnect-timeout``
+#: (60 s), so that a stalled attempt is dialled again before the service
+#: drains.
 RECONNECT_ATTEMPT_S = SILENT_AFTER_S
 
 
@@ -535,37 +541,24 @@ class SystemdClient:
             self.on_lost(reason)
 
     def _reconnect(self) -> Deferred[None]:
-        task = asyncio.ensure_future(self._reopen_and_resume())
+        bound = _Bound(self._clock, self._bus_answers, "reconnection")
+        task = asyncio.ensure_future(self._reopen_and_resume(bound))
         # Cancelled by disconnect(): one stalled before its bus was
         # adopted has no bus for disconnect() to close.
         self._redials.add(task)
         task.add_done_callback(self._redials.discard)
-        return self._bounded(task, "reconnection")
+        return bound.run(task)
 
-    def _bounded(self, attempt: asyncio.Future[None], what: str) -> Deferred[None]:
-        """``attempt``, cancelled if it has not ended within
-        :data:`RECONNECT_ATTEMPT_S` (the bus it opened is closed as it
-        ends: :meth:`_reopen_and_resume` gives it up, dbus-fast's connect
-        closes its socket); it then fails with a connection lost that says
-        so, ``what`` naming it."""
-        timer = self._clock.callLater(RECONNECT_ATTEMPT_S, attempt.cancel)
+    async def _bus_answers(self) -> None:
+        """Ask the bus itself (not the manager) a question: any answer, an
+        error too, says it lives."""
+        try:
+            await self._call(DBUS, DBUS_PATH, DBUS, "GetNameOwner", "s", [SYSTEMD])
+        except SystemdError as error:
+            if is_connection_lost(error):
+                raise
 
-        def ended(result: Failure | None) -> Failure | None:
-            if timer.active():  # ended in time
-                timer.cancel()
-                return result
-            if isinstance(result, Failure):  # cancelled by the timer
-                raise connection_lost(
-                    f"the bus did not complete the {what} within"
-                    f" {RECONNECT_ATTEMPT_S:g} s; abandoned"
-                )
-            return result
-
-        return (
-            Deferred.fromFuture(attempt).addBoth(ended).addErrback(_translate_failure)
-        )
-
-    async def _reopen_and_resume(self) -> None:
+    async def _reopen_and_resume(self, bound: _Bound) -> None:
         bus = await self._reopen()
         if self._closing:
             bus.disconnect()
@@ -577,6 +570,7 @@ class SystemdClient:
         departures = self._departures
         try:
             await self._add_matches()
+            bound.bus_answered()  # the manager is waited for from now on
             await self._subscribe()
         except SystemdError as error:
             if error.name == MANAGER_AWAY:
@@ -603,7 +597,10 @@ class SystemdClient:
             return
         departures = self._departures
         subscribe = asyncio.ensure_future(self._subscribe())
-        self._bounded(subscribe, "Subscribe").addCallbacks(
+        # Its bus answered (the NameOwnerChanged came on it): the manager
+        # is waited for while the bus still answers.
+        bound = _Bound(self._clock, self._bus_answers, "Subscribe", answered=True)
+        bound.run(subscribe).addCallbacks(
             lambda _: self._subscribed(departures), self._subscribe_failed
         )
 
@@ -951,6 +948,104 @@ class SystemdClient:
             self._manager_appeared()
         else:
             self._arm_absent_check()
+
+
+class _Bound:
+    """How long one reconnection, or the ``Subscribe`` to a manager back on
+    the bus, may take (:data:`RECONNECT_ATTEMPT_S`): each period the bus
+    must have answered, or the attempt is cancelled and fails with a
+    connection lost that says so. Until the bus has answered in the attempt
+    (:meth:`bus_answered`), that is the attempt's first period; from then
+    on the manager is waited for as long as it takes, while the bus answers
+    a check (``probe``) sent each period: a slow manager is no stalled bus."""
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        probe: Callable[[], Coroutine[Any, Any, None]],
+        what: str,
+        answered: bool = False,
+    ) -> None:
+        self._clock = clock
+        self._probe = probe
+        self._what = what
+        #: The bus answered in this period (or before the first).
+        self._answered = answered
+        #: Whether the manager is waited for: the bus answered once.
+        self._waiting = answered
+        self._periods = 0
+        self._attempt: asyncio.Future[None] | None = None
+        self._timer: IDelayedCall | None = None
+        #: The last check of the bus, cancelled with the attempt's end.
+        self._check: Deferred[None] | None = None
+        #: Why the attempt was cancelled, once it is.
+        self._why: str | None = None
+
+    def run(self, attempt: asyncio.Future[None]) -> Deferred[None]:
+        """``attempt``, bounded: cancelled, the bus it opened is closed as
+        it ends (:meth:`SystemdClient._reopen_and_resume` gives it up,
+        dbus-fast's connect closes its socket)."""
+        self._attempt = attempt
+        self._timer = self._clock.callLater(RECONNECT_ATTEMPT_S, self._due)
+        return (
+            Deferred.fromFuture(attempt)
+            .addBoth(self._ended)
+            .addErrback(_translate_failure)
+        )
+
+    def bus_answered(self) -> None:
+        """The bus answered (``AddMatch``, a check): it lives this period,
+        and the manager is waited for."""
+        self._answered = self._waiting = True
+
+    def _due(self) -> None:
+        """A period is over: the attempt is cancelled if the bus did not
+        answer in it, else the bus is asked again, for the next."""
+        assert self._attempt is not None
+        self._periods += 1
+        if not self._answered:
+            self._why = self._said_why()
+            self._attempt.cancel()
+            return
+        if self._periods == 1:
+            log.info(
+                "the systemd manager has not answered the {what} within"
+                " {seconds:g} s, and its bus answers: waiting for the"
+                " manager (a long daemon-reexec?) while the bus answers a"
+                " check every {seconds:g} s",
+                what=self._what,
+                seconds=RECONNECT_ATTEMPT_S,
+            )
+        self._answered = False
+        self._check = Deferred.fromFuture(asyncio.ensure_future(self._probe()))
+        # A check that fails (its bus closed) leaves the period unanswered;
+        # the attempt fails of that close itself.
+        self._check.addCallbacks(lambda _: self.bus_answered(), lambda _: None)
+        self._timer = self._clock.callLater(RECONNECT_ATTEMPT_S, self._due)
+
+    def _said_why(self) -> str:
+        """Why the attempt is abandoned, in its own words."""
+        if not self._waiting:
+            return (
+                f"the bus did not complete the {self._what} within"
+                f" {RECONNECT_ATTEMPT_S:g} s; abandoned"
+            )
+        waited = self._periods * RECONNECT_ATTEMPT_S
+        return (
+            f"the bus did not answer within {RECONNECT_ATTEMPT_S:g} s while the"
+            f" {self._what} waited {waited:g} s for the systemd manager; abandoned"
+        )
+
+    def _ended(self, result: Failure | None) -> Failure | None:
+        if self._check is not None:
+            self._check.cancel()  # (no task left waiting on a stalled bus)
+        timer = self._timer
+        if timer is not None and timer.active():  # ended in time
+            timer.cancel()
+            return result
+        if isinstance(result, Failure) and self._why is not None:
+            raise connection_lost(self._why)  # cancelled by the bound
+        return result
 
 
 def _no_manager(reply: Message) -> bool:

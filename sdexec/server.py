@@ -989,9 +989,11 @@ class SdexecServer:
         except ValueError as error:
             raise RequestError(errno.EINVAL, str(error)) from None
         if "data" not in io and "eof" not in io:
-            # Flux's iodecode() refuses it (EPROTO): a write of nothing is
-            # a broken client, which is better told than ignored.
-            raise RequestError(errno.EPROTO, _NEITHER_DATA_NOR_EOF)
+            # Flux's iodecode() refuses it: a write of nothing is a broken
+            # client, which is better told than ignored. EINVAL as for any
+            # missing field (docs/protocol.md: no Flux client is answered a
+            # write, so none sees iodecode's EPROTO).
+            raise RequestError(errno.EINVAL, _NEITHER_DATA_NOR_EOF)
         if stream != "stdin":
             raise RequestError(
                 errno.EINVAL, f"io.stream: {quoted(stream)} is not stdin"

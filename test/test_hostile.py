@@ -143,15 +143,55 @@ def test_a_write_s_io_rank_must_be_a_string(connection, rank):
     assert not connection.transport.disconnecting
 
 
-def test_a_write_s_io_with_neither_data_nor_eof_is_eproto(connection):
-    # Flux's iodecode() refuses it with EPROTO; it was taken as a write of
-    # nothing, a broken client never told.
-    io = {"stream": "stdin", "rank": "0", "encoding": "base64"}
-    connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=3)
-    assert error_of(connection.last()) == (
-        errno.EPROTO,
+#: A good write's payload (to an exec that does not run: dropped).
+_WRITE = {"matchtag": 1, "io": {"stream": "stdin", "rank": "0", "data": "x"}}
+_ABSENT = object()
+#: Each field of a write, missing or mistyped, and the refusal's words:
+#: EINVAL for every one. An io with neither data nor eof was EPROTO (as
+#: iodecode's errno), a missing stream or rank EINVAL; upstream answers
+#: no write, and Flux's clients want none (docs/protocol.md).
+_BAD_WRITE_FIELDS = {
+    "matchtag-missing": ((), "matchtag", _ABSENT, "matchtag: expected an integer"),
+    "matchtag-string": ((), "matchtag", "1", "matchtag: expected an integer"),
+    "matchtag-bool": ((), "matchtag", True, "matchtag: expected an integer"),
+    "io-missing": ((), "io", _ABSENT, "io: expected an object"),
+    "io-list": ((), "io", [], "io: expected an object"),
+    "stream-missing": (("io",), "stream", _ABSENT, "io.stream: expected a string"),
+    "stream-number": (("io",), "stream", 0, "io.stream: expected a string"),
+    "stream-stdout": (("io",), "stream", "stdout", "io.stream: 'stdout' is not stdin"),
+    "rank-missing": (("io",), "rank", _ABSENT, "io.rank: expected a string"),
+    "rank-number": (("io",), "rank", 0, "io.rank: expected a string"),
+    "data-number": (("io",), "data", 5, "io.data: expected a string"),
+    "data-null": (("io",), "data", None, "io.data: expected a string"),
+    "data-base64": (("io",), "encoding", "base64", "io.data: invalid base64"),
+    "eof-string": (("io",), "eof", "yes", "io.eof: expected a boolean"),
+    "encoding-number": (
+        ("io",), "encoding", 5, 'io.encoding: expected "UTF-8" or "base64"',
+    ),
+    "neither-data-nor-eof": (
+        ("io",), "data", _ABSENT,
         "io: expected data or eof (an io object with neither writes nothing)",
-    )
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("within", "field", "value", "said"),
+    _BAD_WRITE_FIELDS.values(),
+    ids=_BAD_WRITE_FIELDS,
+)
+def test_each_field_of_a_write_missing_or_mistyped_is_einval_naming_it(
+    connection, within, field, value, said
+):
+    payload = {**_WRITE, "io": dict(_WRITE["io"])}
+    target = payload["io"] if within else payload
+    if value is _ABSENT:
+        del target[field]
+    else:
+        target[field] = value
+    connection.send("sdexec.write", payload, matchtag=3)
+    assert error_of(connection.last()) == (errno.EINVAL, said)
+    assert connection.last()["matchtag"] == 3
     assert not connection.transport.disconnecting
 
 

@@ -524,7 +524,7 @@ def _refuse_for_descriptors(connection, message: dict) -> None:
         (_write(BAD_BASE64, matchtag=0), None, None),  # refused silently
         (_write(encode_io("stdout", "0", b"x")), errno.EINVAL, None),
         (_write([]), errno.EINVAL, None),
-        (_write({"stream": "stdin", "rank": "0"}), errno.EPROTO, None),
+        (_write({"stream": "stdin", "rank": "0"}), errno.EINVAL, None),
         (_write(encode_io("stdin", "0", b"x"), signature="s"), errno.EPERM, None),
         (_write(encode_io("stdin", "0", b"x")), errno.EPROTO, _refuse_for_descriptors),
     ],

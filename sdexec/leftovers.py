@@ -257,6 +257,15 @@ class Leftover:
         self.stop_timer = self._new_stop_timer()
         self._watch = systemd.watch_unit(name, self._changed)
 
+    def retime(self) -> None:
+        """Take the stop timer of the configuration in force (a reload):
+        no request timed a leftover, the site's values do
+        (:meth:`StopTimer.retime`)."""
+        config = self._context.config()
+        self.stop_timer.retime(
+            config.exec.sdexec_stop_timer_sec, config.exec.sdexec_stop_timer_signal
+        )
+
     def _new_stop_timer(self) -> StopTimer:
         config = self._context.config()
         return StopTimer(
@@ -546,7 +555,10 @@ class Leftovers:
         """A reload may have changed ``leftover-units``: under ``stop`` now,
         the leftovers kept so far are stopped (a drain for units nothing
         stops would only lift at the next scan); under ``keep``, the drain
-        for them lifts."""
+        for them lifts. Each takes the stop timer in force now, unless
+        its signal has gone already."""
+        for unit in self.units.values():
+            unit.retime()
         if self.stop_now:
             for unit in list(self.units.values()):
                 unit.stop()  # followed already; a stop sent is not sent again

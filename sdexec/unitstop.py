@@ -199,8 +199,28 @@ class StopTimer:
         self.deactivating_since = as_wall(self._reactor, began)  # the epoch
         self._began_at = began
         self.state = StopTimerState.ARMED
-        left = max(0.0, self.seconds - (now - began))
+        self._arm_first_period()
+
+    def _arm_first_period(self) -> None:
+        """The first period's timer, for what is left of it since the unit
+        began deactivating (none left: at once)."""
+        elapsed = self._reactor.seconds() - self._began_at
+        left = max(0.0, self.seconds - elapsed)
         self._timer = self._reactor.callLater(left, self._first_expiry)
+
+    def retime(self, seconds: float, signum: int) -> None:
+        """The site's ``sdexec-stop-timer-sec`` and ``-signal`` changed (a
+        reload), for a unit that no request timed (a leftover): taken while
+        its signal has not gone out, a first period already running counted
+        again from when the unit began deactivating. A leftover that ignored
+        SIGTERM otherwise kept the node drained for the old period, 640 s
+        by default, whatever the admin reloaded."""
+        if self.state not in (StopTimerState.IDLE, StopTimerState.ARMED):
+            return  # its signal went, with the period it was sent for
+        self.seconds, self.signum = seconds, signum
+        if self.state is StopTimerState.ARMED:
+            self._cancel()
+            self._arm_first_period()
 
     def follow(self, deactivating: bool, since: float | None = None) -> None:
         """Each state the unit is seen in: arm on entering deactivating

@@ -26,6 +26,7 @@ from sdexec.client import connect
 from sdexec.command import describe
 from sdexec.config import Config, parse_config
 from sdexec.connection import SdexecServerFactory
+from sdexec.containment import Containment
 from sdexec.execstart import exec_line
 from sdexec.leftovers import marked, owner_marks
 from sdexec.outage import SystemdOutage
@@ -557,6 +558,26 @@ def test_a_leftover_s_stop_timer_counts_from_when_systemd_says_it_began_stopping
     assert systemd.signalled == [("sdexec-a.service", signal.SIGUSR1)]
     server.clock.advance(30)  # the second period is a whole one
     assert server.drain_reason == "unkillable user processes in unit sdexec-a.service"
+
+
+def test_a_reload_s_stop_timer_is_the_leftovers_own(systemd):
+    # No request timed a leftover: one that ignored SIGTERM kept the node
+    # drained for the period it was found under (640 s by default), and one
+    # found before the reload stopped later on it too, whatever the reload.
+    leftover(systemd, "sdexec-a.service")
+    leftover(systemd, "sdexec-b.service", pid=78)
+    server = make_server_with_stop_timer(systemd, 640)
+    server.leftovers.scan()
+    systemd.change("sdexec-a.service", DEACTIVATING)
+    server.clock.advance(20)
+    exec_keys = {"sdexec-stop-timer-sec": 30, "sdexec-stop-timer-signal": 9}
+    config = parse_config({"exec": exec_keys})
+    server.reconfigure(config, Containment(config, None))
+    server.clock.advance(10)  # 30 s since it began deactivating
+    assert systemd.signalled == [("sdexec-a.service", signal.SIGKILL)]
+    systemd.change("sdexec-b.service", DEACTIVATING)
+    server.clock.advance(30)
+    assert systemd.signalled[1:] == [("sdexec-b.service", signal.SIGKILL)]
 
 
 def test_no_stop_timer_for_a_leftover_while_stops_are_held(systemd):

@@ -98,6 +98,42 @@ def test_leaving_deactivating_ends_it(after):
     assert clock.getDelayedCalls() == []
 
 
+def test_a_retimed_first_period_counts_from_when_the_unit_began_deactivating():
+    # A reload's shorter timer for a leftover already deactivating: its
+    # signal went only at the end of the period it was found under.
+    clock, target, stop = timer()
+    stop.deactivating()
+    clock.advance(20)
+    stop.retime(30, signal.SIGKILL)
+    clock.advance(9.9)
+    assert target.calls == []
+    clock.advance(0.1)
+    assert target.calls == [(30.0, "signal", signal.SIGKILL)]
+    clock.advance(30)
+    assert target.calls[1:] == [(60.0, "abandon", abandon_reason(UNIT))]
+
+
+def test_a_timer_retimed_before_deactivating_uses_its_new_period():
+    clock, target, stop = timer()
+    stop.retime(30, signal.SIGKILL)
+    clock.advance(100)
+    stop.deactivating()
+    clock.advance(30)
+    assert target.calls == [(130.0, "signal", signal.SIGKILL)]
+
+
+def test_a_timer_whose_signal_went_is_not_retimed():
+    clock, target, stop = timer(seconds=30)
+    stop.deactivating()
+    clock.advance(30)
+    stop.retime(640, signal.SIGKILL)
+    clock.advance(30)
+    assert target.calls == [
+        (30.0, "signal", signal.SIGUSR1),
+        (60.0, "abandon", abandon_reason(UNIT)),
+    ]
+
+
 def test_deactivating_twice_does_not_rearm():
     clock, target, stop = timer(seconds=3)
     stop.deactivating()

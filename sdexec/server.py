@@ -96,6 +96,13 @@ _STOPPING_AWAY = (
     "the service is stopping with systemd unreachable: the process's unit is"
     " stopped if systemd comes back meanwhile, else by the service's next start"
 )
+#: The same under ``leftover-units = "keep"``, where the next start does not
+#: stop it: a client told otherwise would take its job for ended.
+_STOPPING_AWAY_KEPT = (
+    "the service is stopping with systemd unreachable: the process's unit is"
+    " stopped if systemd comes back meanwhile, else it runs on, kept by the"
+    " service's next start (leftover-units = keep)"
+)
 
 #: A write's io with neither (docs/protocol.md, as Flux's iodecode()).
 _NEITHER_DATA_NOR_EOF = (
@@ -835,7 +842,7 @@ class SdexecServer:
         self.device_canary.cancel_all()  # its process is abandoned below
         if self.leftovers is not None:
             self.leftovers.close(on_gone=self._answer_if_all_ended)
-        stopping = _STOPPING if self.systemd.connected else _STOPPING_AWAY
+        stopping = self._stopping_said()
         for process in list(self.processes.values()):
             # Said to its client, rather than a connection that just closes.
             process.cancel(stopping)
@@ -849,6 +856,16 @@ class SdexecServer:
         # Also those begun meanwhile (a unit found lost once systemd is back).
         waiter.addBoth(self._finish_lost_unit_kills)
         return waiter.addBoth(self._forget_leftovers)
+
+    def _stopping_said(self) -> str:
+        """What the streams open at the stop are ended with: with systemd
+        away their units outlive it, for the next start to stop or keep
+        (``leftover-units``)."""
+        if self.systemd.connected:
+            return _STOPPING
+        if self.config.sdexec.leftover_units == "keep":
+            return _STOPPING_AWAY_KEPT
+        return _STOPPING_AWAY
 
     def _forget_leftovers(self, result: object) -> object:
         """The shutdown ends: the leftovers still there are named, and

@@ -1437,6 +1437,26 @@ def test_the_answers_to_the_shutdown_s_own_signals_are_not_progress(
     assert done.called
 
 
+def test_shutdown_with_systemd_away_under_keep_says_the_unit_runs_on(
+    systemd, server, connection
+):
+    # "else by the service's next start", which keeps it under "keep": the
+    # client took its job for one that would be stopped.
+    config = parse_config({"sdexec": {"leftover-units": "keep"}})
+    server.reconfigure(config, Containment(config, None))
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT)
+    systemd.lose()
+    server.shutdown(10)
+    assert error_of(connection.last()) == (
+        errno.ECANCELED,
+        "the service is stopping with systemd unreachable: the process's unit"
+        " is stopped if systemd comes back meanwhile, else it runs on, kept by"
+        " the service's next start (leftover-units = keep)",
+    )
+    server.clock.advance(10)
+
+
 def test_shutdown_sends_no_second_sigkill(systemd, server, connection):
     # The stop-timer signal was SIGKILL: the second step has nothing to send
     # and the wait ends at once, not a grace later.

@@ -411,6 +411,15 @@ def _refuse_listed_non_job(
                     f"cancel {text}: pid {pid} has ended, nothing is left to"
                     f" terminate{_who_collects(proc, text)}"
                 )
+            if proc.get("state") == "O":
+                # Not "run without --jobid": a leftover's job, if it ran
+                # one, went with the run of the service that started it.
+                raise SdexecError(
+                    f"cancel {text}: pid {pid} is the main process of leftover"
+                    f" unit {proc.get('unit')} (state O), which no request of"
+                    " this run follows: it runs no job here; sdexec kill"
+                    " signals it"
+                )
             raise SdexecError(
                 f"cancel {text}: pid {pid} runs no job (it was run without"
                 f" --jobid): sdexec kill signals it"

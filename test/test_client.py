@@ -1104,6 +1104,13 @@ def test_cancel_of_nothing_names_both_targets(monkeypatch, capsys):
         ("p1", {"pid": 78, "label": "p1", "state": "R"},
          "cancel p1: pid 78 runs no job (it was run without --jobid):"
          " sdexec kill signals it"),
+        # A leftover of job 42 (its unit named so) was said "run without
+        # --jobid".
+        ("81", {"pid": 81, "label": "", "state": "O",
+                "unit": "sdexec-42-a956abf1afa7.service"},
+         "cancel 81: pid 81 is the main process of leftover unit"
+         " sdexec-42-a956abf1afa7.service (state O), which no request of"
+         " this run follows: it runs no job here; sdexec kill signals it"),
     ],
 )  # fmt: skip
 def test_cancel_of_a_listed_process_that_runs_no_job_says_why(

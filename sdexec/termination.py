@@ -363,9 +363,12 @@ class TerminationSequence:
         return self._progress.task_kills
 
     def stats(self) -> dict[str, Any]:
-        """The termination part of a job's ``stats`` entry."""
+        """The termination part of a job's ``stats`` entry. A job that
+        exited without being terminated shows no step: ``exited`` says the
+        sequence ended with the job, and none began."""
+        step = None if self.reason is None else self.step
         return {
-            "step": None if self.step is None else self.step.value,
+            "step": None if step is None else step.value,
             "reason": None if self.reason is None else self.reason.value,
             "started": self.started_at,
             "task-kills": self.task_kills,

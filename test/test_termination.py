@@ -251,6 +251,18 @@ def test_exit_before_begin_leaves_nothing_to_start():
     assert clock.getDelayedCalls() == []
 
 
+def test_stats_of_a_job_that_exited_untouched_show_no_step():
+    """``exited`` is the end of a sequence that ran: a job that was never
+    terminated (listed in ``jobs`` while its unit stops) shows none."""
+    clock = Clock()
+    sequence = TerminationSequence(
+        clock, TerminationPolicy(), RecordingTarget(clock), "j"
+    )
+    sequence.job_exited()
+    assert sequence.stats()["step"] is None
+    assert sequence.stats()["reason"] is None
+
+
 def test_stats_show_step_attempts_and_next_time():
     clock = Clock()
     clock.advance(100)

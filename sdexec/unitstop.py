@@ -273,10 +273,13 @@ class StopTimer:
         self._timer = None
         if self._held_for_systemd():
             return
+        # How long it has been, not the period: a leftover's stop may have
+        # begun periods before the run that found it.
+        since = format_fsd(round(self._reactor.seconds() - self._began_at, 1))
         _log.info(
-            "{unit}: still deactivating after {seconds:g} s, sending {signal}",
+            "{unit}: still deactivating after {since}, sending {signal}",
             unit=self.unit,
-            seconds=self.seconds,
+            since=since,
             signal=signal_name(self.signum),
         )
         self._signal()

@@ -9,6 +9,7 @@ import signal
 
 import pytest
 from twisted.internet.task import Clock
+from twisted.logger import formatEvent, globalLogPublisher
 
 from sdexec.config import RESERVED_PROPERTIES
 from sdexec.property import UINT64_MAX, typed_property
@@ -77,6 +78,27 @@ def test_a_period_counts_from_when_the_unit_began_deactivating(since, signal_at)
     clock.advance(0.1)
     assert target.calls == [(signal_at, "signal", signal.SIGUSR1)]
     assert stop.stats()["deactivating-since"] == since
+
+
+@pytest.mark.parametrize(
+    ("since", "signal_at", "said"), [(90.0, 730.0, "640s"), (-1000.0, 100.0, "1100s")]
+)
+def test_the_signal_is_logged_with_how_long_the_unit_has_deactivated(
+    since, signal_at, said
+):
+    """A leftover found deactivating for longer than the period gets the
+    signal at once: the log says how long it has been, not the period."""
+    clock, _target, stop = timer()
+    clock.advance(100)
+    events: list[dict] = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        stop.deactivating(since)
+        clock.advance(signal_at - 100)  # (a Clock runs it at its new time)
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+    lines = [formatEvent(event) for event in events]
+    assert f"{UNIT}: still deactivating after {said}, sending SIGUSR1" in lines
 
 
 def test_a_unit_said_to_begin_deactivating_later_than_now_begins_now():

@@ -174,6 +174,9 @@ class StopTimer:
         self._signals = 0
         #: Reactor time the unit began deactivating.
         self._began_at = 0.0
+        #: A return of systemd has put the verdict off already: later ones
+        #: do not (:meth:`systemd_restored`).
+        self._put_off = False
         self.state = StopTimerState.IDLE
         #: Wall-clock time (the epoch) the unit began deactivating, as
         #: ``stats`` shows it.
@@ -240,10 +243,18 @@ class StopTimer:
         """systemd is back (since reactor time ``back_at``) after a loss, and
         the unit was read again: a signal the loss may have taken (sent
         before ``back_at``), or an expiry it held, is sent again, and the
-        second period counts from now."""
+        second period counts from now. Once per unit for a signal that may
+        have been lost, as a job's step 1 (docs/termination.md): a systemd
+        leaving and coming back faster than the period (a bus restarting in
+        a loop) would otherwise put the verdict off for ever, and the node
+        never drained for what lingers. An expiry held has no timer left
+        and always waits for the signal, which it then never had."""
         lost = self.state is StopTimerState.SIGNALED and self._signalled_at < back_at
         held = self.state is StopTimerState.HELD
+        if lost and self._put_off:
+            return  # the verdict stays due when it was
         if (lost or held) and self._connected():  # (not lost again meanwhile)
+            self._put_off = True
             self._cancel()
             self._signal()
 

@@ -264,6 +264,47 @@ def test_a_signal_an_outage_may_have_taken_is_sent_again_and_the_period_restarts
     assert target.calls[2:] == [(70, "abandon", abandon_reason(UNIT))]
 
 
+def test_returns_of_systemd_put_the_verdict_off_once():
+    # A systemd that left and came back every 20 s (a manager re-executed
+    # in a loop, a bus restarting) restarted the second period at each
+    # return: a unit whose leftovers ignore the signal was never abandoned,
+    # and the node never drained. As a job's step 1 (docs/termination.md),
+    # the verdict is put off once.
+    clock, target, stop = timer(seconds=30)
+    stop.deactivating()
+    clock.advance(30)  # signalled
+    for back_at in (50, 70, 90, 110):
+        clock.pump([1.0] * int(back_at - clock.seconds()))
+        stop.systemd_restored(back_at=back_at - 1)
+    assert target.calls == [
+        (30, "signal", signal.SIGUSR1),
+        (50, "signal", signal.SIGUSR1),  # may have been lost: sent again
+        (80, "abandon", abandon_reason(UNIT)),  # a period after it
+    ]
+    assert stop.state is StopTimerState.ABANDONED
+
+
+def test_a_held_verdict_puts_it_off_once_too():
+    # The period ran out while systemd was away: the signal goes at its
+    # return, and a later return does not put the verdict off again.
+    systemd = Systemd()
+    clock, target, stop = timer(seconds=30, systemd=systemd)
+    stop.deactivating()
+    clock.advance(30)
+    systemd.connected = False
+    clock.advance(30)  # held
+    systemd.connected = True
+    stop.systemd_restored(back_at=60)
+    clock.advance(20)
+    stop.systemd_restored(back_at=84)
+    clock.advance(10)
+    assert target.calls == [
+        (30, "signal", signal.SIGUSR1),
+        (60, "signal", signal.SIGUSR1),
+        (90, "abandon", abandon_reason(UNIT)),
+    ]
+
+
 def test_a_signal_sent_since_systemd_came_back_is_not_sent_again():
     # The first period ran out between the return and the unit's re-read:
     # the signal went out then, with systemd there; it went twice.

@@ -262,6 +262,20 @@ class TerminalModes:
         assert self._fd is not None
         try:
             if os.tcgetpgrp(self._fd) == os.getpgrp():
-                termios.tcsetattr(self._fd, termios.TCSADRAIN, self._modes)
+                self._set_back(termios)
         except (OSError, termios.error):
             pass  # a terminal gone (hung up): nothing to set back
+
+    def _set_back(self, termios: Any) -> None:
+        """Set the modes back once the output written is sent, or at once
+        where a signal cut that wait short: ``tcsetattr`` is not retried
+        on EINTR, and the ^C that ends a wait for a stopped terminal's
+        output (Ctrl-S) would otherwise leave it raw."""
+        import errno  # only for a terminal
+
+        try:
+            termios.tcsetattr(self._fd, termios.TCSADRAIN, self._modes)
+        except termios.error as failure:
+            if failure.args[0] != errno.EINTR:
+                raise
+            termios.tcsetattr(self._fd, termios.TCSANOW, self._modes)

@@ -2380,8 +2380,65 @@ def test_a_typed_program_of_the_documented_calls_checks(tmp_path):
     # reactor is not typed as: the documented connect(reactor, path) failed
     # a user's mypy --strict, and so did write() of a bytearray, which it
     # takes (and copies).
+    _assert_mypy_strict_passes(tmp_path, _library_example() + TYPED_PROGRAM_TAIL)
+
+
+#: docs/client.md's offline recipe ("Testing a program offline"), typed,
+#: its steps in a function rather than trial's (whose own methods are
+#: untyped), and the managers as the server's code types them.
+TYPED_OFFLINE_PROGRAM = """
+import os
+
+from twisted.internet import reactor
+from twisted.internet.interfaces import IReactorUNIX
+from twisted.internet.task import Clock
+
+from sdexec.client import STDOUT, connect
+from sdexec.config import parse_config
+from sdexec.connection import SdexecServerFactory
+from sdexec.server import SdexecServer
+from sdexec.systemd import Manager
+from sdexec.systemd.bus import SystemdClient
+from sdexec.testing import FakeManager
+
+
+async def offline(path: str) -> int | None:
+    manager = FakeManager()
+    manager.stop_to_inactive = True
+    server = SdexecServer(manager, parse_config({}), reactor, clock=Clock())
+    port = IReactorUNIX(reactor).listenUNIX(path, SdexecServerFactory(server))
+    client = await connect(reactor, path)
+    handle = client.exec({"cmdline": ["hostname"]}, STDOUT)
+    unit = await manager.started()
+    manager.run(unit, pid=1234)
+    os.write(manager.process_fd(unit, "stdout"), b"node1\\n")
+    manager.end(unit, status=3)
+    await handle.done
+    await client.close()
+    await server.shutdown(5)
+    port.stopListening()
+    manager.close()
+    return handle.pid
+
+
+def the_service_s(systemd: SystemdClient) -> Manager:
+    return systemd
+"""
+
+
+def test_a_typed_offline_test_of_the_documented_recipe_checks(tmp_path):
+    # Manager declared calls_answered a settable member, which both
+    # managers make a property: mypy refused every one of them, and a
+    # typed test's SdexecServer(FakeManager(), ...), as the docs build it,
+    # failed a user's mypy --strict.
+    _assert_mypy_strict_passes(tmp_path, TYPED_OFFLINE_PROGRAM)
+
+
+def _assert_mypy_strict_passes(tmp_path, text: str) -> None:
+    """``mypy --strict`` (with the zope plugin, as a Twisted program's)
+    finds nothing in the program ``text``, which imports this checkout."""
     program = tmp_path / "user.py"
-    program.write_text(_library_example() + TYPED_PROGRAM_TAIL)
+    program.write_text(text)
     config = tmp_path / "mypy.ini"
     config.write_text("[mypy]\nplugins = mypy_zope:plugin\n")
     checked = subprocess.run(

@@ -86,6 +86,7 @@ __all__ = [
     "STDOUT",
     "WAITABLE",
     "WRITE_CREDIT",
+    "WRITE_PIECE",
     "AttachHandle",
     "ConnectionFailed",
     "ExecHandle",

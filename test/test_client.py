@@ -2349,7 +2349,8 @@ def test_the_public_api_types_payloads_as_json_objects():
 
 #: What a typed program does with the library beyond docs/client.md's
 #: example (which :func:`test_a_typed_program_of_the_documented_calls_checks`
-#: puts before it): stdin from a reused buffer, as a ``readinto`` loop has.
+#: puts before it): stdin from a reused buffer, as a ``readinto`` loop has,
+#: and the constants the docs name.
 TYPED_PROGRAM_TAIL = """
     buffer = bytearray(b"input")
     handle.write(buffer)
@@ -2359,6 +2360,10 @@ TYPED_PROGRAM_TAIL = """
     from twisted.internet.interfaces import IPushProducer
     IPushProducer(client.transport).pauseProducing()
     IPushProducer(client.transport).resumeProducing()
+    # Chunks sized as the library's writes, by the constant the docs name
+    # beside them (imported by sdexec.client, it was not re-exported).
+    from sdexec.client import WRITE_PIECE
+    handle.write(bytes(WRITE_PIECE))
 """
 
 

@@ -354,9 +354,13 @@ class Requests:
 
     def _unexpected(self, message: dict[str, Any]) -> str:
         # An error with matchtag 0 answers no request: the service is about to
-        # close the connection (EPERM, EPROTO) and this is why.
+        # close the connection (EPERM, EPROTO) and this is why. Not ignored:
+        # every request then fails with it (logged as "ignoring" a message,
+        # it read as if the error had been dropped).
         if message.get("matchtag") == 0 and "errnum" in message:
             self._closing_error = rpc_error(message)
+            closing = with_errno_name(self._closing_error)
+            return f"sdexec: the service is closing the connection: {closing}"
         # Quoted short: a confused or hostile peer's message may be megabytes.
         shown = quoted(message, 200)
         return f"sdexec: ignoring a message that answers no request: {shown}"

@@ -332,6 +332,15 @@ def test_a_matchtag_of_true_answers_no_request():
     assert answered == []
 
 
+def test_a_closing_error_is_said_as_what_ends_the_connection():
+    # The service's last words on matchtag 0 (EPERM, EPROTO) end every
+    # request; the log said them as a message it was "ignoring".
+    requests = rpc.Requests("/run/sdexec.sock")
+    closing = {"type": "response", "matchtag": 0, "errnum": 1, "errstr": "no"}
+    warning = requests.dispatch(closing)
+    assert warning == "sdexec: the service is closing the connection: no (EPERM)"
+
+
 def test_a_payload_that_is_not_an_object_ends_its_request():
     requests = rpc.Requests("/run/sdexec.sock")
     ended: list[Exception] = []

@@ -17,6 +17,7 @@ import errno
 import math
 import operator
 import os
+import signal
 import socket
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -920,8 +921,10 @@ class ExecHandle:
         Before ``started`` the signal is held and sent once the pid is
         known; if the process never starts, errbacks with ESRCH, as it does
         once the stream has ended well (the process and its unit are gone:
-        its pid may be another's by now)."""
+        its pid may be another's by now). ``ValueError`` at the call for a
+        ``signum`` or ``who`` the request would refuse."""
         signum = _signal_number(signum)  # at once, not when started comes
+        _check_signum(signum)
         _check_who(who)
         if self._ended_well and self.streaming:
             return fail(RPCError(errno.ESRCH, f"kill: pid {self.pid} has ended"))
@@ -1238,6 +1241,18 @@ def _signal_number(signum: SupportsIndex) -> int:
     enum, which the encoder refuses); ``TypeError`` for a non-integer, at
     the call, not when a held kill goes out."""
     return int(operator.index(signum))
+
+
+def _check_signum(signum: int) -> None:
+    """``ValueError`` at the call for a signal number the kill's request
+    would refuse (the service takes 1 to ``NSIG - 1``, as systemd's
+    ``KillUnit`` does): held for ``started``, ``kill(0)`` was refused only
+    once the process had started, which ran on meanwhile."""
+    if not 0 < signum < signal.NSIG:
+        raise ValueError(
+            f"kill: signum: expected a signal number from 1 to {signal.NSIG - 1},"
+            f" got {signum}"
+        )
 
 
 def _check_who(who: str) -> None:

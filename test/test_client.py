@@ -807,6 +807,27 @@ def test_a_held_kill_refuses_a_bad_who_at_the_call(served, who):
     assert client.lost is None
 
 
+@pytest.mark.parametrize("signum", [0, -1, signal.NSIG])
+@pytest_twisted.inlineCallbacks
+def test_a_held_kill_refuses_a_bad_signal_number_at_the_call(served, signum):
+    # Held for started, kill(0) was refused by the service only once the
+    # process had started and run on meanwhile; nothing is sent for it now.
+    peer, client = served
+    handle, _ = _exec(client)
+    with pytest.raises(ValueError, match=f"kill: signum: .* got {signum}"):
+        handle.kill(signum)
+    request = yield peer.requests.get()
+    peer.respond(request, {"type": "started", "pid": 42})
+    listing = client.list()
+    after = yield peer.requests.get()  # a held kill would have come first
+    assert after["topic"] == "sdexec.list"
+    peer.respond(after, {"procs": []})
+    yield listing
+    peer.respond(request, {"type": "finished", "status": 0})
+    peer.fail(request, ENODATA)
+    assert (yield handle.done) is None
+
+
 @defer.inlineCallbacks
 def _round_trip(peer, client):
     """Fires once the client has handled everything the peer sent before."""

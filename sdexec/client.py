@@ -74,7 +74,7 @@ from sdexec.rpc import (
     listed_processes,
     process_target,
     resolve_socket_path,
-    socket_path_too_long,
+    socket_path_unusable,
     wait_outcome,
     with_errno_name,
 )
@@ -135,14 +135,14 @@ def connect(
 
     Errbacks with :class:`ConnectionFailed` naming the path if there is no
     socket there, nothing listens on it, it does not accept connections
-    now (its listen backlog is full), or the path is longer than
-    :data:`MAX_SOCKET_PATH`.
+    now (its listen backlog is full), or it can name no socket: empty, with
+    a NUL byte in it, or longer than :data:`MAX_SOCKET_PATH`.
     """
-    too_long = socket_path_too_long(path)
-    if too_long is not None:
+    unusable = socket_path_unusable(path)
+    if unusable is not None:
         # Said at once: Twisted logged a TypeError for it and reported a
         # timeout 30 s later.
-        return fail(cannot_connect(path, None, too_long))
+        return fail(cannot_connect(path, None, unusable))
     sockets = IReactorSocket(reactor, None)
     if sockets is None:
         kind = type(reactor).__name__

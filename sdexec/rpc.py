@@ -24,7 +24,7 @@ from sdexec.protocolbase import (
     chosen_socket_path,
 )
 from sdexec.receipt import Receipt
-from sdexec.refusal import errstr_line, quoted
+from sdexec.refusal import errstr_line, one_line, quoted
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ __all__ = [
     "finished_status",
     "process_target",
     "resolve_socket_path",
-    "socket_path_too_long",
+    "socket_path_unusable",
     "with_errno_name",
 ]
 
@@ -124,9 +124,14 @@ def resolve_socket_path(
     return default_socket_path(environ) if chosen is None else chosen
 
 
-def socket_path_too_long(path: str) -> str | None:
-    """Why no UNIX socket can have ``path`` (longer than one holds), or
-    ``None``: said before a connect, whose own words give no sizes."""
+def socket_path_unusable(path: str) -> str | None:
+    """Why no UNIX socket can have ``path`` (empty, a NUL byte in it,
+    longer than one holds), or ``None``: said before a connect, whose own
+    words give no sizes (nor the path: a ``ValueError`` for a NUL)."""
+    if not path:
+        return "an empty path names no socket"
+    if "\0" in path:
+        return "a NUL byte in the path (a socket path is a C string)"
     size = len(os.fsencode(path))
     if size <= MAX_SOCKET_PATH:
         return None
@@ -135,11 +140,13 @@ def socket_path_too_long(path: str) -> str | None:
 
 def cannot_connect(path: str, code: int | None, why: str = "") -> ConnectionFailed:
     """The error for a connection to ``path`` that failed with errno
-    ``code`` (or for the reason ``why`` when there is no errno)."""
+    ``code`` (or for the reason ``why`` when there is no errno); the path
+    as one line (:func:`one_line`): a NUL, a line break in it."""
+    shown = one_line(path)
     reason = os.strerror(code) if code is not None else why
     there = _not_a_socket(path) if code == errno.ECONNREFUSED else None
     if there is not None:
-        reason += f" ({path} is {there}, not a socket)"
+        reason += f" ({shown} is {there}, not a socket)"
     elif code in (errno.ENOENT, errno.ECONNREFUSED):
         reason += " (is the sdexec service running?"
         if path != SYSTEM_SOCKET and os.path.exists(SYSTEM_SOCKET):
@@ -153,7 +160,7 @@ def cannot_connect(path: str, code: int | None, why: str = "") -> ConnectionFail
             " (another user's service: each serves its owner and its"
             " [sdexec] allow-users)"
         )
-    return ConnectionFailed(f"cannot connect to {path}: {reason}")
+    return ConnectionFailed(f"cannot connect to {shown}: {reason}")
 
 
 def _not_a_socket(path: str) -> str | None:

@@ -34,7 +34,7 @@ from sdexec.rpc import (
     cannot_connect,
     check_stdio,
     is_end_of_stream,
-    socket_path_too_long,
+    socket_path_unusable,
 )
 from sdexec.wire import FrameSplitter, FramingError, encode_small_message
 
@@ -269,9 +269,9 @@ class Loop:
 def _connected_socket(path: str) -> _socket.socket:
     """A socket connected to ``path``; :class:`sdexec.rpc.ConnectionFailed`
     naming it if nothing listens there."""
-    too_long = socket_path_too_long(path)
-    if too_long is not None:
-        raise cannot_connect(path, None, too_long)  # the connect's words lack sizes
+    unusable = socket_path_unusable(path)
+    if unusable is not None:
+        raise cannot_connect(path, None, unusable)  # the connect's words lack sizes
     # The socket module's C core: the module itself imports selectors and
     # builds its enums, a sixth of the command line's imports, for
     # nothing used here.

@@ -159,6 +159,28 @@ def test_a_socket_path_too_long_fails_at_once_naming_the_limit(tmp_path, size):
     )
 
 
+@pytest.mark.parametrize(
+    ("path", "said"),
+    [
+        ("", "cannot connect to : an empty path names no socket"),
+        (
+            "/run/sdexec\0.sock",
+            "cannot connect to /run/sdexec\\x00.sock: a NUL byte in the path"
+            " (a socket path is a C string)",
+        ),
+    ],
+)
+@pytest_twisted.inlineCallbacks
+def test_a_path_that_names_no_socket_fails_at_once_saying_why(path, said):
+    # An empty one said only "Invalid argument"; a NUL raised a bare
+    # ValueError naming no path, not the documented ConnectionFailed.
+    connecting = connect(reactor, path)
+    assert connecting.called
+    with pytest.raises(ConnectionFailed) as failure:
+        yield connecting
+    assert str(failure.value) == said
+
+
 @pytest_twisted.inlineCallbacks
 def test_refused_socket_names_the_path(tmp_path):
     path = str(tmp_path / "dead.sock")

@@ -678,9 +678,26 @@ def test_a_partition_without_its_siblings_is_enodev(amd_node, gpus, sharing):
     # M2-3).
     other = "1" if sharing == "0" else "0"
     assert enodev(AMD_PARTITIONS, amd_node, gpus) == (
-        f"GPUs {sharing} share the device nodes of PCI 0000:c1:00.0 with GPUs"
+        f"GPU {sharing} shares the device nodes of PCI 0000:c1:00.0 with GPU"
         f" {other} the job does not hold: a job holds every GPU of a PCI"
         " function, or none"
+    )
+
+
+def test_partitions_without_their_sibling_are_named_in_the_plural(amd_node):
+    # A third partition on 0000:c1:00.0 (after rsmi1): a job holding two of
+    # the three is told "GPUs 0-1 share ... with GPU 2", not "GPUs 2".
+    rsmi1 = AMD_PARTITIONS.index('name="rsmi1"')
+    end = AMD_PARTITIONS.index("</object>", rsmi1) + len("</object>")
+    third = (
+        '\n          <object type="OSDev" gp_index="99" name="rsmi9"'
+        ' subtype="RSMI" osdev_type="1">\n            <info name="Backend"'
+        ' value="RSMI"/>\n          </object>'
+    )
+    xml = AMD_PARTITIONS[:end] + third + AMD_PARTITIONS[end:]
+    assert enodev(xml, amd_node, "0-1") == (
+        "GPUs 0-1 share the device nodes of PCI 0000:c1:00.0 with GPU 2 the"
+        " job does not hold: a job holds every GPU of a PCI function, or none"
     )
 
 

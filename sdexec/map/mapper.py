@@ -252,12 +252,13 @@ def _refuse_shared_functions(ids: IDset, gpus: list[GPU]) -> None:
     if others:
         shared = {gpus[i].pci_busid for i in others}
         sharing = IDset(i for i in ids if gpus[i].pci_busid in shared)
+        verb = "share" if len(sharing) > 1 else "shares"
         raise OSError(
             errno.ENODEV,
-            f"GPUs {sharing} share the device nodes of PCI"
-            f" {', '.join(sorted(str(busid) for busid in shared))} with GPUs"
-            f" {others} the job does not hold: a job holds every GPU of a PCI"
-            " function, or none",
+            f"{_gpus(sharing)} {verb} the device nodes of PCI"
+            f" {', '.join(sorted(str(busid) for busid in shared))} with"
+            f" {_gpus(others)} the job does not hold: a job holds every GPU of a"
+            " PCI function, or none",
         )
 
 

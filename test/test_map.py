@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,7 +28,11 @@ from sdexec.map import (
     loader,
     main,
 )
-from sdexec.map.mapper import UnfenceableRequest, _scaled_memory_caps
+from sdexec.map.mapper import (
+    UnfenceableRequest,
+    _refuse_shared_functions,
+    _scaled_memory_caps,
+)
 from sdexec.map.topology import Topology, TopologyXMLError
 from sdexec.rset import ResourceSet
 from sdexec.sizes import MemoryLimit
@@ -2076,3 +2081,61 @@ def test_a_card_hwloc_counts_no_gpu_of_is_named_when_gpus_are_missing():
     with pytest.raises(OSError) as refused:
         HwlocMapper(H100_VM).map_gpus("1")
     assert refused.value.strerror == "GPU 1 is beyond the topology's 1 GPU"
+
+
+def _mapper_md() -> str:
+    """docs/mapper.md with its whitespace runs as single spaces."""
+    text = (REPO / "docs" / "mapper.md").read_text(encoding="utf-8")
+    return " ".join(text.split())
+
+
+def test_mapper_md_quotes_the_partition_refusal_as_the_code_says_it():
+    # The device lookup comes first in map_gpus; the refusal alone needs
+    # no fake /sys.
+    gpus = HwlocMapper(AMD_PARTITIONS).topology.gpus
+    with pytest.raises(OSError) as refused:
+        _refuse_shared_functions(IDset("0"), gpus)
+    assert f"(`{refused.value.strerror}`)" in _mapper_md()
+
+
+def _r_lite(
+    entry: dict, nodelist: list[str] | None = None, version: object = 1
+) -> dict:
+    """A one-entry R (version 1, unless told)."""
+    return {
+        "version": version,
+        "execution": {"R_lite": [entry], "nodelist": nodelist or ["n0"]},
+    }
+
+
+@pytest.mark.parametrize("cores", ["2,1", "0,0", "1-1", "01", " 1", "0-1,1"])
+def test_spellings_mapper_md_says_flux_refuses_are_taken(cores):
+    # "Compared with upstream": RFC 22's idset_decode refuses these; R
+    # written by Flux never has them, and sdexec reads what they name.
+    properties = HwlocMapper(LARGE).map(
+        _r_lite({"rank": "0", "children": {"core": cores}})
+    )
+    assert (
+        properties["AllowedCPUs"]
+        == HwlocMapper(LARGE).map_cores(IDset(cores).encode())["AllowedCPUs"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("R", "said"),
+    [
+        (_r_lite({"rank": "0", "children": {"core": "1,,2"}}), "'' is not an id"),
+        (_r_lite({"rank": "0", "children": {"core": 3}}), "expected a string"),
+        (_r_lite({"rank": 0, "children": {"core": "0"}}), "expected a string"),
+        (_r_lite({"rank": "0", "children": {"core": "0"}}, version=1.0), "got 1.0"),
+        (_r_lite({"rank": "0", "children": {"core": "0"}}, version=True), "got true"),
+    ],
+)
+def test_r_mapper_md_says_upstream_takes_is_refused(R, said):
+    with pytest.raises(ValueError, match=re.escape(said)):
+        HwlocMapper(SMALL).map(R)
+
+
+def test_a_malformed_nodelist_is_not_read_as_mapper_md_says():
+    R = _r_lite({"rank": "0", "children": {"core": "0"}}, nodelist=["n[0-"])
+    assert HwlocMapper(SMALL).map(R)["AllowedCPUs"] == "0,2"

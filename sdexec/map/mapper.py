@@ -226,7 +226,8 @@ class UnfenceableRequest(ValueError):
 def _refuse_nothing_to_fence(R: ResourceSet, rank: int) -> None:
     """:class:`UnfenceableRequest` if R gives ``rank`` no core and no GPU (a
     typo such as "cores", an empty set, no children): upstream's mapper
-    returns {} there, and the job runs on every CPU and device of the node.
+    returns an empty AllowedCPUs there, and the job runs on every CPU of
+    the node.
 
     Judged from R, not from the properties made so far: a subclass may add
     its own (accounting, say) before calling ``finalize_properties``, and

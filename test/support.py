@@ -25,6 +25,7 @@ from sdexec.config import load_config
 from sdexec.ioencode import decode_io
 from sdexec.procfs import process_exists
 from sdexec.protocol import command_object
+from sdexec.receipt import reads_unit_cgroups
 from sdexec.service import SdexecService
 
 FLAGS = 1 | 2 | 8  # stdout, stderr, write-credit
@@ -306,6 +307,25 @@ def node_kills_at_memory_max() -> bool:
     if results not in (["oom-kill"], ["success"]):
         raise AssertionError(f"memory probe inconclusive: {probe.stderr.strip()!r}")
     return results == ["oom-kill"]
+
+
+def units_get_memory_max() -> bool:
+    """Whether the manager's units get a cgroup v2 ``memory.max`` that
+    holds them: the node enforces MemoryMax (:func:`node_kills_at_memory_max`)
+    on the unified hierarchy. (A v1 system manager enforces it too, as
+    ``memory.limit_in_bytes``; these machines' user managers, and a v2
+    manager without the memory controller, do not.)"""
+    return node_kills_at_memory_max() and reads_unit_cgroups()
+
+
+def memory_max_in_kernel(control_group: str) -> str | None:
+    """The unit's cgroup v2 ``memory.max``; ``None`` where the node has none
+    for it (cgroup v1, or no memory controller delegated)."""
+    try:
+        with open(f"/sys/fs/cgroup{control_group}/memory.max") as limit:
+            return limit.read().strip()
+    except FileNotFoundError:
+        return None
 
 
 def usable_cpu() -> int:

@@ -21,7 +21,10 @@ from support import (
     Result,
     RunningService,
     command,
+    memory_max_in_kernel,
     run,
+    unit_properties,
+    units_get_memory_max,
     until,
 )
 from twisted.internet.defer import Deferred
@@ -284,8 +287,11 @@ async def test_a_running_unit_keeps_its_settings_across_a_daemon_reload(
     ``bad-setting`` after it, and a unit that is not loaded has no cgroup
     controllers of its own: on a cgroup v2 node a running job kept running
     with its ``cpuset``, ``memory`` and ``pids`` gone, its CPU fence and
-    memory cap with them (seen 2026-11-28, docs/containment.md). A path with
-    a quote read back so too (review session 43 E2)."""
+    memory cap with them (seen 2026-11-28, docs/containment.md): where the
+    node holds units to a ``memory.max``, the unit's must be there after
+    the reload. A path with a quote read back so too (review session 43
+    E2)."""
+    in_kernel = units_get_memory_max()
     client = await own_service.connect()
     ending = Result()
     shell = "sh"
@@ -306,6 +312,8 @@ async def test_a_running_unit_keeps_its_settings_across_a_daemon_reload(
         f"MemoryMax={77 << 20}",
         "SubState=running",
     ]
+    cgroup = unit_properties(unit, "ControlGroup")["ControlGroup"]
+    assert memory_max_in_kernel(cgroup) == (str(77 << 20) if in_kernel else None)
     handle.close_stdin()
     await handle.done
     assert ending.status == 0

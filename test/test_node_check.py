@@ -336,3 +336,33 @@ def test_an_unfenced_step_finds_its_reason_in_the_refusal_and_the_drain(
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.stdout == "both\n", done.stderr
+
+
+#: How a test asks the node what it enforces, or has: a file that does is
+#: one whose verdict the node decides.
+NODE_DECISIONS = (
+    "node_kills_at_memory_max",
+    "units_get_memory_max",
+    "node_enforces_device_policy",
+    "manager_makes_mounts",
+    "_gpus_hwloc_sees",
+)
+
+
+def test_the_node_s_tests_hold_every_file_that_asks_the_node():
+    # The enforcing branches of those files run on no machine but such a
+    # node, whose device runs are short: the default run must reach them
+    # (a 1-byte cap's OOM kill at start had never run there).
+    [listed] = re.findall(r'^NODE_FILES="(.*?)"$', SCRIPT.read_text(), re.M | re.S)
+    files = listed.split()
+    repo = SCRIPT.parent.parent
+    assert [f for f in files if not (repo / f).is_file()] == []
+    asking = {
+        f"test/{path.name}"
+        for path in (repo / "test").glob("test_*.py")
+        if path.name != Path(__file__).name  # these names, not asked
+        and any(name in path.read_text() for name in NODE_DECISIONS)
+    }
+    assert asking - set(files) == set()
+    [default] = re.findall(r"\$\{STEPS:-([^}]*)\}", SCRIPT.read_text())
+    assert "run_node_suite" in default.split()

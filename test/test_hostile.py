@@ -27,7 +27,7 @@ from sdexec.config import parse_config
 from sdexec.fdlimit import FDS_PER_PROCESS, RESERVE
 from sdexec.idset import MAX_ID
 from sdexec.ioencode import encode_io
-from sdexec.limits import MAX_ARG_STRLEN, MAX_LISTED_CMDLINE
+from sdexec.limits import MAX_ARG_STRLEN, MAX_ENVIRONMENT, MAX_LISTED_CMDLINE
 from sdexec.lograte import BURST, WINDOW_S
 from sdexec.plan import checked_request
 from sdexec.refusal import MAX_ERRSTR, errstr_line
@@ -514,6 +514,36 @@ def test_a_large_plain_environment_reaches_systemd(systemd, connection):
     cmd = {**TRUE, "env": {"PATH": "/bin", **env}, "opts": {"SDEXEC_NAME": "big"}}
     connection.send("sdexec.exec", {"cmd": cmd, "flags": FLAGS})
     assert systemd.calls[0] == ("start", "big.service")
+
+
+def test_an_environment_of_too_many_variables_is_e2big_and_never_reaches_systemd(
+    server, connection
+):
+    """systemd's time for a unit's environment grows with the square of its
+    variables: 100,000 empty ones, within every byte limit, held the
+    manager for over a minute."""
+    env = {f"V{k}": "" for k in range(MAX_ENVIRONMENT)}  # with PATH, one more
+    errnum, errstr = exec_refused(
+        server, connection, {**TRUE, "env": {"PATH": "/bin", **env}}
+    )
+    assert errnum == errno.E2BIG
+    assert errstr.startswith(
+        f"cmd.env: {MAX_ENVIRONMENT + 1} variables, more than the"
+        f" {MAX_ENVIRONMENT} sdexec passes to systemd"
+    )
+
+
+def test_as_many_variables_as_allowed_reach_systemd_beside_those_dropped(
+    systemd, connection
+):
+    """The count is of what systemd is sent: names it would refuse, and the
+    caller's systemd variables, are dropped first."""
+    env = {f"V{k}": "" for k in range(MAX_ENVIRONMENT - 1)}
+    dropped = {f"0bad{k}": "" for k in range(100)} | {"NOTIFY_SOCKET": "/x"}
+    cmd = {**TRUE, "env": {"PATH": "/bin", **env, **dropped}}
+    connection.send("sdexec.exec", {"cmd": cmd, "flags": FLAGS})
+    assert systemd.calls[0][0] == "start"
+    assert len(environment_of(systemd, systemd.calls[0][1])) == MAX_ENVIRONMENT
 
 
 #: Larger than the command budget (docs/protocol.md, 2.5 MiB), in strings

@@ -38,7 +38,7 @@ from sdexec.execstart import ExecLine
 from sdexec.idset import IDset
 from sdexec.limits import (
     check_command_size,
-    check_environment_count,
+    check_counts,
     check_exec_size,
     check_lengths,
     check_start_message,
@@ -376,7 +376,7 @@ def checked_request(payload: Mapping[str, Any], streaming: bool) -> CheckedReque
     environment = unit_environment(command.env)
     # Before the PATH search: a PATH of megabytes would cost as many stats.
     check_exec_size(command.cmdline[0], command.cmdline, environment)
-    check_environment_count(environment)
+    check_counts(command.cmdline, environment)
     # After the exec checks, which name one string exec refuses more
     # precisely: this one counts what they do not (options, the names
     # dropped from env), all of which the process keeps for its life.

@@ -27,7 +27,12 @@ from sdexec.config import parse_config
 from sdexec.fdlimit import FDS_PER_PROCESS, RESERVE
 from sdexec.idset import MAX_ID
 from sdexec.ioencode import encode_io
-from sdexec.limits import MAX_ARG_STRLEN, MAX_ENVIRONMENT, MAX_LISTED_CMDLINE
+from sdexec.limits import (
+    MAX_ARG_STRLEN,
+    MAX_ARGUMENTS,
+    MAX_ENVIRONMENT,
+    MAX_LISTED_CMDLINE,
+)
 from sdexec.lograte import BURST, WINDOW_S
 from sdexec.plan import checked_request
 from sdexec.refusal import MAX_ERRSTR, errstr_line
@@ -544,6 +549,26 @@ def test_as_many_variables_as_allowed_reach_systemd_beside_those_dropped(
     connection.send("sdexec.exec", {"cmd": cmd, "flags": FLAGS})
     assert systemd.calls[0][0] == "start"
     assert len(environment_of(systemd, systemd.calls[0][1])) == MAX_ENVIRONMENT
+
+
+def test_a_command_of_too_many_arguments_is_e2big_and_never_reaches_systemd(
+    server, connection
+):
+    """Within every byte limit, 200,000 one-byte arguments held the
+    manager 10 s."""
+    cmdline = ["/bin/true", *["a"] * MAX_ARGUMENTS]
+    errnum, errstr = exec_refused(server, connection, {**TRUE, "cmdline": cmdline})
+    assert errnum == errno.E2BIG
+    assert errstr.startswith(
+        f"cmd.cmdline: {MAX_ARGUMENTS + 1} arguments, more than the"
+        f" {MAX_ARGUMENTS} sdexec passes to systemd"
+    )
+
+
+def test_as_many_arguments_as_allowed_reach_systemd(systemd, connection):
+    cmd = {**TRUE, "cmdline": ["/bin/true", *["a"] * (MAX_ARGUMENTS - 1)]}
+    connection.send("sdexec.exec", {"cmd": cmd, "flags": FLAGS})
+    assert systemd.calls[0][0] == "start"
 
 
 #: Larger than the command budget (docs/protocol.md, 2.5 MiB), in strings

@@ -155,7 +155,7 @@ class ClientProtocol(StdioReceivingProtocol):
             Topic.KILL: lambda matchtag, payload: self.server.kill(payload),
             Topic.LIST: lambda matchtag, payload: self.server.list(_detail(payload)),
             Topic.STATS: lambda matchtag, payload: self.server.stats(),
-            Topic.UNDRAIN: lambda matchtag, payload: self.server.undrain(),
+            Topic.UNDRAIN: self._undrain,
             Topic.WAIT: self._wait,
             Topic.ATTACH: self._attach,
             Topic.TERMINATE: lambda matchtag, payload: self.server.terminate(payload),
@@ -630,14 +630,27 @@ class ClientProtocol(StdioReceivingProtocol):
         lets them do."""
         reloader = self.server.reloader
         assert reloader is not None, "the topic is served only with a reloader"
+        self._owner_only(Topic.RELOAD, "reload its configuration")
+        return reloader().addCallback(lambda path: {"config": path})
+
+    def _undrain(self, matchtag: int, payload: dict) -> dict:
+        """``sdexec.undrain``: the owner's alone, as a reload is. What it
+        clears an admin alone may judge cured (a fence found not enforced,
+        unkillable processes): a user of ``allow-users`` whose job drained
+        the node must not run the next one there."""
+        self._owner_only(Topic.UNDRAIN, "undrain it")
+        return self.server.undrain()
+
+    def _owner_only(self, topic: Topic, action: str) -> None:
+        """Refuse (``EPERM``) ``topic`` from anyone but the service's owner,
+        saying that only the owner may do ``action``."""
         uid, owner = self._admitted_uid, self.server.owner_uid
         if uid != owner:
             raise RequestError(
                 errno.EPERM,
-                f"{Topic.RELOAD.value}: only the service's owner (uid {owner}) may"
-                f" reload its configuration, not uid {uid}",
+                f"{topic.value}: only the service's owner (uid {owner}) may"
+                f" {action}, not uid {uid}",
             )
-        return reloader().addCallback(lambda path: {"config": path})
 
     def _own_address(self) -> object:
         """The address clients connect to (this connection's own end), by

@@ -157,6 +157,29 @@ def test_a_user_a_reload_disallows_may_ask_for_nothing_more(systemd, server):
     connection.close()
 
 
+def test_only_the_owner_may_undrain(server):
+    # A user of allow-users whose job left unkillable processes, or ran
+    # outside its fence, could undrain the node and run the next one there.
+    server.owner_uid = os.getuid() + 1
+    _allowing(server, [os.getuid()])
+    server.drain("fence broken", AdminCause.FENCE)
+    connection = Connection(server)
+    connection.send("sdexec.undrain", {})
+    assert error_of(connection.last()) == (
+        errno.EPERM,
+        f"sdexec.undrain: only the service's owner (uid {os.getuid() + 1}) may"
+        f" undrain it, not uid {os.getuid()}",
+    )
+    connection.send("sdexec.stats-get", {}, matchtag=2)
+    assert connection.last()["payload"]["drain"] == drained_by("fence broken", "fence")
+    connection.close()
+    server.owner_uid = os.getuid()  # the owner's undrain clears it
+    connection = Connection(server)
+    connection.send("sdexec.undrain", {})
+    assert connection.last()["payload"]["cleared"] == ["fence broken"]
+    connection.close()
+
+
 def test_debug_turned_on_by_a_reload_shows_the_units_already_running(
     systemd, server, connection
 ):

@@ -76,12 +76,11 @@ class Command:
         if not isinstance(cmd, dict):
             raise CommandError("cmd: expected an object")
         cmdline = cmd.get("cmdline")
-        if (
-            not isinstance(cmdline, list)
-            or not cmdline
-            or not all(isinstance(arg, str) for arg in cmdline)
-        ):
+        if not isinstance(cmdline, list) or not cmdline:
             raise CommandError("cmd.cmdline: expected a non-empty array of strings")
+        for index, arg in enumerate(cmdline):
+            if not isinstance(arg, str):  # named, as a string's NUL is
+                raise CommandError(f"cmd.cmdline[{index}]: expected a string")
         cwd = cmd.get("cwd")
         if cwd is not None and not isinstance(cwd, str):
             raise CommandError("cmd.cwd: expected a string")

@@ -496,7 +496,16 @@ class SdexecServer:
             self._retire_key(key)  # the request is over: its matchtag is free
         elif tabled is not None:
             raise RequestError(errno.EEXIST, f"matchtag {key[1]} is already in use")
-        if unit_name in self.units or (
+        holder = self.units.get(unit_name)
+        if holder is not None and holder.stream_ended:
+            # Its request is over (a start systemd failed is answered before
+            # its unit is reset, an unkillable one abandoned): not "running".
+            raise RequestError(
+                errno.EEXIST,
+                f"unit {unit_name} is still held by this service: its request"
+                " has ended, but the unit is not gone yet (retry once it is)",
+            )
+        if holder is not None or (
             self.leftovers is not None and unit_name in self.leftovers.units
         ):
             raise RequestError(

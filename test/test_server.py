@@ -1623,3 +1623,29 @@ async def test_a_stream_never_ends_as_a_success_without_finished(systemd, server
 
 def test_shutdown_with_nothing_running_is_immediate(server):
     assert server.shutdown(10).called
+
+
+@ensureDeferred
+async def test_a_name_whose_request_failed_is_refused_as_still_held_until_reset(
+    systemd, server, connection
+):
+    # systemd could not run the command (200/CHDIR): the stream ends with
+    # ENOENT at once, while the failed unit still waits for its reset.
+    # A retry with the same SDEXEC_NAME meanwhile is refused, saying so,
+    # not as a request still running; once the unit is gone it runs.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.release(UNIT)
+    failed = {"ActiveState": "failed", "SubState": "failed", "Result": "exit-code"}
+    systemd.change(UNIT, {**failed, "ExecMainCode": 1, "ExecMainStatus": 200})
+    systemd.answer_refreshes()
+    assert error_of(connection.last())[0] == errno.ENOENT
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE}, matchtag=2)
+    assert error_of(connection.last()) == (
+        errno.EEXIST,
+        f"unit {UNIT} is still held by this service: its request has ended, but"
+        " the unit is not gone yet (retry once it is)",
+    )
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    await until(lambda: UNIT not in server.units, "the failed unit reaped")
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE}, matchtag=3)
+    assert [c for c in systemd.calls if c == ("start", UNIT)] == [("start", UNIT)] * 2

@@ -288,9 +288,11 @@ def _weight(name: str) -> Ordering:
     )
 
 
-_SWITCH = Ordering(_switch_rank, None, "a boolean (yes/no)")
+#: Every spelling :func:`parse_bool` takes, as systemd's parse_boolean().
+_BOOLEAN = "a boolean (yes/no, true/false, on/off, 1/0)"
+_SWITCH = Ordering(_switch_rank, None, _BOOLEAN)
 #: A hardening switch: on is tighter, and off is systemd's default.
-_HARDENING = Ordering(_switch_rank, "no", "a boolean (yes/no)")
+_HARDENING = Ordering(_switch_rank, "no", _BOOLEAN)
 
 
 def _level_rank(name: str) -> Callable[[str, Callable[[], int]], float]:

@@ -1649,3 +1649,15 @@ async def test_a_name_whose_request_failed_is_refused_as_still_held_until_reset(
     await until(lambda: UNIT not in server.units, "the failed unit reaped")
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE}, matchtag=3)
     assert [c for c in systemd.calls if c == ("start", UNIT)] == [("start", UNIT)] * 2
+
+
+def test_a_switch_that_is_no_boolean_names_every_spelling_systemd_takes(connection):
+    # A request's switch is read as systemd's parse_boolean() reads it
+    # (true/false, on/off, 1/0 as well as yes/no): the refusal says so.
+    opts = {**TRUE["opts"], "SDEXEC_PROP_CPUAccounting": "maybe"}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "opts": opts}})
+    assert error_of(connection.last()) == (
+        errno.EINVAL,
+        "SDEXEC_PROP_CPUAccounting: 'maybe' is not a boolean"
+        " (yes/no, true/false, on/off, 1/0)",
+    )

@@ -55,13 +55,14 @@ from typing import Any
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
 from sdexec.config import Config
 from sdexec.drain import AdminCause, Cause, SelfLifting
 from sdexec.execstart import started_command
 from sdexec.limits import listed_cmdline, listed_name
+from sdexec.lograte import LogRate
 from sdexec.managerversion import version_number
 from sdexec.orphans import expected_unit_cgroup
 from sdexec.plan import ExecPlan
@@ -534,6 +535,17 @@ class Leftovers:
         self._on_gone: Callable[[], None] | None = None
         #: How many have gone (progress of a stop that waits for them).
         self.gone_count = 0
+        self._log_rate: LogRate | None = None
+
+    @property
+    def log_rate(self) -> LogRate:
+        """What bounds the lines said once per leftover (found, gone): a
+        restart finding hundreds would log each of them (review session 49:
+        ~900 lines for 200 leftovers). The drain's reason holds the count.
+        Made at first use, on the clock then in force."""
+        if self._log_rate is None:
+            self._log_rate = LogRate(log, self._context.clock())
+        return self._log_rate
 
     def systemd_restored(self) -> defer.Deferred[None]:
         """systemd is back after a loss: scan, and once each leftover is
@@ -682,7 +694,12 @@ class Leftovers:
             return
         unit.forget()
         self.gone_count += 1
-        log.info("leftover unit {unit} is gone", unit=unit.name)
+        self.log_rate.emit(
+            LogLevel.info,
+            "leftover gone",
+            "leftover unit {unit} is gone",
+            unit=unit.name,
+        )
         self.drain_while_stopping()  # the count said afresh, or lifted
         if self._on_gone is not None:
             self._on_gone()
@@ -868,7 +885,8 @@ class Leftovers:
     ) -> None:
         action = self._action(stop)
         of_this_run = origin is not None or self._listed_once
-        log.warn(
+        self.log_rate.warn(
+            "leftover found",
             "leftover unit {unit} {origin} ({description}): {action}",
             unit=name,
             origin=origin or (UNFOLLOWED if of_this_run else "from a previous run"),

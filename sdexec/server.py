@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from twisted.internet import defer
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
 from sdexec.admission import ConnectionCount
@@ -1229,7 +1229,21 @@ class SdexecServer:
         if change == "new":
             log.error("draining: {reason}", reason=reason)
         elif change == "restated":  # a cause in force, said afresh
-            log.info("still drained: {reason}", reason=reason)
+            # At a bounded rate: a leftover count is said afresh as each
+            # of hundreds goes.
+            self.log_rate.emit(
+                LogLevel.info,
+                f"drain restated {cause.value}",
+                "still drained: {reason}",
+                reason=reason,
+            )
+
+    def stop_log_rates(self) -> None:
+        """The service stops: what its bounded logs held back is said now,
+        and nothing is held back from now on (no timer would fire)."""
+        self.log_rate.stop()
+        if self.leftovers is not None:
+            self.leftovers.log_rate.stop()
 
     def property_not_taken(self, name: str) -> None:
         """A start failed for property ``name`` (its D-Bus name), which the

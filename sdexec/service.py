@@ -676,7 +676,7 @@ class SdexecService(Service):
                 yield self.server.open_connections.close_all(
                     self.server.clock, EXIT_FLUSH_SECONDS
                 )
-                self.server.log_rate.stop()  # what it held back is said now
+                self.server.stop_log_rates()  # what they held back is said now
         finally:
             self.metrics.stop()  # its log says now what it held back
             if self.owner_lock is not None:

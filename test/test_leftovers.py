@@ -29,6 +29,7 @@ from sdexec.connection import SdexecServerFactory
 from sdexec.containment import Containment
 from sdexec.execstart import exec_line
 from sdexec.leftovers import marked, owner_marks
+from sdexec.lograte import BURST, WINDOW_S
 from sdexec.outage import SystemdOutage
 from sdexec.property import UnitProperty
 from sdexec.server import SdexecServer
@@ -49,6 +50,17 @@ def leftover(systemd: FakeManager, name: str, mark: str = MARK, pid: int = 77):
     """A unit of an earlier run, as the manager lists it."""
     systemd.units[name] = {**RUNNING, "ExecMainPID": pid}
     systemd.properties[name] = [UnitProperty("Description", "s", f"sleep 300{mark}")]
+
+
+def timers_but_log_windows(server: SdexecServer) -> list:
+    """The server's pending timers, but the log's rate windows (each ends
+    by itself, within a minute, and holds no unit)."""
+    rates = (server.log_rate, server.leftovers.log_rate)
+    return [
+        call
+        for call in server.clock.getDelayedCalls()
+        if getattr(call.func, "__self__", None) not in rates
+    ]
 
 
 def make_server(
@@ -259,7 +271,7 @@ def test_a_leftover_that_will_not_stop_gets_the_stop_timer(systemd):
     systemd.change("sdexec-a.service", INACTIVE)  # gone at last: still drained
     assert server.leftovers.units == {}
     assert server.drain_reason == "unkillable user processes in unit sdexec-a.service"
-    assert server.clock.getDelayedCalls() == []
+    assert timers_but_log_windows(server) == []
 
 
 def deactivating_while_systemd_is_away(systemd: FakeManager) -> SdexecServer:
@@ -454,7 +466,7 @@ def test_a_leftover_that_stops_in_time_is_not_signalled(systemd):
     server.clock.advance(60)
     assert systemd.signalled == []
     assert server.drain_reason is None
-    assert server.clock.getDelayedCalls() == []
+    assert timers_but_log_windows(server) == []
 
 
 #: A leftover systemd failed for an OOM kill (one of its processes killed
@@ -514,7 +526,7 @@ def test_a_stopping_service_escalates_the_leftovers_it_is_stopping(systemd):
     assert done.called
     server.systemd_restored()  # a reconnection while it stops: adopts none
     assert server.leftovers.units == {}
-    assert server.clock.getDelayedCalls() == []
+    assert timers_but_log_windows(server) == []
 
 
 def test_a_stopping_service_leaves_kept_leftovers_running(systemd):
@@ -524,7 +536,7 @@ def test_a_stopping_service_leaves_kept_leftovers_running(systemd):
     assert server.shutdown(10).called
     assert server.leftovers.units == {}
     assert systemd.signalled == []
-    assert server.clock.getDelayedCalls() == []
+    assert timers_but_log_windows(server) == []
 
 
 def test_a_stopping_service_forgets_a_leftover_that_outlives_its_sigkill(systemd):
@@ -537,7 +549,7 @@ def test_a_stopping_service_forgets_a_leftover_that_outlives_its_sigkill(systemd
         server.clock.advance(10)
     assert done.called
     assert server.leftovers.units == {}
-    assert server.clock.getDelayedCalls() == []
+    assert timers_but_log_windows(server) == []
 
 
 def test_a_leftover_s_stop_timer_counts_from_when_systemd_says_it_began_stopping(
@@ -981,7 +993,7 @@ def test_a_scan_answered_after_the_stop_ends_nothing(
     assert server.shutdown(10).called  # nothing tracked: over at once
     held[0].callback({"Slice": "app.slice"})
     assert orphans_signalled == []
-    assert server.clock.getDelayedCalls() == []
+    assert timers_but_log_windows(server) == []
 
 
 def refused_once(systemd: FakeManager, method: str, kind: str) -> None:
@@ -1018,7 +1030,7 @@ def test_a_stop_or_reset_systemd_refused_is_made_again(systemd, failed):
     assert len([c for c in systemd.calls if c[0] == kind]) == 2
     systemd.change("sdexec-a.service", INACTIVE)
     assert server.drain_reason is None
-    assert server.clock.getDelayedCalls() == []
+    assert timers_but_log_windows(server) == []
 
 
 def test_a_lost_start_retried_by_name_while_the_scan_is_queued_is_found(systemd):
@@ -1098,7 +1110,7 @@ def test_a_refused_stop_is_not_made_again_for_a_unit_gone_since(systemd):
     systemd.change("sdexec-a.service", INACTIVE)  # it ended: gone
     assert "sdexec-a.service" not in server.leftovers.units
     answer.errback(SystemdError("org.freedesktop.DBus.Error.LimitsExceeded", "busy"))
-    assert server.clock.getDelayedCalls() == []
+    assert timers_but_log_windows(server) == []
 
 
 def test_a_stop_made_again_reads_nothing_first(systemd):
@@ -1187,3 +1199,33 @@ def test_a_leftover_unloaded_before_it_is_read_leaves_the_listing(systemd):
     systemd.answer_refreshes()
     assert server.list()["procs"] == []
     assert server.leftovers.units == {}
+
+
+def test_hundreds_of_leftovers_log_a_bounded_number_of_lines(systemd):
+    # A restart after a SIGKILL found 200 leftovers and logged three lines
+    # for each (found, gone, "still drained: N" said afresh): ~900 lines in
+    # a minute. Each kind is now bounded, then summed up once its window
+    # closes; the drain's reason holds the count meanwhile.
+    names = [f"sdexec-{n:03}.service" for n in range(3 * BURST)]
+    for n, name in enumerate(names):
+        leftover(systemd, name, pid=1000 + n)
+    server = make_server(systemd)
+    found = logged_during(server.leftovers.scan)
+    assert "draining: 30 leftover units from a previous run" in found
+    assert len([line for line in found if line.startswith("leftover unit")]) == BURST
+
+    def all_go() -> None:
+        for name in names:
+            systemd.change(name, INACTIVE)
+
+    going = logged_during(all_go)
+    assert server.drain_reason is None
+    assert len([line for line in going if line.endswith(" is gone")]) == BURST
+    assert len([line for line in going if line.startswith("still drained")]) == BURST
+    summaries = logged_during(lambda: server.clock.advance(WINDOW_S))
+    assert sorted(line.split(" in ")[0] for line in summaries) == [
+        # 29 counts said afresh (the 30th went with the drain), 10 logged
+        f"{2 * BURST - 1} more like it",
+        f"{2 * BURST} more like it",  # found
+        f"{2 * BURST} more like it",  # gone
+    ]

@@ -437,7 +437,7 @@ class SdexecServer:
             plan,
             responder,
             verify=self._fence_verifier(
-                plan.fence, plan.fence_mems, plan.memory_capped
+                plan.unit_name, plan.fence, plan.fence_mems, plan.memory_capped
             ),
             tap=tracked.tap if tracked is not None else None,
             stdio=stdio,
@@ -620,18 +620,24 @@ class SdexecServer:
         return self.config.systemd.sdexec_debug
 
     def _fence_verifier(
-        self, cpus: IDset | None, mems: IDset | None, memory_capped: bool
+        self,
+        unit: str,
+        cpus: IDset | None,
+        mems: IDset | None,
+        memory_capped: bool,
     ) -> Callable[[str | None, int], str | None] | None:
-        """The check run when the unit starts (given its cgroup, if known,
+        """The check run when ``unit`` starts (given its cgroup, if known,
         and its main process), if the mapper fenced CPUs or memory nodes (a
         custom mapper may set either alone): those, and a memory cap if the
         unit has one."""
         fences = Fences(cpus, mems, memory_capped)
         if not fences:
             return None
-        return lambda cgroup, pid: self._verify_fence(fences, cgroup, pid)
+        return lambda cgroup, pid: self._verify_fence(fences, cgroup, pid, unit)
 
-    def _verify_fence(self, fences: Fences, cgroup: str | None, pid: int) -> str | None:
+    def _verify_fence(
+        self, fences: Fences, cgroup: str | None, pid: int, unit: str
+    ) -> str | None:
         """Judge the fences (sdexec/containment.py): under ``drain`` the
         first that does not hold is the problem; under ``warn`` all that do
         not are logged, in one line."""
@@ -651,18 +657,29 @@ class SdexecServer:
             )
         if not verdict.problems:
             return None
-        return self._fence_broken(verdict.problems, "fence-failures", AdminCause.FENCE)
+        return self._fence_broken(
+            verdict.problems, "fence-failures", AdminCause.FENCE, f"{unit} (pid {pid})"
+        )
 
     def _fence_broken(
-        self, problems: Sequence[str], counter: str, cause: AdminCause
+        self,
+        problems: Sequence[str],
+        counter: str,
+        cause: AdminCause,
+        where: str | None = None,
     ) -> str | None:
-        """Count a unit whose fences do not hold and apply
-        ``containment-check``: drain (for ``cause``) and return the first
-        problem, or (``warn``) log them, in one line, and return None."""
+        """Count a unit (``where``: its name and pid, if a job's) whose
+        fences do not hold and apply ``containment-check``: drain (for
+        ``cause``) and return the first problem, or (``warn``) log them, in
+        one line, and return None."""
         self.counters[counter] += 1
         if self.containment.check == "warn":
-            log.warn(
-                "{problems} (containment-check = warn: going on)",
+            # At a bounded rate: on a node that cannot enforce a fence,
+            # every job's line would be the same.
+            self.log_rate.warn(
+                f"{counter} under warn",
+                "{where}{problems} (containment-check = warn: going on)",
+                where=f"{where}: " if where else "",
                 problems="; ".join(problems),
             )
             return None

@@ -71,6 +71,7 @@ from sdexec.containment import (
     memory_cap_in_force,
 )
 from sdexec.idset import IDset
+from sdexec.lograte import BURST, WINDOW_S
 from sdexec.map.mapper import UnfenceableRequest
 from sdexec.map.topology import Topology
 from sdexec.nodememory import physical_memory
@@ -1402,10 +1403,12 @@ def main_process():
     process.wait()
 
 
-def fenced_exec(mapped: dict, pid: int, check: str = "drain", bus: str = "user"):
-    """An exec whose mapper sets ``mapped``, on a server with the fake
-    manager of ``bus``; the unit starts with ``pid`` as its main process.
-    (server, the connection's responses)."""
+def fenced_exec(
+    mapped: dict, pid: int, check: str = "drain", bus: str = "user", units: int = 1
+):
+    """``units`` execs (one by default) whose mapper sets ``mapped``, on a
+    server with the fake manager of ``bus``; each unit starts with ``pid``
+    as its main process. (server, the connection's responses)."""
     config = parse_config(
         {
             "exec": {"sdexec-constrain-resources": True},
@@ -1418,10 +1421,12 @@ def fenced_exec(mapped: dict, pid: int, check: str = "drain", bus: str = "user")
         systemd, config, reactor, Containment(config, FakeMapper(mapped)), clock=Clock()
     )
     connection = Connection(server)
-    opts = {R_OPTION: r_local("0"), "SDEXEC_NAME": UNIT}
-    request = {"flags": STREAMS, "cmd": command(["true"], opts=opts)}
-    connection.send("sdexec.exec", request)
-    systemd.run(UNIT, pid=pid)
+    for n in range(units):
+        unit = UNIT if n == 0 else f"sdexec-fenced-{n}.service"
+        opts = {R_OPTION: r_local("0"), "SDEXEC_NAME": unit}
+        request = {"flags": STREAMS, "cmd": command(["true"], opts=opts)}
+        connection.send("sdexec.exec", request, matchtag=1 + n)
+        systemd.run(unit, pid=pid)
     responses = connection.responses()
     connection.close()
     systemd.close()
@@ -1666,8 +1671,26 @@ def test_under_warn_every_fence_that_does_not_hold_is_logged(main_process):
     assert [r["payload"]["type"] for r in responses] == ["started"]
     assert server.counters["fence-failures"] == 1  # a unit, counted once
     (warned,) = [line for line in logged if "warn:" in line]
-    assert warned.startswith("AllowedCPUs not enforced")
+    assert warned.startswith(f"{UNIT} (pid {main_process}): AllowedCPUs not enforced")
     assert "; AllowedMemoryNodes not enforced" in warned
+
+
+def test_under_warn_a_node_that_cannot_fence_logs_a_bounded_number_of_lines(
+    main_process,
+):
+    # Every job of a node whose cgroups cannot enforce the fence logged the
+    # same line, naming no unit: 10,000 jobs, 10,000 lines.
+    broken = {"AllowedCPUs": str(ABSENT_NODE)}
+    logged, (server, responses) = logged_during(
+        lambda: fenced_exec(broken, main_process, check="warn", units=3 * BURST)
+    )
+    assert [r["payload"]["type"] for r in responses] == ["started"] * 3 * BURST
+    assert server.counters["fence-failures"] == 3 * BURST
+    warned = [line for line in logged if "warn:" in line]
+    assert len(warned) == BURST
+    assert warned[-1].startswith(f"sdexec-fenced-{BURST - 1}.service (pid ")
+    (summary,) = logged_during(lambda: server.clock.advance(WINDOW_S))[0]
+    assert summary.startswith(f"{2 * BURST} more like it in 60 s not logged")
 
 
 def test_an_unreadable_list_of_online_cpus_is_named_as_what_failed(tmp_path):

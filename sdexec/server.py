@@ -651,7 +651,8 @@ class SdexecServer:
         if verdict.unchecked is not None:
             self.log_rate.warn(
                 "fence unchecked",
-                "pid {pid} exited before {what} could be checked",
+                "{unit}: pid {pid} exited before {what} could be checked",
+                unit=unit,
                 pid=pid,
                 what=verdict.unchecked,
             )

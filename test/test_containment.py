@@ -1634,7 +1634,8 @@ def test_a_process_gone_before_its_fence_is_read_is_logged_not_a_failure(
     )
     assert [r["payload"]["type"] for r in responses] == ["started"]
     assert server.counters["fence-failures"] == 0
-    gone = f"pid {main_process} exited before its CPU fence could be checked"
+    # Its unit named too: an admin ties it to a job by the unit.
+    gone = f"{UNIT}: pid {main_process} exited before its CPU fence could be checked"
     assert [line for line in logged if "could" in line] == [gone]
 
 

@@ -1489,6 +1489,10 @@ class _Stream:
 class SdexecServerFactory(Factory):
     """The listening side: makes a :class:`ClientProtocol` per connection."""
 
+    #: No "Starting factory <...SdexecServerFactory object at 0x...>" line:
+    #: it names a Python object, and "sdexec listening on" says it all.
+    noisy = False
+
     def __init__(self, server: SdexecServer) -> None:
         self.server = server
 

@@ -618,6 +618,9 @@ class _StatsSite(Site):
     # over TLS, which this site never speaks.
     protocol = _StatsChannel  # type: ignore[assignment]
     requestFactory = _StatsRequest
+    #: No "Starting factory <..._StatsSite object at 0x...>" line (as the
+    #: service's own factory).
+    noisy = False
 
     def __init__(self, resource: IResource) -> None:
         super().__init__(resource, timeout=STATS_TIMEOUT)

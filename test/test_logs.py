@@ -109,6 +109,9 @@ def test_twistd_on_the_journal_prefixes_priorities(user_manager, tmp_path):
                for line in lines)  # fmt: skip
     refused = [line for line in lines if "reload refused" in line]
     assert refused and refused[0].startswith("<3>[sdexec.service] reload refused")
+    # Twisted's "Starting factory <...Factory object at 0x7f...>" names a
+    # Python object, nothing an admin can use.
+    assert not [line for line in lines if " object at 0x" in line]
 
 
 @pytest.mark.systemd

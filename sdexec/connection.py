@@ -343,8 +343,9 @@ class ClientProtocol(StdioReceivingProtocol):
         units = len(list(self.server.connection_processes(self.connection_id)))
         self.server.log_rate.warn(
             f"protocol error {uid}",  # each user's own share of lines
-            "closing a connection of uid {uid} for a protocol error: {reason};"
+            "closing connection {id} of uid {uid} for a protocol error: {reason};"
             " its {units} process(es) are killed, as for a client that left",
+            id=self.connection_id,  # as the service's other lines name it
             uid=uid,
             reason=reason,
             units=units,

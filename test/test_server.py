@@ -81,7 +81,8 @@ def test_a_connection_closed_for_a_protocol_error_is_logged(systemd, connection)
         connection.protocol.dataReceived(b"{not json\n")
     [line] = [formatEvent(e) for e in events if e["log_level"] >= LogLevel.warn]
     assert line.startswith(
-        f"closing a connection of uid {os.getuid()} for a protocol error:"
+        f"closing connection {connection.protocol.connection_id} of uid"
+        f" {os.getuid()} for a protocol error:"
         " message is not valid JSON: "
     )
     assert line.endswith("; its 1 process(es) are killed, as for a client that left")

@@ -72,19 +72,30 @@ class LogRate:
         if self._stopped:
             self._log.emit(level, text, **fields)
             return
+        now = self._clock.seconds()
         window = self._windows.get(key)
-        if window is None:
-            window = self._windows[key] = _Window(level, self._clock.seconds())
-            window.closing = self._clock.callLater(WINDOW_S, self._close, key)
+        over = window is not None and now - window.opened >= WINDOW_S
+        if window is None or (over and window.closing is None):
+            # (One past its end with a timer still to fire is summed up by
+            # it, this line too.)
+            window = self._windows[key] = _Window(level, now)
         if window.logged < BURST:
             window.logged += 1
             self._log.emit(level, text, **fields)
             return
         window.suppressed += 1
         window.last = (text, fields)
+        if window.closing is None:
+            # Armed at the first line held back, not at the first line: a
+            # timer for every line logged (a drain, a leftover gone) would
+            # outlive what it was about, for nothing to say.
+            window.closing = self._clock.callLater(
+                window.opened + WINDOW_S - now, self._close, key
+            )
 
     def _close(self, key: str) -> None:
         window = self._windows.pop(key)
+        window.closing = None
         if not window.suppressed:
             return
         text, fields = window.last

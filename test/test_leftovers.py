@@ -52,17 +52,6 @@ def leftover(systemd: FakeManager, name: str, mark: str = MARK, pid: int = 77):
     systemd.properties[name] = [UnitProperty("Description", "s", f"sleep 300{mark}")]
 
 
-def timers_but_log_windows(server: SdexecServer) -> list:
-    """The server's pending timers, but the log's rate windows (each ends
-    by itself, within a minute, and holds no unit)."""
-    rates = (server.log_rate, server.leftovers.log_rate)
-    return [
-        call
-        for call in server.clock.getDelayedCalls()
-        if getattr(call.func, "__self__", None) not in rates
-    ]
-
-
 def make_server(
     systemd: FakeManager,
     policy: str = "stop",
@@ -271,7 +260,7 @@ def test_a_leftover_that_will_not_stop_gets_the_stop_timer(systemd):
     systemd.change("sdexec-a.service", INACTIVE)  # gone at last: still drained
     assert server.leftovers.units == {}
     assert server.drain_reason == "unkillable user processes in unit sdexec-a.service"
-    assert timers_but_log_windows(server) == []
+    assert server.clock.getDelayedCalls() == []
 
 
 def deactivating_while_systemd_is_away(systemd: FakeManager) -> SdexecServer:
@@ -466,7 +455,7 @@ def test_a_leftover_that_stops_in_time_is_not_signalled(systemd):
     server.clock.advance(60)
     assert systemd.signalled == []
     assert server.drain_reason is None
-    assert timers_but_log_windows(server) == []
+    assert server.clock.getDelayedCalls() == []
 
 
 #: A leftover systemd failed for an OOM kill (one of its processes killed
@@ -526,7 +515,7 @@ def test_a_stopping_service_escalates_the_leftovers_it_is_stopping(systemd):
     assert done.called
     server.systemd_restored()  # a reconnection while it stops: adopts none
     assert server.leftovers.units == {}
-    assert timers_but_log_windows(server) == []
+    assert server.clock.getDelayedCalls() == []
 
 
 def test_a_stopping_service_leaves_kept_leftovers_running(systemd):
@@ -536,7 +525,7 @@ def test_a_stopping_service_leaves_kept_leftovers_running(systemd):
     assert server.shutdown(10).called
     assert server.leftovers.units == {}
     assert systemd.signalled == []
-    assert timers_but_log_windows(server) == []
+    assert server.clock.getDelayedCalls() == []
 
 
 def test_a_stopping_service_forgets_a_leftover_that_outlives_its_sigkill(systemd):
@@ -549,7 +538,7 @@ def test_a_stopping_service_forgets_a_leftover_that_outlives_its_sigkill(systemd
         server.clock.advance(10)
     assert done.called
     assert server.leftovers.units == {}
-    assert timers_but_log_windows(server) == []
+    assert server.clock.getDelayedCalls() == []
 
 
 def test_a_leftover_s_stop_timer_counts_from_when_systemd_says_it_began_stopping(
@@ -993,7 +982,7 @@ def test_a_scan_answered_after_the_stop_ends_nothing(
     assert server.shutdown(10).called  # nothing tracked: over at once
     held[0].callback({"Slice": "app.slice"})
     assert orphans_signalled == []
-    assert timers_but_log_windows(server) == []
+    assert server.clock.getDelayedCalls() == []
 
 
 def refused_once(systemd: FakeManager, method: str, kind: str) -> None:
@@ -1030,7 +1019,7 @@ def test_a_stop_or_reset_systemd_refused_is_made_again(systemd, failed):
     assert len([c for c in systemd.calls if c[0] == kind]) == 2
     systemd.change("sdexec-a.service", INACTIVE)
     assert server.drain_reason is None
-    assert timers_but_log_windows(server) == []
+    assert server.clock.getDelayedCalls() == []
 
 
 def test_a_lost_start_retried_by_name_while_the_scan_is_queued_is_found(systemd):
@@ -1110,7 +1099,7 @@ def test_a_refused_stop_is_not_made_again_for_a_unit_gone_since(systemd):
     systemd.change("sdexec-a.service", INACTIVE)  # it ended: gone
     assert "sdexec-a.service" not in server.leftovers.units
     answer.errback(SystemdError("org.freedesktop.DBus.Error.LimitsExceeded", "busy"))
-    assert timers_but_log_windows(server) == []
+    assert server.clock.getDelayedCalls() == []
 
 
 def test_a_stop_made_again_reads_nothing_first(systemd):

@@ -46,8 +46,29 @@ def test_each_kind_has_its_own_share(logged):
 def test_a_window_with_nothing_suppressed_closes_silently(logged):
     lines, rate, clock = logged
     rate.warn("a", "a")
+    # No timer: one for each line logged would outlive what it was about.
+    assert clock.getDelayedCalls() == []
     clock.advance(WINDOW_S)
-    assert lines == [(LogLevel.warn, "a")] and clock.getDelayedCalls() == []
+    assert lines == [(LogLevel.warn, "a")]
+    for _ in range(BURST):
+        rate.warn("a", "again")  # a new window, a burst of its own
+    assert len(lines) == BURST + 1
+
+
+def test_the_summary_comes_when_the_window_closes_not_later(logged):
+    # The timer is armed at the first line held back, for what is left of
+    # the window that began with the first line logged.
+    lines, rate, clock = logged
+    rate.warn("a", "a")
+    clock.advance(WINDOW_S - 1)
+    for _ in range(BURST):
+        rate.warn("a", "a")
+    clock.advance(1)
+    assert lines[-1] == (
+        LogLevel.warn,
+        f"1 more like it in {WINDOW_S:g} s not logged; the last: a",
+    )
+    assert clock.getDelayedCalls() == []
 
 
 def test_stop_says_what_was_suppressed_and_holds_nothing_back_after(logged):

@@ -276,6 +276,7 @@ class Leftover:
             self.name,
             _LeftoverStop(self, self._context, self._leftovers),
             lambda: self._systemd.connected and not self.rereading,
+            self._leftovers.log_rate,
         )
 
     def follow(self, stop: bool, restored_at: float | None = None) -> None:

@@ -30,6 +30,7 @@ from sdexec.config import DEFAULT_RECONNECT_TIMEOUT, DEFAULT_START_TIMEOUT
 from sdexec.drain import AdminCause, Cause
 from sdexec.ioencode import encode_io
 from sdexec.limits import listed_cmdline, listed_name
+from sdexec.lograte import LogRate
 from sdexec.managerversion import version_number
 from sdexec.orphans import expected_unit_cgroup, unit_cgroup
 from sdexec.passthrough import NO_STDIO, PassedStdio
@@ -305,6 +306,9 @@ class ProcessContext:
     client_warning: Callable[..., None] = lambda kind, text, **fields: log.warn(
         text, **fields
     )
+    #: What bounds the lines logged once per unit where hundreds may come
+    #: at once (the stop timer's): the server's; ``None``: none.
+    log_rate: LogRate | None = None
     #: Seconds from the start job to ``started`` before the request is ended
     #: (``[systemd] start-timeout``): a unit whose states the model does not
     #: expect (``Type=forking``, no ``ExecMainPID``, …) must not hang it.
@@ -463,6 +467,7 @@ class Process:
             plan.unit_name,
             _UnitStop(self),
             lambda: self.knows_its_unit,
+            context.log_rate,
         )
 
     def _init_channels(self, plan: ExecPlan, stdio: PassedStdio) -> None:

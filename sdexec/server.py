@@ -600,6 +600,7 @@ class SdexecServer:
             drain=self.drain,
             property_not_taken=self.property_not_taken,
             client_warning=self.log_rate.warn,
+            log_rate=self.log_rate,
             start_timeout=self.config.systemd.start_timeout,
             receipt_wait=self.config.systemd.reconnect_timeout,
             receipt_reads_cgroup=self.receipt_reads_cgroup,
@@ -1245,7 +1246,14 @@ class SdexecServer:
         clears (sdexec/drain.py)."""
         change = self.drains.add(reason, cause)
         if change == "new":
-            log.error("draining: {reason}", reason=reason)
+            # At a bounded rate for each kind: hundreds of units abandoned
+            # at once are each a cause (the reason in force names them all).
+            self.log_rate.emit(
+                LogLevel.error,
+                f"drain {cause.value}",
+                "draining: {reason}",
+                reason=reason,
+            )
         elif change == "restated":  # a cause in force, said afresh
             # At a bounded rate: a leftover count is said afresh as each
             # of hundreds goes.

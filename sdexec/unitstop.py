@@ -39,10 +39,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 
 from sdexec.clocks import as_wall
 from sdexec.fsd import format_fsd
+from sdexec.lograte import LogRate
 from sdexec.signals import signal_name, signals_said
 
 __all__ = [
@@ -161,8 +162,13 @@ class StopTimer:
         unit: str,
         target: StopTimerTarget,
         connected: Callable[[], bool],
+        log_rate: LogRate | None = None,
     ) -> None:
+        """``log_rate``: what bounds its lines (a signal sent, a unit
+        abandoned): hundreds of units hung on one dead file system must not
+        log hundreds of each; ``None``: every line is logged."""
         self._reactor = reactor
+        self._log_rate = log_rate
         self.seconds = seconds
         self.signum = signum
         self.unit = unit
@@ -287,7 +293,9 @@ class StopTimer:
         # How long it has been, not the period: a leftover's stop may have
         # begun periods before the run that found it.
         since = format_fsd(round(self._reactor.seconds() - self._began_at, 1))
-        _log.info(
+        self._say(
+            LogLevel.info,
+            "stop-timer signal",
             "{unit}: still deactivating after {since}, sending {signal}",
             unit=self.unit,
             since=since,
@@ -325,13 +333,22 @@ class StopTimer:
         if self._held_for_systemd():
             return
         self.state = StopTimerState.ABANDONED
-        _log.warn(
+        self._say(
+            LogLevel.warn,
+            "stop-timer abandoned",
             "{unit}: still deactivating {seconds:g} s after {signal}: abandoned",
             unit=self.unit,
             seconds=self.seconds,
             signal=signal_name(self.signum),
         )
         self._target.abandon(abandon_reason(self.unit))
+
+    def _say(self, level: LogLevel, key: str, text: str, **fields: Any) -> None:
+        """Log a line of kind ``key``, at a bounded rate if it has one."""
+        if self._log_rate is None:
+            _log.emit(level, text, **fields)
+        else:
+            self._log_rate.emit(level, key, text, **fields)
 
     def _cancel(self) -> None:
         if self._timer is not None:

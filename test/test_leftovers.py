@@ -1218,3 +1218,25 @@ def test_hundreds_of_leftovers_log_a_bounded_number_of_lines(systemd):
         f"{2 * BURST} more like it",  # found
         f"{2 * BURST} more like it",  # gone
     ]
+
+
+def test_hundreds_of_leftovers_that_will_not_stop_log_a_bounded_number_of_lines(
+    systemd,
+):
+    # Each one's stop-timer signal and abandonment were a line of their own.
+    names = [f"sdexec-{n:03}.service" for n in range(3 * BURST)]
+    for n, name in enumerate(names):
+        leftover(systemd, name, pid=1000 + n)
+    server = make_server_with_stop_timer(systemd, 30)
+    server.leftovers.scan()
+
+    def stop_timers_run_out() -> None:
+        for name in names:
+            systemd.change(name, DEACTIVATING)
+        server.clock.advance(30)
+        server.clock.advance(30)
+
+    lines = logged_during(stop_timers_run_out)
+    assert server.counters["stop-timer-abandoned"] == 3 * BURST
+    for said in ("sending SIGUSR1", ": abandoned", "draining: unkillable"):
+        assert len([line for line in lines if said in line]) == BURST, said

@@ -32,7 +32,7 @@ from sdexec.connection import CLIENT_BUFFER_SIZE, ClientProtocol
 from sdexec.containment import Containment
 from sdexec.drain import AdminCause
 from sdexec.ioencode import decode_io, encode_io
-from sdexec.lograte import MAX_QUOTED
+from sdexec.lograte import BURST, MAX_QUOTED, WINDOW_S
 from sdexec.plan import plan_exec
 from sdexec.process import LAZY_OUTPUT
 from sdexec.protocol import ExecFlag
@@ -1662,3 +1662,36 @@ def test_a_switch_that_is_no_boolean_names_every_spelling_systemd_takes(connecti
         "SDEXEC_PROP_CPUAccounting: 'maybe' is not a boolean"
         " (yes/no, true/false, on/off, 1/0)",
     )
+
+
+def test_units_abandoned_together_log_a_bounded_number_of_lines(
+    systemd, server, connection
+):
+    # Hundreds of jobs hung on one dead file system: each unit's stop-timer
+    # signal, abandonment and drain logged a line (the drain at err, which
+    # alert rules key on): three lines a unit. Each kind is now bounded,
+    # then summed up; the drain's reason names every unit.
+    units = 3 * BURST
+    for n in range(units):
+        opts = {"SDEXEC_NAME": f"sdexec-hung{n}", "SDEXEC_STOP_TIMER_SEC": "1"}
+        connection.send(
+            "sdexec.exec",
+            {"flags": FLAGS, "cmd": {**TRUE, "opts": opts}},
+            matchtag=1 + n,
+        )
+        systemd.run(f"sdexec-hung{n}.service", pid=100 + n)
+        systemd.exit(f"sdexec-hung{n}.service")
+        systemd.deactivate(f"sdexec-hung{n}.service")  # a child ignores SIGTERM
+    with capturedLogs() as events:
+        server.clock.advance(1)  # the stop-timer signal
+        server.clock.advance(1)  # abandoned
+    lines = [formatEvent(event) for event in events]
+    assert len(server.drains.causes) == units
+    for said in ("sending SIGUSR1", ": abandoned", "draining: unkillable"):
+        assert len([line for line in lines if said in line]) == BURST, said
+    with capturedLogs() as events:
+        server.clock.advance(WINDOW_S)
+    summaries = sorted(formatEvent(event).split(" in ")[0] for event in events)
+    assert summaries == [f"{units - BURST} more like it"] * 3
+    for n in range(units):
+        systemd.release(f"sdexec-hung{n}.service")

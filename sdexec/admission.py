@@ -59,6 +59,10 @@ class ConnectionCount:
         """The open connections of each uid that has any."""
         return dict(self._open)
 
+    def uid_of(self, connection_id: int | None) -> int | None:
+        """The peer uid of an admitted connection (``None``: not one)."""
+        return self._uids.get(connection_id) if connection_id is not None else None
+
     def uids(self) -> dict[int, int]:
         """The peer uid of each open connection, by connection id."""
         return dict(self._uids)

@@ -46,7 +46,7 @@ import enum
 import errno
 import itertools
 from collections.abc import Callable, Collection, Mapping
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple
 
 from twisted.logger import Logger
 
@@ -58,6 +58,7 @@ from sdexec.process import NO_EXIT_STATUS_ERRNO, OutputValve, Process, Responder
 from sdexec.protocol import STATUS_AND_ERROR, ExecFlag, command_object
 from sdexec.refusal import SHOWN, quoted
 from sdexec.retained import CONFIG_KEY, STREAMS, Cursor, RetainedOutput
+from sdexec.shares import Share
 
 log = Logger()
 
@@ -68,17 +69,6 @@ __all__ = [
     "TrackedProcesses",
     "parse_target",
 ]
-
-
-class Bounds(Protocol):
-    """How many processes :class:`TrackedProcesses` may hold (the
-    ``[sdexec]`` table has them)."""
-
-    @property
-    def max_waitable(self) -> int: ...
-
-    @property
-    def max_background(self) -> int: ...
 
 
 #: The connection id of a process with no client (real ids start at 1).
@@ -94,6 +84,8 @@ class _Slot(NamedTuple):
 
     waitable: bool
     background: bool
+    #: Whose share of the caps it counts against (sdexec/shares.py).
+    uid: int
 
 
 #: A field of :class:`_Slot`: ``max-waitable``'s or ``max-background``'s.
@@ -150,9 +142,13 @@ class Tracked:
         client: _Client,
         bufsizes: Mapping[str, int] | None = None,
         line_buffered: Collection[str] = (),
+        uid: int = -1,
     ) -> None:
         self.mode = mode
         self.waitable = waitable
+        #: Whose request started it: the share of the caps it counts
+        #: against (sdexec/shares.py).
+        self.uid = uid
         #: Started in the background (counted against max-background).
         self.background = mode is Mode.BACKGROUND
         #: The connection last sent what is written whatever its client
@@ -752,23 +748,25 @@ class TrackedProcesses:
         connection_id: int,
         retained_size: int,
         rank: str,
-        bounds: Bounds,
+        limits: Any,
+        share: Share,
     ) -> tuple[ExecPlan, Tracked | None]:
         """The plan to run and the :class:`Tracked` to use as the process's
         responder and tap, or ``None`` for a plain streaming process.
 
         A background request's output flags are ignored (everything is
         retained; an attach chooses), and write-credit is refused: its stdin
-        is at EOF. A waitable one is refused (EAGAIN) while
-        ``bounds.max_waitable`` are held already, a background one while
-        ``bounds.max_background`` run."""
+        is at EOF. A waitable one is refused (EAGAIN) while ``share``
+        holds the ``max-waitable`` of ``limits`` (the ``[sdexec]`` table)
+        already (its ``max-waitable-per-user`` for a user of allow-users), a
+        background one while it runs its ``max-background``."""
         waitable = bool(plan.flags & ExecFlag.WAITABLE)
         if waitable:
-            self._check_waitable_room(bounds.max_waitable)
+            self._check_waitable_room(limits, share)
         if streaming and not waitable:
             return plan, None
         if not streaming:
-            self._check_background_room(bounds.max_background)
+            self._check_background_room(limits, share)
             if plan.flags & ExecFlag.WRITE_CREDIT:
                 raise RequestError(
                     errno.EINVAL,
@@ -784,50 +782,89 @@ class TrackedProcesses:
             name for name, options in plan.output.items() if options.line_buffered
         ]
         tracked = Tracked(
-            mode, waitable, retained_size, rank, client, bufsizes, line_buffered
+            mode,
+            waitable,
+            retained_size,
+            rank,
+            client,
+            bufsizes,
+            line_buffered,
+            uid=share.uid,
         )
         return plan, tracked
 
-    def waitable_held(self) -> int:
+    def waitable_held(self, uid: int | None = None) -> int:
         """Waitable processes running, ended and not yet waited for, or
-        whose end was sent to a client that has not read it yet."""
-        running = sum(1 for tracked in self._tracked.values() if tracked.waitable)
-        return running + len(self._ended) + self._unread_slots("waitable")
+        whose end was sent to a client that has not read it yet: ``uid``'s
+        (``None``: everyone's)."""
+        running = self._counted("waitable", self._tracked.values(), uid)
+        ended = self._counted("waitable", self._ended.values(), uid)
+        return running + ended + self._unread_slots("waitable", uid)
 
-    def _check_waitable_room(self, max_waitable: int) -> None:
+    def background_held(self, uid: int | None = None) -> int:
+        """Background processes running, or ended while what was sent of
+        them waits unread: ``uid``'s (``None``: everyone's)."""
+        running = self._counted("background", self._tracked.values(), uid)
+        return running + self._unread_slots("background", uid)
+
+    def uids(self) -> set[int]:
+        """The uids whose processes count against a cap here."""
+        slots = [slot for slots in self._unread.values() for slot in slots]
+        return {
+            *(one.uid for one in self._tracked.values()),
+            *(one.uid for one in self._ended.values()),
+            *(slot.uid for slot in [*slots, *self._still_draining()]),
+        }
+
+    @staticmethod
+    def _counted(cap: _Cap, tracked: Collection[Tracked], uid: int | None) -> int:
+        """How many of ``tracked`` count against ``cap``, of ``uid``'s."""
+        return sum(
+            1
+            for one in tracked
+            if getattr(one, cap) and (uid is None or one.uid == uid)
+        )
+
+    def _check_waitable_room(self, limits: Any, share: Share) -> None:
         # Refused, not evicted: dropping the oldest ended one would lose a
         # status somebody may still wait for. Each ended one holds up to
         # retained-output bytes (also while an attach that consumed it is
         # still fed it), and each answer not yet read up to 8 times that as
         # JSON, so this bounds the memory they take.
-        held = self.waitable_held()
-        if held >= max_waitable:
+        held = self.waitable_held(share.uid)
+        if held >= share.limit(limits, "max-waitable"):
+            note = self._unread_note("waitable", "answered", share.uid)
             raise RequestError(
                 errno.EAGAIN,
-                f"flags: too many waitable processes: {held} running or"
-                f" not yet waited for{self._unread_note('waitable', 'answered')},"
-                " the most [sdexec] max-waitable allows (sdexec wait reaps one)",
+                f"flags: too many waitable processes{share.whose()}: {held}"
+                f" running or not yet waited for{note}, the most [sdexec]"
+                f" {share.key('max-waitable')} allows (sdexec wait reaps one)",
             )
 
-    def _check_background_room(self, max_background: int) -> None:
+    def _check_background_room(self, limits: Any, share: Share) -> None:
         # Each holds up to retained-output bytes while it runs, and after it
         # ends while an attach is still fed it: without a bound on their
         # number, that memory had none.
-        running = sum(1 for tracked in self._tracked.values() if tracked.background)
-        running += self._unread_slots("background")
-        if running >= max_background:
+        running = self.background_held(share.uid)
+        if running >= share.limit(limits, "max-background"):
+            note = self._unread_note("background", "ended", share.uid)
             raise RequestError(
                 errno.EAGAIN,
-                f"too many background processes: {running} running"
-                f"{self._unread_note('background', 'ended')}, the most"
-                " [sdexec] max-background allows",
+                f"too many background processes{share.whose()}: {running}"
+                f" running{note}, the most [sdexec]"
+                f" {share.key('max-background')} allows",
             )
 
-    def _unread_slots(self, cap: _Cap) -> int:
+    def _unread_slots(self, cap: _Cap, uid: int | None = None) -> int:
         """Forgotten processes still counted against ``cap`` (a
-        :class:`_Slot` field): their last responses are not yet read."""
+        :class:`_Slot` field), ``uid``'s (``None``: everyone's): their last
+        responses are not yet read."""
         unread = [slot for slots in self._unread.values() for slot in slots]
-        return sum(getattr(slot, cap) for slot in [*unread, *self._still_draining()])
+        return sum(
+            getattr(slot, cap)
+            for slot in [*unread, *self._still_draining()]
+            if uid is None or slot.uid == uid
+        )
 
     def _still_draining(self) -> list[_Slot]:
         """The slots of the forgotten processes an attach is still fed
@@ -837,10 +874,10 @@ class TrackedProcesses:
         }
         return list(self._draining.values())
 
-    def _unread_note(self, cap: _Cap, done: str) -> str:
-        """What the refusal of ``cap`` says of the slots it counts for
-        responses not yet read (nothing if none)."""
-        unread = self._unread_slots(cap)
+    def _unread_note(self, cap: _Cap, done: str, uid: int) -> str:
+        """What the refusal of ``cap`` says of the slots of ``uid`` it
+        counts for responses not yet read (nothing if none)."""
+        unread = self._unread_slots(cap, uid)
         if not unread:
             return ""
         return f" ({unread} of them {done}, not yet read by the client)"
@@ -888,7 +925,9 @@ class TrackedProcesses:
                 tracked.listed = dict(listed or {})
                 self._ended[process] = tracked
                 return
-            self._forget(tracked, _Slot(tracked.waitable, tracked.background))
+            self._forget(
+                tracked, _Slot(tracked.waitable, tracked.background, tracked.uid)
+            )
         self._unfindable(process)
 
     def _note_unread(self, tracked: Tracked) -> None:
@@ -1052,7 +1091,9 @@ class TrackedProcesses:
             del self._ended[process]
             self._unfindable(process)
             # Ended, it held a waitable slot only.
-            self._forget(tracked, _Slot(waitable=True, background=False))
+            self._forget(
+                tracked, _Slot(waitable=True, background=False, uid=tracked.uid)
+            )
 
     def _find(
         self,

@@ -290,13 +290,20 @@ class SdexecConfig:
     max_connections_per_user: int = 16
     #: Waitable processes held at once, running or ended and not yet waited
     #: for: each ended one keeps its status and retained output until then.
+    #: The owner's; ``max_waitable_per_user`` each other user's
+    #: (sdexec/shares.py): neither counts against the other.
     max_waitable: int = 1024
+    max_waitable_per_user: int = 64
     #: Background processes running at once: each holds up to
-    #: retained-output bytes of its output.
+    #: retained-output bytes of its output. As above, the owner's, then
+    #: each other user's.
     max_background: int = 1024
+    max_background_per_user: int = 64
     #: Processes of every kind the service runs at once: each holds its
     #: command, its output's partial lines and its stdin, in the service.
+    #: As above, the owner's, then each other user's.
     max_processes: int = 4096
+    max_processes_per_user: int = 256
 
 
 #: Seconds from systemd's start job to the process's ``started`` before the
@@ -1015,8 +1022,11 @@ _SDEXEC: _Table = {
     "max-connections": _Key(_integer(1)),
     "max-connections-per-user": _Key(_integer(1)),
     "max-waitable": _Key(_integer(1)),
+    "max-waitable-per-user": _Key(_integer(1)),
     "max-background": _Key(_integer(1)),
+    "max-background-per-user": _Key(_integer(1)),
     "max-processes": _Key(_integer(1)),
+    "max-processes-per-user": _Key(_integer(1)),
 }
 
 _SYSTEMD: _Table = {

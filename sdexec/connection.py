@@ -674,7 +674,7 @@ class ClientProtocol(StdioReceivingProtocol):
             else NO_STDIO
         )
         with stdio.closed_if_refused():
-            lookup = self.server.look_up_command(payload, streaming)
+            lookup = self.server.look_up_command(payload, streaming, self.connection_id)
         found = partial(
             self._exec_found, matchtag, payload, streaming, stdio, requested_at
         )

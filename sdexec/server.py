@@ -65,6 +65,7 @@ from sdexec.property import typed_property
 from sdexec.protocol import KILL_WHO, ended_and_kept, target_named
 from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import SHOWN, quoted
+from sdexec.shares import STATS_USERS, ProcessOwners, Share
 from sdexec.signals import signal_name
 from sdexec.systemd import Manager
 from sdexec.systemd.errors import (
@@ -227,6 +228,9 @@ class SdexecServer:
         self.tracked = TrackedProcesses()
         #: Each unit name has one owner: the process that runs it.
         self.units: dict[str, Process] = {}
+        #: The uid of each process a user of allow-users started: its share
+        #: of the caps (sdexec/shares.py).
+        self.process_owners = ProcessOwners()
 
     def _leftovers(self, marks: tuple[str, ...], hold_stops: bool) -> Leftovers | None:
         """What follows units that carry one of ``marks`` (an earlier run's,
@@ -310,12 +314,13 @@ class SdexecServer:
     # -- exec --------------------------------------------------------------
 
     def look_up_command(
-        self, payload: dict, streaming: bool
+        self, payload: dict, streaming: bool, connection_id: int | None = None
     ) -> defer.Deferred[LookedUp]:
-        """The first half of an ``sdexec.exec`` request: the checks that need
-        no file system (raising the refusal of a request they fail), then
-        its command looked up by :attr:`lookups`, for :meth:`exec`."""
-        self._refuse_if_unavailable()
+        """The first half of an ``sdexec.exec`` request (on
+        ``connection_id``): the checks that need no file system (raising the
+        refusal of a request they fail), then its command looked up by
+        :attr:`lookups`, for :meth:`exec`."""
+        self._refuse_if_unavailable(self.share_of(connection_id))
         request = checked_request(payload, streaming)
         where = manager_working_directory(self.config)
         lookup = self.lookups.find(request.command, where)
@@ -342,11 +347,13 @@ class SdexecServer:
         looked up here); ``requested_at``: ``time.monotonic()`` when the
         request was handled (its start latency counts from there, its
         lookup included). Fires once systemd has answered its start."""
+        share = self.share_of(connection_id)
         plan, tracked = self._checked_plan(
             payload,
             streaming,
             responder,
             connection_id,
+            share,
             stdio,
             request_frame,
             looked_up,
@@ -361,6 +368,7 @@ class SdexecServer:
             tracked if tracked is not None else responder,
             tracked,
             stdio,
+            share,
             requested_at,
             valve if streaming else None,
         )
@@ -375,14 +383,16 @@ class SdexecServer:
         streaming: bool,
         responder: Responder,
         connection_id: int,
+        share: Share,
         stdio: PassedStdio,
         request_frame: int | None,
         looked_up: LookedUp | None,
     ) -> tuple[ExecPlan, Tracked | None]:
         """The plan of an exec the service may take now, marked as its own,
         and its :class:`Tracked` if it runs in the background or is
-        waitable; ``RequestError`` for the first check it fails."""
-        self._refuse_if_unavailable()
+        waitable; ``RequestError`` for the first check it fails. ``share``:
+        the caps of the user of ``connection_id``."""
+        self._refuse_if_unavailable(share)
         plan = self._own(
             plan_exec(
                 payload,
@@ -405,7 +415,19 @@ class SdexecServer:
             self.config.sdexec.retained_output,
             self.rank,
             self.config.sdexec,
+            share,
         )
+
+    def share_of(self, connection_id: int | None) -> Share:
+        """Whose share of the caps a request on ``connection_id`` takes
+        (sdexec/shares.py): its peer's, the owner's for a connection not
+        counted (the service's own requests)."""
+        uid = self.connections.uid_of(connection_id)
+        return self._share(self.owner_uid if uid is None else uid)
+
+    def _share(self, uid: int) -> Share:
+        """The caps that bound ``uid``'s processes."""
+        return Share(uid, per_user=uid != self.owner_uid)
 
     def _table(
         self,
@@ -414,12 +436,13 @@ class SdexecServer:
         responder: Responder,
         tracked: Tracked | None,
         stdio: PassedStdio,
+        share: Share,
         requested_at: float | None,
         valve: OutputValve | None,
     ) -> Process:
         """The process of a checked plan, in every table: its responses
         observed for the metrics and by its job (admitted here), its output
-        held back by ``valve``, its connection's."""
+        held back by ``valve``, its connection's, its user's ``share``."""
         if self.observer is not None:
             responder = self.observer.watch_exec(responder, requested_at)
         job = self.jobs.admit(
@@ -446,12 +469,15 @@ class SdexecServer:
             process.join_valve(valve)
         if tracked is not None:
             self.tracked.add(process, tracked)
+        if share.per_user:
+            self.process_owners.add(process, share.uid)
         self.units[plan.unit_name] = process
         self.jobs.add(job, process)
         return process
 
-    def _refuse_if_unavailable(self) -> None:
-        """Refuse an exec the service cannot take now, before any work."""
+    def _refuse_if_unavailable(self, share: Share) -> None:
+        """Refuse an exec of ``share``'s that the service cannot take now,
+        before any work."""
         if self.stopping:
             # Its unit would outlive the shutdown, which stops only the
             # processes there when it began.
@@ -463,20 +489,28 @@ class SdexecServer:
             raise RequestError(errnum, f"node is drained: {self.drain_reason} ({how})")
         if not self.systemd.connected:
             raise RequestError(errno.EAGAIN, "reconnecting to systemd")
-        self._check_process_room()
+        self._check_process_room(share)
         self._check_descriptor_room()
 
-    def _check_process_room(self) -> None:
-        """EAGAIN at ``[sdexec] max-processes``: each process holds memory
-        in the service (its command, partial lines, stdin held for it),
-        outside the slice that caps the jobs."""
-        limit = self.config.sdexec.max_processes
-        if len(self.processes) >= limit:
+    def _check_process_room(self, share: Share) -> None:
+        """EAGAIN at ``[sdexec] max-processes`` (``max-processes-per-user``
+        for a user of allow-users): each process holds memory in the service
+        (its command, partial lines, stdin held for it), outside the slice
+        that caps the jobs."""
+        held = self._processes_of(share)
+        if held >= share.limit(self.config.sdexec, "max-processes"):
             raise RequestError(
                 errno.EAGAIN,
-                f"too many processes: {len(self.processes)} tabled, the most"
-                " [sdexec] max-processes allows",
+                f"too many processes{share.whose()}: {held} tabled, the most"
+                f" [sdexec] {share.key('max-processes')} allows",
             )
+
+    def _processes_of(self, share: Share) -> int:
+        """The processes tabled that count against ``share``: the owner's
+        are all but the other users' (the service's own among them)."""
+        if share.per_user:
+            return self.process_owners.count(share.uid)
+        return len(self.processes) - self.process_owners.total
 
     def _check_descriptor_room(self) -> None:
         """EAGAIN while the open-file limit has no room for another process
@@ -844,6 +878,7 @@ class SdexecServer:
             self._by_connection.pop(connection_id, None)
         if process is not None:
             self.units.pop(process.unit_name, None)
+            self.process_owners.remove(process)
             # An ended job kept for a wait is still listed as the job: its
             # id is what its user knows it by until the wait collects it.
             self.tracked.reaped(process, self.jobs.describe(process))
@@ -1217,6 +1252,7 @@ class SdexecServer:
                 **self.config.effective(),
             },
             "mapper": self.containment.stats(self.counters["mapper"]),
+            "users": self._users_stats(),
             "drain": {
                 "drained": self.drain_reason is not None,
                 "reason": self.drain_reason,
@@ -1228,6 +1264,29 @@ class SdexecServer:
                 "version": self.systemd.version,
                 "calls": self.systemd.calls_waiting(),
             },
+        }
+
+    def _users_stats(self) -> dict:
+        """What each user holds of its share of the caps: the owner's, then
+        the other users' that hold the most processes (at most
+        ``STATS_USERS`` in all: allow-users may be long)."""
+        held = Counter(self.process_owners.counts())
+        for uid in self.tracked.uids():
+            held[uid] += 0  # holds ended waitable processes only
+        held.pop(self.owner_uid, None)
+        shown = [uid for uid, _ in held.most_common(STATS_USERS - 1)]
+        users = {
+            str(uid): {
+                "processes": self._processes_of(self._share(uid)),
+                "background": self.tracked.background_held(uid),
+                "waitable": self.tracked.waitable_held(uid),
+            }
+            for uid in [self.owner_uid, *shown]
+        }
+        return {
+            "owner": self.owner_uid,
+            "users": users,
+            "not-shown": len(held) - len(shown),
         }
 
     def terminate(self, payload: dict) -> dict:

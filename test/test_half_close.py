@@ -185,8 +185,8 @@ async def test_a_half_close_waits_for_an_exec_still_looked_up(
     found: list[defer.Deferred] = []
     look_up = server.look_up_command
 
-    def held(payload: dict, streaming: bool) -> defer.Deferred:
-        answer = look_up(payload, streaming)
+    def held(payload: dict, streaming: bool, *connection: int) -> defer.Deferred:
+        answer = look_up(payload, streaming, *connection)
         found.append(defer.Deferred())
         found[-1].addCallback(lambda _: answer)
         return found[-1]

@@ -1,0 +1,82 @@
+"""Each user's share of the service's process caps.
+
+``[sdexec] max-processes``, ``max-background`` and ``max-waitable`` bound
+what the service's owner (the resource manager) holds; each user of
+``allow-users`` is bounded apart, by ``max-processes-per-user``,
+``max-background-per-user`` and ``max-waitable-per-user``, and counts
+against nothing of the owner's: one of them that fills its share (a fuzz
+filled 944 waitable slots and 1.1 GB of retained output as one) leaves the
+owner's jobs all the room the site gave them, and the other users theirs.
+What the service holds in all is bounded by the owner's caps plus each
+listed user's (docs/design.md, "Per-user caps").
+
+:class:`Share` names the caps that apply to one request's user;
+:class:`ProcessOwners` counts the processes each uid has tabled.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, NamedTuple
+
+__all__ = ["STATS_USERS", "ProcessOwners", "Share"]
+
+#: The most users ``/stats`` lists under ``users`` (those holding the most
+#: processes): the list of ``allow-users`` is the admin's, of any length.
+STATS_USERS = 32
+
+
+class Share(NamedTuple):
+    """Whose request it is, and which caps bound it."""
+
+    uid: int
+    #: Not the service's owner: the ``-per-user`` keys apply.
+    per_user: bool
+
+    def key(self, cap: str) -> str:
+        """The ``[sdexec]`` key that bounds this user's ``cap``
+        (``"max-waitable"``, say), as a refusal names it."""
+        return f"{cap}-per-user" if self.per_user else cap
+
+    def limit(self, limits: Any, cap: str) -> int:
+        """The value of :meth:`key` in ``limits`` (the ``[sdexec]`` table)."""
+        return int(getattr(limits, self.key(cap).replace("-", "_")))
+
+    def whose(self) -> str:
+        """Words for a refusal's count: whose processes it counts."""
+        return f" of uid {self.uid}" if self.per_user else ""
+
+
+class ProcessOwners:
+    """The uid that started each tabled process, and how many each holds."""
+
+    def __init__(self) -> None:
+        self._uids: dict[object, int] = {}
+        self._counts: Counter[int] = Counter()
+
+    def add(self, process: object, uid: int) -> None:
+        """``process`` was tabled for a request of ``uid``."""
+        self._uids[process] = uid
+        self._counts[uid] += 1
+
+    def remove(self, process: object) -> None:
+        """``process`` left the table (a process never added is ignored)."""
+        uid = self._uids.pop(process, None)
+        if uid is None:
+            return
+        self._counts[uid] -= 1
+        if self._counts[uid] <= 0:
+            del self._counts[uid]
+
+    @property
+    def total(self) -> int:
+        """The processes every uid added holds."""
+        return self._counts.total()
+
+    def count(self, uid: int) -> int:
+        """The processes ``uid`` holds tabled."""
+        return self._counts[uid]
+
+    def counts(self) -> dict[int, int]:
+        """The processes of each uid that holds any."""
+        return dict(self._counts)

@@ -4,11 +4,13 @@ Every connection holds a file descriptor (and a protocol object) until it
 closes. Without a cap, one local user holding thousands of idle connections
 exhausted the service's fds, and the owner's next ``sdexec run`` failed
 (issue 16). :class:`ConnectionCount` counts open connections per peer uid;
-a connection over ``[sdexec] max-connections`` (everyone's) or
-``max-connections-per-user`` (each other user's: the owner's own
-parallelism is bounded by the total only) is refused (the server answers
-``EAGAIN`` naming the key and closes it). A peer that may not use the
-service at all is refused before it is counted.
+a connection over its user's cap is refused (the server answers ``EAGAIN``
+naming the key and closes it): ``[sdexec] max-connections`` for the
+service's owner, ``max-connections-per-user`` for each user of
+``allow-users``, apart, as the process caps are (sdexec/shares.py): the
+owner is the resource manager, and the users it lets in, however many
+connections they hold, must never shut it out. A peer that may not use
+the service at all is refused before it is counted.
 """
 
 from __future__ import annotations
@@ -32,24 +34,18 @@ class ConnectionCount:
         return self._open.total()
 
     def admit(
-        self,
-        connection_id: int,
-        uid: int,
-        total_limit: int,
-        per_user_limit: int | None,
+        self, connection_id: int, uid: int, limit: int, owner: bool
     ) -> str | None:
-        """Count a new connection from ``uid``; or, if that would exceed a
-        limit, count nothing and say which (a message for the client).
-        ``per_user_limit`` ``None``: only the total applies (the owner)."""
-        if self.total >= total_limit:
+        """Count a new connection from ``uid``; or, if ``uid`` has
+        ``limit`` open already, count nothing and say so (a message for the
+        client, naming the key: ``owner``'s, the service's owner's, is
+        ``max-connections``, any other's ``max-connections-per-user``)."""
+        count = self._open[uid]
+        if count >= limit:
+            whose, key = ("", "") if owner else (f" from uid {uid}", "-per-user")
             return (
-                f"too many connections: {self.total} open, the most"
-                f" [sdexec] max-connections allows"
-            )
-        if per_user_limit is not None and self._open[uid] >= per_user_limit:
-            return (
-                f"too many connections from uid {uid}: {self._open[uid]} open, the"
-                " most [sdexec] max-connections-per-user allows"
+                f"too many connections{whose}: {count} open, the most"
+                f" [sdexec] max-connections{key} allows"
             )
         self._open[uid] += 1
         self._uids[connection_id] = uid

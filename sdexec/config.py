@@ -284,8 +284,8 @@ class SdexecConfig:
     stats_socket: str | None = None
     #: The permissions of every UNIX socket the service creates.
     socket_mode: int = DEFAULT_SOCKET_MODE
-    #: Open connections at once, in all and per peer uid other than the
-    #: service's own (sdexec/admission.py).
+    #: Open connections at once: the owner's, and each other peer uid's
+    #: apart (sdexec/admission.py).
     max_connections: int = 512
     max_connections_per_user: int = 16
     #: Waitable processes held at once, running or ended and not yet waited

@@ -207,12 +207,9 @@ class ClientProtocol(StdioReceivingProtocol):
         """Count the connection against the caps, or refuse it (EAGAIN, the
         connection's only message) and close it."""
         limits = self.server.config.sdexec
-        per_user = (
-            None if uid == self.server.owner_uid else limits.max_connections_per_user
-        )
-        refusal = self.server.connections.admit(
-            self.connection_id, uid, limits.max_connections, per_user
-        )
+        owner = uid == self.server.owner_uid
+        limit = limits.max_connections if owner else limits.max_connections_per_user
+        refusal = self.server.connections.admit(self.connection_id, uid, limit, owner)
         if refusal is None:
             self._admitted_uid = uid
             return

@@ -703,7 +703,6 @@ def test_an_unknown_property_systemd_refuses_is_einval_naming_it(systemd):
     [
         ({"max-connections-per-user": 3}, False, "max-connections-per-user"),
         ({"max-connections": 3}, True, "max-connections"),
-        ({"max-connections": 3}, False, "max-connections"),
     ],
 )
 def test_connections_over_a_cap_are_refused_eagain_and_closed(
@@ -739,6 +738,31 @@ def test_the_owner_is_bounded_by_the_total_only(systemd):
         connection.send("sdexec.list", {})
         assert "payload" in connection.last()
         connection.close()
+
+
+def test_another_user_s_connections_never_shut_the_owner_out(systemd, monkeypatch):
+    # max-connections was everyone's: 512 / 16 users of allow-users, each
+    # at its max-connections-per-user, refused the resource manager's next
+    # connection. Each user's cap is now apart from the owner's.
+    other = os.getuid() + 1
+    limits = {"max-connections": 2, "max-connections-per-user": 3}
+    config = parse_config({"sdexec": limits | {"allow-users": [other]}})
+    server = SdexecServer(systemd, config, reactor)
+    with monkeypatch.context() as patch:
+        patch.setattr(sdexec.connection, "peer_uid", lambda sock: other)
+        theirs = [Connection(server) for _ in range(4)]
+    assert [len(c.responses()) for c in theirs] == [0, 0, 0, 1]  # 3 of theirs
+    assert "[sdexec] max-connections-per-user allows" in theirs[3].last()["errstr"]
+    owners = [Connection(server) for _ in range(3)]
+    for connection in owners[:2]:
+        connection.send("sdexec.list", {})
+        assert "payload" in connection.last()  # served, beside their 3
+    assert owners[2].last()["errstr"] == (
+        "too many connections: 2 open, the most [sdexec] max-connections allows"
+    )
+    for connection in [*theirs, *owners]:
+        connection.close()
+    assert server.connections.total == 0
 
 
 def test_refused_non_owners_do_not_hold_connections(systemd):

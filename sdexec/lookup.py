@@ -14,7 +14,11 @@ So the service looks each command up in a worker thread
 looked. Its thread is left to finish whenever the file system answers
 (the next lookup takes another): a daemon thread, which no stop of the
 service waits for. Once :data:`MAX_STUCK` threads are left so, a request
-is refused at once (EAGAIN) rather than leave one more behind.
+is refused at once (EAGAIN) rather than leave one more behind: the
+owner's requests once its own have left so many, each user's of
+``[sdexec] allow-users`` once its own have, apart (a user's home on a
+file system that hangs must not refuse the resource manager's jobs, as
+the process caps are apart: sdexec/shares.py).
 
 The paths a failed unit's sandboxing named (:meth:`Lookups.first_missing`,
 to say why its namespace failed) are looked at so too; one that does not
@@ -27,6 +31,7 @@ import errno
 import os
 import queue
 import threading
+from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
@@ -68,10 +73,14 @@ class LookupTimedOut(RequestError):
 class Lookups(Protocol):
     """How the server looks commands up."""
 
-    def find(self, command: Command, default_cwd: str) -> defer.Deferred[Found]:
+    def find(
+        self, command: Command, default_cwd: str, uid: int | None = None
+    ) -> defer.Deferred[Found]:
         """``command`` found as :meth:`Command.find_executable` finds it from
-        ``default_cwd`` (where the unit runs without a ``cwd``); fails with a
-        :class:`~sdexec.plan.RequestError` when it cannot be looked up."""
+        ``default_cwd`` (where the unit runs without a ``cwd``), for a
+        request of ``uid``, a user of ``allow-users`` (``None``: the
+        owner's); fails with a :class:`~sdexec.plan.RequestError` when it
+        cannot be looked up."""
         ...
 
     def first_missing(self, paths: list[NamedPath]) -> defer.Deferred[NamedPath | None]:
@@ -84,7 +93,9 @@ class InlineLookups:
     """Lookups in the calling thread, answered at once: for callers whose
     file systems are all local (the offline tests, tools)."""
 
-    def find(self, command: Command, default_cwd: str) -> defer.Deferred[Found]:
+    def find(
+        self, command: Command, default_cwd: str, uid: int | None = None
+    ) -> defer.Deferred[Found]:
         return defer.maybeDeferred(command.find_executable, default_cwd)
 
     def first_missing(self, paths: list[NamedPath]) -> defer.Deferred[NamedPath | None]:
@@ -106,28 +117,39 @@ class ThreadedLookups:
         self._clock = clock or reactor
         self._timeout = timeout
         self._limit = limit
-        #: Lookups that timed out and whose thread has not ended: their
-        #: threads wait on a file system. Only the reactor's thread changes
-        #: it. (Lookups in time are bounded by the connections: each holds
-        #: its requests while one runs.)
-        self.stuck = 0
+        #: Lookups that timed out and whose thread has not ended, by whose
+        #: they were (``None``: the owner's, a uid: a user's of
+        #: ``allow-users``): their threads wait on a file system. Only the
+        #: reactor's thread changes it. (Lookups in time are bounded by the
+        #: connections: each holds its requests while one runs.)
+        self._stuck: Counter[int | None] = Counter()
         self._workers = _Workers()
 
-    def find(self, command: Command, default_cwd: str) -> defer.Deferred[Found]:
+    @property
+    def stuck(self) -> int:
+        """The threads left waiting on a file system, everyone's."""
+        return self._stuck.total()
+
+    def find(
+        self, command: Command, default_cwd: str, uid: int | None = None
+    ) -> defer.Deferred[Found]:
         name = command.cmdline[0]
-        if self.stuck >= self._limit:
+        stuck = self._stuck[uid]
+        if stuck >= self._limit:
+            whose = "" if uid is None else f" of uid {uid}"
             return _not_looked_up(
-                name, f"{self.stuck} lookups wait on a file system that does not answer"
+                name,
+                f"{stuck} lookups{whose} wait on a file system that does not answer",
             )
         call = partial(_outcome, command, default_cwd)
         timed_out = partial(self._timed_out, command=command, default_cwd=default_cwd)
         try:
-            return self._in_worker(call, timed_out)
+            return self._in_worker(call, timed_out, uid)
         except RuntimeError as error:  # no thread to be had: the node's limits
             return _not_looked_up(name, f"no thread to look it up in ({error})")
 
     def first_missing(self, paths: list[NamedPath]) -> defer.Deferred[NamedPath | None]:
-        if self.stuck >= self._limit:
+        if self._stuck[None] >= self._limit:
             return defer.succeed(None)  # not one more thread left waiting
         try:
             return self._in_worker(
@@ -140,14 +162,17 @@ class ThreadedLookups:
         self,
         call: Callable[[], Any],
         timed_out: Callable[[defer.Deferred[Any]], None],
+        uid: int | None = None,
     ) -> defer.Deferred[Any]:
         """``call()`` in a worker thread, answered in the reactor's; past
         the timeout, ``timed_out(answer)`` answers it instead, and the
-        thread counts as stuck until it ends. ``RuntimeError`` if no thread
-        can be had."""
+        thread counts as ``uid``'s stuck one until it ends.
+        ``RuntimeError`` if no thread can be had."""
         answer: defer.Deferred[Any] = defer.Deferred()
-        timer = self._clock.callLater(self._timeout, self._stuck, answer, timed_out)
-        finished = partial(self._finished, answer=answer, timer=timer)
+        timer = self._clock.callLater(
+            self._timeout, self._left_stuck, answer, timed_out, uid
+        )
+        finished = partial(self._finished, answer=answer, timer=timer, uid=uid)
         try:
             self._workers.run(call, partial(self._reactor.callFromThread, finished))
         except RuntimeError:
@@ -155,17 +180,22 @@ class ThreadedLookups:
             raise
         return answer
 
-    def _stuck(
+    def _left_stuck(
         self,
         answer: defer.Deferred[Any],
         timed_out: Callable[[defer.Deferred[Any]], None],
+        uid: int | None,
     ) -> None:
-        self.stuck += 1
+        self._stuck[uid] += 1
         timed_out(answer)
 
-    def _finished(self, outcome: Any, answer: defer.Deferred[Any], timer: Any) -> None:
-        if answer.called:
-            self.stuck -= 1  # timed out: its request was refused already
+    def _finished(
+        self, outcome: Any, answer: defer.Deferred[Any], timer: Any, uid: int | None
+    ) -> None:
+        if answer.called:  # timed out: its request was refused already
+            self._stuck[uid] -= 1
+            if self._stuck[uid] <= 0:
+                del self._stuck[uid]
             return
         timer.cancel()
         if isinstance(outcome, Failure):

@@ -320,10 +320,12 @@ class SdexecServer:
         ``connection_id``): the checks that need no file system (raising the
         refusal of a request they fail), then its command looked up by
         :attr:`lookups`, for :meth:`exec`."""
-        self._refuse_if_unavailable(self.share_of(connection_id))
+        share = self.share_of(connection_id)
+        self._refuse_if_unavailable(share)
         request = checked_request(payload, streaming)
         where = manager_working_directory(self.config)
-        lookup = self.lookups.find(request.command, where)
+        uid = share.uid if share.per_user else None
+        lookup = self.lookups.find(request.command, where, uid)
         return lookup.addCallback(lambda found: LookedUp(request, found))
 
     def exec(

@@ -21,6 +21,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs, formatEvent
 
+import sdexec.connection
 from sdexec import command as command_module
 from sdexec import lookup as lookup_module
 from sdexec.command import Command, Found
@@ -175,6 +176,30 @@ async def test_past_the_stuck_lookups_cap_a_request_is_refused_at_once(silent, c
 
 
 @ensureDeferred
+async def test_a_user_s_stuck_lookups_do_not_refuse_the_owner_s(silent, clock):
+    # A user of allow-users whose home hangs left the 16 threads stuck, and
+    # every exec of the owner (the resource manager) was refused after.
+    lookups = ThreadedLookups(reactor, clock, limit=2)
+    for name in ("one", "two"):
+        lookups.find(Command([name]), "/", uid=1001).addErrback(lambda _: None)
+    clock.advance(LOOKUP_TIMEOUT_S)
+    assert lookups.stuck == 2
+    failures: list = []
+    lookups.find(Command(["three"]), "/", uid=1001).addErrback(failures.append)
+    (failure,) = failures
+    assert (failure.value.errnum, failure.value.errstr) == (
+        errno.EAGAIN,
+        "three: not looked up: 2 lookups of uid 1001 wait on a file system that"
+        " does not answer",
+    )
+    # The owner's lookup, and another user's, still run.
+    await lookups.find(Command(["/local/prog"]), "/")
+    await lookups.find(Command(["/local/prog"]), "/", uid=1002)
+    silent.answer()
+    await until(lambda: lookups.stuck == 0, "the stuck lookups' end")
+
+
+@ensureDeferred
 async def test_a_burst_of_quick_lookups_is_never_refused(silent, lookups):
     """Lookups answered in microseconds are counted off only on the
     reactor's next turn: 17 in one turn were refused as if stuck."""
@@ -233,9 +258,11 @@ class WatchedLookups:
         self.lookups = lookups
         self.unanswered = 0
 
-    def find(self, command: Command, default_cwd: str) -> defer.Deferred[Found]:
+    def find(
+        self, command: Command, default_cwd: str, uid: int | None = None
+    ) -> defer.Deferred[Found]:
         self.unanswered += 1
-        answer = self.lookups.find(command, default_cwd)
+        answer = self.lookups.find(command, default_cwd, uid)
         answer.addBoth(self._answered)
         return answer
 
@@ -490,6 +517,32 @@ async def test_a_timed_out_lookup_refuses_its_exec(
     await until(lambda: lookups.stuck == 0, "the stuck lookup's end")
     assert not [call for call in systemd.calls if call[0] == "start"]
     connection.close()
+
+
+@ensureDeferred
+async def test_the_server_counts_a_user_s_stuck_lookups_apart(
+    silent, systemd, clock, monkeypatch
+):
+    other = os.getuid() + 1
+    config = parse_config({"sdexec": {"allow-users": [other]}})
+    lookups = ThreadedLookups(reactor, clock, limit=1)
+    server = SdexecServer(systemd, config, reactor, clock=clock, lookups=lookups)
+    with monkeypatch.context() as patch:
+        patch.setattr(sdexec.connection, "peer_uid", lambda sock: other)
+        theirs = Connection(server)
+    _exec(theirs)
+    clock.advance(LOOKUP_TIMEOUT_S)  # their one lookup is left stuck
+    _exec(theirs, matchtag=2)
+    assert error_of(theirs.last())[1].endswith(
+        f"1 lookups of uid {other} wait on a file system that does not answer"
+    )
+    owner = Connection(server)
+    _exec(owner)  # looked up, not refused for theirs
+    await until(lambda: len(silent.names) == 2, "the owner's lookup")
+    silent.answer()
+    await until(lambda: lookups.stuck == 0, "the lookups' end")
+    for connection in (theirs, owner):
+        connection.close()
 
 
 #: A command name and a working directory a timed-out lookup's log line

@@ -182,7 +182,9 @@ class HeldLookups:
     def __init__(self) -> None:
         self.waiting: list[defer.Deferred[Found]] = []
 
-    def find(self, command: Command, default_cwd: str) -> defer.Deferred[Found]:
+    def find(
+        self, command: Command, default_cwd: str, uid: int | None = None
+    ) -> defer.Deferred[Found]:
         self.waiting.append(defer.Deferred())
         return self.waiting[-1]
 

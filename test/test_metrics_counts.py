@@ -91,7 +91,7 @@ class SlowLookups:
     def __init__(self) -> None:
         self._pending: list = []
 
-    def find(self, command, default_cwd):
+    def find(self, command, default_cwd, uid=None):
         answer: defer.Deferred = defer.Deferred()
         self._pending.append((answer, command, default_cwd))
         return answer

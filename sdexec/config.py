@@ -291,19 +291,21 @@ class SdexecConfig:
     #: Waitable processes held at once, running or ended and not yet waited
     #: for: each ended one keeps its status and retained output until then.
     #: The owner's; ``max_waitable_per_user`` each other user's
-    #: (sdexec/shares.py): neither counts against the other.
+    #: (sdexec/shares.py): neither counts against the other. A user's
+    #: defaults are the owner's: the user listed may be the resource
+    #: manager's agent, under a root service.
     max_waitable: int = 1024
-    max_waitable_per_user: int = 64
+    max_waitable_per_user: int = 1024
     #: Background processes running at once: each holds up to
     #: retained-output bytes of its output. As above, the owner's, then
     #: each other user's.
     max_background: int = 1024
-    max_background_per_user: int = 64
+    max_background_per_user: int = 1024
     #: Processes of every kind the service runs at once: each holds its
     #: command, its output's partial lines and its stdin, in the service.
     #: As above, the owner's, then each other user's.
     max_processes: int = 4096
-    max_processes_per_user: int = 256
+    max_processes_per_user: int = 4096
 
 
 #: Seconds from systemd's start job to the process's ``started`` before the

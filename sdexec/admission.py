@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from sdexec.shares import count_off
+
 __all__ = ["ConnectionCount"]
 
 
@@ -65,7 +67,4 @@ class ConnectionCount:
 
     def release(self, connection_id: int) -> None:
         """A connection :meth:`admit` counted has closed."""
-        uid = self._uids.pop(connection_id)
-        self._open[uid] -= 1
-        if self._open[uid] <= 0:
-            del self._open[uid]
+        count_off(self._open, self._uids.pop(connection_id))

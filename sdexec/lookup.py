@@ -42,6 +42,7 @@ from twisted.python.failure import Failure
 from sdexec.command import Command, Found
 from sdexec.plan import NamedPath, RequestError
 from sdexec.refusal import quoted
+from sdexec.shares import count_off
 
 __all__ = [
     "LOOKUP_TIMEOUT_S",
@@ -193,9 +194,7 @@ class ThreadedLookups:
         self, outcome: Any, answer: defer.Deferred[Any], timer: Any, uid: int | None
     ) -> None:
         if answer.called:  # timed out: its request was refused already
-            self._stuck[uid] -= 1
-            if self._stuck[uid] <= 0:
-                del self._stuck[uid]
+            count_off(self._stuck, uid)
             return
         timer.cancel()
         if isinstance(outcome, Failure):

@@ -17,9 +17,22 @@ listed user's (docs/design.md, "Per-user caps").
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, NamedTuple
+from collections.abc import Hashable
+from typing import Any, NamedTuple, TypeVar
 
-__all__ = ["STATS_USERS", "ProcessOwners", "Share"]
+__all__ = ["STATS_USERS", "ProcessOwners", "Share", "count_off"]
+
+_Key = TypeVar("_Key", bound=Hashable)
+
+
+def count_off(counts: Counter[_Key], key: _Key) -> None:
+    """One less of ``key`` in ``counts``, forgotten at none: a count kept
+    per uid (connections, processes, stuck lookups) must not keep every uid
+    it has ever seen."""
+    counts[key] -= 1
+    if counts[key] <= 0:
+        del counts[key]
+
 
 #: The most users ``/stats`` lists under ``users`` (those holding the most
 #: processes): the list of ``allow-users`` is the admin's, of any length.
@@ -64,9 +77,7 @@ class ProcessOwners:
         uid = self._uids.pop(process, None)
         if uid is None:
             return
-        self._counts[uid] -= 1
-        if self._counts[uid] <= 0:
-            del self._counts[uid]
+        count_off(self._counts, uid)
 
     @property
     def total(self) -> int:

@@ -40,7 +40,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from sdexec.framing import JSONLineProtocol, encode_message
-from sdexec.ioencode import encode_io
+from sdexec.ioencode import decode_io, encode_io
 from sdexec.protocol import (
     DEFAULT_STDIN_BUFSIZE,
     KILL_WHO,
@@ -542,7 +542,10 @@ class SdexecClient(JSONLineProtocol):
         ``pid`` and ``label``): once it has ended, ``{"status", "output",
         "dropped"}`` and the keys of its receipt (docs/protocol.md; read
         them with :meth:`sdexec.receipt.Receipt.from_finished`);
-        ``RPCError`` ``EPROTO`` if the answer carries no wait status. Where
+        ``RPCError`` ``EPROTO`` if the answer carries no wait status, or an
+        ``output`` item that is no io object of stdout or stderr
+        (:func:`~sdexec.ioencode.decode_io` takes each: none raises in the
+        caller's hands), naming the item and field. Where
         the stream ended with an error after the command finished (the stop
         timer gave up on what it left: ``EDEADLK``), that ``RPCError``
         alone, as upstream answers;
@@ -1316,10 +1319,35 @@ def _check_text(value: object, field: str) -> None:
 
 
 def _with_wait_status(answer: Payload) -> Payload:
-    """The answer, its wait status and error checked (:func:`wait_outcome`:
-    no status where it ended with an error before the command finished)."""
+    """The answer, its wait status, error and output checked
+    (:func:`wait_outcome`: no status where it ended with an error before
+    the command finished)."""
     wait_outcome(answer)
+    _check_wait_output(answer.get("output", []))
     return answer
+
+
+#: The streams a wait's retained output may name (RFC 42's output streams).
+_OUTPUT_STREAMS = ("stdout", "stderr")
+
+
+def _check_wait_output(output: list[Any]) -> None:
+    """:class:`RPCError` ``EPROTO`` naming the item and field of a wait's
+    ``output`` that is no io object of stdout or stderr a caller can
+    decode (:func:`~sdexec.ioencode.decode_io`): handed on, it raised in
+    the caller's callback, or was dropped as another stream's."""
+    for index, io in enumerate(output):
+        try:
+            stream, _data, _eof = decode_io(io)
+        except ValueError as error:
+            said = str(error).removeprefix("io")
+            raise RPCError(errno.EPROTO, f"wait: output[{index}]{said}") from None
+        if stream not in _OUTPUT_STREAMS:
+            raise RPCError(
+                errno.EPROTO,
+                f'wait: output[{index}].stream: expected "stdout" or "stderr",'
+                f" got {quoted(stream, 40)}",
+            )
 
 
 def _with_processes(answer: Payload) -> Payload:

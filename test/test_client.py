@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import select
@@ -1830,6 +1831,51 @@ def test_a_wait_or_list_answer_not_of_its_shape_is_eproto(served, asked, answer)
     with pytest.raises(RPCError) as caught:
         yield pending
     assert caught.value.errnum == errno.EPROTO
+
+
+@pytest.mark.parametrize(
+    ("item", "said"),
+    [
+        ("abc", "wait: output[1]: expected an object"),
+        ({"rank": "0", "data": "x"}, "wait: output[1].stream: expected a string"),
+        (
+            {"stream": "stdin", "rank": "0", "data": "x"},
+            'wait: output[1].stream: expected "stdout" or "stderr", got \'stdin\'',
+        ),
+        (
+            {"stream": "stdout", "rank": "0", "data": "#!", "encoding": "base64"},
+            "wait: output[1].data: invalid base64",
+        ),
+        (
+            {"stream": "stdout", "rank": "0", "data": "x", "encoding": "latin-1"},
+            "wait: output[1].encoding: 'latin-1' is not UTF-8 or base64",
+        ),
+        (
+            {"stream": "stderr", "rank": "0", "data": "\udce9"},
+            "wait: output[1].data: not valid Unicode text: lone surrogate U+DCE9 at 0",
+        ),
+        ({"stream": "stdout", "rank": 0, "data": "x"}, "wait: output[1].rank:"),
+        ({"stream": "stdout", "rank": "0", "data": 7}, "wait: output[1].data:"),
+    ],
+)
+@pytest_twisted.ensureDeferred
+async def test_a_wait_answer_s_output_item_a_caller_cannot_decode_is_eproto(
+    served, item, said
+):
+    # Handed on, the item raised in the caller's own decode (a traceback in
+    # its callback), or, of another stream, was dropped as not its output.
+    peer, client = served
+    good = encode_io("stdout", "0", b"ok\n")
+    for status_and_error in (False, True):
+        pending = client.wait(pid=7, status_and_error=status_and_error)
+        request = await peer.requests.get()
+        answer = _response(request, payload={**_STATUS, "output": [good, item]})
+        # (json's escapes: a lone surrogate is one msgspec will not write.)
+        peer.transport.write(json.dumps(answer).encode() + b"\n")
+        with pytest.raises(RPCError) as caught:
+            await pending
+        assert caught.value.errnum == errno.EPROTO
+        assert str(caught.value).startswith(said)
 
 
 def test_a_passthrough_exec_of_no_command_object_leaks_no_descriptor(served):

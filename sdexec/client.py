@@ -257,15 +257,25 @@ class _Wait(_Call):
     next :meth:`SdexecClient.wait` of the same process: while the service
     has not answered it, that wait takes it over (:meth:`take_over`)
     rather than send a second one, which the service would refuse (one
-    waiter at a time). Once answered, the next wait asks afresh, and gets
-    the kept answer only where the service no longer knows the process
-    (:meth:`answer_if_gone`): a label or pid used again since names
+    waiter at a time). Once answered, the next wait asks afresh, carrying
+    the kept answer (:attr:`kept`), which it gets only where the service
+    no longer knows the process: a label or pid used again since names
     another process, whose status this is not."""
 
-    def __init__(self, client: SdexecClient, topic: str, payload: Payload) -> None:
-        super().__init__(client, topic, payload)
+    def __init__(
+        self,
+        client: SdexecClient,
+        payload: Payload,
+        kept: Payload | SdexecError | None = None,
+    ) -> None:
+        super().__init__(client, Topic.WAIT, payload)
         #: What the service answered after the cancel, kept for the next wait.
         self.late: Payload | SdexecError | None = None
+        #: The answer kept from a cancelled wait of the same target, which
+        #: this one gets where the service finds no such process (ESRCH:
+        #: that answer consumed it). Carried by the wait, not its Deferred:
+        #: cancelled in turn, or taken over, it still has it to give.
+        self.kept = kept
 
     @property
     def target(self) -> str:
@@ -288,38 +298,66 @@ class _Wait(_Call):
         self.deferred = Deferred(self._cancelled)
         return self.deferred
 
-    def answer_if_gone(self, failure: Failure) -> Payload | Failure:
-        """What a fresh wait of the same target gets: the answer kept from
-        after the cancel where the service found no such process (ESRCH:
-        that answer consumed it); else ``failure``, the fresh wait's own."""
-        error = failure.value
-        if not (isinstance(error, RPCError) and error.errnum == errno.ESRCH):
-            return failure
-        late = self.late
-        return late if isinstance(late, dict) else Failure(late)
+    def respond(self, payload: Payload) -> None:
+        self._drop_kept(payload)
+        super().respond(payload)
 
     def end(self, error: SdexecError) -> None:
-        if self.abandoned and error is self._client.lost:
-            self.late = error  # (not an answer: the next wait fails alike)
+        kept = self.kept
+        if kept is not None and _no_such_process(error):
+            self.kept = None  # (given now: the service answered nothing else)
+            if isinstance(kept, dict):
+                self.respond(kept)
+            else:
+                self.end(kept)
+            return
+        if error is self._client.lost:
+            self.kept = None  # (a loss answers nothing: not said as dropped)
+            if self.abandoned:
+                self.late = error  # (not an answer: the next wait fails alike)
+        self._drop_kept(error)
         super().end(error)
 
     def answered_late(self, answer: Payload | SdexecError) -> None:
         self.late = answer
-        said = (
-            f"status {answer.get('status')!r}"
-            if isinstance(answer, dict)
-            else f"error: {with_errno_name(answer)}"
-        )
         _cancelled_but(
             f"the wait for {self.target}",
-            f"was answered ({said}): kept for this client's next wait() of"
-            f" {self.target}",
+            f"was answered ({_answer_said(answer)}): kept for this client's"
+            f" next wait() of {self.target}",
         )
         self._client._abandoned_waits.keep_answered(self)
+
+    def _drop_kept(self, answer: Payload | SdexecError) -> None:
+        """The service answered this wait itself (the target names another
+        process by now): the answer it carried, which no caller saw, is
+        dropped, and said so."""
+        kept, self.kept = self.kept, None
+        if kept is None:
+            return
+        _log.warn(
+            "sdexec: the answer kept for the wait for {target} ({kept}),"
+            " cancelled here, is dropped: the service answered a later wait"
+            " of {target} with {answer}",
+            target=self.target,
+            kept=_answer_said(kept),
+            answer=_answer_said(answer),
+        )
 
     def _cancelled(self, deferred: Deferred[Payload]) -> None:
         super()._cancelled(deferred)
         self._client._abandoned_waits.add(self)
+
+
+def _no_such_process(error: SdexecError) -> bool:
+    """Whether a wait's ``error`` says the service knows no such process."""
+    return isinstance(error, RPCError) and error.errnum == errno.ESRCH
+
+
+def _answer_said(answer: Payload | SdexecError) -> str:
+    """A wait's answer as a log says it: ``status 256``, ``error: …``."""
+    if isinstance(answer, dict):
+        return f"status {answer.get('status')!r}"
+    return f"error: {with_errno_name(answer)}"
 
 
 class _AbandonedWaits:
@@ -454,14 +492,13 @@ class SdexecClient(JSONLineProtocol):
         """Send a request; its one response's payload, or :class:`RPCError`.
         ``ValueError`` naming the field, unsent, for what JSON text would
         not carry as it is (:func:`_check_request`)."""
-        return self._call(_Call, topic, payload)
+        return self._call(_Call(self, topic, payload))
 
-    def _call(
-        self, kind: type[_Call], topic: str, payload: dict[str, Any]
-    ) -> Deferred[Payload]:
-        _check_request(topic, payload)
-        call = kind(self, topic, payload)
-        self._track(self._requests.new(topic, payload), call)
+    def _call(self, call: _Call) -> Deferred[Payload]:
+        """Send ``call``'s request (checked: :func:`_check_request`); its
+        Deferred."""
+        _check_request(call.topic, call.payload)
+        self._track(self._requests.new(call.topic, call.payload), call)
         return call.deferred
 
     def exec(
@@ -562,10 +599,8 @@ class SdexecClient(JSONLineProtocol):
         if cancelled is not None and cancelled.pending:
             return cancelled.take_over().addCallback(_with_wait_status)
         payload = {**target, STATUS_AND_ERROR: True} if status_and_error else target
-        answered = self._call(_Wait, Topic.WAIT, payload)
-        if cancelled is not None:
-            answered.addErrback(cancelled.answer_if_gone)
-        return answered.addCallback(_with_wait_status)
+        kept = None if cancelled is None else cancelled.late
+        return self._call(_Wait(self, payload, kept)).addCallback(_with_wait_status)
 
     def attach(
         self,

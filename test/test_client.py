@@ -2201,6 +2201,73 @@ async def test_a_kept_answer_is_not_another_process_s_with_that_label(served):
         await client.wait(pid=77)
 
 
+async def _cancelled_wait(peer, client, label: str) -> dict:
+    """A wait for ``label``, cancelled; its request."""
+    cancelled = client.wait(label=label)
+    cancelled.addErrback(lambda failure: failure.trap(defer.CancelledError))
+    cancelled.cancel()
+    return await peer.requests.get()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_kept_answer_outlives_a_wait_cancelled_that_carried_it(served):
+    # The kept status rode on the next wait's Deferred alone: that wait
+    # cancelled in turn, its ESRCH (the kept answer had consumed the
+    # process) was kept instead, and the status was lost unsaid.
+    peer, client = served
+    peer.respond(await _cancelled_wait(peer, client, "job7"), _STATUS)
+    await _round_trip(peer, client)
+    peer.fail(await _cancelled_wait(peer, client, "job7"), errno.ESRCH, "not found")
+    await _round_trip(peer, client)
+    retry = client.wait(label="job7")
+    peer.fail(await peer.requests.get(), errno.ESRCH, "not found")
+    assert await retry.addTimeout(5, reactor) == _STATUS
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_wait_taking_over_one_that_carried_a_kept_answer_gets_it(served):
+    peer, client = served
+    peer.respond(await _cancelled_wait(peer, client, "job7"), _STATUS)
+    await _round_trip(peer, client)
+    request = await _cancelled_wait(peer, client, "job7")
+    retry = client.wait(label="job7")  # takes the pending one over
+    peer.fail(request, errno.ESRCH, "not found")
+    assert await retry.addTimeout(5, reactor) == _STATUS
+
+
+@pytest.mark.parametrize("cancelled", [True, False])
+@pytest_twisted.ensureDeferred
+async def test_a_kept_answer_another_answer_replaces_is_said(served, cancelled):
+    # The label now names another process, whose status the service gave
+    # the next wait: the kept one, never seen by a caller, went unsaid.
+    peer, client = served
+    peer.respond(await _cancelled_wait(peer, client, "job7"), _STATUS)
+    await _round_trip(peer, client)
+    newer = {**_STATUS, "status": 0}
+    if cancelled:
+        request = await _cancelled_wait(peer, client, "job7")
+    else:
+        fresh = client.wait(label="job7")
+        request = await peer.requests.get()
+    with capturedLogs() as events:
+        peer.respond(request, newer)
+        await _round_trip(peer, client)
+    if not cancelled:
+        assert await fresh == newer
+    assert _warnings(events)[0] == (
+        "sdexec: the answer kept for the wait for label 'job7' (status 256),"
+        " cancelled here, is dropped: the service answered a later wait of"
+        " label 'job7' with status 0"
+    )
+    retry = client.wait(label="job7")
+    peer.fail(await peer.requests.get(), errno.ESRCH, "not found")
+    if cancelled:  # the newer answer is the one kept now
+        assert await retry.addTimeout(5, reactor) == newer
+    else:
+        with pytest.raises(RPCError):
+            await retry.addTimeout(5, reactor)
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_wait_may_ask_for_the_status_beside_a_late_error(served):
     # By default the service answers that error alone, as upstream's does

@@ -17,7 +17,6 @@ import errno
 import math
 import operator
 import os
-import signal
 import socket
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -49,6 +48,8 @@ from sdexec.protocol import (
     WRITE_PIECE,
     ExecFlag,
     Topic,
+    is_signal_number,
+    signum_refused,
 )
 from sdexec.protocolbase import MAX_SOCKET_PATH
 from sdexec.receipt import Receipt
@@ -1283,14 +1284,11 @@ def _signal_number(signum: SupportsIndex) -> int:
 
 def _check_signum(signum: int) -> None:
     """``ValueError`` at the call for a signal number the kill's request
-    would refuse (the service takes 1 to ``NSIG - 1``, as systemd's
-    ``KillUnit`` does): held for ``started``, ``kill(0)`` was refused only
-    once the process had started, which ran on meanwhile."""
-    if not 0 < signum < signal.NSIG:
-        raise ValueError(
-            f"kill: signum: expected a signal number from 1 to {signal.NSIG - 1},"
-            f" got {signum}"
-        )
+    would refuse, in the service's words (:func:`signum_refused`): held
+    for ``started``, ``kill(0)`` was refused only once the process had
+    started, which ran on meanwhile."""
+    if not is_signal_number(signum):
+        raise ValueError(f"kill: {signum_refused(signum)}")
 
 
 def _check_who(who: str) -> None:

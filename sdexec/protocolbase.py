@@ -14,12 +14,15 @@ import _socket
 import os
 import sys
 
-from sdexec.refusal import SHOWN, printable, quoted
+from sdexec.refusal import SHOWN, json_quoted, printable, quoted
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
+    import signal
     from collections.abc import Mapping, Sequence
-    from typing import Any
+    from typing import Any, TypeGuard
+else:
+    import _signal as signal  # the C core: signal's enums load enum
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
@@ -38,7 +41,9 @@ __all__ = [
     "command_object",
     "default_socket_path",
     "ended_and_kept",
+    "is_signal_number",
     "passed_fds",
+    "signum_refused",
     "target_named",
     "terminate_not_found",
     "terminate_runs_no_job",
@@ -111,6 +116,27 @@ DEFAULT_OUTPUT_BUFSIZE = 1024 * 1024
 MAX_MATCHTAG = 2**32 - 1
 #: The largest message either end accepts unless configured otherwise.
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024
+
+
+def is_signal_number(signum: object) -> TypeGuard[int]:
+    """Whether a kill's ``signum`` is a signal number it may carry: an
+    integer (not a bool) from 1 to ``NSIG - 1``, what systemd's
+    ``KillUnit`` takes. The service refuses any other (``EINVAL``), and
+    the library at the call (``ValueError``: a kill held for ``started``
+    was refused only once the process ran), both in the words of
+    :func:`signum_refused`."""
+    if isinstance(signum, bool) or not isinstance(signum, int):
+        return False
+    return 0 < signum < signal.NSIG
+
+
+def signum_refused(signum: object) -> str:
+    """Why ``signum`` is no :func:`is_signal_number`, naming it:
+    ``signum: expected a signal number from 1 to 64, got 0``."""
+    return (
+        f"signum: expected a signal number from 1 to {signal.NSIG - 1},"
+        f" got {json_quoted(signum)}"
+    )
 
 
 def target_named(key: str, value: object) -> str:

@@ -62,7 +62,13 @@ from sdexec.plan import (
 )
 from sdexec.process import OutputTap, OutputValve, Process, ProcessContext, Responder
 from sdexec.property import typed_property
-from sdexec.protocol import KILL_WHO, ended_and_kept, target_named
+from sdexec.protocol import (
+    KILL_WHO,
+    ended_and_kept,
+    is_signal_number,
+    signum_refused,
+    target_named,
+)
 from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import SHOWN, quoted
 from sdexec.shares import STATS_USERS, ProcessOwners, Share
@@ -1115,11 +1121,8 @@ class SdexecServer:
         """Signal a process by ``pid`` or ``label``: a Deferred, or an
         :class:`AwaitingStart` around one while the process has not started."""
         signum = payload.get("signum")
-        if not is_integer(signum) or not 0 < signum < signal.NSIG:
-            raise RequestError(
-                errno.EINVAL,
-                f"signum: expected a signal number from 1 to {signal.NSIG - 1}",
-            )
+        if not is_signal_number(signum):
+            raise RequestError(errno.EINVAL, signum_refused(signum))
         # RFC 42 signals "a remote process", and Flux's sdexec its unit's
         # main one: a job shell forwards signals to its tasks itself.
         who = payload.get("who", "main")

@@ -287,7 +287,8 @@ def test_an_out_of_range_signal_is_einval_before_systemd(systemd, connection, si
     connection.send("sdexec.kill", {"pid": 4242, "signum": signum})
     assert error_of(connection.last()) == (
         errno.EINVAL,
-        f"signum: expected a signal number from 1 to {signal.NSIG - 1}",
+        f"signum: expected a signal number from 1 to {signal.NSIG - 1},"
+        f" got {json.dumps(signum)}",
     )
     assert systemd.kills() == []
 

@@ -701,7 +701,11 @@ async def test_a_write_after_finished_does_not_backlog(systemd, server, connecti
     [
         (
             {"signum": 0, "pid": 1},
-            f"signum: expected a signal number from 1 to {signal.NSIG - 1}",
+            f"signum: expected a signal number from 1 to {signal.NSIG - 1}, got 0",
+        ),
+        (
+            {"signum": "15", "pid": 1},
+            f'signum: expected a signal number from 1 to {signal.NSIG - 1}, got "15"',
         ),
         ({"signum": 15, "pid": "1"}, "pid: expected an integer"),
         ({"signum": 15, "label": 3}, "label: expected a string"),

@@ -1277,9 +1277,16 @@ def _duplicates(stdio: Mapping[str, int], connection: int) -> list[int]:
 
 def _signal_number(signum: SupportsIndex) -> int:
     """``signum`` as the integer a request carries (``signal.SIGTERM`` is an
-    enum, which the encoder refuses); ``TypeError`` for a non-integer, at
-    the call, not when a held kill goes out."""
-    return int(operator.index(signum))
+    enum, which the encoder refuses); ``TypeError`` naming it for a
+    non-integer, at the call, not when a held kill goes out. A bool is
+    none: ``True``, an integer to ``operator.index``, was sent as 1,
+    SIGHUP, where the service refuses ``true``."""
+    if not isinstance(signum, bool):
+        try:
+            return int(operator.index(signum))
+        except TypeError:
+            pass
+    raise TypeError(f"kill: signum: expected an integer, got {quoted(signum, 40)}")
 
 
 def _check_signum(signum: int) -> None:

@@ -830,6 +830,20 @@ def test_a_held_kill_refuses_a_bad_who_at_the_call(served, who):
     assert client.lost is None
 
 
+@pytest.mark.parametrize(("signum", "shown"), [(True, "True"), (15.0, "15.0")])
+def test_a_kill_of_a_signal_number_that_is_no_integer_is_refused_named(
+    served, signum, shown
+):
+    # True, an integer to operator.index, went out as 1: a SIGHUP, where
+    # the service refuses a signum of true.
+    _peer, client = served
+    handle, _ = _exec(client)
+    for kill in (handle.kill, lambda signum: client.kill(pid=42, signum=signum)):
+        with pytest.raises(TypeError) as caught:
+            kill(signum)
+        assert str(caught.value) == f"kill: signum: expected an integer, got {shown}"
+
+
 @pytest.mark.parametrize("signum", [0, -1, signal.NSIG])
 @pytest_twisted.inlineCallbacks
 def test_a_held_kill_refuses_a_bad_signal_number_at_the_call(served, signum):

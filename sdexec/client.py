@@ -69,6 +69,7 @@ from sdexec.rpc import (
     cannot_connect,
     check_stdio,
     default_socket_path,
+    dropped_counts,
     finished_receipt,
     finished_status,
     is_end_of_stream,
@@ -1359,11 +1360,12 @@ def _check_text(value: object, field: str) -> None:
 
 
 def _with_wait_status(answer: Payload) -> Payload:
-    """The answer, its wait status, error and output checked
-    (:func:`wait_outcome`: no status where it ended with an error before
-    the command finished)."""
+    """The answer, its wait status, error, output and dropped counts
+    checked (:func:`wait_outcome`: no status where it ended with an error
+    before the command finished)."""
     wait_outcome(answer)
     _check_wait_output(answer.get("output", []))
+    dropped_counts(answer, "wait")  # ("x" was read as "x bytes of stdout")
     return answer
 
 

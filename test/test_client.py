@@ -268,7 +268,7 @@ def test_an_errstr_of_several_lines_or_escapes_is_one_line_shown(served):
     peer.fail(request, errno.EPERM, said)
     request = yield peer.requests.get()
     error = {"errnum": errno.EDEADLK, "errstr": said}
-    peer.respond(request, {"output": [], "dropped": 0, "error": error})
+    peer.respond(request, {"output": [], "dropped": {"stdout": 0}, "error": error})
     # As the service writes it (sdexec.refusal.one_line): U+2028 is a line
     # break to str.splitlines, U+202E turns the rest of the line around.
     shown = "line one\\nline two \\x1b[31mred\\x9b \\u2028 \\u202eder"
@@ -1836,6 +1836,8 @@ def test_stdin_written_after_close_stdin_is_dropped(served):
         ("wait", {"output": [], "error": "unkillable"}),
         ("wait", {"output": [], "error": {"errnum": "35", "errstr": "x"}}),
         ("wait", {"status": 0, "output": "abc"}),
+        ("wait", {"status": 0, "output": [], "dropped": {"stdout": "x"}}),
+        ("wait", {"status": 0, "output": [], "dropped": [3]}),
         ("list", {}),
         ("list", {"procs": "x"}),
         ("list", {"procs": [1]}),

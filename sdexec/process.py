@@ -108,6 +108,16 @@ LAZY_OUTPUT = 64 * 1024
 #: the stops either, and the stop's 10 s progress grace must not be spent.
 STOP_RECEIPT_WAIT = 2.0
 
+#: Seconds the error of a start systemd could not run (its unit *failed*
+#: with one of systemd's own exit codes: 200/CHDIR, 203/EXEC...) waits for
+#: the unit to be reset and gone (:meth:`Process._fail_once_gone`). Flux's
+#: sdexec answers it once the unit is inactive, so that a client retrying at
+#: once with the same unit name (``SDEXEC_NAME``, a job's) finds the name
+#: free; the reset takes milliseconds. A manager that has not reset it in
+#: this long (stalled, away) must not hold the answer: it goes out, and the
+#: name stays held (EEXIST, "still held") until the unit is gone.
+FAILED_UNIT_WAIT = 5.0
+
 
 class ValveMember(Protocol):
     """What an :class:`OutputValve` holds back and resumes: a process, or
@@ -395,6 +405,11 @@ class Process:
         #: systemd could not run the command, and the paths its sandboxing
         #: named are being looked at to say why: the stream ends after.
         self._explaining = False
+        #: systemd could not run the command: the error that ends the stream
+        #: once its failed unit is gone, and the timer that bounds the wait
+        #: (:meth:`_fail_once_gone`).
+        self._failure_held: tuple[int, str] | None = None
+        self._failure_wait: IDelayedCall | None = None
         #: The state that showed the start job ended without starting the
         #: unit, and asked for a GetAll to confirm it.
         self._unstarted_seen: dict[str, Any] | None = None
@@ -649,7 +664,7 @@ class Process:
     def signals_wait_for_start(self) -> bool:
         """Whether a :meth:`kill` now waits for the process to start (no
         call to systemd until then)."""
-        return Sent.STARTED not in self._sent and not (self._ended or self._reaped)
+        return Sent.STARTED not in self._sent and not (self._over or self._reaped)
 
     def kill(self, signum: int, who: str = "all") -> Any:
         """Signal every process of the unit (``who`` ``"main"``: its main
@@ -661,7 +676,7 @@ class Process:
         never starts."""
         if Sent.STARTED in self._sent:
             return self._systemd.kill_unit(self.unit_name, who, signum)
-        if self._ended or self._reaped:
+        if self._over or self._reaped:
             return defer.fail(_never_started())
         return self._early_kills.hold(signum, who)
 
@@ -1230,7 +1245,13 @@ class Process:
 
     @property
     def _outcome_known(self) -> bool:
-        return self._ended or self._explaining or Sent.FINISHED in self._sent
+        return self._over or self._explaining or Sent.FINISHED in self._sent
+
+    @property
+    def _over(self) -> bool:
+        """The stream's end is decided: its last response is sent, or the
+        error of a start systemd could not run waits for its unit to go."""
+        return self._ended or self._failure_held is not None
 
     def _check_failure(self, status: UnitStatus) -> None:
         if self._outcome_known:
@@ -1257,7 +1278,7 @@ class Process:
         have been looked at (off the reactor's thread)."""
         required = self.plan.required_paths
         if not (status.has_failed and status.status == EXIT_NAMESPACE and required):
-            self._fail(*self._failure(status))
+            self._fail_once_gone(*self._failure(status))
             return
         self._explaining = True
         self._start_deadline.cancel()
@@ -1267,7 +1288,7 @@ class Process:
         self._explaining = False
         if self._reaped:
             return  # vanished meanwhile: that ended the request
-        self._fail(*self._failure(status, missing))
+        self._fail_once_gone(*self._failure(status, missing))
         self._maybe_end()
 
     def _failure(
@@ -1397,6 +1418,8 @@ class Process:
         process that started and whose exit status never came (RFC 42 has
         ``finished`` before the end: a stream must not end as a success
         without one)."""
+        if self._failure_held is not None:
+            return self._failure_held  # its unit is gone: the name is free
         if Sent.STARTED in self._sent and Sent.FINISHED not in self._sent:
             message = f"unit {self.unit_name} ended without an exit status"
             return NO_EXIT_STATUS_ERRNO, message
@@ -1569,14 +1592,62 @@ class Process:
 
     def _fail(self, errnum: int, errstr: str) -> None:
         """End the stream with an error (no more responses follow); what
-        output is left is read to EOF and discarded."""
+        output is left is read to EOF and discarded. A failure held for its
+        unit's end (:meth:`_fail_once_gone`) is the error sent: the first
+        verdict stands."""
         self._start_deadline.cancel()
+        self._cancel_failure_wait()
         if not self._ended:
             self._ended = True
-            self._responder.error(errnum, errstr)
+            self._responder.error(*(self._failure_held or (errnum, errstr)))
+        self._wind_down()
+
+    def _wind_down(self) -> None:
+        """What the stream's end decided ends at once: signals held for a
+        start that will never come, stdin, and output unread (read to EOF
+        and discarded)."""
         self._early_kills.drop()  # if it never started, they never will be
         self.stdin.discard()  # a backlog would hold its client's connection
         self.output.open()
+
+    def _fail_once_gone(self, errnum: int, errstr: str) -> None:
+        """End the stream of a unit systemd could not run the command of
+        with this error once the unit is reset and gone (:meth:`_maybe_end`,
+        :meth:`_end_of_stream`), as Flux's sdexec does, not before: a
+        client that retries at once with the same unit name must find it
+        free, not EEXIST for the milliseconds of the reset. Nothing else is
+        sent meanwhile; after :data:`FAILED_UNIT_WAIT` it goes out all the
+        same (:meth:`_failure_overdue`)."""
+        if self._over:
+            return
+        self._failure_held = (errnum, errstr)
+        self._start_deadline.cancel()
+        self._wind_down()
+        self._failure_wait = self._context.clock.callLater(
+            FAILED_UNIT_WAIT, self._failure_overdue
+        )
+
+    def _failure_overdue(self) -> None:
+        """The failed unit is not gone within :data:`FAILED_UNIT_WAIT`: its
+        error goes out now, its name held until it is."""
+        self._failure_wait = None  # it has fired
+        # Bounded: a stalled manager leaves every failed start's unit so.
+        self._context.client_warning(
+            "failed unit not gone",
+            "{unit}: not gone {wait:g} s after systemd failed to run its"
+            " command: the request's error goes out, and the unit's name stays"
+            " held until it is gone",
+            unit=self.unit_name,
+            wait=FAILED_UNIT_WAIT,
+        )
+        assert self._failure_held is not None  # what the timer waited for
+        self._fail(*self._failure_held)
+
+    def _cancel_failure_wait(self) -> None:
+        """The failure is answered, or the unit gone: no timer waits."""
+        if self._failure_wait is not None:
+            self._failure_wait.cancel()
+            self._failure_wait = None
 
     def _reap(self) -> None:
         if self._reaped:
@@ -1585,6 +1656,7 @@ class Process:
         self.detach_valve()
         self._early_kills.drop()
         self._cancel_receipt_deadline()
+        self._cancel_failure_wait()
         self.stop_timer.stopped()
         self._start_deadline.cancel()
         for timer in self._retry_timers.values():
@@ -1659,7 +1731,7 @@ class Process:
             self._send(payload)
 
     def _send(self, payload: dict[str, Any]) -> None:
-        if not self._ended:
+        if not self._over:
             self._responder.respond(payload)
 
     def _log_failure(self, failure: Failure, what: str) -> None:

@@ -540,8 +540,8 @@ class SdexecServer:
             raise RequestError(errno.EEXIST, f"matchtag {key[1]} is already in use")
         holder = self.units.get(unit_name)
         if holder is not None and holder.stream_ended:
-            # Its request is over (a start systemd failed is answered before
-            # its unit is reset, an unkillable one abandoned): not "running".
+            # Its request is over (an unkillable one abandoned, a failed
+            # start whose unit outlived FAILED_UNIT_WAIT): not "running".
             raise RequestError(
                 errno.EEXIST,
                 f"unit {unit_name} is still held by this service: its request"

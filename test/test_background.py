@@ -27,6 +27,7 @@ import sdexec.connection
 from sdexec.config import parse_config
 from sdexec.containment import Containment
 from sdexec.ioencode import decode_io, encode_io
+from sdexec.process import FAILED_UNIT_WAIT
 from sdexec.protocol import ExecFlag
 from sdexec.server import SdexecServer, revoked
 from sdexec.testing import EXITED, FakeManager
@@ -1449,6 +1450,8 @@ def test_an_attach_waiting_for_a_start_that_fails_gets_the_exec_s_error(
     client.send("sdexec.attach", {"label": "a"}, matchtag=2)
     failed_to_exec = {"ActiveState": "failed", "ExecMainCode": 1, "ExecMainStatus": 203}
     systemd.change(UNIT, {**failed_to_exec, "Result": "exit-code"})
+    # Answered once its unit is gone, or (here) FAILED_UNIT_WAIT later.
+    server.clock.advance(FAILED_UNIT_WAIT)
     (refused,) = payloads(client.of(1))
     assert refused[0] == errno.ENOENT
     assert payloads(client.of(2)) == [refused]

@@ -22,7 +22,7 @@ from sdexec.config import parse_config
 from sdexec.drain import AdminCause
 from sdexec.passthrough import PassedStdio
 from sdexec.plan import RequestError
-from sdexec.process import MAX_EARLY_KILLS, Process, ProcessContext
+from sdexec.process import FAILED_UNIT_WAIT, MAX_EARLY_KILLS, Process, ProcessContext
 from sdexec.systemd import SystemdError
 from sdexec.systemd.errors import NO_SUCH_PROCESS, NO_SUCH_UNIT
 from sdexec.systemd.retry import CALL_RETRY_S, CallBackoff
@@ -42,6 +42,8 @@ FAILED_TO_EXEC = {
     **{"ActiveState": "failed", "SubState": "failed", "ExecMainPID": 7},
     **{"ExecMainCode": 1, "ExecMainStatus": 203, "Result": "exit-code"},
 }
+#: A failed unit once reset: inactive, about to be unloaded.
+RESET = {"ActiveState": "inactive", "SubState": "dead"}
 
 
 def lifecycle_plan(seconds: float = 10, second_signal: int = signal.SIGKILL):
@@ -154,8 +156,13 @@ def test_states_seen_before_the_start_was_answered_are_acted_on_once_it_is():
 
 
 def test_exec_failure_is_an_error_not_finished():
+    # The error goes out once the failed unit is reset and gone, as Flux's
+    # sdexec answers it: a retry with the same name then finds it free.
     _, systemd, responder, _ = make_process()
     systemd.change(UNIT, FAILED_TO_EXEC)
+    assert ("reset", UNIT) in systemd.calls
+    assert responder.types() == []
+    systemd.change(UNIT, RESET)
     assert responder.types() == [errno.ENOENT]
     assert "203/EXEC" in responder.responses[0][1]
 
@@ -591,6 +598,7 @@ def test_confirmed_failure_without_status_is_enoent_not_eio():
     _, systemd, responder, _ = make_process()
     failed = {"ActiveState": "failed", "SubState": "failed", "Result": "resources"}
     systemd.change(UNIT, failed)
+    systemd.change(UNIT, RESET)
     assert responder.types() == [errno.ENOENT]
     assert "resources" in responder.responses[0][1]
 
@@ -653,3 +661,45 @@ def test_a_refused_call_waits_longer_each_time_until_one_goes_through():
     assert delays == [*CALL_RETRY_S, CALL_RETRY_S[-1], CALL_RETRY_S[-1]]
     backoff.reset()
     assert backoff.next_delay() == CALL_RETRY_S[0]
+
+
+# -- a start systemd could not run, answered once its unit is gone -----------
+
+
+def test_an_exec_failure_whose_unit_never_goes_is_answered_after_the_wait():
+    # The reset never seen through (a stalled bus, a manager that does not
+    # answer): the error goes out FAILED_UNIT_WAIT after the failure all the
+    # same, and the process stays tabled (its name held) until its unit goes.
+    reaped: list[Process] = []
+    process, systemd, responder, clock = make_process(on_reaped=reaped.append)
+    systemd.change(UNIT, FAILED_TO_EXEC)
+    clock.advance(FAILED_UNIT_WAIT - 0.5)
+    assert responder.types() == []
+    clock.advance(0.5)
+    assert responder.types() == [errno.ENOENT]
+    assert "203/EXEC" in responder.responses[0][1]
+    assert process.stream_ended and reaped == []
+    systemd.change(UNIT, RESET)
+    assert reaped == [process]
+    assert responder.types() == [errno.ENOENT]  # said once
+
+
+def test_an_exec_failure_answered_as_its_unit_goes_leaves_no_timer():
+    reaped: list[Process] = []
+    process, systemd, responder, clock = make_process(on_reaped=reaped.append)
+    systemd.change(UNIT, FAILED_TO_EXEC)
+    systemd.change(UNIT, RESET)
+    assert responder.types() == [errno.ENOENT] and reaped == [process]
+    assert clock.getDelayedCalls() == []
+
+
+def test_the_service_stopping_while_an_exec_failure_waits_sends_that_failure():
+    # The request's outcome is known: the stop does not replace it with
+    # ECANCELED, nor stop the unit being reset.
+    process, systemd, responder, clock = make_process()
+    systemd.change(UNIT, FAILED_TO_EXEC)
+    process.cancel("the service is stopping")
+    assert responder.types() == [errno.ENOENT]
+    assert "203/EXEC" in responder.responses[0][1]
+    assert ("stop", UNIT) not in systemd.calls
+    assert clock.getDelayedCalls() == []

@@ -1630,19 +1630,46 @@ def test_shutdown_with_nothing_running_is_immediate(server):
     assert server.shutdown(10).called
 
 
-@ensureDeferred
-async def test_a_name_whose_request_failed_is_refused_as_still_held_until_reset(
-    systemd, server, connection
-):
-    # systemd could not run the command (200/CHDIR): the stream ends with
-    # ENOENT at once, while the failed unit still waits for its reset.
-    # A retry with the same SDEXEC_NAME meanwhile is refused, saying so,
-    # not as a request still running; once the unit is gone it runs.
-    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+def _fail_to_enter_cwd(systemd: FakeManager) -> None:
+    """systemd could not run the command (200/CHDIR): its unit fails, its
+    fds released."""
     systemd.release(UNIT)
     failed = {"ActiveState": "failed", "SubState": "failed", "Result": "exit-code"}
     systemd.change(UNIT, {**failed, "ExecMainCode": 1, "ExecMainStatus": 200})
-    systemd.answer_refreshes()
+
+
+@ensureDeferred
+async def test_a_name_whose_start_failed_is_free_once_its_error_is_answered(
+    systemd, server, connection
+):
+    # The error went out at once, while the failed unit still waited for its
+    # reset: a retry with the same SDEXEC_NAME right after it was EEXIST
+    # ("still held"), one in four with a missing cwd on the sandbox manager,
+    # nine in ten for a command systemd cannot execute (review session 50).
+    # It is answered once the unit is gone, as Flux's sdexec does.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    _fail_to_enter_cwd(systemd)
+    assert ("reset", UNIT) in systemd.calls
+    await until(lambda: server.units[UNIT].output.eof, "the outputs' EOF")
+    assert connection.responses() == []
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    assert error_of(connection.last())[0] == errno.ENOENT
+    assert UNIT not in server.units
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE}, matchtag=2)
+    assert [c for c in systemd.calls if c == ("start", UNIT)] == [("start", UNIT)] * 2
+
+
+@ensureDeferred
+async def test_a_name_whose_failed_unit_outlives_the_wait_is_refused_as_still_held(
+    systemd, server, connection
+):
+    # The failed unit not gone FAILED_UNIT_WAIT after it failed: the error
+    # goes out all the same, and a retry with the same SDEXEC_NAME meanwhile
+    # is refused saying so, not as a request still running; once the unit is
+    # gone it runs.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    _fail_to_enter_cwd(systemd)
+    server.clock.advance(sdexec.process.FAILED_UNIT_WAIT)
     assert error_of(connection.last())[0] == errno.ENOENT
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE}, matchtag=2)
     assert error_of(connection.last()) == (

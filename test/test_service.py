@@ -125,6 +125,40 @@ async def test_unexecutable_file_fails_with_systemds_reason(sdexec, tmp_path):
     assert "203/EXEC" in result.error.errstr
 
 
+#: Rounds of a failed start and its immediate retry: the error went out
+#: before the failed unit was reset, and a retry got EEXIST in 1 round of 4
+#: (a missing cwd) to 9 of 10 (a file systemd cannot execute) on this
+#: sandbox (review session 50); enough for the race to show.
+RETRY_ROUNDS = 25
+
+
+@pytest.mark.parametrize("fails", ["cwd", "exec"])
+@ensureDeferred
+async def test_a_retry_right_after_a_failed_start_with_its_name_runs(
+    sdexec, tmp_path, fails
+):
+    # The failed start is answered once its unit is gone, as Flux's sdexec
+    # answers it: a resource manager retrying a job shell at once under the
+    # same unit name must not be refused EEXIST ("still held").
+    script = tmp_path / "not-a-program"
+    script.write_bytes(b"\x00\x01garbage")
+    script.chmod(0o755)
+    failing = {
+        "cwd": {"cmdline": ["true"], "cwd": str(tmp_path / "missing")},
+        "exec": {"cmdline": [str(script)]},
+    }[fails]
+    opts = {"SDEXEC_NAME": "sdexec-retried"}
+    client = await sdexec.connect()
+    for _ in range(RETRY_ROUNDS):
+        failed = await run(
+            client, failing["cmdline"], cwd=failing.get("cwd"), opts=opts
+        )
+        assert failed.error is not None and failed.error.errnum == errno.ENOENT
+        retried = await run(client, ["true"], opts=opts)
+        assert (retried.error, retried.status) == (None, 0)
+    await wait_until_reaped(sdexec, "sdexec-retried.service")
+
+
 @ensureDeferred
 async def test_stdout_stderr_apart_and_stdin(sdexec):
     client = await sdexec.connect()

@@ -24,9 +24,8 @@ from sdexec.cliio import (
     end_on_signals,
     exit_code,
     fail,
-    flush_out,
     own_fd,
-    print_out,
+    print_out_unless_signalled,
     request,
     say,
     say_end,
@@ -83,6 +82,7 @@ def run_background(options: argparse.Namespace, command: dict[str, Any]) -> int:
         loop.serve_caught_signals()
         if failed is not None and starting.signum is None:
             raise failed
+    end_on_signals()  # a signal from now on ends a wait for our stdout, stderr
     interrupted = starting.signum
     if interrupted is not None and not _answered_by_the_service(starting.call):
         code = fail(
@@ -142,29 +142,45 @@ def _started(call: Call, label: str | None, interrupted: int | None) -> int:
             raise
         fail(str(failure))
         return EXEC_FAILURES.get(errnum, 1)  # as the foreground run's
-    _say_pid(pid, label)
+    unsaid_by = _say_pid(pid, label)
     if interrupted is not None:
         say(
             f"sdexec: interrupted by {signal_name(interrupted)} while starting:"
             f" pid {pid} runs on in the background (sdexec kill TERM {pid})"
         )
-    return 0
+    return 0 if unsaid_by is None else signalled_status(unsaid_by)
 
 
-def _say_pid(pid: int, label: str | None) -> None:
+def _say_pid(pid: int, label: str | None) -> int | None:
     """The started process's pid (and label) on stdout, flushed; a stdout
     that cannot take it (a full disk, ``>&-``) fails the command naming
     the pid on stderr: "cannot write stdout" alone, exit 1, read as a
     start that failed, and the process ran on with its pid said nowhere
-    (a script's retry started it twice)."""
+    (a script's retry started it twice). A stdout nobody reads (``| less``,
+    less stopped) is waited for only until a signal ends the command
+    (docs/client.md, Signals), the pid then said on stderr: that signal,
+    else ``None``."""
     try:
-        print_out(pid if label is None else f"{pid} {label}")
-        flush_out()
+        signum = print_out_unless_signalled(
+            str(pid) if label is None else f"{pid} {label}"
+        )
     except SdexecError as failure:
-        raise SdexecError(
-            f"{failure}: pid {pid} started all the same, and runs on in the"
-            f" background (sdexec kill TERM {pid})"
-        ) from None
+        raise SdexecError(f"{failure}: {_runs_on(pid)}") from None
+    if signum is not None:
+        warn(
+            f"interrupted by {signal_name(signum)} while the pid waited for"
+            f" stdout's reader: {_runs_on(pid)}"
+        )
+    return signum
+
+
+def _runs_on(pid: int) -> str:
+    """What the command says of a process it started whose pid its
+    stdout did not take."""
+    return (
+        f"pid {pid} started all the same, and runs on in the background"
+        f" (sdexec kill TERM {pid})"
+    )
 
 
 def wait(options: argparse.Namespace) -> int:

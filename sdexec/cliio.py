@@ -57,6 +57,7 @@ __all__ = [
     "open_closed_standard_fds",
     "own_fd",
     "print_out",
+    "print_out_unless_signalled",
     "receipt_lines",
     "request",
     "say",
@@ -384,6 +385,14 @@ class _HeldLines:
         except OSError:
             pass  # a stderr that went away: nothing more can be said to it
 
+    def wait_writable(self, writer: int) -> int | None:
+        """Wait until ``writer`` can be written (or fails), only until a
+        signal of :meth:`end_on` comes: that signal, else ``None``."""
+        assert self._wakeup is not None, "end_on_signals() first"
+        if self._signalled is None:
+            self._wait_for(writer, self._wakeup[0])
+        return self._signalled
+
     @staticmethod
     def _wait_for(writer: int, wakeup: int) -> None:
         """Wait until ``writer`` can be written (or fails) or a signal wakes
@@ -470,6 +479,43 @@ def flush_out() -> None:
     """Write out what :func:`print_out` left in stdout's buffer, checked as
     it checks: a `run --bg` pid lost to a full disk is not exit 0."""
     _checked_stdout(sys.stdout.flush)
+
+
+def print_out_unless_signalled(line: str) -> int | None:
+    """``line`` on our stdout, flushed, as :func:`print_out` writes and
+    checks it, but once :func:`end_on_signals` has been called: a stdout
+    that waits for a reader who takes nothing (``| less``, less stopped; a
+    full pipe nobody reads) is waited for only until one of its signals
+    comes. That signal (the line then not written, or only its start),
+    else ``None``. Through :func:`print_out`, the write blocked in the
+    kernel and a ^C or SIGTERM could not end ``run --bg``."""
+    flush_out()  # first: in the order written
+    data = f"{line}\n".encode(
+        sys.stdout.encoding or "utf-8", sys.stdout.errors or "strict"
+    )
+    fd = own_fd(1)
+    writer = _nonblocking_twin(fd)
+    try:
+        return _write_unless_signalled(writer, memoryview(data))
+    finally:
+        if writer != fd:
+            os.close(writer)
+
+
+def _write_unless_signalled(writer: int, data: memoryview) -> int | None:
+    """:func:`print_out_unless_signalled`'s writes of ``data``."""
+    while data:
+        try:
+            data = data[os.write(writer, data) :]
+        except BlockingIOError:
+            signum = _held.wait_writable(writer)
+            if signum is not None:
+                return signum
+        except BrokenPipeError:
+            raise  # a reader gone: the caller's quiet 141, as print_out's
+        except OSError as error:
+            raise SdexecError(f"cannot write stdout: {error.strerror}") from None
+    return None
 
 
 def _checked_stdout(write: Callable[[], None]) -> None:

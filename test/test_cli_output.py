@@ -398,6 +398,79 @@ def test_a_stdout_closed_at_the_start_cannot_be_written(scripted, args):
     )
 
 
+class _SeenClosed(ScriptedService):
+    """A scripted service that says when a client has closed a connection."""
+
+    def __init__(self, path: str, script: Callable[[dict], list[dict]]) -> None:
+        self.closed = threading.Event()
+        super().__init__(path, script)
+
+    def _serve(self, connection: socket.socket) -> None:
+        super()._serve(connection)
+        self.closed.set()
+
+
+@pytest.mark.parametrize(
+    ("signum", "status"),
+    [(signal.SIGINT, -signal.SIGINT), (signal.SIGTERM, 128 + signal.SIGTERM)],
+    ids=["SIGINT", "SIGTERM"],
+)
+def test_a_signal_ends_run_bg_whose_pid_waits_for_a_stalled_stdout(
+    tmp_path, signum, status
+):
+    # `sdexec run --bg job | less`, less stopped: the pid's write blocked
+    # in the kernel, the loop closed, and a ^C or SIGTERM was ignored until
+    # the pipe drained. Now it ends the command as it ends `run`'s wait for
+    # its last lines (128 + N, a ^C died of), the pid said on stderr.
+    path = str(tmp_path / "s.sock")
+    service = _SeenClosed(path, _answers)
+    reader, writer = os.pipe()
+    try:
+        held = _room_for(writer, reader, 0)
+        ended, err = _signalled_once_answered(
+            [path, "run", "--bg", "job"], writer, service.closed, signum
+        )
+    finally:
+        os.close(writer)
+        said = read_to_end(reader)
+        service.close()
+    assert (ended, said) == (status, b"x" * held)
+    name = signal.Signals(signum).name
+    assert (
+        f"sdexec: interrupted by {name} while the pid waited for stdout's"
+        " reader: pid 42 started all the same, and runs on in the background"
+        " (sdexec kill TERM 42)"
+    ).encode() in err.splitlines()
+
+
+def _signalled_once_answered(
+    args: list[str], stdout: int, answered: threading.Event, signum: int
+) -> tuple[int, bytes]:
+    """``sdexec --socket ARGS`` with ``stdout``, sent ``signum`` once it has
+    closed its connection (``answered``), and again until it ends (one may
+    come before it waits on stdout): its returncode and stderr."""
+    env = {key: value for key, value in os.environ.items() if key != "SDEXEC_SOCKET"}
+    client = subprocess.Popen(
+        [sys.executable, "-m", "sdexec.cli", "--socket", *args],
+        env={**env, "PYTHONPATH": str(REPOSITORY)},
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert answered.wait(30), "the exec not answered"
+        deadline = time.monotonic() + 30
+        while client.poll() is None:
+            assert time.monotonic() < deadline, f"{signum} did not end it"
+            client.send_signal(signum)
+            time.sleep(0.1)
+        return client.returncode, client.stderr.read()
+    finally:
+        client.kill()
+        client.wait()
+        client.stderr.close()
+
+
 def _replaying(
     chunks: list[bytes],
     end: list[dict],

@@ -24,7 +24,7 @@ from sdexec.fsd import format_fsd, parse_fsd
 from sdexec.refusal import json_quoted
 from sdexec.signals import parse_signal, signal_name
 
-__all__ = ["flux_refusals"]
+__all__ = ["STRTOL_DECIMAL", "flux_refusals"]
 
 #: sigutil_signum's table (flux-core ``src/common/libutil/sigutil.c``),
 #: which it matches exactly (case and all), with or without ``SIG``: no
@@ -39,9 +39,11 @@ FLUX_SIGNAL_NAMES = frozenset(
     }
 )  # fmt: skip
 
-#: A number as sigutil_signum reads it (``strtol`` in base 10, to the end):
-#: leading white space, an optional sign.
-_FLUX_SIGNAL_NUMBER = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")
+#: A number as ``strtol`` in base 10 reads it, to the end, as Flux does where
+#: it reads one so (sigutil_signum; sdexec.c's get_dict_int, for the
+#: ``SDEXEC_STOP_TIMER_*`` options): C's leading white space (ASCII only),
+#: an optional sign, ASCII digits, and nothing after them.
+STRTOL_DECIMAL = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")
 
 
 def _advice(why: str, written: object) -> str:
@@ -105,7 +107,7 @@ def _signal_string(value: Any) -> str | None:
 
 
 def _flux_signal_name_or_number(text: str) -> bool:
-    if _FLUX_SIGNAL_NUMBER.fullmatch(text):
+    if STRTOL_DECIMAL.fullmatch(text):
         return int(text) > 0
     return text in FLUX_SIGNAL_NAMES or f"SIG{text}" in FLUX_SIGNAL_NAMES
 

@@ -35,6 +35,7 @@ from sdexec.command import (
 from sdexec.config import Config
 from sdexec.containment import Containment, MapperError
 from sdexec.execstart import ExecLine
+from sdexec.fluxforms import STRTOL_DECIMAL
 from sdexec.idset import IDset
 from sdexec.limits import (
     check_command_size,
@@ -830,7 +831,7 @@ def _check_together(merged: Mapping[str, str], sources: Mapping[str, str]) -> No
 
 def _stop_timer(config: Config, command: Command) -> StopTimerPolicy:
     configured = config.exec.sdexec_stop_timer_sec
-    seconds = _int_option(command, "SDEXEC_STOP_TIMER_SEC", configured)
+    seconds = _strtol_option(command, "SDEXEC_STOP_TIMER_SEC", configured)
     if not 0 < seconds <= configured:
         # The site's safeguard against units that will not die: a request
         # may shorten it, never lengthen or disable it (Flux's negative).
@@ -845,12 +846,17 @@ def _stop_timer(config: Config, command: Command) -> StopTimerPolicy:
     )
 
 
-def _int_option(command: Command, name: str, default: int) -> int:
+def _strtol_option(command: Command, name: str, default: int) -> int:
+    """The integer option ``name`` as Flux's sdexec reads it (strtol in
+    base 10: ``+5`` and `` 5`` are 5, ``5 `` is not a number), else
+    ``EINVAL`` where Flux's falls back to its default without a word."""
     value = command.option(name)
     if value is None:
         return default
     try:
-        return parse_integer(value)
+        if STRTOL_DECIMAL.fullmatch(value) is None:
+            raise ValueError(f"{quoted(value, SHOWN)} is not a decimal integer")
+        return parse_integer(value)  # (its bound on the digits)
     except ValueError as error:
         raise RequestError(errno.EINVAL, f"{name}: {error}") from None
 

@@ -13,7 +13,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 from sdexec.config import RESERVED_PROPERTIES
 from sdexec.property import UINT64_MAX, typed_property
-from sdexec.refusal import RequestRefused
+from sdexec.refusal import SHOWN, RequestRefused, quoted
 from sdexec.testing import exec_plan
 from sdexec.unitstop import (
     StopTimer,
@@ -224,6 +224,29 @@ def test_a_request_may_not_set_them(name):
     # The request-property policy refuses them (sdexec/policy.py).
     assert refused.value.errstr.startswith(
         f"SDEXEC_PROP_{name}: a request can never set {name}: lifecycle"
+    )
+
+
+@pytest.mark.parametrize("spelling", ["5", "+5", " 5", "\t\n\v\f\r5", " +05"])
+def test_the_request_s_timer_is_read_as_flux_reads_it(spelling):
+    # Flux's sdexec reads SDEXEC_STOP_TIMER_SEC with strtol in base 10
+    # (sdexec.c, get_dict_int): C's white space and a sign before the
+    # digits. docs/protocol.md said ASCII digits.
+    assert exec_plan(SDEXEC_STOP_TIMER_SEC=spelling).stop_timer.seconds == 5
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["5 ", "5\n", "\xa05", "\u20035", "", " ", "+", "1_0", "\uff15", "5s", "0x5"],
+)
+def test_a_request_s_timer_that_strtol_would_not_read_whole_is_refused(spelling):
+    # Trailing white space, and Unicode's before the digits, were taken as
+    # 5 where Flux's sdexec reads no number (and keeps its default).
+    with pytest.raises(RequestRefused) as refused:
+        exec_plan(SDEXEC_STOP_TIMER_SEC=spelling)
+    assert (refused.value.errnum, refused.value.errstr) == (
+        errno.EINVAL,
+        f"SDEXEC_STOP_TIMER_SEC: {quoted(spelling, SHOWN)} is not a decimal integer",
     )
 
 

@@ -15,7 +15,7 @@ from sdexec.environment import clean_environment
 from sdexec.execstart import ExecLine, exec_line
 from sdexec.limits import NAME_MAX, search_directories
 from sdexec.property import UnitProperty, parse_bool, typed_property
-from sdexec.refusal import SHOWN, printable
+from sdexec.refusal import member
 
 __all__ = [
     "OWN_PROPERTIES",
@@ -41,9 +41,7 @@ def _string_map(value: Any, field_name: str) -> dict[str, str]:
         raise CommandError(f"{field_name}: expected an object of strings")
     for key, item in value.items():
         if not isinstance(item, str):
-            raise CommandError(
-                f"{field_name}.{printable(key, SHOWN)}: expected a string"
-            )
+            raise CommandError(f"{member(field_name, key)}: expected a string")
     return value
 
 

@@ -55,6 +55,7 @@ from sdexec.refusal import (
     RequestRefused,
     json_quoted,
     lone_surrogate,
+    member,
     printable,
     quoted,
 )
@@ -293,7 +294,7 @@ def command_text(
             # The key is checked as a string of its own first, so that the
             # value's field name below is known to be printable.
             yield f"{table} (key {quoted(key, SHOWN)})", key
-            yield f"{table}.{printable(key, SHOWN)}", value
+            yield member(table, key), value
     if cwd is not None:
         yield "cmd.cwd", cwd
     if label is not None:
@@ -315,7 +316,7 @@ def _environment_strings(env: Mapping[str, str]) -> Iterator[tuple[str, int]]:
     for name, value in env.items():
         # "NAME=VALUE": the form the kernel copies.
         yield (
-            f"cmd.env.{printable(name, SHOWN)}",
+            member("cmd.env", name),
             len(name.encode()) + 1 + len(value.encode()),
         )
 
@@ -655,6 +656,4 @@ def _entry_name(part: str, entry: str | int | None) -> str:
         return part
     if isinstance(entry, int):
         return f"{part}[{entry}]"
-    if len(entry) > _QUOTED_NAME:
-        entry = entry[:_QUOTED_NAME] + "…"
-    return f"{part}.{printable(entry)}"
+    return member(part, entry, _QUOTED_NAME)

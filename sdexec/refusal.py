@@ -25,6 +25,7 @@ __all__ = [
     "errstr_line",
     "json_quoted",
     "lone_surrogate",
+    "member",
     "one_line",
     "printable",
     "quoted",
@@ -58,6 +59,21 @@ def printable(text: str, limit: int | None = None) -> str:
     return _cut(text.encode("utf-8", "backslashreplace").decode("utf-8"), limit)
 
 
+def member(table: str, key: str, limit: int = SHOWN) -> str:
+    """The field name of ``key`` in the object ``table``, as a message
+    names it: ``cmd.env.PATH`` for a key spelled as a C name, else the key
+    quoted as :func:`quoted` quotes values, in brackets as an argument's
+    index is (``cmd.cmdline[2]``): ``cmd.env['']``, ``cmd.env['A.B']``,
+    ``cmd.opts['A B']``. After a dot, an empty key or one holding a dot read
+    as a path of their own (``cmd.env..``, ``cmd.env.A.B``). Cut past
+    ``limit`` characters, with the length."""
+    # A C name: ASCII letters, digits and "_", not a digit first ("" not).
+    c_name = key.isascii() and key.replace("_", "a").isalnum()
+    if c_name and not key[0].isdigit():
+        return f"{table}.{_cut(key, limit)}"
+    return f"{table}[{quoted(key, limit)}]"
+
+
 def lone_surrogate(value: str, error: UnicodeEncodeError) -> str:
     """Why ``value`` did not encode as UTF-8 (``error``), for a message
     that names its field: the one thing a JSON string can hold that UTF-8
@@ -88,7 +104,7 @@ def one_line(text: str) -> str:
     character :meth:`str.isprintable` refuses (a line break, a terminal's
     escape, a bidirectional override, a lone surrogate) written as
     :func:`repr` writes it (``\\n``, ``\\x1b``, ``\\u202e``, ``\\ud800``),
-    so that a key the request chose reads as its ``repr`` (``cmd.env.A\\nB``).
+    so that a key the request chose reads as its ``repr`` (``cmd.env['A\\nB']``).
     Every ``errstr``, where the service sends it and where a client shows
     it, every ``sd_notify`` line and every cell of a listing."""
     if text.isprintable():

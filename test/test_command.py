@@ -23,7 +23,7 @@ from sdexec.command import (
     unit_properties,
 )
 from sdexec.config import default_config, parse_config
-from sdexec.limits import MAX_SEARCH_DIRECTORIES
+from sdexec.limits import MAX_COMMAND, MAX_SEARCH_DIRECTORIES
 from sdexec.property import PropertyError
 from sdexec.refusal import RequestRefused
 from sdexec.systemd import unit_object_path
@@ -81,6 +81,13 @@ def test_from_json_defaults():
         ({"cmdline": ["true"], "env": []}, "cmd.env"),
         ({"cmdline": ["true"], "env": {"A": 1}}, "cmd.env.A"),
         ({"cmdline": ["true"], "opts": {"X": None}}, "cmd.opts.X"),
+        # A key that is no C name is quoted: "cmd.env..", "cmd.env.A.B" read
+        # as paths of their own.
+        ({"cmdline": ["true"], "env": {"": 1}}, "cmd.env['']"),
+        ({"cmdline": ["true"], "env": {"A.B": 1}}, "cmd.env['A.B']"),
+        ({"cmdline": ["true"], "opts": {"A B": 1}}, "cmd.opts['A B']"),
+        ({"cmdline": ["true"], "opts": {"1A": 1}}, "cmd.opts['1A']"),
+        ({"cmdline": ["true"], "env": {"_A1": 1}}, "cmd.env._A1"),
         ({"cmdline": ["true"], "channels": "PMI_FD"}, "cmd.channels"),
         ({"cmdline": ["true"], "channels": [3]}, "cmd.channels"),
     ],
@@ -88,6 +95,20 @@ def test_from_json_defaults():
 def test_from_json_errors_name_the_field(cmd, field):
     with pytest.raises(CommandError, match=f"^{re.escape(field)}: expected"):
         Command.from_json(cmd)
+
+
+@pytest.mark.parametrize(
+    ("opts", "said"),
+    [
+        ({"A.B": "x\0"}, "cmd.opts['A.B']: contains a NUL character at 1"),
+        ({"": "x" * (MAX_COMMAND + 1)}, "the largest cmd.opts[''] ("),
+    ],
+    ids=["NUL", "E2BIG"],
+)
+def test_the_limits_name_a_key_that_is_no_c_name_quoted(opts, said):
+    with pytest.raises(RequestRefused) as refused:
+        exec_plan(**opts)
+    assert said in refused.value.errstr
 
 
 @pytest.mark.parametrize("key", ["msgchans", "msgchan"])

@@ -911,7 +911,7 @@ HOSTILE = {
     "cmd.env key": (
         "sdexec.exec",
         {"cmd": {**TRUE, "env": {LARGE + "\n": 5}}, "flags": FLAGS},
-        "cmd.env.xxx",
+        "cmd.env['xxx",
     ),
     "cmd.opts key": (
         "sdexec.exec",
@@ -963,7 +963,7 @@ def test_an_error_naming_a_field_by_a_hostile_key_is_one_line(connection, key):
     errnum, errstr = error_of(connection.last())
     assert errnum == errno.EINVAL
     assert errstr.splitlines() == [errstr]
-    assert errstr == f"cmd.env.{repr(key)[1:-1]}: expected a string"
+    assert errstr == f"cmd.env[{key!r}]: expected a string"
 
 
 # -- stdin ------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
+from sdexec.logs import named_in_log
+
 __all__ = ["EXIT_FLUSH_SECONDS", "OpenConnections"]
 
 log = Logger()
@@ -92,7 +94,11 @@ class OpenConnections:
             " what they were sent within {bound}s, and what they did not read"
             " is lost",
             bound=bound,
-            ids=", ".join(str(connection.connection_id) for connection in left),
+            ids=named_in_log(
+                log,
+                [str(connection.connection_id) for connection in left],
+                "connections the stop aborted",
+            ),
         )
         for connection in left:
             connection.transport.abortConnection()

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from sdexec.refusal import first_named
+
 __all__ = ["ADMIN", "CAUSES", "KINDS", "AdminCause", "Cause", "Drains", "SelfLifting"]
 
 
@@ -85,6 +87,12 @@ class Drains:
     def reason(self) -> str | None:
         """Every cause in force, in the order they came; ``None`` if none."""
         return "; ".join(reason for reason, _ in self._causes.values()) or None
+
+    def reason_shown(self, more: str) -> str | None:
+        """:attr:`reason` for one line: the first causes, then how many
+        ``more`` (:func:`~sdexec.refusal.first_named`)."""
+        reasons = [reason for reason, _ in self._causes.values()]
+        return first_named(reasons, "; ", more) or None
 
     @property
     def causes(self) -> list[dict[str, str | bool]]:

@@ -63,6 +63,7 @@ from sdexec.drain import AdminCause, Cause, SelfLifting
 from sdexec.execstart import started_command
 from sdexec.limits import listed_cmdline, listed_name
 from sdexec.lograte import LogRate
+from sdexec.logs import named_in_log
 from sdexec.managerversion import version_number
 from sdexec.orphans import expected_unit_cgroup
 from sdexec.plan import ExecPlan
@@ -162,8 +163,6 @@ START_TIMED_OUT = (
 
 #: A mark of any sdexec service (:func:`owner_marks`).
 _ANY_MARK = re.compile(r" \[sdexec:[0-9a-f]{12}\]$")
-#: How many units marked otherwise a log line names.
-_NAMED = 10
 
 
 #: The calls a leftover makes again when refused: nothing else would (the
@@ -605,7 +604,7 @@ class Leftovers:
                 count=len(self.units),
                 units="unit" if len(self.units) == 1 else "units",
                 why=self._why_left(),
-                names=", ".join(self.units),
+                names=named_in_log(log, list(self.units), "leftover units left"),
             )
         for unit in self.units.values():
             unit.forget()
@@ -755,21 +754,17 @@ class Leftovers:
         ]
         if not others:
             return
-        shown = others[:_NAMED]
         log.warn(
             "{count} {units} of the manager {carry} the mark of another sdexec"
             " service, not this one's ({mark}, which follows the socket it listens on),"
-            " and are left alone: {names}{more}. If no other sdexec serves"
+            " and are left alone: {names}. If no other sdexec serves"
             " this manager, they are this service's from a run under another"
             " listen: stop them by hand",
             count=len(others),
             units="unit" if len(others) == 1 else "units",
             carry="carries" if len(others) == 1 else "carry",
             mark=self._marks[0].strip(),
-            names=", ".join(shown),
-            more=f" and {len(others) - len(shown)} more"
-            if others[len(shown) :]
-            else "",
+            names=named_in_log(log, others, "units of another sdexec service"),
         )
 
     def _follow_each(self) -> None:

@@ -17,19 +17,28 @@ picks, once at start:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from twisted.application.service import IServiceCollection, MultiService
 from twisted.logger import (
     FileLogObserver,
     ILogObserver,
+    Logger,
     LogLevel,
     formatEvent,
     jsonFileLogObserver,
 )
 
-__all__ = ["journal_observer", "log_observer", "stream_is_journal", "with_observer"]
+from sdexec.refusal import NAMED, first_named
+
+__all__ = [
+    "journal_observer",
+    "log_observer",
+    "named_in_log",
+    "stream_is_journal",
+    "with_observer",
+]
 
 #: syslog(3) priorities, as journald reads them from a ``<N>`` prefix.
 PRIORITY = {
@@ -52,6 +61,21 @@ def stream_is_journal(stream: IO[Any], environ: Mapping[str, str]) -> bool:
     except (OSError, ValueError):  # closed, or not a file at all
         return False
     return (status.st_dev, status.st_ino) == (int(device), int(inode))
+
+
+def named_in_log(log: Logger, names: Sequence[str], what: str, sep: str = ", ") -> str:
+    """``names`` as a log line names them (:func:`~sdexec.refusal.first_named`:
+    the first few, and how many more); where some are left out, every one
+    is said on ``log`` in a debug line of its own, ``WHAT (all N): NAMES``,
+    for the admin who needs each (``journalctl -p debug``)."""
+    if len(names) > NAMED:
+        log.debug(
+            "{what} (all {count}): {names}",
+            what=what,
+            count=len(names),
+            names=sep.join(names),
+        )
+    return first_named(names, sep)
 
 
 def _journal_lines(event: dict) -> str | None:

@@ -18,11 +18,17 @@ line (:func:`one_line`).
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # not typing's: the command line imports this module
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 __all__ = [
     "MAX_ERRSTR",
+    "NAMED",
     "SHOWN",
     "RequestRefused",
     "errstr_line",
+    "first_named",
     "json_quoted",
     "lone_surrogate",
     "member",
@@ -35,6 +41,11 @@ __all__ = [
 #: an error message quotes: any value a person writes, whole; a hostile one
 #: of megabytes is cut, with its length, so the message keeps saying why.
 SHOWN = 200
+
+
+#: How many units, jobs, connections or drain causes one line names: a
+#: person reads that many; the rest are counted (:func:`first_named`).
+NAMED = 10
 
 
 class RequestRefused(Exception):
@@ -72,6 +83,17 @@ def member(table: str, key: str, limit: int = SHOWN) -> str:
     if c_name and not key[0].isdigit():
         return f"{table}.{_cut(key, limit)}"
     return f"{table}[{quoted(key, limit)}]"
+
+
+def first_named(names: Sequence[str], sep: str = ", ", more: str = "more") -> str:
+    """``names`` joined by ``sep`` for one line, the first :data:`NAMED`
+    of them and then ``and K more`` (``more``: what the rest are, and
+    where each is said). Hundreds of units in one line (a shutdown's
+    stragglers, an undrain's causes) made a line of tens of kilobytes,
+    which journald splits past its ``LineMax`` and nobody reads."""
+    if len(names) <= NAMED:
+        return sep.join(names)
+    return f"{sep.join(names[:NAMED])} and {len(names) - NAMED} {more}"
 
 
 def lone_surrogate(value: str, error: UnicodeEncodeError) -> str:

@@ -44,6 +44,7 @@ from sdexec.leftovers import (
 )
 from sdexec.limits import is_integer
 from sdexec.lograte import LogRate
+from sdexec.logs import named_in_log
 from sdexec.lookup import InlineLookups, Lookups
 from sdexec.managerversion import manager_named, version_problem
 from sdexec.orphans import LostUnitKill
@@ -494,7 +495,10 @@ class SdexecServer:
             # EIO has Flux's job-exec drain the rank too (sdexec/drain.py).
             errnum = errno.EIO if self.drains.outlasts_waiting else errno.EBUSY
             how = self.drains.who_clears
-            raise RequestError(errnum, f"node is drained: {self.drain_reason} ({how})")
+            # Not every cause of hundreds: the errstr, cut at 4096, lost
+            # the end that says how the drain goes.
+            why = self.drains.reason_shown("more causes (sdexec stats)")
+            raise RequestError(errnum, f"node is drained: {why} ({how})")
         if not self.systemd.connected:
             raise RequestError(errno.EAGAIN, "reconnecting to systemd")
         self._check_process_room(share)
@@ -1013,7 +1017,9 @@ class SdexecServer:
         if now != before:
             self._check_shutdown_progress(waiter, grace, now, signalled)
             return
-        names = ", ".join(unit for unit, _ in self._stragglers())
+        names = named_in_log(
+            log, [unit for unit, _ in self._stragglers()], "units left by the stop"
+        )
         may_signal = self.systemd.connected and signalled < _STRAGGLER_STEPS
         # (None left to send, either, once every stop-timer signal was SIGKILL.)
         if may_signal and self._signal_stragglers(signalled == 0, grace, names):
@@ -1367,15 +1373,15 @@ class SdexecServer:
         """A self-lifting cause is over: its drain goes, and no other;
         whether it was in force."""
         reason = self.drains.lift(kind)
-        still = self.drains.reason
-        if reason is not None and still is None:
+        if reason is not None and not self.drains:
             log.info("drain lifted (was: {reason})", reason=reason)
         elif reason is not None:
-            # Not "drain lifted": the node refuses work still.
+            # Not "drain lifted": the node refuses work still. Each cause
+            # in force is in the stats (drain.causes).
             log.info(
                 "drain cause over: {reason}; still drained: {still}",
                 reason=reason,
-                still=still,
+                still=self.drains.reason_shown("more causes (sdexec stats)"),
             )
         return reason is not None
 
@@ -1386,7 +1392,8 @@ class SdexecServer:
         cleared = self.drains.clear_admins()
         previous = "; ".join(cleared) or None
         if previous is not None:
-            log.info("undrained (was: {reason})", reason=previous)
+            was = named_in_log(log, cleared, "undrained causes", sep="; ")
+            log.info("undrained (was: {reason})", reason=was)
         reply: dict[str, Any] = {"reason": previous, "cleared": cleared}
         if self.drains:
             reply["still"] = self.drain_reason

@@ -20,6 +20,7 @@ from test_leftovers import (
     server_with_an_abandoned_leftover,
 )
 from test_server import FLAGS, TRUE
+from twisted.logger import LogLevel, capturedLogs, formatEvent
 
 from sdexec.config import parse_config
 from sdexec.containment import Containment
@@ -425,3 +426,54 @@ async def test_a_site_property_refusing_the_canary_does_not_blame_the_fence():
     server.verify_devices()
     assert [call[0] for call in systemd.calls].count("start") == 2  # run again
     assert server.drain_reason is None
+
+
+def _abandoned(count: int) -> list[str]:
+    return [f"unit sdexec-{n}.service abandoned" for n in range(count)]
+
+
+def test_an_undrain_of_hundreds_of_causes_names_ten_in_its_line(server):
+    # Each abandoned unit is a cause: "undrained (was: …)" named all 300,
+    # a line of tens of kilobytes. Now the first ten, and every one in a
+    # debug line of its own (the undrain's reply has them all, too).
+    causes = _abandoned(300)
+    for cause in causes:
+        server.drain(cause, AdminCause.ABANDONED_UNIT)
+    with capturedLogs() as events:
+        assert server.undrain()["cleared"] == causes
+    said = {
+        event["log_level"]: formatEvent(event)
+        for event in events
+        if "undrained" in formatEvent(event)
+    }
+    assert said == {
+        LogLevel.info: f"undrained (was: {'; '.join(causes[:10])} and 290 more)",
+        LogLevel.debug: f"undrained causes (all 300): {'; '.join(causes)}",
+    }
+
+
+def test_an_exec_refused_for_hundreds_of_causes_names_ten_and_says_how(
+    server, connection
+):
+    # Cut at 4096 characters, the errstr lost its end: how the drain goes.
+    causes = _abandoned(300)
+    for cause in causes:
+        server.drain(cause, AdminCause.ABANDONED_UNIT)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    assert error_of(connection.last()) == (
+        errno.EIO,
+        f"node is drained: {'; '.join(causes[:10])} and 290 more causes"
+        " (sdexec stats) (sdexec undrain clears it)",
+    )
+    assert [cause["reason"] for cause in server.stats()["drain"]["causes"]] == causes
+
+
+def test_a_drain_of_ten_causes_names_them_all(server):
+    causes = _abandoned(10)
+    for cause in causes:
+        server.drain(cause, AdminCause.ABANDONED_UNIT)
+    with capturedLogs() as events:
+        server.undrain()
+    assert [formatEvent(event) for event in events] == [
+        f"undrained (was: {'; '.join(causes)})"
+    ]

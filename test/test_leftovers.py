@@ -528,6 +528,22 @@ def test_a_stopping_service_leaves_kept_leftovers_running(systemd):
     assert server.clock.getDelayedCalls() == []
 
 
+def test_a_stopping_service_names_ten_of_hundreds_of_kept_leftovers(systemd):
+    # "… not gone, left running …: NAMES" named every one of them.
+    units = [f"sdexec-{n:03}.service" for n in range(300)]
+    for unit in units:
+        leftover(systemd, unit)
+    server = make_server(systemd, policy="keep")
+    server.leftovers.scan()
+    said = logged_during(lambda: server.shutdown(10))
+    assert (
+        "the service stops with 300 leftover units not gone, left running"
+        " (kept: leftover-units = keep), for its next start to find:"
+        f" {', '.join(units[:10])} and 290 more"
+    ) in said
+    assert f"leftover units left (all 300): {', '.join(units)}" in said
+
+
 def test_a_stopping_service_forgets_a_leftover_that_outlives_its_sigkill(systemd):
     leftover(systemd, "sdexec-a.service")
     server = make_server(systemd)

@@ -1526,6 +1526,36 @@ def test_shutdown_with_systemd_away_sends_nothing_more(systemd, server, connecti
     assert "answered for 10s (systemd unreachable): " in said
 
 
+def test_a_shutdown_that_leaves_hundreds_names_ten_in_its_lines(
+    systemd, server, connection
+):
+    # "units not stopped …: NAMES" and "units still not reaped …: NAMES"
+    # named every unit: with hundreds, lines of tens of kilobytes. Now the
+    # first ten, and every one in a debug line of its own.
+    units = [f"sdexec-{n}.service" for n in range(12)]
+    for matchtag, unit in enumerate(units, start=1):
+        cmd = {**TRUE, "opts": {"SDEXEC_NAME": unit.removesuffix(".service")}}
+        connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd}, matchtag)
+        systemd.run(unit)
+    done = server.shutdown(10)
+    with capturedLogs() as events:
+        server.clock.advance(10)  # the stop-timer signal
+        systemd.lose()
+        server.clock.advance(10)  # away: nothing more can be sent
+    assert done.called
+    shown = f"{', '.join(units[:10])} and 2 more"
+    said = [(e["log_level"], formatEvent(e)) for e in events]
+    assert [text for level, text in said if level != LogLevel.debug] == [
+        "units not stopped, nothing reaped nor answered for 10s: their"
+        f" stop-timer signal to all their processes: {shown}",
+        "units still not reaped, and no unit reaped nor call answered for"
+        f" 10s (systemd unreachable): {shown}: left running, for the"
+        " service's next start to find as leftovers ([sdexec] leftover-units)",
+    ]
+    every = f"units left by the stop (all 12): {', '.join(units)}"
+    assert [text for level, text in said if level == LogLevel.debug] == [every] * 2
+
+
 def test_shutdown_waits_on_while_systemd_answers_calls(systemd, server, connection):
     """Before the first reap of a big shutdown, the receipts wait behind
     every stop in the call window: systemd answering calls is progress."""

@@ -866,7 +866,7 @@ def _signal_option(command: Command, configured: int) -> int:
     if value is None:
         return configured
     try:
-        signum = parse_signal(value)
+        signum = _requested_signal(value)
     except ValueError as error:
         raise RequestError(errno.EINVAL, f"SDEXEC_STOP_TIMER_SIGNAL: {error}") from None
     if signum != configured:
@@ -881,6 +881,19 @@ def _signal_option(command: Command, configured: int) -> int:
             f" not {signal_name(signum)}",
         )
     return signum
+
+
+def _requested_signal(value: str) -> int:
+    """A number as Flux's sdexec reads it (strtol in base 10: ``+9`` and
+    `` 9`` are 9, ``9 `` is not a number), or a name (``SIGKILL``, ``KILL``:
+    sdexec's own), written without white space around it."""
+    if STRTOL_DECIMAL.fullmatch(value):
+        return parse_signal(parse_integer(value))
+    if value != value.strip():
+        raise ValueError(
+            f"{quoted(value, SHOWN)} is not a signal: white space around it"
+        )
+    return parse_signal(value)
 
 
 def _size_option(

@@ -371,3 +371,25 @@ def test_the_account_says_how_long_it_deactivated_and_what_was_tried():
         "still deactivating 70s after its stop signalled every process left"
         " in it; tried since: SIGUSR1 twice to them, 30s ago"
     )
+
+
+@pytest.mark.parametrize("spelling", ["10", "+10", " 10", "\t+010", "USR1", "SIGUSR1"])
+def test_the_request_s_signal_is_read_as_flux_reads_a_number(spelling):
+    # Flux's sdexec reads SDEXEC_STOP_TIMER_SIGNAL as it reads the timer
+    # (strtol in base 10); a name is sdexec's own. "+10" was refused here.
+    # (The default configuration's signal is SIGUSR1, the only one a
+    # request may name.)
+    plan = exec_plan(SDEXEC_STOP_TIMER_SIGNAL=spelling)
+    assert plan.stop_timer.signal == signal.SIGUSR1
+
+
+@pytest.mark.parametrize("spelling", ["10 ", "10\n", " USR1", "USR1\t"])
+def test_a_request_s_signal_with_white_space_after_it_is_refused(spelling):
+    # Flux's sdexec reads no number in "10 " (strtol stops before the
+    # space); it was 10 here, and so was a name with white space around it.
+    with pytest.raises(RequestRefused) as refused:
+        exec_plan(SDEXEC_STOP_TIMER_SIGNAL=spelling)
+    assert refused.value.errnum == errno.EINVAL
+    assert refused.value.errstr.startswith(
+        f"SDEXEC_STOP_TIMER_SIGNAL: {quoted(spelling, SHOWN)} is not a signal"
+    )

@@ -325,7 +325,8 @@ class SystemdConfig:
     enable: bool = False
     sdexec_debug: bool = False
     sdbus_debug: bool = False
-    #: Method calls awaiting their reply at once; more wait, in order.
+    #: Method calls awaiting their reply at once; more wait, each user's
+    #: in order, the users' in turn (sdexec/systemd/window.py).
     max_inflight: int = DEFAULT_MAX_INFLIGHT
     #: How long a started unit may take to show a running process.
     start_timeout: float = DEFAULT_START_TIMEOUT

@@ -13,7 +13,7 @@ import itertools
 import os
 import signal
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -81,6 +81,7 @@ from sdexec.systemd.errors import (
     failure_value,
     is_unit_gone,
 )
+from sdexec.systemd.window import SERVICE_LANE
 
 if TYPE_CHECKING:
     from sdexec.metrics import Metrics
@@ -168,6 +169,7 @@ class SdexecServer:
         until :meth:`Leftovers.release_stops` (the service's start)."""
         self.systemd = systemd
         systemd.on_reloading = self.manager_reloading
+        systemd.lane_of = self.lane_of
         self.config = config
         self.reactor = reactor
         self.clock = clock or reactor
@@ -433,6 +435,17 @@ class SdexecServer:
         counted (the service's own requests)."""
         uid = self.connections.uid_of(connection_id)
         return self._share(self.owner_uid if uid is None else uid)
+
+    def lane_of(self, unit: str) -> Hashable:
+        """The lane of the window of calls (sdexec/systemd/window.py) a call
+        for ``unit`` waits in: the uid of the process's user (the owner's
+        for the service's own), taking turns with the other users' lanes;
+        the service's for a unit no process holds (a leftover)."""
+        process = self.units.get(unit)
+        if process is None:
+            return SERVICE_LANE
+        uid = self.process_owners.uid_of(process)
+        return self.owner_uid if uid is None else uid
 
     def _share(self, uid: int) -> Share:
         """The caps that bound ``uid``'s processes."""

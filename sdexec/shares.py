@@ -84,6 +84,10 @@ class ProcessOwners:
         """The processes every uid added holds."""
         return self._counts.total()
 
+    def uid_of(self, process: object) -> int | None:
+        """The uid that added ``process`` (``None``: not added)."""
+        return self._uids.get(process)
+
     def count(self, uid: int) -> int:
         """The processes ``uid`` holds tabled."""
         return self._counts[uid]

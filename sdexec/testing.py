@@ -20,7 +20,7 @@ against a real server and client over it. Nothing here talks to D-Bus.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from twisted.internet import defer
@@ -35,7 +35,7 @@ from sdexec.systemd.errors import SystemdError, connection_lost, reconnecting
 from sdexec.systemd.unanswered import Silence, calls_waiting
 from sdexec.systemd.unit import CLD_EXITED, CLD_KILLED
 from sdexec.systemd.watch import UnitWatch, WatchRegistry
-from sdexec.systemd.window import DEFAULT_MAX_INFLIGHT
+from sdexec.systemd.window import DEFAULT_MAX_INFLIGHT, SERVICE_LANE
 
 __all__ = [
     "DEACTIVATING",
@@ -87,6 +87,7 @@ class FakeManager:
         self.reactor = reactor
         self.debug = False
         self.max_inflight = DEFAULT_MAX_INFLIGHT  # answers at once: never full
+        self.lane_of: Callable[[str], Hashable] = lambda unit: SERVICE_LANE
         self.connected = True
         #: As a user manager's would read; no real process is below it.
         self.control_group: str | None = "/user.slice/user-0.slice/fake@0.service"

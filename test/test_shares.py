@@ -25,6 +25,7 @@ import sdexec.connection
 from sdexec.config import parse_config
 from sdexec.containment import Containment
 from sdexec.shares import STATS_USERS
+from sdexec.systemd.window import SERVICE_LANE
 from sdexec.testing import FakeManager
 
 #: Caps small enough to fill: the owner's, then each other user's.
@@ -187,3 +188,16 @@ def test_stats_show_each_user_s_share_bounded(systemd, monkeypatch):
         "background": 1,
         "waitable": 0,
     }
+
+
+def test_calls_for_a_user_s_units_wait_in_that_user_s_lane(systemd, monkeypatch):
+    # One queue of calls for everyone held the owner's start behind a
+    # listed user's burst (sdexec/systemd/window.py): each uid's calls
+    # take turns, the service's own (leftovers) apart.
+    server = make_server(systemd, **CAPS)
+    owner, user = Client(server), user_client(server, monkeypatch)
+    _streaming(user, "u1", 1)
+    _streaming(owner, "o1", 1)
+    assert [
+        systemd.lane_of(f"sdexec-{name}.service") for name in ("u1", "o1", "none")
+    ] == [USER, os.getuid(), SERVICE_LANE]

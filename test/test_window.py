@@ -113,3 +113,96 @@ def test_a_raised_limit_starts_what_it_makes_room_for_at_once():
     window.limit = 1  # lowered: nothing in flight is touched
     calls.answer("0")
     assert calls.started == ["0", "1", "2"]
+
+
+# -- lanes: one user's burst does not hold another's calls ---------------------
+
+
+def test_lanes_take_turns_and_each_keeps_its_order():
+    # One queue for everyone held the owner's start behind a listed user's
+    # 496 queued starts; lanes in turn hold it behind one of them.
+    window, calls = CallWindow(1), Calls()
+    blocker = window.submit(calls.start("blocker"), "user")
+    for n in range(4):
+        window.submit(calls.start(f"user {n}"), "user")
+    window.submit(calls.start("owner 0"), "owner")
+    window.submit(calls.start("owner 1"), "owner")
+    window.submit(calls.start("service 0"))
+    assert (window.queued, window.queued_in("user"), window.queued_in("owner")) == (
+        7,
+        4,
+        2,
+    )
+    for name in ["blocker", "user 0", "owner 0", "service 0", "user 1", "owner 1"]:
+        calls.answer(name)
+    assert calls.started == [
+        "blocker",
+        "user 0",
+        "owner 0",
+        "service 0",
+        "user 1",
+        "owner 1",
+        "user 2",
+    ]
+    assert blocker.result == "blocker done"
+
+
+def test_a_lane_with_nothing_waiting_is_forgotten():
+    # A lane per uid: one kept for every uid that ever called would grow
+    # with the uids, as the counts per uid once did (shares.count_off).
+    window, calls = CallWindow(1), Calls()
+    window.submit(calls.start("first"), 1001)
+    window.submit(calls.start("second"), 1001)
+    window.submit(calls.start("third"), 1002)
+    for name in ("first", "second", "third"):
+        calls.answer(name)
+    assert (window.queued, window.queued_in(1001), window.queued_in(1002)) == (0, 0, 0)
+    assert window._lanes == {} and window._units == {}
+
+
+def test_a_unit_s_calls_stay_in_order_whatever_lane_a_later_one_names():
+    # A unit's start queued in its user's lane, then its stop asked for in
+    # the service's lane (its process untabled meanwhile): were the stop
+    # served in its own lane's turn, it could reach systemd before the
+    # start, which would then run a unit nobody stops.
+    window, calls = CallWindow(1), Calls()
+    window.submit(calls.start("blocker"), "user")
+    window.submit(calls.start("user burst"), "user")
+    window.submit(calls.start("start u"), "user", unit="u")
+    window.submit(calls.start("stop u"), "service", unit="u")
+    window.submit(calls.start("service other"), "service", unit="v")
+    assert window.queued_in("user") == 3
+    for name in ["blocker", "user burst", "service other", "start u"]:
+        calls.answer(name)
+    assert calls.started == [
+        "blocker",
+        "user burst",
+        "service other",  # the service's lane's turn: not u's stop
+        "start u",
+        "stop u",
+    ]
+
+
+def test_a_unit_s_next_call_takes_the_lane_named_once_none_waits():
+    window, calls = CallWindow(1), Calls()
+    window.submit(calls.start("blocker"))
+    window.submit(calls.start("start u"), "user", unit="u")
+    calls.answer("blocker")  # the start leaves: nothing of u waits
+    window.submit(calls.start("stop u"), "service", unit="u")
+    assert (window.queued_in("service"), window.queued_in("user")) == (1, 0)
+
+
+def test_fail_queued_fails_every_lane_s_calls_and_forgets_their_units():
+    window, calls = CallWindow(1), Calls()
+    window.submit(calls.start("running"), "user")
+    queued = [
+        window.submit(calls.start("a"), "user", unit="u"),
+        window.submit(calls.start("b"), "owner", unit="v"),
+    ]
+    errors: list[Failure] = []
+    for result in queued:
+        result.addErrback(errors.append)
+    window.fail_queued(Failure(ConnectionError("bus lost")))
+    assert len(errors) == 2 and window.queued == 0
+    window.submit(calls.start("stop u"), "service", unit="u")
+    assert window.queued_in("service") == 1  # u's old lane is forgotten

@@ -7,7 +7,8 @@ checks).
 - :mod:`sdexec.systemd.watch`: a unit's property watch (:class:`UnitWatch`)
   and the registry that dispatches each signal to it.
 - :mod:`sdexec.systemd.window`: :class:`CallWindow`, the bound on method
-  calls awaiting their reply (``max-inflight``).
+  calls awaiting their reply (``max-inflight``), the others queued in
+  lanes served in turn.
 - :mod:`sdexec.systemd.unanswered`: the calls awaiting the manager's answer
   (:class:`UnansweredCalls`), a warning when the manager has left one
   unanswered too long, and the oldest one (:class:`Silence`) for the stats.

@@ -22,7 +22,7 @@ import socket
 import string
 import time
 from array import array
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Hashable, Sequence
 from typing import Any, cast
 
 from dbus_fast import BusType, Message, MessageFlag, MessageType, Variant
@@ -54,7 +54,7 @@ from sdexec.systemd.unanswered import (
     calls_waiting,
 )
 from sdexec.systemd.watch import UnitWatch, WatchRegistry
-from sdexec.systemd.window import DEFAULT_MAX_INFLIGHT, CallWindow
+from sdexec.systemd.window import DEFAULT_MAX_INFLIGHT, SERVICE_LANE, CallWindow
 
 __all__ = [
     "MANAGER_LEFT",
@@ -360,6 +360,9 @@ class SystemdClient:
         self._closing = False
         #: Every method call goes through it (``[systemd] max-inflight``).
         self.window = CallWindow(DEFAULT_MAX_INFLIGHT)
+        #: ``lane_of(unit)``: the window's lane of a call for ``unit`` (the
+        #: server's: its user's uid); calls for no unit take the service's.
+        self.lane_of: Callable[[str], Hashable] = lambda unit: SERVICE_LANE
         #: Every call sent and not answered yet (a silent manager is told).
         self._unanswered = UnansweredCalls(clock)
         self._backoff = Backoff(clock, self._reconnect, "reconnecting to systemd")
@@ -674,7 +677,7 @@ class SystemdClient:
     @property
     def max_inflight(self) -> int:
         """How many method calls may await their reply at once; the others
-        wait, in order, for a slot."""
+        wait for a slot, in their lanes (:attr:`lane_of`), in turn."""
         return self.window.limit
 
     @max_inflight.setter
@@ -725,39 +728,45 @@ class SystemdClient:
                 unix_fds=fds,
             )
 
-        return self._defer(send).addCallback(lambda body: body[0])
+        return self._defer(send, name).addCallback(lambda body: body[0])
 
     def stop_unit(self, name: str, mode: str = "replace") -> Deferred[str]:
         """``StopUnit``; fires with the job path. ``replace``: systemd refuses
         ``fail`` while the unit's start job is still queued."""
         return self._defer(
-            lambda: self._manager("StopUnit", "ss", [name, mode])
+            lambda: self._manager("StopUnit", "ss", [name, mode]), name
         ).addCallback(lambda body: body[0])
 
     def kill_unit(self, name: str, who: str, signal: int) -> Deferred[None]:
         """``KillUnit``: send ``signal`` to ``who`` (``main``, ``control`` or
         ``all``) of the unit."""
         return self._defer(
-            lambda: self._manager("KillUnit", "ssi", [name, who, signal])
+            lambda: self._manager("KillUnit", "ssi", [name, who, signal]), name
         ).addCallback(lambda _: None)
 
     def reset_failed_unit(self, name: str) -> Deferred[None]:
         """``ResetFailedUnit``: forget a failed unit so it can be unloaded."""
         return self._defer(
-            lambda: self._manager("ResetFailedUnit", "s", [name])
+            lambda: self._manager("ResetFailedUnit", "s", [name]), name
         ).addCallback(lambda _: None)
 
     def list_units_by_patterns(
         self, states: list[str], patterns: list[str]
     ) -> Deferred[list[tuple]]:
-        """``ListUnitsByPatterns``: the 10-field unit tuples systemd returns."""
+        """``ListUnitsByPatterns``: the 10-field unit tuples systemd returns.
+        One pattern naming one unit (a leftover looked for) is a call for
+        that unit: it waits behind the unit's calls queued before it."""
         return self._defer(
-            lambda: self._manager("ListUnitsByPatterns", "asas", [states, patterns])
+            lambda: self._manager("ListUnitsByPatterns", "asas", [states, patterns]),
+            _one_unit(patterns),
         ).addCallback(lambda body: [tuple(unit) for unit in body[0]])
 
-    def get_all(self, path: str, interface: str) -> Deferred[dict[str, Any]]:
-        """``Properties.GetAll`` on an object, values unwrapped."""
-        return self._defer(lambda: self._get_all(path, interface))
+    def get_all(
+        self, path: str, interface: str, unit: str | None = None
+    ) -> Deferred[dict[str, Any]]:
+        """``Properties.GetAll`` on an object (``unit``'s, if it is one),
+        values unwrapped."""
+        return self._defer(lambda: self._get_all(path, interface), unit)
 
     def watch_unit(
         self, name: str, callback: Callable[[dict[str, Any]], None]
@@ -765,7 +774,11 @@ class SystemdClient:
         """Follow a unit's properties; register *before* starting the unit."""
         path = unit_object_path(name)
         watch = UnitWatch(
-            self._watches, name, path, callback, lambda: self.get_unit_state(path)
+            self._watches,
+            name,
+            path,
+            callback,
+            lambda: self.get_unit_state(path, name),
         )
         self._watches.register(watch)
         return watch
@@ -773,21 +786,29 @@ class SystemdClient:
     def get_service_properties(self, name: str) -> Deferred[dict[str, Any]]:
         """``GetAll`` of a unit's ``Service`` interface alone: its exit,
         ``Result``, ``ControlGroup`` and resource counters, in one call."""
-        return self.get_all(unit_object_path(name), SERVICE)
+        return self.get_all(unit_object_path(name), SERVICE, name)
 
-    def get_unit_state(self, path: str) -> Deferred[dict[str, Any]]:
-        """``GetAll`` of the ``Unit`` and ``Service`` interfaces, merged."""
-        return self._defer(lambda: self._get_unit_state(path))
+    def get_unit_state(
+        self, path: str, unit: str | None = None
+    ) -> Deferred[dict[str, Any]]:
+        """``GetAll`` of the ``Unit`` and ``Service`` interfaces (of
+        ``unit``'s object, if it is one), merged."""
+        return self._defer(lambda: self._get_unit_state(path), unit)
 
     # -- plumbing --------------------------------------------------------
 
-    def _defer(self, call: Callable[[], Coroutine[Any, Any, Any]]) -> Deferred[Any]:
-        """Run ``call()`` once the window has a slot for it; at once fail
+    def _defer(
+        self, call: Callable[[], Coroutine[Any, Any, Any]], unit: str | None = None
+    ) -> Deferred[Any]:
+        """Run ``call()`` once the window has a slot for it, in the lane of
+        ``unit`` (:attr:`lane_of`), of the service if ``None``; at once fail
         with EAGAIN while systemd is away."""
         if not self.connected:
             return fail(reconnecting())
         return self.window.submit(
-            lambda: Deferred.fromFuture(asyncio.ensure_future(call()))
+            lambda: Deferred.fromFuture(asyncio.ensure_future(call())),
+            SERVICE_LANE if unit is None else self.lane_of(unit),
+            unit,
         ).addErrback(_translate_failure)
 
     async def _get_unit_state(self, path: str) -> dict[str, Any]:
@@ -1046,6 +1067,14 @@ class _Bound:
         if isinstance(result, Failure) and self._why is not None:
             raise connection_lost(self._why)  # cancelled by the bound
         return result
+
+
+def _one_unit(patterns: list[str]) -> str | None:
+    """The unit that ``patterns`` name, if one pattern names one unit
+    (no glob characters, which ``ListUnitsByPatterns`` matches)."""
+    if len(patterns) == 1 and not any(glob in patterns[0] for glob in "*?["):
+        return patterns[0]
+    return None
 
 
 def _no_manager(reply: Message) -> bool:

@@ -7,7 +7,7 @@ systemd layer types its manager as :class:`Manager`, never as the client.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred
@@ -45,6 +45,10 @@ class Manager(Protocol):
     debug: bool
     #: Method calls awaiting a reply at once (``[systemd] max-inflight``).
     max_inflight: int
+    #: ``lane_of(unit)``: whose turn a call for ``unit`` waits for in the
+    #: window of calls (sdexec/systemd/window.py): the server's, one lane
+    #: per uid, so that one user's burst does not hold another's calls.
+    lane_of: Callable[[str], Hashable]
     disconnected: Deferred[None]
     #: The manager is reachable; while not, calls fail at once with EAGAIN.
     connected: bool

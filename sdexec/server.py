@@ -1304,6 +1304,8 @@ class SdexecServer:
                 "processes": self._processes_of(self._share(uid)),
                 "background": self.tracked.background_held(uid),
                 "waitable": self.tracked.waitable_held(uid),
+                # Whose calls wait in the window (whose burst holds whom).
+                "calls-queued": self.systemd.calls_queued_in(uid),
             }
             for uid in [self.owner_uid, *shown]
         }

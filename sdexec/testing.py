@@ -129,6 +129,10 @@ class FakeManager:
         """Only held ``GetAll`` answers wait (the silence is :attr:`silent`)."""
         return calls_waiting(len(self._held), 0, self.silent)
 
+    def calls_queued_in(self, lane: Hashable) -> int:
+        """None: no window, every call answers at once."""
+        return 0
+
     def watch_unit(self, name: str, callback: Callable[[State], None]) -> UnitWatch:
         """Follow the unit with the real :class:`UnitWatch`: ``callback``
         sees each :meth:`change`, merged as production merges signals."""

@@ -182,11 +182,13 @@ def test_stats_show_each_user_s_share_bounded(systemd, monkeypatch):
         "processes": 1,
         "background": 1,
         "waitable": 1,
+        "calls-queued": 0,
     }
     assert shown["users"][str(users[0])] == {
         "processes": 2,
         "background": 1,
         "waitable": 0,
+        "calls-queued": 0,
     }
 
 

@@ -82,6 +82,10 @@ async def test_the_owner_s_start_is_not_behind_a_user_s_burst(
         await until(lambda: window.queued_in(USER) == burst, f"{burst} queued")
         exec_true(owner, "owner", done)
         await until(lambda: window.queued_in(os.getuid()) == 1, "the owner's queued")
+        # The stats say whose calls wait: the admin's view of the above.
+        shares = service.server.stats()["users"]["users"]
+        queued = {uid: shares[str(uid)]["calls-queued"] for uid in (USER, os.getuid())}
+        assert queued == {USER: burst, os.getuid(): 1}
         owner_unit = service.server.find(label="owner").unit_name
     finally:  # opened whatever happens: the service's stop needs its calls
         service.server.systemd.max_inflight = limit

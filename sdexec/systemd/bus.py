@@ -695,6 +695,10 @@ class SystemdClient:
         unanswered = self._unanswered
         return calls_waiting(len(unanswered), self.window.queued, unanswered.oldest())
 
+    def calls_queued_in(self, lane: Hashable) -> int:
+        """For the stats: the calls of ``lane`` waiting for a slot."""
+        return self.window.queued_in(lane)
+
     # -- Manager methods -------------------------------------------------
 
     def start_transient_unit(

@@ -135,6 +135,11 @@ class Manager(Protocol):
         ``oldest`` unanswered one's ``call`` and ``seconds`` (or ``None``)."""
         ...
 
+    def calls_queued_in(self, lane: Hashable) -> int:
+        """For the stats: the calls of ``lane`` (:attr:`lane_of`) waiting
+        for a slot of the window."""
+        ...
+
     def disconnect(self) -> None:
         """Close the connection for good; ``disconnected`` fires."""
         ...

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -179,6 +180,40 @@ def test_the_shipped_units_activate_notify_reload_and_stop(units):
     assert _show(service, "ActiveState", "Result") == {
         "ActiveState": "inactive", "Result": "success",
     }  # fmt: skip
+
+
+def _comment_above(unit: str, setting: str) -> str:
+    """The comment lines just above ``setting=`` in ``etc/UNIT``, joined."""
+    lines = (REPO / "etc" / unit).read_text().splitlines()
+    (at,) = (n for n, line in enumerate(lines) if line.startswith(f"{setting}="))
+    comment: list[str] = []
+    for line in reversed(lines[:at]):
+        if not line.startswith("#"):
+            break
+        comment.insert(0, line.lstrip("# "))
+    return " ".join(comment)
+
+
+def test_a_start_past_its_timeout_is_restarted_as_the_units_say(units, tmp_path):
+    # A bus that takes the connection and never answers holds the start
+    # before READY=1. Past TimeoutStartSec systemd ends it with SIGTERM,
+    # which twistd re-raises, and Restart=on-failure starts it again: the
+    # units' comments said "exit 0, which is not restarted".
+    silent = tmp_path / "silent-bus"
+    with socket.socket(socket.AF_UNIX) as bus:
+        bus.bind(str(silent))
+        bus.listen(8)
+        units.install("sdexec.service", None, CONFIG, dropin=(
+            f"Environment=DBUS_SESSION_BUS_ADDRESS=unix:path={silent}\n"
+            "TimeoutStartSec=2\n"
+        ))  # fmt: skip
+        service = f"{NAME}.service"
+        assert _systemctl("start", "--no-block", service).returncode == 0
+        _wait_for(lambda: int(_show(service, "NRestarts")["NRestarts"]) >= 1,
+                  "the restart after the start timed out", log=units.log)  # fmt: skip
+    for unit in ("sdexec.service", "sdexec-system.service"):
+        said = _comment_above(unit, "TimeoutStartSec")
+        assert "restarts it" in said and "not restarted" not in said, (unit, said)
 
 
 #: The system unit's settings that need a mount, UTS or other namespace for

@@ -11,6 +11,7 @@ offline from it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -130,6 +131,22 @@ def test_example_files_man_pages_and_completions_are_installed(installed):
                  "share/bash-completion/completions/sdexec",
                  "share/zsh/site-functions/_sdexec"):  # fmt: skip
         assert (installed.prefix / path).read_bytes() == (REPO / path).read_bytes()
+
+
+def test_the_installed_documents_plugin_cache_command_writes_the_cache(installed):
+    # The wheel ships no twisted/plugins/dropin.cache: the system unit
+    # (ProtectSystem=strict) cannot write it, and logged so at every start.
+    # The step that writes it was in README.md alone, which is not installed.
+    operating = installed.prefix / "share" / "doc" / "sdexec" / "operating.md"
+    (command,) = re.findall(r"^python3 -c '(from twisted\.plugin [^']*)'$",
+                            operating.read_text(), re.MULTILINE)  # fmt: skip
+    (plugins,) = installed.prefix.glob("lib/python*/site-packages/twisted/plugins")
+    cache = plugins / "dropin.cache"
+    cache.unlink(missing_ok=True)
+    written = installed.run(installed.bin("python3"), "-c", command)
+    assert written.returncode == 0, written.stderr
+    assert b"sdexec_plugin" in cache.read_bytes()
+    assert cache.stat().st_mtime >= (plugins / "sdexec_plugin.py").stat().st_mtime
 
 
 #: A Twisted program's use of the library, one line of it wrong on purpose.

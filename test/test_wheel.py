@@ -185,6 +185,10 @@ def test_twistd_sdexec_help_and_version(installed):
     assert "--config=" in helped.stdout
     shown = installed.run(installed.bin("sdexec"), "--version")
     assert shown.stdout == f"sdexec {version('sdexec')}\n", shown.stderr
+    # twistd sdexec's own says which sdexec the unit's twistd would run, not
+    # Twisted's version alone.
+    shown = installed.run(installed.bin("twistd"), "sdexec", "--version")
+    assert shown.stdout.startswith(f"sdexec {version('sdexec')} (Twisted "), shown
 
 
 def test_the_installed_service_runs_a_process(installed, user_manager):
@@ -204,4 +208,7 @@ def test_the_installed_service_runs_a_process(installed, user_manager):
         assert ran.returncode == 0, ran.stderr
         assert terminate(service) == -signal.SIGTERM, log.read_text()
     assert b"Server Shut Down." in log.read_bytes()
+    # The start names the sdexec it runs: after an upgrade, the journal says
+    # which version came up.
+    assert f"sdexec_plugin#info] sdexec {version('sdexec')}\n" in log.read_text()
     assert unit_names() == []

@@ -78,6 +78,19 @@ class Options(usage.Options):
         write_stdout_or_exit("twistd sdexec", f"{self}\n")
         raise SystemExit(0)
 
+    def opt_version(self) -> NoReturn:
+        """Display sdexec's version and Twisted's, and exit."""
+        # Twisted's own says only "Twisted version: …": after an upgrade, an
+        # admin asking which sdexec the unit's twistd runs was not told.
+        from sdexec.cliparser import write_stdout_or_exit
+        from sdexec.version import package_version
+        from twisted import __version__ as twisted_version
+
+        write_stdout_or_exit(
+            "twistd sdexec", f"sdexec {package_version()} (Twisted {twisted_version})\n"
+        )
+        raise SystemExit(0)
+
     def postOptions(self) -> None:
         """Refuse a start without ``--config``."""
         if not self["config"]:
@@ -132,6 +145,7 @@ class SdexecServiceMaker:
         from sdexec.fdlimit import raise_open_file_limit
         from sdexec.logs import log_observer, with_observer
         from sdexec.service import SdexecService
+        from sdexec.version import package_version
 
         try:
             config = load_config(options["config"])
@@ -145,6 +159,9 @@ class SdexecServiceMaker:
             )
         except ConfigError as error:
             _refuse_to_start(str(error), transient=error.transient)
+        # Which sdexec runs, in the log of every start: after an upgrade
+        # twistd's own first line names Twisted's version, not sdexec's.
+        log.info("sdexec {version}", version=package_version())
         raised = raise_open_file_limit()
         if raised is not None:
             log.info(

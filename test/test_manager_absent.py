@@ -859,3 +859,71 @@ async def test_a_call_queued_in_the_window_when_systemd_goes_is_never_sent():
     assert bus.calls == ["KillUnit"]  # the queued one never went out
     assert str(in_flight[0].value).startswith("systemd connection lost: ")
     client.disconnect()
+
+
+def _abandoned_first(where: str) -> str:
+    return (
+        f"systemd connection lost: the bus did not complete the connection to"
+        f" {where} within {RECONNECT_ATTEMPT_S:g} s; abandoned"
+    )
+
+
+@pytest.mark.parametrize("stalls", ["authentication", "AddMatch"])
+@ensureDeferred
+async def test_a_first_connection_the_bus_never_completes_fails_naming_it(stalls):
+    # A socket that accepts and never authenticates (or a bus that never
+    # answers the match rules) held the service's start for ever without a
+    # word: under the shipped units, 5 minutes, a SIGTERM and a restart into
+    # the same wait (review session 50, ops F6). Bounded as a reconnection.
+    clock, buses = Clock(), []
+
+    async def reopen():
+        if stalls == "authentication":
+            await _stalled()
+        buses.append(FakeBus({"AddMatch": _never_answered}))
+        return buses[-1]
+
+    outcome: list = []
+    connecting = SystemdClient.connect_with(reopen, clock, where="D-Bus at X")
+    connecting.addBoth(outcome.append)
+    await settled(lambda: stalls == "authentication" or buses, "the bus opened")
+    clock.advance(RECONNECT_ATTEMPT_S - 0.1)
+    await settled(lambda: True, "a pass")
+    assert outcome == []
+    clock.advance(0.1)
+    await settled(lambda: outcome, "abandoned")
+    [failure] = outcome
+    assert failure.check(SystemdError)
+    assert str(failure.value) == _abandoned_first("D-Bus at X")
+    assert all(bus.disconnected for bus in buses)  # no socket left open
+    assert clock.getDelayedCalls() == []
+
+
+@ensureDeferred
+async def test_a_first_connection_waits_for_a_slow_manager_while_its_bus_answers():
+    # The bound is the bus's, not the manager's: a first Subscribe that a
+    # manager answers late (a daemon-reexec as the service starts) is
+    # waited for while the bus answers a check each period.
+    clock, manager, buses = Clock(), _SlowManager(), []
+
+    async def reopen():
+        buses.append(FakeBus({"Subscribe": manager.subscribe}))
+        return buses[-1]
+
+    outcome: list = []
+    SystemdClient.connect_with(reopen, clock).addBoth(outcome.append)
+    await settled(lambda: manager.waiting, "the Subscribe sent")
+    for period in range(1, 4):
+        clock.advance(RECONNECT_ATTEMPT_S)
+        await settled(
+            lambda period=period: buses[0].calls.count("GetNameOwner") == period,
+            f"the bus checked in period {period}",
+        )
+    assert outcome == []
+    manager.answer()
+    await settled(lambda: outcome, "connected")
+    [client] = outcome
+    assert isinstance(client, SystemdClient) and client.connected
+    assert len(buses) == 1
+    client.disconnect()
+    await settled(lambda: clock.getDelayedCalls() == [], "no timer left")

@@ -332,10 +332,7 @@ class SystemdClient:
     ) -> None:
         """``bus`` is connected; ``reopen()`` connects anew to the same bus.
         Use :meth:`connect`."""
-        if clock is None:
-            from twisted.internet import reactor  # the one running by now
-
-            clock = cast(IReactorTime, reactor)
+        clock = _clock_or_reactor(clock)
         self._bus: MessageBus | None = None
         self._reopen = reopen
         self._watches = WatchRegistry()
@@ -405,24 +402,57 @@ class SystemdClient:
         the client reconnects by itself when the bus or the manager goes
         away (see :attr:`on_lost`), on ``clock``'s timers (the reactor's
         if not given). ``on_call``: :attr:`on_call` from the first call on
-        (the connection's own calls included)."""
-        return Deferred.fromFuture(
-            asyncio.ensure_future(cls._connect(address, system, clock, on_call))
-        ).addErrback(_translate_failure)
+        (the connection's own calls included).
+
+        Bounded as a reconnection is (:data:`RECONNECT_ATTEMPT_S`): a bus
+        that does not complete the connection in that time (a socket that
+        accepts and never authenticates, a stopped dbus-daemon) fails it,
+        where a start would wait for ever without a word; the manager's
+        ``Subscribe`` is then waited for while the bus answers."""
+        reopen = functools.partial(_open_bus, address, system)
+        where = (
+            "the system bus"
+            if system
+            else f"D-Bus at {address or session_bus_address()}"
+        )
+        return cls.connect_with(reopen, clock, on_call, where)
+
+    @classmethod
+    def connect_with(
+        cls,
+        reopen: Callable[[], Coroutine[Any, Any, MessageBus]],
+        clock: IReactorTime | None = None,
+        on_call: Callable[[str, float, bool], None] | None = None,
+        where: str = "the bus",
+    ) -> Deferred[SystemdClient]:
+        """:meth:`connect` through ``reopen()``, which opens the bus (and
+        opens it anew on each reconnection); ``where``: the bus, as the
+        error of a connection abandoned names it."""
+        clock = _clock_or_reactor(clock)
+        made: list[SystemdClient] = []
+
+        async def bus_answers() -> None:  # asked once the bus has answered
+            await made[0]._bus_answers()
+
+        bound = _Bound(clock, bus_answers, f"connection to {where}")
+        attempt = cls._connect(reopen, clock, on_call, bound, made)
+        return bound.run(asyncio.ensure_future(attempt)).addCallback(lambda _: made[0])
 
     @classmethod
     async def _connect(
         cls,
-        address: str | None,
-        system: bool,
-        clock: IReactorTime | None,
+        reopen: Callable[[], Coroutine[Any, Any, MessageBus]],
+        clock: IReactorTime,
         on_call: Callable[[str, float, bool], None] | None,
-    ) -> SystemdClient:
-        reopen = functools.partial(_open_bus, address, system)
+        bound: _Bound,
+        made: list[SystemdClient],
+    ) -> None:
         client = cls(await reopen(), reopen, clock)
+        made.append(client)
         client.on_call = on_call
         try:
             await client._add_matches()
+            bound.bus_answered()  # the manager is waited for from now on
             # The first time, let the bus wait for the manager (a bus just
             # socket-activated by this connection has no manager on it yet).
             await client._subscribe(autostart=True)
@@ -441,7 +471,6 @@ class SystemdClient:
             client.disconnect()  # not a usable client: do not leak its socket
             raise
         client.connected = True
-        return client
 
     def disconnect(self) -> None:
         """Close the connection for good; :attr:`disconnected` fires."""
@@ -973,6 +1002,15 @@ class SystemdClient:
             self._manager_appeared()
         else:
             self._arm_absent_check()
+
+
+def _clock_or_reactor(clock: IReactorTime | None) -> IReactorTime:
+    """``clock``, else the reactor (the one running by now)."""
+    if clock is not None:
+        return clock
+    from twisted.internet import reactor
+
+    return cast(IReactorTime, reactor)
 
 
 class _Bound:

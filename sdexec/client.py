@@ -39,7 +39,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from sdexec.framing import JSONLineProtocol, encode_message
-from sdexec.ioencode import decode_io, encode_io
+from sdexec.ioencode import encode_io
 from sdexec.protocol import (
     DEFAULT_STDIN_BUFSIZE,
     KILL_WHO,
@@ -74,6 +74,7 @@ from sdexec.rpc import (
     finished_status,
     is_end_of_stream,
     listed_processes,
+    output_io,
     process_target,
     resolve_socket_path,
     socket_path_unusable,
@@ -517,8 +518,10 @@ class SdexecClient(JSONLineProtocol):
 
         ``on_response`` gets every response payload (``add-credit``,
         ``started``, ``output``, ``finished``) in order, after the handle has
-        taken note of it (so ``handle.credit`` and ``handle.pid`` are current).
-        The stream's end fires ``handle.done``.
+        taken note of it (so ``handle.credit`` and ``handle.pid`` are current),
+        but an ``output`` no caller can decode: ``handle.done`` then fails
+        with ``EPROTO`` naming it (:func:`_handed_on`). The stream's end
+        fires ``handle.done``.
 
         ``background``: the process runs on without this client (stdin at
         EOF, output kept for :meth:`wait` and :meth:`attach`); the one
@@ -614,7 +617,9 @@ class SdexecClient(JSONLineProtocol):
         """``sdexec.attach`` to a background process (exactly one of ``pid``
         and ``label``): ``on_response`` gets ``attached``, the retained and
         live ``output`` of the streams in ``flags``, and ``finished``;
-        ``handle.done`` fires at the end. Closing the connection detaches."""
+        ``handle.done`` fires at the end (``EPROTO`` naming an ``output``
+        or ``attached`` it was not given, malformed: :func:`_handed_on`).
+        Closing the connection detaches."""
         payload = {**process_target(pid, label), "flags": int(flags)}
         _check_request(Topic.ATTACH, payload)
         request = self._requests.new(Topic.ATTACH, payload)
@@ -879,8 +884,9 @@ class ExecHandle:
         self.receipt: Receipt | None = None
         #: Fires ``None`` when the stream ends with ENODATA; errbacks with
         #: :class:`RPCError` for any other error (``EPROTO`` for a stream
-        #: whose ``started`` had no pid, or whose ``finished`` had no wait
-        #: status or came twice: :class:`~sdexec.rpc.StreamCheck`),
+        #: whose ``started`` had no pid, whose ``finished`` had no wait
+        #: status or came twice, or that sent an ``output`` no caller can
+        #: decode: :class:`~sdexec.rpc.StreamCheck`),
         #: :class:`ConnectionFailed` if the connection goes first.
         #: Cancelling it stops nothing (:meth:`_said_after_cancel`).
         self.done: Deferred[None] = Deferred(self._done_cancelled)
@@ -890,6 +896,8 @@ class ExecHandle:
         self._on_response = on_response
         self._credit = StdinCredit(cmd) if flags & WRITE_CREDIT else None
         self._ended = False
+        #: ``started`` has come (with no pid, where :attr:`pid` is None).
+        self._start_came = False
         #: Ended with ENODATA: the process finished, its unit is gone.
         self._ended_well = False
         self._end_error: SdexecError | None = None
@@ -970,8 +978,9 @@ class ExecHandle:
             return fail(RPCError(errno.ESRCH, f"kill: pid {self.pid} has ended"))
         if self.pid is not None:
             return self._client.kill(pid=self.pid, signum=signum, who=who)
-        if self._ended or self._check.violation is not None:
-            # (A started without a pid: held, the kill waited for the end.)
+        if self._ended or self._start_came:
+            # (A started without a pid: held, the kill waited for the end.
+            # Not any violation: a malformed output is no start.)
             return fail(self._unstarted_kill_error(self._end_error))
         waiting: Deferred[Payload] = Deferred()
         self._early_kills.append((signum, who, waiting))
@@ -1026,15 +1035,17 @@ class ExecHandle:
         if kind == "add-credit":
             self._add_credit(payload.get("channels"))
         elif kind == "started":  # a pid that is none: EPROTO, at the end
+            self._start_came = True
             self.pid = self._check.see_start(payload)
         elif kind == "finished":
             self._check.see(payload)
             if self.receipt is None:
                 self.receipt = finished_receipt(payload)
-        try:
-            self._on_response(payload)
-        except Exception:
-            _log.failure("sdexec: exec response callback failed")
+        if _handed_on(self._check, kind, payload):
+            try:
+                self._on_response(payload)
+            except Exception:
+                _log.failure("sdexec: exec response callback failed")
         if kind == "started":
             self._send_early_kills()
         if not self.streaming:  # a background exec's one response
@@ -1218,7 +1229,7 @@ class AttachHandle:
             self._check.see(payload)
             if self.status is None:
                 self.status = finished_status(payload)
-        if self._done_abandoned:
+        if not _handed_on(self._check, kind, payload) or self._done_abandoned:
             # Given up by its caller, who can detach only by closing the
             # connection: what comes until then is dropped, not kept.
             return
@@ -1248,6 +1259,20 @@ class AttachHandle:
 
     def _done_cancelled(self, done: Deferred[None]) -> None:
         self._done_abandoned = True
+
+
+def _handed_on(check: StreamCheck, kind: object, payload: Payload) -> bool:
+    """Whether a stream's response goes to its ``on_response``: not an
+    ``output`` no caller can decode, nor an ``attached`` whose ``dropped``
+    is not byte counts (its decode or sum raised in the caller's callback,
+    logged, and the output was lost unsaid). The stream ends with that
+    ``EPROTO`` in its stead, naming it (:class:`~sdexec.rpc.StreamCheck`);
+    what else comes is handed on."""
+    if kind == "output":
+        return check.see_output(payload)
+    if kind == "attached":
+        return check.see_dropped(payload)
+    return True
 
 
 def _tell_producer(call: Callable[[], object]) -> None:
@@ -1369,27 +1394,12 @@ def _with_wait_status(answer: Payload) -> Payload:
     return answer
 
 
-#: The streams a wait's retained output may name (RFC 42's output streams).
-_OUTPUT_STREAMS = ("stdout", "stderr")
-
-
 def _check_wait_output(output: list[Any]) -> None:
     """:class:`RPCError` ``EPROTO`` naming the item and field of a wait's
-    ``output`` that is no io object of stdout or stderr a caller can
-    decode (:func:`~sdexec.ioencode.decode_io`): handed on, it raised in
-    the caller's callback, or was dropped as another stream's."""
+    ``output`` that is no output a caller can decode
+    (:func:`~sdexec.rpc.output_io`)."""
     for index, io in enumerate(output):
-        try:
-            stream, _data, _eof = decode_io(io)
-        except ValueError as error:
-            said = str(error).removeprefix("io")
-            raise RPCError(errno.EPROTO, f"wait: output[{index}]{said}") from None
-        if stream not in _OUTPUT_STREAMS:
-            raise RPCError(
-                errno.EPROTO,
-                f'wait: output[{index}].stream: expected "stdout" or "stderr",'
-                f" got {quoted(stream, 40)}",
-            )
+        output_io(io, f"wait: output[{index}]")
 
 
 def _with_processes(answer: Payload) -> Payload:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from sdexec import protocolbase
+from sdexec.ioencode import decode_io
 from sdexec.protocolbase import (
     DEFAULT_STDIN_BUFSIZE,
     MAX_MATCHTAG,
@@ -52,6 +53,7 @@ __all__ = [
     "errno_name",
     "finished_receipt",
     "finished_status",
+    "output_io",
     "process_target",
     "resolve_socket_path",
     "socket_path_unusable",
@@ -516,6 +518,35 @@ def dropped_counts(answer: dict[str, Any], what: str) -> dict[str, int]:
     )
 
 
+#: The streams whose output a service sends (RFC 42's: sdexec makes no
+#: auxiliary channels, docs/protocol.md).
+OUTPUT_STREAMS = ("stdout", "stderr")
+
+#: Where an ``output`` response's io object is, as :func:`output_io` names it.
+OUTPUT_RESPONSE_IO = "the service's output response: io"
+
+
+def output_io(io: Any, where: str) -> tuple[str, bytes, bool]:
+    """``(stream, data, eof)`` of an io object of output the service sent
+    (an ``output`` response's ``io``, a wait's ``output`` item): one of
+    stdout or stderr that :func:`~sdexec.ioencode.decode_io` takes.
+    :class:`RPCError` ``EPROTO`` naming it by ``where`` and the field
+    (``wait: output[1].data: invalid base64``), for both clients alike:
+    handed on, it raised in a caller's decode, or was dropped as another
+    stream's."""
+    try:
+        stream, data, eof = decode_io(io)
+    except ValueError as error:
+        said = str(error).removeprefix("io")  # decode_io's own name for it
+        raise RPCError(errno.EPROTO, f"{where}{said}") from None
+    if stream not in OUTPUT_STREAMS:
+        raise RPCError(
+            errno.EPROTO,
+            f'{where}.stream: expected "stdout" or "stderr", got {quoted(stream, 40)}',
+        )
+    return stream, data, eof
+
+
 def wait_outcome(answer: dict[str, Any]) -> tuple[int | None, RPCError | None]:
     """``(status, error)`` of a wait's answer (:class:`RPCError` ``EPROTO``
     if its ``output`` is not a list): its wait status
@@ -550,11 +581,14 @@ class StreamCheck:
     exec or attach stream, checked: a start with a pid
     (:meth:`see_start`); one ``finished``, with a wait status
     (:func:`finished_status`; a receipt is made of the first good one
-    only). A stream that broke this ends with :attr:`violation` (an
-    ``EPROTO`` naming what came) in place of its
+    only); and, where the client asks (:meth:`see_output`,
+    :meth:`see_dropped`), output a caller can decode and an ``attached``'s
+    byte counts. A stream that broke this ends with :attr:`violation` (an
+    ``EPROTO`` naming what came, the first thing wrong) in place of its
     ``ENODATA``: a status of 1.5 read as a stream ended without
     ``finished``, a negative one as exit 255, ``true`` as 129, and one past
-    32 bits as an ``OverflowError`` (review session 47)."""
+    32 bits as an ``OverflowError`` (review session 47). Nothing is
+    killed for it: the stream runs on to its end."""
 
     def __init__(self) -> None:
         #: What was wrong with the stream's start or end, if anything.
@@ -584,6 +618,28 @@ class StreamCheck:
                 f"the service's finished response: expected a wait status, got {got}"
             )
         self._seen = True
+
+    def see_output(self, payload: dict[str, Any]) -> bool:
+        """Whether an ``output`` response's ``io`` is output a caller can
+        decode (:func:`output_io`); if not, the stream's :attr:`violation`
+        names it, and the response is the client's to withhold."""
+        return self._checked(output_io, payload.get("io"), OUTPUT_RESPONSE_IO)
+
+    def see_dropped(self, payload: dict[str, Any]) -> bool:
+        """Whether an ``attached`` response's ``dropped`` is byte counts
+        (:func:`dropped_counts`); if not, as :meth:`see_output`."""
+        return self._checked(dropped_counts, payload, "attached")
+
+    def _checked(self, check: Callable[..., object], *args: Any) -> bool:
+        """Whether ``check(*args)`` passes; its ``EPROTO``, if not, is
+        the stream's :attr:`violation` (the first one's only)."""
+        try:
+            check(*args)
+        except RPCError as error:
+            if self.violation is None:
+                self.violation = error
+            return False
+        return True
 
     def _violated(self, why: str) -> None:
         if self.violation is None:

@@ -1854,30 +1854,36 @@ def test_a_wait_or_list_answer_not_of_its_shape_is_eproto(served, asked, answer)
     assert caught.value.errnum == errno.EPROTO
 
 
+#: io objects no caller can decode as output (sdexec.ioencode.decode_io, of
+#: stdout or stderr), with how the field is named (where "io" is the
+#: object's own place in the answer or response).
+_MALFORMED_IO = [
+    ("abc", "io: expected an object"),
+    ({"rank": "0", "data": "x"}, "io.stream: expected a string"),
+    (
+        {"stream": "stdin", "rank": "0", "data": "x"},
+        'io.stream: expected "stdout" or "stderr", got \'stdin\'',
+    ),
+    (
+        {"stream": "stdout", "rank": "0", "data": "#!", "encoding": "base64"},
+        "io.data: invalid base64",
+    ),
+    (
+        {"stream": "stdout", "rank": "0", "data": "x", "encoding": "latin-1"},
+        "io.encoding: 'latin-1' is not UTF-8 or base64",
+    ),
+    (
+        {"stream": "stderr", "rank": "0", "data": "\udce9"},
+        "io.data: not valid Unicode text: lone surrogate U+DCE9 at 0",
+    ),
+    ({"stream": "stdout", "rank": 0, "data": "x"}, "io.rank: expected a string"),
+    ({"stream": "stdout", "rank": "0", "data": 7}, "io.data: expected a string"),
+]
+
+
 @pytest.mark.parametrize(
     ("item", "said"),
-    [
-        ("abc", "wait: output[1]: expected an object"),
-        ({"rank": "0", "data": "x"}, "wait: output[1].stream: expected a string"),
-        (
-            {"stream": "stdin", "rank": "0", "data": "x"},
-            'wait: output[1].stream: expected "stdout" or "stderr", got \'stdin\'',
-        ),
-        (
-            {"stream": "stdout", "rank": "0", "data": "#!", "encoding": "base64"},
-            "wait: output[1].data: invalid base64",
-        ),
-        (
-            {"stream": "stdout", "rank": "0", "data": "x", "encoding": "latin-1"},
-            "wait: output[1].encoding: 'latin-1' is not UTF-8 or base64",
-        ),
-        (
-            {"stream": "stderr", "rank": "0", "data": "\udce9"},
-            "wait: output[1].data: not valid Unicode text: lone surrogate U+DCE9 at 0",
-        ),
-        ({"stream": "stdout", "rank": 0, "data": "x"}, "wait: output[1].rank:"),
-        ({"stream": "stdout", "rank": "0", "data": 7}, "wait: output[1].data:"),
-    ],
+    [(item, said.replace("io", "wait: output[1]", 1)) for item, said in _MALFORMED_IO],
 )
 @pytest_twisted.ensureDeferred
 async def test_a_wait_answer_s_output_item_a_caller_cannot_decode_is_eproto(
@@ -1897,6 +1903,123 @@ async def test_a_wait_answer_s_output_item_a_caller_cannot_decode_is_eproto(
             await pending
         assert caught.value.errnum == errno.EPROTO
         assert str(caught.value).startswith(said)
+
+
+def _send_json(peer, request, payload):
+    """A response written with json's escapes: a lone surrogate is one
+    msgspec will not write."""
+    peer.transport.write(json.dumps(_response(request, payload=payload)).encode())
+    peer.transport.write(b"\n")
+
+
+def _decoding(decoded):
+    """An ``on_response`` that decodes each output, as a caller does."""
+
+    def on_response(payload):
+        if payload["type"] == "output":
+            decoded.append(decode_io(payload["io"]))
+
+    return on_response
+
+
+def _failed_callbacks(events):
+    return [e for e in events if "response callback failed" in str(e)]
+
+
+@pytest.mark.parametrize(
+    ("item", "said"),
+    [(item, "the service's output response: " + said) for item, said in _MALFORMED_IO],
+)
+@pytest_twisted.ensureDeferred
+async def test_an_output_response_a_caller_cannot_decode_ends_its_stream_eproto(
+    served, item, said
+):
+    # Handed on, it raised in the caller's own decode, which the library
+    # logged as "response callback failed": the output was lost, and done
+    # fired as for a stream that ended well.
+    peer, client = served
+    decoded = []
+    cmd = {"cmdline": ["true"], "env": {}, "opts": {}, "channels": []}
+    handle = client.exec(cmd, STDOUT | sdexec.client.STDERR, _decoding(decoded))
+    attached = client.attach(pid=5, on_response=_decoding(decoded))
+    streams = [(await peer.requests.get(), "started")]
+    streams.append((await peer.requests.get(), "attached"))
+    good = {"type": "output", "pid": 5, "io": encode_io("stdout", "0", b"ok\n")}
+    with capturedLogs() as events:
+        for request, start in streams:
+            for payload in (
+                {"type": start, "pid": 5},
+                {"type": "output", "pid": 5, "io": item},
+                good,  # the rest is handed on
+                {"type": "finished", "status": 0},
+            ):
+                _send_json(peer, request, payload)
+            peer.sendMessage(_response(request, errnum=ENODATA))
+        for done in (handle.done, attached.done):
+            with pytest.raises(RPCError) as caught:
+                await done
+            assert caught.value.errnum == errno.EPROTO
+            assert str(caught.value) == said
+    assert decoded == [("stdout", b"ok\n", False)] * 2
+    assert _failed_callbacks(events) == []
+    assert (handle.pid, attached.pid, attached.status) == (5, 5, 0)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_kill_after_malformed_output_before_the_start_waits_for_it(served):
+    # Only a start without a pid fails a kill asked for before the pid is
+    # known: a malformed output is no start.
+    peer, client = served
+    handle, _ = _exec(client)
+    request = await peer.requests.get()
+    peer.respond(request, {"type": "output", "pid": 5, "io": "abc"})
+    await _round_trip(peer, client)
+    held = handle.kill(signal.SIGTERM)
+    assert not held.called
+    peer.respond(request, {"type": "started", "pid": 5})
+    kill = await peer.requests.get()
+    assert (kill["topic"], kill["payload"]["pid"]) == ("sdexec.kill", 5)
+    peer.respond(kill, {})
+    assert await held == {}
+
+
+@pytest.mark.parametrize("dropped", [{"stdout": "x"}, [3], 0, {"stderr": -1}])
+@pytest_twisted.ensureDeferred
+async def test_an_attached_whose_dropped_is_no_counts_ends_its_stream_eproto(
+    served, dropped
+):
+    # Handed on: a caller adding the counts met a TypeError in its own
+    # callback, logged, or said "x bytes"; done fired as for a good end.
+    peer, client = served
+    seen = []
+
+    def on_response(payload):
+        seen.append(payload["type"])
+        if payload["type"] == "attached":
+            sum(payload.get("dropped", {}).values())
+
+    attached = client.attach(pid=5, on_response=on_response)
+    request = await peer.requests.get()
+    with capturedLogs() as events:
+        for payload in (
+            {"type": "attached", "pid": 5, "cmd": {}, "dropped": dropped},
+            {"type": "output", "pid": 5, "io": encode_io("stdout", "0", b"ok\n")},
+            {"type": "finished", "status": 0},
+        ):
+            peer.respond(request, payload)
+        peer.sendMessage(_response(request, errnum=ENODATA))
+        with pytest.raises(RPCError) as caught:
+            await attached.done
+    assert caught.value.errnum == errno.EPROTO
+    shown = repr(dropped)
+    assert (
+        str(caught.value) == f"attached: expected byte counts for dropped, got {shown}"
+    )
+    assert (seen, attached.pid, _failed_callbacks(events)) == (
+        ["output", "finished"],
+        5,
+        [],
+    )
 
 
 def test_a_passthrough_exec_of_no_command_object_leaks_no_descriptor(served):

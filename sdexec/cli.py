@@ -46,6 +46,7 @@ from sdexec.cliio import (
     EXEC_FAILURES,
     INTERRUPTING_SIGNALS,
     LOST,
+    MALFORMED,
     READER_GONE,
     UNFINISHED,
     DeathBySignal,
@@ -755,7 +756,8 @@ class _Job:
         #: How many signals we were sent and forwarded (one may repeat).
         self._forwarded = 0
         self._receipt: Receipt | None = None
-        #: Whether output was lost to a failed write (not a reader gone).
+        #: Whether output was lost: to a failed write (not a reader gone), or
+        #: as malformed (:data:`~sdexec.cliio.MALFORMED`).
         self._output_lost = False
         #: When the SIGPIPE for a reader gone was sent (``time.monotonic``).
         self._sigpipe_sent_at: float | None = None
@@ -810,7 +812,7 @@ class _Job:
             return fail(UNFINISHED)
         say_end(self._receipt, failure, self._usage)
         code = self._process_status(self._receipt.status)
-        # Output lost to a failed write, stdin that could not be read or
+        # Output lost (a failed write, malformed), stdin that could not be read or
         # that the service refused (the process may have done well without
         # them): nothing else fails the command, as a local one would.
         lost = (
@@ -970,10 +972,11 @@ class _Job:
             if self._sigpipe_sent_at is None:
                 self._sigpipe_sent_at = time.monotonic()
             self.forward_signal(signal.SIGPIPE)
-        elif outcome == LOST:
-            # Said on stderr; the rest of that stream is dropped. The process
-            # runs on, as a local one whose write failed may (warnings lost to
-            # a full disk must not kill a long job): the exit status says it.
+        elif outcome in (LOST, MALFORMED):
+            # Said on stderr; the rest of a stream whose write failed is
+            # dropped. The process runs on, as a local one whose write failed
+            # may (warnings lost to a full disk must not kill a long job):
+            # the exit status says it.
             self._output_lost = True
         elif outcome == DISCARDED and self._ignores_sigpipe():
             self._give_up(exit_code(signal.SIGPIPE))

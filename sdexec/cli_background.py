@@ -16,6 +16,7 @@ from sdexec.cliio import (
     EXEC_FAILURES,
     INTERRUPTING_SIGNALS,
     LOST,
+    MALFORMED,
     READER_GONE,
     UNFINISHED,
     Output,
@@ -197,10 +198,11 @@ def wait(options: argparse.Namespace) -> int:
     _say_dropped(dropped_counts(answer, "wait"))
     outputs = {"stdout": Output(own_fd(1)), "stderr": Output(own_fd(2))}
     lost = False
-    for io in answer.get("output", []):
+    for index, io in enumerate(answer.get("output", [])):
         # Waited for once, the output cannot be had again: its loss is
         # said, and fails the command (a reader gone is not a loss).
-        lost = write_output(outputs, io) == LOST or lost
+        outcome = write_output(outputs, io, f"wait: output[{index}]")
+        lost = outcome in (LOST, MALFORMED) or lost
     if status is None:
         return fail(str(after))
     say_end(Receipt.from_finished({**answer, "status": status}), after)
@@ -262,7 +264,8 @@ def attach(options: argparse.Namespace) -> int:
     if session.receipt is None:
         return fail(UNFINISHED)
     say_end(session.receipt, stream.error)
-    return exit_code(session.receipt.status)
+    code = exit_code(session.receipt.status)
+    return (code or 1) if session.output_lost else code  # said as it was
 
 
 #: How long a detached ``attach`` reads on for the process's end, at most.
@@ -322,7 +325,8 @@ class _Attached:
         self.detached = False
         #: The signal that detached us; 0 for none (our output went).
         self.detached_by = 0
-        #: Whether output was lost to a write that failed (not a reader gone).
+        #: Whether output was lost: to a write that failed (not a reader
+        #: gone), or as malformed (:data:`~sdexec.cliio.MALFORMED`).
         self.output_lost = False
 
     def respond(self, payload: dict) -> None:
@@ -349,3 +353,5 @@ class _Attached:
         if outcome in (READER_GONE, LOST):
             self.output_lost = outcome == LOST
             self.detach()
+        elif outcome == MALFORMED:  # (the rest is written: attached on)
+            self.output_lost = True

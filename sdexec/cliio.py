@@ -17,9 +17,14 @@ import select
 import stat
 import sys
 
-from sdexec.ioencode import decode_io
-from sdexec.refusal import one_line, quoted
-from sdexec.rpc import SdexecError, resolve_socket_path
+from sdexec.refusal import one_line
+from sdexec.rpc import (
+    OUTPUT_RESPONSE_IO,
+    RPCError,
+    SdexecError,
+    output_io,
+    resolve_socket_path,
+)
 from sdexec.syncclient import Connection, Loop
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
@@ -39,6 +44,7 @@ __all__ = [
     "EXEC_FAILURES",
     "INTERRUPTING_SIGNALS",
     "LOST",
+    "MALFORMED",
     "MAX_HELD_LINES",
     "NOT_EXECUTABLE",
     "NOT_FOUND",
@@ -671,8 +677,7 @@ def nonblocking_reader(fd: int) -> int:
 
 
 #: What :func:`write_output` did with an ``output`` response: wrote its
-#: data (or had nothing to write: no data; a stream other than stdout and
-#: stderr, or a malformed io object, said on stderr) ...
+#: data (or had nothing to write) ...
 WRITTEN = "written"
 #: ... found that nobody reads the stream any more (``EPIPE``: a pipe whose
 #: reader has gone); the stream writes nothing more ...
@@ -680,26 +685,30 @@ READER_GONE = "reader gone"
 #: ... could not write it for another reason (a full disk, ``EIO``), said
 #: on stderr; the stream writes nothing more ...
 LOST = "lost"
+#: ... dropped it as no output a client can decode (a stream other than
+#: stdout and stderr, bad base64: :func:`~sdexec.rpc.output_io`), said on
+#: stderr the first time; the streams write on ...
+MALFORMED = "malformed"
 #: ... or dropped it, its stream having failed before.
 DISCARDED = "discarded"
 
 
-def write_output(outputs: Mapping[str, Output], io: Any) -> str:
-    """An ``output`` response's data to our stdout or stderr; what came of
-    it: :data:`WRITTEN`, :data:`READER_GONE`, :data:`LOST` or
-    :data:`DISCARDED`. Only ``EPIPE`` is a reader gone: a full disk is
+def write_output(
+    outputs: Mapping[str, Output], io: Any, where: str = OUTPUT_RESPONSE_IO
+) -> str:
+    """An ``output`` response's data (``io``; a wait's output item, named
+    by ``where``) to our stdout or stderr; what came of it:
+    :data:`WRITTEN`, :data:`READER_GONE`, :data:`LOST`, :data:`MALFORMED`
+    or :data:`DISCARDED`. Only ``EPIPE`` is a reader gone: a full disk is
     output lost, which a command must not pass off as a reader's choice."""
     try:
-        stream, data, _ = decode_io(io)
-    except ValueError as failure:
-        fail(f"bad output from the service: {failure}")
-        return WRITTEN
-    output = outputs.get(stream)
-    if output is None:
-        _unknown_stream(stream)
-        return WRITTEN
+        stream, data, _ = output_io(io, where)
+    except RPCError as error:
+        _say_malformed(error)
+        return MALFORMED
     if not data:
         return WRITTEN
+    output = outputs[stream]
     if output.broken:
         return DISCARDED
     problem = output.write(data)
@@ -711,23 +720,20 @@ def write_output(outputs: Mapping[str, Output], io: Any) -> str:
     return LOST
 
 
-#: Whether output of a stream other than stdout and stderr was said (once:
-#: a command is a process of its own, and a broken service may send
-#: every line on a stream of another name).
-_unknown_said = False
+#: Whether malformed output was said (once: a command is a process of its
+#: own, and a broken service may send every line malformed).
+_malformed_said = False
 
 
-def _unknown_stream(stream: str) -> None:
-    """Output for a stream we do not write (a service's bug, or one that
-    names more streams than RFC 42's): dropped, said the first time only,
-    naming it, as it was once dropped unsaid."""
-    global _unknown_said
-    if not _unknown_said:
-        _unknown_said = True
-        warn(
-            f"dropping output for stream {quoted(stream, 40)} (not stdout or"
-            " stderr) from the service, and any more for streams not ours"
-        )
+def _say_malformed(error: RPCError) -> None:
+    """Output no client can decode (a service's bug): dropped, said the
+    first time only, in the words the library's ``EPROTO`` has for it
+    (``the service's output response: io.data: invalid base64``), as it
+    was once dropped unsaid, then said in words of its own."""
+    global _malformed_said
+    if not _malformed_said:
+        _malformed_said = True
+        warn(f"{error}: dropped, and any more malformed output unsaid")
 
 
 def close_outputs(outputs: Mapping[str, Output]) -> None:

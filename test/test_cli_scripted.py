@@ -1349,16 +1349,23 @@ def finishing(*finished: dict) -> Script:
     of ``finished``'s fields, then ends well."""
 
     def script(request: dict) -> list[dict]:
-        if request["topic"] == "sdexec.exec":
-            first = {"type": "started", "pid": 7}
-        elif request["topic"] == "sdexec.attach":
-            first = {"type": "attached", "pid": 7, "cmd": {}, "dropped": {}}
-        else:
+        first = stream_start(request)
+        if first is None:
             return []
         ends = [response(request, {"type": "finished", **f}) for f in finished]
         return [response(request, first), *ends, failure(request, errno.ENODATA)]
 
     return script
+
+
+def stream_start(request: dict) -> dict | None:
+    """The first response of an exec or attach stream (pid 7); ``None``
+    for another request."""
+    if request["topic"] == "sdexec.exec":
+        return {"type": "started", "pid": 7}
+    if request["topic"] == "sdexec.attach":
+        return {"type": "attached", "pid": 7, "cmd": {}, "dropped": {}}
+    return None
 
 
 STREAMS = pytest.mark.parametrize(
@@ -1438,8 +1445,9 @@ def output(stream: str, data: bytes) -> dict:
     return {"type": "output", "pid": 7, "io": encode_io(stream, "0", data)}
 
 
-def test_output_for_a_stream_not_ours_is_said_once_and_the_rest_written(serve):
-    # Dropped without a word (review session 47).
+def test_output_for_a_stream_not_ours_is_said_once_and_fails_the_command(serve):
+    # Dropped without a word (review session 47); then said in words of its
+    # own, and the command exited 0 with that output lost.
     script = started_then(
         output("stdlog", b"a\n"),
         output("stdout", b"out\n"),
@@ -1449,10 +1457,61 @@ def test_output_for_a_stream_not_ours_is_said_once_and_the_rest_written(serve):
     )
     done = sdexec(serve(script), "run", "-n", "job")
     assert (done.returncode, done.stdout, done.stderr) == (
-        0,
+        1,
         b"out\n",
-        b"sdexec: dropping output for stream 'stdlog' (not stdout or stderr) from"
-        b" the service, and any more for streams not ours\n",
+        b'sdexec: the service\'s output response: io.stream: expected "stdout" or'
+        b" \"stderr\", got 'stdlog': dropped, and any more malformed output"
+        b" unsaid\n",
+    )
+
+
+#: Output no client can decode: bad base64, then no io object at all.
+_BAD_BASE64 = {"stream": "stdout", "rank": "0", "data": "#!", "encoding": "base64"}
+
+
+def streaming(*payloads: dict) -> Script:
+    """An exec or attach stream that starts, sends each of ``payloads``,
+    finishes with status 0 and ends well; a wait answered with the io of
+    each as its output."""
+
+    def script(request: dict) -> list[dict]:
+        if request["topic"] == "sdexec.wait":
+            output = [payload["io"] for payload in payloads]
+            return [response(request, {"status": 0, "output": output})]
+        first = stream_start(request)
+        if first is None:
+            return []
+        sent = [first, *payloads, {"type": "finished", "status": 0}]
+        return [response(request, m) for m in sent] + [failure(request, errno.ENODATA)]
+
+    return script
+
+
+@pytest.mark.parametrize(
+    ("command", "where"),
+    [
+        (["run", "-n", "job"], "the service's output response: io"),
+        (["attach", "7"], "the service's output response: io"),
+        (["wait", "7"], "wait: output[0]"),
+    ],
+    ids=["run", "attach", "wait"],
+)
+def test_output_no_client_can_decode_is_named_as_the_library_names_it(
+    serve, command, where
+):
+    # "bad output from the service: io.data: invalid base64", in words of its
+    # own, and the command exited 0 with that output lost.
+    script = streaming(
+        {"type": "output", "pid": 7, "io": _BAD_BASE64},
+        output("stdout", b"out\n"),
+        {"type": "output", "pid": 7, "io": "abc"},
+    )
+    done = sdexec(serve(script), *command)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1,
+        b"out\n",
+        f"sdexec: {where}.data: invalid base64: dropped, and any more malformed"
+        " output unsaid\n".encode(),
     )
 
 

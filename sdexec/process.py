@@ -108,14 +108,17 @@ LAZY_OUTPUT = 64 * 1024
 #: the stops either, and the stop's 10 s progress grace must not be spent.
 STOP_RECEIPT_WAIT = 2.0
 
-#: Seconds the error of a start systemd could not run (its unit *failed*
-#: with one of systemd's own exit codes: 200/CHDIR, 203/EXEC...) waits for
-#: the unit to be reset and gone (:meth:`Process._fail_once_gone`). Flux's
-#: sdexec answers it once the unit is inactive, so that a client retrying at
-#: once with the same unit name (``SDEXEC_NAME``, a job's) finds the name
-#: free; the reset takes milliseconds. A manager that has not reset it in
-#: this long (stalled, away) must not hold the answer: it goes out, and the
-#: name stays held (EEXIST, "still held") until the unit is gone.
+#: Seconds the error of a start that failed waits for its unit to be gone
+#: (:meth:`Process._fail_once_gone`): one systemd could not run (its unit
+#: *failed* with one of systemd's own exit codes: 200/CHDIR, 203/EXEC...),
+#: reset; one whose fence does not hold (EIO), killed and stopped. Flux's
+#: sdexec answers both once the unit is inactive, so that a client retrying
+#: at once with the same unit name (``SDEXEC_NAME``, a job's) finds the name
+#: free; the reset, or the stop of a killed unit, takes milliseconds. A
+#: manager that has not done it in this long (stalled, away), or a stop that
+#: lasts (processes that hang in the kernel: up to twice the stop timer,
+#: 1280 s by default), must not hold the answer: it goes out, and the name
+#: stays held (EEXIST, "still held") until the unit is gone.
 FAILED_UNIT_WAIT = 5.0
 
 
@@ -1169,8 +1172,10 @@ class Process:
         ``receipt_wait`` (reconnect-timeout) ``finished`` goes without it."""
         if not is_connection_lost(failure_value(failure)):
             return False
-        if self._ended or isinstance(self._responder, _Nowhere):
-            return False  # nobody to tell: as ever, from the signals
+        if self._over or isinstance(self._responder, _Nowhere):
+            # Nobody to tell (as ever, from the signals), or no `finished`
+            # to go out: the request's error waits for the unit to go.
+            return False
         if self._cancel_after_finished is not None:
             return False  # the service stops: systemd is not waited for
         self._receipt_unasked = True
@@ -1464,9 +1469,10 @@ class Process:
     def _refuse(self, problem: str) -> None:
         """The unit runs outside its fence: fail the request, kill it now.
         EIO, which Flux's job-exec reads as a failed containment check (it
-        drains the node), and which sdexec sends for nothing else."""
+        drains the node), and which sdexec sends for nothing else; sent once
+        the unit is gone, as Flux's sdexec sends its post-start check's."""
         log.error("{unit}: {problem}", unit=self.unit_name, problem=problem)
-        self._fail(errno.EIO, problem)
+        self._fail_once_gone(errno.EIO, problem)
         self._kill_unit("all", signal.SIGKILL)
         self._stop()
 
@@ -1611,13 +1617,14 @@ class Process:
         self.output.open()
 
     def _fail_once_gone(self, errnum: int, errstr: str) -> None:
-        """End the stream of a unit systemd could not run the command of
-        with this error once the unit is reset and gone (:meth:`_maybe_end`,
+        """End the stream of a start that failed (systemd could not run the
+        command, its fence does not hold) with this error once its unit,
+        reset or stopped, is gone (:meth:`_maybe_end`,
         :meth:`_end_of_stream`), as Flux's sdexec does, not before: a
         client that retries at once with the same unit name must find it
-        free, not EEXIST for the milliseconds of the reset. Nothing else is
-        sent meanwhile; after :data:`FAILED_UNIT_WAIT` it goes out all the
-        same (:meth:`_failure_overdue`)."""
+        free, not EEXIST for the milliseconds of the reset or stop. Nothing
+        else is sent meanwhile; after :data:`FAILED_UNIT_WAIT` it goes out
+        all the same (:meth:`_failure_overdue`)."""
         if self._over:
             return
         self._failure_held = (errnum, errstr)
@@ -1628,19 +1635,21 @@ class Process:
         )
 
     def _failure_overdue(self) -> None:
-        """The failed unit is not gone within :data:`FAILED_UNIT_WAIT`: its
-        error goes out now, its name held until it is."""
+        """The failed start's unit is not gone within
+        :data:`FAILED_UNIT_WAIT`: its error goes out now, its name held
+        until it is."""
         self._failure_wait = None  # it has fired
+        assert self._failure_held is not None  # what the timer waited for
         # Bounded: a stalled manager leaves every failed start's unit so.
         self._context.client_warning(
             "failed unit not gone",
-            "{unit}: not gone {wait:g} s after systemd failed to run its"
-            " command: the request's error goes out, and the unit's name stays"
-            " held until it is gone",
+            "{unit}: not gone {wait:g} s after its start failed ({error}):"
+            " the request's error goes out, and the unit's name stays held"
+            " until it is gone",
             unit=self.unit_name,
             wait=FAILED_UNIT_WAIT,
+            error=errno.errorcode.get(self._failure_held[0], self._failure_held[0]),
         )
-        assert self._failure_held is not None  # what the timer waited for
         self._fail(*self._failure_held)
 
     def _cancel_failure_wait(self) -> None:

@@ -484,9 +484,11 @@ def test_unenforced_fence_refuses_before_started():
     )
     systemd.change(UNIT, RUNNING)
     systemd.change(UNIT, EXITED)
-    assert responder.types() == [errno.EIO]
     assert ("kill", "all", signal.SIGKILL) in systemd.calls
     assert ("stop", UNIT) in systemd.calls
+    assert responder.types() == []  # answered once the unit is gone
+    systemd.change(UNIT, INACTIVE)
+    assert responder.types() == [errno.EIO]
 
 
 def test_reset_after_finished_is_not_a_failure():

@@ -27,7 +27,7 @@ from twisted.internet.threads import deferToThread
 
 import sdexec.process
 from sdexec.cliio import receipt_lines
-from sdexec.process import Process, ProcessContext
+from sdexec.process import FAILED_UNIT_WAIT, Process, ProcessContext
 from sdexec.receipt import (
     UNSET,
     Receipt,
@@ -396,18 +396,19 @@ def test_an_oom_kill_in_the_stop_of_a_unit_whose_client_left_is_counted():
 # -- a receipt whose read is lost with systemd ------------------------------------
 
 
-def lose_the_receipt(monkeypatch, systemd=None, cgroup_left=True):
+def lose_the_receipt(monkeypatch, systemd=None, cgroup_left=True, verify=None):
     """A unit exits, and the connection drops while its receipt's GetAll is
     in flight; the read would carry what no signal did (CPUUsageNSec).
     ``cgroup_left``: its processes outlived the main one, and the stop
-    waits for the receipt (cgroup v2); else it goes out beside it."""
+    waits for the receipt (cgroup v2); else it goes out beside it.
+    ``verify``: the process's fence check."""
     monkeypatch.setattr(sdexec.process, "unit_cgroup_exists", lambda *_: cgroup_left)
     systemd = systemd or FakeManager()
     clock, responder = Clock(), Recorder()
     systemd.hold_refresh = True
     plan = dataclasses.replace(exec_plan(), output={})
     context = ProcessContext(reactor=reactor, clock=clock, rank="0", receipt_wait=60)
-    process = Process(systemd, plan, responder, context)
+    process = Process(systemd, plan, responder, context, verify=verify)
     process.start()
     systemd.change(UNIT, {**EXITED, "Result": "success"})
     systemd.units[UNIT]["CPUUsageNSec"] = 77
@@ -514,6 +515,21 @@ def test_a_receipt_lost_with_systemd_is_not_waited_for_once_its_client_left(
     process.client_gone()
     assert [r["type"] for r in responder.responses] == ["started"]
     assert clock.getDelayedCalls() == []  # nothing holds the unit's end
+
+
+def test_a_receipt_lost_with_systemd_is_not_waited_for_once_the_fence_refused(
+    monkeypatch,
+):
+    # The refused start's EIO waits for its unit to go (FAILED_UNIT_WAIT at
+    # most): no `finished` will go out, and the receipt lost with systemd
+    # must not hold the unit's end for reconnect-timeout.
+    _, clock, responder, _ = lose_the_receipt(
+        monkeypatch, verify=lambda cgroup, pid: "AllowedCPUs not enforced"
+    )
+    assert responder.responses == []
+    assert [call.getTime() for call in clock.getDelayedCalls()] == [FAILED_UNIT_WAIT]
+    clock.advance(FAILED_UNIT_WAIT)
+    assert responder.responses == [(errno.EIO, "AllowedCPUs not enforced")]
 
 
 class _GetAllFails(FakeManager):

@@ -111,14 +111,16 @@ STOP_RECEIPT_WAIT = 2.0
 #: Seconds the error of a start that failed waits for its unit to be gone
 #: (:meth:`Process._fail_once_gone`): one systemd could not run (its unit
 #: *failed* with one of systemd's own exit codes: 200/CHDIR, 203/EXEC...),
-#: reset; one whose fence does not hold (EIO), killed and stopped. Flux's
-#: sdexec answers both once the unit is inactive, so that a client retrying
-#: at once with the same unit name (``SDEXEC_NAME``, a job's) finds the name
-#: free; the reset, or the stop of a killed unit, takes milliseconds. A
-#: manager that has not done it in this long (stalled, away), or a stop that
-#: lasts (processes that hang in the kernel: up to twice the stop timer,
-#: 1280 s by default), must not hold the answer: it goes out, and the name
-#: stays held (EEXIST, "still held") until the unit is gone.
+#: reset; one whose fence does not hold (EIO), killed and stopped; one past
+#: ``start-timeout`` (ETIMEDOUT), stopped. Flux's sdexec answers the first
+#: two once the unit is inactive, so that a client retrying at once with the
+#: same unit name (``SDEXEC_NAME``, a job's) finds the name free; the reset,
+#: or the stop of a unit killed or whose processes heed its SIGTERM, takes
+#: milliseconds. A manager that has not done it in this long (stalled,
+#: away), or a stop that lasts (processes that ignore SIGTERM, or hang in
+#: the kernel: up to twice the stop timer, 1280 s by default), must not hold
+#: the answer: it goes out, and the name stays held (EEXIST, "still held")
+#: until the unit is gone.
 FAILED_UNIT_WAIT = 5.0
 
 
@@ -1478,8 +1480,8 @@ class Process:
 
     def _start_overdue(self) -> None:
         """No ``started`` within the start timeout: the unit's states are
-        not the model's. End the request saying what was seen, stop the
-        unit, and reap it once it is inactive and its outputs closed."""
+        not the model's. Stop the unit, and end the request saying what was
+        seen once it is gone (inactive, its outputs closed), and reap it."""
         seen = self.status
         message = (
             f"unit {self.unit_name} did not start a process sdexec can follow"
@@ -1489,7 +1491,7 @@ class Process:
             f" Result {seen.result or '-'}{_unit_type(self.plan.properties)}"
         )
         log.warn("{message}", message=message)
-        self._fail(START_TIMEOUT_ERRNO, message)
+        self._fail_once_gone(START_TIMEOUT_ERRNO, message)
         self._stop()
         self._maybe_end()
 
@@ -1618,8 +1620,8 @@ class Process:
 
     def _fail_once_gone(self, errnum: int, errstr: str) -> None:
         """End the stream of a start that failed (systemd could not run the
-        command, its fence does not hold) with this error once its unit,
-        reset or stopped, is gone (:meth:`_maybe_end`,
+        command, its fence does not hold, it timed out) with this error once
+        its unit, reset or stopped, is gone (:meth:`_maybe_end`,
         :meth:`_end_of_stream`), as Flux's sdexec does, not before: a
         client that retries at once with the same unit name must find it
         free, not EEXIST for the milliseconds of the reset or stop. Nothing

@@ -1713,6 +1713,28 @@ async def test_a_name_whose_failed_unit_outlives_the_wait_is_refused_as_still_he
     assert [c for c in systemd.calls if c == ("start", UNIT)] == [("start", UNIT)] * 2
 
 
+@ensureDeferred
+async def test_a_name_whose_start_timed_out_is_free_once_its_error_is_answered(
+    systemd, server, connection
+):
+    # ETIMEDOUT went out as the unit's stop was asked for: a retry with the
+    # same SDEXEC_NAME right after it was EEXIST ("still held"), five in five
+    # on the sandbox manager (review session 50). It is answered once the
+    # stopped unit is gone, as a start systemd could not run is.
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.change(UNIT, {"ActiveState": "activating", "SubState": "start"})
+    server.clock.advance(server.config.systemd.start_timeout)
+    assert ("stop", UNIT) in systemd.calls
+    systemd.release(UNIT)  # the stop ended what it ran
+    await until(lambda: server.units[UNIT].output.eof, "the outputs' EOF")
+    assert connection.responses() == []
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    assert error_of(connection.last())[0] == errno.ETIMEDOUT
+    assert UNIT not in server.units
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE}, matchtag=2)
+    assert [c for c in systemd.calls if c == ("start", UNIT)] == [("start", UNIT)] * 2
+
+
 def test_a_switch_that_is_no_boolean_names_every_spelling_systemd_takes(connection):
     # A request's switch is read as systemd's parse_boolean() reads it
     # (true/false, on/off, 1/0 as well as yes/no): the refusal says so.

@@ -13,9 +13,12 @@ from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
 
 from sdexec.config import DEFAULT_START_TIMEOUT
-from sdexec.process import Process, ProcessContext
+from sdexec.process import FAILED_UNIT_WAIT, Process, ProcessContext
 from sdexec.systemd.errors import reconnecting
 from sdexec.testing import EXITED, INACTIVE, RUNNING, FakeManager
+
+#: A unit that never ran, once the start timeout's stop is done.
+STOPPED = {"ActiveState": "inactive", "SubState": "dead"}
 
 
 def test_a_unit_that_never_shows_a_process_ends_its_request():
@@ -24,8 +27,12 @@ def test_a_unit_that_never_shows_a_process_ends_its_request():
     systemd.change(UNIT, {"ActiveState": "activating", "SubState": "start"})
     systemd.change(UNIT, {"ActiveState": "active", "SubState": "exited"})
     clock.advance(DEFAULT_START_TIMEOUT - 1)
-    assert responder.responses == []
+    assert ("stop", UNIT) not in systemd.calls
     clock.advance(1)
+    assert ("stop", UNIT) in systemd.calls
+    # Answered once the unit is gone: a retry with its name then runs.
+    assert responder.responses == []
+    systemd.change(UNIT, STOPPED)
     [(errnum, errstr)] = responder.responses
     assert errnum == errno.ETIMEDOUT
     assert errstr == (
@@ -33,7 +40,6 @@ def test_a_unit_that_never_shows_a_process_ends_its_request():
         " last seen active/exited, ExecMainPID 0, ExecMainCode 0, Result -,"
         " Type=exec"
     )
-    assert ("stop", UNIT) in systemd.calls
     assert clock.getDelayedCalls() == []
 
 
@@ -41,11 +47,11 @@ def test_the_unit_is_reaped_once_inactive_after_the_timeout():
     reaped = []
     _, systemd, responder, clock = make_process(on_reaped=reaped.append)
     clock.advance(DEFAULT_START_TIMEOUT)  # a manager that never says anything
-    assert "no state/-" in responder.responses[0][1]
-    assert reaped == []
+    assert reaped == [] and responder.responses == []
     systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
     assert len(reaped) == 1
-    assert len(responder.responses) == 1  # no ENODATA after the error
+    [(errnum, errstr)] = responder.responses  # no ENODATA after the error
+    assert errnum == errno.ETIMEDOUT and "no state/-" in errstr
 
 
 def test_a_started_process_is_not_timed_out():
@@ -71,6 +77,7 @@ def test_the_timeout_is_the_contexts():
     context = ProcessContext(reactor=reactor, clock=clock, rank="0", start_timeout=5)
     Process(systemd, lifecycle_plan(), responder, context).start()
     clock.advance(5)
+    clock.advance(FAILED_UNIT_WAIT)  # its unit never seen to go
     assert "within 5 s" in responder.responses[0][1]
 
 
@@ -111,6 +118,7 @@ def test_a_deadlines_stop_lost_with_the_connection_is_made_again(monkeypatch):
 
     monkeypatch.setattr(systemd, "stop_unit", lost)
     clock.advance(DEFAULT_START_TIMEOUT)
+    clock.advance(FAILED_UNIT_WAIT)  # its unit never seen to go
     assert responder.responses[0][0] == errno.ETIMEDOUT
     monkeypatch.setattr(systemd, "stop_unit", stop)
     process.resync()
@@ -128,9 +136,11 @@ def test_the_start_timeout_waits_for_systemd_and_counts_again_from_its_return():
     systemd.connected = True
     process.resync()  # the unit is read again: not started yet
     clock.advance(DEFAULT_START_TIMEOUT - 1)
-    assert responder.responses == []
+    assert ("stop", UNIT) not in systemd.calls
     clock.advance(1)
-    assert responder.responses[0][0] == errno.ETIMEDOUT
+    assert ("stop", UNIT) in systemd.calls
+    systemd.change(UNIT, STOPPED)
+    assert responder.types() == [errno.ETIMEDOUT]
 
 
 def test_a_unit_that_started_while_systemd_was_away_is_not_timed_out():

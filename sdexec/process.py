@@ -698,6 +698,10 @@ class Process:
         if self._awaiting_receipt:
             self._give_up_receipt("its unit would not stop")
         self._declared_unkillable = True
+        # Over a start's failure held for its unit's end (a fence refusal, a
+        # start timeout): as Flux's sdexec, whose stop timer's verdict comes
+        # first; the name stays held and the node drained, which it says.
+        self._failure_held = None
         self._fail(errno.EDEADLK, reason)
 
     def cancel(self, reason: str) -> None:

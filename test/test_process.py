@@ -695,6 +695,18 @@ def test_an_exec_failure_answered_as_its_unit_goes_leaves_no_timer():
     assert clock.getDelayedCalls() == []
 
 
+def test_a_unit_abandoned_while_its_start_failure_waits_is_edeadlk():
+    # The stop timer's verdict over the failure held for the unit's end
+    # (a fence refusal, a start timeout, stopped and not dying), as Flux's
+    # sdexec checks stop.timed_out first: the client learns the name stays
+    # held and the node drained, not only why the start failed.
+    process, systemd, responder, clock = make_process()
+    systemd.change(UNIT, FAILED_TO_EXEC)
+    process.unkillable("unit would not stop")
+    assert responder.types() == [errno.EDEADLK]
+    assert clock.getDelayedCalls() == []  # the wait's timer with it
+
+
 def test_the_service_stopping_while_an_exec_failure_waits_sends_that_failure():
     # The request's outcome is known: the stop does not replace it with
     # ECANCELED, nor stop the unit being reset.

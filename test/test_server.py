@@ -1668,6 +1668,18 @@ def _fail_to_enter_cwd(systemd: FakeManager) -> None:
     systemd.change(UNIT, {**failed, "ExecMainCode": 1, "ExecMainStatus": 200})
 
 
+async def _answered_once_gone_then_free(systemd, server, connection, errnum) -> None:
+    """The request's error held while its unit's outputs reach EOF, sent
+    once the unit is gone; then a retry with the same name starts it."""
+    await until(lambda: server.units[UNIT].output.eof, "the outputs' EOF")
+    assert connection.responses() == []
+    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
+    assert error_of(connection.last())[0] == errnum
+    assert UNIT not in server.units
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE}, matchtag=2)
+    assert [c for c in systemd.calls if c == ("start", UNIT)] == [("start", UNIT)] * 2
+
+
 @ensureDeferred
 async def test_a_name_whose_start_failed_is_free_once_its_error_is_answered(
     systemd, server, connection
@@ -1680,13 +1692,7 @@ async def test_a_name_whose_start_failed_is_free_once_its_error_is_answered(
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
     _fail_to_enter_cwd(systemd)
     assert ("reset", UNIT) in systemd.calls
-    await until(lambda: server.units[UNIT].output.eof, "the outputs' EOF")
-    assert connection.responses() == []
-    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
-    assert error_of(connection.last())[0] == errno.ENOENT
-    assert UNIT not in server.units
-    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE}, matchtag=2)
-    assert [c for c in systemd.calls if c == ("start", UNIT)] == [("start", UNIT)] * 2
+    await _answered_once_gone_then_free(systemd, server, connection, errno.ENOENT)
 
 
 @ensureDeferred
@@ -1726,13 +1732,7 @@ async def test_a_name_whose_start_timed_out_is_free_once_its_error_is_answered(
     server.clock.advance(server.config.systemd.start_timeout)
     assert ("stop", UNIT) in systemd.calls
     systemd.release(UNIT)  # the stop ended what it ran
-    await until(lambda: server.units[UNIT].output.eof, "the outputs' EOF")
-    assert connection.responses() == []
-    systemd.change(UNIT, {"ActiveState": "inactive", "SubState": "dead"})
-    assert error_of(connection.last())[0] == errno.ETIMEDOUT
-    assert UNIT not in server.units
-    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE}, matchtag=2)
-    assert [c for c in systemd.calls if c == ("start", UNIT)] == [("start", UNIT)] * 2
+    await _answered_once_gone_then_free(systemd, server, connection, errno.ETIMEDOUT)
 
 
 def test_a_switch_that_is_no_boolean_names_every_spelling_systemd_takes(connection):

@@ -189,7 +189,11 @@ class Metrics:
         self._answers: RecentByKey[Scrape, Rendered] = RecentByKey(
             self._render_anew, reactor, KEPT_ANSWERS
         )
-        self.registry = CollectorRegistry()
+        # A collector that describes no family (the ProcessCollector below)
+        # is still asked at a name[] selection, its samples picked by name:
+        # else such a selection never reached it, and
+        # ?name[]=process_open_fds answered nothing.
+        self.registry = CollectorRegistry(support_collectors_without_names=True)
         self._stats = _StatsCollector(stats)
         self.registry.register(self._stats)
         # The service's own descriptors, memory and CPU under the names every

@@ -784,6 +784,21 @@ async def test_metrics_named_as_their_type_line_names_them_are_selected(
 
 
 @ensureDeferred
+async def test_the_process_families_are_selected_by_name(metrics_port):
+    # prometheus-client's ProcessCollector describes no family, and a
+    # registry selects by what its collectors describe: ?name[]= for any
+    # of the families docs/operating.md lists under "The service's own
+    # process" (process_open_fds, the descriptor alert) got nothing.
+    names = "process_open_fds", "process_max_fds", "process_cpu_seconds_total"
+    query = "?" + "&".join(f"name[]={name}" for name in names)
+    answer = await deferToThread(exchange, metrics_port, _metrics_request("GET", query))
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    body = answer.partition(b"\r\n\r\n")[2]
+    served = {line.split()[0] for line in body.splitlines() if line[:1] != b"#"}
+    assert served == {name.encode() for name in names}
+
+
+@ensureDeferred
 async def test_an_absolute_form_target_keeps_its_query(metrics_port):
     request = _metrics_request("GET", "?name[]=sdexec_drained").replace(
         b"GET /metrics", b"GET http://127.0.0.1:8490/metrics"

@@ -399,6 +399,21 @@ def test_protocol_md_names_every_drain_cause():
     assert named == set(CAUSES)
 
 
+def test_protocol_md_names_every_key_of_the_stats(server):
+    # An admin scripting against GET /stats reads it by key: protocol.md
+    # described requests, procs and mapper without their keys, and the
+    # whole configuration in force ("config") not at all (review session 50).
+    text = re.sub(r"\s+", " ", _section("protocol.md", "### `sdexec.stats-get`"))
+    named = set(re.findall(r'`"([a-z-]+)"', text))
+    assert set(server.stats()) <= named
+    assert set(server.stats()["config"]) - set(server.config.introspect()) <= {
+        "source",
+        "exec",
+        "sdexec",
+        "systemd",
+    }
+
+
 def _section(document: str, heading: str) -> str:
     """A section of a document: from its heading to the next of its level."""
     text = (REPO / "docs" / document).read_text(encoding="utf-8")

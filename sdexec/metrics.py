@@ -121,6 +121,9 @@ KEPT_ANSWERS = 8
 #: A rendered answer: its body and headers.
 Rendered = tuple[bytes, dict[str, str]]
 
+#: The request fields an answer's format depends on (its ``Vary``).
+_NEGOTIATED_BY = "Accept, Accept-Encoding"
+
 
 def _topic_label(topic: str) -> str:
     return topic if topic in Topic._value2member_map_ else OTHER_TOPIC
@@ -270,7 +273,9 @@ class Metrics:
             registry = registry.restricted_registry(_with_samples(scrape.names))
         with self._stats.pinned(snapshot):
             body = scrape.encoder(_WithoutCreated(registry))
-        headers = {"Content-Type": scrape.content_type}
+        # Chosen by these two fields (RFC 9110, 12.5.5): a cache in front
+        # must not give a gzipped or OpenMetrics answer to any other client.
+        headers = {"Content-Type": scrape.content_type, "Vary": _NEGOTIATED_BY}
         if scrape.gzipped:
             body = gzip.compress(body)
             headers["Content-Encoding"] = "gzip"

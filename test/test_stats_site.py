@@ -818,6 +818,20 @@ async def test_metrics_are_gzipped_for_a_scraper_that_takes_it(metrics_port):
     assert b"sdexec_systemd_connected 1.0" in gzip.decompress(body)
 
 
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+@ensureDeferred
+async def test_metrics_answers_say_what_they_vary_by(metrics_port, method):
+    # The format and the coding are negotiated: without Vary (RFC 9110,
+    # 12.5.5) a cache in front gave one scraper's gzipped or OpenMetrics
+    # answer to the next, which asked for neither.
+    request = _metrics_request(method).replace(
+        b"Host: x\r\n", b"Host: x\r\nAccept-Encoding: gzip\r\n"
+    )
+    answer = await deferToThread(exchange, metrics_port, request)
+    head = answer.partition(b"\r\n\r\n")[0]
+    assert b"\r\nVary: Accept, Accept-Encoding\r\n" in head
+
+
 @pytest.mark.parametrize(
     "accept_encoding",
     [b"gzip;q=0", b"identity;q=1, GZIP; q=0.000", b"gzip;q=x", b"x-gzip, br"],

@@ -337,6 +337,17 @@ class Leftover:
             "state": LEFTOVER_STATE,
         }
 
+    def what(self) -> str:
+        """What it is, as an error that names it says: a client that meets
+        its name (``SDEXEC_NAME``) or its job's id knows it by no label,
+        and only a kill by pid reaches it."""
+        pid = f"pid {self.pid}" if self.pid > 0 else "its pid not read yet"
+        whose = "this run's" if self.of_this_run else "an earlier run's"
+        return (
+            f"a leftover (state O, {pid}; {whose}), which no request of this"
+            " run follows"
+        )
+
     @property
     def abandoned(self) -> bool:
         """Whether its stop timer gave it up (the node drained for it)."""

@@ -564,12 +564,11 @@ class SdexecServer:
                 f"unit {unit_name} is still held by this service: its request"
                 " has ended, but the unit is not gone yet (retry once it is)",
             )
-        if holder is not None or (
-            self.leftovers is not None and unit_name in self.leftovers.units
-        ):
-            raise RequestError(
-                errno.EEXIST, f"unit {unit_name} is already run by this service"
-            )
+        leftover = (
+            self.leftovers.units.get(unit_name) if self.leftovers is not None else None
+        )
+        if holder is not None or leftover is not None:
+            raise RequestError(errno.EEXIST, _unit_name_held(unit_name, leftover))
 
     def _retire_key(self, key: tuple[int, int]) -> None:
         """Table the process of ``key``, whose stream has ended while its
@@ -1420,6 +1419,20 @@ def revoked(uid: int) -> str:
     """Why a request (or a wait, an attach) of ``uid`` is refused (or
     ended) once a reload has taken it out of ``allow-users``."""
     return f"uid {uid} is no longer in [sdexec] allow-users (a reload took it out)"
+
+
+def _unit_name_held(unit_name: str, leftover: Leftover | None) -> str:
+    """Why an exec may not have ``unit_name``: a process of this run runs
+    it, or ``leftover`` (whose name is free only once it is gone: a
+    client that knew it by a label or a job id needs to be told what
+    holds it now, and that only a kill by pid reaches it)."""
+    held = f"unit {unit_name} is already run by this service"
+    if leftover is None:
+        return held
+    return (
+        f"{held}: it is {leftover.what()}; retry once it is gone (a kill by"
+        " its pid ends it)"
+    )
 
 
 def _unindexed(_process: Process) -> None:

@@ -148,6 +148,53 @@ def test_kept_leftovers_are_listed_and_killable(first_run, a_stranger):
     assert unit_names() == [a_stranger]
 
 
+def kept_after_a_kill(first_run: Twistd, *runs: list[str]) -> Twistd:
+    """``sdexec run --bg`` each of ``runs``, SIGKILL the service, and start
+    it again with ``leftover-units = "keep"``: the restarted service."""
+    for argv in runs:
+        started = first_run.sdexec("run", "--bg", *argv)
+        assert started.returncode == 0, started.stderr
+    first_run.process.send_signal(signal.SIGKILL)
+    first_run.process.wait(timeout=60)
+    return Restarted(first_run, 'leftover-units = "keep"')
+
+
+def the_leftover_read(service: Twistd) -> dict:
+    """The one leftover ``service`` lists, once its unit is read."""
+    _wait_for(lambda: service.stats()["procs"][0]["pid"] > 0, "leftover read")
+    [proc] = service.stats()["procs"]
+    return proc
+
+
+def killed_and_stopped(service: Twistd) -> None:
+    """Kill every leftover of ``service`` by pid, then stop it."""
+    for proc in service.stats()["procs"]:
+        killed = service.sdexec("kill", "KILL", str(proc["pid"]))
+        assert killed.returncode == 0, killed.stderr
+    _wait_for(lambda: not service.stats()["procs"], "killed and forgotten")
+    assert service.stop() == -signal.SIGTERM
+
+
+def test_a_kept_leftover_s_name_is_refused_naming_it(first_run):
+    # An exec with a kept leftover's SDEXEC_NAME said only "is already run
+    # by this service", where only sdexec ps tells that it is a leftover,
+    # which no label or job reaches now (a kill by pid does).
+    name = ["--setopt", "SDEXEC_NAME=bgrestart-named"]
+    second = kept_after_a_kill(first_run, [*name, "sleep", "300"])
+    with reaped(second.process):
+        proc = the_leftover_read(second)
+        again = second.sdexec("run", *name, "true")
+        assert again.returncode != 0
+        said = (
+            "unit bgrestart-named.service is already run by this service: it is"
+            f" a leftover (state O, pid {proc['pid']}; an earlier run's), which no"
+            " request of this run follows; retry once it is gone (a kill by its"
+            " pid ends it)"
+        )
+        assert said.encode() in again.stderr, again.stderr
+        killed_and_stopped(second)
+
+
 def test_a_kept_leftover_s_command_line_is_quoted_as_a_process_s(first_run):
     # A leftover showed its unit's Description, unquoted: sh -c echo "$0";
     # exec sleep 300, where the process had shown as it does below.

@@ -66,7 +66,7 @@ from sdexec.lograte import LogRate
 from sdexec.logs import named_in_log
 from sdexec.managerversion import version_number
 from sdexec.orphans import expected_unit_cgroup
-from sdexec.plan import ExecPlan
+from sdexec.plan import ExecPlan, is_job_unit_name
 from sdexec.receipt import OOM_KILL
 from sdexec.sockets import unix_path
 from sdexec.systemd import Manager, UnitStatus, queued_job
@@ -692,6 +692,19 @@ class Leftovers:
         if pid is None or pid <= 0:
             return None
         return next((unit for unit in self.units.values() if unit.pid == pid), None)
+
+    def find_job(self, jobid: str) -> Leftover | None:
+        """A leftover whose unit the service named for job ``jobid``
+        (``SDEXEC_JOBID`` without ``SDEXEC_NAME``): its job was the run's
+        that started it, and its name is all that is left of it."""
+        return next(
+            (
+                unit
+                for unit in self.units.values()
+                if is_job_unit_name(unit.name, jobid)
+            ),
+            None,
+        )
 
     def describe(self) -> list[dict[str, Any]]:
         """Every leftover's ``list`` entry (:meth:`Leftover.describe`)."""

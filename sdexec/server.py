@@ -69,6 +69,7 @@ from sdexec.protocol import (
     is_signal_number,
     signum_refused,
     target_named,
+    terminate_not_found,
 )
 from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import SHOWN, quoted
@@ -1316,7 +1317,29 @@ class SdexecServer:
 
     def terminate(self, payload: dict) -> dict:
         """``sdexec.terminate``: begin a job's termination sequence."""
-        return self.jobs.terminate(payload, self.find, self.tracked.kept)
+        try:
+            return self.jobs.terminate(payload, self.find, self.tracked.kept)
+        except RequestError as error:
+            leftover = self._leftover_of_job(payload, error)
+            if leftover is None:
+                raise
+            raise RequestError(
+                error.errnum, _leftover_runs_no_job(payload["jobid"], leftover)
+            ) from None
+
+    def _leftover_of_job(self, payload: dict, error: RequestError) -> Leftover | None:
+        """The leftover of the job a ``terminate`` by job id found nothing
+        of: "not found" denied what ``sdexec ps`` lists (a kill by pid
+        reaches it; ``sdexec cancel`` by its pid says so itself)."""
+        jobid = payload.get("jobid")
+        if (
+            self.leftovers is None
+            or not isinstance(jobid, str)
+            or (error.errnum, error.errstr)
+            != (errno.ESRCH, terminate_not_found("jobid", jobid))
+        ):
+            return None
+        return self.leftovers.find_job(jobid)
 
     @property
     def drain_reason(self) -> str | None:
@@ -1432,6 +1455,17 @@ def _unit_name_held(unit_name: str, leftover: Leftover | None) -> str:
     return (
         f"{held}: it is {leftover.what()}; retry once it is gone (a kill by"
         " its pid ends it)"
+    )
+
+
+def _leftover_runs_no_job(jobid: str, leftover: Leftover) -> str:
+    """Why a ``terminate`` of job ``jobid`` reaches no job in ``leftover``:
+    its time limit and termination sequence were the gone run's."""
+    return (
+        f"terminate {target_named('jobid', jobid)}: its unit {leftover.name} is"
+        f" {leftover.what()}: it runs no job of this run (its time limit and"
+        " termination sequence went with the run that started it); sdexec kill"
+        " of its pid signals it"
     )
 
 

@@ -195,6 +195,24 @@ def test_a_kept_leftover_s_name_is_refused_naming_it(first_run):
         killed_and_stopped(second)
 
 
+def test_a_kept_leftover_s_job_is_refused_naming_it(first_run):
+    # sdexec cancel of a kept leftover's job said "terminate jobid=4242 not
+    # found", where sdexec ps lists its unit, sdexec-4242-...: its job and
+    # time limit went with the killed run.
+    second = kept_after_a_kill(first_run, ["--jobid", "4242", "sleep", "300"])
+    with reaped(second.process):
+        proc = the_leftover_read(second)
+        cancel = second.sdexec("cancel", "4242")
+        assert cancel.returncode != 0
+        said = (
+            f"terminate jobid=4242: its unit {proc['unit']} is a leftover (state"
+            f" O, pid {proc['pid']}; an earlier run's), which no request of this"
+            " run follows: it runs no job of this run"
+        )
+        assert said.encode() in cancel.stderr, cancel.stderr
+        killed_and_stopped(second)
+
+
 def test_a_kept_leftover_s_command_line_is_quoted_as_a_process_s(first_run):
     # A leftover showed its unit's Description, unquoted: sh -c echo "$0";
     # exec sleep 300, where the process had shown as it does below.

@@ -63,6 +63,7 @@ from sdexec.shares import Share
 log = Logger()
 
 __all__ = [
+    "NOT_FOUND",
     "NO_CLIENT",
     "Mode",
     "Tracked",
@@ -73,6 +74,8 @@ __all__ = [
 
 #: The connection id of a process with no client (real ids start at 1).
 NO_CLIENT = 0
+#: How a wait or attach says that nothing has the pid or label it names.
+NOT_FOUND = "not found (no such process)"
 _OUTPUT_FLAGS = ExecFlag.STDOUT | ExecFlag.STDERR
 
 ProcessKey = tuple[int, int]
@@ -1109,9 +1112,7 @@ class TrackedProcesses:
         a plain streaming process."""
         newest = self.newest(pid, label)
         if newest is None:
-            raise RequestError(
-                missing, f"{_target(pid, label)}: not found (no such process)"
-            )
+            raise RequestError(missing, f"{_target(pid, label)}: {NOT_FOUND}")
         tracked = self._tracked.get(newest) or self._ended.get(newest)
         if tracked is None:
             raise RequestError(errnum, f"{_target(pid, label)}: {untracked}")

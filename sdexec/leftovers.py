@@ -706,6 +706,11 @@ class Leftovers:
             None,
         )
 
+    def of_earlier_runs(self) -> int:
+        """How many leftovers an earlier run of the service left (not this
+        run's own lost or given-up units)."""
+        return sum(not unit.of_this_run for unit in self.units.values())
+
     def describe(self) -> list[dict[str, Any]]:
         """Every leftover's ``list`` entry (:meth:`Leftover.describe`)."""
         return [unit.describe() for unit in self.units.values()]

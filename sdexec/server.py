@@ -22,7 +22,7 @@ from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
 from sdexec.admission import ConnectionCount
-from sdexec.background import Tracked, TrackedProcesses, parse_target
+from sdexec.background import NOT_FOUND, Tracked, TrackedProcesses, parse_target
 from sdexec.closing import OpenConnections
 from sdexec.config import Config
 from sdexec.containment import Containment, Fences, judge_fences
@@ -1167,7 +1167,8 @@ class SdexecServer:
         process ended and kept for a wait, which "not found" denied."""
         if self.tracked.ended_and_kept(pid, label):
             return ended_and_kept("kill", target)
-        return f"kill {target} not found"
+        lost = self._labels_lost() if label is not None else ""
+        return f"kill {target} not found{lost}"
 
     def list(self, detail: bool = True) -> dict:
         """``sdexec.list``: every process, its own and its leftovers; without
@@ -1233,22 +1234,44 @@ class SdexecServer:
         is a leftover's main one (``sdexec ps`` lists it, state ``O``: an
         earlier run's background process, say) is told so, not only "no
         such process": nothing of its output or end is kept, and only a
-        kill reaches it."""
+        kill reaches it. One by a label, while an earlier run's leftovers
+        run, is told that labels did not outlive that run."""
         try:
             yield
         except RequestError as error:
-            pid = payload.get("pid") if payload.get("label") is None else None
+            if error.errnum not in (errno.ESRCH, errno.ENOENT):
+                raise
+            label = payload.get("label")
+            pid = payload.get("pid") if label is None else None
             leftovers = self.leftovers if isinstance(pid, int) else None
             leftover = leftovers.find(pid) if leftovers is not None else None
-            if leftover is None or error.errnum not in (errno.ESRCH, errno.ENOENT):
-                raise
-            raise RequestError(
-                error.errnum,
-                f"{error.errstr}: it is the main process of leftover unit"
-                f" {leftover.name} (state O), which no request of this run"
-                " follows: its output and end are not kept; only a kill"
-                " reaches it",
-            ) from None
+            lost = self._labels_lost() if label is not None else ""
+            if leftover is not None:
+                raise RequestError(
+                    error.errnum,
+                    f"{error.errstr}: it is the main process of leftover unit"
+                    f" {leftover.name} (state O), which no request of this run"
+                    " follows: its output and end are not kept; only a kill"
+                    " reaches it",
+                ) from None
+            if lost and error.errstr.endswith(NOT_FOUND):
+                raise RequestError(error.errnum, f"{error.errstr}{lost}") from None
+            raise
+
+    def _labels_lost(self) -> str:
+        """What a request by a label that names nothing is told while
+        leftovers of an earlier run are listed: the process it started may
+        be one of them, running on, its label gone with the run (only
+        its memory held it)."""
+        count = self.leftovers.of_earlier_runs() if self.leftovers else 0
+        if not count:
+            return ""
+        units, are = ("unit", "is") if count == 1 else ("units", "are")
+        return (
+            f"; labels do not outlive a run of the service: {count} leftover"
+            f" {units} of an earlier run (state O in sdexec ps) {are} reached by"
+            " pid only"
+        )
 
     def _watched_output(self, responder: Responder) -> Responder:
         """``responder``, its output counted by the metrics (an attach's

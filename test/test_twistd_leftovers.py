@@ -213,6 +213,25 @@ def test_a_kept_leftover_s_job_is_refused_naming_it(first_run):
         killed_and_stopped(second)
 
 
+def test_a_label_of_a_killed_run_is_said_to_be_gone_with_it(first_run):
+    # wait, attach and kill of a label a killed run's process had said "not
+    # found (no such process)", while that process ran on, listed as state
+    # O: the label went with the run, and only its pid reaches it now.
+    started = ["--waitable", "--label", "bgrestart-lab", "sleep", "300"]
+    second = kept_after_a_kill(first_run, started)
+    with reaped(second.process):
+        the_leftover_read(second)
+        lost = (
+            b"labels do not outlive a run of the service: 1 leftover unit of an"
+            b" earlier run (state O in sdexec ps) is reached by pid only"
+        )
+        for verb in (["wait"], ["attach"], ["kill", "TERM"]):
+            refused = second.sdexec(*verb, "bgrestart-lab")
+            assert refused.returncode != 0
+            assert lost in refused.stderr, refused.stderr
+        killed_and_stopped(second)
+
+
 def test_a_kept_leftover_s_command_line_is_quoted_as_a_process_s(first_run):
     # A leftover showed its unit's Description, unquoted: sh -c echo "$0";
     # exec sleep 300, where the process had shown as it does below.

@@ -695,8 +695,13 @@ class Leftovers:
 
     def find_job(self, jobid: str) -> Leftover | None:
         """A leftover whose unit the service named for job ``jobid``
-        (``SDEXEC_JOBID`` without ``SDEXEC_NAME``): its job was the run's
-        that started it, and its name is all that is left of it."""
+        (``SDEXEC_JOBID`` without ``SDEXEC_NAME``), or that is named
+        ``jobid`` (a job of ``SDEXEC_TIME_LIMIT`` alone is known by its
+        unit's name): its job was the run's that started it, and its name
+        is all that is left of it."""
+        named = self.units.get(jobid)
+        if named is not None:
+            return named
         return next(
             (
                 unit

@@ -198,18 +198,28 @@ def test_a_kept_leftover_s_name_is_refused_naming_it(first_run):
 def test_a_kept_leftover_s_job_is_refused_naming_it(first_run):
     # sdexec cancel of a kept leftover's job said "terminate jobid=4242 not
     # found", where sdexec ps lists its unit, sdexec-4242-...: its job and
-    # time limit went with the killed run.
-    second = kept_after_a_kill(first_run, ["--jobid", "4242", "sleep", "300"])
+    # time limit went with the killed run. So of a job of a time limit
+    # alone, whose id is its unit's name.
+    second = kept_after_a_kill(
+        first_run,
+        ["--jobid", "4242", "sleep", "300"],
+        ["--time-limit", "1h", "sleep", "300"],
+    )
     with reaped(second.process):
-        proc = the_leftover_read(second)
-        cancel = second.sdexec("cancel", "4242")
-        assert cancel.returncode != 0
-        said = (
-            f"terminate jobid=4242: its unit {proc['unit']} is a leftover (state"
-            f" O, pid {proc['pid']}; an earlier run's), which no request of this"
-            " run follows: it runs no job of this run"
+        _wait_for(
+            lambda: [p["pid"] > 0 for p in second.stats()["procs"]] == [True] * 2,
+            "leftovers read",
         )
-        assert said.encode() in cancel.stderr, cancel.stderr
+        for proc in second.stats()["procs"]:
+            jobid = "4242" if "-4242-" in proc["unit"] else proc["unit"]
+            cancel = second.sdexec("cancel", jobid)
+            assert cancel.returncode != 0
+            said = (
+                f"terminate jobid={jobid}: its unit {proc['unit']} is a leftover"
+                f" (state O, pid {proc['pid']}; an earlier run's), which no"
+                " request of this run follows: it runs no job of this run"
+            )
+            assert said.encode() in cancel.stderr, cancel.stderr
         killed_and_stopped(second)
 
 

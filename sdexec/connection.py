@@ -765,6 +765,9 @@ class ClientProtocol(StdioReceivingProtocol):
             if isinstance(outcome, Failure):
                 self._log_lookup_timeout(failure_value(outcome))
                 outcome.raiseException()
+            # A reload that took the user out of allow-users while its
+            # command was looked up: nothing more may start for it.
+            self._refuse_if_revoked()
             exec_found(outcome)
 
     # -- requests that wait for a pending exec ----------------------------------

@@ -22,11 +22,13 @@ from offline import (
 )
 from pytest_twisted import ensureDeferred
 from support import until
+from test_matchtag import HeldLookups
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs, formatEvent
 
 import sdexec.process
+from sdexec.command import Found
 from sdexec.config import parse_config
 from sdexec.connection import CLIENT_BUFFER_SIZE, ClientProtocol
 from sdexec.containment import Containment
@@ -155,6 +157,32 @@ def test_a_user_a_reload_disallows_may_ask_for_nothing_more(systemd, server):
     _allowing(server, [os.getuid()])  # allowed again: served again
     connection.send("sdexec.kill", {"signum": 15, "label": "j"}, matchtag=5)
     assert connection.last()["payload"] == {} and systemd.kills() == [15]
+    connection.close()
+
+
+def test_an_exec_looked_up_across_the_reload_that_disallows_its_user_is_refused(
+    systemd,
+):
+    # Its lookup (a file system that is slow to answer) outlasted the reload
+    # that took its user out of allow-users, and the exec then started a
+    # process for a user the site no longer lets run anything.
+    lookups = HeldLookups()
+    server = SdexecServer(
+        systemd, parse_config({}), reactor, clock=Clock(), lookups=lookups
+    )
+    server.owner_uid = os.getuid() + 1
+    _allowing(server, [os.getuid()])
+    connection = Connection(server)
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    [looking_up] = lookups.waiting
+    _allowing(server, [])
+    looking_up.callback(Found("/bin/true", None))
+    assert systemd.units == {} and server.processes == {}
+    assert error_of(connection.last()) == (
+        errno.EPERM,
+        f"uid {os.getuid()} is no longer in [sdexec] allow-users (a reload took"
+        " it out): this connection may make no more requests",
+    )
     connection.close()
 
 

@@ -625,7 +625,8 @@ def _undrain(options: argparse.Namespace) -> int:
 def _reload(options: argparse.Namespace) -> int:
     """``sdexec.reload``: the service's configuration file read again (the
     units' ``ExecReload=``). A refusal is the service's reason on stderr,
-    and exit status 1, which ``systemctl reload`` reports."""
+    and exit status 1, which ``systemctl reload`` reports; a setting read
+    only at start that the file changed is a warning on stderr."""
     try:
         reply = request(options, Topics.RELOAD, {})
     except RPCError as failure:
@@ -637,6 +638,8 @@ def _reload(options: argparse.Namespace) -> int:
             " older than this command, or not sdexec): send it SIGHUP",
         ) from None
     print_out(f"configuration reloaded from {one_line(str(reply.get('config')))}")
+    for setting in reply.get("needs-restart") or ():
+        warn(f"warning: {setting}")  # (its old value in force: taken all the same)
     return 0
 
 

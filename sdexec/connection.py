@@ -629,7 +629,7 @@ class ClientProtocol(StdioReceivingProtocol):
         reloader = self.server.reloader
         assert reloader is not None, "the topic is served only with a reloader"
         self._owner_only(Topic.RELOAD, "reload its configuration")
-        return reloader().addCallback(lambda path: {"config": path})
+        return reloader()
 
     def _undrain(self, matchtag: int, payload: dict) -> dict:
         """``sdexec.undrain``: the owner's alone, as a reload is. What it

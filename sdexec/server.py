@@ -193,10 +193,11 @@ class SdexecServer:
         #: each exec stream's responder, ``watch_output(responder)`` an
         #: attach's or a wait's, ``error_sent(topic, errnum)`` sees errors.
         self.observer: Metrics | None = None
-        #: The service's reload (``sdexec.reload``): fires with the file now
-        #: in force, or fails with why not. ``None``: a server with no
+        #: The service's reload (``sdexec.reload``): fires with its answer
+        #: (the file now in force, the settings that need a restart), or
+        #: fails with why not. ``None``: a server with no
         #: service to reload (the topic is unknown, ENOSYS).
-        self.reloader: Callable[[], defer.Deferred[str]] | None = None
+        self.reloader: Callable[[], defer.Deferred[dict]] | None = None
         self._next_connection_id = 0
         #: The processes that run jobs: time limits, termination, ``jobs``.
         self.jobs = Jobs(self.drain, self.count)

@@ -21,7 +21,7 @@ import stat
 import sys
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from twisted.application.service import Service
@@ -510,9 +510,10 @@ class SdexecService(Service):
             log.info("reload asked for while starting: it runs once listening")
             self.reload_when_started = True
 
-    def _reload_asked(self) -> defer.Deferred[str]:
+    def _reload_asked(self) -> defer.Deferred[dict]:
         """An ``sdexec.reload`` request's reload (``systemctl reload``'s):
-        the same as a SIGHUP's, whose outcome it is answered with. A
+        the same as a SIGHUP's, whose outcome it is answered with
+        (:meth:`Reloaded.answer`). A
         client can connect from when the service listens, a moment before
         it serves, and a connection may last into the stop: a request
         then is refused (EAGAIN, ECANCELED), not deferred as a SIGHUP is."""
@@ -526,7 +527,7 @@ class SdexecService(Service):
                     " starts with is read already; reload once it is ready",
                 )
             )
-        return self.reload_or_refuse()
+        return self._reload_in_turn(None).addCallback(Reloaded.answer)
 
     def _reload_on_signal(self) -> None:
         """A SIGHUP's reload, whose outcome nobody waits for: a fault of
@@ -549,11 +550,15 @@ class SdexecService(Service):
         ``leftover-units`` changed to ``stop``); the next request sees the
         new configuration, and the drain is judged afresh (the manager's
         version, the device canary, the leftovers)."""
+        return self._reload_in_turn(path).addCallback(lambda done: done.path)
+
+    def _reload_in_turn(self, path: str | None) -> defer.Deferred[Reloaded]:
+        """:meth:`reload_or_refuse`, firing with the whole outcome."""
         return self._reloads.run(
             lambda: defer.Deferred.fromCoroutine(self._reload_once(path))
         )
 
-    async def _reload_once(self, path: str | None) -> str:
+    async def _reload_once(self, path: str | None) -> Reloaded:
         if self.stopped:  # one that waited for another, the stop between
             log.info("reload dropped: the service is stopping")
             raise ReloadRefused(errno.ECANCELED, _STOPPING)
@@ -569,7 +574,7 @@ class SdexecService(Service):
             if not self.stopped:  # nothing after STOPPING=1
                 self.readiness.reloaded()
 
-    async def _reload(self, path: str) -> str:
+    async def _reload(self, path: str) -> Reloaded:
         """Load ``path`` and put it in force; :class:`ReloadRefused` says
         why not (the configuration in force stays as it was)."""
         config, containment = await self._load(path)
@@ -584,9 +589,10 @@ class SdexecService(Service):
                 f"{path}: systemd.bus: the {self.config.systemd.bus} manager is"
                 " in use; a new bus needs a restart"
             )
-        self._put_in_force(self._keep_start_only_settings(config, path), containment)
+        config, kept = self._keep_start_only_settings(config, path)
+        self._put_in_force(config, containment)
         log.info("configuration reloaded from {path}", path=path)
-        return path
+        return Reloaded(path, kept)
 
     async def _load(self, path: str) -> tuple[Config, Containment]:
         """The configuration of ``path`` and its containment (the mapper
@@ -627,32 +633,35 @@ class SdexecService(Service):
             self.server.verify_devices()
         self._warn_if_allowed_users_kept_out()
 
-    def _keep_start_only_settings(self, config: Config, path: str) -> Config:
+    def _keep_start_only_settings(
+        self, config: Config, path: str
+    ) -> tuple[Config, tuple[str, ...]]:
         """``config`` with the values in force of the settings read only at
-        start, each changed one named in a warning."""
+        start, and a warning naming each changed one (logged, and for the
+        reload's answer: what needs a restart)."""
         kept = {}
+        said = []
         in_force = {"listen": self.listen, "stats": self.stats}
         for name in START_ONLY_SETTINGS:
             old, new = getattr(self.config.sdexec, name), getattr(config.sdexec, name)
             if old != new:
-                log.warn(
-                    "{path}: sdexec.{key}: read only at start: {new} takes"
-                    " effect at the next restart, {old} stays in force",
-                    path=path,
-                    key=name.replace("_", "-"),
-                    new=_setting(name, new),
-                    old=_setting(name, in_force.get(name, old)),
+                said.append(
+                    f"{path}: sdexec.{name.replace('_', '-')}: read only at start:"
+                    f" {_setting(name, new)} takes effect at the next restart,"
+                    f" {_setting(name, in_force.get(name, old))} stays in force"
                 )
+                log.warn("{warning}", warning=said[-1])
                 kept[name] = old
         if not kept:
-            return config
+            return config, ()
         config = replace(config, sdexec=replace(config.sdexec, **kept))
         if "socket_mode" in kept:
             # The file's mode was judged: the users it lets in, the one in
             # force may not (EACCES, which nothing else would explain).
             for warning in allowed_users_cannot_connect(config):
                 log.warn("{warning}", warning=warning)
-        return config
+                said.append(warning)
+        return config, tuple(said)
 
     @defer.inlineCallbacks
     def stopService(self) -> Generator[defer.Deferred[Any], Any, None]:
@@ -681,6 +690,25 @@ class SdexecService(Service):
             self.metrics.stop()  # its log says now what it held back
             if self.owner_lock is not None:
                 self.owner_lock.release()  # its units are stopped: the next may
+
+
+@dataclass(frozen=True)
+class Reloaded:
+    """A reload taken: the file now in force, and the warnings naming the
+    settings it changed that only a restart applies (their old values stay
+    in force)."""
+
+    path: str
+    needs_restart: tuple[str, ...] = ()
+
+    def answer(self) -> dict[str, Any]:
+        """The ``sdexec.reload`` answer (docs/protocol.md): ``needs-restart``
+        only when a setting waits for a restart, so that whoever reloads is
+        told, not only the log."""
+        answer: dict[str, Any] = {"config": self.path}
+        if self.needs_restart:
+            answer["needs-restart"] = list(self.needs_restart)
+        return answer
 
 
 class ReloadRefused(RequestRefused):

@@ -91,6 +91,31 @@ async def test_reload_answers_success_then_a_refusal_naming_the_key(
 
 
 @ensureDeferred
+async def test_a_reload_tells_its_asker_which_settings_need_a_restart(start_service):
+    # Taken, its start-only change was said only in the service's log:
+    # `sdexec reload` printed "configuration reloaded" alone, and an admin
+    # who changed socket-mode for allow-users learnt nothing.
+    service = await start_service()
+    service.write_config(ConfigText(sdexec='socket-mode = "0660"'))
+    done = await _sdexec_reload(service.socket_path)
+    warning = (
+        f"{service.config_path}: sdexec.socket-mode: read only at start:"
+        ' "0660" takes effect at the next restart, "0600" stays in force'
+    )
+    assert (done.returncode, done.stdout, done.stderr.decode()) == (
+        0,
+        f"configuration reloaded from {service.config_path}\n".encode(),
+        f"sdexec: warning: {warning}\n",
+    )
+    client = await service.connect()
+    assert await client.reload() == {
+        "config": str(service.config_path),
+        "needs-restart": [warning],
+    }
+    assert service.service.config.sdexec.socket_mode == 0o600
+
+
+@ensureDeferred
 async def test_reloads_asked_together_run_one_after_the_other(start_service):
     # A SIGHUP's reload and requests on two connections: one at a time, each
     # answered with its own outcome once the one before it has ended.

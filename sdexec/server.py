@@ -287,31 +287,35 @@ class SdexecServer:
         out of ``allow-users`` has its waits and attaches ended now);
         leftovers follow a changed ``leftover-units``
         (:meth:`Leftovers.reconfigured`)."""
+        allowed_before = self.allowed_uids
         self.config = config
         self.containment = containment
-        self._revoke_users()
+        self._revoke_users(allowed_before)
         self.lift(SelfLifting.SITE_PROPERTY)  # the next start judges the new one
         self.systemd.debug = config.systemd.sdbus_debug
         self.systemd.max_inflight = config.systemd.max_inflight
         if self.leftovers is not None:  # leftover-units may have changed
             self.leftovers.reconfigured()
 
-    def _revoke_users(self) -> None:
-        """End the waits and attaches that the connections of users the
-        configuration no longer allows hold (EPERM), and log those users:
-        their requests are refused from now on (sdexec/connection.py), and
-        an admin revoking one should know that what they started runs on.
-        A wait or an attach left open would go on taking the output, and
-        the end, of processes that are not theirs (review session 41 K-1)."""
+    def _revoke_users(self, allowed_before: frozenset[int]) -> None:
+        """End the waits and attaches that the connections of users this
+        reload takes out of the configuration (``allowed_before`` it) hold
+        (EPERM), and log those users: their requests are refused from now
+        on (sdexec/connection.py), and an admin revoking one should know
+        that what they started runs on. A wait or an attach left open would
+        go on taking the output, and the end, of processes that are not
+        theirs (review session 41 K-1). A user revoked by an earlier reload
+        holds none, and is not said again at every reload after it."""
         allowed = self.allowed_uids
+        revoked_now = allowed_before - allowed
         ended: Counter[int] = Counter()
         for connection_id, uid in self.connections.uids().items():
-            if uid not in allowed:
+            if uid in revoked_now:
                 ended[uid] += self.tracked.end_waits_and_attaches(
                     connection_id, errno.EPERM, revoked(uid)
                 )
         for uid, count in self.connections.open_by_uid().items():
-            if uid not in allowed:
+            if uid in revoked_now:
                 log.warn(
                     "uid {uid} is no longer in [sdexec] allow-users: each request"
                     " on its {count} open connection(s) is refused from now on,"

@@ -153,6 +153,9 @@ def test_a_user_a_reload_disallows_may_ask_for_nothing_more(systemd, server):
     ):  # fmt: skip
         connection.send(topic, payload, matchtag=matchtag)
         assert error_of(connection.last()) == refusal, topic
+    with capturedLogs() as events:  # said once, by the reload that took it out
+        _allowing(server, [])
+    assert not [formatEvent(e) for e in events if said in formatEvent(e)]
     assert systemd.kills() == [] and len(server.processes) == 1  # it runs on
     _allowing(server, [os.getuid()])  # allowed again: served again
     connection.send("sdexec.kill", {"signum": 15, "label": "j"}, matchtag=5)

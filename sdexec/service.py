@@ -615,10 +615,12 @@ class SdexecService(Service):
             )
         except (ConfigError, ValueError, OSError) as error:
             raise _refusing(str(error)) from None
-        except Exception as error:
-            # A fault of ours or of a site's mapper: its traceback logged,
-            # and refused as a bad file is (an sdexec.reload's client told
-            # why, the refusal counted), the old configuration in force.
+        except (Exception, SystemExit) as error:
+            # A fault of ours or of a site's mapper (SystemExit too: one
+            # that exits as it loads went by unlogged, answered "3"): its
+            # traceback logged, and refused as a bad file is (an
+            # sdexec.reload's client told why, the refusal counted), the
+            # old configuration in force.
             log.failure("reload of {path} failed", path=path)
             raise _refusing(f"{path}: {type(error).__name__}: {error}") from None
         return config, containment

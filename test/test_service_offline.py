@@ -462,6 +462,30 @@ async def test_reloads_the_stop_overtakes_are_dropped_and_say_nothing(
 
 
 @ensureDeferred
+async def test_a_site_mapper_that_exits_as_it_loads_refuses_the_reload(tmp_path):
+    # SystemExit is no Exception: the reload's answer was EREMOTEIO "3",
+    # nothing logged, the refusal not counted, the module not named.
+    service = await started_service(tmp_path, FakeManager())
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "bad.py").write_text("raise SystemExit(3)\n")
+    topology = Path(__file__).resolve().parent / "data" / "small.xml"
+    (tmp_path / "sdexec.toml").write_text(
+        "[exec]\nsdexec-constrain-resources = true\n[sdexec]\n"
+        f'mapper = "site.bad.Mapper"\nmapper-searchpath = "{tmp_path}"\n'
+        f'topology = "{topology}"\n'
+    )
+    with pytest.raises(ReloadRefused) as refused:
+        await service.reload_or_refuse()
+    assert (refused.value.errnum, refused.value.errstr) == (
+        errno.EINVAL,
+        "reload refused, old configuration kept:"
+        f" {tmp_path}/sdexec.toml: SystemExit: 3",
+    )
+    assert not service.config.exec.sdexec_constrain_resources
+    await service.stopService()
+
+
+@ensureDeferred
 async def test_a_fault_in_a_signal_s_reload_is_logged_as_it_happens(
     tmp_path, monkeypatch
 ):

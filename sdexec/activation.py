@@ -26,7 +26,7 @@ from twisted.internet.endpoints import _SystemdParser, serverFromString
 from twisted.internet.interfaces import IStreamServerEndpoint
 from zope.interface import implementer
 
-from sdexec.sockets import kept_out, listening_path
+from sdexec.sockets import kept_out
 
 __all__ = [
     "check_systemd_endpoint",
@@ -287,8 +287,9 @@ def _keep_socket(port: Any, at_a_path: bool) -> Any:
     return port
 
 
-def inherited_socket_keeps_out(port: Any, uids: Iterable[int]) -> str | None:
-    """How the UNIX socket ``port`` listens on keeps one of ``uids`` out,
+def inherited_socket_keeps_out(path: str | None, uids: Iterable[int]) -> str | None:
+    """How the UNIX socket at ``path`` (a listening port's, ``None`` for TCP
+    or an abstract name) keeps one of ``uids`` out,
     if it does (:func:`sdexec.sockets.kept_out`), and what to change: no
     write permission on it for that user, or no search permission on its
     directory (``/run/x/s.sock is mode 0600 in a directory of mode 0700,
@@ -297,7 +298,6 @@ def inherited_socket_keeps_out(port: Any, uids: Iterable[int]) -> str | None:
     socket systemd made, whose modes are the ``.socket`` unit's
     (``SocketMode=``, ``SocketGroup=``, ``DirectoryMode=``), not ``[sdexec]
     socket-mode``."""
-    path = listening_path(port)
     if path is None:
         return None  # TCP, or an abstract name
     kept = kept_out(path, uids)

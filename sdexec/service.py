@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from twisted.application.service import Service
@@ -356,22 +357,46 @@ class SdexecService(Service):
         not in; for any socket, a directory above it that they may not
         search (``/run/user/UID``, the system unit's ``/run/sdexec`` of
         ``RuntimeDirectoryMode=0700``). They would get EACCES, and nothing
-        would say why."""
+        would say why. (At start; a reload judges it in the pool.)"""
+        judge = self._kept_out_judge()
+        if judge is not None:
+            _say_kept_out(judge())
+
+    async def _warn_in_pool_if_allowed_users_kept_out(self) -> None:
+        """:meth:`_warn_if_allowed_users_kept_out`, judged off the reactor's
+        thread: each user's groups come from the user database (LDAP,
+        sssd), which may take seconds, and every stream and timer would
+        wait for it at each reload (as for the file's own check, in
+        :meth:`_load`)."""
+        judge = self._kept_out_judge()
+        if judge is None:
+            return
+        pool = self.reactor.getThreadPool()
+        try:
+            _say_kept_out(await threads.deferToThreadPool(self.reactor, pool, judge))
+        except Exception:
+            # The configuration is in force already: a warning not given
+            # must not make the reload read as refused.
+            log.failure("judging whom the socket keeps out failed")
+
+    def _kept_out_judge(self) -> Callable[[], str | None] | None:
+        """What says how the socket served keeps ``allow-users`` out (the
+        user database and the file system read: it may block), or ``None``
+        when there is nothing to judge."""
         port = self.ports.get("listen")
         uids = users_a_mode_may_keep_out(self.config)
         if not uids or port is None:
-            return
+            return None
+        path = listening_path(port)  # here: the port is the reactor's
         if is_systemd_endpoint(self.listen):
-            why = inherited_socket_keeps_out(port, uids)
-        else:
-            why = _made_socket_keeps_out(
-                port, uids, self._named("listen"), self.config.sdexec.socket_mode
-            )
-        if why is not None:
-            log.warn(
-                "sdexec.allow-users: the users listed cannot connect: {kept_out}",
-                kept_out=why,
-            )
+            return partial(inherited_socket_keeps_out, path, uids)
+        return partial(
+            _made_socket_keeps_out,
+            path,
+            uids,
+            self._named("listen"),
+            self.config.sdexec.socket_mode,
+        )
 
     def _listen_backlog(self) -> int:
         """``[sdexec] listen-backlog``, else the kernel's cap (Twisted's own
@@ -591,6 +616,7 @@ class SdexecService(Service):
             )
         config, kept = self._keep_start_only_settings(config, path)
         self._put_in_force(config, containment)
+        await self._warn_in_pool_if_allowed_users_kept_out()
         log.info("configuration reloaded from {path}", path=path)
         return Reloaded(path, kept)
 
@@ -633,7 +659,6 @@ class SdexecService(Service):
             # judged afresh: containment may be new
             self.server.check_manager_version()
             self.server.verify_devices()
-        self._warn_if_allowed_users_kept_out()
 
     def _keep_start_only_settings(
         self, config: Config, path: str
@@ -762,8 +787,17 @@ def _fails_again(failure: Failure) -> bool:
     return isinstance(error, ListenError) and error.lasting
 
 
+def _say_kept_out(why: str | None) -> None:
+    """Log what keeps the users of ``allow-users`` out, if anything does."""
+    if why is not None:
+        log.warn(
+            "sdexec.allow-users: the users listed cannot connect: {kept_out}",
+            kept_out=why,
+        )
+
+
 def _made_socket_keeps_out(
-    port: Any, uids: Iterable[int], named: str, socket_mode: int
+    path: str | None, uids: Iterable[int], named: str, socket_mode: int
 ) -> str | None:
     """For a UNIX socket the service made: what keeps one of ``uids`` out
     (:func:`sdexec.sockets.kept_out`), and what to change: the socket's
@@ -772,7 +806,6 @@ def _made_socket_keeps_out(
     a socket elsewhere); ``None`` if nothing does, or if it is
     ``socket_mode`` and lets no one but its owner connect (the file's check
     said so, ``allowed_users_cannot_connect``)."""
-    path = listening_path(port)
     if path is None:
         return None
     kept = kept_out(path, uids)

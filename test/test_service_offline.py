@@ -637,6 +637,39 @@ async def test_a_reload_parses_the_file_off_the_reactor_thread(tmp_path, monkeyp
 
 
 @ensureDeferred
+async def test_a_reload_judges_who_the_socket_keeps_out_off_the_reactor_thread(
+    tmp_path, monkeypatch
+):
+    # Each listed user's groups come from the user database (LDAP, sssd):
+    # looked up in the reactor's thread at every reload, every stream and
+    # timer waited for them, where the file's own check runs in the pool.
+    from twisted.python.threadable import isInIOThread
+
+    import sdexec.sockets
+
+    service = await started_service(tmp_path, FakeManager())
+    threads: list[bool] = []
+    groups_of = sdexec.sockets._groups_of
+
+    def recorded(uid):
+        threads.append(isInIOThread())
+        return groups_of(uid)
+
+    monkeypatch.setattr(sdexec.sockets, "_groups_of", recorded)
+    lines = await reload_saying(
+        service,
+        tmp_path / "sdexec.toml",
+        '[sdexec]\nsocket-mode = "0666"\nallow-users = [65534]\n',
+    )
+    assert threads == [False]
+    # tmp_path is 0700: still said, before the reload is said to be done.
+    [said] = [n for n, line in enumerate(lines) if "cannot connect" in line]
+    [done] = [n for n, line in enumerate(lines) if "configuration reloaded" in line]
+    assert said < done
+    await service.stopService()
+
+
+@ensureDeferred
 async def test_a_reload_names_the_endpoint_in_force(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     path = tmp_path / "sdexec.toml"

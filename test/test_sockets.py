@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 from pytest_twisted import ensureDeferred
 from twisted.internet import defer, reactor, threads
-from twisted.internet.address import UNIXAddress
 from twisted.logger import formatEvent, globalLogPublisher
 
 from sdexec.client import connect
@@ -354,8 +353,7 @@ def test_the_service_says_what_keeps_a_user_out_of_its_socket(
     shared_dir, mode, gid, socket_mode, advice
 ):
     path = listening_socket(shared_dir / "run", mode, gid)
-    port = type("Port", (), {"getHost": lambda self: UNIXAddress(str(path))})()
-    said = _made_socket_keeps_out(port, [NOBODY], "--listen", socket_mode)
+    said = _made_socket_keeps_out(str(path), [NOBODY], "--listen", socket_mode)
     assert nobody_connects(path) == "EACCES"
     kept = kept_out(str(path), [NOBODY])
     assert kept is not None

@@ -260,6 +260,9 @@ class SdexecServer:
         self.drains = Drains()
         #: The manager version that refused a site's property (drained).
         self._refused_site_property_on: str | None = None
+        #: The manager's version last said in the log (each reload and each
+        #: return of systemd judge it again; a SIGHUP storm said it each time).
+        self._version_said: str | None = None
         #: Is device policy enforced? Its canary says (sdexec/devicefence.py).
         self.device_canary = DeviceCanary(self._canary_context())
 
@@ -761,7 +764,9 @@ class SdexecServer:
             # Not read (a failed Get): what was judged of the manager stands.
             log.info("systemd manager: its Version could not be read")
             return
-        log.info("systemd manager {version}", version=version)
+        if version != self._version_said:
+            self._version_said = version
+            log.info("systemd manager {version}", version=version)
         if version != self._refused_site_property_on:
             self.lift(SelfLifting.SITE_PROPERTY)  # it may take it: the next start says
         problem = version_problem(version, self.containment.enabled)

@@ -12,6 +12,7 @@ from offline import error_of
 from test_server import FLAGS, TRUE
 from twisted.internet import reactor
 from twisted.internet.task import Clock
+from twisted.logger import capturedLogs, formatEvent
 
 from sdexec.config import parse_config
 from sdexec.drain import AdminCause
@@ -114,3 +115,15 @@ def test_a_version_not_read_leaves_the_judgement_standing(systemd, server):
     systemd.version = None
     server.check_manager_version()
     assert server.drain_reason == TOO_OLD
+
+
+def test_the_manager_s_version_is_said_once_until_it_changes(systemd, server):
+    # Each reload judges it again: a storm of 300 SIGHUPs said it 300 times
+    # (review session 50). A manager re-executed into another version is
+    # said again.
+    with capturedLogs() as events:
+        for version in ("252.38-1~deb12u1", "252.38-1~deb12u1", "253.1", "253.1"):
+            systemd.version = version
+            server.check_manager_version()
+    said = [formatEvent(e) for e in events if "systemd manager " in formatEvent(e)]
+    assert said == ["systemd manager 252.38-1~deb12u1", "systemd manager 253.1"]

@@ -193,6 +193,9 @@ class SdexecService(Service):
         self.reload_when_started = False  # a SIGHUP came during the start
         #: One reload at a time: each builds the mapper in a thread.
         self._reloads = defer.DeferredLock()
+        #: A SIGHUP's reload waits for its turn: another SIGHUP meanwhile is
+        #: the same reload (it reads the file when its turn comes).
+        self._signal_reload_waiting = False
         #: Started (listening, READY=1 sent) and not stopping: what a
         #: reload needs.
         self.serving = False
@@ -556,8 +559,23 @@ class SdexecService(Service):
 
     def _reload_on_signal(self) -> None:
         """A SIGHUP's reload, whose outcome nobody waits for: a fault of
-        ours in it is logged now, not when its Deferred is collected."""
-        self.reload().addErrback(lambda failure: log.failure("reload failed", failure))
+        ours in it is logged now, not when its Deferred is collected. One
+        asked for while another SIGHUP's waits for its turn is that one: a
+        storm of SIGHUPs ran a whole reload (the mapper rebuilt, the canary
+        judged) for each."""
+        if self._signal_reload_waiting:
+            return
+        self._signal_reload_waiting = True
+        reloading = self._reloads.run(self._signal_reload_s_turn)
+        reloading.addErrback(_refused).addErrback(
+            lambda failure: log.failure("reload failed", failure)
+        )
+
+    def _signal_reload_s_turn(self) -> defer.Deferred[Reloaded]:
+        """Its turn: a SIGHUP from now on reloads again, after this one
+        (the file may change once this one has read it)."""
+        self._signal_reload_waiting = False
+        return defer.Deferred.fromCoroutine(self._reload_once(None))
 
     def reload(self, path: str | None = None) -> defer.Deferred[bool]:
         """Load the configuration again and rebuild the mapper; a bad file or

@@ -1400,3 +1400,30 @@ async def test_a_port_another_program_holds_may_be_had_on_a_restart(tmp_path):
         await service.stopService()
     finally:
         taken.close()
+
+
+@ensureDeferred
+async def test_sighups_while_one_s_reload_waits_are_that_reload(tmp_path):
+    # A storm of SIGHUPs ran a whole reload for each (review session 50):
+    # those that come while one waits for its turn are that one; one after
+    # it has begun (the file read) reloads again, after it.
+    service = await started_service(tmp_path, FakeManager())
+    loaded: list[str] = []
+    reload_once = service._reload_once
+
+    async def counted(path):
+        loaded.append("reload")
+        return await reload_once(path)
+
+    service._reload_once = counted
+    held = service._reloads.acquire()  # another reload runs
+    await held
+    for _ in range(50):
+        service._sighup()
+    service._reloads.release()
+    await until(lambda: not service._reloads.locked, "the reload ran")
+    assert loaded == ["reload"]
+    service._sighup()
+    await until(lambda: not service._reloads.locked and len(loaded) == 2, "again")
+    assert loaded == ["reload", "reload"]
+    await service.stopService()

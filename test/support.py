@@ -15,9 +15,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from conftest import SANDBOX
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.threads import deferToThread
 
 from sdexec.client import RPCError, SdexecClient, connect
@@ -26,6 +27,7 @@ from sdexec.ioencode import decode_io
 from sdexec.procfs import process_exists
 from sdexec.protocol import command_object
 from sdexec.receipt import reads_unit_cgroups
+from sdexec.rpc import ConnectionFailed
 from sdexec.service import SdexecService
 
 FLAGS = 1 | 2 | 8  # stdout, stderr, write-credit
@@ -67,6 +69,18 @@ class ConfigText:
 
 def sleep(seconds: float) -> Deferred:
     return Deferred.fromFuture(asyncio.ensure_future(asyncio.sleep(seconds)))
+
+
+@inlineCallbacks
+def ended_by_close(client: SdexecClient, *requests: Deferred):
+    """Closes ``client``, and checks that each of ``requests`` (Deferreds a
+    test left open: a handle's ``done``, a wait) fails for it: ended and
+    seen, not dropped for Twisted to log as an unhandled error (which
+    conftest's ``logged_failures`` fails a test for)."""
+    yield client.close()
+    for request in requests:
+        with pytest.raises(ConnectionFailed, match="closed by this client"):
+            yield request
 
 
 async def until(condition, what: str, cap_s: float = 60) -> None:

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import Result, command, sleep, unit_names, until
+from support import Result, command, ended_by_close, sleep, unit_names, until
 
 from sdexec.client import STDERR, STDOUT, RPCError
 from sdexec.ioencode import decode_io
@@ -171,9 +171,9 @@ async def test_attach_disconnect_attach_again(sdexec):
     client = await sdexec.connect()
     pid = await background(client, ON_SIGNAL, label="again")
     first = await sdexec.connect()
-    result, _handle = await attach(first, pid=pid)
+    result, detached = await attach(first, pid=pid)
     await until(lambda: result.stdout == b"before\n", "output")
-    await first.close()  # detached: it runs on in the background
+    await ended_by_close(first, detached.done)  # it runs on in the background
     await until(lambda: procs_of(sdexec)[0]["mode"] == "background", "detached")
     second = await sdexec.connect()
     result, handle = await attach(second, pid=pid)
@@ -277,11 +277,11 @@ async def test_a_streaming_waitable_process_keeps_its_status_when_its_client_lea
     # systemd reported before the reset.
     client = await sdexec.connect()
     running = Result()
-    client.exec(
+    handle = client.exec(
         command(["sleep", "300"], label="s"), STDOUT, running.collect, waitable=True
     )
     await until(lambda: "started" in running.types, "started")
-    await client.close()
+    await ended_by_close(client, handle.done)
     await until(lambda: not sdexec.server.processes, "its unit reaped")
     other = await sdexec.connect()
     answer = await other.wait(label="s")

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 import pytest_twisted
-from support import read_to_end, sleep, until, until_pipe_full
+from support import ended_by_close, read_to_end, sleep, until, until_pipe_full
 from twisted.internet import defer, protocol, reactor
 from twisted.internet.defer import DeferredQueue
 from twisted.internet.endpoints import UNIXServerEndpoint
@@ -297,13 +297,13 @@ def test_an_error_whose_errnum_is_no_errno_still_ends_its_request(served, errnum
 @pytest_twisted.inlineCallbacks
 def test_kill_by_label_and_bad_targets(served):
     peer, client = served
-    client.kill(label="job", signum=2)  # its main process; said, for any service
+    main = client.kill(label="job", signum=2)  # its main process; said, for any service
     assert (yield peer.requests.get())["payload"] == {
         "label": "job",
         "signum": 2,
         "who": "main",
     }
-    client.kill(label="job", signum=2, who="all")  # every process of its unit
+    every = client.kill(label="job", signum=2, who="all")  # every process of its unit
     assert (yield peer.requests.get())["payload"] == {
         "label": "job",
         "signum": 2,
@@ -312,6 +312,7 @@ def test_kill_by_label_and_bad_targets(served):
     for bad in ({}, {"pid": 1, "label": "job"}):
         with pytest.raises(ValueError, match="exactly one"):
             client.kill(**bad)
+    yield ended_by_close(client, main, every)
 
 
 @pytest_twisted.inlineCallbacks
@@ -550,13 +551,16 @@ def test_writes_and_credit(served):
     handle.close_stdin()
     eof = yield peer.requests.get()
     assert decode_io(eof["payload"]["io"]) == ("stdin", b"", True)
+    yield ended_by_close(client, handle.done)
 
 
+@pytest_twisted.inlineCallbacks
 def test_credit_follows_stdin_bufsize_and_flag(served):
     _, client = served
     sized, _ = _exec(client, WRITE_CREDIT, opts={"stdin_BUFSIZE": "64K"})
     unflagged, _ = _exec(client, STDOUT)
     assert (sized.credit, unflagged.credit) == (65536, None)
+    yield ended_by_close(client, sized.done, unflagged.done)
 
 
 @pytest_twisted.inlineCallbacks
@@ -799,6 +803,7 @@ def test_kill_before_started_waits_for_the_pid(served, signum):
     assert kill["payload"] == {"pid": 42, "signum": 15, "who": "main"}
     peer.respond(kill, {})
     assert (yield killed) == {}
+    yield ended_by_close(client, handle.done)
 
 
 @pytest_twisted.inlineCallbacks
@@ -831,6 +836,7 @@ def test_a_held_kill_refuses_a_bad_who_at_the_call(served, who):
 
 
 @pytest.mark.parametrize(("signum", "shown"), [(True, "True"), (15.0, "15.0")])
+@pytest_twisted.inlineCallbacks
 def test_a_kill_of_a_signal_number_that_is_no_integer_is_refused_named(
     served, signum, shown
 ):
@@ -842,6 +848,7 @@ def test_a_kill_of_a_signal_number_that_is_no_integer_is_refused_named(
         with pytest.raises(TypeError) as caught:
             kill(signum)
         assert str(caught.value) == f"kill: signum: expected an integer, got {shown}"
+    yield ended_by_close(client, handle.done)
 
 
 @pytest.mark.parametrize("signum", [0, -1, signal.NSIG])
@@ -1673,6 +1680,7 @@ def test_stdin_beyond_the_credit_is_held_and_sent_as_credit_comes(served):
         ("stdin", b"", True),
     ]
     assert handle.credit == 1024 - 176
+    yield ended_by_close(client, handle.done)
 
 
 # -- closing, and a transport the service reads no more of (review 29-AM) -----
@@ -1701,9 +1709,10 @@ async def served_on_a_clock(tmp_path):
     await port.stopListening()
 
 
-async def _writing_to_a_service_that_stopped_reading(peer, client) -> Producer:
-    """An exec without credit whose stdin producer the client paused: the
-    service reads nothing more, and 2 MiB of stdin fill the transport."""
+async def _writing_to_a_service_that_stopped_reading(peer, client):
+    """``(handle, producer)``: an exec without credit whose stdin producer
+    the client paused: the service reads nothing more, and 2 MiB of stdin
+    fill the transport."""
     handle, _ = _exec(client)
     await peer.requests.get()
     producer = Producer()
@@ -1711,7 +1720,7 @@ async def _writing_to_a_service_that_stopped_reading(peer, client) -> Producer:
     peer.transport.pauseProducing()
     handle.write(b"x" * (2 << 20))
     assert producer.calls == ["pause"]
-    return producer
+    return handle, producer
 
 
 @pytest_twisted.ensureDeferred
@@ -1770,9 +1779,10 @@ async def test_a_producer_without_credit_waits_while_the_transport_is_full(
     # Never paused without credit: while the service read nothing, 64 MiB
     # piled up in the client's transport, and nothing bounded it.
     peer, client, _ = served_on_a_clock
-    producer = await _writing_to_a_service_that_stopped_reading(peer, client)
+    handle, producer = await _writing_to_a_service_that_stopped_reading(peer, client)
     peer.transport.resumeProducing()
     await until(lambda: producer.calls == ["pause", "resume"], "resumed once drained")
+    await ended_by_close(client, handle.done)
 
 
 @pytest_twisted.inlineCallbacks
@@ -1825,6 +1835,7 @@ def test_stdin_written_after_close_stdin_is_dropped(served):
     data = b"".join(decode_io(w["payload"]["io"])[1] for w in writes)
     assert data == b"x" * 5000
     assert writes[-1]["payload"]["io"]["eof"] is True
+    yield ended_by_close(client, handle.done)
 
 
 @pytest.mark.parametrize(
@@ -1981,6 +1992,7 @@ async def test_a_kill_after_malformed_output_before_the_start_waits_for_it(serve
     assert (kill["topic"], kill["payload"]["pid"]) == ("sdexec.kill", 5)
     peer.respond(kill, {})
     assert await held == {}
+    await ended_by_close(client, handle.done)
 
 
 @pytest.mark.parametrize("dropped", [{"stdout": "x"}, [3], 0, {"stderr": -1}])
@@ -2058,11 +2070,12 @@ async def test_a_close_behind_a_full_transport_ends_once_it_drains(served_on_a_c
     # drained instead of the close going on: it waited out its grace, its
     # processes ran on meanwhile, the handles' producers were resumed.
     peer, client, _ = served_on_a_clock
-    producer = await _writing_to_a_service_that_stopped_reading(peer, client)
+    handle, producer = await _writing_to_a_service_that_stopped_reading(peer, client)
     closed = client.close()
     peer.transport.resumeProducing()
     await until(lambda: closed.called, "closed once drained (the clock stands still)")
     assert "resume" not in producer.calls
+    await ended_by_close(client, handle.done)
 
 
 @pytest_twisted.ensureDeferred
@@ -2270,8 +2283,9 @@ async def test_a_wait_answered_after_its_cancel_is_said_and_kept(served):
     assert request["payload"] == {"label": "job7"}
     peer.fail(request, errno.ESRCH, "label 'job7': has ended, and its end went")
     assert await retry.addTimeout(5, reactor) == _STATUS
-    client.wait(label="job7")  # taken: a later wait asks the service again
+    later = client.wait(label="job7")  # taken: a later wait asks the service again
     assert (await peer.requests.get())["payload"] == {"label": "job7"}
+    await ended_by_close(client, later)
 
 
 @pytest_twisted.ensureDeferred
@@ -2288,6 +2302,7 @@ async def test_labels_alike_in_their_first_80_characters_are_not_one_wait(served
     other = client.wait(label=second)
     assert (await peer.requests.get())["payload"] == {"label": second}
     assert not other.called
+    await ended_by_close(client, other)
 
 
 @pytest_twisted.ensureDeferred
@@ -2482,6 +2497,9 @@ async def test_any_answer_after_its_cancel_is_said_but_not_a_loss(served):
         peer.fail(kill, errno.ESRCH, "no pid 4244")
         await _round_trip(peer, client)
         await client.close()  # the list's end: a loss, which answers nothing
+    for cancelled in (killed, listed):
+        with pytest.raises(defer.CancelledError):
+            await cancelled
     (warning,) = _warnings(events)
     assert warning.startswith(
         "sdexec: sdexec.kill {'pid': 4244, 'signum': 15, 'who': 'main'}, whose"

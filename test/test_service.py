@@ -24,6 +24,7 @@ from support import (
     FLAGS,
     Result,
     command,
+    ended_by_close,
     run,
     unit_names,
     unit_properties,
@@ -926,7 +927,7 @@ async def test_vanished_client_takes_its_units_with_it(sdexec):
     await until(lambda: handle.pid is not None, "started")
     unit = sdexec.server.list()["procs"][0]["unit"]
     assert unit_names(unit) == [unit]
-    await client.close()
+    await ended_by_close(client, handle.done)
     await wait_until_reaped(sdexec, unit)
 
 
@@ -937,10 +938,10 @@ async def test_a_vanished_client_s_process_that_ignores_sigterm_goes_too(sdexec)
     client = await sdexec.connect()
     script = f"trap '' TERM; {ARMED}; while :; do sleep 0.1; done"
     result = Result()
-    client.exec(command(["sh", "-c", script]), FLAGS, result.collect)
+    handle = client.exec(command(["sh", "-c", script]), FLAGS, result.collect)
     await until(lambda: result.stdout == b"armed\n", "its trap set")
     unit = sdexec.server.list()["procs"][0]["unit"]
-    await client.close()
+    await ended_by_close(client, handle.done)
     await wait_until_reaped(sdexec, unit)
     assert sdexec.server.drain_reason is None
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from pytest_twisted import ensureDeferred
+from support import ended_by_close
 from twisted.internet import defer, reactor, threads
 from twisted.logger import formatEvent, globalLogPublisher
 
@@ -465,7 +466,7 @@ async def test_http_stats_leave_out_command_lines_unless_configured(tmp_path, de
         **{"stats-detail": detail, "stats-socket": str(stats_socket)},
     )
     client = await connect(reactor, f"{tmp_path}/s.sock")
-    client.exec(
+    handle = client.exec(
         {"cmdline": ["/bin/true", "--password=hunter2"], "env": {}, "opts": {},
          "label": "secret-label"},
         flags=0,
@@ -483,6 +484,6 @@ async def test_http_stats_leave_out_command_lines_unless_configured(tmp_path, de
         assert ("source" in answer["config"]) == detail
         assert "hunter2" not in json.dumps(answer) or detail
         assert proc["unit"] == rpc["procs"][0]["unit"]
-    await client.close()
+    await ended_by_close(client, handle.done)
     await service.stopService()
     manager.close()

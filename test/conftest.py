@@ -12,6 +12,8 @@ skip, so a CI machine without systemd cannot pass by accident.
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
 import shutil
 import subprocess
@@ -21,6 +23,9 @@ from pathlib import Path
 import pytest
 import pytest_twisted
 from hypothesis import settings
+from twisted.logger import ILogObserver, globalLogPublisher
+from twisted.python.failure import Failure
+from zope.interface import implementer
 
 SANDBOX = Path(__file__).resolve().parent.parent / "scripts" / "systemd-user-sandbox"
 
@@ -30,6 +35,88 @@ SANDBOX = Path(__file__).resolve().parent.parent / "scripts" / "systemd-user-san
 # benchmarks' to measure.
 settings.register_profile("sdexec", deadline=None)
 settings.load_profile("sdexec")
+
+
+# -- errors nobody handled --------------------------------------------------------
+
+
+class _ErrorRecords(logging.Handler):
+    """The stdlib logging records with exception info (asyncio's "exception
+    was never retrieved", a library's ``logger.exception``)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.ERROR)
+        self.records: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info or "never retrieved" in record.getMessage():
+            self.records.append(self.format(record))
+
+
+@implementer(ILogObserver)
+class LoggedFailures:
+    """Every traceback logged while a test runs: a Twisted log event with a
+    failure (``log.failure``, ``log.err``, and "Unhandled error in Deferred",
+    which Twisted logs when a failed Deferred nobody handled is collected),
+    and a stdlib logging record with exception info. A test that means one
+    to be logged takes it with :meth:`flush`, as trial's
+    ``flushLoggedErrors``; any left fails the test, since a user would see
+    it as a traceback in the service's log."""
+
+    def __init__(self) -> None:
+        self.failures: list[tuple[str, Failure]] = []
+        self.stdlib = _ErrorRecords()
+
+    def __call__(self, event: dict) -> None:
+        failure = event.get("log_failure")
+        if isinstance(failure, Failure):
+            self.failures.append((event.get("log_format") or "", failure))
+
+    def flush(self, *types: type[BaseException]) -> list[Failure]:
+        """The failures logged so far of one of ``types`` (all when none is
+        given), taken off the list so that they fail nothing."""
+        taken = [f for _, f in self.failures if not types or f.check(*types)]
+        self.failures = [
+            (text, f) for text, f in self.failures if not any(f is t for t in taken)
+        ]
+        return taken
+
+    def describe(self) -> str:
+        """What is left, each with its traceback; empty when nothing is."""
+        lines = [f"{text!r}: {f.getTraceback()}" for text, f in self.failures]
+        return "\n".join(lines + self.stdlib.records)
+
+
+def pytest_collection_finish(session) -> None:
+    """What is alive once the tests are collected (modules, their classes
+    and functions) is alive to the end: frozen, each test's collection
+    (:func:`logged_failures`) passes over only what came after, a
+    millisecond or so rather than tens."""
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def logged_failures():
+    """The test's :class:`LoggedFailures`; at teardown, after a garbage
+    collection (a failed Deferred logs only when collected, and a Failure's
+    traceback keeps it in a cycle), the test fails for any left."""
+    watch = LoggedFailures()
+    globalLogPublisher.addObserver(watch)
+    logging.getLogger().addHandler(watch.stdlib)
+    try:
+        yield watch
+        gc.collect()
+    finally:
+        globalLogPublisher.removeObserver(watch)
+        logging.getLogger().removeHandler(watch.stdlib)
+    left = watch.describe()
+    if left:
+        pytest.fail(
+            "tracebacks logged that the test did not take"
+            f" (logged_failures.flush):\n{left}",
+            pytrace=False,
+        )
 
 
 def pytest_collection_modifyitems(items) -> None:

@@ -725,7 +725,7 @@ class FailingProducer(Producer):
 
 @pytest.mark.parametrize("kind", [Producer, FailingProducer])
 @pytest_twisted.inlineCallbacks
-def test_producer_paused_without_credit(served, kind):
+def test_producer_paused_without_credit(served, kind, logged_failures):
     # One that fails is logged, as a failing response callback is: the
     # stream still ends (its done used to never fire), and the connection
     # and its other requests go on.
@@ -734,17 +734,14 @@ def test_producer_paused_without_credit(served, kind):
     producer = kind()
     handle.registerProducer(producer, streaming=True)
     request = yield peer.requests.get()
-    with capturedLogs() as events:
-        handle.write(b"x" * 4096)
-        assert producer.calls == ["pause"]
-        peer.respond(request, {"type": "add-credit", "channels": {"stdin": 4096}})
-        peer.respond(request, {"type": "add-credit", "channels": {"stdin": 10}})
-        peer.fail(request, ENODATA)
-        yield handle.done
+    handle.write(b"x" * 4096)
+    assert producer.calls == ["pause"]
+    peer.respond(request, {"type": "add-credit", "channels": {"stdin": 4096}})
+    peer.respond(request, {"type": "add-credit", "channels": {"stdin": 10}})
+    peer.fail(request, ENODATA)
+    yield handle.done
     assert producer.calls == ["pause", "resume", "stop"]
-    failures = [
-        e["log_failure"].getErrorMessage() for e in events if "log_failure" in e
-    ]
+    failures = [failure.getErrorMessage() for failure in logged_failures.flush()]
     assert failures == ([] if kind is Producer else ["pause", "resume", "stop"])
     assert not client.disconnected.called
 
@@ -770,7 +767,9 @@ def test_stdin_held_for_credit_is_what_was_written_when_written(served):
 
 
 @pytest_twisted.inlineCallbacks
-def test_a_failing_producer_at_a_lost_connection_ends_every_request(served):
+def test_a_failing_producer_at_a_lost_connection_ends_every_request(
+    served, logged_failures
+):
     peer, client = served
     handle, _ = _exec(client, flags=WRITE_CREDIT)
     handle.registerProducer(FailingProducer(), streaming=True)
@@ -779,12 +778,13 @@ def test_a_failing_producer_at_a_lost_connection_ends_every_request(served):
     listing = client.list()
     yield peer.requests.get()
     yield peer.requests.get()
-    with capturedLogs():
-        peer.transport.loseConnection()
-        yield client.disconnected
+    peer.transport.loseConnection()
+    yield client.disconnected
     for request in (handle.done, other.done, listing):
         with pytest.raises(rpc.ConnectionFailed):
             yield request
+    (stopped,) = logged_failures.flush(RuntimeError)
+    assert stopped.getErrorMessage() == "stop"
 
 
 @pytest.mark.parametrize("signum", [15, signal.SIGTERM])

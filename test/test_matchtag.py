@@ -151,7 +151,9 @@ def test_a_client_numbers_requests_from_1_again_past_32_bits():
     assert numbered == [MAX_MATCHTAG, 2]
 
 
-def test_a_fault_of_ours_in_a_silent_write_sends_nothing(server, connection):
+def test_a_fault_of_ours_in_a_silent_write_sends_nothing(
+    server, connection, logged_failures
+):
     # An error on matchtag 0 would read as the connection's end.
     def broken(connection_id, payload):
         raise RuntimeError("broken")
@@ -161,6 +163,8 @@ def test_a_fault_of_ours_in_a_silent_write_sends_nothing(server, connection):
     connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=0)
     assert connection.responses() == []
     assert not connection.transport.disconnecting
+    (failure,) = logged_failures.flush(RuntimeError)  # a fault: its traceback
+    assert failure.getErrorMessage() == "broken"
 
 
 def test_descriptors_with_a_request_of_matchtag_0_end_the_connection(connection):

@@ -27,7 +27,6 @@ from offline import Connection, error_of
 from pytest_twisted import ensureDeferred
 from support import command, run, sleep, until, wait_until_reaped
 from twisted.internet import defer, reactor
-from twisted.logger import capturedLogs
 
 from sdexec.connection import (
     CLIENT_BUFFER_SIZE,
@@ -117,7 +116,7 @@ def test_a_framing_error_behind_held_requests_comes_after_their_answers(
 
 
 def test_a_held_request_that_fails_past_its_handling_closes_the_connection(
-    connection,
+    connection, logged_failures
 ):
     """As Twisted closes one whose request raised when read at once: the
     failure is logged, nothing escapes into whoever resumed the connection
@@ -133,12 +132,11 @@ def test_a_held_request_that_fails_past_its_handling_closes_the_connection(
     connection.protocol._send = failing
     connection.protocol.pauseProducing()
     connection.protocol.dataReceived(stats_requests(1, 3))
-    with capturedLogs() as events:
-        connection.protocol.resumeProducing()
+    connection.protocol.resumeProducing()
     assert tags(connection) == [1]
     assert connection.transport.disconnecting
-    (failure,) = [event for event in events if event.get("log_failure")]
-    assert failure["log_failure"].getErrorMessage() == "cannot send it"
+    (failure,) = logged_failures.flush()
+    assert failure.getErrorMessage() == "cannot send it"
 
 
 def test_a_closing_connection_is_not_left_paused_open(connection):

@@ -1428,7 +1428,7 @@ def test_an_exec_during_shutdown_is_eagain_and_starts_nothing(systemd, server):
 
 
 def test_a_fault_of_ours_answers_its_request_and_keeps_the_connection(
-    server, connection, monkeypatch
+    server, connection, monkeypatch, logged_failures
 ):
     def broken(detail: bool) -> dict:
         raise RuntimeError("boom")
@@ -1439,6 +1439,8 @@ def test_a_fault_of_ours_answers_its_request_and_keeps_the_connection(
         errno.ENOTRECOVERABLE,
         "internal error: RuntimeError: boom",
     )
+    (failure,) = logged_failures.flush(RuntimeError)  # a fault: its traceback
+    assert failure.getErrorMessage() == "boom"
     assert not connection.transport.disconnecting
     monkeypatch.undo()
     connection.send("sdexec.list", {}, matchtag=2)

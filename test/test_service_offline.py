@@ -487,7 +487,7 @@ async def test_a_site_mapper_that_exits_as_it_loads_refuses_the_reload(tmp_path)
 
 @ensureDeferred
 async def test_a_fault_in_a_signal_s_reload_is_logged_as_it_happens(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, logged_failures
 ):
     # Nobody waits for a SIGHUP's reload: its failure was an "Unhandled
     # error in Deferred" when the Deferred was collected, naming nothing.
@@ -515,6 +515,9 @@ async def test_a_fault_in_a_signal_s_reload_is_logged_as_it_happens(
         "reload refused, old configuration kept:"
         f" {service.config.source}: RuntimeError: a fault of ours"
     )
+    # Each a fault of ours, with its traceback: the SIGHUP's and this one's.
+    faults = [f.getErrorMessage() for f in logged_failures.flush()]
+    assert faults == ["a fault of ours"] * 2
     await service.stopService()
 
 

@@ -949,7 +949,7 @@ class _Broken:
 
 
 @ensureDeferred
-async def test_failed_scrapes_log_at_a_bounded_rate(metrics_page):
+async def test_failed_scrapes_log_at_a_bounded_rate(metrics_page, logged_failures):
     # Whatever fault a request provokes, a scraper in a loop must not write
     # a traceback per request.
     from sdexec.lograte import BURST, WINDOW_S, LogRate
@@ -973,6 +973,7 @@ async def test_failed_scrapes_log_at_a_bounded_rate(metrics_page):
     assert all("broken collector" in str(e["log_failure"]) for e in logged[:BURST])
     assert len(said) == BURST + 1 and said[-1].startswith("{suppressed} more like it")
     assert logged[-1]["suppressed"] == 5
+    assert logged_failures.flush() == [e["log_failure"] for e in logged[:BURST]]
 
 
 class _TurnsByAClock(Clock):

@@ -289,7 +289,7 @@ def test_stats_show_step_attempts_and_next_time():
     }
 
 
-def test_a_failing_signal_does_not_stop_the_schedule():
+def test_a_failing_signal_does_not_stop_the_schedule(logged_failures):
     clock = Clock()
 
     class Failing(RecordingTarget):
@@ -304,6 +304,9 @@ def test_a_failing_signal_does_not_stop_the_schedule():
     run_out(clock, sequence)
     assert target.times("main") == [5.0]
     assert target.times("unkillable") == [5.0]
+    # Each lost signal is a fault of the target's: logged with its traceback.
+    failed = logged_failures.flush(OSError)
+    assert failed and {f.getErrorMessage() for f in failed} == {"unit gone"}
 
 
 def test_reason_from_a_request():

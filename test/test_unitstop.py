@@ -175,7 +175,7 @@ def test_abandoned_stays_abandoned():
     assert stop.state is StopTimerState.ABANDONED
 
 
-def test_a_failing_signal_still_abandons_in_time():
+def test_a_failing_signal_still_abandons_in_time(logged_failures):
     clock = Clock()
 
     class Failing(RecordingTarget):
@@ -188,6 +188,8 @@ def test_a_failing_signal_still_abandons_in_time():
     clock.advance(5)
     clock.advance(5)
     assert [what for _, what, _ in target.calls] == ["abandon"]
+    (failure,) = logged_failures.flush(OSError)  # the target's fault, logged
+    assert failure.getErrorMessage() == "bus gone"
 
 
 def test_stats():

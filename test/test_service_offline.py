@@ -462,7 +462,9 @@ async def test_reloads_the_stop_overtakes_are_dropped_and_say_nothing(
 
 
 @ensureDeferred
-async def test_a_site_mapper_that_exits_as_it_loads_refuses_the_reload(tmp_path):
+async def test_a_site_mapper_that_exits_as_it_loads_refuses_the_reload(
+    tmp_path, logged_failures
+):
     # SystemExit is no Exception: the reload's answer was EREMOTEIO "3",
     # nothing logged, the refusal not counted, the module not named.
     service = await started_service(tmp_path, FakeManager())
@@ -481,6 +483,9 @@ async def test_a_site_mapper_that_exits_as_it_loads_refuses_the_reload(tmp_path)
         "reload refused, old configuration kept:"
         f" {tmp_path}/sdexec.toml: SystemExit: 3",
     )
+    # Logged with its traceback, as any fault of a site's mapper module.
+    [logged] = logged_failures.flush(SystemExit)
+    assert logged.value.code == 3
     assert not service.config.exec.sdexec_constrain_resources
     await service.stopService()
 

@@ -620,24 +620,31 @@ async def test_a_reload_judges_allow_users_by_the_socket_mode_in_force(tmp_path)
     await service.stopService()
 
 
+def in_reactor_thread(monkeypatch, module, name: str) -> list[bool]:
+    """For each later call of ``module.name``: whether it ran in the
+    reactor's thread."""
+    from twisted.python.threadable import isInIOThread
+
+    threads: list[bool] = []
+    original = getattr(module, name)
+
+    def recorded(*args):
+        threads.append(isInIOThread())
+        return original(*args)
+
+    monkeypatch.setattr(module, name, recorded)
+    return threads
+
+
 @ensureDeferred
 async def test_a_reload_parses_the_file_off_the_reactor_thread(tmp_path, monkeypatch):
     # A 16 MiB YAML file held every stream, timer and request for 15 s
     # (review session 32 U3), and so could allow-users' lookups through
     # LDAP (W4): the whole check runs in the pool.
-    from twisted.python.threadable import isInIOThread
-
     import sdexec.service
 
     service = await started_service(tmp_path, FakeManager())
-    threads: list[bool] = []
-    load = sdexec.service.load_config_quietly
-
-    def recorded(path):
-        threads.append(isInIOThread())
-        return load(path)
-
-    monkeypatch.setattr(sdexec.service, "load_config_quietly", recorded)
+    threads = in_reactor_thread(monkeypatch, sdexec.service, "load_config_quietly")
     (tmp_path / "sdexec.toml").write_text("[sdexec]\nmax-connections = 7\n")
     assert await service.reload()
     assert threads == [False] and service.config.sdexec.max_connections == 7
@@ -651,19 +658,10 @@ async def test_a_reload_judges_who_the_socket_keeps_out_off_the_reactor_thread(
     # Each listed user's groups come from the user database (LDAP, sssd):
     # looked up in the reactor's thread at every reload, every stream and
     # timer waited for them, where the file's own check runs in the pool.
-    from twisted.python.threadable import isInIOThread
-
     import sdexec.sockets
 
     service = await started_service(tmp_path, FakeManager())
-    threads: list[bool] = []
-    groups_of = sdexec.sockets._groups_of
-
-    def recorded(uid):
-        threads.append(isInIOThread())
-        return groups_of(uid)
-
-    monkeypatch.setattr(sdexec.sockets, "_groups_of", recorded)
+    threads = in_reactor_thread(monkeypatch, sdexec.sockets, "_groups_of")
     lines = await reload_saying(
         service,
         tmp_path / "sdexec.toml",

@@ -738,15 +738,22 @@ def _metrics_request(method: str, query: str = "") -> bytes:
     ).encode()
 
 
+async def _selected(port: int, names) -> bytes:
+    """The answer to a scrape of the families ``names`` (``?name[]=``),
+    checked to be a 200."""
+    query = "?" + "&".join(f"name[]={name}" for name in names)
+    answer = await deferToThread(exchange, port, _metrics_request("GET", query))
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    return answer
+
+
 @ensureDeferred
 async def test_metrics_named_in_the_query_include_those_of_stats(metrics_port):
     # prometheus-client never asked the collector of the /stats numbers for
     # a filtered scrape (it described no family): a slimmed scrape of
     # sdexec_drained and sdexec_oom_kills_total got nothing, its alerts never fired.
     names = "sdexec_drained", "sdexec_oom_kills_total", "sdexec_requests_total"
-    query = "?" + "&".join(f"name[]={name}" for name in names)
-    answer = await deferToThread(exchange, metrics_port, _metrics_request("GET", query))
-    assert answer.startswith(b"HTTP/1.1 200 ")
+    answer = await _selected(metrics_port, names)
     assert b"sdexec_drained 1.0" in answer
     assert b"sdexec_oom_kills_total 1.0" in answer
     assert b'sdexec_requests_total{topic="sdexec.exec"} 3.0' in answer
@@ -774,9 +781,7 @@ async def test_metrics_named_as_their_type_line_names_them_are_selected(
     # family (# TYPE sdexec_exec_start_duration_seconds histogram), or a
     # counter as OpenMetrics names it, got nothing.
     names = "sdexec_exec_start_duration_seconds", "sdexec_requests"
-    query = "?" + "&".join(f"name[]={name}" for name in names)
-    answer = await deferToThread(exchange, metrics_port, _metrics_request("GET", query))
-    assert answer.startswith(b"HTTP/1.1 200 ")
+    answer = await _selected(metrics_port, names)
     assert b'sdexec_exec_start_duration_seconds_bucket{le="+Inf"} 0.0' in answer
     assert b"sdexec_exec_start_duration_seconds_count 0.0" in answer
     assert b'sdexec_requests_total{topic="sdexec.exec"} 3.0' in answer
@@ -790,9 +795,7 @@ async def test_the_process_families_are_selected_by_name(metrics_port):
     # of the families docs/operating.md lists under "The service's own
     # process" (process_open_fds, the descriptor alert) got nothing.
     names = "process_open_fds", "process_max_fds", "process_cpu_seconds_total"
-    query = "?" + "&".join(f"name[]={name}" for name in names)
-    answer = await deferToThread(exchange, metrics_port, _metrics_request("GET", query))
-    assert answer.startswith(b"HTTP/1.1 200 ")
+    answer = await _selected(metrics_port, names)
     body = answer.partition(b"\r\n\r\n")[2]
     served = {line.split()[0] for line in body.splitlines() if line[:1] != b"#"}
     assert served == {name.encode() for name in names}

@@ -59,7 +59,6 @@ class CallWindow:
         self._lanes: dict[Hashable, deque[_Queued]] = {}
         #: The lane, and how many of its calls wait, of each unit with any.
         self._units: dict[str, tuple[Hashable, int]] = {}
-        self._queued = 0
 
     @property
     def limit(self) -> int:
@@ -76,7 +75,7 @@ class CallWindow:
     @property
     def queued(self) -> int:
         """Calls waiting for a slot."""
-        return self._queued
+        return sum(map(len, self._lanes.values()))  # lanes: the uids waiting
 
     def queued_in(self, lane: Hashable) -> int:
         """Calls of ``lane`` waiting for a slot."""
@@ -97,7 +96,6 @@ class CallWindow:
         if unit is not None:
             lane = self._unit_lane(unit, lane)
         self._lanes.setdefault(lane, deque()).append((start, result, unit))
-        self._queued += 1
         self._admit()
         return result
 
@@ -106,7 +104,6 @@ class CallWindow:
         could only go to a new one, which the callers did not ask for)."""
         lanes, self._lanes = self._lanes, {}
         self._units.clear()
-        self._queued = 0
         for queue in lanes.values():
             for _start, result, _unit in queue:
                 result.errback(failure)
@@ -137,7 +134,6 @@ class CallWindow:
         del self._lanes[lane]
         if queue:
             self._lanes[lane] = queue
-        self._queued -= 1
         unit = call[2]
         if unit is not None:
             self._unit_started(unit)

@@ -410,8 +410,9 @@ class Process:
         #: systemd could not run the command, and the paths its sandboxing
         #: named are being looked at to say why: the stream ends after.
         self._explaining = False
-        #: systemd could not run the command: the error that ends the stream
-        #: once its failed unit is gone, and the timer that bounds the wait
+        #: The start failed (systemd could not run the command, its fence
+        #: does not hold, it timed out): the error that ends the stream once
+        #: its unit is gone, and the timer that bounds the wait
         #: (:meth:`_fail_once_gone`).
         self._failure_held: tuple[int, str] | None = None
         self._failure_wait: IDelayedCall | None = None
@@ -1261,7 +1262,7 @@ class Process:
     @property
     def _over(self) -> bool:
         """The stream's end is decided: its last response is sent, or the
-        error of a start systemd could not run waits for its unit to go."""
+        error of a start that failed waits for its unit to go."""
         return self._ended or self._failure_held is not None
 
     def _check_failure(self, status: UnitStatus) -> None:

@@ -11,15 +11,53 @@ service's owner, ``max-connections-per-user`` for each user of
 owner is the resource manager, and the users it lets in, however many
 connections they hold, must never shut it out. A peer that may not use
 the service at all is refused before it is counted.
+
+Beyond ``max-connections`` the owner has :data:`RESERVED_CONNECTIONS` more
+(PostgreSQL's ``superuser_reserved_connections``): a resource manager that
+holds every connection it may have shut out the admin's ``sdexec
+reload``, which is what ``systemctl reload`` runs (the units'
+``ExecReload=``), and ``sdexec stats``. A connection admitted there may
+carry only :data:`RESERVE_TOPICS`; anything else is refused with the same
+``EAGAIN`` naming the key, and the connection closed
+(sdexec/connection.py): the reserve runs nothing, and a client that came
+there for work leaves it to the next admin. No one else has a reserve.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
+from sdexec.protocol import Topic
 from sdexec.shares import count_off
 
-__all__ = ["ConnectionCount"]
+__all__ = ["RESERVED_CONNECTIONS", "RESERVE_TOPICS", "ConnectionCount", "on_reserve"]
+
+#: Connections the service's owner may hold beyond ``max-connections``, for
+#: :data:`RESERVE_TOPICS` alone. Fixed, not a key: a few are enough for an
+#: admin (``systemctl reload`` and a look at what holds the rest), and a
+#: flood of the owner's connections gets no more than these, which run
+#: nothing.
+RESERVED_CONNECTIONS = 3
+
+#: What a connection of the reserve may ask: the admin's requests, each
+#: answered once, none starting or streaming anything.
+RESERVE_TOPICS = frozenset({Topic.RELOAD, Topic.STATS, Topic.LIST, Topic.UNDRAIN})
+
+#: The reserve, as the messages name it.
+_RESERVE = "the {} kept beyond it for {}, {}, {} and {}".format(
+    RESERVED_CONNECTIONS, *sorted(RESERVE_TOPICS)
+)
+
+
+def on_reserve(what: str, limit: int) -> str:
+    """What a request on a connection of the reserve that is not one of
+    :data:`RESERVE_TOPICS` (``what``: its topic, quoted) is told, the
+    owner's ``limit`` (``max-connections``) named."""
+    return (
+        f"too many connections: this one is beyond the {limit} [sdexec]"
+        f" max-connections allows, one of {_RESERVE}: {what} is refused"
+        " there, and the connection closed"
+    )
 
 
 class ConnectionCount:
@@ -29,11 +67,14 @@ class ConnectionCount:
         self._open: Counter[int] = Counter()
         #: The peer uid of each connection admitted, by connection id.
         self._uids: dict[int, int] = {}
+        #: The owner's connections admitted beyond its limit (counted in
+        #: :attr:`total` and :meth:`uids`, not in :meth:`open_by_uid`).
+        self._reserved: set[int] = set()
 
     @property
     def total(self) -> int:
-        """The connections open now, every peer's."""
-        return self._open.total()
+        """The connections open now, every peer's, the reserve's too."""
+        return self._open.total() + len(self._reserved)
 
     def admit(
         self, connection_id: int, uid: int, limit: int, owner: bool
@@ -41,20 +82,32 @@ class ConnectionCount:
         """Count a new connection from ``uid``; or, if ``uid`` has
         ``limit`` open already, count nothing and say so (a message for the
         client, naming the key: ``owner``'s, the service's owner's, is
-        ``max-connections``, any other's ``max-connections-per-user``)."""
+        ``max-connections``, any other's ``max-connections-per-user``).
+        The ``owner``'s, at its ``limit``, goes to the reserve while that
+        has room (:meth:`reserved`)."""
         count = self._open[uid]
-        if count >= limit:
+        if count < limit:
+            self._open[uid] += 1
+        elif owner and len(self._reserved) < RESERVED_CONNECTIONS:
+            self._reserved.add(connection_id)
+        else:
             whose, key = ("", "") if owner else (f" from uid {uid}", "-per-user")
+            also = f", and {_RESERVE} are open too" if owner else ""
             return (
                 f"too many connections{whose}: {count} open, the most"
-                f" [sdexec] max-connections{key} allows"
+                f" [sdexec] max-connections{key} allows{also}"
             )
-        self._open[uid] += 1
         self._uids[connection_id] = uid
         return None
 
+    def reserved(self, connection_id: int) -> bool:
+        """Whether the connection was admitted to the reserve: it may carry
+        :data:`RESERVE_TOPICS` alone."""
+        return connection_id in self._reserved
+
     def open_by_uid(self) -> dict[int, int]:
-        """The open connections of each uid that has any."""
+        """The open connections of each uid that has any, under its cap
+        (the reserve's apart)."""
         return dict(self._open)
 
     def uid_of(self, connection_id: int | None) -> int | None:
@@ -67,4 +120,8 @@ class ConnectionCount:
 
     def release(self, connection_id: int) -> None:
         """A connection :meth:`admit` counted has closed."""
-        count_off(self._open, self._uids.pop(connection_id))
+        uid = self._uids.pop(connection_id)
+        if connection_id in self._reserved:
+            self._reserved.discard(connection_id)
+        else:
+            count_off(self._open, uid)

@@ -27,6 +27,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from sdexec.admission import RESERVE_TOPICS, on_reserve
 from sdexec.framing import FramingError
 from sdexec.hangup import peer_gone
 from sdexec.jobs import JOBID_OPTION
@@ -364,6 +365,8 @@ class ClientProtocol(StdioReceivingProtocol):
         # closes the connection) comes before anything of the message is
         # tabled or waits: nothing read after it is handled.
         _check_envelope(message)
+        if self._refused_on_reserve(message):
+            return
         pending = _PendingExec.of(message)
         depends_on = self._pending_named_by(message)
         if pending is not None:
@@ -372,6 +375,36 @@ class ClientProtocol(StdioReceivingProtocol):
             self._wait_for(depends_on, message, pending)
         else:
             self._handle_request(message, pending)
+
+    def _refused_on_reserve(self, message: dict) -> bool:
+        """Refuse (``EAGAIN``, naming ``max-connections``) a request on a
+        connection of the owner's reserve that is not an admin's
+        (sdexec/admission.py), and close the connection, as one refused at
+        its connect is: the reserve starts nothing, and a client that came
+        there for work must not keep a place the next admin needs. True
+        if refused."""
+        topic = message.get("topic")
+        if not self.server.connections.reserved(self.connection_id) or (
+            isinstance(topic, str) and topic in RESERVE_TOPICS
+        ):
+            return False
+        what = (
+            quoted(topic, SHOWN)
+            if _is_text(topic)
+            else "a request whose topic is not text"
+        )
+        refusal = on_reserve(what, self.server.config.sdexec.max_connections)
+        self.server.log_rate.warn(
+            f"connection cap {self._admitted_uid}",  # as a refused connect
+            "closing connection {id} of uid {uid}: {refusal}",
+            id=self.connection_id,
+            uid=self._admitted_uid,
+            refusal=refusal,
+        )
+        self._refuse_message(message, errno.EAGAIN, refusal)
+        self.transport.loseConnection()
+        self._client_left()
+        return True
 
     def _handle_request(self, message: dict, pending: _PendingExec | None) -> None:
         """Handle ``message``; an exec (``pending``) is done once handled,
@@ -883,6 +916,13 @@ class ClientProtocol(StdioReceivingProtocol):
         except FramingError as error:
             self._framing_error(str(error))
             return
+        self._refuse_message(message, errno.EPROTO, reason)
+
+    def _refuse_message(self, message: dict, errnum: int, reason: str) -> None:
+        """Refuse a request whose envelope passed :func:`_check_envelope`,
+        unhandled: answered ``errnum`` and ``reason`` on its matchtag, or,
+        a write that can be given no answer, logged; a write's process
+        reads EOF (:meth:`_write_refused`)."""
         topic, matchtag = message.get("topic"), message.get("matchtag")
         self.server.count("errors")
         if topic == Topic.WRITE:
@@ -893,7 +933,7 @@ class ClientProtocol(StdioReceivingProtocol):
         self._send_error(
             topic if _is_text(topic) else "",  # as _request: it is echoed
             message["matchtag"],  # from 1 to MAX_MATCHTAG (_check_envelope)
-            errno.EPROTO,
+            errnum,
             reason,
         )
 

@@ -23,6 +23,7 @@ import sdexec.connection
 import sdexec.fdlimit
 import sdexec.process
 import sdexec.server
+from sdexec.admission import RESERVED_CONNECTIONS
 from sdexec.config import parse_config
 from sdexec.fdlimit import FDS_PER_PROCESS, RESERVE
 from sdexec.idset import MAX_ID
@@ -700,20 +701,21 @@ def test_an_unknown_property_systemd_refuses_is_einval_naming_it(systemd):
 
 
 @pytest.mark.parametrize(
-    ("limits", "owner", "key"),
+    ("limits", "owner", "key", "reserve"),
     [
-        ({"max-connections-per-user": 3}, False, "max-connections-per-user"),
-        ({"max-connections": 3}, True, "max-connections"),
+        ({"max-connections-per-user": 3}, False, "max-connections-per-user", 0),
+        ({"max-connections": 3}, True, "max-connections", RESERVED_CONNECTIONS),
     ],
 )
 def test_connections_over_a_cap_are_refused_eagain_and_closed(
-    systemd, limits, owner, key
+    systemd, limits, owner, key, reserve
 ):
+    # The owner has the reserve beyond its cap (an admin's), no one else.
     allowed = {"allow-users": [os.getuid()]}  # another user, let in
     server = SdexecServer(systemd, parse_config({"sdexec": limits | allowed}), reactor)
     if not owner:
         server.owner_uid = os.getuid() + 1  # this process is another user
-    admitted = [Connection(server) for _ in range(3)]
+    admitted = [Connection(server) for _ in range(3 + reserve)]
     assert all(connection.responses() == [] for connection in admitted)
     refused = Connection(server)
     (response,) = refused.responses()
@@ -754,14 +756,97 @@ def test_another_user_s_connections_never_shut_the_owner_out(systemd, monkeypatc
         theirs = [Connection(server) for _ in range(4)]
     assert [len(c.responses()) for c in theirs] == [0, 0, 0, 1]  # 3 of theirs
     assert "[sdexec] max-connections-per-user allows" in theirs[3].last()["errstr"]
-    owners = [Connection(server) for _ in range(3)]
-    for connection in owners[:2]:
+    owners = [Connection(server) for _ in range(2 + RESERVED_CONNECTIONS + 1)]
+    for connection in owners[:-1]:
         connection.send("sdexec.list", {})
         assert "payload" in connection.last()  # served, beside their 3
-    assert owners[2].last()["errstr"] == (
-        "too many connections: 2 open, the most [sdexec] max-connections allows"
+    assert owners[-1].last()["errstr"] == (
+        "too many connections: 2 open, the most [sdexec] max-connections allows,"
+        " and the 3 kept beyond it for sdexec.list, sdexec.reload,"
+        " sdexec.stats-get and sdexec.undrain are open too"
     )
     for connection in [*theirs, *owners]:
+        connection.close()
+    assert server.connections.total == 0
+
+
+def _reserve_of(server: SdexecServer) -> list[Connection]:
+    """Connections of ``server``'s owner up to its ``max-connections``,
+    held, then one of the reserve beyond them (the last)."""
+    held = [Connection(server) for _ in range(server.config.sdexec.max_connections)]
+    reserve = Connection(server)
+    assert server.connections.reserved(reserve.protocol.connection_id)
+    return [*held, reserve]
+
+
+def test_the_owner_s_reserve_serves_an_admin_s_requests(systemd):
+    # A resource manager holding every connection shut out `sdexec stats`,
+    # `ps`, `undrain` and `reload` (the units' ExecReload=): the reserve
+    # serves them, on one connection as on several.
+    server = SdexecServer(
+        systemd, parse_config({"sdexec": {"max-connections": 2}}), reactor
+    )
+    *held, reserve = _reserve_of(server)
+    for matchtag, topic in enumerate(["sdexec.list", "sdexec.stats-get"], 1):
+        reserve.send(topic, {}, matchtag)
+    reserve.send("sdexec.undrain", {}, 3)
+    assert [r["matchtag"] for r in reserve.responses() if "payload" in r] == [1, 2, 3]
+    assert not reserve.transport.disconnecting
+    for connection in [*held, reserve]:
+        connection.close()
+    assert server.connections.total == 0
+
+
+@pytest.mark.parametrize(
+    ("message", "named"),
+    [
+        (
+            {"topic": "sdexec.exec", "payload": {"cmd": TRUE, "flags": FLAGS}},
+            "'sdexec.exec'",
+        ),
+        ({"topic": "sdexec.kill", "payload": {"pid": 1, "signum": 0}}, "'sdexec.kill'"),
+        ({"topic": "sdexec.write", "payload": {"matchtag": 1}}, "'sdexec.write'"),
+        (
+            {"topic": ["sdexec.list"], "payload": {}},
+            "a request whose topic is not text",
+        ),
+    ],
+)
+def test_anything_else_on_the_reserve_is_eagain_naming_the_key_and_closes_it(
+    systemd, message, named
+):
+    server = SdexecServer(
+        systemd, parse_config({"sdexec": {"max-connections": 2}}), reactor
+    )
+    *held, reserve = _reserve_of(server)
+    reserve.raw({"type": "request", "matchtag": 7, **message})
+    reserve.send("sdexec.list", {}, 8)  # after it: not read
+    (refusal,) = reserve.responses()
+    assert (refusal["matchtag"], refusal["errnum"]) == (7, errno.EAGAIN)
+    assert refusal["errstr"] == (
+        "too many connections: this one is beyond the 2 [sdexec] max-connections"
+        " allows, one of the 3 kept beyond it for sdexec.list, sdexec.reload,"
+        f" sdexec.stats-get and sdexec.undrain: {named} is refused there, and the"
+        " connection closed"
+    )
+    assert reserve.transport.disconnecting
+    assert server.processes == {} and server.counters["errors"] == 1
+    reserve.close()  # what the reactor does once the refusal is written
+    again = Connection(server)  # its place in the reserve is free again
+    assert server.connections.reserved(again.protocol.connection_id)
+    for connection in [*held, again]:
+        connection.close()
+    assert server.connections.total == 0
+
+
+def test_a_write_with_no_answer_on_the_reserve_closes_it_unanswered(systemd):
+    server = SdexecServer(
+        systemd, parse_config({"sdexec": {"max-connections": 1}}), reactor
+    )
+    *held, reserve = _reserve_of(server)
+    reserve.raw({"type": "request", "topic": "sdexec.write", "payload": {}})
+    assert reserve.responses() == [] and reserve.transport.disconnecting
+    for connection in [*held, reserve]:
         connection.close()
     assert server.connections.total == 0
 

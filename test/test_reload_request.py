@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 from pytest_twisted import ensureDeferred
-from support import ConfigText, RunningService, command
+from support import ConfigText, RunningService, command, until
 from test_sockets import NOBODY
 from twisted.internet import defer
 from twisted.internet.threads import deferToThread
 
 import sdexec.cli
 import sdexec.cliargs  # imported here: the child running as nobody may not read it
+from sdexec.admission import RESERVED_CONNECTIONS
 from sdexec.client import RPCError
 
 pytestmark = pytest.mark.systemd
@@ -186,3 +187,54 @@ async def test_only_the_owner_may_reload(user_manager, shared_dir):
         f" may reload its configuration, not uid {NOBODY}\n",
     )
     assert (refusals, taken) == (0, 0)
+
+
+@ensureDeferred
+async def test_a_reload_is_served_while_the_owner_holds_every_connection(
+    start_service,
+):
+    # `sdexec reload` (what the units' ExecReload= runs) and `sdexec stats`
+    # were refused "too many connections" while a resource manager held
+    # every connection max-connections allows: the owner's reserve serves
+    # them, and the reload's answer reaches the admin.
+    service = await start_service(sdexec="max-connections = 2")
+    held = [await service.connect() for _ in range(2)]
+    for client in held:
+        await client.list()  # admitted, under the cap
+    service.write_config(ConfigText(sdexec='max-connections = 2\nsocket-mode = "0660"'))
+    done = await _sdexec_reload(service.socket_path)
+    assert (done.returncode, done.stdout.decode(), done.stderr.decode()) == (
+        0,
+        f"configuration reloaded from {service.config_path}\n",
+        f"sdexec: warning: {service.config_path}: sdexec.socket-mode: read only"
+        ' at start: "0660" takes effect at the next restart, "0600" stays in'
+        " force\n",
+    )
+    connections = service.service.server.connections
+    await until(lambda: connections.total == 2, "the reload's connection closed")
+
+    # Work on the reserve is refused, naming the key, and the connection closed.
+    reserve = await service.connect()
+    assert "procs" in await reserve.stats()
+    with pytest.raises(RPCError) as refused:
+        await reserve.exec(command(["true"]), 3).done
+    assert refused.value.errnum == errno.EAGAIN
+    assert refused.value.errstr.startswith(
+        "too many connections: this one is beyond the 2 [sdexec] max-connections"
+        " allows, one of the 3 kept beyond it for sdexec.list, sdexec.reload,"
+        " sdexec.stats-get and sdexec.undrain: 'sdexec.exec' is refused there"
+    )
+    await until(lambda: connections.total == 2, "the refused connection closed")
+    assert service.service.server.processes == {}
+
+    # The reserve is bounded: once it is full, a reload is refused as before.
+    for _ in range(RESERVED_CONNECTIONS):
+        await (await service.connect()).list()
+    done = await _sdexec_reload(service.socket_path)
+    assert (done.returncode, done.stdout) == (1, b"")
+    assert done.stderr.decode() == (
+        "sdexec: too many connections: 2 open, the most [sdexec] max-connections"
+        " allows, and the 3 kept beyond it for sdexec.list, sdexec.reload,"
+        " sdexec.stats-get and sdexec.undrain are open too\n"
+    )
+    assert connections.total == 2 + RESERVED_CONNECTIONS

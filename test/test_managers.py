@@ -28,6 +28,7 @@ from sdexec.connection import SdexecServerFactory
 from sdexec.server import SdexecServer
 from sdexec.service import SdexecService
 from sdexec.systemd import SystemdError
+from sdexec.systemd.bus import system_bus_address
 from sdexec.testing import FakeManager
 
 SYSTEM_BUS = 'bus = "system"'
@@ -95,11 +96,24 @@ async def test_no_system_bus_is_a_one_line_start_failure(
     with pytest.raises(SystemdError) as failure:
         await service.ready
     # The errno's words alone, not Python's "[Errno 2]" (review session 42
-    # M3-4): the first line an admin reads when a node's service fails.
+    # M3-4): the first line an admin reads when a node's service fails. The
+    # address tried is named: DBUS_SYSTEM_BUS_ADDRESS may point anywhere
+    # (review session 51).
     assert str(failure.value) == (
-        "cannot connect to the system bus: No such file or directory (is dbus running?)"
+        f"cannot connect to the system bus at unix:path={tmp_path}/none:"
+        " No such file or directory (is dbus running?)"
     )
     assert service.ports == {}  # nothing listened
+
+
+@pytest.mark.parametrize("variable", [None, ""], ids=["unset", "empty"])
+def test_the_system_bus_is_named_at_dbus_fasts_default_address(monkeypatch, variable):
+    # Unset or empty, the variable gives way to D-Bus's default, as in
+    # dbus-fast: the address an error names is the one connected to.
+    monkeypatch.delenv("DBUS_SYSTEM_BUS_ADDRESS", raising=False)
+    if variable is not None:
+        monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", variable)
+    assert system_bus_address() == "unix:path=/var/run/dbus/system_bus_socket"
 
 
 @pytest.mark.systemd

@@ -161,6 +161,25 @@ def _unwrap(properties: dict[str, Variant]) -> dict[str, Any]:
     return {name: variant.value for name, variant in properties.items()}
 
 
+#: Where the system bus is when ``DBUS_SYSTEM_BUS_ADDRESS`` is unset: the
+#: D-Bus specification's default, which dbus-fast also uses.
+DEFAULT_SYSTEM_BUS_ADDRESS = "unix:path=/var/run/dbus/system_bus_socket"
+
+
+def system_bus_address() -> str:
+    """``DBUS_SYSTEM_BUS_ADDRESS``, else :data:`DEFAULT_SYSTEM_BUS_ADDRESS`:
+    the address the system bus is connected at, and named at."""
+    return os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") or DEFAULT_SYSTEM_BUS_ADDRESS
+
+
+def _bus_named(address: str | None, system: bool) -> str:
+    """The bus a connection error names, with the address it was tried at:
+    ``DBUS_SYSTEM_BUS_ADDRESS`` may point the system bus anywhere."""
+    if system:
+        return f"the system bus at {system_bus_address()}"
+    return f"D-Bus at {address or session_bus_address()}"
+
+
 def session_bus_address() -> str | None:
     """``DBUS_SESSION_BUS_ADDRESS``, else the user bus under
     ``XDG_RUNTIME_DIR``, else ``None``."""
@@ -188,7 +207,7 @@ async def _open_bus(address: str | None, system: bool) -> MessageBus:
     except ValueError as error:  # dbus-fast's word on an address it cannot use
         raise _not_an_address(address, system, error) from error
     except OSError as error:
-        where = "the system bus" if system else f"D-Bus at {address}"
+        where = _bus_named(address, system)
         hint = (
             " (is dbus running?)"
             if system
@@ -210,8 +229,12 @@ def _new_bus(address: str | None, system: bool) -> MessageBus:
     """An unconnected bus: the system bus (at the address dbus-fast reads
     from the environment), else the user bus at ``address``."""
     try:
-        if system:
-            return MessageBus(bus_type=BusType.SYSTEM, negotiate_unix_fd=True)
+        if system:  # at the address its errors name
+            return MessageBus(
+                bus_address=system_bus_address(),
+                bus_type=BusType.SYSTEM,
+                negotiate_unix_fd=True,
+            )
         return MessageBus(bus_address=address, negotiate_unix_fd=True)
     except ValueError as error:  # InvalidAddressError: not an address at all
         raise _not_an_address(address, system, error) from error
@@ -410,12 +433,7 @@ class SystemdClient:
         where a start would wait for ever without a word; the manager's
         ``Subscribe`` is then waited for while the bus answers."""
         reopen = functools.partial(_open_bus, address, system)
-        where = (
-            "the system bus"
-            if system
-            else f"D-Bus at {address or session_bus_address()}"
-        )
-        return cls.connect_with(reopen, clock, on_call, where)
+        return cls.connect_with(reopen, clock, on_call, _bus_named(address, system))
 
     @classmethod
     def connect_with(

@@ -37,6 +37,7 @@ from sdexec.passthrough import NO_STDIO, PassedStdio
 from sdexec.plan import ExecPlan, NamedPath, RequestError
 from sdexec.protocol import ExecFlag
 from sdexec.receipt import OOM_KILL, finished_extensions, unit_cgroup_exists
+from sdexec.refusal import errno_name
 from sdexec.systemd import (
     Manager,
     UnitStatus,
@@ -1655,7 +1656,7 @@ class Process:
             " until it is gone",
             unit=self.unit_name,
             wait=FAILED_UNIT_WAIT,
-            error=errno.errorcode.get(self._failure_held[0], self._failure_held[0]),
+            error=errno_name(self._failure_held[0]),
         )
         self._fail(*self._failure_held)
 

@@ -18,6 +18,8 @@ line (:func:`one_line`).
 
 from __future__ import annotations
 
+import errno
+
 TYPE_CHECKING = False  # not typing's: the command line imports this module
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -27,6 +29,7 @@ __all__ = [
     "NAMED",
     "SHOWN",
     "RequestRefused",
+    "errno_name",
     "errstr_line",
     "first_named",
     "json_quoted",
@@ -46,6 +49,18 @@ SHOWN = 200
 #: How many units, jobs, connections or drain causes one line names: a
 #: person reads that many; the rest are counted (:func:`first_named`).
 NAMED = 10
+
+
+#: Linux's own names for the errnos that have two, where Python's table
+#: gives the alias (EDEADLOCK, ENOTSUP): the ones docs/protocol.md uses.
+_LINUX_NAMES = {errno.EDEADLK: "EDEADLK", errno.EOPNOTSUPP: "EOPNOTSUPP"}
+
+
+def errno_name(errnum: int) -> str:
+    """``errnum``'s symbolic name as Linux's headers give it (``ESRCH``),
+    ``errno N`` for one without a name: the one naming of an errno, the
+    service's messages and the clients' alike."""
+    return _LINUX_NAMES.get(errnum) or errno.errorcode.get(errnum, f"errno {errnum}")
 
 
 class RequestRefused(Exception):

@@ -25,7 +25,7 @@ from sdexec.protocolbase import (
     chosen_socket_path,
 )
 from sdexec.receipt import Receipt
-from sdexec.refusal import errstr_line, one_line, quoted
+from sdexec.refusal import errno_name, errstr_line, one_line, quoted
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -89,17 +89,6 @@ def with_errno_name(error: object) -> str:
     if not isinstance(error, RPCError):
         return str(error)
     return f"{error.errstr} ({errno_name(error.errnum)})"
-
-
-#: Linux's own names for the errnos that have two, where Python's table
-#: gives the alias (EDEADLOCK, ENOTSUP): the ones docs/protocol.md uses.
-_LINUX_NAMES = {errno.EDEADLK: "EDEADLK", errno.EOPNOTSUPP: "EOPNOTSUPP"}
-
-
-def errno_name(errnum: int) -> str:
-    """``errnum``'s symbolic name as Linux's headers give it (``ESRCH``),
-    ``errno N`` for one without a name."""
-    return _LINUX_NAMES.get(errnum) or errno.errorcode.get(errnum, f"errno {errnum}")
 
 
 def default_socket_path(environ: Mapping[str, str] | None = None) -> str:

@@ -473,11 +473,14 @@ def _names_nothing(failure: RPCError, target: dict[str, Any]) -> bool:
     # only errnum and errstr (RFC 6); the listing decides every target it
     # shows, so this is reached only for one it did not (started since, or
     # none).
+    # Not found with why after it (a label while leftovers of an earlier
+    # run are listed: labels do not outlive a run) names nothing either.
     ((key, value),) = target.items()
+    not_found = terminate_not_found(key, value)
     return (failure.errnum, failure.errstr) in (
-        (errno.ESRCH, terminate_not_found(key, value)),
+        (errno.ESRCH, not_found),
         (errno.EINVAL, terminate_runs_no_job(key, value)),
-    )
+    ) or (failure.errnum == errno.ESRCH and failure.errstr.startswith(f"{not_found};"))
 
 
 def _terminate(options: argparse.Namespace, target: dict[str, Any]) -> dict:

@@ -1353,26 +1353,33 @@ class SdexecServer:
         try:
             return self.jobs.terminate(payload, self.find, self.tracked.kept)
         except RequestError as error:
-            leftover = self._leftover_of_job(payload, error)
-            if leftover is None:
+            said = self._leftovers_said(payload, error)
+            if said is None:
                 raise
-            raise RequestError(
-                error.errnum, _leftover_runs_no_job(payload["jobid"], leftover)
-            ) from None
+            raise RequestError(error.errnum, said) from None
 
-    def _leftover_of_job(self, payload: dict, error: RequestError) -> Leftover | None:
-        """The leftover of the job a ``terminate`` by job id found nothing
-        of: "not found" denied what ``sdexec ps`` lists (a kill by pid
-        reaches it; ``sdexec cancel`` by its pid says so itself)."""
-        jobid = payload.get("jobid")
+    def _leftovers_said(self, payload: dict, error: RequestError) -> str | None:
+        """What a ``terminate`` that found nothing is told instead of "not
+        found", which denied what ``sdexec ps`` lists: a pid or a job id
+        that is a leftover's (a kill by pid reaches it; ``sdexec cancel``
+        says so itself) names it; a label, while an earlier run's leftovers
+        run, is told that labels did not outlive that run, as ``kill``'s
+        is. ``None``: nothing to add."""
+        key = next((key for key in ("pid", "label", "jobid") if key in payload), None)
         if (
             self.leftovers is None
-            or not isinstance(jobid, str)
+            or key is None
             or (error.errnum, error.errstr)
-            != (errno.ESRCH, terminate_not_found("jobid", jobid))
+            != (errno.ESRCH, terminate_not_found(key, payload[key]))
         ):
             return None
-        return self.leftovers.find_job(jobid)
+        value = payload[key]
+        if key == "label":
+            lost = self._labels_lost()
+            return f"{error.errstr}{lost}" if lost else None
+        find = self.leftovers.find if key == "pid" else self.leftovers.find_job
+        leftover = find(value)
+        return None if leftover is None else _leftover_runs_no_job(key, value, leftover)
 
     @property
     def drain_reason(self) -> str | None:
@@ -1491,11 +1498,12 @@ def _unit_name_held(unit_name: str, leftover: Leftover | None) -> str:
     )
 
 
-def _leftover_runs_no_job(jobid: str, leftover: Leftover) -> str:
-    """Why a ``terminate`` of job ``jobid`` reaches no job in ``leftover``:
-    its time limit and termination sequence were the gone run's."""
+def _leftover_runs_no_job(key: str, value: object, leftover: Leftover) -> str:
+    """Why a ``terminate`` of ``key=value`` (a ``pid`` or a ``jobid``)
+    reaches no job in ``leftover``: its time limit and termination
+    sequence were the gone run's."""
     return (
-        f"terminate {target_named('jobid', jobid)}: its unit {leftover.name} is"
+        f"terminate {target_named(key, value)}: its unit {leftover.name} is"
         f" {leftover.what()}: it runs no job of this run (its time limit and"
         " termination sequence went with the run that started it); sdexec kill"
         " of its pid signals it"

@@ -31,6 +31,7 @@ from sdexec.execstart import exec_line
 from sdexec.leftovers import marked, owner_marks
 from sdexec.lograte import BURST, WINDOW_S
 from sdexec.outage import SystemdOutage
+from sdexec.plan import RequestError
 from sdexec.property import UnitProperty
 from sdexec.server import SdexecServer
 from sdexec.systemd import SystemdError
@@ -1256,3 +1257,37 @@ def test_hundreds_of_leftovers_that_will_not_stop_log_a_bounded_number_of_lines(
     assert server.counters["stop-timer-abandoned"] == 3 * BURST
     for said in ("sending SIGUSR1", ": abandoned", "draining: unkillable"):
         assert len([line for line in lines if said in line]) == BURST, said
+
+
+def test_a_terminate_by_a_leftover_s_pid_or_by_a_lost_label_says_why(systemd):
+    # sdexec.terminate of a leftover's pid said "terminate pid=71 not found"
+    # where sdexec ps lists pid 71 (state O), as its job id's said before;
+    # one by a label said nothing of the labels the killed run took with
+    # it, as a kill by label says (review session 51).
+    leftover(systemd, "sdexec-a.service", pid=71)
+    server = make_server(systemd, "keep")
+    server.leftovers.scan()
+    assert terminate_refused(server, pid=71) == (
+        errno.ESRCH,
+        "terminate pid=71: its unit sdexec-a.service is a leftover (state O, pid"
+        " 71; an earlier run's), which no request of this run follows: it runs"
+        " no job of this run (its time limit and termination sequence went with"
+        " the run that started it); sdexec kill of its pid signals it",
+    )
+    assert terminate_refused(server, label="gone") == (
+        errno.ESRCH,
+        "terminate label=gone not found; labels do not outlive a run of the"
+        " service: 1 leftover unit of an earlier run (state O in sdexec ps) is"
+        " reached by pid only",
+    )
+    assert terminate_refused(server, pid=72) == (
+        errno.ESRCH,
+        "terminate pid=72 not found",
+    )
+
+
+def terminate_refused(server: SdexecServer, **target: object) -> tuple[int, str]:
+    """The error of an ``sdexec.terminate`` of ``target`` (a cancel)."""
+    with pytest.raises(RequestError) as refused:
+        server.terminate({**target, "reason": "cancel"})
+    return refused.value.errnum, refused.value.errstr

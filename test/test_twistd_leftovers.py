@@ -227,6 +227,8 @@ def test_a_label_of_a_killed_run_is_said_to_be_gone_with_it(first_run):
     # wait, attach and kill of a label a killed run's process had said "not
     # found (no such process)", while that process ran on, listed as state
     # O: the label went with the run, and only its pid reaches it now.
+    # cancel's terminate by label said only "not found" too (review
+    # session 51), and says why after both of its targets.
     started = ["--waitable", "--label", "bgrestart-lab", "sleep", "300"]
     second = kept_after_a_kill(first_run, started)
     with reaped(second.process):
@@ -235,10 +237,14 @@ def test_a_label_of_a_killed_run_is_said_to_be_gone_with_it(first_run):
             b"labels do not outlive a run of the service: 1 leftover unit of an"
             b" earlier run (state O in sdexec ps) is reached by pid only"
         )
-        for verb in (["wait"], ["attach"], ["kill", "TERM"]):
+        for verb in (["wait"], ["attach"], ["kill", "TERM"], ["cancel"]):
             refused = second.sdexec(*verb, "bgrestart-lab")
             assert refused.returncode != 0
             assert lost in refused.stderr, refused.stderr
+        assert refused.stderr.startswith(
+            b"sdexec: terminate jobid=bgrestart-lab not found; terminate"
+            b" label=bgrestart-lab not found; labels do not outlive"
+        ), refused.stderr
         killed_and_stopped(second)
 
 

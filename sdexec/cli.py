@@ -68,7 +68,12 @@ from sdexec.cliio import (
     warn,
     write_output,
 )
-from sdexec.protocolbase import Topics, terminate_not_found, terminate_runs_no_job
+from sdexec.protocolbase import (
+    Topics,
+    job_of_unit_name,
+    terminate_not_found,
+    terminate_runs_no_job,
+)
 from sdexec.receipt import Receipt
 from sdexec.refusal import one_line, quoted
 from sdexec.rpc import RPCError, SdexecError, finished_receipt, listed_processes
@@ -685,7 +690,7 @@ def format_procs(procs: Sequence[dict[str, Any]]) -> str:
             proc.get("mode") or "-",
             proc.get("unit", ""),
             proc.get("label") or "-",
-            proc.get("jobid") or "-",
+            _jobid_cell(proc),
             proc.get("step") or "-",
             cmdline,
         )
@@ -701,6 +706,24 @@ def format_procs(procs: Sequence[dict[str, Any]]) -> str:
         for row in rows
     )
     return "\n".join(lines)
+
+
+#: The JOBID of a job whose id is its unit's name (``SDEXEC_TIME_LIMIT``
+#: alone): the UNIT column shows it, whole, once.
+_JOBID_IS_UNIT = "(unit)"
+
+
+def _jobid_cell(proc: dict[str, Any]) -> str:
+    """A listed process's JOBID for ``ps``: its job's id; :data:`_JOBID_IS_UNIT`
+    where that is its unit's name; for a leftover (no job of this run: its
+    job went with the run that started it), the job id its unit's name
+    carries, which ``sdexec cancel`` knows it by; else "-"."""
+    jobid, unit = proc.get("jobid"), proc.get("unit")
+    if jobid:
+        return _JOBID_IS_UNIT if jobid == unit else str(jobid)
+    if proc.get("state") == "O" and isinstance(unit, str):
+        return job_of_unit_name(unit) or "-"
+    return "-"
 
 
 def _cmdline_cell(cmdline: Any, join: Callable[[Iterable[str]], str]) -> str:

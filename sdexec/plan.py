@@ -69,7 +69,9 @@ from sdexec.protocol import (
     DEFAULT_MAX_FRAME,
     DEFAULT_OUTPUT_BUFSIZE,
     DEFAULT_STDIN_BUFSIZE,
+    UNIT_NAME_PREFIX,
     ExecFlag,
+    job_of_unit_name,
 )
 from sdexec.refusal import SHOWN, RequestRefused, json_quoted, printable, quoted
 from sdexec.rset import ResourceSet
@@ -462,27 +464,26 @@ def unit_name_for(command: Command) -> str:
     if name:
         return _checked_unit_name(service_named(name), "SDEXEC_NAME")
     jobid = command.option("SDEXEC_JOBID") or command.env.get("FLUX_JOB_ID")
-    prefix = job_unit_prefix(jobid) if jobid else "sdexec-"
+    prefix = job_unit_prefix(jobid) if jobid else UNIT_NAME_PREFIX
     return _checked_unit_name(f"{prefix}{uuid.uuid4().hex}.service", "SDEXEC_JOBID")
 
 
 def job_unit_prefix(jobid: str) -> str:
     """How the name the service gives a unit of job ``jobid`` begins (a
     random hex part and ``.service`` follow)."""
-    return f"sdexec-{_UNIT_NAME_UNSAFE.sub('_', jobid[:_JOBID_IN_NAME_MAX])}-"
+    return f"{UNIT_NAME_PREFIX}{_job_in_name(jobid)}-"
 
 
 def is_job_unit_name(unit_name: str, jobid: str) -> bool:
     """Whether the service named ``unit_name`` for a unit of job ``jobid``
     (not for one ``SDEXEC_NAME`` named): how a leftover of an earlier run,
     whose job nothing else records, is known by its job id."""
-    prefix = job_unit_prefix(jobid)
-    rest = unit_name.removeprefix(prefix)
-    return rest != unit_name and _RANDOM_PART.fullmatch(rest) is not None
+    return job_of_unit_name(unit_name) == _job_in_name(jobid)
 
 
-#: What follows a job's prefix in a unit name the service gave.
-_RANDOM_PART = re.compile(r"[0-9a-f]{32}\.service")
+def _job_in_name(jobid: str) -> str:
+    """Job ``jobid`` as a unit's name carries it."""
+    return _UNIT_NAME_UNSAFE.sub("_", jobid[:_JOBID_IN_NAME_MAX])
 
 
 def _checked_unit_name(unit: str, option: str) -> str:

@@ -34,6 +34,7 @@ __all__ = [
     "SOCKET_ENV",
     "STATUS_AND_ERROR",
     "SYSTEM_SOCKET",
+    "UNIT_NAME_PREFIX",
     "WRITE_PIECE",
     "ExecFlags",
     "Topics",
@@ -42,6 +43,7 @@ __all__ = [
     "default_socket_path",
     "ended_and_kept",
     "is_signal_number",
+    "job_of_unit_name",
     "passed_fds",
     "signum_refused",
     "target_named",
@@ -137,6 +139,30 @@ def signum_refused(signum: object) -> str:
         f"signum: expected a signal number from 1 to {signal.NSIG - 1},"
         f" got {json_quoted(signum)}"
     )
+
+
+#: How the name the service gives a unit begins (``sdexec.plan.unit_name_for``).
+UNIT_NAME_PREFIX = "sdexec-"
+#: The hex digits of the random part that ends it (a uuid4's 32).
+_RANDOM_DIGITS = frozenset("0123456789abcdef")
+
+
+def job_of_unit_name(unit: str) -> str | None:
+    """The job id a unit's name carries, ``sdexec-ID-RANDOM.service`` as the
+    service names a unit for job ``ID`` (``SDEXEC_JOBID``, else
+    ``FLUX_JOB_ID``), as the name carries it (each character systemd
+    refuses in a name written ``_``, cut at 207); ``None`` for any other
+    name (``SDEXEC_NAME``'s, or one the service gave a unit of no job)."""
+    stem = unit.removesuffix(".service")
+    head, _, random = stem.rpartition("-")
+    if (
+        stem == unit
+        or len(random) != 32
+        or not _RANDOM_DIGITS.issuperset(random)
+        or not head.startswith(UNIT_NAME_PREFIX)
+    ):
+        return None
+    return head.removeprefix(UNIT_NAME_PREFIX) or None
 
 
 def target_named(key: str, value: object) -> str:

@@ -983,6 +983,23 @@ def test_ps_table_shows_the_job_and_its_termination_step():
     ]
 
 
+def test_ps_table_s_jobid_is_the_job_id_its_unit_or_name_carries():
+    # A job of a time limit alone (its id its unit's name) filled JOBID with
+    # the whole unit name again; a leftover of a job showed "-" where its
+    # unit's name carries the id sdexec cancel knows it by (review session 51).
+    unit = f"sdexec-{'0' * 32}.service"
+    job_unit = f"sdexec-f1-{'a' * 32}.service"
+    procs = [
+        {"pid": 1, "state": "R", "unit": unit, "jobid": unit},
+        {"pid": 2, "state": "O", "unit": job_unit},
+        {"pid": 3, "state": "O", "unit": "named.service"},
+        {"pid": 4, "state": "O", "unit": unit},
+        {"pid": 5, "state": "R", "unit": job_unit},  # a plain run: no job here
+    ]
+    rows = format_procs(procs).splitlines()[1:]
+    assert [row.split()[5] for row in rows] == ["(unit)", "f1", "-", "-", "-"]
+
+
 def test_a_variable_that_is_not_utf8_is_left_out_and_named(capsys):
     # One such variable of a shell (an OLDPWD) failed every run with an
     # "unexpected error" about a position in a JSON line.

@@ -23,7 +23,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 import sdexec.orphans
 from sdexec.cli import format_procs
 from sdexec.client import connect
-from sdexec.command import describe
+from sdexec.command import Command, describe
 from sdexec.config import Config, parse_config
 from sdexec.connection import SdexecServerFactory
 from sdexec.containment import Containment
@@ -31,8 +31,9 @@ from sdexec.execstart import exec_line
 from sdexec.leftovers import marked, owner_marks
 from sdexec.lograte import BURST, WINDOW_S
 from sdexec.outage import SystemdOutage
-from sdexec.plan import RequestError
+from sdexec.plan import RequestError, is_job_unit_name, unit_name_for
 from sdexec.property import UnitProperty
+from sdexec.protocol import job_of_unit_name
 from sdexec.server import SdexecServer
 from sdexec.systemd import SystemdError
 from sdexec.systemd.errors import (
@@ -1291,3 +1292,19 @@ def terminate_refused(server: SdexecServer, **target: object) -> tuple[int, str]
     with pytest.raises(RequestError) as refused:
         server.terminate({**target, "reason": "cancel"})
     return refused.value.errnum, refused.value.errstr
+
+
+def test_a_unit_name_carries_the_job_id_the_service_named_it_for():
+    # sdexec ps shows a leftover's job id from its unit's name, and sdexec
+    # cancel of that id finds the leftover, even where the name carries the
+    # id changed (characters systemd refuses, a cut).
+    for jobid in ("f1", "a-b", "ƒ2tNf7Ws", "x" * 300, "a b/c"):
+        unit = unit_name_for(Command(["true"], opts={"SDEXEC_JOBID": jobid}))
+        carried = job_of_unit_name(unit)
+        assert carried is not None and is_job_unit_name(unit, carried)
+        assert is_job_unit_name(unit, jobid)
+    assert job_of_unit_name(unit_name_for(Command(["true"]))) is None
+    for unit in ("sdexec-f1-short.service", f"sdexec-f1-{'A' * 32}.service",
+                 f"other-f1-{'a' * 32}.service", f"sdexec-f1-{'a' * 32}",
+                 f"sdexec--{'a' * 32}.service"):  # fmt: skip
+        assert job_of_unit_name(unit) is None, unit

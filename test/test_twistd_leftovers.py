@@ -210,6 +210,10 @@ def test_a_kept_leftover_s_job_is_refused_naming_it(first_run):
             lambda: [p["pid"] > 0 for p in second.stats()["procs"]] == [True] * 2,
             "leftovers read",
         )
+        # ps showed JOBID "-" for both: the first one's unit's name carries
+        # the id that cancel finds it by (review session 51).
+        rows = second.sdexec("ps").stdout.decode().splitlines()[1:]
+        assert sorted(row.split()[5] for row in rows) == ["-", "4242"]
         for proc in second.stats()["procs"]:
             jobid = "4242" if "-4242-" in proc["unit"] else proc["unit"]
             cancel = second.sdexec("cancel", jobid)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import Counter
 
 from sdexec.protocol import Topic
-from sdexec.shares import count_off
+from sdexec.shares import count_off, most_allowed
 
 __all__ = ["RESERVED_CONNECTIONS", "RESERVE_TOPICS", "ConnectionCount", "on_reserve"]
 
@@ -93,10 +93,8 @@ class ConnectionCount:
         else:
             whose, key = ("", "") if owner else (f" from uid {uid}", "-per-user")
             also = f", and {_RESERVE} are open too" if owner else ""
-            return (
-                f"too many connections{whose}: {count} open, the most"
-                f" [sdexec] max-connections{key} allows{also}"
-            )
+            allows = most_allowed(count, limit, f"max-connections{key}")
+            return f"too many connections{whose}: {count} open, {allows}{also}"
         self._uids[connection_id] = uid
         return None
 

@@ -58,7 +58,7 @@ from sdexec.process import NO_EXIT_STATUS_ERRNO, OutputValve, Process, Responder
 from sdexec.protocol import STATUS_AND_ERROR, ExecFlag, command_object
 from sdexec.refusal import SHOWN, quoted
 from sdexec.retained import CONFIG_KEY, STREAMS, Cursor, RetainedOutput
-from sdexec.shares import Share
+from sdexec.shares import Share, most_allowed
 
 log = Logger()
 
@@ -835,13 +835,15 @@ class TrackedProcesses:
         # still fed it), and each answer not yet read up to 8 times that as
         # JSON, so this bounds the memory they take.
         held = self.waitable_held(share.uid)
-        if held >= share.limit(limits, "max-waitable"):
+        limit = share.limit(limits, "max-waitable")
+        if held >= limit:
             note = self._unread_note("waitable", "answered", share.uid)
+            allows = most_allowed(held, limit, share.key("max-waitable"))
             raise RequestError(
                 errno.EAGAIN,
                 f"flags: too many waitable processes{share.whose()}: {held}"
-                f" running or not yet waited for{note}, the most [sdexec]"
-                f" {share.key('max-waitable')} allows (sdexec wait reaps one)",
+                f" running or not yet waited for{note}, {allows}"
+                " (sdexec wait reaps one)",
             )
 
     def _check_background_room(self, limits: Any, share: Share) -> None:
@@ -849,13 +851,14 @@ class TrackedProcesses:
         # ends while an attach is still fed it: without a bound on their
         # number, that memory had none.
         running = self.background_held(share.uid)
-        if running >= share.limit(limits, "max-background"):
+        limit = share.limit(limits, "max-background")
+        if running >= limit:
             note = self._unread_note("background", "ended", share.uid)
+            allows = most_allowed(running, limit, share.key("max-background"))
             raise RequestError(
                 errno.EAGAIN,
                 f"too many background processes{share.whose()}: {running}"
-                f" running{note}, the most [sdexec]"
-                f" {share.key('max-background')} allows",
+                f" running{note}, {allows}",
             )
 
     def _unread_slots(self, cap: _Cap, uid: int | None = None) -> int:

@@ -73,7 +73,7 @@ from sdexec.protocol import (
 )
 from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import SHOWN, quoted
-from sdexec.shares import STATS_USERS, ProcessOwners, Share
+from sdexec.shares import STATS_USERS, ProcessOwners, Share, most_allowed
 from sdexec.signals import signal_name
 from sdexec.systemd import Manager
 from sdexec.systemd.errors import (
@@ -532,11 +532,12 @@ class SdexecServer:
         (its command, partial lines, stdin held for it), outside the slice
         that caps the jobs."""
         held = self._processes_of(share)
-        if held >= share.limit(self.config.sdexec, "max-processes"):
+        limit = share.limit(self.config.sdexec, "max-processes")
+        if held >= limit:
+            allows = most_allowed(held, limit, share.key("max-processes"))
             raise RequestError(
                 errno.EAGAIN,
-                f"too many processes{share.whose()}: {held} tabled, the most"
-                f" [sdexec] {share.key('max-processes')} allows",
+                f"too many processes{share.whose()}: {held} tabled, {allows}",
             )
 
     def _processes_of(self, share: Share) -> int:

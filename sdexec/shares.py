@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Hashable
 from typing import Any, NamedTuple, TypeVar
 
-__all__ = ["STATS_USERS", "ProcessOwners", "Share", "count_off"]
+__all__ = ["STATS_USERS", "ProcessOwners", "Share", "count_off", "most_allowed"]
 
 _Key = TypeVar("_Key", bound=Hashable)
 
@@ -32,6 +32,16 @@ def count_off(counts: Counter[_Key], key: _Key) -> None:
     counts[key] -= 1
     if counts[key] <= 0:
         del counts[key]
+
+
+def most_allowed(held: int, limit: int, key: str) -> str:
+    """How a refusal at a cap names it: "the most [sdexec] KEY allows" for
+    ``held`` at ``limit``; past it (a reload lowered the cap below what
+    was held), "more than the LIMIT [sdexec] KEY allows", for "3 open, the
+    most ... allows" would call 3 the cap where the file says 2."""
+    if held > limit:
+        return f"more than the {limit} [sdexec] {key} allows"
+    return f"the most [sdexec] {key} allows"
 
 
 #: The most users ``/stats`` lists under ``users`` (those holding the most

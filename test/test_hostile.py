@@ -25,6 +25,7 @@ import sdexec.process
 import sdexec.server
 from sdexec.admission import RESERVED_CONNECTIONS
 from sdexec.config import parse_config
+from sdexec.containment import Containment
 from sdexec.fdlimit import FDS_PER_PROCESS, RESERVE
 from sdexec.idset import MAX_ID
 from sdexec.ioencode import encode_io
@@ -847,6 +848,31 @@ def test_a_write_with_no_answer_on_the_reserve_closes_it_unanswered(systemd):
     reserve.raw({"type": "request", "topic": "sdexec.write", "payload": {}})
     assert reserve.responses() == [] and reserve.transport.disconnecting
     for connection in [*held, reserve]:
+        connection.close()
+    assert server.connections.total == 0
+
+
+def test_a_reload_below_a_user_s_connections_is_said_as_the_cap_it_set(
+    systemd, monkeypatch
+):
+    # A reload lowered max-connections-per-user to 2 while the user held 3:
+    # "3 open, the most [sdexec] max-connections-per-user allows" called 3
+    # the cap.
+    other = os.getuid() + 1
+    config = parse_config({"sdexec": {"allow-users": [other]}})
+    server = SdexecServer(systemd, config, reactor)
+    with monkeypatch.context() as patch:
+        patch.setattr(sdexec.connection, "peer_uid", lambda sock: other)
+        held = [Connection(server) for _ in range(3)]
+        limits = {"allow-users": [other], "max-connections-per-user": 2}
+        config = parse_config({"sdexec": limits})
+        server.reconfigure(config, Containment(config, None))
+        refused = Connection(server)
+    assert refused.last()["errstr"] == (
+        f"too many connections from uid {other}: 3 open, more than the 2"
+        " [sdexec] max-connections-per-user allows"
+    )
+    for connection in [*held, refused]:
         connection.close()
     assert server.connections.total == 0
 

@@ -158,6 +158,40 @@ def test_a_reload_changes_a_user_s_share_from_the_next_request(systemd, monkeypa
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("flags", "cap", "said"),
+    [
+        (0, "max-background", "too many background processes of uid {}: 2 running"),
+        (
+            WAITABLE,
+            "max-waitable",
+            "flags: too many waitable processes of uid {}: 2 running or not yet"
+            " waited for",
+        ),
+        (0, "max-processes", "too many processes of uid {}: 2 tabled"),
+    ],
+)
+def test_a_reload_below_what_a_user_holds_is_said_as_the_cap_it_set(
+    systemd, monkeypatch, flags, cap, said
+):
+    # A reload lowered the cap to 1 while the user held 2: "2 running, the
+    # most [sdexec] max-background-per-user allows" called 2 the cap.
+    roomy = {f"{one}-per-user": 4 for one in ("max-background", "max-waitable")}
+    server = make_server(systemd, **{**CAPS, **roomy, f"{cap}-per-user": 2})
+    user = user_client(server, monkeypatch)
+    for matchtag in (1, 2):
+        user.bg(flags=flags, matchtag=matchtag, **_unit(f"u{matchtag}"))
+        assert _started(systemd, f"u{matchtag}")
+    config = parse_config({"sdexec": {**CAPS, **roomy, f"{cap}-per-user": 1}})
+    server.reconfigure(config, Containment(config, None))
+    user.bg(flags=flags, matchtag=3, **_unit("u3"))
+    ((errnum, errstr),) = payloads(user.of(3))
+    assert (errnum, errstr.removesuffix(" (sdexec wait reaps one)")) == (
+        errno.EAGAIN,
+        f"{said.format(USER)}, more than the 1 [sdexec] {cap}-per-user allows",
+    )
+
+
 def test_stats_show_each_user_s_share_bounded(systemd, monkeypatch):
     # allow-users is the admin's list, of any length: /stats lists the
     # owner and the users holding the most, at most STATS_USERS in all.

@@ -20,7 +20,11 @@ reload``, which is what ``systemctl reload`` runs (the units'
 carry only :data:`RESERVE_TOPICS`; anything else is refused with the same
 ``EAGAIN`` naming the key, and the connection closed
 (sdexec/connection.py): the reserve runs nothing, and a client that came
-there for work leaves it to the next admin. No one else has a reserve.
+there for work leaves it to the next admin. A connection of the reserve
+that has asked nothing, or has had every answer, for
+:data:`RESERVE_IDLE_SECONDS` is closed: the owner's client that leaked
+connections (the case the reserve is for) must not hold these too. No one
+else has a reserve.
 """
 
 from __future__ import annotations
@@ -30,7 +34,14 @@ from collections import Counter
 from sdexec.protocol import Topic
 from sdexec.shares import count_off, most_allowed
 
-__all__ = ["RESERVED_CONNECTIONS", "RESERVE_TOPICS", "ConnectionCount", "on_reserve"]
+__all__ = [
+    "RESERVED_CONNECTIONS",
+    "RESERVE_IDLE_SECONDS",
+    "RESERVE_TOPICS",
+    "ConnectionCount",
+    "idle_on_reserve",
+    "on_reserve",
+]
 
 #: Connections the service's owner may hold beyond ``max-connections``, for
 #: :data:`RESERVE_TOPICS` alone. Fixed, not a key: a few are enough for an
@@ -47,6 +58,21 @@ RESERVE_TOPICS = frozenset({Topic.RELOAD, Topic.STATS, Topic.LIST, Topic.UNDRAIN
 _RESERVE = "the {} kept beyond it for {}, {}, {} and {}".format(
     RESERVED_CONNECTIONS, *sorted(RESERVE_TOPICS)
 )
+
+
+#: How long a connection of the reserve may wait with nothing asked and
+#: nothing unanswered: ``sdexec reload`` and ``ps`` ask at once.
+RESERVE_IDLE_SECONDS = 10.0
+
+
+def idle_on_reserve() -> str:
+    """What a connection of the reserve idle for
+    :data:`RESERVE_IDLE_SECONDS` is told as it is closed."""
+    return (
+        f"closing an idle connection: one of the {RESERVED_CONNECTIONS} kept"
+        " beyond [sdexec] max-connections for an admin's requests, it asked"
+        f" nothing for {RESERVE_IDLE_SECONDS:g} s"
+    )
 
 
 def on_reserve(what: str, limit: int) -> str:

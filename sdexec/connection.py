@@ -21,13 +21,22 @@ from functools import partial
 from typing import Any, NamedTuple, TypeGuard
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer
+from twisted.internet.interfaces import (
+    IDelayedCall,
+    IHalfCloseableProtocol,
+    IPushProducer,
+)
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from sdexec.admission import RESERVE_TOPICS, on_reserve
+from sdexec.admission import (
+    RESERVE_IDLE_SECONDS,
+    RESERVE_TOPICS,
+    idle_on_reserve,
+    on_reserve,
+)
 from sdexec.framing import FramingError
 from sdexec.hangup import peer_gone
 from sdexec.jobs import JOBID_OPTION
@@ -96,6 +105,10 @@ class ClientProtocol(StdioReceivingProtocol):
         self.connection_id = server.new_connection_id()
         #: The peer's uid once its connection was admitted (counted).
         self._admitted_uid: int | None = None
+        #: Requests read so far: a connection of the owner's reserve that
+        #: reads none for a while is closed (:meth:`_watch_reserve_idle`).
+        self._requests_read = 0
+        self._reserve_timer: IDelayedCall | None = None
         #: A write refused on matchtag 0 (or none) has been logged (once only:
         #: the journal is not the client's to fill).
         self._silent_write_refused = False
@@ -213,6 +226,8 @@ class ClientProtocol(StdioReceivingProtocol):
         refusal = self.server.connections.admit(self.connection_id, uid, limit, owner)
         if refusal is None:
             self._admitted_uid = uid
+            if self.server.connections.reserved(self.connection_id):
+                self._watch_reserve_idle()
             return
         self.server.log_rate.warn(
             f"connection cap {uid}",  # each user's own share of lines
@@ -224,7 +239,44 @@ class ClientProtocol(StdioReceivingProtocol):
         self._send_error("", 0, errno.EAGAIN, refusal)
         self.transport.loseConnection()
 
+    def _watch_reserve_idle(self, seen: int = -1) -> None:
+        """Close this connection of the owner's reserve (sdexec/admission.py)
+        once it has read no request since the last look (``seen`` then
+        read), :data:`RESERVE_IDLE_SECONDS` ago, and has nothing
+        unanswered: the reserve is for an admin's requests, which come at
+        once, and a client that leaked its connections must not hold it."""
+        if self._lost:
+            return
+        if seen == self._requests_read and not self._answering:
+            self._close_idle_reserve()
+            return
+        self._reserve_timer = self.server.clock.callLater(
+            RESERVE_IDLE_SECONDS, self._watch_reserve_idle, self._requests_read
+        )
+
+    def _close_idle_reserve(self) -> None:
+        refusal = idle_on_reserve()
+        self._log_reserve_closed(refusal)
+        self._send_error("", 0, errno.EAGAIN, refusal)
+        self._leave_reserve()
+
+    def _log_reserve_closed(self, refusal: str) -> None:
+        self.server.log_rate.warn(
+            f"connection cap {self._admitted_uid}",  # as a refused connect
+            "closing connection {id} of uid {uid}: {refusal}",
+            id=self.connection_id,
+            uid=self._admitted_uid,
+            refusal=refusal,
+        )
+
+    def _leave_reserve(self) -> None:
+        """Close this connection of the reserve, its place freed at once."""
+        self.transport.loseConnection()
+        self._client_left()
+
     def connectionLost(self, reason: object = None) -> None:
+        if self._reserve_timer is not None and self._reserve_timer.active():
+            self._reserve_timer.cancel()
         self._drop_held()
         self._client_left()
         super().connectionLost(reason)
@@ -365,6 +417,7 @@ class ClientProtocol(StdioReceivingProtocol):
         # closes the connection) comes before anything of the message is
         # tabled or waits: nothing read after it is handled.
         _check_envelope(message)
+        self._requests_read += 1
         if self._refused_on_reserve(message):
             return
         pending = _PendingExec.of(message)
@@ -394,16 +447,9 @@ class ClientProtocol(StdioReceivingProtocol):
             else "a request whose topic is not text"
         )
         refusal = on_reserve(what, self.server.config.sdexec.max_connections)
-        self.server.log_rate.warn(
-            f"connection cap {self._admitted_uid}",  # as a refused connect
-            "closing connection {id} of uid {uid}: {refusal}",
-            id=self.connection_id,
-            uid=self._admitted_uid,
-            refusal=refusal,
-        )
+        self._log_reserve_closed(refusal)
         self._refuse_message(message, errno.EAGAIN, refusal)
-        self.transport.loseConnection()
-        self._client_left()
+        self._leave_reserve()
         return True
 
     def _handle_request(self, message: dict, pending: _PendingExec | None) -> None:

@@ -23,7 +23,7 @@ import sdexec.connection
 import sdexec.fdlimit
 import sdexec.process
 import sdexec.server
-from sdexec.admission import RESERVED_CONNECTIONS
+from sdexec.admission import RESERVE_IDLE_SECONDS, RESERVED_CONNECTIONS
 from sdexec.config import parse_config
 from sdexec.containment import Containment
 from sdexec.fdlimit import FDS_PER_PROCESS, RESERVE
@@ -838,6 +838,31 @@ def test_anything_else_on_the_reserve_is_eagain_naming_the_key_and_closes_it(
     for connection in [*held, again]:
         connection.close()
     assert server.connections.total == 0
+
+
+def test_an_idle_connection_of_the_reserve_is_closed(systemd):
+    # A resource manager that leaked its connections (what the reserve is
+    # for) held the reserve too with three more that never asked anything.
+    clock = Clock()
+    config = parse_config({"sdexec": {"max-connections": 1}})
+    server = SdexecServer(systemd, config, reactor, clock=clock)
+    *held, asking, idle = [*_reserve_of(server), Connection(server)]
+    clock.advance(RESERVE_IDLE_SECONDS - 1)
+    asking.send("sdexec.list", {}, 1)  # an admin's ps: served, kept
+    clock.advance(1)
+    assert idle.transport.disconnecting and not asking.transport.disconnecting
+    (closing,) = idle.responses()
+    assert (closing["matchtag"], closing["errnum"]) == (0, errno.EAGAIN)
+    assert closing["errstr"] == (
+        "closing an idle connection: one of the 3 kept beyond [sdexec]"
+        " max-connections for an admin's requests, it asked nothing for 10 s"
+    )
+    clock.advance(RESERVE_IDLE_SECONDS)  # asked nothing since its ps
+    assert asking.transport.disconnecting
+    assert not held[0].transport.disconnecting  # under the cap: never
+    for connection in [*held, asking, idle]:
+        connection.close()
+    assert server.connections.total == 0 and clock.getDelayedCalls() == []
 
 
 def test_a_write_with_no_answer_on_the_reserve_closes_it_unanswered(systemd):

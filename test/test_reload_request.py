@@ -13,12 +13,10 @@ from pathlib import Path
 import pytest
 from pytest_twisted import ensureDeferred
 from support import ConfigText, RunningService, command, until
-from test_sockets import NOBODY
+from test_sockets import NOBODY, sdexec_as_nobody
 from twisted.internet import defer
 from twisted.internet.threads import deferToThread
 
-import sdexec.cli
-import sdexec.cliargs  # imported here: the child running as nobody may not read it
 from sdexec.admission import RESERVED_CONNECTIONS
 from sdexec.client import RPCError
 
@@ -142,32 +140,6 @@ async def test_reloads_asked_together_run_one_after_the_other(start_service):
     assert _reloads(service, "ok") == 3
 
 
-async def _reload_as_nobody(socket: str) -> tuple[int, bytes]:
-    """``sdexec reload`` in a child running as uid 65534 (forked: the
-    interpreter's own files may be out of that user's reach); its exit
-    status and what it wrote."""
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: no reactor, no pytest; only this, then _exit
-        status = 99
-        try:
-            os.dup2(writer, 1)
-            os.dup2(writer, 2)
-            # pytest's own capture: not the descriptors
-            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-            os.setuid(NOBODY)
-            status = sdexec.cli.main(["--socket", socket, "reload"])
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(status)
-    os.close(writer)
-    _, status = await deferToThread(os.waitpid, pid, 0)
-    with os.fdopen(reader, "rb") as said:
-        return os.waitstatus_to_exitcode(status), said.read()
-
-
 @ensureDeferred
 async def test_only_the_owner_may_reload(user_manager, shared_dir):
     # allow-users may run commands as the service's user, not change the
@@ -176,7 +148,7 @@ async def test_only_the_owner_may_reload(user_manager, shared_dir):
     service = RunningService(shared_dir, allowed)
     await service.start()
     try:
-        status, said = await _reload_as_nobody(service.socket_path)
+        status, said = await sdexec_as_nobody(service.socket_path, "reload")
         refusals = _reloads(service, "refused")
         taken = _reloads(service, "ok")
     finally:

@@ -7,50 +7,18 @@ as uid 65534 (its peer credentials the kernel's, not a patched lookup)."""
 from __future__ import annotations
 
 import errno
-import os
-import sys
 
 import pytest
 from pytest_twisted import ensureDeferred
 from support import ConfigText, RunningService, command
-from test_sockets import NOBODY
-from twisted.internet.threads import deferToThread
+from test_sockets import NOBODY, sdexec_as_nobody
 
-import sdexec.cli
-import sdexec.cliargs  # imported here: the child running as nobody may not read it
 from sdexec.client import RPCError
 
 pytestmark = pytest.mark.systemd
 
 #: The flags of a waitable background exec (docs/protocol.md, flag 16).
 WAITABLE = 16
-
-
-async def _sdexec_as_nobody(socket: str, *argv: str) -> tuple[int, bytes]:
-    """``sdexec ARGV`` in a child running as uid 65534 (forked: the
-    interpreter's own files may be out of that user's reach); its exit
-    status and what it wrote."""
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: no reactor, no pytest; only this, then _exit
-        status = 99
-        try:
-            os.dup2(writer, 1)
-            os.dup2(writer, 2)
-            # pytest's own capture: not the descriptors
-            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-            os.chdir("/")  # a cwd this user may enter, for run's default --dir
-            os.setuid(NOBODY)
-            status = sdexec.cli.main(["--socket", socket, *argv])
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(status)
-    os.close(writer)
-    _, status = await deferToThread(os.waitpid, pid, 0)
-    with os.fdopen(reader, "rb") as said:
-        return os.waitstatus_to_exitcode(status), said.read()
 
 
 async def _shared_service(shared_dir) -> RunningService:
@@ -69,7 +37,7 @@ async def test_a_listed_user_s_wait_takes_the_owner_s_process_s_end(
         owner = await service.connect()
         shell = owner.exec(command(["true"], label="shell"), WAITABLE, background=True)
         await shell.done
-        status, said = await _sdexec_as_nobody(service.socket_path, "wait", "shell")
+        status, said = await sdexec_as_nobody(service.socket_path, "wait", "shell")
         with pytest.raises(RPCError) as refused:
             await owner.wait(label="shell")
     finally:
@@ -105,7 +73,7 @@ async def test_a_listed_user_s_name_is_eexist_to_the_owner(
     service = await _shared_service(shared_dir)
     try:
         owner = await service.connect()
-        status, said = await _sdexec_as_nobody(
+        status, said = await sdexec_as_nobody(
             service.socket_path, "run", "--bg", option, "sleep", "300"
         )
         taken = owner.exec(

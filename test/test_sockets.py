@@ -13,6 +13,7 @@ import re
 import socket
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,8 @@ from support import ended_by_close
 from twisted.internet import defer, reactor, threads
 from twisted.logger import formatEvent, globalLogPublisher
 
+import sdexec.cli
+import sdexec.cliargs  # imported here: the child running as nobody may not read it
 from sdexec.client import connect
 from sdexec.config import parse_config
 from sdexec.service import SdexecService, _made_socket_keeps_out
@@ -28,6 +31,33 @@ from sdexec.sockets import kept_out, private_endpoint, unix_endpoint, unix_path
 from sdexec.testing import FakeManager
 
 NOBODY = 65534
+
+
+async def sdexec_as_nobody(socket: str, *argv: str) -> tuple[int, bytes]:
+    """``sdexec ARGV`` in a child running as uid 65534 (forked: the
+    interpreter's own files may be out of that user's reach); its exit
+    status and what it wrote."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no reactor, no pytest; only this, then _exit
+        status = 99
+        try:
+            os.dup2(writer, 1)
+            os.dup2(writer, 2)
+            # pytest's own capture: not the descriptors
+            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+            os.chdir("/")  # a cwd this user may enter, for run's default --dir
+            os.setuid(NOBODY)
+            status = sdexec.cli.main(["--socket", socket, *argv])
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(status)
+    os.close(writer)
+    _, status = await threads.deferToThread(os.waitpid, pid, 0)
+    with os.fdopen(reader, "rb") as said:
+        return os.waitstatus_to_exitcode(status), said.read()
 
 
 async def started(listen: str, manager: FakeManager, **sdexec: object):

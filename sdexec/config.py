@@ -1443,7 +1443,7 @@ def load_config_quietly(path: str | os.PathLike[str]) -> Config:
     except ConfigError as error:
         raise data.naming_the_file(error) from None
     warnings = tuple(data.naming_the_file_in(w, source) for w in config.warnings)
-    return replace(config, warnings=(*data.overridden, *warnings))
+    return replace(config, warnings=(*data.overridden, *data.not_read, *warnings))
 
 
 def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, str]:
@@ -1483,6 +1483,9 @@ class _Fragments(dict):
         self.origins: dict[str, str] = {}
         #: The files that set again a key an earlier file set, by key path.
         self._setters: dict[str, _Setters] = {}
+        #: A warning for each file of the directory in a format sdexec
+        #: reads alone (YAML, JSON, a .TOML) that is not read there.
+        self.not_read: tuple[str, ...] = ()
 
     @property
     def overridden(self) -> list[str]:
@@ -1575,20 +1578,33 @@ class _Setters:
 _IGNORED_TABLE = re.compile(r"ignoring unknown table \[(.+)\]")
 
 
+#: Why a file of a configuration directory in a format sdexec reads alone
+#: is not read there.
+_NOT_READ = (
+    "not read: only the *.toml files of a directory are, as Flux reads its"
+    " conf.d: write its settings in TOML, in a file named *.toml"
+)
+
+
 def _read_directory(directory: str) -> _Fragments:
     """The ``*.toml`` files of ``directory`` merged (:class:`_Fragments`):
     what ``flux-broker --config-path`` reads of a directory. ``.yaml``
-    files there are not read, as Flux does not read them; none at all is
-    the default configuration, as for Flux."""
+    files there are not read, as Flux does not read them (each is named
+    in a warning); none at all is the default configuration, as for Flux."""
     try:
-        names = sorted(
-            name
-            for name in os.listdir(directory)
-            if name.endswith(".toml") and not name.startswith(".")
-        )
+        listed = sorted(name for name in os.listdir(directory) if name[:1] != ".")
     except OSError as error:
         raise ConfigError(directory, None, _read_failure(error)) from None
+    names = [name for name in listed if name.endswith(".toml")]
     merged = _Fragments()
+    # Said, not silently left out: an admin's sdexec.yaml moved into the
+    # directory left every setting of it out, its caps and request-properties
+    # too, with not a word (Flux, which reads no YAML, never meets one).
+    merged.not_read = tuple(
+        f"{os.path.join(directory, name)}: {_NOT_READ}"
+        for name in listed
+        if not name.endswith(".toml") and Path(name).suffix.lower() in _PARSERS
+    )
     for name in names:
         source = os.path.join(directory, name)
         try:

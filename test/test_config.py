@@ -22,6 +22,7 @@ from twisted.internet.endpoints import serverFromString
 from twisted.logger import capturedLogs
 
 from sdexec.config import (
+    _NOT_READ,
     _TOO_DEEP,
     MAX_KILL_COUNT,
     MAX_STOP_TIMER_SEC,
@@ -1674,7 +1675,35 @@ def test_a_flux_conf_d_directory_loads_merged_as_flux_merges_it(tmp_path):
         f"{tmp_path}/zz-site.toml: exec.kill-timeout: also set in"
         f" {tmp_path}/exec.toml; this file's value is used, as Flux uses it"
         " (the later file by name)",
+        f"{tmp_path}/ignored.yaml: {_NOT_READ}",
         f"{tmp_path}/resource.toml: ignoring unknown table [resource]",
+    )
+
+
+def test_a_conf_d_file_of_a_format_read_only_alone_is_named_not_read(tmp_path):
+    # An admin's sdexec.yaml moved into the directory (its caps, its
+    # request-properties) loaded as the defaults without a word: each file
+    # of a format sdexec reads alone (YAML, JSON, a .TOML) is named now.
+    write(tmp_path, "sdexec.yaml", "sdexec:\n  request-properties: []\n")
+    write(tmp_path, "20-site.yml", "exec:\n  kill-timeout: 1d\n")
+    write(tmp_path, "30-caps.json", '{"exec": {"kill-timeout": "1d"}}')
+    write(tmp_path, "40-exec.TOML", '[exec]\nkill-timeout = "1d"\n')
+    write(tmp_path, ".hidden.yaml", "exec: {}\n")  # a dot file: never read
+    write(tmp_path, "README", "not a configuration file\n")
+    with capturedLogs() as events:
+        config = load_config(tmp_path)
+    assert (config.exec, config.sdexec) == (
+        default_config().exec,
+        default_config().sdexec,
+    )
+    assert config.warnings == tuple(
+        f"{tmp_path}/{name}: {_NOT_READ}"
+        for name in ("20-site.yml", "30-caps.json", "40-exec.TOML", "sdexec.yaml")
+    )
+    assert [event["warning"] for event in events] == list(config.warnings)
+    assert _NOT_READ == (
+        "not read: only the *.toml files of a directory are, as Flux reads its"
+        " conf.d: write its settings in TOML, in a file named *.toml"
     )
 
 

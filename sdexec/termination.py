@@ -419,9 +419,9 @@ class TerminationSequence:
             self._cancel_timer()  # a re-send still waiting: none after it
             self.step = TerminationStep.UNKILLABLE
             _log.warn(
-                "job {job}: unkillable after {attempts} kill attempts: {account}",
+                "job {job}: unkillable {limit}: {account}",
                 job=self.job,
-                attempts=progress.kill_attempts,
+                limit=self._limit_reached(),
                 account=self.account(),
             )
             self._target.unkillable(unkillable_reason(self.job))
@@ -444,6 +444,15 @@ class TerminationSequence:
         progress.interval = min(progress.interval * 2, MAX_KILL_INTERVAL)
         self.step = TerminationStep.KILL_SHELL
         self._send(_MAIN, self.policy.kill_signal)
+
+    def _limit_reached(self) -> str:
+        """Which limit ran out, for the verdict's log line: under
+        max-kill-timeout the attempts are no limit (none at all when it
+        comes before 5 x kill-timeout, "after 0 kill attempts")."""
+        limit = self.policy.max_kill_timeout
+        if limit is not None:
+            return f"once max-kill-timeout ({format_fsd(limit)}) ran out"
+        return f"after {self._progress.kill_attempts} kill attempts"
 
     def _exhausted(self, due: float) -> bool:
         if self.policy.max_kill_timeout is not None:

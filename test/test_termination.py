@@ -364,6 +364,21 @@ def test_each_signal_is_logged_with_its_step_as_ps_names_it():
     assert logged == ["job j1: SIGTERM (term)", "job j1: SIGKILL (kill-tasks)"]
 
 
+def test_the_verdict_under_max_kill_timeout_names_it_not_the_attempts():
+    # Under a max-kill-timeout shorter than 5 x kill-timeout no direct
+    # attempt is made, and the log said "unkillable after 0 kill attempts",
+    # as if max-kill-count were 0: the limit that ran out is named.
+    clock, _, sequence = started(
+        TerminationPolicy(kill_timeout=1.0, max_kill_timeout=3.0), job="j1"
+    )
+    with capturedLogs() as events:
+        run_out(clock, sequence)
+    warned = [formatEvent(e) for e in events if e["log_level"] is LogLevel.warn]
+    assert warned == [
+        f"job j1: unkillable once max-kill-timeout (3s) ran out: {sequence.account()}"
+    ]
+
+
 def test_the_account_names_what_began_it_and_every_signal_tried():
     # The verdict's words beyond upstream's drain reason: what began the
     # termination, how long ago, and each signal, to whom, how often; a

@@ -942,11 +942,17 @@ def _check_property(name: object, value: object) -> None:
         raise _PropertyError(name, error.reason) from None
 
 
+#: The key to write instead of a reserved property the configuration sets
+#: otherwise: "sdexec sets Slice itself" left an admin to guess how.
+_RESERVED_INSTEAD = {"Slice": "set [sdexec] slice instead"}
+
+
 def site_reserved_reason(name: str) -> str | None:
     """Why the configuration (or a mapper, in the site's place) may not set
     property ``name``, or ``None``."""
     if name in RESERVED_PROPERTIES:
-        return f"sdexec sets {name} itself"
+        instead = _RESERVED_INSTEAD.get(name)
+        return f"sdexec sets {name} itself" + (f": {instead}" if instead else "")
     return unit_handling_reason(name)
 
 

@@ -565,12 +565,22 @@ def test_a_property_too_long_for_the_units_file_is_refused_at_load():
     properties(SyslogIdentifier="x" * 300_000)
 
 
-@pytest.mark.parametrize("name", sorted(RESERVED_PROPERTIES))
+@pytest.mark.parametrize("name", sorted(RESERVED_PROPERTIES - {"Slice"}))
 def test_reserved_property_refused(name):
     with pytest.raises(ConfigError) as error:
         properties(**{name: "x"})
     assert str(error.value) == (
         f"<config>: exec.sdexec-properties.{name}: reserved: sdexec sets {name} itself"
+    )
+
+
+def test_a_reserved_slice_names_the_key_to_set():
+    # "sdexec sets Slice itself" left the admin to find [sdexec] slice.
+    with pytest.raises(ConfigError) as error:
+        properties(Slice="jobs.slice")
+    assert str(error.value) == (
+        "<config>: exec.sdexec-properties.Slice: reserved: sdexec sets Slice"
+        " itself: set [sdexec] slice instead"
     )
 
 

@@ -155,16 +155,23 @@ class ConfigError(ValueError):
     (``None`` for a problem with the file as a whole), ``reason`` the rest.
     ``transient``: the machine failed while using it (a tool that timed
     out, no memory, a name service not answering yet), so the same file
-    may load on a later try.
+    may load on a later try. ``related``: the other keys a rule across
+    keys read, whose files a directory's error names too.
     """
 
     def __init__(
-        self, source: str, key: str | None, reason: str, transient: bool = False
+        self,
+        source: str,
+        key: str | None,
+        reason: str,
+        transient: bool = False,
+        related: tuple[str, ...] = (),
     ) -> None:
         self.source = source
         self.key = key
         self.reason = reason
         self.transient = transient
+        self.related = related
         where = source if key is None else f"{source}: {key}"
         super().__init__(f"{where}: {reason}")
 
@@ -1208,7 +1215,9 @@ def build_config(data: Any, source: str = "<config>") -> Config:
         # What the rule missed may be in a table that was ignored.
         ignored = ", ".join(f"[{name}]" for name in unknown)
         reason = f"{error.reason} (ignored as unknown: {ignored})"
-        raise ConfigError(error.source, error.key, reason) from None
+        raise ConfigError(
+            error.source, error.key, reason, related=error.related
+        ) from None
     later = (
         _flux_would_refuse(data, source)
         + _retained_fits_a_frame(config)
@@ -1231,7 +1240,10 @@ def _check_across_tables(config: Config) -> None:
     """The rules that involve more than one key."""
     if config.exec.service == "sdexec" and not config.systemd.enable:
         raise ConfigError(
-            config.source, "exec.service", '"sdexec" requires systemd.enable = true'
+            config.source,
+            "exec.service",
+            '"sdexec" requires systemd.enable = true',
+            related=("systemd.enable",),
         )
     if not math.isfinite(config.exec.effective_max_kill_timeout):
         # Reported as `Infinity` (not JSON) by the checker and /stats.
@@ -1530,7 +1542,15 @@ class _Fragments(dict):
         origin = self._origin(error.key or "")
         if origin is None:
             return error
-        return ConfigError(origin, error.key, error.reason)
+        # The file that set the other key of the rule: "10-exec.toml:
+        # exec.service: "sdexec" requires systemd.enable = true" named only
+        # the file that was right, not the 90-debug.toml that set false.
+        elsewhere = "".join(
+            f" ({key} is set in {self.origins[key]})"
+            for key in error.related
+            if self.origins.get(key, origin) != origin
+        )
+        return ConfigError(origin, error.key, error.reason + elsewhere)
 
     def naming_the_file_in(self, warning: str, directory: str) -> str:
         """A warning that names ``directory`` and a key (or an ignored

@@ -1768,6 +1768,29 @@ def test_an_error_in_a_conf_d_directory_names_its_file(tmp_path):
         )
 
 
+def test_a_rule_across_conf_d_files_names_the_other_key_s_file(tmp_path):
+    # The error named the file of exec.service alone, the one that was
+    # right: not the later file whose systemd.enable = false was in force.
+    write(tmp_path, "10-exec.toml", '[exec]\nservice = "sdexec"\n')
+    write(tmp_path, "20-systemd.toml", "[systemd]\nenable = true\n")
+    write(tmp_path, "90-debug.toml", "[systemd]\nenable = false\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(tmp_path)
+    assert str(error.value) == (
+        f'{tmp_path}/10-exec.toml: exec.service: "sdexec" requires systemd.enable'
+        f" = true (systemd.enable is set in {tmp_path}/90-debug.toml)"
+    )
+    # Not where both are in one file, nor where enable is not set at all.
+    write(tmp_path, "90-debug.toml", '[exec]\nservice = "sdexec"\n')
+    write(tmp_path, "20-systemd.toml", "[systemd]\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(tmp_path)
+    assert str(error.value) == (
+        f'{tmp_path}/90-debug.toml: exec.service: "sdexec" requires systemd.enable'
+        " = true"
+    )
+
+
 def test_an_empty_conf_d_directory_is_the_defaults(tmp_path):
     assert without_source(load_config(tmp_path)) == without_source(default_config())
 

@@ -633,8 +633,9 @@ def _undrain(options: argparse.Namespace) -> int:
 def _reload(options: argparse.Namespace) -> int:
     """``sdexec.reload``: the service's configuration file read again (the
     units' ``ExecReload=``). A refusal is the service's reason on stderr,
-    and exit status 1, which ``systemctl reload`` reports; a setting read
-    only at start that the file changed is a warning on stderr."""
+    and exit status 1, which ``systemctl reload`` reports; the file's own
+    warnings, and a setting read only at start that the file changed, are
+    warnings on stderr."""
     try:
         reply = request(options, Topics.RELOAD, {})
     except RPCError as failure:
@@ -646,6 +647,8 @@ def _reload(options: argparse.Namespace) -> int:
             " older than this command, or not sdexec): send it SIGHUP",
         ) from None
     print_out(f"configuration reloaded from {one_line(str(reply.get('config')))}")
+    for said in reply.get("warnings") or ():
+        warn(f"warning: {one_line(str(said))}")  # as python3 -m sdexec.config
     for setting in reply.get("needs-restart") or ():
         warn(f"warning: {setting}")  # (its old value in force: taken all the same)
     return 0

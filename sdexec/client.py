@@ -688,9 +688,11 @@ class SdexecClient(JSONLineProtocol):
     def reload(self) -> Deferred[Payload]:
         """Have the service read its configuration file again, as a
         ``SIGHUP`` does (``sdexec.reload``, the owner's only): ``{"config":
-        PATH}``, the file now in force, with ``"needs-restart": [WARNING,
-        ...]`` when it changed settings read only at start (their values in
-        force kept); ``RPCError`` ``EINVAL`` with the
+        PATH}``, the file now in force, with ``"warnings": [WARNING, ...]``
+        when the file has any (as ``python3 -m sdexec.config`` prints them)
+        and ``"needs-restart": [WARNING, ...]`` when it changed settings
+        read only at start (their values in force kept); ``RPCError``
+        ``EINVAL`` with the
         refusal, naming the key, when the old configuration stays."""
         return self.rpc(Topic.RELOAD, {})
 

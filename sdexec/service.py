@@ -636,7 +636,7 @@ class SdexecService(Service):
         self._put_in_force(config, containment)
         await self._warn_in_pool_if_allowed_users_kept_out()
         log.info("configuration reloaded from {path}", path=path)
-        return Reloaded(path, kept)
+        return Reloaded(path, kept, config.warnings)
 
     async def _load(self, path: str) -> tuple[Config, Containment]:
         """The configuration of ``path`` and its containment (the mapper
@@ -739,18 +739,23 @@ class SdexecService(Service):
 
 @dataclass(frozen=True)
 class Reloaded:
-    """A reload taken: the file now in force, and the warnings naming the
+    """A reload taken: the file now in force, the warnings naming the
     settings it changed that only a restart applies (their old values stay
-    in force)."""
+    in force), and the file's own warnings (as ``python3 -m sdexec.config``
+    prints them)."""
 
     path: str
     needs_restart: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
     def answer(self) -> dict[str, Any]:
-        """The ``sdexec.reload`` answer (docs/protocol.md): ``needs-restart``
-        only when a setting waits for a restart, so that whoever reloads is
-        told, not only the log."""
+        """The ``sdexec.reload`` answer (docs/protocol.md): ``warnings`` and
+        ``needs-restart`` only when there are any, so that whoever reloads is
+        told, not only the log: a kill-signal = "SIGSTOP" taken, or a conf.d
+        file not read, was said in the log alone."""
         answer: dict[str, Any] = {"config": self.path}
+        if self.warnings:
+            answer["warnings"] = list(self.warnings)
         if self.needs_restart:
             answer["needs-restart"] = list(self.needs_restart)
         return answer

@@ -115,6 +115,32 @@ async def test_a_reload_tells_its_asker_which_settings_need_a_restart(start_serv
 
 
 @ensureDeferred
+async def test_a_reload_tells_its_asker_the_file_s_own_warnings(start_service):
+    # A kill-signal that ends no process is taken with a warning, as Flux
+    # takes it: the service logged it, and `sdexec reload` (what
+    # `systemctl reload` runs) said "configuration reloaded" alone.
+    service = await start_service()
+    service.write_config(ConfigText(exec='kill-signal = "SIGSTOP"'))
+    done = await _sdexec_reload(service.socket_path)
+    warning = (
+        f"{service.config_path}: exec.kill-signal: SIGSTOP stops a process"
+        " without ending it: a cancelled job that does not end by itself is"
+        " never killed: after max-kill-count attempts its node is drained"
+    )
+    assert (done.returncode, done.stdout, done.stderr.decode()) == (
+        0,
+        f"configuration reloaded from {service.config_path}\n".encode(),
+        f"sdexec: warning: {warning}\n",
+    )
+    client = await service.connect()
+    assert await client.reload() == {
+        "config": str(service.config_path),
+        "warnings": [warning],
+    }
+    assert service.service.config.exec.kill_signal == 19
+
+
+@ensureDeferred
 async def test_reloads_asked_together_run_one_after_the_other(start_service):
     # A SIGHUP's reload and requests on two connections: one at a time, each
     # answered with its own outcome once the one before it has ended.

@@ -53,7 +53,7 @@ from sdexec.protocol import (
 )
 from sdexec.protocolbase import MAX_SOCKET_PATH
 from sdexec.receipt import Receipt
-from sdexec.refusal import lone_surrogate, printable, quoted
+from sdexec.refusal import lone_surrogate, member, quoted
 from sdexec.rpc import (
     BAD_DESCRIPTOR,
     ConnectionFailed,
@@ -1355,37 +1355,49 @@ def _check_request(topic: str, payload: dict[str, Any]) -> None:
     if not isinstance(payload, dict):
         kind = type(payload).__name__
         raise TypeError(f"{name}: payload: expected an object (dict), got {kind}")
-    _check_members(payload, f"{name}: ")
+    _check_members(payload, name)
 
 
-def _check_members(members: Payload, prefix: str) -> None:
-    """:func:`_check_text` for each name and value of ``members``, whose
-    own path (with its dot) is ``prefix``."""
+def _check_members(members: Payload, call: str, table: str = "") -> None:
+    """:func:`_check_text` for each name and value of ``members``, the
+    object at ``table`` (``cmd.env``; ``""``: the payload) of ``call``'s
+    request."""
     for key, value in members.items():
         if type(key) is type(value) is str and key.isascii() and value.isascii():
             continue  # most are: 100 variables took 27 us, now 7
-        field = prefix + (printable(key) if isinstance(key, str) else quoted(key))
-        _check_text(key, field)
-        _check_text(value, field)
+        field = _field(table, key)
+        _check_text(key, call, field)
+        _check_text(value, call, field)
 
 
-def _check_text(value: object, field: str) -> None:
-    """``ValueError`` ``FIELD: why`` if ``value``, or anything in it, is
-    refused by :func:`_check_request`."""
+def _field(table: str, key: object) -> str:
+    """The field of ``key`` in the object at ``table``, named as the
+    service names one (:func:`~sdexec.refusal.member`): ``cmd.env.PATH``,
+    but ``cmd.env['A.B']`` for a key that is no C name (``cmd.env.A.B``
+    read as a path), ``cmd.env[b'PATH']`` for one that is not text."""
+    named = member(table, key) if isinstance(key, str) else f"{table}[{quoted(key)}]"
+    return named.removeprefix(".")  # (a payload's own key: no table before it)
+
+
+def _check_text(value: object, call: str, field: str) -> None:
+    """``ValueError`` ``CALL: FIELD: why`` if ``value``, or anything in
+    it, is refused by :func:`_check_request`."""
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as error:
-            raise ValueError(f"{field}: {lone_surrogate(value, error)}") from None
+            why = lone_surrogate(value, error)
+            raise ValueError(f"{call}: {field}: {why}") from None
     elif isinstance(value, bytes | bytearray | memoryview):
-        raise ValueError(f"{field}: expected text (str), got {type(value).__name__}")
+        kind = type(value).__name__
+        raise ValueError(f"{call}: {field}: expected text (str), got {kind}")
     elif isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{field}: {value!r} is not a number JSON can carry")
+        raise ValueError(f"{call}: {field}: {value!r} is not a number JSON can carry")
     elif isinstance(value, dict):
-        _check_members(value, field + ".")
+        _check_members(value, call, field)
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            _check_text(item, f"{field}[{index}]")
+            _check_text(item, call, f"{field}[{index}]")
 
 
 def _with_wait_status(answer: Payload) -> Payload:

@@ -2180,7 +2180,10 @@ _BYTES = "expected text (str), got bytes"
     [
         ({"cmdline": [b"/bin/echo", "hi"]}, "cmd.cmdline[0]: " + _BYTES),
         ({"env": {"PATH": b"/bin"}}, "cmd.env.PATH: " + _BYTES),
-        ({"env": {b"PATH": "/bin"}}, "cmd.env.b'PATH': " + _BYTES),
+        ({"env": {b"PATH": "/bin"}}, "cmd.env[b'PATH']: " + _BYTES),
+        ({"env": {"A.B": b"/bin"}}, "cmd.env['A.B']: " + _BYTES),
+        ({"env": {"": b"x"}}, "cmd.env['']: " + _BYTES),
+        ({"env": {"A\nB": b"x"}}, "cmd.env['A\\nB']: " + _BYTES),
         ({"cwd": bytearray(b"/tmp")}, "cmd.cwd: expected text (str), got bytearray"),
         (
             {"opts": {"SDEXEC_PROP_Nice": memoryview(b"5")}},
@@ -2224,7 +2227,8 @@ def test_a_command_that_json_text_would_not_carry_as_meant_is_refused_named(cmd,
         (lambda c: c.wait(label=b"job7"), "wait: label: " + _BYTES),
         (lambda c: c.attach(label=_LANGDIR), "attach: label: not valid Unicode text:"),
         (lambda c: c.terminate(jobid=b"f1"), "terminate: jobid: expected text (str)"),
-        (lambda c: c.rpc("sdexec.kill", {b"pid": 1}), "kill: b'pid': expected text"),
+        (lambda c: c.rpc("sdexec.kill", {b"pid": 1}), "kill: [b'pid']: expected text"),
+        (lambda c: c.rpc("sdexec.kill", {"a b": b""}), "kill: ['a b']: expected text"),
     ],
 )
 def test_a_target_that_json_text_would_not_carry_as_meant_is_refused_named(call, said):

@@ -39,7 +39,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from sdexec.framing import JSONLineProtocol, encode_message
-from sdexec.ioencode import encode_io
+from sdexec.ioencode import DecodedIO, encode_io
 from sdexec.protocol import (
     DEFAULT_STDIN_BUFSIZE,
     KILL_WHO,
@@ -520,8 +520,9 @@ class SdexecClient(JSONLineProtocol):
         ``started``, ``output``, ``finished``) in order, after the handle has
         taken note of it (so ``handle.credit`` and ``handle.pid`` are current),
         but an ``output`` no caller can decode: ``handle.done`` then fails
-        with ``EPROTO`` naming it (:func:`_handed_on`). The stream's end
-        fires ``handle.done``.
+        with ``EPROTO`` naming it (:func:`_handed_on`). An ``output``'s
+        ``io`` is decoded already: :func:`~sdexec.ioencode.decode_io` gives
+        it at no cost. The stream's end fires ``handle.done``.
 
         ``background``: the process runs on without this client (stdin at
         EOF, output kept for :meth:`wait` and :meth:`attach`); the one
@@ -1413,9 +1414,10 @@ def _with_wait_status(answer: Payload) -> Payload:
 def _check_wait_output(output: list[Any]) -> None:
     """:class:`RPCError` ``EPROTO`` naming the item and field of a wait's
     ``output`` that is no output a caller can decode
-    (:func:`~sdexec.rpc.output_io`)."""
+    (:func:`~sdexec.rpc.output_io`); each item decoded once, here
+    (:class:`~sdexec.ioencode.DecodedIO`)."""
     for index, io in enumerate(output):
-        output_io(io, f"wait: output[{index}]")
+        output[index] = DecodedIO(io, output_io(io, f"wait: output[{index}]"))
 
 
 def _with_processes(answer: Payload) -> Payload:

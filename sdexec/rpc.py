@@ -15,7 +15,7 @@ import stat
 from collections.abc import Callable, Mapping
 
 from sdexec import protocolbase
-from sdexec.ioencode import decode_io
+from sdexec.ioencode import DecodedIO, decode_io
 from sdexec.protocolbase import (
     DEFAULT_STDIN_BUFSIZE,
     MAX_MATCHTAG,
@@ -611,8 +611,18 @@ class StreamCheck:
     def see_output(self, payload: dict[str, Any]) -> bool:
         """Whether an ``output`` response's ``io`` is output a caller can
         decode (:func:`output_io`); if not, the stream's :attr:`violation`
-        names it, and the response is the client's to withhold."""
-        return self._checked(output_io, payload.get("io"), OUTPUT_RESPONSE_IO)
+        names it, and the response is the client's to withhold. A good
+        one's ``io`` becomes a :class:`~sdexec.ioencode.DecodedIO`, which
+        :func:`~sdexec.ioencode.decode_io` does not decode again."""
+        try:
+            decoded = output_io(payload.get("io"), OUTPUT_RESPONSE_IO)
+        except RPCError as error:
+            if self.violation is None:
+                self.violation = error
+            return False
+        # Decoded once, for the caller too (output_io took it: an object).
+        payload["io"] = DecodedIO(payload["io"], decoded)
+        return True
 
     def see_dropped(self, payload: dict[str, Any]) -> bool:
         """Whether an ``attached`` response's ``dropped`` is byte counts

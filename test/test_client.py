@@ -2012,6 +2012,39 @@ async def test_a_kill_after_malformed_output_before_the_start_waits_for_it(serve
     await ended_by_close(client, handle.done)
 
 
+@pytest_twisted.ensureDeferred
+async def test_output_handed_on_is_decoded_once(served):
+    # The library decoded each output to check it, and the caller's
+    # decode_io did it all again (37 us a 64 KiB base64 one).
+    peer, client = served
+    handle, responses = _exec(client)
+    request = await peer.requests.get()
+    data = bytes(range(256)) * 256  # no UTF-8: base64
+    io = encode_io("stdout", "0", data)
+    peer.respond(request, {"type": "started", "pid": 5})
+    peer.respond(request, {"type": "output", "pid": 5, "io": io})
+    await _round_trip(peer, client)
+    handed = responses[-1]["io"]
+    assert handed == io and json.loads(json.dumps(handed)) == io
+    first = decode_io(handed)
+    assert first == ("stdout", data, False)
+    assert decode_io(handed)[1] is first[1]  # given again, not decoded again
+    handed["data"] = encode_io("stdout", "0", b"\xffchanged")["data"]
+    assert decode_io(handed) == ("stdout", b"\xffchanged", False)  # afresh
+    await ended_by_close(client, handle.done)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_wait_s_output_is_decoded_once(served):
+    peer, client = served
+    data = b"\xff" * 65536
+    waiting = client.wait(pid=7)
+    request = await peer.requests.get()
+    peer.respond(request, {**_STATUS, "output": [encode_io("stderr", "0", data)]})
+    (item,) = (await waiting)["output"]
+    assert decode_io(item)[1] is decode_io(item)[1] == data
+
+
 @pytest.mark.parametrize("dropped", [{"stdout": "x"}, [3], 0, {"stderr": -1}])
 @pytest_twisted.ensureDeferred
 async def test_an_attached_whose_dropped_is_no_counts_ends_its_stream_eproto(

@@ -64,6 +64,7 @@ from sdexec.cliio import (
     request,
     say_end,
     say_held,
+    say_killed,
     signalled_status,
     warn,
     write_output,
@@ -825,7 +826,8 @@ class _Job:
     def ended(self) -> bool:
         if self.interrupted is not None or self._gave_up is not None:
             return True
-        return self._stream is not None and self._stream.ended
+        stream = self._stream
+        return stream is not None and (stream.ended or stream.killed_for is not None)
 
     def exit_code(self) -> int:
         if self.interrupted is not None:
@@ -835,6 +837,8 @@ class _Job:
         if self._gave_up is not None:
             return self._gave_up  # why was said when it happened
         assert self._stream is not None
+        if self._stream.killed_for is not None:
+            return say_killed(self._stream)
         failure = self._stream.error
         if failure is not None and self._receipt is None:
             fail(str(failure))

@@ -30,6 +30,7 @@ from sdexec.cliio import (
     request,
     say,
     say_end,
+    say_killed,
     signalled_status,
     warn,
     warn_after_finished,
@@ -230,7 +231,9 @@ def attach(options: argparse.Namespace) -> int:
         try:
             with connect(loop, options) as connection:
                 stream = connection.attach(options.target, _BOTH, session.respond)
-                loop.run_until(lambda: stream.ended or session.detached)
+                loop.run_until(
+                    lambda: stream.ended or session.detached or _killed(stream)
+                )
                 if session.detached and not stream.ended:
                     _read_on_for_the_end(connection, stream)
             if stream.pid is None:
@@ -242,6 +245,8 @@ def attach(options: argparse.Namespace) -> int:
         finally:
             close_outputs(session.outputs)
         end_on_signals()  # a second ^C from now on ends a wait for our stderr
+    if stream.killed_for is not None:
+        return say_killed(stream)
     # Closing the connection is what detaches, on the service's side.
     if session.detached and stream.pid is None:
         # Nothing was attached: a service slow to answer, a target that
@@ -266,6 +271,12 @@ def attach(options: argparse.Namespace) -> int:
     say_end(session.receipt, stream.error)
     code = exit_code(session.receipt.status)
     return (code or 1) if session.output_lost else code  # said as it was
+
+
+def _killed(stream: Exec) -> bool:
+    """Whether the attached process was killed for a broken protocol
+    (:func:`~sdexec.cliio.say_killed`): ``attach`` ends there."""
+    return stream.killed_for is not None
 
 
 #: How long a detached ``attach`` reads on for the process's end, at most.

@@ -17,6 +17,7 @@ import errno
 import math
 import operator
 import os
+import signal
 import socket
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -519,10 +520,12 @@ class SdexecClient(JSONLineProtocol):
         ``on_response`` gets every response payload (``add-credit``,
         ``started``, ``output``, ``finished``) in order, after the handle has
         taken note of it (so ``handle.credit`` and ``handle.pid`` are current),
-        but an ``output`` no caller can decode: ``handle.done`` then fails
-        with ``EPROTO`` naming it (:func:`_handed_on`). An ``output``'s
-        ``io`` is decoded already: :func:`~sdexec.ioencode.decode_io` gives
-        it at no cost. The stream's end fires ``handle.done``.
+        but an ``output`` no caller can decode or an ``add-credit`` of no
+        integer credits: ``handle.done`` then fails with ``EPROTO`` naming
+        it, and the process is killed (:meth:`~sdexec.rpc.StreamCheck.take`,
+        :meth:`~sdexec.rpc.StreamCheck.kill_due`). An ``output``'s ``io`` is
+        decoded already: :func:`~sdexec.ioencode.decode_io` gives it at no
+        cost. The stream's end fires ``handle.done``.
 
         ``background``: the process runs on without this client (stdin at
         EOF, output kept for :meth:`wait` and :meth:`attach`); the one
@@ -619,7 +622,8 @@ class SdexecClient(JSONLineProtocol):
         and ``label``): ``on_response`` gets ``attached``, the retained and
         live ``output`` of the streams in ``flags``, and ``finished``;
         ``handle.done`` fires at the end (``EPROTO`` naming an ``output``
-        or ``attached`` it was not given, malformed: :func:`_handed_on`).
+        or ``attached`` it was not given, malformed:
+        :meth:`~sdexec.rpc.StreamCheck.take`).
         Closing the connection detaches."""
         payload = {**process_target(pid, label), "flags": int(flags)}
         _check_request(Topic.ATTACH, payload)
@@ -891,7 +895,8 @@ class ExecHandle:
         #: :class:`RPCError` for any other error (``EPROTO`` for a stream
         #: whose ``started`` had no pid, whose ``finished`` had no wait
         #: status or came twice, or that sent an ``output`` no caller can
-        #: decode: :class:`~sdexec.rpc.StreamCheck`),
+        #: decode or an ``add-credit`` of no integer credits, the process
+        #: then killed: :class:`~sdexec.rpc.StreamCheck`),
         #: :class:`ConnectionFailed` if the connection goes first.
         #: Cancelling it stops nothing (:meth:`_said_after_cancel`).
         self.done: Deferred[None] = Deferred(self._done_cancelled)
@@ -1037,22 +1042,22 @@ class ExecHandle:
         noted, then given to ``on_response``."""
         self._close_passed()
         kind = payload.get("type")
-        if kind == "add-credit":
-            self._add_credit(payload.get("channels"))
+        handed = self._check.take(payload)  # (a bad one: EPROTO, at the end)
+        if kind == "add-credit" and handed:
+            self._add_credit(payload["channels"])
         elif kind == "started":  # a pid that is none: EPROTO, at the end
             self._start_came = True
-            self.pid = self._check.see_start(payload)
-        elif kind == "finished":
-            self._check.see(payload)
-            if self.receipt is None:
-                self.receipt = finished_receipt(payload)
-        if _handed_on(self._check, kind, payload):
+            self.pid = self._check.pid
+        elif kind == "finished" and self.receipt is None:
+            self.receipt = finished_receipt(payload)
+        if handed:
             try:
                 self._on_response(payload)
             except Exception:
                 _log.failure("sdexec: exec response callback failed")
         if kind == "started":
             self._send_early_kills()
+        _kill_if_due(self._client, self._check, f"exec {self.matchtag}")
         if not self.streaming:  # a background exec's one response
             self.end(_background_end(payload))
 
@@ -1228,13 +1233,13 @@ class AttachHandle:
         """One response of the stream (called by :class:`SdexecClient`):
         noted, then given to ``on_response``."""
         kind = payload.get("type")
-        if kind == "attached":  # a pid that is none: EPROTO, at the end
-            self.pid = self._check.see_start(payload)
-        elif kind == "finished":
-            self._check.see(payload)
-            if self.status is None:
-                self.status = finished_status(payload)
-        if not _handed_on(self._check, kind, payload) or self._done_abandoned:
+        handed = self._check.take(payload)  # (a bad one: EPROTO, at the end)
+        if kind == "attached":
+            self.pid = self._check.pid
+        elif kind == "finished" and self.status is None:
+            self.status = finished_status(payload)
+        _kill_if_due(self._client, self._check, "the attach")
+        if not handed or self._done_abandoned:
             # Given up by its caller, who can detach only by closing the
             # connection: what comes until then is dropped, not kept.
             return
@@ -1266,18 +1271,36 @@ class AttachHandle:
         self._done_abandoned = True
 
 
-def _handed_on(check: StreamCheck, kind: object, payload: Payload) -> bool:
-    """Whether a stream's response goes to its ``on_response``: not an
-    ``output`` no caller can decode, nor an ``attached`` whose ``dropped``
-    is not byte counts (its decode or sum raised in the caller's callback,
-    logged, and the output was lost unsaid). The stream ends with that
-    ``EPROTO`` in its stead, naming it (:class:`~sdexec.rpc.StreamCheck`);
-    what else comes is handed on."""
-    if kind == "output":
-        return check.see_output(payload)
-    if kind == "attached":
-        return check.see_dropped(payload)
-    return True
+def _kill_if_due(client: SdexecClient, check: StreamCheck, what: str) -> None:
+    """Send ``SIGKILL`` to the process of a stream that broke the protocol
+    while it may still run (:meth:`~sdexec.rpc.StreamCheck.kill_due`), as
+    Flux's libsubprocess does, logged; and a failure of that kill, but
+    ``ESRCH`` (it had ended meanwhile)."""
+    pid = check.kill_due()
+    if pid is None:
+        return
+    _log.warn(
+        "sdexec: {what} (pid {pid}): {violation}: killing the process"
+        " (SIGKILL): its stream broke the protocol",
+        what=what,
+        pid=pid,
+        violation=check.killed_for,
+    )
+    killed = client.kill(pid=pid, signum=signal.SIGKILL)
+    killed.addErrback(_kill_failed, what, pid)
+
+
+def _kill_failed(failure: Failure, what: str, pid: int) -> None:
+    error = failure.value
+    if isinstance(error, RPCError) and error.errnum == errno.ESRCH:
+        return
+    _log.warn(
+        "sdexec: {what} (pid {pid}): the SIGKILL for the broken protocol"
+        " failed: {error}",
+        what=what,
+        pid=pid,
+        error=with_errno_name(error),
+    )
 
 
 def _tell_producer(call: Callable[[], object]) -> None:

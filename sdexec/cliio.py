@@ -25,7 +25,7 @@ from sdexec.rpc import (
     output_io,
     resolve_socket_path,
 )
-from sdexec.syncclient import Connection, Loop
+from sdexec.syncclient import Connection, Exec, Loop
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -69,6 +69,7 @@ __all__ = [
     "say",
     "say_end",
     "say_held",
+    "say_killed",
     "signalled_status",
     "warn",
     "warn_after_finished",
@@ -214,6 +215,17 @@ def say_end(receipt: Receipt, after: object = None, usage: bool = False) -> None
         warn_after_finished(after)
     for line in receipt_lines(receipt, usage):
         say(line)
+
+
+def say_killed(stream: Exec) -> int:
+    """Say that the client sent ``SIGKILL`` to the process of ``stream``
+    for the protocol it broke (:attr:`~sdexec.syncclient.Exec.killed_for`:
+    malformed output, credit that is no integer), and end the command
+    there, as Flux's libsubprocess fails its subprocess: the status 1."""
+    return fail(
+        f"{stream.killed_for}: pid {stream.pid} killed (SIGKILL): its stream"
+        " broke the protocol"
+    )
 
 
 def warn_after_finished(failure: object) -> None:

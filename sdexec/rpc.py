@@ -25,7 +25,7 @@ from sdexec.protocolbase import (
     chosen_socket_path,
 )
 from sdexec.receipt import Receipt
-from sdexec.refusal import errno_name, errstr_line, one_line, quoted
+from sdexec.refusal import errno_name, errstr_line, member, one_line, quoted
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ __all__ = [
     "bad_stdio",
     "cannot_connect",
     "check_stdio",
+    "credit_channels",
     "default_socket_path",
     "dropped_counts",
     "errno_name",
@@ -565,24 +566,73 @@ def finished_receipt(finished: dict[str, Any]) -> Receipt | None:
     return Receipt.from_finished(finished)
 
 
+#: The types of an exec or attach stream's responses (RFC 42's, and the
+#: attach's ``attached``): as Flux's libsubprocess takes them (client.c).
+STREAM_RESPONSES = (
+    "add-credit",
+    "attached",
+    "finished",
+    "output",
+    "started",
+    "stopped",
+)
+
+
 class StreamCheck:
-    """The ``started`` (``attached``) and ``finished`` responses of one
-    exec or attach stream, checked: a start with a pid
-    (:meth:`see_start`); one ``finished``, with a wait status
-    (:func:`finished_status`; a receipt is made of the first good one
-    only); and, where the client asks (:meth:`see_output`,
-    :meth:`see_dropped`), output a caller can decode and an ``attached``'s
-    byte counts. A stream that broke this ends with :attr:`violation` (an
-    ``EPROTO`` naming what came, the first thing wrong) in place of its
-    ``ENODATA``: a status of 1.5 read as a stream ended without
-    ``finished``, a negative one as exit 255, ``true`` as 129, and one past
-    32 bits as an ``OverflowError`` (review session 47). Nothing is
-    killed for it: the stream runs on to its end."""
+    """The responses of one exec or attach stream, checked
+    (:meth:`take`): a ``started`` (``attached``) with a pid; one
+    ``finished``, with a wait status (:func:`finished_status`; a receipt is
+    made of the first good one only); ``output`` a caller can decode
+    (:func:`output_io`, decoded here once: :class:`DecodedIO`); an
+    ``attached``'s byte counts; an ``add-credit``'s integer credits. A
+    stream that broke this ends with :attr:`violation` (an ``EPROTO``
+    naming what came, the first thing wrong) in place of its ``ENODATA``:
+    a status of 1.5 read as a stream ended without ``finished``, a negative
+    one as exit 255, ``true`` as 129, and one past 32 bits as an
+    ``OverflowError`` (review session 47). While its process may still run,
+    the client kills it for that (:meth:`kill_due`), as Flux's
+    libsubprocess does; the rest of the stream is handed on to its end."""
 
     def __init__(self) -> None:
-        #: What was wrong with the stream's start or end, if anything.
+        #: What was wrong with the stream, if anything (the first thing).
         self.violation: RPCError | None = None
+        #: The process's pid, once a start has carried one.
+        self.pid: int | None = None
+        #: The violation the process was killed for (:meth:`kill_due`).
+        self.killed_for: RPCError | None = None
         self._seen = False
+
+    def take(self, payload: dict[str, Any]) -> bool:
+        """Check one response's payload; whether it goes to the caller: not
+        an ``output`` no caller can decode, an ``attached`` whose
+        ``dropped`` is not byte counts, nor an ``add-credit`` whose
+        credits are not integers (its decode, sum or addition raised in the
+        caller's callback, and the output was lost unsaid): those are
+        withheld, the first named by :attr:`violation`, and so is one of no
+        stream response type (:data:`STREAM_RESPONSES`). A good ``output``'s
+        ``io`` becomes a :class:`~sdexec.ioencode.DecodedIO`, which
+        :func:`~sdexec.ioencode.decode_io` does not decode again."""
+        kind = payload.get("type")
+        if kind not in STREAM_RESPONSES:
+            # Handed on, a caller's payload["type"] raised, or it went
+            # unseen; Flux's libsubprocess refuses it (client.c).
+            got = quoted(kind, 40) if "type" in payload else "none"
+            expected = ", ".join(STREAM_RESPONSES)
+            self._violated(
+                f"the service's response: type: expected one of {expected}; got {got}"
+            )
+            return False
+        if kind == "output":
+            return self._take_output(payload)
+        if kind == "add-credit":
+            return self._checked(credit_channels, payload)
+        if kind == "finished":
+            self.see(payload)
+        elif kind in ("started", "attached"):
+            self.pid = self.see_start(payload)
+            if kind == "attached":
+                return self._checked(dropped_counts, payload, "attached")
+        return True
 
     def see_start(self, payload: dict[str, Any]) -> int | None:
         """The pid of a ``started`` (or ``attached``) response's payload;
@@ -608,26 +658,31 @@ class StreamCheck:
             )
         self._seen = True
 
-    def see_output(self, payload: dict[str, Any]) -> bool:
-        """Whether an ``output`` response's ``io`` is output a caller can
-        decode (:func:`output_io`); if not, the stream's :attr:`violation`
-        names it, and the response is the client's to withhold. A good
-        one's ``io`` becomes a :class:`~sdexec.ioencode.DecodedIO`, which
-        :func:`~sdexec.ioencode.decode_io` does not decode again."""
+    def kill_due(self) -> int | None:
+        """The pid to send ``SIGKILL`` now, once: the stream has broken the
+        protocol (:attr:`violation`) while its process may still run (a
+        start with a pid has come, no ``finished``). Flux's libsubprocess
+        kills so on any response it cannot take (remote.c,
+        ``rexec_continuation``): output it cannot decode is output lost, and
+        a process whose output can no longer be delivered must not run on
+        unseen. ``None`` if there is nothing to kill (no pid: the clients
+        close the connection instead, or it has finished)."""
+        if self.violation is None or self.pid is None or self._seen:
+            return None
+        if self.killed_for is not None:
+            return None
+        self.killed_for = self.violation
+        return self.pid
+
+    def _take_output(self, payload: dict[str, Any]) -> bool:
         try:
             decoded = output_io(payload.get("io"), OUTPUT_RESPONSE_IO)
         except RPCError as error:
-            if self.violation is None:
-                self.violation = error
+            self._note(error)
             return False
         # Decoded once, for the caller too (output_io took it: an object).
         payload["io"] = DecodedIO(payload["io"], decoded)
         return True
-
-    def see_dropped(self, payload: dict[str, Any]) -> bool:
-        """Whether an ``attached`` response's ``dropped`` is byte counts
-        (:func:`dropped_counts`); if not, as :meth:`see_output`."""
-        return self._checked(dropped_counts, payload, "attached")
 
     def _checked(self, check: Callable[..., object], *args: Any) -> bool:
         """Whether ``check(*args)`` passes; its ``EPROTO``, if not, is
@@ -635,14 +690,16 @@ class StreamCheck:
         try:
             check(*args)
         except RPCError as error:
-            if self.violation is None:
-                self.violation = error
+            self._note(error)
             return False
         return True
 
     def _violated(self, why: str) -> None:
+        self._note(RPCError(errno.EPROTO, why))
+
+    def _note(self, error: RPCError) -> None:
         if self.violation is None:
-            self.violation = RPCError(errno.EPROTO, why)
+            self.violation = error
 
     def ending(self, error: SdexecError) -> SdexecError:
         """What the stream ends with, for the ``error`` it ended with: the
@@ -650,6 +707,24 @@ class StreamCheck:
         if self.violation is not None and is_end_of_stream(error):
             return self.violation
         return error
+
+
+def credit_channels(payload: dict[str, Any]) -> dict[str, int]:
+    """An ``add-credit`` response's ``channels``: an object of integer
+    credits (RFC 42; JSON's true is none). :class:`RPCError` ``EPROTO``
+    naming the field otherwise, as Flux's libsubprocess refuses it
+    (client.c): ignored, a credit of ``"4096"`` left stdin held for ever."""
+    where = "the service's add-credit response: channels"
+    channels = payload.get("channels")
+    if not isinstance(channels, dict):
+        got = quoted(channels, 200) if "channels" in payload else "none"
+        raise RPCError(errno.EPROTO, f"{where}: expected an object, got {got}")
+    for name, amount in channels.items():
+        if type(amount) is not int:
+            field = member(where, name, 40)
+            got = quoted(amount, 40)
+            raise RPCError(errno.EPROTO, f"{field}: expected an integer, got {got}")
+    return channels
 
 
 def process_target(pid: int | None, label: str | None) -> dict[str, Any]:

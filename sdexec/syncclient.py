@@ -335,6 +335,7 @@ class Exec:
         on_response: Callable[[dict], None],
         requests: Requests,
         on_stdin_refused: Callable[[SdexecError], None] | None = None,
+        kill: Callable[[int], None] | None = None,
     ) -> None:
         #: Set by :meth:`Connection.exec`.
         self.matchtag = 0
@@ -353,24 +354,38 @@ class Exec:
         #: Whether the stream has ended, and with what (``None``: ENODATA).
         self.ended = False
         self.error: SdexecError | None = None
-        #: Its ``started`` and ``finished`` responses, checked: a bad one
-        #: ends it with EPROTO.
+        #: Its responses, checked: a bad one ends it with EPROTO, and one
+        #: while its process may run has it killed (:attr:`killed_for`).
         self.check = StreamCheck()
         self._on_response = on_response
         self._requests = requests
         self._on_stdin_refused = on_stdin_refused
+        self._kill = kill
+
+    @property
+    def killed_for(self) -> SdexecError | None:
+        """The violation of the protocol (:class:`~sdexec.rpc.StreamCheck`)
+        for which its process was sent ``SIGKILL`` (``kill``), as Flux's
+        libsubprocess kills it: its output can no longer be delivered."""
+        return self.check.killed_for
 
     def respond(self, payload: dict) -> None:
         """A response of the stream: ``pid`` and ``credit`` are brought up to
-        date with it before ``on_response`` sees it."""
+        date with it before ``on_response`` sees it; one the check withholds
+        (:meth:`~sdexec.rpc.StreamCheck.take`: malformed output, credit
+        that is no integer) it does not see. A good ``output``'s ``io`` is
+        decoded once, there."""
         kind = payload.get("type")
-        if kind == "add-credit" and self.credit is not None:
-            self.credit.add(payload.get("channels"))
+        handed = self.check.take(payload)
+        if kind == "add-credit" and handed and self.credit is not None:
+            self.credit.add(payload["channels"])
         elif kind in ("started", "attached"):
-            self.pid = self.check.see_start(payload)
-        elif kind == "finished":
-            self.check.see(payload)
-        self._on_response(payload)
+            self.pid = self.check.pid
+        pid = self.check.kill_due()
+        if pid is not None and self._kill is not None:
+            self._kill(pid)
+        if handed:
+            self._on_response(payload)
 
     def end(self, error: SdexecError) -> None:
         """The stream ended: ``error`` is kept unless it is the end of
@@ -475,7 +490,9 @@ class Connection:
         for them. The rest travel framed, as without it.
         ``on_stdin_refused`` gets the service's refusal of a write of
         :meth:`write_stdin`, if one comes while the stream runs."""
-        stream = Exec(cmd, flags, on_response, self._requests, on_stdin_refused)
+        stream = Exec(
+            cmd, flags, on_response, self._requests, on_stdin_refused, self._kill_broken
+        )
         if sent_as is not None:
             self._requests.adopt(sent_as, stream)
             stream.matchtag = sent_as
@@ -506,7 +523,7 @@ class Connection:
     ) -> Exec:
         """``sdexec.attach`` to a background process (``target``: its pid or
         label); a stream like an exec's (``pid`` from ``attached``)."""
-        stream = Exec({}, 0, on_response, self._requests)
+        stream = Exec({}, 0, on_response, self._requests, kill=self._kill_broken)
         payload = {**target, "flags": flags}
         stream.matchtag = self.send(Topics.ATTACH, payload, stream)
         return stream
@@ -533,6 +550,13 @@ class Connection:
         foreground job's process group); the response goes to ``pending``."""
         payload = {"pid": pid, "signum": signum, "who": "all"}
         self.send(Topics.KILL, payload, pending)
+
+    def _kill_broken(self, pid: int) -> None:
+        """``SIGKILL`` to the main process of a stream that broke the
+        protocol (:attr:`Exec.killed_for`), as Flux's libsubprocess sends
+        it; its answer unread."""
+        payload = {"pid": pid, "signum": signal.SIGKILL, "who": "main"}
+        self.send(Topics.KILL, payload, Call())
 
     def write_stdin(self, stream: Exec, data: bytes) -> None:
         """Send ``data`` (``b""``: EOF) to the process's stdin, in writes of

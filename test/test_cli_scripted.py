@@ -1445,24 +1445,49 @@ def output(stream: str, data: bytes) -> dict:
     return {"type": "output", "pid": 7, "io": encode_io(stream, "0", data)}
 
 
-def test_output_for_a_stream_not_ours_is_said_once_and_fails_the_command(serve):
+class KillsSeen:
+    """A script's kills, recorded as the service reads them (after the
+    command may have exited: :meth:`wait` for them)."""
+
+    def __init__(self, script: Script) -> None:
+        self._script = script
+        self.kills: list[dict] = []
+        self._seen = threading.Event()
+
+    def __call__(self, request: dict) -> list[dict | bytes]:
+        if request["topic"] == "sdexec.kill":
+            self.kills.append(request["payload"])
+            self._seen.set()
+        return self._script(request)
+
+    def wait(self) -> list[dict]:
+        """The kills, once one has come (or after 10 s, none)."""
+        self._seen.wait(10)
+        return self.kills
+
+
+#: The kill a client sends the process of a stream that broke the protocol.
+PROTOCOL_KILL = {"pid": 7, "signum": signal.SIGKILL, "who": "main"}
+
+
+def test_output_for_a_stream_not_ours_kills_the_process_and_fails_the_command(
+    serve,
+):
     # Dropped without a word (review session 47); then said in words of its
-    # own, and the command exited 0 with that output lost.
-    script = started_then(
-        output("stdlog", b"a\n"),
-        output("stdout", b"out\n"),
-        output("stdlog", b"b\n"),
-        output("fd3", b"c\n"),
-        ends=True,
+    # own, and the command exited 0 with that output lost, the process run
+    # on unseen.
+    script = KillsSeen(
+        started_then(output("stdout", b"out\n"), output("stdlog", b"a\n"))
     )
     done = sdexec(serve(script), "run", "-n", "job")
     assert (done.returncode, done.stdout, done.stderr) == (
         1,
         b"out\n",
         b'sdexec: the service\'s output response: io.stream: expected "stdout" or'
-        b" \"stderr\", got 'stdlog': dropped, and any more malformed output"
-        b" unsaid\n",
+        b" \"stderr\", got 'stdlog': pid 7 killed (SIGKILL): its stream broke"
+        b" the protocol\n",
     )
+    assert script.wait() == [PROTOCOL_KILL]
 
 
 #: Output no client can decode: bad base64, then no io object at all.
@@ -1487,32 +1512,90 @@ def streaming(*payloads: dict) -> Script:
     return script
 
 
-@pytest.mark.parametrize(
-    ("command", "where"),
-    [
-        (["run", "-n", "job"], "the service's output response: io"),
-        (["attach", "7"], "the service's output response: io"),
-        (["wait", "7"], "wait: output[0]"),
-    ],
-    ids=["run", "attach", "wait"],
-)
-def test_output_no_client_can_decode_is_named_as_the_library_names_it(
-    serve, command, where
-):
-    # "bad output from the service: io.data: invalid base64", in words of its
-    # own, and the command exited 0 with that output lost.
-    script = streaming(
-        {"type": "output", "pid": 7, "io": _BAD_BASE64},
-        output("stdout", b"out\n"),
-        {"type": "output", "pid": 7, "io": "abc"},
+@STREAMS
+def test_output_no_client_can_decode_kills_the_process_naming_it(serve, command):
+    # "bad output from the service: io.data: invalid base64", in words of
+    # its own, and the command exited 0 with that output lost; then dropped
+    # and said, and the process ran on, its output unseen (Flux's
+    # libsubprocess kills it).
+    script = KillsSeen(
+        streaming(
+            output("stdout", b"out\n"),
+            {"type": "output", "pid": 7, "io": _BAD_BASE64},
+        )
     )
     done = sdexec(serve(script), *command)
     assert (done.returncode, done.stdout, done.stderr) == (
         1,
         b"out\n",
-        f"sdexec: {where}.data: invalid base64: dropped, and any more malformed"
-        " output unsaid\n".encode(),
+        b"sdexec: the service's output response: io.data: invalid base64: pid 7"
+        b" killed (SIGKILL): its stream broke the protocol\n",
     )
+    assert script.wait() == [PROTOCOL_KILL]
+
+
+def test_a_wait_s_output_no_client_can_decode_is_named_as_the_library_names_it(
+    serve,
+):
+    # "bad output from the service: io.data: invalid base64", in words of its
+    # own, and the command exited 0 with that output lost. (Nothing to kill:
+    # a process waited for has ended.)
+    script = KillsSeen(
+        streaming(
+            {"type": "output", "pid": 7, "io": _BAD_BASE64},
+            output("stdout", b"out\n"),
+            {"type": "output", "pid": 7, "io": "abc"},
+        )
+    )
+    done = sdexec(serve(script), "wait", "7")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1,
+        b"out\n",
+        b"sdexec: wait: output[0].data: invalid base64: dropped, and any more"
+        b" malformed output unsaid\n",
+    )
+    assert script.kills == []
+
+
+@pytest.mark.parametrize(
+    ("payload", "said"),
+    [
+        (
+            {"type": "add-credit", "channels": {"stdin": "4096"}},
+            "add-credit response: channels.stdin: expected an integer, got '4096'",
+        ),
+        (
+            {"type": "add-credit", "channels": {"stdin": True}},
+            "add-credit response: channels.stdin: expected an integer, got True",
+        ),
+        (
+            {"type": "add-credit", "channels": {"a b": 1.5}},
+            "add-credit response: channels['a b']: expected an integer, got 1.5",
+        ),
+        (
+            {"type": "add-credit", "channels": [4096]},
+            "add-credit response: channels: expected an object, got [4096]",
+        ),
+        (
+            {"type": "bogus"},
+            "response: type: expected one of add-credit, attached, finished,"
+            " output, started, stopped; got 'bogus'",
+        ),
+    ],
+)
+def test_a_response_that_breaks_the_stream_kills_the_process_naming_it(
+    serve, payload, said
+):
+    # An add-credit of text was ignored, and stdin held for credit that
+    # never came; a response of no known type was ignored.
+    script = KillsSeen(started_then(payload))
+    done = sdexec(serve(script), "run", "--no-passthrough", "job")
+    assert (done.returncode, done.stderr) == (
+        1,
+        f"sdexec: the service's {said}: pid 7 killed (SIGKILL): its stream"
+        " broke the protocol\n".encode(),
+    )
+    assert script.wait() == [PROTOCOL_KILL]
 
 
 @pytest.mark.parametrize(
@@ -1589,8 +1672,11 @@ def test_an_attached_whose_dropped_is_no_counts_is_said(serve):
         attached = {"type": "attached", "pid": 7, "cmd": {}, "dropped": {"stdout": "x"}}
         return [response(request, attached)]
 
+    script = KillsSeen(script)
     done = sdexec(serve(script), "attach", "7")
     assert (done.returncode, done.stderr) == (
         1,
-        b"sdexec: attached: expected byte counts for dropped, got {'stdout': 'x'}\n",
+        b"sdexec: attached: expected byte counts for dropped, got {'stdout': 'x'}:"
+        b" pid 7 killed (SIGKILL): its stream broke the protocol\n",
     )
+    assert script.wait() == [PROTOCOL_KILL]

@@ -579,9 +579,14 @@ def test_true_is_no_pid_status_or_credit(served):
     peer.respond(attach, {"type": "finished", "status": True})
     for ended in (request, attach):
         peer.sendMessage(_response(ended, errnum=ENODATA))
-    for done in (handle.done, attached.done):  # no pid: EPROTO, said first
-        with pytest.raises(RPCError, match=r"response: expected a pid, got True$"):
-            yield done
+    with pytest.raises(RPCError) as caught:  # the first thing wrong
+        yield handle.done
+    assert str(caught.value) == (
+        "the service's add-credit response: channels.stdin: expected an"
+        " integer, got True"
+    )
+    with pytest.raises(RPCError, match=r"response: expected a pid, got True$"):
+        yield attached.done
     bufsize = sdexec.client.DEFAULT_STDIN_BUFSIZE  # no add-credit taken
     assert (handle.pid, handle.receipt, handle.credit) == (None, None, bufsize)
     assert (attached.pid, attached.status) == (None, None)
@@ -2009,7 +2014,101 @@ async def test_a_kill_after_malformed_output_before_the_start_waits_for_it(serve
     assert (kill["topic"], kill["payload"]["pid"]) == ("sdexec.kill", 5)
     peer.respond(kill, {})
     assert await held == {}
+    # Then the SIGKILL for the output lost, now that its pid is known.
+    assert (await peer.requests.get())["payload"] == _PROTOCOL_KILL
     await ended_by_close(client, handle.done)
+
+
+#: The kill the library sends the process of a stream that broke the
+#: protocol, as Flux's libsubprocess sends it (remote.c).
+_PROTOCOL_KILL = {"pid": 5, "signum": signal.SIGKILL, "who": "main"}
+
+#: Responses that break an exec or attach stream while its process runs,
+#: with what the stream then ends with.
+_BREAKING = [
+    (
+        {"type": "output", "pid": 5, "io": _MALFORMED_IO[3][0]},
+        "the service's output response: io.data: invalid base64",
+    ),
+    (
+        {"type": "add-credit", "channels": {"stdin": "4096"}},
+        "the service's add-credit response: channels.stdin: expected an"
+        " integer, got '4096'",
+    ),
+    (
+        {"type": "add-credit", "channels": {"a.b": None}},
+        "the service's add-credit response: channels['a.b']: expected an"
+        " integer, got None",
+    ),
+    (
+        {"type": "add-credit"},
+        "the service's add-credit response: channels: expected an object, got none",
+    ),
+    (
+        {"type": "bogus"},
+        "the service's response: type: expected one of add-credit, attached,"
+        " finished, output, started, stopped; got 'bogus'",
+    ),
+    (
+        {"pid": 5},
+        "the service's response: type: expected one of add-credit, attached,"
+        " finished, output, started, stopped; got none",
+    ),
+]
+
+
+@pytest.mark.parametrize("attach", [False, True], ids=["exec", "attach"])
+@pytest.mark.parametrize(("breaking", "said"), _BREAKING)
+@pytest_twisted.ensureDeferred
+async def test_a_stream_that_breaks_the_protocol_has_its_process_killed(
+    served, attach, breaking, said
+):
+    # The stream ended EPROTO, and the process ran on, its output unseen;
+    # an add-credit of text was ignored, and stdin held for ever. Flux's
+    # libsubprocess SIGKILLs it.
+    peer, client = served
+    seen = []
+    if attach:
+        handle = client.attach(pid=5, on_response=seen.append)
+    else:
+        handle, seen = _exec(client, STDOUT | WRITE_CREDIT)
+    request = await peer.requests.get()
+    start = "attached" if attach else "started"
+    with capturedLogs() as events:
+        peer.respond(request, {"type": start, "pid": 5, "cmd": {}})
+        peer.respond(request, breaking)
+        kill = await peer.requests.get()
+    assert (kill["topic"], kill["payload"]) == ("sdexec.kill", _PROTOCOL_KILL)
+    assert [e["log_format"] for e in events if "SIGKILL" in e["log_format"]]
+    peer.respond(kill, {})
+    peer.respond(request, {"type": "finished", "status": signal.SIGKILL})
+    peer.fail(request, ENODATA)
+    with pytest.raises(RPCError) as caught:
+        await handle.done
+    assert (caught.value.errnum, str(caught.value)) == (errno.EPROTO, said)
+    assert [payload["type"] for payload in seen] == [start, "finished"]
+    if not attach:  # no credit taken from it
+        assert handle.credit == sdexec.client.DEFAULT_STDIN_BUFSIZE
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_stream_that_breaks_the_protocol_after_finished_kills_nothing(
+    served,
+):
+    # The process has ended: there is nothing to kill.
+    peer, client = served
+    handle, _ = _exec(client)
+    request = await peer.requests.get()
+    peer.respond(request, {"type": "started", "pid": 5})
+    peer.respond(request, {"type": "finished", "status": 0})
+    peer.respond(request, {"type": "finished", "status": 0})
+    peer.respond(request, {"type": "output", "pid": 5, "io": "abc"})
+    peer.fail(request, ENODATA)
+    with pytest.raises(RPCError, match="a second finished response"):
+        await handle.done
+    listing = client.list()
+    assert (await peer.requests.get())["topic"] == "sdexec.list"  # no kill first
+    await ended_by_close(client, listing)
 
 
 @pytest_twisted.ensureDeferred

@@ -1681,7 +1681,7 @@ class Process:
                 timer.cancel()
         if self._watch is not None:
             self._watch.cancel()
-        self.stdin.discard()
+        self.stdin.abort()  # as the output: a process may outlive its unit
         self.output.close()  # if systemd still holds its ends (EDEADLK)
         self._on_reaped(self)
 

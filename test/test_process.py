@@ -10,10 +10,13 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import select
 import signal
 
 import pytest
+import pytest_twisted
 from offline import Recorder
+from support import until
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
@@ -81,6 +84,22 @@ def test_stream_ends_with_enodata_once_inactive():
     for state in (RUNNING, EXITED, INACTIVE):
         systemd.change(UNIT, state)
     assert responder.types() == ["started", "finished", errno.ENODATA]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reaped_process_s_stdin_is_let_go_whoever_still_holds_it():
+    # A process that outlived its unit (moved out of its cgroup, or left
+    # behind by an unkillable stop) still holds its stdin. The service's
+    # end, shut down only for writing, stayed open for as long as it
+    # lived, where the output channels' ends are closed at the reap
+    # (review session 51).
+    _, systemd, responder, _ = make_process()
+    for state in (RUNNING, EXITED, INACTIVE):  # its fds never released
+        systemd.change(UNIT, state)
+    assert responder.types() == ["started", "finished", errno.ENODATA]
+    held = select.poll()
+    held.register(systemd.process_fd(UNIT, "stdin"), select.POLLHUP)
+    await until(lambda: held.poll(0), "the service's end of stdin closed")
 
 
 def test_fast_exit_still_sends_started_before_finished():

@@ -412,6 +412,15 @@ class InputChannel(Protocol):
         self._waiting = bytearray()
         self.close()
 
+    def abort(self) -> None:
+        """Let go of the socket for good (the process's unit is gone, or
+        abandoned): what is held is dropped and our end closed whole. Only
+        shut down for writing (:meth:`close`), it stayed open, read, for as
+        long as a process that outlived its unit held its stdin."""
+        self.discard()
+        if self.transport is not None:
+            self.transport.abortConnection()  # (a no-op once it is lost)
+
     def connectionLost(self, reason: object = None) -> None:
         """The process's stdin is gone: nothing more is written, and whoever
         waits for a drain is told."""

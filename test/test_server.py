@@ -727,6 +727,23 @@ async def test_a_write_after_finished_does_not_backlog(systemd, server, connecti
     assert connection.last().get("matchtag") == 5
 
 
+@ensureDeferred
+async def test_a_write_after_finished_reaches_a_process_left_in_its_unit(
+    systemd, connection
+):
+    # Until the stream's end, as Flux's sdexec writes to a unit's stdin
+    # until the unit is gone; protocol.md said writes to a process that
+    # had exited were dropped (review session 51).
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    systemd.run(UNIT, pid=4242)
+    systemd.exit(UNIT)
+    await until(lambda: _finished(connection), "finished sent")
+    systemd.deactivate(UNIT)  # a child lingers, reading its stdin
+    io = encode_io("stdin", "0", b"late\n", eof=True)
+    connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=0)
+    assert await read_to_eof(systemd.process_fd(UNIT, "stdin")) == b"late\n"
+
+
 @pytest.mark.parametrize(
     ("payload", "text"),
     [

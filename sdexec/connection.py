@@ -55,7 +55,7 @@ from sdexec.plan import (
     service_named,
 )
 from sdexec.process import OutputValve, Process
-from sdexec.protocol import Topic
+from sdexec.protocol import DEFAULT_STDIN_BUFSIZE, Topic
 from sdexec.protocolbase import MAX_MATCHTAG
 from sdexec.refusal import (
     SHOWN,
@@ -66,6 +66,7 @@ from sdexec.refusal import (
 )
 from sdexec.server import AwaitingStart, SdexecServer, revoked
 from sdexec.systemd import errno_for
+from sdexec.systemd.channel import STDIN_OVERRUN_FACTOR
 from sdexec.systemd.errors import failure_value
 
 __all__ = ["ClientProtocol", "SdexecServerFactory", "peer_uid"]
@@ -875,6 +876,7 @@ class ClientProtocol(StdioReceivingProtocol):
                 depends_on,
                 pending,
                 background=pending is not None and not _streaming_or_default(message),
+                stdin=_stdin_carried(message),
             )
         )
         self._check_lookups_cap()
@@ -939,7 +941,10 @@ class ClientProtocol(StdioReceivingProtocol):
     @property
     def _too_many_behind_lookups(self) -> bool:
         lookups = sum(pending.looking_up for pending in self._pending_execs)
-        return lookups + len(self._waiting) >= MAX_BEHIND_LOOKUPS
+        if lookups + len(self._waiting) >= MAX_BEHIND_LOOKUPS:
+            return True
+        stdin = sum(waiting.stdin for waiting in self._waiting)
+        return stdin >= MAX_STDIN_BEHIND_LOOKUPS
 
     def _drop_waiting(self) -> None:
         """The client is gone: what waits for a pending exec is dropped (its
@@ -1374,6 +1379,24 @@ MAX_UNANSWERED = 64
 #: and each holds a thread and its exec's command meanwhile; at the cap
 #: no more of the connection's requests are read until one is done.
 MAX_BEHIND_LOOKUPS = 64
+#: The most stdin data (characters of its writes' ``io.data``) that may
+#: wait behind lookups before no more requests are read: what a process's
+#: stdin holds at the default ``stdin_BUFSIZE`` before its client is
+#: slowed, so that a client writing ahead of a command still looked up is
+#: held to one write past it, as once the process runs (the writes wait
+#: decoded: 63 of them held 4 GiB at the largest frame).
+MAX_STDIN_BEHIND_LOOKUPS = STDIN_OVERRUN_FACTOR * DEFAULT_STDIN_BUFSIZE
+
+
+def _stdin_carried(message: dict) -> int:
+    """The characters of stdin data a request carries: a write's
+    ``io.data``, as received (its bytes once decoded are no more)."""
+    if message.get("topic") != Topic.WRITE:
+        return 0
+    payload = message.get("payload")
+    io = payload.get("io") if isinstance(payload, dict) else None
+    data = io.get("data") if isinstance(io, dict) else None
+    return len(data) if isinstance(data, str) else 0
 
 
 def _detail(payload: dict) -> bool:
@@ -1436,6 +1459,8 @@ class _Waiting(NamedTuple):
     depends_on: set[_PendingExec]
     pending: _PendingExec | None
     background: bool
+    #: The stdin data it carries (:func:`_stdin_carried`).
+    stdin: int = 0
 
 
 #: Requests whose answer lists the processes: they show an exec sent before

@@ -26,7 +26,11 @@ from sdexec import command as command_module
 from sdexec import lookup as lookup_module
 from sdexec.command import Command, Found
 from sdexec.config import parse_config
-from sdexec.connection import MAX_BEHIND_LOOKUPS, SdexecServerFactory
+from sdexec.connection import (
+    MAX_BEHIND_LOOKUPS,
+    MAX_STDIN_BEHIND_LOOKUPS,
+    SdexecServerFactory,
+)
 from sdexec.ioencode import encode_io
 from sdexec.lograte import MAX_QUOTED
 from sdexec.lookup import LOOKUP_TIMEOUT_S, ThreadedLookups, _Workers, first_missing
@@ -445,6 +449,33 @@ async def test_past_the_cap_of_requests_behind_lookups_reading_pauses(
     assert _topics(connection) == [("sdexec.kill", 2), ("sdexec.kill", 3)]
     assert connection.transport.producerState == "producing"
     assert server.hangups.fileno() == -1
+    connection.close()
+
+
+@ensureDeferred
+async def test_stdin_written_ahead_of_a_lookup_is_held_to_one_write_past_a_buffer(
+    silent, systemd, server
+):
+    # A client without credit, writing ahead of its command's lookup, had
+    # 63 writes (4 GiB at 64 MiB a frame) decoded and held while it waited,
+    # and held on until the process read them, where a running one's
+    # stdin holds one write past its limit (review session 51).
+    connection = Connection(server)
+    _exec(connection)
+    _write(connection, 1, b"x" * (MAX_STDIN_BEHIND_LOOKUPS - 1))
+    assert connection.transport.producerState == "producing"
+    _write(connection, 1, b"y")  # at the bound: reading stops
+    assert connection.transport.producerState == "paused"
+    assert server.hangups.fileno() != -1  # the client's close is watched for
+    silent.answer()
+    await until(lambda: ("start", UNIT) in systemd.calls, "the start")
+    systemd.run(UNIT, pid=42)
+    stdin = systemd.process_fd(UNIT, "stdin")
+    read = os.read(stdin, MAX_STDIN_BEHIND_LOOKUPS)
+    assert read.startswith(b"x")  # what waited, written in order
+    await until(
+        lambda: connection.transport.producerState == "producing", "reading again"
+    )
     connection.close()
 
 

@@ -106,9 +106,9 @@ class ClientProtocol(StdioReceivingProtocol):
         self.connection_id = server.new_connection_id()
         #: The peer's uid once its connection was admitted (counted).
         self._admitted_uid: int | None = None
-        #: Requests read so far: a connection of the owner's reserve that
-        #: reads none for a while is closed (:meth:`_watch_reserve_idle`).
-        self._requests_read = 0
+        #: A connection of the owner's reserve: when it is to be looked at
+        #: for being idle, restarted by each request read and each answer
+        #: sent (:meth:`_restart_reserve_idle`).
         self._reserve_timer: IDelayedCall | None = None
         #: A write refused on matchtag 0 (or none) has been logged (once only:
         #: the journal is not the client's to fill).
@@ -228,7 +228,7 @@ class ClientProtocol(StdioReceivingProtocol):
         if refusal is None:
             self._admitted_uid = uid
             if self.server.connections.reserved(self.connection_id):
-                self._watch_reserve_idle()
+                self._reserve_timer = self._reserve_idle_timer()
             return
         self.server.log_rate.warn(
             f"connection cap {uid}",  # each user's own share of lines
@@ -240,20 +240,33 @@ class ClientProtocol(StdioReceivingProtocol):
         self._send_error("", 0, errno.EAGAIN, refusal)
         self.transport.loseConnection()
 
-    def _watch_reserve_idle(self, seen: int = -1) -> None:
+    def _reserve_idle_timer(self) -> IDelayedCall:
+        return self.server.clock.callLater(RESERVE_IDLE_SECONDS, self._reserve_idle)
+
+    def _restart_reserve_idle(self) -> None:
+        """Count a connection of the owner's reserve idle from now: it has
+        read a request or sent an answer. From the last of them, not from
+        a look every 10 s, which left one that asked at 1 s idle until
+        20 s, and closed one whose reload was answered at 15 s at 20."""
+        timer = self._reserve_timer
+        if timer is None or self._lost:
+            return  # not of the reserve, or leaving it already
+        if timer.active():
+            timer.cancel()
+        self._reserve_timer = self._reserve_idle_timer()
+
+    def _reserve_idle(self) -> None:
         """Close this connection of the owner's reserve (sdexec/admission.py)
-        once it has read no request since the last look (``seen`` then
-        read), :data:`RESERVE_IDLE_SECONDS` ago, and has nothing
-        unanswered: the reserve is for an admin's requests, which come at
-        once, and a client that leaked its connections must not hold it."""
+        once it has read no request and sent no answer for
+        :data:`RESERVE_IDLE_SECONDS`, with nothing unanswered: the reserve
+        is for an admin's requests, which come at once, and a client that
+        leaked its connections must not hold it."""
         if self._lost:
             return
-        if seen == self._requests_read and not self._answering:
-            self._close_idle_reserve()
+        if self._answering:  # its answer, once sent, restarts the count
+            self._reserve_timer = self._reserve_idle_timer()
             return
-        self._reserve_timer = self.server.clock.callLater(
-            RESERVE_IDLE_SECONDS, self._watch_reserve_idle, self._requests_read
-        )
+        self._close_idle_reserve()
 
     def _close_idle_reserve(self) -> None:
         refusal = idle_on_reserve()
@@ -418,7 +431,7 @@ class ClientProtocol(StdioReceivingProtocol):
         # closes the connection) comes before anything of the message is
         # tabled or waits: nothing read after it is handled.
         _check_envelope(message)
-        self._requests_read += 1
+        self._restart_reserve_idle()
         if self._refused_on_reserve(message):
             return
         pending = _PendingExec.of(message)
@@ -577,6 +590,7 @@ class ClientProtocol(StdioReceivingProtocol):
     def _answer_sent(self, result: object = None) -> object:
         """An answer :attr:`_due` has been sent (or never will be)."""
         self._due -= 1
+        self._restart_reserve_idle()
         self._leave_once_answered()
         return result  # a failure to send the answer is still reported
 

@@ -865,6 +865,25 @@ def test_an_idle_connection_of_the_reserve_is_closed(systemd):
     assert server.connections.total == 0 and clock.getDelayedCalls() == []
 
 
+def test_the_reserve_s_idle_time_counts_from_its_last_request(systemd):
+    # Looked at every 10 s for a request since the last look, a connection
+    # that asked at 1 s was closed at 20 s: 19 s idle, where docs say 10.
+    clock = Clock()
+    config = parse_config({"sdexec": {"max-connections": 1}})
+    server = SdexecServer(systemd, config, reactor, clock=clock)
+    held, asking = _reserve_of(server)
+    clock.advance(1)
+    asking.send("sdexec.list", {}, 1)
+    clock.advance(RESERVE_IDLE_SECONDS - 0.5)
+    assert not asking.transport.disconnecting  # 9.5 s idle
+    clock.advance(0.5)
+    assert asking.transport.disconnecting
+    assert "closing an idle connection" in asking.last()["errstr"]
+    for connection in [held, asking]:
+        connection.close()
+    assert server.connections.total == 0 and clock.getDelayedCalls() == []
+
+
 def test_a_write_with_no_answer_on_the_reserve_closes_it_unanswered(systemd):
     server = SdexecServer(
         systemd, parse_config({"sdexec": {"max-connections": 1}}), reactor

@@ -284,7 +284,18 @@ class ClientProtocol(StdioReceivingProtocol):
         )
 
     def _leave_reserve(self) -> None:
-        """Close this connection of the reserve, its place freed at once."""
+        """Close this connection of the reserve. Its place is freed once
+        the connection is lost, which a close waits for until the client
+        has read all it was sent: one that asked for answers it never reads
+        (a flood of ``list``, a stopped ``sdexec ps``) held the place for
+        ever, closed or not. Aborted if not gone after
+        :data:`RESERVE_IDLE_SECONDS`, its last words then left unread."""
+        if self._reserve_timer is not None and self._reserve_timer.active():
+            self._reserve_timer.cancel()
+        # Set first: the connection's loss, whenever it comes, cancels it.
+        self._reserve_timer = self.server.clock.callLater(
+            RESERVE_IDLE_SECONDS, self.transport.abortConnection
+        )
         self.transport.loseConnection()
         self._client_left()
 

@@ -884,6 +884,34 @@ def test_the_reserve_s_idle_time_counts_from_its_last_request(systemd):
     assert server.connections.total == 0 and clock.getDelayedCalls() == []
 
 
+def test_a_closed_connection_of_the_reserve_that_reads_nothing_is_aborted(systemd):
+    # Closed, idle or refused, a connection whose client read none of what
+    # it was sent (answers to a flood of requests) waited to write it out,
+    # its place in the reserve held for ever. (This transport, as such a
+    # socket, never drains: only an abort ends it.)
+    clock = Clock()
+    config = parse_config({"sdexec": {"max-connections": 1}})
+    server = SdexecServer(systemd, config, reactor, clock=clock)
+    held, idle = _reserve_of(server)
+    refused = Connection(server)
+    refused.send("sdexec.exec", {"cmd": TRUE, "flags": FLAGS}, 1)
+    transports = [idle.transport, refused.transport]
+    assert [(t.disconnecting, t.disconnected) for t in transports] == [
+        (False, False),
+        (True, False),  # its refusal has 10 s to be read
+    ]
+    clock.advance(RESERVE_IDLE_SECONDS)
+    assert [(t.disconnecting, t.disconnected) for t in transports] == [
+        (True, False),  # closed for being idle, and as long to read why
+        (True, True),
+    ]
+    clock.advance(RESERVE_IDLE_SECONDS)
+    assert idle.transport.disconnected
+    for connection in [held, idle, refused]:
+        connection.close()
+    assert server.connections.total == 0 and clock.getDelayedCalls() == []
+
+
 def test_a_write_with_no_answer_on_the_reserve_closes_it_unanswered(systemd):
     server = SdexecServer(
         systemd, parse_config({"sdexec": {"max-connections": 1}}), reactor

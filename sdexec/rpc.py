@@ -629,7 +629,8 @@ class StreamCheck:
         if kind == "finished":
             self.see(payload)
         elif kind in ("started", "attached"):
-            self.pid = self.see_start(payload)
+            # A second start without a pid leaves the first's: to kill.
+            self.pid = self.see_start(payload) or self.pid
             if kind == "attached":
                 return self._checked(dropped_counts, payload, "attached")
         return True

@@ -2092,6 +2092,26 @@ async def test_a_stream_that_breaks_the_protocol_has_its_process_killed(
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_second_start_without_a_pid_still_kills_the_first_s(served):
+    # It took the pid away: the violation found no pid to kill, and the
+    # process the first start named ran on, unseen and unkillable by .pid.
+    peer, client = served
+    handle, _ = _exec(client)
+    request = await peer.requests.get()
+    peer.respond(request, {"type": "started", "pid": 5})
+    peer.respond(request, {"type": "started", "pid": "x"})
+    await _round_trip(peer, client)
+    listing = client.list()
+    assert (await peer.requests.get())["payload"] == _PROTOCOL_KILL  # first
+    assert handle.pid == 5
+    assert (await peer.requests.get())["topic"] == "sdexec.list"
+    peer.fail(request, ENODATA)
+    with pytest.raises(RPCError, match="started response: expected a pid, got 'x'"):
+        await handle.done
+    await ended_by_close(client, listing)
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_stream_that_breaks_the_protocol_after_finished_kills_nothing(
     served,
 ):

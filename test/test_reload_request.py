@@ -89,55 +89,49 @@ async def test_reload_answers_success_then_a_refusal_naming_the_key(
     await client.kill(pid=pid, signum=9)
 
 
+@pytest.mark.parametrize(
+    ("config", "key", "said", "in_force"),
+    [
+        # Taken, its start-only change was said only in the service's log:
+        # `sdexec reload` printed "configuration reloaded" alone, and an
+        # admin who changed socket-mode for allow-users learnt nothing.
+        (
+            ConfigText(sdexec='socket-mode = "0660"'),
+            "needs-restart",
+            'sdexec.socket-mode: read only at start: "0660" takes effect at the'
+            ' next restart, "0600" stays in force',
+            lambda config: config.sdexec.socket_mode == 0o600,
+        ),
+        # A kill-signal that ends no process is taken with a warning, as
+        # Flux takes it: the service logged it, and `sdexec reload` (what
+        # `systemctl reload` runs) said "configuration reloaded" alone.
+        (
+            ConfigText(exec='kill-signal = "SIGSTOP"'),
+            "warnings",
+            "exec.kill-signal: SIGSTOP stops a process without ending it: a"
+            " cancelled job that does not end by itself is never killed: after"
+            " max-kill-count attempts its node is drained",
+            lambda config: config.exec.kill_signal == 19,
+        ),
+    ],
+    ids=["needs-restart", "warnings"],
+)
 @ensureDeferred
-async def test_a_reload_tells_its_asker_which_settings_need_a_restart(start_service):
-    # Taken, its start-only change was said only in the service's log:
-    # `sdexec reload` printed "configuration reloaded" alone, and an admin
-    # who changed socket-mode for allow-users learnt nothing.
+async def test_a_reload_tells_its_asker_what_it_warned_of(
+    start_service, config, key, said, in_force
+):
     service = await start_service()
-    service.write_config(ConfigText(sdexec='socket-mode = "0660"'))
+    service.write_config(config)
     done = await _sdexec_reload(service.socket_path)
-    warning = (
-        f"{service.config_path}: sdexec.socket-mode: read only at start:"
-        ' "0660" takes effect at the next restart, "0600" stays in force'
-    )
+    warning = f"{service.config_path}: {said}"
     assert (done.returncode, done.stdout, done.stderr.decode()) == (
         0,
         f"configuration reloaded from {service.config_path}\n".encode(),
         f"sdexec: warning: {warning}\n",
     )
     client = await service.connect()
-    assert await client.reload() == {
-        "config": str(service.config_path),
-        "needs-restart": [warning],
-    }
-    assert service.service.config.sdexec.socket_mode == 0o600
-
-
-@ensureDeferred
-async def test_a_reload_tells_its_asker_the_file_s_own_warnings(start_service):
-    # A kill-signal that ends no process is taken with a warning, as Flux
-    # takes it: the service logged it, and `sdexec reload` (what
-    # `systemctl reload` runs) said "configuration reloaded" alone.
-    service = await start_service()
-    service.write_config(ConfigText(exec='kill-signal = "SIGSTOP"'))
-    done = await _sdexec_reload(service.socket_path)
-    warning = (
-        f"{service.config_path}: exec.kill-signal: SIGSTOP stops a process"
-        " without ending it: a cancelled job that does not end by itself is"
-        " never killed: after max-kill-count attempts its node is drained"
-    )
-    assert (done.returncode, done.stdout, done.stderr.decode()) == (
-        0,
-        f"configuration reloaded from {service.config_path}\n".encode(),
-        f"sdexec: warning: {warning}\n",
-    )
-    client = await service.connect()
-    assert await client.reload() == {
-        "config": str(service.config_path),
-        "warnings": [warning],
-    }
-    assert service.service.config.exec.kill_signal == 19
+    assert await client.reload() == {"config": str(service.config_path), key: [warning]}
+    assert in_force(service.service.config)
 
 
 @ensureDeferred

@@ -1280,8 +1280,8 @@ class SdexecServer:
         units, are = ("unit", "is") if count == 1 else ("units", "are")
         return (
             f"; labels do not outlive a run of the service: {count} leftover"
-            f" {units} of an earlier run (state O in sdexec ps) {are} reached by"
-            " pid only"
+            f" {units} of an earlier run (state O in sdexec ps) {are} reached"
+            " only by a kill of a pid"
         )
 
     def _watched_output(self, responder: Responder) -> Responder:

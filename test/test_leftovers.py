@@ -1279,7 +1279,7 @@ def test_a_terminate_by_a_leftover_s_pid_or_by_a_lost_label_says_why(systemd):
         errno.ESRCH,
         "terminate label=gone not found; labels do not outlive a run of the"
         " service: 1 leftover unit of an earlier run (state O in sdexec ps) is"
-        " reached by pid only",
+        " reached only by a kill of a pid",
     )
     assert terminate_refused(server, pid=72) == (
         errno.ESRCH,

@@ -239,7 +239,7 @@ def test_a_label_of_a_killed_run_is_said_to_be_gone_with_it(first_run):
         the_leftover_read(second)
         lost = (
             b"labels do not outlive a run of the service: 1 leftover unit of an"
-            b" earlier run (state O in sdexec ps) is reached by pid only"
+            b" earlier run (state O in sdexec ps) is reached only by a kill of a pid"
         )
         for verb in (["wait"], ["attach"], ["kill", "TERM"], ["cancel"]):
             refused = second.sdexec(*verb, "bgrestart-lab")

@@ -129,6 +129,19 @@ class ConnectionCount:
         :data:`RESERVE_TOPICS` alone."""
         return connection_id in self._reserved
 
+    def promote(self, connection_id: int, limit: int) -> bool:
+        """Move a connection of the reserve into its owner's count, if that
+        is now under ``limit`` (a reload raised ``max-connections``, or
+        others closed): it may then carry anything. True if moved."""
+        if connection_id not in self._reserved:
+            return False
+        uid = self._uids[connection_id]
+        if self._open[uid] >= limit:
+            return False
+        self._reserved.discard(connection_id)
+        self._open[uid] += 1
+        return True
+
     def open_by_uid(self) -> dict[int, int]:
         """The open connections of each uid that has any, under its cap
         (the reserve's apart)."""

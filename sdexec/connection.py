@@ -261,12 +261,26 @@ class ClientProtocol(StdioReceivingProtocol):
         :data:`RESERVE_IDLE_SECONDS`, with nothing unanswered: the reserve
         is for an admin's requests, which come at once, and a client that
         leaked its connections must not hold it."""
-        if self._lost:
+        if self._lost or self._left_reserve():
             return
         if self._answering:  # its answer, once sent, restarts the count
             self._reserve_timer = self._reserve_idle_timer()
             return
         self._close_idle_reserve()
+
+    def _left_reserve(self) -> bool:
+        """Whether this connection of the reserve has just been counted
+        among the owner's own (:meth:`ConnectionCount.promote`): a reload
+        raised ``max-connections`` above those open, or some closed. Its
+        request is then served, and its idleness no longer watched: the
+        refusal's "beyond the N max-connections allows" would be false."""
+        limit = self.server.config.sdexec.max_connections
+        if not self.server.connections.promote(self.connection_id, limit):
+            return False
+        if self._reserve_timer is not None and self._reserve_timer.active():
+            self._reserve_timer.cancel()
+        self._reserve_timer = None
+        return True
 
     def _close_idle_reserve(self) -> None:
         refusal = idle_on_reserve()
@@ -465,6 +479,8 @@ class ClientProtocol(StdioReceivingProtocol):
         if not self.server.connections.reserved(self.connection_id) or (
             isinstance(topic, str) and topic in RESERVE_TOPICS
         ):
+            return False
+        if self._left_reserve():
             return False
         what = (
             quoted(topic, SHOWN)

@@ -840,6 +840,28 @@ def test_anything_else_on_the_reserve_is_eagain_naming_the_key_and_closes_it(
     assert server.connections.total == 0
 
 
+def test_a_reload_that_raises_the_cap_frees_the_reserve_s_connections(systemd):
+    # Admitted to the reserve, a connection stayed restricted after a reload
+    # raised max-connections above those open: its exec was refused as
+    # "beyond the 2 [sdexec] max-connections allows", and its idleness
+    # closed it.
+    clock = Clock()
+    config = parse_config({"sdexec": {"max-connections": 1}})
+    server = SdexecServer(systemd, config, reactor, clock=clock)
+    *held, listing, running = [*_reserve_of(server), Connection(server)]
+    raised = parse_config({"sdexec": {"max-connections": 2}})
+    server.reconfigure(raised, Containment(raised, None))
+    running.send("sdexec.kill", {"pid": 2**22 + 1, "signum": 15}, 1)  # not an admin's
+    assert running.last()["errstr"] == f"kill pid={2**22 + 1} not found"
+    listing.send("sdexec.list", {}, 1)  # an admin's: it stays in the reserve
+    clock.advance(RESERVE_IDLE_SECONDS)
+    assert listing.transport.disconnecting and not running.transport.disconnecting
+    assert server.connections.open_by_uid() == {os.getuid(): 2}
+    for connection in [*held, listing, running]:
+        connection.close()
+    assert server.connections.total == 0 and clock.getDelayedCalls() == []
+
+
 def test_an_idle_connection_of_the_reserve_is_closed(systemd):
     # A resource manager that leaked its connections (what the reserve is
     # for) held the reserve too with three more that never asked anything.

@@ -15,6 +15,7 @@ reaps every unit it started, and the leftovers it is stopping.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import stat
@@ -794,7 +795,9 @@ def _setting(name: str, value: object) -> str:
         return "unset"
     if name == "socket_mode" and isinstance(value, int):
         return f'"{value:04o}"'
-    return repr(value)
+    # A TOML basic string (or integer) is written as JSON writes it, not as
+    # Python's repr: 'unix:…' read as a quoting no configuration file has.
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _fails_again(failure: Failure) -> bool:

@@ -686,8 +686,8 @@ async def test_a_reload_names_the_endpoint_in_force(tmp_path, monkeypatch):
     )
     [warning] = [line for line in lines if "read only at start" in line]
     assert warning.endswith(
-        f" takes effect at the next restart, 'unix:{tmp_path}/sdexec/sdexec.sock:"
-        "mode=600:lockfile=1' stays in force"
+        f' takes effect at the next restart, "unix:{tmp_path}/sdexec/sdexec.sock:'
+        'mode=600:lockfile=1" stays in force'
     )
 
 

@@ -489,8 +489,31 @@ def print_out(*values: object, sep: str = " ") -> None:
     …``, one line and status 1 (not "unexpected error": with
     ``PYTHONUNBUFFERED`` or a listing past the buffer, ``print`` itself
     fails); a reader gone stays ``BrokenPipeError``, the caller's quiet 141.
+    Written whole though stdout is non-blocking (a file description it
+    shares with a program that set ``O_NONBLOCK``): ``print`` wrote what
+    the pipe took, then failed ("write could not complete without
+    blocking"), or, unbuffered (``PYTHONUNBUFFERED``), dropped the rest of
+    a listing longer than the pipe held, and exited 0.
     """
-    _checked_stdout(lambda: print(*values, sep=sep))
+    text = sep.join(map(str, values)) + "\n"
+    _checked_stdout(lambda: _write_whole(text))
+
+
+def _write_whole(text: str) -> None:
+    """``text`` on stdout, as ``print`` encodes it, all of it: a
+    non-blocking stdout is waited for (:class:`Output`), and its error
+    raised as it came."""
+    stdout = sys.stdout
+    stdout.flush()  # first: in the order written
+    try:
+        fd = stdout.fileno()
+    except (OSError, ValueError):  # not a descriptor (a test's capture)
+        stdout.write(text)
+        return
+    data = text.encode(stdout.encoding or "utf-8", stdout.errors or "strict")
+    problem = Output(fd).write(data)
+    if problem is not None:
+        raise problem
 
 
 def flush_out() -> None:

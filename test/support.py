@@ -93,11 +93,12 @@ async def until(condition, what: str, cap_s: float = 60) -> None:
     raise AssertionError(f"not within {cap_s} s: {what}")
 
 
-async def until_pipe_full(r: int) -> None:
+async def until_pipe_full(r: int, short: int = 4096) -> None:
     """Let the reactor run until the pipe whose read end is ``r`` is full
-    (a page short at most): its writer now waits for a reader."""
+    (``short`` bytes short at most: a page, by default): its writer now
+    waits for a reader."""
     capacity = fcntl.fcntl(r, fcntl.F_GETPIPE_SZ)
-    await until(lambda: _unread(r) >= capacity - 4096, "the pipe filled", 60)
+    await until(lambda: _unread(r) >= capacity - short, "the pipe filled", 60)
 
 
 def _unread(r: int) -> int:

@@ -6,6 +6,7 @@ the test's process, so the subprocess is driven from a thread.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -405,6 +406,51 @@ async def test_a_lingering_child_does_not_change_the_exit_code(sdexec):
     await sdexec.server.systemd.kill_unit(unit, "all", signal.SIGKILL)
     await wait_until_reaped(sdexec, unit)
     sdexec.server.undrain()
+
+
+#: The smallest pipe (one page), which a listing soon fills.
+_PAGE = 4096
+
+
+def _nonblocking_page_pipe() -> tuple[int, int]:
+    """A pipe of one page whose write end is non-blocking, as a stdout whose
+    file description a program of the pipeline set ``O_NONBLOCK`` on."""
+    reader, writer = os.pipe()
+    fcntl.fcntl(writer, fcntl.F_SETPIPE_SZ, _PAGE)
+    os.set_blocking(writer, False)
+    return reader, writer
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""], ids=["unbuffered", "buffered"])
+@ensureDeferred
+async def test_ps_writes_its_whole_listing_to_a_nonblocking_stdout(sdexec, unbuffered):
+    # A listing past what the pipe held was cut there: print() wrote what
+    # it took, then failed ("write could not complete without blocking"),
+    # or, unbuffered (PYTHONUNBUFFERED), dropped the rest and exited 0.
+    # A label and a job id of 1024 bytes: a row and the header of 2 KiB.
+    label, jobid = "l" * 1024, "j" * 1024
+    argv = ["run", "--bg", "--label", label, "--jobid", jobid, "sleep", "300"]
+    started = await cli(sdexec, *argv)
+    assert started.returncode == 0, started.stderr
+    unit = (await _wait_for_a_process(sdexec))["unit"]
+    reader, writer = _nonblocking_page_pipe()
+    try:
+        ps = subprocess.Popen(
+            _sdexec_argv("ps"),
+            env={**_environment(sdexec), "PYTHONUNBUFFERED": unbuffered},
+            stdout=writer,
+            stderr=subprocess.PIPE,
+        )
+        os.close(writer)
+        await until_pipe_full(reader, short=0)  # ps now waits for its reader
+        listing = await deferToThread(read_to_end, reader)
+        _, stderr = await deferToThread(ps.communicate, None, 60)
+        assert (ps.returncode, stderr) == (0, b"")
+        assert len(listing) > _PAGE
+        assert listing.endswith(f"{label}  {jobid}  -     sleep 300\n".encode())
+    finally:
+        await cli(sdexec, "kill", "KILL", started.stdout.decode().split()[0])
+        await wait_until_reaped(sdexec, unit)
 
 
 @ensureDeferred

@@ -133,8 +133,9 @@ def socket_path_unusable(path: str) -> str | None:
 def cannot_connect(path: str, code: int | None, why: str = "") -> ConnectionFailed:
     """The error for a connection to ``path`` that failed with errno
     ``code`` (or for the reason ``why`` when there is no errno); the path
-    as one line (:func:`one_line`): a NUL, a line break in it."""
-    shown = one_line(path)
+    as one line (:func:`one_line`): a NUL, a line break in it, and a byte
+    that is not UTF-8 as that byte (``\\xff``), not its surrogate escape."""
+    shown = one_line(os.fsencode(path).decode("utf-8", "backslashreplace"))
     reason = os.strerror(code) if code is not None else why
     there = _not_a_socket(path) if code == errno.ECONNREFUSED else None
     if there is not None:

@@ -322,6 +322,17 @@ def test_cannot_connect_says_what_to_do(tmp_path, monkeypatch):
     )
 
 
+def test_a_socket_path_that_is_not_utf8_is_named_by_its_bytes(tmp_path):
+    # `sdexec --socket $'/tmp/s\xff.sock' ps` said "/tmp/s\udcff.sock", a
+    # character the path does not hold, for its byte 0xff.
+    path = os.fsdecode(os.fsencode(tmp_path) + b"/s\xff.sock")
+    with Loop() as loop, pytest.raises(ConnectionFailed) as failure:
+        Connection(loop, path)
+    assert str(failure.value).startswith(
+        f"cannot connect to {tmp_path}/s\\xff.sock: No such file or directory"
+    )
+
+
 def test_a_socket_path_that_is_no_socket_or_too_long_is_named(tmp_path):
     # Said "Connection refused (is the sdexec service running?)" and
     # "AF_UNIX path too long" without sizes (review 38 A2).

@@ -249,8 +249,8 @@ class ClientProtocol(StdioReceivingProtocol):
         a look every 10 s, which left one that asked at 1 s idle until
         20 s, and closed one whose reload was answered at 15 s at 20."""
         timer = self._reserve_timer
-        if timer is None or self._lost:
-            return  # not of the reserve, or leaving it already
+        if timer is None or self._lost or self.transport.disconnecting:
+            return  # not of the reserve, or leaving it already (:meth:`_close`)
         if timer.active():
             timer.cancel()
         self._reserve_timer = self._reserve_idle_timer()
@@ -298,20 +298,31 @@ class ClientProtocol(StdioReceivingProtocol):
         )
 
     def _leave_reserve(self) -> None:
-        """Close this connection of the reserve. Its place is freed once
-        the connection is lost, which a close waits for until the client
-        has read all it was sent: one that asked for answers it never reads
-        (a flood of ``list``, a stopped ``sdexec ps``) held the place for
-        ever, closed or not. Aborted if not gone after
-        :data:`RESERVE_IDLE_SECONDS`, its last words then left unread."""
-        if self._reserve_timer is not None and self._reserve_timer.active():
-            self._reserve_timer.cancel()
-        # Set first: the connection's loss, whenever it comes, cancels it.
-        self._reserve_timer = self.server.clock.callLater(
-            RESERVE_IDLE_SECONDS, self.transport.abortConnection
-        )
-        self.transport.loseConnection()
+        """Close this connection of the reserve (:meth:`_close`), its
+        client taken as gone."""
+        self._close()
         self._client_left()
+
+    def _close(self) -> None:
+        """Close the connection once all it was sent is written. One of the
+        reserve is aborted if not gone after :data:`RESERVE_IDLE_SECONDS`,
+        its last words then left unread: its place is freed once the
+        connection is lost, which a close waits for until the client has
+        read all it was sent, and one that asked for answers it never
+        reads (a flood of ``list``, a stopped ``sdexec ps``) held the place
+        for ever, closed or not, whatever closed it (its idleness, a
+        request not an admin's, a protocol error, its EOF)."""
+        if self.transport.disconnecting:
+            return  # closing already (its abort set, if of the reserve)
+        timer = self._reserve_timer
+        if timer is not None and not self._lost:  # (lost: aborted already)
+            if timer.active():  # (not: it is what closes it, being idle)
+                timer.cancel()
+            # Set first: the connection's loss, whenever it comes, cancels it.
+            self._reserve_timer = self.server.clock.callLater(
+                RESERVE_IDLE_SECONDS, self.transport.abortConnection
+            )
+        self.transport.loseConnection()
 
     def connectionLost(self, reason: object = None) -> None:
         if self._reserve_timer is not None and self._reserve_timer.active():
@@ -357,8 +368,8 @@ class ClientProtocol(StdioReceivingProtocol):
         if not self._eof_read or self._lost or self._unhandled:
             return
         self._end_stdins()
-        if not (self._answering or self.transport.disconnecting):
-            self.transport.loseConnection()
+        if not self._answering:
+            self._close()
 
     def _end_stdins(self) -> None:
         """EOF on the stdin of each of the connection's streaming processes
@@ -419,7 +430,7 @@ class ClientProtocol(StdioReceivingProtocol):
         self.server.count("errors")
         self._log_framing_error(reason)
         self._send_error("", 0, errno.EPROTO, reason)
-        self.transport.loseConnection()
+        self._close()
         self._client_left()
 
     def _log_framing_error(self, reason: str) -> None:
@@ -1238,7 +1249,7 @@ class ClientProtocol(StdioReceivingProtocol):
         answer from systemd let it run), rather than leaving the rest held
         on a connection that reads nothing more."""
         log.failure("connection {id}: a held request failed", id=self.connection_id)
-        self.transport.loseConnection()
+        self._close()
 
     def inputHeld(self) -> bool:
         """Whether requests read now must wait behind others (see

@@ -934,6 +934,35 @@ def test_a_closed_connection_of_the_reserve_that_reads_nothing_is_aborted(system
     assert server.connections.total == 0 and clock.getDelayedCalls() == []
 
 
+@pytest.mark.parametrize(
+    ("close", "words"),
+    [
+        (lambda idle: idle.raw({"type": "response"}), [errno.EPROTO]),  # not a request
+        (lambda idle: idle.protocol.readConnectionLost(), []),  # its EOF
+    ],
+)
+def test_a_connection_of_the_reserve_closed_otherwise_is_aborted_unread_too(
+    systemd, close, words
+):
+    # Closed for a protocol error, a connection of the reserve whose client
+    # read nothing was never aborted (its idle timer found it gone), its
+    # place held for ever; closed at its EOF, it was told it was idle, and
+    # aborted only 10 s after that.
+    clock = Clock()
+    config = parse_config({"sdexec": {"max-connections": 1}})
+    server = SdexecServer(systemd, config, reactor, clock=clock)
+    held, idle = _reserve_of(server)
+    clock.advance(1)
+    close(idle)
+    assert (idle.transport.disconnecting, idle.transport.disconnected) == (True, False)
+    clock.advance(RESERVE_IDLE_SECONDS)
+    assert idle.transport.disconnected
+    assert [response["errnum"] for response in idle.responses()] == words
+    for connection in [held, idle]:
+        connection.close()
+    assert server.connections.total == 0 and clock.getDelayedCalls() == []
+
+
 def test_a_write_with_no_answer_on_the_reserve_closes_it_unanswered(systemd):
     server = SdexecServer(
         systemd, parse_config({"sdexec": {"max-connections": 1}}), reactor

@@ -19,12 +19,12 @@ reload``, which is what ``systemctl reload`` runs (the units'
 ``ExecReload=``), and ``sdexec stats``. A connection admitted there may
 carry only :data:`RESERVE_TOPICS`; anything else is refused with the same
 ``EAGAIN`` naming the key, and the connection closed
-(sdexec/connection.py): the reserve runs nothing, and a client that came
-there for work leaves it to the next admin. A connection of the reserve
-that has asked nothing, or has had every answer, for
-:data:`RESERVE_IDLE_SECONDS` is closed: the owner's client that leaked
-connections (the case the reserve is for) must not hold these too. No one
-else has a reserve.
+(sdexec/reserve.py, the connection's side): the reserve runs nothing,
+and a client that came there for work leaves it to the next admin. A
+connection of the reserve that has asked nothing, or has had every
+answer, for :data:`RESERVE_IDLE_SECONDS` is closed: the owner's client
+that leaked connections (the case the reserve is for) must not hold these
+too. No one else has a reserve.
 """
 
 from __future__ import annotations

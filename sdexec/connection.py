@@ -18,11 +18,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, NamedTuple, TypeGuard
+from typing import Any, NamedTuple
 
 from twisted.internet import defer
 from twisted.internet.interfaces import (
-    IDelayedCall,
     IHalfCloseableProtocol,
     IPushProducer,
 )
@@ -31,16 +30,10 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from sdexec.admission import (
-    RESERVE_IDLE_SECONDS,
-    RESERVE_TOPICS,
-    idle_on_reserve,
-    on_reserve,
-)
 from sdexec.framing import FramingError
 from sdexec.hangup import peer_gone
 from sdexec.jobs import JOBID_OPTION
-from sdexec.limits import check_text, is_integer
+from sdexec.limits import check_text, is_integer, is_text
 from sdexec.lograte import shortened
 from sdexec.lookup import LookupTimedOut
 from sdexec.passthrough import (
@@ -64,6 +57,7 @@ from sdexec.refusal import (
     json_quoted,
     quoted,
 )
+from sdexec.reserve import ReservePlace
 from sdexec.server import AwaitingStart, SdexecServer, revoked
 from sdexec.systemd import errno_for
 from sdexec.systemd.channel import STDIN_OVERRUN_FACTOR
@@ -106,10 +100,9 @@ class ClientProtocol(StdioReceivingProtocol):
         self.connection_id = server.new_connection_id()
         #: The peer's uid once its connection was admitted (counted).
         self._admitted_uid: int | None = None
-        #: A connection of the owner's reserve: when it is to be looked at
-        #: for being idle, restarted by each request read and each answer
-        #: sent (:meth:`_restart_reserve_idle`).
-        self._reserve_timer: IDelayedCall | None = None
+        #: Its place in the owner's reserve while it is there
+        #: (sdexec/reserve.py): told of its requests, answers and close.
+        self._reserve: ReservePlace | None = None
         #: A write refused on matchtag 0 (or none) has been logged (once only:
         #: the journal is not the client's to fill).
         self._silent_write_refused = False
@@ -228,7 +221,13 @@ class ClientProtocol(StdioReceivingProtocol):
         if refusal is None:
             self._admitted_uid = uid
             if self.server.connections.reserved(self.connection_id):
-                self._reserve_timer = self._reserve_idle_timer()
+                self._reserve = ReservePlace(
+                    self,
+                    self.server.connections,
+                    self.connection_id,
+                    lambda: self.server.config.sdexec.max_connections,
+                    self.server.clock,
+                )
             return
         self.server.log_rate.warn(
             f"connection cap {uid}",  # each user's own share of lines
@@ -240,55 +239,13 @@ class ClientProtocol(StdioReceivingProtocol):
         self._send_error("", 0, errno.EAGAIN, refusal)
         self.transport.loseConnection()
 
-    def _reserve_idle_timer(self) -> IDelayedCall:
-        return self.server.clock.callLater(RESERVE_IDLE_SECONDS, self._reserve_idle)
+    # -- the owner's reserve (sdexec/reserve.py: ReserveHolder) ----------------
 
-    def _restart_reserve_idle(self) -> None:
-        """Count a connection of the owner's reserve idle from now: it has
-        read a request or sent an answer. From the last of them, not from
-        a look every 10 s, which left one that asked at 1 s idle until
-        20 s, and closed one whose reload was answered at 15 s at 20."""
-        timer = self._reserve_timer
-        if timer is None or self._lost or self.transport.disconnecting:
-            return  # not of the reserve, or leaving it already (:meth:`_close`)
-        if timer.active():
-            timer.cancel()
-        self._reserve_timer = self._reserve_idle_timer()
-
-    def _reserve_idle(self) -> None:
-        """Close this connection of the owner's reserve (sdexec/admission.py)
-        once it has read no request and sent no answer for
-        :data:`RESERVE_IDLE_SECONDS`, with nothing unanswered: the reserve
-        is for an admin's requests, which come at once, and a client that
-        leaked its connections must not hold it."""
-        if self._lost or self._left_reserve():
-            return
-        if self._answering:  # its answer, once sent, restarts the count
-            self._reserve_timer = self._reserve_idle_timer()
-            return
-        self._close_idle_reserve()
-
-    def _left_reserve(self) -> bool:
-        """Whether this connection of the reserve has just been counted
-        among the owner's own (:meth:`ConnectionCount.promote`): a reload
-        raised ``max-connections`` above those open, or some closed. Its
-        request is then served, and its idleness no longer watched: the
-        refusal's "beyond the N max-connections allows" would be false."""
-        limit = self.server.config.sdexec.max_connections
-        if not self.server.connections.promote(self.connection_id, limit):
-            return False
-        if self._reserve_timer is not None and self._reserve_timer.active():
-            self._reserve_timer.cancel()
-        self._reserve_timer = None
-        return True
-
-    def _close_idle_reserve(self) -> None:
-        refusal = idle_on_reserve()
-        self._log_reserve_closed(refusal)
-        self._send_error("", 0, errno.EAGAIN, refusal)
-        self._leave_reserve()
-
-    def _log_reserve_closed(self, refusal: str) -> None:
+    def close_reserved(self, refusal: str, message: dict | None) -> None:
+        """Say ``refusal`` (``EAGAIN``, and in the log, as for a refused
+        connect) in answer to ``message``, or on matchtag 0, and close
+        the connection, its client taken as gone: its place in the
+        reserve is for an admin's requests."""
         self.server.log_rate.warn(
             f"connection cap {self._admitted_uid}",  # as a refused connect
             "closing connection {id} of uid {uid}: {refusal}",
@@ -296,37 +253,41 @@ class ClientProtocol(StdioReceivingProtocol):
             uid=self._admitted_uid,
             refusal=refusal,
         )
-
-    def _leave_reserve(self) -> None:
-        """Close this connection of the reserve (:meth:`_close`), its
-        client taken as gone."""
+        if message is None:
+            self._send_error("", 0, errno.EAGAIN, refusal)
+        else:
+            self._refuse_message(message, errno.EAGAIN, refusal)
         self._close()
         self._client_left()
 
+    def abort(self) -> None:
+        """Drop the connection, and what it has not written out."""
+        self.transport.abortConnection()
+
+    def left_reserve(self) -> None:
+        """Counted among the owner's own connections now: no more of the
+        reserve's rules."""
+        self._reserve = None
+
+    def _drop_reserve(self) -> None:
+        """The connection is lost: its place in the reserve, if any, times
+        nothing more (it is freed as the connection is released)."""
+        if self._reserve is not None:
+            self._reserve.lost()
+            self._reserve = None
+
     def _close(self) -> None:
-        """Close the connection once all it was sent is written. One of the
-        reserve is aborted if not gone after :data:`RESERVE_IDLE_SECONDS`,
-        its last words then left unread: its place is freed once the
-        connection is lost, which a close waits for until the client has
-        read all it was sent, and one that asked for answers it never
-        reads (a flood of ``list``, a stopped ``sdexec ps``) held the place
-        for ever, closed or not, whatever closed it (its idleness, a
-        request not an admin's, a protocol error, its EOF)."""
+        """Close the connection once all it was sent is written; one of the
+        reserve is aborted if its client has not read that in time
+        (:meth:`ReservePlace.closing`)."""
         if self.transport.disconnecting:
-            return  # closing already (its abort set, if of the reserve)
-        timer = self._reserve_timer
-        if timer is not None and not self._lost:  # (lost: aborted already)
-            if timer.active():  # (not: it is what closes it, being idle)
-                timer.cancel()
-            # Set first: the connection's loss, whenever it comes, cancels it.
-            self._reserve_timer = self.server.clock.callLater(
-                RESERVE_IDLE_SECONDS, self.transport.abortConnection
-            )
+            return  # closing already
+        if self._reserve is not None:
+            self._reserve.closing()
         self.transport.loseConnection()
 
     def connectionLost(self, reason: object = None) -> None:
-        if self._reserve_timer is not None and self._reserve_timer.active():
-            self._reserve_timer.cancel()
+        self._drop_reserve()
         self._drop_held()
         self._client_left()
         super().connectionLost(reason)
@@ -360,7 +321,7 @@ class ClientProtocol(StdioReceivingProtocol):
         read EOF on their stdin, after what it wrote them: no write can
         come any more, as if it had sent an EOF to each. Once also every
         answer is sent and every stream (exec, wait, attach) has ended
-        (:attr:`_answering`), the connection closes once all it was sent
+        (:attr:`answering`), the connection closes once all it was sent
         is written: the client reads its answers and its processes' output
         to their ends, then EOF (it was taken as gone at its EOF: its
         streaming processes were killed unanswered, its waits and attaches
@@ -368,7 +329,7 @@ class ClientProtocol(StdioReceivingProtocol):
         if not self._eof_read or self._lost or self._unhandled:
             return
         self._end_stdins()
-        if not self._answering:
+        if not self.answering:
             self._close()
 
     def _end_stdins(self) -> None:
@@ -389,7 +350,7 @@ class ClientProtocol(StdioReceivingProtocol):
         return bool(self._held or self._waiting or self._pending_execs)
 
     @property
-    def _answering(self) -> bool:
+    def answering(self) -> bool:
         """Whether a request read is not yet handled, an answer to one not
         yet sent (:attr:`_due`), or a stream not yet ended."""
         return bool(self._unhandled or self._due or self._open_streams)
@@ -467,9 +428,8 @@ class ClientProtocol(StdioReceivingProtocol):
         # closes the connection) comes before anything of the message is
         # tabled or waits: nothing read after it is handled.
         _check_envelope(message)
-        self._restart_reserve_idle()
-        if self._refused_on_reserve(message):
-            return
+        if self._reserve is not None and self._reserve.request_read(message):
+            return  # refused, and the connection closed
         pending = _PendingExec.of(message)
         depends_on = self._pending_named_by(message)
         if pending is not None:
@@ -478,31 +438,6 @@ class ClientProtocol(StdioReceivingProtocol):
             self._wait_for(depends_on, message, pending)
         else:
             self._handle_request(message, pending)
-
-    def _refused_on_reserve(self, message: dict) -> bool:
-        """Refuse (``EAGAIN``, naming ``max-connections``) a request on a
-        connection of the owner's reserve that is not an admin's
-        (sdexec/admission.py), and close the connection, as one refused at
-        its connect is: the reserve starts nothing, and a client that came
-        there for work must not keep a place the next admin needs. True
-        if refused."""
-        topic = message.get("topic")
-        if not self.server.connections.reserved(self.connection_id) or (
-            isinstance(topic, str) and topic in RESERVE_TOPICS
-        ):
-            return False
-        if self._left_reserve():
-            return False
-        what = (
-            quoted(topic, SHOWN)
-            if _is_text(topic)
-            else "a request whose topic is not text"
-        )
-        refusal = on_reserve(what, self.server.config.sdexec.max_connections)
-        self._log_reserve_closed(refusal)
-        self._refuse_message(message, errno.EAGAIN, refusal)
-        self._leave_reserve()
-        return True
 
     def _handle_request(self, message: dict, pending: _PendingExec | None) -> None:
         """Handle ``message``; an exec (``pending``) is done once handled,
@@ -530,7 +465,7 @@ class ClientProtocol(StdioReceivingProtocol):
         matchtag = message.get("matchtag")
         silent = _unanswerable_write(topic, matchtag)
         self._answer(
-            topic if _is_text(topic) else "",
+            topic if is_text(topic) else "",
             0 if silent else message["matchtag"],  # (silent: never sent)
             partial(self._dispatch, message, topic, matchtag),
             silent_write=message if silent else None,
@@ -628,7 +563,8 @@ class ClientProtocol(StdioReceivingProtocol):
     def _answer_sent(self, result: object = None) -> object:
         """An answer :attr:`_due` has been sent (or never will be)."""
         self._due -= 1
-        self._restart_reserve_idle()
+        if self._reserve is not None:
+            self._reserve.answer_sent()
         self._leave_once_answered()
         return result  # a failure to send the answer is still reported
 
@@ -1034,7 +970,7 @@ class ClientProtocol(StdioReceivingProtocol):
             self._log_silent_write_refusal(message, reason)
             return
         self._send_error(
-            topic if _is_text(topic) else "",  # as _request: it is echoed
+            topic if is_text(topic) else "",  # as _request: it is echoed
             message["matchtag"],  # from 1 to MAX_MATCHTAG (_check_envelope)
             errnum,
             reason,
@@ -1161,7 +1097,8 @@ class ClientProtocol(StdioReceivingProtocol):
         # Lost now: Twisted calls connectionLost a loop pass after the
         # abort, and nothing held is to run meanwhile, nor any stdin closed.
         self._lost = True
-        self.transport.abortConnection()
+        self._drop_reserve()
+        self.abort()
 
     def _half_closed_unread(self) -> None:
         """The client shut down its writing (socat, nc) while what it sent
@@ -1459,17 +1396,6 @@ def _detail(payload: dict) -> bool:
             errno.EINVAL, f"detail: expected true or false, got {json_quoted(detail)}"
         )
     return detail
-
-
-def _is_text(value: object) -> TypeGuard[str]:
-    """A string that can be echoed back in a response."""
-    if not isinstance(value, str):
-        return False
-    try:
-        check_text("", value)
-    except RequestRefused:
-        return False
-    return True
 
 
 class _Held(NamedTuple):

@@ -93,6 +93,7 @@ __all__ = [
     "command_text",
     "environment_line_length",
     "is_integer",
+    "is_text",
     "job_id_problem",
     "listed_cmdline",
     "listed_name",
@@ -268,6 +269,18 @@ def is_integer(value: object) -> TypeGuard[int]:
     """Whether a request's ``value`` is a JSON integer (a bool, which
     Python counts as one, is not)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_text(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a string that can be echoed back in a
+    response (:func:`check_text` passes it)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        check_text("", value)
+    except RequestRefused:
+        return False
+    return True
 
 
 def check_texts(fields: Iterable[tuple[str, str]]) -> None:

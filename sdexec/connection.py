@@ -415,27 +415,30 @@ class ClientProtocol(StdioReceivingProtocol):
     def messageReceived(self, message: dict) -> None:
         if self.transport.disconnecting:
             return  # closing (a refused peer): the rest of its data is ignored
+        # Its frame's size, for what waits behind lookups (read now: the
+        # splitter moves on to the next frame before a held one is handled).
+        frame = self.frame_bytes
         if self._holding:
-            self._hold(partial(self._order, message), self.take_request_fds())
+            self._hold(partial(self._order, message, frame), self.take_request_fds())
         else:
-            self._order(message)
+            self._order(message, frame)
 
-    def _order(self, message: dict) -> None:
-        """Handle a request now, or once the pending execs it names have
-        been (sdexec/lookup.py: a lookup may take seconds, and only what
-        depends on its exec need wait for it)."""
+    def _order(self, message: dict, frame: int) -> None:
+        """Handle a request (read from ``frame`` bytes) now, or once the
+        pending execs it names have been (sdexec/lookup.py: a lookup may
+        take seconds, and only what depends on its exec need wait for it)."""
         # A protocol error (FramingError: answered by the caller, which
         # closes the connection) comes before anything of the message is
         # tabled or waits: nothing read after it is handled.
         _check_envelope(message)
         if self._reserve is not None and self._reserve.request_read(message):
             return  # refused, and the connection closed
-        pending = _PendingExec.of(message)
+        pending = _PendingExec.of(message, frame)
         depends_on = self._pending_named_by(message)
         if pending is not None:
             self._pending_execs.append(pending)
         if depends_on:
-            self._wait_for(depends_on, message, pending)
+            self._wait_for(depends_on, message, pending, frame)
         else:
             self._handle_request(message, pending)
 
@@ -852,9 +855,11 @@ class ClientProtocol(StdioReceivingProtocol):
         depends_on: set[_PendingExec],
         message: dict,
         pending: _PendingExec | None,
+        frame: int,
     ) -> None:
-        """Handle ``message`` (with the descriptors it brought) once the
-        execs it ``depends_on`` have been handled."""
+        """Handle ``message`` (with the descriptors it brought, read from
+        ``frame`` bytes) once the execs it ``depends_on`` have been
+        handled."""
         self._waiting.append(
             _Waiting(
                 _Held(
@@ -864,7 +869,7 @@ class ClientProtocol(StdioReceivingProtocol):
                 depends_on,
                 pending,
                 background=pending is not None and not _streaming_or_default(message),
-                stdin=_stdin_carried(message),
+                frame=frame,
             )
         )
         self._check_lookups_cap()
@@ -903,9 +908,10 @@ class ClientProtocol(StdioReceivingProtocol):
         return not (self._held_back or self.transport.disconnecting)
 
     def _check_lookups_cap(self) -> None:
-        """Past :data:`MAX_BEHIND_LOOKUPS`, read no more requests (and
-        watch for the client's close, which no read will show) until
-        below it again."""
+        """At :data:`MAX_BEHIND_LOOKUPS` requests behind lookups, or
+        :data:`MAX_FRAMES_BEHIND_LOOKUPS` bytes of their frames, read no
+        more requests (and watch for the client's close, which no read
+        will show) until below both again."""
         if self._lost:
             return
         full = self._too_many_behind_lookups
@@ -928,11 +934,16 @@ class ClientProtocol(StdioReceivingProtocol):
 
     @property
     def _too_many_behind_lookups(self) -> bool:
-        lookups = sum(pending.looking_up for pending in self._pending_execs)
-        if lookups + len(self._waiting) >= MAX_BEHIND_LOOKUPS:
+        """Whether the execs being looked up and the requests waiting for
+        pending execs are :data:`MAX_BEHIND_LOOKUPS`, or their frames
+        :data:`MAX_FRAMES_BEHIND_LOOKUPS` bytes. (A waiting exec is in
+        both lists, counted once, as waiting.)"""
+        looking_up = [pending for pending in self._pending_execs if pending.looking_up]
+        if len(looking_up) + len(self._waiting) >= MAX_BEHIND_LOOKUPS:
             return True
-        stdin = sum(waiting.stdin for waiting in self._waiting)
-        return stdin >= MAX_STDIN_BEHIND_LOOKUPS
+        frames = sum(pending.frame for pending in looking_up)
+        frames += sum(waiting.frame for waiting in self._waiting)
+        return frames >= MAX_FRAMES_BEHIND_LOOKUPS
 
     def _drop_waiting(self) -> None:
         """The client is gone: what waits for a pending exec is dropped (its
@@ -1368,24 +1379,17 @@ MAX_UNANSWERED = 64
 #: and each holds a thread and its exec's command meanwhile; at the cap
 #: no more of the connection's requests are read until one is done.
 MAX_BEHIND_LOOKUPS = 64
-#: The most stdin data (characters of its writes' ``io.data``) that may
-#: wait behind lookups before no more requests are read: what a process's
+#: The bytes of the frames behind lookups (those execs' own and their
+#: waiting requests', of every kind) at which no more of a connection's
+#: requests are read. They wait decoded, and counted by number alone 63
+#: execs of the largest frame held 4 GiB (RSS grew by 1 GiB at 16 MiB each),
+#: where ``max-frame-size`` bounds a connection by one frame: so a
+#: connection holds at most one frame past these 16 KiB (the one that
+#: reached them, or the one being read). 16 KiB is also what a process's
 #: stdin holds at the default ``stdin_BUFSIZE`` before its client is
-#: slowed, so that a client writing ahead of a command still looked up is
-#: held to one write past it, as once the process runs (the writes wait
-#: decoded: 63 of them held 4 GiB at the largest frame).
-MAX_STDIN_BEHIND_LOOKUPS = STDIN_OVERRUN_FACTOR * DEFAULT_STDIN_BUFSIZE
-
-
-def _stdin_carried(message: dict) -> int:
-    """The characters of stdin data a request carries: a write's
-    ``io.data``, as received (its bytes once decoded are no more)."""
-    if message.get("topic") != Topic.WRITE:
-        return 0
-    payload = message.get("payload")
-    io = payload.get("io") if isinstance(payload, dict) else None
-    data = io.get("data") if isinstance(io, dict) else None
-    return len(data) if isinstance(data, str) else 0
+#: slowed: a client writing ahead of a command still looked up is held to
+#: one write past it, as once the process runs.
+MAX_FRAMES_BEHIND_LOOKUPS = STDIN_OVERRUN_FACTOR * DEFAULT_STDIN_BUFSIZE
 
 
 def _detail(payload: dict) -> bool:
@@ -1410,23 +1414,27 @@ class _PendingExec:
     """An exec received and not yet handled, by what a later request may
     name it: its matchtag if streaming, and its label."""
 
-    def __init__(self, names: frozenset[_Name]) -> None:
+    def __init__(self, names: frozenset[_Name], frame: int) -> None:
         self.names = names
+        #: The bytes of the frame it was read from (its command is held
+        #: meanwhile).
+        self.frame = frame
         #: Its command is being looked up.
         self.looking_up = False
         #: Handled: nothing waits for it any more.
         self.handled = False
 
     @classmethod
-    def of(cls, message: dict) -> _PendingExec | None:
-        """The pending exec that ``message`` is, if an exec."""
+    def of(cls, message: dict, frame: int) -> _PendingExec | None:
+        """The pending exec that ``message`` (read from ``frame`` bytes)
+        is, if an exec."""
         if message.get("topic") != Topic.EXEC:
             return None
         names = _names(message)
         if not _streaming_or_default(message):
             # Nothing finds a background process by its request's matchtag.
             names.discard(("matchtag", message.get("matchtag")))
-        return cls(frozenset(names))
+        return cls(frozenset(names), frame)
 
 
 class _Waiting(NamedTuple):
@@ -1437,8 +1445,8 @@ class _Waiting(NamedTuple):
     depends_on: set[_PendingExec]
     pending: _PendingExec | None
     background: bool
-    #: The stdin data it carries (:func:`_stdin_carried`).
-    stdin: int = 0
+    #: The bytes of the frame it was read from.
+    frame: int
 
 
 #: Requests whose answer lists the processes: they show an exec sent before

@@ -73,6 +73,12 @@ class JSONLineProtocol(Protocol):
             self.framingError(str(error))
 
     @property
+    def frame_bytes(self) -> int:
+        """The bytes of the frame of the message being delivered (while
+        :meth:`messageReceived` runs), as :attr:`FrameSplitter.frame_bytes`."""
+        return self._splitter.frame_bytes
+
+    @property
     def unfinished(self) -> int:
         """The bytes of a message that has come without its end, as
         :attr:`FrameSplitter.unfinished`."""

@@ -439,6 +439,10 @@ class FrameSplitter:
         #: Where in the data being fed the message just yielded ended: the
         #: rest is ``data[consumed:]`` for a caller that stops there.
         self.consumed = 0
+        #: The bytes of the line the message just yielded was decoded from
+        #: (its line end not counted): what a caller that keeps the message
+        #: holds it by.
+        self.frame_bytes = 0
         #: An incomplete line, in one buffer: kept as the reads that brought
         #: it, a peer sending a byte a read made each byte cost 42 (a bytes
         #: object and its list slot), and max_frame 42 times what it says.
@@ -485,6 +489,7 @@ class FrameSplitter:
                 )
             if not _blank(line):
                 self.consumed = start
+                self.frame_bytes = len(line)
                 yield decode_message(line, self.max_values)
 
     def _note_first(self, data: memoryview) -> None:

@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import threading
+from collections.abc import Callable
 
 import pytest
 from offline import Connection, error_of, read_to_eof
@@ -28,7 +29,7 @@ from sdexec.command import Command, Found
 from sdexec.config import parse_config
 from sdexec.connection import (
     MAX_BEHIND_LOOKUPS,
-    MAX_STDIN_BEHIND_LOOKUPS,
+    MAX_FRAMES_BEHIND_LOOKUPS,
     SdexecServerFactory,
 )
 from sdexec.ioencode import encode_io
@@ -462,7 +463,8 @@ async def test_stdin_written_ahead_of_a_lookup_is_held_to_one_write_past_a_buffe
     # stdin holds one write past its limit (review session 51).
     connection = Connection(server)
     _exec(connection)
-    _write(connection, 1, b"x" * (MAX_STDIN_BEHIND_LOOKUPS - 1))
+    looked_up = connection.protocol.frame_bytes
+    _send_sized(connection, MAX_FRAMES_BEHIND_LOOKUPS - looked_up - 1, _write_of)
     assert connection.transport.producerState == "producing"
     _write(connection, 1, b"y")  # at the bound: reading stops
     assert connection.transport.producerState == "paused"
@@ -471,12 +473,75 @@ async def test_stdin_written_ahead_of_a_lookup_is_held_to_one_write_past_a_buffe
     await until(lambda: ("start", UNIT) in systemd.calls, "the start")
     systemd.run(UNIT, pid=42)
     stdin = systemd.process_fd(UNIT, "stdin")
-    read = os.read(stdin, MAX_STDIN_BEHIND_LOOKUPS)
+    read = os.read(stdin, MAX_FRAMES_BEHIND_LOOKUPS)
     assert read.startswith(b"x")  # what waited, written in order
     await until(
         lambda: connection.transport.producerState == "producing", "reading again"
     )
     connection.close()
+
+
+@ensureDeferred
+async def test_requests_of_any_kind_behind_a_lookup_are_held_to_one_frame_past_16k(
+    silent, systemd, server
+):
+    # Counted by number alone, 63 execs of up to max-frame-size each waited
+    # decoded behind a stuck lookup (1 GiB more of the service's memory at
+    # 16 MiB a frame), where docs/configuration.md bounds a connection by
+    # one frame (review session 51).
+    connection = Connection(server)
+    _exec(connection)
+    looked_up = connection.protocol.frame_bytes
+    _send_sized(connection, MAX_FRAMES_BEHIND_LOOKUPS - looked_up - 1, _exec_padded)
+    assert connection.transport.producerState == "producing"
+    connection.send("sdexec.list", {}, matchtag=3)  # its frame reaches the bound
+    assert connection.transport.producerState == "paused"
+    _kill_unknown(connection, 4)  # not read: held, in order
+    assert _topics(connection) == []
+    silent.answer()
+    await until(lambda: len(connection.responses()) == 2, "the list and the kill")
+    assert set(_topics(connection)) == {("sdexec.list", 3), ("sdexec.kill", 4)}
+    assert connection.transport.producerState == "producing"
+    connection.close()
+
+
+@ensureDeferred
+async def test_an_exec_whose_own_frame_reaches_the_bound_pauses_its_lookup_s_reading(
+    silent, systemd, server
+):
+    # Its command is held while it is looked up: with one more frame behind
+    # it, two frames past the bound would wait.
+    connection = Connection(server)
+    _send_sized(connection, MAX_FRAMES_BEHIND_LOOKUPS, _exec_padded)
+    assert connection.transport.producerState == "paused"
+    _kill_unknown(connection, 3)  # not read while it is looked up
+    assert _topics(connection) == []
+    silent.answer()
+    await until(lambda: ("sdexec.kill", 3) in _topics(connection), "the held kill")
+    assert connection.transport.producerState == "producing"
+    connection.close()
+
+
+def _send_sized(
+    connection: Connection, frame: int, message_of: Callable[[str], dict]
+) -> None:
+    """Send ``message_of(padding)``, the padding (``x``s) making its frame
+    ``frame`` bytes."""
+    unpadded = len(json.dumps(message_of("")).encode())
+    connection.raw(message_of("x" * (frame - unpadded)))
+    assert connection.protocol.frame_bytes == frame
+
+
+def _write_of(data: str) -> dict:
+    """A write of ``data`` to the exec on matchtag 1, as :func:`_write`."""
+    io = {"stream": "stdin", "rank": "0", "data": data}
+    return _envelope("sdexec.write", {"matchtag": 1, "io": io}, 0)
+
+
+def _exec_padded(padding: str) -> dict:
+    """A streaming exec on matchtag 2 whose environment holds ``padding``."""
+    cmd = {"cmdline": ["true"], "env": {"PATH": "/bin", "PAD": padding}}
+    return _envelope("sdexec.exec", {"flags": FLAGS, "cmd": cmd}, 2)
 
 
 @ensureDeferred

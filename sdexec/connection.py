@@ -914,16 +914,23 @@ class ClientProtocol(StdioReceivingProtocol):
         will show) until below both again."""
         if self._lost:
             return
-        full = self._too_many_behind_lookups
-        if full and not self._paused_for_lookups:
-            self._paused_for_lookups = True
-            self._pause_reading()
-            self._settle_hangup_watch()
-        elif not full and self._paused_for_lookups:
-            self._paused_for_lookups = False
-            self._settle_hangup_watch()
-            if not self.transport.disconnecting:
-                self._unblocked()
+        if self._too_many_behind_lookups:
+            if not self._paused_for_lookups:
+                self._paused_for_lookups = True
+                self._pause_reading()
+                self._settle_hangup_watch()
+        elif self._lift_lookups_pause() and not self.transport.disconnecting:
+            self._unblocked()
+
+    def _lift_lookups_pause(self) -> bool:
+        """End the pause for lookups (:meth:`_check_lookups_cap`) if what
+        is behind them is below both caps now; whether it ended (the caller
+        handles what was held, and reads again)."""
+        if not self._paused_for_lookups or self._lost or self._too_many_behind_lookups:
+            return False
+        self._paused_for_lookups = False
+        self._settle_hangup_watch()
+        return True
 
     def _forget(self, pending: _PendingExec) -> None:
         """Nothing waits for ``pending`` any more."""
@@ -1219,6 +1226,11 @@ class ClientProtocol(StdioReceivingProtocol):
         handled first), until paused again (or at the cap of requests
         awaiting their answer)."""
         self._handle_ready_waiting()
+        # What waited for an exec is not always handled with it (not while
+        # the client reads too slowly): handled only now, it may leave what
+        # is behind lookups below the caps, and the pause would stay for
+        # ever, nothing read again (review session 51).
+        self._lift_lookups_pause()
         while self._held and not (
             self._blocked or self.transport.disconnecting or self._lost
         ):

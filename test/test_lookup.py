@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from offline import Connection, error_of, read_to_eof
+from offline import BufferingTransport, Connection, error_of, read_to_eof
 from pytest_twisted import ensureDeferred
 from support import sleep, until
 from twisted.internet import defer, reactor
@@ -520,6 +520,48 @@ async def test_an_exec_whose_own_frame_reaches_the_bound_pauses_its_lookup_s_rea
     await until(lambda: ("sdexec.kill", 3) in _topics(connection), "the held kill")
     assert connection.transport.producerState == "producing"
     connection.close()
+
+
+@ensureDeferred
+async def test_reading_resumes_once_what_waited_past_the_bound_is_handled_later(
+    silent, systemd, server
+):
+    # A lookup that ended while its client read its output too slowly left
+    # what waited for it waiting; handled once the client read, it left
+    # the pause for lookups on, and the connection read nothing more.
+    transport = BufferingTransport()
+    connection = Connection(server, transport)
+    silent.answer("cat")
+    cat = {"cmdline": ["cat"], "opts": {"SDEXEC_NAME": "sdexec-a"}}
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cat}, matchtag=1)
+    await until(lambda: _starts(systemd) == ["sdexec-a.service"], "a's start")
+    systemd.run("sdexec-a.service", pid=41)
+    _exec(connection, matchtag=2)  # its lookup stuck
+    _send_sized(connection, MAX_FRAMES_BEHIND_LOOKUPS, _list_padded)
+    assert transport.producerState == "paused"
+    await _fill_with_output(transport, systemd.process_fd("sdexec-a.service", "stdout"))
+    silent.answer()
+    await until(lambda: UNIT in _starts(systemd), "the start")  # the list waits on
+    transport.read()
+    await until(lambda: ("sdexec.list", 3) in _topics(connection), "the list")
+    assert transport.producerState == "producing"
+    connection.close()
+
+
+async def _fill_with_output(transport: BufferingTransport, stdout: int) -> None:
+    """Write output to ``stdout`` until the connection that reads it
+    has more unread than its buffer takes (it is paused)."""
+    os.set_blocking(stdout, False)
+    lines = b"x" * 1023 + b"\n"
+    while not transport._producer_paused:
+        with contextlib.suppress(BlockingIOError):
+            os.write(stdout, lines * 64)
+        await sleep(0.01)
+
+
+def _list_padded(padding: str) -> dict:
+    """A list on matchtag 3 carrying ``padding``."""
+    return _envelope("sdexec.list", {"detail": False, "pad": padding}, 3)
 
 
 def _send_sized(

@@ -94,6 +94,9 @@ class Loop:
         #: The watched fds served while :meth:`wait_writable` waits too.
         self._served_while_waiting: set[int] = set()
         self._wakeup: tuple[int, int] | None = None
+        #: The wakeup fd in force before ours, put back at :meth:`close`
+        #: (a reactor's, in a process that runs one: asyncio's wakes it).
+        self._wakeup_before = -1
         self._on_signal: Callback | None = None
         #: The signals caught and not yet served, each once, in order of
         #: first arrival (:meth:`_note`).
@@ -144,7 +147,7 @@ class Loop:
         # signal, at once (the handler runs later: poll, entered meanwhile,
         # would sleep on); the handler notes it, and wakes the loop too.
         readable, writable = self._wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        signal.set_wakeup_fd(writable, warn_on_full_buffer=False)
+        self._wakeup_before = signal.set_wakeup_fd(writable, warn_on_full_buffer=False)
         for signum in signums:
             if signal.getsignal(signum) != signal.SIG_IGN:
                 signal.signal(signum, self._note)
@@ -255,9 +258,12 @@ class Loop:
         self.close()
 
     def close(self) -> None:
-        """Stop catching signals (their handlers stay, and ignore them)."""
+        """Stop catching signals (their handlers stay, and ignore them); the
+        wakeup fd before ours is put back: reset to none, an asyncio loop
+        in the same process (Twisted's reactor) slept through its own
+        signals, a child's SIGCHLD among them."""
         if self._wakeup is not None:
-            signal.set_wakeup_fd(-1)
+            signal.set_wakeup_fd(self._wakeup_before)
             wakeup, self._wakeup = self._wakeup, None  # first: see _note
             self.unwatch(wakeup[0])
             for fd in wakeup:

@@ -394,6 +394,23 @@ def test_a_signal_after_a_flood_unserved_past_the_wakeup_pipe_is_served():
         assert served == [signal.SIGUSR1, signal.SIGUSR2]
 
 
+@pytest.mark.usefixtures("usr_signals")
+def test_a_loop_puts_back_the_wakeup_fd_it_found():
+    # Reset to none at close: an asyncio loop in the same process (this
+    # test's own Twisted reactor) slept through its signals, a spawned
+    # child's SIGCHLD among them, and the next test to wait for one hung.
+    readable, writable = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    before = signal.set_wakeup_fd(writable)
+    try:
+        with Loop() as loop:
+            loop.catch_signals(_USR, lambda signum: None)
+    finally:
+        found = signal.set_wakeup_fd(before)
+        os.close(readable)
+        os.close(writable)
+    assert found == writable
+
+
 def _full_pipe() -> tuple[int, int]:
     """A pipe whose write end, non-blocking, takes nothing more."""
     readable, writable = os.pipe()

@@ -77,7 +77,7 @@ from sdexec.protocolbase import (
 )
 from sdexec.receipt import Receipt
 from sdexec.refusal import one_line, quoted
-from sdexec.rpc import RPCError, SdexecError, finished_receipt, listed_processes
+from sdexec.rpc import RPCError, SdexecError, finished_receipt
 from sdexec.runrequest import (
     COALESCED_SIGNALS,
     FORWARDED_SIGNALS,
@@ -345,8 +345,8 @@ class _Stdio:
 
 
 def _ps(options: argparse.Namespace) -> int:
-    listing = request(options, Topics.LIST, {"detail": True})
-    print_out(format_procs(listed_processes(listing)))
+    listing = request(options, Topics.LIST, {"detail": True})  # (checked)
+    print_out(format_procs(listing["procs"]))
     return 0
 
 
@@ -371,7 +371,7 @@ def cancel_targets(text: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _cancel(options: argparse.Namespace) -> int:
     targets = cancel_targets(options.target)
-    procs = listed_processes(request(options, Topics.LIST, {"detail": True}))
+    procs = request(options, Topics.LIST, {"detail": True})["procs"]
     target = _listed_job(procs, targets)
     if target is not None:
         reply = _terminate(options, target)

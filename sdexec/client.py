@@ -69,12 +69,12 @@ from sdexec.rpc import (
     bad_stdio,
     cannot_connect,
     check_stdio,
+    checked_answer,
     default_socket_path,
     dropped_counts,
     finished_receipt,
     finished_status,
     is_end_of_stream,
-    listed_processes,
     output_io,
     process_target,
     resolve_socket_path,
@@ -493,10 +493,13 @@ class SdexecClient(JSONLineProtocol):
     # -- requests ---------------------------------------------------------
 
     def rpc(self, topic: str, payload: dict[str, Any]) -> Deferred[Payload]:
-        """Send a request; its one response's payload, or :class:`RPCError`.
+        """Send a request; its one response's payload, or :class:`RPCError`:
+        ``EPROTO`` naming the field for an answer not of the shape
+        docs/protocol.md gives the topic's (:func:`~sdexec.rpc.checked_answer`).
         ``ValueError`` naming the field, unsent, for what JSON text would
         not carry as it is (:func:`_check_request`)."""
-        return self._call(_Call(self, topic, payload))
+        answered = self._call(_Call(self, topic, payload))
+        return answered.addCallback(lambda answer: checked_answer(topic, answer))
 
     def _call(self, call: _Call) -> Deferred[Payload]:
         """Send ``call``'s request (checked: :func:`_check_request`); its
@@ -675,9 +678,8 @@ class SdexecClient(JSONLineProtocol):
         "unit", "state", "mode"}, ...]}``: the service's tracked processes
         (a job's also ``"jobid"`` and ``"step"``); without ``detail``, only
         upstream's ``pid``, ``cmd``, ``label`` and ``state``; ``RPCError``
-        ``EPROTO`` if ``procs`` is not a list of them."""
-        listed = self.rpc(Topic.LIST, {"detail": detail})
-        return listed.addCallback(_with_processes)
+        ``EPROTO`` naming the field of an answer not of that shape."""
+        return self.rpc(Topic.LIST, {"detail": detail})
 
     def stats(self) -> Deferred[Payload]:
         """The service's statistics (``sdexec.stats-get``)."""
@@ -1441,11 +1443,6 @@ def _check_wait_output(output: list[Any]) -> None:
     (:class:`~sdexec.ioencode.DecodedIO`)."""
     for index, io in enumerate(output):
         output[index] = DecodedIO(io, output_io(io, f"wait: output[{index}]"))
-
-
-def _with_processes(answer: Payload) -> Payload:
-    listed_processes(answer)
-    return answer
 
 
 def _never_started() -> RPCError:

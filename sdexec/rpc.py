@@ -48,6 +48,7 @@ __all__ = [
     "bad_stdio",
     "cannot_connect",
     "check_stdio",
+    "checked_answer",
     "credit_channels",
     "default_socket_path",
     "dropped_counts",
@@ -448,14 +449,23 @@ def background_pid(answer: dict[str, Any]) -> int:
     )
 
 
-def listed_processes(answer: dict[str, Any]) -> list[dict[str, Any]]:
-    """The processes in the answer to ``sdexec.list``: :class:`RPCError`
-    ``EPROTO`` naming what came instead of a list of objects."""
-    procs = answer.get("procs")
-    if isinstance(procs, list) and all(isinstance(proc, dict) for proc in procs):
-        return procs
-    shown = quoted(procs, 200)
-    raise RPCError(errno.EPROTO, f"list: expected a list of processes, got {shown}")
+def checked_answer(topic: str, answer: dict[str, Any]) -> dict[str, Any]:
+    """``answer``, the one response to a request of ``topic``, once it has
+    the shape docs/protocol.md gives it (:data:`sdexec.answers.ANSWERS`):
+    both clients check every answer so, once, before a caller sees it.
+    :class:`RPCError` ``EPROTO`` naming the answer and the field otherwise
+    (``the service's list answer: procs[3].pid: expected an integer, got
+    '7'``): handed on, a caller's ``proc["pid"]`` raised ``KeyError``, or
+    a pid of ``"7"`` matched no process."""
+    # Here: `run`, which asks for no such answer, need not load the table.
+    from sdexec.answers import answer_fault
+
+    fault = answer_fault(topic, answer)
+    if fault is None:
+        return answer
+    # (Only the table's topics have a fault: each a plain name, ``list``.)
+    name = topic.removeprefix("sdexec.")
+    raise RPCError(errno.EPROTO, f"the service's {name} answer: {fault}")
 
 
 def finished_status(payload: dict[str, Any]) -> int | None:
@@ -585,9 +595,10 @@ class StreamCheck:
     ``finished``, with a wait status (:func:`finished_status`; a receipt is
     made of the first good one only); ``output`` a caller can decode
     (:func:`output_io`, decoded here once: :class:`DecodedIO`); an
-    ``attached``'s byte counts; an ``add-credit``'s integer credits. A
-    stream that broke this ends with :attr:`violation` (an ``EPROTO``
-    naming what came, the first thing wrong) in place of its ``ENODATA``:
+    ``attached``'s command object and byte counts; an ``add-credit``'s
+    integer credits. A stream that broke this ends with :attr:`violation`
+    (an ``EPROTO`` naming what came, the first thing wrong) in place of its
+    ``ENODATA``:
     a status of 1.5 read as a stream ended without ``finished``, a negative
     one as exit 255, ``true`` as 129, and one past 32 bits as an
     ``OverflowError`` (review session 47). While its process may still run,
@@ -605,7 +616,8 @@ class StreamCheck:
 
     def take(self, payload: dict[str, Any]) -> bool:
         """Check one response's payload; whether it goes to the caller: not
-        an ``output`` no caller can decode, an ``attached`` whose
+        an ``output`` no caller can decode, an ``attached`` whose ``cmd``
+        is no command object (:func:`attached_command`) or whose
         ``dropped`` is not byte counts, nor an ``add-credit`` whose
         credits are not integers (its decode, sum or addition raised in the
         caller's callback, and the output was lost unsaid): those are
@@ -633,7 +645,9 @@ class StreamCheck:
             # A second start without a pid leaves the first's: to kill.
             self.pid = self.see_start(payload) or self.pid
             if kind == "attached":
-                return self._checked(dropped_counts, payload, "attached")
+                return self._checked(attached_command, payload) and self._checked(
+                    dropped_counts, payload, "attached"
+                )
         return True
 
     def see_start(self, payload: dict[str, Any]) -> int | None:
@@ -709,6 +723,19 @@ class StreamCheck:
         if self.violation is not None and is_end_of_stream(error):
             return self.violation
         return error
+
+
+def attached_command(payload: dict[str, Any]) -> dict[str, Any]:
+    """An ``attached`` response's ``cmd``: the command object the process
+    was started with (:data:`~sdexec.answers.ATTACHED_COMMAND`).
+    :class:`RPCError` ``EPROTO`` naming the field otherwise: handed on, a
+    caller's ``cmd["cmdline"]`` raised in its callback."""
+    from sdexec.answers import ATTACHED_COMMAND  # (as checked_answer does)
+
+    fault = ATTACHED_COMMAND.fault(payload)
+    if fault is not None:
+        raise RPCError(errno.EPROTO, f"the service's attached response: {fault}")
+    return payload["cmd"]
 
 
 def credit_channels(payload: dict[str, Any]) -> dict[str, int]:

@@ -33,6 +33,7 @@ from sdexec.rpc import (
     StreamCheck,
     cannot_connect,
     check_stdio,
+    checked_answer,
     is_end_of_stream,
     socket_path_unusable,
 )
@@ -515,14 +516,16 @@ class Connection:
         self, topic: str, payload: dict[str, Any], streaming: bool | None = None
     ) -> dict:
         """Send a request and wait for its one response's payload;
-        :class:`RPCError` for an error response."""
+        :class:`RPCError` for an error response, and ``EPROTO`` naming the
+        field for an answer not of the shape docs/protocol.md gives the
+        topic's (:func:`~sdexec.rpc.checked_answer`)."""
         call = Call()
         self.send(topic, payload, call, streaming)
         self._loop.run_until(lambda: call.answered)
         if call.error is not None:
             raise call.error
         assert call.payload is not None
-        return call.payload
+        return checked_answer(topic, call.payload)
 
     def attach(
         self, target: dict[str, Any], flags: int, on_response: Callable[[dict], None]

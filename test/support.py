@@ -32,6 +32,36 @@ from sdexec.service import SdexecService
 
 FLAGS = 1 | 2 | 8  # stdout, stderr, write-credit
 
+#: A faked service's answers of the shapes the clients check
+#: (sdexec.answers): a list of nothing, and stats of a fresh service.
+LISTED_NOTHING = {"rank": 0, "procs": []}
+STATS_ANSWER = {
+    "requests": {},
+    "procs": [],
+    "job-exec": {"jobs": {}},
+    "config": {},
+    "mapper": {},
+    "users": {"owner": 0, "users": {}, "not-shown": 0},
+    "drain": {"drained": False, "reason": None, "causes": []},
+    "device-fence": None,
+    "systemd": {"connected": True, "version": "255", "calls": {}},
+}
+#: A terminate's answer: job j1's entry, its sequence begun.
+TERMINATING = {
+    "id": "j1",
+    "pid": 42,
+    "unit": "sdexec-j1.service",
+    "state": "R",
+    "step": "term",
+    "kill-attempts": 0,
+    "time-limit": None,
+    "expiration": None,
+    "termination": {},
+    "stop-timer": None,
+}
+#: The command object a faked ``attached`` carries.
+ATTACHED_CMD = command_object(["true"], {})
+
 BASE_CONFIG = """
 [systemd]
 enable = true

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
-from support import read_to_end
+from support import ATTACHED_CMD, LISTED_NOTHING, STATS_ANSWER, TERMINATING, read_to_end
 from test_cli_scripted import (
     ScriptedService,
     ScriptedServices,
@@ -78,8 +78,7 @@ class Printing(ScriptedService):
     ) -> None:
         if request["topic"] in _STARTING:
             streams.append(request)
-            started = {"type": _STARTING[request["topic"]], "pid": 42}
-            send(connection, response(request, started))
+            send(connection, response(request, _start_of(request["topic"])))
         elif request["topic"] == "sdexec.kill":
             self.kills.append(request["payload"])
             send(connection, response(request, {}))
@@ -94,6 +93,17 @@ class Printing(ScriptedService):
 
 #: The requests whose stream :class:`Printing` prints to: what it answers first.
 _STARTING = {"sdexec.exec": "started", "sdexec.attach": "attached"}
+
+
+def _start_of(topic: str) -> dict:
+    """The first response to an exec or attach (``topic``) of pid 42: an
+    ``attached`` carries the command object."""
+    kind = _STARTING[topic]
+    return {
+        "type": kind,
+        "pid": 42,
+        **({"cmd": ATTACHED_CMD} if kind == "attached" else {}),
+    }
 
 
 def send(connection: socket.socket, message: dict) -> None:
@@ -120,9 +130,9 @@ def scripted(tmp_path: Path) -> Iterator[str]:
 def _answers(request: dict) -> list[dict]:
     """What each command of ours asks, answered as a service would."""
     payloads = {
-        "sdexec.list": {"procs": []},
-        "sdexec.stats-get": {"running": 0},
-        "sdexec.terminate": {"id": "j1", "step": "term"},
+        "sdexec.list": LISTED_NOTHING,
+        "sdexec.stats-get": STATS_ANSWER,
+        "sdexec.terminate": TERMINATING,
         "sdexec.undrain": {"reason": None, "cleared": []},
         "sdexec.exec": {"type": "started", "pid": 42},
     }
@@ -485,7 +495,7 @@ def _replaying(
     the end once ``held`` is set, if given."""
 
     def attached(request: dict) -> Iterator[dict]:
-        yield response(request, {"type": "attached", "pid": 42})
+        yield response(request, {"type": "attached", "pid": 42, "cmd": ATTACHED_CMD})
         for chunk in chunks:
             io = encode_io("stdout", "0", chunk)
             yield response(request, {"type": "output", "pid": 42, "io": io})
@@ -671,9 +681,7 @@ _LAST_LINES = [
 def _ended_by_oom(request: dict) -> list[dict]:
     """An exec or attach of pid 42, which the OOM killer killed (137), its
     stream ended by :data:`_AFTER`; kills never answered."""
-    started = {"sdexec.exec": "started", "sdexec.attach": "attached"}
-    kind = started.get(request["topic"])
-    if kind is None:
+    if request["topic"] not in _STARTING:
         return []
     finished = {
         "type": "finished",
@@ -682,7 +690,7 @@ def _ended_by_oom(request: dict) -> list[dict]:
         "oom_kills": 1,
     }
     return [
-        response(request, {"type": kind, "pid": 42}),
+        response(request, _start_of(request["topic"])),
         response(request, finished),
         failure(request, *_AFTER),
     ]

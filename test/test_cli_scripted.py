@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support import ATTACHED_CMD, LISTED_NOTHING
 
 from sdexec.ioencode import encode_io
 from sdexec.refusal import MAX_ERRSTR
@@ -281,7 +282,7 @@ def test_attach_says_what_ended_the_stream_after_the_command_and_keeps_its_code(
 ):
     # It exited 1, where the process exited 0 and run exits 0.
     def script(request: dict) -> list[dict]:
-        attached = {"type": "attached", "pid": 7, "cmd": {}, "dropped": {}}
+        attached = {"type": "attached", "pid": 7, "cmd": ATTACHED_CMD, "dropped": {}}
         return [
             response(request, attached),
             response(request, {"type": "finished", "status": 0}),
@@ -307,7 +308,7 @@ def test_wait_says_an_oom_kill_as_run_does(serve):
 
 def test_attach_says_an_oom_kill_as_run_does(serve):
     def script(request: dict) -> list[dict]:
-        attached = {"type": "attached", "pid": 7, "cmd": {}, "dropped": {}}
+        attached = {"type": "attached", "pid": 7, "cmd": ATTACHED_CMD, "dropped": {}}
         return [
             response(request, attached),
             response(request, {"type": "finished", **OOM_KILLED}),
@@ -352,8 +353,49 @@ def answering(payload: dict) -> Script:
             {"status": 2**70},
             b"wait: expected a wait status, got 1180591",
         ),
-        (["ps"], {"procs": "x"}, b"list: expected a list of processes, got 'x'"),
-        (["ps"], {"procs": [1]}, b"list: expected a list of processes, got [1]"),
+        (
+            ["ps"],
+            {"rank": 0, "procs": "x"},
+            b"the service's list answer: procs: expected a list, got 'x'",
+        ),
+        (
+            ["ps"],
+            {"rank": 0, "procs": [1]},
+            b"the service's list answer: procs[0]: expected an object, got 1",
+        ),
+        # A pid of "7" was listed as 7; a cancel compared it with 7.
+        (
+            ["ps"],
+            {"rank": 0, "procs": [{"pid": "7", "cmd": "", "label": "", "state": "R"}]},
+            b"the service's list answer: procs[0].pid: expected an integer, got '7'",
+        ),
+        (
+            ["cancel", "j1"],
+            {"procs": []},
+            b"the service's list answer: rank: expected an integer, got none",
+        ),
+        # "configuration reloaded from None", then a warning per character.
+        (
+            ["reload"],
+            {"warnings": "w"},
+            b"the service's reload answer: config: expected a string, got none",
+        ),
+        (
+            ["reload"],
+            {"config": "/c.toml", "warnings": "w"},
+            b"the service's reload answer: warnings: expected a list, got 'w'",
+        ),
+        (
+            ["stats"],
+            {"procs": []},
+            b"the service's stats-get answer: requests: expected an object, got none",
+        ),
+        # "undrained; the drain reason was: 5".
+        (
+            ["undrain"],
+            {"reason": 5},
+            b"the service's undrain answer: reason: expected a string or null, got 5",
+        ),
         # TypeError; a string's every character was a "bad output" line.
         (
             ["wait", "7"],
@@ -387,11 +429,18 @@ def test_a_malformed_answer_is_one_line_naming_what_came(serve, args, payload, s
     assert done.stderr.count(b"\n") == 1
 
 
-def test_an_undrain_reason_that_is_not_text_is_printed(serve):
-    done = sdexec(serve(answering({"reason": 5})), "undrain")
-    assert (done.returncode, done.stdout) == (
-        0,
-        b"undrained; the drain reason was: 5\n",
+def test_a_cancel_answered_with_no_job_entry_says_so(serve):
+    # Was "job None: terminating (step None)", exit 0.
+    answers = {"sdexec.list": LISTED_NOTHING, "sdexec.terminate": {"ok": True}}
+    done = sdexec(
+        serve(lambda request: [response(request, answers[request["topic"]])]),
+        "cancel",
+        "j1",
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1,
+        b"",
+        b"sdexec: the service's terminate answer: id: expected a string, got none\n",
     )
 
 
@@ -1364,7 +1413,7 @@ def stream_start(request: dict) -> dict | None:
     if request["topic"] == "sdexec.exec":
         return {"type": "started", "pid": 7}
     if request["topic"] == "sdexec.attach":
-        return {"type": "attached", "pid": 7, "cmd": {}, "dropped": {}}
+        return {"type": "attached", "pid": 7, "cmd": ATTACHED_CMD, "dropped": {}}
     return None
 
 
@@ -1669,7 +1718,12 @@ def test_a_peer_whose_first_bytes_are_no_message_is_asked_about(serve, sent, sai
 def test_an_attached_whose_dropped_is_no_counts_is_said(serve):
     # "x bytes of stdout dropped before this".
     def script(request: dict) -> list[dict]:
-        attached = {"type": "attached", "pid": 7, "cmd": {}, "dropped": {"stdout": "x"}}
+        attached = {
+            "type": "attached",
+            "pid": 7,
+            "cmd": ATTACHED_CMD,
+            "dropped": {"stdout": "x"},
+        }
         return [response(request, attached)]
 
     script = KillsSeen(script)

@@ -22,7 +22,17 @@ from types import SimpleNamespace
 
 import pytest
 import pytest_twisted
-from support import ended_by_close, read_to_end, sleep, until, until_pipe_full
+from support import (
+    ATTACHED_CMD,
+    LISTED_NOTHING,
+    STATS_ANSWER,
+    TERMINATING,
+    ended_by_close,
+    read_to_end,
+    sleep,
+    until,
+    until_pipe_full,
+)
 from twisted.internet import defer, protocol, reactor
 from twisted.internet.defer import DeferredQueue
 from twisted.internet.endpoints import UNIXServerEndpoint
@@ -206,10 +216,10 @@ def test_rpc_matchtags_count_up_and_route_responses(served):
         "payload": {"detail": True},
     }
     assert (second["topic"], second["matchtag"]) == ("sdexec.stats-get", 2)
-    peer.respond(second, {"stats": True})
-    peer.respond(first, {"procs": []})
-    assert (yield listing) == {"procs": []}
-    assert (yield stats) == {"stats": True}
+    peer.respond(second, STATS_ANSWER)
+    peer.respond(first, LISTED_NOTHING)
+    assert (yield listing) == LISTED_NOTHING
+    assert (yield stats) == STATS_ANSWER
 
 
 @pytest_twisted.inlineCallbacks
@@ -218,9 +228,10 @@ def test_an_answer_of_more_values_than_a_request_may_hold_is_read(served):
     # the frame size bounds what the client reads.
     peer, client = served
     listing = client.list()
-    procs = [{}] * MAX_VALUES
-    peer.respond((yield peer.requests.get()), {"procs": procs})
-    assert (yield listing) == {"procs": procs}
+    proc = {"pid": 7, "cmd": "", "label": "", "state": "R"}  # 5 values
+    procs = [proc] * (MAX_VALUES // 4)
+    peer.respond((yield peer.requests.get()), {"rank": 0, "procs": procs})
+    assert (yield listing) == {"rank": 0, "procs": procs}
 
 
 @pytest_twisted.inlineCallbacks
@@ -238,8 +249,8 @@ def test_a_request_that_is_not_json_is_neither_tracked_nor_sent(served):
     listing = client.list()
     request = yield peer.requests.get()
     assert (request["topic"], request["matchtag"]) == ("sdexec.list", 2)
-    peer.respond(request, {"procs": []})
-    assert (yield listing) == {"procs": []}
+    peer.respond(request, LISTED_NOTHING)
+    assert (yield listing) == LISTED_NOTHING
     os.close(read_end)
     os.close(write_end)
 
@@ -321,8 +332,8 @@ def test_unknown_matchtag_is_ignored(served):
     listing = client.list()
     request = yield peer.requests.get()
     peer.respond({**request, "matchtag": 99}, {"stray": True})
-    peer.respond(request, {"procs": []})
-    assert (yield listing) == {"procs": []}
+    peer.respond(request, LISTED_NOTHING)
+    assert (yield listing) == LISTED_NOTHING
 
 
 def test_a_stray_message_is_logged_short():
@@ -575,7 +586,7 @@ def test_true_is_no_pid_status_or_credit(served):
     peer.respond(request, {"type": "add-credit", "channels": {"stdin": True}})
     peer.respond(request, {"type": "started", "pid": True})
     peer.respond(request, {"type": "finished", "status": True})
-    peer.respond(attach, {"type": "attached", "pid": True})
+    peer.respond(attach, {"type": "attached", "pid": True, "cmd": ATTACHED_CMD})
     peer.respond(attach, {"type": "finished", "status": True})
     for ended in (request, attach):
         peer.sendMessage(_response(ended, errnum=ENODATA))
@@ -618,7 +629,7 @@ def test_a_stream_whose_finished_is_no_wait_status_or_twice_ends_eproto(
     request = yield peer.requests.get()
     attach = yield peer.requests.get()
     peer.respond(request, {"type": "started", "pid": 5})
-    peer.respond(attach, {"type": "attached", "pid": 5})
+    peer.respond(attach, {"type": "attached", "pid": 5, "cmd": ATTACHED_CMD})
     for stream in (request, attach):
         for fields in finished:
             peer.respond(stream, {"type": "finished", **fields})
@@ -646,7 +657,7 @@ def test_a_start_without_a_pid_fails_the_kills_and_ends_eproto(served, pid, show
     attach = yield peer.requests.get()
     held = handle.kill(signal.SIGTERM)
     peer.respond(request, {"type": "started", "pid": pid})
-    peer.respond(attach, {"type": "attached", "pid": pid})
+    peer.respond(attach, {"type": "attached", "pid": pid, "cmd": ATTACHED_CMD})
     said = f"response: expected a pid, got {re.escape(shown)}$"
     with pytest.raises(RPCError, match="started " + said):
         yield held  # failed once the start came
@@ -875,7 +886,7 @@ def test_a_held_kill_refuses_a_bad_signal_number_at_the_call(served, signum):
     listing = client.list()
     after = yield peer.requests.get()  # a held kill would have come first
     assert after["topic"] == "sdexec.list"
-    peer.respond(after, {"procs": []})
+    peer.respond(after, LISTED_NOTHING)
     yield listing
     peer.respond(request, {"type": "finished", "status": 0})
     peer.fail(request, ENODATA)
@@ -886,7 +897,7 @@ def test_a_held_kill_refuses_a_bad_signal_number_at_the_call(served, signum):
 def _round_trip(peer, client):
     """Fires once the client has handled everything the peer sent before."""
     listing = client.list()
-    peer.respond((yield peer.requests.get()), {"procs": []})
+    peer.respond((yield peer.requests.get()), LISTED_NOTHING)
     yield listing
 
 
@@ -1589,7 +1600,7 @@ def test_cli_attach_detaches_while_its_stdout_waits_for_a_reader(
     try:
         peer = yield peer.factory.peers.get()
         request = yield peer.requests.get()
-        peer.respond(request, {"type": "attached", "pid": 42})
+        peer.respond(request, {"type": "attached", "pid": 42, "cmd": ATTACHED_CMD})
         _flood(peer, request)
         yield defer.ensureDeferred(until_pipe_full(r))
         cli.transport.signalProcess(signum)
@@ -1887,6 +1898,107 @@ def test_a_wait_or_list_answer_not_of_its_shape_is_eproto(served, asked, answer)
     assert caught.value.errnum == errno.EPROTO
 
 
+_PROC = {"pid": 7, "cmd": "sleep", "label": "", "state": "R"}
+_DRAIN = STATS_ANSWER["drain"]
+
+#: Answers not of their topic's shape (docs/protocol.md), with what the
+#: client's error says: the answer, then the field, then what came.
+_MALFORMED_ANSWERS = [
+    (
+        "list",
+        {"rank": 0, "procs": [_PROC] * 3 + [{**_PROC, "pid": "7"}]},
+        "procs[3].pid: expected an integer, got '7'",
+    ),
+    ("list", {"procs": []}, "rank: expected an integer, got none"),
+    (
+        "list",
+        {"rank": 0, "procs": [{**_PROC, "cmdline": "sleep 9"}]},
+        "procs[0].cmdline: expected a list, got 'sleep 9'",
+    ),
+    (
+        "list",
+        {"rank": 0, "procs": [{"pid": 7}]},
+        "procs[0].cmd: expected a string, got none",
+    ),
+    (
+        "terminate",
+        {**TERMINATING, "step": 3},
+        "step: expected a string or null, got 3",
+    ),
+    ("terminate", {"id": "j1", "step": "term"}, "pid: expected an integer, got none"),
+    ("reload", {}, "config: expected a string, got none"),
+    (
+        "reload",
+        {"config": "/c.toml", "warnings": "w"},
+        "warnings: expected a list, got 'w'",
+    ),
+    (
+        "reload",
+        {"config": "/c.toml", "needs-restart": [None]},
+        "needs-restart[0]: expected a string, got None",
+    ),
+    (
+        "stats-get",
+        {**STATS_ANSWER, "drain": {**_DRAIN, "drained": "no"}},
+        "drain.drained: expected a boolean, got 'no'",
+    ),
+    (
+        "stats-get",
+        {**STATS_ANSWER, "job-exec": {"jobs": {"j1": {**TERMINATING, "pid": None}}}},
+        "job-exec.jobs.j1.pid: expected an integer, got None",
+    ),
+    ("stats-get", {"procs": []}, "requests: expected an object, got none"),
+    ("undrain", {"reason": 5}, "reason: expected a string or null, got 5"),
+    ("undrain", {"reason": None, "cleared": "x"}, "cleared: expected a list, got 'x'"),
+]
+
+#: Each answer's request, made by the client's own call for it.
+_ASKED = {
+    "list": lambda client: client.list(),
+    "terminate": lambda client: client.terminate(jobid="j1"),
+    "reload": lambda client: client.reload(),
+    "stats-get": lambda client: client.stats(),
+    "undrain": lambda client: client.undrain(),
+}
+
+
+@pytest.mark.parametrize(("asked", "answer", "said"), _MALFORMED_ANSWERS)
+@pytest_twisted.ensureDeferred
+async def test_an_answer_not_of_its_shape_is_eproto_naming_the_field(
+    served, asked, answer, said
+):
+    # Handed on unchecked, a caller's proc["pid"] raised KeyError, or a pid
+    # of "7" matched no process; a reload's warnings of "w" were a warning
+    # per character.
+    peer, client = served
+    pending = _ASKED[asked](client)
+    peer.respond(await peer.requests.get(), answer)
+    with pytest.raises(RPCError) as caught:
+        await pending
+    assert caught.value.errnum == errno.EPROTO
+    assert str(caught.value) == f"the service's {asked} answer: {said}"
+
+
+@pytest.mark.parametrize(
+    ("asked", "answer"),
+    [
+        ("list", {"rank": 0, "procs": [{**_PROC, "step": None, "future": 1}]}),
+        ("terminate", TERMINATING),
+        ("reload", {"config": "/c.toml", "warnings": [], "needs-restart": ["x"]}),
+        ("stats-get", STATS_ANSWER),
+        ("undrain", {"reason": "still", "still": None}),
+    ],
+)
+@pytest_twisted.ensureDeferred
+async def test_an_answer_of_its_shape_is_handed_on_as_it_came(served, asked, answer):
+    # Fields a newer service adds, and those an older one lacks (an undrain
+    # from before its lists), are let through.
+    peer, client = served
+    pending = _ASKED[asked](client)
+    peer.respond(await peer.requests.get(), answer)
+    assert await pending == answer
+
+
 #: io objects no caller can decode as output (sdexec.ioencode.decode_io, of
 #: stdout or stderr), with how the field is named (where "io" is the
 #: object's own place in the answer or response).
@@ -1981,7 +2093,7 @@ async def test_an_output_response_a_caller_cannot_decode_ends_its_stream_eproto(
     with capturedLogs() as events:
         for request, start in streams:
             for payload in (
-                {"type": start, "pid": 5},
+                {"type": start, "pid": 5, "cmd": ATTACHED_CMD},
                 {"type": "output", "pid": 5, "io": item},
                 good,  # the rest is handed on
                 {"type": "finished", "status": 0},
@@ -2075,7 +2187,7 @@ async def test_a_stream_that_breaks_the_protocol_has_its_process_killed(
     request = await peer.requests.get()
     start = "attached" if attach else "started"
     with capturedLogs() as events:
-        peer.respond(request, {"type": start, "pid": 5, "cmd": {}})
+        peer.respond(request, {"type": start, "pid": 5, "cmd": ATTACHED_CMD})
         peer.respond(request, breaking)
         kill = await peer.requests.get()
     assert (kill["topic"], kill["payload"]) == ("sdexec.kill", _PROTOCOL_KILL)
@@ -2164,13 +2276,37 @@ async def test_a_wait_s_output_is_decoded_once(served):
     assert decode_io(item)[1] is decode_io(item)[1] == data
 
 
-@pytest.mark.parametrize("dropped", [{"stdout": "x"}, [3], 0, {"stderr": -1}])
+_DROPPED_SAID = "attached: expected byte counts for dropped, got "
+_CMD_SAID = "the service's attached response: cmd"
+
+#: ``attached`` fields no caller can use (``None``: the field left out),
+#: with what the stream's end says.
+_BAD_ATTACHED = [
+    *(
+        ({"dropped": dropped}, _DROPPED_SAID + repr(dropped))
+        for dropped in ({"stdout": "x"}, [3], 0, {"stderr": -1})
+    ),
+    ({"cmd": None}, f"{_CMD_SAID}: expected an object, got none"),
+    ({"cmd": "true"}, f"{_CMD_SAID}: expected an object, got 'true'"),
+    (
+        {"cmd": {**ATTACHED_CMD, "cmdline": "true"}},
+        f"{_CMD_SAID}.cmdline: expected a list, got 'true'",
+    ),
+    (
+        {"cmd": {**ATTACHED_CMD, "env": {"PATH": 5}}},
+        f"{_CMD_SAID}.env.PATH: expected a string, got 5",
+    ),
+]
+
+
+@pytest.mark.parametrize(("fields", "said"), _BAD_ATTACHED)
 @pytest_twisted.ensureDeferred
-async def test_an_attached_whose_dropped_is_no_counts_ends_its_stream_eproto(
-    served, dropped
+async def test_an_attached_a_caller_cannot_read_ends_its_stream_eproto(
+    served, fields, said
 ):
-    # Handed on: a caller adding the counts met a TypeError in its own
-    # callback, logged, or said "x bytes"; done fired as for a good end.
+    # Handed on: a caller adding the counts, or showing the command line,
+    # met a TypeError or KeyError in its own callback, logged, or said "x
+    # bytes"; done fired as for a good end.
     peer, client = served
     seen = []
 
@@ -2178,12 +2314,17 @@ async def test_an_attached_whose_dropped_is_no_counts_ends_its_stream_eproto(
         seen.append(payload["type"])
         if payload["type"] == "attached":
             sum(payload.get("dropped", {}).values())
+            " ".join(payload["cmd"]["cmdline"])
 
     attached = client.attach(pid=5, on_response=on_response)
     request = await peer.requests.get()
+    start = {"type": "attached", "pid": 5, "cmd": ATTACHED_CMD, "dropped": {}}
+    start = {
+        key: value for key, value in {**start, **fields}.items() if value is not None
+    }
     with capturedLogs() as events:
         for payload in (
-            {"type": "attached", "pid": 5, "cmd": {}, "dropped": dropped},
+            start,
             {"type": "output", "pid": 5, "io": encode_io("stdout", "0", b"ok\n")},
             {"type": "finished", "status": 0},
         ):
@@ -2191,11 +2332,7 @@ async def test_an_attached_whose_dropped_is_no_counts_ends_its_stream_eproto(
         peer.sendMessage(_response(request, errnum=ENODATA))
         with pytest.raises(RPCError) as caught:
             await attached.done
-    assert caught.value.errnum == errno.EPROTO
-    shown = repr(dropped)
-    assert (
-        str(caught.value) == f"attached: expected byte counts for dropped, got {shown}"
-    )
+    assert (caught.value.errnum, str(caught.value)) == (errno.EPROTO, said)
     assert (seen, attached.pid, _failed_callbacks(events)) == (
         ["output", "finished"],
         5,
@@ -2747,7 +2884,8 @@ async def test_an_attach_s_end_after_its_cancel_is_said(served):
     responses: list[dict] = []
     attached = client.attach(pid=4245, on_response=responses.append)
     request = await peer.requests.get()
-    peer.respond(request, {"type": "attached", "pid": 4245})
+    first = {"type": "attached", "pid": 4245, "cmd": ATTACHED_CMD}
+    peer.respond(request, first)
     await _round_trip(peer, client)
     attached.done.cancel()
     with pytest.raises(defer.CancelledError):
@@ -2758,7 +2896,7 @@ async def test_an_attach_s_end_after_its_cancel_is_said(served):
         peer.respond(request, {"type": "finished", "status": 0})
         peer.fail(request, errno.ENOBUFS, "fell behind by 9 bytes")
         await _round_trip(peer, client)
-    assert responses == [{"type": "attached", "pid": 4245}]
+    assert responses == [first]
     (warning,) = _warnings(events)
     assert warning.startswith(
         "sdexec: the attach to pid 4245, whose Deferred was cancelled here,"

@@ -52,9 +52,9 @@ def peer(tmp_path: Path) -> Iterator[tuple[str, list[bytes], list[dict]]]:
 def test_a_call_gets_its_response(peer):
     path, replies, received = peer
     replies.append(b'{"type":"response","topic":"sdexec.list","matchtag":1,')
-    replies.append(b'"payload":{"procs":[]}}\n')
+    replies.append(b'"payload":{"rank":0,"procs":[]}}\n')
     with Loop() as loop, Connection(loop, path) as connection:
-        assert connection.call("sdexec.list", {}) == {"procs": []}
+        assert connection.call("sdexec.list", {}) == {"rank": 0, "procs": []}
     assert received[0]["topic"] == "sdexec.list"
     assert received[0]["matchtag"] == 1
 
@@ -76,11 +76,12 @@ def test_an_answer_of_more_values_than_a_request_may_hold_is_read(peer):
     # A list of thousands of processes may: the service bounds requests,
     # the frame size bounds what the client reads.
     path, replies, _ = peer
-    procs = [[]] * MAX_VALUES
+    proc = {"pid": 7, "cmd": "", "label": "", "state": "R"}  # 5 values
+    listed = {"rank": 0, "procs": [proc] * (MAX_VALUES // 4)}
     answer = {"type": "response", "topic": "sdexec.list", "matchtag": 1}
-    replies.append(encode_message({**answer, "payload": {"procs": procs}}))
+    replies.append(encode_message({**answer, "payload": listed}))
     with Loop() as loop, Connection(loop, path) as connection:
-        assert connection.call("sdexec.list", {}) == {"procs": procs}
+        assert connection.call("sdexec.list", {}) == listed
 
 
 def test_a_refusal_before_the_first_write_is_still_the_reason(tmp_path):
@@ -232,14 +233,16 @@ def test_a_stdio_descriptor_not_open_is_refused_before_anything_is_sent(peer, fd
     # the queue and failed every later request.
     path, replies, received = peer
     replies.append(
-        encode_message({"type": "response", "matchtag": 1, "payload": {"procs": []}})
+        encode_message(
+            {"type": "response", "matchtag": 1, "payload": {"rank": 0, "procs": []}}
+        )
     )
     with Loop() as loop, Connection(loop, path) as connection:
         if fd == "closed":
             fd = _a_closed_descriptor()
         with pytest.raises(ValueError, match=rf"^exec: stdio: stdout: {fd!r}: "):
             connection.exec({"cmdline": ["true"]}, 3, print, {"stdout": fd})
-        assert connection.call("sdexec.list", {}) == {"procs": []}
+        assert connection.call("sdexec.list", {}) == {"rank": 0, "procs": []}
     assert [message["topic"] for message in received] == ["sdexec.list"]
 
 
@@ -261,7 +264,9 @@ def test_a_stdio_descriptor_that_is_the_connection_is_refused(peer, number):
     # client left, and the service never stopped it (review session 43 Z2).
     path, replies, received = peer
     replies.append(
-        encode_message({"type": "response", "matchtag": 1, "payload": {"procs": []}})
+        encode_message(
+            {"type": "response", "matchtag": 1, "payload": {"rank": 0, "procs": []}}
+        )
     )
     with Loop() as loop, Connection(loop, path) as connection:
         own = connection._sock.fileno()
@@ -273,7 +278,7 @@ def test_a_stdio_descriptor_that_is_the_connection_is_refused(peer, number):
             " service: its process would keep it open and run on after the client"
             " left (open fds 0-2 before connecting)"
         )
-        assert connection.call("sdexec.list", {}) == {"procs": []}
+        assert connection.call("sdexec.list", {}) == {"rank": 0, "procs": []}
         if fd != own:
             os.close(fd)
     assert [message["topic"] for message in received] == ["sdexec.list"]
@@ -292,12 +297,12 @@ class _Ignored:
 def test_a_request_that_is_not_json_is_not_tracked(peer):
     path, replies, received = peer
     reply = {"type": "response", "topic": "sdexec.list", "matchtag": 2}
-    replies.append(encode_message({**reply, "payload": {"procs": []}}))
+    replies.append(encode_message({**reply, "payload": {"rank": 0, "procs": []}}))
     with Loop() as loop, Connection(loop, path) as connection:
         with pytest.raises(ValueError):
             connection.send("sdexec.list", {"x": float("nan")}, _Ignored())
         assert connection._requests._in_flight == {}  # nothing left waiting
-        assert connection.call("sdexec.list", {}) == {"procs": []}
+        assert connection.call("sdexec.list", {}) == {"rank": 0, "procs": []}
     assert [request["matchtag"] for request in received] == [2]
 
 

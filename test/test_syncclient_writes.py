@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import LISTED_NOTHING
 from test_cli_scripted import ScriptedService, failure, response
 
 from sdexec.ioencode import decode_io
@@ -60,6 +61,8 @@ class Service:
             return self.on_write(request, self.exec_request)
         if request["topic"] == "sdexec.kill":
             return [response(request, {}), *ends_well(self.exec_request)]
+        if request["topic"] == "sdexec.list":
+            return [response(request, LISTED_NOTHING)]
         return [response(request, {})]
 
 
@@ -162,7 +165,7 @@ def test_a_refusal_after_the_exec_ended_is_ignored(service):
         assert stream.write_matchtag not in connection._requests._in_flight
         # A call after it: the late refusal has been read by the time it is
         # answered.
-        assert connection.call("sdexec.list", {}) == {}
+        assert connection.call("sdexec.list", {}) == LISTED_NOTHING
     assert (refusals, stream.stdin_error, stream.error) == ([], None, None)
 
 

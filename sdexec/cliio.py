@@ -74,6 +74,7 @@ __all__ = [
     "warn",
     "warn_after_finished",
     "write_output",
+    "write_stdout_whole",
 ]
 
 #: What ``run`` and ``attach`` fail with when a stream ended without its
@@ -496,10 +497,10 @@ def print_out(*values: object, sep: str = " ") -> None:
     a listing longer than the pipe held, and exited 0.
     """
     text = sep.join(map(str, values)) + "\n"
-    _checked_stdout(lambda: _write_whole(text))
+    _checked_stdout(lambda: write_stdout_whole(text))
 
 
-def _write_whole(text: str) -> None:
+def write_stdout_whole(text: str) -> None:
     """``text`` on stdout, as ``print`` encodes it, all of it: a
     non-blocking stdout is waited for (:class:`Output`), and its error
     raised as it came."""

@@ -31,16 +31,21 @@ __all__ = ["CommandParser", "write_stdout_or_exit"]
 
 
 def write_stdout_or_exit(prog: str, text: str) -> None:
-    """``text`` on stdout, flushed (a buffered stdout fails only then), or
+    """``text`` on stdout, whole (a non-blocking stdout waited for), or
     ``SystemExit`` when it cannot be written: 1, after ``PROG: cannot write
     stdout: ...`` on stderr, or SIGPIPE's status, quietly, for a reader
     gone."""
-    stdout = sys.stdout
+    # Imported here: the service reads its configuration through this
+    # module, and needs none of the command line's output.
+    from sdexec.cliio import write_stdout_whole
+
     try:
-        if stdout is None:  # fd 1 was closed when Python started (>&-)
+        if sys.stdout is None:  # fd 1 was closed when Python started (>&-)
             raise OSError(errno.EBADF, os.strerror(errno.EBADF))
-        stdout.write(text)
-        stdout.flush()
+        # Whole, though stdout is non-blocking: written with print's
+        # write(), the JSON past what the pipe took was lost (dropped in
+        # silence under PYTHONUNBUFFERED, as ps's listing was).
+        write_stdout_whole(text)
     except BrokenPipeError:
         _exit_quietly(128 + signal.SIGPIPE)
     except OSError as error:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import itertools
 import json
 import os
@@ -10,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -2093,6 +2095,28 @@ def test_a_reader_that_left_ends_the_checker_quietly():
         ["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, check=False
     )
     assert (run.stdout, run.stderr) == ("141\n", "")
+
+
+def test_the_checker_writes_its_whole_json_to_a_nonblocking_stdout():
+    # Written with print's write(): under PYTHONUNBUFFERED the JSON past
+    # what a non-blocking pipe took was dropped, and the checker exited 0.
+    reader, writer = os.pipe()
+    fcntl.fcntl(writer, fcntl.F_SETPIPE_SZ, 4096)  # one page: the JSON is 2.6 KiB
+    os.write(writer, b"x" * 3072)  # room for a third of it
+    os.set_blocking(writer, False)
+    with subprocess.Popen(
+        [sys.executable, "-m", "sdexec.config", str(EXAMPLES[0])],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=writer,
+        stderr=subprocess.PIPE,
+    ) as checker:
+        os.close(writer)
+        time.sleep(0.5)  # it has written what fits and waits, or has exited
+        with open(reader, "rb") as pipe:
+            written = pipe.read()
+        assert (checker.wait(60), checker.stderr.read()) == (0, b"")
+    assert json.loads(written[3072:])["exec"]["service"]
 
 
 def test_checking_endpoints_installs_no_reactor():

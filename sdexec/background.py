@@ -58,7 +58,7 @@ from sdexec.process import NO_EXIT_STATUS_ERRNO, OutputValve, Process, Responder
 from sdexec.protocol import STATUS_AND_ERROR, ExecFlag, command_object
 from sdexec.refusal import SHOWN, quoted
 from sdexec.retained import CONFIG_KEY, STREAMS, Cursor, RetainedOutput
-from sdexec.shares import Share, most_allowed
+from sdexec.shares import Share
 
 log = Logger()
 
@@ -835,10 +835,9 @@ class TrackedProcesses:
         # still fed it), and each answer not yet read up to 8 times that as
         # JSON, so this bounds the memory they take.
         held = self.waitable_held(share.uid)
-        limit = share.limit(limits, "max-waitable")
-        if held >= limit:
+        allows = share.at_cap(limits, "max-waitable", held)
+        if allows is not None:
             note = self._unread_note("waitable", "answered", share.uid)
-            allows = most_allowed(held, limit, share.key("max-waitable"))
             raise RequestError(
                 errno.EAGAIN,
                 f"flags: too many waitable processes{share.whose()}: {held}"
@@ -851,10 +850,9 @@ class TrackedProcesses:
         # ends while an attach is still fed it: without a bound on their
         # number, that memory had none.
         running = self.background_held(share.uid)
-        limit = share.limit(limits, "max-background")
-        if running >= limit:
+        allows = share.at_cap(limits, "max-background", running)
+        if allows is not None:
             note = self._unread_note("background", "ended", share.uid)
-            allows = most_allowed(running, limit, share.key("max-background"))
             raise RequestError(
                 errno.EAGAIN,
                 f"too many background processes{share.whose()}: {running}"

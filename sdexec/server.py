@@ -73,7 +73,7 @@ from sdexec.protocol import (
 )
 from sdexec.receipt import reads_unit_cgroups
 from sdexec.refusal import SHOWN, quoted
-from sdexec.shares import STATS_USERS, ProcessOwners, Share, most_allowed
+from sdexec.shares import STATS_USERS, ProcessOwners, Share
 from sdexec.signals import signal_name
 from sdexec.systemd import Manager
 from sdexec.systemd.errors import (
@@ -532,9 +532,8 @@ class SdexecServer:
         (its command, partial lines, stdin held for it), outside the slice
         that caps the jobs."""
         held = self._processes_of(share)
-        limit = share.limit(self.config.sdexec, "max-processes")
-        if held >= limit:
-            allows = most_allowed(held, limit, share.key("max-processes"))
+        allows = share.at_cap(self.config.sdexec, "max-processes", held)
+        if allows is not None:
             raise RequestError(
                 errno.EAGAIN,
                 f"too many processes{share.whose()}: {held} tabled, {allows}",

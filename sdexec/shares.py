@@ -65,6 +65,13 @@ class Share(NamedTuple):
         """The value of :meth:`key` in ``limits`` (the ``[sdexec]`` table)."""
         return int(getattr(limits, self.key(cap).replace("-", "_")))
 
+    def at_cap(self, limits: Any, cap: str, held: int) -> str | None:
+        """Whether ``held`` has reached this user's ``cap`` in ``limits``:
+        if so, how the refusal names the cap (:func:`most_allowed`), else
+        ``None``."""
+        limit = self.limit(limits, cap)
+        return most_allowed(held, limit, self.key(cap)) if held >= limit else None
+
     def whose(self) -> str:
         """Words for a refusal's count: whose processes it counts."""
         return f" of uid {self.uid}" if self.per_user else ""

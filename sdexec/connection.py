@@ -21,10 +21,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from twisted.internet import defer
-from twisted.internet.interfaces import (
-    IHalfCloseableProtocol,
-    IPushProducer,
-)
+from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure

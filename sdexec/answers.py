@@ -22,7 +22,15 @@ TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["ANSWERS", "ATTACHED_COMMAND", "Check", "Shape", "answer_fault"]
+__all__ = [
+    "ADD_CREDIT",
+    "ANSWERS",
+    "ATTACHED_COMMAND",
+    "DROPPED",
+    "Check",
+    "Shape",
+    "answer_fault",
+]
 
 
 def _at(where: str, name: str) -> str:
@@ -157,6 +165,7 @@ TEXT = Kind("a string", lambda value: isinstance(value, str))
 BOOLEAN = Kind("a boolean", lambda value: isinstance(value, bool))
 OBJECT = Kind("an object", lambda value: isinstance(value, dict))
 TEXTS = ListOf(TEXT)
+BYTE_COUNT = Kind("a byte count", lambda value: type(value) is int and value >= 0)
 
 #: An ``sdexec.list`` entry: upstream's four fields (what flux-core's Python
 #: client makes its dataclass of), then what ``detail`` and a job add.
@@ -250,6 +259,15 @@ ATTACHED_COMMAND = Shape(
         )
     }
 )
+
+#: An ``add-credit`` response: its ``channels``, each stream's credit an
+#: integer (RFC 42; JSON's true is none), as Flux's libsubprocess refuses
+#: others (client.c).
+ADD_CREDIT = Shape({"channels": ObjectOf(INTEGER)})
+
+#: A ``wait``'s answer or an ``attached`` response: its ``dropped``, the
+#: bytes of each output stream dropped before its output, when it has one.
+DROPPED = Shape({}, {"dropped": ObjectOf(BYTE_COUNT)})
 
 
 def answer_fault(topic: str, answer: dict[str, Any]) -> str | None:

@@ -25,7 +25,7 @@ from sdexec.protocolbase import (
     chosen_socket_path,
 )
 from sdexec.receipt import Receipt
-from sdexec.refusal import errno_name, errstr_line, member, one_line, quoted
+from sdexec.refusal import errno_name, errstr_line, one_line, quoted
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -506,17 +506,24 @@ def wait_error(answer: dict[str, Any]) -> RPCError | None:
 def dropped_counts(answer: dict[str, Any], what: str) -> dict[str, int]:
     """The bytes of each output stream a ``wait``'s answer or an
     ``attached`` (``what``) says were dropped before its output (its
-    ``dropped``; none: ``{}``). :class:`RPCError` ``EPROTO`` naming what
-    came instead of counts: ``"x"`` was said as "x bytes of stdout"."""
-    dropped = answer.get("dropped", {})
-    if isinstance(dropped, dict) and all(
-        type(count) is int and count >= 0 for count in dropped.values()
-    ):
-        return dropped
-    shown = quoted(dropped, 200)
-    raise RPCError(
-        errno.EPROTO, f"{what}: expected byte counts for dropped, got {shown}"
-    )
+    ``dropped``; none: ``{}``). :class:`RPCError` ``EPROTO`` naming the
+    field otherwise (``wait: dropped.stdout: expected a byte count, got
+    'x'``): ``"x"`` was said as "x bytes of stdout"."""
+    _check_shape("DROPPED", answer, what)
+    return answer.get("dropped", {})
+
+
+def _check_shape(shape: str, payload: dict[str, Any], what: str) -> None:
+    """:class:`RPCError` ``EPROTO`` unless ``payload`` has the shape
+    :mod:`sdexec.answers` names ``shape``, the message led by ``what``
+    (the response) and naming the field."""
+    # Here, as checked_answer loads it: a `run` whose stdin is passed (no
+    # add-credit comes) loads no table.
+    from sdexec import answers
+
+    fault = getattr(answers, shape).fault(payload)
+    if fault is not None:
+        raise RPCError(errno.EPROTO, f"{what}: {fault}")
 
 
 #: The streams whose output a service sends (RFC 42's: sdexec makes no
@@ -730,11 +737,7 @@ def attached_command(payload: dict[str, Any]) -> dict[str, Any]:
     was started with (:data:`~sdexec.answers.ATTACHED_COMMAND`).
     :class:`RPCError` ``EPROTO`` naming the field otherwise: handed on, a
     caller's ``cmd["cmdline"]`` raised in its callback."""
-    from sdexec.answers import ATTACHED_COMMAND  # (as checked_answer does)
-
-    fault = ATTACHED_COMMAND.fault(payload)
-    if fault is not None:
-        raise RPCError(errno.EPROTO, f"the service's attached response: {fault}")
+    _check_shape("ATTACHED_COMMAND", payload, "the service's attached response")
     return payload["cmd"]
 
 
@@ -743,17 +746,8 @@ def credit_channels(payload: dict[str, Any]) -> dict[str, int]:
     credits (RFC 42; JSON's true is none). :class:`RPCError` ``EPROTO``
     naming the field otherwise, as Flux's libsubprocess refuses it
     (client.c): ignored, a credit of ``"4096"`` left stdin held for ever."""
-    where = "the service's add-credit response: channels"
-    channels = payload.get("channels")
-    if not isinstance(channels, dict):
-        got = quoted(channels, 200) if "channels" in payload else "none"
-        raise RPCError(errno.EPROTO, f"{where}: expected an object, got {got}")
-    for name, amount in channels.items():
-        if type(amount) is not int:
-            field = member(where, name, 40)
-            got = quoted(amount, 40)
-            raise RPCError(errno.EPROTO, f"{field}: expected an integer, got {got}")
-    return channels
+    _check_shape("ADD_CREDIT", payload, "the service's add-credit response")
+    return payload["channels"]
 
 
 def process_target(pid: int | None, label: str | None) -> dict[str, Any]:

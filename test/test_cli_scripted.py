@@ -411,12 +411,12 @@ def answering(payload: dict) -> Script:
         (
             ["wait", "7"],
             {"status": 0, "dropped": {"stdout": "x"}},
-            b"wait: expected byte counts for dropped, got {'stdout': 'x'}",
+            b"wait: dropped.stdout: expected a byte count, got 'x'",
         ),
         (
             ["wait", "7"],
             {"status": 0, "dropped": [5]},
-            b"wait: expected byte counts for dropped, got [5]",
+            b"wait: dropped: expected an object, got [5]",
         ),
     ],
 )
@@ -1730,7 +1730,7 @@ def test_an_attached_whose_dropped_is_no_counts_is_said(serve):
     done = sdexec(serve(script), "attach", "7")
     assert (done.returncode, done.stderr) == (
         1,
-        b"sdexec: attached: expected byte counts for dropped, got {'stdout': 'x'}:"
+        b"sdexec: attached: dropped.stdout: expected a byte count, got 'x':"
         b" pid 7 killed (SIGKILL): its stream broke the protocol\n",
     )
     assert script.wait() == [PROTOCOL_KILL]

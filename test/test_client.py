@@ -2276,15 +2276,21 @@ async def test_a_wait_s_output_is_decoded_once(served):
     assert decode_io(item)[1] is decode_io(item)[1] == data
 
 
-_DROPPED_SAID = "attached: expected byte counts for dropped, got "
+_DROPPED_SAID = "attached: dropped"
 _CMD_SAID = "the service's attached response: cmd"
 
 #: ``attached`` fields no caller can use (``None``: the field left out),
 #: with what the stream's end says.
 _BAD_ATTACHED = [
     *(
-        ({"dropped": dropped}, _DROPPED_SAID + repr(dropped))
-        for dropped in ({"stdout": "x"}, [3], 0, {"stderr": -1})
+        ({"dropped": dropped}, f"{_DROPPED_SAID}{said}")
+        for dropped, said in (
+            ({"stdout": "x"}, ".stdout: expected a byte count, got 'x'"),
+            ([3], ": expected an object, got [3]"),
+            (0, ": expected an object, got 0"),
+            ({"stderr": -1}, ".stderr: expected a byte count, got -1"),
+            ({"a b": True}, "['a b']: expected a byte count, got True"),
+        )
     ),
     ({"cmd": None}, f"{_CMD_SAID}: expected an object, got none"),
     ({"cmd": "true"}, f"{_CMD_SAID}: expected an object, got 'true'"),

@@ -1177,8 +1177,8 @@ class SdexecServer:
         process ended and kept for a wait, which "not found" denied."""
         if self.tracked.ended_and_kept(pid, label):
             return ended_and_kept("kill", target)
-        lost = self._labels_lost() if label is not None else ""
-        return f"kill {target} not found{lost}"
+        said = f"kill {target} not found"
+        return self._with_labels_lost(said, label) or said
 
     def list(self, detail: bool = True) -> dict:
         """``sdexec.list``: every process, its own and its leftovers; without
@@ -1255,7 +1255,6 @@ class SdexecServer:
             pid = payload.get("pid") if label is None else None
             leftovers = self.leftovers if isinstance(pid, int) else None
             leftover = leftovers.find(pid) if leftovers is not None else None
-            lost = self._labels_lost() if label is not None else ""
             if leftover is not None:
                 raise RequestError(
                     error.errnum,
@@ -1264,23 +1263,28 @@ class SdexecServer:
                     " follows: its output and end are not kept; only a kill"
                     " reaches it",
                 ) from None
-            if lost and error.errstr.endswith(NOT_FOUND):
-                raise RequestError(error.errnum, f"{error.errstr}{lost}") from None
+            if error.errstr.endswith(NOT_FOUND):
+                lost = self._with_labels_lost(error.errstr, label)
+                if lost is not None:
+                    raise RequestError(error.errnum, lost) from None
             raise
 
-    def _labels_lost(self) -> str:
-        """What a request by a label that names nothing is told while
-        leftovers of an earlier run are listed: the process it started may
-        be one of them, running on, its label gone with the run (only
-        its memory held it)."""
-        count = self.leftovers.of_earlier_runs() if self.leftovers else 0
+    def _with_labels_lost(self, said: str, label: object) -> str | None:
+        """``said``, the "not found" of a request (kill, wait, attach,
+        terminate) by ``label`` (``None``: not by a label), and, while
+        leftovers of an earlier run are listed, that the process it started
+        may be one of them, running on, its label gone with the run (only
+        its memory held it). ``None``: nothing to add."""
+        if label is None or self.leftovers is None:
+            return None
+        count = self.leftovers.of_earlier_runs()
         if not count:
-            return ""
+            return None
         units, are = ("unit", "is") if count == 1 else ("units", "are")
         return (
-            f"; labels do not outlive a run of the service: {count} leftover"
-            f" {units} of an earlier run (state O in sdexec ps) {are} reached"
-            " only by a kill of a pid"
+            f"{said}; labels do not outlive a run of the service: {count}"
+            f" leftover {units} of an earlier run (state O in sdexec ps) {are}"
+            " reached only by a kill of a pid"
         )
 
     def _watched_output(self, responder: Responder) -> Responder:
@@ -1375,8 +1379,7 @@ class SdexecServer:
             return None
         value = payload[key]
         if key == "label":
-            lost = self._labels_lost()
-            return f"{error.errstr}{lost}" if lost else None
+            return self._with_labels_lost(error.errstr, value)
         find = self.leftovers.find if key == "pid" else self.leftovers.find_job
         leftover = find(value)
         return None if leftover is None else _leftover_runs_no_job(key, value, leftover)

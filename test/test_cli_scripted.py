@@ -1577,8 +1577,9 @@ def test_output_no_client_can_decode_kills_the_process_naming_it(serve, command)
     assert (done.returncode, done.stdout, done.stderr) == (
         1,
         b"out\n",
-        b"sdexec: the service's output response: io.data: invalid base64: pid 7"
-        b" killed (SIGKILL): its stream broke the protocol\n",
+        b"sdexec: the service's output response: io.data: invalid base64: '#'"
+        b" at offset 0 is not a base64 character: pid 7 killed (SIGKILL): its"
+        b" stream broke the protocol\n",
     )
     assert script.wait() == [PROTOCOL_KILL]
 
@@ -1600,8 +1601,8 @@ def test_a_wait_s_output_no_client_can_decode_is_named_as_the_library_names_it(
     assert (done.returncode, done.stdout, done.stderr) == (
         1,
         b"out\n",
-        b"sdexec: wait: output[0].data: invalid base64: dropped, and any more"
-        b" malformed output unsaid\n",
+        b"sdexec: wait: output[0].data: invalid base64: '#' at offset 0 is not"
+        b" a base64 character: dropped, and any more malformed output unsaid\n",
     )
     assert script.kills == []
 

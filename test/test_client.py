@@ -1999,6 +1999,9 @@ async def test_an_answer_of_its_shape_is_handed_on_as_it_came(served, asked, ans
     assert await pending == answer
 
 
+#: How output whose base64 starts "#!" is refused.
+_NOT_BASE64 = "io.data: invalid base64: '#' at offset 0 is not a base64 character"
+
 #: io objects no caller can decode as output (sdexec.ioencode.decode_io, of
 #: stdout or stderr), with how the field is named (where "io" is the
 #: object's own place in the answer or response).
@@ -2011,7 +2014,7 @@ _MALFORMED_IO = [
     ),
     (
         {"stream": "stdout", "rank": "0", "data": "#!", "encoding": "base64"},
-        "io.data: invalid base64",
+        _NOT_BASE64,
     ),
     (
         {"stream": "stdout", "rank": "0", "data": "x", "encoding": "latin-1"},
@@ -2140,7 +2143,7 @@ _PROTOCOL_KILL = {"pid": 5, "signum": signal.SIGKILL, "who": "main"}
 _BREAKING = [
     (
         {"type": "output", "pid": 5, "io": _MALFORMED_IO[3][0]},
-        "the service's output response: io.data: invalid base64",
+        f"the service's output response: {_NOT_BASE64}",
     ),
     (
         {"type": "add-credit", "channels": {"stdin": "4096"}},

@@ -665,7 +665,7 @@ class ClientProtocol(StdioReceivingProtocol):
             raise RequestError(errno.ENOSYS, f"unknown topic {quoted(topic, SHOWN)}")
         self.server.count(topic)
         if self.server.config.systemd.sdexec_debug:
-            log.info(
+            log.debug(
                 "request {topic} matchtag={matchtag} from connection {id}",
                 topic=topic,
                 matchtag=matchtag,

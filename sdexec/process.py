@@ -1017,11 +1017,15 @@ class Process:
         """The unit's states, of the request's own process: send what they
         say (``started``, ``finished``), and stop or reset the unit once its
         exit status is kept."""
+        seen = self.status
         status = self.status = UnitStatus.from_properties(
             properties, command_ran=self._command_ran
         )
-        if self._context.debug():
-            log.info("{unit}: {state}", unit=self.unit_name, state=status)
+        if self._context.debug() and status.said() != seen.said():
+            # One line a change: the Unit and Service interfaces signal
+            # apart, a GetAll reads the unit again, and most signals change
+            # properties not said here (timestamps, CPU usage).
+            log.debug("{unit}: {state}", unit=self.unit_name, state=status.said())
         if status.pid > 0 and self.pid is None:
             self.pid = status.pid
             self._context.pid_known(self)

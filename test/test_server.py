@@ -224,7 +224,28 @@ def test_debug_turned_on_by_a_reload_shows_the_units_already_running(
     with capturedLogs() as events:
         systemd.run(UNIT, pid=77)
     lines = [formatEvent(event) for event in events]
-    assert any(line.startswith(f"{UNIT}: UnitStatus(") for line in lines), lines
+    assert f"{UNIT}: active.running pid 77" in lines, lines
+
+
+def test_debug_logs_one_readable_line_a_unit_state_change(systemd, server, connection):
+    # Each signal logged a line, UnitStatus(active_state='active', ...), at
+    # info: the same state three times over as the Unit and Service
+    # interfaces signalled apart, or a timestamp changed.
+    config = parse_config({"systemd": {"sdexec-debug": True}})
+    server.reconfigure(config, Containment(config, None))
+    connection.send("sdexec.exec", {"flags": FLAGS, "cmd": TRUE})
+    with capturedLogs() as events:
+        systemd.run(UNIT)
+        systemd.run(UNIT)
+        systemd.change(UNIT, {"ExecMainStartTimestamp": 1})
+        systemd.exit(UNIT, status=3)
+        systemd.exit(UNIT, status=3)
+    said = [event for event in events if event["log_namespace"] == "sdexec.process"]
+    assert [formatEvent(event) for event in said] == [
+        f"{UNIT}: active.running pid 4242",
+        f"{UNIT}: active.exited pid 4242 exited 3",
+    ]
+    assert {event["log_level"] for event in said} == {LogLevel.debug}
 
 
 def test_unreadable_credentials_are_refused(server):

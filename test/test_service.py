@@ -15,6 +15,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -975,8 +976,15 @@ async def test_debug_switches_log_requests_units_and_dbus_calls(start_service):
         globalLogPublisher.removeObserver(observe)
     text = "\n".join(lines)
     assert "request sdexec.exec matchtag=" in text
+    # A property as its value: it was <dbus_fast.signature.Variant ('s', …)>.
     assert "sdbus: StartTransientUnit" in text
-    assert "UnitStatus(active_state=" in text
+    assert "('Description', 'true [sdexec:" in text
+    assert "Variant" not in text
+    # One line a change of the unit, as upstream's sdexec says its state
+    # (each signal logged a UnitStatus(...), most the same as the last).
+    units = [line for line in lines if line.startswith("sdexec-")]
+    assert any(" exited 0, result success" in line for line in units), units
+    assert all(line != before for before, line in pairwise(units)), units
 
 
 # -- jobs: time limits and JOB TERMINATION against the real manager ------------------

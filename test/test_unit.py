@@ -268,3 +268,27 @@ def test_a_namespace_failure_names_a_missing_path_of_the_request():
     # Only for 226: another failure is not said to come of it.
     _, other = exited(217).failure("/opt/x", "/w", missing=missing)
     assert "/scratch/x" not in other
+
+
+@pytest.mark.parametrize(
+    ("status", "said"),
+    [
+        (UnitStatus(), "?.?"),
+        (UnitStatus("activating", "start", PID), f"activating.start pid {PID}"),
+        (
+            UnitStatus("active", "exited", PID, CLD_EXITED, 3, "exit-code"),
+            f"active.exited pid {PID} exited 3, result exit-code",
+        ),
+        (
+            UnitStatus("failed", "failed", PID, CLD_KILLED, 9, "signal"),
+            f"failed.failed pid {PID} killed by signal 9, result signal",
+        ),
+        (
+            UnitStatus("failed", "failed", PID, CLD_DUMPED, 11, "core-dump"),
+            f"failed.failed pid {PID} dumped core on signal 11, result core-dump",
+        ),
+    ],
+)
+def test_a_snapshot_is_said_as_upstream_says_a_state(status, said):
+    # [systemd] sdexec-debug logged UnitStatus(active_state='active', ...).
+    assert status.said() == said

@@ -951,11 +951,11 @@ class SystemdClient:
         if reply.message_type == MessageType.ERROR:
             raise self._error_for(reply, destination, member, path)
         if self.debug:
-            log.info(
+            log.debug(
                 "sdbus: {member} {path} {args} → ok",
                 member=member,
                 path=path,
-                args=quoted(body, 200),
+                args=quoted(_unwrapped(body), 200),
             )
         return reply.body
 
@@ -967,7 +967,7 @@ class SystemdClient:
         systemd's own refusal."""
         text = reply.body[0] if reply.body else reply.error_name
         if self.debug:
-            log.info(
+            log.debug(
                 "sdbus: {member} {path} → {error}: {text}",
                 member=member,
                 path=path,
@@ -1165,3 +1165,19 @@ def _translate_failure(failure: Failure) -> Failure:
     if isinstance(error, DBusError):
         raise SystemdError(error.type, error.text) from error
     return failure
+
+
+def _unwrapped(value: object) -> object:
+    """``value`` (a call's arguments) with each :class:`Variant` replaced
+    by what it holds, for ``[systemd] sdbus-debug``: a property reads
+    ``('Description', '/bin/true')``, not ``('Description',
+    <dbus_fast.signature.Variant ('s', /bin/true)>)``."""
+    if isinstance(value, Variant):
+        return _unwrapped(value.value)
+    if isinstance(value, list):
+        return [_unwrapped(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_unwrapped(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _unwrapped(item) for key, item in value.items()}
+    return value

@@ -42,6 +42,12 @@ from sdexec.property import UnitProperty, property_label
 __all__ = ["UnitStatus", "queued_job", "wait_status"]
 
 CLD_EXITED, CLD_KILLED, CLD_DUMPED = 1, 2, 3
+#: How :meth:`UnitStatus.said` says each ``ExecMainCode``, before its status.
+_ENDED = {
+    CLD_EXITED: "exited",
+    CLD_KILLED: "killed by signal",
+    CLD_DUMPED: "dumped core on signal",
+}
 #: systemd's own exit codes of 200-243, as Flux's sdexec reads that range:
 #: less 223 and 234, which systemd reserves ("don't reuse") and never gives,
 #: while a C program's ``return -EINVAL`` from ``main`` gives 234.
@@ -208,6 +214,19 @@ class UnitStatus:
             result=properties.get("Result", ""),
             command_ran=command_ran,
         )
+
+    def said(self) -> str:
+        """The snapshot as ``[systemd] sdexec-debug`` logs it: upstream's
+        ``state.substate``, then the main pid and how it ended, if it has
+        (``active.exited pid 42 exited 0, result success``; ``?`` for a
+        state not signalled yet, no result where none was)."""
+        said = f"{self.active_state or '?'}.{self.sub_state or '?'}"
+        if self.pid:
+            said += f" pid {self.pid}"
+        ended = _ENDED.get(self.code)
+        if ended is not None:
+            said += f" {ended} {self.status}"
+        return f"{said}, result {self.result}" if self.result else said
 
     @property
     def _exited(self) -> bool:

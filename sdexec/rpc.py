@@ -517,8 +517,8 @@ def _check_shape(shape: str, payload: dict[str, Any], what: str) -> None:
     """:class:`RPCError` ``EPROTO`` unless ``payload`` has the shape
     :mod:`sdexec.answers` names ``shape``, the message led by ``what``
     (the response) and naming the field."""
-    # Here, as checked_answer loads it: a `run` whose stdin is passed (no
-    # add-credit comes) loads no table.
+    # Here, as checked_answer loads it: a `run` that meets no malformed
+    # response loads no table.
     from sdexec import answers
 
     fault = getattr(answers, shape).fault(payload)
@@ -746,6 +746,16 @@ def credit_channels(payload: dict[str, Any]) -> dict[str, int]:
     credits (RFC 42; JSON's true is none). :class:`RPCError` ``EPROTO``
     naming the field otherwise, as Flux's libsubprocess refuses it
     (client.c): ignored, a credit of ``"4096"`` left stdin held for ever."""
+    channels = payload.get("channels")
+    # What a service sends, {"stdin": N}, is taken without loading the
+    # table (a `run` relaying stdin gets one a write); the table judges
+    # anything else.
+    if (
+        isinstance(channels, dict)
+        and channels.keys() == {"stdin"}
+        and type(channels["stdin"]) is int
+    ):
+        return channels
     _check_shape("ADD_CREDIT", payload, "the service's add-credit response")
     return payload["channels"]
 

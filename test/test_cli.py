@@ -369,6 +369,32 @@ async def test_run_starts_on_the_standard_library_alone(sdexec, args, returncode
         assert imported.isdisjoint({"enum", "re", "json", "signal"})
 
 
+#: python3 -X importtime -m sdexec: each module it loads said on stderr.
+_IMPORTTIME = ("-X", "importtime", "-m", "sdexec")
+
+
+@ensureDeferred
+async def test_a_run_relaying_stdin_loads_no_answer_table(sdexec):
+    # Each add-credit (one a write relayed) is checked; answers.py, which
+    # says what is wrong with a malformed one, is loaded only for that.
+    done = await deferToThread(
+        subprocess.run,
+        [sys.executable, *_IMPORTTIME, "run", "--no-passthrough", "cat"],
+        input=b"hi\n",
+        capture_output=True,
+        env=_environment(sdexec),
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout) == (0, b"hi\n"), done.stderr[-2000:]
+    imported = {
+        line.rsplit("|", 1)[1].strip()
+        for line in done.stderr.decode().splitlines()
+        if line.startswith("import time:") and line.count("|") == 2
+    }
+    assert "sdexec.rpc" in imported
+    assert "sdexec.answers" not in imported
+
+
 @ensureDeferred
 async def test_binary_output_and_stdin_round_trip(sdexec, tmp_path):
     data = os.urandom(3 * 1024 * 1024)

@@ -70,6 +70,7 @@ from sdexec.systemd.unit import (
     start_job_ended_unstarted,
     why_unstarted,
 )
+from sdexec.systemd.window import CallWithdrawn
 from sdexec.unitstop import StopTimer
 
 __all__ = [
@@ -444,6 +445,9 @@ class Process:
         self._manager_reloaded = False
         #: Its start left the window of calls for the bus.
         self._start_was_sent = False
+        #: Why its start, still in that window, must never leave it
+        #: (:meth:`withdraw_start`).
+        self._start_withdrawn: str | None = None
         #: Its OOM end is in the service's ``oom-kills`` (once per unit).
         self._oom_counted = False
 
@@ -797,7 +801,18 @@ class Process:
         unstarted is then its own (a dependency), not the reload's."""
         return self._start_was_sent and Sent.STARTED not in self._sent
 
+    def withdraw_start(self, reason: str) -> bool:
+        """Its start, if it has not left the window of calls yet, never
+        will: its request is refused (``EPERM``, ``reason``) as its turn
+        comes, and nothing of it runs. Whether it was still there."""
+        if self._start_was_sent or self._reaped:
+            return False
+        self._start_withdrawn = reason
+        return True
+
     def _start_sent(self) -> None:
+        if self._start_withdrawn is not None:
+            raise CallWithdrawn(self._start_withdrawn)
         self._start_was_sent = True
 
     def resync(self) -> None:
@@ -882,6 +897,10 @@ class Process:
 
     def _start_refused(self, failure: Failure) -> None:
         error = failure_value(failure)
+        if isinstance(error, CallWithdrawn):  # never sent: nothing to explain
+            self._fail(errno.EPERM, str(error))
+            self._reap()
+            return
         message = explain_start_refusal(
             getattr(error, "message", str(error)),
             self.plan.properties,

@@ -317,17 +317,35 @@ class SdexecServer:
                 ended[uid] += self.tracked.end_waits_and_attaches(
                     connection_id, errno.EPERM, revoked(uid)
                 )
-        for uid, count in self.connections.open_by_uid().items():
-            if uid in revoked_now:
-                log.warn(
-                    "uid {uid} is no longer in [sdexec] allow-users: each request"
-                    " on its {count} open connection(s) is refused from now on,"
-                    " and the {ended} wait(s) and attach(es) they held are ended;"
-                    " what they started runs on until it ends or is killed",
-                    uid=uid,
-                    count=count,
-                    ended=ended[uid],
-                )
+        withdrawn = self._withdraw_starts(revoked_now)
+        for uid in sorted(revoked_now & {*self.connections.open_by_uid(), *withdrawn}):
+            log.warn(
+                "uid {uid} is no longer in [sdexec] allow-users: each request"
+                " on its {count} open connection(s) is refused from now on,"
+                " and the {ended} wait(s) and attach(es) they held are ended;"
+                " what they started runs on until it ends or is killed (the"
+                " {withdrawn} exec(s) still queued for systemd are refused:"
+                " never started)",
+                uid=uid,
+                count=self.connections.open_by_uid().get(uid, 0),
+                ended=ended[uid],
+                withdrawn=withdrawn[uid],
+            )
+
+    def _withdraw_starts(self, uids: frozenset[int]) -> Counter[int]:
+        """Refuse the execs of ``uids`` (a reload took them out of
+        ``allow-users``) whose start still waits in the window of calls
+        (``[systemd] max-inflight``): the user may no longer start
+        anything, and these have not started; how many, per uid. A start
+        already sent runs on, as what they started before does."""
+        withdrawn: Counter[int] = Counter()
+        if not uids:
+            return withdrawn
+        for process in list(self.units.values()):
+            uid = self.process_owners.uid_of(process)
+            if uid in uids and process.withdraw_start(_never_started(uid)):
+                withdrawn[uid] += 1
+        return withdrawn
 
     # -- exec --------------------------------------------------------------
 
@@ -1485,6 +1503,12 @@ def revoked(uid: int) -> str:
     """Why a request (or a wait, an attach) of ``uid`` is refused (or
     ended) once a reload has taken it out of ``allow-users``."""
     return f"uid {uid} is no longer in [sdexec] allow-users (a reload took it out)"
+
+
+def _never_started(uid: int) -> str:
+    """Why an exec of ``uid`` still queued for systemd at the reload that
+    took ``uid`` out of ``allow-users`` is refused."""
+    return f"{revoked(uid)}: its exec was still queued for systemd, and never started"
 
 
 def _unit_name_held(unit_name: str, leftover: Leftover | None) -> str:

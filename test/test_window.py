@@ -6,7 +6,7 @@ from __future__ import annotations
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.python.failure import Failure
 
-from sdexec.systemd.window import CallWindow
+from sdexec.systemd.window import CallWindow, CallWithdrawn
 
 
 class Calls:
@@ -66,6 +66,26 @@ def test_a_call_that_raises_is_a_failure_not_a_stuck_slot():
     assert errors[0].check(RuntimeError)
     assert window.submit(lambda: succeed("ok")).result == "ok"
     assert window.in_flight == 0
+
+
+def test_a_call_withdrawn_as_its_turn_comes_takes_no_slot_and_is_no_answer():
+    # A start whose user a reload revoked while it waited: never made, it
+    # must neither hold a slot nor pass for a sign of the manager's life.
+    window, calls = CallWindow(1), Calls()
+    window.submit(calls.start("first"))
+
+    def withdrawn() -> Deferred[str]:
+        raise CallWithdrawn("no longer wanted")
+
+    errors: list[Failure] = []
+    window.submit(withdrawn).addErrback(errors.append)
+    after = window.submit(calls.start("after"))
+    calls.answer("first")
+    assert [str(error.value) for error in errors] == ["no longer wanted"]
+    assert calls.started == ["first", "after"]
+    assert (window.in_flight, window.completed) == (1, 1)
+    calls.answer("after")
+    assert after.result == "after done"
 
 
 def test_calls_answered_at_once_run_in_order_without_recursion():

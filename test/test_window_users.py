@@ -4,6 +4,7 @@ owner's start behind all of them (sdexec/systemd/window.py, lanes)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
@@ -45,9 +46,9 @@ def record_starts(systemd) -> list[str]:
 
     def recording(name, *args, on_sent=None, **kw):
         def noted() -> None:
-            sent.append(name)
             if on_sent is not None:
-                on_sent()
+                on_sent()  # raises for a start withdrawn: never sent
+            sent.append(name)
 
         return start(name, *args, on_sent=noted, **kw)
 
@@ -125,3 +126,35 @@ async def test_every_call_for_a_unit_waits_in_the_unit_s_lane(user_manager):
     finally:
         client.disconnect()
         await client.disconnected
+
+
+@ensureDeferred
+async def test_a_start_still_queued_at_a_reload_that_revokes_its_user_is_refused(
+    start_service, monkeypatch
+):
+    # The start had not left the window when the reload took its user out
+    # of allow-users: it went out after, and the user's command ran.
+    service = await start_service(sdexec=f"allow-users = [{USER}]")
+    window = service.server.systemd.window
+    sent = record_starts(service.server.systemd)
+    [user] = await connect_as(service, monkeypatch, USER, 1)
+    [owner] = await connect_as(service, monkeypatch, os.getuid(), 1)
+    done: list = []
+    service.server.systemd.max_inflight = 0  # held shut: both starts queue
+    exec_true(user, "user", done)
+    exec_true(owner, "owner", done)
+    await until(lambda: window.queued == 2, "both starts queued")
+    owner_unit = service.server.find(label="owner").unit_name
+    # Reloaded without the user: the window opens again with the reload's
+    # max-inflight, the owner's start goes, the user's never does.
+    assert await service.reload()
+    await until(lambda: len(done) == 2, "both execs answered")
+    assert sent == [owner_unit]
+    [refused] = [outcome for outcome in done if isinstance(outcome, Failure)]
+    assert (refused.value.errnum, refused.value.errstr) == (
+        errno.EPERM,
+        f"uid {USER} is no longer in [sdexec] allow-users (a reload took it"
+        " out): its exec was still queued for systemd, and never started",
+    )
+    assert window.queued == window.in_flight == 0
+    assert service.server.find(label="user") is None

@@ -28,7 +28,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
-__all__ = ["DEFAULT_MAX_INFLIGHT", "SERVICE_LANE", "CallWindow"]
+__all__ = ["DEFAULT_MAX_INFLIGHT", "SERVICE_LANE", "CallWindow", "CallWithdrawn"]
 
 #: D-Bus calls to the manager in flight at once (``[systemd] max-inflight``):
 #: well below the 128 pending replies a system bus allows a connection.
@@ -37,6 +37,14 @@ DEFAULT_MAX_INFLIGHT = 64
 #: The lane of calls made for no user's unit: leftovers, listings, and
 #: every call where the caller names no lane.
 SERVICE_LANE = "service"
+
+
+class CallWithdrawn(Exception):
+    """Raised by a call's start as its turn comes: its caller no longer
+    wants it made (a reload took its user out of ``allow-users`` while it
+    waited). It is never made: its Deferred fails with this, and it takes
+    no slot, nor counts as answered (no sign of the manager's life)."""
+
 
 Start = Callable[[], "Deferred[Any]"]
 #: A call waiting: how to start it, its caller's Deferred, its unit if any.
@@ -121,8 +129,12 @@ class CallWindow:
         try:
             while self._lanes and self.in_flight < self.limit:
                 start, result, _unit = self._next()
+                call = self._start(start)
+                if isinstance(call, Failure):
+                    result.errback(call)  # withdrawn: the next one goes
+                    continue
                 self.in_flight += 1
-                self._start(start).addBoth(self._finished, result)
+                call.addBoth(self._finished, result)
         finally:
             self._admitting = False
 
@@ -147,9 +159,13 @@ class CallWindow:
             del self._units[unit]
 
     @staticmethod
-    def _start(start: Start) -> Deferred[Any]:
+    def _start(start: Start) -> Deferred[Any] | Failure:
+        """The call made, or why it was not: its start withdrew it
+        (:class:`CallWithdrawn`)."""
         try:
             return start()
+        except CallWithdrawn:
+            return Failure()
         except Exception:
             call: Deferred[Any] = Deferred()
             call.errback(Failure())

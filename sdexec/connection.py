@@ -157,7 +157,9 @@ class ClientProtocol(StdioReceivingProtocol):
         handlers: dict[str, Callable[[int, dict], Any]] = {
             Topic.EXEC: self._exec,
             Topic.WRITE: self._write,
-            Topic.KILL: lambda matchtag, payload: self.server.kill(payload),
+            Topic.KILL: lambda matchtag, payload: self.server.kill(
+                payload, self._admitted_uid
+            ),
             Topic.LIST: lambda matchtag, payload: self.server.list(_detail(payload)),
             Topic.STATS: lambda matchtag, payload: self.server.stats(),
             Topic.UNDRAIN: self._undrain,

@@ -677,9 +677,10 @@ class Process:
         call to systemd until then)."""
         return Sent.STARTED not in self._sent and not (self._over or self._reaped)
 
-    def kill(self, signum: int, who: str = "all") -> Any:
+    def kill(self, signum: int, who: str = "all", uid: int | None = None) -> Any:
         """Signal every process of the unit (``who`` ``"main"``: its main
-        process only, as Flux's sdexec does); a Deferred.
+        process only, as Flux's sdexec does); a Deferred. ``uid``: whose
+        request it is (``None``: the service's own).
 
         Before ``started`` the unit has no process yet: systemd would signal
         nothing and answer success, and the signal would be lost. It waits
@@ -689,7 +690,15 @@ class Process:
             return self._systemd.kill_unit(self.unit_name, who, signum)
         if self._over or self._reaped:
             return defer.fail(_never_started())
-        return self._early_kills.hold(signum, who)
+        return self._early_kills.hold(signum, who, uid)
+
+    def refuse_held_kills(
+        self, uids: frozenset[int], why: Callable[[int, int], str]
+    ) -> int:
+        """Never send the signals held for its start that ``uids`` asked
+        for (a reload took them out of ``allow-users``): each answered
+        ``EPERM``, ``why(uid, signum)``; how many."""
+        return self._early_kills.refuse_of(uids, why)
 
     def signals_go_out(self) -> defer.Deferred[None]:
         """Fires once the signals held for the start have been sent (their
@@ -1944,22 +1953,34 @@ class _EarlyKills:
 
     def __init__(self, kill: Callable[[int, str], defer.Deferred[Any]]) -> None:
         self._kill = kill
-        #: (signal, who) with its answer, in the order asked.
-        self._held: list[tuple[int, str, defer.Deferred[None]]] = []
+        #: (signal, who, the uid that asked) with its answer, in the order
+        #: asked.
+        self._held: list[tuple[int, str, int | None, defer.Deferred[None]]] = []
         #: Fired once those signals have gone out (:meth:`when_sent`).
         self._sent: list[defer.Deferred[None]] = []
 
-    def hold(self, signum: int, who: str) -> defer.Deferred[None]:
-        """Hold the signal for the start: answered once sent; EAGAIN past
-        :data:`MAX_EARLY_KILLS` (each is a request's answer, waiting)."""
+    def hold(self, signum: int, who: str, uid: int | None) -> defer.Deferred[None]:
+        """Hold the signal (asked by ``uid``) for the start: answered once
+        sent; EAGAIN past :data:`MAX_EARLY_KILLS` (each is a request's
+        answer, waiting)."""
         if len(self._held) >= MAX_EARLY_KILLS:
             raise RequestError(
                 errno.EAGAIN,
                 f"{MAX_EARLY_KILLS} signals already wait for this process to start",
             )
         held: defer.Deferred[None] = defer.Deferred()
-        self._held.append((signum, who, held))
+        self._held.append((signum, who, uid, held))
         return held
+
+    def refuse_of(self, uids: frozenset[int], why: Callable[[int, int], str]) -> int:
+        """Never send the signals ``uids`` asked for: each is answered
+        ``EPERM``, ``why(uid, signum)``; how many."""
+        refused = [each for each in self._held if each[2] in uids]
+        self._held = [each for each in self._held if each[2] not in uids]
+        for signum, _who, uid, held in refused:
+            assert uid is not None  # in uids
+            held.errback(RequestError(errno.EPERM, why(uid, signum)))
+        return len(refused)
 
     def when_sent(self) -> defer.Deferred[None]:
         """Fires once the signals held have been sent; never if the process
@@ -1972,7 +1993,7 @@ class _EarlyKills:
         """It started: send every signal held."""
         kills, self._held = self._held, []
         sent, self._sent = self._sent, []
-        for signum, who, held in kills:
+        for signum, who, _uid, held in kills:
             self._kill(signum, who).chainDeferred(held)
         for each in sent:
             each.callback(None)
@@ -1981,7 +2002,7 @@ class _EarlyKills:
         """It will never start: each signal held is ESRCH."""
         kills, self._held = self._held, []
         self._sent = []  # they never go out
-        for _, _, held in kills:
+        for *_, held in kills:
             held.errback(_never_started())
 
 

@@ -337,14 +337,19 @@ class SdexecServer:
         ``allow-users``) whose start still waits in the window of calls
         (``[systemd] max-inflight``): the user may no longer start
         anything, and these have not started; how many, per uid. A start
-        already sent runs on, as what they started before does."""
+        already sent runs on, as what they started before does. Their
+        signals held for the start of another's process are refused too:
+        the user may no longer signal it (those of its own go out: nothing
+        is left running that it can no longer stop)."""
         withdrawn: Counter[int] = Counter()
         if not uids:
             return withdrawn
         for process in list(self.units.values()):
             uid = self.process_owners.uid_of(process)
-            if uid in uids and process.withdraw_start(_never_started(uid)):
-                withdrawn[uid] += 1
+            if uid in uids:
+                withdrawn[uid] += process.withdraw_start(_never_started(uid))
+            else:
+                process.refuse_held_kills(uids, _signal_not_sent)
         return withdrawn
 
     # -- exec --------------------------------------------------------------
@@ -1164,8 +1169,11 @@ class SdexecServer:
             return None  # ended: no unit of the service's runs it now
         return newest
 
-    def kill(self, payload: dict) -> defer.Deferred[dict] | AwaitingStart:
-        """Signal a process by ``pid`` or ``label``: a Deferred, or an
+    def kill(
+        self, payload: dict, uid: int | None = None
+    ) -> defer.Deferred[dict] | AwaitingStart:
+        """Signal a process by ``pid`` or ``label`` for a request of
+        ``uid`` (``None``: the owner's): a Deferred, or an
         :class:`AwaitingStart` around one while the process has not started."""
         signum = payload.get("signum")
         if not is_signal_number(signum):
@@ -1183,7 +1191,12 @@ class SdexecServer:
             process = self.leftovers.find(pid)  # leftovers have no labels
         if process is None:
             raise RequestError(errno.ESRCH, self._nothing_to_kill(target, pid, label))
-        answer: defer.Deferred[dict] = process.kill(signum, who).addCallbacks(
+        killed = (
+            process.kill(signum, who, uid)
+            if isinstance(process, Process)
+            else process.kill(signum, who)
+        )
+        answer: defer.Deferred[dict] = killed.addCallbacks(
             lambda _: {}, _main_process_gone, errbackArgs=(target,)
         )
         if isinstance(process, Process) and process.signals_wait_for_start:
@@ -1509,6 +1522,15 @@ def _never_started(uid: int) -> str:
     """Why an exec of ``uid`` still queued for systemd at the reload that
     took ``uid`` out of ``allow-users`` is refused."""
     return f"{revoked(uid)}: its exec was still queued for systemd, and never started"
+
+
+def _signal_not_sent(uid: int, signum: int) -> str:
+    """Why a kill of ``uid``, held for the start of a process not its own,
+    is refused at the reload that took ``uid`` out of ``allow-users``."""
+    return (
+        f"{revoked(uid)}: its signal {signum}, held until the process"
+        " started, is not sent"
+    )
 
 
 def _unit_name_held(unit_name: str, leftover: Leftover | None) -> str:

@@ -158,3 +158,36 @@ async def test_a_start_still_queued_at_a_reload_that_revokes_its_user_is_refused
     )
     assert window.queued == window.in_flight == 0
     assert service.server.find(label="user") is None
+
+
+@ensureDeferred
+async def test_a_kill_held_for_a_start_is_not_sent_once_a_reload_revokes_its_user(
+    start_service, monkeypatch
+):
+    # A kill of the owner's process, held until it started: it went out
+    # after the reload that took its user out of allow-users.
+    service = await start_service(sdexec=f"allow-users = [{USER}]")
+    window = service.server.systemd.window
+    [user] = await connect_as(service, monkeypatch, USER, 1)
+    [owner] = await connect_as(service, monkeypatch, os.getuid(), 1)
+    service.server.systemd.max_inflight = 0  # held shut: the start queues
+    responses: list = []
+    job = owner.exec(command(["sleep", "300"], label="owner"), FLAGS, responses.append)
+    await until(lambda: window.queued == 1, "the owner's start queued")
+    killed: list = []
+    user.kill(label="owner", signum=signal.SIGTERM).addBoth(killed.append)
+    await until(lambda: service.server.counters["sdexec.kill"] == 1, "the kill")
+    assert await service.reload()
+    await until(lambda: killed, "the user's kill answered")
+    [refused] = killed
+    assert (refused.value.errnum, refused.value.errstr) == (
+        errno.EPERM,
+        f"uid {USER} is no longer in [sdexec] allow-users (a reload took it"
+        " out): its signal 15, held until the process started, is not sent",
+    )
+    await until(lambda: any(r.get("type") == "started" for r in responses), "start")
+    assert service.server.find(label="owner") is not None  # it runs on
+    await owner.kill(label="owner", signum=signal.SIGKILL)
+    await job.done
+    assert job.receipt is not None
+    assert job.receipt.status == signal.SIGKILL  # the owner's, not the user's

@@ -113,6 +113,19 @@ class _Client:
     flags: ExecFlag
     #: An attach's connection's back-pressure on what it is sent.
     valve: OutputValve | None = None
+    #: The connection's peer uid (``None``: not known), as a refusal to
+    #: another request names what holds the process.
+    uid: int | None = None
+
+    def where(self, other: _Client) -> str:
+        """Where this request, which holds the process, is, as a refusal of
+        ``other``'s names it: on ``other``'s own connection, or on another,
+        with its uid (every user served may list every process; an admin
+        needs to know whose client holds it)."""
+        if self.connection_id == other.connection_id:
+            return "this connection"
+        whose = "" if self.uid is None else f", of uid {self.uid}"
+        return f"another connection{whose}"
 
     def forwards(self, stream: str) -> bool:
         flag = ExecFlag.STDOUT if stream == "stdout" else ExecFlag.STDERR
@@ -229,6 +242,13 @@ class Tracked:
     def attached(self) -> bool:
         """Whether an attach stream follows the process now."""
         return self.mode is Mode.ATTACHED
+
+    @property
+    def _attach_holder(self) -> _Client | None:
+        """The attach that follows the process, or waits for its start."""
+        if self.attached:
+            return self._client
+        return self._attaching
 
     def connected_to(self, connection_id: int) -> bool:
         """Whether a request of this connection waits on the process."""
@@ -357,10 +377,16 @@ class Tracked:
             # EINVAL and these words as upstream's subprocess server, which
             # Flux's own tests look for.
             raise RequestError(
-                errno.EINVAL, f"{name}: process is already being waited on"
+                errno.EINVAL,
+                f"{name}: process is already being waited on"
+                f" (a wait on {self._waiter.where(waiter)})",
             )
-        if self.attached or self._attaching is not None:
-            raise RequestError(errno.EBUSY, f"{name}: has a client attached")
+        if self._attach_holder is not None:
+            raise RequestError(
+                errno.EBUSY,
+                f"{name}: has a client attached"
+                f" (an attach on {self._attach_holder.where(waiter)})",
+            )
         self._check_end_not_pending(name)
         if self._end_taken_by is not None:
             raise RequestError(errno.ESRCH, self._end_gone(name))
@@ -376,10 +402,17 @@ class Tracked:
         way. A refusal calls the process ``name``, as :meth:`wait`'s."""
         if self.mode is Mode.STREAMING and not self.reaped:
             raise RequestError(errno.EBUSY, f"{name}: {_NOT_BACKGROUND}")
-        if self.attached or self._attaching is not None:
-            raise RequestError(errno.EBUSY, f"{name}: already has a client attached")
+        if self._attach_holder is not None:
+            raise RequestError(
+                errno.EBUSY,
+                f"{name}: already has a client attached"
+                f" (an attach on {self._attach_holder.where(client)})",
+            )
         if self._waiter is not None:
-            raise RequestError(errno.EBUSY, f"{name}: a wait is pending")
+            raise RequestError(
+                errno.EBUSY,
+                f"{name}: a wait is pending on {self._waiter.where(client)}",
+            )
         self._check_end_not_pending(name)
         if self._end_taken_by is not None:
             # Its unit lingers on (a child, the stop timer), but RFC 42: an
@@ -1036,9 +1069,16 @@ class TrackedProcesses:
 
     # -- wait and attach -----------------------------------------------------------
 
-    def wait(self, payload: Any, connection_id: int, responder: Responder) -> None:
-        """``sdexec.wait``: the response goes to ``responder`` once the
-        process has ended, and the process is then forgotten."""
+    def wait(
+        self,
+        payload: Any,
+        connection_id: int,
+        responder: Responder,
+        uid: int | None = None,
+    ) -> None:
+        """``sdexec.wait`` on connection ``connection_id`` of ``uid``: the
+        response goes to ``responder`` once the process has ended, and the
+        process is then forgotten."""
         pid, label = parse_target(payload, "wait")
         with_status = payload.get(STATUS_AND_ERROR, False)
         if not isinstance(with_status, bool):
@@ -1049,7 +1089,7 @@ class TrackedProcesses:
         )
         # Refused, it is named as the request named it (`sdexec wait JOB`
         # said "pid 4242: process is not waitable …").
-        client = _Client(connection_id, responder, ExecFlag(0))
+        client = _Client(connection_id, responder, ExecFlag(0), uid=uid)
         tracked.wait(client, _target(pid, label), with_status)
         self._settle(tracked)
 
@@ -1059,9 +1099,11 @@ class TrackedProcesses:
         connection_id: int,
         responder: Responder,
         valve: OutputValve | None = None,
+        uid: int | None = None,
     ) -> None:
-        """``sdexec.attach``: ``responder`` gets the process's stream, its
-        output held back by ``valve``, the connection's."""
+        """``sdexec.attach`` on connection ``connection_id`` of ``uid``:
+        ``responder`` gets the process's stream, its output held back by
+        ``valve``, the connection's."""
         pid, label = parse_target(payload, "attach")
         flags = payload.get("flags", int(_OUTPUT_FLAGS))
         if not isinstance(flags, int) or isinstance(flags, bool) or flags & ~7:
@@ -1071,7 +1113,7 @@ class TrackedProcesses:
         # none (sdexec makes no channels), so it is ignored.
         flags &= int(_OUTPUT_FLAGS)
         tracked = self._find(pid, label, errno.EBUSY, _NOT_BACKGROUND)
-        client = _Client(connection_id, responder, ExecFlag(flags), valve)
+        client = _Client(connection_id, responder, ExecFlag(flags), valve, uid)
         tracked.attach(client, _target(pid, label))
         # (Not yet consumed if its end waits behind output the connection
         # has not taken: forgotten once its feed has sent it.)

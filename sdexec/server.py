@@ -1248,7 +1248,12 @@ class SdexecServer:
     def wait(self, connection_id: int, payload: dict, responder: Responder) -> None:
         """``sdexec.wait``: answered once the process has ended."""
         with self._leftover_named(payload):
-            self.tracked.wait(payload, connection_id, self._watched_output(responder))
+            self.tracked.wait(
+                payload,
+                connection_id,
+                self._watched_output(responder),
+                self.connections.uid_of(connection_id),
+            )
 
     def attach(
         self,
@@ -1267,7 +1272,13 @@ class SdexecServer:
             )
         responder = self._watched_output(responder)
         with self._leftover_named(payload):
-            self.tracked.attach(payload, connection_id, responder, valve)
+            self.tracked.attach(
+                payload,
+                connection_id,
+                responder,
+                valve,
+                self.connections.uid_of(connection_id),
+            )
 
     @contextmanager
     def _leftover_named(self, payload: dict) -> Iterator[None]:

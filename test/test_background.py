@@ -420,7 +420,11 @@ async def test_one_waiter_at_a_time_and_a_waiter_that_leaves_leaves_the_status(
     client.send("sdexec.wait", {"label": "w"}, matchtag=2)
     # As upstream's subprocess server (flux-core t2421 looks for the words).
     assert payloads(client.of(2)) == [
-        (errno.EINVAL, "label 'w': process is already being waited on")
+        (
+            errno.EINVAL,
+            "label 'w': process is already being waited on (a wait on another"
+            f" connection, of uid {os.getuid()})",
+        )
     ]
     first.close()
     await finish(systemd, server, status=1)
@@ -443,11 +447,30 @@ def test_a_refused_wait_or_attach_names_the_process_as_the_request_did(
     other.send("sdexec.wait", {"pid": 7}, matchtag=2)
     other.send("sdexec.attach", {"label": "w"}, matchtag=3)
     other.send("sdexec.attach", {"pid": 7}, matchtag=4)
+    held = f"another connection, of uid {os.getuid()}"
     assert [payloads(other.of(tag)) for tag in range(1, 5)] == [
-        [(errno.EINVAL, "label 'w': process is already being waited on")],
-        [(errno.EINVAL, "pid 7: process is already being waited on")],
-        [(errno.EBUSY, "label 'w': a wait is pending")],
-        [(errno.EBUSY, "pid 7: a wait is pending")],
+        [
+            (
+                errno.EINVAL,
+                f"label 'w': process is already being waited on (a wait on {held})",
+            )
+        ],
+        [
+            (
+                errno.EINVAL,
+                f"pid 7: process is already being waited on (a wait on {held})",
+            )
+        ],
+        [(errno.EBUSY, f"label 'w': a wait is pending on {held}")],
+        [(errno.EBUSY, f"pid 7: a wait is pending on {held}")],
+    ]
+    # Its holder asking again is told the wait is its own connection's.
+    client.send("sdexec.wait", {"label": "w"}, matchtag=9)
+    assert payloads(client.of(9)) == [
+        (
+            errno.EINVAL,
+            "label 'w': process is already being waited on (a wait on this connection)",
+        )
     ]
 
 
@@ -762,7 +785,11 @@ async def test_attach_gets_retained_then_live_output_eofs_finished_enodata(
     second = Client(server)
     second.send("sdexec.attach", {"pid": 8})
     assert payloads(second.responses()) == [
-        (errno.EBUSY, "pid 8: already has a client attached")
+        (
+            errno.EBUSY,
+            "pid 8: already has a client attached (an attach on another"
+            f" connection, of uid {os.getuid()})",
+        )
     ]
     second.send("sdexec.wait", {"pid": 8}, matchtag=2)
     assert error_of(second.last())[0] == errno.EINVAL  # not waitable
@@ -1427,9 +1454,13 @@ async def test_an_attach_sent_with_its_background_exec_waits_for_the_start(
     other = Client(server)
     other.send("sdexec.attach", {"label": "a"})
     other.send("sdexec.wait", {"label": "a"}, matchtag=2)
+    held = f"another connection, of uid {os.getuid()}"
     assert payloads(other.responses()) == [
-        (errno.EBUSY, "label 'a': already has a client attached"),
-        (errno.EBUSY, "label 'a': has a client attached"),
+        (
+            errno.EBUSY,
+            f"label 'a': already has a client attached (an attach on {held})",
+        ),
+        (errno.EBUSY, f"label 'a': has a client attached (an attach on {held})"),
     ]
     systemd.run(UNIT, pid=8)
     assert payloads(client.of(1)) == [{"type": "started", "pid": 8}]

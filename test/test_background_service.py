@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 import signal
 import socket
@@ -151,7 +152,8 @@ async def test_attach_gets_retained_then_live_output_eofs_and_the_end(sdexec):
         await second.attach(pid=pid).done
     assert (busy.value.errnum, busy.value.errstr) == (
         errno.EBUSY,
-        f"pid {pid}: already has a client attached",
+        f"pid {pid}: already has a client attached (an attach on another"
+        f" connection, of uid {os.getuid()})",
     )
     await client.kill(pid=pid, signum=10)  # SIGUSR1: "after", then exit 0
     await handle.done

@@ -1009,6 +1009,12 @@ class TrackedProcesses:
         tracked = self._tracked.get(process)
         return tracked.mode if tracked is not None else Mode.STREAMING
 
+    def uid_of(self, process: Process) -> int | None:
+        """The uid whose request started ``process``, if it is tracked
+        (running or ended and kept)."""
+        tracked = self._tracked.get(process) or self._ended.get(process)
+        return None if tracked is None else tracked.uid
+
     def holds_label(self, label: str) -> bool:
         """Whether an ended process kept for a wait carries ``label``."""
         process = self._by_label.get(label)

@@ -171,15 +171,20 @@ class Job:
             self.over()
         return self._over
 
-    def in_use(self, option: str) -> str:
+    def in_use(
+        self, option: str, holder: Callable[[Process], str] | None = None
+    ) -> str:
         """Why a new job may not take this one's id yet: it runs, or it has
-        exited and what its unit still holds is being stopped."""
+        exited and what its unit still holds is being stopped; its process
+        named by ``holder``, if given."""
         if self._ended():
             return (
                 f"{option}: job {self.jobid} has exited, and its unit is still"
                 " being stopped: its id is free once the unit is gone"
             )
-        return f"{option}: job {self.jobid} is running"
+        process = self.process
+        named = "" if holder is None or process is None else f" ({holder(process)})"
+        return f"{option}: job {self.jobid} is running{named}"
 
     def terminate(self, reason: TerminationReason) -> dict[str, Any]:
         """Begin termination (once: a later request does not restart it,
@@ -442,19 +447,23 @@ class Jobs:
         systemd: Manager,
         clock: IReactorTime,
         resources: ResourceSet | None = None,
+        holder: Callable[[Process], str] | None = None,
     ) -> Job | None:
         """The job an exec request runs, ``None`` if it runs none;
         :class:`RequestError` (EINVAL) naming a bad option or R field, or
-        EEXIST for a job id already running here. ``systemd`` and ``clock``
-        are the ones its process is given; ``resources``: its R, where the
-        plan parsed it already (else it is parsed here)."""
+        EEXIST for a job id already running here (naming its process as
+        ``holder`` does). ``systemd`` and ``clock`` are the ones its process
+        is given; ``resources``: its R, where the plan parsed it already
+        (else it is parsed here)."""
         jobid = command.option(JOBID_OPTION)
         time_limit = command.option(TIME_LIMIT_OPTION)
         if not jobid and time_limit is None:
             return None
         jobid = jobid or unit
         if jobid in self.jobs:
-            raise RequestError(errno.EEXIST, self.jobs[jobid].in_use(JOBID_OPTION))
+            raise RequestError(
+                errno.EEXIST, self.jobs[jobid].in_use(JOBID_OPTION, holder)
+            )
         received_at = wall_seconds(clock)  # R's times are the epoch
         try:
             rset = resources if resources is not None else request_resources(command)

@@ -506,6 +506,7 @@ class SdexecServer:
             systemd=self.systemd,
             clock=self.clock,
             resources=plan.resources,
+            holder=self.holder,
         )
         if job is not None:
             responder = job.watch(responder)
@@ -633,12 +634,35 @@ class SdexecServer:
     def _check_label_free(self, label: str | None) -> None:
         """RFC 42: a label names one process (running, or ended and kept for
         a wait), so that kill, wait and attach by label agree on which."""
-        if label is not None and (
-            self.find(label=label) is not None or self.tracked.holds_label(label)
-        ):
+        if label is None:
+            return
+        holder = self.find(label=label)
+        if holder is None and self.tracked.holds_label(label):
+            holder = self.tracked.newest(None, label)
+        if holder is not None:
             raise RequestError(
-                errno.EEXIST, f"label {quoted(label, SHOWN)} is already in use"
+                errno.EEXIST,
+                f"label {quoted(label, SHOWN)} is already in use by"
+                f" {self.holder(holder)}",
             )
+
+    def holder(self, process: Process) -> str:
+        """How a refusal names ``process``, which holds a label or a job id
+        the request asked for: its pid, whose it is, and whether it is an
+        end kept for a wait (every user served may list every process, and
+        an admin needs to know whose it is to free it)."""
+        pid = (
+            "a process not started yet" if process.pid is None else f"pid {process.pid}"
+        )
+        uid = self.tracked.uid_of(process)
+        if uid is None:
+            uid = self.process_owners.uid_of(process)
+        if uid is None:  # a streaming process of the owner's
+            uid = self.owner_uid
+        whose = "the service's owner, uid" if uid == self.owner_uid else "uid"
+        running = self.units.get(process.unit_name) is process
+        ended = "" if running else ", ended and kept for a wait"
+        return f"{pid} of {whose} {uid}{ended}"
 
     def _own(self, plan: ExecPlan) -> ExecPlan:
         """``plan`` with this service's mark: a restarted service finds the

@@ -304,7 +304,13 @@ async def test_an_ended_process_kept_for_a_wait_holds_its_label(
 ):
     await an_ended_waitable(systemd, server, client, "w", 7, 0)
     client.bg(matchtag=2, label="w", SDEXEC_NAME="sdexec-u")
-    assert payloads(client.of(2)) == [(errno.EEXIST, "label 'w' is already in use")]
+    assert payloads(client.of(2)) == [
+        (
+            errno.EEXIST,
+            "label 'w' is already in use by pid 7 of the service's owner, uid"
+            f" {os.getuid()}, ended and kept for a wait",
+        )
+    ]
     client.send("sdexec.wait", {"label": "w"}, matchtag=3)
     client.bg(matchtag=4, label="w", SDEXEC_NAME="sdexec-u")  # waited: free again
     assert ("start", "sdexec-u.service") in systemd.calls

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import signal
 
 import pytest
@@ -512,7 +513,8 @@ def test_a_job_id_already_running_is_eexist(make_server):
         server.exec(1, 2, job_payload(SDEXEC_NAME="other"), Recorder())
     assert (refused.value.errnum, refused.value.errstr) == (
         errno.EEXIST,
-        "SDEXEC_JOBID: job f1 is running",
+        f"SDEXEC_JOBID: job f1 is running (pid 77 of the service's owner, uid"
+        f" {os.getuid()})",
     )
     # Exited, its unit lingering: it said "is running" (review session 31
     # F F4).

@@ -843,7 +843,11 @@ def test_a_label_names_one_process(systemd, connection):
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd})
     other = {**cmd, "opts": {"SDEXEC_NAME": "sdexec-other.service"}}
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": other}, matchtag=2)
-    in_use = (errno.EEXIST, "label 'job' is already in use")
+    in_use = (
+        errno.EEXIST,
+        "label 'job' is already in use by a process not started yet of the"
+        f" service's owner, uid {os.getuid()}",
+    )
     assert error_of(connection.last()) == in_use
     assert ("start", "sdexec-other.service") not in systemd.calls
 

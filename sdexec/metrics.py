@@ -432,6 +432,7 @@ class _StatsCollector(Collector):
         nothing: dict = {
             "requests": {},
             "procs": [],
+            "users": {"users": {}},
             "drain": _NOT_DRAINED,
             "systemd": _NO_SYSTEMD,
         }
@@ -599,6 +600,7 @@ def _families(stats: dict) -> Iterator[Metric]:
     yield _requests(counters)
     yield from _events(counters)
     yield _processes(stats["procs"])
+    yield _connections(stats["users"])
     yield from _drained(stats["drain"])
     yield from _systemd(stats["systemd"])
 
@@ -642,6 +644,21 @@ def _processes(procs: list[dict]) -> Metric:
         states[proc["state"]] = states.get(proc["state"], 0) + 1
     for state, count in states.items():
         family.add_metric([state], count)
+    return family
+
+
+def _connections(users: dict) -> Metric:
+    family = GaugeMetricFamily(
+        "sdexec_connections",
+        "Client connections open, by peer uid, against [sdexec]"
+        " max-connections (the owner's) or max-connections-per-user (the"
+        " owner's 3 kept beyond it apart).",
+        labels=["uid"],
+    )  # fmt: skip
+    # The uids /stats lists under users (at most STATS_USERS, the owner's
+    # always): bounded, whatever allow-users lists or who connects.
+    for uid, held in users["users"].items():
+        family.add_metric([uid], held["connections"])
     return family
 
 

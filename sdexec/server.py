@@ -1398,8 +1398,9 @@ class SdexecServer:
         the other users' that hold the most processes (at most
         ``STATS_USERS`` in all: allow-users may be long)."""
         held = Counter(self.process_owners.counts())
-        for uid in self.tracked.uids():
-            held[uid] += 0  # holds ended waitable processes only
+        connections = self.connections.open_by_uid()
+        for uid in [*self.tracked.uids(), *connections]:
+            held[uid] += 0  # holds ended waitable processes, or connections, only
         held.pop(self.owner_uid, None)
         shown = [uid for uid, _ in held.most_common(STATS_USERS - 1)]
         users = {
@@ -1409,6 +1410,8 @@ class SdexecServer:
                 "waitable": self.tracked.waitable_held(uid),
                 # Whose calls wait in the window (whose burst holds whom).
                 "calls-queued": self.systemd.calls_queued_in(uid),
+                # Who holds max-connections(-per-user): the reserve apart.
+                "connections": connections.get(uid, 0),
             }
             for uid in [self.owner_uid, *shown]
         }

@@ -23,6 +23,7 @@ from sdexec.stats import MAX_REUSE_S, STATS_SHARE, RecentByKey, _Kept
 STATS = {
     "requests": {"sdexec.exec": 3},
     "procs": [],
+    "users": {"users": {}},
     "drain": {"drained": False, "reason": None, "causes": []},
     "systemd": {
         "connected": True,

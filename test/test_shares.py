@@ -9,6 +9,7 @@ import errno
 import os
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families as parse_text
 from pytest_twisted import ensureDeferred
 from test_background import (
     USER,
@@ -20,10 +21,12 @@ from test_background import (
     user_client,
 )
 from test_server import FLAGS
+from twisted.internet import reactor
 
 import sdexec.connection
 from sdexec.config import parse_config
 from sdexec.containment import Containment
+from sdexec.metrics import Metrics, Scrape
 from sdexec.shares import STATS_USERS
 from sdexec.systemd.window import SERVICE_LANE
 from sdexec.testing import FakeManager
@@ -217,12 +220,47 @@ def test_stats_show_each_user_s_share_bounded(systemd, monkeypatch):
         "background": 1,
         "waitable": 1,
         "calls-queued": 0,
+        "connections": 1,
     }
     assert shown["users"][str(users[0])] == {
         "processes": 2,
         "background": 1,
         "waitable": 0,
         "calls-queued": 0,
+        "connections": 1,
+    }
+
+
+def test_stats_and_metrics_show_who_holds_the_connections(systemd, monkeypatch):
+    # Nothing said whose connections filled max-connections-per-user (or
+    # the owner's max-connections): a user holding them and no process
+    # was not listed at all.
+    server = make_server(systemd, **CAPS)
+    metrics = Metrics(reactor, server.stats)
+    owners = [Client(server) for _ in range(2)]
+    users = [user_client(server, monkeypatch) for _ in range(3)]
+    shown = server.stats()["users"]["users"]
+    held = {uid: entry["connections"] for uid, entry in shown.items()}
+    assert held == {str(os.getuid()): 2, str(USER): 3}
+    assert connection_series(metrics) == {str(os.getuid()): 2, str(USER): 3}
+    for client in users:
+        client.close()
+    # The owner's series stays (0 once it holds none); a user that holds
+    # nothing is no longer listed, nor a series.
+    assert connection_series(metrics) == {str(os.getuid()): 2}
+    for client in owners:
+        client.close()
+    assert connection_series(metrics) == {str(os.getuid()): 0}
+
+
+def connection_series(metrics: Metrics) -> dict[str, float]:
+    """``sdexec_connections`` as a scrape reads it, by its ``uid`` label."""
+    text, _ = metrics.render(metrics.snapshot(), Scrape.asked("", "", []))
+    return {
+        sample.labels["uid"]: sample.value
+        for family in parse_text(text.decode())
+        if family.name == "sdexec_connections"
+        for sample in family.samples
     }
 
 

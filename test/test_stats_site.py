@@ -702,6 +702,7 @@ def metrics_page():
     stats = {
         "requests": {"sdexec.exec": 3, "errors": 2, "oom-kills": 1},
         "procs": [{"state": "R"}],
+        "users": {"users": {"0": {"connections": 2}, "1001": {"connections": 1}}},
         "drain": {
             "drained": True,
             "reason": "maintenance",
@@ -1007,8 +1008,9 @@ async def test_a_new_format_in_every_scrape_is_rendered_in_its_turn():
     from sdexec.metrics import Metrics
 
     clock, ticks = _TurnsByAClock(), iter(range(10**6))
-    stats = {"requests": {}, "procs": [], "drain": {"drained": False, "reason": None,
-             "causes": []}, "systemd": {"connected": True, "calls": {
+    stats = {"requests": {}, "procs": [], "users": {"users": {}}, "drain": {
+             "drained": False, "reason": None, "causes": []}, "systemd": {
+             "connected": True, "calls": {
              "unanswered": 0, "queued": 0, "oldest": None}}}  # fmt: skip
     metrics = Metrics(clock, lambda: stats, cost_timer=lambda: next(ticks) / 100)
     port = reactor.listenTCP(0, stats_site(lambda: stats, metrics.resource()))

@@ -201,12 +201,15 @@ class ClientProtocol(StdioReceivingProtocol):
             " nor in [sdexec] allow-users",
             uid=uid,
         )
+        # Its own uid named: one a reload took out of allow-users, or a
+        # client run as the wrong user (sudo), sees which uid was refused.
+        who = "its uid could not be read" if uid == -1 else f"not uid {uid}"
         self._send_error(
             "",
             0,
             errno.EPERM,
             "only the service's owner may use it (and the users of its"
-            " [sdexec] allow-users)",
+            f" [sdexec] allow-users), {who}",
         )
         self.transport.loseConnection()
 

@@ -355,7 +355,7 @@ def test_a_non_owner_is_answered_eperm_then_closed(server):
             "matchtag": 0,
             "errnum": errno.EPERM,
             "errstr": "only the service's owner may use it (and the users of its"
-            " [sdexec] allow-users)",
+            f" [sdexec] allow-users), not uid {os.getuid()}",
         }
     ]
     assert intruder.transport.disconnecting

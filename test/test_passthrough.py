@@ -488,7 +488,8 @@ def test_a_strangers_descriptors_get_eperm_and_the_connection_closes(server):
 
 
 STRANGER = (
-    "only the service's owner may use it (and the users of its [sdexec] allow-users)"
+    "only the service's owner may use it (and the users of its [sdexec]"
+    f" allow-users), not uid {os.getuid()}"
 )
 
 

@@ -27,6 +27,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs, formatEvent
 
+import sdexec.connection
 import sdexec.process
 from sdexec.command import Found
 from sdexec.config import parse_config
@@ -119,7 +120,21 @@ def test_another_uid_is_refused(server):
     assert error_of(connection.last()) == (
         errno.EPERM,
         "only the service's owner may use it (and the users of its"
-        " [sdexec] allow-users)",
+        f" [sdexec] allow-users), not uid {os.getuid()}",
+    )
+    connection.close()
+
+
+def test_a_peer_whose_uid_cannot_be_read_is_refused_saying_so(server, monkeypatch):
+    def unreadable(sock):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(sdexec.connection, "peer_uid", unreadable)
+    connection = Connection(server)
+    assert error_of(connection.last()) == (
+        errno.EPERM,
+        "only the service's owner may use it (and the users of its"
+        " [sdexec] allow-users), its uid could not be read",
     )
     connection.close()
 

@@ -18,6 +18,7 @@ effective configuration as JSON.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import difflib
 import errno
@@ -72,7 +73,7 @@ from sdexec.property import (
 )
 from sdexec.protocol import DEFAULT_MAX_FRAME
 from sdexec.protocolbase import MAX_SOCKET_PATH
-from sdexec.refusal import json_quoted
+from sdexec.refusal import SHOWN, json_quoted, printable
 from sdexec.retained import DEFAULT_RETAINED, parse_retained_size
 from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import (
@@ -1678,11 +1679,46 @@ def _parse_toml(text: str, source: str) -> dict:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
-        raise ConfigError(source, None, f"TOML syntax error: {error}") from None
+        raise ConfigError(
+            source, None, f"TOML syntax error: {_toml_words(error)}"
+        ) from None
     except ValueError as error:  # an integer of thousands of digits
         raise ConfigError(source, None, _unreadable_number(error)) from None
     except RecursionError:  # the parser recurses per nesting level
         raise ConfigError(source, None, _TOO_DEEP) from None
+
+
+#: A key path as tomllib's messages write it: a Python tuple of strings,
+#: ``('sdexec',)``, ``('exec', 'sdexec-properties')``.
+_TOML_KEY_TUPLE = re.compile(
+    r"""\((?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""
+    r"""(?:, (?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"))*,?\)"""
+)
+
+#: A TOML bare key, written in a table header as it is.
+_TOML_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _toml_words(error: tomllib.TOMLDecodeError) -> str:
+    """tomllib's message, each key path it names written as the file's
+    table header is (``Cannot declare [sdexec] twice``): it writes them as
+    Python tuples (``Cannot declare ('sdexec',) twice``), which no admin
+    wrote or can search the file for."""
+    return _TOML_KEY_TUPLE.sub(_toml_table_header, str(error))
+
+
+def _toml_table_header(match: re.Match[str]) -> str:
+    """``[exec.sdexec-properties]`` for the tuple ``match`` found; a key
+    that is not bare quoted as TOML (and JSON) quote it, cut as every
+    value a message quotes."""
+    keys = ast.literal_eval(match.group())
+    return "[" + ".".join(_toml_header_key(key) for key in keys) + "]"
+
+
+def _toml_header_key(key: str) -> str:
+    if _TOML_BARE_KEY.fullmatch(key):
+        return printable(key, SHOWN)
+    return json_quoted(key)
 
 
 #: A file of arrays or tables nested past what the parsers can follow.

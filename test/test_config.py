@@ -1920,6 +1920,28 @@ def test_toml_duplicate_key_is_a_syntax_error(tmp_path):
         load_config(path)
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("[sdexec]\n[sdexec]\n", "Cannot declare [sdexec] twice (at line 2, column"),
+        (
+            "[exec.sdexec-properties]\n[exec.sdexec-properties]\n",
+            "Cannot declare [exec.sdexec-properties] twice",
+        ),
+        ("a = {b = 1}\na.c = 2\n", "Cannot mutate immutable namespace [a]"),
+        ('["it\'s\\u001b".x]\n["it\'s\\u001b".x]\n', '["it\'s\\u001b".x] twice'),
+    ],
+)
+def test_a_toml_syntax_error_names_a_table_as_its_header(tmp_path, text, said):
+    # tomllib writes key paths as Python tuples: "Cannot declare
+    # ('sdexec',) twice" is nothing an admin wrote or can search the file for.
+    path = write(tmp_path, "c.toml", text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert said in str(error.value)
+    assert "(" not in str(error.value).split("TOML syntax error: ")[1].split(" (at")[0]
+
+
 # --- the shipped examples ---------------------------------------------------
 
 

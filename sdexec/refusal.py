@@ -82,7 +82,9 @@ def printable(text: str, limit: int | None = None) -> str:
     (a message quoting a bad ``topic`` verbatim could not be sent); cut short
     past ``limit`` characters (:data:`SHOWN` for what a request chose), with
     how long it was."""
-    return _cut(text.encode("utf-8", "backslashreplace").decode("utf-8"), limit)
+    return _cut(
+        text.encode("utf-8", "backslashreplace").decode("utf-8"), limit, len(text)
+    )
 
 
 def member(table: str, key: str, limit: int = SHOWN) -> str:
@@ -126,14 +128,24 @@ def quoted(value: object, limit: int | None = 40) -> str:
     with how long it was: a hostile value may be megabytes."""
     if isinstance(value, int) and value.bit_length() > _MAX_WRITABLE_INT_BITS:
         return f"<an integer of {value.bit_length()} bits>"
-    return _cut(repr(value), limit)
+    return _cut(repr(value), limit, _characters(value))
 
 
-def _cut(text: str, limit: int | None) -> str:
-    """``text``, or its first ``limit`` characters and how long it was."""
+def _cut(text: str, limit: int | None, length: int | None = None) -> str:
+    """``text``, or its first ``limit`` characters and how long it was:
+    ``length``, the characters of the value ``text`` writes, else its own.
+    A string's own, not its quoted form's: a label of 1048576 characters
+    said "(1048578 chars)", quotes counted, and one of escape codes four
+    times its length."""
     if limit is None or len(text) <= limit:
         return text
-    return f"{text[:limit]}… ({len(text)} chars)"
+    return f"{text[:limit]}… ({len(text) if length is None else length} chars)"
+
+
+def _characters(value: object) -> int | None:
+    """How many characters a string ``value`` has (``None`` for another:
+    its written form is what a message counts)."""
+    return len(value) if isinstance(value, str) else None
 
 
 def one_line(text: str) -> str:
@@ -187,7 +199,7 @@ def json_quoted(value: object, limit: int = JSON_QUOTE_LIMIT) -> str:
     itself, so only as much of it is written as is shown, and its whole
     length is never known."""
     if not isinstance(value, dict | list):
-        return _cut(_json_scalar(value), limit)
+        return _cut(_json_scalar(value), limit, _characters(value))
     text = _json_prefix(value, limit + 1, depth=0)
     return text if len(text) <= limit else f"{text[:limit]}…"
 

@@ -467,7 +467,7 @@ def test_a_long_cwd_is_quoted_as_far_as_any_value_with_its_length(server, connec
     cwd = "/tmp/../" + "x" * 1000
     errnum, errstr = exec_refused(server, connection, {**TRUE, "cwd": cwd})
     assert errnum == errno.EINVAL
-    assert errstr.startswith(f"cmd.cwd: \"{cwd[:199]}… (1010 chars): a '..' in it")
+    assert errstr.startswith(f"cmd.cwd: \"{cwd[:199]}… (1008 chars): a '..' in it")
 
 
 @pytest.mark.parametrize("cwd", ["//tmp", "/tmp//x/./y/", "/"])
@@ -1106,13 +1106,27 @@ def test_an_error_quoting_a_huge_value_is_bounded(connection):
     errnum, errstr = error_of(connection.last())
     assert errnum == errno.EINVAL
     assert errstr.startswith("SDEXEC_STOP_TIMER_SEC: 'xxx")
-    assert errstr.endswith("… (2000002 chars) is not a decimal integer")
+    assert errstr.endswith("… (2000000 chars) is not a decimal integer")
 
 
 def test_an_errstr_is_bounded_whatever_it_quotes():
     # The last guard, for a message that quoted a request's value whole.
     errstr = errstr_line("x" * 2 * MAX_ERRSTR)
     assert len(errstr) == MAX_ERRSTR and errstr.endswith("…")
+
+
+@pytest.mark.parametrize("topic", ["sdexec.wait", "sdexec.attach", "sdexec.kill"])
+@pytest.mark.parametrize(
+    "label", ["L" * 1_048_576, "\x1b" * 5000], ids=["long", "escapes"]
+)
+def test_a_cut_label_is_said_its_own_length(connection, topic, label):
+    # Counted quoted, a label of 1048576 characters was "(1048578 chars)"
+    # to wait and attach (and 1048576 to kill, which shows it bare), and
+    # one of 5000 escape codes "(20002 chars)".
+    connection.send(topic, {"label": label, "signum": 15})
+    errnum, errstr = error_of(connection.last())
+    assert errnum in (errno.ENOENT, errno.ESRCH)
+    assert f"… ({len(label)} chars)" in errstr
 
 
 #: A hostile value: 1 MB (100 kB in a command, whose strings are E2BIG past

@@ -721,7 +721,7 @@ async def test_a_timed_out_lookup_logs_its_command_escaped_and_cut(
     assert len(line) <= len(prefix) + MAX_QUOTED + 1
     errnum, errstr = error_of(connection.last())
     assert errnum == errno.ETIMEDOUT
-    assert f" ({len(repr(name))} chars): {said}" in errstr
+    assert f" ({len(name)} chars): {said}" in errstr
     assert "\n" not in errstr and "\x1b" not in errstr
     silent.answer()
     await until(lambda: lookups.stuck == 0, "the stuck lookup's end")

@@ -959,7 +959,7 @@ def test_a_refused_write_quotes_a_huge_value_briefly(connection, field):
     assert errnum == errno.EINVAL
     assert errstr.startswith(f"io.{field}: 'xxx")
     assert errstr.endswith(
-        "… (5000002 chars) is not "
+        "… (5000000 chars) is not "
         + ("stdin" if field == "stream" else "UTF-8 or base64")
     )
     with capturedLogs() as events:

@@ -462,7 +462,7 @@ def unit_name_for(command: Command) -> str:
     with the job id from ``SDEXEC_JOBID`` or the environment's ``FLUX_JOB_ID``."""
     name = command.option("SDEXEC_NAME")
     if name:
-        return _checked_unit_name(service_named(name), "SDEXEC_NAME")
+        return _checked_unit_name(name, "SDEXEC_NAME")
     jobid = command.option("SDEXEC_JOBID") or command.env.get("FLUX_JOB_ID")
     prefix = job_unit_prefix(jobid) if jobid else UNIT_NAME_PREFIX
     return _checked_unit_name(f"{prefix}{uuid.uuid4().hex}.service", "SDEXEC_JOBID")
@@ -486,15 +486,22 @@ def _job_in_name(jobid: str) -> str:
     return _UNIT_NAME_UNSAFE.sub("_", jobid[:_JOBID_IN_NAME_MAX])
 
 
-def _checked_unit_name(unit: str, option: str) -> str:
-    """``unit`` if systemd takes it as a unit name, else EINVAL naming the
-    option it came from (before systemd is asked)."""
+def _checked_unit_name(name: str, option: str) -> str:
+    """The unit ``name`` names (:func:`service_named`) if systemd takes it,
+    else EINVAL naming the option it came from (before systemd is asked),
+    quoting ``name`` as the request wrote it: quoted with the ``.service``
+    the service adds, which counts in systemd's 255 characters, a name of
+    250 read "at most 255", and said neither what was sent nor why."""
+    unit = service_named(name)
     if _UNIT_NAME.fullmatch(unit) is None:
+        long_with_suffix = len(unit) > _UNIT_NAME_MAX and unit != name
+        length = f" ({len(unit)} characters with .service)" if long_with_suffix else ""
         raise RequestError(
             errno.EINVAL,
-            f"{option}: {quoted(unit, SHOWN)} is not a unit name systemd takes: at most"
-            f" {_UNIT_NAME_MAX} characters of A-Z a-z 0-9 : _ . \\ @ -, a"
-            " name before any @ and an instance after it",
+            f"{option}: {quoted(name, SHOWN)}{length} is not a unit name systemd"
+            f" takes: at most {_UNIT_NAME_MAX} characters,"
+            " .service included, of A-Z a-z 0-9 : _ . \\ @ -, a name before any @"
+            " and an instance after it",
         )
     return unit
 

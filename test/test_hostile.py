@@ -1297,6 +1297,25 @@ def test_a_unit_name_systemd_cannot_take_is_einval_before_systemd(
     assert errstr.startswith(f"{option}: ") and "is not a unit name" in errstr
 
 
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("a b", "SDEXEC_NAME: 'a b' is not a unit name systemd takes"),
+        ("x" * 250, "… (250 chars) (258 characters with .service) is not a unit"),
+        ("x" * 250 + ".service", "… (258 chars) is not a unit name"),
+    ],
+    ids=["space", "long", "long.service"],
+)
+def test_a_refused_unit_name_is_quoted_as_sent(server, connection, name, said):
+    # Quoted with the .service the service adds, a name of 250 characters
+    # read "'xxx….service' is not a unit name systemd takes: at most 255
+    # characters": neither what was sent nor why it was too long.
+    cmd = {**TRUE, "opts": {"SDEXEC_NAME": name}}
+    errnum, errstr = exec_refused(server, connection, cmd)
+    assert errnum == errno.EINVAL
+    assert said in errstr and "255 characters, .service included" in errstr
+
+
 def test_the_longest_unit_name_systemd_takes_is_accepted(systemd, connection):
     name = "x" * 247  # 255 with .service
     cmd = {**TRUE, "opts": {"SDEXEC_NAME": name}}

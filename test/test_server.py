@@ -369,7 +369,12 @@ def test_exec_streams_started_finished_then_enodata(systemd, connection):
         ({"flags": 64, "cmd": TRUE}, errno.EINVAL, "flags: expected an integer"),
         ({"flags": True, "cmd": TRUE}, errno.EINVAL, "flags: expected an integer"),
         ({"flags": FLAGS, "cmd": {}}, errno.EINVAL, "cmd.cmdline"),
-        ({"flags": FLAGS | 4, "cmd": TRUE}, errno.EINVAL, "auxiliary channels"),
+        # Each names the field that asked: the same words for both told the
+        # client neither which to drop.
+        ({"flags": FLAGS | 4, "cmd": TRUE},
+         errno.EINVAL, "flags: channel (4): auxiliary channels are not supported"),
+        ({"flags": FLAGS, "cmd": {**TRUE, "channels": ["AUX"]}},
+         errno.EINVAL, "cmd.channels: auxiliary channels are not supported"),
         ({"flags": FLAGS, "cmd": {"cmdline": ["no-such-cmd-here"], "env": {}}},
          errno.ENOENT, "no-such-cmd-here: command not found"),
         # An empty name named nothing, as EACCES (each PATH directory

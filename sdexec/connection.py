@@ -1289,8 +1289,14 @@ class ClientProtocol(StdioReceivingProtocol):
         pass
 
 
-#: Why a message that is not a request ends its connection.
-_NOT_A_REQUEST = 'type: expected "request"'
+def _not_a_request(message: dict) -> str:
+    """Why a message that is not a request ends its connection, with what
+    its ``type`` was, as a bad matchtag's is said (a client that sent
+    ``"Request"`` or a response of its own learned nothing from
+    'expected "request"')."""
+    if "type" not in message:
+        return 'type: missing: expected "request"'
+    return f'type: expected "request", got {json_quoted(message["type"])}'
 
 
 def _check_envelope(message: dict) -> None:
@@ -1303,7 +1309,7 @@ def _check_envelope(message: dict) -> None:
     response: without a matchtag of its own it is never answered
     (:func:`_unanswerable_write`)."""
     if message.get("type") != "request":
-        raise FramingError(_NOT_A_REQUEST)
+        raise FramingError(_not_a_request(message))
     matchtag = message.get("matchtag")
     if _unanswerable_write(message.get("topic"), matchtag):
         return

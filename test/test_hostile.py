@@ -119,14 +119,36 @@ def test_a_long_write_full_of_json_s_syntax_is_taken(server, connection):
     still_serves(server)
 
 
-@pytest.mark.parametrize("kind", ["event", "response", None, 5])
-def test_a_message_that_is_not_a_request_is_a_framing_error(connection, kind):
+@pytest.mark.parametrize(
+    ("kind", "got"),
+    [
+        ("event", ', got "event"'),
+        ("Request", ', got "Request"'),
+        (None, ", got null"),
+        (5, ", got 5"),
+        ("\x1b" + "r" * 5000, ', got "\\u001b' + "r" * 193 + "… (5001 chars)"),
+    ],
+    ids=["event", "Request", "null", "5", "escape-long"],
+)
+def test_a_message_that_is_not_a_request_is_a_framing_error(connection, kind, got):
+    # Each says what its type was, as a bad matchtag's does: 'expected
+    # "request"' alone left a client that sent "Request" guessing.
     connection.raw({**ENVELOPE, "type": kind})
-    assert error_of(connection.last()) == (errno.EPROTO, 'type: expected "request"')
+    expected = f'type: expected "request"{got}'
+    assert error_of(connection.last()) == (errno.EPROTO, expected)
     assert connection.last()["matchtag"] == 0
     assert connection.transport.disconnecting
     connection.send("sdexec.list", {}, matchtag=5)  # nothing more is read
     assert len(connection.responses()) == 1
+
+
+def test_a_message_without_a_type_is_said_to_lack_one(connection):
+    connection.raw({key: ENVELOPE[key] for key in ("topic", "matchtag")})
+    assert error_of(connection.last()) == (
+        errno.EPROTO,
+        'type: missing: expected "request"',
+    )
+    assert connection.transport.disconnecting
 
 
 @pytest.mark.parametrize("encoding", [None, 5, [], {}, True])

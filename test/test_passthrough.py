@@ -418,7 +418,9 @@ def test_descriptors_with_what_is_no_request_end_the_connection(connection, ends
     # them it was kept open (review session 32 Z3).
     response = {"type": "response", "topic": "sdexec.list", "matchtag": 4}
     deliver(connection, json.dumps(response).encode() + b"\n", ends[0][:1])
-    assert errors(connection) == [(0, errno.EPROTO, 'type: expected "request"')]
+    assert errors(connection) == [
+        (0, errno.EPROTO, 'type: expected "request", got "response"')
+    ]
     assert connection.transport.disconnecting
 
 

@@ -954,8 +954,12 @@ def _size_option(
             if most == MAX_BUFSIZE
             else f": one {whose}, at most {frame} bytes, holds that much as JSON"
         )
+        # The value and what it came to ("16M" is 16777216): a job script's
+        # options are often computed, and its author reads the log.
         raise RequestError(
-            errno.EINVAL, f"{name}: must be from {least} {unit} to {most} bytes{held}"
+            errno.EINVAL,
+            f"{name}: {quoted(value, SHOWN)} is {size} byte{'' if size == 1 else 's'};"
+            f" must be from {least} {unit} to {most} bytes{held}",
         )
     return size
 

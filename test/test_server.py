@@ -408,9 +408,10 @@ def test_exec_streams_started_finished_then_enodata(systemd, connection):
           "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SIGNAL": "KILL"}}},
          errno.EPERM, "SDEXEC_STOP_TIMER_SIGNAL: a request may only repeat"),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdout_BUFSIZE": "4095"}}},
-         errno.EINVAL, "stdout_BUFSIZE: must be from 4096 bytes to "),
+         errno.EINVAL,
+         "stdout_BUFSIZE: '4095' is 4095 bytes; must be from 4096 bytes to "),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdin_BUFSIZE": "0"}}},
-         errno.EINVAL, "stdin_BUFSIZE: must be from 1 byte to "),
+         errno.EINVAL, "stdin_BUFSIZE: '0' is 0 bytes; must be from 1 byte to "),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdin_BUFSIZE": "lots"}}},
          errno.EINVAL, "stdin_BUFSIZE: "),
         # Flux's parse_size takes "k" alone in lower case ("m" is milli).
@@ -424,11 +425,13 @@ def test_exec_streams_started_finished_then_enodata(systemd, connection):
          errno.EINVAL, "stdout_BUFSIZE: '0x1p1024' is too large (16E or more)"),
         # 16 MiB of NULs is a 96 MiB line: the client dropped the connection.
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdout_BUFSIZE": "16M"}}},
-         errno.EINVAL, "stdout_BUFSIZE: must be from 4096 bytes to 11173888 bytes:"
+         errno.EINVAL, "stdout_BUFSIZE: '16M' is 16777216 bytes; must be from 4096"
+         " bytes to 11173888 bytes:"
          " one response a client reads, at most 67108864 bytes, holds that much"
          " as JSON"),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdin_BUFSIZE": "16M"}}},
-         errno.EINVAL, "stdin_BUFSIZE: must be from 1 byte to 11173888 bytes:"
+         errno.EINVAL, "stdin_BUFSIZE: '16M' is 16777216 bytes; must be from 1 byte to"
+         " 11173888 bytes:"
          " one request ([sdexec] max-frame-size), at most 67108864 bytes"),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stderr_LINE_BUFFER": "maybe"}}},
          errno.EINVAL, "stderr_LINE_BUFFER: 'maybe' is not a boolean"),
@@ -687,7 +690,9 @@ def test_stdin_credit_is_bounded_by_the_connection_s_own_frame(connection):
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": cmd})
     errnum, errstr = error_of(connection.last())
     assert errnum == errno.EINVAL
-    assert errstr.startswith("stdin_BUFSIZE: must be from 1 byte to 163840 bytes")
+    assert errstr.startswith(
+        "stdin_BUFSIZE: '2M' is 2097152 bytes; must be from 1 byte to 163840 bytes"
+    )
 
 
 @ensureDeferred

@@ -337,9 +337,12 @@ def _environment_strings(env: Mapping[str, str]) -> Iterator[tuple[str, int]]:
 def _exec_strings(
     executable: str, cmdline: Sequence[str], env: Mapping[str, str]
 ) -> Iterator[tuple[str, int]]:
-    yield "executable", len(executable.encode())
+    # The arguments first: the executable is cmd.cmdline[0] as sent (or the
+    # trampoline's own short path), and a name too long for exec was
+    # refused as "executable", which no request has.
     for index, arg in enumerate(cmdline):
         yield f"cmd.cmdline[{index}]", len(arg.encode())
+    yield "the executable's path", len(executable.encode())
     yield from _environment_strings(env)
 
 

@@ -1338,6 +1338,16 @@ def test_a_refused_unit_name_is_quoted_as_sent(server, connection, name, said):
     assert said in errstr and "255 characters, .service included" in errstr
 
 
+def test_a_command_name_too_long_for_exec_is_named_as_the_request_field(
+    server, connection
+):
+    # It was "executable: 1048576 bytes; ...": no field of the request.
+    cmd = {**TRUE, "cmdline": ["x" * 200_000]}
+    errnum, errstr = exec_refused(server, connection, cmd)
+    assert errnum == errno.E2BIG
+    assert errstr.startswith("cmd.cmdline[0]: 200000 bytes; Linux execs no single")
+
+
 def test_the_longest_unit_name_systemd_takes_is_accepted(systemd, connection):
     name = "x" * 247  # 255 with .service
     cmd = {**TRUE, "opts": {"SDEXEC_NAME": name}}

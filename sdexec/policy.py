@@ -746,8 +746,10 @@ class RequestPolicy:
             )
         check_text(option, value)
         if name == "Description" and len(value.encode()) > MAX_DESCRIPTION:
+            # Its size, as a label's or a job id's too long is said.
             raise RequestRefused(
-                errno.EINVAL, f"{option}: longer than {MAX_DESCRIPTION} bytes"
+                errno.EINVAL,
+                f"{option}: {len(value.encode())} bytes; at most {MAX_DESCRIPTION}",
             )
         order = TIGHTENING.get(name)
         pair = rlimit_pair(name, value)

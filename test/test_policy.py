@@ -405,7 +405,10 @@ def test_no_known_baseline_refuses_a_number_but_not_accounting_on() -> None:
 
 def test_description_is_capped() -> None:
     assert POLICY.accept({"Description": "d" * 1024})
-    assert refusal(POLICY, Description="d" * 1025).errnum == errno.EINVAL
+    error = refusal(POLICY, Description="d" * 1025)
+    assert error.errnum == errno.EINVAL
+    # As a label's or a job id's: the size, not only the bound.
+    assert error.errstr == "SDEXEC_PROP_Description: 1025 bytes; at most 1024"
     error = refusal(POLICY, Description="\ud800")
     assert error.errnum == errno.EINVAL
     assert error.errstr.startswith("SDEXEC_PROP_Description: not valid Unicode")

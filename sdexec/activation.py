@@ -154,7 +154,9 @@ def _check_socket(description: str, fd: int) -> None:
     try:
         is_socket = stat.S_ISSOCK(os.fstat(fd).st_mode)
     except OSError as error:
-        raise ValueError(f"{description}: the descriptor passed: {error}") from None
+        raise ValueError(  # strerror: not Python's "[Errno 9] Bad file descriptor"
+            f"{description}: the descriptor passed: {error.strerror or error}"
+        ) from None
     if not is_socket:
         raise ValueError(
             f"{description}: the descriptor passed is not a socket"

@@ -179,7 +179,7 @@ class ClientProtocol(StdioReceivingProtocol):
             self.server.log_rate.warn(
                 "peer credentials",
                 "cannot read peer credentials: {error}",
-                error=error,
+                error=error.strerror or error,  # not Python's "[Errno N] ..."
             )
             uid = -1
         if uid not in self.server.allowed_uids:

@@ -305,7 +305,10 @@ class DeviceCanary:
         try:
             key = self._context.start_process(plan, responder)
         except OSError as error:  # no fds left for its channels (EMFILE)
-            problem = f"DevicePolicy could not be verified: {error}"
+            problem = (
+                "DevicePolicy could not be verified: the canary could not be"
+                f" started: {error.strerror or error}"  # not "[Errno 24] ..."
+            )
             return defer.succeed(self._judged(problem))
         verdict = responder.done.addTimeout(
             CANARY_TIMEOUT_SECONDS,

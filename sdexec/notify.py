@@ -77,8 +77,13 @@ class SystemdNotifier:
                 self._socket.setblocking(False)
             self._socket.sendto(message.encode(), self.address)
         except OSError as error:
-            log.warn("sd_notify to {address!r} failed: {error}",
-                     address=self.address, error=error)  # fmt: skip
+            # The address as the admin set NOTIFY_SOCKET ("@" for an abstract
+            # one), and strerror: not Python's repr and "[Errno 111] ...".
+            log.warn(
+                "sd_notify to {address} failed: {error}",
+                address=one_line(self.address.replace("\0", "@", 1)),
+                error=error.strerror or error,
+            )
 
     def close(self) -> None:
         """Close the notification socket; later notifications go nowhere."""

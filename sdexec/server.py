@@ -624,8 +624,10 @@ class SdexecServer:
             return process.start()
         except OSError as error:  # no fds left for its channels (EMFILE)
             self._untable(key)
+            # strerror: str(error) is Python's "[Errno 24] Too many open files".
             raise RequestError(
-                error.errno or errno.EIO, f"cannot start the process: {error}"
+                error.errno or errno.EIO,
+                f"cannot start the process: {error.strerror or error}",
             ) from None
         except Exception:
             self._untable(key)

@@ -257,6 +257,16 @@ def test_a_descriptor_that_is_no_socket_is_refused_and_left_as_it_was(monkeypatc
     )
 
 
+def test_a_descriptor_not_open_is_refused_in_the_system_s_words(monkeypatch):
+    # It read "the descriptor passed: [Errno 9] Bad file descriptor".
+    closed = os.dup(0)
+    os.close(closed)
+    _passed(monkeypatch, closed)
+    with pytest.raises(ValueError) as error:
+        server_endpoint(reactor, ENDPOINT)
+    assert str(error.value) == f"{ENDPOINT}: the descriptor passed: Bad file descriptor"
+
+
 def test_a_socket_of_another_name_is_refused_naming_those_inherited(monkeypatch):
     # A .socket unit of another name without FileDescriptorName= passes its
     # own unit name: the refusal said only "no such inherited socket".

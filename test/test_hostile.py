@@ -1121,6 +1121,26 @@ def test_one_stranger_s_refusals_do_not_hide_another_s(systemd, monkeypatch):
     assert refused[-1].startswith("refusing connections from uid 4343:")
 
 
+def test_unreadable_peer_credentials_are_logged_in_the_system_s_words(
+    systemd, monkeypatch
+):
+    # It logged "cannot read peer credentials: [Errno 107] Transport endpoint
+    # is not connected": Python's words for an OSError.
+    def unreadable(sock):
+        raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN))
+
+    server = SdexecServer(systemd, parse_config({}), reactor, clock=Clock())
+    monkeypatch.setattr(sdexec.connection, "peer_uid", unreadable)
+    logged: list[dict] = []
+    globalLogPublisher.addObserver(logged.append)
+    try:
+        Connection(server).close()
+    finally:
+        globalLogPublisher.removeObserver(logged.append)
+    lines = [formatEvent(e) for e in logged if "credentials" in e.get("log_format", "")]
+    assert lines == [f"cannot read peer credentials: {os.strerror(errno.ENOTCONN)}"]
+
+
 def test_an_error_quoting_a_huge_value_is_bounded(connection):
     # 2 MB: within the command's budget (larger is E2BIG before it is read).
     opts = {"SDEXEC_STOP_TIMER_SEC": "x" * 2_000_000}
@@ -1294,7 +1314,9 @@ def test_no_fds_for_the_channels_is_an_error_and_nothing_is_tabled(
     monkeypatch.setattr("sdexec.process.socketpair_for_systemd", exhausted)
     connection.send("sdexec.exec", {"cmd": TRUE, "flags": FLAGS})
     errnum, errstr = error_of(connection.last())
-    assert errnum == errno.EMFILE and errstr.startswith("cannot start the process")
+    assert errnum == errno.EMFILE
+    # Not Python's "[Errno 24] Too many open files".
+    assert errstr == "cannot start the process: Too many open files"
     assert server.processes == {}
     still_serves(server)
 

@@ -235,8 +235,8 @@ def build_command(
         raise SdexecError(str(error)) from None
 
 
-def _not_passed(name: str) -> None:
-    warn(f"not passing {name}: not UTF-8 text")
+def _not_passed(why: str) -> None:
+    warn(f"not passing {why}")
 
 
 # -- the commands --------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from sdexec.protocolbase import ExecFlags, command_object
+from sdexec.refusal import one_line
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -114,8 +115,9 @@ def build_command(
     """The RFC 42 command object for ``sdexec run``: the client's whole
     environment and working directory (``--dir`` relative to ``cwd``,
     resolved; and ``PWD`` then names it, not the client's). A variable of ``environ``
-    that is not UTF-8 is left out, and told to ``left_out`` (its name's
-    bytes, shown); any other field that is not is :class:`NotText`."""
+    that is not UTF-8 is left out, and told to ``left_out`` (its name, and
+    whether its name or its value is not text); any other field that is
+    not is :class:`NotText`."""
     job_options = {
         name: value
         for name, value in (
@@ -221,8 +223,18 @@ def _utf8_environment(
         if is_utf8(name) and is_utf8(value):
             kept[name] = value
         else:
-            left_out(repr(os.fsencode(name)))
+            left_out(_why_left_out(name, value))
     return kept
+
+
+def _why_left_out(name: str, value: str) -> str:
+    """Which variable is left out, and which of its parts is not text: a
+    name that is text is said as such (``OLDPWD``, where it read
+    ``b'OLDPWD'``, as if the name were the bytes at fault), one that is
+    not by its bytes."""
+    if is_utf8(name):
+        return f"{one_line(name)}: its value is not UTF-8 text"
+    return f"{os.fsencode(name)!r}: its name is not UTF-8 text"
 
 
 class TerminalModes:

@@ -1023,9 +1023,10 @@ def test_a_variable_that_is_not_utf8_is_left_out_and_named(capsys):
     env = {"PATH": "/bin", "OLDPWD": latin1, latin1: "x"}
     command = build_command(parse_args(["run", "true"]), env, "/")
     assert command["env"] == {"PATH": "/bin"}
+    # By its name when that is text: "b'OLDPWD'" blamed the name's bytes.
     assert capsys.readouterr().err == (
-        "sdexec: not passing b'OLDPWD': not UTF-8 text\n"
-        "sdexec: not passing b'caf\\xe9': not UTF-8 text\n"
+        "sdexec: not passing OLDPWD: its value is not UTF-8 text\n"
+        "sdexec: not passing b'caf\\xe9': its name is not UTF-8 text\n"
     )
 
 

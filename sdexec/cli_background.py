@@ -38,6 +38,7 @@ from sdexec.cliio import (
 )
 from sdexec.protocolbase import STATUS_AND_ERROR, ExecFlags, Topics
 from sdexec.receipt import Receipt
+from sdexec.refusal import one_line
 from sdexec.rpc import (
     RPCError,
     SdexecError,
@@ -163,8 +164,11 @@ def _say_pid(pid: int, label: str | None) -> int | None:
     (docs/client.md, Signals), the pid then said on stderr: that signal,
     else ``None``."""
     try:
+        # The label as ps shows it, on one line: a line break or an escape
+        # code in it broke the "PID LABEL" line a script reads, and the
+        # terminal it was printed to.
         signum = print_out_unless_signalled(
-            str(pid) if label is None else f"{pid} {label}"
+            str(pid) if label is None else f"{pid} {one_line(label)}"
         )
     except SdexecError as failure:
         raise SdexecError(f"{failure}: {_runs_on(pid)}") from None

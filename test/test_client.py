@@ -1632,6 +1632,20 @@ def test_cli_background_run_prints_the_pid_or_says_none_came(served, answer, pri
         )
 
 
+@pytest_twisted.inlineCallbacks
+def test_cli_background_run_prints_a_label_on_one_line(served):
+    # Printed raw, a label's line break and escape code broke the "PID
+    # LABEL" line and the terminal; ps shows it so already.
+    peer, client = served
+    label = "a\x1b[2Jb\nc"
+    cli = _spawn_cli(client.path, ["run", "--bg", "--label", label, "sleep", "100"])
+    peer = yield peer.factory.peers.get()
+    request = yield peer.requests.get()
+    peer.respond(request, {"type": "started", "pid": 42})
+    assert (yield cli.ended) == 0
+    assert bytes(cli.out) == b"42 a\\x1b[2Jb\\nc\n"
+
+
 @pytest.mark.parametrize(
     ("args", "answer", "said"),
     [

@@ -1813,7 +1813,7 @@ def _parse_yaml(text: str, source: str) -> dict:
         data = yaml.load(text, Loader=_YamlLoader)  # safe: a SafeLoader
     except yaml.YAMLError as error:
         raise ConfigError(
-            source, None, f"YAML syntax error: {_yaml_problem(error)}"
+            source, None, f"YAML syntax error: {_yaml_problem(error, text)}"
         ) from None
     except ValueError as error:  # an integer of thousands of digits
         raise ConfigError(source, None, _unreadable_number(error)) from None
@@ -1875,13 +1875,21 @@ _PARSERS: dict[str, Callable[[str, str], dict]] = {
 }
 
 
-def _yaml_problem(error: yaml.YAMLError) -> str:
-    """pyyaml's message spans several lines; keep what and where."""
+def _yaml_problem(error: yaml.YAMLError, text: str) -> str:
+    """pyyaml's message spans several lines; keep what and where. A
+    character YAML does not take (a ``ReaderError``: a control character)
+    has no mark but a position in ``text``, said as the line and column of
+    every other error (its message's second line, cut, said where)."""
     mark = getattr(error, "problem_mark", None)
     problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-    if mark is None:
+    if mark is not None:
+        line, column = mark.line, mark.column
+    elif isinstance(position := getattr(error, "position", None), int):
+        line = text.count("\n", 0, position)
+        column = position - (text.rfind("\n", 0, position) + 1)
+    else:
         return problem
-    return f"{problem} (at line {mark.line + 1}, column {mark.column + 1})"
+    return f"{problem} (at line {line + 1}, column {column + 1})"
 
 
 # --- python3 -m sdexec.config FILE ------------------------------------------

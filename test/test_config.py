@@ -1893,6 +1893,18 @@ def test_yaml_syntax_error_is_one_line(tmp_path):
     assert "\n" not in str(error.value)
 
 
+def test_a_character_yaml_does_not_take_is_said_where(tmp_path):
+    # "unacceptable character #x001b: special characters are not allowed"
+    # alone: where was on the line the message was cut to one.
+    path = write(tmp_path, "c.yaml", 'exec:\n  imp: "/a\x1b"\n')
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value) == (
+        f"{path}: YAML syntax error: unacceptable character #x001b: special"
+        " characters are not allowed (at line 2, column 11)"
+    )
+
+
 def test_yaml_duplicate_key_is_an_error_as_in_toml(tmp_path):
     path = write(tmp_path, "c.yaml", "exec:\n  imp: /a\n  kill-timeout: 5\n  imp: /b\n")
     with pytest.raises(ConfigError) as error:

@@ -652,6 +652,7 @@ address = os.environ["NOTIFY_SOCKET"]
 if address.startswith("@"):
     address = "\\0" + address[1:]
 socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b"READY=1", address)
+os.execvp("env", ["env"])
 """
 
 # What a user manager adds to a job's environment on its own: the user's
@@ -680,8 +681,15 @@ def test_every_variable_the_manager_adds_is_dropped_or_a_user_basic(
         *("-p", "Type=notify", "-p", "NotifyAccess=all", "-p", "WatchdogSec=100"),
         # READY=1 from Python: a node may have systemd without systemd-notify
         # (the GPU node's carried systemd is the manager and systemd-run).
-        *("sh", "-c", '"$0" -c "$1"; env', sys.executable, NOTIFY_READY),
+        # Sent by the main process, which then becomes `env`: a child's
+        # READY=1 was lost when the child was gone before the loaded
+        # manager read it (the unit then failed, "protocol").
+        *(sys.executable, "-c", NOTIFY_READY),
     )
+    # The manager adds DBUS_SESSION_BUS_ADDRESS to its own environment once
+    # it is on its bus, which a fresh sandbox's may reach only during the
+    # job: what it has after the job is its too.
+    manager |= environment("systemctl", "--user", "show-environment")
     added = job - manager - USER_BASICS
     assert "INVOCATION_ID" in added and "NOTIFY_SOCKET" in added
     assert added <= DROPPED_ENVIRONMENT, added - DROPPED_ENVIRONMENT

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import argparse
     import signal
     from collections.abc import Callable, Iterable, Mapping
-    from typing import Any
+    from typing import Any, TextIO
 
     from sdexec.receipt import Receipt
 else:
@@ -254,7 +254,10 @@ def say(line: str) -> None:
         return
     _held.write_all()  # first: in the order said
     try:  # noqa: SIM105 (contextlib is not imported: start-up time)
-        print(line, file=sys.stderr, flush=True)
+        # Whole, though stderr is non-blocking (a file description another
+        # program of the pipeline set O_NONBLOCK on): print() dropped the
+        # line in silence where the pipe had no room for it.
+        _write_whole(sys.stderr, f"{line}\n")
     except OSError:
         pass  # a stderr that went away: nothing more can be said to it
 
@@ -396,11 +399,8 @@ class _HeldLines:
         """Write every line held through stderr itself, which may wait (no
         descriptor writes it without waiting, or nothing ends the wait)."""
         lines, self._lines = self._lines, []
-        try:
-            sys.stderr.flush()
-            for data in lines:
-                sys.stderr.buffer.write(data)
-            sys.stderr.buffer.flush()
+        try:  # noqa: SIM105 (contextlib is not imported: start-up time)
+            _write_whole(sys.stderr, b"".join(lines))
         except OSError:
             pass  # a stderr that went away: nothing more can be said to it
 
@@ -504,15 +504,26 @@ def write_stdout_whole(text: str) -> None:
     """``text`` on stdout, as ``print`` encodes it, all of it: a
     non-blocking stdout is waited for (:class:`Output`), and its error
     raised as it came."""
-    stdout = sys.stdout
-    stdout.flush()  # first: in the order written
+    _write_whole(sys.stdout, text)
+
+
+def _write_whole(stream: TextIO, text: str | bytes) -> None:
+    """``text`` on ``stream`` (our stdout or stderr), after what its buffer
+    holds, all of it: as ``print`` encodes it, or as bytes already so
+    encoded. A non-blocking descriptor is waited for (:class:`Output`),
+    and its error raised as it came."""
+    stream.flush()  # first: in the order written
+    encoding = stream.encoding or "utf-8"
     try:
-        fd = stdout.fileno()
+        fd = stream.fileno()
     except (OSError, ValueError):  # not a descriptor (a test's capture)
-        stdout.write(text)
+        stream.write(
+            text if isinstance(text, str) else text.decode(encoding, "replace")
+        )
         return
-    data = text.encode(stdout.encoding or "utf-8", stdout.errors or "strict")
-    problem = Output(fd).write(data)
+    if isinstance(text, str):
+        text = text.encode(encoding, stream.errors or "strict")
+    problem = Output(fd).write(text)
     if problem is not None:
         raise problem
 

@@ -763,6 +763,52 @@ def _signalled_once_the_first_line_is_said(
         client.wait()
 
 
+def test_a_line_said_to_a_full_nonblocking_stderr_waits_for_its_reader(tmp_path):
+    # A stderr whose file description another program of the pipeline set
+    # O_NONBLOCK on: print() failed where the pipe had no room for the
+    # line (EAGAIN), and the only line saying why the command failed was
+    # dropped in silence. Now it waits for the reader, as stdout does.
+    path = str(tmp_path / "nothing.sock")
+    reader, writer = os.pipe()
+    try:
+        held = _room_for(writer, reader, 0)  # full
+        os.set_blocking(writer, False)
+        client = subprocess.Popen(
+            [sys.executable, "-m", "sdexec.cli", "--socket", path, "ps"],
+            env={**os.environ, "PYTHONPATH": str(REPOSITORY)},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=writer,
+        )
+    finally:
+        os.close(writer)
+    _wait_until_ended_or_asleep(client)  # it has written, or waits to
+    said = read_to_end(reader)
+    assert (client.wait(timeout=30), said[held:].decode()) == (
+        1,
+        f"sdexec: cannot connect to {path}: No such file or directory"
+        " (is the sdexec service running?)\n",
+    )
+
+
+def _wait_until_ended_or_asleep(process: subprocess.Popen) -> None:
+    """Wait until ``process`` has exited, or sleeps: one that has nothing
+    else to wait for (no service) sleeps only to wait for its reader."""
+    deadline = time.monotonic() + 30
+    while process.poll() is None and _state(process.pid) != "S":
+        assert time.monotonic() < deadline, "neither ended nor asleep"
+        time.sleep(0.01)
+
+
+def _state(pid: int) -> str:
+    """The state letter of ``pid`` (``/proc/PID/stat``), ``""`` once gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return ""
+
+
 # -- a Ctrl-C while the command loads --------------------------------------------
 
 #: Sends the process SIGINT as the command's first module of its own is

@@ -316,10 +316,43 @@ def _target_given(text: str, expected: str) -> str:
 def _add_stats(stats: argparse.ArgumentParser) -> None:
     stats.add_argument(
         "--url",
-        type=_given,
+        type=_stats_url,
         help="read them from the stats endpoint instead of the socket,"
         " e.g. http://127.0.0.1:8490/stats",
     )
+
+
+def _stats_url(text: str) -> str:
+    """``stats --url``'s URL, refused where no request could be made of it,
+    naming what is wrong: text that is not UTF-8 (shown as its bytes), an
+    IPv6 address whose bracket is not closed, a port that is no number
+    from 1 to 65535. The HTTP client said the codec's words, "DNS lookup
+    failed" for port -1, "Connection refused" for 99999, or waited 30 s
+    for a port past 2**64. (A URL of no http:// scheme it refuses itself,
+    naming what to give.)"""
+    from urllib.parse import urlsplit  # here: only --url needs it
+
+    if not is_utf8(_given(text)):
+        shown = text.encode("utf-8", "surrogateescape")
+        raise argparse.ArgumentTypeError(f"not UTF-8 text: {shown!r}")
+    try:
+        netloc = urlsplit(text).netloc
+    except ValueError as error:  # "Invalid IPv6 URL": a bracket not closed
+        raise argparse.ArgumentTypeError(f"{text}: not a URL: {error}") from None
+    port = _port_text(netloc)
+    # Its length first: int() refuses over 4300 digits, in words of its own.
+    if port and not (is_number(port) and len(port) <= 5 and 0 < int(port) < 65536):
+        raise argparse.ArgumentTypeError(
+            f"{text}: port {port!r} is not a number from 1 to 65535"
+        )
+    return text
+
+
+def _port_text(netloc: str) -> str:
+    """The port of a URL's ``netloc`` as written (after its user, and after
+    an IPv6 address's brackets), ``""`` for none."""
+    host_port = netloc.rpartition("@")[2]
+    return host_port.rpartition("]")[2].partition(":")[2]
 
 
 def _no_arguments(_command: argparse.ArgumentParser) -> None:

@@ -204,6 +204,36 @@ def test_an_empty_target_is_a_usage_error(argv, said, capsys):
     assert capsys.readouterr().err.endswith(f"error: argument {said}\n")
 
 
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        (
+            "http://127.0.0.1:99999/stats",
+            "port '99999' is not a number from 1 to 65535",
+        ),
+        ("http://127.0.0.1:-1/stats", "port '-1' is not a number from 1 to 65535"),
+        ("http://[::1]:0/stats", "port '0' is not a number from 1 to 65535"),
+        ("http://h:8490x/", "port '8490x' is not a number from 1 to 65535"),
+        ("http://h:" + "9" * 5000 + "/", f"port '{'9' * 5000}' is not a number"),
+        ("http://[::1:8490/stats", "not a URL: Invalid IPv6 URL"),
+    ],
+)
+def test_a_stats_url_no_request_could_use_is_a_usage_error_naming_it(url, said, capsys):
+    # The HTTP client said "DNS lookup failed" for port -1, "Connection
+    # refused" for 99999, and waited 30 s for one past 2**64.
+    assert main(["stats", "--url", url]) == 2
+    assert f"error: argument --url: {url}: {said}" in capsys.readouterr().err
+
+
+def test_a_stats_url_not_utf8_is_a_usage_error_showing_its_bytes(capsys):
+    # The codec's words, naming neither --url nor the byte as given.
+    url = b"http://127.0.0.1:8490/st\xffats".decode("utf-8", "surrogateescape")
+    assert main(["stats", "--url", url]) == 2
+    assert capsys.readouterr().err.endswith(
+        "error: argument --url: not UTF-8 text: b'http://127.0.0.1:8490/st\\xffats'\n"
+    )
+
+
 def test_an_empty_sdexec_socket_still_means_unset(monkeypatch):
     from sdexec.rpc import resolve_socket_path
 

@@ -56,6 +56,7 @@ from sdexec.limits import check_text
 from sdexec.plan import ExecPlan, RequestError
 from sdexec.process import NO_EXIT_STATUS_ERRNO, OutputValve, Process, Responder
 from sdexec.protocol import STATUS_AND_ERROR, ExecFlag, command_object
+from sdexec.protocolbase import NOT_WAITABLE
 from sdexec.refusal import SHOWN, quoted
 from sdexec.retained import CONFIG_KEY, STREAMS, Cursor, RetainedOutput
 from sdexec.shares import Share
@@ -135,8 +136,7 @@ class _Client:
 #: Refusals in upstream's words (libsubprocess's server.c, Flux's sdexec
 #: module), which Flux's own tests grep for ("not waitable", "not found",
 #: "already has a client attached", "client attached"): a site's scripts
-#: written against Flux may too.
-_NOT_WAITABLE = "process is not waitable (not started with flag 16)"
+#: written against Flux may too (and :data:`NOT_WAITABLE`).
 _NOT_BACKGROUND = "not in background mode"
 
 #: Who may have had a process's end (:attr:`Tracked._end_taken_by`).
@@ -372,7 +372,7 @@ class Tracked:
         error alone. A refusal calls the process ``name``: as the request
         named it (by label: its user may not know the pid)."""
         if not self.waitable:
-            raise RequestError(errno.EINVAL, f"{name}: {_NOT_WAITABLE}")
+            raise RequestError(errno.EINVAL, f"{name}: {NOT_WAITABLE}")
         if self._waiter is not None:
             # EINVAL and these words as upstream's subprocess server, which
             # Flux's own tests look for.
@@ -1091,7 +1091,7 @@ class TrackedProcesses:
             raise RequestError(errno.EINVAL, f"{STATUS_AND_ERROR}: expected a boolean")
         # ESRCH for none, as upstream's subprocess servers answer a wait.
         tracked = self._find(
-            pid, label, errno.EINVAL, _NOT_WAITABLE, missing=errno.ESRCH
+            pid, label, errno.EINVAL, NOT_WAITABLE, missing=errno.ESRCH
         )
         # Refused, it is named as the request named it (`sdexec wait JOB`
         # said "pid 4242: process is not waitable …").

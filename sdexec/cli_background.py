@@ -10,6 +10,7 @@ the two share (stderr lines, output writes, the connection) is
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 
 from sdexec.cliio import (
@@ -36,7 +37,7 @@ from sdexec.cliio import (
     warn_after_finished,
     write_output,
 )
-from sdexec.protocolbase import STATUS_AND_ERROR, ExecFlags, Topics
+from sdexec.protocolbase import NOT_WAITABLE, STATUS_AND_ERROR, ExecFlags, Topics
 from sdexec.receipt import Receipt
 from sdexec.refusal import one_line
 from sdexec.rpc import (
@@ -195,7 +196,7 @@ def wait(options: argparse.Namespace) -> int:
     the error, where the stream ended with one before it finished)."""
     # The status and output even where the stop timer gave up on what the
     # command left: said after them, as run says it.
-    answer = request(options, Topics.WAIT, {**options.target, STATUS_AND_ERROR: True})
+    answer = _wait_answer(options)
     # No status beside an error: the stream ended with it before `finished`
     # (a job declared unkillable). Its output is written all the same, then
     # the error said, as attach does.
@@ -213,6 +214,23 @@ def wait(options: argparse.Namespace) -> int:
     say_end(Receipt.from_finished({**answer, "status": status}), after)
     code = exit_code(status)
     return (code or 1) if lost else code
+
+
+def _wait_answer(options: argparse.Namespace) -> dict[str, Any]:
+    """The service's answer to ``wait``'s request; its refusal of a process
+    not started waitable says how to start one that is: the service's
+    words ("not started with flag 16") name the protocol's flag, which
+    nobody types."""
+    payload = {**options.target, STATUS_AND_ERROR: True}
+    try:
+        return request(options, Topics.WAIT, payload)
+    except RPCError as error:
+        if error.errnum != errno.EINVAL or not error.errstr.endswith(NOT_WAITABLE):
+            raise
+        raise SdexecError(
+            f"{error}: only a process started with sdexec run --bg --waitable"
+            " can be waited for"
+        ) from None
 
 
 def _say_dropped(dropped: dict[str, int]) -> None:

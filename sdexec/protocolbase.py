@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_STDIN_BUFSIZE",
     "MAX_MATCHTAG",
     "MAX_SOCKET_PATH",
+    "NOT_WAITABLE",
     "SOCKET_ENV",
     "STATUS_AND_ERROR",
     "SYSTEM_SOCKET",
@@ -189,6 +190,13 @@ def terminate_not_found(key: str, value: object) -> str:
     target names no job. ``sdexec cancel`` tells it from a job that was
     found and has ended (``ESRCH`` too), which it must not hide."""
     return f"terminate {target_named(key, value)} not found"
+
+
+#: The ``errstr`` (with ``EINVAL``, after ``pid N: `` or ``label 'L': ``)
+#: of an ``sdexec.wait`` for a process not started waitable, in upstream's
+#: words (libsubprocess's server.c), which Flux's own tests grep for:
+#: ``sdexec wait`` adds what its user must do instead.
+NOT_WAITABLE = "process is not waitable (not started with flag 16)"
 
 
 def ended_and_kept(topic: str, target: str) -> str:

@@ -56,6 +56,26 @@ async def test_wait_prints_the_output_and_exits_with_the_code(sdexec):
 
 
 @ensureDeferred
+async def test_wait_for_a_process_not_waitable_says_how_to_start_one(sdexec):
+    # The service's words alone named the protocol's flag: "process is not
+    # waitable (not started with flag 16)", which nobody types.
+    started = await cli(sdexec, "run", "--bg", "--label", "plain", "sleep", "300")
+    pid = started.stdout.decode().split()[0]
+    try:
+        for target, named in ((pid, f"pid {pid}"), ("plain", "label 'plain'")):
+            waited = await cli(sdexec, "wait", target)
+            assert (waited.returncode, waited.stderr.decode()) == (
+                1,
+                f"sdexec: {named}: process is not waitable (not started with"
+                " flag 16): only a process started with sdexec run --bg"
+                " --waitable can be waited for\n",
+            )
+    finally:
+        await cli(sdexec, "kill", "KILL", pid)
+        await until(lambda: not sdexec.server.list()["procs"], "reaped")
+
+
+@ensureDeferred
 async def test_cancel_of_an_ended_waitable_process_says_to_wait_for_it(sdexec):
     # It said "terminate jobid=w not found; terminate label=w not found"
     # of a process ps listed (review session 46 cli-2).

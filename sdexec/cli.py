@@ -985,6 +985,7 @@ class _Job:
             self._watch_stdin()
         elif kind == "finished" and self._receipt is None:
             self._receipt = finished_receipt(payload)
+            self._stop_reading_stdin()
 
     def _started(self) -> None:
         """The process started: the signals held for it are sent. A start
@@ -1053,6 +1054,16 @@ class _Job:
             write_only = self._stdin_write_only
             self._stdin_reader = 0 if write_only else nonblocking_reader(0)
         return self._stdin_reader
+
+    def _stop_reading_stdin(self) -> None:
+        """Read no more of our stdin: the process has ended, though its
+        stream goes on while the leftovers of its unit are stopped (the
+        stop timer may take minutes). As ``flux exec`` stops reading at
+        its subprocesses' exit, what is typed meanwhile stays its user's,
+        not sent to a process that is gone."""
+        self._stdin_open = False
+        self._watch_stdin()
+        self.close_stdin_reader()
 
     def close_stdin_reader(self) -> None:
         """Close the descriptor opened to read our stdin, if one was."""

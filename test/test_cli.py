@@ -434,6 +434,58 @@ async def test_a_lingering_child_does_not_change_the_exit_code(sdexec):
     sdexec.server.undrain()
 
 
+@ensureDeferred
+async def test_run_reads_no_more_stdin_once_its_process_has_ended(sdexec, tmp_path):
+    # The process ended, its unit lingered (a child that ignores the stop's
+    # SIGTERM, for the stop timer's minutes), and run read on: what was
+    # typed meanwhile went to a process that was gone, lost to its user.
+    # As flux exec, which stops reading at its subprocesses' exit, run
+    # lets its stdin go at `finished`.
+    reader, writer = os.pipe()
+    may_end = tmp_path / "may-end"
+    script = (
+        "trap '' TERM; sleep 300 >/dev/null 2>&1 &"
+        f" while [ ! -e {may_end} ]; do sleep 0.05; done; exit 0"
+    )
+    argv = ["run", "--no-passthrough", "--setopt", "SDEXEC_STOP_TIMER_SEC=300"]
+    client = subprocess.Popen(
+        _sdexec_argv(*argv, "sh", "-c", script),
+        env=_environment(sdexec),
+        stdin=reader,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        pipe = f"pipe:[{os.fstat(reader).st_ino}]"
+        # Its stdin, and the descriptor it reads it through once it runs.
+        await until(lambda: _held(client.pid, pipe) == 2, "run reads stdin", 60)
+        may_end.touch()
+        await until(lambda: _held(client.pid, pipe) == 1, "stdin let go", 60)
+        os.write(writer, b"typed ahead\n")
+        unit = sdexec.server.list()["procs"][0]["unit"]
+        await sdexec.server.systemd.kill_unit(unit, "all", signal.SIGKILL)
+        _, said = await deferToThread(client.communicate, None, 60)
+        assert (client.returncode, said) == (0, b"")
+        os.set_blocking(reader, False)
+        assert os.read(reader, 64) == b"typed ahead\n"  # still its user's
+    finally:
+        client.kill()
+        client.communicate()
+        os.close(reader)
+        os.close(writer)
+    await wait_until_reaped(sdexec, unit)
+
+
+def _held(pid: int, target: str) -> int:
+    """How many descriptors of process ``pid`` are open on ``target`` (as
+    /proc/PID/fd's links name it: ``pipe:[INODE]``)."""
+    fds = f"/proc/{pid}/fd"
+    try:
+        return sum(os.readlink(f"{fds}/{fd}") == target for fd in os.listdir(fds))
+    except FileNotFoundError:  # gone (or a descriptor closed meanwhile)
+        return -1
+
+
 #: The smallest pipe (one page), which a listing soon fills.
 _PAGE = 4096
 

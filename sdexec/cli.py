@@ -70,6 +70,7 @@ from sdexec.cliio import (
     write_output,
 )
 from sdexec.protocolbase import (
+    UNIT_NAME_PREFIX,
     Topics,
     job_of_unit_name,
     terminate_not_found,
@@ -77,7 +78,7 @@ from sdexec.protocolbase import (
 )
 from sdexec.receipt import Receipt
 from sdexec.refusal import one_line, quoted
-from sdexec.rpc import RPCError, SdexecError, finished_receipt
+from sdexec.rpc import ConnectionFailed, RPCError, SdexecError, finished_receipt
 from sdexec.runrequest import (
     COALESCED_SIGNALS,
     FORWARDED_SIGNALS,
@@ -804,6 +805,8 @@ class _Job:
         #: The exit status of a command that gave its process up: it wrote
         #: on to a stream whose reader went, ignoring the SIGPIPE.
         self._gave_up: int | None = None
+        #: The unit name the command asked for (``SDEXEC_NAME``), if any.
+        self._unit_name: str | None = None
 
     def start(
         self, connection: Connection, command: dict[str, Any], sent_as: int | None
@@ -811,6 +814,9 @@ class _Job:
         """Start ``command`` on ``connection``; given ``sent_as``, follow
         the exec sent with that matchtag instead (an early exec)."""
         self._connection = connection
+        opts = command.get("opts")
+        named = opts.get("SDEXEC_NAME") if isinstance(opts, dict) else None
+        self._unit_name = named if isinstance(named, str) else None
         self._stream = connection.exec(
             command,
             RUN_FLAGS,
@@ -842,6 +848,8 @@ class _Job:
         failure = self._stream.error
         if failure is not None and self._receipt is None:
             fail(str(failure))
+            if isinstance(failure, ConnectionFailed) and self._stream.pid is not None:
+                _say_may_run_on(self._stream.pid, self._unit_name)
             errnum = failure.errnum if isinstance(failure, RPCError) else 0
             return EXEC_FAILURES.get(errnum, 1)
         if self._receipt is None:
@@ -1144,6 +1152,46 @@ class _Job:
             self._stdin_held = True
             self._watch_stdin()
         return True
+
+
+def _say_may_run_on(pid: int, asked: str | None) -> None:
+    """Say where process ``pid`` may still run, its connection lost before
+    its end: a service killed (``SIGKILL``, a crash) stops no unit, and its
+    next start stops them only under ``[sdexec] leftover-units = "stop"``.
+    "connection lost" alone let the user believe the process gone. Its unit
+    is read from ``/proc/PID/cgroup`` (the service is on this node): one
+    named as the service names them, or ``asked`` (``SDEXEC_NAME``);
+    nothing is said of a pid in no such unit (gone, or not the service's
+    process)."""
+    unit = _unit_of(pid, asked)
+    if unit is not None:
+        warn(
+            f"pid {pid} may still run, as unit {unit}: a service that was"
+            " killed leaves its units running (its next start stops them,"
+            f' unless [sdexec] leftover-units = "keep"); systemctl --user stop'
+            f" {unit} stops it now (no --user under the system manager)"
+        )
+
+
+def _unit_of(pid: int, asked: str | None) -> str | None:
+    """The service's unit process ``pid`` runs in (the innermost ``.service``
+    of its systemd cgroup, v1 or v2), if it is ``asked`` or, without it,
+    named with the service's prefix; else ``None``."""
+    from sdexec.procfs import process_cgroups  # only here
+
+    units = [
+        name
+        for controllers, path in process_cgroups(pid) or ()
+        if controllers in ("", "name=systemd")
+        for name in path.split("/")
+        if name.endswith(".service")
+    ]
+    if not units:
+        return None
+    unit = units[-1]
+    if asked is not None:
+        return unit if unit in (asked, f"{asked}.service") else None
+    return unit if unit.startswith(UNIT_NAME_PREFIX) else None
 
 
 def _terminal_of_another_job(fd: int) -> bool:

@@ -213,6 +213,37 @@ def test_a_client_running_a_command_is_told_when_the_service_stops(twistd, way):
     assert unit_names() == []
 
 
+def test_a_run_whose_service_was_killed_says_where_its_process_may_run_on(
+    twistd, tmp_path
+):
+    # "connection lost" alone: the user took the process for gone, while a
+    # killed service stops no unit (nor, with leftover-units = "keep", does
+    # its next start). Its stderr a file: passed to the process, which runs
+    # on, a pipe would never end.
+    stderr = tmp_path / "stderr"
+    with stderr.open("wb") as file:
+        client = subprocess.Popen(
+            [sys.executable, "-m", "sdexec.cli", "--socket", str(twistd.socket),
+             "run", "-n", "sleep", "600"],
+            stdout=subprocess.DEVNULL, stderr=file, env=_environment(),
+        )  # fmt: skip
+    (pid,) = _wait_for(
+        lambda: [p["pid"] for p in twistd.stats()["procs"] if p["pid"] > 0],
+        "the sleep started",
+    )
+    (unit,) = unit_names()
+    twistd.process.kill()
+    assert (client.wait(timeout=60), stderr.read_text()) == (
+        1,
+        f"sdexec: connection to {twistd.socket} lost\n"
+        f"sdexec: pid {pid} may still run, as unit {unit}: a service that was"
+        " killed leaves its units running (its next start stops them, unless"
+        ' [sdexec] leftover-units = "keep"); systemctl --user stop'
+        f" {unit} stops it now (no --user under the system manager)\n",
+    )
+    assert unit_names() == [unit]  # (stopped on the way out)
+
+
 def test_a_second_sigterm_while_stopping_is_said_not_a_traceback(twistd, tmp_path):
     """Stopping waits for the units to be reaped (20 s and more for one that
     ignores SIGTERM): a second SIGTERM meanwhile (an admin's second Ctrl-C)

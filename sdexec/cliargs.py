@@ -130,10 +130,11 @@ def _refuse_dashed_signal(words: Sequence[str]) -> None:
 
 
 def _signal_problem(text: str) -> str | None:
-    """Why ``text`` is no signal (:func:`parse_signal`'s words), or ``None``."""
+    """Why ``text`` is no signal (:func:`_signal_argument`'s words), or
+    ``None``."""
     try:
-        parse_signal(text)
-    except ValueError as error:
+        _signal_argument(text)
+    except argparse.ArgumentTypeError as error:
         return str(error)
     return None
 
@@ -332,9 +333,7 @@ def _stats_url(text: str) -> str:
     naming what to give.)"""
     from urllib.parse import urlsplit  # here: only --url needs it
 
-    if not is_utf8(_given(text)):
-        shown = text.encode("utf-8", "surrogateescape")
-        raise argparse.ArgumentTypeError(f"not UTF-8 text: {shown!r}")
+    _refuse_not_utf8(_given(text))
     try:
         netloc = urlsplit(text).netloc
     except ValueError as error:  # "Invalid IPv6 URL": a bracket not closed
@@ -512,7 +511,17 @@ def _setopt(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _refuse_not_utf8(text: str) -> None:
+    """Refuse ``text`` if it is not UTF-8, showing its bytes: argparse, and
+    the words of a check, showed the surrogates ``os.fsdecode`` kept them
+    as (``"\\udcff" is not a signal``), which name no byte typed."""
+    if not is_utf8(text):
+        shown = text.encode("utf-8", "surrogateescape")
+        raise argparse.ArgumentTypeError(f"not UTF-8 text: {shown!r}")
+
+
 def _signal_argument(text: str) -> int:
+    _refuse_not_utf8(text)
     try:
         return parse_signal(text)
     except ValueError as error:

@@ -234,6 +234,21 @@ def test_a_stats_url_not_utf8_is_a_usage_error_showing_its_bytes(capsys):
     )
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["kill", "\udcff", "1"], ["kill", "-\udcff", "1"], ["kill", "--", "\udcff", "x"]],
+    ids=["plain", "dashed", "after-options-end"],
+)
+def test_a_signal_not_utf8_is_refused_showing_its_bytes(argv, capsys):
+    # The surrogate os.fsdecode kept the byte as was shown: '"\udcff" is
+    # not a signal', which names no byte typed.
+    assert main(argv) == 2
+    shown = repr(argv[-2].encode("utf-8", "surrogateescape"))
+    assert capsys.readouterr().err.endswith(
+        f"error: argument SIGNUM: not UTF-8 text: {shown}\n"
+    )
+
+
 def test_an_empty_sdexec_socket_still_means_unset(monkeypatch):
     from sdexec.rpc import resolve_socket_path
 

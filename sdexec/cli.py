@@ -611,7 +611,29 @@ def _http_failure(error: Exception) -> str:
         return str(error) or type(error).__name__
     if reasons[0].check(ConnectionClosed):
         return "the server closed the connection without answering"
+    tls = _tls_failure(reasons[0].value)
+    if tls is not None:
+        return tls
     return reasons[0].getErrorMessage() or reasons[0].type.__name__
+
+
+def _tls_failure(error: BaseException) -> str | None:
+    """An https:// URL's TLS failure in words, else ``None``: pyOpenSSL's
+    error holds OpenSSL's (library, function, reason) triples, which
+    ``str()`` showed as a list's repr (``[('SSL routines', '', 'wrong
+    version number')]``, from a plain HTTP endpoint)."""
+    try:
+        from OpenSSL.SSL import Error  # loaded already, where TLS was tried
+    except ImportError:  # no pyOpenSSL: no TLS failure of its
+        return None
+    if not isinstance(error, Error):
+        return None
+    entries = error.args[0] if error.args and isinstance(error.args[0], list) else []
+    reasons = [
+        str(entry[-1]) for entry in entries if isinstance(entry, tuple) and entry
+    ]
+    said = "; ".join(reason for reason in reasons if reason) or "no reason given"
+    return f"TLS failed: {said} (is the endpoint served over TLS, as https:// asks?)"
 
 
 def _undrain(options: argparse.Namespace) -> int:

@@ -935,6 +935,31 @@ def test_stats_from_an_endpoint_that_closes_says_so_in_words():
     )
 
 
+def test_stats_over_tls_from_a_plain_http_endpoint_says_so_in_words():
+    # pyOpenSSL's error was shown as its list's repr: "[('SSL routines',
+    # '', 'wrong version number')]".
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+
+        def answer_in_plain_http() -> None:
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(4096)  # the TLS client hello
+                connection.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+        threading.Thread(target=answer_in_plain_http, daemon=True).start()
+        url = _stats_url(listener).replace("http:", "https:")
+        done = sdexec("/nonexistent", "stats", "--url", url)
+    said = done.stderr.decode()
+    assert done.returncode == 1
+    assert said.startswith(f"sdexec: cannot read {url}: TLS failed: "), said
+    assert said.endswith(" (is the endpoint served over TLS, as https:// asks?)\n"), (
+        said
+    )
+    assert "[(" not in said and said.count("\n") == 1
+
+
 def test_stats_from_an_endpoint_that_never_answers_dies_of_sigterm():
     # Twisted's react() caught SIGTERM: exit 1 and a lost connection's repr.
     with socket.socket() as listener:

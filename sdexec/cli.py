@@ -57,9 +57,9 @@ from sdexec.cliio import (
     exit_code,
     fail,
     flush_out,
-    is_number,
     nonblocking_reader,
     open_closed_standard_fds,
+    pid_of,
     print_out,
     request,
     say_end,
@@ -364,9 +364,12 @@ def _kill(options: argparse.Namespace) -> int:
 def cancel_targets(text: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The two ``sdexec.terminate`` targets ``PID|LABEL|JOBID`` may name,
     in the order tried: all digits is a pid, else a (numeric) job id;
-    anything else a job id, else a label."""
-    if is_number(text):
-        return {"pid": int(text)}, {"jobid": text}
+    anything else a job id, else a label. A number larger than any pid
+    (:data:`~sdexec.cliio.MAX_PID`; a decimal Flux job id) is a job id, else
+    a label."""
+    pid = pid_of(text)
+    if pid is not None:
+        return {"pid": pid}, {"jobid": text}
     return {"jobid": text}, {"label": text}
 
 

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from sdexec.cliio import is_number
+from sdexec.cliio import MAX_PID, is_number, pid_of
 from sdexec.cliparser import CommandParser
 from sdexec.refusal import json_quoted
 from sdexec.runrequest import is_utf8
@@ -532,4 +532,12 @@ def kill_target(text: str) -> dict[str, Any]:
     """The ``sdexec.kill`` target for ``PID|LABEL``: all digits is a pid,
     anything else a label; not an empty one (:func:`_target_given`)."""
     _target_given(text, "a pid or a label")
-    return {"pid": int(text)} if is_number(text) else {"label": text}
+    if not is_number(text):
+        return {"label": text}
+    pid = pid_of(text)
+    if pid is None:  # argparse said "invalid kill_target value: '…'"
+        shown = text if len(text) <= 24 else f"{text[:24]}… ({len(text)} digits)"
+        raise argparse.ArgumentTypeError(
+            f"{shown}: larger than any pid ({MAX_PID} at most)"
+        )
+    return {"pid": pid}

@@ -46,6 +46,7 @@ __all__ = [
     "LOST",
     "MALFORMED",
     "MAX_HELD_LINES",
+    "MAX_PID",
     "NOT_EXECUTABLE",
     "NOT_FOUND",
     "READER_GONE",
@@ -62,6 +63,7 @@ __all__ = [
     "is_number",
     "open_closed_standard_fds",
     "own_fd",
+    "pid_of",
     "print_out",
     "print_out_unless_signalled",
     "receipt_lines",
@@ -98,6 +100,22 @@ def is_number(text: str) -> bool:
     str.isdigit alone takes "١٢" (a label, read as pid 12) and "²" (which
     int() refuses)."""
     return text.isascii() and text.isdigit()
+
+
+#: The largest pid there can be: a ``pid_t`` is a C int (the kernel's own
+#: PID_MAX_LIMIT, 4194304, is far below).
+MAX_PID = 2**31 - 1
+
+
+def pid_of(text: str) -> int | None:
+    """The pid ``text`` names, written as one (:func:`is_number`) and no
+    larger than :data:`MAX_PID`, else ``None``. Its length first: int()
+    refuses over 4300 digits, in words of its own (``cancel`` of such a
+    number said "unexpected error: ValueError: Exceeds the limit …")."""
+    if not is_number(text) or len(text.lstrip("0")) > len(str(MAX_PID)):
+        return None
+    pid = int(text)
+    return pid if pid <= MAX_PID else None
 
 
 def open_closed_standard_fds() -> None:

@@ -249,6 +249,29 @@ def test_a_signal_not_utf8_is_refused_showing_its_bytes(argv, capsys):
     )
 
 
+@pytest.mark.parametrize("command", [["kill", "TERM"], ["wait"], ["attach"]])
+@pytest.mark.parametrize("digits", ["2147483648", "9" * 5000])
+def test_a_number_larger_than_any_pid_is_a_usage_error_naming_it(
+    command, digits, capsys
+):
+    # argparse said "invalid kill_target value: '999…'" (all 5000 digits)
+    # past int()'s 4300; below it the service was asked for the pid.
+    assert main([*command, digits]) == 2
+    shown = digits if len(digits) <= 24 else f"{digits[:24]}… ({len(digits)} digits)"
+    assert capsys.readouterr().err.endswith(
+        f"error: argument PID|LABEL: {shown}: larger than any pid"
+        " (2147483647 at most)\n"
+    )
+
+
+def test_cancel_of_a_number_larger_than_any_pid_takes_it_for_a_job_id():
+    # Past int()'s 4300 digits cancel said "unexpected error: ValueError:
+    # Exceeds the limit (4300 digits) for integer string conversion".
+    for digits in ("2147483648", "9" * 5000):
+        assert cli.cancel_targets(digits) == ({"jobid": digits}, {"label": digits})
+    assert cli.cancel_targets("0042") == ({"pid": 42}, {"jobid": "0042"})
+
+
 def test_an_empty_sdexec_socket_still_means_unset(monkeypatch):
     from sdexec.rpc import resolve_socket_path
 

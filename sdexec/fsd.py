@@ -28,9 +28,10 @@ _UNITS: dict[str, Decimal] = {
     "ms": Decimal("0.001"),
 }
 
-# ASCII digits only, as Flux's fsd_parse_duration reads them.
+# ASCII digits only, as Flux's fsd_parse_duration reads them; a leading "+",
+# which its strtod takes too.
 _FSD = re.compile(
-    r"(?P<number>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)(?P<unit>ms|s|m|h|d)?",
+    r"(?P<number>\+?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)(?P<unit>ms|s|m|h|d)?",
     re.ASCII,
 )
 

@@ -58,6 +58,12 @@ def test_parse_invalid_quotes_the_text(text):
     assert str(error.value).startswith(f'"{text}" is not a valid duration: expected')
 
 
+@pytest.mark.parametrize(("text", "seconds"), [("+5s", 5.0), (" +.5m", 30.0)])
+def test_a_leading_plus_is_read_as_flux_reads_it(text, seconds):
+    # strtod takes the sign, so Flux's fsd_parse_duration reads "+5s" as 5 s.
+    assert parse_fsd(text) == seconds
+
+
 @pytest.mark.parametrize("text", ["\uff15m", "\u0661s"])
 def test_digits_of_other_scripts_are_no_duration(text):
     # int() and Decimal() take them, Flux does not (review 38 R2).

@@ -49,7 +49,7 @@ from sdexec.activation import (
 from sdexec.cliparser import CommandParser, write_stdout_or_exit
 from sdexec.command import OWN_PROPERTIES
 from sdexec.fluxforms import flux_refusals
-from sdexec.fsd import parse_fsd
+from sdexec.fsd import InfiniteDurationError, parse_fsd
 from sdexec.idset import MAX_ID
 from sdexec.policy import (
     DEFAULT_ALLOWED,
@@ -585,9 +585,29 @@ def _duration_or_none(value: Any) -> float:
     if value == "none":
         return 0.0
     try:
-        return parse_fsd(value)
+        return _reported_duration('"none"')(value)
+    except InfiniteDurationError:
+        raise
     except ValueError as error:
         raise ValueError(f'{error}, or "none"') from None
+
+
+def _reported_duration(disabled: str) -> Callable[[Any], float]:
+    """A duration sdexec only reports (``barrier-timeout``,
+    ``shell-exit-timeout``), where an infinite one is no timeout at all to
+    Flux's job-exec (its timer never fires), as ``disabled`` is: the
+    refusal of an infinite one says to write that."""
+
+    def check(value: Any) -> float:
+        try:
+            return parse_fsd(value)
+        except InfiniteDurationError as error:
+            raise InfiniteDurationError(
+                f"{error}; for no timeout, which is what Flux's job-exec makes"
+                f" of it, write {disabled}"
+            ) from None
+
+    return check
 
 
 def _positive_duration(value: Any) -> float:
@@ -1006,7 +1026,7 @@ _EXEC: _Table = {
     "max-kill-timeout": _Key(_positive_duration),
     "term-signal": _Key(parse_signal, show=signal_name),
     "kill-signal": _Key(parse_signal, show=signal_name),
-    "barrier-timeout": _Key(parse_fsd),
+    "barrier-timeout": _Key(_reported_duration('"0"')),
     "max-start-delay-percent": _Key(_percent),
     "testexec": {"allow-guests": _Key(_boolean)},
     "sdexec-constrain-resources": _Key(_boolean),

@@ -5,7 +5,10 @@ A duration is a non-negative number with an optional unit suffix: ``ms``,
 also hold a bare number (TOML ``kill-timeout = 5``), taken as seconds.
 
 Infinity and NaN are refused: every duration in this project is a timeout
-that must eventually fire.
+that must eventually fire. Flux's ``fsd_parse_duration`` reads the number
+with ``strtod``, so it takes ``"inf"`` and ``"infinity"`` (and an overflow,
+``"1e400"``) as an infinite duration, and hexadecimal (``"0x10"``); sdexec
+refuses both, saying why (:class:`InfiniteDurationError` for the first).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from decimal import Decimal
 
 from sdexec.refusal import json_quoted
 
-__all__ = ["format_fsd", "parse_fsd"]
+__all__ = ["InfiniteDurationError", "format_fsd", "parse_fsd"]
 
 # Seconds per unit. Formatting tries them in this order, so on a tie in length
 # the plainer unit wins ("0s", not "0d").
@@ -37,12 +40,32 @@ _FSD = re.compile(
 
 _EXPECTED = "a non-negative number with an optional suffix ms, s, m, h or d"
 
+# What strtod reads as infinity (any case), and the start of what it reads as
+# hexadecimal: Flux takes both, sdexec neither.
+_INFINITY = re.compile(r"\+?inf(?:inity)?", re.ASCII | re.IGNORECASE)
+_HEXADECIMAL = re.compile(r"[+-]?0x", re.ASCII | re.IGNORECASE)
+
+_NOT_INFINITE = "infinite, a timeout that never fires, which sdexec does not take"
+_FLUX_INFINITE = (
+    "Flux reads it as infinite (strtod), a timeout that never fires, which"
+    " sdexec does not take"
+)
+_NOT_HEXADECIMAL = (
+    'sdexec takes no hexadecimal (Flux\'s strtod reads it: "0x1d" is 29 s'
+    " there, not a day)"
+)
+
+
+class InfiniteDurationError(ValueError):
+    """A duration Flux reads as infinite (``"inf"``, ``"infinity"``, one
+    too large for a float), which sdexec refuses."""
+
 
 def parse_fsd(value: str | float) -> float:
     """Seconds in a Flux Standard Duration, or in a bare number of seconds.
 
     ``ValueError`` quoting the value if it is not a finite, non-negative
-    duration.
+    duration: :class:`InfiniteDurationError` for an infinite one.
     """
     if isinstance(value, str):
         seconds = _parse_text(value)
@@ -53,11 +76,25 @@ def parse_fsd(value: str | float) -> float:
             seconds = math.inf
     else:
         seconds = math.nan
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(
-            f"{json_quoted(value)} is not a valid duration: expected {_EXPECTED}"
-        )
-    return float(seconds)
+    if math.isfinite(seconds) and seconds >= 0:
+        return float(seconds)
+    raise _refusal(value, seconds)
+
+
+def _refusal(value: object, seconds: float) -> ValueError:
+    """Why ``value`` (``seconds``: infinite, negative or NaN) is refused,
+    naming what Flux reads where it takes the value."""
+    refusal = f"{json_quoted(value)} is not a valid duration: "
+    if seconds == math.inf or _is_infinity_text(value):
+        why = _FLUX_INFINITE if isinstance(value, str) else _NOT_INFINITE
+        return InfiniteDurationError(f"{refusal}{why}; expected {_EXPECTED}")
+    if isinstance(value, str) and _HEXADECIMAL.match(value.strip()):
+        refusal += f"{_NOT_HEXADECIMAL}: "
+    return ValueError(f"{refusal}expected {_EXPECTED}")
+
+
+def _is_infinity_text(value: object) -> bool:
+    return isinstance(value, str) and bool(_INFINITY.fullmatch(value.strip()))
 
 
 def format_fsd(seconds: float) -> str:

@@ -46,6 +46,10 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = [ROOT / "etc" / "sdexec.toml", ROOT / "etc" / "sdexec.yaml"]
 
 DURATION = "expected a non-negative number with an optional suffix ms, s, m, h or d"
+FLUX_INFINITE = (
+    "is not a valid duration: Flux reads it as infinite (strtod), a timeout that"
+    " never fires, which sdexec does not take"
+)
 BOOLEAN = "Expected true or false"
 STOP_TIMER_RANGE = "expected an integer from 1 to 2147483647"
 KILL_COUNT_RANGE = f"expected an integer from 1 to {MAX_KILL_COUNT}"
@@ -272,8 +276,17 @@ HUGE_INT = f"1{'0' * 199}… (401 chars)"
         ("exec.sdexec-stop-timer-sec", 2**32 + 640,
          "expected at most 2147483647 (Flux's job-exec reads this key as a C"
          f" int, where a larger value wraps), got {2**32 + 640}"),
-        ("exec.kill-timeout", 10**400,
-         f'{HUGE_INT} is not a valid duration: {DURATION}'),
+        ("exec.kill-timeout", 10**400, f"{HUGE_INT} is not a valid duration:"
+         " infinite, a timeout that never fires, which sdexec does not take;"
+         f" {DURATION}"),
+        # Flux's strtod reads these as infinite: a timeout that never fires,
+        # which for a key sdexec only reports Flux makes no timeout at all.
+        ("exec.kill-timeout", "infinity", f'"infinity" {FLUX_INFINITE}; {DURATION}'),
+        ("systemd.start-timeout", "inf", f'"inf" {FLUX_INFINITE}; {DURATION}'),
+        ("exec.barrier-timeout", "infinity", f'"infinity" {FLUX_INFINITE}; {DURATION};'
+         ' for no timeout, which is what Flux\'s job-exec makes of it, write "0"'),
+        ("exec.shell-exit-timeout", "INF", f'"INF" {FLUX_INFINITE}; {DURATION};'
+         ' for no timeout, which is what Flux\'s job-exec makes of it, write "none"'),
         ("exec.max-start-delay-percent", 10**400,
          f"expected a finite number, got {HUGE_INT}"),
         ("sdexec.mapper", "site..Mapper",

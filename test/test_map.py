@@ -1577,19 +1577,57 @@ def test_a_mapper_whose_first_parameter_is_no_xml_is_built_with_rank_only(
     assert forks.count == 0  # no topology read
 
 
-def test_the_first_searchpath_directory_wins(tmp_path):
-    for directory, value in (("first", "1"), ("second", "2")):
-        (tmp_path / directory).mkdir()
-        (tmp_path / directory / "choice.py").write_text(
-            "from sdexec.map import ResourceMapper\n"
-            "class Mapper(ResourceMapper):\n"
-            f"    VALUE = {value}\n"
-        )
-    searchpath = f"{tmp_path}/missing:{tmp_path}/first:{tmp_path}/second"
-    assert load_mapper_class("choice.Mapper", searchpath).VALUE == 1
-    # Empty entries are skipped, not read as the current directory.
-    searchpath = f"::{tmp_path}/second::{tmp_path}/first:"
+def _write_choice(path: Path, value: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "from sdexec.map import ResourceMapper\n"
+        "class Mapper(ResourceMapper):\n"
+        f"    VALUE = {value}\n"
+    )
+
+
+def test_a_module_in_one_searchpath_directory_is_loaded_from_it(tmp_path):
+    _write_choice(tmp_path / "second/choice.py", 2)
+    (tmp_path / "first").mkdir()
+    # Empty entries are skipped, not read as the current directory; a
+    # directory listed twice holds one module.
+    searchpath = f"::{tmp_path}/missing:{tmp_path}/first:{tmp_path}/second::"
+    searchpath += f"{tmp_path}/second/."
     assert load_mapper_class("choice.Mapper", searchpath).VALUE == 2
+
+
+def test_a_module_in_two_searchpath_directories_is_refused(tmp_path):
+    # Flux's sdexec-mapper inserts each directory at the head of sys.path in
+    # turn, so it imports the last one's: sdexec once loaded the first one's.
+    _write_choice(tmp_path / "first/choice.py", 1)
+    _write_choice(tmp_path / "second/choice/__init__.py", 2)
+    searchpath = f"{tmp_path}/first:{tmp_path}/missing:{tmp_path}/second"
+    with pytest.raises(ValueError) as error:
+        load_mapper_class("choice.Mapper", searchpath)
+    assert str(error.value) == (
+        "mapper module 'choice' is in more than one mapper-searchpath directory"
+        f" ({tmp_path}/first/choice.py, {tmp_path}/second/choice/__init__.py):"
+        " Flux's sdexec-mapper imports the last"
+        f" ({tmp_path}/second/choice/__init__.py), as it puts each directory"
+        " ahead of those listed before it on Python's path, which the order"
+        " written does not show: keep the module in one"
+    )
+
+
+def test_a_package_comes_before_a_module_of_its_name(tmp_path):
+    # As Python's import, and so Flux's sdexec-mapper, chooses between them:
+    # sdexec once loaded choice.py.
+    _write_choice(tmp_path / "choice.py", 1)
+    _write_choice(tmp_path / "choice/__init__.py", 2)
+    flux_import = subprocess.run(
+        [sys.executable, "-c", "import choice; print(choice.Mapper.VALUE)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert flux_import.stdout == "2\n"
+    assert load_mapper_class("choice.Mapper", str(tmp_path)).VALUE == 2
 
 
 def test_a_package_directory_on_the_searchpath(tmp_path):

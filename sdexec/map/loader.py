@@ -69,7 +69,7 @@ def load_mapper_class(
             f" is sdexec.map: write sdexec.map.{class_name}"
         )
     directories = _directories(searchpath)
-    module = _from_searchpath(module_name, directories) or _import(
+    module = _from_searchpath(module_name, directories, searchpath_name) or _import(
         module_name, directories, searchpath_name
     )
     cls = getattr(module, class_name, None)
@@ -197,15 +197,43 @@ def _directories(searchpath: str | Sequence[str]) -> list[str]:
     return [part for part in parts if part]
 
 
-def _from_searchpath(module_name: str, directories: list[str]) -> ModuleType | None:
+def _from_searchpath(
+    module_name: str, directories: list[str], searchpath_name: str
+) -> ModuleType | None:
+    """The module from the searchpath directory that holds it, if one does.
+
+    Flux's sdexec-mapper puts each directory ahead of those listed before it
+    on Python's path, so it imports from the *last* that holds the module; a
+    module in several is refused rather than loaded from another file than
+    Flux would load.
+    """
     relative = module_name.replace(".", os.sep)
+    found: dict[str, str] = {}  # the file's real path: the file as found
     for directory in directories:
-        for candidate in (
-            os.path.join(directory, relative + ".py"),
-            os.path.join(directory, relative, "__init__.py"),
-        ):
-            if os.path.isfile(candidate):
-                return _load_file(module_name, candidate)
+        path = _module_file(directory, relative)
+        if path is not None:
+            found.setdefault(os.path.realpath(path), path)
+    files = list(found.values())
+    if len(files) > 1:
+        raise ValueError(
+            f"mapper module {module_name!r} is in more than one {searchpath_name}"
+            f" directory ({', '.join(files)}): Flux's sdexec-mapper imports the"
+            f" last ({files[-1]}), as it puts each directory ahead of those listed"
+            " before it on Python's path, which the order written does not show:"
+            " keep the module in one"
+        )
+    return _load_file(module_name, files[0]) if files else None
+
+
+def _module_file(directory: str, relative: str) -> str | None:
+    """The file of module ``relative`` in ``directory``: a package before a
+    plain module, as Python's import chooses between them."""
+    for candidate in (
+        os.path.join(directory, relative, "__init__.py"),
+        os.path.join(directory, relative + ".py"),
+    ):
+        if os.path.isfile(candidate):
+            return candidate
     return None
 
 

@@ -14,6 +14,7 @@ at the request's payload again.
 
 from __future__ import annotations
 
+import difflib
 import errno
 import functools
 import os
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sdexec.command import (
+    PROPERTY_PREFIX,
     Command,
     CommandError,
     Found,
@@ -33,10 +35,11 @@ from sdexec.command import (
     unit_properties,
 )
 from sdexec.config import Config
-from sdexec.containment import Containment, MapperError
+from sdexec.containment import R_OPTION, Containment, MapperError
 from sdexec.execstart import ExecLine
 from sdexec.fluxforms import STRTOL_DECIMAL
 from sdexec.idset import IDset
+from sdexec.joblimit import TIME_LIMIT_OPTION
 from sdexec.limits import (
     check_command_size,
     check_counts,
@@ -127,6 +130,21 @@ MAX_BUFSIZE = 16 * 1024 * 1024
 #: larger than it, so a tiny one would make a response of every few bytes
 #: (``1``: 65536 per read, the reactor held for all of them).
 MIN_OUTPUT_BUFSIZE = 4096
+#: The prefix of sdexec's own options (docs/protocol.md, "Options").
+_OPTION_PREFIX = "SDEXEC_"
+#: The ``SDEXEC_`` options sdexec reads, ``SDEXEC_PROP_<Name>`` apart; and
+#: the one it ignores by name, ``SDEXEC_TEST_EXPECTED_CPUS``, which Flux's
+#: job-exec sends for a hook of upstream's test suite that sdexec has not.
+#: Another ``SDEXEC_`` name is refused (:func:`_check_option_names`).
+SDEXEC_OPTIONS = (
+    "SDEXEC_NAME",
+    "SDEXEC_JOBID",
+    TIME_LIMIT_OPTION,
+    "SDEXEC_STOP_TIMER_SEC",
+    "SDEXEC_STOP_TIMER_SIGNAL",
+    R_OPTION,
+    "SDEXEC_TEST_EXPECTED_CPUS",
+)
 
 
 class RequestError(RequestRefused):
@@ -445,6 +463,7 @@ def _command(cmd: object) -> Command:
             command.cmdline, command.env, command.opts, command.cwd, command.label
         )
     )
+    _check_option_names(command.opts)
     cwd_problem = _working_directory_problem(command.cwd) if command.cwd else None
     if cwd_problem is not None:  # sent as the unit's WorkingDirectory
         raise RequestError(errno.EINVAL, f"cmd.cwd: {cwd_problem}")
@@ -455,6 +474,48 @@ def _command(cmd: object) -> Command:
     if problem is not None:
         raise RequestError(errno.EINVAL, f"SDEXEC_JOBID: {problem}")
     return command
+
+
+def _check_option_names(opts: Mapping[str, str]) -> None:
+    """Refuse (``EINVAL``) an ``SDEXEC_`` option that is none of sdexec's
+    (any case of the prefix), naming it and the one likely meant. Upstream's
+    sdexec ignores it, and so a typo (``SDEXEC_STOP_TIMER_SIGNALL``) left
+    the site's default in force unseen. Another option (libsubprocess's
+    ``stdout_BUFSIZE``, one meant for another server) is not sdexec's to
+    refuse."""
+    for key in opts:
+        upper = key.upper()
+        if not upper.startswith(_OPTION_PREFIX) or key in SDEXEC_OPTIONS:
+            continue
+        if key.startswith(PROPERTY_PREFIX):
+            continue  # its name is the policy's to check (sdexec.policy)
+        meant = _option_meant(key)
+        hint = (
+            f"did you mean {printable(meant, SHOWN)}?"
+            if meant
+            else f"sdexec's are {PROPERTY_PREFIX}<Name>, {', '.join(SDEXEC_OPTIONS)}"
+        )
+        raise RequestError(
+            errno.EINVAL, f"{printable(key, SHOWN)}: not an sdexec option ({hint})"
+        )
+
+
+def _option_meant(key: str) -> str | None:
+    """The option of sdexec's an unknown ``SDEXEC_`` ``key`` likely means:
+    its ``SDEXEC_PROP_`` spelt in another case, else the name closest to it
+    after the prefix (which every name shares, and which outweighed the
+    rest: ``SDEXEC_SIGNAL`` was closest to ``SDEXEC_NAME``), else the one
+    name that holds what it says (``SIGNAL``); ``None`` if none."""
+    upper = key.upper()
+    if upper.startswith(PROPERTY_PREFIX):
+        return PROPERTY_PREFIX + key[len(PROPERTY_PREFIX) :]
+    said = upper[len(_OPTION_PREFIX) :]
+    names = {name[len(_OPTION_PREFIX) :]: name for name in SDEXEC_OPTIONS}
+    close = difflib.get_close_matches(said, names, n=1)
+    holding = [name for rest, name in names.items() if said and said in rest]
+    if close:
+        return names[close[0]]
+    return holding[0] if len(holding) == 1 else None
 
 
 def service_named(name: str) -> str:

@@ -167,6 +167,33 @@ async def test_property_error_names_the_property(sdexec):
 
 
 @ensureDeferred
+async def test_an_sdexec_option_misspelt_is_refused_naming_the_one_meant(sdexec):
+    # Ignored, it left the site's stop timer signal in force unseen.
+    done = await cli(
+        sdexec, "run", "-n", "--setopt", "SDEXEC_STOP_TIMER_SIGNALL=10", "true"
+    )
+    assert (done.returncode, done.stderr.decode()) == (
+        1,
+        "sdexec: SDEXEC_STOP_TIMER_SIGNALL: not an sdexec option"
+        " (did you mean SDEXEC_STOP_TIMER_SIGNAL?)\n",
+    )
+
+
+@ensureDeferred
+async def test_flux_test_option_and_other_servers_options_are_ignored(sdexec):
+    # Flux's job-exec sends SDEXEC_TEST_EXPECTED_CPUS (a hook of upstream's
+    # test suite); an option not sdexec's is another server's business.
+    done = await cli(
+        sdexec,
+        "run", "-n",
+        "--setopt", "SDEXEC_TEST_EXPECTED_CPUS=0",
+        "--setopt", "OTHER_SERVER_OPTION=1",
+        "echo", "ran",
+    )  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"ran\n", b"")
+
+
+@ensureDeferred
 async def test_dir_and_environment_travel(sdexec, tmp_path):
     done = await cli(
         sdexec, "run", "-n", "--dir", str(tmp_path), "sh", "-c", "pwd; echo $MARK"

@@ -407,6 +407,26 @@ def test_exec_streams_started_finished_then_enodata(systemd, connection):
         ({"flags": FLAGS,
           "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SIGNAL": "KILL"}}},
          errno.EPERM, "SDEXEC_STOP_TIMER_SIGNAL: a request may only repeat"),
+        # An SDEXEC_ option sdexec does not read was ignored, as upstream
+        # ignores it: a typo left the site's stop timer in force unseen.
+        ({"flags": FLAGS,
+          "cmd": {**TRUE, "opts": {"SDEXEC_STOP_TIMER_SIGNALL": "10"}}},
+         errno.EINVAL, "SDEXEC_STOP_TIMER_SIGNALL: not an sdexec option"
+         " (did you mean SDEXEC_STOP_TIMER_SIGNAL?)"),
+        ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"SDEXEC_SIGNAL": "99"}}},
+         errno.EINVAL, "SDEXEC_SIGNAL: not an sdexec option"
+         " (did you mean SDEXEC_STOP_TIMER_SIGNAL?)"),
+        ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"sdexec_name": "a"}}},
+         errno.EINVAL, "sdexec_name: not an sdexec option"
+         " (did you mean SDEXEC_NAME?)"),
+        ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"SDEXEC_prop_Nice": "5"}}},
+         errno.EINVAL, "SDEXEC_prop_Nice: not an sdexec option"
+         " (did you mean SDEXEC_PROP_Nice?)"),
+        ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"SDEXEC_": "x"}}},
+         errno.EINVAL, "SDEXEC_: not an sdexec option (sdexec's are"
+         " SDEXEC_PROP_<Name>, SDEXEC_NAME, SDEXEC_JOBID, SDEXEC_TIME_LIMIT,"
+         " SDEXEC_STOP_TIMER_SEC, SDEXEC_STOP_TIMER_SIGNAL, SDEXEC_R_LOCAL,"
+         " SDEXEC_TEST_EXPECTED_CPUS)"),
         ({"flags": FLAGS, "cmd": {**TRUE, "opts": {"stdout_BUFSIZE": "4095"}}},
          errno.EINVAL,
          "stdout_BUFSIZE: '4095' is 4095 bytes; must be from 4096 bytes to "),

@@ -157,16 +157,27 @@ def cannot_connect(path: str, code: int | None, why: str = "") -> ConnectionFail
     return ConnectionFailed(f"cannot connect to {shown}: {reason}")
 
 
+#: What a path that is no socket is, by its file type: ``--socket
+#: /dev/null`` said "a file" of a character device.
+_FILE_TYPES = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISREG, "a file"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+)
+
+
 def _not_a_socket(path: str) -> str | None:
     """What is at ``path`` if it is something other than a socket (a
-    directory, a file), else ``None``."""
+    directory, a file, a device, a FIFO), else ``None``."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
         return None
     if stat.S_ISSOCK(mode):
         return None
-    return "a directory" if stat.S_ISDIR(mode) else "a file"
+    return next((what for is_type, what in _FILE_TYPES if is_type(mode)), "a file")
 
 
 class Pending(Protocol):

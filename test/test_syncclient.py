@@ -355,6 +355,25 @@ def test_a_socket_path_that_is_no_socket_or_too_long_is_named(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("make", "what"),
+    [
+        (lambda path: os.symlink("/dev/null", path), "a character device"),
+        (os.mkfifo, "a FIFO"),
+        (lambda path: open(path, "w").close(), "a file"),
+    ],
+)
+def test_a_socket_path_names_what_it_is(tmp_path, make, what):
+    # `--socket /dev/null` said "/dev/null is a file, not a socket".
+    path = str(tmp_path / "sdexec.sock")
+    make(path)
+    with Loop() as loop, pytest.raises(ConnectionFailed) as failure:
+        Connection(loop, path)
+    assert str(failure.value) == (
+        f"cannot connect to {path}: Connection refused ({path} is {what}, not a socket)"
+    )
+
+
 def test_true_is_no_pid():
     # JSON's true decodes to a bool, which Python takes for the int 1: a
     # broken service's `started` pid true was kept, as sdexec.client's was

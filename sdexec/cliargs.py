@@ -38,7 +38,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     else:
         if at is not None and argv[at] == "kill":
             _refuse_dashed_signal(argv[at + 1 :])
-        options = parser.parse_args(argv)
+        options = _parse_command(parser, argv, argv[at])
     if options.command == "run":
         _check_run(options)
     return options
@@ -52,11 +52,32 @@ def _parse_without_command(
     before a missing command is. argparse checks required arguments
     first, and ``sdexec --nope`` said only "the following arguments are
     required: COMMAND", where ``sdexec --nope ps`` names ``--nope``."""
+    at = _first_word(argv)
+    if at is not None and not (argv[at].startswith("-") or is_utf8(argv[at])):
+        _invalid_command(parser, argv[at])  # argparse showed its surrogates
     options, unknown = parser.parse_known_args(argv)
     if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        parser.error(f"unrecognized arguments: {_words_shown(unknown)}")
     if options.command is None:
         parser.error("the following arguments are required: COMMAND")
+    return options
+
+
+def _parse_command(
+    parser: argparse.ArgumentParser, argv: list[str], command: str
+) -> argparse.Namespace:
+    """``argv`` parsed, a word ``command``'s parser does not take refused
+    with that command's usage, as argparse refuses its other arguments:
+    argparse's subparsers leave such words to the top level, which said
+    ``sdexec kill TERM 1 2``'s "unrecognized arguments: 2" with ``sdexec``'s
+    usage. (Every word before the command is the top level's own: the
+    command is named after ``--socket`` only.)"""
+    options, unknown = parser.parse_known_args(argv)
+    if unknown:
+        said = f"unrecognized arguments: {_words_shown(unknown)}"
+        if any(word.partition("=")[0] == "--socket" for word in unknown):
+            said += " (--socket goes before the command)"
+        _usage_error(command, said)
     return options
 
 
@@ -64,6 +85,7 @@ def _parse_without_command(
 #: is its value, never CMD, and :func:`_parse_run` does not try it (one
 #: missing here costs a parse more, no more).
 _RUN_VALUED = frozenset({"--setopt", "--label", "--jobid", "--time-limit", "--dir"})
+_DIGITS_AND_DOT = frozenset("0123456789.")
 
 
 def _parse_run(
@@ -85,11 +107,32 @@ def _parse_run(
     for end in range(at + 1, len(argv)):
         if argv[end].startswith("-") or argv[end - 1] in _RUN_VALUED:
             continue  # an option, or perhaps one's value
-        options = parser.parse_args(argv[: end + 1])
+        options = _parse_command(parser, _negative_values(argv[: end + 1]), "run")
         if options.cmdline:  # REMAINDER took the words from CMD to `end`
             options.cmdline.extend(argv[end + 1 :])
             return options
-    return parser.parse_args(argv)
+    return _parse_command(parser, _negative_values(argv), "run")
+
+
+def _negative_values(words: list[str]) -> list[str]:
+    """``words`` (run's options, before CMD) with a value of
+    :data:`_RUN_VALUED`'s that starts with a dash and a digit or a dot
+    (``--time-limit -5s``) joined to its option (``--time-limit=-5s``):
+    argparse took it for an option, as it takes any such word but a plain
+    number, and said "expected one argument", where the value's own check
+    names what is wrong with it."""
+    joined: list[str] = []
+    for word in words:
+        if (
+            joined
+            and joined[-1] in _RUN_VALUED
+            and word[:1] == "-"
+            and word[1:2] in _DIGITS_AND_DOT
+        ):
+            joined[-1] = f"{joined[-1]}={word}"
+        else:
+            joined.append(word)
+    return joined
 
 
 def _check_run(options: argparse.Namespace) -> None:
@@ -208,11 +251,30 @@ def _without_options_end(argv: list[str]) -> list[str]:
         return argv[:at]  # `sdexec --` alone: the COMMAND is missing
     command = argv[at + 1]
     if command not in _SUBCOMMANDS:
-        choices = ", ".join(map(repr, _SUBCOMMANDS))
-        build_parser().error(
-            f"argument COMMAND: invalid choice: {command!r} (choose from {choices})"
-        )
+        _invalid_command(build_parser(), command)
     return [*argv[:at], *argv[at + 1 :]]
+
+
+def _invalid_command(parser: argparse.ArgumentParser, word: str) -> NoReturn:
+    """Refuse ``word`` as the command, as argparse does, but naming a word
+    that is not UTF-8 by its bytes (:func:`_shown`)."""
+    choices = ", ".join(map(repr, _SUBCOMMANDS))
+    shown = repr(word) if is_utf8(word) else _shown(word)
+    parser.error(f"argument COMMAND: invalid choice: {shown} (choose from {choices})")
+
+
+def _words_shown(words: Sequence[str]) -> str:
+    return " ".join(map(_shown, words))
+
+
+def _shown(word: str) -> str:
+    """``word`` as a usage error names it: as typed, or, not UTF-8, as
+    its bytes (``b'\\xff'``, as :func:`_refuse_not_utf8` shows them):
+    argparse showed the surrogates ``os.fsdecode`` kept them as
+    (``'\\udcff'``), which name no byte typed."""
+    if is_utf8(word):
+        return word
+    return repr(word.encode("utf-8", "surrogateescape"))
 
 
 def build_parser(

@@ -415,6 +415,61 @@ def test_an_unknown_option_before_the_command_is_named(argv, said, capsys):
 
 
 @pytest.mark.parametrize(
+    ("argv", "usage", "said"),
+    [
+        (["kill", "TERM", "1", "2"], "kill [-h] [--all] SIGNUM PID|LABEL",
+         "unrecognized arguments: 2"),
+        (["ps", "extra"], "ps [-h]", "unrecognized arguments: extra"),
+        (["--socket=/s", "undrain", "x", "y"], "undrain [-h]",
+         "unrecognized arguments: x y"),
+        (["stats", "--url", "http://h:1/", "x"], "stats [-h] [--url URL]",
+         "unrecognized arguments: x"),
+        (["run", "--nope", "true"], "run [options] CMD [ARGS...]",
+         "unrecognized arguments: --nope"),
+        (["ps", "--socket", "/s"], "ps [-h]",
+         "unrecognized arguments: --socket /s (--socket goes before the command)"),
+        (["ps", "\udcff"], "ps [-h]", "unrecognized arguments: b'\\xff'"),
+        # argparse took a value with a dash and a digit for an option:
+        # "expected one argument", where --time-limit=-5s named the value.
+        (["run", "--time-limit", "-5s", "true"], "run [options] CMD [ARGS...]",
+         'argument --time-limit: "-5s" is not a valid duration'),
+        (["run", "-n", "--time-limit", "-.5h"], "run [options] CMD [ARGS...]",
+         'argument --time-limit: "-.5h" is not a valid duration'),
+    ],
+)  # fmt: skip
+def test_a_command_s_bad_argument_is_said_with_its_usage(argv, usage, said, capsys):
+    # Words a command's parser left were said with the top level's usage.
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: sdexec {usage}\n")
+    assert f"\nsdexec {_command(argv)}: error: {said}" in err
+
+
+def _command(argv: list[str]) -> str:
+    return next(word for word in argv if not word.startswith("-"))
+
+
+def test_a_dashed_value_is_run_s_option_value_and_cmd_is_untouched():
+    options = parse_args(["run", "--label", "-5x", "--setopt", "-1=a", "cmd", "-5s"])
+    assert (options.label, options.setopt, options.cmdline) == (
+        "-5x",
+        [("-1", "a")],
+        ["cmd", "-5s"],
+    )
+
+
+@pytest.mark.parametrize(
+    "argv", [["\udcff"], ["--", "\udcff"], ["--socket=/s", "\udcff"]]
+)
+def test_a_command_not_utf8_is_named_by_its_bytes(argv, capsys):
+    # Said "invalid choice: '\udcff'", a surrogate naming no byte typed.
+    assert main(argv) == 2
+    assert "error: argument COMMAND: invalid choice: b'\\xff' (choose from" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.parametrize(
     ("argv", "said"),
     [
         (["kill", "-TERM", "1234"],

@@ -6,7 +6,7 @@ always has and those it may have, and what each must be. A caller's
 ``proc["pid"]`` of a ``list`` answer is then an integer, not a
 ``KeyError`` or a string that compares unequal to every pid. What a field
 is said as names its place: ``procs[3].pid: expected an integer, got
-'7'``. No Twisted: :mod:`sdexec.rpc` loads it for the command line too,
+"7"``. No Twisted: :mod:`sdexec.rpc` loads it for the command line too,
 once an answer is to be checked (``run`` checks none), and raises the
 error; this module only says what is wrong.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from sdexec.protocolbase import Topics
-from sdexec.refusal import member, quoted
+from sdexec.refusal import json_quoted, member
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def _at(where: str, name: str) -> str:
 
 
 def _expected(where: str, said: str, value: object) -> str:
-    return f"{where}: expected {said}, got {quoted(value, 40)}"
+    return f"{where}: expected {said}, got {json_quoted(value, 40)}"
 
 
 class Check:

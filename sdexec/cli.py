@@ -77,7 +77,7 @@ from sdexec.protocolbase import (
     terminate_runs_no_job,
 )
 from sdexec.receipt import Receipt
-from sdexec.refusal import one_line, quoted
+from sdexec.refusal import json_quoted, one_line
 from sdexec.rpc import ConnectionFailed, RPCError, SdexecError, finished_receipt
 from sdexec.runrequest import (
     COALESCED_SIGNALS,
@@ -764,7 +764,7 @@ def _cmdline_cell(cmdline: Any, join: Callable[[Iterable[str]], str]) -> str:
     "unexpected error: TypeError")."""
     if isinstance(cmdline, list):
         return join(str(arg) for arg in cmdline) or "?"
-    return "?" if cmdline is None else quoted(cmdline, 200)
+    return "?" if cmdline is None else json_quoted(cmdline, 200)
 
 
 def _nothing() -> None:

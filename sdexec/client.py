@@ -54,7 +54,7 @@ from sdexec.protocol import (
 )
 from sdexec.protocolbase import MAX_SOCKET_PATH
 from sdexec.receipt import Receipt
-from sdexec.refusal import lone_surrogate, member, quoted
+from sdexec.refusal import json_quoted, lone_surrogate, member, quoted
 from sdexec.rpc import (
     BAD_DESCRIPTOR,
     ConnectionFailed,
@@ -246,10 +246,12 @@ class _Call:
     def answered_late(self, answer: Payload | SdexecError) -> None:
         """The service answered after the caller had cancelled."""
         shown = (
-            quoted(answer, 200) if isinstance(answer, dict) else with_errno_name(answer)
+            json_quoted(answer, 200)
+            if isinstance(answer, dict)
+            else with_errno_name(answer)
         )
         _cancelled_but(
-            f"{self.topic} {quoted(self.payload, 80)}", f"was answered: {shown}"
+            f"{self.topic} {json_quoted(self.payload, 80)}", f"was answered: {shown}"
         )
 
     def _cancelled(self, deferred: Deferred[Payload]) -> None:
@@ -360,7 +362,7 @@ def _no_such_process(error: SdexecError) -> bool:
 def _answer_said(answer: Payload | SdexecError) -> str:
     """A wait's answer as a log says it: ``status 256``, ``error: …``."""
     if isinstance(answer, dict):
-        return f"status {answer.get('status')!r}"
+        return f"status {json_quoted(answer.get('status'), 40)}"
     return f"error: {with_errno_name(answer)}"
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import binascii
 
-from sdexec.refusal import lone_surrogate, quoted
+from sdexec.refusal import json_quoted, lone_surrogate
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -100,7 +100,9 @@ def decode_io(io: Any) -> tuple[str, bytes, bool]:
     if encoding == "base64":
         return stream, _from_base64(text), eof
     if encoding.upper() not in ("UTF-8", "UTF8"):
-        raise ValueError(f"io.encoding: {quoted(encoding)} is not UTF-8 or base64")
+        raise ValueError(
+            f"io.encoding: {json_quoted(encoding, 40)} is not UTF-8 or base64"
+        )
     try:
         return stream, text.encode("utf-8"), eof
     except UnicodeEncodeError as error:
@@ -138,14 +140,13 @@ def _base64_fault(text: str) -> str:
 
     bad = re.search(r"[^A-Za-z0-9+/=]", text)
     if bad is not None:
-        return (
-            f": {quoted(bad.group())} at offset {bad.start()} is not a base64 character"
-        )
+        shown = json_quoted(bad.group())
+        return f": {shown} at offset {bad.start()} is not a base64 character"
     pad = text.find("=")
     if pad != -1 and text[pad:].strip("="):
-        return f": '=' at offset {pad} is padding before the end"
+        return f': "=" at offset {pad} is padding before the end'
     if pad != -1 and len(text) - pad > 2:
-        return f": {len(text) - pad} '=' of padding from offset {pad} (at most 2)"
+        return f': {len(text) - pad} "=" of padding from offset {pad} (at most 2)'
     if len(text) % 4:
         return f": its length {len(text)} is not a multiple of 4"
     return ""

@@ -25,7 +25,7 @@ from sdexec.protocolbase import (
     chosen_socket_path,
 )
 from sdexec.receipt import Receipt
-from sdexec.refusal import errno_name, errstr_line, one_line, quoted
+from sdexec.refusal import errno_name, errstr_line, json_quoted, one_line
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -320,7 +320,7 @@ class Requests:
             # Ended, not left waiting for an answer that has come.
             del self._in_flight[matchtag]
             pending.end(RPCError(errno.EPROTO, "response payload is not an object"))
-            shown = quoted(message, 200)
+            shown = json_quoted(message, 200)
             return f"sdexec: response payload is not an object: {shown}"
         if not pending.streaming:
             del self._in_flight[matchtag]
@@ -374,7 +374,7 @@ class Requests:
             closing = with_errno_name(self._closing_error)
             return f"sdexec: the service is closing the connection: {closing}"
         # Quoted short: a confused or hostile peer's message may be megabytes.
-        shown = quoted(message, 200)
+        shown = json_quoted(message, 200)
         return f"sdexec: ignoring a message that answers no request: {shown}"
 
 
@@ -438,7 +438,7 @@ def rpc_error(message: dict[str, Any]) -> RPCError:
     errstr = errstr_line(errstr) if isinstance(errstr, str) else ""
     if type(errnum) is int and 0 < errnum < MAX_ERRNO:
         return RPCError(errnum, errstr)
-    said = f"errnum {quoted(errnum, 40)} is no errno"
+    said = f"errnum {json_quoted(errnum, 40)} is no errno"
     return RPCError(errno.EPROTO, f"{said}: {errstr}" if errstr else said)
 
 
@@ -454,7 +454,7 @@ def background_pid(answer: dict[str, Any]) -> int:
     pid = answer.get("pid")
     if answer.get("type") == "started" and type(pid) is int and pid > 0:
         return pid
-    shown = quoted(answer, 200)
+    shown = json_quoted(answer, 200)
     raise RPCError(
         errno.EPROTO, f"background exec: expected a started pid, got {shown}"
     )
@@ -466,7 +466,7 @@ def checked_answer(topic: str, answer: dict[str, Any]) -> dict[str, Any]:
     both clients check every answer so, once, before a caller sees it.
     :class:`RPCError` ``EPROTO`` naming the answer and the field otherwise
     (``the service's list answer: procs[3].pid: expected an integer, got
-    '7'``): handed on, a caller's ``proc["pid"]`` raised ``KeyError``, or
+    "7"``): handed on, a caller's ``proc["pid"]`` raised ``KeyError``, or
     a pid of ``"7"`` matched no process."""
     # Here: `run`, which asks for no such answer, need not load the table.
     from sdexec.answers import answer_fault
@@ -494,7 +494,7 @@ def wait_status(answer: dict[str, Any]) -> int:
     status = finished_status(answer)
     if status is not None:
         return status
-    shown = quoted(answer.get("status"), 200)
+    shown = json_quoted(answer.get("status"), 200)
     raise RPCError(errno.EPROTO, f"wait: expected a wait status, got {shown}")
 
 
@@ -510,7 +510,7 @@ def wait_error(answer: dict[str, Any]) -> RPCError | None:
         errnum, errstr = error.get("errnum"), error.get("errstr")
         if type(errnum) is int and isinstance(errstr, str):
             return RPCError(errnum, errstr_line(errstr))
-    shown = quoted(error, 200)
+    shown = json_quoted(error, 200)
     raise RPCError(errno.EPROTO, f"wait: expected an error object, got {shown}")
 
 
@@ -519,7 +519,7 @@ def dropped_counts(answer: dict[str, Any], what: str) -> dict[str, int]:
     ``attached`` (``what``) says were dropped before its output (its
     ``dropped``; none: ``{}``). :class:`RPCError` ``EPROTO`` naming the
     field otherwise (``wait: dropped.stdout: expected a byte count, got
-    'x'``): ``"x"`` was said as "x bytes of stdout"."""
+    "x"``): ``"x"`` was said as "x bytes of stdout"."""
     _check_shape("DROPPED", answer, what)
     return answer.get("dropped", {})
 
@@ -559,9 +559,9 @@ def output_io(io: Any, where: str) -> tuple[str, bytes, bool]:
         said = str(error).removeprefix("io")  # decode_io's own name for it
         raise RPCError(errno.EPROTO, f"{where}{said}") from None
     if stream not in OUTPUT_STREAMS:
+        got = json_quoted(stream, 40)
         raise RPCError(
-            errno.EPROTO,
-            f'{where}.stream: expected "stdout" or "stderr", got {quoted(stream, 40)}',
+            errno.EPROTO, f'{where}.stream: expected "stdout" or "stderr", got {got}'
         )
     return stream, data, eof
 
@@ -577,7 +577,7 @@ def wait_outcome(answer: dict[str, Any]) -> tuple[int | None, RPCError | None]:
     if not isinstance(output, list):
         # Not iterated: a number was "unexpected error: TypeError", a
         # string one "bad output" line per character.
-        shown = quoted(output, 200)
+        shown = json_quoted(output, 200)
         raise RPCError(errno.EPROTO, f"wait: expected a list of output, got {shown}")
     error = wait_error(answer)
     if error is not None and "status" not in answer:
@@ -647,7 +647,7 @@ class StreamCheck:
         if kind not in STREAM_RESPONSES:
             # Handed on, a caller's payload["type"] raised, or it went
             # unseen; Flux's libsubprocess refuses it (client.c).
-            got = quoted(kind, 40) if "type" in payload else "none"
+            got = json_quoted(kind, 40) if "type" in payload else "none"
             expected = ", ".join(STREAM_RESPONSES)
             self._violated(
                 f"the service's response: type: expected one of {expected}; got {got}"
@@ -676,7 +676,7 @@ class StreamCheck:
         pid = payload.get("pid")
         if type(pid) is int and pid > 0:
             return pid
-        got = quoted(pid, 200) if "pid" in payload else "none"
+        got = json_quoted(pid, 200) if "pid" in payload else "none"
         kind = payload.get("type")
         self._violated(f"the service's {kind} response: expected a pid, got {got}")
         return None
@@ -686,7 +686,7 @@ class StreamCheck:
         if self._seen:
             self._violated("the service sent a second finished response")
         elif finished_status(payload) is None:
-            got = quoted(payload["status"], 200) if "status" in payload else "none"
+            got = json_quoted(payload["status"], 200) if "status" in payload else "none"
             self._violated(
                 f"the service's finished response: expected a wait status, got {got}"
             )

@@ -346,8 +346,8 @@ def answering(payload: dict) -> Script:
 @pytest.mark.parametrize(
     ("args", "payload", "said"),
     [
-        (["wait", "7"], {"output": []}, b"wait: expected a wait status, got None"),
-        (["wait", "7"], {"status": "0"}, b"wait: expected a wait status, got '0'"),
+        (["wait", "7"], {"output": []}, b"wait: expected a wait status, got null"),
+        (["wait", "7"], {"status": "0"}, b'wait: expected a wait status, got "0"'),
         (
             ["wait", "7"],
             {"status": 2**70},
@@ -356,7 +356,7 @@ def answering(payload: dict) -> Script:
         (
             ["ps"],
             {"rank": 0, "procs": "x"},
-            b"the service's list answer: procs: expected a list, got 'x'",
+            b'the service\'s list answer: procs: expected a list, got "x"',
         ),
         (
             ["ps"],
@@ -367,7 +367,7 @@ def answering(payload: dict) -> Script:
         (
             ["ps"],
             {"rank": 0, "procs": [{"pid": "7", "cmd": "", "label": "", "state": "R"}]},
-            b"the service's list answer: procs[0].pid: expected an integer, got '7'",
+            b'the service\'s list answer: procs[0].pid: expected an integer, got "7"',
         ),
         (
             ["cancel", "j1"],
@@ -383,7 +383,7 @@ def answering(payload: dict) -> Script:
         (
             ["reload"],
             {"config": "/c.toml", "warnings": "w"},
-            b"the service's reload answer: warnings: expected a list, got 'w'",
+            b'the service\'s reload answer: warnings: expected a list, got "w"',
         ),
         (
             ["stats"],
@@ -405,13 +405,13 @@ def answering(payload: dict) -> Script:
         (
             ["wait", "7"],
             {"status": 0, "output": "abc"},
-            b"wait: expected a list of output, got 'abc'",
+            b'wait: expected a list of output, got "abc"',
         ),
         # "x bytes of stdout dropped before this", and a list ignored.
         (
             ["wait", "7"],
             {"status": 0, "dropped": {"stdout": "x"}},
-            b"wait: dropped.stdout: expected a byte count, got 'x'",
+            b'wait: dropped.stdout: expected a byte count, got "x"',
         ),
         (
             ["wait", "7"],
@@ -1454,8 +1454,8 @@ STREAMS = pytest.mark.parametrize(
         ({"status": 1.5}, "1.5"),
         ({"status": -1}, "-1"),
         ({"status": 1 << 40}, str(1 << 40)),
-        ({"status": True}, "True"),
-        ({"status": "0"}, "'0'"),
+        ({"status": True}, "true"),
+        ({"status": "0"}, '"0"'),
         ({}, "none"),
     ],
     ids=["float", "negative", "past-32-bits", "true", "text", "none"],
@@ -1558,7 +1558,7 @@ def test_output_for_a_stream_not_ours_kills_the_process_and_fails_the_command(
         1,
         b"out\n",
         b'sdexec: the service\'s output response: io.stream: expected "stdout" or'
-        b" \"stderr\", got 'stdlog': pid 7 killed (SIGKILL): its stream broke"
+        b' "stderr", got "stdlog": pid 7 killed (SIGKILL): its stream broke'
         b" the protocol\n",
     )
     assert script.wait() == [PROTOCOL_KILL]
@@ -1602,7 +1602,7 @@ def test_output_no_client_can_decode_kills_the_process_naming_it(serve, command)
     assert (done.returncode, done.stdout, done.stderr) == (
         1,
         b"out\n",
-        b"sdexec: the service's output response: io.data: invalid base64: '#'"
+        b'sdexec: the service\'s output response: io.data: invalid base64: "#"'
         b" at offset 0 is not a base64 character: pid 7 killed (SIGKILL): its"
         b" stream broke the protocol\n",
     )
@@ -1626,7 +1626,7 @@ def test_a_wait_s_output_no_client_can_decode_is_named_as_the_library_names_it(
     assert (done.returncode, done.stdout, done.stderr) == (
         1,
         b"out\n",
-        b"sdexec: wait: output[0].data: invalid base64: '#' at offset 0 is not"
+        b'sdexec: wait: output[0].data: invalid base64: "#" at offset 0 is not'
         b" a base64 character: dropped, and any more malformed output unsaid\n",
     )
     assert script.kills == []
@@ -1637,11 +1637,11 @@ def test_a_wait_s_output_no_client_can_decode_is_named_as_the_library_names_it(
     [
         (
             {"type": "add-credit", "channels": {"stdin": "4096"}},
-            "add-credit response: channels.stdin: expected an integer, got '4096'",
+            'add-credit response: channels.stdin: expected an integer, got "4096"',
         ),
         (
             {"type": "add-credit", "channels": {"stdin": True}},
-            "add-credit response: channels.stdin: expected an integer, got True",
+            "add-credit response: channels.stdin: expected an integer, got true",
         ),
         (
             {"type": "add-credit", "channels": {"a b": 1.5}},
@@ -1654,7 +1654,7 @@ def test_a_wait_s_output_no_client_can_decode_is_named_as_the_library_names_it(
         (
             {"type": "bogus"},
             "response: type: expected one of add-credit, attached, finished,"
-            " output, started, stopped; got 'bogus'",
+            ' output, started, stopped; got "bogus"',
         ),
     ],
 )
@@ -1675,7 +1675,7 @@ def test_a_response_that_breaks_the_stream_kills_the_process_naming_it(
 
 @pytest.mark.parametrize(
     ("pid", "shown"),
-    [("7", "'7'"), (-1, "-1"), (0, "0"), (True, "True"), (None, "None")],
+    [("7", '"7"'), (-1, "-1"), (0, "0"), (True, "true"), (None, "null")],
 )
 def test_a_start_without_a_pid_ends_run_naming_what_came(serve, pid, shown):
     # Ignored: the signals forwarded waited for a pid until a ^C, said then
@@ -1756,7 +1756,7 @@ def test_an_attached_whose_dropped_is_no_counts_is_said(serve):
     done = sdexec(serve(script), "attach", "7")
     assert (done.returncode, done.stderr) == (
         1,
-        b"sdexec: attached: dropped.stdout: expected a byte count, got 'x':"
+        b'sdexec: attached: dropped.stdout: expected a byte count, got "x":'
         b" pid 7 killed (SIGKILL): its stream broke the protocol\n",
     )
     assert script.wait() == [PROTOCOL_KILL]

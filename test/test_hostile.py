@@ -254,10 +254,10 @@ def test_a_lone_surrogate_in_a_write_s_data_is_einval_naming_it(connection, enco
 #: "io.data: invalid base64" alone left the bad byte of a megabyte of stdin
 #: to be found by hand.
 _BAD_BASE64 = {
-    "space": ("aGVs bG8=", "' ' at offset 4 is not a base64 character"),
-    "line-break": ("aGVsbG8=\n", "'\\n' at offset 8 is not a base64 character"),
-    "padding-inside": ("aG=sbG8=", "'=' at offset 2 is padding before the end"),
-    "three-padding": ("a===", "3 '=' of padding from offset 1 (at most 2)"),
+    "space": ("aGVs bG8=", '" " at offset 4 is not a base64 character'),
+    "line-break": ("aGVsbG8=\n", '"\\n" at offset 8 is not a base64 character'),
+    "padding-inside": ("aG=sbG8=", '"=" at offset 2 is padding before the end'),
+    "three-padding": ("a===", '3 "=" of padding from offset 1 (at most 2)'),
     "length": ("aGVsbG8", "its length 7 is not a multiple of 4"),
 }
 
@@ -1207,7 +1207,7 @@ HOSTILE = {
     "write.io.encoding": (
         "sdexec.write",
         {"matchtag": 1, "io": {"stream": "stdin", "rank": "0", "encoding": HUGE}},
-        "io.encoding: 'xxx",
+        'io.encoding: "xxx',
     ),
     "exec.local_flags": (
         "sdexec.exec",

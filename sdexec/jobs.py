@@ -56,7 +56,7 @@ from sdexec.termination import (
 if TYPE_CHECKING:
     from sdexec.process import Process, Responder
 
-__all__ = ["JOBID_OPTION", "Job", "Jobs"]
+__all__ = ["JOBID_OPTION", "Job", "Jobs", "terminate_keys"]
 
 log = Logger()
 
@@ -544,7 +544,7 @@ class Jobs:
         find: Callable[..., Process | None],
         kept: Callable[[str, Any], Process | None],
     ) -> Job:
-        keys = [key for key in ("pid", "label", "jobid") if key in payload]
+        keys = terminate_keys(payload)
         if len(keys) != 1:
             raise RequestError(
                 errno.EINVAL, "terminate needs exactly one of pid, label or jobid"
@@ -574,6 +574,14 @@ class Jobs:
         if job is None:
             raise RequestError(errno.EINVAL, terminate_runs_no_job(key, value))
         return job
+
+
+def terminate_keys(payload: Mapping[str, Any]) -> list[str]:
+    """The keys of ``pid``, ``label`` and ``jobid`` a ``terminate``'s
+    ``payload`` names its job by (exactly one, if well formed). A null one
+    is absent, as ``kill``, ``wait`` and ``attach`` take a null label beside
+    a pid: a client that fills every key it knows sends one."""
+    return [key for key in ("pid", "label", "jobid") if payload.get(key) is not None]
 
 
 def _none_named(key: str, value: object, ended: Process | None) -> str:

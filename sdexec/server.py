@@ -32,7 +32,7 @@ from sdexec.fdlimit import no_room_for_a_process
 from sdexec.hangup import HangupWatcher
 from sdexec.idset import IDset
 from sdexec.ioencode import decode_io
-from sdexec.jobs import Jobs
+from sdexec.jobs import Jobs, terminate_keys
 from sdexec.leftovers import (
     NAME_TAKEN,
     START_TIMED_OUT,
@@ -1440,7 +1440,7 @@ class SdexecServer:
         says so itself) names it; a label, while an earlier run's leftovers
         run, is told that labels did not outlive that run, as ``kill``'s
         is. ``None``: nothing to add."""
-        key = next((key for key in ("pid", "label", "jobid") if key in payload), None)
+        key = next(iter(terminate_keys(payload)), None)
         if (
             self.leftovers is None
             or key is None

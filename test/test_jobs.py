@@ -566,12 +566,22 @@ def test_a_bad_terminate_is_answered_over_the_wire(make_server, payload, errnum,
         connection.close()
 
 
-def test_terminate_over_the_wire_replies_with_the_jobs_state(make_server):
+@pytest.mark.parametrize(
+    "target",
+    [
+        {"pid": 77},
+        # A null beside the one named is absent, as in kill, wait and
+        # attach: it was "terminate needs exactly one of pid, label or jobid".
+        {"pid": 77, "label": None},
+        {"jobid": "f1", "pid": None, "label": None},
+    ],
+)
+def test_terminate_over_the_wire_replies_with_the_jobs_state(make_server, target):
     server, systemd, _ = make_server()
     start_job(server, systemd)
     connection = Connection(server)
     try:
-        connection.send(Topic.TERMINATE, {"pid": 77, "reason": "cancel"}, matchtag=9)
+        connection.send(Topic.TERMINATE, {**target, "reason": "cancel"}, matchtag=9)
         reply = connection.last()["payload"]
         assert (reply["id"], reply["step"]) == ("f1", "term")
     finally:

@@ -348,7 +348,70 @@ def _decode_with_msgspec(line: Line) -> Any:
     try:
         return decoder.decode(line)
     except (decoder.error, UnicodeDecodeError) as error:
+        if str(error).startswith(_MSGSPEC_HUGE_INTEGER):
+            raise FramingError(_huge_integer_said(line)) from None
         return _decode_lone_surrogates(line, error)
+
+
+#: How msgspec refuses an integer Python will not read from its digits
+#: (past ``sys.get_int_max_str_digits()``, 4300 by default), ``- at `$[...]```
+#: after it: valid JSON, said so, with the field it is in.
+_MSGSPEC_HUGE_INTEGER = "Integer value out of range"
+
+
+class _HugeInteger:
+    """Where the json module met an integer too long to read: its digits."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def _huge_integer_said(line: Line) -> str:
+    """Why ``line``, valid JSON, is refused for an integer of more digits
+    than Python reads (``message: cmd.cmdline[1]: an integer too large
+    (5000 digits)``): msgspec said "Integer value out of range - at
+    `$[...][1]`", naming no field."""
+    import json
+
+    def parse_int(text: str) -> int | _HugeInteger:
+        try:
+            return int(text)
+        except ValueError:
+            return _HugeInteger(len(text.lstrip("-")))
+
+    decoder = json.JSONDecoder(parse_int=parse_int, parse_constant=_refuse_constant)
+    try:
+        found = _first_huge(decoder.decode(str(line, "utf-8")))
+    except ValueError:  # (a float past a double's range before it, say)
+        found = None
+    if found is None:
+        return "message holds an integer too large to read"
+    field, huge = found
+    where = f"{field}: " if field else ""
+    return f"message: {where}an integer too large ({huge.digits} digits)"
+
+
+def _first_huge(message: Any) -> tuple[str, _HugeInteger] | None:
+    """The field (``cmd.env.X``, ``""`` for the message itself) of the
+    first :class:`_HugeInteger` in ``message``, and it; ``None`` if none.
+    A loop, not recursion: the line has not had its nesting checked."""
+    from sdexec.refusal import member
+
+    pending: list[tuple[str, Any]] = [("", message)]
+    while pending:
+        field, value = pending.pop()
+        if isinstance(value, _HugeInteger):
+            return field, value
+        if type(value) is dict:
+            named = [
+                (member(field, key).removeprefix("."), v) for key, v in value.items()
+            ]
+        elif type(value) is list:
+            named = [(f"{field}[{index}]", v) for index, v in enumerate(value)]
+        else:
+            continue
+        pending.extend(reversed(named))  # the first one first
+    return None
 
 
 class _Codec:

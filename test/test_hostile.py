@@ -319,6 +319,21 @@ def test_a_lone_surrogate_in_a_long_line_that_is_not_json_is_named(connection):
     assert connection.transport.disconnecting
 
 
+def test_an_integer_too_large_to_read_is_named_by_its_field(connection):
+    # Valid JSON, past the 4300 digits Python reads: it was msgspec's words,
+    # "Integer value out of range - at `$[...]`", naming no field.
+    digits = b"9" * 5000
+    line = b'{"type":"request","topic":"sdexec.list","matchtag":1,'
+    line += b'"payload":{"x":[0,-' + digits + b"]}}\n"
+    assert len(line) > SMALL_LINE
+    connection.protocol.dataReceived(line)
+    assert connection.last()["errnum"] == errno.EPROTO
+    assert connection.last()["errstr"] == (
+        "message: payload.x[1]: an integer too large (5000 digits)"
+    )
+    assert connection.transport.disconnecting
+
+
 @pytest.mark.parametrize("topic", ["sdexec.list\ud800", "\udfff", "sdexec.li\0st"])
 def test_a_topic_that_is_not_text_is_einval(connection, topic):
     # Delivered decoded: the checks hold whatever the JSON decoder lets by.

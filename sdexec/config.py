@@ -1700,7 +1700,7 @@ def _parse_toml(text: str, source: str) -> dict:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(
-            source, None, f"TOML syntax error: {_toml_words(error)}"
+            source, None, f"TOML syntax error: {_toml_words(error, text)}"
         ) from None
     except ValueError as error:  # an integer of thousands of digits
         raise ConfigError(source, None, _unreadable_number(error)) from None
@@ -1719,20 +1719,128 @@ _TOML_KEY_TUPLE = re.compile(
 _TOML_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
-def _toml_words(error: tomllib.TOMLDecodeError) -> str:
+def _toml_words(error: tomllib.TOMLDecodeError, text: str) -> str:
     """tomllib's message, each key path it names written as the file's
     table header is (``Cannot declare [sdexec] twice``): it writes them as
     Python tuples (``Cannot declare ('sdexec',) twice``), which no admin
-    wrote or can search the file for."""
-    return _TOML_KEY_TUPLE.sub(_toml_table_header, str(error))
+    wrote or can search the file for. Its "Cannot overwrite a value" names
+    no key: the key (or table) of the line it gives is named, where found
+    in ``text``."""
+    words = _TOML_KEY_TUPLE.sub(_toml_table_header, str(error))
+    at = _TOML_OVERWRITE.match(words)
+    # (At the end of a file with no last line break: its last line.)
+    line = (at.group(1) or text.count("\n") + 1) if at else None
+    named = _overwritten(text, int(line)) if line else None
+    return words.replace(_OVERWRITE, f"{_OVERWRITE}: {named}", 1) if named else words
+
+
+#: tomllib's words for a key given twice, or a value made a table: the line
+#: it gives is the one of the statement's end.
+_OVERWRITE = "Cannot overwrite a value"
+_TOML_OVERWRITE = re.compile(
+    re.escape(_OVERWRITE) + r" \((?:at line (\d+), column \d+|at end of document)\)"
+)
+
+#: How many lines before the one tomllib names a statement may begin (a
+#: multi-line array): past them, the key is not looked for.
+_STATEMENT_LINES = 64
+
+#: The largest file whose overwritten key is looked for: finding its table
+#: reads the file up to it again (tomllib is Python: about 0.1 s a MiB).
+_KEY_NAMED_UP_TO = 4 << 20
+
+
+def _overwritten(text: str, line: int) -> str | None:
+    """What the statement ending on ``line`` (1-based) of ``text`` sets:
+    ``key sdexec.x`` for a key (its table's path before it), ``table
+    [a.b]`` for a table header; ``None`` where it cannot be found."""
+    if len(text) > _KEY_NAMED_UP_TO:
+        return None
+    # Lines as tomllib counts them: a "\r" or a "\u2028" in a string ends none.
+    lines = [f"{each}\n" for each in text.split("\n", line)[:line]]
+    # The statement: the fewest lines up to this one that read alone (its
+    # end alone, in a multi-line value, does not).
+    first = max(line - _STATEMENT_LINES, 0)
+    start = next(
+        (k for k in range(line - 1, first - 1, -1) if _reads_alone(lines, k)), None
+    )
+    if start is None:
+        return None
+    header = _header_path(lines[start])
+    if header is not None:
+        return f"table [{_toml_path(header)}]"
+    key = _key_path(lines[start])
+    if key is None:
+        return None
+    return f"key {_toml_path(_table_before(lines, start) + key)}"
+
+
+def _reads_alone(lines: list[str], k: int) -> bool:
+    """Whether lines ``k`` on are one statement that reads as TOML alone."""
+    code = lines[k].strip()
+    return bool(code) and not code.startswith("#") and _reads("".join(lines[k:]))
+
+
+def _table_before(lines: list[str], start: int) -> tuple[str, ...]:
+    """The key path of the table the line ``start`` is in: the last table
+    header before it that is not inside a multi-line value (the lines
+    before it read as TOML); ``()``, the root table, if none."""
+    for k in range(start - 1, -1, -1):
+        path = _header_path(lines[k])
+        if path is not None and _reads("".join(lines[:k])):
+            return path
+    return ()
+
+
+def _reads(text: str) -> bool:
+    try:
+        tomllib.loads(text)
+    except (ValueError, RecursionError):  # TOMLDecodeError too
+        return False
+    return True
+
+
+def _header_path(line: str) -> tuple[str, ...] | None:
+    """The key path of the table header ``line`` is (``[a.b]``,
+    ``[[a.b]]``), as tomllib reads it; ``None`` for another line."""
+    if not line.lstrip().startswith("[") or not _reads(line):
+        return None
+    return _only_path(tomllib.loads(line))
+
+
+def _key_path(line: str) -> tuple[str, ...] | None:
+    """The key path of the key/value statement ``line`` begins, as tomllib
+    reads it: its key is what is before the first "=" that leaves a key (a
+    quoted key may hold one); ``None`` if none does."""
+    for at, char in enumerate(line):
+        if char == "=" and _reads(f"{line[:at]}= 0\n"):
+            return _only_path(tomllib.loads(f"{line[:at]}= 0\n"))
+    return None
+
+
+def _only_path(table: object) -> tuple[str, ...]:
+    """The keys down a table of one key at each level (``{"a": {"b": 0}}``:
+    ``("a", "b")``), an array of tables' last table followed."""
+    path: list[str] = []
+    while isinstance(table, dict | list) and table:
+        if isinstance(table, list):
+            table = table[-1]
+            continue
+        (key, table), *_ = table.items()
+        path.append(key)
+    return tuple(path)
+
+
+def _toml_path(keys: tuple[str, ...]) -> str:
+    """``keys`` written as a dotted TOML key (``exec.sdexec-properties``)."""
+    return ".".join(_toml_header_key(key) for key in keys)
 
 
 def _toml_table_header(match: re.Match[str]) -> str:
     """``[exec.sdexec-properties]`` for the tuple ``match`` found; a key
     that is not bare quoted as TOML (and JSON) quote it, cut as every
     value a message quotes."""
-    keys = ast.literal_eval(match.group())
-    return "[" + ".".join(_toml_header_key(key) for key in keys) + "]"
+    return f"[{_toml_path(ast.literal_eval(match.group()))}]"
 
 
 def _toml_header_key(key: str) -> str:

@@ -1967,6 +1967,25 @@ def test_a_toml_syntax_error_names_a_table_as_its_header(tmp_path, text, said):
     assert "(" not in str(error.value).split("TOML syntax error: ")[1].split(" (at")[0]
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("[exec]\nimp = 'a'\nimp = 'b'\n", "key exec.imp (at line 3, column"),
+        # A value given over several lines: tomllib names the last one.
+        ("[sdexec]\nx = 1\n\nx = [\n  1,\n]\n", "key sdexec.x (at line 6, column"),
+        ('[exec]\n"k=v" = 1\n"k=v" = 2', 'key exec."k=v" (at end of document)'),
+        ("a.b = 1\n[a.b]\n", "table [a.b] (at line 2, column"),
+        ("[[t]]\nx = 1\nx = 2\n", "key t.x (at line 3, column"),
+    ],
+)
+def test_a_toml_value_given_twice_names_its_key(tmp_path, text, said):
+    # tomllib says "Cannot overwrite a value (at line 3, column 10)" alone.
+    path = write(tmp_path, "c.toml", text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert f"TOML syntax error: Cannot overwrite a value: {said}" in str(error.value)
+
+
 # --- the shipped examples ---------------------------------------------------
 
 

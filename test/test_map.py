@@ -51,6 +51,8 @@ H100_VM = (DATA / "h100-vm.xml").read_text()
 # GPUs on the VM's one root bus. Which OpenCL device is which card is unknown.
 H100_VM_2GPU = (DATA / "h100-vm-2gpu.xml").read_text()
 REPO = Path(__file__).parent.parent
+#: How the mapper's command line names itself at the head of each stderr line.
+PROG = "python3 -m sdexec.map"
 
 
 def make_R(rank: int = 0, **children: str) -> dict:
@@ -1762,7 +1764,10 @@ def test_cli_mapper_error_exits_1_without_a_traceback():
     run = run_cli("--xml", str(DATA / "small.xml"), "--cores", "0", "--gpus", "5")
     assert run.returncode == 1
     assert run.stdout == ""
-    assert run.stderr == "mapper failed: GPU 5 is beyond the topology's 2 GPUs\n"
+    # Led by the program's name, as its usage errors are: it was not.
+    assert (
+        run.stderr == f"{PROG}: mapper failed: GPU 5 is beyond the topology's 2 GPUs\n"
+    )
 
 
 def test_cli_custom_mapper_from_a_searchpath(searchpath):
@@ -1799,7 +1804,7 @@ def test_cli_custom_mapper_from_a_searchpath(searchpath):
 def test_cli_failures(capsys, args, message):
     assert main(args) == 1
     captured = capsys.readouterr()
-    assert captured.err.startswith(message)
+    assert captured.err.startswith(f"{PROG}: {message}")
     assert "Traceback" not in captured.err
     assert captured.out == ""
 
@@ -1819,7 +1824,7 @@ def test_cli_names_an_xml_file_that_is_not_a_topology(tmp_path, capsys, text, sa
     xml.write_text(text)
     assert main(["--xml", str(xml), "--cores", "0"]) == 1
     # Nor blamed on a mapper that never ran (review session 42 R3-2).
-    assert capsys.readouterr().err == f"topology file {xml}: {said}\n"
+    assert capsys.readouterr().err == f"{PROG}: topology file {xml}: {said}\n"
 
 
 def test_cli_reports_an_unexpected_exception_from_a_site_mapper(tmp_path, capsys):
@@ -1831,7 +1836,9 @@ def test_cli_reports_an_unexpected_exception_from_a_site_mapper(tmp_path, capsys
     )
     args = ["--mapper", "buggy.Buggy", "--searchpath", str(tmp_path), "--cores", "0"]
     assert main(args) == 1
-    assert capsys.readouterr().err == "mapper failed: KeyError: 'AllowedCPUs'\n"
+    assert (
+        capsys.readouterr().err == f"{PROG}: mapper failed: KeyError: 'AllowedCPUs'\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -1859,7 +1866,8 @@ def test_cli_names_the_searchpath_as_its_flag(tmp_path, capsys):
     args = ["--searchpath", str(tmp_path), "--mapper", "x.Y", "--cores", "0"]
     assert main(args) == 1
     assert capsys.readouterr().err == (
-        f"mapper failed: mapper module 'x' is neither in --searchpath ({tmp_path})"
+        f"{PROG}: mapper failed: mapper module 'x' is neither in --searchpath"
+        f" ({tmp_path})"
         " nor on the Python path\n"
     )
 
@@ -1906,7 +1914,9 @@ def test_cli_refuses_what_the_service_refuses(service_mappers, capsys):
     args = ["--mapper", "sitemappers.NotDict", "--searchpath", str(service_mappers)]
     assert main([*args, "--cores", "0"]) == 1
     captured = capsys.readouterr()
-    assert captured.err == "mapper failed: returned list, not a dict of properties\n"
+    assert captured.err == (
+        f"{PROG}: mapper failed: returned list, not a dict of properties\n"
+    )
     assert captured.out == ""
 
 
@@ -1973,7 +1983,7 @@ def test_cli_a_config_that_does_not_parse_is_told_as_the_checker_tells_it(
     config = write_config(tmp_path, "[exec\n")
     assert main(["--config", str(config), "--cores", "0"]) == 1
     captured = capsys.readouterr()
-    assert captured.err.startswith(f"{config}: TOML syntax error: ")
+    assert captured.err.startswith(f"{PROG}: {config}: TOML syntax error: ")
     assert captured.err.count("\n") == 1
     assert captured.out == ""
 
@@ -1983,7 +1993,7 @@ def test_cli_warns_that_a_config_leaves_containment_off(tmp_path, capsys):
     args = ["--config", str(config), "--xml", str(DATA / "small.xml"), "--cores", "0"]
     assert main(args) == 0
     assert capsys.readouterr().err == (
-        f"warning: {config}: exec.sdexec-constrain-resources is false: the"
+        f"{PROG}: warning: {config}: exec.sdexec-constrain-resources is false: the"
         " service maps no job's R\n"
     )
 

@@ -29,7 +29,8 @@ def main(args: Sequence[str] | None = None) -> int:
     building or running the mapper fails, or with the file's error when
     ``--config`` or the topology file cannot be read (2 for a usage error:
     an idset ``--cores`` or ``--gpus`` cannot be, or neither of them
-    given).
+    given). Every line on stderr begins with the program's name, as
+    argparse's usage errors do.
     """
     parser = _parser()
     options = parser.parse_args(args)
@@ -39,21 +40,28 @@ def main(args: Sequence[str] | None = None) -> int:
     try:
         config = _config(options.config)
     except ValueError as error:  # ConfigError, told as sdexec.config tells it
-        print(error, file=sys.stderr)
+        _say(parser.prog, str(error))
         return 1
     for warning in config.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        _say(parser.prog, f"warning: {warning}")
     try:
         properties = _properties(options, config)
     except _UnreadableTopology as error:  # the mapper never ran
-        print(error, file=sys.stderr)
+        _say(parser.prog, str(error))
         return 1
     except Exception as error:
         # A site's mapper can raise anything: say what, never a traceback.
-        print(f"mapper failed: {_describe(error)}", file=sys.stderr)
+        _say(parser.prog, f"mapper failed: {_describe(error)}")
         return 1
     write_stdout_or_exit(parser.prog, json.dumps(properties, indent=2) + "\n")
     return 0
+
+
+def _say(prog: str, line: str) -> None:
+    """``line`` on stderr, led by ``prog`` as argparse leads a usage error
+    and as every other line of sdexec's command lines is led: one program
+    among the several run by a script is named."""
+    print(f"{prog}: {line}", file=sys.stderr)
 
 
 def _config(path: str | None) -> Config:

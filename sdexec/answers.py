@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from sdexec.protocolbase import Topics
-from sdexec.refusal import json_quoted, member
+from sdexec.refusal import MISSING, expected, member
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def _at(where: str, name: str) -> str:
 
 
 def _expected(where: str, said: str, value: object) -> str:
-    return f"{where}: expected {said}, got {json_quoted(value, 40)}"
+    return expected(where, said, value, 40)
 
 
 class Check:
@@ -147,7 +147,7 @@ class Shape(Check):
             return _expected(where, self.said, value)
         for name, check in self._required.items():
             if name not in value:
-                return f"{_at(where, name)}: expected {check.said}, got none"
+                return _expected(_at(where, name), check.said, MISSING)
             fault = check.fault(value[name], _at(where, name))
             if fault is not None:
                 return fault

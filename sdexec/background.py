@@ -57,7 +57,7 @@ from sdexec.plan import ExecPlan, RequestError
 from sdexec.process import NO_EXIT_STATUS_ERRNO, OutputValve, Process, Responder
 from sdexec.protocol import STATUS_AND_ERROR, ExecFlag, command_object
 from sdexec.protocolbase import NOT_WAITABLE
-from sdexec.refusal import SHOWN, quoted
+from sdexec.refusal import SHOWN, expected, quoted
 from sdexec.retained import CONFIG_KEY, STREAMS, Cursor, RetainedOutput
 from sdexec.shares import Share
 
@@ -1088,7 +1088,9 @@ class TrackedProcesses:
         pid, label = parse_target(payload, "wait")
         with_status = payload.get(STATUS_AND_ERROR, False)
         if not isinstance(with_status, bool):
-            raise RequestError(errno.EINVAL, f"{STATUS_AND_ERROR}: expected a boolean")
+            raise RequestError(
+                errno.EINVAL, expected(STATUS_AND_ERROR, "a boolean", with_status)
+            )
         # ESRCH for none, as upstream's subprocess servers answer a wait.
         tracked = self._find(
             pid, label, errno.EINVAL, NOT_WAITABLE, missing=errno.ESRCH
@@ -1113,7 +1115,9 @@ class TrackedProcesses:
         pid, label = parse_target(payload, "attach")
         flags = payload.get("flags", int(_OUTPUT_FLAGS))
         if not isinstance(flags, int) or isinstance(flags, bool) or flags & ~7:
-            raise RequestError(errno.EINVAL, "flags: expected an integer of 1|2|4")
+            raise RequestError(
+                errno.EINVAL, expected("flags", "an integer of 1|2|4", flags)
+            )
         # RFC 42 lets an attach ask for channel output (4), which flux-core's
         # client does whenever its caller takes channel output: there is
         # none (sdexec makes no channels), so it is ignored.
@@ -1200,9 +1204,9 @@ def _check_target(payload: Any, topic: str) -> tuple[int | None, str | None]:
     given (at least one); EINVAL names a bad or missing field."""
     pid, label = payload.get("pid"), payload.get("label")
     if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
-        raise RequestError(errno.EINVAL, "pid: expected an integer")
+        raise RequestError(errno.EINVAL, expected("pid", "an integer", pid))
     if label is not None and not isinstance(label, str):
-        raise RequestError(errno.EINVAL, "label: expected a string")
+        raise RequestError(errno.EINVAL, expected("label", "a string", label))
     if label is not None:
         check_text("label", label)  # a NUL or lone surrogate: EINVAL, as exec's
     if pid is None and label is None:

@@ -15,7 +15,7 @@ from sdexec.environment import clean_environment
 from sdexec.execstart import ExecLine, exec_line
 from sdexec.limits import NAME_MAX, search_directories
 from sdexec.property import UnitProperty, parse_bool, typed_property
-from sdexec.refusal import member
+from sdexec.refusal import MISSING, expected, member
 
 __all__ = [
     "OWN_PROPERTIES",
@@ -38,10 +38,10 @@ class CommandError(ValueError):
 
 def _string_map(value: Any, field_name: str) -> dict[str, str]:
     if not isinstance(value, dict):
-        raise CommandError(f"{field_name}: expected an object of strings")
+        raise CommandError(expected(field_name, "an object of strings", value))
     for key, item in value.items():
         if not isinstance(item, str):
-            raise CommandError(f"{member(field_name, key)}: expected a string")
+            raise CommandError(expected(member(field_name, key), "a string", item))
     return value
 
 
@@ -72,24 +72,28 @@ class Command:
     def from_json(cls, cmd: Any) -> Command:
         """Check a decoded ``cmd`` object; ``CommandError`` names the field."""
         if not isinstance(cmd, dict):
-            raise CommandError("cmd: expected an object")
-        cmdline = cmd.get("cmdline")
+            raise CommandError(expected("cmd", "an object", cmd))
+        cmdline = cmd.get("cmdline", MISSING)
         if not isinstance(cmdline, list) or not cmdline:
-            raise CommandError("cmd.cmdline: expected a non-empty array of strings")
+            raise CommandError(
+                expected("cmd.cmdline", "a non-empty array of strings", cmdline)
+            )
         for index, arg in enumerate(cmdline):
             if not isinstance(arg, str):  # named, as a string's NUL is
-                raise CommandError(f"cmd.cmdline[{index}]: expected a string")
+                raise CommandError(expected(f"cmd.cmdline[{index}]", "a string", arg))
         cwd = cmd.get("cwd")
         if cwd is not None and not isinstance(cwd, str):
-            raise CommandError("cmd.cwd: expected a string")
+            raise CommandError(expected("cmd.cwd", "a string", cwd))
         label = cmd.get("label")
         if label is not None and (not isinstance(label, str) or not label):
-            raise CommandError("cmd.label: expected a non-empty string")
+            raise CommandError(expected("cmd.label", "a non-empty string", label))
         channels = cmd.get("channels", [])
         if not isinstance(channels, list) or not all(
             isinstance(name, str) for name in channels
         ):
-            raise CommandError("cmd.channels: expected an array of strings")
+            raise CommandError(
+                expected("cmd.channels", "an array of strings", channels)
+            )
         _check_no_message_channels(cmd)
         return cls(
             cmdline=cmdline,
@@ -165,7 +169,7 @@ def _check_no_message_channels(cmd: Mapping[str, Any]) -> None:
     for key in _MESSAGE_CHANNELS:
         channels = cmd.get(key, [])
         if not isinstance(channels, list):
-            raise CommandError(f"cmd.{key}: expected an array of objects")
+            raise CommandError(expected(f"cmd.{key}", "an array of objects", channels))
         if channels:
             raise CommandError(f"cmd.{key}: message channels are not supported")
 

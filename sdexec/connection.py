@@ -51,6 +51,7 @@ from sdexec.refusal import (
     SHOWN,
     RequestRefused,
     errstr_line,
+    expected,
     json_quoted,
     quoted,
 )
@@ -639,17 +640,19 @@ class ClientProtocol(StdioReceivingProtocol):
         """:meth:`_dispatch`, the write's refusal aside."""
         self._refuse_if_revoked()
         if not isinstance(topic, str):
-            raise RequestError(errno.EINVAL, "topic: expected a string")
+            raise RequestError(errno.EINVAL, expected("topic", "a string", topic))
         check_text("topic", topic)
         if not is_integer(matchtag) or matchtag < 0:
             # A write's (refused silently, logged): every other request's
             # matchtag was checked with its envelope (_check_envelope).
-            raise RequestError(errno.EINVAL, "matchtag: expected an integer >= 0")
+            raise RequestError(
+                errno.EINVAL, expected("matchtag", "an integer >= 0", matchtag)
+            )
         if matchtag > MAX_MATCHTAG:
             raise RequestError(errno.EINVAL, _PAST_MAX_MATCHTAG.format(matchtag))
         payload = message.get("payload", {})
         if not isinstance(payload, dict):
-            raise RequestError(errno.EINVAL, "payload: expected an object")
+            raise RequestError(errno.EINVAL, expected("payload", "an object", payload))
         if "signature" in payload:
             # RFC 42: the signature is the authoritative payload, and a
             # server that cannot check it refuses the request with EPERM.
@@ -1363,7 +1366,7 @@ def _streaming(message: dict) -> bool:
     """The envelope's ``streaming`` (default true); EINVAL if not a boolean."""
     streaming = message.get("streaming", True)
     if not isinstance(streaming, bool):
-        raise RequestError(errno.EINVAL, "streaming: expected a boolean")
+        raise RequestError(errno.EINVAL, expected("streaming", "a boolean", streaming))
     return streaming
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import binascii
 
-from sdexec.refusal import json_quoted, lone_surrogate
+from sdexec.refusal import MISSING, expected, json_quoted, lone_surrogate
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -76,23 +76,24 @@ def decode_io(io: Any) -> tuple[str, bytes, bool]:
         if decoded is not None:
             return decoded
     if not isinstance(io, dict):
-        raise ValueError("io: expected an object")
-    stream = io.get("stream")
+        raise ValueError(expected("io", "an object", io))
+    stream = io.get("stream", MISSING)
     if not isinstance(stream, str):
-        raise ValueError("io.stream: expected a string")
+        raise ValueError(expected("io.stream", "a string", stream))
     # Required, as RFC 42 and Flux's iodecode() require it (its value, the
     # sender's rank, is not used here: a write goes to this node's process).
-    if not isinstance(io.get("rank"), str):
-        raise ValueError("io.rank: expected a string")
+    rank = io.get("rank", MISSING)
+    if not isinstance(rank, str):
+        raise ValueError(expected("io.rank", "a string", rank))
     text = io.get("data", "")
     if not isinstance(text, (str, bytes)):
-        raise ValueError("io.data: expected a string")
+        raise ValueError(expected("io.data", "a string", text))
     eof = io.get("eof", False)
     if not isinstance(eof, bool):
-        raise ValueError("io.eof: expected a boolean")
+        raise ValueError(expected("io.eof", "a boolean", eof))
     encoding = io.get("encoding", "UTF-8")
     if not isinstance(encoding, str):
-        raise ValueError('io.encoding: expected "UTF-8" or "base64"')
+        raise ValueError(expected("io.encoding", '"UTF-8" or "base64"', encoding))
     if isinstance(text, bytes):  # the service's own, not yet encoded (raw)
         if encoding != "base64":
             raise ValueError("io.data: expected a string")

@@ -41,6 +41,7 @@ from sdexec.protocol import (
     terminate_not_found,
     terminate_runs_no_job,
 )
+from sdexec.refusal import expected
 from sdexec.rset import ResourceSet
 from sdexec.signals import signal_name
 from sdexec.systemd import Manager
@@ -551,9 +552,9 @@ class Jobs:
             )
         key, value = keys[0], payload[keys[0]]
         if key == "pid" and (not isinstance(value, int) or isinstance(value, bool)):
-            raise RequestError(errno.EINVAL, "pid: expected an integer")
+            raise RequestError(errno.EINVAL, expected("pid", "an integer", value))
         if key != "pid" and not isinstance(value, str):
-            raise RequestError(errno.EINVAL, f"{key}: expected a string")
+            raise RequestError(errno.EINVAL, expected(key, "a string", value))
         if key != "pid":
             check_text(key, value)
         job = self.jobs.get(value) if key == "jobid" else self._job_of(key, value, find)

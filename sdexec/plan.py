@@ -76,7 +76,14 @@ from sdexec.protocol import (
     ExecFlag,
     job_of_unit_name,
 )
-from sdexec.refusal import SHOWN, RequestRefused, json_quoted, printable, quoted
+from sdexec.refusal import (
+    SHOWN,
+    RequestRefused,
+    expected,
+    json_quoted,
+    printable,
+    quoted,
+)
 from sdexec.rset import ResourceSet
 from sdexec.signals import parse_signal, signal_name
 from sdexec.sizes import parse_flux_size
@@ -578,7 +585,9 @@ _NO_CHANNELS = "auxiliary channels are not supported"
 
 def _flags(flags: object) -> ExecFlag:
     if not isinstance(flags, int) or isinstance(flags, bool) or flags & ~ALL_FLAGS:
-        raise RequestError(errno.EINVAL, "flags: expected an integer of 1|2|4|8|16")
+        raise RequestError(
+            errno.EINVAL, expected("flags", "an integer of 1|2|4|8|16", flags)
+        )
     return ExecFlag(flags)
 
 
@@ -594,8 +603,11 @@ def _stdio(streams: object) -> tuple[str, ...]:
     ):
         raise RequestError(
             errno.EINVAL,
-            "stdio: expected a non-empty list of distinct stream names"
-            " (stdin, stdout, stderr)",
+            expected(
+                "stdio",
+                "a non-empty list of distinct stream names (stdin, stdout, stderr)",
+                streams,
+            ),
         )
     return tuple(streams)
 

@@ -26,11 +26,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_ERRSTR",
+    "MISSING",
     "NAMED",
     "SHOWN",
     "RequestRefused",
     "errno_name",
     "errstr_line",
+    "expected",
     "first_named",
     "json_quoted",
     "lone_surrogate",
@@ -202,6 +204,26 @@ def json_quoted(value: object, limit: int = JSON_QUOTE_LIMIT) -> str:
         return _cut(_json_scalar(value), limit, _characters(value))
     text = _json_prefix(value, limit + 1, depth=0)
     return text if len(text) <= limit else f"{text[:limit]}…"
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+#: A field's value where the field is absent (``obj.get(key, MISSING)``),
+#: said "none" by :func:`expected`: a JSON null is one the sender wrote.
+MISSING = _Missing()
+
+
+def expected(field: str, said: str, value: object, limit: int = SHOWN) -> str:
+    """``FIELD: expected SAID, got VALUE``, the value as JSON writes it
+    (:func:`json_quoted`, cut past ``limit``), or ``got none`` for
+    :data:`MISSING`: the one form of a refusal of a mistyped field, the
+    service's of a request's and a client's of an answer's, so that each
+    says what came as well as what was wanted."""
+    got = "none" if value is MISSING else json_quoted(value, limit)
+    return f"{field}: expected {said}, got {got}"
 
 
 def _json_prefix(value: object, budget: int, depth: int) -> str:

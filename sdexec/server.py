@@ -72,7 +72,7 @@ from sdexec.protocol import (
     terminate_not_found,
 )
 from sdexec.receipt import reads_unit_cgroups
-from sdexec.refusal import SHOWN, quoted
+from sdexec.refusal import MISSING, SHOWN, expected, json_quoted, quoted
 from sdexec.shares import STATS_USERS, ProcessOwners, Share
 from sdexec.signals import signal_name
 from sdexec.systemd import Manager
@@ -1146,10 +1146,12 @@ class SdexecServer:
     def write(self, connection_id: int, payload: dict) -> Process | None:
         """Client data for a process's stdin; unknown targets are dropped.
         The process written to, if any."""
-        matchtag = payload.get("matchtag")
+        matchtag = payload.get("matchtag", MISSING)
         if not isinstance(matchtag, int) or isinstance(matchtag, bool):
-            raise RequestError(errno.EINVAL, "matchtag: expected an integer")
-        io: Any = payload.get("io")  # an object, once decode_io took it
+            raise RequestError(
+                errno.EINVAL, expected("matchtag", "an integer", matchtag)
+            )
+        io: Any = payload.get("io", MISSING)  # an object, once decode_io took it
         try:
             stream, data, eof = decode_io(io)
         except ValueError as error:
@@ -1162,7 +1164,7 @@ class SdexecServer:
             raise RequestError(errno.EINVAL, _NEITHER_DATA_NOR_EOF)
         if stream != "stdin":
             raise RequestError(
-                errno.EINVAL, f"io.stream: {quoted(stream)} is not stdin"
+                errno.EINVAL, f"io.stream: {json_quoted(stream, 40)} is not stdin"
             )
         process = self.processes.get((connection_id, matchtag))
         if process is None or process.stream_ended:
@@ -1208,7 +1210,7 @@ class SdexecServer:
         # main one: a job shell forwards signals to its tasks itself.
         who = payload.get("who", "main")
         if who not in KILL_WHO:
-            raise RequestError(errno.EINVAL, 'who: expected "all" or "main"')
+            raise RequestError(errno.EINVAL, expected("who", '"all" or "main"', who))
         pid, label = parse_target(payload, "kill")
         key, value = ("label", label) if label is not None else ("pid", pid)
         target = target_named(key, value)  # one line, whatever the label holds

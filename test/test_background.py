@@ -176,7 +176,7 @@ def test_a_background_start_refused_is_its_one_response(systemd, server, client)
     ("message", "text"),
     [
         ({"streaming": "no", "payload": {"flags": 0, "cmd": TRUE}},
-         "streaming: expected a boolean"),
+         'streaming: expected a boolean, got "no"'),
         ({"streaming": False, "payload": {"flags": 8, "cmd": TRUE}},
          "flags: write-credit (8) needs a streaming request: a background"
          " process's stdin is at EOF"),
@@ -411,7 +411,7 @@ async def test_wait_errors(systemd, server, client):
         ],
         [(errno.ESRCH, "label 'nope': not found (no such process)")],
         [(errno.EINVAL, "wait needs a pid or a label")],
-        [(errno.EINVAL, "pid: expected an integer")],
+        [(errno.EINVAL, 'pid: expected an integer, got "7"')],
     ]
 
 
@@ -1525,7 +1525,7 @@ async def test_attach_errors(systemd, server, client):
     assert [payloads(client.of(tag)) for tag in (2, 3, 4)] == [
         [(errno.EBUSY, "pid 3: not in background mode")],
         [(errno.ENOENT, "pid 4: not found (no such process)")],
-        [(errno.EINVAL, "flags: expected an integer of 1|2|4")],
+        [(errno.EINVAL, "flags: expected an integer of 1|2|4, got 8")],
     ]
 
 

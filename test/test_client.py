@@ -2021,8 +2021,8 @@ _NOT_BASE64 = 'io.data: invalid base64: "#" at offset 0 is not a base64 characte
 #: stdout or stderr), with how the field is named (where "io" is the
 #: object's own place in the answer or response).
 _MALFORMED_IO = [
-    ("abc", "io: expected an object"),
-    ({"rank": "0", "data": "x"}, "io.stream: expected a string"),
+    ("abc", 'io: expected an object, got "abc"'),
+    ({"rank": "0", "data": "x"}, "io.stream: expected a string, got none"),
     (
         {"stream": "stdin", "rank": "0", "data": "x"},
         'io.stream: expected "stdout" or "stderr", got "stdin"',
@@ -2039,8 +2039,8 @@ _MALFORMED_IO = [
         {"stream": "stderr", "rank": "0", "data": "\udce9"},
         "io.data: not valid Unicode text: lone surrogate U+DCE9 at 0",
     ),
-    ({"stream": "stdout", "rank": 0, "data": "x"}, "io.rank: expected a string"),
-    ({"stream": "stdout", "rank": "0", "data": 7}, "io.data: expected a string"),
+    ({"stream": "stdout", "rank": 0, "data": "x"}, "io.rank: expected a string, got 0"),
+    ({"stream": "stdout", "rank": "0", "data": 7}, "io.data: expected a string, got 7"),
 ]
 
 

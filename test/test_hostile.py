@@ -151,24 +151,32 @@ def test_a_message_without_a_type_is_said_to_lack_one(connection):
     assert connection.transport.disconnecting
 
 
-@pytest.mark.parametrize("encoding", [None, 5, [], {}, True])
-def test_a_non_string_io_encoding_is_einval(connection, encoding):
+@pytest.mark.parametrize(
+    ("encoding", "got"),
+    [(None, "null"), (5, "5"), ([], "[]"), ({}, "{}"), (True, "true")],
+)
+def test_a_non_string_io_encoding_is_einval(connection, encoding, got):
     io = {"stream": "stdin", "rank": "0", "data": "x", "encoding": encoding}
     connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=3)
     assert error_of(connection.last()) == (
         errno.EINVAL,
-        'io.encoding: expected "UTF-8" or "base64"',
+        f'io.encoding: expected "UTF-8" or "base64", got {got}',
     )
     assert not connection.transport.disconnecting
 
 
-@pytest.mark.parametrize("rank", ["absent", None, 0, [], {}, True])
-def test_a_write_s_io_rank_must_be_a_string(connection, rank):
+@pytest.mark.parametrize(
+    ("rank", "got"),
+    [("absent", "none"), (None, "null"), (0, "0"), ([], "[]"), ({}, "{}"),
+     (True, "true")],
+)  # fmt: skip
+def test_a_write_s_io_rank_must_be_a_string(connection, rank, got):
     # RFC 42 and Flux's iodecode() require it: a string (an idset), never
     # used by the write; sdexec's clients all send one (encode_io).
     io = {"stream": "stdin", "data": "x"} | ({} if rank == "absent" else {"rank": rank})
     connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=3)
-    assert error_of(connection.last()) == (errno.EINVAL, "io.rank: expected a string")
+    said = f"io.rank: expected a string, got {got}"  # (what came: a null is no absence)
+    assert error_of(connection.last()) == (errno.EINVAL, said)
     assert not connection.transport.disconnecting
 
 
@@ -180,25 +188,29 @@ _ABSENT = object()
 #: iodecode's errno), a missing stream or rank EINVAL; upstream answers
 #: no write, and Flux's clients want none (docs/protocol.md).
 _BAD_WRITE_FIELDS = {
-    "matchtag-missing": ((), "matchtag", _ABSENT, "matchtag: expected an integer"),
-    "matchtag-string": ((), "matchtag", "1", "matchtag: expected an integer"),
-    "matchtag-bool": ((), "matchtag", True, "matchtag: expected an integer"),
-    "io-missing": ((), "io", _ABSENT, "io: expected an object"),
-    "io-list": ((), "io", [], "io: expected an object"),
-    "stream-missing": (("io",), "stream", _ABSENT, "io.stream: expected a string"),
-    "stream-number": (("io",), "stream", 0, "io.stream: expected a string"),
-    "stream-stdout": (("io",), "stream", "stdout", "io.stream: 'stdout' is not stdin"),
-    "rank-missing": (("io",), "rank", _ABSENT, "io.rank: expected a string"),
-    "rank-number": (("io",), "rank", 0, "io.rank: expected a string"),
-    "data-number": (("io",), "data", 5, "io.data: expected a string"),
-    "data-null": (("io",), "data", None, "io.data: expected a string"),
+    "matchtag-missing": (
+        (), "matchtag", _ABSENT, "matchtag: expected an integer, got none",
+    ),
+    "matchtag-string": ((), "matchtag", "1", 'matchtag: expected an integer, got "1"'),
+    "matchtag-bool": ((), "matchtag", True, "matchtag: expected an integer, got true"),
+    "io-missing": ((), "io", _ABSENT, "io: expected an object, got none"),
+    "io-list": ((), "io", [], "io: expected an object, got []"),
+    "stream-missing": (
+        ("io",), "stream", _ABSENT, "io.stream: expected a string, got none",
+    ),
+    "stream-number": (("io",), "stream", 0, "io.stream: expected a string, got 0"),
+    "stream-stdout": (("io",), "stream", "stdout", 'io.stream: "stdout" is not stdin'),
+    "rank-missing": (("io",), "rank", _ABSENT, "io.rank: expected a string, got none"),
+    "rank-number": (("io",), "rank", 0, "io.rank: expected a string, got 0"),
+    "data-number": (("io",), "data", 5, "io.data: expected a string, got 5"),
+    "data-null": (("io",), "data", None, "io.data: expected a string, got null"),
     "data-base64": (
         ("io",), "encoding", "base64",
         "io.data: invalid base64: its length 1 is not a multiple of 4",
     ),
-    "eof-string": (("io",), "eof", "yes", "io.eof: expected a boolean"),
+    "eof-string": (("io",), "eof", "yes", 'io.eof: expected a boolean, got "yes"'),
     "encoding-number": (
-        ("io",), "encoding", 5, 'io.encoding: expected "UTF-8" or "base64"',
+        ("io",), "encoding", 5, 'io.encoding: expected "UTF-8" or "base64", got 5',
     ),
     "neither-data-nor-eof": (
         ("io",), "data", _ABSENT,
@@ -1217,7 +1229,7 @@ HOSTILE = {
     "write.io.stream": (
         "sdexec.write",
         {"matchtag": 1, "io": {"stream": HUGE, "rank": "0", "data": ""}},
-        "io.stream: 'xxx",
+        'io.stream: "xxx',
     ),
     "write.io.encoding": (
         "sdexec.write",
@@ -1294,7 +1306,7 @@ def test_an_error_naming_a_field_by_a_hostile_key_is_one_line(connection, key):
     errnum, errstr = error_of(connection.last())
     assert errnum == errno.EINVAL
     assert errstr.splitlines() == [errstr]
-    assert errstr == f"cmd.env[{key!r}]: expected a string"
+    assert errstr == f"cmd.env[{key!r}]: expected a string, got 5"
 
 
 # -- stdin ------------------------------------------------------------------------

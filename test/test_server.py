@@ -95,9 +95,9 @@ def test_a_connection_closed_for_a_protocol_error_is_logged(systemd, connection)
     ("message", "errnum", "text"),
     [  # (a bad matchtag ends the connection: test_matchtag.py)
         ({"type": "request", "topic": 7, "matchtag": 1}, errno.EINVAL,
-         "topic: expected a string"),
+         "topic: expected a string, got 7"),
         ({"type": "request", "topic": "sdexec.list", "matchtag": 1, "payload": []},
-         errno.EINVAL, "payload: expected an object"),
+         errno.EINVAL, "payload: expected an object, got []"),
         ({"type": "request", "topic": "sdexec.nope", "matchtag": 1}, errno.ENOSYS,
          "unknown topic 'sdexec.nope'"),
         # A server with no service to reload (the service's own has one).
@@ -590,10 +590,10 @@ def test_the_write_credit_flag_grants_the_stdin_buffer_first(connection):
 @pytest.mark.parametrize(
     ("payload", "text"),
     [
-        ({"matchtag": "1", "io": {}}, "matchtag: expected an integer"),
-        ({"matchtag": 1, "io": []}, "io: expected an object"),
+        ({"matchtag": "1", "io": {}}, 'matchtag: expected an integer, got "1"'),
+        ({"matchtag": 1, "io": []}, "io: expected an object, got []"),
         ({"matchtag": 1, "io": encode_io("stdout", "0", b"x")},
-         "io.stream: 'stdout' is not stdin"),
+         'io.stream: "stdout" is not stdin'),
         # Python's codec message named no field, and counted code points.
         ({"matchtag": 1, "io": {"stream": "stdin", "rank": "0", "data": "ab\ud800"}},
          "io.data: not valid Unicode text: lone surrogate U+D800 at 2"),
@@ -821,8 +821,8 @@ async def test_a_write_after_finished_reaches_a_process_left_in_its_unit(
             {"signum": "15", "pid": 1},
             f'signum: expected a signal number from 1 to {signal.NSIG - 1}, got "15"',
         ),
-        ({"signum": 15, "pid": "1"}, "pid: expected an integer"),
-        ({"signum": 15, "label": 3}, "label: expected a string"),
+        ({"signum": 15, "pid": "1"}, 'pid: expected an integer, got "1"'),
+        ({"signum": 15, "label": 3}, "label: expected a string, got 3"),
         ({"signum": 15}, "kill needs a pid or a label"),
     ],
 )
@@ -861,7 +861,7 @@ def test_a_kill_signals_the_main_process_unless_all_are_asked_for(systemd, conne
     connection.send("sdexec.kill", {"signum": 15, "label": "j", "who": "x"}, 4)
     assert error_of(connection.last()) == (
         errno.EINVAL,
-        'who: expected "all" or "main"',
+        'who: expected "all" or "main", got "x"',
     )
 
 
@@ -901,7 +901,7 @@ def test_an_empty_label_is_refused(connection):
     connection.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": ""}})
     assert error_of(connection.last()) == (
         errno.EINVAL,
-        "cmd.label: expected a non-empty string",
+        'cmd.label: expected a non-empty string, got ""',
     )
 
 
@@ -974,7 +974,7 @@ def test_a_refused_write_without_a_matchtag_gets_no_response(systemd, connection
     connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=7)
     assert error_of(connection.last()) == (
         errno.EINVAL,
-        "io.stream: 'stdout' is not stdin",
+        'io.stream: "stdout" is not stdin',
     )
 
 
@@ -987,7 +987,7 @@ def test_a_refused_write_quotes_a_huge_value_briefly(connection, field):
     connection.send("sdexec.write", {"matchtag": 1, "io": io}, matchtag=7)
     errnum, errstr = error_of(connection.last())
     assert errnum == errno.EINVAL
-    assert errstr.startswith(f"io.{field}: 'xxx")
+    assert errstr.startswith(f'io.{field}: "xxx')
     assert errstr.endswith(
         "… (5000000 chars) is not "
         + ("stdin" if field == "stream" else "UTF-8 or base64")
@@ -1023,7 +1023,7 @@ def test_a_refused_write_on_matchtag_0_names_the_process_it_was_for(
     assert line == (
         f"connection {connection.protocol.connection_id}: sdexec.write on"
         " matchtag 0, to the exec on matchtag 1 (pid 4242), refused (later ones"
-        " of this connection are not logged): io.stream: 'stdout' is not stdin"
+        ' of this connection are not logged): io.stream: "stdout" is not stdin'
     )
 
 

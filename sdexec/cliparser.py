@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from _typeshed import SupportsWrite
 
-__all__ = ["CommandParser", "write_stdout_or_exit"]
+__all__ = ["CommandParser", "say_led", "write_stdout_or_exit"]
 
 
 def write_stdout_or_exit(prog: str, text: str) -> None:
@@ -50,6 +50,13 @@ def write_stdout_or_exit(prog: str, text: str) -> None:
         _exit_quietly(128 + signal.SIGPIPE)
     except OSError as error:
         _exit_quietly(1, f"{prog}: cannot write stdout: {error.strerror}\n")
+
+
+def say_led(prog: str, line: str) -> None:
+    """``line`` on stderr, led by ``prog`` as argparse leads a usage
+    error: in a script running several tools, every line names the one
+    that said it."""
+    print(f"{prog}: {line}", file=sys.stderr)
 
 
 def _exit_quietly(status: int, message: str = "") -> NoReturn:

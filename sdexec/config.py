@@ -46,7 +46,7 @@ from sdexec.activation import (
     is_systemd_endpoint,
     systemd_endpoint_domain,
 )
-from sdexec.cliparser import CommandParser, write_stdout_or_exit
+from sdexec.cliparser import CommandParser, say_led, write_stdout_or_exit
 from sdexec.command import OWN_PROPERTIES
 from sdexec.fluxforms import flux_refusals
 from sdexec.fsd import InfiniteDurationError, parse_fsd
@@ -2046,10 +2046,10 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.file)
         Containment.from_config(config)  # the mapper, as the service builds it
     except ValueError as error:  # ConfigError (run as __main__: two classes)
-        print(error, file=sys.stderr)
+        say_led(parser.prog, str(error))
         return 1
     for warning in config.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        say_led(parser.prog, f"warning: {warning}")
     write_stdout_or_exit(parser.prog, json.dumps(config.effective(), indent=2) + "\n")
     return 0
 

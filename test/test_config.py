@@ -2095,8 +2095,10 @@ def test_main_reports_error_in_one_line(tmp_path, capsys):
     assert main([str(path)]) == 1
     out, err = capsys.readouterr()
     assert out == ""
+    # Led by the program's name, as python3 -m sdexec.map's lines are.
     assert err == (
-        f'{path}: exec.kill-timeout: "5x" is not a valid duration: {DURATION}\n'
+        f"python3 -m sdexec.config: {path}: exec.kill-timeout:"
+        f' "5x" is not a valid duration: {DURATION}\n'
     )
 
 
@@ -2111,7 +2113,10 @@ def test_main_prints_warnings_and_succeeds(tmp_path, capsys):
     path = write(tmp_path, "c.toml", "[resource]\nnoverify = true\n")
     assert main([str(path)]) == 0
     out, err = capsys.readouterr()
-    assert err == f"warning: {path}: ignoring unknown table [resource]\n"
+    assert err == (
+        f"python3 -m sdexec.config: warning: {path}: ignoring unknown table"
+        " [resource]\n"
+    )
     assert json.loads(out)["exec"]["service"] == "rexec"
 
 
@@ -2146,7 +2151,8 @@ def test_the_checker_builds_the_mapper_as_the_service_does(tmp_path):
     run = run_checker(bad)
     assert run.returncode == 1
     assert run.stderr == (
-        f"{bad}: sdexec.mapper: mapper module 'nosuch.module' is neither in"
+        f"python3 -m sdexec.config: {bad}: sdexec.mapper:"
+        " mapper module 'nosuch.module' is neither in"
         f" mapper-searchpath ({tmp_path}) nor on the Python path\n"
     )
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from sdexec.cliparser import CommandParser, write_stdout_or_exit
+from sdexec.cliparser import CommandParser, say_led, write_stdout_or_exit
 from sdexec.config import Config, default_config, load_config_quietly
 from sdexec.idset import MAX_ID, IDset
 from sdexec.map.loader import DEFAULT_MAPPER, create_mapper
@@ -40,28 +39,21 @@ def main(args: Sequence[str] | None = None) -> int:
     try:
         config = _config(options.config)
     except ValueError as error:  # ConfigError, told as sdexec.config tells it
-        _say(parser.prog, str(error))
+        say_led(parser.prog, str(error))
         return 1
     for warning in config.warnings:
-        _say(parser.prog, f"warning: {warning}")
+        say_led(parser.prog, f"warning: {warning}")
     try:
         properties = _properties(options, config)
     except _UnreadableTopology as error:  # the mapper never ran
-        _say(parser.prog, str(error))
+        say_led(parser.prog, str(error))
         return 1
     except Exception as error:
         # A site's mapper can raise anything: say what, never a traceback.
-        _say(parser.prog, f"mapper failed: {_describe(error)}")
+        say_led(parser.prog, f"mapper failed: {_describe(error)}")
         return 1
     write_stdout_or_exit(parser.prog, json.dumps(properties, indent=2) + "\n")
     return 0
-
-
-def _say(prog: str, line: str) -> None:
-    """``line`` on stderr, led by ``prog`` as argparse leads a usage error
-    and as every other line of sdexec's command lines is led: one program
-    among the several run by a script is named."""
-    print(f"{prog}: {line}", file=sys.stderr)
 
 
 def _config(path: str | None) -> Config:

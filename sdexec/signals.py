@@ -78,10 +78,12 @@ def _lookup(value: object) -> int | None:
     if not isinstance(value, str):
         return None
     text = value.strip().upper()
+    # A leading "+" as Flux's strtol takes it (term-signal = "+15").
+    digits = text[1:] if text.startswith("+") else text
     # ASCII digits only ("²" is a digit to str.isdigit), and few of them:
     # int() refuses thousands in words about Python's own settings.
-    if text.isascii() and text.isdigit():
-        return int(text) if len(text.lstrip("0")) <= _MAX_DIGITS else None
+    if digits.isascii() and digits.isdigit():
+        return int(digits) if len(digits.lstrip("0")) <= _MAX_DIGITS else None
     name = text if text.startswith("SIG") else f"SIG{text}"
     return _NUMBERS.get(name, _realtime(name))
 

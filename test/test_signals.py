@@ -20,6 +20,7 @@ from sdexec.signals import parse_signal, signal_name
         ("SIGRTMIN+2", signal.SIGRTMIN + 2),
         ("rtmax-1", signal.SIGRTMAX - 1),
         ("0009", 9),
+        ("+15", 15),  # as Flux's strtol reads term-signal = "+15"
     ],
 )
 def test_parse_signal(value, number):
@@ -28,7 +29,7 @@ def test_parse_signal(value, number):
 
 @pytest.mark.parametrize(
     "value",
-    ["SIGFOO", "", "SIG_DFL", 0, -9, signal.NSIG, True, None,
+    ["SIGFOO", "", "SIG_DFL", 0, -9, signal.NSIG, True, None, "+", "++15", "-15",
      # Not int()'s own complaints ("invalid literal", "Exceeds the limit").
      "\u00b2", "1" * 5000, "SIGRTMIN+" + "1" * 5000],
 )  # fmt: skip

@@ -57,6 +57,8 @@ from sdexec.systemd.errors import (
     UNIT_EXISTS,
     failure_value,
     is_connection_lost,
+    start_lost,
+    start_lost_in_flight,
     start_may_have_run,
     start_refusal_errno,
     start_timed_out,
@@ -918,6 +920,8 @@ class Process:
         self.start_timed_out = start_may_have_run(error)
         if self.start_timed_out:
             message = start_timed_out(message)
+        elif start_lost_in_flight(error):
+            message = start_lost(message)
         self._context.client_warning(
             "start refused",
             "{unit}: StartTransientUnit failed: {message}",

@@ -105,3 +105,50 @@ async def test_a_start_systemd_answers_with_its_bus_timeout_may_have_run(
         for pid in stopped:
             os.kill(pid, signal.SIGCONT)
         await service.stop()
+
+
+@ensureDeferred
+async def test_a_start_lost_with_the_bus_in_flight_says_it_may_have_run(
+    private_manager, tmp_path
+):
+    # The bus killed with a start sent and unanswered: the client was told
+    # only "systemd connection lost: …", a refusal to read, while systemd
+    # may have run it (a soak saw a passthrough command write all its
+    # output so, session 52).
+    runtime_dir, _killed = private_manager
+    manager = int(Path(runtime_dir, "manager.pid").read_text())
+    service = await RunningService(tmp_path).start()
+    bus = dbus_daemon_pid()  # asked before the manager is stopped
+    stopped: list[int] = []
+    try:
+        client = await service.connect()
+        systemd = service.server.systemd
+        await _idle_wait(manager)
+        os.kill(manager, signal.SIGSTOP)
+        stopped.append(manager)
+        ran = Deferred.fromCoroutine(run(client, ["true"], opts={"SDEXEC_NAME": NAME}))
+        await until(lambda: systemd.calls_waiting()["unanswered"] == 1, "start sent")
+        await _bus_round_trip(systemd)  # the start is in the manager's socket
+        os.kill(bus, signal.SIGKILL)
+        outcome = await ran
+        os.kill(manager, signal.SIGCONT)
+        stopped.remove(manager)
+        assert outcome.error is not None
+        assert outcome.error.errnum == errno.EAGAIN, outcome.error.errstr
+        assert outcome.error.errstr.startswith("systemd connection lost"), (
+            outcome.error.errstr
+        )
+        assert "the unit may have been started" in outcome.error.errstr
+        leftovers = service.server.leftovers
+        await until(
+            lambda: (
+                systemd.connected
+                and not unit_names(f"{NAME}.service")
+                and not leftovers.units
+            ),
+            "back, and no unit left",
+        )
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        await service.stop()

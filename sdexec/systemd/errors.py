@@ -39,6 +39,8 @@ __all__ = [
     "never_sent",
     "not_taken_property",
     "reconnecting",
+    "start_lost",
+    "start_lost_in_flight",
     "start_may_have_run",
     "start_timed_out",
 ]
@@ -210,6 +212,27 @@ def start_timed_out(detail: str) -> str:
         "systemd's own call to the bus timed out while it started the unit"
         f" ({detail}: the bus may be stalled or flooded); the unit may have"
         " been started, and is then found and stopped as a leftover: retry"
+    )
+
+
+def start_lost_in_flight(error: BaseException) -> bool:
+    """Whether a ``StartTransientUnit`` failed as the connection was lost
+    with it in flight: sent, and its answer lost, so systemd may have run
+    it (seen in a soak: a passthrough command wrote all its output while
+    its client was told only "systemd connection lost"). Not one refused
+    before it was sent (:func:`reconnecting`, :func:`never_sent`), nor one
+    the bus answered for a manager not on it (:func:`manager_away`)."""
+    return isinstance(error, SystemdError) and error.name == CONNECTION_LOST
+
+
+def start_lost(message: str) -> str:
+    """What a client is told of a start :func:`start_lost_in_flight`:
+    ``message`` ("systemd connection lost: …") and that it may have run,
+    so that a resource manager does not take it for a start refused."""
+    return (
+        f"{message}; the start was sent and its answer lost: the unit may"
+        " have been started, and is then found as a leftover once systemd"
+        " is back ([sdexec] leftover-units)"
     )
 
 

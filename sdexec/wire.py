@@ -373,6 +373,8 @@ def _huge_integer_said(line: Line) -> str:
     `$[...][1]`", naming no field."""
     import json
 
+    from sdexec.refusal import SHOWN, printable
+
     def parse_int(text: str) -> int | _HugeInteger:
         try:
             return int(text)
@@ -387,7 +389,9 @@ def _huge_integer_said(line: Line) -> str:
     if found is None:
         return "message holds an integer too large to read"
     field, huge = found
-    where = f"{field}: " if field else ""
+    # Cut as a refusal cuts what a request chose: nested keys, each cut
+    # alone, made a field of 100 KB, said to the client and logged.
+    where = f"{printable(field, SHOWN)}: " if field else ""
     return f"message: {where}an integer too large ({huge.digits} digits)"
 
 

@@ -37,7 +37,7 @@ from sdexec.limits import (
 )
 from sdexec.lograte import BURST, WINDOW_S
 from sdexec.plan import checked_request
-from sdexec.refusal import MAX_ERRSTR, errstr_line
+from sdexec.refusal import MAX_ERRSTR, SHOWN, errstr_line
 from sdexec.server import SdexecServer
 from sdexec.testing import FakeManager
 from sdexec.wire import MAX_NESTING, MAX_VALUES, SMALL_LINE
@@ -343,6 +343,20 @@ def test_an_integer_too_large_to_read_is_named_by_its_field(connection):
     assert connection.last()["errstr"] == (
         "message: payload.x[1]: an integer too large (5000 digits)"
     )
+    assert connection.transport.disconnecting
+
+
+def test_the_field_of_an_integer_too_large_is_cut(connection):
+    # Each key cut alone, 500 nested keys of 300 characters made a field
+    # of 100 KB: said to the client, and logged with the closed connection.
+    key = b'"' + b"k" * 300 + b'":'
+    line = b'{"type":"request","topic":"sdexec.list","matchtag":1,"payload":'
+    line += (b"{" + key) * 500 + b"9" * 5000 + b"}" * 501 + b"\n"
+    connection.protocol.dataReceived(line)
+    errstr = connection.last()["errstr"]
+    assert errstr.startswith("message: payload.kkk")
+    assert errstr.endswith(" chars): an integer too large (5000 digits)")
+    assert len(errstr) < 2 * SHOWN
     assert connection.transport.disconnecting
 
 

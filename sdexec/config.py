@@ -1745,76 +1745,112 @@ _TOML_OVERWRITE = re.compile(
 #: multi-line array): past them, the key is not looked for.
 _STATEMENT_LINES = 64
 
-#: The largest file whose overwritten key is looked for: finding its table
-#: reads the file up to it again (tomllib is Python: about 0.1 s a MiB).
+#: The largest file whose overwritten key is looked for, and what tomllib
+#: may read in all while it is: finding the statement, its key and its table
+#: reads parts of the file again (tomllib is Python: about 0.1 s a MiB).
 _KEY_NAMED_UP_TO = 4 << 20
+
+
+class _ReadingSpent(Exception):
+    """The characters :class:`_Reader` may read are spent."""
+
+
+class _Reader:
+    """tomllib for the search of a key given twice, reading at most
+    ``budget`` characters in all: each try reads part of the file again,
+    and tries over many lines (a multi-line string of ``[a]`` lines before
+    the key) or many "=" (a quoted key full of them) made the search
+    quadratic, 40 s for a 64 KB file, the reactor held through a reload."""
+
+    def __init__(self, budget: int) -> None:
+        self._left = budget
+
+    def loads(self, text: str) -> dict | None:
+        """``text`` as TOML, ``None`` if it does not read as TOML;
+        :class:`_ReadingSpent` past the budget."""
+        self._left -= len(text)
+        if self._left < 0:
+            raise _ReadingSpent
+        try:
+            return tomllib.loads(text)
+        except (ValueError, RecursionError):  # TOMLDecodeError too
+            return None
 
 
 def _overwritten(text: str, line: int) -> str | None:
     """What the statement ending on ``line`` (1-based) of ``text`` sets:
     ``key sdexec.x`` for a key (its table's path before it), ``table
-    [a.b]`` for a table header; ``None`` where it cannot be found."""
+    [a.b]`` for a table header; ``None`` where it cannot be found, or not
+    within :data:`_KEY_NAMED_UP_TO` characters read."""
     if len(text) > _KEY_NAMED_UP_TO:
         return None
     # Lines as tomllib counts them: a "\r" or a "\u2028" in a string ends none.
     lines = [f"{each}\n" for each in text.split("\n", line)[:line]]
-    # The statement: the fewest lines up to this one that read alone (its
+    try:
+        return _statement_sets(lines, _Reader(_KEY_NAMED_UP_TO))
+    except _ReadingSpent:
+        return None
+
+
+def _statement_sets(lines: list[str], toml: _Reader) -> str | None:
+    """:func:`_overwritten`'s answer for the statement ending ``lines``."""
+    # The statement: the fewest lines up to the last that read alone (its
     # end alone, in a multi-line value, does not).
+    line = len(lines)
     first = max(line - _STATEMENT_LINES, 0)
     start = next(
-        (k for k in range(line - 1, first - 1, -1) if _reads_alone(lines, k)), None
+        (k for k in range(line - 1, first - 1, -1) if _reads_alone(lines, k, toml)),
+        None,
     )
     if start is None:
         return None
-    header = _header_path(lines[start])
+    header = _header_path(lines[start], toml)
     if header is not None:
         return f"table [{_toml_path(header)}]"
-    key = _key_path(lines[start])
+    key = _key_path(lines[start], toml)
     if key is None:
         return None
-    return f"key {_toml_path(_table_before(lines, start) + key)}"
+    return f"key {_toml_path(_table_before(lines, start, toml) + key)}"
 
 
-def _reads_alone(lines: list[str], k: int) -> bool:
+def _reads_alone(lines: list[str], k: int, toml: _Reader) -> bool:
     """Whether lines ``k`` on are one statement that reads as TOML alone."""
     code = lines[k].strip()
-    return bool(code) and not code.startswith("#") and _reads("".join(lines[k:]))
+    return (
+        bool(code)
+        and not code.startswith("#")
+        and toml.loads("".join(lines[k:])) is not None
+    )
 
 
-def _table_before(lines: list[str], start: int) -> tuple[str, ...]:
+def _table_before(lines: list[str], start: int, toml: _Reader) -> tuple[str, ...]:
     """The key path of the table the line ``start`` is in: the last table
     header before it that is not inside a multi-line value (the lines
     before it read as TOML); ``()``, the root table, if none."""
     for k in range(start - 1, -1, -1):
-        path = _header_path(lines[k])
-        if path is not None and _reads("".join(lines[:k])):
+        path = _header_path(lines[k], toml)
+        if path is not None and toml.loads("".join(lines[:k])) is not None:
             return path
     return ()
 
 
-def _reads(text: str) -> bool:
-    try:
-        tomllib.loads(text)
-    except (ValueError, RecursionError):  # TOMLDecodeError too
-        return False
-    return True
-
-
-def _header_path(line: str) -> tuple[str, ...] | None:
+def _header_path(line: str, toml: _Reader) -> tuple[str, ...] | None:
     """The key path of the table header ``line`` is (``[a.b]``,
     ``[[a.b]]``), as tomllib reads it; ``None`` for another line."""
-    if not line.lstrip().startswith("[") or not _reads(line):
+    if not line.lstrip().startswith("["):
         return None
-    return _only_path(tomllib.loads(line))
+    table = toml.loads(line)
+    return None if table is None else _only_path(table)
 
 
-def _key_path(line: str) -> tuple[str, ...] | None:
+def _key_path(line: str, toml: _Reader) -> tuple[str, ...] | None:
     """The key path of the key/value statement ``line`` begins, as tomllib
     reads it: its key is what is before the first "=" that leaves a key (a
     quoted key may hold one); ``None`` if none does."""
     for at, char in enumerate(line):
-        if char == "=" and _reads(f"{line[:at]}= 0\n"):
-            return _only_path(tomllib.loads(f"{line[:at]}= 0\n"))
+        table = toml.loads(f"{line[:at]}= 0\n") if char == "=" else None
+        if table is not None:
+            return _only_path(table)
     return None
 
 

@@ -24,6 +24,7 @@ from twisted.internet.endpoints import serverFromString
 from twisted.logger import capturedLogs
 
 from sdexec.config import (
+    _KEY_NAMED_UP_TO,
     _NOT_READ,
     _TOO_DEEP,
     MAX_KILL_COUNT,
@@ -1984,6 +1985,31 @@ def test_a_toml_value_given_twice_names_its_key(tmp_path, text, said):
     with pytest.raises(ConfigError) as error:
         load_config(path)
     assert f"TOML syntax error: Cannot overwrite a value: {said}" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # A multi-line string of table headers before the key: each was
+        # tried as the key's table, the file up to it read again.
+        '[sdexec]\nx = """\n' + "[a]\n" * 4000 + '"""\ny = 1\ny = 2\n',
+        # A quoted key full of "=": the line up to each was read again.
+        '[sdexec]\n"' + "=" * 8000 + '" = 1\n"' + "=" * 8000 + '" = 2\n',
+    ],
+    ids=["headers-in-a-string", "equals-in-a-key"],
+)
+def test_a_key_given_twice_is_looked_for_within_a_bound(tmp_path, monkeypatch, text):
+    # Quadratic: a 64 KB file took 40 s to refuse, the reactor held through
+    # the reload. What tomllib reads is counted, not timed.
+    read: list[int] = []
+    loads = tomllib.loads
+    monkeypatch.setattr(
+        tomllib, "loads", lambda text: read.append(len(text)) or loads(text)
+    )
+    path = write(tmp_path, "c.toml", text)
+    with pytest.raises(ConfigError, match="Cannot overwrite a value"):
+        load_config(path)
+    assert sum(read) <= len(text) + _KEY_NAMED_UP_TO
 
 
 # --- the shipped examples ---------------------------------------------------

@@ -338,9 +338,10 @@ class SdexecServer:
         (``[systemd] max-inflight``): the user may no longer start
         anything, and these have not started; how many, per uid. A start
         already sent runs on, as what they started before does. Their
-        signals held for the start of another's process are refused too:
-        the user may no longer signal it (those of its own go out: nothing
-        is left running that it can no longer stop)."""
+        signals held for the start of another's process are refused too,
+        that other's uid revoked as well or not: the user may no longer
+        signal it (those of its own go out: nothing is left running that it
+        can no longer stop)."""
         withdrawn: Counter[int] = Counter()
         if not uids:
             return withdrawn
@@ -348,8 +349,7 @@ class SdexecServer:
             uid = self.process_owners.uid_of(process)
             if uid in uids:
                 withdrawn[uid] += process.withdraw_start(_never_started(uid))
-            else:
-                process.refuse_held_kills(uids, _signal_not_sent)
+            process.refuse_held_kills(uids - {uid}, _signal_not_sent)
         return withdrawn
 
     # -- exec --------------------------------------------------------------

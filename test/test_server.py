@@ -204,6 +204,34 @@ def test_an_exec_looked_up_across_the_reload_that_disallows_its_user_is_refused(
     connection.close()
 
 
+def test_a_kill_held_for_a_process_whose_user_is_revoked_too_is_not_sent(
+    systemd, server, monkeypatch
+):
+    # One reload took out both the user whose process was starting and the
+    # one whose kill waited for that start: the process's own user was not
+    # the other's, and the kill went out once the process started.
+    starter, killer = os.getuid(), os.getuid() + 2
+    server.owner_uid = os.getuid() + 1
+    _allowing(server, [starter, killer])
+    monkeypatch.setattr(sdexec.connection, "peer_uid", lambda sock: starter)
+    starting = Connection(server)
+    starting.send("sdexec.exec", {"flags": FLAGS, "cmd": {**TRUE, "label": "j"}})
+    monkeypatch.setattr(sdexec.connection, "peer_uid", lambda sock: killer)
+    killing = Connection(server)
+    killing.send("sdexec.kill", {"signum": 15, "label": "j"})
+    assert killing.responses() == []  # held for the start, sent already
+    _allowing(server, [])
+    assert error_of(killing.last()) == (
+        errno.EPERM,
+        f"uid {killer} is no longer in [sdexec] allow-users (a reload took it"
+        " out): its signal 15, held until the process started, is not sent",
+    )
+    systemd.run(UNIT, pid=77)
+    assert systemd.kills() == []
+    starting.close()
+    killing.close()
+
+
 def test_only_the_owner_may_undrain(server):
     # A user of allow-users whose job left unkillable processes, or ran
     # outside its fence, could undrain the node and run the next one there.

@@ -821,6 +821,11 @@ class Process:
         self._start_withdrawn = reason
         return True
 
+    def keep_start(self) -> None:
+        """Undo :meth:`withdraw_start`: a later reload put its user back
+        before the start's turn came."""
+        self._start_withdrawn = None
+
     def _start_sent(self) -> None:
         if self._start_withdrawn is not None:
             raise CallWithdrawn(self._start_withdrawn)

@@ -341,15 +341,18 @@ class SdexecServer:
         signals held for the start of another's process are refused too,
         that other's uid revoked as well or not: the user may no longer
         signal it (those of its own go out: nothing is left running that it
-        can no longer stop)."""
+        can no longer stop). A start an earlier reload withdrew goes ahead
+        after all if this one puts its user back before its turn came."""
         withdrawn: Counter[int] = Counter()
-        if not uids:
-            return withdrawn
+        allowed = self.allowed_uids
         for process in list(self.units.values()):
             uid = self.process_owners.uid_of(process)
-            if uid in uids:
-                withdrawn[uid] += process.withdraw_start(_never_started(uid))
-            process.refuse_held_kills(uids - {uid}, _signal_not_sent)
+            if uid in allowed:
+                process.keep_start()
+            elif uid in uids and process.withdraw_start(_never_started(uid)):
+                withdrawn[uid] += 1
+            if uids:
+                process.refuse_held_kills(uids - {uid}, _signal_not_sent)
         return withdrawn
 
     # -- exec --------------------------------------------------------------

@@ -16,7 +16,7 @@ from twisted.python.failure import Failure
 
 import sdexec.connection
 from sdexec.systemd import SystemdClient
-from sdexec.systemd.window import SERVICE_LANE
+from sdexec.systemd.window import SERVICE_LANE, CallWindow
 
 pytestmark = pytest.mark.systemd
 
@@ -158,6 +158,31 @@ async def test_a_start_still_queued_at_a_reload_that_revokes_its_user_is_refused
     )
     assert window.queued == window.in_flight == 0
     assert service.server.find(label="user") is None
+
+
+@ensureDeferred
+async def test_a_start_withdrawn_goes_ahead_if_a_reload_puts_its_user_back_first(
+    start_service, monkeypatch
+):
+    # Withdrawn by one reload, the start was refused at its turn though a
+    # second reload had put its user back, "no longer in allow-users".
+    service = await start_service(sdexec=f"allow-users = [{USER}]")
+    window = service.server.systemd.window
+    sent = record_starts(service.server.systemd)
+    [user] = await connect_as(service, monkeypatch, USER, 1)
+    done: list = []
+    with monkeypatch.context() as held:
+        # Shut through both reloads, which set the window's limit anew.
+        held.setattr(CallWindow, "limit", property(lambda _: 0, lambda *_: None))
+        exec_true(user, "user", done)
+        await until(lambda: window.queued == 1, "the user's start queued")
+        assert await service.reload()  # without the user
+        assert await service.reload(sdexec=f"allow-users = [{USER}]")
+    unit = service.server.find(label="user").unit_name
+    window.limit = 64
+    await until(lambda: len(done) == 1, "the exec answered")
+    assert not isinstance(done[0], Failure), done[0]
+    assert sent == [unit]
 
 
 @ensureDeferred

@@ -650,9 +650,9 @@ def _processes(procs: list[dict]) -> Metric:
 def _connections(users: dict) -> Metric:
     family = GaugeMetricFamily(
         "sdexec_connections",
-        "Client connections open, by peer uid, against [sdexec]"
-        " max-connections (the owner's) or max-connections-per-user (the"
-        " owner's 3 kept beyond it apart).",
+        "Client connections open, by peer uid: the owner's against [sdexec]"
+        " max-connections (not counting the 3 reserved for its admin"
+        " commands), each other uid's against max-connections-per-user.",
         labels=["uid"],
     )  # fmt: skip
     # The uids /stats lists under users (at most STATS_USERS, the owner's

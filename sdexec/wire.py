@@ -383,9 +383,14 @@ def _huge_integer_said(line: Line) -> str:
 
     decoder = json.JSONDecoder(parse_int=parse_int, parse_constant=_refuse_constant)
     try:
-        found = _first_huge(decoder.decode(str(line, "utf-8")))
+        message = decoder.decode(str(line, "utf-8"))
     except ValueError:  # (a float past a double's range before it, say)
-        found = None
+        message = None
+    # The nesting is refused first, as on any other line (past about 990
+    # levels the decoder's RecursionError already says so).
+    if type(message) is dict and _nests_deeper(message, MAX_NESTING):
+        return _TOO_DEEP
+    found = None if message is None else _first_huge(message)
     if found is None:
         return "message holds an integer too large to read"
     field, huge = found

@@ -283,6 +283,19 @@ def test_brackets_in_strings_only_make_a_short_line_walked():
     assert decode_message(line)["b"] == [[1]]
 
 
+def test_nesting_too_deep_is_said_before_an_integer_too_large_in_it():
+    # An integer past Python's 4300 digits sends the line to a second
+    # decoding that names its field; that one recurses up to about 990
+    # levels, and in between it said "an integer too large" instead.
+    for levels in (MAX_NESTING, MAX_NESTING + 1, 2 * MAX_NESTING - 50):
+        arrays = levels - 1
+        line = b'{"a":' + b"[" * arrays + b"9" * 5000 + b"]" * arrays + b"}"
+        with pytest.raises(FramingError) as refused:
+            decode_message(line)
+        too_deep = "nested too deeply" in str(refused.value)
+        assert too_deep == (levels > MAX_NESTING), (levels, str(refused.value))
+
+
 @settings(max_examples=100)
 @given(st.integers(1, 2 * MAX_NESTING), st.integers(0, 2 * MAX_NESTING))
 def test_nesting_is_judged_the_same_however_long_the_line(levels, padding):

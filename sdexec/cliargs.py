@@ -71,14 +71,43 @@ def _parse_command(
     argparse's subparsers leave such words to the top level, which said
     ``sdexec kill TERM 1 2``'s "unrecognized arguments: 2" with ``sdexec``'s
     usage. (Every word before the command is the top level's own: the
-    command is named after ``--socket`` only.)"""
+    command is named after ``--socket`` only.)
+
+    A word it does not take is named before a missing argument is:
+    argparse checks required arguments first, and ``sdexec kill TERM -x``
+    said only "the following arguments are required: PID|LABEL"."""
+    required = _required_positionals(parser, command)
+    for action in required:
+        action.required = False  # checked below, after the unknown words
     options, unknown = parser.parse_known_args(argv)
     if unknown:
         said = f"unrecognized arguments: {_words_shown(unknown)}"
         if any(word.partition("=")[0] == "--socket" for word in unknown):
             said += " (--socket goes before the command)"
         _usage_error(command, said)
+    missing = [_named(a) for a in required if getattr(options, a.dest) is None]
+    if missing:
+        _usage_error(
+            command, f"the following arguments are required: {', '.join(missing)}"
+        )
     return options
+
+
+def _required_positionals(
+    parser: argparse.ArgumentParser, command: str
+) -> list[argparse.Action]:
+    """The arguments ``command``'s parser (within ``parser``) requires
+    that are not options, each taking one word or more."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            actions = action.choices[command]._actions
+            return [a for a in actions if a.required and not a.option_strings]
+    return []
+
+
+def _named(argument: argparse.Action) -> str:
+    """An argument as argparse names it: its metavar (one word here)."""
+    return str(argument.metavar or argument.dest)
 
 
 #: ``run``'s options that take a value, spelled out: the word after one

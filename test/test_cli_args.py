@@ -417,6 +417,40 @@ def test_an_unknown_option_before_the_command_is_named(argv, said, capsys):
 @pytest.mark.parametrize(
     ("argv", "usage", "said"),
     [
+        (["kill", "TERM", "-x"], "kill [-h] [--all] SIGNUM PID|LABEL", "-x"),
+        (["cancel", "-5s"], "cancel [-h] PID|LABEL|JOBID", "-5s"),
+        (["wait", "--nope"], "wait [-h] PID|LABEL", "--nope"),
+    ],
+)
+def test_an_unknown_option_is_named_before_a_missing_argument(
+    argv, usage, said, capsys
+):
+    # argparse checks required arguments first: `sdexec kill TERM -x` said
+    # "the following arguments are required: PID|LABEL", not naming -x.
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"usage: sdexec {usage}\nsdexec {argv[0]}: error: unrecognized"
+        f" arguments: {said}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["kill"], "SIGNUM, PID|LABEL"),
+        (["kill", "TERM"], "PID|LABEL"),
+        (["cancel"], "PID|LABEL|JOBID"),
+    ],
+)
+def test_a_missing_argument_is_named_as_argparse_names_it(argv, said, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"error: the following arguments are required: {said}\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage", "said"),
+    [
         (["kill", "TERM", "1", "2"], "kill [-h] [--all] SIGNUM PID|LABEL",
          "unrecognized arguments: 2"),
         (["ps", "extra"], "ps [-h]", "unrecognized arguments: extra"),

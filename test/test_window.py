@@ -88,6 +88,24 @@ def test_a_call_withdrawn_as_its_turn_comes_takes_no_slot_and_is_no_answer():
     assert after.result == "after done"
 
 
+def test_a_call_whose_start_fails_is_no_answer_and_the_next_goes():
+    # A call that failed before it was sent is no sign of the manager's
+    # life: counted as answered, it passed for a shutdown's progress.
+    window, calls = CallWindow(1), Calls()
+
+    def broken() -> Deferred[str]:
+        raise ValueError("not sendable")
+
+    errors: list[Failure] = []
+    window.submit(broken).addErrback(errors.append)
+    after = window.submit(calls.start("after"))
+    assert [str(error.value) for error in errors] == ["not sendable"]
+    assert calls.started == ["after"]
+    assert (window.in_flight, window.completed) == (1, 0)
+    calls.answer("after")
+    assert (after.result, window.completed) == ("after done", 1)
+
+
 def test_calls_answered_at_once_run_in_order_without_recursion():
     window = CallWindow(1)
     order: list[int] = []

@@ -131,7 +131,7 @@ class CallWindow:
                 start, result, _unit = self._next()
                 call = self._start(start)
                 if isinstance(call, Failure):
-                    result.errback(call)  # withdrawn: the next one goes
+                    result.errback(call)  # withdrawn or failed: the next one goes
                     continue
                 self.in_flight += 1
                 call.addBoth(self._finished, result)
@@ -161,15 +161,13 @@ class CallWindow:
     @staticmethod
     def _start(start: Start) -> Deferred[Any] | Failure:
         """The call made, or why it was not: its start withdrew it
-        (:class:`CallWithdrawn`)."""
+        (:class:`CallWithdrawn`) or failed. Either way it never reached
+        the bus: it takes no slot, nor counts as answered (a shutdown
+        waits on as long as answers come, docs/operating.md)."""
         try:
             return start()
-        except CallWithdrawn:
-            return Failure()
         except Exception:
-            call: Deferred[Any] = Deferred()
-            call.errback(Failure())
-            return call
+            return Failure()
 
     def _finished(self, outcome: Any, result: Deferred[Any]) -> None:
         self.in_flight -= 1

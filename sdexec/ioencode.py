@@ -119,7 +119,9 @@ def _from_base64(text: str) -> bytes:
     """Strict base64 (padding, no whitespace), with msgspec's decoder: about
     4 times faster than the base64 module's (docs/performance.md). Imported
     here, on first use: text output and the command line's start-up do
-    without it."""
+    without it. The last character's unused bits are not checked
+    (``aGVsbG9=`` is ``hello``), as Flux's iodecode (ccan's base64)
+    does not check them."""
     import msgspec
 
     try:

@@ -170,6 +170,15 @@ def test_raw_io_is_the_same_line_and_reads_back(data):
     assert decode_io(raw) == decode_io(encoded) == ("stdout", data, False)
 
 
+@pytest.mark.parametrize(("data", "decoded"), [("aGVsbG9=", b"hello"), ("YR==", b"a")])
+def test_base64_s_unused_last_bits_are_ignored_as_flux_ignores_them(data, decoded):
+    # Not canonical (the last character's unused bits are not 0): Flux's
+    # iodecode (ccan's base64_decode) reads it so, and a write is taken
+    # as Flux's subprocess server takes it. No encoder sends it.
+    io = {"stream": "stdin", "rank": "0", "data": data, "encoding": "base64"}
+    assert decode_io(io) == ("stdin", decoded, False)
+
+
 def test_raw_bytes_that_claim_to_be_text_are_refused():
     with pytest.raises(ValueError, match=r"io\.data: expected a string"):
         decode_io({"stream": "stdout", "rank": "0", "data": b"x"})

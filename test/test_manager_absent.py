@@ -927,3 +927,20 @@ async def test_a_first_connection_waits_for_a_slow_manager_while_its_bus_answers
     assert len(buses) == 1
     client.disconnect()
     await settled(lambda: clock.getDelayedCalls() == [], "no timer left")
+
+
+@ensureDeferred
+async def test_a_call_on_a_bus_closed_unheard_is_no_answer_of_the_manager():
+    # dbus-fast has closed the bus, and the client has not heard yet: the
+    # call is never sent, and counted as answered it passed for the
+    # manager's life (a shutdown's progress, docs/operating.md).
+    bus, clock = FakeBus(), Clock()
+    client = connected_client(bus, clock)
+    bus.disconnect()
+    failures: list[SystemdError] = []
+    kill = client.kill_unit("x.service", "all", 15)
+    kill.addErrback(lambda failure: failures.append(failure.value))
+    await until(lambda: failures, "the kill failed")
+    assert str(failures[0]) == "reconnecting to systemd"
+    assert (bus.calls, client.calls_answered) == ([], 0)
+    client.disconnect()

@@ -856,10 +856,16 @@ class SystemdClient:
         with EAGAIN while systemd is away."""
         if not self.connected:
             return fail(reconnecting())
+
+        def start() -> Deferred[Any]:
+            # A bus closed, not yet heard of (_call): refused as its turn
+            # comes, it takes no slot and is no answer of the manager's.
+            if self._bus is None or self._bus._disconnected:
+                raise reconnecting()
+            return Deferred.fromFuture(asyncio.ensure_future(call()))
+
         return self.window.submit(
-            lambda: Deferred.fromFuture(asyncio.ensure_future(call())),
-            SERVICE_LANE if unit is None else self.lane_of(unit),
-            unit,
+            start, SERVICE_LANE if unit is None else self.lane_of(unit), unit
         ).addErrback(_translate_failure)
 
     async def _get_unit_state(self, path: str) -> dict[str, Any]:

@@ -25,7 +25,14 @@ from sdexec.protocolbase import (
     chosen_socket_path,
 )
 from sdexec.receipt import Receipt
-from sdexec.refusal import errno_name, errstr_line, json_quoted, one_line
+from sdexec.refusal import (
+    MISSING,
+    errno_name,
+    errstr_line,
+    expected,
+    json_quoted,
+    one_line,
+)
 
 TYPE_CHECKING = False  # not typing's: its import slows the command line
 if TYPE_CHECKING:
@@ -454,9 +461,8 @@ def background_pid(answer: dict[str, Any]) -> int:
     pid = answer.get("pid")
     if answer.get("type") == "started" and type(pid) is int and pid > 0:
         return pid
-    shown = json_quoted(answer, 200)
     raise RPCError(
-        errno.EPROTO, f"background exec: expected a started pid, got {shown}"
+        errno.EPROTO, expected("background exec", "a started pid", answer, 200)
     )
 
 
@@ -494,8 +500,8 @@ def wait_status(answer: dict[str, Any]) -> int:
     status = finished_status(answer)
     if status is not None:
         return status
-    shown = json_quoted(answer.get("status"), 200)
-    raise RPCError(errno.EPROTO, f"wait: expected a wait status, got {shown}")
+    said = expected("wait", "a wait status", answer.get("status"), 200)
+    raise RPCError(errno.EPROTO, said)
 
 
 def wait_error(answer: dict[str, Any]) -> RPCError | None:
@@ -510,8 +516,7 @@ def wait_error(answer: dict[str, Any]) -> RPCError | None:
         errnum, errstr = error.get("errnum"), error.get("errstr")
         if type(errnum) is int and isinstance(errstr, str):
             return RPCError(errnum, errstr_line(errstr))
-    shown = json_quoted(error, 200)
-    raise RPCError(errno.EPROTO, f"wait: expected an error object, got {shown}")
+    raise RPCError(errno.EPROTO, expected("wait", "an error object", error, 200))
 
 
 def dropped_counts(answer: dict[str, Any], what: str) -> dict[str, int]:
@@ -559,10 +564,8 @@ def output_io(io: Any, where: str) -> tuple[str, bytes, bool]:
         said = str(error).removeprefix("io")  # decode_io's own name for it
         raise RPCError(errno.EPROTO, f"{where}{said}") from None
     if stream not in OUTPUT_STREAMS:
-        got = json_quoted(stream, 40)
-        raise RPCError(
-            errno.EPROTO, f'{where}.stream: expected "stdout" or "stderr", got {got}'
-        )
+        said = expected(f"{where}.stream", '"stdout" or "stderr"', stream, 40)
+        raise RPCError(errno.EPROTO, said)
     return stream, data, eof
 
 
@@ -577,8 +580,8 @@ def wait_outcome(answer: dict[str, Any]) -> tuple[int | None, RPCError | None]:
     if not isinstance(output, list):
         # Not iterated: a number was "unexpected error: TypeError", a
         # string one "bad output" line per character.
-        shown = json_quoted(output, 200)
-        raise RPCError(errno.EPROTO, f"wait: expected a list of output, got {shown}")
+        said = expected("wait", "a list of output", output, 200)
+        raise RPCError(errno.EPROTO, said)
     error = wait_error(answer)
     if error is not None and "status" not in answer:
         return None, error
@@ -648,9 +651,9 @@ class StreamCheck:
             # Handed on, a caller's payload["type"] raised, or it went
             # unseen; Flux's libsubprocess refuses it (client.c).
             got = json_quoted(kind, 40) if "type" in payload else "none"
-            expected = ", ".join(STREAM_RESPONSES)
+            known = ", ".join(STREAM_RESPONSES)
             self._violated(
-                f"the service's response: type: expected one of {expected}; got {got}"
+                f"the service's response: type: expected one of {known}; got {got}"
             )
             return False
         if kind == "output":
@@ -676,9 +679,9 @@ class StreamCheck:
         pid = payload.get("pid")
         if type(pid) is int and pid > 0:
             return pid
-        got = json_quoted(pid, 200) if "pid" in payload else "none"
         kind = payload.get("type")
-        self._violated(f"the service's {kind} response: expected a pid, got {got}")
+        pid = payload.get("pid", MISSING)
+        self._violated(expected(f"the service's {kind} response", "a pid", pid, 200))
         return None
 
     def see(self, payload: dict[str, Any]) -> None:
@@ -686,9 +689,11 @@ class StreamCheck:
         if self._seen:
             self._violated("the service sent a second finished response")
         elif finished_status(payload) is None:
-            got = json_quoted(payload["status"], 200) if "status" in payload else "none"
+            status = payload.get("status", MISSING)
             self._violated(
-                f"the service's finished response: expected a wait status, got {got}"
+                expected(
+                    "the service's finished response", "a wait status", status, 200
+                )
             )
         self._seen = True
 

@@ -519,9 +519,9 @@ def _option_meant(key: str) -> str | None:
     said = upper[len(_OPTION_PREFIX) :]
     names = {name[len(_OPTION_PREFIX) :]: name for name in SDEXEC_OPTIONS}
     close = difflib.get_close_matches(said, names, n=1)
-    holding = [name for rest, name in names.items() if said and said in rest]
     if close:
         return names[close[0]]
+    holding = [name for rest, name in names.items() if said and said in rest]
     return holding[0] if len(holding) == 1 else None
 
 

@@ -318,7 +318,8 @@ class SdexecServer:
                     connection_id, errno.EPERM, revoked(uid)
                 )
         withdrawn = self._withdraw_starts(revoked_now)
-        for uid in sorted(revoked_now & {*self.connections.open_by_uid(), *withdrawn}):
+        open_by_uid = self.connections.open_by_uid()
+        for uid in sorted(revoked_now & {*open_by_uid, *withdrawn}):
             log.warn(
                 "uid {uid} is no longer in [sdexec] allow-users: each request"
                 " on its {count} open connection(s) is refused from now on,"
@@ -327,7 +328,7 @@ class SdexecServer:
                 " {withdrawn} exec(s) still queued for systemd are refused:"
                 " never started)",
                 uid=uid,
-                count=self.connections.open_by_uid().get(uid, 0),
+                count=open_by_uid.get(uid, 0),
                 ended=ended[uid],
                 withdrawn=withdrawn[uid],
             )
